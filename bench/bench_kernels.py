@@ -1,0 +1,156 @@
+"""Micro-benchmark of the native matmul kernels (not a test).
+
+    python bench/bench_kernels.py [--threads 1 2] [--isa avx512 avx2] [--quick]
+
+GEMV (n=1, decode): microseconds per call and GB/s of packed weights read,
+for the real models' shapes with the weights hot in cache, and for a cold
+4096x4096 Q4_1 matrix (cycling through copies larger than the caches).
+GEMM (n=512, prefill): GOP/s counting a multiply-add as 2 operations.
+"""
+import argparse
+import time
+
+import numpy as np
+
+from llambda import _native as nat
+
+TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14, "BF16": 30}
+# (bytes per block, values per block, offsets of fp16 scales that must be sane)
+LAYOUT = {"Q4_0": (18, 32, [0]), "Q4_1": (20, 32, [0, 2]), "Q5_0": (22, 32, [0]), "Q8_0": (34, 32, [0]),
+          "Q4_K": (144, 256, [0, 2]), "Q6_K": (210, 256, [208])}
+
+
+def random_weights(tname, rows, cols, rng):
+    """Random file-layout bytes with finite, small fp16 scales (values do not matter for speed)."""
+    if tname == "F32":
+        return rng.standard_normal((rows, cols), dtype=np.float32).view(np.uint8)
+    if tname in ("F16", "BF16"):
+        w = rng.standard_normal((rows, cols), dtype=np.float32)
+        return (w.astype(np.float16) if tname == "F16" else (w.view(np.uint32) >> 16).astype(np.uint16)).view(np.uint8)
+    bb, bs, scale_offsets = LAYOUT[tname]
+    raw = rng.integers(0, 256, (rows * cols // bs, bb), dtype=np.uint8)
+    for o in scale_offsets:
+        raw[:, o:o + 2] = rng.uniform(1e-3, 1e-2, (raw.shape[0], 1)).astype(np.float16).view(np.uint8)
+    return raw.reshape(rows, -1)
+
+
+def packed(tname, rows, cols, rng):
+    raw = random_weights(tname, rows, cols, rng)
+    dst = np.empty(nat.packed_size(TYPES[tname], rows, cols), np.uint8)
+    t0 = time.perf_counter()
+    layout = nat.pack(TYPES[tname], raw, dst, rows, cols)
+    return layout, dst, time.perf_counter() - t0, raw.nbytes
+
+
+def timeit(fn, min_time=0.2, min_calls=5):
+    fn()
+    calls, t0 = 0, time.perf_counter()
+    while True:
+        fn()
+        calls += 1
+        el = time.perf_counter() - t0
+        if el >= min_time and calls >= min_calls:
+            return el / calls
+
+
+def bench_gemv(tname, rows, cols, exact, rng, min_time):
+    layout, w, _, _ = packed(tname, rows, cols, rng)
+    x = rng.standard_normal((1, cols), dtype=np.float32)
+    out = np.empty((1, rows), np.float32)
+    q = TYPES[tname]
+    dt = timeit(lambda: nat.matmul(q, layout, w, rows, cols, x, out, 1, exact), min_time)
+    return dt * 1e6, w.nbytes / dt / 1e9
+
+
+def bench_cold_gemv(tname, rows, cols, copies, rng, min_time):
+    mats = [packed(tname, rows, cols, rng)[:2] for _ in range(copies)]
+    x = rng.standard_normal((1, cols), dtype=np.float32)
+    out = np.empty((1, rows), np.float32)
+    q = TYPES[tname]
+    state = {"k": 0}
+
+    def one():
+        layout, w = mats[state["k"] % copies]
+        state["k"] += 1
+        nat.matmul(q, layout, w, rows, cols, x, out, 1, 0)
+
+    dt = timeit(one, min_time, min_calls=2 * copies)
+    return dt * 1e6, mats[0][1].nbytes / dt / 1e9
+
+
+def bench_gemm(tname, rows, cols, n, exact, rng, min_time):
+    layout, w, _, _ = packed(tname, rows, cols, rng)
+    x = rng.standard_normal((n, cols), dtype=np.float32)
+    out = np.empty((n, rows), np.float32)
+    q = TYPES[tname]
+    dt = timeit(lambda: nat.matmul(q, layout, w, rows, cols, x, out, n, exact), min_time, min_calls=3)
+    return dt * 1e3, 2.0 * n * rows * cols / dt / 1e9
+
+
+GEMV_SHAPES = [  # (type, rows, cols, what)
+    ("Q4_1", 576, 576, "smollm q/o"), ("Q4_1", 192, 576, "smollm k/v"), ("Q4_1", 1536, 576, "smollm gate/up"),
+    ("Q4_1", 576, 1536, "smollm down"), ("Q8_0", 49152, 576, "smollm head (28 MB)"),
+    ("Q5_0", 896, 896, "qwen0.5 q/o"), ("Q5_0", 4864, 896, "qwen0.5 gate/up"), ("Q4_K", 896, 4864, "qwen0.5 down"),
+    ("Q6_K", 896, 4864, "qwen0.5 down"), ("Q8_0", 151936, 896, "qwen0.5 head (145 MB)"),
+    ("Q4_K", 640, 2048, "gemma down"), ("Q4_0", 1536, 576, "Q4_0 gate/up"), ("F16", 1536, 576, "F16 gate/up"),
+]
+GEMM_SHAPES = [
+    ("Q4_1", 576, 576), ("Q4_1", 1536, 576), ("Q4_1", 576, 1536), ("Q4_0", 1536, 576), ("Q8_0", 1536, 576),
+    ("Q5_0", 4864, 896), ("Q4_K", 896, 4864), ("Q6_K", 896, 4864), ("F16", 576, 576),
+]
+# SmolLM2-135M per token: 30 layers x (q, k, v, o, gate, up, down) + the tied Q8_0 head.
+SMOLLM_LAYER = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--isa", nargs="+", default=None, help="default: every ISA this CPU has except scalar")
+    ap.add_argument("--quick", action="store_true", help="shorter timing, skip the cold and exact runs")
+    ap.add_argument("--no-cold", action="store_true")
+    args = ap.parse_args()
+    isas = args.isa or [i for i in nat.isa_available() if i != "scalar"] or ["scalar"]
+    rng = np.random.default_rng(0)
+    mt = 0.05 if args.quick else 0.25
+
+    for isa in isas:
+        nat.set_isa(isa)
+        for th in args.threads:
+            nat.set_threads(th)
+            print(f"\n=== isa={isa} threads={th} ===")
+            print("GEMV n=1, weights hot in cache (fast mode):")
+            for tname, rows, cols, what in GEMV_SHAPES:
+                us, gbs = bench_gemv(tname, rows, cols, 0, rng, mt)
+                line = f"  {tname:5s} {rows:6d}x{cols:<5d} {what:22s} {us:9.1f} us  {gbs:6.1f} GB/s"
+                if not args.quick and tname.startswith("Q"):
+                    us_e, _ = bench_gemv(tname, rows, cols, 1, rng, mt)
+                    line += f"   (exact {us_e:8.1f} us)"
+                print(line)
+            tok = 30 * sum(bench_gemv("Q4_1", r, c, 0, rng, mt)[0] for r, c in SMOLLM_LAYER)
+            tok += bench_gemv("Q8_0", 49152, 576, 0, rng, mt)[0]
+            print(f"  SmolLM2-135M Q4_1 matmuls per token (sum of the above, hot): {tok / 1e3:.2f} ms")
+            if not (args.quick or args.no_cold):
+                us, gbs = bench_cold_gemv("Q4_1", 4096, 4096, 40, rng, mt)
+                print(f"  cold Q4_1 4096x4096 (40 copies, 420 MB): {us:8.1f} us  {gbs:6.1f} GB/s")
+            print("GEMM n=512 (prefill):")
+            for tname, rows, cols in GEMM_SHAPES:
+                ms, gops = bench_gemm(tname, rows, cols, 512, 0, rng, mt)
+                line = f"  {tname:5s} {rows:5d}x{cols:<5d} {ms:8.2f} ms  {gops:7.1f} GOP/s"
+                if not args.quick and tname.startswith("Q"):
+                    ms_e, gops_e = bench_gemm(tname, rows, cols, 512, 1, rng, mt)
+                    line += f"   (exact {gops_e:6.1f} GOP/s)"
+                print(line)
+            pre = 30 * sum(bench_gemm("Q4_1", r, c, 512, 0, rng, mt)[0] for r, c in SMOLLM_LAYER)
+            print(f"  SmolLM2-135M matmuls for a 512-token prefill: {pre:.0f} ms ({512 / pre * 1e3:.0f} tok/s, no head)")
+
+    nat.set_threads(1)
+    print("\npack() cost (1 thread):")
+    for tname, rows, cols in [("Q4_1", 1536, 576), ("Q8_0", 49152, 576), ("Q5_0", 4864, 896), ("Q4_K", 896, 4864),
+                              ("Q6_K", 896, 4864)]:
+        _, w, dt, src = packed(tname, rows, cols, rng)
+        print(f"  {tname:5s} {rows:6d}x{cols:<5d} {dt * 1e3:8.2f} ms  {src / dt / 1e9:5.2f} GB/s  "
+              f"size {w.nbytes / src:.3f}x the file's")
+
+
+if __name__ == "__main__":
+    main()

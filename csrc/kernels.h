@@ -1,0 +1,65 @@
+/* Interface between the matmul driver (matmul.c) and the per-ISA kernels
+ * (kernels_scalar.c, kernels_avx2.c, kernels_avx512*.c). Internal to the C core.
+ *
+ * A kernel computes one 16-row group for a range of activation rows:
+ *   out[i][16g + r] = sum_k x[i][k] * W[16g + r][k],  i in [i0, i1), r < min(16, rows - 16g)
+ * `wg` is the group's packed data (quantized types; matmul.c repacks file-layout
+ * groups on the fly) or, for F32/F16/BF16, the group's first row in the file layout.
+ * For a given (n, type, ISA) the arithmetic done for one output element does not
+ * depend on i0/i1 or the thread split, so results are identical for any thread count. */
+#ifndef LLB_KERNELS_H
+#define LLB_KERNELS_H
+#include "isa.h"
+#include "quants.h"
+
+#define LLB_ICHUNK 64 /* activation rows per work unit (a multiple of every kernel's tile) */
+
+/* Activations quantized to 8 bits, one row after the other (fast mode).
+ * 32-blocks (for Q4_0/Q4_1/Q5_0/Q8_0): qs, d, bias, sum; 256-blocks (Q4_K/Q6_K): qs, d, bs32, bs16n. */
+typedef struct {
+    const int8_t *qs;     /* n x cols codes in [-127, 127]; x ~= d * q */
+    const float *d;       /* one scale per block */
+    const int32_t *bias;  /* 32-blocks: -offset * sum(q), the weight type's zero point folded in */
+    const float *sum;     /* 32-blocks: sum of the float values of the block (Q4_1's min term) */
+    const int16_t *bs32;  /* 256-blocks: sum(q) over each 32 values */
+    const int32_t *bs16n; /* 256-blocks: -32 * sum(q) over each 16 values (Q6_K's zero point) */
+} llb_act;
+
+typedef struct llb_mm {
+    const llb_type_info *t;
+    long rows, cols, n;
+    const float *x; /* n x cols */
+    float *out;     /* n x rows */
+    size_t row_bytes; /* file-layout row stride (F32/F16/BF16) */
+    llb_act a;
+} llb_mm;
+
+typedef void (*llb_kernel_fn)(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1);
+
+typedef struct {
+    /* Kernel for a type: exact = FP32 activations; else quantized activations
+     * (float types have one kernel for both). NULL if the type is unknown. */
+    llb_kernel_fn (*kernel)(int qtype, int exact);
+    /* Zero point the 32-block kernels want folded into llb_act.bias (their unsigned code offset). */
+    int (*act_offset)(int qtype);
+    /* Quantize one activation row: 32-blocks (bias = -offset * sum q) or 256-blocks. */
+    void (*quant32)(const float *x, long cols, int offset, int8_t *qs, float *d, int32_t *bias, float *sum);
+    void (*quant256)(const float *x, long cols, int8_t *qs, float *d, int16_t *bs32, int32_t *bs16n);
+} llb_kernels;
+
+extern const llb_kernels llb_kernels_scalar;
+#if LLB_X86
+extern const llb_kernels llb_kernels_avx2;
+extern const llb_kernels llb_kernels_avx512;
+/* The K-quant kernels live in their own files (kernels_*_kquants.c). */
+llb_kernel_fn llb_avx2_kquant_kernel(int qtype);
+llb_kernel_fn llb_avx512_kquant_kernel(int qtype);
+#endif
+
+/* Rows of group g that exist (16 except in a last, partial group). */
+static inline int llb_group_rows(const llb_mm *mm, long g) {
+    const long left = mm->rows - g * LLB_IL;
+    return left < LLB_IL ? (int)left : LLB_IL;
+}
+
+#endif

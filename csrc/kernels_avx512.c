@@ -1,0 +1,291 @@
+/* AVX-512 kernels (F, BW, VL, VNNI): activation quantization, the integer
+ * kernels of the 32-value block types, and the exact (FP32) kernels of every
+ * type. The K-quant integer kernels are in kernels_avx512_kquants.c.
+ *
+ * Fast path: one zmm lane = one weight row of the 16-row group; vpdpbusd
+ * multiplies the unsigned weight codes (4 per lane) by 4 broadcast int8
+ * activations and sums into the lane. The code offset of Q4_0/Q5_0/Q8_0
+ * (8/16/128, codes are stored unsigned) is folded into the accumulator's
+ * initial value, -offset * sum(xq), computed once per activation block. */
+#include "avx512_decode.h"
+
+#if LLB_X86
+
+/* ---- activation quantization (same rounding as the scalar path) ---------- */
+
+TGT static void quant32(const float *x, long cols, int offset, int8_t *qs, float *d, int32_t *bias, float *sum) {
+    for (long b = 0; b < cols / 32; b++) {
+        const __m512 a = _mm512_loadu_ps(x + 32 * b), c = _mm512_loadu_ps(x + 32 * b + 16);
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(c)));
+        const __m512 id = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+        const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, id)), qc = _mm512_cvtps_epi32(_mm512_mul_ps(c, id));
+        _mm_storeu_si128((__m128i *)(qs + 32 * b), _mm512_cvtsepi32_epi8(qa));
+        _mm_storeu_si128((__m128i *)(qs + 32 * b + 16), _mm512_cvtsepi32_epi8(qc));
+        d[b] = amax / 127.0f;
+        bias[b] = -offset * _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qc));
+        sum[b] = _mm512_reduce_add_ps(_mm512_add_ps(a, c));
+    }
+}
+
+TGT static void quant256(const float *x, long cols, int8_t *qs, float *d, int16_t *bs32, int32_t *bs16n) {
+    for (long b = 0; b < cols / 256; b++) {
+        const float *xb = x + 256 * b;
+        __m512 m = _mm512_setzero_ps();
+        for (int u = 0; u < 16; u++) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(xb + 16 * u)));
+        const float amax = _mm512_reduce_max_ps(m);
+        const __m512 id = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+        d[b] = amax / 127.0f;
+        int32_t s16[16];
+        for (int u = 0; u < 16; u++) {
+            const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + 16 * u), id));
+            _mm_storeu_si128((__m128i *)(qs + 256 * b + 16 * u), _mm512_cvtsepi32_epi8(q));
+            s16[u] = _mm512_reduce_add_epi32(q);
+        }
+        for (int u = 0; u < 16; u++) bs16n[16 * b + u] = -32 * s16[u];
+        for (int s = 0; s < 8; s++) bs32[8 * b + s] = (int16_t)(s16[2 * s] + s16[2 * s + 1]);
+    }
+}
+
+static int act_offset(int qtype) {
+    return qtype == LLB_Q4_0 ? 8 : qtype == LLB_Q5_0 ? 16 : qtype == LLB_Q8_0 ? 128 : 0;
+}
+
+/* ---- fast kernels of the 32-value block types ----------------------------- */
+
+/* Integer dot of one block with activation row m, as FP32 scaled by the weights' d. */
+LLB_AI TGT __m512 block_dot(const __m512i q[8], const int8_t *xq, int32_t init, __m512 dv) {
+    __m512i acc = _mm512_set1_epi32(init);
+    LLB_UNROLL
+    for (int t = 0; t < 8; t++) acc = _mm512_dpbusd_epi32(acc, q[t], _mm512_set1_epi32(llb_ld32(xq + 4 * t)));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(acc), dv);
+}
+
+/* M activation rows from row i against the whole group: several rows per weight decode. */
+LLB_AI TGT void tile32(const llb_mm *mm, const uint8_t *wg, long i, const int M, const int qt, __m512 tot[]) {
+    const long K = mm->cols, nb = K / 32;
+    const int8_t *xq = mm->a.qs + i * K;
+    const float *xd = mm->a.d + i * nb, *xs = mm->a.sum + i * nb;
+    const int32_t *xb = mm->a.bias + i * nb;
+    LLB_UNROLL
+    for (int m = 0; m < M; m++) tot[m] = _mm512_setzero_ps();
+    for (long b = 0; b < nb; b++) {
+        const uint8_t *gb = wg + b * LLB_GB_BYTES(qt);
+        __m512i q[8];
+        dec_block32(qt, gb, q);
+        const __m512 dv = load_f16x16(gb), mv = qt == LLB_Q4_1 ? load_f16x16(gb + 32) : dv;
+        LLB_UNROLL
+        for (int m = 0; m < M; m++) {
+            const __m512 f = block_dot(q, xq + m * K + 32 * b, qt == LLB_Q4_1 ? 0 : xb[m * nb + b], dv);
+            tot[m] = _mm512_fmadd_ps(f, _mm512_set1_ps(xd[m * nb + b]), tot[m]);
+            if (qt == LLB_Q4_1) tot[m] = _mm512_fmadd_ps(mv, _mm512_set1_ps(xs[m * nb + b]), tot[m]);
+        }
+    }
+}
+
+/* n == 1: streams the group with prefetch; two FP32 chains so the adds do not serialize. */
+LLB_AI TGT __m512 gemv32(const llb_mm *mm, const uint8_t *wg, const int qt) {
+    const long nb = mm->cols / 32;
+    const int gbb = LLB_GB_BYTES(qt);
+    __m512 t0 = _mm512_setzero_ps(), t1 = _mm512_setzero_ps(), tm = _mm512_setzero_ps();
+    for (long b = 0; b < nb; b++) {
+        const uint8_t *gb = wg + b * gbb;
+        for (int o = 0; o < gbb; o += 64) _mm_prefetch((const char *)gb + LLB_PF_DIST + o, _MM_HINT_T0);
+        __m512i q[8];
+        dec_block32(qt, gb, q);
+        const __m512 f = block_dot(q, mm->a.qs + 32 * b, qt == LLB_Q4_1 ? 0 : mm->a.bias[b], load_f16x16(gb));
+        if (b & 1) t1 = _mm512_fmadd_ps(f, _mm512_set1_ps(mm->a.d[b]), t1);
+        else t0 = _mm512_fmadd_ps(f, _mm512_set1_ps(mm->a.d[b]), t0);
+        if (qt == LLB_Q4_1) tm = _mm512_fmadd_ps(load_f16x16(gb + 32), _mm512_set1_ps(mm->a.sum[b]), tm);
+    }
+    return _mm512_add_ps(_mm512_add_ps(t0, t1), tm);
+}
+
+#define TILE_ROWS 8
+
+LLB_AI TGT void fast32(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt) {
+    const __mmask16 km = (__mmask16)((1u << llb_group_rows(mm, g)) - 1);
+    float *o = mm->out + g * LLB_IL;
+    if (mm->n == 1) {
+        _mm512_mask_storeu_ps(o, km, gemv32(mm, wg, qt));
+        return;
+    }
+    __m512 t[TILE_ROWS];
+    long i = i0;
+    for (; i + TILE_ROWS <= i1; i += TILE_ROWS) {
+        tile32(mm, wg, i, TILE_ROWS, qt, t);
+        LLB_UNROLL
+        for (int m = 0; m < TILE_ROWS; m++) _mm512_mask_storeu_ps(o + (i + m) * mm->rows, km, t[m]);
+    }
+    for (int M = TILE_ROWS / 2; M >= 1; M /= 2) { /* the rest as tiles of 4, 2, 1 */
+        if (i1 - i < M) continue;
+        if (M == 4) tile32(mm, wg, i, 4, qt, t);
+        else if (M == 2) tile32(mm, wg, i, 2, qt, t);
+        else tile32(mm, wg, i, 1, qt, t);
+        LLB_UNROLL
+        for (int m = 0; m < M; m++) _mm512_mask_storeu_ps(o + (i + m) * mm->rows, km, t[m]);
+        i += M;
+    }
+}
+
+TGT static void fast_q4_0(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast32(mm, wg, g, i0, i1, LLB_Q4_0); }
+TGT static void fast_q4_1(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast32(mm, wg, g, i0, i1, LLB_Q4_1); }
+TGT static void fast_q5_0(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast32(mm, wg, g, i0, i1, LLB_Q5_0); }
+TGT static void fast_q8_0(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast32(mm, wg, g, i0, i1, LLB_Q8_0); }
+
+/* ---- exact kernels: dequantize a 16x32 chunk to FP32, then FMA ------------
+ * The chunk T is stored as [quad t][row r][j] (64 floats per quad), so one
+ * zmm of T holds 4 rows x 4 consecutive values and multiplies a broadcast of 4
+ * activations; lane 4r+j of the accumulators sums row r. */
+
+/* Scales per row (lane r) -> per T lane (rows 4k..4k+3, each 4 times). */
+LLB_AI TGT __m512 spread_rows(__m512 v, int k) {
+    const __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(4 * k),
+                                         _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 2));
+    return _mm512_permutexvar_ps(idx, v);
+}
+
+/* Codes of quads 0..3 scale with (dw0, mw0), of quads 4..7 with (dw1, mw1): T = dw * code + mw. */
+LLB_AI TGT void codes_to_T(const __m512i q[8], __m512 dw0, __m512 mw0, __m512 dw1, __m512 mw1, float *T) {
+    __attribute__((aligned(64))) uint8_t U[8 * 64];
+    LLB_UNROLL
+    for (int t = 0; t < 8; t++) _mm512_store_si512(U + 64 * t, q[t]);
+    LLB_UNROLL
+    for (int k = 0; k < 4; k++) {
+        const __m512 d0 = spread_rows(dw0, k), m0 = spread_rows(mw0, k), d1 = spread_rows(dw1, k), m1 = spread_rows(mw1, k);
+        LLB_UNROLL
+        for (int t = 0; t < 8; t++) {
+            const __m512 c = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(U + 64 * t + 16 * k))));
+            _mm512_store_ps(T + 64 * t + 16 * k, _mm512_fmadd_ps(c, t < 4 ? d0 : d1, t < 4 ? m0 : m1));
+        }
+    }
+}
+
+/* The dequantized chunk c (32 values of 16 rows) of a packed group. */
+LLB_AI TGT void chunk_T(const int qt, const uint8_t *wg, long c, float *T) {
+    __m512i q[8];
+    if (qt == LLB_Q4_K) {
+        const uint8_t *gb = wg + (c >> 3) * 2368;
+        const int s = (int)(c & 7);
+        dec_nibbles(gb + 320 + 256 * s, q);
+        const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(gb + 64 + 16 * s))));
+        const __m512i mn16 = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(gb + 192 + 32 * (s >> 1))));
+        const __m512 mn = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(mn16, 8 * (s & 1)), _mm512_set1_epi32(0xFF)));
+        const __m512 dw = _mm512_mul_ps(load_f16x16(gb), sc), mw = _mm512_mul_ps(load_f16x16(gb + 32), _mm512_sub_ps(_mm512_setzero_ps(), mn));
+        codes_to_T(q, dw, mw, dw, mw, T);
+    } else if (qt == LLB_Q6_K) {
+        const uint8_t *gb = wg + (c >> 3) * 3360;
+        const int u = 2 * (int)(c & 7);
+        dec_q6k_sub(gb + 288 + 192 * u, q);
+        dec_q6k_sub(gb + 288 + 192 * (u + 1), q + 4);
+        const __m512 d = load_f16x16(gb), m32 = _mm512_set1_ps(-32.0f);
+        const __m512 dw0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(gb + 32 + 16 * u)))));
+        const __m512 dw1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(gb + 48 + 16 * u)))));
+        codes_to_T(q, dw0, _mm512_mul_ps(dw0, m32), dw1, _mm512_mul_ps(dw1, m32), T);
+    } else {
+        const uint8_t *gb = wg + c * LLB_GB_BYTES(qt);
+        dec_block32(qt, gb, q);
+        const __m512 d = load_f16x16(gb);
+        const float off = qt == LLB_Q4_0 ? -8.0f : qt == LLB_Q5_0 ? -16.0f : -128.0f;
+        const __m512 mw = qt == LLB_Q4_1 ? load_f16x16(gb + 32) : _mm512_mul_ps(d, _mm512_set1_ps(off));
+        codes_to_T(q, d, mw, d, mw, T);
+    }
+}
+
+/* F32/F16/BF16 rows (file layout): 32 values of row r (fewer at the matrix's end) into T. */
+LLB_AI TGT void float_chunk_T(const int qt, const llb_mm *mm, const uint8_t *wg, int nr, long c, float *T) {
+    const long left = mm->cols - 32 * c;
+    const __mmask16 k0 = left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1);
+    const __mmask16 k1 = left >= 32 ? 0xFFFF : left > 16 ? (__mmask16)((1u << (left - 16)) - 1) : 0;
+    for (int r = 0; r < nr; r++) {
+        const uint8_t *row = wg + r * mm->row_bytes;
+        __m512 v0, v1;
+        if (qt == LLB_F32) {
+            v0 = _mm512_maskz_loadu_ps(k0, (const float *)row + 32 * c);
+            v1 = _mm512_maskz_loadu_ps(k1, (const float *)row + 32 * c + 16);
+        } else {
+            const __m256i h0 = _mm256_maskz_loadu_epi16(k0, row + 64 * c), h1 = _mm256_maskz_loadu_epi16(k1, row + 64 * c + 32);
+            if (qt == LLB_F16) {
+                v0 = _mm512_cvtph_ps(h0);
+                v1 = _mm512_cvtph_ps(h1);
+            } else {
+                v0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h0), 16));
+                v1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h1), 16));
+            }
+        }
+        float *tr = T + 4 * r;
+        _mm_store_ps(tr + 0 * 64, _mm512_extractf32x4_ps(v0, 0));
+        _mm_store_ps(tr + 1 * 64, _mm512_extractf32x4_ps(v0, 1));
+        _mm_store_ps(tr + 2 * 64, _mm512_extractf32x4_ps(v0, 2));
+        _mm_store_ps(tr + 3 * 64, _mm512_extractf32x4_ps(v0, 3));
+        _mm_store_ps(tr + 4 * 64, _mm512_extractf32x4_ps(v1, 0));
+        _mm_store_ps(tr + 5 * 64, _mm512_extractf32x4_ps(v1, 1));
+        _mm_store_ps(tr + 6 * 64, _mm512_extractf32x4_ps(v1, 2));
+        _mm_store_ps(tr + 7 * 64, _mm512_extractf32x4_ps(v1, 3));
+    }
+}
+
+LLB_AI TGT void exact_kernel(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt) {
+    const long K = mm->cols, nch = (K + 31) / 32;
+    const int nr = llb_group_rows(mm, g), is_float = qt == LLB_F32 || qt == LLB_F16 || qt == LLB_BF16;
+    __attribute__((aligned(64))) float T[8 * 64], acc[LLB_ICHUNK][64], xpad[32];
+    if (is_float && nr < LLB_IL) memset(T, 0, sizeof T); /* rows past the end stay zero */
+    memset(acc, 0, sizeof(float) * 64 * (size_t)(i1 - i0));
+    for (long c = 0; c < nch; c++) {
+        if (is_float) float_chunk_T(qt, mm, wg, nr, c, T);
+        else chunk_T(qt, wg, c, T);
+        const int tail = 32 * c + 32 > K;
+        for (long i = i0; i < i1; i++) {
+            const float *x = mm->x + i * K + 32 * c;
+            if (tail) { /* zero-pad the activations too: 0 * garbage could be NaN */
+                memset(xpad, 0, sizeof xpad);
+                memcpy(xpad, x, sizeof(float) * (size_t)(K - 32 * c));
+                x = xpad;
+            }
+            float *a = acc[i - i0];
+            __m512 a0 = _mm512_load_ps(a), a1 = _mm512_load_ps(a + 16), a2 = _mm512_load_ps(a + 32), a3 = _mm512_load_ps(a + 48);
+            LLB_UNROLL
+            for (int t = 0; t < 8; t++) {
+                const __m512 xb = _mm512_broadcast_f32x4(_mm_loadu_ps(x + 4 * t));
+                a0 = _mm512_fmadd_ps(_mm512_load_ps(T + 64 * t), xb, a0);
+                a1 = _mm512_fmadd_ps(_mm512_load_ps(T + 64 * t + 16), xb, a1);
+                a2 = _mm512_fmadd_ps(_mm512_load_ps(T + 64 * t + 32), xb, a2);
+                a3 = _mm512_fmadd_ps(_mm512_load_ps(T + 64 * t + 48), xb, a3);
+            }
+            _mm512_store_ps(a, a0);
+            _mm512_store_ps(a + 16, a1);
+            _mm512_store_ps(a + 32, a2);
+            _mm512_store_ps(a + 48, a3);
+        }
+    }
+    for (long i = i0; i < i1; i++) llb_store_quad_sums(acc[i - i0], mm->out + i * mm->rows + g * LLB_IL, nr);
+}
+
+#define EXACT(name, qt) \
+    TGT static void name(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { exact_kernel(mm, wg, g, i0, i1, qt); }
+EXACT(exact_f32, LLB_F32)
+EXACT(exact_f16, LLB_F16)
+EXACT(exact_bf16, LLB_BF16)
+EXACT(exact_q4_0, LLB_Q4_0)
+EXACT(exact_q4_1, LLB_Q4_1)
+EXACT(exact_q5_0, LLB_Q5_0)
+EXACT(exact_q8_0, LLB_Q8_0)
+EXACT(exact_q4_k, LLB_Q4_K)
+EXACT(exact_q6_k, LLB_Q6_K)
+
+static llb_kernel_fn kernel(int qtype, int exact) {
+    switch (qtype) {
+    case LLB_F32: return exact_f32;
+    case LLB_F16: return exact_f16;
+    case LLB_BF16: return exact_bf16;
+    case LLB_Q4_0: return exact ? exact_q4_0 : fast_q4_0;
+    case LLB_Q4_1: return exact ? exact_q4_1 : fast_q4_1;
+    case LLB_Q5_0: return exact ? exact_q5_0 : fast_q5_0;
+    case LLB_Q8_0: return exact ? exact_q8_0 : fast_q8_0;
+    case LLB_Q4_K: return exact ? exact_q4_k : llb_avx512_kquant_kernel(qtype);
+    case LLB_Q6_K: return exact ? exact_q6_k : llb_avx512_kquant_kernel(qtype);
+    }
+    return NULL;
+}
+
+const llb_kernels llb_kernels_avx512 = {kernel, act_offset, quant32, quant256};
+#endif

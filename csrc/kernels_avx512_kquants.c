@@ -1,0 +1,145 @@
+/* AVX-512 VNNI integer kernels of the K-quants (Q4_K, Q6_K) against
+ * activations quantized in 256-value blocks (one scale per super-block).
+ *
+ * Per sub-block the integer dot (vpdpbusd) is converted to FP32 once and
+ * scaled by d*sc of each row; the super-block's sum is scaled by the
+ * activation scale at the end. Q4_K's min term, dmin * sum_s m[s]*bsum[s],
+ * is a 16-bit dot product of the 8 mins with the 8 activation block sums
+ * (vpdpwssd, two per lane). Q6_K's zero point 32 enters as the integer
+ * accumulator's initial value, -32 * bsum16. */
+#include "avx512_decode.h"
+
+#if LLB_X86
+
+#define TILE_ROWS 8 /* activation rows per tile in the GEMM */
+
+/* Per-row scales of one sub-block as FP32: d * sc[s] (u8 for Q4_K, i8 for Q6_K). */
+LLB_AI TGT __m512 sub_scale_u8(const uint8_t *sc16, __m512 d) {
+    return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)sc16))));
+}
+LLB_AI TGT __m512 sub_scale_i8(const uint8_t *sc16, __m512 d) {
+    return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)sc16))));
+}
+
+LLB_AI TGT __m512i dot_quads(__m512i acc, const __m512i *q, int nq, const int8_t *xq) {
+    LLB_UNROLL
+    for (int t = 0; t < nq; t++) acc = _mm512_dpbusd_epi32(acc, q[t], _mm512_set1_epi32(llb_ld32(xq + 4 * t)));
+    return acc;
+}
+
+/* sum_s m[s] * bsum32[s] per row, for one super-block (mins packed [pair][row][2]). */
+LLB_AI TGT __m512 q4k_min_dot(const uint8_t *gb, const int16_t *bs32) {
+    __m512i acc = _mm512_setzero_si512();
+    LLB_UNROLL
+    for (int p = 0; p < 4; p++)
+        acc = _mm512_dpwssd_epi32(acc, _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(gb + 192 + 32 * p))),
+                                  _mm512_set1_epi32(llb_ld32(bs32 + 2 * p)));
+    return _mm512_cvtepi32_ps(acc);
+}
+
+LLB_AI TGT void prefetch_sb(const uint8_t *gb, int bytes) {
+    for (int o = 0; o < bytes; o += 64) _mm_prefetch((const char *)gb + LLB_PF_DIST + o, _MM_HINT_T0);
+}
+
+/* M activation rows from row i (M = 1 with n == 1 streams with prefetch and split chains). */
+LLB_AI TGT void tile_q4k(const llb_mm *mm, const uint8_t *wg, long i, const int M, const int gemv, __m512 tot[]) {
+    const long K = mm->cols, nsb = K / 256;
+    LLB_UNROLL
+    for (int m = 0; m < M; m++) tot[m] = _mm512_setzero_ps();
+    for (long sb = 0; sb < nsb; sb++) {
+        const uint8_t *gb = wg + sb * 2368;
+        if (gemv) prefetch_sb(gb, 2368);
+        const __m512 d = load_f16x16(gb);
+        __m512 f[TILE_ROWS], f2[TILE_ROWS];
+        LLB_UNROLL
+        for (int m = 0; m < M; m++) f[m] = f2[m] = _mm512_setzero_ps();
+        for (int s = 0; s < 8; s++) {
+            __m512i q[8];
+            dec_nibbles(gb + 320 + 256 * s, q);
+            const __m512 sc = sub_scale_u8(gb + 64 + 16 * s, d);
+            LLB_UNROLL
+            for (int m = 0; m < M; m++) {
+                const __m512i acc = dot_quads(_mm512_setzero_si512(), q, 8, mm->a.qs + (i + m) * K + 256 * sb + 32 * s);
+                if (gemv && (s & 1)) f2[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), sc, f2[m]);
+                else f[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), sc, f[m]);
+            }
+        }
+        const __m512 dmin = load_f16x16(gb + 32);
+        LLB_UNROLL
+        for (int m = 0; m < M; m++) {
+            const __m512 mins = q4k_min_dot(gb, mm->a.bs32 + (i + m) * (K / 32) + 8 * sb);
+            const __m512 v = _mm512_fnmadd_ps(mins, dmin, _mm512_add_ps(f[m], f2[m]));
+            tot[m] = _mm512_fmadd_ps(v, _mm512_set1_ps(mm->a.d[(i + m) * nsb + sb]), tot[m]);
+        }
+    }
+}
+
+LLB_AI TGT void tile_q6k(const llb_mm *mm, const uint8_t *wg, long i, const int M, const int gemv, __m512 tot[]) {
+    const long K = mm->cols, nsb = K / 256;
+    LLB_UNROLL
+    for (int m = 0; m < M; m++) tot[m] = _mm512_setzero_ps();
+    for (long sb = 0; sb < nsb; sb++) {
+        const uint8_t *gb = wg + sb * 3360;
+        if (gemv) prefetch_sb(gb, 3360);
+        const __m512 d = load_f16x16(gb);
+        __m512 f[TILE_ROWS], f2[TILE_ROWS];
+        LLB_UNROLL
+        for (int m = 0; m < M; m++) f[m] = f2[m] = _mm512_setzero_ps();
+        for (int u = 0; u < 16; u++) {
+            __m512i q[4];
+            dec_q6k_sub(gb + 288 + 192 * u, q);
+            const __m512 sc = sub_scale_i8(gb + 32 + 16 * u, d);
+            LLB_UNROLL
+            for (int m = 0; m < M; m++) {
+                const long row = (i + m);
+                const __m512i init = _mm512_set1_epi32(mm->a.bs16n[row * (K / 16) + 16 * sb + u]);
+                const __m512i acc = dot_quads(init, q, 4, mm->a.qs + row * K + 256 * sb + 16 * u);
+                if (gemv && (u & 1)) f2[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), sc, f2[m]);
+                else f[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), sc, f[m]);
+            }
+        }
+        LLB_UNROLL
+        for (int m = 0; m < M; m++)
+            tot[m] = _mm512_fmadd_ps(_mm512_add_ps(f[m], f2[m]), _mm512_set1_ps(mm->a.d[(i + m) * nsb + sb]), tot[m]);
+    }
+}
+
+
+LLB_AI TGT void tile_k(const int qt, const llb_mm *mm, const uint8_t *wg, long i, const int M, const int gemv, __m512 tot[]) {
+    if (qt == LLB_Q4_K) tile_q4k(mm, wg, i, M, gemv, tot);
+    else tile_q6k(mm, wg, i, M, gemv, tot);
+}
+
+LLB_AI TGT void fast_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt) {
+    const __mmask16 km = (__mmask16)((1u << llb_group_rows(mm, g)) - 1);
+    float *o = mm->out + g * LLB_IL;
+    __m512 t[TILE_ROWS];
+    if (mm->n == 1) {
+        tile_k(qt, mm, wg, 0, 1, 1, t);
+        _mm512_mask_storeu_ps(o, km, t[0]);
+        return;
+    }
+    long i = i0;
+    for (; i + TILE_ROWS <= i1; i += TILE_ROWS) {
+        tile_k(qt, mm, wg, i, TILE_ROWS, 0, t);
+        LLB_UNROLL
+        for (int m = 0; m < TILE_ROWS; m++) _mm512_mask_storeu_ps(o + (i + m) * mm->rows, km, t[m]);
+    }
+    for (int M = TILE_ROWS / 2; M >= 1; M /= 2) { /* the rest as tiles of 4, 2, 1 */
+        if (i1 - i < M) continue;
+        if (M == 4) tile_k(qt, mm, wg, i, 4, 0, t);
+        else if (M == 2) tile_k(qt, mm, wg, i, 2, 0, t);
+        else tile_k(qt, mm, wg, i, 1, 0, t);
+        LLB_UNROLL
+        for (int m = 0; m < M; m++) _mm512_mask_storeu_ps(o + (i + m) * mm->rows, km, t[m]);
+        i += M;
+    }
+}
+
+TGT static void fast_q4_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast_k(mm, wg, g, i0, i1, LLB_Q4_K); }
+TGT static void fast_q6_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast_k(mm, wg, g, i0, i1, LLB_Q6_K); }
+
+llb_kernel_fn llb_avx512_kquant_kernel(int qtype) {
+    return qtype == LLB_Q4_K ? fast_q4_k : qtype == LLB_Q6_K ? fast_q6_k : NULL;
+}
+#endif

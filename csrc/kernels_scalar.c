@@ -1,0 +1,160 @@
+/* Portable C kernels: the reference for the SIMD paths and the path on
+ * non-x86 CPUs. They read the same packed layout through the scalar decoder
+ * in quants.c and follow the same arithmetic (integer dot products per block in
+ * fast mode, FP32 dequantized weights in exact mode), without caring for speed. */
+#include <math.h>
+
+#include "kernels.h"
+
+/* ---- activation quantization ------------------------------------------- */
+
+static void quant32(const float *x, long cols, int offset, int8_t *qs, float *d, int32_t *bias, float *sum) {
+    for (long b = 0; b < cols / LLB_QK; b++) {
+        const float *xb = x + b * LLB_QK;
+        float amax = 0.0f, s = 0.0f;
+        for (int e = 0; e < LLB_QK; e++) amax = fmaxf(amax, fabsf(xb[e]));
+        const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        int32_t isum = 0;
+        for (int e = 0; e < LLB_QK; e++) {
+            const int q = (int)lrintf(xb[e] * id);
+            qs[b * LLB_QK + e] = (int8_t)q;
+            isum += q;
+            s += xb[e];
+        }
+        d[b] = amax / 127.0f;
+        bias[b] = -offset * isum;
+        sum[b] = s;
+    }
+}
+
+static void quant256(const float *x, long cols, int8_t *qs, float *d, int16_t *bs32, int32_t *bs16n) {
+    for (long b = 0; b < cols / LLB_QKK; b++) {
+        const float *xb = x + b * LLB_QKK;
+        float amax = 0.0f;
+        for (int e = 0; e < LLB_QKK; e++) amax = fmaxf(amax, fabsf(xb[e]));
+        const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        d[b] = amax / 127.0f;
+        int32_t prev = 0;
+        for (int u = 0; u < 16; u++) {
+            int32_t s = 0;
+            for (int e = 16 * u; e < 16 * u + 16; e++) {
+                const int q = (int)lrintf(xb[e] * id);
+                qs[b * LLB_QKK + e] = (int8_t)q;
+                s += q;
+            }
+            bs16n[b * 16 + u] = -32 * s;
+            if (u & 1) bs32[b * 8 + u / 2] = (int16_t)(prev + s);
+            prev = s;
+        }
+    }
+}
+
+static int act_offset(int qtype) { return 0; } /* the scalar decoder yields signed values */
+
+/* ---- quantized weights ------------------------------------------------- */
+
+static void store_group(const llb_mm *mm, long g, long i0, long i1, float acc[][LLB_IL]) {
+    const int nr = llb_group_rows(mm, g);
+    for (long i = i0; i < i1; i++)
+        for (int r = 0; r < nr; r++) mm->out[i * mm->rows + g * LLB_IL + r] = acc[i - i0][r];
+}
+
+static void fast_quant(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) {
+    const int qt = mm->t->qtype, kquant = mm->t->block == LLB_QKK;
+    const long K = mm->cols, nb32 = K / 32;
+    float tot[LLB_ICHUNK][LLB_IL] = {{0}}, facc[LLB_ICHUNK][LLB_IL] = {{0}};
+    int16_t q[LLB_IL][32];
+    float dw[LLB_IL][2], mw[LLB_IL][2];
+    for (long c = 0; c < nb32; c++) {
+        llb_packed_chunk_decode(qt, wg, c, q, dw, mw);
+        for (long i = i0; i < i1; i++) {
+            const int8_t *xq = mm->a.qs + i * K + 32 * c;
+            float *t = tot[i - i0], *f = facc[i - i0];
+            for (int r = 0; r < LLB_IL; r++) {
+                int32_t s0 = 0, s1 = 0;
+                for (int e = 0; e < 16; e++) {
+                    s0 += q[r][e] * xq[e];
+                    s1 += q[r][e + 16] * xq[e + 16];
+                }
+                if (!kquant) {
+                    t[r] += (dw[r][0] * (float)(s0 + s1)) * mm->a.d[i * nb32 + c] + mw[r][0] * mm->a.sum[i * nb32 + c];
+                } else if (qt == LLB_Q4_K) {
+                    f[r] += dw[r][0] * (float)(s0 + s1) + mw[r][0] * (float)mm->a.bs32[i * nb32 + c];
+                } else { /* Q6_K: two 16-value sub-blocks, signed codes */
+                    f[r] += dw[r][0] * (float)s0 + dw[r][1] * (float)s1;
+                }
+            }
+            if (kquant && (c & 7) == 7) {
+                const float dx = mm->a.d[i * (K / LLB_QKK) + c / 8];
+                for (int r = 0; r < LLB_IL; r++) {
+                    t[r] += f[r] * dx;
+                    f[r] = 0.0f;
+                }
+            }
+        }
+    }
+    store_group(mm, g, i0, i1, tot);
+}
+
+static void exact_quant(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) {
+    const long K = mm->cols;
+    float acc[LLB_ICHUNK][LLB_IL] = {{0}}, w[LLB_IL][32];
+    int16_t q[LLB_IL][32];
+    float dw[LLB_IL][2], mw[LLB_IL][2];
+    for (long c = 0; c < K / 32; c++) {
+        llb_packed_chunk_decode(mm->t->qtype, wg, c, q, dw, mw);
+        for (int r = 0; r < LLB_IL; r++)
+            for (int e = 0; e < 32; e++) w[r][e] = dw[r][e >> 4] * (float)q[r][e] + mw[r][e >> 4];
+        for (long i = i0; i < i1; i++) {
+            const float *x = mm->x + i * K + 32 * c;
+            for (int r = 0; r < LLB_IL; r++) {
+                float s = 0.0f;
+                for (int e = 0; e < 32; e++) s += w[r][e] * x[e];
+                acc[i - i0][r] += s;
+            }
+        }
+    }
+    store_group(mm, g, i0, i1, acc);
+}
+
+/* ---- F32 / F16 / BF16 (file layout) ------------------------------------ */
+
+static float float_weight(int qtype, const uint8_t *row, long k) {
+    if (qtype == LLB_F32) {
+        float v;
+        memcpy(&v, row + 4 * k, 4);
+        return v;
+    }
+    const uint16_t h = llb_rd16(row + 2 * k);
+    return qtype == LLB_F16 ? llb_f16_to_f32(h) : llb_bf16_to_f32(h);
+}
+
+static void float_rows(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) {
+    const int nr = llb_group_rows(mm, g), qt = mm->t->qtype;
+    for (int r = 0; r < nr; r++) {
+        const uint8_t *row = wg + (size_t)r * mm->row_bytes;
+        for (long i = i0; i < i1; i++) {
+            const float *x = mm->x + i * mm->cols;
+            float s = 0.0f;
+            for (long k = 0; k < mm->cols; k++) s += float_weight(qt, row, k) * x[k];
+            mm->out[i * mm->rows + g * LLB_IL + r] = s;
+        }
+    }
+}
+
+static llb_kernel_fn kernel(int qtype, int exact) {
+    switch (qtype) {
+    case LLB_F32:
+    case LLB_F16:
+    case LLB_BF16: return float_rows;
+    case LLB_Q4_0:
+    case LLB_Q4_1:
+    case LLB_Q5_0:
+    case LLB_Q8_0:
+    case LLB_Q4_K:
+    case LLB_Q6_K: return exact ? exact_quant : fast_quant;
+    }
+    return NULL;
+}
+
+const llb_kernels llb_kernels_scalar = {kernel, act_offset, quant32, quant256};

@@ -1,0 +1,171 @@
+/* The matmul driver: picks the ISA's kernel, quantizes the activations once
+ * per call, and splits (16-row group, 64-activation-row chunk) work units over
+ * the thread pool, group-major so that each thread streams one contiguous
+ * region of the packed weights and reuses a group while it is in L1. */
+#include "matmul.h"
+
+#include "core.h"
+#include "isa.h"
+#include "kernels.h"
+#include "threadpool.h"
+
+static const llb_kernels *active_kernels(void) {
+#if LLB_X86
+    if (llb_isa_current == LLB_ISA_AVX512) return &llb_kernels_avx512;
+#if defined(LLB_SIMD_KERNELS_TMP)
+    if (llb_isa_current == LLB_ISA_AVX2) return &llb_kernels_avx2;
+#endif
+#endif
+    return &llb_kernels_scalar;
+}
+
+typedef struct {
+    llb_mm mm;
+    llb_kernel_fn fn;
+    const llb_kernels *k;
+    int layout, offset;
+    const uint8_t *w;
+    size_t group_bytes;  /* bytes of one packed 16-row group over all columns */
+    long ngroups, nchunks;
+    uint8_t *repack;     /* per-thread buffers of group_bytes when a quantized type comes in the file layout */
+    /* quantized activations (writable views of mm.a) */
+    int8_t *qs;
+    float *d, *sum;
+    int32_t *bias, *bs16n;
+    int16_t *bs32;
+} mm_ctx;
+
+static void quantize_rows(mm_ctx *c, long i0, long i1) {
+    const long K = c->mm.cols, nb32 = K / LLB_QK, nb256 = K / LLB_QKK;
+    for (long i = i0; i < i1; i++) {
+        const float *x = c->mm.x + i * K;
+        if (c->mm.t->block == LLB_QKK)
+            c->k->quant256(x, K, c->qs + i * K, c->d + i * nb256, c->bs32 + i * nb32, c->bs16n + i * (K / 16));
+        else
+            c->k->quant32(x, K, c->offset, c->qs + i * K, c->d + i * nb32, c->bias + i * nb32, c->sum + i * nb32);
+    }
+}
+
+static void quantize_task(void *ctx, int ith, int nth) {
+    mm_ctx *c = ctx;
+    long b, e;
+    llb_split(c->mm.n, 1, ith, nth, &b, &e);
+    quantize_rows(c, b, e);
+}
+
+static void matmul_task(void *ctx, int ith, int nth) {
+    mm_ctx *c = ctx;
+    long u0, u1, cached = -1;
+    llb_split(c->ngroups * c->nchunks, 1, ith, nth, &u0, &u1);
+    uint8_t *buf = c->repack ? c->repack + (size_t)ith * c->group_bytes : NULL;
+    for (long u = u0; u < u1; u++) {
+        const long g = u / c->nchunks, i0 = (u % c->nchunks) * LLB_ICHUNK;
+        const long i1 = i0 + LLB_ICHUNK < c->mm.n ? i0 + LLB_ICHUNK : c->mm.n;
+        const uint8_t *wg;
+        if (!c->group_bytes) {
+            wg = c->w + (size_t)g * LLB_IL * c->mm.row_bytes;
+        } else if (c->layout == LLB_LAYOUT_PACKED) {
+            wg = c->w + (size_t)g * c->group_bytes;
+        } else {
+            if (g != cached) llb_pack_group(c->mm.t, c->w, c->mm.rows, c->mm.cols, g, buf);
+            cached = g;
+            wg = buf;
+        }
+        c->fn(&c->mm, wg, g, i0, i1);
+    }
+}
+
+static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+int llb_matmul(const llb_type_info *t, int layout, const uint8_t *w, long rows, long cols, const float *x, float *out,
+               long n, int exact) {
+    mm_ctx c = {0};
+    c.k = active_kernels();
+    c.fn = c.k->kernel(t->qtype, exact);
+    c.mm = (llb_mm){.t = t, .rows = rows, .cols = cols, .n = n, .x = x, .out = out, .row_bytes = llb_row_bytes(t, cols)};
+    c.layout = layout;
+    c.w = w;
+    c.ngroups = (rows + LLB_IL - 1) / LLB_IL;
+    c.nchunks = (n + LLB_ICHUNK - 1) / LLB_ICHUNK;
+    c.group_bytes = t->group_bytes ? (size_t)(cols / t->block) * t->group_bytes : 0;
+    const int quantize = !exact && t->group_bytes;
+    const int nth = llb_pool_threads();
+
+    /* One scratch region: quantized activations, then per-thread repack buffers. */
+    const size_t nb32 = (size_t)n * (cols / 32);
+    size_t off_qs = 0, off_d, off_bias, off_sum, off_bs16n, off_bs32, off_repack, total;
+    off_d = align64(quantize ? (size_t)n * cols : 0);
+    off_bias = align64(off_d + (quantize ? nb32 * sizeof(float) : 0));
+    off_sum = align64(off_bias + (quantize ? nb32 * sizeof(int32_t) : 0));
+    off_bs16n = align64(off_sum + (quantize ? nb32 * sizeof(float) : 0));
+    off_bs32 = align64(off_bs16n + (quantize ? 2 * nb32 * sizeof(int32_t) : 0));
+    off_repack = align64(off_bs32 + (quantize ? nb32 * sizeof(int16_t) : 0));
+    const int repack = t->group_bytes && layout == LLB_LAYOUT_FILE;
+    total = off_repack + (repack ? (size_t)nth * c.group_bytes : 0);
+    uint8_t *s = total ? llb_scratch(total) : NULL;
+    if (total && !s) return -1;
+    if (repack) c.repack = s + off_repack;
+
+    if (quantize) {
+        c.offset = c.k->act_offset(t->qtype);
+        c.qs = (int8_t *)(s + off_qs);
+        c.d = (float *)(s + off_d);
+        c.bias = (int32_t *)(s + off_bias);
+        c.sum = (float *)(s + off_sum);
+        c.bs16n = (int32_t *)(s + off_bs16n);
+        c.bs32 = (int16_t *)(s + off_bs32);
+        c.mm.a = (llb_act){c.qs, c.d, c.bias, c.sum, c.bs32, c.bs16n};
+        if (nth > 1 && (size_t)n * cols >= 65536) llb_parallel(quantize_task, &c);
+        else quantize_rows(&c, 0, n); /* a decode step: not worth a fork/join */
+    }
+    llb_parallel(matmul_task, &c);
+    return 0;
+}
+
+/* ---- packing and row access --------------------------------------------- */
+
+typedef struct {
+    const llb_type_info *t;
+    int layout;
+    const uint8_t *src;
+    long rows, cols;
+    uint8_t *dst;
+    const int32_t *ids;
+    float *out;
+    long n;
+} rows_ctx;
+
+static void pack_task(void *ctx, int ith, int nth) {
+    rows_ctx *c = ctx;
+    long g0, g1;
+    llb_split((c->rows + LLB_IL - 1) / LLB_IL, 1, ith, nth, &g0, &g1);
+    llb_pack_groups(c->t, c->src, c->rows, c->cols, c->dst, g0, g1);
+}
+
+static void copy_task(void *ctx, int ith, int nth) {
+    rows_ctx *c = ctx;
+    long r0, r1;
+    const size_t rb = llb_row_bytes(c->t, c->cols);
+    llb_split(c->rows, 1, ith, nth, &r0, &r1);
+    memcpy(c->dst + r0 * rb, c->src + r0 * rb, (size_t)(r1 - r0) * rb);
+}
+
+void llb_pack(const llb_type_info *t, const uint8_t *src, long rows, long cols, uint8_t *dst) {
+    rows_ctx c = {.t = t, .src = src, .rows = rows, .cols = cols, .dst = dst};
+    llb_parallel(llb_pack_layout(t) == LLB_LAYOUT_PACKED ? pack_task : copy_task, &c);
+}
+
+static void rows_task(void *ctx, int ith, int nth) {
+    rows_ctx *c = ctx;
+    long i0, i1;
+    llb_split(c->n, 1, ith, nth, &i0, &i1);
+    for (long i = i0; i < i1; i++)
+        llb_dequant_row(c->t, c->layout, c->src, c->rows, c->cols, c->ids ? c->ids[i] : i, c->out + i * c->cols);
+}
+
+void llb_get_rows(const llb_type_info *t, int layout, const uint8_t *w, long rows, long cols, const int32_t *ids,
+                  float *out, long n) {
+    rows_ctx c = {.t = t, .layout = layout, .src = w, .rows = rows, .cols = cols, .ids = ids, .out = out, .n = n};
+    if (n * cols < 65536) rows_task(&c, 0, 1); /* one token's embedding: no fork/join */
+    else llb_parallel(rows_task, &c);
+}

@@ -1,0 +1,358 @@
+/* Op drivers: pick the ISA's kernels, split the work over the thread pool.
+ *
+ * Thresholds below are in elements (or multiply-adds for attention) and mark
+ * where splitting beats the ~0.5 us fork/join of the pool on this machine;
+ * smaller calls run on the calling thread alone. */
+#define _GNU_SOURCE
+#include "ops.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "core.h"
+#include "isa.h"
+#include "ops_kernels.h"
+#include "threadpool.h"
+
+#define PAR_MIN_CHEAP 32768    /* add, scale, add_rows, kv_store: memory-bound */
+#define PAR_MIN_TRANSC 4096    /* silu_mul, gelu_mul, softcap: exp + divide per element */
+#define PAR_MIN_RMSNORM 16384
+#define PAR_MIN_ROPE_ANGLES 256 /* tokens * rope_dim/2: each needs a cos and a sin */
+#define PAR_MIN_ATTN_MACS 65536
+#define SPLIT_ALIGN 64          /* chunk boundaries on whole cache lines */
+
+static const struct llb_op_kernels *kernels(void) {
+#if LLB_X86
+    if (llb_isa_current == LLB_ISA_AVX512) return &llb_ops_avx512;
+    if (llb_isa_current == LLB_ISA_AVX2) return &llb_ops_avx2;
+#endif
+    return &llb_ops_scalar;
+}
+
+/* ---- elementwise ---------------------------------------------------------- */
+
+enum ew_op { EW_SILU, EW_GELU, EW_ADD, EW_SCALE, EW_SOFTCAP };
+
+struct ew_task {
+    const struct llb_op_kernels *k;
+    enum ew_op op;
+    const float *a, *b;
+    float *out;
+    float s;
+    long count;
+};
+
+static void ew_range(const struct ew_task *t, long i, long m) {
+    switch (t->op) {
+    case EW_SILU: t->k->silu_mul(t->a + i, t->b + i, t->out + i, m); break;
+    case EW_GELU: t->k->gelu_mul(t->a + i, t->b + i, t->out + i, m); break;
+    case EW_ADD: t->k->add(t->a + i, t->b + i, t->out + i, m); break;
+    case EW_SCALE: t->k->scale(t->out + i, t->s, m); break;
+    case EW_SOFTCAP: t->k->softcap(t->out + i, t->s, m); break;
+    }
+}
+
+static void ew_task_run(void *ctx, int ith, int nth) {
+    const struct ew_task *t = ctx;
+    long b, e;
+    llb_split(t->count, SPLIT_ALIGN, ith, nth, &b, &e);
+    if (e > b) ew_range(t, b, e - b);
+}
+
+static void ew_dispatch(struct ew_task *t, long threshold) {
+    t->k = kernels();
+    if (t->count < threshold || llb_pool_threads() == 1) ew_range(t, 0, t->count);
+    else llb_parallel(ew_task_run, t);
+}
+
+void llb_silu_mul(const float *gate, const float *up, float *out, long count) {
+    struct ew_task t = {.op = EW_SILU, .a = gate, .b = up, .out = out, .count = count};
+    ew_dispatch(&t, PAR_MIN_TRANSC);
+}
+void llb_gelu_mul(const float *gate, const float *up, float *out, long count) {
+    struct ew_task t = {.op = EW_GELU, .a = gate, .b = up, .out = out, .count = count};
+    ew_dispatch(&t, PAR_MIN_TRANSC);
+}
+void llb_add(const float *a, const float *b, float *out, long count) {
+    struct ew_task t = {.op = EW_ADD, .a = a, .b = b, .out = out, .count = count};
+    ew_dispatch(&t, PAR_MIN_CHEAP);
+}
+void llb_scale(float *x, float s, long count) {
+    struct ew_task t = {.op = EW_SCALE, .out = x, .s = s, .count = count};
+    ew_dispatch(&t, PAR_MIN_CHEAP);
+}
+void llb_softcap(float *x, float cap, long count) {
+    struct ew_task t = {.op = EW_SOFTCAP, .out = x, .s = cap, .count = count};
+    ew_dispatch(&t, PAR_MIN_TRANSC);
+}
+
+/* ---- row ops: rmsnorm, add_rows ------------------------------------------- */
+
+struct rows_task {
+    const struct llb_op_kernels *k;
+    const float *x, *w;
+    float *out;
+    long n, d;
+    float eps;
+    int is_norm;
+};
+
+static void rows_range(const struct rows_task *t, long r0, long r1) {
+    if (t->is_norm) {
+        t->k->rmsnorm_rows(t->x + r0 * t->d, t->w, t->out + r0 * t->d, r1 - r0, t->d, t->eps);
+    } else {
+        for (long r = r0; r < r1; r++) t->k->add(t->x + r * t->d, t->w, t->out + r * t->d, t->d);
+    }
+}
+
+static void rows_task_run(void *ctx, int ith, int nth) {
+    const struct rows_task *t = ctx;
+    long b, e;
+    llb_split(t->n, 1, ith, nth, &b, &e);
+    if (e > b) rows_range(t, b, e);
+}
+
+static void rows_dispatch(struct rows_task *t, long threshold) {
+    t->k = kernels();
+    if (t->n < 2 || t->n * t->d < threshold || llb_pool_threads() == 1) rows_range(t, 0, t->n);
+    else llb_parallel(rows_task_run, t);
+}
+
+void llb_rmsnorm(const float *x, const float *w, float *out, long n, long d, float eps) {
+    struct rows_task t = {.x = x, .w = w, .out = out, .n = n, .d = d, .eps = eps, .is_norm = 1};
+    rows_dispatch(&t, PAR_MIN_RMSNORM);
+}
+
+void llb_add_rows(const float *x, const float *bias, float *out, long n, long d) {
+    struct rows_task t = {.x = x, .w = bias, .out = out, .n = n, .d = d};
+    rows_dispatch(&t, PAR_MIN_CHEAP);
+}
+
+/* ---- rope ----------------------------------------------------------------- */
+
+struct rope_task {
+    float *x;
+    const int32_t *pos;
+    const float *inv_freq;
+    long n, n_heads, head_dim, rope_dim;
+    int neox;
+};
+
+static void rope_tokens(const struct rope_task *t, long t0, long t1) {
+    const long half = t->rope_dim / 2;
+    float cs[LLB_ROPE_MAX_DIM / 2], sn[LLB_ROPE_MAX_DIM / 2];
+    for (long tok = t0; tok < t1; tok++) {
+        const float p = (float)t->pos[tok];
+        for (long i = 0; i < half; i++) {
+            const float angle = p * t->inv_freq[i]; /* float32 product, as HF and the NumPy reference */
+            cs[i] = (float)cos((double)angle);
+            sn[i] = (float)sin((double)angle);
+        }
+        for (long h = 0; h < t->n_heads; h++) {
+            float *xh = t->x + (tok * t->n_heads + h) * t->head_dim;
+            if (t->neox) {
+                for (long i = 0; i < half; i++) {
+                    const float a = xh[i], b = xh[i + half];
+                    xh[i] = a * cs[i] - b * sn[i];
+                    xh[i + half] = a * sn[i] + b * cs[i];
+                }
+            } else {
+                for (long i = 0; i < half; i++) {
+                    const float a = xh[2 * i], b = xh[2 * i + 1];
+                    xh[2 * i] = a * cs[i] - b * sn[i];
+                    xh[2 * i + 1] = a * sn[i] + b * cs[i];
+                }
+            }
+        }
+    }
+}
+
+static void rope_task_run(void *ctx, int ith, int nth) {
+    const struct rope_task *t = ctx;
+    long b, e;
+    llb_split(t->n, 1, ith, nth, &b, &e);
+    if (e > b) rope_tokens(t, b, e);
+}
+
+void llb_rope(float *x, const int32_t *pos, const float *inv_freq, long n, long n_heads, long head_dim, long rope_dim,
+              int neox) {
+    struct rope_task t = {x, pos, inv_freq, n, n_heads, head_dim, rope_dim, neox};
+    if (n < 2 || n * (rope_dim / 2) < PAR_MIN_ROPE_ANGLES || llb_pool_threads() == 1) rope_tokens(&t, 0, n);
+    else llb_parallel(rope_task_run, &t);
+}
+
+/* ---- kv cache ------------------------------------------------------------- */
+
+struct kv_task {
+    const struct llb_op_kernels *k;
+    const float *kin, *vin;
+    void *kcache, *vcache;
+    const int32_t *slots, *pos;
+    long n, row, n_slots, n_ctx;
+    int cache_type;
+};
+
+static void kv_tokens(const struct kv_task *t, long t0, long t1) {
+    for (long i = t0; i < t1; i++) {
+        const long s = t->slots[i], p = t->pos[i];
+        if (s < 0 || s >= t->n_slots || p < 0 || p >= t->n_ctx) continue; /* validated by the caller; never write outside */
+        const size_t dst = ((size_t)s * (size_t)t->n_ctx + (size_t)p) * (size_t)t->row;
+        const float *ksrc = t->kin + i * t->row, *vsrc = t->vin + i * t->row;
+        if (t->cache_type == LLB_CACHE_F16) {
+            t->k->f32_to_f16(ksrc, (uint16_t *)t->kcache + dst, t->row);
+            t->k->f32_to_f16(vsrc, (uint16_t *)t->vcache + dst, t->row);
+        } else {
+            memcpy((float *)t->kcache + dst, ksrc, (size_t)t->row * sizeof(float));
+            memcpy((float *)t->vcache + dst, vsrc, (size_t)t->row * sizeof(float));
+        }
+    }
+}
+
+static void kv_task_run(void *ctx, int ith, int nth) {
+    const struct kv_task *t = ctx;
+    long b, e;
+    llb_split(t->n, 1, ith, nth, &b, &e);
+    if (e > b) kv_tokens(t, b, e);
+}
+
+void llb_kv_store(const float *k, const float *v, void *kcache, void *vcache, const int32_t *slots, const int32_t *pos,
+                  long n, long n_kv, long head_dim, long n_slots, long n_ctx, int cache_type) {
+    struct kv_task t = {kernels(), k, v, kcache, vcache, slots, pos, n, n_kv * head_dim, n_slots, n_ctx, cache_type};
+    if (n < 2 || 2 * n * t.row < PAR_MIN_CHEAP || llb_pool_threads() == 1) kv_tokens(&t, 0, n);
+    else llb_parallel(kv_task_run, &t);
+}
+
+/* ---- attention ------------------------------------------------------------ */
+
+/* Units are (token, kv head) with the kv head's group of query heads, handed
+ * out by an atomic counter so the causal prefill's uneven rows balance (the
+ * last tokens, with the most keys, go first). When there are few such units
+ * (decode: n * n_kv small) and long key ranges, each is split into chunks of
+ * ATTN_CHUNK keys whose partial softmax sums are merged afterwards. The split
+ * depends only on the arguments, never on the thread count, so results are
+ * identical for any number of threads. */
+#define ATTN_CHUNK 256
+#define ATTN_SPLIT_MAX_ROWS 16 /* split only when n * n_kv is below this */
+
+struct attn_task {
+    const struct llb_attention_args *a;
+    void (*attend)(const struct llb_attn_unit *);
+    long units;
+    /* split mode: token i's chunks are units [first_chunk[i] * n_kv, first_chunk[i+1] * n_kv) */
+    int split;
+    long first_chunk[ATTN_SPLIT_MAX_ROWS + 1];
+    float *parts; /* per unit: group * head_dim sums, then group (max, sum) pairs */
+    _Alignas(64) atomic_long next;
+};
+
+static long first_key(const struct llb_attention_args *a, long p) {
+    return a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
+}
+
+static size_t part_floats(const struct llb_attention_args *a) {
+    const size_t group = (size_t)(a->n_heads / a->n_kv);
+    return group * (size_t)a->head_dim + 2 * group;
+}
+
+static void attn_unit_run(const struct attn_task *t, long unit) {
+    const struct llb_attention_args *a = t->a;
+    long i, kvh, lo, hi;
+    if (t->split) {
+        const long chunk = unit / a->n_kv;
+        kvh = unit % a->n_kv;
+        for (i = 0; t->first_chunk[i + 1] <= chunk; i++) {}
+        lo = first_key(a, a->pos[i]) + (chunk - t->first_chunk[i]) * ATTN_CHUNK;
+        hi = lo + ATTN_CHUNK - 1 < a->pos[i] ? lo + ATTN_CHUNK - 1 : a->pos[i];
+    } else {
+        i = a->n - 1 - unit / a->n_kv;
+        kvh = unit % a->n_kv;
+        lo = first_key(a, a->pos[i]);
+        hi = a->pos[i];
+    }
+    const long s = a->slots[i];
+    if (s < 0 || s >= a->n_slots || hi < 0 || hi >= a->n_ctx) return; /* validated by the caller; never read outside */
+    const long group = a->n_heads / a->n_kv;
+    const size_t stride = (size_t)a->n_kv * (size_t)a->head_dim;
+    const size_t base = (size_t)s * (size_t)a->n_ctx * stride + (size_t)kvh * (size_t)a->head_dim;
+    const size_t esize = a->cache_type == LLB_CACHE_F16 ? 2 : 4;
+    const long rows = i * a->n_heads + kvh * group; /* first query row of the group */
+    struct llb_attn_unit u = {
+        .q = a->q + rows * a->head_dim,
+        .k = (const char *)a->kcache + base * esize,
+        .v = (const char *)a->vcache + base * esize,
+        .stride = stride,
+        .lo = lo,
+        .hi = hi,
+        .head_dim = a->head_dim,
+        .group = group,
+        .scale = a->scale,
+        .softcap = a->softcap,
+        .out = a->out + rows * a->head_dim,
+    };
+    if (t->split) {
+        u.out = t->parts + (size_t)unit * part_floats(a);
+        u.ml = u.out + (size_t)group * (size_t)a->head_dim;
+    }
+    t->attend(&u);
+}
+
+static void attn_task_run(void *ctx, int ith, int nth) {
+    struct attn_task *t = ctx;
+    for (;;) {
+        const long unit = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
+        if (unit >= t->units) break;
+        attn_unit_run(t, unit);
+    }
+}
+
+/* Split mode: combine each (token, head)'s chunk partials into out. */
+static void attn_merge_all(const struct attn_task *t, const struct llb_op_kernels *k) {
+    const struct llb_attention_args *a = t->a;
+    const long group = a->n_heads / a->n_kv;
+    const size_t pf = part_floats(a), hd = (size_t)a->head_dim;
+    for (long i = 0; i < a->n; i++) {
+        const long n_parts = t->first_chunk[i + 1] - t->first_chunk[i];
+        for (long h = 0; h < a->n_heads; h++) {
+            const long kvh = h / group, g = h % group;
+            const float *first = t->parts + (size_t)(t->first_chunk[i] * a->n_kv + kvh) * pf;
+            k->attn_merge(first + g * hd, pf * a->n_kv, first + group * hd + 2 * g, pf * a->n_kv, n_parts, a->head_dim,
+                          a->out + (i * a->n_heads + h) * hd);
+        }
+    }
+}
+
+void llb_attention(const struct llb_attention_args *a) {
+    const struct llb_op_kernels *k = kernels();
+    struct attn_task t = {.a = a, .attend = a->cache_type == LLB_CACHE_F16 ? k->attend_f16 : k->attend_f32};
+    atomic_init(&t.next, 0);
+    double macs = 0; /* q.k and p.v multiply-adds, to decide whether to split */
+    long max_keys = 0;
+    for (long i = 0; i < a->n; i++) {
+        const long keys = a->pos[i] - first_key(a, a->pos[i]) + 1;
+        macs += (double)keys;
+        if (keys > max_keys) max_keys = keys;
+    }
+    macs *= 2.0 * (double)a->n_heads * (double)a->head_dim;
+    t.units = a->n * a->n_kv;
+    if (a->n * a->n_kv < ATTN_SPLIT_MAX_ROWS && max_keys > ATTN_CHUNK) {
+        t.first_chunk[0] = 0;
+        for (long i = 0; i < a->n; i++) {
+            const long keys = a->pos[i] - first_key(a, a->pos[i]) + 1;
+            t.first_chunk[i + 1] = t.first_chunk[i] + (keys + ATTN_CHUNK - 1) / ATTN_CHUNK;
+        }
+        const long units = t.first_chunk[a->n] * a->n_kv;
+        /* Scratch is per calling thread; without it, fall back to whole rows. */
+        t.parts = llb_scratch((size_t)units * part_floats(a) * sizeof(float));
+        if (t.parts) {
+            t.split = 1;
+            t.units = units;
+        }
+    }
+    if (t.units < 2 || macs < PAR_MIN_ATTN_MACS || llb_pool_threads() == 1) {
+        for (long unit = 0; unit < t.units; unit++) attn_unit_run(&t, unit);
+    } else {
+        llb_parallel(attn_task_run, &t);
+    }
+    if (t.split) attn_merge_all(&t, k);
+}

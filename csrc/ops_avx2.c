@@ -1,0 +1,96 @@
+/* AVX2 + FMA + F16C kernels (VL = 8), from the template in ops_simd.inc. */
+#include <math.h>
+#include <string.h>
+
+#include "isa.h"
+#include "ops.h"
+#include "ops_kernels.h"
+
+#if LLB_X86
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#endif
+#include <immintrin.h>
+
+#define VL 8
+typedef __m256 vf;
+static inline vf v_zero(void) { return _mm256_setzero_ps(); }
+static inline vf v_set1(float x) { return _mm256_set1_ps(x); }
+static inline vf v_load(const float *p) { return _mm256_loadu_ps(p); }
+static inline void v_store(float *p, vf v) { _mm256_storeu_ps(p, v); }
+/* Partial vectors go through a small buffer: no reads or writes past the data. */
+static inline vf v_load_part(const float *p, long n) {
+    float t[8] = {0};
+    memcpy(t, p, (size_t)n * 4);
+    return _mm256_loadu_ps(t);
+}
+static inline void v_store_part(float *p, vf v, long n) {
+    float t[8];
+    _mm256_storeu_ps(t, v);
+    memcpy(p, t, (size_t)n * 4);
+}
+static inline vf v_load_h(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+static inline vf v_load_h_part(const uint16_t *p, long n) {
+    uint16_t t[8] = {0};
+    memcpy(t, p, (size_t)n * 2);
+    return v_load_h(t);
+}
+static inline void v_store_h(uint16_t *p, vf v) {
+    _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+static inline void v_store_h_part(uint16_t *p, vf v, long n) {
+    uint16_t t[8];
+    v_store_h(t, v);
+    memcpy(p, t, (size_t)n * 2);
+}
+static inline vf v_add(vf a, vf b) { return _mm256_add_ps(a, b); }
+static inline vf v_sub(vf a, vf b) { return _mm256_sub_ps(a, b); }
+static inline vf v_mul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+static inline vf v_div(vf a, vf b) { return _mm256_div_ps(a, b); }
+static inline vf v_fma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vf v_max(vf a, vf b) { return _mm256_max_ps(a, b); }
+static inline vf v_min(vf a, vf b) { return _mm256_min_ps(a, b); }
+static inline float v_hsum(vf v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+static inline float v_hmax(vf v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+/* Lane j = sum of a[j]'s lanes, for 8 vectors: three rounds of pairwise adds. */
+static inline vf v_sum_lanes(const vf *a) {
+    const vf h0123 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    const vf h4567 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    /* 128-bit halves: h0123 = [a0..a3 low-half sums | a0..a3 high-half sums] */
+    return _mm256_add_ps(_mm256_permute2f128_ps(h0123, h4567, 0x20), _mm256_permute2f128_ps(h0123, h4567, 0x31));
+}
+static inline vf v_round(vf x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+/* p * 2^n for integral n in [-126, 127]: build 2^n in the exponent field. */
+static inline vf v_ldexp(vf p, vf n) {
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+static inline vf v_abs(vf x) { return _mm256_andnot_ps(_mm256_set1_ps(-0.f), x); }
+static inline vf v_copysign(vf mag, vf sgn) {
+    const vf s = _mm256_set1_ps(-0.f);
+    return _mm256_or_ps(_mm256_andnot_ps(s, mag), _mm256_and_ps(s, sgn));
+}
+static inline vf v_select_lt(vf a, vf b, vf x, vf y) { return _mm256_blendv_ps(y, x, _mm256_cmp_ps(a, b, _CMP_LT_OQ)); }
+
+#define OPS_TABLE llb_ops_avx2
+#include "ops_simd.inc"
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#endif /* LLB_X86 */

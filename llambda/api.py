@@ -1,0 +1,192 @@
+"""The Python API: `llambda.load(...)` returns a `Model`."""
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Iterator, Sequence as Seq
+
+import numpy as np
+
+from . import engine
+from .backends import create_backend
+from .engine import GenerationParams, Sequence, TokenEvent
+from .errors import ChatTemplateError, ContextOverflowError, TokenizerError
+from .hub import resolve
+from .loader import open_model
+from .models.base import Transformer
+from .sampling import SamplingParams
+
+DEFAULT_CTX = 4096
+
+
+def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: int | None = None,
+         n_ctx: int | None = None, n_slots: int = 1, activations: str | None = None,
+         quantize: str | None = None, max_batch: int = 512, verbose: bool = False) -> "Model":
+    """Load a catalogued model name, a .gguf file or a Hugging Face model directory.
+
+    backend: "native" (the C core, default where it built) or "numpy" (the FP32 reference).
+    activations: native only; "f32" for the exact mode, "q8" (default) quantizes activations to 8 bits.
+    n_ctx: context length per sequence (default min(training context, 4096)); n_slots: sequences held at once.
+    quantize: re-quantize float weights at load (e.g. "q8_0") so the fast kernels apply.
+    """
+    path = resolve(name_or_path)
+    src = open_model(Path(path))
+    try:
+        be = create_backend(backend, threads=threads, activations=activations)
+        cfg = src.config
+        ctx = int(n_ctx or min(cfg.n_ctx_train, DEFAULT_CTX))
+        if ctx <= 1 or n_slots < 1:
+            raise ValueError("n_ctx must be > 1 and n_slots >= 1")
+        lookup = src.tensor
+        if quantize:
+            from .quantize import quantizing_lookup
+            lookup = quantizing_lookup(src.tensor, quantize)
+        model = Transformer(cfg, lookup, be, n_ctx=ctx, n_slots=n_slots, max_tokens=max_batch)
+    except BaseException:
+        src.close()
+        raise
+    return Model(model, src, be)
+
+
+class Model:
+    def __init__(self, transformer: Transformer, source, backend):
+        self.transformer = transformer
+        self.source = source
+        self.backend = backend
+        self.config = transformer.cfg
+        self.tokenizer = source.tokenizer
+        self.name = source.name
+        self.n_ctx = transformer.n_ctx
+        self._lock = threading.RLock()
+        self._cached: list[int] = []   # tokens whose keys/values slot 0 holds (prefix reuse)
+        self._template = None
+
+    # -- text <-> tokens ----------------------------------------------------
+    def _tok(self):
+        if self.tokenizer is None:
+            why = self.source.tokenizer_error or "the model has no tokenizer files"
+            raise TokenizerError(f"this model cannot tokenize text: {why}; pass token ids instead")
+        return self.tokenizer
+
+    def tokenize(self, text: str, add_bos: bool = False, parse_special: bool = True) -> list[int]:
+        return self._tok().encode(text, add_bos=add_bos, parse_special=parse_special)
+
+    def detokenize(self, ids: Seq[int]) -> str:
+        return self._tok().decode(list(ids))
+
+    def _prompt_ids(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            tok = self._tok()
+            bos_text = tok.token_text(tok.bos_id) if tok.bos_id is not None else None
+            add_bos = tok.add_bos and not (bos_text and prompt.startswith(bos_text))
+            return tok.encode(prompt, add_bos=add_bos, parse_special=True)
+        ids = [int(i) for i in prompt]
+        bad = [i for i in ids if not 0 <= i < self.config.vocab_size]
+        if bad:
+            raise ValueError(f"token ids out of range [0, {self.config.vocab_size}): {bad[:5]}")
+        return ids
+
+    # -- evaluation ----------------------------------------------------------
+    def logits(self, ids: Seq[int]) -> np.ndarray:
+        """Logits (float32, (vocab,)) at the last position of `ids`, evaluated from an empty cache."""
+        ids = self._prompt_ids(list(ids))
+        if not ids:
+            raise ValueError("logits() needs at least one token")
+        if len(ids) > self.n_ctx:
+            raise ContextOverflowError(f"{len(ids)} tokens do not fit the context of {self.n_ctx}")
+        with self._lock:
+            self._cached = []
+            out = engine.prefill(self.transformer, 0, ids, 0)
+            self._cached = list(ids)
+            return out
+
+    def _prefill_reusing(self, ids: list[int]) -> np.ndarray:
+        """Prefill slot 0, skipping the prefix its cache already holds."""
+        common = 0
+        for a, b in zip(self._cached, ids):
+            if a != b:
+                break
+            common += 1
+        common = min(common, len(ids) - 1)   # the last token is always evaluated, for its logits
+        self._cached = self._cached[:common]
+        logits = engine.prefill(self.transformer, 0, ids[common:], common)
+        self._cached = list(ids)
+        return logits
+
+    def stream(self, prompt, max_tokens: int | None = 256, temperature: float = 0.8, top_k: int = 40,
+               top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
+               presence_penalty: float = 0.0, frequency_penalty: float = 0.0, seed: int | None = None,
+               stop: Seq[str] | str | None = None, ignore_eos: bool = False, logprobs: int = 0,
+               logit_bias: dict | None = None) -> Iterator[TokenEvent]:
+        """Generate, yielding a TokenEvent per token (text, logprobs) and a last one with finish_reason."""
+        sp = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                            repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                            seed=seed, logprobs=logprobs, logit_bias=logit_bias)
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        params = GenerationParams(max_tokens=max_tokens, sampling=sp, stop=stops, ignore_eos=ignore_eos)
+        ids = self._prompt_ids(prompt)
+        seq = Sequence(self.tokenizer, ids, params, slot=0, n_ctx=self.n_ctx)
+        return self._run(seq)
+
+    def _run(self, seq: Sequence) -> Iterator[TokenEvent]:
+        with self._lock:
+            logits = self._prefill_reusing(seq.prompt_ids)
+            while True:
+                ev = seq.step(logits)
+                yield ev
+                if seq.finished:
+                    return
+                pos = seq.next_pos
+                self._cached = seq.tokens[:pos]          # slot 0 holds these until the step below
+                row = engine.decode(self.transformer, [0], [seq.tokens[-1]], [pos])
+                self._cached = list(seq.tokens)
+                logits = row[0]
+
+    def generate(self, prompt, **kw) -> Iterator[int]:
+        """Token ids as they are produced (EOS excluded). Options as for stream()."""
+        for ev in self.stream(prompt, **kw):
+            if ev.token >= 0:
+                yield ev.token
+
+    def complete(self, prompt, **kw) -> str:
+        return "".join(ev.text for ev in self.stream(prompt, **kw))
+
+    # -- chat ---------------------------------------------------------------
+    def chat_template(self):
+        if self._template is None:
+            from .chat import ChatTemplate
+            src = self.source.chat_template
+            if not src:
+                raise ChatTemplateError(
+                    f"{self.name!r} has no chat template (a base model?): use complete()/`llambda run` for plain text")
+            tok = self.tokenizer
+            bos = tok.token_text(tok.bos_id) if tok is not None and tok.bos_id is not None else ""
+            eos = tok.token_text(tok.eos_id) if tok is not None and tok.eos_id is not None else ""
+            self._template = ChatTemplate(src, bos_token=bos, eos_token=eos)
+        return self._template
+
+    def render_chat(self, messages, add_generation_prompt: bool = True, tools=None, **extra) -> str:
+        return self.chat_template().render(messages, add_generation_prompt=add_generation_prompt, tools=tools, **extra)
+
+    def chat_stream(self, messages, tools=None, **kw) -> Iterator[TokenEvent]:
+        return self.stream(self.render_chat(messages, tools=tools), **kw)
+
+    def chat(self, messages, tools=None, **kw) -> str:
+        """The assistant's reply to `messages` (OpenAI-style dicts), as text."""
+        return "".join(ev.text for ev in self.chat_stream(messages, tools=tools, **kw))
+
+    # -- housekeeping --------------------------------------------------------
+    def memory_report(self) -> dict[str, int]:
+        return self.transformer.memory_report()
+
+    def close(self) -> None:
+        self.backend.close()
+        self.source.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,133 @@
+"""The small interface every backend implements; the model code calls only this.
+
+Ops write into caller-provided float32 arrays (`out=`), so a backend can keep
+every activation in one arena allocated at load and a decode step allocates
+nothing. Token batches carry, per token, the KV-cache slot (sequence) it
+belongs to and its position: one op signature serves prompt prefill (one slot,
+consecutive positions), batched decode (one token per slot) and any mix.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+from ..weights import WeightTensor
+
+
+class KVCache:
+    """Keys and values of every layer for `n_slots` sequences of up to `n_ctx` tokens.
+
+    Made by `Backend.create_kv_cache`, which carves it and any `extra` buffers
+    (the activations) out of one allocation; `extra` maps names to those arrays.
+    """
+
+    def __init__(self, n_layers: int, n_slots: int, n_ctx: int, n_kv: int, head_dim: int, dtype,
+                 k: list, v: list, extra: dict):
+        self.n_layers, self.n_slots, self.n_ctx = n_layers, n_slots, n_ctx
+        self.n_kv, self.head_dim, self.dtype = n_kv, head_dim, np.dtype(dtype)
+        self.k, self.v, self.extra = k, v, extra
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
+
+    def copy_prefix(self, src_slot: int, dst_slot: int, n_tokens: int) -> None:
+        """Copy the first n_tokens of one slot's KV into another (prefix caching)."""
+        for a in self.k + self.v:
+            a[dst_slot, :n_tokens] = a[src_slot, :n_tokens]
+
+
+def carve(specs: dict, align: int = 64) -> tuple[np.ndarray, dict]:
+    """One zeroed, `align`-byte aligned buffer holding every (shape, dtype) in specs; returns it and the views."""
+    sizes = {k: int(np.prod(shape)) * np.dtype(dt).itemsize for k, (shape, dt) in specs.items()}
+    total = sum(-(-n // align) * align for n in sizes.values())
+    raw = np.zeros(total + align, np.uint8)
+    start = (-raw.ctypes.data) % align
+    views, off = {}, start
+    for k, (shape, dt) in specs.items():
+        n = sizes[k]
+        views[k] = raw[off:off + n].view(dt).reshape(shape)
+        off += -(-n // align) * align
+    return raw, views
+
+
+class Backend(ABC):
+    name = "abstract"
+    #: a short description of the precision, e.g. "f32" or "q8 activations"
+    precision = "f32"
+
+    # -- load time -------------------------------------------------------
+    @abstractmethod
+    def prepare_matrix(self, w: WeightTensor):
+        """A handle for a (rows=out, cols=in) weight used by matmul/embed."""
+
+    def prepare_vector(self, w: WeightTensor, offset: float = 0.0) -> np.ndarray:
+        """A float32 vector (norm weight, bias); `offset` is added (Gemma's 1 + w norms)."""
+        v = np.ascontiguousarray(w.to_float32().reshape(-1), dtype=np.float32)
+        return v + np.float32(offset) if offset else v
+
+    #: the KV cache's element type
+    kv_dtype = np.float32
+
+    def create_kv_cache(self, n_layers, n_slots, n_ctx, n_kv, head_dim, extra: dict | None = None) -> KVCache:
+        """The KV cache and the `extra` activation buffers, carved from one arena allocated now."""
+        specs = dict(extra or {})
+        shape = (n_slots, n_ctx, n_kv, head_dim)
+        for i in range(n_layers):
+            specs[f"k{i}"] = (shape, self.kv_dtype)
+            specs[f"v{i}"] = (shape, self.kv_dtype)
+        self.arena, views = carve(specs)
+        k = [views.pop(f"k{i}") for i in range(n_layers)]
+        v = [views.pop(f"v{i}") for i in range(n_layers)]
+        return KVCache(n_layers, n_slots, n_ctx, n_kv, head_dim, self.kv_dtype, k, v, views)
+
+    def memory_report(self) -> dict[str, int]:
+        return {}
+
+    # -- ops ---------------------------------------------------------------
+    @abstractmethod
+    def embed(self, table, ids: np.ndarray, out: np.ndarray) -> None: ...
+
+    @abstractmethod
+    def matmul(self, x: np.ndarray, w, out: np.ndarray) -> None:
+        """out[n, rows] = x[n, cols] @ W.T"""
+
+    @abstractmethod
+    def rmsnorm(self, x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray) -> None:
+        """Over the last axis of x (any leading shape); out may be x."""
+
+    @abstractmethod
+    def add_rows(self, x: np.ndarray, bias: np.ndarray, out: np.ndarray) -> None: ...
+
+    @abstractmethod
+    def rope(self, x: np.ndarray, pos: np.ndarray, inv_freq: np.ndarray, neox: bool) -> None:
+        """In place on x (n, heads, head_dim); rotates the first 2*len(inv_freq) dims."""
+
+    @abstractmethod
+    def kv_store(self, cache: KVCache, layer: int, k: np.ndarray, v: np.ndarray,
+                 slots: np.ndarray, pos: np.ndarray) -> None: ...
+
+    @abstractmethod
+    def attention(self, q: np.ndarray, cache: KVCache, layer: int, slots: np.ndarray, pos: np.ndarray,
+                  out: np.ndarray, scale: float, window: int, softcap: float) -> None:
+        """Causal attention of q (n, heads, head_dim) over each token's slot, keys at
+        positions max(0, p-window+1)..p (window 0: all up to p)."""
+
+    @abstractmethod
+    def silu_mul(self, gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> None: ...
+
+    @abstractmethod
+    def gelu_mul(self, gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> None: ...
+
+    @abstractmethod
+    def add(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None: ...
+
+    @abstractmethod
+    def scale(self, x: np.ndarray, s: float) -> None: ...
+
+    @abstractmethod
+    def softcap(self, x: np.ndarray, cap: float) -> None: ...
+
+    def close(self) -> None:
+        pass

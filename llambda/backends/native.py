@@ -1,0 +1,137 @@
+"""The native backend: the C core (llambda._native) behind the Backend interface.
+
+Weights are packed once at load into the kernels' layout (row-interleaved
+blocks where that is faster); activations and the KV cache live in one arena
+allocated at load. Each op is one call into C, which validates its arguments,
+releases the GIL and splits the work over the persistent thread pool.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import NativeUnavailableError
+from ..weights import WeightTensor
+from .base import Backend, KVCache
+
+try:
+    from .. import _native as C
+except ImportError as e:  # not built (no compiler at install time)
+    C = None
+    _IMPORT_ERROR = str(e)
+else:
+    _IMPORT_ERROR = ""
+
+KV_TYPES = {"f16": (np.float16, 1), "f32": (np.float32, 0)}
+
+
+def native_available() -> bool:
+    return C is not None
+
+
+def physical_cores() -> int:
+    """Cores this process may run on, counting SMT siblings once."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+    cores = set()
+    for c in cpus:
+        try:
+            with open(f"/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list") as f:
+                cores.add(f.read().strip())
+        except OSError:
+            cores.add(str(c))
+    return max(1, len(cores))
+
+
+@dataclass
+class NativeMatrix:
+    qtype: int
+    layout: int
+    data: np.ndarray      # uint8, the kernel's layout
+    rows: int
+    cols: int
+
+
+def _aligned_empty(nbytes: int, align: int = 64) -> np.ndarray:
+    raw = np.empty(nbytes + align, np.uint8)
+    off = (-raw.ctypes.data) % align
+    return raw[off:off + nbytes]
+
+
+class NativeBackend(Backend):
+    name = "native"
+
+    def __init__(self, threads: int | None = None, activations: str = "q8", kv_type: str = "f16"):
+        if C is None:
+            raise NativeUnavailableError(f"the C core is not built ({_IMPORT_ERROR}); use backend='numpy'")
+        if activations not in ("q8", "f32"):
+            raise ValueError(f"activations must be 'q8' or 'f32', got {activations!r}")
+        if kv_type not in KV_TYPES:
+            raise ValueError(f"kv_type must be one of {sorted(KV_TYPES)}")
+        self.exact = activations == "f32"
+        self.precision = "f32 activations (exact)" if self.exact else "8-bit activations"
+        self.kv_dtype, self.kv_code = KV_TYPES[kv_type]
+        self.threads = int(threads) if threads else physical_cores()
+        if self.threads < 1:
+            raise ValueError("threads must be >= 1")
+        C.set_threads(self.threads)
+        self.weight_bytes = 0
+
+    # -- load time -------------------------------------------------------
+    def prepare_matrix(self, w: WeightTensor) -> NativeMatrix:
+        rows, cols, qt = w.rows, w.cols, int(w.qtype)
+        size = C.packed_size(qt, rows, cols)
+        dst = _aligned_empty(size)
+        layout = C.pack(qt, w.data, dst, rows, cols)
+        self.weight_bytes += size
+        return NativeMatrix(qt, layout, dst, rows, cols)
+
+    def memory_report(self) -> dict[str, int]:
+        return {"weights": self.weight_bytes}
+
+    # -- ops ---------------------------------------------------------------
+    def embed(self, table: NativeMatrix, ids, out) -> None:
+        C.get_rows(table.qtype, table.layout, table.data, table.rows, table.cols, ids, out, len(ids))
+
+    def matmul(self, x, w: NativeMatrix, out) -> None:
+        C.matmul(w.qtype, w.layout, w.data, w.rows, w.cols, x, out, x.shape[0], self.exact)
+
+    def rmsnorm(self, x, w, eps, out) -> None:
+        d = x.shape[-1]
+        C.rmsnorm(x, w, out, x.size // d, d, eps)
+
+    def add_rows(self, x, bias, out) -> None:
+        C.add_rows(x, bias, out, x.shape[0], x.shape[1])
+
+    def rope(self, x, pos, inv_freq, neox) -> None:
+        n, heads, hd = x.shape
+        C.rope(x, pos, inv_freq, n, heads, hd, 2 * len(inv_freq), 1 if neox else 0)
+
+    def kv_store(self, cache: KVCache, layer, k, v, slots, pos) -> None:
+        n, n_kv, hd = k.shape
+        C.kv_store(k, v, cache.k[layer], cache.v[layer], slots, pos, n, n_kv, hd, cache.n_slots, cache.n_ctx,
+                   self.kv_code)
+
+    def attention(self, q, cache: KVCache, layer, slots, pos, out, scale, window, softcap) -> None:
+        n, heads, hd = q.shape
+        C.attention(q, cache.k[layer], cache.v[layer], out, slots, pos, n, heads, cache.n_kv, hd, cache.n_slots,
+                    cache.n_ctx, self.kv_code, scale, window, softcap)
+
+    def silu_mul(self, gate, up, out) -> None:
+        C.silu_mul(gate, up, out, gate.size)
+
+    def gelu_mul(self, gate, up, out) -> None:
+        C.gelu_mul(gate, up, out, gate.size)
+
+    def add(self, a, b, out) -> None:
+        C.add(a, b, out, a.size)
+
+    def scale(self, x, s) -> None:
+        C.scale(x, s, x.size)
+
+    def softcap(self, x, cap) -> None:
+        C.softcap(x, cap, x.size)

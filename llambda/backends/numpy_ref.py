@@ -1,0 +1,90 @@
+"""The reference backend: plain NumPy in float32, written to be read.
+
+Weights are dequantized to float32 once, at load. Everything else is the
+textbook formula. This is the oracle the native backend is tested against.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..weights import WeightTensor
+from .base import Backend, KVCache
+
+
+class NumpyBackend(Backend):
+    name = "numpy"
+    precision = "f32"
+
+    def prepare_matrix(self, w: WeightTensor) -> np.ndarray:
+        return np.ascontiguousarray(w.to_float32().reshape(w.rows, w.cols), dtype=np.float32)
+
+    def embed(self, table: np.ndarray, ids, out) -> None:
+        np.take(table, ids, axis=0, out=out)
+
+    def matmul(self, x, w, out) -> None:
+        np.matmul(x, w.T, out=out)
+
+    def rmsnorm(self, x, w, eps, out) -> None:
+        ms = np.mean(np.square(x, dtype=np.float32), axis=-1, keepdims=True)
+        np.multiply(x, 1.0 / np.sqrt(ms + np.float32(eps)), out=out)
+        out *= w
+
+    def add_rows(self, x, bias, out) -> None:
+        np.add(x, bias, out=out)
+
+    def rope(self, x, pos, inv_freq, neox) -> None:
+        half = len(inv_freq)
+        ang = pos.astype(np.float64)[:, None] * inv_freq.astype(np.float64)[None, :]   # (n, half)
+        cos = np.cos(ang).astype(np.float32)[:, None, :]
+        sin = np.sin(ang).astype(np.float32)[:, None, :]
+        if neox:   # pairs (i, i + half): HF rotate_half
+            a, b = x[..., :half].copy(), x[..., half:2 * half].copy()
+            x[..., :half] = a * cos - b * sin
+            x[..., half:2 * half] = a * sin + b * cos
+        else:      # adjacent pairs (2i, 2i+1): GGUF llama
+            a, b = x[..., 0:2 * half:2].copy(), x[..., 1:2 * half:2].copy()
+            x[..., 0:2 * half:2] = a * cos - b * sin
+            x[..., 1:2 * half:2] = a * sin + b * cos
+
+    def kv_store(self, cache: KVCache, layer, k, v, slots, pos) -> None:
+        cache.k[layer][slots, pos] = k
+        cache.v[layer][slots, pos] = v
+
+    def attention(self, q, cache: KVCache, layer, slots, pos, out, scale, window, softcap) -> None:
+        n, n_heads, hd = q.shape
+        group = n_heads // cache.n_kv
+        for slot in np.unique(slots):
+            rows = np.nonzero(slots == slot)[0]
+            p = pos[rows]
+            t = int(p.max()) + 1
+            k = np.repeat(cache.k[layer][slot, :t].astype(np.float32), group, axis=1)  # (t, heads, hd)
+            v = np.repeat(cache.v[layer][slot, :t].astype(np.float32), group, axis=1)
+            s = np.einsum("nhd,thd->hnt", q[rows], k) * np.float32(scale)          # (heads, m, t)
+            if softcap > 0:
+                s = np.float32(softcap) * np.tanh(s / np.float32(softcap))
+            j = np.arange(t)[None, :]
+            visible = j <= p[:, None]
+            if window > 0:
+                visible &= j > p[:, None] - window
+            s = np.where(visible[None], s, -np.inf)
+            s -= s.max(axis=-1, keepdims=True)
+            e = np.exp(s)
+            e /= e.sum(axis=-1, keepdims=True)
+            out[rows] = np.einsum("hnt,thd->nhd", e, v)
+
+    def silu_mul(self, gate, up, out) -> None:
+        np.multiply(gate / (1.0 + np.exp(-gate)), up, out=out)
+
+    def gelu_mul(self, gate, up, out) -> None:
+        c = np.float32(np.sqrt(2.0 / np.pi))
+        g = 0.5 * gate * (1.0 + np.tanh(c * (gate + np.float32(0.044715) * gate ** 3)))
+        np.multiply(g, up, out=out)
+
+    def add(self, a, b, out) -> None:
+        np.add(a, b, out=out)
+
+    def scale(self, x, s) -> None:
+        x *= np.float32(s)
+
+    def softcap(self, x, cap) -> None:
+        np.multiply(np.tanh(x / np.float32(cap)), np.float32(cap), out=x)

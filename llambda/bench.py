@@ -1,0 +1,142 @@
+"""`llambda bench`: prefill (pp) and decode (tg) tokens/s, optionally beside llama.cpp.
+
+Like llama-bench: pp N evaluates N prompt tokens as one batch from an empty
+cache; tg N generates N tokens one at a time (decode steps, no sampling cost
+beyond argmax). Each repetition alternates engines (A/B) so drift on a noisy
+machine hits both alike; we report the median and the min-max spread.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class BenchRow:
+    engine: str
+    test: str
+    threads: int
+    samples: list[float] = field(default_factory=list)   # tokens/s per repetition
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples) if self.samples else float("nan")
+
+    @property
+    def spread(self) -> str:
+        return f"{min(self.samples):.1f}–{max(self.samples):.1f}" if self.samples else "-"
+
+
+def _tokens(vocab: int, n: int, seed: int = 0) -> list[int]:
+    rng = np.random.default_rng(seed)
+    return [int(t) for t in rng.integers(100, min(vocab, 30000), n)]
+
+
+class OurEngine:
+    name = "llambda"
+
+    def __init__(self, path, backend=None, activations=None, n_ctx=None):
+        from .api import load
+        self.model = load(path, backend=backend, activations=activations, n_ctx=n_ctx)
+        self.tr = self.model.transformer
+
+    def set_threads(self, t: int) -> None:
+        if self.model.backend.name == "native":
+            from . import _native
+            _native.set_threads(t)
+
+    def pp(self, ids: list[int]) -> float:
+        from . import engine
+        t0 = time.perf_counter()
+        engine.prefill(self.tr, 0, ids, 0)
+        return len(ids) / (time.perf_counter() - t0)
+
+    def tg(self, n: int, first: int) -> float:
+        from . import engine
+        tok = first
+        t0 = time.perf_counter()
+        for i in range(n):
+            logits = engine.decode(self.tr, [0], [tok], [i])
+            tok = int(np.argmax(logits[0]))
+        return n / (time.perf_counter() - t0)
+
+
+class LlamaCppEngine:
+    name = "llama.cpp"
+
+    def __init__(self, path, n_ctx: int):
+        try:
+            import llama_cpp
+        except ImportError:
+            raise SystemExit("--vs llama-cpp needs the llama-cpp-python package: pip install '.[bench]'") from None
+        self.llama_cpp = llama_cpp
+        self.path, self.n_ctx = str(path), n_ctx
+        self.llm, self.threads = None, None
+
+    def set_threads(self, t: int) -> None:
+        if self.threads != t:
+            self.llm = self.llama_cpp.Llama(self.path, n_ctx=self.n_ctx, n_batch=512, n_ubatch=512, n_threads=t,
+                                            n_threads_batch=t, verbose=False, logits_all=False)
+            self.threads = t
+
+    def pp(self, ids: list[int]) -> float:
+        self.llm.reset()
+        t0 = time.perf_counter()
+        self.llm.eval(ids)
+        return len(ids) / (time.perf_counter() - t0)
+
+    def tg(self, n: int, first: int) -> float:
+        self.llm.reset()
+        tok = first
+        t0 = time.perf_counter()
+        for _ in range(n):
+            self.llm.eval([tok])
+            tok = int(np.argmax(self.llm.scores[self.llm.n_tokens - 1]))
+        return n / (time.perf_counter() - t0)
+
+
+def run_bench(path, pp: list[int], tg: list[int], threads: list[int], reps: int = 5, vs_llama_cpp: bool = False,
+              backend=None, activations=None, log=print) -> list[BenchRow]:
+    n_ctx = max(pp + tg + [16]) + 8
+    engines = [OurEngine(path, backend, activations, n_ctx)]
+    if vs_llama_cpp:
+        engines.append(LlamaCppEngine(path, n_ctx))
+    vocab = engines[0].model.config.vocab_size
+    rows: dict[tuple, BenchRow] = {}
+    for t in threads:
+        tests = [("pp", n) for n in pp] + [("tg", n) for n in tg]
+        for kind, n in tests:
+            ids = _tokens(vocab, n)
+            for e in engines:            # warm-up (page in weights, build caches)
+                e.set_threads(t)
+                e.pp(ids[:min(n, 16)]) if kind == "pp" else e.tg(min(n, 4), ids[0])
+            for r in range(reps):
+                order = engines if r % 2 == 0 else engines[::-1]
+                for e in order:
+                    e.set_threads(t)
+                    v = e.pp(ids) if kind == "pp" else e.tg(n, ids[0])
+                    rows.setdefault((e.name, f"{kind}{n}", t), BenchRow(e.name, f"{kind}{n}", t)).samples.append(v)
+            log(f"  {kind}{n} threads={t}: " + ", ".join(
+                f"{e.name} {rows[(e.name, f'{kind}{n}', t)].median:.1f} t/s" for e in engines))
+    return list(rows.values())
+
+
+def markdown(rows: list[BenchRow], model_name: str) -> str:
+    ours = {(r.test, r.threads): r for r in rows if r.engine == "llambda"}
+    theirs = {(r.test, r.threads): r for r in rows if r.engine != "llambda"}
+    head = "| model | test | threads | llambda t/s (median, min–max) |"
+    sep = "|---|---|---|---|"
+    if theirs:
+        head += " llama.cpp t/s (median, min–max) | ratio |"
+        sep += "---|---|"
+    out = [head, sep]
+    for key, r in ours.items():
+        line = f"| {model_name} | {r.test} | {r.threads} | {r.median:.1f} ({r.spread}) |"
+        if theirs:
+            o = theirs.get(key)
+            line += f" {o.median:.1f} ({o.spread}) | {r.median / o.median:.2f}× |" if o else " - | - |"
+        out.append(line)
+    return "\n".join(out)

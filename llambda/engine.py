@@ -1,0 +1,121 @@
+"""Sequences on KV-cache slots: prefill, decode, and the per-token bookkeeping.
+
+`Sequence` holds everything one generation needs between steps (its slot, the
+tokens in its cache, sampler, stop-string matcher, streaming detokenizer) and
+turns a row of logits into the next `TokenEvent`. The same object serves the
+single-stream API (one sequence, decode steps of one token) and the server's
+scheduler (many sequences, one batched decode step for all).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import ContextOverflowError
+from .sampling import Sampler, SamplingParams, StopMatcher
+
+
+@dataclass
+class GenerationParams:
+    max_tokens: int | None = 256          # None: until EOS or the context is full
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+
+    def validate(self) -> None:
+        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 0):
+            raise ValueError(f"max_tokens must be a non-negative integer, got {self.max_tokens!r}")
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) for s in self.stop):
+            raise ValueError("stop must be a list of strings")
+        self.sampling.validate()
+
+
+@dataclass
+class TokenEvent:
+    token: int                       # -1 when the event only closes the stream
+    text: str                        # text to emit now (complete characters, stop strings held back)
+    logprob: float = 0.0
+    top_logprobs: list[tuple[int, float]] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop" | "length" on the last event
+
+
+def prefill(model, slot: int, ids, start: int) -> np.ndarray:
+    """Run ids (positions start..) through the model on a slot in chunks; logits of the last one (a copy)."""
+    n = len(ids)
+    if start + n > model.n_ctx:
+        raise ContextOverflowError(f"{start + n} tokens do not fit the context of {model.n_ctx}")
+    chunk = model.ws.max_tokens
+    ids = np.asarray(ids, dtype=np.int32)
+    logits = None
+    for s in range(0, n, chunk):
+        part = ids[s:s + chunk]
+        m = len(part)
+        pos = np.arange(start + s, start + s + m, dtype=np.int32)
+        logits = model.forward(part, np.full(m, slot, np.int32), pos, [m - 1])
+    return logits[0].copy()
+
+
+def decode(model, slots, tokens, positions) -> np.ndarray:
+    """One token for each sequence in one batched step; logits rows in order (a workspace view)."""
+    n = len(tokens)
+    return model.forward(tokens, slots, positions, np.arange(n))
+
+
+class Sequence:
+    def __init__(self, tokenizer, prompt_ids: list[int], params: GenerationParams, slot: int, n_ctx: int):
+        params.validate()
+        if len(prompt_ids) == 0:
+            raise ValueError("the prompt is empty: give at least one token")
+        if len(prompt_ids) >= n_ctx:
+            raise ContextOverflowError(
+                f"the prompt has {len(prompt_ids)} tokens; the context holds {n_ctx} (prompt plus at least one new token)")
+        self.tokenizer, self.params, self.slot, self.n_ctx = tokenizer, params, slot, n_ctx
+        self.prompt_ids = list(prompt_ids)
+        self.tokens = list(prompt_ids)        # everything the sequence holds, generated tokens appended
+        self.generated: list[int] = []
+        self.sampler = Sampler(params.sampling)
+        self.stop = StopMatcher(params.stop) if params.stop else None
+        self.detok = tokenizer.stream() if tokenizer is not None else None
+        self.finish_reason: str | None = None
+        self.eot = set() if (params.ignore_eos or tokenizer is None) else set(tokenizer.eot_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def next_pos(self) -> int:
+        """Position of the last sampled token, which the next decode step feeds."""
+        return len(self.tokens) - 1
+
+    def _closing_text(self) -> str:
+        tail = self.detok.flush() if self.detok else ""
+        if self.stop:
+            emit, stopped = self.stop.feed(tail)
+            return emit if stopped else emit + self.stop.flush()
+        return tail
+
+    def step(self, logits: np.ndarray) -> TokenEvent:
+        """Sample from the logits of the last position and advance."""
+        mt = self.params.max_tokens
+        if mt is not None and len(self.generated) >= mt:
+            self.finish_reason = "length"
+            return TokenEvent(-1, self._closing_text(), finish_reason="length")
+        choice = self.sampler.sample(logits, self.tokens)
+        if choice.token in self.eot:
+            self.finish_reason = "stop"
+            return TokenEvent(-1, self._closing_text(), finish_reason="stop")
+        self.tokens.append(choice.token)
+        self.generated.append(choice.token)
+        piece = self.detok.feed(choice.token) if self.detok else ""
+        ev = TokenEvent(choice.token, piece, choice.logprob, choice.top)
+        if self.stop:
+            ev.text, stopped = self.stop.feed(piece)
+            if stopped:
+                self.finish_reason = ev.finish_reason = "stop"
+                return ev
+        if (mt is not None and len(self.generated) >= mt) or len(self.tokens) >= self.n_ctx:
+            self.finish_reason = ev.finish_reason = "length"
+            ev.text += self._closing_text()
+        return ev

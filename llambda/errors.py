@@ -1,0 +1,29 @@
+"""Typed exceptions: every bad input ends in one of these, never a crash."""
+
+
+class LlambdaError(Exception):
+    """Base class of all llambda errors."""
+
+
+class ModelFormatError(LlambdaError, ValueError):
+    """A model file (GGUF, safetensors, config.json) is malformed or unsupported."""
+
+
+class TokenizerError(LlambdaError, ValueError):
+    """The tokenizer cannot be built or cannot encode/decode the input."""
+
+
+class ChatTemplateError(LlambdaError, ValueError):
+    """A chat template is missing, broken, or tried something unsafe."""
+
+
+class ContextOverflowError(LlambdaError, ValueError):
+    """A prompt (plus generation) does not fit in the context window."""
+
+
+class DownloadError(LlambdaError, OSError):
+    """Fetching or verifying a catalogued model failed."""
+
+
+class NativeUnavailableError(LlambdaError, RuntimeError):
+    """The C core was not built or cannot run on this CPU."""

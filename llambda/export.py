@@ -1,0 +1,496 @@
+"""Write a model as a Hugging Face directory or as a GGUF file.
+
+    export("smollm2-135m", "out_dir", fmt="hf")            # model.safetensors + config.json + tokenizer
+    export("tests/.../tiny/qwen3", "q.gguf", fmt="gguf", qtype="q8_0")
+
+Tensors keep their canonical (GGUF) names inside the engine; here they are
+renamed for the target and brought to its conventions:
+- RoPE layout: GGUF `llama` files hold q/k rows permuted for adjacent-pair
+  rotation (rope_neox=False); HF files and every other GGUF architecture hold
+  the half-split layout. Rows are permuted as raw bytes (rows are independent in
+  every block format), so a quantized tensor is never re-quantized for this.
+- Norm weights: HF Gemma stores w and computes (1 + w); GGUF stores 1 + w.
+- Llama 3 RoPE scaling: config.json spells its parameters; GGUF stores the
+  per-frequency divisors as a `rope_freqs.weight` tensor.
+After writing the configuration we read it back with the architecture's own
+reader and refuse to export when any setting did not survive.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import numpy as np
+
+from .errors import LlambdaError, ModelFormatError
+from .formats.hf_dir import GLOBAL_NAMES, layer_names
+from .loader import ModelSource, open_model
+from .models import arch_module
+from .models.config import TransformerConfig
+from .quants import QType, TRAITS, quantize
+from .weights import WeightTensor
+
+
+@dataclass(frozen=True)
+class Family:
+    hf_model_type: str
+    hf_class: str
+    gguf_arch: str
+    hf_norm_offset: float = 0.0      # what HF adds to stored norm weights (Gemma: 1)
+    hf_fused: bool = False           # HF stores qkv_proj / gate_up_proj (Phi-3)
+
+
+FAMILIES = {
+    "llama": Family("llama", "LlamaForCausalLM", "llama"),
+    "mistral": Family("mistral", "MistralForCausalLM", "llama"),
+    "qwen2": Family("qwen2", "Qwen2ForCausalLM", "qwen2"),
+    "qwen3": Family("qwen3", "Qwen3ForCausalLM", "qwen3"),
+    "gemma2": Family("gemma2", "Gemma2ForCausalLM", "gemma2", hf_norm_offset=1.0),
+    "gemma3": Family("gemma3_text", "Gemma3ForCausalLM", "gemma3", hf_norm_offset=1.0),
+    "phi3": Family("phi3", "Phi3ForCausalLM", "phi3", hf_fused=True),
+}
+PERMUTED_GGUF_ARCHS = {"llama"}      # llama.cpp's LLAMA_ROPE_TYPE_NORM architectures among ours
+FLOAT_TYPES = {"f32": QType.F32, "f16": QType.F16, "bf16": QType.BF16}
+GGUF_WEIGHT_TYPES = {*FLOAT_TYPES.values(), QType.Q8_0, QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1,
+                     QType.Q4_K, QType.Q5_K, QType.Q6_K}
+HF_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+            "chat_template.json", "generation_config.json", "tokenizer.model")
+_LAYER_LEAVES = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "attn_q_norm",
+                 "attn_k_norm", "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm")
+
+
+def family_of(cfg: TransformerConfig) -> Family:
+    arch = cfg.arch
+    if arch == "llama" and any(cfg.layer_sliding):
+        arch = "mistral"      # config.json spells a Llama with a window as Mistral
+    if arch not in FAMILIES:
+        raise ModelFormatError(f"export does not know the architecture {cfg.arch!r}")
+    return FAMILIES[arch]
+
+
+# ---------------------------------------------------------------- tensors
+
+@dataclass
+class OutTensor:
+    name: str
+    qtype: QType
+    shape: tuple
+    raw: np.ndarray          # uint8, the bytes as stored
+
+
+def source_tensors(src: ModelSource) -> dict[str, WeightTensor]:
+    """Every canonical tensor the source has, in file-like order."""
+    names = ["token_embd.weight", "rope_freqs.weight"]
+    for i in range(src.config.n_layers):
+        for leaf in _LAYER_LEAVES:
+            names.append(f"blk.{i}.{leaf}.weight")
+            if leaf in ("attn_q", "attn_k", "attn_v"):
+                names.append(f"blk.{i}.{leaf}.bias")
+    names += ["output_norm.weight", "output.weight"]
+    out = {n: src.tensor(n) for n in names}
+    return {n: t for n, t in out.items() if t is not None}
+
+
+def rope_permutation(n_heads: int, head_dim: int, to_interleaved: bool) -> np.ndarray:
+    """Row order turning half-split q/k rows into GGUF-llama's interleaved order, or back."""
+    half = head_dim // 2
+    idx = np.arange(n_heads * head_dim).reshape(n_heads, 2, half)   # [h, j, i]: half j, pair i
+    inter = idx.transpose(0, 2, 1).reshape(-1)                       # row 2i+j of a head <- row j*half+i
+    if to_interleaved:
+        return inter
+    inv = np.empty_like(inter)
+    inv[inter] = np.arange(len(inter))
+    return inv
+
+
+def _permute_rows(t: WeightTensor, order: np.ndarray) -> WeightTensor:
+    if len(t.shape) == 1:
+        vals = t.to_float32().reshape(-1)[order]
+        return WeightTensor.from_float(t.name, vals)
+    rows = t.rows2d()[order]
+    return WeightTensor(t.name, t.qtype, t.shape, np.ascontiguousarray(rows).reshape(-1))
+
+
+def _convert(name: str, t: WeightTensor, qtype: QType, shift: float = 0.0) -> OutTensor:
+    """`t` as `qtype` bytes, with `shift` added to every value (norm conventions)."""
+    if t.qtype == qtype and not shift:
+        return OutTensor(name, qtype, t.shape, t.data.reshape(-1))
+    vals = t.to_float32().reshape(t.shape)
+    if shift:
+        vals = vals + np.float32(shift)
+    return OutTensor(name, qtype, t.shape, quantize(vals, qtype).reshape(-1))
+
+
+def _target_type(t: WeightTensor, want: QType | None, fmt: str) -> QType:
+    if fmt == "hf":
+        if want is not None:
+            return want
+        return t.qtype if t.qtype in FLOAT_TYPES.values() else QType.F32
+    if len(t.shape) == 1:
+        return QType.F32 if want is not None or t.qtype not in FLOAT_TYPES.values() else t.qtype
+    if want is None:
+        return t.qtype
+    if t.cols % TRAITS[want].block_size == 0:
+        return want
+    return t.qtype if t.qtype in FLOAT_TYPES.values() else QType.F16
+
+
+def _layout_tensors(src: ModelSource, to_interleaved: bool | None) -> dict[str, WeightTensor]:
+    """Source tensors with q/k rows moved to the target's RoPE layout (None: leave them)."""
+    cfg = src.config
+    tensors = source_tensors(src)
+    if to_interleaved is None or to_interleaved == (not cfg.rope_neox):
+        return tensors
+    if cfg.rope_dim != cfg.head_dim or cfg.qk_norm:
+        raise ModelFormatError("cannot convert the q/k RoPE layout of a partial-rotary or q/k-norm model")
+    if any(n.endswith("attn_qkv.weight") for n in tensors):
+        raise ModelFormatError("cannot convert the RoPE layout of fused qkv tensors")
+    perm = {"attn_q": rope_permutation(cfg.n_heads, cfg.head_dim, to_interleaved),
+            "attn_k": rope_permutation(cfg.n_kv_heads, cfg.head_dim, to_interleaved)}
+    for name, t in tensors.items():
+        leaf = name.split(".")[2] if name.startswith("blk.") else ""
+        if leaf in perm:
+            tensors[name] = _permute_rows(t, perm[leaf])
+    return tensors
+
+
+def _is_norm(name: str) -> bool:
+    return name.endswith("norm.weight")
+
+
+# ---------------------------------------------------------------- RoPE scaling <-> rope_freqs
+
+def _llama3_factors(cfg: TransformerConfig) -> np.ndarray:
+    plain = TransformerConfig(**{**_cfg_dict(cfg), "rope_scaling": None}).inv_freq()
+    return (plain.astype(np.float64) / cfg.inv_freq().astype(np.float64)).astype(np.float32)
+
+
+def _fit_llama3(cfg: TransformerConfig, factors: np.ndarray) -> dict:
+    """Llama 3 scaling parameters that reproduce a GGUF's rope_freqs, or an error.
+
+    In the middle band a divisor r fixes smooth = (1/r - 1/factor) / (1 - 1/factor), and
+    smooth = (orig / wavelen - low) / (high - low) then gives the original context length.
+    """
+    factor = float(factors.max())
+    wavelen = 2 * np.pi / TransformerConfig(**{**_cfg_dict(cfg), "rope_scaling": None}).inv_freq().astype(np.float64)
+    origs = {2 ** k for k in range(4, 21)}
+    for low, high in ((1.0, 4.0), (1.0, 2.0), (1.0, 8.0), (2.0, 4.0)):
+        for r, w in zip(factors.astype(np.float64), wavelen):
+            if 1.0 + 1e-6 < r < factor * (1 - 1e-6):
+                smooth = (1 / r - 1 / factor) / (1 - 1 / factor)
+                origs.add(round(w * (smooth * (high - low) + low)))
+    for low, high in ((1.0, 4.0), (1.0, 2.0), (1.0, 8.0), (2.0, 4.0)):
+        for orig in sorted(origs):
+            sc = {"rope_type": "llama3", "factor": factor, "low_freq_factor": low, "high_freq_factor": high,
+                  "original_max_position_embeddings": orig}
+            trial = TransformerConfig(**{**_cfg_dict(cfg), "rope_scaling": sc})
+            if np.allclose(_llama3_factors(trial), factors, rtol=1e-4):
+                return sc
+    raise ModelFormatError("the GGUF's rope_freqs.weight matches no Llama 3 RoPE scaling that config.json can express")
+
+
+def _cfg_dict(cfg: TransformerConfig) -> dict:
+    return {f.name: getattr(cfg, f.name) for f in fields(cfg)}
+
+
+# ---------------------------------------------------------------- configuration round-trip check
+
+_CHECKED = ("vocab_size", "n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "rope_dim",
+            "activation", "attn_bias", "qk_norm", "post_norms", "embed_scale", "attn_softcap", "final_softcap",
+            "layer_sliding")
+
+
+def _check_same(a: TransformerConfig, b: TransformerConfig, what: str, a_factors=None, b_factors=None) -> None:
+    """Raise unless config `b` (read back from what we wrote) runs the same model as `a`;
+    `*_factors` are rope_freqs divisors that go with each side."""
+    bad = [k for k in _CHECKED if getattr(a, k) != getattr(b, k)
+           and not (isinstance(getattr(a, k), float) and math.isclose(getattr(a, k) or 0, getattr(b, k) or 0,
+                                                                     rel_tol=1e-6))]
+    if any(a.layer_sliding) and a.sliding_window != b.sliding_window:
+        bad.append("sliding_window")
+    if not math.isclose(a.scale(), b.scale(), rel_tol=1e-6):
+        bad.append("attention scale")
+    if not math.isclose(a.norm_eps, b.norm_eps, rel_tol=1e-6):
+        bad.append("norm_eps")
+    for sliding in set(a.layer_sliding):
+        fa = a.inv_freq(sliding) / (1.0 if a_factors is None else a_factors)
+        fb = b.inv_freq(sliding) / (1.0 if b_factors is None else b_factors)
+        if not np.allclose(fa, fb, rtol=1e-5):
+            bad.append("RoPE frequencies")
+    if bad:
+        raise ModelFormatError(f"{what} cannot express this model's {', '.join(sorted(set(bad)))}")
+
+
+# ---------------------------------------------------------------- HF directory
+
+def hf_config(cfg: TransformerConfig, fam: Family, dtype: str) -> dict:
+    sliding = any(cfg.layer_sliding)
+    out = {
+        "architectures": [fam.hf_class],
+        "model_type": fam.hf_model_type,
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.d_model,
+        "intermediate_size": cfg.ffn_dim,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_kv_heads,
+        "head_dim": cfg.head_dim,
+        "rms_norm_eps": cfg.norm_eps,
+        "max_position_embeddings": cfg.n_ctx_train,
+        "rope_theta": cfg.rope_theta,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "attention_bias": cfg.attn_bias,
+        "torch_dtype": dtype,
+        "sliding_window": cfg.sliding_window if sliding else None,
+        "layer_types": ["sliding_attention" if s else "full_attention" for s in cfg.layer_sliding],
+    }
+    if cfg.rope_scaling:
+        out["rope_scaling"] = {k: v for k, v in cfg.rope_scaling.items() if k not in ("rope_theta", "type")}
+    if cfg.activation == "gelu_tanh":
+        out["hidden_activation"] = out["hidden_act"] = "gelu_pytorch_tanh"
+    else:
+        out["hidden_act"] = "silu"
+    if fam.hf_model_type in ("qwen2", "qwen3"):
+        first = cfg.layer_sliding.index(True) if sliding else cfg.n_layers
+        out["use_sliding_window"] = sliding
+        out["max_window_layers"] = first
+    if cfg.rope_dim != cfg.head_dim:
+        out["partial_rotary_factor"] = cfg.rope_dim / cfg.head_dim
+    if fam.hf_norm_offset:        # Gemma
+        qpas = cfg.scale() ** -2
+        out["query_pre_attn_scalar"] = round(qpas) if abs(qpas - round(qpas)) < 1e-3 else qpas
+        out["attn_logit_softcapping"] = cfg.attn_softcap or None
+        out["final_logit_softcapping"] = cfg.final_softcap or None
+        if cfg.rope_theta_local:
+            out["rope_local_base_freq"] = cfg.rope_theta_local
+    return out
+
+
+def _hf_layer_names(post_norms: bool) -> dict[str, str]:
+    """Canonical per-layer suffix -> HF suffix (fused Phi-3 names are chosen in _fuse_phi3)."""
+    inverse = {canon: hf for hf, canon in reversed(layer_names(post_norms).items())}
+    inverse["ffn_up.weight"] = "mlp.up_proj.weight"
+    return inverse
+
+
+def _fuse(parts: list[OutTensor], name: str) -> OutTensor:
+    q = parts[0].qtype
+    if any(p.qtype != q or p.shape[1:] != parts[0].shape[1:] for p in parts):
+        raise ModelFormatError(f"cannot fuse {[p.name for p in parts]} into {name!r}: their types or widths differ")
+    shape = (sum(p.shape[0] for p in parts), parts[0].shape[1])
+    return OutTensor(name, q, shape, np.concatenate([p.raw for p in parts]))
+
+
+def write_hf(src: ModelSource, out: Path, qtype: str | None = None) -> Path:
+    from .formats.safetensors import write_safetensors
+    cfg = src.config
+    fam = family_of(cfg)
+    want = None
+    if qtype:
+        if qtype.lower() not in FLOAT_TYPES:
+            raise LlambdaError(f"a Hugging Face export stores f32, f16 or bf16, not {qtype!r}")
+        want = FLOAT_TYPES[qtype.lower()]
+    tensors = _layout_tensors(src, to_interleaved=False)
+    rope_factors = tensors.pop("rope_freqs.weight", None)
+    hf_cfg_cfg = cfg
+    if rope_factors is not None:
+        factors = rope_factors.to_float32().reshape(-1)
+        if not np.allclose(factors, 1.0):
+            hf_cfg_cfg = TransformerConfig(**{**_cfg_dict(cfg), "rope_scaling": _fit_llama3(cfg, factors)})
+    # Whether the head is tied is what the file holds (a GGUF config says "tie if absent").
+    hf_cfg_cfg = TransformerConfig(**{**_cfg_dict(hf_cfg_cfg), "tie_embeddings": "output.weight" not in tensors})
+    shift_by = cfg.norm_offset - fam.hf_norm_offset
+    canon_to_hf = {v: k for k, v in GLOBAL_NAMES.items()}
+    layer_to_hf = _hf_layer_names(cfg.post_norms)
+    written: dict[str, OutTensor] = {}
+    dtypes = set()
+    for name, t in tensors.items():
+        qt = _target_type(t, want, "hf")
+        dtypes.add(qt)
+        o = _convert(name, t, qt, shift_by if _is_norm(name) else 0.0)
+        if name.startswith("blk."):
+            _, i, leaf = name.split(".", 2)
+            o.name = f"model.layers.{i}.{layer_to_hf[leaf]}"
+        else:
+            o.name = canon_to_hf[name]
+        written[name] = o
+    if fam.hf_fused:
+        _fuse_phi3(written, cfg)
+    dtype = {QType.F32: "float32", QType.F16: "float16", QType.BF16: "bfloat16"}[
+        want or (dtypes.pop() if len(dtypes) == 1 else QType.F32)]
+    config = hf_config(hf_cfg_cfg, fam, dtype)
+    check = arch_module(fam.hf_model_type).config_from_hf(config)
+    _check_same(cfg, check, "config.json",
+                a_factors=None if rope_factors is None else rope_factors.to_float32().reshape(-1))
+
+    out.mkdir(parents=True, exist_ok=True)
+    weights = {o.name: WeightTensor(o.name, o.qtype, tuple(o.shape), o.raw) for o in written.values()}
+    write_safetensors(out / "model.safetensors", weights, metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    _write_hf_tokenizer(src, out)
+    return out
+
+
+def _fuse_phi3(written: dict, cfg: TransformerConfig) -> None:
+    for i in range(cfg.n_layers):
+        p = f"blk.{i}."
+        if p + "attn_q.weight" in written:
+            parts = [written.pop(p + k) for k in ("attn_q.weight", "attn_k.weight", "attn_v.weight")]
+            written[p + "attn_qkv.weight"] = _fuse(parts, f"model.layers.{i}.self_attn.qkv_proj.weight")
+        up = written.get(p + "ffn_up.weight")
+        if p + "ffn_gate.weight" in written:
+            parts = [written.pop(p + "ffn_gate.weight"), written.pop(p + "ffn_up.weight")]
+            written[p + "ffn_up.weight"] = _fuse(parts, f"model.layers.{i}.mlp.gate_up_proj.weight")
+        elif up is not None:
+            up.name = f"model.layers.{i}.mlp.gate_up_proj.weight"
+
+
+def _write_hf_tokenizer(src: ModelSource, out: Path) -> None:
+    if src.format == "hf":
+        for f in HF_FILES:
+            if (src.path / f).is_file() and src.path.resolve() != out.resolve():
+                shutil.copyfile(src.path / f, out / f)
+        return
+    from .export_tokenizer import hf_tokenizer_json
+    tok = src.tokenizer
+    text = hf_tokenizer_json(tok) if tok is not None else None
+    if text is None:
+        return                      # nothing we can write; the directory still loads (ids only)
+    (out / "tokenizer.json").write_text(text, encoding="utf-8")
+    tc = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
+          "add_bos_token": bool(getattr(tok, "add_bos", False))}
+    for key, attr in (("bos_token", "bos_id"), ("eos_token", "eos_id")):
+        tid = getattr(tok, attr, None)
+        if tid is not None:
+            tc[key] = tok.token_text(tid)
+    if src.chat_template:
+        tc["chat_template"] = src.chat_template
+    (out / "tokenizer_config.json").write_text(json.dumps(tc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+# ---------------------------------------------------------------- GGUF
+
+def gguf_metadata(cfg: TransformerConfig, arch: str, name: str) -> dict:
+    a = arch
+    sliding = any(cfg.layer_sliding)
+    meta = {
+        "general.architecture": a,
+        "general.name": name,
+        f"{a}.vocab_size": cfg.vocab_size,
+        f"{a}.context_length": cfg.n_ctx_train,
+        f"{a}.embedding_length": cfg.d_model,
+        f"{a}.block_count": cfg.n_layers,
+        f"{a}.feed_forward_length": cfg.ffn_dim,
+        f"{a}.attention.head_count": cfg.n_heads,
+        f"{a}.attention.head_count_kv": cfg.n_kv_heads,
+        f"{a}.attention.key_length": cfg.head_dim,
+        f"{a}.attention.value_length": cfg.head_dim,
+        f"{a}.attention.layer_norm_rms_epsilon": cfg.norm_eps,
+        f"{a}.rope.freq_base": cfg.rope_theta,
+        f"{a}.rope.dimension_count": cfg.rope_dim,
+    }
+    sc = cfg.rope_scaling or {}
+    kind = sc.get("rope_type") or sc.get("type")
+    if kind == "linear":
+        meta[f"{a}.rope.scaling.type"] = "linear"
+        meta[f"{a}.rope.scaling.factor"] = float(sc["factor"])
+    if sliding:
+        meta[f"{a}.attention.sliding_window"] = cfg.sliding_window
+        if not all(cfg.layer_sliding):
+            meta[f"{a}.attention.sliding_window_pattern"] = list(cfg.layer_sliding)
+    if cfg.rope_theta_local:
+        meta[f"{a}.rope.freq_base_swa"] = cfg.rope_theta_local
+    if cfg.attn_scale is not None:
+        meta[f"{a}.attention.scale"] = float(cfg.attn_scale)
+    if cfg.attn_softcap:
+        meta[f"{a}.attn_logit_softcapping"] = cfg.attn_softcap
+    if cfg.final_softcap:
+        meta[f"{a}.final_logit_softcapping"] = cfg.final_softcap
+    return meta
+
+
+def write_gguf_file(src: ModelSource, out: Path, qtype: str | None = None) -> Path:
+    from .formats.gguf_writer import write_gguf
+    cfg = src.config
+    fam = family_of(cfg)
+    arch = fam.gguf_arch
+    want = None
+    if qtype:
+        by_name = {q.name.lower(): q for q in GGUF_WEIGHT_TYPES}
+        want = by_name.get(qtype.lower())
+        if want is None:
+            raise LlambdaError(f"cannot write GGUF weights as {qtype!r}; choose one of {', '.join(sorted(by_name))}")
+    tensors = _layout_tensors(src, to_interleaved=arch in PERMUTED_GGUF_ARCHS)
+    meta = gguf_metadata(cfg, arch, src.name or src.path.stem)
+    kind = (cfg.rope_scaling or {}).get("rope_type") or (cfg.rope_scaling or {}).get("type")
+    if kind == "llama3":
+        tensors["rope_freqs.weight"] = WeightTensor.from_float("rope_freqs.weight", _llama3_factors(cfg))
+    meta.update(_gguf_tokenizer_metadata(src))
+    types = _gguf_metadata_types(src)
+
+    check = arch_module(arch).config_from_gguf(meta)
+    src_rf = src.tensor("rope_freqs.weight")
+    out_rf = tensors.get("rope_freqs.weight")
+    _check_same(cfg, check, f"GGUF {arch!r}",
+                a_factors=None if src_rf is None else src_rf.to_float32().reshape(-1),
+                b_factors=None if out_rf is None else out_rf.to_float32().reshape(-1))
+    if check.rope_neox != (arch not in PERMUTED_GGUF_ARCHS):
+        raise ModelFormatError(f"GGUF {arch!r}: RoPE layout mismatch")
+
+    shift_by = cfg.norm_offset          # GGUF norms hold the weights as applied
+    items = []
+    for name, t in tensors.items():
+        o = _convert(name, t, _target_type(t, want, "gguf"), shift_by if _is_norm(name) else 0.0)
+        items.append((name, o.qtype, o.raw, tuple(o.shape)))
+    if any(q not in (QType.F32, QType.F16, QType.BF16) for _, q, _, _ in items):
+        meta["general.quantization_version"] = 2
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_gguf(out, meta, items, metadata_types=types)
+    return out
+
+
+def _gguf_tokenizer_metadata(src: ModelSource) -> dict:
+    if src.format == "gguf":
+        return {k: v for k, v in src.metadata.items() if k.startswith("tokenizer.")}
+    if src.tokenizer is None:
+        return {}
+    from .export_tokenizer import gguf_tokenizer_metadata
+    return gguf_tokenizer_metadata(src.path, src.tokenizer, src.chat_template)
+
+
+def _gguf_metadata_types(src: ModelSource) -> dict:
+    """The source GGUF's value types for the keys we copy (token types are INT32 arrays, ids UINT32)."""
+    if src.format != "gguf":
+        return {}
+    from .formats.gguf import GGUFFile
+    with GGUFFile(src.path) as f:
+        return {k: v for k, v in f.metadata_types.items() if k.startswith("tokenizer.")}
+
+
+# ---------------------------------------------------------------- entry point
+
+def export(model, out: str | os.PathLike, fmt: str = "gguf", qtype: str | None = None) -> Path:
+    """Write `model` (a catalogued name, a path, an opened ModelSource or a loaded llambda Model)
+    to `out` as `fmt` "hf" (a directory) or "gguf" (a file); `qtype` picks the tensor type."""
+    out = Path(out)
+    own = False
+    if isinstance(model, ModelSource):
+        src = model
+    elif hasattr(model, "source") and isinstance(model.source, ModelSource):
+        src = model.source
+    else:
+        from .hub import resolve
+        src, own = open_model(Path(resolve(model))), True
+    try:
+        if fmt == "hf":
+            return write_hf(src, out, qtype)
+        if fmt == "gguf":
+            return write_gguf_file(src, out, qtype)
+        raise LlambdaError(f"unknown export format {fmt!r} (hf or gguf)")
+    finally:
+        if own:
+            src.close()

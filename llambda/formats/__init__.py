@@ -1,0 +1,1 @@
+"""Model file formats (GGUF reader/writer, ...). Import the submodule you need."""

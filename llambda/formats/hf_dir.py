@@ -1,0 +1,205 @@
+"""A Hugging Face model directory: config.json + *.safetensors (+ tokenizer files).
+
+Tensors are renamed to the engine's canonical (GGUF) names. HF checkpoints keep
+q/k rows in the half-split RoPE layout, so every config built here has
+rope_neox=True and no rows are permuted. Fused Phi-3 tensors keep GGUF's fused
+names (`attn_qkv`, a double-height `ffn_up`); the model loader splits them.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from ..errors import ModelFormatError, TokenizerError
+from ..loader import ModelSource
+from ..models import arch_module
+from .safetensors import open_safetensors_dir
+
+# top-level HF name -> canonical name
+GLOBAL_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+
+# per-layer HF suffix -> canonical suffix, shared by every family
+LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "self_attn.qkv_proj.weight": "attn_qkv.weight",      # Phi-3: q, k, v rows
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.gate_up_proj.weight": "ffn_up.weight",          # Phi-3: gate rows then up rows, as GGUF stores it
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+# The norm after attention means different things: in the Llama family it is the
+# norm *before* the MLP; in Gemma (post_norms) a real post-attention norm.
+PRE_FFN_ONLY = {"post_attention_layernorm.weight": "ffn_norm.weight"}
+SANDWICH = {
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+}
+
+# Prefixes of multimodal checkpoints whose text decoder we run (transformers 5 and 4 layouts).
+_TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
+                  ("language_model.lm_head.", "lm_head."))
+_LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
+_CLASS_SUFFIXES = ("ForCausalLM", "ForConditionalGeneration", "Model")
+
+
+def layer_names(post_norms: bool) -> dict[str, str]:
+    """HF per-layer suffix -> canonical suffix for a model with or without Gemma's sandwich norms."""
+    return {**LAYER_NAMES, **(SANDWICH if post_norms else PRE_FFN_ONLY)}
+
+
+def read_json(path: Path, what: str):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ModelFormatError(f"{path}: {what} is not valid JSON ({e})") from None
+    except OSError as e:
+        raise ModelFormatError(f"{path}: cannot read {what} ({e})") from None
+
+
+def arch_name(cfg: dict) -> str:
+    """The registry key of a config.json: `model_type`, else the class in `architectures`."""
+    from ..models import ARCHITECTURES
+    mt = cfg.get("model_type")
+    if isinstance(mt, str) and mt in ARCHITECTURES:
+        return mt
+    for cls in cfg.get("architectures") or []:
+        if isinstance(cls, str):
+            base = cls
+            for suf in _CLASS_SUFFIXES:
+                if base.endswith(suf):
+                    base = base[:-len(suf)]
+                    break
+            if base.lower() in ARCHITECTURES:
+                return base.lower()
+    if isinstance(mt, str):
+        return mt          # arch_module names the unsupported type
+    raise ModelFormatError("config.json has neither 'model_type' nor a known class in 'architectures'")
+
+
+def text_config(cfg: dict) -> dict:
+    """The decoder's config: multimodal checkpoints nest it under `text_config`."""
+    inner = cfg.get("text_config")
+    if isinstance(inner, dict) and "hidden_size" in inner:
+        merged = dict(inner)
+        for key in ("tie_word_embeddings", "torch_dtype", "dtype"):
+            if key not in merged and key in cfg:
+                merged[key] = cfg[key]
+        return merged
+    return cfg
+
+
+def canonical_tensors(hf_tensors: dict, n_layers: int, post_norms: bool) -> dict:
+    """HF name -> WeightTensor  =>  canonical name -> WeightTensor.
+
+    Decoder-layer tensors we do not know are an error (running without them would be
+    silently wrong); other unknown top-level tensors (vision towers, rotary caches) are skipped.
+    """
+    per_layer = layer_names(post_norms)
+    out = {}
+    for name, t in hf_tensors.items():
+        for old, new in _TEXT_PREFIXES:
+            if name.startswith(old):
+                name = new + name[len(old):]
+                break
+        if name in GLOBAL_NAMES:
+            out[GLOBAL_NAMES[name]] = t
+            continue
+        m = _LAYER_RE.fullmatch(name)
+        if not m:
+            continue
+        i, suffix = int(m.group(1)), m.group(2)
+        if suffix.endswith("rotary_emb.inv_freq"):
+            continue      # a cache some old checkpoints saved; we compute our own
+        if suffix not in per_layer:
+            raise ModelFormatError(f"tensor {name!r} is not supported (unknown layer tensor)")
+        if i >= n_layers:
+            raise ModelFormatError(f"tensor {name!r}: layer {i} but the config has {n_layers} layers")
+        canon = f"blk.{i}.{per_layer[suffix]}"
+        if canon in out:
+            raise ModelFormatError(f"tensor {name!r}: a second tensor maps to {canon!r}")
+        out[canon] = t
+    return out
+
+
+def _chat_template(path: Path, tok_cfg: dict | None) -> str | None:
+    tmpl = tok_cfg.get("chat_template") if isinstance(tok_cfg, dict) else None
+    if isinstance(tmpl, list):      # [{"name": "default", "template": ...}, ...]
+        named = {d.get("name"): d.get("template") for d in tmpl if isinstance(d, dict)}
+        tmpl = named.get("default") or next((t for t in named.values() if isinstance(t, str)), None)
+    if isinstance(tmpl, str) and tmpl:
+        return tmpl
+    jinja = path / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    cj = path / "chat_template.json"
+    if cj.is_file():
+        t = read_json(cj, "chat_template.json")
+        if isinstance(t, dict) and isinstance(t.get("chat_template"), str):
+            return t["chat_template"]
+    return None
+
+
+def _tokenizer(path: Path):
+    if not (path / "tokenizer.json").is_file():
+        return None, f"{path} has no tokenizer.json"
+    try:
+        from ..tokenizer import Tokenizer
+        return Tokenizer.from_hf_dir(path), None
+    except ImportError as e:
+        return None, f"the tokenizer module is unavailable ({e})"
+    except TokenizerError as e:
+        return None, str(e)
+
+
+def open_hf_dir(path: Path) -> ModelSource:
+    path = Path(path)
+    cfg_path = path / "config.json"
+    if not cfg_path.is_file():
+        raise ModelFormatError(f"{path}: a Hugging Face model directory needs config.json")
+    raw_cfg = read_json(cfg_path, "config.json")
+    if not isinstance(raw_cfg, dict):
+        raise ModelFormatError(f"{cfg_path}: must hold a JSON object")
+    cfg_dict = text_config(raw_cfg)
+    arch = arch_name(cfg_dict if "model_type" in cfg_dict else raw_cfg)
+    config = arch_module(arch).config_from_hf(cfg_dict)
+    config.rope_neox = True       # HF q/k rows are in the half-split layout
+
+    st = open_safetensors_dir(path)
+    try:
+        tensors = canonical_tensors(st.tensors, config.n_layers, config.post_norms)
+        if "token_embd.weight" not in tensors:
+            raise ModelFormatError(f"{path}: no embedding tensor (model.embed_tokens.weight)")
+        if config.tie_embeddings:
+            tensors.pop("output.weight", None)   # transformers ties: the embedding is the head
+        elif "output.weight" not in tensors:
+            config.tie_embeddings = True         # no lm_head stored: tied, whatever the config says
+        if any(n.endswith("attn_q.bias") for n in tensors):
+            config.attn_bias = True
+        tok, tok_err = _tokenizer(path)
+        tok_cfg_path = path / "tokenizer_config.json"
+        tok_cfg = read_json(tok_cfg_path, "tokenizer_config.json") if tok_cfg_path.is_file() else None
+        gen_path = path / "generation_config.json"
+        gen_cfg = read_json(gen_path, "generation_config.json") if gen_path.is_file() else {}
+        name = raw_cfg.get("_name_or_path") or path.name
+        meta = {"hf.config": raw_cfg, "hf.generation_config": gen_cfg, "hf.tokenizer_config": tok_cfg}
+        return ModelSource(path, "hf", config, tensors.get, meta, tok, tok_err, _chat_template(path, tok_cfg),
+                           str(name), [st.close])
+    except BaseException:
+        st.close()
+        raise

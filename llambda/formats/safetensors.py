@@ -1,0 +1,268 @@
+"""safetensors: reader (mmap, zero-copy) and writer, our own.
+
+Layout: an 8-byte little-endian header length N, N bytes of JSON, then the
+data section. The JSON maps tensor names to {"dtype", "shape", "data_offsets":
+[begin, end)} with offsets relative to the data section; an optional
+"__metadata__" maps strings to strings. We accept the float types a model is
+stored in (F32, F16, BF16); everything else is refused by name rather than
+guessed at.
+
+A sharded checkpoint has `model.safetensors.index.json` whose "weight_map"
+names the shard holding each tensor.
+"""
+from __future__ import annotations
+
+import json
+import math
+import mmap
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ModelFormatError
+from ..quants import QType
+from ..weights import WeightTensor
+
+MAX_HEADER_BYTES = 100 * 2**20
+INDEX_NAME = "model.safetensors.index.json"
+
+# safetensors dtype name -> (QType, bytes per element)
+DTYPES = {"F32": (QType.F32, 4), "F16": (QType.F16, 2), "BF16": (QType.BF16, 2)}
+QTYPE_NAMES = {q: name for name, (q, _) in DTYPES.items()}
+# Types that exist in the format but that a model weight never needs here.
+_KNOWN_OTHER = {"F64", "I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8", "BOOL",
+                "F8_E4M3", "F8_E5M2", "F8_E8M0", "F4", "F6_E2M3", "F6_E3M2", "C64"}
+
+
+def _no_duplicates(pairs):
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise ModelFormatError(f"safetensors header: key {k!r} appears twice")
+        out[k] = v
+    return out
+
+
+def _int(v, what: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ModelFormatError(f"{what} should be an integer, got {v!r}")
+    return v
+
+
+class SafetensorsFile:
+    """One open .safetensors file: `tensors` (name -> WeightTensor, views into the mapping) and `metadata`."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self._mm: mmap.mmap | None = None
+        self.tensors: dict[str, WeightTensor] = {}
+        self.metadata: dict[str, str] = {}
+        if self.path.is_dir():
+            raise ModelFormatError(f"{self.path} is a directory, not a safetensors file")
+        with open(self.path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < 8:
+                raise ModelFormatError(f"{self.path}: {size} bytes is too small for a safetensors header")
+            self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            self._parse(size)
+        except BaseException:
+            self.close()
+            raise
+
+    def _parse(self, size: int) -> None:
+        where = str(self.path)
+        (n,) = struct.unpack("<Q", self._mm[:8])
+        if n == 0 or n > MAX_HEADER_BYTES or n > size - 8:
+            raise ModelFormatError(
+                f"{where}: header length {n} is not in 1..{min(MAX_HEADER_BYTES, size - 8)} "
+                f"(file of {size} bytes; truncated or not a safetensors file?)")
+        try:
+            header = json.loads(bytes(self._mm[8:8 + n]).decode("utf-8"), object_pairs_hook=_no_duplicates)
+        except (UnicodeDecodeError, ValueError) as e:
+            if isinstance(e, ModelFormatError):
+                raise ModelFormatError(f"{where}: {e}") from None
+            raise ModelFormatError(f"{where}: header is not valid JSON ({e})") from None
+        if not isinstance(header, dict):
+            raise ModelFormatError(f"{where}: header must be a JSON object")
+        meta = header.pop("__metadata__", None)
+        if meta is not None:
+            if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+                raise ModelFormatError(f"{where}: __metadata__ must map strings to strings")
+            self.metadata = meta
+        data_start = 8 + n
+        data_size = size - data_start
+        base = np.frombuffer(self._mm, dtype=np.uint8)
+        spans = []
+        for name, info in header.items():
+            qtype, shape, begin, end = self._entry(name, info, data_size)
+            spans.append((begin, end, name))
+            self.tensors[name] = WeightTensor(name, qtype, shape, base[data_start + begin:data_start + end])
+        reach, holder = 0, None     # furthest end so far among non-empty tensors, and whose
+        for begin, end, name in sorted(s for s in spans if s[1] > s[0]):
+            if begin < reach:
+                raise ModelFormatError(f"{where}: tensor {name!r} overlaps tensor {holder!r} in the data section")
+            reach, holder = end, name
+
+    def _entry(self, name: str, info, data_size: int):
+        what = f"{self.path}: tensor {name!r}"
+        if not isinstance(info, dict):
+            raise ModelFormatError(f"{what}: entry must be an object, got {type(info).__name__}")
+        for key in ("dtype", "shape", "data_offsets"):
+            if key not in info:
+                raise ModelFormatError(f"{what}: entry lacks {key!r}")
+        dtype = info["dtype"]
+        if dtype not in DTYPES:
+            kind = "unsupported" if dtype in _KNOWN_OTHER else "unknown"
+            raise ModelFormatError(f"{what}: {kind} dtype {dtype!r} (only F32, F16 and BF16 weights are read)")
+        qtype, itemsize = DTYPES[dtype]
+        shape = info["shape"]
+        if not isinstance(shape, list) or len(shape) > 8:
+            raise ModelFormatError(f"{what}: shape must be a list of at most 8 dimensions, got {shape!r}")
+        shape = tuple(_int(s, f"{what}: shape entry") for s in shape)
+        if any(s < 0 for s in shape):
+            raise ModelFormatError(f"{what}: negative dimension in shape {list(shape)}")
+        offs = info["data_offsets"]
+        if not isinstance(offs, list) or len(offs) != 2:
+            raise ModelFormatError(f"{what}: data_offsets must be [begin, end], got {offs!r}")
+        begin, end = (_int(o, f"{what}: data_offsets entry") for o in offs)
+        if not 0 <= begin <= end <= data_size:
+            raise ModelFormatError(
+                f"{what}: data_offsets [{begin}, {end}) are outside the data section of {data_size} bytes")
+        numel = math.prod(shape)
+        if end - begin != numel * itemsize:
+            raise ModelFormatError(
+                f"{what}: {dtype} {list(shape)} needs {numel * itemsize} bytes, data_offsets give {end - begin}")
+        return qtype, (shape or (1,)), begin, end
+
+    def close(self) -> None:
+        self.tensors = {}
+        if self._mm is not None:
+            try:
+                self._mm.close()
+            except BufferError:
+                pass   # a view is still referenced elsewhere; the mapping goes when it does
+            self._mm = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class SafetensorsSet:
+    """All tensors of a checkpoint directory: one file, or shards listed in the index."""
+
+    def __init__(self, files: list[SafetensorsFile], tensors: dict[str, WeightTensor]):
+        self.files, self.tensors = files, tensors
+
+    def get(self, name: str) -> WeightTensor | None:
+        return self.tensors.get(name)
+
+    def close(self) -> None:
+        for f in self.files:
+            f.close()
+        self.files = []
+        self.tensors = {}
+
+
+def open_safetensors_dir(folder: str | os.PathLike) -> SafetensorsSet:
+    """Open `model.safetensors`, or the shards of `model.safetensors.index.json`, or every *.safetensors."""
+    folder = Path(folder)
+    index = folder / INDEX_NAME
+    files: list[SafetensorsFile] = []
+    try:
+        if index.is_file():
+            return _open_index(folder, index, files)
+        single = folder / "model.safetensors"
+        paths = [single] if single.is_file() else sorted(folder.glob("*.safetensors"))
+        if not paths:
+            raise ModelFormatError(f"{folder}: no model.safetensors (nor an index, nor any *.safetensors file)")
+        tensors: dict[str, WeightTensor] = {}
+        for p in paths:
+            f = SafetensorsFile(p)
+            files.append(f)
+            for name, t in f.tensors.items():
+                if name in tensors:
+                    raise ModelFormatError(f"{folder}: tensor {name!r} is in more than one file")
+                tensors[name] = t
+        return SafetensorsSet(files, tensors)
+    except BaseException:
+        for f in files:
+            f.close()
+        raise
+
+
+def _open_index(folder: Path, index: Path, files: list) -> SafetensorsSet:
+    try:
+        doc = json.loads(index.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ModelFormatError(f"{index}: not valid JSON ({e})") from None
+    wmap = doc.get("weight_map") if isinstance(doc, dict) else None
+    if not isinstance(wmap, dict) or not wmap:
+        raise ModelFormatError(f"{index}: lacks a non-empty 'weight_map' object")
+    opened: dict[str, SafetensorsFile] = {}
+    tensors: dict[str, WeightTensor] = {}
+    for name, shard in wmap.items():
+        if not isinstance(shard, str) or not shard or "/" in shard or "\\" in shard or shard in (".", ".."):
+            raise ModelFormatError(f"{index}: tensor {name!r} maps to a bad shard name {shard!r}")
+        if shard not in opened:
+            path = folder / shard
+            if not path.is_file():
+                raise ModelFormatError(f"{index}: shard {shard!r} (holding {name!r}) is missing")
+            opened[shard] = SafetensorsFile(path)
+            files.append(opened[shard])
+        t = opened[shard].tensors.get(name)
+        if t is None:
+            raise ModelFormatError(f"{index}: tensor {name!r} is not in its shard {shard!r}")
+        tensors[name] = t
+    return SafetensorsSet(files, tensors)
+
+
+# ---------------------------------------------------------------- writing
+
+def write_safetensors(path: str | os.PathLike, tensors, metadata: dict[str, str] | None = None) -> None:
+    """Write tensors (name -> WeightTensor or float32/float16 NumPy array) to `path`, atomically.
+
+    WeightTensors must be F32, F16 or BF16; their bytes are written as they are.
+    """
+    entries, header = [], {}
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    offset = 0
+    for name, t in tensors.items():
+        if isinstance(t, WeightTensor):
+            if t.qtype not in QTYPE_NAMES:
+                raise ModelFormatError(f"tensor {name!r}: {t.qtype.name} cannot be stored in safetensors")
+            dtype, shape, raw = QTYPE_NAMES[t.qtype], list(t.shape), np.ascontiguousarray(t.data).view(np.uint8)
+        else:
+            a = np.asarray(t)
+            if a.dtype == np.float32:
+                dtype = "F32"
+            elif a.dtype == np.float16:
+                dtype = "F16"
+            else:
+                raise ModelFormatError(f"tensor {name!r}: cannot store {a.dtype} arrays")
+            shape, raw = list(a.shape), np.ascontiguousarray(a.astype(a.dtype.newbyteorder("<"))).reshape(-1).view(np.uint8)
+        raw = raw.reshape(-1)
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + raw.size]}
+        entries.append(raw)
+        offset += raw.size
+    blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    blob += b" " * (-len(blob) % 8)    # data section 8-byte aligned, as the reference writer does
+    path = os.fspath(path)
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(struct.pack("<Q", len(blob)))
+            f.write(blob)
+            for raw in entries:
+                f.write(memoryview(raw))
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

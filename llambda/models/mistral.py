@@ -1,0 +1,39 @@
+"""Mistral: Llama with a sliding attention window (v0.1: 4096 on every layer; later versions: none).
+
+GGUF files of Mistral use the `llama` architecture (llama.py reads the optional window key).
+"""
+from __future__ import annotations
+
+from .config import TransformerConfig
+from .hparams import HFConfig
+from .llama import check_hf_mlp
+
+
+def hf_layer_sliding(cfg: dict, n_layers: int, default_sliding: bool) -> tuple[int, list[bool]]:
+    """(window, per-layer sliding flags) from config.json.
+
+    `layer_types` (transformers 5) wins; otherwise every layer slides when a window is set
+    and `default_sliding`, and Qwen's `use_sliding_window` / `max_window_layers` apply.
+    """
+    window = cfg.get("sliding_window")
+    window = int(window) if isinstance(window, int) and not isinstance(window, bool) and window > 0 else 0
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and len(types) == n_layers:
+        flags = [t == "sliding_attention" for t in types]
+    elif "use_sliding_window" in cfg:
+        start = int(cfg.get("max_window_layers") or 0)
+        flags = [bool(cfg["use_sliding_window"]) and i >= start for i in range(n_layers)]
+    else:
+        flags = [default_sliding] * n_layers
+    if not window:
+        flags = [False] * n_layers
+    return window, flags
+
+
+def config_from_hf(cfg: dict) -> TransformerConfig:
+    hf = HFConfig(cfg)
+    check_hf_mlp(cfg)
+    c = hf.common("mistral")
+    window, flags = hf_layer_sliding(cfg, c["n_layers"], default_sliding=True)
+    return TransformerConfig(**c, sliding_window=window, layer_sliding=flags,
+                             attn_bias=bool(cfg.get("attention_bias", False)))

@@ -1,0 +1,21 @@
+"""Qwen3 (dense): Llama with RMSNorm on each q and k head before RoPE, an explicit
+head_dim (128 in the real models, independent of hidden_size / heads), no biases."""
+from __future__ import annotations
+
+from .config import TransformerConfig
+from .hparams import GGUFHParams, HFConfig
+from .llama import check_hf_mlp
+from .mistral import hf_layer_sliding
+
+
+def config_from_gguf(meta: dict) -> TransformerConfig:
+    hp = GGUFHParams(meta, "qwen3")
+    return TransformerConfig(**hp.common(), rope_neox=True, qk_norm=True)
+
+
+def config_from_hf(cfg: dict) -> TransformerConfig:
+    check_hf_mlp(cfg)
+    c = HFConfig(cfg).common("qwen3")
+    window, flags = hf_layer_sliding(cfg, c["n_layers"], default_sliding=False)
+    return TransformerConfig(**c, qk_norm=True, attn_bias=bool(cfg.get("attention_bias", False)),
+                             sliding_window=window, layer_sliding=flags)

@@ -1,0 +1,74 @@
+"""Perplexity the way llama.cpp's perplexity tool computes it.
+
+The text is tokenized once (BOS first only if the model asks for one) and cut
+into non-overlapping windows of n_ctx tokens; each window is evaluated from an
+empty cache (its first token replaced by BOS when the model uses one) and only
+its second half is scored: the logits at position j predict token j+1 for
+n_ctx/2 <= j < n_ctx-1.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .errors import LlambdaError
+
+
+@dataclass
+class PerplexityResult:
+    ppl: float
+    nll: float            # mean negative log-likelihood per scored token
+    n_scored: int
+    n_windows: int
+
+
+def _log_softmax_at(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    x = logits.astype(np.float64)
+    m = x.max(axis=1, keepdims=True)
+    lse = m[:, 0] + np.log(np.exp(x - m).sum(axis=1))
+    return x[np.arange(len(targets)), targets] - lse
+
+
+def perplexity(model, text: str, n_ctx: int = 512, max_windows: int | None = None,
+               progress: Callable[[int, float], None] | None = None) -> PerplexityResult:
+    tok = model._tok()
+    ids = tok.encode(text, add_bos=tok.add_bos, parse_special=False)
+    if n_ctx < 4 or n_ctx > model.n_ctx:
+        raise LlambdaError(f"--ctx {n_ctx} must be between 4 and the model's loaded context {model.n_ctx}")
+    n_windows = len(ids) // n_ctx
+    if max_windows:
+        n_windows = min(n_windows, max_windows)
+    if n_windows == 0:
+        raise LlambdaError(f"the text has {len(ids)} tokens; perplexity needs at least one window of {n_ctx}")
+    tr = model.transformer
+    first = n_ctx // 2
+    rows = np.arange(first, n_ctx - 1)
+    logits = np.empty((len(rows), model.config.vocab_size), np.float32)
+    total, count = 0.0, 0
+    with model._lock:
+        model._cached = []
+        for w in range(n_windows):
+            window = np.array(ids[w * n_ctx:(w + 1) * n_ctx], dtype=np.int32)
+            if tok.add_bos and tok.bos_id is not None:
+                window[0] = tok.bos_id
+            step = tr.ws.max_tokens
+            for s in range(0, n_ctx, step):
+                part = window[s:s + step]
+                m = len(part)
+                want = rows[(rows >= s) & (rows < s + m)]
+                pos = np.arange(s, s + m, dtype=np.int32)
+                if len(want):
+                    tr.forward(part, np.zeros(m, np.int32), pos, want - s,
+                               out=logits[want[0] - first:want[-1] - first + 1])
+                else:
+                    tr.forward(part, np.zeros(m, np.int32), pos, [m - 1])
+            lp = _log_softmax_at(logits, window[rows + 1])
+            total -= float(lp.sum())
+            count += len(rows)
+            if progress:
+                progress(w + 1, math.exp(total / count))
+    nll = total / count
+    return PerplexityResult(math.exp(nll), nll, count, n_windows)

@@ -1,0 +1,56 @@
+"""Re-quantize float weights at load (`llambda.load(..., quantize="q8_0")`).
+
+Only the 2-D float matrices (projections, embeddings, the output head) are
+quantized: they are where the bytes and the time go, and the block kernels apply
+to them. Norm weights and biases (1-D) stay as they are, and so does a matrix
+whose row length is not a multiple of the 32-value block.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from .errors import LlambdaError
+from .quants import QType, TRAITS, quantize
+from .weights import WeightTensor
+
+# Types the loader may quantize to: the 32-value block formats the kernels handle.
+LOAD_QTYPES = {"q8_0": QType.Q8_0, "q4_0": QType.Q4_0, "q4_1": QType.Q4_1, "q5_0": QType.Q5_0}
+FLOAT_QTYPES = (QType.F32, QType.F16, QType.BF16)
+
+Lookup = Callable[[str], Optional[WeightTensor]]
+
+
+def load_qtype(name: str) -> QType:
+    q = LOAD_QTYPES.get(str(name).lower())
+    if q is None:
+        raise LlambdaError(f"cannot quantize to {name!r} at load; choose one of {', '.join(LOAD_QTYPES)}")
+    return q
+
+
+def quantizable(t: WeightTensor, qtype: QType) -> bool:
+    """A float matrix whose rows split into whole blocks of `qtype`."""
+    return (t.qtype in FLOAT_QTYPES and len(t.shape) == 2 and t.rows > 0
+            and t.cols % TRAITS[qtype].block_size == 0)
+
+
+def quantize_tensor(t: WeightTensor, qtype: QType) -> WeightTensor:
+    raw = quantize(t.to_float32().reshape(t.rows, t.cols), qtype)
+    return WeightTensor(t.name, qtype, t.shape, raw.reshape(-1))
+
+
+def quantizing_lookup(lookup: Lookup, qtype_name: str) -> Lookup:
+    """`lookup` with every quantizable float matrix converted to `qtype_name` as it is fetched."""
+    qtype = load_qtype(qtype_name)
+    last: dict[tuple, WeightTensor] = {}   # fused tensors are fetched once per part: quantize them once
+
+    def get(name: str) -> WeightTensor | None:
+        t = lookup(name)
+        if t is None or not quantizable(t, qtype):
+            return t
+        key = (name, t.qtype, t.shape, t.data.__array_interface__["data"][0])
+        if key not in last:
+            last.clear()
+            last[key] = quantize_tensor(t, qtype)
+        return last[key]
+
+    return get

@@ -1,0 +1,590 @@
+"""ggml tensor types: the traits table and NumPy (de)quantization.
+
+A quantized tensor is a sequence of rows; each row is a sequence of fixed-size
+blocks, each block holding `block_size` values in `type_size` bytes. The byte
+layouts below follow ggml's (the file format is the contract); the NumPy code
+is ours and is the oracle the C kernels are tested against.
+
+Dequantizers take blocks as a (n, type_size) uint8 array and return (n,
+block_size) float32; quantizers do the reverse. Both are vectorized over
+blocks and run in chunks so that dequantizing a large embedding does not need
+gigabytes of temporaries.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .errors import ModelFormatError
+
+QK_K = 256  # values per super-block of the K-quants
+
+
+class QType(enum.IntEnum):
+    """ggml tensor type ids, as stored in GGUF tensor infos."""
+
+    F32 = 0
+    F16 = 1
+    Q4_0 = 2
+    Q4_1 = 3
+    Q5_0 = 6
+    Q5_1 = 7
+    Q8_0 = 8
+    Q8_1 = 9
+    Q2_K = 10
+    Q3_K = 11
+    Q4_K = 12
+    Q5_K = 13
+    Q6_K = 14
+    Q8_K = 15
+    IQ2_XXS = 16
+    IQ2_XS = 17
+    IQ3_XXS = 18
+    IQ1_S = 19
+    IQ4_NL = 20
+    IQ3_S = 21
+    IQ2_S = 22
+    IQ4_XS = 23
+    I8 = 24
+    I16 = 25
+    I32 = 26
+    I64 = 27
+    F64 = 28
+    IQ1_M = 29
+    BF16 = 30
+    TQ1_0 = 34
+    TQ2_0 = 35
+    MXFP4 = 39
+    NVFP4 = 40
+    Q1_0 = 41
+
+
+@dataclass(frozen=True)
+class QTraits:
+    name: str
+    block_size: int  # values per block
+    type_size: int  # bytes per block
+
+
+def _t(qtype: QType, block_size: int, type_size: int) -> tuple[QType, QTraits]:
+    return qtype, QTraits(qtype.name, block_size, type_size)
+
+
+TRAITS: dict[QType, QTraits] = dict([
+    _t(QType.F32, 1, 4),
+    _t(QType.F16, 1, 2),
+    _t(QType.Q4_0, 32, 2 + 16),
+    _t(QType.Q4_1, 32, 2 + 2 + 16),
+    _t(QType.Q5_0, 32, 2 + 4 + 16),
+    _t(QType.Q5_1, 32, 2 + 2 + 4 + 16),
+    _t(QType.Q8_0, 32, 2 + 32),
+    # ggml's block_q8_1 is two halves + 32 int8 (36 bytes); gguf-py's table
+    # still lists the old 40-byte float layout. It never appears in files.
+    _t(QType.Q8_1, 32, 2 + 2 + 32),
+    _t(QType.Q2_K, QK_K, 16 + 64 + 2 + 2),
+    _t(QType.Q3_K, QK_K, 32 + 64 + 12 + 2),
+    _t(QType.Q4_K, QK_K, 2 + 2 + 12 + 128),
+    _t(QType.Q5_K, QK_K, 2 + 2 + 12 + 32 + 128),
+    _t(QType.Q6_K, QK_K, 128 + 64 + 16 + 2),
+    _t(QType.Q8_K, QK_K, 4 + 256 + 32),
+    _t(QType.IQ2_XXS, QK_K, 2 + 64),
+    _t(QType.IQ2_XS, QK_K, 2 + 64 + 8),
+    _t(QType.IQ3_XXS, QK_K, 2 + 64 + 32),
+    _t(QType.IQ1_S, QK_K, 2 + 32 + 16),
+    _t(QType.IQ4_NL, 32, 2 + 16),
+    _t(QType.IQ3_S, QK_K, 2 + 64 + 32 + 8 + 4),
+    _t(QType.IQ2_S, QK_K, 2 + 64 + 16),
+    _t(QType.IQ4_XS, QK_K, 2 + 2 + 128 + 4),
+    _t(QType.I8, 1, 1),
+    _t(QType.I16, 1, 2),
+    _t(QType.I32, 1, 4),
+    _t(QType.I64, 1, 8),
+    _t(QType.F64, 1, 8),
+    _t(QType.IQ1_M, QK_K, 32 + 16 + 8),
+    _t(QType.BF16, 1, 2),
+    _t(QType.TQ1_0, QK_K, 2 + 52),
+    _t(QType.TQ2_0, QK_K, 2 + 64),
+    _t(QType.MXFP4, 32, 1 + 16),
+    _t(QType.NVFP4, 64, 4 + 32),
+    _t(QType.Q1_0, 128, 2 + 16),
+])
+
+# Plain element types: a tensor of these is just a NumPy array of this dtype.
+_PLAIN_DTYPES: dict[QType, np.dtype] = {
+    QType.F32: np.dtype("<f4"),
+    QType.F16: np.dtype("<f2"),
+    QType.F64: np.dtype("<f8"),
+    QType.I8: np.dtype("i1"),
+    QType.I16: np.dtype("<i2"),
+    QType.I32: np.dtype("<i4"),
+    QType.I64: np.dtype("<i8"),
+}
+
+
+def as_qtype(qtype) -> QType:
+    """`qtype` as a QType (accepts ints and names); unknown ids raise ModelFormatError."""
+    if isinstance(qtype, QType):
+        return qtype
+    try:
+        return QType[qtype] if isinstance(qtype, str) else QType(int(qtype))
+    except (KeyError, ValueError, TypeError):
+        raise ModelFormatError(f"unknown ggml tensor type {qtype!r}") from None
+
+
+def row_nbytes(qtype, ncols: int) -> int:
+    """Bytes of one row of `ncols` values of type `qtype`."""
+    tr = TRAITS[as_qtype(qtype)]
+    if ncols < 0 or ncols % tr.block_size:
+        raise ModelFormatError(
+            f"row length {ncols} is not a multiple of the {tr.name} block size {tr.block_size}")
+    return ncols // tr.block_size * tr.type_size
+
+
+def tensor_nbytes(qtype, shape) -> int:
+    """Bytes of a tensor of NumPy-order `shape` (rows along the last axis)."""
+    shape = tuple(int(s) for s in shape)
+    if not shape:
+        raise ModelFormatError("a tensor needs at least one dimension")
+    nrows = 1
+    for s in shape[:-1]:
+        nrows *= s
+    return nrows * row_nbytes(qtype, shape[-1])
+
+
+# ---------------------------------------------------------------- helpers
+
+def _f16(blocks: np.ndarray, at: int) -> np.ndarray:
+    """The little-endian half at byte `at` of each block, as a (n, 1) float32 column."""
+    return blocks[:, at:at + 2].view("<f2").astype(np.float32)
+
+
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    """(..., k) packed bytes -> (..., 2k) values: all low nibbles, then all high nibbles."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+
+
+def _bits_le(b: np.ndarray) -> np.ndarray:
+    """(..., k) bytes -> (..., 8k) bits, bit j of byte i at position 8i + j."""
+    return np.unpackbits(b, axis=-1, bitorder="little")
+
+
+def _k_scales_unpack(sc12: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K/Q5_K: 12 bytes hold eight 6-bit scales and eight 6-bit mins.
+
+    Bytes 0-3: scales 0-3 (low 6 bits) + top 2 bits of scales 4-7;
+    bytes 4-7: mins 0-3 + top 2 bits of mins 4-7; bytes 8-11: low nibble =
+    scales 4-7 low 4 bits, high nibble = mins 4-7 low 4 bits.
+    """
+    a, b, c = sc12[:, 0:4], sc12[:, 4:8], sc12[:, 8:12]
+    scales = np.concatenate([a & 63, (c & 0x0F) | ((a >> 6) << 4)], axis=1)
+    mins = np.concatenate([b & 63, (c >> 4) | ((b >> 6) << 4)], axis=1)
+    return scales, mins
+
+
+def _k_scales_pack(scales: np.ndarray, mins: np.ndarray) -> np.ndarray:
+    """Inverse of _k_scales_unpack; scales and mins are (n, 8) ints in 0..63."""
+    scales = scales.astype(np.uint8)
+    mins = mins.astype(np.uint8)
+    a = (scales[:, :4] & 63) | ((scales[:, 4:] >> 4) << 6)
+    b = (mins[:, :4] & 63) | ((mins[:, 4:] >> 4) << 6)
+    c = (scales[:, 4:] & 0x0F) | ((mins[:, 4:] & 0x0F) << 4)
+    return np.concatenate([a, b, c], axis=1)
+
+
+def _as_bytes(*parts: np.ndarray) -> np.ndarray:
+    """Concatenate per-block fields (each (n, k) of any dtype) into (n, type_size) uint8."""
+    n = parts[0].shape[0]
+    return np.concatenate(
+        [np.ascontiguousarray(p).view(np.uint8).reshape(n, -1) for p in parts], axis=1)
+
+
+def _half(x: np.ndarray) -> np.ndarray:
+    """float32 column -> little-endian float16 (the stored scale)."""
+    return x.astype("<f2")
+
+
+# ---------------------------------------------------------------- dequantizers
+
+def _dq_q4_0(b):
+    d = _f16(b, 0)
+    return (_nibbles(b[:, 2:18]).astype(np.int8) - 8) * d
+
+
+def _dq_q4_1(b):
+    d, m = _f16(b, 0), _f16(b, 2)
+    return _nibbles(b[:, 4:20]) * d + m
+
+
+def _dq_q5_0(b):
+    d = _f16(b, 0)
+    q = _nibbles(b[:, 6:22]) | (_bits_le(b[:, 2:6]) << 4)
+    return (q.astype(np.int8) - 16) * d
+
+
+def _dq_q5_1(b):
+    d, m = _f16(b, 0), _f16(b, 2)
+    q = _nibbles(b[:, 8:24]) | (_bits_le(b[:, 4:8]) << 4)
+    return q * d + m
+
+
+def _dq_q8_0(b):
+    return b[:, 2:34].view(np.int8) * _f16(b, 0)
+
+
+def _dq_q8_1(b):
+    return b[:, 4:36].view(np.int8) * _f16(b, 0)
+
+
+def _dq_q8_k(b):
+    d = b[:, 0:4].view("<f4")
+    return b[:, 4:260].view(np.int8) * d
+
+
+def _dq_q2_k(b):
+    n = b.shape[0]
+    sc = b[:, 0:16]
+    d, dmin = _f16(b, 80), _f16(b, 82)
+    # Each 32-byte half of qs holds 128 values as four 2-bit planes.
+    qs = b[:, 16:80].reshape(n, 2, 1, 32)
+    q = (qs >> np.array([0, 2, 4, 6], np.uint8)[:, None]) & 3  # (n, 2, 4, 32)
+    q = q.reshape(n, 16, 16)
+    scale = (d * (sc & 0x0F))[:, :, None]
+    offset = (dmin * (sc >> 4))[:, :, None]
+    return (q * scale - offset).reshape(n, QK_K)
+
+
+def _q3_k_scales(sc12: np.ndarray) -> np.ndarray:
+    """Sixteen 6-bit scales (stored +32): low nibbles in bytes 0-7, top 2 bits in bytes 8-11."""
+    low = np.concatenate([sc12[:, :8] & 0x0F, sc12[:, :8] >> 4], axis=1)
+    top = (sc12[:, 8:12, None] >> np.array([0, 2, 4, 6], np.uint8)) & 3  # (n, 4 bytes, 4 shifts)
+    top = top.transpose(0, 2, 1).reshape(-1, 16)  # scale i takes shift i//4 of byte i%4
+    return (low | (top << 4)).astype(np.int8) - 32
+
+
+def _dq_q3_k(b):
+    n = b.shape[0]
+    hmask = b[:, 0:32]
+    qs = b[:, 32:96].reshape(n, 2, 1, 32)
+    d = _f16(b, 108)
+    scales = _q3_k_scales(b[:, 96:108])
+    low = ((qs >> np.array([0, 2, 4, 6], np.uint8)[:, None]) & 3).reshape(n, 8, 32)
+    # High bit j of hmask[l] belongs to plane j; a clear bit means "subtract 4".
+    high = (hmask[:, None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1
+    q = low.astype(np.int8) - ((high ^ 1) << 2).astype(np.int8)
+    return (q.reshape(n, 16, 16) * (d * scales)[:, :, None]).reshape(n, QK_K)
+
+
+def _dq_q4_k(b):
+    n = b.shape[0]
+    d, dmin = _f16(b, 0), _f16(b, 2)
+    sc, mn = _k_scales_unpack(b[:, 4:16])
+    # 4 chunks of 32 bytes; each gives 32 values from low nibbles then 32 from high.
+    q = _nibbles(b[:, 16:144].reshape(n, 4, 32)).reshape(n, 8, 32)
+    return (q * (d * sc)[:, :, None] - (dmin * mn)[:, :, None]).reshape(n, QK_K)
+
+
+def _dq_q5_k(b):
+    n = b.shape[0]
+    d, dmin = _f16(b, 0), _f16(b, 2)
+    sc, mn = _k_scales_unpack(b[:, 4:16])
+    low = _nibbles(b[:, 48:176].reshape(n, 4, 32)).reshape(n, 8, 32)
+    # Bit s of qh[l] is the fifth bit of value l of sub-block s.
+    high = (b[:, None, 16:48] >> np.arange(8, dtype=np.uint8)[:, None]) & 1
+    q = low | (high << 4)
+    return (q * (d * sc)[:, :, None] - (dmin * mn)[:, :, None]).reshape(n, QK_K)
+
+
+def _dq_q6_k(b):
+    n = b.shape[0]
+    ql = b[:, 0:128].reshape(n, 2, 64)
+    qh = b[:, 128:192].reshape(n, 2, 1, 32)
+    scales = b[:, 192:208].view(np.int8)
+    d = _f16(b, 208)
+    # Per 128-value half: low nibbles of ql give values 0-63, high nibbles 64-127;
+    # qh byte l carries the top 2 bits of values l, l+32, l+64, l+96.
+    low = _nibbles(ql).reshape(n, 2, 4, 32)
+    high = (qh >> np.array([0, 2, 4, 6], np.uint8)[:, None]) & 3
+    q = (low | (high << 4)).astype(np.int8) - 32
+    return (q.reshape(n, 16, 16) * (d * scales)[:, :, None]).reshape(n, QK_K)
+
+
+_DEQUANT: dict[QType, Callable[[np.ndarray], np.ndarray]] = {
+    QType.Q4_0: _dq_q4_0,
+    QType.Q4_1: _dq_q4_1,
+    QType.Q5_0: _dq_q5_0,
+    QType.Q5_1: _dq_q5_1,
+    QType.Q8_0: _dq_q8_0,
+    QType.Q8_1: _dq_q8_1,
+    QType.Q2_K: _dq_q2_k,
+    QType.Q3_K: _dq_q3_k,
+    QType.Q4_K: _dq_q4_k,
+    QType.Q5_K: _dq_q5_k,
+    QType.Q6_K: _dq_q6_k,
+    QType.Q8_K: _dq_q8_k,
+}
+
+DEQUANTIZABLE = frozenset(_DEQUANT) | {QType.BF16} | frozenset(_PLAIN_DTYPES)
+
+# Values per chunk: bounds the temporaries (a few x 4 MiB) and keeps them in cache.
+_CHUNK_VALUES = 1 << 20
+
+
+def _dequantize_blocks(blocks: np.ndarray, qtype: QType) -> np.ndarray:
+    """(n, type_size) uint8 -> (n * block_size,) float32, in chunks."""
+    tr = TRAITS[qtype]
+    fn = _DEQUANT[qtype]
+    n = blocks.shape[0]
+    out = np.empty((n, tr.block_size), dtype=np.float32)
+    step = max(1, _CHUNK_VALUES // tr.block_size)
+    with np.errstate(invalid="ignore", over="ignore"):  # garbage scales may be inf/nan
+        for i in range(0, n, step):
+            out[i:i + step] = fn(blocks[i:i + step])
+    return out.reshape(-1)
+
+
+def _bf16_to_f32(raw: np.ndarray) -> np.ndarray:
+    return (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
+
+
+def _check_raw(raw: np.ndarray, expected: int, what: str) -> np.ndarray:
+    raw = np.asarray(raw)
+    if raw.dtype != np.uint8:
+        raise TypeError(f"{what}: raw data must be uint8, got {raw.dtype}")
+    if raw.size != expected:
+        raise ModelFormatError(f"{what}: expected {expected} bytes, got {raw.size}")
+    if not raw.flags.c_contiguous:
+        raw = np.ascontiguousarray(raw)
+    return raw.reshape(-1)
+
+
+def dequantize(raw: np.ndarray, qtype, shape) -> np.ndarray:
+    """Bytes of a `qtype` tensor of NumPy-order `shape` -> float32 array of that shape."""
+    qtype = as_qtype(qtype)
+    shape = tuple(int(s) for s in shape)
+    raw = _check_raw(raw, tensor_nbytes(qtype, shape), f"{qtype.name} tensor of shape {shape}")
+    if qtype in _PLAIN_DTYPES:
+        return raw.view(_PLAIN_DTYPES[qtype]).astype(np.float32).reshape(shape)
+    if qtype == QType.BF16:
+        return _bf16_to_f32(raw).reshape(shape)
+    if qtype not in _DEQUANT:
+        raise ModelFormatError(f"dequantization of {qtype.name} tensors is not supported")
+    blocks = raw.reshape(-1, TRAITS[qtype].type_size)
+    return _dequantize_blocks(blocks, qtype).reshape(shape)
+
+
+def dequantize_rows(raw2d: np.ndarray, qtype, ncols: int, rows_idx) -> np.ndarray:
+    """Dequantize only rows `rows_idx` (int or sequence) of a (nrows, row_nbytes) tensor.
+
+    An int gives a (ncols,) vector, a sequence a (len, ncols) matrix. Used for
+    embedding lookups, where dequantizing the whole table would be wasteful.
+    """
+    qtype = as_qtype(qtype)
+    rb = row_nbytes(qtype, ncols)
+    raw2d = np.asarray(raw2d)
+    if raw2d.ndim != 2 or raw2d.shape[1] != rb:
+        raise ModelFormatError(
+            f"{qtype.name} rows of {ncols} values take {rb} bytes; got data of shape {raw2d.shape}")
+    scalar = np.ndim(rows_idx) == 0
+    idx = np.atleast_1d(np.asarray(rows_idx))
+    if idx.size and not np.issubdtype(idx.dtype, np.integer):
+        raise TypeError(f"row indices must be integers, got {idx.dtype}")
+    idx = idx.astype(np.int64, copy=False)
+    nrows = raw2d.shape[0]
+    bad = (idx < 0) | (idx >= nrows)
+    if bad.any():
+        raise IndexError(f"row index {int(idx[bad][0])} out of range for {nrows} rows")
+    picked = raw2d[idx]
+    out = dequantize(picked, qtype, (idx.size, ncols))
+    return out[0] if scalar else out
+
+
+# ---------------------------------------------------------------- quantizers
+
+def _signed_absmax(x: np.ndarray) -> np.ndarray:
+    """The value of largest magnitude in each row (sign kept), as an (n, 1) column."""
+    i = np.abs(x).argmax(axis=1)[:, None]
+    return np.take_along_axis(x, i, axis=1)
+
+
+def _inv(d: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore"):
+        return np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
+
+
+def _round_away(x: np.ndarray) -> np.ndarray:
+    """C roundf: halves away from zero (np.round rounds halves to even).
+
+    Not trunc(x + 0.5): that addition itself rounds, e.g. for 0.49999997.
+    """
+    a = np.abs(x)
+    whole = np.floor(a)
+    return np.copysign(whole + (a - whole >= np.float32(0.5)), x)
+
+
+def _pack_nibbles(q: np.ndarray) -> np.ndarray:
+    """(n, 2k) values < 16 -> (n, k) bytes: first half low nibbles, second half high."""
+    k = q.shape[1] // 2
+    return (q[:, :k] & 0x0F) | (q[:, k:] << 4)
+
+
+def _pack_fifth_bits(q: np.ndarray) -> np.ndarray:
+    """(n, 32) values < 32 -> (n, 4) bytes holding bit 4 of each, little-endian bit order."""
+    return np.packbits((q >> 4) & 1, axis=1, bitorder="little")
+
+
+# The legacy 32-blocks use ggml's reference rounding (truncate after +0.5
+# offsets) so that our bytes match files quantized by ggml.
+
+def _q_q4_0(x):
+    d = _signed_absmax(x) / np.float32(-8)
+    q = np.minimum(np.trunc(x * _inv(d) + np.float32(8.5)), 15).astype(np.uint8)
+    return _as_bytes(_half(d), _pack_nibbles(q))
+
+
+def _q_q4_1(x):
+    lo, hi = x.min(axis=1, keepdims=True), x.max(axis=1, keepdims=True)
+    d = (hi - lo) / np.float32(15)
+    q = np.minimum(np.trunc((x - lo) * _inv(d) + np.float32(0.5)), 15).astype(np.uint8)
+    return _as_bytes(_half(d), _half(lo), _pack_nibbles(q))
+
+
+def _q_q5_0(x):
+    d = _signed_absmax(x) / np.float32(-16)
+    q = np.minimum(np.trunc(x * _inv(d) + np.float32(16.5)), 31).astype(np.uint8)
+    return _as_bytes(_half(d), _pack_fifth_bits(q), _pack_nibbles(q & 0x0F))
+
+
+def _q_q5_1(x):
+    lo, hi = x.min(axis=1, keepdims=True), x.max(axis=1, keepdims=True)
+    d = (hi - lo) / np.float32(31)
+    q = np.minimum(np.trunc((x - lo) * _inv(d) + np.float32(0.5)), 31).astype(np.uint8)
+    return _as_bytes(_half(d), _half(lo), _pack_fifth_bits(q), _pack_nibbles(q & 0x0F))
+
+
+def _q_q8_0(x):
+    d = np.abs(x).max(axis=1, keepdims=True) / np.float32(127)
+    q = _round_away(x * _inv(d)).astype(np.int8)
+    return _as_bytes(_half(d), q)
+
+
+def _q_q8_1(x):
+    d = np.abs(x).max(axis=1, keepdims=True) / np.float32(127)
+    q = _round_away(x * _inv(d)).astype(np.int8)
+    s = d * q.sum(axis=1, keepdims=True, dtype=np.int32).astype(np.float32)
+    return _as_bytes(_half(d), _half(s), q)
+
+
+def _q_q8_k(x):
+    n = x.shape[0]
+    amax = _signed_absmax(x)
+    iscale = _inv(amax) * np.float32(-127)
+    q = np.minimum(np.rint(x * iscale), 127).astype(np.int8)
+    d = _inv(iscale)
+    bsums = q.reshape(n, 16, 16).sum(axis=2, dtype=np.int16).astype("<i2")
+    return _as_bytes(d.astype("<f4"), q, bsums)
+
+
+def _q_k_affine(x, nmax: int):
+    """Q4_K/Q5_K: per 32-value sub-block scale and min, both 6-bit under f16 super-scales.
+
+    A simple non-searching fit: the sub-block range [min(x, 0), max(x)] is
+    mapped onto 0..nmax. Returns (d, dmin, scales, mins, q) with q in 0..nmax.
+    """
+    n = x.shape[0]
+    sub = x.reshape(n, 8, 32)
+    lo = np.minimum(sub.min(axis=2), 0)  # the format subtracts a non-negative min
+    hi = sub.max(axis=2)
+    sub_scale = (hi - lo) / np.float32(nmax)
+    d = _half(sub_scale.max(axis=1, keepdims=True) / np.float32(63)).astype(np.float32)
+    dmin = _half((-lo).max(axis=1, keepdims=True) / np.float32(63)).astype(np.float32)
+    sc = np.clip(np.rint(sub_scale * _inv(d)), 0, 63)
+    mn = np.clip(np.rint(-lo * _inv(dmin)), 0, 63)
+    step = (d * sc)[:, :, None]
+    q = np.rint((sub + (dmin * mn)[:, :, None]) * _inv(step))
+    q = np.clip(q, 0, nmax).astype(np.uint8).reshape(n, 4, 2, 32)
+    return d, dmin, sc.astype(np.uint8), mn.astype(np.uint8), q
+
+
+def _q_q4_k(x):
+    d, dmin, sc, mn, q = _q_k_affine(x, 15)
+    qs = (q[:, :, 0, :] | (q[:, :, 1, :] << 4)).reshape(-1, 128)
+    return _as_bytes(_half(d), _half(dmin), _k_scales_pack(sc, mn), qs)
+
+
+def _q_q5_k(x):
+    n = x.shape[0]
+    d, dmin, sc, mn, q = _q_k_affine(x, 31)
+    qs = ((q[:, :, 0, :] & 0x0F) | ((q[:, :, 1, :] & 0x0F) << 4)).reshape(n, 128)
+    fifth = ((q >> 4) & 1).reshape(n, 8, 32)  # sub-block s -> bit s of qh[l]
+    qh = (fifth << np.arange(8, dtype=np.uint8)[:, None]).sum(axis=1, dtype=np.uint8)
+    return _as_bytes(_half(d), _half(dmin), _k_scales_pack(sc, mn), qh, qs)
+
+
+def _q_q6_k(x):
+    n = x.shape[0]
+    sub = x.reshape(n, 16, 16)
+    sub_scale = _signed_absmax(sub.reshape(n * 16, 16)).reshape(n, 16) / np.float32(-32)
+    d = _half(np.abs(sub_scale).max(axis=1, keepdims=True) / np.float32(127)).astype(np.float32)
+    sc = np.clip(np.rint(sub_scale * _inv(d)), -128, 127)
+    step = (d * sc)[:, :, None]
+    q = np.clip(np.rint(sub * _inv(step)), -32, 31).astype(np.int16) + 32
+    q = q.astype(np.uint8).reshape(n, 2, 4, 32)  # half, group of 32, value
+    ql = (q[:, :, 0:2, :] & 0x0F) | ((q[:, :, 2:4, :] & 0x0F) << 4)  # (n, 2, 2, 32)
+    qh = ((q >> 4) << np.array([0, 2, 4, 6], np.uint8)[:, None]).sum(axis=2, dtype=np.uint8)
+    return _as_bytes(ql.reshape(n, 128), qh.reshape(n, 64), sc.astype(np.int8), _half(d))
+
+
+_QUANT: dict[QType, Callable[[np.ndarray], np.ndarray]] = {
+    QType.Q4_0: _q_q4_0,
+    QType.Q4_1: _q_q4_1,
+    QType.Q5_0: _q_q5_0,
+    QType.Q5_1: _q_q5_1,
+    QType.Q8_0: _q_q8_0,
+    QType.Q8_1: _q_q8_1,
+    QType.Q4_K: _q_q4_k,
+    QType.Q5_K: _q_q5_k,
+    QType.Q6_K: _q_q6_k,
+    QType.Q8_K: _q_q8_k,
+}
+
+QUANTIZABLE = frozenset(_QUANT) | {QType.BF16} | frozenset(_PLAIN_DTYPES)
+
+
+def _f32_to_bf16(x: np.ndarray) -> np.ndarray:
+    """Round to nearest even; NaNs stay NaN (quieted) rather than rounding to inf."""
+    u = x.view(np.uint32)
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    rounded = ((u.astype(np.uint64) + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    quiet = ((u >> 16) | 0x40).astype(np.uint16)
+    return np.where(nan, quiet, rounded).astype("<u2")
+
+
+def quantize(x: np.ndarray, qtype) -> np.ndarray:
+    """float array (rows along the last axis) -> uint8 of shape x.shape[:-1] + (row_nbytes,).
+
+    `.ravel()` of the result is the tensor's bytes as stored in a GGUF file.
+    """
+    qtype = as_qtype(qtype)
+    x = np.asarray(x)
+    if x.ndim == 0:
+        raise ValueError("quantize needs at least a 1-D array")
+    rb = row_nbytes(qtype, x.shape[-1])
+    out_shape = x.shape[:-1] + (rb,)
+    if qtype in _PLAIN_DTYPES:
+        return np.ascontiguousarray(x.astype(_PLAIN_DTYPES[qtype])).view(np.uint8).reshape(out_shape)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if qtype == QType.BF16:
+        return _f32_to_bf16(x).view(np.uint8).reshape(out_shape)
+    if qtype not in _QUANT:
+        raise ModelFormatError(f"quantization to {qtype.name} is not supported")
+    tr = TRAITS[qtype]
+    blocks = x.reshape(-1, tr.block_size)
+    out = np.empty((blocks.shape[0], tr.type_size), dtype=np.uint8)
+    step = max(1, _CHUNK_VALUES // tr.block_size)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        for i in range(0, blocks.shape[0], step):
+            out[i:i + step] = _QUANT[qtype](blocks[i:i + step])
+    return out.reshape(out_shape)

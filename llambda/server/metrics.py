@@ -1,0 +1,130 @@
+"""Server counters, rendered in the Prometheus text exposition format.
+
+The scheduler thread and the HTTP event loop both write here, so every update
+takes one small lock; reads for /metrics take it once and format a snapshot.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+# Upper bounds (seconds) of the time-to-first-token histogram buckets.
+TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+RATE_WINDOW = 10.0   # tokens/s is averaged over this many seconds
+
+
+class Metrics:
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.requests: dict[tuple[str, int], int] = {}     # (endpoint, status) -> count
+        self.prompt_tokens = 0
+        self.cached_prompt_tokens = 0                      # prompt tokens whose KV came from the prefix cache
+        self.generated_tokens = 0
+        self.sequences_finished: dict[str, int] = {}       # finish reason ("stop", "length", "cancelled", ...)
+        self.steps = 0
+        self.step_tokens = 0                               # tokens evaluated by all forward steps
+        self.in_flight = 0                                 # HTTP requests being served
+        self.ttft_counts = [0] * (len(TTFT_BUCKETS) + 1)
+        self.ttft_sum = 0.0
+        self._recent: deque[tuple[float, int]] = deque()   # (time, tokens generated) per step
+        self.started = time.time()
+
+    # -- writers -------------------------------------------------------------
+    def request_done(self, endpoint: str, status: int) -> None:
+        with self._lock:
+            key = (endpoint, status)
+            self.requests[key] = self.requests.get(key, 0) + 1
+
+    def request_started(self, delta: int) -> None:
+        with self._lock:
+            self.in_flight += delta
+
+    def prompt(self, n_tokens: int, n_cached: int) -> None:
+        with self._lock:
+            self.prompt_tokens += n_tokens
+            self.cached_prompt_tokens += n_cached
+
+    def step(self, n_evaluated: int, n_generated: int) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self.steps += 1
+            self.step_tokens += n_evaluated
+            self.generated_tokens += n_generated
+            if n_generated:
+                self._recent.append((now, n_generated))
+            self._trim(now)
+
+    def first_token(self, seconds: float) -> None:
+        with self._lock:
+            i = 0
+            while i < len(TTFT_BUCKETS) and seconds > TTFT_BUCKETS[i]:
+                i += 1
+            self.ttft_counts[i] += 1
+            self.ttft_sum += seconds
+
+    def finished(self, reason: str) -> None:
+        with self._lock:
+            self.sequences_finished[reason] = self.sequences_finished.get(reason, 0) + 1
+
+    def _trim(self, now: float) -> None:
+        while self._recent and now - self._recent[0][0] > RATE_WINDOW:
+            self._recent.popleft()
+
+    # -- readers ---------------------------------------------------------------
+    def tokens_per_second(self) -> float:
+        now = time.monotonic()
+        with self._lock:
+            self._trim(now)
+            if not self._recent:
+                return 0.0
+            total = sum(n for _, n in self._recent)
+            span = max(now - self._recent[0][0], 1.0)
+        return total / span
+
+    def render(self, gauges: dict[str, tuple[str, float]]) -> str:
+        """Prometheus text; `gauges` adds live values (name -> (help, value)) from the scheduler."""
+        tps = self.tokens_per_second()
+        with self._lock:
+            lines: list[str] = []
+
+            def metric(name, kind, help_text, samples):
+                lines.append(f"# HELP llambda_{name} {help_text}")
+                lines.append(f"# TYPE llambda_{name} {kind}")
+                for labels, value in samples:
+                    lines.append(f"llambda_{name}{labels} {_num(value)}")
+
+            metric("requests_total", "counter", "HTTP requests by endpoint and status code",
+                   [(f'{{endpoint="{e}",status="{s}"}}', n) for (e, s), n in sorted(self.requests.items())]
+                   or [("", 0)])
+            metric("requests_in_flight", "gauge", "HTTP requests being served", [("", self.in_flight)])
+            metric("prompt_tokens_total", "counter", "prompt tokens received (tokens in)", [("", self.prompt_tokens)])
+            metric("prompt_tokens_cached_total", "counter", "prompt tokens whose KV was reused from the prefix cache",
+                   [("", self.cached_prompt_tokens)])
+            metric("generated_tokens_total", "counter", "tokens generated (tokens out)", [("", self.generated_tokens)])
+            metric("sequences_finished_total", "counter", "sequences ended, by reason",
+                   [(f'{{reason="{r}"}}', n) for r, n in sorted(self.sequences_finished.items())] or [("", 0)])
+            metric("steps_total", "counter", "batched forward steps", [("", self.steps)])
+            metric("step_tokens_total", "counter", "tokens evaluated by forward steps (decode + prefill)",
+                   [("", self.step_tokens)])
+            metric("tokens_per_second", "gauge", f"generated tokens per second over the last {RATE_WINDOW:g} s",
+                   [("", tps)])
+            for name, (help_text, value) in gauges.items():
+                metric(name, "gauge", help_text, [("", value)])
+            lines.append("# HELP llambda_time_to_first_token_seconds time from arrival to first generated token")
+            lines.append("# TYPE llambda_time_to_first_token_seconds histogram")
+            cumulative = 0
+            for bound, count in zip(TTFT_BUCKETS, self.ttft_counts):
+                cumulative += count
+                lines.append(f'llambda_time_to_first_token_seconds_bucket{{le="{bound:g}"}} {cumulative}')
+            cumulative += self.ttft_counts[-1]
+            lines.append(f'llambda_time_to_first_token_seconds_bucket{{le="+Inf"}} {cumulative}')
+            lines.append(f"llambda_time_to_first_token_seconds_sum {_num(self.ttft_sum)}")
+            lines.append(f"llambda_time_to_first_token_seconds_count {cumulative}")
+        return "\n".join(lines) + "\n"
+
+
+def _num(v) -> str:
+    if isinstance(v, float):
+        return repr(round(v, 6))
+    return str(v)

@@ -1,0 +1,145 @@
+"""OpenAI response objects: completions, chat completions, their stream chunks, logprobs, usage."""
+from __future__ import annotations
+
+import json
+import secrets
+import time
+
+from .tools import ToolCallFilter, extract_tool_calls
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(12)}"
+
+
+def dumps(obj) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def sse(obj) -> bytes:
+    return f"data: {dumps(obj)}\n\n".encode()
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+class TokenStrings:
+    """Text and UTF-8 bytes of single tokens, for logprobs (cached: the same ids recur)."""
+
+    def __init__(self, tokenizer):
+        self.tok = tokenizer
+        self._cache: dict[int, tuple[str, list[int]]] = {}
+
+    def get(self, token: int) -> tuple[str, list[int]]:
+        hit = self._cache.get(token)
+        if hit is None:
+            raw = self._bytes(token)
+            hit = (raw.decode("utf-8", errors="replace"), list(raw))
+            if len(self._cache) < 200_000:
+                self._cache[token] = hit
+        return hit
+
+    def _bytes(self, token: int) -> bytes:
+        for name in ("token_bytes", "piece_bytes"):
+            fn = getattr(self.tok, name, None)
+            if fn is not None:
+                return bytes(fn(token))
+        return self.tok.decode([token]).encode("utf-8")
+
+
+class Usage:
+    def __init__(self):
+        self.prompt = 0
+        self.completion = 0
+        self.cached = 0
+
+    def as_dict(self) -> dict:
+        return {"prompt_tokens": self.prompt, "completion_tokens": self.completion,
+                "total_tokens": self.prompt + self.completion,
+                "prompt_tokens_details": {"cached_tokens": self.cached}}
+
+
+class ChoiceState:
+    """What one choice has produced so far (text, logprobs, finish)."""
+
+    def __init__(self, index: int, echo: str = "", tool_names: set[str] | None = None):
+        self.index = index
+        self.parts: list[str] = [echo] if echo else []
+        self.offset = len(echo)          # text offset of the next token (completions logprobs)
+        self.logprobs: list = []         # (token, logprob, top) per generated token
+        self.finish_reason: str | None = None
+        self.n_generated = 0
+        self.tool_filter = ToolCallFilter(tool_names) if tool_names else None
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+
+# -- logprobs ------------------------------------------------------------------
+
+def chat_logprobs(entries, strings: TokenStrings) -> dict:
+    content = []
+    for token, logprob, top in entries:
+        text, raw = strings.get(token)
+        tops = []
+        for t, lp in top:
+            tt, tb = strings.get(t)
+            tops.append({"token": tt, "logprob": lp, "bytes": tb})
+        content.append({"token": text, "logprob": logprob, "bytes": raw, "top_logprobs": tops})
+    return {"content": content, "refusal": None}
+
+
+def completion_logprobs(entries, strings: TokenStrings, offset: int) -> tuple[dict, int]:
+    """The legacy format; returns it and the text offset after these tokens."""
+    tokens, lps, tops, offsets = [], [], [], []
+    for token, logprob, top in entries:
+        text, _ = strings.get(token)
+        tokens.append(text)
+        lps.append(logprob)
+        tops.append({strings.get(t)[0]: lp for t, lp in top})
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}, offset
+
+
+# -- whole responses -------------------------------------------------------------
+
+def chat_response(rid: str, created: int, model: str, choices: list[ChoiceState], usage: Usage,
+                  strings: TokenStrings | None, want_logprobs: bool, tool_names: set[str] | None) -> dict:
+    out = []
+    for c in choices:
+        text = c.text
+        finish = c.finish_reason
+        message = {"role": "assistant", "content": text}
+        if tool_names:
+            content, calls = extract_tool_calls(text, tool_names)
+            if calls:
+                message = {"role": "assistant", "content": content or None, "tool_calls": calls}
+                finish = "tool_calls"
+        out.append({"index": c.index, "message": message,
+                    "logprobs": chat_logprobs(c.logprobs, strings) if want_logprobs else None,
+                    "finish_reason": finish})
+    return {"id": rid, "object": "chat.completion", "created": created, "model": model,
+            "system_fingerprint": _fingerprint(), "choices": out, "usage": usage.as_dict()}
+
+
+def completion_response(rid: str, created: int, model: str, choices: list[ChoiceState], usage: Usage,
+                        strings: TokenStrings | None, want_logprobs: bool, echo_len: dict[int, int]) -> dict:
+    out = []
+    for c in choices:
+        lp = None
+        if want_logprobs:
+            lp, _ = completion_logprobs(c.logprobs, strings, echo_len.get(c.index, 0))
+        out.append({"index": c.index, "text": c.text, "logprobs": lp, "finish_reason": c.finish_reason})
+    return {"id": rid, "object": "text_completion", "created": created, "model": model,
+            "system_fingerprint": _fingerprint(), "choices": out, "usage": usage.as_dict()}
+
+
+def _fingerprint() -> str:
+    from .. import __version__
+    return f"llambda-{__version__}"
+
+
+def now() -> int:
+    return int(time.time())

@@ -1,0 +1,48 @@
+"""Run the app under uvicorn, with a graceful SIGTERM/SIGINT.
+
+On the first signal uvicorn stops accepting connections and waits for in-flight
+requests; we also tell the scheduler to drain: queued and running sequences may
+finish within `shutdown_grace` seconds, after which they are cancelled and their
+streams end with an error event and `data: [DONE]` (non-streaming requests get
+a 503). A second SIGINT forces the exit.
+"""
+from __future__ import annotations
+
+import signal
+import sys
+
+import uvicorn
+
+from .app import create_app
+from .config import ServerConfig
+
+
+class _Server(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, scheduler, grace: float):
+        super().__init__(config)
+        self._scheduler = scheduler
+        self._grace = grace
+
+    def handle_exit(self, sig, frame) -> None:
+        self._scheduler.drain(self._grace)
+        super().handle_exit(sig, frame)
+
+
+def serve(model, cfg: ServerConfig, log_level: str = "info") -> int:
+    app = create_app(model, cfg)
+    scheduler = app.state.scheduler
+    config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=log_level, lifespan="on",
+                            timeout_graceful_shutdown=cfg.shutdown_grace + 5.0, access_log=False,
+                            timeout_keep_alive=5)
+    server = _Server(config, scheduler, cfg.shutdown_grace)
+    # uvicorn re-raises the signal it caught once it has shut down; with a no-op handler
+    # for SIGTERM in place that re-raise is harmless and we exit with status 0.
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        server.run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if not server.started:
+        print(f"llambda serve: could not start on {cfg.host}:{cfg.port}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,341 @@
+"""Continuous batching: one thread owns the model and advances every sequence together.
+
+Each step builds one batch: the next token of every decoding sequence plus a
+bounded chunk of prompt tokens of sequences still prefilling, runs one forward
+pass over it (one GEMM per weight for the whole batch), and samples one token
+per sequence whose logits were asked for. Requests join between steps; a long
+prompt is spread over several steps so running streams keep flowing. Finished,
+cancelled or disconnected sequences give their KV slot back before the next
+step, and the slot's KV stays cached for a later request with the same prefix.
+
+Per-sequence state lives in `engine.Sequence`, the same object the single-stream
+API uses, so batched and sequential generation sample identically.
+
+Events go to each request's `Channel` (an asyncio queue on the server's event
+loop), one `call_soon_threadsafe` per channel per step.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..engine import Sequence, TokenEvent
+from .metrics import Metrics
+from .prefix_cache import SlotTable
+
+log = logging.getLogger("llambda.server")
+
+WAITING, PREFILL, DECODE, DONE = "waiting", "prefill", "decode", "done"
+
+
+@dataclass
+class JobFailure:
+    """A sequence ended without finishing: the server is shutting down or a step failed."""
+    status: int
+    message: str
+    kind: str = "server_error"
+
+
+class Channel:
+    """Where one HTTP request's events arrive: lists of (choice index, TokenEvent | JobFailure)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None):
+        self.loop = loop or asyncio.get_running_loop()
+        self.queue: asyncio.Queue = asyncio.Queue()
+
+    def push(self, items: list) -> None:
+        """From the scheduler thread."""
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, items)
+        except RuntimeError:   # the loop is closed: nobody listens any more
+            pass
+
+    async def get(self) -> list:
+        """Every list pushed so far, flattened (waits for at least one)."""
+        items = list(await self.queue.get())
+        while not self.queue.empty():
+            items.extend(self.queue.get_nowait())
+        return items
+
+
+class Job:
+    """One sequence (one choice of one request) as the scheduler sees it."""
+
+    def __init__(self, seq: Sequence, channel: Channel, index: int, after: "Job | None" = None):
+        self.seq = seq
+        self.channel = channel
+        self.index = index                 # the choice index in the request
+        self.after = after                 # admit only once this sibling has prefilled (shares its KV)
+        self.prompt = seq.prompt_ids
+        self.state = WAITING
+        self.slot = -1
+        self.n_computed = 0                # positions 0..n_computed-1 of the slot hold this job's KV
+        self.n_cached = 0                  # prompt tokens reused from the prefix cache
+        self.cancelled = False
+        self.t_submit = time.monotonic()
+        self.t_first: float | None = None
+
+    def cancel(self) -> None:
+        """Safe from any thread; the scheduler frees the slot before its next step."""
+        self.cancelled = True
+
+    @property
+    def finished(self) -> bool:
+        return self.state == DONE
+
+
+class QueueFull(Exception):
+    pass
+
+
+class ShuttingDown(Exception):
+    pass
+
+
+class Scheduler:
+    def __init__(self, transformer, metrics: Metrics | None = None, n_slots: int | None = None,
+                 prefill_chunk: int = 256, queue_size: int = 64, min_prefix_reuse: int = 4):
+        self.model = transformer
+        self.metrics = metrics or Metrics()
+        self.n_slots = int(n_slots or transformer.n_slots)
+        if not 1 <= self.n_slots <= transformer.n_slots:
+            raise ValueError(f"n_slots must be in 1..{transformer.n_slots}")
+        self.max_batch = transformer.ws.max_tokens
+        if self.n_slots > self.max_batch:
+            raise ValueError(f"{self.n_slots} slots do not fit a batch of {self.max_batch} tokens")
+        self.prefill_chunk = max(1, int(prefill_chunk))
+        self.queue_size = int(queue_size)
+        self.slots = SlotTable(self.n_slots, min_reuse=min_prefix_reuse)
+        self._waiting: deque[Job] = deque()
+        self._active: list[Job] = []           # in admission order (prefill fairness: first come first)
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._drain_deadline: float | None = None
+        self._outbox: dict[Channel, list] = {}
+        self.last_error: str | None = None
+
+    # -- control (any thread) ------------------------------------------------
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="llambda-scheduler", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float | None = 30.0) -> None:
+        """Cancel everything still running (their streams get a 503 failure) and join the thread."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def drain(self, grace: float) -> None:
+        """Stop taking requests; let running ones finish for `grace` seconds, then cancel them."""
+        with self._cv:
+            if self._drain_deadline is None:
+                self._drain_deadline = time.monotonic() + max(0.0, grace)
+            self._cv.notify_all()
+
+    @property
+    def draining(self) -> bool:
+        return self._drain_deadline is not None or self._stopping
+
+    def capacity(self) -> int:
+        """Sequences the scheduler holds at once: running in slots plus waiting in the queue."""
+        return self.n_slots + self.queue_size
+
+    def submit(self, jobs: list[Job]) -> None:
+        """Queue a request's sequences, all or none. Raises QueueFull or ShuttingDown."""
+        with self._cv:
+            if self.draining:
+                raise ShuttingDown("the server is shutting down")
+            held = len(self._waiting) + len(self._active)
+            if held + len(jobs) > self.capacity():
+                raise QueueFull(f"the server is busy ({len(self._active)} running, {len(self._waiting)} queued)")
+            self._waiting.extend(jobs)
+            self._cv.notify_all()
+
+    def wake(self) -> None:
+        """Have the loop look at cancellations now (it also does so before each step)."""
+        with self._cv:
+            self._cv.notify_all()
+
+    def stats(self) -> dict[str, int]:
+        with self._cv:
+            return {"waiting": len(self._waiting), "active": len(self._active),
+                    "busy_slots": self.n_slots - self.slots.n_free(), "slots": self.n_slots}
+
+    def idle(self) -> bool:
+        s = self.stats()
+        return s["waiting"] == 0 and s["active"] == 0
+
+    # -- the loop (scheduler thread) -----------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stopping and not self._has_work_locked():
+                    self._cv.wait(timeout=self._wait_timeout())
+                    self._check_drain_locked()
+                if self._stopping:
+                    self._cancel_all_locked(JobFailure(503, "the server is shutting down"))
+                    self._flush()
+                    return
+                self._check_drain_locked()
+                self._drop_cancelled_locked()
+                self._admit_locked()
+            if self._active:
+                try:
+                    self._step()
+                except Exception as e:  # never let a bad step kill the server
+                    log.exception("forward step failed")
+                    self.last_error = f"{type(e).__name__}: {e}"
+                    self._fail_active(JobFailure(500, f"internal error in the model step: {type(e).__name__}: {e}"))
+            self._flush()
+
+    def _has_work_locked(self) -> bool:
+        return bool(self._active) or any(not j.cancelled for j in self._waiting) or \
+            any(j.cancelled for j in self._waiting)
+
+    def _wait_timeout(self) -> float | None:
+        if self._drain_deadline is None:
+            return None
+        return max(0.01, self._drain_deadline - time.monotonic())
+
+    def _check_drain_locked(self) -> None:
+        if self._drain_deadline is not None and time.monotonic() >= self._drain_deadline:
+            if self._active or self._waiting:
+                self._cancel_all_locked(JobFailure(503, "the server is shutting down; the request was cancelled"))
+
+    def _cancel_all_locked(self, failure: JobFailure) -> None:
+        for j in list(self._waiting) + self._active:
+            self._emit(j, failure)
+            self._end(j, "cancelled")
+        self._waiting.clear()
+
+    def _drop_cancelled_locked(self) -> None:
+        if any(j.cancelled for j in self._waiting):
+            kept = deque()
+            for j in self._waiting:
+                if j.cancelled:
+                    j.state = DONE
+                    self.metrics.finished("cancelled")
+                else:
+                    kept.append(j)
+            self._waiting = kept
+        for j in [j for j in self._active if j.cancelled]:
+            self._end(j, "cancelled")
+
+    def _admit_locked(self) -> None:
+        if not self._waiting or self.slots.n_free() == 0:
+            return
+        kept = deque()
+        while self._waiting:
+            j = self._waiting.popleft()
+            if self.slots.n_free() == 0 or (j.after is not None and j.after.state in (WAITING, PREFILL)):
+                kept.append(j)
+                continue
+            self._place(j)
+        self._waiting = kept
+
+    def _place(self, j: Job) -> None:
+        p = self.slots.place(j.prompt)
+        if p.copy_from >= 0:
+            self.model.cache.copy_prefix(p.copy_from, p.slot, p.reuse)
+        j.slot = j.seq.slot = p.slot
+        j.n_computed = j.n_cached = p.reuse
+        j.state = PREFILL
+        self.slots.acquire(p.slot, j.seq.tokens, p.reuse)
+        self._active.append(j)
+        self.metrics.prompt(len(j.prompt), p.reuse)
+
+    def _step(self) -> None:
+        tokens: list[int] = []
+        slots: list[int] = []
+        pos: list[int] = []
+        rows: list[int] = []
+        row_jobs: list[Job] = []
+        decoding = [j for j in self._active if j.state == DECODE]
+        for j in decoding:
+            p = j.seq.next_pos
+            tokens.append(j.seq.tokens[-1])
+            slots.append(j.slot)
+            pos.append(p)
+            rows.append(len(tokens) - 1)
+            row_jobs.append(j)
+        budget = min(self.prefill_chunk, self.max_batch - len(tokens))
+        chunks: list[tuple[Job, int]] = []
+        for j in self._active:
+            if budget <= 0:
+                break
+            if j.state != PREFILL:
+                continue
+            start = j.n_computed
+            take = min(budget, len(j.prompt) - start)
+            tokens.extend(j.prompt[start:start + take])
+            slots.extend([j.slot] * take)
+            pos.extend(range(start, start + take))
+            budget -= take
+            chunks.append((j, take))
+            if start + take == len(j.prompt):
+                rows.append(len(tokens) - 1)
+                row_jobs.append(j)
+        n = len(tokens)
+        logits = self.model.forward(np.asarray(tokens, np.int32), np.asarray(slots, np.int32),
+                                    np.asarray(pos, np.int32), rows)
+        for j, take in chunks:
+            j.n_computed += take
+            self.slots.set_valid(j.slot, j.n_computed)
+        for j in decoding:
+            j.n_computed = j.seq.next_pos + 1
+            self.slots.set_valid(j.slot, j.n_computed)
+        generated = 0
+        now = time.monotonic()
+        for r, j in enumerate(row_jobs):
+            ev = j.seq.step(logits[r])
+            if j.state == PREFILL:
+                j.state = DECODE
+            if j.t_first is None:
+                j.t_first = now
+                self.metrics.first_token(now - j.t_submit)
+            if ev.token >= 0:
+                generated += 1
+            self._emit(j, ev)
+            if j.seq.finished:
+                with self._cv:
+                    self._end(j, j.seq.finish_reason or "stop")
+        self.metrics.step(n, generated)
+
+    def _fail_active(self, failure: JobFailure) -> None:
+        with self._cv:
+            for j in list(self._active):
+                self._emit(j, failure)
+                self._end(j, "error", forget=True)
+
+    def _end(self, j: Job, reason: str, forget: bool = False) -> None:
+        """Take a job out of the running set and free its slot at once (caller holds the lock)."""
+        if j.state == DONE:
+            return
+        if j.slot >= 0 and j.state != WAITING:
+            if forget:
+                self.slots.forget(j.slot)
+            else:
+                self.slots.release(j.slot)
+        if j in self._active:
+            self._active.remove(j)
+        j.state = DONE
+        self.metrics.finished(reason)
+
+    def _emit(self, j: Job, item) -> None:
+        self._outbox.setdefault(j.channel, []).append((j.index, item))
+
+    def _flush(self) -> None:
+        box, self._outbox = self._outbox, {}
+        for channel, items in box.items():
+            channel.push(items)

@@ -1,0 +1,285 @@
+"""Request validation: JSON bodies of /v1/chat/completions and /v1/completions → typed specs.
+
+Every check names the field and what was wrong, and raises APIError(400). Unknown
+fields are ignored (clients add their own, e.g. `user`); known fields with the
+wrong type or range are rejected, never coerced. Features we do not implement
+(images, `suffix`, JSON mode, forced tool choice) are refused, not ignored.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import bad_request
+
+MAX_N = 16              # choices per request
+MAX_STOP = 16           # stop strings per request
+MAX_TOP_LOGPROBS = 20   # OpenAI's cap (chat); completions allow up to 5
+MAX_COMPLETION_LOGPROBS = 5
+
+
+@dataclass
+class GenerationSpec:
+    kind: str                               # "chat" | "completion"
+    model: str | None
+    n: int = 1
+    stream: bool = False
+    include_usage: bool = False
+    max_tokens: int | None = None           # None: until EOS, the server's cap or the context
+    stop: list[str] = field(default_factory=list)
+    sampling: dict = field(default_factory=dict)   # SamplingParams keyword arguments (without logprobs)
+    logprobs: bool = False
+    top_logprobs: int = 0
+    ignore_eos: bool = False
+    # chat
+    messages: list | None = None
+    tools: list | None = None
+    # completion
+    prompts: list = field(default_factory=list)   # each a str or a list of token ids
+    echo: bool = False
+
+
+class _Body:
+    """Typed accessors over a JSON object; `null` means "use the default"."""
+
+    def __init__(self, body: Any):
+        if not isinstance(body, dict):
+            raise bad_request(f"the request body must be a JSON object, got {_type(body)}")
+        self.d = body
+
+    def get(self, name: str):
+        return self.d.get(name)
+
+    def boolean(self, name: str, default: bool) -> bool:
+        v = self.d.get(name)
+        if v is None:
+            return default
+        if not isinstance(v, bool):
+            raise bad_request(f"'{name}' must be a boolean, got {_type(v)}", param=name)
+        return v
+
+    def integer(self, name: str, default, lo: int | None = None, hi: int | None = None):
+        v = self.d.get(name)
+        if v is None:
+            return default
+        return _check_int(v, name, lo, hi)
+
+    def number(self, name: str, default, lo: float | None = None, hi: float | None = None,
+               lo_open: bool = False):
+        v = self.d.get(name)
+        if v is None:
+            return default
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise bad_request(f"'{name}' must be a number, got {_type(v)}", param=name)
+        if lo is not None and (v <= lo if lo_open else v < lo):
+            raise bad_request(f"'{name}' must be {'>' if lo_open else '>='} {lo}, got {v}", param=name)
+        if hi is not None and v > hi:
+            raise bad_request(f"'{name}' must be <= {hi}, got {v}", param=name)
+        return float(v)
+
+    def string(self, name: str, default: str | None = None) -> str | None:
+        v = self.d.get(name)
+        if v is None:
+            return default
+        if not isinstance(v, str):
+            raise bad_request(f"'{name}' must be a string, got {_type(v)}", param=name)
+        return v
+
+
+def _type(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "a boolean"
+    if isinstance(v, (int, float)):
+        return f"a number ({v!r})"
+    if isinstance(v, str):
+        return "a string"
+    if isinstance(v, list):
+        return "an array"
+    if isinstance(v, dict):
+        return "an object"
+    return type(v).__name__
+
+
+def _check_int(v: Any, name: str, lo: int | None, hi: int | None) -> int:
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise bad_request(f"'{name}' must be an integer, got {_type(v)}", param=name)
+    if lo is not None and v < lo:
+        raise bad_request(f"'{name}' must be >= {lo}, got {v}", param=name)
+    if hi is not None and v > hi:
+        raise bad_request(f"'{name}' must be <= {hi}, got {v}", param=name)
+    return v
+
+
+def _common(b: _Body, kind: str) -> GenerationSpec:
+    spec = GenerationSpec(kind=kind, model=b.string("model"))
+    spec.n = b.integer("n", 1, 1, MAX_N)
+    spec.stream = b.boolean("stream", False)
+    opts = b.get("stream_options")
+    if opts is not None:
+        if not isinstance(opts, dict):
+            raise bad_request(f"'stream_options' must be an object, got {_type(opts)}", param="stream_options")
+        spec.include_usage = _Body(opts).boolean("include_usage", False)
+    max_tokens = b.integer("max_tokens", None, 0)
+    if kind == "chat":
+        mct = b.integer("max_completion_tokens", None, 0)
+        if mct is not None:
+            if max_tokens is not None and max_tokens != mct:
+                raise bad_request("give 'max_completion_tokens' or 'max_tokens', not both with different values",
+                                  param="max_completion_tokens")
+            max_tokens = mct
+    spec.max_tokens = max_tokens
+    spec.stop = _stop(b.get("stop"))
+    seed = b.integer("seed", None, -(2**63), 2**64 - 1)
+    if seed is not None and seed < 0:
+        seed = seed % 2**64     # any integer is a valid seed; the sampler wants it unsigned
+    spec.sampling = dict(
+        temperature=b.number("temperature", 1.0, 0.0, 2.0),
+        top_p=b.number("top_p", 1.0, 0.0, 1.0, lo_open=True),
+        top_k=b.integer("top_k", 0, 0),
+        min_p=b.number("min_p", 0.0, 0.0, 1.0),
+        presence_penalty=b.number("presence_penalty", 0.0, -2.0, 2.0),
+        frequency_penalty=b.number("frequency_penalty", 0.0, -2.0, 2.0),
+        repeat_penalty=b.number("repeat_penalty", 1.0, 0.0, None, lo_open=True),
+        repeat_last_n=b.integer("repeat_last_n", 64, -1),
+        seed=seed,
+        logit_bias=_logit_bias(b.get("logit_bias")),
+    )
+    spec.ignore_eos = b.boolean("ignore_eos", False)
+    best_of = b.integer("best_of", None, 1)
+    if best_of is not None and best_of != spec.n:
+        raise bad_request("'best_of' other than n is not supported", param="best_of")
+    fmt = b.get("response_format")
+    if fmt is not None:
+        if not isinstance(fmt, dict) or fmt.get("type") != "text":
+            raise bad_request("only response_format {\"type\": \"text\"} is supported", param="response_format")
+    return spec
+
+
+def _stop(v: Any) -> list[str]:
+    if v is None:
+        return []
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list):
+        raise bad_request(f"'stop' must be a string or an array of strings, got {_type(v)}", param="stop")
+    if len(v) > MAX_STOP:
+        raise bad_request(f"'stop' may hold at most {MAX_STOP} strings, got {len(v)}", param="stop")
+    for s in v:
+        if not isinstance(s, str) or not s:
+            raise bad_request("'stop' entries must be non-empty strings", param="stop")
+    return list(v)
+
+
+def _logit_bias(v: Any) -> dict[int, float] | None:
+    if v is None:
+        return None
+    if not isinstance(v, dict):
+        raise bad_request(f"'logit_bias' must be an object mapping token ids to numbers, got {_type(v)}",
+                          param="logit_bias")
+    out = {}
+    for k, bias in v.items():
+        try:
+            tok = int(k)
+        except (TypeError, ValueError):
+            raise bad_request(f"'logit_bias' keys must be token ids, got {k!r}", param="logit_bias") from None
+        if tok < 0:
+            raise bad_request(f"'logit_bias' keys must be non-negative token ids, got {k!r}", param="logit_bias")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
+            raise bad_request(f"'logit_bias' values must be numbers in [-100, 100], got {bias!r}",
+                              param="logit_bias")
+        out[tok] = float(bias)
+    return out or None
+
+
+def parse_chat(body: Any) -> GenerationSpec:
+    b = _Body(body)
+    spec = _common(b, "chat")
+    messages = b.get("messages")
+    if messages is None:
+        raise bad_request("'messages' is required", param="messages")
+    if not isinstance(messages, list):
+        raise bad_request(f"'messages' must be an array of message objects, got {_type(messages)}", param="messages")
+    if not messages:
+        raise bad_request("'messages' must not be empty", param="messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise bad_request(f"messages[{i}] must be an object, got {_type(m)}", param=f"messages[{i}]")
+        role = m.get("role")
+        if not isinstance(role, str):
+            raise bad_request(f"messages[{i}].role must be a string, got {_type(role)}", param=f"messages[{i}].role")
+        if role not in ("system", "developer", "user", "assistant", "tool", "function"):
+            raise bad_request(f"messages[{i}].role {role!r} is not one of system, developer, user, assistant, tool",
+                              param=f"messages[{i}].role")
+    spec.messages = messages
+    spec.logprobs = b.boolean("logprobs", False)
+    spec.top_logprobs = b.integer("top_logprobs", 0, 0, MAX_TOP_LOGPROBS)
+    if spec.top_logprobs and not spec.logprobs:
+        raise bad_request("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    tools = _tools(b.get("tools"))
+    choice = b.get("tool_choice")
+    if choice is not None:
+        if choice == "none":
+            tools = None
+        elif choice != "auto":
+            raise bad_request("only tool_choice 'auto' and 'none' are supported", param="tool_choice")
+    spec.tools = tools
+    return spec
+
+
+def _tools(v: Any) -> list | None:
+    if v is None:
+        return None
+    if not isinstance(v, list):
+        raise bad_request(f"'tools' must be an array, got {_type(v)}", param="tools")
+    for i, t in enumerate(v):
+        where = f"tools[{i}]"
+        if not isinstance(t, dict) or t.get("type") != "function":
+            raise bad_request(f"{where} must be an object with type 'function'", param=where)
+        fn = t.get("function")
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise bad_request(f"{where}.function must be an object with a non-empty string 'name'", param=where)
+        params = fn.get("parameters")
+        if params is not None and not isinstance(params, dict):
+            raise bad_request(f"{where}.function.parameters must be a JSON Schema object", param=where)
+    return v or None
+
+
+def parse_completion(body: Any) -> GenerationSpec:
+    b = _Body(body)
+    spec = _common(b, "completion")
+    prompt = b.get("prompt")
+    if prompt is None:
+        raise bad_request("'prompt' is required", param="prompt")
+    spec.prompts = _prompts(prompt)
+    spec.echo = b.boolean("echo", False)
+    lp = b.integer("logprobs", None, 0, MAX_COMPLETION_LOGPROBS)
+    spec.logprobs = lp is not None
+    spec.top_logprobs = lp or 0
+    if b.get("suffix") not in (None, ""):
+        raise bad_request("'suffix' (insertion) is not supported", param="suffix")
+    return spec
+
+
+def _prompts(v: Any) -> list:
+    """A string, an array of token ids, or an array of either (a batch)."""
+    def is_ids(x):
+        return isinstance(x, list) and x and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+
+    if isinstance(v, str):
+        return [v]
+    if is_ids(v):
+        return [v]
+    if isinstance(v, list):
+        if not v:
+            raise bad_request("'prompt' must not be empty", param="prompt")
+        for i, p in enumerate(v):
+            if not (isinstance(p, str) or is_ids(p)):
+                raise bad_request(f"prompt[{i}] must be a string or a non-empty array of token ids", param="prompt")
+        return list(v)
+    raise bad_request(f"'prompt' must be a string, an array of strings or of token ids, got {_type(v)}",
+                      param="prompt")

@@ -1,0 +1,155 @@
+"""Tokenizer of a Hugging Face model directory.
+
+tokenizer.json is loaded as is by the `tokenizers` library (it is the source
+of truth for splitting and merging); we only read what our own layers need:
+which tokens are special, how a token maps back to bytes (byte-level or
+SentencePiece-style), and BOS/EOS/flags/chat template from
+tokenizer_config.json, generation_config.json and config.json.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer as Backend
+
+from ..errors import TokenizerError
+from .vocab import TokenType, Vocab
+
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise TokenizerError(f"{path}: cannot read JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise TokenizerError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _component_types(spec) -> list[dict]:
+    """A normalizer/pre-tokenizer/decoder spec flattened through its Sequences."""
+    if not isinstance(spec, dict):
+        return []
+    out = [spec]
+    for key in ("decoders", "pretokenizers", "normalizers"):
+        for sub in spec.get(key) or []:
+            out.extend(_component_types(sub))
+    return out
+
+
+def _token_content(value) -> str | None:
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _chat_template(folder: Path, config: dict) -> str | None:
+    tmpl = config.get("chat_template")
+    if isinstance(tmpl, list):        # [{"name": ..., "template": ...}, ...]
+        named = {t.get("name"): t.get("template") for t in tmpl if isinstance(t, dict)}
+        tmpl = named.get("default") or next(iter(named.values()), None)
+    if isinstance(tmpl, str):
+        return tmpl
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    tmpl = _read_json(folder / "chat_template.json").get("chat_template")
+    return tmpl if isinstance(tmpl, str) else None
+
+
+def load_hf_dir(path) -> tuple[Backend, Vocab, bool]:
+    """(backend, vocab, byte_level) for a model directory."""
+    folder = Path(path)
+    if folder.is_file() and folder.name == "tokenizer.json":
+        folder = folder.parent
+    tj = folder / "tokenizer.json"
+    if not tj.is_file():
+        raise TokenizerError(f"{folder}: no tokenizer.json (only fast-tokenizer directories are supported)")
+    spec = _read_json(tj)
+    try:
+        backend = Backend.from_file(str(tj))
+    except Exception as e:
+        raise TokenizerError(f"{tj}: the tokenizers library cannot load it: {e}") from None
+
+    model = spec.get("model") or {}
+    if model.get("type") not in ("BPE", "Unigram"):
+        raise TokenizerError(f"{tj}: model type {model.get('type')!r} is not supported (BPE or Unigram only)")
+    decoder = _component_types(spec.get("decoder"))
+    pre = _component_types(spec.get("pre_tokenizer"))
+    byte_level = any(d.get("type") == "ByteLevel" for d in decoder + pre)
+    metaspace = any(d.get("type") in ("Metaspace", "ByteFallback") or
+                    (d.get("type") == "Replace" and d.get("content") == " ") for d in decoder)
+    if not byte_level and not metaspace:
+        raise TokenizerError(f"{tj}: cannot tell how tokens map to bytes (decoder {spec.get('decoder')!r})")
+    # SentencePiece-style decoders that drop the space prepended at encode time.
+    strip_first_space = not byte_level and any(
+        (d.get("type") == "Strip" and d.get("start", d.get("left", 0))) or
+        (d.get("type") == "Metaspace" and (d.get("prepend_scheme", "always") != "never"
+                                           and d.get("add_prefix_space", True)))
+        for d in decoder)
+
+    ids = backend.get_vocab(with_added_tokens=True)
+    n = max(ids.values()) + 1 if ids else 0
+    if n == 0:
+        raise TokenizerError(f"{tj}: the vocabulary is empty")
+    tokens = [""] * n
+    types = np.full(n, TokenType.UNUSED, dtype=np.int32)
+    for text, i in ids.items():
+        tokens[i] = text
+        types[i] = TokenType.NORMAL
+    if model.get("byte_fallback"):
+        for text, i in ids.items():
+            if _BYTE_TOKEN.fullmatch(text):
+                types[i] = TokenType.BYTE
+    for i, added in backend.get_added_tokens_decoder().items():
+        types[i] = TokenType.CONTROL if added.special else TokenType.USER_DEFINED
+
+    config = _read_json(folder / "tokenizer_config.json")
+    special_map = _read_json(folder / "special_tokens_map.json")
+    model_config = _read_json(folder / "config.json")
+    gen_config = _read_json(folder / "generation_config.json")
+
+    def special_id(name: str) -> int | None:
+        content = _token_content(config.get(f"{name}_token")) or _token_content(special_map.get(f"{name}_token"))
+        if content is not None:
+            i = backend.token_to_id(content)
+            if i is None:
+                raise TokenizerError(f"{folder}: {name}_token {content!r} is not in the vocabulary")
+            return i
+        v = model_config.get(f"{name}_token_id")
+        if isinstance(v, list):
+            v = v[0] if v else None
+        if isinstance(v, int) and not isinstance(v, bool):
+            if not 0 <= v < n:
+                raise TokenizerError(f"{folder}/config.json: {name}_token_id {v} is out of range (vocab {n})")
+            return v
+        return None
+
+    vocab = Vocab(model="gpt2" if byte_level else "llama", pre="tokenizer.json", tokens=tokens,
+                  types=types, scores=None, merges=None, chat_template=_chat_template(folder, config))
+    vocab.bos_id, vocab.eos_id = special_id("bos"), special_id("eos")
+    vocab.unk_id, vocab.pad_id = special_id("unk"), special_id("pad")
+    vocab.add_space_prefix = strip_first_space
+
+    # Without explicit flags, ask the post-processor what it adds.
+    probe = backend.encode("a", add_special_tokens=True).ids
+    plain = backend.encode("a", add_special_tokens=False).ids
+    added_front = len(probe) > len(plain) and vocab.bos_id is not None and probe[0] == vocab.bos_id
+    added_back = len(probe) > len(plain) and vocab.eos_id is not None and probe[-1] == vocab.eos_id
+    flag = config.get("add_bos_token")
+    vocab.add_bos = (bool(flag) if isinstance(flag, bool) else added_front) and vocab.bos_id is not None
+    flag = config.get("add_eos_token")
+    vocab.add_eos = (bool(flag) if isinstance(flag, bool) else added_back) and vocab.eos_id is not None
+
+    extra_eos = gen_config.get("eos_token_id")
+    extra_eos = extra_eos if isinstance(extra_eos, list) else [extra_eos]
+    vocab.extra["eog"] = {i for i in extra_eos if isinstance(i, int) and 0 <= i < n}
+    return backend, vocab, byte_level

@@ -1,0 +1,54 @@
+"""Weight tensors as the model code sees them, whatever file they came from.
+
+A `WeightTensor` is raw bytes in a ggml block format (F32/F16/BF16 included)
+with a NumPy-order shape; backends turn it into whatever their kernels want.
+Rows are independent in every format, so fused tensors (Phi-3's qkv) can be
+split by rows without touching the data.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import ModelFormatError
+from .quants import QType, dequantize, row_nbytes
+
+
+@dataclass
+class WeightTensor:
+    name: str
+    qtype: QType
+    shape: tuple[int, ...]     # NumPy order: (rows, cols) for a matrix, (n,) for a vector
+    data: np.ndarray           # uint8, row-major bytes, zero-copy where the file allows
+
+    @property
+    def rows(self) -> int:
+        return int(np.prod(self.shape[:-1])) if len(self.shape) > 1 else 1
+
+    @property
+    def cols(self) -> int:
+        return int(self.shape[-1])
+
+    def rows2d(self) -> np.ndarray:
+        """The bytes as (rows, row_nbytes)."""
+        return self.data.reshape(self.rows, row_nbytes(self.qtype, self.cols))
+
+    def to_float32(self) -> np.ndarray:
+        return dequantize(self.data, self.qtype, self.shape)
+
+    def split_rows(self, sizes: list[int]) -> list["WeightTensor"]:
+        """Split a fused matrix (e.g. qkv) into consecutive row blocks."""
+        if sum(sizes) != self.rows or len(self.shape) != 2:
+            raise ModelFormatError(f"tensor {self.name!r}: cannot split {self.shape} into rows {sizes}")
+        out, start, raw = [], 0, self.rows2d()
+        for i, n in enumerate(sizes):
+            out.append(WeightTensor(f"{self.name}[{i}]", self.qtype, (n, self.cols),
+                                    raw[start:start + n].reshape(-1)))
+            start += n
+        return out
+
+    @classmethod
+    def from_float(cls, name: str, array: np.ndarray) -> "WeightTensor":
+        a = np.ascontiguousarray(array, dtype=np.float32)
+        return cls(name, QType.F32, tuple(a.shape), a.reshape(-1).view(np.uint8))

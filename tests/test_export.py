@@ -1,0 +1,229 @@
+"""`llambda export`: HF directory <-> GGUF, with the layout and convention changes in between."""
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import llambda
+from llambda import export as export_mod
+from llambda.errors import LlambdaError, ModelFormatError
+from llambda.export import export
+from llambda.formats.gguf import GGUFFile
+from llambda.formats.gguf_writer import write_gguf
+from llambda.formats.safetensors import SafetensorsFile
+from llambda.quants import QType
+
+TINY = Path(__file__).parent / "fixtures" / "reference" / "tiny"
+FOLDERS = sorted(p.name for p in TINY.iterdir() if (p / "config.json").is_file())
+IDS = [5, 17, 300, 42, 42, 7, 511, 128, 64, 9, 250, 3, 77, 199, 18, 401, 33, 2, 90, 260, 12, 14, 350, 1, 8]
+
+
+def logits(path, ids=IDS) -> np.ndarray:
+    with llambda.load(path, backend="numpy", n_ctx=64) as m:
+        return m.logits(ids)
+
+
+# ---------------------------------------------------------------- a tiny random GGUF llama
+
+def byte_level_vocab():
+    from llambda.tokenizer.pieces import BYTE_CHARS
+    tokens = list(BYTE_CHARS) + ["\u0120t", "he", "\u0120the", "ll", "<|endoftext|>"]
+    merges = ["\u0120 t", "h e", "\u0120t he", "l l"]
+    types = [1] * (len(tokens) - 1) + [3]
+    return tokens, merges, types
+
+
+def tiny_llama_gguf(path: Path, qtype=QType.Q8_0) -> Path:
+    """A 2-layer llama GGUF with random weights (q/k rows in GGUF's permuted layout by construction)
+    and a small byte-level BPE tokenizer with a chat template."""
+    rng = np.random.default_rng(7)
+    tokens, merges, types = byte_level_vocab()
+    V, d, H, KV, hd, ff = len(tokens), 64, 4, 2, 16, 128
+
+    def mat(rows, cols, gain=1.0):
+        return (rng.standard_normal((rows, cols)) * gain / np.sqrt(cols)).astype(np.float32)
+
+    def norm(n):
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    t = {"token_embd.weight": (qtype, rng.standard_normal((V, d)).astype(np.float32)),
+         "output_norm.weight": (QType.F32, norm(d)),
+         "output.weight": (qtype, mat(V, d))}
+    for i in range(2):
+        p = f"blk.{i}."
+        t.update({p + "attn_norm.weight": (QType.F32, norm(d)),
+                  p + "attn_q.weight": (qtype, mat(H * hd, d, 1.5)),
+                  p + "attn_k.weight": (qtype, mat(KV * hd, d, 1.5)),
+                  p + "attn_v.weight": (qtype, mat(KV * hd, d)),
+                  p + "attn_output.weight": (qtype, mat(d, H * hd, 4)),
+                  p + "ffn_norm.weight": (QType.F32, norm(d)),
+                  p + "ffn_gate.weight": (qtype, mat(ff, d)),
+                  p + "ffn_up.weight": (qtype, mat(ff, d)),
+                  p + "ffn_down.weight": (qtype, mat(d, ff, 4))})
+    meta = {"general.architecture": "llama", "general.name": "tiny-llama",
+            "llama.context_length": 64, "llama.embedding_length": d, "llama.block_count": 2,
+            "llama.feed_forward_length": ff, "llama.attention.head_count": H, "llama.attention.head_count_kv": KV,
+            "llama.attention.layer_norm_rms_epsilon": 1e-5, "llama.rope.freq_base": 10000.0,
+            "llama.rope.dimension_count": hd, "llama.vocab_size": V,
+            "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt2", "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.token_type": types, "tokenizer.ggml.merges": merges,
+            "tokenizer.ggml.bos_token_id": V - 1, "tokenizer.ggml.eos_token_id": V - 1,
+            "tokenizer.ggml.add_bos_token": False,
+            "tokenizer.chat_template": "{% for m in messages %}{{ m['content'] }}<|endoftext|>{% endfor %}"}
+    write_gguf(path, meta, t)
+    return path
+
+
+TEXTS = ["hello the tell", "the the  thell\n", "x = 42 caf\u00e9 \u65e5\u672c", "<|endoftext|>the"]
+
+
+def test_gguf_llama_to_hf_unpermutes_q_and_k(tmp_path, monkeypatch):
+    gg = tiny_llama_gguf(tmp_path / "tiny.gguf")
+    ids = [3, 100, 257, 258, 45, 12, 200, 99, 7, 1, 0, 255, 256, 30, 31, 32, 9, 150]
+    want = logits(gg, ids)
+    hf = export(gg, tmp_path / "hf", fmt="hf")
+    cfg = json.loads((hf / "config.json").read_text())
+    assert cfg["model_type"] == "llama" and cfg["tie_word_embeddings"] is False
+    with SafetensorsFile(hf / "model.safetensors") as f:
+        assert {t.qtype for t in f.tensors.values()} == {QType.F32}      # Q8_0 dequantized exactly
+    np.testing.assert_allclose(logits(hf, ids), want, atol=1e-4, rtol=0)
+
+    # the control: the same export without moving q/k rows back runs a different model
+    monkeypatch.setattr(export_mod, "rope_permutation",
+                        lambda heads, hd, to_interleaved: np.arange(heads * hd))
+    bad = export(gg, tmp_path / "hf_unpermuted", fmt="hf")
+    assert np.abs(logits(bad, ids) - want).max() > 0.05
+
+
+def test_gguf_tokenizer_and_template_travel_to_hf_and_back(tmp_path):
+    gg = tiny_llama_gguf(tmp_path / "tiny.gguf")
+    hf = export(gg, tmp_path / "hf", fmt="hf")
+    assert (hf / "tokenizer.json").is_file()
+    back = export(hf, tmp_path / "back.gguf", fmt="gguf")
+    with llambda.load(gg, backend="numpy", n_ctx=64) as a, llambda.load(hf, backend="numpy", n_ctx=64) as b, \
+            llambda.load(back, backend="numpy", n_ctx=64) as c:
+        for text in TEXTS:
+            assert a.tokenize(text) == b.tokenize(text) == c.tokenize(text), text
+        msgs = [{"role": "user", "content": "hi"}]
+        assert a.render_chat(msgs) == b.render_chat(msgs) == c.render_chat(msgs)
+        assert b.tokenizer.eos_id == a.tokenizer.eos_id
+        np.testing.assert_allclose(c.logits([1, 2, 3, 258]), a.logits([1, 2, 3, 258]), atol=1e-4)
+    with GGUFFile(back) as f:
+        assert f.metadata["tokenizer.ggml.pre"] == "gpt2"
+        assert f.metadata_types["tokenizer.ggml.token_type"][1].name == "INT32"
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_hf_to_gguf_gives_the_same_logits(folder, tmp_path):
+    gg = export(TINY / folder, tmp_path / f"{folder}.gguf", fmt="gguf")
+    np.testing.assert_allclose(logits(gg), logits(TINY / folder), atol=1e-4, rtol=0)
+    with llambda.load(gg, backend="numpy", n_ctx=32) as m, llambda.load(TINY / folder, backend="numpy", n_ctx=32) as h:
+        for k in ("layer_sliding", "sliding_window", "qk_norm", "attn_bias", "post_norms", "attn_softcap",
+                  "final_softcap", "activation"):
+            assert getattr(m.config, k) == getattr(h.config, k), k
+    # an independent reader (gguf-py) accepts the file
+    gguf = pytest.importorskip("gguf")
+    r = gguf.GGUFReader(str(gg))
+    names = {t.name for t in r.tensors}
+    assert "token_embd.weight" in names and "blk.1.ffn_down.weight" in names
+    assert ("output.weight" in names) == (folder not in ("qwen2", "gemma2", "gemma3"))
+    if folder == "phi3":
+        assert "blk.0.attn_qkv.weight" in names and "blk.0.ffn_gate.weight" not in names
+
+
+@pytest.mark.parametrize("folder", ["llama", "gemma2", "gemma3", "phi3", "qwen2", "mistral"])
+def test_hf_to_gguf_to_hf(folder, tmp_path):
+    gg = export(TINY / folder, tmp_path / "m.gguf", fmt="gguf")
+    hf = export(gg, tmp_path / "hf", fmt="hf")
+    np.testing.assert_allclose(logits(hf), logits(TINY / folder), atol=1e-4, rtol=0)
+    cfg = json.loads((hf / "config.json").read_text())
+    orig = json.loads((TINY / folder / "config.json").read_text())
+    assert cfg["model_type"] == orig["model_type"]
+    if folder == "llama":        # llama3 RoPE scaling went to rope_freqs.weight and came back
+        want = {k: v for k, v in orig["rope_parameters"].items() if k != "rope_theta"}
+        assert cfg["rope_scaling"] == pytest.approx(want)
+
+
+@pytest.mark.parametrize("folder", ["gemma3", "phi3", "qwen2"])
+def test_hf_to_hf_keeps_every_tensor_bit_for_bit(folder, tmp_path):
+    hf = export(TINY / folder, tmp_path / "hf", fmt="hf")
+    with SafetensorsFile(TINY / folder / "model.safetensors") as a, SafetensorsFile(hf / "model.safetensors") as b:
+        assert set(a.tensors) == set(b.tensors)
+        for name, t in a.tensors.items():
+            assert b.tensors[name].shape == t.shape and bytes(b.tensors[name].data) == bytes(t.data), name
+
+
+def test_bf16_export_equals_the_bf16_fixture(tmp_path):
+    """llama-bf16 holds llama's weights rounded to bfloat16 (nearest even): so must our export."""
+    hf = export(TINY / "llama", tmp_path / "hf", fmt="hf", qtype="bf16")
+    assert json.loads((hf / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    with SafetensorsFile(TINY / "llama-bf16" / "model.safetensors") as a, SafetensorsFile(hf / "model.safetensors") as b:
+        for name, t in a.tensors.items():
+            assert b.tensors[name].qtype == QType.BF16 and bytes(b.tensors[name].data) == bytes(t.data), name
+
+
+def test_gguf_quantized_export(tmp_path):
+    gg = export(TINY / "qwen3", tmp_path / "q.gguf", fmt="gguf", qtype="q8_0")
+    with GGUFFile(gg) as f:
+        for name, t in f.tensors.items():
+            assert t.qtype == (QType.Q8_0 if len(t.shape) == 2 else QType.F32), name
+        assert f.metadata["general.quantization_version"] == 2
+    err = np.abs(logits(gg) - logits(TINY / "qwen3")).max()
+    assert 1e-5 < err < 1.0
+
+
+def test_cli_export(tmp_path):
+    from llambda.cli import main
+    out = tmp_path / "cli.gguf"
+    assert main(["export", "-m", str(TINY / "qwen2"), "--format", "gguf", "--out", str(out), "--type", "f16"]) == 0
+    with GGUFFile(out) as f:
+        assert f.tensors["blk.0.attn_q.weight"].qtype == QType.F16
+        assert f.tensors["blk.0.attn_q.bias"].qtype == QType.F32
+    assert np.abs(logits(out) - logits(TINY / "qwen2")).max() < 0.1
+    assert main(["export", "-m", str(TINY / "qwen2"), "--format", "hf", "--out", str(tmp_path / "x"),
+                 "--type", "q4_0"]) == 1
+
+
+def test_export_refuses_what_the_target_cannot_express(tmp_path):
+    d = tmp_path / "qwen2sw"
+    shutil.copytree(TINY / "qwen2", d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(use_sliding_window=True, sliding_window=8, max_window_layers=1)
+    del cfg["layer_types"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelFormatError, match="layer_sliding"):
+        export(d, tmp_path / "x.gguf", fmt="gguf")
+    assert not (tmp_path / "x.gguf").exists()
+    with pytest.raises(LlambdaError, match="format"):
+        export(TINY / "qwen2", tmp_path / "y", fmt="onnx")
+    with pytest.raises(LlambdaError, match="q3_x"):
+        export(TINY / "qwen2", tmp_path / "z.gguf", fmt="gguf", qtype="q3_x")
+
+
+def test_phi3_with_separate_projections_is_fused_for_hf(tmp_path):
+    """A Phi-3 GGUF may hold attn_q/k/v and ffn_gate/up separately; HF Phi-3 wants them fused."""
+    fused = export(TINY / "phi3", tmp_path / "fused.gguf", fmt="gguf")
+    with GGUFFile(fused) as f:
+        meta, types = dict(f.metadata), dict(f.metadata_types)
+        tensors = []
+        for name, t in f.tensors.items():
+            if name.endswith("attn_qkv.weight"):
+                q, k, v = np.split(t.as_float32(), [64, 96])
+                tensors += [(name.replace("qkv", x), QType.F32, a) for x, a in (("q", q), ("k", k), ("v", v))]
+            elif name.endswith("ffn_up.weight"):
+                gate, up = np.split(t.as_float32(), 2)
+                tensors += [(name.replace("up", "gate"), QType.F32, gate), (name, QType.F32, up)]
+            else:
+                tensors.append((name, t.qtype, t.as_float32()))
+    split = tmp_path / "split.gguf"
+    write_gguf(split, meta, tensors, metadata_types=types)
+    want = logits(TINY / "phi3")
+    np.testing.assert_allclose(logits(split), want, atol=1e-4, rtol=0)
+    hf = export(split, tmp_path / "hf", fmt="hf")
+    with SafetensorsFile(hf / "model.safetensors") as f:
+        assert f.tensors["model.layers.0.self_attn.qkv_proj.weight"].shape == (128, 64)
+        assert f.tensors["model.layers.0.mlp.gate_up_proj.weight"].shape == (256, 64)
+        assert not any("q_proj" in n or "gate_proj." in n for n in f.tensors)
+    np.testing.assert_allclose(logits(hf), want, atol=1e-4, rtol=0)

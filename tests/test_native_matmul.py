@@ -1,0 +1,290 @@
+"""The C matmul kernels (llambda._native) against NumPy.
+
+Weights are random (quantized random floats, or random bytes with sane fp16
+scales for the K-quants); the oracle is gguf-py's NumPy dequantizer (an
+independent implementation of the block formats) and x @ W.T in float64.
+
+Error budgets, per output element (i, r), with A = |W| except for the types
+with a separate min term (Q4_1, Q4_K) where A = |scale*q| + |min| (the two
+terms the kernels compute separately, so their rounding scales with both):
+  exact (FP32 activations):      |err| <= EXACT_RTOL * sum_k |x[i,k]| A[r,k]
+  fast (8-bit activations):      |err| <= sum_k A[r,k] * amax(block of x[i] holding k) / 254
+                                           + EXACT_RTOL * sum_k |x[i,k]| A[r,k]
+The fast bound is the worst case of rounding each activation to the nearest
+multiple of amax/127 (half a step, 1/254 of the block's absmax); everything
+else in the integer kernels is exact or FP32 rounding. Since that worst case
+is loose, fast mode must also pass a statistical check on outputs with at
+least 200 elements: RMS(err) <= 1.5 * RMS predicted by uniform rounding errors
+(variance h^2/3 per activation, h = amax/254), which a biased or truncating
+activation quantizer (2x the RMS) would fail.
+"""
+import numpy as np
+import pytest
+
+gguf_quants = pytest.importorskip("gguf.quants", reason="gguf-py (test dependency) provides the NumPy oracle")
+from gguf import GGMLQuantizationType as G  # noqa: E402
+
+from llambda import _native as nat  # noqa: E402
+
+TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14, "BF16": 30}
+BLOCK = {"F32": 1, "F16": 1, "BF16": 1, "Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q8_0": 32, "Q4_K": 256, "Q6_K": 256}
+ISAS = nat.isa_available()
+EXACT_RTOL = 2e-6  # FP32 accumulation over up to ~9000 terms; measured <= 3e-7 at 1536
+N_VALUES = (1, 2, 3, 7, 16, 33, 65)
+
+
+@pytest.fixture(autouse=True)
+def _restore_native_state():
+    isa, threads = nat.isa(), nat.threads()
+    yield
+    nat.set_isa(isa)
+    nat.set_threads(threads)
+
+
+def _f16_scales(rng, n, lo, hi):
+    return rng.uniform(lo, hi, size=n).astype(np.float16).view(np.uint8).reshape(n, 2)
+
+
+def make_weights(tname, rows, cols, rng):
+    """Random weights in the file layout: uint8 array (rows, row_bytes)."""
+    if tname in ("Q4_K", "Q6_K"):
+        nblk = rows * cols // 256
+        if tname == "Q4_K":  # d, dmin, 12 bytes of 6-bit scales/mins (any bits are valid), 128 bytes of nibbles
+            raw = np.concatenate([_f16_scales(rng, nblk, 1e-3, 2e-2), _f16_scales(rng, nblk, 1e-3, 2e-2),
+                                  rng.integers(0, 256, (nblk, 140), dtype=np.uint8)], axis=1)
+        else:  # ql, qh, int8 scales, d
+            raw = np.concatenate([rng.integers(0, 256, (nblk, 208), dtype=np.uint8),
+                                  _f16_scales(rng, nblk, -2e-3, 2e-3)], axis=1)
+        return raw.reshape(rows, -1)
+    w = rng.standard_normal((rows, cols)).astype(np.float32)
+    w[:, : min(cols, 8)] *= 4  # a few large weights per row, as real matrices have
+    if tname == "F32":
+        return w.view(np.uint8).reshape(rows, -1)
+    raw = gguf_quants.quantize(w, getattr(G, tname))
+    return np.ascontiguousarray(raw).view(np.uint8).reshape(rows, -1)
+
+
+def dequant(tname, raw, rows, cols):
+    if tname == "F32":
+        return raw.view(np.float32).reshape(rows, cols).copy()
+    return gguf_quants.dequantize(raw.reshape(rows, -1), getattr(G, tname)).reshape(rows, cols)
+
+
+def magnitude(tname, raw, rows, cols, w):
+    """A = |scale*q| + |min| for min-carrying types, else |W| (see module docstring)."""
+    if tname not in ("Q4_1", "Q4_K"):
+        return np.abs(w)
+    nomin = raw.reshape(-1, 20 if tname == "Q4_1" else 144).copy()
+    nomin[:, 2:4] = 0  # Q4_1's m / Q4_K's dmin
+    w0 = dequant(tname, nomin, rows, cols)
+    return np.abs(w0) + np.abs(w - w0)
+
+
+def pack(tname, raw, rows, cols):
+    dst = np.zeros(nat.packed_size(TYPES[tname], rows, cols), np.uint8)
+    layout = nat.pack(TYPES[tname], raw, dst, rows, cols)
+    return layout, dst
+
+
+def run(tname, layout, wbuf, rows, cols, x, exact):
+    out = np.full((x.shape[0], rows), np.nan, np.float32)
+    nat.matmul(TYPES[tname], layout, wbuf, rows, cols, x, out, x.shape[0], exact)
+    return out
+
+
+def half_steps(tname, x):
+    """h[i, k]: half the quantization step of activation x[i, k] (amax of its block / 254)."""
+    blk = BLOCK[tname]
+    amax = np.abs(x.astype(np.float64)).reshape(x.shape[0], -1, blk).max(axis=2)
+    return np.repeat(amax / 254.0, blk, axis=1)
+
+
+def budget(tname, x, a, exact):
+    tol = EXACT_RTOL * (np.abs(x.astype(np.float64)) @ a.T.astype(np.float64))
+    if not exact and BLOCK[tname] > 1:
+        tol += 1.0001 * (half_steps(tname, x) @ a.T.astype(np.float64))
+    return tol + 1e-30
+
+
+def check(tname, raw, rows, cols, x, exact, layouts=None):
+    w = dequant(tname, raw, rows, cols)
+    ref = x.astype(np.float64) @ w.T.astype(np.float64)
+    a = magnitude(tname, raw, rows, cols, w)
+    tol = budget(tname, x, a, exact)
+    packed = [(0, raw)]
+    if layouts is None or 1 in layouts:
+        packed.append(pack(tname, raw, rows, cols))
+    for layout, buf in packed:
+        if layouts is not None and layout not in layouts:
+            continue
+        out = run(tname, layout, buf, rows, cols, x, exact)
+        err = np.abs(out - ref)
+        bad = ~(err <= tol)
+        where = f"{tname} layout={layout} exact={exact} isa={nat.isa()} rows={rows} cols={cols} n={x.shape[0]}"
+        assert not bad.any(), (f"{where}: {bad.sum()} elements over budget, worst err {err.max():.3g} "
+                               f"vs tol {tol[np.unravel_index(err.argmax(), err.shape)]:.3g}")
+        if not exact and BLOCK[tname] > 1 and err.size >= 200:
+            pred = np.sqrt(np.mean((a.astype(np.float64) ** 2) @ (half_steps(tname, x) ** 2 / 3).T))
+            rms = np.sqrt(np.mean(err ** 2))
+            assert rms <= 1.5 * pred, f"{where}: RMS error {rms:.3g} vs {pred:.3g} predicted by 8-bit rounding"
+
+
+def activations(n, cols, rng):
+    x = rng.standard_normal((n, cols)).astype(np.float32)
+    x[:, ::17] *= 8  # outliers, as in real activations
+    return x
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("exact", [1, 0], ids=["exact", "fast"])
+@pytest.mark.parametrize("tname", list(TYPES))
+def test_matmul_random(tname, exact, isa):
+    nat.set_isa(isa)
+    rng = np.random.default_rng(TYPES[tname] * 10 + exact)
+    blk = max(BLOCK[tname], 32)
+    col_options = (blk, 3 * blk) if blk == 256 else (blk, 5 * blk)
+    if tname in ("F32", "F16", "BF16"):
+        col_options = (7, 96, 131)  # float types accept any width; a tail of a 32-wide chunk must be handled
+    for rows in (1, 15, 17, 100):
+        for cols in col_options:
+            raw = make_weights(tname, rows, cols, rng)
+            for n in N_VALUES:
+                if rows * n > 2000 and n not in (1, 65):
+                    continue  # keep runtime small: the big shapes see the GEMV and the widest GEMM
+                check(tname, raw, rows, cols, activations(n, cols, rng), exact)
+
+
+# The four models' matrix shapes (rows, cols) and the types they come in.
+REAL_SHAPES = [
+    ("Q4_1", 576, 576), ("Q4_1", 192, 576), ("Q4_1", 1536, 576), ("Q4_1", 576, 1536),  # SmolLM2
+    ("Q8_0", 2048, 576),  # SmolLM2's Q8_0 output head, a slice of its 49152 rows
+    ("Q5_0", 640, 640), ("Q8_0", 256, 640), ("Q4_K", 2048, 1024), ("Q6_K", 640, 2048),  # Gemma-3
+    ("Q5_0", 896, 896), ("Q4_K", 4864, 256), ("Q6_K", 896, 4864), ("Q8_0", 128, 896),  # Qwen2.5-0.5B (sliced)
+    ("Q4_K", 1536, 1536), ("Q6_K", 256, 8960),  # Qwen2.5-1.5B (sliced)
+]
+
+
+@pytest.mark.parametrize("tname,rows,cols", REAL_SHAPES, ids=[f"{t}-{r}x{c}" for t, r, c in REAL_SHAPES])
+def test_matmul_real_shapes(tname, rows, cols):
+    rng = np.random.default_rng(rows * 7 + cols)
+    raw = make_weights(tname, rows, cols, rng)
+    for isa in ISAS:
+        nat.set_isa(isa)
+        for n in (1, 5) if isa != "scalar" else (1,):
+            x = activations(n, cols, rng)
+            for exact in (0, 1):
+                check(tname, raw, rows, cols, x, exact, layouts=(1,))
+
+
+@pytest.mark.parametrize("tname", list(TYPES))
+def test_threads_identical(tname):
+    """Splitting work over 2 threads changes nothing, bit for bit."""
+    rng = np.random.default_rng(5)
+    cols = 512 if BLOCK[tname] == 256 else 160
+    rows = 75
+    raw = make_weights(tname, rows, cols, rng)
+    layout, buf = pack(tname, raw, rows, cols)
+    for isa in ISAS:
+        nat.set_isa(isa)
+        for n in (1, 3, 70):
+            x = activations(n, cols, rng)
+            for exact in (0, 1):
+                nat.set_threads(1)
+                one = run(tname, layout, buf, rows, cols, x, exact)
+                nat.set_threads(2)
+                two = run(tname, layout, buf, rows, cols, x, exact)
+                assert np.array_equal(one, two), f"{tname} isa={isa} n={n} exact={exact}"
+
+
+@pytest.mark.parametrize("tname", list(TYPES))
+def test_get_rows_and_dequant(tname):
+    rng = np.random.default_rng(11)
+    rows, cols = 37, 2 * max(BLOCK[tname], 32)
+    raw = make_weights(tname, rows, cols, rng)
+    w = dequant(tname, raw, rows, cols)
+    layout, buf = pack(tname, raw, rows, cols)
+    ids = np.array([0, 36, 17, 16, 15, 3, 3], np.int32)
+    for lay, b in ((0, raw), (layout, buf)):
+        out = np.full((len(ids), cols), np.nan, np.float32)
+        nat.get_rows(TYPES[tname], lay, b, rows, cols, ids, out, len(ids))
+        np.testing.assert_allclose(out, w[ids], rtol=1e-6, atol=1e-7 * np.abs(w).max())
+        full = np.full((rows, cols), np.nan, np.float32)
+        nat.dequant_rows(TYPES[tname], lay, b, rows, cols, full)
+        np.testing.assert_allclose(full, w, rtol=1e-6, atol=1e-7 * np.abs(w).max())
+
+
+def test_sizes():
+    assert nat.row_bytes(TYPES["Q4_1"], 576) == 18 * 20
+    assert nat.row_bytes(TYPES["Q6_K"], 512) == 2 * 210
+    assert nat.row_bytes(TYPES["BF16"], 7) == 14
+    assert nat.packed_size(TYPES["F32"], 3, 5) == 60  # float types keep the file layout
+    assert nat.packed_size(TYPES["Q4_0"], 17, 64) == 2 * 2 * 16 * 18  # 2 groups of 16 rows, padded
+    assert nat.packed_size(TYPES["Q4_K"], 16, 256) == 2368  # the K-quants carry unpacked scales (+2.8%)
+
+
+def test_bad_arguments():
+    q41, rows, cols = TYPES["Q4_1"], 4, 64
+    w = np.zeros(rows * nat.row_bytes(q41, cols), np.uint8)
+    x = np.zeros((2, cols), np.float32)
+    out = np.zeros((2, rows), np.float32)
+    ok = (q41, 0, w, rows, cols, x, out, 2, 0)
+    nat.matmul(*ok)
+
+    def bad(i, v):
+        a = list(ok)
+        a[i] = v
+        return a
+
+    value_errors = [
+        bad(0, 7),  # Q5_1: not supported
+        bad(0, 99),
+        bad(1, 5),  # unknown layout
+        bad(3, 0), bad(3, -1), bad(4, 0), bad(4, 48),  # cols not a multiple of 32
+        bad(3, 5),  # W too small for 5 rows (and out too small)
+        bad(7, 3), bad(7, 0),  # n beyond x / out, n = 0
+        bad(8, 2),
+        bad(2, w[:-1]),
+        bad(5, x[:1]),
+        bad(1, 1),  # packed layout but W holds the file layout's bytes only... (packed needs 16 rows)
+    ]
+    for a in value_errors:
+        with pytest.raises(ValueError):
+            nat.matmul(*a)
+    type_errors = [
+        bad(5, x.astype(np.float64)),
+        bad(5, np.zeros((2, 2 * cols), np.float32)[:, ::2]),  # not C-contiguous
+        bad(6, out.astype(np.int32)),
+        bad(6, bytes(out.nbytes)),  # read-only
+        bad(2, "weights"),
+        bad(0, 2.0),
+        bad(3, None),
+    ]
+    for a in type_errors:
+        with pytest.raises(TypeError):
+            nat.matmul(*a)
+    with pytest.raises(TypeError):
+        nat.matmul(*ok[:-1])
+    buf = np.zeros((2, cols), np.float32)
+    with pytest.raises(ValueError):  # out aliasing x
+        nat.matmul(q41, 0, w, rows, cols, buf, buf, 2, 0)
+
+    ids = np.array([0, 4], np.int32)
+    emb = np.zeros((2, cols), np.float32)
+    with pytest.raises(ValueError):
+        nat.get_rows(q41, 0, w, rows, cols, ids, emb, 2)  # id 4 out of range
+    with pytest.raises(ValueError):
+        nat.get_rows(q41, 0, w, rows, cols, np.array([0, -1], np.int32), emb, 2)
+    with pytest.raises(TypeError):
+        nat.get_rows(q41, 0, w, rows, cols, ids.astype(np.int64), emb, 2)
+    with pytest.raises(ValueError):
+        nat.get_rows(q41, 0, w, rows, cols, ids[:1], emb, 2)  # ids shorter than n
+    with pytest.raises(ValueError):
+        nat.dequant_rows(q41, 0, w, rows, cols, np.zeros((rows, cols - 1), np.float32))
+    with pytest.raises(ValueError):
+        nat.pack(q41, w, np.zeros(10, np.uint8), rows, cols)  # dst too small
+    with pytest.raises(TypeError):
+        nat.pack(q41, w, bytes(nat.packed_size(q41, rows, cols)), rows, cols)  # dst read-only
+    with pytest.raises(ValueError):
+        nat.packed_size(TYPES["Q6_K"], 1, 896)  # 896 is not a multiple of 256
+    with pytest.raises(ValueError):
+        nat.row_bytes(q41, 31)

@@ -1,0 +1,505 @@
+"""The C core's elementwise / norm / RoPE / KV-cache / attention ops against NumPy float64.
+
+Every op runs on every SIMD path this CPU offers (scalar, avx2, avx512 via set_isa) on random
+data with odd sizes and tails. Error budgets are written next to each check: they bound what
+float32 arithmetic (and our exp/tanh polynomials, ~2 ulp) can cost, with margin, and are far
+below what a wrong index, a dropped tail element or a missing rescale would produce.
+"""
+import numpy as np
+import pytest
+
+native = pytest.importorskip("llambda._native", reason="C core not built (python setup.py build_ext --inplace)")
+
+ISAS = native.isa_available()
+F32 = np.float32
+
+
+@pytest.fixture(params=ISAS)
+def isa(request):
+    before = native.isa()
+    native.set_isa(request.param)
+    yield request.param
+    native.set_isa(before)
+
+
+@pytest.fixture
+def threads2():
+    before = native.threads()
+    native.set_threads(2)
+    yield
+    native.set_threads(before)
+
+
+def rng(seed):
+    return np.random.default_rng(seed)
+
+
+# ---------------------------------------------------------------- references (float64)
+
+
+def ref_rmsnorm(x, w, eps):
+    x = x.astype(np.float64)
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w.astype(np.float64)
+
+
+def ref_rope(x, pos, inv_freq, rope_dim, neox):
+    """x (n, heads, head_dim). The angle is the float32 product pos * inv_freq, as HF computes it."""
+    x = x.astype(np.float64).copy()
+    half = rope_dim // 2
+    angle = (pos.astype(F32)[:, None] * inv_freq[None, :half]).astype(np.float64)  # float32 product
+    c, s = np.cos(angle)[:, None, :], np.sin(angle)[:, None, :]
+    if neox:
+        a, b = x[..., :half].copy(), x[..., half:rope_dim].copy()
+        x[..., :half], x[..., half:rope_dim] = a * c - b * s, a * s + b * c
+    else:
+        a, b = x[..., 0:rope_dim:2].copy(), x[..., 1:rope_dim:2].copy()
+        x[..., 0:rope_dim:2], x[..., 1:rope_dim:2] = a * c - b * s, a * s + b * c
+    return x
+
+
+def ref_attention(q, kc, vc, slots, pos, n_heads, n_kv, scale, window, softcap):
+    """q (n, n_heads, hd); caches (n_slots, n_ctx, n_kv, hd) as float64 of what the cache holds."""
+    kc, vc = kc.astype(np.float64), vc.astype(np.float64)
+    group = n_heads // n_kv
+    out = np.zeros(q.shape, np.float64)
+    for i in range(q.shape[0]):
+        p = int(pos[i])
+        lo = max(0, p - window + 1) if window > 0 else 0
+        k = kc[slots[i], lo : p + 1]  # (L, n_kv, hd)
+        v = vc[slots[i], lo : p + 1]
+        for h in range(n_heads):
+            s = scale * (k[:, h // group] @ q[i, h].astype(np.float64))
+            if softcap > 0:
+                s = softcap * np.tanh(s / softcap)
+            e = np.exp(s - s.max())
+            out[i, h] = (e / e.sum()) @ v[:, h // group]
+    return out
+
+
+def gelu_tanh(x):
+    """0.5 x (1 + tanh(t)) written as x / (1 + exp(-2t)): the same function, but float64 does not
+    cancel 1 + tanh(t) to 0 for very negative x, so the reference stays exact in the tail."""
+    t = np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)
+    with np.errstate(over="ignore"):
+        return x / (1 + np.exp(-2 * t))
+
+
+def check_gelu(out, g, u):
+    """Budget: 3e-6 relative (exp to ~2 ulp, a divide), plus the float32 rounding of the exp
+    argument -2t = -2 sqrt(2/pi) (g + 0.044715 g^3) (about 1.5 ulp of |2t|), which matters only
+    in the far tail where gelu is ~1e-10 of g or smaller; atol covers float32 underflow."""
+    t2 = 2 * np.sqrt(2 / np.pi) * (g + 0.044715 * g**3)
+    want = gelu_tanh(g) * u
+    tol = (3e-6 + 1.8e-7 * np.abs(t2)) * np.abs(want) + 1e-30
+    bad = np.abs(out.astype(np.float64) - want) > tol
+    assert not bad.any(), (np.flatnonzero(bad)[:5], out[bad][:5], want[bad][:5])
+
+
+def test_gelu_reference_is_the_tanh_form():
+    x = np.linspace(-6, 6, 1001)
+    np.testing.assert_allclose(gelu_tanh(x), 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3))),
+                               rtol=1e-12, atol=1e-15)
+
+
+# ---------------------------------------------------------------- rmsnorm
+
+
+@pytest.mark.parametrize("n,d", [(1, 576), (37, 17), (5, 1), (3, 4099), (64, 640)])
+def test_rmsnorm(isa, n, d):
+    r = rng(n * 1000 + d)
+    x = r.standard_normal((n, d)).astype(F32) * 3
+    w = r.standard_normal(d).astype(F32)
+    out = np.empty_like(x)
+    native.rmsnorm(x, w, out, n, d, 1e-5)
+    # float32: sum of squares over d terms in several accumulators, then 2 roundings per output.
+    np.testing.assert_allclose(out, ref_rmsnorm(x, w, 1e-5), rtol=1e-5, atol=1e-6)
+
+
+def test_rmsnorm_in_place_and_eps(isa):
+    r = rng(1)
+    x = (r.standard_normal((4, 33)) * 1e-3).astype(F32)  # eps dominates the tiny mean square
+    w = r.standard_normal(33).astype(F32)
+    want = ref_rmsnorm(x, w, 1e-2)
+    native.rmsnorm(x, w, x, 4, 33, 1e-2)  # out aliases x
+    np.testing.assert_allclose(x, want, rtol=1e-5, atol=1e-7)
+
+
+# ---------------------------------------------------------------- rope
+
+
+@pytest.mark.parametrize("neox", [0, 1])
+@pytest.mark.parametrize("n,n_heads,head_dim,rope_dim", [(1, 9, 64, 64), (37, 3, 128, 64), (5, 2, 256, 256), (7, 1, 16, 6)])
+def test_rope(isa, neox, n, n_heads, head_dim, rope_dim):
+    r = rng(n + head_dim + rope_dim + neox)
+    x = r.standard_normal((n, n_heads, head_dim)).astype(F32)
+    pos = r.integers(0, 8192, n).astype(np.int32)
+    pos[0] = 0
+    base = 10000.0
+    inv_freq = (1.0 / base ** (np.arange(0, rope_dim, 2) / rope_dim)).astype(F32)
+    want = ref_rope(x, pos, inv_freq, rope_dim, neox)
+    native.rope(x, pos, inv_freq, n, n_heads, head_dim, rope_dim, neox)
+    # cos/sin are rounded to float32 (0.5 ulp each), then a 2-term float32 combination.
+    np.testing.assert_allclose(x, want, rtol=0, atol=3e-6 * np.abs(want).max())
+    # Dims >= rope_dim are untouched, bit for bit.
+    assert np.array_equal(x[..., rope_dim:], want[..., rope_dim:].astype(F32))
+
+
+# ---------------------------------------------------------------- kv_store
+
+
+def make_cache(n_slots, n_ctx, n_kv, hd, cache_type):
+    dt = F32 if cache_type == 0 else np.float16
+    return np.zeros((n_slots, n_ctx, n_kv, hd), dt), np.zeros((n_slots, n_ctx, n_kv, hd), dt)
+
+
+@pytest.mark.parametrize("cache_type", [0, 1])
+def test_kv_store(isa, cache_type):
+    r = rng(7 + cache_type)
+    n_slots, n_ctx, n_kv, hd, n = 3, 50, 2, 20, 37
+    kc, vc = make_cache(n_slots, n_ctx, n_kv, hd, cache_type)
+    kc[:] = 7  # untouched cells keep this
+    k = r.standard_normal((n, n_kv, hd)).astype(F32)
+    v = r.standard_normal((n, n_kv, hd)).astype(F32)
+    slots = np.repeat(np.array([2, 0, 1], np.int32), [13, 12, 12])
+    pos = np.concatenate([np.arange(5, 18), np.arange(38, 50), np.arange(0, 12)]).astype(np.int32)
+    native.kv_store(k, v, kc, vc, slots, pos, n, n_kv, hd, n_slots, n_ctx, cache_type)
+    dt = kc.dtype
+    assert np.array_equal(kc[slots, pos], k.astype(dt))  # f16: same rounding as NumPy (nearest even)
+    assert np.array_equal(vc[slots, pos], v.astype(dt))
+    written = np.zeros((n_slots, n_ctx), bool)
+    written[slots, pos] = True
+    assert np.all(kc[~written] == 7) and np.all(vc[~written] == 0)
+
+
+def test_kv_store_f16_special_values(isa):
+    """Rounding of ties, overflow to inf, subnormals, signed zero, NaN: as NumPy's float16."""
+    vals = np.array(
+        [0.0, -0.0, 1.0, 65504.0, 65519.99, 65520.0, 1e6, -1e6, np.inf, -np.inf,
+         2.0**-24, 1.5 * 2.0**-24, 2.5 * 2.0**-24, 2.0**-25, 2.0**-26, 0.999 * 2.0**-14, 2.0**-14,
+         1 + 2.0**-11, 1 + 3 * 2.0**-11, -(1 + 2.0**-11), 3.14159, -2.71828, 1e-10, 1000.5, 2049.0],
+        F32,
+    )
+    hd = len(vals)
+    k = vals.reshape(1, 1, hd)
+    kc, vc = make_cache(1, 1, 1, hd, 1)
+    native.kv_store(k, k, kc, vc, np.zeros(1, np.int32), np.zeros(1, np.int32), 1, 1, hd, 1, 1, 1)
+    with np.errstate(over="ignore"):
+        want = vals.astype(np.float16)
+    assert np.array_equal(kc.view(np.uint16).ravel(), want.view(np.uint16))
+    nan = np.array([np.nan, -np.nan], F32).reshape(1, 1, 2)
+    kc, vc = make_cache(1, 1, 1, 2, 1)
+    native.kv_store(nan, nan, kc, vc, np.zeros(1, np.int32), np.zeros(1, np.int32), 1, 1, 2, 1, 1, 1)
+    assert np.all(np.isnan(kc))
+
+
+# ---------------------------------------------------------------- attention
+
+# (head_dim, n_heads, n_kv, n, window, softcap, n_slots, n_ctx)
+ATTN_CASES = [
+    (64, 9, 3, 1, 0, 0.0, 2, 300),     # smollm decode
+    (64, 9, 3, 37, 0, 0.0, 2, 300),    # smollm prefill chunk, pos not starting at 0
+    (128, 12, 4, 37, 0, 0.0, 3, 200),  # GQA 3
+    (256, 4, 1, 37, 16, 0.0, 2, 100),  # gemma local layer: window, GQA 4
+    (256, 4, 1, 1, 33, 0.0, 1, 150),   # window on decode
+    (16, 7, 1, 37, 0, 5.0, 2, 90),     # GQA 7, softcap
+    (64, 14, 2, 1, 0, 2.0, 1, 200),    # qwen-like, softcap biting hard
+    (16, 2, 2, 1, 1, 0.0, 1, 10),      # window 1: attends only itself
+    (20, 3, 3, 37, 0, 0.0, 2, 60),     # head_dim tail (not a multiple of 8 or 16)
+    (40, 6, 2, 5, 7, 3.0, 2, 140),     # tail + window + softcap, crossing a 64-key block
+    (128, 2, 1, 1, 0, 0.0, 1, 700),    # many blocks on decode
+]
+
+
+def attention_data(seed, hd, n_heads, n_kv, n, n_slots, n_ctx, cache_type):
+    r = rng(seed)
+    kc, vc = make_cache(n_slots, n_ctx, n_kv, hd, cache_type)
+    kc[:] = r.standard_normal(kc.shape)
+    vc[:] = r.standard_normal(vc.shape)
+    q = r.standard_normal((n, n_heads, hd)).astype(F32)
+    slots = r.integers(0, n_slots, n).astype(np.int32)
+    if n == 1:
+        pos = np.array([n_ctx - 1 - r.integers(0, 5)], np.int32)
+    else:  # a prefill chunk continuing a sequence: consecutive positions not starting at 0
+        start = int(r.integers(1, n_ctx - n))
+        pos = np.arange(start, start + n, dtype=np.int32)
+        slots[:] = slots[0]
+    return q, kc, vc, slots, pos
+
+
+@pytest.mark.parametrize("cache_type", [0, 1], ids=["f32", "f16"])
+@pytest.mark.parametrize("case", ATTN_CASES, ids=lambda c: "hd%d-h%d-kv%d-n%d-w%d-cap%g" % c[:6])
+def test_attention(isa, cache_type, case):
+    hd, n_heads, n_kv, n, window, softcap, n_slots, n_ctx = case
+    q, kc, vc, slots, pos = attention_data(hash(case) % 2**32, hd, n_heads, n_kv, n, n_slots, n_ctx, cache_type)
+    scale = 1.0 / np.sqrt(hd)
+    out = np.full_like(q, np.nan)
+    native.attention(q, kc, vc, out, slots, pos, n, n_heads, n_kv, hd, n_slots, n_ctx, cache_type, scale, window, softcap)
+    want = ref_attention(q, kc, vc, slots, pos, n_heads, n_kv, scale, window, softcap)
+    # Budget: float32 dot products (<= 256 terms, relative ~1e-6 of |q||k|), exp/tanh to ~2 ulp,
+    # float32 sums over <= 700 keys; outputs are O(1) averages of unit-variance values.
+    np.testing.assert_allclose(out, want, rtol=0, atol=5e-6)
+
+
+def test_attention_out_aliases_q(isa):
+    q, kc, vc, slots, pos = attention_data(3, 64, 4, 2, 5, 1, 40, 1)
+    want = ref_attention(q, kc, vc, slots, pos, 4, 2, 0.125, 0, 0.0)
+    native.attention(q, kc, vc, q, slots, pos, 5, 4, 2, 64, 1, 40, 1, 0.125, 0, 0.0)
+    np.testing.assert_allclose(q, want, rtol=0, atol=5e-6)
+
+
+def test_attention_batch_of_slots(isa):
+    """Several sequences decoding together: token i reads only its own slot."""
+    hd, n_heads, n_kv, n_slots, n_ctx = 64, 6, 2, 4, 80
+    q, kc, vc, _, _ = attention_data(11, hd, n_heads, n_kv, 4, n_slots, n_ctx, 1)
+    slots = np.array([3, 0, 2, 1], np.int32)
+    pos = np.array([79, 0, 40, 7], np.int32)
+    out = np.empty_like(q)
+    native.attention(q, kc, vc, out, slots, pos, 4, n_heads, n_kv, hd, n_slots, n_ctx, 1, 0.125, 0, 0.0)
+    want = ref_attention(q, kc, vc, slots, pos, n_heads, n_kv, 0.125, 0, 0.0)
+    np.testing.assert_allclose(out, want, rtol=0, atol=5e-6)
+    # pos 0 attends one key: the output is that value row exactly (softmax weight 1).
+    np.testing.assert_allclose(out[1], vc[0, 0].astype(F32).repeat(3, axis=0).reshape(6, hd), rtol=0, atol=1e-6)
+
+
+# ---------------------------------------------------------------- elementwise
+
+COUNTS = [1, 7, 15, 16, 17, 33, 1000, 100003]
+
+
+@pytest.mark.parametrize("count", COUNTS)
+def test_silu_gelu_mul(isa, count):
+    r = rng(count)
+    gate = (r.standard_normal(count) * 4).astype(F32)
+    gate[: min(count, 6)] = [-100.0, -88.5, -20.0, 0.0, 30.0, 95.0][: min(count, 6)]  # exp over/underflow paths
+    up = r.standard_normal(count).astype(F32)
+    g, u = gate.astype(np.float64), up.astype(np.float64)
+    out = np.empty_like(gate)
+    native.silu_mul(gate, up, out, count)
+    # exp to ~2 ulp, one divide: 3e-6 relative; atol covers results that underflow float32.
+    with np.errstate(over="ignore"):
+        np.testing.assert_allclose(out, g / (1 + np.exp(-g)) * u, rtol=3e-6, atol=1e-30)
+    native.gelu_mul(gate, up, out, count)
+    check_gelu(out, g, u)
+
+
+def test_silu_gelu_dense_range(isa):
+    """A fine sweep of gate values checks the exp polynomial over its whole reduced range."""
+    gate = np.linspace(-30, 30, 60001).astype(F32)
+    up = np.ones_like(gate)
+    out = np.empty_like(gate)
+    g = gate.astype(np.float64)
+    native.silu_mul(gate, up, out, gate.size)
+    np.testing.assert_allclose(out, g / (1 + np.exp(-g)), rtol=3e-6, atol=1e-30)
+    native.gelu_mul(gate, up, out, gate.size)
+    check_gelu(out, g, 1.0)
+
+
+@pytest.mark.parametrize("count", COUNTS)
+def test_softcap(isa, count):
+    r = rng(count + 1)
+    x = (r.standard_normal(count) * 40).astype(F32)
+    x[: min(count, 5)] = [0.0, 1e-6, -0.3, 1e4, -1e4][: min(count, 5)]
+    want = 30.0 * np.tanh(x.astype(np.float64) / 30.0)
+    native.softcap(x, 30.0, count)
+    # tanh: series near 0 (no cancellation), 1 - 2/(e^2x + 1) elsewhere: ~3 ulp.
+    np.testing.assert_allclose(x, want, rtol=3e-6, atol=1e-30)
+
+
+def test_tanh_dense_range(isa):
+    x = np.linspace(-12, 12, 48001).astype(F32)
+    want = np.tanh(x.astype(np.float64))
+    native.softcap(x, 1.0, x.size)
+    np.testing.assert_allclose(x, want, rtol=3e-6, atol=1e-30)
+
+
+@pytest.mark.parametrize("count", COUNTS)
+def test_add_scale(isa, count):
+    r = rng(count + 2)
+    a = r.standard_normal(count).astype(F32)
+    b = r.standard_normal(count).astype(F32)
+    out = np.empty_like(a)
+    native.add(a, b, out, count)
+    assert np.array_equal(out, a + b)  # one float32 rounding: exact
+    native.add(a, b, a, count)  # out aliases a
+    assert np.array_equal(a, out)
+    native.scale(a, 0.37, count)
+    assert np.array_equal(a, out * F32(0.37))
+
+
+@pytest.mark.parametrize("n,d", [(1, 896), (37, 17), (3, 1), (100, 1000)])
+def test_add_rows(isa, n, d):
+    r = rng(n + d)
+    x = r.standard_normal((n, d)).astype(F32)
+    bias = r.standard_normal(d).astype(F32)
+    out = np.empty_like(x)
+    native.add_rows(x, bias, out, n, d)
+    assert np.array_equal(out, x + bias)
+
+
+# ---------------------------------------------------------------- threads: results do not depend on them
+
+
+def run_all_ops(seed):
+    """Every op once, at sizes where the pool splits the work; returns the outputs."""
+    r = rng(seed)
+    res = {}
+    x = r.standard_normal((64, 640)).astype(F32)
+    w = r.standard_normal(640).astype(F32)
+    res["rmsnorm"] = np.empty_like(x)
+    native.rmsnorm(x, w, res["rmsnorm"], 64, 640, 1e-6)
+    g = r.standard_normal(50001).astype(F32)
+    u = r.standard_normal(50001).astype(F32)
+    for name in ("silu_mul", "gelu_mul", "add"):
+        res[name] = np.empty_like(g)
+        getattr(native, name)(g, u, res[name], g.size)
+    res["softcap"] = g * 10
+    native.softcap(res["softcap"], 5.0, g.size)
+    res["rope"] = r.standard_normal((40, 9, 64)).astype(F32)
+    inv = (1.0 / 10000 ** (np.arange(0, 64, 2) / 64)).astype(F32)
+    native.rope(res["rope"], np.arange(3, 43, dtype=np.int32), inv, 40, 9, 64, 64, 1)
+    for ct in (0, 1):
+        q, kc, vc, slots, pos = attention_data(seed, 64, 9, 3, 37, 2, 300, ct)
+        out = np.empty_like(q)
+        native.attention(q, kc, vc, out, slots, pos, 37, 9, 3, 64, 2, 300, ct, 0.125, 0, 0.0)
+        res["attention%d" % ct] = out
+        q1 = q[:1].copy()
+        out1 = np.empty_like(q1)
+        native.attention(q1, kc, vc, out1, slots[:1], np.array([299], np.int32), 1, 9, 3, 64, 2, 300, ct, 0.125, 0, 0.0)
+        res["decode%d" % ct] = out1
+        kc2, vc2 = make_cache(2, 300, 3, 64, ct)
+        kv = r.standard_normal((300, 3, 64)).astype(F32)
+        native.kv_store(kv, kv, kc2, vc2, np.zeros(300, np.int32), np.arange(300, dtype=np.int32), 300, 3, 64, 2, 300, ct)
+        res["kv%d" % ct] = kc2
+    return res
+
+
+def test_threads_do_not_change_results(isa):
+    before = native.threads()
+    try:
+        native.set_threads(1)
+        one = run_all_ops(5)
+        native.set_threads(2)
+        two = run_all_ops(5)
+        native.set_threads(3)  # more threads than cores: slower, still identical
+        three = run_all_ops(5)
+    finally:
+        native.set_threads(before)
+    for name in one:
+        assert np.array_equal(one[name], two[name]), name
+        assert np.array_equal(one[name], three[name]), name
+
+
+def test_ops_do_not_allocate(threads2):
+    run_all_ops(1)
+    before = native.alloc_stats()
+    run_all_ops(2)
+    assert native.alloc_stats() == before
+
+
+# ---------------------------------------------------------------- bad arguments
+
+
+def attn_args(**over):
+    n_slots, n_ctx, n_kv, hd, n, n_heads = 2, 16, 2, 16, 3, 4
+    kc, vc = make_cache(n_slots, n_ctx, n_kv, hd, 1)
+    a = dict(q=np.zeros((n, n_heads, hd), F32), kcache=kc, vcache=vc, out=np.zeros((n, n_heads, hd), F32),
+             slots=np.zeros(n, np.int32), pos=np.arange(n, dtype=np.int32), n=n, n_heads=n_heads, n_kv=n_kv,
+             head_dim=hd, n_slots=n_slots, n_ctx=n_ctx, cache_type=1, scale=0.25, window=0, softcap=0.0)
+    a.update(over)
+    return list(a.values())
+
+
+def test_attention_valid_baseline():
+    native.attention(*attn_args())  # the baseline for the bad-argument cases below is itself fine
+
+
+@pytest.mark.parametrize(
+    "over,match",
+    [
+        (dict(q=np.zeros(10, F32)), "q has"),
+        (dict(out=np.zeros((3, 4, 16), F32)[:, :, ::2]), "contiguous"),
+        (dict(out=np.zeros(100, F32)), "out has"),
+        (dict(q=np.zeros((3, 4, 16), np.float64)), "float32"),
+        (dict(slots=np.array([0, 2, 0], np.int32)), r"slots\[1\] = 2"),
+        (dict(slots=np.array([0, -1, 0], np.int32)), "slots"),
+        (dict(pos=np.array([0, 16, 2], np.int32)), r"pos\[1\] = 16"),
+        (dict(pos=np.array([0, -5, 2], np.int32)), "pos"),
+        (dict(pos=np.arange(3, dtype=np.int64)), "int32"),
+        (dict(slots=np.zeros(2, np.int32)), "slots has"),
+        (dict(window=-1), "window"),
+        (dict(head_dim=32), "q has"),
+        (dict(n_ctx=32), "kcache has"),
+        (dict(n_kv=3), "multiple of n_kv"),
+        (dict(n=0), "n must be"),
+        (dict(cache_type=0), "float32"),  # an f16 cache declared as f32
+        (dict(cache_type=2), "not implemented"),
+        (dict(cache_type=5), "cache_type"),
+        (dict(softcap=-1.0), "softcap"),
+        (dict(scale=float("nan")), "scale"),
+        (dict(head_dim=2000), "head_dim"),
+    ],
+)
+def test_attention_bad_arguments(over, match):
+    with pytest.raises(ValueError, match=match):
+        native.attention(*attn_args(**over))
+
+
+def test_attention_head_dim_mismatch_with_big_q():
+    """q/out big enough for the wrong head_dim: the cache size still exposes it."""
+    big = np.zeros((3, 4, 32), F32)
+    with pytest.raises(ValueError, match="kcache has"):
+        native.attention(*attn_args(q=big, out=big.copy(), head_dim=32))
+
+
+def test_readonly_output_rejected():
+    x = np.zeros(8, F32)
+    x.flags.writeable = False
+    with pytest.raises(ValueError, match="writable"):
+        native.scale(x, 2.0, 8)
+    with pytest.raises(ValueError, match="writable"):
+        native.add(np.zeros(8, F32), np.zeros(8, F32), x, 8)
+
+
+def test_other_ops_bad_arguments():
+    z = np.zeros(64, F32)
+    i32 = np.zeros(4, np.int32)
+    cases = [
+        (lambda: native.rmsnorm(z, z, z, 2, 64, 1e-5), "x has"),
+        (lambda: native.rmsnorm(z, z[:10], z, 1, 64, 1e-5), "w has"),
+        (lambda: native.rmsnorm(z, z, z, 1, 64, -1.0), "eps"),
+        (lambda: native.rmsnorm(z, z, z, 1, 0, 1e-5), "d must be"),
+        (lambda: native.rope(z, i32, z, 4, 1, 16, 15, 0), "even"),
+        (lambda: native.rope(z, i32, z, 4, 1, 16, 18, 0), "rope_dim"),
+        (lambda: native.rope(z, np.array([0, 1, -1, 2], np.int32), z, 4, 1, 16, 16, 0), "pos"),
+        (lambda: native.rope(z, i32, z[:3], 4, 1, 16, 16, 0), "inv_freq has"),
+        (lambda: native.rope(z, i32, z, 4, 1, 16, 16, 2), "neox"),
+        (lambda: native.kv_store(z, z, np.zeros(63, F32), np.zeros(64, F32), i32[:1], i32[:1], 1, 1, 16, 1, 4, 0), "kcache has"),
+        (lambda: native.kv_store(z, z, z, z.copy(), i32[:1], np.array([4], np.int32), 1, 1, 16, 1, 4, 0), "pos"),
+        (lambda: native.kv_store(z, z, z, z.copy(), np.array([1], np.int32), i32[:1], 1, 1, 16, 1, 4, 0), "slots"),
+        (lambda: native.kv_store(z, z, z, z, i32[:1], i32[:1], 1, 1, 16, 1, 4, 0), "same buffer"),
+        (lambda: native.kv_store(z, z, z, z.copy(), i32[:1], i32[:1], 1, 1, 16, 1, 4, 1), "float16"),
+        (lambda: native.silu_mul(z, z, z, 65), "out has|gate has"),
+        (lambda: native.gelu_mul(z, z[:5], z, 6), "up has"),
+        (lambda: native.add(z, z, z, 0), "count"),
+        (lambda: native.add_rows(z, z[:3], z, 16, 4), "bias has"),
+        (lambda: native.scale(z, float("inf"), 64), "finite"),
+        (lambda: native.softcap(z, 0.0, 64), "cap"),
+        (lambda: native.softcap(z[::2], 1.0, 32), "contiguous"),
+    ]
+    for call, match in cases:
+        with pytest.raises(ValueError, match=match):
+            call()
+    with pytest.raises(TypeError):
+        native.add(z, z, z)
+    with pytest.raises(TypeError):
+        native.scale(z, 2.0, "64")
+
+
+def test_raw_byte_buffers_accepted():
+    """Views of a byte arena (format 'B') are accepted when large enough and aligned."""
+    arena = np.zeros(4 * 64 + 4, np.uint8)
+    a = arena[: 4 * 64]
+    native.add(a, a, a, 64)
+    native.add(bytes(256), a, a, 64)  # read-only bytes are fine as an input
+    with pytest.raises(ValueError, match="aligned"):
+        native.add(arena[1 : 1 + 4 * 32], a, a, 32)

@@ -1,0 +1,385 @@
+"""The continuous-batching scheduler against a fake model whose KV cache records token ids.
+
+The fake's logits at a position depend on every token its slot holds at positions
+0..p, read back from its "KV cache". So a batch that mixes slots wrongly, a prefix
+copied from the wrong slot, a chunk evaluated at the wrong positions, or a read of
+a position never written changes the output (or raises), and the output must equal
+an oracle that simply recomputes from the full token history.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+
+import numpy as np
+import pytest
+
+from llambda.engine import GenerationParams, Sequence
+from llambda.sampling import SamplingParams
+from llambda.server.metrics import Metrics
+from llambda.server.prefix_cache import SlotTable
+from llambda.server.scheduler import Channel, Job, JobFailure, QueueFull, Scheduler, ShuttingDown
+
+VOCAB = 40
+EOT = 0
+
+
+def fake_logits(history) -> np.ndarray:
+    digest = hashlib.sha256(np.asarray(history, np.int64).tobytes()).digest()
+    rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
+    x = rng.standard_normal(VOCAB).astype(np.float32)
+    x[EOT] -= 1.5   # EOS now and then, not at once
+    return x
+
+
+class FakeCache:
+    def __init__(self, n_slots, n_ctx):
+        self.toks = np.full((n_slots, n_ctx), -1, np.int64)
+        self.copies = []
+
+    def copy_prefix(self, src, dst, n):
+        assert src != dst and n > 0
+        assert (self.toks[src, :n] >= 0).all(), "copying positions the source never wrote"
+        self.toks[dst, :n] = self.toks[src, :n]
+        self.toks[dst, n:] = -1          # what follows is stale: make any read of it fail
+        self.copies.append((src, dst, n))
+
+
+class FakeWorkspace:
+    def __init__(self, max_tokens):
+        self.max_tokens = max_tokens
+
+
+class FakeTransformer:
+    def __init__(self, n_slots=4, n_ctx=96, max_tokens=64, fail_when=None):
+        self.n_slots, self.n_ctx = n_slots, n_ctx
+        self.ws = FakeWorkspace(max_tokens)
+        self.cache = FakeCache(n_slots, n_ctx)
+        self.batches = []                # (n tokens, n distinct slots) per call
+        self.fail_when = fail_when
+
+    def forward(self, tokens, slots, pos, logit_rows):
+        tokens, slots, pos = np.asarray(tokens), np.asarray(slots), np.asarray(pos)
+        assert len(tokens) <= self.ws.max_tokens
+        assert len(set(zip(slots.tolist(), pos.tolist()))) == len(tokens), "two tokens at one (slot, position)"
+        if self.fail_when is not None and self.fail_when(tokens):
+            raise RuntimeError("injected failure")
+        self.batches.append((len(tokens), len(set(slots.tolist()))))
+        self.cache.toks[slots, pos] = tokens
+        out = np.empty((len(logit_rows), VOCAB), np.float32)
+        for i, r in enumerate(logit_rows):
+            s, p = slots[r], pos[r]
+            hist = self.cache.toks[s, :p + 1]
+            assert (hist >= 0).all(), f"slot {s} read position(s) never written before {p}"
+            out[i] = fake_logits(hist)
+        return out
+
+
+class FakeDecoder:
+    def feed(self, t):
+        return f"<{t}>"
+
+    def flush(self):
+        return ""
+
+
+class FakeTokenizer:
+    eot_ids = frozenset({EOT})
+
+    def stream(self):
+        return FakeDecoder()
+
+
+def oracle(prompt, max_tokens, n_ctx=96) -> list[int]:
+    """Greedy generation recomputing every step from the whole history."""
+    toks, out = list(prompt), []
+    while len(out) < max_tokens and len(toks) < n_ctx:
+        t = int(np.argmax(fake_logits(toks)))
+        if t == EOT:
+            break
+        toks.append(t)
+        out.append(t)
+    return out
+
+
+def make_job(channel, prompt, max_tokens, index=0, after=None, n_ctx=96, temperature=0.0, seed=None):
+    sp = SamplingParams(temperature=temperature, top_k=0, top_p=1.0, min_p=0.0, seed=seed)
+    seq = Sequence(FakeTokenizer(), prompt, GenerationParams(max_tokens=max_tokens, sampling=sp), slot=-1,
+                   n_ctx=n_ctx)
+    return Job(seq, channel, index, after=after)
+
+
+async def collect(channel, n_jobs, cancel_after=None, jobs=None):
+    """Tokens per job index until every job has finished (or failed)."""
+    tokens = {}
+    failures = {}
+    done = set()
+    while len(done) < n_jobs:
+        for idx, ev in await asyncio.wait_for(channel.get(), 30):
+            if isinstance(ev, JobFailure):
+                failures[idx] = ev
+                done.add(idx)
+                continue
+            if ev.token >= 0:
+                tokens.setdefault(idx, []).append(ev.token)
+                if cancel_after and idx in cancel_after and len(tokens[idx]) == cancel_after[idx]:
+                    jobs[idx].cancel()
+                    done.add(idx)
+            if ev.finish_reason:
+                done.add(idx)
+    return tokens, failures
+
+
+async def wait_idle(sched, timeout=10.0):
+    t0 = time.monotonic()
+    while not sched.idle():
+        assert time.monotonic() - t0 < timeout, f"scheduler not idle: {sched.stats()}"
+        await asyncio.sleep(0.01)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def prompts_with_shared_prefix(rng, n, shared_len=12):
+    shared = rng.integers(1, VOCAB, shared_len).tolist()
+    out = []
+    for i in range(n):
+        tail = rng.integers(1, VOCAB, int(rng.integers(1, 20))).tolist()
+        out.append((shared if i % 2 == 0 else []) + tail)
+    return out
+
+
+@pytest.mark.parametrize("chunk", [3, 7, 256])
+def test_batched_equals_oracle(chunk):
+    """Many concurrent sequences, chunked prefill, prefix reuse: each equals its own sequential run."""
+    rng = np.random.default_rng(chunk)
+    prompts = prompts_with_shared_prefix(rng, 10)
+    model = FakeTransformer(n_slots=4)
+    sched = Scheduler(model, Metrics(), prefill_chunk=chunk, queue_size=16)
+    sched.start()
+
+    async def main():
+        ch = Channel()
+        jobs = [make_job(ch, p, 12, index=i) for i, p in enumerate(prompts)]
+        sched.submit(jobs)
+        toks, fails = await collect(ch, len(jobs))
+        await wait_idle(sched)
+        return toks, fails
+
+    try:
+        toks, fails = run(main())
+    finally:
+        sched.stop()
+    assert not fails
+    for i, p in enumerate(prompts):
+        assert toks.get(i, []) == oracle(p, 12), f"sequence {i} differs from its sequential run"
+    # several sequences really shared steps, and prompts larger than the chunk were split
+    assert max(b[1] for b in model.batches) > 1
+    assert max(b[0] for b in model.batches) <= chunk + 4
+
+
+def test_prefix_cache_reuses_in_place_and_by_copy():
+    system = list(range(1, 21))                     # a 20-token "system prompt"
+    model = FakeTransformer(n_slots=3)
+    metrics = Metrics()
+    sched = Scheduler(model, metrics, prefill_chunk=64)
+    sched.start()
+
+    async def one(prompt, max_tokens=4):
+        ch = Channel()
+        job = make_job(ch, prompt, max_tokens)
+        sched.submit([job])
+        toks, fails = await collect(ch, 1)
+        assert not fails
+        return job, toks.get(0, [])
+
+    async def main():
+        job1, t1 = await one(system + [30, 31])
+        await wait_idle(sched)
+        job2, t2 = await one(system + [32, 33, 34])  # free slot holding the system prompt: reuse in place
+        await wait_idle(sched)
+        # two at once: the first reuses the cached slot in place, the second copies from it (busy)
+        ch = Channel()
+        a = make_job(ch, system + [35], 30, index=0)
+        b = make_job(ch, system + [36, 37], 4, index=1)
+        sched.submit([a, b])
+        toks, fails = await collect(ch, 2)
+        assert not fails
+        await wait_idle(sched)
+        return (job1, t1), (job2, t2), (a, toks.get(0, [])), (b, toks.get(1, []))
+
+    try:
+        (j1, t1), (j2, t2), (a, ta), (b, tb) = run(main())
+    finally:
+        sched.stop()
+    assert j1.n_cached == 0 and t1 == oracle(system + [30, 31], 4)
+    assert j2.n_cached == 20 and t2 == oracle(system + [32, 33, 34], 4)
+    assert b.n_cached >= 20 and tb == oracle(system + [36, 37], 4)
+    assert ta == oracle(system + [35], 30)
+    assert model.cache.copies, "the second concurrent request should have copied the shared prefix"
+    assert metrics.cached_prompt_tokens >= 40
+
+
+def test_identical_prompt_still_evaluates_last_token():
+    model = FakeTransformer(n_slots=1)
+    sched = Scheduler(model, Metrics())
+    sched.start()
+    prompt = [5, 6, 7, 8, 9, 10]
+
+    async def main():
+        res = []
+        for _ in range(2):
+            ch = Channel()
+            job = make_job(ch, prompt, 6)
+            sched.submit([job])
+            toks, _ = await collect(ch, 1)
+            res.append((job.n_cached, toks.get(0, [])))
+            await wait_idle(sched)
+        return res
+
+    try:
+        (c1, t1), (c2, t2) = run(main())
+    finally:
+        sched.stop()
+    assert c1 == 0 and c2 == len(prompt) - 1
+    assert t1 == t2 == oracle(prompt, 6)
+
+
+def test_siblings_share_prompt_and_seeds_reproduce():
+    """n > 1: later choices wait for the first one's prefill and copy its KV."""
+    model = FakeTransformer(n_slots=4)
+    sched = Scheduler(model, Metrics(), prefill_chunk=4)
+    sched.start()
+    prompt = list(range(3, 23))
+
+    async def main(seed):
+        ch = Channel()
+        first = make_job(ch, prompt, 8, index=0, temperature=1.0, seed=seed)
+        jobs = [first] + [make_job(ch, prompt, 8, index=k, after=first, temperature=1.0, seed=seed + k)
+                          for k in range(1, 3)]
+        sched.submit(jobs)
+        toks, fails = await collect(ch, 3)
+        assert not fails
+        await wait_idle(sched)
+        return jobs, toks
+
+    try:
+        jobs, toks = run(main(7))
+        _, toks_again = run(main(7))
+    finally:
+        sched.stop()
+    assert [j.n_cached for j in jobs[1:]] == [len(prompt) - 1] * 2
+    assert toks == toks_again, "seeded sampling must be reproducible through the scheduler"
+
+
+def test_cancel_frees_slot_and_others_continue():
+    model = FakeTransformer(n_slots=2, n_ctx=200)
+    sched = Scheduler(model, Metrics(), queue_size=4)
+    sched.start()
+    prompts = [[1, 2, 3], [4, 5, 6], [7, 8, 9], [10, 11, 12]]
+
+    async def main():
+        ch = Channel()
+        jobs = [make_job(ch, p, 40, index=i, n_ctx=200) for i, p in enumerate(prompts)]
+        for j in jobs:
+            j.seq.eot = set()            # run to max_tokens: the cancelled ones must be cut short
+        sched.submit(jobs)
+        toks, fails = await collect(ch, len(jobs), cancel_after={0: 3, 1: 5}, jobs=jobs)
+        await wait_idle(sched)
+        return jobs, toks, fails
+
+    try:
+        jobs, toks, fails = run(main())
+    finally:
+        sched.stop()
+    assert not fails
+    assert len(toks[2]) == 40 and len(toks[3]) == 40       # waited for the freed slots, then ran
+    assert sched.slots.n_free() == 2
+
+
+def test_queue_full_and_capacity():
+    model = FakeTransformer(n_slots=1)
+    sched = Scheduler(model, Metrics(), queue_size=2)   # not started: nothing leaves the queue
+
+    async def main():
+        ch = Channel()
+        sched.submit([make_job(ch, [1, 2], 4, index=i) for i in range(3)])
+        with pytest.raises(QueueFull):
+            sched.submit([make_job(ch, [1, 2], 4)])
+
+    run(main())
+    assert sched.stats()["waiting"] == 3
+
+
+def test_failed_step_fails_its_jobs_and_the_loop_survives():
+    model = FakeTransformer(n_slots=2, fail_when=lambda toks: 33 in toks.tolist())
+    sched = Scheduler(model, Metrics())
+    sched.start()
+
+    async def main():
+        ch = Channel()
+        sched.submit([make_job(ch, [33, 1, 2], 5)])
+        _, fails = await collect(ch, 1)
+        await wait_idle(sched)
+        ch2 = Channel()
+        sched.submit([make_job(ch2, [1, 2, 3], 5)])
+        toks, fails2 = await collect(ch2, 1)
+        return fails, toks, fails2
+
+    try:
+        fails, toks, fails2 = run(main())
+    finally:
+        sched.stop()
+    assert fails[0].status == 500 and "injected failure" in fails[0].message
+    assert not fails2 and toks.get(0, []) == oracle([1, 2, 3], 5)
+    assert sched.slots.n_free() == 2
+
+
+def test_drain_cancels_after_grace_and_refuses_new_work():
+    model = FakeTransformer(n_slots=1, n_ctx=10_000)
+    sched = Scheduler(model, Metrics())
+    sched.start()
+
+    async def main():
+        ch = Channel()
+        job = make_job(ch, [1, 2, 3], None, n_ctx=10_000)
+        job.seq.eot = set()              # would run for 10k tokens
+        sched.submit([job])
+        await asyncio.sleep(0.05)
+        sched.drain(0.2)
+        with pytest.raises(ShuttingDown):
+            sched.submit([make_job(ch, [1, 2], 3)])
+        toks, fails = await collect(ch, 1)
+        return toks, fails
+
+    try:
+        toks, fails = run(main())
+    finally:
+        sched.stop()
+    assert fails[0].status == 503
+    assert 0 < len(toks.get(0, [])) < 9_000
+    assert sched.idle()
+
+
+def test_slot_table_placement():
+    t = SlotTable(3, min_reuse=2)
+    a = [1, 2, 3, 4, 5]
+    p = t.place(a)
+    assert p.reuse == 0 and p.copy_from == -1
+    t.acquire(p.slot, list(a), 0)
+    t.set_valid(p.slot, 5)
+    # same prefix while the first is busy: copy from it into another slot
+    q = t.place([1, 2, 3, 9])
+    assert q.slot != p.slot and q.copy_from == p.slot and q.reuse == 3
+    t.release(p.slot)
+    # now free: reuse in place; never the whole prompt (the last token needs logits)
+    r = t.place([1, 2, 3, 4, 5])
+    assert r.slot == p.slot and r.copy_from == -1 and r.reuse == 4
+    # below min_reuse: an empty slot is preferred over evicting the cached one
+    s = t.place([1, 7])
+    assert s.slot != p.slot and s.reuse == 0
+    for k in range(3):
+        t.acquire(k, [], 0)
+    assert t.place([1, 2]) is None

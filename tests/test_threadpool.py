@@ -1,0 +1,237 @@
+"""The C core's thread pool, ISA selection and allocation counters.
+
+Correctness only (timings are measured by hand, never asserted): every thread index runs exactly
+once per call, resizes work, a nested call runs serially instead of deadlocking, two Python threads
+can share the pool, sleeping workers wake up, a forked child gets a usable pool, and the process
+exits cleanly with workers running.
+"""
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+native = pytest.importorskip("llambda._native", reason="C core not built (python setup.py build_ext --inplace)")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def restore_threads():
+    before = native.threads()
+    yield
+    native.set_threads(before)
+
+
+def run_python(code, **env):
+    full_env = dict(os.environ, PYTHONPATH=str(ROOT), **env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=full_env)
+
+
+# ---------------------------------------------------------------- pool
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_every_thread_index_runs_once_per_call(n):
+    native.set_threads(n)
+    assert native.threads() == n
+    calls = 3000 if n <= os.cpu_count() else 200  # oversubscribed spinning is slow, not wrong
+    r = native._pool_probe(calls)
+    assert r["bad_nth"] == 0
+    assert r["runs"] == [calls] * n
+    assert r["sum"] == calls * n * (n + 1) // 2
+    assert r["nested_nth_max"] == 0
+
+
+def test_nested_call_runs_serially():
+    native.set_threads(2)
+    r = native._pool_probe(500, True)
+    assert r["runs"] == [500, 500]
+    assert r["nested_nth_max"] == 1  # the inner llb_parallel ran as fn(ctx, 0, 1) on the calling thread
+
+
+def test_resize_many_times():
+    rng = np.random.default_rng(0)
+    for n in rng.integers(1, 4, 30):
+        native.set_threads(int(n))
+        r = native._pool_probe(50)
+        assert r["runs"] == [50] * int(n) and r["bad_nth"] == 0
+    native.set_threads(2)
+    native.set_threads(2)  # same size again: a no-op
+    assert native._pool_probe(10)["runs"] == [10, 10]
+
+
+def test_sleeping_workers_wake_up():
+    """Pauses longer than the spin budget (200 us) put workers to sleep; the next call must wake them."""
+    native.set_threads(2)
+    for pause in (0.0005, 0.002, 0.02) * 4:
+        time.sleep(pause)
+        assert native._pool_probe(3)["runs"] == [3, 3]
+
+
+def test_set_threads_rejects_bad_values():
+    native.set_threads(2)
+    for bad in (0, -1, 257, 10**30):
+        with pytest.raises(ValueError, match="set_threads"):
+            native.set_threads(bad)
+    for bad in ("2", 2.0, True, None):
+        with pytest.raises(TypeError):
+            native.set_threads(bad)
+    assert native.threads() == 2
+
+
+def test_two_python_threads_share_the_pool():
+    """Ops from two Python threads at once are serialised by the pool, with correct results."""
+    native.set_threads(2)
+    r = np.random.default_rng(1)
+    n_ctx, n_kv, hd, n_heads = 400, 3, 64, 9
+    kc = r.standard_normal((1, n_ctx, n_kv, hd)).astype(np.float16)
+    vc = r.standard_normal((1, n_ctx, n_kv, hd)).astype(np.float16)
+    q = r.standard_normal((1, n_heads, hd)).astype(np.float32)
+    x = r.standard_normal((64, 640)).astype(np.float32)
+    w = r.standard_normal(640).astype(np.float32)
+
+    def attention():
+        out = np.empty_like(q)
+        native.attention(q, kc, vc, out, np.zeros(1, np.int32), np.array([n_ctx - 1], np.int32), 1, n_heads, n_kv, hd,
+                         1, n_ctx, 1, 0.125, 0, 0.0)
+        return out
+
+    def rmsnorm():
+        out = np.empty_like(x)
+        native.rmsnorm(x, w, out, 64, 640, 1e-6)
+        return out
+
+    want_a, want_r = attention(), rmsnorm()
+    errors = []
+
+    def worker(fn, want):
+        try:
+            for _ in range(200):
+                if not np.array_equal(fn(), want):
+                    errors.append("%s result changed" % fn.__name__)
+                    return
+            probe = native._pool_probe(200)
+            if probe["bad_nth"] or len(set(probe["runs"])) != 1:
+                errors.append("probe %r" % probe)
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(repr(e))
+
+    jobs = ((attention, want_a), (rmsnorm, want_r), (attention, want_a))
+    threads = [threading.Thread(target=worker, args=job) for job in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+        assert not t.is_alive(), "deadlock: a Python thread did not finish"
+    assert errors == []
+
+
+def test_forked_child_gets_a_working_pool():
+    """After fork only the forking thread exists; the child's pool must not wait for ghost workers."""
+    code = """
+import os, signal, llambda._native as n
+n.set_threads(2)
+assert n._pool_probe(10)["runs"] == [10, 10]
+pid = os.fork()
+if pid == 0:
+    signal.alarm(20)  # a hang kills the child instead of the test
+    ok = n.threads() == 1 and n._pool_probe(10)["runs"] == [10]
+    n.set_threads(2)
+    ok = ok and n._pool_probe(10)["runs"] == [10, 10]
+    os._exit(0 if ok else 1)
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0, status
+assert n._pool_probe(10)["runs"] == [10, 10]
+print("ok")
+"""
+    res = run_python(code)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
+
+
+def test_exit_with_running_workers_is_clean():
+    """atexit joins the workers; a daemon Python thread still calling ops must not hang the exit."""
+    code = """
+import threading, numpy as np, llambda._native as n
+n.set_threads(4)
+x = np.ones(1 << 16, np.float32)
+def spin():
+    while True:
+        n.scale(x, 1.0, x.size)
+threading.Thread(target=spin, daemon=True).start()
+n._pool_probe(100)
+print("done")
+"""
+    res = run_python(code)
+    assert res.returncode == 0 and res.stdout.strip() == "done", res.stderr
+
+
+# ---------------------------------------------------------------- ISA selection
+
+
+def test_isa_available_and_set_isa():
+    avail = native.isa_available()
+    assert avail[0] == "scalar"
+    assert set(avail) <= {"scalar", "avx2", "avx512"}
+    assert avail == [n for n in ("scalar", "avx2", "avx512") if n in avail]  # ordered, each implies the previous
+    before = native.isa()
+    assert before == avail[-1] or os.environ.get("LLAMBDA_ISA")
+    try:
+        for name in avail:
+            native.set_isa(name)
+            assert native.isa() == name
+    finally:
+        native.set_isa(before)
+    with pytest.raises(ValueError, match="unknown ISA"):
+        native.set_isa("sse9")
+    with pytest.raises(TypeError):
+        native.set_isa(2)
+    for name in ("scalar", "avx2", "avx512"):
+        if name not in avail:
+            with pytest.raises(ValueError, match="cannot run"):
+                native.set_isa(name)
+
+
+def test_isa_from_environment():
+    avail = native.isa_available()
+    for name in avail:
+        res = run_python("import llambda._native as n; print(n.isa())", LLAMBDA_ISA=name)
+        assert res.returncode == 0 and res.stdout.strip() == name and res.stderr == "", res.stderr
+    res = run_python("import llambda._native as n; print(n.isa())", LLAMBDA_ISA="bogus")
+    assert res.returncode == 0 and res.stdout.strip() == avail[-1]
+    assert "unknown LLAMBDA_ISA=bogus" in res.stderr
+
+
+def test_unsupported_isa_from_environment_falls_back():
+    avail = native.isa_available()
+    missing = [n for n in ("avx2", "avx512") if n not in avail]
+    if not missing:
+        pytest.skip("this CPU supports every ISA path, so none can be refused")
+    res = run_python("import llambda._native as n; print(n.isa())", LLAMBDA_ISA=missing[-1])
+    assert res.returncode == 0 and res.stdout.strip() == avail[-1]
+    assert "not supported by this CPU" in res.stderr
+
+
+# ---------------------------------------------------------------- allocation counters
+
+
+def test_alloc_stats():
+    count, nbytes = native.alloc_stats()
+    assert isinstance(count, int) and isinstance(nbytes, int) and count >= 0 and nbytes >= 0
+    # A long decode-style attention uses the per-thread scratch (split keys): it grows once, then is reused.
+    r = np.random.default_rng(2)
+    kc = r.standard_normal((1, 2048, 1, 64)).astype(np.float16)
+    q = r.standard_normal((1, 4, 64)).astype(np.float32)
+    out = np.empty_like(q)
+    args = (q, kc, kc.copy(), out, np.zeros(1, np.int32), np.array([2047], np.int32), 1, 4, 1, 64, 1, 2048, 1, 0.1, 0, 0.0)
+    native.attention(*args)
+    after_first = native.alloc_stats()
+    assert after_first[0] >= count and after_first[1] >= nbytes
+    for _ in range(20):
+        native.attention(*args)
+    assert native.alloc_stats() == after_first

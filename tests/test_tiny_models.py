@@ -1,0 +1,222 @@
+"""Every architecture family, as a tiny random HF model, against Hugging Face transformers.
+
+The folders in fixtures/reference/tiny hold config.json + model.safetensors and the
+reference logits / greedy tokens of transformers (fp32, eager). See the README there.
+"""
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import llambda
+from llambda.backends import available_backends
+from llambda.errors import ModelFormatError, TokenizerError
+
+TINY = Path(__file__).parent / "fixtures" / "reference" / "tiny"
+FOLDERS = sorted(p.name for p in TINY.iterdir() if (p / "config.json").is_file())
+
+# (backend, activations, max |logit diff| budget)
+MODES = {
+    "numpy": ("numpy", None, 1e-3),
+    "native-exact": ("native", "f32", 1e-3),
+    "native-fast": ("native", "q8", 1e-2),
+}
+
+
+def reference(folder: str) -> dict:
+    with open(TINY / folder / "reference.json", encoding="utf-8") as f:
+        return json.load(f)
+
+
+def load(path, mode: str, **kw):
+    backend, activations, _ = MODES[mode]
+    if backend not in available_backends():
+        pytest.skip(f"the {backend} backend is not available here (C core not built)")
+    return llambda.load(path, backend=backend, activations=activations, **kw)
+
+
+def last_rows(model, inp) -> np.ndarray:
+    """Logits at each of `last_positions`, each from a fresh prefill of the prefix."""
+    ids = inp["input_ids"]
+    return np.stack([model.logits(ids[:p + 1]) for p in inp["last_positions"]])
+
+
+def test_every_folder_is_tested():
+    assert len(FOLDERS) == 8, FOLDERS
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_logits_and_greedy_match_transformers(folder, mode):
+    ref = reference(folder)
+    budget = MODES[mode][2]
+    with load(TINY / folder, mode, n_ctx=256) as m:
+        for k, inp in enumerate(ref["inputs"]):
+            want = np.array(inp["logits_last3"], dtype=np.float32)
+            got = last_rows(m, inp)
+            err = float(np.abs(got - want).max())
+            kv = np.dtype(getattr(m.backend, "kv_dtype", np.float32)).name
+            assert err <= budget, (f"{folder} input {k} (length {inp['length']}): max |logit diff| {err:.3g} > "
+                                   f"{budget} (KV cache {kv}; these models need float32 compute and cache)")
+            greedy = list(m.generate(inp["input_ids"], max_tokens=16, temperature=0, ignore_eos=True))
+            assert greedy == inp["greedy_new_tokens"], f"{folder} input {k}: greedy continuation differs"
+
+
+@pytest.mark.parametrize("activations", ["f32", "q8"])
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_native_kernels_with_f32_kv_cache(folder, activations):
+    """The C core with a float32 KV cache: separates kernel error from the KV cache's storage type."""
+    if "native" not in available_backends():
+        pytest.skip("the native backend is not available here (C core not built)")
+    from llambda.backends.native import NativeBackend
+    from llambda.formats.hf_dir import open_hf_dir
+    from llambda.models.base import Transformer
+    ref = reference(folder)
+    src = open_hf_dir(TINY / folder)
+    backend = NativeBackend(activations=activations, kv_type="f32")
+    try:
+        model = Transformer(src.config, src.tensor, backend, n_ctx=128, max_tokens=128)
+        for inp in ref["inputs"]:
+            ids = np.array(inp["input_ids"], np.int32)
+            got = model.forward(ids, np.zeros(len(ids), np.int32), np.arange(len(ids), dtype=np.int32),
+                                inp["last_positions"])
+            err = float(np.abs(got - np.array(inp["logits_last3"], np.float32)).max())
+            assert err <= 1e-3, f"{folder}: {err}"
+    finally:
+        backend.close()
+        src.close()
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_rope_inverse_frequencies(folder):
+    ref = reference(folder)
+    with llambda.load(TINY / folder, backend="numpy", n_ctx=64) as m:
+        cfg, inv = m.config, m.transformer.inv_freq
+        for kind, values in ref["rope_inv_freq"].items():
+            sliding = {"all_layers": None, "sliding_attention": True, "full_attention": False}[kind]
+            tables = list(inv.values()) if sliding is None else [inv[sliding]]
+            for t in tables:
+                np.testing.assert_allclose(t, np.array(values, np.float32), rtol=2e-6, err_msg=f"{folder} {kind}")
+        types = ref["config"].get("layer_types")
+        if types and cfg.sliding_window:
+            assert cfg.layer_sliding == [t == "sliding_attention" for t in types]
+
+
+def test_sliding_layouts():
+    """The per-layer window pattern of each family, from its own config rule."""
+    def cfg(folder):
+        with llambda.load(TINY / folder, backend="numpy", n_ctx=32) as m:
+            return m.config
+    assert cfg("gemma2").layer_sliding == [True, False, True, False] and cfg("gemma2").sliding_window == 16
+    assert cfg("gemma3").layer_sliding == [True, True, False, True]
+    assert cfg("mistral").layer_sliding == [True, True] and cfg("mistral").sliding_window == 16
+    assert not any(cfg("qwen2").layer_sliding) and not any(cfg("phi3").layer_sliding)
+
+
+def _legacy_copy(folder: str, dest: Path) -> Path:
+    """The folder with config.json rewritten in the transformers 4 spelling of RoPE settings."""
+    ref = reference(folder)
+    cfg = dict(ref["config"])
+    del cfg["rope_parameters"]
+    cfg.update(ref["legacy_rope_keys"])
+    if folder == "gemma2":
+        del cfg["layer_types"]      # older Gemma 2 configs have none: the even/odd rule applies
+    dest.mkdir()
+    (dest / "config.json").write_text(json.dumps(cfg), encoding="utf-8")
+    os.symlink(TINY / folder / "model.safetensors", dest / "model.safetensors")
+    return dest
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_transformers4_rope_keys_give_the_same_logits(folder, tmp_path):
+    ref = reference(folder)
+    legacy = _legacy_copy(folder, tmp_path / folder)
+    inp = ref["inputs"][2]
+    with llambda.load(legacy, backend="numpy", n_ctx=128) as m:
+        got = last_rows(m, inp)
+    err = float(np.abs(got - np.array(inp["logits_last3"], np.float32)).max())
+    assert err <= 1e-3, f"{folder}: {err}"
+
+
+def test_no_tokenizer_files_still_loads_but_cannot_tokenize():
+    with llambda.load(TINY / "llama", backend="numpy", n_ctx=32) as m:
+        assert m.tokenizer is None
+        assert "tokenizer.json" in m.source.tokenizer_error
+        with pytest.raises(TokenizerError):
+            m.tokenize("hello")
+
+
+def _copy(folder: str, dest: Path, edit=None) -> Path:
+    shutil.copytree(TINY / folder, dest)
+    if edit is not None:
+        cfg = json.loads((dest / "config.json").read_text())
+        edit(cfg)
+        (dest / "config.json").write_text(json.dumps(cfg))
+    return dest
+
+
+def test_architecture_from_class_name_when_model_type_is_missing(tmp_path):
+    d = _copy("qwen3", tmp_path / "m", lambda c: c.pop("model_type"))
+    with llambda.load(d, backend="numpy", n_ctx=32) as m:
+        assert m.config.arch == "qwen3" and m.config.qk_norm
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: c.update(model_type="mamba", architectures=["MambaForCausalLM"]), "unsupported architecture"),
+    (lambda c: c.update(hidden_act="relu"), "hidden_act"),
+    (lambda c: c.update(num_hidden_layers=1), "layer 1"),
+    (lambda c: c.update(num_attention_heads=3), "multiple"),
+    (lambda c: c.update(hidden_size="64"), "hidden_size"),
+])
+def test_bad_configs_are_model_format_errors(tmp_path, edit, message):
+    d = _copy("llama", tmp_path / "m", edit)
+    with pytest.raises(ModelFormatError, match=message):
+        llambda.load(d, backend="numpy", n_ctx=32)
+
+
+def test_missing_config_or_weights(tmp_path):
+    d = _copy("llama", tmp_path / "a")
+    (d / "config.json").unlink()
+    with pytest.raises(ModelFormatError, match="config.json"):
+        llambda.load(d, backend="numpy")
+    d = _copy("llama", tmp_path / "b")
+    (d / "model.safetensors").unlink()
+    with pytest.raises(ModelFormatError, match="safetensors"):
+        llambda.load(d, backend="numpy")
+    d = _copy("llama", tmp_path / "c")
+    (d / "config.json").write_text("{not json")
+    with pytest.raises(ModelFormatError, match="JSON"):
+        llambda.load(d, backend="numpy")
+
+
+def test_quantize_at_load_q8_0_stays_close():
+    """Re-quantizing the float weights to Q8_0 at load: close to the float model, closer than Q4_0."""
+    ref = reference("qwen3")
+    errs = {}
+    for q in ("q8_0", "q4_0"):
+        with llambda.load(TINY / "qwen3", backend="numpy", n_ctx=128, quantize=q) as m:
+            errs[q] = max(float(np.abs(last_rows(m, inp) - np.array(inp["logits_last3"])).max())
+                          for inp in ref["inputs"])
+    # These models are sensitive by design (bf16 rounding alone moves logits by 0.2).
+    assert 1e-4 < errs["q8_0"] < 1.0, errs
+    assert errs["q4_0"] > errs["q8_0"], errs
+
+
+def test_quantizing_lookup_touches_only_matrices():
+    from llambda.formats.hf_dir import open_hf_dir
+    from llambda.quantize import quantizing_lookup
+    from llambda.quants import QType
+    src = open_hf_dir(TINY / "phi3")
+    try:
+        get = quantizing_lookup(src.tensor, "q8_0")
+        assert get("token_embd.weight").qtype == QType.Q8_0
+        assert get("blk.0.attn_qkv.weight").qtype == QType.Q8_0
+        assert get("blk.0.attn_norm.weight").qtype == QType.F32
+        assert get("no.such.tensor") is None
+        with pytest.raises(llambda.LlambdaError, match="q8_0"):
+            quantizing_lookup(src.tensor, "q3_k")
+    finally:
+        src.close()
