@@ -19,11 +19,12 @@ TGT static void quant32(const float *x, long cols, int offset, int8_t *qs, float
         const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(c)));
         const __m512 id = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
         const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, id)), qc = _mm512_cvtps_epi32(_mm512_mul_ps(c, id));
-        _mm_storeu_si128((__m128i *)(qs + 32 * b), _mm512_cvtsepi32_epi8(qa));
-        _mm_storeu_si128((__m128i *)(qs + 32 * b + 16), _mm512_cvtsepi32_epi8(qc));
-        d[b] = amax / 127.0f;
-        bias[b] = -offset * _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qc));
-        sum[b] = _mm512_reduce_add_ps(_mm512_add_ps(a, c));
+        int8_t *qb = qs + LLB_XT * 32 * b;
+        _mm_storeu_si128((__m128i *)qb, _mm512_cvtsepi32_epi8(qa));
+        _mm_storeu_si128((__m128i *)(qb + 16), _mm512_cvtsepi32_epi8(qc));
+        d[LLB_XT * b] = amax / 127.0f;
+        bias[LLB_XT * b] = -offset * _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qc));
+        sum[LLB_XT * b] = _mm512_reduce_add_ps(_mm512_add_ps(a, c));
     }
 }
 
@@ -34,15 +35,15 @@ TGT static void quant256(const float *x, long cols, int8_t *qs, float *d, int16_
         for (int u = 0; u < 16; u++) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(xb + 16 * u)));
         const float amax = _mm512_reduce_max_ps(m);
         const __m512 id = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-        d[b] = amax / 127.0f;
+        d[LLB_XT * b] = amax / 127.0f;
         int32_t s16[16];
         for (int u = 0; u < 16; u++) {
             const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + 16 * u), id));
-            _mm_storeu_si128((__m128i *)(qs + 256 * b + 16 * u), _mm512_cvtsepi32_epi8(q));
+            _mm_storeu_si128((__m128i *)(qs + LLB_XT * 256 * b + 16 * u), _mm512_cvtsepi32_epi8(q));
             s16[u] = _mm512_reduce_add_epi32(q);
         }
-        for (int u = 0; u < 16; u++) bs16n[16 * b + u] = -32 * s16[u];
-        for (int s = 0; s < 8; s++) bs32[8 * b + s] = (int16_t)(s16[2 * s] + s16[2 * s + 1]);
+        for (int u = 0; u < 16; u++) bs16n[LLB_XT * 16 * b + u] = -32 * s16[u];
+        for (int s = 0; s < 8; s++) bs32[LLB_XT * 8 * b + s] = (int16_t)(s16[2 * s] + s16[2 * s + 1]);
     }
 }
 
@@ -52,20 +53,28 @@ static int act_offset(int qtype) {
 
 /* ---- fast kernels of the 32-value block types ----------------------------- */
 
-/* Integer dot of one block with activation row m, as FP32 scaled by the weights' d. */
+#define TILE_ROWS 8 /* activation rows per GEMM tile: decode once, use 8 times */
+
+/* Integer dot of one block with one activation row, as FP32 scaled by the weights' d.
+ * Two accumulation chains halve the latency (the GEMV is latency-bound). */
 LLB_AI TGT __m512 block_dot(const __m512i q[8], const int8_t *xq, int32_t init, __m512 dv) {
-    __m512i acc = _mm512_set1_epi32(init);
+    __m512i a0 = _mm512_set1_epi32(init), a1 = _mm512_setzero_si512();
     LLB_UNROLL
-    for (int t = 0; t < 8; t++) acc = _mm512_dpbusd_epi32(acc, q[t], _mm512_set1_epi32(llb_ld32(xq + 4 * t)));
-    return _mm512_mul_ps(_mm512_cvtepi32_ps(acc), dv);
+    for (int t = 0; t < 4; t++) {
+        a0 = _mm512_dpbusd_epi32(a0, q[t], _mm512_set1_epi32(llb_ld32(xq + 4 * t)));
+        a1 = _mm512_dpbusd_epi32(a1, q[t + 4], _mm512_set1_epi32(llb_ld32(xq + 16 + 4 * t)));
+    }
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(a0, a1)), dv);
 }
 
-/* M activation rows from row i against the whole group: several rows per weight decode. */
+/* M activation rows from row i (all in one LLB_XT tile) against the whole group:
+ * several rows per weight decode. */
 LLB_AI TGT void tile32(const llb_mm *mm, const uint8_t *wg, long i, const int M, const int qt, __m512 tot[]) {
-    const long K = mm->cols, nb = K / 32;
-    const int8_t *xq = mm->a.qs + i * K;
-    const float *xd = mm->a.d + i * nb, *xs = mm->a.sum + i * nb;
-    const int32_t *xb = mm->a.bias + i * nb;
+    const long nb = mm->cols / 32;
+    const size_t at = llb_act_at(i, 0, nb);
+    const int8_t *xq = mm->a.qs + 32 * at;
+    const float *xd = mm->a.d + at, *xs = mm->a.sum + at;
+    const int32_t *xb = mm->a.bias + at;
     LLB_UNROLL
     for (int m = 0; m < M; m++) tot[m] = _mm512_setzero_ps();
     for (long b = 0; b < nb; b++) {
@@ -73,12 +82,25 @@ LLB_AI TGT void tile32(const llb_mm *mm, const uint8_t *wg, long i, const int M,
         __m512i q[8];
         dec_block32(qt, gb, q);
         const __m512 dv = load_f16x16(gb), mv = qt == LLB_Q4_1 ? load_f16x16(gb + 32) : dv;
+        __m512i acc[TILE_ROWS];
+        LLB_UNROLL
+        for (int m = 0; m < M; m++) acc[m] = qt == LLB_Q4_1 ? _mm512_setzero_si512() : _mm512_set1_epi32(xb[m]);
+        LLB_UNROLL
+        for (int t = 0; t < 8; t++) { /* quad-major: the M accumulation chains advance together */
+            LLB_UNROLL
+            for (int m = 0; m < M; m++)
+                acc[m] = _mm512_dpbusd_epi32(acc[m], q[t], _mm512_set1_epi32(llb_ld32(xq + 32 * m + 4 * t)));
+        }
         LLB_UNROLL
         for (int m = 0; m < M; m++) {
-            const __m512 f = block_dot(q, xq + m * K + 32 * b, qt == LLB_Q4_1 ? 0 : xb[m * nb + b], dv);
-            tot[m] = _mm512_fmadd_ps(f, _mm512_set1_ps(xd[m * nb + b]), tot[m]);
-            if (qt == LLB_Q4_1) tot[m] = _mm512_fmadd_ps(mv, _mm512_set1_ps(xs[m * nb + b]), tot[m]);
+            const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[m]), dv);
+            tot[m] = _mm512_fmadd_ps(f, _mm512_set1_ps(xd[m]), tot[m]);
+            if (qt == LLB_Q4_1) tot[m] = _mm512_fmadd_ps(mv, _mm512_set1_ps(xs[m]), tot[m]);
         }
+        xq += 32 * LLB_XT;
+        xd += LLB_XT;
+        xs += LLB_XT;
+        xb += LLB_XT;
     }
 }
 
@@ -92,15 +114,15 @@ LLB_AI TGT __m512 gemv32(const llb_mm *mm, const uint8_t *wg, const int qt) {
         for (int o = 0; o < gbb; o += 64) _mm_prefetch((const char *)gb + LLB_PF_DIST + o, _MM_HINT_T0);
         __m512i q[8];
         dec_block32(qt, gb, q);
-        const __m512 f = block_dot(q, mm->a.qs + 32 * b, qt == LLB_Q4_1 ? 0 : mm->a.bias[b], load_f16x16(gb));
-        if (b & 1) t1 = _mm512_fmadd_ps(f, _mm512_set1_ps(mm->a.d[b]), t1);
-        else t0 = _mm512_fmadd_ps(f, _mm512_set1_ps(mm->a.d[b]), t0);
-        if (qt == LLB_Q4_1) tm = _mm512_fmadd_ps(load_f16x16(gb + 32), _mm512_set1_ps(mm->a.sum[b]), tm);
+        const long at = LLB_XT * b; /* row 0's entries of block b */
+        const __m512 f = block_dot(q, mm->a.qs + 32 * at, qt == LLB_Q4_1 ? 0 : mm->a.bias[at], load_f16x16(gb));
+        if (b & 1) t1 = _mm512_fmadd_ps(f, _mm512_set1_ps(mm->a.d[at]), t1);
+        else t0 = _mm512_fmadd_ps(f, _mm512_set1_ps(mm->a.d[at]), t0);
+        if (qt == LLB_Q4_1) tm = _mm512_fmadd_ps(load_f16x16(gb + 32), _mm512_set1_ps(mm->a.sum[at]), tm);
     }
     return _mm512_add_ps(_mm512_add_ps(t0, t1), tm);
 }
 
-#define TILE_ROWS 8
 
 LLB_AI TGT void fast32(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt) {
     const __mmask16 km = (__mmask16)((1u << llb_group_rows(mm, g)) - 1);

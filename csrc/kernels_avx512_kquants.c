@@ -21,19 +21,17 @@ LLB_AI TGT __m512 sub_scale_i8(const uint8_t *sc16, __m512 d) {
     return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)sc16))));
 }
 
-LLB_AI TGT __m512i dot_quads(__m512i acc, const __m512i *q, int nq, const int8_t *xq) {
+/* The super-block's 8 mins as 4 vectors of int16 pairs (subs 2p, 2p+1 of each row). */
+LLB_AI TGT void q4k_mins(const uint8_t *gb, __m512i mn[4]) {
     LLB_UNROLL
-    for (int t = 0; t < nq; t++) acc = _mm512_dpbusd_epi32(acc, q[t], _mm512_set1_epi32(llb_ld32(xq + 4 * t)));
-    return acc;
+    for (int p = 0; p < 4; p++) mn[p] = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(gb + 192 + 32 * p)));
 }
 
-/* sum_s m[s] * bsum32[s] per row, for one super-block (mins packed [pair][row][2]). */
-LLB_AI TGT __m512 q4k_min_dot(const uint8_t *gb, const int16_t *bs32) {
+/* sum_s m[s] * bsum32[s] per row: 16-bit pair products (vpdpwssd). */
+LLB_AI TGT __m512 q4k_min_dot(const __m512i mn[4], const int16_t *bs32) {
     __m512i acc = _mm512_setzero_si512();
     LLB_UNROLL
-    for (int p = 0; p < 4; p++)
-        acc = _mm512_dpwssd_epi32(acc, _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(gb + 192 + 32 * p))),
-                                  _mm512_set1_epi32(llb_ld32(bs32 + 2 * p)));
+    for (int p = 0; p < 4; p++) acc = _mm512_dpwssd_epi32(acc, mn[p], _mm512_set1_epi32(llb_ld32(bs32 + 2 * p)));
     return _mm512_cvtepi32_ps(acc);
 }
 
@@ -41,69 +39,91 @@ LLB_AI TGT void prefetch_sb(const uint8_t *gb, int bytes) {
     for (int o = 0; o < bytes; o += 64) _mm_prefetch((const char *)gb + LLB_PF_DIST + o, _MM_HINT_T0);
 }
 
-/* M activation rows from row i (M = 1 with n == 1 streams with prefetch and split chains). */
+/* acc[m] += codes . activations of rows m (LLB_XT tile rows 256 bytes apart), quad-major so
+ * the M chains advance together. nq quads from xq. */
+LLB_AI TGT void dot_rows(__m512i acc[], const int M, const __m512i *q, const int nq, const int8_t *xq) {
+    LLB_UNROLL
+    for (int t = 0; t < nq; t++) {
+        LLB_UNROLL
+        for (int m = 0; m < M; m++) acc[m] = _mm512_dpbusd_epi32(acc[m], q[t], _mm512_set1_epi32(llb_ld32(xq + 256 * m + 4 * t)));
+    }
+}
+
+/* M activation rows from row i, all in one LLB_XT tile; gemv (n == 1, M == 1) adds prefetch
+ * and splits the dependency chains. */
 LLB_AI TGT void tile_q4k(const llb_mm *mm, const uint8_t *wg, long i, const int M, const int gemv, __m512 tot[]) {
-    const long K = mm->cols, nsb = K / 256;
+    const long nsb = mm->cols / 256;
+    const size_t at = llb_act_at(i, 0, nsb);
     LLB_UNROLL
     for (int m = 0; m < M; m++) tot[m] = _mm512_setzero_ps();
     for (long sb = 0; sb < nsb; sb++) {
         const uint8_t *gb = wg + sb * 2368;
         if (gemv) prefetch_sb(gb, 2368);
         const __m512 d = load_f16x16(gb);
-        __m512 f[TILE_ROWS], f2[TILE_ROWS];
+        const size_t e = at + LLB_XT * sb; /* row i's entry of this super-block */
+        __m512 f[TILE_ROWS];
         LLB_UNROLL
-        for (int m = 0; m < M; m++) f[m] = f2[m] = _mm512_setzero_ps();
+        for (int m = 0; m < M; m++) f[m] = _mm512_setzero_ps();
         for (int s = 0; s < 8; s++) {
-            __m512i q[8];
+            __m512i q[8], acc[TILE_ROWS];
             dec_nibbles(gb + 320 + 256 * s, q);
             const __m512 sc = sub_scale_u8(gb + 64 + 16 * s, d);
+            const int8_t *xq = mm->a.qs + 256 * e + 32 * s;
             LLB_UNROLL
-            for (int m = 0; m < M; m++) {
-                const __m512i acc = dot_quads(_mm512_setzero_si512(), q, 8, mm->a.qs + (i + m) * K + 256 * sb + 32 * s);
-                if (gemv && (s & 1)) f2[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), sc, f2[m]);
-                else f[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), sc, f[m]);
+            for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_si512();
+            if (gemv) {
+                __m512i acc2[1] = {_mm512_setzero_si512()};
+                dot_rows(acc, 1, q, 4, xq);
+                dot_rows(acc2, 1, q + 4, 4, xq + 16);
+                acc[0] = _mm512_add_epi32(acc[0], acc2[0]);
+            } else {
+                dot_rows(acc, M, q, 8, xq);
             }
+            LLB_UNROLL
+            for (int m = 0; m < M; m++) f[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[m]), sc, f[m]);
         }
+        __m512i mn[4];
+        q4k_mins(gb, mn);
         const __m512 dmin = load_f16x16(gb + 32);
         LLB_UNROLL
         for (int m = 0; m < M; m++) {
-            const __m512 mins = q4k_min_dot(gb, mm->a.bs32 + (i + m) * (K / 32) + 8 * sb);
-            const __m512 v = _mm512_fnmadd_ps(mins, dmin, _mm512_add_ps(f[m], f2[m]));
-            tot[m] = _mm512_fmadd_ps(v, _mm512_set1_ps(mm->a.d[(i + m) * nsb + sb]), tot[m]);
+            const __m512 v = _mm512_fnmadd_ps(q4k_min_dot(mn, mm->a.bs32 + 8 * (e + m)), dmin, f[m]);
+            tot[m] = _mm512_fmadd_ps(v, _mm512_set1_ps(mm->a.d[e + m]), tot[m]);
         }
     }
 }
 
 LLB_AI TGT void tile_q6k(const llb_mm *mm, const uint8_t *wg, long i, const int M, const int gemv, __m512 tot[]) {
-    const long K = mm->cols, nsb = K / 256;
+    const long nsb = mm->cols / 256;
+    const size_t at = llb_act_at(i, 0, nsb);
     LLB_UNROLL
     for (int m = 0; m < M; m++) tot[m] = _mm512_setzero_ps();
     for (long sb = 0; sb < nsb; sb++) {
         const uint8_t *gb = wg + sb * 3360;
         if (gemv) prefetch_sb(gb, 3360);
         const __m512 d = load_f16x16(gb);
+        const size_t e = at + LLB_XT * sb;
         __m512 f[TILE_ROWS], f2[TILE_ROWS];
         LLB_UNROLL
         for (int m = 0; m < M; m++) f[m] = f2[m] = _mm512_setzero_ps();
         for (int u = 0; u < 16; u++) {
-            __m512i q[4];
+            __m512i q[4], acc[TILE_ROWS];
             dec_q6k_sub(gb + 288 + 192 * u, q);
             const __m512 sc = sub_scale_i8(gb + 32 + 16 * u, d);
             LLB_UNROLL
-            for (int m = 0; m < M; m++) {
-                const long row = (i + m);
-                const __m512i init = _mm512_set1_epi32(mm->a.bs16n[row * (K / 16) + 16 * sb + u]);
-                const __m512i acc = dot_quads(init, q, 4, mm->a.qs + row * K + 256 * sb + 16 * u);
-                if (gemv && (u & 1)) f2[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), sc, f2[m]);
-                else f[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), sc, f[m]);
+            for (int m = 0; m < M; m++) acc[m] = _mm512_set1_epi32(mm->a.bs16n[16 * (e + m) + u]); /* -32 * bsum */
+            dot_rows(acc, M, q, 4, mm->a.qs + 256 * e + 16 * u);
+            LLB_UNROLL
+            for (int m = 0; m < M; m++) { /* alternate chains: the FMA latency would serialize a GEMV */
+                if (u & 1) f2[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[m]), sc, f2[m]);
+                else f[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[m]), sc, f[m]);
             }
         }
         LLB_UNROLL
         for (int m = 0; m < M; m++)
-            tot[m] = _mm512_fmadd_ps(_mm512_add_ps(f[m], f2[m]), _mm512_set1_ps(mm->a.d[(i + m) * nsb + sb]), tot[m]);
+            tot[m] = _mm512_fmadd_ps(_mm512_add_ps(f[m], f2[m]), _mm512_set1_ps(mm->a.d[e + m]), tot[m]);
     }
 }
-
 
 LLB_AI TGT void tile_k(const int qt, const llb_mm *mm, const uint8_t *wg, long i, const int M, const int gemv, __m512 tot[]) {
     if (qt == LLB_Q4_K) tile_q4k(mm, wg, i, M, gemv, tot);
@@ -122,7 +142,6 @@ LLB_AI TGT void fast_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, lon
     long i = i0;
     for (; i + TILE_ROWS <= i1; i += TILE_ROWS) {
         tile_k(qt, mm, wg, i, TILE_ROWS, 0, t);
-        LLB_UNROLL
         for (int m = 0; m < TILE_ROWS; m++) _mm512_mask_storeu_ps(o + (i + m) * mm->rows, km, t[m]);
     }
     for (int M = TILE_ROWS / 2; M >= 1; M /= 2) { /* the rest as tiles of 4, 2, 1 */
@@ -130,7 +149,6 @@ LLB_AI TGT void fast_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, lon
         if (M == 4) tile_k(qt, mm, wg, i, 4, 0, t);
         else if (M == 2) tile_k(qt, mm, wg, i, 2, 0, t);
         else tile_k(qt, mm, wg, i, 1, 0, t);
-        LLB_UNROLL
         for (int m = 0; m < M; m++) _mm512_mask_storeu_ps(o + (i + m) * mm->rows, km, t[m]);
         i += M;
     }
@@ -138,7 +156,6 @@ LLB_AI TGT void fast_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, lon
 
 TGT static void fast_q4_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast_k(mm, wg, g, i0, i1, LLB_Q4_K); }
 TGT static void fast_q6_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast_k(mm, wg, g, i0, i1, LLB_Q6_K); }
-
 llb_kernel_fn llb_avx512_kquant_kernel(int qtype) {
     return qtype == LLB_Q4_K ? fast_q4_k : qtype == LLB_Q6_K ? fast_q6_k : NULL;
 }

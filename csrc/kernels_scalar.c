@@ -17,13 +17,13 @@ static void quant32(const float *x, long cols, int offset, int8_t *qs, float *d,
         int32_t isum = 0;
         for (int e = 0; e < LLB_QK; e++) {
             const int q = (int)lrintf(xb[e] * id);
-            qs[b * LLB_QK + e] = (int8_t)q;
+            qs[b * LLB_XT * LLB_QK + e] = (int8_t)q;
             isum += q;
             s += xb[e];
         }
-        d[b] = amax / 127.0f;
-        bias[b] = -offset * isum;
-        sum[b] = s;
+        d[b * LLB_XT] = amax / 127.0f;
+        bias[b * LLB_XT] = -offset * isum;
+        sum[b * LLB_XT] = s;
     }
 }
 
@@ -33,17 +33,17 @@ static void quant256(const float *x, long cols, int8_t *qs, float *d, int16_t *b
         float amax = 0.0f;
         for (int e = 0; e < LLB_QKK; e++) amax = fmaxf(amax, fabsf(xb[e]));
         const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-        d[b] = amax / 127.0f;
+        d[b * LLB_XT] = amax / 127.0f;
         int32_t prev = 0;
         for (int u = 0; u < 16; u++) {
             int32_t s = 0;
             for (int e = 16 * u; e < 16 * u + 16; e++) {
                 const int q = (int)lrintf(xb[e] * id);
-                qs[b * LLB_QKK + e] = (int8_t)q;
+                qs[b * LLB_XT * LLB_QKK + e] = (int8_t)q;
                 s += q;
             }
-            bs16n[b * 16 + u] = -32 * s;
-            if (u & 1) bs32[b * 8 + u / 2] = (int16_t)(prev + s);
+            bs16n[b * LLB_XT * 16 + u] = -32 * s;
+            if (u & 1) bs32[b * LLB_XT * 8 + u / 2] = (int16_t)(prev + s);
             prev = s;
         }
     }
@@ -61,14 +61,16 @@ static void store_group(const llb_mm *mm, long g, long i0, long i1, float acc[][
 
 static void fast_quant(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) {
     const int qt = mm->t->qtype, kquant = mm->t->block == LLB_QKK;
-    const long K = mm->cols, nb32 = K / 32;
+    const long K = mm->cols, nb32 = K / 32, nsb = K / LLB_QKK;
     float tot[LLB_ICHUNK][LLB_IL] = {{0}}, facc[LLB_ICHUNK][LLB_IL] = {{0}};
     int16_t q[LLB_IL][32];
     float dw[LLB_IL][2], mw[LLB_IL][2];
     for (long c = 0; c < nb32; c++) {
         llb_packed_chunk_decode(qt, wg, c, q, dw, mw);
         for (long i = i0; i < i1; i++) {
-            const int8_t *xq = mm->a.qs + i * K + 32 * c;
+            /* this chunk's activation block: the chunk itself, or its super-block */
+            const size_t at = kquant ? llb_act_at(i, c / 8, nsb) : llb_act_at(i, c, nb32);
+            const int8_t *xq = kquant ? mm->a.qs + 256 * at + 32 * (c % 8) : mm->a.qs + 32 * at;
             float *t = tot[i - i0], *f = facc[i - i0];
             for (int r = 0; r < LLB_IL; r++) {
                 int32_t s0 = 0, s1 = 0;
@@ -77,15 +79,15 @@ static void fast_quant(const llb_mm *mm, const uint8_t *wg, long g, long i0, lon
                     s1 += q[r][e + 16] * xq[e + 16];
                 }
                 if (!kquant) {
-                    t[r] += (dw[r][0] * (float)(s0 + s1)) * mm->a.d[i * nb32 + c] + mw[r][0] * mm->a.sum[i * nb32 + c];
+                    t[r] += (dw[r][0] * (float)(s0 + s1)) * mm->a.d[at] + mw[r][0] * mm->a.sum[at];
                 } else if (qt == LLB_Q4_K) {
-                    f[r] += dw[r][0] * (float)(s0 + s1) + mw[r][0] * (float)mm->a.bs32[i * nb32 + c];
+                    f[r] += dw[r][0] * (float)(s0 + s1) + mw[r][0] * (float)mm->a.bs32[8 * at + c % 8];
                 } else { /* Q6_K: two 16-value sub-blocks, signed codes */
                     f[r] += dw[r][0] * (float)s0 + dw[r][1] * (float)s1;
                 }
             }
             if (kquant && (c & 7) == 7) {
-                const float dx = mm->a.d[i * (K / LLB_QKK) + c / 8];
+                const float dx = mm->a.d[at];
                 for (int r = 0; r < LLB_IL; r++) {
                     t[r] += f[r] * dx;
                     f[r] = 0.0f;

@@ -39,10 +39,13 @@ static void quantize_rows(mm_ctx *c, long i0, long i1) {
     const long K = c->mm.cols, nb32 = K / LLB_QK, nb256 = K / LLB_QKK;
     for (long i = i0; i < i1; i++) {
         const float *x = c->mm.x + i * K;
-        if (c->mm.t->block == LLB_QKK)
-            c->k->quant256(x, K, c->qs + i * K, c->d + i * nb256, c->bs32 + i * nb32, c->bs16n + i * (K / 16));
-        else
-            c->k->quant32(x, K, c->offset, c->qs + i * K, c->d + i * nb32, c->bias + i * nb32, c->sum + i * nb32);
+        if (c->mm.t->block == LLB_QKK) {
+            const size_t at = llb_act_at(i, 0, nb256);
+            c->k->quant256(x, K, c->qs + 256 * at, c->d + at, c->bs32 + 8 * at, c->bs16n + 16 * at);
+        } else {
+            const size_t at = llb_act_at(i, 0, nb32);
+            c->k->quant32(x, K, c->offset, c->qs + 32 * at, c->d + at, c->bias + at, c->sum + at);
+        }
     }
 }
 
@@ -92,9 +95,9 @@ int llb_matmul(const llb_type_info *t, int layout, const uint8_t *w, long rows, 
     const int nth = llb_pool_threads();
 
     /* One scratch region: quantized activations, then per-thread repack buffers. */
-    const size_t nb32 = (size_t)n * (cols / 32);
+    const size_t nb32 = (size_t)((n + LLB_XT - 1) / LLB_XT * LLB_XT) * (cols / 32); /* whole tiles */
     size_t off_qs = 0, off_d, off_bias, off_sum, off_bs16n, off_bs32, off_repack, total;
-    off_d = align64(quantize ? (size_t)n * cols : 0);
+    off_d = align64(quantize ? nb32 * 32 : 0);
     off_bias = align64(off_d + (quantize ? nb32 * sizeof(float) : 0));
     off_sum = align64(off_bias + (quantize ? nb32 * sizeof(int32_t) : 0));
     off_bs16n = align64(off_sum + (quantize ? nb32 * sizeof(float) : 0));
@@ -169,3 +172,5 @@ void llb_get_rows(const llb_type_info *t, int layout, const uint8_t *w, long row
     if (n * cols < 65536) rows_task(&c, 0, 1); /* one token's embedding: no fork/join */
     else llb_parallel(rows_task, &c);
 }
+long llb_pf_dist_tmp = 4096; /* TEMP tuning */
+long llb_tune_tmp[8];

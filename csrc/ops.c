@@ -146,8 +146,8 @@ static void rope_tokens(const struct rope_task *t, long t0, long t1) {
         const float p = (float)t->pos[tok];
         for (long i = 0; i < half; i++) {
             const float angle = p * t->inv_freq[i]; /* float32 product, as HF and the NumPy reference */
-            cs[i] = (float)cos((double)angle);
-            sn[i] = (float)sin((double)angle);
+            cs[i] = cosf(angle); /* glibc: < 1 ulp, with exact range reduction; fused into one sincosf */
+            sn[i] = sinf(angle);
         }
         for (long h = 0; h < t->n_heads; h++) {
             float *xh = t->x + (tok * t->n_heads + h) * t->head_dim;

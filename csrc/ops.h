@@ -21,8 +21,10 @@ void llb_rmsnorm(const float *x, const float *w, float *out, long n, long d, flo
 
 /* In place on x (n, n_heads, head_dim): rotate the first rope_dim dims of every
  * head by angle pos[t] * inv_freq[i]. neox=1 pairs (i, i + rope_dim/2), neox=0
- * pairs (2i, 2i+1). The angle is the float32 product (as the references
- * compute it); its cos/sin are evaluated in double and rounded to float. */
+ * pairs (2i, 2i+1). The angle is the float32 product pos * inv_freq (as HF
+ * and the NumPy reference compute it: at pos 8191 that product is itself only
+ * good to ~5e-4 rad, the same error the references make); its cos/sin come
+ * from libm's cosf/sinf (glibc: within 1 ulp of the exact value). */
 void llb_rope(float *x, const int32_t *pos, const float *inv_freq, long n, long n_heads, long head_dim, long rope_dim,
               int neox);
 

@@ -49,7 +49,7 @@ static inline float v_hmax(vf v) { return _mm512_reduce_max_ps(v); }
  * leave key k in lane P[k] (P is its own inverse), so inputs are taken in
  * P order to come out in natural order. */
 static inline vf v_sum_lanes(const vf *a) {
-    static const int P[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    static const int P[16] = {0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15};
     __m512 r[8], s[4], t[2];
     for (int i = 0; i < 8; i++) /* quarters 0,1: vector P[i]; 2,3: vector P[i+8] */
         r[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[P[i]], a[P[i + 8]], 0x44),

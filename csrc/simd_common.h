@@ -10,7 +10,8 @@
 #define LLB_UNROLL _Pragma("GCC unroll 16")
 /* Software prefetch distance for streamed weights: far enough ahead to cover
  * DRAM latency at ~12 GB/s per core (measured: 14 -> 27 GB/s on 2 threads). */
-#define LLB_PF_DIST 4096
+extern long llb_pf_dist_tmp;
+#define LLB_PF_DIST llb_pf_dist_tmp
 
 static inline int32_t llb_ld32(const void *p) {
     int32_t v;

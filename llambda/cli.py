@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+
+# Our C thread pool owns the cores; a second pool (OpenBLAS) spinning beside it collapses both.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from .errors import LlambdaError
 from .hub import DEFAULT_MODEL

@@ -267,7 +267,18 @@ def hf_config(cfg: TransformerConfig, fam: Family, dtype: str) -> dict:
         out["final_logit_softcapping"] = cfg.final_softcap or None
         if cfg.rope_theta_local:
             out["rope_local_base_freq"] = cfg.rope_theta_local
+        period = _global_layer_period(cfg.layer_sliding)
+        if fam.hf_model_type == "gemma3_text" and period:
+            out["sliding_window_pattern"] = period      # what transformers < 4.53 reads instead of layer_types
     return out
+
+
+def _global_layer_period(sliding: list[bool]) -> int | None:
+    """p when exactly the layers i with (i + 1) % p == 0 are global, else None."""
+    for p in range(1, len(sliding) + 2):
+        if all(s == ((i + 1) % p != 0) for i, s in enumerate(sliding)):
+            return p
+    return None
 
 
 def _hf_layer_names(post_norms: bool) -> dict[str, str]:
@@ -323,6 +334,12 @@ def write_hf(src: ModelSource, out: Path, qtype: str | None = None) -> Path:
     dtype = {QType.F32: "float32", QType.F16: "float16", QType.BF16: "bfloat16"}[
         want or (dtypes.pop() if len(dtypes) == 1 else QType.F32)]
     config = hf_config(hf_cfg_cfg, fam, dtype)
+    tok, src_cfg = src.tokenizer, src.metadata.get("hf.config") or {}
+    for key, attr in (("bos_token_id", "bos_id"), ("eos_token_id", "eos_id"), ("pad_token_id", "pad_id")):
+        if key in src_cfg:
+            config[key] = src_cfg[key]
+        elif tok is not None and getattr(tok, attr, None) is not None:
+            config[key] = int(getattr(tok, attr))
     check = arch_module(fam.hf_model_type).config_from_hf(config)
     _check_same(cfg, check, "config.json",
                 a_factors=None if rope_factors is None else rope_factors.to_float32().reshape(-1))

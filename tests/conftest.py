@@ -5,6 +5,12 @@ package, verified, cached under $LLAMBDA_HOME); tests that need one are marked
 `slow` only by their cost, never skipped silently: a failed download fails.
 """
 import json
+import os
+
+# OpenBLAS threads spinning against our own pool (and each other) on 2 cores make
+# NumPy matmuls 50x slower under load: the reference backend runs on one BLAS thread.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 from pathlib import Path
 
 import pytest

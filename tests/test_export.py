@@ -159,7 +159,8 @@ def test_bf16_export_equals_the_bf16_fixture(tmp_path):
     """llama-bf16 holds llama's weights rounded to bfloat16 (nearest even): so must our export."""
     hf = export(TINY / "llama", tmp_path / "hf", fmt="hf", qtype="bf16")
     assert json.loads((hf / "config.json").read_text())["torch_dtype"] == "bfloat16"
-    with SafetensorsFile(TINY / "llama-bf16" / "model.safetensors") as a, SafetensorsFile(hf / "model.safetensors") as b:
+    with SafetensorsFile(TINY / "llama-bf16" / "model.safetensors") as a, \
+            SafetensorsFile(hf / "model.safetensors") as b:
         for name, t in a.tensors.items():
             assert b.tensors[name].qtype == QType.BF16 and bytes(b.tensors[name].data) == bytes(t.data), name
 

@@ -42,7 +42,8 @@ def test_round_trip_f32_f16_bf16(tmp_path):
         assert [f.tensors[k].qtype for k in "abc"] == [QType.F32, QType.F16, QType.BF16]
         np.testing.assert_array_equal(f.tensors["a"].to_float32(), a)
         np.testing.assert_array_equal(f.tensors["b"].to_float32(), b.astype(np.float32))
-        np.testing.assert_array_equal(f.tensors["c"].to_float32(), (bf16_bits(c).astype(np.uint32) << 16).view(np.float32))
+        c_back = (bf16_bits(c).astype(np.uint32) << 16).view(np.float32)
+        np.testing.assert_array_equal(f.tensors["c"].to_float32(), c_back)
         assert f.tensors["a"].data.base is not None       # a view into the mapping, not a copy
     raw = path.read_bytes()
     assert struct.unpack("<Q", raw[:8])[0] % 8 == 0         # data section aligned as the reference writer does

@@ -52,12 +52,13 @@ class FakeWorkspace:
 
 
 class FakeTransformer:
-    def __init__(self, n_slots=4, n_ctx=96, max_tokens=64, fail_when=None):
+    def __init__(self, n_slots=4, n_ctx=96, max_tokens=64, fail_when=None, nan_after=None):
         self.n_slots, self.n_ctx = n_slots, n_ctx
         self.ws = FakeWorkspace(max_tokens)
         self.cache = FakeCache(n_slots, n_ctx)
         self.batches = []                # (n tokens, n distinct slots) per call
         self.fail_when = fail_when
+        self.nan_after = nan_after       # a token id whose next-token logits come out NaN
 
     def forward(self, tokens, slots, pos, logit_rows):
         tokens, slots, pos = np.asarray(tokens), np.asarray(slots), np.asarray(pos)
@@ -73,6 +74,8 @@ class FakeTransformer:
             hist = self.cache.toks[s, :p + 1]
             assert (hist >= 0).all(), f"slot {s} read position(s) never written before {p}"
             out[i] = fake_logits(hist)
+            if self.nan_after is not None and hist[-1] == self.nan_after:
+                out[i] = np.nan
         return out
 
 
@@ -383,3 +386,23 @@ def test_slot_table_placement():
     for k in range(3):
         t.acquire(k, [], 0)
     assert t.place([1, 2]) is None
+
+
+def test_sampling_failure_fails_only_that_sequence():
+    model = FakeTransformer(n_slots=2, nan_after=34)
+    sched = Scheduler(model, Metrics())
+    sched.start()
+
+    async def main():
+        ch = Channel()
+        sched.submit([make_job(ch, [1, 2, 34], 5, index=0), make_job(ch, [1, 2, 3], 5, index=1)])
+        toks, fails = await collect(ch, 2)
+        await wait_idle(sched)
+        return toks, fails
+
+    try:
+        toks, fails = run(main())
+    finally:
+        sched.stop()
+    assert list(fails) == [0] and fails[0].status == 500 and "NaN" in fails[0].message
+    assert toks.get(1, []) == oracle([1, 2, 3], 5)

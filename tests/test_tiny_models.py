@@ -220,3 +220,47 @@ def test_quantizing_lookup_touches_only_matrices():
             quantizing_lookup(src.tensor, "q3_k")
     finally:
         src.close()
+
+
+def test_chat_template_sources(tmp_path):
+    from llambda.formats.hf_dir import open_hf_dir
+    d = _copy("llama", tmp_path / "m")
+    (d / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
+    src = open_hf_dir(d)
+    assert src.chat_template == "{{ messages[0]['content'] }}"
+    src.close()
+    (d / "tokenizer_config.json").write_text(json.dumps({"chat_template": [
+        {"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]}))
+    src = open_hf_dir(d)
+    assert src.chat_template == "D"      # tokenizer_config.json wins; its list form picks "default"
+    src.close()
+
+
+def test_multimodal_gemma3_layout_runs_its_text_decoder(tmp_path):
+    """Gemma3ForConditionalGeneration checkpoints nest the text config and prefix the decoder's tensors."""
+    from llambda.formats.safetensors import SafetensorsFile, write_safetensors
+    d = tmp_path / "mm"
+    d.mkdir()
+    text = json.loads((TINY / "gemma3" / "config.json").read_text())
+    cfg = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "text_config": text,
+           "vision_config": {"hidden_size": 8}}
+    (d / "config.json").write_text(json.dumps(cfg))
+    with SafetensorsFile(TINY / "gemma3" / "model.safetensors") as f:
+        tensors = {n.replace("model.", "model.language_model.", 1): t for n, t in f.tensors.items()}
+        tensors["model.vision_tower.patch.weight"] = np.zeros((2, 2), np.float32)
+        write_safetensors(d / "model.safetensors", tensors)
+    inp = reference("gemma3")["inputs"][1]
+    with llambda.load(d, backend="numpy", n_ctx=64) as m:
+        err = float(np.abs(last_rows(m, inp) - np.array(inp["logits_last3"])).max())
+    assert err <= 1e-3
+
+
+def test_unknown_layer_tensor_is_refused(tmp_path):
+    from llambda.formats.safetensors import SafetensorsFile, write_safetensors
+    d = _copy("llama", tmp_path / "m")
+    with SafetensorsFile(TINY / "llama" / "model.safetensors") as f:
+        tensors = dict(f.tensors)
+        tensors["model.layers.0.self_attn.o_proj.bias"] = np.zeros(64, np.float32)
+        write_safetensors(d / "model.safetensors", tensors)
+    with pytest.raises(ModelFormatError, match="o_proj.bias"):
+        llambda.load(d, backend="numpy", n_ctx=32)

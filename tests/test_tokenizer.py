@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 import warnings
 
 import numpy as np
@@ -128,6 +129,36 @@ def test_add_bos_follows_model_flag(toks):
     # A template that already wrote <bos> does not get a second one.
     assert g.encode("<bos>Hello world", add_bos=True) == [2] + plain
     assert s.encode("Hello world", add_bos=True) == s.encode("Hello world")
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_every_added_token_encodes_to_its_own_id(toks, model):
+    tk = toks[model]
+    added = [i for i in range(tk.vocab_size)
+             if tk.token_type(i) in (TokenType.CONTROL, TokenType.USER_DEFINED, TokenType.UNKNOWN)]
+    assert len(added) >= 3
+    for i in added:
+        assert tk.encode(tk.token_text(i)) == [i], (i, tk.token_text(i))
+
+
+def test_parse_special_switch_is_thread_safe(toks):
+    tk = toks["qwen05"]
+    text = "<|im_start|>user\nhi<|im_end|>"
+    want = {True: tk.encode(text, parse_special=True), False: tk.encode(text, parse_special=False)}
+    assert want[True] != want[False]
+    errors = []
+
+    def worker(flag):
+        for _ in range(300):
+            if tk.encode(text, parse_special=flag) != want[flag]:
+                errors.append(flag)
+
+    threads = [threading.Thread(target=worker, args=(flag,)) for flag in (True, False, True, False)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
 
 
 def test_skip_special_and_is_special(toks):

@@ -15,7 +15,8 @@ def available_backends() -> list[str]:
     return out
 
 
-def create_backend(name: str | None = None, threads: int | None = None, activations: str | None = None):
+def create_backend(name: str | None = None, threads: int | None = None, activations: str | None = None,
+                   kv_type: str = "f32"):
     """The named backend; None picks native where it built, else numpy."""
     if name is None:
         name = available_backends()[0]
@@ -26,5 +27,5 @@ def create_backend(name: str | None = None, threads: int | None = None, activati
         return NumpyBackend()
     if name == "native":
         from .native import NativeBackend
-        return NativeBackend(threads=threads, activations=activations or "q8")
+        return NativeBackend(threads=threads, activations=activations or "q8", kv_type=kv_type)
     raise LlambdaError(f"unknown backend {name!r}; available: {', '.join(available_backends())}")

@@ -246,8 +246,13 @@ def write_safetensors(path: str | os.PathLike, tensors, metadata: dict[str, str]
                 dtype = "F16"
             else:
                 raise ModelFormatError(f"tensor {name!r}: cannot store {a.dtype} arrays")
-            shape, raw = list(a.shape), np.ascontiguousarray(a.astype(a.dtype.newbyteorder("<"))).reshape(-1).view(np.uint8)
+            little = np.ascontiguousarray(a.astype(a.dtype.newbyteorder("<")))
+            shape, raw = list(a.shape), little.reshape(-1).view(np.uint8)
         raw = raw.reshape(-1)
+        if not isinstance(name, str) or not name or name == "__metadata__":
+            raise ModelFormatError(f"bad tensor name {name!r}")
+        if raw.size != math.prod(shape) * DTYPES[dtype][1]:
+            raise ModelFormatError(f"tensor {name!r}: {raw.size} bytes do not hold {dtype} {shape}")
         header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + raw.size]}
         entries.append(raw)
         offset += raw.size

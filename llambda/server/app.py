@@ -152,7 +152,7 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
 
     async def generate(request: Request, parse) -> Response:
         spec = parse(await read_json(request, cfg.max_body_bytes))
-        gen = service.start(spec)
+        gen = await service.start(spec)
         if spec.stream:
             return EventStream(gen)
         watcher = asyncio.create_task(_watch_disconnect(request.receive, gen))

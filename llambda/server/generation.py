@@ -8,6 +8,8 @@ jobs, which frees their slots before the scheduler's next step.
 """
 from __future__ import annotations
 
+import asyncio
+from dataclasses import dataclass
 from typing import AsyncIterator
 
 from ..engine import GenerationParams, Sequence
@@ -26,6 +28,14 @@ DISCONNECTED = object()   # pushed into a channel when the client goes away
 
 class ClientGone(Exception):
     """The client disconnected before the answer was complete."""
+
+
+@dataclass
+class Prepared:
+    spec: GenerationSpec
+    prompts: list[list[int]]          # token ids per prompt
+    echoes: list[str]                 # text to echo per prompt ("" without echo)
+    seqs: list[list[Sequence]]        # per prompt, one Sequence per choice
 
 
 class Service:
@@ -80,8 +90,16 @@ class Service:
         return m
 
     # -- start -----------------------------------------------------------------------
-    def start(self, spec: GenerationSpec) -> "Generation":
-        """Validate against the model, queue the jobs; raises APIError for the client's mistakes."""
+    async def start(self, spec: GenerationSpec) -> "Generation":
+        """Validate against the model and queue the jobs; raises APIError for the client's mistakes.
+
+        Rendering and tokenizing run in a worker thread: a long prompt must not stall running streams.
+        """
+        prepared = await asyncio.to_thread(self.prepare, spec)
+        return self.launch(prepared)
+
+    def prepare(self, spec: GenerationSpec) -> "Prepared":
+        """Prompts, limits and one Sequence per choice (any thread)."""
         self.check_model(spec.model)
         if spec.echo and spec.logprobs:
             raise bad_request("'echo' together with 'logprobs' (prompt logprobs) is not supported", param="echo")
@@ -95,16 +113,23 @@ class Service:
         if n_jobs > self.scheduler.capacity():
             raise bad_request(f"{n_jobs} sequences requested (prompts x n); this server holds at most "
                               f"{self.scheduler.capacity()} at once", param="n")
+        seqs = []
+        for ids in prompts:
+            max_tokens = self._max_tokens(spec, len(ids))
+            seqs.append([self._sequence(spec, ids, max_tokens, k) for k in range(spec.n)])
+        return Prepared(spec, prompts, echoes, seqs)
+
+    def launch(self, p: "Prepared") -> "Generation":
+        """Queue the sequences (on the event loop, which receives their events)."""
         channel = Channel()
         jobs: list[Job] = []
-        for pi, ids in enumerate(prompts):
-            max_tokens = self._max_tokens(spec, len(ids))
+        for pi, choices in enumerate(p.seqs):
             first = None
-            for k in range(spec.n):
-                job = Job(self._sequence(spec, ids, max_tokens, k), channel, pi * spec.n + k, after=first)
+            for k, seq in enumerate(choices):
+                job = Job(seq, channel, pi * p.spec.n + k, after=first)
                 first = first or job
                 jobs.append(job)
-        gen = Generation(self, spec, channel, jobs, prompts, echoes)
+        gen = Generation(self, p.spec, channel, jobs, p.prompts, p.echoes)
         try:
             self.scheduler.submit(jobs)
         except QueueFull as e:

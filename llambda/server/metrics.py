@@ -24,6 +24,8 @@ class Metrics:
         self.sequences_finished: dict[str, int] = {}       # finish reason ("stop", "length", "cancelled", ...)
         self.steps = 0
         self.step_tokens = 0                               # tokens evaluated by all forward steps
+        self.forward_seconds = 0.0                         # time in the model's forward pass
+        self.step_seconds = 0.0                            # forward + sampling + bookkeeping
         self.in_flight = 0                                 # HTTP requests being served
         self.ttft_counts = [0] * (len(TTFT_BUCKETS) + 1)
         self.ttft_sum = 0.0
@@ -45,10 +47,12 @@ class Metrics:
             self.prompt_tokens += n_tokens
             self.cached_prompt_tokens += n_cached
 
-    def step(self, n_evaluated: int, n_generated: int) -> None:
+    def step(self, n_evaluated: int, n_generated: int, forward_s: float = 0.0, step_s: float = 0.0) -> None:
         now = time.monotonic()
         with self._lock:
             self.steps += 1
+            self.forward_seconds += forward_s
+            self.step_seconds += step_s
             self.step_tokens += n_evaluated
             self.generated_tokens += n_generated
             if n_generated:
@@ -107,6 +111,10 @@ class Metrics:
             metric("steps_total", "counter", "batched forward steps", [("", self.steps)])
             metric("step_tokens_total", "counter", "tokens evaluated by forward steps (decode + prefill)",
                    [("", self.step_tokens)])
+            metric("forward_seconds_total", "counter", "seconds spent in batched forward passes",
+                   [("", self.forward_seconds)])
+            metric("step_seconds_total", "counter", "seconds spent in steps (forward, sampling, bookkeeping)",
+                   [("", self.step_seconds)])
             metric("tokens_per_second", "gauge", f"generated tokens per second over the last {RATE_WINDOW:g} s",
                    [("", tps)])
             for name, (help_text, value) in gauges.items():

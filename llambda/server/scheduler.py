@@ -179,29 +179,41 @@ class Scheduler:
     # -- the loop (scheduler thread) -----------------------------------------
     def _run(self) -> None:
         while True:
-            with self._cv:
-                while not self._stopping and not self._has_work_locked():
-                    self._cv.wait(timeout=self._wait_timeout())
-                    self._check_drain_locked()
-                if self._stopping:
-                    self._cancel_all_locked(JobFailure(503, "the server is shutting down"))
-                    self._flush()
+            try:
+                if not self._iterate():
                     return
+            except Exception as e:   # a bug outside the model step: fail what runs, keep serving
+                log.exception("scheduler iteration failed")
+                self.last_error = f"{type(e).__name__}: {e}"
+                self._fail_active(JobFailure(500, f"internal scheduler error: {type(e).__name__}: {e}"))
+                self._flush()
+
+    def _iterate(self) -> bool:
+        """One round: admissions, one step, event delivery. False when stopped."""
+        with self._cv:
+            while not self._stopping and not self._has_work_locked():
+                self._cv.wait(timeout=self._wait_timeout())
                 self._check_drain_locked()
-                self._drop_cancelled_locked()
-                self._admit_locked()
-            if self._active:
-                try:
-                    self._step()
-                except Exception as e:  # never let a bad step kill the server
-                    log.exception("forward step failed")
-                    self.last_error = f"{type(e).__name__}: {e}"
-                    self._fail_active(JobFailure(500, f"internal error in the model step: {type(e).__name__}: {e}"))
-            self._flush()
+            if self._stopping:
+                self._cancel_all_locked(JobFailure(503, "the server is shutting down"))
+                self._flush()
+                return False
+            self._check_drain_locked()
+            self._drop_cancelled_locked()
+            self._admit_locked()
+        if self._active:
+            try:
+                self._step()
+            except Exception as e:  # never let a bad step kill the server
+                log.exception("forward step failed")
+                self.last_error = f"{type(e).__name__}: {e}"
+                # the step may have written part of the slots' KV: cache nothing from them
+                self._fail_active(JobFailure(500, f"internal error in the model step: {type(e).__name__}: {e}"))
+        self._flush()
+        return True
 
     def _has_work_locked(self) -> bool:
-        return bool(self._active) or any(not j.cancelled for j in self._waiting) or \
-            any(j.cancelled for j in self._waiting)
+        return bool(self._active or self._waiting)
 
     def _wait_timeout(self) -> float | None:
         if self._drain_deadline is None:
@@ -247,7 +259,11 @@ class Scheduler:
     def _place(self, j: Job) -> None:
         p = self.slots.place(j.prompt)
         if p.copy_from >= 0:
-            self.model.cache.copy_prefix(p.copy_from, p.slot, p.reuse)
+            try:
+                self.model.cache.copy_prefix(p.copy_from, p.slot, p.reuse)
+            except Exception:   # a failed copy costs only the reuse: compute the prompt instead
+                log.exception("prefix copy failed")
+                p.reuse = 0
         j.slot = j.seq.slot = p.slot
         j.n_computed = j.n_cached = p.reuse
         j.state = PREFILL
@@ -287,8 +303,10 @@ class Scheduler:
                 rows.append(len(tokens) - 1)
                 row_jobs.append(j)
         n = len(tokens)
+        t0 = time.perf_counter()
         logits = self.model.forward(np.asarray(tokens, np.int32), np.asarray(slots, np.int32),
                                     np.asarray(pos, np.int32), rows)
+        t_forward = time.perf_counter() - t0
         for j, take in chunks:
             j.n_computed += take
             self.slots.set_valid(j.slot, j.n_computed)
@@ -298,7 +316,14 @@ class Scheduler:
         generated = 0
         now = time.monotonic()
         for r, j in enumerate(row_jobs):
-            ev = j.seq.step(logits[r])
+            try:
+                ev = j.seq.step(logits[r])
+            except Exception as e:   # e.g. NaN logits: this sequence fails, the others go on
+                log.exception("sampling failed")
+                self._emit(j, JobFailure(500, f"sampling failed: {type(e).__name__}: {e}"))
+                with self._cv:
+                    self._end(j, "error")
+                continue
             if j.state == PREFILL:
                 j.state = DECODE
             if j.t_first is None:
@@ -310,13 +335,13 @@ class Scheduler:
             if j.seq.finished:
                 with self._cv:
                     self._end(j, j.seq.finish_reason or "stop")
-        self.metrics.step(n, generated)
+        self.metrics.step(n, generated, t_forward, time.perf_counter() - t0)
 
-    def _fail_active(self, failure: JobFailure) -> None:
+    def _fail_active(self, failure: JobFailure, forget: bool = True) -> None:
         with self._cv:
             for j in list(self._active):
                 self._emit(j, failure)
-                self._end(j, "error", forget=True)
+                self._end(j, "error", forget=forget)
 
     def _end(self, j: Job, reason: str, forget: bool = False) -> None:
         """Take a job out of the running set and free its slot at once (caller holds the lock)."""

@@ -6,18 +6,16 @@ is plain BPE with one merge rule per way of splitting a token in two, ranked
 by the token's score, which is what `merges_from_ranks` builds so that the
 `tokenizers` BPE model can run it.  A 262k vocabulary has ~2M split points;
 a Python loop over them takes ~1.6 s, so the splits are found with
-polynomial hashes of every prefix and suffix in NumPy (~0.2 s).
+polynomial hashes of every prefix and suffix in NumPy (~0.3 s).
 """
 from __future__ import annotations
 
-import operator
 from itertools import repeat
 
 import numpy as np
 
 from ..errors import TokenizerError
 
-_MASK = (1 << 64) - 1
 _BASE = 0x9E3779B97F4A7C15 | 1          # odd, so invertible mod 2**64
 _BASE_INV = pow(_BASE, -1, 1 << 64)
 
@@ -88,35 +86,38 @@ class _HashIndex:
         self.spill_order = spill[np.argsort(keys[spill], kind="stable")]
         self.spill_keys = keys[self.spill_order]
 
-    def __call__(self, queries: np.ndarray) -> np.ndarray:
-        """Index of each query among the keys, -1 where absent."""
+    def __call__(self, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(index of each query among the keys, found mask); whole-array ops, no masked gathers."""
         slot = (queries & self.mask).astype(np.int64)
-        found = self.table[slot].astype(np.int64)
-        hit = found >= 0
-        hit[hit] = self.keys[found[hit]] == queries[hit]
-        found[~hit] = -1
-        retry = np.flatnonzero(~hit & self.shared[slot])
-        if len(retry) and len(self.spill_keys):
-            j = np.minimum(np.searchsorted(self.spill_keys, queries[retry]), len(self.spill_keys) - 1)
-            same = self.spill_keys[j] == queries[retry]
-            found[retry[same]] = self.spill_order[j[same]]
-        return found
+        found = self.table[slot]
+        index = np.maximum(found, 0).astype(np.int64)
+        hit = (found >= 0) & (self.keys[index] == queries)
+        if len(self.spill_keys):
+            retry = np.flatnonzero(~hit & self.shared[slot])
+            if len(retry):
+                j = np.minimum(np.searchsorted(self.spill_keys, queries[retry]), len(self.spill_keys) - 1)
+                same = self.spill_keys[j] == queries[retry]
+                index[retry[same]] = self.spill_order[j[same]]
+                hit[retry[same]] = True
+        return index, hit
 
 
 def merges_from_ranks(tokens: list[str], eligible: np.ndarray, rank: np.ndarray) -> list[tuple[str, str]]:
     """All (left, right) with left, right, left+right eligible tokens, best rank first.
 
     `eligible`: token ids that may take part; `rank`: per token id, lower
-    merges earlier.  Ties between splits of one token go to the shorter
-    left part's lower id, as the HF converters order them.
+    merges earlier (ties by id).  The splits of one token are ordered by
+    the left part's id, as the HF converters order them.
     """
     ids = np.asarray(eligible, dtype=np.int64)
     if len(ids) == 0:
         return []
-    texts = list(_pick(tokens, ids))
+    table = np.empty(len(tokens), dtype=object)    # an object array gathers 2x faster than a list
+    table[:] = tokens
+    texts = table[ids].tolist()
     lens = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
     # +1 so that U+0000 still changes a hash.
-    codes = np.frombuffer("".join(texts).encode("utf-32-le"), dtype=np.uint32).astype(np.uint64) + 1
+    codes = np.frombuffer("".join(texts).encode("utf-32-le", "surrogatepass"), dtype=np.uint32).astype(np.uint64) + 1
     starts = np.zeros(len(texts), dtype=np.int64)
     np.cumsum(lens[:-1], out=starts[1:])
     ends = starts + lens
@@ -131,10 +132,9 @@ def merges_from_ranks(tokens: list[str], eligible: np.ndarray, rank: np.ndarray)
     split_at = starts[owner] + cut
 
     def lookup(h, want_len):
-        local = find(h)
+        local, ok = find(h)
         # Equal hash and equal length: a false match needs a 64-bit collision.
-        ok = local >= 0
-        ok[ok] = lens[local[ok]] == want_len[ok]
+        ok &= lens[local] == want_len
         return local, ok
 
     left, ok = lookup(_substring_hash(g, ipw, starts[owner], split_at), cut)
@@ -147,14 +147,4 @@ def merges_from_ranks(tokens: list[str], eligible: np.ndarray, rank: np.ndarray)
     place = np.empty(n, dtype=np.int64)
     place[np.argsort(np.asarray(rank), kind="stable")] = np.arange(n)
     by_rank = np.argsort(place[target] * n + left, kind="stable")
-    lefts = _pick(tokens, left[by_rank])
-    rights = _pick(tokens, right[by_rank])
-    return list(zip(lefts, rights))
-
-
-def _pick(tokens: list[str], idx: np.ndarray) -> tuple[str, ...]:
-    if len(idx) == 0:
-        return ()
-    if len(idx) == 1:
-        return (tokens[int(idx[0])],)
-    return operator.itemgetter(*idx.tolist())(tokens)
+    return list(zip(table[left[by_rank]].tolist(), table[right[by_rank]].tolist()))

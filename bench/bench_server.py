@@ -1,0 +1,228 @@
+"""Server throughput: aggregate generated tokens/s with 1, 4 and 8 concurrent streams.
+
+Starts `llambda serve` (and, when found, llama.cpp's `llama-server` with the same
+number of parallel slots, and llama-cpp-python's server) on loopback, then for each
+concurrency C runs C clients that each send R streaming /v1/completions requests
+back to back (greedy, EOS ignored, N new tokens each). Aggregate tokens/s is all
+generated tokens over the wall time of the round; TTFT is the time to the first
+streamed text. Not a test: run it by hand.
+
+    python bench/bench_server.py                      # llambda only (+ llama-server if on PATH)
+    python bench/bench_server.py --llama-server /path/to/llama-server --llama-cpp-python
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+TOPICS = ["a lighthouse keeper", "a robot learning to paint", "the first city on Mars", "a dragon who hates gold",
+          "a detective in Venice", "a child who can talk to birds", "an old clock maker", "a storm at sea",
+          "a library that never closes", "the last tree on Earth", "a chef in space", "a haunted train"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Engine:
+    name: str
+    cmd: list[str]
+    port: int
+    env: dict = field(default_factory=dict)
+    extra_body: dict = field(default_factory=dict)
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 300) -> None:
+        log = open(f"/tmp/bench_server_{self.name}.log", "w")
+        self.proc = subprocess.Popen(self.cmd, env={**os.environ, **self.env}, stdout=log, stderr=subprocess.STDOUT)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited ({self.proc.returncode}); see {log.name}")
+            try:
+                if httpx.get(self.url + "/v1/models", timeout=2).status_code == 200 and \
+                        httpx.get(self.url + "/health", timeout=2).status_code in (200, 404):
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.25)
+        raise RuntimeError(f"{self.name} did not come up in {timeout} s")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def one_request(engine: Engine, model: str, prompt: str, max_tokens: int) -> tuple[int, float, float]:
+    """(generated tokens, time to first text, total time) of one streamed completion."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}, **engine.extra_body}
+    t0 = time.perf_counter()
+    first = None
+    chunks = 0
+    usage = None
+    with httpx.stream("POST", engine.url + "/v1/completions", json=body, timeout=600) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"{engine.name}: HTTP {r.status_code}: {r.read()[:300]!r}")
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            obj = json.loads(line[6:])
+            if obj.get("usage"):
+                usage = obj["usage"]
+            for ch in obj.get("choices") or []:
+                if ch.get("text"):
+                    chunks += 1
+                    if first is None:
+                        first = time.perf_counter()
+    end = time.perf_counter()
+    n = usage["completion_tokens"] if usage and usage.get("completion_tokens") else chunks
+    return n, (first or end) - t0, end - t0
+
+
+def run_round(engine: Engine, model: str, streams: int, per_stream: int, max_tokens: int) -> dict:
+    results: list[tuple[int, float, float]] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+
+    def client(k: int) -> None:
+        for r in range(per_stream):
+            topic = TOPICS[(k * per_stream + r) % len(TOPICS)]
+            try:
+                res = one_request(engine, model, f"Once upon a time, there was {topic}. One day,", max_tokens)
+            except Exception as e:  # report, do not hide
+                with lock:
+                    errors.append(str(e))
+                return
+            with lock:
+                results.append(res)
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(streams)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    tokens = sum(r[0] for r in results)
+    return {"engine": engine.name, "streams": streams, "requests": len(results), "errors": errors,
+            "tokens": tokens, "wall_s": wall, "tok_s": tokens / wall if wall > 0 else 0.0,
+            "ttft_ms": 1000 * statistics.median(r[1] for r in results) if results else float("nan")}
+
+
+def model_id(engine: Engine) -> str:
+    data = httpx.get(engine.url + "/v1/models", timeout=10).json()["data"]
+    return data[0]["id"]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("-m", "--model", default=None, help="GGUF file (default: the catalogued smollm2-135m)")
+    ap.add_argument("--streams", default="1,4,8", help="concurrency levels (default 1,4,8)")
+    ap.add_argument("--parallel", type=int, default=8, help="server slots (default 8)")
+    ap.add_argument("-n", "--max-tokens", type=int, default=128, help="tokens generated per request")
+    ap.add_argument("-r", "--requests-per-stream", type=int, default=2)
+    ap.add_argument("-c", "--ctx-size", type=int, default=1024, help="context per slot")
+    ap.add_argument("-t", "--threads", type=int, default=None)
+    ap.add_argument("--llama-server", default="auto", help="path to llama-server, 'auto' (PATH) or 'none'")
+    ap.add_argument("--llama-cpp-python", action="store_true", help="also run llama_cpp.server (serializes requests)")
+    ap.add_argument("--llambda-args", default="", help="extra arguments for `llambda serve`")
+    ap.add_argument("--json", default=None, help="write the rows here")
+    a = ap.parse_args(argv)
+
+    sys.path.insert(0, str(ROOT))
+    if a.model is None:
+        from llambda.hub import ensure_model
+        a.model = str(ensure_model("smollm2-135m"))
+    threads = a.threads or _physical_cores()
+    levels = [int(s) for s in a.streams.split(",")]
+    engines: list[Engine] = []
+
+    port = free_port()
+    engines.append(Engine("llambda", [sys.executable, "-m", "llambda.cli", "serve", "-m", a.model, "--port", str(port),
+                                      "--parallel", str(a.parallel), "-c", str(a.ctx_size), "-t", str(threads),
+                                      "--log-level", "warning", *a.llambda_args.split()],
+                          port, env={"PYTHONPATH": str(ROOT)}, extra_body={"ignore_eos": True}))
+    exe = shutil.which("llama-server") if a.llama_server == "auto" else (None if a.llama_server == "none"
+                                                                           else a.llama_server)
+    if exe:
+        port = free_port()
+        engines.append(Engine("llama-server", [exe, "-m", a.model, "--port", str(port), "-np", str(a.parallel),
+                                               "-c", str(a.ctx_size * a.parallel), "-t", str(threads),
+                                               "--no-webui"],
+                              port, extra_body={"ignore_eos": True}))
+    elif a.llama_server == "auto":
+        print("(llama-server not on PATH: skipped; pass --llama-server PATH)", file=sys.stderr)
+    if a.llama_cpp_python:
+        port = free_port()
+        engines.append(Engine("llama-cpp-python", [sys.executable, "-m", "llama_cpp.server", "--model", a.model,
+                                                   "--port", str(port), "--n_ctx", str(a.ctx_size),
+                                                   "--n_threads", str(threads)],
+                              port, extra_body={"logit_bias": {"0": -100, "2": -100}}))
+
+    rows = []
+    for eng in engines:
+        print(f"== {eng.name}: {' '.join(eng.cmd)}", file=sys.stderr)
+        eng.start()
+        try:
+            mid = model_id(eng)
+            one_request(eng, mid, "Hello", 8)        # warm-up
+            for c in levels:
+                row = run_round(eng, mid, c, a.requests_per_stream, a.max_tokens)
+                rows.append(row)
+                print(f"   {c} streams: {row['tok_s']:.1f} tok/s aggregate, TTFT {row['ttft_ms']:.0f} ms, "
+                      f"{row['requests']} requests, {len(row['errors'])} errors", file=sys.stderr)
+        finally:
+            eng.stop()
+
+    print(f"\nSmolLM2 ({Path(a.model).name}), {threads} threads, {a.parallel} slots, {a.max_tokens} tokens per "
+          f"request, {a.requests_per_stream} requests per stream\n")
+    print("| engine | streams | aggregate tok/s | per stream tok/s | x vs 1 stream | median TTFT ms | errors |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        base = next((x["tok_s"] for x in rows if x["engine"] == r["engine"] and x["streams"] == 1), None)
+        rel = f"{r['tok_s'] / base:.2f}" if base else "-"
+        print(f"| {r['engine']} | {r['streams']} | {r['tok_s']:.1f} | {r['tok_s'] / r['streams']:.1f} | {rel} | "
+              f"{r['ttft_ms']:.0f} | {len(r['errors'])} |")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+def _physical_cores() -> int:
+    try:
+        from llambda.backends.native import physical_cores
+        return physical_cores()
+    except Exception:
+        return os.cpu_count() or 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
