@@ -20,6 +20,18 @@ LLB_AI TGT void dec_nibbles(const uint8_t *v, __m512i q[8]) {
     }
 }
 
+/* GEMV variant: quads 4..7 left in the high nibble (16 x code), saving the shifts; the
+ * caller weights the low quads' sum by 16 (exact) and the total by 1/16. */
+LLB_AI TGT void dec_nibbles_x16(const uint8_t *v, __m512i q[8]) {
+    const __m512i m4 = _mm512_set1_epi8(15), h4 = _mm512_set1_epi8((char)0xF0);
+    LLB_UNROLL
+    for (int k = 0; k < 4; k++) {
+        const __m512i a = _mm512_loadu_si512(v + 64 * k);
+        q[k] = _mm512_and_si512(a, m4);
+        q[k + 4] = _mm512_and_si512(a, h4);
+    }
+}
+
 /* Q5_0's bit plane: byte bit t = 5th bit of quad t. a | (b & c) = ternlog 0xF8. */
 LLB_AI TGT void add_fifth_bits(const uint8_t *plane, __m512i q[8]) {
     const __m512i h = _mm512_loadu_si512(plane), b4 = _mm512_set1_epi8(0x10);
@@ -33,12 +45,11 @@ LLB_AI TGT void add_fifth_bits(const uint8_t *plane, __m512i q[8]) {
     q[7] = _mm512_ternarylogic_epi32(q[7], _mm512_srli_epi16(h, 3), b4, 0xF8);
 }
 
-/* One 32-value block of Q4_0/Q4_1/Q5_0/Q8_0 (Q8_0 codes biased to unsigned: w ^ 0x80 = w + 128). */
+/* One 32-value block of Q4_0/Q4_1/Q5_0/Q8_0 (Q8_0's codes are stored as w + 128). */
 LLB_AI TGT void dec_block32(const int qt, const uint8_t *gb, __m512i q[8]) {
     if (qt == LLB_Q8_0) {
-        const __m512i flip = _mm512_set1_epi8((char)0x80);
         LLB_UNROLL
-        for (int t = 0; t < 8; t++) q[t] = _mm512_xor_si512(_mm512_loadu_si512(gb + 32 + 64 * t), flip);
+        for (int t = 0; t < 8; t++) q[t] = _mm512_loadu_si512(gb + 32 + 64 * t);
         return;
     }
     dec_nibbles(gb + (qt == LLB_Q4_1 ? 64 : 32), q);
@@ -58,6 +69,15 @@ LLB_AI TGT void dec_q6k_sub(const uint8_t *sub, __m512i q[4]) {
 }
 
 LLB_AI TGT __m512 load_f16x16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+
+/* Results of M activation rows (rows of out `stride` floats apart), stored or, for a later
+ * K chunk, added to what earlier chunks stored. */
+LLB_AI TGT void llb512_put_rows(float *o, long stride, __mmask16 km, const __m512 *t, int M, int accumulate) {
+    for (int m = 0; m < M; m++) {
+        float *p = o + m * stride;
+        _mm512_mask_storeu_ps(p, km, accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(km, p), t[m]) : t[m]);
+    }
+}
 
 #endif
 #endif

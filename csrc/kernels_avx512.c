@@ -55,29 +55,18 @@ static int act_offset(int qtype) {
 
 #define TILE_ROWS 8 /* activation rows per GEMM tile: decode once, use 8 times */
 
-/* Integer dot of one block with one activation row, as FP32 scaled by the weights' d.
- * Two accumulation chains halve the latency (the GEMV is latency-bound). */
-LLB_AI TGT __m512 block_dot(const __m512i q[8], const int8_t *xq, int32_t init, __m512 dv) {
-    __m512i a0 = _mm512_set1_epi32(init), a1 = _mm512_setzero_si512();
-    LLB_UNROLL
-    for (int t = 0; t < 4; t++) {
-        a0 = _mm512_dpbusd_epi32(a0, q[t], _mm512_set1_epi32(llb_ld32(xq + 4 * t)));
-        a1 = _mm512_dpbusd_epi32(a1, q[t + 4], _mm512_set1_epi32(llb_ld32(xq + 16 + 4 * t)));
-    }
-    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(a0, a1)), dv);
-}
-
 /* M activation rows from row i (all in one LLB_XT tile) against the whole group:
  * several rows per weight decode. */
-LLB_AI TGT void tile32(const llb_mm *mm, const uint8_t *wg, long i, const int M, const int qt, __m512 tot[]) {
+LLB_AI TGT void tile32(const llb_mm *mm, const uint8_t *wg, long i, const int M, const int qt, long b0, long b1,
+                       __m512 tot[]) {
     const long nb = mm->cols / 32;
-    const size_t at = llb_act_at(i, 0, nb);
+    const size_t at = llb_act_at(i, b0, nb);
     const int8_t *xq = mm->a.qs + 32 * at;
     const float *xd = mm->a.d + at, *xs = mm->a.sum + at;
     const int32_t *xb = mm->a.bias + at;
     LLB_UNROLL
     for (int m = 0; m < M; m++) tot[m] = _mm512_setzero_ps();
-    for (long b = 0; b < nb; b++) {
+    for (long b = b0; b < b1; b++) {
         const uint8_t *gb = wg + b * LLB_GB_BYTES(qt);
         __m512i q[8];
         dec_block32(qt, gb, q);
@@ -104,25 +93,35 @@ LLB_AI TGT void tile32(const llb_mm *mm, const uint8_t *wg, long i, const int M,
     }
 }
 
-/* n == 1: streams the group with prefetch; two FP32 chains so the adds do not serialize. */
+/* n == 1: streams the group with prefetch; split integer chains and two FP32 chains
+ * keep the dependency chains short. 4-bit types use dec_nibbles_x16 (all sums x16). */
 LLB_AI TGT __m512 gemv32(const llb_mm *mm, const uint8_t *wg, const int qt) {
     const long nb = mm->cols / 32;
-    const int gbb = LLB_GB_BYTES(qt);
+    const int gbb = LLB_GB_BYTES(qt), x16 = qt == LLB_Q4_0 || qt == LLB_Q4_1;
     __m512 t0 = _mm512_setzero_ps(), t1 = _mm512_setzero_ps(), tm = _mm512_setzero_ps();
     for (long b = 0; b < nb; b++) {
         const uint8_t *gb = wg + b * gbb;
         for (int o = 0; o < gbb; o += 64) _mm_prefetch((const char *)gb + LLB_PF_DIST + o, _MM_HINT_T0);
         __m512i q[8];
-        dec_block32(qt, gb, q);
+        if (x16) dec_nibbles_x16(gb + (qt == LLB_Q4_1 ? 64 : 32), q);
+        else dec_block32(qt, gb, q);
         const long at = LLB_XT * b; /* row 0's entries of block b */
-        const __m512 f = block_dot(q, mm->a.qs + 32 * at, qt == LLB_Q4_1 ? 0 : mm->a.bias[at], load_f16x16(gb));
+        const int8_t *xq = mm->a.qs + 32 * at;
+        __m512i a0 = _mm512_set1_epi32(qt == LLB_Q4_1 ? 0 : mm->a.bias[at]), a1 = _mm512_setzero_si512();
+        LLB_UNROLL
+        for (int t = 0; t < 4; t++) {
+            a0 = _mm512_dpbusd_epi32(a0, q[t], _mm512_set1_epi32(llb_ld32(xq + 4 * t)));
+            a1 = _mm512_dpbusd_epi32(a1, q[t + 4], _mm512_set1_epi32(llb_ld32(xq + 16 + 4 * t)));
+        }
+        const __m512i acc = x16 ? _mm512_add_epi32(_mm512_slli_epi32(a0, 4), a1) : _mm512_add_epi32(a0, a1);
+        const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(acc), load_f16x16(gb));
         if (b & 1) t1 = _mm512_fmadd_ps(f, _mm512_set1_ps(mm->a.d[at]), t1);
         else t0 = _mm512_fmadd_ps(f, _mm512_set1_ps(mm->a.d[at]), t0);
         if (qt == LLB_Q4_1) tm = _mm512_fmadd_ps(load_f16x16(gb + 32), _mm512_set1_ps(mm->a.sum[at]), tm);
     }
-    return _mm512_add_ps(_mm512_add_ps(t0, t1), tm);
+    const __m512 t = _mm512_add_ps(t0, t1);
+    return _mm512_add_ps(x16 ? _mm512_mul_ps(t, _mm512_set1_ps(1.0f / 16)) : t, tm);
 }
-
 
 LLB_AI TGT void fast32(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt) {
     const __mmask16 km = (__mmask16)((1u << llb_group_rows(mm, g)) - 1);
@@ -131,21 +130,23 @@ LLB_AI TGT void fast32(const llb_mm *mm, const uint8_t *wg, long g, long i0, lon
         _mm512_mask_storeu_ps(o, km, gemv32(mm, wg, qt));
         return;
     }
+    const long nb = mm->cols / 32, kc = LLB_KCHUNK / 32;
     __m512 t[TILE_ROWS];
-    long i = i0;
-    for (; i + TILE_ROWS <= i1; i += TILE_ROWS) {
-        tile32(mm, wg, i, TILE_ROWS, qt, t);
-        LLB_UNROLL
-        for (int m = 0; m < TILE_ROWS; m++) _mm512_mask_storeu_ps(o + (i + m) * mm->rows, km, t[m]);
-    }
-    for (int M = TILE_ROWS / 2; M >= 1; M /= 2) { /* the rest as tiles of 4, 2, 1 */
-        if (i1 - i < M) continue;
-        if (M == 4) tile32(mm, wg, i, 4, qt, t);
-        else if (M == 2) tile32(mm, wg, i, 2, qt, t);
-        else tile32(mm, wg, i, 1, qt, t);
-        LLB_UNROLL
-        for (int m = 0; m < M; m++) _mm512_mask_storeu_ps(o + (i + m) * mm->rows, km, t[m]);
-        i += M;
+    for (long b0 = 0; b0 < nb; b0 += kc) { /* K in chunks: the group's chunk stays in L1 across tiles */
+        const long b1 = b0 + kc < nb ? b0 + kc : nb;
+        long i = i0;
+        for (; i + TILE_ROWS <= i1; i += TILE_ROWS) {
+            tile32(mm, wg, i, TILE_ROWS, qt, b0, b1, t);
+            llb512_put_rows(o + i * mm->rows, mm->rows, km, t, TILE_ROWS, b0 > 0);
+        }
+        for (int M = TILE_ROWS / 2; M >= 1; M /= 2) { /* the rest as tiles of 4, 2, 1 */
+            if (i1 - i < M) continue;
+            if (M == 4) tile32(mm, wg, i, 4, qt, b0, b1, t);
+            else if (M == 2) tile32(mm, wg, i, 2, qt, b0, b1, t);
+            else tile32(mm, wg, i, 1, qt, b0, b1, t);
+            llb512_put_rows(o + i * mm->rows, mm->rows, km, t, M, b0 > 0);
+            i += M;
+        }
     }
 }
 

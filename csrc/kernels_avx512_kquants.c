@@ -51,12 +51,12 @@ LLB_AI TGT void dot_rows(__m512i acc[], const int M, const __m512i *q, const int
 
 /* M activation rows from row i, all in one LLB_XT tile; gemv (n == 1, M == 1) adds prefetch
  * and splits the dependency chains. */
-LLB_AI TGT void tile_q4k(const llb_mm *mm, const uint8_t *wg, long i, const int M, const int gemv, __m512 tot[]) {
-    const long nsb = mm->cols / 256;
-    const size_t at = llb_act_at(i, 0, nsb);
+LLB_AI TGT void tile_q4k(const llb_mm *mm, const uint8_t *wg, long i, const int M, const int gemv, long s0, long s1,
+                         __m512 tot[]) {
+    const size_t at = llb_act_at(i, 0, mm->cols / 256);
     LLB_UNROLL
     for (int m = 0; m < M; m++) tot[m] = _mm512_setzero_ps();
-    for (long sb = 0; sb < nsb; sb++) {
+    for (long sb = s0; sb < s1; sb++) {
         const uint8_t *gb = wg + sb * 2368;
         if (gemv) prefetch_sb(gb, 2368);
         const __m512 d = load_f16x16(gb);
@@ -66,16 +66,17 @@ LLB_AI TGT void tile_q4k(const llb_mm *mm, const uint8_t *wg, long i, const int 
         for (int m = 0; m < M; m++) f[m] = _mm512_setzero_ps();
         for (int s = 0; s < 8; s++) {
             __m512i q[8], acc[TILE_ROWS];
-            dec_nibbles(gb + 320 + 256 * s, q);
+            if (gemv) dec_nibbles_x16(gb + 320 + 256 * s, q);
+            else dec_nibbles(gb + 320 + 256 * s, q);
             const __m512 sc = sub_scale_u8(gb + 64 + 16 * s, d);
             const int8_t *xq = mm->a.qs + 256 * e + 32 * s;
             LLB_UNROLL
             for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_si512();
-            if (gemv) {
+            if (gemv) { /* codes of quads 4..7 are x16 here (dec_nibbles_x16): f is 16x too */
                 __m512i acc2[1] = {_mm512_setzero_si512()};
                 dot_rows(acc, 1, q, 4, xq);
                 dot_rows(acc2, 1, q + 4, 4, xq + 16);
-                acc[0] = _mm512_add_epi32(acc[0], acc2[0]);
+                acc[0] = _mm512_add_epi32(_mm512_slli_epi32(acc[0], 4), acc2[0]);
             } else {
                 dot_rows(acc, M, q, 8, xq);
             }
@@ -87,18 +88,19 @@ LLB_AI TGT void tile_q4k(const llb_mm *mm, const uint8_t *wg, long i, const int 
         const __m512 dmin = load_f16x16(gb + 32);
         LLB_UNROLL
         for (int m = 0; m < M; m++) {
-            const __m512 v = _mm512_fnmadd_ps(q4k_min_dot(mn, mm->a.bs32 + 8 * (e + m)), dmin, f[m]);
+            const __m512 fm = gemv ? _mm512_mul_ps(f[m], _mm512_set1_ps(1.0f / 16)) : f[m];
+            const __m512 v = _mm512_fnmadd_ps(q4k_min_dot(mn, mm->a.bs32 + 8 * (e + m)), dmin, fm);
             tot[m] = _mm512_fmadd_ps(v, _mm512_set1_ps(mm->a.d[e + m]), tot[m]);
         }
     }
 }
 
-LLB_AI TGT void tile_q6k(const llb_mm *mm, const uint8_t *wg, long i, const int M, const int gemv, __m512 tot[]) {
-    const long nsb = mm->cols / 256;
-    const size_t at = llb_act_at(i, 0, nsb);
+LLB_AI TGT void tile_q6k(const llb_mm *mm, const uint8_t *wg, long i, const int M, const int gemv, long s0, long s1,
+                         __m512 tot[]) {
+    const size_t at = llb_act_at(i, 0, mm->cols / 256);
     LLB_UNROLL
     for (int m = 0; m < M; m++) tot[m] = _mm512_setzero_ps();
-    for (long sb = 0; sb < nsb; sb++) {
+    for (long sb = s0; sb < s1; sb++) {
         const uint8_t *gb = wg + sb * 3360;
         if (gemv) prefetch_sb(gb, 3360);
         const __m512 d = load_f16x16(gb);
@@ -125,32 +127,37 @@ LLB_AI TGT void tile_q6k(const llb_mm *mm, const uint8_t *wg, long i, const int 
     }
 }
 
-LLB_AI TGT void tile_k(const int qt, const llb_mm *mm, const uint8_t *wg, long i, const int M, const int gemv, __m512 tot[]) {
-    if (qt == LLB_Q4_K) tile_q4k(mm, wg, i, M, gemv, tot);
-    else tile_q6k(mm, wg, i, M, gemv, tot);
+LLB_AI TGT void tile_k(const int qt, const llb_mm *mm, const uint8_t *wg, long i, const int M, const int gemv, long s0,
+                       long s1, __m512 tot[]) {
+    if (qt == LLB_Q4_K) tile_q4k(mm, wg, i, M, gemv, s0, s1, tot);
+    else tile_q6k(mm, wg, i, M, gemv, s0, s1, tot);
 }
 
 LLB_AI TGT void fast_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt) {
     const __mmask16 km = (__mmask16)((1u << llb_group_rows(mm, g)) - 1);
     float *o = mm->out + g * LLB_IL;
+    const long nsb = mm->cols / 256, kc = LLB_KCHUNK / 256;
     __m512 t[TILE_ROWS];
     if (mm->n == 1) {
-        tile_k(qt, mm, wg, 0, 1, 1, t);
+        tile_k(qt, mm, wg, 0, 1, 1, 0, nsb, t);
         _mm512_mask_storeu_ps(o, km, t[0]);
         return;
     }
-    long i = i0;
-    for (; i + TILE_ROWS <= i1; i += TILE_ROWS) {
-        tile_k(qt, mm, wg, i, TILE_ROWS, 0, t);
-        for (int m = 0; m < TILE_ROWS; m++) _mm512_mask_storeu_ps(o + (i + m) * mm->rows, km, t[m]);
-    }
-    for (int M = TILE_ROWS / 2; M >= 1; M /= 2) { /* the rest as tiles of 4, 2, 1 */
-        if (i1 - i < M) continue;
-        if (M == 4) tile_k(qt, mm, wg, i, 4, 0, t);
-        else if (M == 2) tile_k(qt, mm, wg, i, 2, 0, t);
-        else tile_k(qt, mm, wg, i, 1, 0, t);
-        for (int m = 0; m < M; m++) _mm512_mask_storeu_ps(o + (i + m) * mm->rows, km, t[m]);
-        i += M;
+    for (long s0 = 0; s0 < nsb; s0 += kc) { /* K in chunks: the group's chunk stays in L1 across tiles */
+        const long s1 = s0 + kc < nsb ? s0 + kc : nsb;
+        long i = i0;
+        for (; i + TILE_ROWS <= i1; i += TILE_ROWS) {
+            tile_k(qt, mm, wg, i, TILE_ROWS, 0, s0, s1, t);
+            llb512_put_rows(o + i * mm->rows, mm->rows, km, t, TILE_ROWS, s0 > 0);
+        }
+        for (int M = TILE_ROWS / 2; M >= 1; M /= 2) { /* the rest as tiles of 4, 2, 1 */
+            if (i1 - i < M) continue;
+            if (M == 4) tile_k(qt, mm, wg, i, 4, 0, s0, s1, t);
+            else if (M == 2) tile_k(qt, mm, wg, i, 2, 0, s0, s1, t);
+            else tile_k(qt, mm, wg, i, 1, 0, s0, s1, t);
+            llb512_put_rows(o + i * mm->rows, mm->rows, km, t, M, s0 > 0);
+            i += M;
+        }
     }
 }
 

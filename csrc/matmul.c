@@ -12,9 +12,7 @@
 static const llb_kernels *active_kernels(void) {
 #if LLB_X86
     if (llb_isa_current == LLB_ISA_AVX512) return &llb_kernels_avx512;
-#if defined(LLB_SIMD_KERNELS_TMP)
     if (llb_isa_current == LLB_ISA_AVX2) return &llb_kernels_avx2;
-#endif
 #endif
     return &llb_kernels_scalar;
 }
@@ -172,5 +170,3 @@ void llb_get_rows(const llb_type_info *t, int layout, const uint8_t *w, long row
     if (n * cols < 65536) rows_task(&c, 0, 1); /* one token's embedding: no fork/join */
     else llb_parallel(rows_task, &c);
 }
-long llb_pf_dist_tmp = 4096; /* TEMP tuning */
-long llb_tune_tmp[8];

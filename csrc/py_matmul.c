@@ -242,15 +242,7 @@ static PyObject *py_dequant_rows(PyObject *self, PyObject *const *args, Py_ssize
     return rows_common("dequant_rows", args, NULL, args[5], NULL);
 }
 
-extern long llb_pf_dist_tmp, llb_tune_tmp[8]; /* TEMP tuning */
-static PyObject *py_tune(PyObject *self, PyObject *args) {
-    long k, v;
-    if (!PyArg_ParseTuple(args, "ll", &k, &v)) return NULL;
-    if (k == -1) llb_pf_dist_tmp = v; else if (k >= 0 && k < 8) llb_tune_tmp[k] = v;
-    Py_RETURN_NONE;
-}
 PyMethodDef llb_matmul_methods[] = {
-    {"_tune", py_tune, METH_VARARGS, "TEMP"},
     {"row_bytes", (PyCFunction)(void (*)(void))py_row_bytes, METH_FASTCALL,
      "row_bytes(qtype, cols) -> int: bytes of one row in the file layout."},
     {"packed_size", (PyCFunction)(void (*)(void))py_packed_size, METH_FASTCALL,

@@ -132,58 +132,80 @@ static void file_block_dequant(const llb_type_info *t, const uint8_t *b, float *
 /* ---- packing ------------------------------------------------------------ */
 
 static void put16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
+static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+static uint32_t ld32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
 
-/* Place 32 codes of one row into a Q4_0-style set of 4 nibble vectors. */
-static void place_nibbles(uint8_t *vecs, int r, const uint8_t *q) {
-    for (int e = 0; e < 32; e++) {
-        const int t = e >> 2, j = e & 3;
-        vecs[64 * (t & 3) + 4 * r + j] |= (uint8_t)((q[e] & 15) << (4 * (t >> 2)));
+#define LO4 0x0F0F0F0Fu
+
+/* The 4 nibble vectors of 32 values whose codes are the low (shift 0) or high (shift 4)
+ * nibbles of src[0..31]: vector v of row r takes quad v (values 4v..4v+3 = src[4v..])
+ * in its low nibbles and quad v+4 (src[16+4v..]) in its high nibbles. */
+static void place_nibbles(uint8_t *vecs, int r, const uint8_t *lo_src, const uint8_t *hi_src, int shift) {
+    for (int v = 0; v < 4; v++) {
+        const uint32_t lo = (ld32(lo_src + 4 * v) >> shift) & LO4, hi = (ld32(hi_src + 4 * v) >> shift) & LO4;
+        put32(vecs + 64 * v + 4 * r, lo | hi << 4);
     }
 }
 
 static void pack_block_row(int qtype, const uint8_t *b, int r, uint8_t *gb) {
-    uint8_t q[LLB_QKK];
-    file_block_codes(qtype, b, q);
     switch (qtype) {
-    case LLB_Q4_0:
+    case LLB_Q4_0: /* file: byte e = value e (low nibble), value e+16 (high): exactly our vector bytes */
         put16(gb + 2 * r, llb_rd16(b));
-        place_nibbles(gb + 32, r, q);
+        for (int v = 0; v < 4; v++) memcpy(gb + 32 + 64 * v + 4 * r, b + 2 + 4 * v, 4);
         break;
     case LLB_Q4_1:
         put16(gb + 2 * r, llb_rd16(b));
         put16(gb + 32 + 2 * r, llb_rd16(b + 2));
-        place_nibbles(gb + 64, r, q);
+        for (int v = 0; v < 4; v++) memcpy(gb + 64 + 64 * v + 4 * r, b + 4 + 4 * v, 4);
         break;
-    case LLB_Q5_0:
+    case LLB_Q5_0: {
         put16(gb + 2 * r, llb_rd16(b));
-        place_nibbles(gb + 32, r, q);
-        for (int e = 0; e < 32; e++) gb[288 + 4 * r + (e & 3)] |= (uint8_t)((q[e] >> 4) << (e >> 2));
+        for (int v = 0; v < 4; v++) memcpy(gb + 32 + 64 * v + 4 * r, b + 6 + 4 * v, 4);
+        const uint32_t qh = ld32(b + 2);
+        for (int j = 0; j < 4; j++) { /* plane byte j: bit t = 5th bit of value 4t+j = bit 4t+j of qh */
+            uint32_t x = (qh >> j) & 0x11111111u; /* bits at 4t: fold pairwise into 8 adjacent bits */
+            x = (x | x >> 3) & 0x03030303u;
+            x = (x | x >> 6) & 0x000F000Fu;
+            gb[288 + 4 * r + j] = (uint8_t)(x | x >> 12);
+        }
         break;
+    }
     case LLB_Q8_0:
         put16(gb + 2 * r, llb_rd16(b));
-        for (int e = 0; e < 32; e++) gb[32 + 64 * (e >> 2) + 4 * r + (e & 3)] = q[e];
+        for (int t = 0; t < 8; t++) put32(gb + 32 + 64 * t + 4 * r, ld32(b + 2 + 4 * t) ^ 0x80808080u);
         break;
     case LLB_Q4_K:
         put16(gb + 2 * r, llb_rd16(b));
         put16(gb + 32 + 2 * r, llb_rd16(b + 2));
-        for (int s = 0; s < 8; s++) {
+        for (int s = 0; s < 8; s++) { /* sub-block s: nibble s%2 of the 32 bytes of 64-value chunk s/2 */
             int sc, m;
             k4_scale_min(b + 4, s, &sc, &m);
             gb[64 + 16 * s + r] = (uint8_t)sc;
             gb[192 + 32 * (s >> 1) + 2 * r + (s & 1)] = (uint8_t)m;
-            place_nibbles(gb + 320 + 256 * s, r, q + 32 * s);
+            const uint8_t *qs = b + 16 + 32 * (s >> 1);
+            place_nibbles(gb + 320 + 256 * s, r, qs, qs + 16, 4 * (s & 1));
         }
         break;
     case LLB_Q6_K:
         put16(gb + 2 * r, llb_rd16(b + 208));
         for (int u = 0; u < 16; u++) {
-            gb[32 + 16 * u + r] = b[192 + u];
-            uint8_t *sub = gb + 288 + 192 * u;
-            for (int e = 0; e < 16; e++) {
-                const int i = e >> 2, j = e & 3, c = q[16 * u + e];
-                sub[64 * (i >> 1) + 4 * r + j] |= (uint8_t)((c & 15) << (4 * (i & 1)));
-                sub[128 + 4 * r + j] |= (uint8_t)((c >> 4) << (2 * i));
+            /* values 16u.. sit in half u/8, quarter (u%8)/2, at offset 16*(u%2) of that quarter's 32 */
+            const int half = u >> 3, qq = (u & 7) >> 1, off = 16 * (u & 1);
+            const uint8_t *ql = b + 64 * half + 32 * (qq & 1) + off, *qh = b + 128 + 32 * half + off;
+            uint32_t lo[4], hi = 0;
+            for (int i = 0; i < 4; i++) {
+                lo[i] = (ld32(ql + 4 * i) >> (4 * (qq >> 1))) & LO4;
+                hi |= ((ld32(qh + 4 * i) >> (2 * qq)) & 0x03030303u) << (2 * i);
             }
+            uint8_t *sub = gb + 288 + 192 * u;
+            put32(sub + 4 * r, lo[0] | lo[1] << 4);
+            put32(sub + 64 + 4 * r, lo[2] | lo[3] << 4);
+            put32(sub + 128 + 4 * r, hi);
+            gb[32 + 16 * u + r] = b[192 + u];
         }
         break;
     }
@@ -226,7 +248,7 @@ static void packed_row_chunk(int qtype, const uint8_t *group, long c, int r, int
         dw[0] = dw[1] = d;
         mw[0] = mw[1] = qtype == LLB_Q4_1 ? llb_f16_to_f32(llb_rd16(gb + 32 + 2 * r)) : 0.0f;
         for (int e = 0; e < 32; e++) {
-            if (qtype == LLB_Q8_0) q[e] = (int8_t)gb[32 + 64 * (e >> 2) + 4 * r + (e & 3)];
+            if (qtype == LLB_Q8_0) q[e] = (int16_t)(gb[32 + 64 * (e >> 2) + 4 * r + (e & 3)] - 128);
             else if (qtype == LLB_Q4_1) q[e] = (int16_t)nib(gb + 64, r, e);
             else if (qtype == LLB_Q4_0) q[e] = (int16_t)(nib(gb + 32, r, e) - 8);
             else q[e] = (int16_t)((nib(gb + 32, r, e) | ((gb[288 + 4 * r + (e & 3)] >> (e >> 2)) & 1) << 4) - 16);

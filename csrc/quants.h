@@ -18,7 +18,8 @@
  *   Q4_1 320: d[16] @0, m[16] @32, nibble vectors @64 (weight = d*q + m)
  *   Q5_0 352: d[16] @0, nibble vectors @32, bit-plane vector @288 whose
  *             byte 4r+j bit t is the 5th bit of quad t (weight = d*(q-16))
- *   Q8_0 544: d[16] @0, 8 int8 vectors @32 (vector t = quad t)
+ *   Q8_0 544: d[16] @0, 8 code vectors @32 (vector t = quad t), codes stored as
+ *             w + 128 (w ^ 0x80) so that they are unsigned like the other types'
  *   Q4_K 2368 per 256 values: d[16] @0, dmin[16] @32, scales u8 [8 sub][16
  *             rows] @64, mins u8 [4 sub pairs][16 rows][2] @192, then per
  *             32-value sub-block s a Q4_0-style set of 4 nibble vectors @320+256s

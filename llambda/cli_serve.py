@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -16,7 +17,8 @@ def register(sub, add_model_args) -> None:
                    help="sequences decoded together = KV-cache slots, each of --ctx-size tokens (default 4)")
     p.add_argument("--queue-size", type=int, default=64,
                    help="sequences that may wait for a slot; beyond that requests get 429 (default 64)")
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/* and /metrics")
+    p.add_argument("--api-key", default=os.environ.get("LLAMBDA_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1/* and /metrics (default: $LLAMBDA_API_KEY)")
     p.add_argument("--alias", default=None, help="model id to serve under (default: the -m name)")
     p.add_argument("--max-tokens-cap", type=int, default=None,
                    help="most tokens one request may generate (default: up to the context)")

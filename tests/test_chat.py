@@ -328,7 +328,8 @@ def test_parse_several_calls_with_surrounding_text():
 def test_malformed_tool_calls_stay_as_content():
     bad = '<tool_call>\n{"name": "a", "arguments": {oops}\n</tool_call>'
     assert parse_tool_calls(bad) == (bad, [])
-    assert parse_tool_calls('<tool_call>{"arguments": {}}</tool_call>') == ('<tool_call>{"arguments": {}}</tool_call>', [])
+    nameless = '<tool_call>{"arguments": {}}</tool_call>'
+    assert parse_tool_calls(nameless) == (nameless, [])
     assert parse_tool_calls("<tool_call>[1, 2]</tool_call>")[1] == []
     unterminated = '<tool_call>\n{"name": "a", "arguments": {}}'
     assert parse_tool_calls(unterminated) == (unterminated, [])

@@ -1,0 +1,308 @@
+/* AVX2 kernels (with FMA and F16C): activation quantization, the integer
+ * kernels of the 32-value block types, and the exact (FP32) kernels of every
+ * type. The K-quant integer kernels are in kernels_avx2_kquants.c.
+ *
+ * Integer dot products: vpmaddubsw (u8 codes x s8 activations, pairs summed
+ * to int16) accumulated in int16 as long as the bound allows (8 quads for
+ * 4-bit codes, 4 for 5-bit), then vpmaddwd with ones to int32. Q8_0's codes
+ * are signed: |w| x sign(x, w) keeps each pair within int16. */
+#include "avx2_decode.h"
+
+#if LLB_X86
+
+/* ---- activation quantization (same rounding as the scalar path) ---------- */
+
+LLB_AI TGT float hmax8(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+LLB_AI TGT float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+LLB_AI TGT int32_t hsum8i(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+LLB_AI TGT __m256 abs8(__m256 v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v); }
+
+/* 32 int32 codes (4 vectors) -> 32 bytes in order. */
+LLB_AI TGT void store_codes32(int8_t *dst, __m256i q0, __m256i q1, __m256i q2, __m256i q3) {
+    const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(q0, q1), _mm256_packs_epi32(q2, q3));
+    _mm256_storeu_si256((__m256i *)dst, _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+
+TGT static void quant32(const float *x, long cols, int offset, int8_t *qs, float *d, int32_t *bias, float *sum) {
+    for (long b = 0; b < cols / 32; b++) {
+        const float *xb = x + 32 * b;
+        __m256 v[4];
+        LLB_UNROLL
+        for (int k = 0; k < 4; k++) v[k] = _mm256_loadu_ps(xb + 8 * k);
+        const float amax = hmax8(_mm256_max_ps(_mm256_max_ps(abs8(v[0]), abs8(v[1])), _mm256_max_ps(abs8(v[2]), abs8(v[3]))));
+        const __m256 id = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+        __m256i q[4];
+        LLB_UNROLL
+        for (int k = 0; k < 4; k++) q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], id));
+        store_codes32(qs + LLB_XT * 32 * b, q[0], q[1], q[2], q[3]);
+        d[LLB_XT * b] = amax / 127.0f;
+        bias[LLB_XT * b] = -offset * hsum8i(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+        sum[LLB_XT * b] = hsum8(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])));
+    }
+}
+
+TGT static void quant256(const float *x, long cols, int8_t *qs, float *d, int16_t *bs32, int32_t *bs16n) {
+    for (long b = 0; b < cols / 256; b++) {
+        const float *xb = x + 256 * b;
+        __m256 m = _mm256_setzero_ps();
+        for (int k = 0; k < 32; k++) m = _mm256_max_ps(m, abs8(_mm256_loadu_ps(xb + 8 * k)));
+        const float amax = hmax8(m);
+        const __m256 id = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+        d[LLB_XT * b] = amax / 127.0f;
+        for (int s = 0; s < 8; s++) {
+            __m256i q[4];
+            LLB_UNROLL
+            for (int k = 0; k < 4; k++) q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + 32 * s + 8 * k), id));
+            store_codes32(qs + LLB_XT * 256 * b + 32 * s, q[0], q[1], q[2], q[3]);
+            const int32_t s0 = hsum8i(_mm256_add_epi32(q[0], q[1])), s1 = hsum8i(_mm256_add_epi32(q[2], q[3]));
+            bs16n[LLB_XT * 16 * b + 2 * s] = -32 * s0;
+            bs16n[LLB_XT * 16 * b + 2 * s + 1] = -32 * s1;
+            bs32[LLB_XT * 8 * b + s] = (int16_t)(s0 + s1);
+        }
+    }
+}
+
+static int act_offset(int qtype) { return qtype == LLB_Q4_0 ? 8 : qtype == LLB_Q5_0 ? 16 : 0; }
+
+/* ---- fast kernels of the 32-value block types ----------------------------- */
+
+#define TILE_ROWS 4 /* activation rows per GEMM tile (16 ymm registers) */
+
+/* Integer dot of one block half with one activation row. */
+LLB_AI TGT __m256i block_dot_h(const int qt, const __m256i q[8], const int8_t *xq) {
+    if (qt == LLB_Q8_0) { /* signed w: |w| x sign(x, w), each pair <= 2*128*127, so widen every quad */
+        __m256i acc = _mm256_setzero_si256();
+        LLB_UNROLL
+        for (int t = 0; t < 8; t++) {
+            const __m256i w = _mm256_xor_si256(q[t], _mm256_set1_epi8((char)0x80));
+            const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(bcast32(xq + 4 * t), w));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+        }
+        return acc;
+    }
+    if (qt == LLB_Q5_0) /* 5-bit codes: 4 quads per int16 sum */
+        return _mm256_add_epi32(dot_u8s8(q, 4, xq), dot_u8s8(q + 4, 4, xq + 16));
+    return dot_u8s8(q, 8, xq); /* 4-bit codes: 8 x 2 x 15 x 127 < 2^15 */
+}
+
+/* M activation rows from row i (one LLB_XT tile) against rows 8h..8h+7 of the group. */
+LLB_AI TGT void tile32(const llb_mm *mm, const uint8_t *wg, int h, long i, const int M, const int qt, const int gemv,
+                       __m256 tot[]) {
+    const long nb = mm->cols / 32;
+    const size_t at = llb_act_at(i, 0, nb);
+    const int8_t *xq = mm->a.qs + 32 * at;
+    const float *xd = mm->a.d + at, *xs = mm->a.sum + at;
+    const int32_t *xb = mm->a.bias + at;
+    LLB_UNROLL
+    for (int m = 0; m < M; m++) tot[m] = _mm256_setzero_ps();
+    for (long b = 0; b < nb; b++) {
+        const uint8_t *gb = wg + b * LLB_GB_BYTES(qt);
+        if (gemv && h == 0)
+            for (int o = 0; o < LLB_GB_BYTES(qt); o += 64) _mm_prefetch((const char *)gb + LLB_PF_DIST + o, _MM_HINT_T0);
+        __m256i q[8];
+        dec_block32_h(qt, gb, h, q);
+        const __m256 dv = load_f16x8(gb + 16 * h);
+        LLB_UNROLL
+        for (int m = 0; m < M; m++) {
+            __m256i s = block_dot_h(qt, q, xq + 32 * m);
+            if (qt == LLB_Q4_0 || qt == LLB_Q5_0) s = _mm256_add_epi32(s, _mm256_set1_epi32(xb[m]));
+            const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(s), dv);
+            tot[m] = _mm256_fmadd_ps(f, _mm256_set1_ps(xd[m]), tot[m]);
+            if (qt == LLB_Q4_1) tot[m] = _mm256_fmadd_ps(load_f16x8(gb + 32 + 16 * h), _mm256_set1_ps(xs[m]), tot[m]);
+        }
+        xq += 32 * LLB_XT;
+        xd += LLB_XT;
+        xs += LLB_XT;
+        xb += LLB_XT;
+    }
+}
+
+LLB_AI TGT void fast32(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt) {
+    __m256 t[TILE_ROWS];
+    for (int h = 0; h < 2 && 8 * h < llb_group_rows(mm, g); h++) {
+        if (mm->n == 1) {
+            tile32(mm, wg, h, 0, 1, qt, 1, t);
+            store_half(mm, g, h, 0, 1, t);
+            continue;
+        }
+        long i = i0;
+        for (; i + TILE_ROWS <= i1; i += TILE_ROWS) {
+            tile32(mm, wg, h, i, TILE_ROWS, qt, 0, t);
+            store_half(mm, g, h, i, TILE_ROWS, t);
+        }
+        for (; i + 2 <= i1; i += 2) {
+            tile32(mm, wg, h, i, 2, qt, 0, t);
+            store_half(mm, g, h, i, 2, t);
+        }
+        if (i < i1) {
+            tile32(mm, wg, h, i, 1, qt, 0, t);
+            store_half(mm, g, h, i, 1, t);
+        }
+    }
+}
+
+TGT static void fast_q4_0(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast32(mm, wg, g, i0, i1, LLB_Q4_0); }
+TGT static void fast_q4_1(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast32(mm, wg, g, i0, i1, LLB_Q4_1); }
+TGT static void fast_q5_0(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast32(mm, wg, g, i0, i1, LLB_Q5_0); }
+TGT static void fast_q8_0(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast32(mm, wg, g, i0, i1, LLB_Q8_0); }
+
+/* ---- exact kernels: dequantize a 16x32 chunk to FP32 (layout [quad][row][j], as in
+ * kernels_avx512.c), then FMA against broadcasts of 4 activations ------------- */
+
+/* Per-row scales of rows 8h..8h+7 -> per T lane of ymm k (rows 2k, 2k+1 of the half, 4 times each). */
+LLB_AI TGT __m256 spread_rows(__m256 v, int k) {
+    return _mm256_permutevar8x32_ps(v, _mm256_setr_epi32(2 * k, 2 * k, 2 * k, 2 * k, 2 * k + 1, 2 * k + 1, 2 * k + 1, 2 * k + 1));
+}
+
+/* Codes of half h, quads 0..3 scaled by (dw0, mw0), quads 4..7 by (dw1, mw1). */
+LLB_AI TGT void codes_to_T(const __m256i q[8], int h, __m256 dw0, __m256 mw0, __m256 dw1, __m256 mw1, float *T) {
+    __attribute__((aligned(32))) uint8_t U[8 * 32];
+    LLB_UNROLL
+    for (int t = 0; t < 8; t++) _mm256_store_si256((__m256i *)(U + 32 * t), q[t]);
+    LLB_UNROLL
+    for (int k = 0; k < 4; k++) {
+        const __m256 d0 = spread_rows(dw0, k), m0 = spread_rows(mw0, k), d1 = spread_rows(dw1, k), m1 = spread_rows(mw1, k);
+        LLB_UNROLL
+        for (int t = 0; t < 8; t++) {
+            const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(U + 32 * t + 8 * k)));
+            _mm256_store_ps(T + 64 * t + 32 * h + 8 * k, _mm256_fmadd_ps(_mm256_cvtepi32_ps(c), t < 4 ? d0 : d1, t < 4 ? m0 : m1));
+        }
+    }
+}
+
+LLB_AI TGT void chunk_T(const int qt, const uint8_t *wg, long c, float *T) {
+    LLB_UNROLL
+    for (int h = 0; h < 2; h++) {
+        __m256i q[8];
+        if (qt == LLB_Q4_K) {
+            const uint8_t *gb = wg + (c >> 3) * 2368;
+            const int s = (int)(c & 7);
+            dec_nibbles_h(gb + 320 + 256 * s, h, q);
+            const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(gb + 64 + 16 * s + 8 * h))));
+            const __m256i mn16 = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(gb + 192 + 32 * (s >> 1) + 16 * h)));
+            const __m256 mn = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(mn16, 8 * (s & 1)), _mm256_set1_epi32(0xFF)));
+            const __m256 dw = _mm256_mul_ps(load_f16x8(gb + 16 * h), sc);
+            const __m256 mw = _mm256_mul_ps(load_f16x8(gb + 32 + 16 * h), _mm256_sub_ps(_mm256_setzero_ps(), mn));
+            codes_to_T(q, h, dw, mw, dw, mw, T);
+        } else if (qt == LLB_Q6_K) {
+            const uint8_t *gb = wg + (c >> 3) * 3360;
+            const int u = 2 * (int)(c & 7);
+            dec_q6k_sub_h(gb + 288 + 192 * u, h, q);
+            dec_q6k_sub_h(gb + 288 + 192 * (u + 1), h, q + 4);
+            const __m256 d = load_f16x8(gb + 16 * h), m32 = _mm256_set1_ps(-32.0f);
+            const __m256 dw0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(gb + 32 + 16 * u + 8 * h)))));
+            const __m256 dw1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(gb + 48 + 16 * u + 8 * h)))));
+            codes_to_T(q, h, dw0, _mm256_mul_ps(dw0, m32), dw1, _mm256_mul_ps(dw1, m32), T);
+        } else {
+            const uint8_t *gb = wg + c * LLB_GB_BYTES(qt);
+            dec_block32_h(qt, gb, h, q);
+            const __m256 d = load_f16x8(gb + 16 * h);
+            __m256 mw;
+            if (qt == LLB_Q4_1) mw = load_f16x8(gb + 32 + 16 * h);
+            else mw = _mm256_mul_ps(d, _mm256_set1_ps(qt == LLB_Q4_0 ? -8.0f : qt == LLB_Q5_0 ? -16.0f : -128.0f));
+            codes_to_T(q, h, d, mw, d, mw, T);
+        }
+    }
+}
+
+/* F32/F16/BF16 rows (file layout) into T; a partial last chunk is copied to a zero-padded buffer first. */
+LLB_AI TGT void float_chunk_T(const int qt, const llb_mm *mm, const uint8_t *wg, int nr, long c, float *T) {
+    const int esize = qt == LLB_F32 ? 4 : 2;
+    const long left = mm->cols - 32 * c;
+    __attribute__((aligned(32))) uint8_t pad[128];
+    for (int r = 0; r < nr; r++) {
+        const uint8_t *src = wg + r * mm->row_bytes + 32 * esize * c;
+        if (left < 32) {
+            memset(pad, 0, sizeof pad);
+            memcpy(pad, src, (size_t)left * esize);
+            src = pad;
+        }
+        LLB_UNROLL
+        for (int k = 0; k < 4; k++) { /* values 8k..8k+7 = quads 2k, 2k+1 */
+            __m256 v;
+            if (qt == LLB_F32) v = _mm256_loadu_ps((const float *)src + 8 * k);
+            else if (qt == LLB_F16) v = load_f16x8(src + 16 * k);
+            else v = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + 16 * k))), 16));
+            _mm_store_ps(T + 64 * (2 * k) + 4 * r, _mm256_castps256_ps128(v));
+            _mm_store_ps(T + 64 * (2 * k + 1) + 4 * r, _mm256_extractf128_ps(v, 1));
+        }
+    }
+}
+
+LLB_AI TGT void exact_kernel(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt) {
+    const long K = mm->cols, nch = (K + 31) / 32;
+    const int nr = llb_group_rows(mm, g), is_float = qt == LLB_F32 || qt == LLB_F16 || qt == LLB_BF16;
+    __attribute__((aligned(32))) float T[8 * 64], acc[LLB_ICHUNK][64], xpad[32];
+    if (is_float && nr < LLB_IL) memset(T, 0, sizeof T);
+    memset(acc, 0, sizeof(float) * 64 * (size_t)(i1 - i0));
+    for (long c = 0; c < nch; c++) {
+        if (is_float) float_chunk_T(qt, mm, wg, nr, c, T);
+        else chunk_T(qt, wg, c, T);
+        const int tail = 32 * c + 32 > K;
+        for (long i = i0; i < i1; i++) {
+            const float *x = mm->x + i * K + 32 * c;
+            if (tail) {
+                memset(xpad, 0, sizeof xpad);
+                memcpy(xpad, x, sizeof(float) * (size_t)(K - 32 * c));
+                x = xpad;
+            }
+            float *a = acc[i - i0];
+            __m256 av[8];
+            LLB_UNROLL
+            for (int k = 0; k < 8; k++) av[k] = _mm256_load_ps(a + 8 * k);
+            for (int t = 0; t < 8; t++) {
+                const __m256 xb = _mm256_broadcast_ps((const __m128 *)(x + 4 * t));
+                LLB_UNROLL
+                for (int k = 0; k < 8; k++) av[k] = _mm256_fmadd_ps(_mm256_load_ps(T + 64 * t + 8 * k), xb, av[k]);
+            }
+            LLB_UNROLL
+            for (int k = 0; k < 8; k++) _mm256_store_ps(a + 8 * k, av[k]);
+        }
+    }
+    for (long i = i0; i < i1; i++) llb_store_quad_sums(acc[i - i0], mm->out + i * mm->rows + g * LLB_IL, nr);
+}
+
+#define EXACT(name, qt) \
+    TGT static void name(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { exact_kernel(mm, wg, g, i0, i1, qt); }
+EXACT(exact_f32, LLB_F32)
+EXACT(exact_f16, LLB_F16)
+EXACT(exact_bf16, LLB_BF16)
+EXACT(exact_q4_0, LLB_Q4_0)
+EXACT(exact_q4_1, LLB_Q4_1)
+EXACT(exact_q5_0, LLB_Q5_0)
+EXACT(exact_q8_0, LLB_Q8_0)
+EXACT(exact_q4_k, LLB_Q4_K)
+EXACT(exact_q6_k, LLB_Q6_K)
+
+static llb_kernel_fn kernel(int qtype, int exact) {
+    switch (qtype) {
+    case LLB_F32: return exact_f32;
+    case LLB_F16: return exact_f16;
+    case LLB_BF16: return exact_bf16;
+    case LLB_Q4_0: return exact ? exact_q4_0 : fast_q4_0;
+    case LLB_Q4_1: return exact ? exact_q4_1 : fast_q4_1;
+    case LLB_Q5_0: return exact ? exact_q5_0 : fast_q5_0;
+    case LLB_Q8_0: return exact ? exact_q8_0 : fast_q8_0;
+    case LLB_Q4_K: return exact ? exact_q4_k : llb_avx2_kquant_kernel(qtype);
+    case LLB_Q6_K: return exact ? exact_q6_k : llb_avx2_kquant_kernel(qtype);
+    }
+    return NULL;
+}
+
+const llb_kernels llb_kernels_avx2 = {kernel, act_offset, quant32, quant256};
+#endif
