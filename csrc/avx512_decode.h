@@ -20,18 +20,6 @@ LLB_AI TGT void dec_nibbles(const uint8_t *v, __m512i q[8]) {
     }
 }
 
-/* GEMV variant: quads 4..7 left in the high nibble (16 x code), saving the shifts; the
- * caller weights the low quads' sum by 16 (exact) and the total by 1/16. */
-LLB_AI TGT void dec_nibbles_x16(const uint8_t *v, __m512i q[8]) {
-    const __m512i m4 = _mm512_set1_epi8(15), h4 = _mm512_set1_epi8((char)0xF0);
-    LLB_UNROLL
-    for (int k = 0; k < 4; k++) {
-        const __m512i a = _mm512_loadu_si512(v + 64 * k);
-        q[k] = _mm512_and_si512(a, m4);
-        q[k + 4] = _mm512_and_si512(a, h4);
-    }
-}
-
 /* Q5_0's bit plane: byte bit t = 5th bit of quad t. a | (b & c) = ternlog 0xF8. */
 LLB_AI TGT void add_fifth_bits(const uint8_t *plane, __m512i q[8]) {
     const __m512i h = _mm512_loadu_si512(plane), b4 = _mm512_set1_epi8(0x10);

@@ -94,17 +94,16 @@ LLB_AI TGT void tile32(const llb_mm *mm, const uint8_t *wg, long i, const int M,
 }
 
 /* n == 1: streams the group with prefetch; split integer chains and two FP32 chains
- * keep the dependency chains short. 4-bit types use dec_nibbles_x16 (all sums x16). */
+ * keep the dependency chains short. */
 LLB_AI TGT __m512 gemv32(const llb_mm *mm, const uint8_t *wg, const int qt) {
     const long nb = mm->cols / 32;
-    const int gbb = LLB_GB_BYTES(qt), x16 = qt == LLB_Q4_0 || qt == LLB_Q4_1;
+    const int gbb = LLB_GB_BYTES(qt);
     __m512 t0 = _mm512_setzero_ps(), t1 = _mm512_setzero_ps(), tm = _mm512_setzero_ps();
     for (long b = 0; b < nb; b++) {
         const uint8_t *gb = wg + b * gbb;
         for (int o = 0; o < gbb; o += 64) _mm_prefetch((const char *)gb + LLB_PF_DIST + o, _MM_HINT_T0);
         __m512i q[8];
-        if (x16) dec_nibbles_x16(gb + (qt == LLB_Q4_1 ? 64 : 32), q);
-        else dec_block32(qt, gb, q);
+        dec_block32(qt, gb, q);
         const long at = LLB_XT * b; /* row 0's entries of block b */
         const int8_t *xq = mm->a.qs + 32 * at;
         __m512i a0 = _mm512_set1_epi32(qt == LLB_Q4_1 ? 0 : mm->a.bias[at]), a1 = _mm512_setzero_si512();
@@ -113,14 +112,12 @@ LLB_AI TGT __m512 gemv32(const llb_mm *mm, const uint8_t *wg, const int qt) {
             a0 = _mm512_dpbusd_epi32(a0, q[t], _mm512_set1_epi32(llb_ld32(xq + 4 * t)));
             a1 = _mm512_dpbusd_epi32(a1, q[t + 4], _mm512_set1_epi32(llb_ld32(xq + 16 + 4 * t)));
         }
-        const __m512i acc = x16 ? _mm512_add_epi32(_mm512_slli_epi32(a0, 4), a1) : _mm512_add_epi32(a0, a1);
-        const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(acc), load_f16x16(gb));
+        const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(a0, a1)), load_f16x16(gb));
         if (b & 1) t1 = _mm512_fmadd_ps(f, _mm512_set1_ps(mm->a.d[at]), t1);
         else t0 = _mm512_fmadd_ps(f, _mm512_set1_ps(mm->a.d[at]), t0);
         if (qt == LLB_Q4_1) tm = _mm512_fmadd_ps(load_f16x16(gb + 32), _mm512_set1_ps(mm->a.sum[at]), tm);
     }
-    const __m512 t = _mm512_add_ps(t0, t1);
-    return _mm512_add_ps(x16 ? _mm512_mul_ps(t, _mm512_set1_ps(1.0f / 16)) : t, tm);
+    return _mm512_add_ps(_mm512_add_ps(t0, t1), tm);
 }
 
 LLB_AI TGT void fast32(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt) {

@@ -66,17 +66,16 @@ LLB_AI TGT void tile_q4k(const llb_mm *mm, const uint8_t *wg, long i, const int 
         for (int m = 0; m < M; m++) f[m] = _mm512_setzero_ps();
         for (int s = 0; s < 8; s++) {
             __m512i q[8], acc[TILE_ROWS];
-            if (gemv) dec_nibbles_x16(gb + 320 + 256 * s, q);
-            else dec_nibbles(gb + 320 + 256 * s, q);
+            dec_nibbles(gb + 320 + 256 * s, q);
             const __m512 sc = sub_scale_u8(gb + 64 + 16 * s, d);
             const int8_t *xq = mm->a.qs + 256 * e + 32 * s;
             LLB_UNROLL
             for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_si512();
-            if (gemv) { /* codes of quads 4..7 are x16 here (dec_nibbles_x16): f is 16x too */
+            if (gemv) { /* two chains: the GEMV is latency-bound */
                 __m512i acc2[1] = {_mm512_setzero_si512()};
                 dot_rows(acc, 1, q, 4, xq);
                 dot_rows(acc2, 1, q + 4, 4, xq + 16);
-                acc[0] = _mm512_add_epi32(_mm512_slli_epi32(acc[0], 4), acc2[0]);
+                acc[0] = _mm512_add_epi32(acc[0], acc2[0]);
             } else {
                 dot_rows(acc, M, q, 8, xq);
             }
@@ -88,8 +87,7 @@ LLB_AI TGT void tile_q4k(const llb_mm *mm, const uint8_t *wg, long i, const int 
         const __m512 dmin = load_f16x16(gb + 32);
         LLB_UNROLL
         for (int m = 0; m < M; m++) {
-            const __m512 fm = gemv ? _mm512_mul_ps(f[m], _mm512_set1_ps(1.0f / 16)) : f[m];
-            const __m512 v = _mm512_fnmadd_ps(q4k_min_dot(mn, mm->a.bs32 + 8 * (e + m)), dmin, fm);
+            const __m512 v = _mm512_fnmadd_ps(q4k_min_dot(mn, mm->a.bs32 + 8 * (e + m)), dmin, f[m]);
             tot[m] = _mm512_fmadd_ps(v, _mm512_set1_ps(mm->a.d[e + m]), tot[m]);
         }
     }

@@ -281,7 +281,7 @@ class Sampler:
 
         Returns (token, the top-k ids or None)."""
         p = self.params
-        cand = None               # candidate ids; None = the whole vocabulary
+        cand = None      # candidate ids, or a boolean mask over the vocabulary; None = everything
         top_k_ids = None
         if 0 < p.top_k < work.size:
             cand = top_k_ids = top_k_indices(work, p.top_k)   # sorted, most likely first
@@ -291,41 +291,52 @@ class Sampler:
             threshold = m + math.log(p.min_p)   # p_i >= min_p * p_max  <=>  logit_i >= max + log(min_p)
             if cand is None:
                 cand = np.flatnonzero(work >= threshold)
+            elif cand.dtype == np.bool_:
+                cand &= work >= threshold
             else:
                 cand = cand[work[cand] >= threshold]
         u = self._rng.random()
-        if cand is None:
-            return _PrefixSums(self._exp_shifted(work, m, p.temperature)).draw(u), None
+        if cand is None or cand.dtype == np.bool_:   # over the whole vocabulary, maybe masked
+            weights = self._exp_shifted(work, m, p.temperature)
+            if cand is not None:
+                weights *= cand
+            return _PrefixSums(weights).draw(u), None
         weights = np.exp((work[cand].astype(np.float64) - m) / p.temperature)
         return int(cand[_PrefixSums(weights).draw(u)]), top_k_ids
 
     def _top_p(self, work: np.ndarray, m: float, cand: np.ndarray | None) -> np.ndarray:
-        """The shortest most-likely-first prefix whose probability (at temperature 1) reaches top_p."""
+        """The shortest most-likely-first prefix whose probability (at temperature 1) reaches top_p:
+        ids, or a boolean mask over the vocabulary when the prefix is a large part of it."""
         top_p = self.params.top_p
         if cand is not None:   # already sorted: softmax over the candidates, as llama.cpp does
             sums = _PrefixSums(np.exp(work[cand].astype(np.float64) - m))
             return cand[: sums.search(top_p * sums.total, "left") + 1]
-        # Whole vocabulary: sort only a set of most likely tokens that already holds enough mass
-        # (any such upper set contains the prefix); widen the set until it does.
         weights = self._exp_shifted(work, m, 1.0)
         target = top_p * float(np.einsum("i->", weights))
+        # Any set of most likely tokens holding the target mass contains the prefix: find a
+        # small one, widening it until it holds enough.
         floor = 1e-4
         while True:
-            idx = np.flatnonzero(weights >= floor)
-            mass = float(weights[idx].sum(dtype=np.float64))
+            upper = weights >= floor
+            mass = float(np.sum(weights, where=upper))
             if mass >= target or floor < 1e-36:
                 break
-            floor *= 1e-4
+            floor *= 1e-6   # coarse steps: a too-large set only costs a longer sort
         if mass < target:   # sums rounded differently with top_p ~ 1: keep every token with mass
-            idx = np.flatnonzero(weights > 0)
-        # The prefix is "every weight above the cut-off value v, plus the lowest ids tied at v":
+            upper = weights > 0
+        small = np.count_nonzero(upper) <= max(_BLOCK, work.size // 8)
+        ids = np.flatnonzero(upper) if small else None
+        w = weights[ids] if small else weights
+        # The prefix is "every weight above a cut-off value v, plus the lowest ids tied at v":
         # sorting the values alone finds v (sorting ids along with them is ~50x slower).
-        w = weights[idx]
-        vals = np.sort(w)[::-1]
-        c = _PrefixSums(vals).search(target, "left")
-        above = idx[w > vals[c]]
-        tied = idx[w == vals[c]][: c + 1 - above.size]
-        return np.concatenate((above, tied))   # in id order: the draw does not need sorting
+        desc = np.ascontiguousarray(np.sort(w)[::-1])   # contiguous: 5x faster block sums
+        c = _PrefixSums(desc).search(target, "left")
+        keep = w > desc[c]
+        tied = np.flatnonzero(w == desc[c])[: c + 1 - np.count_nonzero(keep)]
+        if small:
+            return np.concatenate((ids[keep], ids[tied]))   # in id order: the draw needs no sorting
+        keep[tied] = True
+        return keep
 
     def _exp_shifted(self, work: np.ndarray, m: float, temperature: float) -> np.ndarray:
         """exp((work - m) / temperature) in the scratch buffer (valid until the next call)."""

@@ -206,7 +206,11 @@ ATTN_CASES = [
     (16, 2, 2, 1, 1, 0.0, 1, 10),      # window 1: attends only itself
     (20, 3, 3, 37, 0, 0.0, 2, 60),     # head_dim tail (not a multiple of 8 or 16)
     (40, 6, 2, 5, 7, 3.0, 2, 140),     # tail + window + softcap, crossing a 64-key block
-    (128, 2, 1, 1, 0, 0.0, 1, 700),    # many blocks on decode
+    (128, 2, 1, 1, 0, 0.0, 1, 700),    # decode split into 256-key chunks, merged
+    (64, 4, 1, 1, 300, 1.5, 2, 700),   # split + window + softcap
+    (64, 4, 1, 5, 0, 0.0, 3, 600),     # several tokens split into different numbers of chunks
+    (16, 16, 1, 1, 0, 0.0, 1, 50),     # GQA 16: the group is handled in two passes of 8 heads
+    (32, 24, 2, 3, 0, 0.0, 2, 40),     # GQA 12
 ]
 
 

@@ -115,6 +115,7 @@ class Transformer:
         self.cache = backend.create_kv_cache(cfg.n_layers, n_slots, n_ctx, cfg.n_kv_heads, cfg.head_dim,
                                              extra=self.ws.specs)
         self.ws.bind(self.cache.extra)
+        self._plans: dict[int, object] = {}
 
     # -- loading -----------------------------------------------------------
     def _load(self, get: TensorLookup) -> None:
@@ -174,11 +175,19 @@ class Transformer:
             ))
 
     # -- the forward pass ----------------------------------------------------
+    #: decode batches up to this many tokens replay a recorded op list (see forward)
+    PLAN_MAX_TOKENS = 64
+
     def forward(self, tokens, slots, pos, logit_rows, out: np.ndarray | None = None) -> np.ndarray:
         """Evaluate tokens (each with its slot and position), return logits of `logit_rows`.
 
         Returns a view into the workspace when the rows fit in it (valid until the
         next call), else fills and returns `out` (shape (len(logit_rows), vocab)).
+
+        A decode step (logits for every row, few tokens) depends only on the batch
+        size: every buffer is fixed in the arena and tokens/slots/positions are read
+        from it. Backends that can (native) record that step's op list once per batch
+        size and replay it, skipping this Python code on every later token.
         """
         n = len(tokens)
         ws = self.ws
@@ -187,8 +196,32 @@ class Transformer:
         ws.tokens[:n] = tokens
         ws.slots[:n] = slots
         ws.pos[:n] = pos
+        self._check_batch(ws.tokens[:n], ws.slots[:n], ws.pos[:n])
+        rows = np.asarray(logit_rows, dtype=np.intp).reshape(-1)
+        m = len(rows)
+        whole = out is None and m == n and n <= min(ws.max_logit_rows, self.PLAN_MAX_TOKENS) \
+            and bool(np.all(rows == np.arange(n)))
+        if whole and getattr(self.backend, "supports_plans", False):
+            plan = self._plans.get(n)
+            if plan is not None:
+                self.backend.replay(plan)
+            else:
+                self.backend.begin_recording()
+                try:
+                    self._layers(n)
+                    self._head(ws.x[:n], ws.logits[:n])
+                except BaseException:
+                    self.backend.end_recording()
+                    raise
+                self._plans[n] = self.backend.end_recording()
+            return ws.logits[:n]
+        x = self._layers(n)
+        return self._logits(x, rows, out)
+
+    def _layers(self, n: int) -> np.ndarray:
+        """Embed the batch in ws.tokens[:n] and run every block; returns the hidden states."""
+        ws = self.ws
         tok, slot, p = ws.tokens[:n], ws.slots[:n], ws.pos[:n]
-        self._check_batch(tok, slot, p)
         x = ws.x[:n]
         self.backend.embed(self.tok_embd, tok, x)
         if self.cfg.embed_scale:
@@ -196,7 +229,7 @@ class Transformer:
         for i, layer in enumerate(self.layers):
             self._attention_block(i, layer, x, slot, p)
             self._ffn_block(layer, x)
-        return self._logits(x, logit_rows, out)
+        return x
 
     def _check_batch(self, tok, slot, p) -> None:
         if tok.min() < 0 or tok.max() >= self.cfg.vocab_size:
@@ -249,26 +282,33 @@ class Transformer:
             B.rmsnorm(proj, L.post_ffn_norm, cfg.norm_eps, proj)
         B.add(x, proj, x)
 
-    def _logits(self, x, logit_rows, out) -> np.ndarray:
-        cfg, B, ws = self.cfg, self.backend, self.ws
-        rows = np.asarray(logit_rows, dtype=np.intp).reshape(-1)
+    def _logits(self, x, rows: np.ndarray, out) -> np.ndarray:
+        cfg, ws = self.cfg, self.ws
         m, cap = len(rows), ws.max_logit_rows
-        if m <= cap and out is None:
-            self._head(x, rows, ws.logits[:m])
+        if out is None and m <= cap:
+            self._head(self._gather(x, rows), ws.logits[:m])
             return ws.logits[:m]
         if out is None:
             out = np.empty((m, cfg.vocab_size), np.float32)
         for s in range(0, m, cap):
             part = rows[s:s + cap]
-            self._head(x, part, ws.logits[:len(part)])
+            self._head(self._gather(x, part), ws.logits[:len(part)])
             out[s:s + len(part)] = ws.logits[:len(part)]
         return out
 
-    def _head(self, x, rows, logits) -> None:
-        cfg, B = self.cfg, self.backend
-        last = self.ws.last[:len(rows)]
+    def _gather(self, x, rows: np.ndarray) -> np.ndarray:
+        """The hidden states of `rows`: a view when they are consecutive, else copied into ws.last."""
+        m = len(rows)
+        if m and rows[-1] - rows[0] == m - 1 and bool(np.all(np.diff(rows) == 1)):
+            return x[rows[0]:rows[0] + m]
+        last = self.ws.last[:m]
         np.take(x, rows, axis=0, out=last)
-        B.rmsnorm(last, self.output_norm, cfg.norm_eps, last)
+        return last
+
+    def _head(self, h, logits) -> None:
+        cfg, B = self.cfg, self.backend
+        last = self.ws.last[:len(h)]
+        B.rmsnorm(h, self.output_norm, cfg.norm_eps, last)
         B.matmul(last, self.output, logits)
         if cfg.final_softcap:
             B.softcap(logits, cfg.final_softcap)
