@@ -28,6 +28,22 @@ TGT static void quant32(const float *x, long cols, int offset, int8_t *qs, float
     }
 }
 
+/* Lane u of the result = sum of the 16 lanes of v[u]: a transpose-and-add tree
+ * (45 operations instead of 16 horizontal reductions). */
+LLB_AI TGT __m512i sum_lanes16(const __m512i v[16]) {
+    __m512i p[8], q[4], w[2];
+    LLB_UNROLL
+    for (int k = 0; k < 8; k++) /* per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3] */
+        p[k] = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2 * k], v[2 * k + 1]), _mm512_unpackhi_epi32(v[2 * k], v[2 * k + 1]));
+    LLB_UNROLL
+    for (int k = 0; k < 4; k++) /* per 128-bit lane: that lane's sums of 4 vectors */
+        q[k] = _mm512_add_epi32(_mm512_unpacklo_epi64(p[2 * k], p[2 * k + 1]), _mm512_unpackhi_epi64(p[2 * k], p[2 * k + 1]));
+    LLB_UNROLL
+    for (int k = 0; k < 2; k++) /* across 128-bit lanes, pairwise */
+        w[k] = _mm512_add_epi32(_mm512_shuffle_i32x4(q[2 * k], q[2 * k + 1], 0x88), _mm512_shuffle_i32x4(q[2 * k], q[2 * k + 1], 0xDD));
+    return _mm512_add_epi32(_mm512_shuffle_i32x4(w[0], w[1], 0x88), _mm512_shuffle_i32x4(w[0], w[1], 0xDD));
+}
+
 TGT static void quant256(const float *x, long cols, int8_t *qs, float *d, int16_t *bs32, int32_t *bs16n) {
     for (long b = 0; b < cols / 256; b++) {
         const float *xb = x + 256 * b;
@@ -36,14 +52,16 @@ TGT static void quant256(const float *x, long cols, int8_t *qs, float *d, int16_
         const float amax = _mm512_reduce_max_ps(m);
         const __m512 id = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
         d[LLB_XT * b] = amax / 127.0f;
-        int32_t s16[16];
+        __m512i q[16];
+        LLB_UNROLL
         for (int u = 0; u < 16; u++) {
-            const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + 16 * u), id));
-            _mm_storeu_si128((__m128i *)(qs + LLB_XT * 256 * b + 16 * u), _mm512_cvtsepi32_epi8(q));
-            s16[u] = _mm512_reduce_add_epi32(q);
+            q[u] = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + 16 * u), id));
+            _mm_storeu_si128((__m128i *)(qs + LLB_XT * 256 * b + 16 * u), _mm512_cvtsepi32_epi8(q[u]));
         }
-        for (int u = 0; u < 16; u++) bs16n[LLB_XT * 16 * b + u] = -32 * s16[u];
-        for (int s = 0; s < 8; s++) bs32[LLB_XT * 8 * b + s] = (int16_t)(s16[2 * s] + s16[2 * s + 1]);
+        const __m512i s16 = sum_lanes16(q);
+        _mm512_storeu_si512(bs16n + LLB_XT * 16 * b, _mm512_mullo_epi32(s16, _mm512_set1_epi32(-32)));
+        const __m512i pairs = _mm512_add_epi32(s16, _mm512_shuffle_epi32(s16, _MM_PERM_CDAB)); /* even lanes: 2s + 2s+1 */
+        _mm_storeu_si128((__m128i *)(bs32 + LLB_XT * 8 * b), _mm256_castsi256_si128(_mm512_cvtepi32_epi16(_mm512_maskz_compress_epi32(0x5555, pairs))));
     }
 }
 

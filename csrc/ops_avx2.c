@@ -50,6 +50,13 @@ static inline vf v_add(vf a, vf b) { return _mm256_add_ps(a, b); }
 static inline vf v_sub(vf a, vf b) { return _mm256_sub_ps(a, b); }
 static inline vf v_mul(vf a, vf b) { return _mm256_mul_ps(a, b); }
 static inline vf v_div(vf a, vf b) { return _mm256_div_ps(a, b); }
+/* 1/a for a >= 1 (sigmoid denominators): 12-bit estimate + one Newton step
+ * (~2 ulp; a divide costs several times more); 0 where a is +inf. */
+static inline vf v_recip(vf a) {
+    const vf r = _mm256_rcp_ps(a);
+    const vf e = _mm256_fmadd_ps(r, _mm256_fnmadd_ps(a, r, _mm256_set1_ps(1.f)), r);
+    return _mm256_blendv_ps(e, _mm256_setzero_ps(), _mm256_cmp_ps(a, _mm256_set1_ps(1e37f), _CMP_GT_OQ));
+}
 static inline vf v_fma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
 static inline vf v_max(vf a, vf b) { return _mm256_max_ps(a, b); }
 static inline vf v_min(vf a, vf b) { return _mm256_min_ps(a, b); }
@@ -87,6 +94,8 @@ static inline vf v_select_lt(vf a, vf b, vf x, vf y) { return _mm256_blendv_ps(y
 
 #define OPS_TABLE llb_ops_avx2
 #include "ops_simd.inc"
+#include "attn_simd.inc"
+#include "ops_table.inc"
 
 #if defined(__clang__)
 #pragma clang attribute pop

@@ -38,6 +38,13 @@ static inline vf v_add(vf a, vf b) { return _mm512_add_ps(a, b); }
 static inline vf v_sub(vf a, vf b) { return _mm512_sub_ps(a, b); }
 static inline vf v_mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
 static inline vf v_div(vf a, vf b) { return _mm512_div_ps(a, b); }
+/* 1/a for a >= 1 (sigmoid denominators): 14-bit estimate + one Newton step
+ * (~1 ulp; a divide costs several times more); 0 where a is +inf. */
+static inline vf v_recip(vf a) {
+    const vf r = _mm512_rcp14_ps(a);
+    const vf e = _mm512_fmadd_ps(r, _mm512_fnmadd_ps(a, r, _mm512_set1_ps(1.f)), r);
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, _mm512_set1_ps(1e37f), _CMP_GT_OQ), e, _mm512_setzero_ps());
+}
 static inline vf v_fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
 static inline vf v_max(vf a, vf b) { return _mm512_max_ps(a, b); }
 static inline vf v_min(vf a, vf b) { return _mm512_min_ps(a, b); }
@@ -71,6 +78,8 @@ static inline vf v_select_lt(vf a, vf b, vf x, vf y) { return _mm512_mask_blend_
 
 #define OPS_TABLE llb_ops_avx512
 #include "ops_simd.inc"
+#include "attn_simd.inc"
+#include "ops_table.inc"
 
 #if defined(__clang__)
 #pragma clang attribute pop

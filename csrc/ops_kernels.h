@@ -18,6 +18,19 @@ struct llb_attn_unit {
     float *ml;  /* NULL, or group pairs (max score, sum of exp) of a partial to merge */
 };
 
+/* Up to LLB_TILE_MAX_ROWS query rows reading keys of one kv head (a few
+ * tokens of one slot x some of its query heads), each with its own key range. */
+#define LLB_TILE_MAX_ROWS 16
+struct llb_attn_tile {
+    const void *k, *v; /* the rows of key position 0 (f32 or f16) */
+    size_t stride;
+    long head_dim, n_rows;
+    float scale, softcap;
+    const float *q[LLB_TILE_MAX_ROWS];
+    float *out[LLB_TILE_MAX_ROWS];
+    long lo[LLB_TILE_MAX_ROWS], hi[LLB_TILE_MAX_ROWS];
+};
+
 struct llb_op_kernels {
     void (*rmsnorm_rows)(const float *x, const float *w, float *out, long rows, long d, float eps);
     void (*silu_mul)(const float *gate, const float *up, float *out, long count);
@@ -30,6 +43,9 @@ struct llb_op_kernels {
     void (*attend_f16)(const struct llb_attn_unit *u);
     void (*attn_merge)(const float *parts, size_t part_stride, const float *ml, size_t ml_stride, long n_parts, long hd,
                        float *out);
+    void (*attend_tile_f32)(const struct llb_attn_tile *t);
+    void (*attend_tile_f16)(const struct llb_attn_tile *t);
+    int lanes; /* floats per vector: rows a tile can hold */
 };
 
 extern const struct llb_op_kernels llb_ops_scalar;

@@ -61,6 +61,7 @@ static inline vf v_add(vf a, vf b) { return a + b; }
 static inline vf v_sub(vf a, vf b) { return a - b; }
 static inline vf v_mul(vf a, vf b) { return a * b; }
 static inline vf v_div(vf a, vf b) { return a / b; }
+static inline vf v_recip(vf a) { return 1.f / a; }
 static inline vf v_fma(vf a, vf b, vf c) { return a * b + c; } /* contracted or not, as the compiler likes */
 static inline vf v_max(vf a, vf b) { return a > b ? a : b; }
 static inline vf v_min(vf a, vf b) { return a < b ? a : b; }
@@ -69,6 +70,9 @@ static inline float v_hmax(vf v) { return v; }
 static inline vf v_sum_lanes(const vf *a) { return a[0]; }
 static inline vf v_exp(vf x) { return expf(x); }
 static inline vf v_tanh(vf x) { return tanhf(x); }
+static inline vf v_select_lt(vf a, vf b, vf x, vf y) { return a < b ? x : y; }
 
 #define OPS_TABLE llb_ops_scalar
 #include "ops_simd.inc"
+#include "attn_simd.inc"
+#include "ops_table.inc"

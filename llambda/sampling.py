@@ -329,7 +329,7 @@ class Sampler:
         w = weights[ids] if small else weights
         # The prefix is "every weight above a cut-off value v, plus the lowest ids tied at v":
         # sorting the values alone finds v (sorting ids along with them is ~50x slower).
-        desc = np.ascontiguousarray(np.sort(w)[::-1])   # contiguous: 5x faster block sums
+        desc = np.sort(w)[::-1]
         c = _PrefixSums(desc).search(target, "left")
         keep = w > desc[c]
         tied = np.flatnonzero(w == desc[c])[: c + 1 - np.count_nonzero(keep)]

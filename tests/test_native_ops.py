@@ -211,6 +211,8 @@ ATTN_CASES = [
     (64, 4, 1, 5, 0, 0.0, 3, 600),     # several tokens split into different numbers of chunks
     (16, 16, 1, 1, 0, 0.0, 1, 50),     # GQA 16: the group is handled in two passes of 8 heads
     (32, 24, 2, 3, 0, 0.0, 2, 40),     # GQA 12
+    (16, 24, 1, 6, 0, 0.0, 1, 40),     # GQA 24: more heads than vector lanes, tiles in passes
+    (64, 4, 2, 37, 0, 0.0, 1, 60),     # GQA 2: 8 tokens per tile on avx512
 ]
 
 
@@ -249,6 +251,33 @@ def test_attention_out_aliases_q(isa):
     want = ref_attention(q, kc, vc, slots, pos, 4, 2, 0.125, 0, 0.0)
     native.attention(q, kc, vc, q, slots, pos, 5, 4, 2, 64, 1, 40, 1, 0.125, 0, 0.0)
     np.testing.assert_allclose(q, want, rtol=0, atol=5e-6)
+
+
+@pytest.mark.parametrize("cache_type", [0, 1], ids=["f32", "f16"])
+def test_attention_prefill_of_two_sequences(isa, cache_type):
+    """One batch holding two prompts in different slots: tiles of tokens must not mix slots."""
+    hd, n_heads, n_kv, n_slots, n_ctx, n = 64, 6, 2, 3, 64, 37
+    q, kc, vc, _, _ = attention_data(21, hd, n_heads, n_kv, n, n_slots, n_ctx, cache_type)
+    slots = np.array([1] * 20 + [0] * 17, np.int32)
+    pos = np.concatenate([np.arange(5, 25), np.arange(0, 17)]).astype(np.int32)
+    out = np.empty_like(q)
+    native.attention(q, kc, vc, out, slots, pos, n, n_heads, n_kv, hd, n_slots, n_ctx, cache_type, 0.125, 0, 0.0)
+    want = ref_attention(q, kc, vc, slots, pos, n_heads, n_kv, 0.125, 0, 0.0)
+    np.testing.assert_allclose(out, want, rtol=0, atol=5e-6)
+
+
+@pytest.mark.parametrize("window", [0, 20])
+def test_attention_scattered_positions_in_one_slot(isa, window):
+    """Tokens of one slot at far-apart positions share a tile: with a window, some rows have no key
+    at all in the tile's first blocks, and their running max must stay -inf without turning NaN."""
+    hd, n_heads, n_kv, n_slots, n_ctx, n = 32, 4, 2, 1, 300, 8
+    q, kc, vc, _, _ = attention_data(31, hd, n_heads, n_kv, n, n_slots, n_ctx, 1)
+    slots = np.zeros(n, np.int32)
+    pos = np.array([3, 290, 40, 41, 150, 299, 0, 200], np.int32)
+    out = np.empty_like(q)
+    native.attention(q, kc, vc, out, slots, pos, n, n_heads, n_kv, hd, n_slots, n_ctx, 1, 0.2, window, 0.0)
+    want = ref_attention(q, kc, vc, slots, pos, n_heads, n_kv, 0.2, window, 0.0)
+    np.testing.assert_allclose(out, want, rtol=0, atol=5e-6)
 
 
 def test_attention_batch_of_slots(isa):

@@ -1,0 +1,74 @@
+"""Perplexity (llama.cpp's method) and the precision ladder: reference = exact mode, fast mode within 1%."""
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import llambda
+from llambda.backends import available_backends
+from llambda.perplexity import perplexity
+
+TEXT = (Path(__file__).parent / "fixtures" / "text" / "marlow_bend.txt").read_text()
+needs_native = pytest.mark.skipif("native" not in available_backends(), reason="the native C core is not built")
+
+
+@pytest.fixture(scope="module")
+def ppl_by_mode(smollm2_gguf):
+    out = {}
+    modes = [("numpy", None)] + ([("native", "f32"), ("native", "q8")] if "native" in available_backends() else [])
+    for backend, act in modes:
+        with llambda.load(smollm2_gguf, backend=backend, activations=act, n_ctx=128) as m:
+            out[(backend, act)] = perplexity(m, TEXT, n_ctx=128)
+    return out
+
+
+def test_perplexity_is_finite_and_plausible(ppl_by_mode):
+    r = ppl_by_mode[("numpy", None)]
+    assert r.n_windows >= 5 and r.n_scored == r.n_windows * 63
+    assert math.isfinite(r.ppl) and 1.5 < r.ppl < 100, r.ppl
+
+
+@needs_native
+def test_native_exact_matches_reference_backend(ppl_by_mode):
+    ref, exact = ppl_by_mode[("numpy", None)].ppl, ppl_by_mode[("native", "f32")].ppl
+    assert abs(exact / ref - 1) < 1e-3, (exact, ref)
+
+
+@needs_native
+def test_fast_mode_within_one_percent_of_exact(ppl_by_mode):
+    exact, fast = ppl_by_mode[("native", "f32")].ppl, ppl_by_mode[("native", "q8")].ppl
+    assert abs(fast / exact - 1) < 0.01, (fast, exact)
+
+
+def test_windows_are_scored_on_their_second_half(smollm2_gguf):
+    """Recompute one window by hand from full-sequence logits."""
+    with llambda.load(smollm2_gguf, backend="numpy", n_ctx=64) as m:
+        ids = m.tokenize(TEXT)[:64]
+        res = perplexity(m, m.detokenize(ids) + "", n_ctx=64, max_windows=1)
+        tr = m.transformer
+        logits = tr.forward(np.array(ids, np.int32), np.zeros(64, np.int32), np.arange(64, dtype=np.int32),
+                            np.arange(32, 63), out=np.empty((31, m.config.vocab_size), np.float32))
+        x = logits.astype(np.float64)
+        lse = np.log(np.exp(x - x.max(1, keepdims=True)).sum(1)) + x.max(1)
+        nll = -(x[np.arange(31), ids[33:64]] - lse).mean()
+    assert res.n_scored == 31
+    assert abs(res.nll - nll) < 1e-4
+
+
+def test_cli_prints_perplexity_last(smollm2_gguf, tmp_path):
+    f = tmp_path / "t.txt"
+    f.write_text(TEXT)
+    out = subprocess.run([sys.executable, "-m", "llambda.cli", "perplexity", "-m", str(smollm2_gguf), "-f", str(f),
+                          "--ctx", "128", "--chunks", "2"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    last = out.stdout.strip().splitlines()[-1]
+    assert last.startswith("perplexity: ") and float(last.split()[1]) > 1
+
+
+def test_text_too_short_is_a_clear_error(smollm2_gguf):
+    with llambda.load(smollm2_gguf, backend="numpy", n_ctx=128) as m:
+        with pytest.raises(llambda.LlambdaError, match="at least one window"):
+            perplexity(m, "too short", n_ctx=128)
