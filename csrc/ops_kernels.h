@@ -48,6 +48,9 @@ struct llb_op_kernels {
     int lanes; /* floats per vector: rows a tile can hold */
 };
 
+/* The table of llb_isa_current (ops.c). */
+const struct llb_op_kernels *llb_op_kernels_current(void);
+
 extern const struct llb_op_kernels llb_ops_scalar;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 extern const struct llb_op_kernels llb_ops_avx2;

@@ -122,7 +122,12 @@ class Model:
             common += 1
         common = min(common, len(ids) - 1)   # the last token is always evaluated, for its logits
         self._cached = self._cached[:common]
-        logits = engine.prefill(self.transformer, 0, ids[common:], common)
+        # The last prompt token goes alone, through the same decode path however much of the
+        # prompt was cached: batched and single-token kernels round differently, and the same
+        # call with the same seed must give the same text.
+        if common < len(ids) - 1:
+            engine.prefill(self.transformer, 0, ids[common:-1], common)
+        logits = engine.prefill(self.transformer, 0, ids[-1:], len(ids) - 1)
         self._cached = list(ids)
         return logits
 

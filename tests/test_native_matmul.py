@@ -111,34 +111,43 @@ def quantized_activations(tname, x):
     return (codes.astype(np.float64) * d).reshape(x.shape)
 
 
-def fast_reference(tname, raw, rows, cols, x, w):
-    """The fast kernels' result in float64: Q4_1 keeps the exact activation sum for its min term."""
+def fast_reference(tname, raw, rows, cols, x, wt64):
+    """The fast kernels' result in float64 (wt64 = W.T): Q4_1 keeps the exact activation sum for its min."""
     xq = quantized_activations(tname, x)
     if tname != "Q4_1":
-        return xq @ w.T.astype(np.float64)
+        return xq @ wt64
     nomin = raw.reshape(-1, 20).copy()
     nomin[:, 2:4] = 0
-    w0 = dequant(tname, nomin, rows, cols).astype(np.float64)
-    return xq @ w0.T + x.astype(np.float64) @ (w - w0).T.astype(np.float64)
+    w0t = dequant(tname, nomin, rows, cols).T.astype(np.float64)
+    return xq @ w0t + x.astype(np.float64) @ (wt64 - w0t)
 
 
-def budget(tname, x, a, exact):
-    tol = EXACT_RTOL * (np.abs(x.astype(np.float64)) @ a.T.astype(np.float64))
+def budget(tname, x, at64, exact):
+    """Per-element tolerance; at64 = A.T in float64."""
+    tol = EXACT_RTOL * (np.abs(x.astype(np.float64)) @ at64)
     if not exact and BLOCK[tname] > 1:
-        tol += 1.0001 * (half_steps(tname, x) @ a.T.astype(np.float64))
+        tol += 1.0001 * (half_steps(tname, x) @ at64)
     return tol + 1e-30
 
 
-def check(tname, raw, rows, cols, x, exact, layouts=None):
-    w = dequant(tname, raw, rows, cols)
-    ref = x.astype(np.float64) @ w.T.astype(np.float64)
-    a = magnitude(tname, raw, rows, cols, w)
-    tol = budget(tname, x, a, exact)
-    packed = [(0, raw)]
-    if layouts is None or 1 in layouts:
-        packed.append(pack(tname, raw, rows, cols))
-    for layout, buf in packed:
-        if layouts is not None and layout not in layouts:
+class Matrix:
+    """Random weights with everything the checks derive from them, computed once."""
+
+    def __init__(self, tname, rows, cols, rng):
+        self.tname, self.rows, self.cols = tname, rows, cols
+        self.raw = make_weights(tname, rows, cols, rng)
+        self.w = dequant(tname, self.raw, rows, cols)
+        self.a = magnitude(tname, self.raw, rows, cols, self.w)
+        self.wt64, self.at64 = self.w.T.astype(np.float64), self.a.T.astype(np.float64)  # (cols, rows)
+        self.packed = pack(tname, self.raw, rows, cols)
+
+
+def check(m, x, exact, layouts=(0, 1)):
+    tname, raw, rows, cols, w = m.tname, m.raw, m.rows, m.cols, m.w
+    ref = x.astype(np.float64) @ m.wt64
+    tol = budget(tname, x, m.at64, exact)
+    for layout, buf in ((0, raw), m.packed):
+        if layout not in layouts:
             continue
         out = run(tname, layout, buf, rows, cols, x, exact)
         err = np.abs(out - ref)
@@ -147,8 +156,8 @@ def check(tname, raw, rows, cols, x, exact, layouts=None):
         assert not bad.any(), (f"{where}: {bad.sum()} elements over budget, worst err {err.max():.3g} "
                                f"vs tol {tol[np.unravel_index(err.argmax(), err.shape)]:.3g}")
         if not exact and BLOCK[tname] > 1:
-            fref = fast_reference(tname, raw, rows, cols, x, w)
-            ftol = EXACT_RTOL * (np.abs(quantized_activations(tname, x)) @ a.T.astype(np.float64)) + 1e-30
+            fref = fast_reference(tname, raw, rows, cols, x, m.wt64)
+            ftol = EXACT_RTOL * (np.abs(quantized_activations(tname, x)) @ m.at64) + 1e-30
             ferr = np.abs(out - fref)
             assert (ferr <= ftol).all(), (f"{where}: differs from 8-bit activations emulated in NumPy by "
                                           f"{ferr.max():.3g} (tol {ftol[np.unravel_index(ferr.argmax(), ferr.shape)]:.3g})")
@@ -172,11 +181,11 @@ def test_matmul_random(tname, exact, isa):
         col_options = (7, 96, 131)  # float types accept any width; a tail of a 32-wide chunk must be handled
     for rows in (1, 15, 17, 100):
         for cols in col_options:
-            raw = make_weights(tname, rows, cols, rng)
+            m = Matrix(tname, rows, cols, rng)
             for n in N_VALUES:
                 if rows * n > 2000 and n not in (1, 65):
                     continue  # keep runtime small: the big shapes see the GEMV and the widest GEMM
-                check(tname, raw, rows, cols, activations(n, cols, rng), exact)
+                check(m, activations(n, cols, rng), exact)
 
 
 # The four models' matrix shapes (rows, cols) and types, as in their GGUF files; the
@@ -195,13 +204,13 @@ REAL_SHAPES = [
 @pytest.mark.parametrize("tname,rows,cols", REAL_SHAPES, ids=[f"{t}-{r}x{c}" for t, r, c in REAL_SHAPES])
 def test_matmul_real_shapes(tname, rows, cols):
     rng = np.random.default_rng(rows * 7 + cols)
-    raw = make_weights(tname, rows, cols, rng)
+    m = Matrix(tname, rows, cols, rng)
+    xs = {n: activations(n, cols, rng) for n in (1, 5)}
     for isa in ISAS:
         nat.set_isa(isa)
         for n in (1, 5) if isa != "scalar" else (1,):
-            x = activations(n, cols, rng)
             for exact in (0, 1):
-                check(tname, raw, rows, cols, x, exact, layouts=(1,))
+                check(m, xs[n], exact, layouts=(1,))
 
 
 @pytest.mark.parametrize("tname", list(TYPES))

@@ -1,0 +1,78 @@
+"""The command line as a user runs it."""
+import subprocess
+import sys
+
+import pytest
+
+import llambda
+
+
+def run_cli(*args, input=None, timeout=300):
+    return subprocess.run([sys.executable, "-m", "llambda.cli", *args], capture_output=True, text=True,
+                          input=input, timeout=timeout)
+
+
+def test_run_streams_a_greedy_completion(smollm2_gguf):
+    out = run_cli("run", "-m", str(smollm2_gguf), "--temperature", "0", "--max-tokens", "8", "-v",
+                  "The capital of France is")
+    assert out.returncode == 0, out.stderr
+    assert "Paris" in out.stdout
+    assert "memory:" in out.stderr and "tokens/s" in out.stderr
+
+
+def test_chat_keeps_history(smollm2_gguf):
+    out = run_cli("chat", "-m", str(smollm2_gguf), "--temperature", "0", "--max-tokens", "12",
+                  input="What is the capital of France?\nAnd of Italy?\n")
+    assert out.returncode == 0, out.stderr
+    assert "Paris" in out.stdout and "Rome" in out.stdout
+
+
+def test_chat_on_a_base_model_is_a_clear_error(gemma3_gguf):
+    out = run_cli("chat", "-m", str(gemma3_gguf), input="hi\n")
+    assert out.returncode == 1
+    assert "no chat template" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_missing_model_is_a_clear_error(tmp_path):
+    out = run_cli("run", "-m", str(tmp_path / "nope.gguf"), "hi")
+    assert out.returncode == 1 and "no model file" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_corrupt_model_is_a_clear_error(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\xff" * 64)
+    out = run_cli("run", "-m", str(bad), "hi")
+    assert out.returncode == 1 and "Traceback" not in out.stderr and "error" in out.stderr
+
+
+def test_tokenize(smollm2_gguf):
+    out = run_cli("tokenize", "-m", str(smollm2_gguf), "--ids", "The capital of France is")
+    assert out.returncode == 0 and out.stdout.strip() == "[504, 3575, 282, 4649, 314]"
+
+
+def test_same_seed_same_text(smollm2_gguf):
+    with llambda.load(smollm2_gguf, n_ctx=128) as m:
+        a = m.complete("Once upon a time", max_tokens=16, temperature=0.9, seed=7)
+        b = m.complete("Once upon a time", max_tokens=16, temperature=0.9, seed=7)
+        c = m.complete("Once upon a time", max_tokens=16, temperature=0.9, seed=8)
+    assert a == b and a != c
+
+
+def test_prompt_longer_than_context_is_an_error(smollm2_gguf):
+    with llambda.load(smollm2_gguf, n_ctx=32) as m:
+        with pytest.raises(llambda.ContextOverflowError):
+            m.complete("word " * 100, max_tokens=4)
+
+
+def test_generation_stops_at_context_end(smollm2_gguf):
+    with llambda.load(smollm2_gguf, n_ctx=16) as m:
+        evs = list(m.stream([504, 3575, 282, 4649, 314], max_tokens=100, temperature=0, ignore_eos=True))
+    assert evs[-1].finish_reason == "length"
+    assert sum(1 for e in evs if e.token >= 0) == 16 - 5
+
+
+def test_stop_strings_end_generation(smollm2_gguf):
+    with llambda.load(smollm2_gguf, n_ctx=128) as m:
+        evs = list(m.stream("The capital of France is", max_tokens=32, temperature=0, stop=["."]))
+    text = "".join(e.text for e in evs)
+    assert evs[-1].finish_reason == "stop" and "." not in text and "Paris" in text

