@@ -23,6 +23,7 @@ setup(
             "llambda._native",
             sources=sorted(glob.glob("csrc/*.c")),
             include_dirs=["csrc"],
+            depends=sorted(glob.glob("csrc/*.h") + glob.glob("csrc/*.inc")),
             extra_compile_args=extra_compile,
             extra_link_args=extra_link,
             optional=True,

@@ -8,11 +8,13 @@ for the real models' shapes with the weights hot in cache, and for a cold
 GEMM (n=512, prefill): GOP/s counting a multiply-add as 2 operations.
 """
 import argparse
+import os
 import time
 
-import numpy as np
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # NumPy's BLAS threads would compete with the pool's
+import numpy as np  # noqa: E402
 
-from llambda import _native as nat
+from llambda import _native as nat  # noqa: E402
 
 TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14, "BF16": 30}
 # (bytes per block, values per block, offsets of fp16 scales that must be sane)

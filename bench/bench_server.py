@@ -21,6 +21,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -48,13 +49,14 @@ class Engine:
     env: dict = field(default_factory=dict)
     extra_body: dict = field(default_factory=dict)
     proc: subprocess.Popen | None = None
+    model_id: str = ""
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 300) -> None:
-        log = open(f"/tmp/bench_server_{self.name}.log", "w")
+        log = open(Path(tempfile.gettempdir()) / f"bench_server_{self.name}.log", "w")
         self.proc = subprocess.Popen(self.cmd, env={**os.environ, **self.env}, stdout=log, stderr=subprocess.STDOUT)
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:
@@ -148,6 +150,7 @@ def main(argv=None) -> int:
     ap.add_argument("--parallel", type=int, default=8, help="server slots (default 8)")
     ap.add_argument("-n", "--max-tokens", type=int, default=128, help="tokens generated per request")
     ap.add_argument("-r", "--requests-per-stream", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=3, help="rounds per engine and level (median reported)")
     ap.add_argument("-c", "--ctx-size", type=int, default=1024, help="context per slot")
     ap.add_argument("-t", "--threads", type=int, default=None)
     ap.add_argument("--llama-server", default="auto", help="path to llama-server, 'auto' (PATH) or 'none'")
@@ -186,30 +189,43 @@ def main(argv=None) -> int:
                                                    "--n_threads", str(threads)],
                               port, extra_body={"logit_bias": {"0": -100, "2": -100}}))
 
+    # All servers up at once, rounds interleaved (A, B, A, B...): drift on a shared machine hits all alike.
     rows = []
-    for eng in engines:
-        print(f"== {eng.name}: {' '.join(eng.cmd)}", file=sys.stderr)
-        eng.start()
-        try:
-            mid = model_id(eng)
-            one_request(eng, mid, "Hello", 8)        # warm-up
-            for c in levels:
-                row = run_round(eng, mid, c, a.requests_per_stream, a.max_tokens)
-                rows.append(row)
-                print(f"   {c} streams: {row['tok_s']:.1f} tok/s aggregate, TTFT {row['ttft_ms']:.0f} ms, "
-                      f"{row['requests']} requests, {len(row['errors'])} errors", file=sys.stderr)
-        finally:
+    try:
+        for eng in engines:
+            print(f"== {eng.name}: {' '.join(eng.cmd)}", file=sys.stderr)
+            eng.start()
+            eng.model_id = model_id(eng)
+            one_request(eng, eng.model_id, "Hello", 8)        # warm-up
+        for c in levels:
+            for rep in range(a.repeat):
+                for eng in engines:
+                    row = run_round(eng, eng.model_id, c, a.requests_per_stream, a.max_tokens)
+                    row["rep"] = rep
+                    rows.append(row)
+                    print(f"   {eng.name} {c} streams (rep {rep}): {row['tok_s']:.1f} tok/s aggregate, "
+                          f"TTFT {row['ttft_ms']:.0f} ms, {row['requests']} requests, {len(row['errors'])} errors",
+                          file=sys.stderr)
+    finally:
+        for eng in engines:
             eng.stop()
 
+    def med(engine, c, key):
+        vals = [r[key] for r in rows if r["engine"] == engine and r["streams"] == c]
+        return statistics.median(vals) if vals else float("nan"), vals
+
     print(f"\nSmolLM2 ({Path(a.model).name}), {threads} threads, {a.parallel} slots, {a.max_tokens} tokens per "
-          f"request, {a.requests_per_stream} requests per stream\n")
-    print("| engine | streams | aggregate tok/s | per stream tok/s | x vs 1 stream | median TTFT ms | errors |")
+          f"request, {a.requests_per_stream} requests per stream, median of {a.repeat} interleaved rounds\n")
+    print("| engine | streams | aggregate tok/s (median) | min–max | x vs 1 stream | median TTFT ms | errors |")
     print("|---|---|---|---|---|---|---|")
-    for r in rows:
-        base = next((x["tok_s"] for x in rows if x["engine"] == r["engine"] and x["streams"] == 1), None)
-        rel = f"{r['tok_s'] / base:.2f}" if base else "-"
-        print(f"| {r['engine']} | {r['streams']} | {r['tok_s']:.1f} | {r['tok_s'] / r['streams']:.1f} | {rel} | "
-              f"{r['ttft_ms']:.0f} | {len(r['errors'])} |")
+    for eng in engines:
+        base, _ = med(eng.name, 1, "tok_s")
+        for c in levels:
+            tps, vals = med(eng.name, c, "tok_s")
+            ttft, _ = med(eng.name, c, "ttft_ms")
+            errs = sum(len(r["errors"]) for r in rows if r["engine"] == eng.name and r["streams"] == c)
+            rel = f"{tps / base:.2f}" if base == base and base > 0 else "-"
+            print(f"| {eng.name} | {c} | {tps:.1f} | {min(vals):.1f}–{max(vals):.1f} | {rel} | {ttft:.0f} | {errs} |")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -14,25 +14,27 @@
 
 #define LLB_ICHUNK 64 /* activation rows per work unit (a multiple of every kernel's tile) */
 
-/* Activations quantized to 8 bits (fast mode), interleaved in tiles of LLB_XT
- * rows so that a GEMM tile reaches all its rows from one pointer: for tile
- * i / LLB_XT and block b, the LLB_XT rows' blocks follow each other (see llb_act_at).
+/* Activations quantized to 8 bits (fast mode), interleaved in tiles of xt rows
+ * (LLB_XT, or n when n is smaller, so a GEMV's are contiguous) so that a GEMM
+ * tile reaches all its rows from one pointer: for tile i / xt and block b, the
+ * xt rows' blocks follow each other (see llb_act_at).
  * 32-blocks (for Q4_0/Q4_1/Q5_0/Q8_0): qs, d, bias, sum; 256-blocks (Q4_K/Q6_K): qs, d, bs32, bs16n. */
 #define LLB_XT 8
 
 /* Index of activation row i's block b among the per-block entries (nblk blocks per row);
  * its codes start at qs + blk * llb_act_at(...), its 8 (16) bs32 (bs16n) at 8 (16) times it. */
-static inline size_t llb_act_at(long i, long b, long nblk) {
-    return ((size_t)(i / LLB_XT) * (size_t)nblk + (size_t)b) * LLB_XT + (size_t)(i % LLB_XT);
+static inline size_t llb_act_at(long i, long b, long nblk, long xt) {
+    return ((size_t)(i / xt) * (size_t)nblk + (size_t)b) * (size_t)xt + (size_t)(i % xt);
 }
 
 typedef struct {
     const int8_t *qs;     /* codes in [-127, 127]; x ~= d * q */
     const float *d;       /* one scale per block */
     const int32_t *bias;  /* 32-blocks: -offset * sum(q), the weight type's zero point folded in */
-    const float *sum;     /* 32-blocks: sum of the float values of the block (Q4_1's min term) */
+    const float *sum;     /* 32-blocks: d * sum(q), the quantized block's sum (Q4_1's min term) */
     const int16_t *bs32;  /* 256-blocks: sum(q) over each 32 values */
     const int32_t *bs16n; /* 256-blocks: -32 * sum(q) over each 16 values (Q6_K's zero point) */
+    long xt;              /* rows per tile */
 } llb_act;
 
 typedef struct llb_mm {
@@ -53,9 +55,9 @@ typedef struct {
     /* Zero point the 32-block kernels want folded into llb_act.bias (their unsigned code offset). */
     int (*act_offset)(int qtype);
     /* Quantize one activation row: 32-blocks (bias = -offset * sum q) or 256-blocks. The outputs
-     * point at the row's first block; consecutive blocks are LLB_XT entries apart (tile layout). */
-    void (*quant32)(const float *x, long cols, int offset, int8_t *qs, float *d, int32_t *bias, float *sum);
-    void (*quant256)(const float *x, long cols, int8_t *qs, float *d, int16_t *bs32, int32_t *bs16n);
+     * point at the row's first block; consecutive blocks are xt entries apart (tile layout). */
+    void (*quant32)(const float *x, long cols, long xt, int offset, int8_t *qs, float *d, int32_t *bias, float *sum);
+    void (*quant256)(const float *x, long cols, long xt, int8_t *qs, float *d, int16_t *bs32, int32_t *bs16n);
 } llb_kernels;
 
 extern const llb_kernels llb_kernels_scalar;

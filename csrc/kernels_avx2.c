@@ -38,7 +38,7 @@ LLB_AI TGT void store_codes32(int8_t *dst, __m256i q0, __m256i q1, __m256i q2, _
     _mm256_storeu_si256((__m256i *)dst, _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
 }
 
-TGT static void quant32(const float *x, long cols, int offset, int8_t *qs, float *d, int32_t *bias, float *sum) {
+TGT static void quant32(const float *x, long cols, long xt, int offset, int8_t *qs, float *d, int32_t *bias, float *sum) {
     for (long b = 0; b < cols / 32; b++) {
         const float *xb = x + 32 * b;
         __m256 v[4];
@@ -49,30 +49,31 @@ TGT static void quant32(const float *x, long cols, int offset, int8_t *qs, float
         __m256i q[4];
         LLB_UNROLL
         for (int k = 0; k < 4; k++) q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], id));
-        store_codes32(qs + LLB_XT * 32 * b, q[0], q[1], q[2], q[3]);
-        d[LLB_XT * b] = amax / 127.0f;
-        bias[LLB_XT * b] = -offset * hsum8i(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
-        sum[LLB_XT * b] = hsum8(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])));
+        store_codes32(qs + xt * 32 * b, q[0], q[1], q[2], q[3]);
+        const int32_t isum = hsum8i(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+        d[xt * b] = amax / 127.0f;
+        bias[xt * b] = -offset * isum;
+        sum[xt * b] = (amax / 127.0f) * (float)isum; /* see kernels_scalar.c: the quantized sum, not the exact one */
     }
 }
 
-TGT static void quant256(const float *x, long cols, int8_t *qs, float *d, int16_t *bs32, int32_t *bs16n) {
+TGT static void quant256(const float *x, long cols, long xt, int8_t *qs, float *d, int16_t *bs32, int32_t *bs16n) {
     for (long b = 0; b < cols / 256; b++) {
         const float *xb = x + 256 * b;
         __m256 m = _mm256_setzero_ps();
         for (int k = 0; k < 32; k++) m = _mm256_max_ps(m, abs8(_mm256_loadu_ps(xb + 8 * k)));
         const float amax = hmax8(m);
         const __m256 id = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-        d[LLB_XT * b] = amax / 127.0f;
+        d[xt * b] = amax / 127.0f;
         for (int s = 0; s < 8; s++) {
             __m256i q[4];
             LLB_UNROLL
             for (int k = 0; k < 4; k++) q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + 32 * s + 8 * k), id));
-            store_codes32(qs + LLB_XT * 256 * b + 32 * s, q[0], q[1], q[2], q[3]);
+            store_codes32(qs + xt * 256 * b + 32 * s, q[0], q[1], q[2], q[3]);
             const int32_t s0 = hsum8i(_mm256_add_epi32(q[0], q[1])), s1 = hsum8i(_mm256_add_epi32(q[2], q[3]));
-            bs16n[LLB_XT * 16 * b + 2 * s] = -32 * s0;
-            bs16n[LLB_XT * 16 * b + 2 * s + 1] = -32 * s1;
-            bs32[LLB_XT * 8 * b + s] = (int16_t)(s0 + s1);
+            bs16n[xt * 16 * b + 2 * s] = -32 * s0;
+            bs16n[xt * 16 * b + 2 * s + 1] = -32 * s1;
+            bs32[xt * 8 * b + s] = (int16_t)(s0 + s1);
         }
     }
 }
@@ -100,11 +101,11 @@ LLB_AI TGT __m256i block_dot_h(const int qt, const __m256i q[8], const int8_t *x
     return dot_u8s8(q, 8, xq); /* 4-bit codes: 8 x 2 x 15 x 127 < 2^15 */
 }
 
-/* M activation rows from row i (one LLB_XT tile) against rows 8h..8h+7 of the group. */
+/* M activation rows from row i (one activation tile) against rows 8h..8h+7 of the group. */
 LLB_AI TGT void tile32(const llb_mm *mm, const uint8_t *wg, int h, long i, const int M, const int qt, const int gemv,
                        __m256 tot[]) {
-    const long nb = mm->cols / 32;
-    const size_t at = llb_act_at(i, 0, nb);
+    const long nb = mm->cols / 32, xt = mm->a.xt;
+    const size_t at = llb_act_at(i, 0, nb, xt);
     const int8_t *xq = mm->a.qs + 32 * at;
     const float *xd = mm->a.d + at, *xs = mm->a.sum + at;
     const int32_t *xb = mm->a.bias + at;
@@ -125,10 +126,10 @@ LLB_AI TGT void tile32(const llb_mm *mm, const uint8_t *wg, int h, long i, const
             tot[m] = _mm256_fmadd_ps(f, _mm256_set1_ps(xd[m]), tot[m]);
             if (qt == LLB_Q4_1) tot[m] = _mm256_fmadd_ps(load_f16x8(gb + 32 + 16 * h), _mm256_set1_ps(xs[m]), tot[m]);
         }
-        xq += 32 * LLB_XT;
-        xd += LLB_XT;
-        xs += LLB_XT;
-        xb += LLB_XT;
+        xq += 32 * xt;
+        xd += xt;
+        xs += xt;
+        xb += xt;
     }
 }
 
@@ -277,11 +278,54 @@ LLB_AI TGT void exact_kernel(const llb_mm *mm, const uint8_t *wg, long g, long i
     for (long i = i0; i < i1; i++) llb_store_quad_sums(acc[i - i0], mm->out + i * mm->rows + g * LLB_IL, nr);
 }
 
+/* n == 1 for F32/F16/BF16: row-by-row dot products (4 rows share each activation load);
+ * the last partial 8 values of a row go through a zero-padded copy. */
+LLB_AI TGT __m256 load_row8(const int qt, const uint8_t *p) {
+    if (qt == LLB_F32) return _mm256_loadu_ps((const float *)p);
+    if (qt == LLB_F16) return load_f16x8(p);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+
+LLB_AI TGT void float_gemv(const llb_mm *mm, const uint8_t *wg, long g, const int qt) {
+    const int nr = llb_group_rows(mm, g), es = qt == LLB_F32 ? 4 : 2;
+    const long K = mm->cols, K8 = K / 8 * 8;
+    float *o = mm->out + g * LLB_IL;
+    __attribute__((aligned(32))) float xpad[8] = {0};
+    __attribute__((aligned(32))) uint8_t wpad[4][32];
+    memcpy(xpad, mm->x + K8, sizeof(float) * (size_t)(K - K8));
+    for (int r0 = 0; r0 < nr; r0 += 4) {
+        const int rn = nr - r0 < 4 ? nr - r0 : 4;
+        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (long k = 0; k < K8; k += 8) {
+            const __m256 x = _mm256_loadu_ps(mm->x + k);
+            LLB_UNROLL
+            for (int r = 0; r < 4; r++)
+                if (r < rn) {
+                    const uint8_t *row = wg + (size_t)(r0 + r) * mm->row_bytes;
+                    _mm_prefetch((const char *)row + es * k + LLB_PF_DIST / 4, _MM_HINT_T0);
+                    acc[r] = _mm256_fmadd_ps(load_row8(qt, row + es * k), x, acc[r]);
+                }
+        }
+        if (K8 < K)
+            for (int r = 0; r < rn; r++) {
+                memset(wpad[r], 0, sizeof wpad[r]);
+                memcpy(wpad[r], wg + (size_t)(r0 + r) * mm->row_bytes + es * K8, (size_t)(es * (K - K8)));
+                acc[r] = _mm256_fmadd_ps(load_row8(qt, wpad[r]), _mm256_load_ps(xpad), acc[r]);
+            }
+        for (int r = 0; r < rn; r++) o[r0 + r] = hsum8(acc[r]);
+    }
+}
+
 #define EXACT(name, qt) \
     TGT static void name(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { exact_kernel(mm, wg, g, i0, i1, qt); }
-EXACT(exact_f32, LLB_F32)
-EXACT(exact_f16, LLB_F16)
-EXACT(exact_bf16, LLB_BF16)
+#define FLOAT(name, qt)                                                                     \
+    TGT static void name(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { \
+        if (mm->n == 1) float_gemv(mm, wg, g, qt);                                          \
+        else exact_kernel(mm, wg, g, i0, i1, qt);                                           \
+    }
+FLOAT(exact_f32, LLB_F32)
+FLOAT(exact_f16, LLB_F16)
+FLOAT(exact_bf16, LLB_BF16)
 EXACT(exact_q4_0, LLB_Q4_0)
 EXACT(exact_q4_1, LLB_Q4_1)
 EXACT(exact_q5_0, LLB_Q5_0)

@@ -15,7 +15,8 @@ LLB_AI TGT __m256 sub_scale(const uint8_t *sc8, __m256 d, int is_signed) {
 
 LLB_AI TGT void tile_q4k(const llb_mm *mm, const uint8_t *wg, int h, long i, const int M, const int gemv, __m256 tot[]) {
     const long nsb = mm->cols / 256;
-    const size_t at = llb_act_at(i, 0, nsb);
+    const long xt = mm->a.xt;
+    const size_t at = llb_act_at(i, 0, nsb, xt);
     LLB_UNROLL
     for (int m = 0; m < M; m++) tot[m] = _mm256_setzero_ps();
     for (long sb = 0; sb < nsb; sb++) {
@@ -23,7 +24,7 @@ LLB_AI TGT void tile_q4k(const llb_mm *mm, const uint8_t *wg, int h, long i, con
         if (gemv && h == 0)
             for (int o = 0; o < 2368; o += 64) _mm_prefetch((const char *)gb + LLB_PF_DIST + o, _MM_HINT_T0);
         const __m256 d = load_f16x8(gb + 16 * h);
-        const size_t e = at + LLB_XT * sb;
+        const size_t e = at + xt * sb;
         __m256 f[TILE_ROWS];
         LLB_UNROLL
         for (int m = 0; m < M; m++) f[m] = _mm256_setzero_ps();
@@ -55,7 +56,8 @@ LLB_AI TGT void tile_q4k(const llb_mm *mm, const uint8_t *wg, int h, long i, con
 
 LLB_AI TGT void tile_q6k(const llb_mm *mm, const uint8_t *wg, int h, long i, const int M, const int gemv, __m256 tot[]) {
     const long nsb = mm->cols / 256;
-    const size_t at = llb_act_at(i, 0, nsb);
+    const long xt = mm->a.xt;
+    const size_t at = llb_act_at(i, 0, nsb, xt);
     LLB_UNROLL
     for (int m = 0; m < M; m++) tot[m] = _mm256_setzero_ps();
     for (long sb = 0; sb < nsb; sb++) {
@@ -63,7 +65,7 @@ LLB_AI TGT void tile_q6k(const llb_mm *mm, const uint8_t *wg, int h, long i, con
         if (gemv && h == 0)
             for (int o = 0; o < 3360; o += 64) _mm_prefetch((const char *)gb + LLB_PF_DIST + o, _MM_HINT_T0);
         const __m256 d = load_f16x8(gb + 16 * h);
-        const size_t e = at + LLB_XT * sb;
+        const size_t e = at + xt * sb;
         __m256 f[TILE_ROWS];
         LLB_UNROLL
         for (int m = 0; m < M; m++) f[m] = _mm256_setzero_ps();

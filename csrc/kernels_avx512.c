@@ -13,18 +13,19 @@
 
 /* ---- activation quantization (same rounding as the scalar path) ---------- */
 
-TGT static void quant32(const float *x, long cols, int offset, int8_t *qs, float *d, int32_t *bias, float *sum) {
+TGT static void quant32(const float *x, long cols, long xt, int offset, int8_t *qs, float *d, int32_t *bias, float *sum) {
     for (long b = 0; b < cols / 32; b++) {
         const __m512 a = _mm512_loadu_ps(x + 32 * b), c = _mm512_loadu_ps(x + 32 * b + 16);
         const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(c)));
         const __m512 id = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
         const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, id)), qc = _mm512_cvtps_epi32(_mm512_mul_ps(c, id));
-        int8_t *qb = qs + LLB_XT * 32 * b;
+        int8_t *qb = qs + xt * 32 * b;
         _mm_storeu_si128((__m128i *)qb, _mm512_cvtsepi32_epi8(qa));
         _mm_storeu_si128((__m128i *)(qb + 16), _mm512_cvtsepi32_epi8(qc));
-        d[LLB_XT * b] = amax / 127.0f;
-        bias[LLB_XT * b] = -offset * _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qc));
-        sum[LLB_XT * b] = _mm512_reduce_add_ps(_mm512_add_ps(a, c));
+        const int32_t isum = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qc));
+        d[xt * b] = amax / 127.0f;
+        bias[xt * b] = -offset * isum;
+        sum[xt * b] = (amax / 127.0f) * (float)isum; /* see kernels_scalar.c: the quantized sum, not the exact one */
     }
 }
 
@@ -44,24 +45,24 @@ LLB_AI TGT __m512i sum_lanes16(const __m512i v[16]) {
     return _mm512_add_epi32(_mm512_shuffle_i32x4(w[0], w[1], 0x88), _mm512_shuffle_i32x4(w[0], w[1], 0xDD));
 }
 
-TGT static void quant256(const float *x, long cols, int8_t *qs, float *d, int16_t *bs32, int32_t *bs16n) {
+TGT static void quant256(const float *x, long cols, long xt, int8_t *qs, float *d, int16_t *bs32, int32_t *bs16n) {
     for (long b = 0; b < cols / 256; b++) {
         const float *xb = x + 256 * b;
         __m512 m = _mm512_setzero_ps();
         for (int u = 0; u < 16; u++) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(xb + 16 * u)));
         const float amax = _mm512_reduce_max_ps(m);
         const __m512 id = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-        d[LLB_XT * b] = amax / 127.0f;
+        d[xt * b] = amax / 127.0f;
         __m512i q[16];
         LLB_UNROLL
         for (int u = 0; u < 16; u++) {
             q[u] = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + 16 * u), id));
-            _mm_storeu_si128((__m128i *)(qs + LLB_XT * 256 * b + 16 * u), _mm512_cvtsepi32_epi8(q[u]));
+            _mm_storeu_si128((__m128i *)(qs + xt * 256 * b + 16 * u), _mm512_cvtsepi32_epi8(q[u]));
         }
         const __m512i s16 = sum_lanes16(q);
-        _mm512_storeu_si512(bs16n + LLB_XT * 16 * b, _mm512_mullo_epi32(s16, _mm512_set1_epi32(-32)));
+        _mm512_storeu_si512(bs16n + xt * 16 * b, _mm512_mullo_epi32(s16, _mm512_set1_epi32(-32)));
         const __m512i pairs = _mm512_add_epi32(s16, _mm512_shuffle_epi32(s16, _MM_PERM_CDAB)); /* even lanes: 2s + 2s+1 */
-        _mm_storeu_si128((__m128i *)(bs32 + LLB_XT * 8 * b), _mm256_castsi256_si128(_mm512_cvtepi32_epi16(_mm512_maskz_compress_epi32(0x5555, pairs))));
+        _mm_storeu_si128((__m128i *)(bs32 + xt * 8 * b), _mm256_castsi256_si128(_mm512_cvtepi32_epi16(_mm512_maskz_compress_epi32(0x5555, pairs))));
     }
 }
 
@@ -73,12 +74,12 @@ static int act_offset(int qtype) {
 
 #define TILE_ROWS 8 /* activation rows per GEMM tile: decode once, use 8 times */
 
-/* M activation rows from row i (all in one LLB_XT tile) against the whole group:
+/* M activation rows from row i (all in one activation tile) against the whole group:
  * several rows per weight decode. */
 LLB_AI TGT void tile32(const llb_mm *mm, const uint8_t *wg, long i, const int M, const int qt, long b0, long b1,
                        __m512 tot[]) {
-    const long nb = mm->cols / 32;
-    const size_t at = llb_act_at(i, b0, nb);
+    const long nb = mm->cols / 32, xt = mm->a.xt;
+    const size_t at = llb_act_at(i, b0, nb, xt);
     const int8_t *xq = mm->a.qs + 32 * at;
     const float *xd = mm->a.d + at, *xs = mm->a.sum + at;
     const int32_t *xb = mm->a.bias + at;
@@ -104,10 +105,10 @@ LLB_AI TGT void tile32(const llb_mm *mm, const uint8_t *wg, long i, const int M,
             tot[m] = _mm512_fmadd_ps(f, _mm512_set1_ps(xd[m]), tot[m]);
             if (qt == LLB_Q4_1) tot[m] = _mm512_fmadd_ps(mv, _mm512_set1_ps(xs[m]), tot[m]);
         }
-        xq += 32 * LLB_XT;
-        xd += LLB_XT;
-        xs += LLB_XT;
-        xb += LLB_XT;
+        xq += 32 * xt;
+        xd += xt;
+        xs += xt;
+        xb += xt;
     }
 }
 
@@ -122,7 +123,7 @@ LLB_AI TGT __m512 gemv32(const llb_mm *mm, const uint8_t *wg, const int qt) {
         for (int o = 0; o < gbb; o += 64) _mm_prefetch((const char *)gb + LLB_PF_DIST + o, _MM_HINT_T0);
         __m512i q[8];
         dec_block32(qt, gb, q);
-        const long at = LLB_XT * b; /* row 0's entries of block b */
+        const long at = b; /* n == 1: one row, blocks contiguous (xt = 1) */
         const int8_t *xq = mm->a.qs + 32 * at;
         __m512i a0 = _mm512_set1_epi32(qt == LLB_Q4_1 ? 0 : mm->a.bias[at]), a1 = _mm512_setzero_si512();
         LLB_UNROLL
@@ -298,11 +299,46 @@ LLB_AI TGT void exact_kernel(const llb_mm *mm, const uint8_t *wg, long g, long i
     for (long i = i0; i < i1; i++) llb_store_quad_sums(acc[i - i0], mm->out + i * mm->rows + g * LLB_IL, nr);
 }
 
+/* 16 float-type weights of a row (fewer, zero-filled, at the row's end) as FP32. */
+LLB_AI TGT __m512 load_row16(const int qt, const uint8_t *row, long k, __mmask16 km) {
+    if (qt == LLB_F32) return _mm512_maskz_loadu_ps(km, (const float *)row + k);
+    const __m256i h = _mm256_maskz_loadu_epi16(km, row + 2 * k);
+    return qt == LLB_F16 ? _mm512_cvtph_ps(h) : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* n == 1 for F32/F16/BF16: row-by-row dot products (4 rows share each activation load). */
+LLB_AI TGT void float_gemv(const llb_mm *mm, const uint8_t *wg, long g, const int qt) {
+    const int nr = llb_group_rows(mm, g);
+    const long K = mm->cols;
+    float *o = mm->out + g * LLB_IL;
+    for (int r0 = 0; r0 < nr; r0 += 4) {
+        const int rn = nr - r0 < 4 ? nr - r0 : 4;
+        __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (long k = 0; k < K; k += 16) {
+            const __mmask16 km = K - k >= 16 ? 0xFFFF : (__mmask16)((1u << (K - k)) - 1);
+            const __m512 x = _mm512_maskz_loadu_ps(km, mm->x + k);
+            LLB_UNROLL
+            for (int r = 0; r < 4; r++)
+                if (r < rn) {
+                    const uint8_t *row = wg + (size_t)(r0 + r) * mm->row_bytes;
+                    _mm_prefetch((const char *)row + (qt == LLB_F32 ? 4 : 2) * k + LLB_PF_DIST / 4, _MM_HINT_T0);
+                    acc[r] = _mm512_fmadd_ps(load_row16(qt, row, k, km), x, acc[r]);
+                }
+        }
+        for (int r = 0; r < rn; r++) o[r0 + r] = _mm512_reduce_add_ps(acc[r]);
+    }
+}
+
 #define EXACT(name, qt) \
     TGT static void name(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { exact_kernel(mm, wg, g, i0, i1, qt); }
-EXACT(exact_f32, LLB_F32)
-EXACT(exact_f16, LLB_F16)
-EXACT(exact_bf16, LLB_BF16)
+#define FLOAT(name, qt)                                                                     \
+    TGT static void name(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { \
+        if (mm->n == 1) float_gemv(mm, wg, g, qt);                                          \
+        else exact_kernel(mm, wg, g, i0, i1, qt);                                           \
+    }
+FLOAT(exact_f32, LLB_F32)
+FLOAT(exact_f16, LLB_F16)
+FLOAT(exact_bf16, LLB_BF16)
 EXACT(exact_q4_0, LLB_Q4_0)
 EXACT(exact_q4_1, LLB_Q4_1)
 EXACT(exact_q5_0, LLB_Q5_0)

@@ -39,7 +39,7 @@ LLB_AI TGT void prefetch_sb(const uint8_t *gb, int bytes) {
     for (int o = 0; o < bytes; o += 64) _mm_prefetch((const char *)gb + LLB_PF_DIST + o, _MM_HINT_T0);
 }
 
-/* acc[m] += codes . activations of rows m (LLB_XT tile rows 256 bytes apart), quad-major so
+/* acc[m] += codes . activations of rows m (a tile's rows are 256 bytes apart), quad-major so
  * the M chains advance together. nq quads from xq. */
 LLB_AI TGT void dot_rows(__m512i acc[], const int M, const __m512i *q, const int nq, const int8_t *xq) {
     LLB_UNROLL
@@ -49,18 +49,19 @@ LLB_AI TGT void dot_rows(__m512i acc[], const int M, const __m512i *q, const int
     }
 }
 
-/* M activation rows from row i, all in one LLB_XT tile; gemv (n == 1, M == 1) adds prefetch
+/* M activation rows from row i, all in one activation tile; gemv (n == 1, M == 1) adds prefetch
  * and splits the dependency chains. */
 LLB_AI TGT void tile_q4k(const llb_mm *mm, const uint8_t *wg, long i, const int M, const int gemv, long s0, long s1,
                          __m512 tot[]) {
-    const size_t at = llb_act_at(i, 0, mm->cols / 256);
+    const long xt = mm->a.xt;
+    const size_t at = llb_act_at(i, 0, mm->cols / 256, xt);
     LLB_UNROLL
     for (int m = 0; m < M; m++) tot[m] = _mm512_setzero_ps();
     for (long sb = s0; sb < s1; sb++) {
         const uint8_t *gb = wg + sb * 2368;
         if (gemv) prefetch_sb(gb, 2368);
         const __m512 d = load_f16x16(gb);
-        const size_t e = at + LLB_XT * sb; /* row i's entry of this super-block */
+        const size_t e = at + xt * sb; /* row i's entry of this super-block */
         __m512 f[TILE_ROWS];
         LLB_UNROLL
         for (int m = 0; m < M; m++) f[m] = _mm512_setzero_ps();
@@ -95,14 +96,15 @@ LLB_AI TGT void tile_q4k(const llb_mm *mm, const uint8_t *wg, long i, const int 
 
 LLB_AI TGT void tile_q6k(const llb_mm *mm, const uint8_t *wg, long i, const int M, const int gemv, long s0, long s1,
                          __m512 tot[]) {
-    const size_t at = llb_act_at(i, 0, mm->cols / 256);
+    const long xt = mm->a.xt;
+    const size_t at = llb_act_at(i, 0, mm->cols / 256, xt);
     LLB_UNROLL
     for (int m = 0; m < M; m++) tot[m] = _mm512_setzero_ps();
     for (long sb = s0; sb < s1; sb++) {
         const uint8_t *gb = wg + sb * 3360;
         if (gemv) prefetch_sb(gb, 3360);
         const __m512 d = load_f16x16(gb);
-        const size_t e = at + LLB_XT * sb;
+        const size_t e = at + xt * sb;
         __m512 f[TILE_ROWS], f2[TILE_ROWS];
         LLB_UNROLL
         for (int m = 0; m < M; m++) f[m] = f2[m] = _mm512_setzero_ps();

@@ -8,42 +8,45 @@
 
 /* ---- activation quantization ------------------------------------------- */
 
-static void quant32(const float *x, long cols, int offset, int8_t *qs, float *d, int32_t *bias, float *sum) {
+static void quant32(const float *x, long cols, long xt, int offset, int8_t *qs, float *d, int32_t *bias, float *sum) {
     for (long b = 0; b < cols / LLB_QK; b++) {
         const float *xb = x + b * LLB_QK;
-        float amax = 0.0f, s = 0.0f;
+        float amax = 0.0f;
         for (int e = 0; e < LLB_QK; e++) amax = fmaxf(amax, fabsf(xb[e]));
         const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
         int32_t isum = 0;
         for (int e = 0; e < LLB_QK; e++) {
             const int q = (int)lrintf(xb[e] * id);
-            qs[b * LLB_XT * LLB_QK + e] = (int8_t)q;
+            qs[b * xt * LLB_QK + e] = (int8_t)q;
             isum += q;
-            s += xb[e];
         }
-        d[b * LLB_XT] = amax / 127.0f;
-        bias[b * LLB_XT] = -offset * isum;
-        sum[b * LLB_XT] = s;
+        d[b * xt] = amax / 127.0f;
+        bias[b * xt] = -offset * isum;
+        /* Q4_1's min term m * sum(x) uses the sum of the *quantized* activations: the
+         * error is then sum((d*q + m) * dx), weights centred around 0, instead of
+         * sum(d*q * dx) with q in 0..15 all positive, whose rounding errors do not
+         * cancel (measured: 2-4x larger matmul error, +2.3% perplexity on SmolLM2). */
+        sum[b * xt] = (amax / 127.0f) * (float)isum;
     }
 }
 
-static void quant256(const float *x, long cols, int8_t *qs, float *d, int16_t *bs32, int32_t *bs16n) {
+static void quant256(const float *x, long cols, long xt, int8_t *qs, float *d, int16_t *bs32, int32_t *bs16n) {
     for (long b = 0; b < cols / LLB_QKK; b++) {
         const float *xb = x + b * LLB_QKK;
         float amax = 0.0f;
         for (int e = 0; e < LLB_QKK; e++) amax = fmaxf(amax, fabsf(xb[e]));
         const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-        d[b * LLB_XT] = amax / 127.0f;
+        d[b * xt] = amax / 127.0f;
         int32_t prev = 0;
         for (int u = 0; u < 16; u++) {
             int32_t s = 0;
             for (int e = 16 * u; e < 16 * u + 16; e++) {
                 const int q = (int)lrintf(xb[e] * id);
-                qs[b * LLB_XT * LLB_QKK + e] = (int8_t)q;
+                qs[b * xt * LLB_QKK + e] = (int8_t)q;
                 s += q;
             }
-            bs16n[b * LLB_XT * 16 + u] = -32 * s;
-            if (u & 1) bs32[b * LLB_XT * 8 + u / 2] = (int16_t)(prev + s);
+            bs16n[b * xt * 16 + u] = -32 * s;
+            if (u & 1) bs32[b * xt * 8 + u / 2] = (int16_t)(prev + s);
             prev = s;
         }
     }
@@ -69,7 +72,7 @@ static void fast_quant(const llb_mm *mm, const uint8_t *wg, long g, long i0, lon
         llb_packed_chunk_decode(qt, wg, c, q, dw, mw);
         for (long i = i0; i < i1; i++) {
             /* this chunk's activation block: the chunk itself, or its super-block */
-            const size_t at = kquant ? llb_act_at(i, c / 8, nsb) : llb_act_at(i, c, nb32);
+            const size_t at = kquant ? llb_act_at(i, c / 8, nsb, mm->a.xt) : llb_act_at(i, c, nb32, mm->a.xt);
             const int8_t *xq = kquant ? mm->a.qs + 256 * at + 32 * (c % 8) : mm->a.qs + 32 * at;
             float *t = tot[i - i0], *f = facc[i - i0];
             for (int r = 0; r < LLB_IL; r++) {

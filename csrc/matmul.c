@@ -1,7 +1,7 @@
 /* The matmul driver: picks the ISA's kernel, quantizes the activations once
- * per call, and splits (16-row group, 64-activation-row chunk) work units over
- * the thread pool, group-major so that each thread streams one contiguous
- * region of the packed weights and reuses a group while it is in L1. */
+ * per call, and splits the work, (16-row group) x (64-activation-row chunk)
+ * units, over the thread pool so that each thread streams one contiguous
+ * region of the packed weights. */
 #include "matmul.h"
 
 #include "core.h"
@@ -34,15 +34,15 @@ typedef struct {
 } mm_ctx;
 
 static void quantize_rows(mm_ctx *c, long i0, long i1) {
-    const long K = c->mm.cols, nb32 = K / LLB_QK, nb256 = K / LLB_QKK;
+    const long K = c->mm.cols, nb32 = K / LLB_QK, nb256 = K / LLB_QKK, xt = c->mm.a.xt;
     for (long i = i0; i < i1; i++) {
         const float *x = c->mm.x + i * K;
         if (c->mm.t->block == LLB_QKK) {
-            const size_t at = llb_act_at(i, 0, nb256);
-            c->k->quant256(x, K, c->qs + 256 * at, c->d + at, c->bs32 + 8 * at, c->bs16n + 16 * at);
+            const size_t at = llb_act_at(i, 0, nb256, xt);
+            c->k->quant256(x, K, xt, c->qs + 256 * at, c->d + at, c->bs32 + 8 * at, c->bs16n + 16 * at);
         } else {
-            const size_t at = llb_act_at(i, 0, nb32);
-            c->k->quant32(x, K, c->offset, c->qs + 32 * at, c->d + at, c->bias + at, c->sum + at);
+            const size_t at = llb_act_at(i, 0, nb32, xt);
+            c->k->quant32(x, K, xt, c->offset, c->qs + 32 * at, c->d + at, c->bias + at, c->sum + at);
         }
     }
 }
@@ -50,30 +50,31 @@ static void quantize_rows(mm_ctx *c, long i0, long i1) {
 static void quantize_task(void *ctx, int ith, int nth) {
     mm_ctx *c = ctx;
     long b, e;
-    llb_split(c->mm.n, 1, ith, nth, &b, &e);
+    llb_split(c->mm.n, c->mm.a.xt, ith, nth, &b, &e); /* whole tiles: no two threads write one */
     quantize_rows(c, b, e);
 }
 
+static const uint8_t *group_data(mm_ctx *c, long g, uint8_t *buf, long *cached) {
+    if (!c->group_bytes) return c->w + (size_t)g * LLB_IL * c->mm.row_bytes;
+    if (c->layout == LLB_LAYOUT_PACKED) return c->w + (size_t)g * c->group_bytes;
+    if (g != *cached) llb_pack_group(c->mm.t, c->w, c->mm.rows, c->mm.cols, g, buf);
+    *cached = g;
+    return buf;
+}
+
+static void run_unit(mm_ctx *c, long g, long chunk, uint8_t *buf, long *cached) {
+    const long i0 = chunk * LLB_ICHUNK, i1 = i0 + LLB_ICHUNK < c->mm.n ? i0 + LLB_ICHUNK : c->mm.n;
+    c->fn(&c->mm, group_data(c, g, buf, cached), g, i0, i1);
+}
+
+/* Work units (group, chunk) in group-major order: each thread streams one contiguous
+ * region of the packed weights and reuses a group while it is in cache. */
 static void matmul_task(void *ctx, int ith, int nth) {
     mm_ctx *c = ctx;
     long u0, u1, cached = -1;
-    llb_split(c->ngroups * c->nchunks, 1, ith, nth, &u0, &u1);
     uint8_t *buf = c->repack ? c->repack + (size_t)ith * c->group_bytes : NULL;
-    for (long u = u0; u < u1; u++) {
-        const long g = u / c->nchunks, i0 = (u % c->nchunks) * LLB_ICHUNK;
-        const long i1 = i0 + LLB_ICHUNK < c->mm.n ? i0 + LLB_ICHUNK : c->mm.n;
-        const uint8_t *wg;
-        if (!c->group_bytes) {
-            wg = c->w + (size_t)g * LLB_IL * c->mm.row_bytes;
-        } else if (c->layout == LLB_LAYOUT_PACKED) {
-            wg = c->w + (size_t)g * c->group_bytes;
-        } else {
-            if (g != cached) llb_pack_group(c->mm.t, c->w, c->mm.rows, c->mm.cols, g, buf);
-            cached = g;
-            wg = buf;
-        }
-        c->fn(&c->mm, wg, g, i0, i1);
-    }
+    llb_split(c->ngroups * c->nchunks, 1, ith, nth, &u0, &u1);
+    for (long u = u0; u < u1; u++) run_unit(c, u / c->nchunks, u % c->nchunks, buf, &cached);
 }
 
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
@@ -93,7 +94,8 @@ int llb_matmul(const llb_type_info *t, int layout, const uint8_t *w, long rows, 
     const int nth = llb_pool_threads();
 
     /* One scratch region: quantized activations, then per-thread repack buffers. */
-    const size_t nb32 = (size_t)((n + LLB_XT - 1) / LLB_XT * LLB_XT) * (cols / 32); /* whole tiles */
+    const long xt = n < LLB_XT ? n : LLB_XT;
+    const size_t nb32 = (size_t)((n + xt - 1) / xt * xt) * (cols / 32); /* whole tiles */
     size_t off_qs = 0, off_d, off_bias, off_sum, off_bs16n, off_bs32, off_repack, total;
     off_d = align64(quantize ? nb32 * 32 : 0);
     off_bias = align64(off_d + (quantize ? nb32 * sizeof(float) : 0));
@@ -115,11 +117,15 @@ int llb_matmul(const llb_type_info *t, int layout, const uint8_t *w, long rows, 
         c.sum = (float *)(s + off_sum);
         c.bs16n = (int32_t *)(s + off_bs16n);
         c.bs32 = (int16_t *)(s + off_bs32);
-        c.mm.a = (llb_act){c.qs, c.d, c.bias, c.sum, c.bs32, c.bs16n};
+        c.mm.a = (llb_act){c.qs, c.d, c.bias, c.sum, c.bs32, c.bs16n, xt};
         if (nth > 1 && (size_t)n * cols >= 65536) llb_parallel(quantize_task, &c);
         else quantize_rows(&c, 0, n); /* a decode step: not worth a fork/join */
     }
-    llb_parallel(matmul_task, &c);
+    /* Below ~128 KB of weight traffic (x activation rows) a fork/join (~1.2 us measured,
+     * plus moving activations to the other core) costs more than the second core saves. */
+    const size_t weight_bytes = c.group_bytes ? c.group_bytes * (size_t)c.ngroups : (size_t)rows * c.mm.row_bytes;
+    if (nth > 1 && weight_bytes * (size_t)n >= 128 * 1024) llb_parallel(matmul_task, &c);
+    else matmul_task(&c, 0, 1);
     return 0;
 }
 

@@ -1,7 +1,7 @@
 /* Op drivers for the elementwise, norm, RoPE and KV-cache ops: pick the ISA's
  * kernels, split the work over the thread pool (attention: ops_attention.c).
  *
- * Thresholds below are in elements (or multiply-adds for attention) and mark
+ * Thresholds below are in elements and mark
  * where splitting beats the ~0.5 us fork/join of the pool on this machine;
  * smaller calls run on the calling thread alone. */
 #define _GNU_SOURCE
@@ -16,7 +16,7 @@
 #include "threadpool.h"
 
 #define PAR_MIN_CHEAP 32768    /* add, scale, add_rows, kv_store: memory-bound */
-#define PAR_MIN_TRANSC 4096    /* silu_mul, gelu_mul, softcap: exp + divide per element */
+#define PAR_MIN_TRANSC 4096    /* silu_mul, gelu_mul, softcap: an exp per element */
 #define PAR_MIN_RMSNORM 16384
 #define PAR_MIN_ROPE_ANGLES 256 /* tokens * rope_dim/2: each needs a cos and a sin */
 #define SPLIT_ALIGN 64          /* chunk boundaries on whole cache lines */
@@ -217,7 +217,8 @@ static void kv_task_run(void *ctx, int ith, int nth) {
 
 void llb_kv_store(const float *k, const float *v, void *kcache, void *vcache, const int32_t *slots, const int32_t *pos,
                   long n, long n_kv, long head_dim, long n_slots, long n_ctx, int cache_type) {
-    struct kv_task t = {llb_op_kernels_current(), k, v, kcache, vcache, slots, pos, n, n_kv * head_dim, n_slots, n_ctx, cache_type};
+    struct kv_task t = {llb_op_kernels_current(), k, v, kcache, vcache, slots, pos, n, n_kv * head_dim, n_slots, n_ctx,
+                        cache_type};
     if (n < 2 || 2 * n * t.row < PAR_MIN_CHEAP || llb_pool_threads() == 1) kv_tokens(&t, 0, n);
     else llb_parallel(kv_task_run, &t);
 }

@@ -20,6 +20,7 @@
  * last tokens (most keys) go first. */
 #define ATTN_CHUNK 256
 #define ATTN_SPLIT_MAX_ROWS 16 /* split only when n * n_kv is below this */
+#define ATTN_SCRATCH_MAX ((size_t)64 << 20)
 
 enum attn_mode { ATTN_ROWS, ATTN_SPLIT, ATTN_TILES };
 
@@ -173,8 +174,14 @@ static void attn_plan(struct attn_task *t, long max_keys) {
             t->first_chunk[i + 1] = t->first_chunk[i] + (keys + ATTN_CHUNK - 1) / ATTN_CHUNK;
         }
         const long units = t->first_chunk[a->n] * a->n_kv;
-        /* Scratch is per calling thread; without it, fall back to whole rows. */
-        t->parts = llb_scratch((size_t)units * part_floats(t) * sizeof(float));
+        /* Ask for what the longest possible rows would need, so the scratch does not
+         * grow (allocate) again as a decode's context grows; the exact need if that
+         * is unreasonable. Scratch is per calling thread; without it, whole rows. */
+        const long row_keys = a->window > 0 && a->window < a->n_ctx ? a->window : a->n_ctx;
+        const size_t unit_bytes = part_floats(t) * sizeof(float);
+        size_t bytes = (size_t)a->n * (size_t)((row_keys + ATTN_CHUNK - 1) / ATTN_CHUNK) * (size_t)a->n_kv * unit_bytes;
+        if (bytes > ATTN_SCRATCH_MAX) bytes = (size_t)units * unit_bytes;
+        t->parts = llb_scratch(bytes);
         if (t->parts) {
             t->mode = ATTN_SPLIT;
             t->units = units;

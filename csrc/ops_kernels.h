@@ -6,6 +6,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "isa.h"
+
 /* One token's `group` query heads (consecutive rows) against one kv head, keys lo..hi (inclusive). */
 struct llb_attn_unit {
     const float *q;     /* group rows of head_dim */
@@ -52,7 +54,7 @@ struct llb_op_kernels {
 const struct llb_op_kernels *llb_op_kernels_current(void);
 
 extern const struct llb_op_kernels llb_ops_scalar;
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if LLB_X86
 extern const struct llb_op_kernels llb_ops_avx2;
 extern const struct llb_op_kernels llb_ops_avx512;
 #endif

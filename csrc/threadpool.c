@@ -34,18 +34,19 @@
 static long spin_budget_ns = 200 * 1000;
 
 struct pool {
-    /* Written by the caller for each call; read by workers after they see a new generation. */
+    /* One cache line written by the caller per call: the worker that sees the
+     * new generation finds the task in the same line. */
+    _Alignas(64) atomic_uint generation;
     llb_task_fn fn;
     void *ctx;
     int nth;
-    _Alignas(64) atomic_uint generation;
     _Alignas(64) atomic_int finished;
     _Alignas(64) atomic_int sleepers;
     atomic_int stop;
     pthread_mutex_t sleep_lock;
     pthread_cond_t wake;
     pthread_t workers[MAX_THREADS];
-    int n_workers; /* running workers = nth - 1 */
+    int n_workers;             /* running workers = nth - 1 */
     unsigned spawn_generation; /* generation when the workers were created */
 };
 

@@ -20,6 +20,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=["native", "numpy"], default=None, help="default: native where it built")
     p.add_argument("--activations", choices=["q8", "f32"], default=None,
                    help="native backend: q8 (fast, default) or f32 (exact)")
+    p.add_argument("--kv-type", choices=["f32", "f16"], default=None,
+                   help="native backend: KV cache precision (default f32; f16 halves its memory)")
     p.add_argument("-c", "--ctx-size", type=int, default=None, help="context length (default min(train, 4096))")
     p.add_argument("-v", "--verbose", action="store_true", help="print memory budget and tokens/s")
 
@@ -49,7 +51,8 @@ def _sampling_kwargs(a) -> dict:
 def _load(a, **extra):
     from .api import load
     t0 = time.perf_counter()
-    model = load(a.model, backend=a.backend, threads=a.threads, n_ctx=a.ctx_size, activations=a.activations, **extra)
+    model = load(a.model, backend=a.backend, threads=a.threads, n_ctx=a.ctx_size, activations=a.activations,
+                 kv_type=a.kv_type, **extra)
     if a.verbose:
         mem = model.memory_report()
         parts = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in mem.items())

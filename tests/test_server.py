@@ -444,6 +444,37 @@ def test_tool_call_filter_holds_back_the_call():
     assert extract_tool_calls(plain, names) == (plain, [])
 
 
+def test_schema_validation_units():
+    from llambda.server.errors import APIError
+    from llambda.server.schemas import parse_chat, parse_completion
+    msgs = [{"role": "user", "content": "hi"}]
+    spec = parse_chat({"messages": msgs, "max_completion_tokens": 7, "stop": "x", "seed": -1,
+                       "logit_bias": {"42": -100}, "top_k": 5, "min_p": 0.1, "n": 3})
+    assert spec.max_tokens == 7 and spec.stop == ["x"] and spec.n == 3
+    assert spec.sampling["seed"] == 2**64 - 1 and spec.sampling["logit_bias"] == {42: -100.0}
+    assert spec.sampling["top_k"] == 5 and spec.sampling["temperature"] == 1.0
+    bad = [
+        ({"messages": msgs, "tool_choice": "required"}, "tool_choice"),
+        ({"messages": msgs, "response_format": {"type": "json_object"}}, "response_format"),
+        ({"messages": msgs, "best_of": 2}, "best_of"),
+        ({"messages": msgs, "temperature": True}, "temperature"),
+        ({"messages": msgs, "top_p": 0}, "top_p"),
+        ({"messages": msgs, "logit_bias": {"x": 1}}, "logit_bias"),
+        ({"messages": msgs, "max_tokens": 5, "max_completion_tokens": 6}, "max_completion_tokens"),
+        ({"messages": msgs, "tools": [{"type": "function", "function": {}}]}, "tools"),
+        ({"messages": msgs, "stop": ["a"] * 17}, "stop"),
+    ]
+    for body, param in bad:
+        with pytest.raises(APIError) as e:
+            parse_chat(body)
+        assert e.value.status == 400 and param in e.value.message, (body, e.value.message)
+    with pytest.raises(APIError):
+        parse_completion({"prompt": "x", "suffix": "y"})
+    with pytest.raises(APIError):
+        parse_completion({"prompt": [[1, 2], []]})
+    assert parse_completion({"prompt": [[1, 2], "a"], "logprobs": 0}).prompts == [[1, 2], "a"]
+
+
 # -- tools with a Qwen template ---------------------------------------------------------------
 
 def test_tools_with_qwen(qwen05_gguf):

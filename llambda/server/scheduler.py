@@ -156,7 +156,8 @@ class Scheduler:
         with self._cv:
             if self.draining:
                 raise ShuttingDown("the server is shutting down")
-            held = len(self._waiting) + len(self._active)
+            # cancelled jobs (clients gone) leave at the next step: they do not count against newcomers
+            held = sum(not j.cancelled for j in self._waiting) + sum(not j.cancelled for j in self._active)
             if held + len(jobs) > self.capacity():
                 raise QueueFull(f"the server is busy ({len(self._active)} running, {len(self._waiting)} queued)")
             self._waiting.extend(jobs)
