@@ -70,6 +70,9 @@ static unsigned wait_for_work(unsigned seen) {
         g = atomic_load_explicit(&pool.generation, memory_order_acquire);
         if (g != seen) return g;
         cpu_relax();
+        /* Yield now and then: on an oversubscribed machine the caller may share this
+         * CPU, and a worker spinning out its whole budget would delay every op by it. */
+        if ((i & 1023) == 0) sched_yield();
         if ((i & 127) == 0) {
             uint64_t t = now_ns();
             if (!start) start = t;
