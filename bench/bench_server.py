@@ -8,7 +8,7 @@ generated tokens over the wall time of the round; TTFT is the time to the first
 streamed text. Not a test: run it by hand.
 
     python bench/bench_server.py                      # llambda only (+ llama-server if on PATH)
-    python bench/bench_server.py --llama-server /path/to/llama-server --llama-cpp-python
+    python bench/bench_server.py --llama-server /path/to/llama-server --llama-cpp-python [/path/to/python]
 """
 from __future__ import annotations
 
@@ -154,7 +154,8 @@ def main(argv=None) -> int:
     ap.add_argument("-c", "--ctx-size", type=int, default=1024, help="context per slot")
     ap.add_argument("-t", "--threads", type=int, default=None)
     ap.add_argument("--llama-server", default="auto", help="path to llama-server, 'auto' (PATH) or 'none'")
-    ap.add_argument("--llama-cpp-python", action="store_true", help="also run llama_cpp.server (serializes requests)")
+    ap.add_argument("--llama-cpp-python", nargs="?", const=sys.executable, default=None, metavar="PYTHON",
+                    help="also run llama_cpp.server (it serializes requests) with this interpreter (default: ours)")
     ap.add_argument("--llambda-args", default="", help="extra arguments for `llambda serve`")
     ap.add_argument("--json", default=None, help="write the rows here")
     a = ap.parse_args(argv)
@@ -184,7 +185,7 @@ def main(argv=None) -> int:
         print("(llama-server not on PATH: skipped; pass --llama-server PATH)", file=sys.stderr)
     if a.llama_cpp_python:
         port = free_port()
-        engines.append(Engine("llama-cpp-python", [sys.executable, "-m", "llama_cpp.server", "--model", a.model,
+        engines.append(Engine("llama-cpp-python", [a.llama_cpp_python, "-m", "llama_cpp.server", "--model", a.model,
                                                    "--port", str(port), "--n_ctx", str(a.ctx_size),
                                                    "--n_threads", str(threads)],
                               port, extra_body={"logit_bias": {"0": -100, "2": -100}}))

@@ -57,23 +57,25 @@ TGT static void quant32(const float *x, long cols, long xt, int offset, int8_t *
     }
 }
 
-TGT static void quant256(const float *x, long cols, long xt, int8_t *qs, float *d, int16_t *bs32, int32_t *bs16n) {
+/* 256-blocks: one scale per 32 values, as quant32; Q6_K wants -32 * sum(q) per 16. */
+TGT static void quant256(const float *x, long cols, long xt, int8_t *qs, float *d, float *sum, int32_t *bs16n) {
     for (long b = 0; b < cols / 256; b++) {
-        const float *xb = x + 256 * b;
-        __m256 m = _mm256_setzero_ps();
-        for (int k = 0; k < 32; k++) m = _mm256_max_ps(m, abs8(_mm256_loadu_ps(xb + 8 * k)));
-        const float amax = hmax8(m);
-        const __m256 id = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-        d[xt * b] = amax / 127.0f;
         for (int s = 0; s < 8; s++) {
+            const float *xb = x + 256 * b + 32 * s;
+            __m256 v[4];
+            LLB_UNROLL
+            for (int k = 0; k < 4; k++) v[k] = _mm256_loadu_ps(xb + 8 * k);
+            const float amax = hmax8(_mm256_max_ps(_mm256_max_ps(abs8(v[0]), abs8(v[1])), _mm256_max_ps(abs8(v[2]), abs8(v[3]))));
+            const __m256 id = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
             __m256i q[4];
             LLB_UNROLL
-            for (int k = 0; k < 4; k++) q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + 32 * s + 8 * k), id));
+            for (int k = 0; k < 4; k++) q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], id));
             store_codes32(qs + xt * 256 * b + 32 * s, q[0], q[1], q[2], q[3]);
             const int32_t s0 = hsum8i(_mm256_add_epi32(q[0], q[1])), s1 = hsum8i(_mm256_add_epi32(q[2], q[3]));
+            d[xt * 8 * b + s] = amax / 127.0f;
+            sum[xt * 8 * b + s] = (amax / 127.0f) * (float)(s0 + s1); /* Q4_K's min term, see kernels_scalar.c */
             bs16n[xt * 16 * b + 2 * s] = -32 * s0;
             bs16n[xt * 16 * b + 2 * s + 1] = -32 * s1;
-            bs32[xt * 8 * b + s] = (int16_t)(s0 + s1);
         }
     }
 }

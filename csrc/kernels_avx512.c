@@ -29,40 +29,49 @@ TGT static void quant32(const float *x, long cols, long xt, int offset, int8_t *
     }
 }
 
-/* Lane u of the result = sum of the 16 lanes of v[u]: a transpose-and-add tree
- * (45 operations instead of 16 horizontal reductions). */
-LLB_AI TGT __m512i sum_lanes16(const __m512i v[16]) {
+/* Lane u of the result = sum (or max: op 1, for non-negative values) of the 16 lanes of v[u]:
+ * a transpose-and-reduce tree (45 operations instead of 16 horizontal reductions). */
+LLB_AI TGT __m512i reduce_op(const int op, __m512i a, __m512i b) { return op ? _mm512_max_epi32(a, b) : _mm512_add_epi32(a, b); }
+LLB_AI TGT __m512i reduce_lanes16(const int op, const __m512i v[16]) {
     __m512i p[8], q[4], w[2];
     LLB_UNROLL
-    for (int k = 0; k < 8; k++) /* per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3] */
-        p[k] = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2 * k], v[2 * k + 1]), _mm512_unpackhi_epi32(v[2 * k], v[2 * k + 1]));
+    for (int k = 0; k < 8; k++) /* per 128-bit lane: [a0.a2, b0.b2, a1.a3, b1.b3] */
+        p[k] = reduce_op(op, _mm512_unpacklo_epi32(v[2 * k], v[2 * k + 1]), _mm512_unpackhi_epi32(v[2 * k], v[2 * k + 1]));
     LLB_UNROLL
-    for (int k = 0; k < 4; k++) /* per 128-bit lane: that lane's sums of 4 vectors */
-        q[k] = _mm512_add_epi32(_mm512_unpacklo_epi64(p[2 * k], p[2 * k + 1]), _mm512_unpackhi_epi64(p[2 * k], p[2 * k + 1]));
+    for (int k = 0; k < 4; k++) /* per 128-bit lane: that lane's reductions of 4 vectors */
+        q[k] = reduce_op(op, _mm512_unpacklo_epi64(p[2 * k], p[2 * k + 1]), _mm512_unpackhi_epi64(p[2 * k], p[2 * k + 1]));
     LLB_UNROLL
     for (int k = 0; k < 2; k++) /* across 128-bit lanes, pairwise */
-        w[k] = _mm512_add_epi32(_mm512_shuffle_i32x4(q[2 * k], q[2 * k + 1], 0x88), _mm512_shuffle_i32x4(q[2 * k], q[2 * k + 1], 0xDD));
-    return _mm512_add_epi32(_mm512_shuffle_i32x4(w[0], w[1], 0x88), _mm512_shuffle_i32x4(w[0], w[1], 0xDD));
+        w[k] = reduce_op(op, _mm512_shuffle_i32x4(q[2 * k], q[2 * k + 1], 0x88), _mm512_shuffle_i32x4(q[2 * k], q[2 * k + 1], 0xDD));
+    return reduce_op(op, _mm512_shuffle_i32x4(w[0], w[1], 0x88), _mm512_shuffle_i32x4(w[0], w[1], 0xDD));
 }
 
-TGT static void quant256(const float *x, long cols, long xt, int8_t *qs, float *d, int16_t *bs32, int32_t *bs16n) {
+/* 256-blocks, one scale per 32 values (as quant32); vectors u = 16-value halves. |x| as int32
+ * orders like the float, so the absmax reduces with integer max. */
+TGT static void quant256(const float *x, long cols, long xt, int8_t *qs, float *d, float *sum, int32_t *bs16n) {
     for (long b = 0; b < cols / 256; b++) {
         const float *xb = x + 256 * b;
-        __m512 m = _mm512_setzero_ps();
-        for (int u = 0; u < 16; u++) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(xb + 16 * u)));
-        const float amax = _mm512_reduce_max_ps(m);
-        const __m512 id = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-        d[xt * b] = amax / 127.0f;
-        __m512i q[16];
+        __m512i v[16], q[16];
+        LLB_UNROLL
+        for (int u = 0; u < 16; u++) v[u] = _mm512_castps_si512(_mm512_abs_ps(_mm512_loadu_ps(xb + 16 * u)));
+        const __m512i m16 = reduce_lanes16(1, v);
+        /* lanes 2s, 2s+1: amax of the 32 values of sub-block s */
+        const __m512 amax = _mm512_castsi512_ps(_mm512_max_epi32(m16, _mm512_shuffle_epi32(m16, _MM_PERM_CDAB)));
+        const __mmask16 nz = _mm512_cmp_ps_mask(amax, _mm512_setzero_ps(), _CMP_GT_OQ);
+        const __m512 id = _mm512_maskz_div_ps(nz, _mm512_set1_ps(127.0f), amax);
+        const __m512 dv = _mm512_div_ps(amax, _mm512_set1_ps(127.0f));
         LLB_UNROLL
         for (int u = 0; u < 16; u++) {
-            q[u] = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + 16 * u), id));
+            const __m512 idu = _mm512_permutexvar_ps(_mm512_set1_epi32(u), id);
+            q[u] = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + 16 * u), idu));
             _mm_storeu_si128((__m128i *)(qs + xt * 256 * b + 16 * u), _mm512_cvtsepi32_epi8(q[u]));
         }
-        const __m512i s16 = sum_lanes16(q);
+        const __m512i s16 = reduce_lanes16(0, q);
         _mm512_storeu_si512(bs16n + xt * 16 * b, _mm512_mullo_epi32(s16, _mm512_set1_epi32(-32)));
-        const __m512i pairs = _mm512_add_epi32(s16, _mm512_shuffle_epi32(s16, _MM_PERM_CDAB)); /* even lanes: 2s + 2s+1 */
-        _mm_storeu_si128((__m128i *)(bs32 + xt * 8 * b), _mm256_castsi256_si128(_mm512_cvtepi32_epi16(_mm512_maskz_compress_epi32(0x5555, pairs))));
+        const __m512i s32 = _mm512_add_epi32(s16, _mm512_shuffle_epi32(s16, _MM_PERM_CDAB)); /* even lanes: 2s + 2s+1 */
+        _mm256_storeu_ps(d + xt * 8 * b, _mm512_castps512_ps256(_mm512_maskz_compress_ps(0x5555, dv)));
+        _mm256_storeu_ps(sum + xt * 8 * b,
+                         _mm512_castps512_ps256(_mm512_maskz_compress_ps(0x5555, _mm512_mul_ps(dv, _mm512_cvtepi32_ps(s32)))));
     }
 }
 

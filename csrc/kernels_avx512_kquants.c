@@ -1,12 +1,12 @@
 /* AVX-512 VNNI integer kernels of the K-quants (Q4_K, Q6_K) against
- * activations quantized in 256-value blocks (one scale per super-block).
+ * activations quantized with one scale per 32 values (8 per super-block).
  *
- * Per sub-block the integer dot (vpdpbusd) is converted to FP32 once and
- * scaled by d*sc of each row; the super-block's sum is scaled by the
- * activation scale at the end. Q4_K's min term, dmin * sum_s m[s]*bsum[s],
- * is a 16-bit dot product of the 8 mins with the 8 activation block sums
- * (vpdpwssd, two per lane). Q6_K's zero point 32 enters as the integer
- * accumulator's initial value, -32 * bsum16. */
+ * Per 32-value sub-block s the integer dot (vpdpbusd) is converted to FP32
+ * once and scaled by the activation's dx[s] and each row's d*sc. Q4_K's min
+ * term, dmin * sum_s m[s] * (dx[s]*bsum[s]), is an FP32 dot of the 8 mins with
+ * the 8 quantized sub-block sums. Q6_K's zero point 32 enters as the integer
+ * accumulator's initial value, -32 * bsum16; its two 16-value sub-blocks of
+ * one 32 share dx[s], applied once to their sum. */
 #include "avx512_decode.h"
 
 #if LLB_X86
@@ -21,18 +21,25 @@ LLB_AI TGT __m512 sub_scale_i8(const uint8_t *sc16, __m512 d) {
     return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)sc16))));
 }
 
-/* The super-block's 8 mins as 4 vectors of int16 pairs (subs 2p, 2p+1 of each row). */
-LLB_AI TGT void q4k_mins(const uint8_t *gb, __m512i mn[4]) {
+/* The super-block's 8 mins as FP32: bytes 192 + 32p + 2r + j = row r's min of sub 2p+j. */
+LLB_AI TGT void q4k_mins(const uint8_t *gb, __m512 mn[8]) {
     LLB_UNROLL
-    for (int p = 0; p < 4; p++) mn[p] = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(gb + 192 + 32 * p)));
+    for (int p = 0; p < 4; p++) {
+        const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(gb + 192 + 32 * p)));
+        mn[2 * p] = _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(0xFFFF)));
+        mn[2 * p + 1] = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 16));
+    }
 }
 
-/* sum_s m[s] * bsum32[s] per row: 16-bit pair products (vpdpwssd). */
-LLB_AI TGT __m512 q4k_min_dot(const __m512i mn[4], const int16_t *bs32) {
-    __m512i acc = _mm512_setzero_si512();
+/* sum_s m[s] * (dx[s]*bsum32[s]) per row, in two chains. */
+LLB_AI TGT __m512 q4k_min_dot(const __m512 mn[8], const float *xsum) {
+    __m512 a = _mm512_mul_ps(mn[0], _mm512_set1_ps(xsum[0])), b = _mm512_mul_ps(mn[1], _mm512_set1_ps(xsum[1]));
     LLB_UNROLL
-    for (int p = 0; p < 4; p++) acc = _mm512_dpwssd_epi32(acc, mn[p], _mm512_set1_epi32(llb_ld32(bs32 + 2 * p)));
-    return _mm512_cvtepi32_ps(acc);
+    for (int s = 2; s < 8; s += 2) {
+        a = _mm512_fmadd_ps(mn[s], _mm512_set1_ps(xsum[s]), a);
+        b = _mm512_fmadd_ps(mn[s + 1], _mm512_set1_ps(xsum[s + 1]), b);
+    }
+    return _mm512_add_ps(a, b);
 }
 
 LLB_AI TGT void prefetch_sb(const uint8_t *gb, int bytes) {
@@ -62,9 +69,6 @@ LLB_AI TGT void tile_q4k(const llb_mm *mm, const uint8_t *wg, long i, const int 
         if (gemv) prefetch_sb(gb, 2368);
         const __m512 d = load_f16x16(gb);
         const size_t e = at + xt * sb; /* row i's entry of this super-block */
-        __m512 f[TILE_ROWS];
-        LLB_UNROLL
-        for (int m = 0; m < M; m++) f[m] = _mm512_setzero_ps();
         for (int s = 0; s < 8; s++) {
             __m512i q[8], acc[TILE_ROWS];
             dec_nibbles(gb + 320 + 256 * s, q);
@@ -81,16 +85,16 @@ LLB_AI TGT void tile_q4k(const llb_mm *mm, const uint8_t *wg, long i, const int 
                 dot_rows(acc, M, q, 8, xq);
             }
             LLB_UNROLL
-            for (int m = 0; m < M; m++) f[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[m]), sc, f[m]);
+            for (int m = 0; m < M; m++) {
+                const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[m]), _mm512_set1_ps(mm->a.d[8 * (e + m) + s]));
+                tot[m] = _mm512_fmadd_ps(v, sc, tot[m]);
+            }
         }
-        __m512i mn[4];
+        __m512 mn[8];
         q4k_mins(gb, mn);
         const __m512 dmin = load_f16x16(gb + 32);
         LLB_UNROLL
-        for (int m = 0; m < M; m++) {
-            const __m512 v = _mm512_fnmadd_ps(q4k_min_dot(mn, mm->a.bs32 + 8 * (e + m)), dmin, f[m]);
-            tot[m] = _mm512_fmadd_ps(v, _mm512_set1_ps(mm->a.d[e + m]), tot[m]);
-        }
+        for (int m = 0; m < M; m++) tot[m] = _mm512_fnmadd_ps(q4k_min_dot(mn, mm->a.sum + 8 * (e + m)), dmin, tot[m]);
     }
 }
 
@@ -105,25 +109,24 @@ LLB_AI TGT void tile_q6k(const llb_mm *mm, const uint8_t *wg, long i, const int 
         if (gemv) prefetch_sb(gb, 3360);
         const __m512 d = load_f16x16(gb);
         const size_t e = at + xt * sb;
-        __m512 f[TILE_ROWS], f2[TILE_ROWS];
-        LLB_UNROLL
-        for (int m = 0; m < M; m++) f[m] = f2[m] = _mm512_setzero_ps();
-        for (int u = 0; u < 16; u++) {
-            __m512i q[4], acc[TILE_ROWS];
-            dec_q6k_sub(gb + 288 + 192 * u, q);
-            const __m512 sc = sub_scale_i8(gb + 32 + 16 * u, d);
+        for (int s = 0; s < 8; s++) { /* sub-blocks u = 2s, 2s+1 share the activation scale dx[s] */
+            __m512 p[TILE_ROWS];
             LLB_UNROLL
-            for (int m = 0; m < M; m++) acc[m] = _mm512_set1_epi32(mm->a.bs16n[16 * (e + m) + u]); /* -32 * bsum */
-            dot_rows(acc, M, q, 4, mm->a.qs + 256 * e + 16 * u);
-            LLB_UNROLL
-            for (int m = 0; m < M; m++) { /* alternate chains: the FMA latency would serialize a GEMV */
-                if (u & 1) f2[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[m]), sc, f2[m]);
-                else f[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[m]), sc, f[m]);
+            for (int j = 0; j < 2; j++) {
+                const int u = 2 * s + j;
+                __m512i q[4], acc[TILE_ROWS];
+                dec_q6k_sub(gb + 288 + 192 * u, q);
+                const __m512 sc = sub_scale_i8(gb + 32 + 16 * u, d);
+                LLB_UNROLL
+                for (int m = 0; m < M; m++) acc[m] = _mm512_set1_epi32(mm->a.bs16n[16 * (e + m) + u]); /* -32 * bsum */
+                dot_rows(acc, M, q, 4, mm->a.qs + 256 * e + 16 * u);
+                LLB_UNROLL
+                for (int m = 0; m < M; m++)
+                    p[m] = j ? _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[m]), sc, p[m]) : _mm512_mul_ps(_mm512_cvtepi32_ps(acc[m]), sc);
             }
+            LLB_UNROLL
+            for (int m = 0; m < M; m++) tot[m] = _mm512_fmadd_ps(p[m], _mm512_set1_ps(mm->a.d[8 * (e + m) + s]), tot[m]);
         }
-        LLB_UNROLL
-        for (int m = 0; m < M; m++)
-            tot[m] = _mm512_fmadd_ps(_mm512_add_ps(f[m], f2[m]), _mm512_set1_ps(mm->a.d[e + m]), tot[m]);
     }
 }
 

@@ -30,24 +30,25 @@ static void quant32(const float *x, long cols, long xt, int offset, int8_t *qs, 
     }
 }
 
-static void quant256(const float *x, long cols, long xt, int8_t *qs, float *d, int16_t *bs32, int32_t *bs16n) {
+/* 256-blocks (K-quants): the codes of 256 values together, as the weights group them, but one
+ * scale per 32 values as in quant32; Q6_K's zero point wants -32 * sum(q) per 16 values. */
+static void quant256(const float *x, long cols, long xt, int8_t *qs, float *d, float *sum, int32_t *bs16n) {
     for (long b = 0; b < cols / LLB_QKK; b++) {
-        const float *xb = x + b * LLB_QKK;
-        float amax = 0.0f;
-        for (int e = 0; e < LLB_QKK; e++) amax = fmaxf(amax, fabsf(xb[e]));
-        const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-        d[b * xt] = amax / 127.0f;
-        int32_t prev = 0;
-        for (int u = 0; u < 16; u++) {
-            int32_t s = 0;
-            for (int e = 16 * u; e < 16 * u + 16; e++) {
+        for (int s = 0; s < 8; s++) {
+            const float *xb = x + b * LLB_QKK + 32 * s;
+            float amax = 0.0f;
+            for (int e = 0; e < 32; e++) amax = fmaxf(amax, fabsf(xb[e]));
+            const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+            int32_t half[2] = {0, 0};
+            for (int e = 0; e < 32; e++) {
                 const int q = (int)lrintf(xb[e] * id);
-                qs[b * xt * LLB_QKK + e] = (int8_t)q;
-                s += q;
+                qs[b * xt * LLB_QKK + 32 * s + e] = (int8_t)q;
+                half[e >> 4] += q;
             }
-            bs16n[b * xt * 16 + u] = -32 * s;
-            if (u & 1) bs32[b * xt * 8 + u / 2] = (int16_t)(prev + s);
-            prev = s;
+            d[b * xt * 8 + s] = amax / 127.0f;
+            sum[b * xt * 8 + s] = (amax / 127.0f) * (float)(half[0] + half[1]); /* Q4_K's min term, see quant32 */
+            bs16n[b * xt * 16 + 2 * s] = -32 * half[0];
+            bs16n[b * xt * 16 + 2 * s + 1] = -32 * half[1];
         }
     }
 }
@@ -65,36 +66,28 @@ static void store_group(const llb_mm *mm, long g, long i0, long i1, float acc[][
 static void fast_quant(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) {
     const int qt = mm->t->qtype, kquant = mm->t->block == LLB_QKK;
     const long K = mm->cols, nb32 = K / 32, nsb = K / LLB_QKK;
-    float tot[LLB_ICHUNK][LLB_IL] = {{0}}, facc[LLB_ICHUNK][LLB_IL] = {{0}};
+    float tot[LLB_ICHUNK][LLB_IL] = {{0}};
     int16_t q[LLB_IL][32];
     float dw[LLB_IL][2], mw[LLB_IL][2];
     for (long c = 0; c < nb32; c++) {
         llb_packed_chunk_decode(qt, wg, c, q, dw, mw);
         for (long i = i0; i < i1; i++) {
-            /* this chunk's activation block: the chunk itself, or its super-block */
+            /* this chunk's activation scale and sum: its block's, or its super-block's c % 8-th */
             const size_t at = kquant ? llb_act_at(i, c / 8, nsb, mm->a.xt) : llb_act_at(i, c, nb32, mm->a.xt);
+            const size_t ad = kquant ? 8 * at + c % 8 : at;
             const int8_t *xq = kquant ? mm->a.qs + 256 * at + 32 * (c % 8) : mm->a.qs + 32 * at;
-            float *t = tot[i - i0], *f = facc[i - i0];
+            const float dx = mm->a.d[ad];
+            float *t = tot[i - i0];
             for (int r = 0; r < LLB_IL; r++) {
                 int32_t s0 = 0, s1 = 0;
                 for (int e = 0; e < 16; e++) {
                     s0 += q[r][e] * xq[e];
                     s1 += q[r][e + 16] * xq[e + 16];
                 }
-                if (!kquant) {
-                    t[r] += (dw[r][0] * (float)(s0 + s1)) * mm->a.d[at] + mw[r][0] * mm->a.sum[at];
-                } else if (qt == LLB_Q4_K) {
-                    f[r] += dw[r][0] * (float)(s0 + s1) + mw[r][0] * (float)mm->a.bs32[8 * at + c % 8];
-                } else { /* Q6_K: two 16-value sub-blocks, signed codes */
-                    f[r] += dw[r][0] * (float)s0 + dw[r][1] * (float)s1;
-                }
-            }
-            if (kquant && (c & 7) == 7) {
-                const float dx = mm->a.d[at];
-                for (int r = 0; r < LLB_IL; r++) {
-                    t[r] += f[r] * dx;
-                    f[r] = 0.0f;
-                }
+                if (qt == LLB_Q6_K) /* two 16-value sub-blocks, signed codes */
+                    t[r] += (dw[r][0] * (float)s0 + dw[r][1] * (float)s1) * dx;
+                else /* one scale and min per 32 values; the min multiplies the quantized sum */
+                    t[r] += (dw[r][0] * (float)(s0 + s1)) * dx + mw[r][0] * mm->a.sum[ad];
             }
         }
     }

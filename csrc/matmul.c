@@ -30,7 +30,6 @@ typedef struct {
     int8_t *qs;
     float *d, *sum;
     int32_t *bias, *bs16n;
-    int16_t *bs32;
 } mm_ctx;
 
 static void quantize_rows(mm_ctx *c, long i0, long i1) {
@@ -39,7 +38,7 @@ static void quantize_rows(mm_ctx *c, long i0, long i1) {
         const float *x = c->mm.x + i * K;
         if (c->mm.t->block == LLB_QKK) {
             const size_t at = llb_act_at(i, 0, nb256, xt);
-            c->k->quant256(x, K, xt, c->qs + 256 * at, c->d + at, c->bs32 + 8 * at, c->bs16n + 16 * at);
+            c->k->quant256(x, K, xt, c->qs + 256 * at, c->d + 8 * at, c->sum + 8 * at, c->bs16n + 16 * at);
         } else {
             const size_t at = llb_act_at(i, 0, nb32, xt);
             c->k->quant32(x, K, xt, c->offset, c->qs + 32 * at, c->d + at, c->bias + at, c->sum + at);
@@ -96,13 +95,12 @@ int llb_matmul(const llb_type_info *t, int layout, const uint8_t *w, long rows, 
     /* One scratch region: quantized activations, then per-thread repack buffers. */
     const long xt = n < LLB_XT ? n : LLB_XT;
     const size_t nb32 = (size_t)((n + xt - 1) / xt * xt) * (cols / 32); /* whole tiles */
-    size_t off_qs = 0, off_d, off_bias, off_sum, off_bs16n, off_bs32, off_repack, total;
+    size_t off_qs = 0, off_d, off_bias, off_sum, off_bs16n, off_repack, total; /* d, sum: one per 32 values */
     off_d = align64(quantize ? nb32 * 32 : 0);
     off_bias = align64(off_d + (quantize ? nb32 * sizeof(float) : 0));
     off_sum = align64(off_bias + (quantize ? nb32 * sizeof(int32_t) : 0));
     off_bs16n = align64(off_sum + (quantize ? nb32 * sizeof(float) : 0));
-    off_bs32 = align64(off_bs16n + (quantize ? 2 * nb32 * sizeof(int32_t) : 0));
-    off_repack = align64(off_bs32 + (quantize ? nb32 * sizeof(int16_t) : 0));
+    off_repack = align64(off_bs16n + (quantize ? 2 * nb32 * sizeof(int32_t) : 0));
     const int repack = t->group_bytes && layout == LLB_LAYOUT_FILE;
     total = off_repack + (repack ? (size_t)nth * c.group_bytes : 0);
     uint8_t *s = total ? llb_scratch(total) : NULL;
@@ -116,8 +114,7 @@ int llb_matmul(const llb_type_info *t, int layout, const uint8_t *w, long rows, 
         c.bias = (int32_t *)(s + off_bias);
         c.sum = (float *)(s + off_sum);
         c.bs16n = (int32_t *)(s + off_bs16n);
-        c.bs32 = (int16_t *)(s + off_bs32);
-        c.mm.a = (llb_act){c.qs, c.d, c.bias, c.sum, c.bs32, c.bs16n, xt};
+        c.mm.a = (llb_act){c.qs, c.d, c.bias, c.sum, c.bs16n, xt};
         if (nth > 1 && (size_t)n * cols >= 65536) llb_parallel(quantize_task, &c);
         else quantize_rows(&c, 0, n); /* a decode step: not worth a fork/join */
     }
