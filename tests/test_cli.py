@@ -21,7 +21,8 @@ def test_run_streams_a_greedy_completion(smollm2_gguf):
 
 
 def test_chat_keeps_history(smollm2_gguf):
-    out = run_cli("chat", "-m", str(smollm2_gguf), "--temperature", "0", "--max-tokens", "12",
+    # exact mode: the fast mode's 8-bit rounding flips this prompt's first-token near-tie (margin 0.08)
+    out = run_cli("chat", "-m", str(smollm2_gguf), "--activations", "f32", "--temperature", "0", "--max-tokens", "12",
                   input="What is the capital of France?\nAnd of Italy?\n")
     assert out.returncode == 0, out.stderr
     assert "Paris" in out.stdout and "Rome" in out.stdout
