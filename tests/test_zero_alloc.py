@@ -37,3 +37,11 @@ def test_memory_budget_is_reported(smollm2_gguf):
     with llambda.load(smollm2_gguf, backend="native", n_ctx=256) as m:
         mem = m.memory_report()
     assert mem["weights"] > 50e6 and mem["kv_cache"] == 30 * 2 * 256 * 3 * 64 * 4 and mem["activations"] > 0
+
+
+def test_one_and_two_threads_give_the_same_greedy_text(smollm2_gguf):
+    texts = []
+    for threads in (1, 2):
+        with llambda.load(smollm2_gguf, backend="native", threads=threads, n_ctx=128) as m:
+            texts.append(m.complete("def fibonacci(n):", max_tokens=24, temperature=0))
+    assert texts[0] == texts[1]
