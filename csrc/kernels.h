@@ -79,4 +79,10 @@ static inline int llb_group_rows(const llb_mm *mm, long g) {
     return left < LLB_IL ? (int)left : LLB_IL;
 }
 
+/* When set, a single activation row goes through the same GEMM code as a batch, so a
+ * row's result never depends on how many rows share the call (batched serving then
+ * equals one-at-a-time serving bit for bit). Off: n == 1 takes the faster GEMV path. */
+extern int llb_batch_invariant;
+#define LLB_GEMV(mm) ((mm)->n == 1 && !llb_batch_invariant)
+
 #endif

@@ -138,7 +138,7 @@ LLB_AI TGT void tile32(const llb_mm *mm, const uint8_t *wg, int h, long i, const
 LLB_AI TGT void fast32(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt) {
     __m256 t[TILE_ROWS];
     for (int h = 0; h < 2 && 8 * h < llb_group_rows(mm, g); h++) {
-        if (mm->n == 1) {
+        if (LLB_GEMV(mm)) {
             tile32(mm, wg, h, 0, 1, qt, 1, t);
             store_half(mm, g, h, 0, 1, t);
             continue;
@@ -322,7 +322,7 @@ LLB_AI TGT void float_gemv(const llb_mm *mm, const uint8_t *wg, long g, const in
     TGT static void name(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { exact_kernel(mm, wg, g, i0, i1, qt); }
 #define FLOAT(name, qt)                                                                     \
     TGT static void name(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { \
-        if (mm->n == 1) float_gemv(mm, wg, g, qt);                                          \
+        if (LLB_GEMV(mm)) float_gemv(mm, wg, g, qt);                                          \
         else exact_kernel(mm, wg, g, i0, i1, qt);                                           \
     }
 FLOAT(exact_f32, LLB_F32)

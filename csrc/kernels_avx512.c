@@ -151,7 +151,7 @@ LLB_AI TGT __m512 gemv32(const llb_mm *mm, const uint8_t *wg, const int qt) {
 LLB_AI TGT void fast32(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt) {
     const __mmask16 km = (__mmask16)((1u << llb_group_rows(mm, g)) - 1);
     float *o = mm->out + g * LLB_IL;
-    if (mm->n == 1) {
+    if (LLB_GEMV(mm)) {
         _mm512_mask_storeu_ps(o, km, gemv32(mm, wg, qt));
         return;
     }
@@ -342,7 +342,7 @@ LLB_AI TGT void float_gemv(const llb_mm *mm, const uint8_t *wg, long g, const in
     TGT static void name(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { exact_kernel(mm, wg, g, i0, i1, qt); }
 #define FLOAT(name, qt)                                                                     \
     TGT static void name(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { \
-        if (mm->n == 1) float_gemv(mm, wg, g, qt);                                          \
+        if (LLB_GEMV(mm)) float_gemv(mm, wg, g, qt);                                          \
         else exact_kernel(mm, wg, g, i0, i1, qt);                                           \
     }
 FLOAT(exact_f32, LLB_F32)

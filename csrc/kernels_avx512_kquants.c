@@ -141,7 +141,7 @@ LLB_AI TGT void fast_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, lon
     float *o = mm->out + g * LLB_IL;
     const long nsb = mm->cols / 256, kc = LLB_KCHUNK / 256;
     __m512 t[TILE_ROWS];
-    if (mm->n == 1) {
+    if (LLB_GEMV(mm)) {
         tile_k(qt, mm, wg, 0, 1, 1, 0, nsb, t);
         _mm512_mask_storeu_ps(o, km, t[0]);
         return;

@@ -9,6 +9,8 @@
 #include "kernels.h"
 #include "threadpool.h"
 
+int llb_batch_invariant = 0;
+
 static const llb_kernels *active_kernels(void) {
 #if LLB_X86
     if (llb_isa_current == LLB_ISA_AVX512) return &llb_kernels_avx512;

@@ -6,6 +6,7 @@
 
 #include "bindings.h"
 #include "matmul.h"
+#include "kernels.h"
 
 #define MAX_DIM 0x7FFFFFFFL /* rows, cols, n: keeps every index product far from overflow */
 
@@ -242,7 +243,16 @@ static PyObject *py_dequant_rows(PyObject *self, PyObject *const *args, Py_ssize
     return rows_common("dequant_rows", args, NULL, args[5], NULL);
 }
 
+static PyObject *py_set_batch_invariant(PyObject *self, PyObject *arg) {
+    const int v = PyObject_IsTrue(arg);
+    if (v < 0) return NULL;
+    llb_batch_invariant = v;
+    Py_RETURN_NONE;
+}
+
 PyMethodDef llb_matmul_methods[] = {
+    {"set_batch_invariant", py_set_batch_invariant, METH_O,
+     "set_batch_invariant(flag) -> None: single rows use the batch (GEMM) kernels, so results never depend on batch size."},
     {"row_bytes", (PyCFunction)(void (*)(void))py_row_bytes, METH_FASTCALL,
      "row_bytes(qtype, cols) -> int: bytes of one row in the file layout."},
     {"packed_size", (PyCFunction)(void (*)(void))py_packed_size, METH_FASTCALL,

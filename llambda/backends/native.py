@@ -110,6 +110,11 @@ class NativeBackend(Backend):
         self.weight_bytes += size
         return NativeMatrix(qt, layout, dst, rows, cols)
 
+    def set_batch_invariant(self, flag: bool) -> None:
+        """Single-row matmuls take the batch kernels, so a sequence's tokens do not depend on
+        what else shares its step (the server turns this on; process-wide in the C core)."""
+        C.set_batch_invariant(bool(flag))
+
     def memory_report(self) -> dict[str, int]:
         return {"weights": self.weight_bytes}
 
