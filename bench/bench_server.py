@@ -157,6 +157,7 @@ def main(argv=None) -> int:
     ap.add_argument("--llama-cpp-python", nargs="?", const=sys.executable, default=None, metavar="PYTHON",
                     help="also run llama_cpp.server (it serializes requests) with this interpreter (default: ours)")
     ap.add_argument("--llambda-args", default="", help="extra arguments for `llambda serve`")
+    ap.add_argument("--no-llambda", action="store_true", help="only the other engines")
     ap.add_argument("--json", default=None, help="write the rows here")
     a = ap.parse_args(argv)
 
@@ -169,10 +170,11 @@ def main(argv=None) -> int:
     engines: list[Engine] = []
 
     port = free_port()
-    engines.append(Engine("llambda", [sys.executable, "-m", "llambda.cli", "serve", "-m", a.model, "--port", str(port),
-                                      "--parallel", str(a.parallel), "-c", str(a.ctx_size), "-t", str(threads),
-                                      "--log-level", "warning", *a.llambda_args.split()],
-                          port, env={"PYTHONPATH": str(ROOT)}, extra_body={"ignore_eos": True}))
+    if not a.no_llambda:
+        engines.append(Engine("llambda", [sys.executable, "-m", "llambda.cli", "serve", "-m", a.model, "--port", str(port),
+                                          "--parallel", str(a.parallel), "-c", str(a.ctx_size), "-t", str(threads),
+                                          "--log-level", "warning", *a.llambda_args.split()],
+                              port, env={"PYTHONPATH": str(ROOT)}, extra_body={"ignore_eos": True}))
     exe = shutil.which("llama-server") if a.llama_server == "auto" else (None if a.llama_server == "none"
                                                                            else a.llama_server)
     if exe:
