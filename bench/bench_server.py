@@ -171,10 +171,10 @@ def main(argv=None) -> int:
 
     port = free_port()
     if not a.no_llambda:
-        engines.append(Engine("llambda", [sys.executable, "-m", "llambda.cli", "serve", "-m", a.model, "--port", str(port),
-                                          "--parallel", str(a.parallel), "-c", str(a.ctx_size), "-t", str(threads),
-                                          "--log-level", "warning", *a.llambda_args.split()],
-                              port, env={"PYTHONPATH": str(ROOT)}, extra_body={"ignore_eos": True}))
+        cmd = [sys.executable, "-m", "llambda.cli", "serve", "-m", a.model, "--port", str(port),
+               "--parallel", str(a.parallel), "-c", str(a.ctx_size), "-t", str(threads), "--log-level", "warning",
+               *a.llambda_args.split()]
+        engines.append(Engine("llambda", cmd, port, env={"PYTHONPATH": str(ROOT)}, extra_body={"ignore_eos": True}))
     exe = shutil.which("llama-server") if a.llama_server == "auto" else (None if a.llama_server == "none"
                                                                            else a.llama_server)
     if exe:
@@ -189,7 +189,7 @@ def main(argv=None) -> int:
         port = free_port()
         engines.append(Engine("llama-cpp-python", [a.llama_cpp_python, "-m", "llama_cpp.server", "--model", a.model,
                                                    "--port", str(port), "--n_ctx", str(a.ctx_size),
-                                                   "--n_threads", str(threads)],
+                                                   "--n_threads", str(threads), "--interrupt_requests", "False"],
                               port, extra_body={"logit_bias": {"0": -100, "2": -100}}))
 
     # All servers up at once, rounds interleaved (A, B, A, B...): drift on a shared machine hits all alike.

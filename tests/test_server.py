@@ -88,7 +88,8 @@ class LiveServer:
         t0 = time.monotonic()
         while True:
             m = self.metrics()
-            if m["llambda_slots_busy"] == 0 and m["llambda_queue_depth"] == 0 and m["llambda_sequences_active"] == 0:
+            if m["llambda_slots_busy"] == 0 and m["llambda_queue_depth"] == 0 and \
+                    m["llambda_sequences_active"] == 0 and m["llambda_requests_in_flight"] == 1:   # this one
                 return m
             assert time.monotonic() - t0 < timeout, f"server not idle: {m}"
             time.sleep(0.05)

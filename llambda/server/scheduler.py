@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..engine import Sequence, TokenEvent
+from ..engine import Sequence
 from .metrics import Metrics
 from .prefix_cache import SlotTable
 
