@@ -72,3 +72,14 @@ def test_text_too_short_is_a_clear_error(smollm2_gguf):
     with llambda.load(smollm2_gguf, backend="numpy", n_ctx=128) as m:
         with pytest.raises(llambda.LlambdaError, match="at least one window"):
             perplexity(m, "too short", n_ctx=128)
+
+
+@needs_native
+@pytest.mark.parametrize("fixture", ["qwen05_gguf", "gemma3_gguf"])
+def test_fast_mode_within_one_percent_of_exact_on_qwen_and_gemma(fixture, request):
+    path = request.getfixturevalue(fixture)
+    ppl = {}
+    for act in ("f32", "q8"):
+        with llambda.load(path, backend="native", activations=act, n_ctx=128) as m:
+            ppl[act] = perplexity(m, TEXT, n_ctx=128).ppl
+    assert abs(ppl["q8"] / ppl["f32"] - 1) < 0.01, ppl
