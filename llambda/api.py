@@ -81,10 +81,8 @@ class Model:
 
     def _prompt_ids(self, prompt) -> list[int]:
         if isinstance(prompt, str):
-            tok = self._tok()
-            bos_text = tok.token_text(tok.bos_id) if tok.bos_id is not None else None
-            add_bos = tok.add_bos and not (bos_text and prompt.startswith(bos_text))
-            return tok.encode(prompt, add_bos=add_bos, parse_special=True)
+            # add_bos=True adds BOS only if the model asks for one and the text does not already start with it
+            return self._tok().encode(prompt, add_bos=True, parse_special=True)
         ids = [int(i) for i in prompt]
         bad = [i for i in ids if not 0 <= i < self.config.vocab_size]
         if bad:
