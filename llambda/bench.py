@@ -65,6 +65,12 @@ class OurEngine:
 
 
 class LlamaCppEngine:
+    """llama.cpp through llama-cpp-python's C bindings, driven the way llama-bench does it.
+
+    We call llama_decode directly (one batch for pp, one token per call for tg,
+    argmax over the last row's logits) instead of Llama.eval, which copies every
+    step's logits into NumPy and would charge Python overhead to llama.cpp.
+    """
     name = "llama.cpp"
 
     def __init__(self, path, n_ctx: int):
@@ -72,29 +78,62 @@ class LlamaCppEngine:
             import llama_cpp
         except ImportError:
             raise SystemExit("--vs llama-cpp needs the llama-cpp-python package: pip install '.[bench]'") from None
-        self.llama_cpp = llama_cpp
-        self.path, self.n_ctx = str(path), n_ctx
-        self.llm, self.threads = None, None
+        needed = ("llama_model_load_from_file", "llama_init_from_model", "llama_get_memory",
+                  "llama_memory_clear", "llama_batch_get_one", "llama_decode", "llama_get_logits_ith")
+        missing = [f for f in needed if not hasattr(llama_cpp, f)]
+        if missing:
+            raise SystemExit(f"llama-cpp-python {getattr(llama_cpp, '__version__', '?')} lacks {', '.join(missing)}; "
+                             "install a newer one (pip install -U '.[bench]')")
+        self.L = llama_cpp
+        # Silence llama.cpp's load log: our table is the output. Keep the callback alive.
+        self._quiet = llama_cpp.llama_log_callback(lambda level, text, user: None)
+        llama_cpp.llama_log_set(self._quiet, None)
+        llama_cpp.llama_backend_init()
+        self.model = llama_cpp.llama_model_load_from_file(str(path).encode(), llama_cpp.llama_model_default_params())
+        if not self.model:
+            raise SystemExit(f"llama.cpp could not load {path}")
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self.model))
+        self.n_ctx = n_ctx
+        self.ctx, self.threads = None, None
 
     def set_threads(self, t: int) -> None:
-        if self.threads != t:
-            self.llm = self.llama_cpp.Llama(self.path, n_ctx=self.n_ctx, n_batch=512, n_ubatch=512, n_threads=t,
-                                            n_threads_batch=t, verbose=False, logits_all=False)
-            self.threads = t
+        if self.threads == t:
+            return
+        L = self.L
+        if self.ctx is not None:
+            L.llama_free(self.ctx)
+        p = L.llama_context_default_params()
+        p.n_ctx, p.n_batch, p.n_ubatch = self.n_ctx, 512, 512
+        p.n_threads = p.n_threads_batch = t
+        self.ctx = L.llama_init_from_model(self.model, p)
+        if not self.ctx:
+            raise SystemExit("llama.cpp could not create a context")
+        self.memory, self.threads = L.llama_get_memory(self.ctx), t
+
+    def _decode(self, ids: list[int]) -> None:
+        arr = (self.L.llama_token * len(ids))(*ids)
+        if self.L.llama_decode(self.ctx, self.L.llama_batch_get_one(arr, len(ids))) != 0:
+            raise RuntimeError("llama_decode failed")
+
+    def _argmax_last(self) -> int:
+        ptr = self.L.llama_get_logits_ith(self.ctx, -1)
+        return int(np.argmax(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))))
 
     def pp(self, ids: list[int]) -> float:
-        self.llm.reset()
+        self.L.llama_memory_clear(self.memory, True)
         t0 = time.perf_counter()
-        self.llm.eval(ids)
+        for i in range(0, len(ids), 512):        # n_batch chunks, as llama-bench does
+            self._decode(ids[i:i + 512])
+        self.L.llama_synchronize(self.ctx)
         return len(ids) / (time.perf_counter() - t0)
 
     def tg(self, n: int, first: int) -> float:
-        self.llm.reset()
+        self.L.llama_memory_clear(self.memory, True)
         tok = first
         t0 = time.perf_counter()
         for _ in range(n):
-            self.llm.eval([tok])
-            tok = int(np.argmax(self.llm.scores[self.llm.n_tokens - 1]))
+            self._decode([tok])
+            tok = self._argmax_last()
         return n / (time.perf_counter() - t0)
 
 
