@@ -5,8 +5,14 @@ import sys
 from pathlib import Path
 
 
-def _ints(s: str) -> list[int]:
-    return [int(x) for x in s.split(",") if x.strip()]
+def _ints(s: str, what: str = "value") -> list[int]:
+    try:
+        vals = [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{what}: expected comma-separated positive integers, got {s!r}") from None
+    if not vals or min(vals) < 1:
+        raise ValueError(f"{what}: expected comma-separated positive integers, got {s!r}")
+    return vals
 
 
 def register(sub, add_model_args) -> None:
@@ -26,8 +32,10 @@ def run(a) -> int:
     from .hub import resolve
 
     path = resolve(a.model)
-    threads = _ints(a.threads_list) if a.threads_list else [a.threads or physical_cores()]
-    rows = run_bench(path, _ints(a.n_prompt), _ints(a.n_gen), threads, a.repetitions, a.vs == "llama-cpp",
+    threads = _ints(a.threads_list, "--threads-list") if a.threads_list else [a.threads or physical_cores()]
+    if a.repetitions < 1:
+        raise ValueError("-r/--repetitions must be at least 1")
+    rows = run_bench(path, _ints(a.n_prompt, "-p"), _ints(a.n_gen, "-n"), threads, a.repetitions, a.vs == "llama-cpp",
                      backend=a.backend, activations=a.activations, log=lambda s: print(s, file=sys.stderr))
     print(markdown(rows, Path(path).name))
     return 0

@@ -1,0 +1,135 @@
+"""`llambda bench`: our measurements, the table, and how llama.cpp is driven (through a fake
+of llama-cpp-python's C API, so the tests never need the optional bench extra)."""
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from llambda import bench, cli
+
+
+def test_run_bench_measures_both_tests(smollm2_gguf):
+    rows = bench.run_bench(smollm2_gguf, pp=[16], tg=[4], threads=[1], reps=2, log=lambda s: None)
+    got = {(r.engine, r.test, r.threads): r for r in rows}
+    assert set(got) == {("llambda", "pp16", 1), ("llambda", "tg4", 1)}
+    for r in rows:
+        assert len(r.samples) == 2 and all(s > 0 for s in r.samples)
+    table = bench.markdown(rows, "m.gguf").splitlines()
+    assert table[0].startswith("| model | test | threads | llambda")
+    assert len(table) == 4 and "ratio" not in table[0]
+
+
+def test_markdown_ratio():
+    ours = bench.BenchRow("llambda", "tg8", 2, [30.0, 40.0, 50.0])
+    theirs = bench.BenchRow("llama.cpp", "tg8", 2, [20.0])
+    line = bench.markdown([ours, theirs], "m").splitlines()[2]
+    assert "| 40.0 (30.0–50.0) | 20.0 (20.0–20.0) | 2.00× |" in line
+
+
+class FakeLlamaCpp(types.ModuleType):
+    """The subset of llama-cpp-python's ctypes API the bench uses; logits say 'next = token + 1'."""
+    llama_token = __import__("ctypes").c_int32
+
+    def __init__(self, n_vocab=50):
+        super().__init__("llama_cpp")
+        self.n_vocab, self.calls, self.last = n_vocab, [], None
+        self.logits = (__import__("ctypes").c_float * n_vocab)()
+
+    def llama_log_callback(self, fn):
+        return fn
+
+    def llama_log_set(self, cb, user):
+        self.calls.append("log_set")
+
+    def llama_backend_init(self):
+        pass
+
+    def llama_model_default_params(self):
+        return None
+
+    def llama_model_load_from_file(self, path, params):
+        return object()
+
+    def llama_model_get_vocab(self, model):
+        return object()
+
+    def llama_vocab_n_tokens(self, vocab):
+        return self.n_vocab
+
+    def llama_context_default_params(self):
+        return types.SimpleNamespace()
+
+    def llama_init_from_model(self, model, p):
+        self.calls.append(("ctx", p.n_threads, p.n_threads_batch, p.n_batch))
+        return object()
+
+    def llama_free(self, ctx):
+        self.calls.append("free")
+
+    def llama_get_memory(self, ctx):
+        return object()
+
+    def llama_memory_clear(self, mem, data):
+        self.calls.append("clear")
+
+    def llama_batch_get_one(self, arr, n):
+        return list(arr)[:n]
+
+    def llama_decode(self, ctx, batch):
+        self.calls.append(("decode", len(batch)))
+        for i in range(self.n_vocab):
+            self.logits[i] = 0.0
+        self.logits[(batch[-1] + 1) % self.n_vocab] = 1.0
+        self.last = batch
+        return 0
+
+    def llama_synchronize(self, ctx):
+        pass
+
+    def llama_get_logits_ith(self, ctx, i):
+        assert i == -1
+        return self.logits
+
+
+def test_llama_cpp_driven_like_llama_bench(monkeypatch):
+    fake = FakeLlamaCpp()
+    monkeypatch.setitem(sys.modules, "llama_cpp", fake)
+    e = bench.LlamaCppEngine("m.gguf", n_ctx=2048)
+    e.set_threads(2)
+    e.set_threads(2)                       # same count: the context is kept
+    assert [c for c in fake.calls if c[0] == "ctx"] == [("ctx", 2, 2, 512)]
+    fake.calls.clear()
+    assert e.pp(list(range(1200))) > 0     # one prompt in n_batch chunks from an empty cache
+    assert fake.calls == ["clear", ("decode", 512), ("decode", 512), ("decode", 176)]
+    fake.calls.clear()
+    assert e.tg(5, first=7) > 0            # one token per decode, each the argmax of the last
+    assert fake.calls == ["clear"] + [("decode", 1)] * 5 and fake.last == [11]
+    e.set_threads(1)
+    assert "free" in fake.calls
+
+
+def test_llama_cpp_missing_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)
+    with pytest.raises(SystemExit, match=r"pip install '\.\[bench\]'"):
+        bench.LlamaCppEngine("m.gguf", n_ctx=64)
+
+
+def test_llama_cpp_too_old_is_a_clear_error(monkeypatch):
+    old = types.ModuleType("llama_cpp")
+    old.__version__ = "0.2.0"
+    monkeypatch.setitem(sys.modules, "llama_cpp", old)
+    with pytest.raises(SystemExit, match="0.2.0 lacks llama_model_load_from_file"):
+        bench.LlamaCppEngine("m.gguf", n_ctx=64)
+
+
+def test_cli_bench_prints_table(smollm2_gguf, capsys):
+    assert cli.main(["bench", "-m", str(smollm2_gguf), "-p", "8", "-n", "2", "--threads-list", "1", "-r", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "| pp8 | 1 |" in out and "| tg2 | 1 |" in out
+
+
+@pytest.mark.parametrize("args", [["-p", "0"], ["-n", "x"], ["--threads-list", "1,-2"], ["-r", "0"]])
+def test_cli_bench_bad_numbers(smollm2_gguf, capsys, args):
+    assert cli.main(["bench", "-m", str(smollm2_gguf), *args]) != 0
+    assert "llambda: error:" in capsys.readouterr().err
