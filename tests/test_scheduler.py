@@ -19,7 +19,7 @@ from llambda.engine import GenerationParams, Sequence
 from llambda.sampling import SamplingParams
 from llambda.server.metrics import Metrics
 from llambda.server.prefix_cache import SlotTable
-from llambda.server.scheduler import Channel, Job, JobFailure, QueueFull, Scheduler, ShuttingDown
+from llambda.server.scheduler import Channel, Job, JobFailure, PromptLogprobs, QueueFull, Scheduler, ShuttingDown
 
 VOCAB = 40
 EOT = 0
@@ -47,14 +47,16 @@ class FakeCache:
 
 
 class FakeWorkspace:
-    def __init__(self, max_tokens):
+    def __init__(self, max_tokens, max_logit_rows=16):
         self.max_tokens = max_tokens
+        self.max_logit_rows = max_logit_rows
 
 
 class FakeTransformer:
-    def __init__(self, n_slots=4, n_ctx=96, max_tokens=64, fail_when=None, nan_after=None):
+    def __init__(self, n_slots=4, n_ctx=96, max_tokens=64, fail_when=None, nan_after=None, max_logit_rows=16):
         self.n_slots, self.n_ctx = n_slots, n_ctx
-        self.ws = FakeWorkspace(max_tokens)
+        self.ws = FakeWorkspace(max_tokens, max_logit_rows)
+        self.rows_asked = []             # logit rows per call
         self.cache = FakeCache(n_slots, n_ctx)
         self.batches = []                # (n tokens, n distinct slots) per call
         self.fail_when = fail_when
@@ -63,10 +65,12 @@ class FakeTransformer:
     def forward(self, tokens, slots, pos, logit_rows):
         tokens, slots, pos = np.asarray(tokens), np.asarray(slots), np.asarray(pos)
         assert len(tokens) <= self.ws.max_tokens
+        assert 1 <= len(logit_rows), "the real Transformer.forward needs at least one logit row"
         assert len(set(zip(slots.tolist(), pos.tolist()))) == len(tokens), "two tokens at one (slot, position)"
         if self.fail_when is not None and self.fail_when(tokens):
             raise RuntimeError("injected failure")
         self.batches.append((len(tokens), len(set(slots.tolist()))))
+        self.rows_asked.append(len(logit_rows))
         self.cache.toks[slots, pos] = tokens
         out = np.empty((len(logit_rows), VOCAB), np.float32)
         for i, r in enumerate(logit_rows):
@@ -106,20 +110,28 @@ def oracle(prompt, max_tokens, n_ctx=96) -> list[int]:
     return out
 
 
-def make_job(channel, prompt, max_tokens, index=0, after=None, n_ctx=96, temperature=0.0, seed=None):
+def make_job(channel, prompt, max_tokens, index=0, after=None, n_ctx=96, temperature=0.0, seed=None,
+             prompt_logprobs=None):
     sp = SamplingParams(temperature=temperature, top_k=0, top_p=1.0, min_p=0.0, seed=seed)
     seq = Sequence(FakeTokenizer(), prompt, GenerationParams(max_tokens=max_tokens, sampling=sp), slot=-1,
                    n_ctx=n_ctx)
-    return Job(seq, channel, index, after=after)
+    return Job(seq, channel, index, after=after, prompt_logprobs=prompt_logprobs)
 
 
 async def collect(channel, n_jobs, cancel_after=None, jobs=None):
-    """Tokens per job index until every job has finished (or failed)."""
+    """Tokens per job index until every job has finished (or failed).
+
+    The second dict maps job index -> JobFailure, and "prompt_logprobs" -> {index: entries}.
+    """
     tokens = {}
     failures = {}
     done = set()
     while len(done) < n_jobs:
         for idx, ev in await asyncio.wait_for(channel.get(), 30):
+            if isinstance(ev, PromptLogprobs):
+                assert idx not in tokens, "prompt logprobs must come before the first token"
+                failures.setdefault("prompt_logprobs", {})[idx] = ev.entries
+                continue
             if isinstance(ev, JobFailure):
                 failures[idx] = ev
                 done.add(idx)
@@ -406,3 +418,74 @@ def test_sampling_failure_fails_only_that_sequence():
         sched.stop()
     assert list(fails) == [0] and fails[0].status == 500 and "NaN" in fails[0].message
     assert toks.get(1, []) == oracle([1, 2, 3], 5)
+
+
+def log_softmax(x):
+    x = np.asarray(x, np.float64)
+    m = x.max()
+    return x - (m + np.log(np.exp(x - m).sum()))
+
+
+def test_prompt_logprobs_cover_every_prompt_token():
+    """echo + logprobs: each prompt token's logprob comes from the logits of the position before it,
+    even when the prompt is split over steps with little logit room and shares steps with others."""
+    rng = np.random.default_rng(5)
+    model = FakeTransformer(n_slots=3, max_logit_rows=5)
+    sched = Scheduler(model, Metrics(), prefill_chunk=64)
+    sched.start()
+    prompt = rng.integers(1, VOCAB, 23).tolist()
+    other_prompt = rng.integers(1, VOCAB, 9).tolist()
+
+    async def main():
+        ch = Channel()
+        first = make_job(ch, prompt, 6, index=0)          # fills the prefix cache with the same prompt
+        sched.submit([first])
+        await collect(ch, 1)
+        await wait_idle(sched)
+        ch = Channel()
+        scored = make_job(ch, prompt, 6, index=0, prompt_logprobs=3)
+        other = make_job(ch, other_prompt, 20, index=1)
+        sched.submit([other, scored])
+        toks, extra = await collect(ch, 2)
+        await wait_idle(sched)
+        return scored, toks, extra
+
+    try:
+        scored, toks, extra = run(main())
+    finally:
+        sched.stop()
+    entries = extra["prompt_logprobs"][0]
+    assert scored.n_cached == 0, "prompt logprobs need every position evaluated: no prefix reuse"
+    assert [e[0] for e in entries] == prompt
+    assert entries[0][1] is None and entries[0][2] is None
+    for p in range(1, len(prompt)):
+        want = log_softmax(fake_logits(prompt[:p]))
+        tok, lp, top = entries[p]
+        assert abs(lp - want[tok]) < 1e-5, p
+        best = np.argsort(-want, kind="stable")[:3]
+        assert [t for t, _ in top] == best.tolist()
+        assert np.allclose([v for _, v in top], want[best], atol=1e-5)
+    assert toks.get(0, []) == oracle(prompt, 6) and toks.get(1, []) == oracle(other_prompt, 20)
+    assert max(model.rows_asked) <= 5, "a step asked for more logit rows than the workspace holds"
+
+
+def test_prompt_logprobs_with_no_generated_tokens():
+    """max_tokens 0 (scoring only): the scores still arrive, then a finish without tokens."""
+    model = FakeTransformer(n_slots=1)
+    sched = Scheduler(model, Metrics())
+    sched.start()
+    prompt = [4, 8, 15, 16, 23, 42 % VOCAB]
+
+    async def main():
+        ch = Channel()
+        sched.submit([make_job(ch, prompt, 0, prompt_logprobs=0)])
+        toks, extra = await collect(ch, 1)
+        await wait_idle(sched)
+        return toks, extra
+
+    try:
+        toks, extra = run(main())
+    finally:
+        sched.stop()
+    entries = extra["prompt_logprobs"][0]
+    assert not toks and len(entries) == len(prompt) and all(top == [] for _, _, top in entries[1:])

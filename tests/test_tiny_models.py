@@ -264,3 +264,13 @@ def test_unknown_layer_tensor_is_refused(tmp_path):
         write_safetensors(d / "model.safetensors", tensors)
     with pytest.raises(ModelFormatError, match="o_proj.bias"):
         llambda.load(d, backend="numpy", n_ctx=32)
+
+
+def test_forward_logit_rows_empty_and_out_of_range():
+    """No logit rows (a prefill chunk that only fills the cache) is allowed; rows outside the batch are an error."""
+    for mode in ("numpy", "native-fast"):
+        tr = load(TINY / FOLDERS[0], mode, n_ctx=32).transformer
+        assert tr.forward([1, 2, 3], [0, 0, 0], [0, 1, 2], []).shape[0] == 0
+        for bad in ([3], [-1], [0, 5]):
+            with pytest.raises(ValueError, match="logit_rows"):
+                tr.forward([1, 2, 3], [0, 0, 0], [0, 1, 2], bad)

@@ -199,6 +199,8 @@ class Transformer:
         self._check_batch(ws.tokens[:n], ws.slots[:n], ws.pos[:n])
         rows = np.asarray(logit_rows, dtype=np.intp).reshape(-1)
         m = len(rows)
+        if m and (rows.min() < 0 or rows.max() >= n):
+            raise ValueError(f"logit_rows must index the batch of {n} tokens, got {rows.min()}..{rows.max()}")
         whole = out is None and m == n and n <= min(ws.max_logit_rows, self.PLAN_MAX_TOKENS) \
             and bool(np.all(rows == np.arange(n)))
         if whole and getattr(self.backend, "supports_plans", False):
@@ -285,6 +287,8 @@ class Transformer:
     def _logits(self, x, rows: np.ndarray, out) -> np.ndarray:
         cfg, ws = self.cfg, self.ws
         m, cap = len(rows), ws.max_logit_rows
+        if m == 0:              # e.g. a prefill chunk that only fills the cache
+            return ws.logits[:0] if out is None else out
         if out is None and m <= cap:
             self._head(self._gather(x, rows), ws.logits[:m])
             return ws.logits[:m]

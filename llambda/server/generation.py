@@ -18,10 +18,10 @@ from ..sampling import SamplingParams
 from .config import ServerConfig
 from .errors import APIError, bad_request
 from .openai_format import (SSE_DONE, ChoiceState, TokenStrings, Usage, chat_logprobs, chat_response,
-                            completion_logprobs, completion_response, new_id, now, sse)
-from .scheduler import Channel, Job, JobFailure, QueueFull, Scheduler, ShuttingDown
+                            completion_logprobs, completion_response, new_id, now, sse, tool_finish)
+from .scheduler import Channel, Job, JobFailure, PromptLogprobs, QueueFull, Scheduler, ShuttingDown
 from .schemas import GenerationSpec
-from .tools import tool_names
+from .tools import OPEN_TAG, ToolSetup, hermes_prefix, tool_names
 
 DISCONNECTED = object()   # pushed into a channel when the client goes away
 
@@ -36,6 +36,7 @@ class Prepared:
     prompts: list[list[int]]          # token ids per prompt
     echoes: list[str]                 # text to echo per prompt ("" without echo)
     seqs: list[list[Sequence]]        # per prompt, one Sequence per choice
+    tools: ToolSetup | None = None    # how answers are read for tool calls (chat with tools)
 
 
 class Service:
@@ -46,6 +47,9 @@ class Service:
         self.strings = TokenStrings(model.tokenizer) if model.tokenizer is not None else None
         src = getattr(model.source, "chat_template", None) or ""
         self.template_has_tools = "tools" in src
+        # Hermes/Qwen-style templates: calls are <tool_call>{json}</tool_call>, so a forced
+        # tool_choice can start the answer with the opening of a call
+        self.template_hermes = OPEN_TAG in src
 
     # -- checks ------------------------------------------------------------------
     def check_model(self, name: str | None) -> None:
@@ -53,17 +57,33 @@ class Service:
             raise APIError(404, f"the model {name!r} does not exist; this server serves {self.cfg.model_id!r}",
                            param="model", code="model_not_found")
 
-    def _chat_ids(self, spec: GenerationSpec) -> list[int]:
+    def _chat_ids(self, spec: GenerationSpec) -> tuple[list[int], ToolSetup | None]:
         if spec.tools and not self.template_has_tools:
             raise bad_request(f"the chat template of {self.cfg.model_id!r} does not render tools; "
                               "this model cannot be given 'tools'", param="tools")
+        setup = self._tool_setup(spec)
         try:
             text = self.model.render_chat(spec.messages, tools=spec.tools)
-            return self.model._prompt_ids(text)
+            if setup is not None:
+                text += setup.prefix
+            return self.model._prompt_ids(text), setup
         except ChatTemplateError as e:
             raise bad_request(f"cannot render the messages: {e}", param="messages") from None
         except TokenizerError as e:
             raise bad_request(str(e), param="messages") from None
+
+    def _tool_setup(self, spec: GenerationSpec) -> ToolSetup | None:
+        """tool_choice "required" or a forced function: the answer starts as a call where the
+        template's call format is known, and only calls to the allowed tools count."""
+        if not spec.tools:
+            return None
+        names = {spec.forced_tool} if spec.tool_choice == "function" else tool_names(spec.tools)
+        prefix = ""
+        if self.template_hermes and spec.tool_choice == "required":
+            prefix = hermes_prefix("required")
+        elif self.template_hermes and spec.tool_choice == "function":
+            prefix = hermes_prefix(spec.forced_tool)
+        return ToolSetup(names, prefix, spec.parallel_tool_calls)
 
     def _completion_ids(self, prompt) -> list[int]:
         try:
@@ -101,14 +121,19 @@ class Service:
     def prepare(self, spec: GenerationSpec) -> "Prepared":
         """Prompts, limits and one Sequence per choice (any thread)."""
         self.check_model(spec.model)
-        if spec.echo and spec.logprobs:
-            raise bad_request("'echo' together with 'logprobs' (prompt logprobs) is not supported", param="echo")
+        tools = None
         if spec.kind == "chat":
-            prompts = [self._chat_ids(spec)]
+            ids, tools = self._chat_ids(spec)
+            prompts = [ids]
             echoes = [""]
         else:
             prompts = [self._completion_ids(p) for p in spec.prompts]
             echoes = [self._echo_text(p, ids) if spec.echo else "" for p, ids in zip(spec.prompts, prompts)]
+        bias = spec.sampling.get("logit_bias") or {}
+        vocab = self.model.config.vocab_size
+        if bias and max(bias) >= vocab:
+            raise bad_request(f"'logit_bias' names token {max(bias)}, outside this model's vocabulary of {vocab}",
+                              param="logit_bias")
         n_jobs = len(prompts) * spec.n
         if n_jobs > self.scheduler.capacity():
             raise bad_request(f"{n_jobs} sequences requested (prompts x n); this server holds at most "
@@ -117,19 +142,22 @@ class Service:
         for ids in prompts:
             max_tokens = self._max_tokens(spec, len(ids))
             seqs.append([self._sequence(spec, ids, max_tokens, k) for k in range(spec.n)])
-        return Prepared(spec, prompts, echoes, seqs)
+        return Prepared(spec, prompts, echoes, seqs, tools)
 
     def launch(self, p: "Prepared") -> "Generation":
         """Queue the sequences (on the event loop, which receives their events)."""
         channel = Channel()
         jobs: list[Job] = []
+        # echo with logprobs: the first choice of each prompt scores the prompt for all of them
+        score = p.spec.top_logprobs if (p.spec.echo and p.spec.logprobs) else None
         for pi, choices in enumerate(p.seqs):
             first = None
             for k, seq in enumerate(choices):
-                job = Job(seq, channel, pi * p.spec.n + k, after=first)
+                job = Job(seq, channel, pi * p.spec.n + k, after=first,
+                          prompt_logprobs=score if first is None else None)
                 first = first or job
                 jobs.append(job)
-        gen = Generation(self, p.spec, channel, jobs, p.prompts, p.echoes)
+        gen = Generation(self, p.spec, channel, jobs, p.prompts, p.echoes, p.tools)
         try:
             self.scheduler.submit(jobs)
         except QueueFull as e:
@@ -164,15 +192,14 @@ class Generation:
     """One request in flight."""
 
     def __init__(self, service: Service, spec: GenerationSpec, channel: Channel, jobs: list[Job],
-                 prompts: list[list[int]], echoes: list[str]):
+                 prompts: list[list[int]], echoes: list[str], tools: ToolSetup | None = None):
         self.service, self.spec, self.channel, self.jobs = service, spec, channel, jobs
         self.id = new_id("chatcmpl" if spec.kind == "chat" else "cmpl")
         self.created = now()
         self.model_id = service.cfg.model_id
         self.prompts = prompts
-        self.tool_names = tool_names(spec.tools)
-        self.states = {j.index: ChoiceState(j.index, echoes[j.index // spec.n], self.tool_names) for j in jobs}
-        self.echo_len = {j.index: len(echoes[j.index // spec.n]) for j in jobs}
+        self.tools = tools
+        self.states = {j.index: ChoiceState(j.index, echoes[j.index // spec.n], tools) for j in jobs}
 
     # -- lifetime --------------------------------------------------------------------
     def cancel(self) -> None:
@@ -203,6 +230,23 @@ class Generation:
             st.finish_reason = ev.finish_reason
         return ev.text
 
+    def _prompt_scored(self, idx: int, ev: PromptLogprobs) -> list[int]:
+        """Give a prompt's logprobs to every choice of that prompt; returns their indexes."""
+        entries = ev.entries
+        n = self.spec.n
+        first = idx - idx % n
+        echo = self.states[first].echo
+        strings = self.service.strings
+        # a BOS the model adds is not part of the echoed text: leave it out so the tokens spell the text
+        if entries and strings is not None and entries[0][1] is None and len(entries) > 1:
+            head = strings.get(entries[0][0])[0]
+            if not echo.startswith(head):
+                entries = entries[1:]
+        siblings = [k for k in range(first, first + n) if k in self.states]
+        for k in siblings:
+            self.states[k].prompt_logprobs = list(entries)
+        return siblings
+
     # -- whole answer ------------------------------------------------------------------
     async def collect(self) -> dict:
         remaining = {j.index for j in self.jobs}
@@ -213,6 +257,9 @@ class Generation:
                         raise ClientGone()
                     if isinstance(ev, JobFailure):
                         raise APIError(ev.status, ev.message, kind=ev.kind)
+                    if isinstance(ev, PromptLogprobs):
+                        self._prompt_scored(idx, ev)
+                        continue
                     text = self._absorb(idx, ev)
                     if text:
                         self.states[idx].parts.append(text)
@@ -224,9 +271,9 @@ class Generation:
         strings = self.service.strings
         if self.spec.kind == "chat":
             return chat_response(self.id, self.created, self.model_id, choices, self.usage(), strings,
-                                 self.spec.logprobs, self.tool_names)
+                                 self.spec.logprobs, self.tools)
         return completion_response(self.id, self.created, self.model_id, choices, self.usage(), strings,
-                                   self.spec.logprobs, self.echo_len)
+                                   self.spec.logprobs)
 
     # -- streaming ---------------------------------------------------------------------
     def _chunk(self, choice: dict) -> bytes:
@@ -236,18 +283,28 @@ class Generation:
             obj["usage"] = None
         return sse(obj)
 
+    def _echo_chunk(self, idx: int) -> bytes:
+        """The echoed prompt of a streamed completion, with its logprobs when they were asked for."""
+        st = self.states[idx]
+        lp = None
+        if st.prompt_logprobs is not None:
+            lp, st.offset = completion_logprobs(st.prompt_logprobs, self.service.strings, 0)
+        return self._chunk({"index": idx, "text": st.echo, "logprobs": lp, "finish_reason": None})
+
     async def stream(self) -> AsyncIterator[bytes]:
         """SSE bytes: the chunks, an optional usage chunk, then `data: [DONE]`."""
         chat = self.spec.kind == "chat"
         remaining = {j.index for j in self.jobs}
+        # echo with logprobs waits for the prompt's scores (they come before the first token)
+        echo_waits = self.spec.echo and self.spec.logprobs
         try:
             for idx in sorted(self.states):
                 st = self.states[idx]
                 if chat:
                     yield self._chunk({"index": idx, "delta": {"role": "assistant", "content": ""},
                                        "logprobs": None, "finish_reason": None})
-                elif st.parts:   # echo
-                    yield self._chunk({"index": idx, "text": st.parts[0], "logprobs": None, "finish_reason": None})
+                elif st.echo and not echo_waits:
+                    yield self._echo_chunk(idx)
             while remaining:
                 items = await self.channel.get()
                 grouped: dict[int, list] = {}
@@ -258,6 +315,10 @@ class Generation:
                         yield sse(APIError(ev.status, ev.message, kind=ev.kind).body())
                         yield SSE_DONE
                         return
+                    if isinstance(ev, PromptLogprobs):
+                        for k in self._prompt_scored(idx, ev):
+                            yield self._echo_chunk(k)
+                        continue
                     grouped.setdefault(idx, []).append(ev)
                 for idx, evs in grouped.items():
                     for piece in self._stream_choice(idx, evs, chat):
@@ -282,24 +343,21 @@ class Generation:
         finish = st.finish_reason
         strings = self.service.strings
         if chat:
-            if st.tool_filter is not None:
-                text = st.tool_filter.feed(text)
-            if text or entries:
-                delta = {"content": text} if text else {}
-                lp = chat_logprobs(entries, strings) if entries else None
-                yield self._chunk({"index": idx, "delta": delta, "logprobs": lp, "finish_reason": None})
+            parser = st.tool_parser
+            calls: list[dict] = []
+            if parser is not None:
+                text, calls = parser.feed(text)
+            if text or entries or calls:
+                yield self._chunk({"index": idx, "delta": self._delta(st, text, calls),
+                                   "logprobs": chat_logprobs(entries, strings) if entries else None,
+                                   "finish_reason": None})
             if finish:
-                if st.tool_filter is not None:
-                    rest, calls = st.tool_filter.finish()
-                    if rest:
-                        yield self._chunk({"index": idx, "delta": {"content": rest}, "logprobs": None,
+                if parser is not None:
+                    rest, calls = parser.finish()
+                    if rest or calls:
+                        yield self._chunk({"index": idx, "delta": self._delta(st, rest, calls), "logprobs": None,
                                            "finish_reason": None})
-                    if calls:
-                        finish = "tool_calls"
-                        deltas = [{"index": k, "id": c["id"], "type": "function", "function": c["function"]}
-                                  for k, c in enumerate(calls)]
-                        yield self._chunk({"index": idx, "delta": {"tool_calls": deltas}, "logprobs": None,
-                                           "finish_reason": None})
+                    finish = tool_finish(finish, st.made_calls)
                 yield self._chunk({"index": idx, "delta": {}, "logprobs": None, "finish_reason": finish})
         else:
             if text or entries:
@@ -309,3 +367,13 @@ class Generation:
                 yield self._chunk({"index": idx, "text": text, "logprobs": lp, "finish_reason": None})
             if finish:
                 yield self._chunk({"index": idx, "text": "", "logprobs": None, "finish_reason": finish})
+
+    @staticmethod
+    def _delta(st: ChoiceState, text: str, calls: list[dict]) -> dict:
+        delta: dict = {}
+        if text:
+            delta["content"] = text
+        if calls:
+            delta["tool_calls"] = calls
+            st.made_calls = True
+        return delta

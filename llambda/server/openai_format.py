@@ -5,7 +5,7 @@ import json
 import secrets
 import time
 
-from .tools import ToolCallFilter, extract_tool_calls
+from .tools import ToolSetup
 
 
 def new_id(prefix: str) -> str:
@@ -62,18 +62,26 @@ class Usage:
 class ChoiceState:
     """What one choice has produced so far (text, logprobs, finish)."""
 
-    def __init__(self, index: int, echo: str = "", tool_names: set[str] | None = None):
+    def __init__(self, index: int, echo: str = "", tools: ToolSetup | None = None):
         self.index = index
         self.parts: list[str] = [echo] if echo else []
+        self.echo = echo
         self.offset = len(echo)          # text offset of the next token (completions logprobs)
         self.logprobs: list = []         # (token, logprob, top) per generated token
+        self.prompt_logprobs: list | None = None   # (token, logprob | None, top | None) per prompt token (echo)
         self.finish_reason: str | None = None
         self.n_generated = 0
-        self.tool_filter = ToolCallFilter(tool_names) if tool_names else None
+        self.tool_parser = tools.parser() if tools is not None and tools.names else None
+        self.made_calls = False          # streaming: tool-call deltas went out
 
     @property
     def text(self) -> str:
         return "".join(self.parts)
+
+
+def tool_finish(finish: str | None, has_calls: bool) -> str | None:
+    """OpenAI says "tool_calls" when the answer ended by calling; a cut-off call stays "length"."""
+    return "tool_calls" if has_calls and finish == "stop" else finish
 
 
 # -- logprobs ------------------------------------------------------------------
@@ -91,13 +99,16 @@ def chat_logprobs(entries, strings: TokenStrings) -> dict:
 
 
 def completion_logprobs(entries, strings: TokenStrings, offset: int) -> tuple[dict, int]:
-    """The legacy format; returns it and the text offset after these tokens."""
+    """The legacy format; returns it and the text offset after these tokens.
+
+    An entry's logprob and top may be None (the first prompt token of an echo has no context).
+    """
     tokens, lps, tops, offsets = [], [], [], []
     for token, logprob, top in entries:
         text, _ = strings.get(token)
         tokens.append(text)
         lps.append(logprob)
-        tops.append({strings.get(t)[0]: lp for t, lp in top})
+        tops.append(None if top is None else {strings.get(t)[0]: lp for t, lp in top})
         offsets.append(offset)
         offset += len(text)
     return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}, offset
@@ -106,17 +117,19 @@ def completion_logprobs(entries, strings: TokenStrings, offset: int) -> tuple[di
 # -- whole responses -------------------------------------------------------------
 
 def chat_response(rid: str, created: int, model: str, choices: list[ChoiceState], usage: Usage,
-                  strings: TokenStrings | None, want_logprobs: bool, tool_names: set[str] | None) -> dict:
+                  strings: TokenStrings | None, want_logprobs: bool, tools: ToolSetup | None) -> dict:
     out = []
     for c in choices:
         text = c.text
         finish = c.finish_reason
         message = {"role": "assistant", "content": text}
-        if tool_names:
-            content, calls = extract_tool_calls(text, tool_names)
+        if tools is not None and tools.names:
+            content, calls = tools.extract(text)
             if calls:
                 message = {"role": "assistant", "content": content or None, "tool_calls": calls}
-                finish = "tool_calls"
+                finish = tool_finish(finish, True)
+            else:
+                message["content"] = content
         out.append({"index": c.index, "message": message,
                     "logprobs": chat_logprobs(c.logprobs, strings) if want_logprobs else None,
                     "finish_reason": finish})
@@ -125,12 +138,13 @@ def chat_response(rid: str, created: int, model: str, choices: list[ChoiceState]
 
 
 def completion_response(rid: str, created: int, model: str, choices: list[ChoiceState], usage: Usage,
-                        strings: TokenStrings | None, want_logprobs: bool, echo_len: dict[int, int]) -> dict:
+                        strings: TokenStrings | None, want_logprobs: bool) -> dict:
     out = []
     for c in choices:
         lp = None
         if want_logprobs:
-            lp, _ = completion_logprobs(c.logprobs, strings, echo_len.get(c.index, 0))
+            entries = (c.prompt_logprobs or []) + c.logprobs
+            lp, _ = completion_logprobs(entries, strings, 0 if c.prompt_logprobs else len(c.echo))
         out.append({"index": c.index, "text": c.text, "logprobs": lp, "finish_reason": c.finish_reason})
     return {"id": rid, "object": "text_completion", "created": created, "model": model,
             "system_fingerprint": _fingerprint(), "choices": out, "usage": usage.as_dict()}

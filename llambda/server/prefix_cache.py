@@ -43,13 +43,16 @@ class SlotTable:
             i += 1
         return i
 
-    def place(self, prompt: list[int]) -> Placement | None:
-        """Choose a free slot for `prompt` (None when all are busy). Does not mark it busy."""
+    def place(self, prompt: list[int], reuse: bool = True) -> Placement | None:
+        """Choose a free slot for `prompt` (None when all are busy). Does not mark it busy.
+
+        reuse=False: evaluate the whole prompt (its logits at every position are wanted).
+        """
         free = [s for s in range(self.n_slots) if not self.busy[s]]
         if not free:
             return None
         # The last prompt token is always evaluated (its logits start generation).
-        limit = len(prompt) - 1
+        limit = len(prompt) - 1 if reuse else 0
         best, best_len = -1, 0
         for s in range(self.n_slots):
             n = self._shared(s, prompt, limit)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..engine import Sequence
+from ..sampling import top_k_indices
 from .metrics import Metrics
 from .prefix_cache import SlotTable
 
@@ -42,8 +43,17 @@ class JobFailure:
     kind: str = "server_error"
 
 
+@dataclass
+class PromptLogprobs:
+    """Logprobs of a sequence's prompt tokens (echo with logprobs), sent before its first token.
+
+    entries: (token, logprob, top) per prompt token; the first has no context: logprob and top None.
+    """
+    entries: list
+
+
 class Channel:
-    """Where one HTTP request's events arrive: lists of (choice index, TokenEvent | JobFailure)."""
+    """Where one HTTP request's events arrive: lists of (choice index, TokenEvent | PromptLogprobs | JobFailure)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None = None):
         self.loop = loop or asyncio.get_running_loop()
@@ -67,7 +77,8 @@ class Channel:
 class Job:
     """One sequence (one choice of one request) as the scheduler sees it."""
 
-    def __init__(self, seq: Sequence, channel: Channel, index: int, after: "Job | None" = None):
+    def __init__(self, seq: Sequence, channel: Channel, index: int, after: "Job | None" = None,
+                 prompt_logprobs: int | None = None):
         self.seq = seq
         self.channel = channel
         self.index = index                 # the choice index in the request
@@ -80,6 +91,9 @@ class Job:
         self.cancelled = False
         self.t_submit = time.monotonic()
         self.t_first: float | None = None
+        # top alternatives per prompt token when the prompt's own logprobs are wanted, else None
+        self.prompt_logprobs = prompt_logprobs
+        self.plp_entries: list = []
 
     def cancel(self) -> None:
         """Safe from any thread; the scheduler frees the slot before its next step."""
@@ -112,6 +126,8 @@ class Scheduler:
         if not 1 <= self.n_slots <= transformer.n_slots:
             raise ValueError(f"n_slots must be in 1..{transformer.n_slots}")
         self.max_batch = transformer.ws.max_tokens
+        # logit rows one step may ask for without a fresh (rows x vocab) array: bounds prompt-logprob chunks
+        self.max_rows = max(self.n_slots, int(getattr(transformer.ws, "max_logit_rows", 16)))
         if self.n_slots > self.max_batch:
             raise ValueError(f"{self.n_slots} slots do not fit a batch of {self.max_batch} tokens")
         self.prefill_chunk = max(1, int(prefill_chunk))
@@ -263,7 +279,8 @@ class Scheduler:
         self._waiting = kept
 
     def _place(self, j: Job) -> None:
-        p = self.slots.place(j.prompt)
+        # prompt logprobs need the logits of every prompt position: no prefix reuse
+        p = self.slots.place(j.prompt, reuse=j.prompt_logprobs is None)
         if p.copy_from >= 0:
             try:
                 self.model.cache.copy_prefix(p.copy_from, p.slot, p.reuse)
@@ -281,16 +298,16 @@ class Scheduler:
         tokens: list[int] = []
         slots: list[int] = []
         pos: list[int] = []
-        rows: list[int] = []
-        row_jobs: list[Job] = []
+        rows: list[int] = []                       # batch rows whose logits the forward returns
+        samples: list[tuple[int, Job]] = []        # (index into those logits, job to sample)
+        scored: list[tuple[Job, int, int, int]] = []   # prompt logprobs: (job, first position, first logit, count)
         decoding = [j for j in self._active if j.state == DECODE]
         for j in decoding:
-            p = j.seq.next_pos
             tokens.append(j.seq.tokens[-1])
             slots.append(j.slot)
-            pos.append(p)
+            pos.append(j.seq.next_pos)
             rows.append(len(tokens) - 1)
-            row_jobs.append(j)
+            samples.append((len(rows) - 1, j))
         budget = min(self.prefill_chunk, self.max_batch - len(tokens))
         chunks: list[tuple[Job, int]] = []
         for j in self._active:
@@ -300,15 +317,27 @@ class Scheduler:
                 continue
             start = j.n_computed
             take = min(budget, len(j.prompt) - start)
+            if j.prompt_logprobs is not None:
+                take = min(take, self.max_rows - len(rows))
+                if take <= 0:
+                    continue               # no logit rows left in this step; the next one has room
+            first = len(tokens)
             tokens.extend(j.prompt[start:start + take])
             slots.extend([j.slot] * take)
             pos.extend(range(start, start + take))
             budget -= take
             chunks.append((j, take))
-            if start + take == len(j.prompt):
+            if j.prompt_logprobs is not None:
+                scored.append((j, start, len(rows), take))
+                rows.extend(range(first, first + take))
+                if start + take == len(j.prompt):
+                    samples.append((len(rows) - 1, j))
+            elif start + take == len(j.prompt):
                 rows.append(len(tokens) - 1)
-                row_jobs.append(j)
+                samples.append((len(rows) - 1, j))
         n = len(tokens)
+        if not rows:
+            rows.append(n - 1)     # a prefill chunk that samples nothing: the forward still wants a row
         t0 = time.perf_counter()
         logits = self.model.forward(np.asarray(tokens, np.int32), np.asarray(slots, np.int32),
                                     np.asarray(pos, np.int32), rows)
@@ -319,9 +348,19 @@ class Scheduler:
         for j in decoding:
             j.n_computed = j.seq.next_pos + 1
             self.slots.set_valid(j.slot, j.n_computed)
+        for j, start, r0, count in scored:
+            try:
+                j.plp_entries.extend(score_prompt(logits[r0:r0 + count], j.prompt, start, j.prompt_logprobs))
+            except Exception as e:
+                log.exception("prompt logprobs failed")
+                self._emit(j, JobFailure(500, f"prompt logprobs failed: {type(e).__name__}: {e}"))
+                with self._cv:
+                    self._end(j, "error")
         generated = 0
         now = time.monotonic()
-        for r, j in enumerate(row_jobs):
+        for r, j in samples:
+            if j.state == DONE:
+                continue
             try:
                 ev = j.seq.step(logits[r])
             except Exception as e:   # e.g. NaN logits: this sequence fails, the others go on
@@ -332,6 +371,9 @@ class Scheduler:
                 continue
             if j.state == PREFILL:
                 j.state = DECODE
+                if j.prompt_logprobs is not None:
+                    self._emit(j, PromptLogprobs(j.plp_entries))
+                    j.plp_entries = []
             if j.t_first is None:
                 j.t_first = now
                 self.metrics.first_token(now - j.t_submit)
@@ -370,3 +412,31 @@ class Scheduler:
         box, self._outbox = self._outbox, {}
         for channel, items in box.items():
             channel.push(items)
+
+
+def score_prompt(logits: np.ndarray, prompt: list[int], start: int, top: int) -> list:
+    """Logprob entries of the prompt tokens that rows for positions start.. predict.
+
+    Row i holds the logits after position start+i, i.e. of prompt token start+i+1; position 0's
+    own token has no context (None). Logprobs are log_softmax of the raw logits, as for sampling.
+    """
+    entries: list = []
+    if start == 0:
+        entries.append((int(prompt[0]), None, None))
+    count = min(len(logits), len(prompt) - 1 - start)
+    if count <= 0:
+        return entries
+    x = np.asarray(logits[:count], np.float64)
+    m = x.max(axis=1, keepdims=True)
+    lse = (m + np.log(np.exp(x - m).sum(axis=1, keepdims=True)))[:, 0]
+    if not np.all(np.isfinite(lse)):
+        raise ValueError("logits are not finite")
+    targets = np.asarray(prompt[start + 1:start + 1 + count])
+    chosen = x[np.arange(count), targets] - lse
+    for i in range(count):
+        alts = []
+        if top:
+            best = top_k_indices(x[i], top)
+            alts = [(int(t), float(x[i, t] - lse[i])) for t in best]
+        entries.append((int(targets[i]), float(chosen[i]), alts))
+    return entries

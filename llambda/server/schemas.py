@@ -3,7 +3,7 @@
 Every check names the field and what was wrong, and raises APIError(400). Unknown
 fields are ignored (clients add their own, e.g. `user`); known fields with the
 wrong type or range are rejected, never coerced. Features we do not implement
-(images, `suffix`, JSON mode, forced tool choice) are refused, not ignored.
+(images, `suffix`, JSON mode) are refused, not ignored.
 """
 from __future__ import annotations
 
@@ -35,6 +35,9 @@ class GenerationSpec:
     # chat
     messages: list | None = None
     tools: list | None = None
+    tool_choice: str = "auto"               # "auto" | "required" | "function" (forced_tool) ; "none" drops tools
+    forced_tool: str | None = None          # the function a forced tool_choice names
+    parallel_tool_calls: bool = True
     # completion
     prompts: list = field(default_factory=list)   # each a str or a list of token ids
     echo: bool = False
@@ -220,15 +223,40 @@ def parse_chat(body: Any) -> GenerationSpec:
     spec.top_logprobs = b.integer("top_logprobs", 0, 0, MAX_TOP_LOGPROBS)
     if spec.top_logprobs and not spec.logprobs:
         raise bad_request("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
-    tools = _tools(b.get("tools"))
-    choice = b.get("tool_choice")
-    if choice is not None:
-        if choice == "none":
-            tools = None
-        elif choice != "auto":
-            raise bad_request("only tool_choice 'auto' and 'none' are supported", param="tool_choice")
-    spec.tools = tools
+    spec.tools = _tools(b.get("tools"))
+    spec.parallel_tool_calls = b.boolean("parallel_tool_calls", True)
+    _tool_choice(b.get("tool_choice"), spec)
     return spec
+
+
+def _tool_choice(v: Any, spec: GenerationSpec) -> None:
+    """"none" | "auto" | "required" | {"type": "function", "function": {"name": ...}}, as OpenAI takes it."""
+    if v is None or v == "auto":
+        return
+    if v == "none":
+        spec.tools = None             # the model is not told about tools and its answer is not parsed
+        spec.tool_choice = "none"
+        return
+    if v == "required":
+        if not spec.tools:
+            raise bad_request("tool_choice 'required' needs 'tools'", param="tool_choice")
+        spec.tool_choice = "required"
+        return
+    if isinstance(v, dict):
+        fn = v.get("function")
+        if v.get("type") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise bad_request("tool_choice as an object must be {\"type\": \"function\", "
+                              "\"function\": {\"name\": \"...\"}}", param="tool_choice")
+        offered = [t["function"]["name"] for t in spec.tools or []]
+        if fn["name"] not in offered:
+            raise bad_request(f"tool_choice names the function {fn['name']!r}, which is not among 'tools' "
+                              f"({', '.join(map(repr, offered)) or 'none given'})", param="tool_choice")
+        spec.tool_choice = "function"
+        spec.forced_tool = fn["name"]
+        return
+    shown = repr(v) if isinstance(v, str) else _type(v)
+    raise bad_request(f"tool_choice must be 'none', 'auto', 'required' or a function object, got {shown}",
+                      param="tool_choice")
 
 
 def _tools(v: Any) -> list | None:

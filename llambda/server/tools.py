@@ -1,95 +1,373 @@
-"""Tool calls in model output (Qwen/Hermes style), whole and while streaming.
+"""Tool calls in model output (Qwen/Hermes style), parsed as the text streams in.
 
-The documented form is `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
-(chat.parse_tool_calls reads it). Small Qwen models often drop the tags and answer
-with the bare JSON object, sometimes in a ``` fence; like llama.cpp we take that
-as a call too, but only when the whole answer is such an object and it names one
-of the tools the request offered, so ordinary JSON answers stay content.
+The documented form is `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`.
+Small Qwen models often drop the tags and answer with the bare JSON object,
+sometimes in a ``` fence; like llama.cpp we take that as a call too, but only
+when the whole answer starts with it.
+
+`ToolCallParser` turns text into content and OpenAI-style tool-call deltas while
+it arrives: as soon as `{"name": "X", "arguments": {` is seen (X an offered tool)
+it announces the call (id, type, name), then passes the arguments object through
+in pieces, ending where its braces balance. Other shapes (keys in another order,
+arguments as a string) are held and parsed whole at `</tool_call>` or the end.
+A call must name an offered tool and carry an object as arguments; anything else
+stays content, so nothing the model wrote is lost. The non-streaming answer runs
+the same parser over the whole text (`extract_tool_calls`), so both agree.
 """
 from __future__ import annotations
 
 import json
 import re
 import secrets
-
-from ..chat import parse_tool_calls
+from dataclasses import dataclass, field
 
 OPEN_TAG = "<tool_call>"
-_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
+CLOSE_TAG = "</tool_call>"
+_HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]*)"\s*,\s*"arguments"\s*:')
+_FENCE_OPEN = re.compile(r"\s*```([A-Za-z]*)[ \t]*\n")
+_FENCE_CLOSE = re.compile(r"\s*```\s*$")
 
-
-def _bare_call(text: str, names: set[str]) -> dict | None:
-    body = text.strip()
-    m = _FENCE.match(body)
-    if m:
-        body = m.group(1)
-    if not body.startswith("{"):
-        return None
-    try:
-        obj = json.loads(body)
-    except ValueError:
-        return None
-    if not isinstance(obj, dict) or obj.get("name") not in names:
-        return None
-    args = obj.get("arguments", obj.get("parameters", {}))
-    if not isinstance(args, str):
-        args = json.dumps(args, ensure_ascii=False)
-    return {"id": "call_" + secrets.token_hex(12), "type": "function",
-            "function": {"name": obj["name"], "arguments": args}}
+# parser states
+START, TEXT, HEADER, ARGS, TAIL, WHOLE, SKIP = "start", "text", "header", "args", "tail", "whole", "skip"
 
 
 def tool_names(tools: list | None) -> set[str]:
     return {t["function"]["name"] for t in tools or []}
 
 
-def extract_tool_calls(text: str, names: set[str]) -> tuple[str, list[dict]]:
-    """(content, tool calls) of a finished answer."""
-    content, calls = parse_tool_calls(text)
-    if calls:
-        return content, calls
-    call = _bare_call(text, names)
-    if call is not None:
-        return "", [call]
-    return text, []
+@dataclass
+class ToolSetup:
+    """How one request's answers are read for tool calls."""
+    names: set[str] = field(default_factory=set)   # offered tools (empty: no parsing)
+    prefix: str = ""                                # what we started the answer with (forced choice)
+    parallel: bool = True                           # parallel_tool_calls
+
+    def parser(self) -> "ToolCallParser":
+        return ToolCallParser(self.names, self.prefix, self.parallel)
+
+    def extract(self, text: str) -> tuple[str, list[dict]]:
+        return extract_tool_calls(text, self.names, self.prefix, self.parallel)
 
 
-class ToolCallFilter:
-    """Streams content but holds back what may be a tool call; `finish()` parses it.
+def hermes_prefix(choice) -> str:
+    """Text that starts the assistant's answer so the model must call a tool (Hermes-style templates).
 
-    Held back: everything from `<tool_call>` on, and a whole answer that starts
-    like a bare JSON object or a code fence (decided at its first visible character).
+    `choice` is "required" (the model picks the name) or the name of the forced function.
+    """
+    if choice == "required":
+        return OPEN_TAG + '\n{"name": "'
+    return OPEN_TAG + '\n{"name": ' + json.dumps(choice, ensure_ascii=False) + ', "arguments":'
+
+
+def new_call_id() -> str:
+    return "call_" + secrets.token_hex(12)
+
+
+def _whole_call(body: str, names: set[str]) -> tuple[str, str] | None:
+    """(name, arguments JSON) of a complete call object, or None when it is not a valid call."""
+    m = _FENCE_OPEN.match(body)
+    if m and m.group(1) in ("", "json"):
+        body = _FENCE_CLOSE.sub("", body[m.end():])
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or obj["name"] not in names:
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):       # arguments given as a JSON string
+        try:
+            if not isinstance(json.loads(args), dict):
+                return None
+        except ValueError:
+            return None
+        return obj["name"], args
+    if not isinstance(args, dict):
+        return None
+    return obj["name"], json.dumps(args, ensure_ascii=False)
+
+
+def _partial_suffix(text: str, tag: str) -> int:
+    """Length of the longest end of `text` that begins `tag` (held back: the tag may be arriving)."""
+    for k in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:k]):
+            return k
+    return 0
+
+
+class ToolCallParser:
+    """Feed text as it is generated; get (content, tool-call deltas) back.
+
+    names: the tools the request offered; prefix: text we put at the start of the
+    answer (forced tool choice), parsed but never echoed as content unless the
+    model fails to make a call of it; parallel: False keeps only the first call.
     """
 
-    def __init__(self, names: set[str]):
+    def __init__(self, names: set[str], prefix: str = "", parallel: bool = True):
         self.names = names
-        self.mode = "start"      # start | text | held
-        self.held = ""           # text not yet emitted
+        self.parallel = parallel
+        self.state = START
+        self.buf = ""            # text not yet decided on
+        self.block = ""          # raw text of the call being parsed, from its tag (the content fallback)
+        self.bare = False        # the call has no <tool_call> tag (a bare JSON answer)
+        self.calls: list[dict] = []   # {"id", "name", "arguments", "complete"}
+        self._name = ""
+        self._depth = 0
+        self._in_str = False
+        self._esc = False
+        self._started = False    # the arguments object has begun (the call is announced)
+        self._out: list[tuple] = []
+        # The prefix only opens a call; whatever it yields goes out with the first real output.
+        self._carry = self._step_all(prefix) if prefix else ([], [])
 
-    def feed(self, text: str) -> str:
-        self.held += text
-        if self.mode == "start":
-            head = self.held.lstrip()
-            if not head or "```".startswith(head[:3]) and len(head) < 3:
-                return ""                       # undecided: whitespace or a partial fence
-            self.mode = "held" if head[0] == "{" or head.startswith("```") else "text"
-        if self.mode == "held":
-            return ""
-        at = self.held.find(OPEN_TAG)
-        if at >= 0:
-            out, self.held, self.mode = self.held[:at], self.held[at:], "held"
-            return out
-        keep = 0
-        for k in range(min(len(OPEN_TAG) - 1, len(self.held)), 0, -1):
-            if self.held.endswith(OPEN_TAG[:k]):
-                keep = k
-                break
-        out = self.held[:len(self.held) - keep]
-        self.held = self.held[len(self.held) - keep:]
-        return out
+    # -- output ------------------------------------------------------------------------------
+    def _content(self, text: str) -> None:
+        if text and not (self.calls and not text.strip()):   # whitespace between calls is not content
+            self._out.append(("content", text))
+
+    def _announce(self) -> None:
+        self.calls.append({"id": new_call_id(), "name": self._name, "arguments": "", "complete": False})
+        c = self.calls[-1]
+        self._out.append(("delta", {"index": len(self.calls) - 1, "id": c["id"], "type": "function",
+                                    "function": {"name": c["name"], "arguments": ""}}))
+
+    def _args(self, text: str) -> None:
+        if text:
+            self.calls[-1]["arguments"] += text
+            self._out.append(("delta", {"index": len(self.calls) - 1, "function": {"arguments": text}}))
+
+    def _step_all(self, text: str) -> tuple[list[str], list[dict]]:
+        self.buf += text
+        while self._advance():
+            pass
+        return self._take()
+
+    def _take(self) -> tuple[list[str], list[dict]]:
+        out, self._out = self._out, []
+        return [v for k, v in out if k == "content"], [v for k, v in out if k == "delta"]
+
+    def _result(self, content: list[str], deltas: list[dict]) -> tuple[str, list[dict]]:
+        if self._carry is not None:
+            c0, d0 = self._carry
+            self._carry = None
+            content, deltas = c0 + content, d0 + deltas
+        return "".join(content), _merge(deltas)
+
+    # -- feeding -------------------------------------------------------------------------------
+    def feed(self, text: str) -> tuple[str, list[dict]]:
+        """Content to emit now and tool-call deltas (OpenAI `delta.tool_calls` entries)."""
+        return self._result(*self._step_all(text))
+
+    def _advance(self) -> bool:
+        """One state transition over `buf`; False when it needs more text."""
+        s = self.state
+        if s == START:
+            head = self.buf.lstrip()
+            if not head or (len(head) < 3 and "```".startswith(head)):
+                return False
+            if head.startswith("```"):
+                m = _FENCE_OPEN.match(self.buf)
+                if m is None:
+                    if "\n" not in head:
+                        return False          # the fence's language word may still be arriving
+                    self.state = TEXT
+                    return True
+                if m.group(1) not in ("", "json"):
+                    self.state = TEXT
+                    return True
+                return self._open_block(bare=True)
+            if head.startswith("{"):
+                return self._open_block(bare=True)
+            self.state = TEXT
+            return True
+        if s == TEXT:
+            at = self.buf.find(OPEN_TAG)
+            if at < 0:
+                if self.calls and not self.buf.strip():
+                    return False          # whitespace after a call: content only if text follows
+                keep = _partial_suffix(self.buf, OPEN_TAG)
+                self._content(self.buf[:len(self.buf) - keep])
+                self.buf = self.buf[len(self.buf) - keep:]
+                return False
+            self._content(self.buf[:at])
+            self.buf = self.buf[at + len(OPEN_TAG):]
+            if self.calls and not self.parallel:
+                self.state = SKIP
+                return True
+            self.block = OPEN_TAG
+            self.bare = False
+            self.state = HEADER
+            return True
+        if s == SKIP:                 # a further call while parallel_tool_calls is false: dropped
+            return self._drop_through_close()
+        if s == HEADER:
+            body = self.buf
+            if self.bare:
+                m = _FENCE_OPEN.match(body)
+                if m:
+                    body = body[m.end():]
+            m = _HEADER.match(body)
+            if m is not None:
+                if m.group(1) not in self.names:
+                    self.state = WHOLE
+                    return True
+                self._name = m.group(1)
+                consumed = len(self.buf) - len(body) + m.end()
+                self.block += self.buf[:consumed]
+                self.buf = self.buf[consumed:]
+                self.state = ARGS
+                self._started = False
+                return True
+            if not self.bare and CLOSE_TAG in self.buf:
+                self.state = WHOLE
+                return True
+            return False
+        if s == ARGS:
+            return self._scan_args()
+        if s == TAIL:
+            if self.bare:
+                self.buf = ""         # the closing brace (and fence) of a bare call
+                return False
+            return self._drop_through_close()
+        if s == WHOLE:
+            if self.bare:
+                return False          # parsed at the end
+            at = self.buf.find(CLOSE_TAG)
+            if at < 0:
+                return False
+            raw, self.buf = self.block + self.buf[:at], self.buf[at + len(CLOSE_TAG):]
+            self._whole(raw[len(OPEN_TAG):], raw + CLOSE_TAG)
+            self.state = TEXT
+            return True
+        return False
+
+    def _drop_through_close(self) -> bool:
+        """Drop text up to and including the closing tag (back to TEXT); keep a partial tag for later."""
+        at = self.buf.find(CLOSE_TAG)
+        if at < 0:
+            keep = _partial_suffix(self.buf, CLOSE_TAG)
+            self.buf = self.buf[len(self.buf) - keep:]
+            return False
+        self.buf = self.buf[at + len(CLOSE_TAG):]
+        self.state = TEXT
+        return True
+
+    def _open_block(self, bare: bool) -> bool:
+        self.bare = bare
+        self.block = ""
+        self.state = HEADER
+        return True
+
+    def _whole(self, body: str, raw: str) -> None:
+        """A call parsed in one piece, or its raw text as content."""
+        call = _whole_call(body, self.names)
+        if call is None:
+            self._content(raw)
+            return
+        self._name = call[0]
+        self._announce()
+        self._args(call[1])
+        self.calls[-1]["complete"] = True
+
+    def _scan_args(self) -> bool:
+        """Pass the arguments object through until its braces balance."""
+        i = 0
+        buf = self.buf
+        if not self._started:
+            while i < len(buf) and buf[i].isspace():
+                i += 1
+            if i == len(buf):
+                return False
+            if buf[i] != "{":                 # a string or other value: parse the call whole
+                self.state = WHOLE
+                return True
+            self._announce()
+            self._started = True
+            self.block += buf[:i]
+            buf = buf[i:]
+            i = 0
+            self._depth, self._in_str, self._esc = 0, False, False
+        end = -1
+        for k, ch in enumerate(buf):
+            if self._in_str:
+                if self._esc:
+                    self._esc = False
+                elif ch == "\\":
+                    self._esc = True
+                elif ch == '"':
+                    self._in_str = False
+            elif ch == '"':
+                self._in_str = True
+            elif ch in "{[":
+                self._depth += 1
+            elif ch in "}]":
+                self._depth -= 1
+                if self._depth == 0:
+                    end = k + 1
+                    break
+        piece = buf if end < 0 else buf[:end]
+        self._args(piece)
+        self.block += piece
+        self.buf = "" if end < 0 else buf[end:]
+        if end < 0:
+            return False
+        self.calls[-1]["complete"] = True
+        self.state = TAIL
+        return True
 
     def finish(self) -> tuple[str, list[dict]]:
-        """(content still to emit, tool calls)."""
-        held, self.held = self.held, ""
-        if self.mode == "held":
-            return extract_tool_calls(held, self.names)
-        return held, []
+        """Whatever is still held, at the end of the answer."""
+        s, buf = self.state, self.buf
+        self.buf = ""
+        if s in (START, TEXT):
+            self._content(buf)
+        elif s in (HEADER, WHOLE) or (s == ARGS and not self._started):
+            raw = self.block + buf
+            body = raw[len(OPEN_TAG):] if not self.bare and raw.startswith(OPEN_TAG) else raw
+            self._whole(body, raw)
+        # ARGS (started): a call cut short (max_tokens); TAIL/SKIP: nothing left to say
+        self.state = TEXT
+        return self._result(*self._take())
+
+
+def _merge(deltas: list[dict]) -> list[dict]:
+    """One delta per call index (arguments concatenated), in index order."""
+    by_index: dict[int, dict] = {}
+    for d in deltas:
+        have = by_index.get(d["index"])
+        if have is None:
+            by_index[d["index"]] = {**d, "function": dict(d["function"])}
+        else:
+            have["function"]["arguments"] += d["function"].get("arguments", "")
+            for key in ("id", "type"):
+                if key in d:
+                    have[key] = d[key]
+            if "name" in d["function"]:
+                have["function"]["name"] = d["function"]["name"]
+    return [by_index[k] for k in sorted(by_index)]
+
+
+def extract_tool_calls(text: str, names: set[str], prefix: str = "",
+                       parallel: bool = True) -> tuple[str, list[dict]]:
+    """(content, tool calls) of a finished answer; `text` is what the model generated after `prefix`.
+
+    Calls must be complete with arguments that parse as a JSON object; otherwise the whole
+    answer (with the prefix) is returned as content and no call.
+    """
+    p = ToolCallParser(names, prefix, parallel)
+    content, _ = p.feed(text)
+    rest, _ = p.finish()
+    content += rest
+    calls = []
+    for c in p.calls:
+        try:
+            ok = c["complete"] and isinstance(json.loads(c["arguments"]), dict)
+        except ValueError:
+            ok = False
+        if not ok:
+            return prefix + text, []
+        calls.append({"id": c["id"], "type": "function",
+                      "function": {"name": c["name"], "arguments": c["arguments"]}})
+    if not calls:
+        return content, []
+    return content.strip(), calls
