@@ -79,10 +79,14 @@ static inline int llb_group_rows(const llb_mm *mm, long g) {
     return left < LLB_IL ? (int)left : LLB_IL;
 }
 
-/* When set, a single activation row goes through the same GEMM code as a batch, so a
- * row's result never depends on how many rows share the call (batched serving then
- * equals one-at-a-time serving bit for bit). Off: n == 1 takes the faster GEMV path. */
+/* When set (the server), a row's result must never depend on how many rows share the call
+ * (batched serving then equals one-at-a-time serving bit for bit; attention reads it too).
+ * The n == 1 kernels of the quantized types sum in exactly their GEMM's order, so they run in
+ * both modes (LLB_GEMV). The float types' fastest GEMVs round differently from their GEMM and
+ * run only with the flag off (LLB_GEMV_ANY_ORDER); with it on, n == 1 takes a GEMV in the
+ * GEMM's order. */
 extern int llb_batch_invariant;
-#define LLB_GEMV(mm) ((mm)->n == 1 && !llb_batch_invariant)
+#define LLB_GEMV(mm) ((mm)->n == 1)
+#define LLB_GEMV_ANY_ORDER(mm) ((mm)->n == 1 && !llb_batch_invariant)
 
 #endif

@@ -138,7 +138,7 @@ LLB_AI TGT void tile32(const llb_mm *mm, const uint8_t *wg, int h, long i, const
 LLB_AI TGT void fast32(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt) {
     __m256 t[TILE_ROWS];
     for (int h = 0; h < 2 && 8 * h < llb_group_rows(mm, g); h++) {
-        if (LLB_GEMV(mm)) {
+        if (LLB_GEMV(mm)) { /* the tile's arithmetic at M = 1 plus prefetch: equal to a batch row */
             tile32(mm, wg, h, 0, 1, qt, 1, t);
             store_half(mm, g, h, 0, 1, t);
             continue;
@@ -318,11 +318,62 @@ LLB_AI TGT void float_gemv(const llb_mm *mm, const uint8_t *wg, long g, const in
     }
 }
 
+/* n == 1 for F32/F16/BF16 in exact_kernel's order, so that a single row equals that row of a
+ * batch bit for bit: per row, 4 chains over the values k = j (mod 4) in order, then
+ * (c0 + c1) + (c2 + c3). A ymm holds 2 rows x 4 consecutive values (exact_kernel's lanes), joined
+ * by one 128-bit insert; the group's 8 row pairs are 8 independent chains. Measured 1.0-1.5x the
+ * time of float_gemv, 0.7-1.0x that of exact_kernel at n == 1. */
+LLB_AI TGT __m256 load_quads(const int qt, const uint8_t *r0, const uint8_t *r1, long k) {
+    if (qt == LLB_F32)
+        return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps((const float *)r0 + k)), _mm_loadu_ps((const float *)r1 + k), 1);
+    const __m128i h = _mm_castpd_si128(_mm_loadh_pd(_mm_castsi128_pd(_mm_loadl_epi64((const __m128i *)(r0 + 2 * k))), (const double *)(r1 + 2 * k)));
+    if (qt == LLB_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+LLB_AI TGT void float_gemv_ordered(const llb_mm *mm, const uint8_t *wg, long g, const int qt) {
+    const int nr = llb_group_rows(mm, g), np = (nr + 1) / 2, es = qt == LLB_F32 ? 4 : 2;
+    const long K = mm->cols, K4 = K / 4 * 4, line = 64 / es; /* values per cache line */
+    const uint8_t *row[LLB_IL];
+    for (int r = 0; r < LLB_IL; r++) row[r] = wg + (size_t)(r < nr ? r : nr - 1) * mm->row_bytes; /* a missing row: any real one */
+    __m256 acc[8];
+    LLB_UNROLL
+    for (int p = 0; p < 8; p++) acc[p] = _mm256_setzero_ps();
+    for (long k0 = 0; k0 < K4; k0 += line) {
+        for (int r = 0; r < nr; r++) _mm_prefetch((const char *)row[r] + es * k0 + LLB_PF_DIST / 4, _MM_HINT_T0);
+        const long k1 = k0 + line < K4 ? k0 + line : K4;
+        for (long k = k0; k < k1; k += 4) {
+            const __m256 xb = _mm256_broadcast_ps((const __m128 *)(mm->x + k));
+            LLB_UNROLL
+            for (int p = 0; p < 8; p++)
+                if (p < np) acc[p] = _mm256_fmadd_ps(load_quads(qt, row[2 * p], row[2 * p + 1], k), xb, acc[p]);
+        }
+    }
+    if (K4 < K) { /* the last 1-3 values, zero-padded (0 x 0 adds nothing) */
+        __attribute__((aligned(16))) float xpad[4] = {0};
+        __attribute__((aligned(16))) uint8_t wpad[LLB_IL][16];
+        memcpy(xpad, mm->x + K4, sizeof(float) * (size_t)(K - K4));
+        for (int r = 0; r < LLB_IL; r++) {
+            memset(wpad[r], 0, sizeof wpad[r]);
+            memcpy(wpad[r], row[r] + es * K4, (size_t)(es * (K - K4)));
+        }
+        const __m256 xb = _mm256_broadcast_ps((const __m128 *)xpad);
+        LLB_UNROLL
+        for (int p = 0; p < 8; p++)
+            if (p < np) acc[p] = _mm256_fmadd_ps(load_quads(qt, wpad[2 * p], wpad[2 * p + 1], 0), xb, acc[p]);
+    }
+    __attribute__((aligned(32))) float a[64]; /* a[4r + j]: chain j of row r */
+    LLB_UNROLL
+    for (int p = 0; p < 8; p++) _mm256_store_ps(a + 8 * p, acc[p]);
+    llb_store_quad_sums(a, mm->out + g * LLB_IL, nr);
+}
+
 #define EXACT(name, qt) \
     TGT static void name(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { exact_kernel(mm, wg, g, i0, i1, qt); }
 #define FLOAT(name, qt)                                                                     \
     TGT static void name(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { \
-        if (LLB_GEMV(mm)) float_gemv(mm, wg, g, qt);                                          \
+        if (LLB_GEMV_ANY_ORDER(mm)) float_gemv(mm, wg, g, qt);                            \
+        else if (LLB_GEMV(mm)) float_gemv_ordered(mm, wg, g, qt);                         \
         else exact_kernel(mm, wg, g, i0, i1, qt);                                           \
     }
 FLOAT(exact_f32, LLB_F32)

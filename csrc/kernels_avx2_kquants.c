@@ -107,7 +107,7 @@ LLB_AI TGT void tile_k(const int qt, const llb_mm *mm, const uint8_t *wg, int h,
 LLB_AI TGT void fast_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt) {
     __m256 t[TILE_ROWS];
     for (int h = 0; h < 2 && 8 * h < llb_group_rows(mm, g); h++) {
-        if (LLB_GEMV(mm)) {
+        if (LLB_GEMV(mm)) { /* the tile's arithmetic at M = 1 plus prefetch: equal to a batch row */
             tile_k(qt, mm, wg, h, 0, 1, 1, t);
             store_half(mm, g, h, 0, 1, t);
             continue;

@@ -141,9 +141,13 @@ LLB_AI TGT void fast_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, lon
     float *o = mm->out + g * LLB_IL;
     const long nsb = mm->cols / 256, kc = LLB_KCHUNK / 256;
     __m512 t[TILE_ROWS];
-    if (LLB_GEMV(mm)) {
-        tile_k(qt, mm, wg, 0, 1, 1, 0, nsb, t);
-        _mm512_mask_storeu_ps(o, km, t[0]);
+    if (LLB_GEMV(mm)) { /* the GEMM's K chunks too, so a single row sums in its exact order */
+        __m512 sum = _mm512_setzero_ps();
+        for (long s0 = 0; s0 < nsb; s0 += kc) {
+            tile_k(qt, mm, wg, 0, 1, 1, s0, s0 + kc < nsb ? s0 + kc : nsb, t);
+            sum = s0 ? _mm512_add_ps(sum, t[0]) : t[0];
+        }
+        _mm512_mask_storeu_ps(o, km, sum);
         return;
     }
     for (long s0 = 0; s0 < nsb; s0 += kc) { /* K in chunks: the group's chunk stays in L1 across tiles */

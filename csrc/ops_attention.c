@@ -2,15 +2,13 @@
  * the per-ISA kernels of attn_simd.inc. */
 #include <stdatomic.h>
 
+#include "attn_sched.h"
 #include "core.h"
-#include "ops.h"
-#include "ops_kernels.h"
 #include "threadpool.h"
 
-#define PAR_MIN_ATTN_MACS 65536 /* below this many multiply-adds, one thread */
-
 /* Three schedules, chosen from the arguments only (never from the thread
- * count, so results are identical for any number of threads):
+ * count, so results are identical for any number of threads; with
+ * llb_batch_invariant set, the schedule of attn_invariant.c instead):
  *  - tiles (prefill): units are (a few consecutive tokens, kv head, pass over
  *    its heads) holding up to `lanes` query rows in vector lanes;
  *  - rows: units are (token, kv head) with the kv head's query heads;
@@ -18,7 +16,6 @@
  *    ATTN_CHUNK keys whose partial softmax sums are merged afterwards.
  * Units are handed out by an atomic counter so uneven causal rows balance; the
  * last tokens (most keys) go first. */
-#define ATTN_CHUNK 256
 #define ATTN_SPLIT_MAX_ROWS 16 /* split only when n * n_kv is below this */
 #define ATTN_SCRATCH_MAX ((size_t)64 << 20)
 
@@ -37,28 +34,21 @@ struct attn_task {
     _Alignas(64) atomic_long next;
 };
 
-static long first_key(const struct llb_attention_args *a, long p) {
-    return a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
-}
-
 static size_t part_floats(const struct attn_task *t) {
     return (size_t)t->group * (size_t)t->a->head_dim + 2 * (size_t)t->group;
 }
 
-/* Keys lo..hi of token i's heads [h0, h0 + nh) in kv head kvh (through the row kernel). */
-static void attend_rows(const struct attn_task *t, long i, long kvh, long h0, long nh, long lo, long hi, float *out,
-                        float *ml) {
-    const struct llb_attention_args *a = t->a;
+void llb_attn_rows(const struct llb_attention_args *a, const struct llb_op_kernels *k, long i, long kvh, long h0,
+                   long nh, long lo, long hi, float *out, float *ml) {
     const long s = a->slots[i];
     if (s < 0 || s >= a->n_slots || hi < 0 || hi >= a->n_ctx) return; /* validated by the caller; never read outside */
-    const size_t stride = (size_t)a->n_kv * (size_t)a->head_dim, esize = a->cache_type == LLB_CACHE_F16 ? 2 : 4;
-    const size_t base = ((size_t)s * (size_t)a->n_ctx * stride + (size_t)kvh * (size_t)a->head_dim) * esize;
-    const long row = i * a->n_heads + kvh * t->group + h0; /* first query row */
+    const size_t base = llb_attn_cache_base(a, s, kvh);
+    const long row = i * a->n_heads + kvh * (a->n_heads / a->n_kv) + h0; /* first query row */
     struct llb_attn_unit u = {
         .q = a->q + row * a->head_dim,
         .k = (const char *)a->kcache + base,
         .v = (const char *)a->vcache + base,
-        .stride = stride,
+        .stride = (size_t)a->n_kv * (size_t)a->head_dim,
         .lo = lo,
         .hi = hi,
         .head_dim = a->head_dim,
@@ -68,7 +58,12 @@ static void attend_rows(const struct attn_task *t, long i, long kvh, long h0, lo
         .out = out ? out : a->out + row * a->head_dim,
         .ml = ml,
     };
-    (a->cache_type == LLB_CACHE_F16 ? t->k->attend_f16 : t->k->attend_f32)(&u);
+    (a->cache_type == LLB_CACHE_F16 ? k->attend_f16 : k->attend_f32)(&u);
+}
+
+static void attend_rows(const struct attn_task *t, long i, long kvh, long h0, long nh, long lo, long hi, float *out,
+                        float *ml) {
+    llb_attn_rows(t->a, t->k, i, kvh, h0, nh, lo, hi, out, ml);
 }
 
 /* Tokens [t0, t1) of one slot, heads [h0, h0 + nh) of kv head kvh, as one tile. */
@@ -76,16 +71,7 @@ static void attend_tile(const struct attn_task *t, long t0, long t1, long kvh, l
     const struct llb_attention_args *a = t->a;
     const long s = a->slots[t0];
     if (s < 0 || s >= a->n_slots) return;
-    const size_t stride = (size_t)a->n_kv * (size_t)a->head_dim, esize = a->cache_type == LLB_CACHE_F16 ? 2 : 4;
-    const size_t base = ((size_t)s * (size_t)a->n_ctx * stride + (size_t)kvh * (size_t)a->head_dim) * esize;
-    struct llb_attn_tile tile = {
-        .k = (const char *)a->kcache + base,
-        .v = (const char *)a->vcache + base,
-        .stride = stride,
-        .head_dim = a->head_dim,
-        .scale = a->scale,
-        .softcap = a->softcap,
-    };
+    struct llb_attn_tile tile = llb_attn_tile_at(a, s, kvh, 0);
     for (long i = t0; i < t1; i++) {
         const long p = a->pos[i];
         if (p < 0 || p >= a->n_ctx) continue;
@@ -93,7 +79,7 @@ static void attend_tile(const struct attn_task *t, long t0, long t1, long kvh, l
             const long r = tile.n_rows++, row = i * a->n_heads + kvh * t->group + h;
             tile.q[r] = a->q + row * a->head_dim;
             tile.out[r] = a->out + row * a->head_dim;
-            tile.lo[r] = first_key(a, p);
+            tile.lo[r] = llb_attn_first_key(a, p);
             tile.hi[r] = p;
         }
     }
@@ -114,7 +100,7 @@ static void tile_unit_run(const struct attn_task *t, long unit) {
         if ((r1 - r0) * nh * 2 >= t->k->lanes) {
             attend_tile(t, r0, r1, kvh, h0, nh);
         } else {
-            for (long i = r0; i < r1; i++) attend_rows(t, i, kvh, h0, nh, first_key(a, a->pos[i]), a->pos[i], NULL, NULL);
+            for (long i = r0; i < r1; i++) attend_rows(t, i, kvh, h0, nh, llb_attn_first_key(a, a->pos[i]), a->pos[i], NULL, NULL);
         }
     }
 }
@@ -127,13 +113,13 @@ static void attn_unit_run(const struct attn_task *t, long unit) {
         const long chunk = unit / a->n_kv, kvh = unit % a->n_kv;
         long i = 0;
         while (t->first_chunk[i + 1] <= chunk) i++;
-        const long lo = first_key(a, a->pos[i]) + (chunk - t->first_chunk[i]) * ATTN_CHUNK;
+        const long lo = llb_attn_first_key(a, a->pos[i]) + (chunk - t->first_chunk[i]) * ATTN_CHUNK;
         const long hi = lo + ATTN_CHUNK - 1 < a->pos[i] ? lo + ATTN_CHUNK - 1 : a->pos[i];
         float *out = t->parts + (size_t)unit * part_floats(t);
         attend_rows(t, i, kvh, 0, t->group, lo, hi, out, out + (size_t)t->group * (size_t)a->head_dim);
     } else {
         const long i = a->n - 1 - unit / a->n_kv, kvh = unit % a->n_kv;
-        attend_rows(t, i, kvh, 0, t->group, first_key(a, a->pos[i]), a->pos[i], NULL, NULL);
+        attend_rows(t, i, kvh, 0, t->group, llb_attn_first_key(a, a->pos[i]), a->pos[i], NULL, NULL);
     }
 }
 
@@ -170,7 +156,7 @@ static void attn_plan(struct attn_task *t, long max_keys) {
     if (a->n * a->n_kv < ATTN_SPLIT_MAX_ROWS && max_keys > ATTN_CHUNK) {
         t->first_chunk[0] = 0;
         for (long i = 0; i < a->n; i++) {
-            const long keys = a->pos[i] - first_key(a, a->pos[i]) + 1;
+            const long keys = a->pos[i] - llb_attn_first_key(a, a->pos[i]) + 1;
             t->first_chunk[i + 1] = t->first_chunk[i] + (keys + ATTN_CHUNK - 1) / ATTN_CHUNK;
         }
         const long units = t->first_chunk[a->n] * a->n_kv;
@@ -200,12 +186,15 @@ static void attn_plan(struct attn_task *t, long max_keys) {
 }
 
 void llb_attention(const struct llb_attention_args *a) {
+    /* Without its scratch (out of memory) the invariant schedule gives way to these: still
+     * correct, no longer independent of the batch. */
+    if (llb_batch_invariant && llb_attention_invariant(a) == 0) return;
     struct attn_task t = {.a = a, .k = llb_op_kernels_current(), .group = a->n_heads / a->n_kv};
     atomic_init(&t.next, 0);
     double macs = 0; /* q.k and p.v multiply-adds, to decide whether to split */
     long max_keys = 0;
     for (long i = 0; i < a->n; i++) {
-        const long keys = a->pos[i] - first_key(a, a->pos[i]) + 1;
+        const long keys = a->pos[i] - llb_attn_first_key(a, a->pos[i]) + 1;
         macs += (double)keys;
         if (keys > max_keys) max_keys = keys;
     }

@@ -31,6 +31,11 @@ struct llb_attn_tile {
     const float *q[LLB_TILE_MAX_ROWS];
     float *out[LLB_TILE_MAX_ROWS];
     long lo[LLB_TILE_MAX_ROWS], hi[LLB_TILE_MAX_ROWS];
+    /* Nonzero: sum exactly as attend does (a row's bits then do not depend on the kernel; the
+     * batch-invariant schedule), and rows with ml[r] set get a partial as attend's split chunks
+     * (out[r] the unnormalised sums, ml[r] its (max score, sum of exp)). */
+    int row_order;
+    float *ml[LLB_TILE_MAX_ROWS];
 };
 
 struct llb_op_kernels {

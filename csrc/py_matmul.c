@@ -252,7 +252,9 @@ static PyObject *py_set_batch_invariant(PyObject *self, PyObject *arg) {
 
 PyMethodDef llb_matmul_methods[] = {
     {"set_batch_invariant", py_set_batch_invariant, METH_O,
-     "set_batch_invariant(flag) -> None: single rows use the batch (GEMM) kernels, so results never depend on batch size."},
+     "set_batch_invariant(flag) -> None: a row's matmul and attention results never depend on the other rows of the\n"
+     "call (its single-row matmuls sum in the GEMM's order, attention cuts each row the same way), the thread count,\n"
+     "or how a prompt was chunked. Process-wide; the server turns it on."},
     {"row_bytes", (PyCFunction)(void (*)(void))py_row_bytes, METH_FASTCALL,
      "row_bytes(qtype, cols) -> int: bytes of one row in the file layout."},
     {"packed_size", (PyCFunction)(void (*)(void))py_packed_size, METH_FASTCALL,

@@ -359,9 +359,6 @@ def test_sampling_seed_n_and_penalties(client):
 
 # -- batching --------------------------------------------------------------------------
 
-@pytest.mark.xfail(reason="known gap (issue 5): matmuls are batch-invariant in the server (set_batch_invariant), "
-                          "but attention's prefill tiles / split-K decode still round differently with the batch "
-                          "composition, which can flip a near-tie greedy token", strict=False)
 def test_concurrent_greedy_equals_sequential(live, client):
     """8 concurrent greedy requests produce exactly the text each produces alone."""
     def one(p):

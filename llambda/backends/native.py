@@ -111,8 +111,11 @@ class NativeBackend(Backend):
         return NativeMatrix(qt, layout, dst, rows, cols)
 
     def set_batch_invariant(self, flag: bool) -> None:
-        """Single-row matmuls take the batch kernels, so a sequence's tokens do not depend on
-        what else shares its step (the server turns this on; process-wide in the C core)."""
+        """Make every row's result independent of what else shares its step, bit for bit: matmuls
+        sum each row in the GEMM's order also when it is alone, and attention cuts each query row
+        into the same key chunks whatever the batch, its prompt chunking or the thread count. The
+        server turns this on, so batched greedy output equals one-at-a-time output (process-wide
+        in the C core; off, single rows may take faster kernels that round differently)."""
         C.set_batch_invariant(bool(flag))
 
     def memory_report(self) -> dict[str, int]:

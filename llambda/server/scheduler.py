@@ -116,8 +116,8 @@ class Scheduler:
     def __init__(self, transformer, metrics: Metrics | None = None, n_slots: int | None = None,
                  prefill_chunk: int = 256, queue_size: int = 64, min_prefix_reuse: int = 4):
         self.model = transformer
-        # Batched greedy output must equal one-at-a-time output bit for bit: keep single
-        # rows off the (differently rounding) GEMV kernels.
+        # Batched greedy output must equal one-at-a-time output bit for bit: every matmul row
+        # and attention row is summed in an order that does not depend on the batch.
         backend = getattr(transformer, "backend", None)
         if hasattr(backend, "set_batch_invariant"):
             backend.set_batch_invariant(True)
