@@ -15,6 +15,7 @@ import numpy as np
 from ..errors import NativeUnavailableError
 from ..weights import WeightTensor
 from .base import Backend, KVCache
+from .weight_arena import WeightArena
 
 try:
     from .. import _native as C
@@ -56,12 +57,6 @@ class NativeMatrix:
     cols: int
 
 
-def _aligned_empty(nbytes: int, align: int = 64) -> np.ndarray:
-    raw = np.empty(nbytes + align, np.uint8)
-    off = (-raw.ctypes.data) % align
-    return raw[off:off + nbytes]
-
-
 class NativeBackend(Backend):
     name = "native"
 
@@ -80,6 +75,7 @@ class NativeBackend(Backend):
             raise ValueError("threads must be >= 1")
         C.set_threads(self.threads)
         self.weight_bytes = 0
+        self._weights = WeightArena()
         self._recording = None  # the _native.Plan being recorded
 
     # -- op plans: record a decode step's C calls once, replay them per token --
@@ -110,7 +106,7 @@ class NativeBackend(Backend):
     def prepare_matrix(self, w: WeightTensor) -> NativeMatrix:
         rows, cols, qt = w.rows, w.cols, int(w.qtype)
         size = C.packed_size(qt, rows, cols)
-        dst = _aligned_empty(size)
+        dst = self._weights.alloc(size)
         layout = C.pack(qt, w.data, dst, rows, cols)
         self.weight_bytes += size
         return NativeMatrix(qt, layout, dst, rows, cols)
