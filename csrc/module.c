@@ -4,6 +4,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include "bindings.h"
+#include "plan.h"
 
 static PyMethodDef *const tables[] = {
     llb_core_methods,    /* py_core.c: isa selection, thread pool, counters */
@@ -32,5 +33,7 @@ PyMODINIT_FUNC PyInit__native(void) {
         PyErr_SetString(PyExc_RuntimeError, "llambda native core failed to initialise");
         return NULL;
     }
-    return PyModule_Create(&moddef);
+    PyObject *m = PyModule_Create(&moddef);
+    if (m && llb_plan_add_type(m) != 0) Py_CLEAR(m); /* plan.c: _native.Plan, recorded op lists */
+    return m;
 }

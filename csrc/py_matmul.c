@@ -1,12 +1,16 @@
 /* Python bindings of the quantized matrix kernels. Every argument is checked
  * here (types, dims, buffer sizes, contiguity, ids) before the GIL is
- * released; the C functions behind them trust their inputs. */
+ * released; the C functions behind them trust their inputs. The ops run
+ * through llb_call (plan.c), so a recording Plan keeps them; get_rows' ids are
+ * re-checked by check_rows on every replay. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stdio.h>
 
 #include "bindings.h"
 #include "matmul.h"
 #include "kernels.h"
+#include "plan.h"
 
 #define MAX_DIM 0x7FFFFFFFL /* rows, cols, n: keeps every index product far from overflow */
 
@@ -113,6 +117,17 @@ static int check_nargs(const char *fn, Py_ssize_t nargs, Py_ssize_t want, const 
     return -1;
 }
 
+/* Run (and maybe record, see plan.h) a validated call; llb_call takes over the held views. */
+static PyObject *finish(const char *fn, int (*run)(const void *), int (*check)(const void *, char *), const void *args,
+                        size_t size, buf_t *b, int count) {
+    Py_buffer *views[3];
+    int n = 0;
+    for (int i = 0; i < count && n < 3; i++)
+        if (b[i].held) views[n++] = &b[i].view;
+    const struct llb_call c = {fn, run, check, args, size};
+    return llb_call(&c, views, n);
+}
+
 /* row_bytes(qtype, cols) -> int */
 static PyObject *py_row_bytes(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     long cols;
@@ -142,6 +157,8 @@ static PyObject *py_pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     const llb_type_info *t;
     buf_t b[2] = {{{0}}};
     if (check_nargs(fn, nargs, 5, "qtype, src, dst, rows, cols") < 0 || !(t = arg_type(fn, args[0]))) return NULL;
+    if (llb_plan_recording()) /* load-time work a plan does not hold: refuse rather than leave it out silently */
+        return PyErr_Format(PyExc_RuntimeError, "pack: cannot run while this thread records a Plan");
     if (arg_dims(fn, t, args[3], args[4], &rows, &cols) < 0) return NULL;
     const int layout = llb_pack_layout(t);
     if (arg_buffer(fn, "src", args[1], ANY_BYTES, 0, llb_matrix_bytes(t, LLB_LAYOUT_FILE, rows, cols), &b[0]) < 0 ||
@@ -159,6 +176,20 @@ static PyObject *py_pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs
 fail:
     release(b, 2);
     return NULL;
+}
+
+struct matmul_args {
+    const llb_type_info *t;
+    int layout, exact;
+    const uint8_t *w;
+    long rows, cols, n;
+    const float *x;
+    float *out;
+};
+LLB_CALL_ARGS_FIT(struct matmul_args);
+static int run_matmul(const void *p) {
+    const struct matmul_args *a = p;
+    return llb_matmul(a->t, a->layout, a->w, a->rows, a->cols, a->x, a->out, a->n, a->exact);
 }
 
 /* matmul(qtype, layout, W, rows, cols, x, out, n, exact) -> None */
@@ -183,16 +214,38 @@ static PyObject *py_matmul(PyObject *self, PyObject *const *args, Py_ssize_t nar
         PyErr_SetString(PyExc_ValueError, "matmul: out overlaps x or W");
         goto fail;
     }
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = llb_matmul(t, (int)layout, b[0].view.buf, rows, cols, b[1].view.buf, b[2].view.buf, n, (int)exact);
-    Py_END_ALLOW_THREADS
-    release(b, 3);
-    if (rc != 0) return PyErr_NoMemory();
-    Py_RETURN_NONE;
+    const struct matmul_args a = {.t = t, .layout = (int)layout, .exact = (int)exact, .w = b[0].view.buf,
+                                  .rows = rows, .cols = cols, .n = n, .x = b[1].view.buf, .out = b[2].view.buf};
+    return finish(fn, run_matmul, NULL, &a, sizeof a, b, 3);
 fail:
     release(b, 3);
     return NULL;
+}
+
+struct rows_args {
+    const char *fn;
+    const llb_type_info *t;
+    int layout;
+    const uint8_t *w;
+    long rows, cols, n;
+    const int32_t *ids; /* NULL: rows 0..n-1 */
+    float *out;
+};
+LLB_CALL_ARGS_FIT(struct rows_args);
+static int run_rows(const void *p) {
+    const struct rows_args *a = p;
+    llb_get_rows(a->t, a->layout, a->w, a->rows, a->cols, a->ids, a->out, a->n);
+    return 0;
+}
+/* Every id a row of the table; runs without the GIL too (at plan replay). */
+static int check_rows(const void *p, char *msg) {
+    const struct rows_args *a = p;
+    for (long i = 0; a->ids && i < a->n; i++)
+        if (a->ids[i] < 0 || a->ids[i] >= a->rows) {
+            snprintf(msg, LLB_CHECK_MSG, "%s: ids[%ld]=%d is out of range [0, %ld)", a->fn, i, (int)a->ids[i], a->rows);
+            return -1;
+        }
+    return 0;
 }
 
 /* Shared by get_rows (ids given) and dequant_rows (all rows). */
@@ -215,17 +268,9 @@ static PyObject *rows_common(const char *fn, PyObject *const *args, PyObject *oi
         PyErr_Format(PyExc_ValueError, "%s: out overlaps an input", fn);
         goto fail;
     }
-    const int32_t *ids = oids ? b[2].view.buf : NULL;
-    for (long i = 0; ids && i < n; i++)
-        if (ids[i] < 0 || ids[i] >= rows) {
-            PyErr_Format(PyExc_ValueError, "%s: ids[%ld]=%d is out of range [0, %ld)", fn, i, (int)ids[i], rows);
-            goto fail;
-        }
-    Py_BEGIN_ALLOW_THREADS
-    llb_get_rows(t, (int)layout, b[0].view.buf, rows, cols, ids, b[1].view.buf, n);
-    Py_END_ALLOW_THREADS
-    release(b, 3);
-    Py_RETURN_NONE;
+    const struct rows_args a = {fn, t, (int)layout, b[0].view.buf, rows, cols, n, oids ? b[2].view.buf : NULL,
+                                b[1].view.buf};
+    return finish(fn, run_rows, oids ? check_rows : NULL, &a, sizeof a, b, 3);
 fail:
     release(b, 3);
     return NULL;

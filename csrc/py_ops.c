@@ -1,4 +1,7 @@
-/* Python bindings of ops.c: check every argument, then run with the GIL released.
+/* Python bindings of ops.c: check every argument into an args struct, then
+ * hand it to llb_call (plan.c), which runs it with the GIL released and, while
+ * a Plan records on this thread, keeps it for replay. Checks of buffer contents
+ * (slots, positions) are the calls' `check` functions, which replay re-runs.
  *
  * Buffers come through the buffer protocol and must be C-contiguous, of the
  * right element type (float32 'f', int32 'i', float16 'e'/'H'; raw bytes 'B'
@@ -10,10 +13,12 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #include "bindings.h"
 #include "ops.h"
+#include "plan.h"
 
 #define MAX_BUFS 8
 #define MAX_DIM (1L << 30)   /* any single dim or count */
@@ -132,19 +137,32 @@ static int mul_size(size_t *out, size_t a, size_t b, size_t c, size_t d) {
     return 0;
 }
 
-/* Every position in [0, n_ctx) and every slot in [0, n_slots) (slots may be NULL). */
-static int check_ids(const char *op, const int32_t *slots, const int32_t *pos, long n, long n_slots, long n_ctx) {
+/* Every position in [0, n_ctx) and every slot in [0, n_slots) (slots may be NULL).
+ * Runs without the GIL too (at plan replay): reports through msg, not PyErr. */
+static int ids_ok(const char *op, const int32_t *slots, const int32_t *pos, long n, long n_slots, long n_ctx,
+                  char *msg) {
     for (long i = 0; i < n; i++) {
         if (slots && (slots[i] < 0 || slots[i] >= n_slots)) {
-            PyErr_Format(PyExc_ValueError, "%s: slots[%ld] = %d is out of range [0, %ld)", op, i, (int)slots[i], n_slots);
+            snprintf(msg, LLB_CHECK_MSG, "%s: slots[%ld] = %d is out of range [0, %ld)", op, i, (int)slots[i], n_slots);
             return -1;
         }
         if (pos[i] < 0 || pos[i] >= n_ctx) {
-            PyErr_Format(PyExc_ValueError, "%s: pos[%ld] = %d is out of range [0, %ld)", op, i, (int)pos[i], n_ctx);
+            snprintf(msg, LLB_CHECK_MSG, "%s: pos[%ld] = %d is out of range [0, %ld)", op, i, (int)pos[i], n_ctx);
             return -1;
         }
     }
     return 0;
+}
+
+/* Run (and maybe record) the validated call; the views now belong to llb_call. */
+static PyObject *finish(struct held *h, const char *op, int (*run)(const void *), int (*check)(const void *, char *),
+                        const void *args, size_t size) {
+    Py_buffer *views[MAX_BUFS];
+    for (int i = 0; i < h->count; i++) views[i] = &h->views[i];
+    const struct llb_call c = {op, run, check, args, size};
+    PyObject *r = llb_call(&c, views, h->count);
+    h->count = 0;
+    return r;
 }
 
 static int get_cache_type(PyObject *o, const char *op, int *out) {
@@ -160,6 +178,19 @@ static int get_cache_type(PyObject *o, const char *op, int *out) {
 
 /* ---- bindings ------------------------------------------------------------- */
 
+struct rmsnorm_args {
+    const float *x, *w;
+    float *out;
+    long n, d;
+    float eps;
+};
+LLB_CALL_ARGS_FIT(struct rmsnorm_args);
+static int run_rmsnorm(const void *p) {
+    const struct rmsnorm_args *a = p;
+    llb_rmsnorm(a->x, a->w, a->out, a->n, a->d, a->eps);
+    return 0;
+}
+
 static PyObject *py_rmsnorm(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     static const char *op = "rmsnorm";
     if (check_nargs(op, nargs, 6, "(x, w, out, n, d, eps)")) return NULL;
@@ -174,15 +205,30 @@ static PyObject *py_rmsnorm(PyObject *self, PyObject *const *args, Py_ssize_t na
     const float *x = get_buf(&h, args[0], op, "x", 0, E_F32, nd, 0);
     const float *w = x ? get_buf(&h, args[1], op, "w", 0, E_F32, d, 0) : NULL;
     float *out = w ? get_buf(&h, args[2], op, "out", 1, E_F32, nd, 0) : NULL;
-    if (!out) goto fail;
-    Py_BEGIN_ALLOW_THREADS
-    llb_rmsnorm(x, w, out, n, d, eps);
-    Py_END_ALLOW_THREADS
-    release_all(&h);
-    Py_RETURN_NONE;
-fail:
-    release_all(&h);
-    return NULL;
+    if (!out) {
+        release_all(&h);
+        return NULL;
+    }
+    const struct rmsnorm_args a = {x, w, out, n, d, eps};
+    return finish(&h, op, run_rmsnorm, NULL, &a, sizeof a);
+}
+
+struct rope_args {
+    float *x;
+    const int32_t *pos;
+    const float *inv_freq;
+    long n, n_heads, head_dim, rope_dim;
+    int neox;
+};
+LLB_CALL_ARGS_FIT(struct rope_args);
+static int run_rope(const void *p) {
+    const struct rope_args *a = p;
+    llb_rope(a->x, a->pos, a->inv_freq, a->n, a->n_heads, a->head_dim, a->rope_dim, a->neox);
+    return 0;
+}
+static int check_rope(const void *p, char *msg) {
+    const struct rope_args *a = p;
+    return ids_ok("rope", NULL, a->pos, a->n, 0, MAX_CTX, msg);
 }
 
 static PyObject *py_rope(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -201,15 +247,31 @@ static PyObject *py_rope(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     float *x = get_buf(&h, args[0], op, "x", 1, E_F32, nx, 0);
     const int32_t *pos = x ? get_buf(&h, args[1], op, "pos", 0, E_I32, n, 0) : NULL;
     const float *inv_freq = pos ? get_buf(&h, args[2], op, "inv_freq", 0, E_F32, rope_dim / 2, 0) : NULL;
-    if (!inv_freq || check_ids(op, NULL, pos, n, 0, MAX_CTX)) goto fail;
-    Py_BEGIN_ALLOW_THREADS
-    llb_rope(x, pos, inv_freq, n, n_heads, head_dim, rope_dim, (int)neox);
-    Py_END_ALLOW_THREADS
-    release_all(&h);
-    Py_RETURN_NONE;
-fail:
-    release_all(&h);
-    return NULL;
+    if (!inv_freq) {
+        release_all(&h);
+        return NULL;
+    }
+    const struct rope_args a = {x, pos, inv_freq, n, n_heads, head_dim, rope_dim, (int)neox};
+    return finish(&h, op, run_rope, check_rope, &a, sizeof a);
+}
+
+struct kv_store_args {
+    const float *k, *v;
+    void *kcache, *vcache;
+    const int32_t *slots, *pos;
+    long n, n_kv, head_dim, n_slots, n_ctx;
+    int cache_type;
+};
+LLB_CALL_ARGS_FIT(struct kv_store_args);
+static int run_kv_store(const void *p) {
+    const struct kv_store_args *a = p;
+    llb_kv_store(a->k, a->v, a->kcache, a->vcache, a->slots, a->pos, a->n, a->n_kv, a->head_dim, a->n_slots, a->n_ctx,
+                 a->cache_type);
+    return 0;
+}
+static int check_kv_store(const void *p, char *msg) {
+    const struct kv_store_args *a = p;
+    return ids_ok("kv_store", a->slots, a->pos, a->n, a->n_slots, a->n_ctx, msg);
 }
 
 static PyObject *py_kv_store(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -233,19 +295,26 @@ static PyObject *py_kv_store(PyObject *self, PyObject *const *args, Py_ssize_t n
     void *vc = kc ? get_buf(&h, args[3], op, "vcache", 1, ce, ncache, 1) : NULL;
     const int32_t *slots = vc ? get_buf(&h, args[4], op, "slots", 0, E_I32, n, 0) : NULL;
     const int32_t *pos = slots ? get_buf(&h, args[5], op, "pos", 0, E_I32, n, 0) : NULL;
-    if (!pos || check_ids(op, slots, pos, n, n_slots, n_ctx)) goto fail;
+    if (!pos) goto fail;
     if (kc == vc) {
         PyErr_SetString(PyExc_ValueError, "kv_store: kcache and vcache are the same buffer");
         goto fail;
     }
-    Py_BEGIN_ALLOW_THREADS
-    llb_kv_store(k, v, kc, vc, slots, pos, n, n_kv, head_dim, n_slots, n_ctx, cache_type);
-    Py_END_ALLOW_THREADS
-    release_all(&h);
-    Py_RETURN_NONE;
+    const struct kv_store_args a = {k, v, kc, vc, slots, pos, n, n_kv, head_dim, n_slots, n_ctx, cache_type};
+    return finish(&h, op, run_kv_store, check_kv_store, &a, sizeof a);
 fail:
     release_all(&h);
     return NULL;
+}
+
+LLB_CALL_ARGS_FIT(struct llb_attention_args);
+static int run_attention(const void *p) {
+    llb_attention(p);
+    return 0;
+}
+static int check_attention(const void *p, char *msg) {
+    const struct llb_attention_args *a = p;
+    return ids_ok("attention", a->slots, a->pos, a->n, a->n_slots, a->n_ctx, msg);
 }
 
 static PyObject *py_attention(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -274,20 +343,28 @@ static PyObject *py_attention(PyObject *self, PyObject *const *args, Py_ssize_t 
         !(a.vcache = get_buf(&h, args[2], op, "vcache", 0, ce, ncache, 1)) ||
         !(a.out = get_buf(&h, args[3], op, "out", 1, E_F32, nq, 0)) ||
         !(a.slots = get_buf(&h, args[4], op, "slots", 0, E_I32, a.n, 0)) ||
-        !(a.pos = get_buf(&h, args[5], op, "pos", 0, E_I32, a.n, 0)) ||
-        check_ids(op, a.slots, a.pos, a.n, a.n_slots, a.n_ctx))
+        !(a.pos = get_buf(&h, args[5], op, "pos", 0, E_I32, a.n, 0)))
         goto fail;
-    Py_BEGIN_ALLOW_THREADS
-    llb_attention(&a);
-    Py_END_ALLOW_THREADS
-    release_all(&h);
-    Py_RETURN_NONE;
+    return finish(&h, op, run_attention, check_attention, &a, sizeof a);
 fail:
     release_all(&h);
     return NULL;
 }
 
 /* gate/up -> out binary ops: silu_mul, gelu_mul, add. */
+struct binary_args {
+    void (*fn)(const float *, const float *, float *, long);
+    const float *a, *b;
+    float *out;
+    long count;
+};
+LLB_CALL_ARGS_FIT(struct binary_args);
+static int run_binary(const void *p) {
+    const struct binary_args *a = p;
+    a->fn(a->a, a->b, a->out, a->count);
+    return 0;
+}
+
 static PyObject *binary_op(const char *op, const char *na, const char *nb, PyObject *const *args, Py_ssize_t nargs,
                            void (*fn)(const float *, const float *, float *, long)) {
     char sig[64];
@@ -303,11 +380,8 @@ static PyObject *binary_op(const char *op, const char *na, const char *nb, PyObj
         release_all(&h);
         return NULL;
     }
-    Py_BEGIN_ALLOW_THREADS
-    fn(a, b, out, count);
-    Py_END_ALLOW_THREADS
-    release_all(&h);
-    Py_RETURN_NONE;
+    const struct binary_args args_ = {fn, a, b, out, count};
+    return finish(&h, op, run_binary, NULL, &args_, sizeof args_);
 }
 
 static PyObject *py_silu_mul(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -318,6 +392,18 @@ static PyObject *py_gelu_mul(PyObject *self, PyObject *const *args, Py_ssize_t n
 }
 static PyObject *py_add(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     return binary_op("add", "a", "b", args, nargs, llb_add);
+}
+
+struct add_rows_args {
+    const float *x, *bias;
+    float *out;
+    long n, d;
+};
+LLB_CALL_ARGS_FIT(struct add_rows_args);
+static int run_add_rows(const void *p) {
+    const struct add_rows_args *a = p;
+    llb_add_rows(a->x, a->bias, a->out, a->n, a->d);
+    return 0;
 }
 
 static PyObject *py_add_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -335,14 +421,24 @@ static PyObject *py_add_rows(PyObject *self, PyObject *const *args, Py_ssize_t n
         release_all(&h);
         return NULL;
     }
-    Py_BEGIN_ALLOW_THREADS
-    llb_add_rows(x, bias, out, n, d);
-    Py_END_ALLOW_THREADS
-    release_all(&h);
-    Py_RETURN_NONE;
+    const struct add_rows_args a = {x, bias, out, n, d};
+    return finish(&h, op, run_add_rows, NULL, &a, sizeof a);
 }
 
 /* In-place x op scalar: scale (any finite s), softcap (cap > 0). */
+struct inplace_args {
+    void (*fn)(float *, float, long);
+    float *x;
+    float s;
+    long count;
+};
+LLB_CALL_ARGS_FIT(struct inplace_args);
+static int run_inplace(const void *p) {
+    const struct inplace_args *a = p;
+    a->fn(a->x, a->s, a->count);
+    return 0;
+}
+
 static PyObject *inplace_op(const char *op, const char *sname, double smin, PyObject *const *args, Py_ssize_t nargs,
                             void (*fn)(float *, float, long)) {
     char sig[64];
@@ -358,11 +454,8 @@ static PyObject *inplace_op(const char *op, const char *sname, double smin, PyOb
         release_all(&h);
         return NULL;
     }
-    Py_BEGIN_ALLOW_THREADS
-    fn(x, s, count);
-    Py_END_ALLOW_THREADS
-    release_all(&h);
-    Py_RETURN_NONE;
+    const struct inplace_args a = {fn, x, s, count};
+    return finish(&h, op, run_inplace, NULL, &a, sizeof a);
 }
 
 static PyObject *py_scale(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {

@@ -10,7 +10,9 @@
 #define LLB_UNROLL _Pragma("GCC unroll 16")
 /* Software prefetch distance for streamed weights: far enough ahead to cover
  * DRAM latency at ~12 GB/s per core (measured: 14 -> 27 GB/s on 2 threads). */
+#ifndef LLB_PF_DIST
 #define LLB_PF_DIST 4096
+#endif
 /* GEMM: values of K per pass, so a group's slice (18-35 KB) and an 8-row activation
  * tile's (16 KB) stay near L1 while the tiles of a work unit reuse them (+6% at K=4864). */
 #ifndef LLB_KCHUNK

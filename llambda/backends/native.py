@@ -15,6 +15,7 @@ import numpy as np
 from ..errors import NativeUnavailableError
 from ..weights import WeightTensor
 from .base import Backend, KVCache
+from .weight_arena import WeightArena
 
 try:
     from .. import _native as C
@@ -56,12 +57,6 @@ class NativeMatrix:
     cols: int
 
 
-def _aligned_empty(nbytes: int, align: int = 64) -> np.ndarray:
-    raw = np.empty(nbytes + align, np.uint8)
-    off = (-raw.ctypes.data) % align
-    return raw[off:off + nbytes]
-
-
 class NativeBackend(Backend):
     name = "native"
 
@@ -80,32 +75,38 @@ class NativeBackend(Backend):
             raise ValueError("threads must be >= 1")
         C.set_threads(self.threads)
         self.weight_bytes = 0
-        self._recording: list | None = None
+        self._weights = WeightArena()
+        self._recording = None  # the _native.Plan being recorded
 
     # -- op plans: record a decode step's C calls once, replay them per token --
+    # The C core records: while a _native.Plan is recording on this thread, every op
+    # binding keeps its validated arguments and buffers in it, and Plan.replay() runs
+    # them all from C with the GIL released once (token ids, slots and positions are
+    # re-read from the arena and re-validated on each replay).
     supports_plans = True
 
-    def _emit(self, fn, *args) -> None:
-        fn(*args)
-        if self._recording is not None:
-            self._recording.append((fn, args))
-
     def begin_recording(self) -> None:
-        self._recording = []
+        if self._recording is not None:
+            raise RuntimeError("begin_recording: already recording a plan")
+        plan = C.Plan()
+        plan.begin()
+        self._recording = plan
 
-    def end_recording(self) -> tuple:
-        plan, self._recording = tuple(self._recording or ()), None
+    def end_recording(self):
+        plan, self._recording = self._recording, None
+        if plan is None:
+            raise RuntimeError("end_recording: no plan is being recorded")
+        plan.end()
         return plan
 
-    def replay(self, plan: tuple) -> None:
-        for fn, args in plan:
-            fn(*args)
+    def replay(self, plan) -> None:
+        plan.replay()
 
     # -- load time -------------------------------------------------------
     def prepare_matrix(self, w: WeightTensor) -> NativeMatrix:
         rows, cols, qt = w.rows, w.cols, int(w.qtype)
         size = C.packed_size(qt, rows, cols)
-        dst = _aligned_empty(size)
+        dst = self._weights.alloc(size)
         layout = C.pack(qt, w.data, dst, rows, cols)
         self.weight_bytes += size
         return NativeMatrix(qt, layout, dst, rows, cols)
@@ -123,43 +124,43 @@ class NativeBackend(Backend):
 
     # -- ops ---------------------------------------------------------------
     def embed(self, table: NativeMatrix, ids, out) -> None:
-        self._emit(C.get_rows, table.qtype, table.layout, table.data, table.rows, table.cols, ids, out, len(ids))
+        C.get_rows(table.qtype, table.layout, table.data, table.rows, table.cols, ids, out, len(ids))
 
     def matmul(self, x, w: NativeMatrix, out) -> None:
-        self._emit(C.matmul, w.qtype, w.layout, w.data, w.rows, w.cols, x, out, x.shape[0], self.exact)
+        C.matmul(w.qtype, w.layout, w.data, w.rows, w.cols, x, out, x.shape[0], self.exact)
 
     def rmsnorm(self, x, w, eps, out) -> None:
         d = x.shape[-1]
-        self._emit(C.rmsnorm, x, w, out, x.size // d, d, eps)
+        C.rmsnorm(x, w, out, x.size // d, d, eps)
 
     def add_rows(self, x, bias, out) -> None:
-        self._emit(C.add_rows, x, bias, out, x.shape[0], x.shape[1])
+        C.add_rows(x, bias, out, x.shape[0], x.shape[1])
 
     def rope(self, x, pos, inv_freq, neox) -> None:
         n, heads, hd = x.shape
-        self._emit(C.rope, x, pos, inv_freq, n, heads, hd, 2 * len(inv_freq), 1 if neox else 0)
+        C.rope(x, pos, inv_freq, n, heads, hd, 2 * len(inv_freq), 1 if neox else 0)
 
     def kv_store(self, cache: KVCache, layer, k, v, slots, pos) -> None:
         n, n_kv, hd = k.shape
-        self._emit(C.kv_store, k, v, cache.k[layer], cache.v[layer], slots, pos, n, n_kv, hd, cache.n_slots, cache.n_ctx,
+        C.kv_store(k, v, cache.k[layer], cache.v[layer], slots, pos, n, n_kv, hd, cache.n_slots, cache.n_ctx,
                    self.kv_code)
 
     def attention(self, q, cache: KVCache, layer, slots, pos, out, scale, window, softcap) -> None:
         n, heads, hd = q.shape
-        self._emit(C.attention, q, cache.k[layer], cache.v[layer], out, slots, pos, n, heads, cache.n_kv, hd, cache.n_slots,
+        C.attention(q, cache.k[layer], cache.v[layer], out, slots, pos, n, heads, cache.n_kv, hd, cache.n_slots,
                     cache.n_ctx, self.kv_code, scale, window, softcap)
 
     def silu_mul(self, gate, up, out) -> None:
-        self._emit(C.silu_mul, gate, up, out, gate.size)
+        C.silu_mul(gate, up, out, gate.size)
 
     def gelu_mul(self, gate, up, out) -> None:
-        self._emit(C.gelu_mul, gate, up, out, gate.size)
+        C.gelu_mul(gate, up, out, gate.size)
 
     def add(self, a, b, out) -> None:
-        self._emit(C.add, a, b, out, a.size)
+        C.add(a, b, out, a.size)
 
     def scale(self, x, s) -> None:
-        self._emit(C.scale, x, s, x.size)
+        C.scale(x, s, x.size)
 
     def softcap(self, x, cap) -> None:
-        self._emit(C.softcap, x, cap, x.size)
+        C.softcap(x, cap, x.size)
