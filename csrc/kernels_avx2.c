@@ -368,38 +368,7 @@ LLB_AI TGT void float_gemv_ordered(const llb_mm *mm, const uint8_t *wg, long g, 
     llb_store_quad_sums(a, mm->out + g * LLB_IL, nr);
 }
 
-#define EXACT(name, qt) \
-    TGT static void name(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { exact_kernel(mm, wg, g, i0, i1, qt); }
-#define FLOAT(name, qt)                                                                     \
-    TGT static void name(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { \
-        if (LLB_GEMV_ANY_ORDER(mm)) float_gemv(mm, wg, g, qt);                            \
-        else if (LLB_GEMV(mm)) float_gemv_ordered(mm, wg, g, qt);                         \
-        else exact_kernel(mm, wg, g, i0, i1, qt);                                           \
-    }
-FLOAT(exact_f32, LLB_F32)
-FLOAT(exact_f16, LLB_F16)
-FLOAT(exact_bf16, LLB_BF16)
-EXACT(exact_q4_0, LLB_Q4_0)
-EXACT(exact_q4_1, LLB_Q4_1)
-EXACT(exact_q5_0, LLB_Q5_0)
-EXACT(exact_q8_0, LLB_Q8_0)
-EXACT(exact_q4_k, LLB_Q4_K)
-EXACT(exact_q6_k, LLB_Q6_K)
-
-static llb_kernel_fn kernel(int qtype, int exact) {
-    switch (qtype) {
-    case LLB_F32: return exact_f32;
-    case LLB_F16: return exact_f16;
-    case LLB_BF16: return exact_bf16;
-    case LLB_Q4_0: return exact ? exact_q4_0 : fast_q4_0;
-    case LLB_Q4_1: return exact ? exact_q4_1 : fast_q4_1;
-    case LLB_Q5_0: return exact ? exact_q5_0 : fast_q5_0;
-    case LLB_Q8_0: return exact ? exact_q8_0 : fast_q8_0;
-    case LLB_Q4_K: return exact ? exact_q4_k : llb_avx2_kquant_kernel(qtype);
-    case LLB_Q6_K: return exact ? exact_q6_k : llb_avx2_kquant_kernel(qtype);
-    }
-    return NULL;
-}
-
-const llb_kernels llb_kernels_avx2 = {kernel, act_offset, quant32, quant256};
+#define LLB_KQUANT_FAST llb_avx2_kquant_kernel
+#define LLB_KERNELS_NAME llb_kernels_avx2
+#include "kernel_table.inc"
 #endif
