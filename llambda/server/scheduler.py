@@ -336,8 +336,6 @@ class Scheduler:
                 rows.append(len(tokens) - 1)
                 samples.append((len(rows) - 1, j))
         n = len(tokens)
-        if not rows:
-            rows.append(n - 1)     # a prefill chunk that samples nothing: the forward still wants a row
         t0 = time.perf_counter()
         logits = self.model.forward(np.asarray(tokens, np.int32), np.asarray(slots, np.int32),
                                     np.asarray(pos, np.int32), rows)
