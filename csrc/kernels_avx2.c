@@ -115,7 +115,7 @@ LLB_AI TGT void tile32(const llb_mm *mm, const uint8_t *wg, int h, long i, const
     for (int m = 0; m < M; m++) tot[m] = _mm256_setzero_ps();
     for (long b = 0; b < nb; b++) {
         const uint8_t *gb = wg + b * LLB_GB_BYTES(qt);
-        if (gemv && h == 0)
+        if (h == 0) /* GEMM tiles too: the batched decode waited on the weights without it */
             for (int o = 0; o < LLB_GB_BYTES(qt); o += 64) _mm_prefetch((const char *)gb + LLB_PF_DIST + o, _MM_HINT_T0);
         __m256i q[8];
         dec_block32_h(qt, gb, h, q);

@@ -66,7 +66,7 @@ LLB_AI TGT void tile_q4k(const llb_mm *mm, const uint8_t *wg, long i, const int 
     for (int m = 0; m < M; m++) tot[m] = _mm512_setzero_ps();
     for (long sb = s0; sb < s1; sb++) {
         const uint8_t *gb = wg + sb * 2368;
-        if (gemv) prefetch_sb(gb, 2368);
+        prefetch_sb(gb, 2368); /* GEMM tiles too: the batched decode waited on the weights without it */
         const __m512 d = load_f16x16(gb);
         const size_t e = at + xt * sb; /* row i's entry of this super-block */
         for (int s = 0; s < 8; s++) {
@@ -106,7 +106,7 @@ LLB_AI TGT void tile_q6k(const llb_mm *mm, const uint8_t *wg, long i, const int 
     for (int m = 0; m < M; m++) tot[m] = _mm512_setzero_ps();
     for (long sb = s0; sb < s1; sb++) {
         const uint8_t *gb = wg + sb * 3360;
-        if (gemv) prefetch_sb(gb, 3360);
+        prefetch_sb(gb, 3360);
         const __m512 d = load_f16x16(gb);
         const size_t e = at + xt * sb;
         for (int s = 0; s < 8; s++) { /* sub-blocks u = 2s, 2s+1 share the activation scale dx[s] */
