@@ -77,3 +77,38 @@ def test_stop_strings_end_generation(smollm2_gguf):
         evs = list(m.stream("The capital of France is", max_tokens=32, temperature=0, stop=["."]))
     text = "".join(e.text for e in evs)
     assert evs[-1].finish_reason == "stop" and "." not in text and "Paris" in text
+
+
+def test_serve_passes_the_model_options_to_load(monkeypatch):
+    # every option `serve` shares with run/chat reaches the loader (--kv-type was once dropped)
+    import llambda.api
+    import llambda.server
+    from llambda.cli import build_parser
+
+    seen = {}
+
+    class FakeModel:
+        name, n_ctx = "fake", 64
+        config = type("C", (), {"arch": "llama"})()
+        backend = type("B", (), {"name": "native"})()
+
+        def memory_report(self):
+            return {"weights": 0}
+
+        def close(self):
+            seen["closed"] = True
+
+    def fake_load(name, **kw):
+        seen["load"] = (name, kw)
+        return FakeModel()
+
+    monkeypatch.setattr(llambda.api, "load", fake_load)
+    monkeypatch.setattr(llambda.server, "serve", lambda model, cfg, log_level: seen.setdefault("cfg", cfg) and 0)
+    a = build_parser().parse_args(["serve", "-m", "some.gguf", "--kv-type", "f16", "--activations", "f32",
+                                   "-t", "2", "-c", "512", "--parallel", "3"])
+    a.fn(a)
+    name, kw = seen["load"]
+    assert name == "some.gguf"
+    assert kw["kv_type"] == "f16" and kw["activations"] == "f32" and kw["threads"] == 2
+    assert kw["n_ctx"] == 512 and kw["n_slots"] == 3
+    assert seen["cfg"].parallel == 3 and seen["closed"]
