@@ -92,6 +92,9 @@ class SamplingParams:
     seed: int | None = None      # None (or -1) = fresh entropy
     logprobs: int = 0            # number of top alternatives to report; the chosen token's logprob is always there
     logit_bias: dict[int, float] | None = None
+    # False: skip the chosen token's logprob (NaN) unless logprobs > 0; it costs a pass over the
+    # vocabulary per token that a server not asked for logprobs never reads
+    chosen_logprob: bool = True
 
     def validate(self) -> None:
         """Raise SamplingError (a ValueError) naming the first out-of-range field."""
@@ -121,6 +124,8 @@ class SamplingParams:
         real("presence_penalty", -2.0, 2.0)
         real("frequency_penalty", -2.0, 2.0)
         integer("logprobs", 0, MAX_LOGPROBS)
+        if not isinstance(self.chosen_logprob, bool):
+            raise SamplingError(f"chosen_logprob must be a bool, got {self.chosen_logprob!r}")
         if self.seed is not None:
             integer("seed", -1, 2**64 - 1)
         if self.logit_bias is not None:
@@ -212,6 +217,8 @@ class Sampler:
                 token = int(np.argmax(work))   # first maximum: ties go to the lowest id
         else:
             token, top_k_ids = self._draw(work, m_work)
+        if not p.chosen_logprob and p.logprobs == 0:
+            return TokenChoice(token, math.nan)
         lse = self._logsumexp(x, float(m))
         top: list[tuple[int, float]] = []
         if p.logprobs > 0:

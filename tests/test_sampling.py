@@ -83,6 +83,7 @@ def assert_matches_distribution(counts, probs):
     ("logprobs", -1), ("logprobs", MAX_LOGPROBS + 1),
     ("logit_bias", {-1: 1.0}), ("logit_bias", {"5": 1.0}), ("logit_bias", {5: float("inf")}),
     ("logit_bias", {5: float("nan")}), ("logit_bias", {5: "x"}), ("logit_bias", [(5, 1.0)]),
+    ("chosen_logprob", 1), ("chosen_logprob", None),
 ])
 def test_invalid_params_raise_a_clear_value_error(field, value):
     params = SamplingParams(**{field: value})
@@ -171,6 +172,20 @@ def test_no_alternatives_unless_asked():
     c = Sampler(SamplingParams(seed=0)).sample(np.arange(10, dtype=np.float32))
     assert c.top == []
     assert c.logprob < 0
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_chosen_logprob_can_be_skipped_without_changing_the_choice(temperature):
+    x = np.random.default_rng(3).standard_normal(1000).astype(np.float32)
+    full = Sampler(SamplingParams(temperature=temperature, seed=5))
+    lean = Sampler(SamplingParams(temperature=temperature, seed=5, chosen_logprob=False))
+    for _ in range(20):
+        a, b = full.sample(x), lean.sample(x)
+        assert a.token == b.token and np.isfinite(a.logprob) and np.isnan(b.logprob) and b.top == []
+    # asking for alternatives brings the chosen token's logprob back
+    c = Sampler(SamplingParams(temperature=0, logprobs=2, chosen_logprob=False)).sample(x)
+    lsm = x.astype(np.float64) - np.log(np.exp(x.astype(np.float64)).sum())
+    assert c.token == int(np.argmax(x)) and c.logprob == pytest.approx(lsm[c.token], abs=1e-5) and len(c.top) == 2
 
 
 def test_logprobs_more_than_vocab():

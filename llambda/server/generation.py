@@ -178,7 +178,7 @@ class Service:
         if kw.get("seed") is not None and k:
             kw["seed"] = (kw["seed"] + k) % 2**64     # seeded n > 1: distinct but reproducible choices
         try:
-            sp = SamplingParams(**kw, logprobs=spec.top_logprobs)
+            sp = SamplingParams(**kw, logprobs=spec.top_logprobs, chosen_logprob=bool(spec.logprobs))
             params = GenerationParams(max_tokens=max_tokens, sampling=sp, stop=list(spec.stop),
                                       ignore_eos=spec.ignore_eos)
             return Sequence(self.model.tokenizer, ids, params, slot=-1, n_ctx=self.model.n_ctx)
