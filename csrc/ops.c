@@ -130,15 +130,7 @@ void llb_add_rows(const float *x, const float *bias, float *out, long n, long d)
 
 /* ---- rope ----------------------------------------------------------------- */
 
-struct rope_task {
-    float *x;
-    const int32_t *pos;
-    const float *inv_freq;
-    long n, n_heads, head_dim, rope_dim;
-    int neox;
-};
-
-static void rope_tokens(const struct rope_task *t, long t0, long t1) {
+static void rope_tokens(const struct llb_rope_args *t, long t0, long t1) {
     const long half = t->rope_dim / 2;
     float cs[LLB_ROPE_MAX_DIM / 2], sn[LLB_ROPE_MAX_DIM / 2];
     for (long tok = t0; tok < t1; tok++) {
@@ -168,17 +160,15 @@ static void rope_tokens(const struct rope_task *t, long t0, long t1) {
 }
 
 static void rope_task_run(void *ctx, int ith, int nth) {
-    const struct rope_task *t = ctx;
+    const struct llb_rope_args *t = ctx;
     long b, e;
     llb_split(t->n, 1, ith, nth, &b, &e);
     if (e > b) rope_tokens(t, b, e);
 }
 
-void llb_rope(float *x, const int32_t *pos, const float *inv_freq, long n, long n_heads, long head_dim, long rope_dim,
-              int neox) {
-    struct rope_task t = {x, pos, inv_freq, n, n_heads, head_dim, rope_dim, neox};
-    if (n < 2 || n * (rope_dim / 2) < PAR_MIN_ROPE_ANGLES || llb_pool_threads() == 1) rope_tokens(&t, 0, n);
-    else llb_parallel(rope_task_run, &t);
+void llb_rope(const struct llb_rope_args *a) {
+    if (a->n < 2 || a->n * (a->rope_dim / 2) < PAR_MIN_ROPE_ANGLES || llb_pool_threads() == 1) rope_tokens(a, 0, a->n);
+    else llb_parallel(rope_task_run, (void *)a);
 }
 
 /* ---- kv cache ------------------------------------------------------------- */

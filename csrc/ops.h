@@ -25,8 +25,14 @@ void llb_rmsnorm(const float *x, const float *w, float *out, long n, long d, flo
  * and the NumPy reference compute it: at pos 8191 that product is itself only
  * good to ~5e-4 rad, the same error the references make); its cos/sin come
  * from libm's cosf/sinf (glibc: within 1 ulp of the exact value). */
-void llb_rope(float *x, const int32_t *pos, const float *inv_freq, long n, long n_heads, long head_dim, long rope_dim,
-              int neox);
+struct llb_rope_args {
+    float *x;                /* n tokens x n_heads x head_dim, rotated in place */
+    const int32_t *pos;      /* n positions */
+    const float *inv_freq;   /* rope_dim / 2 frequencies */
+    long n, n_heads, head_dim, rope_dim;
+    int neox;
+};
+void llb_rope(const struct llb_rope_args *a);
 
 /* Token i's k/v rows (n_kv * head_dim floats) go to cache[slots[i], pos[i]];
  * caches are (n_slots, n_ctx, n_kv, head_dim) of cache_type. */

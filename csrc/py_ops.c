@@ -213,21 +213,13 @@ static PyObject *py_rmsnorm(PyObject *self, PyObject *const *args, Py_ssize_t na
     return finish(&h, op, run_rmsnorm, NULL, &a, sizeof a);
 }
 
-struct rope_args {
-    float *x;
-    const int32_t *pos;
-    const float *inv_freq;
-    long n, n_heads, head_dim, rope_dim;
-    int neox;
-};
-LLB_CALL_ARGS_FIT(struct rope_args);
+LLB_CALL_ARGS_FIT(struct llb_rope_args);
 static int run_rope(const void *p) {
-    const struct rope_args *a = p;
-    llb_rope(a->x, a->pos, a->inv_freq, a->n, a->n_heads, a->head_dim, a->rope_dim, a->neox);
+    llb_rope(p);
     return 0;
 }
 static int check_rope(const void *p, char *msg) {
-    const struct rope_args *a = p;
+    const struct llb_rope_args *a = p;
     return ids_ok("rope", NULL, a->pos, a->n, 0, MAX_CTX, msg);
 }
 
@@ -251,7 +243,7 @@ static PyObject *py_rope(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         release_all(&h);
         return NULL;
     }
-    const struct rope_args a = {x, pos, inv_freq, n, n_heads, head_dim, rope_dim, (int)neox};
+    const struct llb_rope_args a = {x, pos, inv_freq, n, n_heads, head_dim, rope_dim, (int)neox};
     return finish(&h, op, run_rope, check_rope, &a, sizeof a);
 }
 
