@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -157,6 +158,29 @@ def run(coro):
     return asyncio.run(coro)
 
 
+@contextmanager
+def running(model, metrics=None, **kw):
+    """A started scheduler over `model`, stopped on the way out whatever happens."""
+    sched = Scheduler(model, metrics or Metrics(), **kw)
+    sched.start()
+    try:
+        yield sched
+    finally:
+        sched.stop()
+
+
+def run_jobs(sched, make_jobs, **collect_kw):
+    """Submit make_jobs(channel) at once; (jobs, tokens, failures) once all ended and the scheduler is idle."""
+    async def main():
+        ch = Channel()
+        jobs = make_jobs(ch)
+        sched.submit(jobs)
+        toks, fails = await collect(ch, len(jobs), jobs=jobs, **collect_kw)
+        await wait_idle(sched)
+        return jobs, toks, fails
+    return run(main())
+
+
 def prompts_with_shared_prefix(rng, n, shared_len=12):
     shared = rng.integers(1, VOCAB, shared_len).tolist()
     out = []
@@ -172,21 +196,8 @@ def test_batched_equals_oracle(chunk):
     rng = np.random.default_rng(chunk)
     prompts = prompts_with_shared_prefix(rng, 10)
     model = FakeTransformer(n_slots=4)
-    sched = Scheduler(model, Metrics(), prefill_chunk=chunk, queue_size=16)
-    sched.start()
-
-    async def main():
-        ch = Channel()
-        jobs = [make_job(ch, p, 12, index=i) for i, p in enumerate(prompts)]
-        sched.submit(jobs)
-        toks, fails = await collect(ch, len(jobs))
-        await wait_idle(sched)
-        return toks, fails
-
-    try:
-        toks, fails = run(main())
-    finally:
-        sched.stop()
+    with running(model, prefill_chunk=chunk, queue_size=16) as sched:
+        _, toks, fails = run_jobs(sched, lambda ch: [make_job(ch, p, 12, index=i) for i, p in enumerate(prompts)])
     assert not fails
     for i, p in enumerate(prompts):
         assert toks.get(i, []) == oracle(p, 12), f"sequence {i} differs from its sequential run"
@@ -199,36 +210,15 @@ def test_prefix_cache_reuses_in_place_and_by_copy():
     system = list(range(1, 21))                     # a 20-token "system prompt"
     model = FakeTransformer(n_slots=3)
     metrics = Metrics()
-    sched = Scheduler(model, metrics, prefill_chunk=64)
-    sched.start()
-
-    async def one(prompt, max_tokens=4):
-        ch = Channel()
-        job = make_job(ch, prompt, max_tokens)
-        sched.submit([job])
-        toks, fails = await collect(ch, 1)
-        assert not fails
-        return job, toks.get(0, [])
-
-    async def main():
-        job1, t1 = await one(system + [30, 31])
-        await wait_idle(sched)
-        job2, t2 = await one(system + [32, 33, 34])  # free slot holding the system prompt: reuse in place
-        await wait_idle(sched)
+    with running(model, metrics, prefill_chunk=64) as sched:
+        (j1,), t1, f1 = run_jobs(sched, lambda ch: [make_job(ch, system + [30, 31], 4)])
+        # a free slot holding the system prompt: reused in place
+        (j2,), t2, f2 = run_jobs(sched, lambda ch: [make_job(ch, system + [32, 33, 34], 4)])
         # two at once: the first reuses the cached slot in place, the second copies from it (busy)
-        ch = Channel()
-        a = make_job(ch, system + [35], 30, index=0)
-        b = make_job(ch, system + [36, 37], 4, index=1)
-        sched.submit([a, b])
-        toks, fails = await collect(ch, 2)
-        assert not fails
-        await wait_idle(sched)
-        return (job1, t1), (job2, t2), (a, toks.get(0, [])), (b, toks.get(1, []))
-
-    try:
-        (j1, t1), (j2, t2), (a, ta), (b, tb) = run(main())
-    finally:
-        sched.stop()
+        (a, b), toks, f3 = run_jobs(sched, lambda ch: [make_job(ch, system + [35], 30, index=0),
+                                                       make_job(ch, system + [36, 37], 4, index=1)])
+    assert not f1 and not f2 and not f3
+    t1, t2, ta, tb = t1.get(0, []), t2.get(0, []), toks.get(0, []), toks.get(1, [])
     assert j1.n_cached == 0 and t1 == oracle(system + [30, 31], 4)
     assert j2.n_cached == 20 and t2 == oracle(system + [32, 33, 34], 4)
     assert b.n_cached >= 20 and tb == oracle(system + [36, 37], 4)
@@ -239,25 +229,11 @@ def test_prefix_cache_reuses_in_place_and_by_copy():
 
 def test_identical_prompt_still_evaluates_last_token():
     model = FakeTransformer(n_slots=1)
-    sched = Scheduler(model, Metrics())
-    sched.start()
     prompt = [5, 6, 7, 8, 9, 10]
-
-    async def main():
-        res = []
-        for _ in range(2):
-            ch = Channel()
-            job = make_job(ch, prompt, 6)
-            sched.submit([job])
-            toks, _ = await collect(ch, 1)
-            res.append((job.n_cached, toks.get(0, [])))
-            await wait_idle(sched)
-        return res
-
-    try:
-        (c1, t1), (c2, t2) = run(main())
-    finally:
-        sched.stop()
+    with running(model) as sched:
+        (j1,), t1, _ = run_jobs(sched, lambda ch: [make_job(ch, prompt, 6)])
+        (j2,), t2, _ = run_jobs(sched, lambda ch: [make_job(ch, prompt, 6)])
+    (c1, t1), (c2, t2) = (j1.n_cached, t1.get(0, [])), (j2.n_cached, t2.get(0, []))
     assert c1 == 0 and c2 == len(prompt) - 1
     assert t1 == t2 == oracle(prompt, 6)
 
@@ -265,50 +241,33 @@ def test_identical_prompt_still_evaluates_last_token():
 def test_siblings_share_prompt_and_seeds_reproduce():
     """n > 1: later choices wait for the first one's prefill and copy its KV."""
     model = FakeTransformer(n_slots=4)
-    sched = Scheduler(model, Metrics(), prefill_chunk=4)
-    sched.start()
     prompt = list(range(3, 23))
 
-    async def main(seed):
-        ch = Channel()
+    def siblings(ch, seed=7):
         first = make_job(ch, prompt, 8, index=0, temperature=1.0, seed=seed)
-        jobs = [first] + [make_job(ch, prompt, 8, index=k, after=first, temperature=1.0, seed=seed + k)
+        return [first] + [make_job(ch, prompt, 8, index=k, after=first, temperature=1.0, seed=seed + k)
                           for k in range(1, 3)]
-        sched.submit(jobs)
-        toks, fails = await collect(ch, 3)
-        assert not fails
-        await wait_idle(sched)
-        return jobs, toks
 
-    try:
-        jobs, toks = run(main(7))
-        _, toks_again = run(main(7))
-    finally:
-        sched.stop()
+    with running(model, prefill_chunk=4) as sched:
+        jobs, toks, fails = run_jobs(sched, siblings)
+        _, toks_again, fails_again = run_jobs(sched, siblings)
+    assert not fails and not fails_again
     assert [j.n_cached for j in jobs[1:]] == [len(prompt) - 1] * 2
     assert toks == toks_again, "seeded sampling must be reproducible through the scheduler"
 
 
 def test_cancel_frees_slot_and_others_continue():
     model = FakeTransformer(n_slots=2, n_ctx=200)
-    sched = Scheduler(model, Metrics(), queue_size=4)
-    sched.start()
     prompts = [[1, 2, 3], [4, 5, 6], [7, 8, 9], [10, 11, 12]]
 
-    async def main():
-        ch = Channel()
+    def make(ch):
         jobs = [make_job(ch, p, 40, index=i, n_ctx=200) for i, p in enumerate(prompts)]
         for j in jobs:
             j.seq.eot = set()            # run to max_tokens: the cancelled ones must be cut short
-        sched.submit(jobs)
-        toks, fails = await collect(ch, len(jobs), cancel_after={0: 3, 1: 5}, jobs=jobs)
-        await wait_idle(sched)
-        return jobs, toks, fails
+        return jobs
 
-    try:
-        jobs, toks, fails = run(main())
-    finally:
-        sched.stop()
+    with running(model, queue_size=4) as sched:
+        jobs, toks, fails = run_jobs(sched, make, cancel_after={0: 3, 1: 5})
     assert not fails
     assert len(toks[2]) == 40 and len(toks[3]) == 40       # waited for the freed slots, then ran
     assert sched.slots.n_free() == 2
@@ -330,23 +289,9 @@ def test_queue_full_and_capacity():
 
 def test_failed_step_fails_its_jobs_and_the_loop_survives():
     model = FakeTransformer(n_slots=2, fail_when=lambda toks: 33 in toks.tolist())
-    sched = Scheduler(model, Metrics())
-    sched.start()
-
-    async def main():
-        ch = Channel()
-        sched.submit([make_job(ch, [33, 1, 2], 5)])
-        _, fails = await collect(ch, 1)
-        await wait_idle(sched)
-        ch2 = Channel()
-        sched.submit([make_job(ch2, [1, 2, 3], 5)])
-        toks, fails2 = await collect(ch2, 1)
-        return fails, toks, fails2
-
-    try:
-        fails, toks, fails2 = run(main())
-    finally:
-        sched.stop()
+    with running(model) as sched:
+        _, _, fails = run_jobs(sched, lambda ch: [make_job(ch, [33, 1, 2], 5)])
+        _, toks, fails2 = run_jobs(sched, lambda ch: [make_job(ch, [1, 2, 3], 5)])
     assert fails[0].status == 500 and "injected failure" in fails[0].message
     assert not fails2 and toks.get(0, []) == oracle([1, 2, 3], 5)
     assert sched.slots.n_free() == 2
@@ -402,20 +347,9 @@ def test_slot_table_placement():
 
 def test_sampling_failure_fails_only_that_sequence():
     model = FakeTransformer(n_slots=2, nan_after=34)
-    sched = Scheduler(model, Metrics())
-    sched.start()
-
-    async def main():
-        ch = Channel()
-        sched.submit([make_job(ch, [1, 2, 34], 5, index=0), make_job(ch, [1, 2, 3], 5, index=1)])
-        toks, fails = await collect(ch, 2)
-        await wait_idle(sched)
-        return toks, fails
-
-    try:
-        toks, fails = run(main())
-    finally:
-        sched.stop()
+    with running(model) as sched:
+        _, toks, fails = run_jobs(sched, lambda ch: [make_job(ch, [1, 2, 34], 5, index=0),
+                                                     make_job(ch, [1, 2, 3], 5, index=1)])
     assert list(fails) == [0] and fails[0].status == 500 and "NaN" in fails[0].message
     assert toks.get(1, []) == oracle([1, 2, 3], 5)
 
@@ -431,29 +365,12 @@ def test_prompt_logprobs_cover_every_prompt_token():
     even when the prompt is split over steps with little logit room and shares steps with others."""
     rng = np.random.default_rng(5)
     model = FakeTransformer(n_slots=3, max_logit_rows=5)
-    sched = Scheduler(model, Metrics(), prefill_chunk=64)
-    sched.start()
     prompt = rng.integers(1, VOCAB, 23).tolist()
     other_prompt = rng.integers(1, VOCAB, 9).tolist()
-
-    async def main():
-        ch = Channel()
-        first = make_job(ch, prompt, 6, index=0)          # fills the prefix cache with the same prompt
-        sched.submit([first])
-        await collect(ch, 1)
-        await wait_idle(sched)
-        ch = Channel()
-        scored = make_job(ch, prompt, 6, index=0, prompt_logprobs=3)
-        other = make_job(ch, other_prompt, 20, index=1)
-        sched.submit([other, scored])
-        toks, extra = await collect(ch, 2)
-        await wait_idle(sched)
-        return scored, toks, extra
-
-    try:
-        scored, toks, extra = run(main())
-    finally:
-        sched.stop()
+    with running(model, prefill_chunk=64) as sched:
+        run_jobs(sched, lambda ch: [make_job(ch, prompt, 6, index=0)])   # fills the prefix cache with the same prompt
+        (other, scored), toks, extra = run_jobs(sched, lambda ch: [make_job(ch, other_prompt, 20, index=1),
+                                                                   make_job(ch, prompt, 6, index=0, prompt_logprobs=3)])
     entries = extra["prompt_logprobs"][0]
     assert scored.n_cached == 0, "prompt logprobs need every position evaluated: no prefix reuse"
     assert [e[0] for e in entries] == prompt
@@ -472,20 +389,8 @@ def test_prompt_logprobs_cover_every_prompt_token():
 def test_prompt_logprobs_with_no_generated_tokens():
     """max_tokens 0 (scoring only): the scores still arrive, then a finish without tokens."""
     model = FakeTransformer(n_slots=1)
-    sched = Scheduler(model, Metrics())
-    sched.start()
     prompt = [4, 8, 15, 16, 23, 42 % VOCAB]
-
-    async def main():
-        ch = Channel()
-        sched.submit([make_job(ch, prompt, 0, prompt_logprobs=0)])
-        toks, extra = await collect(ch, 1)
-        await wait_idle(sched)
-        return toks, extra
-
-    try:
-        toks, extra = run(main())
-    finally:
-        sched.stop()
+    with running(model) as sched:
+        _, toks, extra = run_jobs(sched, lambda ch: [make_job(ch, prompt, 0, prompt_logprobs=0)])
     entries = extra["prompt_logprobs"][0]
     assert not toks and len(entries) == len(prompt) and all(top == [] for _, _, top in entries[1:])
