@@ -51,7 +51,7 @@ def _cases():
 
 # ---- the reference fixtures, case by case ----------------------------------------------------
 
-@pytest.mark.parametrize("model,case", _cases())
+@pytest.mark.parametrize("model,case", list(_cases()))
 def test_reference_case(toks, model, case):
     tk = toks[model]
     assert tk.encode(case["text"]) == case["ids"]
