@@ -104,7 +104,7 @@ LLB_AI TGT __m256i block_dot_h(const int qt, const __m256i q[8], const int8_t *x
 }
 
 /* M activation rows from row i (one activation tile) against rows 8h..8h+7 of the group. */
-LLB_AI TGT void tile32(const llb_mm *mm, const uint8_t *wg, int h, long i, const int M, const int qt, const int gemv,
+LLB_AI TGT void tile32(const llb_mm *mm, const uint8_t *wg, int h, long i, const int M, const int qt,
                        __m256 tot[]) {
     const long nb = mm->cols / 32, xt = mm->a.xt;
     const size_t at = llb_act_at(i, 0, nb, xt);
@@ -115,8 +115,7 @@ LLB_AI TGT void tile32(const llb_mm *mm, const uint8_t *wg, int h, long i, const
     for (int m = 0; m < M; m++) tot[m] = _mm256_setzero_ps();
     for (long b = 0; b < nb; b++) {
         const uint8_t *gb = wg + b * LLB_GB_BYTES(qt);
-        if (h == 0) /* GEMM tiles too: the batched decode waited on the weights without it */
-            for (int o = 0; o < LLB_GB_BYTES(qt); o += 64) _mm_prefetch((const char *)gb + LLB_PF_DIST + o, _MM_HINT_T0);
+        if (h == 0) llb_prefetch_ahead(gb, LLB_GB_BYTES(qt)); /* once per group: h = 1 reads the same bytes */
         __m256i q[8];
         dec_block32_h(qt, gb, h, q);
         const __m256 dv = load_f16x8(gb + 16 * h);
@@ -139,21 +138,21 @@ LLB_AI TGT void fast32(const llb_mm *mm, const uint8_t *wg, long g, long i0, lon
     __m256 t[TILE_ROWS];
     for (int h = 0; h < 2 && 8 * h < llb_group_rows(mm, g); h++) {
         if (LLB_GEMV(mm)) { /* the tile's arithmetic at M = 1 plus prefetch: equal to a batch row */
-            tile32(mm, wg, h, 0, 1, qt, 1, t);
+            tile32(mm, wg, h, 0, 1, qt, t);
             store_half(mm, g, h, 0, 1, t);
             continue;
         }
         long i = i0;
         for (; i + TILE_ROWS <= i1; i += TILE_ROWS) {
-            tile32(mm, wg, h, i, TILE_ROWS, qt, 0, t);
+            tile32(mm, wg, h, i, TILE_ROWS, qt, t);
             store_half(mm, g, h, i, TILE_ROWS, t);
         }
         for (; i + 2 <= i1; i += 2) {
-            tile32(mm, wg, h, i, 2, qt, 0, t);
+            tile32(mm, wg, h, i, 2, qt, t);
             store_half(mm, g, h, i, 2, t);
         }
         if (i < i1) {
-            tile32(mm, wg, h, i, 1, qt, 0, t);
+            tile32(mm, wg, h, i, 1, qt, t);
             store_half(mm, g, h, i, 1, t);
         }
     }

