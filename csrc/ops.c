@@ -205,10 +205,9 @@ static void kv_task_run(void *ctx, int ith, int nth) {
     if (e > b) kv_tokens(t, b, e);
 }
 
-void llb_kv_store(const float *k, const float *v, void *kcache, void *vcache, const int32_t *slots, const int32_t *pos,
-                  long n, long n_kv, long head_dim, long n_slots, long n_ctx, int cache_type) {
-    struct kv_task t = {llb_op_kernels_current(), k, v, kcache, vcache, slots, pos, n, n_kv * head_dim, n_slots, n_ctx,
-                        cache_type};
-    if (n < 2 || 2 * n * t.row < PAR_MIN_CHEAP || llb_pool_threads() == 1) kv_tokens(&t, 0, n);
+void llb_kv_store(const struct llb_kv_store_args *a) {
+    struct kv_task t = {llb_op_kernels_current(), a->k, a->v, a->kcache, a->vcache, a->slots, a->pos, a->n,
+                        a->n_kv * a->head_dim, a->n_slots, a->n_ctx, a->cache_type};
+    if (t.n < 2 || 2 * t.n * t.row < PAR_MIN_CHEAP || llb_pool_threads() == 1) kv_tokens(&t, 0, t.n);
     else llb_parallel(kv_task_run, &t);
 }

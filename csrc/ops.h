@@ -36,8 +36,14 @@ void llb_rope(const struct llb_rope_args *a);
 
 /* Token i's k/v rows (n_kv * head_dim floats) go to cache[slots[i], pos[i]];
  * caches are (n_slots, n_ctx, n_kv, head_dim) of cache_type. */
-void llb_kv_store(const float *k, const float *v, void *kcache, void *vcache, const int32_t *slots, const int32_t *pos,
-                  long n, long n_kv, long head_dim, long n_slots, long n_ctx, int cache_type);
+struct llb_kv_store_args {
+    const float *k, *v;      /* n rows of n_kv * head_dim floats */
+    void *kcache, *vcache;
+    const int32_t *slots, *pos;
+    long n, n_kv, head_dim, n_slots, n_ctx;
+    int cache_type;
+};
+void llb_kv_store(const struct llb_kv_store_args *a);
 
 struct llb_attention_args {
     const float *q;            /* (n, n_heads, head_dim) */

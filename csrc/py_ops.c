@@ -247,22 +247,13 @@ static PyObject *py_rope(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     return finish(&h, op, run_rope, check_rope, &a, sizeof a);
 }
 
-struct kv_store_args {
-    const float *k, *v;
-    void *kcache, *vcache;
-    const int32_t *slots, *pos;
-    long n, n_kv, head_dim, n_slots, n_ctx;
-    int cache_type;
-};
-LLB_CALL_ARGS_FIT(struct kv_store_args);
+LLB_CALL_ARGS_FIT(struct llb_kv_store_args);
 static int run_kv_store(const void *p) {
-    const struct kv_store_args *a = p;
-    llb_kv_store(a->k, a->v, a->kcache, a->vcache, a->slots, a->pos, a->n, a->n_kv, a->head_dim, a->n_slots, a->n_ctx,
-                 a->cache_type);
+    llb_kv_store(p);
     return 0;
 }
 static int check_kv_store(const void *p, char *msg) {
-    const struct kv_store_args *a = p;
+    const struct llb_kv_store_args *a = p;
     return ids_ok("kv_store", a->slots, a->pos, a->n, a->n_slots, a->n_ctx, msg);
 }
 
@@ -292,7 +283,7 @@ static PyObject *py_kv_store(PyObject *self, PyObject *const *args, Py_ssize_t n
         PyErr_SetString(PyExc_ValueError, "kv_store: kcache and vcache are the same buffer");
         goto fail;
     }
-    const struct kv_store_args a = {k, v, kc, vc, slots, pos, n, n_kv, head_dim, n_slots, n_ctx, cache_type};
+    const struct llb_kv_store_args a = {k, v, kc, vc, slots, pos, n, n_kv, head_dim, n_slots, n_ctx, cache_type};
     return finish(&h, op, run_kv_store, check_kv_store, &a, sizeof a);
 fail:
     release_all(&h);
