@@ -141,14 +141,15 @@ def one_request(engine: Engine, model: str, prompt: str, max_tokens: int) -> tup
     status = bytes(data[:data.find(b"\r\n")])
     if b" 200 " not in status + b" ":
         raise RuntimeError(f"{engine.name}: {status!r}: {bytes(data[:300])!r}")
-    usage, events = None, 0
-    for line in _http_body(bytes(data)).split(b"\n"):
-        line = line.strip()
-        if line.startswith(b"data: {"):
-            events += 1
-            if b'"usage"' in line:
-                usage = json.loads(line[6:]).get("usage") or usage
-    n = usage["completion_tokens"] if usage and usage.get("completion_tokens") else max(0, events - 1)
+    events = [line.strip() for line in _http_body(bytes(data)).split(b"\n") if line.strip().startswith(b"data: {")]
+    usage = None
+    for line in events:
+        if b'"usage"' in line:
+            usage = json.loads(line[6:]).get("usage") or usage
+    if usage and usage.get("completion_tokens"):
+        n = usage["completion_tokens"]
+    else:   # no usage chunk: count the chunks that carry text
+        n = sum(1 for line in events for ch in _choices(line) if ch.get("text"))
     return n, (first or end_t) - t0, end_t - t0
 
 
