@@ -11,6 +11,9 @@
 
 int llb_batch_invariant = 0;
 
+/* Up to this many activation rows each thread of a parallel matmul quantizes its own copy. */
+#define LLB_PRIVATE_ACT_ROWS 64
+
 static const llb_kernels *active_kernels(void) {
 #if LLB_X86
     if (llb_isa_current == LLB_ISA_AVX512) return &llb_kernels_avx512;
@@ -18,6 +21,13 @@ static const llb_kernels *active_kernels(void) {
 #endif
     return &llb_kernels_scalar;
 }
+
+/* Writable views of one copy of the quantized activations. */
+typedef struct {
+    int8_t *qs;
+    float *d, *sum;
+    int32_t *bias, *bs16n;
+} act_bufs;
 
 typedef struct {
     llb_mm mm;
@@ -28,31 +38,45 @@ typedef struct {
     size_t group_bytes;  /* bytes of one packed 16-row group over all columns */
     long ngroups, nchunks;
     uint8_t *repack;     /* per-thread buffers of group_bytes when a quantized type comes in the file layout */
-    /* quantized activations (writable views of mm.a) */
-    int8_t *qs;
-    float *d, *sum;
-    int32_t *bias, *bs16n;
+    /* quantized activations: copies of act_bytes from acts (one, or one per thread: private_acts) */
+    uint8_t *acts;
+    size_t act_bytes, off_d, off_bias, off_sum, off_bs16n;
+    int private_acts;
 } mm_ctx;
 
-static void quantize_rows(mm_ctx *c, long i0, long i1) {
-    const long K = c->mm.cols, nb32 = K / LLB_QK, nb256 = K / LLB_QKK, xt = c->mm.a.xt;
+static act_bufs act_copy(const mm_ctx *c, int k) {
+    uint8_t *b = c->acts + (size_t)k * c->act_bytes;
+    return (act_bufs){(int8_t *)b, (float *)(b + c->off_d), (float *)(b + c->off_sum), (int32_t *)(b + c->off_bias),
+                      (int32_t *)(b + c->off_bs16n)};
+}
+
+static llb_act act_view(const mm_ctx *c, const act_bufs *a) {
+    return (llb_act){a->qs, a->d, a->bias, a->sum, a->bs16n, c->mm.a.xt};
+}
+
+/* Rows [i0, i1), their blocks [b0, b1) (blocks of the weight type's size), into a. */
+static void quantize_part(const mm_ctx *c, const act_bufs *a, long i0, long i1, long b0, long b1) {
+    const long K = c->mm.cols, blk = c->mm.t->block, nb = K / blk, xt = c->mm.a.xt;
     for (long i = i0; i < i1; i++) {
-        const float *x = c->mm.x + i * K;
-        if (c->mm.t->block == LLB_QKK) {
-            const size_t at = llb_act_at(i, 0, nb256, xt);
-            c->k->quant256(x, K, xt, c->qs + 256 * at, c->d + 8 * at, c->sum + 8 * at, c->bs16n + 16 * at);
-        } else {
-            const size_t at = llb_act_at(i, 0, nb32, xt);
-            c->k->quant32(x, K, xt, c->offset, c->qs + 32 * at, c->d + at, c->bias + at, c->sum + at);
-        }
+        const float *x = c->mm.x + i * K + b0 * blk;
+        const size_t at = llb_act_at(i, b0, nb, xt);
+        if (blk == LLB_QKK)
+            c->k->quant256(x, (b1 - b0) * blk, xt, a->qs + 256 * at, a->d + 8 * at, a->sum + 8 * at, a->bs16n + 16 * at);
+        else
+            c->k->quant32(x, (b1 - b0) * blk, xt, c->offset, a->qs + 32 * at, a->d + at, a->bias + at, a->sum + at);
     }
+}
+
+static void quantize_rows(const mm_ctx *c, const act_bufs *a, long i0, long i1) {
+    quantize_part(c, a, i0, i1, 0, c->mm.cols / c->mm.t->block);
 }
 
 static void quantize_task(void *ctx, int ith, int nth) {
     mm_ctx *c = ctx;
+    const act_bufs a = act_copy(c, 0);
     long b, e;
     llb_split(c->mm.n, c->mm.a.xt, ith, nth, &b, &e); /* whole tiles: no two threads write one */
-    quantize_rows(c, b, e);
+    quantize_rows(c, &a, b, e);
 }
 
 static const uint8_t *group_data(mm_ctx *c, long g, uint8_t *buf, long *cached) {
@@ -63,19 +87,29 @@ static const uint8_t *group_data(mm_ctx *c, long g, uint8_t *buf, long *cached) 
     return buf;
 }
 
-static void run_unit(mm_ctx *c, long g, long chunk, uint8_t *buf, long *cached) {
-    const long i0 = chunk * LLB_ICHUNK, i1 = i0 + LLB_ICHUNK < c->mm.n ? i0 + LLB_ICHUNK : c->mm.n;
-    c->fn(&c->mm, group_data(c, g, buf, cached), g, i0, i1);
-}
-
 /* Work units (group, chunk) in group-major order: each thread streams one contiguous
- * region of the packed weights and reuses a group while it is in cache. */
+ * region of the packed weights and reuses a group while it is in cache.
+ * With private_acts every thread first quantizes all rows into its own copy. Rows
+ * quantized once by the caller made the other threads fetch every line of them
+ * from the caller's cache in the middle of the GEMM loop: their halves ran 30-40%
+ * slower than the caller's (8 rows x 576x1536 Q4_1: 34 vs 25 us), and the serial
+ * quantization before the fork left them idle. Reading x and quantizing it is a
+ * plain stream the prefetchers hide; a few rows' quantization twice costs less. */
 static void matmul_task(void *ctx, int ith, int nth) {
     mm_ctx *c = ctx;
+    llb_mm mm = c->mm;
+    if (c->private_acts) {
+        const act_bufs a = act_copy(c, ith);
+        quantize_rows(c, &a, 0, mm.n);
+        mm.a = act_view(c, &a);
+    }
     long u0, u1, cached = -1;
     uint8_t *buf = c->repack ? c->repack + (size_t)ith * c->group_bytes : NULL;
     llb_split(c->ngroups * c->nchunks, 1, ith, nth, &u0, &u1);
-    for (long u = u0; u < u1; u++) run_unit(c, u / c->nchunks, u % c->nchunks, buf, &cached);
+    for (long u = u0; u < u1; u++) {
+        const long g = u / c->nchunks, i0 = u % c->nchunks * LLB_ICHUNK;
+        c->fn(&mm, group_data(c, g, buf, &cached), g, i0, i0 + LLB_ICHUNK < mm.n ? i0 + LLB_ICHUNK : mm.n);
+    }
 }
 
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
@@ -94,36 +128,44 @@ int llb_matmul(const llb_type_info *t, int layout, const uint8_t *w, long rows, 
     const int quantize = !exact && t->group_bytes;
     const int nth = llb_pool_threads();
 
-    /* One scratch region: quantized activations, then per-thread repack buffers. */
+    /* Below ~128 KB of weight traffic (x activation rows) a fork/join (~1.2 us measured,
+     * plus moving activations to the other core) costs more than the second core saves. */
+    const size_t weight_bytes = c.group_bytes ? c.group_bytes * (size_t)c.ngroups : (size_t)rows * c.mm.row_bytes;
+    const int parallel = nth > 1 && weight_bytes * (size_t)n >= 128 * 1024;
+    /* Up to LLB_PRIVATE_ACT_ROWS rows each thread quantizes its own copy (see matmul_task);
+     * beyond, quantizing twice costs more than it saves and the threads split the rows. */
+    c.private_acts = quantize && parallel && n <= LLB_PRIVATE_ACT_ROWS;
+
+    /* One scratch region: the quantized activations (one copy or one per thread), then
+     * per-thread repack buffers. */
     const long xt = n < LLB_XT ? n : LLB_XT;
-    const size_t nb32 = (size_t)((n + xt - 1) / xt * xt) * (cols / 32); /* whole tiles */
-    size_t off_qs = 0, off_d, off_bias, off_sum, off_bs16n, off_repack, total; /* d, sum: one per 32 values */
-    off_d = align64(quantize ? nb32 * 32 : 0);
-    off_bias = align64(off_d + (quantize ? nb32 * sizeof(float) : 0));
-    off_sum = align64(off_bias + (quantize ? nb32 * sizeof(int32_t) : 0));
-    off_bs16n = align64(off_sum + (quantize ? nb32 * sizeof(float) : 0));
-    off_repack = align64(off_bs16n + (quantize ? 2 * nb32 * sizeof(int32_t) : 0));
+    const size_t nb32 = (size_t)((n + xt - 1) / xt * xt) * (cols / 32); /* whole tiles; d, sum: one per 32 values */
+    c.mm.a.xt = xt;
+    if (quantize) {
+        c.off_d = align64(nb32 * 32);
+        c.off_bias = align64(c.off_d + nb32 * sizeof(float));
+        c.off_sum = align64(c.off_bias + nb32 * sizeof(int32_t));
+        c.off_bs16n = align64(c.off_sum + nb32 * sizeof(float));
+        c.act_bytes = align64(c.off_bs16n + 2 * nb32 * sizeof(int32_t));
+    }
+    const size_t off_repack = c.act_bytes * (size_t)(c.private_acts ? nth : 1);
     const int repack = t->group_bytes && layout == LLB_LAYOUT_FILE;
-    total = off_repack + (repack ? (size_t)nth * c.group_bytes : 0);
+    const size_t total = off_repack + (repack ? (size_t)nth * c.group_bytes : 0);
     uint8_t *s = total ? llb_scratch(total) : NULL;
     if (total && !s) return -1;
     if (repack) c.repack = s + off_repack;
 
     if (quantize) {
         c.offset = c.k->act_offset(t->qtype);
-        c.qs = (int8_t *)(s + off_qs);
-        c.d = (float *)(s + off_d);
-        c.bias = (int32_t *)(s + off_bias);
-        c.sum = (float *)(s + off_sum);
-        c.bs16n = (int32_t *)(s + off_bs16n);
-        c.mm.a = (llb_act){c.qs, c.d, c.bias, c.sum, c.bs16n, xt};
-        if (nth > 1 && (size_t)n * cols >= 65536) llb_parallel(quantize_task, &c);
-        else quantize_rows(&c, 0, n); /* a decode step: not worth a fork/join */
+        c.acts = s;
+        if (!c.private_acts) {
+            const act_bufs a = act_copy(&c, 0);
+            c.mm.a = act_view(&c, &a);
+            if (nth > 1 && (size_t)n * cols >= 65536) llb_parallel(quantize_task, &c);
+            else quantize_rows(&c, &a, 0, n); /* one thread: not worth a fork/join */
+        }
     }
-    /* Below ~128 KB of weight traffic (x activation rows) a fork/join (~1.2 us measured,
-     * plus moving activations to the other core) costs more than the second core saves. */
-    const size_t weight_bytes = c.group_bytes ? c.group_bytes * (size_t)c.ngroups : (size_t)rows * c.mm.row_bytes;
-    if (nth > 1 && weight_bytes * (size_t)n >= 128 * 1024) llb_parallel(matmul_task, &c);
+    if (parallel) llb_parallel(matmul_task, &c);
     else matmul_task(&c, 0, 1);
     return 0;
 }

@@ -221,10 +221,12 @@ def test_matmul_real_shapes(tname, rows, cols):
 @pytest.mark.parametrize("tname", list(TYPES))
 def test_threads_identical(tname):
     """Splitting work over 2 threads changes nothing, bit for bit. The n=70 GEMM and the
-    600-row GEMV are above the size (128 KB of weights x activation rows) from which the
-    driver splits; n=3 stays on one thread and must match too."""
+    600-row products are above the size (128 KB of weights x activation rows) from which the
+    driver splits; n=3 stays on one thread and must match too. Up to 64 rows each thread
+    quantizes its own copy of the activations (n=1, 9: a GEMV, a tile and a row); beyond,
+    the threads share one (n=70)."""
     rng = np.random.default_rng(5)
-    for rows, c, ns in ((75, 512 if BLOCK[tname] == 256 else 160, (3, 70)), (600, 512, (1,))):
+    for rows, c, ns in ((75, 512 if BLOCK[tname] == 256 else 160, (3, 70)), (600, 512, (1, 9))):
         raw = make_weights(tname, rows, c, rng)
         layout, buf = pack(tname, raw, rows, c)
         for isa in ISAS:
