@@ -12,7 +12,9 @@ Per-sequence state lives in `engine.Sequence`, the same object the single-stream
 API uses, so batched and sequential generation sample identically.
 
 Events go to each request's `Channel` (an asyncio queue on the server's event
-loop), one `call_soon_threadsafe` per channel per step.
+loop). A step's events for every channel of one loop go over in a single
+`call_soon_threadsafe`: each such call writes the loop's wake-up pipe, and one
+per stream per step cost the scheduler thread ~40 us each at 8 streams.
 """
 from __future__ import annotations
 
@@ -61,10 +63,7 @@ class Channel:
 
     def push(self, items: list) -> None:
         """From the scheduler thread."""
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, items)
-        except RuntimeError:   # the loop is closed: nobody listens any more
-            pass
+        push_all([(self, items)])
 
     async def get(self) -> list:
         """Every list pushed so far, flattened (waits for at least one)."""
@@ -72,6 +71,23 @@ class Channel:
         while not self.queue.empty():
             items.extend(self.queue.get_nowait())
         return items
+
+
+def _deliver(batch: list) -> None:
+    for channel, items in batch:
+        channel.queue.put_nowait(items)
+
+
+def push_all(batch: list) -> None:
+    """Hand (channel, items) pairs to their event loops: one wake-up per loop (any thread)."""
+    by_loop: dict = {}
+    for channel, items in batch:
+        by_loop.setdefault(channel.loop, []).append((channel, items))
+    for loop, part in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_deliver, part)
+        except RuntimeError:   # the loop is closed: nobody listens any more
+            pass
 
 
 class Job:
@@ -408,8 +424,8 @@ class Scheduler:
 
     def _flush(self) -> None:
         box, self._outbox = self._outbox, {}
-        for channel, items in box.items():
-            channel.push(items)
+        if box:
+            push_all(list(box.items()))
 
 
 def score_prompt(logits: np.ndarray, prompt: list[int], start: int, top: int) -> list:
