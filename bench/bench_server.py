@@ -237,7 +237,8 @@ def main(argv=None) -> int:
                                                    "--n_threads", str(threads), "--interrupt_requests", "False"],
                               port, extra_body={"logit_bias": {"0": -100, "2": -100}}))
 
-    # All servers up at once, rounds interleaved (A, B, A, B...): drift on a shared machine hits all alike.
+    # All servers up at once, rounds interleaved (A, B, A, B...) and every repeat a pass over all the
+    # levels (1, 4, 8, 1, 4, 8...): drift on a shared machine hits all engines and levels alike.
     rows = []
     try:
         for eng in engines:
@@ -245,8 +246,8 @@ def main(argv=None) -> int:
             eng.start()
             eng.model_id = model_id(eng)
             one_request(eng, eng.model_id, "Hello", 8)        # warm-up
-        for c in levels:
-            for rep in range(a.repeat):
+        for rep in range(a.repeat):
+            for c in levels:
                 for eng in engines:
                     row = run_round(eng, eng.model_id, c, a.requests_per_stream, a.max_tokens)
                     row["rep"] = rep
@@ -263,7 +264,7 @@ def main(argv=None) -> int:
         return statistics.median(vals) if vals else float("nan"), vals
 
     print(f"\nSmolLM2 ({Path(a.model).name}), {threads} threads, {a.parallel} slots, {a.max_tokens} tokens per "
-          f"request, {a.requests_per_stream} requests per stream, median of {a.repeat} interleaved rounds\n")
+          f"request, {a.requests_per_stream} requests per stream, median of {a.repeat} passes over the levels\n")
     print("| engine | streams | aggregate tok/s (median) | min–max | x vs 1 stream | median TTFT ms | errors |")
     print("|---|---|---|---|---|---|---|")
     for eng in engines:
@@ -274,6 +275,17 @@ def main(argv=None) -> int:
             errs = sum(len(r["errors"]) for r in rows if r["engine"] == eng.name and r["streams"] == c)
             rel = f"{tps / base:.2f}" if base == base and base > 0 else "-"
             print(f"| {eng.name} | {c} | {tps:.1f} | {min(vals):.1f}–{max(vals):.1f} | {rel} | {ttft:.0f} | {errs} |")
+    # the scaling bar compares rounds run minutes apart: per repeat, top level over 1 stream of the same pass
+    top = max(levels)
+    if 1 in levels and top > 1:
+        print()
+        for eng in engines:
+            ratios = [rt["tok_s"] / r1["tok_s"] for r1 in rows for rt in rows
+                      if r1["engine"] == rt["engine"] == eng.name and r1["rep"] == rt["rep"]
+                      and r1["streams"] == 1 and rt["streams"] == top and r1["tok_s"] > 0]
+            if ratios:
+                print(f"{eng.name}: {top} streams / 1 stream within each pass: median {statistics.median(ratios):.2f}x "
+                      f"({', '.join(f'{r:.2f}' for r in ratios)})")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
