@@ -38,6 +38,10 @@ class FakeCache:
     def __init__(self, n_slots, n_ctx):
         self.toks = np.full((n_slots, n_ctx), -1, np.int64)
         self.copies = []
+        self.commits = 0
+
+    def commit(self):
+        self.commits += 1
 
     def copy_prefix(self, src, dst, n):
         assert src != dst and n > 0
@@ -204,6 +208,23 @@ def test_batched_equals_oracle(chunk):
     # several sequences really shared steps, and prompts larger than the chunk were split
     assert max(b[1] for b in model.batches) > 1
     assert max(b[0] for b in model.batches) <= chunk + 4
+
+
+def test_scheduler_commits_the_cache_once_at_start():
+    """Pages of the KV arena are written when the scheduler is made, not by a later step."""
+    model = FakeTransformer()
+    Scheduler(model)
+    assert model.cache.commits == 1
+
+
+def test_kv_cache_commit_zeroes_every_slot():
+    from llambda.backends.base import KVCache
+    k = [np.full((2, 8, 1, 4), 7.0, np.float32) for _ in range(3)]
+    v = [np.full((2, 8, 1, 4), -3.0, np.float16) for _ in range(3)]
+    cache = KVCache(3, 2, 8, 1, 4, np.float32, k, v, {})
+    cache.commit()
+    assert all(not a.any() for a in k + v)
+    assert [a.shape for a in cache.k] == [(2, 8, 1, 4)] * 3
 
 
 def test_prefix_cache_reuses_in_place_and_by_copy():

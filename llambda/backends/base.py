@@ -32,6 +32,14 @@ class KVCache:
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
 
+    def commit(self) -> None:
+        """Write every page of the cache now (the arena is zeroed lazily: each page is faulted
+        in, as a transparent huge page zeroed 2 MB at a time, by the first op that writes it).
+        A server calls this at start: in a step that faults pages in every running stream
+        waits; copying a 7-token prefix into a fresh slot measured 124 ms instead of 0.3 ms."""
+        for a in self.k + self.v:
+            a.fill(0)
+
     def copy_prefix(self, src_slot: int, dst_slot: int, n_tokens: int) -> None:
         """Copy the first n_tokens of one slot's KV into another (prefix caching)."""
         for a in self.k + self.v:

@@ -146,6 +146,10 @@ class Scheduler:
         self.max_rows = max(self.n_slots, int(getattr(transformer.ws, "max_logit_rows", 16)))
         if self.n_slots > self.max_batch:
             raise ValueError(f"{self.n_slots} slots do not fit a batch of {self.max_batch} tokens")
+        # every slot's KV pages in memory now, not in the middle of other users' steps
+        commit = getattr(transformer.cache, "commit", None)
+        if commit is not None:
+            commit()
         self.prefill_chunk = max(1, int(prefill_chunk))
         self.queue_size = int(queue_size)
         self.slots = SlotTable(self.n_slots, min_reuse=min_prefix_reuse)
