@@ -29,14 +29,23 @@ typedef struct {
     int32_t *bias, *bs16n;
 } act_bufs;
 
+/* One matrix of a call (see llb_matmul_many): its kernel view and where its units start. */
 typedef struct {
-    llb_mm mm;
+    llb_mm mm;           /* rows, out, row_bytes; a is set per thread */
+    int layout;
+    const uint8_t *w;
+    long ngroups, first_unit;
+} mm_part;
+
+typedef struct {
+    llb_mm mm;           /* what the parts share: t, cols, n, x and the activations' tile height */
     llb_kernel_fn fn;
     const llb_kernels *k;
-    int layout, offset;
-    const uint8_t *w;
-    size_t group_bytes;  /* bytes of one packed 16-row group over all columns */
-    long ngroups, nchunks;
+    int offset;
+    size_t group_bytes;  /* bytes of one packed 16-row group over all columns (same for every part) */
+    long nchunks, units;
+    mm_part part[LLB_MM_MAX_PARTS];
+    int n_parts;
     uint8_t *repack;     /* per-thread buffers of group_bytes when a quantized type comes in the file layout */
     /* quantized activations: copies of act_bytes from acts (one, or one per thread: private_acts) */
     uint8_t *acts;
@@ -79,11 +88,14 @@ static void quantize_task(void *ctx, int ith, int nth) {
     quantize_rows(c, &a, b, e);
 }
 
-static const uint8_t *group_data(mm_ctx *c, long g, uint8_t *buf, long *cached) {
-    if (!c->group_bytes) return c->w + (size_t)g * LLB_IL * c->mm.row_bytes;
-    if (c->layout == LLB_LAYOUT_PACKED) return c->w + (size_t)g * c->group_bytes;
-    if (g != *cached) llb_pack_group(c->mm.t, c->w, c->mm.rows, c->mm.cols, g, buf);
-    *cached = g;
+/* Group g of part p: in place, or packed into buf from the file layout (cached: the last unit's). */
+static const uint8_t *group_data(const mm_ctx *c, const mm_part *p, long g, uint8_t *buf, const mm_part **cp,
+                                 long *cg) {
+    if (!c->group_bytes) return p->w + (size_t)g * LLB_IL * p->mm.row_bytes;
+    if (p->layout == LLB_LAYOUT_PACKED) return p->w + (size_t)g * c->group_bytes;
+    if (g != *cg || p != *cp) llb_pack_group(p->mm.t, p->w, p->mm.rows, p->mm.cols, g, buf);
+    *cp = p;
+    *cg = g;
     return buf;
 }
 
@@ -97,40 +109,58 @@ static const uint8_t *group_data(mm_ctx *c, long g, uint8_t *buf, long *cached) 
  * plain stream the prefetchers hide; a few rows' quantization twice costs less. */
 static void matmul_task(void *ctx, int ith, int nth) {
     mm_ctx *c = ctx;
-    llb_mm mm = c->mm;
+    llb_act a = c->mm.a;
     if (c->private_acts) {
-        const act_bufs a = act_copy(c, ith);
-        quantize_rows(c, &a, 0, mm.n);
-        mm.a = act_view(c, &a);
+        const act_bufs own = act_copy(c, ith);
+        quantize_rows(c, &own, 0, c->mm.n);
+        a = act_view(c, &own);
     }
-    long u0, u1, cached = -1;
+    long u0, u1, cg = -1;
+    const mm_part *cp = NULL;
     uint8_t *buf = c->repack ? c->repack + (size_t)ith * c->group_bytes : NULL;
-    llb_split(c->ngroups * c->nchunks, 1, ith, nth, &u0, &u1);
+    llb_split(c->units, 1, ith, nth, &u0, &u1);
+    int pi = 0;
     for (long u = u0; u < u1; u++) {
-        const long g = u / c->nchunks, i0 = u % c->nchunks * LLB_ICHUNK;
-        c->fn(&mm, group_data(c, g, buf, &cached), g, i0, i0 + LLB_ICHUNK < mm.n ? i0 + LLB_ICHUNK : mm.n);
+        while (u >= c->part[pi].first_unit + c->part[pi].ngroups * c->nchunks) pi++;
+        const mm_part *p = &c->part[pi];
+        llb_mm mm = p->mm;
+        mm.a = a;
+        const long v = u - p->first_unit, g = v / c->nchunks, i0 = v % c->nchunks * LLB_ICHUNK;
+        c->fn(&mm, group_data(c, p, g, buf, &cp, &cg), g, i0, i0 + LLB_ICHUNK < mm.n ? i0 + LLB_ICHUNK : mm.n);
     }
 }
 
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
-int llb_matmul(const llb_type_info *t, int layout, const uint8_t *w, long rows, long cols, const float *x, float *out,
-               long n, int exact) {
+int llb_matmul_many(const llb_type_info *t, const llb_mm_part *parts, int n_parts, long cols, const float *x, long n,
+                    int exact) {
+    if (n_parts < 1 || n_parts > LLB_MM_MAX_PARTS) return -1;
     mm_ctx c = {0};
     c.k = active_kernels();
     c.fn = c.k->kernel(t->qtype, exact);
-    c.mm = (llb_mm){.t = t, .rows = rows, .cols = cols, .n = n, .x = x, .out = out, .row_bytes = llb_row_bytes(t, cols)};
-    c.layout = layout;
-    c.w = w;
-    c.ngroups = (rows + LLB_IL - 1) / LLB_IL;
+    c.mm = (llb_mm){.t = t, .cols = cols, .n = n, .x = x};
     c.nchunks = (n + LLB_ICHUNK - 1) / LLB_ICHUNK;
     c.group_bytes = t->group_bytes ? (size_t)(cols / t->block) * t->group_bytes : 0;
+    c.n_parts = n_parts;
+    size_t weight_bytes = 0;
+    int repack = 0;
+    for (int i = 0; i < n_parts; i++) {
+        mm_part *p = &c.part[i];
+        p->mm = (llb_mm){.t = t, .rows = parts[i].rows, .cols = cols, .n = n, .x = x, .out = parts[i].out,
+                         .row_bytes = llb_row_bytes(t, cols)};
+        p->layout = parts[i].layout;
+        p->w = parts[i].w;
+        p->ngroups = (parts[i].rows + LLB_IL - 1) / LLB_IL;
+        p->first_unit = c.units;
+        c.units += p->ngroups * c.nchunks;
+        weight_bytes += c.group_bytes ? c.group_bytes * (size_t)p->ngroups : (size_t)parts[i].rows * p->mm.row_bytes;
+        repack |= t->group_bytes && p->layout == LLB_LAYOUT_FILE;
+    }
     const int quantize = !exact && t->group_bytes;
     const int nth = llb_pool_threads();
 
     /* Below ~128 KB of weight traffic (x activation rows) a fork/join (~1.2 us measured,
      * plus moving activations to the other core) costs more than the second core saves. */
-    const size_t weight_bytes = c.group_bytes ? c.group_bytes * (size_t)c.ngroups : (size_t)rows * c.mm.row_bytes;
     const int parallel = nth > 1 && weight_bytes * (size_t)n >= 128 * 1024;
     /* Up to LLB_PRIVATE_ACT_ROWS rows each thread quantizes its own copy (see matmul_task);
      * beyond, quantizing twice costs more than it saves and the threads split the rows. */
@@ -149,7 +179,6 @@ int llb_matmul(const llb_type_info *t, int layout, const uint8_t *w, long rows, 
         c.act_bytes = align64(c.off_bs16n + 2 * nb32 * sizeof(int32_t));
     }
     const size_t off_repack = c.act_bytes * (size_t)(c.private_acts ? nth : 1);
-    const int repack = t->group_bytes && layout == LLB_LAYOUT_FILE;
     const size_t total = off_repack + (repack ? (size_t)nth * c.group_bytes : 0);
     uint8_t *s = total ? llb_scratch(total) : NULL;
     if (total && !s) return -1;
@@ -168,6 +197,12 @@ int llb_matmul(const llb_type_info *t, int layout, const uint8_t *w, long rows, 
     if (parallel) llb_parallel(matmul_task, &c);
     else matmul_task(&c, 0, 1);
     return 0;
+}
+
+int llb_matmul(const llb_type_info *t, int layout, const uint8_t *w, long rows, long cols, const float *x, float *out,
+               long n, int exact) {
+    const llb_mm_part part = {.layout = layout, .w = w, .rows = rows, .out = out};
+    return llb_matmul_many(t, &part, 1, cols, x, n, exact);
 }
 
 /* ---- packing and row access --------------------------------------------- */

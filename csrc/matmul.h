@@ -9,6 +9,20 @@
  * has integer kernels. Returns 0, or -1 if scratch memory could not be allocated. */
 int llb_matmul(const llb_type_info *t, int layout, const uint8_t *w, long rows, long cols, const float *x, float *out,
                long n, int exact);
+/* One of several matrices that multiply the same activations (llb_matmul_many). */
+typedef struct {
+    int layout;
+    const uint8_t *w;
+    long rows;
+    float *out; /* n x rows */
+} llb_mm_part;
+#define LLB_MM_MAX_PARTS 3
+/* out_p = x @ W_p^T for up to LLB_MM_MAX_PARTS matrices of one type and width (e.g. a layer's
+ * Q, K and V): the activations are quantized once and the matrices' row groups shared out
+ * over the pool in one fork/join. Each output equals its llb_matmul bit for bit. Returns
+ * 0, or -1 (no scratch memory, or n_parts outside 1..LLB_MM_MAX_PARTS). */
+int llb_matmul_many(const llb_type_info *t, const llb_mm_part *parts, int n_parts, long cols, const float *x, long n,
+                    int exact);
 /* File layout -> the layout llb_pack_layout(t) names (a copy for unpacked types). */
 void llb_pack(const llb_type_info *t, const uint8_t *src, long rows, long cols, uint8_t *dst);
 /* out[i] = dequant(W[ids[i]]) for i < n. */

@@ -120,9 +120,9 @@ static int check_nargs(const char *fn, Py_ssize_t nargs, Py_ssize_t want, const 
 /* Run (and maybe record, see plan.h) a validated call; llb_call takes over the held views. */
 static PyObject *finish(const char *fn, int (*run)(const void *), int (*check)(const void *, char *), const void *args,
                         size_t size, buf_t *b, int count) {
-    Py_buffer *views[3];
+    Py_buffer *views[1 + 2 * LLB_MM_MAX_PARTS];
     int n = 0;
-    for (int i = 0; i < count && n < 3; i++)
+    for (int i = 0; i < count && n < 1 + 2 * LLB_MM_MAX_PARTS; i++)
         if (b[i].held) views[n++] = &b[i].view;
     const struct llb_call c = {fn, run, check, args, size};
     return llb_call(&c, views, n);
@@ -222,6 +222,80 @@ fail:
     return NULL;
 }
 
+struct matmul_many_args {
+    const llb_type_info *t;
+    int n_parts, exact;
+    long cols, n;
+    const float *x;
+    llb_mm_part parts[LLB_MM_MAX_PARTS];
+};
+LLB_CALL_ARGS_FIT(struct matmul_many_args);
+static int run_matmul_many(const void *p) {
+    const struct matmul_many_args *a = p;
+    return llb_matmul_many(a->t, a->parts, a->n_parts, a->cols, a->x, a->n, a->exact);
+}
+
+/* matmul_many(qtype, cols, x, n, exact, parts) -> None; parts: a tuple of 1..3 (layout, W, rows, out) */
+static PyObject *py_matmul_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    const char *fn = "matmul_many";
+    enum { NB = 1 + 2 * LLB_MM_MAX_PARTS };
+    long cols, n, exact;
+    const llb_type_info *t;
+    buf_t b[NB] = {{{0}}}; /* x, then W and out per part */
+    if (check_nargs(fn, nargs, 6, "qtype, cols, x, n, exact, parts") < 0 || !(t = arg_type(fn, args[0]))) return NULL;
+    if (arg_long(fn, "cols", args[1], 1, MAX_DIM, &cols) < 0 || arg_long(fn, "n", args[3], 1, MAX_DIM, &n) < 0 ||
+        arg_long(fn, "exact", args[4], 0, 1, &exact) < 0)
+        return NULL;
+    if (cols % t->block)
+        return PyErr_Format(PyExc_ValueError, "%s: cols=%ld is not a multiple of the %s block size %d", fn, cols, t->name,
+                            t->block);
+    if (!PyTuple_Check(args[5]) || PyTuple_GET_SIZE(args[5]) < 1 || PyTuple_GET_SIZE(args[5]) > LLB_MM_MAX_PARTS)
+        return PyErr_Format(PyExc_TypeError, "%s: parts must be a tuple of 1 to %d (layout, W, rows, out) tuples", fn,
+                            LLB_MM_MAX_PARTS);
+    struct matmul_many_args a = {.t = t, .n_parts = (int)PyTuple_GET_SIZE(args[5]), .exact = (int)exact, .cols = cols,
+                                 .n = n};
+    size_t xbytes;
+    if (__builtin_mul_overflow((size_t)n, (size_t)cols * 4, &xbytes))
+        return PyErr_Format(PyExc_ValueError, "%s: n=%ld is too large for these dims", fn, n);
+    if (arg_buffer(fn, "x", args[2], F32, 0, xbytes, &b[0]) < 0) goto fail;
+    a.x = b[0].view.buf;
+    for (int i = 0; i < a.n_parts; i++) {
+        PyObject *part = PyTuple_GET_ITEM(args[5], i);
+        if (!PyTuple_Check(part) || PyTuple_GET_SIZE(part) != 4) {
+            PyErr_Format(PyExc_TypeError, "%s: parts[%d] must be a (layout, W, rows, out) tuple", fn, i);
+            goto fail;
+        }
+        long layout, rows;
+        size_t obytes;
+        if (arg_layout(fn, t, PyTuple_GET_ITEM(part, 0), &layout) < 0 ||
+            arg_long(fn, "rows", PyTuple_GET_ITEM(part, 2), 1, MAX_DIM, &rows) < 0)
+            goto fail;
+        if (__builtin_mul_overflow((size_t)n, (size_t)rows * 4, &obytes)) {
+            PyErr_Format(PyExc_ValueError, "%s: n=%ld is too large for these dims", fn, n);
+            goto fail;
+        }
+        buf_t *w = &b[1 + 2 * i], *out = &b[2 + 2 * i];
+        if (arg_buffer(fn, "W", PyTuple_GET_ITEM(part, 1), ANY_BYTES, 0, llb_matrix_bytes(t, (int)layout, rows, cols), w) < 0 ||
+            arg_buffer(fn, "out", PyTuple_GET_ITEM(part, 3), F32, 1, obytes, out) < 0)
+            goto fail;
+        a.parts[i] = (llb_mm_part){.layout = (int)layout, .w = w->view.buf, .rows = rows, .out = out->view.buf};
+    }
+    /* every out apart from x, every W and every other out */
+    for (int i = 0; i < a.n_parts; i++) {
+        const buf_t *out = &b[2 + 2 * i];
+        int bad = overlaps(out, &b[0]);
+        for (int j = 0; j < a.n_parts; j++) bad |= overlaps(out, &b[1 + 2 * j]) || (j != i && overlaps(out, &b[2 + 2 * j]));
+        if (bad) {
+            PyErr_Format(PyExc_ValueError, "%s: parts[%d]'s out overlaps x, a W or another out", fn, i);
+            goto fail;
+        }
+    }
+    return finish(fn, run_matmul_many, NULL, &a, sizeof a, b, NB);
+fail:
+    release(b, NB);
+    return NULL;
+}
+
 struct rows_args {
     const char *fn;
     const llb_type_info *t;
@@ -309,6 +383,9 @@ PyMethodDef llb_matmul_methods[] = {
     {"matmul", (PyCFunction)(void (*)(void))py_matmul, METH_FASTCALL,
      "matmul(qtype, layout, W, rows, cols, x, out, n, exact) -> None: out[n, rows] = x[n, cols] @ W^T.\n"
      "exact=1: FP32 activations; exact=0: activations quantized to 8-bit blocks where the type allows."},
+    {"matmul_many", (PyCFunction)(void (*)(void))py_matmul_many, METH_FASTCALL,
+     "matmul_many(qtype, cols, x, n, exact, parts) -> None: out = x @ W.T for each (layout, W, rows, out) of parts\n"
+     "(1 to 3 matrices of one type): the activations quantized once, one fork/join; each out equals matmul's."},
     {"get_rows", (PyCFunction)(void (*)(void))py_get_rows, METH_FASTCALL,
      "get_rows(qtype, layout, table, rows, cols, ids, out, n) -> None: out[i] = dequant(table[ids[i]]) (ids int32)."},
     {"dequant_rows", (PyCFunction)(void (*)(void))py_dequant_rows, METH_FASTCALL,

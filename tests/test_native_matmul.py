@@ -267,6 +267,60 @@ def test_sizes():
     assert nat.packed_size(TYPES["Q4_K"], 16, 256) == 2368  # the K-quants carry unpacked scales (+2.8%)
 
 
+@pytest.mark.parametrize("tname", list(TYPES))
+def test_matmul_many_equals_matmul(tname):
+    """matmul_many (a layer's Q, K, V: one quantization, one fork/join) gives each output
+    exactly as its own matmul call does: on every ISA, 1 and 2 threads, a GEMV, a tile and a
+    row (n=9) and a shared-activation GEMM (n=70), packed and file layouts mixed, part sizes
+    that are not multiples of the 16-row group."""
+    rng = np.random.default_rng(23)
+    c = 512 if BLOCK[tname] == 256 else 160
+    shapes = (600, 75, 40)
+    mats = []
+    for k, rows in enumerate(shapes):
+        raw = make_weights(tname, rows, c, rng)
+        mats.append((rows, *(pack(tname, raw, rows, c) if k != 1 else (0, raw))))
+    for isa in ISAS:
+        nat.set_isa(isa)
+        for threads in (1, 2):
+            nat.set_threads(threads)
+            for n in (1, 9, 70):
+                x = activations(n, c, rng)
+                for exact in (0, 1):
+                    for parts in (mats, mats[1:]):
+                        want = [run(tname, layout, buf, rows, c, x, exact) for rows, layout, buf in parts]
+                        outs = [np.full((n, rows), np.nan, np.float32) for rows, _, _ in parts]
+                        nat.matmul_many(TYPES[tname], c, x, n, exact,
+                                        tuple((layout, buf, rows, o) for (rows, layout, buf), o in zip(parts, outs)))
+                        for k, (w_, o) in enumerate(zip(want, outs)):
+                            assert np.array_equal(w_, o), f"{tname} isa={isa} threads={threads} n={n} exact={exact} part {k}"
+
+
+def test_matmul_many_bad_arguments():
+    q41, cols = TYPES["Q4_1"], 64
+    w = np.zeros(4 * nat.row_bytes(q41, cols), np.uint8)
+    x = np.zeros((2, cols), np.float32)
+    a, b = np.zeros((2, 4), np.float32), np.zeros((2, 4), np.float32)
+    nat.matmul_many(q41, cols, x, 2, 0, ((0, w, 4, a), (0, w, 4, b)))
+    for parts in ((), ((0, w, 4, a),) * 4, [(0, w, 4, a)], ((0, w, 4),), ((0, w, 4, a), "part")):
+        with pytest.raises(TypeError):
+            nat.matmul_many(q41, cols, x, 2, 0, parts)
+    value_errors = [
+        (q41, cols, x, 2, 0, ((0, w, 4, a), (0, w, 4, a))),         # two outs are one array
+        (q41, cols, x, 2, 0, ((0, w, 4, a), (0, w, 4, x))),         # an out is x
+        (q41, cols, x, 2, 0, ((0, w, 4, a), (0, w, 5, b))),         # W too small for 5 rows
+        (q41, cols, x, 2, 0, ((0, w, 4, a), (1, w, 4, b))),         # packed layout, file-layout bytes
+        (q41, 48, x, 2, 0, ((0, w, 4, a),)),                        # cols not a multiple of 32
+        (q41, cols, x, 3, 0, ((0, w, 4, a),)),                      # n beyond x
+        (7, cols, x, 2, 0, ((0, w, 4, a),)),                        # unsupported type
+    ]
+    for args in value_errors:
+        with pytest.raises(ValueError):
+            nat.matmul_many(*args)
+    with pytest.raises(TypeError):
+        nat.matmul_many(q41, cols, x, 2, 0, ((0, w, 4, a.astype(np.float64)),))
+
+
 def test_bad_arguments():
     q41, rows, cols = TYPES["Q4_1"], 4, 64
     w = np.zeros(rows * nat.row_bytes(q41, cols), np.uint8)

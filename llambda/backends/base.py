@@ -101,6 +101,12 @@ class Backend(ABC):
     def matmul(self, x: np.ndarray, w, out: np.ndarray) -> None:
         """out[n, rows] = x[n, cols] @ W.T"""
 
+    def matmul_many(self, x: np.ndarray, ws, outs) -> None:
+        """outs[i] = x @ ws[i].T for weights that share their input (a layer's Q, K, V; gate and up).
+        Backends may run them as one call."""
+        for w, out in zip(ws, outs, strict=True):
+            self.matmul(x, w, out)
+
     @abstractmethod
     def rmsnorm(self, x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray) -> None:
         """Over the last axis of x (any leading shape); out may be x."""

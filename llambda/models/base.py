@@ -247,9 +247,7 @@ class Transformer:
         h, q, k, v, attn, proj = ws.h[:n], ws.q[:n], ws.k[:n], ws.v[:n], ws.attn[:n], ws.proj[:n]
         B.rmsnorm(x, L.attn_norm, cfg.norm_eps, h)
         q2, k2, v2 = q.reshape(n, -1), k.reshape(n, -1), v.reshape(n, -1)
-        B.matmul(h, L.wq, q2)
-        B.matmul(h, L.wk, k2)
-        B.matmul(h, L.wv, v2)
+        B.matmul_many(h, (L.wq, L.wk, L.wv), (q2, k2, v2))
         if L.bq is not None:
             B.add_rows(q2, L.bq, q2)
             B.add_rows(k2, L.bk, k2)
@@ -273,8 +271,7 @@ class Transformer:
         n = len(x)
         h, gate, up, proj = ws.h[:n], ws.gate[:n], ws.up[:n], ws.proj[:n]
         B.rmsnorm(x, L.ffn_norm, cfg.norm_eps, h)
-        B.matmul(h, L.w_gate, gate)
-        B.matmul(h, L.w_up, up)
+        B.matmul_many(h, (L.w_gate, L.w_up), (gate, up))
         if cfg.activation == "silu":
             B.silu_mul(gate, up, gate)
         else:
