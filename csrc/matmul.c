@@ -1,7 +1,9 @@
 /* The matmul driver: picks the ISA's kernel, quantizes the activations once
  * per call, and splits the work, (16-row group) x (64-activation-row chunk)
  * units, over the thread pool so that each thread streams one contiguous
- * region of the packed weights. */
+ * region of the packed weights. A call may hold up to LLB_MM_MAX_PARTS
+ * matrices of one type that share the activations (llb_matmul_many): their
+ * units follow each other and are split as one list. */
 #include "matmul.h"
 
 #include "core.h"
@@ -45,7 +47,6 @@ typedef struct {
     size_t group_bytes;  /* bytes of one packed 16-row group over all columns (same for every part) */
     long nchunks, units;
     mm_part part[LLB_MM_MAX_PARTS];
-    int n_parts;
     uint8_t *repack;     /* per-thread buffers of group_bytes when a quantized type comes in the file layout */
     /* quantized activations: copies of act_bytes from acts (one, or one per thread: private_acts) */
     uint8_t *acts;
@@ -141,7 +142,6 @@ int llb_matmul_many(const llb_type_info *t, const llb_mm_part *parts, int n_part
     c.mm = (llb_mm){.t = t, .cols = cols, .n = n, .x = x};
     c.nchunks = (n + LLB_ICHUNK - 1) / LLB_ICHUNK;
     c.group_bytes = t->group_bytes ? (size_t)(cols / t->block) * t->group_bytes : 0;
-    c.n_parts = n_parts;
     size_t weight_bytes = 0;
     int repack = 0;
     for (int i = 0; i < n_parts; i++) {
