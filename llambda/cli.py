@@ -21,7 +21,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--activations", choices=["q8", "f32"], default=None,
                    help="native backend: q8 (fast, default) or f32 (exact)")
     p.add_argument("--kv-type", choices=["f32", "f16"], default=None,
-                   help="native backend: KV cache precision (default f32; f16 halves its memory)")
+                   help="native backend: KV cache precision (default f32, for serve f16; f16 halves its memory)")
     p.add_argument("-c", "--ctx-size", type=int, default=None, help="context length (default min(train, 4096))")
     p.add_argument("-v", "--verbose", action="store_true", help="print memory budget and tokens/s")
 

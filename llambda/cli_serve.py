@@ -42,6 +42,7 @@ def model_id_for(name: str) -> str:
 def cmd_serve(a: argparse.Namespace) -> int:
     from .api import load
     from .server import ServerConfig, serve
+    from .server.config import DEFAULT_KV_TYPE
 
     if a.parallel < 1:
         raise ValueError("--parallel must be >= 1")
@@ -50,7 +51,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
     if a.max_tokens_cap is not None and a.max_tokens_cap < 1:
         raise ValueError("--max-tokens-cap must be >= 1")
     model = load(a.model, backend=a.backend, threads=a.threads, n_ctx=a.ctx_size, n_slots=a.parallel,
-                 activations=a.activations, kv_type=a.kv_type)
+                 activations=a.activations, kv_type=a.kv_type or DEFAULT_KV_TYPE)
     model_id = a.alias or model_id_for(a.model)
     aliases = {model.name, Path(a.model).name, Path(a.model).stem, a.model} - {model_id}
     cfg = ServerConfig(model_id=model_id, aliases=aliases, host=a.host, port=a.port, parallel=a.parallel,

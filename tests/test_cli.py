@@ -79,8 +79,8 @@ def test_stop_strings_end_generation(smollm2_gguf):
     assert evs[-1].finish_reason == "stop" and "." not in text and "Paris" in text
 
 
-def test_serve_passes_the_model_options_to_load(monkeypatch):
-    # every option `serve` shares with run/chat reaches the loader (--kv-type was once dropped)
+def _serve_with_fake_load(monkeypatch, argv: list[str]) -> dict:
+    """Run `llambda serve ARGV` with load() and serve() faked; returns what they were given."""
     import llambda.api
     import llambda.server
     from llambda.cli import build_parser
@@ -104,11 +104,25 @@ def test_serve_passes_the_model_options_to_load(monkeypatch):
 
     monkeypatch.setattr(llambda.api, "load", fake_load)
     monkeypatch.setattr(llambda.server, "serve", lambda model, cfg, log_level: seen.setdefault("cfg", cfg) and 0)
-    a = build_parser().parse_args(["serve", "-m", "some.gguf", "--kv-type", "f16", "--activations", "f32",
-                                   "-t", "2", "-c", "512", "--parallel", "3"])
+    a = build_parser().parse_args(["serve", *argv])
     a.fn(a)
+    return seen
+
+
+def test_serve_passes_the_model_options_to_load(monkeypatch):
+    # every option `serve` shares with run/chat reaches the loader (--kv-type was once dropped)
+    seen = _serve_with_fake_load(monkeypatch, ["-m", "some.gguf", "--kv-type", "f32", "--activations", "f32",
+                                               "-t", "2", "-c", "512", "--parallel", "3"])
     name, kw = seen["load"]
     assert name == "some.gguf"
-    assert kw["kv_type"] == "f16" and kw["activations"] == "f32" and kw["threads"] == 2
+    assert kw["kv_type"] == "f32" and kw["activations"] == "f32" and kw["threads"] == 2
     assert kw["n_ctx"] == 512 and kw["n_slots"] == 3
     assert seen["cfg"].parallel == 3 and seen["closed"]
+
+
+def test_serve_defaults_to_an_f16_kv_cache(monkeypatch):
+    # the server's own default (as llama-server's); `run` and the library keep f32
+    from llambda.cli import build_parser
+    _, kw = _serve_with_fake_load(monkeypatch, ["-m", "some.gguf"])["load"]
+    assert kw["kv_type"] == "f16"
+    assert build_parser().parse_args(["run", "hi"]).kv_type is None

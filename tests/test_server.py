@@ -28,10 +28,14 @@ import uvicorn
 
 import llambda
 from llambda.server import ServerConfig, create_app
+from llambda.server.config import DEFAULT_KV_TYPE
 from llambda.server.tools import ToolCallParser, extract_tool_calls, hermes_prefix
 
 MODEL_ID = "smollm2"
-LOAD_KW = {"activations": os.environ["LLAMBDA_TEST_ACTIVATIONS"]} if os.environ.get("LLAMBDA_TEST_ACTIVATIONS") else {}
+# the KV precision `llambda serve` runs with, and the models it is compared against alike
+LOAD_KW = {"kv_type": DEFAULT_KV_TYPE}
+if os.environ.get("LLAMBDA_TEST_ACTIVATIONS"):
+    LOAD_KW["activations"] = os.environ["LLAMBDA_TEST_ACTIVATIONS"]
 PROMPTS = [
     "Name three colors.",
     "What is the capital of France?",
