@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 # The KV cache precision `llambda serve` loads with unless --kv-type says otherwise (llama-server's
 # default too). Decode attention reads every running sequence's keys and values from memory each
-# step, so at 8 streams halving them is worth +5-20% aggregate tokens/s here; the library and
+# step, so at 8 streams halving them was worth +7-20% aggregate tokens/s here; the library and
 # `run` keep f32, the exact choice (f16 moves logits by up to ~0.03 on the reference models).
 DEFAULT_KV_TYPE = "f16"
 
