@@ -12,8 +12,8 @@ from . import engine
 from .backends import create_backend
 from .engine import GenerationParams, Sequence, TokenEvent
 from .errors import ChatTemplateError, ContextOverflowError, TokenizerError
+from .formats.open import open_model
 from .hub import resolve
-from .loader import open_model
 from .models.base import Transformer
 from .sampling import SamplingParams
 
@@ -44,7 +44,7 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
             raise ValueError("n_ctx must be > 1 and n_slots >= 1")
         lookup = src.tensor
         if quantize:
-            from .quantize import quantizing_lookup
+            from .tools.quantize import quantizing_lookup
             lookup = quantizing_lookup(src.tensor, quantize)
         model = Transformer(cfg, lookup, be, n_ctx=ctx, n_slots=n_slots, max_tokens=max_batch)
     except BaseException:

@@ -1,16 +1,19 @@
-"""The `llambda` command: run | chat | serve | bench | perplexity | tokenize | pull | export."""
+"""The `llambda` command: run | chat | pull | tokenize | serve | bench | perplexity | export.
+
+Every sub-command is a `cmd_NAME(args) -> exit code` function registered in `build_parser`."""
 from __future__ import annotations
 
 import argparse
 import os
 import sys
 import time
+from pathlib import Path
 
 # Our C thread pool owns the cores; a second pool (OpenBLAS) spinning beside it collapses both.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from .errors import LlambdaError
-from .hub import DEFAULT_MODEL
+from .hub import CATALOG, DEFAULT_MODEL
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -126,9 +129,8 @@ def cmd_pull(a) -> int:
 
 
 def cmd_tokenize(a) -> int:
-    from pathlib import Path
+    from .formats.open import open_model
     from .hub import resolve
-    from .loader import open_model
     src = open_model(Path(resolve(a.model)))
     tok = src.tokenizer
     if tok is None:
@@ -139,6 +141,92 @@ def cmd_tokenize(a) -> int:
     else:
         for i in ids:
             print(f"{i:>8} {tok.token_text(i)!r}")
+    return 0
+
+
+def model_id_for(name: str) -> str:
+    """What /v1/models calls the model: a catalogued name as given, a file by its stem."""
+    if name in CATALOG:
+        return name
+    return Path(name).stem or name
+
+
+def cmd_serve(a: argparse.Namespace) -> int:
+    from .api import load
+    from .server import ServerConfig, serve
+    from .server.config import DEFAULT_KV_TYPE
+
+    if a.parallel < 1:
+        raise ValueError("--parallel must be >= 1")
+    if a.queue_size < 0 or a.max_body < 1 or a.prefill_chunk < 1:
+        raise ValueError("--queue-size must be >= 0, --max-body and --prefill-chunk >= 1")
+    if a.max_tokens_cap is not None and a.max_tokens_cap < 1:
+        raise ValueError("--max-tokens-cap must be >= 1")
+    model = load(a.model, backend=a.backend, threads=a.threads, n_ctx=a.ctx_size, n_slots=a.parallel,
+                 activations=a.activations, kv_type=a.kv_type or DEFAULT_KV_TYPE)
+    model_id = a.alias or model_id_for(a.model)
+    aliases = {model.name, Path(a.model).name, Path(a.model).stem, a.model} - {model_id}
+    cfg = ServerConfig(model_id=model_id, aliases=aliases, host=a.host, port=a.port, parallel=a.parallel,
+                       queue_size=a.queue_size, max_tokens_cap=a.max_tokens_cap, max_body_bytes=a.max_body,
+                       api_key=a.api_key, prefill_chunk=a.prefill_chunk, shutdown_grace=a.shutdown_grace)
+    mem = model.memory_report()
+    print(f"[llambda] serving {model_id} ({model.config.arch}, backend {model.backend.name}) on "
+          f"http://{a.host}:{a.port}/v1 with {a.parallel} slots of {model.n_ctx} tokens; "
+          f"memory {sum(mem.values()) / 2**20:.0f} MiB", file=sys.stderr, flush=True)
+    try:
+        return serve(model, cfg, log_level=a.log_level)
+    finally:
+        model.close()
+
+
+def _ints(s: str, what: str = "value") -> list[int]:
+    try:
+        vals = [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{what}: expected comma-separated positive integers, got {s!r}") from None
+    if not vals or min(vals) < 1:
+        raise ValueError(f"{what}: expected comma-separated positive integers, got {s!r}")
+    return vals
+
+
+def cmd_bench(a) -> int:
+    from .backends.native import physical_cores
+    from .hub import resolve
+    from .tools.bench import markdown, run_bench
+
+    path = resolve(a.model)
+    threads = _ints(a.threads_list, "--threads-list") if a.threads_list else [a.threads or physical_cores()]
+    if a.repetitions < 1:
+        raise ValueError("-r/--repetitions must be at least 1")
+    rows = run_bench(path, _ints(a.n_prompt, "-p"), _ints(a.n_gen, "-n"), threads, a.repetitions, a.vs == "llama-cpp",
+                     backend=a.backend, activations=a.activations, log=lambda s: print(s, file=sys.stderr))
+    print(markdown(rows, Path(path).name))
+    return 0
+
+
+def cmd_perplexity(a) -> int:
+    from .api import load
+    from .tools.perplexity import perplexity
+
+    with open(a.file, encoding="utf-8") as f:
+        text = f.read()
+    model = load(a.model, backend=a.backend, threads=a.threads, n_ctx=max(a.ctx, a.ctx_size or 0),
+                 activations=a.activations)
+
+    def show(i, ppl):
+        print(f"[{i}]{ppl:.4f}", end=" ", flush=True, file=sys.stderr)
+
+    res = perplexity(model, text, n_ctx=a.ctx, max_windows=a.chunks, progress=show)
+    print(file=sys.stderr)
+    print(f"{res.n_windows} windows of {a.ctx} tokens, {res.n_scored} tokens scored")
+    print(f"perplexity: {res.ppl:.4f}")
+    return 0
+
+
+def cmd_export(a) -> int:
+    from .tools.export import export
+    out = export(a.model, a.out, fmt=a.format, qtype=a.type)
+    print(f"[llambda] wrote {out}", file=sys.stderr)
     return 0
 
 
@@ -170,12 +258,53 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-parse-special", action="store_true")
     p.set_defaults(fn=cmd_tokenize)
 
-    for extra in ("bench", "perplexity", "serve", "export"):
-        try:
-            mod = __import__(f"llambda.cli_{extra}", fromlist=["register"])
-        except ImportError:
-            continue
-        mod.register(sub, _add_model_args)
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server with continuous batching",
+                       description="Serve /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics.")
+    _add_model_args(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    p.add_argument("--parallel", "-np", type=int, default=4,
+                   help="sequences decoded together = KV-cache slots, each of --ctx-size tokens (default 4)")
+    p.add_argument("--queue-size", type=int, default=64,
+                   help="sequences that may wait for a slot; beyond that requests get 429 (default 64)")
+    p.add_argument("--api-key", default=os.environ.get("LLAMBDA_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1/* and /metrics (default: $LLAMBDA_API_KEY)")
+    p.add_argument("--alias", default=None, help="model id to serve under (default: the -m name)")
+    p.add_argument("--max-tokens-cap", type=int, default=None,
+                   help="most tokens one request may generate (default: up to the context)")
+    p.add_argument("--max-body", type=int, default=4 * 2**20, help="request body limit in bytes (default 4 MiB)")
+    p.add_argument("--prefill-chunk", type=int, default=256,
+                   help="prompt tokens evaluated per step while other streams run (default 256)")
+    p.add_argument("--shutdown-grace", type=float, default=30.0,
+                   help="seconds in-flight requests may take to finish after SIGTERM (default 30)")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.set_defaults(fn=cmd_serve)
+
+    p = sub.add_parser("bench", help="prefill/decode tokens/s (llama-bench style)")
+    _add_model_args(p)
+    p.add_argument("-p", "--n-prompt", default="512", help="prompt lengths, comma-separated (default 512)")
+    p.add_argument("-n", "--n-gen", default="128", help="generation lengths, comma-separated (default 128)")
+    p.add_argument("--threads-list", default=None, help="thread counts, comma-separated (default: -t or all cores)")
+    p.add_argument("-r", "--repetitions", type=int, default=5)
+    p.add_argument("--vs", choices=["llama-cpp"], default=None, help="also run llama.cpp (llama-cpp-python) on the same file")
+    p.set_defaults(fn=cmd_bench)
+
+    p = sub.add_parser("perplexity", help="perplexity of a text file (llama.cpp's method)")
+    _add_model_args(p)
+    p.add_argument("-f", "--file", required=True, help="text file")
+    p.add_argument("--ctx", type=int, default=512, help="window length in tokens (default 512)")
+    p.add_argument("--chunks", type=int, default=None, help="score at most this many windows")
+    p.set_defaults(fn=cmd_perplexity)
+
+    p = sub.add_parser("export", help="write a model as a Hugging Face directory or a GGUF file")
+    _add_model_args(p)
+    p.add_argument("--format", choices=["hf", "gguf"], required=True,
+                   help="hf: a directory (model.safetensors, config.json, tokenizer); gguf: one file")
+    p.add_argument("--out", required=True, help="output directory (hf) or file (gguf)")
+    p.add_argument("--type", default=None,
+                   help="tensor type: f32, f16, bf16 (both formats) or q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, "
+                        "q6_k (gguf; norms stay f32). Default: keep the source's (hf: quantized ones become f32)")
+    p.set_defaults(fn=cmd_export)
     return ap
 
 

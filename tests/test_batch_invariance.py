@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from llambda.backends import available_backends
-from llambda.quants import QType, quantize
+from llambda.formats.quants import QType, quantize
 
 pytestmark = pytest.mark.skipif("native" not in available_backends(), reason="the native C core is not built")
 

@@ -6,7 +6,8 @@ import types
 import numpy as np
 import pytest
 
-from llambda import bench, cli
+from llambda import cli
+from llambda.tools import bench
 
 
 def test_run_bench_measures_both_tests(smollm2_gguf):

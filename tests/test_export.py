@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 
 import llambda
-from llambda import export as export_mod
+from llambda.tools import export as export_mod
 from llambda.errors import LlambdaError, ModelFormatError
-from llambda.export import export
+from llambda.tools.export import export
 from llambda.formats.gguf import GGUFFile
 from llambda.formats.gguf_writer import write_gguf
 from llambda.formats.safetensors import SafetensorsFile
-from llambda.quants import QType
+from llambda.formats.quants import QType
 
 TINY = Path(__file__).parent / "fixtures" / "reference" / "tiny"
 FOLDERS = sorted(p.name for p in TINY.iterdir() if (p / "config.json").is_file())

@@ -9,7 +9,7 @@ import pytest
 from llambda.errors import ModelFormatError
 from llambda.formats.gguf import GGUFFile, GGUFValueType as VT, TensorInfo
 from llambda.formats.gguf_writer import GGUFValue, write_gguf
-from llambda.quants import QType, dequantize, quantize
+from llambda.formats.quants import QType, dequantize, quantize
 
 U64 = 2**64 - 1
 

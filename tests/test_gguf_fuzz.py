@@ -13,7 +13,7 @@ import pytest
 from llambda.errors import ModelFormatError
 from llambda.formats.gguf import GGUFFile, GGUFValueType as VT
 from llambda.formats.gguf_writer import GGUFValue, write_gguf
-from llambda.quants import DEQUANTIZABLE, QType
+from llambda.formats.quants import DEQUANTIZABLE, QType
 
 CASE_SECONDS = 1.0
 SCALAR_SIZES = {VT.UINT8: 1, VT.INT8: 1, VT.UINT16: 2, VT.INT16: 2, VT.UINT32: 4, VT.INT32: 4,

@@ -9,7 +9,7 @@ import pytest
 
 import llambda
 from llambda.backends import available_backends
-from llambda.perplexity import perplexity
+from llambda.tools.perplexity import perplexity
 
 TEXT = (Path(__file__).parent / "fixtures" / "text" / "marlow_bend.txt").read_text()
 needs_native = pytest.mark.skipif("native" not in available_backends(), reason="the native C core is not built")

@@ -1,13 +1,13 @@
-"""llambda.quants against the gguf package's NumPy (de)quantizers and round-trip budgets."""
+"""llambda.formats.quants against the gguf package's NumPy (de)quantizers and round-trip budgets."""
 import numpy as np
 import pytest
 
 gguf = pytest.importorskip("gguf", reason="the gguf package is the independent oracle")
 from gguf import GGMLQuantizationType as G  # noqa: E402
 
-from llambda import quants as Q  # noqa: E402
+from llambda.formats import quants as Q  # noqa: E402
 from llambda.errors import ModelFormatError  # noqa: E402
-from llambda.quants import QType  # noqa: E402
+from llambda.formats.quants import QType  # noqa: E402
 
 # Byte ranges of the f16 scale fields of each block, set to finite values so
 # that random blocks decode to finite numbers.

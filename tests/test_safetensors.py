@@ -8,8 +8,8 @@ import pytest
 
 from llambda.errors import ModelFormatError
 from llambda.formats.safetensors import SafetensorsFile, open_safetensors_dir, write_safetensors
-from llambda.quants import QType
-from llambda.weights import WeightTensor
+from llambda.formats.quants import QType
+from llambda.formats.weights import WeightTensor
 
 TINY = Path(__file__).parent / "fixtures" / "reference" / "tiny"
 

@@ -207,8 +207,8 @@ def test_quantize_at_load_q8_0_stays_close():
 
 def test_quantizing_lookup_touches_only_matrices():
     from llambda.formats.hf_dir import open_hf_dir
-    from llambda.quantize import quantizing_lookup
-    from llambda.quants import QType
+    from llambda.tools.quantize import quantizing_lookup
+    from llambda.formats.quants import QType
     src = open_hf_dir(TINY / "phi3")
     try:
         get = quantizing_lookup(src.tensor, "q8_0")

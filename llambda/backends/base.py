@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-from ..weights import WeightTensor
+from ..formats.weights import WeightTensor
 
 
 class KVCache:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import NativeUnavailableError
-from ..weights import WeightTensor
+from ..formats.weights import WeightTensor
 from .base import Backend, KVCache
 from .weight_arena import WeightArena
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..weights import WeightTensor
+from ..formats.weights import WeightTensor
 from .base import Backend, KVCache
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ModelFormatError
-from ..quants import TRAITS, QType, dequantize, row_nbytes
+from .quants import TRAITS, QType, dequantize, row_nbytes
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)

@@ -30,7 +30,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from ..quants import QType, as_qtype, quantize, tensor_nbytes
+from .quants import QType, as_qtype, quantize, tensor_nbytes
 from .gguf import (DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_DIMS, NUMPY_DTYPES, SCALAR_FORMATS,
                    GGUFValueType, TensorInfo)
 

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from ..errors import ModelFormatError, TokenizerError
-from ..loader import ModelSource
+from .source import ModelSource
 from ..models import arch_module
 from .safetensors import open_safetensors_dir
 

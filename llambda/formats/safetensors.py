@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ModelFormatError
-from ..quants import QType
-from ..weights import WeightTensor
+from .quants import QType
+from .weights import WeightTensor
 
 MAX_HEADER_BYTES = 100 * 2**20
 INDEX_NAME = "model.safetensors.index.json"

@@ -17,7 +17,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from ..errors import ContextOverflowError, ModelFormatError
-from ..weights import WeightTensor
+from ..formats.weights import WeightTensor
 from .config import TransformerConfig
 
 TensorLookup = Callable[[str], Optional[WeightTensor]]

@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from .errors import LlambdaError
+from ..errors import LlambdaError
 
 
 @dataclass

@@ -39,23 +39,23 @@ class OurEngine:
     name = "llambda"
 
     def __init__(self, path, backend=None, activations=None, n_ctx=None):
-        from .api import load
+        from ..api import load
         self.model = load(path, backend=backend, activations=activations, n_ctx=n_ctx)
         self.tr = self.model.transformer
 
     def set_threads(self, t: int) -> None:
         if self.model.backend.name == "native":
-            from . import _native
+            from .. import _native
             _native.set_threads(t)
 
     def pp(self, ids: list[int]) -> float:
-        from . import engine
+        from .. import engine
         t0 = time.perf_counter()
         engine.prefill(self.tr, 0, ids, 0)
         return len(ids) / (time.perf_counter() - t0)
 
     def tg(self, n: int, first: int) -> float:
-        from . import engine
+        from .. import engine
         tok = first
         t0 = time.perf_counter()
         for i in range(n):

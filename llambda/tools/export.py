@@ -26,13 +26,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import LlambdaError, ModelFormatError
-from .formats.hf_dir import GLOBAL_NAMES, layer_names
-from .loader import ModelSource, open_model
-from .models import arch_module
-from .models.config import TransformerConfig
-from .quants import QType, TRAITS, quantize
-from .weights import WeightTensor
+from ..errors import LlambdaError, ModelFormatError
+from ..formats.hf_dir import GLOBAL_NAMES, layer_names
+from ..formats.open import open_model
+from ..formats.quants import QType, TRAITS, quantize
+from ..formats.source import ModelSource
+from ..formats.weights import WeightTensor
+from ..models import arch_module
+from ..models.config import TransformerConfig
 
 
 @dataclass(frozen=True)
@@ -297,7 +298,7 @@ def _fuse(parts: list[OutTensor], name: str) -> OutTensor:
 
 
 def write_hf(src: ModelSource, out: Path, qtype: str | None = None) -> Path:
-    from .formats.safetensors import write_safetensors
+    from ..formats.safetensors import write_safetensors
     cfg = src.config
     fam = family_of(cfg)
     want = None
@@ -431,7 +432,7 @@ def gguf_metadata(cfg: TransformerConfig, arch: str, name: str) -> dict:
 
 
 def write_gguf_file(src: ModelSource, out: Path, qtype: str | None = None) -> Path:
-    from .formats.gguf_writer import write_gguf
+    from ..formats.gguf_writer import write_gguf
     cfg = src.config
     fam = family_of(cfg)
     arch = fam.gguf_arch
@@ -483,7 +484,7 @@ def _gguf_metadata_types(src: ModelSource) -> dict:
     """The source GGUF's value types for the keys we copy (token types are INT32 arrays, ids UINT32)."""
     if src.format != "gguf":
         return {}
-    from .formats.gguf import GGUFFile
+    from ..formats.gguf import GGUFFile
     with GGUFFile(src.path) as f:
         return {k: v for k, v in f.metadata_types.items() if k.startswith("tokenizer.")}
 
@@ -500,7 +501,7 @@ def export(model, out: str | os.PathLike, fmt: str = "gguf", qtype: str | None =
     elif hasattr(model, "source") and isinstance(model.source, ModelSource):
         src = model.source
     else:
-        from .hub import resolve
+        from ..hub import resolve
         src, own = open_model(Path(resolve(model))), True
     try:
         if fmt == "hf":

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import ModelFormatError
+from ..errors import ModelFormatError
 from .quants import QType, dequantize, row_nbytes
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from .errors import LlambdaError
-from .quants import QType, TRAITS, quantize
-from .weights import WeightTensor
+from ..errors import LlambdaError
+from ..formats.quants import QType, TRAITS, quantize
+from ..formats.weights import WeightTensor
 
 # Types the loader may quantize to: the 32-value block formats the kernels handle.
 LOAD_QTYPES = {"q8_0": QType.Q8_0, "q4_0": QType.Q4_0, "q4_1": QType.Q4_1, "q5_0": QType.Q5_0}

@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from .errors import ModelFormatError
+from ..errors import ModelFormatError
 
 QK_K = 256  # values per super-block of the K-quants
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import ModelFormatError
+from ..errors import ModelFormatError
 
 # llama.cpp's names first where several names share one pre-tokenizer.
 _PREFERRED_PRE = ("gpt2", "smollm", "qwen2", "llama-bpe", "tekken", "stablelm2", "dbrx", "deepseek-coder",
@@ -66,7 +66,7 @@ def _components(spec, key: str) -> list[dict]:
 
 def pre_tokenizer_name(spec: dict) -> str | None:
     """The `tokenizer.ggml.pre` whose splitting equals this tokenizer.json's, or None."""
-    from .tokenizer.pretokenize import GPT2, SPECS, PreTokenizerSpec
+    from ..tokenizer.pretokenize import GPT2, SPECS, PreTokenizerSpec
     regexes = []
     for c in _components(spec.get("pre_tokenizer"), "pretokenizers"):
         if c.get("type") == "Split" and isinstance(c.get("pattern"), dict) and "Regex" in c["pattern"]:
