@@ -15,7 +15,6 @@ import contextvars
 import functools
 import json
 import re
-import secrets
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
@@ -493,49 +492,3 @@ class ChatTemplate:
 
     def __repr__(self) -> str:
         return f"ChatTemplate(name={self.name!r}, {len(self.source)} chars)"
-
-
-# --- tool calls in model output ----------------------------------------------------------
-
-_TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-
-
-def _new_call_id() -> str:
-    return "call_" + secrets.token_hex(12)
-
-
-def _parse_tool_call(body: str) -> dict | None:
-    try:
-        obj = json.loads(body)
-    except ValueError:
-        return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
-        return None
-    args = obj.get("arguments", obj.get("parameters", {}))
-    if not isinstance(args, str):
-        args = json.dumps(args, ensure_ascii=False)
-    return {"id": _new_call_id(), "type": "function", "function": {"name": obj["name"], "arguments": args}}
-
-
-def parse_tool_calls(text: str) -> tuple[str, list[dict]]:
-    """Split Qwen/Hermes-style output into (content, tool_calls).
-
-    Each `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` block becomes an OpenAI tool
-    call (arguments as a JSON string, id `call_<hex>`). A block whose JSON is malformed stays in
-    the content as text, so nothing the model wrote is lost. With no valid call the text is
-    returned unchanged; otherwise the remaining content is stripped.
-    """
-    calls: list[dict] = []
-    kept: list[str] = []
-    pos = 0
-    for m in _TOOL_CALL_BLOCK.finditer(text):
-        call = _parse_tool_call(m.group(1).strip())
-        if call is None:
-            continue
-        kept.append(text[pos:m.start()])
-        pos = m.end()
-        calls.append(call)
-    if not calls:
-        return text, []
-    kept.append(text[pos:])
-    return "".join(kept).strip(), calls

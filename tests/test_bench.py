@@ -3,7 +3,6 @@ of llama-cpp-python's C API, so the tests never need the optional bench extra)."
 import sys
 import types
 
-import numpy as np
 import pytest
 
 from llambda import cli

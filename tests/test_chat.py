@@ -1,12 +1,11 @@
 """Chat templates: byte-exact against transformers' renderings, HF environment features,
 sandbox escapes and resource limits, message validation, tool-call parsing."""
 import json
-import re
 from datetime import datetime
 
 import pytest
 
-from llambda.chat import ChatTemplate, parse_tool_calls, validate_messages
+from llambda.chat import ChatTemplate, validate_messages
 from llambda.errors import ChatTemplateError, LlambdaError
 from llambda.formats.gguf import GGUFFile
 from tests.conftest import load_reference
@@ -32,6 +31,7 @@ def qwen05_metadata(qwen05_gguf):
         return dict(f.metadata)
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("model", ["smollm2", "qwen05"])
 def test_renders_exactly_like_transformers(model, request):
     metadata = request.getfixturevalue(f"{model}_metadata")
@@ -296,55 +296,3 @@ def test_tools_must_be_a_list_of_objects():
         render("{{ tools }}", tools="get_weather")
     with pytest.raises(ChatTemplateError, match="tools"):
         render("{{ tools }}", tools=["get_weather"])
-
-
-# --- tool calls in model output ------------------------------------------------------------------
-
-CALL_ID = re.compile(r"^call_[0-9a-f]{24}$")
-
-
-def test_parse_single_tool_call():
-    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "°C"}}\n</tool_call>'
-    content, calls = parse_tool_calls(text)
-    assert content == ""
-    assert len(calls) == 1
-    call = calls[0]
-    assert CALL_ID.match(call["id"]) and call["type"] == "function"
-    assert call["function"]["name"] == "get_weather"
-    assert json.loads(call["function"]["arguments"]) == {"city": "Paris", "unit": "°C"}
-    assert call["function"]["arguments"] == '{"city": "Paris", "unit": "°C"}'
-
-
-def test_parse_several_calls_with_surrounding_text():
-    text = ('Let me check.\n<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>\n'
-            '<tool_call>{"name": "b", "arguments": {"n": [1, 2]}}</tool_call>\nDone.')
-    content, calls = parse_tool_calls(text)
-    assert [c["function"]["name"] for c in calls] == ["a", "b"]
-    assert calls[1]["function"]["arguments"] == '{"n": [1, 2]}'
-    assert calls[0]["id"] != calls[1]["id"]
-    assert content == "Let me check.\n\n\nDone."
-
-
-def test_malformed_tool_calls_stay_as_content():
-    bad = '<tool_call>\n{"name": "a", "arguments": {oops}\n</tool_call>'
-    assert parse_tool_calls(bad) == (bad, [])
-    nameless = '<tool_call>{"arguments": {}}</tool_call>'
-    assert parse_tool_calls(nameless) == (nameless, [])
-    assert parse_tool_calls("<tool_call>[1, 2]</tool_call>")[1] == []
-    unterminated = '<tool_call>\n{"name": "a", "arguments": {}}'
-    assert parse_tool_calls(unterminated) == (unterminated, [])
-    assert parse_tool_calls("plain answer") == ("plain answer", [])
-    # one good, one bad: the good one is extracted, the bad one kept verbatim
-    mixed = '<tool_call>{"name": "ok", "arguments": {}}</tool_call>\n<tool_call>{bad}</tool_call>'
-    content, calls = parse_tool_calls(mixed)
-    assert [c["function"]["name"] for c in calls] == ["ok"]
-    assert content == "<tool_call>{bad}</tool_call>"
-
-
-def test_tool_call_argument_variants():
-    _, calls = parse_tool_calls('<tool_call>{"name": "f", "parameters": {"x": 1}}</tool_call>')
-    assert calls[0]["function"]["arguments"] == '{"x": 1}'
-    _, calls = parse_tool_calls('<tool_call>{"name": "f"}</tool_call>')
-    assert calls[0]["function"]["arguments"] == "{}"
-    _, calls = parse_tool_calls('<tool_call>{"name": "f", "arguments": "{\\"x\\": 1}"}</tool_call>')
-    assert calls[0]["function"]["arguments"] == '{"x": 1}'

@@ -390,6 +390,7 @@ def test_real_file_types_and_shapes(smollm2_gguf, gemma3_gguf):
         assert len(f.metadata["tokenizer.ggml.tokens"]) == 262144
 
 
+@pytest.mark.model
 @pytest.mark.slow
 @pytest.mark.parametrize("fixture", REAL)
 def test_real_file_rewrites_byte_identical(fixture, request, tmp_path):

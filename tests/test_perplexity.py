@@ -74,6 +74,7 @@ def test_text_too_short_is_a_clear_error(smollm2_gguf):
             perplexity(m, "too short", n_ctx=128)
 
 
+@pytest.mark.model
 @needs_native
 @pytest.mark.parametrize("fixture", ["qwen05_gguf", "gemma3_gguf"])
 def test_fast_mode_within_one_percent_of_exact_on_qwen_and_gemma(fixture, request):

@@ -233,6 +233,7 @@ def _sample_tensors(path, per_type=2):
     return f, picked
 
 
+@pytest.mark.model
 @pytest.mark.slow
 @pytest.mark.parametrize("fixture", ["smollm2_gguf", "qwen05_gguf", "gemma3_gguf"])
 def test_dequantize_real_tensors_matches_gguf(fixture, request):

@@ -23,6 +23,7 @@ MODELS = {
     "gemma3": ("gemma3_gguf", "gemma3_logits.json"),
 }
 CASES = [(m, mode) for m in MODELS for mode in MODES]
+pytestmark = pytest.mark.model     # every case loads a downloaded model (through getfixturevalue)
 
 
 @pytest.fixture(scope="module", params=CASES, ids=[f"{m}-{mode}" for m, mode in CASES])

@@ -6,7 +6,6 @@ can share the pool, sleeping workers wake up, a forked child gets a usable pool,
 exits cleanly with workers running.
 """
 import os
-import signal
 import subprocess
 import sys
 import threading

@@ -21,7 +21,7 @@ class Tokenizer:
     Attributes: `vocab_size`, `bos_id`, `eos_id`, `eot_ids` (every id that
     ends generation: EOS, EOT, EOM and end-of-turn tokens such as
     <|im_end|>, <end_of_turn>, <|endoftext|>), `add_bos`, `add_eos` (the
-    model's own flags), `pad_id`, `unk_id`, `chat_template` (str or None),
+    model's own flags), `pad_id`, `unk_id`,
     `model` ("gpt2" byte-level BPE or "llama" SentencePiece), `pre`.
     """
 
@@ -45,7 +45,6 @@ class Tokenizer:
         self.eot_ids: frozenset[int] = vocab.end_of_generation_ids() | frozenset(vocab.extra.get("eog", ()))
         self.add_bos: bool = vocab.add_bos
         self.add_eos: bool = vocab.add_eos
-        self.chat_template: str | None = vocab.chat_template
         self.model: str = vocab.model
         self.pre: str = vocab.pre
         # SentencePiece with a space prefix: decode drops the one encode added.
@@ -63,7 +62,7 @@ class Tokenizer:
 
     @classmethod
     def from_gguf_metadata(cls, metadata: dict) -> "Tokenizer":
-        """From a GGUF's metadata dict (keys 'tokenizer.ggml.*', 'tokenizer.chat_template')."""
+        """From a GGUF's metadata dict (keys 'tokenizer.ggml.*')."""
         with _gc_paused():
             vocab = vocab_from_gguf_metadata(metadata)
             return cls(build_backend(vocab), vocab, byte_level=vocab.model == "gpt2")

@@ -3,7 +3,7 @@
 tokenizer.json is loaded as is by the `tokenizers` library (it is the source
 of truth for splitting and merging); we only read what our own layers need:
 which tokens are special, how a token maps back to bytes (byte-level or
-SentencePiece-style), and BOS/EOS/flags/chat template from
+SentencePiece-style), and BOS/EOS/flags from
 tokenizer_config.json, generation_config.json and config.json.
 """
 from __future__ import annotations
@@ -49,20 +49,6 @@ def _token_content(value) -> str | None:
     if isinstance(value, dict):
         value = value.get("content")
     return value if isinstance(value, str) else None
-
-
-def _chat_template(folder: Path, config: dict) -> str | None:
-    tmpl = config.get("chat_template")
-    if isinstance(tmpl, list):        # [{"name": ..., "template": ...}, ...]
-        named = {t.get("name"): t.get("template") for t in tmpl if isinstance(t, dict)}
-        tmpl = named.get("default") or next(iter(named.values()), None)
-    if isinstance(tmpl, str):
-        return tmpl
-    jinja = folder / "chat_template.jinja"
-    if jinja.is_file():
-        return jinja.read_text(encoding="utf-8")
-    tmpl = _read_json(folder / "chat_template.json").get("chat_template")
-    return tmpl if isinstance(tmpl, str) else None
 
 
 def load_hf_dir(path) -> tuple[Backend, Vocab, bool]:
@@ -134,7 +120,7 @@ def load_hf_dir(path) -> tuple[Backend, Vocab, bool]:
         return None
 
     vocab = Vocab(model="gpt2" if byte_level else "llama", pre="tokenizer.json", tokens=tokens,
-                  types=types, scores=None, merges=None, chat_template=_chat_template(folder, config))
+                  types=types, scores=None, merges=None)
     vocab.bos_id, vocab.eos_id = special_id("bos"), special_id("eos")
     vocab.unk_id, vocab.pad_id = special_id("unk"), special_id("pad")
     vocab.add_space_prefix = strip_first_space

@@ -59,7 +59,6 @@ class Vocab:
     add_bos: bool = False
     add_eos: bool = False
     add_space_prefix: bool = False
-    chat_template: str | None = None
     extra: dict = field(default_factory=dict)
 
     @property
@@ -178,9 +177,7 @@ def vocab_from_gguf_metadata(md: dict) -> Vocab:
     if merges is not None:
         merges = _string_list(merges, KEY + "merges")
 
-    template = md.get("tokenizer.chat_template")
-    v = Vocab(model=model, pre=pre, tokens=tokens, types=types, scores=scores, merges=merges,
-              chat_template=template if isinstance(template, str) else None)
+    v = Vocab(model=model, pre=pre, tokens=tokens, types=types, scores=scores, merges=merges)
     v.bos_id = _token_id(md, "bos", n)
     v.eos_id = _token_id(md, "eos", n)
     v.eot_id = _token_id(md, "eot", n)

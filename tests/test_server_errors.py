@@ -1,0 +1,151 @@
+"""Client mistakes and limits on a live server: OpenAI error objects with a 4xx naming the field,
+body size, routes, API key, the bounded queue (429), and the request schema as units."""
+from __future__ import annotations
+
+import time
+
+import httpx
+import openai
+import pytest
+
+import llambda
+from llambda.server import ServerConfig, create_app
+from serverkit import LOAD_KW, MODEL_ID, LiveServer, assert_error, chat, post
+
+# -- bad input ---------------------------------------------------------------------------
+
+def test_bad_requests_get_openai_errors(live, client):
+    url = "/v1/chat/completions"
+    msgs = [{"role": "user", "content": "hi"}]
+    assert_error(post(live, url, content=b"{not json", headers={"content-type": "application/json"}), 400, "json")
+    assert_error(post(live, url, content=b""), 400, "empty")
+    assert_error(post(live, url, [1, 2]), 400, "object")
+    err = assert_error(post(live, url, {"model": MODEL_ID, "messages": msgs, "temperature": "hot"}), 400,
+                       "temperature")
+    assert err["param"] == "temperature"
+    assert_error(post(live, url, {"model": MODEL_ID, "messages": msgs, "max_tokens": -1}), 400, "max_tokens")
+    assert_error(post(live, url, {"model": MODEL_ID, "messages": msgs, "n": 0}), 400, "'n'")
+    assert_error(post(live, url, {"model": MODEL_ID, "messages": msgs, "stop": 5}), 400, "stop")
+    assert_error(post(live, url, {"model": MODEL_ID, "messages": "hi"}), 400, "messages")
+    assert_error(post(live, url, {"model": MODEL_ID, "messages": [{"role": "user"}]}), 400, "content")
+    assert_error(post(live, url, {"model": MODEL_ID, "messages": [{"role": "robot", "content": "x"}]}), 400, "role")
+    assert_error(post(live, url, {"model": MODEL_ID, "messages": msgs, "top_logprobs": 3}), 400, "logprobs")
+    assert_error(post(live, "/v1/completions", {"model": MODEL_ID, "prompt": ""}), 400, "empty")
+    assert_error(post(live, "/v1/completions", {"model": MODEL_ID, "prompt": [10**9]}), 400, "range")
+    assert_error(post(live, "/v1/completions", {"model": MODEL_ID, "prompt": {"a": 1}}), 400, "prompt")
+    assert_error(post(live, url, {"model": MODEL_ID, "messages": msgs, "max_tokens": 10_000}), 400, "at most")
+    assert_error(post(live, url, {"model": MODEL_ID, "messages": msgs, "logit_bias": {"999999999": 1}}), 400,
+                 "vocabulary")
+    tool = [{"type": "function", "function": {"name": "f"}}]
+    assert_error(post(live, url, {"model": MODEL_ID, "messages": msgs, "tools": tool,
+                                  "tool_choice": {"type": "function", "function": {"name": "g"}}}), 400, "'g'")
+    assert_error(post(live, url, {"model": MODEL_ID, "messages": msgs, "tool_choice": "required"}), 400, "tools")
+    # tools on a model whose template cannot render them
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    assert_error(post(live, url, {"model": MODEL_ID, "messages": msgs, "tools": tools}), 400, "tools")
+    # the official client surfaces them as typed exceptions
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=MODEL_ID, messages=[])
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="gpt-4o", messages=msgs)
+    assert "gpt-4o" in str(e.value)
+    assert not [k for k in live.metrics() if 'status="5' in k], "a client's mistake must never be a 5xx"
+
+
+def test_prompt_longer_than_context(live, client):
+    long_text = "word " * 800                      # > 512 tokens
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, long_text)
+    assert e.value.code == "context_length_exceeded" and "512" in str(e.value)
+    r = post(live, "/v1/completions", {"model": MODEL_ID, "prompt": "word " * 400, "max_tokens": 200})
+    assert_error(r, 400, "context")
+
+
+def test_body_size_routes_and_methods(live):
+    big = {"model": MODEL_ID, "prompt": "x" * (70 * 1024)}
+    assert_error(post(live, "/v1/completions", big), 413, "limit")
+    assert_error(httpx.get(live.url + "/v1/nope"), 404)
+    assert_error(httpx.get(live.url + "/v1/chat/completions"), 405)
+    assert httpx.get(live.url + "/health").status_code == 200      # and the server is alive
+
+
+
+# -- auth and the bounded queue -------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def small_live(smollm2_gguf):
+    with llambda.load(smollm2_gguf, n_slots=1, n_ctx=512, **LOAD_KW) as m:
+        cfg = ServerConfig(model_id=MODEL_ID, parallel=1, queue_size=1, api_key="s3cret")
+        with LiveServer(create_app(m, cfg)) as srv:
+            yield srv
+
+
+def test_api_key(small_live):
+    body = {"model": MODEL_ID, "prompt": "Hi", "max_tokens": 2}
+    assert_error(post(small_live, "/v1/completions", body), 401, "api key")
+    assert_error(post(small_live, "/v1/completions", body, headers={"Authorization": "Bearer wrong"}), 401)
+    assert_error(httpx.get(small_live.url + "/metrics"), 401)
+    with pytest.raises(openai.AuthenticationError):
+        small_live.client(api_key="nope").models.list()
+    ok = small_live.client(api_key="s3cret").completions.create(model=MODEL_ID, prompt="Hi", max_tokens=2)
+    assert ok.usage.completion_tokens >= 1
+    assert httpx.get(small_live.url + "/health").status_code == 200     # public
+
+
+def test_queue_full_gets_429(small_live):
+    auth = {"Authorization": "Bearer s3cret"}
+    body = {"model": MODEL_ID, "prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True,
+            "stream": True}
+    with httpx.Client(base_url=small_live.url, headers=auth, timeout=60) as h:
+        with h.stream("POST", "/v1/completions", json=body) as running:        # holds the only slot
+            lines = running.iter_lines()
+            next(lines)
+            with h.stream("POST", "/v1/completions", json=body) as queued:     # holds the only queue place
+                assert queued.status_code == 200
+                r = h.post("/v1/completions", json={**body, "stream": False})
+                err = assert_error(r, 429, "busy")
+                assert err["type"] == "rate_limit_error" and int(r.headers["retry-after"]) >= 1
+        # both streams hung up: the slot and the queue place come back
+        t0 = time.monotonic()
+        while h.get("/health").json()["slots_processing"] or h.get("/health").json()["queue"]:
+            assert time.monotonic() - t0 < 30
+            time.sleep(0.05)
+        assert h.post("/v1/completions", json={**body, "stream": False, "max_tokens": 2}).status_code == 200
+
+
+
+# -- the request schema ---------------------------------------------------------------------
+
+def test_schema_validation_units():
+    from llambda.server.errors import APIError
+    from llambda.server.schemas import parse_chat, parse_completion
+    msgs = [{"role": "user", "content": "hi"}]
+    spec = parse_chat({"messages": msgs, "max_completion_tokens": 7, "stop": "x", "seed": -1,
+                       "logit_bias": {"42": -100}, "top_k": 5, "min_p": 0.1, "n": 3})
+    assert spec.max_tokens == 7 and spec.stop == ["x"] and spec.n == 3
+    assert spec.sampling["seed"] == 2**64 - 1 and spec.sampling["logit_bias"] == {42: -100.0}
+    assert spec.sampling["top_k"] == 5 and spec.sampling["temperature"] == 1.0
+    bad = [
+        ({"messages": msgs, "tool_choice": "required"}, "tool_choice"),
+        ({"messages": msgs, "tool_choice": "any"}, "tool_choice"),
+        ({"messages": msgs, "tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
+        ({"messages": msgs, "tool_choice": {"type": "function"}}, "tool_choice"),
+        ({"messages": msgs, "parallel_tool_calls": 1}, "parallel_tool_calls"),
+        ({"messages": msgs, "response_format": {"type": "json_object"}}, "response_format"),
+        ({"messages": msgs, "best_of": 2}, "best_of"),
+        ({"messages": msgs, "temperature": True}, "temperature"),
+        ({"messages": msgs, "top_p": 0}, "top_p"),
+        ({"messages": msgs, "logit_bias": {"x": 1}}, "logit_bias"),
+        ({"messages": msgs, "max_tokens": 5, "max_completion_tokens": 6}, "max_completion_tokens"),
+        ({"messages": msgs, "tools": [{"type": "function", "function": {}}]}, "tools"),
+        ({"messages": msgs, "stop": ["a"] * 17}, "stop"),
+    ]
+    for body, param in bad:
+        with pytest.raises(APIError) as e:
+            parse_chat(body)
+        assert e.value.status == 400 and param in e.value.message, (body, e.value.message)
+    with pytest.raises(APIError):
+        parse_completion({"prompt": "x", "suffix": "y"})
+    with pytest.raises(APIError):
+        parse_completion({"prompt": [[1, 2], []]})
+    assert parse_completion({"prompt": [[1, 2], "a"], "logprobs": 0}).prompts == [[1, 2], "a"]
