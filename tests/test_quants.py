@@ -98,24 +98,6 @@ def test_dequantize_rejects_bad_input():
         Q.dequantize(np.zeros(17, np.uint16), QType.Q8_0, (32,))
 
 
-@pytest.mark.parametrize("qtype", [QType.Q8_0, QType.Q4_K, QType.F16])
-def test_dequantize_rows(qtype):
-    rng = np.random.default_rng(2)
-    ncols = 512
-    x = rng.standard_normal((40, ncols)).astype(np.float32)
-    raw2d = Q.quantize(x, qtype)
-    full = Q.dequantize(raw2d, qtype, x.shape)
-    idx = [39, 0, 7, 7]
-    np.testing.assert_array_equal(Q.dequantize_rows(raw2d, qtype, ncols, idx), full[idx])
-    np.testing.assert_array_equal(Q.dequantize_rows(raw2d, qtype, ncols, np.int64(3)), full[3])
-    assert Q.dequantize_rows(raw2d, qtype, ncols, []).shape == (0, ncols)
-    for bad in (40, -1):
-        with pytest.raises(IndexError, match=f"row index {bad} out of range for 40 rows"):
-            Q.dequantize_rows(raw2d, qtype, ncols, [1, bad])
-    with pytest.raises(ModelFormatError):
-        Q.dequantize_rows(raw2d[:, :-1], qtype, ncols, [0])
-
-
 # ---------------------------------------------------------------- quantize
 
 # RMS error / RMS(x) for standard-normal data (measured: Q8_0 .0054, Q6_K .019,

@@ -318,7 +318,6 @@ class GGUFFile:
 
         self.alignment = self._read_alignment()
         infos = [self._read_tensor_info(cur, i) for i in range(n_tensors)]
-        self.header_size = cur.pos
         self.data_offset = -(-cur.pos // self.alignment) * self.alignment
         self._base = np.frombuffer(mm, dtype=np.uint8)
         self.tensors: dict[str, TensorInfo] = {}

@@ -375,32 +375,6 @@ def dequantize(raw: np.ndarray, qtype, shape) -> np.ndarray:
     return _dequantize_blocks(blocks, qtype).reshape(shape)
 
 
-def dequantize_rows(raw2d: np.ndarray, qtype, ncols: int, rows_idx) -> np.ndarray:
-    """Dequantize only rows `rows_idx` (int or sequence) of a (nrows, row_nbytes) tensor.
-
-    An int gives a (ncols,) vector, a sequence a (len, ncols) matrix. Used for
-    embedding lookups, where dequantizing the whole table would be wasteful.
-    """
-    qtype = as_qtype(qtype)
-    rb = row_nbytes(qtype, ncols)
-    raw2d = np.asarray(raw2d)
-    if raw2d.ndim != 2 or raw2d.shape[1] != rb:
-        raise ModelFormatError(
-            f"{qtype.name} rows of {ncols} values take {rb} bytes; got data of shape {raw2d.shape}")
-    scalar = np.ndim(rows_idx) == 0
-    idx = np.atleast_1d(np.asarray(rows_idx))
-    if idx.size and not np.issubdtype(idx.dtype, np.integer):
-        raise TypeError(f"row indices must be integers, got {idx.dtype}")
-    idx = idx.astype(np.int64, copy=False)
-    nrows = raw2d.shape[0]
-    bad = (idx < 0) | (idx >= nrows)
-    if bad.any():
-        raise IndexError(f"row index {int(idx[bad][0])} out of range for {nrows} rows")
-    picked = raw2d[idx]
-    out = dequantize(picked, qtype, (idx.size, ncols))
-    return out[0] if scalar else out
-
-
 # ---------------------------------------------------------------- quantizers
 
 def _signed_absmax(x: np.ndarray) -> np.ndarray:
@@ -549,8 +523,6 @@ _QUANT: dict[QType, Callable[[np.ndarray], np.ndarray]] = {
     QType.Q6_K: _q_q6_k,
     QType.Q8_K: _q_q8_k,
 }
-
-QUANTIZABLE = frozenset(_QUANT) | {QType.BF16} | frozenset(_PLAIN_DTYPES)
 
 
 def _f32_to_bf16(x: np.ndarray) -> np.ndarray:

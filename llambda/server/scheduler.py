@@ -61,10 +61,6 @@ class Channel:
         self.loop = loop or asyncio.get_running_loop()
         self.queue: asyncio.Queue = asyncio.Queue()
 
-    def push(self, items: list) -> None:
-        """From the scheduler thread."""
-        push_all([(self, items)])
-
     async def get(self) -> list:
         """Every list pushed so far, flattened (waits for at least one)."""
         items = list(await self.queue.get())
@@ -160,7 +156,6 @@ class Scheduler:
         self._stopping = False
         self._drain_deadline: float | None = None
         self._outbox: dict[Channel, list] = {}
-        self.last_error: str | None = None
 
     # -- control (any thread) ------------------------------------------------
     def start(self) -> None:
@@ -226,7 +221,6 @@ class Scheduler:
                     return
             except Exception as e:   # a bug outside the model step: fail what runs, keep serving
                 log.exception("scheduler iteration failed")
-                self.last_error = f"{type(e).__name__}: {e}"
                 self._fail_active(JobFailure(500, f"internal scheduler error: {type(e).__name__}: {e}"))
                 self._flush()
 
@@ -248,7 +242,6 @@ class Scheduler:
                 self._step()
             except Exception as e:  # never let a bad step kill the server
                 log.exception("forward step failed")
-                self.last_error = f"{type(e).__name__}: {e}"
                 # the step may have written part of the slots' KV: cache nothing from them
                 self._fail_active(JobFailure(500, f"internal error in the model step: {type(e).__name__}: {e}"))
         self._flush()

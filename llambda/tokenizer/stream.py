@@ -11,7 +11,7 @@ UTF-8 decoder with errors="replace" agrees with the one-shot decoder).
 from __future__ import annotations
 
 import codecs
-from typing import Callable, Iterable
+from typing import Callable
 
 
 class StreamDecoder:
@@ -28,9 +28,6 @@ class StreamDecoder:
         if self._skip is not None and self._skip(i):
             return ""
         return self._utf8.decode(self._piece(i))
-
-    def feed_many(self, token_ids: Iterable[int]) -> str:
-        return "".join(self.feed(t) for t in token_ids)
 
     def flush(self) -> str:
         """End of stream: a dangling partial character comes out as U+FFFD. Resets the decoder."""
