@@ -95,31 +95,15 @@ def cmd_run(a) -> int:
 
 
 def cmd_chat(a) -> int:
+    from .hub import home
+    from .repl import ChatSession, run_chat
+
     model = _load(a)
     model.chat_template()    # a clear error now for a model without a template
-    history = [{"role": "system", "content": a.system}] if a.system else []
-    interactive = sys.stdin.isatty()
-    while True:
-        try:
-            if interactive:
-                line = input("> ")
-            else:
-                line = sys.stdin.readline()
-                if not line:
-                    break
-                line = line.rstrip("\n")
-        except (EOFError, KeyboardInterrupt):
-            break
-        if not line.strip():
-            continue
-        if line.strip() in ("/exit", "/quit"):
-            break
-        history.append({"role": "user", "content": line})
-        t0 = time.perf_counter()
-        reply = _stream_out(model.chat_stream(history, **_sampling_kwargs(a)), a.verbose, t0)
-        sys.stdout.write("\n")
-        history.append({"role": "assistant", "content": reply})
-    return 0
+    session = ChatSession(model, _sampling_kwargs(a), system=a.system)
+    banner = (f"llambda chat: {a.model} ({model.config.arch}, ctx {model.n_ctx}). "
+              "/help for commands, Ctrl-C stops a reply, Ctrl-D or /exit leaves.")
+    return run_chat(session, banner, home() / "chat_history", verbose=a.verbose)
 
 
 def cmd_pull(a) -> int:
@@ -231,7 +215,10 @@ def cmd_export(a) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     ap = argparse.ArgumentParser(prog="llambda", description="CPU inference for LLMs")
+    ap.add_argument("--version", action="version", version=f"llambda {__version__}")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     p = sub.add_parser("run", help="complete a prompt, streaming to stdout")

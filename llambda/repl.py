@@ -1,0 +1,234 @@
+"""`llambda chat`: an interactive conversation at the terminal.
+
+Line editing and a history kept under $LLAMBDA_HOME (readline where Python has it), Ctrl-C stops the
+reply being written and keeps the conversation, Ctrl-D or /exit leaves. Input that is not a terminal
+is read a line per user turn, so a script can pipe a conversation in.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, TextIO
+
+HELP = """commands:
+  /help              this list
+  /exit, /bye        leave (Ctrl-D too)
+  /clear             forget the conversation (the system prompt stays)
+  /system TEXT       set the system prompt (and forget the conversation)
+  /save FILE         write the conversation as JSON messages
+  /load FILE         read a conversation written by /save (or any JSON list of messages)
+  /stats             tokens and speed of the last reply
+  \"\"\"                start and end a message of several lines (a line ending in \\ continues too)
+Ctrl-C stops the reply being written; the conversation keeps what was said."""
+
+MULTILINE = '"""'
+
+
+@dataclass
+class ReplyStats:
+    tokens: int = 0
+    first_token_s: float = 0.0
+    decode_tps: float = 0.0
+    stopped: str = ""        # why it ended: "stop", "length", "context" or "interrupted"
+
+    def line(self) -> str:
+        return (f"{self.tokens} tokens, first after {self.first_token_s * 1000:.0f} ms, "
+                f"{self.decode_tps:.1f} tokens/s, ended by {self.stopped or '?'}")
+
+
+class ChatSession:
+    """The conversation and the commands that change it, apart from any terminal."""
+
+    def __init__(self, model, sampling: dict, system: str | None = None):
+        self.model = model
+        self.sampling = sampling
+        self.system = system
+        self.messages: list[dict] = []
+        self.last = ReplyStats()
+
+    def history(self) -> list[dict]:
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        return head + self.messages
+
+    def reply(self, text: str, write: Callable[[str], None]) -> str:
+        """Stream the assistant's answer to `text` through `write`; Ctrl-C ends it early but keeps it."""
+        self.messages.append({"role": "user", "content": text})
+        stats, out = ReplyStats(), []
+        t0 = time.perf_counter()
+        first = None
+        events = self.model.chat_stream(self.history(), **self.sampling)
+        try:
+            for ev in events:
+                if ev.token >= 0:
+                    stats.tokens += 1
+                    first = first or time.perf_counter()
+                if ev.text:
+                    write(ev.text)
+                    out.append(ev.text)
+                if ev.finish_reason:
+                    stats.stopped = ev.finish_reason
+        except KeyboardInterrupt:
+            stats.stopped = "interrupted"
+        finally:
+            events.close()     # free the model for the next turn at once
+        end = time.perf_counter()
+        if first is not None:
+            stats.first_token_s = first - t0
+            if stats.tokens > 1 and end > first:
+                stats.decode_tps = (stats.tokens - 1) / (end - first)
+        self.last = stats
+        answer = "".join(out)
+        self.messages.append({"role": "assistant", "content": answer})
+        return answer
+
+    def command(self, line: str) -> str | None:
+        """Run a /command; returns what to print, or None to leave."""
+        name, _, arg = line.strip().partition(" ")
+        arg = arg.strip()
+        if name in ("/exit", "/quit", "/bye"):
+            return None
+        if name == "/help":
+            return HELP
+        if name == "/clear":
+            self.messages.clear()
+            return "conversation cleared"
+        if name == "/system":
+            self.system = arg or None
+            self.messages.clear()
+            return "system prompt " + ("set" if arg else "removed") + "; conversation cleared"
+        if name == "/stats":
+            return self.last.line() if self.last.tokens or self.last.stopped else "no reply yet"
+        if name == "/save":
+            if not arg:
+                return "usage: /save FILE"
+            try:
+                Path(arg).write_text(json.dumps(self.history(), ensure_ascii=False, indent=1), encoding="utf-8")
+            except OSError as e:
+                return f"cannot write {arg}: {e.strerror or e}"
+            return f"saved {len(self.messages)} messages to {arg}"
+        if name == "/load":
+            if not arg:
+                return "usage: /load FILE"
+            return self._load(arg)
+        return f"unknown command {name}; /help lists them"
+
+    def _load(self, path: str) -> str:
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            return f"cannot read {path}: {getattr(e, 'strerror', None) or e}"
+        ok = isinstance(data, list) and all(
+            isinstance(m, dict) and m.get("role") in ("system", "user", "assistant") and isinstance(m.get("content"), str)
+            for m in data)
+        if not ok:
+            return f"{path}: expected a JSON list of {{role, content}} messages"
+        system = [m["content"] for m in data if m["role"] == "system"]
+        self.system = system[0] if system else self.system
+        self.messages = [{"role": m["role"], "content": m["content"]} for m in data if m["role"] != "system"]
+        return f"loaded {len(self.messages)} messages from {path}"
+
+
+def _setup_readline(history_file: Path | None):
+    """Line editing and a persisted history where the platform has readline; returns a save function."""
+    try:
+        import readline
+    except ImportError:
+        return lambda: None
+    if history_file is None:
+        return lambda: None
+    try:
+        readline.read_history_file(history_file)
+    except OSError:
+        pass
+    readline.set_history_length(1000)
+
+    def save():
+        try:
+            history_file.parent.mkdir(parents=True, exist_ok=True)
+            readline.write_history_file(history_file)
+        except OSError:
+            pass          # a read-only home loses the history, not the chat
+    return save
+
+
+def read_message(prompt: Callable[[str], str]) -> str:
+    """One user message: a line, lines joined by a trailing backslash, or a \"\"\"-fenced block."""
+    line = prompt(">>> ")
+    if line.strip().startswith(MULTILINE):
+        first = line.strip()[len(MULTILINE):]
+        if first.endswith(MULTILINE):                       # """one line"""
+            return first[:-len(MULTILINE)]
+        lines = [first] if first else []
+        while True:
+            nxt = prompt("... ")
+            if nxt.rstrip().endswith(MULTILINE):
+                lines.append(nxt.rstrip()[:-len(MULTILINE)])
+                return "\n".join(lines).strip("\n")
+            lines.append(nxt)
+    lines = []
+    while line.endswith("\\"):
+        lines.append(line[:-1])
+        line = prompt("... ")
+    lines.append(line)
+    return "\n".join(lines)
+
+
+def run_chat(session: ChatSession, banner: str, history_file: Path | None, verbose: bool = False,
+             stdin: TextIO | None = None, stdout: TextIO | None = None) -> int:
+    stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
+    interactive = stdin.isatty() and stdout.isatty()
+
+    def write(text: str) -> None:
+        stdout.write(text)
+        stdout.flush()
+
+    if not interactive:        # a line per user turn, no prompts, no banner
+        for line in stdin:
+            line = line.rstrip("\n")
+            if not line.strip():
+                continue
+            if line.startswith("/"):
+                said = session.command(line)
+                if said is None:
+                    break
+                print(said, file=sys.stderr)
+                continue
+            session.reply(line, write)
+            write("\n")
+            if verbose:
+                print(f"[llambda] {session.last.line()}", file=sys.stderr)
+        return 0
+
+    save_history = _setup_readline(history_file)
+    print(banner, file=stdout, flush=True)
+    try:
+        while True:
+            try:
+                text = read_message(input)
+            except KeyboardInterrupt:
+                write("\n(Ctrl-D or /exit to leave)\n")
+                continue
+            except EOFError:
+                write("\n")
+                return 0
+            if not text.strip():
+                continue
+            if text.startswith("/"):
+                said = session.command(text)
+                if said is None:
+                    return 0
+                write(said + "\n")
+                continue
+            session.reply(text, write)
+            if session.last.stopped == "interrupted":
+                write(" [stopped]")
+            elif session.last.stopped == "context":
+                write("\n[the context is full: /clear to start over]")
+            write("\n")
+            if verbose:
+                print(f"[llambda] {session.last.line()}", file=sys.stderr)
+    finally:
+        save_history()

@@ -1,0 +1,151 @@
+"""`llambda chat`: the conversation and its commands (a fake model), and the real REPL on a terminal."""
+from __future__ import annotations
+
+import fcntl
+import io
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+import termios
+import time
+from pathlib import Path
+
+import pytest
+
+from llambda.engine import TokenEvent
+from llambda.repl import ChatSession, read_message, run_chat
+
+
+class FakeModel:
+    """Answers every turn with the words of `reply`; remembers the history it was given."""
+
+    def __init__(self, reply="one two three", interrupt_after=None):
+        self.reply, self.interrupt_after, self.seen, self.closed = reply, interrupt_after, [], 0
+
+    def chat_stream(self, messages, **kw):
+        self.seen.append([dict(m) for m in messages])
+        return self._events()
+
+    def _events(self):
+        try:
+            for i, w in enumerate(self.reply.split()):
+                if self.interrupt_after is not None and i == self.interrupt_after:
+                    raise KeyboardInterrupt
+                yield TokenEvent(i, w + " ")
+            yield TokenEvent(-1, "", finish_reason="stop")
+        finally:
+            self.closed += 1
+
+
+def test_turns_keep_history_and_system_prompt():
+    m = FakeModel()
+    s = ChatSession(m, {}, system="be brief")
+    out = []
+    assert s.reply("hi", out.append) == "one two three "
+    s.reply("again", out.append)
+    assert m.seen[1] == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+                         {"role": "assistant", "content": "one two three "}, {"role": "user", "content": "again"}]
+    assert s.last.tokens == 3 and s.last.stopped == "stop"
+
+
+def test_ctrl_c_stops_the_reply_and_keeps_the_conversation():
+    m = FakeModel("a b c d e", interrupt_after=2)
+    s = ChatSession(m, {})
+    assert s.reply("go", lambda t: None) == "a b "
+    assert s.last.stopped == "interrupted" and m.closed == 1       # the generation was closed at once
+    assert s.messages[-1] == {"role": "assistant", "content": "a b "}
+    m.interrupt_after = None
+    s.reply("more", lambda t: None)
+    assert len(m.seen[-1]) == 3
+
+
+def test_commands(tmp_path):
+    s = ChatSession(FakeModel(), {})
+    s.reply("hi", lambda t: None)
+    assert "/system" in s.command("/help")
+    f = tmp_path / "conv.json"
+    assert "saved 2" in s.command(f"/save {f}")
+    assert json.loads(f.read_text())[0] == {"role": "user", "content": "hi"}
+    assert s.command("/clear") == "conversation cleared" and s.messages == []
+    assert "loaded 2" in s.command(f"/load {f}") and len(s.messages) == 2
+    assert "cleared" in s.command("/system talk like a pirate") and s.system == "talk like a pirate"
+    assert s.history()[0]["role"] == "system" and s.messages == []
+    assert "unknown command" in s.command("/nope")
+    assert "cannot read" in s.command(f"/load {tmp_path / 'missing.json'}")
+    f.write_text('{"not": "a list"}')
+    assert "expected a JSON list" in s.command(f"/load {f}")
+    assert "cannot write" in s.command(f"/save {tmp_path / 'no' / 'such' / 'dir.json'}")
+    assert s.command("/exit") is None and s.command("/bye") is None
+
+
+def test_multiline_input():
+    def lines(*xs):
+        it = iter(xs)
+        return lambda prompt: next(it)
+    assert read_message(lines('"""', "first", "", "second", '"""')) == "first\n\nsecond"
+    assert read_message(lines('"""inline"""')) == "inline"
+    assert read_message(lines("a \\", "b")) == "a \nb"
+    assert read_message(lines("plain")) == "plain"
+
+
+def test_piped_input_is_a_turn_per_line():
+    m = FakeModel()
+    out = io.StringIO()
+    stdin = io.StringIO("hello\n\n/system short\nsecond\n/exit\nnever\n")
+    assert run_chat(ChatSession(m, {}), "banner", None, stdin=stdin, stdout=out) == 0
+    assert out.getvalue() == "one two three \none two three \n"       # no banner, no prompt when piped
+    assert [len(x) for x in m.seen] == [1, 2] and m.seen[1][0]["role"] == "system"
+
+
+def _read_until(fd: int, needle: bytes, timeout: float) -> bytes:
+    buf, t0 = b"", time.monotonic()
+    while needle not in buf:
+        left = timeout - (time.monotonic() - t0)
+        if left <= 0:
+            raise AssertionError(f"did not see {needle!r} in {buf[-2000:]!r}")
+        r, _, _ = select.select([fd], [], [], left)
+        if r:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            buf += chunk
+    return buf
+
+
+def _controlling_terminal():
+    """In the child: its own session with the pty (fd 0) as controlling terminal, so Ctrl-C is a SIGINT."""
+    os.setsid()
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+def test_real_terminal_ctrl_c_stops_a_reply_and_history_is_kept(smollm2_gguf, tmp_path):
+    env = dict(os.environ, LLAMBDA_HOME=str(tmp_path), PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "llambda.cli", "chat", "-m", str(smollm2_gguf), "-n", "2000",
+                             "--ignore-eos", "-c", "2048"], stdin=slave, stdout=slave, stderr=slave, env=env,
+                            preexec_fn=_controlling_terminal)
+    os.close(slave)
+    try:
+        _read_until(master, b">>> ", 120)
+        os.write(master, b"Tell me a very long story.\r")
+        _read_until(master, b"Tell me a very long story.", 10)
+        time.sleep(1.0)
+        os.write(master, b"\x03")                  # Ctrl-C, as the terminal sends it
+        _read_until(master, b"[stopped]", 30)
+        _read_until(master, b">>> ", 10)
+        assert proc.poll() is None                 # the chat goes on
+        os.write(master, b"/stats\r")
+        _read_until(master, b"ended by interrupted", 10)
+        os.write(master, b"\x04")                  # Ctrl-D leaves
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    assert "Tell me a very long story." in (tmp_path / "chat_history").read_text()
