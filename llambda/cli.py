@@ -16,32 +16,44 @@ from .errors import LlambdaError
 from .hub import CATALOG, DEFAULT_MODEL
 
 
-def _add_model_args(p: argparse.ArgumentParser) -> None:
+def _add_model_args(p: argparse.ArgumentParser, runtime: bool = True,
+                    ctx_help: str = "context length (default min(train, 4096))") -> None:
+    """-m, and with `runtime` the options of a loaded model (threads, backend, precision, context)."""
     p.add_argument("-m", "--model", default=DEFAULT_MODEL,
                    help=f"catalogued name, .gguf file or HF directory (default {DEFAULT_MODEL})")
-    p.add_argument("-t", "--threads", type=int, default=None, help="threads (default: physical cores)")
+    if not runtime:
+        return
+    p.add_argument("-t", "--threads", type=int, default=None, help="threads (default: the cores this process may use)")
     p.add_argument("--backend", choices=["native", "numpy"], default=None, help="default: native where it built")
     p.add_argument("--activations", choices=["q8", "f32"], default=None,
                    help="native backend: q8 (fast, default) or f32 (exact)")
     p.add_argument("--kv-type", choices=["f32", "f16"], default=None,
                    help="native backend: KV cache precision (default f32, for serve f16; f16 halves its memory)")
-    p.add_argument("-c", "--ctx-size", type=int, default=None, help="context length (default min(train, 4096))")
+    p.add_argument("-c", "--ctx-size", type=int, default=None, help=ctx_help)
     p.add_argument("-v", "--verbose", action="store_true", help="print memory budget and tokens/s")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-n", "--max-tokens", type=int, default=256)
-    p.add_argument("--temperature", "--temp", type=float, default=0.8)
-    p.add_argument("--top-k", type=int, default=40)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--min-p", type=float, default=0.05)
-    p.add_argument("--repeat-penalty", type=float, default=1.0)
-    p.add_argument("--repeat-last-n", type=int, default=64)
-    p.add_argument("--presence-penalty", type=float, default=0.0)
-    p.add_argument("--frequency-penalty", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--ignore-eos", action="store_true")
+    g = p.add_argument_group("sampling")
+    g.add_argument("-n", "--max-tokens", type=int, default=256, help="most tokens to generate (default 256)")
+    g.add_argument("--temperature", "--temp", type=float, default=0.8,
+                   help="randomness; 0 picks the most likely token every time (default 0.8)")
+    g.add_argument("--top-k", type=int, default=40, help="sample among the k most likely tokens; 0 = all (default 40)")
+    g.add_argument("--top-p", type=float, default=0.95,
+                   help="sample among the most likely tokens whose probabilities sum to p; 1 = off (default 0.95)")
+    g.add_argument("--min-p", type=float, default=0.05,
+                   help="drop tokens less likely than min-p times the most likely one; 0 = off (default 0.05)")
+    g.add_argument("--repeat-penalty", type=float, default=1.0,
+                   help="divide the logits of recent tokens by this; 1 = off (default 1.0)")
+    g.add_argument("--repeat-last-n", type=int, default=64,
+                   help="how many recent tokens the penalties look at; -1 = all, 0 = none (default 64)")
+    g.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="subtract from the logit of every token already present (default 0)")
+    g.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="subtract this times a token's count so far from its logit (default 0)")
+    g.add_argument("--seed", type=int, default=None, help="random seed, for reproducible sampling (default: random)")
+    g.add_argument("--stop", action="append", default=[], help="stop when this text appears (repeatable)")
+    g.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-text token")
 
 
 def _sampling_kwargs(a) -> dict:
@@ -124,7 +136,7 @@ def cmd_tokenize(a) -> int:
         print(ids)
     else:
         for i in ids:
-            print(f"{i:>8} {tok.token_text(i)!r}")
+            print(f"{i:>8} {_token_shown(tok, i, a.pieces)}")
     return 0
 
 
@@ -194,15 +206,17 @@ def cmd_perplexity(a) -> int:
 
     with open(a.file, encoding="utf-8") as f:
         text = f.read()
-    model = load(a.model, backend=a.backend, threads=a.threads, n_ctx=max(a.ctx, a.ctx_size or 0),
-                 activations=a.activations)
+    if a.ctx_size < 2:
+        raise ValueError("-c/--ctx-size must be at least 2 tokens")
+    model = load(a.model, backend=a.backend, threads=a.threads, n_ctx=a.ctx_size, activations=a.activations,
+                 kv_type=a.kv_type)
 
     def show(i, ppl):
         print(f"[{i}]{ppl:.4f}", end=" ", flush=True, file=sys.stderr)
 
-    res = perplexity(model, text, n_ctx=a.ctx, max_windows=a.chunks, progress=show)
+    res = perplexity(model, text, n_ctx=a.ctx_size, max_windows=a.chunks, progress=show)
     print(file=sys.stderr)
-    print(f"{res.n_windows} windows of {a.ctx} tokens, {res.n_scored} tokens scored")
+    print(f"{res.n_windows} windows of {a.ctx_size} tokens, {res.n_scored} tokens scored")
     print(f"perplexity: {res.ppl:.4f}")
     return 0
 
@@ -212,6 +226,17 @@ def cmd_export(a) -> int:
     out = export(a.model, a.out, fmt=a.format, qtype=a.type)
     print(f"[llambda] wrote {out}", file=sys.stderr)
     return 0
+
+
+def _token_shown(tok, i: int, piece: bool) -> str:
+    """The text a token stands for, quoted; bytes that are part of a character as a bytes literal."""
+    if piece or tok.is_special(i):
+        return repr(tok.token_text(i))
+    raw = tok.token_bytes(i)
+    try:
+        return repr(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        return repr(raw)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -238,11 +263,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_pull)
 
     p = sub.add_parser("tokenize", help="show the tokens of a text")
-    p.add_argument("-m", "--model", default=DEFAULT_MODEL)
+    _add_model_args(p, runtime=False)
     p.add_argument("text")
     p.add_argument("--ids", action="store_true", help="print only the id list")
-    p.add_argument("--add-bos", action="store_true")
-    p.add_argument("--no-parse-special", action="store_true")
+    p.add_argument("--add-bos", action="store_true", help="start with the model's BOS token if it uses one")
+    p.add_argument("--no-parse-special", action="store_true",
+                   help="treat text such as <|im_start|> as plain text, not as the special token")
+    p.add_argument("--pieces", action="store_true",
+                   help="show each token as written in the vocabulary (e.g. 'Ġworld') instead of its text")
     p.set_defaults(fn=cmd_tokenize)
 
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server with continuous batching",
@@ -277,14 +305,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_bench)
 
     p = sub.add_parser("perplexity", help="perplexity of a text file (llama.cpp's method)")
-    _add_model_args(p)
+    _add_model_args(p, ctx_help="window length in tokens, also the context the model is loaded with (default 512)")
+    p.set_defaults(ctx_size=512)
     p.add_argument("-f", "--file", required=True, help="text file")
-    p.add_argument("--ctx", type=int, default=512, help="window length in tokens (default 512)")
+    p.add_argument("--ctx", dest="ctx_size", type=int, help="the same as -c/--ctx-size")
     p.add_argument("--chunks", type=int, default=None, help="score at most this many windows")
     p.set_defaults(fn=cmd_perplexity)
 
     p = sub.add_parser("export", help="write a model as a Hugging Face directory or a GGUF file")
-    _add_model_args(p)
+    _add_model_args(p, runtime=False)
     p.add_argument("--format", choices=["hf", "gguf"], required=True,
                    help="hf: a directory (model.safetensors, config.json, tokenizer); gguf: one file")
     p.add_argument("--out", required=True, help="output directory (hf) or file (gguf)")
