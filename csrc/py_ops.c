@@ -121,7 +121,13 @@ static int get_float(PyObject *o, const char *op, const char *name, double lo, f
     if (v == -1.0 && PyErr_Occurred()) return -1;
     if (!isfinite(v) || v < lo || fabs(v) > 3.0e38) {
         if (isinf(lo)) PyErr_Format(PyExc_ValueError, "%s: %s must be a finite float32 value, got %S", op, name, o);
-        else PyErr_Format(PyExc_ValueError, "%s: %s must be finite and >= %g, got %S", op, name, lo, o);
+        else {   /* PyErr_Format has no %g: the bound goes in as a float object */
+            PyObject *bound = PyFloat_FromDouble(lo);
+            if (bound) {
+                PyErr_Format(PyExc_ValueError, "%s: %s must be finite and >= %R, got %S", op, name, bound, o);
+                Py_DECREF(bound);
+            }
+        }
         return -1;
     }
     *out = (float)v;

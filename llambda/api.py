@@ -10,8 +10,8 @@ import numpy as np
 
 from . import engine
 from .backends import create_backend
-from .engine import GenerationParams, Sequence, TokenEvent
-from .errors import ChatTemplateError, ContextOverflowError, TokenizerError
+from .engine import GenerationParams, Sequence, TokenEvent, token_ids
+from .errors import ChatTemplateError, ContextOverflowError, InvalidInputError, TokenizerError
 from .formats.open import open_model
 from .hub import resolve
 from .models.base import Transformer
@@ -54,6 +54,19 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
 
 
 class Model:
+    """A loaded model. One KV-cache slot serves the library calls, and one call computes at a time.
+
+    Generators (stream/generate/chat_stream) hold the model's lock only while they compute a
+    token, never while suspended at a yield: any number of them may be consumed alternately,
+    from one thread or several, and logits() in another thread waits at most one token's step.
+    Before each step a generator checks that the slot still holds its own tokens (prompt and
+    text so far); when another call has used the slot since, it evaluates them again (reusing
+    the common prefix), so its text stays a continuation of its own tokens. That re-evaluation
+    costs a prefill per switch, and as prompt prefix reuse does, it may round differently from
+    the token-by-token path (greedy text can then differ at a near-tie, never become garbage).
+    For many concurrent generations use the server's scheduler (`llambda serve`).
+    """
+
     def __init__(self, transformer: Transformer, source, backend):
         self.transformer = transformer
         self.source = source
@@ -83,18 +96,14 @@ class Model:
         if isinstance(prompt, str):
             # add_bos=True adds BOS only if the model asks for one and the text does not already start with it
             return self._tok().encode(prompt, add_bos=True, parse_special=True)
-        ids = [int(i) for i in prompt]
-        bad = [i for i in ids if not 0 <= i < self.config.vocab_size]
-        if bad:
-            raise ValueError(f"token ids out of range [0, {self.config.vocab_size}): {bad[:5]}")
-        return ids
+        return token_ids(prompt, self.config.vocab_size)
 
     # -- evaluation ----------------------------------------------------------
     def logits(self, ids: Seq[int]) -> np.ndarray:
         """Logits (float32, (vocab,)) at the last position of `ids`, evaluated from an empty cache."""
-        ids = self._prompt_ids(list(ids))
+        ids = token_ids(ids, self.config.vocab_size)
         if not ids:
-            raise ValueError("logits() needs at least one token")
+            raise InvalidInputError("logits() needs at least one token")
         if len(ids) > self.n_ctx:
             raise ContextOverflowError(f"{len(ids)} tokens do not fit the context of {self.n_ctx}")
         with self._lock:
@@ -104,12 +113,16 @@ class Model:
             return out
 
     def _prefill_reusing(self, ids: list[int]) -> np.ndarray:
-        """Prefill slot 0, skipping the prefix its cache already holds."""
-        common = 0
-        for a, b in zip(self._cached, ids):
-            if a != b:
-                break
-            common += 1
+        """Prefill slot 0, skipping the prefix its cache already holds. Call holding the lock."""
+        n = len(self._cached)
+        if n < len(ids) and self._cached == ids[:n]:
+            common = n     # the usual next step of one generation: no per-token loop
+        else:
+            common = 0
+            for a, b in zip(self._cached, ids):
+                if a != b:
+                    break
+                common += 1
         common = min(common, len(ids) - 1)   # the last token is always evaluated, for its logits
         self._cached = self._cached[:common]
         # The last prompt token goes alone, through the same decode path however much of the
@@ -134,22 +147,22 @@ class Model:
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         params = GenerationParams(max_tokens=max_tokens, sampling=sp, stop=stops, ignore_eos=ignore_eos)
         ids = self._prompt_ids(prompt)
+        if isinstance(logit_bias, dict):
+            token_ids(list(logit_bias), self.config.vocab_size, what="logit_bias keys")
         seq = Sequence(self.tokenizer, ids, params, slot=0, n_ctx=self.n_ctx)
         return self._run(seq)
 
     def _run(self, seq: Sequence) -> Iterator[TokenEvent]:
-        with self._lock:
-            logits = self._prefill_reusing(seq.prompt_ids)
-            while True:
-                ev = seq.step(logits)
-                yield ev
-                if seq.finished:
-                    return
-                pos = seq.next_pos
-                self._cached = seq.tokens[:pos]          # slot 0 holds these until the step below
-                row = engine.decode(self.transformer, [0], [seq.tokens[-1]], [pos])
-                self._cached = list(seq.tokens)
-                logits = row[0]
+        while True:
+            # The lock is never held across the yield (a suspended generator would block every
+            # other caller); so each step first makes slot 0 hold this sequence's tokens again.
+            # Uninterrupted, that is the one new token, on the same path as a decode step.
+            with self._lock:
+                logits = self._prefill_reusing(seq.tokens)
+            ev = seq.step(logits)
+            yield ev
+            if seq.finished:
+                return
 
     def generate(self, prompt, **kw) -> Iterator[int]:
         """Token ids as they are produced (EOS excluded). Options as for stream()."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import ContextOverflowError
+from .errors import ContextOverflowError, InvalidInputError
 from .sampling import Sampler, SamplingParams, StopMatcher
 
 
@@ -25,9 +25,9 @@ class GenerationParams:
 
     def validate(self) -> None:
         if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 0):
-            raise ValueError(f"max_tokens must be a non-negative integer, got {self.max_tokens!r}")
+            raise InvalidInputError(f"max_tokens must be a non-negative integer, got {self.max_tokens!r}")
         if not isinstance(self.stop, list) or not all(isinstance(s, str) for s in self.stop):
-            raise ValueError("stop must be a list of strings")
+            raise InvalidInputError("stop must be a list of strings")
         self.sampling.validate()
 
 
@@ -38,6 +38,31 @@ class TokenEvent:
     logprob: float = 0.0
     top_logprobs: list[tuple[int, float]] = field(default_factory=list)
     finish_reason: str | None = None  # "stop" | "length" on the last event
+
+
+def token_ids(ids, vocab_size: int, what: str = "token ids") -> list[int]:
+    """`ids` as a list of plain ints, each a Python or NumPy integer (not a bool, float or string)
+    in [0, vocab_size); anything else is an InvalidInputError naming the first bad value."""
+    if isinstance(ids, (str, bytes, bytearray)):   # iterable, but of characters/bytes, not ids
+        raise InvalidInputError(f"{what} must be a sequence of integers, got {type(ids).__name__}")
+    if isinstance(ids, np.ndarray):
+        if ids.dtype.kind not in "iu" or ids.ndim != 1:
+            raise InvalidInputError(f"{what} must be a 1-D integer array, got {ids.dtype} of shape {ids.shape}")
+        out = ids.tolist()
+    else:
+        try:
+            out = list(ids)
+        except TypeError:
+            raise InvalidInputError(f"{what} must be a sequence of integers, got {type(ids).__name__}") from None
+        for i in out:
+            # int(1.7), int("5") and int(True) all succeed: check the type, not the conversion
+            if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
+                raise InvalidInputError(f"{what} must be integers, got {i!r} ({type(i).__name__})")
+        out = [int(i) for i in out]
+    bad = [i for i in out if not 0 <= i < vocab_size]
+    if bad:
+        raise InvalidInputError(f"{what} out of range [0, {vocab_size}): {bad[:5]}")
+    return out
 
 
 def prefill(model, slot: int, ids, start: int) -> np.ndarray:
@@ -66,7 +91,7 @@ class Sequence:
     def __init__(self, tokenizer, prompt_ids: list[int], params: GenerationParams, slot: int, n_ctx: int):
         params.validate()
         if len(prompt_ids) == 0:
-            raise ValueError("the prompt is empty: give at least one token")
+            raise InvalidInputError("the prompt is empty: give at least one token")
         if len(prompt_ids) >= n_ctx:
             raise ContextOverflowError(
                 f"the prompt has {len(prompt_ids)} tokens; the context holds {n_ctx} (prompt plus at least one new token)")

@@ -21,6 +21,14 @@ class ContextOverflowError(LlambdaError, ValueError):
     """A prompt (plus generation) does not fit in the context window."""
 
 
+class InvalidInputError(LlambdaError, ValueError):
+    """An argument of a library call is of the wrong type or out of range (e.g. a token id)."""
+
+
+class ModelNotFoundError(LlambdaError, FileNotFoundError):
+    """A model name is neither a catalogued model nor an existing file or directory."""
+
+
 class DownloadError(LlambdaError, OSError):
     """Fetching or verifying a catalogued model failed."""
 

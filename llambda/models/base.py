@@ -140,7 +140,18 @@ class Transformer:
                 return None
             if t.rows * t.cols != n:
                 raise ModelFormatError(f"tensor {name!r} has shape {t.shape}, expected ({n},)")
-            return B.prepare_vector(t, offset)
+            v = B.prepare_vector(t, offset)
+            finite(name, t, v)
+            return v
+
+        def finite(name: str, t: WeightTensor, v: np.ndarray) -> None:
+            # A NaN in a norm weight or bias silently poisons every logit; vectors are small, so
+            # they are all checked (matrices are not: that would cost a pass over the whole model).
+            bad = np.flatnonzero(~np.isfinite(v))
+            if len(bad):
+                where = name if t.name == name else f"{t.name!r} ({name})"
+                raise ModelFormatError(f"tensor {where} holds {v[bad[0]]} at index {int(bad[0])} "
+                                       f"({len(bad)} non-finite values): the model file is corrupt")
 
         d, off = cfg.d_model, cfg.norm_offset
         self.tok_embd = matrix("token_embd.weight", cfg.vocab_size, d)
@@ -149,6 +160,8 @@ class Transformer:
         self.output_norm = vector("output_norm.weight", d, off)
         rf = get("rope_freqs.weight")
         self.rope_factors = None if rf is None else rf.to_float32().reshape(-1)
+        if rf is not None:
+            finite("rope_freqs.weight", rf, self.rope_factors)
         if self.rope_factors is not None and len(self.rope_factors) != cfg.rope_dim // 2:
             raise ModelFormatError("rope_freqs.weight does not match the rope dimension")
         self.layers = []
