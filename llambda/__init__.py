@@ -1,6 +1,6 @@
 """llambda: a CPU inference engine for LLMs; readable Python, SIMD C kernels."""
 from .errors import (ChatTemplateError, ContextOverflowError, DownloadError, InvalidInputError, LlambdaError,
-                     ModelFormatError, ModelNotFoundError, NativeUnavailableError, TokenizerError)
+                     LlambdaWarning, ModelFormatError, ModelNotFoundError, NativeUnavailableError, TokenizerError)
 
 __version__ = "0.1.0"
 
@@ -13,4 +13,4 @@ def load(*args, **kwargs):
 
 __all__ = ["load", "LlambdaError", "ModelFormatError", "TokenizerError", "ChatTemplateError",
            "ContextOverflowError", "DownloadError", "InvalidInputError", "ModelNotFoundError",
-           "NativeUnavailableError", "__version__"]
+           "NativeUnavailableError", "LlambdaWarning", "__version__"]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 from pathlib import Path
 from typing import Iterator, Sequence as Seq
 
@@ -11,7 +12,7 @@ import numpy as np
 from . import engine
 from .backends import create_backend
 from .engine import GenerationParams, Sequence, TokenEvent, token_ids
-from .errors import ChatTemplateError, ContextOverflowError, InvalidInputError, TokenizerError
+from .errors import ChatTemplateError, ContextOverflowError, InvalidInputError, LlambdaWarning, TokenizerError
 from .formats.open import open_model
 from .hub import resolve
 from .models.base import Transformer
@@ -42,6 +43,7 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
         ctx = int(n_ctx or min(cfg.n_ctx_train, DEFAULT_CTX))
         if ctx <= 1 or n_slots < 1:
             raise ValueError("n_ctx must be > 1 and n_slots >= 1")
+        _warn_about_limits(cfg, ctx, threads)
         lookup = src.tensor
         if quantize:
             from .tools.quantize import quantizing_lookup
@@ -51,6 +53,26 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
         src.close()
         raise
     return Model(model, src, be)
+
+
+def _warn_about_limits(cfg, n_ctx: int, threads: int | None) -> None:
+    """Settings that work but rarely do what the user wants: say so once, at load."""
+    if cfg.n_ctx_train and n_ctx > cfg.n_ctx_train:
+        warnings.warn(f"a context of {n_ctx} tokens is beyond the {cfg.n_ctx_train} this model was trained on: "
+                      "text past that point may degrade, and the KV cache grows with the context",
+                      LlambdaWarning, stacklevel=4)
+    usable = usable_cpus()
+    if threads is not None and threads > usable:
+        warnings.warn(f"{threads} threads on {usable} usable CPU(s): the extra threads wait for a core "
+                      f"and slow every step down; use at most {usable}", LlambdaWarning, stacklevel=4)
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask), not the machine's count."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return os.cpu_count() or 1
 
 
 class Model:

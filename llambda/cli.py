@@ -7,6 +7,7 @@ import argparse
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
 # Our C thread pool owns the cores; a second pool (OpenBLAS) spinning beside it collapses both.
@@ -78,8 +79,9 @@ def _load(a, **extra):
 
 
 def _stream_out(events, verbose: bool, t_start: float) -> str:
-    n, first, text = 0, None, []
+    n, first, text, context_full = 0, None, [], False
     for ev in events:
+        context_full = context_full or ev.context_full
         if ev.token >= 0:
             n += 1
             if first is None:
@@ -89,6 +91,8 @@ def _stream_out(events, verbose: bool, t_start: float) -> str:
             sys.stdout.flush()
             text.append(ev.text)
     end = time.perf_counter()
+    if context_full:
+        print("\n[llambda] stopped: the context is full (-c/--ctx-size sets its length)", file=sys.stderr)
     if verbose:
         pre = (first or end) - t_start
         dec = (n - 1) / (end - first) if first and n > 1 and end > first else 0.0
@@ -324,7 +328,12 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"llambda: warning: {message}", file=sys.stderr)
+
+
 def main(argv=None) -> int:
+    warnings.showwarning = _show_warning      # one plain line, not a source location
     ap = build_parser()
     a = ap.parse_args(argv)
     try:

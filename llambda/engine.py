@@ -38,6 +38,7 @@ class TokenEvent:
     logprob: float = 0.0
     top_logprobs: list[tuple[int, float]] = field(default_factory=list)
     finish_reason: str | None = None  # "stop" | "length" on the last event
+    context_full: bool = False        # with "length": ended because the context had no room left
 
 
 def token_ids(ids, vocab_size: int, what: str = "token ids") -> list[int]:
@@ -142,5 +143,6 @@ class Sequence:
                 return ev
         if (mt is not None and len(self.generated) >= mt) or len(self.tokens) >= self.n_ctx:
             self.finish_reason = ev.finish_reason = "length"
+            ev.context_full = len(self.tokens) >= self.n_ctx and (mt is None or len(self.generated) < mt)
             ev.text += self._closing_text()
         return ev

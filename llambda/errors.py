@@ -33,5 +33,9 @@ class DownloadError(LlambdaError, OSError):
     """Fetching or verifying a catalogued model failed."""
 
 
+class LlambdaWarning(UserWarning):
+    """Something works but not as the user probably expects (a context beyond training, too many threads)."""
+
+
 class NativeUnavailableError(LlambdaError, RuntimeError):
     """The C core was not built or cannot run on this CPU."""

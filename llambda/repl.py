@@ -69,7 +69,7 @@ class ChatSession:
                     write(ev.text)
                     out.append(ev.text)
                 if ev.finish_reason:
-                    stats.stopped = ev.finish_reason
+                    stats.stopped = "context" if ev.context_full else ev.finish_reason
         except KeyboardInterrupt:
             stats.stopped = "interrupted"
         finally:

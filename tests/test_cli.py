@@ -126,3 +126,46 @@ def test_serve_defaults_to_an_f16_kv_cache(monkeypatch):
     _, kw = _serve_with_fake_load(monkeypatch, ["-m", "some.gguf"])["load"]
     assert kw["kv_type"] == "f16"
     assert build_parser().parse_args(["run", "hi"]).kv_type is None
+
+
+TINY_LLAMA = str(__import__("pathlib").Path(__file__).parent / "fixtures" / "reference" / "tiny" / "llama")
+
+
+def test_limits_warn_at_load():
+    import os
+    cpus = len(os.sched_getaffinity(0))
+    train = llambda.load(TINY_LLAMA, backend="numpy").config.n_ctx_train
+    with pytest.warns(llambda.LlambdaWarning, match=f"beyond the {train} this model was trained on"):
+        llambda.load(TINY_LLAMA, backend="numpy", n_ctx=train * 2).close()
+    with pytest.warns(llambda.LlambdaWarning, match=f"{cpus + 6} threads on {cpus} usable CPU"):
+        llambda.load(TINY_LLAMA, threads=cpus + 6).close()
+
+
+def test_limits_are_said_on_the_command_line(smollm2_gguf):
+    import os
+    cpus = len(os.sched_getaffinity(0))
+    out = run_cli("run", "-m", str(smollm2_gguf), "-c", "9000", "--kv-type", "f16", "-t", str(cpus + 1),
+                  "--temperature", "0", "-n", "2", "hello")
+    assert out.returncode == 0, out.stderr
+    assert "llambda: warning: a context of 9000 tokens is beyond the 8192" in out.stderr
+    assert f"llambda: warning: {cpus + 1} threads on {cpus} usable CPU(s)" in out.stderr
+    assert "warnings.warn" not in out.stderr and "Traceback" not in out.stderr      # one plain line each
+    out = run_cli("run", "-m", str(smollm2_gguf), "-c", "12", "--ignore-eos", "--temperature", "0", "-n", "100", "hi")
+    assert out.returncode == 0, out.stderr
+    assert "stopped: the context is full" in out.stderr
+    out = run_cli("run", "-m", str(smollm2_gguf), "--ignore-eos", "--temperature", "0", "-n", "3", "hi")
+    assert "context is full" not in out.stderr
+
+
+def test_context_full_is_marked_on_the_last_event():
+    with llambda.load(TINY_LLAMA, n_ctx=10) as m:
+        events = list(m.stream([1, 2, 3], max_tokens=100, ignore_eos=True, temperature=0))
+        assert events[-1].finish_reason == "length" and events[-1].context_full
+        assert not any(e.context_full for e in events[:-1])
+        events = list(m.stream([1, 2, 3], max_tokens=7, ignore_eos=True, temperature=0))   # 3 + 7 = 10: max_tokens
+        assert events[-1].finish_reason == "length" and not events[-1].context_full
+
+
+def test_version():
+    out = run_cli("--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"llambda {llambda.__version__}"
