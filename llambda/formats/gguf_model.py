@@ -35,7 +35,7 @@ def open_gguf(path: Path) -> ModelSource:
         template = meta.get("tokenizer.chat_template")
         name = meta.get("general.name") or path.stem
         return ModelSource(path, "gguf", cfg, tensor, meta, tok, tok_err, template if isinstance(template, str) else None,
-                           str(name), [f.close])
+                           str(name), [f.close], list(infos))
     except BaseException:
         f.close()
         raise

@@ -21,6 +21,7 @@ class ModelSource:
     chat_template: str | None = None
     name: str = ""
     closers: list = field(default_factory=list)
+    tensor_names: list[str] = field(default_factory=list)   # every tensor `tensor` can return
 
     def close(self) -> None:
         for c in self.closers:

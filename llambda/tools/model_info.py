@@ -1,0 +1,54 @@
+"""What a model file holds, read from its header alone (`llambda show`): no weights are loaded."""
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+
+from ..formats.quants import tensor_nbytes
+from ..formats.source import ModelSource
+
+
+def describe(src: ModelSource, n_ctx: int | None = None) -> dict:
+    """Architecture, parameters, context, quant mix (bytes per type), template, memory at `n_ctx`."""
+    cfg = src.config
+    params, bytes_by_type, count_by_type = 0, Counter(), Counter()
+    for name in src.tensor_names:
+        t = src.tensor(name)
+        if t is None:
+            continue
+        params += int(np.prod(t.shape))
+        bytes_by_type[t.qtype.name] += tensor_nbytes(t.qtype, t.shape)
+        count_by_type[t.qtype.name] += 1
+    weights = sum(bytes_by_type.values())
+    ctx = n_ctx or min(cfg.n_ctx_train, 4096)
+    kv = 2 * cfg.n_layers * ctx * cfg.kv_dim * 4          # f32 keys and values, one sequence
+    return {
+        "name": src.name, "path": str(src.path), "format": src.format, "architecture": cfg.arch,
+        "parameters": params, "layers": cfg.n_layers, "d_model": cfg.d_model,
+        "heads": f"{cfg.n_heads} (kv {cfg.n_kv_heads}, dim {cfg.head_dim})", "vocab": cfg.vocab_size,
+        "context_train": cfg.n_ctx_train, "weights_bytes": weights,
+        "quant_mix": {k: (count_by_type[k], v) for k, v in bytes_by_type.most_common()},
+        "chat_template": bool(src.chat_template), "tokenizer": src.tokenizer is not None,
+        "context": ctx, "kv_cache_bytes": kv, "memory_bytes": weights + kv,
+    }
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def format_description(d: dict) -> str:
+    mix = ", ".join(f"{k} {c} tensors {_mib(b)}" for k, (c, b) in d["quant_mix"].items())
+    rows = [
+        ("metadata name", d["name"]), ("file", f"{d['path']} ({d['format']})"), ("architecture", d["architecture"]),
+        ("parameters", f"{d['parameters'] / 1e6:.1f} M"), ("layers", d["layers"]), ("width", d["d_model"]),
+        ("heads", d["heads"]), ("vocabulary", d["vocab"]), ("trained context", d["context_train"]),
+        ("weights", f"{_mib(d['weights_bytes'])}: {mix}"),
+        ("chat template", "yes" if d["chat_template"] else "no (a base model: use `llambda run`)"),
+        ("tokenizer", "yes" if d["tokenizer"] else "no"),
+        ("memory", f"{_mib(d['memory_bytes'])} at a context of {d['context']} "
+                   f"(weights + {_mib(d['kv_cache_bytes'])} of f32 KV cache)"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

