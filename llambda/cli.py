@@ -202,13 +202,18 @@ def cmd_serve(a: argparse.Namespace) -> int:
         raise ValueError("--queue-size must be >= 0, --max-body and --prefill-chunk >= 1")
     if a.max_tokens_cap is not None and a.max_tokens_cap < 1:
         raise ValueError("--max-tokens-cap must be >= 1")
+    if (a.max_connections is not None and a.max_connections < 1) or not a.header_timeout > 0 \
+            or not a.body_timeout > 0:
+        raise ValueError("--max-connections must be >= 1, --header-timeout and --body-timeout > 0")
     model = load(a.model, backend=a.backend, threads=a.threads, n_ctx=a.ctx_size, n_slots=a.parallel,
                  activations=a.activations, kv_type=a.kv_type or DEFAULT_KV_TYPE)
     model_id = a.alias or model_id_for(a.model)
     aliases = {model.name, Path(a.model).name, Path(a.model).stem, a.model} - {model_id}
     cfg = ServerConfig(model_id=model_id, aliases=aliases, host=a.host, port=a.port, parallel=a.parallel,
                        queue_size=a.queue_size, max_tokens_cap=a.max_tokens_cap, max_body_bytes=a.max_body,
-                       api_key=a.api_key, prefill_chunk=a.prefill_chunk, shutdown_grace=a.shutdown_grace)
+                       api_key=a.api_key, prefill_chunk=a.prefill_chunk, shutdown_grace=a.shutdown_grace,
+                       max_connections=a.max_connections, header_timeout=a.header_timeout,
+                       body_timeout=a.body_timeout)
     mem = model.memory_report()
     print(f"[llambda] serving {model_id} ({model.config.arch}, backend {model.backend.name}) on "
           f"http://{a.host}:{a.port}/v1 with {a.parallel} slots of {model.n_ctx} tokens; "
@@ -351,6 +356,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prompt tokens evaluated per step while other streams run (default 256)")
     p.add_argument("--shutdown-grace", type=float, default=30.0,
                    help="seconds in-flight requests may take to finish after SIGTERM (default 30)")
+    p.add_argument("--max-connections", type=int, default=None,
+                   help="open connections; more are answered 503 and closed (default 2 x (parallel + "
+                        "queue-size) + 16, within the open-file limit)")
+    p.add_argument("--header-timeout", type=float, default=10.0,
+                   help="seconds a client gets to send a request's headers (default 10)")
+    p.add_argument("--body-timeout", type=float, default=30.0,
+                   help="seconds a client gets to send a request's body (default 30)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(fn=cmd_serve)
 

@@ -124,7 +124,8 @@ def _rss_kib(pid: int) -> int:
 class ServerProcess:
     """`llambda serve` in a child process (its own RSS, real signals); output goes to a log file."""
 
-    def __init__(self, model_path, log_path: Path, *flags: str):
+    def __init__(self, model_path, log_path: Path, *flags: str, preexec_fn=None):
+        self.preexec_fn = preexec_fn       # run in the child before exec (e.g. to lower its rlimits)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.cmd = [sys.executable, "-m", "llambda.cli", "serve", "-m", str(model_path), "--port", str(self.port),
@@ -136,7 +137,8 @@ class ServerProcess:
         env = dict(os.environ, PYTHONPATH=str(Path(llambda.__file__).parent.parent))
         self._log = open(self.log_path, "w")
         # a file, not a pipe: nobody reads a pipe while the test runs, and a full one would block the server
-        self.proc = subprocess.Popen(self.cmd, env=env, stdout=self._log, stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen(self.cmd, env=env, stdout=self._log, stderr=subprocess.STDOUT, text=True,
+                                     preexec_fn=self.preexec_fn)
         t0 = time.monotonic()
         while True:
             assert self.proc.poll() is None, self.log()

@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -20,12 +19,13 @@ from .generation import ClientGone, Generation, Service
 from .metrics import Metrics
 from .openai_format import dumps
 from .scheduler import Scheduler
-from .schemas import parse_chat, parse_completion
+from .schemas import parse_chat, parse_completion, parse_json
 
 log = logging.getLogger("llambda.server")
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
 PUBLIC = ("/health",)
+POOL_PROBE_SECONDS = 1.0   # /health: a worker thread must pick up a no-op within this long
 
 
 def json_response(obj, status: int = 200, headers: dict | None = None) -> Response:
@@ -36,33 +36,47 @@ def error_response(err: APIError) -> Response:
     return Response(err.json_bytes(), status_code=err.status, media_type="application/json", headers=err.headers)
 
 
-async def read_json(request: Request, cap: int):
-    """The body as JSON, refusing more than `cap` bytes (413) before reading them all."""
+async def read_json(request: Request, cap: int, timeout: float):
+    """The body as JSON, refusing more than `cap` bytes (413) before reading them all, and a body
+    still arriving after `timeout` seconds (408: a client trickling it would hold the connection)."""
     declared = request.headers.get("content-length")
     if declared is not None:
-        try:
-            size = int(declared)
-        except ValueError:
-            raise bad_request("invalid Content-Length header") from None
+        # digits only: int() would take " 12", "1_0" and raise on 5000 digits
+        if not (declared.isascii() and declared.isdigit() and len(declared) <= 18):
+            raise bad_request("invalid Content-Length header")
+        size = int(declared)
         if size > cap:
             raise APIError(413, f"request body of {size} bytes exceeds the limit of {cap} bytes",
                            code="request_too_large")
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > cap:
-            raise APIError(413, f"request body exceeds the limit of {cap} bytes", code="request_too_large")
+
+    async def receive_all():
+        async for chunk in request.stream():
+            body.extend(chunk)
+            if len(body) > cap:
+                raise APIError(413, f"request body exceeds the limit of {cap} bytes", code="request_too_large")
+
+    try:
+        await asyncio.wait_for(receive_all(), timeout)
+    except asyncio.TimeoutError:
+        raise APIError(408, f"the request body did not arrive within {timeout:g} s", code="request_timeout",
+                       headers={"Connection": "close"}) from None
     if not body.strip():
         raise bad_request("the request body is empty; expected a JSON object")
+    return parse_json(bytes(body))
+
+
+def _noop() -> None:
+    pass
+
+
+async def _pool_answers(within: float) -> bool:
+    """Whether the default executor, where Service.start renders and tokenizes, runs a task in time."""
     try:
-        return json.loads(body)
-    except UnicodeDecodeError:
-        raise bad_request("the request body is not UTF-8 text") from None
-    except json.JSONDecodeError as e:
-        raise bad_request(f"malformed JSON in the request body: {e.msg} at line {e.lineno} column {e.colno}") \
-            from None
-    except RecursionError:
-        raise bad_request("the JSON in the request body is nested too deeply") from None
+        await asyncio.wait_for(asyncio.to_thread(_noop), within)
+        return True
+    except asyncio.TimeoutError:
+        return False
 
 
 async def _watch_disconnect(receive, gen: Generation) -> None:
@@ -151,7 +165,11 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
     service = Service(model, scheduler, cfg)
 
     async def generate(request: Request, parse) -> Response:
-        spec = parse(await read_json(request, cfg.max_body_bytes))
+        try:
+            body = await read_json(request, cfg.max_body_bytes, cfg.body_timeout)
+        except ClientDisconnect:      # gone mid-body: nobody to answer, nothing to log
+            return Response(status_code=499)
+        spec = parse(body)
         gen = await service.start(spec)
         if spec.stream:
             return EventStream(gen)
@@ -176,11 +194,20 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
         return json_response({"object": "list", "data": [card]})
 
     async def health(request: Request) -> Response:
+        """200 when a completion can be served now; 503 with the reason when it cannot."""
         s = scheduler.stats()
-        status = "shutting_down" if scheduler.draining else "ok"
-        return json_response({"status": status, "slots_idle": s["slots"] - s["busy_slots"],
-                              "slots_processing": s["busy_slots"], "queue": s["waiting"]},
-                             status=503 if scheduler.draining else 200)
+        reason = scheduler.health(cfg.stall_timeout)
+        if reason is None and not await _pool_answers(POOL_PROBE_SECONDS):
+            reason = (f"no worker thread picked up a task within {POOL_PROBE_SECONDS:g} s: the pool that "
+                      "renders and tokenizes prompts is exhausted")
+        status = "ok" if reason is None else "shutting_down" if scheduler.draining else "unavailable"
+        body = {"status": status, "slots_idle": s["slots"] - s["busy_slots"],
+                "slots_processing": s["busy_slots"], "queue": s["waiting"]}
+        if reason is not None:
+            body["reason"] = reason
+            if not scheduler.draining:      # expected while draining; otherwise worth a (rate-limited) line
+                log.warning("/health: %s", reason)
+        return json_response(body, status=200 if reason is None else 503)
 
     async def metrics_text(request: Request) -> Response:
         s = scheduler.stats()

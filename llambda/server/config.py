@@ -24,6 +24,12 @@ class ServerConfig:
     prefill_chunk: int = 256                  # prompt tokens evaluated per step (running streams keep flowing)
     shutdown_grace: float = 30.0              # seconds in-flight requests get to finish after SIGTERM
     retry_after: int = 1                      # seconds, in the Retry-After header of 429/503
+    max_connections: int | None = None        # open connections; beyond: 503 and close (None: from
+                                              # parallel and queue_size, see guard.default_max_connections)
+    header_timeout: float = 10.0              # seconds a client gets to send a request head; then 408/close
+    body_timeout: float = 30.0                # seconds a client gets to send a request body; then 408
+    stall_timeout: float = 60.0               # /health says 503 when the scheduler makes no step this long
+                                              # while work waits
 
     def accepts(self, name: str | None) -> bool:
         return name is None or name == self.model_id or name in self.aliases

@@ -121,6 +121,11 @@ class Service:
     def prepare(self, spec: GenerationSpec) -> "Prepared":
         """Prompts, limits and one Sequence per choice (any thread)."""
         self.check_model(spec.model)
+        # before any tokenizing: a batch of 100k prompts is refused for its count, not after the work
+        n_jobs = (len(spec.prompts) if spec.kind == "completion" else 1) * spec.n
+        if n_jobs > self.scheduler.capacity():
+            raise bad_request(f"{n_jobs} sequences requested (prompts x n); this server holds at most "
+                              f"{self.scheduler.capacity()} at once", param="n")
         tools = None
         if spec.kind == "chat":
             ids, tools = self._chat_ids(spec)
@@ -134,10 +139,6 @@ class Service:
         if bias and max(bias) >= vocab:
             raise bad_request(f"'logit_bias' names token {max(bias)}, outside this model's vocabulary of {vocab}",
                               param="logit_bias")
-        n_jobs = len(prompts) * spec.n
-        if n_jobs > self.scheduler.capacity():
-            raise bad_request(f"{n_jobs} sequences requested (prompts x n); this server holds at most "
-                              f"{self.scheduler.capacity()} at once", param="n")
         seqs = []
         for ids in prompts:
             max_tokens = self._max_tokens(spec, len(ids))

@@ -27,6 +27,7 @@ class Metrics:
         self.forward_seconds = 0.0                         # time in the model's forward pass
         self.step_seconds = 0.0                            # forward + sampling + bookkeeping
         self.in_flight = 0                                 # HTTP requests being served
+        self.connections_dropped: dict[str, int] = {}      # closed by the server: "cap", "timeout", "fds"
         self.ttft_counts = [0] * (len(TTFT_BUCKETS) + 1)
         self.ttft_sum = 0.0
         self._recent: deque[tuple[float, int]] = deque()   # (time, tokens generated) per step
@@ -41,6 +42,10 @@ class Metrics:
     def request_started(self, delta: int) -> None:
         with self._lock:
             self.in_flight += delta
+
+    def connection_dropped(self, reason: str) -> None:
+        with self._lock:
+            self.connections_dropped[reason] = self.connections_dropped.get(reason, 0) + 1
 
     def prompt(self, n_tokens: int, n_cached: int) -> None:
         with self._lock:
@@ -102,6 +107,10 @@ class Metrics:
                    [(f'{{endpoint="{e}",status="{s}"}}', n) for (e, s), n in sorted(self.requests.items())]
                    or [("", 0)])
             metric("requests_in_flight", "gauge", "HTTP requests being served", [("", self.in_flight)])
+            metric("connections_dropped_total", "counter",
+                   "connections the server closed unserved: over --max-connections, too slow to send a "
+                   "request, or while out of file descriptors",
+                   [(f'{{reason="{r}"}}', n) for r, n in sorted(self.connections_dropped.items())] or [("", 0)])
             metric("prompt_tokens_total", "counter", "prompt tokens received (tokens in)", [("", self.prompt_tokens)])
             metric("prompt_tokens_cached_total", "counter", "prompt tokens whose KV was reused from the prefix cache",
                    [("", self.cached_prompt_tokens)])

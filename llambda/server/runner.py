@@ -5,6 +5,10 @@ requests; we also tell the scheduler to drain: queued and running sequences may
 finish within `shutdown_grace` seconds, after which they are cancelled and their
 streams end with an error event and `data: [DONE]` (non-streaming requests get
 a 503). A second SIGINT forces the exit.
+
+The listening socket and uvicorn's HTTP protocol come from guard.py (the connection
+cap, the request-head deadline, shedding when out of descriptors), and the server's
+loggers are rate-limited for the process's lifetime.
 """
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import sys
 
 import uvicorn
 
+from . import guard
 from .app import create_app
 from .config import ServerConfig
 
@@ -31,17 +36,30 @@ class _Server(uvicorn.Server):
 def serve(model, cfg: ServerConfig, log_level: str = "info") -> int:
     app = create_app(model, cfg)
     scheduler = app.state.scheduler
+    max_conn = cfg.max_connections or guard.default_max_connections(cfg.parallel, cfg.queue_size)
+    if max_conn > guard.fd_limit() - guard.FD_RESERVE:
+        print(f"llambda serve: warning: --max-connections {max_conn} is near or over the open-file limit "
+              f"({guard.fd_limit()}); out of descriptors, new connections get 503", file=sys.stderr)
+    try:
+        sock = guard.listening_socket(cfg.host, cfg.port, app.state.metrics)
+    except OSError as e:
+        print(f"llambda serve: could not start on {cfg.host}:{cfg.port}: {e}", file=sys.stderr)
+        return 1
     config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=log_level, lifespan="on",
                             timeout_graceful_shutdown=cfg.shutdown_grace + 5.0, access_log=False,
-                            timeout_keep_alive=5)
+                            timeout_keep_alive=5,
+                            http=guard.protocol_class(max_conn, cfg.header_timeout, app.state.metrics))
     server = _Server(config, scheduler, cfg.shutdown_grace)
+    limiter = guard.limit_logs()
     # uvicorn re-raises the signal it caught once it has shut down; with a no-op handler
     # for SIGTERM in place that re-raise is harmless and we exit with status 0.
     previous = signal.signal(signal.SIGTERM, lambda *_: None)
     try:
-        server.run()
+        server.run(sockets=[sock])
     finally:
         signal.signal(signal.SIGTERM, previous)
+        guard.unlimit_logs(limiter)
+        sock.close()
     if not server.started:
         print(f"llambda serve: could not start on {cfg.host}:{cfg.port}", file=sys.stderr)
         return 1

@@ -156,6 +156,9 @@ class Scheduler:
         self._stopping = False
         self._drain_deadline: float | None = None
         self._outbox: dict[Channel, list] = {}
+        # for health(): when the loop last finished a round, and since when work has been waiting
+        self._progress = time.monotonic()
+        self._busy_since: float | None = None
 
     # -- control (any thread) ------------------------------------------------
     def start(self) -> None:
@@ -196,6 +199,8 @@ class Scheduler:
             held = sum(not j.cancelled for j in self._waiting) + sum(not j.cancelled for j in self._active)
             if held + len(jobs) > self.capacity():
                 raise QueueFull(f"the server is busy ({len(self._active)} running, {len(self._waiting)} queued)")
+            if not self._has_work_locked():
+                self._busy_since = time.monotonic()
             self._waiting.extend(jobs)
             self._cv.notify_all()
 
@@ -209,25 +214,46 @@ class Scheduler:
             return {"waiting": len(self._waiting), "active": len(self._active),
                     "busy_slots": self.n_slots - self.slots.n_free(), "slots": self.n_slots}
 
+    def health(self, stall_after: float) -> str | None:
+        """Why completions cannot be served now, or None: the thread is not running, or it has not
+        finished a round in `stall_after` seconds while work waits (a step stuck or looping)."""
+        if self._stopping or self._drain_deadline is not None:
+            return "the server is shutting down"
+        thread = self._thread
+        if thread is None or not thread.is_alive():
+            return "the scheduler thread is not running"
+        with self._cv:
+            if not self._has_work_locked() or self._busy_since is None:
+                return None
+            quiet = time.monotonic() - max(self._progress, self._busy_since)
+        if quiet > stall_after:
+            return f"the scheduler has made no progress for {quiet:.0f} s with work waiting"
+        return None
+
     def idle(self) -> bool:
         s = self.stats()
         return s["waiting"] == 0 and s["active"] == 0
 
     # -- the loop (scheduler thread) -----------------------------------------
     def _run(self) -> None:
+        failures = 0
         while True:
             try:
                 if not self._iterate():
                     return
+                failures = 0
             except Exception as e:   # a bug outside the model step: fail what runs, keep serving
                 log.exception("scheduler iteration failed")
                 self._fail_active(JobFailure(500, f"internal scheduler error: {type(e).__name__}: {e}"))
                 self._flush()
+                failures += 1        # failing every round (out of memory, say): do not spin
+                time.sleep(min(1.0, 0.01 * 2 ** min(failures, 7)))
 
     def _iterate(self) -> bool:
         """One round: admissions, one step, event delivery. False when stopped."""
         with self._cv:
             while not self._stopping and not self._has_work_locked():
+                self._busy_since = None
                 self._cv.wait(timeout=self._wait_timeout())
                 self._check_drain_locked()
             if self._stopping:
@@ -245,6 +271,7 @@ class Scheduler:
                 # the step may have written part of the slots' KV: cache nothing from them
                 self._fail_active(JobFailure(500, f"internal error in the model step: {type(e).__name__}: {e}"))
         self._flush()
+        self._progress = time.monotonic()
         return True
 
     def _has_work_locked(self) -> bool:

@@ -3,10 +3,13 @@
 Every check names the field and what was wrong, and raises APIError(400). Unknown
 fields are ignored (clients add their own, e.g. `user`); known fields with the
 wrong type or range are rejected, never coerced. Features we do not implement
-(images, `suffix`, JSON mode) are refused, not ignored.
+(images, `suffix`, JSON mode) are refused, not ignored. `parse_json` reads a body
+with bounded depth and number sizes, so no input reaches a RecursionError, an
+int-conversion limit or an infinity later on.
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +20,91 @@ MAX_N = 16              # choices per request
 MAX_STOP = 16           # stop strings per request
 MAX_TOP_LOGPROBS = 20   # OpenAI's cap (chat); completions allow up to 5
 MAX_COMPLETION_LOGPROBS = 5
+MAX_MESSAGES = 4096     # chat messages per request
+MAX_TOOLS = 128         # OpenAI's cap
+MAX_LOGIT_BIAS = 1024   # logit_bias entries per request
+MAX_TOKEN_ID = 2**31 - 1   # ids travel as int32; the vocabulary check comes later
+MAX_COUNT = 2**31 - 1      # max_tokens, top_k, repeat_last_n: anything larger is a mistake
+
+# The body parser's bounds. 64 levels hold any real tool schema, and keep every later recursive walk
+# (template rendering, tojson) far from Python's recursion limit; no field needs a number of more than
+# 40 characters (a 64-bit seed has 20 digits), and Python refuses to convert ints of over 4300 digits.
+MAX_JSON_DEPTH = 64
+MAX_NUMBER_CHARS = 40
+
+
+class _OutOfRange:
+    """A JSON number no field can hold (too long, not finite, NaN/Infinity); rejected by path once parsed."""
+    __slots__ = ("text",)
+
+    def __init__(self, text: str):
+        self.text = text
+
+
+def _parse_int(s: str):
+    return int(s) if len(s) <= MAX_NUMBER_CHARS else _OutOfRange(s)
+
+
+def _parse_float(s: str):
+    if len(s) > MAX_NUMBER_CHARS:
+        return _OutOfRange(s)
+    v = float(s)
+    return v if math.isfinite(v) else _OutOfRange(s)    # 1e400 parses as inf
+
+
+def parse_json(raw: bytes) -> Any:
+    """A request body as JSON: at most MAX_JSON_DEPTH deep, every number finite and of a sane size.
+
+    Raises APIError(400) naming where the problem is; never ValueError or RecursionError.
+    """
+    try:
+        obj = json.loads(raw, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_OutOfRange)
+    except UnicodeDecodeError:
+        raise bad_request("the request body is not UTF-8 text") from None
+    except json.JSONDecodeError as e:
+        raise bad_request(f"malformed JSON in the request body: {e.msg} at line {e.lineno} column {e.colno}") \
+            from None
+    except RecursionError:
+        raise bad_request(f"the JSON in the request body is nested more than {MAX_JSON_DEPTH} levels deep") \
+            from None
+    except ValueError as e:    # anything else the decoder refuses; never a 500
+        raise bad_request(f"the request body is not valid JSON: {str(e)[:200]}") from None
+    _check_tree(obj)
+    return obj
+
+
+def _check_tree(root: Any) -> None:
+    """Depth and numbers of a parsed body, without recursion; errors name the JSON path."""
+    if type(root) is _OutOfRange:
+        raise bad_request(f"the request body is the number {_clip(root.text)}, not a JSON object")
+    stack: list[tuple[Any, tuple]] = [(root, ())] if type(root) in (dict, list) else []
+    while stack:
+        node, path = stack.pop()
+        if len(path) >= MAX_JSON_DEPTH:
+            raise bad_request(f"the JSON in the request body is nested more than {MAX_JSON_DEPTH} levels deep "
+                              f"(at {_path(path)})", param=_path(path))
+        items = node.items() if type(node) is dict else enumerate(node)
+        for key, v in items:
+            t = type(v)
+            if t is dict or t is list:
+                stack.append((v, path + (key,)))
+            elif t is _OutOfRange:
+                where = _path(path + (key,))
+                raise bad_request(f"'{where}' holds the number {_clip(v.text)}, which is out of range "
+                                  f"(numbers must be finite and at most {MAX_NUMBER_CHARS} characters long)",
+                                  param=where)
+
+
+def _path(keys: tuple) -> str:
+    """('messages', 0, 'content') -> messages[0].content"""
+    out = ""
+    for k in keys:
+        out += f"[{k}]" if isinstance(k, int) else (f".{k}" if out else str(k))
+    return out or "(body)"
+
+
+def _clip(text: str, n: int = 24) -> str:
+    return text if len(text) <= n else f"{text[:n]}... ({len(text)} characters)"
 
 
 @dataclass
@@ -96,7 +184,7 @@ def _type(v: Any) -> str:
     if isinstance(v, bool):
         return "a boolean"
     if isinstance(v, (int, float)):
-        return f"a number ({v!r})"
+        return f"a number ({_clip(repr(v))})"
     if isinstance(v, str):
         return "a string"
     if isinstance(v, list):
@@ -112,9 +200,9 @@ def _check_int(v: Any, name: str, lo: int | None, hi: int | None) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
         raise bad_request(f"'{name}' must be an integer, got {_type(v)}", param=name)
     if lo is not None and v < lo:
-        raise bad_request(f"'{name}' must be >= {lo}, got {v}", param=name)
+        raise bad_request(f"'{name}' must be >= {lo}, got {_clip(str(v))}", param=name)
     if hi is not None and v > hi:
-        raise bad_request(f"'{name}' must be <= {hi}, got {v}", param=name)
+        raise bad_request(f"'{name}' must be <= {hi}, got {_clip(str(v))}", param=name)
     return v
 
 
@@ -127,9 +215,9 @@ def _common(b: _Body, kind: str) -> GenerationSpec:
         if not isinstance(opts, dict):
             raise bad_request(f"'stream_options' must be an object, got {_type(opts)}", param="stream_options")
         spec.include_usage = _Body(opts).boolean("include_usage", False)
-    max_tokens = b.integer("max_tokens", None, 0)
+    max_tokens = b.integer("max_tokens", None, 0, MAX_COUNT)
     if kind == "chat":
-        mct = b.integer("max_completion_tokens", None, 0)
+        mct = b.integer("max_completion_tokens", None, 0, MAX_COUNT)
         if mct is not None:
             if max_tokens is not None and max_tokens != mct:
                 raise bad_request("give 'max_completion_tokens' or 'max_tokens', not both with different values",
@@ -143,17 +231,17 @@ def _common(b: _Body, kind: str) -> GenerationSpec:
     spec.sampling = dict(
         temperature=b.number("temperature", 1.0, 0.0, 2.0),
         top_p=b.number("top_p", 1.0, 0.0, 1.0, lo_open=True),
-        top_k=b.integer("top_k", 0, 0),
+        top_k=b.integer("top_k", 0, 0, MAX_COUNT),
         min_p=b.number("min_p", 0.0, 0.0, 1.0),
         presence_penalty=b.number("presence_penalty", 0.0, -2.0, 2.0),
         frequency_penalty=b.number("frequency_penalty", 0.0, -2.0, 2.0),
         repeat_penalty=b.number("repeat_penalty", 1.0, 0.0, None, lo_open=True),
-        repeat_last_n=b.integer("repeat_last_n", 64, -1),
+        repeat_last_n=b.integer("repeat_last_n", 64, -1, MAX_COUNT),
         seed=seed,
         logit_bias=_logit_bias(b.get("logit_bias")),
     )
     spec.ignore_eos = b.boolean("ignore_eos", False)
-    best_of = b.integer("best_of", None, 1)
+    best_of = b.integer("best_of", None, 1, MAX_N)
     if best_of is not None and best_of != spec.n:
         raise bad_request("'best_of' other than n is not supported", param="best_of")
     fmt = b.get("response_format")
@@ -184,16 +272,18 @@ def _logit_bias(v: Any) -> dict[int, float] | None:
     if not isinstance(v, dict):
         raise bad_request(f"'logit_bias' must be an object mapping token ids to numbers, got {_type(v)}",
                           param="logit_bias")
+    if len(v) > MAX_LOGIT_BIAS:
+        raise bad_request(f"'logit_bias' may hold at most {MAX_LOGIT_BIAS} entries, got {len(v)}",
+                          param="logit_bias")
     out = {}
     for k, bias in v.items():
-        try:
-            tok = int(k)
-        except (TypeError, ValueError):
-            raise bad_request(f"'logit_bias' keys must be token ids, got {k!r}", param="logit_bias") from None
-        if tok < 0:
-            raise bad_request(f"'logit_bias' keys must be non-negative token ids, got {k!r}", param="logit_bias")
+        # a short run of ASCII digits: int() alone would take "+1", "1_0", " 1" and fail on 5000 digits
+        if not (k.isascii() and k.isdigit() and len(k) <= 10) or int(k) > MAX_TOKEN_ID:
+            raise bad_request(f"'logit_bias' keys must be token ids (non-negative integers), got {_clip(repr(k))}",
+                              param="logit_bias")
+        tok = int(k)
         if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
-            raise bad_request(f"'logit_bias' values must be numbers in [-100, 100], got {bias!r}",
+            raise bad_request(f"'logit_bias' values must be numbers in [-100, 100], got {_clip(repr(bias))}",
                               param="logit_bias")
         out[tok] = float(bias)
     return out or None
@@ -209,6 +299,9 @@ def parse_chat(body: Any) -> GenerationSpec:
         raise bad_request(f"'messages' must be an array of message objects, got {_type(messages)}", param="messages")
     if not messages:
         raise bad_request("'messages' must not be empty", param="messages")
+    if len(messages) > MAX_MESSAGES:
+        raise bad_request(f"'messages' may hold at most {MAX_MESSAGES} messages, got {len(messages)}",
+                          param="messages")
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise bad_request(f"messages[{i}] must be an object, got {_type(m)}", param=f"messages[{i}]")
@@ -264,6 +357,8 @@ def _tools(v: Any) -> list | None:
         return None
     if not isinstance(v, list):
         raise bad_request(f"'tools' must be an array, got {_type(v)}", param="tools")
+    if len(v) > MAX_TOOLS:
+        raise bad_request(f"'tools' may hold at most {MAX_TOOLS} tools, got {len(v)}", param="tools")
     for i, t in enumerate(v):
         where = f"tools[{i}]"
         if not isinstance(t, dict) or t.get("type") != "function":
@@ -295,18 +390,23 @@ def parse_completion(body: Any) -> GenerationSpec:
 
 def _prompts(v: Any) -> list:
     """A string, an array of token ids, or an array of either (a batch)."""
-    def is_ids(x):
-        return isinstance(x, list) and x and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+    def is_ids(x, where):
+        if not (isinstance(x, list) and x and all(type(t) is int for t in x)):
+            return False
+        bad = next((t for t in x if not 0 <= t <= MAX_TOKEN_ID), None)
+        if bad is not None:     # the vocabulary check comes with the model; this one keeps ids in int32
+            raise bad_request(f"{where} holds the token id {_clip(str(bad))}, out of range", param="prompt")
+        return True
 
     if isinstance(v, str):
         return [v]
-    if is_ids(v):
+    if is_ids(v, "'prompt'"):
         return [v]
     if isinstance(v, list):
         if not v:
             raise bad_request("'prompt' must not be empty", param="prompt")
         for i, p in enumerate(v):
-            if not (isinstance(p, str) or is_ids(p)):
+            if not (isinstance(p, str) or is_ids(p, f"prompt[{i}]")):
                 raise bad_request(f"prompt[{i}] must be a string or a non-empty array of token ids", param="prompt")
         return list(v)
     raise bad_request(f"'prompt' must be a string, an array of strings or of token ids, got {_type(v)}",
