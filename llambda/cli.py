@@ -243,9 +243,12 @@ def cmd_bench(a) -> int:
     threads = _ints(a.threads_list, "--threads-list") if a.threads_list else [a.threads or physical_cores()]
     if a.repetitions < 1:
         raise ValueError("-r/--repetitions must be at least 1")
-    rows = run_bench(path, _ints(a.n_prompt, "-p"), _ints(a.n_gen, "-n"), threads, a.repetitions, a.vs == "llama-cpp",
-                     backend=a.backend, activations=a.activations, log=lambda s: print(s, file=sys.stderr))
-    print(markdown(rows, Path(path).name))
+    if a.depth < 0 or a.load < 0:
+        raise ValueError("-d/--depth and --load must be >= 0")
+    result = run_bench(path, _ints(a.n_prompt, "-p"), _ints(a.n_gen, "-n"), threads, a.repetitions,
+                       a.vs == "llama-cpp", backend=a.backend, activations=a.activations,
+                       log=lambda s: print(s, file=sys.stderr), depth=a.depth, load=a.load)
+    print(markdown(result, Path(path).name))
     return 0
 
 
@@ -372,6 +375,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--n-gen", default="128", help="generation lengths, comma-separated (default 128)")
     p.add_argument("--threads-list", default=None, help="thread counts, comma-separated (default: -t or all cores)")
     p.add_argument("-r", "--repetitions", type=int, default=5)
+    p.add_argument("-d", "--depth", type=int, default=0,
+                   help="tokens already in the cache before each test, as llama-bench's -d (default 0)")
+    p.add_argument("--load", type=int, default=0, metavar="N",
+                   help="run N busy-loop processes beside the benchmark, for both engines (default 0)")
     p.add_argument("--vs", choices=["llama-cpp"], default=None, help="also run llama.cpp (llama-cpp-python) on the same file")
     p.set_defaults(fn=cmd_bench)
 

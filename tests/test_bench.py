@@ -10,21 +10,42 @@ from llambda.tools import bench
 
 
 def test_run_bench_measures_both_tests(smollm2_gguf):
-    rows = bench.run_bench(smollm2_gguf, pp=[16], tg=[4], threads=[1], reps=2, log=lambda s: None)
-    got = {(r.engine, r.test, r.threads): r for r in rows}
+    result = bench.run_bench(smollm2_gguf, pp=[16], tg=[4], threads=[1], reps=2, log=lambda s: None)
+    got = {(r.engine, r.test, r.threads): r for r in result.rows}
     assert set(got) == {("llambda", "pp16", 1), ("llambda", "tg4", 1)}
-    for r in rows:
+    for r in result.rows:
         assert len(r.samples) == 2 and all(s > 0 for s in r.samples)
-    table = bench.markdown(rows, "m.gguf").splitlines()
-    assert table[0].startswith("| model | test | threads | llambda")
-    assert len(table) == 4 and "ratio" not in table[0]
+    weights, kv = result.decode_bytes["tg4"]
+    assert 60e6 < weights < 100e6 and kv > 0             # SmolLM2 Q4_1: ~92 MB of weights, tied head
+    assert result.bandwidth[1] > 0
+    table = bench.markdown(result, "m.gguf").splitlines()
+    assert table[0].startswith("| model | test | threads | llambda") and "GB/s" in table[0]
+    assert "ratio" not in table[0]
+    assert "tg4 reads" in table[-1]
+
+
+def test_depth_and_load(smollm2_gguf):
+    """-d fills the cache first (the decode reads the K/V at that depth), --load spins beside it."""
+    result = bench.run_bench(smollm2_gguf, pp=[8], tg=[4], threads=[1], reps=1, log=lambda s: None, depth=64, load=1)
+    _, kv_deep = result.decode_bytes["tg4"]
+    _, kv0 = bench.run_bench(smollm2_gguf, pp=[], tg=[4], threads=[1], reps=1, log=lambda s: None).decode_bytes["tg4"]
+    assert kv_deep == kv0 * (64 + 2) // 2
+    table = bench.markdown(result, "m")
+    assert "pp8 @ d64 (load 1)" in table and "mean depth of 66" in table
+
+
+def test_busy_load_processes_end():
+    with bench.BusyLoad(2) as load:
+        assert all(p.is_alive() for p in load.procs)
+    assert not any(p.is_alive() for p in load.procs)
 
 
 def test_markdown_ratio():
     ours = bench.BenchRow("llambda", "tg8", 2, [30.0, 40.0, 50.0])
     theirs = bench.BenchRow("llama.cpp", "tg8", 2, [20.0])
-    line = bench.markdown([ours, theirs], "m").splitlines()[2]
-    assert "| 40.0 (30.0–50.0) | 20.0 (20.0–20.0) | 2.00× |" in line
+    result = bench.Bench([ours, theirs], decode_bytes={"tg8": (90_000_000, 10_000_000)}, bandwidth={2: 8.0})
+    line = bench.markdown(result, "m").splitlines()[2]
+    assert "| 40.0 (30.0–50.0) | 20.0 (20.0–20.0) | 2.00× | 4.0 (50% of 8.0) |" in line
 
 
 class FakeLlamaCpp(types.ModuleType):
@@ -100,11 +121,14 @@ def test_llama_cpp_driven_like_llama_bench(monkeypatch):
     e.set_threads(2)                       # same count: the context is kept
     assert [c for c in fake.calls if c[0] == "ctx"] == [("ctx", 2, 2, 512)]
     fake.calls.clear()
-    assert e.pp(list(range(1200))) > 0     # one prompt in n_batch chunks from an empty cache
+    assert e.pp(list(range(1200)), []) > 0     # one prompt in n_batch chunks from an empty cache
     assert fake.calls == ["clear", ("decode", 512), ("decode", 512), ("decode", 176)]
     fake.calls.clear()
-    assert e.tg(5, first=7) > 0            # one token per decode, each the argmax of the last
+    assert e.tg(5, 7, []) > 0            # one token per decode, each the argmax of the last
     assert fake.calls == ["clear"] + [("decode", 1)] * 5 and fake.last == [11]
+    fake.calls.clear()
+    assert e.tg(2, 7, list(range(600))) > 0   # at depth: the cache is filled first, untimed
+    assert fake.calls == ["clear", ("decode", 512), ("decode", 88), ("decode", 1), ("decode", 1)]
     e.set_threads(1)
     assert "free" in fake.calls
 

@@ -4,10 +4,18 @@ Like llama-bench: pp N evaluates N prompt tokens as one batch from an empty
 cache; tg N generates N tokens one at a time (decode steps, no sampling cost
 beyond argmax). Each repetition alternates engines (A/B) so drift on a noisy
 machine hits both alike; we report the median and the min-max spread.
+
+`depth` (llama-bench's -d) first fills the cache with that many tokens, untimed, so
+pp and tg are measured on top of a long context. `load` runs that many busy-loop
+processes beside both engines, as other work on a shared machine would. Decode rows
+say how many bytes a token reads (weights + the K/V at that depth) and the rate that
+implies, beside this machine's read bandwidth measured at the same working-set size.
 """
 from __future__ import annotations
 
+import multiprocessing
 import statistics
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -48,20 +56,35 @@ class OurEngine:
             from .. import _native
             _native.set_threads(t)
 
-    def pp(self, ids: list[int]) -> float:
+    def fill(self, ids: list[int]) -> None:
+        """The cache holds `ids` at positions 0.. (untimed; the depth of the next test)."""
         from .. import engine
+        for i in range(0, len(ids), 512):
+            engine.prefill(self.tr, 0, ids[i:i + 512], i)
+
+    def pp(self, ids: list[int], depth: list[int]) -> float:
+        from .. import engine
+        self.fill(depth)
         t0 = time.perf_counter()
-        engine.prefill(self.tr, 0, ids, 0)
+        engine.prefill(self.tr, 0, ids, len(depth))
         return len(ids) / (time.perf_counter() - t0)
 
-    def tg(self, n: int, first: int) -> float:
+    def tg(self, n: int, first: int, depth: list[int]) -> float:
         from .. import engine
-        tok = first
+        self.fill(depth)
+        tok, d = first, len(depth)
         t0 = time.perf_counter()
         for i in range(n):
-            logits = engine.decode(self.tr, [0], [tok], [i])
+            logits = engine.decode(self.tr, [0], [tok], [d + i])
             tok = int(np.argmax(logits[0]))
         return n / (time.perf_counter() - t0)
+
+    def decode_bytes(self, depth: float) -> tuple[int, int]:
+        """(weight bytes, K/V bytes) one decode token reads at `depth` cached tokens."""
+        from .model_info import decode_weight_bytes
+        cfg, cache = self.model.config, self.tr.cache
+        kv = 2 * cfg.n_layers * cfg.kv_dim * cache.dtype.itemsize * depth
+        return decode_weight_bytes(self.model.source), int(kv)
 
 
 class LlamaCppEngine:
@@ -119,16 +142,22 @@ class LlamaCppEngine:
         ptr = self.L.llama_get_logits_ith(self.ctx, -1)
         return int(np.argmax(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))))
 
-    def pp(self, ids: list[int]) -> float:
+    def fill(self, ids: list[int]) -> None:
         self.L.llama_memory_clear(self.memory, True)
+        for i in range(0, len(ids), 512):
+            self._decode(ids[i:i + 512])
+        self.L.llama_synchronize(self.ctx)
+
+    def pp(self, ids: list[int], depth: list[int]) -> float:
+        self.fill(depth)
         t0 = time.perf_counter()
         for i in range(0, len(ids), 512):        # n_batch chunks, as llama-bench does
             self._decode(ids[i:i + 512])
         self.L.llama_synchronize(self.ctx)
         return len(ids) / (time.perf_counter() - t0)
 
-    def tg(self, n: int, first: int) -> float:
-        self.L.llama_memory_clear(self.memory, True)
+    def tg(self, n: int, first: int, depth: list[int]) -> float:
+        self.fill(depth)
         tok = first
         t0 = time.perf_counter()
         for _ in range(n):
@@ -137,33 +166,95 @@ class LlamaCppEngine:
         return n / (time.perf_counter() - t0)
 
 
+def _spin() -> None:
+    while True:
+        pass
+
+
+class BusyLoad:
+    """`n` processes spinning on the CPU while the benchmark runs (both engines alike)."""
+
+    def __init__(self, n: int):
+        self.procs = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(n)]
+
+    def __enter__(self):
+        for p in self.procs:
+            p.start()
+        return self
+
+    def __exit__(self, *exc):
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            p.join(5)
+
+
+def read_bandwidth(nbytes: int, threads: int, reps: int = 5) -> float:
+    """GB/s of reading an array of `nbytes` (at least 64 MiB) with `threads` threads; median of `reps`.
+
+    NumPy reductions release the GIL, so the threads read their slices at once; the array is
+    written first so every page is in memory, as a model's packed weights are."""
+    n = max(nbytes, 64 << 20) // 4
+    a = np.ones(n, dtype=np.float32)
+    parts = np.array_split(a, threads)
+    out = []
+    for _ in range(reps + 1):
+        ts = [threading.Thread(target=np.max, args=(p,)) for p in parts]   # SIMD max: memory-bound, unlike sum
+        t0 = time.perf_counter()
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        out.append(a.nbytes / (time.perf_counter() - t0) / 1e9)
+    return statistics.median(out[1:])
+
+
+@dataclass
+class Bench:
+    rows: list[BenchRow]
+    depth: int = 0
+    load: int = 0
+    decode_bytes: dict[str, tuple[int, int]] = field(default_factory=dict)   # test -> (weights, kv) per token
+    bandwidth: dict[int, float] = field(default_factory=dict)                # threads -> GB/s
+
+
 def run_bench(path, pp: list[int], tg: list[int], threads: list[int], reps: int = 5, vs_llama_cpp: bool = False,
-              backend=None, activations=None, log=print) -> list[BenchRow]:
-    n_ctx = max(pp + tg + [16]) + 8
+              backend=None, activations=None, log=print, depth: int = 0, load: int = 0) -> Bench:
+    n_ctx = depth + max(pp + tg + [16]) + 8
     engines = [OurEngine(path, backend, activations, n_ctx)]
     if vs_llama_cpp:
         engines.append(LlamaCppEngine(path, n_ctx))
     vocab = engines[0].model.config.vocab_size
+    fill = _tokens(vocab, depth, seed=1)
+    out = Bench([], depth, load)
+    for n in tg:
+        out.decode_bytes[f"tg{n}"] = engines[0].decode_bytes(depth + n / 2)
     rows: dict[tuple, BenchRow] = {}
-    for t in threads:
-        tests = [("pp", n) for n in pp] + [("tg", n) for n in tg]
-        for kind, n in tests:
-            ids = _tokens(vocab, n)
-            for e in engines:            # warm-up (page in weights, build caches)
-                e.set_threads(t)
-                e.pp(ids[:min(n, 16)]) if kind == "pp" else e.tg(min(n, 4), ids[0])
-            for r in range(reps):
-                order = engines if r % 2 == 0 else engines[::-1]
-                for e in order:
+    with BusyLoad(load):
+        for t in threads:
+            if tg:     # what the machine reads at the decode working set, under the same load
+                out.bandwidth[t] = read_bandwidth(sum(max(out.decode_bytes.values())), t)
+                log(f"  read bandwidth, {t} thread(s): {out.bandwidth[t]:.1f} GB/s")
+            tests = [("pp", n) for n in pp] + [("tg", n) for n in tg]
+            for kind, n in tests:
+                ids = _tokens(vocab, n)
+                for e in engines:            # warm-up (page in weights, build caches)
                     e.set_threads(t)
-                    v = e.pp(ids) if kind == "pp" else e.tg(n, ids[0])
-                    rows.setdefault((e.name, f"{kind}{n}", t), BenchRow(e.name, f"{kind}{n}", t)).samples.append(v)
-            log(f"  {kind}{n} threads={t}: " + ", ".join(
-                f"{e.name} {rows[(e.name, f'{kind}{n}', t)].median:.1f} t/s" for e in engines))
-    return list(rows.values())
+                    e.pp(ids[:min(n, 16)], []) if kind == "pp" else e.tg(min(n, 4), ids[0], [])
+                for r in range(reps):
+                    order = engines if r % 2 == 0 else engines[::-1]
+                    for e in order:
+                        e.set_threads(t)
+                        v = e.pp(ids, fill) if kind == "pp" else e.tg(n, ids[0], fill)
+                        rows.setdefault((e.name, f"{kind}{n}", t), BenchRow(e.name, f"{kind}{n}", t)).samples.append(v)
+                log(f"  {kind}{n} threads={t}: " + ", ".join(
+                    f"{e.name} {rows[(e.name, f'{kind}{n}', t)].median:.1f} t/s" for e in engines))
+    out.rows = list(rows.values())
+    return out
 
 
-def markdown(rows: list[BenchRow], model_name: str) -> str:
+def markdown(bench: Bench, model_name: str) -> str:
+    rows = bench.rows
     ours = {(r.test, r.threads): r for r in rows if r.engine == "llambda"}
     theirs = {(r.test, r.threads): r for r in rows if r.engine != "llambda"}
     head = "| model | test | threads | llambda t/s (median, min–max) |"
@@ -171,11 +262,23 @@ def markdown(rows: list[BenchRow], model_name: str) -> str:
     if theirs:
         head += " llama.cpp t/s (median, min–max) | ratio |"
         sep += "---|---|"
+    head += " decode GB/s (% of measured read bandwidth) |"
+    sep += "---|"
     out = [head, sep]
+    suffix = (f" @ d{bench.depth}" if bench.depth else "") + (f" (load {bench.load})" if bench.load else "")
     for key, r in ours.items():
-        line = f"| {model_name} | {r.test} | {r.threads} | {r.median:.1f} ({r.spread}) |"
+        line = f"| {model_name} | {r.test}{suffix} | {r.threads} | {r.median:.1f} ({r.spread}) |"
         if theirs:
             o = theirs.get(key)
             line += f" {o.median:.1f} ({o.spread}) | {r.median / o.median:.2f}× |" if o else " - | - |"
+        per_token = bench.decode_bytes.get(r.test)
+        if per_token and r.threads in bench.bandwidth:
+            gbs = r.median * sum(per_token) / 1e9
+            line += f" {gbs:.1f} ({100 * gbs / bench.bandwidth[r.threads]:.0f}% of {bench.bandwidth[r.threads]:.1f}) |"
+        else:
+            line += " - |"
         out.append(line)
+    for test, (w, kv) in bench.decode_bytes.items():
+        out.append(f"\n{test} reads {(w + kv) / 1e6:.1f} MB per token: weights {w / 1e6:.1f} MB + K/V {kv / 1e6:.1f} MB "
+                   f"(at a mean depth of {bench.depth + int(test[2:]) // 2} tokens)")
     return "\n".join(out)

@@ -34,6 +34,23 @@ def describe(src: ModelSource, n_ctx: int | None = None) -> dict:
     }
 
 
+def decode_weight_bytes(src: ModelSource) -> int:
+    """Weight bytes one decode token reads: every tensor but the embedding table, of which it
+    reads one row, unless the table is also the output head (tied), which reads all of it."""
+    total, embd = 0, 0
+    for name in src.tensor_names:
+        t = src.tensor(name)
+        if t is None:
+            continue
+        nbytes = tensor_nbytes(t.qtype, t.shape)
+        if name == "token_embd.weight":
+            embd = nbytes
+        else:
+            total += nbytes
+    tied = "output.weight" not in src.tensor_names
+    return total + (embd if tied else embd // max(src.config.vocab_size, 1))
+
+
 def _mib(n: int) -> str:
     return f"{n / 2**20:.1f} MiB"
 
