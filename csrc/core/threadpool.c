@@ -27,7 +27,7 @@
 #define cpu_relax() atomic_signal_fence(memory_order_seq_cst)
 #endif
 
-#define MAX_THREADS 256
+#define MAX_THREADS LLB_POOL_MAX_THREADS
 
 /* How long an idle worker spins before sleeping (microseconds). Overridable
  * with LLAMBDA_SPIN_US: 0 sleeps at once (no idle CPU burn, ~30 us per op). */
@@ -39,7 +39,8 @@ struct pool {
     _Alignas(64) atomic_uint generation;
     llb_task_fn fn;
     void *ctx;
-    int nth;
+    int active;                /* threads that run this call's fn (ith < active); the others only join */
+    _Atomic int nth;           /* threads in the pool; written under call_lock, read anywhere */
     _Alignas(64) atomic_int finished;
     _Alignas(64) atomic_int sleepers;
     atomic_int stop;
@@ -50,7 +51,7 @@ struct pool {
     unsigned spawn_generation; /* generation when the workers were created */
 };
 
-static struct pool pool = {.nth = 1};
+static struct pool pool = {.active = 1, .nth = 1};
 /* Serialises llb_parallel callers and pool resizes. */
 static pthread_mutex_t call_lock = PTHREAD_MUTEX_INITIALIZER;
 static _Thread_local int inside_task;
@@ -96,7 +97,7 @@ static void *worker_main(void *arg) {
     for (;;) {
         seen = wait_for_work(seen);
         if (atomic_load_explicit(&pool.stop, memory_order_acquire)) break;
-        pool.fn(pool.ctx, ith, pool.nth);
+        if (ith < pool.active) pool.fn(pool.ctx, ith, pool.active);
         atomic_fetch_add_explicit(&pool.finished, 1, memory_order_acq_rel);
     }
     return NULL;
@@ -118,7 +119,7 @@ static void stop_workers(void) {
     publish_generation();
     for (int i = 0; i < pool.n_workers; i++) pthread_join(pool.workers[i], NULL);
     pool.n_workers = 0;
-    pool.nth = 1;
+    atomic_store(&pool.nth, 1);
     atomic_store(&pool.stop, 0);
 }
 
@@ -144,7 +145,7 @@ static void parent_after_fork(void) {
 static void child_after_fork(void) {
     locked_for_fork = 0;
     pool.n_workers = 0;
-    pool.nth = 1;
+    atomic_store(&pool.nth, 1);
     atomic_store(&pool.sleepers, 0);
     atomic_store(&pool.stop, 0);
     pthread_mutex_init(&pool.sleep_lock, NULL);
@@ -172,7 +173,7 @@ int llb_pool_init(int n_threads) {
         pthread_atfork(prepare_fork, parent_after_fork, child_after_fork);
     }
     int rc = 0;
-    if (n_threads != pool.nth) {
+    if (n_threads != atomic_load(&pool.nth)) {
         stop_workers();
         pool.spawn_generation = atomic_load(&pool.generation);
         for (int i = 1; i < n_threads; i++) {
@@ -183,30 +184,33 @@ int llb_pool_init(int n_threads) {
             pool.n_workers = i;
         }
         if (rc != 0) stop_workers(); /* all or nothing: back to 1 thread */
-        else pool.nth = n_threads;
+        else atomic_store(&pool.nth, n_threads);
     }
     pthread_mutex_unlock(&call_lock);
     return rc;
 }
 
-int llb_pool_threads(void) { return pool.nth; }
+int llb_pool_threads(void) { return atomic_load_explicit(&pool.nth, memory_order_relaxed); }
 
-void llb_parallel(llb_task_fn fn, void *ctx) {
-    if (inside_task) { /* nested call: run serially, never wait on ourselves */
+void llb_parallel_upto(llb_task_fn fn, void *ctx, int max_nth) {
+    if (inside_task || max_nth <= 1) { /* nested call: run serially, never wait on ourselves */
         fn(ctx, 0, 1);
         return;
     }
     pthread_mutex_lock(&call_lock);
-    const int nth = pool.nth;
+    /* Read under the lock: llb_pool_init cannot change it until this call returns. */
+    const int nth = atomic_load_explicit(&pool.nth, memory_order_relaxed);
+    const int active = nth < max_nth ? nth : max_nth;
     inside_task = 1;
-    if (nth == 1) {
+    if (active == 1) {
         fn(ctx, 0, 1);
     } else {
         pool.fn = fn;
         pool.ctx = ctx;
+        pool.active = active;
         atomic_store_explicit(&pool.finished, 0, memory_order_relaxed);
         publish_generation();
-        fn(ctx, 0, nth);
+        fn(ctx, 0, active);
         /* Join: spin briefly, then yield so an oversubscribed worker can run. */
         for (unsigned i = 0; atomic_load_explicit(&pool.finished, memory_order_acquire) != nth - 1; i++) {
             if (i < 4000) cpu_relax();
@@ -216,6 +220,8 @@ void llb_parallel(llb_task_fn fn, void *ctx) {
     inside_task = 0;
     pthread_mutex_unlock(&call_lock);
 }
+
+void llb_parallel(llb_task_fn fn, void *ctx) { llb_parallel_upto(fn, ctx, MAX_THREADS); }
 
 void llb_split(long n, long align, int ith, int nth, long *begin, long *end) {
     if (align < 1) align = 1;

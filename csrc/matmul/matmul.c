@@ -156,6 +156,8 @@ int llb_matmul_many(const llb_type_info *t, const llb_mm_part *parts, int n_part
         repack |= t->group_bytes && p->layout == LLB_LAYOUT_FILE;
     }
     const int quantize = !exact && t->group_bytes;
+    /* Per-thread scratch below is sized for nth threads; another Python thread may resize the
+     * pool before the fork, so the matmul fork runs on at most nth (llb_parallel_upto). */
     const int nth = llb_pool_threads();
 
     /* Below ~128 KB of weight traffic (x activation rows) a fork/join (~1.2 us measured,
@@ -193,7 +195,7 @@ int llb_matmul_many(const llb_type_info *t, const llb_mm_part *parts, int n_part
             else quantize_rows(&c, &a, 0, n); /* one thread: not worth a fork/join */
         }
     }
-    if (parallel) llb_parallel(matmul_task, &c);
+    if (parallel) llb_parallel_upto(matmul_task, &c, nth);
     else matmul_task(&c, 0, 1);
     return 0;
 }

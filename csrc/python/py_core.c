@@ -12,8 +12,6 @@
 #include "core/state.h"
 #include "core/threadpool.h"
 
-#define MAX_POOL_THREADS 256
-
 static PyObject *py_isa(PyObject *self, PyObject *unused) { return PyUnicode_FromString(llb_isa_name(llb_isa_current)); }
 
 static PyObject *py_isa_available(PyObject *self, PyObject *unused) {
@@ -56,8 +54,8 @@ static PyObject *py_set_threads(PyObject *self, PyObject *arg) {
         PyErr_Clear();
         n = 0; /* reported as out of range below */
     }
-    if (n < 1 || n > MAX_POOL_THREADS)
-        return PyErr_Format(PyExc_ValueError, "set_threads: n must be in [1, %d], got %S", MAX_POOL_THREADS, arg);
+    if (n < 1 || n > LLB_POOL_MAX_THREADS)
+        return PyErr_Format(PyExc_ValueError, "set_threads: n must be in [1, %d], got %S", LLB_POOL_MAX_THREADS, arg);
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = llb_pool_init((int)n);
@@ -85,7 +83,7 @@ static PyObject *py_alloc_stats(PyObject *self, PyObject *unused) {
 
 #define PROBE_MAX_CALLS 1000000
 struct probe {
-    atomic_int runs[MAX_POOL_THREADS]; /* runs of each ith over all calls */
+    atomic_int runs[LLB_POOL_MAX_THREADS]; /* runs of each ith over all calls */
     atomic_int bad_nth;                /* calls that saw an nth other than the pool's */
     atomic_int nested_nth_max;         /* largest nth a nested llb_parallel reported */
     atomic_long sum;                   /* sum of ith + 1 over all runs: checks the work itself */
