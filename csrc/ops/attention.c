@@ -20,6 +20,77 @@ static inline long first_key(const struct llb_attention_args *a, long p) {
     return a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
 }
 
+/* Keys row i reads, and the ATTN_CHUNK chunks they make when the row is split. */
+static inline long row_keys(const struct llb_attention_args *a, long i) { return a->pos[i] - first_key(a, a->pos[i]) + 1; }
+static inline long row_chunks(const struct llb_attention_args *a, long i) {
+    return (row_keys(a, i) + ATTN_CHUNK - 1) / ATTN_CHUNK;
+}
+
+/* Keys of row i's chunk c: [*lo, *hi]. */
+static void chunk_keys(const struct llb_attention_args *a, long i, long c, long *lo, long *hi) {
+    const long p = a->pos[i];
+    *lo = first_key(a, p) + c * ATTN_CHUNK;
+    *hi = *lo + ATTN_CHUNK - 1 < p ? *lo + ATTN_CHUNK - 1 : p;
+}
+
+/* Chunks of the longest row the cache (or window) allows: scratch asked for that does
+ * not grow (allocate) again as a decode's context grows. */
+static long max_row_chunks(const struct llb_attention_args *a) {
+    const long keys = a->window > 0 && a->window < a->n_ctx ? a->window : a->n_ctx;
+    return (keys + ATTN_CHUNK - 1) / ATTN_CHUNK;
+}
+
+/* Floats of one chunk partial of a kv head: group rows of unnormalised sums, then group (max, sum) pairs. */
+static size_t part_floats(const struct llb_attention_args *a, long group) {
+    return (size_t)group * (size_t)a->head_dim + 2 * (size_t)group;
+}
+
+/* Whether rows [i0, i1) (units of work) are worth a fork/join: count the q.k and p.v multiply-adds. */
+static int worth_forking(const struct llb_attention_args *a, long i0, long i1, long units) {
+    double macs = 0;
+    for (long i = i0; i < i1; i++) macs += (double)row_keys(a, i);
+    macs *= 2.0 * (double)a->n_heads * (double)a->head_dim;
+    return units >= 2 && macs >= PAR_MIN_ATTN_MACS && llb_pool_threads() > 1;
+}
+
+/* Token i's heads, normalised into a->out from its n_parts chunk partials: chunk-major, then
+ * kv head, pf floats each, from parts. */
+static void merge_token(const struct llb_attention_args *a, const struct llb_op_kernels *k, long group, size_t pf,
+                        const float *parts, long n_parts, long i) {
+    const size_t hd = (size_t)a->head_dim, stride = pf * (size_t)a->n_kv;
+    for (long h = 0; h < a->n_heads; h++) {
+        const long kvh = h / group, g = h % group;
+        const float *first = parts + (size_t)kvh * pf;
+        k->attn_merge(first + g * hd, stride, first + group * hd + 2 * g, stride, n_parts, a->head_dim,
+                      a->out + (i * a->n_heads + h) * hd);
+    }
+}
+
+/* Units [0, units) of a schedule, handed out one at a time by an atomic counter so that
+ * uneven causal rows balance over the threads. */
+struct unit_queue {
+    _Alignas(64) atomic_long next;
+    long units;
+    void (*run)(const void *task, long unit);
+    const void *task;
+};
+
+static void queue_task(void *ctx, int ith, int nth) {
+    struct unit_queue *q = ctx;
+    for (;;) {
+        const long unit = atomic_fetch_add_explicit(&q->next, 1, memory_order_relaxed);
+        if (unit >= q->units) break;
+        q->run(q->task, unit);
+    }
+}
+
+static void run_units(struct unit_queue *q, int parallel) {
+    atomic_store_explicit(&q->next, 0, memory_order_relaxed);
+    if (parallel) llb_parallel(queue_task, q);
+    else
+        for (long unit = 0; unit < q->units; unit++) q->run(q->task, unit);
+}
+
 /* Byte offset of kv head kvh's first key of slot s in the caches. */
 static inline size_t cache_base(const struct llb_attention_args *a, long s, long kvh) {
     const size_t stride = (size_t)a->n_kv * (size_t)a->head_dim, esize = a->cache_type == LLB_CACHE_F16 ? 2 : 4;
@@ -92,13 +163,8 @@ struct attn_task {
     long tile_tokens, heads_per_pass, passes, n_tiles;
     /* split: token i's chunks are units [first_chunk[i] * n_kv, first_chunk[i+1] * n_kv) */
     long first_chunk[ATTN_SPLIT_MAX_ROWS + 1];
-    float *parts; /* split: per unit, group * head_dim sums, then group (max, sum) pairs */
-    _Alignas(64) atomic_long next;
+    float *parts; /* split: per unit, a partial of part_floats() */
 };
-
-static size_t part_floats(const struct attn_task *t) {
-    return (size_t)t->group * (size_t)t->a->head_dim + 2 * (size_t)t->group;
-}
 
 /* Tokens [t0, t1) of one slot, heads [h0, h0 + nh) of kv head kvh, as one tile. */
 static void attend_tile(const struct attn_task *t, long t0, long t1, long kvh, long h0, long nh) {
@@ -139,7 +205,8 @@ static void tile_unit_run(const struct attn_task *t, long unit) {
     }
 }
 
-static void attn_unit_run(const struct attn_task *t, long unit) {
+static void attn_unit_run(const void *task, long unit) {
+    const struct attn_task *t = task;
     const struct llb_attention_args *a = t->a;
     if (t->mode == ATTN_TILES) {
         tile_unit_run(t, unit);
@@ -147,9 +214,9 @@ static void attn_unit_run(const struct attn_task *t, long unit) {
         const long chunk = unit / a->n_kv, kvh = unit % a->n_kv;
         long i = 0;
         while (t->first_chunk[i + 1] <= chunk) i++;
-        const long lo = first_key(a, a->pos[i]) + (chunk - t->first_chunk[i]) * ATTN_CHUNK;
-        const long hi = lo + ATTN_CHUNK - 1 < a->pos[i] ? lo + ATTN_CHUNK - 1 : a->pos[i];
-        float *out = t->parts + (size_t)unit * part_floats(t);
+        long lo, hi;
+        chunk_keys(a, i, chunk - t->first_chunk[i], &lo, &hi);
+        float *out = t->parts + (size_t)unit * part_floats(a, t->group);
         attend_rows(t->a, t->k, i, kvh, 0, t->group, lo, hi, out, out + (size_t)t->group * (size_t)a->head_dim);
     } else {
         const long i = a->n - 1 - unit / a->n_kv, kvh = unit % a->n_kv;
@@ -157,28 +224,13 @@ static void attn_unit_run(const struct attn_task *t, long unit) {
     }
 }
 
-static void attn_task_run(void *ctx, int ith, int nth) {
-    struct attn_task *t = ctx;
-    for (;;) {
-        const long unit = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
-        if (unit >= t->units) break;
-        attn_unit_run(t, unit);
-    }
-}
-
 /* Split mode: combine each (token, head)'s chunk partials into out. */
 static void attn_merge_all(const struct attn_task *t) {
     const struct llb_attention_args *a = t->a;
-    const size_t pf = part_floats(t), hd = (size_t)a->head_dim;
-    for (long i = 0; i < a->n; i++) {
-        const long n_parts = t->first_chunk[i + 1] - t->first_chunk[i];
-        for (long h = 0; h < a->n_heads; h++) {
-            const long kvh = h / t->group, g = h % t->group;
-            const float *first = t->parts + (size_t)(t->first_chunk[i] * a->n_kv + kvh) * pf;
-            t->k->attn_merge(first + g * hd, pf * a->n_kv, first + t->group * hd + 2 * g, pf * a->n_kv, n_parts,
-                             a->head_dim, a->out + (i * a->n_heads + h) * hd);
-        }
-    }
+    const size_t pf = part_floats(a, t->group);
+    for (long i = 0; i < a->n; i++)
+        merge_token(a, t->k, t->group, pf, t->parts + (size_t)(t->first_chunk[i] * a->n_kv) * pf,
+                    t->first_chunk[i + 1] - t->first_chunk[i], i);
 }
 
 /* Decide the schedule: split for few long rows, tiles when several tokens can
@@ -189,17 +241,12 @@ static void attn_plan(struct attn_task *t, long max_keys) {
     t->units = a->n * a->n_kv;
     if (a->n * a->n_kv < ATTN_SPLIT_MAX_ROWS && max_keys > ATTN_CHUNK) {
         t->first_chunk[0] = 0;
-        for (long i = 0; i < a->n; i++) {
-            const long keys = a->pos[i] - first_key(a, a->pos[i]) + 1;
-            t->first_chunk[i + 1] = t->first_chunk[i] + (keys + ATTN_CHUNK - 1) / ATTN_CHUNK;
-        }
+        for (long i = 0; i < a->n; i++) t->first_chunk[i + 1] = t->first_chunk[i] + row_chunks(a, i);
         const long units = t->first_chunk[a->n] * a->n_kv;
-        /* Ask for what the longest possible rows would need, so the scratch does not
-         * grow (allocate) again as a decode's context grows; the exact need if that
-         * is unreasonable. Scratch is per calling thread; without it, whole rows. */
-        const long row_keys = a->window > 0 && a->window < a->n_ctx ? a->window : a->n_ctx;
-        const size_t unit_bytes = part_floats(t) * sizeof(float);
-        size_t bytes = (size_t)a->n * (size_t)((row_keys + ATTN_CHUNK - 1) / ATTN_CHUNK) * (size_t)a->n_kv * unit_bytes;
+        /* Ask for what the longest possible rows would need (max_row_chunks); the exact need
+         * if that is unreasonable. Scratch is per calling thread; without it, whole rows. */
+        const size_t unit_bytes = part_floats(a, t->group) * sizeof(float);
+        size_t bytes = (size_t)a->n * (size_t)max_row_chunks(a) * (size_t)a->n_kv * unit_bytes;
         if (bytes > ATTN_SCRATCH_MAX) bytes = (size_t)units * unit_bytes;
         t->parts = llb_scratch(bytes);
         if (t->parts) {
@@ -252,20 +299,7 @@ struct inv_task {
     long *first_unit; /* n_items + 1: item k's units are [first_unit[k], first_unit[k + 1]) */
     long *first_part; /* per row of the call: its first partial in the pass (chunk-major, then kv head), -1: direct */
     float *parts;
-    _Alignas(64) atomic_long next;
 };
-
-static long row_chunks(const struct llb_attention_args *a, long i) {
-    const long keys = a->pos[i] - first_key(a, a->pos[i]) + 1;
-    return (keys + ATTN_CHUNK - 1) / ATTN_CHUNK;
-}
-
-/* Keys of row i's chunk c: [*lo, *hi]. */
-static void chunk_keys(const struct llb_attention_args *a, long i, long c, long *lo, long *hi) {
-    const long p = a->pos[i];
-    *lo = first_key(a, p) + c * ATTN_CHUNK;
-    *hi = *lo + ATTN_CHUNK - 1 < p ? *lo + ATTN_CHUNK - 1 : p;
-}
 
 /* Chunk c of a tile's rows [i0, i0 + n) that have one, heads [h0, h0 + nh) of kv head kvh. */
 static void run_tile(const struct inv_task *t, long i0, long n, long c, long kvh, long h0, long nh) {
@@ -290,7 +324,8 @@ static void run_tile(const struct inv_task *t, long i0, long n, long c, long kvh
     if (tile.n_rows) (a->cache_type == LLB_CACHE_F16 ? t->k->attend_tile_f16 : t->k->attend_tile_f32)(&tile);
 }
 
-static void run_unit(const struct inv_task *t, long unit) {
+static void run_unit(const void *task, long unit) {
+    const struct inv_task *t = task;
     const struct llb_attention_args *a = t->a;
     unit = t->units - 1 - unit;
     long lo = 0, hi = t->n_items - 1; /* the item holding the unit: the last k with first_unit[k] <= unit */
@@ -317,28 +352,11 @@ static void run_unit(const struct inv_task *t, long unit) {
     }
 }
 
-static void units_task(void *ctx, int ith, int nth) {
-    struct inv_task *t = ctx;
-    for (;;) {
-        const long unit = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
-        if (unit >= t->units) break;
-        run_unit(t, unit);
-    }
-}
-
 /* Rows [i0, i1) of the pass: their chunk partials merged into out, in chunk order. */
 static void merge_rows(const struct inv_task *t, long i0, long i1) {
-    const struct llb_attention_args *a = t->a;
-    const size_t hd = (size_t)a->head_dim;
-    for (long i = i0; i < i1; i++) {
-        if (t->first_part[i] < 0) continue;
-        for (long h = 0; h < a->n_heads; h++) {
-            const long kvh = h / t->group, g = h % t->group;
-            const float *first = t->parts + (size_t)(t->first_part[i] + kvh) * t->pf;
-            t->k->attn_merge(first + g * hd, t->pf * a->n_kv, first + t->group * hd + 2 * g, t->pf * a->n_kv,
-                             row_chunks(a, i), a->head_dim, a->out + (i * a->n_heads + h) * hd);
-        }
-    }
+    for (long i = i0; i < i1; i++)
+        if (t->first_part[i] >= 0)
+            merge_token(t->a, t->k, t->group, t->pf, t->parts + (size_t)t->first_part[i] * t->pf, row_chunks(t->a, i), i);
 }
 
 static void merge_task(void *ctx, int ith, int nth) {
@@ -403,19 +421,16 @@ static long plan_pass(struct inv_task *t, long r0, size_t cap) {
 
 static int attention_invariant(const struct llb_attention_args *a) {
     struct inv_task t = {.a = a, .k = llb_op_kernels_current(), .group = a->n_heads / a->n_kv};
-    atomic_init(&t.next, 0);
-    t.pf = (size_t)t.group * (size_t)a->head_dim + 2 * (size_t)t.group;
+    t.pf = part_floats(a, t.group);
     const long lanes = t.k->lanes;
     if (lanes >= 8) { /* tiles: up to `lanes` rows, tokens x heads; more heads than lanes go in passes */
         t.heads_per_pass = t.group < lanes ? t.group : lanes;
         t.passes = (t.group + lanes - 1) / lanes;
         t.tile_tokens = lanes / t.heads_per_pass;
     }
-    /* Scratch: the index arrays, then the partials of one pass. Ask for what rows as long as
-     * the context allows would need (capped), so that it does not grow again as a decode's
-     * context grows. */
-    const long row_keys = a->window > 0 && a->window < a->n_ctx ? a->window : a->n_ctx;
-    const long max_chunks = (row_keys + ATTN_CHUNK - 1) / ATTN_CHUNK;
+    /* Scratch: the index arrays, then the partials of one pass, for rows as long as the
+     * context allows (max_row_chunks), capped. */
+    const long max_chunks = max_row_chunks(a);
     const size_t row_parts = max_chunks > 1 ? (size_t)(max_chunks * a->n_kv) : 0, part_bytes = t.pf * sizeof(float);
     size_t cap = (size_t)a->n * row_parts;
     if (cap * part_bytes > INV_PASS_BYTES) cap = INV_PASS_BYTES / part_bytes > row_parts ? INV_PASS_BYTES / part_bytes : row_parts;
@@ -431,16 +446,9 @@ static int attention_invariant(const struct llb_attention_args *a) {
     for (long r0 = 0; r0 < a->n; r0 = t.r1) {
         t.r0 = r0;
         t.r1 = plan_pass(&t, r0, cap);
-        double macs = 0; /* q.k and p.v multiply-adds, to decide whether to fork */
-        for (long i = t.r0; i < t.r1; i++) macs += (double)(a->pos[i] - first_key(a, a->pos[i]) + 1);
-        macs *= 2.0 * (double)a->n_heads * (double)a->head_dim;
-        const int parallel = t.units >= 2 && macs >= PAR_MIN_ATTN_MACS && llb_pool_threads() > 1;
-        atomic_store_explicit(&t.next, 0, memory_order_relaxed);
-        if (parallel) {
-            llb_parallel(units_task, &t);
-        } else {
-            for (long unit = 0; unit < t.units; unit++) run_unit(&t, unit);
-        }
+        const int parallel = worth_forking(a, t.r0, t.r1, t.units);
+        struct unit_queue q = {.units = t.units, .run = run_unit, .task = &t};
+        run_units(&q, parallel);
         if (parallel && t.r1 - t.r0 > 1) llb_parallel(merge_task, &t);
         else merge_rows(&t, t.r0, t.r1);
     }
@@ -452,20 +460,13 @@ void llb_attention(const struct llb_attention_args *a) {
      * correct, no longer independent of the batch. */
     if (llb_batch_invariant && attention_invariant(a) == 0) return;
     struct attn_task t = {.a = a, .k = llb_op_kernels_current(), .group = a->n_heads / a->n_kv};
-    atomic_init(&t.next, 0);
-    double macs = 0; /* q.k and p.v multiply-adds, to decide whether to split */
     long max_keys = 0;
     for (long i = 0; i < a->n; i++) {
-        const long keys = a->pos[i] - first_key(a, a->pos[i]) + 1;
-        macs += (double)keys;
+        const long keys = row_keys(a, i);
         if (keys > max_keys) max_keys = keys;
     }
-    macs *= 2.0 * (double)a->n_heads * (double)a->head_dim;
     attn_plan(&t, max_keys);
-    if (t.units < 2 || macs < PAR_MIN_ATTN_MACS || llb_pool_threads() == 1) {
-        for (long unit = 0; unit < t.units; unit++) attn_unit_run(&t, unit);
-    } else {
-        llb_parallel(attn_task_run, &t);
-    }
+    struct unit_queue q = {.units = t.units, .run = attn_unit_run, .task = &t};
+    run_units(&q, worth_forking(a, 0, a->n, t.units));
     if (t.mode == ATTN_SPLIT) attn_merge_all(&t);
 }

@@ -1,16 +1,16 @@
-/* Python bindings of the core: ISA selection, thread pool, allocation counters,
- * and two pool probes used by tests/test_threadpool.py and benchmarks. */
+/* Python bindings of the core: ISA selection, the global switches, thread pool,
+ * allocation counters, and a pool probe used by tests/test_threadpool.py. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdatomic.h>
 #include <string.h>
-#include <time.h>
 
-#include "python/bindings.h"
 #include "core/alloc.h"
 #include "core/isa.h"
 #include "core/state.h"
 #include "core/threadpool.h"
+#include "python/args.h"
+#include "python/bindings.h"
 
 static PyObject *py_isa(PyObject *self, PyObject *unused) { return PyUnicode_FromString(llb_isa_name(llb_isa_current)); }
 
@@ -46,16 +46,10 @@ static PyObject *py_set_isa(PyObject *self, PyObject *arg) {
 }
 
 static PyObject *py_set_threads(PyObject *self, PyObject *arg) {
-    if (!PyLong_Check(arg) || PyBool_Check(arg))
-        return PyErr_Format(PyExc_TypeError, "set_threads: n must be int, not %.100s", Py_TYPE(arg)->tp_name);
-    long n = PyLong_AsLong(arg);
-    if (n == -1 && PyErr_Occurred()) {
-        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return NULL;
-        PyErr_Clear();
-        n = 0; /* reported as out of range below */
-    }
-    if (n < 1 || n > LLB_POOL_MAX_THREADS)
-        return PyErr_Format(PyExc_ValueError, "set_threads: n must be in [1, %d], got %S", LLB_POOL_MAX_THREADS, arg);
+    long n;
+    if (PyBool_Check(arg)) /* a flag passed where a count belongs */
+        return PyErr_Format(PyExc_TypeError, "set_threads: n must be an int, not bool");
+    if (llb_arg_long(arg, "set_threads", "n", 1, LLB_POOL_MAX_THREADS, &n) < 0) return NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = llb_pool_init((int)n);
@@ -132,22 +126,6 @@ static PyObject *py_pool_probe(PyObject *self, PyObject *args) {
     return res;
 }
 
-static void empty_task(void *ctx, int ith, int nth) {}
-
-/* _pool_latency(calls) -> seconds per fork/join of an empty task (a measurement, not a test). */
-static PyObject *py_pool_latency(PyObject *self, PyObject *arg) {
-    long calls = PyLong_AsLong(arg);
-    if (calls == -1 && PyErr_Occurred()) return NULL;
-    if (calls < 1 || calls > 100000000) return PyErr_Format(PyExc_ValueError, "_pool_latency: calls must be in [1, 1e8]");
-    struct timespec t0, t1;
-    Py_BEGIN_ALLOW_THREADS
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (long i = 0; i < calls; i++) llb_parallel(empty_task, NULL);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    Py_END_ALLOW_THREADS
-    return PyFloat_FromDouble(((t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec)) / calls);
-}
-
 PyMethodDef llb_core_methods[] = {
     {"isa", py_isa, METH_NOARGS, "isa() -> str: the active SIMD path ('scalar', 'avx2' or 'avx512')."},
     {"set_isa", py_set_isa, METH_O, "set_isa(name) -> None: switch SIMD path; ValueError if unknown or unsupported here."},
@@ -160,6 +138,5 @@ PyMethodDef llb_core_methods[] = {
      "or how a prompt was chunked. Process-wide; the server turns it on."},
     {"alloc_stats", py_alloc_stats, METH_NOARGS, "alloc_stats() -> (count, bytes) of all allocations the core made."},
     {"_pool_probe", py_pool_probe, METH_VARARGS, "_pool_probe(calls, nested=False) -> dict: run a counting task (tests)."},
-    {"_pool_latency", py_pool_latency, METH_O, "_pool_latency(calls) -> float: seconds per empty fork/join."},
     {NULL, NULL, 0, NULL},
 };

@@ -20,18 +20,24 @@ LLB_AI TGT void store_codes32(int8_t *dst, __m256i q0, __m256i q1, __m256i q2, _
     _mm256_storeu_si256((__m256i *)dst, _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
 }
 
+/* One 32-value block: codes (rounded as the scalar path rounds) to dst, and as int32 vectors to q;
+ * returns the block's absmax. */
+LLB_AI TGT float quant_block32(const float *xb, int8_t *dst, __m256i q[4]) {
+    __m256 v[4];
+    LLB_UNROLL
+    for (int k = 0; k < 4; k++) v[k] = _mm256_loadu_ps(xb + 8 * k);
+    const float amax = llb_hmax8(_mm256_max_ps(_mm256_max_ps(abs8(v[0]), abs8(v[1])), _mm256_max_ps(abs8(v[2]), abs8(v[3]))));
+    const __m256 id = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+    LLB_UNROLL
+    for (int k = 0; k < 4; k++) q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], id));
+    store_codes32(dst, q[0], q[1], q[2], q[3]);
+    return amax;
+}
+
 TGT static void quant32(const float *x, long cols, long xt, int offset, int8_t *qs, float *d, int32_t *bias, float *sum) {
     for (long b = 0; b < cols / 32; b++) {
-        const float *xb = x + 32 * b;
-        __m256 v[4];
-        LLB_UNROLL
-        for (int k = 0; k < 4; k++) v[k] = _mm256_loadu_ps(xb + 8 * k);
-        const float amax = llb_hmax8(_mm256_max_ps(_mm256_max_ps(abs8(v[0]), abs8(v[1])), _mm256_max_ps(abs8(v[2]), abs8(v[3]))));
-        const __m256 id = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
         __m256i q[4];
-        LLB_UNROLL
-        for (int k = 0; k < 4; k++) q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], id));
-        store_codes32(qs + xt * 32 * b, q[0], q[1], q[2], q[3]);
+        const float amax = quant_block32(x + 32 * b, qs + xt * 32 * b, q);
         const int32_t isum = llb_hsum8i(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
         d[xt * b] = amax / 127.0f;
         bias[xt * b] = -offset * isum;
@@ -43,16 +49,8 @@ TGT static void quant32(const float *x, long cols, long xt, int offset, int8_t *
 TGT static void quant256(const float *x, long cols, long xt, int8_t *qs, float *d, float *sum, int32_t *bs16n) {
     for (long b = 0; b < cols / 256; b++) {
         for (int s = 0; s < 8; s++) {
-            const float *xb = x + 256 * b + 32 * s;
-            __m256 v[4];
-            LLB_UNROLL
-            for (int k = 0; k < 4; k++) v[k] = _mm256_loadu_ps(xb + 8 * k);
-            const float amax = llb_hmax8(_mm256_max_ps(_mm256_max_ps(abs8(v[0]), abs8(v[1])), _mm256_max_ps(abs8(v[2]), abs8(v[3]))));
-            const __m256 id = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
             __m256i q[4];
-            LLB_UNROLL
-            for (int k = 0; k < 4; k++) q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], id));
-            store_codes32(qs + xt * 256 * b + 32 * s, q[0], q[1], q[2], q[3]);
+            const float amax = quant_block32(x + 256 * b + 32 * s, qs + xt * 256 * b + 32 * s, q);
             const int32_t s0 = llb_hsum8i(_mm256_add_epi32(q[0], q[1])), s1 = llb_hsum8i(_mm256_add_epi32(q[2], q[3]));
             d[xt * 8 * b + s] = amax / 127.0f;
             sum[xt * 8 * b + s] = (amax / 127.0f) * (float)(s0 + s1); /* Q4_K's min term, see scalar.c */

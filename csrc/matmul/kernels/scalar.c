@@ -8,18 +8,26 @@
 
 /* ---- activation quantization ------------------------------------------- */
 
+/* One 32-value block: codes round(x * 127 / amax) to qs, their sums over each 16 values to
+ * half; returns the block's absmax (its scale is amax / 127). */
+static float quant_block32(const float *xb, int8_t *qs, int32_t half[2]) {
+    float amax = 0.0f;
+    for (int e = 0; e < 32; e++) amax = fmaxf(amax, fabsf(xb[e]));
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    half[0] = half[1] = 0;
+    for (int e = 0; e < 32; e++) {
+        const int q = (int)lrintf(xb[e] * id);
+        qs[e] = (int8_t)q;
+        half[e >> 4] += q;
+    }
+    return amax;
+}
+
 static void quant32(const float *x, long cols, long xt, int offset, int8_t *qs, float *d, int32_t *bias, float *sum) {
     for (long b = 0; b < cols / LLB_QK; b++) {
-        const float *xb = x + b * LLB_QK;
-        float amax = 0.0f;
-        for (int e = 0; e < LLB_QK; e++) amax = fmaxf(amax, fabsf(xb[e]));
-        const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-        int32_t isum = 0;
-        for (int e = 0; e < LLB_QK; e++) {
-            const int q = (int)lrintf(xb[e] * id);
-            qs[b * xt * LLB_QK + e] = (int8_t)q;
-            isum += q;
-        }
+        int32_t half[2];
+        const float amax = quant_block32(x + b * LLB_QK, qs + b * xt * LLB_QK, half);
+        const int32_t isum = half[0] + half[1];
         d[b * xt] = amax / 127.0f;
         bias[b * xt] = -offset * isum;
         /* Q4_1's min term m * sum(x) uses the sum of the *quantized* activations: the
@@ -35,16 +43,8 @@ static void quant32(const float *x, long cols, long xt, int offset, int8_t *qs, 
 static void quant256(const float *x, long cols, long xt, int8_t *qs, float *d, float *sum, int32_t *bs16n) {
     for (long b = 0; b < cols / LLB_QKK; b++) {
         for (int s = 0; s < 8; s++) {
-            const float *xb = x + b * LLB_QKK + 32 * s;
-            float amax = 0.0f;
-            for (int e = 0; e < 32; e++) amax = fmaxf(amax, fabsf(xb[e]));
-            const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-            int32_t half[2] = {0, 0};
-            for (int e = 0; e < 32; e++) {
-                const int q = (int)lrintf(xb[e] * id);
-                qs[b * xt * LLB_QKK + 32 * s + e] = (int8_t)q;
-                half[e >> 4] += q;
-            }
+            int32_t half[2];
+            const float amax = quant_block32(x + b * LLB_QKK + 32 * s, qs + b * xt * LLB_QKK + 32 * s, half);
             d[b * xt * 8 + s] = amax / 127.0f;
             sum[b * xt * 8 + s] = (amax / 127.0f) * (float)(half[0] + half[1]); /* Q4_K's min term, see quant32 */
             bs16n[b * xt * 16 + 2 * s] = -32 * half[0];
