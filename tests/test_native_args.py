@@ -26,9 +26,9 @@ def message(call):
 def test_float_bound_is_formatted():
     z = np.zeros(64, F32)
     msg = message(lambda: native.rmsnorm(z, z, z, 1, 64, -1.0))
-    assert msg == "rmsnorm: eps must be finite and >= 0, got -1.0"
+    assert msg == "rmsnorm: eps must be finite and >= 0.0, got -1.0"
     msg = message(lambda: native.softcap(z, -2.5, 64))
-    assert msg == "softcap: cap must be finite and >= 0, got -2.5"
+    assert msg == "softcap: cap must be finite and >= 0.0, got -2.5"
 
 
 def test_no_message_prints_a_raw_format_string():

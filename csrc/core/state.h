@@ -11,7 +11,7 @@ extern int llb_isa_current;
 
 /* When set (the server), a row's result must never depend on how many rows share
  * the call, the thread count, or how a prompt was chunked (batched serving then
- * equals one-at-a-time serving bit for bit). Matmul kernels (matmul/kernels.h)
+ * equals one-at-a-time serving bit for bit). Matmul kernels (matmul/kernels/kernels.h)
  * and attention (ops/attention.c) read it. */
 extern int llb_batch_invariant;
 

@@ -9,7 +9,7 @@
 #include "core/alloc.h"
 #include "core/isa.h"
 #include "core/state.h"
-#include "matmul/kernels.h"
+#include "matmul/kernels/kernels.h"
 #include "core/threadpool.h"
 
 /* Up to this many activation rows each thread of a parallel matmul quantizes its own copy. */

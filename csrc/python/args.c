@@ -4,7 +4,6 @@
 
 #include <math.h>
 #include <stdint.h>
-#include <stdio.h>
 
 int llb_arg_nargs(const char *fn, Py_ssize_t nargs, Py_ssize_t want, const char *sig) {
     if (nargs == want) return 0;
@@ -37,10 +36,13 @@ int llb_arg_float(PyObject *o, const char *fn, const char *name, double lo, floa
         if (isinf(lo)) {
             PyErr_Format(PyExc_ValueError, "%s: %s must be a finite float32 value, got %S", fn, name, o);
         } else {
-            /* PyErr_Format has no %g (it would print the rest of the format raw): format lo here. */
-            char bound[32];
-            snprintf(bound, sizeof bound, "%g", lo);
-            PyErr_Format(PyExc_ValueError, "%s: %s must be finite and >= %s, got %S", fn, name, bound, o);
+            /* PyErr_Format has no %g (it would print the rest of the format raw): the bound
+             * goes in as a float object. */
+            PyObject *bound = PyFloat_FromDouble(lo);
+            if (bound) {
+                PyErr_Format(PyExc_ValueError, "%s: %s must be finite and >= %R, got %S", fn, name, bound, o);
+                Py_DECREF(bound);
+            }
         }
         return -1;
     }

@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "core/simd.h"
-#include "matmul/kernels.h"
+#include "matmul/kernels/kernels.h"
 
 #define LLB_AI static inline __attribute__((always_inline))
 /* Loops over tile rows / quads must be fully unrolled so their accumulators live in registers. */

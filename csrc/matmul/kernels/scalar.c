@@ -4,7 +4,7 @@
  * fast mode, FP32 dequantized weights in exact mode), without caring for speed. */
 #include <math.h>
 
-#include "matmul/kernels.h"
+#include "matmul/kernels/kernels.h"
 
 /* ---- activation quantization ------------------------------------------- */
 
