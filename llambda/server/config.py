@@ -24,6 +24,8 @@ class ServerConfig:
     prefill_chunk: int = 256                  # prompt tokens evaluated per step (running streams keep flowing)
     shutdown_grace: float = 30.0              # seconds in-flight requests get to finish after SIGTERM
     retry_after: int = 1                      # seconds, in the Retry-After header of 429/503
+    webui: bool = True                        # serve the chat page at / (--no-webui: off)
+    log_format: str = "text"                  # "text" or "json" (one object per line), access log included
 
     def accepts(self, name: str | None) -> bool:
         return name is None or name == self.model_id or name in self.aliases

@@ -13,6 +13,7 @@ import sys
 
 import uvicorn
 
+from .accesslog import log_config
 from .app import create_app
 from .config import ServerConfig
 
@@ -33,6 +34,7 @@ def serve(model, cfg: ServerConfig, log_level: str = "info") -> int:
     scheduler = app.state.scheduler
     config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=log_level, lifespan="on",
                             timeout_graceful_shutdown=cfg.shutdown_grace + 5.0, access_log=False,
+                            log_config=log_config(cfg.log_format, log_level),
                             timeout_keep_alive=5)
     server = _Server(config, scheduler, cfg.shutdown_grace)
     # uvicorn re-raises the signal it caught once it has shut down; with a no-op handler
