@@ -132,6 +132,8 @@ class ServerProcess:
                     "--log-level", "warning", *flags]
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
+        key = flags[flags.index("--api-key") + 1] if "--api-key" in flags else None
+        self.auth = {"Authorization": f"Bearer {key}"} if key else {}
 
     def __enter__(self):
         env = dict(os.environ, PYTHONPATH=str(Path(llambda.__file__).parent.parent))
@@ -149,7 +151,7 @@ class ServerProcess:
                 pass
             assert time.monotonic() - t0 < 120, "server did not start: " + self.log()
             time.sleep(0.1)
-        self.model_id = httpx.get(self.url + "/v1/models").json()["data"][0]["id"]
+        self.model_id = httpx.get(self.url + "/v1/models", headers=self.auth).json()["data"][0]["id"]
         return self
 
     def __exit__(self, *exc):

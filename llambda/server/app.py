@@ -13,6 +13,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from . import web
+from .accesslog import GENERATION_KEY, AccessLog
 from .config import ServerConfig
 from .errors import APIError, bad_request
 from .generation import ClientGone, Generation, Service
@@ -118,6 +120,7 @@ class Gatekeeper:
     def __init__(self, app, cfg: ServerConfig, metrics: Metrics):
         self.app, self.cfg, self.metrics = app, cfg, metrics
         self._key = cfg.api_key.encode() if cfg.api_key else None
+        self._public = PUBLIC + (web.PATHS if cfg.webui else ())   # the page asks for the key itself
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -133,7 +136,7 @@ class Gatekeeper:
 
         self.metrics.request_started(+1)
         try:
-            if self._key is not None and path not in PUBLIC and not self._authorized(scope):
+            if self._key is not None and path not in self._public and not self._authorized(scope):
                 err = APIError(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
                                code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
                 await error_response(err)(scope, receive, send_counted)
@@ -171,6 +174,7 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
             return Response(status_code=499)
         spec = parse(body)
         gen = await service.start(spec)
+        request.scope[GENERATION_KEY] = gen     # the access log reads its token counts
         if spec.stream:
             return EventStream(gen)
         watcher = asyncio.create_task(_watch_disconnect(request.receive, gen))
@@ -251,8 +255,10 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics_text, methods=["GET"]),
     ]
+    if cfg.webui:
+        routes += web.routes()
     app = Starlette(routes=routes, lifespan=lifespan,
-                    middleware=[Middleware(Gatekeeper, cfg=cfg, metrics=metrics)],
+                    middleware=[Middleware(AccessLog), Middleware(Gatekeeper, cfg=cfg, metrics=metrics)],
                     exception_handlers={APIError: on_api_error, HTTPException: on_http_error, Exception: on_crash})
     app.state.service = service
     app.state.scheduler = scheduler

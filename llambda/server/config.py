@@ -30,6 +30,8 @@ class ServerConfig:
     body_timeout: float = 30.0                # seconds a client gets to send a request body; then 408
     stall_timeout: float = 60.0               # /health says 503 when the scheduler makes no step this long
                                               # while work waits
+    webui: bool = True                        # serve the chat page at / (--no-webui: off)
+    log_format: str = "text"                  # "text" or "json" (one object per line), access log included
 
     def accepts(self, name: str | None) -> bool:
         return name is None or name == self.model_id or name in self.aliases
