@@ -177,10 +177,13 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
 
     async def health(request: Request) -> Response:
         s = scheduler.stats()
-        status = "shutting_down" if scheduler.draining else "ok"
+        w = service.workers.stats()
+        # "stalled": no completion could start (every prompt worker stuck), though the loop answers
+        status = "shutting_down" if scheduler.draining else "stalled" if service.prompts_stalled() else "ok"
         return json_response({"status": status, "slots_idle": s["slots"] - s["busy_slots"],
-                              "slots_processing": s["busy_slots"], "queue": s["waiting"]},
-                             status=503 if scheduler.draining else 200)
+                              "slots_processing": s["busy_slots"], "queue": s["waiting"],
+                              "prompts_preparing": w["busy"], "prompts_waiting": w["waiting"]},
+                             status=200 if status == "ok" else 503)
 
     async def metrics_text(request: Request) -> Response:
         s = scheduler.stats()
@@ -215,6 +218,7 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
         try:
             yield
         finally:
+            service.workers.close()
             await asyncio.to_thread(scheduler.stop)
 
     routes = [

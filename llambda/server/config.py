@@ -24,6 +24,8 @@ class ServerConfig:
     prefill_chunk: int = 256                  # prompt tokens evaluated per step (running streams keep flowing)
     shutdown_grace: float = 30.0              # seconds in-flight requests get to finish after SIGTERM
     retry_after: int = 1                      # seconds, in the Retry-After header of 429/503
+    prompt_workers: int = 4                   # threads rendering chat templates and tokenizing prompts
+    prompt_stall_seconds: float = 30.0        # /health says 503 once all of them are stuck this long
 
     def accepts(self, name: str | None) -> bool:
         return name is None or name == self.model_id or name in self.aliases
