@@ -200,13 +200,19 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
     async def health(request: Request) -> Response:
         """200 when a completion can be served now; 503 with the reason when it cannot."""
         s = scheduler.stats()
+        w = service.workers.stats()
         reason = scheduler.health(cfg.stall_timeout)
+        if reason is None and service.prompts_stalled():
+            reason = (f"every prompt worker has been on one prompt for over {cfg.prompt_stall_seconds:g} s: "
+                      "no completion can start")
         if reason is None and not await _pool_answers(POOL_PROBE_SECONDS):
-            reason = (f"no worker thread picked up a task within {POOL_PROBE_SECONDS:g} s: the pool that "
-                      "renders and tokenizes prompts is exhausted")
-        status = "ok" if reason is None else "shutting_down" if scheduler.draining else "unavailable"
+            reason = (f"no worker thread picked up a task within {POOL_PROBE_SECONDS:g} s: the event loop's "
+                      "thread pool is exhausted")
+        status = ("ok" if reason is None else "shutting_down" if scheduler.draining
+                  else "stalled" if service.prompts_stalled() else "unavailable")
         body = {"status": status, "slots_idle": s["slots"] - s["busy_slots"],
-                "slots_processing": s["busy_slots"], "queue": s["waiting"]}
+                "slots_processing": s["busy_slots"], "queue": s["waiting"],
+                "prompts_preparing": w["busy"], "prompts_waiting": w["waiting"]}
         if reason is not None:
             body["reason"] = reason
             if not scheduler.draining:      # expected while draining; otherwise worth a (rate-limited) line
@@ -246,6 +252,7 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
         try:
             yield
         finally:
+            service.workers.close()
             await asyncio.to_thread(scheduler.stop)
 
     routes = [

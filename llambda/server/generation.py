@@ -8,7 +8,6 @@ jobs, which frees their slots before the scheduler's next step.
 """
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from typing import AsyncIterator
 
@@ -22,6 +21,7 @@ from .openai_format import (SSE_DONE, ChoiceState, TokenStrings, Usage, chat_log
 from .scheduler import Channel, Job, JobFailure, PromptLogprobs, QueueFull, Scheduler, ShuttingDown
 from .schemas import GenerationSpec
 from .tools import OPEN_TAG, ToolSetup, hermes_prefix, tool_names
+from .workers import PoolClosed, PoolFull, PromptWorkers
 
 DISCONNECTED = object()   # pushed into a channel when the client goes away
 
@@ -50,6 +50,7 @@ class Service:
         # Hermes/Qwen-style templates: calls are <tool_call>{json}</tool_call>, so a forced
         # tool_choice can start the answer with the opening of a call
         self.template_hermes = OPEN_TAG in src
+        self.workers = PromptWorkers(cfg.prompt_workers, backlog=max(cfg.queue_size, cfg.prompt_workers))
 
     # -- checks ------------------------------------------------------------------
     def check_model(self, name: str | None) -> None:
@@ -115,8 +116,23 @@ class Service:
 
         Rendering and tokenizing run in a worker thread: a long prompt must not stall running streams.
         """
-        prepared = await asyncio.to_thread(self.prepare, spec)
+        try:
+            prepared = await self.workers.run(self.prepare, spec)
+        except (PoolFull, PoolClosed) as e:
+            raise self._refused(e, busy=isinstance(e, PoolFull)) from None
         return self.launch(prepared)
+
+    def _refused(self, e: Exception, busy: bool) -> APIError:
+        """429 when a queue or the prompt workers are full, 503 while shutting down; both say when to retry."""
+        retry = {"Retry-After": str(self.cfg.retry_after)}
+        if busy:
+            return APIError(429, f"{e}; retry later", kind="rate_limit_error", code="server_busy", headers=retry)
+        return APIError(503, str(e), code="shutting_down", headers=retry)
+
+    def prompts_stalled(self) -> bool:
+        """Every prompt worker busy on one job for longer than a render's budget could explain."""
+        s = self.workers.stats()
+        return s["busy"] >= self.workers.n_workers and s["oldest_seconds"] > self.cfg.prompt_stall_seconds
 
     def prepare(self, spec: GenerationSpec) -> "Prepared":
         """Prompts, limits and one Sequence per choice (any thread)."""
@@ -161,12 +177,8 @@ class Service:
         gen = Generation(self, p.spec, channel, jobs, p.prompts, p.echoes, p.tools)
         try:
             self.scheduler.submit(jobs)
-        except QueueFull as e:
-            raise APIError(429, f"{e}; retry later", kind="rate_limit_error", code="server_busy",
-                           headers={"Retry-After": str(self.cfg.retry_after)}) from None
-        except ShuttingDown as e:
-            raise APIError(503, str(e), code="shutting_down",
-                           headers={"Retry-After": str(self.cfg.retry_after)}) from None
+        except (QueueFull, ShuttingDown) as e:
+            raise self._refused(e, busy=isinstance(e, QueueFull)) from None
         return gen
 
     def _echo_text(self, prompt, ids) -> str:
