@@ -150,7 +150,7 @@ class PayloadRunner:
         self.proc = None
 
     def start(self):
-        code = "import tests.test_chat_template_limits as t; t._payload_child()"
+        code = "import sys; sys.path.insert(0, 'tests'); import test_chat_template_limits as t; t._payload_child()"
         self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, text=True, cwd=Path(__file__).parent.parent)
 
@@ -361,8 +361,8 @@ def test_health_reports_stalled_prompt_workers(smollm2_gguf):
 @pytest.fixture(scope="module")
 def hostile_model_dir(tmp_path_factory):
     """A tiny HF model directory (random weights, byte-level tokenizer) whose template is HOSTILE."""
-    from llambda.export import export
-    from tests.test_export import tiny_llama_gguf
+    from llambda.tools.export import export
+    from test_export import tiny_llama_gguf
 
     tmp = tmp_path_factory.mktemp("hostile")
     hf = export(tiny_llama_gguf(tmp / "tiny.gguf"), tmp / "hf", fmt="hf")
