@@ -65,6 +65,8 @@ static PyObject *py_set_batch_invariant(PyObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_batch_invariant(PyObject *self, PyObject *unused) { return PyBool_FromLong(llb_batch_invariant); }
+
 static PyObject *py_threads(PyObject *self, PyObject *unused) { return PyLong_FromLong(llb_pool_threads()); }
 
 static PyObject *py_alloc_stats(PyObject *self, PyObject *unused) {
@@ -136,6 +138,7 @@ PyMethodDef llb_core_methods[] = {
      "set_batch_invariant(flag) -> None: a row's matmul and attention results never depend on the other rows of the\n"
      "call (its single-row matmuls sum in the GEMM's order, attention cuts each row the same way), the thread count,\n"
      "or how a prompt was chunked. Process-wide; the server turns it on."},
+    {"batch_invariant", py_batch_invariant, METH_NOARGS, "batch_invariant() -> bool: the switch above."},
     {"alloc_stats", py_alloc_stats, METH_NOARGS, "alloc_stats() -> (count, bytes) of all allocations the core made."},
     {"_pool_probe", py_pool_probe, METH_VARARGS, "_pool_probe(calls, nested=False) -> dict: run a counting task (tests)."},
     {NULL, NULL, 0, NULL},

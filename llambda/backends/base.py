@@ -78,6 +78,9 @@ class Backend(ABC):
     def end_load(self) -> None:
         """Called once every weight of a model is prepared (the native backend reports conversions)."""
 
+    def begin_forward(self) -> None:
+        """Called at the start of every forward pass (the native backend re-applies its own settings)."""
+
     #: the KV cache's element type
     kv_dtype = np.float32
 

@@ -99,6 +99,7 @@ class NativeBackend(Backend):
         self.weight_bytes = 0
         self._weights = WeightArena()
         self._recording = None  # the _native.Plan being recorded
+        self._batch_invariant = False
         self._converted: list[tuple[str, str, int]] = []   # (tensor, type, extra bytes): see end_load
 
     # -- op plans: record a decode step's C calls once, replay them per token --
@@ -171,8 +172,15 @@ class NativeBackend(Backend):
         sum each row in the GEMM's order also when it is alone, and attention cuts each query row
         into the same key chunks whatever the batch, its prompt chunking or the thread count. The
         server turns this on, so batched greedy output equals one-at-a-time output (process-wide
-        in the C core; off, single rows may take faster kernels that round differently)."""
-        C.set_batch_invariant(bool(flag))
+        in the C core; off, single rows may take faster kernels that round differently).
+        The switch is the C core's, process-wide: each forward pass of this backend sets it to
+        this backend's own choice (begin_forward), so a server's model does not change how a
+        library model in the same process computes, nor the reverse."""
+        self._batch_invariant = bool(flag)
+        C.set_batch_invariant(self._batch_invariant)
+
+    def begin_forward(self) -> None:
+        C.set_batch_invariant(self._batch_invariant)     # one store in C: cheaper than asking first
 
     def memory_report(self) -> dict[str, int]:
         return {"weights": self.weight_bytes}

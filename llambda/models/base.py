@@ -216,6 +216,7 @@ class Transformer:
         ws.slots[:n] = slots
         ws.pos[:n] = pos
         self._check_batch(ws.tokens[:n], ws.slots[:n], ws.pos[:n])
+        self.backend.begin_forward()
         rows = np.asarray(logit_rows, dtype=np.intp).reshape(-1)
         m = len(rows)
         if m and (rows.min() < 0 or rows.max() >= n):
