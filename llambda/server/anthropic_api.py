@@ -119,9 +119,9 @@ def _tools(v) -> list | None:
         if not isinstance(t, dict) or t.get("type", "custom") != "custom" or not isinstance(t.get("name"), str):
             raise bad_request(f"tools[{i}] must be a custom tool with a 'name' and an 'input_schema' (Anthropic's "
                               "built-in tools are not supported)", param=f"tools[{i}]")
-        fn = {"name": t["name"], "parameters": t.get("input_schema")}
-        if isinstance(t.get("description"), str):
-            fn["description"] = t["description"]
+        # keys in the order OpenAI documents them: templates render the tool as given
+        fn = {"name": t["name"], "description": t.get("description"), "parameters": t.get("input_schema")}
+        fn = {k: v for k, v in fn.items() if v is not None}
         out.append({"type": "function", "function": fn})
     return out or None
 
