@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from llambda.server import ServerConfig, create_app
-from serverkit import MODEL_ID, LiveServer, post
+from serverkit import MODEL_ID, LiveServer, hang_up_mid_stream, post
 
 GREEDY = {"temperature": 0}     # sampling fields the client does not name go in the body as they are
 TOOLS = [{"name": "get_weather", "description": "Get the current weather in a city",
@@ -139,6 +139,16 @@ def test_x_api_key(model):
         # the OpenAI routes take it too, and still answer in OpenAI's shape
         r = post(srv, "/v1/completions", {}, headers={"x-api-key": "wrong"})
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_client_hanging_up_mid_stream(live):
+    """The generation is cancelled (its slot freed) and the stream ends without an error escaping."""
+    cancelled = 'llambda_sequences_finished_total{reason="cancelled"}'
+    before = live.metrics().get(cancelled, 0)
+    errors = hang_up_mid_stream(live, "/v1/messages", {"model": MODEL_ID, "max_tokens": 200, "ignore_eos": True,
+                                                    "messages": [{"role": "user", "content": "Tell me a long story."}]})
+    assert errors == []
+    assert live.metrics()[cancelled] == before + 1
 
 
 # -- tools (Qwen2.5-Coder) ---------------------------------------------------------------------

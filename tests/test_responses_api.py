@@ -8,7 +8,7 @@ import json
 import openai
 import pytest
 
-from serverkit import MODEL_ID, assert_error, post
+from serverkit import MODEL_ID, assert_error, hang_up_mid_stream, post
 
 TOOLS = [{"type": "function", "name": "get_weather", "description": "Get the current weather in a city",
           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
@@ -115,6 +115,16 @@ def test_json_schema_format(live):
         assert r.status_code == 200 and out["text"]["format"]["name"] == "color"
         if out["status"] == "completed":
             assert isinstance(json.loads(out["output"][0]["content"][0]["text"])["color"], str)
+
+
+def test_client_hanging_up_mid_stream(live):
+    """The generation is cancelled (its slot freed) and the stream ends without an error escaping."""
+    cancelled = 'llambda_sequences_finished_total{reason="cancelled"}'
+    before = live.metrics().get(cancelled, 0)
+    errors = hang_up_mid_stream(live, "/v1/responses", {"model": MODEL_ID, "input": "Tell me a long story.", "max_output_tokens": 200,
+                                                     "ignore_eos": True})
+    assert errors == []
+    assert live.metrics()[cancelled] == before + 1
 
 
 # -- function tools (Qwen2.5-Coder) ------------------------------------------------------------

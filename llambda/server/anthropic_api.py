@@ -31,7 +31,7 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "
                404: "not_found_error", 408: "timeout_error", 413: "request_too_large", 429: "rate_limit_error",
                503: "overloaded_error", 529: "overloaded_error"}
 STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
-PASSED = ("model", "temperature", "top_p", "top_k", "stream", "seed")
+PASSED = ("model", "temperature", "top_p", "top_k", "stream", "seed", "ignore_eos")
 
 
 def error_body(err: APIError) -> dict:

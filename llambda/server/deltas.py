@@ -86,6 +86,17 @@ def sse_event(name: str, obj: Any) -> bytes:
     return f"event: {name}\ndata: {dumps(obj)}\n\n".encode()
 
 
+async def _until_gone(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """A stream that just ends when its client hangs up (nobody is left to tell)."""
+    try:
+        async for chunk in chunks:
+            yield chunk
+    except ClientGone:
+        pass
+    finally:
+        await chunks.aclose()
+
+
 @dataclass
 class Http:
     """What the endpoint modules need from app.py, handed in so that they do not import it."""
@@ -111,7 +122,7 @@ class Http:
         gen = await service.start(spec)
         run = run_of(gen)
         if spec.stream:
-            return self.event_stream(gen, run.stream())
+            return self.event_stream(gen, _until_gone(run.stream()))
         result = await self.finish(request, gen, run.collect())
         return Response(status_code=499) if result is None else self.json_response(result)
 

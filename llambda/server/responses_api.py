@@ -31,7 +31,7 @@ ROLES = {"user": "user", "assistant": "assistant", "system": "system", "develope
 TEXT_PARTS = ("input_text", "output_text", "text")
 # sampling fields passed on as they are (llama-server's extensions included)
 PASSED = ("model", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
-          "repeat_penalty", "parallel_tool_calls", "stream")
+          "repeat_penalty", "ignore_eos", "parallel_tool_calls", "stream")
 _SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
