@@ -8,6 +8,7 @@ numerics from server bugs).
 """
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import subprocess
@@ -168,3 +169,23 @@ class ServerProcess:
 
     def wait_idle(self, timeout=30.0) -> dict[str, float]:
         return LiveServer.wait_idle(self, timeout)
+
+
+def hang_up_mid_stream(live, path: str, body: dict, lines: int = 6) -> list[logging.LogRecord]:
+    """Read a few lines of a streamed answer, hang up, wait until the server is idle again (its slot
+    freed); returns the errors uvicorn logged meanwhile (an exception escaping the app is one)."""
+    errors: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = errors.append
+    logger = logging.getLogger("uvicorn.error")
+    logger.addHandler(handler)
+    try:
+        with httpx.stream("POST", live.url + path, json={**body, "stream": True}, timeout=60) as s:
+            assert s.status_code == 200, s.read()
+            it = s.iter_lines()
+            for _ in range(lines):
+                next(it)
+        live.wait_idle()
+    finally:
+        logger.removeHandler(handler)
+    return errors

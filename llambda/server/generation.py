@@ -16,6 +16,7 @@ from ..errors import ChatTemplateError, ContextOverflowError, LlambdaError, Toke
 from ..sampling import SamplingParams
 from .config import ServerConfig
 from .errors import APIError, bad_request
+from .fim import find_fim_tokens, fim_prompt_ids, require_fim
 from .openai_format import (SSE_DONE, ChoiceState, TokenStrings, Usage, chat_logprobs, chat_response,
                             completion_logprobs, completion_response, new_id, now, sse, tool_finish)
 from .scheduler import Channel, Job, JobFailure, PromptLogprobs, QueueFull, Scheduler, ShuttingDown
@@ -51,6 +52,7 @@ class Service:
         # tool_choice can start the answer with the opening of a call
         self.template_hermes = OPEN_TAG in src
         self.workers = PromptWorkers(cfg.prompt_workers, backlog=max(cfg.queue_size, cfg.prompt_workers))
+        self.fim = find_fim_tokens(model.tokenizer, getattr(model.source, "metadata", None))
 
     # -- checks ------------------------------------------------------------------
     def check_model(self, name: str | None) -> None:
@@ -86,8 +88,11 @@ class Service:
             prefix = hermes_prefix(spec.forced_tool)
         return ToolSetup(names, prefix, spec.parallel_tool_calls)
 
-    def _completion_ids(self, prompt) -> list[int]:
+    def _completion_ids(self, prompt, spec: GenerationSpec) -> list[int]:
         try:
+            if spec.suffix is not None:
+                fim = require_fim(self.fim, self.cfg.model_id, "suffix")
+                return fim_prompt_ids(self.model.tokenizer, fim, prompt, spec.suffix, spec.fim_files)
             return self.model._prompt_ids(prompt)
         except (TokenizerError, ValueError) as e:
             raise bad_request(f"invalid prompt: {e}", param="prompt") from None
@@ -148,7 +153,7 @@ class Service:
             prompts = [ids]
             echoes = [""]
         else:
-            prompts = [self._completion_ids(p) for p in spec.prompts]
+            prompts = [self._completion_ids(p, spec) for p in spec.prompts]
             echoes = [self._echo_text(p, ids) if spec.echo else "" for p, ids in zip(spec.prompts, prompts)]
         bias = spec.sampling.get("logit_bias") or {}
         vocab = self.model.config.vocab_size
@@ -194,7 +199,10 @@ class Service:
             sp = SamplingParams(**kw, logprobs=spec.top_logprobs, chosen_logprob=bool(spec.logprobs))
             params = GenerationParams(max_tokens=max_tokens, sampling=sp, stop=list(spec.stop),
                                       ignore_eos=spec.ignore_eos)
-            return Sequence(self.model.tokenizer, ids, params, slot=-1, n_ctx=self.model.n_ctx)
+            seq = Sequence(self.model.tokenizer, ids, params, slot=-1, n_ctx=self.model.n_ctx)
+            if spec.suffix is not None and not spec.ignore_eos:
+                seq.eot |= self.fim.end_ids     # a new FIM block or file means the gap is filled
+            return seq
         except ContextOverflowError as e:
             raise APIError(400, str(e), code="context_length_exceeded") from None
         except (LlambdaError, ValueError) as e:
