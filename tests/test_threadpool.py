@@ -277,3 +277,40 @@ def test_alloc_stats():
     for pos in (301, 600, 1023, 1500, 2047, 2047):
         decode(pos)
     assert native.alloc_stats() == after_first
+
+
+# ---------------------------------------------------------------- default thread count
+
+
+def write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_cgroup_quota_v2(tmp_path):
+    from llambda.backends.native import cgroup_cpu_quota
+    write(tmp_path / "proc", "0::/user/job\n")
+    assert cgroup_cpu_quota(str(tmp_path / "fs"), str(tmp_path / "proc")) is None  # no files: unknown
+    write(tmp_path / "fs/user/job/cpu.max", "max 100000\n")
+    assert cgroup_cpu_quota(str(tmp_path / "fs"), str(tmp_path / "proc")) is None  # unlimited
+    write(tmp_path / "fs/user/job/cpu.max", "150000 100000\n")
+    assert cgroup_cpu_quota(str(tmp_path / "fs"), str(tmp_path / "proc")) == 1.5
+    write(tmp_path / "fs/cpu.max", "50000 100000\n")  # a container's own root: the tighter one holds
+    assert cgroup_cpu_quota(str(tmp_path / "fs"), str(tmp_path / "proc")) == 0.5
+
+
+def test_cgroup_quota_v1(tmp_path):
+    from llambda.backends.native import cgroup_cpu_quota
+    write(tmp_path / "proc", "4:memory:/x\n2:cpu,cpuacct:/job\n")
+    write(tmp_path / "fs/cpu,cpuacct/job/cpu.cfs_quota_us", "-1\n")
+    write(tmp_path / "fs/cpu,cpuacct/job/cpu.cfs_period_us", "100000\n")
+    assert cgroup_cpu_quota(str(tmp_path / "fs"), str(tmp_path / "proc")) is None
+    write(tmp_path / "fs/cpu,cpuacct/job/cpu.cfs_quota_us", "200000\n")
+    assert cgroup_cpu_quota(str(tmp_path / "fs"), str(tmp_path / "proc")) == 2.0
+    write(tmp_path / "fs/cpu,cpuacct/job/cpu.cfs_quota_us", "garbage\n")
+    assert cgroup_cpu_quota(str(tmp_path / "fs"), str(tmp_path / "proc")) is None
+
+
+def test_default_threads_within_affinity():
+    from llambda.backends.native import default_threads, usable_cpus
+    assert 1 <= default_threads() <= usable_cpus() <= len(os.sched_getaffinity(0))
