@@ -1,7 +1,7 @@
 /* The matmul driver: picks the ISA's kernel, quantizes the activations once
  * per call, and splits the work, (16-row group) x (64-activation-row chunk)
- * units, over the thread pool so that each thread streams one contiguous
- * region of the packed weights. A call may hold up to LLB_MM_MAX_PARTS
+ * units, over the thread pool in chunks of consecutive units, so that a thread
+ * streams contiguous regions of the packed weights. A call may hold up to LLB_MM_MAX_PARTS
  * matrices of one type that share the activations (llb_matmul_many): their
  * units follow each other and are split as one list. */
 #include "matmul/matmul.h"
