@@ -77,10 +77,15 @@ def test_a_worker_that_never_runs_does_not_stall_the_caller():
 
 
 def test_a_slow_chunk_is_waited_for():
-    """A worker that stalls inside its chunk: the call returns only once that chunk is done."""
+    """A worker that stalls inside its chunk (as one descheduled mid-chunk): the call returns only
+    once that chunk is done, and the pool counts the stall (after which it runs alone a while)."""
     native.set_threads(2)
-    r = native._pool_probe(20, items=8, grain=1, stall_us=2000)
-    assert probe_ok(r, 20, 8)
+    before = native.pool_stalls()
+    r = native._pool_probe(3, items=64, grain=1, stall_us=20000)
+    assert probe_ok(r, 3, 64)
+    assert r["chunks"][1] >= 1 and native.pool_stalls() > before
+    r = native._pool_probe(200)  # alone or not, every item once
+    assert probe_ok(r, 200, 64)
 
 
 def test_resize_many_times():

@@ -105,16 +105,19 @@ static unsigned wait_for_work(unsigned seen) {
     return g;
 }
 
-/* Claim and run chunks of call `gen` as thread tid until none is left (or the call is over). */
-static void run_chunks(unsigned gen, int tid) {
+/* Claim and run chunks of call `gen` as thread tid until none is left (or the call is over);
+ * returns how many it ran. */
+static long run_chunks(unsigned gen, int tid) {
+    long ran = 0;
     for (;;) {
         uint64_t e = atomic_load_explicit(&pool.claim, memory_order_acquire);
-        if ((unsigned)(e >> 32) != gen) return;
+        if ((unsigned)(e >> 32) != gen) return ran;
         const long chunk = (long)(uint32_t)e, n_chunks = atomic_load_explicit(&pool.n_chunks, memory_order_relaxed);
-        if (chunk >= n_chunks || tid >= atomic_load_explicit(&pool.active, memory_order_relaxed)) return;
+        if (chunk >= n_chunks || tid >= atomic_load_explicit(&pool.active, memory_order_relaxed)) return ran;
         /* A stale n_chunks or active (a newer call's) goes with a changed word: the CAS fails. */
         if (!atomic_compare_exchange_weak_explicit(&pool.claim, &e, e + 1, memory_order_acq_rel, memory_order_acquire))
             continue;
+        ran++;
         /* The call cannot end before this chunk is counted: its fields are live. */
         const long b = chunk * pool.grain, end = b + pool.grain < pool.n ? b + pool.grain : pool.n;
         pool.fn(pool.ctx, b, end, tid);
@@ -151,6 +154,29 @@ static void *worker_main(void *arg) {
         run_chunks(seen, tid);
     }
     return NULL;
+}
+
+/* Stalls: a call whose caller, its own chunks done, waited far longer than a chunk takes for
+ * a worker's last one. That worker was descheduled in the middle of its chunk (the machine is
+ * busy), and it will be again: for a while (solo_ns, doubling while stalls recur) the caller
+ * runs calls alone, at one thread's speed, instead of waiting a scheduler slice each time.
+ * Read and written under call_lock. */
+#define STALL_MIN_NS (300 * 1000)
+#define SOLO_MIN_NS (2 * 1000 * 1000)
+#define SOLO_MAX_NS (256 * 1000 * 1000)
+static uint64_t solo_until, solo_ns = SOLO_MIN_NS, last_stall;
+static long stalls;
+
+static void note_join(uint64_t start, uint64_t claimed, uint64_t end, long ran) {
+    const uint64_t chunk = ran > 0 ? (claimed - start) / (uint64_t)ran : 0;
+    if (end - claimed > STALL_MIN_NS + 4 * chunk) {
+        stalls++;
+        /* A stall soon after the last solo period: the contention persists, stay away longer. */
+        if (last_stall && start - last_stall < 4 * solo_ns) solo_ns = solo_ns * 2 < SOLO_MAX_NS ? solo_ns * 2 : SOLO_MAX_NS;
+        else solo_ns = SOLO_MIN_NS;
+        last_stall = end;
+        solo_until = end + solo_ns;
+    }
 }
 
 /* Wait until every chunk is done: spin, then sleep until the last chunk's worker wakes us. */
@@ -282,7 +308,8 @@ void llb_parallel_for(llb_range_fn fn, void *ctx, long n, long grain, int max_th
     /* Read under the lock: llb_pool_init cannot change it until this call returns. */
     const int nth = atomic_load_explicit(&pool.nth, memory_order_relaxed);
     inside_task = 1;
-    if (nth == 1 || n_chunks > (long)UINT32_MAX) {
+    const uint64_t start = nth > 1 ? now_ns() : 0;
+    if (nth == 1 || n_chunks > (long)UINT32_MAX || start < solo_until) {
         run_serially(fn, ctx, n, grain);
     } else {
         const unsigned gen = atomic_load_explicit(&pool.generation, memory_order_relaxed) + 1;
@@ -295,8 +322,10 @@ void llb_parallel_for(llb_range_fn fn, void *ctx, long n, long grain, int max_th
         atomic_store_explicit(&pool.done, 0, memory_order_relaxed);
         atomic_store_explicit(&pool.claim, (uint64_t)gen << 32, memory_order_release);
         publish_generation(gen);
-        run_chunks(gen, 0);
+        const long ran = run_chunks(gen, 0);
+        const uint64_t claimed = now_ns();
         join(n_chunks);
+        note_join(start, claimed, now_ns(), ran);
     }
     inside_task = 0;
     pthread_mutex_unlock(&call_lock);
@@ -309,6 +338,13 @@ long llb_grain(long n, long chunks, long min_grain, long align) {
     if (g < min_grain) g = min_grain;
     g = (g + align - 1) / align * align;
     return g > 0 ? g : align;
+}
+
+long llb_pool_stalls(void) {
+    pthread_mutex_lock(&call_lock);
+    const long n = stalls;
+    pthread_mutex_unlock(&call_lock);
+    return n;
 }
 
 int llb_pool_hold_worker(int tid) {

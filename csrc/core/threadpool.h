@@ -6,7 +6,8 @@
  * any worker and never waits for a worker that has not started: on a busy machine a
  * descheduled worker simply gets no chunks, and the threads that run do its share. Only
  * a chunk a worker already holds is waited for, so chunks should be small (a few per
- * thread). Chunk boundaries are multiples of grain from 0 whatever the thread count:
+ * thread); when such a wait shows a worker being descheduled mid-chunk, the pool runs the
+ * next calls on the caller alone for a few milliseconds (longer while it recurs). Chunk boundaries are multiples of grain from 0 whatever the thread count:
  * a result may depend on the chunking, never on which thread ran a chunk or how many
  * there are. Between calls workers spin for a while before sleeping, so a decode step's
  * ~400 ops do not each pay a futex wake-up. */
@@ -32,6 +33,10 @@ void llb_parallel_for(llb_range_fn fn, void *ctx, long n, long grain, int max_th
 /* The grain that cuts n items into about `chunks` chunks of at least min_grain items,
  * a multiple of align: from the sizes only, never the thread count. */
 long llb_grain(long n, long chunks, long min_grain, long align);
+
+/* Calls so far in which a worker stalled in its chunk (descheduled), each followed by a
+ * while of running calls on the caller alone (see threadpool.c). */
+long llb_pool_stalls(void);
 
 /* Test hook: worker `tid` (>= 1) stops before claiming anything until released with 0 or
  * 10 s pass; returns how many holds timed out since the last call. See tests/test_threadpool.py. */

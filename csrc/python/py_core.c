@@ -67,6 +67,7 @@ static PyObject *py_set_batch_invariant(PyObject *self, PyObject *arg) {
 }
 
 static PyObject *py_threads(PyObject *self, PyObject *unused) { return PyLong_FromLong(llb_pool_threads()); }
+static PyObject *py_pool_stalls(PyObject *self, PyObject *unused) { return PyLong_FromLong(llb_pool_stalls()); }
 
 static PyObject *py_alloc_stats(PyObject *self, PyObject *unused) {
     size_t count, bytes;
@@ -84,6 +85,7 @@ struct probe {
     atomic_int bad;                        /* chunks with a tid or range out of bounds */
     atomic_int nested_max_tid;             /* largest tid + 1 a nested call reported */
     int nth, nested;
+    int worker_chunks_before; /* chunks[1] when this call began (stall mode) */
     long items, grain, stall_us;
 };
 
@@ -104,6 +106,9 @@ static void probe_task(void *ctx, long b, long e, int tid) {
     if (tid > 0 && p->stall_us > 0) { /* a worker that is slow in the middle of its chunk */
         const struct timespec ts = {p->stall_us / 1000000, p->stall_us % 1000000 * 1000};
         nanosleep(&ts, NULL);
+    } else if (p->stall_us > 0 && b == 0) { /* the caller lets a worker claim one first (at most 2 s) */
+        const struct timespec ms = {0, 1000000};
+        for (int i = 0; i < 2000 && atomic_load(&p->chunks[1]) == p->worker_chunks_before; i++) nanosleep(&ms, NULL);
     }
     for (long i = b; i < e; i++) atomic_fetch_add(&p->item_runs[i], 1);
     if (p->nested) llb_parallel_for(nested_task, ctx, 8, 1, LLB_POOL_MAX_THREADS); /* must run serially */
@@ -133,7 +138,10 @@ static PyObject *py_pool_probe(PyObject *self, PyObject *args, PyObject *kw) {
     Py_BEGIN_ALLOW_THREADS
     p->nth = llb_pool_threads();
     llb_pool_hold_worker(hold);
-    for (long i = 0; i < calls; i++) llb_parallel_for(probe_task, p, items, grain, LLB_POOL_MAX_THREADS);
+    for (long i = 0; i < calls; i++) {
+        p->worker_chunks_before = atomic_load(&p->chunks[1]);
+        llb_parallel_for(probe_task, p, items, grain, LLB_POOL_MAX_THREADS);
+    }
     timeouts = llb_pool_hold_worker(0);
     Py_END_ALLOW_THREADS
     PyObject *runs = PyList_New(items), *chunks = PyList_New(p->nth);
@@ -162,6 +170,9 @@ PyMethodDef llb_core_methods[] = {
      "call (its single-row matmuls sum in the GEMM's order, attention cuts each row the same way), the thread count,\n"
      "or how a prompt was chunked. Process-wide; the server turns it on."},
     {"alloc_stats", py_alloc_stats, METH_NOARGS, "alloc_stats() -> (count, bytes) of all allocations the core made."},
+    {"pool_stalls", py_pool_stalls, METH_NOARGS,
+     "pool_stalls() -> int: calls in which a worker was descheduled in the middle of its chunk; after each the pool\n"
+     "runs alone on the calling thread for a few milliseconds."},
     {"_pool_probe", (PyCFunction)(void (*)(void))py_pool_probe, METH_VARARGS | METH_KEYWORDS,
      "_pool_probe(calls, nested=False, items=64, grain=1, hold=0, stall_us=0) -> dict: run a counting task (tests)."},
     {NULL, NULL, 0, NULL},
