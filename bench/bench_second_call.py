@@ -4,7 +4,8 @@ Issue 16 reported a second `generate` at depth 4096 decoding at half the speed o
 on Qwen2.5-Coder-0.5B (2 threads) while depth 2048 ran both at the same speed. This runs the
 library's own path (Model.generate: prefix reuse on slot 0, prefill, decode) `--calls` times
 with prompts of `--depth` tokens and prints each call's prefill and decode tokens/s, so a
-call that is slower than the first shows at once. Not a test: run it by hand.
+call that is slower than the first shows at once, with the thread pool's stalls during it (a
+worker descheduled mid-chunk: other load on the machine). Not a test: run it by hand.
 
     python bench/bench_second_call.py -m qwen2.5-coder-0.5b -d 4096 -n 64 -t 2
     python bench/bench_second_call.py -d 4096 --same-prompt    # the second call reuses the prefix
@@ -18,6 +19,16 @@ import numpy as np
 
 import llambda
 
+try:
+    from llambda import _native
+except ImportError:  # numpy backend only
+    _native = None
+
+
+def stalls() -> int:
+    """Pool calls so far that found a worker descheduled mid-chunk: a busy machine, not the engine."""
+    return _native.pool_stalls() if _native is not None else 0
+
 
 def run(model: str, depth: int, n_gen: int, threads: int | None, calls: int, same_prompt: bool, seed: int,
         n_ctx: int | None) -> None:
@@ -28,6 +39,7 @@ def run(model: str, depth: int, n_gen: int, threads: int | None, calls: int, sam
     print(f"{model}: depth {depth}, context {m.n_ctx}, {n_gen} tokens per call, threads {m.backend.threads}")
     for call in range(calls):
         ids = base if same_prompt else [int(t) for t in rng.integers(100, min(vocab, 30000), depth)]
+        s0 = stalls()
         t0 = time.perf_counter()
         first = None
         count = 0
@@ -37,7 +49,8 @@ def run(model: str, depth: int, n_gen: int, threads: int | None, calls: int, sam
                 first = time.perf_counter()
         end = time.perf_counter()
         decode = (count - 1) / (end - first) if count > 1 else float("nan")
-        print(f"  call {call + 1}: prefill {depth / (first - t0):8.1f} tok/s   decode {decode:7.1f} tok/s")
+        print(f"  call {call + 1}: prefill {depth / (first - t0):8.1f} tok/s   decode {decode:7.1f} tok/s"
+              f"   (pool stalls: {stalls() - s0})")
     m.close()
 
 
