@@ -13,11 +13,14 @@ worker descheduled mid-chunk: other load on the machine). Not a test: run it by 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
-import llambda
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout this script is in
+import llambda  # noqa: E402
 
 try:
     from llambda import _native
