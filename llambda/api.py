@@ -236,14 +236,17 @@ class Model:
     is_encoder = False
     is_reranker = False
 
-    def embed(self, texts, batch_size: int = 32) -> np.ndarray:
+    def embed(self, texts, batch_size: int = 32, slot: int = 0) -> np.ndarray:
         """(n, d_model) L2-normalized vectors: a decoder used as an embedder is pooled on its last
-        token (the final-normed hidden state there). `texts`: strings or lists of token ids."""
+        token (the final-normed hidden state there). `texts`: strings or lists of token ids.
+        One input at a time (batch_size is accepted for symmetry with encoders); `slot`: the
+        KV-cache slot it overwrites (the server passes one its scheduler does not use)."""
         items = _embed_inputs(texts)
         t = self.transformer
         out = np.empty((len(items), self.config.d_model), np.float32)
         with self._lock:
-            self._cached = []          # slot 0 is overwritten: nothing in it is a generation's prefix
+            if slot == 0:
+                self._cached = []      # slot 0 is overwritten: nothing in it is a generation's prefix
             for r, item in enumerate(items):
                 ids = self._prompt_ids(item) if isinstance(item, str) else token_ids(item, self.config.vocab_size)
                 if not ids:
@@ -252,8 +255,8 @@ class Model:
                     raise ContextOverflowError(f"{len(ids)} tokens do not fit the context of {self.n_ctx}")
                 head, last = ids[:-1], ids[-1:]
                 if head:
-                    engine.prefill(t, 0, head, 0)
-                h = t.final_hidden(np.asarray(last, np.int32), np.zeros(1, np.int32),
+                    engine.prefill(t, slot, head, 0)
+                h = t.final_hidden(np.asarray(last, np.int32), np.full(1, slot, np.int32),
                                    np.asarray([len(ids) - 1], np.int32), [0])[0]
                 out[r] = h / max(float(np.linalg.norm(h)), 1e-12)
         return out

@@ -4,6 +4,7 @@ Every sub-command is a `cmd_NAME(args) -> exit code` function registered in `bui
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -184,6 +185,24 @@ def cmd_tokenize(a) -> int:
     return 0
 
 
+def cmd_embed(a) -> int:
+    texts = list(a.texts) if a.texts else [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    if not texts:
+        raise ValueError("nothing to embed: give texts as arguments or on stdin, one a line")
+    model = _load(a)
+    try:
+        vectors = model.embed(texts, batch_size=a.batch_size)
+    finally:
+        model.close()
+    if a.format == "text":       # one line a text: the vector's numbers, space-separated
+        for v in vectors:
+            print(" ".join(f"{x:.7g}" for x in v))
+    else:
+        print(json.dumps({"model": model.name, "dimensions": int(vectors.shape[1]),
+                          "data": [{"text": t, "embedding": v.tolist()} for t, v in zip(texts, vectors)]}))
+    return 0
+
+
 def model_id_for(name: str) -> str:
     """What /v1/models calls the model: a catalogued name as given, a file by its stem."""
     if name in CATALOG:
@@ -205,7 +224,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
     if (a.max_connections is not None and a.max_connections < 1) or not a.header_timeout > 0 \
             or not a.body_timeout > 0:
         raise ValueError("--max-connections must be >= 1, --header-timeout and --body-timeout > 0")
-    model = load(a.model, backend=a.backend, threads=a.threads, n_ctx=a.ctx_size, n_slots=a.parallel,
+    # one slot more than the parallel sequences: /v1/embeddings on a decoder runs in it
+    model = load(a.model, backend=a.backend, threads=a.threads, n_ctx=a.ctx_size, n_slots=a.parallel + 1,
                  activations=a.activations, kv_type=a.kv_type or DEFAULT_KV_TYPE)
     model_id = a.alias or model_id_for(a.model)
     aliases = {model.name, Path(a.model).name, Path(a.model).stem, a.model} - {model_id}
@@ -215,10 +235,13 @@ def cmd_serve(a: argparse.Namespace) -> int:
                        max_connections=a.max_connections, header_timeout=a.header_timeout,
                        body_timeout=a.body_timeout, webui=not a.no_webui, log_format=a.log_format)
     mem = model.memory_report()
+    encoder = getattr(model, "is_encoder", False)
+    what = (f"embeddings of {model.config.hidden} dimensions, up to {model.n_ctx} tokens" if encoder
+            else f"{a.parallel} slots of {model.n_ctx} tokens")
     print(f"[llambda] serving {model_id} ({model.config.arch}, backend {model.backend.name}) on "
-          f"http://{a.host}:{a.port}/v1 with {a.parallel} slots of {model.n_ctx} tokens; "
+          f"http://{a.host}:{a.port}/v1 with {what}; "
           f"memory {sum(mem.values()) / 2**20:.0f} MiB", file=sys.stderr, flush=True)
-    if not a.no_webui:
+    if not a.no_webui and not encoder:
         print(f"[llambda] chat page at http://{a.host}:{a.port}/", file=sys.stderr, flush=True)
     try:
         return serve(model, cfg, log_level=a.log_level)
@@ -330,6 +353,15 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default min(train, 4096))")
     p.add_argument("model_arg", nargs="?", metavar="MODEL", help="the same as -m")
     p.set_defaults(fn=cmd_show)
+
+    p = sub.add_parser("embed", help="embedding vectors of texts (an encoder such as all-minilm-l6-v2, "
+                       "or a decoder pooled on its last token), L2-normalized")
+    _add_model_args(p)
+    p.add_argument("texts", nargs="*", metavar="TEXT", help="texts to embed (default: stdin, one a line)")
+    p.add_argument("--format", choices=("json", "text"), default="json",
+                   help="json: {model, dimensions, data: [{text, embedding}]}; text: a line of numbers a text")
+    p.add_argument("--batch-size", type=int, default=32, help="texts per forward pass (encoders)")
+    p.set_defaults(fn=cmd_embed)
 
     p = sub.add_parser("tokenize", help="show the tokens of a text")
     _add_model_args(p, runtime=False)

@@ -252,3 +252,18 @@ def test_minilm_by_catalogue_name_and_similarity_order(minilm_dir):
     with llambda.load("all-minilm-l6-v2") as m:
         v = m.embed(["A man is eating food.", "A man is eating a piece of bread.", "A monkey is playing drums."])
     assert float(v[0] @ v[1]) > float(v[0] @ v[2]) + 0.3
+
+
+def test_cli_embed(tmp_path, capsys):
+    from llambda.cli import main
+
+    folder, _, _ = _tiny_bert_dir(tmp_path)
+    assert main(["embed", "-m", str(folder), "--backend", "numpy", "the cat sat", "a big dog"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["dimensions"] == 32 and [d["text"] for d in out["data"]] == ["the cat sat", "a big dog"]
+    with llambda.load(folder, backend="numpy") as m:
+        want = m.embed(["the cat sat", "a big dog"])
+    assert np.abs(np.array([d["embedding"] for d in out["data"]]) - want).max() < 1e-6
+    assert main(["embed", "-m", str(folder), "--backend", "numpy", "--format", "text", "the cat sat"]) == 0
+    line = capsys.readouterr().out.strip().split()
+    assert len(line) == 32 and abs(float(line[0]) - want[0, 0]) < 1e-5
