@@ -6,7 +6,7 @@ token-type embeddings, LayerNorm with bias after the embeddings and after each b
 bidirectional attention over the padded batch (a key mask, no causal mask, no KV cache), an erf
 GELU MLP. The matrix products go through the Backend (`matmul`, so the native backend's
 kernels run them on F32/F16 weights); the rest is a few NumPy lines per layer, which cost little
-next to the products at these sizes.
+next to the products at these sizes (the GELU is a backend op: erf is costly in NumPy).
 """
 from __future__ import annotations
 
@@ -77,17 +77,6 @@ def _layernorm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.nd
     d = x - mu
     var = np.mean(d * d, axis=-1, keepdims=True)
     return d * (1.0 / np.sqrt(var + np.float32(eps))) * w + b
-
-
-try:
-    from scipy.special import erf as _erf
-except ImportError:      # scipy is optional: the exact, slower element-wise path
-    _erf = np.vectorize(math.erf, otypes=[np.float64])
-
-
-def gelu_erf(x: np.ndarray) -> np.ndarray:
-    """0.5 x (1 + erf(x / sqrt 2)), BERT's exact GELU (not the tanh approximation)."""
-    return (0.5 * x * (1.0 + _erf(x * np.float32(1 / math.sqrt(2))))).astype(np.float32, copy=False)
 
 
 class BertEncoder:
@@ -163,8 +152,9 @@ class BertEncoder:
             s /= s.sum(axis=-1, keepdims=True)
             ctx = np.ascontiguousarray(np.matmul(s, v).transpose(0, 2, 1, 3)).reshape(b * t, cfg.hidden)
             x = _layernorm(x + self._linear(ctx, L["o"]), *L["ln1"], cfg.eps)
-            up = gelu_erf(self._linear(x, L["up"]))
-            x = _layernorm(x + self._linear(np.ascontiguousarray(up), L["down"]), *L["ln2"], cfg.eps)
+            up = self._linear(x, L["up"])
+            self.backend.gelu_erf(up)
+            x = _layernorm(x + self._linear(up, L["down"]), *L["ln2"], cfg.eps)
             x = np.ascontiguousarray(x, dtype=np.float32)
         return x.reshape(b, t, cfg.hidden)
 
