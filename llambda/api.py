@@ -309,6 +309,10 @@ def _load_encoder(name_or_path, path: Path, src, backend, threads, activations, 
     return m
 
 
+# floats of attention scores one encoder batch may hold (16M: 64 MB); longer texts, smaller batches
+ATTENTION_BUDGET = 1 << 24
+
+
 class EncoderModel:
     """A loaded encoder (BERT family): embed() texts, or score() (query, document) pairs when it
     is a cross-encoder. One call computes at a time."""
@@ -360,14 +364,24 @@ class EncoderModel:
         real tokens for sentence-transformers models). Batched: each batch of `batch_size`
         inputs is padded to its longest and masked."""
         items = _embed_inputs(texts)
-        dim = self.config.hidden
-        out = np.empty((len(items), dim), np.float32)
+        cfg = self.config
+        out = np.empty((len(items), cfg.hidden), np.float32)
         pad = self.tokenizer.pad_id if self.tokenizer is not None and self.tokenizer.pad_id is not None else 0
+        encoded = self._encode(items)
+        # by length, as sentence-transformers batches: less padding, and a batch of long texts is
+        # made smaller so its attention scores (batch x heads x t x t floats) stay within a budget
+        order = sorted(range(len(items)), key=lambda i: len(encoded[i][0]))
         with self._lock:
-            for s in range(0, len(items), max(1, int(batch_size))):
-                encoded = self._encode(items[s:s + batch_size])
-                ids, types, mask = pad_batch(encoded, pad)
-                out[s:s + len(encoded)] = self.encoder.pool(self.encoder.forward(ids, types, mask), mask)
+            s = 0
+            while s < len(order):
+                n = max(1, int(batch_size))
+                while n > 1 and n * cfg.n_heads * len(encoded[order[min(s + n, len(order)) - 1]][0]) ** 2 \
+                        > ATTENTION_BUDGET:
+                    n //= 2
+                rows = order[s:s + n]
+                ids, types, mask = pad_batch([encoded[i] for i in rows], pad)
+                out[rows] = self.encoder.pool(self.encoder.forward(ids, types, mask), mask)
+                s += len(rows)
         return out
 
     def score(self, query: str, documents: Seq[str], batch_size: int = 32) -> np.ndarray:

@@ -267,3 +267,19 @@ def test_cli_embed(tmp_path, capsys):
     assert main(["embed", "-m", str(folder), "--backend", "numpy", "--format", "text", "the cat sat"]) == 0
     line = capsys.readouterr().out.strip().split()
     assert len(line) == 32 and abs(float(line[0]) - want[0, 0]) < 1e-5
+
+
+def test_long_texts_get_smaller_batches(tmp_path, monkeypatch):
+    import llambda.api as api
+
+    folder, _, _ = _tiny_bert_dir(tmp_path)
+    with llambda.load(folder, backend="numpy") as m:
+        want = np.stack([m.embed([t])[0] for t in TINY_TEXTS])
+        shapes = []
+        forward = m.encoder.forward
+        monkeypatch.setattr(m.encoder, "forward", lambda ids, *a: shapes.append(ids.shape) or forward(ids, *a))
+        monkeypatch.setattr(api, "ATTENTION_BUDGET", 4 * 4 * 8 * 8)    # 4 rows of 8 tokens (4 heads)
+        got = m.embed(TINY_TEXTS, batch_size=32)
+    assert np.abs(got - want).max() < 1e-5            # in the caller's order, whatever the batching
+    assert all(b * 4 * t * t <= 4 * 4 * 8 * 8 or b == 1 for b, t in shapes) and len(shapes) > 1
+    assert sum(b for b, _ in shapes) == len(TINY_TEXTS)
