@@ -163,6 +163,14 @@ def cmd_show(a) -> int:
         return 0
     src = open_model(Path(hub.resolve(a.model)))
     try:
+        c = src.config
+        if getattr(c, "arch", None) == "bert":      # an encoder: no KV cache, no generation
+            import math
+            params = sum(math.prod(src.tensor(n).shape) for n in src.tensor_names)
+            kind = "cross-encoder (reranker)" if c.n_labels else f"embedding model, {c.pooling} pooling"
+            print(f"{src.name}: bert encoder, {kind}\n  {c.n_layers} layers, hidden {c.hidden}, {c.n_heads} heads, "
+                  f"ffn {c.ffn}, vocab {c.vocab_size}, up to {c.max_tokens} tokens\n  {params / 1e6:.1f}M parameters")
+            return 0
         print(format_description(describe(src, a.ctx_size)))
     finally:
         src.close()

@@ -283,3 +283,12 @@ def test_long_texts_get_smaller_batches(tmp_path, monkeypatch):
     assert np.abs(got - want).max() < 1e-5            # in the caller's order, whatever the batching
     assert all(b * 4 * t * t <= 4 * 4 * 8 * 8 or b == 1 for b, t in shapes) and len(shapes) > 1
     assert sum(b for b, _ in shapes) == len(TINY_TEXTS)
+
+
+def test_cli_show_an_encoder(tmp_path, capsys):
+    from llambda.cli import main
+
+    folder, _, _ = _tiny_bert_dir(tmp_path, classifier=True)
+    assert main(["show", "-m", str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert "bert encoder, cross-encoder" in out and "2 layers, hidden 32, 4 heads" in out
