@@ -292,3 +292,23 @@ def test_cli_show_an_encoder(tmp_path, capsys):
     assert main(["show", "-m", str(folder)]) == 0
     out = capsys.readouterr().out
     assert "bert encoder, cross-encoder" in out and "2 layers, hidden 32, 4 heads" in out
+
+
+@pytest.mark.parametrize("key", ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                                 "intermediate_size", "max_position_embeddings", "type_vocab_size",
+                                 "layer_norm_eps", "hidden_act", "architectures", "model_type",
+                                 "position_embedding_type", "id2label"])
+def test_hostile_bert_config_values_are_typed_errors(tmp_path, key):
+    folder, _, cfg = _tiny_bert_dir(tmp_path)
+    for value in (None, {}, [], "x", -1, 0, 3, 1e300, True, 2 ** 40, ["BertForSequenceClassification"]):
+        bad = dict(cfg)
+        if value is None:
+            bad.pop(key, None)
+        else:
+            bad[key] = value
+        (folder / "config.json").write_text(json.dumps(bad))
+        try:
+            with llambda.load(folder, backend="numpy") as m:
+                m.embed(["the cat"])
+        except (llambda.ModelFormatError, llambda.TokenizerError):
+            pass

@@ -202,7 +202,8 @@ def open_hf_dir(path: Path) -> ModelSource:
 def _is_encoder(cfg: dict) -> bool:
     from ..models import ENCODERS
     classes = cfg.get("architectures") if isinstance(cfg.get("architectures"), list) else []
-    return cfg.get("model_type") in ENCODERS or any(
+    mt = cfg.get("model_type")
+    return (isinstance(mt, str) and mt in ENCODERS) or any(
         isinstance(c, str) and c.startswith("Bert") for c in classes)
 
 
@@ -215,7 +216,8 @@ def _open_encoder_dir(path: Path, raw_cfg: dict) -> ModelSource:
         f = path / rel
         data = read_json(f, rel) if f.is_file() else None
         extra[key] = data if isinstance(data, dict) else None
-    arch = raw_cfg.get("model_type") if raw_cfg.get("model_type") in ENCODERS else "bert"
+    mt = raw_cfg.get("model_type")
+    arch = mt if isinstance(mt, str) and mt in ENCODERS else "bert"
     config = encoder_module(arch).config_from_hf(raw_cfg, **extra)
     st = open_safetensors_dir(path)
     try:

@@ -46,6 +46,12 @@ def _int(cfg: dict, key: str, lo: int, hi: int) -> int:
     return v
 
 
+def _eps(v) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1:
+        raise ModelFormatError(f"config.json: layer_norm_eps must be a number in (0, 1), got {v!r}")
+    return float(v)
+
+
 def config_from_hf(cfg: dict, pooling: dict | None = None, st_config: dict | None = None) -> BertConfig:
     act = cfg.get("hidden_act", "gelu")
     if act != "gelu":
@@ -57,7 +63,7 @@ def config_from_hf(cfg: dict, pooling: dict | None = None, st_config: dict | Non
         n_layers=_int(cfg, "num_hidden_layers", 1, 1024), n_heads=_int(cfg, "num_attention_heads", 1, 1024),
         ffn=_int(cfg, "intermediate_size", 1, 1 << 18), max_positions=_int(cfg, "max_position_embeddings", 3, 1 << 20),
         type_vocab=_int({"type_vocab_size": cfg.get("type_vocab_size", 2)}, "type_vocab_size", 1, 1 << 10),
-        eps=float(cfg.get("layer_norm_eps", 1e-12)))
+        eps=_eps(cfg.get("layer_norm_eps", 1e-12)))
     if c.hidden % c.n_heads:
         raise ModelFormatError(f"config.json: hidden_size {c.hidden} is not a multiple of {c.n_heads} heads")
     if pooling and pooling.get("pooling_mode_cls_token"):
@@ -66,7 +72,8 @@ def config_from_hf(cfg: dict, pooling: dict | None = None, st_config: dict | Non
     seq = (st_config or {}).get("max_seq_length")
     if isinstance(seq, int) and not isinstance(seq, bool) and 3 <= seq < c.max_positions:
         c.max_tokens = seq
-    if "BertForSequenceClassification" in (cfg.get("architectures") or []):
+    classes = cfg.get("architectures")
+    if isinstance(classes, list) and "BertForSequenceClassification" in classes:
         labels = cfg.get("id2label")
         c.n_labels = len(labels) if isinstance(labels, dict) and labels else 1
     return c
@@ -84,24 +91,30 @@ class BertEncoder:
 
     def __init__(self, cfg: BertConfig, lookup, backend):
         self.cfg, self.backend = cfg, backend
+        H, F = cfg.hidden, cfg.ffn
 
-        def get(name: str, *alts: str):
-            for n in (name, *alts, "bert." + name):
+        def get(name: str, shape: tuple):
+            # HF BertModel names, or under `bert.` in the task-head classes
+            for n in (name, "bert." + name):
                 t = lookup(n)
                 if t is not None:
+                    if tuple(t.shape) != shape:
+                        raise ModelFormatError(f"tensor {n!r} has shape {list(t.shape)}, the config says {list(shape)}")
                     return t
             raise ModelFormatError(f"missing tensor {name!r}")
 
-        def vec(name):
-            return backend.prepare_vector(get(name))
+        def vec(name, n=H):
+            return backend.prepare_vector(get(name, (n,)))
 
-        def mat(name):
-            return backend.prepare_matrix(get(name))
+        def mat(name, rows=H, cols=H):
+            return backend.prepare_matrix(get(name, (rows, cols)))
 
-        f32 = lambda name: np.ascontiguousarray(get(name).to_float32(), dtype=np.float32)  # noqa: E731
-        self.word = f32("embeddings.word_embeddings.weight").reshape(cfg.vocab_size, cfg.hidden)
-        self.pos = f32("embeddings.position_embeddings.weight").reshape(-1, cfg.hidden)
-        self.types = f32("embeddings.token_type_embeddings.weight").reshape(-1, cfg.hidden)
+        def f32(name, rows):
+            return np.ascontiguousarray(get(name, (rows, H)).to_float32(), dtype=np.float32).reshape(rows, H)
+
+        self.word = f32("embeddings.word_embeddings.weight", cfg.vocab_size)
+        self.pos = f32("embeddings.position_embeddings.weight", cfg.max_positions)
+        self.types = f32("embeddings.token_type_embeddings.weight", cfg.type_vocab)
         self.emb_ln = (vec("embeddings.LayerNorm.weight"), vec("embeddings.LayerNorm.bias"))
         self.layers = []
         for i in range(cfg.n_layers):
@@ -112,14 +125,14 @@ class BertEncoder:
                 "v": (mat(p + "attention.self.value.weight"), vec(p + "attention.self.value.bias")),
                 "o": (mat(p + "attention.output.dense.weight"), vec(p + "attention.output.dense.bias")),
                 "ln1": (vec(p + "attention.output.LayerNorm.weight"), vec(p + "attention.output.LayerNorm.bias")),
-                "up": (mat(p + "intermediate.dense.weight"), vec(p + "intermediate.dense.bias")),
-                "down": (mat(p + "output.dense.weight"), vec(p + "output.dense.bias")),
+                "up": (mat(p + "intermediate.dense.weight", F, H), vec(p + "intermediate.dense.bias", F)),
+                "down": (mat(p + "output.dense.weight", H, F), vec(p + "output.dense.bias")),
                 "ln2": (vec(p + "output.LayerNorm.weight"), vec(p + "output.LayerNorm.bias")),
             })
         self.head = None
         if cfg.n_labels:
             self.head = {"pool": (mat("pooler.dense.weight"), vec("pooler.dense.bias")),
-                         "cls": (backend.prepare_matrix(get("classifier.weight")), vec("classifier.bias"))}
+                         "cls": (mat("classifier.weight", cfg.n_labels, H), vec("classifier.bias", cfg.n_labels))}
         backend.end_load()
 
     def _linear(self, x: np.ndarray, wb) -> np.ndarray:
