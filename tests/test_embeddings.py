@@ -312,3 +312,27 @@ def test_hostile_bert_config_values_are_typed_errors(tmp_path, key):
                 m.embed(["the cat"])
         except (llambda.ModelFormatError, llambda.TokenizerError):
             pass
+
+
+def test_decoder_embed_is_the_last_tokens_final_hidden_state():
+    """A decoder's vector is its last token's final-normed hidden state, normalized: the LM head
+    applied to it gives that position's logits up to the norm's scale."""
+    from pathlib import Path
+
+    tiny = Path(__file__).parent / "fixtures" / "reference" / "tiny" / "llama"
+    with llambda.load(tiny, backend="numpy", n_ctx=64) as m:
+        assert not m.is_encoder and not m.is_reranker
+        ids = [5, 17, 42, 99, 7]
+        v = m.embed([ids])[0]
+        assert v.shape == (m.config.d_model,) and abs(np.linalg.norm(v) - 1) < 1e-5
+        logits = m.logits(ids)
+        w = np.asarray(m.transformer.output, dtype=np.float64)
+        proj = w @ v.astype(np.float64)
+        scale = float(logits @ proj / (proj @ proj))
+        assert scale > 0 and np.abs(logits - scale * proj).max() < 1e-4 * np.abs(logits).max()
+        # the library's generation cache is not fooled by the slot the embedding overwrote
+        first = m.complete(ids, max_tokens=4, temperature=0)
+        m.embed([[1, 2, 3]])
+        assert m.complete(ids, max_tokens=4, temperature=0) == first
+        two = m.embed([ids, [1, 2, 3]])
+        assert np.abs(two[0] - v).max() < 1e-6 and abs(float(two[0] @ two[1])) < 0.9999
