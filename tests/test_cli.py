@@ -116,7 +116,7 @@ def test_serve_passes_the_model_options_to_load(monkeypatch):
     name, kw = seen["load"]
     assert name == "some.gguf"
     assert kw["kv_type"] == "f32" and kw["activations"] == "f32" and kw["threads"] == 2
-    assert kw["n_ctx"] == 512 and kw["n_slots"] == 3
+    assert kw["n_ctx"] == 512 and kw["n_slots"] == 3 + 1      # a spare slot for /v1/embeddings
     assert seen["cfg"].parallel == 3 and seen["closed"]
 
 

@@ -81,3 +81,44 @@ def test_catalogue_matches_models_md():
 
 def test_default_model_file_is_verified(smollm2_gguf):
     assert hashlib.sha256(smollm2_gguf.read_bytes()).hexdigest() == hub.CATALOG["smollm2-135m"].sha256
+
+
+def _zip_bytes(members: dict) -> bytes:
+    import io
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return buf.getvalue()
+
+
+def _unpacking_entry(monkeypatch, tmp_path, payload: bytes):
+    import dataclasses
+    _fake_catalog(monkeypatch, tmp_path, payload, hashlib.sha256(payload).hexdigest(), parts=1)
+    entry = dataclasses.replace(hub.CATALOG["fake-model"], filename="fake-dir.zip", unpack=True)
+    monkeypatch.setitem(hub.CATALOG, "fake-model", entry)
+
+
+def test_a_zip_of_a_directory_is_unpacked_once_verified(monkeypatch, tmp_path):
+    payload = _zip_bytes({"config.json": b"{}", "1_Pooling/config.json": b"{\"a\": 1}"})
+    _unpacking_entry(monkeypatch, tmp_path, payload)
+    folder = hub.resolve("fake-model")
+    assert folder == tmp_path / "home" / "models" / "fake-dir"
+    assert (folder / "config.json").read_bytes() == b"{}"
+    assert (folder / "1_Pooling" / "config.json").read_bytes() == b"{\"a\": 1}"
+    (folder / "config.json").write_bytes(b"kept")       # the stamp matches: not unpacked again
+    assert hub.resolve("fake-model") == folder and (folder / "config.json").read_bytes() == b"kept"
+    (folder / ".llambda-unpacked").unlink()              # a folder without its stamp is unpacked again
+    assert (hub.resolve("fake-model") / "config.json").read_bytes() == b"{}"
+    hub.remove("fake-model")
+    assert not folder.exists()
+
+
+def test_a_zip_member_leaving_the_folder_is_refused(monkeypatch, tmp_path):
+    payload = _zip_bytes({"config.json": b"{}", "../evil.txt": b"x"})
+    _unpacking_entry(monkeypatch, tmp_path, payload)
+    with pytest.raises(DownloadError, match="leaves the model folder"):
+        hub.resolve("fake-model")
+    models = tmp_path / "home" / "models"
+    assert not (models / "fake-dir").exists() and not (tmp_path / "home" / "evil.txt").exists()
+    assert not [p for p in models.iterdir() if p.name.startswith(".fake-dir.")]

@@ -328,6 +328,31 @@ def test_silu_gelu_dense_range(isa):
 
 
 @pytest.mark.parametrize("count", COUNTS)
+def test_gelu_erf(isa, count, threads2):
+    """BERT's exact GELU in place, against erf in float64 (Abramowitz-Stegun's erf on the SIMD paths:
+    |erf error| < 1.5e-7, so |gelu error| < 0.75e-7 |x| plus float32 rounding)."""
+    import math
+    r = rng(count + 2)
+    x = (r.standard_normal(count) * 4).astype(F32)
+    x[: min(count, 7)] = [-100.0, -9.0, -1e-3, 0.0, 1e-20, 8.0, 1e6][: min(count, 7)]
+    # 1 + erf(z) as erfc(-z): the float64 reference must not cancel in the far negative tail either
+    want = np.array([0.5 * v * math.erfc(-v / math.sqrt(2)) for v in x.astype(np.float64)])
+    got = x.copy()
+    native.gelu_erf(got, count)
+    err = np.abs(got - want)
+    # erf's 1.5e-7 times |x|/2, plus a few float32 roundings of terms no larger than |x| (AVX2's
+    # reciprocal is rcp + a Newton step: an ulp more)
+    assert np.all(err <= 4e-7 * np.abs(x) + 1e-30), float((err / np.maximum(np.abs(x), 1e-30)).max())
+    dense = np.linspace(-12, 12, 48001).astype(F32)
+    want = 0.5 * dense.astype(np.float64) * np.vectorize(math.erfc)(-dense.astype(np.float64) / math.sqrt(2))
+    x = dense.copy()
+    native.gelu_erf(dense, dense.size)
+    assert np.all(np.abs(dense - want) <= 4e-7 * np.abs(x) + 1e-30)
+    # the tanh approximation would be off by up to ~5e-4 here: the test tells the two apart
+    assert np.abs(dense - want).max() < 1e-5
+
+
+@pytest.mark.parametrize("count", COUNTS)
 def test_softcap(isa, count):
     r = rng(count + 1)
     x = (r.standard_normal(count) * 40).astype(F32)

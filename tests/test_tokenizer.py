@@ -517,10 +517,10 @@ def test_from_hf_dir_errors(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{not json", encoding="utf-8")
     with pytest.raises(TokenizerError, match="not valid JSON"):
         Tokenizer.from_hf_dir(tmp_path)
-    wordpiece = {"version": "1.0", "added_tokens": [], "normalizer": None, "pre_tokenizer": None,
+    # WordPiece is supported (BERT encoders, tests/test_embeddings.py); WordLevel is not
+    wordlevel = {"version": "1.0", "added_tokens": [], "normalizer": None, "pre_tokenizer": None,
                  "post_processor": None, "decoder": None, "truncation": None, "padding": None,
-                 "model": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
-                           "max_input_chars_per_word": 100, "vocab": {"[UNK]": 0, "a": 1}}}
-    (tmp_path / "tokenizer.json").write_text(json.dumps(wordpiece), encoding="utf-8")
-    with pytest.raises(TokenizerError, match="WordPiece"):
+                 "model": {"type": "WordLevel", "unk_token": "[UNK]", "vocab": {"[UNK]": 0, "a": 1}}}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(wordlevel), encoding="utf-8")
+    with pytest.raises(TokenizerError, match="WordLevel"):
         Tokenizer.from_hf_dir(tmp_path)

@@ -35,7 +35,7 @@ const struct llb_op_kernels *llb_op_kernels_current(void) {
 
 /* ---- elementwise ---------------------------------------------------------- */
 
-enum ew_op { EW_SILU, EW_GELU, EW_ADD, EW_SCALE, EW_SOFTCAP };
+enum ew_op { EW_SILU, EW_GELU, EW_ADD, EW_SCALE, EW_SOFTCAP, EW_GELU_ERF };
 
 struct ew_task {
     const struct llb_op_kernels *k;
@@ -53,6 +53,7 @@ static void ew_range(const struct ew_task *t, long i, long m) {
     case EW_ADD: t->k->add(t->a + i, t->b + i, t->out + i, m); break;
     case EW_SCALE: t->k->scale(t->out + i, t->s, m); break;
     case EW_SOFTCAP: t->k->softcap(t->out + i, t->s, m); break;
+    case EW_GELU_ERF: t->k->gelu_erf(t->out + i, m); break;
     }
 }
 
@@ -82,6 +83,10 @@ void llb_add(const float *a, const float *b, float *out, long count) {
 void llb_scale(float *x, float s, long count) {
     struct ew_task t = {.op = EW_SCALE, .out = x, .s = s, .count = count};
     ew_dispatch(&t, PAR_MIN_CHEAP);
+}
+void llb_gelu_erf(float *x, long count) {
+    struct ew_task t = {.op = EW_GELU_ERF, .out = x, .count = count};
+    ew_dispatch(&t, PAR_MIN_TRANSC);
 }
 void llb_softcap(float *x, float cap, long count) {
     struct ew_task t = {.op = EW_SOFTCAP, .out = x, .s = cap, .count = count};

@@ -65,6 +65,7 @@ void llb_gelu_mul(const float *gate, const float *up, float *out, long count); /
 void llb_add(const float *a, const float *b, float *out, long count);          /* out may alias a or b */
 void llb_add_rows(const float *x, const float *bias, float *out, long n, long d); /* out[i] = x[i] + bias */
 void llb_scale(float *x, float s, long count);                                 /* x *= s */
+void llb_gelu_erf(float *x, long count);                                       /* x = 0.5 x (1 + erf(x/sqrt 2)) */
 void llb_softcap(float *x, float cap, long count);                             /* x = cap * tanh(x / cap) */
 
 #endif

@@ -324,6 +324,26 @@ static PyObject *py_softcap(PyObject *self, PyObject *const *args, Py_ssize_t na
     return inplace_op("softcap", "cap", 0.0, args, nargs, llb_softcap);
 }
 
+/* gelu_erf(x, count): in place, no scalar; through inplace_args with s unused. */
+static void gelu_erf_s(float *x, float s, long count) {
+    (void)s;
+    llb_gelu_erf(x, count);
+}
+static PyObject *py_gelu_erf(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    const char *op = "gelu_erf";
+    if (llb_arg_nargs(op, nargs, 2, "x, count")) return NULL;
+    long count;
+    if (llb_arg_long(args[1], op, "count", 1, MAX_DIM, &count)) return NULL;
+    struct llb_bufs h = OPS_BUFS;
+    float *x = llb_arg_buf(&h, args[0], op, "x", 1, LLB_ELEM_F32, count, 0);
+    if (!x) {
+        llb_bufs_release(&h);
+        return NULL;
+    }
+    const struct inplace_args a = {gelu_erf_s, x, 0.f, count};
+    return llb_bufs_call(&h, op, run_inplace, NULL, &a, sizeof a);
+}
+
 #define FASTCALL(f) (PyCFunction)(void (*)(void))(f), METH_FASTCALL
 
 PyMethodDef llb_ops_methods[] = {
@@ -341,6 +361,7 @@ PyMethodDef llb_ops_methods[] = {
     {"add", FASTCALL(py_add), "add(a, b, out, count): out = a + b (out may alias a or b)."},
     {"add_rows", FASTCALL(py_add_rows), "add_rows(x, bias, out, n, d): out[i] = x[i] + bias."},
     {"scale", FASTCALL(py_scale), "scale(x, s, count): x *= s in place."},
+    {"gelu_erf", FASTCALL(py_gelu_erf), "gelu_erf(x, count): x = 0.5 x (1 + erf(x / sqrt 2)) in place (BERT's GELU)."},
     {"softcap", FASTCALL(py_softcap), "softcap(x, cap, count): x = cap * tanh(x / cap) in place."},
     {NULL, NULL, 0, NULL},
 };

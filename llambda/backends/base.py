@@ -140,6 +140,10 @@ class Backend(ABC):
     @abstractmethod
     def gelu_mul(self, gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> None: ...
 
+    def gelu_erf(self, x: np.ndarray) -> None:
+        """In place: 0.5 x (1 + erf(x / sqrt 2)), the exact GELU of BERT-family encoders."""
+        raise NotImplementedError(f"the {self.name} backend has no gelu_erf")
+
     @abstractmethod
     def add(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None: ...
 

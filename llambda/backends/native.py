@@ -292,6 +292,9 @@ class NativeBackend(Backend):
     def silu_mul(self, gate, up, out) -> None:
         C.silu_mul(gate, up, out, gate.size)
 
+    def gelu_erf(self, x) -> None:
+        C.gelu_erf(x, x.size)
+
     def gelu_mul(self, gate, up, out) -> None:
         C.gelu_mul(gate, up, out, gate.size)
 

@@ -8,6 +8,12 @@ from __future__ import annotations
 import numpy as np
 
 from ..formats.weights import WeightTensor
+
+try:
+    from scipy.special import erf as _erf
+except ImportError:      # scipy is optional: libm's erf element by element (slow, exact)
+    import math
+    _erf = np.vectorize(math.erf, otypes=[np.float64])
 from .base import Backend, KVCache
 
 
@@ -79,6 +85,9 @@ class NumpyBackend(Backend):
         c = np.float32(np.sqrt(2.0 / np.pi))
         g = 0.5 * gate * (1.0 + np.tanh(c * (gate + np.float32(0.044715) * gate ** 3)))
         np.multiply(g, up, out=out)
+
+    def gelu_erf(self, x) -> None:
+        x *= 0.5 * (1.0 + _erf(x.astype(np.float64) / np.sqrt(2.0)))
 
     def add(self, a, b, out) -> None:
         np.add(a, b, out=out)

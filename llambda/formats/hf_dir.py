@@ -168,6 +168,8 @@ def open_hf_dir(path: Path) -> ModelSource:
     if not isinstance(raw_cfg, dict):
         raise ModelFormatError(f"{cfg_path}: must hold a JSON object")
     cfg_dict = text_config(raw_cfg)
+    if _is_encoder(raw_cfg):
+        return _open_encoder_dir(path, raw_cfg)
     arch = arch_name(cfg_dict if "model_type" in cfg_dict else raw_cfg)
     config = arch_module(arch, "config_from_hf").config_from_hf(cfg_dict)
     config.rope_neox = True       # HF q/k rows are in the half-split layout
@@ -192,6 +194,38 @@ def open_hf_dir(path: Path) -> ModelSource:
         meta = {"hf.config": raw_cfg, "hf.generation_config": gen_cfg, "hf.tokenizer_config": tok_cfg}
         return ModelSource(path, "hf", config, tensors.get, meta, tok, tok_err, _chat_template(path, tok_cfg),
                            str(name), [st.close], list(tensors))
+    except BaseException:
+        st.close()
+        raise
+
+
+def _is_encoder(cfg: dict) -> bool:
+    from ..models import ENCODERS
+    classes = cfg.get("architectures") if isinstance(cfg.get("architectures"), list) else []
+    mt = cfg.get("model_type")
+    return (isinstance(mt, str) and mt in ENCODERS) or any(
+        isinstance(c, str) and c.startswith("Bert") for c in classes)
+
+
+def _open_encoder_dir(path: Path, raw_cfg: dict) -> ModelSource:
+    """A BERT-family encoder: its own config (models/bert.py), tensors under their HF names, and
+    sentence-transformers' pooling and max_seq_length where the directory has them."""
+    from ..models import ENCODERS, encoder_module
+    extra = {}
+    for key, rel in (("pooling", "1_Pooling/config.json"), ("st_config", "sentence_bert_config.json")):
+        f = path / rel
+        data = read_json(f, rel) if f.is_file() else None
+        extra[key] = data if isinstance(data, dict) else None
+    mt = raw_cfg.get("model_type")
+    arch = mt if isinstance(mt, str) and mt in ENCODERS else "bert"
+    config = encoder_module(arch).config_from_hf(raw_cfg, **extra)
+    st = open_safetensors_dir(path)
+    try:
+        tok, tok_err = _tokenizer(path)
+        name = raw_cfg.get("_name_or_path") or path.name
+        meta = {"hf.config": raw_cfg, **{f"st.{k}": v for k, v in extra.items()}}
+        return ModelSource(path, "hf", config, st.get, meta, tok, tok_err, None, str(name), [st.close],
+                           list(st.tensors))
     except BaseException:
         st.close()
         raise

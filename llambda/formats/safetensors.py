@@ -98,6 +98,9 @@ class SafetensorsFile:
         base = np.frombuffer(self._mm, dtype=np.uint8)
         spans = []
         for name, info in header.items():
+            # BERT checkpoints save the int64 buffer `embeddings.position_ids` (0..n-1), not a weight
+            if name.endswith("position_ids") and isinstance(info, dict) and info.get("dtype") in ("I64", "I32"):
+                continue
             qtype, shape, begin, end = self._entry(name, info, data_size)
             spans.append((begin, end, name))
             self.tensors[name] = WeightTensor(name, qtype, shape, base[data_start + begin:data_start + end])

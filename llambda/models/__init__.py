@@ -17,6 +17,13 @@ ARCHITECTURES = {
     "phi3": "phi3",
 }
 
+# Encoders (embedding models, cross-encoders): their own config and forward, not TransformerConfig
+ENCODERS = {"bert": "bert"}
+
+
+def encoder_module(name: str):
+    return import_module(f".{ENCODERS[name]}", __name__)
+
 
 def arch_module(name: str, reader: str | None = None):
     """The module of architecture `name`; with `reader` ("config_from_gguf" or "config_from_hf"),

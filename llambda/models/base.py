@@ -240,6 +240,21 @@ class Transformer:
         x = self._layers(n)
         return self._logits(x, rows, out)
 
+    def final_hidden(self, tokens, slots, pos, rows) -> np.ndarray:
+        """The final-normed hidden states of `rows` (a copy), for decoder models used as embedders.
+        The same blocks as forward(), without the head."""
+        n, ws = len(tokens), self.ws
+        if n == 0 or n > ws.max_tokens:
+            raise ValueError(f"batch of {n} tokens; this model takes 1..{ws.max_tokens} per call")
+        ws.tokens[:n], ws.slots[:n], ws.pos[:n] = tokens, slots, pos
+        self._check_batch(ws.tokens[:n], ws.slots[:n], ws.pos[:n])
+        self.backend.begin_forward()
+        x = self._layers(n)
+        h = np.ascontiguousarray(x[np.asarray(rows, dtype=np.intp)])
+        out = np.empty_like(h)
+        self.backend.rmsnorm(h, self.output_norm, self.cfg.norm_eps, out)
+        return out
+
     def _layers(self, n: int) -> np.ndarray:
         """Embed the batch in ws.tokens[:n] and run every block; returns the hidden states."""
         ws = self.ws

@@ -15,7 +15,7 @@ from starlette.routing import Route
 
 from . import web
 from .accesslog import GENERATION_KEY, AccessLog
-from . import anthropic_api, llama_api, responses_api
+from . import anthropic_api, embeddings_api, llama_api, responses_api
 from .config import ServerConfig
 from .deltas import Http
 from .errors import APIError, bad_request
@@ -168,10 +168,58 @@ class Gatekeeper:
         return ok and scheme.lower() == b"bearer"
 
 
+def _encoder_app(model, cfg: ServerConfig, metrics: Metrics) -> Starlette:
+    """An encoder (embedding model, reranker) serves /v1/embeddings, /v1/rerank, /rerank, /v1/models,
+    /health and /metrics: no scheduler, no generation; auth, limits and errors as for a decoder."""
+    from types import SimpleNamespace
+
+    def check_model(name):
+        if not cfg.accepts(name):
+            raise APIError(404, f"the model {name!r} does not exist; this server serves {cfg.model_id!r}",
+                           param="model", code="model_not_found")
+
+    service = SimpleNamespace(model=model, cfg=cfg, scheduler=None, check_model=check_model)
+
+    async def models(request: Request) -> Response:
+        card = {"id": cfg.model_id, "object": "model", "created": int(metrics.started), "owned_by": "llambda",
+                "meta": {"n_ctx": model.n_ctx, "n_vocab": model.config.vocab_size,
+                         "n_embd": model.config.hidden, "reranker": model.is_reranker}}
+        return json_response({"object": "list", "data": [card]})
+
+    async def health(request: Request) -> Response:
+        return json_response({"status": "ok"})
+
+    async def metrics_text(request: Request) -> Response:
+        return Response(metrics.render({}), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def on_api_error(request: Request, exc: APIError) -> Response:
+        return error_response(exc)
+
+    async def on_http_error(request: Request, exc: HTTPException) -> Response:
+        return error_response(APIError(exc.status_code, f"no route {request.method} {request.url.path}"
+                                       if exc.status_code == 404 else str(exc.detail)))
+
+    async def on_crash(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error on %s", request.url.path)
+        return error_response(APIError(500, f"internal server error: {type(exc).__name__}"))
+
+    http = Http(read_body=lambda request: read_json(request, cfg.max_body_bytes, cfg.body_timeout),
+                watch_disconnect=_watch_disconnect, event_stream=EventStream, json_response=json_response)
+    routes = [Route("/v1/models", models, methods=["GET"]), Route("/health", health, methods=["GET"]),
+              Route("/metrics", metrics_text, methods=["GET"])] + embeddings_api.routes(service, http)
+    app = Starlette(routes=routes,
+                    middleware=[Middleware(AccessLog), Middleware(Gatekeeper, cfg=cfg, metrics=metrics)],
+                    exception_handlers={APIError: on_api_error, HTTPException: on_http_error, Exception: on_crash})
+    app.state.service, app.state.scheduler, app.state.metrics, app.state.config = service, None, metrics, cfg
+    return app
+
+
 def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
                metrics: Metrics | None = None) -> Starlette:
     """The ASGI app serving `model` (a llambda.api.Model loaded with n_slots >= cfg.parallel)."""
     metrics = metrics or (scheduler.metrics if scheduler is not None else Metrics())
+    if getattr(model, "is_encoder", False):
+        return _encoder_app(model, cfg, metrics)
     if scheduler is None:
         scheduler = Scheduler(model.transformer, metrics, n_slots=cfg.parallel, prefill_chunk=cfg.prefill_chunk,
                               queue_size=cfg.queue_size)
@@ -277,7 +325,7 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
     # the other APIs' endpoints, each in its own module
     http = Http(read_body=lambda request: read_json(request, cfg.max_body_bytes, cfg.body_timeout),
                 watch_disconnect=_watch_disconnect, event_stream=EventStream, json_response=json_response)
-    for module in (llama_api, responses_api, anthropic_api):
+    for module in (llama_api, responses_api, anthropic_api, embeddings_api):
         routes += module.routes(service, http)
     app = Starlette(routes=routes, lifespan=lifespan,
                     middleware=[Middleware(AccessLog), Middleware(Gatekeeper, cfg=cfg, metrics=metrics)],

@@ -30,7 +30,8 @@ class _Server(uvicorn.Server):
         self._grace = grace
 
     def handle_exit(self, sig, frame) -> None:
-        self._scheduler.drain(self._grace)
+        if self._scheduler is not None:     # an encoder's app has no scheduler
+            self._scheduler.drain(self._grace)
         super().handle_exit(sig, frame)
 
 

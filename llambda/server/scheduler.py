@@ -19,6 +19,7 @@ per stream per step cost the scheduler thread ~40 us each at 8 streams.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 import time
@@ -156,6 +157,7 @@ class Scheduler:
         self._stopping = False
         self._drain_deadline: float | None = None
         self._outbox: dict[Channel, list] = {}
+        self._calls: deque = deque()           # (fn, Future): work run on this thread between steps
         # for health(): when the loop last finished a round, and since when work has been waiting
         self._progress = time.monotonic()
         self._busy_since: float | None = None
@@ -203,6 +205,26 @@ class Scheduler:
                 self._busy_since = time.monotonic()
             self._waiting.extend(jobs)
             self._cv.notify_all()
+
+    def call(self, fn):
+        """Run fn() on the scheduler thread between two steps (so it may use the model's buffers)
+        and return its result; from any other thread. Raises ShuttingDown when stopping."""
+        fut = concurrent.futures.Future()
+        with self._cv:
+            if self.draining or self._thread is None:
+                raise ShuttingDown("the server is shutting down")
+            self._calls.append((fn, fut))
+            self._cv.notify_all()
+        return fut.result()
+
+    def _run_calls(self) -> None:
+        with self._cv:
+            calls, self._calls = list(self._calls), deque()
+        for fn, fut in calls:
+            try:
+                fut.set_result(fn())
+            except BaseException as e:
+                fut.set_exception(e)
 
     def wake(self) -> None:
         """Have the loop look at cancellations now (it also does so before each step)."""
@@ -258,11 +280,16 @@ class Scheduler:
                 self._check_drain_locked()
             if self._stopping:
                 self._cancel_all_locked(JobFailure(503, "the server is shutting down"))
+                for _, fut in self._calls:
+                    fut.set_exception(ShuttingDown("the server is shutting down"))
+                self._calls.clear()
                 self._flush()
                 return False
             self._check_drain_locked()
             self._drop_cancelled_locked()
             self._admit_locked()
+        if self._calls:
+            self._run_calls()
         if self._active:
             try:
                 self._step()
@@ -275,7 +302,7 @@ class Scheduler:
         return True
 
     def _has_work_locked(self) -> bool:
-        return bool(self._active or self._waiting)
+        return bool(self._active or self._waiting or self._calls)
 
     def _wait_timeout(self) -> float | None:
         if self._drain_deadline is None:

@@ -120,6 +120,33 @@ class Tokenizer:
                 ids.append(self.eos_id)
         return ids
 
+    def encode_for_encoder(self, texts: list[str], max_tokens: int) -> list[tuple[list[int], list[int]]]:
+        """(ids, token_type_ids) per text with the model's own special tokens ([CLS] ... [SEP] for
+        BERT, from tokenizer.json's post-processor), truncated to max_tokens as the original
+        tokenizer truncates (the text's tokens are cut, the special tokens kept)."""
+        # a (text, text) pair is one input of a cross-encoder: [CLS] a [SEP] b [SEP], type ids 0 then 1
+        if any(not isinstance(t, str) and not (isinstance(t, tuple) and len(t) == 2
+                                               and all(isinstance(x, str) for x in t)) for t in texts):
+            raise TokenizerError("encode_for_encoder() needs a list of str or of (str, str) pairs")
+        if max_tokens < 3:
+            raise TokenizerError(f"max_tokens must be >= 3, got {max_tokens}")
+        try:
+            with self._lock:
+                if not self._parse_special:
+                    self._backend.encode_special_tokens = False
+                    self._parse_special = True
+                # the backend is shared: truncation is switched on only for this call
+                self._backend.enable_truncation(max_tokens)
+                try:
+                    encs = self._backend.encode_batch(list(texts), add_special_tokens=True)
+                finally:
+                    self._backend.no_truncation()
+        except Exception as e:
+            flat = [x for t in texts for x in ((t,) if isinstance(t, str) else t)]
+            bad = next((t for t in flat if _explain(t, e) != str(e)), flat[0] if flat else "")
+            raise TokenizerError(f"cannot encode text: {_explain(bad, e)}") from None
+        return [(list(e.ids), list(e.type_ids)) for e in encs]
+
     def _warn_dropped_bytes(self, text: str) -> None:
         dropped = text.encode("utf-8").translate(None, self._present_bytes)
         if dropped:
@@ -165,6 +192,8 @@ class Tokenizer:
         token is a control token, as in llama.cpp).
         """
         ids = self._check_ids(ids)
+        if self.model == "bert":     # WordPiece: '##' joins pieces, which the library's decoder knows
+            return self._backend.decode(ids, skip_special_tokens=skip_special)
         if skip_special:
             ids = [i for i in ids if i not in self._special]
         pieces = list(map(self._pieces, ids))

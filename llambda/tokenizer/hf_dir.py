@@ -64,15 +64,21 @@ def load_hf_dir(path) -> tuple[Backend, Vocab, bool]:
     except Exception as e:
         raise TokenizerError(f"{tj}: the tokenizers library cannot load it: {e}") from None
 
+    # Encoders' tokenizer.json may fix padding and truncation (MiniLM's pads every text to 128):
+    # encode() returns the text's own tokens; encoders truncate explicitly (encode_for_encoder)
+    backend.no_padding()
+    backend.no_truncation()
     model = spec.get("model") or {}
-    if model.get("type") not in ("BPE", "Unigram"):
-        raise TokenizerError(f"{tj}: model type {model.get('type')!r} is not supported (BPE or Unigram only)")
+    if model.get("type") not in ("BPE", "Unigram", "WordPiece"):
+        raise TokenizerError(f"{tj}: model type {model.get('type')!r} is not supported "
+                             "(BPE, Unigram or WordPiece only)")
+    wordpiece = model.get("type") == "WordPiece"
     decoder = _component_types(spec.get("decoder"))
     pre = _component_types(spec.get("pre_tokenizer"))
     byte_level = any(d.get("type") == "ByteLevel" for d in decoder + pre)
     metaspace = any(d.get("type") in ("Metaspace", "ByteFallback") or
                     (d.get("type") == "Replace" and d.get("content") == " ") for d in decoder)
-    if not byte_level and not metaspace:
+    if not byte_level and not metaspace and not wordpiece:
         raise TokenizerError(f"{tj}: cannot tell how tokens map to bytes (decoder {spec.get('decoder')!r})")
     # SentencePiece-style decoders that drop the space prepended at encode time.
     strip_first_space = not byte_level and any(
@@ -121,10 +127,12 @@ def load_hf_dir(path) -> tuple[Backend, Vocab, bool]:
             return v
         return None
 
-    vocab = Vocab(model="gpt2" if byte_level else "llama", pre="tokenizer.json", tokens=tokens,
+    vocab = Vocab(model="gpt2" if byte_level else "bert" if wordpiece else "llama", pre="tokenizer.json", tokens=tokens,
                   types=types, scores=None, merges=None)
     vocab.bos_id, vocab.eos_id = special_id("bos"), special_id("eos")
     vocab.unk_id, vocab.pad_id = special_id("unk"), special_id("pad")
+    if wordpiece:
+        vocab.extra["cls"], vocab.extra["sep"] = special_id("cls"), special_id("sep")
     vocab.add_space_prefix = strip_first_space
 
     # Without explicit flags, ask the post-processor what it adds.

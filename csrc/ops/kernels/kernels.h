@@ -43,6 +43,7 @@ struct llb_op_kernels {
     void (*silu_mul)(const float *gate, const float *up, float *out, long count);
     void (*gelu_mul)(const float *gate, const float *up, float *out, long count);
     void (*softcap)(float *x, float cap, long count);
+    void (*gelu_erf)(float *x, long count);
     void (*add)(const float *a, const float *b, float *out, long count);
     void (*scale)(float *x, float s, long count);
     void (*f32_to_f16)(const float *src, uint16_t *dst, long count);

@@ -1,0 +1,162 @@
+"""POST /v1/embeddings and /v1/rerank, /rerank on a live server, with the official openai client."""
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+
+import numpy as np
+import openai
+import pytest
+
+import llambda
+from llambda.server import ServerConfig, create_app
+from serverkit import LOAD_KW, LiveServer, assert_error, post
+from test_embeddings import TINY_TEXTS, _tiny_bert_dir
+
+
+def _cfg(model_id):
+    return ServerConfig(model_id=model_id, parallel=1, queue_size=8, max_body_bytes=256 * 1024,
+                        max_tokens_cap=64, prefill_chunk=64)
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory):
+    emb, _, _ = _tiny_bert_dir(tmp_path_factory.mktemp("emb"))
+    ce, _, _ = _tiny_bert_dir(tmp_path_factory.mktemp("ce"), classifier=True)
+    return emb, ce
+
+
+@pytest.fixture(scope="module")
+def tiny_live(tiny_dirs):
+    with llambda.load(tiny_dirs[0], backend="numpy") as m, LiveServer(create_app(m, _cfg("tiny-bert"))) as srv:
+        yield m, srv
+
+
+def test_embeddings_openai_client(tiny_live):
+    m, srv = tiny_live
+    client = srv.client()
+    want = m.embed(TINY_TEXTS)
+    r = client.embeddings.create(model="tiny-bert", input=TINY_TEXTS, encoding_format="float")
+    assert [d.index for d in r.data] == list(range(len(TINY_TEXTS)))
+    got = np.array([d.embedding for d in r.data], np.float32)
+    assert np.abs(got - want).max() < 1e-6
+    assert r.usage.prompt_tokens == sum(len(ids) for ids, _ in m.tokenizer.encode_for_encoder(TINY_TEXTS, 16))
+    assert r.model == "tiny-bert"
+    # the client's default asks for base64 and decodes it itself
+    r64 = client.embeddings.create(model="tiny-bert", input="the cat sat on the mat")
+    assert np.abs(np.array(r64.data[0].embedding, np.float32) - want[0]).max() < 1e-6
+
+
+def test_embeddings_shapes_of_input(tiny_live):
+    m, srv = tiny_live
+    ids = m.tokenizer.encode_for_encoder(["a big dog runs"], 16)[0][0]
+    want = m.embed(["a big dog runs"])[0]
+    for body_input in (ids, [ids], "a big dog runs", ["a big dog runs"]):
+        r = post(srv, "/v1/embeddings", {"input": body_input, "encoding_format": "base64"})
+        assert r.status_code == 200, r.text
+        data = r.json()["data"]
+        assert len(data) == 1
+        v = np.frombuffer(base64.b64decode(data[0]["embedding"]), "<f4")
+        assert np.abs(v - want).max() < 1e-6
+    r = post(srv, "/v1/embeddings", {"input": "the cat", "dimensions": 32})
+    assert r.status_code == 200
+
+
+@pytest.mark.parametrize("body, words", [
+    ({}, ["input"]),
+    ({"input": ""}, ["empty string"]),
+    ({"input": []}, ["must not be empty"]),
+    ({"input": [1, "a"]}, ["input[0]"]),
+    ({"input": [[1, 2], [True]]}, ["input[1]"]),
+    ({"input": 3}, ["'input'"]),
+    ({"input": "x", "encoding_format": "int8"}, ["encoding_format"]),
+    ({"input": "x", "dimensions": 16}, ["dimensions", "32"]),
+    ({"input": [[99999]]}, ["out of range"]),
+])
+def test_embeddings_errors(tiny_live, body, words):
+    _, srv = tiny_live
+    assert_error(post(srv, "/v1/embeddings", body), 400, *words)
+
+
+def test_embeddings_wrong_model_and_client_error(tiny_live):
+    _, srv = tiny_live
+    assert_error(post(srv, "/v1/embeddings", {"model": "other", "input": "x"}), 404, "does not exist")
+    with pytest.raises(openai.BadRequestError, match="dimensions"):
+        srv.client().embeddings.create(model="tiny-bert", input="x", dimensions=8)
+
+
+@pytest.mark.parametrize("path", ["/v1/rerank", "/rerank"])
+def test_rerank_refused_by_an_embedder(tiny_live, path):
+    _, srv = tiny_live
+    err = assert_error(post(srv, path, {"query": "q", "documents": ["a"]}), 400, "this model is not a reranker")
+    assert err["code"] == "not_a_reranker"
+
+
+def test_encoder_server_models_and_health(tiny_live):
+    _, srv = tiny_live
+    import httpx
+    card = httpx.get(srv.url + "/v1/models").json()["data"][0]
+    assert card["id"] == "tiny-bert" and card["meta"]["n_embd"] == 32
+    assert httpx.get(srv.url + "/health").json()["status"] == "ok"
+    assert_error(post(srv, "/v1/chat/completions", {"messages": []}), 404)
+
+
+def test_rerank_cross_encoder(tiny_dirs):
+    docs = ["the cat sat", "a big dog", "mats", "small cats running"]
+    with llambda.load(tiny_dirs[1], backend="numpy") as m, LiveServer(create_app(m, _cfg("tiny-ce"))) as srv:
+        scores = m.score("the cat", docs)
+        for path in ("/v1/rerank", "/rerank"):
+            r = post(srv, path, {"query": "the cat", "documents": docs, "top_n": 3, "return_documents": True})
+            assert r.status_code == 200, r.text
+            res = r.json()["results"]
+            assert [x["index"] for x in res] == list(np.argsort(-scores)[:3])
+            assert all(abs(x["relevance_score"] - scores[x["index"]]) < 1e-5 for x in res)
+            assert res[0]["document"]["text"] == docs[res[0]["index"]]
+        assert_error(post(srv, "/v1/rerank", {"query": "q", "documents": []}), 400, "documents")
+        assert_error(post(srv, "/v1/rerank", {"documents": ["a"]}), 400, "query")
+
+
+# -- real models ------------------------------------------------------------------------------
+
+def test_minilm_server_matches_library(minilm_dir):
+    texts = ["A man is eating food.", "The new movie is awesome", "東京は日本の首都です。"]
+    with llambda.load(minilm_dir) as m, LiveServer(create_app(m, _cfg("all-minilm-l6-v2"))) as srv:
+        want = m.embed(texts)
+        r = srv.client().embeddings.create(model="all-minilm-l6-v2", input=texts)
+        got = np.array([d.embedding for d in r.data], np.float32)
+        assert got.shape == (3, 384)
+        assert np.abs(got - want).max() < 1e-6
+
+
+def test_decoder_embeddings_on_the_scheduler(smollm2_gguf):
+    """A decoder pooled on its last token, computed between scheduler steps in a spare slot:
+    chat completions running at the same time give the same text as alone."""
+    with llambda.load(smollm2_gguf, n_slots=2, n_ctx=256, **LOAD_KW) as m:
+        texts = ["The capital of France is Paris.", "def add(a, b): return a + b"]
+        with LiveServer(create_app(m, _cfg("smollm2"))) as srv:
+            client = srv.client()
+
+            def chat():
+                return client.chat.completions.create(
+                    model="smollm2", messages=[{"role": "user", "content": "Count to five."}],
+                    max_tokens=24, temperature=0).choices[0].message.content
+            alone = chat()
+            with concurrent.futures.ThreadPoolExecutor(4) as ex:
+                chats = [ex.submit(chat) for _ in range(2)]
+                embs = [ex.submit(client.embeddings.create, model="smollm2", input=texts) for _ in range(3)]
+                assert all(c.result() == alone for c in chats)
+                vecs = [np.array([d.embedding for d in e.result().data], np.float32) for e in embs]
+        assert vecs[0].shape == (2, m.config.d_model)
+        assert np.allclose(np.linalg.norm(vecs[0], axis=1), 1, atol=1e-5)
+        for v in vecs[1:]:
+            assert np.abs(v - vecs[0]).max() < 1e-6
+        lib = m.embed(texts)
+        cos = (lib * vecs[0]).sum(1)
+        assert cos.min() > 0.999, cos
+        assert float(lib[0] @ lib[1]) < 0.99       # different texts, different vectors
+
+
+def test_decoder_without_a_spare_slot_is_refused(smollm2_gguf):
+    with llambda.load(smollm2_gguf, n_slots=1, n_ctx=128, **LOAD_KW) as m, \
+            LiveServer(create_app(m, _cfg("smollm2"))) as srv:
+        assert_error(post(srv, "/v1/embeddings", {"input": "hi"}), 400, "slot to spare")
