@@ -5,7 +5,7 @@ scales for the K-quants); the oracle is gguf-py's NumPy dequantizer (an
 independent implementation of the block formats) and x @ W.T in float64.
 
 Error budgets, per output element (i, r), with A = |W| except for the types
-with a separate min term (Q4_1, Q4_K) where A = |scale*q| + |min| (the two
+with a separate min term (those whose traits have min_at: Q4_1, Q5_1, Q2_K, Q4_K, Q5_K) where A = |scale*q| + |min| (the two
 terms the kernels compute separately, so their rounding scales with both):
   exact (FP32 activations):      |err| <= EXACT_RTOL * sum_k |x[i,k]| A[r,k]
   fast (8-bit activations):      |err| <= sum_k A[r,k] * amax(32-block of x[i] holding k) / 254
@@ -27,10 +27,12 @@ from gguf import GGMLQuantizationType as G  # noqa: E402
 
 from llambda import _native as nat  # noqa: E402
 
-TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14, "BF16": 30}
-BLOCK = {"F32": 1, "F16": 1, "BF16": 1, "Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q8_0": 32, "Q4_K": 256, "Q6_K": 256}
-# Values per activation scale in fast mode: 32 for every quantized type (the K-quants group
-# their codes by 256 but keep one scale per 32, so one outlier coarsens only 32 neighbours).
+from llambda.formats import quants as Q  # noqa: E402
+
+# Every type the C core runs, from its type table: name -> ggml id, values per block.
+TYPES = {t["name"]: t["id"] for t in nat.qtypes()}
+BLOCK = {t["name"]: t["block"] for t in nat.qtypes()}
+FLOATS = [t for t, b in BLOCK.items() if b == 1]
 ACT_BLOCK = {t: min(b, 32) for t, b in BLOCK.items()}
 ISAS = nat.isa_available()
 EXACT_RTOL = 2e-6  # FP32 accumulation over up to ~9000 terms; measured <= 3e-7 at 1536
@@ -56,21 +58,16 @@ def _f16_scales(rng, n, lo, hi):
 
 
 def make_weights(tname, rows, cols, rng):
-    """Random weights in the file layout: uint8 array (rows, row_bytes)."""
-    if tname in ("Q4_K", "Q6_K"):
-        nblk = rows * cols // 256
-        if tname == "Q4_K":  # d, dmin, 12 bytes of 6-bit scales/mins (any bits are valid), 128 bytes of nibbles
-            raw = np.concatenate([_f16_scales(rng, nblk, 1e-3, 2e-2), _f16_scales(rng, nblk, 1e-3, 2e-2),
-                                  rng.integers(0, 256, (nblk, 140), dtype=np.uint8)], axis=1)
-        else:  # ql, qh, int8 scales, d
-            raw = np.concatenate([rng.integers(0, 256, (nblk, 208), dtype=np.uint8),
-                                  _f16_scales(rng, nblk, -2e-3, 2e-3)], axis=1)
-        return raw.reshape(rows, -1)
+    """Random weights in the file layout: uint8 array (rows, row_bytes). Quantized from Gaussian
+    floats where gguf-py has a quantizer for the type, else random codes with sane scales."""
     w = rng.standard_normal((rows, cols)).astype(np.float32)
     w[:, : min(cols, 8)] *= 4  # a few large weights per row, as real matrices have
     if tname == "F32":
         return w.view(np.uint8).reshape(rows, -1)
-    raw = gguf_quants.quantize(w, getattr(G, tname))
+    try:
+        raw = gguf_quants.quantize(w, getattr(G, tname))
+    except NotImplementedError:  # the K-quants, IQ4 and MXFP4: gguf-py only dequantizes them
+        return Q.random_blocks(rng, tname, rows * cols // BLOCK[tname], spread=2e-2).reshape(rows, -1)
     return np.ascontiguousarray(raw).view(np.uint8).reshape(rows, -1)
 
 
@@ -82,10 +79,11 @@ def dequant(tname, raw, rows, cols):
 
 def magnitude(tname, raw, rows, cols, w):
     """A = |scale*q| + |min| for min-carrying types, else |W| (see module docstring)."""
-    if tname not in ("Q4_1", "Q4_K"):
+    tr = Q.TRAITS[Q.QType[tname]]
+    if tr.min_at is None:
         return np.abs(w)
-    nomin = raw.reshape(-1, 20 if tname == "Q4_1" else 144).copy()
-    nomin[:, 2:4] = 0  # Q4_1's m / Q4_K's dmin
+    nomin = raw.reshape(-1, tr.type_size).copy()
+    nomin[:, tr.min_at:tr.min_at + 2] = 0  # the min's fp16 scale
     w0 = dequant(tname, nomin, rows, cols)
     return np.abs(w0) + np.abs(w - w0)
 
@@ -182,7 +180,7 @@ def test_matmul_random(tname, exact, isa):
     rng = np.random.default_rng(TYPES[tname] * 10 + exact)
     blk = max(BLOCK[tname], 32)
     col_options = (blk, 3 * blk) if blk == 256 else (blk, 5 * blk)
-    if tname in ("F32", "F16", "BF16"):
+    if tname in FLOATS:
         col_options = (7, 96, 131)  # float types accept any width; a tail of a 32-wide chunk must be handled
     for rows in (1, 15, 17, 100):
         for cols in col_options:
