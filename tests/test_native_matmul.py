@@ -385,3 +385,36 @@ def test_bad_arguments():
         nat.packed_size(TYPES["Q6_K"], 1, 896)  # 896 is not a multiple of 256
     with pytest.raises(ValueError):
         nat.row_bytes(q41, 31)
+
+
+def test_other_gguf_types_convert_at_load_or_fail_clearly():
+    """A type the C core does not run is decoded by the oracle and re-quantized to Q8_0 at load, with
+    one warning per type naming the cost; a type nothing here decodes is a ModelFormatError naming it."""
+    import warnings
+
+    from llambda.backends.native import NATIVE_TYPES, NativeBackend
+    from llambda.errors import LlambdaWarning, ModelFormatError
+    from llambda.formats.weights import WeightTensor
+
+    assert int(Q.QType.TQ2_0) not in NATIVE_TYPES  # else this test needs another non-native type
+    rng = np.random.default_rng(3)
+    B = NativeBackend(threads=1, activations="f32")
+    rows, cols = 40, 512
+    tensors = [WeightTensor(f"w{k}", Q.QType.TQ2_0, (rows, cols),
+                            Q.random_blocks(rng, "TQ2_0", rows * cols // 256).reshape(-1)) for k in range(2)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mats = [B.prepare_matrix(t) for t in tensors]
+    msgs = [str(c.message) for c in caught if issubclass(c.category, LlambdaWarning)]
+    assert len(msgs) == 1 and "TQ2_0" in msgs[0] and "Q8_0" in msgs[0] and "x their file size" in msgs[0], msgs
+    x = rng.standard_normal((3, cols)).astype(np.float32)
+    for t, m in zip(tensors, mats):
+        assert m.qtype == int(Q.QType.Q8_0)
+        w = t.to_float32()
+        out = np.empty((3, rows), np.float32)
+        B.matmul(x, m, out)
+        # ternary weights re-quantized to Q8_0 lose only the f16 rounding of the scale
+        assert (np.abs(out - mm64(x, w.T)) <= 1e-3 * mm64(np.abs(x), np.abs(w).T) + 1e-30).all()
+    bad = WeightTensor("blk.0.attn_q.weight", Q.QType.IQ2_XXS, (16, 256), np.zeros(16 * 66, np.uint8))
+    with pytest.raises(ModelFormatError, match="'blk.0.attn_q.weight' is IQ2_XXS"):
+        B.prepare_matrix(bad)

@@ -8,11 +8,13 @@ releases the GIL and splits the work over the persistent thread pool.
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import NativeUnavailableError
+from ..errors import LlambdaWarning, ModelFormatError, NativeUnavailableError
+from ..formats.quants import DEQUANTIZABLE, TRAITS, QType, quantize
 from ..formats.weights import WeightTensor
 from .base import Backend, KVCache
 from .weight_arena import WeightArena
@@ -26,6 +28,10 @@ else:
     _IMPORT_ERROR = ""
 
 KV_TYPES = {"f16": (np.float16, 1), "f32": (np.float32, 0)}
+# The weight types the C core runs (its type table), by ggml id.
+NATIVE_TYPES: dict[int, dict] = {t["id"]: t for t in C.qtypes()} if C is not None else {}
+# What a tensor of another type becomes at load (when the oracle can decode it).
+CONVERT_TO = QType.Q8_0
 
 
 def native_available() -> bool:
@@ -80,6 +86,7 @@ class NativeBackend(Backend):
         self.weight_bytes = 0
         self._weights = WeightArena()
         self._recording = None  # the _native.Plan being recorded
+        self._converted: set[str] = set()  # types converted at load (warned once each)
 
     # -- op plans: record a decode step's C calls once, replay them per token --
     # The C core records: while a _native.Plan is recording on this thread, every op
@@ -106,7 +113,28 @@ class NativeBackend(Backend):
         plan.replay()
 
     # -- load time -------------------------------------------------------
+    def _convert(self, w: WeightTensor) -> WeightTensor:
+        """A tensor of a type the C core does not run, decoded by the NumPy oracle and re-quantized to
+        CONVERT_TO (F32 if its rows do not split into that type's blocks); warns once per type."""
+        name = QType(int(w.qtype)).name  # the file reader already refused ids ggml does not define
+        if w.qtype not in DEQUANTIZABLE:
+            raise ModelFormatError(
+                f"tensor {w.name!r} is {name}, a type llambda can neither run nor convert (supported: "
+                f"{', '.join(sorted(t['name'] for t in NATIVE_TYPES.values()))}); use a file with another quantization")
+        to = CONVERT_TO if w.cols % TRAITS[CONVERT_TO].block_size == 0 else QType.F32
+        f = w.to_float32().reshape(w.rows, w.cols)
+        out = WeightTensor(w.name, to, (w.rows, w.cols), quantize(f, to).reshape(-1))
+        if name not in self._converted:
+            self._converted.add(name)
+            ratio = out.data.nbytes / max(1, w.data.nbytes)
+            warnings.warn(f"{name} has no native kernels: its tensors are converted to {to.name} at load "
+                          f"({ratio:.1f}x their file size in memory, decode that much slower on them)",
+                          LlambdaWarning, stacklevel=2)
+        return out
+
     def prepare_matrix(self, w: WeightTensor) -> NativeMatrix:
+        if int(w.qtype) not in NATIVE_TYPES:
+            w = self._convert(w)
         rows, cols, qt = w.rows, w.cols, int(w.qtype)
         size = C.packed_size(qt, rows, cols)
         dst = self._weights.alloc(size)

@@ -112,8 +112,8 @@ TRAITS: dict[QType, QTraits] = dict([
     _t(QType.F64, 1, 8),
     _t(QType.IQ1_M, QK_K, 32 + 16 + 8),
     _t(QType.BF16, 1, 2),
-    _t(QType.TQ1_0, QK_K, 2 + 52),
-    _t(QType.TQ2_0, QK_K, 2 + 64),
+    _t(QType.TQ1_0, QK_K, 2 + 52, (52,)),
+    _t(QType.TQ2_0, QK_K, 2 + 64, (64,)),
     _t(QType.MXFP4, 32, 1 + 16, (0,), scale_format="e8m0"),
     _t(QType.NVFP4, 64, 4 + 32),
     _t(QType.Q1_0, 128, 2 + 16),
@@ -369,6 +369,28 @@ def _dq_mxfp4(b):
     return _grid_nibbles(b[:, 1:17], FP4_GRID) * _e8m0_half(b[:, 0:1])
 
 
+def _dq_tq2_0(b):
+    # ternary codes as Q2_K's 2-bit planes: two 32-byte halves, four shifts each; value = (q - 1) * d
+    n = b.shape[0]
+    q = (b[:, 0:64].reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8)[:, None]) & 3
+    return (q.reshape(n, QK_K).astype(np.float32) - 1) * _f16(b, 64)
+
+
+def _trits(qs: np.ndarray, count: int) -> np.ndarray:
+    """Base-3 digits packed 5 (or 4) per byte as fixed-point fractions of 256: digit k is the top
+    of (byte * 3^k mod 256) * 3 / 256. (n, m) bytes -> (n, count, m) digits 0..2."""
+    pow3 = np.array([1, 3, 9, 27, 81], np.uint16)[:count, None]
+    frac = (qs[:, None, :].astype(np.uint16) * pow3) & 0xFF
+    return ((frac * 3) >> 8).astype(np.int8)
+
+
+def _dq_tq1_0(b):
+    n = b.shape[0]
+    q = np.concatenate([_trits(b[:, 0:32], 5).reshape(n, 160), _trits(b[:, 32:48], 5).reshape(n, 80),
+                        _trits(b[:, 48:52], 4).reshape(n, 16)], axis=1)
+    return (q.astype(np.float32) - 1) * _f16(b, 52)
+
+
 _DEQUANT: dict[QType, Callable[[np.ndarray], np.ndarray]] = {
     QType.Q4_0: _dq_q4_0,
     QType.Q4_1: _dq_q4_1,
@@ -385,6 +407,8 @@ _DEQUANT: dict[QType, Callable[[np.ndarray], np.ndarray]] = {
     QType.IQ4_NL: _dq_iq4_nl,
     QType.IQ4_XS: _dq_iq4_xs,
     QType.MXFP4: _dq_mxfp4,
+    QType.TQ1_0: _dq_tq1_0,
+    QType.TQ2_0: _dq_tq2_0,
 }
 
 DEQUANTIZABLE = frozenset(_DEQUANT) | {QType.BF16} | frozenset(_PLAIN_DTYPES)
