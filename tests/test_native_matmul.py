@@ -201,6 +201,10 @@ REAL_SHAPES = [
     ("Q5_0", 896, 896), ("Q5_0", 128, 896), ("Q8_0", 128, 896),  # Qwen2.5-0.5B attn
     ("Q5_0", 1200, 896), ("Q4_K", 896, 4864), ("Q6_K", 896, 4864),  # Qwen2.5-0.5B ffn (gate/up: 4864 rows)
     ("Q4_K", 1536, 1536), ("Q4_K", 1000, 1536), ("Q6_K", 300, 8960),  # Qwen2.5-1.5B (ffn 8960)
+    # the row-block types at the shapes their files use (K-quant mixes, IQ4, gpt-oss's 2880-wide MXFP4
+    # experts); widths that leave a partial decode piece (896, 2880, 4864 are not multiples of 512)
+    ("Q5_K", 896, 4864), ("Q3_K", 640, 2048), ("Q2_K", 576, 1536), ("IQ4_XS", 896, 4864),
+    ("Q5_1", 896, 896), ("IQ4_NL", 1200, 896), ("MXFP4", 640, 2880),
 ]
 
 

@@ -394,6 +394,7 @@ LLB_AI TGT void float_gemv_ordered(const llb_mm *mm, const uint8_t *wg, long g, 
     llb_store_quad_sums(a, mm->out + g * LLB_IL, nr);
 }
 
+#define LLB_RB_VNNI
 #define LLB_KQUANT_FAST llb_avx512_kquant_kernel
 #define LLB_KERNELS_NAME llb_kernels_avx512
 #include "matmul/kernels/table.inc"
