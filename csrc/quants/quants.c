@@ -205,7 +205,7 @@ static void pk_q5_0(const uint8_t *b, int r, uint8_t *gb) {
         uint32_t x = (qh >> j) & 0x11111111u; /* bits at 4t: fold pairwise into 8 adjacent bits */
         x = (x | x >> 3) & 0x03030303u;
         x = (x | x >> 6) & 0x000F000Fu;
-        gb[288 + 4 * r + j] = (uint8_t)(x | x >> 12);
+        gb[LLB_Q5_0_PLANE + 4 * r + j] = (uint8_t)(x | x >> 12);
     }
 }
 
@@ -223,7 +223,7 @@ static void pk_q4_k(const uint8_t *b, int r, uint8_t *gb) {
         gb[64 + 16 * s + r] = (uint8_t)sc;
         gb[192 + 32 * (s >> 1) + 2 * r + (s & 1)] = (uint8_t)m;
         const uint8_t *qs = b + 16 + 32 * (s >> 1);
-        place_nibbles(gb + 320 + 256 * s, r, qs, qs + 16, 4 * (s & 1));
+        place_nibbles(gb + LLB_Q4_K_CODES + 256 * s, r, qs, qs + 16, 4 * (s & 1));
     }
 }
 
@@ -238,7 +238,7 @@ static void pk_q6_k(const uint8_t *b, int r, uint8_t *gb) {
             lo[i] = (ld32(ql + 4 * i) >> (4 * (qq >> 1))) & LO4;
             hi |= ((ld32(qh + 4 * i) >> (2 * qq)) & 0x03030303u) << (2 * i);
         }
-        uint8_t *sub = gb + 288 + 192 * u;
+        uint8_t *sub = gb + LLB_Q6_K_SUBS + 192 * u;
         put32(sub + 4 * r, lo[0] | lo[1] << 4);
         put32(sub + 64 + 4 * r, lo[2] | lo[3] << 4);
         put32(sub + 128 + 4 * r, hi);
@@ -268,7 +268,7 @@ static void pc_q4_1(const uint8_t *gb, int sub, int r, int16_t q[32], float dw[2
 static void pc_q5_0(const uint8_t *gb, int sub, int r, int16_t q[32], float dw[2], float mw[2]) {
     (void)sub;
     for (int e = 0; e < 32; e++)
-        q[e] = (int16_t)((nib(gb + 32, r, e) | ((gb[288 + 4 * r + (e & 3)] >> (e >> 2)) & 1) << 4) - 16);
+        q[e] = (int16_t)((nib(gb + 32, r, e) | ((gb[LLB_Q5_0_PLANE + 4 * r + (e & 3)] >> (e >> 2)) & 1) << 4) - 16);
     set_affine(dw, mw, f16at(gb + 2 * r), 0.0f);
 }
 
@@ -279,7 +279,7 @@ static void pc_q8_0(const uint8_t *gb, int sub, int r, int16_t q[32], float dw[2
 }
 
 static void pc_q4_k(const uint8_t *gb, int s, int r, int16_t q[32], float dw[2], float mw[2]) {
-    for (int e = 0; e < 32; e++) q[e] = (int16_t)nib(gb + 320 + 256 * s, r, e);
+    for (int e = 0; e < 32; e++) q[e] = (int16_t)nib(gb + LLB_Q4_K_CODES + 256 * s, r, e);
     set_affine(dw, mw, f16at(gb + 2 * r) * (float)gb[64 + 16 * s + r],
                -(f16at(gb + 32 + 2 * r) * (float)gb[192 + 32 * (s >> 1) + 2 * r + (s & 1)]));
 }
@@ -288,7 +288,7 @@ static void pc_q6_k(const uint8_t *gb, int s, int r, int16_t q[32], float dw[2],
     const float d = f16at(gb + 2 * r);
     for (int h = 0; h < 2; h++) {
         const int u = 2 * s + h;
-        const uint8_t *sub = gb + 288 + 192 * u;
+        const uint8_t *sub = gb + LLB_Q6_K_SUBS + 192 * u;
         dw[h] = d * (float)(int8_t)gb[32 + 16 * u + r];
         mw[h] = 0.0f;
         for (int e = 0; e < 16; e++) {
@@ -313,16 +313,16 @@ static const llb_type_info types[] = {
     FLOAT_TYPE(F32, 4),
     FLOAT_TYPE(F16, 2),
     FLOAT_TYPE(BF16, 2),
-    PACKED_TYPE(Q4_0, LLB_QK, 18, 288, 0, q4_0),
-    PACKED_TYPE(Q4_1, LLB_QK, 20, 320, 0, q4_1),
-    PACKED_TYPE(Q5_0, LLB_QK, 22, 352, 0, q5_0),
+    PACKED_TYPE(Q4_0, LLB_QK, 18, LLB_GB_Q4_0, 0, q4_0),
+    PACKED_TYPE(Q4_1, LLB_QK, 20, LLB_GB_Q4_1, 0, q4_1),
+    PACKED_TYPE(Q5_0, LLB_QK, 22, LLB_GB_Q5_0, 0, q5_0),
     ROWBLOCK_TYPE(Q5_1, LLB_QK, 24, 0, q5_1),
-    PACKED_TYPE(Q8_0, LLB_QK, 34, 544, 0, q8_0),
+    PACKED_TYPE(Q8_0, LLB_QK, 34, LLB_GB_Q8_0, 0, q8_0),
     ROWBLOCK_TYPE(Q2_K, LLB_QKK, 84, 1, q2_k),
     ROWBLOCK_TYPE(Q3_K, LLB_QKK, 110, 1, q3_k),
-    PACKED_TYPE(Q4_K, LLB_QKK, 144, 2368, 0, q4_k),
+    PACKED_TYPE(Q4_K, LLB_QKK, 144, LLB_GB_Q4_K, 0, q4_k),
     ROWBLOCK_TYPE(Q5_K, LLB_QKK, 176, 0, q5_k),
-    PACKED_TYPE(Q6_K, LLB_QKK, 210, 3360, 1, q6_k),
+    PACKED_TYPE(Q6_K, LLB_QKK, 210, LLB_GB_Q6_K, 1, q6_k),
     ROWBLOCK_TYPE(IQ4_NL, LLB_QK, 18, 0, iq4_nl),
     ROWBLOCK_TYPE(IQ4_XS, LLB_QKK, 136, 0, iq4_xs),
     ROWBLOCK_TYPE(MXFP4, LLB_QK, 17, 0, mxfp4),

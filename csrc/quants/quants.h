@@ -54,6 +54,18 @@ enum llb_layout { LLB_LAYOUT_FILE = 0, LLB_LAYOUT_PACKED = 1 };
 #define LLB_QK 32      /* values per block of Q4_0/Q4_1/Q5_0/Q8_0 */
 #define LLB_QKK 256    /* values per super-block of the K-quants and IQ4_XS */
 
+/* Bytes of the interleaved types' packed group-blocks (the layouts above), and the offsets the
+ * SIMD kernels address as constants. */
+#define LLB_GB_Q4_0 288
+#define LLB_GB_Q4_1 320
+#define LLB_GB_Q5_0 352
+#define LLB_GB_Q8_0 544
+#define LLB_GB_Q4_K 2368
+#define LLB_GB_Q6_K 3360
+#define LLB_Q5_0_PLANE 288 /* Q5_0's bit-plane vector */
+#define LLB_Q4_K_CODES 320 /* Q4_K's first sub-block of nibble vectors (256 bytes each) */
+#define LLB_Q6_K_SUBS 288  /* Q6_K's first 16-value sub-block (192 bytes each) */
+
 /* One 32-value chunk of a block as integers and per-16-value affine terms:
  * value e = dw[e/16] * q[e] + mw[e/16]. Every quantized type decodes to this (the scalar
  * kernels and dequantization run on it); chunk `sub` of a block is values 32*sub.. */
