@@ -397,7 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output directory (hf) or file (gguf)")
     p.add_argument("--type", default=None,
                    help="tensor type: f32, f16, bf16 (both formats) or q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, "
-                        "q6_k (gguf; norms stay f32). Default: keep the source's (hf: quantized ones become f32)")
+                        "q6_k, iq4_nl, iq4_xs, mxfp4 (gguf; norms stay f32). Default: keep the source's (hf: quantized ones become f32)")
     p.set_defaults(fn=cmd_export)
     return ap
 
