@@ -16,24 +16,21 @@ import numpy as np  # noqa: E402
 
 from llambda import _native as nat  # noqa: E402
 
-TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14, "BF16": 30}
-# (bytes per block, values per block, offsets of fp16 scales that must be sane)
-LAYOUT = {"Q4_0": (18, 32, [0]), "Q4_1": (20, 32, [0, 2]), "Q5_0": (22, 32, [0]), "Q8_0": (34, 32, [0]),
-          "Q4_K": (144, 256, [0, 2]), "Q6_K": (210, 256, [208])}
+from llambda.formats.quants import random_blocks  # noqa: E402
+
+# Every type the C core runs, from its type table (name -> row: id, block, simd ISAs).
+TABLE = {t["name"]: t for t in nat.qtypes()}
+TYPES = {name: t["id"] for name, t in TABLE.items()}
 
 
 def random_weights(tname, rows, cols, rng):
-    """Random file-layout bytes with finite, small fp16 scales (values do not matter for speed)."""
+    """Random file-layout bytes with finite, small scales (values do not matter for speed)."""
     if tname == "F32":
         return rng.standard_normal((rows, cols), dtype=np.float32).view(np.uint8)
     if tname in ("F16", "BF16"):
         w = rng.standard_normal((rows, cols), dtype=np.float32)
         return (w.astype(np.float16) if tname == "F16" else (w.view(np.uint32) >> 16).astype(np.uint16)).view(np.uint8)
-    bb, bs, scale_offsets = LAYOUT[tname]
-    raw = rng.integers(0, 256, (rows * cols // bs, bb), dtype=np.uint8)
-    for o in scale_offsets:
-        raw[:, o:o + 2] = rng.uniform(1e-3, 1e-2, (raw.shape[0], 1)).astype(np.float16).view(np.uint8)
-    return raw.reshape(rows, -1)
+    return random_blocks(rng, tname, rows * cols // TABLE[tname]["block"], spread=1e-2).reshape(rows, -1)
 
 
 def packed(tname, rows, cols, rng):
@@ -100,6 +97,7 @@ GEMM_SHAPES = [
     ("Q4_1", 576, 576), ("Q4_1", 1536, 576), ("Q4_1", 576, 1536), ("Q4_0", 1536, 576), ("Q8_0", 1536, 576),
     ("Q5_0", 4864, 896), ("Q4_K", 896, 4864), ("Q6_K", 896, 4864), ("F16", 576, 576),
 ]
+TYPE_SHAPE = (896, 4864)  # Qwen2.5-0.5B's down projection: 2-4 MB of weights, a multiple of every block
 # SmolLM2-135M per token: 30 layers x (q, k, v, o, gate, up, down) + the tied Q8_0 head.
 SMOLLM_LAYER = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]
 
@@ -134,6 +132,14 @@ def main():
             if not (args.quick or args.no_cold):
                 us, gbs = bench_cold_gemv("Q4_1", 4096, 4096, 40, rng, mt)
                 print(f"  cold Q4_1 4096x4096 (40 copies, 420 MB): {us:8.1f} us  {gbs:6.1f} GB/s")
+            print(f"GEMV n=1 on every quantized type, {TYPE_SHAPE[0]}x{TYPE_SHAPE[1]} (fast mode; '*' = scalar "
+                  f"fallback on this ISA):")
+            for tname, t in TABLE.items():
+                if t["block"] > 1:
+                    us, gbs = bench_gemv(tname, *TYPE_SHAPE, 0, rng, mt)
+                    us_e, gbs_e = bench_gemv(tname, *TYPE_SHAPE, 1, rng, mt)
+                    mark = " " if isa in t["simd"] else "*"
+                    print(f"  {tname:6s}{mark} {us:9.1f} us  {gbs:6.1f} GB/s   (exact {gbs_e:6.1f} GB/s)")
             print("GEMM n=512 (prefill):")
             for tname, rows, cols in GEMM_SHAPES:
                 ms, gops = bench_gemm(tname, rows, cols, 512, 0, rng, mt)

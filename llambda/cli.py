@@ -313,6 +313,13 @@ def cmd_export(a) -> int:
     return 0
 
 
+def cmd_quantize(a) -> int:
+    from .tools.export import export
+    out = export(a.input, a.output, fmt="gguf", qtype=a.type)
+    print(f"[llambda] wrote {out} ({a.type.upper()} matrices, norms F32)", file=sys.stderr)
+    return 0
+
+
 def _token_shown(tok, i: int, piece: bool) -> str:
     """The text a token stands for, quoted; bytes that are part of a character as a bytes literal."""
     if piece or tok.is_special(i):
@@ -443,8 +450,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output directory (hf) or file (gguf)")
     p.add_argument("--type", default=None,
                    help="tensor type: f32, f16, bf16 (both formats) or q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, "
-                        "q6_k (gguf; norms stay f32). Default: keep the source's (hf: quantized ones become f32)")
+                        "q6_k, iq4_nl, iq4_xs, mxfp4 (gguf; norms stay f32). Default: keep the source's (hf: quantized ones become f32)")
     p.set_defaults(fn=cmd_export)
+
+    p = sub.add_parser("quantize", help="write a model's matrices in another GGUF type (export --format gguf --type)")
+    p.add_argument("input", help="a GGUF file (F32/F16/BF16/Q8_0 or any type llambda decodes) or a HF directory")
+    p.add_argument("output", help="the GGUF file to write")
+    p.add_argument("type", help="q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, mxfp4, f16, bf16, f32")
+    p.set_defaults(fn=cmd_quantize)
     return ap
 
 

@@ -228,3 +228,29 @@ def test_phi3_with_separate_projections_is_fused_for_hf(tmp_path):
         assert f.tensors["model.layers.0.mlp.gate_up_proj.weight"].shape == (256, 64)
         assert not any("q_proj" in n or "gate_proj." in n for n in f.tensors)
     np.testing.assert_allclose(logits(hf), want, atol=1e-4, rtol=0)
+
+
+def test_quantize_command_writes_a_gguf_that_runs_natively(tmp_path):
+    """`llambda quantize IN OUT TYPE`: matrices in the type, norms F32; the file loads on the native
+    backend without any conversion and gives the NumPy oracle's logits."""
+    import warnings
+
+    from llambda.backends import available_backends
+    from llambda.cli import main
+    from llambda.formats.quants import QType
+
+    out = tmp_path / "q.gguf"
+    assert main(["quantize", str(TINY / "qwen3"), str(out), "q5_1"]) == 0
+    with GGUFFile(out) as f:
+        types = {t.qtype for t in f.tensors.values()}
+        assert QType.Q5_1 in types and types <= {QType.Q5_1, QType.F32}, types
+    if "native" not in available_backends():
+        return
+    ids = [1, 5, 9, 2, 7]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no type conversion at load
+        with llambda.load(out, backend="native", activations="f32", n_ctx=64) as m:
+            got = m.logits(ids)
+    with llambda.load(out, backend="numpy", n_ctx=64) as m:
+        want = m.logits(ids)
+    assert float(np.abs(got - want).max()) <= 1e-3

@@ -5,7 +5,7 @@ scales for the K-quants); the oracle is gguf-py's NumPy dequantizer (an
 independent implementation of the block formats) and x @ W.T in float64.
 
 Error budgets, per output element (i, r), with A = |W| except for the types
-with a separate min term (Q4_1, Q4_K) where A = |scale*q| + |min| (the two
+with a separate min term (those whose traits have min_at: Q4_1, Q5_1, Q2_K, Q4_K, Q5_K) where A = |scale*q| + |min| (the two
 terms the kernels compute separately, so their rounding scales with both):
   exact (FP32 activations):      |err| <= EXACT_RTOL * sum_k |x[i,k]| A[r,k]
   fast (8-bit activations):      |err| <= sum_k A[r,k] * amax(32-block of x[i] holding k) / 254
@@ -27,10 +27,12 @@ from gguf import GGMLQuantizationType as G  # noqa: E402
 
 from llambda import _native as nat  # noqa: E402
 
-TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14, "BF16": 30}
-BLOCK = {"F32": 1, "F16": 1, "BF16": 1, "Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q8_0": 32, "Q4_K": 256, "Q6_K": 256}
-# Values per activation scale in fast mode: 32 for every quantized type (the K-quants group
-# their codes by 256 but keep one scale per 32, so one outlier coarsens only 32 neighbours).
+from llambda.formats import quants as Q  # noqa: E402
+
+# Every type the C core runs, from its type table: name -> ggml id, values per block.
+TYPES = {t["name"]: t["id"] for t in nat.qtypes()}
+BLOCK = {t["name"]: t["block"] for t in nat.qtypes()}
+FLOATS = [t for t, b in BLOCK.items() if b == 1]
 ACT_BLOCK = {t: min(b, 32) for t, b in BLOCK.items()}
 ISAS = nat.isa_available()
 EXACT_RTOL = 2e-6  # FP32 accumulation over up to ~9000 terms; measured <= 3e-7 at 1536
@@ -56,21 +58,16 @@ def _f16_scales(rng, n, lo, hi):
 
 
 def make_weights(tname, rows, cols, rng):
-    """Random weights in the file layout: uint8 array (rows, row_bytes)."""
-    if tname in ("Q4_K", "Q6_K"):
-        nblk = rows * cols // 256
-        if tname == "Q4_K":  # d, dmin, 12 bytes of 6-bit scales/mins (any bits are valid), 128 bytes of nibbles
-            raw = np.concatenate([_f16_scales(rng, nblk, 1e-3, 2e-2), _f16_scales(rng, nblk, 1e-3, 2e-2),
-                                  rng.integers(0, 256, (nblk, 140), dtype=np.uint8)], axis=1)
-        else:  # ql, qh, int8 scales, d
-            raw = np.concatenate([rng.integers(0, 256, (nblk, 208), dtype=np.uint8),
-                                  _f16_scales(rng, nblk, -2e-3, 2e-3)], axis=1)
-        return raw.reshape(rows, -1)
+    """Random weights in the file layout: uint8 array (rows, row_bytes). Quantized from Gaussian
+    floats where gguf-py has a quantizer for the type, else random codes with sane scales."""
     w = rng.standard_normal((rows, cols)).astype(np.float32)
     w[:, : min(cols, 8)] *= 4  # a few large weights per row, as real matrices have
     if tname == "F32":
         return w.view(np.uint8).reshape(rows, -1)
-    raw = gguf_quants.quantize(w, getattr(G, tname))
+    try:
+        raw = gguf_quants.quantize(w, getattr(G, tname))
+    except NotImplementedError:  # the K-quants, IQ4 and MXFP4: gguf-py only dequantizes them
+        return Q.random_blocks(rng, tname, rows * cols // BLOCK[tname], spread=2e-2).reshape(rows, -1)
     return np.ascontiguousarray(raw).view(np.uint8).reshape(rows, -1)
 
 
@@ -82,10 +79,11 @@ def dequant(tname, raw, rows, cols):
 
 def magnitude(tname, raw, rows, cols, w):
     """A = |scale*q| + |min| for min-carrying types, else |W| (see module docstring)."""
-    if tname not in ("Q4_1", "Q4_K"):
+    tr = Q.TRAITS[Q.QType[tname]]
+    if tr.min_at is None:
         return np.abs(w)
-    nomin = raw.reshape(-1, 20 if tname == "Q4_1" else 144).copy()
-    nomin[:, 2:4] = 0  # Q4_1's m / Q4_K's dmin
+    nomin = raw.reshape(-1, tr.type_size).copy()
+    nomin[:, tr.min_at:tr.min_at + 2] = 0  # the min's fp16 scale
     w0 = dequant(tname, nomin, rows, cols)
     return np.abs(w0) + np.abs(w - w0)
 
@@ -182,7 +180,7 @@ def test_matmul_random(tname, exact, isa):
     rng = np.random.default_rng(TYPES[tname] * 10 + exact)
     blk = max(BLOCK[tname], 32)
     col_options = (blk, 3 * blk) if blk == 256 else (blk, 5 * blk)
-    if tname in ("F32", "F16", "BF16"):
+    if tname in FLOATS:
         col_options = (7, 96, 131)  # float types accept any width; a tail of a 32-wide chunk must be handled
     for rows in (1, 15, 17, 100):
         for cols in col_options:
@@ -203,6 +201,10 @@ REAL_SHAPES = [
     ("Q5_0", 896, 896), ("Q5_0", 128, 896), ("Q8_0", 128, 896),  # Qwen2.5-0.5B attn
     ("Q5_0", 1200, 896), ("Q4_K", 896, 4864), ("Q6_K", 896, 4864),  # Qwen2.5-0.5B ffn (gate/up: 4864 rows)
     ("Q4_K", 1536, 1536), ("Q4_K", 1000, 1536), ("Q6_K", 300, 8960),  # Qwen2.5-1.5B (ffn 8960)
+    # the row-block types at the shapes their files use (K-quant mixes, IQ4, gpt-oss's 2880-wide MXFP4
+    # experts); widths that leave a partial decode piece (896, 2880, 4864 are not multiples of 512)
+    ("Q5_K", 896, 4864), ("Q3_K", 640, 2048), ("Q2_K", 576, 1536), ("IQ4_XS", 896, 4864),
+    ("Q5_1", 896, 896), ("IQ4_NL", 1200, 896), ("MXFP4", 640, 2880),
 ]
 
 
@@ -387,3 +389,38 @@ def test_bad_arguments():
         nat.packed_size(TYPES["Q6_K"], 1, 896)  # 896 is not a multiple of 256
     with pytest.raises(ValueError):
         nat.row_bytes(q41, 31)
+
+
+def test_other_gguf_types_convert_at_load_or_fail_clearly():
+    """A type the C core does not run is decoded by the oracle and re-quantized to Q8_0 at load, with
+    one warning per model naming the tensors and the cost; a type nothing here decodes is a ModelFormatError naming it."""
+    import warnings
+
+    from llambda.backends.native import NATIVE_TYPES, NativeBackend
+    from llambda.errors import LlambdaWarning, ModelFormatError
+    from llambda.formats.weights import WeightTensor
+
+    assert int(Q.QType.TQ2_0) not in NATIVE_TYPES  # else this test needs another non-native type
+    rng = np.random.default_rng(3)
+    B = NativeBackend(threads=1, activations="f32")
+    rows, cols = 40, 512
+    tensors = [WeightTensor(f"w{k}", Q.QType.TQ2_0, (rows, cols),
+                            Q.random_blocks(rng, "TQ2_0", rows * cols // 256).reshape(-1)) for k in range(2)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mats = [B.prepare_matrix(t) for t in tensors]
+        B.end_load()                 # one warning for the whole model, naming the tensors and the cost
+    msgs = [str(c.message) for c in caught if issubclass(c.category, LlambdaWarning)]
+    assert len(msgs) == 1 and "TQ2_0" in msgs[0] and "Q8_0" in msgs[0] and "w0, w1" in msgs[0], msgs
+    assert "MB more memory" in msgs[0], msgs
+    x = rng.standard_normal((3, cols)).astype(np.float32)
+    for t, m in zip(tensors, mats):
+        assert m.qtype == int(Q.QType.Q8_0)
+        w = t.to_float32()
+        out = np.empty((3, rows), np.float32)
+        B.matmul(x, m, out)
+        # ternary weights re-quantized to Q8_0 lose only the f16 rounding of the scale
+        assert (np.abs(out - mm64(x, w.T)) <= 1e-3 * mm64(np.abs(x), np.abs(w).T) + 1e-30).all()
+    bad = WeightTensor("blk.0.attn_q.weight", Q.QType.IQ2_XXS, (16, 256), np.zeros(16 * 66, np.uint8))
+    with pytest.raises(ModelFormatError, match="'blk.0.attn_q.weight' is IQ2_XXS"):
+        B.prepare_matrix(bad)

@@ -143,6 +143,10 @@ int llb_matmul_many(const llb_type_info *t, const llb_mm_part *parts, int n_part
     mm_ctx c = {0};
     c.k = active_kernels();
     c.fn = c.k->kernel(t->qtype, exact);
+    if (!c.fn) { /* no kernel for this type on this ISA: the scalar one, with its activation layout */
+        c.k = &llb_kernels_scalar;
+        c.fn = c.k->kernel(t->qtype, exact);
+    }
     c.mm = (llb_mm){.t = t, .cols = cols, .n = n, .x = x};
     c.nchunks = (n + LLB_ICHUNK - 1) / LLB_ICHUNK;
     c.group_bytes = t->group_bytes ? (size_t)(cols / t->block) * t->group_bytes : 0;
@@ -208,6 +212,17 @@ int llb_matmul_many(const llb_type_info *t, const llb_mm_part *parts, int n_part
     if (parallel) llb_parallel_for(matmul_task, &c, c.units, llb_grain(c.units, MM_CHUNKS, 1, 1), nth);
     else matmul_task(&c, 0, c.units, 0);
     return 0;
+}
+
+int llb_matmul_has_kernel(const llb_type_info *t, int isa, int exact) {
+    const llb_kernels *k = &llb_kernels_scalar;
+#if LLB_X86
+    if (isa == LLB_ISA_AVX512) k = &llb_kernels_avx512;
+    if (isa == LLB_ISA_AVX2) k = &llb_kernels_avx2;
+#else
+    if (isa != LLB_ISA_SCALAR) return 0;
+#endif
+    return k->kernel(t->qtype, exact) != NULL;
 }
 
 int llb_matmul(const llb_type_info *t, int layout, const uint8_t *w, long rows, long cols, const float *x, float *out,

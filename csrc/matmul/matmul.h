@@ -23,6 +23,9 @@ typedef struct {
  * 0, or -1 (no scratch memory, or n_parts outside 1..LLB_MM_MAX_PARTS). */
 int llb_matmul_many(const llb_type_info *t, const llb_mm_part *parts, int n_parts, long cols, const float *x, long n,
                     int exact);
+/* 1 if `isa` (enum llb_isa) has its own kernel for the type in this mode; else matmul runs the
+ * scalar kernel there. */
+int llb_matmul_has_kernel(const llb_type_info *t, int isa, int exact);
 /* File layout -> the layout llb_pack_layout(t) names (a copy for unpacked types). */
 void llb_pack(const llb_type_info *t, const uint8_t *src, long rows, long cols, uint8_t *dst);
 /* out[i] = dequant(W[ids[i]]) for i < n. */

@@ -7,6 +7,7 @@
 #include <Python.h>
 #include <stdio.h>
 
+#include "core/isa.h"
 #include "matmul/matmul.h"
 #include "python/args.h"
 #include "python/bindings.h"
@@ -17,16 +18,52 @@
 /* Buffers of the matmul bindings: a wrong kind is a TypeError (see args.h). */
 #define MM_BUFS {.error = PyExc_TypeError, .count = 0}
 
+/* "F32=0 F16=1 ...": the ids the table holds, for error messages. */
+static void type_list(char *buf, size_t size) {
+    size_t at = 0;
+    buf[0] = 0;
+    for (int i = 0; llb_type_at(i) && at < size; i++)
+        at += (size_t)snprintf(buf + at, size - at, "%s%s=%d", i ? " " : "", llb_type_at(i)->name, llb_type_at(i)->qtype);
+}
+
 static const llb_type_info *arg_type(const char *fn, PyObject *o) {
     long q;
     if (llb_arg_long(o, fn, "qtype", LONG_MIN, LONG_MAX, &q) < 0) return NULL;
     const llb_type_info *t = q == (int)q ? llb_type_get((int)q) : NULL;
-    if (!t)
-        PyErr_Format(PyExc_ValueError,
-                     "%s: unsupported qtype %ld (supported ggml ids: F32=0 F16=1 Q4_0=2 Q4_1=3 Q5_0=6 Q8_0=8 Q4_K=12 "
-                     "Q6_K=14 BF16=30)",
-                     fn, q);
+    if (!t) {
+        char ids[512];
+        type_list(ids, sizeof ids);
+        PyErr_Format(PyExc_ValueError, "%s: unsupported qtype %ld (supported ggml ids: %s)", fn, q, ids);
+    }
     return t;
+}
+
+/* qtypes() -> tuple of dicts, one per row of the C type table. */
+static PyObject *py_qtypes(PyObject *self, PyObject *unused) {
+    int n = 0;
+    while (llb_type_at(n)) n++;
+    PyObject *out = PyTuple_New(n);
+    for (int i = 0; out && i < n; i++) {
+        const llb_type_info *t = llb_type_at(i);
+        PyObject *simd = PyList_New(0);
+        for (int isa = LLB_ISA_AVX2; simd && isa <= LLB_ISA_AVX512; isa++) {
+            /* an ISA counts as native for the type only with both its modes' kernels */
+            if (!llb_matmul_has_kernel(t, isa, 1) || !llb_matmul_has_kernel(t, isa, 0)) continue;
+            PyObject *name = PyUnicode_FromString(llb_isa_name(isa));
+            if (!name || PyList_Append(simd, name) < 0) Py_CLEAR(simd);
+            Py_XDECREF(name);
+        }
+        PyObject *row = simd ? Py_BuildValue("{s:s,s:i,s:i,s:i,s:i,s:N}", "name", t->name, "id", t->qtype, "block",
+                                             t->block, "block_bytes", t->block_bytes, "group_bytes", t->group_bytes,
+                                             "simd", simd)
+                             : NULL;
+        if (!row) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyTuple_SET_ITEM(out, i, row);
+    }
+    return out;
 }
 
 /* cols in range and a whole number of the type's blocks. */
@@ -279,6 +316,10 @@ static PyObject *py_dequant_rows(PyObject *self, PyObject *const *args, Py_ssize
 }
 
 PyMethodDef llb_matmul_methods[] = {
+    {"qtypes", py_qtypes, METH_NOARGS,
+     "qtypes() -> tuple[dict]: the weight types the C core runs, one per row of its type table: name, id (ggml's),\n"
+     "block (values), block_bytes, group_bytes (packed 16-row group-block, 0 = file layout), simd (ISAs with their\n"
+     "own kernels; on the others the scalar kernel runs)."},
     {"row_bytes", (PyCFunction)(void (*)(void))py_row_bytes, METH_FASTCALL,
      "row_bytes(qtype, cols) -> int: bytes of one row in the file layout."},
     {"packed_size", (PyCFunction)(void (*)(void))py_packed_size, METH_FASTCALL,

@@ -1,22 +1,338 @@
-/* Block formats: the type table, file-layout dequantization (the scalar
- * reference), and the repacking into the interleaved layout described in
- * quants.h, with its scalar decoder. */
+/* Block formats: the type table, file-layout decoding (the scalar reference),
+ * and the repacking into the interleaved layout described in quants.h, with
+ * its scalar decoder. A type is its chunk decoder(s) and one row of the table. */
+#include <math.h>
+
 #include "quants/quants.h"
 
+static void put16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
+static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+static uint32_t ld32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+static float f16at(const uint8_t *p) { return llb_f16_to_f32(llb_rd16(p)); }
+
+#define LO4 0x0F0F0F0Fu
+
+/* ---- file layout: chunk decoders (value e of chunk sub = dw[e/16]*q[e] + mw[e/16]) ---- */
+
+static void set_affine(float dw[2], float mw[2], float d, float m) {
+    dw[0] = dw[1] = d;
+    mw[0] = mw[1] = m;
+}
+
+/* 32 values from 16 bytes: low nibbles then high nibbles (every 32-block type's order). */
+static void nibbles32(const uint8_t *qs, int16_t q[32]) {
+    for (int e = 0; e < 16; e++) {
+        q[e] = qs[e] & 15;
+        q[e + 16] = qs[e] >> 4;
+    }
+}
+
+/* 5th bits from a 32-bit little-endian mask: bit e belongs to value e. */
+static void fifth_bits(const uint8_t *qh4, int16_t q[32]) {
+    const uint32_t qh = ld32(qh4);
+    for (int e = 0; e < 32; e++) q[e] |= (int16_t)(((qh >> e) & 1) << 4);
+}
+
+static void fc_q4_0(const uint8_t *b, int sub, int16_t q[32], float dw[2], float mw[2]) {
+    (void)sub;
+    nibbles32(b + 2, q);
+    for (int e = 0; e < 32; e++) q[e] -= 8;
+    set_affine(dw, mw, f16at(b), 0.0f);
+}
+
+static void fc_q4_1(const uint8_t *b, int sub, int16_t q[32], float dw[2], float mw[2]) {
+    (void)sub;
+    nibbles32(b + 4, q);
+    set_affine(dw, mw, f16at(b), f16at(b + 2));
+}
+
+static void fc_q5_0(const uint8_t *b, int sub, int16_t q[32], float dw[2], float mw[2]) {
+    (void)sub;
+    nibbles32(b + 6, q);
+    fifth_bits(b + 2, q);
+    for (int e = 0; e < 32; e++) q[e] -= 16;
+    set_affine(dw, mw, f16at(b), 0.0f);
+}
+
+static void fc_q5_1(const uint8_t *b, int sub, int16_t q[32], float dw[2], float mw[2]) {
+    (void)sub;
+    nibbles32(b + 8, q);
+    fifth_bits(b + 4, q);
+    set_affine(dw, mw, f16at(b), f16at(b + 2));
+}
+
+static void fc_q8_0(const uint8_t *b, int sub, int16_t q[32], float dw[2], float mw[2]) {
+    (void)sub;
+    for (int e = 0; e < 32; e++) q[e] = (int8_t)b[2 + e];
+    set_affine(dw, mw, f16at(b), 0.0f);
+}
+
+/* IQ4_NL / IQ4_XS: a nibble indexes a non-uniform 16-level grid (ggml's kvalues_iq4nl). */
+static const int8_t iq4_grid[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+/* MXFP4: a nibble is an FP4 e2m1 value; stored doubled so that it is an integer. */
+static const int8_t fp4_grid[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+static void grid32(const uint8_t *qs, const int8_t *grid, int16_t q[32]) {
+    for (int e = 0; e < 16; e++) {
+        q[e] = grid[qs[e] & 15];
+        q[e + 16] = grid[qs[e] >> 4];
+    }
+}
+
+static void fc_iq4_nl(const uint8_t *b, int sub, int16_t q[32], float dw[2], float mw[2]) {
+    (void)sub;
+    grid32(b + 2, iq4_grid, q);
+    set_affine(dw, mw, f16at(b), 0.0f);
+}
+
+static void fc_mxfp4(const uint8_t *b, int sub, int16_t q[32], float dw[2], float mw[2]) {
+    (void)sub;
+    grid32(b + 1, fp4_grid, q);
+    /* E8M0 exponent byte: scale 2^(e-127), halved for the doubled grid (exact; tiny e are subnormal) */
+    set_affine(dw, mw, ldexpf(1.0f, (int)b[0] - 128), 0.0f);
+}
+
+static void fc_iq4_xs(const uint8_t *b, int sub, int16_t q[32], float dw[2], float mw[2]) {
+    /* d @0, scales_h u16 @2 (2 bits per sub-block), scales_l @4 (a nibble per sub-block), qs @8 */
+    const int ls = ((b[4 + sub / 2] >> (4 * (sub & 1))) & 15) | (((llb_rd16(b + 2) >> (2 * sub)) & 3) << 4);
+    grid32(b + 8 + 16 * sub, iq4_grid, q);
+    set_affine(dw, mw, f16at(b) * (float)(ls - 32), 0.0f);
+}
+
+/* Q4_K/Q5_K: six-bit scale and min j of 8, packed in 12 bytes. */
+static void k4_scale_min(const uint8_t *s12, int j, int *sc, int *m) {
+    if (j < 4) {
+        *sc = s12[j] & 63;
+        *m = s12[j + 4] & 63;
+    } else {
+        *sc = (s12[j + 4] & 0xF) | ((s12[j - 4] >> 6) << 4);
+        *m = (s12[j + 4] >> 4) | ((s12[j] >> 6) << 4);
+    }
+}
+
+static void fc_q4_k(const uint8_t *b, int sub, int16_t q[32], float dw[2], float mw[2]) {
+    /* d, dmin @0, scales @4, qs @16: 64-value chunk sub/2, nibble sub%2 */
+    int sc, m;
+    k4_scale_min(b + 4, sub, &sc, &m);
+    for (int l = 0; l < 32; l++) q[l] = (b[16 + 32 * (sub >> 1) + l] >> (4 * (sub & 1))) & 15;
+    set_affine(dw, mw, f16at(b) * (float)sc, -(f16at(b + 2) * (float)m));
+}
+
+static void fc_q5_k(const uint8_t *b, int sub, int16_t q[32], float dw[2], float mw[2]) {
+    /* as Q4_K with qh @16 (bit sub of byte l: value l's 5th bit) and qs @48 */
+    int sc, m;
+    k4_scale_min(b + 4, sub, &sc, &m);
+    for (int l = 0; l < 32; l++)
+        q[l] = (int16_t)(((b[48 + 32 * (sub >> 1) + l] >> (4 * (sub & 1))) & 15) | ((b[16 + l] >> sub) & 1) << 4);
+    set_affine(dw, mw, f16at(b) * (float)sc, -(f16at(b + 2) * (float)m));
+}
+
+static void fc_q6_k(const uint8_t *b, int sub, int16_t q[32], float dw[2], float mw[2]) {
+    /* ql @0, qh @128, int8 scales @192, d @208; 128-value half h, quarter qq of it */
+    const int h = sub >> 2, qq = sub & 3;
+    const float d = f16at(b + 208);
+    for (int l = 0; l < 32; l++) {
+        const int lo = (b[64 * h + 32 * (qq & 1) + l] >> (4 * (qq >> 1))) & 15;
+        const int hi = (b[128 + 32 * h + l] >> (2 * qq)) & 3;
+        q[l] = (int16_t)((lo | hi << 4) - 32);
+    }
+    for (int k = 0; k < 2; k++) {
+        dw[k] = d * (float)(int8_t)b[192 + 2 * sub + k];
+        mw[k] = 0.0f;
+    }
+}
+
+static void fc_q2_k(const uint8_t *b, int sub, int16_t q[32], float dw[2], float mw[2]) {
+    /* scales @0 (low nibble scale, high nibble min, per 16 values), qs @16, d @80, dmin @82;
+     * 128-value half h = sub/4 holds 4 bit-pairs of 32 bytes, pair j = sub%4 */
+    const int h = sub >> 2, j = sub & 3;
+    const float d = f16at(b + 80), dmin = f16at(b + 82);
+    for (int l = 0; l < 32; l++) q[l] = (b[16 + 32 * h + l] >> (2 * j)) & 3;
+    for (int k = 0; k < 2; k++) {
+        const uint8_t s = b[2 * sub + k];
+        dw[k] = d * (float)(s & 15);
+        mw[k] = -(dmin * (float)(s >> 4));
+    }
+}
+
+static void fc_q3_k(const uint8_t *b, int sub, int16_t q[32], float dw[2], float mw[2]) {
+    /* hmask @0 (bit sub of byte l; clear = minus 4), qs @32 as Q2_K's, 6-bit scales @96 (+32), d @108 */
+    const int h = sub >> 2, j = sub & 3;
+    const float d = f16at(b + 108);
+    for (int l = 0; l < 32; l++)
+        q[l] = (int16_t)(((b[32 + 32 * h + l] >> (2 * j)) & 3) - (((b[l] >> sub) & 1) ? 0 : 4));
+    for (int k = 0; k < 2; k++) {
+        const int i = 2 * sub + k; /* scale i: nibble i/8 of byte i%8, top bits (i/4)-th pair of byte 8 + i%4 */
+        const int lo = (b[96 + (i & 7)] >> (4 * (i >> 3))) & 15, hi = (b[104 + (i & 3)] >> (2 * (i >> 2))) & 3;
+        dw[k] = d * (float)((lo | hi << 4) - 32);
+        mw[k] = 0.0f;
+    }
+}
+
+/* ---- packing (interleaved types) ---------------------------------------- */
+
+/* The 4 nibble vectors of 32 values whose codes are the low (shift 0) or high (shift 4)
+ * nibbles of src[0..31]: vector v of row r takes quad v (values 4v..4v+3 = src[4v..])
+ * in its low nibbles and quad v+4 (src[16+4v..]) in its high nibbles. */
+static void place_nibbles(uint8_t *vecs, int r, const uint8_t *lo_src, const uint8_t *hi_src, int shift) {
+    for (int v = 0; v < 4; v++) {
+        const uint32_t lo = (ld32(lo_src + 4 * v) >> shift) & LO4, hi = (ld32(hi_src + 4 * v) >> shift) & LO4;
+        put32(vecs + 64 * v + 4 * r, lo | hi << 4);
+    }
+}
+
+/* file: byte e = value e (low nibble), value e+16 (high): exactly our vector bytes */
+static void pk_q4_0(const uint8_t *b, int r, uint8_t *gb) {
+    put16(gb + 2 * r, llb_rd16(b));
+    for (int v = 0; v < 4; v++) memcpy(gb + 32 + 64 * v + 4 * r, b + 2 + 4 * v, 4);
+}
+
+static void pk_q4_1(const uint8_t *b, int r, uint8_t *gb) {
+    put16(gb + 2 * r, llb_rd16(b));
+    put16(gb + 32 + 2 * r, llb_rd16(b + 2));
+    for (int v = 0; v < 4; v++) memcpy(gb + 64 + 64 * v + 4 * r, b + 4 + 4 * v, 4);
+}
+
+static void pk_q5_0(const uint8_t *b, int r, uint8_t *gb) {
+    put16(gb + 2 * r, llb_rd16(b));
+    for (int v = 0; v < 4; v++) memcpy(gb + 32 + 64 * v + 4 * r, b + 6 + 4 * v, 4);
+    const uint32_t qh = ld32(b + 2);
+    for (int j = 0; j < 4; j++) { /* plane byte j: bit t = 5th bit of value 4t+j = bit 4t+j of qh */
+        uint32_t x = (qh >> j) & 0x11111111u; /* bits at 4t: fold pairwise into 8 adjacent bits */
+        x = (x | x >> 3) & 0x03030303u;
+        x = (x | x >> 6) & 0x000F000Fu;
+        gb[LLB_Q5_0_PLANE + 4 * r + j] = (uint8_t)(x | x >> 12);
+    }
+}
+
+static void pk_q8_0(const uint8_t *b, int r, uint8_t *gb) {
+    put16(gb + 2 * r, llb_rd16(b));
+    for (int t = 0; t < 8; t++) put32(gb + 32 + 64 * t + 4 * r, ld32(b + 2 + 4 * t) ^ 0x80808080u);
+}
+
+static void pk_q4_k(const uint8_t *b, int r, uint8_t *gb) {
+    put16(gb + 2 * r, llb_rd16(b));
+    put16(gb + 32 + 2 * r, llb_rd16(b + 2));
+    for (int s = 0; s < 8; s++) { /* sub-block s: nibble s%2 of the 32 bytes of 64-value chunk s/2 */
+        int sc, m;
+        k4_scale_min(b + 4, s, &sc, &m);
+        gb[64 + 16 * s + r] = (uint8_t)sc;
+        gb[192 + 32 * (s >> 1) + 2 * r + (s & 1)] = (uint8_t)m;
+        const uint8_t *qs = b + 16 + 32 * (s >> 1);
+        place_nibbles(gb + LLB_Q4_K_CODES + 256 * s, r, qs, qs + 16, 4 * (s & 1));
+    }
+}
+
+static void pk_q6_k(const uint8_t *b, int r, uint8_t *gb) {
+    put16(gb + 2 * r, llb_rd16(b + 208));
+    for (int u = 0; u < 16; u++) {
+        /* values 16u.. sit in half u/8, quarter (u%8)/2, at offset 16*(u%2) of that quarter's 32 */
+        const int half = u >> 3, qq = (u & 7) >> 1, off = 16 * (u & 1);
+        const uint8_t *ql = b + 64 * half + 32 * (qq & 1) + off, *qh = b + 128 + 32 * half + off;
+        uint32_t lo[4], hi = 0;
+        for (int i = 0; i < 4; i++) {
+            lo[i] = (ld32(ql + 4 * i) >> (4 * (qq >> 1))) & LO4;
+            hi |= ((ld32(qh + 4 * i) >> (2 * qq)) & 0x03030303u) << (2 * i);
+        }
+        uint8_t *sub = gb + LLB_Q6_K_SUBS + 192 * u;
+        put32(sub + 4 * r, lo[0] | lo[1] << 4);
+        put32(sub + 64 + 4 * r, lo[2] | lo[3] << 4);
+        put32(sub + 128 + 4 * r, hi);
+        gb[32 + 16 * u + r] = b[192 + u];
+    }
+}
+
+/* ---- packed layout: scalar decoders -------------------------------------- */
+
+static int nib(const uint8_t *vecs, int r, int e) {
+    const int t = e >> 2;
+    return (vecs[64 * (t & 3) + 4 * r + (e & 3)] >> (4 * (t >> 2))) & 15;
+}
+
+static void pc_q4_0(const uint8_t *gb, int sub, int r, int16_t q[32], float dw[2], float mw[2]) {
+    (void)sub;
+    for (int e = 0; e < 32; e++) q[e] = (int16_t)(nib(gb + 32, r, e) - 8);
+    set_affine(dw, mw, f16at(gb + 2 * r), 0.0f);
+}
+
+static void pc_q4_1(const uint8_t *gb, int sub, int r, int16_t q[32], float dw[2], float mw[2]) {
+    (void)sub;
+    for (int e = 0; e < 32; e++) q[e] = (int16_t)nib(gb + 64, r, e);
+    set_affine(dw, mw, f16at(gb + 2 * r), f16at(gb + 32 + 2 * r));
+}
+
+static void pc_q5_0(const uint8_t *gb, int sub, int r, int16_t q[32], float dw[2], float mw[2]) {
+    (void)sub;
+    for (int e = 0; e < 32; e++)
+        q[e] = (int16_t)((nib(gb + 32, r, e) | ((gb[LLB_Q5_0_PLANE + 4 * r + (e & 3)] >> (e >> 2)) & 1) << 4) - 16);
+    set_affine(dw, mw, f16at(gb + 2 * r), 0.0f);
+}
+
+static void pc_q8_0(const uint8_t *gb, int sub, int r, int16_t q[32], float dw[2], float mw[2]) {
+    (void)sub;
+    for (int e = 0; e < 32; e++) q[e] = (int16_t)(gb[32 + 64 * (e >> 2) + 4 * r + (e & 3)] - 128);
+    set_affine(dw, mw, f16at(gb + 2 * r), 0.0f);
+}
+
+static void pc_q4_k(const uint8_t *gb, int s, int r, int16_t q[32], float dw[2], float mw[2]) {
+    for (int e = 0; e < 32; e++) q[e] = (int16_t)nib(gb + LLB_Q4_K_CODES + 256 * s, r, e);
+    set_affine(dw, mw, f16at(gb + 2 * r) * (float)gb[64 + 16 * s + r],
+               -(f16at(gb + 32 + 2 * r) * (float)gb[192 + 32 * (s >> 1) + 2 * r + (s & 1)]));
+}
+
+static void pc_q6_k(const uint8_t *gb, int s, int r, int16_t q[32], float dw[2], float mw[2]) {
+    const float d = f16at(gb + 2 * r);
+    for (int h = 0; h < 2; h++) {
+        const int u = 2 * s + h;
+        const uint8_t *sub = gb + LLB_Q6_K_SUBS + 192 * u;
+        dw[h] = d * (float)(int8_t)gb[32 + 16 * u + r];
+        mw[h] = 0.0f;
+        for (int e = 0; e < 16; e++) {
+            const int i = e >> 2, j = e & 3;
+            const int lo = (sub[64 * (i >> 1) + 4 * r + j] >> (4 * (i & 1))) & 15;
+            const int hi = (sub[128 + 4 * r + j] >> (2 * i)) & 3;
+            q[16 * h + e] = (int16_t)((lo | hi << 4) - 32);
+        }
+    }
+}
+
+/* ---- the table ------------------------------------------------------------ */
+
+#define FLOAT_TYPE(id, bytes) {LLB_##id, #id, 1, bytes, 0, 0, NULL, NULL, NULL}
+/* Interleaved types: packed group-block size, file chunk decoder, packer, packed decoder. */
+#define PACKED_TYPE(id, blk, bytes, gbytes, s16, lc) \
+    {LLB_##id, #id, blk, bytes, gbytes, s16, fc_##lc, pk_##lc, pc_##lc}
+/* Row-block types: 16 file blocks per group-block. */
+#define ROWBLOCK_TYPE(id, blk, bytes, s16, lc) {LLB_##id, #id, blk, bytes, LLB_IL * (bytes), s16, fc_##lc, NULL, NULL}
+
 static const llb_type_info types[] = {
-    {LLB_F32, "F32", 1, 4, 0},
-    {LLB_F16, "F16", 1, 2, 0},
-    {LLB_BF16, "BF16", 1, 2, 0},
-    {LLB_Q4_0, "Q4_0", LLB_QK, 18, 288},
-    {LLB_Q4_1, "Q4_1", LLB_QK, 20, 320},
-    {LLB_Q5_0, "Q5_0", LLB_QK, 22, 352},
-    {LLB_Q8_0, "Q8_0", LLB_QK, 34, 544},
-    {LLB_Q4_K, "Q4_K", LLB_QKK, 144, 2368},
-    {LLB_Q6_K, "Q6_K", LLB_QKK, 210, 3360},
+    FLOAT_TYPE(F32, 4),
+    FLOAT_TYPE(F16, 2),
+    FLOAT_TYPE(BF16, 2),
+    PACKED_TYPE(Q4_0, LLB_QK, 18, LLB_GB_Q4_0, 0, q4_0),
+    PACKED_TYPE(Q4_1, LLB_QK, 20, LLB_GB_Q4_1, 0, q4_1),
+    PACKED_TYPE(Q5_0, LLB_QK, 22, LLB_GB_Q5_0, 0, q5_0),
+    ROWBLOCK_TYPE(Q5_1, LLB_QK, 24, 0, q5_1),
+    PACKED_TYPE(Q8_0, LLB_QK, 34, LLB_GB_Q8_0, 0, q8_0),
+    ROWBLOCK_TYPE(Q2_K, LLB_QKK, 84, 1, q2_k),
+    ROWBLOCK_TYPE(Q3_K, LLB_QKK, 110, 1, q3_k),
+    PACKED_TYPE(Q4_K, LLB_QKK, 144, LLB_GB_Q4_K, 0, q4_k),
+    ROWBLOCK_TYPE(Q5_K, LLB_QKK, 176, 0, q5_k),
+    PACKED_TYPE(Q6_K, LLB_QKK, 210, LLB_GB_Q6_K, 1, q6_k),
+    ROWBLOCK_TYPE(IQ4_NL, LLB_QK, 18, 0, iq4_nl),
+    ROWBLOCK_TYPE(IQ4_XS, LLB_QKK, 136, 0, iq4_xs),
+    ROWBLOCK_TYPE(MXFP4, LLB_QK, 17, 0, mxfp4),
 };
+#define N_TYPES ((int)(sizeof(types) / sizeof(types[0])))
+
+const llb_type_info *llb_type_at(int i) { return i >= 0 && i < N_TYPES ? &types[i] : NULL; }
 
 const llb_type_info *llb_type_get(int qtype) {
-    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
+    for (int i = 0; i < N_TYPES; i++)
         if (types[i].qtype == qtype) return &types[i];
     return NULL;
 }
@@ -36,181 +352,6 @@ size_t llb_matrix_bytes(const llb_type_info *t, int layout, long rows, long cols
     return groups * (size_t)(cols / t->block) * (size_t)t->group_bytes;
 }
 
-/* ---- file layout: one block to float ---------------------------------- */
-
-static void k4_scale_min(const uint8_t *s12, int j, int *sc, int *m) {
-    if (j < 4) {
-        *sc = s12[j] & 63;
-        *m = s12[j + 4] & 63;
-    } else {
-        *sc = (s12[j + 4] & 0xF) | ((s12[j - 4] >> 6) << 4);
-        *m = (s12[j + 4] >> 4) | ((s12[j] >> 6) << 4);
-    }
-}
-
-/* Unsigned integer codes of one file block, in value order: nibbles for
- * Q4_0/Q4_1/Q4_K, 5 bits for Q5_0, 6 bits for Q6_K, the raw byte for Q8_0. */
-static void file_block_codes(int qtype, const uint8_t *b, uint8_t *q) {
-    switch (qtype) {
-    case LLB_Q4_0:
-    case LLB_Q4_1: {
-        const uint8_t *qs = b + (qtype == LLB_Q4_0 ? 2 : 4);
-        for (int e = 0; e < 16; e++) {
-            q[e] = qs[e] & 15;
-            q[e + 16] = qs[e] >> 4;
-        }
-        break;
-    }
-    case LLB_Q5_0: {
-        uint32_t qh;
-        memcpy(&qh, b + 2, 4);
-        for (int e = 0; e < 16; e++) {
-            q[e] = (uint8_t)((b[6 + e] & 15) | ((qh >> e) & 1) << 4);
-            q[e + 16] = (uint8_t)((b[6 + e] >> 4) | ((qh >> (e + 16)) & 1) << 4);
-        }
-        break;
-    }
-    case LLB_Q8_0:
-        memcpy(q, b + 2, 32);
-        break;
-    case LLB_Q4_K:
-        for (int j = 0; j < 4; j++)
-            for (int l = 0; l < 32; l++) {
-                q[64 * j + l] = b[16 + 32 * j + l] & 15;
-                q[64 * j + 32 + l] = b[16 + 32 * j + l] >> 4;
-            }
-        break;
-    case LLB_Q6_K:
-        for (int h = 0; h < 2; h++)
-            for (int qq = 0; qq < 4; qq++)
-                for (int l = 0; l < 32; l++) {
-                    const int lo = (b[64 * h + 32 * (qq & 1) + l] >> (4 * (qq >> 1))) & 15;
-                    const int hi = (b[128 + 32 * h + l] >> (2 * qq)) & 3;
-                    q[128 * h + 32 * qq + l] = (uint8_t)(lo | hi << 4);
-                }
-        break;
-    }
-}
-
-static void file_block_dequant(const llb_type_info *t, const uint8_t *b, float *y) {
-    uint8_t q[LLB_QKK];
-    switch (t->qtype) {
-    case LLB_F32: memcpy(y, b, 4); return;
-    case LLB_F16: *y = llb_f16_to_f32(llb_rd16(b)); return;
-    case LLB_BF16: *y = llb_bf16_to_f32(llb_rd16(b)); return;
-    }
-    file_block_codes(t->qtype, b, q);
-    const float d = llb_f16_to_f32(llb_rd16(t->qtype == LLB_Q6_K ? b + 208 : b));
-    switch (t->qtype) {
-    case LLB_Q4_0: for (int e = 0; e < 32; e++) y[e] = d * (float)(q[e] - 8); break;
-    case LLB_Q5_0: for (int e = 0; e < 32; e++) y[e] = d * (float)(q[e] - 16); break;
-    case LLB_Q8_0: for (int e = 0; e < 32; e++) y[e] = d * (float)(int8_t)q[e]; break;
-    case LLB_Q4_1: {
-        const float m = llb_f16_to_f32(llb_rd16(b + 2));
-        for (int e = 0; e < 32; e++) y[e] = d * (float)q[e] + m;
-        break;
-    }
-    case LLB_Q4_K: {
-        const float dmin = llb_f16_to_f32(llb_rd16(b + 2));
-        for (int s = 0; s < 8; s++) {
-            int sc, m;
-            k4_scale_min(b + 4, s, &sc, &m);
-            const float dl = d * (float)sc, ml = dmin * (float)m;
-            for (int l = 0; l < 32; l++) y[32 * s + l] = dl * (float)q[32 * s + l] - ml;
-        }
-        break;
-    }
-    case LLB_Q6_K:
-        for (int u = 0; u < 16; u++) {
-            const float dl = d * (float)(int8_t)b[192 + u];
-            for (int l = 0; l < 16; l++) y[16 * u + l] = dl * (float)(q[16 * u + l] - 32);
-        }
-        break;
-    }
-}
-
-/* ---- packing ------------------------------------------------------------ */
-
-static void put16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
-static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
-static uint32_t ld32(const uint8_t *p) {
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
-#define LO4 0x0F0F0F0Fu
-
-/* The 4 nibble vectors of 32 values whose codes are the low (shift 0) or high (shift 4)
- * nibbles of src[0..31]: vector v of row r takes quad v (values 4v..4v+3 = src[4v..])
- * in its low nibbles and quad v+4 (src[16+4v..]) in its high nibbles. */
-static void place_nibbles(uint8_t *vecs, int r, const uint8_t *lo_src, const uint8_t *hi_src, int shift) {
-    for (int v = 0; v < 4; v++) {
-        const uint32_t lo = (ld32(lo_src + 4 * v) >> shift) & LO4, hi = (ld32(hi_src + 4 * v) >> shift) & LO4;
-        put32(vecs + 64 * v + 4 * r, lo | hi << 4);
-    }
-}
-
-static void pack_block_row(int qtype, const uint8_t *b, int r, uint8_t *gb) {
-    switch (qtype) {
-    case LLB_Q4_0: /* file: byte e = value e (low nibble), value e+16 (high): exactly our vector bytes */
-        put16(gb + 2 * r, llb_rd16(b));
-        for (int v = 0; v < 4; v++) memcpy(gb + 32 + 64 * v + 4 * r, b + 2 + 4 * v, 4);
-        break;
-    case LLB_Q4_1:
-        put16(gb + 2 * r, llb_rd16(b));
-        put16(gb + 32 + 2 * r, llb_rd16(b + 2));
-        for (int v = 0; v < 4; v++) memcpy(gb + 64 + 64 * v + 4 * r, b + 4 + 4 * v, 4);
-        break;
-    case LLB_Q5_0: {
-        put16(gb + 2 * r, llb_rd16(b));
-        for (int v = 0; v < 4; v++) memcpy(gb + 32 + 64 * v + 4 * r, b + 6 + 4 * v, 4);
-        const uint32_t qh = ld32(b + 2);
-        for (int j = 0; j < 4; j++) { /* plane byte j: bit t = 5th bit of value 4t+j = bit 4t+j of qh */
-            uint32_t x = (qh >> j) & 0x11111111u; /* bits at 4t: fold pairwise into 8 adjacent bits */
-            x = (x | x >> 3) & 0x03030303u;
-            x = (x | x >> 6) & 0x000F000Fu;
-            gb[288 + 4 * r + j] = (uint8_t)(x | x >> 12);
-        }
-        break;
-    }
-    case LLB_Q8_0:
-        put16(gb + 2 * r, llb_rd16(b));
-        for (int t = 0; t < 8; t++) put32(gb + 32 + 64 * t + 4 * r, ld32(b + 2 + 4 * t) ^ 0x80808080u);
-        break;
-    case LLB_Q4_K:
-        put16(gb + 2 * r, llb_rd16(b));
-        put16(gb + 32 + 2 * r, llb_rd16(b + 2));
-        for (int s = 0; s < 8; s++) { /* sub-block s: nibble s%2 of the 32 bytes of 64-value chunk s/2 */
-            int sc, m;
-            k4_scale_min(b + 4, s, &sc, &m);
-            gb[64 + 16 * s + r] = (uint8_t)sc;
-            gb[192 + 32 * (s >> 1) + 2 * r + (s & 1)] = (uint8_t)m;
-            const uint8_t *qs = b + 16 + 32 * (s >> 1);
-            place_nibbles(gb + 320 + 256 * s, r, qs, qs + 16, 4 * (s & 1));
-        }
-        break;
-    case LLB_Q6_K:
-        put16(gb + 2 * r, llb_rd16(b + 208));
-        for (int u = 0; u < 16; u++) {
-            /* values 16u.. sit in half u/8, quarter (u%8)/2, at offset 16*(u%2) of that quarter's 32 */
-            const int half = u >> 3, qq = (u & 7) >> 1, off = 16 * (u & 1);
-            const uint8_t *ql = b + 64 * half + 32 * (qq & 1) + off, *qh = b + 128 + 32 * half + off;
-            uint32_t lo[4], hi = 0;
-            for (int i = 0; i < 4; i++) {
-                lo[i] = (ld32(ql + 4 * i) >> (4 * (qq >> 1))) & LO4;
-                hi |= ((ld32(qh + 4 * i) >> (2 * qq)) & 0x03030303u) << (2 * i);
-            }
-            uint8_t *sub = gb + 288 + 192 * u;
-            put32(sub + 4 * r, lo[0] | lo[1] << 4);
-            put32(sub + 64 + 4 * r, lo[2] | lo[3] << 4);
-            put32(sub + 128 + 4 * r, hi);
-            gb[32 + 16 * u + r] = b[192 + u];
-        }
-        break;
-    }
-}
-
 void llb_pack_group(const llb_type_info *t, const uint8_t *src, long rows, long cols, long g, uint8_t *gdst) {
     const long nb = cols / t->block;
     const size_t rb = llb_row_bytes(t, cols);
@@ -218,8 +359,12 @@ void llb_pack_group(const llb_type_info *t, const uint8_t *src, long rows, long 
     const long r1 = rows - g * LLB_IL < LLB_IL ? rows - g * LLB_IL : LLB_IL;
     for (long r = 0; r < r1; r++) {
         const uint8_t *row = src + (size_t)(g * LLB_IL + r) * rb;
-        for (long b = 0; b < nb; b++)
-            pack_block_row(t->qtype, row + (size_t)b * t->block_bytes, (int)r, gdst + (size_t)b * t->group_bytes);
+        for (long b = 0; b < nb; b++) {
+            const uint8_t *blk = row + (size_t)b * t->block_bytes;
+            uint8_t *gb = gdst + (size_t)b * t->group_bytes;
+            if (t->pack_row) t->pack_row(blk, (int)r, gb);
+            else memcpy(gb + (size_t)r * t->block_bytes, blk, (size_t)t->block_bytes);
+        }
     }
 }
 
@@ -228,80 +373,47 @@ void llb_pack_groups(const llb_type_info *t, const uint8_t *src, long rows, long
     for (long g = g0; g < g1; g++) llb_pack_group(t, src, rows, cols, g, dst + (size_t)g * gbytes);
 }
 
-/* ---- packed layout: scalar decode --------------------------------------- */
-
-static int nib(const uint8_t *vecs, int r, int e) {
-    const int t = e >> 2;
-    return (vecs[64 * (t & 3) + 4 * r + (e & 3)] >> (4 * (t >> 2))) & 15;
+/* Row r of 32-value chunk c of a packed group (any packed type). */
+static void packed_row_chunk(const llb_type_info *t, const uint8_t *group, long c, int r, int16_t *q, float *dw,
+                             float *mw) {
+    const long per = t->block / 32; /* chunks per block */
+    const uint8_t *gb = group + (size_t)(c / per) * t->group_bytes;
+    if (t->packed_chunk) t->packed_chunk(gb, (int)(c % per), r, q, dw, mw);
+    else t->file_chunk(gb + (size_t)r * t->block_bytes, (int)(c % per), q, dw, mw);
 }
 
-/* Row r of chunk c: q[32] integers, weight = dw[e/16]*q + mw[e/16]. */
-static void packed_row_chunk(int qtype, const uint8_t *group, long c, int r, int16_t *q, float *dw, float *mw) {
-    const uint8_t *gb;
-    switch (qtype) {
-    case LLB_Q4_0:
-    case LLB_Q4_1:
-    case LLB_Q5_0:
-    case LLB_Q8_0: {
-        gb = group + (size_t)c * llb_type_get(qtype)->group_bytes;
-        const float d = llb_f16_to_f32(llb_rd16(gb + 2 * r));
-        dw[0] = dw[1] = d;
-        mw[0] = mw[1] = qtype == LLB_Q4_1 ? llb_f16_to_f32(llb_rd16(gb + 32 + 2 * r)) : 0.0f;
-        for (int e = 0; e < 32; e++) {
-            if (qtype == LLB_Q8_0) q[e] = (int16_t)(gb[32 + 64 * (e >> 2) + 4 * r + (e & 3)] - 128);
-            else if (qtype == LLB_Q4_1) q[e] = (int16_t)nib(gb + 64, r, e);
-            else if (qtype == LLB_Q4_0) q[e] = (int16_t)(nib(gb + 32, r, e) - 8);
-            else q[e] = (int16_t)((nib(gb + 32, r, e) | ((gb[288 + 4 * r + (e & 3)] >> (e >> 2)) & 1) << 4) - 16);
-        }
-        break;
-    }
-    case LLB_Q4_K: {
-        gb = group + (size_t)(c >> 3) * 2368;
-        const int s = (int)(c & 7);
-        const float d = llb_f16_to_f32(llb_rd16(gb + 2 * r)), dmin = llb_f16_to_f32(llb_rd16(gb + 32 + 2 * r));
-        dw[0] = dw[1] = d * (float)gb[64 + 16 * s + r];
-        mw[0] = mw[1] = -(dmin * (float)gb[192 + 32 * (s >> 1) + 2 * r + (s & 1)]);
-        for (int e = 0; e < 32; e++) q[e] = (int16_t)nib(gb + 320 + 256 * s, r, e);
-        break;
-    }
-    case LLB_Q6_K: {
-        gb = group + (size_t)(c >> 3) * 3360;
-        const float d = llb_f16_to_f32(llb_rd16(gb + 2 * r));
-        for (int h = 0; h < 2; h++) {
-            const int u = 2 * (int)(c & 7) + h;
-            const uint8_t *sub = gb + 288 + 192 * u;
-            dw[h] = d * (float)(int8_t)gb[32 + 16 * u + r];
-            mw[h] = 0.0f;
-            for (int e = 0; e < 16; e++) {
-                const int i = e >> 2, j = e & 3;
-                const int lo = (sub[64 * (i >> 1) + 4 * r + j] >> (4 * (i & 1))) & 15;
-                const int hi = (sub[128 + 4 * r + j] >> (2 * i)) & 3;
-                q[16 * h + e] = (int16_t)((lo | hi << 4) - 32);
-            }
-        }
-        break;
-    }
-    }
+void llb_packed_chunk_decode(const llb_type_info *t, const uint8_t *group, long chunk, int16_t q[LLB_IL][32],
+                             float dw[LLB_IL][2], float mw[LLB_IL][2]) {
+    for (int r = 0; r < LLB_IL; r++) packed_row_chunk(t, group, chunk, r, q[r], dw[r], mw[r]);
 }
 
-void llb_packed_chunk_decode(int qtype, const uint8_t *group, long chunk, int16_t q[LLB_IL][32], float dw[LLB_IL][2],
-                             float mw[LLB_IL][2]) {
-    for (int r = 0; r < LLB_IL; r++) packed_row_chunk(qtype, group, chunk, r, q[r], dw[r], mw[r]);
+static void chunk_to_float(const int16_t *q, const float *dw, const float *mw, float *out) {
+    for (int e = 0; e < 32; e++) out[e] = dw[e >> 4] * (float)q[e] + mw[e >> 4];
 }
 
 void llb_dequant_row(const llb_type_info *t, int layout, const uint8_t *w, long rows, long cols, long row, float *out) {
     (void)rows;
-    if (layout == LLB_LAYOUT_FILE) {
-        const uint8_t *p = w + (size_t)row * llb_row_bytes(t, cols);
-        for (long b = 0; b < cols / t->block; b++) file_block_dequant(t, p + (size_t)b * t->block_bytes, out + b * t->block);
-        return;
-    }
-    const long nb = cols / t->block;
-    const uint8_t *group = w + (size_t)(row / LLB_IL) * (size_t)nb * t->group_bytes;
     int16_t q[32];
     float dw[2], mw[2];
+    if (layout == LLB_LAYOUT_FILE) {
+        const uint8_t *p = w + (size_t)row * llb_row_bytes(t, cols);
+        if (t->block == 1) {
+            for (long k = 0; k < cols; k++) {
+                const uint8_t *v = p + (size_t)k * t->block_bytes;
+                if (t->qtype == LLB_F32) memcpy(out + k, v, 4);
+                else out[k] = t->qtype == LLB_F16 ? llb_f16_to_f32(llb_rd16(v)) : llb_bf16_to_f32(llb_rd16(v));
+            }
+            return;
+        }
+        for (long c = 0; c < cols / 32; c++) {
+            t->file_chunk(p + (size_t)(c * 32 / t->block) * t->block_bytes, (int)(c % (t->block / 32)), q, dw, mw);
+            chunk_to_float(q, dw, mw, out + 32 * c);
+        }
+        return;
+    }
+    const uint8_t *group = w + (size_t)(row / LLB_IL) * (size_t)(cols / t->block) * t->group_bytes;
     for (long c = 0; c < cols / 32; c++) {
-        packed_row_chunk(t->qtype, group, c, (int)(row % LLB_IL), q, dw, mw);
-        for (int e = 0; e < 32; e++) out[32 * c + e] = dw[e >> 4] * (float)q[e] + mw[e >> 4];
+        packed_row_chunk(t, group, c, (int)(row % LLB_IL), q, dw, mw);
+        chunk_to_float(q, dw, mw, out + 32 * c);
     }
 }

@@ -28,6 +28,10 @@
  *             per 16-value sub-block u @288+192u: vector A (low nibbles = low 4
  *             bits of quad 4u, high nibbles = quad 4u+1), B (quads 4u+2, 4u+3),
  *             H (bits 2i..2i+1 = top 2 bits of quad 4u+i); weight = d*sc*(q-32)
+ *   Row-block types (Q5_1, Q2_K, Q3_K, Q5_K, IQ4_NL, IQ4_XS, MXFP4; pack_row NULL in
+ *             the table): the 16 rows' file blocks side by side (row r at r*block_bytes),
+ *             so a group streams as one region at the file's size; their scalar kernel
+ *             decodes file blocks (file_chunk), and a SIMD kernel may do the same.
  */
 #ifndef LLB_QUANTS_H
 #define LLB_QUANTS_H
@@ -37,28 +41,56 @@
 
 #include "core/fp16.h"
 
+/* ggml's type ids (as stored in GGUF tensor infos). */
 enum llb_qtype {
-    LLB_F32 = 0, LLB_F16 = 1, LLB_Q4_0 = 2, LLB_Q4_1 = 3, LLB_Q5_0 = 6,
-    LLB_Q8_0 = 8, LLB_Q4_K = 12, LLB_Q6_K = 14, LLB_BF16 = 30,
+    LLB_F32 = 0, LLB_F16 = 1, LLB_Q4_0 = 2, LLB_Q4_1 = 3, LLB_Q5_0 = 6, LLB_Q5_1 = 7,
+    LLB_Q8_0 = 8, LLB_Q2_K = 10, LLB_Q3_K = 11, LLB_Q4_K = 12, LLB_Q5_K = 13, LLB_Q6_K = 14,
+    LLB_IQ4_NL = 20, LLB_IQ4_XS = 23, LLB_BF16 = 30, LLB_MXFP4 = 39,
 };
 
 enum llb_layout { LLB_LAYOUT_FILE = 0, LLB_LAYOUT_PACKED = 1 };
 
 #define LLB_IL 16      /* rows per packed group */
 #define LLB_QK 32      /* values per block of Q4_0/Q4_1/Q5_0/Q8_0 */
-#define LLB_QKK 256    /* values per super-block of Q4_K/Q6_K */
+#define LLB_QKK 256    /* values per super-block of the K-quants and IQ4_XS */
 
-/* Static facts about one weight type. */
+/* Bytes of the interleaved types' packed group-blocks (the layouts above), and the offsets the
+ * SIMD kernels address as constants. */
+#define LLB_GB_Q4_0 288
+#define LLB_GB_Q4_1 320
+#define LLB_GB_Q5_0 352
+#define LLB_GB_Q8_0 544
+#define LLB_GB_Q4_K 2368
+#define LLB_GB_Q6_K 3360
+#define LLB_Q5_0_PLANE 288 /* Q5_0's bit-plane vector */
+#define LLB_Q4_K_CODES 320 /* Q4_K's first sub-block of nibble vectors (256 bytes each) */
+#define LLB_Q6_K_SUBS 288  /* Q6_K's first 16-value sub-block (192 bytes each) */
+
+/* One 32-value chunk of a block as integers and per-16-value affine terms:
+ * value e = dw[e/16] * q[e] + mw[e/16]. Every quantized type decodes to this (the scalar
+ * kernels and dequantization run on it); chunk `sub` of a block is values 32*sub.. */
+typedef void (*llb_file_chunk_fn)(const uint8_t *block, int sub, int16_t q[32], float dw[2], float mw[2]);
+/* The same from a packed group-block (interleaved types): row r's chunk sub. */
+typedef void (*llb_packed_chunk_fn)(const uint8_t *gb, int sub, int r, int16_t q[32], float dw[2], float mw[2]);
+
+/* Static facts about one weight type: its row in the table (quants/quants.c). */
 typedef struct {
     int qtype;
     const char *name;
     int block;        /* values per block (1 for F32/F16/BF16) */
     int block_bytes;  /* bytes per block in the file */
     int group_bytes;  /* bytes per packed 16-row group-block; 0 = type is never packed */
+    int sub16;        /* scales (and mins) change every 16 values, not every 32 */
+    llb_file_chunk_fn file_chunk;       /* NULL for the float types */
+    /* Interleaved packing (see above) and its decoder; NULL for the row-block types. */
+    void (*pack_row)(const uint8_t *block, int r, uint8_t *gb);
+    llb_packed_chunk_fn packed_chunk;
 } llb_type_info;
 
 /* NULL for a type the kernels do not handle. */
 const llb_type_info *llb_type_get(int qtype);
+/* The table's rows in order: the i-th, or NULL past the end. */
+const llb_type_info *llb_type_at(int i);
 
 /* Bytes of one row in the file layout; 0 if cols is not a multiple of the block. */
 size_t llb_row_bytes(const llb_type_info *t, long cols);
@@ -79,7 +111,7 @@ void llb_dequant_row(const llb_type_info *t, int layout, const uint8_t *w, long 
 /* Scalar decode of a packed group's 32-value chunk c (block c, or sub-chunk
  * c%8 of super-block c/8): q[r][k] integer values and, per row and per half
  * (16 values), weight = dw*q + mw. */
-void llb_packed_chunk_decode(int qtype, const uint8_t *group, long chunk, int16_t q[LLB_IL][32], float dw[LLB_IL][2],
+void llb_packed_chunk_decode(const llb_type_info *t, const uint8_t *group, long chunk, int16_t q[LLB_IL][32], float dw[LLB_IL][2],
                              float mw[LLB_IL][2]);
 
 static inline uint16_t llb_rd16(const void *p) {

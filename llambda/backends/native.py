@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ModelFormatError, NativeUnavailableError
-from ..formats.quants import TRAITS, QType
+from ..errors import LlambdaWarning, ModelFormatError, NativeUnavailableError
+from ..formats.quants import DEQUANTIZABLE, TRAITS, QType, quantize
 from ..formats.weights import WeightTensor
 from .base import Backend, KVCache
 from .weight_arena import WeightArena
@@ -29,25 +29,16 @@ else:
     _IMPORT_ERROR = ""
 
 KV_TYPES = {"f16": (np.float16, 1), "f32": (np.float32, 0)}
+# The weight types the C core runs (its type table), by ggml id.
+NATIVE_TYPES: dict[int, dict] = {t["id"]: t for t in C.qtypes()} if C is not None else {}
+# What a tensor of another type becomes at load (when the oracle can decode it).
+CONVERT_TO = QType.Q8_0
 
 
 def native_available() -> bool:
     return C is not None
 
 
-def _native_qtypes() -> frozenset:
-    """The ggml types the C core has kernels for, as the core itself answers."""
-    out = set()
-    for q in QType:
-        try:
-            C.row_bytes(int(q), TRAITS[q].block_size)
-        except ValueError:
-            continue
-        out.add(q)
-    return frozenset(out)
-
-
-NATIVE_QTYPES = _native_qtypes() if C is not None else frozenset()
 # The C attention kernel's largest head (LLB_ATTN_MAX_HEAD_DIM in csrc/ops.h).
 MAX_HEAD_DIM = 512
 
@@ -165,7 +156,7 @@ class NativeBackend(Backend):
         self._weights = WeightArena()
         self._recording = None  # the _native.Plan being recorded
         self._batch_invariant = False
-        self._converted: list[tuple[str, str, int]] = []   # (tensor, type, extra bytes): see end_load
+        self._converted: list[tuple[str, str, str, int]] = []   # (tensor, from, to, extra bytes): end_load
 
     # -- op plans: record a decode step's C calls once, replay them per token --
     # The C core records: while a _native.Plan is recording on this thread, every op
@@ -192,9 +183,23 @@ class NativeBackend(Backend):
         plan.replay()
 
     # -- load time -------------------------------------------------------
+    def _convert(self, w: WeightTensor) -> WeightTensor:
+        """A tensor of a type the C core does not run, decoded by the NumPy oracle and re-quantized to
+        CONVERT_TO (F32 if its rows do not split into that type's blocks); warns once per type."""
+        name = QType(int(w.qtype)).name  # the file reader already refused ids ggml does not define
+        if w.qtype not in DEQUANTIZABLE:
+            raise ModelFormatError(
+                f"tensor {w.name!r} is {name}, a type llambda can neither run nor convert (supported: "
+                f"{', '.join(sorted(t['name'] for t in NATIVE_TYPES.values()))}); use a file with another quantization")
+        to = CONVERT_TO if w.cols % TRAITS[CONVERT_TO].block_size == 0 else QType.F32
+        f = w.to_float32().reshape(w.rows, w.cols)
+        out = WeightTensor(w.name, to, (w.rows, w.cols), quantize(f, to).reshape(-1))
+        self._converted.append((w.name, name, to.name, out.data.nbytes - w.data.nbytes))
+        return out
+
     def prepare_matrix(self, w: WeightTensor) -> NativeMatrix:
-        if w.qtype not in NATIVE_QTYPES:
-            w = self._dequantized(w)
+        if int(w.qtype) not in NATIVE_TYPES:
+            w = self._convert(w)
         rows, cols, qt = w.rows, w.cols, int(w.qtype)
         size = C.packed_size(qt, rows, cols)
         dst = self._weights.alloc(size)
@@ -202,28 +207,17 @@ class NativeBackend(Backend):
         self.weight_bytes += size
         return NativeMatrix(qt, layout, dst, rows, cols)
 
-    def _dequantized(self, w: WeightTensor) -> WeightTensor:
-        """The documented fallback for a type the C core has no kernels for (Q3_K, Q2_K, Q5_1, ...):
-        dequantize once, here, to F16 (F32 if a value overflows F16), and say so in end_load()."""
-        x = w.to_float32()       # a ModelFormatError naming the tensor if nothing can dequantize it
-        half = x.astype(np.float16)
-        with np.errstate(invalid="ignore"):
-            exact = np.isfinite(half).all() or not np.isfinite(x).all()
-        out = WeightTensor(w.name, QType.F16, w.shape, half.reshape(-1).view(np.uint8)) if exact \
-            else WeightTensor.from_float(w.name, x)
-        self._converted.append((w.name, w.qtype.name, out.data.nbytes - w.data.nbytes))
-        return out
-
     def end_load(self) -> None:
         if not self._converted:
             return
-        names = [n for n, _, _ in self._converted]
-        types = sorted({t for _, t, _ in self._converted})
+        names = [n for n, _, _, _ in self._converted]
+        types = sorted({t for _, t, _, _ in self._converted})
+        into = sorted({t for _, _, t, _ in self._converted})
         shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
-        extra = sum(b for _, _, b in self._converted) / 2**20
+        extra = sum(b for _, _, _, b in self._converted) / 2**20
         warnings.warn(f"the native core has no kernels for {', '.join(types)}: {len(names)} tensors ({shown}) "
-                      f"were dequantized at load (to F16, F32 where F16 overflows), "
-                      f"{extra:.1f} MB more memory than in the file", stacklevel=4)
+                      f"were converted at load to {' and '.join(into)}, {extra:.1f} MB more memory than in the "
+                      "file, and decode is slower on them", LlambdaWarning, stacklevel=4)
         self._converted = []
 
     def create_kv_cache(self, n_layers, n_slots, n_ctx, n_kv, head_dim, extra=None) -> KVCache:

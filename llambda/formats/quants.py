@@ -67,37 +67,44 @@ class QTraits:
     name: str
     block_size: int  # values per block
     type_size: int  # bytes per block
+    # Byte offsets of the block's scale fields (fp16, or one E8M0 exponent byte for MXFP4) and of
+    # its fp16 min (a term subtracted apart from scale*q), where it has them: tests write sane
+    # scales into random blocks and bound the rounding of the separate min term.
+    scales: tuple[int, ...] = ()
+    min_at: int | None = None
+    scale_format: str = "f16"
 
 
-def _t(qtype: QType, block_size: int, type_size: int) -> tuple[QType, QTraits]:
-    return qtype, QTraits(qtype.name, block_size, type_size)
+def _t(qtype: QType, block_size: int, type_size: int, scales: tuple[int, ...] = (), min_at: int | None = None,
+       scale_format: str = "f16") -> tuple[QType, QTraits]:
+    return qtype, QTraits(qtype.name, block_size, type_size, scales, min_at, scale_format)
 
 
 TRAITS: dict[QType, QTraits] = dict([
     _t(QType.F32, 1, 4),
     _t(QType.F16, 1, 2),
-    _t(QType.Q4_0, 32, 2 + 16),
-    _t(QType.Q4_1, 32, 2 + 2 + 16),
-    _t(QType.Q5_0, 32, 2 + 4 + 16),
-    _t(QType.Q5_1, 32, 2 + 2 + 4 + 16),
-    _t(QType.Q8_0, 32, 2 + 32),
+    _t(QType.Q4_0, 32, 2 + 16, (0,)),
+    _t(QType.Q4_1, 32, 2 + 2 + 16, (0, 2), min_at=2),
+    _t(QType.Q5_0, 32, 2 + 4 + 16, (0,)),
+    _t(QType.Q5_1, 32, 2 + 2 + 4 + 16, (0, 2), min_at=2),
+    _t(QType.Q8_0, 32, 2 + 32, (0,)),
     # ggml's block_q8_1 is two halves + 32 int8 (36 bytes); gguf-py's table
     # still lists the old 40-byte float layout. It never appears in files.
     _t(QType.Q8_1, 32, 2 + 2 + 32),
-    _t(QType.Q2_K, QK_K, 16 + 64 + 2 + 2),
-    _t(QType.Q3_K, QK_K, 32 + 64 + 12 + 2),
-    _t(QType.Q4_K, QK_K, 2 + 2 + 12 + 128),
-    _t(QType.Q5_K, QK_K, 2 + 2 + 12 + 32 + 128),
-    _t(QType.Q6_K, QK_K, 128 + 64 + 16 + 2),
+    _t(QType.Q2_K, QK_K, 16 + 64 + 2 + 2, (80, 82), min_at=82),
+    _t(QType.Q3_K, QK_K, 32 + 64 + 12 + 2, (108,)),
+    _t(QType.Q4_K, QK_K, 2 + 2 + 12 + 128, (0, 2), min_at=2),
+    _t(QType.Q5_K, QK_K, 2 + 2 + 12 + 32 + 128, (0, 2), min_at=2),
+    _t(QType.Q6_K, QK_K, 128 + 64 + 16 + 2, (208,)),
     _t(QType.Q8_K, QK_K, 4 + 256 + 32),
     _t(QType.IQ2_XXS, QK_K, 2 + 64),
     _t(QType.IQ2_XS, QK_K, 2 + 64 + 8),
     _t(QType.IQ3_XXS, QK_K, 2 + 64 + 32),
     _t(QType.IQ1_S, QK_K, 2 + 32 + 16),
-    _t(QType.IQ4_NL, 32, 2 + 16),
+    _t(QType.IQ4_NL, 32, 2 + 16, (0,)),
     _t(QType.IQ3_S, QK_K, 2 + 64 + 32 + 8 + 4),
     _t(QType.IQ2_S, QK_K, 2 + 64 + 16),
-    _t(QType.IQ4_XS, QK_K, 2 + 2 + 128 + 4),
+    _t(QType.IQ4_XS, QK_K, 2 + 2 + 128 + 4, (0,)),
     _t(QType.I8, 1, 1),
     _t(QType.I16, 1, 2),
     _t(QType.I32, 1, 4),
@@ -105,9 +112,9 @@ TRAITS: dict[QType, QTraits] = dict([
     _t(QType.F64, 1, 8),
     _t(QType.IQ1_M, QK_K, 32 + 16 + 8),
     _t(QType.BF16, 1, 2),
-    _t(QType.TQ1_0, QK_K, 2 + 52),
-    _t(QType.TQ2_0, QK_K, 2 + 64),
-    _t(QType.MXFP4, 32, 1 + 16),
+    _t(QType.TQ1_0, QK_K, 2 + 52, (52,)),
+    _t(QType.TQ2_0, QK_K, 2 + 64, (64,)),
+    _t(QType.MXFP4, 32, 1 + 16, (0,), scale_format="e8m0"),
     _t(QType.NVFP4, 64, 4 + 32),
     _t(QType.Q1_0, 128, 2 + 16),
 ])
@@ -152,6 +159,20 @@ def tensor_nbytes(qtype, shape) -> int:
     for s in shape[:-1]:
         nrows *= s
     return nrows * row_nbytes(qtype, shape[-1])
+
+
+def random_blocks(rng: np.random.Generator, qtype, nblocks: int, spread: float = 0.05) -> np.ndarray:
+    """(nblocks, type_size) random blocks whose scale fields are finite and moderate (|d| <= spread, or
+    an E8M0 exponent near 2^-6): any code bits are valid, garbage scales are not. For tests and benchmarks."""
+    tr = TRAITS[as_qtype(qtype)]
+    raw = rng.integers(0, 256, (nblocks, tr.type_size), dtype=np.uint8)
+    for at in tr.scales:
+        if tr.scale_format == "e8m0":
+            raw[:, at] = rng.integers(119, 123, nblocks, dtype=np.uint8)
+        else:
+            d = rng.uniform(-spread, spread, nblocks).astype("<f2")
+            raw[:, at:at + 2] = d.view(np.uint8).reshape(nblocks, 2)
+    return raw
 
 
 # ---------------------------------------------------------------- helpers
@@ -311,6 +332,65 @@ def _dq_q6_k(b):
     return (q.reshape(n, 16, 16) * (d * scales)[:, :, None]).reshape(n, QK_K)
 
 
+# IQ4_NL/IQ4_XS: a nibble indexes this non-uniform grid (ggml's kvalues_iq4nl), times the scale.
+IQ4_GRID = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
+# MXFP4: a nibble is an FP4 (e2m1) value, here doubled to integers; the scale 2^(e-127) is halved.
+FP4_GRID = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int8)
+
+
+def _grid_nibbles(qs: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    """(..., 16) bytes -> (..., 32) grid values: low nibbles, then high nibbles."""
+    return grid[_nibbles(qs)].astype(np.float32)
+
+
+def _dq_iq4_nl(b):
+    return _grid_nibbles(b[:, 2:18], IQ4_GRID) * _f16(b, 0)
+
+
+def _iq4_xs_scales(b: np.ndarray) -> np.ndarray:
+    """Eight 6-bit sub-block scales (stored +32): low nibbles in bytes 4-7, top 2 bits in the u16 at 2."""
+    lo = _nibbles(b[:, 4:8])[:, [0, 4, 1, 5, 2, 6, 3, 7]]  # sub-block j: nibble j%2 of byte j//2
+    hi = (b[:, 2:4].view("<u2").astype(np.int32) >> (2 * np.arange(8))) & 3
+    return (lo | (hi << 4)).astype(np.int32) - 32
+
+
+def _dq_iq4_xs(b):
+    n = b.shape[0]
+    q = _grid_nibbles(b[:, 8:136].reshape(n, 8, 16), IQ4_GRID)  # (n, 8, 32)
+    return (q * (_f16(b, 0) * _iq4_xs_scales(b))[:, :, None]).reshape(n, QK_K)
+
+
+def _e8m0_half(e: np.ndarray) -> np.ndarray:
+    """E8M0 exponent byte -> 2^(e-127) / 2, exactly (tiny exponents are subnormal floats)."""
+    return np.ldexp(np.float32(1), e.astype(np.int32) - 128).astype(np.float32)
+
+
+def _dq_mxfp4(b):
+    return _grid_nibbles(b[:, 1:17], FP4_GRID) * _e8m0_half(b[:, 0:1])
+
+
+def _dq_tq2_0(b):
+    # ternary codes as Q2_K's 2-bit planes: two 32-byte halves, four shifts each; value = (q - 1) * d
+    n = b.shape[0]
+    q = (b[:, 0:64].reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8)[:, None]) & 3
+    return (q.reshape(n, QK_K).astype(np.float32) - 1) * _f16(b, 64)
+
+
+def _trits(qs: np.ndarray, count: int) -> np.ndarray:
+    """Base-3 digits packed 5 (or 4) per byte as fixed-point fractions of 256: digit k is the top
+    of (byte * 3^k mod 256) * 3 / 256. (n, m) bytes -> (n, count, m) digits 0..2."""
+    pow3 = np.array([1, 3, 9, 27, 81], np.uint16)[:count, None]
+    frac = (qs[:, None, :].astype(np.uint16) * pow3) & 0xFF
+    return ((frac * 3) >> 8).astype(np.int8)
+
+
+def _dq_tq1_0(b):
+    n = b.shape[0]
+    q = np.concatenate([_trits(b[:, 0:32], 5).reshape(n, 160), _trits(b[:, 32:48], 5).reshape(n, 80),
+                        _trits(b[:, 48:52], 4).reshape(n, 16)], axis=1)
+    return (q.astype(np.float32) - 1) * _f16(b, 52)
+
+
 _DEQUANT: dict[QType, Callable[[np.ndarray], np.ndarray]] = {
     QType.Q4_0: _dq_q4_0,
     QType.Q4_1: _dq_q4_1,
@@ -324,6 +404,11 @@ _DEQUANT: dict[QType, Callable[[np.ndarray], np.ndarray]] = {
     QType.Q5_K: _dq_q5_k,
     QType.Q6_K: _dq_q6_k,
     QType.Q8_K: _dq_q8_k,
+    QType.IQ4_NL: _dq_iq4_nl,
+    QType.IQ4_XS: _dq_iq4_xs,
+    QType.MXFP4: _dq_mxfp4,
+    QType.TQ1_0: _dq_tq1_0,
+    QType.TQ2_0: _dq_tq2_0,
 }
 
 DEQUANTIZABLE = frozenset(_DEQUANT) | {QType.BF16} | frozenset(_PLAIN_DTYPES)
@@ -511,6 +596,49 @@ def _q_q6_k(x):
     return _as_bytes(ql.reshape(n, 128), qh.reshape(n, 64), sc.astype(np.int8), _half(d))
 
 
+def _nearest(v: np.ndarray, levels: np.ndarray) -> np.ndarray:
+    """Index of the nearest of the ascending `levels` for each v (ties to the lower)."""
+    mid = (levels[1:] + levels[:-1]) / np.float32(2)
+    return np.searchsorted(mid, v, side="left")
+
+
+def _iq4_codes(x: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """Nibbles of x / step on the IQ4 grid (ascending, so the index is the code)."""
+    return _nearest(x * _inv(step), IQ4_GRID.astype(np.float32)).astype(np.uint8)
+
+
+def _q_iq4_nl(x):
+    # a simple non-searching fit: the value of largest magnitude lands on the grid's -127 end
+    d = _half(_signed_absmax(x) / np.float32(-127)).astype(np.float32)
+    return _as_bytes(_half(d), _pack_nibbles(_iq4_codes(x, d)))
+
+
+def _q_iq4_xs(x):
+    n = x.shape[0]
+    sub = x.reshape(n, 8, 32)
+    s = _signed_absmax(sub.reshape(n * 8, 32)).reshape(n, 8) / np.float32(-127)  # ideal sub-block steps
+    d = _half(_signed_absmax(s) / np.float32(-32)).astype(np.float32)  # the largest step at scale -32
+    ls = np.clip(np.rint(s * _inv(d)), -32, 31).astype(np.int32)
+    q = _iq4_codes(sub, (d * ls)[:, :, None])
+    u = (ls + 32).astype(np.uint16)
+    lo = (u & 0x0F).astype(np.uint8)
+    scales_l = lo[:, 0::2] | (lo[:, 1::2] << 4)
+    scales_h = ((u >> 4) << (2 * np.arange(8, dtype=np.uint16))).sum(axis=1, dtype=np.uint16)[:, None]
+    return _as_bytes(_half(d), scales_h.astype("<u2"), scales_l, _pack_nibbles(q.reshape(n * 8, 32)).reshape(n, 128))
+
+
+def _q_mxfp4(x):
+    amax = np.abs(x).max(axis=1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        # the block's largest value lands in [4, 8) times the scale, near e2m1's top (6)
+        e = np.where(amax > 0, np.floor(np.log2(amax)) - 2 + 127, 0)
+    e = np.clip(e, 0, 254).astype(np.uint8)
+    v = (x * np.ldexp(1.0, 128 - e.astype(np.int32))).astype(np.float32)  # doubled units; 2^128 is not a float32
+    mag = _nearest(np.abs(v), FP4_GRID[:8].astype(np.float32)).astype(np.uint8)
+    q = np.where((v < 0) & (mag > 0), mag | 8, mag).astype(np.uint8)
+    return _as_bytes(e, _pack_nibbles(q))
+
+
 _QUANT: dict[QType, Callable[[np.ndarray], np.ndarray]] = {
     QType.Q4_0: _q_q4_0,
     QType.Q4_1: _q_q4_1,
@@ -522,6 +650,9 @@ _QUANT: dict[QType, Callable[[np.ndarray], np.ndarray]] = {
     QType.Q5_K: _q_q5_k,
     QType.Q6_K: _q_q6_k,
     QType.Q8_K: _q_q8_k,
+    QType.IQ4_NL: _q_iq4_nl,
+    QType.IQ4_XS: _q_iq4_xs,
+    QType.MXFP4: _q_mxfp4,
 }
 
 

@@ -57,7 +57,7 @@ FAMILIES = {
 PERMUTED_GGUF_ARCHS = {"llama"}      # llama.cpp's LLAMA_ROPE_TYPE_NORM architectures among ours
 FLOAT_TYPES = {"f32": QType.F32, "f16": QType.F16, "bf16": QType.BF16}
 GGUF_WEIGHT_TYPES = {*FLOAT_TYPES.values(), QType.Q8_0, QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1,
-                     QType.Q4_K, QType.Q5_K, QType.Q6_K}
+                     QType.Q4_K, QType.Q5_K, QType.Q6_K, QType.IQ4_NL, QType.IQ4_XS, QType.MXFP4}
 HF_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
             "chat_template.json", "generation_config.json", "tokenizer.model")
 _LAYER_LEAVES = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "attn_q_norm",

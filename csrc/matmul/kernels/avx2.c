@@ -172,9 +172,9 @@ LLB_AI TGT void chunk_T(const int qt, const uint8_t *wg, long c, float *T) {
     for (int h = 0; h < 2; h++) {
         __m256i q[8];
         if (qt == LLB_Q4_K) {
-            const uint8_t *gb = wg + (c >> 3) * 2368;
+            const uint8_t *gb = wg + (c >> 3) * LLB_GB_Q4_K;
             const int s = (int)(c & 7);
-            dec_nibbles_h(gb + 320 + 256 * s, h, q);
+            dec_nibbles_h(gb + LLB_Q4_K_CODES + 256 * s, h, q);
             const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(gb + 64 + 16 * s + 8 * h))));
             const __m256i mn16 = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(gb + 192 + 32 * (s >> 1) + 16 * h)));
             const __m256 mn = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(mn16, 8 * (s & 1)), _mm256_set1_epi32(0xFF)));
@@ -182,10 +182,10 @@ LLB_AI TGT void chunk_T(const int qt, const uint8_t *wg, long c, float *T) {
             const __m256 mw = _mm256_mul_ps(load_f16x8(gb + 32 + 16 * h), _mm256_sub_ps(_mm256_setzero_ps(), mn));
             codes_to_T(q, h, dw, mw, dw, mw, T);
         } else if (qt == LLB_Q6_K) {
-            const uint8_t *gb = wg + (c >> 3) * 3360;
+            const uint8_t *gb = wg + (c >> 3) * LLB_GB_Q6_K;
             const int u = 2 * (int)(c & 7);
-            dec_q6k_sub_h(gb + 288 + 192 * u, h, q);
-            dec_q6k_sub_h(gb + 288 + 192 * (u + 1), h, q + 4);
+            dec_q6k_sub_h(gb + LLB_Q6_K_SUBS + 192 * u, h, q);
+            dec_q6k_sub_h(gb + LLB_Q6_K_SUBS + 192 * (u + 1), h, q + 4);
             const __m256 d = load_f16x8(gb + 16 * h), m32 = _mm256_set1_ps(-32.0f);
             const __m256 dw0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(gb + 32 + 16 * u + 8 * h)))));
             const __m256 dw1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(gb + 48 + 16 * u + 8 * h)))));

@@ -47,7 +47,7 @@ LLB_AI TGT void dec_block32_h(const int qt, const uint8_t *gb, int h, __m256i q[
         return;
     }
     dec_nibbles_h(gb + (qt == LLB_Q4_1 ? 64 : 32), h, q);
-    if (qt == LLB_Q5_0) add_fifth_bits_h(gb + 288, h, q);
+    if (qt == LLB_Q5_0) add_fifth_bits_h(gb + LLB_Q5_0_PLANE, h, q);
 }
 
 /* One 16-value sub-block of Q6_K: 6-bit codes of quads 0..3 (see quants.h). */

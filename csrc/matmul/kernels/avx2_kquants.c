@@ -29,13 +29,13 @@ LLB_AI TGT void tile_q4k(const llb_mm *mm, const uint8_t *wg, int h, long i, con
     LLB_UNROLL
     for (int m = 0; m < M; m++) tot[m] = _mm256_setzero_ps();
     for (long sb = 0; sb < nsb; sb++) {
-        const uint8_t *gb = wg + sb * 2368;
-        if (gemv && h == 0) llb_prefetch_ahead(gb, 2368);
+        const uint8_t *gb = wg + sb * LLB_GB_Q4_K;
+        if (gemv && h == 0) llb_prefetch_ahead(gb, LLB_GB_Q4_K);
         const __m256 d = load_f16x8(gb + 16 * h);
         const size_t e = at + xt * sb;
         for (int s = 0; s < 8; s++) {
             __m256i q[8];
-            dec_nibbles_h(gb + 320 + 256 * s, h, q);
+            dec_nibbles_h(gb + LLB_Q4_K_CODES + 256 * s, h, q);
             const __m256 sc = sub_scale(gb + 64 + 16 * s + 8 * h, d, 0);
             LLB_UNROLL
             for (int m = 0; m < M; m++) {
@@ -69,8 +69,8 @@ LLB_AI TGT void tile_q6k(const llb_mm *mm, const uint8_t *wg, int h, long i, con
     LLB_UNROLL
     for (int m = 0; m < M; m++) tot[m] = _mm256_setzero_ps();
     for (long sb = 0; sb < nsb; sb++) {
-        const uint8_t *gb = wg + sb * 3360;
-        if (gemv && h == 0) llb_prefetch_ahead(gb, 3360);
+        const uint8_t *gb = wg + sb * LLB_GB_Q6_K;
+        if (gemv && h == 0) llb_prefetch_ahead(gb, LLB_GB_Q6_K);
         const __m256 d = load_f16x8(gb + 16 * h);
         const size_t e = at + xt * sb;
         for (int s = 0; s < 8; s++) { /* sub-blocks u = 2s, 2s+1 share the activation scale dx[s] */
@@ -79,7 +79,7 @@ LLB_AI TGT void tile_q6k(const llb_mm *mm, const uint8_t *wg, int h, long i, con
             for (int j = 0; j < 2; j++) {
                 const int u = 2 * s + j;
                 __m256i q[4];
-                dec_q6k_sub_h(gb + 288 + 192 * u, h, q);
+                dec_q6k_sub_h(gb + LLB_Q6_K_SUBS + 192 * u, h, q);
                 const __m256 sc = sub_scale(gb + 32 + 16 * u + 8 * h, d, 1);
                 LLB_UNROLL
                 for (int m = 0; m < M; m++) {

@@ -217,19 +217,19 @@ LLB_AI TGT void codes_to_T(const __m512i q[8], __m512 dw0, __m512 mw0, __m512 dw
 LLB_AI TGT void chunk_T(const int qt, const uint8_t *wg, long c, float *T) {
     __m512i q[8];
     if (qt == LLB_Q4_K) {
-        const uint8_t *gb = wg + (c >> 3) * 2368;
+        const uint8_t *gb = wg + (c >> 3) * LLB_GB_Q4_K;
         const int s = (int)(c & 7);
-        dec_nibbles(gb + 320 + 256 * s, q);
+        dec_nibbles(gb + LLB_Q4_K_CODES + 256 * s, q);
         const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(gb + 64 + 16 * s))));
         const __m512i mn16 = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(gb + 192 + 32 * (s >> 1))));
         const __m512 mn = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(mn16, 8 * (s & 1)), _mm512_set1_epi32(0xFF)));
         const __m512 dw = _mm512_mul_ps(load_f16x16(gb), sc), mw = _mm512_mul_ps(load_f16x16(gb + 32), _mm512_sub_ps(_mm512_setzero_ps(), mn));
         codes_to_T(q, dw, mw, dw, mw, T);
     } else if (qt == LLB_Q6_K) {
-        const uint8_t *gb = wg + (c >> 3) * 3360;
+        const uint8_t *gb = wg + (c >> 3) * LLB_GB_Q6_K;
         const int u = 2 * (int)(c & 7);
-        dec_q6k_sub(gb + 288 + 192 * u, q);
-        dec_q6k_sub(gb + 288 + 192 * (u + 1), q + 4);
+        dec_q6k_sub(gb + LLB_Q6_K_SUBS + 192 * u, q);
+        dec_q6k_sub(gb + LLB_Q6_K_SUBS + 192 * (u + 1), q + 4);
         const __m512 d = load_f16x16(gb), m32 = _mm512_set1_ps(-32.0f);
         const __m512 dw0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(gb + 32 + 16 * u)))));
         const __m512 dw1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(gb + 48 + 16 * u)))));
@@ -394,6 +394,7 @@ LLB_AI TGT void float_gemv_ordered(const llb_mm *mm, const uint8_t *wg, long g, 
     llb_store_quad_sums(a, mm->out + g * LLB_IL, nr);
 }
 
+#define LLB_RB_VNNI
 #define LLB_KQUANT_FAST llb_avx512_kquant_kernel
 #define LLB_KERNELS_NAME llb_kernels_avx512
 #include "matmul/kernels/table.inc"

@@ -41,7 +41,7 @@ LLB_AI TGT void dec_block32(const int qt, const uint8_t *gb, __m512i q[8]) {
         return;
     }
     dec_nibbles(gb + (qt == LLB_Q4_1 ? 64 : 32), q);
-    if (qt == LLB_Q5_0) add_fifth_bits(gb + 288, q);
+    if (qt == LLB_Q5_0) add_fifth_bits(gb + LLB_Q5_0_PLANE, q);
 }
 
 /* One 16-value sub-block u of Q6_K: A/B hold the low nibbles of quads 0,1 / 2,3,

@@ -61,13 +61,13 @@ LLB_AI TGT void tile_q4k(const llb_mm *mm, const uint8_t *wg, long i, const int 
     LLB_UNROLL
     for (int m = 0; m < M; m++) tot[m] = _mm512_setzero_ps();
     for (long sb = s0; sb < s1; sb++) {
-        const uint8_t *gb = wg + sb * 2368;
-        llb_prefetch_ahead(gb, 2368);
+        const uint8_t *gb = wg + sb * LLB_GB_Q4_K;
+        llb_prefetch_ahead(gb, LLB_GB_Q4_K);
         const __m512 d = load_f16x16(gb);
         const size_t e = at + xt * sb; /* row i's entry of this super-block */
         for (int s = 0; s < 8; s++) {
             __m512i q[8], acc[TILE_ROWS];
-            dec_nibbles(gb + 320 + 256 * s, q);
+            dec_nibbles(gb + LLB_Q4_K_CODES + 256 * s, q);
             const __m512 sc = sub_scale_u8(gb + 64 + 16 * s, d);
             const int8_t *xq = mm->a.qs + 256 * e + 32 * s;
             LLB_UNROLL
@@ -101,8 +101,8 @@ LLB_AI TGT void tile_q6k(const llb_mm *mm, const uint8_t *wg, long i, const int 
     LLB_UNROLL
     for (int m = 0; m < M; m++) tot[m] = _mm512_setzero_ps();
     for (long sb = s0; sb < s1; sb++) {
-        const uint8_t *gb = wg + sb * 3360;
-        llb_prefetch_ahead(gb, 3360);
+        const uint8_t *gb = wg + sb * LLB_GB_Q6_K;
+        llb_prefetch_ahead(gb, LLB_GB_Q6_K);
         const __m512 d = load_f16x16(gb);
         const size_t e = at + xt * sb;
         for (int s = 0; s < 8; s++) { /* sub-blocks u = 2s, 2s+1 share the activation scale dx[s] */
@@ -111,7 +111,7 @@ LLB_AI TGT void tile_q6k(const llb_mm *mm, const uint8_t *wg, long i, const int 
             for (int j = 0; j < 2; j++) {
                 const int u = 2 * s + j;
                 __m512i q[4], acc[TILE_ROWS];
-                dec_q6k_sub(gb + 288 + 192 * u, q);
+                dec_q6k_sub(gb + LLB_Q6_K_SUBS + 192 * u, q);
                 const __m512 sc = sub_scale_i8(gb + 32 + 16 * u, d);
                 LLB_UNROLL
                 for (int m = 0; m < M; m++) acc[m] = _mm512_set1_epi32(mm->a.bs16n[16 * (e + m) + u]); /* -32 * bsum */

@@ -64,30 +64,33 @@ static void store_group(const llb_mm *mm, long g, long i0, long i1, float acc[][
 }
 
 static void fast_quant(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) {
-    const int qt = mm->t->qtype, kquant = mm->t->block == LLB_QKK;
+    const llb_type_info *t = mm->t;
+    const int kquant = t->block == LLB_QKK;
     const long K = mm->cols, nb32 = K / 32, nsb = K / LLB_QKK;
     float tot[LLB_ICHUNK][LLB_IL] = {{0}};
     int16_t q[LLB_IL][32];
     float dw[LLB_IL][2], mw[LLB_IL][2];
     for (long c = 0; c < nb32; c++) {
-        llb_packed_chunk_decode(qt, wg, c, q, dw, mw);
+        llb_packed_chunk_decode(t, wg, c, q, dw, mw);
         for (long i = i0; i < i1; i++) {
             /* this chunk's activation scale and sum: its block's, or its super-block's c % 8-th */
             const size_t at = kquant ? llb_act_at(i, c / 8, nsb, mm->a.xt) : llb_act_at(i, c, nb32, mm->a.xt);
             const size_t ad = kquant ? 8 * at + c % 8 : at;
             const int8_t *xq = kquant ? mm->a.qs + 256 * at + 32 * (c % 8) : mm->a.qs + 32 * at;
             const float dx = mm->a.d[ad];
-            float *t = tot[i - i0];
+            float *tr = tot[i - i0];
             for (int r = 0; r < LLB_IL; r++) {
                 int32_t s0 = 0, s1 = 0;
                 for (int e = 0; e < 16; e++) {
                     s0 += q[r][e] * xq[e];
                     s1 += q[r][e + 16] * xq[e + 16];
                 }
-                if (qt == LLB_Q6_K) /* two 16-value sub-blocks, signed codes */
-                    t[r] += (dw[r][0] * (float)s0 + dw[r][1] * (float)s1) * dx;
-                else /* one scale and min per 32 values; the min multiplies the quantized sum */
-                    t[r] += (dw[r][0] * (float)(s0 + s1)) * dx + mw[r][0] * mm->a.sum[ad];
+                if (t->sub16) { /* two 16-value sub-blocks; a min multiplies each half's code sum */
+                    const int32_t *bs = mm->a.bs16n + 16 * at + 2 * (c % 8); /* -32 * sum(q) per 16 */
+                    tr[r] += (dw[r][0] * (float)s0 + dw[r][1] * (float)s1) * dx +
+                             (mw[r][0] * (float)(bs[0] / -32) + mw[r][1] * (float)(bs[1] / -32)) * dx;
+                } else /* one scale and min per 32 values; the min multiplies the quantized sum */
+                    tr[r] += (dw[r][0] * (float)(s0 + s1)) * dx + mw[r][0] * mm->a.sum[ad];
             }
         }
     }
@@ -100,7 +103,7 @@ static void exact_quant(const llb_mm *mm, const uint8_t *wg, long g, long i0, lo
     int16_t q[LLB_IL][32];
     float dw[LLB_IL][2], mw[LLB_IL][2];
     for (long c = 0; c < K / 32; c++) {
-        llb_packed_chunk_decode(mm->t->qtype, wg, c, q, dw, mw);
+        llb_packed_chunk_decode(mm->t, wg, c, q, dw, mw);
         for (int r = 0; r < LLB_IL; r++)
             for (int e = 0; e < 32; e++) w[r][e] = dw[r][e >> 4] * (float)q[r][e] + mw[r][e >> 4];
         for (long i = i0; i < i1; i++) {
@@ -140,19 +143,12 @@ static void float_rows(const llb_mm *mm, const uint8_t *wg, long g, long i0, lon
     }
 }
 
+/* Every type in the table: the float types by rows, the quantized ones through their decoders. */
 static llb_kernel_fn kernel(int qtype, int exact) {
-    switch (qtype) {
-    case LLB_F32:
-    case LLB_F16:
-    case LLB_BF16: return float_rows;
-    case LLB_Q4_0:
-    case LLB_Q4_1:
-    case LLB_Q5_0:
-    case LLB_Q8_0:
-    case LLB_Q4_K:
-    case LLB_Q6_K: return exact ? exact_quant : fast_quant;
-    }
-    return NULL;
+    const llb_type_info *t = llb_type_get(qtype);
+    if (!t) return NULL;
+    if (t->block == 1) return float_rows;
+    return exact ? exact_quant : fast_quant;
 }
 
 const llb_kernels llb_kernels_scalar = {kernel, act_offset, quant32, quant256};
