@@ -22,6 +22,7 @@ class GenerationParams:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
+    grammar: object = None                # a constraints.Grammar the output must follow, or None
 
     def validate(self) -> None:
         if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 0):
@@ -105,6 +106,9 @@ class Sequence:
         self.detok = tokenizer.stream() if tokenizer is not None else None
         self.finish_reason: str | None = None
         self.eot = set() if (params.ignore_eos or tokenizer is None) else set(tokenizer.eot_ids)
+        # each sequence has its own parser state; the grammar is shared (n choices, many requests)
+        self.constraint = params.grammar.start() if params.grammar is not None else None
+        self._eos_banned = params.ignore_eos and tokenizer is not None
 
     @property
     def finished(self) -> bool:
@@ -128,10 +132,21 @@ class Sequence:
         if mt is not None and len(self.generated) >= mt:
             self.finish_reason = "length"
             return TokenEvent(-1, self._closing_text(), finish_reason="length")
-        choice = self.sampler.sample(logits, self.tokens)
+        c = self.constraint
+        banned = None
+        if c is not None:
+            if c.done:            # e.g. a grammar of one fixed string, already written
+                self.finish_reason = "stop"
+                return TokenEvent(-1, self._closing_text(), finish_reason="stop")
+            banned = c.banned()
+            if self._eos_banned:  # ignore_eos: the grammar may end there, the caller wants more
+                banned[list(self.tokenizer.eot_ids)] = True
+        choice = self.sampler.sample(logits, self.tokens, banned)
         if choice.token in self.eot:
             self.finish_reason = "stop"
             return TokenEvent(-1, self._closing_text(), finish_reason="stop")
+        if c is not None:
+            c.advance(choice.token)
         self.tokens.append(choice.token)
         self.generated.append(choice.token)
         piece = self.detok.feed(choice.token) if self.detok else ""
@@ -141,6 +156,10 @@ class Sequence:
             if stopped:
                 self.finish_reason = ev.finish_reason = "stop"
                 return ev
+        if c is not None and c.done:   # the grammar is complete and can take nothing more
+            self.finish_reason = ev.finish_reason = "stop"
+            ev.text += self._closing_text()
+            return ev
         if (mt is not None and len(self.generated) >= mt) or len(self.tokens) >= self.n_ctx:
             self.finish_reason = ev.finish_reason = "length"
             ev.context_full = len(self.tokens) >= self.n_ctx and (mt is None or len(self.generated) < mt)
