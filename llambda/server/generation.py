@@ -87,27 +87,27 @@ class Service:
     def _tool_setup(self, spec: GenerationSpec, constrained: bool) -> tuple[ToolSetup | None, GrammarSpec | None]:
         """Calls in the <tool_call> format (Hermes-style templates and the generic prompt) are
         generated under a grammar: with tool_choice "required" or a forced function the answer is
-        a call, with "auto" it may be text, and a call it starts is valid. Other templates'
-        formats are only parsed; a forced choice there starts the answer as a call."""
+        a call, with "auto" it may be text, and a call it starts is valid. Calls in other
+        templates' formats are only parsed."""
         if not spec.tools:
             return None, None
         names = {spec.forced_tool} if spec.tool_choice == "function" else tool_names(spec.tools)
-        if constrained:
-            if spec.constraint is not None and spec.tool_choice != "auto":
-                raise bad_request(f"'{spec.constraint_param}' cannot be combined with a tool_choice that forces "
-                                  "a call", param=spec.constraint_param)
-            if spec.constraint is not None:      # auto: the client's format for text answers wins
-                return ToolSetup(names, "", spec.parallel_tool_calls), None
-            # a named function is one call of it; "required" may make several (parallel_tool_calls)
-            lark = tool_grammar(spec.tools, names, required=spec.tool_choice != "auto",
-                                parallel=spec.parallel_tool_calls and spec.tool_choice == "required")
-            return ToolSetup(names, "", spec.parallel_tool_calls), GrammarSpec("lark", lark)
         prefix = ""
-        if self.template_hermes and spec.tool_choice == "required":
-            prefix = hermes_prefix("required")
-        elif self.template_hermes and spec.tool_choice == "function":
-            prefix = hermes_prefix(spec.forced_tool)
-        return ToolSetup(names, prefix, spec.parallel_tool_calls), None
+        if constrained and spec.tool_choice != "auto":
+            # the answer starts as a call (prefilled, not decoded token by token)
+            prefix = hermes_prefix("required" if spec.tool_choice == "required" else spec.forced_tool)
+        setup = ToolSetup(names, prefix, spec.parallel_tool_calls)
+        if not constrained:
+            return setup, None
+        if spec.constraint is not None and spec.tool_choice != "auto":
+            raise bad_request(f"'{spec.constraint_param}' cannot be combined with a tool_choice that forces "
+                              "a call", param=spec.constraint_param)
+        if spec.constraint is not None:      # auto: the client's format for text answers wins
+            return setup, None
+        # a named function is one call of it; "required" may make several (parallel_tool_calls)
+        lark = tool_grammar(spec.tools, names, spec.tool_choice,
+                            parallel=spec.parallel_tool_calls and spec.tool_choice == "required")
+        return setup, GrammarSpec("lark", lark)
 
     def _completion_ids(self, prompt) -> list[int]:
         try:

@@ -395,22 +395,24 @@ def call_schema(tools: list, names: set[str]) -> dict:
     return {**schema, "x-guidance": JSON_STYLE}
 
 
-def tool_grammar(tools: list, names: set[str], required: bool, parallel: bool) -> str:
+def tool_grammar(tools: list, names: set[str], choice: str, parallel: bool) -> str:
     """A Lark grammar (llguidance's dialect) for an answer under tools.
 
-    required: the answer is one call (more with `parallel`), nothing else. Otherwise ("auto") it is
-    free text, but from a `<tool_call>` tag on (a lazy lexeme: it ends at the first occurrence of
-    the tag) the call must be valid, and text may follow a call, as the parser expects. An answer
-    that opens with `{` or a ``` fence is what the parser takes for a bare call (small models
-    drop the tags), so there it must be a valid call too.
+    choice "required" or "function" (names: the forced one): the prompt already ends with
+    `hermes_prefix(...)` (prefilled, cheaper than forced decode steps), and the grammar goes on
+    from there: a tool name, its arguments, the closing tag; more calls with `parallel`.
+    "auto": free text, but from a `<tool_call>` tag on (a lazy lexeme: it ends at the first
+    occurrence of the tag) the call must be valid, and text may follow a call, as the parser
+    expects. An answer that opens with `{` or a ``` fence is what the parser takes for a bare
+    call (small models drop the tags), so there it must be a valid call too.
     """
+    def schema(obj) -> str:
+        return json.dumps({**obj, "x-guidance": JSON_STYLE}, ensure_ascii=False)
+
     rules = (f'call: %json {json.dumps(call_schema(tools, names), ensure_ascii=False)}\n'
              f'body: "\\n"? call "\\n"? "{CLOSE_TAG}"\n'
              'TEXT: /(.|\\n)*/\n')
-    if required:
-        more = f'("\\n"? "{OPEN_TAG}" body)*' if parallel else ""
-        start = f'start: "{OPEN_TAG}" body {more}'
-    else:
+    if choice == "auto":
         start = (f'start: first body (lead body)* TEXT | FIRST | bare\n'
                  f'first[lazy]: FIRST "{OPEN_TAG}"\n'
                  f'lead[lazy]: TEXT "{OPEN_TAG}"\n'
@@ -419,6 +421,16 @@ def tool_grammar(tools: list, names: set[str], required: bool, parallel: bool) -
                  # and a ``` fence there names a language other than json
                  'FIRST: /\\s*|\\s*([^\\s{`]|`[^`]|``[^`]|```([A-Za-ik-z]|j[^s]|js[^o]|jso[^n]|json[^ \\t\\n]'
                  '|[^A-Za-z \\t\\n]))(.|\\n)*/')
+        return f'%llguidance {{}}\n{start}\n{rules}'
+    heads = []
+    for i, t in enumerate(x for x in tools if x["function"]["name"] in names):
+        fn = t["function"]
+        rules += f'args_{i}: %json {schema(fn.get("parameters") or {"type": "object"})}\n'
+        # after the prefix `{"name": "` comes the rest of the name; a forced name is in the prefix
+        head = "" if choice == "function" else json.dumps(fn["name"], ensure_ascii=False)[1:] + ', "arguments":'
+        heads.append(f'{json.dumps(head, ensure_ascii=False)} " "? args_{i}' if head else f'" "? args_{i}')
+    more = f' ("\\n"? "{OPEN_TAG}" body)*' if parallel else ""
+    start = f'start: ({" | ".join(heads)}) "}}" "\\n"? "{CLOSE_TAG}"{more}'
     return f'%llguidance {{}}\n{start}\n{rules}'
 
 
