@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import ContextOverflowError, InvalidInputError
-from .sampling import Sampler, SamplingParams, StopMatcher
+from .sampling import Sampler, SamplingParams, StopMatcher, TokenChoice
 
 
 @dataclass
@@ -126,6 +126,28 @@ class Sequence:
             return emit if stopped else emit + self.stop.flush()
         return tail
 
+    def _sample_constrained(self, logits: np.ndarray, c) -> TokenChoice:
+        """A token the grammar allows (advancing it), or an EOS where the grammar may end.
+
+        The grammar's mask costs ~50 us per token at a 49k vocabulary, as much as the rest of the
+        sampling: where rejection sampling is exact (Sampler.rejection_exact) the token is drawn
+        unmasked first and the mask is computed only if the grammar refuses it, which it seldom
+        does (the model mostly writes the format it is asked for)."""
+        if self.sampler.rejection_exact:
+            choice = self.sampler.sample(logits, self.tokens)
+            if choice.token in self.eot:
+                if c.accepting:
+                    return choice
+            elif c.try_advance(choice.token):
+                return choice
+        banned = c.banned()
+        if self._eos_banned:      # ignore_eos: the grammar may end there, the caller wants more
+            banned[list(self.tokenizer.eot_ids)] = True
+        choice = self.sampler.sample(logits, self.tokens, banned)
+        if choice.token not in self.eot:
+            c.advance(choice.token)
+        return choice
+
     def step(self, logits: np.ndarray) -> TokenEvent:
         """Sample from the logits of the last position and advance."""
         mt = self.params.max_tokens
@@ -133,20 +155,16 @@ class Sequence:
             self.finish_reason = "length"
             return TokenEvent(-1, self._closing_text(), finish_reason="length")
         c = self.constraint
-        banned = None
-        if c is not None:
-            if c.done:            # e.g. a grammar of one fixed string, already written
-                self.finish_reason = "stop"
-                return TokenEvent(-1, self._closing_text(), finish_reason="stop")
-            banned = c.banned()
-            if self._eos_banned:  # ignore_eos: the grammar may end there, the caller wants more
-                banned[list(self.tokenizer.eot_ids)] = True
-        choice = self.sampler.sample(logits, self.tokens, banned)
+        if c is None:
+            choice = self.sampler.sample(logits, self.tokens)
+        elif c.done:              # e.g. a grammar of one fixed string, already written
+            self.finish_reason = "stop"
+            return TokenEvent(-1, self._closing_text(), finish_reason="stop")
+        else:
+            choice = self._sample_constrained(logits, c)
         if choice.token in self.eot:
             self.finish_reason = "stop"
             return TokenEvent(-1, self._closing_text(), finish_reason="stop")
-        if c is not None:
-            c.advance(choice.token)
         self.tokens.append(choice.token)
         self.generated.append(choice.token)
         piece = self.detok.feed(choice.token) if self.detok else ""

@@ -237,6 +237,16 @@ class Sampler:
             top = [(int(t), float(x[t]) - lse) for t in best]
         return TokenChoice(token, float(x[token]) - lse, top)
 
+    @property
+    def rejection_exact(self) -> bool:
+        """Whether drawing from the whole distribution and, when the token is not allowed, drawing
+        again under the mask gives exactly the masked distribution (rejection sampling): greedy,
+        or no truncation (top-k, top-p and min-p off), whose masked distribution is the full one
+        renormalized over the allowed tokens. With truncation, which tokens survive depends on the
+        mask, so a grammar's mask must come first."""
+        p = self.params
+        return p.temperature <= 0 or (p.top_k == 0 and p.top_p >= 1.0 and p.min_p <= 0.0)
+
     # -- steps ------------------------------------------------------------------------------
 
     @staticmethod

@@ -59,6 +59,59 @@ def test_sampler_never_picks_a_banned_token():
         Sampler(SamplingParams()).sample(logits, banned=banned[:10])
 
 
+class _SetGrammar:
+    """A stand-in grammar over a tiny vocabulary: any token of `allowed`, forever; counts its masks."""
+
+    def __init__(self, n, allowed):
+        self.n, self.allowed, self.masks = n, set(allowed), 0
+
+    def start(self):
+        return self
+
+    done = False
+    accepting = False
+
+    def banned(self):
+        self.masks += 1
+        return np.array([t not in self.allowed for t in range(self.n)])
+
+    def advance(self, t):
+        assert t in self.allowed
+
+    def try_advance(self, t):
+        return t in self.allowed
+
+
+def _draws(params, logits, grammar, n):
+    from llambda.engine import GenerationParams, Sequence
+    seq = Sequence(None, [0], GenerationParams(max_tokens=None, sampling=params, grammar=grammar), 0, 10**9)
+    return np.bincount([seq.step(logits).token for _ in range(n)], minlength=logits.size)
+
+
+def test_unmasked_first_draw_gives_exactly_the_masked_distribution():
+    """Drawing unmasked and falling back to the mask when the grammar refuses the token is rejection
+    sampling: the frequencies are the softmax renormalized over the allowed tokens."""
+    logits = np.array([2.0, 0.5, 1.5, -1.0, 0.0, 1.0], np.float32)
+    allowed = [1, 3, 4, 5]
+    g = _SetGrammar(6, allowed)
+    n = 20000
+    counts = _draws(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=7), logits, g, n)
+    p = np.zeros(6)
+    p[allowed] = np.exp(logits[allowed]) / np.exp(logits[allowed]).sum()
+    assert counts[[0, 2]].sum() == 0
+    assert np.abs(counts / n - p).max() < 0.015, (counts / n, p)
+    # the mask was needed only when the unmasked draw fell on a refused token (~60% of the mass here)
+    refused = np.exp(logits[[0, 2]]).sum() / np.exp(logits).sum()
+    assert abs(g.masks / n - refused) < 0.02
+    # with truncation the mask comes first: top-k=2 of the allowed tokens, never another
+    g = _SetGrammar(6, allowed)
+    counts = _draws(SamplingParams(temperature=1.0, top_k=2, top_p=1.0, min_p=0.0, seed=7), logits, g, 2000)
+    assert set(np.flatnonzero(counts)) == {1, 5} and g.masks == 2000
+    # greedy: the best allowed token
+    counts = _draws(SamplingParams(temperature=0), logits, _SetGrammar(6, allowed), 10)
+    assert counts[5] == 10
+
+
 # -- on SmolLM2's vocabulary -------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,6 @@ step, and the slot's KV stays cached for a later request with the same prefix.
 Per-sequence state lives in `engine.Sequence`, the same object the single-stream
 API uses, so batched and sequential generation sample identically.
 
-A sequence under a grammar (constrained decoding) needs its token mask before it samples;
-masks depend only on the sequence's own tokens, so a worker thread computes them (llguidance,
-native code, GIL released) while the forward pass of the same step runs.
-
 Events go to each request's `Channel` (an asyncio queue on the server's event
 loop). A step's events for every channel of one loop go over in a single
 `call_soon_threadsafe`: each such call writes the loop's wake-up pipe, and one
@@ -27,7 +23,6 @@ import logging
 import threading
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -131,8 +126,7 @@ class ShuttingDown(Exception):
 
 class Scheduler:
     def __init__(self, transformer, metrics: Metrics | None = None, n_slots: int | None = None,
-                 prefill_chunk: int = 256, queue_size: int = 64, min_prefix_reuse: int = 4,
-                 overlap_masks: bool = True):
+                 prefill_chunk: int = 256, queue_size: int = 64, min_prefix_reuse: int = 4):
         self.model = transformer
         # Batched greedy output must equal one-at-a-time output bit for bit: every matmul row
         # and attention row is summed in an order that does not depend on the batch.
@@ -162,9 +156,6 @@ class Scheduler:
         self._stopping = False
         self._drain_deadline: float | None = None
         self._outbox: dict[Channel, list] = {}
-        # grammar masks of step t computed beside its forward pass (False: before it, inline)
-        self.overlap_masks = overlap_masks
-        self._mask_pool: ThreadPoolExecutor | None = None
         # for health(): when the loop last finished a round, and since when work has been waiting
         self._progress = time.monotonic()
         self._busy_since: float | None = None
@@ -183,9 +174,6 @@ class Scheduler:
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
-        if self._mask_pool is not None:
-            self._mask_pool.shutdown(wait=False)
-            self._mask_pool = None
 
     def drain(self, grace: float) -> None:
         """Stop taking requests; let running ones finish for `grace` seconds, then cancel them."""
@@ -389,12 +377,9 @@ class Scheduler:
                 samples.append((len(rows) - 1, j))
         n = len(tokens)
         t0 = time.perf_counter()
-        masks = self._start_masks([j.seq.constraint for _, j in samples if j.seq.constraint is not None])
         logits = self.model.forward(np.asarray(tokens, np.int32), np.asarray(slots, np.int32),
                                     np.asarray(pos, np.int32), rows)
         t_forward = time.perf_counter() - t0
-        if masks is not None:
-            masks.result()
         for j, take in chunks:
             j.n_computed += take
             self.slots.set_valid(j.slot, j.n_computed)
@@ -438,19 +423,6 @@ class Scheduler:
                     self._end(j, j.seq.finish_reason or "stop")
         self.metrics.step(n, generated, t_forward, time.perf_counter() - t0)
 
-    def _start_masks(self, constraints: list):
-        """Compute the next-token masks of constrained sequences; a future when they run beside
-        the forward pass. A mask that fails here is computed again (and fails) in its own
-        sequence's step, so only that sequence ends."""
-        if not constraints:
-            return None
-        if not self.overlap_masks:
-            _prepare_all(constraints)
-            return None
-        if self._mask_pool is None:
-            self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="llambda-masks")
-        return self._mask_pool.submit(_prepare_all, constraints)
-
     def _fail_active(self, failure: JobFailure, forget: bool = True) -> None:
         with self._cv:
             for j in list(self._active):
@@ -478,14 +450,6 @@ class Scheduler:
         box, self._outbox = self._outbox, {}
         if box:
             push_all(list(box.items()))
-
-
-def _prepare_all(constraints: list) -> None:
-    for c in constraints:
-        try:
-            c.prepare()
-        except Exception:   # raised again where that sequence samples
-            pass
 
 
 def score_prompt(logits: np.ndarray, prompt: list[int], start: int, top: int) -> list:
