@@ -3,11 +3,14 @@ realistic 10-field JSON schema, at 1 and 8 concurrent streams, against a live `l
 
 Both kinds of request go to the same server (SmolLM2 by default), greedy, on /v1/completions:
 constrained ones carry llama-server's `json_schema` extension and end where the JSON is complete;
-free ones ignore EOS and generate as many tokens as the constrained answers took (the median,
-measured in a warm-up), so both rounds do the same amount of work. Rounds alternate (free,
+free ones ignore EOS and generate, for the same prompt, as many tokens as its constrained answer
+(greedy: measured once in a warm-up), so both rounds do the same work with the same lengths (the
+last, longest sequences of a round run in small batches: unequal lengths alone would cost). Rounds alternate (free,
 constrained, free, ...) and every repeat passes over all levels: drift on a shared machine hits
-both alike. Reported: medians of aggregate generated tokens/s and of time to first token. Targets
-(issue 15): at most 10% of throughput, at most 50 ms more TTFT. Not a test: run it by hand.
+both alike. Reported: medians of aggregate generated tokens/s and of time to first token, and,
+less at the mercy of other processes on a loaded machine, the server's CPU time per generated
+token and its step time outside the forward pass (sampling, grammar, bookkeeping) per token.
+Targets (issue 15): at most 10% of throughput, at most 50 ms more TTFT. Not a test: run it by hand.
 
     python bench/bench_constrained.py                 # --repeat 5 -r 3 for steadier medians
 """
@@ -15,14 +18,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
-import threading
-import time
 from pathlib import Path
 
+import httpx
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_server import ROOT, Engine, _physical_cores, free_port, model_id, one_request  # noqa: E402
+from bench_server import (ROOT, Engine, add_common_args, free_port, llambda_serve_cmd, logged_round,  # noqa: E402
+                          model_id, one_request, resolve_common_args, run_round)
 
 # a customer record as an application would ask for one: strings, bounded numbers, an enum, a
 # boolean, a date pattern, an array
@@ -50,58 +55,37 @@ def _prompt(k: int) -> str:
     return f"Customer record (JSON) for {PEOPLE[k % len(PEOPLE)]}:\n"
 
 
-def run_round(engine: Engine, model: str, streams: int, per_stream: int, max_tokens: int) -> dict:
-    results, errors, lock = [], [], threading.Lock()
+def server_counters(server: Engine) -> dict:
+    """CPU seconds of the server process, and its step counters from /metrics."""
+    with open(f"/proc/{server.proc.pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    out = {"cpu": (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")}
+    for line in httpx.get(server.url + "/metrics", timeout=30).text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in ("llambda_forward_seconds_total", "llambda_step_seconds_total", "llambda_generated_tokens_total"):
+            out[name.split("_")[1]] = float(value)
+    return out
 
-    def client(k: int) -> None:
-        for r in range(per_stream):
-            try:
-                res = one_request(engine, model, _prompt(k * per_stream + r), max_tokens)
-            except Exception as e:   # report, do not hide
-                with lock:
-                    errors.append(str(e))
-                return
-            with lock:
-                results.append(res)
 
-    threads = [threading.Thread(target=client, args=(k,)) for k in range(streams)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
-    tokens = sum(r[0] for r in results)
-    return {"kind": engine.name, "streams": streams, "requests": len(results), "errors": errors, "tokens": tokens,
-            "wall_s": wall, "tok_s": tokens / wall if wall > 0 else 0.0,
-            "ttft_ms": 1000 * statistics.median(r[1] for r in results) if results else float("nan"),
-            "lengths": [r[0] for r in results]}
+def measured_round(server: Engine, *args) -> dict:
+    """logged_round plus the server's CPU ms and outside-forward step us per generated token."""
+    before = server_counters(server)
+    row = logged_round(*args)
+    after = server_counters(server)
+    n = max(1.0, after["generated"] - before["generated"])
+    row["cpu_ms_per_token"] = 1000 * (after["cpu"] - before["cpu"]) / n
+    row["overhead_us_per_token"] = 1e6 * ((after["step"] - before["step"]) - (after["forward"] - before["forward"])) / n
+    return row
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("-m", "--model", default=None, help="GGUF file (default: the catalogued smollm2-135m)")
-    ap.add_argument("--streams", default="1,8", help="concurrency levels (default 1,8)")
-    ap.add_argument("--parallel", type=int, default=8, help="server slots (default 8)")
-    ap.add_argument("-r", "--requests-per-stream", type=int, default=2)
-    ap.add_argument("--repeat", type=int, default=3, help="passes over the levels (median reported)")
-    ap.add_argument("-c", "--ctx-size", type=int, default=1024, help="context per slot")
-    ap.add_argument("-t", "--threads", type=int, default=None)
+    add_common_args(ap, "1,8")
     ap.add_argument("--max-tokens", type=int, default=400, help="cap of a constrained answer (default 400)")
-    ap.add_argument("--llambda-args", default="", help="extra arguments for `llambda serve`")
-    ap.add_argument("--json", default=None, help="write the rows here")
     a = ap.parse_args(argv)
-
-    sys.path.insert(0, str(ROOT))
-    if a.model is None:
-        from llambda.hub import ensure_model
-        a.model = str(ensure_model("smollm2-135m"))
-    threads = a.threads or _physical_cores()
-    levels = [int(s) for s in a.streams.split(",")]
+    threads, levels = resolve_common_args(a)
     port = free_port()
-    cmd = [sys.executable, "-m", "llambda.cli", "serve", "-m", a.model, "--port", str(port), "--parallel",
-           str(a.parallel), "-c", str(a.ctx_size), "-t", str(threads), "--log-level", "warning",
-           *a.llambda_args.split()]
+    cmd = llambda_serve_cmd(a, port, threads)
     server = Engine("server", cmd, port, env={"PYTHONPATH": str(ROOT)})
     print(f"== {' '.join(cmd)}", file=sys.stderr)
     server.start()
@@ -110,44 +94,47 @@ def main(argv=None) -> int:
         mid = model_id(server)
         constrained = Engine("json_schema", [], port, extra_body={"json_schema": SCHEMA})
         one_request(constrained, mid, "Hello", 8)      # warm-up (and the grammar machinery built)
-        warm = run_round(constrained, mid, 1, len(PEOPLE), a.max_tokens)
+        warm = run_round(constrained, mid, 1, len(PEOPLE), a.max_tokens, _prompt)
         if warm["errors"]:
             raise RuntimeError(warm["errors"][0])
-        n = int(statistics.median(warm["lengths"]))
-        print(f"   constrained answers: {min(warm['lengths'])}-{max(warm['lengths'])} tokens, median {n}; "
-              f"free requests generate {n}", file=sys.stderr)
+        lengths = warm["lengths"]           # one request per prompt, in order (one stream)
+        print(f"   constrained answers: {min(lengths)}-{max(lengths)} tokens; free requests generate as many",
+              file=sys.stderr)
         free = Engine("free", [], port, extra_body={"ignore_eos": True})
+
+        def free_cap(k: int) -> int:
+            return lengths[k % len(PEOPLE)]
+
         for rep in range(a.repeat):
             for c in levels:
-                for eng, cap in ((free, n), (constrained, a.max_tokens)) if rep % 2 == 0 else \
-                        ((constrained, a.max_tokens), (free, n)):
-                    row = run_round(eng, mid, c, a.requests_per_stream, cap)
-                    row["rep"] = rep
-                    rows.append(row)
-                    print(f"   {eng.name} {c} streams (rep {rep}): {row['tok_s']:.1f} tok/s, TTFT "
-                          f"{row['ttft_ms']:.0f} ms, {row['requests']} requests, {len(row['errors'])} errors",
-                          file=sys.stderr)
+                for eng, cap in ((free, free_cap), (constrained, a.max_tokens)) if rep % 2 == 0 else \
+                        ((constrained, a.max_tokens), (free, free_cap)):
+                    rows.append(measured_round(server, rep, eng, mid, c, a.requests_per_stream, cap, _prompt))
     finally:
         server.stop()
 
     def med(kind, c, key):
-        return statistics.median(r[key] for r in rows if r["kind"] == kind and r["streams"] == c)
+        return statistics.median(r[key] for r in rows if r["engine"] == kind and r["streams"] == c)
 
-    print(f"\n{Path(a.model).name}, {threads} threads, {a.parallel} slots, {n} tokens per request "
-          f"(the median constrained answer), {a.requests_per_stream} requests per stream, "
+    print(f"\n{Path(a.model).name}, {threads} threads, {a.parallel} slots, {min(lengths)}-{max(lengths)} tokens per "
+          f"request (as the constrained answer), {a.requests_per_stream} requests per stream, "
           f"median of {a.repeat} passes\n")
-    print("| streams | free tok/s | json_schema tok/s | cost | free TTFT ms | json_schema TTFT ms | TTFT growth ms |")
-    print("|---|---|---|---|---|---|---|")
+    print("| streams | free tok/s | json_schema tok/s | cost | free TTFT ms | json_schema TTFT ms | TTFT growth ms "
+          "| CPU ms/token free, json | cost in CPU | outside-forward us/token free, json |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for c in levels:
         f, j = med("free", c, "tok_s"), med("json_schema", c, "tok_s")
         tf, tj = med("free", c, "ttft_ms"), med("json_schema", c, "ttft_ms")
-        print(f"| {c} | {f:.1f} | {j:.1f} | {100 * (1 - j / f):+.1f}% | {tf:.0f} | {tj:.0f} | {tj - tf:+.0f} |")
+        cf_, cj = med("free", c, "cpu_ms_per_token"), med("json_schema", c, "cpu_ms_per_token")
+        of, oj = med("free", c, "overhead_us_per_token"), med("json_schema", c, "overhead_us_per_token")
+        print(f"| {c} | {f:.1f} | {j:.1f} | {100 * (1 - j / f):+.1f}% | {tf:.0f} | {tj:.0f} | {tj - tf:+.0f} "
+              f"| {cf_:.2f}, {cj:.2f} | {100 * (cj / cf_ - 1):+.1f}% | {of:.0f}, {oj:.0f} |")
     # rounds minutes apart see different loads: the cost within each pass (free and constrained back to back)
     print()
     for c in levels:
         costs = [100 * (1 - rj["tok_s"] / rf["tok_s"]) for rf in rows for rj in rows
                  if rf["rep"] == rj["rep"] and rf["streams"] == rj["streams"] == c
-                 and rf["kind"] == "free" and rj["kind"] == "json_schema" and rf["tok_s"] > 0]
+                 and rf["engine"] == "free" and rj["engine"] == "json_schema" and rf["tok_s"] > 0]
         print(f"{c} streams: throughput cost within each pass: median {statistics.median(costs):+.1f}% "
               f"({', '.join(f'{x:+.1f}' for x in costs)})")
     if a.json:
