@@ -6,49 +6,84 @@ that is plain `json.dumps`), so rendered prompts match HF byte for byte. A templ
 from a model file, i.e. from strangers, so on top of Jinja's sandbox we:
   - raise at once on any access to an unsafe attribute (Jinja would return a silent Undefined),
   - check sizes *before* building big values (`'a' * n`, `x ** n`, padding widths, replace),
-  - count work (loop iterations, calls, output writes) against a budget, so a template cannot
-    hang the server, and cap the rendered size.
+  - count work (loop iterations, calls, output writes, and the size of what each filter, test,
+    method, operator and comparison scans) against a budget, stop a render that has used more than
+    its CPU time, and cap both the rendered size and the total size of the values a render builds,
+  - drop a failed render's frames at once: Jinja's traceback holds them (and every big value they
+    built) in a reference cycle that only the cyclic GC would free.
+A single operation is refused *before* it runs when its estimated result or work is too large,
+since nothing can interrupt one C call (and a long one holds the GIL for the whole server).
 """
 from __future__ import annotations
 
 import contextvars
 import functools
+import itertools
 import json
 import re
-from collections.abc import Mapping
+import string
+import sys
+import time
+import traceback
+from collections.abc import Mapping, Sized
 from datetime import datetime
 from typing import Any
 
 from jinja2 import TemplateError, TemplateSyntaxError, nodes
 from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+from jinja2.utils import Namespace
 from jinja2.visitor import NodeTransformer
 
 from .errors import ChatTemplateError
 
 DEFAULT_MAX_OUTPUT_CHARS = 1_000_000   # rendered prompt; a 128k-token prompt is ~500k chars
 DEFAULT_MAX_STEPS = 250_000            # loop iterations + calls + output writes per render
+DEFAULT_MAX_SECONDS = 1.5              # CPU time of one render (real templates: a few ms); a backstop
+                                       # behind the step budget, which stops most work within ~1 s
+DEFAULT_MAX_BUILT_BYTES = 64 * 2**20   # all values a render builds, summed (not just the live ones)
 _PRODUCED_FACTOR = 8                   # all text written (incl. set blocks, macros) vs the output cap
 _MAX_INT_BITS = 16_384                 # integers a template may build (~4900 digits)
+_SCAN_UNITS = 1024                     # chars (or items) a C-level scan handles per budget step
+_MAX_JSON_INDENT = 32                  # tojson indent/separators (templates use 2 or 4)
+_MAX_LIPSUM_WORDS = 10_000
+_MAX_ERROR_CHARS = 2_000               # of an error message quoting the template (it goes back to clients)
 
 # The render budget in force; a ContextVar so concurrent renders (threads) don't share it.
 _BUDGET: contextvars.ContextVar["_Budget | None"] = contextvars.ContextVar("llambda_chat_budget", default=None)
+_END = object()
 
 
 class _Budget:
-    __slots__ = ("steps", "produced", "max_steps", "max_produced")
+    __slots__ = ("steps", "produced", "built", "max_steps", "max_produced", "max_built", "max_seconds",
+                 "deadline")
 
-    def __init__(self, max_steps: int, max_produced: int):
+    def __init__(self, max_steps: int, max_produced: int, max_built: int = DEFAULT_MAX_BUILT_BYTES,
+                 max_seconds: float = DEFAULT_MAX_SECONDS):
         self.steps = 0
         self.produced = 0
+        self.built = 0
         self.max_steps = max_steps
         self.max_produced = max_produced
+        self.max_built = max_built
+        self.max_seconds = max_seconds
+        # this thread's CPU time: a render waiting for the GIL behind others is not charged for it
+        self.deadline = time.thread_time() + max_seconds
 
     def step(self, n: int = 1) -> None:
         self.steps += n
         if self.steps > self.max_steps:
             raise ChatTemplateError(
                 f"chat template exceeded its work budget ({self.max_steps} steps): runaway loop or recursion?")
+        # the clock costs ~0.5 us: read it every 256 steps, and after every sized operation
+        if (n > 1 or not self.steps & 255) and time.thread_time() > self.deadline:
+            raise ChatTemplateError(f"chat template ran for more than {self.max_seconds:g} s of CPU time")
+
+    def build(self, n_bytes: int) -> None:
+        self.built += n_bytes
+        if self.built > self.max_built:
+            raise ChatTemplateError(
+                f"chat template built more than {self.max_built >> 20} MiB of values while rendering")
 
     def produce(self, n_chars: int) -> None:
         self.produced += n_chars
@@ -61,6 +96,51 @@ def _step(n: int = 1) -> None:
     budget = _BUDGET.get()
     if budget is not None:
         budget.step(n)
+
+
+def _scan(units: int) -> None:
+    """Charge a C-level pass over `units` chars or items (one step per _SCAN_UNITS)."""
+    _step(1 + units // _SCAN_UNITS)
+
+
+def _shallow_len(value: Any) -> int:
+    return len(value) if isinstance(value, Sized) and not isinstance(value, Namespace) else 0
+
+
+def _measure(value: Any, limit: int, indent: int = 0) -> tuple[int, int]:
+    """(an upper estimate of len(str(value)), repr or JSON, nodes visited), without building it.
+
+    Shared references count each time, as printing repeats them; the walk stops once the size
+    passes `limit`, so it costs at most ~limit/3 visits. Escapes in repr/JSON can make a string up
+    to ~10x longer than counted here: the result is checked again once built.
+    """
+    size = seen = 0
+    stack = [(iter((value,)), 0)]      # iterators, not items: a long list is not copied
+    while stack and size <= limit:
+        items, depth = stack[-1]
+        v = next(items, _END)
+        if v is _END:
+            stack.pop()
+            continue
+        seen += 1
+        size += 3 + depth * indent     # separators, quotes, brackets, the indentation of its line
+        if isinstance(v, str):
+            size += len(v)
+        elif isinstance(v, bool) or v is None:
+            size += 5
+        elif isinstance(v, int):
+            size += v.bit_length() // 3 + 1
+        elif isinstance(v, float):
+            size += 24
+        elif isinstance(v, Mapping):
+            stack.append((itertools.chain.from_iterable(v.items()), depth + 1))
+        elif isinstance(v, (list, tuple, set, frozenset)):
+            stack.append((iter(v), depth + 1))
+        elif isinstance(v, Namespace):     # its repr shows its attributes
+            stack.append((iter((v._Namespace__attrs,)), depth))
+        else:
+            size += 80                     # a default repr, "<Macro 'f'>", an Undefined's ""
+    return size, seen
 
 
 # --- the sandbox -------------------------------------------------------------------------
@@ -83,7 +163,8 @@ def _env_call(attr: str, arg: nodes.Expr) -> nodes.Call:
 
 
 class _GuardTransformer(NodeTransformer):
-    """Route loops, `~` concatenation and every output write through the environment's guards."""
+    """Route loops, `~` concatenation, comparisons, slices and every output write through the
+    environment's guards."""
 
     def visit_For(self, node: nodes.For) -> nodes.Node:
         self.generic_visit(node)
@@ -92,7 +173,22 @@ class _GuardTransformer(NodeTransformer):
 
     def visit_Concat(self, node: nodes.Concat) -> nodes.Node:
         self.generic_visit(node)
+        # each part is measured before str() turns it into text, the whole once joined
+        node.nodes = [_env_call("llambda_part", child) for child in node.nodes]
         return _env_call("llambda_sized", node)
+
+    def visit_Compare(self, node: nodes.Compare) -> nodes.Node:
+        # `in` and `==` scan their operands; Jinja compiles them to plain Python operators
+        self.generic_visit(node)
+        node.expr = _env_call("llambda_operand", node.expr)
+        for op in node.ops:
+            op.expr = _env_call("llambda_operand", op.expr)
+        return node
+
+    def visit_Getitem(self, node: nodes.Getitem) -> nodes.Node:
+        self.generic_visit(node)
+        # slices bypass the sandbox's getitem; a slice is a copy
+        return _env_call("llambda_sized", node) if isinstance(node.arg, nodes.Slice) else node
 
     def visit_Output(self, node: nodes.Output) -> nodes.Node:
         self.generic_visit(node)
@@ -119,19 +215,38 @@ class _CountedIterable:
         return len(self._inner)
 
 
-_PERCENT_SPEC = re.compile(r"%(?:\([^)]*\))?[#0\- +]*(\*|\d+)?(?:\.(\*|\d+))?")
-_BRACE_SPEC = re.compile(r"\{[^{}]*:([^{}]*)\}")
+_PERCENT_SPEC = re.compile(r"%(?:\((?P<key>[^)]*)\))?[#0\- +]*(?P<width>\*|\d+)?(?:\.(?P<prec>\*|\d+))?")
 _DIGITS = re.compile(r"\d+")
 _PADDING_METHODS = frozenset({"center", "ljust", "rjust", "zfill"})
 _SIZED_TYPES = (str, list, tuple, dict)
+_NUMBER_CHARS = 320          # the longest a formatted number gets without a width ('%f' % 1e308)
+_LINE_BREAKS = ("\n", "\r", "\v", "\f", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029")
+_HTML_SPECIAL = ("&", "<", ">", '"', "'")     # escaping makes each up to 5 chars
+
+# Filters that loop in Python over each item (or char) they get: one budget step per item, not
+# per _SCAN_UNITS; wordwrap's textwrap is slower still.
+_PER_ITEM_FILTERS = frozenset({"batch", "dictsort", "groupby", "map", "max", "min", "pprint", "reject",
+                               "rejectattr", "select", "selectattr", "slice", "sort", "sum", "unique", "urlize",
+                               "xmlattr"})
+_FILTER_WEIGHT = {**dict.fromkeys(_PER_ITEM_FILTERS, _SCAN_UNITS), "wordwrap": 4 * _SCAN_UNITS,
+                  "title": _SCAN_UNITS // 8, "wordcount": 64}     # measured: ~0.17 us and ~60 ns a char
+# Tests that scan their operands (`x is in y`, `s is lower`, `a is eq b`); the others look at a type.
+_SCANNING_TESTS = frozenset({"in", "lower", "upper", "eq", "equalto", "==", "ne", "!=", "lt", "<", "lessthan",
+                             "le", "<=", "gt", ">", "greaterthan", "ge", ">=", "sameas"})
+# Filters that take any iterable: a generator (from map/select) becomes a list to be measured.
+_ITERABLE_FILTERS = frozenset({"batch", "join", "max", "min", "slice", "sort", "sum", "unique", "groupby"})
 
 
 def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(str(fmt))
 
 
+def _short(text: str) -> str:
+    return text if len(text) <= _MAX_ERROR_CHARS else text[:_MAX_ERROR_CHARS] + "... (truncated)"
+
+
 def _raise_exception(message: Any) -> None:
-    raise ChatTemplateError(str(message))
+    raise ChatTemplateError(_short(str(message)))
 
 
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
@@ -141,16 +256,25 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
                       sort_keys=sort_keys)
 
 
+def _arg(args, kwargs, i: int, name: str, default: Any = None) -> Any:
+    """A filter's parameter `name`, given at position i (after the value) or by keyword."""
+    return args[i] if len(args) > i else kwargs.get(name, default)
+
+
 class _ChatSandbox(ImmutableSandboxedEnvironment):
     intercepted_binops = frozenset({"+", "*", "**", "%"})
 
     def __init__(self, max_chars: int):
-        super().__init__(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _GenerationTag])
+        # optimized=False: Jinja's optimizer would run filters on constant arguments at compile
+        # time, outside any render's budget
+        super().__init__(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _GenerationTag],
+                         optimized=False)
         self.max_chars = max_chars
         self.filters["tojson"] = _tojson
         self.filters = {name: self._guard_filter(name, f) for name, f in self.filters.items()}
+        self.tests = {name: self._guard_test(name, f) for name, f in self.tests.items()}
         self.globals["raise_exception"] = _raise_exception
-        self.globals["strftime_now"] = _strftime_now
+        self.globals["strftime_now"] = self._guard_callable("strftime_now", _strftime_now)
         lipsum = self.globals.get("lipsum")
         if lipsum is not None:
             self.globals["lipsum"] = self._guard_callable("lipsum", lipsum)
@@ -176,62 +300,189 @@ class _ChatSandbox(ImmutableSandboxedEnvironment):
             if isinstance(v, int) and not isinstance(v, bool) and abs(v) > self.max_chars:
                 raise ChatTemplateError(f"chat template passed {v} to {name!r}: argument too large")
 
-    def _check_format(self, fmt: Any, args, kwargs) -> None:
-        """Widths in a %- or {}-format string bound what it allocates; `*` widths come from args."""
-        if not isinstance(fmt, str):
-            return
-        dynamic_width = False
-        numbers: list[str] = []
-        for m in _PERCENT_SPEC.finditer(fmt):
-            for g in m.groups():
-                if g == "*":
-                    dynamic_width = True
-                elif g:
-                    numbers.append(g)
-        for m in _BRACE_SPEC.finditer(fmt):
-            numbers.extend(_DIGITS.findall(m.group(1)))
-        if re.search(r"\{[^{}]*\{", fmt):   # nested replacement field: width given as an argument
-            dynamic_width = True
-        if any(int(n) > self.max_chars for n in numbers):
-            raise self._too_big("a formatted string")
-        if dynamic_width:
-            flat = list(args) + list(kwargs.values())
-            for a in list(flat):
-                if isinstance(a, (tuple, list)):
-                    flat.extend(a)
-                elif isinstance(a, Mapping):
-                    flat.extend(a.values())
-            self._check_int_args("format", flat, {})
+    def _size(self, value: Any, what: str, indent: int = 0) -> int:
+        """The estimated printed size of `value`; refused above the size cap."""
+        if isinstance(value, str):
+            return self._expect(len(value), what)
+        size, seen = _measure(value, self.max_chars, indent)
+        self._expect(size, what)
+        _step(seen)         # the walk is a Python loop: a step per node
+        return size
 
-    def _check_replace(self, s: Any, old: Any, new: Any, count: Any = -1) -> None:
+    def _expect(self, size: int, what: str) -> int:
+        if size > self.max_chars:
+            raise self._too_big(what)
+        return size
+
+    def _materialize(self, value: Any) -> Any:
+        """A generator as a list (at most max_chars items), so it can be measured; else as is."""
+        if isinstance(value, (Sized, str)) or not hasattr(value, "__iter__"):
+            return value
+        items = list(itertools.islice(value, self.max_chars + 1))
+        if len(items) > self.max_chars:
+            raise self._too_big("a list")
+        return items
+
+    def _percent_size(self, fmt: str, values: Any) -> int:
+        """Upper estimate of `fmt % values`: widths, precisions and the arguments each spec takes."""
+        positional = list(values) if isinstance(values, tuple) else [] if isinstance(values, Mapping) else [values]
+        size = len(fmt)
+        for m in _PERCENT_SPEC.finditer(fmt):
+            size += _NUMBER_CHARS
+            for g in ("width", "prec"):
+                if m.group(g) == "*":
+                    n = positional.pop(0) if positional else 0
+                    size += n if isinstance(n, int) else 0
+                elif m.group(g):
+                    size += int(m.group(g))
+            if m.group("key") is not None:
+                arg = values.get(m.group("key")) if isinstance(values, Mapping) else None
+            else:
+                arg = positional.pop(0) if positional else None
+            size += self._size(arg, "a formatted string")
+            self._expect(size, "a formatted string")
+        return size
+
+    def _brace_size(self, fmt: str, args, kwargs) -> int:
+        """Upper estimate of `fmt.format(*args, **kwargs)`; a field may repeat an argument."""
+        try:
+            fields = list(string.Formatter().parse(fmt))
+        except ValueError:
+            return len(fmt)        # format() will refuse it
+        ints = [v for v in (*args, *kwargs.values()) if isinstance(v, int) and not isinstance(v, bool)]
+        size, auto = len(fmt), 0
+        for _, field, spec, _ in fields:
+            if field is None:
+                continue
+            base = re.split(r"[.\[]", field, maxsplit=1)[0]
+            if base == "":
+                base, auto = auto, auto + 1
+            arg = kwargs.get(base) if isinstance(base, str) and not base.isdigit() else \
+                (args[int(base)] if int(base) < len(args) else None)
+            size += _NUMBER_CHARS + sum(int(n) for n in _DIGITS.findall(spec or ""))
+            if spec and "{" in spec:       # a width given as an argument
+                size += sum(abs(n) for n in ints)
+            size += self._size(arg, "a formatted string")
+            self._expect(size, "a formatted string")
+        return size
+
+    def _check_replace(self, s: Any, old: Any, new: Any, count: Any = -1) -> int:
         s, old, new = str(s), str(old), str(new)
         hits = s.count(old)
         if isinstance(count, int) and count >= 0:
             hits = min(hits, count)
-        if len(s) + hits * max(0, len(new) - len(old)) > self.max_chars:
-            raise self._too_big("a replaced string")
+        return self._expect(len(s) + hits * max(0, len(new) - len(old)), "a replaced string")
 
     def _check_result(self, value: Any) -> Any:
         if isinstance(value, _SIZED_TYPES) and len(value) > self.max_chars:
             raise self._too_big(f"a {type(value).__name__}")
         if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > _MAX_INT_BITS:
             raise ChatTemplateError(f"chat template built an integer of more than {_MAX_INT_BITS} bits")
+        if isinstance(value, (str, list, tuple, dict, int)):
+            budget = _BUDGET.get()
+            if budget is not None:
+                # a list's items are mostly new objects too (split, map): ~56 bytes each
+                extra = 56 * len(value) if isinstance(value, (list, tuple, dict)) else 0
+                budget.build(sys.getsizeof(value) + extra)
         return value
+
+    # -- what a filter will scan and build, checked before it runs ------------------------
+    # Each returns the units of work (chars or items) and raises when the result would be too big.
+
+    def _pre_filter(self, name: str, value: Any, args, kwargs) -> int:
+        text = value if isinstance(value, str) else None
+        n = _shallow_len(value)
+        if name == "format" and text is not None:
+            return self._percent_size(text, kwargs or tuple(args))
+        if name == "replace" and len(args) >= 2:
+            return self._check_replace(value, *args[:3])
+        if name == "join":
+            sep = str(_arg(args, kwargs, 0, "d", ""))
+            return self._expect(self._size(value, "a joined string") + len(sep) * n, "a joined string")
+        if name in ("string", "pprint", "list", "xmlattr", "urlencode") and text is None:
+            size = self._size(value, f"a {name} result", indent=1 if name == "pprint" else 0)
+            return size * (6 if name in ("xmlattr", "urlencode") else 1)
+        if name == "tojson":
+            return self._pre_tojson(value, args, kwargs)
+        if name == "center":
+            return self._expect(max(n, _arg(args, kwargs, 0, "width", 80)), "a centered string")
+        if name == "indent" and text is not None:
+            width = _arg(args, kwargs, 0, "width", 4)
+            pad = len(width) if isinstance(width, str) else width if isinstance(width, int) else 0
+            lines = 2 + sum(text.count(c) for c in _LINE_BREAKS)
+            return self._expect(len(text) + lines * pad, "an indented string")
+        if name in ("e", "escape", "forceescape") and text is not None:
+            return self._expect(n + 4 * sum(text.count(c) for c in _HTML_SPECIAL), "an escaped string")
+        if name == "urlencode" and text is not None:
+            return self._expect(12 * n, "a URL-encoded string")    # 4 UTF-8 bytes, 3 chars each
+        if name == "wordwrap" and text is not None:
+            wrap = _arg(args, kwargs, 2, "wrapstring", None) or "\n"
+            return self._expect(n * (1 + len(str(wrap))), "a wrapped string")
+        if name == "urlize" and text is not None:
+            extra = sum(len(str(v)) for v in (*args, *kwargs.values()) if isinstance(v, str))
+            return self._expect(3 * n + (n // 2 + 1) * (64 + extra), "a urlized string")
+        if name == "truncate" and text is not None:
+            end = _arg(args, kwargs, 2, "end", "...")
+            return self._expect(n + len(str(end)), "a truncated string")
+        if name == "striptags" and text is not None:
+            return n * (1 + text.count("<"))            # markupsafe copies the text per tag
+        if name == "batch":
+            return self._expect(n + abs(_arg(args, kwargs, 0, "linecount", 0) or 0), "a batched list")
+        if name == "slice":
+            return self._expect(n + abs(_arg(args, kwargs, 0, "slices", 0) or 0), "a sliced list")
+        if name == "sum":
+            # sum() of lists copies the partial sum at each step: quadratic
+            size = sum(len(v) for v in value if isinstance(v, (list, tuple, str))) if n else 0
+            return n + self._expect(size, "a summed list") * n // _SCAN_UNITS
+        if name in ("sort", "dictsort", "unique", "groupby", "min", "max"):
+            size = self._size(value, f"the input of {name}")
+            return n + size * max(1, n.bit_length()) // _SCAN_UNITS
+        if name in ("title", "capitalize", "upper", "lower", "wordcount", "trim", "striptags") and text is None:
+            return self._size(value, f"the input of {name}")
+        return n
+
+    def _pre_tojson(self, value: Any, args, kwargs) -> int:
+        indent = _arg(args, kwargs, 1, "indent", None)
+        separators = _arg(args, kwargs, 2, "separators", None)
+        width = len(indent) if isinstance(indent, str) else indent if isinstance(indent, int) else 0
+        seps = separators if isinstance(separators, (list, tuple)) else ()
+        if width > _MAX_JSON_INDENT or any(len(str(s)) > _MAX_JSON_INDENT for s in seps):
+            raise ChatTemplateError(f"chat template asked tojson for an indent or separator longer than "
+                                    f"{_MAX_JSON_INDENT}")
+        size, seen = _measure(value, self.max_chars, indent=width + sum(len(str(s)) for s in seps))
+        self._expect(size, "a JSON string")
+        # the walk, and with an indent json.dumps' pure-Python encoder: a step per node each
+        _step(seen * (2 if indent is not None else 1))
+        return size
 
     def _guard_filter(self, name: str, f):
         # Filters marked pass_context/eval_context/environment get that object first, then the value.
         skip = 2 if hasattr(f, "jinja_pass_arg") else 1
+        weight = _FILTER_WEIGHT.get(name, 1)
 
         @functools.wraps(f)
         def guarded(*args, **kwargs):
             _step()
             self._check_int_args(name, args[skip:], kwargs)
-            value = args[skip - 1] if len(args) >= skip else None
-            if name == "format":
-                self._check_format(value, args[skip:], kwargs)
-            elif name == "replace" and len(args) >= skip + 2:
-                self._check_replace(value, args[skip], args[skip + 1], *args[skip + 2:skip + 3])
+            if len(args) >= skip:
+                value = args[skip - 1]
+                if name in _ITERABLE_FILTERS:
+                    value = self._materialize(value)
+                    args = (*args[:skip - 1], value, *args[skip:])
+                _scan(self._pre_filter(name, value, args[skip:], kwargs) * weight)
             return self._check_result(f(*args, **kwargs))
+
+        return guarded
+
+    def _guard_test(self, name: str, f):
+        skip = 2 if hasattr(f, "jinja_pass_arg") else 1
+
+        scans = name in _SCANNING_TESTS
+
+        @functools.wraps(f)
+        def guarded(*args, **kwargs):
+            _scan(sum(self._operand_units(a) for a in args[skip - 1:]) if scans else 0)
+            return f(*args, **kwargs)
 
         return guarded
 
@@ -239,30 +490,66 @@ class _ChatSandbox(ImmutableSandboxedEnvironment):
         @functools.wraps(f)
         def guarded(*args, **kwargs):
             self._check_int_args(name, args, kwargs)
-            if name == "lipsum" and args and isinstance(args[0], int) and args[0] > 100:
-                raise ChatTemplateError("chat template asked lipsum() for more than 100 paragraphs")
+            if name == "lipsum":
+                n, lo, hi = _arg(args, kwargs, 0, "n", 5), _arg(args, kwargs, 2, "min", 20), \
+                    _arg(args, kwargs, 3, "max", 100)
+                words = n * max(lo, hi) if all(isinstance(v, int) for v in (n, lo, hi)) else 0
+                if n > 100 or words > _MAX_LIPSUM_WORDS:
+                    raise ChatTemplateError(f"chat template asked lipsum() for more than 100 paragraphs or "
+                                            f"{_MAX_LIPSUM_WORDS} words")
+                _step(1 + words)
+            elif name == "strftime_now" and args:
+                self._expect(32 * len(str(args[0])), "a formatted date")    # '%c' is 2 chars -> 24
             return self._check_result(f(*args, **kwargs))
 
         return guarded
+
+    def _operand_units(self, value: Any) -> int:
+        if isinstance(value, str):
+            return len(value)
+        if isinstance(value, (list, tuple, dict, set, frozenset, Namespace)):
+            # comparing containers compares their items, recursively
+            size, seen = _measure(value, self.max_chars)
+            self._expect(size, "an operand of a comparison")
+            _step(seen)
+            return size
+        return _shallow_len(value)
 
     # -- hooks the compiled template calls ------------------------------------------------
 
     def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (Jinja's signature)
         _step()
+        if getattr(__obj, "__self__", None) is __self:    # our own llambda_* guards (kwargs: Jinja's loop vars)
+            return __obj(*args)
         target = getattr(__obj, "__wrapped__", __obj)   # str.format comes wrapped by the sandbox
         owner = getattr(target, "__self__", None)
+        name = getattr(target, "__name__", "")
         if isinstance(owner, str):
-            name = getattr(target, "__name__", "")
+            units = len(owner)
             if name in _PADDING_METHODS:
                 __self._check_int_args(f"str.{name}", args, kwargs)
+                units += max((a for a in args if isinstance(a, int)), default=0)
             elif name == "expandtabs":
                 size = args[0] if args else kwargs.get("tabsize", 8)
                 if isinstance(size, int) and len(owner) + owner.count("\t") * max(size, 0) > __self.max_chars:
                     raise __self._too_big("an expanded string")
             elif name == "replace" and len(args) >= 2:
-                __self._check_replace(owner, *args[:3])
-            elif name in ("format", "format_map"):
-                __self._check_format(owner, args, kwargs)
+                units = __self._check_replace(owner, *args[:3])
+            elif name == "format":
+                units = __self._brace_size(owner, args, kwargs)
+            elif name == "format_map" and args and isinstance(args[0], Mapping):
+                units = __self._brace_size(owner, (), args[0])
+            elif name == "join" and args:
+                items = __self._materialize(args[0])
+                args = (items, *args[1:])
+                units = __self._expect(__self._size(items, "a joined string") + len(owner) * _shallow_len(items),
+                                       "a joined string")
+            else:
+                units += sum(_shallow_len(a) for a in args)
+            _scan(units)
+        elif isinstance(owner, (list, tuple, dict)):
+            # list.index/count compare every item
+            _scan(__self._operand_units(owner) if name in ("index", "count") else len(owner))
         return __self._check_result(super().call(__context, __obj, *args, **kwargs))
 
     def call_binop(self, context, operator: str, left: Any, right: Any) -> Any:
@@ -276,15 +563,16 @@ class _ChatSandbox(ImmutableSandboxedEnvironment):
                     left.bit_length() + right.bit_length() > _MAX_INT_BITS:
                 raise ChatTemplateError(f"chat template built an integer of more than {_MAX_INT_BITS} bits")
         elif operator == "+":
-            if isinstance(left, seq_types) and isinstance(right, seq_types) and \
-                    len(left) + len(right) > self.max_chars:
-                raise self._too_big(f"a concatenated {type(left).__name__}")
+            if isinstance(left, seq_types) and isinstance(right, seq_types):
+                if len(left) + len(right) > self.max_chars:
+                    raise self._too_big(f"a concatenated {type(left).__name__}")
+                _scan(len(left) + len(right))
         elif operator == "**":
             if isinstance(left, int) and isinstance(right, int) and right > 0 and abs(left) > 1 and \
                     right * abs(left).bit_length() > _MAX_INT_BITS:
                 raise ChatTemplateError(f"chat template built an integer of more than {_MAX_INT_BITS} bits")
         elif operator == "%" and isinstance(left, str):
-            self._check_format(left, (right,), {})
+            _scan(self._percent_size(left, right))
         return self._check_result(super().call_binop(context, operator, left, right))
 
     def llambda_iter(self, iterable: Any) -> Any:
@@ -293,12 +581,39 @@ class _ChatSandbox(ImmutableSandboxedEnvironment):
     def llambda_sized(self, value: Any) -> Any:
         return self._check_result(value)
 
+    def llambda_part(self, value: Any) -> Any:
+        if not isinstance(value, str):
+            self._size(value, "a concatenated string")
+        return value
+
+    def llambda_operand(self, value: Any) -> Any:
+        # the common case, a short string or a number, costs nothing
+        if not (isinstance(value, str) and len(value) < _SCAN_UNITS or isinstance(value, (int, float))):
+            _scan(self._operand_units(value))
+        return value
+
     def llambda_emit(self, value: Any) -> str:
+        if not isinstance(value, str):
+            self._size(value, "printed text")
         text = str(value)
         budget = _BUDGET.get()
         if budget is not None:
             budget.produce(len(text))
         return text
+
+
+def _drop_frames(exc: BaseException) -> None:
+    """Free what a failed render built now: clear the locals of every frame in the tracebacks of
+    `exc` and the exceptions chained to it, and unlink them (a frame holds its exception)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if exc.__traceback__ is not None:
+            traceback.clear_frames(exc.__traceback__)
+            exc.__traceback__ = None
+        nxt = exc.__cause__ or exc.__context__
+        exc.__cause__ = exc.__context__ = None
+        exc = nxt
 
 
 # --- messages ----------------------------------------------------------------------------
@@ -409,7 +724,8 @@ class ChatTemplate:
     """A compiled chat template. `render(messages)` gives the prompt text (special tokens as text)."""
 
     def __init__(self, source: str, bos_token: str = "", eos_token: str = "", name: str | None = None,
-                 *, max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS, max_steps: int = DEFAULT_MAX_STEPS):
+                 *, max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS, max_steps: int = DEFAULT_MAX_STEPS,
+                 max_seconds: float = DEFAULT_MAX_SECONDS, max_built_bytes: int = DEFAULT_MAX_BUILT_BYTES):
         if not isinstance(source, str) or not source.strip():
             raise ChatTemplateError("chat template source must be a non-empty string")
         self.source = source
@@ -418,6 +734,8 @@ class ChatTemplate:
         self.name = name
         self.max_output_chars = int(max_output_chars)
         self.max_steps = int(max_steps)
+        self.max_seconds = float(max_seconds)
+        self.max_built_bytes = int(max_built_bytes)
         self._env = _ChatSandbox(self.max_output_chars)
         try:
             tree = self._env.parse(source)
@@ -465,30 +783,47 @@ class ChatTemplate:
         context = {"bos_token": self.bos_token, "eos_token": self.eos_token, "documents": None}
         context.update(extra)
         context.update(messages=msgs, tools=_validate_tools(tools), add_generation_prompt=bool(add_generation_prompt))
-        token = _BUDGET.set(_Budget(self.max_steps, self.max_output_chars * _PRODUCED_FACTOR))
+        token = _BUDGET.set(_Budget(self.max_steps, self.max_output_chars * _PRODUCED_FACTOR,
+                                    self.max_built_bytes, self.max_seconds))
         try:
-            chunks = []
-            size = 0
-            for chunk in self._template.generate(context):
+            return self._render(context)
+        except Exception as e:
+            error = self._typed_error(e)
+            _drop_frames(e)
+        finally:
+            _BUDGET.reset(token)
+        # raised outside the except block, so it carries no __context__ (the frames just dropped)
+        raise error
+
+    def _render(self, context: dict) -> str:
+        # root_render_func rather than generate(): generate() rewrites a failure's traceback
+        # through frames that reference each other, keeping everything alive until a GC pass
+        chunks = []
+        size = 0
+        gen = self._template.root_render_func(self._template.new_context(context))
+        try:
+            for chunk in gen:
                 size += len(chunk)
                 if size > self.max_output_chars:
                     raise ChatTemplateError(f"rendered chat prompt exceeds {self.max_output_chars} characters")
                 chunks.append(chunk)
-            return "".join(chunks)
-        except ChatTemplateError:
-            raise
-        except SecurityError as e:
-            raise ChatTemplateError(f"chat template{self._label()} attempted an unsafe operation: {e}") from None
-        except TemplateError as e:
-            raise ChatTemplateError(f"chat template{self._label()} failed: {e}") from None
-        except RecursionError:
-            raise ChatTemplateError(f"chat template{self._label()} recursed too deeply") from None
-        except MemoryError:
-            raise ChatTemplateError(f"chat template{self._label()} ran out of memory") from None
-        except Exception as e:  # a template bug (TypeError, ZeroDivisionError, ...) is the template's error
-            raise ChatTemplateError(f"chat template{self._label()} failed: {type(e).__name__}: {e}") from None
         finally:
-            _BUDGET.reset(token)
+            gen.close()
+        return "".join(chunks)
+
+    def _typed_error(self, e: Exception) -> ChatTemplateError:
+        if isinstance(e, ChatTemplateError):
+            return e
+        if isinstance(e, SecurityError):
+            return ChatTemplateError(f"chat template{self._label()} attempted an unsafe operation: {_short(str(e))}")
+        if isinstance(e, TemplateError):
+            return ChatTemplateError(f"chat template{self._label()} failed: {_short(str(e))}")
+        if isinstance(e, RecursionError):
+            return ChatTemplateError(f"chat template{self._label()} recursed too deeply")
+        if isinstance(e, MemoryError):
+            return ChatTemplateError(f"chat template{self._label()} ran out of memory")
+        # a template bug (TypeError, ZeroDivisionError, ...) is the template's error
+        return ChatTemplateError(f"chat template{self._label()} failed: {type(e).__name__}: {_short(str(e))}")
 
     def __repr__(self) -> str:
         return f"ChatTemplate(name={self.name!r}, {len(self.source)} chars)"

@@ -254,11 +254,13 @@ def cmd_serve(a: argparse.Namespace) -> int:
                        queue_size=a.queue_size, max_tokens_cap=a.max_tokens_cap, max_body_bytes=a.max_body,
                        api_key=a.api_key, prefill_chunk=a.prefill_chunk, shutdown_grace=a.shutdown_grace,
                        max_connections=a.max_connections, header_timeout=a.header_timeout,
-                       body_timeout=a.body_timeout)
+                       body_timeout=a.body_timeout, webui=not a.no_webui, log_format=a.log_format)
     mem = model.memory_report()
     print(f"[llambda] serving {model_id} ({model.config.arch}, backend {model.backend.name}) on "
           f"http://{a.host}:{a.port}/v1 with {a.parallel} slots of {model.n_ctx} tokens; "
           f"memory {sum(mem.values()) / 2**20:.0f} MiB", file=sys.stderr, flush=True)
+    if not a.no_webui:
+        print(f"[llambda] chat page at http://{a.host}:{a.port}/", file=sys.stderr, flush=True)
     try:
         return serve(model, cfg, log_level=a.log_level)
     finally:
@@ -410,6 +412,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--body-timeout", type=float, default=30.0,
                    help="seconds a client gets to send a request's body (default 30)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument("--log-format", default="text", choices=["text", "json"],
+                   help="log lines (at info: one per request, with tokens in/out and ms) as text or as "
+                        "one JSON object per line (default text)")
+    p.add_argument("--no-webui", action="store_true", help="do not serve the chat page at /")
     p.set_defaults(fn=cmd_serve)
 
     p = sub.add_parser("bench", help="prefill/decode tokens/s (llama-bench style)")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import ContextOverflowError, InvalidInputError
+from .errors import ContextOverflowError, InvalidInputError, ModelFormatError
 from .sampling import Sampler, SamplingParams, StopMatcher, TokenChoice
 
 
@@ -80,7 +80,14 @@ def prefill(model, slot: int, ids, start: int) -> np.ndarray:
         m = len(part)
         pos = np.arange(start + s, start + s + m, dtype=np.int32)
         logits = model.forward(part, np.full(m, slot, np.int32), pos, [m - 1])
-    return logits[0].copy()
+    out = logits[0].copy()
+    if not np.isfinite(out).all():
+        # NaN/inf logits come from corrupt weights (or values past float range): refuse to hand them out.
+        # Decoding is guarded by the sampler, which refuses non-finite logits itself.
+        where = getattr(model.cfg, "source", "") or "the model"
+        raise ModelFormatError(f"{where}: the forward pass gave non-finite logits (NaN or inf); "
+                               "its weights are corrupt or out of range")
+    return out
 
 
 def decode(model, slots, tokens, positions) -> np.ndarray:

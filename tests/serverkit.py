@@ -8,6 +8,7 @@ numerics from server bugs).
 """
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import subprocess
@@ -132,6 +133,8 @@ class ServerProcess:
                     "--log-level", "warning", *flags]
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
+        key = flags[flags.index("--api-key") + 1] if "--api-key" in flags else None
+        self.auth = {"Authorization": f"Bearer {key}"} if key else {}
 
     def __enter__(self):
         env = dict(os.environ, PYTHONPATH=str(Path(llambda.__file__).parent.parent))
@@ -149,7 +152,7 @@ class ServerProcess:
                 pass
             assert time.monotonic() - t0 < 120, "server did not start: " + self.log()
             time.sleep(0.1)
-        self.model_id = httpx.get(self.url + "/v1/models").json()["data"][0]["id"]
+        self.model_id = httpx.get(self.url + "/v1/models", headers=self.auth).json()["data"][0]["id"]
         return self
 
     def __exit__(self, *exc):
@@ -166,3 +169,23 @@ class ServerProcess:
 
     def wait_idle(self, timeout=30.0) -> dict[str, float]:
         return LiveServer.wait_idle(self, timeout)
+
+
+def hang_up_mid_stream(live, path: str, body: dict, lines: int = 6) -> list[logging.LogRecord]:
+    """Read a few lines of a streamed answer, hang up, wait until the server is idle again (its slot
+    freed); returns the errors uvicorn logged meanwhile (an exception escaping the app is one)."""
+    errors: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = errors.append
+    logger = logging.getLogger("uvicorn.error")
+    logger.addHandler(handler)
+    try:
+        with httpx.stream("POST", live.url + path, json={**body, "stream": True}, timeout=60) as s:
+            assert s.status_code == 200, s.read()
+            it = s.iter_lines()
+            for _ in range(lines):
+                next(it)
+        live.wait_idle()
+    finally:
+        logger.removeHandler(handler)
+    return errors

@@ -7,8 +7,12 @@ to a prefill chunk, and with 1 or 2 threads, per ISA path and KV-cache type. And
 a token's logits decoded alone equal its logits inside a batched prefill step. With the invariance
 off (or a kernel summing in another order) these comparisons fail on every ISA path.
 """
+from pathlib import Path
+
 import numpy as np
 import pytest
+
+import llambda
 
 from llambda.backends import available_backends
 from llambda.formats.quants import QType, quantize
@@ -261,3 +265,27 @@ def test_invariant_decode_allocates_nothing(smollm2_gguf):
             assert _native.alloc_stats() == before, "the C core allocated during invariant decode"
         finally:
             tr.backend.set_batch_invariant(False)
+
+
+def test_a_servers_switch_does_not_change_a_library_model():
+    """Batch invariance is the C core's process-wide switch: a model whose backend turned it on (the
+    server's) must not change what another model in the same process computes, nor the reverse."""
+    from llambda.backends.native import NativeBackend  # noqa: F401 (the native core is built: pytestmark)
+    from llambda.server.scheduler import Scheduler
+
+    path = str(Path(__file__).parent / "fixtures" / "reference" / "tiny" / "llama")
+    ids = list(range(3, 40))
+    with llambda.load(path) as lib:
+        before = lib.logits(ids).copy()
+        with llambda.load(path, n_slots=2) as served:
+            Scheduler(served.transformer)            # turns invariance on for its backend
+            served.logits(ids)
+            assert _native_flag() is True
+            after = lib.logits(ids)
+            assert _native_flag() is False
+        np.testing.assert_array_equal(after, before)
+
+
+def _native_flag() -> bool:
+    from llambda import _native
+    return _native.batch_invariant()

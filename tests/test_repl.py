@@ -100,22 +100,36 @@ def test_piped_input_is_a_turn_per_line():
     assert [len(x) for x in m.seen] == [1, 2] and m.seen[1][0]["role"] == "system"
 
 
-def _read_until(fd: int, needle: bytes, timeout: float) -> bytes:
-    buf, t0 = b"", time.monotonic()
-    while needle not in buf:
-        left = timeout - (time.monotonic() - t0)
-        if left <= 0:
-            raise AssertionError(f"did not see {needle!r} in {buf[-2000:]!r}")
-        r, _, _ = select.select([fd], [], [], left)
-        if r:
+class Terminal:
+    """The master side of a pty: `expect` waits for text and consumes the output up to its end, keeping
+    what came after it for the next call (a prompt often arrives in the same read as the text before it)."""
+
+    def __init__(self, fd: int, proc):
+        self.fd, self.proc, self.buf = fd, proc, b""
+
+    def expect(self, needle: bytes, timeout: float) -> bytes:
+        t0 = time.monotonic()
+        while needle not in self.buf:
+            left = timeout - (time.monotonic() - t0)
+            if left <= 0:
+                raise AssertionError(f"did not see {needle!r} in {self.buf[-2000:]!r} (child: {self.proc.poll()})")
+            r, _, _ = select.select([self.fd], [], [], left)
+            if not r:
+                continue
             try:
-                chunk = os.read(fd, 4096)
+                chunk = os.read(self.fd, 4096)
             except OSError:
-                break
+                chunk = b""
             if not chunk:
-                break
-            buf += chunk
-    return buf
+                raise AssertionError(f"the terminal closed before {needle!r}: {self.buf[-2000:]!r} "
+                                     f"(child: {self.proc.poll()})")
+            self.buf += chunk
+        at = self.buf.index(needle) + len(needle)
+        seen, self.buf = self.buf[:at], self.buf[at:]
+        return seen
+
+    def send(self, data: bytes) -> None:
+        os.write(self.fd, data)
 
 
 def _controlling_terminal():
@@ -131,18 +145,20 @@ def test_real_terminal_ctrl_c_stops_a_reply_and_history_is_kept(smollm2_gguf, tm
                              "--ignore-eos", "-c", "2048"], stdin=slave, stdout=slave, stderr=slave, env=env,
                             preexec_fn=_controlling_terminal)
     os.close(slave)
+    term = Terminal(master, proc)
     try:
-        _read_until(master, b">>> ", 120)
-        os.write(master, b"Tell me a very long story.\r")
-        _read_until(master, b"Tell me a very long story.", 10)
+        term.expect(b">>> ", 120)
+        term.send(b"Tell me a very long story.\r")
+        term.expect(b"Tell me a very long story.", 10)
         time.sleep(1.0)
-        os.write(master, b"\x03")                  # Ctrl-C, as the terminal sends it
-        _read_until(master, b"[stopped]", 30)
-        _read_until(master, b">>> ", 10)
-        assert proc.poll() is None                 # the chat goes on
-        os.write(master, b"/stats\r")
-        _read_until(master, b"ended by interrupted", 10)
-        os.write(master, b"\x04")                  # Ctrl-D leaves
+        term.send(b"\x03")                  # Ctrl-C, as the terminal sends it
+        term.expect(b"[stopped]", 30)
+        term.expect(b">>> ", 10)
+        assert proc.poll() is None           # the chat goes on
+        term.send(b"/stats\r")
+        term.expect(b"ended by interrupted", 10)
+        term.expect(b">>> ", 10)
+        term.send(b"\x04")                  # Ctrl-D leaves
         assert proc.wait(30) == 0
     finally:
         if proc.poll() is None:

@@ -347,8 +347,8 @@ def test_health_503_when_the_scheduler_is_stuck(model):
         _wait_health(live, 200, 5)
 
 
-def test_health_503_when_the_worker_pool_is_exhausted(model):
-    app = create_app(model, _cfg())
+def test_health_503_when_the_prompt_workers_are_stuck(model):
+    app = create_app(model, _cfg(prompt_stall_seconds=1.0))
     service = app.state.service
     release = threading.Event()
     real_prepare = service.prepare
@@ -357,20 +357,19 @@ def test_health_503_when_the_worker_pool_is_exhausted(model):
         release.wait(20)
         return real_prepare(spec)
 
-    workers = min(32, (os.cpu_count() or 1) + 4)      # asyncio's default executor
     with LiveServer(app) as live:
         assert _health(live)[0] == 200
         service.prepare = slow_prepare
         threads = []
         try:
-            for _ in range(workers):
+            for _ in range(service.workers.n_workers):
                 t = threading.Thread(target=lambda: httpx.post(
                     live.url + "/v1/completions", json={"model": MODEL_ID, "prompt": "Hi", "max_tokens": 2},
                     timeout=30))
                 t.start()
                 threads.append(t)
             body = _wait_health(live, 503, 10)
-            assert "worker" in body["reason"], body
+            assert "prompt worker" in body["reason"] and body["status"] == "stalled", body
         finally:
             release.set()
         for t in threads:

@@ -35,10 +35,12 @@ def test_chat_completion_and_usage(client, model):
 
 
 def test_server_matches_single_stream_api(client, smollm2_gguf):
-    """The scheduler's output equals llambda's own single-stream generation (same backend)."""
+    """The scheduler's output equals llambda's own single-stream generation (same backend, and the
+    batch-invariant kernels the server runs)."""
     messages = [{"role": "user", "content": "Tell me about the moon."}]
     r = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=20, temperature=0)
     with llambda.load(smollm2_gguf, n_ctx=512, **LOAD_KW) as single:
+        single.backend.set_batch_invariant(True)
         expect = single.chat(messages, max_tokens=20, temperature=0)
     assert r.choices[0].message.content == expect
 
@@ -165,6 +167,7 @@ def test_completion_echo_with_prompt_logprobs(client, model, smollm2_gguf):
     assert np.allclose(lp.token_logprobs[len(ids):], plain.choices[0].logprobs.token_logprobs, atol=1e-3)
     # each prompt token's logprob is log_softmax of the logits after the tokens before it
     with llambda.load(smollm2_gguf, n_ctx=64, **LOAD_KW) as single:
+        single.backend.set_batch_invariant(True)     # as the server computes
         for p in range(1, len(ids)):
             want = _log_softmax(single.logits(ids[:p]))
             assert abs(lp.token_logprobs[p] - want[ids[p]]) < 1e-3, (p, lp.token_logprobs[p], want[ids[p]])

@@ -148,8 +148,10 @@ def test_schema_validation_units():
         with pytest.raises(APIError) as e:
             parse_chat(body)
         assert e.value.status == 400 and param in e.value.message, (body, e.value.message)
+    # fill-in-the-middle takes text (the FIM tokens come with the model, see test_server_endpoints.py)
+    assert parse_completion({"prompt": "x", "suffix": "y"}).suffix == "y"
     with pytest.raises(APIError):
-        parse_completion({"prompt": "x", "suffix": "y"})
+        parse_completion({"prompt": [1, 2], "suffix": "y"})
     with pytest.raises(APIError):
         parse_completion({"prompt": [[1, 2], []]})
     assert parse_completion({"prompt": [[1, 2], "a"], "logprobs": 0}).prompts == [[1, 2], "a"]

@@ -515,7 +515,7 @@ def test_from_hf_dir_errors(tmp_path):
     with pytest.raises(TokenizerError, match="no tokenizer.json"):
         Tokenizer.from_hf_dir(tmp_path)
     (tmp_path / "tokenizer.json").write_text("{not json", encoding="utf-8")
-    with pytest.raises(TokenizerError, match="cannot read JSON"):
+    with pytest.raises(TokenizerError, match="not valid JSON"):
         Tokenizer.from_hf_dir(tmp_path)
     wordpiece = {"version": "1.0", "added_tokens": [], "normalizer": None, "pre_tokenizer": None,
                  "post_processor": None, "decoder": None, "truncation": None, "padding": None,

@@ -75,6 +75,12 @@ class Backend(ABC):
         v = np.ascontiguousarray(w.to_float32().reshape(-1), dtype=np.float32)
         return v + np.float32(offset) if offset else v
 
+    def end_load(self) -> None:
+        """Called once every weight of a model is prepared (the native backend reports conversions)."""
+
+    def begin_forward(self) -> None:
+        """Called at the start of every forward pass (the native backend re-applies its own settings)."""
+
     #: the KV cache's element type
     kv_dtype = np.float32
 

@@ -8,11 +8,13 @@ releases the GIL and splits the work over the persistent thread pool.
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import NativeUnavailableError
+from ..errors import ModelFormatError, NativeUnavailableError
+from ..formats.quants import TRAITS, QType
 from ..formats.weights import WeightTensor
 from .base import Backend, KVCache
 from .weight_arena import WeightArena
@@ -30,6 +32,23 @@ KV_TYPES = {"f16": (np.float16, 1), "f32": (np.float32, 0)}
 
 def native_available() -> bool:
     return C is not None
+
+
+def _native_qtypes() -> frozenset:
+    """The ggml types the C core has kernels for, as the core itself answers."""
+    out = set()
+    for q in QType:
+        try:
+            C.row_bytes(int(q), TRAITS[q].block_size)
+        except ValueError:
+            continue
+        out.add(q)
+    return frozenset(out)
+
+
+NATIVE_QTYPES = _native_qtypes() if C is not None else frozenset()
+# The C attention kernel's largest head (LLB_ATTN_MAX_HEAD_DIM in csrc/ops.h).
+MAX_HEAD_DIM = 512
 
 
 def physical_cores() -> int:
@@ -80,6 +99,8 @@ class NativeBackend(Backend):
         self.weight_bytes = 0
         self._weights = WeightArena()
         self._recording = None  # the _native.Plan being recorded
+        self._batch_invariant = False
+        self._converted: list[tuple[str, str, int]] = []   # (tensor, type, extra bytes): see end_load
 
     # -- op plans: record a decode step's C calls once, replay them per token --
     # The C core records: while a _native.Plan is recording on this thread, every op
@@ -107,6 +128,8 @@ class NativeBackend(Backend):
 
     # -- load time -------------------------------------------------------
     def prepare_matrix(self, w: WeightTensor) -> NativeMatrix:
+        if w.qtype not in NATIVE_QTYPES:
+            w = self._dequantized(w)
         rows, cols, qt = w.rows, w.cols, int(w.qtype)
         size = C.packed_size(qt, rows, cols)
         dst = self._weights.alloc(size)
@@ -114,13 +137,50 @@ class NativeBackend(Backend):
         self.weight_bytes += size
         return NativeMatrix(qt, layout, dst, rows, cols)
 
+    def _dequantized(self, w: WeightTensor) -> WeightTensor:
+        """The documented fallback for a type the C core has no kernels for (Q3_K, Q2_K, Q5_1, ...):
+        dequantize once, here, to F16 (F32 if a value overflows F16), and say so in end_load()."""
+        x = w.to_float32()       # a ModelFormatError naming the tensor if nothing can dequantize it
+        half = x.astype(np.float16)
+        with np.errstate(invalid="ignore"):
+            exact = np.isfinite(half).all() or not np.isfinite(x).all()
+        out = WeightTensor(w.name, QType.F16, w.shape, half.reshape(-1).view(np.uint8)) if exact \
+            else WeightTensor.from_float(w.name, x)
+        self._converted.append((w.name, w.qtype.name, out.data.nbytes - w.data.nbytes))
+        return out
+
+    def end_load(self) -> None:
+        if not self._converted:
+            return
+        names = [n for n, _, _ in self._converted]
+        types = sorted({t for _, t, _ in self._converted})
+        shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+        extra = sum(b for _, _, b in self._converted) / 2**20
+        warnings.warn(f"the native core has no kernels for {', '.join(types)}: {len(names)} tensors ({shown}) "
+                      f"were dequantized at load (to F16, F32 where F16 overflows), "
+                      f"{extra:.1f} MB more memory than in the file", stacklevel=4)
+        self._converted = []
+
+    def create_kv_cache(self, n_layers, n_slots, n_ctx, n_kv, head_dim, extra=None) -> KVCache:
+        if head_dim > MAX_HEAD_DIM:
+            raise ModelFormatError(f"head_dim {head_dim} is more than the native core's {MAX_HEAD_DIM}; "
+                                   "use backend='numpy'")
+        return super().create_kv_cache(n_layers, n_slots, n_ctx, n_kv, head_dim, extra)
+
     def set_batch_invariant(self, flag: bool) -> None:
         """Make every row's result independent of what else shares its step, bit for bit: matmuls
         sum each row in the GEMM's order also when it is alone, and attention cuts each query row
         into the same key chunks whatever the batch, its prompt chunking or the thread count. The
         server turns this on, so batched greedy output equals one-at-a-time output (process-wide
-        in the C core; off, single rows may take faster kernels that round differently)."""
-        C.set_batch_invariant(bool(flag))
+        in the C core; off, single rows may take faster kernels that round differently).
+        The switch is the C core's, process-wide: each forward pass of this backend sets it to
+        this backend's own choice (begin_forward), so a server's model does not change how a
+        library model in the same process computes, nor the reverse."""
+        self._batch_invariant = bool(flag)
+        C.set_batch_invariant(self._batch_invariant)
+
+    def begin_forward(self) -> None:
+        C.set_batch_invariant(self._batch_invariant)     # one store in C: cheaper than asking first
 
     def memory_report(self) -> dict[str, int]:
         return {"weights": self.weight_bytes}

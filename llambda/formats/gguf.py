@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ModelFormatError
+from .files import open_regular
 from .quants import TRAITS, QType, dequantize, row_nbytes
 
 GGUF_MAGIC = b"GGUF"
@@ -259,9 +260,7 @@ class GGUFFile:
         self.path = os.fspath(path)
         self._mm: mmap.mmap | None = None
         self._base: np.ndarray | None = None
-        if os.path.isdir(self.path):
-            raise ModelFormatError(f"{self.path} is a directory, not a GGUF file")
-        with open(self.path, "rb") as f:
+        with open_regular(self.path, "GGUF file") as f:
             self.file_size = os.fstat(f.fileno()).st_size
             if self.file_size < 24:
                 raise ModelFormatError(

@@ -18,7 +18,7 @@ def open_gguf(path: Path) -> ModelSource:
         arch = meta.get("general.architecture")
         if not isinstance(arch, str):
             raise ModelFormatError("GGUF metadata lacks 'general.architecture'")
-        cfg = arch_module(arch).config_from_gguf(meta)
+        cfg = arch_module(arch, "config_from_gguf").config_from_gguf(meta)
         infos = f.tensors
 
         def tensor(name: str) -> WeightTensor | None:
@@ -33,7 +33,8 @@ def open_gguf(path: Path) -> ModelSource:
         except TokenizerError as e:
             tok_err = str(e)
         template = meta.get("tokenizer.chat_template")
-        name = meta.get("general.name") or path.stem
+        name = meta.get("general.name")
+        name = name if isinstance(name, str) and name else path.stem
         return ModelSource(path, "gguf", cfg, tensor, meta, tok, tok_err, template if isinstance(template, str) else None,
                            str(name), [f.close], list(infos))
     except BaseException:

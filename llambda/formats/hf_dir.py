@@ -7,13 +7,13 @@ names (`attn_qkv`, a double-height `ffn_up`); the model loader splits them.
 """
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 from ..errors import ModelFormatError, TokenizerError
 from .source import ModelSource
 from ..models import arch_module
+from .files import read_json
 from .safetensors import open_safetensors_dir
 
 # top-level HF name -> canonical name
@@ -63,22 +63,14 @@ def layer_names(post_norms: bool) -> dict[str, str]:
     return {**LAYER_NAMES, **(SANDWICH if post_norms else PRE_FFN_ONLY)}
 
 
-def read_json(path: Path, what: str):
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise ModelFormatError(f"{path}: {what} is not valid JSON ({e})") from None
-    except OSError as e:
-        raise ModelFormatError(f"{path}: cannot read {what} ({e})") from None
-
-
 def arch_name(cfg: dict) -> str:
     """The registry key of a config.json: `model_type`, else the class in `architectures`."""
     from ..models import ARCHITECTURES
     mt = cfg.get("model_type")
     if isinstance(mt, str) and mt in ARCHITECTURES:
         return mt
-    for cls in cfg.get("architectures") or []:
+    classes = cfg.get("architectures")
+    for cls in classes if isinstance(classes, list) else []:
         if isinstance(cls, str):
             base = cls
             for suf in _CLASS_SUFFIXES:
@@ -170,14 +162,14 @@ def _tokenizer(path: Path):
 def open_hf_dir(path: Path) -> ModelSource:
     path = Path(path)
     cfg_path = path / "config.json"
-    if not cfg_path.is_file():
+    if not cfg_path.exists():
         raise ModelFormatError(f"{path}: a Hugging Face model directory needs config.json")
     raw_cfg = read_json(cfg_path, "config.json")
     if not isinstance(raw_cfg, dict):
         raise ModelFormatError(f"{cfg_path}: must hold a JSON object")
     cfg_dict = text_config(raw_cfg)
     arch = arch_name(cfg_dict if "model_type" in cfg_dict else raw_cfg)
-    config = arch_module(arch).config_from_hf(cfg_dict)
+    config = arch_module(arch, "config_from_hf").config_from_hf(cfg_dict)
     config.rope_neox = True       # HF q/k rows are in the half-split layout
 
     st = open_safetensors_dir(path)

@@ -4,16 +4,25 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import ModelFormatError
+from .files import open_regular
 from .gguf_model import open_gguf
 from .hf_dir import open_hf_dir
 from .source import ModelSource
 
 
 def open_model(path: Path) -> ModelSource:
-    if path.is_dir():
-        return open_hf_dir(path)
-    with open(path, "rb") as fh:
-        magic = fh.read(4)
-    if magic == b"GGUF":
-        return open_gguf(path)
-    raise ModelFormatError(f"{path}: not a GGUF file (magic {magic!r}) nor a Hugging Face model directory")
+    try:
+        if path.is_dir():
+            src = open_hf_dir(path)
+        else:
+            with open_regular(path) as fh:
+                magic = fh.read(4)
+            if magic != b"GGUF":
+                raise ModelFormatError(f"{path}: not a GGUF file (magic {magic!r}) nor a Hugging Face model directory")
+            src = open_gguf(path)
+    except ModelFormatError as e:
+        if str(path) in str(e):
+            raise
+        raise ModelFormatError(f"{path}: {e}") from None    # every error names the file
+    src.config.source = str(path)
+    return src

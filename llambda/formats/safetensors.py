@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ModelFormatError
+from .files import open_regular, read_json
 from .quants import QType
 from .weights import WeightTensor
 
@@ -59,9 +60,7 @@ class SafetensorsFile:
         self._mm: mmap.mmap | None = None
         self.tensors: dict[str, WeightTensor] = {}
         self.metadata: dict[str, str] = {}
-        if self.path.is_dir():
-            raise ModelFormatError(f"{self.path} is a directory, not a safetensors file")
-        with open(self.path, "rb") as f:
+        with open_regular(self.path, "safetensors file") as f:
             size = os.fstat(f.fileno()).st_size
             if size < 8:
                 raise ModelFormatError(f"{self.path}: {size} bytes is too small for a safetensors header")
@@ -81,6 +80,8 @@ class SafetensorsFile:
                 f"(file of {size} bytes; truncated or not a safetensors file?)")
         try:
             header = json.loads(bytes(self._mm[8:8 + n]).decode("utf-8"), object_pairs_hook=_no_duplicates)
+        except RecursionError:
+            raise ModelFormatError(f"{where}: header nests too deeply") from None
         except (UnicodeDecodeError, ValueError) as e:
             if isinstance(e, ModelFormatError):
                 raise ModelFormatError(f"{where}: {e}") from None
@@ -175,10 +176,11 @@ def open_safetensors_dir(folder: str | os.PathLike) -> SafetensorsSet:
     index = folder / INDEX_NAME
     files: list[SafetensorsFile] = []
     try:
-        if index.is_file():
+        # exists(), not is_file(): a FIFO or directory under these names is refused by name, not skipped
+        if index.exists():
             return _open_index(folder, index, files)
         single = folder / "model.safetensors"
-        paths = [single] if single.is_file() else sorted(folder.glob("*.safetensors"))
+        paths = [single] if single.exists() else sorted(p for p in folder.glob("*.safetensors") if p.exists())
         if not paths:
             raise ModelFormatError(f"{folder}: no model.safetensors (nor an index, nor any *.safetensors file)")
         tensors: dict[str, WeightTensor] = {}
@@ -197,10 +199,7 @@ def open_safetensors_dir(folder: str | os.PathLike) -> SafetensorsSet:
 
 
 def _open_index(folder: Path, index: Path, files: list) -> SafetensorsSet:
-    try:
-        doc = json.loads(index.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise ModelFormatError(f"{index}: not valid JSON ({e})") from None
+    doc = read_json(index, INDEX_NAME)
     wmap = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(wmap, dict) or not wmap:
         raise ModelFormatError(f"{index}: lacks a non-empty 'weight_map' object")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ModelFormatError
-from .quants import QType, dequantize, row_nbytes
+from .quants import DEQUANTIZABLE, QType, dequantize, row_nbytes
 
 
 @dataclass
@@ -35,6 +35,9 @@ class WeightTensor:
         return self.data.reshape(self.rows, row_nbytes(self.qtype, self.cols))
 
     def to_float32(self) -> np.ndarray:
+        if self.qtype not in DEQUANTIZABLE:
+            raise ModelFormatError(f"tensor {self.name!r}: {self.qtype.name} weights are not supported "
+                                   "by any backend (no dequantizer)")
         return dequantize(self.data, self.qtype, self.shape)
 
     def split_rows(self, sizes: list[int]) -> list["WeightTensor"]:

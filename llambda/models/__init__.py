@@ -18,9 +18,15 @@ ARCHITECTURES = {
 }
 
 
-def arch_module(name: str):
+def arch_module(name: str, reader: str | None = None):
+    """The module of architecture `name`; with `reader` ("config_from_gguf" or "config_from_hf"),
+    one that has that reader (Mistral, say, has no GGUF reader: its GGUF files say `llama`)."""
     try:
-        return import_module(f".{ARCHITECTURES[name]}", __name__)
-    except KeyError:
+        mod = import_module(f".{ARCHITECTURES[name]}", __name__)
+    except (KeyError, TypeError):
         known = ", ".join(sorted(ARCHITECTURES))
         raise ModelFormatError(f"unsupported architecture {name!r} (supported: {known})") from None
+    if reader is not None and not hasattr(mod, reader):
+        fmt = "GGUF" if reader == "config_from_gguf" else "Hugging Face"
+        raise ModelFormatError(f"architecture {name!r} has no {fmt} reader here")
+    return mod

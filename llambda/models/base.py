@@ -107,7 +107,12 @@ class Transformer:
         cfg.validate()
         self.cfg, self.backend = cfg, backend
         self.n_ctx, self.n_slots = n_ctx, n_slots
-        self._load(tensors)
+        try:
+            self._load(tensors)
+        except ModelFormatError as e:
+            if not cfg.source or cfg.source in str(e):
+                raise
+            raise ModelFormatError(f"{cfg.source}: {e}") from None     # name the file, as opening does
         self.inv_freq = {s: cfg.inv_freq(sliding=s) for s in set(cfg.layer_sliding)}
         if self.rope_factors is not None:
             self.inv_freq = {s: (f / self.rope_factors).astype(np.float32) for s, f in self.inv_freq.items()}
@@ -186,6 +191,7 @@ class Transformer:
                 post_attn_norm=vector(p + "post_attention_norm.weight", d, off) if post else None,
                 post_ffn_norm=vector(p + "post_ffw_norm.weight", d, off) if post else None,
             ))
+        B.end_load()
 
     # -- the forward pass ----------------------------------------------------
     #: decode batches up to this many tokens replay a recorded op list (see forward)
@@ -210,6 +216,7 @@ class Transformer:
         ws.slots[:n] = slots
         ws.pos[:n] = pos
         self._check_batch(ws.tokens[:n], ws.slots[:n], ws.pos[:n])
+        self.backend.begin_forward()
         rows = np.asarray(logit_rows, dtype=np.intp).reshape(-1)
         m = len(rows)
         if m and (rows.min() < 0 or rows.max() >= n):

@@ -5,9 +5,80 @@ needs more fields) from GGUF metadata or from a Hugging Face config.json.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from ..errors import ModelFormatError
+
+# (low, high) of the size fields: far above any real model, low enough that nothing sized from them
+# (per-layer lists, the workspace, the KV cache) can exhaust memory before the tensors are checked
+# against the file. 4096 heads and 512-wide heads are also the C core's limits (see native.py).
+SIZE_LIMITS = {
+    "vocab_size": (1, 1 << 24), "n_layers": (1, 4096), "d_model": (1, 1 << 18), "n_heads": (1, 4096),
+    "n_kv_heads": (1, 4096), "head_dim": (1, 1 << 14), "ffn_dim": (1, 1 << 20),
+    "n_ctx_train": (2, 1 << 40), "sliding_window": (0, 1 << 40), "rope_dim": (0, 1 << 14),
+    "window_pattern": (1, 4096),
+}
+# Positions the engine can address (the C core's limit): a window at least this long is no window.
+MAX_POSITIONS = 1 << 24
+# RoPE scaling types inv_freq implements, and the numeric fields each needs (with defaults).
+ROPE_SCALING_FIELDS = {
+    "default": {}, "none": {},
+    "linear": {"factor": None},
+    "llama3": {"factor": None, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192},
+}
+
+
+# (low, high, low excluded) of the float fields: finite, and where a zero or negative value would
+# divide by zero, take a root of a negative number or give non-finite RoPE frequencies, positive.
+FLOAT_LIMITS = {
+    "norm_eps": (0.0, 1.0, True), "rope_theta": (1.0, 1e30, True), "rope_theta_local": (1.0, 1e30, True),
+    "attn_scale": (0.0, 1e4, True), "embed_scale": (0.0, 1e6, True), "attn_softcap": (0.0, 1e30, False),
+    "final_softcap": (0.0, 1e30, False), "norm_offset": (-1e3, 1e3, False), "rope_factor": (0.0, 1e30, True),
+    "positive": (0.0, 1e30, True), "any": (-1e30, 1e30, False),
+}
+
+
+def check_int(what: str, v, name: str) -> int:
+    """`v` if it is an integer within SIZE_LIMITS[name]; else a ModelFormatError naming `what`."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+        raise ModelFormatError(f"{what} should be an integer, got {v!r}")
+    lo, hi = SIZE_LIMITS[name]
+    if not lo <= v <= hi:
+        raise ModelFormatError(f"{what} = {v} is out of range [{lo}, {hi}]")
+    return int(v)
+
+
+def check_number(what: str, v, name: str) -> float:
+    """`v` as a float if it is a finite number within FLOAT_LIMITS[name]; else a ModelFormatError naming `what`."""
+    lo, hi, open_lo = FLOAT_LIMITS[name]
+    try:
+        ok = not isinstance(v, (bool, np.bool_)) and isinstance(v, (int, float, np.integer, np.floating)) \
+            and math.isfinite(v)
+    except OverflowError:       # an integer beyond any float
+        ok = False
+    if not ok or not lo <= v <= hi or (open_lo and v == lo):
+        raise ModelFormatError(f"{what} = {v!r} is not a finite number in {'(' if open_lo else '['}{lo}, {hi}]")
+    return float(v)
+
+
+def check_rope_scaling(sc) -> None:
+    """ModelFormatError unless `sc` is a RoPE scaling inv_freq implements, with its numbers in range."""
+    if not isinstance(sc, dict):
+        raise ModelFormatError(f"rope scaling {sc!r} is not an object")
+    kind = sc.get("rope_type") or sc.get("type") or "default"
+    if not isinstance(kind, str) or kind not in ROPE_SCALING_FIELDS:
+        raise ModelFormatError(f"unsupported rope scaling type {kind!r}")
+    for key, default in ROPE_SCALING_FIELDS[kind].items():
+        v = sc.get(key, default)
+        if v is None:
+            raise ModelFormatError(f"rope scaling {kind!r} lacks {key!r}")
+        check_number(f"rope scaling {key!r}", v, "rope_factor")
+    if kind == "llama3" and not sc.get("high_freq_factor", 4.0) > sc.get("low_freq_factor", 1.0):
+        raise ModelFormatError("rope scaling high_freq_factor must exceed low_freq_factor")
 
 
 @dataclass
@@ -41,12 +112,15 @@ class TransformerConfig:
     sliding_window: int = 0                 # 0: none
     layer_sliding: list[bool] = field(default_factory=list)   # per layer; empty: all layers alike
     tie_embeddings: bool = True
+    source: str = field(default="", compare=False, repr=False)   # the file or directory, for error messages
 
     def __post_init__(self):
+        self._check_sizes()       # before anything is sized from n_layers
         if not self.rope_dim:
             self.rope_dim = self.head_dim
         if not self.layer_sliding:
             self.layer_sliding = [self.sliding_window > 0] * self.n_layers
+        self.validate()
 
     @property
     def q_dim(self) -> int:
@@ -57,7 +131,8 @@ class TransformerConfig:
         return self.n_kv_heads * self.head_dim
 
     def layer_window(self, i: int) -> int:
-        return self.sliding_window if self.layer_sliding[i] else 0
+        # a window longer than any context is no limit; clamped so the kernels' int32 positions hold it
+        return min(self.sliding_window, MAX_POSITIONS) if self.layer_sliding[i] else 0
 
     def scale(self) -> float:
         return self.attn_scale if self.attn_scale is not None else self.head_dim ** -0.5
@@ -71,31 +146,44 @@ class TransformerConfig:
         kind = sc.get("rope_type") or sc.get("type") or "default"
         if sliding and self.rope_theta_local:
             kind = "default"   # Gemma 3 scales only its global layers
+        if kind not in ROPE_SCALING_FIELDS:
+            raise ModelFormatError(f"unsupported rope scaling type {kind!r}")
         if kind == "linear":
             inv = inv / float(sc["factor"])
         elif kind == "llama3":
             inv = _llama3_scale(inv, sc)
-        elif kind not in ("default", "none"):
-            from ..errors import ModelFormatError
-            raise ModelFormatError(f"unsupported rope scaling type {kind!r}")
         return inv.astype(np.float32)
 
+    def _check_sizes(self) -> None:
+        for name in ("vocab_size", "n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "ffn_dim",
+                     "n_ctx_train", "sliding_window"):
+            check_int(f"config {name}", getattr(self, name), name)
+
     def validate(self) -> None:
-        from ..errors import ModelFormatError
-        for name in ("vocab_size", "n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "ffn_dim"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v <= 0 or v > 1 << 24:
-                raise ModelFormatError(f"config {name} = {v!r} is not a sane positive integer")
+        """Every hyper-parameter in range, so no later step sizes from, divides by or produces NaN from one."""
+        self._check_sizes()
         if self.n_heads % self.n_kv_heads:
             raise ModelFormatError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
-        if self.rope_dim % 2 or self.rope_dim > self.head_dim:
+        if not isinstance(self.rope_dim, int) or self.rope_dim % 2 or not 2 <= self.rope_dim <= self.head_dim:
             raise ModelFormatError(f"rope dimension {self.rope_dim} invalid for head_dim {self.head_dim}")
-        if len(self.layer_sliding) != self.n_layers:
+        if not isinstance(self.layer_sliding, list) or len(self.layer_sliding) != self.n_layers:
             raise ModelFormatError("layer_sliding must list every layer")
         if self.activation not in ("silu", "gelu_tanh"):
             raise ModelFormatError(f"unsupported activation {self.activation!r}")
-        if not (0 < self.norm_eps < 1):
-            raise ModelFormatError(f"norm epsilon {self.norm_eps} out of range")
+        for name in ("norm_eps", "rope_theta", "attn_softcap", "final_softcap", "norm_offset"):
+            check_number(f"config {name}", getattr(self, name), name)
+        for name in ("rope_theta_local", "embed_scale", "attn_scale"):
+            if getattr(self, name) is not None:
+                check_number(f"config {name}", getattr(self, name), name)
+        self._check_rope()
+
+    def _check_rope(self) -> None:
+        if self.rope_scaling is not None:
+            check_rope_scaling(self.rope_scaling)
+        with np.errstate(all="ignore"):
+            for sliding in set(self.layer_sliding):
+                if not np.isfinite(self.inv_freq(sliding)).all():
+                    raise ModelFormatError(f"rope_theta {self.rope_theta} gives non-finite RoPE frequencies")
 
 
 def _llama3_scale(inv: np.ndarray, sc: dict) -> np.ndarray:

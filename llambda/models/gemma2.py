@@ -29,15 +29,13 @@ def _gguf_layer_sliding(hp: GGUFHParams, n: int) -> list[bool]:
         if len(pat) != n:
             raise ModelFormatError(f"{key!r} lists {len(pat)} layers, the model has {n}")
         return [bool(x) for x in pat]
-    period = hp.int("attention.sliding_window_pattern")
-    if period <= 0:
-        raise ModelFormatError(f"{key!r} = {period} must be positive")
+    period = hp.int("attention.sliding_window_pattern", limit="window_pattern")
     return [(i % period) < period - 1 for i in range(n)]   # every period-th layer is global
 
 
 def _gguf_attn_scale(hp: GGUFHParams, c: dict, big_layers: int) -> float:
     if f"{hp.arch}.attention.scale" in hp.meta:
-        return hp.float("attention.scale")
+        return hp.float("attention.scale", limit="attn_scale")
     if c["n_layers"] == big_layers:
         return (c["d_model"] / c["n_heads"]) ** -0.5
     return c["head_dim"] ** -0.5
@@ -49,11 +47,11 @@ def config_from_gguf(meta: dict) -> TransformerConfig:
     return TransformerConfig(
         **c, rope_neox=True, activation="gelu_tanh", post_norms=True,   # GGUF norms already hold 1 + w
         embed_scale=math.sqrt(c["d_model"]),
-        sliding_window=hp.int("attention.sliding_window", 4096),
+        sliding_window=hp.int("attention.sliding_window", 4096, "sliding_window"),
         layer_sliding=_gguf_layer_sliding(hp, c["n_layers"]),
         attn_scale=_gguf_attn_scale(hp, c, _GGUF_27B_LAYERS),
-        attn_softcap=hp.float("attn_logit_softcapping", 50.0),
-        final_softcap=hp.float("final_logit_softcapping", 30.0),
+        attn_softcap=hp.float("attn_logit_softcapping", 50.0, "attn_softcap"),
+        final_softcap=hp.float("final_logit_softcapping", 30.0, "final_softcap"),
     )
 
 
@@ -76,9 +74,9 @@ def config_from_hf(cfg: dict) -> TransformerConfig:
     return TransformerConfig(
         **c, activation="gelu_tanh", post_norms=True, norm_offset=1.0,
         embed_scale=math.sqrt(c["d_model"]),
-        sliding_window=int(hf.get("sliding_window", 4096, int)),
+        sliding_window=hf.get("sliding_window", 4096, int, "sliding_window"),
         layer_sliding=flags,
-        attn_scale=float(hf.get("query_pre_attn_scalar", c["head_dim"], float)) ** -0.5,
-        attn_softcap=float(cfg.get("attn_logit_softcapping") or 0.0),
-        final_softcap=float(cfg.get("final_logit_softcapping") or 0.0),
+        attn_scale=hf.get("query_pre_attn_scalar", c["head_dim"], float, "positive") ** -0.5,
+        attn_softcap=hf.get("attn_logit_softcapping", 0.0, float, "attn_softcap"),
+        final_softcap=hf.get("final_logit_softcapping", 0.0, float, "final_softcap"),
     )

@@ -24,12 +24,12 @@ def config_from_gguf(meta: dict) -> TransformerConfig:
     return TransformerConfig(
         **c, rope_neox=True, activation="gelu_tanh", qk_norm=True, post_norms=True,
         embed_scale=math.sqrt(c["d_model"]),
-        sliding_window=hp.int("attention.sliding_window", 512),
+        sliding_window=hp.int("attention.sliding_window", 512, "sliding_window"),
         layer_sliding=_gguf_layer_sliding(GGUFHParams(meta, "gemma3"), n),
-        rope_theta_local=hp.float("rope.freq_base_swa", _LOCAL_THETA),
+        rope_theta_local=hp.float("rope.freq_base_swa", _LOCAL_THETA, "rope_theta_local"),
         attn_scale=_gguf_attn_scale(hp, c, _GGUF_27B_LAYERS),
-        attn_softcap=hp.float("attn_logit_softcapping", 0.0),
-        final_softcap=hp.float("final_logit_softcapping", 0.0),
+        attn_softcap=hp.float("attn_logit_softcapping", 0.0, "attn_softcap"),
+        final_softcap=hp.float("final_logit_softcapping", 0.0, "final_softcap"),
     )
 
 
@@ -40,22 +40,23 @@ def config_from_hf(cfg: dict) -> TransformerConfig:
     n = c["n_layers"]
     types = cfg.get("layer_types")
     if not isinstance(types, list) or len(types) != n:
-        pattern = int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or _GGUF_PATTERN)
+        key = "sliding_window_pattern" if cfg.get("sliding_window_pattern") is not None else "_sliding_window_pattern"
+        pattern = hf.get(key, _GGUF_PATTERN, int, "window_pattern")
         types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n)]
     c["rope_theta"], c["rope_scaling"] = hf.rope("full_attention")
     params = cfg.get("rope_parameters")
     if isinstance(params, dict) and isinstance(params.get("sliding_attention"), dict):
         local_theta, _ = hf.rope("sliding_attention")          # transformers 5
     else:
-        local_theta = float(hf.get("rope_local_base_freq", _LOCAL_THETA, float))   # transformers 4
+        local_theta = hf.get("rope_local_base_freq", _LOCAL_THETA, float, "rope_theta_local")   # transformers 4
     c["tie_embeddings"] = bool(cfg.get("tie_word_embeddings", True))
     return TransformerConfig(
         **c, activation="gelu_tanh", qk_norm=True, post_norms=True, norm_offset=1.0,
         embed_scale=math.sqrt(c["d_model"]),
-        sliding_window=int(hf.get("sliding_window", 0) or 0),
+        sliding_window=hf.window(),
         layer_sliding=[t == "sliding_attention" for t in types],
         rope_theta_local=local_theta,
-        attn_scale=float(hf.get("query_pre_attn_scalar", c["head_dim"])) ** -0.5,
-        attn_softcap=float(cfg.get("attn_logit_softcapping") or 0.0),
-        final_softcap=float(cfg.get("final_logit_softcapping") or 0.0),
+        attn_scale=hf.get("query_pre_attn_scalar", c["head_dim"], float, "positive") ** -0.5,
+        attn_softcap=hf.get("attn_logit_softcapping", 0.0, float, "attn_softcap"),
+        final_softcap=hf.get("final_logit_softcapping", 0.0, float, "final_softcap"),
     )

@@ -1,15 +1,22 @@
-"""Typed reads of architecture hyper-parameters from GGUF metadata or config.json."""
+"""Typed, range-checked reads of architecture hyper-parameters from GGUF metadata or config.json.
+
+Every integer that sizes something and every float the math depends on is checked here, as it
+is read, against the limits in config.py, so errors name the file's own key, and nothing is
+sized from a value before it is checked (an architecture builds per-layer lists from n_layers
+before its TransformerConfig exists).
+"""
 from __future__ import annotations
 
-import math
+import numpy as np
 
 from ..errors import ModelFormatError
+from .config import check_int, check_number, check_rope_scaling
 
 _MISSING = object()
 
 
 class GGUFHParams:
-    """Reads `{arch}.{key}` from GGUF metadata with type checks."""
+    """Reads `{arch}.{key}` from GGUF metadata with type and range checks."""
 
     def __init__(self, metadata: dict, arch: str):
         self.meta, self.arch = metadata, arch
@@ -17,72 +24,68 @@ class GGUFHParams:
     def _raw(self, key: str, default):
         full = f"{self.arch}.{key}"
         if full in self.meta:
-            return full, self.meta[full]
+            return f"GGUF metadata {full!r}", self.meta[full]
         if default is _MISSING:
             raise ModelFormatError(f"GGUF metadata lacks {full!r}")
-        return full, default
+        return f"GGUF metadata {full!r}", default
 
-    def int(self, key: str, default=_MISSING) -> int:
-        full, v = self._raw(key, default)
-        if isinstance(v, (list, tuple)):   # per-layer arrays: take the common value
-            vals = set(v)
-            if len(vals) != 1:
-                raise ModelFormatError(f"{full!r}: per-layer values {sorted(vals)} are not supported")
+    def int(self, key: str, default=_MISSING, limit: str | None = None) -> int:
+        """An integer; `limit` names its SIZE_LIMITS row. Per-layer arrays must hold one common value."""
+        what, v = self._raw(key, default)
+        if isinstance(v, np.ndarray):
+            v = v.tolist()
+        if isinstance(v, (list, tuple)):
+            if not v or not all(type(x) is int for x in v) or any(x != v[0] for x in v):
+                raise ModelFormatError(f"{what}: per-layer values {v[:8]!r} are not one common integer")
             v = v[0]
-        if isinstance(v, bool) or not isinstance(v, int) and not (hasattr(v, "__index__")):
-            raise ModelFormatError(f"{full!r} should be an integer, got {v!r}")
-        return int(v)
-
-    def float(self, key: str, default=_MISSING) -> float:
-        full, v = self._raw(key, default)
-        try:
-            f = float(v)
-        except (TypeError, ValueError):
-            raise ModelFormatError(f"{full!r} should be a number, got {v!r}") from None
-        if not math.isfinite(f):
-            raise ModelFormatError(f"{full!r} is not finite")
-        return f
-
-    def str(self, key: str, default=_MISSING) -> str:
-        full, v = self._raw(key, default)
-        if v is not None and not isinstance(v, str):
-            raise ModelFormatError(f"{full!r} should be a string, got {v!r}")
+        if limit is not None:
+            return check_int(what, v, limit)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ModelFormatError(f"{what} should be an integer, got {v!r}")
         return v
 
-    def vocab_size(self, embd_rows: int | None = None) -> int:
+    def float(self, key: str, default=_MISSING, limit: str | None = None) -> float:
+        """A finite number; `limit` names its FLOAT_LIMITS row."""
+        what, v = self._raw(key, default)
+        return check_number(what, v, limit or "any")
+
+    def str(self, key: str, default=_MISSING) -> str:
+        what, v = self._raw(key, default)
+        if v is not None and not isinstance(v, str):
+            raise ModelFormatError(f"{what} should be a string, got {v!r}")
+        return v
+
+    def vocab_size(self) -> int:
         if f"{self.arch}.vocab_size" in self.meta:
-            return self.int("vocab_size")
+            return self.int("vocab_size", limit="vocab_size")
         toks = self.meta.get("tokenizer.ggml.tokens")
-        if toks is not None:
-            return len(toks)
-        if embd_rows is not None:
-            return embd_rows
-        raise ModelFormatError("cannot tell the vocabulary size")
+        if isinstance(toks, list):
+            return check_int("GGUF metadata 'tokenizer.ggml.tokens' (its length)", len(toks), "vocab_size")
+        raise ModelFormatError("cannot tell the vocabulary size: GGUF metadata has neither "
+                               f"'{self.arch}.vocab_size' nor a 'tokenizer.ggml.tokens' list")
 
     def common(self) -> dict:
         """The fields every llama-like GGUF architecture stores the same way."""
-        n_heads = self.int("attention.head_count")
-        d_model = self.int("embedding_length")
-        if n_heads <= 0 or d_model <= 0:
-            raise ModelFormatError("head count and embedding length must be positive")
-        head_dim = self.int("attention.key_length", d_model // n_heads)
+        n_heads = self.int("attention.head_count", limit="n_heads")
+        d_model = self.int("embedding_length", limit="d_model")
+        head_dim = self.int("attention.key_length", max(1, d_model // n_heads), limit="head_dim")
         scaling = None
         kind = self.str("rope.scaling.type", None)
         if kind and kind != "none":
-            scaling = {"rope_type": kind, "factor": self.float("rope.scaling.factor", 1.0)}
+            scaling = {"rope_type": kind, "factor": self.float("rope.scaling.factor", 1.0, "rope_factor")}
         return dict(
             arch=self.arch,
             vocab_size=self.vocab_size(),
-            n_layers=self.int("block_count"),
+            n_layers=self.int("block_count", limit="n_layers"),
             d_model=d_model,
             n_heads=n_heads,
-            n_kv_heads=self.int("attention.head_count_kv", n_heads),
+            n_kv_heads=self.int("attention.head_count_kv", n_heads, limit="n_kv_heads"),
             head_dim=head_dim,
-            ffn_dim=self.int("feed_forward_length"),
-            norm_eps=self.float("attention.layer_norm_rms_epsilon", 1e-5),
-            n_ctx_train=self.int("context_length", 4096),
-            rope_theta=self.float("rope.freq_base", 10000.0),
-            rope_dim=self.int("rope.dimension_count", head_dim),
+            ffn_dim=self.int("feed_forward_length", limit="ffn_dim"),
+            norm_eps=self.float("attention.layer_norm_rms_epsilon", 1e-5, "norm_eps"),
+            n_ctx_train=self.int("context_length", 4096, limit="n_ctx_train"),
+            rope_theta=self.float("rope.freq_base", 10000.0, "rope_theta"),
+            rope_dim=self.int("rope.dimension_count", head_dim, limit="rope_dim"),
             rope_scaling=scaling,
         )
 
@@ -95,56 +98,78 @@ class HFConfig:
             raise ModelFormatError("config.json must hold a JSON object")
         self.cfg = cfg
 
-    def get(self, key: str, default=_MISSING, kind=None):
+    def get(self, key: str, default=_MISSING, kind=None, limit: str | None = None):
+        """cfg[key] (None counts as absent); kind int or float checks the type, `limit` names the
+        SIZE_LIMITS (int) or FLOAT_LIMITS (float) row it must be in. Defaults are not checked."""
         if key in self.cfg and self.cfg[key] is not None:
             v = self.cfg[key]
         elif default is _MISSING:
             raise ModelFormatError(f"config.json lacks {key!r}")
         else:
             return default
-        if kind is int and (isinstance(v, bool) or not isinstance(v, int)):
-            raise ModelFormatError(f"config.json {key!r} should be an integer, got {v!r}")
+        return self.check(f"config.json {key!r}", v, kind, limit)
+
+    @staticmethod
+    def check(what: str, v, kind=None, limit: str | None = None):
+        if kind is int:
+            if limit is not None:
+                return check_int(what, v, limit)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ModelFormatError(f"{what} should be an integer, got {v!r}")
         if kind is float:
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise ModelFormatError(f"config.json {key!r} should be a number, got {v!r}")
-            v = float(v)
+            return check_number(what, v, limit or "any")
         return v
 
     def rope(self, layer_type: str | None = None) -> tuple[float, dict | None]:
         """(theta, scaling dict) from `rope_parameters` (v5) or `rope_theta`/`rope_scaling` (v4)."""
         params = self.cfg.get("rope_parameters")
+        where = "config.json 'rope_parameters'"
         if isinstance(params, dict) and layer_type and isinstance(params.get(layer_type), dict):
-            params = params[layer_type]
+            params, where = params[layer_type], f"config.json 'rope_parameters.{layer_type}'"
         if isinstance(params, dict) and "rope_theta" in params:
-            theta = float(params["rope_theta"])
+            theta = self.check(f"{where} rope_theta", params["rope_theta"], float, "rope_theta")
             kind = params.get("rope_type", "default")
-            return theta, (None if kind == "default" else dict(params))
-        theta = float(self.get("rope_theta", 10000.0, float))
+            return theta, (None if kind == "default" else _scaling(dict(params), where))
+        theta = self.get("rope_theta", 10000.0, float, "rope_theta")
         scaling = self.cfg.get("rope_scaling")
         if isinstance(scaling, dict):
             kind = scaling.get("rope_type") or scaling.get("type") or "default"
             if kind != "default":
-                return theta, dict(scaling, rope_type=kind)
+                return theta, _scaling(dict(scaling, rope_type=kind), "config.json 'rope_scaling'")
         return theta, None
 
+    def window(self) -> int:
+        """`sliding_window`: absent, null or 0 for none."""
+        w = self.cfg.get("sliding_window")
+        return 0 if w is None or w == 0 else self.get("sliding_window", 0, int, "sliding_window")
+
     def common(self, arch: str) -> dict:
-        n_heads = self.get("num_attention_heads", kind=int)
-        d_model = self.get("hidden_size", kind=int)
-        head_dim = self.get("head_dim", None) or d_model // n_heads
+        n_heads = self.get("num_attention_heads", kind=int, limit="n_heads")
+        d_model = self.get("hidden_size", kind=int, limit="d_model")
+        head_dim = self.get("head_dim", max(1, d_model // n_heads), int, "head_dim")
         theta, scaling = self.rope()
         return dict(
             arch=arch,
-            vocab_size=self.get("vocab_size", kind=int),
-            n_layers=self.get("num_hidden_layers", kind=int),
+            vocab_size=self.get("vocab_size", kind=int, limit="vocab_size"),
+            n_layers=self.get("num_hidden_layers", kind=int, limit="n_layers"),
             d_model=d_model,
             n_heads=n_heads,
-            n_kv_heads=self.get("num_key_value_heads", n_heads, kind=int),
-            head_dim=int(head_dim),
-            ffn_dim=self.get("intermediate_size", kind=int),
-            norm_eps=self.get("rms_norm_eps", 1e-6, float),
-            n_ctx_train=self.get("max_position_embeddings", 4096, kind=int),
+            n_kv_heads=self.get("num_key_value_heads", n_heads, int, "n_kv_heads"),
+            head_dim=head_dim,
+            ffn_dim=self.get("intermediate_size", kind=int, limit="ffn_dim"),
+            norm_eps=self.get("rms_norm_eps", 1e-6, float, "norm_eps"),
+            n_ctx_train=self.get("max_position_embeddings", 4096, int, "n_ctx_train"),
             rope_theta=theta,
             rope_scaling=scaling,
             rope_neox=True,
             tie_embeddings=bool(self.get("tie_word_embeddings", False)),
         )
+
+
+def _scaling(sc: dict, where: str) -> dict:
+    """A RoPE scaling dict, with the file's key in any error TransformerConfig raises about it."""
+    try:
+        check_rope_scaling(sc)
+    except ModelFormatError as e:
+        raise ModelFormatError(f"{where}: {e}") from None
+    return sc

@@ -11,7 +11,7 @@ def config_from_gguf(meta: dict) -> TransformerConfig:
     # GGUF llama files store q/k rows permuted for adjacent-pair RoPE.
     # Mistral v0.1 converts to `llama` too; a window key, when a writer stored one, applies to every layer.
     return TransformerConfig(**hp.common(), rope_neox=False,
-                             sliding_window=hp.int("attention.sliding_window", 0))
+                             sliding_window=hp.int("attention.sliding_window", 0, "sliding_window"))
 
 
 def check_hf_mlp(cfg: dict) -> None:

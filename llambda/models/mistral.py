@@ -15,13 +15,13 @@ def hf_layer_sliding(cfg: dict, n_layers: int, default_sliding: bool) -> tuple[i
     `layer_types` (transformers 5) wins; otherwise every layer slides when a window is set
     and `default_sliding`, and Qwen's `use_sliding_window` / `max_window_layers` apply.
     """
-    window = cfg.get("sliding_window")
-    window = int(window) if isinstance(window, int) and not isinstance(window, bool) and window > 0 else 0
+    hf = HFConfig(cfg)
+    window = hf.window()
     types = cfg.get("layer_types")
     if isinstance(types, list) and len(types) == n_layers:
         flags = [t == "sliding_attention" for t in types]
     elif "use_sliding_window" in cfg:
-        start = int(cfg.get("max_window_layers") or 0)
+        start = hf.get("max_window_layers", 0, int)
         flags = [bool(cfg["use_sliding_window"]) and i >= start for i in range(n_layers)]
     else:
         flags = [default_sliding] * n_layers

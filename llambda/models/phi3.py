@@ -14,7 +14,7 @@ def config_from_gguf(meta: dict) -> TransformerConfig:
     hp = GGUFHParams(meta, "phi3")
     if "phi3.rope.scaling.attn_factor" in meta:
         raise ModelFormatError("Phi-3 long-context RoPE (LongRoPE) is not supported")
-    return TransformerConfig(**hp.common(), rope_neox=True, sliding_window=hp.int("attention.sliding_window", 0))
+    return TransformerConfig(**hp.common(), rope_neox=True, sliding_window=hp.int("attention.sliding_window", 0, "sliding_window"))
 
 
 def config_from_hf(cfg: dict) -> TransformerConfig:
@@ -26,6 +26,4 @@ def config_from_hf(cfg: dict) -> TransformerConfig:
     if isinstance(partial, bool) or not isinstance(partial, (int, float)) or not 0 < partial <= 1:
         raise ModelFormatError(f"config.json partial_rotary_factor {partial!r} must be in (0, 1]")
     c["rope_dim"] = int(c["head_dim"] * partial)
-    window = cfg.get("sliding_window")
-    window = window if isinstance(window, int) and not isinstance(window, bool) and window > 0 else 0
-    return TransformerConfig(**c, sliding_window=window)
+    return TransformerConfig(**c, sliding_window=hf.window())

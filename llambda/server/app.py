@@ -13,7 +13,11 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from . import web
+from .accesslog import GENERATION_KEY, AccessLog
+from . import anthropic_api, llama_api, responses_api
 from .config import ServerConfig
+from .deltas import Http
 from .errors import APIError, bad_request
 from .generation import ClientGone, Generation, Service
 from .metrics import Metrics
@@ -23,7 +27,8 @@ from .schemas import parse_chat, parse_completion, parse_json
 
 log = logging.getLogger("llambda.server")
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics",
+             "/v1/responses", "/v1/messages", "/infill", "/tokenize", "/detokenize", "/apply-template")
 PUBLIC = ("/health",)
 POOL_PROBE_SECONDS = 1.0   # /health: a worker thread must pick up a no-op within this long
 
@@ -89,14 +94,16 @@ async def _watch_disconnect(receive, gen: Generation) -> None:
 
 
 class EventStream:
-    """An SSE response fed by a Generation; a client that hangs up cancels it at once."""
+    """An SSE response fed by a Generation (OpenAI chunks, or `chunks` in another API's format);
+    a client that hangs up cancels it at once."""
 
-    def __init__(self, gen: Generation):
+    def __init__(self, gen: Generation, chunks=None):
         self.gen = gen
+        self.chunks = chunks
 
     async def __call__(self, scope, receive, send) -> None:
         watcher = asyncio.create_task(_watch_disconnect(receive, self.gen))
-        chunks = self.gen.stream()
+        chunks = self.chunks if self.chunks is not None else self.gen.stream()
         try:
             await send({"type": "http.response.start", "status": 200,
                         "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),
@@ -118,6 +125,7 @@ class Gatekeeper:
     def __init__(self, app, cfg: ServerConfig, metrics: Metrics):
         self.app, self.cfg, self.metrics = app, cfg, metrics
         self._key = cfg.api_key.encode() if cfg.api_key else None
+        self._public = PUBLIC + (web.PATHS if cfg.webui else ())   # the page asks for the key itself
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -133,10 +141,13 @@ class Gatekeeper:
 
         self.metrics.request_started(+1)
         try:
-            if self._key is not None and path not in PUBLIC and not self._authorized(scope):
-                err = APIError(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
-                               code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
-                await error_response(err)(scope, receive, send_counted)
+            if self._key is not None and path not in self._public and not self._authorized(scope):
+                err = APIError(401, "missing or invalid API key: send 'Authorization: Bearer <key>' "
+                               "(or 'x-api-key: <key>')", code="invalid_api_key",
+                               headers={"WWW-Authenticate": "Bearer"})
+                # Anthropic's clients read errors in Anthropic's shape
+                respond = anthropic_api.error_response if path == anthropic_api.PATH else error_response
+                await respond(err)(scope, receive, send_counted)
                 return
             await self.app(scope, receive, send_counted)
         finally:
@@ -149,6 +160,8 @@ class Gatekeeper:
             if name == b"authorization":
                 given = value
                 break
+            if name == b"x-api-key":        # how Anthropic's clients send the key
+                given = b"Bearer " + value
         scheme, _, token = given.partition(b" ")
         # compare_digest runs in time independent of where the bytes differ
         ok = hmac.compare_digest(token.strip(), self._key)
@@ -171,6 +184,7 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
             return Response(status_code=499)
         spec = parse(body)
         gen = await service.start(spec)
+        request.scope[GENERATION_KEY] = gen     # the access log reads its token counts
         if spec.stream:
             return EventStream(gen)
         watcher = asyncio.create_task(_watch_disconnect(request.receive, gen))
@@ -196,13 +210,19 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
     async def health(request: Request) -> Response:
         """200 when a completion can be served now; 503 with the reason when it cannot."""
         s = scheduler.stats()
+        w = service.workers.stats()
         reason = scheduler.health(cfg.stall_timeout)
+        if reason is None and service.prompts_stalled():
+            reason = (f"every prompt worker has been on one prompt for over {cfg.prompt_stall_seconds:g} s: "
+                      "no completion can start")
         if reason is None and not await _pool_answers(POOL_PROBE_SECONDS):
-            reason = (f"no worker thread picked up a task within {POOL_PROBE_SECONDS:g} s: the pool that "
-                      "renders and tokenizes prompts is exhausted")
-        status = "ok" if reason is None else "shutting_down" if scheduler.draining else "unavailable"
+            reason = (f"no worker thread picked up a task within {POOL_PROBE_SECONDS:g} s: the event loop's "
+                      "thread pool is exhausted")
+        status = ("ok" if reason is None else "shutting_down" if scheduler.draining
+                  else "stalled" if service.prompts_stalled() else "unavailable")
         body = {"status": status, "slots_idle": s["slots"] - s["busy_slots"],
-                "slots_processing": s["busy_slots"], "queue": s["waiting"]}
+                "slots_processing": s["busy_slots"], "queue": s["waiting"],
+                "prompts_preparing": w["busy"], "prompts_waiting": w["waiting"]}
         if reason is not None:
             body["reason"] = reason
             if not scheduler.draining:      # expected while draining; otherwise worth a (rate-limited) line
@@ -245,6 +265,7 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
         try:
             yield
         finally:
+            service.workers.close()
             await asyncio.to_thread(scheduler.stop)
 
     routes = [
@@ -254,8 +275,15 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics_text, methods=["GET"]),
     ]
+    if cfg.webui:
+        routes += web.routes()
+    # the other APIs' endpoints, each in its own module
+    http = Http(read_body=lambda request: read_json(request, cfg.max_body_bytes, cfg.body_timeout),
+                watch_disconnect=_watch_disconnect, event_stream=EventStream, json_response=json_response)
+    for module in (llama_api, responses_api, anthropic_api):
+        routes += module.routes(service, http)
     app = Starlette(routes=routes, lifespan=lifespan,
-                    middleware=[Middleware(Gatekeeper, cfg=cfg, metrics=metrics)],
+                    middleware=[Middleware(AccessLog), Middleware(Gatekeeper, cfg=cfg, metrics=metrics)],
                     exception_handlers={APIError: on_api_error, HTTPException: on_http_error, Exception: on_crash})
     app.state.service = service
     app.state.scheduler = scheduler

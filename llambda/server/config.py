@@ -30,6 +30,10 @@ class ServerConfig:
     body_timeout: float = 30.0                # seconds a client gets to send a request body; then 408
     stall_timeout: float = 60.0               # /health says 503 when the scheduler makes no step this long
                                               # while work waits
+    webui: bool = True                        # serve the chat page at / (--no-webui: off)
+    log_format: str = "text"                  # "text" or "json" (one object per line), access log included
+    prompt_workers: int = 4                   # threads rendering chat templates and tokenizing prompts
+    prompt_stall_seconds: float = 30.0        # /health says 503 once all of them are stuck this long
 
     def accepts(self, name: str | None) -> bool:
         return name is None or name == self.model_id or name in self.aliases

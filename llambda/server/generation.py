@@ -8,7 +8,6 @@ jobs, which frees their slots before the scheduler's next step.
 """
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from typing import AsyncIterator
 
@@ -18,11 +17,13 @@ from ..errors import ChatTemplateError, ContextOverflowError, LlambdaError, Toke
 from ..sampling import SamplingParams
 from .config import ServerConfig
 from .errors import APIError, bad_request
+from .fim import find_fim_tokens, fim_prompt_ids, require_fim
 from .openai_format import (SSE_DONE, ChoiceState, TokenStrings, Usage, chat_logprobs, chat_response,
                             completion_logprobs, completion_response, new_id, now, sse, tool_finish)
 from .scheduler import Channel, Job, JobFailure, PromptLogprobs, QueueFull, Scheduler, ShuttingDown
 from .schemas import GenerationSpec
 from .tools import OPEN_TAG, ToolSetup, generic_tool_messages, hermes_prefix, tool_grammar, tool_names
+from .workers import PoolClosed, PoolFull, PromptWorkers
 
 DISCONNECTED = object()   # pushed into a channel when the client goes away
 
@@ -51,6 +52,8 @@ class Service:
         # Hermes/Qwen-style templates: calls are <tool_call>{json}</tool_call>, so a forced
         # tool_choice can start the answer with the opening of a call
         self.template_hermes = OPEN_TAG in src
+        self.workers = PromptWorkers(cfg.prompt_workers, backlog=max(cfg.queue_size, cfg.prompt_workers))
+        self.fim = find_fim_tokens(model.tokenizer, getattr(model.source, "metadata", None))
 
     def warm_grammars(self) -> None:
         """Build what constrained decoding needs ahead of the first request (any thread)."""
@@ -73,7 +76,7 @@ class Service:
             # the template cannot render tools: describe them in a system message instead
             messages = generic_tool_messages(spec.messages, spec.tools, spec.tool_choice, spec.forced_tool)
             tools = None
-        setup, grammar = self._tool_setup(spec, constrained=generic or self.template_hermes)
+        setup, grammar = self._tool_setup(spec, constrained=generic or self.template_hermes, generic=generic)
         try:
             text = self.model.render_chat(messages, tools=tools)
             if setup is not None:
@@ -84,7 +87,8 @@ class Service:
         except TokenizerError as e:
             raise bad_request(str(e), param="messages") from None
 
-    def _tool_setup(self, spec: GenerationSpec, constrained: bool) -> tuple[ToolSetup | None, GrammarSpec | None]:
+    def _tool_setup(self, spec: GenerationSpec, constrained: bool,
+                    generic: bool = False) -> tuple[ToolSetup | None, GrammarSpec | None]:
         """Calls in the <tool_call> format (Hermes-style templates and the generic prompt) are
         generated under a grammar: with tool_choice "required" or a forced function the answer is
         a call, with "auto" it may be text, and a call it starts is valid. Calls in other
@@ -104,13 +108,17 @@ class Service:
                               "a call", param=spec.constraint_param)
         if spec.constraint is not None:      # auto: the client's format for text answers wins
             return setup, None
-        # a named function is one call of it; "required" may make several (parallel_tool_calls)
+        # a named function is one call of it; "required" may make several (parallel_tool_calls), but
+        # not through the generic prompt: models never trained on calls repeat them until max_tokens
         lark = tool_grammar(spec.tools, names, spec.tool_choice,
-                            parallel=spec.parallel_tool_calls and spec.tool_choice == "required")
+                            parallel=spec.parallel_tool_calls and spec.tool_choice == "required" and not generic)
         return setup, GrammarSpec("lark", lark)
 
-    def _completion_ids(self, prompt) -> list[int]:
+    def _completion_ids(self, prompt, spec: GenerationSpec) -> list[int]:
         try:
+            if spec.suffix is not None:
+                fim = require_fim(self.fim, self.cfg.model_id, "suffix")
+                return fim_prompt_ids(self.model.tokenizer, fim, prompt, spec.suffix, spec.fim_files)
             return self.model._prompt_ids(prompt)
         except (TokenizerError, ValueError) as e:
             raise bad_request(f"invalid prompt: {e}", param="prompt") from None
@@ -139,8 +147,23 @@ class Service:
 
         Rendering and tokenizing run in a worker thread: a long prompt must not stall running streams.
         """
-        prepared = await asyncio.to_thread(self.prepare, spec)
+        try:
+            prepared = await self.workers.run(self.prepare, spec)
+        except (PoolFull, PoolClosed) as e:
+            raise self._refused(e, busy=isinstance(e, PoolFull)) from None
         return self.launch(prepared)
+
+    def _refused(self, e: Exception, busy: bool) -> APIError:
+        """429 when a queue or the prompt workers are full, 503 while shutting down; both say when to retry."""
+        retry = {"Retry-After": str(self.cfg.retry_after)}
+        if busy:
+            return APIError(429, f"{e}; retry later", kind="rate_limit_error", code="server_busy", headers=retry)
+        return APIError(503, str(e), code="shutting_down", headers=retry)
+
+    def prompts_stalled(self) -> bool:
+        """Every prompt worker busy on one job for longer than a render's budget could explain."""
+        s = self.workers.stats()
+        return s["busy"] >= self.workers.n_workers and s["oldest_seconds"] > self.cfg.prompt_stall_seconds
 
     def prepare(self, spec: GenerationSpec) -> "Prepared":
         """Prompts, limits and one Sequence per choice (any thread)."""
@@ -159,7 +182,7 @@ class Service:
             prompts = [ids]
             echoes = [""]
         else:
-            prompts = [self._completion_ids(p) for p in spec.prompts]
+            prompts = [self._completion_ids(p, spec) for p in spec.prompts]
             echoes = [self._echo_text(p, ids) if spec.echo else "" for p, ids in zip(spec.prompts, prompts)]
         bias = spec.sampling.get("logit_bias") or {}
         vocab = self.model.config.vocab_size
@@ -198,12 +221,8 @@ class Service:
         gen = Generation(self, p.spec, channel, jobs, p.prompts, p.echoes, p.tools)
         try:
             self.scheduler.submit(jobs)
-        except QueueFull as e:
-            raise APIError(429, f"{e}; retry later", kind="rate_limit_error", code="server_busy",
-                           headers={"Retry-After": str(self.cfg.retry_after)}) from None
-        except ShuttingDown as e:
-            raise APIError(503, str(e), code="shutting_down",
-                           headers={"Retry-After": str(self.cfg.retry_after)}) from None
+        except (QueueFull, ShuttingDown) as e:
+            raise self._refused(e, busy=isinstance(e, QueueFull)) from None
         return gen
 
     def _echo_text(self, prompt, ids) -> str:
@@ -220,7 +239,10 @@ class Service:
             sp = SamplingParams(**kw, logprobs=spec.top_logprobs, chosen_logprob=bool(spec.logprobs))
             params = GenerationParams(max_tokens=max_tokens, sampling=sp, stop=list(spec.stop),
                                       ignore_eos=spec.ignore_eos, grammar=grammar)
-            return Sequence(self.model.tokenizer, ids, params, slot=-1, n_ctx=self.model.n_ctx)
+            seq = Sequence(self.model.tokenizer, ids, params, slot=-1, n_ctx=self.model.n_ctx)
+            if spec.suffix is not None and not spec.ignore_eos:
+                seq.eot |= self.fim.end_ids     # a new FIM block or file means the gap is filled
+            return seq
         except ContextOverflowError as e:
             raise APIError(400, str(e), code="context_length_exceeded") from None
         except (LlambdaError, ValueError) as e:

@@ -18,6 +18,7 @@ import sys
 import uvicorn
 
 from . import guard
+from .accesslog import log_config
 from .app import create_app
 from .config import ServerConfig
 
@@ -47,7 +48,7 @@ def serve(model, cfg: ServerConfig, log_level: str = "info") -> int:
         return 1
     config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=log_level, lifespan="on",
                             timeout_graceful_shutdown=cfg.shutdown_grace + 5.0, access_log=False,
-                            timeout_keep_alive=5,
+                            timeout_keep_alive=5, log_config=log_config(cfg.log_format, log_level),
                             http=guard.protocol_class(max_conn, cfg.header_timeout, app.state.metrics))
     server = _Server(config, scheduler, cfg.shutdown_grace)
     limiter = guard.limit_logs()

@@ -3,7 +3,7 @@
 Every check names the field and what was wrong, and raises APIError(400). Unknown
 fields are ignored (clients add their own, e.g. `user`); known fields with the
 wrong type or range are rejected, never coerced. Features we do not implement
-(images, `suffix`) are refused, not ignored. Output constraints (`response_format`,
+(images) are refused, not ignored. Output constraints (`response_format`,
 llama-server's `json_schema` and `grammar`, and `regex`) become a GrammarSpec here;
 whether it compiles is checked against the model (generation.py). `parse_json` reads a body
 with bounded depth and number sizes, so no input reaches a RecursionError, an
@@ -134,6 +134,9 @@ class GenerationSpec:
     # completion
     prompts: list = field(default_factory=list)   # each a str or a list of token ids
     echo: bool = False
+    # fill-in-the-middle (server/fim.py): set, the prompts are the text before the gap, this the text after
+    suffix: str | None = None
+    fim_files: list = field(default_factory=list)  # (filename, text) context files (/infill's input_extra)
 
 
 class _Body:
@@ -427,8 +430,14 @@ def parse_completion(body: Any) -> GenerationSpec:
     lp = b.integer("logprobs", None, 0, MAX_COMPLETION_LOGPROBS)
     spec.logprobs = lp is not None
     spec.top_logprobs = lp or 0
-    if b.get("suffix") not in (None, ""):
-        raise bad_request("'suffix' (insertion) is not supported", param="suffix")
+    suffix = b.string("suffix")
+    if suffix:      # OpenAI: an empty suffix is no suffix
+        if spec.echo:
+            raise bad_request("'echo' cannot be combined with 'suffix'", param="echo")
+        if not all(isinstance(p, str) for p in spec.prompts):
+            raise bad_request("with 'suffix' (fill-in-the-middle) the prompt must be text, not token ids",
+                              param="prompt")
+        spec.suffix = suffix
     return spec
 
 

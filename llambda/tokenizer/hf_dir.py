@@ -8,7 +8,6 @@ tokenizer_config.json, generation_config.json and config.json.
 """
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -16,19 +15,19 @@ import numpy as np
 from tokenizers import Tokenizer as Backend
 
 from ..errors import TokenizerError
+from ..formats.files import MAX_JSON_BYTES, MAX_TOKENIZER_JSON_BYTES, read_json
 from .vocab import TokenType, Vocab
 
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+# Unused ids a vocabulary may leave between its tokens (real ones leave none or a few hundred).
+MAX_ID_GAP = 1 << 16
 
 
 def _read_json(path: Path) -> dict:
     if not path.is_file():
         return {}
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise TokenizerError(f"{path}: cannot read JSON ({e})") from None
+    big = path.name == "tokenizer.json"
+    data = read_json(path, path.name, TokenizerError, MAX_TOKENIZER_JSON_BYTES if big else MAX_JSON_BYTES)
     if not isinstance(data, dict):
         raise TokenizerError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data
@@ -86,6 +85,9 @@ def load_hf_dir(path) -> tuple[Backend, Vocab, bool]:
     n = max(ids.values()) + 1 if ids else 0
     if n == 0:
         raise TokenizerError(f"{tj}: the vocabulary is empty")
+    # The tables below are sized by the largest id: a stray id of 1e9 must not allocate gigabytes.
+    if n > len(ids) + MAX_ID_GAP:
+        raise TokenizerError(f"{tj}: token id {n - 1} is far beyond the {len(ids)} tokens of the vocabulary")
     tokens = [""] * n
     types = np.full(n, TokenType.UNUSED, dtype=np.int32)
     for text, i in ids.items():

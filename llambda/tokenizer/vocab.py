@@ -102,7 +102,7 @@ def _number_array(md: dict, key: str, n: int, dtype) -> np.ndarray | None:
         return None
     try:
         arr = np.asarray(md[key], dtype=dtype)
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, OverflowError) as e:
         raise TokenizerError(f"metadata {key!r} must be a numeric array: {e}") from None
     if arr.ndim != 1:
         raise TokenizerError(f"metadata {key!r} must be a 1-D array, got shape {arr.shape}")

@@ -1,9 +1,0 @@
-#ifndef LLB_BINDINGS_H
-#define LLB_BINDINGS_H
-#include <Python.h>
-extern PyMethodDef llb_core_methods[];
-extern PyMethodDef llb_matmul_methods[];
-extern PyMethodDef llb_ops_methods[];
-/* Called once at import: reads LLAMBDA_ISA / CPUID, creates the 1-thread pool. */
-int llb_core_init(void);
-#endif

@@ -1,0 +1,60 @@
+/* Which SIMD path this CPU (and OS) can run.
+ *
+ * A path is usable only if the CPU has every feature its target attribute in
+ * isa.h enables AND the OS saves the matching register state on context
+ * switches (XCR0 via xgetbv); otherwise the first AVX instruction faults. */
+#include "core/isa.h"
+
+static const char *const isa_names[] = {"scalar", "avx2", "avx512"};
+
+const char *llb_isa_name(int isa) {
+    if (isa < LLB_ISA_SCALAR || isa > LLB_ISA_AVX512) return "unknown";
+    return isa_names[isa];
+}
+
+#if LLB_X86
+#include <cpuid.h>
+
+static int xcr0_has(unsigned long long bits) {
+    unsigned int lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    unsigned long long xcr0 = ((unsigned long long)hi << 32) | lo;
+    return (xcr0 & bits) == bits;
+}
+
+/* Detected once: 0 = not yet, else 1 + best path. */
+static int detected_best;
+
+static int detect(void) {
+    unsigned int a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return LLB_ISA_SCALAR;
+    const int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, fma = (c >> 12) & 1, f16c = (c >> 29) & 1;
+    if (!osxsave || !avx) return LLB_ISA_SCALAR;
+    /* XCR0 bit 1 = SSE state, bit 2 = AVX (upper YMM); 5,6,7 = opmask, ZMM0-15 upper, ZMM16-31. */
+    if (!xcr0_has(0x6)) return LLB_ISA_SCALAR;
+    if (__get_cpuid_max(0, 0) < 7) return LLB_ISA_SCALAR;
+    __cpuid_count(7, 0, a, b, c, d);
+    const int avx2 = (b >> 5) & 1;
+    if (!(avx2 && fma && f16c)) return LLB_ISA_SCALAR;
+    const int f = (b >> 16) & 1, dq = (b >> 17) & 1, bw = (b >> 30) & 1, vl = (b >> 31) & 1;
+    const int vnni = (c >> 11) & 1;
+    int bf16 = 0;
+    if (a >= 1) { /* leaf 7 sub-leaf 0 EAX = highest sub-leaf */
+        unsigned int a1, b1, c1, d1;
+        __cpuid_count(7, 1, a1, b1, c1, d1);
+        bf16 = (a1 >> 5) & 1;
+    }
+    /* Everything LLB_TARGET_AVX512 lets the compiler emit, so kernels may use any of it. */
+    if (f && dq && bw && vl && vnni && bf16 && xcr0_has(0xE6)) return LLB_ISA_AVX512;
+    return LLB_ISA_AVX2;
+}
+
+int llb_isa_best(void) {
+    if (!detected_best) detected_best = 1 + detect();
+    return detected_best - 1;
+}
+#else
+int llb_isa_best(void) { return LLB_ISA_SCALAR; }
+#endif
+
+int llb_isa_supported(int isa) { return isa >= LLB_ISA_SCALAR && isa <= llb_isa_best(); }

@@ -1,0 +1,22 @@
+/* Instruction-set paths: which ones this CPU can run, and the per-function
+ * target attributes of the SIMD kernels. The active path is llb_isa_current
+ * (core/state.h). */
+#ifndef LLB_ISA_H
+#define LLB_ISA_H
+
+enum llb_isa { LLB_ISA_SCALAR = 0, LLB_ISA_AVX2 = 1, LLB_ISA_AVX512 = 2 };
+
+int llb_isa_best(void);               /* best path this CPU supports */
+int llb_isa_supported(int isa);       /* 1 if the CPU (and OS) can run that path */
+const char *llb_isa_name(int isa);
+
+/* Per-function ISA targets, so every file is compiled with portable flags. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define LLB_X86 1
+#define LLB_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define LLB_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,avx2,fma,f16c")))
+#else
+#define LLB_X86 0
+#endif
+
+#endif

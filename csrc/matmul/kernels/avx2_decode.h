@@ -1,0 +1,79 @@
+/* AVX2 decoders of the packed layout (see quants.h) and other helpers shared
+ * by the AVX2 kernel files. A 64-byte packed vector holds rows 0-7 in its first 32 bytes
+ * and rows 8-15 in the other 32: AVX2 kernels work on one half (h) at a time,
+ * one ymm lane = one row, 4 codes per lane. */
+#ifndef LLB_AVX2_DECODE_H
+#define LLB_AVX2_DECODE_H
+#include "matmul/kernels/common.h"
+
+#if LLB_X86
+#include <immintrin.h>
+
+#define TGT LLB_TARGET_AVX2
+
+LLB_AI TGT __m256i ld256(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+LLB_AI TGT __m256i bcast32(const int8_t *p) { return _mm256_set1_epi32(llb_ld32(p)); }
+/* 8 fp16 (16 bytes) -> 8 floats */
+LLB_AI TGT __m256 load_f16x8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+
+LLB_AI TGT void dec_nibbles_h(const uint8_t *v, int h, __m256i q[8]) {
+    const __m256i m4 = _mm256_set1_epi8(15);
+    LLB_UNROLL
+    for (int k = 0; k < 4; k++) {
+        const __m256i a = ld256(v + 64 * k + 32 * h);
+        q[k] = _mm256_and_si256(a, m4);
+        q[k + 4] = _mm256_and_si256(_mm256_srli_epi16(a, 4), m4);
+    }
+}
+
+/* Q5_0's bit plane (byte bit t = 5th bit of quad t) moved to bit 4 and or-ed in. */
+LLB_AI TGT void add_fifth_bits_h(const uint8_t *plane, int h, __m256i q[8]) {
+    const __m256i p = ld256(plane + 32 * h), b4 = _mm256_set1_epi8(0x10);
+    q[0] = _mm256_or_si256(q[0], _mm256_and_si256(_mm256_slli_epi16(p, 4), b4));
+    q[1] = _mm256_or_si256(q[1], _mm256_and_si256(_mm256_slli_epi16(p, 3), b4));
+    q[2] = _mm256_or_si256(q[2], _mm256_and_si256(_mm256_slli_epi16(p, 2), b4));
+    q[3] = _mm256_or_si256(q[3], _mm256_and_si256(_mm256_slli_epi16(p, 1), b4));
+    q[4] = _mm256_or_si256(q[4], _mm256_and_si256(p, b4));
+    q[5] = _mm256_or_si256(q[5], _mm256_and_si256(_mm256_srli_epi16(p, 1), b4));
+    q[6] = _mm256_or_si256(q[6], _mm256_and_si256(_mm256_srli_epi16(p, 2), b4));
+    q[7] = _mm256_or_si256(q[7], _mm256_and_si256(_mm256_srli_epi16(p, 3), b4));
+}
+
+/* One 32-value block as unsigned codes (Q8_0: w + 128). */
+LLB_AI TGT void dec_block32_h(const int qt, const uint8_t *gb, int h, __m256i q[8]) {
+    if (qt == LLB_Q8_0) {
+        LLB_UNROLL
+        for (int t = 0; t < 8; t++) q[t] = ld256(gb + 32 + 64 * t + 32 * h);
+        return;
+    }
+    dec_nibbles_h(gb + (qt == LLB_Q4_1 ? 64 : 32), h, q);
+    if (qt == LLB_Q5_0) add_fifth_bits_h(gb + 288, h, q);
+}
+
+/* One 16-value sub-block of Q6_K: 6-bit codes of quads 0..3 (see quants.h). */
+LLB_AI TGT void dec_q6k_sub_h(const uint8_t *sub, int h, __m256i q[4]) {
+    const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
+    const __m256i a = ld256(sub + 32 * h), b = ld256(sub + 64 + 32 * h), hb = ld256(sub + 128 + 32 * h);
+    q[0] = _mm256_or_si256(_mm256_and_si256(a, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
+    q[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30));
+    q[2] = _mm256_or_si256(_mm256_and_si256(b, m4), _mm256_and_si256(hb, m30));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b, 4), m4), _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
+}
+
+/* Sum of nq u8 x s8 quad products per lane in int16 (caller guarantees no overflow), widened to int32. */
+LLB_AI TGT __m256i dot_u8s8(const __m256i *q, int nq, const int8_t *xq) {
+    __m256i p = _mm256_maddubs_epi16(q[0], bcast32(xq));
+    LLB_UNROLL
+    for (int t = 1; t < nq; t++) p = _mm256_add_epi16(p, _mm256_maddubs_epi16(q[t], bcast32(xq + 4 * t)));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+/* Stores rows 8h..8h+7 of group g for M activation rows, clipped to the rows that exist. */
+LLB_AI TGT void store_half(const llb_mm *mm, long g, int h, long i, int M, const __m256 t[]) {
+    const int nr = llb_group_rows(mm, g) - 8 * h;
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(nr), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    for (int m = 0; m < M; m++) _mm256_maskstore_ps(mm->out + (i + m) * mm->rows + g * LLB_IL + 8 * h, mask, t[m]);
+}
+
+#endif
+#endif

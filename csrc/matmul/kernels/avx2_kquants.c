@@ -1,0 +1,135 @@
+/* AVX2 integer kernels of the K-quants (Q4_K, Q6_K) against activations
+ * quantized with one scale per 32 values; the same arithmetic as the AVX-512
+ * file (avx512_kquants.c), on 8-row halves of each group. */
+#include "matmul/kernels/avx2_decode.h"
+
+#if LLB_X86
+
+#define TILE_ROWS 4
+
+LLB_AI TGT __m256 sub_scale(const uint8_t *sc8, __m256 d, int is_signed) {
+    const __m128i b = _mm_loadl_epi64((const __m128i *)sc8);
+    return _mm256_mul_ps(d, _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b)));
+}
+
+/* m[s] of rows 8h..8h+7 as FP32: bytes 192 + 32p + 2r + j = row r's min of sub 2p+j. */
+LLB_AI TGT void q4k_mins_h(const uint8_t *gb, int h, __m256 mn[8]) {
+    LLB_UNROLL
+    for (int p = 0; p < 4; p++) {
+        const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(gb + 192 + 32 * p + 16 * h)));
+        mn[2 * p] = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)));
+        mn[2 * p + 1] = _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 16));
+    }
+}
+
+LLB_AI TGT void tile_q4k(const llb_mm *mm, const uint8_t *wg, int h, long i, const int M, const int gemv, __m256 tot[]) {
+    const long nsb = mm->cols / 256;
+    const long xt = mm->a.xt;
+    const size_t at = llb_act_at(i, 0, nsb, xt);
+    LLB_UNROLL
+    for (int m = 0; m < M; m++) tot[m] = _mm256_setzero_ps();
+    for (long sb = 0; sb < nsb; sb++) {
+        const uint8_t *gb = wg + sb * 2368;
+        if (gemv && h == 0) llb_prefetch_ahead(gb, 2368);
+        const __m256 d = load_f16x8(gb + 16 * h);
+        const size_t e = at + xt * sb;
+        for (int s = 0; s < 8; s++) {
+            __m256i q[8];
+            dec_nibbles_h(gb + 320 + 256 * s, h, q);
+            const __m256 sc = sub_scale(gb + 64 + 16 * s + 8 * h, d, 0);
+            LLB_UNROLL
+            for (int m = 0; m < M; m++) {
+                const __m256i acc = dot_u8s8(q, 8, mm->a.qs + 256 * (e + m) + 32 * s); /* 4-bit codes: fits int16 */
+                const __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(mm->a.d[8 * (e + m) + s]));
+                tot[m] = _mm256_fmadd_ps(v, sc, tot[m]);
+            }
+        }
+        /* min term: dmin * sum_s m[s] * (dx[s]*bsum32[s]), the quantized sums */
+        __m256 mn[8];
+        q4k_mins_h(gb, h, mn);
+        const __m256 dmin = load_f16x8(gb + 32 + 16 * h);
+        LLB_UNROLL
+        for (int m = 0; m < M; m++) {
+            const float *xs = mm->a.sum + 8 * (e + m);
+            __m256 a = _mm256_mul_ps(mn[0], _mm256_set1_ps(xs[0])), b = _mm256_mul_ps(mn[1], _mm256_set1_ps(xs[1]));
+            LLB_UNROLL
+            for (int s = 2; s < 8; s += 2) {
+                a = _mm256_fmadd_ps(mn[s], _mm256_set1_ps(xs[s]), a);
+                b = _mm256_fmadd_ps(mn[s + 1], _mm256_set1_ps(xs[s + 1]), b);
+            }
+            tot[m] = _mm256_fnmadd_ps(_mm256_add_ps(a, b), dmin, tot[m]);
+        }
+    }
+}
+
+LLB_AI TGT void tile_q6k(const llb_mm *mm, const uint8_t *wg, int h, long i, const int M, const int gemv, __m256 tot[]) {
+    const long nsb = mm->cols / 256;
+    const long xt = mm->a.xt;
+    const size_t at = llb_act_at(i, 0, nsb, xt);
+    LLB_UNROLL
+    for (int m = 0; m < M; m++) tot[m] = _mm256_setzero_ps();
+    for (long sb = 0; sb < nsb; sb++) {
+        const uint8_t *gb = wg + sb * 3360;
+        if (gemv && h == 0) llb_prefetch_ahead(gb, 3360);
+        const __m256 d = load_f16x8(gb + 16 * h);
+        const size_t e = at + xt * sb;
+        for (int s = 0; s < 8; s++) { /* sub-blocks u = 2s, 2s+1 share the activation scale dx[s] */
+            __m256 p[TILE_ROWS];
+            LLB_UNROLL
+            for (int j = 0; j < 2; j++) {
+                const int u = 2 * s + j;
+                __m256i q[4];
+                dec_q6k_sub_h(gb + 288 + 192 * u, h, q);
+                const __m256 sc = sub_scale(gb + 32 + 16 * u + 8 * h, d, 1);
+                LLB_UNROLL
+                for (int m = 0; m < M; m++) {
+                    const int8_t *xq = mm->a.qs + 256 * (e + m) + 16 * u;
+                    /* 6-bit codes: two quads per int16 sum (2 x 2 x 63 x 127 < 2^15) */
+                    __m256i acc = _mm256_add_epi32(dot_u8s8(q, 2, xq), dot_u8s8(q + 2, 2, xq + 8));
+                    acc = _mm256_add_epi32(acc, _mm256_set1_epi32(mm->a.bs16n[16 * (e + m) + u])); /* -32 * bsum */
+                    const __m256 v = _mm256_cvtepi32_ps(acc);
+                    p[m] = j ? _mm256_fmadd_ps(v, sc, p[m]) : _mm256_mul_ps(v, sc);
+                }
+            }
+            LLB_UNROLL
+            for (int m = 0; m < M; m++) tot[m] = _mm256_fmadd_ps(p[m], _mm256_set1_ps(mm->a.d[8 * (e + m) + s]), tot[m]);
+        }
+    }
+}
+
+LLB_AI TGT void tile_k(const int qt, const llb_mm *mm, const uint8_t *wg, int h, long i, const int M, const int gemv, __m256 tot[]) {
+    if (qt == LLB_Q4_K) tile_q4k(mm, wg, h, i, M, gemv, tot);
+    else tile_q6k(mm, wg, h, i, M, gemv, tot);
+}
+
+LLB_AI TGT void fast_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt) {
+    __m256 t[TILE_ROWS];
+    for (int h = 0; h < 2 && 8 * h < llb_group_rows(mm, g); h++) {
+        if (LLB_GEMV(mm)) { /* the tile's arithmetic at M = 1 plus prefetch: equal to a batch row */
+            tile_k(qt, mm, wg, h, 0, 1, 1, t);
+            store_half(mm, g, h, 0, 1, t);
+            continue;
+        }
+        long i = i0;
+        for (; i + TILE_ROWS <= i1; i += TILE_ROWS) {
+            tile_k(qt, mm, wg, h, i, TILE_ROWS, 0, t);
+            store_half(mm, g, h, i, TILE_ROWS, t);
+        }
+        for (; i + 2 <= i1; i += 2) {
+            tile_k(qt, mm, wg, h, i, 2, 0, t);
+            store_half(mm, g, h, i, 2, t);
+        }
+        if (i < i1) {
+            tile_k(qt, mm, wg, h, i, 1, 0, t);
+            store_half(mm, g, h, i, 1, t);
+        }
+    }
+}
+
+TGT static void fast_q4_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast_k(mm, wg, g, i0, i1, LLB_Q4_K); }
+TGT static void fast_q6_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast_k(mm, wg, g, i0, i1, LLB_Q6_K); }
+
+llb_kernel_fn llb_avx2_kquant_kernel(int qtype) {
+    return qtype == LLB_Q4_K ? fast_q4_k : qtype == LLB_Q6_K ? fast_q6_k : NULL;
+}
+#endif

@@ -1,0 +1,71 @@
+/* AVX-512 decoders of the packed layout (see quants.h), shared by the AVX-512
+ * kernel files: each turns packed bytes into vectors of unsigned weight codes,
+ * one byte per value, lane r (4 bytes) = row r of the group. */
+#ifndef LLB_AVX512_DECODE_H
+#define LLB_AVX512_DECODE_H
+#include "matmul/kernels/common.h"
+
+#if LLB_X86
+#include <immintrin.h>
+
+#define TGT LLB_TARGET_AVX512
+
+LLB_AI TGT void dec_nibbles(const uint8_t *v, __m512i q[8]) {
+    const __m512i m4 = _mm512_set1_epi8(15);
+    LLB_UNROLL
+    for (int k = 0; k < 4; k++) {
+        const __m512i a = _mm512_loadu_si512(v + 64 * k);
+        q[k] = _mm512_and_si512(a, m4);
+        q[k + 4] = _mm512_and_si512(_mm512_srli_epi16(a, 4), m4);
+    }
+}
+
+/* Q5_0's bit plane: byte bit t = 5th bit of quad t. a | (b & c) = ternlog 0xF8. */
+LLB_AI TGT void add_fifth_bits(const uint8_t *plane, __m512i q[8]) {
+    const __m512i h = _mm512_loadu_si512(plane), b4 = _mm512_set1_epi8(0x10);
+    q[0] = _mm512_ternarylogic_epi32(q[0], _mm512_slli_epi16(h, 4), b4, 0xF8);
+    q[1] = _mm512_ternarylogic_epi32(q[1], _mm512_slli_epi16(h, 3), b4, 0xF8);
+    q[2] = _mm512_ternarylogic_epi32(q[2], _mm512_slli_epi16(h, 2), b4, 0xF8);
+    q[3] = _mm512_ternarylogic_epi32(q[3], _mm512_slli_epi16(h, 1), b4, 0xF8);
+    q[4] = _mm512_ternarylogic_epi32(q[4], h, b4, 0xF8);
+    q[5] = _mm512_ternarylogic_epi32(q[5], _mm512_srli_epi16(h, 1), b4, 0xF8);
+    q[6] = _mm512_ternarylogic_epi32(q[6], _mm512_srli_epi16(h, 2), b4, 0xF8);
+    q[7] = _mm512_ternarylogic_epi32(q[7], _mm512_srli_epi16(h, 3), b4, 0xF8);
+}
+
+/* One 32-value block of Q4_0/Q4_1/Q5_0/Q8_0 (Q8_0's codes are stored as w + 128). */
+LLB_AI TGT void dec_block32(const int qt, const uint8_t *gb, __m512i q[8]) {
+    if (qt == LLB_Q8_0) {
+        LLB_UNROLL
+        for (int t = 0; t < 8; t++) q[t] = _mm512_loadu_si512(gb + 32 + 64 * t);
+        return;
+    }
+    dec_nibbles(gb + (qt == LLB_Q4_1 ? 64 : 32), q);
+    if (qt == LLB_Q5_0) add_fifth_bits(gb + 288, q);
+}
+
+/* One 16-value sub-block u of Q6_K: A/B hold the low nibbles of quads 0,1 / 2,3,
+ * H their top 2 bits (bits 2i..2i+1 for quad i). c ? a : b = ternlog 0xE4. */
+LLB_AI TGT void dec_q6k_sub(const uint8_t *sub, __m512i q[4]) {
+    const __m512i m4 = _mm512_set1_epi8(15), m33 = _mm512_set1_epi8(0x33);
+    const __m512i a = _mm512_loadu_si512(sub), b = _mm512_loadu_si512(sub + 64), h = _mm512_loadu_si512(sub + 128);
+    const __m512i hp = _mm512_and_si512(h, m33), hq = _mm512_and_si512(_mm512_srli_epi16(h, 2), m33);
+    q[0] = _mm512_ternarylogic_epi32(a, _mm512_slli_epi16(hp, 4), m4, 0xE4);
+    q[1] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(a, 4), _mm512_slli_epi16(hq, 4), m4, 0xE4);
+    q[2] = _mm512_ternarylogic_epi32(b, hp, m4, 0xE4);
+    q[3] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(b, 4), hq, m4, 0xE4);
+}
+
+LLB_AI TGT __m512 load_f16x16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+
+/* Results of M activation rows (rows of out `stride` floats apart), stored or, for a later
+ * K chunk, added to what earlier chunks stored. */
+LLB_AI TGT void llb512_put_rows(float *o, long stride, __mmask16 km, const __m512 *t, int M, int accumulate) {
+    for (int m = 0; m < M; m++) {
+        float *p = o + m * stride;
+        _mm512_mask_storeu_ps(p, km, accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(km, p), t[m]) : t[m]);
+    }
+}
+
+#endif
+#endif

@@ -1,0 +1,172 @@
+/* AVX-512 VNNI integer kernels of the K-quants (Q4_K, Q6_K) against
+ * activations quantized with one scale per 32 values (8 per super-block).
+ *
+ * Per 32-value sub-block s the integer dot (vpdpbusd) is converted to FP32
+ * once and scaled by the activation's dx[s] and each row's d*sc. Q4_K's min
+ * term, dmin * sum_s m[s] * (dx[s]*bsum[s]), is an FP32 dot of the 8 mins with
+ * the 8 quantized sub-block sums. Q6_K's zero point 32 enters as the integer
+ * accumulator's initial value, -32 * bsum16; its two 16-value sub-blocks of
+ * one 32 share dx[s], applied once to their sum. */
+#include "matmul/kernels/avx512_decode.h"
+
+#if LLB_X86
+
+#define TILE_ROWS 8 /* activation rows per tile in the GEMM */
+
+/* Per-row scales of one sub-block as FP32: d * sc[s] (u8 for Q4_K, i8 for Q6_K). */
+LLB_AI TGT __m512 sub_scale_u8(const uint8_t *sc16, __m512 d) {
+    return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)sc16))));
+}
+LLB_AI TGT __m512 sub_scale_i8(const uint8_t *sc16, __m512 d) {
+    return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)sc16))));
+}
+
+/* The super-block's 8 mins as FP32: bytes 192 + 32p + 2r + j = row r's min of sub 2p+j. */
+LLB_AI TGT void q4k_mins(const uint8_t *gb, __m512 mn[8]) {
+    LLB_UNROLL
+    for (int p = 0; p < 4; p++) {
+        const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(gb + 192 + 32 * p)));
+        mn[2 * p] = _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(0xFFFF)));
+        mn[2 * p + 1] = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 16));
+    }
+}
+
+/* sum_s m[s] * (dx[s]*bsum32[s]) per row, in two chains. */
+LLB_AI TGT __m512 q4k_min_dot(const __m512 mn[8], const float *xsum) {
+    __m512 a = _mm512_mul_ps(mn[0], _mm512_set1_ps(xsum[0])), b = _mm512_mul_ps(mn[1], _mm512_set1_ps(xsum[1]));
+    LLB_UNROLL
+    for (int s = 2; s < 8; s += 2) {
+        a = _mm512_fmadd_ps(mn[s], _mm512_set1_ps(xsum[s]), a);
+        b = _mm512_fmadd_ps(mn[s + 1], _mm512_set1_ps(xsum[s + 1]), b);
+    }
+    return _mm512_add_ps(a, b);
+}
+
+/* acc[m] += codes . activations of rows m (a tile's rows are 256 bytes apart), quad-major so
+ * the M chains advance together. nq quads from xq. */
+LLB_AI TGT void dot_rows(__m512i acc[], const int M, const __m512i *q, const int nq, const int8_t *xq) {
+    LLB_UNROLL
+    for (int t = 0; t < nq; t++) {
+        LLB_UNROLL
+        for (int m = 0; m < M; m++) acc[m] = _mm512_dpbusd_epi32(acc[m], q[t], _mm512_set1_epi32(llb_ld32(xq + 256 * m + 4 * t)));
+    }
+}
+
+/* M activation rows from row i, all in one activation tile; gemv (n == 1, M == 1) adds prefetch
+ * and splits the dependency chains. */
+LLB_AI TGT void tile_q4k(const llb_mm *mm, const uint8_t *wg, long i, const int M, const int gemv, long s0, long s1,
+                         __m512 tot[]) {
+    const long xt = mm->a.xt;
+    const size_t at = llb_act_at(i, 0, mm->cols / 256, xt);
+    LLB_UNROLL
+    for (int m = 0; m < M; m++) tot[m] = _mm512_setzero_ps();
+    for (long sb = s0; sb < s1; sb++) {
+        const uint8_t *gb = wg + sb * 2368;
+        llb_prefetch_ahead(gb, 2368);
+        const __m512 d = load_f16x16(gb);
+        const size_t e = at + xt * sb; /* row i's entry of this super-block */
+        for (int s = 0; s < 8; s++) {
+            __m512i q[8], acc[TILE_ROWS];
+            dec_nibbles(gb + 320 + 256 * s, q);
+            const __m512 sc = sub_scale_u8(gb + 64 + 16 * s, d);
+            const int8_t *xq = mm->a.qs + 256 * e + 32 * s;
+            LLB_UNROLL
+            for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_si512();
+            if (gemv) { /* two chains: the GEMV is latency-bound */
+                __m512i acc2[1] = {_mm512_setzero_si512()};
+                dot_rows(acc, 1, q, 4, xq);
+                dot_rows(acc2, 1, q + 4, 4, xq + 16);
+                acc[0] = _mm512_add_epi32(acc[0], acc2[0]);
+            } else {
+                dot_rows(acc, M, q, 8, xq);
+            }
+            LLB_UNROLL
+            for (int m = 0; m < M; m++) {
+                const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[m]), _mm512_set1_ps(mm->a.d[8 * (e + m) + s]));
+                tot[m] = _mm512_fmadd_ps(v, sc, tot[m]);
+            }
+        }
+        __m512 mn[8];
+        q4k_mins(gb, mn);
+        const __m512 dmin = load_f16x16(gb + 32);
+        LLB_UNROLL
+        for (int m = 0; m < M; m++) tot[m] = _mm512_fnmadd_ps(q4k_min_dot(mn, mm->a.sum + 8 * (e + m)), dmin, tot[m]);
+    }
+}
+
+LLB_AI TGT void tile_q6k(const llb_mm *mm, const uint8_t *wg, long i, const int M, const int gemv, long s0, long s1,
+                         __m512 tot[]) {
+    const long xt = mm->a.xt;
+    const size_t at = llb_act_at(i, 0, mm->cols / 256, xt);
+    LLB_UNROLL
+    for (int m = 0; m < M; m++) tot[m] = _mm512_setzero_ps();
+    for (long sb = s0; sb < s1; sb++) {
+        const uint8_t *gb = wg + sb * 3360;
+        llb_prefetch_ahead(gb, 3360);
+        const __m512 d = load_f16x16(gb);
+        const size_t e = at + xt * sb;
+        for (int s = 0; s < 8; s++) { /* sub-blocks u = 2s, 2s+1 share the activation scale dx[s] */
+            __m512 p[TILE_ROWS];
+            LLB_UNROLL
+            for (int j = 0; j < 2; j++) {
+                const int u = 2 * s + j;
+                __m512i q[4], acc[TILE_ROWS];
+                dec_q6k_sub(gb + 288 + 192 * u, q);
+                const __m512 sc = sub_scale_i8(gb + 32 + 16 * u, d);
+                LLB_UNROLL
+                for (int m = 0; m < M; m++) acc[m] = _mm512_set1_epi32(mm->a.bs16n[16 * (e + m) + u]); /* -32 * bsum */
+                dot_rows(acc, M, q, 4, mm->a.qs + 256 * e + 16 * u);
+                LLB_UNROLL
+                for (int m = 0; m < M; m++)
+                    p[m] = j ? _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[m]), sc, p[m]) : _mm512_mul_ps(_mm512_cvtepi32_ps(acc[m]), sc);
+            }
+            LLB_UNROLL
+            for (int m = 0; m < M; m++) tot[m] = _mm512_fmadd_ps(p[m], _mm512_set1_ps(mm->a.d[8 * (e + m) + s]), tot[m]);
+        }
+    }
+}
+
+LLB_AI TGT void tile_k(const int qt, const llb_mm *mm, const uint8_t *wg, long i, const int M, const int gemv, long s0,
+                       long s1, __m512 tot[]) {
+    if (qt == LLB_Q4_K) tile_q4k(mm, wg, i, M, gemv, s0, s1, tot);
+    else tile_q6k(mm, wg, i, M, gemv, s0, s1, tot);
+}
+
+LLB_AI TGT void fast_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt) {
+    const __mmask16 km = (__mmask16)((1u << llb_group_rows(mm, g)) - 1);
+    float *o = mm->out + g * LLB_IL;
+    const long nsb = mm->cols / 256, kc = LLB_KCHUNK / 256;
+    __m512 t[TILE_ROWS];
+    if (LLB_GEMV(mm)) { /* the GEMM's K chunks too, so a single row sums in its exact order */
+        __m512 sum = _mm512_setzero_ps();
+        for (long s0 = 0; s0 < nsb; s0 += kc) {
+            tile_k(qt, mm, wg, 0, 1, 1, s0, s0 + kc < nsb ? s0 + kc : nsb, t);
+            sum = s0 ? _mm512_add_ps(sum, t[0]) : t[0];
+        }
+        _mm512_mask_storeu_ps(o, km, sum);
+        return;
+    }
+    for (long s0 = 0; s0 < nsb; s0 += kc) { /* K in chunks: the group's chunk stays in L1 across tiles */
+        const long s1 = s0 + kc < nsb ? s0 + kc : nsb;
+        long i = i0;
+        for (; i + TILE_ROWS <= i1; i += TILE_ROWS) {
+            tile_k(qt, mm, wg, i, TILE_ROWS, 0, s0, s1, t);
+            llb512_put_rows(o + i * mm->rows, mm->rows, km, t, TILE_ROWS, s0 > 0);
+        }
+        for (int M = TILE_ROWS / 2; M >= 1; M /= 2) { /* the rest as tiles of 4, 2, 1 */
+            if (i1 - i < M) continue;
+            if (M == 4) tile_k(qt, mm, wg, i, 4, 0, s0, s1, t);
+            else if (M == 2) tile_k(qt, mm, wg, i, 2, 0, s0, s1, t);
+            else tile_k(qt, mm, wg, i, 1, 0, s0, s1, t);
+            llb512_put_rows(o + i * mm->rows, mm->rows, km, t, M, s0 > 0);
+            i += M;
+        }
+    }
+}
+
+TGT static void fast_q4_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast_k(mm, wg, g, i0, i1, LLB_Q4_K); }
+TGT static void fast_q6_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast_k(mm, wg, g, i0, i1, LLB_Q6_K); }
+llb_kernel_fn llb_avx512_kquant_kernel(int qtype) {
+    return qtype == LLB_Q4_K ? fast_q4_k : qtype == LLB_Q6_K ? fast_q6_k : NULL;
+}
+#endif

@@ -1,0 +1,91 @@
+/* Interface between the matmul driver (matmul/matmul.c) and the per-ISA kernels
+ * (matmul/kernels/: scalar.c, avx2.c, avx512.c and their _kquants.c). Internal to the C core.
+ *
+ * A kernel computes one 16-row group for a range of activation rows:
+ *   out[i][16g + r] = sum_k x[i][k] * W[16g + r][k],  i in [i0, i1), r < min(16, rows - 16g)
+ * `wg` is the group's packed data (quantized types; matmul.c repacks file-layout
+ * groups on the fly) or, for F32/F16/BF16, the group's first row in the file layout.
+ * For a given (n, type, ISA) the arithmetic done for one output element does not
+ * depend on i0/i1 or the thread split, so results are identical for any thread count. */
+#ifndef LLB_KERNELS_H
+#define LLB_KERNELS_H
+#include "core/isa.h"
+#include "core/state.h"
+#include "quants/quants.h"
+
+#define LLB_ICHUNK 64 /* activation rows per work unit (a multiple of every kernel's tile) */
+
+/* Activations quantized to 8 bits (fast mode), interleaved in tiles of xt rows
+ * (LLB_XT, or n when n is smaller, so a GEMV's are contiguous) so that a GEMM
+ * tile reaches all its rows from one pointer: for tile i / xt and block b, the
+ * xt rows' blocks follow each other (see llb_act_at).
+ * 32-blocks (for Q4_0/Q4_1/Q5_0/Q8_0): qs, d, bias, sum; 256-blocks (Q4_K/Q6_K): qs, then per
+ * 32-value sub-block d and sum (8 of each), and bs16n. The 256-block only groups the codes the way
+ * the K-quant weights do: every 32 values have their own scale, so that one outlier coarsens the
+ * rounding of its 32 neighbours, not of 256 (measured on Gemma-3-270M, top-20 logits vs an FP32
+ * reference: up to 0.64 off with one scale per 256, 0.35 with one per 32). */
+#define LLB_XT 8
+
+/* Index of activation row i's block b among the per-block entries (nblk blocks per row);
+ * its codes start at qs + blk * llb_act_at(...); a 256-block's 8 d and sum (16 bs16n) at 8 (16) times it. */
+static inline size_t llb_act_at(long i, long b, long nblk, long xt) {
+    return ((size_t)(i / xt) * (size_t)nblk + (size_t)b) * (size_t)xt + (size_t)(i % xt);
+}
+
+typedef struct {
+    const int8_t *qs;     /* codes in [-127, 127]; x ~= d * q */
+    const float *d;       /* one scale per 32 values (per block, or 8 per 256-block) */
+    const int32_t *bias;  /* 32-blocks: -offset * sum(q), the weight type's zero point folded in */
+    const float *sum;     /* d * sum(q) per 32 values, the quantized sum (Q4_1's and Q4_K's min term) */
+    const int32_t *bs16n; /* 256-blocks: -32 * sum(q) over each 16 values (Q6_K's zero point) */
+    long xt;              /* rows per tile */
+} llb_act;
+
+typedef struct llb_mm {
+    const llb_type_info *t;
+    long rows, cols, n;
+    const float *x; /* n x cols */
+    float *out;     /* n x rows */
+    size_t row_bytes; /* file-layout row stride (F32/F16/BF16) */
+    llb_act a;
+} llb_mm;
+
+typedef void (*llb_kernel_fn)(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1);
+
+typedef struct {
+    /* Kernel for a type: exact = FP32 activations; else quantized activations
+     * (float types have one kernel for both). NULL if the type is unknown. */
+    llb_kernel_fn (*kernel)(int qtype, int exact);
+    /* Zero point the 32-block kernels want folded into llb_act.bias (their unsigned code offset). */
+    int (*act_offset)(int qtype);
+    /* Quantize one activation row: 32-blocks (bias = -offset * sum q) or 256-blocks (still one
+     * scale per 32 values: d, sum hold 8 entries per 256-block, bs16n 16). The outputs
+     * point at the row's first block; consecutive blocks are xt entries apart (tile layout). */
+    void (*quant32)(const float *x, long cols, long xt, int offset, int8_t *qs, float *d, int32_t *bias, float *sum);
+    void (*quant256)(const float *x, long cols, long xt, int8_t *qs, float *d, float *sum, int32_t *bs16n);
+} llb_kernels;
+
+extern const llb_kernels llb_kernels_scalar;
+#if LLB_X86
+extern const llb_kernels llb_kernels_avx2;
+extern const llb_kernels llb_kernels_avx512;
+/* The K-quant kernels live in their own files (matmul/kernels/avx2_kquants.c, avx512_kquants.c). */
+llb_kernel_fn llb_avx2_kquant_kernel(int qtype);
+llb_kernel_fn llb_avx512_kquant_kernel(int qtype);
+#endif
+
+/* Rows of group g that exist (16 except in a last, partial group). */
+static inline int llb_group_rows(const llb_mm *mm, long g) {
+    const long left = mm->rows - g * LLB_IL;
+    return left < LLB_IL ? (int)left : LLB_IL;
+}
+
+/* With llb_batch_invariant set (core/state.h) a row's result must not depend on how many rows
+ * share the call. The n == 1 kernels of the quantized types sum in exactly their GEMM's order, so they run in
+ * both modes (LLB_GEMV). The float types' fastest GEMVs round differently from their GEMM and
+ * run only with the flag off (LLB_GEMV_ANY_ORDER); with it on, n == 1 takes a GEMV in the
+ * GEMM's order. */
+#define LLB_GEMV(mm) ((mm)->n == 1)
+#define LLB_GEMV_ANY_ORDER(mm) ((mm)->n == 1 && !llb_batch_invariant)
+
+#endif

@@ -1,0 +1,255 @@
+/* The matmul driver: picks the ISA's kernel, quantizes the activations once
+ * per call, and splits the work, (16-row group) x (64-activation-row chunk)
+ * units, over the thread pool so that each thread streams one contiguous
+ * region of the packed weights. A call may hold up to LLB_MM_MAX_PARTS
+ * matrices of one type that share the activations (llb_matmul_many): their
+ * units follow each other and are split as one list. */
+#include "matmul/matmul.h"
+
+#include "core/alloc.h"
+#include "core/isa.h"
+#include "core/state.h"
+#include "matmul/kernels/kernels.h"
+#include "core/threadpool.h"
+
+/* Up to this many activation rows each thread of a parallel matmul quantizes its own copy. */
+#define LLB_PRIVATE_ACT_ROWS 64
+
+static const llb_kernels *active_kernels(void) {
+#if LLB_X86
+    if (llb_isa_current == LLB_ISA_AVX512) return &llb_kernels_avx512;
+    if (llb_isa_current == LLB_ISA_AVX2) return &llb_kernels_avx2;
+#endif
+    return &llb_kernels_scalar;
+}
+
+/* Writable views of one copy of the quantized activations. */
+typedef struct {
+    int8_t *qs;
+    float *d, *sum;
+    int32_t *bias, *bs16n;
+} act_bufs;
+
+/* One matrix of a call (see llb_matmul_many): its kernel view and where its units start. */
+typedef struct {
+    llb_mm mm;           /* rows, out, row_bytes; a is set per thread */
+    int layout;
+    const uint8_t *w;
+    long ngroups, first_unit;
+} mm_part;
+
+typedef struct {
+    llb_mm mm;           /* what the parts share: t, cols, n, x and the activations' tile height */
+    llb_kernel_fn fn;
+    const llb_kernels *k;
+    int offset;
+    size_t group_bytes;  /* bytes of one packed 16-row group over all columns (same for every part) */
+    long nchunks, units;
+    mm_part part[LLB_MM_MAX_PARTS];
+    uint8_t *repack;     /* per-thread buffers of group_bytes when a quantized type comes in the file layout */
+    /* quantized activations: copies of act_bytes from acts (one, or one per thread: private_acts) */
+    uint8_t *acts;
+    size_t act_bytes, off_d, off_bias, off_sum, off_bs16n;
+    int private_acts;
+} mm_ctx;
+
+static act_bufs act_copy(const mm_ctx *c, int k) {
+    uint8_t *b = c->acts + (size_t)k * c->act_bytes;
+    return (act_bufs){(int8_t *)b, (float *)(b + c->off_d), (float *)(b + c->off_sum), (int32_t *)(b + c->off_bias),
+                      (int32_t *)(b + c->off_bs16n)};
+}
+
+static llb_act act_view(const mm_ctx *c, const act_bufs *a) {
+    return (llb_act){a->qs, a->d, a->bias, a->sum, a->bs16n, c->mm.a.xt};
+}
+
+/* Rows [i0, i1), their blocks [b0, b1) (blocks of the weight type's size), into a. */
+static void quantize_part(const mm_ctx *c, const act_bufs *a, long i0, long i1, long b0, long b1) {
+    const long K = c->mm.cols, blk = c->mm.t->block, nb = K / blk, xt = c->mm.a.xt;
+    for (long i = i0; i < i1; i++) {
+        const float *x = c->mm.x + i * K + b0 * blk;
+        const size_t at = llb_act_at(i, b0, nb, xt);
+        if (blk == LLB_QKK)
+            c->k->quant256(x, (b1 - b0) * blk, xt, a->qs + 256 * at, a->d + 8 * at, a->sum + 8 * at, a->bs16n + 16 * at);
+        else
+            c->k->quant32(x, (b1 - b0) * blk, xt, c->offset, a->qs + 32 * at, a->d + at, a->bias + at, a->sum + at);
+    }
+}
+
+static void quantize_rows(const mm_ctx *c, const act_bufs *a, long i0, long i1) {
+    quantize_part(c, a, i0, i1, 0, c->mm.cols / c->mm.t->block);
+}
+
+static void quantize_task(void *ctx, int ith, int nth) {
+    mm_ctx *c = ctx;
+    const act_bufs a = act_copy(c, 0);
+    long b, e;
+    llb_split(c->mm.n, c->mm.a.xt, ith, nth, &b, &e); /* whole tiles: no two threads write one */
+    quantize_rows(c, &a, b, e);
+}
+
+/* Group g of part p: in place, or packed into buf from the file layout (cached: the last unit's). */
+static const uint8_t *group_data(const mm_ctx *c, const mm_part *p, long g, uint8_t *buf, const mm_part **cp,
+                                 long *cg) {
+    if (!c->group_bytes) return p->w + (size_t)g * LLB_IL * p->mm.row_bytes;
+    if (p->layout == LLB_LAYOUT_PACKED) return p->w + (size_t)g * c->group_bytes;
+    if (g != *cg || p != *cp) llb_pack_group(p->mm.t, p->w, p->mm.rows, p->mm.cols, g, buf);
+    *cp = p;
+    *cg = g;
+    return buf;
+}
+
+/* Work units (group, chunk) in group-major order: each thread streams one contiguous
+ * region of the packed weights and reuses a group while it is in cache.
+ * With private_acts every thread first quantizes all rows into its own copy. Rows
+ * quantized once by the caller made the other threads fetch every line of them
+ * from the caller's cache in the middle of the GEMM loop: their halves ran 30-40%
+ * slower than the caller's (8 rows x 576x1536 Q4_1: 34 vs 25 us), and the serial
+ * quantization before the fork left them idle. Reading x and quantizing it is a
+ * plain stream the prefetchers hide; a few rows' quantization twice costs less. */
+static void matmul_task(void *ctx, int ith, int nth) {
+    mm_ctx *c = ctx;
+    llb_act a = c->mm.a;
+    if (c->private_acts) {
+        const act_bufs own = act_copy(c, ith);
+        quantize_rows(c, &own, 0, c->mm.n);
+        a = act_view(c, &own);
+    }
+    long u0, u1, cg = -1;
+    const mm_part *cp = NULL;
+    uint8_t *buf = c->repack ? c->repack + (size_t)ith * c->group_bytes : NULL;
+    llb_split(c->units, 1, ith, nth, &u0, &u1);
+    int pi = 0;
+    for (long u = u0; u < u1; u++) {
+        while (u >= c->part[pi].first_unit + c->part[pi].ngroups * c->nchunks) pi++;
+        const mm_part *p = &c->part[pi];
+        llb_mm mm = p->mm;
+        mm.a = a;
+        const long v = u - p->first_unit, g = v / c->nchunks, i0 = v % c->nchunks * LLB_ICHUNK;
+        c->fn(&mm, group_data(c, p, g, buf, &cp, &cg), g, i0, i0 + LLB_ICHUNK < mm.n ? i0 + LLB_ICHUNK : mm.n);
+    }
+}
+
+static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+int llb_matmul_many(const llb_type_info *t, const llb_mm_part *parts, int n_parts, long cols, const float *x, long n,
+                    int exact) {
+    if (n_parts < 1 || n_parts > LLB_MM_MAX_PARTS) return -1;
+    mm_ctx c = {0};
+    c.k = active_kernels();
+    c.fn = c.k->kernel(t->qtype, exact);
+    c.mm = (llb_mm){.t = t, .cols = cols, .n = n, .x = x};
+    c.nchunks = (n + LLB_ICHUNK - 1) / LLB_ICHUNK;
+    c.group_bytes = t->group_bytes ? (size_t)(cols / t->block) * t->group_bytes : 0;
+    size_t weight_bytes = 0;
+    int repack = 0;
+    for (int i = 0; i < n_parts; i++) {
+        mm_part *p = &c.part[i];
+        p->mm = (llb_mm){.t = t, .rows = parts[i].rows, .cols = cols, .n = n, .x = x, .out = parts[i].out,
+                         .row_bytes = llb_row_bytes(t, cols)};
+        p->layout = parts[i].layout;
+        p->w = parts[i].w;
+        p->ngroups = (parts[i].rows + LLB_IL - 1) / LLB_IL;
+        p->first_unit = c.units;
+        c.units += p->ngroups * c.nchunks;
+        weight_bytes += c.group_bytes ? c.group_bytes * (size_t)p->ngroups : (size_t)parts[i].rows * p->mm.row_bytes;
+        repack |= t->group_bytes && p->layout == LLB_LAYOUT_FILE;
+    }
+    const int quantize = !exact && t->group_bytes;
+    /* Per-thread scratch below is sized for nth threads; another Python thread may resize the
+     * pool before the fork, so the matmul fork runs on at most nth (llb_parallel_upto). */
+    const int nth = llb_pool_threads();
+
+    /* Below ~128 KB of weight traffic (x activation rows) a fork/join (~1.2 us measured,
+     * plus moving activations to the other core) costs more than the second core saves. */
+    const int parallel = nth > 1 && weight_bytes * (size_t)n >= 128 * 1024;
+    /* Up to LLB_PRIVATE_ACT_ROWS rows each thread quantizes its own copy (see matmul_task);
+     * beyond, quantizing twice costs more than it saves and the threads split the rows. */
+    c.private_acts = quantize && parallel && n <= LLB_PRIVATE_ACT_ROWS;
+
+    /* One scratch region: the quantized activations (one copy or one per thread), then
+     * per-thread repack buffers. */
+    const long xt = n < LLB_XT ? n : LLB_XT;
+    const size_t nb32 = (size_t)((n + xt - 1) / xt * xt) * (cols / 32); /* whole tiles; d, sum: one per 32 values */
+    c.mm.a.xt = xt;
+    if (quantize) {
+        c.off_d = align64(nb32 * 32);
+        c.off_bias = align64(c.off_d + nb32 * sizeof(float));
+        c.off_sum = align64(c.off_bias + nb32 * sizeof(int32_t));
+        c.off_bs16n = align64(c.off_sum + nb32 * sizeof(float));
+        c.act_bytes = align64(c.off_bs16n + 2 * nb32 * sizeof(int32_t));
+    }
+    const size_t off_repack = c.act_bytes * (size_t)(c.private_acts ? nth : 1);
+    const size_t total = off_repack + (repack ? (size_t)nth * c.group_bytes : 0);
+    uint8_t *s = total ? llb_scratch(total) : NULL;
+    if (total && !s) return -1;
+    if (repack) c.repack = s + off_repack;
+
+    if (quantize) {
+        c.offset = c.k->act_offset(t->qtype);
+        c.acts = s;
+        if (!c.private_acts) {
+            const act_bufs a = act_copy(&c, 0);
+            c.mm.a = act_view(&c, &a);
+            if (nth > 1 && (size_t)n * cols >= 65536) llb_parallel(quantize_task, &c);
+            else quantize_rows(&c, &a, 0, n); /* one thread: not worth a fork/join */
+        }
+    }
+    if (parallel) llb_parallel_upto(matmul_task, &c, nth);
+    else matmul_task(&c, 0, 1);
+    return 0;
+}
+
+int llb_matmul(const llb_type_info *t, int layout, const uint8_t *w, long rows, long cols, const float *x, float *out,
+               long n, int exact) {
+    const llb_mm_part part = {.layout = layout, .w = w, .rows = rows, .out = out};
+    return llb_matmul_many(t, &part, 1, cols, x, n, exact);
+}
+
+/* ---- packing and row access --------------------------------------------- */
+
+typedef struct {
+    const llb_type_info *t;
+    int layout;
+    const uint8_t *src;
+    long rows, cols;
+    uint8_t *dst;
+    const int32_t *ids;
+    float *out;
+    long n;
+} rows_ctx;
+
+static void pack_task(void *ctx, int ith, int nth) {
+    rows_ctx *c = ctx;
+    long g0, g1;
+    llb_split((c->rows + LLB_IL - 1) / LLB_IL, 1, ith, nth, &g0, &g1);
+    llb_pack_groups(c->t, c->src, c->rows, c->cols, c->dst, g0, g1);
+}
+
+static void copy_task(void *ctx, int ith, int nth) {
+    rows_ctx *c = ctx;
+    long r0, r1;
+    const size_t rb = llb_row_bytes(c->t, c->cols);
+    llb_split(c->rows, 1, ith, nth, &r0, &r1);
+    memcpy(c->dst + r0 * rb, c->src + r0 * rb, (size_t)(r1 - r0) * rb);
+}
+
+void llb_pack(const llb_type_info *t, const uint8_t *src, long rows, long cols, uint8_t *dst) {
+    rows_ctx c = {.t = t, .src = src, .rows = rows, .cols = cols, .dst = dst};
+    llb_parallel(llb_pack_layout(t) == LLB_LAYOUT_PACKED ? pack_task : copy_task, &c);
+}
+
+static void rows_task(void *ctx, int ith, int nth) {
+    rows_ctx *c = ctx;
+    long i0, i1;
+    llb_split(c->n, 1, ith, nth, &i0, &i1);
+    for (long i = i0; i < i1; i++)
+        llb_dequant_row(c->t, c->layout, c->src, c->rows, c->cols, c->ids ? c->ids[i] : i, c->out + i * c->cols);
+}
+
+void llb_get_rows(const llb_type_info *t, int layout, const uint8_t *w, long rows, long cols, const int32_t *ids,
+                  float *out, long n) {
+    rows_ctx c = {.t = t, .layout = layout, .src = w, .rows = rows, .cols = cols, .ids = ids, .out = out, .n = n};
+    if (n * cols < 65536) rows_task(&c, 0, 1); /* one token's embedding: no fork/join */
+    else llb_parallel(rows_task, &c);
+}

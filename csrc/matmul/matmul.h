@@ -1,0 +1,32 @@
+/* Quantized matrix products and row access, as called by python/py_matmul.c (which
+ * validates every argument first: these functions trust them). */
+#ifndef LLB_MATMUL_H
+#define LLB_MATMUL_H
+#include "quants/quants.h"
+
+/* out[n, rows] = x[n, cols] @ W[rows, cols]^T on the active ISA and thread pool.
+ * exact: FP32 activations; else activations quantized to 8 bits where the type
+ * has integer kernels. Returns 0, or -1 if scratch memory could not be allocated. */
+int llb_matmul(const llb_type_info *t, int layout, const uint8_t *w, long rows, long cols, const float *x, float *out,
+               long n, int exact);
+/* One of several matrices that multiply the same activations (llb_matmul_many). */
+typedef struct {
+    int layout;
+    const uint8_t *w;
+    long rows;
+    float *out; /* n x rows */
+} llb_mm_part;
+#define LLB_MM_MAX_PARTS 3
+/* out_p = x @ W_p^T for up to LLB_MM_MAX_PARTS matrices of one type and width (e.g. a layer's
+ * Q, K and V): the activations are quantized once and the matrices' row groups shared out
+ * over the pool in one fork/join. Each output equals its llb_matmul bit for bit. Returns
+ * 0, or -1 (no scratch memory, or n_parts outside 1..LLB_MM_MAX_PARTS). */
+int llb_matmul_many(const llb_type_info *t, const llb_mm_part *parts, int n_parts, long cols, const float *x, long n,
+                    int exact);
+/* File layout -> the layout llb_pack_layout(t) names (a copy for unpacked types). */
+void llb_pack(const llb_type_info *t, const uint8_t *src, long rows, long cols, uint8_t *dst);
+/* out[i] = dequant(W[ids[i]]) for i < n. */
+void llb_get_rows(const llb_type_info *t, int layout, const uint8_t *w, long rows, long cols, const int32_t *ids,
+                  float *out, long n);
+
+#endif

@@ -1,0 +1,472 @@
+/* Attention: llb_attention over the KV cache, its schedules and the per-ISA
+ * kernels of ops/kernels/attention.inc. One module, dependencies one way:
+ * the shared helpers, then the default schedules, then the batch-invariant
+ * schedule (llb_batch_invariant set: the server), then the entry point. */
+#include <stdatomic.h>
+
+#include "core/alloc.h"
+#include "core/state.h"
+#include "core/threadpool.h"
+#include "ops/kernels/kernels.h"
+#include "ops/ops.h"
+
+/* ---- shared by both schedule families -------------------------------------- */
+
+#define ATTN_CHUNK 256           /* keys per chunk when a row is split */
+#define PAR_MIN_ATTN_MACS 65536 /* below this many multiply-adds, one thread */
+
+/* The first key a query at position p reads (sliding window). */
+static inline long first_key(const struct llb_attention_args *a, long p) {
+    return a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
+}
+
+/* Keys row i reads, and the ATTN_CHUNK chunks they make when the row is split. */
+static inline long row_keys(const struct llb_attention_args *a, long i) { return a->pos[i] - first_key(a, a->pos[i]) + 1; }
+static inline long row_chunks(const struct llb_attention_args *a, long i) {
+    return (row_keys(a, i) + ATTN_CHUNK - 1) / ATTN_CHUNK;
+}
+
+/* Keys of row i's chunk c: [*lo, *hi]. */
+static void chunk_keys(const struct llb_attention_args *a, long i, long c, long *lo, long *hi) {
+    const long p = a->pos[i];
+    *lo = first_key(a, p) + c * ATTN_CHUNK;
+    *hi = *lo + ATTN_CHUNK - 1 < p ? *lo + ATTN_CHUNK - 1 : p;
+}
+
+/* Chunks of the longest row the cache (or window) allows: scratch asked for that does
+ * not grow (allocate) again as a decode's context grows. */
+static long max_row_chunks(const struct llb_attention_args *a) {
+    const long keys = a->window > 0 && a->window < a->n_ctx ? a->window : a->n_ctx;
+    return (keys + ATTN_CHUNK - 1) / ATTN_CHUNK;
+}
+
+/* Floats of one chunk partial of a kv head: group rows of unnormalised sums, then group (max, sum) pairs. */
+static size_t part_floats(const struct llb_attention_args *a, long group) {
+    return (size_t)group * (size_t)a->head_dim + 2 * (size_t)group;
+}
+
+/* Whether rows [i0, i1) (units of work) are worth a fork/join: count the q.k and p.v multiply-adds. */
+static int worth_forking(const struct llb_attention_args *a, long i0, long i1, long units) {
+    double macs = 0;
+    for (long i = i0; i < i1; i++) macs += (double)row_keys(a, i);
+    macs *= 2.0 * (double)a->n_heads * (double)a->head_dim;
+    return units >= 2 && macs >= PAR_MIN_ATTN_MACS && llb_pool_threads() > 1;
+}
+
+/* Token i's heads, normalised into a->out from its n_parts chunk partials: chunk-major, then
+ * kv head, pf floats each, from parts. */
+static void merge_token(const struct llb_attention_args *a, const struct llb_op_kernels *k, long group, size_t pf,
+                        const float *parts, long n_parts, long i) {
+    const size_t hd = (size_t)a->head_dim, stride = pf * (size_t)a->n_kv;
+    for (long h = 0; h < a->n_heads; h++) {
+        const long kvh = h / group, g = h % group;
+        const float *first = parts + (size_t)kvh * pf;
+        k->attn_merge(first + g * hd, stride, first + group * hd + 2 * g, stride, n_parts, a->head_dim,
+                      a->out + (i * a->n_heads + h) * hd);
+    }
+}
+
+/* Units [0, units) of a schedule, handed out one at a time by an atomic counter so that
+ * uneven causal rows balance over the threads. */
+struct unit_queue {
+    _Alignas(64) atomic_long next;
+    long units;
+    void (*run)(const void *task, long unit);
+    const void *task;
+};
+
+static void queue_task(void *ctx, int ith, int nth) {
+    struct unit_queue *q = ctx;
+    for (;;) {
+        const long unit = atomic_fetch_add_explicit(&q->next, 1, memory_order_relaxed);
+        if (unit >= q->units) break;
+        q->run(q->task, unit);
+    }
+}
+
+static void run_units(struct unit_queue *q, int parallel) {
+    atomic_store_explicit(&q->next, 0, memory_order_relaxed);
+    if (parallel) llb_parallel(queue_task, q);
+    else
+        for (long unit = 0; unit < q->units; unit++) q->run(q->task, unit);
+}
+
+/* Byte offset of kv head kvh's first key of slot s in the caches. */
+static inline size_t cache_base(const struct llb_attention_args *a, long s, long kvh) {
+    const size_t stride = (size_t)a->n_kv * (size_t)a->head_dim, esize = a->cache_type == LLB_CACHE_F16 ? 2 : 4;
+    return ((size_t)s * (size_t)a->n_ctx * stride + (size_t)kvh * (size_t)a->head_dim) * esize;
+}
+
+/* A tile over slot s's keys of kv head kvh; row_order 1: sum like the row kernel (invariant mode). */
+static inline struct llb_attn_tile tile_at(const struct llb_attention_args *a, long s, long kvh, int row_order) {
+    const size_t base = cache_base(a, s, kvh);
+    const struct llb_attn_tile tile = {
+        .k = (const char *)a->kcache + base,
+        .v = (const char *)a->vcache + base,
+        .stride = (size_t)a->n_kv * (size_t)a->head_dim,
+        .head_dim = a->head_dim,
+        .scale = a->scale,
+        .softcap = a->softcap,
+        .row_order = row_order,
+    };
+    return tile;
+}
+
+/* Keys lo..hi of token i's heads [h0, h0 + nh) of kv head kvh through the row kernel: normalised
+ * into a->out (out NULL), or the partial into out (nh rows of sums) and ml (nh (max, sum) pairs). */
+static void attend_rows(const struct llb_attention_args *a, const struct llb_op_kernels *k, long i, long kvh, long h0,
+                   long nh, long lo, long hi, float *out, float *ml) {
+    const long s = a->slots[i];
+    if (s < 0 || s >= a->n_slots || hi < 0 || hi >= a->n_ctx) return; /* validated by the caller; never read outside */
+    const size_t base = cache_base(a, s, kvh);
+    const long row = i * a->n_heads + kvh * (a->n_heads / a->n_kv) + h0; /* first query row */
+    struct llb_attn_unit u = {
+        .q = a->q + row * a->head_dim,
+        .k = (const char *)a->kcache + base,
+        .v = (const char *)a->vcache + base,
+        .stride = (size_t)a->n_kv * (size_t)a->head_dim,
+        .lo = lo,
+        .hi = hi,
+        .head_dim = a->head_dim,
+        .group = nh,
+        .scale = a->scale,
+        .softcap = a->softcap,
+        .out = out ? out : a->out + row * a->head_dim,
+        .ml = ml,
+    };
+    (a->cache_type == LLB_CACHE_F16 ? k->attend_f16 : k->attend_f32)(&u);
+}
+
+/* ---- default schedules ------------------------------------------------------ */
+
+/* Three schedules, chosen from the arguments only (never from the thread
+ * count, so results are identical for any number of threads; with
+ * llb_batch_invariant set, the batch-invariant schedule below instead):
+ *  - tiles (prefill): units are (a few consecutive tokens, kv head, pass over
+ *    its heads) holding up to `lanes` query rows in vector lanes;
+ *  - rows: units are (token, kv head) with the kv head's query heads;
+ *  - split (decode with few rows and long contexts): rows cut into chunks of
+ *    ATTN_CHUNK keys whose partial softmax sums are merged afterwards.
+ * Units are handed out by an atomic counter so uneven causal rows balance; the
+ * last tokens (most keys) go first. */
+#define ATTN_SPLIT_MAX_ROWS 16 /* split only when n * n_kv is below this */
+#define ATTN_SCRATCH_MAX ((size_t)64 << 20)
+
+enum attn_mode { ATTN_ROWS, ATTN_SPLIT, ATTN_TILES };
+
+struct attn_task {
+    const struct llb_attention_args *a;
+    const struct llb_op_kernels *k;
+    enum attn_mode mode;
+    long units, group;
+    /* tiles: tile_tokens tokens x heads_per_pass heads per unit */
+    long tile_tokens, heads_per_pass, passes, n_tiles;
+    /* split: token i's chunks are units [first_chunk[i] * n_kv, first_chunk[i+1] * n_kv) */
+    long first_chunk[ATTN_SPLIT_MAX_ROWS + 1];
+    float *parts; /* split: per unit, a partial of part_floats() */
+};
+
+/* Tokens [t0, t1) of one slot, heads [h0, h0 + nh) of kv head kvh, as one tile. */
+static void attend_tile(const struct attn_task *t, long t0, long t1, long kvh, long h0, long nh) {
+    const struct llb_attention_args *a = t->a;
+    const long s = a->slots[t0];
+    if (s < 0 || s >= a->n_slots) return;
+    struct llb_attn_tile tile = tile_at(a, s, kvh, 0);
+    for (long i = t0; i < t1; i++) {
+        const long p = a->pos[i];
+        if (p < 0 || p >= a->n_ctx) continue;
+        for (long h = h0; h < h0 + nh; h++) {
+            const long r = tile.n_rows++, row = i * a->n_heads + kvh * t->group + h;
+            tile.q[r] = a->q + row * a->head_dim;
+            tile.out[r] = a->out + row * a->head_dim;
+            tile.lo[r] = first_key(a, p);
+            tile.hi[r] = p;
+        }
+    }
+    if (tile.n_rows) (a->cache_type == LLB_CACHE_F16 ? t->k->attend_tile_f16 : t->k->attend_tile_f32)(&tile);
+}
+
+/* A tile unit: its tokens in runs of equal slot; a run with too few rows to
+ * fill half the lanes goes through the row kernel instead. */
+static void tile_unit_run(const struct attn_task *t, long unit) {
+    const struct llb_attention_args *a = t->a;
+    const long per_tile = a->n_kv * t->passes, tile = t->n_tiles - 1 - unit / per_tile;
+    const long kvh = unit % per_tile / t->passes, pass = unit % t->passes;
+    const long h0 = pass * t->heads_per_pass;
+    const long nh = t->group - h0 < t->heads_per_pass ? t->group - h0 : t->heads_per_pass;
+    const long end = (tile + 1) * t->tile_tokens < a->n ? (tile + 1) * t->tile_tokens : a->n;
+    for (long r0 = tile * t->tile_tokens, r1; r0 < end; r0 = r1) {
+        for (r1 = r0 + 1; r1 < end && a->slots[r1] == a->slots[r0];) r1++;
+        if ((r1 - r0) * nh * 2 >= t->k->lanes) {
+            attend_tile(t, r0, r1, kvh, h0, nh);
+        } else {
+            for (long i = r0; i < r1; i++) attend_rows(t->a, t->k, i, kvh, h0, nh, first_key(a, a->pos[i]), a->pos[i], NULL, NULL);
+        }
+    }
+}
+
+static void attn_unit_run(const void *task, long unit) {
+    const struct attn_task *t = task;
+    const struct llb_attention_args *a = t->a;
+    if (t->mode == ATTN_TILES) {
+        tile_unit_run(t, unit);
+    } else if (t->mode == ATTN_SPLIT) {
+        const long chunk = unit / a->n_kv, kvh = unit % a->n_kv;
+        long i = 0;
+        while (t->first_chunk[i + 1] <= chunk) i++;
+        long lo, hi;
+        chunk_keys(a, i, chunk - t->first_chunk[i], &lo, &hi);
+        float *out = t->parts + (size_t)unit * part_floats(a, t->group);
+        attend_rows(t->a, t->k, i, kvh, 0, t->group, lo, hi, out, out + (size_t)t->group * (size_t)a->head_dim);
+    } else {
+        const long i = a->n - 1 - unit / a->n_kv, kvh = unit % a->n_kv;
+        attend_rows(t->a, t->k, i, kvh, 0, t->group, first_key(a, a->pos[i]), a->pos[i], NULL, NULL);
+    }
+}
+
+/* Split mode: combine each (token, head)'s chunk partials into out. */
+static void attn_merge_all(const struct attn_task *t) {
+    const struct llb_attention_args *a = t->a;
+    const size_t pf = part_floats(a, t->group);
+    for (long i = 0; i < a->n; i++)
+        merge_token(a, t->k, t->group, pf, t->parts + (size_t)(t->first_chunk[i] * a->n_kv) * pf,
+                    t->first_chunk[i + 1] - t->first_chunk[i], i);
+}
+
+/* Decide the schedule: split for few long rows, tiles when several tokens can
+ * share a tile, rows otherwise. */
+static void attn_plan(struct attn_task *t, long max_keys) {
+    const struct llb_attention_args *a = t->a;
+    t->mode = ATTN_ROWS;
+    t->units = a->n * a->n_kv;
+    if (a->n * a->n_kv < ATTN_SPLIT_MAX_ROWS && max_keys > ATTN_CHUNK) {
+        t->first_chunk[0] = 0;
+        for (long i = 0; i < a->n; i++) t->first_chunk[i + 1] = t->first_chunk[i] + row_chunks(a, i);
+        const long units = t->first_chunk[a->n] * a->n_kv;
+        /* Ask for what the longest possible rows would need (max_row_chunks); the exact need
+         * if that is unreasonable. Scratch is per calling thread; without it, whole rows. */
+        const size_t unit_bytes = part_floats(a, t->group) * sizeof(float);
+        size_t bytes = (size_t)a->n * (size_t)max_row_chunks(a) * (size_t)a->n_kv * unit_bytes;
+        if (bytes > ATTN_SCRATCH_MAX) bytes = (size_t)units * unit_bytes;
+        t->parts = llb_scratch(bytes);
+        if (t->parts) {
+            t->mode = ATTN_SPLIT;
+            t->units = units;
+        }
+        return;
+    }
+    const long lanes = t->k->lanes;
+    if (lanes < 8 || a->n < 2) return;
+    t->heads_per_pass = t->group < lanes ? t->group : lanes;
+    t->passes = (t->group + lanes - 1) / lanes;
+    t->tile_tokens = lanes / t->heads_per_pass;
+    if (t->tile_tokens * t->heads_per_pass * 2 < lanes) return; /* tiles would be under half full */
+    t->mode = ATTN_TILES;
+    t->n_tiles = (a->n + t->tile_tokens - 1) / t->tile_tokens;
+    t->units = t->n_tiles * a->n_kv * t->passes;
+}
+
+/* ---- the batch-invariant schedule ------------------------------------------- */
+
+/* The batch-invariant attention schedule (llb_batch_invariant set: the server).
+ *
+ * A query row's output must not depend on the other rows of the call, on how
+ * its prompt was cut into chunks, or on the thread count. So every row is cut
+ * the same way whatever else is in the call, from its own key count only: keys
+ * in ATTN_CHUNK chunks from its first key, each chunk an online softmax in
+ * blocks from the chunk's start, the chunk partials merged in chunk order (a
+ * row of one chunk is normalised directly). The two kernels add up a chunk in
+ * the same order (attend_tile's row_order, see ops/kernels/attention.inc), so a run of
+ * tokens of one slot may share a tile when they share a first key (the blocks
+ * then start at the same key) while a lone row takes the row kernel: same bits.
+ *
+ * Rows go in passes whose partials fit the scratch; the pass a row falls in
+ * changes nothing for it. Within a pass, items are tiles (a run of up to
+ * tile_tokens tokens; units: chunk x kv head x pass over its heads) or lone rows
+ * (units: chunk x kv head), handed out from the last (most keys) first. */
+#define INV_PASS_BYTES ((size_t)16 << 20) /* partials of one pass (more only if one tile needs more) */
+
+struct inv_task {
+    const struct llb_attention_args *a;
+    const struct llb_op_kernels *k;
+    long group;
+    size_t pf;                                /* floats of one partial: group rows of sums, group (max, sum) */
+    long tile_tokens, heads_per_pass, passes; /* tile_tokens 0: no tiles */
+    /* the pass: items [0, n_items) over rows [r0, r1) */
+    long r0, r1, n_items, units;
+    long *item_row;   /* an item's first row */
+    long *item_rows;  /* its rows (a tile), or 0 (a lone row) */
+    long *first_unit; /* n_items + 1: item k's units are [first_unit[k], first_unit[k + 1]) */
+    long *first_part; /* per row of the call: its first partial in the pass (chunk-major, then kv head), -1: direct */
+    float *parts;
+};
+
+/* Chunk c of a tile's rows [i0, i0 + n) that have one, heads [h0, h0 + nh) of kv head kvh. */
+static void run_tile(const struct inv_task *t, long i0, long n, long c, long kvh, long h0, long nh) {
+    const struct llb_attention_args *a = t->a;
+    const long s = a->slots[i0];
+    if (s < 0 || s >= a->n_slots) return;
+    struct llb_attn_tile tile = tile_at(a, s, kvh, 1);
+    for (long i = i0; i < i0 + n; i++) {
+        if (a->pos[i] < 0 || a->pos[i] >= a->n_ctx || row_chunks(a, i) <= c) continue; /* validated by the caller */
+        long lo, hi;
+        chunk_keys(a, i, c, &lo, &hi);
+        float *part = t->first_part[i] < 0 ? NULL : t->parts + (size_t)(t->first_part[i] + c * a->n_kv + kvh) * t->pf;
+        for (long h = h0; h < h0 + nh; h++) {
+            const long r = tile.n_rows++, row = i * a->n_heads + kvh * t->group + h;
+            tile.q[r] = a->q + row * a->head_dim;
+            tile.out[r] = part ? part + h * a->head_dim : a->out + row * a->head_dim;
+            tile.ml[r] = part ? part + t->group * a->head_dim + 2 * h : NULL;
+            tile.lo[r] = lo;
+            tile.hi[r] = hi;
+        }
+    }
+    if (tile.n_rows) (a->cache_type == LLB_CACHE_F16 ? t->k->attend_tile_f16 : t->k->attend_tile_f32)(&tile);
+}
+
+static void run_unit(const void *task, long unit) {
+    const struct inv_task *t = task;
+    const struct llb_attention_args *a = t->a;
+    unit = t->units - 1 - unit;
+    long lo = 0, hi = t->n_items - 1; /* the item holding the unit: the last k with first_unit[k] <= unit */
+    while (lo < hi) {
+        const long mid = (lo + hi + 1) / 2;
+        if (t->first_unit[mid] <= unit) lo = mid;
+        else hi = mid - 1;
+    }
+    const long i = t->item_row[lo], u = unit - t->first_unit[lo];
+    if (t->item_rows[lo]) {
+        const long per_chunk = a->n_kv * t->passes, c = u / per_chunk;
+        const long kvh = u % per_chunk / t->passes, h0 = u % t->passes * t->heads_per_pass;
+        run_tile(t, i, t->item_rows[lo], c, kvh, h0, t->group - h0 < t->heads_per_pass ? t->group - h0 : t->heads_per_pass);
+        return;
+    }
+    const long c = u / a->n_kv, kvh = u % a->n_kv;
+    long k0, k1;
+    chunk_keys(a, i, c, &k0, &k1);
+    if (t->first_part[i] < 0) {
+        attend_rows(a, t->k, i, kvh, 0, t->group, k0, k1, NULL, NULL);
+    } else {
+        float *part = t->parts + (size_t)(t->first_part[i] + u) * t->pf;
+        attend_rows(a, t->k, i, kvh, 0, t->group, k0, k1, part, part + (size_t)t->group * (size_t)a->head_dim);
+    }
+}
+
+/* Rows [i0, i1) of the pass: their chunk partials merged into out, in chunk order. */
+static void merge_rows(const struct inv_task *t, long i0, long i1) {
+    for (long i = i0; i < i1; i++)
+        if (t->first_part[i] >= 0)
+            merge_token(t->a, t->k, t->group, t->pf, t->parts + (size_t)t->first_part[i] * t->pf, row_chunks(t->a, i), i);
+}
+
+static void merge_task(void *ctx, int ith, int nth) {
+    const struct inv_task *t = ctx;
+    long i0, i1;
+    llb_split(t->r1 - t->r0, 1, ith, nth, &i0, &i1);
+    merge_rows(t, t->r0 + i0, t->r0 + i1);
+}
+
+/* Rows from i that may share a tile with row i (same slot and first key, at most tile_tokens). */
+static long tile_run(const struct inv_task *t, long i) {
+    const struct llb_attention_args *a = t->a;
+    const long fk = first_key(a, a->pos[i]);
+    long j = i + 1;
+    while (j < a->n && j - i < t->tile_tokens && a->slots[j] == a->slots[i] && first_key(a, a->pos[j]) == fk) j++;
+    return j - i;
+}
+
+/* Lays out the pass starting at row r0, with at most cap partials (at least one row's); returns its end. */
+static long plan_pass(struct inv_task *t, long r0, size_t cap) {
+    const struct llb_attention_args *a = t->a;
+    size_t n_parts = 0;
+    long i = r0, units = 0;
+    t->n_items = 0;
+    while (i < a->n) {
+        long rows = 0; /* a tile's rows, or 0: row i alone */
+        if (t->tile_tokens) {
+            rows = tile_run(t, i);
+            if (rows * t->heads_per_pass * 2 < t->k->lanes) rows = 0; /* under half full */
+        }
+        size_t need;
+        long chunks_max;
+        for (;;) {
+            need = 0;
+            chunks_max = 0;
+            for (long j = i; j < i + (rows ? rows : 1); j++) {
+                const long chunks = row_chunks(a, j);
+                need += chunks > 1 ? (size_t)(chunks * a->n_kv) : 0;
+                chunks_max = chunks > chunks_max ? chunks : chunks_max;
+            }
+            if (n_parts + need <= cap || !rows || t->n_items) break;
+            rows = 0; /* a tile alone would overflow the pass: its first row goes alone */
+        }
+        if (n_parts + need > cap) break; /* the next pass */
+        const long end = i + (rows ? rows : 1);
+        for (long j = i; j < end; j++) {
+            const long chunks = row_chunks(a, j);
+            t->first_part[j] = chunks > 1 ? (long)n_parts : -1;
+            n_parts += chunks > 1 ? (size_t)(chunks * a->n_kv) : 0;
+        }
+        t->item_row[t->n_items] = i;
+        t->item_rows[t->n_items] = rows;
+        t->first_unit[t->n_items] = units;
+        units += chunks_max * a->n_kv * (rows ? t->passes : 1);
+        t->n_items++;
+        i = end;
+    }
+    t->first_unit[t->n_items] = units;
+    t->units = units;
+    return i;
+}
+
+static int attention_invariant(const struct llb_attention_args *a) {
+    struct inv_task t = {.a = a, .k = llb_op_kernels_current(), .group = a->n_heads / a->n_kv};
+    t.pf = part_floats(a, t.group);
+    const long lanes = t.k->lanes;
+    if (lanes >= 8) { /* tiles: up to `lanes` rows, tokens x heads; more heads than lanes go in passes */
+        t.heads_per_pass = t.group < lanes ? t.group : lanes;
+        t.passes = (t.group + lanes - 1) / lanes;
+        t.tile_tokens = lanes / t.heads_per_pass;
+    }
+    /* Scratch: the index arrays, then the partials of one pass, for rows as long as the
+     * context allows (max_row_chunks), capped. */
+    const long max_chunks = max_row_chunks(a);
+    const size_t row_parts = max_chunks > 1 ? (size_t)(max_chunks * a->n_kv) : 0, part_bytes = t.pf * sizeof(float);
+    size_t cap = (size_t)a->n * row_parts;
+    if (cap * part_bytes > INV_PASS_BYTES) cap = INV_PASS_BYTES / part_bytes > row_parts ? INV_PASS_BYTES / part_bytes : row_parts;
+    const size_t index_bytes = ((size_t)(4 * a->n + 1) * sizeof(long) + 63) & ~(size_t)63;
+    char *scratch = llb_scratch(index_bytes + cap * part_bytes);
+    if (!scratch) return -1;
+    t.first_part = (long *)scratch;
+    t.item_row = t.first_part + a->n;
+    t.item_rows = t.item_row + a->n;
+    t.first_unit = t.item_rows + a->n;
+    t.parts = (float *)(scratch + index_bytes);
+
+    for (long r0 = 0; r0 < a->n; r0 = t.r1) {
+        t.r0 = r0;
+        t.r1 = plan_pass(&t, r0, cap);
+        const int parallel = worth_forking(a, t.r0, t.r1, t.units);
+        struct unit_queue q = {.units = t.units, .run = run_unit, .task = &t};
+        run_units(&q, parallel);
+        if (parallel && t.r1 - t.r0 > 1) llb_parallel(merge_task, &t);
+        else merge_rows(&t, t.r0, t.r1);
+    }
+    return 0;
+}
+
+void llb_attention(const struct llb_attention_args *a) {
+    /* Without its scratch (out of memory) the invariant schedule gives way to these: still
+     * correct, no longer independent of the batch. */
+    if (llb_batch_invariant && attention_invariant(a) == 0) return;
+    struct attn_task t = {.a = a, .k = llb_op_kernels_current(), .group = a->n_heads / a->n_kv};
+    long max_keys = 0;
+    for (long i = 0; i < a->n; i++) {
+        const long keys = row_keys(a, i);
+        if (keys > max_keys) max_keys = keys;
+    }
+    attn_plan(&t, max_keys);
+    struct unit_queue q = {.units = t.units, .run = attn_unit_run, .task = &t};
+    run_units(&q, worth_forking(a, 0, a->n, t.units));
+    if (t.mode == ATTN_SPLIT) attn_merge_all(&t);
+}

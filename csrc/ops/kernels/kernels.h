@@ -1,0 +1,67 @@
+/* The per-ISA kernels behind ops/ops.c and ops/attention.c: one table per instruction set, all made
+ * from the same template (simd.inc, attention.inc) over a small vector vocabulary, so the
+ * three paths compute the same thing in the same order, only wider. */
+#ifndef LLB_OPS_KERNELS_H
+#define LLB_OPS_KERNELS_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/isa.h"
+
+/* One token's `group` query heads (consecutive rows) against one kv head, keys lo..hi (inclusive). */
+struct llb_attn_unit {
+    const float *q;     /* group rows of head_dim */
+    const void *k, *v;  /* the rows of key position 0 (f32 or f16) */
+    size_t stride;      /* elements from one key position to the next */
+    long lo, hi;
+    long head_dim, group;
+    float scale, softcap;
+    float *out; /* group rows: the normalised output, or with ml the unnormalised sum */
+    float *ml;  /* NULL, or group pairs (max score, sum of exp) of a partial to merge */
+};
+
+/* Up to LLB_TILE_MAX_ROWS query rows reading keys of one kv head (a few
+ * tokens of one slot x some of its query heads), each with its own key range. */
+#define LLB_TILE_MAX_ROWS 16
+struct llb_attn_tile {
+    const void *k, *v; /* the rows of key position 0 (f32 or f16) */
+    size_t stride;
+    long head_dim, n_rows;
+    float scale, softcap;
+    const float *q[LLB_TILE_MAX_ROWS];
+    float *out[LLB_TILE_MAX_ROWS];
+    long lo[LLB_TILE_MAX_ROWS], hi[LLB_TILE_MAX_ROWS];
+    /* Nonzero: sum exactly as attend does (a row's bits then do not depend on the kernel; the
+     * batch-invariant schedule), and rows with ml[r] set get a partial as attend's split chunks
+     * (out[r] the unnormalised sums, ml[r] its (max score, sum of exp)). */
+    int row_order;
+    float *ml[LLB_TILE_MAX_ROWS];
+};
+
+struct llb_op_kernels {
+    void (*rmsnorm_rows)(const float *x, const float *w, float *out, long rows, long d, float eps);
+    void (*silu_mul)(const float *gate, const float *up, float *out, long count);
+    void (*gelu_mul)(const float *gate, const float *up, float *out, long count);
+    void (*softcap)(float *x, float cap, long count);
+    void (*add)(const float *a, const float *b, float *out, long count);
+    void (*scale)(float *x, float s, long count);
+    void (*f32_to_f16)(const float *src, uint16_t *dst, long count);
+    void (*attend_f32)(const struct llb_attn_unit *u);
+    void (*attend_f16)(const struct llb_attn_unit *u);
+    void (*attn_merge)(const float *parts, size_t part_stride, const float *ml, size_t ml_stride, long n_parts, long hd,
+                       float *out);
+    void (*attend_tile_f32)(const struct llb_attn_tile *t);
+    void (*attend_tile_f16)(const struct llb_attn_tile *t);
+    int lanes; /* floats per vector: rows a tile can hold */
+};
+
+/* The table of llb_isa_current (ops/ops.c). */
+const struct llb_op_kernels *llb_op_kernels_current(void);
+
+extern const struct llb_op_kernels llb_ops_scalar;
+#if LLB_X86
+extern const struct llb_op_kernels llb_ops_avx2;
+extern const struct llb_op_kernels llb_ops_avx512;
+#endif
+
+#endif

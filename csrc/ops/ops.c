@@ -1,0 +1,214 @@
+/* Op drivers for the elementwise, norm, RoPE and KV-cache ops: pick the ISA's
+ * kernels, split the work over the thread pool (attention: ops/attention.c).
+ *
+ * Thresholds below are in elements and mark
+ * where splitting beats the ~0.5 us fork/join of the pool on this machine;
+ * smaller calls run on the calling thread alone. */
+#define _GNU_SOURCE
+#include "ops/ops.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "core/isa.h"
+#include "core/state.h"
+#include "ops/kernels/kernels.h"
+#include "core/threadpool.h"
+
+#define PAR_MIN_CHEAP 32768    /* add, scale, add_rows, kv_store: memory-bound */
+#define PAR_MIN_TRANSC 4096    /* silu_mul, gelu_mul, softcap: an exp per element */
+#define PAR_MIN_RMSNORM 16384
+#define PAR_MIN_ROPE_ANGLES 256 /* tokens * rope_dim/2: each needs a cos and a sin */
+#define SPLIT_ALIGN 64          /* chunk boundaries on whole cache lines */
+
+const struct llb_op_kernels *llb_op_kernels_current(void) {
+#if LLB_X86
+    if (llb_isa_current == LLB_ISA_AVX512) return &llb_ops_avx512;
+    if (llb_isa_current == LLB_ISA_AVX2) return &llb_ops_avx2;
+#endif
+    return &llb_ops_scalar;
+}
+
+/* ---- elementwise ---------------------------------------------------------- */
+
+enum ew_op { EW_SILU, EW_GELU, EW_ADD, EW_SCALE, EW_SOFTCAP };
+
+struct ew_task {
+    const struct llb_op_kernels *k;
+    enum ew_op op;
+    const float *a, *b;
+    float *out;
+    float s;
+    long count;
+};
+
+static void ew_range(const struct ew_task *t, long i, long m) {
+    switch (t->op) {
+    case EW_SILU: t->k->silu_mul(t->a + i, t->b + i, t->out + i, m); break;
+    case EW_GELU: t->k->gelu_mul(t->a + i, t->b + i, t->out + i, m); break;
+    case EW_ADD: t->k->add(t->a + i, t->b + i, t->out + i, m); break;
+    case EW_SCALE: t->k->scale(t->out + i, t->s, m); break;
+    case EW_SOFTCAP: t->k->softcap(t->out + i, t->s, m); break;
+    }
+}
+
+static void ew_task_run(void *ctx, int ith, int nth) {
+    const struct ew_task *t = ctx;
+    long b, e;
+    llb_split(t->count, SPLIT_ALIGN, ith, nth, &b, &e);
+    if (e > b) ew_range(t, b, e - b);
+}
+
+static void ew_dispatch(struct ew_task *t, long threshold) {
+    t->k = llb_op_kernels_current();
+    if (t->count < threshold || llb_pool_threads() == 1) ew_range(t, 0, t->count);
+    else llb_parallel(ew_task_run, t);
+}
+
+void llb_silu_mul(const float *gate, const float *up, float *out, long count) {
+    struct ew_task t = {.op = EW_SILU, .a = gate, .b = up, .out = out, .count = count};
+    ew_dispatch(&t, PAR_MIN_TRANSC);
+}
+void llb_gelu_mul(const float *gate, const float *up, float *out, long count) {
+    struct ew_task t = {.op = EW_GELU, .a = gate, .b = up, .out = out, .count = count};
+    ew_dispatch(&t, PAR_MIN_TRANSC);
+}
+void llb_add(const float *a, const float *b, float *out, long count) {
+    struct ew_task t = {.op = EW_ADD, .a = a, .b = b, .out = out, .count = count};
+    ew_dispatch(&t, PAR_MIN_CHEAP);
+}
+void llb_scale(float *x, float s, long count) {
+    struct ew_task t = {.op = EW_SCALE, .out = x, .s = s, .count = count};
+    ew_dispatch(&t, PAR_MIN_CHEAP);
+}
+void llb_softcap(float *x, float cap, long count) {
+    struct ew_task t = {.op = EW_SOFTCAP, .out = x, .s = cap, .count = count};
+    ew_dispatch(&t, PAR_MIN_TRANSC);
+}
+
+/* ---- row ops: rmsnorm, add_rows ------------------------------------------- */
+
+struct rows_task {
+    const struct llb_op_kernels *k;
+    const float *x, *w;
+    float *out;
+    long n, d;
+    float eps;
+    int is_norm;
+};
+
+static void rows_range(const struct rows_task *t, long r0, long r1) {
+    if (t->is_norm) {
+        t->k->rmsnorm_rows(t->x + r0 * t->d, t->w, t->out + r0 * t->d, r1 - r0, t->d, t->eps);
+    } else {
+        for (long r = r0; r < r1; r++) t->k->add(t->x + r * t->d, t->w, t->out + r * t->d, t->d);
+    }
+}
+
+static void rows_task_run(void *ctx, int ith, int nth) {
+    const struct rows_task *t = ctx;
+    long b, e;
+    llb_split(t->n, 1, ith, nth, &b, &e);
+    if (e > b) rows_range(t, b, e);
+}
+
+static void rows_dispatch(struct rows_task *t, long threshold) {
+    t->k = llb_op_kernels_current();
+    if (t->n < 2 || t->n * t->d < threshold || llb_pool_threads() == 1) rows_range(t, 0, t->n);
+    else llb_parallel(rows_task_run, t);
+}
+
+void llb_rmsnorm(const float *x, const float *w, float *out, long n, long d, float eps) {
+    struct rows_task t = {.x = x, .w = w, .out = out, .n = n, .d = d, .eps = eps, .is_norm = 1};
+    rows_dispatch(&t, PAR_MIN_RMSNORM);
+}
+
+void llb_add_rows(const float *x, const float *bias, float *out, long n, long d) {
+    struct rows_task t = {.x = x, .w = bias, .out = out, .n = n, .d = d};
+    rows_dispatch(&t, PAR_MIN_CHEAP);
+}
+
+/* ---- rope ----------------------------------------------------------------- */
+
+static void rope_tokens(const struct llb_rope_args *t, long t0, long t1) {
+    const long half = t->rope_dim / 2;
+    float cs[LLB_ROPE_MAX_DIM / 2], sn[LLB_ROPE_MAX_DIM / 2];
+    for (long tok = t0; tok < t1; tok++) {
+        const float p = (float)t->pos[tok];
+        for (long i = 0; i < half; i++) {
+            const float angle = p * t->inv_freq[i]; /* float32 product, as HF and the NumPy reference */
+            cs[i] = cosf(angle); /* glibc: < 1 ulp, with exact range reduction; fused into one sincosf */
+            sn[i] = sinf(angle);
+        }
+        for (long h = 0; h < t->n_heads; h++) {
+            float *xh = t->x + (tok * t->n_heads + h) * t->head_dim;
+            if (t->neox) {
+                for (long i = 0; i < half; i++) {
+                    const float a = xh[i], b = xh[i + half];
+                    xh[i] = a * cs[i] - b * sn[i];
+                    xh[i + half] = a * sn[i] + b * cs[i];
+                }
+            } else {
+                for (long i = 0; i < half; i++) {
+                    const float a = xh[2 * i], b = xh[2 * i + 1];
+                    xh[2 * i] = a * cs[i] - b * sn[i];
+                    xh[2 * i + 1] = a * sn[i] + b * cs[i];
+                }
+            }
+        }
+    }
+}
+
+static void rope_task_run(void *ctx, int ith, int nth) {
+    const struct llb_rope_args *t = ctx;
+    long b, e;
+    llb_split(t->n, 1, ith, nth, &b, &e);
+    if (e > b) rope_tokens(t, b, e);
+}
+
+void llb_rope(const struct llb_rope_args *a) {
+    if (a->n < 2 || a->n * (a->rope_dim / 2) < PAR_MIN_ROPE_ANGLES || llb_pool_threads() == 1) rope_tokens(a, 0, a->n);
+    else llb_parallel(rope_task_run, (void *)a);
+}
+
+/* ---- kv cache ------------------------------------------------------------- */
+
+struct kv_task {
+    const struct llb_op_kernels *k;
+    const float *kin, *vin;
+    void *kcache, *vcache;
+    const int32_t *slots, *pos;
+    long n, row, n_slots, n_ctx;
+    int cache_type;
+};
+
+static void kv_tokens(const struct kv_task *t, long t0, long t1) {
+    for (long i = t0; i < t1; i++) {
+        const long s = t->slots[i], p = t->pos[i];
+        if (s < 0 || s >= t->n_slots || p < 0 || p >= t->n_ctx) continue; /* validated by the caller; never write outside */
+        const size_t dst = ((size_t)s * (size_t)t->n_ctx + (size_t)p) * (size_t)t->row;
+        const float *ksrc = t->kin + i * t->row, *vsrc = t->vin + i * t->row;
+        if (t->cache_type == LLB_CACHE_F16) {
+            t->k->f32_to_f16(ksrc, (uint16_t *)t->kcache + dst, t->row);
+            t->k->f32_to_f16(vsrc, (uint16_t *)t->vcache + dst, t->row);
+        } else {
+            memcpy((float *)t->kcache + dst, ksrc, (size_t)t->row * sizeof(float));
+            memcpy((float *)t->vcache + dst, vsrc, (size_t)t->row * sizeof(float));
+        }
+    }
+}
+
+static void kv_task_run(void *ctx, int ith, int nth) {
+    const struct kv_task *t = ctx;
+    long b, e;
+    llb_split(t->n, 1, ith, nth, &b, &e);
+    if (e > b) kv_tokens(t, b, e);
+}
+
+void llb_kv_store(const struct llb_kv_store_args *a) {
+    struct kv_task t = {llb_op_kernels_current(), a->k, a->v, a->kcache, a->vcache, a->slots, a->pos, a->n,
+                        a->n_kv * a->head_dim, a->n_slots, a->n_ctx, a->cache_type};
+    if (t.n < 2 || 2 * t.n * t.row < PAR_MIN_CHEAP || llb_pool_threads() == 1) kv_tokens(&t, 0, t.n);
+    else llb_parallel(kv_task_run, &t);
+}

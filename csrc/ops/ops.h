@@ -1,0 +1,70 @@
+/* Elementwise, normalisation, RoPE, KV-cache and attention ops on float32.
+ *
+ * These functions trust their arguments: python/py_ops.c
+ * validates every size and index before calling. Each picks the kernels of
+ * llb_isa_current and splits its work over the thread pool when the size
+ * warrants it; results do not depend on the thread count (every output element
+ * is computed by the same code whichever thread runs it). */
+#ifndef LLB_OPS_H
+#define LLB_OPS_H
+#include <stdint.h>
+
+enum llb_cache_type { LLB_CACHE_F32 = 0, LLB_CACHE_F16 = 1 };
+
+/* Largest head_dim attention accepts (its block buffers live on the stack). */
+#define LLB_ATTN_MAX_HEAD_DIM 512
+/* Largest rope_dim (the per-token cos/sin table lives on the stack). */
+#define LLB_ROPE_MAX_DIM 4096
+
+/* out[i] = x[i] / sqrt(mean(x[i]^2) + eps) * w, rows of d; out may alias x. */
+void llb_rmsnorm(const float *x, const float *w, float *out, long n, long d, float eps);
+
+/* In place on x (n, n_heads, head_dim): rotate the first rope_dim dims of every
+ * head by angle pos[t] * inv_freq[i]. neox=1 pairs (i, i + rope_dim/2), neox=0
+ * pairs (2i, 2i+1). The angle is the float32 product pos * inv_freq (as HF
+ * and the NumPy reference compute it: at pos 8191 that product is itself only
+ * good to ~5e-4 rad, the same error the references make); its cos/sin come
+ * from libm's cosf/sinf (glibc: within 1 ulp of the exact value). */
+struct llb_rope_args {
+    float *x;                /* n tokens x n_heads x head_dim, rotated in place */
+    const int32_t *pos;      /* n positions */
+    const float *inv_freq;   /* rope_dim / 2 frequencies */
+    long n, n_heads, head_dim, rope_dim;
+    int neox;
+};
+void llb_rope(const struct llb_rope_args *a);
+
+/* Token i's k/v rows (n_kv * head_dim floats) go to cache[slots[i], pos[i]];
+ * caches are (n_slots, n_ctx, n_kv, head_dim) of cache_type. */
+struct llb_kv_store_args {
+    const float *k, *v;      /* n rows of n_kv * head_dim floats */
+    void *kcache, *vcache;
+    const int32_t *slots, *pos;
+    long n, n_kv, head_dim, n_slots, n_ctx;
+    int cache_type;
+};
+void llb_kv_store(const struct llb_kv_store_args *a);
+
+struct llb_attention_args {
+    const float *q;            /* (n, n_heads, head_dim) */
+    const void *kcache, *vcache; /* (n_slots, n_ctx, n_kv, head_dim) of cache_type */
+    float *out;                /* (n, n_heads, head_dim) */
+    const int32_t *slots, *pos; /* (n) */
+    long n, n_heads, n_kv, head_dim, n_slots, n_ctx;
+    int cache_type;
+    float scale;   /* applied to q.k */
+    long window;   /* keys max(0, p - window + 1)..p; 0 = all keys 0..p */
+    float softcap; /* > 0: score = softcap * tanh(score / softcap) */
+};
+/* Causal attention of each token over its slot's cache, GQA (head h reads kv
+ * head h / (n_heads / n_kv)), softmax in float32. */
+void llb_attention(const struct llb_attention_args *a);
+
+void llb_silu_mul(const float *gate, const float *up, float *out, long count); /* gate*sigmoid(gate)*up */
+void llb_gelu_mul(const float *gate, const float *up, float *out, long count); /* gelu_tanh(gate)*up */
+void llb_add(const float *a, const float *b, float *out, long count);          /* out may alias a or b */
+void llb_add_rows(const float *x, const float *bias, float *out, long n, long d); /* out[i] = x[i] + bias */
+void llb_scale(float *x, float s, long count);                                 /* x *= s */
+void llb_softcap(float *x, float cap, long count);                             /* x = cap * tanh(x / cap) */
+
+#endif

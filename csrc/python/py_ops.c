@@ -1,0 +1,346 @@
+/* Python bindings of ops/: check every argument into an args struct (with the
+ * helpers of args.h), then hand it to llb_call (python/plan.c), which runs it
+ * with the GIL released and, while a Plan records on this thread, keeps it for
+ * replay. Checks of buffer contents (slots, positions) are the calls' `check`
+ * functions, which replay re-runs. KV caches must be exactly
+ * n_slots * n_ctx * n_kv * head_dim elements, which catches a head_dim or
+ * n_ctx that does not match the cache. Any violation is a ValueError naming the
+ * op and the argument. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdint.h>
+
+#include "ops/ops.h"
+#include "python/args.h"
+#include "python/bindings.h"
+#include "python/plan.h"
+
+#define MAX_DIM LLB_ARG_MAX_DIM
+#define MAX_CTX (1L << 24)   /* n_ctx, positions: exact in float32 */
+#define MAX_HEADS 4096
+
+/* Buffers of the op bindings: a wrong kind is a ValueError (see args.h). */
+#define OPS_BUFS {.error = PyExc_ValueError, .count = 0}
+
+/* Every position in [0, n_ctx) and every slot in [0, n_slots) (slots may be NULL).
+ * Runs without the GIL too (at plan replay): reports through msg, not PyErr. */
+static int ids_ok(const char *op, const int32_t *slots, const int32_t *pos, long n, long n_slots, long n_ctx,
+                  char *msg) {
+    for (long i = 0; i < n; i++) {
+        if (slots && (slots[i] < 0 || slots[i] >= n_slots)) {
+            snprintf(msg, LLB_CHECK_MSG, "%s: slots[%ld] = %d is out of range [0, %ld)", op, i, (int)slots[i], n_slots);
+            return -1;
+        }
+        if (pos[i] < 0 || pos[i] >= n_ctx) {
+            snprintf(msg, LLB_CHECK_MSG, "%s: pos[%ld] = %d is out of range [0, %ld)", op, i, (int)pos[i], n_ctx);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int get_cache_type(PyObject *o, const char *op, int *out) {
+    long t;
+    if (llb_arg_long(o, op, "cache_type", 0, 2, &t)) return -1;
+    if (t == 2) {
+        PyErr_Format(PyExc_ValueError, "%s: cache_type 2 (q8_0) is not implemented; use 0 (f32) or 1 (f16)", op);
+        return -1;
+    }
+    *out = (int)t;
+    return 0;
+}
+
+/* ---- bindings ------------------------------------------------------------- */
+
+struct rmsnorm_args {
+    const float *x, *w;
+    float *out;
+    long n, d;
+    float eps;
+};
+LLB_CALL_ARGS_FIT(struct rmsnorm_args);
+static int run_rmsnorm(const void *p) {
+    const struct rmsnorm_args *a = p;
+    llb_rmsnorm(a->x, a->w, a->out, a->n, a->d, a->eps);
+    return 0;
+}
+
+static PyObject *py_rmsnorm(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    static const char *op = "rmsnorm";
+    if (llb_arg_nargs(op, nargs, 6, "x, w, out, n, d, eps")) return NULL;
+    long n, d;
+    float eps;
+    if (llb_arg_long(args[3], op, "n", 1, MAX_DIM, &n) || llb_arg_long(args[4], op, "d", 1, MAX_DIM, &d) ||
+        llb_arg_float(args[5], op, "eps", 0.0, &eps))
+        return NULL;
+    size_t nd;
+    if (llb_arg_product(op, &nd, n, d, 1, 1)) return NULL;
+    struct llb_bufs h = OPS_BUFS;
+    const float *x = llb_arg_buf(&h, args[0], op, "x", 0, LLB_ELEM_F32, nd, 0);
+    const float *w = x ? llb_arg_buf(&h, args[1], op, "w", 0, LLB_ELEM_F32, d, 0) : NULL;
+    float *out = w ? llb_arg_buf(&h, args[2], op, "out", 1, LLB_ELEM_F32, nd, 0) : NULL;
+    if (!out) {
+        llb_bufs_release(&h);
+        return NULL;
+    }
+    const struct rmsnorm_args a = {x, w, out, n, d, eps};
+    return llb_bufs_call(&h, op, run_rmsnorm, NULL, &a, sizeof a);
+}
+
+LLB_CALL_ARGS_FIT(struct llb_rope_args);
+static int run_rope(const void *p) {
+    llb_rope(p);
+    return 0;
+}
+static int check_rope(const void *p, char *msg) {
+    const struct llb_rope_args *a = p;
+    return ids_ok("rope", NULL, a->pos, a->n, 0, MAX_CTX, msg);
+}
+
+static PyObject *py_rope(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    static const char *op = "rope";
+    if (llb_arg_nargs(op, nargs, 8, "x, pos, inv_freq, n, n_heads, head_dim, rope_dim, neox")) return NULL;
+    long n, n_heads, head_dim, rope_dim, neox;
+    if (llb_arg_long(args[3], op, "n", 1, MAX_DIM, &n) || llb_arg_long(args[4], op, "n_heads", 1, MAX_HEADS, &n_heads) ||
+        llb_arg_long(args[5], op, "head_dim", 1, MAX_DIM, &head_dim) ||
+        llb_arg_long(args[6], op, "rope_dim", 2, LLB_ROPE_MAX_DIM, &rope_dim) || llb_arg_long(args[7], op, "neox", 0, 1, &neox))
+        return NULL;
+    if (rope_dim % 2 != 0 || rope_dim > head_dim)
+        return PyErr_Format(PyExc_ValueError, "rope: rope_dim must be even and <= head_dim (%ld), got %ld", head_dim, rope_dim);
+    size_t nx;
+    if (llb_arg_product(op, &nx, n, n_heads, head_dim, 1)) return NULL;
+    struct llb_bufs h = OPS_BUFS;
+    float *x = llb_arg_buf(&h, args[0], op, "x", 1, LLB_ELEM_F32, nx, 0);
+    const int32_t *pos = x ? llb_arg_buf(&h, args[1], op, "pos", 0, LLB_ELEM_I32, n, 0) : NULL;
+    const float *inv_freq = pos ? llb_arg_buf(&h, args[2], op, "inv_freq", 0, LLB_ELEM_F32, rope_dim / 2, 0) : NULL;
+    if (!inv_freq) {
+        llb_bufs_release(&h);
+        return NULL;
+    }
+    const struct llb_rope_args a = {x, pos, inv_freq, n, n_heads, head_dim, rope_dim, (int)neox};
+    return llb_bufs_call(&h, op, run_rope, check_rope, &a, sizeof a);
+}
+
+LLB_CALL_ARGS_FIT(struct llb_kv_store_args);
+static int run_kv_store(const void *p) {
+    llb_kv_store(p);
+    return 0;
+}
+static int check_kv_store(const void *p, char *msg) {
+    const struct llb_kv_store_args *a = p;
+    return ids_ok("kv_store", a->slots, a->pos, a->n, a->n_slots, a->n_ctx, msg);
+}
+
+static PyObject *py_kv_store(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    static const char *op = "kv_store";
+    if (llb_arg_nargs(op, nargs, 12, "k, v, kcache, vcache, slots, pos, n, n_kv, head_dim, n_slots, n_ctx, cache_type"))
+        return NULL;
+    long n, n_kv, head_dim, n_slots, n_ctx;
+    int cache_type;
+    if (llb_arg_long(args[6], op, "n", 1, MAX_DIM, &n) || llb_arg_long(args[7], op, "n_kv", 1, MAX_HEADS, &n_kv) ||
+        llb_arg_long(args[8], op, "head_dim", 1, LLB_ATTN_MAX_HEAD_DIM, &head_dim) ||
+        llb_arg_long(args[9], op, "n_slots", 1, MAX_DIM, &n_slots) || llb_arg_long(args[10], op, "n_ctx", 1, MAX_CTX, &n_ctx) ||
+        get_cache_type(args[11], op, &cache_type))
+        return NULL;
+    size_t nrow, ncache;
+    if (llb_arg_product(op, &nrow, n, n_kv, head_dim, 1) || llb_arg_product(op, &ncache, n_slots, n_ctx, n_kv, head_dim)) return NULL;
+    const enum llb_elem ce = cache_type == LLB_CACHE_F16 ? LLB_ELEM_F16 : LLB_ELEM_F32;
+    struct llb_bufs h = OPS_BUFS;
+    const float *k = llb_arg_buf(&h, args[0], op, "k", 0, LLB_ELEM_F32, nrow, 0);
+    const float *v = k ? llb_arg_buf(&h, args[1], op, "v", 0, LLB_ELEM_F32, nrow, 0) : NULL;
+    void *kc = v ? llb_arg_buf(&h, args[2], op, "kcache", 1, ce, ncache, 1) : NULL;
+    void *vc = kc ? llb_arg_buf(&h, args[3], op, "vcache", 1, ce, ncache, 1) : NULL;
+    const int32_t *slots = vc ? llb_arg_buf(&h, args[4], op, "slots", 0, LLB_ELEM_I32, n, 0) : NULL;
+    const int32_t *pos = slots ? llb_arg_buf(&h, args[5], op, "pos", 0, LLB_ELEM_I32, n, 0) : NULL;
+    if (!pos) goto fail;
+    if (kc == vc) {
+        PyErr_SetString(PyExc_ValueError, "kv_store: kcache and vcache are the same buffer");
+        goto fail;
+    }
+    const struct llb_kv_store_args a = {k, v, kc, vc, slots, pos, n, n_kv, head_dim, n_slots, n_ctx, cache_type};
+    return llb_bufs_call(&h, op, run_kv_store, check_kv_store, &a, sizeof a);
+fail:
+    llb_bufs_release(&h);
+    return NULL;
+}
+
+LLB_CALL_ARGS_FIT(struct llb_attention_args);
+static int run_attention(const void *p) {
+    llb_attention(p);
+    return 0;
+}
+static int check_attention(const void *p, char *msg) {
+    const struct llb_attention_args *a = p;
+    return ids_ok("attention", a->slots, a->pos, a->n, a->n_slots, a->n_ctx, msg);
+}
+
+static PyObject *py_attention(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    static const char *op = "attention";
+    if (llb_arg_nargs(op, nargs, 16,
+                      "q, kcache, vcache, out, slots, pos, n, n_heads, n_kv, head_dim, n_slots, n_ctx, cache_type, "
+                      "scale, window, softcap"))
+        return NULL;
+    struct llb_attention_args a;
+    if (llb_arg_long(args[6], op, "n", 1, MAX_DIM, &a.n) || llb_arg_long(args[7], op, "n_heads", 1, MAX_HEADS, &a.n_heads) ||
+        llb_arg_long(args[8], op, "n_kv", 1, MAX_HEADS, &a.n_kv) ||
+        llb_arg_long(args[9], op, "head_dim", 1, LLB_ATTN_MAX_HEAD_DIM, &a.head_dim) ||
+        llb_arg_long(args[10], op, "n_slots", 1, MAX_DIM, &a.n_slots) || llb_arg_long(args[11], op, "n_ctx", 1, MAX_CTX, &a.n_ctx) ||
+        get_cache_type(args[12], op, &a.cache_type) || llb_arg_float(args[13], op, "scale", -INFINITY, &a.scale) ||
+        llb_arg_long(args[14], op, "window", 0, MAX_CTX, &a.window) || llb_arg_float(args[15], op, "softcap", 0.0, &a.softcap))
+        return NULL;
+    if (a.n_heads % a.n_kv != 0)
+        return PyErr_Format(PyExc_ValueError, "attention: n_heads (%ld) must be a multiple of n_kv (%ld)", a.n_heads, a.n_kv);
+    size_t nq, ncache;
+    if (llb_arg_product(op, &nq, a.n, a.n_heads, a.head_dim, 1) || llb_arg_product(op, &ncache, a.n_slots, a.n_ctx, a.n_kv, a.head_dim))
+        return NULL;
+    const enum llb_elem ce = a.cache_type == LLB_CACHE_F16 ? LLB_ELEM_F16 : LLB_ELEM_F32;
+    struct llb_bufs h = OPS_BUFS;
+    if (!(a.q = llb_arg_buf(&h, args[0], op, "q", 0, LLB_ELEM_F32, nq, 0)) ||
+        !(a.kcache = llb_arg_buf(&h, args[1], op, "kcache", 0, ce, ncache, 1)) ||
+        !(a.vcache = llb_arg_buf(&h, args[2], op, "vcache", 0, ce, ncache, 1)) ||
+        !(a.out = llb_arg_buf(&h, args[3], op, "out", 1, LLB_ELEM_F32, nq, 0)) ||
+        !(a.slots = llb_arg_buf(&h, args[4], op, "slots", 0, LLB_ELEM_I32, a.n, 0)) ||
+        !(a.pos = llb_arg_buf(&h, args[5], op, "pos", 0, LLB_ELEM_I32, a.n, 0)))
+        goto fail;
+    return llb_bufs_call(&h, op, run_attention, check_attention, &a, sizeof a);
+fail:
+    llb_bufs_release(&h);
+    return NULL;
+}
+
+/* gate/up -> out binary ops: silu_mul, gelu_mul, add. */
+struct binary_args {
+    void (*fn)(const float *, const float *, float *, long);
+    const float *a, *b;
+    float *out;
+    long count;
+};
+LLB_CALL_ARGS_FIT(struct binary_args);
+static int run_binary(const void *p) {
+    const struct binary_args *a = p;
+    a->fn(a->a, a->b, a->out, a->count);
+    return 0;
+}
+
+static PyObject *binary_op(const char *op, const char *na, const char *nb, PyObject *const *args, Py_ssize_t nargs,
+                           void (*fn)(const float *, const float *, float *, long)) {
+    char sig[64];
+    PyOS_snprintf(sig, sizeof sig, "%s, %s, out, count", na, nb);
+    if (llb_arg_nargs(op, nargs, 4, sig)) return NULL;
+    long count;
+    if (llb_arg_long(args[3], op, "count", 1, MAX_DIM, &count)) return NULL;
+    struct llb_bufs h = OPS_BUFS;
+    const float *a = llb_arg_buf(&h, args[0], op, na, 0, LLB_ELEM_F32, count, 0);
+    const float *b = a ? llb_arg_buf(&h, args[1], op, nb, 0, LLB_ELEM_F32, count, 0) : NULL;
+    float *out = b ? llb_arg_buf(&h, args[2], op, "out", 1, LLB_ELEM_F32, count, 0) : NULL;
+    if (!out) {
+        llb_bufs_release(&h);
+        return NULL;
+    }
+    const struct binary_args args_ = {fn, a, b, out, count};
+    return llb_bufs_call(&h, op, run_binary, NULL, &args_, sizeof args_);
+}
+
+static PyObject *py_silu_mul(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    return binary_op("silu_mul", "gate", "up", args, nargs, llb_silu_mul);
+}
+static PyObject *py_gelu_mul(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    return binary_op("gelu_mul", "gate", "up", args, nargs, llb_gelu_mul);
+}
+static PyObject *py_add(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    return binary_op("add", "a", "b", args, nargs, llb_add);
+}
+
+struct add_rows_args {
+    const float *x, *bias;
+    float *out;
+    long n, d;
+};
+LLB_CALL_ARGS_FIT(struct add_rows_args);
+static int run_add_rows(const void *p) {
+    const struct add_rows_args *a = p;
+    llb_add_rows(a->x, a->bias, a->out, a->n, a->d);
+    return 0;
+}
+
+static PyObject *py_add_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    static const char *op = "add_rows";
+    if (llb_arg_nargs(op, nargs, 5, "x, bias, out, n, d")) return NULL;
+    long n, d;
+    if (llb_arg_long(args[3], op, "n", 1, MAX_DIM, &n) || llb_arg_long(args[4], op, "d", 1, MAX_DIM, &d)) return NULL;
+    size_t nd;
+    if (llb_arg_product(op, &nd, n, d, 1, 1)) return NULL;
+    struct llb_bufs h = OPS_BUFS;
+    const float *x = llb_arg_buf(&h, args[0], op, "x", 0, LLB_ELEM_F32, nd, 0);
+    const float *bias = x ? llb_arg_buf(&h, args[1], op, "bias", 0, LLB_ELEM_F32, d, 0) : NULL;
+    float *out = bias ? llb_arg_buf(&h, args[2], op, "out", 1, LLB_ELEM_F32, nd, 0) : NULL;
+    if (!out) {
+        llb_bufs_release(&h);
+        return NULL;
+    }
+    const struct add_rows_args a = {x, bias, out, n, d};
+    return llb_bufs_call(&h, op, run_add_rows, NULL, &a, sizeof a);
+}
+
+/* In-place x op scalar: scale (any finite s), softcap (cap > 0). */
+struct inplace_args {
+    void (*fn)(float *, float, long);
+    float *x;
+    float s;
+    long count;
+};
+LLB_CALL_ARGS_FIT(struct inplace_args);
+static int run_inplace(const void *p) {
+    const struct inplace_args *a = p;
+    a->fn(a->x, a->s, a->count);
+    return 0;
+}
+
+static PyObject *inplace_op(const char *op, const char *sname, double smin, PyObject *const *args, Py_ssize_t nargs,
+                            void (*fn)(float *, float, long)) {
+    char sig[64];
+    PyOS_snprintf(sig, sizeof sig, "x, %s, count", sname);
+    if (llb_arg_nargs(op, nargs, 3, sig)) return NULL;
+    long count;
+    float s;
+    if (llb_arg_float(args[1], op, sname, smin, &s) || llb_arg_long(args[2], op, "count", 1, MAX_DIM, &count)) return NULL;
+    if (smin >= 0 && s <= 0) return PyErr_Format(PyExc_ValueError, "%s: %s must be > 0, got %S", op, sname, args[1]);
+    struct llb_bufs h = OPS_BUFS;
+    float *x = llb_arg_buf(&h, args[0], op, "x", 1, LLB_ELEM_F32, count, 0);
+    if (!x) {
+        llb_bufs_release(&h);
+        return NULL;
+    }
+    const struct inplace_args a = {fn, x, s, count};
+    return llb_bufs_call(&h, op, run_inplace, NULL, &a, sizeof a);
+}
+
+static PyObject *py_scale(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    return inplace_op("scale", "s", -INFINITY, args, nargs, llb_scale);
+}
+static PyObject *py_softcap(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    return inplace_op("softcap", "cap", 0.0, args, nargs, llb_softcap);
+}
+
+#define FASTCALL(f) (PyCFunction)(void (*)(void))(f), METH_FASTCALL
+
+PyMethodDef llb_ops_methods[] = {
+    {"rmsnorm", FASTCALL(py_rmsnorm), "rmsnorm(x, w, out, n, d, eps): out[i] = x[i] / sqrt(mean(x[i]^2) + eps) * w."},
+    {"rope", FASTCALL(py_rope),
+     "rope(x, pos, inv_freq, n, n_heads, head_dim, rope_dim, neox): rotary embedding in place on x (n, n_heads, head_dim)."},
+    {"kv_store", FASTCALL(py_kv_store),
+     "kv_store(k, v, kcache, vcache, slots, pos, n, n_kv, head_dim, n_slots, n_ctx, cache_type): "
+     "write token i's k/v to cache[slots[i], pos[i]] (cache_type 0 = f32, 1 = f16)."},
+    {"attention", FASTCALL(py_attention),
+     "attention(q, kcache, vcache, out, slots, pos, n, n_heads, n_kv, head_dim, n_slots, n_ctx, cache_type, scale, "
+     "window, softcap): causal GQA attention over the KV cache; out may alias q."},
+    {"silu_mul", FASTCALL(py_silu_mul), "silu_mul(gate, up, out, count): out = gate * sigmoid(gate) * up."},
+    {"gelu_mul", FASTCALL(py_gelu_mul), "gelu_mul(gate, up, out, count): out = gelu_tanh(gate) * up."},
+    {"add", FASTCALL(py_add), "add(a, b, out, count): out = a + b (out may alias a or b)."},
+    {"add_rows", FASTCALL(py_add_rows), "add_rows(x, bias, out, n, d): out[i] = x[i] + bias."},
+    {"scale", FASTCALL(py_scale), "scale(x, s, count): x *= s in place."},
+    {"softcap", FASTCALL(py_softcap), "softcap(x, cap, count): x = cap * tanh(x / cap) in place."},
+    {NULL, NULL, 0, NULL},
+};

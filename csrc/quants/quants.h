@@ -1,0 +1,91 @@
+/* Weight formats: ggml's block layouts (as stored in GGUF files) and our
+ * interleaved "packed" layout (fp16/bf16 conversion: core/fp16.h).
+ *
+ * File layout (layout id 0): row after row, each row a run of blocks exactly
+ * as ggml stores them. Packed layout (layout id 1, quantized types only):
+ * rows are taken in groups of LLB_IL = 16; for each block index b the 16 rows'
+ * block b are stored together, re-arranged so that one 64-byte vector holds
+ * 4 consecutive values ("a quad") of each of the 16 rows: lane r of a 32-bit
+ * SIMD vector is then output row r, and one VNNI instruction (u8 x s8, four
+ * products summed per lane) advances 16 rows at once. A group's blocks are
+ * contiguous, so a thread streams one linear region (prefetch-friendly).
+ * The last group is zero-padded (scale 0) to 16 rows.
+ *
+ * Packed group-block layouts (byte offsets; "d[16]" = 16 fp16, row r at 2r;
+ * a "vector" is 64 bytes, byte 4r+j = row r, value j of the quad):
+ *   Q4_0 288: d[16] @0, 4 nibble vectors @32: vector v low nibbles = quad v,
+ *             high nibbles = quad v+4 (values 0..15, weight = d*(q-8))
+ *   Q4_1 320: d[16] @0, m[16] @32, nibble vectors @64 (weight = d*q + m)
+ *   Q5_0 352: d[16] @0, nibble vectors @32, bit-plane vector @288 whose
+ *             byte 4r+j bit t is the 5th bit of quad t (weight = d*(q-16))
+ *   Q8_0 544: d[16] @0, 8 code vectors @32 (vector t = quad t), codes stored as
+ *             w + 128 (w ^ 0x80) so that they are unsigned like the other types'
+ *   Q4_K 2368 per 256 values: d[16] @0, dmin[16] @32, scales u8 [8 sub][16
+ *             rows] @64, mins u8 [4 sub pairs][16 rows][2] @192, then per
+ *             32-value sub-block s a Q4_0-style set of 4 nibble vectors @320+256s
+ *             (weight = d*sc[s]*q - dmin*m[s])
+ *   Q6_K 3360 per 256 values: d[16] @0, scales i8 [16 sub][16 rows] @32, then
+ *             per 16-value sub-block u @288+192u: vector A (low nibbles = low 4
+ *             bits of quad 4u, high nibbles = quad 4u+1), B (quads 4u+2, 4u+3),
+ *             H (bits 2i..2i+1 = top 2 bits of quad 4u+i); weight = d*sc*(q-32)
+ */
+#ifndef LLB_QUANTS_H
+#define LLB_QUANTS_H
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "core/fp16.h"
+
+enum llb_qtype {
+    LLB_F32 = 0, LLB_F16 = 1, LLB_Q4_0 = 2, LLB_Q4_1 = 3, LLB_Q5_0 = 6,
+    LLB_Q8_0 = 8, LLB_Q4_K = 12, LLB_Q6_K = 14, LLB_BF16 = 30,
+};
+
+enum llb_layout { LLB_LAYOUT_FILE = 0, LLB_LAYOUT_PACKED = 1 };
+
+#define LLB_IL 16      /* rows per packed group */
+#define LLB_QK 32      /* values per block of Q4_0/Q4_1/Q5_0/Q8_0 */
+#define LLB_QKK 256    /* values per super-block of Q4_K/Q6_K */
+
+/* Static facts about one weight type. */
+typedef struct {
+    int qtype;
+    const char *name;
+    int block;        /* values per block (1 for F32/F16/BF16) */
+    int block_bytes;  /* bytes per block in the file */
+    int group_bytes;  /* bytes per packed 16-row group-block; 0 = type is never packed */
+} llb_type_info;
+
+/* NULL for a type the kernels do not handle. */
+const llb_type_info *llb_type_get(int qtype);
+
+/* Bytes of one row in the file layout; 0 if cols is not a multiple of the block. */
+size_t llb_row_bytes(const llb_type_info *t, long cols);
+/* Bytes a matrix needs in `layout`; 0 on a bad layout for the type. */
+size_t llb_matrix_bytes(const llb_type_info *t, int layout, long rows, long cols);
+/* The layout pack() produces for this type. */
+int llb_pack_layout(const llb_type_info *t);
+
+/* File layout -> packed: groups g0..g1-1 (rows [16*g0, 16*g1)) into the packed matrix dst,
+ * or the single group g into a buffer of its own. */
+void llb_pack_groups(const llb_type_info *t, const uint8_t *src, long rows, long cols, uint8_t *dst, long g0, long g1);
+void llb_pack_group(const llb_type_info *t, const uint8_t *src, long rows, long cols, long g, uint8_t *gdst);
+
+/* Dequantize one row (file or packed layout) to float32; the reference the
+ * SIMD kernels are checked against. */
+void llb_dequant_row(const llb_type_info *t, int layout, const uint8_t *w, long rows, long cols, long row, float *out);
+
+/* Scalar decode of a packed group's 32-value chunk c (block c, or sub-chunk
+ * c%8 of super-block c/8): q[r][k] integer values and, per row and per half
+ * (16 values), weight = dw*q + mw. */
+void llb_packed_chunk_decode(int qtype, const uint8_t *group, long chunk, int16_t q[LLB_IL][32], float dw[LLB_IL][2],
+                             float mw[LLB_IL][2]);
+
+static inline uint16_t llb_rd16(const void *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+#endif

@@ -1,0 +1,54 @@
+"""Opening the files of a model: regular files only, JSON with a size and depth guard.
+
+A FIFO, a device, a socket or a directory where a model file should be would block a
+read forever (a FIFO without a writer), never end (/dev/zero) or fail obscurely, so every
+model file is opened without blocking and refused unless it is a regular file.
+"""
+from __future__ import annotations
+
+import json
+import os
+import stat
+from typing import BinaryIO
+
+from ..errors import ModelFormatError
+
+# config.json and its siblings are kilobytes, index files a few MB; tokenizer.json reaches ~35 MB (Gemma 3).
+MAX_JSON_BYTES = 64 << 20
+MAX_TOKENIZER_JSON_BYTES = 512 << 20
+
+
+def open_regular(path, what: str = "model file", error: type = ModelFormatError) -> BinaryIO:
+    """`path` opened for binary reading, if it is a regular file; `error` naming it otherwise."""
+    try:
+        # O_NONBLOCK: opening a FIFO with no writer returns at once instead of waiting for one.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise       # a missing path is the caller's mistake, not a malformed file (as load() says too)
+    except OSError as e:
+        raise error(f"{path}: cannot open the {what} ({e.strerror or e})") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+                    else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
+            raise error(f"{path}: the {what} is {kind}, not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_json(path, what: str, error: type = ModelFormatError, max_bytes: int = MAX_JSON_BYTES):
+    """The parsed JSON document at `path`; `error` naming the file for anything but valid JSON."""
+    with open_regular(path, what, error) as f:
+        if os.fstat(f.fileno()).st_size > max_bytes:   # (read(n) would allocate all n bytes up front)
+            raise error(f"{path}: {what} is larger than {max_bytes >> 20} MB")
+        raw = f.read()
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except RecursionError:      # nesting deeper than the interpreter's stack
+        raise error(f"{path}: {what} nests too deeply to be a model file") from None
+    except (UnicodeDecodeError, ValueError) as e:
+        raise error(f"{path}: {what} is not valid JSON ({e})") from None

@@ -1,0 +1,250 @@
+"""POST /v1/messages: Anthropic's Messages API over the same scheduler as chat completions.
+
+The request becomes a chat-completions body (system, messages with text,
+tool_use and tool_result blocks, tools with input_schema, tool_choice) validated
+by `schemas.parse_chat`; generation goes through `Service`. The answer is a
+`message` with text and tool_use content blocks and Anthropic's stop reasons;
+streamed, it is Anthropic's event sequence (message_start, content_block_start,
+content_block_delta with text_delta or input_json_delta, content_block_stop,
+message_delta with the stop reason and usage, message_stop). Every error,
+including one found before any route runs (authentication), has Anthropic's
+shape: `{"type": "error", "error": {"type", "message"}}`.
+"""
+from __future__ import annotations
+
+import json
+import secrets
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from .deltas import Http, array_of, deltas, sse_event, stop_sequence
+from .errors import APIError, bad_request
+from .generation import Generation, Service
+from .openai_format import dumps
+from .schemas import MAX_TOOLS, GenerationSpec, _Body, _type, parse_chat
+
+PATH = "/v1/messages"
+# Anthropic's error types by HTTP status (529 is its "overloaded")
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 408: "timeout_error", 413: "request_too_large", 429: "rate_limit_error",
+               503: "overloaded_error", 529: "overloaded_error"}
+STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
+PASSED = ("model", "temperature", "top_p", "top_k", "stream", "seed", "ignore_eos")
+
+
+def error_body(err: APIError) -> dict:
+    kind = ERROR_TYPES.get(err.status, "api_error" if err.status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": err.message}}
+
+
+def error_response(err: APIError) -> Response:
+    return Response(dumps(error_body(err)).encode(), status_code=err.status, media_type="application/json",
+                    headers=err.headers)
+
+
+# -- request -----------------------------------------------------------------------------
+
+def _blocks(content, where: str) -> list[dict]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if not isinstance(content, list):
+        raise bad_request(f"{where} must be a string or an array of content blocks, got {_type(content)}",
+                          param=where)
+    for j, block in enumerate(content):
+        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+            raise bad_request(f"{where}[{j}] must be a content block object with a 'type'", param=f"{where}[{j}]")
+    return content
+
+
+def _plain(content, where: str) -> str:
+    """Text blocks (or a string) as one string: system prompts, tool results."""
+    texts = []
+    for j, block in enumerate(_blocks(content, where)):
+        if block["type"] != "text" or not isinstance(block.get("text"), str):
+            raise bad_request(f"{where}[{j}] is a {block['type']!r} block; only text blocks are supported here",
+                              param=f"{where}[{j}]")
+        texts.append(block["text"])
+    return "\n".join(texts)
+
+
+def _messages(system, messages) -> list[dict]:
+    out = [{"role": "system", "content": _plain(system, "system")}] if system else []
+    if not isinstance(messages, list) or not messages:
+        raise bad_request(f"'messages' must be a non-empty array, got {_type(messages)}", param="messages")
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        role = m.get("role") if isinstance(m, dict) else None
+        if role not in ("user", "assistant"):
+            raise bad_request(f"{where}.role must be 'user' or 'assistant'", param=where)
+        texts, calls, results = [], [], []
+        for j, block in enumerate(_blocks(m.get("content"), f"{where}.content")):
+            at, kind = f"{where}.content[{j}]", block["type"]
+            if kind == "text" and isinstance(block.get("text"), str):
+                texts.append(block["text"])
+            elif kind == "tool_use" and role == "assistant":
+                name, args = block.get("name"), block.get("input", {})
+                if not isinstance(name, str) or not isinstance(args, dict):
+                    raise bad_request(f"{at}: a tool_use block needs a string 'name' and an object 'input'",
+                                      param=at)
+                calls.append({"id": str(block.get("id") or f"toolu_{j}"), "type": "function",
+                              "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}})
+            elif kind == "tool_result" and role == "user":
+                text = _plain(block.get("content", ""), f"{at}.content")
+                if block.get("is_error"):
+                    text = "Error: " + text
+                results.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id", "")), "content": text})
+            elif kind in ("thinking", "redacted_thinking"):
+                continue
+            else:
+                raise bad_request(f"{at} is a {kind!r} block, which a {role} message cannot carry here (text, "
+                                  "tool_use from the assistant and tool_result from the user are supported)",
+                                  param=at)
+        # tool results answer the previous turn's calls: they come before the user's own text
+        out += results
+        if role == "assistant":
+            msg = {"role": "assistant", "content": "\n".join(texts)}
+            if calls:
+                msg["tool_calls"] = calls
+            out.append(msg)
+        elif texts or not results:
+            out.append({"role": "user", "content": "\n".join(texts)})
+    return out
+
+
+def _tools(v) -> list | None:
+    out = []
+    for i, t in enumerate(array_of(v, "tools", "tools", MAX_TOOLS)):
+        if not isinstance(t, dict) or t.get("type", "custom") != "custom" or not isinstance(t.get("name"), str):
+            raise bad_request(f"tools[{i}] must be a custom tool with a 'name' and an 'input_schema' (Anthropic's "
+                              "built-in tools are not supported)", param=f"tools[{i}]")
+        # keys in the order OpenAI documents them: templates render the tool as given
+        fn = {"name": t["name"], "description": t.get("description"), "parameters": t.get("input_schema")}
+        fn = {k: v for k, v in fn.items() if v is not None}
+        out.append({"type": "function", "function": fn})
+    return out or None
+
+
+def _tool_choice(v, chat: dict) -> None:
+    if v is None:
+        return
+    if not isinstance(v, dict) or v.get("type") not in ("auto", "any", "tool", "none"):
+        raise bad_request("'tool_choice' must be an object with type 'auto', 'any', 'tool' or 'none'",
+                          param="tool_choice")
+    kind = v["type"]
+    chat["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}.get(kind) or \
+        {"type": "function", "function": {"name": v.get("name")}}
+    if v.get("disable_parallel_tool_use"):
+        chat["parallel_tool_calls"] = False
+
+
+def parse_messages(body) -> GenerationSpec:
+    b = _Body(body)
+    if b.string("model") is None:
+        raise bad_request("'model' is required", param="model")
+    max_tokens = b.integer("max_tokens", None, 1)
+    if max_tokens is None:
+        raise bad_request("'max_tokens' is required", param="max_tokens")
+    b.number("temperature", None, 0.0, 1.0)      # Anthropic's range is narrower than OpenAI's
+    thinking = b.get("thinking")
+    if isinstance(thinking, dict) and thinking.get("type") == "enabled":
+        raise bad_request("extended thinking is not supported", param="thinking")
+    stops = b.get("stop_sequences")
+    chat = {k: body[k] for k in PASSED if k in body}
+    chat.update(messages=_messages(b.get("system"), b.get("messages")), max_tokens=max_tokens,
+                tools=_tools(b.get("tools")))
+    if stops is not None:
+        if not isinstance(stops, list):
+            raise bad_request(f"'stop_sequences' must be an array of strings, got {_type(stops)}",
+                              param="stop_sequences")
+        chat["stop"] = stops
+    _tool_choice(b.get("tool_choice"), chat)
+    return parse_chat(chat)
+
+
+# -- response ----------------------------------------------------------------------------
+
+class MessageRun:
+    """One /v1/messages request over a Generation."""
+
+    def __init__(self, gen: Generation):
+        self.gen = gen
+        self.id = f"msg_{secrets.token_hex(12)}"
+
+    def stop_reason(self, finish: str | None) -> tuple[str, str | None]:
+        word = stop_sequence(self.gen) if finish == "stop" else None
+        return ("stop_sequence", word) if word else (STOP_REASONS.get(finish, "end_turn"), None)
+
+    def message(self, content: list, finish: str | None) -> dict:
+        reason, word = self.stop_reason(finish) if finish else (None, None)
+        u = self.gen.usage()
+        return {"id": self.id, "type": "message", "role": "assistant", "model": self.gen.model_id,
+                "content": content, "stop_reason": reason, "stop_sequence": word,
+                "usage": {"input_tokens": u.prompt, "output_tokens": u.completion}}
+
+    async def collect(self) -> dict:
+        chat = await self.gen.collect()
+        choice = chat["choices"][0]
+        msg = choice["message"]
+        content = [{"type": "text", "text": msg["content"]}] if msg.get("content") else []
+        for call in msg.get("tool_calls") or []:
+            fn = call["function"]
+            content.append({"type": "tool_use", "id": call["id"], "name": fn["name"],
+                            "input": json.loads(fn["arguments"])})
+        return self.message(content, choice["finish_reason"])
+
+    async def stream(self):
+        def event(kind: str, **fields) -> bytes:
+            return sse_event(kind, {"type": kind, **fields})
+
+        start = self.message([], None)
+        start["usage"] = {"input_tokens": len(self.gen.prompts[0]), "output_tokens": 0}
+        yield event("message_start", message=start)
+        index, open_kind = -1, None          # the content block being written
+
+        def close():
+            nonlocal open_kind
+            if open_kind is not None:
+                open_kind = None
+                yield event("content_block_stop", index=index)
+
+        try:
+            async for d in deltas(self.gen):
+                if d.text:
+                    if open_kind != "text":
+                        for piece in close():
+                            yield piece
+                        index, open_kind = index + 1, "text"
+                        yield event("content_block_start", index=index, content_block={"type": "text", "text": ""})
+                    yield event("content_block_delta", index=index, delta={"type": "text_delta", "text": d.text})
+                for call in d.calls:
+                    if "id" in call:
+                        for piece in close():
+                            yield piece
+                        index, open_kind = index + 1, "tool_use"
+                        block = {"type": "tool_use", "id": call["id"], "name": call["function"]["name"], "input": {}}
+                        yield event("content_block_start", index=index, content_block=block)
+                    args = call["function"].get("arguments", "")
+                    if args:
+                        yield event("content_block_delta", index=index,
+                                    delta={"type": "input_json_delta", "partial_json": args})
+                if d.finish:
+                    for piece in close():
+                        yield piece
+                    reason, word = self.stop_reason(d.finish)
+                    yield event("message_delta", delta={"stop_reason": reason, "stop_sequence": word},
+                                usage={"output_tokens": self.gen.usage().completion})
+                    yield event("message_stop")
+        except APIError as e:
+            yield sse_event("error", error_body(e))
+
+
+def routes(service: Service, http: Http) -> list[Route]:
+    async def create(request: Request) -> Response:
+        try:
+            return await http.generate(request, service, lambda body: (parse_messages(body), MessageRun))
+        except APIError as e:
+            return error_response(e)
+
+    return [Route(PATH, create, methods=["POST"])]

@@ -1,0 +1,138 @@
+"""What the non-OpenAI-shaped endpoints share: one choice's output as plain deltas, and the HTTP
+plumbing handed in by app.py.
+
+`Generation.stream()` speaks OpenAI's chunk format. /infill, /v1/responses and
+/v1/messages each have a stream format of their own, so they read the same
+generation through `deltas(gen)`: text and tool-call deltas (parsed as in chat
+completions), then the finish. Those APIs have no `n`: one choice.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+
+from .errors import APIError, bad_request
+from .generation import DISCONNECTED, ClientGone, Generation
+from .openai_format import dumps, tool_finish
+from .scheduler import JobFailure, PromptLogprobs
+from .schemas import _type
+
+
+@dataclass
+class Delta:
+    text: str = ""
+    calls: list = field(default_factory=list)   # OpenAI tool-call deltas: {"index", "id"?, "function": {...}}
+    finish: str | None = None                   # on the last one: "stop" | "length" | "tool_calls"
+
+
+async def deltas(gen: Generation) -> AsyncIterator[Delta]:
+    """The generation's only choice as it arrives (events a step apart are coalesced: the client may lag).
+
+    Raises ClientGone when the client hangs up and APIError when the job fails; cancels the job on exit.
+    """
+    st = gen.states[0]
+    parser = st.tool_parser
+    try:
+        while True:
+            evs = []
+            for _, ev in await gen.channel.get():
+                if ev is DISCONNECTED:
+                    raise ClientGone()
+                if isinstance(ev, JobFailure):
+                    raise APIError(ev.status, ev.message, kind=ev.kind)
+                if not isinstance(ev, PromptLogprobs):
+                    evs.append(ev)
+            text = "".join(gen._absorb(0, ev) for ev in evs)
+            st.parts.append(text)
+            calls: list = []
+            if parser is not None:
+                text, calls = parser.feed(text)
+            finish = st.finish_reason
+            if finish and parser is not None:
+                rest, more = parser.finish()
+                text, calls = text + rest, calls + more
+                finish = tool_finish(finish, bool(parser.calls))
+            if text or calls or finish:
+                yield Delta(text, calls, finish)
+            if finish:
+                return
+    finally:
+        gen.cancel()
+
+
+def stop_sequence(gen: Generation) -> str | None:
+    """The stop string that ended the (finished) only choice, if one did."""
+    stop = gen.jobs[0].seq.stop
+    return stop.matched if stop is not None else None
+
+
+def array_of(v: Any, name: str, what: str, limit: int | None = None) -> list:
+    """A JSON array field ([] for null), or a 400 naming the field."""
+    if v is None:
+        return []
+    if not isinstance(v, list):
+        raise bad_request(f"'{name}' must be an array of {what}, got {_type(v)}", param=name)
+    if limit is not None and len(v) > limit:
+        raise bad_request(f"'{name}' may hold at most {limit} {what}, got {len(v)}", param=name)
+    return v
+
+
+def sse_event(name: str, obj: Any) -> bytes:
+    """An SSE message with an event name (the Responses and Anthropic streams name theirs)."""
+    return f"event: {name}\ndata: {dumps(obj)}\n\n".encode()
+
+
+async def _until_gone(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """A stream that just ends when its client hangs up (nobody is left to tell)."""
+    try:
+        async for chunk in chunks:
+            yield chunk
+    except ClientGone:
+        pass
+    finally:
+        await chunks.aclose()
+
+
+@dataclass
+class Http:
+    """What the endpoint modules need from app.py, handed in so that they do not import it."""
+    read_body: Callable[[Request], Awaitable[Any]]      # the JSON body within the server's limits
+    watch_disconnect: Callable[..., Awaitable[None]]    # (receive, gen): tells gen when the client hangs up
+    event_stream: Callable[..., Any]                     # (gen, chunks) -> an SSE response that cancels gen
+    json_response: Callable[..., Response]
+
+    async def body(self, request: Request):
+        """The JSON body, or None when the client left while sending it."""
+        try:
+            return await self.read_body(request)
+        except ClientDisconnect:
+            return None
+
+    async def generate(self, request: Request, service, parse: Callable[[Any], tuple]) -> Response:
+        """The usual life of a generating request: `parse(body)` gives (spec, run_of), `run_of(gen)`
+        an object whose `stream()` yields SSE bytes and `collect()` returns the whole answer."""
+        body = await self.body(request)
+        if body is None:
+            return Response(status_code=499)
+        spec, run_of = parse(body)
+        gen = await service.start(spec)
+        run = run_of(gen)
+        if spec.stream:
+            return self.event_stream(gen, _until_gone(run.stream()))
+        result = await self.finish(request, gen, run.collect())
+        return Response(status_code=499) if result is None else self.json_response(result)
+
+    async def finish(self, request: Request, gen: Generation, work: Awaitable[Any]):
+        """Await `work` (which consumes `gen`), cancelling it when the client hangs up; None if it did."""
+        watcher = asyncio.create_task(self.watch_disconnect(request.receive, gen))
+        try:
+            return await work
+        except ClientGone:
+            return None
+        finally:
+            watcher.cancel()
+            gen.cancel()

@@ -1,0 +1,99 @@
+"""The threads that render and tokenize prompts, off the event loop.
+
+Chat templates come from model files and a render may take up to its CPU budget (see
+llambda.chat), so this pool is the server's own rather than asyncio's default executor:
+  - its threads are daemons, so nothing a prompt does can hold the process after shutdown
+    (the default executor's threads are joined at exit),
+  - its backlog is bounded: beyond it a request gets 429 at once instead of a timeout,
+  - it knows how long its oldest job has run, so /health can say when it is stuck.
+"""
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from typing import Any, Callable
+
+
+class PoolFull(Exception):
+    """Every worker is busy and the backlog is full."""
+
+
+class PoolClosed(Exception):
+    """The server is shutting down."""
+
+
+def _settle(fut: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    if fut.cancelled():
+        return
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(result)
+
+
+class PromptWorkers:
+    def __init__(self, n_workers: int, backlog: int):
+        self.n_workers = n_workers
+        self.backlog = backlog
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._waiting = 0
+        self._started: dict[int, float] = {}     # worker thread id -> when its current job started
+        self._closed = False
+        self._threads = [threading.Thread(target=self._work, name=f"llambda-prompt-{i}", daemon=True)
+                         for i in range(n_workers)]
+        for t in self._threads:
+            t.start()
+
+    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """fn(*args) in a worker; raises PoolFull or PoolClosed without waiting."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        with self._lock:
+            if self._closed:
+                raise PoolClosed("the server is shutting down")
+            if self._waiting >= self.backlog and len(self._started) >= self.n_workers:
+                raise PoolFull(f"all {self.n_workers} prompt workers are busy and {self._waiting} requests wait")
+            self._waiting += 1
+        self._jobs.put((fn, args, loop, fut))
+        return await fut
+
+    def _work(self) -> None:
+        me = threading.get_ident()
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            fn, args, loop, fut = job
+            with self._lock:
+                self._waiting -= 1
+                self._started[me] = time.monotonic()
+            result, error = None, None
+            try:
+                if not fut.cancelled():      # the client may have gone while it waited
+                    result = fn(*args)
+            except BaseException as e:       # handed to the request's task, which raises it
+                error = e
+            finally:
+                with self._lock:
+                    self._started.pop(me, None)
+            try:
+                loop.call_soon_threadsafe(_settle, fut, result, error)
+            except RuntimeError:             # the loop is closed: nobody waits for this any more
+                pass
+            del job, fn, args, result, error
+
+    def stats(self) -> dict[str, float]:
+        with self._lock:
+            oldest = min(self._started.values(), default=None)
+            return {"busy": len(self._started), "waiting": self._waiting,
+                    "oldest_seconds": 0.0 if oldest is None else time.monotonic() - oldest}
+
+    def close(self) -> None:
+        """No new jobs; idle workers exit (a busy one finishes its job, or dies with the process)."""
+        with self._lock:
+            self._closed = True
+        for _ in self._threads:
+            self._jobs.put(None)

@@ -1,0 +1,259 @@
+"""The chat page at / (llambda/server/webui/): its routes and headers, and the page itself in a real
+headless Chromium (Playwright driving Debian's /usr/bin/chromium; .ci/run installs it). Without
+Playwright or Chromium the browser tests skip and say why; the route tests always run.
+
+Set LLAMBDA_SCREENSHOTS=DIR to keep a screenshot of each browser test's page.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+from fnmatch import fnmatch
+from pathlib import Path
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.testclient import TestClient
+
+from llambda.server import web
+from serverkit import MODEL_ID, LiveServer, ServerProcess
+
+ROOT = Path(__file__).resolve().parents[1]
+BUNDLE = Path(web.__file__).parent / "webui"
+CHROMIUM = os.environ.get("LLAMBDA_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+
+
+# --- the routes, no browser, no model ------------------------------------------------------------
+
+def test_page_and_assets_served_with_a_strict_csp():
+    client = TestClient(Starlette(routes=web.routes()))
+    page = client.get("/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    csp = page.headers["content-security-policy"]
+    assert "default-src 'self'" in csp and "script-src 'self'" in csp and "frame-ancestors 'none'" in csp
+    assert "unsafe" not in csp and "*" not in csp
+    assert page.headers["x-content-type-options"] == "nosniff"
+    for path, kind in [("/webui/app.js", "text/javascript"), ("/webui/style.css", "text/css"),
+                       ("/webui/favicon.svg", "image/svg+xml")]:
+        r = client.get(path)
+        assert r.status_code == 200 and r.headers["content-type"].startswith(kind), path
+        assert r.content == (BUNDLE / path.rsplit("/", 1)[1]).read_bytes()
+    assert client.get("/webui/../config.py").status_code == 404
+    assert client.get("/webui/index.html").status_code == 404
+
+
+def test_bundle_is_self_contained():
+    """Nothing from another origin, and nothing the CSP would block (inline script or style)."""
+    for f in BUNDLE.iterdir():
+        text = f.read_text(encoding="utf-8").replace('xmlns="http://www.w3.org/2000/svg"', "")   # a name, not a fetch
+        assert "http://" not in text and "https://" not in text, f"{f.name} names another origin"
+    html = (BUNDLE / "index.html").read_text(encoding="utf-8")
+    assert not re.search(r"<script(?![^>]*\bsrc=)", html), "inline <script>"
+    assert " style=" not in html and "<style" not in html and not re.search(r"\son\w+=", html)
+
+
+def test_package_data_ships_the_bundle():
+    """pyproject's package-data for llambda.server matches every file of webui/ (so wheels carry them)."""
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is Python 3.11+")
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    patterns = data["llambda.server"]
+    files = sorted(p.relative_to(BUNDLE.parent).as_posix() for p in BUNDLE.iterdir())
+    assert {"webui/index.html", "webui/app.js", "webui/style.css"} <= set(files)
+    assert all(any(fnmatch(f, pat) for pat in patterns) for f in files), (files, patterns)
+
+
+# --- the browser ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (pip install -e '.[test]')")
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium, or set LLAMBDA_CHROMIUM)")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser, request):
+    context = browser.new_context(viewport={"width": 1100, "height": 760})
+    pg = context.new_page()
+    errors = []
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    # the CSP reports what it blocks on the console; nothing should be blocked
+    pg.on("console", lambda m: errors.append(m.text) if "Content Security Policy" in m.text else None)
+    yield pg
+    shots = os.environ.get("LLAMBDA_SCREENSHOTS")
+    if shots:
+        Path(shots).mkdir(parents=True, exist_ok=True)
+        pg.screenshot(path=str(Path(shots) / f"{request.node.name}.png"))
+    context.close()
+    assert not errors, errors
+
+
+@pytest.fixture(scope="module")
+def bare_site():
+    """The page alone (no model behind it): enough for what runs in the browser only."""
+    with LiveServer(Starlette(routes=web.routes())) as srv:
+        yield srv
+
+
+RENDER = """(src) => { const d = document.createElement('div'); d.innerHTML = renderMarkdown(src);
+  return {html: d.innerHTML, text: d.textContent,
+          tags: [...d.querySelectorAll('*')].map(e => e.tagName.toLowerCase()),
+          attrs: [...d.querySelectorAll('*')].flatMap(e => [...e.attributes].map(a => a.name + '=' + a.value))}; }"""
+
+
+def test_markdown_renders_and_escapes(page, bare_site):
+    page.goto(bare_site.url + "/")
+    hostile = ('<img src=x onerror="window.pwned=1"> <script>window.pwned=1</script>\n'
+               '[a](javascript:window.pwned=1) [b](data:text/html,x) [c](https://example.org/a_b_c?x=1&y="2")\n'
+               '`<b>code</b>` **bold** and *it* and snake_case_name\n'
+               '```html\n<svg onload="window.pwned=1"></svg>\n```')
+    out = page.evaluate(RENDER, hostile)
+    assert set(out["tags"]) <= {"p", "br", "a", "code", "strong", "em", "pre", "span"}, out["html"]
+    assert not any(a.split("=", 1)[0].startswith("on") for a in out["attrs"]), out["attrs"]
+    hrefs = [a for a in out["attrs"] if a.startswith("href=")]
+    assert hrefs == ['href=https://example.org/a_b_c?x=1&y="2"'], hrefs
+    assert "[a](javascript:window.pwned=1)" in out["text"] and "<script>" in out["text"]
+    assert "<b>code</b>" in out["text"] and "snake_case_name" in out["text"]
+    assert out["tags"].count("strong") == 1 and out["tags"].count("em") == 1
+    assert page.evaluate("window.pwned") is None
+
+    md = page.evaluate(RENDER, "# Title\n\n- one\n- two\n\n3. three\n4. four\n\n> quote\n\n"
+                               "```python\ndef f(x):  # doubles\n    return x * 2\n```\nafter")
+    assert md["tags"][:1] == ["h1"] and md["tags"].count("li") == 4 and "blockquote" in md["tags"]
+    assert '<ol start="3">' in md["html"]
+    assert '<span class="tok-kw">def</span>' in md["html"] and '<span class="tok-com"># doubles</span>' in md["html"]
+    assert '<span class="tok-num">2</span>' in md["html"] and md["html"].endswith("<p>after</p>")
+    # an unclosed fence (an answer still streaming) is code up to the end
+    assert page.evaluate(RENDER, "```js\nlet a = 'x'")["tags"] == ["pre", "code", "span", "span"]
+
+
+def _settings(page, **fields):
+    page.click("#settings-toggle")
+    for selector, value in fields.items():
+        page.fill(f"#{selector}", value)
+    page.click("#settings button[type=submit]")
+    assert page.locator("#settings").is_hidden()
+
+
+WATCH_LENGTHS = """() => { window.lengths = [];
+  new MutationObserver(() => { const b = document.querySelector('.msg.assistant:last-child .body');
+    if (b) window.lengths.push(b.textContent.length); })
+  .observe(document.getElementById('messages'), {childList: true, subtree: true, characterData: true}); }"""
+
+
+def test_chat_streams_an_answer_and_keeps_it_across_reload(page, live):
+    page.goto(live.url + "/")
+    page.wait_for_selector(f"#model-info:has-text('Model {MODEL_ID}')")
+    _settings(page, **{"temperature": "0", "max-tokens": "40", "extra": '{"ignore_eos": true}'})
+    page.evaluate(WATCH_LENGTHS)
+    page.fill("#input", "Tell me about the sea.")
+    page.press("#input", "Shift+Enter")           # a new line, not a send
+    page.keyboard.type("In two sentences.")
+    assert page.input_value("#input") == "Tell me about the sea.\nIn two sentences."
+    assert page.locator(".msg").count() == 0
+    page.press("#input", "Enter")
+    assert page.locator("#stop").is_visible()
+    answer = page.locator(".msg.assistant").last
+    answer.locator("xpath=self::*[@data-status='done']").wait_for(timeout=60_000)
+    lengths = [n for n in page.evaluate("window.lengths") if n > 0]
+    assert len(set(lengths)) >= 3 and lengths == sorted(lengths), f"not streamed: {lengths}"
+    stats = answer.locator(".stats").inner_text()
+    assert re.fullmatch(r"40 tokens · [\d.]+ tokens/s · first token after \d+ ms · prompt \d+ tokens", stats), stats
+    assert page.locator("#send").is_visible() and page.locator("#stop").is_hidden()
+    text = answer.locator(".body").inner_text()
+    assert len(text) > 20
+    assert page.locator(".msg.user .body").inner_text() == "Tell me about the sea.\nIn two sentences."
+
+    page.reload()
+    page.wait_for_selector(".msg.assistant")
+    assert page.locator("#conversations li").count() == 1
+    assert page.locator("#conversations li .open").inner_text() == "Tell me about the sea. In two sentences."
+    assert page.locator(".msg.assistant .body").inner_text() == text
+    assert page.locator(".msg.assistant .stats").inner_text() == stats
+    page.click("#settings-toggle")
+    assert page.input_value("#max-tokens") == "40" and page.input_value("#extra") == '{"ignore_eos":true}'
+    page.click("#settings-toggle")
+
+    # a second conversation; then delete the first
+    page.click("#new-chat")
+    assert page.locator(".msg").count() == 0
+    page.fill("#input", "Hi")
+    page.press("#input", "Enter")
+    page.locator(".msg.assistant[data-status=done]").wait_for(timeout=60_000)
+    assert page.locator("#conversations li").count() == 2
+    page.click("[aria-label='Delete conversation: Tell me about the sea. In two sentences.']")
+    assert page.locator("#conversations li").count() == 1
+    page.reload()
+    page.wait_for_selector(".msg.assistant")
+    assert page.locator("#conversations li .open").all_inner_texts() == ["Hi"]
+
+
+def _health(srv) -> dict:
+    return httpx.get(srv.url + "/health", timeout=10).json()
+
+
+def test_stop_ends_the_generation_on_the_server(page, live):
+    page.goto(live.url + "/")
+    page.wait_for_selector(f"#model-info:has-text('Model {MODEL_ID}')")
+    _settings(page, **{"max-tokens": "250", "extra": '{"ignore_eos": true}'})
+    before = live.metrics()
+    page.fill("#input", "Write a very long story.")
+    page.press("#input", "Enter")
+    body = page.locator(".msg.assistant .body")
+    page.wait_for_function("() => document.querySelector('.msg.assistant .body').textContent.length > 40")
+    assert _health(live)["slots_processing"] == 1
+    page.click("#stop")
+    page.locator(".msg.assistant[data-status=stopped]").wait_for(timeout=5_000)
+    assert page.locator(".msg.assistant .stats").inner_text() == "Stopped."
+    shown = body.inner_text()
+    t0 = time.monotonic()
+    while _health(live)["slots_processing"]:
+        assert time.monotonic() - t0 < 5, "the slot is still generating after Stop"
+        time.sleep(0.05)
+    after = live.wait_idle()
+    generated = after["llambda_generated_tokens_total"] - before["llambda_generated_tokens_total"]
+    assert 0 < generated < 250
+    assert after['llambda_sequences_finished_total{reason="cancelled"}'] == \
+        before.get('llambda_sequences_finished_total{reason="cancelled"}', 0) + 1
+    time.sleep(0.5)
+    assert live.metrics()["llambda_generated_tokens_total"] == after["llambda_generated_tokens_total"]
+    assert body.inner_text() == shown     # the partial answer stays, and nothing more arrives
+    page.reload()
+    assert page.locator(".msg.assistant .body").inner_text() == shown
+
+
+def test_api_key_flow(page, smollm2_gguf, tmp_path):
+    key = "s3cret-key"
+    with ServerProcess(smollm2_gguf, tmp_path / "server.log", "--api-key", key, "--parallel", "1",
+                       "-c", "512") as srv:
+        assert httpx.get(srv.url + "/").status_code == 200                      # the page is public
+        assert httpx.get(srv.url + "/v1/models").status_code == 401             # the API is not
+        page.goto(srv.url + "/")
+        dialog = page.locator("#key-dialog")
+        dialog.wait_for(state="visible")
+        assert page.locator("#key-error").is_hidden()                           # no key yet: no error
+        page.fill("#api-key", "wrong")
+        page.press("#api-key", "Enter")
+        page.wait_for_selector("#key-error:has-text('refused')")
+        assert dialog.is_visible()
+        page.fill("#api-key", key)
+        page.click("#key-form button[type=submit]")
+        dialog.wait_for(state="hidden")
+        page.wait_for_selector(f"#model-info:has-text('Model {srv.model_id}')")
+        _settings(page, **{"max-tokens": "8", "temperature": "0"})
+        page.fill("#input", "Hello")
+        page.press("#input", "Enter")
+        page.locator(".msg.assistant[data-status=done]").wait_for(timeout=60_000)
+        assert page.locator(".msg.assistant .stats").inner_text().startswith("8 tokens")
+        assert page.evaluate("localStorage.getItem('llambda.apiKey')") == key
+        # the key kept in the browser is used again after a reload, without asking
+        page.reload()
+        page.wait_for_selector(f"#model-info:has-text('Model {srv.model_id}')")
+        assert dialog.is_hidden()
