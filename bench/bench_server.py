@@ -153,16 +153,23 @@ def one_request(engine: Engine, model: str, prompt: str, max_tokens: int) -> tup
     return n, (first or end_t) - t0, end_t - t0
 
 
-def run_round(engine: Engine, model: str, streams: int, per_stream: int, max_tokens: int) -> dict:
+def story_prompt(k: int) -> str:
+    return f"Once upon a time, there was {TOPICS[k % len(TOPICS)]}. One day,"
+
+
+def run_round(engine: Engine, model: str, streams: int, per_stream: int, max_tokens: int,
+              prompt_for=story_prompt) -> dict:
+    """C streams of R requests each; prompt_for(k) gives the k-th request's prompt; max_tokens is a
+    number or, per request, a function of k."""
     results: list[tuple[int, float, float]] = []
     errors: list[str] = []
     lock = threading.Lock()
 
     def client(k: int) -> None:
         for r in range(per_stream):
-            topic = TOPICS[(k * per_stream + r) % len(TOPICS)]
             try:
-                res = one_request(engine, model, f"Once upon a time, there was {topic}. One day,", max_tokens)
+                i = k * per_stream + r
+                res = one_request(engine, model, prompt_for(i), max_tokens(i) if callable(max_tokens) else max_tokens)
             except Exception as e:  # report, do not hide
                 with lock:
                     errors.append(str(e))
@@ -180,7 +187,18 @@ def run_round(engine: Engine, model: str, streams: int, per_stream: int, max_tok
     tokens = sum(r[0] for r in results)
     return {"engine": engine.name, "streams": streams, "requests": len(results), "errors": errors,
             "tokens": tokens, "wall_s": wall, "tok_s": tokens / wall if wall > 0 else 0.0,
-            "ttft_ms": 1000 * statistics.median(r[1] for r in results) if results else float("nan")}
+            "ttft_ms": 1000 * statistics.median(r[1] for r in results) if results else float("nan"),
+            "lengths": [r[0] for r in results]}
+
+
+def logged_round(rep: int, engine: Engine, model: str, streams: int, per_stream: int, max_tokens: int,
+                 prompt_for=story_prompt) -> dict:
+    """run_round, its row marked with the pass it belongs to and a line on stderr."""
+    row = run_round(engine, model, streams, per_stream, max_tokens, prompt_for)
+    row["rep"] = rep
+    print(f"   {engine.name} {streams} streams (rep {rep}): {row['tok_s']:.1f} tok/s aggregate, "
+          f"TTFT {row['ttft_ms']:.0f} ms, {row['requests']} requests, {len(row['errors'])} errors", file=sys.stderr)
+    return row
 
 
 def model_id(engine: Engine) -> str:
@@ -188,37 +206,49 @@ def model_id(engine: Engine) -> str:
     return data[0]["id"]
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_common_args(ap: argparse.ArgumentParser, streams: str) -> None:
+    """The options every server benchmark takes (this one and bench_constrained.py)."""
     ap.add_argument("-m", "--model", default=None, help="GGUF file (default: the catalogued smollm2-135m)")
-    ap.add_argument("--streams", default="1,4,8", help="concurrency levels (default 1,4,8)")
+    ap.add_argument("--streams", default=streams, help=f"concurrency levels (default {streams})")
     ap.add_argument("--parallel", type=int, default=8, help="server slots (default 8)")
-    ap.add_argument("-n", "--max-tokens", type=int, default=128, help="tokens generated per request")
     ap.add_argument("-r", "--requests-per-stream", type=int, default=2)
-    ap.add_argument("--repeat", type=int, default=3, help="rounds per engine and level (median reported)")
+    ap.add_argument("--repeat", type=int, default=3, help="passes over the levels (median reported)")
     ap.add_argument("-c", "--ctx-size", type=int, default=1024, help="context per slot")
     ap.add_argument("-t", "--threads", type=int, default=None)
-    ap.add_argument("--llama-server", default="auto", help="path to llama-server, 'auto' (PATH) or 'none'")
-    ap.add_argument("--llama-cpp-python", nargs="?", const=sys.executable, default=None, metavar="PYTHON",
-                    help="also run llama_cpp.server (it serializes requests) with this interpreter (default: ours)")
     ap.add_argument("--llambda-args", default="", help="extra arguments for `llambda serve`")
-    ap.add_argument("--no-llambda", action="store_true", help="only the other engines")
     ap.add_argument("--json", default=None, help="write the rows here")
-    a = ap.parse_args(argv)
 
+
+def resolve_common_args(a) -> tuple[int, list[int]]:
+    """Fills in the default model; returns (threads, concurrency levels)."""
     sys.path.insert(0, str(ROOT))
     if a.model is None:
         from llambda.hub import ensure_model
         a.model = str(ensure_model("smollm2-135m"))
-    threads = a.threads or _physical_cores()
-    levels = [int(s) for s in a.streams.split(",")]
+    return a.threads or _physical_cores(), [int(s) for s in a.streams.split(",")]
+
+
+def llambda_serve_cmd(a, port: int, threads: int) -> list[str]:
+    return [sys.executable, "-m", "llambda.cli", "serve", "-m", a.model, "--port", str(port),
+            "--parallel", str(a.parallel), "-c", str(a.ctx_size), "-t", str(threads), "--log-level", "warning",
+            *a.llambda_args.split()]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_common_args(ap, "1,4,8")
+    ap.add_argument("-n", "--max-tokens", type=int, default=128, help="tokens generated per request")
+    ap.add_argument("--llama-server", default="auto", help="path to llama-server, 'auto' (PATH) or 'none'")
+    ap.add_argument("--llama-cpp-python", nargs="?", const=sys.executable, default=None, metavar="PYTHON",
+                    help="also run llama_cpp.server (it serializes requests) with this interpreter (default: ours)")
+    ap.add_argument("--no-llambda", action="store_true", help="only the other engines")
+    a = ap.parse_args(argv)
+    threads, levels = resolve_common_args(a)
     engines: list[Engine] = []
 
     port = free_port()
     if not a.no_llambda:
-        cmd = [sys.executable, "-m", "llambda.cli", "serve", "-m", a.model, "--port", str(port),
-               "--parallel", str(a.parallel), "-c", str(a.ctx_size), "-t", str(threads), "--log-level", "warning",
-               *a.llambda_args.split()]
+        cmd = llambda_serve_cmd(a, port, threads)
         engines.append(Engine("llambda", cmd, port, env={"PYTHONPATH": str(ROOT)}, extra_body={"ignore_eos": True}))
     exe = shutil.which("llama-server") if a.llama_server == "auto" else (None if a.llama_server == "none"
                                                                            else a.llama_server)
@@ -249,12 +279,7 @@ def main(argv=None) -> int:
         for rep in range(a.repeat):
             for c in levels:
                 for eng in engines:
-                    row = run_round(eng, eng.model_id, c, a.requests_per_stream, a.max_tokens)
-                    row["rep"] = rep
-                    rows.append(row)
-                    print(f"   {eng.name} {c} streams (rep {rep}): {row['tok_s']:.1f} tok/s aggregate, "
-                          f"TTFT {row['ttft_ms']:.0f} ms, {row['requests']} requests, {len(row['errors'])} errors",
-                          file=sys.stderr)
+                    rows.append(logged_round(rep, eng, eng.model_id, c, a.requests_per_stream, a.max_tokens))
     finally:
         for eng in engines:
             eng.stop()

@@ -12,6 +12,7 @@ import numpy as np
 from . import engine
 from .backends import create_backend
 from .backends.native import usable_cpus
+from .constraints import Grammar, Grammars, GrammarSpec, grammar_spec
 from .engine import GenerationParams, Sequence, TokenEvent, token_ids
 from .errors import ChatTemplateError, ContextOverflowError, InvalidInputError, LlambdaWarning, TokenizerError
 from .formats.open import open_model
@@ -106,6 +107,8 @@ class Model:
         self._lock = threading.RLock()
         self._cached: list[int] = []   # tokens whose keys/values slot 0 holds (prefix reuse)
         self._template = None
+        self._grammars = None          # llguidance's view of the vocabulary, built on first use
+        self._grammars_lock = threading.Lock()
 
     # -- text <-> tokens ----------------------------------------------------
     def _tok(self):
@@ -166,14 +169,22 @@ class Model:
                top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
                presence_penalty: float = 0.0, frequency_penalty: float = 0.0, seed: int | None = None,
                stop: Seq[str] | str | None = None, ignore_eos: bool = False, logprobs: int = 0,
-               logit_bias: dict | None = None) -> Iterator[TokenEvent]:
-        """Generate, yielding a TokenEvent per token (text, logprobs) and a last one with finish_reason."""
+               logit_bias: dict | None = None, json_schema=None, grammar: str | None = None,
+               regex: str | None = None) -> Iterator[TokenEvent]:
+        """Generate, yielding a TokenEvent per token (text, logprobs) and a last one with finish_reason.
+
+        At most one of json_schema (a dict or JSON text), grammar (GBNF, or llguidance's Lark) and
+        regex constrains the output: only tokens that keep it inside are sampled, and generation
+        stops where it is complete. An invalid one raises ConstraintError before any token.
+        """
         sp = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                             repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                             seed=seed, logprobs=logprobs, logit_bias=logit_bias)
         stops = [stop] if isinstance(stop, str) else list(stop or [])
-        params = GenerationParams(max_tokens=max_tokens, sampling=sp, stop=stops, ignore_eos=ignore_eos)
+        spec = grammar_spec(json_schema=json_schema, grammar=grammar, regex=regex)
+        params = GenerationParams(max_tokens=max_tokens, sampling=sp, stop=stops, ignore_eos=ignore_eos,
+                                  grammar=self.compile_grammar(spec) if spec is not None else None)
         ids = self._prompt_ids(prompt)
         if isinstance(logit_bias, dict):
             token_ids(list(logit_bias), self.config.vocab_size, what="logit_bias keys")
@@ -200,6 +211,18 @@ class Model:
 
     def complete(self, prompt, **kw) -> str:
         return "".join(ev.text for ev in self.stream(prompt, **kw))
+
+    # -- constrained output ---------------------------------------------------
+    def grammars(self) -> Grammars:
+        """The model's vocabulary as llguidance sees it (built once, on first use; thread-safe)."""
+        with self._grammars_lock:     # not the model's lock: building must not hold up generation
+            if self._grammars is None:
+                self._grammars = Grammars(self._tok(), self.config.vocab_size)
+            return self._grammars
+
+    def compile_grammar(self, spec: GrammarSpec) -> Grammar:
+        """A GrammarSpec compiled for this model; ConstraintError when it is invalid."""
+        return self.grammars().compile(spec)
 
     # -- chat ---------------------------------------------------------------
     def chat_template(self):

@@ -58,6 +58,41 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-text token")
 
 
+def _add_constraint_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("constrained output (at most one)")
+    g.add_argument("--json-schema", metavar="FILE", default=None,
+                   help="the output is JSON valid against the JSON schema in FILE")
+    g.add_argument("--grammar", metavar="FILE", default=None,
+                   help="the output follows the grammar in FILE (llama.cpp's GBNF, or llguidance's Lark)")
+    g.add_argument("--regex", metavar="PATTERN", default=None, help="the output matches this regular expression")
+
+
+def _constraint_kwargs(a) -> dict:
+    """json_schema/grammar/regex for Model.stream, read and checked before the model loads."""
+    from .constraints import ConstraintError, grammar_spec
+
+    def read(path: str, what: str) -> str:
+        try:
+            return Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConstraintError(f"cannot read the {what} file {path}: {e}") from None
+
+    out = {}
+    if a.json_schema is not None:
+        out["json_schema"] = read(a.json_schema, "JSON schema")
+    if a.grammar is not None:
+        out["grammar"] = read(a.grammar, "grammar")
+    if a.regex is not None:
+        out["regex"] = a.regex
+    spec = grammar_spec(**out)          # at most one
+    if spec is not None and spec.kind == "json_schema":
+        try:
+            json.loads(spec.source)
+        except ValueError as e:
+            raise ConstraintError(f"{a.json_schema} is not valid JSON: {e}") from None
+    return out
+
+
 def _sampling_kwargs(a) -> dict:
     return dict(max_tokens=a.max_tokens, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p,
                 repeat_penalty=a.repeat_penalty, repeat_last_n=a.repeat_last_n,
@@ -103,10 +138,11 @@ def _stream_out(events, verbose: bool, t_start: float) -> str:
 
 
 def cmd_run(a) -> int:
+    constraint = _constraint_kwargs(a)
     model = _load(a)
     prompt = a.prompt if a.prompt is not None else sys.stdin.read()
     t0 = time.perf_counter()
-    _stream_out(model.stream(prompt, **_sampling_kwargs(a)), a.verbose, t0)
+    _stream_out(model.stream(prompt, **_sampling_kwargs(a), **constraint), a.verbose, t0)
     sys.stdout.write("\n")
     return 0
 
@@ -115,9 +151,13 @@ def cmd_chat(a) -> int:
     from .hub import home
     from .repl import ChatSession, run_chat
 
+    constraint = _constraint_kwargs(a)
     model = _load(a)
     model.chat_template()    # a clear error now for a model without a template
-    session = ChatSession(model, _sampling_kwargs(a), system=a.system)
+    if constraint:           # an invalid grammar is an error now, not at the first reply
+        from .constraints import grammar_spec
+        model.compile_grammar(grammar_spec(**constraint))
+    session = ChatSession(model, {**_sampling_kwargs(a), **constraint}, system=a.system)
     banner = (f"llambda chat: {a.model} ({model.config.arch}, ctx {model.n_ctx}). "
               "/help for commands, Ctrl-C stops a reply, Ctrl-D or /exit leaves.")
     return run_chat(session, banner, home() / "chat_history", verbose=a.verbose)
@@ -341,12 +381,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="complete a prompt, streaming to stdout")
     _add_model_args(p)
     _add_sampling_args(p)
+    _add_constraint_args(p)
     p.add_argument("prompt", nargs="?", help="the prompt (default: read stdin)")
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("chat", help="interactive chat with history")
     _add_model_args(p)
     _add_sampling_args(p)
+    _add_constraint_args(p)
     p.add_argument("--system", default=None, help="system prompt")
     p.set_defaults(fn=cmd_chat)
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import ContextOverflowError, InvalidInputError, ModelFormatError
-from .sampling import Sampler, SamplingParams, StopMatcher
+from .sampling import Sampler, SamplingParams, StopMatcher, TokenChoice
 
 
 @dataclass
@@ -22,6 +22,7 @@ class GenerationParams:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
+    grammar: object = None                # a constraints.Grammar the output must follow, or None
 
     def validate(self) -> None:
         if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 0):
@@ -112,6 +113,9 @@ class Sequence:
         self.detok = tokenizer.stream() if tokenizer is not None else None
         self.finish_reason: str | None = None
         self.eot = set() if (params.ignore_eos or tokenizer is None) else set(tokenizer.eot_ids)
+        # each sequence has its own parser state; the grammar is shared (n choices, many requests)
+        self.constraint = params.grammar.start() if params.grammar is not None else None
+        self._eos_banned = params.ignore_eos and tokenizer is not None
 
     @property
     def finished(self) -> bool:
@@ -129,13 +133,42 @@ class Sequence:
             return emit if stopped else emit + self.stop.flush()
         return tail
 
+    def _sample_constrained(self, logits: np.ndarray, c) -> TokenChoice:
+        """A token the grammar allows (advancing it), or an EOS where the grammar may end.
+
+        The grammar's mask costs ~50 us per token at a 49k vocabulary, as much as the rest of the
+        sampling: where rejection sampling is exact (Sampler.rejection_exact) the token is drawn
+        unmasked first and the mask is computed only if the grammar refuses it, which it seldom
+        does (the model mostly writes the format it is asked for)."""
+        if self.sampler.rejection_exact:
+            choice = self.sampler.sample(logits, self.tokens)
+            if choice.token in self.eot:
+                if c.accepting:
+                    return choice
+            elif c.try_advance(choice.token):
+                return choice
+        banned = c.banned()
+        if self._eos_banned:      # ignore_eos: the grammar may end there, the caller wants more
+            banned[list(self.tokenizer.eot_ids)] = True
+        choice = self.sampler.sample(logits, self.tokens, banned)
+        if choice.token not in self.eot:
+            c.advance(choice.token)
+        return choice
+
     def step(self, logits: np.ndarray) -> TokenEvent:
         """Sample from the logits of the last position and advance."""
         mt = self.params.max_tokens
         if mt is not None and len(self.generated) >= mt:
             self.finish_reason = "length"
             return TokenEvent(-1, self._closing_text(), finish_reason="length")
-        choice = self.sampler.sample(logits, self.tokens)
+        c = self.constraint
+        if c is None:
+            choice = self.sampler.sample(logits, self.tokens)
+        elif c.done:              # e.g. a grammar of one fixed string, already written
+            self.finish_reason = "stop"
+            return TokenEvent(-1, self._closing_text(), finish_reason="stop")
+        else:
+            choice = self._sample_constrained(logits, c)
         if choice.token in self.eot:
             self.finish_reason = "stop"
             return TokenEvent(-1, self._closing_text(), finish_reason="stop")
@@ -148,6 +181,10 @@ class Sequence:
             if stopped:
                 self.finish_reason = ev.finish_reason = "stop"
                 return ev
+        if c is not None and c.done:   # the grammar is complete and can take nothing more
+            self.finish_reason = ev.finish_reason = "stop"
+            ev.text += self._closing_text()
+            return ev
         if (mt is not None and len(self.generated) >= mt) or len(self.tokens) >= self.n_ctx:
             self.finish_reason = ev.finish_reason = "length"
             ev.context_full = len(self.tokens) >= self.n_ctx and (mt is None or len(self.generated) < mt)

@@ -194,10 +194,18 @@ class Sampler:
 
     # -- public -----------------------------------------------------------------------------
 
-    def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> TokenChoice:
-        """Choose the next token. `history` is the sequence so far (prompt + generated), for penalties."""
+    def sample(self, logits: np.ndarray, history: Sequence[int] = (), banned: np.ndarray | None = None) -> TokenChoice:
+        """Choose the next token. `history` is the sequence so far (prompt + generated), for penalties;
+        `banned` a bool mask over the vocabulary of tokens never to choose (a grammar's, applied
+        after penalties and bias, like a -inf bias: logprobs stay those of the model)."""
         x = self._check_logits(logits)
         work = self._apply_penalties_and_bias(x, history)
+        if banned is not None:
+            if banned.shape != x.shape:
+                raise SamplingError(f"the mask has {banned.size} entries for {x.size} logits")
+            if work is x:
+                work = x.copy()
+            np.copyto(work, work.dtype.type(-math.inf), where=banned)
         p = self.params
         greedy = p.temperature <= 0
         if greedy and work is x:
@@ -210,7 +218,7 @@ class Sampler:
             raise SamplingError(f"logits contain {what}")
         m_work = float(m) if work is x else float(work.max())
         if m_work == -math.inf:
-            raise SamplingError("every token has -inf logit after penalties/logit_bias")
+            raise SamplingError("every token has -inf logit after penalties/logit_bias/grammar")
         top_k_ids = None
         if greedy:
             if work is not x:
@@ -228,6 +236,16 @@ class Sampler:
                 best = top_k_indices(x, p.logprobs)
             top = [(int(t), float(x[t]) - lse) for t in best]
         return TokenChoice(token, float(x[token]) - lse, top)
+
+    @property
+    def rejection_exact(self) -> bool:
+        """Whether drawing from the whole distribution and, when the token is not allowed, drawing
+        again under the mask gives exactly the masked distribution (rejection sampling): greedy,
+        or no truncation (top-k, top-p and min-p off), whose masked distribution is the full one
+        renormalized over the allowed tokens. With truncation, which tokens survive depends on the
+        mask, so a grammar's mask must come first."""
+        p = self.params
+        return p.temperature <= 0 or (p.top_k == 0 and p.top_p >= 1.0 and p.min_p <= 0.0)
 
     # -- steps ------------------------------------------------------------------------------
 

@@ -40,9 +40,10 @@ def test_bad_requests_get_openai_errors(live, client):
     assert_error(post(live, url, {"model": MODEL_ID, "messages": msgs, "tools": tool,
                                   "tool_choice": {"type": "function", "function": {"name": "g"}}}), 400, "'g'")
     assert_error(post(live, url, {"model": MODEL_ID, "messages": msgs, "tool_choice": "required"}), 400, "tools")
-    # tools on a model whose template cannot render them
-    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
-    assert_error(post(live, url, {"model": MODEL_ID, "messages": msgs, "tools": tools}), 400, "tools")
+    # a tool whose parameters no grammar can follow (tools on SmolLM2, whose template has none,
+    # go through the generic tool prompt: tests/test_server_constrained.py)
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}]
+    assert_error(post(live, url, {"model": MODEL_ID, "messages": msgs, "tools": tools}), 400, "tools", "objekt")
     # the official client surfaces them as typed exceptions
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=MODEL_ID, messages=[])
@@ -131,7 +132,10 @@ def test_schema_validation_units():
         ({"messages": msgs, "tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
         ({"messages": msgs, "tool_choice": {"type": "function"}}, "tool_choice"),
         ({"messages": msgs, "parallel_tool_calls": 1}, "parallel_tool_calls"),
-        ({"messages": msgs, "response_format": {"type": "json_object"}}, "response_format"),
+        ({"messages": msgs, "response_format": {"type": "xml"}}, "response_format"),
+        ({"messages": msgs, "response_format": {"type": "json_schema"}}, "response_format"),
+        ({"messages": msgs, "json_schema": {"type": "object"}, "grammar": "root ::= \"a\""}, "at most one"),
+        ({"messages": msgs, "grammar": 5}, "grammar"),
         ({"messages": msgs, "best_of": 2}, "best_of"),
         ({"messages": msgs, "temperature": True}, "temperature"),
         ({"messages": msgs, "top_p": 0}, "top_p"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import AsyncIterator
 
+from ..constraints import ConstraintError, GrammarSpec
 from ..engine import GenerationParams, Sequence
 from ..errors import ChatTemplateError, ContextOverflowError, LlambdaError, TokenizerError
 from ..sampling import SamplingParams
@@ -21,7 +22,7 @@ from .openai_format import (SSE_DONE, ChoiceState, TokenStrings, Usage, chat_log
                             completion_logprobs, completion_response, new_id, now, sse, tool_finish)
 from .scheduler import Channel, Job, JobFailure, PromptLogprobs, QueueFull, Scheduler, ShuttingDown
 from .schemas import GenerationSpec
-from .tools import OPEN_TAG, ToolSetup, hermes_prefix, tool_names
+from .tools import OPEN_TAG, ToolSetup, generic_tool_messages, hermes_prefix, tool_grammar, tool_names
 from .workers import PoolClosed, PoolFull, PromptWorkers
 
 DISCONNECTED = object()   # pushed into a channel when the client goes away
@@ -54,39 +55,64 @@ class Service:
         self.workers = PromptWorkers(cfg.prompt_workers, backlog=max(cfg.queue_size, cfg.prompt_workers))
         self.fim = find_fim_tokens(model.tokenizer, getattr(model.source, "metadata", None))
 
+    def warm_grammars(self) -> None:
+        """Build what constrained decoding needs ahead of the first request (any thread)."""
+        try:
+            self.model.grammars()
+        except Exception:     # no tokenizer, no llguidance: the request that needs it will say so
+            pass
+
     # -- checks ------------------------------------------------------------------
     def check_model(self, name: str | None) -> None:
         if not self.cfg.accepts(name):
             raise APIError(404, f"the model {name!r} does not exist; this server serves {self.cfg.model_id!r}",
                            param="model", code="model_not_found")
 
-    def _chat_ids(self, spec: GenerationSpec) -> tuple[list[int], ToolSetup | None]:
-        if spec.tools and not self.template_has_tools:
-            raise bad_request(f"the chat template of {self.cfg.model_id!r} does not render tools; "
-                              "this model cannot be given 'tools'", param="tools")
-        setup = self._tool_setup(spec)
+    def _chat_ids(self, spec: GenerationSpec) -> tuple[list[int], ToolSetup | None, GrammarSpec | None]:
+        """The prompt, how the answer is read for tool calls, and the grammar tool calls follow."""
+        messages, tools = spec.messages, spec.tools
+        generic = bool(spec.tools) and not self.template_has_tools
+        if generic:
+            # the template cannot render tools: describe them in a system message instead
+            messages = generic_tool_messages(spec.messages, spec.tools, spec.tool_choice, spec.forced_tool)
+            tools = None
+        setup, grammar = self._tool_setup(spec, constrained=generic or self.template_hermes, generic=generic)
         try:
-            text = self.model.render_chat(spec.messages, tools=spec.tools)
+            text = self.model.render_chat(messages, tools=tools)
             if setup is not None:
                 text += setup.prefix
-            return self.model._prompt_ids(text), setup
+            return self.model._prompt_ids(text), setup, grammar
         except ChatTemplateError as e:
             raise bad_request(f"cannot render the messages: {e}", param="messages") from None
         except TokenizerError as e:
             raise bad_request(str(e), param="messages") from None
 
-    def _tool_setup(self, spec: GenerationSpec) -> ToolSetup | None:
-        """tool_choice "required" or a forced function: the answer starts as a call where the
-        template's call format is known, and only calls to the allowed tools count."""
+    def _tool_setup(self, spec: GenerationSpec, constrained: bool,
+                    generic: bool = False) -> tuple[ToolSetup | None, GrammarSpec | None]:
+        """Calls in the <tool_call> format (Hermes-style templates and the generic prompt) are
+        generated under a grammar: with tool_choice "required" or a forced function the answer is
+        a call, with "auto" it may be text, and a call it starts is valid. Calls in other
+        templates' formats are only parsed."""
         if not spec.tools:
-            return None
+            return None, None
         names = {spec.forced_tool} if spec.tool_choice == "function" else tool_names(spec.tools)
         prefix = ""
-        if self.template_hermes and spec.tool_choice == "required":
-            prefix = hermes_prefix("required")
-        elif self.template_hermes and spec.tool_choice == "function":
-            prefix = hermes_prefix(spec.forced_tool)
-        return ToolSetup(names, prefix, spec.parallel_tool_calls)
+        if constrained and spec.tool_choice != "auto":
+            # the answer starts as a call (prefilled, not decoded token by token)
+            prefix = hermes_prefix("required" if spec.tool_choice == "required" else spec.forced_tool)
+        setup = ToolSetup(names, prefix, spec.parallel_tool_calls)
+        if not constrained:
+            return setup, None
+        if spec.constraint is not None and spec.tool_choice != "auto":
+            raise bad_request(f"'{spec.constraint_param}' cannot be combined with a tool_choice that forces "
+                              "a call", param=spec.constraint_param)
+        if spec.constraint is not None:      # auto: the client's format for text answers wins
+            return setup, None
+        # a named function is one call of it; "required" may make several (parallel_tool_calls), but
+        # not through the generic prompt: models never trained on calls repeat them until max_tokens
+        lark = tool_grammar(spec.tools, names, spec.tool_choice,
+                            parallel=spec.parallel_tool_calls and spec.tool_choice == "required" and not generic)
+        return setup, GrammarSpec("lark", lark)
 
     def _completion_ids(self, prompt, spec: GenerationSpec) -> list[int]:
         try:
@@ -148,8 +174,11 @@ class Service:
             raise bad_request(f"{n_jobs} sequences requested (prompts x n); this server holds at most "
                               f"{self.scheduler.capacity()} at once", param="n")
         tools = None
+        constraint, param = spec.constraint, spec.constraint_param
         if spec.kind == "chat":
-            ids, tools = self._chat_ids(spec)
+            ids, tools, tool_constraint = self._chat_ids(spec)
+            if tool_constraint is not None:
+                constraint, param = tool_constraint, "tools"
             prompts = [ids]
             echoes = [""]
         else:
@@ -160,11 +189,21 @@ class Service:
         if bias and max(bias) >= vocab:
             raise bad_request(f"'logit_bias' names token {max(bias)}, outside this model's vocabulary of {vocab}",
                               param="logit_bias")
+        grammar = self._compile(constraint, param) if constraint is not None else None
         seqs = []
         for ids in prompts:
             max_tokens = self._max_tokens(spec, len(ids))
-            seqs.append([self._sequence(spec, ids, max_tokens, k) for k in range(spec.n)])
+            seqs.append([self._sequence(spec, ids, max_tokens, k, grammar) for k in range(spec.n)])
         return Prepared(spec, prompts, echoes, seqs, tools)
+
+    def _compile(self, constraint: GrammarSpec, param: str):
+        """The grammar, compiled before anything is queued: an invalid one is the client's 400."""
+        try:
+            return self.model.compile_grammar(constraint)
+        except ConstraintError as e:
+            raise bad_request(f"'{param}': {e}", param=param) from None
+        except TokenizerError as e:
+            raise bad_request(f"'{param}' needs a tokenizer: {e}", param=param) from None
 
     def launch(self, p: "Prepared") -> "Generation":
         """Queue the sequences (on the event loop, which receives their events)."""
@@ -191,14 +230,15 @@ class Service:
             return prompt
         return self.model.tokenizer.decode(ids) if self.model.tokenizer is not None else ""
 
-    def _sequence(self, spec: GenerationSpec, ids: list[int], max_tokens: int | None, k: int) -> Sequence:
+    def _sequence(self, spec: GenerationSpec, ids: list[int], max_tokens: int | None, k: int,
+                  grammar=None) -> Sequence:
         kw = dict(spec.sampling)
         if kw.get("seed") is not None and k:
             kw["seed"] = (kw["seed"] + k) % 2**64     # seeded n > 1: distinct but reproducible choices
         try:
             sp = SamplingParams(**kw, logprobs=spec.top_logprobs, chosen_logprob=bool(spec.logprobs))
             params = GenerationParams(max_tokens=max_tokens, sampling=sp, stop=list(spec.stop),
-                                      ignore_eos=spec.ignore_eos)
+                                      ignore_eos=spec.ignore_eos, grammar=grammar)
             seq = Sequence(self.model.tokenizer, ids, params, slot=-1, n_ctx=self.model.n_ctx)
             if spec.suffix is not None and not spec.ignore_eos:
                 seq.eot |= self.fim.end_ids     # a new FIM block or file means the gap is filled

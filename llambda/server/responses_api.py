@@ -170,8 +170,8 @@ def parse_responses(body) -> tuple[GenerationSpec, dict]:
     try:
         spec = parse_chat(chat)
     except APIError as e:
-        if e.param == "response_format":    # until constrained decoding takes it, name the Responses field
-            raise bad_request(f"text.format {response_format['type']!r} is not supported yet: {e.message}",
+        if e.param == "response_format":    # a format chat refuses: name the Responses field
+            raise bad_request(f"text.format {response_format['type']!r} is invalid: {e.message}",
                               param="text.format") from None
         raise
     metadata = b.get("metadata")

@@ -3,7 +3,9 @@
 Every check names the field and what was wrong, and raises APIError(400). Unknown
 fields are ignored (clients add their own, e.g. `user`); known fields with the
 wrong type or range are rejected, never coerced. Features we do not implement
-(images, JSON mode) are refused, not ignored. `parse_json` reads a body
+(images) are refused, not ignored. Output constraints (`response_format`,
+llama-server's `json_schema` and `grammar`, and `regex`) become a GrammarSpec here;
+whether it compiles is checked against the model (generation.py). `parse_json` reads a body
 with bounded depth and number sizes, so no input reaches a RecursionError, an
 int-conversion limit or an infinity later on.
 """
@@ -14,6 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..constraints import GrammarSpec
 from .errors import bad_request
 
 MAX_N = 16              # choices per request
@@ -120,6 +123,8 @@ class GenerationSpec:
     logprobs: bool = False
     top_logprobs: int = 0
     ignore_eos: bool = False
+    constraint: GrammarSpec | None = None   # what the output must follow (response_format, grammar, ...)
+    constraint_param: str | None = None     # the field that gave it, for errors
     # chat
     messages: list | None = None
     tools: list | None = None
@@ -247,11 +252,50 @@ def _common(b: _Body, kind: str) -> GenerationSpec:
     best_of = b.integer("best_of", None, 1, MAX_N)
     if best_of is not None and best_of != spec.n:
         raise bad_request("'best_of' other than n is not supported", param="best_of")
+    _constraint(b, spec)
+    return spec
+
+
+def _constraint(b: _Body, spec: GenerationSpec) -> None:
+    """OpenAI's response_format, llama-server's json_schema and grammar, and regex: at most one."""
+    given = []
     fmt = b.get("response_format")
     if fmt is not None:
-        if not isinstance(fmt, dict) or fmt.get("type") != "text":
-            raise bad_request("only response_format {\"type\": \"text\"} is supported", param="response_format")
-    return spec
+        if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
+            raise bad_request("response_format must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+                              "{\"type\": \"json_schema\", \"json_schema\": {\"name\": ..., \"schema\": {...}}}",
+                              param="response_format")
+        if fmt["type"] == "json_object":
+            given.append(("response_format", GrammarSpec("json_schema", '{"type": "object"}')))
+        elif fmt["type"] == "json_schema":
+            js = fmt.get("json_schema")
+            if not isinstance(js, dict) or not isinstance(js.get("name"), str) or not js["name"]:
+                raise bad_request("response_format.json_schema must be an object with a non-empty string 'name'",
+                                  param="response_format.json_schema")
+            if js.get("strict") is not None and not isinstance(js["strict"], bool):
+                raise bad_request("response_format.json_schema.strict must be a boolean",
+                                  param="response_format.json_schema.strict")
+            schema = js.get("schema", {"type": "object"})
+            if not isinstance(schema, dict):
+                raise bad_request(f"response_format.json_schema.schema must be a JSON Schema object, got "
+                                  f"{_type(schema)}", param="response_format.json_schema.schema")
+            given.append(("response_format", GrammarSpec("json_schema", json.dumps(schema))))
+    schema = b.get("json_schema")
+    if schema is not None:
+        if not isinstance(schema, dict):
+            raise bad_request(f"'json_schema' must be a JSON Schema object, got {_type(schema)}", param="json_schema")
+        given.append(("json_schema", GrammarSpec("json_schema", json.dumps(schema))))
+    for name, kind in (("grammar", "grammar"), ("regex", "regex")):
+        v = b.get(name)
+        if v is not None and v != "":
+            if not isinstance(v, str):
+                raise bad_request(f"'{name}' must be a string, got {_type(v)}", param=name)
+            given.append((name, GrammarSpec(kind, v)))
+    if len(given) > 1:
+        raise bad_request(f"give at most one of response_format, json_schema, grammar and regex "
+                          f"(got {' and '.join(n for n, _ in given)})", param=given[1][0])
+    if given:
+        spec.constraint_param, spec.constraint = given[0]
 
 
 def _stop(v: Any) -> list[str]:

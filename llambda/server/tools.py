@@ -21,6 +21,8 @@ import re
 import secrets
 from dataclasses import dataclass, field
 
+from ..constraints.grammar import JSON_STYLE
+
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
 _HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]*)"\s*,\s*"arguments"\s*:')
@@ -371,3 +373,116 @@ def extract_tool_calls(text: str, names: set[str], prefix: str = "",
     if not calls:
         return content, []
     return content.strip(), calls
+
+
+# -- constrained calls -------------------------------------------------------------------------
+# A call is `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` whatever the template, so
+# the parser above reads calls of Hermes-style templates and of the generic prompt alike. The
+# grammar makes it valid by construction: the name one of the offered tools, the arguments valid
+# against that tool's parameter schema.
+
+def call_schema(tools: list, names: set[str]) -> dict:
+    """JSON schema of one call object to any of `names` (name first, as the streaming parser wants)."""
+    alts = []
+    for t in tools:
+        fn = t["function"]
+        if fn["name"] not in names:
+            continue
+        params = fn.get("parameters") or {"type": "object"}
+        alts.append({"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": params},
+                     "required": ["name", "arguments"], "additionalProperties": False})
+    schema = alts[0] if len(alts) == 1 else {"anyOf": alts}
+    return {**schema, "x-guidance": JSON_STYLE}
+
+
+def tool_grammar(tools: list, names: set[str], choice: str, parallel: bool) -> str:
+    """A Lark grammar (llguidance's dialect) for an answer under tools.
+
+    choice "required" or "function" (names: the forced one): the prompt already ends with
+    `hermes_prefix(...)` (prefilled, cheaper than forced decode steps), and the grammar goes on
+    from there: a tool name, its arguments, the closing tag; more calls with `parallel`.
+    "auto": free text, but from a `<tool_call>` tag on (a lazy lexeme: it ends at the first
+    occurrence of the tag) the call must be valid, and text may follow a call, as the parser
+    expects. An answer that opens with `{` or a ``` fence is what the parser takes for a bare
+    call (small models drop the tags), so there it must be a valid call too.
+    """
+    def schema(obj) -> str:
+        return json.dumps({**obj, "x-guidance": JSON_STYLE}, ensure_ascii=False)
+
+    rules = (f'call: %json {json.dumps(call_schema(tools, names), ensure_ascii=False)}\n'
+             f'body: "\\n"? call "\\n"? "{CLOSE_TAG}"\n'
+             'TEXT: /(.|\\n)*/\n')
+    if choice == "auto":
+        start = (f'start: first body (lead body)* TEXT | FIRST | bare\n'
+                 f'first[lazy]: FIRST "{OPEN_TAG}"\n'
+                 f'lead[lazy]: TEXT "{OPEN_TAG}"\n'
+                 'bare: call | "```json\\n" call "\\n```" | "```\\n" call "\\n```"\n'
+                 # text that does not open a bare call: its first visible character is not "{",
+                 # and a ``` fence there names a language other than json
+                 'FIRST: /\\s*|\\s*([^\\s{`]|`[^`]|``[^`]|```([A-Za-ik-z]|j[^s]|js[^o]|jso[^n]|json[^ \\t\\n]'
+                 '|[^A-Za-z \\t\\n]))(.|\\n)*/')
+        return f'%llguidance {{}}\n{start}\n{rules}'
+    heads = []
+    for i, t in enumerate(x for x in tools if x["function"]["name"] in names):
+        fn = t["function"]
+        rules += f'args_{i}: %json {schema(fn.get("parameters") or {"type": "object"})}\n'
+        # after the prefix `{"name": "` comes the rest of the name; a forced name is in the prefix
+        head = "" if choice == "function" else json.dumps(fn["name"], ensure_ascii=False)[1:] + ', "arguments":'
+        heads.append(f'{json.dumps(head, ensure_ascii=False)} " "? args_{i}' if head else f'" "? args_{i}')
+    more = f' ("\\n"? "{OPEN_TAG}" body)*' if parallel else ""
+    start = f'start: ({" | ".join(heads)}) "}}" "\\n"? "{CLOSE_TAG}"{more}'
+    return f'%llguidance {{}}\n{start}\n{rules}'
+
+
+GENERIC_TOOLS = """You can call these tools (functions), given as JSON schemas:
+{tools}
+
+To call a tool, answer with the call and nothing else, in this form:
+<tool_call>
+{{"name": "<function name>", "arguments": <the arguments as a JSON object>}}
+</tool_call>
+{rule}"""
+
+
+def generic_tool_messages(messages: list, tools: list, choice: str, forced: str | None) -> list:
+    """Messages for a template that knows nothing of tools: a system message describing the tools
+    and the call format, earlier calls written in that format, tool results as user turns."""
+    listing = json.dumps([{"name": t["function"]["name"], "description": t["function"].get("description", ""),
+                           "parameters": t["function"].get("parameters") or {"type": "object"}}
+                          for t in tools], ensure_ascii=False, indent=1)
+    rule = {"required": "You must call one of the tools.",
+            "function": f"You must call the tool {forced}."}.get(choice, "If no tool helps, answer directly.")
+    text = GENERIC_TOOLS.format(tools=listing, rule=rule)
+    out = []
+    for m in messages:
+        role = m.get("role")
+        if role in ("system", "developer") and not out:
+            out.append({"role": "system", "content": f"{_text(m.get('content'))}\n\n{text}"})
+            continue
+        if not out:
+            out.append({"role": "system", "content": text})
+        if role == "assistant" and m.get("tool_calls"):
+            calls = "\n".join(_written_call(c) for c in m["tool_calls"])
+            out.append({"role": "assistant", "content": (_text(m.get("content")) + "\n" + calls).strip()})
+        elif role in ("tool", "function"):
+            out.append({"role": "user", "content": f"<tool_response>\n{_text(m.get('content'))}\n</tool_response>"})
+        else:
+            out.append(m)
+    return out
+
+
+def _text(content) -> str:
+    if isinstance(content, list):
+        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return content or ""
+
+
+def _written_call(call: dict) -> str:
+    fn = call.get("function") or {}
+    args = fn.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            pass
+    return f"{OPEN_TAG}\n{json.dumps({'name': fn.get('name'), 'arguments': args}, ensure_ascii=False)}\n{CLOSE_TAG}"

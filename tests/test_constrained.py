@@ -1,0 +1,227 @@
+"""Constrained decoding in the library and the CLI: grammars over the model's vocabulary (llguidance),
+the mask in the sampler, and outputs that are valid against their schema, grammar or regex."""
+import json
+import re
+import subprocess
+import sys
+
+import jsonschema
+import numpy as np
+import pytest
+
+import llambda
+from llambda.constraints import ConstraintError, GrammarSpec, Grammars, grammar_spec
+from llambda.sampling import Sampler, SamplingParams
+
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "pet"],
+          "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 16},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                         "pet": {"enum": ["cat", "dog", "none"]},
+                         "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 3}}}
+QUESTIONS = ["Describe a person as JSON.", "Invent a character for a story.", "Who is your best friend?",
+             "Give me a JSON record of a pet owner.", "Tell me about a famous scientist.", "Write a user profile."]
+
+
+# -- offline ---------------------------------------------------------------------------------
+
+def test_grammar_spec_takes_one_constraint():
+    assert grammar_spec() is None
+    assert grammar_spec(json_schema={"type": "object"}) == GrammarSpec("json_schema", '{"type": "object"}')
+    assert grammar_spec(grammar='root ::= "a"').kind == "grammar"
+    assert grammar_spec(regex="[0-9]+") == GrammarSpec("regex", "[0-9]+")
+    with pytest.raises(ConstraintError, match="at most one"):
+        grammar_spec(json_schema={}, regex="a")
+    with pytest.raises(ConstraintError, match="grammar"):
+        grammar_spec(grammar="")
+    with pytest.raises(ConstraintError, match="json_schema"):
+        grammar_spec(json_schema=5)
+    with pytest.raises(ConstraintError):
+        GrammarSpec("xml", "<a/>")
+
+
+def test_sampler_never_picks_a_banned_token():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=200).astype(np.float32)
+    banned = np.ones(200, bool)
+    allowed = [3, 77, 150]
+    banned[allowed] = False
+    greedy = Sampler(SamplingParams(temperature=0)).sample(logits, banned=banned)
+    assert greedy.token == allowed[int(np.argmax(logits[allowed]))]
+    # the reported logprob is the model's, as with logit_bias: the mask only restricts the choice
+    assert greedy.logprob == pytest.approx(float(logits[greedy.token] - np.log(np.exp(logits).sum())), abs=1e-5)
+    for params in (SamplingParams(temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, seed=1),
+                   SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=2),
+                   SamplingParams(temperature=1.0, top_k=2, top_p=0.5, min_p=0.0, seed=3)):
+        s = Sampler(params)
+        picks = {s.sample(logits, banned=banned).token for _ in range(300)}
+        assert picks <= set(allowed), params
+    with pytest.raises(ValueError, match="mask"):
+        Sampler(SamplingParams()).sample(logits, banned=banned[:10])
+
+
+class _SetGrammar:
+    """A stand-in grammar over a tiny vocabulary: any token of `allowed`, forever; counts its masks."""
+
+    def __init__(self, n, allowed):
+        self.n, self.allowed, self.masks = n, set(allowed), 0
+
+    def start(self):
+        return self
+
+    done = False
+    accepting = False
+
+    def banned(self):
+        self.masks += 1
+        return np.array([t not in self.allowed for t in range(self.n)])
+
+    def advance(self, t):
+        assert t in self.allowed
+
+    def try_advance(self, t):
+        return t in self.allowed
+
+
+def _draws(params, logits, grammar, n):
+    from llambda.engine import GenerationParams, Sequence
+    seq = Sequence(None, [0], GenerationParams(max_tokens=None, sampling=params, grammar=grammar), 0, 10**9)
+    return np.bincount([seq.step(logits).token for _ in range(n)], minlength=logits.size)
+
+
+def test_unmasked_first_draw_gives_exactly_the_masked_distribution():
+    """Drawing unmasked and falling back to the mask when the grammar refuses the token is rejection
+    sampling: the frequencies are the softmax renormalized over the allowed tokens."""
+    logits = np.array([2.0, 0.5, 1.5, -1.0, 0.0, 1.0], np.float32)
+    allowed = [1, 3, 4, 5]
+    g = _SetGrammar(6, allowed)
+    n = 20000
+    counts = _draws(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=7), logits, g, n)
+    p = np.zeros(6)
+    p[allowed] = np.exp(logits[allowed]) / np.exp(logits[allowed]).sum()
+    assert counts[[0, 2]].sum() == 0
+    assert np.abs(counts / n - p).max() < 0.015, (counts / n, p)
+    # the mask was needed only when the unmasked draw fell on a refused token (~60% of the mass here)
+    refused = np.exp(logits[[0, 2]]).sum() / np.exp(logits).sum()
+    assert abs(g.masks / n - refused) < 0.02
+    # with truncation the mask comes first: top-k=2 of the allowed tokens, never another
+    g = _SetGrammar(6, allowed)
+    counts = _draws(SamplingParams(temperature=1.0, top_k=2, top_p=1.0, min_p=0.0, seed=7), logits, g, 2000)
+    assert set(np.flatnonzero(counts)) == {1, 5} and g.masks == 2000
+    # greedy: the best allowed token
+    counts = _draws(SamplingParams(temperature=0), logits, _SetGrammar(6, allowed), 10)
+    assert counts[5] == 10
+
+
+# -- on SmolLM2's vocabulary -------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def model(smollm2_gguf):
+    with llambda.load(smollm2_gguf, n_ctx=512) as m:
+        yield m
+
+
+def test_mask_allows_exactly_the_tokens_that_stay_in_the_grammar(model):
+    tok = model.tokenizer
+    c = model.compile_grammar(GrammarSpec("regex", "(yes|no|maybe)!")).start()
+    allowed = np.flatnonzero(~c.banned())
+    words = [b"yes!", b"no!", b"maybe!"]
+    for t in allowed:
+        piece = tok.token_bytes(int(t))
+        assert any(w.startswith(piece) for w in words), piece
+    expect = {t for t in range(tok.vocab_size) if tok.token_bytes(t) and not tok.is_special(t)
+              and any(w.startswith(tok.token_bytes(t)) for w in words)}
+    assert set(allowed.tolist()) == expect
+    # EOS only once the text is complete, and then nothing else
+    for t in tok.encode("maybe"):
+        c.advance(t)
+    assert not c.done and not c.accepting
+    assert c.banned()[sorted(tok.eot_ids)].all()
+    c.advance(tok.encode("!")[0])
+    assert c.accepting and c.done
+    with pytest.raises(ConstraintError):
+        c.advance(tok.encode("x")[0])
+
+
+def test_invalid_constraints_fail_before_any_token(model):
+    cases = [({"json_schema": {"type": "objekt"}}, "objekt"),
+             ({"json_schema": {"type": "string", "minLength": 5, "maxLength": 2}}, "maxLength"),
+             ({"json_schema": "{not json"}, "JSON"),
+             ({"grammar": "root ::= undefined_rule"}, "undefined_rule"),
+             ({"grammar": 'root ::= "a" ['}, "grammar"),
+             ({"regex": "[a-"}, "regex")]
+    for kw, word in cases:
+        with pytest.raises(ConstraintError, match=word):
+            model.stream("Hello", **kw)       # raised at the call, not at the first next()
+
+
+def test_json_schema_outputs_are_always_valid(model):
+    """Many prompts and temperatures, chat and plain completion: every output validates."""
+    n = 0
+    for i, q in enumerate(QUESTIONS):
+        for temp in (0.0, 0.7, 1.3):
+            events = list(model.chat_stream([{"role": "user", "content": q}], json_schema=PERSON, temperature=temp,
+                                            max_tokens=96, seed=i))
+            assert events[-1].finish_reason == "stop", "the grammar ends the output well before max_tokens"
+            jsonschema.validate(json.loads("".join(e.text for e in events)), PERSON)
+            n += 1
+    out = model.complete("A person, as JSON:", json_schema=json.dumps(PERSON), temperature=0.9, max_tokens=96, seed=5)
+    jsonschema.validate(json.loads(out), PERSON)
+    # generate() yields the ids of the same text
+    ids = list(model.generate("Person:", json_schema=PERSON, temperature=0, max_tokens=96))
+    jsonschema.validate(json.loads(model.detokenize(ids)), PERSON)
+    assert n == len(QUESTIONS) * 3
+
+
+def test_gbnf_grammar_and_regex(model):
+    gbnf = 'root ::= "The answer is " answer "."\nanswer ::= "yes" | "no" | [0-9]+'
+    for temp in (0.0, 1.0):
+        for seed in range(3):
+            out = model.complete("Question: is it raining?\n", grammar=gbnf, temperature=temp, seed=seed,
+                                 max_tokens=16)
+            assert re.fullmatch(r"The answer is (yes|no|[0-9]+)\.", out), out
+    # llguidance's own Lark dialect is taken too
+    lark = 'start: "[" ITEM ("," ITEM)* "]"\nITEM: /[a-z]{1,6}/'
+    out = model.complete("Fruits:", grammar=lark, temperature=0, max_tokens=30)
+    assert re.fullmatch(r"\[[a-z]{1,6}(,[a-z]{1,6})*\]", out), out
+    date = r"20[0-9]{2}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9])"
+    for seed in range(3):
+        out = model.chat([{"role": "user", "content": "When is the meeting?"}], regex=date, temperature=1.0,
+                         seed=seed, max_tokens=16)
+        assert re.fullmatch(date, out), out
+    # ignore_eos: the grammar may end at "ha", the caller wants more; it never ends before max_tokens
+    evs = list(model.stream("Laugh:", regex="( ?ha)+", ignore_eos=True, max_tokens=6, temperature=0))
+    assert evs[-1].finish_reason == "length" and sum(e.token >= 0 for e in evs) == 6
+    assert re.fullmatch("( ?ha)+", "".join(e.text for e in evs))
+
+
+def test_constraint_keeps_greedy_text_of_an_allowed_answer(model):
+    """A grammar that allows what the model would write anyway changes nothing."""
+    free = model.complete("The capital of France is", temperature=0, max_tokens=4)
+    fenced = model.complete("The capital of France is", temperature=0, max_tokens=4, regex="(.|\n)*")
+    assert free == fenced
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "llambda.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_cli_json_schema_and_grammar(smollm2_gguf, tmp_path):
+    schema = tmp_path / "person.json"
+    schema.write_text(json.dumps(PERSON))
+    out = _cli("run", "-m", str(smollm2_gguf), "--json-schema", str(schema), "--temperature", "0.8", "--seed", "3",
+               "-n", "96", "A person as JSON:")
+    assert out.returncode == 0, out.stderr
+    jsonschema.validate(json.loads(out.stdout), PERSON)
+    gbnf = tmp_path / "yn.gbnf"
+    gbnf.write_text('root ::= "Yes" | "No"\n')
+    out = subprocess.run([sys.executable, "-m", "llambda.cli", "chat", "-m", str(smollm2_gguf), "--grammar", str(gbnf),
+                          "--temperature", "0", "-n", "8"], input="Is water wet?\n", capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() in ("Yes", "No"), out.stdout
+    bad = tmp_path / "bad.gbnf"
+    bad.write_text("root ::= nowhere\n")
+    out = _cli("run", "-m", str(smollm2_gguf), "--grammar", str(bad), "hi")
+    assert out.returncode == 1 and "nowhere" in out.stderr and "Traceback" not in out.stderr
+    out = _cli("run", "-m", str(smollm2_gguf), "--grammar", str(gbnf), "--json-schema", str(schema), "hi")
+    assert out.returncode == 1 and "at most one" in out.stderr
