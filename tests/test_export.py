@@ -35,11 +35,12 @@ def byte_level_vocab():
     return tokens, merges, types
 
 
-def tiny_llama_gguf(path: Path, qtype=QType.Q8_0) -> Path:
+def tiny_llama_gguf(path: Path, qtype=QType.Q8_0, control_tokens=(), chat_template=None) -> Path:
     """A 2-layer llama GGUF with random weights (q/k rows in GGUF's permuted layout by construction)
-    and a small byte-level BPE tokenizer with a chat template."""
+    and a small byte-level BPE tokenizer with a chat template (and any extra control tokens)."""
     rng = np.random.default_rng(7)
     tokens, merges, types = byte_level_vocab()
+    tokens, types = tokens + list(control_tokens), types + [3] * len(control_tokens)
     V, d, H, KV, hd, ff = len(tokens), 64, 4, 2, 16, 128
 
     def mat(rows, cols, gain=1.0):
@@ -69,9 +70,11 @@ def tiny_llama_gguf(path: Path, qtype=QType.Q8_0) -> Path:
             "llama.rope.dimension_count": hd, "llama.vocab_size": V,
             "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt2", "tokenizer.ggml.tokens": tokens,
             "tokenizer.ggml.token_type": types, "tokenizer.ggml.merges": merges,
-            "tokenizer.ggml.bos_token_id": V - 1, "tokenizer.ggml.eos_token_id": V - 1,
+            "tokenizer.ggml.bos_token_id": tokens.index("<|endoftext|>"),
+            "tokenizer.ggml.eos_token_id": tokens.index("<|endoftext|>"),
             "tokenizer.ggml.add_bos_token": False,
-            "tokenizer.chat_template": "{% for m in messages %}{{ m['content'] }}<|endoftext|>{% endfor %}"}
+            "tokenizer.chat_template": chat_template or
+            "{% for m in messages %}{{ m['content'] }}<|endoftext|>{% endfor %}"}
     write_gguf(path, meta, t)
     return path
 

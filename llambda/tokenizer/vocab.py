@@ -35,7 +35,10 @@ class TokenType(enum.IntEnum):
 # Token texts that end a turn although the metadata names only one EOS.
 # llama.cpp keeps the same list; the ids they stand for stop generation.
 END_OF_TURN_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>",
-                     "<|endoftext|>", "<|eom_id|>", "<EOT>")
+                     "<|endoftext|>", "<|eom_id|>", "<EOT>", "<|return|>", "<|call|>")
+# Harmony (gpt-oss) ends its answer with <|return|> or a tool call with <|call|>; its <|end|> only closes
+# one message (the analysis before the final answer), so there it must not stop generation.
+HARMONY_ENDS = ("<|return|>", "<|call|>")
 
 # An out-of-range id among these makes the model unusable: raise.  Others
 # (unknown, padding) are bookkeeping: warn and drop them, as llama.cpp does.
@@ -77,6 +80,9 @@ class Vocab:
                                   TokenType.UNDEFINED):
             if self.tokens[i] in wanted:
                 ids.add(int(i))
+        by_text = {self.tokens[i]: i for i in ids}
+        if all(t in by_text for t in HARMONY_ENDS) and "<|end|>" in by_text:
+            ids.discard(by_text["<|end|>"])
         return frozenset(ids)
 
 
