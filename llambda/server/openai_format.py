@@ -5,7 +5,7 @@ import json
 import secrets
 import time
 
-from .harmony import extract_harmony
+from .harmony import HarmonyParser, extract_harmony
 from .tools import ToolSetup
 
 
@@ -72,12 +72,19 @@ class ChoiceState:
         self.prompt_logprobs: list | None = None   # (token, logprob | None, top | None) per prompt token (echo)
         self.finish_reason: str | None = None
         self.n_generated = 0
-        self.tool_parser = tools.parser() if tools is not None and (tools.names or tools.harmony) else None
+        self.tool_parser = answer_parser(tools)
         self.made_calls = False          # streaming: tool-call deltas went out
 
     @property
     def text(self) -> str:
         return "".join(self.parts)
+
+
+def answer_parser(tools: ToolSetup | None):
+    """What reads a chat answer as it streams: harmony's channels, tool calls, or nothing (plain text)."""
+    if tools is not None and tools.harmony:
+        return HarmonyParser(tools.names, tools.parallel)
+    return tools.parser() if tools is not None and tools.names else None
 
 
 def tool_finish(finish: str | None, has_calls: bool) -> str | None:

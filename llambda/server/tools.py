@@ -46,9 +46,6 @@ class ToolSetup:
     harmony: bool = False                           # the model answers in harmony's channels (gpt-oss)
 
     def parser(self) -> "ToolCallParser":
-        if self.harmony:
-            from .harmony import HarmonyParser      # harmony.py builds on this module
-            return HarmonyParser(self.names, self.parallel)
         return ToolCallParser(self.names, self.prefix, self.parallel)
 
     def extract(self, text: str) -> tuple[str, list[dict]]:
