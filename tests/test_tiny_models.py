@@ -156,6 +156,25 @@ def test_dense_archs_from_our_gguf_match_transformers(folder, mode, tmp_path):
             assert err <= MODES[mode][2], f"{folder} GGUF {mode}: {err}"
 
 
+@pytest.mark.parametrize("folder", ["smollm3", "granite", "olmo2"])
+def test_dense_archs_quantized_native_matches_numpy(folder):
+    """Q8_0 weights (quantized at load), so the quantized kernels run every new branch (NoPE layers, the
+    multipliers, post-norms only, whole-projection q/k norms) against the NumPy oracle on the same
+    weights: exact mode within the float budget. Fast mode's 8-bit activations move these sensitive
+    models' logits (std about 4) by 0.10 (granite), 0.19 (olmo2) and 0.68 (smollm3, 4 layers; 0.71 with
+    RoPE on every layer, so not its NoPE layer; llama's folder: 0.36), hence its looser bound."""
+    if "native" not in available_backends():
+        pytest.skip("the native backend is not available here (C core not built)")
+    ref = reference(folder)
+    outs = {}
+    for backend, act in (("numpy", None), ("native", "f32"), ("native", "q8")):
+        with llambda.load(TINY / folder, backend=backend, activations=act, n_ctx=128, quantize="q8_0") as m:
+            outs[act] = [last_rows(m, inp) for inp in ref["inputs"]]
+    for act, budget in (("f32", 1e-3), ("q8", 1.0)):
+        err = max(float(np.abs(a - b).max()) for a, b in zip(outs[act], outs[None]))
+        assert err <= budget, (folder, act, err)
+
+
 def test_dense_arch_settings_read_from_each_format(tmp_path):
     """SmolLM3's NoPE layers, Granite's multipliers, OLMo 2's norm placement, from config.json and from
     GGUF metadata under llama.cpp's keys (SmolLM3: none; llama.cpp makes every 4th layer NoPE)."""
