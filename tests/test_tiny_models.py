@@ -163,16 +163,21 @@ def test_dense_archs_quantized_native_matches_numpy(folder):
     weights: exact mode within the float budget. Fast mode's 8-bit activations move these sensitive
     models' logits (std about 4) by 0.10 (granite), 0.19 (olmo2) and 0.68 (smollm3, 4 layers; 0.71 with
     RoPE on every layer, so not its NoPE layer; llama's folder: 0.36), hence its looser bound."""
+    errs = native_vs_numpy(folder, "q8_0")
+    assert errs["f32"] <= 1e-3 and errs["q8"] <= 1.0, (folder, errs)
+
+
+def native_vs_numpy(folder: str, q: str) -> dict:
+    """Max |logit diff| of the native exact ("f32") and fast ("q8") modes against the NumPy oracle,
+    all on the folder's weights quantized at load to `q`."""
     if "native" not in available_backends():
         pytest.skip("the native backend is not available here (C core not built)")
     ref = reference(folder)
     outs = {}
     for backend, act in (("numpy", None), ("native", "f32"), ("native", "q8")):
-        with llambda.load(TINY / folder, backend=backend, activations=act, n_ctx=128, quantize="q8_0") as m:
+        with llambda.load(TINY / folder, backend=backend, activations=act, n_ctx=128, quantize=q) as m:
             outs[act] = [last_rows(m, inp) for inp in ref["inputs"]]
-    for act, budget in (("f32", 1e-3), ("q8", 1.0)):
-        err = max(float(np.abs(a - b).max()) for a, b in zip(outs[act], outs[None]))
-        assert err <= budget, (folder, act, err)
+    return {act: max(float(np.abs(a - b).max()) for a, b in zip(outs[act], outs[None])) for act in ("f32", "q8")}
 
 
 def test_dense_arch_settings_read_from_each_format(tmp_path):
@@ -295,16 +300,8 @@ def test_quantize_at_load_new_types_native_matches_numpy(q):
     fast mode's 8-bit activations move these sensitive models' logits by 0.23 (Q4_0) to 0.33 (Q4_1)
     against the same oracle, so the bound is the same order. (The tiny models' rows, 64 and 128 wide,
     do not split into the 256-value blocks: the K-quants and IQ4_XS are covered by the kernel tests.)"""
-    if "native" not in available_backends():
-        pytest.skip("the native backend is not available here (C core not built)")
-    ref = reference("qwen3")
-    outs = {}
-    for backend, act in (("numpy", None), ("native", "f32"), ("native", "q8")):
-        with llambda.load(TINY / "qwen3", backend=backend, activations=act, n_ctx=128, quantize=q) as m:
-            outs[act] = [last_rows(m, inp) for inp in ref["inputs"]]
-    for act, budget in (("f32", 1e-3), ("q8", 0.5)):
-        err = max(float(np.abs(a - b).max()) for a, b in zip(outs[act], outs[None]))
-        assert err <= budget, (q, act, err)
+    errs = native_vs_numpy("qwen3", q)
+    assert errs["f32"] <= 1e-3 and errs["q8"] <= 0.5, (q, errs)
 
 
 def test_quantizing_lookup_touches_only_matrices():
