@@ -147,3 +147,19 @@ def test_minilm_gguf_embeds_as_its_directory(minilm_dir, tmp_path):
     f16 = llama_cpp_style_gguf(minilm_dir, tmp_path / "minilm-f16.gguf", matrices=QType.F16)
     half, _ = _embed(f16, texts, "native")
     assert min(_cos(a, b) for a, b in zip(half, want)) > 0.9999
+
+
+def test_show_and_tensor_names_of_a_bert_gguf(tmp_path, capsys):
+    """The source lists its tensors by the names its lookup serves (HF's), so `llambda show` counts them."""
+    from llambda.cli import main
+    from llambda.formats.open import open_model
+    folder, W, _ = _tiny_bert_dir(_mkdir(tmp_path / "hf"))
+    gg = llama_cpp_style_gguf(folder, tmp_path / "tiny-bert.gguf")
+    src = open_model(gg)
+    try:
+        assert sorted(src.tensor_names) == sorted(n for n in W if n != "embeddings.position_ids")
+        assert all(src.tensor(n) is not None for n in src.tensor_names)
+    finally:
+        src.close()
+    assert main(["show", str(gg)]) == 0
+    assert "bert encoder" in capsys.readouterr().out

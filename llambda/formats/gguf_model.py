@@ -26,9 +26,11 @@ def open_gguf(path: Path) -> ModelSource:
                 return None
             return WeightTensor(name, t.qtype, tuple(int(s) for s in t.shape), t.data)
 
+        names = list(infos)
         if arch in ENCODERS:        # an encoder reads its tensors by their HF names
             enc = encoder_module(arch)
-            cfg, tensor = enc.config_from_gguf(meta), enc.gguf_lookup(tensor)
+            cfg = enc.config_from_gguf(meta)
+            tensor, names = enc.gguf_tensors(tensor, names)
         else:
             cfg = arch_module(arch, "config_from_gguf").config_from_gguf(meta)
 
@@ -41,7 +43,7 @@ def open_gguf(path: Path) -> ModelSource:
         name = meta.get("general.name")
         name = name if isinstance(name, str) and name else path.stem
         return ModelSource(path, "gguf", cfg, tensor, meta, tok, tok_err, template if isinstance(template, str) else None,
-                           str(name), [f.close], list(infos))
+                           str(name), [f.close], names)
     except BaseException:
         f.close()
         raise

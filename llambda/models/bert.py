@@ -91,24 +91,24 @@ _GGUF_LAYER = {"attention.self.query": "attn_q", "attention.self.key": "attn_k",
                "intermediate.dense": "ffn_up", "output.dense": "ffn_down", "output.LayerNorm": "layer_output_norm"}
 
 
-def gguf_name(hf_name: str) -> str | None:
-    """The GGUF tensor name of an HF BertModel tensor name, None for one GGUF has no name for."""
-    if hf_name in _GGUF_GLOBAL:
-        return _GGUF_GLOBAL[hf_name]
-    parts = hf_name.split(".")
-    if len(parts) > 4 and parts[0] == "encoder" and parts[1] == "layer":
-        module, leaf = ".".join(parts[3:-1]), parts[-1]
-        if module in _GGUF_LAYER:
-            return f"blk.{parts[2]}.{_GGUF_LAYER[module]}.{leaf}"
+_HF_GLOBAL = {g: h for h, g in _GGUF_GLOBAL.items()}
+_HF_LAYER = {g: h for h, g in _GGUF_LAYER.items()}
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """The HF BertModel name of a GGUF tensor name, None for a tensor the encoder does not read."""
+    if gguf_name in _HF_GLOBAL:
+        return _HF_GLOBAL[gguf_name]
+    parts = gguf_name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _HF_LAYER:
+        return f"encoder.layer.{parts[1]}.{_HF_LAYER[parts[2]]}.{parts[3]}"
     return None
 
 
-def gguf_lookup(get):
-    """A lookup by HF name over a GGUF file's tensors (what BertEncoder reads)."""
-    def lookup(hf_name: str):
-        name = gguf_name(hf_name)
-        return get(name) if name is not None else None
-    return lookup
+def gguf_tensors(get, names: list[str]):
+    """(lookup by HF name, HF names) over a GGUF file's tensors: what BertEncoder reads."""
+    by_hf = {h: n for n in names if (h := hf_name(n)) is not None}
+    return (lambda name: get(by_hf[name]) if name in by_hf else None), list(by_hf)
 
 
 def config_from_gguf(meta: dict) -> BertConfig:
