@@ -183,3 +183,32 @@ def test_server_harmony_tool_call(harmony_live):
                 args += tc.function.arguments or ""
             finish = c.finish_reason or finish
     assert names == {"get_weather"} and json.loads(args) == {"city": "Paris", "unit": "C"} and finish == "tool_calls"
+
+
+def test_random_conversations_route_every_body(seed=11):
+    """Random runs of analysis / final / commentary / function messages, fed whole and in random
+    pieces: each body lands in its own place, nothing is lost or duplicated."""
+    rng = random.Random(seed)
+    alphabet = "ab <|>{}\"':,.\n\tçé🙂"
+    for case in range(200):
+        want_content, want_reasoning, want_calls, parts = "", "", [], []
+        for k in range(rng.randint(1, 5)):
+            body = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 20))).replace("<|", "<")
+            kind = rng.choice(["analysis", "final", "commentary", "call"])
+            head = "<|start|>assistant" if k else ""
+            if kind == "call":
+                body = json.dumps({"x": body})
+                parts.append(f"{head}<|channel|>commentary to=functions.f <|constrain|>json<|message|>{body}<|call|>")
+                want_calls.append(body)
+            else:
+                parts.append(f"{head}<|channel|>{kind}<|message|>{body}<|end|>")
+                if kind == "analysis":
+                    want_reasoning += body
+                else:
+                    want_content += body
+        text = "".join(parts)
+        content, reasoning, calls = extract_harmony(text, {"f"})
+        assert (content, reasoning, [c["function"]["arguments"] for c in calls]) == \
+            (want_content, want_reasoning, want_calls), text
+        streamed = fed_in_pieces(text, {"f"}, seed=case)
+        assert streamed == (want_content, want_reasoning, [{"name": "f", "arguments": a} for a in want_calls]), text
