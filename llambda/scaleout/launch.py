@@ -1,0 +1,102 @@
+"""Starting Ray and the application: a local Ray bound to loopback with the dashboard off, or an
+existing cluster (`--ray-address`); and the Serve config file for `serve deploy`."""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from .options import ScaleoutOptions
+
+# Ray reports usage to its authors unless told not to; nothing here may talk to another address.
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+LOOPBACK_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def worker_env() -> dict:
+    """Ray's runtime_env: workers import the llambda this process imported (a source checkout too),
+    and keep BLAS to one thread beside our own pool."""
+    import llambda
+
+    root = str(Path(llambda.__file__).resolve().parent.parent)
+    paths = [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {"env_vars": {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)), "OPENBLAS_NUM_THREADS": "1",
+                         "RAY_USAGE_STATS_ENABLED": "0"}}
+
+
+def start_ray(address: str | None = None, num_cpus: int | None = None) -> None:
+    """Connect to the cluster at `address`, or start a one-node Ray on loopback."""
+    if address:
+        import ray
+
+        ray.init(address=address, runtime_env=worker_env(), log_to_driver=False)
+        return
+    # Ray's single-node mode (named for Windows and macOS, where it is the default): the node's
+    # address is 127.0.0.1, so its servers listen on loopback only
+    os.environ[LOOPBACK_SWITCH] = "0"          # for the processes Ray starts
+    import ray
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False     # read at import: this process may have imported ray already
+    ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env=worker_env(), log_to_driver=False)
+
+
+def deploy(opts: ScaleoutOptions, host: str = "127.0.0.1", port: int = 8000):
+    """Start Serve's HTTP proxy on host:port and run the application; returns once replicas are up."""
+    from ray import serve
+
+    from .deployment import APP_NAME, build
+
+    serve.start(http_options={"host": host, "port": port}, proxy_location="HeadOnly")
+    return serve.run(build(opts), name=APP_NAME, route_prefix="/")
+
+
+def stop() -> None:
+    import ray
+    from ray import serve
+
+    try:
+        serve.shutdown()
+    finally:
+        ray.shutdown()
+
+
+def cpus_needed(opts: ScaleoutOptions) -> int:
+    most = opts.max_replicas if opts.autoscaling else opts.replicas
+    return max(os.cpu_count() or 1, most * opts.threads_per_replica)
+
+
+def serve_until_signal(opts: ScaleoutOptions, host: str, port: int, address: str | None) -> int:
+    stop_now = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop_now.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    start_ray(address, None if address else cpus_needed(opts))
+    try:
+        deploy(opts, host, port)
+        scaling = (f"{opts.min_replicas}-{opts.max_replicas} replicas (autoscaled)" if opts.autoscaling
+                   else f"{opts.replicas} replicas")
+        print(f"[llambda] serving {opts.model} under Ray Serve on http://{host}:{port}/v1: {scaling} of "
+              f"{opts.threads_per_replica} thread(s) and {opts.slots} slots, {opts.routing} routing",
+              file=sys.stderr, flush=True)
+        stop_now.wait()
+        return 0
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        stop()
+
+
+def config_yaml(opts: ScaleoutOptions, host: str, port: int) -> str:
+    """A Serve config file (`serve deploy FILE` on a cluster, `serve run FILE` on one machine)."""
+    import yaml
+
+    args = opts.to_dict()
+    args["server"] = {k: v for k, v in args["server"].items() if k not in ("host", "port", "api_key")}
+    doc = {"proxy_location": "EveryNode", "http_options": {"host": host, "port": port},
+           "applications": [{"name": "llambda", "route_prefix": "/",
+                             "import_path": "llambda.scaleout.deployment:app_builder", "args": args}]}
+    return ("# llambda under Ray Serve: `serve deploy` this file to a cluster whose nodes have llambda\n"
+            "# installed (pip install \"llambda-engine[ray]\"); see docs/SCALEOUT.md. An API key goes in\n"
+            "# args.server.api_key, or better in the runtime_env of the cluster, not in this file.\n"
+            + yaml.safe_dump(doc, sort_keys=False))
