@@ -100,6 +100,7 @@ def test_metrics_merge_sums_each_sample_and_keeps_one_header():
     assert merged.count("# HELP llambda_x") == 1 and merged.count("# TYPE llambda_g") == 1
     assert 'llambda_x{k="1"} 5\n' in merged and 'llambda_x{k="2"} 1\n' in merged and "llambda_g 0.75\n" in merged
     assert metrics_merge.merge([]) == "\n"
+    assert metrics_merge.samples(merged) == {'llambda_x{k="1"}': 5, 'llambda_x{k="2"}': 1, "llambda_g": 0.75}
 
 
 def test_options_refuse_what_cannot_run():
@@ -195,7 +196,7 @@ def ray_app(smollm2_gguf):
     opts = ScaleoutOptions(model=str(smollm2_gguf), replicas=2, threads_per_replica=1, queue_size=2, load=LOAD,
                            server={"model_id": MODEL_ID, "parallel": 2, "max_tokens_cap": 256,
                                    "max_body_bytes": 64 * 1024})
-    launch.start_ray(num_cpus=2)
+    launch.start_ray(num_cpus=4)     # logical: the 2 replicas, and the autoscaling test's 2
     try:
         port = free_port()
         launch.deploy(opts, "127.0.0.1", port)
@@ -210,12 +211,7 @@ def ray_app(smollm2_gguf):
 
 
 def _metrics(url: str) -> dict[str, float]:
-    out = {}
-    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
-    return out
+    return metrics_merge.samples(httpx.get(url + "/metrics", timeout=30).text)
 
 
 def _wait_for_replicas(url: str, n: int, not_pids: set = frozenset(), timeout: float = 90.0) -> set[str]:
@@ -309,14 +305,33 @@ def test_429_when_every_replica_and_the_queue_are_full(ray_app):
     assert busy.headers["retry-after"] and "busy" in busy.json()["error"]["message"]
 
 
+def _stream(url, i) -> list[str]:
+    """The data lines of a streamed completion."""
+    body = {"model": MODEL_ID, "prompt": f"Tale {i}: long ago", "max_tokens": 48, "temperature": 0, "stream": True}
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
+        if r.status_code != 200:
+            return [f"status {r.status_code}: {r.read()!r}"]
+        return [line for line in r.iter_lines() if line.startswith("data: ")]
+
+
 def test_killing_a_replica_mid_load_leaves_the_service_answering(ray_app):
     pids = _wait_for_replicas(ray_app, 2)
     victim = int(sorted(pids)[0])
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
         load = [pool.submit(_ask, ray_app, i, 32) for i in range(8)]
+        streams = [pool.submit(_stream, ray_app, i) for i in range(4)]
         time.sleep(1.0)
         os.kill(victim, signal.SIGKILL)
         answers = [f.result(timeout=180) for f in load]     # none hangs
+        streamed = [f.result(timeout=180) for f in streams]
+    for lines in streamed:
+        # whole, or cut with an error event; either way the stream is closed with [DONE]
+        if lines[0].startswith("status "):
+            assert lines[0].startswith(("status 429", "status 503")), lines
+            continue
+        assert lines[-1] == "data: [DONE]", lines[-3:]
+        events = [json.loads(line[6:]) for line in lines[:-1]]
+        assert all("choices" in e or e["error"]["message"] for e in events)
     codes = [r.status_code for r in answers]
     for r in answers:
         # retried elsewhere (200), or a clean error object (503: its replica died; 429: the survivor
@@ -329,3 +344,28 @@ def test_killing_a_replica_mid_load_leaves_the_service_answering(ray_app):
     new = _wait_for_replicas(ray_app, 2, not_pids={str(victim)})   # Ray started a replacement
     assert str(victim) not in new
     assert _ask(ray_app, 100).status_code == 200
+
+
+def test_serve_autoscaler_adds_a_replica_when_requests_queue(ray_app, smollm2_gguf):
+    from ray import serve
+
+    from llambda.scaleout import launch
+
+    opts = ScaleoutOptions(model=str(smollm2_gguf), min_replicas=1, max_replicas=2, threads_per_replica=1,
+                           load=LOAD, server={"model_id": MODEL_ID, "parallel": 1},
+                           autoscaling_config={"upscale_delay_s": 1.0, "look_back_period_s": 2.0,
+                                               "metrics_interval_s": 0.5})
+    port = int(ray_app.rsplit(":", 1)[1])
+    launch.deploy(opts, "127.0.0.1", port, name="auto", route_prefix="/auto")
+    url = ray_app + "/auto"
+    try:
+        assert _ask(url, 0).status_code == 200          # the ingress's router exists from its first request
+        _wait_for_replicas(url, 1)
+        stop = time.monotonic() + 90
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            # 4 requests at a time on 1 slot: they queue, and the autoscaler adds the second replica
+            while time.monotonic() < stop and _metrics(url)["llambda_replicas"] < 2:
+                list(pool.map(lambda i: _ask(url, i, 24), range(4)))
+        assert _metrics(url)["llambda_replicas"] == 2
+    finally:
+        serve.delete("auto")

@@ -36,10 +36,12 @@ def engine_deployment_options(opts: ScaleoutOptions) -> dict[str, Any]:
     )
     if opts.autoscaling:
         # Ray Serve's autoscaler, on ongoing requests (running + queued) per replica: more than its
-        # slots means requests wait, so it adds replicas
+        # slots means requests wait, so it adds replicas. Serve's defaults (30 s of look-back and of
+        # delay before adding one) are slow for waiting prompts; a replica is given back after 5 idle minutes.
         options["autoscaling_config"] = {"min_replicas": opts.min_replicas, "max_replicas": opts.max_replicas,
                                          "initial_replicas": opts.min_replicas, "target_ongoing_requests": slots,
-                                         **opts.autoscaling_config}
+                                         "upscale_delay_s": 10.0, "look_back_period_s": 10.0,
+                                         "downscale_delay_s": 300.0, **opts.autoscaling_config}
     else:
         options["num_replicas"] = opts.replicas
     return options

@@ -24,6 +24,14 @@ REPLICA_GONE = (RayActorError, ActorUnavailableError)
 TRIES = 2     # a request nothing was sent back for yet goes to a second replica if the first dies
 
 
+def _app_path(scope) -> str:
+    """The path within the application: Serve keeps its route prefix in the path (and in root_path)."""
+    path, root = scope.get("path", "/"), scope.get("root_path", "")
+    if root and path.startswith(root):
+        path = path[len(root):]
+    return path or "/"
+
+
 class IngressServer:
     def __init__(self, engine, options: dict):
         opts = ScaleoutOptions.from_dict(options)
@@ -32,7 +40,8 @@ class IngressServer:
         self.counts: Counter[str] = Counter()
 
     async def __call__(self, request: Request) -> Response:
-        if request.url.path == "/metrics" and request.method == "GET":
+        path = _app_path(request.scope)
+        if path == "/metrics" and request.method == "GET":
             return self._metrics(request)
         try:
             body = await read_body(request, self.cfg.max_body_bytes, self.cfg.body_timeout)
@@ -40,7 +49,7 @@ class IngressServer:
             return error_response(e)
         except ClientDisconnect:
             return Response(status_code=499)
-        req = ForwardedRequest(request.method, request.url.path, request.scope.get("query_string", b""),
+        req = ForwardedRequest(request.method, path, request.scope.get("query_string", b""),
                                [(k, v) for k, v in request.headers.raw if k.lower() in FORWARDED_HEADERS], body,
                                routing_keys(body) if request.method == "POST" else [])
         return await self._forward(req)

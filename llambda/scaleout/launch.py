@@ -43,14 +43,16 @@ def start_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env=worker_env(), log_to_driver=False)
 
 
-def deploy(opts: ScaleoutOptions, host: str = "127.0.0.1", port: int = 8000):
-    """Start Serve's HTTP proxy on host:port and run the application; returns once replicas are up."""
+def deploy(opts: ScaleoutOptions, host: str = "127.0.0.1", port: int = 8000, name: str | None = None,
+           route_prefix: str = "/"):
+    """Start Serve's HTTP proxy on host:port (if not yet) and run the application under route_prefix;
+    returns once its replicas are up."""
     from ray import serve
 
     from .deployment import APP_NAME, build
 
     serve.start(http_options={"host": host, "port": port}, proxy_location="HeadOnly")
-    return serve.run(build(opts), name=APP_NAME, route_prefix="/")
+    return serve.run(build(opts), name=name or APP_NAME, route_prefix=route_prefix)
 
 
 def stop() -> None:
@@ -69,21 +71,25 @@ def cpus_needed(opts: ScaleoutOptions) -> int:
 
 
 def serve_until_signal(opts: ScaleoutOptions, host: str, port: int, address: str | None) -> int:
-    stop_now = threading.Event()
-    previous = {s: signal.signal(s, lambda *_: stop_now.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    print(f"[llambda] {'connecting to Ray at ' + address if address else 'starting Ray on 127.0.0.1'}, then "
+          f"loading {opts.model} in each replica", file=sys.stderr, flush=True)
     start_ray(address, None if address else cpus_needed(opts))
     try:
-        deploy(opts, host, port)
+        deploy(opts, host, port)        # Ctrl-C meanwhile: KeyboardInterrupt, and Ray stops below
         scaling = (f"{opts.min_replicas}-{opts.max_replicas} replicas (autoscaled)" if opts.autoscaling
                    else f"{opts.replicas} replicas")
         print(f"[llambda] serving {opts.model} under Ray Serve on http://{host}:{port}/v1: {scaling} of "
               f"{opts.threads_per_replica} thread(s) and {opts.slots} slots, {opts.routing} routing",
               file=sys.stderr, flush=True)
-        stop_now.wait()
+        stop_now = threading.Event()
+        previous = {s: signal.signal(s, lambda *_: stop_now.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            stop_now.wait()
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
         return 0
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
         stop()
 
 

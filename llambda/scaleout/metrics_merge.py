@@ -39,5 +39,18 @@ def merge(texts: Iterable[str]) -> str:
     return "\n".join(out) + "\n"
 
 
+def samples(text: str) -> dict[str, float]:
+    """Sample (name with labels) -> value, of one exposition."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            try:
+                out[name] = float(value)
+            except ValueError:
+                continue
+    return out
+
+
 def _num(v: float) -> str:
     return str(int(v)) if v.is_integer() else repr(round(v, 6))
