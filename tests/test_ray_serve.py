@@ -290,6 +290,23 @@ def test_a_conversations_turns_go_where_its_prefix_is_cached(ray_app):
     assert after.get(key, 0) - before.get(key, 0) >= 4
 
 
+def test_a_client_hanging_up_cancels_its_generation_on_the_replica(ray_app):
+    key = 'llambda_sequences_finished_total{reason="cancelled"}'
+    before = _metrics(ray_app).get(key, 0)
+    # 256 tokens (the cap) take a replica well over a second; the client gives up after 0.3 s
+    body = {"model": MODEL_ID, "prompt": "Write a very long story about a lighthouse.", "max_tokens": 256,
+            "temperature": 0, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):           # a non-streamed answer, given up on
+        httpx.post(ray_app + "/v1/completions", json=body, timeout=0.3)
+    with httpx.stream("POST", ray_app + "/v1/completions", json={**body, "stream": True}, timeout=60) as r:
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: ")      # hang up after the first event
+    t0 = time.monotonic()
+    while _metrics(ray_app).get(key, 0) < before + 2:
+        assert time.monotonic() - t0 < 30, "the replicas did not cancel both generations"
+        time.sleep(0.5)
+
+
 def _ask(url, i, max_tokens=24):
     return httpx.post(url + "/v1/completions", json={"model": MODEL_ID, "prompt": f"Story {i}: once upon a time",
                                                       "max_tokens": max_tokens, "temperature": 0}, timeout=120)

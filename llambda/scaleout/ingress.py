@@ -1,7 +1,8 @@
 """The ingress deployment: reads each HTTP request, computes its prefix keys, and forwards it through
 a handle whose router (routers.py) picks the replica; streams the answer back. It also answers
-/metrics for the whole deployment. A replica that dies before answering costs a retry on another;
-one that dies mid-stream ends that stream with an error event."""
+/metrics for the whole deployment. A replica that dies before the client got anything costs a retry on
+another (a JSON answer is read whole first); one that dies mid-stream ends that SSE stream with an error
+event."""
 from __future__ import annotations
 
 import hmac
@@ -22,6 +23,10 @@ from .options import ScaleoutOptions
 
 REPLICA_GONE = (RayActorError, ActorUnavailableError)
 TRIES = 2     # a request nothing was sent back for yet goes to a second replica if the first dies
+
+
+def _is_sse(headers) -> bool:
+    return any(k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers)
 
 
 def _app_path(scope) -> str:
@@ -59,12 +64,20 @@ class IngressServer:
             stream = self.engine.handle.remote(req)
             try:
                 head = await stream.__anext__()
+                headers = [(k, v) for k, v in head["headers"] if k.lower() != b"content-length"]
+                if _is_sse(headers):
+                    response = StreamingResponse(self._rest(stream), status_code=head["status"])
+                    response.raw_headers = headers
+                    return response
+                # a whole JSON answer: read it all here, so a replica dying mid-body costs a retry
+                body = b"".join([chunk async for chunk in stream])
             except BackPressureError:
                 self.counts["rejected_full"] += 1
                 return error_response(APIError(429, "every replica is busy and the queue is full; retry later",
                                                code="server_busy",
                                                headers={"Retry-After": str(self.cfg.retry_after)}))
             except REPLICA_GONE as e:
+                stream.cancel()
                 if attempt < TRIES:
                     self.counts["retried"] += 1
                     continue
@@ -73,22 +86,20 @@ class IngressServer:
                                                 headers={"Retry-After": str(self.cfg.retry_after)}))
             except StopAsyncIteration:
                 return error_response(APIError(502, "the replica sent no response"))
-            headers = [(k, v) for k, v in head["headers"] if k.lower() != b"content-length"]
-            is_sse = any(k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers)
-            response = StreamingResponse(self._rest(stream, is_sse), status_code=head["status"])
-            response.raw_headers = headers
+            response = Response(body, status_code=head["status"])
+            response.raw_headers = headers + [(b"content-length", str(len(body)).encode())]
             return response
         raise AssertionError("unreachable")
 
-    async def _rest(self, stream, is_sse: bool) -> AsyncIterator[bytes]:
+    async def _rest(self, stream) -> AsyncIterator[bytes]:
         try:
             async for chunk in stream:
                 yield chunk
         except REPLICA_GONE as e:
+            # the client reads an error event and the end of the stream, as when a server drains
             self.counts["failed_mid_stream"] += 1
-            if is_sse:    # the client reads an error event and the end of the stream, as on drain
-                yield sse(APIError(503, f"the replica serving this stream failed: {type(e).__name__}").body())
-                yield SSE_DONE
+            yield sse(APIError(503, f"the replica serving this stream failed: {type(e).__name__}").body())
+            yield SSE_DONE
         finally:
             stream.cancel()     # a client gone mid-stream: the replica cancels the generation
 
