@@ -55,12 +55,17 @@ def deploy(opts: ScaleoutOptions, host: str = "127.0.0.1", port: int = 8000, nam
     return serve.run(build(opts), name=name or APP_NAME, route_prefix=route_prefix)
 
 
-def stop() -> None:
+def stop(app_only: str | None = None) -> None:
+    """Shut Serve and the local Ray down; on a shared cluster (app_only), remove only that application
+    and disconnect, leaving Serve and the other applications running."""
     import ray
     from ray import serve
 
     try:
-        serve.shutdown()
+        if app_only:
+            serve.delete(app_only)
+        else:
+            serve.shutdown()
     finally:
         ray.shutdown()
 
@@ -90,7 +95,9 @@ def serve_until_signal(opts: ScaleoutOptions, host: str, port: int, address: str
                 signal.signal(s, handler)
         return 0
     finally:
-        stop()
+        from .deployment import APP_NAME
+
+        stop(app_only=APP_NAME if address else None)
 
 
 def config_yaml(opts: ScaleoutOptions, host: str, port: int) -> str:
