@@ -8,6 +8,7 @@ import sys
 import threading
 from pathlib import Path
 
+from ..errors import LlambdaError
 from .options import ScaleoutOptions
 
 # Ray reports usage to its authors unless told not to; nothing here may talk to another address.
@@ -28,19 +29,25 @@ def worker_env() -> dict:
 
 def start_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     """Connect to the cluster at `address`, or start a one-node Ray on loopback."""
-    if address:
-        import ray
+    host = (address or "127.0.0.1").rsplit(":", 1)[0]
+    if host in ("127.0.0.1", "localhost", "::1", "[::1]"):
+        # Ray's single-node mode (named for Windows and macOS, where it is the default): this node's
+        # address is 127.0.0.1, so its servers listen on loopback only (else Ray swaps in the host's
+        # external address, even for a cluster at 127.0.0.1)
+        os.environ[LOOPBACK_SWITCH] = "0"          # for the processes Ray starts
+        from ray._private import ray_constants
 
-        ray.init(address=address, runtime_env=worker_env(), log_to_driver=False)
-        return
-    # Ray's single-node mode (named for Windows and macOS, where it is the default): the node's
-    # address is 127.0.0.1, so its servers listen on loopback only
-    os.environ[LOOPBACK_SWITCH] = "0"          # for the processes Ray starts
+        ray_constants.ENABLE_RAY_CLUSTER = False     # read at import: this process may have imported ray already
     import ray
-    from ray._private import ray_constants
 
-    ray_constants.ENABLE_RAY_CLUSTER = False     # read at import: this process may have imported ray already
-    ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env=worker_env(), log_to_driver=False)
+    if address:
+        try:
+            ray.init(address=address, runtime_env=worker_env(), log_to_driver=False)
+        except (ConnectionError, RuntimeError) as e:
+            raise LlambdaError(f"cannot connect to the Ray cluster at {address}: {e} (a cluster with token "
+                               "authentication, Ray's default, also needs RAY_AUTH_MODE=token and its token)") from None
+    else:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env=worker_env(), log_to_driver=False)
 
 
 def deploy(opts: ScaleoutOptions, host: str = "127.0.0.1", port: int = 8000, name: str | None = None,
