@@ -144,6 +144,21 @@ def test_call_asgi_streams_the_apps_answer_and_reports_a_hang_up():
     assert seen == {"body": b"payload", "next": {"type": "http.disconnect"}}
 
 
+def test_the_single_machine_path_never_imports_ray():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import llambda
+
+    code = ("import sys, llambda.cli, llambda.server, llambda.scaleout.cli_args, llambda.scaleout.forwarding, "
+            "llambda.scaleout.asgi_call, llambda.scaleout.metrics_merge; llambda.cli.build_parser(); "
+            "print('ray' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(Path(llambda.__file__).parent.parent)})
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
+
+
 # --- live, under a local Ray --------------------------------------------------------------------
 
 @needs_ray
@@ -244,6 +259,15 @@ def _client(url):
 
 
 PROMPTS = ["Name three colors.", "What is the capital of France?", "Write a haiku about the sea."]
+
+
+def test_ray_runs_on_loopback_without_a_dashboard(ray_app):
+    import ray
+
+    nodes = ray.nodes()
+    assert nodes and all(n["NodeManagerAddress"] == "127.0.0.1" for n in nodes), nodes
+    assert ray.get_runtime_context().gcs_address.startswith("127.0.0.1:")
+    assert not ray._private.worker.global_worker.node.address_info.get("webui_url")
 
 
 def test_openai_client_gets_the_single_servers_greedy_output(ray_app, single):
