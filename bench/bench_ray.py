@@ -8,8 +8,9 @@ against one 2-thread `llambda serve`.
    prompt tokens / prompt tokens, from each response's usage, turns 2+), the servers' own counters
    (/metrics), how the router placed requests, and time to first token.
 2. Throughput. The prefix-aware application (2 replicas x 1 thread, P slots each) against
-   `llambda serve -t 2 --parallel 2P` (run after Ray is shut down, or before it with --single-first,
-   so neither pays for the other): S streams of independent streamed completions, aggregate generated tokens/s.
+   `llambda serve -t 2 --parallel 2P`, and `-t 1` as a control (run after Ray is shut down, or before
+   it with --single-first, so neither pays for the other): 1 and S streams of independent streamed
+   completions, aggregate generated tokens/s.
 
 Not a test: run it by hand (about 5-10 minutes on 2 loaded cores).
 
@@ -151,20 +152,27 @@ def routing_part(a, model_path: str) -> dict:
 def throughput_rounds(a, eng: Engine) -> list[dict]:
     eng.model_id = model_id(eng)
     one_request(eng, eng.model_id, "Hello", 8)       # warm-up
-    return [logged_round(rep, eng, eng.model_id, a.streams, a.requests_per_stream, a.gen_tokens)
-            for rep in range(a.repeat)]
+    # 1 stream shows what the extra hop (proxy, ingress, handle) costs; a.streams, the aggregate
+    return [logged_round(rep, eng, eng.model_id, streams, a.requests_per_stream, a.gen_tokens)
+            for rep in range(a.repeat) for streams in sorted({1, a.streams})]
 
 
-def single_server(a, model_path: str) -> list[dict]:
+def single_server(a, model_path: str, threads: int) -> list[dict]:
     port = free_port()
-    cmd = [sys.executable, "-m", "llambda.cli", "serve", "-m", model_path, "--port", str(port), "-t", "2",
+    cmd = [sys.executable, "-m", "llambda.cli", "serve", "-m", model_path, "--port", str(port), "-t", str(threads),
            "--parallel", str(2 * a.parallel), "-c", str(a.ctx_size), "--log-level", "warning"]
-    eng = Engine("llambda serve -t 2", cmd, port, env={"PYTHONPATH": str(ROOT)})
+    eng = Engine(f"llambda serve -t {threads}", cmd, port, env={"PYTHONPATH": str(ROOT)})
     eng.start()
     try:
         return throughput_rounds(a, eng)
     finally:
         eng.stop()
+
+
+def single_servers(a, model_path: str) -> list[list[dict]]:
+    """The 2-thread server the replicas are compared with, and a 1-thread one as a control: on a loaded
+    machine it tells the cost of a thread pool waiting on a descheduled thread from Ray's."""
+    return [single_server(a, model_path, t) for t in (2, 1)]
 
 
 def _label(sample: str) -> str:
@@ -189,14 +197,16 @@ def report(a, part1: dict, single: list[dict]) -> None:
                            if k.startswith("llambda_router_requests_total"))
         print(f"| {name} | {len(res['rows'])} | {cached / max(prompt, 1):.0%} | {all_cached / max(all_prompt, 1):.0%} | "
               f"{statistics.median(ttft) if ttft else float('nan'):.0f} | {pct(ttft, 0.9):.0f} | {places} |")
-    print(f"\nThroughput: {a.streams} streams x {a.requests_per_stream} streamed completions of {a.gen_tokens} "
-          f"tokens, {a.repeat} rounds ({'the single server first, then Ray' if a.single_first else 'Ray first, then the single server after Ray stopped'})\n")
-    print("| server | aggregate tok/s (median) | min–max | median TTFT ms | errors |")
-    print("|---|---|---|---|---|")
-    for rows in (part1["throughput"], single):
-        tps = [r["tok_s"] for r in rows]
-        print(f"| {rows[0]['engine']} | {statistics.median(tps):.1f} | {min(tps):.1f}–{max(tps):.1f} | "
-              f"{statistics.median(r['ttft_ms'] for r in rows):.0f} | {sum(len(r['errors']) for r in rows)} |")
+    print(f"\nThroughput: 1 and {a.streams} streams x {a.requests_per_stream} streamed completions of "
+          f"{a.gen_tokens} tokens, {a.repeat} rounds ({'the single server first, then Ray' if a.single_first else 'Ray first, then the single server after Ray stopped'})\n")
+    print("| server | streams | aggregate tok/s (median) | min–max | median TTFT ms | errors |")
+    print("|---|---|---|---|---|---|")
+    for rows in (part1["throughput"], *single):
+        for streams in sorted({r["streams"] for r in rows}):
+            level = [r for r in rows if r["streams"] == streams]
+            tps = [r["tok_s"] for r in level]
+            print(f"| {level[0]['engine']} | {streams} | {statistics.median(tps):.1f} | {min(tps):.1f}–{max(tps):.1f} | "
+                  f"{statistics.median(r['ttft_ms'] for r in level):.0f} | {sum(len(r['errors']) for r in level)} |")
 
 
 def main(argv=None) -> int:
@@ -218,15 +228,15 @@ def main(argv=None) -> int:
         from llambda.hub import ensure_model
         a.model = str(ensure_model("smollm2-135m"))
     if a.single_first:
-        single = single_server(a, a.model)
+        single = single_servers(a, a.model)
         part1 = routing_part(a, a.model)
     else:
         part1 = routing_part(a, a.model)
-        single = single_server(a, a.model)
+        single = single_servers(a, a.model)
     report(a, part1, single)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"routing": part1["routing"], "throughput": part1["throughput"] + single}, f, indent=1)
+            json.dump({"routing": part1["routing"], "throughput": part1["throughput"] + sum(single, [])}, f, indent=1)
     return 0
 
 

@@ -25,7 +25,7 @@ class EngineReplica:
         self.cfg.aliases |= {self.model.name, Path(opts.model).name, Path(opts.model).stem, opts.model}
         self.cfg.aliases.discard(self.cfg.model_id)
         self.app = create_app(self.model, self.cfg)
-        self.scheduler = self.app.state.scheduler
+        self.scheduler = self.app.state.scheduler     # None for an encoder (embeddings: no generation)
         self._lifespan = self.app.router.lifespan_context(self.app)
         await self._lifespan.__aenter__()     # starts the scheduler thread
 
@@ -36,10 +36,14 @@ class EngineReplica:
 
     def record_routing_stats(self) -> dict:
         """Called by Ray Serve every request_routing_stats_period_s; the ingress sums `metrics`."""
-        return {"metrics": self.app.state.render_metrics(), "pid": os.getpid()}
+        render = getattr(self.app.state, "render_metrics", None)
+        text = render() if render is not None else self.app.state.metrics.render({})
+        return {"metrics": text, "pid": os.getpid()}
 
     def check_health(self) -> None:
         """Ray Serve's health check: raising marks the replica unhealthy, and Ray replaces it."""
+        if self.scheduler is None:
+            return
         reason = self.scheduler.health(self.cfg.stall_timeout)
         if reason is not None and not self.scheduler.draining:
             raise RuntimeError(reason)
