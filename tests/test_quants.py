@@ -94,15 +94,16 @@ def test_dequantize_rejects_bad_input():
 
 # ---------------------------------------------------------------- quantize
 
-# RMS error / RMS(x) for standard-normal data (measured: Q8_0 .0054, Q6_K .019,
-# Q5_* .038-.043, Q4_* .078-.084); budgets leave ~30% headroom.
+# RMS error / RMS(x) for standard-normal data, worst row of the test below (measured: Q8_0 .0059,
+# Q6_K .021, Q5_* .040-.046, Q4_* .078-.092, IQ4_* .081, Q3_K .163, Q2_K .326, MXFP4 .126): budgets
+# leave ~10% headroom for the searching quantizers (deterministic on this data), more for the others.
 ROUND_TRIP_BUDGET = {
     QType.F32: 0.0, QType.F16: 5e-4, QType.BF16: 3e-3,
-    QType.Q8_0: 0.007, QType.Q8_1: 0.007, QType.Q8_K: 0.009, QType.Q6_K: 0.025,
-    QType.Q5_0: 0.055, QType.Q5_1: 0.05, QType.Q5_K: 0.05,
-    QType.Q4_0: 0.11, QType.Q4_1: 0.1, QType.Q4_K: 0.1,
-    # non-searching fits on a 16-level grid (measured .079-.082; MXFP4's 8 magnitudes .11)
-    QType.IQ4_NL: 0.1, QType.IQ4_XS: 0.1, QType.MXFP4: 0.14,
+    QType.Q8_0: 0.007, QType.Q8_1: 0.007, QType.Q8_K: 0.009, QType.Q6_K: 0.024,
+    QType.Q5_0: 0.055, QType.Q5_1: 0.05, QType.Q5_K: 0.045,
+    QType.Q4_0: 0.11, QType.Q4_1: 0.1, QType.Q4_K: 0.086,
+    QType.Q3_K: 0.18, QType.Q2_K: 0.36,
+    QType.IQ4_NL: 0.09, QType.IQ4_XS: 0.09, QType.MXFP4: 0.14,
 }
 
 
@@ -242,7 +243,7 @@ def test_requantize_real_weight_within_budget(smollm2_gguf):
 
     with GGUFFile(smollm2_gguf) as f:
         w = f.tensors["blk.0.ffn_down.weight"].as_float32()  # (576, 1536)
-    for qtype in (QType.Q8_0, QType.Q6_K, QType.Q4_K, QType.Q4_0):
+    for qtype in (QType.Q8_0, QType.Q6_K, QType.Q5_K, QType.Q4_K, QType.Q4_0, QType.Q3_K, QType.Q2_K, QType.IQ4_XS):
         y = Q.dequantize(Q.quantize(w, qtype), qtype, w.shape)
         rel = np.sqrt(np.mean((y - w) ** 2) / np.mean(w ** 2))
         assert rel <= ROUND_TRIP_BUDGET[qtype] * 1.5, (qtype.name, rel)
