@@ -35,19 +35,18 @@ def affine_fit(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: flo
     """x ~ scale * l - neg_min, l in 0..nmax (Q2_K, Q4_K, Q5_K): returns (scale, neg_min >= 0).
 
     The range [min(x, 0), max(x)] first spans the grid; then nstep + 1 stretched grids
-    (nmax + rmin + rdelta * i steps across the range) each give codes, for which scale and min are
-    the weighted least-squares fit (min kept <= 0). The fit with the least weighted squared error
-    (absolute error when `mad`) wins.
+    (nmax + rmin + rdelta * i steps from the best min so far to max(x)) each give codes, for which
+    scale and min are the weighted least-squares fit (min kept <= 0). The fit with the least
+    weighted squared error (absolute error when `mad`) wins.
     """
     lo = np.minimum(x.min(axis=1), 0)
     hi = x.max(axis=1)
-    span = (hi - lo).astype(np.float32)
-    inv_span = _safe_div(np.float32(1), span).astype(np.float32)
-    xm = x - lo[:, None]
     sw, swx, swx2 = w.sum(axis=1, dtype=np.float64), _dot(w, x), _dot(w * x, x)
 
-    def codes(iscale):
-        return np.clip(np.rint(xm * iscale[:, None].astype(np.float32)), 0, nmax)
+    def codes(steps, m):
+        """Codes on a grid of `steps` from m to max(x) (m: the current min, as ggml updates it)."""
+        iscale = (np.float32(steps) * _safe_div(np.float32(1), (hi - m).astype(np.float32))).astype(np.float32)
+        return np.clip(np.rint((x - m[:, None]) * iscale[:, None]), 0, nmax)
 
     def error(l, s, m):
         if mad:
@@ -55,11 +54,11 @@ def affine_fit(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: flo
         sl, sl2, sxl = _dot(w, l), _dot(w * l, l), _dot(w * l, x)
         return s * s * sl2 + m * m * sw + swx2 + 2 * s * m * sl - 2 * s * sxl - 2 * m * swx
 
-    best_s = (span / np.float32(nmax)).astype(np.float64)
+    best_s = ((hi - lo) / np.float32(nmax)).astype(np.float64)
     best_m = lo.astype(np.float64)
-    best_e = error(codes(nmax * inv_span), best_s, best_m)
+    best_e = error(codes(nmax, lo), best_s, best_m)
     for i in range(nstep + 1):
-        l = codes((np.float32(rmin + rdelta * i + nmax)) * inv_span)
+        l = codes(rmin + rdelta * i + nmax, best_m.astype(np.float32))
         wl = w * l
         sl, sl2, sxl = wl.sum(axis=1, dtype=np.float64), _dot(wl, l), _dot(wl, x)
         det = sw * sl2 - sl * sl
@@ -73,7 +72,7 @@ def affine_fit(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: flo
         best_s = np.where(better, s, best_s)
         best_m = np.where(better, m, best_m)
         best_e = np.where(better, e, best_e)
-    flat = span == 0
+    flat = hi == lo
     return np.where(flat, 0, best_s), np.where(flat, -lo, -best_m)
 
 
