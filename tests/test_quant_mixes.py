@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import llambda
+from llambda.backends import available_backends
 from llambda.errors import LlambdaError
 from llambda.formats.gguf import GGUFFile
 from llambda.formats.quants import QType as Q
@@ -115,7 +116,7 @@ def test_quantize_command_writes_a_mix_that_runs_natively(tmp_path, capsys):
     ids = [1, 5, 9, 2, 7]
     with llambda.load(out, backend="numpy", n_ctx=64) as m:
         want = m.logits(ids)
-    if "native" in llambda.backends.available_backends():
+    if "native" in available_backends():
         with llambda.load(out, backend="native", activations="f32", n_ctx=64) as m:
             assert float(np.abs(m.logits(ids) - want).max()) <= 1e-3
 
