@@ -360,8 +360,14 @@ def cmd_export(a) -> int:
 
 def cmd_quantize(a) -> int:
     from .tools.export import export
-    out = export(a.input, a.output, fmt="gguf", qtype=a.type)
-    print(f"[llambda] wrote {out} ({a.type.upper()} matrices, norms F32)", file=sys.stderr)
+    from .formats.gguf import GGUFFile
+    out = export(a.input, a.output, fmt="gguf", qtype=a.type, pure=a.pure)
+    with GGUFFile(out) as f:
+        counts: dict[str, int] = {}
+        for t in f.tensors.values():
+            counts[t.qtype.name] = counts.get(t.qtype.name, 0) + 1
+    mix = ", ".join(f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    print(f"[llambda] wrote {out} ({a.type.upper()}: {mix} tensors)", file=sys.stderr)
     return 0
 
 
@@ -499,13 +505,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output directory (hf) or file (gguf)")
     p.add_argument("--type", default=None,
                    help="tensor type: f32, f16, bf16 (both formats) or q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, "
-                        "q6_k, iq4_nl, iq4_xs, mxfp4 (gguf; norms stay f32). Default: keep the source's (hf: quantized ones become f32)")
+                        "q6_k, iq4_nl, iq4_xs, mxfp4, or a mix as `quantize` takes (gguf; norms stay f32). Default: keep the "
+                        "source's (hf: quantized ones become f32)")
     p.set_defaults(fn=cmd_export)
 
     p = sub.add_parser("quantize", help="write a model's matrices in another GGUF type (export --format gguf --type)")
     p.add_argument("input", help="a GGUF file (F32/F16/BF16/Q8_0 or any type llambda decodes) or a HF directory")
     p.add_argument("output", help="the GGUF file to write")
-    p.add_argument("type", help="q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, mxfp4, f16, bf16, f32")
+    p.add_argument("type", help="a mix as llama.cpp makes it: q4_k_m, q5_k_m, q3_k_m, q2_k (also q3_k_s, q3_k_l, "
+                               "q4_k_s, q5_k_s); or one type for every matrix: q8_0, q4_0, q4_1, q5_0, q5_1, q3_k, "
+                               "q4_k, q5_k, q6_k, iq4_nl, iq4_xs, mxfp4, f16, bf16, f32")
+    p.add_argument("--pure", action="store_true", help="a mix's default type for every matrix (q2_k: all Q2_K)")
     p.set_defaults(fn=cmd_quantize)
     return ap
 

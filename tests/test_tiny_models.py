@@ -316,7 +316,7 @@ def test_quantizing_lookup_touches_only_matrices():
         assert get("blk.0.attn_norm.weight").qtype == QType.F32
         assert get("no.such.tensor") is None
         with pytest.raises(llambda.LlambdaError, match="q8_0"):
-            quantizing_lookup(src.tensor, "q3_k")
+            quantizing_lookup(src.tensor, "q4_k_m")
     finally:
         src.close()
 

@@ -19,6 +19,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import ModelFormatError
+from .quant_fit import GROUP_EPS, affine_fit, grid_fit, nearest_level, refined_symmetric_fit, symmetric_fit
 
 QK_K = 256  # values per super-block of the K-quants
 
@@ -546,36 +547,84 @@ def _q_q8_k(x):
     return _as_bytes(d.astype("<f4"), q, bsums)
 
 
-def _q_k_affine(x, nmax: int):
-    """Q4_K/Q5_K: per 32-value sub-block scale and min, both 6-bit under f16 super-scales.
+def _two_bit_planes(q: np.ndarray) -> np.ndarray:
+    """(n, 256) codes < 4 -> (n, 64) bytes: per 128-value half, value 32j + l in bits 2j of byte l."""
+    n = q.shape[0]
+    planes = q.reshape(n, 2, 4, 32).astype(np.uint8) << np.array([0, 2, 4, 6], np.uint8)[:, None]
+    return planes.sum(axis=2, dtype=np.uint8).reshape(n, 64)
 
-    A simple non-searching fit: the sub-block range [min(x, 0), max(x)] is
-    mapped onto 0..nmax. Returns (d, dmin, scales, mins, q) with q in 0..nmax.
-    """
+
+def _codes(x: np.ndarray, step: np.ndarray, lo: int, hi: int, offset: np.ndarray | float = 0) -> np.ndarray:
+    """round((x + offset) / step) clipped to lo..hi, per group (step and offset are (..., 1));
+    where step is 0 the code is 0 (the group then decodes to -offset whatever its codes)."""
+    return np.clip(np.rint((x + offset) * _inv(step)), lo, hi).astype(np.int32)
+
+
+def _super_scale(sub: np.ndarray, top: float) -> tuple[np.ndarray, np.ndarray]:
+    """Non-negative sub-block values (n, k) -> (f16 super-scale d (n, 1), codes round(sub / d) <= top)
+    with the largest value at `top`."""
+    big = sub.max(axis=1, keepdims=True)
+    d = _half(big / np.float32(top)).astype(np.float32)
+    codes = np.clip(np.rint(sub * _safe_inv(big / np.float32(top))), 0, top)
+    return d, codes
+
+
+def _safe_inv(d: np.ndarray) -> np.ndarray:
+    return _inv(d.astype(np.float32))
+
+
+def _q_k_affine(x, nmax: int, group: int, top: int, search: tuple) -> tuple:
+    """Q2_K/Q4_K/Q5_K: per `group`-value sub-block a scale and a min, both coded in 0..top under
+    f16 super-scales d and dmin; codes in 0..nmax. Sub-block fits by `affine_fit(*search)` (weights
+    |x| for Q2_K, rms + |x| for the others, as ggml). Returns (d, dmin, sc, mn, q (n, 256))."""
     n = x.shape[0]
-    sub = x.reshape(n, 8, 32)
-    lo = np.minimum(sub.min(axis=2), 0)  # the format subtracts a non-negative min
-    hi = sub.max(axis=2)
-    sub_scale = (hi - lo) / np.float32(nmax)
-    d = _half(sub_scale.max(axis=1, keepdims=True) / np.float32(63)).astype(np.float32)
-    dmin = _half((-lo).max(axis=1, keepdims=True) / np.float32(63)).astype(np.float32)
-    sc = np.clip(np.rint(sub_scale * _inv(d)), 0, 63)
-    mn = np.clip(np.rint(-lo * _inv(dmin)), 0, 63)
+    sub = x.reshape(n * QK_K // group, group)
+    if group == 16:
+        w = np.abs(sub)
+    else:
+        w = np.sqrt(np.mean(sub * sub, axis=1, keepdims=True)) + np.abs(sub)
+    scale, neg_min = affine_fit(sub, w, nmax, *search)
+    scale = np.maximum(scale, 0).astype(np.float32).reshape(n, -1)
+    neg_min = neg_min.astype(np.float32).reshape(n, -1)
+    d, sc = _super_scale(scale, top)
+    dmin, mn = _super_scale(neg_min, top)
     step = (d * sc)[:, :, None]
-    q = np.rint((sub + (dmin * mn)[:, :, None]) * _inv(step))
-    q = np.clip(q, 0, nmax).astype(np.uint8).reshape(n, 4, 2, 32)
-    return d, dmin, sc.astype(np.uint8), mn.astype(np.uint8), q
+    q = _codes(x.reshape(n, -1, group), step, 0, nmax, (dmin * mn)[:, :, None])
+    return d, dmin, sc.astype(np.uint8), mn.astype(np.uint8), q.reshape(n, QK_K)
+
+
+def _q_q2_k(x):
+    d, dmin, sc, mn, q = _q_k_affine(x, 3, 16, 15, (-0.5, 0.1, 15, True))
+    return _as_bytes(sc | (mn << 4), _two_bit_planes(q), _half(d), _half(dmin))
+
+
+def _q_q3_k(x):
+    n = x.shape[0]
+    scale = refined_symmetric_fit(x.reshape(n * 16, 16), 4).astype(np.float32).reshape(n, 16)
+    big = _signed_absmax(scale)
+    iscale = np.float32(-32) * _inv(big)
+    ls = np.clip(np.rint(scale * iscale), -32, 31).astype(np.int32)
+    d = _half(_inv(iscale)).astype(np.float32)
+    ls = np.where(big == 0, -32, ls)      # an all-zero block: zero scale bytes
+    q = _codes(x.reshape(n, 16, 16), (d * ls)[:, :, None], -4, 3).reshape(n, QK_K) + 4
+    hmask = np.packbits((q > 3).reshape(n, 8, 32).astype(np.uint8), axis=1, bitorder="little")[:, 0, :]
+    u = (ls + 32).astype(np.uint8)
+    low = (u[:, :8] & 0x0F) | ((u[:, 8:] & 0x0F) << 4)
+    top = (u >> 4).reshape(n, 4, 4) << (2 * np.arange(4, dtype=np.uint8))[None, :, None]  # scale j -> byte j%4
+    return _as_bytes(hmask, _two_bit_planes(q & 3), low, top.sum(axis=1, dtype=np.uint8), _half(d))
 
 
 def _q_q4_k(x):
-    d, dmin, sc, mn, q = _q_k_affine(x, 15)
-    qs = (q[:, :, 0, :] | (q[:, :, 1, :] << 4)).reshape(-1, 128)
+    d, dmin, sc, mn, q = _q_k_affine(x, 15, 32, 63, (-1.0, 0.1, 20))
+    q = q.reshape(-1, 4, 2, 32)
+    qs = (q[:, :, 0, :] | (q[:, :, 1, :] << 4)).astype(np.uint8).reshape(-1, 128)
     return _as_bytes(_half(d), _half(dmin), _k_scales_pack(sc, mn), qs)
 
 
 def _q_q5_k(x):
     n = x.shape[0]
-    d, dmin, sc, mn, q = _q_k_affine(x, 31)
+    d, dmin, sc, mn, q = _q_k_affine(x, 31, 32, 63, (-0.5, 0.1, 15))
+    q = q.astype(np.uint8).reshape(n, 4, 2, 32)
     qs = ((q[:, :, 0, :] & 0x0F) | ((q[:, :, 1, :] & 0x0F) << 4)).reshape(n, 128)
     fifth = ((q >> 4) & 1).reshape(n, 8, 32)  # sub-block s -> bit s of qh[l]
     qh = (fifth << np.arange(8, dtype=np.uint8)[:, None]).sum(axis=1, dtype=np.uint8)
@@ -584,42 +633,41 @@ def _q_q5_k(x):
 
 def _q_q6_k(x):
     n = x.shape[0]
-    sub = x.reshape(n, 16, 16)
-    sub_scale = _signed_absmax(sub.reshape(n * 16, 16)).reshape(n, 16) / np.float32(-32)
-    d = _half(np.abs(sub_scale).max(axis=1, keepdims=True) / np.float32(127)).astype(np.float32)
-    sc = np.clip(np.rint(sub_scale * _inv(d)), -128, 127)
-    step = (d * sc)[:, :, None]
-    q = np.clip(np.rint(sub * _inv(step)), -32, 31).astype(np.int16) + 32
-    q = q.astype(np.uint8).reshape(n, 2, 4, 32)  # half, group of 32, value
+    sub = x.reshape(n * 16, 16)
+    scale = symmetric_fit(sub, sub * sub, 32).astype(np.float32).reshape(n, 16)
+    big = _signed_absmax(scale)
+    zero = np.abs(big) < GROUP_EPS
+    iscale = np.where(zero, 0, np.float32(-128) * _inv(big)).astype(np.float32)
+    d = _half(_inv(iscale)).astype(np.float32)
+    sc = np.minimum(np.rint(scale * iscale), 127).astype(np.int8)
+    q = (_codes(x.reshape(n, 16, 16), (d * sc)[:, :, None], -32, 31) + 32).astype(np.uint8)
+    q = np.where(zero[:, :, None], 0, q).reshape(n, 2, 4, 32)  # half, group of 32, value
     ql = (q[:, :, 0:2, :] & 0x0F) | ((q[:, :, 2:4, :] & 0x0F) << 4)  # (n, 2, 2, 32)
     qh = ((q >> 4) << np.array([0, 2, 4, 6], np.uint8)[:, None]).sum(axis=2, dtype=np.uint8)
-    return _as_bytes(ql.reshape(n, 128), qh.reshape(n, 64), sc.astype(np.int8), _half(d))
+    return _as_bytes(ql.reshape(n, 128), qh.reshape(n, 64), sc, _half(d))
 
 
-def _nearest(v: np.ndarray, levels: np.ndarray) -> np.ndarray:
-    """Index of the nearest of the ascending `levels` for each v (ties to the lower)."""
-    mid = (levels[1:] + levels[:-1]) / np.float32(2)
-    return np.searchsorted(mid, v, side="left")
+# IQ4: ggml's grid search with weights x^2 and 7 shifts of the grid each way.
+_IQ4_TRIES = 7
 
 
 def _iq4_codes(x: np.ndarray, step: np.ndarray) -> np.ndarray:
     """Nibbles of x / step on the IQ4 grid (ascending, so the index is the code)."""
-    return _nearest(x * _inv(step), IQ4_GRID.astype(np.float32)).astype(np.uint8)
+    return nearest_level(x * _inv(step), IQ4_GRID.astype(np.float32)).astype(np.uint8)
 
 
 def _q_iq4_nl(x):
-    # a simple non-searching fit: the value of largest magnitude lands on the grid's -127 end
-    d = _half(_signed_absmax(x) / np.float32(-127)).astype(np.float32)
+    d = _half(grid_fit(x, x * x, IQ4_GRID, _IQ4_TRIES).astype(np.float32)[:, None]).astype(np.float32)
     return _as_bytes(_half(d), _pack_nibbles(_iq4_codes(x, d)))
 
 
 def _q_iq4_xs(x):
     n = x.shape[0]
-    sub = x.reshape(n, 8, 32)
-    s = _signed_absmax(sub.reshape(n * 8, 32)).reshape(n, 8) / np.float32(-127)  # ideal sub-block steps
+    sub = x.reshape(n * 8, 32)
+    s = grid_fit(sub, sub * sub, IQ4_GRID, _IQ4_TRIES).astype(np.float32).reshape(n, 8)
     d = _half(_signed_absmax(s) / np.float32(-32)).astype(np.float32)  # the largest step at scale -32
     ls = np.clip(np.rint(s * _inv(d)), -32, 31).astype(np.int32)
-    q = _iq4_codes(sub, (d * ls)[:, :, None])
+    q = _iq4_codes(x.reshape(n, 8, 32), (d * ls)[:, :, None])
     u = (ls + 32).astype(np.uint16)
     lo = (u & 0x0F).astype(np.uint8)
     scales_l = lo[:, 0::2] | (lo[:, 1::2] << 4)
@@ -634,7 +682,7 @@ def _q_mxfp4(x):
         e = np.where(amax > 0, np.floor(np.log2(amax)) - 2 + 127, 0)
     e = np.clip(e, 0, 254).astype(np.uint8)
     v = (x * np.ldexp(1.0, 128 - e.astype(np.int32))).astype(np.float32)  # doubled units; 2^128 is not a float32
-    mag = _nearest(np.abs(v), FP4_GRID[:8].astype(np.float32)).astype(np.uint8)
+    mag = nearest_level(np.abs(v), FP4_GRID[:8].astype(np.float32)).astype(np.uint8)
     q = np.where((v < 0) & (mag > 0), mag | 8, mag).astype(np.uint8)
     return _as_bytes(e, _pack_nibbles(q))
 
@@ -646,6 +694,8 @@ _QUANT: dict[QType, Callable[[np.ndarray], np.ndarray]] = {
     QType.Q5_1: _q_q5_1,
     QType.Q8_0: _q_q8_0,
     QType.Q8_1: _q_q8_1,
+    QType.Q2_K: _q_q2_k,
+    QType.Q3_K: _q_q3_k,
     QType.Q4_K: _q_q4_k,
     QType.Q5_K: _q_q5_k,
     QType.Q6_K: _q_q6_k,

@@ -21,10 +21,12 @@ import json
 import math
 import os
 import shutil
+import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from ..errors import LlambdaError, ModelFormatError
 from ..formats.hf_dir import GLOBAL_NAMES, layer_names
@@ -34,6 +36,7 @@ from ..formats.source import ModelSource
 from ..formats.weights import WeightTensor
 from ..models import arch_module
 from ..models.config import TransformerConfig
+from .quant_mix import FILE_TYPE_IDS, file_type, tensor_types
 
 
 @dataclass(frozen=True)
@@ -59,8 +62,6 @@ FAMILIES = {
 }
 PERMUTED_GGUF_ARCHS = {"llama", "smollm3", "granite"}      # llama.cpp's LLAMA_ROPE_TYPE_NORM architectures among ours
 FLOAT_TYPES = {"f32": QType.F32, "f16": QType.F16, "bf16": QType.BF16}
-GGUF_WEIGHT_TYPES = {*FLOAT_TYPES.values(), QType.Q8_0, QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1,
-                     QType.Q4_K, QType.Q5_K, QType.Q6_K, QType.IQ4_NL, QType.IQ4_XS, QType.MXFP4}
 HF_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
             "chat_template.json", "generation_config.json", "tokenizer.model")
 _LAYER_LEAVES = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "attn_q_norm",
@@ -442,17 +443,15 @@ def gguf_metadata(cfg: TransformerConfig, arch: str, name: str) -> dict:
     return meta
 
 
-def write_gguf_file(src: ModelSource, out: Path, qtype: str | None = None) -> Path:
+def write_gguf_file(src: ModelSource, out: Path, qtype: str | None = None, pure: bool = False,
+                    progress: bool | None = None) -> Path:
+    """`qtype` is a file type (quant_mix.file_type: one type, or a mix such as q4_k_m); `progress`
+    shows a bar on stderr (default: when stderr is a terminal)."""
     from ..formats.gguf_writer import write_gguf
     cfg = src.config
     fam = family_of(cfg)
     arch = fam.gguf_arch
-    want = None
-    if qtype:
-        by_name = {q.name.lower(): q for q in GGUF_WEIGHT_TYPES}
-        want = by_name.get(qtype.lower())
-        if want is None:
-            raise LlambdaError(f"cannot write GGUF weights as {qtype!r}; choose one of {', '.join(sorted(by_name))}")
+    ftype = file_type(qtype, pure) if qtype else None
     tensors = _layout_tensors(src, to_interleaved=arch in PERMUTED_GGUF_ARCHS)
     meta = gguf_metadata(cfg, arch, src.name or src.path.stem)
     kind = (cfg.rope_scaling or {}).get("rope_type") or (cfg.rope_scaling or {}).get("type")
@@ -471,10 +470,22 @@ def write_gguf_file(src: ModelSource, out: Path, qtype: str | None = None) -> Pa
         raise ModelFormatError(f"GGUF {arch!r}: RoPE layout mismatch")
 
     shift_by = cfg.norm_offset          # GGUF norms hold the weights as applied
+    chosen = {}
+    if ftype is not None:
+        chosen = tensor_types(ftype, {n: t.shape for n, t in tensors.items()}, cfg.n_layers,
+                              cfg.n_heads // max(1, cfg.n_kv_heads))
+        if ftype.name in FILE_TYPE_IDS:       # llama.cpp's id; a pure K-quant file has none of its own
+            meta["general.file_type"] = FILE_TYPE_IDS[ftype.name]
     items = []
-    for name, t in tensors.items():
-        o = _convert(name, t, _target_type(t, want, "gguf"), shift_by if _is_norm(name) else 0.0)
-        items.append((name, o.qtype, o.raw, tuple(o.shape)))
+    show = sys.stderr.isatty() if progress is None else progress
+    with tqdm(total=sum(t.data.size for t in tensors.values()), desc="quantize" if ftype else "convert", unit="B",
+              unit_scale=True, unit_divisor=1024, disable=not show, file=sys.stderr, leave=True) as bar:
+        for name, t in tensors.items():
+            target = _target_type(t, chosen.get(name), "gguf")
+            bar.set_postfix_str(f"{name} -> {target.name}", refresh=False)
+            o = _convert(name, t, target, shift_by if _is_norm(name) else 0.0)
+            items.append((name, o.qtype, o.raw, tuple(o.shape)))
+            bar.update(t.data.size)
     if any(q not in (QType.F32, QType.F16, QType.BF16) for _, q, _, _ in items):
         meta["general.quantization_version"] = 2
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -502,9 +513,11 @@ def _gguf_metadata_types(src: ModelSource) -> dict:
 
 # ---------------------------------------------------------------- entry point
 
-def export(model, out: str | os.PathLike, fmt: str = "gguf", qtype: str | None = None) -> Path:
+def export(model, out: str | os.PathLike, fmt: str = "gguf", qtype: str | None = None, pure: bool = False,
+           progress: bool | None = None) -> Path:
     """Write `model` (a catalogued name, a path, an opened ModelSource or a loaded llambda Model)
-    to `out` as `fmt` "hf" (a directory) or "gguf" (a file); `qtype` picks the tensor type."""
+    to `out` as `fmt` "hf" (a directory) or "gguf" (a file); `qtype` picks the tensor type (for
+    GGUF also a mix such as q4_k_m; `pure` puts every matrix in the mix's default type)."""
     out = Path(out)
     own = False
     if isinstance(model, ModelSource):
@@ -518,7 +531,7 @@ def export(model, out: str | os.PathLike, fmt: str = "gguf", qtype: str | None =
         if fmt == "hf":
             return write_hf(src, out, qtype)
         if fmt == "gguf":
-            return write_gguf_file(src, out, qtype)
+            return write_gguf_file(src, out, qtype, pure=pure, progress=progress)
         raise LlambdaError(f"unknown export format {fmt!r} (hf or gguf)")
     finally:
         if own:

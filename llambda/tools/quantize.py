@@ -15,7 +15,7 @@ from ..formats.weights import WeightTensor
 
 # Types the loader may quantize to: those the oracle quantizes and the kernels run. A matrix whose rows
 # do not split into the type's blocks (256 values for the K-quants and IQ4_XS) stays as it is.
-LOAD_QTYPES = {q.name.lower(): q for q in (QType.Q8_0, QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.IQ4_NL,
+LOAD_QTYPES = {q.name.lower(): q for q in (QType.Q8_0, QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.IQ4_NL, QType.Q2_K, QType.Q3_K,
                                            QType.MXFP4, QType.Q4_K, QType.Q5_K, QType.Q6_K, QType.IQ4_XS)}
 FLOAT_QTYPES = (QType.F32, QType.F16, QType.BF16)
 

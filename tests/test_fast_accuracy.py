@@ -1,0 +1,76 @@
+"""The fast mode (8-bit activations) against the FP32 oracle (the NumPy backend on the same file), with
+llama.cpp's own error on the same file and prompts as the budget.
+
+The error is the worst |difference| over the oracle's top-20 logits at a position, taken at every
+position of six prompts (not from this repository's fixtures). llama.cpp quantizes activations the
+same way for the 32-block types (8 bits, one scale per 32 values) and more coarsely for the K-quants
+(one per 256), so its error is the yardstick. Measured where each source of error was switched to
+FP32 one at a time (SmolLM2 Q4_1, mean over positions 0.368): the Q/K/V input alone gave 0.271,
+each other matmul 0.34-0.38; the f16 KV cache and every other op ~0 (f32 activations match the
+oracle to 1e-3).
+"""
+import numpy as np
+import pytest
+
+import llambda
+from llambda.backends import available_backends
+
+PROMPTS = [
+    "The history of the Roman Empire spans more than a thousand years, beginning with",
+    "def quicksort(arr):\n    if len(arr) <= 1:\n        return arr\n    pivot =",
+    "<|im_start|>user\nWhat are three tips for staying healthy?<|im_end|>\n<|im_start|>assistant\n",
+    "Le chat noir dort sur le canapé pendant que la pluie tombe. Demain, nous irons",
+    "Q: If a train travels 60 miles per hour for 2.5 hours, how far does it go?\nA:",
+    "Photosynthesis is the process by which green plants convert light energy into chemical energy. "
+    "The main steps are",
+]
+
+# llama.cpp's (llama-cpp-python 0.3.36, logits_all) error on these prompts: mean and worst over all positions.
+LLAMA_CPP_ERROR = {
+    "smollm2_gguf": (0.391, 1.587),      # SmolLM2-135M-Instruct Q4_1 (ours measured 0.368, 0.909)
+    "qwen05_gguf": (0.195, 0.989),       # Qwen2.5-Coder-0.5B-Instruct Q4_K_M (ours 0.141, 0.848)
+}
+
+
+def all_logits(m, ids):
+    n = len(ids)
+    return np.array(m.transformer.forward(np.asarray(ids, np.int32), np.zeros(n, np.int32),
+                                          np.arange(n, dtype=np.int32), list(range(n))))
+
+
+def top20_error(got, want):
+    top = np.argsort(want, axis=1)[:, -20:]
+    return np.abs(np.take_along_axis(got, top, 1) - np.take_along_axis(want, top, 1)).max(axis=1)
+
+
+def errors(path, ids, refs, **kw):
+    with llambda.load(path, n_ctx=256, **kw) as m:
+        return np.concatenate([top20_error(all_logits(m, i), r) for i, r in zip(ids, refs)])
+
+
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.parametrize("fixture", list(LLAMA_CPP_ERROR))
+def test_fast_mode_is_no_less_accurate_than_llama_cpp(fixture, request):
+    if "native" not in available_backends():
+        pytest.skip("the C core is not built: no fast mode")
+    path = request.getfixturevalue(fixture)
+    with llambda.load(path, backend="numpy", n_ctx=256) as m:
+        ids = [m.tokenize(p) for p in PROMPTS]
+        refs = [all_logits(m, i) for i in ids]
+    assert errors(path, ids, refs, backend="native", activations="f32").max() < 2e-3
+    fast = errors(path, ids, refs, backend="native")
+    mean, worst = LLAMA_CPP_ERROR[fixture]
+    assert fast.mean() <= mean and fast.max() <= worst, (fast.mean(), fast.max())
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return          # the written figures stand for llama.cpp
+    llm = Llama(model_path=str(path), logits_all=True, n_ctx=256, n_threads=1, verbose=False)
+    theirs = []
+    for i, r in zip(ids, refs):
+        llm.reset()
+        llm.eval(i)
+        theirs.append(top20_error(np.asarray(llm.scores[:len(i)], np.float32), r))
+    theirs = np.concatenate(theirs)
+    assert fast.mean() <= theirs.mean() * 1.05, (fast.mean(), theirs.mean())

@@ -1,0 +1,207 @@
+"""`llambda quantize IN OUT MIX`: which tensor gets which type (llama.cpp's presets, written here as
+the facts they are), the file it writes, and that file in llambda and in llama.cpp."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import llambda
+from llambda.backends import available_backends
+from llambda.errors import LlambdaError
+from llambda.formats.gguf import GGUFFile
+from llambda.formats.quants import QType as Q
+from llambda.tools.quant_mix import file_type, tensor_types
+
+TINY = Path(__file__).parent / "fixtures" / "reference" / "tiny"
+
+# llama.cpp's use_more_bits for 32 layers, spelled out: layers 0-3, 28-31 and every third between
+MORE_BITS_32 = {0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31}
+
+
+def shapes(n_layers, d, ffn, kv, tied, vocab=1000):
+    """A dense decoder's tensors (rows, cols), as WeightTensor shapes."""
+    out = {"token_embd.weight": (vocab, d), "output_norm.weight": (d,)}
+    if not tied:
+        out["output.weight"] = (vocab, d)
+    for i in range(n_layers):
+        p = f"blk.{i}."
+        out.update({p + "attn_norm.weight": (d,), p + "attn_q.weight": (d, d), p + "attn_k.weight": (kv, d),
+                    p + "attn_v.weight": (kv, d), p + "attn_q.bias": (d,), p + "attn_output.weight": (d, d),
+                    p + "ffn_norm.weight": (d,), p + "ffn_gate.weight": (ffn, d), p + "ffn_up.weight": (ffn, d),
+                    p + "ffn_down.weight": (d, ffn)})
+    return out
+
+
+def types_of(mix, n_layers=32, d=4096, ffn=11008, kv=4096, tied=False, gqa=1, pure=False):
+    return tensor_types(file_type(mix, pure), shapes(n_layers, d, ffn, kv, tied), n_layers, gqa)
+
+
+def layer_types(t, leaf, n=32):
+    return [t[f"blk.{i}.{leaf}.weight"] for i in range(n)]
+
+
+@pytest.mark.parametrize("mix,default", [("Q4_K_M", Q.Q4_K), ("q5_k_m", Q.Q5_K)])
+def test_k_m_mixes_raise_attn_v_and_ffn_down_in_the_more_bits_layers(mix, default):
+    t = types_of(mix)
+    want = [Q.Q6_K if i in MORE_BITS_32 else default for i in range(32)]
+    assert layer_types(t, "attn_v") == want
+    assert layer_types(t, "ffn_down") == want
+    for leaf in ("attn_q", "attn_k", "attn_output", "ffn_gate", "ffn_up"):
+        assert set(layer_types(t, leaf)) == {default}, leaf
+    assert t["output.weight"] == Q.Q6_K and t["token_embd.weight"] == default
+    assert t["output_norm.weight"] == t["blk.3.attn_norm.weight"] == t["blk.0.attn_q.bias"] == Q.F32
+
+
+def test_q3_k_m_mix():
+    t = types_of("q3_k_m")
+    assert layer_types(t, "attn_v") == [Q.Q5_K] * 2 + [Q.Q4_K] * 30           # the first two attn_v
+    assert layer_types(t, "ffn_down") == [Q.Q5_K] * 2 + [Q.Q4_K] * 30         # layers < n/16
+    assert set(layer_types(t, "attn_output")) == {Q.Q4_K}
+    assert set(layer_types(t, "attn_q")) == set(layer_types(t, "ffn_up")) == {Q.Q3_K}
+    assert t["output.weight"] == Q.Q6_K
+
+
+@pytest.mark.parametrize("gqa,attn_v", [(1, Q.Q3_K), (3, Q.Q3_K), (4, Q.Q4_K), (8, Q.Q4_K)])
+def test_q2_k_mix(gqa, attn_v):
+    t = types_of("Q2_K", kv=4096 // gqa, gqa=gqa)
+    assert set(layer_types(t, "attn_v")) == {attn_v}
+    assert set(layer_types(t, "ffn_down")) == set(layer_types(t, "attn_output")) == {Q.Q3_K}
+    assert set(layer_types(t, "attn_q")) == set(layer_types(t, "ffn_gate")) == {Q.Q2_K}
+    assert t["output.weight"] == Q.Q6_K and t["token_embd.weight"] == Q.Q2_K
+
+
+def test_tied_embedding_is_the_head():
+    t = types_of("q4_k_m", tied=True)
+    assert "output.weight" not in t and t["token_embd.weight"] == Q.Q6_K
+
+
+def test_rows_not_a_multiple_of_256_fall_back_as_llama_cpp():
+    # SmolLM2-135M: width 576 (2.25 K-blocks), ffn 1536, 3 KV heads of 64, a tied head
+    smol = dict(n_layers=30, d=576, ffn=1536, kv=192, tied=True, gqa=3)
+    t = types_of("q4_k_m", **smol)
+    more = {i for i in range(30) if i < 3 or i >= 26 or (i - 3) % 3 == 2}
+    assert layer_types(t, "ffn_down", 30) == [Q.Q6_K if i in more else Q.Q4_K for i in range(30)]  # 1536 cols
+    assert layer_types(t, "attn_v", 30) == [Q.Q8_0 if i in more else Q.Q5_0 for i in range(30)]
+    assert set(layer_types(t, "attn_q", 30)) == {Q.Q5_0}
+    assert t["token_embd.weight"] == Q.Q8_0                      # the head, and 576 % 256 != 0
+    assert set(layer_types(types_of("q5_k_m", **smol), "ffn_up", 30)) == {Q.Q5_1}
+    assert set(layer_types(types_of("q2_k", **smol), "attn_q", 30)) == {Q.Q4_0}
+    assert set(layer_types(types_of("iq4_xs", **smol), "attn_q", 30)) == {Q.IQ4_NL}
+    odd = types_of("q4_k_m", n_layers=2, d=48, ffn=96, kv=48, tied=False)  # not even 32-blocks
+    assert odd["blk.0.attn_q.weight"] == Q.F16 and odd["output.weight"] == Q.F16
+
+
+def test_plain_types_are_pure_and_q2_k_is_the_mix():
+    t = types_of("q4_k")
+    assert {q for n, q in t.items() if n.endswith(".weight") and "norm" not in n} == {Q.Q4_K}
+    assert types_of("Q6_K")["output.weight"] == Q.Q6_K
+    assert set(layer_types(types_of("q2_k"), "ffn_down")) == {Q.Q3_K}
+    assert set(layer_types(types_of("q2_k", pure=True), "ffn_down")) == {Q.Q2_K}
+    assert types_of("q2_k", pure=True)["output.weight"] == Q.Q2_K
+    with pytest.raises(LlambdaError, match="q4_k_m"):
+        file_type("q4_k_x")
+
+
+def test_quantize_command_writes_a_mix_that_runs_natively(tmp_path, capsys):
+    from llambda.cli import main
+    out = tmp_path / "m.gguf"
+    assert main(["quantize", str(TINY / "qwen3"), str(out), "q4_k_m"]) == 0
+    assert "Q4_K_M" in capsys.readouterr().err
+    with GGUFFile(out) as f:
+        assert f.metadata["general.file_type"] == 15              # llama.cpp's LLAMA_FTYPE_MOSTLY_Q4_K_M
+        types = {n: t.qtype for n, t in f.tensors.items()}
+    # the tiny model is 64 wide: every matrix falls back to a 32-block type; of 2 layers the last has more bits
+    assert types["blk.0.attn_q.weight"] == types["blk.0.attn_v.weight"] == Q.Q5_0
+    assert types["blk.1.attn_v.weight"] == types["blk.1.ffn_down.weight"] == Q.Q8_0
+    ids = [1, 5, 9, 2, 7]
+    with llambda.load(out, backend="numpy", n_ctx=64) as m:
+        want = m.logits(ids)
+    if "native" in available_backends():
+        with llambda.load(out, backend="native", activations="f32", n_ctx=64) as m:
+            assert float(np.abs(m.logits(ids) - want).max()) <= 1e-3
+
+
+def test_progress_bar_is_one_updating_line_on_stderr(tmp_path, capsys):
+    from llambda.tools.export import export
+    export(TINY / "qwen3", tmp_path / "p.gguf", qtype="q8_0", progress=True)
+    err = capsys.readouterr().err
+    assert "quantize" in err and "100%" in err and "\r" in err
+    assert err.count("\n") <= 1
+    export(TINY / "qwen3", tmp_path / "q.gguf", qtype="q8_0", progress=False)
+    assert capsys.readouterr().err == ""
+
+
+# ---------------------------------------------------------------- a real model, and llama.cpp
+
+def _llama_cpp():
+    return pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: no llama.cpp to compare with")
+
+
+def _gguf_shapes(path):
+    with GGUFFile(path) as f:
+        a = f.metadata["general.architecture"]
+        return ({n: t.shape for n, t in f.tensors.items()}, {n: t.qtype for n, t in f.tensors.items()},
+                f.metadata[f"{a}.block_count"],
+                f.metadata[f"{a}.attention.head_count"] // f.metadata[f"{a}.attention.head_count_kv"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mix", ["q4_k_m", "q5_k_m", "q3_k_m", "q2_k"])
+def test_mixes_choose_what_llama_cpp_quantize_chooses(mix, smollm2_gguf, tmp_path):
+    """llama.cpp's own quantizer on the same file picks the same type for every tensor."""
+    import ctypes
+    llama_cpp = _llama_cpp()
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{mix.upper()}")
+    params.allow_requantize = True      # the catalogued SmolLM2 is Q4_1
+    params.nthread = 1
+    out = tmp_path / "theirs.gguf"
+    assert llama_cpp.llama_model_quantize(str(smollm2_gguf).encode(), str(out).encode(), ctypes.byref(params)) == 0
+    shapes, theirs, n_layers, gqa = _gguf_shapes(out)
+    ours = tensor_types(file_type(mix), shapes, n_layers, gqa)
+    assert {n: q.name for n, q in ours.items()} == {n: q.name for n, q in theirs.items()}
+
+
+@pytest.fixture(scope="module")
+def smollm2_q4_k_m(smollm2_gguf, tmp_path_factory):
+    from llambda.tools.export import export
+    return export(smollm2_gguf, tmp_path_factory.mktemp("mix") / "smollm2-q4_k_m.gguf", qtype="q4_k_m",
+                  progress=False)
+
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):\n    if n <"]
+
+
+@pytest.mark.slow
+def test_our_q4_k_m_file_runs_natively_as_the_oracle(smollm2_q4_k_m):
+    shapes, types, n_layers, gqa = _gguf_shapes(smollm2_q4_k_m)
+    assert types == tensor_types(file_type("q4_k_m"), shapes, n_layers, gqa)
+    assert {Q.Q4_K, Q.Q6_K, Q.Q5_0, Q.Q8_0} <= set(types.values())
+    with llambda.load(smollm2_q4_k_m, backend="numpy", n_ctx=64) as m:
+        ids = [m.tokenize(p) for p in PROMPTS]
+        want = [m.logits(i) for i in ids]
+    for act, budget in (("f32", 2e-3), ("q8", 1.0)):    # exact, and the fast mode's top-20 budget
+        with llambda.load(smollm2_q4_k_m, backend="native", activations=act, n_ctx=64) as m:
+            for i, w in zip(ids, want):
+                got = m.logits(i)
+                top = np.argsort(w)[-20:]
+                assert float(np.abs(got[top] - w[top]).max()) <= budget, act
+                assert np.argmax(got) == np.argmax(w) or act == "q8"
+
+
+@pytest.mark.slow
+def test_our_q4_k_m_file_loads_in_llama_cpp(smollm2_q4_k_m):
+    llama_cpp = _llama_cpp()
+    llm = llama_cpp.Llama(model_path=str(smollm2_q4_k_m), n_ctx=64, n_threads=1, logits_all=True, verbose=False)
+    with llambda.load(smollm2_q4_k_m, backend="numpy", n_ctx=64) as m:
+        for p in PROMPTS:
+            ids = m.tokenize(p)
+            want = m.logits(ids)
+            llm.reset()
+            llm.eval(ids)
+            got = np.asarray(llm.scores[len(ids) - 1], np.float32)
+            top = np.argsort(want)[-20:]
+            # llama.cpp computes with 8-bit activations: its own error against the FP32 oracle (measured on
+            # SmolLM2: up to 1.26 here, 1.59 over every position of six prompts); a misread tensor is far worse
+            assert float(np.abs(got[top] - want[top]).max()) <= 2.0, p
+            assert int(np.argmax(got)) in set(np.argsort(want)[-3:].tolist())
