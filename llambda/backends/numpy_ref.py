@@ -17,12 +17,46 @@ except ImportError:      # scipy is optional: libm's erf element by element (slo
 from .base import Backend, KVCache
 
 
+def route(logits: np.ndarray, k: int, routing: str, norm: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's k experts (by descending weight, ties to the lower index) and their weights."""
+    logits = logits.astype(np.float32)
+    order = np.argsort(-logits, axis=-1, kind="stable")[:, :k]
+    top = np.take_along_axis(logits, order, axis=-1)
+    if routing == "topk_softmax":
+        e = np.exp(top - top[:, :1])
+        return order.astype(np.int32), (e / e.sum(-1, keepdims=True)).astype(np.float32)
+    e = np.exp(logits - logits.max(-1, keepdims=True))
+    p = e / e.sum(-1, keepdims=True)
+    w = np.take_along_axis(p, order, axis=-1)
+    if norm:
+        w = w / w.sum(-1, keepdims=True)
+    return order.astype(np.int32), w.astype(np.float32)
+
+
 class NumpyBackend(Backend):
     name = "numpy"
     precision = "f32"
 
     def prepare_matrix(self, w: WeightTensor) -> np.ndarray:
         return np.ascontiguousarray(w.to_float32().reshape(w.rows, w.cols), dtype=np.float32)
+
+    def prepare_experts(self, gate: WeightTensor, up: WeightTensor, down: WeightTensor):
+        return tuple(np.ascontiguousarray(w.to_float32().reshape(w.shape), dtype=np.float32) for w in (gate, up, down))
+
+    def moe(self, x, logits, experts, k, routing, norm, out, shared=None, shared_logit=None, scratch=None) -> None:
+        gate, up, down = experts
+        ids, wts = route(logits, k, routing, norm)
+        acc = np.zeros_like(out)
+        for e in np.unique(ids):
+            tok, slot = np.nonzero(ids == e)
+            h = x[tok]
+            g, u = h @ gate[e].T, h @ up[e].T
+            y = (g / (1.0 + np.exp(-g)) * u) @ down[e].T
+            np.add.at(acc, tok, wts[tok, slot][:, None] * y)
+        if shared is not None:
+            s = np.float32(1) if shared_logit is None else 1.0 / (1.0 + np.exp(-shared_logit.reshape(-1, 1)))
+            acc += s * shared
+        out[...] = acc
 
     def embed(self, table: np.ndarray, ids, out) -> None:
         np.take(table, ids, axis=0, out=out)

@@ -14,6 +14,7 @@ from ..errors import ModelFormatError, TokenizerError
 from .source import ModelSource
 from ..models import arch_module
 from .files import read_json
+from .experts import ExpertStacks
 from .safetensors import open_safetensors_dir
 
 # top-level HF name -> canonical name
@@ -40,7 +41,19 @@ LAYER_NAMES = {
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.gate_up_proj.weight": "ffn_up.weight",          # Phi-3: gate rows then up rows, as GGUF stores it
     "mlp.down_proj.weight": "ffn_down.weight",
+    # mixture of experts: the router, the shared expert and its gate (experts: EXPERT_RE)
+    "mlp.gate.weight": "ffn_gate_inp.weight",
+    "block_sparse_moe.gate.weight": "ffn_gate_inp.weight",       # Mixtral
+    "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
+    "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
+    "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
+    "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
 }
+
+# One expert's matrix (the Hub layout: a tensor per expert), stacked at load into GGUF's
+# 3-D `ffn_{gate,up,down}_exps` (formats/experts.py). Mixtral: w1 gate, w3 up, w2 down.
+EXPERT_RE = re.compile(r"(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight")
+EXPERT_PART = {"gate_proj": "gate", "w1": "gate", "up_proj": "up", "w3": "up", "down_proj": "down", "w2": "down"}
 
 # The norm after attention means different things: in the Llama family it is the
 # norm *before* the MLP; in Gemma (post_norms) a real post-attention norm.
@@ -103,7 +116,7 @@ def canonical_tensors(hf_tensors: dict, n_layers: int, post_norms: bool) -> dict
     silently wrong); other unknown top-level tensors (vision towers, rotary caches) are skipped.
     """
     per_layer = layer_names(post_norms)
-    out = {}
+    out, experts = {}, ExpertStacks()
     for name, t in hf_tensors.items():
         for old, new in _TEXT_PREFIXES:
             if name.startswith(old):
@@ -118,6 +131,10 @@ def canonical_tensors(hf_tensors: dict, n_layers: int, post_norms: bool) -> dict
         i, suffix = int(m.group(1)), m.group(2)
         if suffix.endswith("rotary_emb.inv_freq"):
             continue      # a cache some old checkpoints saved; we compute our own
+        em = EXPERT_RE.fullmatch(suffix)
+        if em and i < n_layers:
+            experts.add(f"blk.{i}.ffn_{EXPERT_PART[em.group(2)]}_exps.weight", int(em.group(1)), name, t)
+            continue
         if suffix not in per_layer:
             raise ModelFormatError(f"tensor {name!r} is not supported (unknown layer tensor)")
         if i >= n_layers:
@@ -126,6 +143,7 @@ def canonical_tensors(hf_tensors: dict, n_layers: int, post_norms: bool) -> dict
         if canon in out:
             raise ModelFormatError(f"tensor {name!r}: a second tensor maps to {canon!r}")
         out[canon] = t
+    out.update(experts.stacked())
     return out
 
 

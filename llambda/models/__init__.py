@@ -15,6 +15,11 @@ ARCHITECTURES = {
     "gemma3": "gemma3",
     "gemma3_text": "gemma3",
     "phi3": "phi3",
+    "qwen3moe": "qwen3moe",
+    "qwen3_moe": "qwen3moe",
+    "qwen2moe": "qwen2moe",
+    "qwen2_moe": "qwen2moe",
+    "mixtral": "mixtral",
 }
 
 # Encoders (embedding models, cross-encoders): their own config and forward, not TransformerConfig

@@ -20,7 +20,12 @@ SIZE_LIMITS = {
     "n_kv_heads": (1, 4096), "head_dim": (1, 1 << 14), "ffn_dim": (1, 1 << 20),
     "n_ctx_train": (2, 1 << 40), "sliding_window": (0, 1 << 40), "rope_dim": (0, 1 << 14),
     "window_pattern": (1, 4096),
+    "n_experts": (0, 1 << 12), "n_experts_used": (0, 1 << 12), "expert_ffn_dim": (0, 1 << 20),
+    "shared_ffn_dim": (0, 1 << 20),
 }
+# How a mixture-of-experts router turns logits into the k weights: a softmax over every expert,
+# then the k largest (Qwen-MoE, Mixtral), or the k largest logits, then a softmax over those (GPT-OSS).
+MOE_ROUTINGS = ("softmax_topk", "topk_softmax")
 # Positions the engine can address (the C core's limit): a window at least this long is no window.
 MAX_POSITIONS = 1 << 24
 # RoPE scaling types inv_freq implements, and the numeric fields each needs (with defaults).
@@ -112,6 +117,14 @@ class TransformerConfig:
     sliding_window: int = 0                 # 0: none
     layer_sliding: list[bool] = field(default_factory=list)   # per layer; empty: all layers alike
     tie_embeddings: bool = True
+    # mixture of experts (n_experts 0: every layer dense)
+    n_experts: int = 0
+    n_experts_used: int = 0                 # k experts per token
+    expert_ffn_dim: int = 0                 # each expert's hidden size
+    moe_routing: str = "softmax_topk"       # see MOE_ROUTINGS
+    moe_norm_topk: bool = True              # softmax_topk: rescale the k weights to sum to 1
+    shared_ffn_dim: int = 0                 # an always-on shared expert (Qwen2-MoE); 0: none
+    moe_layers: list[bool] = field(default_factory=list)      # per layer; empty: all MoE when n_experts
     source: str = field(default="", compare=False, repr=False)   # the file or directory, for error messages
 
     def __post_init__(self):
@@ -120,6 +133,8 @@ class TransformerConfig:
             self.rope_dim = self.head_dim
         if not self.layer_sliding:
             self.layer_sliding = [self.sliding_window > 0] * self.n_layers
+        if not self.moe_layers:
+            self.moe_layers = [self.n_experts > 0] * self.n_layers
         self.validate()
 
     @property
@@ -156,7 +171,8 @@ class TransformerConfig:
 
     def _check_sizes(self) -> None:
         for name in ("vocab_size", "n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "ffn_dim",
-                     "n_ctx_train", "sliding_window"):
+                     "n_ctx_train", "sliding_window", "n_experts", "n_experts_used", "expert_ffn_dim",
+                     "shared_ffn_dim"):
             check_int(f"config {name}", getattr(self, name), name)
 
     def validate(self) -> None:
@@ -170,12 +186,27 @@ class TransformerConfig:
             raise ModelFormatError("layer_sliding must list every layer")
         if self.activation not in ("silu", "gelu_tanh"):
             raise ModelFormatError(f"unsupported activation {self.activation!r}")
+        self._check_moe()
         for name in ("norm_eps", "rope_theta", "attn_softcap", "final_softcap", "norm_offset"):
             check_number(f"config {name}", getattr(self, name), name)
         for name in ("rope_theta_local", "embed_scale", "attn_scale"):
             if getattr(self, name) is not None:
                 check_number(f"config {name}", getattr(self, name), name)
         self._check_rope()
+
+    def _check_moe(self) -> None:
+        if not isinstance(self.moe_layers, list) or len(self.moe_layers) != self.n_layers:
+            raise ModelFormatError("moe_layers must list every layer")
+        if not self.n_experts:
+            if any(self.moe_layers):
+                raise ModelFormatError("moe_layers marks a layer MoE but the config has no experts")
+            return
+        if not 1 <= self.n_experts_used <= self.n_experts:
+            raise ModelFormatError(f"experts used per token ({self.n_experts_used}) must be in 1..{self.n_experts}")
+        if self.expert_ffn_dim < 1:
+            raise ModelFormatError("an MoE config needs the experts' feed-forward size")
+        if self.moe_routing not in MOE_ROUTINGS:
+            raise ModelFormatError(f"unsupported MoE routing {self.moe_routing!r}")
 
     def _check_rope(self) -> None:
         if self.rope_scaling is not None:
