@@ -42,7 +42,7 @@ def gguf_moe(hp: GGUFHParams, *, norm_default: bool, expert_ffn_key: str = "expe
     if not n_experts:
         return {}
     n_layers = hp.int("block_count", limit="n_layers")
-    lead = hp.int("leading_dense_block_count", 0, "n_layers")
+    lead = hp.int("leading_dense_block_count", 0, "n_experts")     # 0..4096, like the layer count
     return dict(
         n_experts=n_experts,
         n_experts_used=hp.int("expert_used_count", limit="n_experts_used"),

@@ -53,6 +53,9 @@ FAMILIES = {
     "gemma2": Family("gemma2", "Gemma2ForCausalLM", "gemma2", hf_norm_offset=1.0),
     "gemma3": Family("gemma3_text", "Gemma3ForCausalLM", "gemma3", hf_norm_offset=1.0),
     "phi3": Family("phi3", "Phi3ForCausalLM", "phi3", hf_fused=True),
+    "qwen3moe": Family("qwen3_moe", "Qwen3MoeForCausalLM", "qwen3moe"),
+    "qwen2moe": Family("qwen2_moe", "Qwen2MoeForCausalLM", "qwen2moe"),
+    "mixtral": Family("mixtral", "MixtralForCausalLM", "llama"),      # llama.cpp writes Mixtral as `llama`
 }
 PERMUTED_GGUF_ARCHS = {"llama"}      # llama.cpp's LLAMA_ROPE_TYPE_NORM architectures among ours
 FLOAT_TYPES = {"f32": QType.F32, "f16": QType.F16, "bf16": QType.BF16}
@@ -61,12 +64,19 @@ GGUF_WEIGHT_TYPES = {*FLOAT_TYPES.values(), QType.Q8_0, QType.Q4_0, QType.Q4_1, 
 HF_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
             "chat_template.json", "generation_config.json", "tokenizer.model")
 _LAYER_LEAVES = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "attn_q_norm",
-                 "attn_k_norm", "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm")
+                 "attn_k_norm", "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm",
+                 "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_inp_shexp",
+                 "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
+# Tensors kept in float whatever the export type: an MoE router's logits pick the experts, and a
+# quantized router flips choices that are close (llama.cpp's quantizer also leaves them alone).
+_FLOAT_ONLY = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight")
 
 
 def family_of(cfg: TransformerConfig) -> Family:
     arch = cfg.arch
-    if arch == "llama" and any(cfg.layer_sliding):
+    if arch == "llama" and cfg.n_experts:
+        arch = "mixtral"      # a `llama` GGUF with experts is Mixtral
+    elif arch == "llama" and any(cfg.layer_sliding):
         arch = "mistral"      # config.json spells a Llama with a window as Mistral
     if arch not in FAMILIES:
         raise ModelFormatError(f"export does not know the architecture {cfg.arch!r}")
@@ -127,6 +137,8 @@ def _convert(name: str, t: WeightTensor, qtype: QType, shift: float = 0.0) -> Ou
 
 
 def _target_type(t: WeightTensor, want: QType | None, fmt: str) -> QType:
+    if fmt == "gguf" and t.name.endswith(_FLOAT_ONLY):
+        return t.qtype if t.qtype in FLOAT_TYPES.values() else QType.F32
     if fmt == "hf":
         if want is not None:
             return want
@@ -202,7 +214,8 @@ def _cfg_dict(cfg: TransformerConfig) -> dict:
 
 _CHECKED = ("vocab_size", "n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "rope_dim",
             "activation", "attn_bias", "qk_norm", "post_norms", "embed_scale", "attn_softcap", "final_softcap",
-            "layer_sliding")
+            "layer_sliding", "n_experts", "n_experts_used", "expert_ffn_dim", "moe_routing", "moe_norm_topk",
+            "shared_ffn_dim")
 
 
 def _check_same(a: TransformerConfig, b: TransformerConfig, what: str, a_factors=None, b_factors=None) -> None:
@@ -301,6 +314,8 @@ def write_hf(src: ModelSource, out: Path, qtype: str | None = None) -> Path:
     from ..formats.safetensors import write_safetensors
     cfg = src.config
     fam = family_of(cfg)
+    if cfg.n_experts:
+        raise LlambdaError("a mixture-of-experts model exports as GGUF only (fmt='gguf')")
     want = None
     if qtype:
         if qtype.lower() not in FLOAT_TYPES:
@@ -428,6 +443,15 @@ def gguf_metadata(cfg: TransformerConfig, arch: str, name: str) -> dict:
         meta[f"{a}.attn_logit_softcapping"] = cfg.attn_softcap
     if cfg.final_softcap:
         meta[f"{a}.final_logit_softcapping"] = cfg.final_softcap
+    if cfg.n_experts:
+        meta.update({f"{a}.expert_count": cfg.n_experts, f"{a}.expert_used_count": cfg.n_experts_used,
+                     f"{a}.expert_feed_forward_length": cfg.expert_ffn_dim,
+                     f"{a}.expert_weights_norm": bool(cfg.moe_norm_topk)})
+        if cfg.shared_ffn_dim:
+            meta[f"{a}.expert_shared_feed_forward_length"] = cfg.shared_ffn_dim
+        lead = cfg.moe_layers.index(True) if any(cfg.moe_layers) else cfg.n_layers
+        if lead and all(cfg.moe_layers[lead:]):
+            meta[f"{a}.leading_dense_block_count"] = lead
     return meta
 
 
@@ -463,6 +487,8 @@ def write_gguf_file(src: ModelSource, out: Path, qtype: str | None = None) -> Pa
     items = []
     for name, t in tensors.items():
         o = _convert(name, t, _target_type(t, want, "gguf"), shift_by if _is_norm(name) else 0.0)
+        if name.endswith("ffn_gate_inp_shexp.weight"):
+            o.shape = (t.rows * t.cols,)      # llama.cpp's shape: one vector of d_model
         items.append((name, o.qtype, o.raw, tuple(o.shape)))
     if any(q not in (QType.F32, QType.F16, QType.BF16) for _, q, _, _ in items):
         meta["general.quantization_version"] = 2
