@@ -136,8 +136,8 @@ def _convert(name: str, t: WeightTensor, qtype: QType, shift: float = 0.0) -> Ou
     return OutTensor(name, qtype, t.shape, quantize(vals, qtype).reshape(-1))
 
 
-def _target_type(t: WeightTensor, want: QType | None, fmt: str) -> QType:
-    if fmt == "gguf" and t.name.endswith(_FLOAT_ONLY):
+def _target_type(t: WeightTensor, want: QType | None, fmt: str, name: str = "") -> QType:
+    if fmt == "gguf" and name.endswith(_FLOAT_ONLY):
         return t.qtype if t.qtype in FLOAT_TYPES.values() else QType.F32
     if fmt == "hf":
         if want is not None:
@@ -486,7 +486,7 @@ def write_gguf_file(src: ModelSource, out: Path, qtype: str | None = None) -> Pa
     shift_by = cfg.norm_offset          # GGUF norms hold the weights as applied
     items = []
     for name, t in tensors.items():
-        o = _convert(name, t, _target_type(t, want, "gguf"), shift_by if _is_norm(name) else 0.0)
+        o = _convert(name, t, _target_type(t, want, "gguf", name), shift_by if _is_norm(name) else 0.0)
         if name.endswith("ffn_gate_inp_shexp.weight"):
             o.shape = (t.rows * t.cols,)      # llama.cpp's shape: one vector of d_model
         items.append((name, o.qtype, o.raw, tuple(o.shape)))

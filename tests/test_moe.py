@@ -1,0 +1,318 @@
+"""Mixture-of-experts layers: the C routing and expert kernels against the NumPy oracle on random
+data (every ISA, odd shapes, experts no token chose), batch invariance, the tiny MoE references on
+every ISA, GGUF round trips, and bad input.
+
+The tiny transformers references themselves (numpy, native exact and fast) run in
+test_tiny_models.py with the other folders.
+"""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import llambda
+from llambda.backends.numpy_ref import NumpyBackend, route
+from llambda.errors import LlambdaError, ModelFormatError
+from llambda.formats.quants import QType, quantize
+from llambda.formats.weights import WeightTensor
+
+native = pytest.importorskip("llambda._native", reason="C core not built (python setup.py build_ext --inplace)")
+from llambda.backends.native import NativeBackend  # noqa: E402
+
+TINY = Path(__file__).parent / "fixtures" / "reference" / "tiny"
+MOE_FOLDERS = ["qwen3_moe", "mixtral", "qwen2_moe"]
+ISAS = native.isa_available()
+ROUTINGS = {"softmax_topk": 0, "topk_softmax": 1}
+
+
+@pytest.fixture(params=ISAS)
+def isa(request):
+    before = native.isa()
+    native.set_isa(request.param)
+    yield request.param
+    native.set_isa(before)
+
+
+@pytest.fixture
+def batch_invariant():
+    before = native.batch_invariant()
+    native.set_batch_invariant(True)
+    yield
+    native.set_batch_invariant(before)
+
+
+def reference(folder):
+    with open(TINY / folder / "reference.json", encoding="utf-8") as f:
+        return json.load(f)
+
+
+# ---------------------------------------------------------------- routing
+
+
+@pytest.mark.parametrize("routing", list(ROUTINGS))
+@pytest.mark.parametrize("norm", [True, False])
+@pytest.mark.parametrize("n, E, k", [(1, 1, 1), (3, 4, 2), (17, 8, 2), (5, 60, 4), (9, 128, 8), (2, 7, 7)])
+def test_route_matches_numpy(routing, norm, n, E, k):
+    logits = np.random.default_rng(n * E + k).normal(0, 2, (n, E)).astype(np.float32)
+    ids, w = np.empty((n, k), np.int32), np.empty((n, k), np.float32)
+    native.moe_route(logits, n, E, k, ROUTINGS[routing], int(norm), ids, w)
+    want_ids, want_w = route(logits, k, routing, norm)
+    np.testing.assert_array_equal(ids, want_ids)
+    np.testing.assert_allclose(w, want_w, rtol=2e-6, atol=1e-7)
+    if routing == "topk_softmax" or norm:
+        np.testing.assert_allclose(w.sum(-1), 1.0, rtol=1e-5)
+
+
+def test_route_ties_go_to_the_lower_expert_and_nan_never_breaks_it():
+    logits = np.array([[1, 3, 3, 0, 3], [np.nan, 2, np.nan, 1, 0]], np.float32)
+    ids, w = np.empty((2, 3), np.int32), np.empty((2, 3), np.float32)
+    native.moe_route(logits, 2, 5, 3, 1, 1, ids, w)
+    assert ids[0].tolist() == [1, 2, 4] == route(logits[:1], 3, "topk_softmax", True)[0][0].tolist()
+    assert ids[1].tolist() == [1, 3, 4]       # finite logits win over NaN; every id distinct and in range
+
+
+# ---------------------------------------------------------------- the expert kernel
+
+
+def random_experts(rng, E, ff, d, qtype):
+    """(WeightTensor gate, up, down) of E experts in qtype, and their dequantized float32 values."""
+    out = []
+    for name, rows, cols in (("gate", ff, d), ("up", ff, d), ("down", d, ff)):
+        vals = rng.normal(0, cols ** -0.5, (E, rows, cols)).astype(np.float32)
+        t = WeightTensor(name, qtype, (E, rows, cols), quantize(vals, qtype).reshape(-1))
+        out.append(t)
+    return out
+
+
+class Scratch:
+    def __init__(self, n, d, k, ff, E):
+        self.moe_f = np.zeros(n * k * (2 * d + 2 * ff + 1), np.float32)
+        self.moe_i = np.zeros(3 * n * k + E + 1, np.int32)
+
+
+def run_moe(backend, experts, x, logits, k, routing="softmax_topk", norm=True, shared=None, shared_logit=None):
+    n, d = x.shape
+    out = np.full((n, d), np.nan, np.float32)
+    E, ff = logits.shape[1], experts[0].shape[1]
+    handle = backend.prepare_experts(*experts)
+    backend.moe(x, logits, handle, k, routing, norm, out, shared=shared, shared_logit=shared_logit,
+                scratch=Scratch(n, d, k, ff, E))
+    return out
+
+
+# (qtype, d, ff): float types with odd sizes (row groups cut short), block types at their block sizes
+SHAPES = [(QType.F32, 50, 37), (QType.F16, 33, 20), (QType.Q8_0, 96, 64), (QType.Q4_0, 64, 96),
+          (QType.Q4_K, 256, 256), (QType.Q6_K, 256, 512)]
+
+
+@pytest.mark.parametrize("qtype, d, ff", SHAPES, ids=[s[0].name for s in SHAPES])
+@pytest.mark.parametrize("exact", [True, False])
+def test_moe_matches_numpy(isa, qtype, d, ff, exact):
+    rng = np.random.default_rng(int(qtype) * 7 + d)
+    E, k = 16, 3
+    experts = random_experts(rng, E, ff, d, qtype)
+    ref = NumpyBackend()
+    nat = NativeBackend(activations="f32" if exact else "q8")
+    try:
+        for n in (1, 2, 7, 70):       # 1 and 2 tokens leave most experts empty
+            x = rng.normal(0, 1, (n, d)).astype(np.float32)
+            logits = rng.normal(0, 2, (n, E)).astype(np.float32)
+            for routing, norm in (("softmax_topk", True), ("softmax_topk", False), ("topk_softmax", True)):
+                want = run_moe(ref, experts, x, logits, k, routing, norm)
+                got = run_moe(nat, experts, x, logits, k, routing, norm)
+                scale = float(np.abs(want).max())
+                err = float(np.abs(got - want).max())
+                budget = (1e-5 if exact else 2e-2) * scale
+                assert err <= budget, f"{qtype.name} isa={isa} n={n} {routing} norm={norm}: {err:.3g} > {budget:.3g}"
+    finally:
+        nat.close()
+
+
+def test_moe_shared_expert_and_its_gate(isa):
+    rng = np.random.default_rng(5)
+    n, d, ff, E, k = 9, 64, 32, 6, 2
+    experts = random_experts(rng, E, ff, d, QType.F32)
+    x = rng.normal(0, 1, (n, d)).astype(np.float32)
+    logits = rng.normal(0, 1, (n, E)).astype(np.float32)
+    shared = rng.normal(0, 1, (n, d)).astype(np.float32)
+    gate = rng.normal(0, 2, (n, 1)).astype(np.float32)
+    nat = NativeBackend(activations="f32")
+    try:
+        for sl in (gate, None):
+            want = run_moe(NumpyBackend(), experts, x, logits, k, shared=shared, shared_logit=sl)
+            got = run_moe(nat, experts, x, logits, k, shared=shared, shared_logit=sl)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        alone = run_moe(nat, experts, x, logits, k)
+        assert not np.allclose(alone, got, atol=1e-3)       # the shared expert did contribute
+    finally:
+        nat.close()
+
+
+@pytest.mark.parametrize("qtype", [QType.Q8_0, QType.Q4_K])
+def test_a_token_alone_equals_the_token_in_a_batch(isa, batch_invariant, qtype):
+    """Batch invariance: a token's output is bit-identical whichever tokens share its experts."""
+    rng = np.random.default_rng(11)
+    n, d, ff, E, k = 40, 256, 256, 8, 2
+    experts = random_experts(rng, E, ff, d, qtype)
+    x = rng.normal(0, 1, (n, d)).astype(np.float32)
+    logits = rng.normal(0, 1, (n, E)).astype(np.float32)
+    nat = NativeBackend(activations="q8")
+    try:
+        batch = run_moe(nat, experts, x, logits, k)
+        for t in (0, 13, n - 1):
+            alone = run_moe(nat, experts, x[t:t + 1], logits[t:t + 1], k)
+            assert np.array_equal(alone[0], batch[t]), f"token {t} isa={isa}"
+        half = run_moe(nat, experts, x[5:25], logits[5:25], k)
+        assert np.array_equal(half, batch[5:25])
+    finally:
+        nat.close()
+
+
+def test_model_decode_is_batch_invariant(batch_invariant):
+    """The tiny Qwen3-MoE quantized at load: one sequence's decode step alone or beside another."""
+    from llambda.formats.hf_dir import open_hf_dir
+    from llambda.models.base import Transformer
+    from llambda.tools.quantize import quantizing_lookup
+    src = open_hf_dir(TINY / "qwen3_moe")
+    nat = NativeBackend(activations="q8")
+    nat.set_batch_invariant(True)
+    try:
+        tr = Transformer(src.config, quantizing_lookup(src.tensor, "q8_0"), nat, n_ctx=64, n_slots=2, max_tokens=64)
+        ids = np.array(reference("qwen3_moe")["inputs"][1]["input_ids"][:20], np.int32)
+        for s in (0, 1):
+            tr.forward(ids, np.full(20, s, np.int32), np.arange(20, dtype=np.int32), [19])
+        alone = tr.forward(ids[:1], [0], [20], [0]).copy()
+        both = tr.forward(np.array([ids[0], ids[5]], np.int32), [0, 1], [20, 20], [0, 1]).copy()
+        assert np.array_equal(alone[0], both[0])
+    finally:
+        nat.close()
+        src.close()
+
+
+# ---------------------------------------------------------------- whole tiny models
+
+
+@pytest.mark.parametrize("folder", MOE_FOLDERS)
+def test_tiny_moe_on_every_isa(isa, folder):
+    inp = reference(folder)["inputs"][1]
+    with llambda.load(TINY / folder, backend="native", activations="f32", n_ctx=64) as m:
+        got = np.stack([m.logits(inp["input_ids"][:p + 1]) for p in inp["last_positions"]])
+        greedy = list(m.generate(inp["input_ids"], max_tokens=16, temperature=0, ignore_eos=True))
+    assert float(np.abs(got - np.array(inp["logits_last3"], np.float32)).max()) <= 1e-3
+    assert greedy == inp["greedy_new_tokens"]
+
+
+def test_dense_and_moe_layers_follow_the_config():
+    with llambda.load(TINY / "qwen3_moe", backend="numpy", n_ctx=32) as m:
+        cfg, layers = m.config, m.transformer.layers
+        assert cfg.moe_layers == [False, True, True]
+        assert [L.moe is not None for L in layers] == [False, True, True]
+        assert (cfg.n_experts, cfg.n_experts_used, cfg.expert_ffn_dim, cfg.moe_norm_topk) == (8, 2, 16, True)
+    with llambda.load(TINY / "qwen2_moe", backend="numpy", n_ctx=32) as m:
+        assert m.config.shared_ffn_dim == 64 and not m.config.moe_norm_topk
+        assert m.transformer.layers[0].moe.shared_gate_inp is not None
+
+
+# ---------------------------------------------------------------- GGUF
+
+
+@pytest.mark.parametrize("folder, arch", [("qwen3_moe", "qwen3moe"), ("mixtral", "llama"), ("qwen2_moe", "qwen2moe")])
+def test_gguf_round_trip(folder, arch, tmp_path):
+    """Exported as GGUF (f32: the reference exactly; q8_0: native equals the oracle on the same weights)."""
+    from llambda.formats.gguf import GGUFFile
+    from llambda.tools.export import export
+    ref = reference(folder)
+    inp = ref["inputs"][2]
+    ids = inp["input_ids"]
+    f32 = export(str(TINY / folder), tmp_path / "f32.gguf", fmt="gguf", qtype="f32")
+    with GGUFFile(f32) as f:
+        assert f.metadata["general.architecture"] == arch
+        assert f.metadata[f"{arch}.expert_count"] == ref["config"].get("num_experts") or \
+            ref["config"].get("num_local_experts")
+        assert len(f.tensors["blk.1.ffn_down_exps.weight"].shape) == 3
+    for backend, act in (("numpy", None), ("native", "f32")):
+        with llambda.load(f32, backend=backend, activations=act, n_ctx=128) as m:
+            got = np.stack([m.logits(ids[:p + 1]) for p in inp["last_positions"]])
+            assert float(np.abs(got - np.array(inp["logits_last3"], np.float32)).max()) <= 1e-3
+            assert list(m.generate(ids, max_tokens=16, temperature=0, ignore_eos=True)) == inp["greedy_new_tokens"]
+    q8 = export(str(TINY / folder), tmp_path / "q8.gguf", fmt="gguf", qtype="q8_0")
+    with GGUFFile(q8) as f:
+        assert f.tensors["blk.1.ffn_up_exps.weight"].qtype == QType.Q8_0
+        assert f.tensors["blk.1.ffn_gate_inp.weight"].qtype == QType.F32     # the router stays float
+    rows = {}
+    for backend, act in (("numpy", None), ("native", "f32")):
+        with llambda.load(q8, backend=backend, activations=act, n_ctx=128) as m:
+            rows[backend] = m.logits(ids)
+    assert float(np.abs(rows["native"] - rows["numpy"]).max()) <= 1e-3
+
+
+def test_gguf_with_llama_cpp_names_and_a_shared_gate_vector(tmp_path):
+    """qwen2moe's ffn_gate_inp_shexp is a vector of d_model in llama.cpp's files; ours writes it so."""
+    from llambda.formats.gguf import GGUFFile
+    from llambda.tools.export import export
+    path = export(str(TINY / "qwen2_moe"), tmp_path / "m.gguf", fmt="gguf", qtype="f32")
+    with GGUFFile(path) as f:
+        assert f.tensors["blk.0.ffn_gate_inp_shexp.weight"].shape == (64,)
+        assert f.metadata["qwen2moe.expert_shared_feed_forward_length"] == 64
+        assert f.metadata["qwen2moe.expert_weights_norm"] is False
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def _edit_copy(tmp_path, folder, edit_cfg=None, drop=None):
+    import shutil
+    from safetensors.numpy import load_file, save_file
+    d = tmp_path / folder
+    shutil.copytree(TINY / folder, d)
+    if edit_cfg:
+        cfg = json.loads((d / "config.json").read_text())
+        edit_cfg(cfg)
+        (d / "config.json").write_text(json.dumps(cfg))
+    if drop:
+        t = load_file(d / "model.safetensors")
+        for k in [k for k in t if drop in k]:
+            del t[k]
+        save_file(t, d / "model.safetensors")
+    return d
+
+
+@pytest.mark.parametrize("edit, drop, message", [
+    (lambda c: c.update(num_experts_per_tok=9), None, "experts used per token"),
+    (lambda c: c.update(num_experts_per_tok=0), None, "experts used per token"),
+    (lambda c: c.update(num_local_experts=4), None, "ffn_gate_inp"),
+    (lambda c: c.update(moe_intermediate_size=8), None, "ffn_gate_exps"),
+    (lambda c: c.update(mlp_only_layers="0"), None, "mlp_only_layers"),
+    (None, "layers.1.mlp.experts.3.up_proj", "experts \\[3\\] are missing"),
+    (None, "layers.2.mlp.gate.weight", "ffn_gate"),
+])
+def test_bad_moe_files_are_model_format_errors(tmp_path, edit, drop, message):
+    d = _edit_copy(tmp_path, "qwen3_moe", edit, drop)
+    with pytest.raises(ModelFormatError, match=message):
+        llambda.load(d, backend="numpy", n_ctx=32)
+
+
+def test_moe_binding_refuses_bad_arguments():
+    n, d, ff, E, k = 2, 32, 32, 4, 2
+    W = [(0, 0, np.zeros(E * ff * d * 4, np.uint8))] * 3
+    x, logits, out = np.zeros((n, d), np.float32), np.zeros((n, E), np.float32), np.zeros((n, d), np.float32)
+    fs, is_ = np.zeros(n * k * (2 * d + 2 * ff + 1), np.float32), np.zeros(3 * n * k + E + 1, np.int32)
+    args = [x, logits, out, n, d, E, k, ff, 0, 1, 1, *W, fs, is_, None, None]
+    native.moe(*args)                                   # well-formed: runs
+    for i, bad, err in ((6, E + 1, ValueError), (6, 0, ValueError), (8, 2, ValueError),
+                        (14, fs[:-1], ValueError), (15, is_[:-1], ValueError),
+                        (11, (0, 0, np.zeros(10, np.uint8)), ValueError), (11, (99, 0, W[0][2]), ValueError),
+                        (11, (0, 0), TypeError), (2, x, ValueError), (0, x[:1], ValueError)):
+        a = list(args)
+        a[i] = bad
+        with pytest.raises(err):
+            native.moe(*a)
+    with pytest.raises(ValueError, match="shared_logit without shared"):
+        native.moe(*args[:16], None, np.zeros(n, np.float32))
+
+
+def test_hf_export_of_moe_is_refused_with_a_reason():
+    with pytest.raises(LlambdaError, match="GGUF only"):
+        from llambda.tools.export import export
+        export(str(TINY / "mixtral"), "/nonexistent/x", fmt="hf")
