@@ -129,6 +129,28 @@ def test_moe_matches_numpy(isa, qtype, d, ff, exact):
         nat.close()
 
 
+@pytest.mark.parametrize("n, k", [(1, 1), (1, 4), (37, 3)])
+def test_moe_is_the_same_on_any_thread_count(isa, n, k):
+    """Whole experts per pool thread (as many experts as threads), or each matmul split over the
+    pool (fewer): the same bits either way, and on one thread."""
+    rng = np.random.default_rng(n + k)
+    d, ff, E = 256, 256, 8
+    experts = random_experts(rng, E, ff, d, QType.Q4_K)
+    x = rng.normal(0, 1, (n, d)).astype(np.float32)
+    logits = rng.normal(0, 1, (n, E)).astype(np.float32)
+    nat = NativeBackend(activations="q8")
+    before = native.threads()
+    try:
+        outs = []
+        for t in (1, 2, 3):
+            native.set_threads(t)
+            outs.append(run_moe(nat, experts, x, logits, k))
+        assert all(np.array_equal(outs[0], o) for o in outs[1:])
+    finally:
+        native.set_threads(before)
+        nat.close()
+
+
 def test_moe_shared_expert_and_its_gate(isa):
     rng = np.random.default_rng(5)
     n, d, ff, E, k = 9, 64, 32, 6, 2

@@ -1,12 +1,16 @@
-/* Mixture-of-experts layer (see moe.h). The experts run one after another, each as one matmul
- * (gate and up together) over the rows of the tokens routed to it, which the matmul driver
- * splits over the thread pool; routing, gathering and the weighted sum are serial (a few
- * values per token against the experts' weights streamed from memory). */
+/* Mixture-of-experts layer (see moe.h). Each expert with tokens runs as one matmul (gate and up
+ * together) over the rows of the tokens routed to it. With at least as many such experts as pool
+ * threads, the threads claim whole experts (one fork/join per layer instead of three per expert);
+ * else the experts run one after another and each matmul splits its rows over the pool. Routing,
+ * gathering and the weighted sum are serial: a few values per token, against the experts' weights
+ * streamed from memory. */
 #include "moe/moe.h"
 
 #include <math.h>
 #include <string.h>
 
+#include "core/alloc.h"
+#include "core/threadpool.h"
 #include "matmul/matmul.h"
 #include "ops/ops.h"
 
@@ -56,6 +60,57 @@ void llb_moe_route(const float *logits, long n, long n_expert, long k, int routi
 
 static const uint8_t *expert_w(const llb_experts *x, long e) { return x->w + (size_t)e * x->stride; }
 
+/* What every expert's MLP needs: where its rows are, and (on a pool thread) its scratch. */
+typedef struct {
+    const llb_moe_args *a;
+    const int32_t *off;     /* expert e's rows: [off[e], off[e+1]) of the gathered rows */
+    const int32_t *active;  /* the experts with rows */
+    long n_active;
+    float *xg, *g, *u, *y;
+    uint8_t *scratch;       /* NULL: row-parallel matmuls; else per_thread bytes per pool thread */
+    size_t per_thread;
+    long next;              /* the next entry of active to claim (atomic) */
+    int failed;
+} moe_ctx;
+
+/* Expert e's MLP over its m gathered rows: gate and up, SiLU, down. With scratch, on this thread
+ * alone; else each matmul splits its rows over the pool. */
+static int run_expert(moe_ctx *c, long e, uint8_t *scratch) {
+    const llb_moe_args *a = c->a;
+    const long r0 = c->off[e], m = c->off[e + 1] - r0, d = a->d, ff = a->ff;
+    const float *xe = c->xg + (size_t)r0 * d;
+    float *ge = c->g + (size_t)r0 * ff, *ue = c->u + (size_t)r0 * ff, *ye = c->y + (size_t)r0 * d;
+    llb_mm_part gu[2] = {{a->gate.layout, expert_w(&a->gate, e), ff, ge}, {a->up.layout, expert_w(&a->up, e), ff, ue}};
+    const llb_mm_part dn = {a->down.layout, expert_w(&a->down, e), d, ye};
+    const int fused = a->gate.t == a->up.t; /* one call: activations quantized once */
+    if (scratch) {
+        if (llb_matmul_many_here(a->gate.t, gu, fused ? 2 : 1, d, xe, m, a->exact, scratch) ||
+            (!fused && llb_matmul_many_here(a->up.t, gu + 1, 1, d, xe, m, a->exact, scratch)))
+            return -1;
+        llb_silu_mul_here(ge, ue, ge, m * ff);
+        return llb_matmul_many_here(a->down.t, &dn, 1, ff, ge, m, a->exact, scratch);
+    }
+    if (llb_matmul_many(a->gate.t, gu, fused ? 2 : 1, d, xe, m, a->exact) ||
+        (!fused && llb_matmul_many(a->up.t, gu + 1, 1, d, xe, m, a->exact)))
+        return -1;
+    llb_silu_mul(ge, ue, ge, m * ff);
+    return llb_matmul_many(a->down.t, &dn, 1, ff, ge, m, a->exact);
+}
+
+/* Pool threads claim whole experts one at a time: a thread the OS deschedules holds up only the
+ * expert it is on, and a token's expert output does not depend on which thread ran it. */
+static void experts_task(void *ctx, int ith, int nth) {
+    moe_ctx *c = ctx;
+    uint8_t *scratch = c->scratch + (size_t)ith * c->per_thread;
+    for (;;) {
+        const long i = __atomic_fetch_add(&c->next, 1, __ATOMIC_RELAXED);
+        if (i >= c->n_active) break;
+        if (run_expert(c, c->active[i], scratch)) __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
+    }
+}
+
+static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
+
 int llb_moe(const llb_moe_args *a) {
     const long n = a->n, d = a->d, k = a->k, ff = a->ff, E = a->n_expert, nk = n * k;
     float *xg = a->fscratch, *g = xg + (size_t)nk * d, *u = g + (size_t)nk * ff, *y = u + (size_t)nk * ff,
@@ -76,22 +131,28 @@ int llb_moe(const llb_moe_args *a) {
     off[0] = 0;
     for (long r = 0; r < nk; r++) memcpy(xg + (size_t)r * d, a->x + (size_t)(entry[r] / k) * d, (size_t)d * sizeof(float));
 
-    for (long e = 0; e < E; e++) {
-        const long r0 = off[e], m = off[e + 1] - r0;
-        if (!m) continue; /* an expert no token chose: its weights are never read */
-        const float *xe = xg + (size_t)r0 * d;
-        float *ge = g + (size_t)r0 * ff, *ue = u + (size_t)r0 * ff;
-        if (a->gate.t == a->up.t) {
-            const llb_mm_part parts[2] = {{a->gate.layout, expert_w(&a->gate, e), ff, ge},
-                                          {a->up.layout, expert_w(&a->up, e), ff, ue}};
-            if (llb_matmul_many(a->gate.t, parts, 2, d, xe, m, a->exact)) return -1;
-        } else if (llb_matmul(a->gate.t, a->gate.layout, expert_w(&a->gate, e), ff, d, xe, ge, m, a->exact) ||
-                   llb_matmul(a->up.t, a->up.layout, expert_w(&a->up, e), ff, d, xe, ue, m, a->exact)) {
-            return -1;
+    /* the experts with rows (an expert no token chose: its weights are never read), listed in the
+     * entry slots of the ids, which are no longer needed */
+    int32_t *active = ids;
+    long n_active = 0, max_m = 0;
+    for (long e = 0; e < E; e++)
+        if (off[e + 1] > off[e]) {
+            active[n_active++] = (int32_t)e;
+            if (off[e + 1] - off[e] > max_m) max_m = off[e + 1] - off[e];
         }
-        llb_silu_mul(ge, ue, ge, m * ff);
-        if (llb_matmul(a->down.t, a->down.layout, expert_w(&a->down, e), d, ff, ge, y + (size_t)r0 * d, m, a->exact))
-            return -1;
+    moe_ctx c = {.a = a, .off = off, .active = active, .n_active = n_active, .xg = xg, .g = g, .u = u, .y = y};
+    const int nth = llb_pool_threads();
+    if (nth > 1 && n_active >= nth) { /* enough experts to give every thread whole ones */
+        c.per_thread = max_sz(max_sz(llb_matmul_here_scratch(a->gate.t, d, max_m, a->exact),
+                                     llb_matmul_here_scratch(a->up.t, d, max_m, a->exact)),
+                              llb_matmul_here_scratch(a->down.t, ff, max_m, a->exact));
+        c.per_thread = (c.per_thread + 63) & ~(size_t)63;
+        if (!(c.scratch = llb_scratch(c.per_thread * (size_t)nth))) return -1;
+        llb_parallel_upto(experts_task, &c, nth);
+        if (c.failed) return -1;
+    } else {
+        for (long i = 0; i < n_active; i++)
+            if (run_expert(&c, active[i], NULL)) return -1;
     }
 
     /* each token's sum over its k choices in choice order: the same whatever else is in the batch */

@@ -36,13 +36,17 @@ def describe(src: ModelSource, n_ctx: int | None = None) -> dict:
 
 def decode_weight_bytes(src: ModelSource) -> int:
     """Weight bytes one decode token reads: every tensor but the embedding table, of which it
-    reads one row, unless the table is also the output head (tied), which reads all of it."""
+    reads one row, unless the table is also the output head (tied), which reads all of it; of an
+    MoE layer's routed experts (`*_exps`), the k a token uses (its active parameters)."""
+    cfg = src.config
     total, embd = 0, 0
     for name in src.tensor_names:
         t = src.tensor(name)
         if t is None:
             continue
         nbytes = tensor_nbytes(t.qtype, t.shape)
+        if "_exps." in name and cfg.n_experts:
+            nbytes = nbytes * cfg.n_experts_used // cfg.n_experts
         if name == "token_embd.weight":
             embd = nbytes
         else:
