@@ -338,3 +338,26 @@ def test_hf_export_of_moe_is_refused_with_a_reason():
     with pytest.raises(LlambdaError, match="GGUF only"):
         from llambda.tools.export import export
         export(str(TINY / "mixtral"), "/nonexistent/x", fmt="hf")
+
+
+def test_bench_counts_the_active_experts_bytes():
+    """Bytes per decode token: k of the E experts of each MoE layer, everything else as for a dense model."""
+    from llambda.formats.hf_dir import open_hf_dir
+    from llambda.formats.quants import tensor_nbytes
+    from llambda.tools.model_info import decode_weight_bytes
+    src = open_hf_dir(TINY / "qwen3_moe")
+    try:
+        cfg = src.config
+        total = experts = 0
+        for name in src.tensor_names:
+            t = src.tensor(name)
+            n = tensor_nbytes(t.qtype, t.shape)
+            total += n
+            experts += n if "_exps." in name else 0
+        embd = src.tensor("token_embd.weight")
+        row = tensor_nbytes(embd.qtype, embd.shape) // cfg.vocab_size
+        want = total - experts + experts * cfg.n_experts_used // cfg.n_experts \
+            - tensor_nbytes(embd.qtype, embd.shape) + row
+        assert experts and decode_weight_bytes(src) == want
+    finally:
+        src.close()
