@@ -21,7 +21,7 @@ native = pytest.importorskip("llambda._native", reason="C core not built (python
 from llambda.backends.native import NativeBackend  # noqa: E402
 
 TINY = Path(__file__).parent / "fixtures" / "reference" / "tiny"
-MOE_FOLDERS = ["qwen3_moe", "mixtral", "qwen2_moe"]
+MOE_FOLDERS = ["qwen3_moe", "mixtral", "qwen2_moe", "gpt_oss"]
 ISAS = native.isa_available()
 ROUTINGS = {"softmax_topk": 0, "topk_softmax": 1}
 
@@ -91,13 +91,14 @@ class Scratch:
         self.moe_i = np.zeros(3 * n * k + E + 1, np.int32)
 
 
-def run_moe(backend, experts, x, logits, k, routing="softmax_topk", norm=True, shared=None, shared_logit=None):
+def run_moe(backend, experts, x, logits, k, routing="softmax_topk", norm=True, shared=None, shared_logit=None,
+            biases=None, act=("silu",)):
     n, d = x.shape
     out = np.full((n, d), np.nan, np.float32)
     E, ff = logits.shape[1], experts[0].shape[1]
-    handle = backend.prepare_experts(*experts)
+    handle = backend.prepare_experts(*experts, biases=biases)
     backend.moe(x, logits, handle, k, routing, norm, out, shared=shared, shared_logit=shared_logit,
-                scratch=Scratch(n, d, k, ff, E))
+                scratch=Scratch(n, d, k, ff, E), act=act)
     return out
 
 
@@ -148,6 +149,64 @@ def test_moe_is_the_same_on_any_thread_count(isa, n, k):
         assert all(np.array_equal(outs[0], o) for o in outs[1:])
     finally:
         native.set_threads(before)
+        nat.close()
+
+
+@pytest.mark.parametrize("qtype, d, ff", [(QType.F32, 40, 24), (QType.Q8_0, 64, 96)])
+@pytest.mark.parametrize("exact", [True, False])
+def test_moe_gpt_oss_activation_and_biases(isa, qtype, d, ff, exact):
+    """GPT-OSS's experts: biases on every projection, the clamped SwiGLU with (up + 1); top-k then softmax."""
+    rng = np.random.default_rng(3)
+    n, E, k = 23, 8, 2
+    experts = [WeightTensor(t.name, t.qtype, t.shape, t.data) for t in random_experts(rng, E, ff, d, qtype)]
+    # large values, so that the clamp at the limit matters
+    x = rng.normal(0, 4, (n, d)).astype(np.float32)
+    logits = rng.normal(0, 2, (n, E)).astype(np.float32)
+    biases = [WeightTensor.from_float(name, rng.normal(0, 0.5, (E, rows)).astype(np.float32))
+              for name, rows in (("gb", ff), ("ub", ff), ("db", d))]
+    act = ("swiglu_oai", 1.702, 2.0)
+    nat = NativeBackend(activations="f32" if exact else "q8")
+    try:
+        want = run_moe(NumpyBackend(), experts, x, logits, k, "topk_softmax", True, biases=biases, act=act)
+        got = run_moe(nat, experts, x, logits, k, "topk_softmax", True, biases=biases, act=act)
+        plain = run_moe(NumpyBackend(), experts, x, logits, k, "topk_softmax", True, biases=biases,
+                        act=("swiglu_oai", 1.702, 1e9))
+        scale = float(np.abs(want).max())
+        assert float(np.abs(got - want).max()) <= (1e-5 if exact else 2e-2) * scale
+        assert float(np.abs(plain - want).max()) > 0.1 * scale       # the clamp changed the result
+    finally:
+        nat.close()
+
+
+@pytest.mark.parametrize("cache_type", ["f32", "f16"])
+@pytest.mark.parametrize("window", [0, 5])
+def test_attention_sinks_match_numpy(isa, cache_type, window):
+    from llambda.backends.base import KVCache
+    rng = np.random.default_rng(7)
+    n_heads, n_kv, hd, n_ctx = 6, 2, 24, 32
+    nat = NativeBackend(activations="f32", kv_type=cache_type)
+    try:
+        dt = nat.kv_dtype
+        k = [rng.normal(0, 1, (2, n_ctx, n_kv, hd)).astype(dt)]
+        v = [rng.normal(0, 1, (2, n_ctx, n_kv, hd)).astype(dt)]
+        cache = KVCache(1, 2, n_ctx, n_kv, hd, dt, k, v, {})
+        slots = np.array([0, 0, 1, 1, 1], np.int32)
+        pos = np.array([0, 9, 3, 17, 31], np.int32)
+        q = rng.normal(0, 1, (5, n_heads, hd)).astype(np.float32)
+        sinks = rng.normal(0.5, 1, n_heads).astype(np.float32)
+        outs = {}
+        for name, be in (("numpy", NumpyBackend()), ("native", nat)):
+            o = np.zeros_like(q)
+            be.attention(q, cache, 0, slots, pos, o, 0.3, window, 0.0)
+            plain = o.copy()
+            be.attention_sinks(q, cache, 0, slots, pos, o, 0.3, window, 0.0, sinks)
+            outs[name] = o
+            assert np.all(np.abs(o) <= np.abs(plain) + 1e-6)     # a sink only takes weight away
+        np.testing.assert_allclose(outs["native"], outs["numpy"], rtol=2e-5, atol=2e-6)
+        with pytest.raises(ValueError, match="overlaps"):
+            native.attention_sinks(q, k[0], v[0], q, slots, pos, 5, n_heads, n_kv, hd, 2, n_ctx, nat.kv_code, 0.3,
+                                   window, 0.0, sinks)
+    finally:
         nat.close()
 
 
@@ -239,7 +298,8 @@ def test_dense_and_moe_layers_follow_the_config():
 # ---------------------------------------------------------------- GGUF
 
 
-@pytest.mark.parametrize("folder, arch", [("qwen3_moe", "qwen3moe"), ("mixtral", "llama"), ("qwen2_moe", "qwen2moe")])
+@pytest.mark.parametrize("folder, arch", [("qwen3_moe", "qwen3moe"), ("mixtral", "llama"), ("qwen2_moe", "qwen2moe"),
+                                          ("gpt_oss", "gpt-oss")])
 def test_gguf_round_trip(folder, arch, tmp_path):
     """Exported as GGUF (f32: the reference exactly; q8_0: native equals the oracle on the same weights)."""
     from llambda.formats.gguf import GGUFFile
@@ -250,17 +310,17 @@ def test_gguf_round_trip(folder, arch, tmp_path):
     f32 = export(str(TINY / folder), tmp_path / "f32.gguf", fmt="gguf", qtype="f32")
     with GGUFFile(f32) as f:
         assert f.metadata["general.architecture"] == arch
-        assert f.metadata[f"{arch}.expert_count"] == ref["config"].get("num_experts") or \
-            ref["config"].get("num_local_experts")
+        assert f.metadata[f"{arch}.expert_count"] == (ref["config"].get("num_experts") or
+                                                      ref["config"].get("num_local_experts"))
         assert len(f.tensors["blk.1.ffn_down_exps.weight"].shape) == 3
     for backend, act in (("numpy", None), ("native", "f32")):
         with llambda.load(f32, backend=backend, activations=act, n_ctx=128) as m:
             got = np.stack([m.logits(ids[:p + 1]) for p in inp["last_positions"]])
             assert float(np.abs(got - np.array(inp["logits_last3"], np.float32)).max()) <= 1e-3
             assert list(m.generate(ids, max_tokens=16, temperature=0, ignore_eos=True)) == inp["greedy_new_tokens"]
-    q8 = export(str(TINY / folder), tmp_path / "q8.gguf", fmt="gguf", qtype="q8_0")
+    q8 = export(str(TINY / folder), tmp_path / "q8.gguf", fmt="gguf", qtype="mxfp4" if arch == "gpt-oss" else "q8_0")
     with GGUFFile(q8) as f:
-        assert f.tensors["blk.1.ffn_up_exps.weight"].qtype == QType.Q8_0
+        assert f.tensors["blk.1.ffn_up_exps.weight"].qtype == (QType.MXFP4 if arch == "gpt-oss" else QType.Q8_0)
         assert f.tensors["blk.1.ffn_gate_inp.weight"].qtype == QType.F32     # the router stays float
     rows = {}
     for backend, act in (("numpy", None), ("native", "f32")):
@@ -320,18 +380,20 @@ def test_moe_binding_refuses_bad_arguments():
     W = [(0, 0, np.zeros(E * ff * d * 4, np.uint8))] * 3
     x, logits, out = np.zeros((n, d), np.float32), np.zeros((n, E), np.float32), np.zeros((n, d), np.float32)
     fs, is_ = np.zeros(n * k * (2 * d + 2 * ff + 1), np.float32), np.zeros(3 * n * k + E + 1, np.int32)
-    args = [x, logits, out, n, d, E, k, ff, 0, 1, 1, *W, fs, is_, None, None]
+    args = [x, logits, out, n, d, E, k, ff, 0, 1, 1, *W, fs, is_, None, None, 0, 1.0, 1.0, None, None, None]
     native.moe(*args)                                   # well-formed: runs
     for i, bad, err in ((6, E + 1, ValueError), (6, 0, ValueError), (8, 2, ValueError),
                         (14, fs[:-1], ValueError), (15, is_[:-1], ValueError),
                         (11, (0, 0, np.zeros(10, np.uint8)), ValueError), (11, (99, 0, W[0][2]), ValueError),
-                        (11, (0, 0), TypeError), (2, x, ValueError), (0, x[:1], ValueError)):
+                        (11, (0, 0), TypeError), (2, x, ValueError), (0, x[:1], ValueError),
+                        (18, 2, ValueError), (20, -1.0, ValueError), (21, np.zeros(E * ff - 1, np.float32), ValueError),
+                        (23, np.zeros((E, d), np.float64), TypeError)):
         a = list(args)
         a[i] = bad
         with pytest.raises(err):
             native.moe(*a)
     with pytest.raises(ValueError, match="shared_logit without shared"):
-        native.moe(*args[:16], None, np.zeros(n, np.float32))
+        native.moe(*args[:16], None, np.zeros(n, np.float32), *args[18:])
 
 
 def test_hf_export_of_moe_is_refused_with_a_reason():
@@ -361,3 +423,22 @@ def test_bench_counts_the_active_experts_bytes():
         assert experts and decode_weight_bytes(src) == want
     finally:
         src.close()
+
+
+def test_an_output_projection_bias_is_used_not_ignored(tmp_path):
+    """A Llama checkpoint with o_proj biases (transformers: attention_bias covers o_proj) runs them."""
+    from llambda.formats.safetensors import SafetensorsFile, write_safetensors
+    import shutil
+    d = tmp_path / "m"
+    shutil.copytree(TINY / "llama", d)
+    with SafetensorsFile(TINY / "llama" / "model.safetensors") as f:
+        tensors = dict(f.tensors)
+    tensors = {k: v.to_float32().reshape(v.shape) for k, v in tensors.items()}
+    inp = reference("llama")["inputs"][0]
+    with llambda.load(TINY / "llama", backend="numpy", n_ctx=32) as m:
+        plain = m.logits(inp["input_ids"])
+    tensors["model.layers.0.self_attn.o_proj.bias"] = np.full(64, 0.5, np.float32)
+    write_safetensors(d / "model.safetensors", tensors)
+    with llambda.load(d, backend="numpy", n_ctx=32) as m:
+        assert m.transformer.layers[0].bo is not None and m.transformer.layers[1].bo is None
+        assert float(np.abs(m.logits(inp["input_ids"]) - plain).max()) > 1e-2

@@ -73,6 +73,26 @@ typedef struct {
     int failed;
 } moe_ctx;
 
+/* rows x cols values += the expert's bias on every row (a NULL bias: nothing) */
+static void add_bias(float *v, const float *bias, long rows, long cols) {
+    for (long r = 0; bias && r < rows; r++)
+        for (long c = 0; c < cols; c++) v[r * cols + c] += bias[c];
+}
+
+/* g = act(g, u) over count values, on this thread (scratch) or the pool's */
+static void activate(const llb_moe_args *a, float *g, const float *u, long count, int here) {
+    if (a->act == LLB_MOE_SILU) {
+        if (here) llb_silu_mul_here(g, u, g, count);
+        else llb_silu_mul(g, u, g, count);
+        return;
+    }
+    for (long i = 0; i < count; i++) {
+        const float gi = g[i] < a->limit ? g[i] : a->limit; /* NaN stays NaN: it fails every comparison */
+        const float ui = u[i] < -a->limit ? -a->limit : u[i] > a->limit ? a->limit : u[i];
+        g[i] = (ui + 1.0f) * gi / (1.0f + expf(-a->alpha * gi));
+    }
+}
+
 /* Expert e's MLP over its m gathered rows: gate and up, SiLU, down. With scratch, on this thread
  * alone; else each matmul splits its rows over the pool. */
 static int run_expert(moe_ctx *c, long e, uint8_t *scratch) {
@@ -83,18 +103,24 @@ static int run_expert(moe_ctx *c, long e, uint8_t *scratch) {
     llb_mm_part gu[2] = {{a->gate.layout, expert_w(&a->gate, e), ff, ge}, {a->up.layout, expert_w(&a->up, e), ff, ue}};
     const llb_mm_part dn = {a->down.layout, expert_w(&a->down, e), d, ye};
     const int fused = a->gate.t == a->up.t; /* one call: activations quantized once */
+    const float *gb = a->gate_b ? a->gate_b + e * ff : NULL, *ub = a->up_b ? a->up_b + e * ff : NULL,
+                *db = a->down_b ? a->down_b + e * d : NULL;
     if (scratch) {
         if (llb_matmul_many_here(a->gate.t, gu, fused ? 2 : 1, d, xe, m, a->exact, scratch) ||
             (!fused && llb_matmul_many_here(a->up.t, gu + 1, 1, d, xe, m, a->exact, scratch)))
             return -1;
-        llb_silu_mul_here(ge, ue, ge, m * ff);
-        return llb_matmul_many_here(a->down.t, &dn, 1, ff, ge, m, a->exact, scratch);
-    }
-    if (llb_matmul_many(a->gate.t, gu, fused ? 2 : 1, d, xe, m, a->exact) ||
-        (!fused && llb_matmul_many(a->up.t, gu + 1, 1, d, xe, m, a->exact)))
+    } else if (llb_matmul_many(a->gate.t, gu, fused ? 2 : 1, d, xe, m, a->exact) ||
+               (!fused && llb_matmul_many(a->up.t, gu + 1, 1, d, xe, m, a->exact))) {
         return -1;
-    llb_silu_mul(ge, ue, ge, m * ff);
-    return llb_matmul_many(a->down.t, &dn, 1, ff, ge, m, a->exact);
+    }
+    add_bias(ge, gb, m, ff);
+    add_bias(ue, ub, m, ff);
+    activate(a, ge, ue, m * ff, scratch != NULL);
+    if (scratch ? llb_matmul_many_here(a->down.t, &dn, 1, ff, ge, m, a->exact, scratch)
+                : llb_matmul_many(a->down.t, &dn, 1, ff, ge, m, a->exact))
+        return -1;
+    add_bias(ye, db, m, d);
+    return 0;
 }
 
 /* Pool threads claim whole experts one at a time: a thread the OS deschedules holds up only the

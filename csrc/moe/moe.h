@@ -12,6 +12,11 @@ enum llb_moe_routing {
     LLB_MOE_TOPK_SOFTMAX = 1, /* the k largest logits, softmax over those k */
 };
 
+enum llb_moe_act {
+    LLB_MOE_SILU = 0,       /* silu(gate) * up */
+    LLB_MOE_SWIGLU_OAI = 1, /* g = min(gate, limit): (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g) */
+};
+
 /* E matrices of one type back to back, expert e's packed data at w + e * stride. */
 typedef struct {
     const llb_type_info *t;
@@ -22,10 +27,12 @@ typedef struct {
 
 typedef struct {
     long n, d, n_expert, k, ff;  /* tokens, model width, experts, experts per token, expert width */
-    int routing, norm, exact;
+    int routing, norm, exact, act;
+    float alpha, limit;          /* LLB_MOE_SWIGLU_OAI's */
     const float *x;              /* n x d, the normed hidden states */
     const float *logits;         /* n x n_expert */
     llb_experts gate, up, down;  /* gate, up: ff x d each; down: d x ff */
+    const float *gate_b, *up_b, *down_b; /* NULL, or per expert biases: E x ff, E x ff, E x d */
     const float *shared;         /* n x d or NULL: added to every token's output */
     const float *shared_logit;   /* n or NULL: the shared output is scaled by sigmoid of it */
     float *out;                  /* n x d */

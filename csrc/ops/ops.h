@@ -59,6 +59,9 @@ struct llb_attention_args {
 /* Causal attention of each token over its slot's cache, GQA (head h reads kv
  * head h / (n_heads / n_kv)), softmax in float32. */
 void llb_attention(const struct llb_attention_args *a);
+/* After llb_attention with the same args: each head h's output as if its softmax had one more
+ * column of logit sinks[h] and no value (GPT-OSS). */
+void llb_attention_sinks(const struct llb_attention_args *a, const float *sinks);
 
 void llb_silu_mul(const float *gate, const float *up, float *out, long count); /* gate*sigmoid(gate)*up */
 /* The same on the calling thread alone (for a caller already running on a pool thread). */

@@ -5,6 +5,7 @@
  * re-checked by check_rows on every replay. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
 #include <stdio.h>
 
 #include "core/isa.h"
@@ -346,13 +347,16 @@ static int arg_experts(struct llb_bufs *b, const char *fn, const char *name, PyO
 }
 
 /* moe(x, logits, out, n, d, n_expert, k, ff, routing, norm, exact, gate, up, down, fscratch, iscratch, shared,
- *     shared_logit) -> None */
+ *     shared_logit, act, alpha, limit, gate_b, up_b, down_b) -> None */
 static PyObject *py_moe(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     const char *fn = "moe";
-    long n, d, E, k, ff, routing, norm, exact;
+    long n, d, E, k, ff, routing, norm, exact, act;
+    float alpha, limit;
     struct llb_bufs b = MM_BUFS;
-    if (llb_arg_nargs(fn, nargs, 18, "x, logits, out, n, d, n_expert, k, ff, routing, norm, exact, gate, up, down, "
-                      "fscratch, iscratch, shared, shared_logit") < 0 ||
+    if (llb_arg_nargs(fn, nargs, 24, "x, logits, out, n, d, n_expert, k, ff, routing, norm, exact, gate, up, down, "
+                      "fscratch, iscratch, shared, shared_logit, act, alpha, limit, gate_b, up_b, down_b") < 0 ||
+        llb_arg_long(args[18], fn, "act", 0, 1, &act) < 0 || llb_arg_float(args[19], fn, "alpha", -INFINITY, &alpha) < 0 ||
+        llb_arg_float(args[20], fn, "limit", 0.0, &limit) < 0 ||
         llb_arg_long(args[3], fn, "n", 1, MAX_DIM, &n) < 0 || llb_arg_long(args[4], fn, "d", 1, MAX_DIM, &d) < 0 ||
         llb_arg_long(args[5], fn, "n_expert", 1, 1L << 16, &E) < 0 || llb_arg_long(args[6], fn, "k", 1, E, &k) < 0 ||
         llb_arg_long(args[7], fn, "ff", 1, MAX_DIM, &ff) < 0 || llb_arg_long(args[8], fn, "routing", 0, 1, &routing) < 0 ||
@@ -364,7 +368,7 @@ static PyObject *py_moe(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     is = llb_moe_iscratch(n, k, E);
     llb_moe_args a = {.n = n, .d = d, .n_expert = E, .k = k, .ff = ff, .routing = (int)routing, .norm = (int)norm,
-                      .exact = (int)exact};
+                      .exact = (int)exact, .act = (int)act, .alpha = alpha, .limit = limit};
     /* buffers: 0 x, 1 logits, 2 out, 3 fscratch, 4 iscratch, 5-7 experts, then shared and its logit */
     if (!(a.x = llb_arg_buf(&b, args[0], fn, "x", 0, LLB_ELEM_F32, nd, 0)) ||
         !(a.logits = llb_arg_buf(&b, args[1], fn, "logits", 0, LLB_ELEM_F32, ne, 0)) ||
@@ -383,6 +387,12 @@ static PyObject *py_moe(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
         if (!(a.shared_logit = llb_arg_buf(&b, args[17], fn, "shared_logit", 0, LLB_ELEM_F32, n, 0))) goto fail;
     }
+    size_t n_eff, n_ed;
+    if (llb_arg_product(fn, &n_eff, E, ff, 1, 1) < 0 || llb_arg_product(fn, &n_ed, E, d, 1, 1) < 0) goto fail;
+    if ((args[21] != Py_None && !(a.gate_b = llb_arg_buf(&b, args[21], fn, "gate_b", 0, LLB_ELEM_F32, n_eff, 0))) ||
+        (args[22] != Py_None && !(a.up_b = llb_arg_buf(&b, args[22], fn, "up_b", 0, LLB_ELEM_F32, n_eff, 0))) ||
+        (args[23] != Py_None && !(a.down_b = llb_arg_buf(&b, args[23], fn, "down_b", 0, LLB_ELEM_F32, n_ed, 0))))
+        goto fail;
     /* what is written (out, the scratch) overlaps nothing else */
     for (int w = 2; w <= 4; w++)
         for (int i = 0; i < b.count; i++)
@@ -449,7 +459,9 @@ PyMethodDef llb_matmul_methods[] = {
      "shared_logit) -> None: a mixture-of-experts MLP. Each token's k experts from its router logits (routing 0:\n"
      "softmax then top-k, renormalised if norm; 1: top-k logits then softmax); the tokens grouped by expert, each\n"
      "expert one matmul over its tokens (gate, up: (qtype, layout, W) of n_expert ff x d matrices; down: d x ff);\n"
-     "out = the weighted sum of SiLU-gated expert outputs, + sigmoid(shared_logit) * shared when given."},
+     "out = the weighted sum of the experts' outputs, + sigmoid(shared_logit) * shared when given. act 0: SiLU(gate)\n"
+     "* up; 1: GPT-OSS's (clamp(up, +-limit) + 1) * g * sigmoid(alpha g), g = min(gate, limit); gate_b, up_b\n"
+     "(n_expert x ff), down_b (n_expert x d): biases or None."},
     {"moe_route", (PyCFunction)(void (*)(void))py_moe_route, METH_FASTCALL,
      "moe_route(logits, n, n_expert, k, routing, norm, ids, weights) -> None: moe's routing alone."},
     {NULL, NULL, 0, NULL},

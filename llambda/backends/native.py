@@ -78,9 +78,11 @@ class NativeExperts:
     up: NativeMatrix
     down: NativeMatrix
     n_expert: int
+    biases: tuple = (None, None, None)    # float32 (E, ff), (E, ff), (E, d) or None
 
 
 MOE_ROUTING_IDS = {"softmax_topk": 0, "topk_softmax": 1}     # csrc/moe/moe.h
+MOE_ACT_IDS = {"silu": 0, "swiglu_oai": 1}
 
 
 class NativeBackend(Backend):
@@ -155,8 +157,10 @@ class NativeBackend(Backend):
         self.weight_bytes += size
         return NativeMatrix(qt, layout, dst, rows, cols)
 
-    def prepare_experts(self, gate: WeightTensor, up: WeightTensor, down: WeightTensor) -> NativeExperts:
-        return NativeExperts(*(self._pack_experts(w) for w in (gate, up, down)), n_expert=gate.shape[0])
+    def prepare_experts(self, gate: WeightTensor, up: WeightTensor, down: WeightTensor, biases=None) -> NativeExperts:
+        b = (None,) * 3 if biases is None else tuple(
+            np.ascontiguousarray(t.to_float32().reshape(t.shape), dtype=np.float32) for t in biases)
+        return NativeExperts(*(self._pack_experts(w) for w in (gate, up, down)), n_expert=gate.shape[0], biases=b)
 
     def _pack_experts(self, w: WeightTensor) -> NativeMatrix:
         """Each expert packed on its own (a matrix's row groups never straddle two experts), back to back."""
@@ -237,12 +241,13 @@ class NativeBackend(Backend):
             super().matmul_many(x, ws, outs)
 
     def moe(self, x, logits, experts: NativeExperts, k, routing, norm, out, shared=None, shared_logit=None,
-            scratch=None) -> None:
+            scratch=None, act=("silu",)) -> None:
         n, d = x.shape
         g, u, dn = experts.gate, experts.up, experts.down
+        alpha, limit = (act[1], act[2]) if len(act) == 3 else (1.0, 1.0)
         C.moe(x, logits, out, n, d, experts.n_expert, k, g.rows, MOE_ROUTING_IDS[routing], int(norm), self.exact,
               (g.qtype, g.layout, g.data), (u.qtype, u.layout, u.data), (dn.qtype, dn.layout, dn.data),
-              scratch.moe_f, scratch.moe_i, shared, shared_logit)
+              scratch.moe_f, scratch.moe_i, shared, shared_logit, MOE_ACT_IDS[act[0]], alpha, limit, *experts.biases)
 
     def rmsnorm(self, x, w, eps, out) -> None:
         d = x.shape[-1]
@@ -264,6 +269,11 @@ class NativeBackend(Backend):
         n, heads, hd = q.shape
         C.attention(q, cache.k[layer], cache.v[layer], out, slots, pos, n, heads, cache.n_kv, hd, cache.n_slots,
                     cache.n_ctx, self.kv_code, scale, window, softcap)
+
+    def attention_sinks(self, q, cache: KVCache, layer, slots, pos, out, scale, window, softcap, sinks) -> None:
+        n, heads, hd = q.shape
+        C.attention_sinks(q, cache.k[layer], cache.v[layer], out, slots, pos, n, heads, cache.n_kv, hd, cache.n_slots,
+                          cache.n_ctx, self.kv_code, scale, window, softcap, sinks)
 
     def silu_mul(self, gate, up, out) -> None:
         C.silu_mul(gate, up, out, gate.size)

@@ -62,3 +62,28 @@ class ExpertStacks:
                                            f"expert 0's {parts[0].shape} ({parts[0].qtype.name})")
             out[name] = StackedExperts(name, parts)
         return out
+
+
+# GPT-OSS's Hub layout: all experts in one tensor, input-major (x @ W), gate and up interleaved
+# by column; -> GGUF's (E, rows, cols) output-major tensors, gate and up apart.
+GPT_OSS_FUSED = ("mlp.experts.gate_up_proj", "mlp.experts.gate_up_proj_bias", "mlp.experts.down_proj",
+                 "mlp.experts.down_proj_bias")
+
+
+def split_gpt_oss(suffix: str, t: WeightTensor, file_name: str) -> dict[str, WeightTensor]:
+    """One fused GPT-OSS expert tensor as canonical leaf name -> tensor (floats, transposed)."""
+    if suffix not in GPT_OSS_FUSED:
+        raise ModelFormatError(f"tensor {file_name!r} is not supported (unknown layer tensor)")
+    want = 3 if suffix.endswith("proj") else 2
+    if len(t.shape) != want or (suffix.startswith("mlp.experts.gate_up") and t.shape[-1] % 2):
+        raise ModelFormatError(f"tensor {file_name!r} has shape {t.shape}, not a GPT-OSS expert tensor")
+    v = t.to_float32().reshape(t.shape)
+    f = WeightTensor.from_float
+    if suffix == "mlp.experts.gate_up_proj":          # (E, in, 2I)
+        return {"ffn_gate_exps.weight": f(file_name, v[:, :, 0::2].transpose(0, 2, 1)),
+                "ffn_up_exps.weight": f(file_name, v[:, :, 1::2].transpose(0, 2, 1))}
+    if suffix == "mlp.experts.gate_up_proj_bias":     # (E, 2I)
+        return {"ffn_gate_exps.bias": f(file_name, v[:, 0::2]), "ffn_up_exps.bias": f(file_name, v[:, 1::2])}
+    if suffix == "mlp.experts.down_proj":             # (E, I, d)
+        return {"ffn_down_exps.weight": f(file_name, v.transpose(0, 2, 1))}
+    return {"ffn_down_exps.bias": f(file_name, v)}    # (E, d)

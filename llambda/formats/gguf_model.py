@@ -23,6 +23,8 @@ def open_gguf(path: Path) -> ModelSource:
 
         def tensor(name: str) -> WeightTensor | None:
             t = infos.get(name)
+            if t is None and name.endswith(".weight"):
+                t = infos.get(name[:-len(".weight")])    # a converter may write a parameter without the suffix
             if t is None:
                 return None
             return WeightTensor(name, t.qtype, tuple(int(s) for s in t.shape), t.data)

@@ -20,6 +20,9 @@ ARCHITECTURES = {
     "qwen2moe": "qwen2moe",
     "qwen2_moe": "qwen2moe",
     "mixtral": "mixtral",
+    "gpt_oss": "gpt_oss",
+    "gpt-oss": "gpt_oss",
+    "gptoss": "gpt_oss",
 }
 
 # Encoders (embedding models, cross-encoders): their own config and forward, not TransformerConfig

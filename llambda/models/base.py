@@ -42,6 +42,8 @@ class LayerWeights:
     post_attn_norm: np.ndarray | None = None
     post_ffn_norm: np.ndarray | None = None
     moe: "MoEWeights | None" = None   # set in an MoE layer instead of w_gate/w_up/w_down
+    bo: np.ndarray | None = None      # attention output bias (GPT-OSS)
+    sinks: np.ndarray | None = None   # a sink logit per head (GPT-OSS)
 
 
 @dataclass
@@ -52,6 +54,7 @@ class MoEWeights:
     shared_up: object = None
     shared_down: object = None
     shared_gate_inp: object = None  # (1, d_model): its output is scaled by sigmoid(h . w)
+    router_bias: np.ndarray | None = None
 
 
 class Workspace:
@@ -186,22 +189,31 @@ class Transformer:
             finite("rope_freqs.weight", rf, self.rope_factors)
         if self.rope_factors is not None and len(self.rope_factors) != cfg.rope_dim // 2:
             raise ModelFormatError("rope_freqs.weight does not match the rope dimension")
-        def experts(name: str, rows: int, cols: int) -> WeightTensor:
+        def experts(name: str, rows: int, cols: int | None) -> WeightTensor:
+            """A 3-D expert tensor, or with cols None a 2-D one of per-expert biases."""
             t = need(name)
-            if t.shape != (cfg.n_experts, rows, cols):
-                raise ModelFormatError(f"tensor {name!r} has shape {t.shape}, expected {(cfg.n_experts, rows, cols)}")
+            want = (cfg.n_experts, rows) if cols is None else (cfg.n_experts, rows, cols)
+            if t.shape != want:
+                raise ModelFormatError(f"tensor {name!r} has shape {t.shape}, expected {want}")
+            if cols is None:
+                finite(name, t, t.to_float32())
             return t
 
         def moe_weights(p: str) -> MoEWeights:
             e, sh = cfg.expert_ffn_dim, cfg.shared_ffn_dim
             gate_inp = get(p + "ffn_gate_inp_shexp.weight") if sh else None
+            biases = None
+            if cfg.moe_bias:
+                biases = tuple(experts(p + f"ffn_{w}_exps.bias", rows, None)
+                               for w, rows in (("gate", e), ("up", e), ("down", d)))
             if gate_inp is not None and gate_inp.rows * gate_inp.cols != d:
                 raise ModelFormatError(f"tensor {gate_inp.name!r} has shape {gate_inp.shape}, expected (1, {d})")
             return MoEWeights(
                 router=matrix(p + "ffn_gate_inp.weight", cfg.n_experts, d),
                 experts=B.prepare_experts(experts(p + "ffn_gate_exps.weight", e, d),
                                           experts(p + "ffn_up_exps.weight", e, d),
-                                          experts(p + "ffn_down_exps.weight", d, e)),
+                                          experts(p + "ffn_down_exps.weight", d, e), biases),
+                router_bias=vector(p + "ffn_gate_inp.bias", cfg.n_experts, required=False),
                 shared_gate=matrix(p + "ffn_gate_shexp.weight", sh, d) if sh else None,
                 shared_up=matrix(p + "ffn_up_shexp.weight", sh, d) if sh else None,
                 shared_down=matrix(p + "ffn_down_shexp.weight", d, sh) if sh else None,
@@ -230,6 +242,8 @@ class Transformer:
                 w_up=None if moe else matrix(p + "ffn_up.weight", cfg.ffn_dim, d),
                 w_down=None if moe else matrix(p + "ffn_down.weight", d, cfg.ffn_dim),
                 moe=moe_weights(p) if moe else None,
+                bo=vector(p + "attn_output.bias", d, required=cfg.attn_out_bias),   # used wherever present
+                sinks=vector(p + "attn_sinks.weight", cfg.n_heads, required=cfg.attn_sinks),
                 bq=vector(p + "attn_q.bias", cfg.q_dim, required=cfg.attn_bias) if cfg.attn_bias else None,
                 bk=vector(p + "attn_k.bias", cfg.kv_dim, required=cfg.attn_bias) if cfg.attn_bias else None,
                 bv=vector(p + "attn_v.bias", cfg.kv_dim, required=cfg.attn_bias) if cfg.attn_bias else None,
@@ -343,7 +357,12 @@ class Transformer:
         B.rope(k, p, inv_freq, cfg.rope_neox)
         B.kv_store(self.cache, i, k, v, slot, p)
         B.attention(q, self.cache, i, slot, p, attn, cfg.scale(), cfg.layer_window(i), cfg.attn_softcap)
+        if L.sinks is not None:
+            B.attention_sinks(q, self.cache, i, slot, p, attn, cfg.scale(), cfg.layer_window(i), cfg.attn_softcap,
+                              L.sinks)
         B.matmul(attn.reshape(n, -1), L.wo, proj)
+        if L.bo is not None:
+            B.add_rows(proj, L.bo, proj)
         if L.post_attn_norm is not None:
             B.rmsnorm(proj, L.post_attn_norm, cfg.norm_eps, proj)
         B.add(x, proj, x)
@@ -378,6 +397,8 @@ class Transformer:
         n = len(h)
         logits = ws.router[:n]
         B.matmul(h, M.router, logits)
+        if M.router_bias is not None:
+            B.add_rows(logits, M.router_bias, logits)
         shared = shared_logit = None
         if M.shared_gate is not None:
             shared = ws.sh_out[:n]
@@ -386,7 +407,8 @@ class Transformer:
                 shared_logit = ws.sh_logit[:n]
                 B.matmul(h, M.shared_gate_inp, shared_logit)
         B.moe(h, logits, M.experts, cfg.n_experts_used, cfg.moe_routing, cfg.moe_norm_topk, out,
-              shared=shared, shared_logit=shared_logit, scratch=ws)
+              shared=shared, shared_logit=shared_logit, scratch=ws,
+              act=(cfg.moe_activation, cfg.moe_swiglu_alpha, cfg.moe_swiglu_limit))
 
     def _logits(self, x, rows: np.ndarray, out) -> np.ndarray:
         cfg, ws = self.cfg, self.ws

@@ -26,6 +26,8 @@ SIZE_LIMITS = {
 # How a mixture-of-experts router turns logits into the k weights: a softmax over every expert,
 # then the k largest (Qwen-MoE, Mixtral), or the k largest logits, then a softmax over those (GPT-OSS).
 MOE_ROUTINGS = ("softmax_topk", "topk_softmax")
+# The experts' gated activation: SiLU(gate) * up, or GPT-OSS's clamped (up + 1) * gate * sigmoid(alpha gate).
+MOE_ACTIVATIONS = ("silu", "swiglu_oai")
 # Positions the engine can address (the C core's limit): a window at least this long is no window.
 MAX_POSITIONS = 1 << 24
 # RoPE scaling types inv_freq implements, and the numeric fields each needs (with defaults).
@@ -34,6 +36,7 @@ ROPE_SCALING_FIELDS = {
     "linear": {"factor": None},
     "llama3": {"factor": None, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 8192},
+    "yarn": {"factor": None, "original_max_position_embeddings": None, "beta_fast": 32.0, "beta_slow": 1.0},
 }
 
 
@@ -125,6 +128,13 @@ class TransformerConfig:
     moe_norm_topk: bool = True              # softmax_topk: rescale the k weights to sum to 1
     shared_ffn_dim: int = 0                 # an always-on shared expert (Qwen2-MoE); 0: none
     moe_layers: list[bool] = field(default_factory=list)      # per layer; empty: all MoE when n_experts
+    moe_activation: str = "silu"            # the experts' gated activation, see MOE_ACTIVATIONS
+    moe_swiglu_alpha: float = 1.702         # swiglu_oai: up+1 times gate * sigmoid(alpha * gate) ...
+    moe_swiglu_limit: float = 7.0           # ... with gate <= limit and |up| <= limit
+    moe_bias: bool = False                  # the experts' projections have biases (GPT-OSS)
+    # GPT-OSS attention
+    attn_out_bias: bool = False             # a bias on the attention output projection
+    attn_sinks: bool = False                # a learned logit per head joins each softmax (no value)
     source: str = field(default="", compare=False, repr=False)   # the file or directory, for error messages
 
     def __post_init__(self):
@@ -150,7 +160,9 @@ class TransformerConfig:
         return min(self.sliding_window, MAX_POSITIONS) if self.layer_sliding[i] else 0
 
     def scale(self) -> float:
-        return self.attn_scale if self.attn_scale is not None else self.head_dim ** -0.5
+        s = self.attn_scale if self.attn_scale is not None else self.head_dim ** -0.5
+        # YaRN multiplies cos and sin by its attention factor: q.k grows by its square
+        return s * _yarn_attention_factor(self.rope_scaling) ** 2
 
     def inv_freq(self, sliding: bool = False) -> np.ndarray:
         """RoPE inverse frequencies for a layer, with the configured scaling applied."""
@@ -167,6 +179,8 @@ class TransformerConfig:
             inv = inv / float(sc["factor"])
         elif kind == "llama3":
             inv = _llama3_scale(inv, sc)
+        elif kind == "yarn":
+            inv = _yarn_scale(inv, sc, theta, d)
         return inv.astype(np.float32)
 
     def _check_sizes(self) -> None:
@@ -207,6 +221,10 @@ class TransformerConfig:
             raise ModelFormatError("an MoE config needs the experts' feed-forward size")
         if self.moe_routing not in MOE_ROUTINGS:
             raise ModelFormatError(f"unsupported MoE routing {self.moe_routing!r}")
+        if self.moe_activation not in MOE_ACTIVATIONS:
+            raise ModelFormatError(f"unsupported MoE activation {self.moe_activation!r}")
+        check_number("config swiglu alpha", self.moe_swiglu_alpha, "positive")
+        check_number("config swiglu limit", self.moe_swiglu_limit, "positive")
 
     def _check_rope(self) -> None:
         if self.rope_scaling is not None:
@@ -215,6 +233,34 @@ class TransformerConfig:
             for sliding in set(self.layer_sliding):
                 if not np.isfinite(self.inv_freq(sliding)).all():
                     raise ModelFormatError(f"rope_theta {self.rope_theta} gives non-finite RoPE frequencies")
+
+
+def _yarn_attention_factor(sc: dict | None) -> float:
+    if not sc or (sc.get("rope_type") or sc.get("type")) != "yarn":
+        return 1.0
+    if sc.get("attention_factor") is not None:
+        return float(sc["attention_factor"])
+    factor = float(sc["factor"])
+    return 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+
+def _yarn_scale(inv: np.ndarray, sc: dict, theta: float, d: int) -> np.ndarray:
+    """YaRN: high frequencies kept, low ones divided by `factor`, a linear ramp between the
+    dimensions whose wavelengths fit beta_fast and beta_slow times in the original context
+    (rounded outwards unless `truncate` is false, as gpt-oss sets it)."""
+    factor, orig = float(sc["factor"]), float(sc["original_max_position_embeddings"])
+
+    def dim_of(rotations: float) -> float:
+        return d * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dim_of(float(sc.get("beta_fast", 32.0))), dim_of(float(sc.get("beta_slow", 1.0)))
+    if sc.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0.0), min(high, d - 1.0)
+    if high == low:
+        high += 0.001
+    ramp = np.clip((np.arange(len(inv), dtype=np.float64) - low) / (high - low), 0.0, 1.0)
+    return inv / factor * ramp + inv * (1.0 - ramp)
 
 
 def _llama3_scale(inv: np.ndarray, sc: dict) -> np.ndarray:

@@ -56,6 +56,7 @@ FAMILIES = {
     "qwen3moe": Family("qwen3_moe", "Qwen3MoeForCausalLM", "qwen3moe"),
     "qwen2moe": Family("qwen2_moe", "Qwen2MoeForCausalLM", "qwen2moe"),
     "mixtral": Family("mixtral", "MixtralForCausalLM", "llama"),      # llama.cpp writes Mixtral as `llama`
+    "gpt_oss": Family("gpt_oss", "GptOssForCausalLM", "gpt-oss"),
 }
 PERMUTED_GGUF_ARCHS = {"llama"}      # llama.cpp's LLAMA_ROPE_TYPE_NORM architectures among ours
 FLOAT_TYPES = {"f32": QType.F32, "f16": QType.F16, "bf16": QType.BF16}
@@ -66,7 +67,9 @@ HF_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"
 _LAYER_LEAVES = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "attn_q_norm",
                  "attn_k_norm", "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm",
                  "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_inp_shexp",
-                 "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
+                 "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp", "attn_sinks")
+# leaves that may also have a `.bias`
+_BIASED = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 # Tensors kept in float whatever the export type: an MoE router's logits pick the experts, and a
 # quantized router flips choices that are close (llama.cpp's quantizer also leaves them alone).
 _FLOAT_ONLY = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight")
@@ -99,7 +102,7 @@ def source_tensors(src: ModelSource) -> dict[str, WeightTensor]:
     for i in range(src.config.n_layers):
         for leaf in _LAYER_LEAVES:
             names.append(f"blk.{i}.{leaf}.weight")
-            if leaf in ("attn_q", "attn_k", "attn_v"):
+            if leaf in _BIASED:
                 names.append(f"blk.{i}.{leaf}.bias")
     names += ["output_norm.weight", "output.weight"]
     out = {n: src.tensor(n) for n in names}
@@ -215,7 +218,8 @@ def _cfg_dict(cfg: TransformerConfig) -> dict:
 _CHECKED = ("vocab_size", "n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "rope_dim",
             "activation", "attn_bias", "qk_norm", "post_norms", "embed_scale", "attn_softcap", "final_softcap",
             "layer_sliding", "n_experts", "n_experts_used", "expert_ffn_dim", "moe_routing", "moe_norm_topk",
-            "shared_ffn_dim")
+            "shared_ffn_dim", "moe_activation", "moe_swiglu_alpha", "moe_swiglu_limit", "moe_bias", "attn_out_bias",
+            "attn_sinks")
 
 
 def _check_same(a: TransformerConfig, b: TransformerConfig, what: str, a_factors=None, b_factors=None) -> None:
@@ -428,9 +432,13 @@ def gguf_metadata(cfg: TransformerConfig, arch: str, name: str) -> dict:
     }
     sc = cfg.rope_scaling or {}
     kind = sc.get("rope_type") or sc.get("type")
-    if kind == "linear":
-        meta[f"{a}.rope.scaling.type"] = "linear"
+    if kind in ("linear", "yarn"):
+        meta[f"{a}.rope.scaling.type"] = kind
         meta[f"{a}.rope.scaling.factor"] = float(sc["factor"])
+    if kind == "yarn":
+        meta[f"{a}.rope.scaling.original_context_length"] = int(sc["original_max_position_embeddings"])
+        meta[f"{a}.rope.scaling.yarn_beta_fast"] = float(sc.get("beta_fast", 32.0))
+        meta[f"{a}.rope.scaling.yarn_beta_slow"] = float(sc.get("beta_slow", 1.0))
     if sliding:
         meta[f"{a}.attention.sliding_window"] = cfg.sliding_window
         if not all(cfg.layer_sliding):
