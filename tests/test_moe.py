@@ -442,3 +442,18 @@ def test_an_output_projection_bias_is_used_not_ignored(tmp_path):
     with llambda.load(d, backend="numpy", n_ctx=32) as m:
         assert m.transformer.layers[0].bo is not None and m.transformer.layers[1].bo is None
         assert float(np.abs(m.logits(inp["input_ids"]) - plain).max()) > 1e-2
+
+
+@pytest.mark.parametrize("folder", ["qwen3_moe", "gpt_oss"])
+def test_moe_decode_steps_allocate_nothing_in_c(folder):
+    from llambda import engine
+    with llambda.load(TINY / folder, backend="native", threads=2, n_ctx=128) as m:
+        tr = m.transformer
+        engine.prefill(tr, 0, list(range(5, 25)), 0)
+        tok = 1
+        for pos in range(20, 25):      # warm up: records the decode plan, sizes the scratch
+            tok = int(np.argmax(engine.decode(tr, [0], [tok], [pos])[0]))
+        before = native.alloc_stats()
+        for pos in range(25, 75):
+            tok = int(np.argmax(engine.decode(tr, [0], [tok], [pos])[0]))
+        assert native.alloc_stats() == before
