@@ -421,6 +421,9 @@ def test_bench_counts_the_active_experts_bytes():
         want = total - experts + experts * cfg.n_experts_used // cfg.n_experts \
             - tensor_nbytes(embd.qtype, embd.shape) + row
         assert experts and decode_weight_bytes(src) == want
+        from llambda.tools.model_info import describe
+        d = describe(src)
+        assert d["active_parameters"] < d["parameters"]
     finally:
         src.close()
 

@@ -21,11 +21,15 @@ def describe(src: ModelSource, n_ctx: int | None = None) -> dict:
         bytes_by_type[t.qtype.name] += tensor_nbytes(t.qtype, t.shape)
         count_by_type[t.qtype.name] += 1
     weights = sum(bytes_by_type.values())
+    active = params
+    if cfg.n_experts:   # a token uses k of each MoE layer's experts
+        experts = sum(int(np.prod(src.tensor(n).shape)) for n in src.tensor_names if "_exps." in n)
+        active = params - experts + experts * cfg.n_experts_used // cfg.n_experts
     ctx = n_ctx or min(cfg.n_ctx_train, 4096)
     kv = 2 * cfg.n_layers * ctx * cfg.kv_dim * 4          # f32 keys and values, one sequence
     return {
         "name": src.name, "path": str(src.path), "format": src.format, "architecture": cfg.arch,
-        "parameters": params, "layers": cfg.n_layers, "d_model": cfg.d_model,
+        "parameters": params, "active_parameters": active, "layers": cfg.n_layers, "d_model": cfg.d_model,
         "heads": f"{cfg.n_heads} (kv {cfg.n_kv_heads}, dim {cfg.head_dim})", "vocab": cfg.vocab_size,
         "context_train": cfg.n_ctx_train, "weights_bytes": weights,
         "quant_mix": {k: (count_by_type[k], v) for k, v in bytes_by_type.most_common()},
@@ -63,7 +67,9 @@ def format_description(d: dict) -> str:
     mix = ", ".join(f"{k} {c} tensors {_mib(b)}" for k, (c, b) in d["quant_mix"].items())
     rows = [
         ("metadata name", d["name"]), ("file", f"{d['path']} ({d['format']})"), ("architecture", d["architecture"]),
-        ("parameters", f"{d['parameters'] / 1e6:.1f} M"), ("layers", d["layers"]), ("width", d["d_model"]),
+        ("parameters", f"{d['parameters'] / 1e6:.1f} M" + (
+            f" ({d['active_parameters'] / 1e6:.1f} M active per token)" if d["active_parameters"] != d["parameters"]
+            else "")), ("layers", d["layers"]), ("width", d["d_model"]),
         ("heads", d["heads"]), ("vocabulary", d["vocab"]), ("trained context", d["context_train"]),
         ("weights", f"{_mib(d['weights_bytes'])}: {mix}"),
         ("chat template", "yes" if d["chat_template"] else "no (a base model: use `llambda run`)"),
