@@ -64,6 +64,17 @@ def test_route_matches_numpy(routing, norm, n, E, k):
         np.testing.assert_allclose(w.sum(-1), 1.0, rtol=1e-5)
 
 
+def test_route_is_linear_in_k_times_experts_and_caps_k():
+    """The C core trusts nothing: a hostile k is refused, a large legal one does not hang."""
+    E = 1 << 16
+    logits = np.random.default_rng(0).normal(0, 1, (1, E)).astype(np.float32)
+    ids, w = np.empty((1, 1024), np.int32), np.empty((1, 1024), np.float32)
+    native.moe_route(logits, 1, E, 1024, 0, 1, ids, w)          # 67M comparisons: well under a second
+    np.testing.assert_array_equal(ids[0], np.argsort(-logits[0], kind="stable")[:1024])
+    with pytest.raises(ValueError):
+        native.moe_route(logits, 1, E, 1025, 0, 1, np.empty((1, 1025), np.int32), np.empty((1, 1025), np.float32))
+
+
 def test_route_ties_go_to_the_lower_expert_and_nan_never_breaks_it():
     logits = np.array([[1, 3, 3, 0, 3], [np.nan, 2, np.nan, 1, 0]], np.float32)
     ids, w = np.empty((2, 3), np.int32), np.empty((2, 3), np.float32)

@@ -22,18 +22,28 @@ size_t llb_moe_iscratch(long n, long k, long n_expert) {
     return 3 * (size_t)n * k + (size_t)n_expert + 1; /* ids, entries by expert, each entry's row, expert offsets */
 }
 
-/* The k largest of l[0..m) into ids, descending, ties to the lower index; NaNs never win but
- * every slot still gets a distinct valid index. */
+/* The k largest of l[0..m) into ids, descending, ties to the lower index, NaN as -inf: in
+ * O(k m), each pick the largest entry ordered after the previous pick (so every id is distinct and
+ * valid whatever the values). */
+static float rank_key(float v) { return isnan(v) ? -INFINITY : v; }
+
 static void top_k(const float *l, long m, long k, int32_t *ids) {
+    float prev = INFINITY;
+    long prev_id = -1;
     for (long j = 0; j < k; j++) {
         long best = -1;
+        float best_v = -INFINITY;
         for (long e = 0; e < m; e++) {
-            int taken = 0;
-            for (long i = 0; i < j; i++) taken |= ids[i] == e;
-            if (taken) continue;
-            if (best < 0 || l[e] > l[best] || (isnan(l[best]) && !isnan(l[e]))) best = e;
+            const float v = rank_key(l[e]);
+            const int after_prev = v < prev || (v == prev && e > prev_id);
+            if (after_prev && (best < 0 || v > best_v)) {
+                best = e;
+                best_v = v;
+            }
         }
         ids[j] = (int32_t)best;
+        prev = best_v;
+        prev_id = best;
     }
 }
 

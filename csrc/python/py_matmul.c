@@ -358,7 +358,7 @@ static PyObject *py_moe(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         llb_arg_long(args[18], fn, "act", 0, 1, &act) < 0 || llb_arg_float(args[19], fn, "alpha", -INFINITY, &alpha) < 0 ||
         llb_arg_float(args[20], fn, "limit", 0.0, &limit) < 0 ||
         llb_arg_long(args[3], fn, "n", 1, MAX_DIM, &n) < 0 || llb_arg_long(args[4], fn, "d", 1, MAX_DIM, &d) < 0 ||
-        llb_arg_long(args[5], fn, "n_expert", 1, 1L << 16, &E) < 0 || llb_arg_long(args[6], fn, "k", 1, E, &k) < 0 ||
+        llb_arg_long(args[5], fn, "n_expert", 1, 1L << 16, &E) < 0 || llb_arg_long(args[6], fn, "k", 1, E < 1024 ? E : 1024, &k) < 0 ||
         llb_arg_long(args[7], fn, "ff", 1, MAX_DIM, &ff) < 0 || llb_arg_long(args[8], fn, "routing", 0, 1, &routing) < 0 ||
         llb_arg_long(args[9], fn, "norm", 0, 1, &norm) < 0 || llb_arg_long(args[10], fn, "exact", 0, 1, &exact) < 0)
         return NULL;
@@ -413,7 +413,7 @@ static PyObject *py_moe_route(PyObject *self, PyObject *const *args, Py_ssize_t 
     struct llb_bufs b = MM_BUFS;
     if (llb_arg_nargs(fn, nargs, 8, "logits, n, n_expert, k, routing, norm, ids, weights") < 0 ||
         llb_arg_long(args[1], fn, "n", 1, MAX_DIM, &n) < 0 || llb_arg_long(args[2], fn, "n_expert", 1, 1L << 16, &E) < 0 ||
-        llb_arg_long(args[3], fn, "k", 1, E, &k) < 0 || llb_arg_long(args[4], fn, "routing", 0, 1, &routing) < 0 ||
+        llb_arg_long(args[3], fn, "k", 1, E < 1024 ? E : 1024, &k) < 0 || llb_arg_long(args[4], fn, "routing", 0, 1, &routing) < 0 ||
         llb_arg_long(args[5], fn, "norm", 0, 1, &norm) < 0)
         return NULL;
     size_t ne, nk;

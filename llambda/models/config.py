@@ -20,7 +20,7 @@ SIZE_LIMITS = {
     "n_kv_heads": (1, 4096), "head_dim": (1, 1 << 14), "ffn_dim": (1, 1 << 20),
     "n_ctx_train": (2, 1 << 40), "sliding_window": (0, 1 << 40), "rope_dim": (0, 1 << 14),
     "window_pattern": (1, 4096),
-    "n_experts": (0, 1 << 12), "n_experts_used": (0, 1 << 12), "expert_ffn_dim": (0, 1 << 20),
+    "n_experts": (0, 1 << 12), "n_experts_used": (0, 1 << 10), "expert_ffn_dim": (0, 1 << 20),
     "shared_ffn_dim": (0, 1 << 20),
 }
 # How a mixture-of-experts router turns logits into the k weights: a softmax over every expert,
