@@ -471,3 +471,59 @@ def test_moe_decode_steps_allocate_nothing_in_c(folder):
         for pos in range(25, 75):
             tok = int(np.argmax(engine.decode(tr, [0], [tok], [pos])[0]))
         assert native.alloc_stats() == before
+
+
+def _with_dummy_tokenizer(src: Path, out: Path, vocab: int) -> Path:
+    """The GGUF at src with a placeholder vocabulary, so that llama.cpp loads it (the ids are what count)."""
+    from llambda.formats.gguf import GGUFFile, GGUFValueType as VT
+    from llambda.formats.gguf_writer import GGUFValue, write_gguf
+    with GGUFFile(src) as f:
+        meta = dict(f.metadata)
+        items = [(n, t.qtype, np.array(t.data), t.shape) for n, t in f.tensors.items()]
+    meta.update({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "default",
+                 "tokenizer.ggml.tokens": [f"t{i}" for i in range(vocab)],
+                 "tokenizer.ggml.token_type": GGUFValue((VT.ARRAY, VT.INT32), [1] * vocab),
+                 "tokenizer.ggml.merges": ["t 0"], "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2})
+    write_gguf(out, meta, items)
+    return out
+
+
+@pytest.mark.parametrize("folder", ["mixtral", "qwen2_moe", "gpt_oss"])
+def test_llama_cpp_reads_our_moe_gguf_as_we_do(folder, tmp_path, monkeypatch):
+    """An independent reader of the same file: llama.cpp's logits on our exported GGUF against ours.
+    (Qwen3-MoE's tiny model has a dense layer, which llama.cpp cannot hold.) GPT-OSS: llama.cpp rounds
+    the ends of the YaRN ramp, the model's config says not to; ours is compared with that rounding."""
+    L = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the bench extra)")
+    from llambda.models import gpt_oss
+    from llambda.tools.export import export
+    quiet = L.llama_log_callback(lambda *a: None)
+    L.llama_log_set(quiet, None)
+    path = _with_dummy_tokenizer(export(str(TINY / folder), tmp_path / "a.gguf", fmt="gguf", qtype="f32"),
+                                 tmp_path / "b.gguf", 512)
+    if folder == "gpt_oss":
+        plain = gpt_oss.config_from_gguf
+
+        def rounded(meta):
+            c = plain(meta)
+            c.rope_scaling["truncate"] = True
+            return c
+        monkeypatch.setattr(gpt_oss, "config_from_gguf", rounded)
+    L.llama_backend_init()
+    model = L.llama_model_load_from_file(str(path).encode(), L.llama_model_default_params())
+    assert model, "llama.cpp could not load the file"
+    cp = L.llama_context_default_params()
+    cp.n_ctx, cp.n_threads, cp.n_threads_batch = 128, 1, 1
+    ctx = L.llama_init_from_model(model, cp)
+    try:
+        inp = reference(folder)["inputs"][1]
+        with llambda.load(path, backend="numpy", n_ctx=128) as m:
+            for p in inp["last_positions"]:
+                ids = inp["input_ids"][:p + 1]
+                L.llama_memory_clear(L.llama_get_memory(ctx), True)
+                assert L.llama_decode(ctx, L.llama_batch_get_one((L.llama_token * len(ids))(*ids), len(ids))) == 0
+                theirs = np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, -1), shape=(512,))
+                # llama.cpp computes parts of attention in half precision: ~1e-2 on these sensitive models
+                assert float(np.abs(m.logits(ids) - theirs).max()) <= 0.05
+    finally:
+        L.llama_free(ctx)
+        L.llama_model_free(model)

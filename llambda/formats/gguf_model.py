@@ -18,10 +18,16 @@ def open_gguf(path: Path) -> ModelSource:
         arch = meta.get("general.architecture")
         if not isinstance(arch, str):
             raise ModelFormatError("GGUF metadata lacks 'general.architecture'")
-        cfg = arch_module(arch, "config_from_gguf").config_from_gguf(meta)
+        module = arch_module(arch, "config_from_gguf")
+        cfg = module.config_from_gguf(meta)
         infos = f.tensors
+        # an architecture whose llama.cpp files name a tensor otherwise (canonical leaf -> file leaf)
+        renamed = getattr(module, "GGUF_NAMES", {})
 
         def tensor(name: str) -> WeightTensor | None:
+            if name.startswith("blk."):
+                _, i, leaf = name.split(".", 2)
+                name = f"blk.{i}.{renamed.get(leaf, leaf)}"
             t = infos.get(name)
             if t is None and name.endswith(".weight"):
                 t = infos.get(name[:-len(".weight")])    # a converter may write a parameter without the suffix

@@ -10,6 +10,9 @@ from .hparams import GGUFHParams, HFConfig
 from .mistral import hf_layer_sliding
 from .moe import gguf_moe, hf_moe
 
+# llama.cpp's GPT-OSS files call the norm before the MLP `post_attention_norm` (canonical -> file name)
+GGUF_NAMES = {"ffn_norm.weight": "post_attention_norm.weight"}
+
 # llama.cpp keeps these fixed for GPT-OSS (no GGUF keys): the clamped SwiGLU's
 SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0
 

@@ -492,9 +492,13 @@ def write_gguf_file(src: ModelSource, out: Path, qtype: str | None = None) -> Pa
         raise ModelFormatError(f"GGUF {arch!r}: RoPE layout mismatch")
 
     shift_by = cfg.norm_offset          # GGUF norms hold the weights as applied
+    renamed = getattr(arch_module(arch), "GGUF_NAMES", {})
     items = []
     for name, t in tensors.items():
         o = _convert(name, t, _target_type(t, want, "gguf", name), shift_by if _is_norm(name) else 0.0)
+        if name.startswith("blk.") and name.split(".", 2)[2] in renamed:
+            i, leaf = name.split(".", 2)[1:]
+            o.name = name = f"blk.{i}.{renamed[leaf]}"
         if name.endswith("ffn_gate_inp_shexp.weight"):
             o.shape = (t.rows * t.cols,)      # llama.cpp's shape: one vector of d_model
         items.append((name, o.qtype, o.raw, tuple(o.shape)))
