@@ -333,6 +333,8 @@ def test_gguf_round_trip(folder, arch, tmp_path):
     with GGUFFile(q8) as f:
         assert f.tensors["blk.1.ffn_up_exps.weight"].qtype == (QType.MXFP4 if arch == "gpt-oss" else QType.Q8_0)
         assert f.tensors["blk.1.ffn_gate_inp.weight"].qtype == QType.F32     # the router stays float
+        if arch == "gpt-oss":       # biases too (the experts' are 2-D: llama.cpp adds them as floats)
+            assert f.tensors["blk.1.ffn_gate_exps.bias"].qtype == QType.F32
     rows = {}
     for backend, act in (("numpy", None), ("native", "f32")):
         with llambda.load(q8, backend=backend, activations=act, n_ctx=128) as m:
@@ -520,7 +522,8 @@ def test_llama_cpp_reads_our_moe_gguf_as_we_do(folder, tmp_path, monkeypatch):
             for p in inp["last_positions"]:
                 ids = inp["input_ids"][:p + 1]
                 L.llama_memory_clear(L.llama_get_memory(ctx), True)
-                assert L.llama_decode(ctx, L.llama_batch_get_one((L.llama_token * len(ids))(*ids), len(ids))) == 0
+                arr = (L.llama_token * len(ids))(*ids)       # kept alive while llama_decode reads it
+                assert L.llama_decode(ctx, L.llama_batch_get_one(arr, len(ids))) == 0
                 theirs = np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, -1), shape=(512,))
                 # llama.cpp computes parts of attention in half precision: ~1e-2 on these sensitive models
                 assert float(np.abs(m.logits(ids) - theirs).max()) <= 0.05

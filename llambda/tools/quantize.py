@@ -47,8 +47,8 @@ def quantizing_lookup(lookup: Lookup, qtype_name: str) -> Lookup:
 
     def get(name: str) -> WeightTensor | None:
         t = lookup(name)
-        if t is None or not quantizable(t, qtype) or ".ffn_gate_inp" in name:
-            return t        # an MoE router stays float: its logits choose the experts (as export does)
+        if t is None or not quantizable(t, qtype) or ".ffn_gate_inp" in name or name.endswith(".bias"):
+            return t        # an MoE router stays float: its logits choose the experts (as export does); biases too
         if len(t.shape) == 3:       # experts: fetched once each
             return quantize_tensor(t, qtype)
         key = (name, t.qtype, t.shape, t.data.__array_interface__["data"][0])
