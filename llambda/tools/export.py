@@ -140,17 +140,13 @@ def _convert(name: str, t: WeightTensor, qtype: QType, shift: float = 0.0) -> Ou
 
 
 def _target_type(t: WeightTensor, want: QType | None, fmt: str, name: str = "") -> QType:
-    if name.endswith(".bias") and t.qtype not in FLOAT_TYPES.values():
-        return QType.F32
-    if name.endswith(".bias") and fmt == "gguf":
-        return t.qtype      # biases stay as they are (experts' are 2-D; llama.cpp adds them as floats)
     if fmt == "gguf" and name.endswith(_FLOAT_ONLY):
         return t.qtype if t.qtype in FLOAT_TYPES.values() else QType.F32
     if fmt == "hf":
         if want is not None:
             return want
         return t.qtype if t.qtype in FLOAT_TYPES.values() else QType.F32
-    if len(t.shape) == 1:
+    if len(t.shape) == 1 or name.endswith(".bias"):     # an MoE layer's expert biases are 2-D: floats too
         return QType.F32 if want is not None or t.qtype not in FLOAT_TYPES.values() else t.qtype
     if want is None:
         return t.qtype
