@@ -530,3 +530,26 @@ def test_llama_cpp_reads_our_moe_gguf_as_we_do(folder, tmp_path, monkeypatch):
     finally:
         L.llama_free(ctx)
         L.llama_model_free(model)
+
+
+def test_gguf_with_one_tensor_per_expert(tmp_path):
+    """Older llama.cpp Mixtral files: `blk.N.ffn_gate.E.weight` per expert, stacked at load."""
+    from llambda.formats.gguf import GGUFFile
+    from llambda.formats.gguf_writer import write_gguf
+    from llambda.tools.export import export
+    stacked = export(str(TINY / "mixtral"), tmp_path / "a.gguf", fmt="gguf", qtype="q8_0")
+    items = []
+    with GGUFFile(stacked) as f:
+        meta = dict(f.metadata)
+        for name, t in f.tensors.items():
+            data = np.array(t.data)
+            if name.endswith("_exps.weight"):
+                per = data.reshape(t.shape[0], -1)
+                for e in range(t.shape[0]):
+                    items.append((name.replace("_exps.weight", f".{e}.weight"), t.qtype, per[e], t.shape[1:]))
+            else:
+                items.append((name, t.qtype, data, t.shape))
+    split = write_gguf(tmp_path / "b.gguf", meta, items) or tmp_path / "b.gguf"
+    ids = reference("mixtral")["inputs"][1]["input_ids"]
+    with llambda.load(stacked, backend="native", n_ctx=64) as a, llambda.load(split, backend="native", n_ctx=64) as b:
+        assert np.array_equal(a.logits(ids), b.logits(ids))

@@ -6,6 +6,7 @@ from pathlib import Path
 from ..errors import ModelFormatError, TokenizerError
 from ..models import arch_module
 from ..tokenizer import Tokenizer
+from .experts import ExpertStacks
 from .gguf import GGUFFile
 from .source import ModelSource
 from .weights import WeightTensor
@@ -32,8 +33,23 @@ def open_gguf(path: Path) -> ModelSource:
             if t is None and name.endswith(".weight"):
                 t = infos.get(name[:-len(".weight")])    # a converter may write a parameter without the suffix
             if t is None:
-                return None
+                return per_expert(name)
             return WeightTensor(name, t.qtype, tuple(int(s) for s in t.shape), t.data)
+
+        def per_expert(name: str) -> WeightTensor | None:
+            """Older Mixtral GGUFs hold one tensor per expert (`blk.N.ffn_gate.E.weight`): stacked."""
+            if not name.endswith("_exps.weight"):
+                return None
+            base = name[:-len("_exps.weight")]
+            parts = []
+            while f"{base}.{len(parts)}.weight" in infos:
+                parts.append(tensor(f"{base}.{len(parts)}.weight"))
+            if not parts:
+                return None
+            stacks = ExpertStacks()
+            for e, p in enumerate(parts):
+                stacks.add(name, e, p.name, p)
+            return stacks.stacked()[name]
 
         tok, tok_err = None, None
         try:

@@ -1,6 +1,7 @@
 """What a model file holds, read from its header alone (`llambda show`): no weights are loaded."""
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 import numpy as np
@@ -23,7 +24,7 @@ def describe(src: ModelSource, n_ctx: int | None = None) -> dict:
     weights = sum(bytes_by_type.values())
     active = params
     if cfg.n_experts:   # a token uses k of each MoE layer's experts
-        experts = sum(int(np.prod(src.tensor(n).shape)) for n in src.tensor_names if "_exps." in n)
+        experts = sum(int(np.prod(src.tensor(n).shape)) for n in src.tensor_names if is_expert_tensor(n))
         active = params - experts + experts * cfg.n_experts_used // cfg.n_experts
     ctx = n_ctx or min(cfg.n_ctx_train, 4096)
     kv = 2 * cfg.n_layers * ctx * cfg.kv_dim * 4          # f32 keys and values, one sequence
@@ -38,6 +39,14 @@ def describe(src: ModelSource, n_ctx: int | None = None) -> dict:
     }
 
 
+_EXPERT_NAME = re.compile(r"blk\.\d+\.ffn_(gate|up|down)(_exps|\.\d+)\.(weight|bias)")
+
+
+def is_expert_tensor(name: str) -> bool:
+    """A routed expert's weights: GGUF's 3-D `*_exps`, or an older file's one tensor per expert."""
+    return bool(_EXPERT_NAME.fullmatch(name))
+
+
 def decode_weight_bytes(src: ModelSource) -> int:
     """Weight bytes one decode token reads: every tensor but the embedding table, of which it
     reads one row, unless the table is also the output head (tied), which reads all of it; of an
@@ -49,7 +58,7 @@ def decode_weight_bytes(src: ModelSource) -> int:
         if t is None:
             continue
         nbytes = tensor_nbytes(t.qtype, t.shape)
-        if "_exps." in name and cfg.n_experts:
+        if cfg.n_experts and is_expert_tensor(name):
             nbytes = nbytes * cfg.n_experts_used // cfg.n_experts
         if name == "token_embd.weight":
             embd = nbytes
