@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import ModelFormatError, TokenizerError
-from ..models import arch_module
+from ..models import ENCODERS, arch_module, encoder_module
 from ..tokenizer import Tokenizer
 from .experts import ExpertStacks
 from .gguf import GGUFFile
@@ -19,9 +19,8 @@ def open_gguf(path: Path) -> ModelSource:
         arch = meta.get("general.architecture")
         if not isinstance(arch, str):
             raise ModelFormatError("GGUF metadata lacks 'general.architecture'")
-        module = arch_module(arch, "config_from_gguf")
-        cfg = module.config_from_gguf(meta)
         infos = f.tensors
+        module = None if arch in ENCODERS else arch_module(arch, "config_from_gguf")
         # an architecture whose llama.cpp files name a tensor otherwise (canonical leaf -> file leaf)
         renamed = getattr(module, "GGUF_NAMES", {})
 
@@ -51,6 +50,14 @@ def open_gguf(path: Path) -> ModelSource:
                 stacks.add(name, e, p.name, p)
             return stacks.stacked()[name]
 
+        names = list(infos)
+        if arch in ENCODERS:        # an encoder reads its tensors by their HF names
+            enc = encoder_module(arch)
+            cfg = enc.config_from_gguf(meta)
+            tensor, names = enc.gguf_tensors(tensor, names)
+        else:
+            cfg = module.config_from_gguf(meta)
+
         tok, tok_err = None, None
         try:
             tok = Tokenizer.from_gguf_metadata(meta)
@@ -60,7 +67,7 @@ def open_gguf(path: Path) -> ModelSource:
         name = meta.get("general.name")
         name = name if isinstance(name, str) and name else path.stem
         return ModelSource(path, "gguf", cfg, tensor, meta, tok, tok_err, template if isinstance(template, str) else None,
-                           str(name), [f.close], list(infos))
+                           str(name), [f.close], names)
     except BaseException:
         f.close()
         raise

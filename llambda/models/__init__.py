@@ -23,6 +23,9 @@ ARCHITECTURES = {
     "gpt_oss": "gpt_oss",
     "gpt-oss": "gpt_oss",
     "gptoss": "gpt_oss",
+    "smollm3": "smollm3",
+    "granite": "granite",
+    "olmo2": "olmo2",
 }
 
 # Encoders (embedding models, cross-encoders): their own config and forward, not TransformerConfig

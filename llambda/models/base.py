@@ -25,12 +25,12 @@ TensorLookup = Callable[[str], Optional[WeightTensor]]
 
 @dataclass
 class LayerWeights:
-    attn_norm: np.ndarray
+    attn_norm: np.ndarray | None          # None without pre-norms (OLMo 2)
     wq: object
     wk: object
     wv: object
     wo: object
-    ffn_norm: np.ndarray
+    ffn_norm: np.ndarray | None
     w_gate: object = None           # the dense MLP (None in an MoE layer)
     w_up: object = None
     w_down: object = None
@@ -229,15 +229,16 @@ class Transformer:
         self.layers = []
         for i in range(cfg.n_layers):
             p = f"blk.{i}."
-            post = cfg.post_norms
+            post, pre = cfg.post_norms, cfg.pre_norms
+            qn, kn = (cfg.q_dim, cfg.kv_dim) if cfg.qk_norm_whole else (cfg.head_dim, cfg.head_dim)
             moe = is_moe(i)
             self.layers.append(LayerWeights(
-                attn_norm=vector(p + "attn_norm.weight", d, off),
+                attn_norm=vector(p + "attn_norm.weight", d, off) if pre else None,
                 wq=matrix(p + "attn_q.weight", cfg.q_dim, d),
                 wk=matrix(p + "attn_k.weight", cfg.kv_dim, d),
                 wv=matrix(p + "attn_v.weight", cfg.kv_dim, d),
                 wo=matrix(p + "attn_output.weight", d, cfg.q_dim),
-                ffn_norm=vector(p + "ffn_norm.weight", d, off),
+                ffn_norm=vector(p + "ffn_norm.weight", d, off) if pre else None,
                 w_gate=None if moe else matrix(p + "ffn_gate.weight", cfg.ffn_dim, d),
                 w_up=None if moe else matrix(p + "ffn_up.weight", cfg.ffn_dim, d),
                 w_down=None if moe else matrix(p + "ffn_down.weight", d, cfg.ffn_dim),
@@ -247,8 +248,8 @@ class Transformer:
                 bq=vector(p + "attn_q.bias", cfg.q_dim, required=cfg.attn_bias) if cfg.attn_bias else None,
                 bk=vector(p + "attn_k.bias", cfg.kv_dim, required=cfg.attn_bias) if cfg.attn_bias else None,
                 bv=vector(p + "attn_v.bias", cfg.kv_dim, required=cfg.attn_bias) if cfg.attn_bias else None,
-                q_norm=vector(p + "attn_q_norm.weight", cfg.head_dim, off) if cfg.qk_norm else None,
-                k_norm=vector(p + "attn_k_norm.weight", cfg.head_dim, off) if cfg.qk_norm else None,
+                q_norm=vector(p + "attn_q_norm.weight", qn, off) if cfg.qk_norm else None,
+                k_norm=vector(p + "attn_k_norm.weight", kn, off) if cfg.qk_norm else None,
                 post_attn_norm=vector(p + "post_attention_norm.weight", d, off) if post else None,
                 post_ffn_norm=vector(p + "post_ffw_norm.weight", d, off) if post else None,
             ))
@@ -341,7 +342,7 @@ class Transformer:
         cfg, B, ws = self.cfg, self.backend, self.ws
         n = len(x)
         h, q, k, v, attn, proj = ws.h[:n], ws.q[:n], ws.k[:n], ws.v[:n], ws.attn[:n], ws.proj[:n]
-        B.rmsnorm(x, L.attn_norm, cfg.norm_eps, h)
+        h = self._pre_norm(x, L.attn_norm, h)
         q2, k2, v2 = q.reshape(n, -1), k.reshape(n, -1), v.reshape(n, -1)
         B.matmul_many(h, (L.wq, L.wk, L.wv), (q2, k2, v2))
         if L.bq is not None:
@@ -349,12 +350,14 @@ class Transformer:
             B.add_rows(k2, L.bk, k2)
             B.add_rows(v2, L.bv, v2)
         if L.q_norm is not None:
-            B.rmsnorm(q, L.q_norm, cfg.norm_eps, q)
-            B.rmsnorm(k, L.k_norm, cfg.norm_eps, k)
+            qn, kn = (q2, k2) if cfg.qk_norm_whole else (q, k)     # OLMo 2: one norm over all heads
+            B.rmsnorm(qn, L.q_norm, cfg.norm_eps, qn)
+            B.rmsnorm(kn, L.k_norm, cfg.norm_eps, kn)
         sliding = cfg.layer_sliding[i]
         inv_freq = self.inv_freq[sliding]
-        B.rope(q, p, inv_freq, cfg.rope_neox)
-        B.rope(k, p, inv_freq, cfg.rope_neox)
+        if cfg.layer_rope[i]:           # SmolLM3's NoPE layers take positions from the causal mask only
+            B.rope(q, p, inv_freq, cfg.rope_neox)
+            B.rope(k, p, inv_freq, cfg.rope_neox)
         B.kv_store(self.cache, i, k, v, slot, p)
         B.attention(q, self.cache, i, slot, p, attn, cfg.scale(), cfg.layer_window(i), cfg.attn_softcap)
         if L.sinks is not None:
@@ -365,20 +368,20 @@ class Transformer:
             B.add_rows(proj, L.bo, proj)
         if L.post_attn_norm is not None:
             B.rmsnorm(proj, L.post_attn_norm, cfg.norm_eps, proj)
-        B.add(x, proj, x)
+        self._residual_add(x, proj)
 
     def _ffn_block(self, L: LayerWeights, x) -> None:
         cfg, B, ws = self.cfg, self.backend, self.ws
         n = len(x)
         h, gate, up, proj = ws.h[:n], ws.gate[:n], ws.up[:n], ws.proj[:n]
-        B.rmsnorm(x, L.ffn_norm, cfg.norm_eps, h)
+        h = self._pre_norm(x, L.ffn_norm, h)
         if L.moe is not None:
             self._moe(L.moe, h, proj)
         else:
             self._mlp(h, L.w_gate, L.w_up, L.w_down, gate, up, proj)
         if L.post_ffn_norm is not None:
             B.rmsnorm(proj, L.post_ffn_norm, cfg.norm_eps, proj)
-        B.add(x, proj, x)
+        self._residual_add(x, proj)
 
     def _mlp(self, h, w_gate, w_up, w_down, gate, up, out) -> None:
         """out = down(act(gate(h)) * up(h)): the dense MLP (also an MoE layer's shared expert)."""
@@ -410,6 +413,18 @@ class Transformer:
               shared=shared, shared_logit=shared_logit, scratch=ws,
               act=(cfg.moe_activation, cfg.moe_swiglu_alpha, cfg.moe_swiglu_limit))
 
+    def _pre_norm(self, x, w, h):
+        """The sublayer's input: x normed into h, or x itself in a model without pre-norms."""
+        if w is None:
+            return x
+        self.backend.rmsnorm(x, w, self.cfg.norm_eps, h)
+        return h
+
+    def _residual_add(self, x, proj) -> None:
+        if self.cfg.residual_scale != 1.0:       # Granite
+            self.backend.scale(proj, self.cfg.residual_scale)
+        self.backend.add(x, proj, x)
+
     def _logits(self, x, rows: np.ndarray, out) -> np.ndarray:
         cfg, ws = self.cfg, self.ws
         m, cap = len(rows), ws.max_logit_rows
@@ -440,6 +455,8 @@ class Transformer:
         last = self.ws.last[:len(h)]
         B.rmsnorm(h, self.output_norm, cfg.norm_eps, last)
         B.matmul(last, self.output, logits)
+        if cfg.logit_scale != 1.0:               # Granite divides its logits
+            B.scale(logits, 1.0 / cfg.logit_scale)
         if cfg.final_softcap:
             B.softcap(logits, cfg.final_softcap)
 

@@ -57,8 +57,11 @@ FAMILIES = {
     "qwen2moe": Family("qwen2_moe", "Qwen2MoeForCausalLM", "qwen2moe"),
     "mixtral": Family("mixtral", "MixtralForCausalLM", "llama"),      # llama.cpp writes Mixtral as `llama`
     "gpt_oss": Family("gpt_oss", "GptOssForCausalLM", "gpt-oss"),
+    "smollm3": Family("smollm3", "SmolLM3ForCausalLM", "smollm3"),
+    "granite": Family("granite", "GraniteForCausalLM", "granite"),
+    "olmo2": Family("olmo2", "Olmo2ForCausalLM", "olmo2"),
 }
-PERMUTED_GGUF_ARCHS = {"llama"}      # llama.cpp's LLAMA_ROPE_TYPE_NORM architectures among ours
+PERMUTED_GGUF_ARCHS = {"llama", "smollm3", "granite"}      # llama.cpp's LLAMA_ROPE_TYPE_NORM architectures among ours
 FLOAT_TYPES = {"f32": QType.F32, "f16": QType.F16, "bf16": QType.BF16}
 GGUF_WEIGHT_TYPES = {*FLOAT_TYPES.values(), QType.Q8_0, QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1,
                      QType.Q4_K, QType.Q5_K, QType.Q6_K, QType.IQ4_NL, QType.IQ4_XS, QType.MXFP4}
@@ -217,9 +220,9 @@ def _cfg_dict(cfg: TransformerConfig) -> dict:
 
 _CHECKED = ("vocab_size", "n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "rope_dim",
             "activation", "attn_bias", "qk_norm", "post_norms", "embed_scale", "attn_softcap", "final_softcap",
-            "layer_sliding", "n_experts", "n_experts_used", "expert_ffn_dim", "moe_routing", "moe_norm_topk",
-            "shared_ffn_dim", "moe_activation", "moe_swiglu_alpha", "moe_swiglu_limit", "moe_bias", "attn_out_bias",
-            "attn_sinks")
+            "layer_sliding", "layer_rope", "pre_norms", "qk_norm_whole", "residual_scale", "logit_scale",
+            "n_experts", "n_experts_used", "expert_ffn_dim", "moe_routing", "moe_norm_topk", "shared_ffn_dim",
+            "moe_activation", "moe_swiglu_alpha", "moe_swiglu_limit", "moe_bias", "attn_out_bias", "attn_sinks")
 
 
 def _check_same(a: TransformerConfig, b: TransformerConfig, what: str, a_factors=None, b_factors=None) -> None:
@@ -288,6 +291,11 @@ def hf_config(cfg: TransformerConfig, fam: Family, dtype: str) -> dict:
         period = _global_layer_period(cfg.layer_sliding)
         if fam.hf_model_type == "gemma3_text" and period:
             out["sliding_window_pattern"] = period      # what transformers < 4.53 reads instead of layer_types
+    if fam.hf_model_type == "smollm3":
+        out["no_rope_layers"] = [int(r) for r in cfg.layer_rope]
+    if fam.hf_model_type == "granite":
+        out.update(embedding_multiplier=cfg.embed_scale or 1.0, residual_multiplier=cfg.residual_scale,
+                   attention_multiplier=cfg.scale(), logits_scaling=cfg.logit_scale)
     return out
 
 
@@ -460,6 +468,9 @@ def gguf_metadata(cfg: TransformerConfig, arch: str, name: str) -> dict:
         lead = cfg.moe_layers.index(True) if any(cfg.moe_layers) else cfg.n_layers
         if lead and all(cfg.moe_layers[lead:]):
             meta[f"{a}.leading_dense_block_count"] = lead
+    if a == "granite":           # llama.cpp's keys for Granite's multipliers
+        meta.update({f"{a}.embedding_scale": float(cfg.embed_scale or 1.0), f"{a}.residual_scale": cfg.residual_scale,
+                     f"{a}.logit_scale": cfg.logit_scale})
     return meta
 
 
