@@ -125,7 +125,8 @@ C_ROOMS = {
     "quants": {"quants", "core"},
     "ops": {"ops", "core"},
     "matmul": {"matmul", "quants", "core"},
-    "python": {"python", "matmul", "ops", "quants", "core"},
+    "moe": {"moe", "matmul", "ops", "quants", "core"},
+    "python": {"python", "moe", "matmul", "ops", "quants", "core"},
 }
 
 

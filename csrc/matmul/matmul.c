@@ -47,11 +47,16 @@ typedef struct {
     long nchunks, units;
     mm_part part[LLB_MM_MAX_PARTS];
     uint8_t *repack;     /* per-thread buffers of group_bytes when a quantized type comes in the file layout */
+    size_t off_repack;   /* where they start in the scratch */
+    int needs_repack;
+    int quantize;        /* activations quantized to 8 bits */
     /* quantized activations: copies of act_bytes from acts (one, or one per thread: private_acts) */
     uint8_t *acts;
     size_t act_bytes, off_d, off_bias, off_sum, off_bs16n;
     int private_acts;
 } mm_ctx;
+
+static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
 static act_bufs act_copy(const mm_ctx *c, int k) {
     uint8_t *b = c->acts + (size_t)k * c->act_bytes;
@@ -130,77 +135,108 @@ static void matmul_task(void *ctx, int ith, int nth) {
     }
 }
 
-static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
-
-int llb_matmul_many(const llb_type_info *t, const llb_mm_part *parts, int n_parts, long cols, const float *x, long n,
-                    int exact) {
-    if (n_parts < 1 || n_parts > LLB_MM_MAX_PARTS) return -1;
-    mm_ctx c = {0};
-    c.k = active_kernels();
-    c.fn = c.k->kernel(t->qtype, exact);
-    if (!c.fn) { /* no kernel for this type on this ISA: the scalar one, with its activation layout */
-        c.k = &llb_kernels_scalar;
-        c.fn = c.k->kernel(t->qtype, exact);
+/* Fill c for a call on up to nth threads (parallel: whether it will fork); returns the scratch
+ * bytes it needs, or 0 with c->units = -1 when n_parts is out of range. */
+static size_t mm_setup(mm_ctx *c, const llb_type_info *t, const llb_mm_part *parts, int n_parts, long cols,
+                       const float *x, long n, int exact, int nth, int *parallel) {
+    *c = (mm_ctx){0};
+    if (n_parts < 1 || n_parts > LLB_MM_MAX_PARTS) {
+        c->units = -1;
+        return 0;
     }
-    c.mm = (llb_mm){.t = t, .cols = cols, .n = n, .x = x};
-    c.nchunks = (n + LLB_ICHUNK - 1) / LLB_ICHUNK;
-    c.group_bytes = t->group_bytes ? (size_t)(cols / t->block) * t->group_bytes : 0;
+    c->k = active_kernels();
+    c->fn = c->k->kernel(t->qtype, exact);
+    if (!c->fn) { /* no kernel for this type on this ISA: the scalar one, with its activation layout */
+        c->k = &llb_kernels_scalar;
+        c->fn = c->k->kernel(t->qtype, exact);
+    }
+    c->mm = (llb_mm){.t = t, .cols = cols, .n = n, .x = x};
+    c->nchunks = (n + LLB_ICHUNK - 1) / LLB_ICHUNK;
+    c->group_bytes = t->group_bytes ? (size_t)(cols / t->block) * t->group_bytes : 0;
     size_t weight_bytes = 0;
-    int repack = 0;
     for (int i = 0; i < n_parts; i++) {
-        mm_part *p = &c.part[i];
+        mm_part *p = &c->part[i];
         p->mm = (llb_mm){.t = t, .rows = parts[i].rows, .cols = cols, .n = n, .x = x, .out = parts[i].out,
                          .row_bytes = llb_row_bytes(t, cols)};
         p->layout = parts[i].layout;
         p->w = parts[i].w;
         p->ngroups = (parts[i].rows + LLB_IL - 1) / LLB_IL;
-        p->first_unit = c.units;
-        c.units += p->ngroups * c.nchunks;
-        weight_bytes += c.group_bytes ? c.group_bytes * (size_t)p->ngroups : (size_t)parts[i].rows * p->mm.row_bytes;
-        repack |= t->group_bytes && p->layout == LLB_LAYOUT_FILE;
+        p->first_unit = c->units;
+        c->units += p->ngroups * c->nchunks;
+        weight_bytes += c->group_bytes ? c->group_bytes * (size_t)p->ngroups : (size_t)parts[i].rows * p->mm.row_bytes;
+        c->needs_repack |= t->group_bytes && p->layout == LLB_LAYOUT_FILE;
     }
-    const int quantize = !exact && t->group_bytes;
-    /* Per-thread scratch below is sized for nth threads; another Python thread may resize the
-     * pool before the fork, so the matmul fork runs on at most nth (llb_parallel_upto). */
-    const int nth = llb_pool_threads();
+    c->quantize = !exact && t->group_bytes;
 
     /* Below ~128 KB of weight traffic (x activation rows) a fork/join (~1.2 us measured,
      * plus moving activations to the other core) costs more than the second core saves. */
-    const int parallel = nth > 1 && weight_bytes * (size_t)n >= 128 * 1024;
+    *parallel = nth > 1 && weight_bytes * (size_t)n >= 128 * 1024;
     /* Up to LLB_PRIVATE_ACT_ROWS rows each thread quantizes its own copy (see matmul_task);
      * beyond, quantizing twice costs more than it saves and the threads split the rows. */
-    c.private_acts = quantize && parallel && n <= LLB_PRIVATE_ACT_ROWS;
+    c->private_acts = c->quantize && *parallel && n <= LLB_PRIVATE_ACT_ROWS;
 
     /* One scratch region: the quantized activations (one copy or one per thread), then
      * per-thread repack buffers. */
     const long xt = n < LLB_XT ? n : LLB_XT;
     const size_t nb32 = (size_t)((n + xt - 1) / xt * xt) * (cols / 32); /* whole tiles; d, sum: one per 32 values */
-    c.mm.a.xt = xt;
-    if (quantize) {
-        c.off_d = align64(nb32 * 32);
-        c.off_bias = align64(c.off_d + nb32 * sizeof(float));
-        c.off_sum = align64(c.off_bias + nb32 * sizeof(int32_t));
-        c.off_bs16n = align64(c.off_sum + nb32 * sizeof(float));
-        c.act_bytes = align64(c.off_bs16n + 2 * nb32 * sizeof(int32_t));
+    c->mm.a.xt = xt;
+    if (c->quantize) {
+        c->off_d = align64(nb32 * 32);
+        c->off_bias = align64(c->off_d + nb32 * sizeof(float));
+        c->off_sum = align64(c->off_bias + nb32 * sizeof(int32_t));
+        c->off_bs16n = align64(c->off_sum + nb32 * sizeof(float));
+        c->act_bytes = align64(c->off_bs16n + 2 * nb32 * sizeof(int32_t));
     }
-    const size_t off_repack = c.act_bytes * (size_t)(c.private_acts ? nth : 1);
-    const size_t total = off_repack + (repack ? (size_t)nth * c.group_bytes : 0);
-    uint8_t *s = total ? llb_scratch(total) : NULL;
-    if (total && !s) return -1;
-    if (repack) c.repack = s + off_repack;
+    c->off_repack = c->act_bytes * (size_t)(c->private_acts ? nth : 1);
+    return c->off_repack + (c->needs_repack ? (size_t)nth * c->group_bytes : 0);
+}
 
-    if (quantize) {
-        c.offset = c.k->act_offset(t->qtype);
-        c.acts = s;
-        if (!c.private_acts) {
-            const act_bufs a = act_copy(&c, 0);
-            c.mm.a = act_view(&c, &a);
-            if (nth > 1 && (size_t)n * cols >= 65536) llb_parallel(quantize_task, &c);
-            else quantize_rows(&c, &a, 0, n); /* one thread: not worth a fork/join */
+/* Run a call set up by mm_setup with its scratch s (on nth threads if parallel, else here). */
+static void mm_run(mm_ctx *c, uint8_t *s, int nth, int parallel) {
+    if (c->needs_repack) c->repack = s + c->off_repack;
+    if (c->quantize) {
+        c->offset = c->k->act_offset(c->mm.t->qtype);
+        c->acts = s;
+        if (!c->private_acts) {
+            const act_bufs a = act_copy(c, 0);
+            c->mm.a = act_view(c, &a);
+            if (parallel && (size_t)c->mm.n * c->mm.cols >= 65536) llb_parallel(quantize_task, c);
+            else quantize_rows(c, &a, 0, c->mm.n); /* one thread: not worth a fork/join */
         }
     }
-    if (parallel) llb_parallel_upto(matmul_task, &c, nth);
-    else matmul_task(&c, 0, 1);
+    if (parallel) llb_parallel_upto(matmul_task, c, nth);
+    else matmul_task(c, 0, 1);
+}
+
+int llb_matmul_many(const llb_type_info *t, const llb_mm_part *parts, int n_parts, long cols, const float *x, long n,
+                    int exact) {
+    mm_ctx c;
+    int parallel;
+    /* Per-thread scratch is sized for nth threads; another Python thread may resize the
+     * pool before the fork, so the matmul fork runs on at most nth (llb_parallel_upto). */
+    const int nth = llb_pool_threads();
+    const size_t total = mm_setup(&c, t, parts, n_parts, cols, x, n, exact, nth, &parallel);
+    if (c.units < 0) return -1;
+    uint8_t *s = total ? llb_scratch(total) : NULL;
+    if (total && !s) return -1;
+    mm_run(&c, s, nth, parallel);
+    return 0;
+}
+
+size_t llb_matmul_here_scratch(const llb_type_info *t, long cols, long n, int exact) {
+    mm_ctx c;
+    int parallel;
+    const llb_mm_part part = {.rows = 1};
+    return mm_setup(&c, t, &part, 1, cols, NULL, n, exact, 1, &parallel) + 64;
+}
+
+int llb_matmul_many_here(const llb_type_info *t, const llb_mm_part *parts, int n_parts, long cols, const float *x,
+                         long n, int exact, uint8_t *scratch) {
+    mm_ctx c;
+    int parallel;
+    mm_setup(&c, t, parts, n_parts, cols, x, n, exact, 1, &parallel);
+    if (c.units < 0) return -1;
+    mm_run(&c, scratch, 1, 0);
     return 0;
 }
 

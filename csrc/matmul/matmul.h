@@ -23,6 +23,12 @@ typedef struct {
  * 0, or -1 (no scratch memory, or n_parts outside 1..LLB_MM_MAX_PARTS). */
 int llb_matmul_many(const llb_type_info *t, const llb_mm_part *parts, int n_parts, long cols, const float *x, long n,
                     int exact);
+/* llb_matmul_many on the calling thread alone, its scratch given (at least llb_matmul_here_scratch
+ * bytes for the widest part type/width/n it is called with, 64-byte aligned): for drivers that share
+ * out other work over the pool (MoE experts). Results equal llb_matmul_many's bit for bit. */
+size_t llb_matmul_here_scratch(const llb_type_info *t, long cols, long n, int exact);
+int llb_matmul_many_here(const llb_type_info *t, const llb_mm_part *parts, int n_parts, long cols, const float *x,
+                         long n, int exact, uint8_t *scratch);
 /* 1 if `isa` (enum llb_isa) has its own kernel for the type in this mode; else matmul runs the
  * scalar kernel there. */
 int llb_matmul_has_kernel(const llb_type_info *t, int isa, int exact);

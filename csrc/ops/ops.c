@@ -71,6 +71,10 @@ void llb_silu_mul(const float *gate, const float *up, float *out, long count) {
     struct ew_task t = {.op = EW_SILU, .a = gate, .b = up, .out = out, .count = count};
     ew_dispatch(&t, PAR_MIN_TRANSC);
 }
+void llb_silu_mul_here(const float *gate, const float *up, float *out, long count) {
+    struct ew_task t = {.op = EW_SILU, .a = gate, .b = up, .out = out, .count = count, .k = llb_op_kernels_current()};
+    ew_range(&t, 0, count);
+}
 void llb_gelu_mul(const float *gate, const float *up, float *out, long count) {
     struct ew_task t = {.op = EW_GELU, .a = gate, .b = up, .out = out, .count = count};
     ew_dispatch(&t, PAR_MIN_TRANSC);

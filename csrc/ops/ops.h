@@ -59,8 +59,13 @@ struct llb_attention_args {
 /* Causal attention of each token over its slot's cache, GQA (head h reads kv
  * head h / (n_heads / n_kv)), softmax in float32. */
 void llb_attention(const struct llb_attention_args *a);
+/* After llb_attention with the same args: each head h's output as if its softmax had one more
+ * column of logit sinks[h] and no value (GPT-OSS). */
+void llb_attention_sinks(const struct llb_attention_args *a, const float *sinks);
 
 void llb_silu_mul(const float *gate, const float *up, float *out, long count); /* gate*sigmoid(gate)*up */
+/* The same on the calling thread alone (for a caller already running on a pool thread). */
+void llb_silu_mul_here(const float *gate, const float *up, float *out, long count);
 void llb_gelu_mul(const float *gate, const float *up, float *out, long count); /* gelu_tanh(gate)*up */
 void llb_add(const float *a, const float *b, float *out, long count);          /* out may alias a or b */
 void llb_add_rows(const float *x, const float *bias, float *out, long n, long d); /* out[i] = x[i] + bias */

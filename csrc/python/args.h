@@ -22,8 +22,9 @@
 /* Largest value of any dim or count: every product of dims is checked for overflow,
  * and no index of a single dim overflows a 32-bit int (token ids and positions are int32). */
 #define LLB_ARG_MAX_DIM 0x7FFFFFFFL
-/* Most buffers one binding holds (matmul_many: x, then W and out of 3 parts). */
-#define LLB_ARG_MAX_BUFS 8
+/* Most buffers one binding holds (moe: x, logits, out, 2 scratch, 3 expert tensors and their biases,
+ * shared, its logit). */
+#define LLB_ARG_MAX_BUFS 16
 
 enum llb_elem { LLB_ELEM_BYTES, LLB_ELEM_F32, LLB_ELEM_I32, LLB_ELEM_F16 };
 

@@ -19,8 +19,8 @@
 #include <Python.h>
 #include <stddef.h>
 
-/* Largest args struct a call may carry (matmul_many's, 136 bytes, is the biggest). */
-#define LLB_CALL_MAX_ARGS 160
+/* Largest args struct a call may carry (moe's is the biggest). */
+#define LLB_CALL_MAX_ARGS 320
 /* Put after each args struct: a struct that outgrows a record fails the build. */
 #define LLB_CALL_ARGS_FIT(T) _Static_assert(sizeof(T) <= LLB_CALL_MAX_ARGS, #T " outgrew LLB_CALL_MAX_ARGS")
 /* Room for one ValueError message written by a check. */

@@ -5,10 +5,12 @@
  * re-checked by check_rows on every replay. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
 #include <stdio.h>
 
 #include "core/isa.h"
 #include "matmul/matmul.h"
+#include "moe/moe.h"
 #include "python/args.h"
 #include "python/bindings.h"
 #include "python/plan.h"
@@ -315,6 +317,122 @@ static PyObject *py_dequant_rows(PyObject *self, PyObject *const *args, Py_ssize
     return rows_common("dequant_rows", args, NULL, args[5], NULL);
 }
 
+/* ---- mixture of experts ---------------------------------------------------- */
+
+LLB_CALL_ARGS_FIT(llb_moe_args);
+static int run_moe(const void *p) { return llb_moe(p); }
+
+/* One expert tensor: (qtype, layout, W) holding E matrices of rows x cols back to back. */
+static int arg_experts(struct llb_bufs *b, const char *fn, const char *name, PyObject *o, long E, long rows, long cols,
+                       llb_experts *out) {
+    long layout;
+    if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) != 3) {
+        PyErr_Format(PyExc_TypeError, "%s: %s must be a (qtype, layout, W) tuple", fn, name);
+        return -1;
+    }
+    const llb_type_info *t = arg_type(fn, PyTuple_GET_ITEM(o, 0));
+    if (!t || arg_layout(fn, t, PyTuple_GET_ITEM(o, 1), &layout) < 0) return -1;
+    if (cols % t->block) {
+        PyErr_Format(PyExc_ValueError, "%s: %s has %ld columns, not a multiple of the %s block size %d", fn, name, cols,
+                     t->name, t->block);
+        return -1;
+    }
+    const size_t stride = llb_matrix_bytes(t, (int)layout, rows, cols);
+    size_t total;
+    if (llb_arg_product(fn, &total, stride, (size_t)E, 1, 1) < 0) return -1;
+    const uint8_t *w = llb_arg_buf(b, PyTuple_GET_ITEM(o, 2), fn, name, 0, LLB_ELEM_BYTES, total, 0);
+    if (!w) return -1;
+    *out = (llb_experts){.t = t, .layout = (int)layout, .w = w, .stride = stride};
+    return 0;
+}
+
+/* moe(x, logits, out, n, d, n_expert, k, ff, routing, norm, exact, gate, up, down, fscratch, iscratch, shared,
+ *     shared_logit, act, alpha, limit, gate_b, up_b, down_b) -> None */
+static PyObject *py_moe(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    const char *fn = "moe";
+    long n, d, E, k, ff, routing, norm, exact, act;
+    float alpha, limit;
+    struct llb_bufs b = MM_BUFS;
+    if (llb_arg_nargs(fn, nargs, 24, "x, logits, out, n, d, n_expert, k, ff, routing, norm, exact, gate, up, down, "
+                      "fscratch, iscratch, shared, shared_logit, act, alpha, limit, gate_b, up_b, down_b") < 0 ||
+        llb_arg_long(args[18], fn, "act", 0, 1, &act) < 0 || llb_arg_float(args[19], fn, "alpha", -INFINITY, &alpha) < 0 ||
+        llb_arg_float(args[20], fn, "limit", 0.0, &limit) < 0 ||
+        llb_arg_long(args[3], fn, "n", 1, MAX_DIM, &n) < 0 || llb_arg_long(args[4], fn, "d", 1, MAX_DIM, &d) < 0 ||
+        llb_arg_long(args[5], fn, "n_expert", 1, 1L << 16, &E) < 0 || llb_arg_long(args[6], fn, "k", 1, E < 1024 ? E : 1024, &k) < 0 ||
+        llb_arg_long(args[7], fn, "ff", 1, MAX_DIM, &ff) < 0 || llb_arg_long(args[8], fn, "routing", 0, 1, &routing) < 0 ||
+        llb_arg_long(args[9], fn, "norm", 0, 1, &norm) < 0 || llb_arg_long(args[10], fn, "exact", 0, 1, &exact) < 0)
+        return NULL;
+    size_t nd, ne, nk, fs, is;
+    if (llb_arg_product(fn, &nd, n, d, 1, 1) < 0 || llb_arg_product(fn, &ne, n, E, 1, 1) < 0 ||
+        llb_arg_product(fn, &nk, n, k, 1, 1) < 0 || llb_arg_product(fn, &fs, nk, 2 * (size_t)d + 2 * (size_t)ff + 1, 1, 1) < 0)
+        return NULL;
+    is = llb_moe_iscratch(n, k, E);
+    llb_moe_args a = {.n = n, .d = d, .n_expert = E, .k = k, .ff = ff, .routing = (int)routing, .norm = (int)norm,
+                      .exact = (int)exact, .act = (int)act, .alpha = alpha, .limit = limit};
+    /* buffers: 0 x, 1 logits, 2 out, 3 fscratch, 4 iscratch, 5-7 experts, then shared and its logit */
+    if (!(a.x = llb_arg_buf(&b, args[0], fn, "x", 0, LLB_ELEM_F32, nd, 0)) ||
+        !(a.logits = llb_arg_buf(&b, args[1], fn, "logits", 0, LLB_ELEM_F32, ne, 0)) ||
+        !(a.out = llb_arg_buf(&b, args[2], fn, "out", 1, LLB_ELEM_F32, nd, 0)) ||
+        !(a.fscratch = llb_arg_buf(&b, args[14], fn, "fscratch", 1, LLB_ELEM_F32, fs, 0)) ||
+        !(a.iscratch = llb_arg_buf(&b, args[15], fn, "iscratch", 1, LLB_ELEM_I32, is, 0)) ||
+        arg_experts(&b, fn, "gate", args[11], E, ff, d, &a.gate) < 0 ||
+        arg_experts(&b, fn, "up", args[12], E, ff, d, &a.up) < 0 ||
+        arg_experts(&b, fn, "down", args[13], E, d, ff, &a.down) < 0)
+        goto fail;
+    if (args[16] != Py_None && !(a.shared = llb_arg_buf(&b, args[16], fn, "shared", 0, LLB_ELEM_F32, nd, 0))) goto fail;
+    if (args[17] != Py_None) {
+        if (!a.shared) {
+            PyErr_SetString(PyExc_ValueError, "moe: shared_logit without shared");
+            goto fail;
+        }
+        if (!(a.shared_logit = llb_arg_buf(&b, args[17], fn, "shared_logit", 0, LLB_ELEM_F32, n, 0))) goto fail;
+    }
+    size_t n_eff, n_ed;
+    if (llb_arg_product(fn, &n_eff, E, ff, 1, 1) < 0 || llb_arg_product(fn, &n_ed, E, d, 1, 1) < 0) goto fail;
+    if ((args[21] != Py_None && !(a.gate_b = llb_arg_buf(&b, args[21], fn, "gate_b", 0, LLB_ELEM_F32, n_eff, 0))) ||
+        (args[22] != Py_None && !(a.up_b = llb_arg_buf(&b, args[22], fn, "up_b", 0, LLB_ELEM_F32, n_eff, 0))) ||
+        (args[23] != Py_None && !(a.down_b = llb_arg_buf(&b, args[23], fn, "down_b", 0, LLB_ELEM_F32, n_ed, 0))))
+        goto fail;
+    /* what is written (out, the scratch) overlaps nothing else */
+    for (int w = 2; w <= 4; w++)
+        for (int i = 0; i < b.count; i++)
+            if (i != w && llb_bufs_overlap(&b, w, i)) {
+                PyErr_Format(PyExc_ValueError, "moe: %s overlaps another argument", w == 2 ? "out" : "the scratch");
+                goto fail;
+            }
+    return llb_bufs_call(&b, fn, run_moe, NULL, &a, sizeof a);
+fail:
+    llb_bufs_release(&b);
+    return NULL;
+}
+
+/* moe_route(logits, n, n_expert, k, routing, norm, ids, weights) -> None: the routing alone (for tests). */
+static PyObject *py_moe_route(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    const char *fn = "moe_route";
+    long n, E, k, routing, norm;
+    struct llb_bufs b = MM_BUFS;
+    if (llb_arg_nargs(fn, nargs, 8, "logits, n, n_expert, k, routing, norm, ids, weights") < 0 ||
+        llb_arg_long(args[1], fn, "n", 1, MAX_DIM, &n) < 0 || llb_arg_long(args[2], fn, "n_expert", 1, 1L << 16, &E) < 0 ||
+        llb_arg_long(args[3], fn, "k", 1, E < 1024 ? E : 1024, &k) < 0 || llb_arg_long(args[4], fn, "routing", 0, 1, &routing) < 0 ||
+        llb_arg_long(args[5], fn, "norm", 0, 1, &norm) < 0)
+        return NULL;
+    size_t ne, nk;
+    if (llb_arg_product(fn, &ne, n, E, 1, 1) < 0 || llb_arg_product(fn, &nk, n, k, 1, 1) < 0) return NULL;
+    const float *l = llb_arg_buf(&b, args[0], fn, "logits", 0, LLB_ELEM_F32, ne, 0);
+    int32_t *ids = l ? llb_arg_buf(&b, args[6], fn, "ids", 1, LLB_ELEM_I32, nk, 0) : NULL;
+    float *w = ids ? llb_arg_buf(&b, args[7], fn, "weights", 1, LLB_ELEM_F32, nk, 0) : NULL;
+    if (!w || llb_bufs_overlap(&b, 0, 1) || llb_bufs_overlap(&b, 0, 2) || llb_bufs_overlap(&b, 1, 2)) {
+        if (w) PyErr_SetString(PyExc_ValueError, "moe_route: buffers overlap");
+        llb_bufs_release(&b);
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    llb_moe_route(l, n, E, k, (int)routing, (int)norm, ids, w);
+    Py_END_ALLOW_THREADS
+    llb_bufs_release(&b);
+    Py_RETURN_NONE;
+}
+
 PyMethodDef llb_matmul_methods[] = {
     {"qtypes", py_qtypes, METH_NOARGS,
      "qtypes() -> tuple[dict]: the weight types the C core runs, one per row of its type table: name, id (ggml's),\n"
@@ -336,5 +454,15 @@ PyMethodDef llb_matmul_methods[] = {
      "get_rows(qtype, layout, table, rows, cols, ids, out, n) -> None: out[i] = dequant(table[ids[i]]) (ids int32)."},
     {"dequant_rows", (PyCFunction)(void (*)(void))py_dequant_rows, METH_FASTCALL,
      "dequant_rows(qtype, layout, W, rows, cols, out) -> None: the whole matrix as float32."},
+    {"moe", (PyCFunction)(void (*)(void))py_moe, METH_FASTCALL,
+     "moe(x, logits, out, n, d, n_expert, k, ff, routing, norm, exact, gate, up, down, fscratch, iscratch, shared,\n"
+     "shared_logit) -> None: a mixture-of-experts MLP. Each token's k experts from its router logits (routing 0:\n"
+     "softmax then top-k, renormalised if norm; 1: top-k logits then softmax); the tokens grouped by expert, each\n"
+     "expert one matmul over its tokens (gate, up: (qtype, layout, W) of n_expert ff x d matrices; down: d x ff);\n"
+     "out = the weighted sum of the experts' outputs, + sigmoid(shared_logit) * shared when given. act 0: SiLU(gate)\n"
+     "* up; 1: GPT-OSS's (clamp(up, +-limit) + 1) * g * sigmoid(alpha g), g = min(gate, limit); gate_b, up_b\n"
+     "(n_expert x ff), down_b (n_expert x d): biases or None."},
+    {"moe_route", (PyCFunction)(void (*)(void))py_moe_route, METH_FASTCALL,
+     "moe_route(logits, n, n_expert, k, routing, norm, ids, weights) -> None: moe's routing alone."},
     {NULL, NULL, 0, NULL},
 };

@@ -176,6 +176,34 @@ static int check_attention(const void *p, char *msg) {
     return ids_ok("attention", a->slots, a->pos, a->n, a->n_slots, a->n_ctx, msg);
 }
 
+/* attention's 16 arguments into a and h (shared with attention_sinks); 0, or -1 with an exception set */
+static int parse_attention(const char *op, PyObject *const *args, struct llb_attention_args *a, struct llb_bufs *h) {
+    if (llb_arg_long(args[6], op, "n", 1, MAX_DIM, &a->n) || llb_arg_long(args[7], op, "n_heads", 1, MAX_HEADS, &a->n_heads) ||
+        llb_arg_long(args[8], op, "n_kv", 1, MAX_HEADS, &a->n_kv) ||
+        llb_arg_long(args[9], op, "head_dim", 1, LLB_ATTN_MAX_HEAD_DIM, &a->head_dim) ||
+        llb_arg_long(args[10], op, "n_slots", 1, MAX_DIM, &a->n_slots) || llb_arg_long(args[11], op, "n_ctx", 1, MAX_CTX, &a->n_ctx) ||
+        get_cache_type(args[12], op, &a->cache_type) || llb_arg_float(args[13], op, "scale", -INFINITY, &a->scale) ||
+        llb_arg_long(args[14], op, "window", 0, MAX_CTX, &a->window) || llb_arg_float(args[15], op, "softcap", 0.0, &a->softcap))
+        return -1;
+    if (a->n_heads % a->n_kv != 0) {
+        PyErr_Format(PyExc_ValueError, "%s: n_heads (%ld) must be a multiple of n_kv (%ld)", op, a->n_heads, a->n_kv);
+        return -1;
+    }
+    size_t nq, ncache;
+    if (llb_arg_product(op, &nq, a->n, a->n_heads, a->head_dim, 1) ||
+        llb_arg_product(op, &ncache, a->n_slots, a->n_ctx, a->n_kv, a->head_dim))
+        return -1;
+    const enum llb_elem ce = a->cache_type == LLB_CACHE_F16 ? LLB_ELEM_F16 : LLB_ELEM_F32;
+    if (!(a->q = llb_arg_buf(h, args[0], op, "q", 0, LLB_ELEM_F32, nq, 0)) ||
+        !(a->kcache = llb_arg_buf(h, args[1], op, "kcache", 0, ce, ncache, 1)) ||
+        !(a->vcache = llb_arg_buf(h, args[2], op, "vcache", 0, ce, ncache, 1)) ||
+        !(a->out = llb_arg_buf(h, args[3], op, "out", 1, LLB_ELEM_F32, nq, 0)) ||
+        !(a->slots = llb_arg_buf(h, args[4], op, "slots", 0, LLB_ELEM_I32, a->n, 0)) ||
+        !(a->pos = llb_arg_buf(h, args[5], op, "pos", 0, LLB_ELEM_I32, a->n, 0)))
+        return -1;
+    return 0;
+}
+
 static PyObject *py_attention(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     static const char *op = "attention";
     if (llb_arg_nargs(op, nargs, 16,
@@ -183,31 +211,48 @@ static PyObject *py_attention(PyObject *self, PyObject *const *args, Py_ssize_t 
                       "scale, window, softcap"))
         return NULL;
     struct llb_attention_args a;
-    if (llb_arg_long(args[6], op, "n", 1, MAX_DIM, &a.n) || llb_arg_long(args[7], op, "n_heads", 1, MAX_HEADS, &a.n_heads) ||
-        llb_arg_long(args[8], op, "n_kv", 1, MAX_HEADS, &a.n_kv) ||
-        llb_arg_long(args[9], op, "head_dim", 1, LLB_ATTN_MAX_HEAD_DIM, &a.head_dim) ||
-        llb_arg_long(args[10], op, "n_slots", 1, MAX_DIM, &a.n_slots) || llb_arg_long(args[11], op, "n_ctx", 1, MAX_CTX, &a.n_ctx) ||
-        get_cache_type(args[12], op, &a.cache_type) || llb_arg_float(args[13], op, "scale", -INFINITY, &a.scale) ||
-        llb_arg_long(args[14], op, "window", 0, MAX_CTX, &a.window) || llb_arg_float(args[15], op, "softcap", 0.0, &a.softcap))
-        return NULL;
-    if (a.n_heads % a.n_kv != 0)
-        return PyErr_Format(PyExc_ValueError, "attention: n_heads (%ld) must be a multiple of n_kv (%ld)", a.n_heads, a.n_kv);
-    size_t nq, ncache;
-    if (llb_arg_product(op, &nq, a.n, a.n_heads, a.head_dim, 1) || llb_arg_product(op, &ncache, a.n_slots, a.n_ctx, a.n_kv, a.head_dim))
-        return NULL;
-    const enum llb_elem ce = a.cache_type == LLB_CACHE_F16 ? LLB_ELEM_F16 : LLB_ELEM_F32;
     struct llb_bufs h = OPS_BUFS;
-    if (!(a.q = llb_arg_buf(&h, args[0], op, "q", 0, LLB_ELEM_F32, nq, 0)) ||
-        !(a.kcache = llb_arg_buf(&h, args[1], op, "kcache", 0, ce, ncache, 1)) ||
-        !(a.vcache = llb_arg_buf(&h, args[2], op, "vcache", 0, ce, ncache, 1)) ||
-        !(a.out = llb_arg_buf(&h, args[3], op, "out", 1, LLB_ELEM_F32, nq, 0)) ||
-        !(a.slots = llb_arg_buf(&h, args[4], op, "slots", 0, LLB_ELEM_I32, a.n, 0)) ||
-        !(a.pos = llb_arg_buf(&h, args[5], op, "pos", 0, LLB_ELEM_I32, a.n, 0)))
-        goto fail;
+    if (parse_attention(op, args, &a, &h)) {
+        llb_bufs_release(&h);
+        return NULL;
+    }
     return llb_bufs_call(&h, op, run_attention, check_attention, &a, sizeof a);
-fail:
-    llb_bufs_release(&h);
-    return NULL;
+}
+
+struct sinks_args {
+    struct llb_attention_args a;
+    const float *sinks;
+};
+LLB_CALL_ARGS_FIT(struct sinks_args);
+static int run_sinks(const void *p) {
+    const struct sinks_args *s = p;
+    llb_attention_sinks(&s->a, s->sinks);
+    return 0;
+}
+static int check_sinks(const void *p, char *msg) {
+    const struct llb_attention_args *a = &((const struct sinks_args *)p)->a;
+    return ids_ok("attention_sinks", a->slots, a->pos, a->n, a->n_slots, a->n_ctx, msg);
+}
+
+/* attention_sinks(attention's 16 arguments, sinks) -> None: out rescaled for each head's sink logit */
+static PyObject *py_attention_sinks(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    static const char *op = "attention_sinks";
+    if (llb_arg_nargs(op, nargs, 17,
+                      "q, kcache, vcache, out, slots, pos, n, n_heads, n_kv, head_dim, n_slots, n_ctx, cache_type, "
+                      "scale, window, softcap, sinks"))
+        return NULL;
+    struct sinks_args s;
+    struct llb_bufs h = OPS_BUFS;
+    if (parse_attention(op, args, &s.a, &h) ||
+        !(s.sinks = llb_arg_buf(&h, args[16], op, "sinks", 0, LLB_ELEM_F32, s.a.n_heads, 0))) {
+        llb_bufs_release(&h);
+        return NULL;
+    }
+    if (llb_bufs_overlap(&h, 3, 0) || llb_bufs_overlap(&h, 3, 6)) { /* out vs q, out vs sinks */
+        llb_bufs_release(&h);
+        return PyErr_Format(PyExc_ValueError, "%s: out overlaps q or sinks", op);
+    }
+    return llb_bufs_call(&h, op, run_sinks, check_sinks, &s, sizeof s);
 }
 
 /* gate/up -> out binary ops: silu_mul, gelu_mul, add. */
@@ -353,6 +398,9 @@ PyMethodDef llb_ops_methods[] = {
     {"kv_store", FASTCALL(py_kv_store),
      "kv_store(k, v, kcache, vcache, slots, pos, n, n_kv, head_dim, n_slots, n_ctx, cache_type): "
      "write token i's k/v to cache[slots[i], pos[i]] (cache_type 0 = f32, 1 = f16)."},
+    {"attention_sinks", FASTCALL(py_attention_sinks),
+     "attention_sinks(attention's 16 arguments, sinks): after attention, rescale out as if each head h's softmax\n"
+     "had one more column of logit sinks[h] and no value (out must not alias q, whose scores it recomputes)."},
     {"attention", FASTCALL(py_attention),
      "attention(q, kcache, vcache, out, slots, pos, n, n_heads, n_kv, head_dim, n_slots, n_ctx, cache_type, scale, "
      "window, softcap): causal GQA attention over the KV cache; out may alias q."},

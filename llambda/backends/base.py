@@ -75,6 +75,15 @@ class Backend(ABC):
         v = np.ascontiguousarray(w.to_float32().reshape(-1), dtype=np.float32)
         return v + np.float32(offset) if offset else v
 
+    def prepare_experts(self, gate: WeightTensor, up: WeightTensor, down: WeightTensor, biases=None):
+        """A handle for an MoE layer's experts: 3-D (n_experts, rows, cols) gate, up and down tensors,
+        and optionally their biases, (n_experts, rows) each."""
+        raise NotImplementedError(f"the {self.name} backend has no mixture-of-experts layers")
+
+    def workspace_specs(self, cfg, max_tokens: int) -> dict:
+        """Extra activation buffers this backend's ops need ({name: (shape, dtype)}), carved with the rest."""
+        return {}
+
     def end_load(self) -> None:
         """Called once every weight of a model is prepared (the native backend reports conversions)."""
 
@@ -139,6 +148,23 @@ class Backend(ABC):
 
     @abstractmethod
     def gelu_mul(self, gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> None: ...
+
+    def moe(self, x: np.ndarray, logits: np.ndarray, experts, k: int, routing: str, norm: bool, out: np.ndarray,
+            shared: np.ndarray | None = None, shared_logit: np.ndarray | None = None, scratch=None,
+            act: tuple = ("silu",)) -> None:
+        """out[t] = sum over token t's k experts e of w_e * down_e(silu(gate_e(x[t])) * up_e(x[t])),
+        the experts and weights chosen from logits[t] by `routing` (models/config.MOE_ROUTINGS; norm:
+        the k weights rescaled to sum to 1); plus sigmoid(shared_logit[t]) * shared[t] (or shared[t]
+        when there is no logit). `scratch` is the workspace, holding workspace_specs' buffers. act:
+        ("silu",) or ("swiglu_oai", alpha, limit): (clamp(up, +-limit) + 1) * g * sigmoid(alpha g),
+        g = min(gate, limit). Expert biases, if prepared, are added to each projection's output."""
+        raise NotImplementedError(f"the {self.name} backend has no mixture-of-experts layers")
+
+    def attention_sinks(self, q, cache: KVCache, layer: int, slots, pos, out, scale: float, window: int,
+                        softcap: float, sinks: np.ndarray) -> None:
+        """Rescale attention's output `out` as if each head's softmax had one more column, of logit
+        sinks[h] and no value: out *= Z / (Z + e^sink), Z the sum of e^score over the visible keys."""
+        raise NotImplementedError(f"the {self.name} backend has no attention sinks")
 
     def gelu_erf(self, x: np.ndarray) -> None:
         """In place: 0.5 x (1 + erf(x / sqrt 2)), the exact GELU of BERT-family encoders."""

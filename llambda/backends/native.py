@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import LlambdaWarning, ModelFormatError, NativeUnavailableError
+from ..formats.experts import expert_matrix
 from ..formats.quants import DEQUANTIZABLE, TRAITS, QType, quantize
 from ..formats.weights import WeightTensor
 from .base import Backend, KVCache
@@ -68,6 +69,20 @@ class NativeMatrix:
     data: np.ndarray      # uint8, the kernel's layout
     rows: int
     cols: int
+
+
+@dataclass
+class NativeExperts:
+    """An MoE layer's gate, up and down experts, each E packed matrices back to back (one allocation)."""
+    gate: NativeMatrix      # data holds E matrices; rows, cols are one expert's
+    up: NativeMatrix
+    down: NativeMatrix
+    n_expert: int
+    biases: tuple = (None, None, None)    # float32 (E, ff), (E, ff), (E, d) or None
+
+
+MOE_ROUTING_IDS = {"softmax_topk": 0, "topk_softmax": 1}     # csrc/moe/moe.h
+MOE_ACT_IDS = {"silu": 0, "swiglu_oai": 1}
 
 
 class NativeBackend(Backend):
@@ -142,6 +157,34 @@ class NativeBackend(Backend):
         self.weight_bytes += size
         return NativeMatrix(qt, layout, dst, rows, cols)
 
+    def prepare_experts(self, gate: WeightTensor, up: WeightTensor, down: WeightTensor, biases=None) -> NativeExperts:
+        b = (None,) * 3 if biases is None else tuple(
+            np.ascontiguousarray(t.to_float32().reshape(t.shape), dtype=np.float32) for t in biases)
+        return NativeExperts(*(self._pack_experts(w) for w in (gate, up, down)), n_expert=gate.shape[0], biases=b)
+
+    def _pack_experts(self, w: WeightTensor) -> NativeMatrix:
+        """Each expert packed on its own (a matrix's row groups never straddle two experts), back to back."""
+        E, rows, cols = w.shape
+        mats = [expert_matrix(w, e) for e in range(E)]
+        if int(w.qtype) not in NATIVE_TYPES:
+            mats = [self._convert(m) for m in mats]
+        qt = int(mats[0].qtype)
+        size = C.packed_size(qt, rows, cols)
+        dst = self._weights.alloc(size * E)
+        layout = 0
+        for e, m in enumerate(mats):
+            layout = C.pack(qt, m.data, dst[e * size:(e + 1) * size], rows, cols)
+        self.weight_bytes += size * E
+        return NativeMatrix(qt, layout, dst, rows, cols)
+
+    def workspace_specs(self, cfg, max_tokens: int) -> dict:
+        if not cfg.n_experts:
+            return {}
+        nk = max_tokens * cfg.n_experts_used
+        d, ff = cfg.d_model, cfg.expert_ffn_dim
+        return {"moe_f": ((nk * (2 * d + 2 * ff + 1),), np.float32),       # csrc/moe/moe.h: llb_moe_fscratch
+                "moe_i": ((3 * nk + cfg.n_experts + 1,), np.int32)}         # llb_moe_iscratch
+
     def end_load(self) -> None:
         if not self._converted:
             return
@@ -197,6 +240,15 @@ class NativeBackend(Backend):
         else:
             super().matmul_many(x, ws, outs)
 
+    def moe(self, x, logits, experts: NativeExperts, k, routing, norm, out, shared=None, shared_logit=None,
+            scratch=None, act=("silu",)) -> None:
+        n, d = x.shape
+        g, u, dn = experts.gate, experts.up, experts.down
+        alpha, limit = (act[1], act[2]) if len(act) == 3 else (1.0, 1.0)
+        C.moe(x, logits, out, n, d, experts.n_expert, k, g.rows, MOE_ROUTING_IDS[routing], int(norm), self.exact,
+              (g.qtype, g.layout, g.data), (u.qtype, u.layout, u.data), (dn.qtype, dn.layout, dn.data),
+              scratch.moe_f, scratch.moe_i, shared, shared_logit, MOE_ACT_IDS[act[0]], alpha, limit, *experts.biases)
+
     def rmsnorm(self, x, w, eps, out) -> None:
         d = x.shape[-1]
         C.rmsnorm(x, w, out, x.size // d, d, eps)
@@ -217,6 +269,11 @@ class NativeBackend(Backend):
         n, heads, hd = q.shape
         C.attention(q, cache.k[layer], cache.v[layer], out, slots, pos, n, heads, cache.n_kv, hd, cache.n_slots,
                     cache.n_ctx, self.kv_code, scale, window, softcap)
+
+    def attention_sinks(self, q, cache: KVCache, layer, slots, pos, out, scale, window, softcap, sinks) -> None:
+        n, heads, hd = q.shape
+        C.attention_sinks(q, cache.k[layer], cache.v[layer], out, slots, pos, n, heads, cache.n_kv, hd, cache.n_slots,
+                          cache.n_ctx, self.kv_code, scale, window, softcap, sinks)
 
     def silu_mul(self, gate, up, out) -> None:
         C.silu_mul(gate, up, out, gate.size)

@@ -17,12 +17,54 @@ except ImportError:      # scipy is optional: libm's erf element by element (slo
 from .base import Backend, KVCache
 
 
+def route(logits: np.ndarray, k: int, routing: str, norm: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's k experts (by descending weight, ties to the lower index) and their weights."""
+    logits = logits.astype(np.float32)
+    order = np.argsort(-logits, axis=-1, kind="stable")[:, :k]
+    top = np.take_along_axis(logits, order, axis=-1)
+    if routing == "topk_softmax":
+        e = np.exp(top - top[:, :1])
+        return order.astype(np.int32), (e / e.sum(-1, keepdims=True)).astype(np.float32)
+    e = np.exp(logits - logits.max(-1, keepdims=True))
+    p = e / e.sum(-1, keepdims=True)
+    w = np.take_along_axis(p, order, axis=-1)
+    if norm:
+        w = w / w.sum(-1, keepdims=True)
+    return order.astype(np.int32), w.astype(np.float32)
+
+
 class NumpyBackend(Backend):
     name = "numpy"
     precision = "f32"
 
     def prepare_matrix(self, w: WeightTensor) -> np.ndarray:
         return np.ascontiguousarray(w.to_float32().reshape(w.rows, w.cols), dtype=np.float32)
+
+    def prepare_experts(self, gate: WeightTensor, up: WeightTensor, down: WeightTensor, biases=None):
+        mats = tuple(np.ascontiguousarray(w.to_float32().reshape(w.shape), dtype=np.float32) for w in (gate, up, down))
+        zero = tuple(np.zeros(m.shape[:2], np.float32) for m in mats)
+        return mats + (zero if biases is None else tuple(b.to_float32().reshape(b.shape) for b in biases))
+
+    def moe(self, x, logits, experts, k, routing, norm, out, shared=None, shared_logit=None, scratch=None,
+            act=("silu",)) -> None:
+        gate, up, down, gate_b, up_b, down_b = experts
+        ids, wts = route(logits, k, routing, norm)
+        acc = np.zeros_like(out)
+        for e in np.unique(ids):
+            tok, slot = np.nonzero(ids == e)
+            h = x[tok]
+            g, u = h @ gate[e].T + gate_b[e], h @ up[e].T + up_b[e]
+            if act[0] == "swiglu_oai":
+                alpha, limit = np.float32(act[1]), np.float32(act[2])
+                g, u = np.minimum(g, limit), np.clip(u, -limit, limit)
+                y = ((u + 1) * g / (1.0 + np.exp(-alpha * g))) @ down[e].T + down_b[e]
+            else:
+                y = (g / (1.0 + np.exp(-g)) * u) @ down[e].T + down_b[e]
+            np.add.at(acc, tok, wts[tok, slot][:, None] * y)
+        if shared is not None:
+            s = np.float32(1) if shared_logit is None else 1.0 / (1.0 + np.exp(-shared_logit.reshape(-1, 1)))
+            acc += s * shared
+        out[...] = acc
 
     def embed(self, table: np.ndarray, ids, out) -> None:
         np.take(table, ids, axis=0, out=out)
@@ -56,7 +98,8 @@ class NumpyBackend(Backend):
         cache.k[layer][slots, pos] = k
         cache.v[layer][slots, pos] = v
 
-    def attention(self, q, cache: KVCache, layer, slots, pos, out, scale, window, softcap) -> None:
+    def _scores(self, q, cache: KVCache, layer, slots, pos, scale, window, softcap):
+        """Per slot: (its rows, masked scores (heads, rows, keys) with -inf where not visible, values)."""
         n, n_heads, hd = q.shape
         group = n_heads // cache.n_kv
         for slot in np.unique(slots):
@@ -72,11 +115,21 @@ class NumpyBackend(Backend):
             visible = j <= p[:, None]
             if window > 0:
                 visible &= j > p[:, None] - window
-            s = np.where(visible[None], s, -np.inf)
+            yield rows, np.where(visible[None], s, -np.inf), v
+
+    def attention(self, q, cache: KVCache, layer, slots, pos, out, scale, window, softcap) -> None:
+        for rows, s, v in self._scores(q, cache, layer, slots, pos, scale, window, softcap):
             s -= s.max(axis=-1, keepdims=True)
             e = np.exp(s)
             e /= e.sum(axis=-1, keepdims=True)
             out[rows] = np.einsum("hnt,thd->nhd", e, v)
+
+    def attention_sinks(self, q, cache: KVCache, layer, slots, pos, out, scale, window, softcap, sinks) -> None:
+        for rows, s, _ in self._scores(q, cache, layer, slots, pos, scale, window, softcap):
+            mx = s.max(axis=-1)                                                    # (heads, m)
+            log_z = mx + np.log(np.exp(s - mx[..., None]).sum(axis=-1))
+            keep = 1.0 / (1.0 + np.exp(sinks[:, None] - log_z))                   # Z / (Z + e^sink)
+            out[rows] *= keep.T[:, :, None].astype(np.float32)
 
     def silu_mul(self, gate, up, out) -> None:
         np.multiply(gate / (1.0 + np.exp(-gate)), up, out=out)

@@ -14,6 +14,7 @@ from ..errors import ModelFormatError, TokenizerError
 from .source import ModelSource
 from ..models import arch_module
 from .files import read_json
+from .experts import GPT_OSS_FUSED, ExpertStacks, split_gpt_oss
 from .safetensors import open_safetensors_dir
 
 # top-level HF name -> canonical name
@@ -40,7 +41,24 @@ LAYER_NAMES = {
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.gate_up_proj.weight": "ffn_up.weight",          # Phi-3: gate rows then up rows, as GGUF stores it
     "mlp.down_proj.weight": "ffn_down.weight",
+    # mixture of experts: the router, the shared expert and its gate (experts: EXPERT_RE)
+    "mlp.gate.weight": "ffn_gate_inp.weight",
+    "block_sparse_moe.gate.weight": "ffn_gate_inp.weight",       # Mixtral
+    "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
+    "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
+    "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
+    "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
+    # GPT-OSS: the output bias, the sinks, the router with its bias (its experts: experts.split_gpt_oss)
+    "self_attn.o_proj.bias": "attn_output.bias",
+    "self_attn.sinks": "attn_sinks.weight",
+    "mlp.router.weight": "ffn_gate_inp.weight",
+    "mlp.router.bias": "ffn_gate_inp.bias",
 }
+
+# One expert's matrix (the Hub layout: a tensor per expert), stacked at load into GGUF's
+# 3-D `ffn_{gate,up,down}_exps` (formats/experts.py). Mixtral: w1 gate, w3 up, w2 down.
+EXPERT_RE = re.compile(r"(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight")
+EXPERT_PART = {"gate_proj": "gate", "w1": "gate", "up_proj": "up", "w3": "up", "down_proj": "down", "w2": "down"}
 
 # The norm after attention means different things: in the Llama family it is the
 # norm *before* the MLP; in Gemma (post_norms) a real post-attention norm.
@@ -96,14 +114,14 @@ def text_config(cfg: dict) -> dict:
     return cfg
 
 
-def canonical_tensors(hf_tensors: dict, n_layers: int, post_norms: bool) -> dict:
+def canonical_tensors(hf_tensors: dict, n_layers: int, post_norms: bool, arch: str = "") -> dict:
     """HF name -> WeightTensor  =>  canonical name -> WeightTensor.
 
     Decoder-layer tensors we do not know are an error (running without them would be
     silently wrong); other unknown top-level tensors (vision towers, rotary caches) are skipped.
     """
     per_layer = layer_names(post_norms)
-    out = {}
+    out, experts = {}, ExpertStacks()
     for name, t in hf_tensors.items():
         for old, new in _TEXT_PREFIXES:
             if name.startswith(old):
@@ -118,6 +136,14 @@ def canonical_tensors(hf_tensors: dict, n_layers: int, post_norms: bool) -> dict
         i, suffix = int(m.group(1)), m.group(2)
         if suffix.endswith("rotary_emb.inv_freq"):
             continue      # a cache some old checkpoints saved; we compute our own
+        if arch == "gpt_oss" and suffix in GPT_OSS_FUSED and i < n_layers:
+            for leaf, part in split_gpt_oss(suffix, t, name).items():
+                out[f"blk.{i}.{leaf}"] = part
+            continue
+        em = EXPERT_RE.fullmatch(suffix)
+        if em and i < n_layers:
+            experts.add(f"blk.{i}.ffn_{EXPERT_PART[em.group(2)]}_exps.weight", int(em.group(1)), name, t)
+            continue
         if suffix not in per_layer:
             raise ModelFormatError(f"tensor {name!r} is not supported (unknown layer tensor)")
         if i >= n_layers:
@@ -126,6 +152,7 @@ def canonical_tensors(hf_tensors: dict, n_layers: int, post_norms: bool) -> dict
         if canon in out:
             raise ModelFormatError(f"tensor {name!r}: a second tensor maps to {canon!r}")
         out[canon] = t
+    out.update(experts.stacked())
     return out
 
 
@@ -176,7 +203,7 @@ def open_hf_dir(path: Path) -> ModelSource:
 
     st = open_safetensors_dir(path)
     try:
-        tensors = canonical_tensors(st.tensors, config.n_layers, config.post_norms)
+        tensors = canonical_tensors(st.tensors, config.n_layers, config.post_norms, config.arch)
         if "token_embd.weight" not in tensors:
             raise ModelFormatError(f"{path}: no embedding tensor (model.embed_tokens.weight)")
         if config.tie_embeddings:
@@ -185,6 +212,10 @@ def open_hf_dir(path: Path) -> ModelSource:
             config.tie_embeddings = True         # no lm_head stored: tied, whatever the config says
         if any(n.endswith("attn_q.bias") for n in tensors):
             config.attn_bias = True
+        if all(f"blk.{i}.attn_output.bias" in tensors for i in range(config.n_layers)):
+            config.attn_out_bias = True          # transformers' Llama family: o_proj has attention_bias too
+        if any(n.endswith("attn_sinks.weight") for n in tensors):
+            config.attn_sinks = True
         tok, tok_err = _tokenizer(path)
         tok_cfg_path = path / "tokenizer_config.json"
         tok_cfg = read_json(tok_cfg_path, "tokenizer_config.json") if tok_cfg_path.is_file() else None

@@ -31,9 +31,9 @@ class LayerWeights:
     wv: object
     wo: object
     ffn_norm: np.ndarray | None
-    w_gate: object
-    w_up: object
-    w_down: object
+    w_gate: object = None           # the dense MLP (None in an MoE layer)
+    w_up: object = None
+    w_down: object = None
     bq: np.ndarray | None = None
     bk: np.ndarray | None = None
     bv: np.ndarray | None = None
@@ -41,6 +41,20 @@ class LayerWeights:
     k_norm: np.ndarray | None = None
     post_attn_norm: np.ndarray | None = None
     post_ffn_norm: np.ndarray | None = None
+    moe: "MoEWeights | None" = None   # set in an MoE layer instead of w_gate/w_up/w_down
+    bo: np.ndarray | None = None      # attention output bias (GPT-OSS)
+    sinks: np.ndarray | None = None   # a sink logit per head (GPT-OSS)
+
+
+@dataclass
+class MoEWeights:
+    router: object                  # (n_experts, d_model): one logit per expert
+    experts: object                 # the backend's handle of the gate/up/down expert tensors
+    shared_gate: object = None      # the shared expert (Qwen2-MoE), a dense MLP every token goes through
+    shared_up: object = None
+    shared_down: object = None
+    shared_gate_inp: object = None  # (1, d_model): its output is scaled by sigmoid(h . w)
+    router_bias: np.ndarray | None = None
 
 
 class Workspace:
@@ -50,7 +64,7 @@ class Workspace:
     together with the KV cache, so a forward pass allocates nothing.
     """
 
-    def __init__(self, cfg: TransformerConfig, max_tokens: int, max_logit_rows: int):
+    def __init__(self, cfg: TransformerConfig, max_tokens: int, max_logit_rows: int, extra: dict | None = None):
         t = max_tokens
         self.max_tokens, self.max_logit_rows = t, max_logit_rows
         f32, i32 = np.float32, np.int32
@@ -70,6 +84,12 @@ class Workspace:
             "slots": ((t,), i32),
             "pos": ((t,), i32),
         }
+        if cfg.n_experts:
+            self.specs["router"] = ((t, cfg.n_experts), f32)
+        if cfg.shared_ffn_dim:
+            self.specs.update({"sh_gate": ((t, cfg.shared_ffn_dim), f32), "sh_up": ((t, cfg.shared_ffn_dim), f32),
+                               "sh_out": ((t, cfg.d_model), f32), "sh_logit": ((t, 1), f32)})
+        self.specs.update(extra or {})     # the backend's own scratch (its MoE layers')
 
     def bind(self, arrays: dict) -> None:
         for name in self.specs:
@@ -116,7 +136,7 @@ class Transformer:
         self.inv_freq = {s: cfg.inv_freq(sliding=s) for s in set(cfg.layer_sliding)}
         if self.rope_factors is not None:
             self.inv_freq = {s: (f / self.rope_factors).astype(np.float32) for s, f in self.inv_freq.items()}
-        self.ws = Workspace(cfg, max_tokens, max_logit_rows or max(n_slots, 16))
+        self.ws = Workspace(cfg, max_tokens, max_logit_rows or max(n_slots, 16), backend.workspace_specs(cfg, max_tokens))
         self.cache = backend.create_kv_cache(cfg.n_layers, n_slots, n_ctx, cfg.n_kv_heads, cfg.head_dim,
                                              extra=self.ws.specs)
         self.ws.bind(self.cache.extra)
@@ -169,11 +189,49 @@ class Transformer:
             finite("rope_freqs.weight", rf, self.rope_factors)
         if self.rope_factors is not None and len(self.rope_factors) != cfg.rope_dim // 2:
             raise ModelFormatError("rope_freqs.weight does not match the rope dimension")
+        def experts(name: str, rows: int, cols: int | None) -> WeightTensor:
+            """A 3-D expert tensor, or with cols None a 2-D one of per-expert biases."""
+            t = need(name)
+            want = (cfg.n_experts, rows) if cols is None else (cfg.n_experts, rows, cols)
+            if t.shape != want:
+                raise ModelFormatError(f"tensor {name!r} has shape {t.shape}, expected {want}")
+            if cols is None:
+                finite(name, t, t.to_float32())
+            return t
+
+        def moe_weights(p: str) -> MoEWeights:
+            e, sh = cfg.expert_ffn_dim, cfg.shared_ffn_dim
+            gate_inp = get(p + "ffn_gate_inp_shexp.weight") if sh else None
+            biases = None
+            if cfg.moe_bias:
+                biases = tuple(experts(p + f"ffn_{w}_exps.bias", rows, None)
+                               for w, rows in (("gate", e), ("up", e), ("down", d)))
+            if gate_inp is not None and gate_inp.rows * gate_inp.cols != d:
+                raise ModelFormatError(f"tensor {gate_inp.name!r} has shape {gate_inp.shape}, expected (1, {d})")
+            return MoEWeights(
+                router=matrix(p + "ffn_gate_inp.weight", cfg.n_experts, d),
+                experts=B.prepare_experts(experts(p + "ffn_gate_exps.weight", e, d),
+                                          experts(p + "ffn_up_exps.weight", e, d),
+                                          experts(p + "ffn_down_exps.weight", d, e), biases),
+                router_bias=vector(p + "ffn_gate_inp.bias", cfg.n_experts, required=False),
+                shared_gate=matrix(p + "ffn_gate_shexp.weight", sh, d) if sh else None,
+                shared_up=matrix(p + "ffn_up_shexp.weight", sh, d) if sh else None,
+                shared_down=matrix(p + "ffn_down_shexp.weight", d, sh) if sh else None,
+                shared_gate_inp=None if gate_inp is None else B.prepare_matrix(
+                    WeightTensor(gate_inp.name, gate_inp.qtype, (1, d), gate_inp.data)))
+
+        def is_moe(i: int) -> bool:
+            # The config says which layers are MoE; a GGUF file cannot, so a layer that holds a
+            # dense MLP and no router is dense (a leading dense layer, as Qwen3-MoE may have).
+            p = f"blk.{i}."
+            return cfg.moe_layers[i] and (get(p + "ffn_gate_inp.weight") is not None or get(p + "ffn_gate.weight") is None)
+
         self.layers = []
         for i in range(cfg.n_layers):
             p = f"blk.{i}."
             post, pre = cfg.post_norms, cfg.pre_norms
             qn, kn = (cfg.q_dim, cfg.kv_dim) if cfg.qk_norm_whole else (cfg.head_dim, cfg.head_dim)
+            moe = is_moe(i)
             self.layers.append(LayerWeights(
                 attn_norm=vector(p + "attn_norm.weight", d, off) if pre else None,
                 wq=matrix(p + "attn_q.weight", cfg.q_dim, d),
@@ -181,9 +239,12 @@ class Transformer:
                 wv=matrix(p + "attn_v.weight", cfg.kv_dim, d),
                 wo=matrix(p + "attn_output.weight", d, cfg.q_dim),
                 ffn_norm=vector(p + "ffn_norm.weight", d, off) if pre else None,
-                w_gate=matrix(p + "ffn_gate.weight", cfg.ffn_dim, d),
-                w_up=matrix(p + "ffn_up.weight", cfg.ffn_dim, d),
-                w_down=matrix(p + "ffn_down.weight", d, cfg.ffn_dim),
+                w_gate=None if moe else matrix(p + "ffn_gate.weight", cfg.ffn_dim, d),
+                w_up=None if moe else matrix(p + "ffn_up.weight", cfg.ffn_dim, d),
+                w_down=None if moe else matrix(p + "ffn_down.weight", d, cfg.ffn_dim),
+                moe=moe_weights(p) if moe else None,
+                bo=vector(p + "attn_output.bias", d, required=cfg.attn_out_bias),   # used wherever present
+                sinks=vector(p + "attn_sinks.weight", cfg.n_heads, required=cfg.attn_sinks),
                 bq=vector(p + "attn_q.bias", cfg.q_dim, required=cfg.attn_bias) if cfg.attn_bias else None,
                 bk=vector(p + "attn_k.bias", cfg.kv_dim, required=cfg.attn_bias) if cfg.attn_bias else None,
                 bv=vector(p + "attn_v.bias", cfg.kv_dim, required=cfg.attn_bias) if cfg.attn_bias else None,
@@ -299,7 +360,12 @@ class Transformer:
             B.rope(k, p, inv_freq, cfg.rope_neox)
         B.kv_store(self.cache, i, k, v, slot, p)
         B.attention(q, self.cache, i, slot, p, attn, cfg.scale(), cfg.layer_window(i), cfg.attn_softcap)
+        if L.sinks is not None:
+            B.attention_sinks(q, self.cache, i, slot, p, attn, cfg.scale(), cfg.layer_window(i), cfg.attn_softcap,
+                              L.sinks)
         B.matmul(attn.reshape(n, -1), L.wo, proj)
+        if L.bo is not None:
+            B.add_rows(proj, L.bo, proj)
         if L.post_attn_norm is not None:
             B.rmsnorm(proj, L.post_attn_norm, cfg.norm_eps, proj)
         self._residual_add(x, proj)
@@ -309,15 +375,43 @@ class Transformer:
         n = len(x)
         h, gate, up, proj = ws.h[:n], ws.gate[:n], ws.up[:n], ws.proj[:n]
         h = self._pre_norm(x, L.ffn_norm, h)
-        B.matmul_many(h, (L.w_gate, L.w_up), (gate, up))
+        if L.moe is not None:
+            self._moe(L.moe, h, proj)
+        else:
+            self._mlp(h, L.w_gate, L.w_up, L.w_down, gate, up, proj)
+        if L.post_ffn_norm is not None:
+            B.rmsnorm(proj, L.post_ffn_norm, cfg.norm_eps, proj)
+        self._residual_add(x, proj)
+
+    def _mlp(self, h, w_gate, w_up, w_down, gate, up, out) -> None:
+        """out = down(act(gate(h)) * up(h)): the dense MLP (also an MoE layer's shared expert)."""
+        cfg, B = self.cfg, self.backend
+        B.matmul_many(h, (w_gate, w_up), (gate, up))
         if cfg.activation == "silu":
             B.silu_mul(gate, up, gate)
         else:
             B.gelu_mul(gate, up, gate)
-        B.matmul(gate, L.w_down, proj)
-        if L.post_ffn_norm is not None:
-            B.rmsnorm(proj, L.post_ffn_norm, cfg.norm_eps, proj)
-        self._residual_add(x, proj)
+        B.matmul(gate, w_down, out)
+
+    def _moe(self, M: MoEWeights, h, out) -> None:
+        """out = the weighted sum of the k routed experts' MLPs (+ the shared expert): the router's
+        logits go to the backend's moe op, which picks each token's experts and runs them."""
+        cfg, B, ws = self.cfg, self.backend, self.ws
+        n = len(h)
+        logits = ws.router[:n]
+        B.matmul(h, M.router, logits)
+        if M.router_bias is not None:
+            B.add_rows(logits, M.router_bias, logits)
+        shared = shared_logit = None
+        if M.shared_gate is not None:
+            shared = ws.sh_out[:n]
+            self._mlp(h, M.shared_gate, M.shared_up, M.shared_down, ws.sh_gate[:n], ws.sh_up[:n], shared)
+            if M.shared_gate_inp is not None:
+                shared_logit = ws.sh_logit[:n]
+                B.matmul(h, M.shared_gate_inp, shared_logit)
+        B.moe(h, logits, M.experts, cfg.n_experts_used, cfg.moe_routing, cfg.moe_norm_topk, out,
+              shared=shared, shared_logit=shared_logit, scratch=ws,
+              act=(cfg.moe_activation, cfg.moe_swiglu_alpha, cfg.moe_swiglu_limit))
 
     def _pre_norm(self, x, w, h):
         """The sublayer's input: x normed into h, or x itself in a model without pre-norms."""

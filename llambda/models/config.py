@@ -20,7 +20,14 @@ SIZE_LIMITS = {
     "n_kv_heads": (1, 4096), "head_dim": (1, 1 << 14), "ffn_dim": (1, 1 << 20),
     "n_ctx_train": (2, 1 << 40), "sliding_window": (0, 1 << 40), "rope_dim": (0, 1 << 14),
     "window_pattern": (1, 4096),
+    "n_experts": (0, 1 << 12), "n_experts_used": (0, 1 << 10), "expert_ffn_dim": (0, 1 << 20),
+    "shared_ffn_dim": (0, 1 << 20),
 }
+# How a mixture-of-experts router turns logits into the k weights: a softmax over every expert,
+# then the k largest (Qwen-MoE, Mixtral), or the k largest logits, then a softmax over those (GPT-OSS).
+MOE_ROUTINGS = ("softmax_topk", "topk_softmax")
+# The experts' gated activation: SiLU(gate) * up, or GPT-OSS's clamped (up + 1) * gate * sigmoid(alpha gate).
+MOE_ACTIVATIONS = ("silu", "swiglu_oai")
 # Positions the engine can address (the C core's limit): a window at least this long is no window.
 MAX_POSITIONS = 1 << 24
 # RoPE scaling types inv_freq implements, and the numeric fields each needs (with defaults).
@@ -29,6 +36,7 @@ ROPE_SCALING_FIELDS = {
     "linear": {"factor": None},
     "llama3": {"factor": None, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 8192},
+    "yarn": {"factor": None, "original_max_position_embeddings": None, "beta_fast": 32.0, "beta_slow": 1.0},
 }
 
 
@@ -118,6 +126,21 @@ class TransformerConfig:
     residual_scale: float = 1.0             # sublayer outputs scaled before the residual add (Granite)
     logit_scale: float = 1.0                # logits divided by this (Granite)
     tie_embeddings: bool = True
+    # mixture of experts (n_experts 0: every layer dense)
+    n_experts: int = 0
+    n_experts_used: int = 0                 # k experts per token
+    expert_ffn_dim: int = 0                 # each expert's hidden size
+    moe_routing: str = "softmax_topk"       # see MOE_ROUTINGS
+    moe_norm_topk: bool = True              # softmax_topk: rescale the k weights to sum to 1
+    shared_ffn_dim: int = 0                 # an always-on shared expert (Qwen2-MoE); 0: none
+    moe_layers: list[bool] = field(default_factory=list)      # per layer; empty: all MoE when n_experts
+    moe_activation: str = "silu"            # the experts' gated activation, see MOE_ACTIVATIONS
+    moe_swiglu_alpha: float = 1.702         # swiglu_oai: up+1 times gate * sigmoid(alpha * gate) ...
+    moe_swiglu_limit: float = 7.0           # ... with gate <= limit and |up| <= limit
+    moe_bias: bool = False                  # the experts' projections have biases (GPT-OSS)
+    # GPT-OSS attention
+    attn_out_bias: bool = False             # a bias on the attention output projection
+    attn_sinks: bool = False                # a learned logit per head joins each softmax (no value)
     source: str = field(default="", compare=False, repr=False)   # the file or directory, for error messages
 
     def __post_init__(self):
@@ -126,6 +149,8 @@ class TransformerConfig:
             self.rope_dim = self.head_dim
         if not self.layer_sliding:
             self.layer_sliding = [self.sliding_window > 0] * self.n_layers
+        if not self.moe_layers:
+            self.moe_layers = [self.n_experts > 0] * self.n_layers
         if not self.layer_rope:
             self.layer_rope = [True] * self.n_layers
         self.validate()
@@ -143,7 +168,9 @@ class TransformerConfig:
         return min(self.sliding_window, MAX_POSITIONS) if self.layer_sliding[i] else 0
 
     def scale(self) -> float:
-        return self.attn_scale if self.attn_scale is not None else self.head_dim ** -0.5
+        s = self.attn_scale if self.attn_scale is not None else self.head_dim ** -0.5
+        # YaRN multiplies cos and sin by its attention factor: q.k grows by its square
+        return s * _yarn_attention_factor(self.rope_scaling) ** 2
 
     def inv_freq(self, sliding: bool = False) -> np.ndarray:
         """RoPE inverse frequencies for a layer, with the configured scaling applied."""
@@ -160,11 +187,14 @@ class TransformerConfig:
             inv = inv / float(sc["factor"])
         elif kind == "llama3":
             inv = _llama3_scale(inv, sc)
+        elif kind == "yarn":
+            inv = _yarn_scale(inv, sc, theta, d)
         return inv.astype(np.float32)
 
     def _check_sizes(self) -> None:
         for name in ("vocab_size", "n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "ffn_dim",
-                     "n_ctx_train", "sliding_window"):
+                     "n_ctx_train", "sliding_window", "n_experts", "n_experts_used", "expert_ffn_dim",
+                     "shared_ffn_dim"):
             check_int(f"config {name}", getattr(self, name), name)
 
     def validate(self) -> None:
@@ -182,6 +212,7 @@ class TransformerConfig:
             raise ModelFormatError("qk_norm_whole needs qk_norm")
         if self.activation not in ("silu", "gelu_tanh"):
             raise ModelFormatError(f"unsupported activation {self.activation!r}")
+        self._check_moe()
         for name in ("norm_eps", "rope_theta", "attn_softcap", "final_softcap", "norm_offset", "residual_scale",
                      "logit_scale"):
             check_number(f"config {name}", getattr(self, name), name)
@@ -190,6 +221,24 @@ class TransformerConfig:
                 check_number(f"config {name}", getattr(self, name), name)
         self._check_rope()
 
+    def _check_moe(self) -> None:
+        if not isinstance(self.moe_layers, list) or len(self.moe_layers) != self.n_layers:
+            raise ModelFormatError("moe_layers must list every layer")
+        if not self.n_experts:
+            if any(self.moe_layers):
+                raise ModelFormatError("moe_layers marks a layer MoE but the config has no experts")
+            return
+        if not 1 <= self.n_experts_used <= self.n_experts:
+            raise ModelFormatError(f"experts used per token ({self.n_experts_used}) must be in 1..{self.n_experts}")
+        if self.expert_ffn_dim < 1:
+            raise ModelFormatError("an MoE config needs the experts' feed-forward size")
+        if self.moe_routing not in MOE_ROUTINGS:
+            raise ModelFormatError(f"unsupported MoE routing {self.moe_routing!r}")
+        if self.moe_activation not in MOE_ACTIVATIONS:
+            raise ModelFormatError(f"unsupported MoE activation {self.moe_activation!r}")
+        check_number("config swiglu alpha", self.moe_swiglu_alpha, "positive")
+        check_number("config swiglu limit", self.moe_swiglu_limit, "positive")
+
     def _check_rope(self) -> None:
         if self.rope_scaling is not None:
             check_rope_scaling(self.rope_scaling)
@@ -197,6 +246,34 @@ class TransformerConfig:
             for sliding in set(self.layer_sliding):
                 if not np.isfinite(self.inv_freq(sliding)).all():
                     raise ModelFormatError(f"rope_theta {self.rope_theta} gives non-finite RoPE frequencies")
+
+
+def _yarn_attention_factor(sc: dict | None) -> float:
+    if not sc or (sc.get("rope_type") or sc.get("type")) != "yarn":
+        return 1.0
+    if sc.get("attention_factor") is not None:
+        return float(sc["attention_factor"])
+    factor = float(sc["factor"])
+    return 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+
+def _yarn_scale(inv: np.ndarray, sc: dict, theta: float, d: int) -> np.ndarray:
+    """YaRN: high frequencies kept, low ones divided by `factor`, a linear ramp between the
+    dimensions whose wavelengths fit beta_fast and beta_slow times in the original context
+    (rounded outwards unless `truncate` is false, as gpt-oss sets it)."""
+    factor, orig = float(sc["factor"]), float(sc["original_max_position_embeddings"])
+
+    def dim_of(rotations: float) -> float:
+        return d * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dim_of(float(sc.get("beta_fast", 32.0))), dim_of(float(sc.get("beta_slow", 1.0)))
+    if sc.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0.0), min(high, d - 1.0)
+    if high == low:
+        high += 0.001
+    ramp = np.clip((np.arange(len(inv), dtype=np.float64) - low) / (high - low), 0.0, 1.0)
+    return inv / factor * ramp + inv * (1.0 - ramp)
 
 
 def _llama3_scale(inv: np.ndarray, sc: dict) -> np.ndarray:

@@ -73,6 +73,15 @@ class GGUFHParams:
         kind = self.str("rope.scaling.type", None)
         if kind and kind != "none":
             scaling = {"rope_type": kind, "factor": self.float("rope.scaling.factor", 1.0, "rope_factor")}
+        if kind == "yarn":
+            if f"{self.arch}.rope.scaling.original_context_length" not in self.meta:
+                raise ModelFormatError(f"yarn RoPE scaling needs GGUF metadata "
+                                       f"'{self.arch}.rope.scaling.original_context_length'")
+            scaling["original_max_position_embeddings"] = self.int("rope.scaling.original_context_length",
+                                                                   limit="n_ctx_train")
+            for ours, key in (("beta_fast", "yarn_beta_fast"), ("beta_slow", "yarn_beta_slow")):
+                if f"{self.arch}.rope.scaling.{key}" in self.meta:
+                    scaling[ours] = self.float(f"rope.scaling.{key}", limit="rope_factor")
         return dict(
             arch=self.arch,
             vocab_size=self.vocab_size(),

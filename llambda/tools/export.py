@@ -56,6 +56,10 @@ FAMILIES = {
     "gemma2": Family("gemma2", "Gemma2ForCausalLM", "gemma2", hf_norm_offset=1.0),
     "gemma3": Family("gemma3_text", "Gemma3ForCausalLM", "gemma3", hf_norm_offset=1.0),
     "phi3": Family("phi3", "Phi3ForCausalLM", "phi3", hf_fused=True),
+    "qwen3moe": Family("qwen3_moe", "Qwen3MoeForCausalLM", "qwen3moe"),
+    "qwen2moe": Family("qwen2_moe", "Qwen2MoeForCausalLM", "qwen2moe"),
+    "mixtral": Family("mixtral", "MixtralForCausalLM", "llama"),      # llama.cpp writes Mixtral as `llama`
+    "gpt_oss": Family("gpt_oss", "GptOssForCausalLM", "gpt-oss"),
     "smollm3": Family("smollm3", "SmolLM3ForCausalLM", "smollm3"),
     "granite": Family("granite", "GraniteForCausalLM", "granite"),
     "olmo2": Family("olmo2", "Olmo2ForCausalLM", "olmo2"),
@@ -65,12 +69,21 @@ FLOAT_TYPES = {"f32": QType.F32, "f16": QType.F16, "bf16": QType.BF16}
 HF_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
             "chat_template.json", "generation_config.json", "tokenizer.model")
 _LAYER_LEAVES = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "attn_q_norm",
-                 "attn_k_norm", "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm")
+                 "attn_k_norm", "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm",
+                 "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_inp_shexp",
+                 "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp", "attn_sinks")
+# leaves that may also have a `.bias`
+_BIASED = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+# Tensors kept in float whatever the export type: an MoE router's logits pick the experts, and a
+# quantized router flips choices that are close (llama.cpp's quantizer also leaves them alone).
+_FLOAT_ONLY = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight")
 
 
 def family_of(cfg: TransformerConfig) -> Family:
     arch = cfg.arch
-    if arch == "llama" and any(cfg.layer_sliding):
+    if arch == "llama" and cfg.n_experts:
+        arch = "mixtral"      # a `llama` GGUF with experts is Mixtral
+    elif arch == "llama" and any(cfg.layer_sliding):
         arch = "mistral"      # config.json spells a Llama with a window as Mistral
     if arch not in FAMILIES:
         raise ModelFormatError(f"export does not know the architecture {cfg.arch!r}")
@@ -93,7 +106,7 @@ def source_tensors(src: ModelSource) -> dict[str, WeightTensor]:
     for i in range(src.config.n_layers):
         for leaf in _LAYER_LEAVES:
             names.append(f"blk.{i}.{leaf}.weight")
-            if leaf in ("attn_q", "attn_k", "attn_v"):
+            if leaf in _BIASED:
                 names.append(f"blk.{i}.{leaf}.bias")
     names += ["output_norm.weight", "output.weight"]
     out = {n: src.tensor(n) for n in names}
@@ -130,12 +143,14 @@ def _convert(name: str, t: WeightTensor, qtype: QType, shift: float = 0.0) -> Ou
     return OutTensor(name, qtype, t.shape, quantize(vals, qtype).reshape(-1))
 
 
-def _target_type(t: WeightTensor, want: QType | None, fmt: str) -> QType:
+def _target_type(t: WeightTensor, want: QType | None, fmt: str, name: str = "") -> QType:
+    if fmt == "gguf" and name.endswith(_FLOAT_ONLY):
+        return t.qtype if t.qtype in FLOAT_TYPES.values() else QType.F32
     if fmt == "hf":
         if want is not None:
             return want
         return t.qtype if t.qtype in FLOAT_TYPES.values() else QType.F32
-    if len(t.shape) == 1:
+    if len(t.shape) == 1 or name.endswith(".bias"):     # an MoE layer's expert biases are 2-D: floats too
         return QType.F32 if want is not None or t.qtype not in FLOAT_TYPES.values() else t.qtype
     if want is None:
         return t.qtype
@@ -206,7 +221,9 @@ def _cfg_dict(cfg: TransformerConfig) -> dict:
 
 _CHECKED = ("vocab_size", "n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "rope_dim",
             "activation", "attn_bias", "qk_norm", "post_norms", "embed_scale", "attn_softcap", "final_softcap",
-            "layer_sliding", "layer_rope", "pre_norms", "qk_norm_whole", "residual_scale", "logit_scale")
+            "layer_sliding", "layer_rope", "pre_norms", "qk_norm_whole", "residual_scale", "logit_scale",
+            "n_experts", "n_experts_used", "expert_ffn_dim", "moe_routing", "moe_norm_topk", "shared_ffn_dim",
+            "moe_activation", "moe_swiglu_alpha", "moe_swiglu_limit", "moe_bias", "attn_out_bias", "attn_sinks")
 
 
 def _check_same(a: TransformerConfig, b: TransformerConfig, what: str, a_factors=None, b_factors=None) -> None:
@@ -310,6 +327,8 @@ def write_hf(src: ModelSource, out: Path, qtype: str | None = None) -> Path:
     from ..formats.safetensors import write_safetensors
     cfg = src.config
     fam = family_of(cfg)
+    if cfg.n_experts:
+        raise LlambdaError("a mixture-of-experts model exports as GGUF only (fmt='gguf')")
     want = None
     if qtype:
         if qtype.lower() not in FLOAT_TYPES:
@@ -422,9 +441,13 @@ def gguf_metadata(cfg: TransformerConfig, arch: str, name: str) -> dict:
     }
     sc = cfg.rope_scaling or {}
     kind = sc.get("rope_type") or sc.get("type")
-    if kind == "linear":
-        meta[f"{a}.rope.scaling.type"] = "linear"
+    if kind in ("linear", "yarn"):
+        meta[f"{a}.rope.scaling.type"] = kind
         meta[f"{a}.rope.scaling.factor"] = float(sc["factor"])
+    if kind == "yarn":
+        meta[f"{a}.rope.scaling.original_context_length"] = int(sc["original_max_position_embeddings"])
+        meta[f"{a}.rope.scaling.yarn_beta_fast"] = float(sc.get("beta_fast", 32.0))
+        meta[f"{a}.rope.scaling.yarn_beta_slow"] = float(sc.get("beta_slow", 1.0))
     if sliding:
         meta[f"{a}.attention.sliding_window"] = cfg.sliding_window
         if not all(cfg.layer_sliding):
@@ -437,6 +460,15 @@ def gguf_metadata(cfg: TransformerConfig, arch: str, name: str) -> dict:
         meta[f"{a}.attn_logit_softcapping"] = cfg.attn_softcap
     if cfg.final_softcap:
         meta[f"{a}.final_logit_softcapping"] = cfg.final_softcap
+    if cfg.n_experts:
+        meta.update({f"{a}.expert_count": cfg.n_experts, f"{a}.expert_used_count": cfg.n_experts_used,
+                     f"{a}.expert_feed_forward_length": cfg.expert_ffn_dim,
+                     f"{a}.expert_weights_norm": bool(cfg.moe_norm_topk)})
+        if cfg.shared_ffn_dim:
+            meta[f"{a}.expert_shared_feed_forward_length"] = cfg.shared_ffn_dim
+        lead = cfg.moe_layers.index(True) if any(cfg.moe_layers) else cfg.n_layers
+        if lead and all(cfg.moe_layers[lead:]):
+            meta[f"{a}.leading_dense_block_count"] = lead
     if a == "granite":           # llama.cpp's keys for Granite's multipliers
         meta.update({f"{a}.embedding_scale": float(cfg.embed_scale or 1.0), f"{a}.residual_scale": cfg.residual_scale,
                      f"{a}.logit_scale": cfg.logit_scale})
@@ -470,6 +502,7 @@ def write_gguf_file(src: ModelSource, out: Path, qtype: str | None = None, pure:
         raise ModelFormatError(f"GGUF {arch!r}: RoPE layout mismatch")
 
     shift_by = cfg.norm_offset          # GGUF norms hold the weights as applied
+    renamed = getattr(arch_module(arch), "GGUF_NAMES", {})
     chosen = {}
     if ftype is not None:
         chosen = tensor_types(ftype, {n: t.shape for n, t in tensors.items()}, cfg.n_layers,
@@ -481,9 +514,14 @@ def write_gguf_file(src: ModelSource, out: Path, qtype: str | None = None, pure:
     with tqdm(total=sum(t.data.size for t in tensors.values()), desc="quantize" if ftype else "convert", unit="B",
               unit_scale=True, unit_divisor=1024, disable=not show, file=sys.stderr, leave=True) as bar:
         for name, t in tensors.items():
-            target = _target_type(t, chosen.get(name), "gguf")
+            target = _target_type(t, chosen.get(name), "gguf", name)
             bar.set_postfix_str(f"{name} -> {target.name}", refresh=False)
             o = _convert(name, t, target, shift_by if _is_norm(name) else 0.0)
+            if name.startswith("blk.") and name.split(".", 2)[2] in renamed:
+                i, leaf = name.split(".", 2)[1:]
+                o.name = name = f"blk.{i}.{renamed[leaf]}"
+            if name.endswith("ffn_gate_inp_shexp.weight"):
+                o.shape = (t.rows * t.cols,)      # llama.cpp's shape: one vector of d_model
             items.append((name, o.qtype, o.raw, tuple(o.shape)))
             bar.update(t.data.size)
     if any(q not in (QType.F32, QType.F16, QType.BF16) for _, q, _, _ in items):

@@ -1,6 +1,7 @@
 """What a model file holds, read from its header alone (`llambda show`): no weights are loaded."""
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 import numpy as np
@@ -21,11 +22,15 @@ def describe(src: ModelSource, n_ctx: int | None = None) -> dict:
         bytes_by_type[t.qtype.name] += tensor_nbytes(t.qtype, t.shape)
         count_by_type[t.qtype.name] += 1
     weights = sum(bytes_by_type.values())
+    active = params
+    if cfg.n_experts:   # a token uses k of each MoE layer's experts
+        experts = sum(int(np.prod(src.tensor(n).shape)) for n in src.tensor_names if is_expert_tensor(n))
+        active = params - experts + experts * cfg.n_experts_used // cfg.n_experts
     ctx = n_ctx or min(cfg.n_ctx_train, 4096)
     kv = 2 * cfg.n_layers * ctx * cfg.kv_dim * 4          # f32 keys and values, one sequence
     return {
         "name": src.name, "path": str(src.path), "format": src.format, "architecture": cfg.arch,
-        "parameters": params, "layers": cfg.n_layers, "d_model": cfg.d_model,
+        "parameters": params, "active_parameters": active, "layers": cfg.n_layers, "d_model": cfg.d_model,
         "heads": f"{cfg.n_heads} (kv {cfg.n_kv_heads}, dim {cfg.head_dim})", "vocab": cfg.vocab_size,
         "context_train": cfg.n_ctx_train, "weights_bytes": weights,
         "quant_mix": {k: (count_by_type[k], v) for k, v in bytes_by_type.most_common()},
@@ -34,15 +39,27 @@ def describe(src: ModelSource, n_ctx: int | None = None) -> dict:
     }
 
 
+_EXPERT_NAME = re.compile(r"blk\.\d+\.ffn_(gate|up|down)(_exps|\.\d+)\.(weight|bias)")
+
+
+def is_expert_tensor(name: str) -> bool:
+    """A routed expert's weights: GGUF's 3-D `*_exps`, or an older file's one tensor per expert."""
+    return bool(_EXPERT_NAME.fullmatch(name))
+
+
 def decode_weight_bytes(src: ModelSource) -> int:
     """Weight bytes one decode token reads: every tensor but the embedding table, of which it
-    reads one row, unless the table is also the output head (tied), which reads all of it."""
+    reads one row, unless the table is also the output head (tied), which reads all of it; of an
+    MoE layer's routed experts (`*_exps`), the k a token uses (its active parameters)."""
+    cfg = src.config
     total, embd = 0, 0
     for name in src.tensor_names:
         t = src.tensor(name)
         if t is None:
             continue
         nbytes = tensor_nbytes(t.qtype, t.shape)
+        if cfg.n_experts and is_expert_tensor(name):
+            nbytes = nbytes * cfg.n_experts_used // cfg.n_experts
         if name == "token_embd.weight":
             embd = nbytes
         else:
@@ -59,7 +76,9 @@ def format_description(d: dict) -> str:
     mix = ", ".join(f"{k} {c} tensors {_mib(b)}" for k, (c, b) in d["quant_mix"].items())
     rows = [
         ("metadata name", d["name"]), ("file", f"{d['path']} ({d['format']})"), ("architecture", d["architecture"]),
-        ("parameters", f"{d['parameters'] / 1e6:.1f} M"), ("layers", d["layers"]), ("width", d["d_model"]),
+        ("parameters", f"{d['parameters'] / 1e6:.1f} M" + (
+            f" ({d['active_parameters'] / 1e6:.1f} M active per token)" if d["active_parameters"] != d["parameters"]
+            else "")), ("layers", d["layers"]), ("width", d["d_model"]),
         ("heads", d["heads"]), ("vocabulary", d["vocab"]), ("trained context", d["context_train"]),
         ("weights", f"{_mib(d['weights_bytes'])}: {mix}"),
         ("chat template", "yes" if d["chat_template"] else "no (a base model: use `llambda run`)"),

@@ -30,8 +30,8 @@ def load_qtype(name: str) -> QType:
 
 
 def quantizable(t: WeightTensor, qtype: QType) -> bool:
-    """A float matrix whose rows split into whole blocks of `qtype`."""
-    return (t.qtype in FLOAT_QTYPES and len(t.shape) == 2 and t.rows > 0
+    """A float matrix (or 3-D stack of expert matrices) whose rows split into whole blocks of `qtype`."""
+    return (t.qtype in FLOAT_QTYPES and len(t.shape) in (2, 3) and t.rows > 0
             and t.cols % TRAITS[qtype].block_size == 0)
 
 
@@ -47,8 +47,10 @@ def quantizing_lookup(lookup: Lookup, qtype_name: str) -> Lookup:
 
     def get(name: str) -> WeightTensor | None:
         t = lookup(name)
-        if t is None or not quantizable(t, qtype):
-            return t
+        if t is None or not quantizable(t, qtype) or ".ffn_gate_inp" in name or name.endswith(".bias"):
+            return t        # an MoE router stays float: its logits choose the experts (as export does); biases too
+        if len(t.shape) == 3:       # experts: fetched once each
+            return quantize_tensor(t, qtype)
         key = (name, t.qtype, t.shape, t.data.__array_interface__["data"][0])
         if key not in last:
             last.clear()

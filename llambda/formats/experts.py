@@ -1,0 +1,89 @@
+"""Expert weights as one 3-D tensor (E, rows, cols), whether the file stores them so (GGUF
+`ffn_*_exps`) or one matrix per expert (the Hugging Face Hub layout, stacked here).
+
+Backends take expert e as a (rows, cols) matrix (`expert_matrix`); a stack of per-expert
+tensors is never concatenated unless a backend asks for the whole 3-D data.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ModelFormatError
+from .weights import WeightTensor
+
+
+class StackedExperts(WeightTensor):
+    """E per-expert (rows, cols) tensors of one type seen as one (E, rows, cols) tensor."""
+
+    def __init__(self, name: str, parts: list[WeightTensor]):
+        first = parts[0]
+        self.name, self.qtype, self.parts = name, first.qtype, parts
+        self.shape = (len(parts), *first.shape)
+
+    @property
+    def data(self) -> np.ndarray:       # only when a backend wants the whole tensor (the NumPy oracle)
+        return np.concatenate([p.data.reshape(-1) for p in self.parts])
+
+
+def expert_matrix(w: WeightTensor, e: int) -> WeightTensor:
+    """Expert e of a 3-D expert tensor as a (rows, cols) matrix, without copying."""
+    if len(w.shape) != 3 or not 0 <= e < w.shape[0]:
+        raise ModelFormatError(f"tensor {w.name!r} of shape {w.shape} has no expert {e}")
+    if isinstance(w, StackedExperts):
+        return w.parts[e]
+    rows = w.shape[1]
+    raw = w.rows2d()
+    return WeightTensor(f"{w.name}[{e}]", w.qtype, tuple(w.shape[1:]), raw[e * rows:(e + 1) * rows].reshape(-1))
+
+
+class ExpertStacks:
+    """Collects per-expert tensors by their stacked name, then checks and stacks them."""
+
+    def __init__(self):
+        self.parts: dict[str, dict[int, tuple[str, WeightTensor]]] = {}
+
+    def add(self, stacked_name: str, expert: int, file_name: str, t: WeightTensor) -> None:
+        group = self.parts.setdefault(stacked_name, {})
+        if expert in group:
+            raise ModelFormatError(f"tensor {file_name!r}: expert {expert} appears twice")
+        group[expert] = (file_name, t)
+
+    def stacked(self) -> dict[str, WeightTensor]:
+        out = {}
+        for name, group in self.parts.items():
+            n = len(group)
+            if sorted(group) != list(range(n)):
+                missing = sorted(set(range(max(group) + 1)) - set(group))
+                raise ModelFormatError(f"{name}: experts {missing[:8]} are missing")
+            parts = [group[e][1] for e in range(n)]
+            for e, p in enumerate(parts):
+                if len(p.shape) != 2 or p.shape != parts[0].shape or p.qtype != parts[0].qtype:
+                    raise ModelFormatError(f"tensor {group[e][0]!r} has shape {p.shape} ({p.qtype.name}), unlike "
+                                           f"expert 0's {parts[0].shape} ({parts[0].qtype.name})")
+            out[name] = StackedExperts(name, parts)
+        return out
+
+
+# GPT-OSS's Hub layout: all experts in one tensor, input-major (x @ W), gate and up interleaved
+# by column; -> GGUF's (E, rows, cols) output-major tensors, gate and up apart.
+GPT_OSS_FUSED = ("mlp.experts.gate_up_proj", "mlp.experts.gate_up_proj_bias", "mlp.experts.down_proj",
+                 "mlp.experts.down_proj_bias")
+
+
+def split_gpt_oss(suffix: str, t: WeightTensor, file_name: str) -> dict[str, WeightTensor]:
+    """One fused GPT-OSS expert tensor as canonical leaf name -> tensor (floats, transposed)."""
+    if suffix not in GPT_OSS_FUSED:
+        raise ModelFormatError(f"tensor {file_name!r} is not supported (unknown layer tensor)")
+    want = 3 if suffix.endswith("proj") else 2
+    if len(t.shape) != want or (suffix.startswith("mlp.experts.gate_up") and t.shape[-1] % 2):
+        raise ModelFormatError(f"tensor {file_name!r} has shape {t.shape}, not a GPT-OSS expert tensor")
+    v = t.to_float32().reshape(t.shape)
+    f = WeightTensor.from_float
+    if suffix == "mlp.experts.gate_up_proj":          # (E, in, 2I)
+        return {"ffn_gate_exps.weight": f(file_name, v[:, :, 0::2].transpose(0, 2, 1)),
+                "ffn_up_exps.weight": f(file_name, v[:, :, 1::2].transpose(0, 2, 1))}
+    if suffix == "mlp.experts.gate_up_proj_bias":     # (E, 2I)
+        return {"ffn_gate_exps.bias": f(file_name, v[:, 0::2]), "ffn_up_exps.bias": f(file_name, v[:, 1::2])}
+    if suffix == "mlp.experts.down_proj":             # (E, I, d)
+        return {"ffn_down_exps.weight": f(file_name, v.transpose(0, 2, 1))}
+    return {"ffn_down_exps.bias": f(file_name, v)}    # (E, d)

@@ -1,0 +1,23 @@
+"""Qwen2-MoE (Qwen1.5-MoE, Qwen2-57B-A14B): Qwen2's attention (q/k/v biases), MoE MLPs whose
+top-k weights are not renormalised by default, plus a shared expert on every token scaled by
+sigmoid(h . shared_expert_gate)."""
+from __future__ import annotations
+
+from .config import TransformerConfig
+from .hparams import GGUFHParams, HFConfig
+from .llama import check_hf_mlp
+from .mistral import hf_layer_sliding
+from .moe import gguf_moe, hf_moe
+
+
+def config_from_gguf(meta: dict) -> TransformerConfig:
+    hp = GGUFHParams(meta, "qwen2moe")
+    return TransformerConfig(**hp.common(), rope_neox=True, attn_bias=True, **gguf_moe(hp, norm_default=False))
+
+
+def config_from_hf(cfg: dict) -> TransformerConfig:
+    check_hf_mlp(cfg)
+    c = HFConfig(cfg).common("qwen2moe")
+    window, flags = hf_layer_sliding(cfg, c["n_layers"], default_sliding=False)
+    return TransformerConfig(**c, attn_bias=True, sliding_window=window, layer_sliding=flags,
+                             **hf_moe(cfg, c["n_layers"], norm_default=False))
