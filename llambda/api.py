@@ -11,6 +11,7 @@ import numpy as np
 
 from . import engine
 from .backends import create_backend
+from .backends.native import usable_cpus
 from .constraints import Grammar, Grammars, GrammarSpec, grammar_spec
 from .engine import GenerationParams, Sequence, TokenEvent, token_ids
 from .errors import ChatTemplateError, ContextOverflowError, InvalidInputError, LlambdaWarning, TokenizerError
@@ -77,16 +78,8 @@ def _warn_about_limits(cfg, n_ctx: int, threads: int | None) -> None:
                       LlambdaWarning, stacklevel=4)
     usable = usable_cpus()
     if threads is not None and threads > usable:
-        warnings.warn(f"{threads} threads on {usable} usable CPU(s): the extra threads wait for a core "
-                      f"and slow every step down; use at most {usable}", LlambdaWarning, stacklevel=4)
-
-
-def usable_cpus() -> int:
-    """CPUs this process may run on (its affinity mask), not the machine's count."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:
-        return os.cpu_count() or 1
+        warnings.warn(f"{threads} threads on {usable} usable CPU(s) (affinity mask and cgroup CPU quota): the "
+                      f"extra threads wait for a core; use at most {usable}", LlambdaWarning, stacklevel=4)
 
 
 class Model:

@@ -308,12 +308,12 @@ def _ints(s: str, what: str = "value") -> list[int]:
 
 
 def cmd_bench(a) -> int:
-    from .backends.native import physical_cores
+    from .backends.native import default_threads
     from .hub import resolve
     from .tools.bench import markdown, run_bench
 
     path = resolve(a.model)
-    threads = _ints(a.threads_list, "--threads-list") if a.threads_list else [a.threads or physical_cores()]
+    threads = _ints(a.threads_list, "--threads-list") if a.threads_list else [a.threads or default_threads()]
     if a.repetitions < 1:
         raise ValueError("-r/--repetitions must be at least 1")
     if a.depth < 0 or a.load < 0:

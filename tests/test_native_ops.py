@@ -561,3 +561,43 @@ def test_raw_byte_buffers_accepted():
     native.add(bytes(256), a, a, 64)  # read-only bytes are fine as an input
     with pytest.raises(ValueError, match="aligned"):
         native.add(arena[1 : 1 + 4 * 32], a, a, 32)
+
+
+# ---------------------------------------------------------------- attention at depth
+
+# (head_dim, n_heads, n_kv, n, n_ctx): decode and short batches over thousands of cached keys
+DEEP_CASES = [
+    (64, 14, 2, 1, 4100),   # Qwen2.5-0.5B decode at depth ~4096: 16 chunks of 256 keys, merged
+    (64, 9, 3, 1, 6000),    # SmolLM2 decode deeper still
+    (128, 16, 2, 3, 3000),  # three tokens of one sequence (a short prefill chunk or speculative batch)
+]
+
+
+@pytest.mark.parametrize("cache_type", [0, 1], ids=["f32", "f16"])
+@pytest.mark.parametrize("invariant", [False, True], ids=["default", "invariant"])
+@pytest.mark.parametrize("case", DEEP_CASES, ids=lambda c: "hd%d-h%d-kv%d-n%d-ctx%d" % c)
+def test_attention_at_depth(isa, cache_type, invariant, case):
+    """Against the NumPy oracle over thousands of keys, and bit-identical whatever the thread count
+    (the chunks and their merge order come from the row alone, whichever thread runs a chunk)."""
+    hd, n_heads, n_kv, n, n_ctx = case
+    q, kc, vc, slots, pos = attention_data(sum(case), hd, n_heads, n_kv, n, 1, n_ctx, cache_type)
+    if n > 1:
+        pos = np.arange(n_ctx - n, n_ctx, dtype=np.int32)
+    scale = 1.0 / np.sqrt(hd)
+    want = ref_attention(q, kc, vc, slots, pos, n_heads, n_kv, scale, 0, 0.0)
+    threads = native.threads()
+    outs = []
+    try:
+        native.set_batch_invariant(invariant)
+        for t in (1, 2, 3):
+            native.set_threads(t)
+            out = np.full_like(q, np.nan)
+            native.attention(q, kc, vc, out, slots, pos, n, n_heads, n_kv, hd, 1, n_ctx, cache_type, scale, 0, 0.0)
+            outs.append(out)
+    finally:
+        native.set_threads(threads)
+        native.set_batch_invariant(False)  # the module's default
+    # Budget: as test_attention, plus float32 sums over up to 6000 keys (16-24 merged partials).
+    np.testing.assert_allclose(outs[0], want, rtol=0, atol=1e-5)
+    for out in outs[1:]:
+        assert np.array_equal(out, outs[0])

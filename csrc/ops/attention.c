@@ -2,8 +2,6 @@
  * kernels of ops/kernels/attention.inc. One module, dependencies one way:
  * the shared helpers, then the default schedules, then the batch-invariant
  * schedule (llb_batch_invariant set: the server), then the entry point. */
-#include <stdatomic.h>
-
 #include "core/alloc.h"
 #include "core/state.h"
 #include "core/threadpool.h"
@@ -66,29 +64,23 @@ static void merge_token(const struct llb_attention_args *a, const struct llb_op_
     }
 }
 
-/* Units [0, units) of a schedule, handed out one at a time by an atomic counter so that
+/* Units [0, units) of a schedule, claimed one at a time from the pool (grain 1) so that
  * uneven causal rows balance over the threads. */
 struct unit_queue {
-    _Alignas(64) atomic_long next;
-    long units;
     void (*run)(const void *task, long unit);
     const void *task;
 };
 
-static void queue_task(void *ctx, int ith, int nth) {
-    struct unit_queue *q = ctx;
-    for (;;) {
-        const long unit = atomic_fetch_add_explicit(&q->next, 1, memory_order_relaxed);
-        if (unit >= q->units) break;
-        q->run(q->task, unit);
-    }
+static void queue_task(void *ctx, long b, long e, int tid) {
+    (void)tid;
+    const struct unit_queue *q = ctx;
+    for (long unit = b; unit < e; unit++) q->run(q->task, unit);
 }
 
-static void run_units(struct unit_queue *q, int parallel) {
-    atomic_store_explicit(&q->next, 0, memory_order_relaxed);
-    if (parallel) llb_parallel(queue_task, q);
+static void run_units(const struct unit_queue *q, long units, int parallel) {
+    if (parallel) llb_parallel_for(queue_task, (void *)q, units, 1, LLB_POOL_MAX_THREADS);
     else
-        for (long unit = 0; unit < q->units; unit++) q->run(q->task, unit);
+        for (long unit = 0; unit < units; unit++) q->run(q->task, unit);
 }
 
 /* Byte offset of kv head kvh's first key of slot s in the caches. */
@@ -359,10 +351,9 @@ static void merge_rows(const struct inv_task *t, long i0, long i1) {
             merge_token(t->a, t->k, t->group, t->pf, t->parts + (size_t)t->first_part[i] * t->pf, row_chunks(t->a, i), i);
 }
 
-static void merge_task(void *ctx, int ith, int nth) {
+static void merge_task(void *ctx, long i0, long i1, int tid) {
+    (void)tid;
     const struct inv_task *t = ctx;
-    long i0, i1;
-    llb_split(t->r1 - t->r0, 1, ith, nth, &i0, &i1);
     merge_rows(t, t->r0 + i0, t->r0 + i1);
 }
 
@@ -447,9 +438,10 @@ static int attention_invariant(const struct llb_attention_args *a) {
         t.r0 = r0;
         t.r1 = plan_pass(&t, r0, cap);
         const int parallel = worth_forking(a, t.r0, t.r1, t.units);
-        struct unit_queue q = {.units = t.units, .run = run_unit, .task = &t};
-        run_units(&q, parallel);
-        if (parallel && t.r1 - t.r0 > 1) llb_parallel(merge_task, &t);
+        const struct unit_queue q = {.run = run_unit, .task = &t};
+        run_units(&q, t.units, parallel);
+        if (parallel && t.r1 - t.r0 > 1)
+            llb_parallel_for(merge_task, &t, t.r1 - t.r0, llb_grain(t.r1 - t.r0, 16, 1, 1), LLB_POOL_MAX_THREADS);
         else merge_rows(&t, t.r0, t.r1);
     }
     return 0;
@@ -466,7 +458,7 @@ void llb_attention(const struct llb_attention_args *a) {
         if (keys > max_keys) max_keys = keys;
     }
     attn_plan(&t, max_keys);
-    struct unit_queue q = {.units = t.units, .run = attn_unit_run, .task = &t};
-    run_units(&q, worth_forking(a, 0, a->n, t.units));
+    const struct unit_queue q = {.run = attn_unit_run, .task = &t};
+    run_units(&q, t.units, worth_forking(a, 0, a->n, t.units));
     if (t.mode == ATTN_SPLIT) attn_merge_all(&t);
 }

@@ -21,6 +21,9 @@
 #define PAR_MIN_RMSNORM 16384
 #define PAR_MIN_ROPE_ANGLES 256 /* tokens * rope_dim/2: each needs a cos and a sin */
 #define SPLIT_ALIGN 64          /* chunk boundaries on whole cache lines */
+/* Chunks an op is cut into (from its size, never the thread count): enough that a
+ * thread that is descheduled holds little of the op while the others take the rest. */
+#define OP_CHUNKS 16
 
 const struct llb_op_kernels *llb_op_kernels_current(void) {
 #if LLB_X86
@@ -54,17 +57,15 @@ static void ew_range(const struct ew_task *t, long i, long m) {
     }
 }
 
-static void ew_task_run(void *ctx, int ith, int nth) {
-    const struct ew_task *t = ctx;
-    long b, e;
-    llb_split(t->count, SPLIT_ALIGN, ith, nth, &b, &e);
-    if (e > b) ew_range(t, b, e - b);
+static void ew_task_run(void *ctx, long b, long e, int tid) {
+    (void)tid;
+    ew_range(ctx, b, e - b);
 }
 
 static void ew_dispatch(struct ew_task *t, long threshold) {
     t->k = llb_op_kernels_current();
     if (t->count < threshold || llb_pool_threads() == 1) ew_range(t, 0, t->count);
-    else llb_parallel(ew_task_run, t);
+    else llb_parallel_for(ew_task_run, t, t->count, llb_grain(t->count, OP_CHUNKS, threshold / 2, SPLIT_ALIGN), LLB_POOL_MAX_THREADS);
 }
 
 void llb_silu_mul(const float *gate, const float *up, float *out, long count) {
@@ -111,17 +112,15 @@ static void rows_range(const struct rows_task *t, long r0, long r1) {
     }
 }
 
-static void rows_task_run(void *ctx, int ith, int nth) {
-    const struct rows_task *t = ctx;
-    long b, e;
-    llb_split(t->n, 1, ith, nth, &b, &e);
-    if (e > b) rows_range(t, b, e);
+static void rows_task_run(void *ctx, long b, long e, int tid) {
+    (void)tid;
+    rows_range(ctx, b, e);
 }
 
 static void rows_dispatch(struct rows_task *t, long threshold) {
     t->k = llb_op_kernels_current();
     if (t->n < 2 || t->n * t->d < threshold || llb_pool_threads() == 1) rows_range(t, 0, t->n);
-    else llb_parallel(rows_task_run, t);
+    else llb_parallel_for(rows_task_run, t, t->n, llb_grain(t->n, OP_CHUNKS, 1, 1), LLB_POOL_MAX_THREADS);
 }
 
 void llb_rmsnorm(const float *x, const float *w, float *out, long n, long d, float eps) {
@@ -165,16 +164,14 @@ static void rope_tokens(const struct llb_rope_args *t, long t0, long t1) {
     }
 }
 
-static void rope_task_run(void *ctx, int ith, int nth) {
-    const struct llb_rope_args *t = ctx;
-    long b, e;
-    llb_split(t->n, 1, ith, nth, &b, &e);
-    if (e > b) rope_tokens(t, b, e);
+static void rope_task_run(void *ctx, long b, long e, int tid) {
+    (void)tid;
+    rope_tokens(ctx, b, e);
 }
 
 void llb_rope(const struct llb_rope_args *a) {
     if (a->n < 2 || a->n * (a->rope_dim / 2) < PAR_MIN_ROPE_ANGLES || llb_pool_threads() == 1) rope_tokens(a, 0, a->n);
-    else llb_parallel(rope_task_run, (void *)a);
+    else llb_parallel_for(rope_task_run, (void *)a, a->n, llb_grain(a->n, OP_CHUNKS, 1, 1), LLB_POOL_MAX_THREADS);
 }
 
 /* ---- kv cache ------------------------------------------------------------- */
@@ -204,16 +201,14 @@ static void kv_tokens(const struct kv_task *t, long t0, long t1) {
     }
 }
 
-static void kv_task_run(void *ctx, int ith, int nth) {
-    const struct kv_task *t = ctx;
-    long b, e;
-    llb_split(t->n, 1, ith, nth, &b, &e);
-    if (e > b) kv_tokens(t, b, e);
+static void kv_task_run(void *ctx, long b, long e, int tid) {
+    (void)tid;
+    kv_tokens(ctx, b, e);
 }
 
 void llb_kv_store(const struct llb_kv_store_args *a) {
     struct kv_task t = {llb_op_kernels_current(), a->k, a->v, a->kcache, a->vcache, a->slots, a->pos, a->n,
                         a->n_kv * a->head_dim, a->n_slots, a->n_ctx, a->cache_type};
     if (t.n < 2 || 2 * t.n * t.row < PAR_MIN_CHEAP || llb_pool_threads() == 1) kv_tokens(&t, 0, t.n);
-    else llb_parallel(kv_task_run, &t);
+    else llb_parallel_for(kv_task_run, &t, t.n, llb_grain(t.n, OP_CHUNKS, 1, 1), LLB_POOL_MAX_THREADS);
 }

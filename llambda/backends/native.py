@@ -7,6 +7,7 @@ releases the GIL and splits the work over the persistent thread pool.
 """
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from dataclasses import dataclass
@@ -58,6 +59,70 @@ def physical_cores() -> int:
     return max(1, len(cores))
 
 
+def cgroup_cpu_quota(root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self/cgroup") -> float | None:
+    """CPUs' worth of time this process's cgroup may use (quota / period), None when unlimited or
+    unknown. cgroup v2 (cpu.max: "QUOTA PERIOD" or "max PERIOD") and v1 (cpu.cfs_quota_us, -1
+    unlimited); the process's own group first, then the root's (inside a container the group is
+    mounted as the root)."""
+    def read(path):
+        try:
+            with open(path) as f:
+                return f.read().split()
+        except OSError:
+            return None
+
+    v2_path = v1_path = None
+    try:
+        with open(proc_cgroup) as f:
+            for line in f:
+                parts = line.rstrip("\n").split(":", 2)
+                if len(parts) != 3:
+                    continue
+                if parts[0] == "0" and parts[1] == "":
+                    v2_path = parts[2]
+                elif "cpu" in parts[1].split(","):
+                    v1_path = parts[2]
+    except OSError:
+        pass
+    limits = []
+    for group in dict.fromkeys(g for g in (v2_path, "/") if g is not None):
+        words = read(os.path.join(root, group.lstrip("/"), "cpu.max"))
+        if words and len(words) == 2 and words[0] != "max":
+            try:
+                limits.append(int(words[0]) / int(words[1]))
+            except (ValueError, ZeroDivisionError):
+                pass
+    for mount in ("cpu", "cpu,cpuacct"):
+        for group in dict.fromkeys(g for g in (v1_path, "/") if g is not None):
+            base = os.path.join(root, mount, group.lstrip("/"))
+            quota, period = read(os.path.join(base, "cpu.cfs_quota_us")), read(os.path.join(base, "cpu.cfs_period_us"))
+            try:
+                if quota and period and int(quota[0]) > 0 and int(period[0]) > 0:
+                    limits.append(int(quota[0]) / int(period[0]))
+            except ValueError:
+                pass
+    limits = [q for q in limits if q > 0]
+    return min(limits) if limits else None
+
+
+def usable_cpus() -> int:
+    """CPUs this process may keep busy: its affinity mask, capped by its cgroup's CPU quota
+    (rounded up: 1.5 CPUs' worth still runs 2 threads at once, part of the time)."""
+    try:
+        n = max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        n = os.cpu_count() or 1
+    quota = cgroup_cpu_quota()
+    if quota is not None:
+        n = min(n, max(1, math.ceil(quota)))
+    return n
+
+
+def default_threads() -> int:
+    """One thread per physical core this process may use, within its CPU quota."""
+    return max(1, min(physical_cores(), usable_cpus()))
+
+
 MATMUL_MANY_MAX = 3   # matrices one native matmul_many call takes (LLB_MM_MAX_PARTS)
 
 
@@ -83,7 +148,7 @@ class NativeBackend(Backend):
         self.exact = activations == "f32"
         self.precision = "f32 activations (exact)" if self.exact else "8-bit activations"
         self.kv_dtype, self.kv_code = KV_TYPES[kv_type]
-        self.threads = int(threads) if threads else physical_cores()
+        self.threads = int(threads) if threads else default_threads()
         if self.threads < 1:
             raise ValueError("threads must be >= 1")
         C.set_threads(self.threads)
