@@ -36,6 +36,8 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
     kv_type: native only; "f32" (default) or "f16" KV cache. f16 halves the cache but moves logits:
       up to 0.025 on the tiny reference models, and it takes SmolLM2's fast mode from a worst top-20
       deviation of 0.43 to 0.57 against the FP32 reference (budget 0.5), so FP32 is the default.
+      "q8_0" (ggml's Q8_0 blocks: 34 bytes per 32 values) takes about half of f16's memory, for long
+      contexts; it needs head_dim a multiple of 32.
     """
     path = resolve(name_or_path)
     src = open_model(Path(path))

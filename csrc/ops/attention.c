@@ -85,8 +85,22 @@ static void run_units(const struct unit_queue *q, long units, int parallel) {
 
 /* Byte offset of kv head kvh's first key of slot s in the caches. */
 static inline size_t cache_base(const struct llb_attention_args *a, long s, long kvh) {
-    const size_t stride = (size_t)a->n_kv * (size_t)a->head_dim, esize = a->cache_type == LLB_CACHE_F16 ? 2 : 4;
-    return ((size_t)s * (size_t)a->n_ctx * stride + (size_t)kvh * (size_t)a->head_dim) * esize;
+    const size_t stride = (size_t)a->n_kv * (size_t)a->head_dim;
+    return llb_cache_bytes(a->cache_type, (size_t)s * (size_t)a->n_ctx * stride + (size_t)kvh * (size_t)a->head_dim);
+}
+
+/* Slot s's key base for kv head kvh (Q8_0 caches stored with bases), or NULL. */
+static inline const float *key_base(const struct llb_attention_args *a, long s, long kvh) {
+    if (!a->kbase || a->cache_type != LLB_CACHE_Q8_0) return NULL;
+    return a->kbase + ((size_t)s * (size_t)a->n_kv + (size_t)kvh) * (size_t)a->head_dim;
+}
+
+/* The kernels for the cache's element type. */
+static inline void attend_kernel(const struct llb_op_kernels *k, int type, const struct llb_attn_unit *u) {
+    (type == LLB_CACHE_Q8_0 ? k->attend_q8_0 : type == LLB_CACHE_F16 ? k->attend_f16 : k->attend_f32)(u);
+}
+static inline void tile_kernel(const struct llb_op_kernels *k, int type, const struct llb_attn_tile *t) {
+    (type == LLB_CACHE_Q8_0 ? k->attend_tile_q8_0 : type == LLB_CACHE_F16 ? k->attend_tile_f16 : k->attend_tile_f32)(t);
 }
 
 /* A tile over slot s's keys of kv head kvh; row_order 1: sum like the row kernel (invariant mode). */
@@ -100,6 +114,7 @@ static inline struct llb_attn_tile tile_at(const struct llb_attention_args *a, l
         .scale = a->scale,
         .softcap = a->softcap,
         .row_order = row_order,
+        .kbase = key_base(a, s, kvh),
     };
     return tile;
 }
@@ -125,8 +140,9 @@ static void attend_rows(const struct llb_attention_args *a, const struct llb_op_
         .softcap = a->softcap,
         .out = out ? out : a->out + row * a->head_dim,
         .ml = ml,
+        .kbase = key_base(a, s, kvh),
     };
-    (a->cache_type == LLB_CACHE_F16 ? k->attend_f16 : k->attend_f32)(&u);
+    attend_kernel(k, a->cache_type, &u);
 }
 
 /* ---- default schedules ------------------------------------------------------ */
@@ -175,7 +191,7 @@ static void attend_tile(const struct attn_task *t, long t0, long t1, long kvh, l
             tile.hi[r] = p;
         }
     }
-    if (tile.n_rows) (a->cache_type == LLB_CACHE_F16 ? t->k->attend_tile_f16 : t->k->attend_tile_f32)(&tile);
+    if (tile.n_rows) tile_kernel(t->k, a->cache_type, &tile);
 }
 
 /* A tile unit: its tokens in runs of equal slot; a run with too few rows to
@@ -313,7 +329,7 @@ static void run_tile(const struct inv_task *t, long i0, long n, long c, long kvh
             tile.hi[r] = hi;
         }
     }
-    if (tile.n_rows) (a->cache_type == LLB_CACHE_F16 ? t->k->attend_tile_f16 : t->k->attend_tile_f32)(&tile);
+    if (tile.n_rows) tile_kernel(t->k, a->cache_type, &tile);
 }
 
 static void run_unit(const void *task, long unit) {
@@ -448,6 +464,8 @@ static int attention_invariant(const struct llb_attention_args *a) {
 }
 
 void llb_attention(const struct llb_attention_args *a) {
+    if (a->n_kv < 1 || a->n_heads % a->n_kv || (a->cache_type == LLB_CACHE_Q8_0 && a->head_dim % LLB_Q8_0_BLOCK))
+        return; /* the binding refuses these */
     /* Without its scratch (out of memory) the invariant schedule gives way to these: still
      * correct, no longer independent of the batch. */
     if (llb_batch_invariant && attention_invariant(a) == 0) return;

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import LlambdaWarning, ModelFormatError, NativeUnavailableError
+from ..errors import InvalidInputError, LlambdaWarning, ModelFormatError, NativeUnavailableError
 from ..formats.quants import DEQUANTIZABLE, TRAITS, QType, quantize
 from ..formats.weights import WeightTensor
 from .base import Backend, KVCache
@@ -28,7 +28,10 @@ except ImportError as e:  # not built (no compiler at install time)
 else:
     _IMPORT_ERROR = ""
 
-KV_TYPES = {"f16": (np.float16, 1), "f32": (np.float32, 0)}
+# kv_type -> (cache element dtype, the C core's cache_type). q8_0: ggml Q8_0 blocks (an f16 scale and
+# 32 int8 codes per 32 values of a head's row), 34 bytes where f16 takes 64: the cache is raw bytes.
+KV_TYPES = {"f16": (np.float16, 1), "f32": (np.float32, 0), "q8_0": (np.uint8, 2)}
+Q8_0_BLOCK, Q8_0_BYTES = 32, 34
 # The weight types the C core runs (its type table), by ggml id.
 NATIVE_TYPES: dict[int, dict] = {t["id"]: t for t in C.qtypes()} if C is not None else {}
 # What a tensor of another type becomes at load (when the oracle can decode it).
@@ -224,7 +227,21 @@ class NativeBackend(Backend):
         if head_dim > MAX_HEAD_DIM:
             raise ModelFormatError(f"head_dim {head_dim} is more than the native core's {MAX_HEAD_DIM}; "
                                    "use backend='numpy'")
-        return super().create_kv_cache(n_layers, n_slots, n_ctx, n_kv, head_dim, extra)
+        q8 = self.kv_code == KV_TYPES["q8_0"][1]
+        if q8 and head_dim % Q8_0_BLOCK:
+            raise InvalidInputError(f"kv_type='q8_0' needs head_dim a multiple of {Q8_0_BLOCK}; this model's is "
+                                    f"{head_dim}: use kv_type='f16'")
+        extra = dict(extra or {})
+        if q8:  # each slot's key base per layer (see the C core's kv_store)
+            extra.update({f"kbase{i}": ((n_slots, n_kv * head_dim), np.float32) for i in range(n_layers)})
+        cache = super().create_kv_cache(n_layers, n_slots, n_ctx, n_kv, head_dim, extra)
+        cache.kbase = [cache.extra.pop(f"kbase{i}") for i in range(n_layers)] if q8 else [None] * n_layers
+        return cache
+
+    def kv_shape(self, n_slots, n_ctx, n_kv, head_dim) -> tuple:
+        if self.kv_code == KV_TYPES["q8_0"][1]:
+            return (n_slots, n_ctx, n_kv * head_dim // Q8_0_BLOCK * Q8_0_BYTES)
+        return super().kv_shape(n_slots, n_ctx, n_kv, head_dim)
 
     def set_batch_invariant(self, flag: bool) -> None:
         """Make every row's result independent of what else shares its step, bit for bit: matmuls
@@ -276,12 +293,12 @@ class NativeBackend(Backend):
     def kv_store(self, cache: KVCache, layer, k, v, slots, pos) -> None:
         n, n_kv, hd = k.shape
         C.kv_store(k, v, cache.k[layer], cache.v[layer], slots, pos, n, n_kv, hd, cache.n_slots, cache.n_ctx,
-                   self.kv_code)
+                   self.kv_code, cache.kbase[layer])
 
     def attention(self, q, cache: KVCache, layer, slots, pos, out, scale, window, softcap) -> None:
         n, heads, hd = q.shape
         C.attention(q, cache.k[layer], cache.v[layer], out, slots, pos, n, heads, cache.n_kv, hd, cache.n_slots,
-                    cache.n_ctx, self.kv_code, scale, window, softcap)
+                    cache.n_ctx, self.kv_code, scale, window, softcap, cache.kbase[layer])
 
     def silu_mul(self, gate, up, out) -> None:
         C.silu_mul(gate, up, out, gate.size)
