@@ -11,6 +11,7 @@ import numpy as np
 
 from . import engine
 from .backends import create_backend
+from .backends.native import usable_cpus
 from .constraints import Grammar, Grammars, GrammarSpec, grammar_spec
 from .engine import GenerationParams, Sequence, TokenEvent, token_ids
 from .errors import ChatTemplateError, ContextOverflowError, InvalidInputError, LlambdaWarning, TokenizerError
@@ -35,6 +36,8 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
     kv_type: native only; "f32" (default) or "f16" KV cache. f16 halves the cache but moves logits:
       up to 0.025 on the tiny reference models, and it takes SmolLM2's fast mode from a worst top-20
       deviation of 0.43 to 0.57 against the FP32 reference (budget 0.5), so FP32 is the default.
+      "q8_0" (ggml's Q8_0 blocks: 34 bytes per 32 values) takes about half of f16's memory, for long
+      contexts; it needs head_dim a multiple of 32.
     """
     path = resolve(name_or_path)
     src = open_model(Path(path))
@@ -77,16 +80,8 @@ def _warn_about_limits(cfg, n_ctx: int, threads: int | None) -> None:
                       LlambdaWarning, stacklevel=4)
     usable = usable_cpus()
     if threads is not None and threads > usable:
-        warnings.warn(f"{threads} threads on {usable} usable CPU(s): the extra threads wait for a core "
-                      f"and slow every step down; use at most {usable}", LlambdaWarning, stacklevel=4)
-
-
-def usable_cpus() -> int:
-    """CPUs this process may run on (its affinity mask), not the machine's count."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:
-        return os.cpu_count() or 1
+        warnings.warn(f"{threads} threads on {usable} usable CPU(s) (affinity mask and cgroup CPU quota): the "
+                      f"extra threads wait for a core; use at most {usable}", LlambdaWarning, stacklevel=4)
 
 
 class Model:

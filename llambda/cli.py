@@ -29,8 +29,9 @@ def _add_model_args(p: argparse.ArgumentParser, runtime: bool = True,
     p.add_argument("--backend", choices=["native", "numpy"], default=None, help="default: native where it built")
     p.add_argument("--activations", choices=["q8", "f32"], default=None,
                    help="native backend: q8 (fast, default) or f32 (exact)")
-    p.add_argument("--kv-type", choices=["f32", "f16"], default=None,
-                   help="native backend: KV cache precision (default f32, for serve f16; f16 halves its memory)")
+    p.add_argument("--kv-type", choices=["f32", "f16", "q8_0"], default=None,
+                   help="native backend: KV cache precision (default f32, for serve f16; f16 halves its memory, "
+                        "q8_0 halves f16's)")
     p.add_argument("-c", "--ctx-size", type=int, default=None, help=ctx_help)
     p.add_argument("-v", "--verbose", action="store_true", help="print memory budget and tokens/s")
 
@@ -313,12 +314,12 @@ def _ints(s: str, what: str = "value") -> list[int]:
 
 
 def cmd_bench(a) -> int:
-    from .backends.native import physical_cores
+    from .backends.native import default_threads
     from .hub import resolve
     from .tools.bench import markdown, run_bench
 
     path = resolve(a.model)
-    threads = _ints(a.threads_list, "--threads-list") if a.threads_list else [a.threads or physical_cores()]
+    threads = _ints(a.threads_list, "--threads-list") if a.threads_list else [a.threads or default_threads()]
     if a.repetitions < 1:
         raise ValueError("-r/--repetitions must be at least 1")
     if a.depth < 0 or a.load < 0:

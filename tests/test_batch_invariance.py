@@ -206,11 +206,12 @@ def test_attention_long_prefill_in_passes(C):
 # ---------------------------------------------------------------- the whole model
 
 
-def test_model_logits_do_not_depend_on_the_batch(smollm2_gguf):
+@pytest.mark.parametrize("kv_type", ["f32", "q8_0"])
+def test_model_logits_do_not_depend_on_the_batch(smollm2_gguf, kv_type):
     """SmolLM2 with invariance on, as the server runs it: a token's logits are the same bits whether
     the token is decoded alone or sits in a prefill chunk (any chunking) beside another sequence's
-    decode token, with contexts past one 256-key attention chunk. (The server's default f32 KV cache;
-    the attention tests above cover f16.)"""
+    decode token, with contexts past one 256-key attention chunk. (The server's default f32 KV cache,
+    and q8_0, whose keys depend on their slot's position 0; the attention tests above cover f16.)"""
     import llambda
     from llambda import _native
 
@@ -218,7 +219,7 @@ def test_model_logits_do_not_depend_on_the_batch(smollm2_gguf):
     L = 280
     prompt = [int(t) for t in rng.integers(100, 30000, L)]
     check = [0, 1, 130, 255, 256, 257, L - 1]                # rows compared (logits are 49152 floats each)
-    with llambda.load(smollm2_gguf, backend="native", threads=2, n_ctx=300, n_slots=2, kv_type="f32") as m:
+    with llambda.load(smollm2_gguf, backend="native", threads=2, n_ctx=300, n_slots=2, kv_type=kv_type) as m:
         tr = m.transformer
         tr.backend.set_batch_invariant(True)
         try:

@@ -132,8 +132,8 @@ TINY_LLAMA = str(__import__("pathlib").Path(__file__).parent / "fixtures" / "ref
 
 
 def test_limits_warn_at_load():
-    import os
-    cpus = len(os.sched_getaffinity(0))
+    from llambda.backends.native import usable_cpus
+    cpus = usable_cpus()
     train = llambda.load(TINY_LLAMA, backend="numpy").config.n_ctx_train
     with pytest.warns(llambda.LlambdaWarning, match=f"beyond the {train} this model was trained on"):
         llambda.load(TINY_LLAMA, backend="numpy", n_ctx=train * 2).close()
@@ -141,9 +141,17 @@ def test_limits_warn_at_load():
         llambda.load(TINY_LLAMA, threads=cpus + 6).close()
 
 
+def test_a_cpu_quota_below_the_affinity_mask_lowers_the_limit(monkeypatch):
+    import llambda.backends.native as nb
+    monkeypatch.setattr(nb, "cgroup_cpu_quota", lambda: 1.0)
+    assert nb.usable_cpus() == 1 and nb.default_threads() == 1
+    with pytest.warns(llambda.LlambdaWarning, match="2 threads on 1 usable CPU"):
+        llambda.load(TINY_LLAMA, threads=2).close()
+
+
 def test_limits_are_said_on_the_command_line(smollm2_gguf):
-    import os
-    cpus = len(os.sched_getaffinity(0))
+    from llambda.backends.native import usable_cpus
+    cpus = usable_cpus()
     out = run_cli("run", "-m", str(smollm2_gguf), "-c", "9000", "--kv-type", "f16", "-t", str(cpus + 1),
                   "--temperature", "0", "-n", "2", "hello")
     assert out.returncode == 0, out.stderr

@@ -221,6 +221,34 @@ def test_attention_sinks_match_numpy(isa, cache_type, window):
         nat.close()
 
 
+def test_attention_sinks_read_a_q8_0_cache(isa):
+    """With a q8_0 cache (keys possibly stored against their slot's position 0) the sink's log Z
+    is recomputed from the decoded keys: the rescale matches one computed from the float keys
+    within the cache's rounding."""
+    rng = np.random.default_rng(11)
+    n_heads, n_kv, hd, n_ctx = 4, 2, 32, 24
+    k = rng.normal(0, 1, (2, n_ctx, n_kv, hd)).astype(np.float32)
+    k[..., 3] += 40.0                      # a huge channel: blocks stored against the base
+    v = rng.normal(0, 1, (2, n_ctx, n_kv, hd)).astype(np.float32)
+    slots = np.array([0, 0, 1, 1], np.int32)
+    pos = np.array([5, 23, 0, 17], np.int32)
+    q = rng.normal(0, 0.2, (4, n_heads, hd)).astype(np.float32)
+    sinks = rng.normal(0.5, 1, n_heads).astype(np.float32)
+    keep = {}
+    for name, be in (("numpy", NumpyBackend()), ("native", NativeBackend(activations="f32", kv_type="q8_0"))):
+        cache = be.create_kv_cache(1, 2, n_ctx, n_kv, hd)
+        for s in (0, 1):                   # position 0 first: it is the slot's key base
+            be.kv_store(cache, 0, k[s], v[s], np.full(n_ctx, s, np.int32), np.arange(n_ctx, dtype=np.int32))
+        o = np.zeros_like(q)
+        be.attention(q, cache, 0, slots, pos, o, 0.3, 0, 0.0)
+        plain = o.copy()
+        be.attention_sinks(q, cache, 0, slots, pos, o, 0.3, 0, 0.0, sinks)
+        keep[name] = np.linalg.norm(o, axis=-1) / np.linalg.norm(plain, axis=-1)
+        if name == "native":
+            be.close()
+    np.testing.assert_allclose(keep["native"], keep["numpy"], rtol=2e-2)
+
+
 def test_moe_shared_expert_and_its_gate(isa):
     rng = np.random.default_rng(5)
     n, d, ff, E, k = 9, 64, 32, 6, 2

@@ -8,6 +8,8 @@ below what a wrong index, a dropped tail element or a missing rescale would prod
 import numpy as np
 import pytest
 
+from llambda.formats.quants import QType, dequantize, quantize
+
 native = pytest.importorskip("llambda._native", reason="C core not built (python setup.py build_ext --inplace)")
 
 ISAS = native.isa_available()
@@ -57,9 +59,17 @@ def ref_rope(x, pos, inv_freq, rope_dim, neox):
     return x
 
 
+def cache_values(c, n_kv, hd):
+    """What a cache holds, as float64 (n_slots, n_ctx, n_kv, hd): a q8_0 cache (bytes) through the
+    NumPy dequantizer."""
+    if c.dtype == np.uint8:
+        c = dequantize(c.ravel(), QType.Q8_0, (c.shape[0] * c.shape[1], n_kv * hd)).reshape(c.shape[:2] + (n_kv, hd))
+    return c.astype(np.float64)
+
+
 def ref_attention(q, kc, vc, slots, pos, n_heads, n_kv, scale, window, softcap):
     """q (n, n_heads, hd); caches (n_slots, n_ctx, n_kv, hd) as float64 of what the cache holds."""
-    kc, vc = kc.astype(np.float64), vc.astype(np.float64)
+    kc, vc = cache_values(kc, n_kv, q.shape[-1]), cache_values(vc, n_kv, q.shape[-1])
     group = n_heads // n_kv
     out = np.zeros(q.shape, np.float64)
     for i in range(q.shape[0]):
@@ -148,8 +158,19 @@ def test_rope(isa, neox, n, n_heads, head_dim, rope_dim):
 
 
 def make_cache(n_slots, n_ctx, n_kv, hd, cache_type):
+    if cache_type == 2:  # q8_0: 34 bytes per 32 values of a position's row
+        shape = (n_slots, n_ctx, n_kv * hd // 32 * 34)
+        return np.zeros(shape, np.uint8), np.zeros(shape, np.uint8)
     dt = F32 if cache_type == 0 else np.float16
     return np.zeros((n_slots, n_ctx, n_kv, hd), dt), np.zeros((n_slots, n_ctx, n_kv, hd), dt)
+
+
+def fill_cache(c, values, n_kv, hd):
+    """Store float values (n_slots, n_ctx, n_kv, hd) into a cache of any type (q8_0: the NumPy quantizer)."""
+    if c.dtype == np.uint8:
+        c[:] = quantize(values.reshape(-1, n_kv * hd).astype(F32), QType.Q8_0).reshape(c.shape)
+    else:
+        c[:] = values
 
 
 @pytest.mark.parametrize("cache_type", [0, 1])
@@ -169,6 +190,83 @@ def test_kv_store(isa, cache_type):
     written = np.zeros((n_slots, n_ctx), bool)
     written[slots, pos] = True
     assert np.all(kc[~written] == 7) and np.all(vc[~written] == 0)
+
+
+def test_kv_store_q8_0(isa):
+    """Rows quantized as the NumPy Q8_0 quantizer does, byte for byte (scales, halves away from
+    zero, all-zero blocks), only at the given positions."""
+    r = rng(9)
+    n_slots, n_ctx, n_kv, hd, n = 3, 50, 2, 96, 37
+    kc, vc = make_cache(n_slots, n_ctx, n_kv, hd, 2)
+    kc[:] = 7
+    k = (r.standard_normal((n, n_kv, hd)) * r.uniform(0.01, 100, (n, n_kv, 1))).astype(F32)
+    v = r.standard_normal((n, n_kv, hd)).astype(F32)
+    k[3] = 0.0  # a zero scale: codes 0
+    v[4, 0, :32] = np.concatenate([[127.0, -127.0], np.arange(30) - 14.5])  # scale 1: codes at exact halves
+    slots = np.repeat(np.array([2, 0, 1], np.int32), [13, 12, 12])
+    pos = np.concatenate([np.arange(5, 18), np.arange(38, 50), np.arange(0, 12)]).astype(np.int32)
+    native.kv_store(k, v, kc, vc, slots, pos, n, n_kv, hd, n_slots, n_ctx, 2)
+    assert np.array_equal(kc[slots, pos], quantize(k.reshape(n, -1), QType.Q8_0))
+    assert np.array_equal(vc[slots, pos], quantize(v.reshape(n, -1), QType.Q8_0))
+    written = np.zeros((n_slots, n_ctx), bool)
+    written[slots, pos] = True
+    assert np.all(kc[~written] == 7) and np.all(vc[~written] == 0)
+
+
+def q8_0_keys_with_base(rows, base):
+    """What kv_store writes for keys with a base: per 32-value block, Q8_0 of the keys or of their
+    difference from the base (its scale's sign bit set), whichever has the smaller amax."""
+    plain = quantize(rows, QType.Q8_0).reshape(len(rows), -1, 34)
+    rel = quantize(rows - base, QType.Q8_0).reshape(len(rows), -1, 34).copy()
+    rel[:, :, 1] |= 0x80
+    b = rows.reshape(len(rows), -1, 32)
+    use_rel = np.abs(b - base.reshape(-1, 32)).max(axis=2) < np.abs(b).max(axis=2)
+    return np.where(use_rel[:, :, None], rel, plain).reshape(len(rows), -1)
+
+
+def test_kv_q8_0_key_base(isa):
+    """Keys with a few huge channels (as Qwen2.5's): position 0 sets the slot's base, blocks that
+    quantize better as differences from it are stored so, and attention reads base + difference:
+    far closer to the float keys than plain Q8_0 blocks."""
+    r = rng(12)
+    n_ctx, n_kv, hd, n_heads, n = 300, 2, 64, 6, 290
+    offset = np.zeros((n_kv, hd), F32)
+    offset[:, 60:] = [150.0, -90.0, 120.0, 70.0]
+    k = (r.standard_normal((n, n_kv, hd)) + offset).astype(F32)
+    v = r.standard_normal((n, n_kv, hd)).astype(F32)
+    kc, vc = make_cache(2, n_ctx, n_kv, hd, 2)
+    kbase = np.full((2, n_kv * hd), 5.0, F32)
+    slots, pos = np.ones(n, np.int32), np.arange(n, dtype=np.int32)
+    for a, b in ((0, 100), (100, n)):  # position 0 in the first call: later calls keep its base
+        native.kv_store(k[a:b], v[a:b], kc, vc, slots[a:b], pos[a:b], b - a, n_kv, hd, 2, n_ctx, 2, kbase)
+    assert np.array_equal(kbase[1], k[0].ravel()) and np.all(kbase[0] == 5.0)
+    assert np.array_equal(kc[1, :n], q8_0_keys_with_base(k.reshape(n, -1), kbase[1]))
+    assert np.array_equal(vc[1, :n], quantize(v.reshape(n, -1), QType.Q8_0))  # values: plain blocks
+    q = r.standard_normal((1, n_heads, hd)).astype(F32) * 0.1
+    want = ref_attention(q, np.zeros((2, n_ctx, n_kv, hd)) + np.pad(k, ((0, n_ctx - n), (0, 0), (0, 0)))[None],
+                         cache_values(vc, n_kv, hd), slots[:1], pos[-1:], n_heads, n_kv, 0.125, 0, 0.0)
+    out = np.empty_like(q)
+    native.attention(q, kc, vc, out, slots[:1], pos[-1:], 1, n_heads, n_kv, hd, 2, n_ctx, 2, 0.125, 0, 0.0, kbase)
+    err_base = np.abs(out - want).max()
+    plain = np.empty_like(q)
+    kc_plain = kc.copy()
+    kc_plain[1, :n] = quantize(k.reshape(n, -1), QType.Q8_0)
+    native.attention(q, kc_plain, vc, plain, slots[:1], pos[-1:], 1, n_heads, n_kv, hd, 2, n_ctx, 2, 0.125, 0, 0.0)
+    assert err_base < 0.01 and err_base < np.abs(plain - want).max() / 3, (err_base, np.abs(plain - want).max())
+    with pytest.raises(ValueError, match="q8_0"):
+        native.attention(q, *make_cache(2, n_ctx, n_kv, hd, 1), out, slots[:1], pos[-1:], 1, n_heads, n_kv, hd, 2,
+                         n_ctx, 1, 0.125, 0, 0.0, kbase)
+
+
+def test_kv_q8_0_needs_whole_blocks():
+    kc, vc = make_cache(1, 4, 1, 32, 2)
+    k = np.zeros((1, 1, 20), F32)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        native.kv_store(k, k, kc, vc, np.zeros(1, np.int32), np.zeros(1, np.int32), 1, 1, 20, 1, 4, 2)
+    q = np.zeros((1, 1, 20), F32)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        native.attention(q, kc, vc, q.copy(), np.zeros(1, np.int32), np.zeros(1, np.int32), 1, 1, 1, 20, 1, 4, 2,
+                         0.25, 0, 0.0)
 
 
 def test_kv_store_f16_special_values(isa):
@@ -219,8 +317,8 @@ ATTN_CASES = [
 def attention_data(seed, hd, n_heads, n_kv, n, n_slots, n_ctx, cache_type):
     r = rng(seed)
     kc, vc = make_cache(n_slots, n_ctx, n_kv, hd, cache_type)
-    kc[:] = r.standard_normal(kc.shape)
-    vc[:] = r.standard_normal(vc.shape)
+    fill_cache(kc, r.standard_normal((n_slots, n_ctx, n_kv, hd)), n_kv, hd)
+    fill_cache(vc, r.standard_normal((n_slots, n_ctx, n_kv, hd)), n_kv, hd)
     q = r.standard_normal((n, n_heads, hd)).astype(F32)
     slots = r.integers(0, n_slots, n).astype(np.int32)
     if n == 1:
@@ -232,10 +330,12 @@ def attention_data(seed, hd, n_heads, n_kv, n, n_slots, n_ctx, cache_type):
     return q, kc, vc, slots, pos
 
 
-@pytest.mark.parametrize("cache_type", [0, 1], ids=["f32", "f16"])
+@pytest.mark.parametrize("cache_type", [0, 1, 2], ids=["f32", "f16", "q8_0"])
 @pytest.mark.parametrize("case", ATTN_CASES, ids=lambda c: "hd%d-h%d-kv%d-n%d-w%d-cap%g" % c[:6])
 def test_attention(isa, cache_type, case):
     hd, n_heads, n_kv, n, window, softcap, n_slots, n_ctx = case
+    if cache_type == 2 and hd % 32:
+        pytest.skip("a q8_0 cache needs head_dim a multiple of 32 (test_kv_q8_0_needs_whole_blocks)")
     q, kc, vc, slots, pos = attention_data(hash(case) % 2**32, hd, n_heads, n_kv, n, n_slots, n_ctx, cache_type)
     scale = 1.0 / np.sqrt(hd)
     out = np.full_like(q, np.nan)
@@ -253,7 +353,7 @@ def test_attention_out_aliases_q(isa):
     np.testing.assert_allclose(q, want, rtol=0, atol=5e-6)
 
 
-@pytest.mark.parametrize("cache_type", [0, 1], ids=["f32", "f16"])
+@pytest.mark.parametrize("cache_type", [0, 1, 2], ids=["f32", "f16", "q8_0"])
 def test_attention_prefill_of_two_sequences(isa, cache_type):
     """One batch holding two prompts in different slots: tiles of tokens must not mix slots."""
     hd, n_heads, n_kv, n_slots, n_ctx, n = 64, 6, 2, 3, 64, 37
@@ -490,7 +590,7 @@ def test_attention_valid_baseline():
         (dict(n_kv=3), "multiple of n_kv"),
         (dict(n=0), "n must be"),
         (dict(cache_type=0), "float32"),  # an f16 cache declared as f32
-        (dict(cache_type=2), "not implemented"),
+        (dict(cache_type=2), "multiple of 32"),  # q8_0 needs whole 32-value blocks per head
         (dict(cache_type=5), "cache_type"),
         (dict(softcap=-1.0), "softcap"),
         (dict(scale=float("nan")), "scale"),
@@ -561,3 +661,43 @@ def test_raw_byte_buffers_accepted():
     native.add(bytes(256), a, a, 64)  # read-only bytes are fine as an input
     with pytest.raises(ValueError, match="aligned"):
         native.add(arena[1 : 1 + 4 * 32], a, a, 32)
+
+
+# ---------------------------------------------------------------- attention at depth
+
+# (head_dim, n_heads, n_kv, n, n_ctx): decode and short batches over thousands of cached keys
+DEEP_CASES = [
+    (64, 14, 2, 1, 4100),   # Qwen2.5-0.5B decode at depth ~4096: 16 chunks of 256 keys, merged
+    (64, 9, 3, 1, 6000),    # SmolLM2 decode deeper still
+    (128, 16, 2, 3, 3000),  # three tokens of one sequence (a short prefill chunk or speculative batch)
+]
+
+
+@pytest.mark.parametrize("cache_type", [0, 1, 2], ids=["f32", "f16", "q8_0"])
+@pytest.mark.parametrize("invariant", [False, True], ids=["default", "invariant"])
+@pytest.mark.parametrize("case", DEEP_CASES, ids=lambda c: "hd%d-h%d-kv%d-n%d-ctx%d" % c)
+def test_attention_at_depth(isa, cache_type, invariant, case):
+    """Against the NumPy oracle over thousands of keys, and bit-identical whatever the thread count
+    (the chunks and their merge order come from the row alone, whichever thread runs a chunk)."""
+    hd, n_heads, n_kv, n, n_ctx = case
+    q, kc, vc, slots, pos = attention_data(sum(case), hd, n_heads, n_kv, n, 1, n_ctx, cache_type)
+    if n > 1:
+        pos = np.arange(n_ctx - n, n_ctx, dtype=np.int32)
+    scale = 1.0 / np.sqrt(hd)
+    want = ref_attention(q, kc, vc, slots, pos, n_heads, n_kv, scale, 0, 0.0)
+    threads = native.threads()
+    outs = []
+    try:
+        native.set_batch_invariant(invariant)
+        for t in (1, 2, 3):
+            native.set_threads(t)
+            out = np.full_like(q, np.nan)
+            native.attention(q, kc, vc, out, slots, pos, n, n_heads, n_kv, hd, 1, n_ctx, cache_type, scale, 0, 0.0)
+            outs.append(out)
+    finally:
+        native.set_threads(threads)
+        native.set_batch_invariant(False)  # the module's default
+    # Budget: as test_attention, plus float32 sums over up to 6000 keys (16-24 merged partials).
+    np.testing.assert_allclose(outs[0], want, rtol=0, atol=1e-5)
+    for out in outs[1:]:
+        assert np.array_equal(out, outs[0])

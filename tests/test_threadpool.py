@@ -1,7 +1,7 @@
 """The C core's thread pool, ISA selection and allocation counters.
 
-Correctness only (timings are measured by hand, never asserted): every thread index runs exactly
-once per call, resizes work, a nested call runs serially instead of deadlocking, two Python threads
+Correctness only (timings are measured by hand, never asserted): every item runs exactly once per
+call in chunks of the grain, a worker that never runs does not stall the caller, resizes work, a nested call runs serially instead of deadlocking, two Python threads
 can share the pool, sleeping workers wake up, a forked child gets a usable pool, and the process
 exits cleanly with workers running.
 """
@@ -35,23 +35,57 @@ def run_python(code, **env):
 # ---------------------------------------------------------------- pool
 
 
+def probe_ok(r, calls, items):
+    """Every item ran exactly once per call and every chunk came with valid bounds and tid."""
+    return r["bad"] == 0 and r["item_runs"] == [calls] * items
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
-def test_every_thread_index_runs_once_per_call(n):
+@pytest.mark.parametrize("items,grain", [(64, 1), (1000, 7), (5, 16)])
+def test_every_item_runs_once_per_call(n, items, grain):
     native.set_threads(n)
     assert native.threads() == n
-    calls = 3000 if n <= os.cpu_count() else 200  # oversubscribed spinning is slow, not wrong
-    r = native._pool_probe(calls)
-    assert r["bad_nth"] == 0
-    assert r["runs"] == [calls] * n
-    assert r["sum"] == calls * n * (n + 1) // 2
-    assert r["nested_nth_max"] == 0
+    calls = 2000 if n <= os.cpu_count() else 200  # oversubscribed spinning is slow, not wrong
+    r = native._pool_probe(calls, items=items, grain=grain)
+    assert probe_ok(r, calls, items), r
+    assert sum(r["chunks"]) == calls * -(-items // grain)
+    assert r["nested_max_tid"] == 0
 
 
 def test_nested_call_runs_serially():
     native.set_threads(2)
     r = native._pool_probe(500, True)
-    assert r["runs"] == [500, 500]
-    assert r["nested_nth_max"] == 1  # the inner llb_parallel ran as fn(ctx, 0, 1) on the calling thread
+    assert probe_ok(r, 500, 64)
+    assert r["nested_max_tid"] == 1  # the inner call ran as tid 0 on the calling thread
+
+
+def test_a_worker_that_never_runs_does_not_stall_the_caller():
+    """A worker held off the CPU (the hook stands in for a descheduled thread on a busy machine)
+    gets no chunks; the caller does the whole of every call instead of waiting for it. If the
+    pool waited, the hold would time out after 10 s (bounded) and hold_timeouts says so."""
+    native.set_threads(2)
+    r = native._pool_probe(300, items=64, grain=1, hold=1)
+    assert r["hold_timeouts"] == 0
+    assert probe_ok(r, 300, 64)
+    assert r["chunks"] == [300 * 64, 0]
+    # Released, the held worker wakes to stale calls, claims nothing of them and works again.
+    native.set_threads(3)
+    r = native._pool_probe(100, hold=2)
+    assert r["hold_timeouts"] == 0 and probe_ok(r, 100, 64) and r["chunks"][2] == 0
+    r = native._pool_probe(200)
+    assert probe_ok(r, 200, 64)
+
+
+def test_a_slow_chunk_is_waited_for():
+    """A worker that stalls inside its chunk (as one descheduled mid-chunk): the call returns only
+    once that chunk is done, and the pool counts the stall (after which it runs alone a while)."""
+    native.set_threads(2)
+    before = native.pool_stalls()
+    r = native._pool_probe(3, items=64, grain=1, stall_us=20000)
+    assert probe_ok(r, 3, 64)
+    assert r["chunks"][1] >= 1 and native.pool_stalls() > before
+    r = native._pool_probe(200)  # alone or not, every item once
+    assert probe_ok(r, 200, 64)
 
 
 def test_resize_many_times():
@@ -59,10 +93,10 @@ def test_resize_many_times():
     for n in rng.integers(1, 4, 30):
         native.set_threads(int(n))
         r = native._pool_probe(50)
-        assert r["runs"] == [50] * int(n) and r["bad_nth"] == 0
+        assert probe_ok(r, 50, 64) and len(r["chunks"]) == int(n)
     native.set_threads(2)
     native.set_threads(2)  # same size again: a no-op
-    assert native._pool_probe(10)["runs"] == [10, 10]
+    assert probe_ok(native._pool_probe(10), 10, 64)
 
 
 def test_sleeping_workers_wake_up():
@@ -70,7 +104,13 @@ def test_sleeping_workers_wake_up():
     native.set_threads(2)
     for pause in (0.0005, 0.002, 0.02) * 4:
         time.sleep(pause)
-        assert native._pool_probe(3)["runs"] == [3, 3]
+        assert probe_ok(native._pool_probe(3), 3, 64)
+
+
+def test_probe_rejects_bad_arguments():
+    for kw in ({"items": 0}, {"items": 5000}, {"grain": 0}, {"hold": -1}, {"stall_us": 10**6}):
+        with pytest.raises(ValueError, match="_pool_probe"):
+            native._pool_probe(1, **kw)
 
 
 def test_set_threads_rejects_bad_values():
@@ -116,7 +156,7 @@ def test_two_python_threads_share_the_pool():
                     errors.append("%s result changed" % fn.__name__)
                     return
             probe = native._pool_probe(200)
-            if probe["bad_nth"] or len(set(probe["runs"])) != 1:
+            if not probe_ok(probe, 200, 64):
                 errors.append("probe %r" % probe)
         except Exception as e:  # pragma: no cover - reported below
             errors.append(repr(e))
@@ -136,17 +176,18 @@ def test_forked_child_gets_a_working_pool():
     code = """
 import os, signal, llambda._native as n
 n.set_threads(2)
-assert n._pool_probe(10)["runs"] == [10, 10]
+ok = lambda r: r["bad"] == 0 and r["item_runs"] == [10] * 64
+assert ok(n._pool_probe(10))
 pid = os.fork()
 if pid == 0:
     signal.alarm(20)  # a hang kills the child instead of the test
-    ok = n.threads() == 1 and n._pool_probe(10)["runs"] == [10]
+    good = n.threads() == 1 and ok(n._pool_probe(10))
     n.set_threads(2)
-    ok = ok and n._pool_probe(10)["runs"] == [10, 10]
-    os._exit(0 if ok else 1)
+    good = good and ok(n._pool_probe(10))
+    os._exit(0 if good else 1)
 _, status = os.waitpid(pid, 0)
 assert os.waitstatus_to_exitcode(status) == 0, status
-assert n._pool_probe(10)["runs"] == [10, 10]
+assert ok(n._pool_probe(10))
 print("ok")
 """
     res = run_python(code)
@@ -241,3 +282,40 @@ def test_alloc_stats():
     for pos in (301, 600, 1023, 1500, 2047, 2047):
         decode(pos)
     assert native.alloc_stats() == after_first
+
+
+# ---------------------------------------------------------------- default thread count
+
+
+def write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_cgroup_quota_v2(tmp_path):
+    from llambda.backends.native import cgroup_cpu_quota
+    write(tmp_path / "proc", "0::/user/job\n")
+    assert cgroup_cpu_quota(str(tmp_path / "fs"), str(tmp_path / "proc")) is None  # no files: unknown
+    write(tmp_path / "fs/user/job/cpu.max", "max 100000\n")
+    assert cgroup_cpu_quota(str(tmp_path / "fs"), str(tmp_path / "proc")) is None  # unlimited
+    write(tmp_path / "fs/user/job/cpu.max", "150000 100000\n")
+    assert cgroup_cpu_quota(str(tmp_path / "fs"), str(tmp_path / "proc")) == 1.5
+    write(tmp_path / "fs/cpu.max", "50000 100000\n")  # a container's own root: the tighter one holds
+    assert cgroup_cpu_quota(str(tmp_path / "fs"), str(tmp_path / "proc")) == 0.5
+
+
+def test_cgroup_quota_v1(tmp_path):
+    from llambda.backends.native import cgroup_cpu_quota
+    write(tmp_path / "proc", "4:memory:/x\n2:cpu,cpuacct:/job\n")
+    write(tmp_path / "fs/cpu,cpuacct/job/cpu.cfs_quota_us", "-1\n")
+    write(tmp_path / "fs/cpu,cpuacct/job/cpu.cfs_period_us", "100000\n")
+    assert cgroup_cpu_quota(str(tmp_path / "fs"), str(tmp_path / "proc")) is None
+    write(tmp_path / "fs/cpu,cpuacct/job/cpu.cfs_quota_us", "200000\n")
+    assert cgroup_cpu_quota(str(tmp_path / "fs"), str(tmp_path / "proc")) == 2.0
+    write(tmp_path / "fs/cpu,cpuacct/job/cpu.cfs_quota_us", "garbage\n")
+    assert cgroup_cpu_quota(str(tmp_path / "fs"), str(tmp_path / "proc")) is None
+
+
+def test_default_threads_within_affinity():
+    from llambda.backends.native import default_threads, usable_cpus
+    assert 1 <= default_threads() <= usable_cpus() <= len(os.sched_getaffinity(0))

@@ -1,14 +1,27 @@
-/* Persistent worker pool with a spin-then-sleep wait between calls.
+/* Persistent worker pool: each thread claims chunks of its own share first, then
+ * takes what is left of the others' shares; spin then sleep between calls and at
+ * the join.
  *
- * Fork: the caller publishes (fn, ctx), bumps `generation`; workers that are
- * spinning see it within ~100 ns. Workers that spun longer than the spin
- * budget without work sleep on a condition variable, and the caller pays a
- * broadcast (~30 us wake-up) only then. Join: each worker bumps `finished`;
- * the caller (thread 0) runs its share, then waits for finished == nth - 1.
+ * A call cuts [0, n) into chunks of `grain` items and hands thread t a contiguous
+ * share of them: a slot word (generation:32 | next:16 | end:16) on a cache line of
+ * its own. A thread claims the next chunk of a slot by compare-and-swap on that word,
+ * first its own (uncontended: as cheap as a static split on an idle machine), then
+ * every other slot (a descheduled thread's share is taken by the threads that run).
+ * A claim only succeeds while the word carries the generation the thread synchronised
+ * with, and everything about the call (fn, ctx, n, grain) is read after the claim, so
+ * a thread that wakes up late touches nothing of a call that has returned: the words
+ * of a finished call are exhausted (every chunk claimed) or belong to a newer call.
  *
- * One call at a time: a mutex serialises callers (two Python threads may run
- * ops at once), and a call made from inside a task (any pool thread, or the
- * caller while it runs its share) runs serially as fn(ctx, 0, 1). */
+ * Join: every thread counts the chunks it finished on its own line (monotonic, never
+ * reset); the call is over when the counts have grown by the call's chunks. The caller
+ * spins briefly, then sleeps on a condition variable: it sets `caller_sleeping` and
+ * re-checks the counts under join_lock, and a worker bumps its count then reads the
+ * flag (both seq_cst) and broadcasts under the same lock, so one of the two always
+ * sees the other: no wake-up is lost. Workers wait for work the same way on
+ * `generation` and `sleepers`.
+ *
+ * One call at a time: a mutex serialises callers (two Python threads may run ops at
+ * once), and a call made from inside a task runs serially. */
 #include "core/threadpool.h"
 
 #include <pthread.h>
@@ -28,34 +41,49 @@
 #endif
 
 #define MAX_THREADS LLB_POOL_MAX_THREADS
+#define MAX_CHUNKS 0xFFFF /* next and end are 16 bits of a slot word */
 
 /* How long an idle worker spins before sleeping (microseconds). Overridable
  * with LLAMBDA_SPIN_US: 0 sleeps at once (no idle CPU burn, ~30 us per op). */
 static long spin_budget_ns = 200 * 1000;
+/* How long the caller spins for workers' last chunks before sleeping: a running
+ * worker finishes a chunk in microseconds; one that is not running needs a core,
+ * and a sleeping caller frees one (the scheduler may move the worker onto it). */
+#define JOIN_SPIN_NS (30 * 1000)
+
+/* One per thread, a cache line each: its share of the call, and its finished count. */
+struct slot {
+    _Alignas(64) _Atomic uint64_t word; /* generation << 32 | next << 16 | end */
+    atomic_ulong finished;              /* chunks this thread finished, over all calls */
+};
 
 struct pool {
-    /* One cache line written by the caller per call: the worker that sees the
-     * new generation finds the task in the same line. */
     _Alignas(64) atomic_uint generation;
-    llb_task_fn fn;
+    /* The call, written by the caller before the slot words (release). */
+    _Alignas(64) llb_range_fn fn;
     void *ctx;
-    int active;                /* threads that run this call's fn (ith < active); the others only join */
-    _Atomic int nth;           /* threads in the pool; written under call_lock, read anywhere */
-    _Alignas(64) atomic_int finished;
+    long n, grain;
+    atomic_int active; /* threads that may claim (tid < active) */
+    _Alignas(64) atomic_int caller_sleeping;
     _Alignas(64) atomic_int sleepers;
     atomic_int stop;
-    pthread_mutex_t sleep_lock;
-    pthread_cond_t wake;
+    _Atomic int nth; /* threads in the pool; written under call_lock, read anywhere */
+    unsigned long finished_total; /* sum of every slot's finished at the end of the last call (caller only) */
+    pthread_mutex_t sleep_lock, join_lock;
+    pthread_cond_t wake, joined;
     pthread_t workers[MAX_THREADS];
     int n_workers;             /* running workers = nth - 1 */
     unsigned spawn_generation; /* generation when the workers were created */
+    struct slot slots[MAX_THREADS];
 };
 
-static struct pool pool = {.active = 1, .nth = 1};
-/* Serialises llb_parallel callers and pool resizes. */
+static struct pool pool = {.nth = 1};
+/* Serialises callers and pool resizes. */
 static pthread_mutex_t call_lock = PTHREAD_MUTEX_INITIALIZER;
 static _Thread_local int inside_task;
 static int atexit_registered;
+/* Test hook (llb_pool_hold_worker). */
+static atomic_int hold_tid, hold_timeouts;
 
 static uint64_t now_ns(void) {
     struct timespec ts;
@@ -81,7 +109,7 @@ static unsigned wait_for_work(unsigned seen) {
         }
     }
     pthread_mutex_lock(&pool.sleep_lock);
-    /* seq_cst pairs with the caller's generation bump + sleepers check: either
+    /* seq_cst pairs with the caller's generation store + sleepers check: either
      * we see the new generation here, or the caller sees us sleeping. */
     atomic_fetch_add(&pool.sleepers, 1);
     while ((g = atomic_load(&pool.generation)) == seen) pthread_cond_wait(&pool.wake, &pool.sleep_lock);
@@ -90,21 +118,125 @@ static unsigned wait_for_work(unsigned seen) {
     return g;
 }
 
+/* Claim the next chunk of slot s in call gen: its index, or -1 when the slot is
+ * exhausted or the call is not (any more) gen. */
+static long claim(int s, unsigned gen) {
+    _Atomic uint64_t *w = &pool.slots[s].word;
+    uint64_t e = atomic_load_explicit(w, memory_order_acquire);
+    for (;;) {
+        if ((unsigned)(e >> 32) != gen) return -1;
+        const long next = (long)(e >> 16 & 0xFFFF), end = (long)(e & 0xFFFF);
+        if (next >= end) return -1;
+        if (atomic_compare_exchange_weak_explicit(w, &e, e + (1u << 16), memory_order_acq_rel, memory_order_acquire))
+            return next;
+    }
+}
+
+/* Run chunk c as thread tid and count it; wake the caller if it sleeps at the join. */
+static void run_chunk(long c, int tid) {
+    /* The call cannot end before this chunk is counted: its fields are live. */
+    const long b = c * pool.grain, e = b + pool.grain < pool.n ? b + pool.grain : pool.n;
+    pool.fn(pool.ctx, b, e, tid);
+    atomic_ulong *f = &pool.slots[tid].finished;
+    /* Only this thread writes its count; seq_cst pairs with the caller_sleeping store in join(). */
+    atomic_store(f, atomic_load_explicit(f, memory_order_relaxed) + 1);
+    if (atomic_load(&pool.caller_sleeping)) {
+        pthread_mutex_lock(&pool.join_lock);
+        pthread_cond_broadcast(&pool.joined);
+        pthread_mutex_unlock(&pool.join_lock);
+    }
+}
+
+/* Claim and run chunks of call gen as thread tid: its own slot first, then the others'.
+ * Returns how many it ran. */
+static long run_chunks(unsigned gen, int tid) {
+    const int active = atomic_load_explicit(&pool.active, memory_order_relaxed);
+    if (tid >= active) return 0; /* a stale active goes with a stale gen: every claim fails */
+    long ran = 0;
+    for (int k = 0; k < active; k++) {
+        const int s = tid + k < active ? tid + k : tid + k - active;
+        for (long c; (c = claim(s, gen)) >= 0; ran++) run_chunk(c, tid);
+    }
+    return ran;
+}
+
+static void hold_if_asked(int tid) {
+    if (atomic_load_explicit(&hold_tid, memory_order_relaxed) != tid) return;
+    const uint64_t deadline = now_ns() + 10ull * 1000000000u;
+    const struct timespec ms = {0, 1000000};
+    while (atomic_load(&hold_tid) == tid) {
+        if (now_ns() >= deadline) {
+            atomic_fetch_add(&hold_timeouts, 1);
+            break;
+        }
+        nanosleep(&ms, NULL);
+    }
+}
+
 static void *worker_main(void *arg) {
-    const int ith = (int)(intptr_t)arg;
+    const int tid = (int)(intptr_t)arg;
     inside_task = 1; /* a pool thread never forks the pool again */
     unsigned seen = pool.spawn_generation; /* not the live value: a call may already be published */
     for (;;) {
         seen = wait_for_work(seen);
         if (atomic_load_explicit(&pool.stop, memory_order_acquire)) break;
-        if (ith < pool.active) pool.fn(pool.ctx, ith, pool.active);
-        atomic_fetch_add_explicit(&pool.finished, 1, memory_order_acq_rel);
+        hold_if_asked(tid);
+        run_chunks(seen, tid);
     }
     return NULL;
 }
 
-static void publish_generation(void) {
-    atomic_fetch_add(&pool.generation, 1); /* seq_cst: see wait_for_work */
+static unsigned long finished_sum(int nth) {
+    unsigned long s = 0;
+    for (int t = 0; t < nth; t++) s += atomic_load(&pool.slots[t].finished);
+    return s;
+}
+
+/* Wait until the threads' finished counts reach target: spin, then sleep until a worker
+ * that finishes a chunk wakes us. */
+static void join(unsigned long target, int nth) {
+    uint64_t start = 0;
+    for (unsigned i = 1; finished_sum(nth) != target; i++) {
+        cpu_relax();
+        if ((i & 63) == 0) {
+            const uint64_t t = now_ns();
+            if (!start) start = t;
+            else if (t - start >= JOIN_SPIN_NS) break;
+        }
+    }
+    if (finished_sum(nth) == target) return;
+    pthread_mutex_lock(&pool.join_lock);
+    atomic_store(&pool.caller_sleeping, 1); /* seq_cst: see run_chunk */
+    while (finished_sum(nth) != target) pthread_cond_wait(&pool.joined, &pool.join_lock);
+    atomic_store(&pool.caller_sleeping, 0);
+    pthread_mutex_unlock(&pool.join_lock);
+}
+
+/* Stalls: a call whose caller, its own chunks done, waited far longer than a chunk takes for
+ * a worker's last one. That worker was descheduled in the middle of its chunk (the machine is
+ * busy), and it will be again: for a while (solo_ns, doubling while stalls recur) the caller
+ * runs calls alone, at one thread's speed, instead of waiting a scheduler slice each time.
+ * Read and written under call_lock. */
+#define STALL_MIN_NS (300 * 1000)
+#define SOLO_MIN_NS (2 * 1000 * 1000)
+#define SOLO_MAX_NS (256 * 1000 * 1000)
+static uint64_t solo_until, solo_ns = SOLO_MIN_NS, last_stall;
+static long stalls;
+
+static void note_join(uint64_t start, uint64_t claimed, uint64_t end, long ran) {
+    const uint64_t chunk = ran > 0 ? (claimed - start) / (uint64_t)ran : 0;
+    if (end - claimed > STALL_MIN_NS + 4 * chunk) {
+        stalls++;
+        /* A stall soon after the last solo period: the contention persists, stay away longer. */
+        if (last_stall && start - last_stall < 4 * solo_ns) solo_ns = solo_ns * 2 < SOLO_MAX_NS ? solo_ns * 2 : SOLO_MAX_NS;
+        else solo_ns = SOLO_MIN_NS;
+        last_stall = end;
+        solo_until = end + solo_ns;
+    }
+}
+
+static void publish_generation(unsigned g) {
+    atomic_store(&pool.generation, g); /* seq_cst: see wait_for_work */
     if (atomic_load(&pool.sleepers) > 0) {
         pthread_mutex_lock(&pool.sleep_lock);
         pthread_cond_broadcast(&pool.wake);
@@ -116,7 +248,7 @@ static void publish_generation(void) {
 static void stop_workers(void) {
     if (pool.n_workers == 0) return;
     atomic_store(&pool.stop, 1);
-    publish_generation();
+    publish_generation(atomic_load(&pool.generation) + 1);
     for (int i = 0; i < pool.n_workers; i++) pthread_join(pool.workers[i], NULL);
     pool.n_workers = 0;
     atomic_store(&pool.nth, 1);
@@ -146,10 +278,14 @@ static void child_after_fork(void) {
     locked_for_fork = 0;
     pool.n_workers = 0;
     atomic_store(&pool.nth, 1);
+    pool.finished_total = finished_sum(1);
     atomic_store(&pool.sleepers, 0);
+    atomic_store(&pool.caller_sleeping, 0);
     atomic_store(&pool.stop, 0);
     pthread_mutex_init(&pool.sleep_lock, NULL);
+    pthread_mutex_init(&pool.join_lock, NULL);
     pthread_cond_init(&pool.wake, NULL);
+    pthread_cond_init(&pool.joined, NULL);
     pthread_mutex_init(&call_lock, NULL);
 }
 
@@ -167,7 +303,9 @@ int llb_pool_init(int n_threads) {
     if (!atexit_registered) {
         atexit_registered = 1;
         pthread_mutex_init(&pool.sleep_lock, NULL);
+        pthread_mutex_init(&pool.join_lock, NULL);
         pthread_cond_init(&pool.wake, NULL);
+        pthread_cond_init(&pool.joined, NULL);
         read_spin_env();
         atexit(shutdown_at_exit);
         pthread_atfork(prepare_fork, parent_after_fork, child_after_fork);
@@ -185,6 +323,9 @@ int llb_pool_init(int n_threads) {
         }
         if (rc != 0) stop_workers(); /* all or nothing: back to 1 thread */
         else atomic_store(&pool.nth, n_threads);
+        /* The join sums the counts of the threads in the pool: a smaller pool leaves the
+         * counts of its old workers out. */
+        pool.finished_total = finished_sum(atomic_load(&pool.nth));
     }
     pthread_mutex_unlock(&call_lock);
     return rc;
@@ -192,42 +333,70 @@ int llb_pool_init(int n_threads) {
 
 int llb_pool_threads(void) { return atomic_load_explicit(&pool.nth, memory_order_relaxed); }
 
-void llb_parallel_upto(llb_task_fn fn, void *ctx, int max_nth) {
-    if (inside_task || max_nth <= 1) { /* nested call: run serially, never wait on ourselves */
-        fn(ctx, 0, 1);
+static void run_serially(llb_range_fn fn, void *ctx, long n, long grain) {
+    for (long b = 0; b < n; b += grain) fn(ctx, b, b + grain < n ? b + grain : n, 0);
+}
+
+void llb_parallel_for(llb_range_fn fn, void *ctx, long n, long grain, int max_threads) {
+    if (n <= 0) return;
+    if (grain < 1) grain = 1;
+    long n_chunks = (n + grain - 1) / grain;
+    if (n_chunks > MAX_CHUNKS) { /* coarser, still from the sizes only (slot words hold 16-bit indices) */
+        grain *= (n_chunks + MAX_CHUNKS - 1) / MAX_CHUNKS;
+        n_chunks = (n + grain - 1) / grain;
+    }
+    if (inside_task || max_threads <= 1 || n_chunks == 1) { /* nested call: never wait on ourselves */
+        run_serially(fn, ctx, n, grain);
         return;
     }
     pthread_mutex_lock(&call_lock);
     /* Read under the lock: llb_pool_init cannot change it until this call returns. */
     const int nth = atomic_load_explicit(&pool.nth, memory_order_relaxed);
-    const int active = nth < max_nth ? nth : max_nth;
     inside_task = 1;
-    if (active == 1) {
-        fn(ctx, 0, 1);
+    const uint64_t start = nth > 1 ? now_ns() : 0;
+    if (nth == 1 || start < solo_until) {
+        run_serially(fn, ctx, n, grain);
     } else {
+        const int active = nth < max_threads ? nth : max_threads;
+        const unsigned gen = atomic_load_explicit(&pool.generation, memory_order_relaxed) + 1;
         pool.fn = fn;
         pool.ctx = ctx;
-        pool.active = active;
-        atomic_store_explicit(&pool.finished, 0, memory_order_relaxed);
-        publish_generation();
-        fn(ctx, 0, active);
-        /* Join: spin briefly, then yield so an oversubscribed worker can run. */
-        for (unsigned i = 0; atomic_load_explicit(&pool.finished, memory_order_acquire) != nth - 1; i++) {
-            if (i < 4000) cpu_relax();
-            else sched_yield();
+        pool.n = n;
+        pool.grain = grain;
+        atomic_store_explicit(&pool.active, active, memory_order_relaxed);
+        /* Contiguous shares, thread t's [n_chunks * t / active, n_chunks * (t + 1) / active). */
+        for (int t = 0; t < active; t++) {
+            const uint64_t b = (uint64_t)(n_chunks * t / active), e = (uint64_t)(n_chunks * (t + 1) / active);
+            atomic_store_explicit(&pool.slots[t].word, (uint64_t)gen << 32 | b << 16 | e, memory_order_release);
         }
+        publish_generation(gen);
+        const long ran = run_chunks(gen, 0);
+        const uint64_t claimed = now_ns();
+        pool.finished_total += (unsigned long)n_chunks;
+        join(pool.finished_total, nth);
+        note_join(start, claimed, now_ns(), ran);
     }
     inside_task = 0;
     pthread_mutex_unlock(&call_lock);
 }
 
-void llb_parallel(llb_task_fn fn, void *ctx) { llb_parallel_upto(fn, ctx, MAX_THREADS); }
-
-void llb_split(long n, long align, int ith, int nth, long *begin, long *end) {
+long llb_grain(long n, long chunks, long min_grain, long align) {
     if (align < 1) align = 1;
-    if (nth < 1) nth = 1;
-    const long units = (n + align - 1) / align;
-    const long b = units * ith / nth, e = units * (ith + 1) / nth;
-    *begin = b * align < n ? b * align : n;
-    *end = e * align < n ? e * align : n;
+    if (chunks < 1) chunks = 1;
+    long g = (n + chunks - 1) / chunks;
+    if (g < min_grain) g = min_grain;
+    g = (g + align - 1) / align * align;
+    return g > 0 ? g : align;
+}
+
+long llb_pool_stalls(void) {
+    pthread_mutex_lock(&call_lock);
+    const long n = stalls;
+    pthread_mutex_unlock(&call_lock);
+    return n;
+}
+
+int llb_pool_hold_worker(int tid) {
+    atomic_store(&hold_tid, tid);
+    return atomic_exchange(&hold_timeouts, 0);
 }

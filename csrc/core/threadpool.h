@@ -1,29 +1,46 @@
 /* Persistent worker pool shared by every op.
  *
- * llb_parallel(fn, ctx) runs fn(ctx, ith, nth) on every thread of the pool
- * (the caller is thread 0) and returns when all have finished. Between calls
- * workers spin for a while before sleeping, so a decode step's ~400 ops do
- * not each pay a futex wake-up. */
+ * llb_parallel_for(fn, ctx, n, grain, max_threads) runs fn(ctx, begin, end, tid) over
+ * [0, n) in chunks of `grain` items that the threads claim one at a time (each from its
+ * own contiguous share first, then from the others'), and returns when every chunk is
+ * done. The caller (tid 0) claims chunks like
+ * any worker and never waits for a worker that has not started: on a busy machine a
+ * descheduled worker simply gets no chunks, and the threads that run do its share. Only
+ * a chunk a worker already holds is waited for, so chunks should be small (a few per
+ * thread); when such a wait shows a worker being descheduled mid-chunk, the pool runs the
+ * next calls on the caller alone for a few milliseconds (longer while it recurs). Chunk boundaries are multiples of grain from 0 whatever the thread count:
+ * a result may depend on the chunking, never on which thread ran a chunk or how many
+ * there are. Between calls workers spin for a while before sleeping, so a decode step's
+ * ~400 ops do not each pay a futex wake-up. */
 #ifndef LLB_THREADPOOL_H
 #define LLB_THREADPOOL_H
 
-typedef void (*llb_task_fn)(void *ctx, int ith, int nth);
-
 #define LLB_POOL_MAX_THREADS 256
 
+/* Items [begin, end) on thread tid (0 <= tid < max_threads and < the pool's size). tid
+ * indexes per-thread scratch; the same tid may run many chunks of one call. */
+typedef void (*llb_range_fn)(void *ctx, long begin, long end, int tid);
+
 /* (Re)create the pool with n threads in total (1 <= n <= LLB_POOL_MAX_THREADS). Returns 0 on
- * success. Waits for a running llb_parallel call to finish: the size never changes under one. */
+ * success. Waits for a running call to finish: the size never changes under one. */
 int llb_pool_init(int n_threads);
 /* Threads in the pool (1 when never initialised). Another Python thread may resize the pool
- * right after this returns: use it to decide, never to size per-thread state (see below). */
+ * right after this returns: use it to decide, and pass what per-thread state was sized for
+ * as max_threads. */
 int llb_pool_threads(void);
-/* Run fn on all threads; blocking. Safe to call with a 1-thread pool. fn must not index
- * anything by ith that was sized from an earlier llb_pool_threads(). */
-void llb_parallel(llb_task_fn fn, void *ctx);
-/* The same on at most max_nth threads (nth <= max_nth, ith < nth): for tasks whose per-thread
- * buffers were sized for max_nth threads, which the pool may have outgrown since. */
-void llb_parallel_upto(llb_task_fn fn, void *ctx, int max_nth);
-/* Split [0, n) into nth near-equal parts, rounding boundaries to multiples of `align`. */
-void llb_split(long n, long align, int ith, int nth, long *begin, long *end);
+/* Run fn over [0, n) in chunks of grain (>= 1) on at most max_threads threads; blocking.
+ * A call made from inside a task runs serially on the calling thread (tid 0). */
+void llb_parallel_for(llb_range_fn fn, void *ctx, long n, long grain, int max_threads);
+/* The grain that cuts n items into about `chunks` chunks of at least min_grain items,
+ * a multiple of align: from the sizes only, never the thread count. */
+long llb_grain(long n, long chunks, long min_grain, long align);
+
+/* Calls so far in which a worker stalled in its chunk (descheduled), each followed by a
+ * while of running calls on the caller alone (see threadpool.c). */
+long llb_pool_stalls(void);
+
+/* Test hook: worker `tid` (>= 1) stops before claiming anything until released with 0 or
+ * 10 s pass; returns how many holds timed out since the last call. See tests/test_threadpool.py. */
+int llb_pool_hold_worker(int tid);
 
 #endif

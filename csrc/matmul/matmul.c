@@ -1,7 +1,7 @@
 /* The matmul driver: picks the ISA's kernel, quantizes the activations once
  * per call, and splits the work, (16-row group) x (64-activation-row chunk)
- * units, over the thread pool so that each thread streams one contiguous
- * region of the packed weights. A call may hold up to LLB_MM_MAX_PARTS
+ * units, over the thread pool in chunks of consecutive units, so that a thread
+ * streams contiguous regions of the packed weights. A call may hold up to LLB_MM_MAX_PARTS
  * matrices of one type that share the activations (llb_matmul_many): their
  * units follow each other and are split as one list. */
 #include "matmul/matmul.h"
@@ -12,6 +12,8 @@
 #include "matmul/kernels/kernels.h"
 #include "core/threadpool.h"
 
+/* Chunks a parallel call is cut into (see llb_parallel_for). */
+#define MM_CHUNKS 32
 /* Up to this many activation rows each thread of a parallel matmul quantizes its own copy. */
 #define LLB_PRIVATE_ACT_ROWS 64
 
@@ -54,6 +56,7 @@ typedef struct {
     uint8_t *acts;
     size_t act_bytes, off_d, off_bias, off_sum, off_bs16n;
     int private_acts;
+    unsigned char acts_ready[LLB_POOL_MAX_THREADS]; /* private_acts: thread tid has quantized its copy */
 } mm_ctx;
 
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
@@ -85,12 +88,13 @@ static void quantize_rows(const mm_ctx *c, const act_bufs *a, long i0, long i1) 
     quantize_part(c, a, i0, i1, 0, c->mm.cols / c->mm.t->block);
 }
 
-static void quantize_task(void *ctx, int ith, int nth) {
+/* Tiles [t0, t1) of activation rows: whole tiles, so no two threads write one. */
+static void quantize_task(void *ctx, long t0, long t1, int tid) {
+    (void)tid;
     mm_ctx *c = ctx;
     const act_bufs a = act_copy(c, 0);
-    long b, e;
-    llb_split(c->mm.n, c->mm.a.xt, ith, nth, &b, &e); /* whole tiles: no two threads write one */
-    quantize_rows(c, &a, b, e);
+    const long xt = c->mm.a.xt;
+    quantize_rows(c, &a, t0 * xt, t1 * xt < c->mm.n ? t1 * xt : c->mm.n);
 }
 
 /* Group g of part p: in place, or packed into buf from the file layout (cached: the last unit's). */
@@ -104,26 +108,27 @@ static const uint8_t *group_data(const mm_ctx *c, const mm_part *p, long g, uint
     return buf;
 }
 
-/* Work units (group, chunk) in group-major order: each thread streams one contiguous
- * region of the packed weights and reuses a group while it is in cache.
- * With private_acts every thread first quantizes all rows into its own copy. Rows
+/* Work units [u0, u1) of (group, chunk) units in group-major order: a thread streams a
+ * contiguous region of the packed weights and reuses a group while it is in cache.
+ * With private_acts a thread first quantizes all rows into its own copy (once per call,
+ * before its first chunk; a thread that claims no chunk never does). Rows
  * quantized once by the caller made the other threads fetch every line of them
  * from the caller's cache in the middle of the GEMM loop: their halves ran 30-40%
  * slower than the caller's (8 rows x 576x1536 Q4_1: 34 vs 25 us), and the serial
  * quantization before the fork left them idle. Reading x and quantizing it is a
  * plain stream the prefetchers hide; a few rows' quantization twice costs less. */
-static void matmul_task(void *ctx, int ith, int nth) {
+static void matmul_task(void *ctx, long u0, long u1, int tid) {
     mm_ctx *c = ctx;
     llb_act a = c->mm.a;
     if (c->private_acts) {
-        const act_bufs own = act_copy(c, ith);
-        quantize_rows(c, &own, 0, c->mm.n);
+        const act_bufs own = act_copy(c, tid);
+        if (!c->acts_ready[tid]) quantize_rows(c, &own, 0, c->mm.n);
+        c->acts_ready[tid] = 1;
         a = act_view(c, &own);
     }
-    long u0, u1, cg = -1;
+    long cg = -1;
     const mm_part *cp = NULL;
-    uint8_t *buf = c->repack ? c->repack + (size_t)ith * c->group_bytes : NULL;
-    llb_split(c->units, 1, ith, nth, &u0, &u1);
+    uint8_t *buf = c->repack ? c->repack + (size_t)tid * c->group_bytes : NULL;
     int pi = 0;
     for (long u = u0; u < u1; u++) {
         while (u >= c->part[pi].first_unit + c->part[pi].ngroups * c->nchunks) pi++;
@@ -140,10 +145,12 @@ static void matmul_task(void *ctx, int ith, int nth) {
 static size_t mm_setup(mm_ctx *c, const llb_type_info *t, const llb_mm_part *parts, int n_parts, long cols,
                        const float *x, long n, int exact, int nth, int *parallel) {
     *c = (mm_ctx){0};
-    if (n_parts < 1 || n_parts > LLB_MM_MAX_PARTS) {
+    *parallel = 0;
+    if (n_parts < 1 || n_parts > LLB_MM_MAX_PARTS || n < 0 || cols < 1) {
         c->units = -1;
         return 0;
     }
+    if (n == 0) return 0; /* no activation rows (an expert no token chose): no tile height to divide by */
     c->k = active_kernels();
     c->fn = c->k->kernel(t->qtype, exact);
     if (!c->fn) { /* no kernel for this type on this ISA: the scalar one, with its activation layout */
@@ -200,12 +207,17 @@ static void mm_run(mm_ctx *c, uint8_t *s, int nth, int parallel) {
         if (!c->private_acts) {
             const act_bufs a = act_copy(c, 0);
             c->mm.a = act_view(c, &a);
-            if (parallel && (size_t)c->mm.n * c->mm.cols >= 65536) llb_parallel(quantize_task, c);
+            const long tiles = (c->mm.n + c->mm.a.xt - 1) / c->mm.a.xt;
+            if (parallel && (size_t)c->mm.n * c->mm.cols >= 65536)
+                llb_parallel_for(quantize_task, c, tiles, llb_grain(tiles, MM_CHUNKS, 1, 1), nth);
             else quantize_rows(c, &a, 0, c->mm.n); /* one thread: not worth a fork/join */
         }
     }
-    if (parallel) llb_parallel_upto(matmul_task, c, nth);
-    else matmul_task(c, 0, 1);
+    /* Chunks of units from the sizes only: results never depend on them (a unit writes
+     * whole outputs), and a few per thread let the running threads take over the share
+     * of one the machine has descheduled. */
+    if (parallel) llb_parallel_for(matmul_task, c, c->units, llb_grain(c->units, MM_CHUNKS, 1, 1), nth);
+    else matmul_task(c, 0, c->units, 0);
 }
 
 int llb_matmul_many(const llb_type_info *t, const llb_mm_part *parts, int n_parts, long cols, const float *x, long n,
@@ -213,7 +225,7 @@ int llb_matmul_many(const llb_type_info *t, const llb_mm_part *parts, int n_part
     mm_ctx c;
     int parallel;
     /* Per-thread scratch is sized for nth threads; another Python thread may resize the
-     * pool before the fork, so the matmul fork runs on at most nth (llb_parallel_upto). */
+     * pool before the fork, so the matmul fork runs on at most nth (llb_parallel_for's max_threads). */
     const int nth = llb_pool_threads();
     const size_t total = mm_setup(&c, t, parts, n_parts, cols, x, n, exact, nth, &parallel);
     if (c.units < 0) return -1;
@@ -270,30 +282,33 @@ typedef struct {
     long n;
 } rows_ctx;
 
-static void pack_task(void *ctx, int ith, int nth) {
+/* Groups [g0, g1) of LLB_IL rows. */
+static void pack_task(void *ctx, long g0, long g1, int tid) {
+    (void)tid;
     rows_ctx *c = ctx;
-    long g0, g1;
-    llb_split((c->rows + LLB_IL - 1) / LLB_IL, 1, ith, nth, &g0, &g1);
     llb_pack_groups(c->t, c->src, c->rows, c->cols, c->dst, g0, g1);
 }
 
-static void copy_task(void *ctx, int ith, int nth) {
+static void copy_task(void *ctx, long r0, long r1, int tid) {
+    (void)tid;
     rows_ctx *c = ctx;
-    long r0, r1;
     const size_t rb = llb_row_bytes(c->t, c->cols);
-    llb_split(c->rows, 1, ith, nth, &r0, &r1);
     memcpy(c->dst + r0 * rb, c->src + r0 * rb, (size_t)(r1 - r0) * rb);
 }
 
 void llb_pack(const llb_type_info *t, const uint8_t *src, long rows, long cols, uint8_t *dst) {
     rows_ctx c = {.t = t, .src = src, .rows = rows, .cols = cols, .dst = dst};
-    llb_parallel(llb_pack_layout(t) == LLB_LAYOUT_PACKED ? pack_task : copy_task, &c);
+    if (llb_pack_layout(t) == LLB_LAYOUT_PACKED) {
+        const long groups = (rows + LLB_IL - 1) / LLB_IL;
+        llb_parallel_for(pack_task, &c, groups, llb_grain(groups, MM_CHUNKS, 1, 1), LLB_POOL_MAX_THREADS);
+    } else {
+        llb_parallel_for(copy_task, &c, rows, llb_grain(rows, MM_CHUNKS, 1, 1), LLB_POOL_MAX_THREADS);
+    }
 }
 
-static void rows_task(void *ctx, int ith, int nth) {
+static void rows_task(void *ctx, long i0, long i1, int tid) {
+    (void)tid;
     rows_ctx *c = ctx;
-    long i0, i1;
-    llb_split(c->n, 1, ith, nth, &i0, &i1);
     for (long i = i0; i < i1; i++)
         llb_dequant_row(c->t, c->layout, c->src, c->rows, c->cols, c->ids ? c->ids[i] : i, c->out + i * c->cols);
 }
@@ -301,6 +316,6 @@ static void rows_task(void *ctx, int ith, int nth) {
 void llb_get_rows(const llb_type_info *t, int layout, const uint8_t *w, long rows, long cols, const int32_t *ids,
                   float *out, long n) {
     rows_ctx c = {.t = t, .layout = layout, .src = w, .rows = rows, .cols = cols, .ids = ids, .out = out, .n = n};
-    if (n * cols < 65536) rows_task(&c, 0, 1); /* one token's embedding: no fork/join */
-    else llb_parallel(rows_task, &c);
+    if (n * cols < 65536) rows_task(&c, 0, n, 0); /* one token's embedding: no fork/join */
+    else llb_parallel_for(rows_task, &c, n, llb_grain(n, MM_CHUNKS, 1, 1), LLB_POOL_MAX_THREADS);
 }

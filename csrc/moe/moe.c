@@ -79,7 +79,6 @@ typedef struct {
     float *xg, *g, *u, *y;
     uint8_t *scratch;       /* NULL: row-parallel matmuls; else per_thread bytes per pool thread */
     size_t per_thread;
-    long next;              /* the next entry of active to claim (atomic) */
     int failed;
 } moe_ctx;
 
@@ -135,14 +134,11 @@ static int run_expert(moe_ctx *c, long e, uint8_t *scratch) {
 
 /* Pool threads claim whole experts one at a time: a thread the OS deschedules holds up only the
  * expert it is on, and a token's expert output does not depend on which thread ran it. */
-static void experts_task(void *ctx, int ith, int nth) {
+static void experts_task(void *ctx, long i0, long i1, int tid) {
     moe_ctx *c = ctx;
-    uint8_t *scratch = c->scratch + (size_t)ith * c->per_thread;
-    for (;;) {
-        const long i = __atomic_fetch_add(&c->next, 1, __ATOMIC_RELAXED);
-        if (i >= c->n_active) break;
+    uint8_t *scratch = c->scratch + (size_t)tid * c->per_thread;
+    for (long i = i0; i < i1; i++)
         if (run_expert(c, c->active[i], scratch)) __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
-    }
 }
 
 static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
@@ -184,7 +180,7 @@ int llb_moe(const llb_moe_args *a) {
                               llb_matmul_here_scratch(a->down.t, ff, max_m, a->exact));
         c.per_thread = (c.per_thread + 63) & ~(size_t)63;
         if (!(c.scratch = llb_scratch(c.per_thread * (size_t)nth))) return -1;
-        llb_parallel_upto(experts_task, &c, nth);
+        llb_parallel_for(experts_task, &c, n_active, 1, nth);
         if (c.failed) return -1;
     } else {
         for (long i = 0; i < n_active; i++)

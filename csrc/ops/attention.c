@@ -2,8 +2,6 @@
  * kernels of ops/kernels/attention.inc. One module, dependencies one way:
  * the shared helpers, then the default schedules, then the batch-invariant
  * schedule (llb_batch_invariant set: the server), then the entry point. */
-#include <stdatomic.h>
-
 #include "core/alloc.h"
 #include "core/state.h"
 #include "core/threadpool.h"
@@ -66,35 +64,43 @@ static void merge_token(const struct llb_attention_args *a, const struct llb_op_
     }
 }
 
-/* Units [0, units) of a schedule, handed out one at a time by an atomic counter so that
+/* Units [0, units) of a schedule, claimed one at a time from the pool (grain 1) so that
  * uneven causal rows balance over the threads. */
 struct unit_queue {
-    _Alignas(64) atomic_long next;
-    long units;
     void (*run)(const void *task, long unit);
     const void *task;
 };
 
-static void queue_task(void *ctx, int ith, int nth) {
-    struct unit_queue *q = ctx;
-    for (;;) {
-        const long unit = atomic_fetch_add_explicit(&q->next, 1, memory_order_relaxed);
-        if (unit >= q->units) break;
-        q->run(q->task, unit);
-    }
+static void queue_task(void *ctx, long b, long e, int tid) {
+    (void)tid;
+    const struct unit_queue *q = ctx;
+    for (long unit = b; unit < e; unit++) q->run(q->task, unit);
 }
 
-static void run_units(struct unit_queue *q, int parallel) {
-    atomic_store_explicit(&q->next, 0, memory_order_relaxed);
-    if (parallel) llb_parallel(queue_task, q);
+static void run_units(const struct unit_queue *q, long units, int parallel) {
+    if (parallel) llb_parallel_for(queue_task, (void *)q, units, 1, LLB_POOL_MAX_THREADS);
     else
-        for (long unit = 0; unit < q->units; unit++) q->run(q->task, unit);
+        for (long unit = 0; unit < units; unit++) q->run(q->task, unit);
 }
 
 /* Byte offset of kv head kvh's first key of slot s in the caches. */
 static inline size_t cache_base(const struct llb_attention_args *a, long s, long kvh) {
-    const size_t stride = (size_t)a->n_kv * (size_t)a->head_dim, esize = a->cache_type == LLB_CACHE_F16 ? 2 : 4;
-    return ((size_t)s * (size_t)a->n_ctx * stride + (size_t)kvh * (size_t)a->head_dim) * esize;
+    const size_t stride = (size_t)a->n_kv * (size_t)a->head_dim;
+    return llb_cache_bytes(a->cache_type, (size_t)s * (size_t)a->n_ctx * stride + (size_t)kvh * (size_t)a->head_dim);
+}
+
+/* Slot s's key base for kv head kvh (Q8_0 caches stored with bases), or NULL. */
+static inline const float *key_base(const struct llb_attention_args *a, long s, long kvh) {
+    if (!a->kbase || a->cache_type != LLB_CACHE_Q8_0) return NULL;
+    return a->kbase + ((size_t)s * (size_t)a->n_kv + (size_t)kvh) * (size_t)a->head_dim;
+}
+
+/* The kernels for the cache's element type. */
+static inline void attend_kernel(const struct llb_op_kernels *k, int type, const struct llb_attn_unit *u) {
+    (type == LLB_CACHE_Q8_0 ? k->attend_q8_0 : type == LLB_CACHE_F16 ? k->attend_f16 : k->attend_f32)(u);
+}
+static inline void tile_kernel(const struct llb_op_kernels *k, int type, const struct llb_attn_tile *t) {
+    (type == LLB_CACHE_Q8_0 ? k->attend_tile_q8_0 : type == LLB_CACHE_F16 ? k->attend_tile_f16 : k->attend_tile_f32)(t);
 }
 
 /* A tile over slot s's keys of kv head kvh; row_order 1: sum like the row kernel (invariant mode). */
@@ -108,6 +114,7 @@ static inline struct llb_attn_tile tile_at(const struct llb_attention_args *a, l
         .scale = a->scale,
         .softcap = a->softcap,
         .row_order = row_order,
+        .kbase = key_base(a, s, kvh),
     };
     return tile;
 }
@@ -133,8 +140,9 @@ static void attend_rows(const struct llb_attention_args *a, const struct llb_op_
         .softcap = a->softcap,
         .out = out ? out : a->out + row * a->head_dim,
         .ml = ml,
+        .kbase = key_base(a, s, kvh),
     };
-    (a->cache_type == LLB_CACHE_F16 ? k->attend_f16 : k->attend_f32)(&u);
+    attend_kernel(k, a->cache_type, &u);
 }
 
 /* ---- default schedules ------------------------------------------------------ */
@@ -183,7 +191,7 @@ static void attend_tile(const struct attn_task *t, long t0, long t1, long kvh, l
             tile.hi[r] = p;
         }
     }
-    if (tile.n_rows) (a->cache_type == LLB_CACHE_F16 ? t->k->attend_tile_f16 : t->k->attend_tile_f32)(&tile);
+    if (tile.n_rows) tile_kernel(t->k, a->cache_type, &tile);
 }
 
 /* A tile unit: its tokens in runs of equal slot; a run with too few rows to
@@ -321,7 +329,7 @@ static void run_tile(const struct inv_task *t, long i0, long n, long c, long kvh
             tile.hi[r] = hi;
         }
     }
-    if (tile.n_rows) (a->cache_type == LLB_CACHE_F16 ? t->k->attend_tile_f16 : t->k->attend_tile_f32)(&tile);
+    if (tile.n_rows) tile_kernel(t->k, a->cache_type, &tile);
 }
 
 static void run_unit(const void *task, long unit) {
@@ -359,10 +367,9 @@ static void merge_rows(const struct inv_task *t, long i0, long i1) {
             merge_token(t->a, t->k, t->group, t->pf, t->parts + (size_t)t->first_part[i] * t->pf, row_chunks(t->a, i), i);
 }
 
-static void merge_task(void *ctx, int ith, int nth) {
+static void merge_task(void *ctx, long i0, long i1, int tid) {
+    (void)tid;
     const struct inv_task *t = ctx;
-    long i0, i1;
-    llb_split(t->r1 - t->r0, 1, ith, nth, &i0, &i1);
     merge_rows(t, t->r0 + i0, t->r0 + i1);
 }
 
@@ -447,15 +454,18 @@ static int attention_invariant(const struct llb_attention_args *a) {
         t.r0 = r0;
         t.r1 = plan_pass(&t, r0, cap);
         const int parallel = worth_forking(a, t.r0, t.r1, t.units);
-        struct unit_queue q = {.units = t.units, .run = run_unit, .task = &t};
-        run_units(&q, parallel);
-        if (parallel && t.r1 - t.r0 > 1) llb_parallel(merge_task, &t);
+        const struct unit_queue q = {.run = run_unit, .task = &t};
+        run_units(&q, t.units, parallel);
+        if (parallel && t.r1 - t.r0 > 1)
+            llb_parallel_for(merge_task, &t, t.r1 - t.r0, llb_grain(t.r1 - t.r0, 16, 1, 1), LLB_POOL_MAX_THREADS);
         else merge_rows(&t, t.r0, t.r1);
     }
     return 0;
 }
 
 void llb_attention(const struct llb_attention_args *a) {
+    if (a->n_kv < 1 || a->n_heads % a->n_kv || (a->cache_type == LLB_CACHE_Q8_0 && a->head_dim % LLB_Q8_0_BLOCK))
+        return; /* the binding refuses these */
     /* Without its scratch (out of memory) the invariant schedule gives way to these: still
      * correct, no longer independent of the batch. */
     if (llb_batch_invariant && attention_invariant(a) == 0) return;
@@ -466,7 +476,7 @@ void llb_attention(const struct llb_attention_args *a) {
         if (keys > max_keys) max_keys = keys;
     }
     attn_plan(&t, max_keys);
-    struct unit_queue q = {.units = t.units, .run = attn_unit_run, .task = &t};
-    run_units(&q, worth_forking(a, 0, a->n, t.units));
+    const struct unit_queue q = {.run = attn_unit_run, .task = &t};
+    run_units(&q, t.units, worth_forking(a, 0, a->n, t.units));
     if (t.mode == ATTN_SPLIT) attn_merge_all(&t);
 }

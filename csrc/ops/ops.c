@@ -11,6 +11,7 @@
 #include <stdatomic.h>
 #include <string.h>
 
+#include "core/fp16.h"
 #include "core/isa.h"
 #include "core/state.h"
 #include "ops/kernels/kernels.h"
@@ -21,6 +22,9 @@
 #define PAR_MIN_RMSNORM 16384
 #define PAR_MIN_ROPE_ANGLES 256 /* tokens * rope_dim/2: each needs a cos and a sin */
 #define SPLIT_ALIGN 64          /* chunk boundaries on whole cache lines */
+/* Chunks an op is cut into (from its size, never the thread count): enough that a
+ * thread that is descheduled holds little of the op while the others take the rest. */
+#define OP_CHUNKS 16
 
 const struct llb_op_kernels *llb_op_kernels_current(void) {
 #if LLB_X86
@@ -54,17 +58,15 @@ static void ew_range(const struct ew_task *t, long i, long m) {
     }
 }
 
-static void ew_task_run(void *ctx, int ith, int nth) {
-    const struct ew_task *t = ctx;
-    long b, e;
-    llb_split(t->count, SPLIT_ALIGN, ith, nth, &b, &e);
-    if (e > b) ew_range(t, b, e - b);
+static void ew_task_run(void *ctx, long b, long e, int tid) {
+    (void)tid;
+    ew_range(ctx, b, e - b);
 }
 
 static void ew_dispatch(struct ew_task *t, long threshold) {
     t->k = llb_op_kernels_current();
     if (t->count < threshold || llb_pool_threads() == 1) ew_range(t, 0, t->count);
-    else llb_parallel(ew_task_run, t);
+    else llb_parallel_for(ew_task_run, t, t->count, llb_grain(t->count, OP_CHUNKS, threshold / 2, SPLIT_ALIGN), LLB_POOL_MAX_THREADS);
 }
 
 void llb_silu_mul(const float *gate, const float *up, float *out, long count) {
@@ -115,17 +117,15 @@ static void rows_range(const struct rows_task *t, long r0, long r1) {
     }
 }
 
-static void rows_task_run(void *ctx, int ith, int nth) {
-    const struct rows_task *t = ctx;
-    long b, e;
-    llb_split(t->n, 1, ith, nth, &b, &e);
-    if (e > b) rows_range(t, b, e);
+static void rows_task_run(void *ctx, long b, long e, int tid) {
+    (void)tid;
+    rows_range(ctx, b, e);
 }
 
 static void rows_dispatch(struct rows_task *t, long threshold) {
     t->k = llb_op_kernels_current();
     if (t->n < 2 || t->n * t->d < threshold || llb_pool_threads() == 1) rows_range(t, 0, t->n);
-    else llb_parallel(rows_task_run, t);
+    else llb_parallel_for(rows_task_run, t, t->n, llb_grain(t->n, OP_CHUNKS, 1, 1), LLB_POOL_MAX_THREADS);
 }
 
 void llb_rmsnorm(const float *x, const float *w, float *out, long n, long d, float eps) {
@@ -169,16 +169,14 @@ static void rope_tokens(const struct llb_rope_args *t, long t0, long t1) {
     }
 }
 
-static void rope_task_run(void *ctx, int ith, int nth) {
-    const struct llb_rope_args *t = ctx;
-    long b, e;
-    llb_split(t->n, 1, ith, nth, &b, &e);
-    if (e > b) rope_tokens(t, b, e);
+static void rope_task_run(void *ctx, long b, long e, int tid) {
+    (void)tid;
+    rope_tokens(ctx, b, e);
 }
 
 void llb_rope(const struct llb_rope_args *a) {
     if (a->n < 2 || a->n * (a->rope_dim / 2) < PAR_MIN_ROPE_ANGLES || llb_pool_threads() == 1) rope_tokens(a, 0, a->n);
-    else llb_parallel(rope_task_run, (void *)a);
+    else llb_parallel_for(rope_task_run, (void *)a, a->n, llb_grain(a->n, OP_CHUNKS, 1, 1), LLB_POOL_MAX_THREADS);
 }
 
 /* ---- kv cache ------------------------------------------------------------- */
@@ -190,7 +188,42 @@ struct kv_task {
     const int32_t *slots, *pos;
     long n, row, n_slots, n_ctx;
     int cache_type;
+    float *kbase;
 };
+
+/* n values (a multiple of 32) as Q8_0 blocks: scale amax / 127 (rounded to f16 when stored), codes
+ * round(x / scale) with halves away from zero, as the NumPy quantizer (formats/quants.py).
+ *
+ * With a base (keys: their slot's keys at position 0), a block whose difference from the base has a
+ * smaller amax is stored as that difference instead, flagged by the scale's sign bit (a scale is
+ * never negative) and read back as base + difference. Some models' keys carry a few huge channels
+ * (Qwen2.5's reach 145 where most are below 2: the k_proj bias, which rope barely turns in the
+ * low-frequency dims); a block holding one rounds the small channels beside it to 0, and the
+ * attention sink (position 0) is read wrong: plain Q8_0 moved Qwen2.5-Coder-0.5B's top-20 logits
+ * by 10. Those channels are nearly the same at every position, so their differences quantize
+ * finely, and position 0 itself is stored exactly. Blocks without such channels are better plain
+ * (a difference can span twice the range): always subtracting took SmolLM2's error from 0.57 to 0.70. */
+static void q8_0_row(const float *x, const float *base, uint8_t *dst, long n) {
+    float dv[LLB_Q8_0_BLOCK];
+    for (long b = 0; b < n; b += LLB_Q8_0_BLOCK, dst += LLB_Q8_0_BYTES) {
+        float amax = 0.f, amax_d = INFINITY;
+        for (int i = 0; i < LLB_Q8_0_BLOCK; i++) amax = fabsf(x[b + i]) > amax ? fabsf(x[b + i]) : amax;
+        if (base) {
+            amax_d = 0.f;
+            for (int i = 0; i < LLB_Q8_0_BLOCK; i++) {
+                dv[i] = x[b + i] - base[b + i];
+                amax_d = fabsf(dv[i]) > amax_d ? fabsf(dv[i]) : amax_d;
+            }
+        }
+        const int rel = amax_d < amax;
+        const float *v = rel ? dv : x + b;
+        const float d = (rel ? amax_d : amax) / 127.f, id = d != 0.f ? 1.f / d : 0.f;
+        const uint16_t h = (uint16_t)(llb_f32_to_f16(d) | (rel ? 0x8000 : 0));
+        dst[0] = (uint8_t)(h & 0xFF);
+        dst[1] = (uint8_t)(h >> 8);
+        for (int i = 0; i < LLB_Q8_0_BLOCK; i++) dst[2 + i] = (uint8_t)(int8_t)roundf(v[i] * id);
+    }
+}
 
 static void kv_tokens(const struct kv_task *t, long t0, long t1) {
     for (long i = t0; i < t1; i++) {
@@ -198,7 +231,11 @@ static void kv_tokens(const struct kv_task *t, long t0, long t1) {
         if (s < 0 || s >= t->n_slots || p < 0 || p >= t->n_ctx) continue; /* validated by the caller; never write outside */
         const size_t dst = ((size_t)s * (size_t)t->n_ctx + (size_t)p) * (size_t)t->row;
         const float *ksrc = t->kin + i * t->row, *vsrc = t->vin + i * t->row;
-        if (t->cache_type == LLB_CACHE_F16) {
+        if (t->cache_type == LLB_CACHE_Q8_0) {
+            const float *base = t->kbase ? t->kbase + (size_t)s * (size_t)t->row : NULL;
+            q8_0_row(ksrc, base, (uint8_t *)llb_cache_at(t->kcache, dst, LLB_CACHE_Q8_0), t->row);
+            q8_0_row(vsrc, NULL, (uint8_t *)llb_cache_at(t->vcache, dst, LLB_CACHE_Q8_0), t->row);
+        } else if (t->cache_type == LLB_CACHE_F16) {
             t->k->f32_to_f16(ksrc, (uint16_t *)t->kcache + dst, t->row);
             t->k->f32_to_f16(vsrc, (uint16_t *)t->vcache + dst, t->row);
         } else {
@@ -208,16 +245,20 @@ static void kv_tokens(const struct kv_task *t, long t0, long t1) {
     }
 }
 
-static void kv_task_run(void *ctx, int ith, int nth) {
-    const struct kv_task *t = ctx;
-    long b, e;
-    llb_split(t->n, 1, ith, nth, &b, &e);
-    if (e > b) kv_tokens(t, b, e);
+static void kv_task_run(void *ctx, long b, long e, int tid) {
+    (void)tid;
+    kv_tokens(ctx, b, e);
 }
 
 void llb_kv_store(const struct llb_kv_store_args *a) {
+    if (a->cache_type == LLB_CACHE_Q8_0 && a->head_dim % LLB_Q8_0_BLOCK) return; /* the binding refuses it */
     struct kv_task t = {llb_op_kernels_current(), a->k, a->v, a->kcache, a->vcache, a->slots, a->pos, a->n,
-                        a->n_kv * a->head_dim, a->n_slots, a->n_ctx, a->cache_type};
+                        a->n_kv * a->head_dim, a->n_slots, a->n_ctx, a->cache_type,
+                        a->cache_type == LLB_CACHE_Q8_0 ? a->kbase : NULL};
+    /* Bases first: a position 0 in this call sets its slot's base before any key of the slot is stored. */
+    for (long i = 0; t.kbase && i < t.n; i++)
+        if (t.pos[i] == 0 && t.slots[i] >= 0 && t.slots[i] < t.n_slots)
+            memcpy(t.kbase + (size_t)t.slots[i] * (size_t)t.row, t.kin + i * t.row, (size_t)t.row * sizeof(float));
     if (t.n < 2 || 2 * t.n * t.row < PAR_MIN_CHEAP || llb_pool_threads() == 1) kv_tokens(&t, 0, t.n);
-    else llb_parallel(kv_task_run, &t);
+    else llb_parallel_for(kv_task_run, &t, t.n, llb_grain(t.n, OP_CHUNKS, 1, 1), LLB_POOL_MAX_THREADS);
 }

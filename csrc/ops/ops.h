@@ -7,9 +7,24 @@
  * is computed by the same code whichever thread runs it). */
 #ifndef LLB_OPS_H
 #define LLB_OPS_H
+#include <stddef.h>
 #include <stdint.h>
 
-enum llb_cache_type { LLB_CACHE_F32 = 0, LLB_CACHE_F16 = 1 };
+/* KV cache element types. Q8_0 stores each 32 consecutive values of a row (a head's row never
+ * shares a block: head_dim is a multiple of 32) as an f16 scale and 32 int8 codes, as ggml's Q8_0. */
+enum llb_cache_type { LLB_CACHE_F32 = 0, LLB_CACHE_F16 = 1, LLB_CACHE_Q8_0 = 2 };
+#define LLB_Q8_0_BLOCK 32
+#define LLB_Q8_0_BYTES 34
+
+/* Bytes of the first `elems` values of a cache (elems a multiple of 32 for Q8_0). */
+static inline size_t llb_cache_bytes(int type, size_t elems) {
+    if (type == LLB_CACHE_Q8_0) return elems / LLB_Q8_0_BLOCK * LLB_Q8_0_BYTES;
+    return elems * (type == LLB_CACHE_F16 ? 2 : 4);
+}
+/* Where value `elem` of a cache starts. */
+static inline const void *llb_cache_at(const void *base, size_t elem, int type) {
+    return (const char *)base + llb_cache_bytes(type, elem);
+}
 
 /* Largest head_dim attention accepts (its block buffers live on the stack). */
 #define LLB_ATTN_MAX_HEAD_DIM 512
@@ -42,6 +57,10 @@ struct llb_kv_store_args {
     const int32_t *slots, *pos;
     long n, n_kv, head_dim, n_slots, n_ctx;
     int cache_type;
+    /* Q8_0 only, or NULL: (n_slots, n_kv * head_dim) floats, each slot's key base. A token at
+     * position 0 sets its slot's base to its keys; a key block may be stored as its difference
+     * from the base, read back as base + that (ops.c's q8_0_row says when and why). */
+    float *kbase;
 };
 void llb_kv_store(const struct llb_kv_store_args *a);
 
@@ -55,6 +74,7 @@ struct llb_attention_args {
     float scale;   /* applied to q.k */
     long window;   /* keys max(0, p - window + 1)..p; 0 = all keys 0..p */
     float softcap; /* > 0: score = softcap * tanh(score / softcap) */
+    const float *kbase; /* Q8_0: the key bases llb_kv_store used (NULL: none) */
 };
 /* Causal attention of each token over its slot's cache, GQA (head h reads kv
  * head h / (n_heads / n_kv)), softmax in float32. */

@@ -4,6 +4,7 @@
 #include <Python.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/alloc.h"
 #include "core/isa.h"
@@ -68,6 +69,7 @@ static PyObject *py_set_batch_invariant(PyObject *self, PyObject *arg) {
 static PyObject *py_batch_invariant(PyObject *self, PyObject *unused) { return PyBool_FromLong(llb_batch_invariant); }
 
 static PyObject *py_threads(PyObject *self, PyObject *unused) { return PyLong_FromLong(llb_pool_threads()); }
+static PyObject *py_pool_stalls(PyObject *self, PyObject *unused) { return PyLong_FromLong(llb_pool_stalls()); }
 
 static PyObject *py_alloc_stats(PyObject *self, PyObject *unused) {
     size_t count, bytes;
@@ -78,52 +80,83 @@ static PyObject *py_alloc_stats(PyObject *self, PyObject *unused) {
 /* ---- pool probes ---------------------------------------------------------- */
 
 #define PROBE_MAX_CALLS 1000000
+#define PROBE_MAX_ITEMS 4096
 struct probe {
-    atomic_int runs[LLB_POOL_MAX_THREADS]; /* runs of each ith over all calls */
-    atomic_int bad_nth;                /* calls that saw an nth other than the pool's */
-    atomic_int nested_nth_max;         /* largest nth a nested llb_parallel reported */
-    atomic_long sum;                   /* sum of ith + 1 over all runs: checks the work itself */
-    int expect_nth, nested;
+    atomic_int item_runs[PROBE_MAX_ITEMS]; /* runs of each item over all calls */
+    atomic_int chunks[LLB_POOL_MAX_THREADS]; /* chunks each tid ran */
+    atomic_int bad;                        /* chunks with a tid or range out of bounds */
+    atomic_int nested_max_tid;             /* largest tid + 1 a nested call reported */
+    int nth, nested;
+    int worker_chunks_before; /* chunks[1] when this call began (stall mode) */
+    long items, grain, stall_us;
 };
 
-static void nested_task(void *ctx, int ith, int nth) {
+static void nested_task(void *ctx, long b, long e, int tid) {
     struct probe *p = ctx;
-    int prev = atomic_load(&p->nested_nth_max);
-    while (nth > prev && !atomic_compare_exchange_weak(&p->nested_nth_max, &prev, nth)) {}
+    int prev = atomic_load(&p->nested_max_tid);
+    while (tid + 1 > prev && !atomic_compare_exchange_weak(&p->nested_max_tid, &prev, tid + 1)) {}
 }
 
-static void probe_task(void *ctx, int ith, int nth) {
+static void probe_task(void *ctx, long b, long e, int tid) {
     struct probe *p = ctx;
-    if (nth != p->expect_nth || ith < 0 || ith >= nth) {
-        atomic_fetch_add(&p->bad_nth, 1);
+    if (tid < 0 || tid >= p->nth || b < 0 || e > p->items || e <= b || b % p->grain != 0 ||
+        (e != p->items && e - b != p->grain)) {
+        atomic_fetch_add(&p->bad, 1);
         return;
     }
-    atomic_fetch_add(&p->runs[ith], 1);
-    atomic_fetch_add(&p->sum, ith + 1);
-    if (p->nested) llb_parallel(nested_task, ctx); /* misuse on purpose: must run serially */
+    atomic_fetch_add(&p->chunks[tid], 1);
+    if (tid > 0 && p->stall_us > 0) { /* a worker that is slow in the middle of its chunk */
+        const struct timespec ts = {p->stall_us / 1000000, p->stall_us % 1000000 * 1000};
+        nanosleep(&ts, NULL);
+    } else if (p->stall_us > 0 && b == 0) { /* the caller lets a worker claim one first (at most 2 s) */
+        const struct timespec ms = {0, 1000000};
+        for (int i = 0; i < 2000 && atomic_load(&p->chunks[1]) == p->worker_chunks_before; i++) nanosleep(&ms, NULL);
+    }
+    for (long i = b; i < e; i++) atomic_fetch_add(&p->item_runs[i], 1);
+    if (p->nested) llb_parallel_for(nested_task, ctx, 8, 1, LLB_POOL_MAX_THREADS); /* must run serially */
 }
 
-/* _pool_probe(calls, nested=False) -> dict(runs=[per-ith counts], bad_nth, nested_nth_max, sum) */
-static PyObject *py_pool_probe(PyObject *self, PyObject *args) {
-    long calls;
-    int nested = 0;
-    if (!PyArg_ParseTuple(args, "l|p", &calls, &nested)) return NULL;
+/* _pool_probe(calls, nested=False, items=64, grain=1, hold=0, stall_us=0) ->
+ * dict(item_runs=[per item], chunks=[per tid], bad, nested_max_tid, hold_timeouts).
+ * hold: a worker tid kept from claiming anything during the calls (llb_pool_hold_worker). */
+static PyObject *py_pool_probe(PyObject *self, PyObject *args, PyObject *kw) {
+    static char *names[] = {"calls", "nested", "items", "grain", "hold", "stall_us", NULL};
+    long calls, items = 64, grain = 1, stall_us = 0;
+    int nested = 0, hold = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "l|pllil", names, &calls, &nested, &items, &grain, &hold, &stall_us))
+        return NULL;
     if (calls < 1 || calls > PROBE_MAX_CALLS) return PyErr_Format(PyExc_ValueError, "_pool_probe: calls must be in [1, %d]", PROBE_MAX_CALLS);
+    if (items < 1 || items > PROBE_MAX_ITEMS || grain < 1 || hold < 0 || hold >= LLB_POOL_MAX_THREADS || stall_us < 0 ||
+        stall_us > 100000)
+        return PyErr_Format(PyExc_ValueError, "_pool_probe: items in [1, %d], grain >= 1, hold a tid, stall_us <= 100000",
+                            PROBE_MAX_ITEMS);
     struct probe *p = PyMem_Calloc(1, sizeof *p);
     if (!p) return PyErr_NoMemory();
     p->nested = nested;
+    p->items = items;
+    p->grain = grain;
+    p->stall_us = stall_us;
+    int timeouts;
     Py_BEGIN_ALLOW_THREADS
-    p->expect_nth = llb_pool_threads();
-    for (long i = 0; i < calls; i++) llb_parallel(probe_task, p);
+    p->nth = llb_pool_threads();
+    llb_pool_hold_worker(hold);
+    for (long i = 0; i < calls; i++) {
+        p->worker_chunks_before = atomic_load(&p->chunks[1]);
+        llb_parallel_for(probe_task, p, items, grain, p->nth); /* tid < nth even if the pool grows */
+    }
+    timeouts = llb_pool_hold_worker(0);
     Py_END_ALLOW_THREADS
-    PyObject *runs = PyList_New(p->expect_nth);
-    if (!runs) {
+    PyObject *runs = PyList_New(items), *chunks = PyList_New(p->nth);
+    if (!runs || !chunks) {
+        Py_XDECREF(runs);
+        Py_XDECREF(chunks);
         PyMem_Free(p);
         return NULL;
     }
-    for (int i = 0; i < p->expect_nth; i++) PyList_SET_ITEM(runs, i, PyLong_FromLong(atomic_load(&p->runs[i])));
-    PyObject *res = Py_BuildValue("{s:N,s:i,s:i,s:l}", "runs", runs, "bad_nth", atomic_load(&p->bad_nth), "nested_nth_max",
-                                  atomic_load(&p->nested_nth_max), "sum", atomic_load(&p->sum));
+    for (long i = 0; i < items; i++) PyList_SET_ITEM(runs, i, PyLong_FromLong(atomic_load(&p->item_runs[i])));
+    for (int i = 0; i < p->nth; i++) PyList_SET_ITEM(chunks, i, PyLong_FromLong(atomic_load(&p->chunks[i])));
+    PyObject *res = Py_BuildValue("{s:N,s:N,s:i,s:i,s:i}", "item_runs", runs, "chunks", chunks, "bad", atomic_load(&p->bad),
+                                  "nested_max_tid", atomic_load(&p->nested_max_tid), "hold_timeouts", timeouts);
     PyMem_Free(p);
     return res;
 }
@@ -140,6 +173,10 @@ PyMethodDef llb_core_methods[] = {
      "or how a prompt was chunked. Process-wide; the server turns it on."},
     {"batch_invariant", py_batch_invariant, METH_NOARGS, "batch_invariant() -> bool: the switch above."},
     {"alloc_stats", py_alloc_stats, METH_NOARGS, "alloc_stats() -> (count, bytes) of all allocations the core made."},
-    {"_pool_probe", py_pool_probe, METH_VARARGS, "_pool_probe(calls, nested=False) -> dict: run a counting task (tests)."},
+    {"pool_stalls", py_pool_stalls, METH_NOARGS,
+     "pool_stalls() -> int: calls in which a worker was descheduled in the middle of its chunk; after each the pool\n"
+     "runs alone on the calling thread for a few milliseconds."},
+    {"_pool_probe", (PyCFunction)(void (*)(void))py_pool_probe, METH_VARARGS | METH_KEYWORDS,
+     "_pool_probe(calls, nested=False, items=64, grain=1, hold=0, stall_us=0) -> dict: run a counting task (tests)."},
     {NULL, NULL, 0, NULL},
 };

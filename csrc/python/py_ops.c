@@ -44,11 +44,33 @@ static int ids_ok(const char *op, const int32_t *slots, const int32_t *pos, long
 static int get_cache_type(PyObject *o, const char *op, int *out) {
     long t;
     if (llb_arg_long(o, op, "cache_type", 0, 2, &t)) return -1;
-    if (t == 2) {
-        PyErr_Format(PyExc_ValueError, "%s: cache_type 2 (q8_0) is not implemented; use 0 (f32) or 1 (f16)", op);
+    *out = (int)t;
+    return 0;
+}
+
+/* The optional key bases (None or absent: NULL) of a q8_0 cache: n_slots * n_kv * head_dim floats. */
+static int get_kbase(struct llb_bufs *h, PyObject *const *args, Py_ssize_t nargs, Py_ssize_t at, const char *op,
+                     int writable, int cache_type, size_t count, float **out) {
+    *out = NULL;
+    if (nargs <= at || args[at] == Py_None) return 0;
+    if (cache_type != LLB_CACHE_Q8_0) {
+        PyErr_Format(PyExc_ValueError, "%s: kbase goes with a q8_0 cache (cache_type 2) only", op);
         return -1;
     }
-    *out = (int)t;
+    *out = llb_arg_buf(h, args[at], op, "kbase", writable, LLB_ELEM_F32, count, 1);
+    return *out ? 0 : -1;
+}
+
+/* How a cache of `values` values of type t is handed over: its element kind and count (Q8_0:
+ * bytes, whole 32-value blocks of each head's row, so head_dim must be a multiple of 32). */
+static int cache_buf_kind(const char *op, int t, long head_dim, size_t values, enum llb_elem *kind, size_t *count) {
+    if (t == LLB_CACHE_Q8_0 && head_dim % LLB_Q8_0_BLOCK) {
+        PyErr_Format(PyExc_ValueError, "%s: a q8_0 cache needs head_dim a multiple of %d (got %ld)", op, LLB_Q8_0_BLOCK,
+                     head_dim);
+        return -1;
+    }
+    *kind = t == LLB_CACHE_Q8_0 ? LLB_ELEM_BYTES : t == LLB_CACHE_F16 ? LLB_ELEM_F16 : LLB_ELEM_F32;
+    *count = t == LLB_CACHE_Q8_0 ? llb_cache_bytes(t, values) : values;
     return 0;
 }
 
@@ -135,7 +157,8 @@ static int check_kv_store(const void *p, char *msg) {
 
 static PyObject *py_kv_store(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     static const char *op = "kv_store";
-    if (llb_arg_nargs(op, nargs, 12, "k, v, kcache, vcache, slots, pos, n, n_kv, head_dim, n_slots, n_ctx, cache_type"))
+    if (nargs != 13 && llb_arg_nargs(op, nargs, 12, "k, v, kcache, vcache, slots, pos, n, n_kv, head_dim, n_slots, n_ctx, "
+                                                     "cache_type[, kbase]"))
         return NULL;
     long n, n_kv, head_dim, n_slots, n_ctx;
     int cache_type;
@@ -146,7 +169,8 @@ static PyObject *py_kv_store(PyObject *self, PyObject *const *args, Py_ssize_t n
         return NULL;
     size_t nrow, ncache;
     if (llb_arg_product(op, &nrow, n, n_kv, head_dim, 1) || llb_arg_product(op, &ncache, n_slots, n_ctx, n_kv, head_dim)) return NULL;
-    const enum llb_elem ce = cache_type == LLB_CACHE_F16 ? LLB_ELEM_F16 : LLB_ELEM_F32;
+    enum llb_elem ce;
+    if (cache_buf_kind(op, cache_type, head_dim, ncache, &ce, &ncache)) return NULL;
     struct llb_bufs h = OPS_BUFS;
     const float *k = llb_arg_buf(&h, args[0], op, "k", 0, LLB_ELEM_F32, nrow, 0);
     const float *v = k ? llb_arg_buf(&h, args[1], op, "v", 0, LLB_ELEM_F32, nrow, 0) : NULL;
@@ -159,7 +183,9 @@ static PyObject *py_kv_store(PyObject *self, PyObject *const *args, Py_ssize_t n
         PyErr_SetString(PyExc_ValueError, "kv_store: kcache and vcache are the same buffer");
         goto fail;
     }
-    const struct llb_kv_store_args a = {k, v, kc, vc, slots, pos, n, n_kv, head_dim, n_slots, n_ctx, cache_type};
+    float *kbase;
+    if (get_kbase(&h, args, nargs, 12, op, 1, cache_type, (size_t)n_slots * (size_t)(n_kv * head_dim), &kbase)) goto fail;
+    const struct llb_kv_store_args a = {k, v, kc, vc, slots, pos, n, n_kv, head_dim, n_slots, n_ctx, cache_type, kbase};
     return llb_bufs_call(&h, op, run_kv_store, check_kv_store, &a, sizeof a);
 fail:
     llb_bufs_release(&h);
@@ -176,8 +202,11 @@ static int check_attention(const void *p, char *msg) {
     return ids_ok("attention", a->slots, a->pos, a->n, a->n_slots, a->n_ctx, msg);
 }
 
-/* attention's 16 arguments into a and h (shared with attention_sinks); 0, or -1 with an exception set */
-static int parse_attention(const char *op, PyObject *const *args, struct llb_attention_args *a, struct llb_bufs *h) {
+/* attention's 16 arguments into a and h, then the optional kbase at args[kbase_at] (shared with
+ * attention_sinks); 0, or -1 with an exception set */
+static int parse_attention(const char *op, PyObject *const *args, Py_ssize_t nargs, Py_ssize_t kbase_at,
+                           struct llb_attention_args *a, struct llb_bufs *h) {
+    *a = (struct llb_attention_args){0};
     if (llb_arg_long(args[6], op, "n", 1, MAX_DIM, &a->n) || llb_arg_long(args[7], op, "n_heads", 1, MAX_HEADS, &a->n_heads) ||
         llb_arg_long(args[8], op, "n_kv", 1, MAX_HEADS, &a->n_kv) ||
         llb_arg_long(args[9], op, "head_dim", 1, LLB_ATTN_MAX_HEAD_DIM, &a->head_dim) ||
@@ -193,7 +222,8 @@ static int parse_attention(const char *op, PyObject *const *args, struct llb_att
     if (llb_arg_product(op, &nq, a->n, a->n_heads, a->head_dim, 1) ||
         llb_arg_product(op, &ncache, a->n_slots, a->n_ctx, a->n_kv, a->head_dim))
         return -1;
-    const enum llb_elem ce = a->cache_type == LLB_CACHE_F16 ? LLB_ELEM_F16 : LLB_ELEM_F32;
+    enum llb_elem ce;
+    if (cache_buf_kind(op, a->cache_type, a->head_dim, ncache, &ce, &ncache)) return -1;
     if (!(a->q = llb_arg_buf(h, args[0], op, "q", 0, LLB_ELEM_F32, nq, 0)) ||
         !(a->kcache = llb_arg_buf(h, args[1], op, "kcache", 0, ce, ncache, 1)) ||
         !(a->vcache = llb_arg_buf(h, args[2], op, "vcache", 0, ce, ncache, 1)) ||
@@ -201,18 +231,23 @@ static int parse_attention(const char *op, PyObject *const *args, struct llb_att
         !(a->slots = llb_arg_buf(h, args[4], op, "slots", 0, LLB_ELEM_I32, a->n, 0)) ||
         !(a->pos = llb_arg_buf(h, args[5], op, "pos", 0, LLB_ELEM_I32, a->n, 0)))
         return -1;
+    float *kbase;
+    if (get_kbase(h, args, nargs, kbase_at, op, 0, a->cache_type, (size_t)a->n_slots * (size_t)(a->n_kv * a->head_dim),
+                  &kbase))
+        return -1;
+    a->kbase = kbase;
     return 0;
 }
 
 static PyObject *py_attention(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     static const char *op = "attention";
-    if (llb_arg_nargs(op, nargs, 16,
-                      "q, kcache, vcache, out, slots, pos, n, n_heads, n_kv, head_dim, n_slots, n_ctx, cache_type, "
-                      "scale, window, softcap"))
+    if (nargs != 17 && llb_arg_nargs(op, nargs, 16,
+                                     "q, kcache, vcache, out, slots, pos, n, n_heads, n_kv, head_dim, n_slots, n_ctx, "
+                                     "cache_type, scale, window, softcap[, kbase]"))
         return NULL;
     struct llb_attention_args a;
     struct llb_bufs h = OPS_BUFS;
-    if (parse_attention(op, args, &a, &h)) {
+    if (parse_attention(op, args, nargs, 16, &a, &h)) {
         llb_bufs_release(&h);
         return NULL;
     }
@@ -234,16 +269,16 @@ static int check_sinks(const void *p, char *msg) {
     return ids_ok("attention_sinks", a->slots, a->pos, a->n, a->n_slots, a->n_ctx, msg);
 }
 
-/* attention_sinks(attention's 16 arguments, sinks) -> None: out rescaled for each head's sink logit */
+/* attention_sinks(attention's 16 arguments, sinks[, kbase]) -> None: out rescaled for each head's sink logit */
 static PyObject *py_attention_sinks(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     static const char *op = "attention_sinks";
-    if (llb_arg_nargs(op, nargs, 17,
-                      "q, kcache, vcache, out, slots, pos, n, n_heads, n_kv, head_dim, n_slots, n_ctx, cache_type, "
-                      "scale, window, softcap, sinks"))
+    if (nargs != 18 && llb_arg_nargs(op, nargs, 17,
+                                     "q, kcache, vcache, out, slots, pos, n, n_heads, n_kv, head_dim, n_slots, n_ctx, "
+                                     "cache_type, scale, window, softcap, sinks[, kbase]"))
         return NULL;
     struct sinks_args s;
     struct llb_bufs h = OPS_BUFS;
-    if (parse_attention(op, args, &s.a, &h) ||
+    if (parse_attention(op, args, nargs, 17, &s.a, &h) ||
         !(s.sinks = llb_arg_buf(&h, args[16], op, "sinks", 0, LLB_ELEM_F32, s.a.n_heads, 0))) {
         llb_bufs_release(&h);
         return NULL;

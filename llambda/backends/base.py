@@ -27,6 +27,7 @@ class KVCache:
         self.n_layers, self.n_slots, self.n_ctx = n_layers, n_slots, n_ctx
         self.n_kv, self.head_dim, self.dtype = n_kv, head_dim, np.dtype(dtype)
         self.k, self.v, self.extra = k, v, extra
+        self.kbase = [None] * n_layers      # per layer: a q8_0 cache's key bases (native backend), else None
 
     @property
     def nbytes(self) -> int:
@@ -96,7 +97,7 @@ class Backend(ABC):
     def create_kv_cache(self, n_layers, n_slots, n_ctx, n_kv, head_dim, extra: dict | None = None) -> KVCache:
         """The KV cache and the `extra` activation buffers, carved from one arena allocated now."""
         specs = dict(extra or {})
-        shape = (n_slots, n_ctx, n_kv, head_dim)
+        shape = self.kv_shape(n_slots, n_ctx, n_kv, head_dim)
         for i in range(n_layers):
             specs[f"k{i}"] = (shape, self.kv_dtype)
             specs[f"v{i}"] = (shape, self.kv_dtype)
@@ -104,6 +105,10 @@ class Backend(ABC):
         k = [views.pop(f"k{i}") for i in range(n_layers)]
         v = [views.pop(f"v{i}") for i in range(n_layers)]
         return KVCache(n_layers, n_slots, n_ctx, n_kv, head_dim, self.kv_dtype, k, v, views)
+
+    def kv_shape(self, n_slots, n_ctx, n_kv, head_dim) -> tuple:
+        """The shape of one layer's K (or V) cache of kv_dtype elements."""
+        return (n_slots, n_ctx, n_kv, head_dim)
 
     def memory_report(self) -> dict[str, int]:
         return {}

@@ -7,13 +7,14 @@ releases the GIL and splits the work over the persistent thread pool.
 """
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import LlambdaWarning, ModelFormatError, NativeUnavailableError
+from ..errors import InvalidInputError, LlambdaWarning, ModelFormatError, NativeUnavailableError
 from ..formats.experts import expert_matrix
 from ..formats.quants import DEQUANTIZABLE, TRAITS, QType, quantize
 from ..formats.weights import WeightTensor
@@ -28,7 +29,10 @@ except ImportError as e:  # not built (no compiler at install time)
 else:
     _IMPORT_ERROR = ""
 
-KV_TYPES = {"f16": (np.float16, 1), "f32": (np.float32, 0)}
+# kv_type -> (cache element dtype, the C core's cache_type). q8_0: ggml Q8_0 blocks (an f16 scale and
+# 32 int8 codes per 32 values of a head's row), 34 bytes where f16 takes 64: the cache is raw bytes.
+KV_TYPES = {"f16": (np.float16, 1), "f32": (np.float32, 0), "q8_0": (np.uint8, 2)}
+Q8_0_BLOCK, Q8_0_BYTES = 32, 34
 # The weight types the C core runs (its type table), by ggml id.
 NATIVE_TYPES: dict[int, dict] = {t["id"]: t for t in C.qtypes()} if C is not None else {}
 # What a tensor of another type becomes at load (when the oracle can decode it).
@@ -57,6 +61,70 @@ def physical_cores() -> int:
         except OSError:
             cores.add(str(c))
     return max(1, len(cores))
+
+
+def cgroup_cpu_quota(root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self/cgroup") -> float | None:
+    """CPUs' worth of time this process's cgroup may use (quota / period), None when unlimited or
+    unknown. cgroup v2 (cpu.max: "QUOTA PERIOD" or "max PERIOD") and v1 (cpu.cfs_quota_us, -1
+    unlimited); the process's own group first, then the root's (inside a container the group is
+    mounted as the root)."""
+    def read(path):
+        try:
+            with open(path) as f:
+                return f.read().split()
+        except OSError:
+            return None
+
+    v2_path = v1_path = None
+    try:
+        with open(proc_cgroup) as f:
+            for line in f:
+                parts = line.rstrip("\n").split(":", 2)
+                if len(parts) != 3:
+                    continue
+                if parts[0] == "0" and parts[1] == "":
+                    v2_path = parts[2]
+                elif "cpu" in parts[1].split(","):
+                    v1_path = parts[2]
+    except OSError:
+        pass
+    limits = []
+    for group in dict.fromkeys(g for g in (v2_path, "/") if g is not None):
+        words = read(os.path.join(root, group.lstrip("/"), "cpu.max"))
+        if words and len(words) == 2 and words[0] != "max":
+            try:
+                limits.append(int(words[0]) / int(words[1]))
+            except (ValueError, ZeroDivisionError):
+                pass
+    for mount in ("cpu", "cpu,cpuacct"):
+        for group in dict.fromkeys(g for g in (v1_path, "/") if g is not None):
+            base = os.path.join(root, mount, group.lstrip("/"))
+            quota, period = read(os.path.join(base, "cpu.cfs_quota_us")), read(os.path.join(base, "cpu.cfs_period_us"))
+            try:
+                if quota and period and int(quota[0]) > 0 and int(period[0]) > 0:
+                    limits.append(int(quota[0]) / int(period[0]))
+            except ValueError:
+                pass
+    limits = [q for q in limits if q > 0]
+    return min(limits) if limits else None
+
+
+def usable_cpus() -> int:
+    """CPUs this process may keep busy: its affinity mask, capped by its cgroup's CPU quota
+    (rounded up: 1.5 CPUs' worth still runs 2 threads at once, part of the time)."""
+    try:
+        n = max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        n = os.cpu_count() or 1
+    quota = cgroup_cpu_quota()
+    if quota is not None:
+        n = min(n, max(1, math.ceil(quota)))
+    return n
+
+
+def default_threads() -> int:
+    """One thread per physical core this process may use, within its CPU quota."""
+    return max(1, min(physical_cores(), usable_cpus()))
 
 
 MATMUL_MANY_MAX = 3   # matrices one native matmul_many call takes (LLB_MM_MAX_PARTS)
@@ -98,7 +166,7 @@ class NativeBackend(Backend):
         self.exact = activations == "f32"
         self.precision = "f32 activations (exact)" if self.exact else "8-bit activations"
         self.kv_dtype, self.kv_code = KV_TYPES[kv_type]
-        self.threads = int(threads) if threads else physical_cores()
+        self.threads = int(threads) if threads else default_threads()
         if self.threads < 1:
             raise ValueError("threads must be >= 1")
         C.set_threads(self.threads)
@@ -202,7 +270,21 @@ class NativeBackend(Backend):
         if head_dim > MAX_HEAD_DIM:
             raise ModelFormatError(f"head_dim {head_dim} is more than the native core's {MAX_HEAD_DIM}; "
                                    "use backend='numpy'")
-        return super().create_kv_cache(n_layers, n_slots, n_ctx, n_kv, head_dim, extra)
+        q8 = self.kv_code == KV_TYPES["q8_0"][1]
+        if q8 and head_dim % Q8_0_BLOCK:
+            raise InvalidInputError(f"kv_type='q8_0' needs head_dim a multiple of {Q8_0_BLOCK}; this model's is "
+                                    f"{head_dim}: use kv_type='f16'")
+        extra = dict(extra or {})
+        if q8:  # each slot's key base per layer (see the C core's kv_store)
+            extra.update({f"kbase{i}": ((n_slots, n_kv * head_dim), np.float32) for i in range(n_layers)})
+        cache = super().create_kv_cache(n_layers, n_slots, n_ctx, n_kv, head_dim, extra)
+        cache.kbase = [cache.extra.pop(f"kbase{i}") for i in range(n_layers)] if q8 else [None] * n_layers
+        return cache
+
+    def kv_shape(self, n_slots, n_ctx, n_kv, head_dim) -> tuple:
+        if self.kv_code == KV_TYPES["q8_0"][1]:
+            return (n_slots, n_ctx, n_kv * head_dim // Q8_0_BLOCK * Q8_0_BYTES)
+        return super().kv_shape(n_slots, n_ctx, n_kv, head_dim)
 
     def set_batch_invariant(self, flag: bool) -> None:
         """Make every row's result independent of what else shares its step, bit for bit: matmuls
@@ -263,17 +345,17 @@ class NativeBackend(Backend):
     def kv_store(self, cache: KVCache, layer, k, v, slots, pos) -> None:
         n, n_kv, hd = k.shape
         C.kv_store(k, v, cache.k[layer], cache.v[layer], slots, pos, n, n_kv, hd, cache.n_slots, cache.n_ctx,
-                   self.kv_code)
+                   self.kv_code, cache.kbase[layer])
 
     def attention(self, q, cache: KVCache, layer, slots, pos, out, scale, window, softcap) -> None:
         n, heads, hd = q.shape
         C.attention(q, cache.k[layer], cache.v[layer], out, slots, pos, n, heads, cache.n_kv, hd, cache.n_slots,
-                    cache.n_ctx, self.kv_code, scale, window, softcap)
+                    cache.n_ctx, self.kv_code, scale, window, softcap, cache.kbase[layer])
 
     def attention_sinks(self, q, cache: KVCache, layer, slots, pos, out, scale, window, softcap, sinks) -> None:
         n, heads, hd = q.shape
         C.attention_sinks(q, cache.k[layer], cache.v[layer], out, slots, pos, n, heads, cache.n_kv, hd, cache.n_slots,
-                          cache.n_ctx, self.kv_code, scale, window, softcap, sinks)
+                          cache.n_ctx, self.kv_code, scale, window, softcap, sinks, cache.kbase[layer])
 
     def silu_mul(self, gate, up, out) -> None:
         C.silu_mul(gate, up, out, gate.size)

@@ -83,7 +83,7 @@ class OurEngine:
         """(weight bytes, K/V bytes) one decode token reads at `depth` cached tokens."""
         from .model_info import decode_weight_bytes
         cfg, cache = self.model.config, self.tr.cache
-        kv = 2 * cfg.n_layers * cfg.kv_dim * cache.dtype.itemsize * depth
+        kv = 2 * cfg.n_layers * cache.k[0][0, 0].nbytes * depth  # one position of every kv head (any kv_type)
         return decode_weight_bytes(self.model.source), int(kv)
 
 

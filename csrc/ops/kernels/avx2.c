@@ -2,6 +2,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "core/fp16.h"
 #include "core/isa.h"
 #include "core/simd.h"
 #include "ops/ops.h"
@@ -46,6 +47,9 @@ static inline void v_store_h_part(uint16_t *p, vf v, long n) {
     uint16_t t[8];
     v_store_h(t, v);
     memcpy(p, t, (size_t)n * 2);
+}
+static inline vf v_load_q8(const int8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
 static inline vf v_add(vf a, vf b) { return _mm256_add_ps(a, b); }
 static inline vf v_sub(vf a, vf b) { return _mm256_sub_ps(a, b); }

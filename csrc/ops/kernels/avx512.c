@@ -2,6 +2,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "core/fp16.h"
 #include "core/isa.h"
 #include "core/simd.h"
 #include "ops/ops.h"
@@ -35,6 +36,7 @@ static inline void v_store_h(uint16_t *p, vf v) {
 static inline void v_store_h_part(uint16_t *p, vf v, long n) {
     _mm256_mask_storeu_epi16(p, first_n(n), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
+static inline vf v_load_q8(const int8_t *p) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p))); }
 static inline vf v_add(vf a, vf b) { return _mm512_add_ps(a, b); }
 static inline vf v_sub(vf a, vf b) { return _mm512_sub_ps(a, b); }
 static inline vf v_mul(vf a, vf b) { return _mm512_mul_ps(a, b); }

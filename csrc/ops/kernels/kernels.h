@@ -11,20 +11,21 @@
 /* One token's `group` query heads (consecutive rows) against one kv head, keys lo..hi (inclusive). */
 struct llb_attn_unit {
     const float *q;     /* group rows of head_dim */
-    const void *k, *v;  /* the rows of key position 0 (f32 or f16) */
-    size_t stride;      /* elements from one key position to the next */
+    const void *k, *v;  /* the rows of key position 0 (f32, f16 or q8_0 blocks) */
+    size_t stride;      /* elements from one key position to the next (see llb_cache_at) */
     long lo, hi;
     long head_dim, group;
     float scale, softcap;
     float *out; /* group rows: the normalised output, or with ml the unnormalised sum */
     float *ml;  /* NULL, or group pairs (max score, sum of exp) of a partial to merge */
+    const float *kbase; /* q8_0: NULL or head_dim floats added to every key read */
 };
 
 /* Up to LLB_TILE_MAX_ROWS query rows reading keys of one kv head (a few
  * tokens of one slot x some of its query heads), each with its own key range. */
 #define LLB_TILE_MAX_ROWS 16
 struct llb_attn_tile {
-    const void *k, *v; /* the rows of key position 0 (f32 or f16) */
+    const void *k, *v; /* the rows of key position 0 (f32, f16 or q8_0 blocks) */
     size_t stride;
     long head_dim, n_rows;
     float scale, softcap;
@@ -36,6 +37,7 @@ struct llb_attn_tile {
      * (out[r] the unnormalised sums, ml[r] its (max score, sum of exp)). */
     int row_order;
     float *ml[LLB_TILE_MAX_ROWS];
+    const float *kbase; /* as llb_attn_unit's */
 };
 
 struct llb_op_kernels {
@@ -49,10 +51,12 @@ struct llb_op_kernels {
     void (*f32_to_f16)(const float *src, uint16_t *dst, long count);
     void (*attend_f32)(const struct llb_attn_unit *u);
     void (*attend_f16)(const struct llb_attn_unit *u);
+    void (*attend_q8_0)(const struct llb_attn_unit *u);
     void (*attn_merge)(const float *parts, size_t part_stride, const float *ml, size_t ml_stride, long n_parts, long hd,
                        float *out);
     void (*attend_tile_f32)(const struct llb_attn_tile *t);
     void (*attend_tile_f16)(const struct llb_attn_tile *t);
+    void (*attend_tile_q8_0)(const struct llb_attn_tile *t);
     int lanes; /* floats per vector: rows a tile can hold */
 };
 

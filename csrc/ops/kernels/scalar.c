@@ -23,6 +23,7 @@ static inline void v_store_h(uint16_t *p, vf v) { *p = llb_f32_to_f16(v); }
 static inline void v_store_h_part(uint16_t *p, vf v, long n) {
     if (n > 0) *p = llb_f32_to_f16(v);
 }
+static inline vf v_load_q8(const int8_t *p) { return (float)*p; }
 static inline vf v_add(vf a, vf b) { return a + b; }
 static inline vf v_sub(vf a, vf b) { return a - b; }
 static inline vf v_mul(vf a, vf b) { return a * b; }

@@ -1,0 +1,131 @@
+"""The thread pool under stress: no lost wake-up, no hang, no division by a zero count.
+
+A lost wake-up shows as a call that never returns at 0% CPU, so every stress runs in a child
+process under a timeout: a hang fails the test instead of freezing the suite. LLAMBDA_SPIN_US
+selects how long idle workers spin before they sleep: 0 sends every worker to sleep between
+calls (every call then wakes them), a few microseconds makes calls race with workers falling
+asleep, the default (200 us) keeps them spinning.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+native = pytest.importorskip("llambda._native", reason="C core not built (python setup.py build_ext --inplace)")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_child(code, timeout, *args, **env):
+    full_env = dict(os.environ, PYTHONPATH=str(ROOT), **env)
+    try:
+        r = subprocess.run([sys.executable, "-c", textwrap.dedent(code), *map(str, args)], capture_output=True,
+                           text=True, timeout=timeout, env=full_env)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"hang: the child did not finish within {timeout} s (env {env})")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout
+
+
+TINY_CALLS = r"""
+import sys
+from llambda import _native as nat
+threads, calls = int(sys.argv[1]), int(sys.argv[2])
+nat.set_threads(threads)
+for items, grain in ((2, 1), (3, 1), (threads + 1, 1), (64, 1), (100, 33)):
+    r = nat._pool_probe(calls, items=items, grain=grain)
+    assert r["bad"] == 0 and r["item_runs"] == [calls] * items, (items, grain, r["bad"])
+# chunks a worker sleeps in: the caller's join spins out and sleeps, the worker must wake it
+r = nat._pool_probe(calls // 10, items=8, grain=1, stall_us=80)
+assert r["bad"] == 0 and r["item_runs"] == [calls // 10] * 8
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("spin_us", ["0", "3", "200"])
+@pytest.mark.parametrize("threads", [2, 4])
+def test_thousands_of_tiny_calls_never_hang(spin_us, threads):
+    """Tens of thousands of calls, each too small to keep a worker busy: every fork/join races
+    with workers going to sleep or waking up. More threads than chunks leaves workers idle."""
+    assert run_child(TINY_CALLS, 120, threads, 4000, LLAMBDA_SPIN_US=spin_us).strip() == "ok"
+
+
+RESIZE_WHILE_CALLING = r"""
+import sys, threading
+import numpy as np
+from llambda import _native as nat
+seconds = float(sys.argv[1])
+stop = threading.Event()
+errors = []
+x = np.random.default_rng(0).standard_normal((64, 640)).astype(np.float32)
+w = np.random.default_rng(1).standard_normal(640).astype(np.float32)
+want = np.empty_like(x)
+nat.set_threads(1)
+nat.rmsnorm(x, w, want, 64, 640, 1e-6)
+
+def ops():
+    out = np.empty_like(x)
+    while not stop.is_set():
+        nat.rmsnorm(x, w, out, 64, 640, 1e-6)
+        if not np.array_equal(out, want):
+            errors.append("rmsnorm changed")
+        r = nat._pool_probe(20, items=37, grain=2)
+        if r["bad"] or r["item_runs"] != [20] * 37:
+            errors.append("probe %r" % r["bad"])
+
+def resize():
+    rng = np.random.default_rng(2)
+    while not stop.is_set():
+        nat.set_threads(int(rng.integers(1, 5)))
+
+workers = [threading.Thread(target=ops) for _ in range(3)] + [threading.Thread(target=resize)]
+for t in workers:
+    t.start()
+stop.wait(seconds)
+stop.set()
+for t in workers:
+    t.join(30)
+    assert not t.is_alive(), "a thread did not finish"
+assert not errors, errors[:3]
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("spin_us", ["0", "200"])
+def test_ops_from_several_threads_while_the_pool_resizes(spin_us):
+    assert run_child(RESIZE_WHILE_CALLING, 120, 3, LLAMBDA_SPIN_US=spin_us).strip() == "ok"
+
+
+def test_more_threads_than_work_units():
+    """1 to 3 chunks on 8 threads: most workers find nothing, none divides by a zero count."""
+    native.set_threads(8)
+    try:
+        for items, grain in ((1, 1), (2, 1), (3, 1), (7, 3), (9, 8)):
+            r = native._pool_probe(200, items=items, grain=grain)
+            assert r["bad"] == 0 and r["item_runs"] == [200] * items
+    finally:
+        native.set_threads(2)
+
+
+LONG_DECODE = r"""
+import sys
+import llambda
+path, tokens = sys.argv[1], int(sys.argv[2])
+m = llambda.load(path, threads=2)
+n = 0
+for ev in m.stream("Write a long story about a lighthouse keeper.", max_tokens=tokens, temperature=0.0,
+                   ignore_eos=True):
+    n += 1
+assert n == tokens, n
+print("ok", n)
+"""
+
+
+@pytest.mark.parametrize("spin_us", ["0", "200"])
+def test_long_decode_finishes(smollm2_gguf, spin_us):
+    """1200 tokens on 2 threads: the decode that once hung after ~128 tokens on a quiet machine."""
+    out = run_child(LONG_DECODE, 600, smollm2_gguf, 1200, LLAMBDA_SPIN_US=spin_us)
+    assert out.startswith("ok 1200")
