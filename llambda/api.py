@@ -51,8 +51,8 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
         lookup = src.tensor
         if quantize:
             from .tools.quantize import quantizing_lookup
-            lookup = quantizing_lookup(src.tensor, quantize)
-        model = Transformer(cfg, lookup, be, n_ctx=ctx, n_slots=n_slots, max_tokens=max_batch)
+            lookup = quantizing_lookup(src.tensor, quantize, release=src.release)
+        model = Transformer(cfg, lookup, be, n_ctx=ctx, n_slots=n_slots, max_tokens=max_batch, release=src.release)
     except BaseException:
         src.close()
         raise

@@ -40,8 +40,10 @@ def quantize_tensor(t: WeightTensor, qtype: QType) -> WeightTensor:
     return WeightTensor(t.name, qtype, t.shape, raw.reshape(-1))
 
 
-def quantizing_lookup(lookup: Lookup, qtype_name: str) -> Lookup:
-    """`lookup` with every quantizable float matrix converted to `qtype_name` as it is fetched."""
+def quantizing_lookup(lookup: Lookup, qtype_name: str, release=None) -> Lookup:
+    """`lookup` with every quantizable float matrix converted to `qtype_name` as it is fetched; `release`
+    (ModelSource.release) is told the float bytes once quantized."""
+    release = release or (lambda data: 0)
     qtype = load_qtype(qtype_name)
     last: dict[tuple, WeightTensor] = {}   # fused tensors are fetched once per part: quantize them once
 
@@ -50,11 +52,14 @@ def quantizing_lookup(lookup: Lookup, qtype_name: str) -> Lookup:
         if t is None or not quantizable(t, qtype) or ".ffn_gate_inp" in name or name.endswith(".bias"):
             return t        # an MoE router stays float: its logits choose the experts (as export does); biases too
         if len(t.shape) == 3:       # experts: fetched once each
-            return quantize_tensor(t, qtype)
+            q = quantize_tensor(t, qtype)
+            release(t.data)
+            return q
         key = (name, t.qtype, t.shape, t.data.__array_interface__["data"][0])
         if key not in last:
             last.clear()
             last[key] = quantize_tensor(t, qtype)
+            release(t.data)
         return last[key]
 
     return get
