@@ -9,7 +9,7 @@ from typing import Iterator, Sequence as Seq
 
 import numpy as np
 
-from . import engine
+from . import engine, memory
 from .backends import create_backend
 from .constraints import Grammar, Grammars, GrammarSpec, grammar_spec
 from .engine import GenerationParams, Sequence, TokenEvent, token_ids
@@ -25,7 +25,8 @@ DEFAULT_CTX = 4096
 
 def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: int | None = None,
          n_ctx: int | None = None, n_slots: int = 1, activations: str | None = None,
-         quantize: str | None = None, max_batch: int = 512, kv_type: str | None = None) -> "Model":
+         quantize: str | None = None, max_batch: int = 512, kv_type: str | None = None,
+         check_memory: bool = True) -> "Model":
     """Load a catalogued model name, a .gguf file or a Hugging Face model directory.
 
     backend: "native" (the C core, default where it built) or "numpy" (the FP32 reference).
@@ -35,6 +36,8 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
     kv_type: native only; "f32" (default) or "f16" KV cache. f16 halves the cache but moves logits:
       up to 0.025 on the tiny reference models, and it takes SmolLM2's fast mode from a worst top-20
       deviation of 0.43 to 0.57 against the FP32 reference (budget 0.5), so FP32 is the default.
+    check_memory: refuse (InsufficientMemoryError) before reading any weight when the weights and the KV
+      cache exceed the memory available; `Model.memory_plan` is the plan either way (llambda.memory).
     """
     path = resolve(name_or_path)
     src = open_model(Path(path))
@@ -48,6 +51,10 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
         if ctx <= 1 or n_slots < 1:
             raise ValueError("n_ctx must be > 1 and n_slots >= 1")
         _warn_about_limits(cfg, ctx, threads)
+        mplan = memory.plan(src, ctx, n_slots, "f16" if be.kv_dtype == np.float16 else "f32", max_batch, be,
+                            float_weights=be.name == "numpy")
+        if check_memory:
+            memory.check(mplan)
         lookup = src.tensor
         if quantize:
             from .tools.quantize import quantizing_lookup
@@ -57,6 +64,7 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
         src.close()
         raise
     m = Model(model, src, be)
+    m.memory_plan = mplan
     m.name = display_name(name_or_path, Path(path))
     return m
 
@@ -106,6 +114,7 @@ class Model:
     def __init__(self, transformer: Transformer, source, backend):
         self.transformer = transformer
         self.source = source
+        self.memory_plan = None     # llambda.memory.MemoryPlan, set by load()
         self.backend = backend
         self.config = transformer.cfg
         self.tokenizer = source.tokenizer

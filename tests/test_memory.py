@@ -43,7 +43,7 @@ def _write_big_llama(path: Path, layers: int = 16, d: int = 1024, ff: int = 4096
         items += [(f"blk.{i}.{n}.weight", QType.Q8_0, raws[n], shapes[n]) for n in shapes]
     meta = {"general.architecture": "llama", "llama.block_count": layers, "llama.embedding_length": d,
             "llama.feed_forward_length": ff, "llama.attention.head_count": 16, "llama.attention.head_count_kv": 16,
-            "llama.context_length": 256, "llama.rope.freq_base": 10000.0, "llama.vocab_size": vocab,
+            "llama.context_length": 8192, "llama.rope.freq_base": 10000.0, "llama.vocab_size": vocab,
             "llama.attention.layer_norm_rms_epsilon": 1e-5}
     write_gguf(path, meta, items)
     return path
@@ -98,3 +98,31 @@ def test_release_only_touches_its_own_mapping(tmp_path):
         assert f.release(t.data) >= t.nbytes           # whole pages around the tensor
         assert bytes(t.data) == before                 # read back from the file, unchanged
         assert f.release(t.data[:0]) == 0
+
+
+def test_the_plan_is_what_the_load_allocates(tmp_path):
+    import llambda
+    path = _write_big_llama(tmp_path / "small.gguf", layers=2, d=256, ff=512)
+    with llambda.load(path, backend="native", threads=1, n_ctx=128, n_slots=2, kv_type="f16") as m:
+        p, got = m.memory_plan, m.memory_report()
+        assert p.kv_cache == got["kv_cache"] == 2 * 2 * 256 * 2 * 128 * 2    # k+v x layers x kv_dim x f16 x ctx x slots
+        assert p.kv_per_token == 2 * 2 * 256 * 2
+        assert p.activations == got["activations"]
+        assert 0.95 * got["weights"] <= p.weights <= 1.05 * got["weights"]
+        assert p.total == p.weights + p.kv_cache + p.activations
+        assert any("KV cache" in line for line in p.lines())
+
+
+def test_a_load_that_cannot_fit_is_refused_before_reading_weights(tmp_path, monkeypatch):
+    import llambda
+    from llambda import memory
+    from llambda.errors import InsufficientMemoryError
+    from llambda.models import base
+    path = _write_big_llama(tmp_path / "small.gguf", layers=2, d=256, ff=512)
+    monkeypatch.setattr(memory, "mem_available", lambda: 12 << 20)
+    monkeypatch.setattr(base.Transformer, "_load", lambda *a: pytest.fail("weights were read"))
+    with pytest.raises(InsufficientMemoryError, match=r"context of at most \d+ tokens .*f16"):
+        llambda.load(path, backend="native", threads=1, n_ctx=4096)
+    with pytest.raises(InsufficientMemoryError, match="weights and activations alone do not fit"):
+        monkeypatch.setattr(memory, "mem_available", lambda: 1 << 20)
+        llambda.load(path, backend="native", threads=1, n_ctx=64)

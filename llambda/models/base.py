@@ -213,9 +213,9 @@ class Transformer:
                                for w, rows in (("gate", e), ("up", e), ("down", d)))
             if gate_inp is not None and gate_inp.rows * gate_inp.cols != d:
                 raise ModelFormatError(f"tensor {gate_inp.name!r} has shape {gate_inp.shape}, expected (1, {d})")
+            router = matrix(p + "ffn_gate_inp.weight", cfg.n_experts, d)    # packed in execution order
             mats = [experts(p + f"ffn_{w}_exps.weight", *shape) for w, shape in (("gate", (e, d)), ("up", (e, d)),
                                                                                    ("down", (d, e)))]
-            router = matrix(p + "ffn_gate_inp.weight", cfg.n_experts, d)    # packed in execution order
             packed = B.prepare_experts(*mats, biases)
             for t in mats:
                 self._release(t.data)
