@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ModelFormatError
-from .files import open_regular, read_json, release_pages
+from .files import READ_AHEAD, open_regular, read_json, release_pages
 from .quants import QType
 from .weights import WeightTensor
 
@@ -144,7 +144,7 @@ class SafetensorsFile:
 
     def release(self, data: np.ndarray) -> int:
         """Drop this process's pages of a tensor's bytes once they were copied (files.release_pages)."""
-        return release_pages(self._mm, self._base, data)
+        return release_pages(self._mm, self._base, data, READ_AHEAD)
 
     def close(self) -> None:
         self.tensors = {}
