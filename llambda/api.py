@@ -9,13 +9,14 @@ from typing import Iterator, Sequence as Seq
 
 import numpy as np
 
-from . import engine, memory
+from . import engine
 from .backends import create_backend
 from .constraints import Grammar, Grammars, GrammarSpec, grammar_spec
 from .engine import GenerationParams, Sequence, TokenEvent, token_ids
 from .errors import ChatTemplateError, ContextOverflowError, InvalidInputError, LlambdaWarning, TokenizerError
 from .formats.open import open_model
 from .hub import is_catalogued, resolve
+from .models import memory
 from .models.base import Transformer
 from .models.bert import BertConfig, BertEncoder, pad_batch
 from .sampling import SamplingParams
@@ -37,7 +38,7 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
       up to 0.025 on the tiny reference models, and it takes SmolLM2's fast mode from a worst top-20
       deviation of 0.43 to 0.57 against the FP32 reference (budget 0.5), so FP32 is the default.
     check_memory: refuse (InsufficientMemoryError) before reading any weight when the weights and the KV
-      cache exceed the memory available; `Model.memory_plan` is the plan either way (llambda.memory).
+      cache exceed the memory available; `Model.memory_plan` is the plan either way (models/memory.py).
     """
     path = resolve(name_or_path)
     src = open_model(Path(path))

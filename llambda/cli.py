@@ -220,7 +220,7 @@ def cmd_show(a) -> int:
             return 0
         print(format_description(describe(src, a.ctx_size)))
         if a.verbose:
-            from .memory import plan
+            from .models.memory import plan
             p = plan(src, a.ctx_size or min(c.n_ctx_train, 4096), kv_type=a.kv_type or "f32")
             print("memory plan (native backend):\n" + "\n".join(f"  {line}" for line in p.lines()))
     finally:

@@ -115,7 +115,7 @@ def test_the_plan_is_what_the_load_allocates(tmp_path):
 
 def test_a_load_that_cannot_fit_is_refused_before_reading_weights(tmp_path, monkeypatch):
     import llambda
-    from llambda import memory
+    from llambda.models import memory
     from llambda.errors import InsufficientMemoryError
     from llambda.models import base
     path = _write_big_llama(tmp_path / "small.gguf", layers=2, d=256, ff=512)

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InsufficientMemoryError
-from .formats.quants import tensor_nbytes
-from .formats.source import ModelSource
-from .models.base import Workspace
+from ..errors import InsufficientMemoryError
+from ..formats.quants import tensor_nbytes
+from ..formats.source import ModelSource
+from .base import Workspace
 
 
 @dataclass
