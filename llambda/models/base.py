@@ -217,8 +217,9 @@ class Transformer:
             mats = [experts(p + f"ffn_{w}_exps.weight", *shape) for w, shape in (("gate", (e, d)), ("up", (e, d)),
                                                                                    ("down", (d, e)))]
             packed = B.prepare_experts(*mats, biases)
-            for t in mats:
-                self._release(t.data)
+            for t in mats:      # a stack of per-expert tensors (HF, old Mixtral GGUFs): each part's bytes
+                for part in getattr(t, "parts", None) or [t]:
+                    self._release(part.data)
             return MoEWeights(
                 router=router,
                 experts=packed,

@@ -53,7 +53,8 @@ def quantizing_lookup(lookup: Lookup, qtype_name: str, release=None) -> Lookup:
             return t        # an MoE router stays float: its logits choose the experts (as export does); biases too
         if len(t.shape) == 3:       # experts: fetched once each
             q = quantize_tensor(t, qtype)
-            release(t.data)
+            for part in getattr(t, "parts", None) or [t]:     # a stack of per-expert tensors: each part's bytes
+                release(part.data)
             return q
         key = (name, t.qtype, t.shape, t.data.__array_interface__["data"][0])
         if key not in last:
