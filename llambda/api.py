@@ -52,14 +52,14 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
         if ctx <= 1 or n_slots < 1:
             raise ValueError("n_ctx must be > 1 and n_slots >= 1")
         _warn_about_limits(cfg, ctx, threads)
+        lookup, packed_nbytes = src.tensor, None
+        if quantize:
+            from .tools.quantize import nbytes_at_load, quantizing_lookup
+            lookup, packed_nbytes = quantizing_lookup(src.tensor, quantize, release=src.release), nbytes_at_load(quantize)
         mplan = memory.plan(src, ctx, n_slots, "f16" if be.kv_dtype == np.float16 else "f32", max_batch, be,
-                            float_weights=be.name == "numpy")
+                            float_weights=be.name == "numpy", packed_nbytes=packed_nbytes)
         if check_memory:
             memory.check(mplan)
-        lookup = src.tensor
-        if quantize:
-            from .tools.quantize import quantizing_lookup
-            lookup = quantizing_lookup(src.tensor, quantize, release=src.release)
         model = Transformer(cfg, lookup, be, n_ctx=ctx, n_slots=n_slots, max_tokens=max_batch, release=src.release)
     except BaseException:
         src.close()

@@ -111,6 +111,9 @@ def test_the_plan_is_what_the_load_allocates(tmp_path):
         assert 0.95 * got["weights"] <= p.weights <= 1.05 * got["weights"]
         assert p.total == p.weights + p.kv_cache + p.activations
         assert any("KV cache" in line for line in p.lines())
+    with llambda.load(path, backend="native", threads=1, n_ctx=64, quantize="q4_0") as m:   # the F32 embeddings
+        got = m.memory_report()["weights"]
+        assert 0.95 * got <= m.memory_plan.weights <= 1.05 * got
 
 
 def test_a_load_that_cannot_fit_is_refused_before_reading_weights(tmp_path, monkeypatch):

@@ -67,11 +67,12 @@ def mem_available() -> int | None:
 
 
 def plan(src: ModelSource, n_ctx: int, n_slots: int = 1, kv_type: str = "f32", max_tokens: int = 512,
-         backend=None, float_weights: bool = False) -> MemoryPlan:
+         backend=None, float_weights: bool = False, packed_nbytes=None) -> MemoryPlan:
     """The plan of loading `src` at `n_ctx` tokens x `n_slots` (float_weights: a backend that dequantizes
-    every matrix to float32, as the NumPy reference does)."""
+    every matrix to float32, as the NumPy reference does; packed_nbytes(name, tensor): a tensor's bytes
+    once loaded, where a load converts it, as quantize= does)."""
     cfg = src.config
-    mapped, largest, params = 0, 0, 0
+    mapped, largest, params, packed = 0, 0, 0, 0
     for name in src.tensor_names:
         t = src.tensor(name)
         if t is None:
@@ -80,7 +81,8 @@ def plan(src: ModelSource, n_ctx: int, n_slots: int = 1, kv_type: str = "f32", m
         mapped += n
         largest = max(largest, n)
         params += int(np.prod(t.shape))
-    weights = params * 4 if float_weights else mapped
+        packed += packed_nbytes(name, t) if packed_nbytes is not None else n
+    weights = params * 4 if float_weights else packed
     kv_bytes = np.dtype(np.float16 if kv_type == "f16" else np.float32).itemsize
     kv_per_token = 2 * cfg.n_layers * cfg.kv_dim * kv_bytes
     extra = backend.workspace_specs(cfg, max_tokens) if backend is not None else None
