@@ -18,14 +18,14 @@ import numpy as np
 
 from llambda.formats.gguf_writer import write_gguf
 from llambda.formats.open import open_model
-from llambda.formats.quants import QType, quantize
+from llambda.formats.quants import TRAITS, QType, quantize
 from llambda.hub import resolve
 from llambda.models.config import TransformerConfig
 from llambda.tools.export import _gguf_metadata_types, _gguf_tokenizer_metadata, gguf_metadata
 
 
 def build(out: Path, tokenizer_from: str, layers: int, d: int, heads: int, kv_heads: int, head_dim: int,
-          experts: int, used: int, expert_ff: int, seed: int = 0) -> Path:
+          experts: int, used: int, expert_ff: int, seed: int = 0, fast: bool = False) -> Path:
     tok_src = open_model(Path(resolve(tokenizer_from)))
     try:
         vocab = tok_src.config.vocab_size
@@ -48,6 +48,30 @@ def build(out: Path, tokenizer_from: str, layers: int, d: int, heads: int, kv_he
             vals = rng.standard_normal(shape[-2:], dtype=np.float32) * np.float32(scale / np.sqrt(shape[-1]))
             pieces.append(quantize(vals, qtype).reshape(-1))
         return qtype, np.concatenate(pieces), shape
+
+    templates: dict = {}
+
+    def fast_mat(*shape, qtype=QType.Q4_K, scale=1.0):
+        """Random bytes of `qtype` with small valid block scales, one array per (shape, type) reused by every
+        layer: no quantizer run and one layer's memory, to write a file of tens of GB for load tests."""
+        if qtype not in (QType.Q4_K, QType.Q6_K):
+            return quantized(*shape, qtype=qtype, scale=scale)
+        key = (shape, qtype)
+        if key not in templates:
+            tr = TRAITS[qtype]
+            n_blocks = int(np.prod(shape)) // tr.block_size
+            raw = rng.integers(0, 256, (n_blocks, tr.type_size), dtype=np.uint8)
+            d = np.full((n_blocks, 1), 0.002, np.float16).view(np.uint8)
+            if qtype == QType.Q4_K:
+                raw[:, 0:2], raw[:, 2:4] = d, np.full((n_blocks, 1), 0.001, np.float16).view(np.uint8)
+            else:
+                raw[:, -2:] = d
+            templates[key] = raw.reshape(-1)
+        return qtype, templates[key], shape
+
+    quantized = mat
+    if fast:
+        mat = fast_mat  # noqa: F811
 
     def vec(n, mean=1.0):
         return QType.F32, (mean + 0.1 * rng.standard_normal(n, dtype=np.float32)).view(np.uint8), (n,)
@@ -86,9 +110,12 @@ def main() -> None:
     ap.add_argument("--experts", type=int, default=128)
     ap.add_argument("--used", type=int, default=8)
     ap.add_argument("--expert-ff", type=int, default=512, help="each expert's width (Qwen3-30B-A3B: 768)")
+    ap.add_argument("--fast", action="store_true",
+                    help="random quant bytes reused across layers instead of quantized random values (for "
+                         "load and memory tests of big files: seconds per GB, not minutes)")
     a = ap.parse_args()
     path = build(a.out, a.tokenizer_from, a.layers, a.d, a.heads, a.kv_heads, a.head_dim, a.experts, a.used,
-                 a.expert_ff)
+                 a.expert_ff, fast=a.fast)
     print(f"wrote {path} ({path.stat().st_size / 1e6:.0f} MB)")
 
 

@@ -17,6 +17,7 @@ from .engine import GenerationParams, Sequence, TokenEvent, token_ids
 from .errors import ChatTemplateError, ContextOverflowError, InvalidInputError, LlambdaWarning, TokenizerError
 from .formats.open import open_model
 from .hub import is_catalogued, resolve
+from .models import memory
 from .models.base import Transformer
 from .models.bert import BertConfig, BertEncoder, pad_batch
 from .sampling import SamplingParams
@@ -26,7 +27,8 @@ DEFAULT_CTX = 4096
 
 def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: int | None = None,
          n_ctx: int | None = None, n_slots: int = 1, activations: str | None = None,
-         quantize: str | None = None, max_batch: int = 512, kv_type: str | None = None) -> "Model":
+         quantize: str | None = None, max_batch: int = 512, kv_type: str | None = None,
+         check_memory: bool = True) -> "Model":
     """Load a catalogued model name, a .gguf file or a Hugging Face model directory.
 
     backend: "native" (the C core, default where it built) or "numpy" (the FP32 reference).
@@ -38,6 +40,8 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
       deviation of 0.43 to 0.57 against the FP32 reference (budget 0.5), so FP32 is the default.
       "q8_0" (ggml's Q8_0 blocks: 34 bytes per 32 values) takes about half of f16's memory, for long
       contexts; it needs head_dim a multiple of 32.
+    check_memory: refuse (InsufficientMemoryError) before reading any weight when the weights and the KV
+      cache exceed the memory available; `Model.memory_plan` is the plan either way (models/memory.py).
     """
     path = resolve(name_or_path)
     src = open_model(Path(path))
@@ -51,15 +55,20 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
         if ctx <= 1 or n_slots < 1:
             raise ValueError("n_ctx must be > 1 and n_slots >= 1")
         _warn_about_limits(cfg, ctx, threads)
-        lookup = src.tensor
+        lookup, packed_nbytes = src.tensor, None
         if quantize:
-            from .tools.quantize import quantizing_lookup
-            lookup = quantizing_lookup(src.tensor, quantize)
-        model = Transformer(cfg, lookup, be, n_ctx=ctx, n_slots=n_slots, max_tokens=max_batch)
+            from .tools.quantize import nbytes_at_load, quantizing_lookup
+            lookup, packed_nbytes = quantizing_lookup(src.tensor, quantize, release=src.release), nbytes_at_load(quantize)
+        mplan = memory.plan(src, ctx, n_slots, be.kv_type, max_batch, be,
+                            float_weights=be.name == "numpy", packed_nbytes=packed_nbytes)
+        if check_memory:
+            memory.check(mplan)
+        model = Transformer(cfg, lookup, be, n_ctx=ctx, n_slots=n_slots, max_tokens=max_batch, release=src.release)
     except BaseException:
         src.close()
         raise
     m = Model(model, src, be)
+    m.memory_plan = mplan
     m.name = display_name(name_or_path, Path(path))
     return m
 
@@ -101,6 +110,7 @@ class Model:
     def __init__(self, transformer: Transformer, source, backend):
         self.transformer = transformer
         self.source = source
+        self.memory_plan = None     # llambda.memory.MemoryPlan, set by load()
         self.backend = backend
         self.config = transformer.cfg
         self.tokenizer = source.tokenizer

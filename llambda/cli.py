@@ -111,8 +111,15 @@ def _load(a, **extra):
         parts = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in mem.items())
         print(f"[llambda] {model.name}: {model.config.arch}, backend {model.backend.name} ({model.backend.precision}), "
               f"ctx {model.n_ctx}, loaded in {time.perf_counter() - t0:.2f} s", file=sys.stderr)
+        _print_plan(model)
         print(f"[llambda] memory: {parts}", file=sys.stderr)
     return model
+
+
+def _print_plan(model) -> None:
+    plan = getattr(model, "memory_plan", None)
+    for line in plan.lines() if plan is not None else ():
+        print(f"[llambda] memory plan: {line}", file=sys.stderr)
 
 
 def _stream_out(events, verbose: bool, t_start: float) -> str:
@@ -213,6 +220,10 @@ def cmd_show(a) -> int:
                   f"ffn {c.ffn}, vocab {c.vocab_size}, up to {c.max_tokens} tokens\n  {params / 1e6:.1f}M parameters")
             return 0
         print(format_description(describe(src, a.ctx_size)))
+        if a.verbose:
+            from .models.memory import plan
+            p = plan(src, a.ctx_size or min(c.n_ctx_train, 4096), kv_type=a.kv_type or "f32")
+            print("memory plan (native backend):\n" + "\n".join(f"  {line}" for line in p.lines()))
     finally:
         src.close()
     return 0
@@ -288,6 +299,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
     # one slot more than the parallel sequences: /v1/embeddings on a decoder runs in it
     model = load(a.model, threads=a.threads, n_slots=a.parallel + 1, **load_kw)
     cfg.aliases |= {model.name} - {model_id}
+    if a.verbose:
+        _print_plan(model)
     mem = model.memory_report()
     encoder = getattr(model, "is_encoder", False)
     what = (f"embeddings of {model.config.hidden} dimensions, up to {model.n_ctx} tokens" if encoder
@@ -420,6 +433,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(p, runtime=False)
     p.add_argument("-c", "--ctx-size", type=int, default=None, help="context to size the memory for "
                    "(default min(train, 4096))")
+    p.add_argument("--kv-type", choices=["f32", "f16", "q8_0"], default=None, help="KV cache precision to plan for")
+    p.add_argument("-v", "--verbose", action="store_true", help="also print the memory plan of a load")
     p.add_argument("model_arg", nargs="?", metavar="MODEL", help="the same as -m")
     p.set_defaults(fn=cmd_show)
 

@@ -40,3 +40,8 @@ class LlambdaWarning(UserWarning):
 
 class NativeUnavailableError(LlambdaError, RuntimeError):
     """The C core was not built or cannot run on this CPU."""
+
+
+class InsufficientMemoryError(LlambdaError, MemoryError):
+    """The memory plan of a load (weights + KV cache) is more than the machine has available: refused
+    before any weight is read (a smaller context, an f16 KV cache or a smaller quantization fits less)."""

@@ -31,7 +31,7 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
+        return sum(a.nbytes for a in self.k + self.v + self.kbase if a is not None)
 
     def commit(self) -> None:
         """Write every page of the cache now (the arena is zeroed lazily: each page is faulted
@@ -93,6 +93,7 @@ class Backend(ABC):
 
     #: the KV cache's element type
     kv_dtype = np.float32
+    kv_type = "f32"          # the cache's type by name (native: f32, f16 or q8_0)
 
     def create_kv_cache(self, n_layers, n_slots, n_ctx, n_kv, head_dim, extra: dict | None = None) -> KVCache:
         """The KV cache and the `extra` activation buffers, carved from one arena allocated now."""

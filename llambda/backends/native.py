@@ -166,6 +166,7 @@ class NativeBackend(Backend):
         self.exact = activations == "f32"
         self.precision = "f32 activations (exact)" if self.exact else "8-bit activations"
         self.kv_dtype, self.kv_code = KV_TYPES[kv_type]
+        self.kv_type = kv_type
         self.threads = int(threads) if threads else default_threads()
         if self.threads < 1:
             raise ValueError("threads must be >= 1")

@@ -7,6 +7,7 @@ model file is opened without blocking and refused unless it is a regular file.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import stat
 from typing import BinaryIO
@@ -52,3 +53,42 @@ def read_json(path, what: str, error: type = ModelFormatError, max_bytes: int = 
         raise error(f"{path}: {what} nests too deeply to be a model file") from None
     except (UnicodeDecodeError, ValueError) as e:
         raise error(f"{path}: {what} is not valid JSON ({e})") from None
+
+
+READ_AHEAD = 64 << 20      # after releasing a tensor, ask the kernel to start reading this much beyond it
+
+
+def release_pages(mm, base, data, read_ahead: int = 0) -> int:
+    """Unmap from this process the pages of a read-only file mapping under `data` (a NumPy view into `base`,
+    the uint8 array over mapping `mm`) once its bytes were copied elsewhere (packed); returns the bytes
+    released, 0 if `data` is not in that mapping.
+
+    The file's pages stay in the page cache (clean and reclaimable, shared with other readers) but leave
+    this process's resident set, so a model packed tensor by tensor never holds the file and its packed
+    copy at once. MADV_DONTNEED on a shared file mapping loses nothing: a later read of those bytes faults
+    them back in from the page cache or the disk. (On an anonymous mapping it would zero them: this is only
+    ever called with a file mapping.) The range is widened to whole pages; a neighbour's page dropped with
+    it is read back if needed. With `read_ahead`, the next bytes of the file after `data` are requested
+    (MADV_WILLNEED, asynchronous): tensors are packed in file order, so a cold load reads the disk while
+    it packs instead of between packs.
+    """
+    if mm is None or base is None or data is None or not getattr(data, "nbytes", 0):
+        return 0
+    advice = getattr(mmap, "MADV_DONTNEED", None)
+    if advice is None:
+        return 0
+    lo = base.__array_interface__["data"][0]
+    start = data.__array_interface__["data"][0] - lo
+    if start < 0 or start + data.nbytes > base.nbytes:
+        return 0
+    page = mmap.PAGESIZE
+    begin = start - start % page
+    end = min(-(-(start + data.nbytes) // page) * page, len(mm))
+    try:
+        mm.madvise(advice, begin, end - begin)
+        ahead = min(read_ahead, len(mm) - end)
+        if ahead > 0 and hasattr(mmap, "MADV_WILLNEED"):
+            mm.madvise(mmap.MADV_WILLNEED, end, ahead)
+    except (OSError, ValueError):      # a closed mapping or a kernel without madvise: nothing to release
+        return 0
+    return end - begin

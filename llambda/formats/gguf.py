@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ModelFormatError
-from .files import open_regular
+from .files import READ_AHEAD, open_regular, release_pages
 from .quants import TRAITS, QType, dequantize, row_nbytes
 
 GGUF_MAGIC = b"GGUF"
@@ -394,6 +394,10 @@ class GGUFFile:
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(key, default)
+
+    def release(self, data: np.ndarray) -> int:
+        """Drop this process's pages of a tensor's bytes once they were copied (files.release_pages)."""
+        return release_pages(self._mm, self._base, data, READ_AHEAD)
 
     def close(self) -> None:
         """Unmap the file. Views still held elsewhere keep the mapping alive until freed."""

@@ -224,7 +224,7 @@ def open_hf_dir(path: Path) -> ModelSource:
         name = raw_cfg.get("_name_or_path") or path.name
         meta = {"hf.config": raw_cfg, "hf.generation_config": gen_cfg, "hf.tokenizer_config": tok_cfg}
         return ModelSource(path, "hf", config, tensors.get, meta, tok, tok_err, _chat_template(path, tok_cfg),
-                           str(name), [st.close], list(tensors))
+                           str(name), [st.close], list(tensors), [st.release])
     except BaseException:
         st.close()
         raise
@@ -256,7 +256,7 @@ def _open_encoder_dir(path: Path, raw_cfg: dict) -> ModelSource:
         name = raw_cfg.get("_name_or_path") or path.name
         meta = {"hf.config": raw_cfg, **{f"st.{k}": v for k, v in extra.items()}}
         return ModelSource(path, "hf", config, st.get, meta, tok, tok_err, None, str(name), [st.close],
-                           list(st.tensors))
+                           list(st.tensors), [st.release])
     except BaseException:
         st.close()
         raise

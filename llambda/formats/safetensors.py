@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ModelFormatError
-from .files import open_regular, read_json
+from .files import READ_AHEAD, open_regular, read_json, release_pages
 from .quants import QType
 from .weights import WeightTensor
 
@@ -58,6 +58,7 @@ class SafetensorsFile:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self._mm: mmap.mmap | None = None
+        self._base: np.ndarray | None = None
         self.tensors: dict[str, WeightTensor] = {}
         self.metadata: dict[str, str] = {}
         with open_regular(self.path, "safetensors file") as f:
@@ -95,7 +96,7 @@ class SafetensorsFile:
             self.metadata = meta
         data_start = 8 + n
         data_size = size - data_start
-        base = np.frombuffer(self._mm, dtype=np.uint8)
+        base = self._base = np.frombuffer(self._mm, dtype=np.uint8)
         spans = []
         for name, info in header.items():
             # BERT checkpoints save the int64 buffer `embeddings.position_ids` (0..n-1), not a weight
@@ -141,8 +142,13 @@ class SafetensorsFile:
                 f"{what}: {dtype} {list(shape)} needs {numel * itemsize} bytes, data_offsets give {end - begin}")
         return qtype, (shape or (1,)), begin, end
 
+    def release(self, data: np.ndarray) -> int:
+        """Drop this process's pages of a tensor's bytes once they were copied (files.release_pages)."""
+        return release_pages(self._mm, self._base, data, READ_AHEAD)
+
     def close(self) -> None:
         self.tensors = {}
+        self._base = None
         if self._mm is not None:
             try:
                 self._mm.close()
@@ -165,6 +171,9 @@ class SafetensorsSet:
 
     def get(self, name: str) -> WeightTensor | None:
         return self.tensors.get(name)
+
+    def release(self, data: np.ndarray) -> int:
+        return sum(f.release(data) for f in self.files)
 
     def close(self) -> None:
         for f in self.files:

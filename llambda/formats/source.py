@@ -22,8 +22,15 @@ class ModelSource:
     name: str = ""
     closers: list = field(default_factory=list)
     tensor_names: list[str] = field(default_factory=list)   # every tensor `tensor` can return
+    releasers: list = field(default_factory=list)   # each: (uint8 view of a mapped file) -> bytes released
+
+    def release(self, data) -> int:
+        """Let go of the file pages under a tensor's bytes once a backend copied them (its packed copy
+        is what runs): loading then holds the file's pages one tensor at a time, not all of them."""
+        return sum(r(data) for r in self.releasers)
 
     def close(self) -> None:
         for c in self.closers:
             c()
         self.closers.clear()
+        self.releasers.clear()

@@ -123,9 +123,12 @@ def unfused_lookup(get: TensorLookup, cfg: TransformerConfig) -> TensorLookup:
 
 class Transformer:
     def __init__(self, cfg: TransformerConfig, tensors: TensorLookup, backend, n_ctx: int, n_slots: int = 1,
-                 max_tokens: int = 512, max_logit_rows: int | None = None):
+                 max_tokens: int = 512, max_logit_rows: int | None = None, release=None):
+        """`release(data)`, when given, is told each matrix's file bytes once the backend has its own copy
+        (`ModelSource.release`): the file's pages then leave memory tensor by tensor as they are packed."""
         cfg.validate()
         self.cfg, self.backend = cfg, backend
+        self._release = release or (lambda data: 0)   # harmless where a backend kept a view: it faults back
         self.n_ctx, self.n_slots = n_ctx, n_slots
         try:
             self._load(tensors)
@@ -157,7 +160,9 @@ class Transformer:
             t = need(name)
             if t.shape != (rows, cols):
                 raise ModelFormatError(f"tensor {name!r} has shape {t.shape}, expected {(rows, cols)}")
-            return B.prepare_matrix(t)
+            m = B.prepare_matrix(t)
+            self._release(t.data)
+            return m
 
         def vector(name: str, n: int, offset: float = 0.0, required: bool = True):
             t = get(name) if not required else need(name)
@@ -208,11 +213,16 @@ class Transformer:
                                for w, rows in (("gate", e), ("up", e), ("down", d)))
             if gate_inp is not None and gate_inp.rows * gate_inp.cols != d:
                 raise ModelFormatError(f"tensor {gate_inp.name!r} has shape {gate_inp.shape}, expected (1, {d})")
+            router = matrix(p + "ffn_gate_inp.weight", cfg.n_experts, d)    # packed in execution order
+            mats = [experts(p + f"ffn_{w}_exps.weight", *shape) for w, shape in (("gate", (e, d)), ("up", (e, d)),
+                                                                                   ("down", (d, e)))]
+            packed = B.prepare_experts(*mats, biases)
+            for t in mats:      # a stack of per-expert tensors (HF, old Mixtral GGUFs): each part's bytes
+                for part in getattr(t, "parts", None) or [t]:
+                    self._release(part.data)
             return MoEWeights(
-                router=matrix(p + "ffn_gate_inp.weight", cfg.n_experts, d),
-                experts=B.prepare_experts(experts(p + "ffn_gate_exps.weight", e, d),
-                                          experts(p + "ffn_up_exps.weight", e, d),
-                                          experts(p + "ffn_down_exps.weight", d, e), biases),
+                router=router,
+                experts=packed,
                 router_bias=vector(p + "ffn_gate_inp.bias", cfg.n_experts, required=False),
                 shared_gate=matrix(p + "ffn_gate_shexp.weight", sh, d) if sh else None,
                 shared_up=matrix(p + "ffn_up_shexp.weight", sh, d) if sh else None,

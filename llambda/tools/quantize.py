@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from ..errors import LlambdaError
-from ..formats.quants import QType, TRAITS, quantize
+from ..formats.quants import QType, TRAITS, quantize, tensor_nbytes
 from ..formats.weights import WeightTensor
 
 # Types the loader may quantize to: those the oracle quantizes and the kernels run. A matrix whose rows
@@ -35,26 +35,44 @@ def quantizable(t: WeightTensor, qtype: QType) -> bool:
             and t.cols % TRAITS[qtype].block_size == 0)
 
 
+def quantized_at_load(name: str, t: WeightTensor, qtype: QType) -> bool:
+    """Whether `quantizing_lookup` converts this tensor: an MoE router stays float (its logits choose the
+    experts, as export does), biases too."""
+    return quantizable(t, qtype) and ".ffn_gate_inp" not in name and not name.endswith(".bias")
+
+
+def nbytes_at_load(qtype_name: str) -> Callable[[str, WeightTensor], int]:
+    """A tensor's bytes once `quantizing_lookup(..., qtype_name)` has converted it (for the memory plan)."""
+    qtype = load_qtype(qtype_name)
+    return lambda name, t: tensor_nbytes(qtype if quantized_at_load(name, t, qtype) else t.qtype, t.shape)
+
+
 def quantize_tensor(t: WeightTensor, qtype: QType) -> WeightTensor:
     raw = quantize(t.to_float32().reshape(t.rows, t.cols), qtype)
     return WeightTensor(t.name, qtype, t.shape, raw.reshape(-1))
 
 
-def quantizing_lookup(lookup: Lookup, qtype_name: str) -> Lookup:
-    """`lookup` with every quantizable float matrix converted to `qtype_name` as it is fetched."""
+def quantizing_lookup(lookup: Lookup, qtype_name: str, release=None) -> Lookup:
+    """`lookup` with every quantizable float matrix converted to `qtype_name` as it is fetched; `release`
+    (ModelSource.release) is told the float bytes once quantized."""
+    release = release or (lambda data: 0)
     qtype = load_qtype(qtype_name)
     last: dict[tuple, WeightTensor] = {}   # fused tensors are fetched once per part: quantize them once
 
     def get(name: str) -> WeightTensor | None:
         t = lookup(name)
-        if t is None or not quantizable(t, qtype) or ".ffn_gate_inp" in name or name.endswith(".bias"):
-            return t        # an MoE router stays float: its logits choose the experts (as export does); biases too
+        if t is None or not quantized_at_load(name, t, qtype):
+            return t
         if len(t.shape) == 3:       # experts: fetched once each
-            return quantize_tensor(t, qtype)
+            q = quantize_tensor(t, qtype)
+            for part in getattr(t, "parts", None) or [t]:     # a stack of per-expert tensors: each part's bytes
+                release(part.data)
+            return q
         key = (name, t.qtype, t.shape, t.data.__array_interface__["data"][0])
         if key not in last:
             last.clear()
             last[key] = quantize_tensor(t, qtype)
+            release(t.data)
         return last[key]
 
     return get

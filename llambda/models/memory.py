@@ -1,0 +1,115 @@
+"""The memory plan of a load, made from the file's header before any weight is read.
+
+Weights: the file is mapped read-only and each matrix is packed into the backend's arena, its file pages
+released once packed (formats/files.release_pages), so what stays resident is the packed copy (the native
+core's layouts are the file's bytes regrouped: the same size) and, while loading, one tensor's file pages
+at a time. The KV cache: 2 x layers x kv_dim x bytes per value, per token of each slot. Activations: the
+forward pass's buffers at the batch size (`Workspace`). Available: the kernel's MemAvailable (free memory
+plus what it can reclaim, the page cache included).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import InsufficientMemoryError
+from ..formats.quants import tensor_nbytes
+from ..formats.source import ModelSource
+from .base import Workspace
+
+
+@dataclass
+class MemoryPlan:
+    weights: int               # resident after load (the packed copy)
+    mapped: int                # the file's tensor bytes (mapped, not resident once packed)
+    largest_tensor: int        # the file pages resident at once while loading
+    kv_per_token: int          # all layers, keys and values, of one slot's token
+    kv_cache: int              # at the context, every slot
+    activations: int
+    n_ctx: int
+    n_slots: int
+    kv_type: str
+    available: int | None      # MemAvailable, None where the kernel does not say
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache + self.activations
+
+    @property
+    def peak_load(self) -> int:
+        return self.total + self.largest_tensor
+
+    def lines(self) -> list[str]:
+        g = _gib
+        out = [f"weights {g(self.weights)} packed (file mapped {g(self.mapped)}, paged in one tensor at a time: "
+               f"at most {g(self.largest_tensor)} more while loading)",
+               f"KV cache {g(self.kv_cache)} ({self.kv_type}, {self.kv_per_token / 1024:.1f} KiB per token x "
+               f"{self.n_ctx} tokens x {self.n_slots} slot{'s' if self.n_slots > 1 else ''})",
+               f"activations {g(self.activations)}",
+               f"total {g(self.total)}" + (f" of {g(self.available)} available" if self.available else "")]
+        return out
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def mem_available() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def kv_value_bytes(kv_type: str, values: int) -> float:
+    """Bytes one token's `values` keys (or values) take in a cache of kv_type (q8_0: ggml's blocks
+    of 32 values in 34 bytes)."""
+    if kv_type == "q8_0":
+        return values * 34 / 32
+    return values * np.dtype(np.float16 if kv_type == "f16" else np.float32).itemsize
+
+
+def plan(src: ModelSource, n_ctx: int, n_slots: int = 1, kv_type: str = "f32", max_tokens: int = 512,
+         backend=None, float_weights: bool = False, packed_nbytes=None) -> MemoryPlan:
+    """The plan of loading `src` at `n_ctx` tokens x `n_slots` (float_weights: a backend that dequantizes
+    every matrix to float32, as the NumPy reference does; packed_nbytes(name, tensor): a tensor's bytes
+    once loaded, where a load converts it, as quantize= does)."""
+    cfg = src.config
+    mapped, largest, params, packed = 0, 0, 0, 0
+    for name in src.tensor_names:
+        t = src.tensor(name)
+        if t is None:
+            continue
+        n = tensor_nbytes(t.qtype, t.shape)
+        mapped += n
+        largest = max(largest, n)
+        params += int(np.prod(t.shape))
+        packed += packed_nbytes(name, t) if packed_nbytes is not None else n
+    weights = params * 4 if float_weights else packed
+    kv_per_token = int(2 * cfg.n_layers * kv_value_bytes(kv_type, cfg.kv_dim))
+    kv_base = 4 * cfg.n_layers * cfg.kv_dim * n_slots if kv_type == "q8_0" else 0   # a float key base per slot
+    extra = backend.workspace_specs(cfg, max_tokens) if backend is not None else None
+    acts = Workspace(cfg, max_tokens, max(n_slots, 16), extra).nbytes()
+    return MemoryPlan(weights, mapped, largest, kv_per_token, kv_per_token * n_ctx * n_slots + kv_base, acts, n_ctx,
+                      n_slots, kv_type, mem_available())
+
+
+def check(p: MemoryPlan) -> None:
+    """Refuse a load whose weights and KV cache alone exceed the memory available now."""
+    if p.available is None or p.weights + p.kv_cache <= p.available:
+        return
+    fit = (p.available - p.weights - p.activations) // max(p.kv_per_token * p.n_slots, 1)
+    hint = (f"a context of at most {fit} tokens (-c/n_ctx) would fit" if fit > 0 else
+            "the weights and activations alone do not fit: use a smaller quantization or free memory")
+    if fit > 0 and p.kv_type == "f32":
+        hint += ", or twice that with an f16 KV cache (--kv-type f16), nearly four times with q8_0"
+    elif fit > 0 and p.kv_type == "f16":
+        hint += ", or nearly twice that with a q8_0 KV cache (--kv-type q8_0)"
+    raise InsufficientMemoryError(
+        f"this load needs {_gib(p.weights)} of weights + {_gib(p.kv_cache)} of KV cache "
+        f"({p.n_ctx} tokens x {p.n_slots} slots, {p.kv_type}) but only {_gib(p.available)} is available: {hint}")
