@@ -25,7 +25,8 @@ DEFAULT_CTX = 4096
 
 def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: int | None = None,
          n_ctx: int | None = None, n_slots: int = 1, activations: str | None = None,
-         quantize: str | None = None, max_batch: int = 512, kv_type: str | None = None) -> "Model":
+         quantize: str | None = None, max_batch: int = 512, kv_type: str | None = None,
+         draft: str | os.PathLike | None = None) -> "Model":
     """Load a catalogued model name, a .gguf file or a Hugging Face model directory.
 
     backend: "native" (the C core, default where it built) or "numpy" (the FP32 reference).
@@ -35,6 +36,8 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
     kv_type: native only; "f32" (default) or "f16" KV cache. f16 halves the cache but moves logits:
       up to 0.025 on the tiny reference models, and it takes SmolLM2's fast mode from a worst top-20
       deviation of 0.43 to 0.57 against the FP32 reference (budget 0.5), so FP32 is the default.
+    draft: a smaller model of the same vocabulary (name or path) for speculative decoding; loaded
+      with the same backend, threads, context and quantize=. generate/stream then speculate with it by default.
     """
     path = resolve(name_or_path)
     src = open_model(Path(path))
@@ -58,6 +61,13 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
         raise
     m = Model(model, src, be)
     m.name = display_name(name_or_path, Path(path))
+    if draft is not None:
+        try:
+            m.set_draft(load(draft, n_ctx=m.n_ctx, n_slots=n_slots, backend=backend, threads=threads,
+                             activations=activations, kv_type=kv_type, quantize=quantize))
+        except BaseException:
+            m.close()
+            raise
     return m
 
 
@@ -116,6 +126,13 @@ class Model:
         self._template = None
         self._grammars = None          # llguidance's view of the vocabulary, built on first use
         self._grammars_lock = threading.Lock()
+        self.draft: Model | None = None  # the draft model for speculative decoding (load(..., draft=))
+        self.drafter = None             # drafts from self.draft (speculative.DraftModel)
+        self.spec_stats = None           # drafted/accepted counts of the last speculative generation
+        # A row's logits never depend on what else shares its forward pass: a speculative
+        # verification row, a prompt's last token and a lone decode step give the same bits.
+        if hasattr(backend, "set_batch_invariant"):
+            backend.set_batch_invariant(True)
 
     # -- text <-> tokens ----------------------------------------------------
     def _tok(self):
@@ -150,6 +167,18 @@ class Model:
             self._cached = list(ids)
             return out
 
+    def _sync(self, ids: list[int]) -> None:
+        """Make slot 0 hold the keys/values of exactly `ids`, reusing the prefix it holds. Call holding the lock."""
+        common = 0
+        for a, b in zip(self._cached, ids):
+            if a != b:
+                break
+            common += 1
+        self._cached = self._cached[:common]
+        if common < len(ids):
+            engine.prefill(self.transformer, 0, ids[common:], common)
+        self._cached = list(ids)
+
     def _prefill_reusing(self, ids: list[int]) -> np.ndarray:
         """Prefill slot 0, skipping the prefix its cache already holds. Call holding the lock."""
         n = len(self._cached)
@@ -177,8 +206,14 @@ class Model:
                presence_penalty: float = 0.0, frequency_penalty: float = 0.0, seed: int | None = None,
                stop: Seq[str] | str | None = None, ignore_eos: bool = False, logprobs: int = 0,
                logit_bias: dict | None = None, json_schema=None, grammar: str | None = None,
-               regex: str | None = None) -> Iterator[TokenEvent]:
+               regex: str | None = None, speculative: str | None = "auto",
+               draft_max: int | None = None) -> Iterator[TokenEvent]:
         """Generate, yielding a TokenEvent per token (text, logprobs) and a last one with finish_reason.
+
+        speculative: "draft" (the model loaded with load(..., draft=)), "lookup" (prompt lookup:
+        drafts copied from earlier text) or None; "auto" is "draft" when a draft model is loaded,
+        else None. The output is the same as without it, token for token (with a seed, sampled
+        output too); draft_max caps the tokens drafted per step.
 
         At most one of json_schema (a dict or JSON text), grammar (GBNF, or llguidance's Lark) and
         regex constrains the output: only tokens that keep it inside are sampled, and generation
@@ -196,7 +231,39 @@ class Model:
         if isinstance(logit_bias, dict):
             token_ids(list(logit_bias), self.config.vocab_size, what="logit_bias keys")
         seq = Sequence(self.tokenizer, ids, params, slot=0, n_ctx=self.n_ctx)
-        return self._run(seq)
+        mode = self._speculative_mode(speculative)
+        if mode is None:
+            return self._run(seq)
+        from . import speculative as spec
+        limit = self.transformer.ws.max_logit_rows - 1
+        k = spec.check_draft_max(draft_max if draft_max is not None else min(spec.DEFAULT_DRAFT_MAX[mode], limit), limit)
+        drafter = self.drafter if mode == "draft" else spec.PromptLookup()
+        self.spec_stats = spec.SpecStats()
+        return spec.stream(self, seq, drafter, k, self.spec_stats)
+
+    def _speculative_mode(self, speculative) -> str | None:
+        if speculative == "auto":
+            return "draft" if self.draft is not None else None
+        from .speculative import check_mode
+        mode = check_mode(speculative)
+        if mode == "draft" and self.draft is None:
+            raise InvalidInputError("speculative='draft' needs a draft model: load(..., draft=NAME_OR_PATH)")
+        return mode
+
+    def set_draft(self, draft: "Model | None") -> None:
+        """Use `draft` (a loaded model, which this one then owns) for speculative decoding;
+        VocabularyMismatchError when its tokens are not this model's."""
+        if draft is None:
+            self.draft = self.drafter = None
+            return
+        from .speculative import DraftModel
+        try:
+            self.drafter = DraftModel(draft.transformer, draft.tokenizer, self.tokenizer, self.config.vocab_size,
+                                       n_slots=self.transformer.n_slots)
+        except BaseException:
+            draft.close()
+            raise
+        self.draft = draft
 
     def _run(self, seq: Sequence) -> Iterator[TokenEvent]:
         while True:
@@ -293,6 +360,8 @@ class Model:
         return self.transformer.memory_report()
 
     def close(self) -> None:
+        if getattr(self, "draft", None) is not None:
+            self.draft.close()
         self.backend.close()
         self.source.close()
 
