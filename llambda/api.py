@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import threading
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Sequence as Seq
 
@@ -129,10 +130,6 @@ class Model:
         self.draft: Model | None = None  # the draft model for speculative decoding (load(..., draft=))
         self.drafter = None             # drafts from self.draft (speculative.DraftModel)
         self.spec_stats = None           # drafted/accepted counts of the last speculative generation
-        # A row's logits never depend on what else shares its forward pass: a speculative
-        # verification row, a prompt's last token and a lone decode step give the same bits.
-        if hasattr(backend, "set_batch_invariant"):
-            backend.set_batch_invariant(True)
 
     # -- text <-> tokens ----------------------------------------------------
     def _tok(self):
@@ -163,41 +160,57 @@ class Model:
             raise ContextOverflowError(f"{len(ids)} tokens do not fit the context of {self.n_ctx}")
         with self._lock:
             self._cached = []
-            out = engine.prefill(self.transformer, 0, ids, 0)
+            with self.rows_invariant(False):
+                out = engine.prefill(self.transformer, 0, ids, 0)
             self._cached = list(ids)
             return out
 
-    def _sync(self, ids: list[int]) -> None:
-        """Make slot 0 hold the keys/values of exactly `ids`, reusing the prefix it holds. Call holding the lock."""
+    def _common_prefix(self, ids: list[int]) -> int:
+        n = len(self._cached)
+        if n <= len(ids) and self._cached == ids[:n]:
+            return n       # the usual next step of one generation: no per-token loop
         common = 0
         for a, b in zip(self._cached, ids):
             if a != b:
                 break
             common += 1
+        return common
+
+    def _sync(self, ids: list[int]) -> None:
+        """Make slot 0 hold the keys/values of exactly `ids`, reusing the prefix it holds; what it
+        lacks is prefilled as a prompt is. Call holding the lock."""
+        common = self._common_prefix(ids)
         self._cached = self._cached[:common]
         if common < len(ids):
-            engine.prefill(self.transformer, 0, ids[common:], common)
+            with self.rows_invariant(False):
+                engine.prefill(self.transformer, 0, ids[common:], common)
         self._cached = list(ids)
 
+    @contextmanager
+    def rows_invariant(self, flag: bool):
+        """Forward passes inside run batch-invariantly (flag True) or not, then the backend's own
+        setting is back. Decode steps (a lone token, a speculative verification's rows) are
+        invariant, so a row's logits are the same bits alone or verified among drafts; a prompt's
+        bulk prefill runs the default schedule, as logits() does."""
+        b = self.backend
+        if not hasattr(b, "set_batch_invariant") or b.batch_invariant == flag:
+            yield
+            return
+        b.set_batch_invariant(flag)
+        try:
+            yield
+        finally:
+            b.set_batch_invariant(not flag)
+
     def _prefill_reusing(self, ids: list[int]) -> np.ndarray:
-        """Prefill slot 0, skipping the prefix its cache already holds. Call holding the lock."""
-        n = len(self._cached)
-        if n < len(ids) and self._cached == ids[:n]:
-            common = n     # the usual next step of one generation: no per-token loop
-        else:
-            common = 0
-            for a, b in zip(self._cached, ids):
-                if a != b:
-                    break
-                common += 1
-        common = min(common, len(ids) - 1)   # the last token is always evaluated, for its logits
-        self._cached = self._cached[:common]
+        """Prefill slot 0, skipping the prefix its cache already holds; the logits of the last token.
+        Call holding the lock."""
         # The last prompt token goes alone, through the same decode path however much of the
         # prompt was cached: batched and single-token kernels round differently, and the same
         # call with the same seed must give the same text.
-        if common < len(ids) - 1:
-            engine.prefill(self.transformer, 0, ids[common:-1], common)
-        logits = engine.prefill(self.transformer, 0, ids[-1:], len(ids) - 1)
+        self._sync(ids[:-1])
+        with self.rows_invariant(True):
+            logits = engine.prefill(self.transformer, 0, ids[-1:], len(ids) - 1)
         self._cached = list(ids)
         return logits
 

@@ -15,8 +15,8 @@ generator is consumed once per emitted token, as in plain decoding: with the sam
 is the same text, token for token, not only the same distribution.
 
 Verification feeds [last token, d1..dk] in one forward and asks logits for every row. Its rows
-equal plain decode's bit for bit because the target computes batch-invariantly (a row never
-depends on what else shares its forward; `api.load` and the server turn that on). Rejected drafts
+equal plain decode's bit for bit because decode rows are computed batch-invariantly (a row never
+depends on what else shares its forward; `api.Model` does so for decode steps, the server always). Rejected drafts
 leave keys/values past the accepted length in the cache; attention reads only positions up to
 each query's own, and the next forward overwrites them, so rolling back is forgetting that length.
 """
@@ -225,7 +225,8 @@ def stream(model, seq: engine.Sequence, drafter, draft_max: int, stats: SpecStat
             n = len(drafts) + 1
             ids = np.asarray(seq.tokens[-1:] + drafts, np.int32)
             pos = np.arange(held - 1, held - 1 + n, dtype=np.int32)
-            logits = t.forward(ids, np.zeros(n, np.int32), pos, np.arange(n))
+            with model.rows_invariant(True):
+                logits = t.forward(ids, np.zeros(n, np.int32), pos, np.arange(n))
             events = verify(seq, drafts, logits, stats)
             kept = accepted_count(drafts, events)
             model._cached = seq.tokens[:held + kept]   # accepted drafts were appended to seq.tokens
