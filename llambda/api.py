@@ -252,7 +252,7 @@ class Model:
         k = spec.check_draft_max(draft_max if draft_max is not None else min(spec.DEFAULT_DRAFT_MAX[mode], limit), limit)
         drafter = self.drafter if mode == "draft" else spec.PromptLookup()
         self.spec_stats = spec.SpecStats()
-        return spec.stream(self, seq, drafter, k, self.spec_stats)
+        return spec.stream(self, seq, spec.Speculation(drafter, k, self.spec_stats))
 
     def _speculative_mode(self, speculative) -> str | None:
         if speculative == "auto":

@@ -67,6 +67,24 @@ def _add_constraint_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--regex", metavar="PATTERN", default=None, help="the output matches this regular expression")
 
 
+def _add_speculative_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("speculative decoding (same output, faster where drafts are accepted)")
+    g.add_argument("--model-draft", metavar="MODEL", default=None,
+                   help="a smaller model of the same vocabulary drafting tokens for -m to verify")
+    g.add_argument("--lookup", action="store_true",
+                   help="draft from the prompt and the text so far (prompt lookup; no second model)")
+    g.add_argument("--draft-max", type=int, default=None, metavar="N",
+                   help="most tokens drafted per step (default 8 with a draft model, 10 with --lookup)")
+
+
+def _speculative_kwargs(a) -> dict:
+    """stream() arguments from the flags: --lookup wins over the draft model for drafting."""
+    if a.draft_max is not None and not (a.lookup or a.model_draft):
+        raise ValueError("--draft-max needs --model-draft or --lookup")
+    mode = "lookup" if a.lookup else ("draft" if a.model_draft else None)
+    return dict(speculative=mode, draft_max=a.draft_max)
+
+
 def _constraint_kwargs(a) -> dict:
     """json_schema/grammar/regex for Model.stream, read and checked before the model loads."""
     from .constraints import ConstraintError, grammar_spec
@@ -104,7 +122,7 @@ def _load(a, **extra):
     from .api import load
     t0 = time.perf_counter()
     model = load(a.model, backend=a.backend, threads=a.threads, n_ctx=a.ctx_size, activations=a.activations,
-                 kv_type=a.kv_type, **extra)
+                 kv_type=a.kv_type, draft=getattr(a, "model_draft", None), **extra)
     if a.verbose:
         mem = model.memory_report()
         parts = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in mem.items())
@@ -138,11 +156,15 @@ def _stream_out(events, verbose: bool, t_start: float) -> str:
 
 
 def cmd_run(a) -> int:
-    constraint = _constraint_kwargs(a)
+    constraint, spec = _constraint_kwargs(a), _speculative_kwargs(a)
     model = _load(a)
     prompt = a.prompt if a.prompt is not None else sys.stdin.read()
     t0 = time.perf_counter()
-    _stream_out(model.stream(prompt, **_sampling_kwargs(a), **constraint), a.verbose, t0)
+    _stream_out(model.stream(prompt, **_sampling_kwargs(a), **constraint, **spec), a.verbose, t0)
+    if a.verbose and model.spec_stats is not None:
+        st = model.spec_stats
+        print(f"[llambda] speculative: {st.accepted} of {st.drafted} drafted tokens accepted "
+              f"({100 * st.acceptance:.0f}%)", file=sys.stderr)
     sys.stdout.write("\n")
     return 0
 
@@ -151,13 +173,13 @@ def cmd_chat(a) -> int:
     from .hub import home
     from .repl import ChatSession, run_chat
 
-    constraint = _constraint_kwargs(a)
+    constraint, spec = _constraint_kwargs(a), _speculative_kwargs(a)
     model = _load(a)
     model.chat_template()    # a clear error now for a model without a template
     if constraint:           # an invalid grammar is an error now, not at the first reply
         from .constraints import grammar_spec
         model.compile_grammar(grammar_spec(**constraint))
-    session = ChatSession(model, {**_sampling_kwargs(a), **constraint}, system=a.system)
+    session = ChatSession(model, {**_sampling_kwargs(a), **constraint, **spec}, system=a.system)
     banner = (f"llambda chat: {a.model} ({model.config.arch}, ctx {model.n_ctx}). "
               "/help for commands, Ctrl-C stops a reply, Ctrl-D or /exit leaves.")
     return run_chat(session, banner, home() / "chat_history", verbose=a.verbose)
@@ -273,15 +295,17 @@ def cmd_serve(a: argparse.Namespace) -> int:
             or not a.body_timeout > 0:
         raise ValueError("--max-connections must be >= 1, --header-timeout and --body-timeout > 0")
     # one slot more than the parallel sequences: /v1/embeddings on a decoder runs in it
+    spec = _speculative_kwargs(a)
     model = load(a.model, backend=a.backend, threads=a.threads, n_ctx=a.ctx_size, n_slots=a.parallel + 1,
-                 activations=a.activations, kv_type=a.kv_type or DEFAULT_KV_TYPE)
+                 activations=a.activations, kv_type=a.kv_type or DEFAULT_KV_TYPE, draft=a.model_draft)
     model_id = a.alias or model_id_for(a.model)
     aliases = {model.name, Path(a.model).name, Path(a.model).stem, a.model} - {model_id}
     cfg = ServerConfig(model_id=model_id, aliases=aliases, host=a.host, port=a.port, parallel=a.parallel,
                        queue_size=a.queue_size, max_tokens_cap=a.max_tokens_cap, max_body_bytes=a.max_body,
                        api_key=a.api_key, prefill_chunk=a.prefill_chunk, shutdown_grace=a.shutdown_grace,
                        max_connections=a.max_connections, header_timeout=a.header_timeout,
-                       body_timeout=a.body_timeout, webui=not a.no_webui, log_format=a.log_format)
+                       body_timeout=a.body_timeout, webui=not a.no_webui, log_format=a.log_format,
+                       speculative=spec["speculative"], draft_max=spec["draft_max"])
     mem = model.memory_report()
     encoder = getattr(model, "is_encoder", False)
     what = (f"embeddings of {model.config.hidden} dimensions, up to {model.n_ctx} tokens" if encoder
@@ -382,6 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(p)
     _add_sampling_args(p)
     _add_constraint_args(p)
+    _add_speculative_args(p)
     p.add_argument("prompt", nargs="?", help="the prompt (default: read stdin)")
     p.set_defaults(fn=cmd_run)
 
@@ -389,6 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(p)
     _add_sampling_args(p)
     _add_constraint_args(p)
+    _add_speculative_args(p)
     p.add_argument("--system", default=None, help="system prompt")
     p.set_defaults(fn=cmd_chat)
 
@@ -434,6 +460,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server with continuous batching",
                        description="Serve /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics.")
     _add_model_args(p)
+    _add_speculative_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
     p.add_argument("--parallel", "-np", type=int, default=4,

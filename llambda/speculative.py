@@ -27,17 +27,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import engine
-from .errors import InvalidInputError, LlambdaError
+from .errors import InvalidInputError, VocabularyMismatchError
 
 MODES = ("draft", "lookup")
 DEFAULT_DRAFT_MAX = {"draft": 8, "lookup": 10}
 LOOKUP_NGRAM_MAX = 4        # longest n-gram prompt lookup matches (longer first: fewer false matches)
 DRAFT_P_MIN = 0.4           # a draft model stops drafting when its top token is less likely than this
 VOCAB_PAD_MAX = 128         # draft and target vocab sizes may differ by padding rows, no more
-
-
-class VocabularyMismatchError(LlambdaError, ValueError):
-    """The draft model's vocabulary is not the target's: its tokens would mean other text."""
 
 
 def check_mode(mode) -> str | None:
@@ -210,27 +206,44 @@ def accepted_count(drafts: list[int], events: list) -> int:
     return n
 
 
-def stream(model, seq: engine.Sequence, drafter, draft_max: int, stats: SpecStats | None = None):
+class Speculation:
+    """One sequence's speculative decoding: its drafter, its draft length and its counts."""
+
+    def __init__(self, drafter, draft_max: int, stats: SpecStats | None = None):
+        self.drafter = drafter
+        self.length = DraftLength(draft_max)
+        self.stats = stats if stats is not None else SpecStats()
+
+    def propose(self, seq: engine.Sequence, room: int, slot: int = 0) -> list[int]:
+        """Drafts to verify after the sequence's last token: at most `room`, none past max_tokens
+        or the context."""
+        k = min(self.length.k, room, _tokens_left(seq) - 1, seq.n_ctx - len(seq.tokens))
+        return self.drafter.draft(seq.tokens, k, slot) if k > 0 else []
+
+    def settle(self, seq: engine.Sequence, drafts: list[int], logits: np.ndarray) -> tuple[list, int]:
+        """Step the sequence through the verification rows; (its events, drafts accepted)."""
+        events = verify(seq, drafts, logits, self.stats)
+        kept = accepted_count(drafts, events)
+        self.length.update(len(drafts), kept)
+        return events, kept
+
+
+def stream(model, seq: engine.Sequence, spec: Speculation):
     """Speculative decoding of one sequence on the library model's slot 0 (api.Model): yields
     TokenEvents as plain decoding would. The model's lock is held per round, never across a yield."""
-    length = DraftLength(draft_max)
     t = model.transformer
-    rows_max = t.ws.max_logit_rows
     while True:
         with model._lock:
             held = len(seq.tokens)              # the last one's keys/values are computed below
-            k = min(length.k, rows_max - 1, model.n_ctx - held, _tokens_left(seq) - 1)
-            drafts = drafter.draft(seq.tokens, k) if k > 0 else []
+            drafts = spec.propose(seq, t.ws.max_logit_rows - 1)
             model._sync(seq.tokens[:-1])
             n = len(drafts) + 1
             ids = np.asarray(seq.tokens[-1:] + drafts, np.int32)
             pos = np.arange(held - 1, held - 1 + n, dtype=np.int32)
             with model.rows_invariant(True):
                 logits = t.forward(ids, np.zeros(n, np.int32), pos, np.arange(n))
-            events = verify(seq, drafts, logits, stats)
-            kept = accepted_count(drafts, events)
+            events, kept = spec.settle(seq, drafts, logits)
             model._cached = seq.tokens[:held + kept]   # accepted drafts were appended to seq.tokens
-            length.update(len(drafts), kept)
         yield from events
         if seq.finished:
             return
