@@ -340,12 +340,28 @@ def cmd_bench(a) -> int:
     threads = _ints(a.threads_list, "--threads-list") if a.threads_list else [a.threads or physical_cores()]
     if a.repetitions < 1:
         raise ValueError("-r/--repetitions must be at least 1")
+    if a.spec:
+        return _bench_speculative(a, path, threads)
     if a.depth < 0 or a.load < 0:
         raise ValueError("-d/--depth and --load must be >= 0")
-    result = run_bench(path, _ints(a.n_prompt, "-p"), _ints(a.n_gen, "-n"), threads, a.repetitions,
+    result = run_bench(path, _ints(a.n_prompt, "-p"), _ints(a.n_gen or "128", "-n"), threads, a.repetitions,
                        a.vs == "llama-cpp", backend=a.backend, activations=a.activations,
                        log=lambda s: print(s, file=sys.stderr), depth=a.depth, load=a.load)
     print(markdown(result, Path(path).name))
+    return 0
+
+
+def _bench_speculative(a, path, threads: list[int]) -> int:
+    from .hub import resolve
+    from .tools.spec_bench import markdown, run_spec_bench
+
+    if len(threads) != 1 or a.depth or a.load:
+        raise ValueError("--spec takes one thread count, and no -d/--load")
+    draft = resolve(a.model_draft) if a.model_draft else None
+    rows = run_spec_bench(path, a.spec, draft, threads[0], a.repetitions, a.vs == "llama-cpp",
+                          n_gen=max(_ints(a.n_gen, "-n")) if a.n_gen else 400, draft_max=a.draft_max,
+                          log=lambda s: print(s, file=sys.stderr))
+    print(markdown(rows, Path(path).name, Path(draft).name if draft else None))
     return 0
 
 
@@ -494,7 +510,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="prefill/decode tokens/s (llama-bench style)")
     _add_model_args(p)
     p.add_argument("-p", "--n-prompt", default="512", help="prompt lengths, comma-separated (default 512)")
-    p.add_argument("-n", "--n-gen", default="128", help="generation lengths, comma-separated (default 128)")
+    p.add_argument("-n", "--n-gen", default=None,
+                   help="generation lengths, comma-separated (default 128; with --spec, at most 400 tokens)")
     p.add_argument("--threads-list", default=None, help="thread counts, comma-separated (default: -t or all cores)")
     p.add_argument("-r", "--repetitions", type=int, default=5)
     p.add_argument("-d", "--depth", type=int, default=0,
@@ -502,6 +519,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--load", type=int, default=0, metavar="N",
                    help="run N busy-loop processes beside the benchmark, for both engines (default 0)")
     p.add_argument("--vs", choices=["llama-cpp"], default=None, help="also run llama.cpp (llama-cpp-python) on the same file")
+    p.add_argument("--spec", choices=["draft", "lookup"], default=None,
+                   help="speculative against plain decoding on code tasks (draft: with --model-draft)")
+    p.add_argument("--model-draft", metavar="MODEL", default=None, help="the draft model of --spec draft")
+    p.add_argument("--draft-max", type=int, default=None, metavar="N", help="most tokens drafted per step")
     p.set_defaults(fn=cmd_bench)
 
     p = sub.add_parser("perplexity", help="perplexity of a text file (llama.cpp's method)")
