@@ -27,7 +27,7 @@ DEFAULT_CTX = 4096
 def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: int | None = None,
          n_ctx: int | None = None, n_slots: int = 1, activations: str | None = None,
          quantize: str | None = None, max_batch: int = 512, kv_type: str | None = None,
-         draft: str | os.PathLike | None = None) -> "Model":
+         draft: str | os.PathLike | None = None, draft_threads: int | None = None) -> "Model":
     """Load a catalogued model name, a .gguf file or a Hugging Face model directory.
 
     backend: "native" (the C core, default where it built) or "numpy" (the FP32 reference).
@@ -38,7 +38,8 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
       up to 0.025 on the tiny reference models, and it takes SmolLM2's fast mode from a worst top-20
       deviation of 0.43 to 0.57 against the FP32 reference (budget 0.5), so FP32 is the default.
     draft: a smaller model of the same vocabulary (name or path) for speculative decoding; loaded
-      with the same backend, threads, context and quantize=. generate/stream then speculate with it by default.
+      with the same backend, threads, context and quantize=. generate/stream then speculate with it by default;
+      draft_threads: the threads its forward passes use (default: threads).
     """
     path = resolve(name_or_path)
     src = open_model(Path(path))
@@ -65,7 +66,7 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
     if draft is not None:
         try:
             m.set_draft(load(draft, n_ctx=m.n_ctx, n_slots=n_slots, backend=backend, threads=threads,
-                             activations=activations, kv_type=kv_type, quantize=quantize))
+                             activations=activations, kv_type=kv_type, quantize=quantize), threads=draft_threads)
         except BaseException:
             m.close()
             raise
@@ -263,16 +264,19 @@ class Model:
             raise InvalidInputError("speculative='draft' needs a draft model: load(..., draft=NAME_OR_PATH)")
         return mode
 
-    def set_draft(self, draft: "Model | None") -> None:
-        """Use `draft` (a loaded model, which this one then owns) for speculative decoding;
-        VocabularyMismatchError when its tokens are not this model's."""
+    def set_draft(self, draft: "Model | None", threads: int | None = None) -> None:
+        """Use `draft` (a loaded model, which this one then owns) for speculative decoding, its forward
+        passes on `threads` (default: this model's); VocabularyMismatchError when its tokens are not
+        this model's."""
         if draft is None:
             self.draft = self.drafter = None
             return
         from .speculative import DraftModel
         try:
+            if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+                raise InvalidInputError(f"draft_threads must be a positive integer, got {threads!r}")
             self.drafter = DraftModel(draft.transformer, draft.tokenizer, self.tokenizer, self.config.vocab_size,
-                                       n_slots=self.transformer.n_slots)
+                                      n_slots=self.transformer.n_slots, threads=threads)
         except BaseException:
             draft.close()
             raise

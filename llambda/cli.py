@@ -75,6 +75,8 @@ def _add_speculative_args(p: argparse.ArgumentParser) -> None:
                    help="draft from the prompt and the text so far (prompt lookup; no second model)")
     g.add_argument("--draft-max", type=int, default=None, metavar="N",
                    help="most tokens drafted per step (default 8 with a draft model, 10 with --lookup)")
+    g.add_argument("--threads-draft", type=int, default=None, metavar="N",
+                   help="threads of the draft model's forward passes (default: -t)")
 
 
 def _speculative_kwargs(a) -> dict:
@@ -122,7 +124,8 @@ def _load(a, **extra):
     from .api import load
     t0 = time.perf_counter()
     model = load(a.model, backend=a.backend, threads=a.threads, n_ctx=a.ctx_size, activations=a.activations,
-                 kv_type=a.kv_type, draft=getattr(a, "model_draft", None), **extra)
+                 kv_type=a.kv_type, draft=getattr(a, "model_draft", None),
+                 draft_threads=getattr(a, "threads_draft", None), **extra)
     if a.verbose:
         mem = model.memory_report()
         parts = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in mem.items())
@@ -297,7 +300,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
     # one slot more than the parallel sequences: /v1/embeddings on a decoder runs in it
     spec = _speculative_kwargs(a)
     model = load(a.model, backend=a.backend, threads=a.threads, n_ctx=a.ctx_size, n_slots=a.parallel + 1,
-                 activations=a.activations, kv_type=a.kv_type or DEFAULT_KV_TYPE, draft=a.model_draft)
+                 activations=a.activations, kv_type=a.kv_type or DEFAULT_KV_TYPE, draft=a.model_draft,
+                 draft_threads=a.threads_draft)
     model_id = a.alias or model_id_for(a.model)
     aliases = {model.name, Path(a.model).name, Path(a.model).stem, a.model} - {model_id}
     cfg = ServerConfig(model_id=model_id, aliases=aliases, host=a.host, port=a.port, parallel=a.parallel,
@@ -360,6 +364,7 @@ def _bench_speculative(a, path, threads: list[int]) -> int:
     draft = resolve(a.model_draft) if a.model_draft else None
     rows = run_spec_bench(path, a.spec, draft, threads[0], a.repetitions, a.vs == "llama-cpp",
                           n_gen=max(_ints(a.n_gen, "-n")) if a.n_gen else 400, draft_max=a.draft_max,
+                          draft_threads=a.threads_draft,
                           log=lambda s: print(s, file=sys.stderr))
     print(markdown(rows, Path(path).name, Path(draft).name if draft else None))
     return 0
@@ -523,6 +528,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="speculative against plain decoding on code tasks (draft: with --model-draft)")
     p.add_argument("--model-draft", metavar="MODEL", default=None, help="the draft model of --spec draft")
     p.add_argument("--draft-max", type=int, default=None, metavar="N", help="most tokens drafted per step")
+    p.add_argument("--threads-draft", type=int, default=None, metavar="N", help="threads of the draft model")
     p.set_defaults(fn=cmd_bench)
 
     p = sub.add_parser("perplexity", help="perplexity of a text file (llama.cpp's method)")

@@ -112,16 +112,31 @@ class DraftModel:
     """Greedy drafts from a smaller model of the same vocabulary, on its own KV cache (a slot per
     target slot; each slot remembers the tokens it holds, so a new round reuses them)."""
 
-    def __init__(self, transformer, tokenizer, target_tokenizer, target_vocab: int, n_slots: int = 1):
+    def __init__(self, transformer, tokenizer, target_tokenizer, target_vocab: int, n_slots: int = 1,
+                 threads: int | None = None):
         check_vocabularies(tokenizer, target_tokenizer, transformer.cfg.vocab_size, target_vocab)
         if transformer.n_slots < n_slots:
             raise InvalidInputError(f"the draft model holds {transformer.n_slots} sequences, the target {n_slots}")
         self.model = transformer
         self.target_vocab = target_vocab
         self.p_min = DRAFT_P_MIN
+        # threads of the draft's forwards (the C pool is process-wide: set around them, then put
+        # back); None: the target's. Its small ops pay the pool's fork/join more than the target's.
+        self.threads = threads
         self._cached: dict[int, list[int]] = {}
 
     def draft(self, tokens: list[int], k: int, slot: int = 0) -> list[int]:
+        if self.threads is None or getattr(self.model.backend, "name", "") != "native":
+            return self._draft(tokens, k, slot)
+        from ._native import set_threads, threads
+        before = threads()
+        set_threads(self.threads)
+        try:
+            return self._draft(tokens, k, slot)
+        finally:
+            set_threads(before)
+
+    def _draft(self, tokens: list[int], k: int, slot: int) -> list[int]:
         t = self.model
         room = t.n_ctx - len(tokens)
         k = min(k, room)

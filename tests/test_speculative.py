@@ -272,3 +272,20 @@ def test_verification_rows_are_lone_decode_rows_bit_for_bit(isa_switch, isa, act
                              np.arange(len(PROMPT) - 1, len(PROMPT) - 1 + n, dtype=np.int32), np.arange(n))
         for i in range(n):
             assert np.array_equal(rows[i], lone[i]), i
+
+
+@pytest.mark.skipif(not NATIVE, reason="the native C core is not built")
+def test_draft_threads_change_nothing_but_the_draft_forwards():
+    from llambda import _native
+    before = _native.threads()
+    kw = dict(max_tokens=24, temperature=0, ignore_eos=True)
+    with llambda.load(TINY / "llama", n_ctx=128, threads=2, draft=TINY / "llama", draft_threads=1) as m:
+        m.drafter.p_min = 0.0
+        seen = []
+        inner = m.drafter._draft
+        m.drafter._draft = lambda *a: (seen.append(_native.threads()), inner(*a))[1]
+        assert list(m.generate(PROMPT, **kw)) == list(m.generate(PROMPT, speculative=None, **kw))
+        assert seen and set(seen) == {1} and _native.threads() == 2
+    _native.set_threads(before)
+    with pytest.raises(InvalidInputError, match="draft_threads"):
+        llambda.load(TINY / "llama", n_ctx=64, draft=TINY / "llama", draft_threads=0)

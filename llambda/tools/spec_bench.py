@@ -92,9 +92,9 @@ def _timed(gen) -> tuple[list[int], float]:
 class Ours:
     name = "llambda"
 
-    def __init__(self, path, draft_path, threads, n_ctx):
+    def __init__(self, path, draft_path, threads, n_ctx, draft_threads=None):
         from ..api import load
-        self.model = load(path, threads=threads, n_ctx=n_ctx, draft=draft_path)
+        self.model = load(path, threads=threads, n_ctx=n_ctx, draft=draft_path, draft_threads=draft_threads)
 
     def prompt(self, task: str) -> list[int]:
         return self.model._prompt_ids(self.model.render_chat([{"role": "user", "content": TASKS[task]}]))
@@ -110,7 +110,7 @@ class Ours:
 class LlamaCpp:
     name = "llama.cpp"
 
-    def __init__(self, path, mode, draft_path, threads, n_ctx, draft_max):
+    def __init__(self, path, mode, draft_path, threads, n_ctx, draft_max, draft_threads=None):
         try:
             import llama_cpp
             from llama_cpp.llama_speculative import LlamaDraftModel, LlamaPromptLookupDecoding
@@ -125,7 +125,9 @@ class LlamaCpp:
             self.llm[mode] = llama_cpp.Llama(str(path), draft_model=LlamaPromptLookupDecoding(
                 num_pred_tokens=draft_max), **kw)
         else:
-            drafter = llama_cpp.Llama(str(draft_path), **kw)
+            dt = draft_threads or threads
+            drafter = llama_cpp.Llama(str(draft_path), **{**kw, "logits_all": False, "n_threads": dt,
+                                                          "n_threads_batch": dt})
 
             class GreedyDraft(LlamaDraftModel):
                 """Drafts k tokens greedily with the draft file (llama-cpp-python reuses its cached prefix)."""
@@ -159,16 +161,16 @@ class LlamaCpp:
 
 def run_spec_bench(path, mode: str, draft_path=None, threads: int | None = None, reps: int = 3,
                    vs_llama_cpp: bool = False, n_gen: int = 400, draft_max: int | None = None,
-                   tasks=None, log=print) -> list[SpecRow]:
+                   tasks=None, log=print, draft_threads: int | None = None) -> list[SpecRow]:
     from ..speculative import DEFAULT_DRAFT_MAX
     if mode == "draft" and draft_path is None:
         raise ValueError("--spec draft needs --model-draft")
     draft_max = draft_max or DEFAULT_DRAFT_MAX[mode]
     tasks = tasks or (["edit"] if mode == "lookup" else ["write", "edit"])
     n_ctx = 1024      # the prompt (~450 tokens) and the answer
-    engines = [Ours(path, draft_path if mode == "draft" else None, threads, n_ctx)]
+    engines = [Ours(path, draft_path if mode == "draft" else None, threads, n_ctx, draft_threads)]
     if vs_llama_cpp:
-        engines.append(LlamaCpp(path, mode, draft_path, threads or _threads(), n_ctx, draft_max))
+        engines.append(LlamaCpp(path, mode, draft_path, threads or _threads(), n_ctx, draft_max, draft_threads))
     rows: dict[tuple, SpecRow] = {}
     for task in tasks:
         ids = engines[0].prompt(task)
