@@ -297,19 +297,23 @@ def cmd_serve(a: argparse.Namespace) -> int:
     if (a.max_connections is not None and a.max_connections < 1) or not a.header_timeout > 0 \
             or not a.body_timeout > 0:
         raise ValueError("--max-connections must be >= 1, --header-timeout and --body-timeout > 0")
-    # one slot more than the parallel sequences: /v1/embeddings on a decoder runs in it
     spec = _speculative_kwargs(a)
-    model = load(a.model, backend=a.backend, threads=a.threads, n_ctx=a.ctx_size, n_slots=a.parallel + 1,
-                 activations=a.activations, kv_type=a.kv_type or DEFAULT_KV_TYPE, draft=a.model_draft,
-                 draft_threads=a.threads_draft)
+    load_kw = dict(backend=a.backend, n_ctx=a.ctx_size, activations=a.activations,
+                   kv_type=a.kv_type or DEFAULT_KV_TYPE, draft=a.model_draft, draft_threads=a.threads_draft)
     model_id = a.alias or model_id_for(a.model)
-    aliases = {model.name, Path(a.model).name, Path(a.model).stem, a.model} - {model_id}
+    aliases = {Path(a.model).name, Path(a.model).stem, a.model} - {model_id}
     cfg = ServerConfig(model_id=model_id, aliases=aliases, host=a.host, port=a.port, parallel=a.parallel,
                        queue_size=a.queue_size, max_tokens_cap=a.max_tokens_cap, max_body_bytes=a.max_body,
                        api_key=a.api_key, prefill_chunk=a.prefill_chunk, shutdown_grace=a.shutdown_grace,
                        max_connections=a.max_connections, header_timeout=a.header_timeout,
                        body_timeout=a.body_timeout, webui=not a.no_webui, log_format=a.log_format,
                        speculative=spec["speculative"], draft_max=spec["draft_max"])
+    if a.ray or a.write_ray_config:     # replicas under Ray Serve, each loading the model itself
+        from .scaleout.cli_args import run
+        return run(a, cfg, load_kw)
+    # one slot more than the parallel sequences: /v1/embeddings on a decoder runs in it
+    model = load(a.model, threads=a.threads, n_slots=a.parallel + 1, **load_kw)
+    cfg.aliases |= {model.name} - {model_id}
     mem = model.memory_report()
     encoder = getattr(model, "is_encoder", False)
     what = (f"embeddings of {model.config.hidden} dimensions, up to {model.n_ctx} tokens" if encoder
@@ -510,6 +514,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="log lines (at info: one per request, with tokens in/out and ms) as text or as "
                         "one JSON object per line (default text)")
     p.add_argument("--no-webui", action="store_true", help="do not serve the chat page at /")
+    from .scaleout.cli_args import add_arguments as add_scaleout_arguments
+    add_scaleout_arguments(p)
     p.set_defaults(fn=cmd_serve)
 
     p = sub.add_parser("bench", help="prefill/decode tokens/s (llama-bench style)")

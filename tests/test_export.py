@@ -35,11 +35,12 @@ def byte_level_vocab():
     return tokens, merges, types
 
 
-def tiny_llama_gguf(path: Path, qtype=QType.Q8_0) -> Path:
+def tiny_llama_gguf(path: Path, qtype=QType.Q8_0, control_tokens=(), chat_template=None) -> Path:
     """A 2-layer llama GGUF with random weights (q/k rows in GGUF's permuted layout by construction)
-    and a small byte-level BPE tokenizer with a chat template."""
+    and a small byte-level BPE tokenizer with a chat template (and any extra control tokens)."""
     rng = np.random.default_rng(7)
     tokens, merges, types = byte_level_vocab()
+    tokens, types = tokens + list(control_tokens), types + [3] * len(control_tokens)
     V, d, H, KV, hd, ff = len(tokens), 64, 4, 2, 16, 128
 
     def mat(rows, cols, gain=1.0):
@@ -69,9 +70,11 @@ def tiny_llama_gguf(path: Path, qtype=QType.Q8_0) -> Path:
             "llama.rope.dimension_count": hd, "llama.vocab_size": V,
             "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt2", "tokenizer.ggml.tokens": tokens,
             "tokenizer.ggml.token_type": types, "tokenizer.ggml.merges": merges,
-            "tokenizer.ggml.bos_token_id": V - 1, "tokenizer.ggml.eos_token_id": V - 1,
+            "tokenizer.ggml.bos_token_id": tokens.index("<|endoftext|>"),
+            "tokenizer.ggml.eos_token_id": tokens.index("<|endoftext|>"),
             "tokenizer.ggml.add_bos_token": False,
-            "tokenizer.chat_template": "{% for m in messages %}{{ m['content'] }}<|endoftext|>{% endfor %}"}
+            "tokenizer.chat_template": chat_template or
+            "{% for m in messages %}{{ m['content'] }}<|endoftext|>{% endfor %}"}
     write_gguf(path, meta, t)
     return path
 
@@ -121,19 +124,22 @@ def test_hf_to_gguf_gives_the_same_logits(folder, tmp_path):
     np.testing.assert_allclose(logits(gg), logits(TINY / folder), atol=1e-4, rtol=0)
     with llambda.load(gg, backend="numpy", n_ctx=32) as m, llambda.load(TINY / folder, backend="numpy", n_ctx=32) as h:
         for k in ("layer_sliding", "sliding_window", "qk_norm", "attn_bias", "post_norms", "attn_softcap",
-                  "final_softcap", "activation"):
-            assert getattr(m.config, k) == getattr(h.config, k), k
+                  "final_softcap", "activation", "layer_rope", "pre_norms", "qk_norm_whole", "residual_scale",
+                  "logit_scale", "embed_scale"):
+            want = getattr(h.config, k)     # GGUF stores float32 scalars
+            assert getattr(m.config, k) == (pytest.approx(want, rel=1e-6) if isinstance(want, float) else want), k
     # an independent reader (gguf-py) accepts the file
     gguf = pytest.importorskip("gguf")
     r = gguf.GGUFReader(str(gg))
     names = {t.name for t in r.tensors}
     assert "token_embd.weight" in names and "blk.1.ffn_down.weight" in names
-    assert ("output.weight" in names) == (folder not in ("qwen2", "gemma2", "gemma3"))
+    assert ("output.weight" in names) == (folder not in ("qwen2", "gemma2", "gemma3", "smollm3"))
     if folder == "phi3":
         assert "blk.0.attn_qkv.weight" in names and "blk.0.ffn_gate.weight" not in names
 
 
-@pytest.mark.parametrize("folder", ["llama", "gemma2", "gemma3", "phi3", "qwen2", "mistral"])
+@pytest.mark.parametrize("folder", ["llama", "gemma2", "gemma3", "phi3", "qwen2", "mistral", "smollm3", "granite",
+                                    "olmo2"])
 def test_hf_to_gguf_to_hf(folder, tmp_path):
     gg = export(TINY / folder, tmp_path / "m.gguf", fmt="gguf")
     hf = export(gg, tmp_path / "hf", fmt="hf")

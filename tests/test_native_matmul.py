@@ -146,7 +146,7 @@ class Matrix:
 
 
 def check(m, x, exact, layouts=(0, 1)):
-    tname, raw, rows, cols, w = m.tname, m.raw, m.rows, m.cols, m.w
+    tname, raw, rows, cols = m.tname, m.raw, m.rows, m.cols
     ref = mm64(x, m.wt64)
     tol = budget(tname, x, m.at64, exact)
     for layout, buf in ((0, raw), m.packed):

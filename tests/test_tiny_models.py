@@ -45,7 +45,7 @@ def last_rows(model, inp) -> np.ndarray:
 
 
 def test_every_folder_is_tested():
-    assert len(FOLDERS) == 8, FOLDERS
+    assert len(FOLDERS) == 11, FOLDERS
 
 
 @pytest.mark.parametrize("mode", list(MODES))
@@ -141,6 +141,94 @@ def test_transformers4_rope_keys_give_the_same_logits(folder, tmp_path):
     assert err <= 1e-3, f"{folder}: {err}"
 
 
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("folder", ["smollm3", "granite", "olmo2"])
+def test_dense_archs_from_our_gguf_match_transformers(folder, mode, tmp_path):
+    """The GGUF path of the newer dense families (written by our exporter with llama.cpp's arch names,
+    keys and q/k layouts) against the transformers reference, on every backend."""
+    from llambda.tools.export import export
+    gg = export(TINY / folder, tmp_path / f"{folder}.gguf", fmt="gguf")
+    ref = reference(folder)
+    with load(gg, mode, n_ctx=128) as m:
+        assert m.config.arch == folder
+        for inp in ref["inputs"]:
+            err = float(np.abs(last_rows(m, inp) - np.array(inp["logits_last3"], np.float32)).max())
+            assert err <= MODES[mode][2], f"{folder} GGUF {mode}: {err}"
+
+
+@pytest.mark.parametrize("folder", ["smollm3", "granite", "olmo2"])
+def test_dense_archs_quantized_native_matches_numpy(folder):
+    """Q8_0 weights (quantized at load), so the quantized kernels run every new branch (NoPE layers, the
+    multipliers, post-norms only, whole-projection q/k norms) against the NumPy oracle on the same
+    weights: exact mode within the float budget. Fast mode's 8-bit activations move these sensitive
+    models' logits (std about 4) by 0.10 (granite), 0.19 (olmo2) and 0.68 (smollm3, 4 layers; 0.71 with
+    RoPE on every layer, so not its NoPE layer; llama's folder: 0.36), hence its looser bound."""
+    errs = native_vs_numpy(folder, "q8_0")
+    assert errs["f32"] <= 1e-3 and errs["q8"] <= 1.0, (folder, errs)
+
+
+def native_vs_numpy(folder: str, q: str) -> dict:
+    """Max |logit diff| of the native exact ("f32") and fast ("q8") modes against the NumPy oracle,
+    all on the folder's weights quantized at load to `q`."""
+    if "native" not in available_backends():
+        pytest.skip("the native backend is not available here (C core not built)")
+    ref = reference(folder)
+    outs = {}
+    for backend, act in (("numpy", None), ("native", "f32"), ("native", "q8")):
+        with llambda.load(TINY / folder, backend=backend, activations=act, n_ctx=128, quantize=q) as m:
+            outs[act] = [last_rows(m, inp) for inp in ref["inputs"]]
+    return {act: max(float(np.abs(a - b).max()) for a, b in zip(outs[act], outs[None])) for act in ("f32", "q8")}
+
+
+def test_dense_arch_settings_read_from_each_format(tmp_path):
+    """SmolLM3's NoPE layers, Granite's multipliers, OLMo 2's norm placement, from config.json and from
+    GGUF metadata under llama.cpp's keys (SmolLM3: none; llama.cpp makes every 4th layer NoPE)."""
+    from llambda.formats.gguf import GGUFFile
+    from llambda.tools.export import export
+    for folder in ("smollm3", "granite", "olmo2"):
+        gg = export(TINY / folder, tmp_path / f"{folder}.gguf", fmt="gguf")
+        with GGUFFile(gg) as f:
+            meta = f.metadata
+        assert meta["general.architecture"] == folder
+        if folder == "granite":
+            assert meta["granite.embedding_scale"] == 12.0 and meta["granite.logit_scale"] == 2.0
+            assert meta["granite.residual_scale"] == pytest.approx(0.22)
+            assert meta["granite.attention.scale"] == 0.0625
+        for path in (TINY / folder, gg):
+            with llambda.load(path, backend="numpy", n_ctx=32) as m:
+                c = m.config
+            assert c.layer_rope == ([True, True, True, False] if folder == "smollm3" else [True] * c.n_layers)
+            assert (c.embed_scale, c.residual_scale, c.scale(), c.logit_scale) == (
+                (12.0, pytest.approx(0.22), 0.0625, 2.0) if folder == "granite" else (None, 1.0, 0.25, 1.0))
+            assert (c.pre_norms, c.post_norms, c.qk_norm_whole) == (
+                (False, True, True) if folder == "olmo2" else (True, False, False))
+            assert c.rope_neox == (path != gg or folder == "olmo2")     # llama.cpp permutes smollm3/granite
+
+
+@pytest.mark.parametrize("edit, flags", [
+    (lambda c: c.pop("no_rope_layers"), [True, True, True, False]),          # the interval's default pattern
+    (lambda c: (c.pop("no_rope_layers"), c.update(no_rope_layer_interval=2)), [True, False, True, False]),
+    (lambda c: c.update(no_rope_layers=[0, 1, 1, 1, 1]), [False, True, True, True]),
+])
+def test_smollm3_nope_layers_from_config(tmp_path, edit, flags):
+    d = _copy("smollm3", tmp_path / "m", edit)
+    with llambda.load(d, backend="numpy", n_ctx=32) as m:
+        assert m.config.layer_rope == flags
+
+
+@pytest.mark.parametrize("folder, edit, message", [
+    ("smollm3", lambda c: c.update(no_rope_layers=[1, 1, 0]), "no_rope_layers"),
+    ("smollm3", lambda c: c.update(no_rope_layers=[1, 1, 2, 0]), "no_rope_layers"),
+    ("granite", lambda c: c.update(logits_scaling=0), "logits_scaling"),
+    ("granite", lambda c: c.update(residual_multiplier="big"), "residual_multiplier"),
+    ("olmo2", lambda c: c.update(hidden_act="gelu"), "hidden_act"),
+])
+def test_dense_arch_bad_settings_are_model_format_errors(tmp_path, folder, edit, message):
+    d = _copy(folder, tmp_path / "m", edit)
+    with pytest.raises(ModelFormatError, match=message):
+        llambda.load(d, backend="numpy", n_ctx=32)
+
+
 def test_no_tokenizer_files_still_loads_but_cannot_tokenize():
     with llambda.load(TINY / "llama", backend="numpy", n_ctx=32) as m:
         assert m.tokenizer is None
@@ -212,16 +300,8 @@ def test_quantize_at_load_new_types_native_matches_numpy(q):
     fast mode's 8-bit activations move these sensitive models' logits by 0.23 (Q4_0) to 0.33 (Q4_1)
     against the same oracle, so the bound is the same order. (The tiny models' rows, 64 and 128 wide,
     do not split into the 256-value blocks: the K-quants and IQ4_XS are covered by the kernel tests.)"""
-    if "native" not in available_backends():
-        pytest.skip("the native backend is not available here (C core not built)")
-    ref = reference("qwen3")
-    outs = {}
-    for backend, act in (("numpy", None), ("native", "f32"), ("native", "q8")):
-        with llambda.load(TINY / "qwen3", backend=backend, activations=act, n_ctx=128, quantize=q) as m:
-            outs[act] = [last_rows(m, inp) for inp in ref["inputs"]]
-    for act, budget in (("f32", 1e-3), ("q8", 0.5)):
-        err = max(float(np.abs(a - b).max()) for a, b in zip(outs[act], outs[None]))
-        assert err <= budget, (q, act, err)
+    errs = native_vs_numpy("qwen3", q)
+    assert errs["f32"] <= 1e-3 and errs["q8"] <= 0.5, (q, errs)
 
 
 def test_quantizing_lookup_touches_only_matrices():

@@ -293,7 +293,8 @@ def test_tiny_bpe_meta_is_valid():
     ({"tokenizer.ggml.bos_token_id": 265}, "bos_token_id' = 265 is out of range"),
     ({"tokenizer.ggml.eos_token_id": 10**6}, "eos_token_id' = 1000000 is out of range"),
     ({"tokenizer.ggml.bos_token_id": "1"}, "must be an integer"),
-    ({"tokenizer.ggml.model": "bert"}, "'bert' is not supported"),
+    ({"tokenizer.ggml.model": "t5"}, "'t5' is not supported"),
+    ({"tokenizer.ggml.model": "bert"}, r"needs its \[CLS\], \[SEP\] and unknown token ids"),
     ({"tokenizer.ggml.add_bos_token": "yes"}, "must be a bool"),
 ])
 def test_malformed_metadata_raises(change, message):

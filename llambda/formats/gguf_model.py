@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import ModelFormatError, TokenizerError
-from ..models import arch_module
+from ..models import ENCODERS, arch_module, encoder_module
 from ..tokenizer import Tokenizer
 from .gguf import GGUFFile
 from .source import ModelSource
@@ -18,7 +18,6 @@ def open_gguf(path: Path) -> ModelSource:
         arch = meta.get("general.architecture")
         if not isinstance(arch, str):
             raise ModelFormatError("GGUF metadata lacks 'general.architecture'")
-        cfg = arch_module(arch, "config_from_gguf").config_from_gguf(meta)
         infos = f.tensors
 
         def tensor(name: str) -> WeightTensor | None:
@@ -26,6 +25,14 @@ def open_gguf(path: Path) -> ModelSource:
             if t is None:
                 return None
             return WeightTensor(name, t.qtype, tuple(int(s) for s in t.shape), t.data)
+
+        names = list(infos)
+        if arch in ENCODERS:        # an encoder reads its tensors by their HF names
+            enc = encoder_module(arch)
+            cfg = enc.config_from_gguf(meta)
+            tensor, names = enc.gguf_tensors(tensor, names)
+        else:
+            cfg = arch_module(arch, "config_from_gguf").config_from_gguf(meta)
 
         tok, tok_err = None, None
         try:
@@ -36,7 +43,7 @@ def open_gguf(path: Path) -> ModelSource:
         name = meta.get("general.name")
         name = name if isinstance(name, str) and name else path.stem
         return ModelSource(path, "gguf", cfg, tensor, meta, tok, tok_err, template if isinstance(template, str) else None,
-                           str(name), [f.close], list(infos))
+                           str(name), [f.close], names)
     except BaseException:
         f.close()
         raise

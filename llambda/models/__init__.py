@@ -15,6 +15,9 @@ ARCHITECTURES = {
     "gemma3": "gemma3",
     "gemma3_text": "gemma3",
     "phi3": "phi3",
+    "smollm3": "smollm3",
+    "granite": "granite",
+    "olmo2": "olmo2",
 }
 
 # Encoders (embedding models, cross-encoders): their own config and forward, not TransformerConfig

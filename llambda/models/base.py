@@ -25,12 +25,12 @@ TensorLookup = Callable[[str], Optional[WeightTensor]]
 
 @dataclass
 class LayerWeights:
-    attn_norm: np.ndarray
+    attn_norm: np.ndarray | None          # None without pre-norms (OLMo 2)
     wq: object
     wk: object
     wv: object
     wo: object
-    ffn_norm: np.ndarray
+    ffn_norm: np.ndarray | None
     w_gate: object
     w_up: object
     w_down: object
@@ -172,22 +172,23 @@ class Transformer:
         self.layers = []
         for i in range(cfg.n_layers):
             p = f"blk.{i}."
-            post = cfg.post_norms
+            post, pre = cfg.post_norms, cfg.pre_norms
+            qn, kn = (cfg.q_dim, cfg.kv_dim) if cfg.qk_norm_whole else (cfg.head_dim, cfg.head_dim)
             self.layers.append(LayerWeights(
-                attn_norm=vector(p + "attn_norm.weight", d, off),
+                attn_norm=vector(p + "attn_norm.weight", d, off) if pre else None,
                 wq=matrix(p + "attn_q.weight", cfg.q_dim, d),
                 wk=matrix(p + "attn_k.weight", cfg.kv_dim, d),
                 wv=matrix(p + "attn_v.weight", cfg.kv_dim, d),
                 wo=matrix(p + "attn_output.weight", d, cfg.q_dim),
-                ffn_norm=vector(p + "ffn_norm.weight", d, off),
+                ffn_norm=vector(p + "ffn_norm.weight", d, off) if pre else None,
                 w_gate=matrix(p + "ffn_gate.weight", cfg.ffn_dim, d),
                 w_up=matrix(p + "ffn_up.weight", cfg.ffn_dim, d),
                 w_down=matrix(p + "ffn_down.weight", d, cfg.ffn_dim),
                 bq=vector(p + "attn_q.bias", cfg.q_dim, required=cfg.attn_bias) if cfg.attn_bias else None,
                 bk=vector(p + "attn_k.bias", cfg.kv_dim, required=cfg.attn_bias) if cfg.attn_bias else None,
                 bv=vector(p + "attn_v.bias", cfg.kv_dim, required=cfg.attn_bias) if cfg.attn_bias else None,
-                q_norm=vector(p + "attn_q_norm.weight", cfg.head_dim, off) if cfg.qk_norm else None,
-                k_norm=vector(p + "attn_k_norm.weight", cfg.head_dim, off) if cfg.qk_norm else None,
+                q_norm=vector(p + "attn_q_norm.weight", qn, off) if cfg.qk_norm else None,
+                k_norm=vector(p + "attn_k_norm.weight", kn, off) if cfg.qk_norm else None,
                 post_attn_norm=vector(p + "post_attention_norm.weight", d, off) if post else None,
                 post_ffn_norm=vector(p + "post_ffw_norm.weight", d, off) if post else None,
             ))
@@ -280,7 +281,7 @@ class Transformer:
         cfg, B, ws = self.cfg, self.backend, self.ws
         n = len(x)
         h, q, k, v, attn, proj = ws.h[:n], ws.q[:n], ws.k[:n], ws.v[:n], ws.attn[:n], ws.proj[:n]
-        B.rmsnorm(x, L.attn_norm, cfg.norm_eps, h)
+        h = self._pre_norm(x, L.attn_norm, h)
         q2, k2, v2 = q.reshape(n, -1), k.reshape(n, -1), v.reshape(n, -1)
         B.matmul_many(h, (L.wq, L.wk, L.wv), (q2, k2, v2))
         if L.bq is not None:
@@ -288,24 +289,26 @@ class Transformer:
             B.add_rows(k2, L.bk, k2)
             B.add_rows(v2, L.bv, v2)
         if L.q_norm is not None:
-            B.rmsnorm(q, L.q_norm, cfg.norm_eps, q)
-            B.rmsnorm(k, L.k_norm, cfg.norm_eps, k)
+            qn, kn = (q2, k2) if cfg.qk_norm_whole else (q, k)     # OLMo 2: one norm over all heads
+            B.rmsnorm(qn, L.q_norm, cfg.norm_eps, qn)
+            B.rmsnorm(kn, L.k_norm, cfg.norm_eps, kn)
         sliding = cfg.layer_sliding[i]
         inv_freq = self.inv_freq[sliding]
-        B.rope(q, p, inv_freq, cfg.rope_neox)
-        B.rope(k, p, inv_freq, cfg.rope_neox)
+        if cfg.layer_rope[i]:           # SmolLM3's NoPE layers take positions from the causal mask only
+            B.rope(q, p, inv_freq, cfg.rope_neox)
+            B.rope(k, p, inv_freq, cfg.rope_neox)
         B.kv_store(self.cache, i, k, v, slot, p)
         B.attention(q, self.cache, i, slot, p, attn, cfg.scale(), cfg.layer_window(i), cfg.attn_softcap)
         B.matmul(attn.reshape(n, -1), L.wo, proj)
         if L.post_attn_norm is not None:
             B.rmsnorm(proj, L.post_attn_norm, cfg.norm_eps, proj)
-        B.add(x, proj, x)
+        self._residual_add(x, proj)
 
     def _ffn_block(self, L: LayerWeights, x) -> None:
         cfg, B, ws = self.cfg, self.backend, self.ws
         n = len(x)
         h, gate, up, proj = ws.h[:n], ws.gate[:n], ws.up[:n], ws.proj[:n]
-        B.rmsnorm(x, L.ffn_norm, cfg.norm_eps, h)
+        h = self._pre_norm(x, L.ffn_norm, h)
         B.matmul_many(h, (L.w_gate, L.w_up), (gate, up))
         if cfg.activation == "silu":
             B.silu_mul(gate, up, gate)
@@ -314,7 +317,19 @@ class Transformer:
         B.matmul(gate, L.w_down, proj)
         if L.post_ffn_norm is not None:
             B.rmsnorm(proj, L.post_ffn_norm, cfg.norm_eps, proj)
-        B.add(x, proj, x)
+        self._residual_add(x, proj)
+
+    def _pre_norm(self, x, w, h):
+        """The sublayer's input: x normed into h, or x itself in a model without pre-norms."""
+        if w is None:
+            return x
+        self.backend.rmsnorm(x, w, self.cfg.norm_eps, h)
+        return h
+
+    def _residual_add(self, x, proj) -> None:
+        if self.cfg.residual_scale != 1.0:       # Granite
+            self.backend.scale(proj, self.cfg.residual_scale)
+        self.backend.add(x, proj, x)
 
     def _logits(self, x, rows: np.ndarray, out) -> np.ndarray:
         cfg, ws = self.cfg, self.ws
@@ -346,6 +361,8 @@ class Transformer:
         last = self.ws.last[:len(h)]
         B.rmsnorm(h, self.output_norm, cfg.norm_eps, last)
         B.matmul(last, self.output, logits)
+        if cfg.logit_scale != 1.0:               # Granite divides its logits
+            B.scale(logits, 1.0 / cfg.logit_scale)
         if cfg.final_softcap:
             B.softcap(logits, cfg.final_softcap)
 

@@ -1,5 +1,5 @@
-"""BERT-family encoders (all-MiniLM, BGE, cross-encoder rerankers): config.json -> BertConfig,
-and their forward pass.
+"""BERT-family encoders (all-MiniLM, BGE, cross-encoder rerankers): config.json or GGUF metadata
+-> BertConfig, and their forward pass.
 
 An encoder shares nothing with the decoder's forward (models/base.py): absolute position and
 token-type embeddings, LayerNorm with bias after the embeddings and after each block (post-norm),
@@ -77,6 +77,64 @@ def config_from_hf(cfg: dict, pooling: dict | None = None, st_config: dict | Non
         labels = cfg.get("id2label")
         c.n_labels = len(labels) if isinstance(labels, dict) and labels else 1
     return c
+
+
+# llama.cpp's `bert` GGUF: its pooling types, and its tensor names for the HF ones the encoder reads
+GGUF_POOLING = {1: "mean", 2: "cls"}
+_GGUF_GLOBAL = {"embeddings.word_embeddings.weight": "token_embd.weight",
+                "embeddings.position_embeddings.weight": "position_embd.weight",
+                "embeddings.token_type_embeddings.weight": "token_types.weight",
+                "embeddings.LayerNorm.weight": "token_embd_norm.weight",
+                "embeddings.LayerNorm.bias": "token_embd_norm.bias"}
+_GGUF_LAYER = {"attention.self.query": "attn_q", "attention.self.key": "attn_k", "attention.self.value": "attn_v",
+               "attention.output.dense": "attn_output", "attention.output.LayerNorm": "attn_output_norm",
+               "intermediate.dense": "ffn_up", "output.dense": "ffn_down", "output.LayerNorm": "layer_output_norm"}
+
+
+_HF_GLOBAL = {g: h for h, g in _GGUF_GLOBAL.items()}
+_HF_LAYER = {g: h for h, g in _GGUF_LAYER.items()}
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """The HF BertModel name of a GGUF tensor name, None for a tensor the encoder does not read."""
+    if gguf_name in _HF_GLOBAL:
+        return _HF_GLOBAL[gguf_name]
+    parts = gguf_name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _HF_LAYER:
+        return f"encoder.layer.{parts[1]}.{_HF_LAYER[parts[2]]}.{parts[3]}"
+    return None
+
+
+def gguf_tensors(get, names: list[str]):
+    """(lookup by HF name, HF names) over a GGUF file's tensors: what BertEncoder reads."""
+    by_hf = {h: n for n in names if (h := hf_name(n)) is not None}
+    return (lambda name: get(by_hf[name]) if name in by_hf else None), list(by_hf)
+
+
+def config_from_gguf(meta: dict) -> BertConfig:
+    """llama.cpp's `bert` metadata: sizes under `bert.*`, `bert.pooling_type` (1 mean, 2 CLS), the
+    token-type count under `tokenizer.ggml.token_type_count`; texts truncate at the context length."""
+    def key(name: str, default=None):
+        v = meta.get(name, default)
+        if v is None:
+            raise ModelFormatError(f"GGUF metadata lacks {name!r}")
+        return v
+    cfg = {"vocab_size": len(key("tokenizer.ggml.tokens")) if isinstance(meta.get("tokenizer.ggml.tokens"), list)
+           else key("bert.vocab_size"),
+           "hidden_size": key("bert.embedding_length"), "num_hidden_layers": key("bert.block_count"),
+           "num_attention_heads": key("bert.attention.head_count"), "intermediate_size": key("bert.feed_forward_length"),
+           "max_position_embeddings": key("bert.context_length"),
+           "type_vocab_size": meta.get("tokenizer.ggml.token_type_count", 2),
+           "layer_norm_eps": key("bert.attention.layer_norm_epsilon", 1e-12)}
+    if meta.get("bert.attention.causal", False):
+        raise ModelFormatError("GGUF 'bert.attention.causal' is true: a causal BERT is not supported")
+    kind = meta.get("bert.pooling_type", 1)
+    if kind not in GGUF_POOLING:
+        raise ModelFormatError(f"GGUF 'bert.pooling_type' {kind!r} is not supported (1 mean, 2 CLS)")
+    try:
+        return config_from_hf(cfg, pooling={"pooling_mode_cls_token": GGUF_POOLING[kind] == "cls"})
+    except ModelFormatError as e:      # name the format; the field names are HF's spelling of bert.*
+        raise ModelFormatError(str(e).replace("config.json:", "GGUF metadata (bert.*):")) from None
 
 
 def _layernorm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:

@@ -39,6 +39,7 @@ FLOAT_LIMITS = {
     "attn_scale": (0.0, 1e4, True), "embed_scale": (0.0, 1e6, True), "attn_softcap": (0.0, 1e30, False),
     "final_softcap": (0.0, 1e30, False), "norm_offset": (-1e3, 1e3, False), "rope_factor": (0.0, 1e30, True),
     "positive": (0.0, 1e30, True), "any": (-1e30, 1e30, False),
+    "residual_scale": (0.0, 1e6, True), "logit_scale": (0.0, 1e30, True),
 }
 
 
@@ -103,6 +104,8 @@ class TransformerConfig:
     activation: str = "silu"                # "silu" or "gelu_tanh" (gated FFN either way)
     attn_bias: bool = False                 # q/k/v biases (Qwen2)
     qk_norm: bool = False                   # RMSNorm on q and k per head (Qwen3, Gemma 3)
+    qk_norm_whole: bool = False             # ... over the whole q / k projection instead (OLMo 2)
+    pre_norms: bool = True                  # False: sublayers read the raw residual (OLMo 2)
     post_norms: bool = False                # norms after attention and FFN outputs (Gemma 2/3)
     norm_offset: float = 0.0                # added to stored norm weights at load (HF Gemma stores w-1)
     embed_scale: float | None = None        # embeddings multiplied by this (Gemma: sqrt(d_model))
@@ -111,6 +114,9 @@ class TransformerConfig:
     final_softcap: float = 0.0
     sliding_window: int = 0                 # 0: none
     layer_sliding: list[bool] = field(default_factory=list)   # per layer; empty: all layers alike
+    layer_rope: list[bool] = field(default_factory=list)      # per layer, False: NoPE (SmolLM3); empty: all
+    residual_scale: float = 1.0             # sublayer outputs scaled before the residual add (Granite)
+    logit_scale: float = 1.0                # logits divided by this (Granite)
     tie_embeddings: bool = True
     source: str = field(default="", compare=False, repr=False)   # the file or directory, for error messages
 
@@ -120,6 +126,8 @@ class TransformerConfig:
             self.rope_dim = self.head_dim
         if not self.layer_sliding:
             self.layer_sliding = [self.sliding_window > 0] * self.n_layers
+        if not self.layer_rope:
+            self.layer_rope = [True] * self.n_layers
         self.validate()
 
     @property
@@ -168,9 +176,14 @@ class TransformerConfig:
             raise ModelFormatError(f"rope dimension {self.rope_dim} invalid for head_dim {self.head_dim}")
         if not isinstance(self.layer_sliding, list) or len(self.layer_sliding) != self.n_layers:
             raise ModelFormatError("layer_sliding must list every layer")
+        if not isinstance(self.layer_rope, list) or len(self.layer_rope) != self.n_layers:
+            raise ModelFormatError("layer_rope must list every layer")
+        if self.qk_norm_whole and not self.qk_norm:
+            raise ModelFormatError("qk_norm_whole needs qk_norm")
         if self.activation not in ("silu", "gelu_tanh"):
             raise ModelFormatError(f"unsupported activation {self.activation!r}")
-        for name in ("norm_eps", "rope_theta", "attn_softcap", "final_softcap", "norm_offset"):
+        for name in ("norm_eps", "rope_theta", "attn_softcap", "final_softcap", "norm_offset", "residual_scale",
+                     "logit_scale"):
             check_number(f"config {name}", getattr(self, name), name)
         for name in ("rope_theta_local", "embed_scale", "attn_scale"):
             if getattr(self, name) is not None:

@@ -41,8 +41,8 @@ def error_response(err: APIError) -> Response:
     return Response(err.json_bytes(), status_code=err.status, media_type="application/json", headers=err.headers)
 
 
-async def read_json(request: Request, cap: int, timeout: float):
-    """The body as JSON, refusing more than `cap` bytes (413) before reading them all, and a body
+async def read_body(request: Request, cap: int, timeout: float) -> bytes:
+    """The body's bytes, refusing more than `cap` bytes (413) before reading them all, and a body
     still arriving after `timeout` seconds (408: a client trickling it would hold the connection)."""
     declared = request.headers.get("content-length")
     if declared is not None:
@@ -66,9 +66,15 @@ async def read_json(request: Request, cap: int, timeout: float):
     except asyncio.TimeoutError:
         raise APIError(408, f"the request body did not arrive within {timeout:g} s", code="request_timeout",
                        headers={"Connection": "close"}) from None
+    return bytes(body)
+
+
+async def read_json(request: Request, cap: int, timeout: float):
+    """The body as JSON (limits as read_body's); an empty body is a 400."""
+    body = await read_body(request, cap, timeout)
     if not body.strip():
         raise bad_request("the request body is empty; expected a JSON object")
-    return parse_json(bytes(body))
+    return parse_json(body)
 
 
 def _noop() -> None:
@@ -277,7 +283,7 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
                 log.warning("/health: %s", reason)
         return json_response(body, status=200 if reason is None else 503)
 
-    async def metrics_text(request: Request) -> Response:
+    def render_metrics() -> str:
         s = scheduler.stats()
         gauges = {
             "queue_depth": ("sequences waiting for a slot", s["waiting"]),
@@ -285,7 +291,10 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
             "slots_busy": ("KV-cache slots in use", s["busy_slots"]),
             "slots_total": ("KV-cache slots", s["slots"]),
         }
-        return Response(metrics.render(gauges), media_type="text/plain; version=0.0.4; charset=utf-8")
+        return metrics.render(gauges)
+
+    async def metrics_text(request: Request) -> Response:
+        return Response(render_metrics(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def on_api_error(request: Request, exc: APIError) -> Response:
         return error_response(exc)
@@ -337,4 +346,5 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
     app.state.scheduler = scheduler
     app.state.metrics = metrics
     app.state.config = cfg
+    app.state.render_metrics = render_metrics     # /metrics' text (a replica under Ray reports it)
     return app

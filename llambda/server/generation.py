@@ -8,7 +8,7 @@ jobs, which frees their slots before the scheduler's next step.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import AsyncIterator
 
 from ..constraints import ConstraintError, GrammarSpec
@@ -19,6 +19,7 @@ from ..speculative import DEFAULT_DRAFT_MAX, PromptLookup, Speculation
 from .config import ServerConfig
 from .errors import APIError, bad_request
 from .fim import find_fim_tokens, fim_prompt_ids, require_fim
+from .harmony import CHANNEL, harmony_vocabulary
 from .openai_format import (SSE_DONE, ChoiceState, TokenStrings, Usage, chat_logprobs, chat_response,
                             completion_logprobs, completion_response, new_id, now, sse, tool_finish)
 from .scheduler import Channel, Job, JobFailure, PromptLogprobs, QueueFull, Scheduler, ShuttingDown
@@ -53,6 +54,8 @@ class Service:
         # Hermes/Qwen-style templates: calls are <tool_call>{json}</tool_call>, so a forced
         # tool_choice can start the answer with the opening of a call
         self.template_hermes = OPEN_TAG in src
+        # gpt-oss answers in channels (analysis, final) and calls tools as messages to functions.NAME
+        self.harmony = harmony_vocabulary(model.tokenizer) or CHANNEL in src
         self.workers = PromptWorkers(cfg.prompt_workers, backlog=max(cfg.queue_size, cfg.prompt_workers))
         self.fim = find_fim_tokens(model.tokenizer, getattr(model.source, "metadata", None))
 
@@ -78,6 +81,8 @@ class Service:
             messages = generic_tool_messages(spec.messages, spec.tools, spec.tool_choice, spec.forced_tool)
             tools = None
         setup, grammar = self._tool_setup(spec, constrained=generic or self.template_hermes, generic=generic)
+        if self.harmony and not generic:
+            setup = replace(setup or ToolSetup(), harmony=True)
         try:
             text = self.model.render_chat(messages, tools=tools)
             if setup is not None:
@@ -426,15 +431,18 @@ class Generation:
             calls: list[dict] = []
             if parser is not None:
                 text, calls = parser.feed(text)
-            if text or entries or calls:
-                yield self._chunk({"index": idx, "delta": self._delta(st, text, calls),
+            reasoning = self._reasoning(parser)
+            if text or entries or calls or reasoning:
+                yield self._chunk({"index": idx, "delta": self._delta(st, text, calls, reasoning),
                                    "logprobs": chat_logprobs(entries, strings) if entries else None,
                                    "finish_reason": None})
             if finish:
                 if parser is not None:
                     rest, calls = parser.finish()
-                    if rest or calls:
-                        yield self._chunk({"index": idx, "delta": self._delta(st, rest, calls), "logprobs": None,
+                    reasoning = self._reasoning(parser)
+                    if rest or calls or reasoning:
+                        yield self._chunk({"index": idx, "delta": self._delta(st, rest, calls, reasoning),
+                                           "logprobs": None,
                                            "finish_reason": None})
                     finish = tool_finish(finish, st.made_calls)
                 yield self._chunk({"index": idx, "delta": {}, "logprobs": None, "finish_reason": finish})
@@ -448,8 +456,15 @@ class Generation:
                 yield self._chunk({"index": idx, "text": "", "logprobs": None, "finish_reason": finish})
 
     @staticmethod
-    def _delta(st: ChoiceState, text: str, calls: list[dict]) -> dict:
+    def _reasoning(parser) -> str:
+        """Harmony's analysis channel text that arrived (other parsers have none)."""
+        return parser.take_reasoning() if parser is not None else ""
+
+    @staticmethod
+    def _delta(st: ChoiceState, text: str, calls: list[dict], reasoning: str = "") -> dict:
         delta: dict = {}
+        if reasoning:
+            delta["reasoning_content"] = reasoning
         if text:
             delta["content"] = text
         if calls:

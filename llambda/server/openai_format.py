@@ -5,6 +5,7 @@ import json
 import secrets
 import time
 
+from .harmony import HarmonyParser, extract_harmony
 from .tools import ToolSetup
 
 
@@ -71,12 +72,19 @@ class ChoiceState:
         self.prompt_logprobs: list | None = None   # (token, logprob | None, top | None) per prompt token (echo)
         self.finish_reason: str | None = None
         self.n_generated = 0
-        self.tool_parser = tools.parser() if tools is not None and tools.names else None
+        self.tool_parser = answer_parser(tools)
         self.made_calls = False          # streaming: tool-call deltas went out
 
     @property
     def text(self) -> str:
         return "".join(self.parts)
+
+
+def answer_parser(tools: ToolSetup | None):
+    """What reads a chat answer as it streams: harmony's channels, tool calls, or nothing (plain text)."""
+    if tools is not None and tools.harmony:
+        return HarmonyParser(tools.names, tools.parallel)
+    return tools.parser() if tools is not None and tools.names else None
 
 
 def tool_finish(finish: str | None, has_calls: bool) -> str | None:
@@ -123,7 +131,9 @@ def chat_response(rid: str, created: int, model: str, choices: list[ChoiceState]
         text = c.text
         finish = c.finish_reason
         message = {"role": "assistant", "content": text}
-        if tools is not None and tools.names:
+        if tools is not None and tools.harmony:
+            message, finish = harmony_message(text, tools, finish)
+        elif tools is not None and tools.names:
             content, calls = tools.extract(text)
             if calls:
                 message = {"role": "assistant", "content": content or None, "tool_calls": calls}
@@ -135,6 +145,18 @@ def chat_response(rid: str, created: int, model: str, choices: list[ChoiceState]
                     "finish_reason": finish})
     return {"id": rid, "object": "chat.completion", "created": created, "model": model,
             "system_fingerprint": _fingerprint(), "choices": out, "usage": usage.as_dict()}
+
+
+def harmony_message(text: str, tools: ToolSetup, finish: str | None) -> tuple[dict, str | None]:
+    """The assistant message of a harmony answer: final channel as content, analysis as reasoning_content."""
+    content, reasoning, calls = extract_harmony(text, tools.names, tools.parallel)
+    message = {"role": "assistant", "content": content or (None if calls else "")}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if calls:
+        message["tool_calls"] = calls
+        finish = tool_finish(finish, True)
+    return message, finish
 
 
 def completion_response(rid: str, created: int, model: str, choices: list[ChoiceState], usage: Usage,

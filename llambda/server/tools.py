@@ -43,6 +43,7 @@ class ToolSetup:
     names: set[str] = field(default_factory=set)   # offered tools (empty: no parsing)
     prefix: str = ""                                # what we started the answer with (forced choice)
     parallel: bool = True                           # parallel_tool_calls
+    harmony: bool = False                           # the model answers in harmony's channels (gpt-oss)
 
     def parser(self) -> "ToolCallParser":
         return ToolCallParser(self.names, self.prefix, self.parallel)
@@ -159,6 +160,9 @@ class ToolCallParser:
     def feed(self, text: str) -> tuple[str, list[dict]]:
         """Content to emit now and tool-call deltas (OpenAI `delta.tool_calls` entries)."""
         return self._result(*self._step_all(text))
+
+    def take_reasoning(self) -> str:
+        return ""            # this format has no reasoning channel (harmony's parser has one)
 
     def _advance(self) -> bool:
         """One state transition over `buf`; False when it needs more text."""

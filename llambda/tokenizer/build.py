@@ -22,6 +22,7 @@ from ..errors import TokenizerError
 from .merges import merges_from_ranks, parse_merges
 from .pretokenize import byte_level_pipeline, spec_for
 from .vocab import TokenizerWarning, TokenType, Vocab
+from .wordpiece import build_wordpiece
 
 SPACE_MARK = "\u2581"   # SentencePiece's visible space
 
@@ -99,4 +100,8 @@ def build_sentencepiece_bpe(vocab: Vocab) -> Tokenizer:
 def build_backend(vocab: Vocab) -> Tokenizer:
     if vocab.model == "gpt2":
         return build_byte_level_bpe(vocab)
+    if vocab.model == "bert":
+        tk = build_wordpiece(vocab)
+        _add_special_and_user_tokens(tk, vocab)
+        return tk
     return build_sentencepiece_bpe(vocab)

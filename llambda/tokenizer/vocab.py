@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import TokenizerError
+from .wordpiece import from_phantom_space
 
 KEY = "tokenizer.ggml."
 
@@ -35,7 +36,10 @@ class TokenType(enum.IntEnum):
 # Token texts that end a turn although the metadata names only one EOS.
 # llama.cpp keeps the same list; the ids they stand for stop generation.
 END_OF_TURN_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>",
-                     "<|endoftext|>", "<|eom_id|>", "<EOT>")
+                     "<|endoftext|>", "<|eom_id|>", "<EOT>", "<|return|>", "<|call|>")
+# Harmony (gpt-oss) ends its answer with <|return|> or a tool call with <|call|>; its <|end|> only closes
+# one message (the analysis before the final answer), so there it must not stop generation.
+HARMONY_ENDS = ("<|return|>", "<|call|>")
 
 # An out-of-range id among these makes the model unusable: raise.  Others
 # (unknown, padding) are bookkeeping: warn and drop them, as llama.cpp does.
@@ -77,6 +81,9 @@ class Vocab:
                                   TokenType.UNDEFINED):
             if self.tokens[i] in wanted:
                 ids.add(int(i))
+        by_text = {self.tokens[i]: i for i in ids}
+        if all(t in by_text for t in HARMONY_ENDS) and "<|end|>" in by_text:
+            ids.discard(by_text["<|end|>"])
         return frozenset(ids)
 
 
@@ -158,10 +165,12 @@ def vocab_from_gguf_metadata(md: dict) -> Vocab:
                       TokenizerWarning, stacklevel=3)
     if not isinstance(model, str):
         raise TokenizerError(f"metadata 'tokenizer.ggml.model' must be a string, got {model!r}")
-    if model not in ("gpt2", "llama"):
+    if model not in ("gpt2", "llama", "bert"):
         raise TokenizerError(
             f"tokenizer model {model!r} is not supported (supported: 'gpt2' byte-level BPE, "
-            f"'llama' SentencePiece)")
+            f"'llama' SentencePiece, 'bert' WordPiece)")
+    if model == "bert":
+        tokens = from_phantom_space(tokens)
     pre = md.get(KEY + "pre", "default")
     if not isinstance(pre, str):
         raise TokenizerError(f"metadata 'tokenizer.ggml.pre' must be a string, got {pre!r}")
@@ -184,6 +193,9 @@ def vocab_from_gguf_metadata(md: dict) -> Vocab:
     v.eom_id = _token_id(md, "eom", n)
     v.unk_id = _token_id(md, "unknown", n)
     v.pad_id = _token_id(md, "padding", n)
+    if model == "bert":       # llama.cpp's key spells "seperator"; [CLS] defaults to BOS, [SEP] to EOS
+        v.extra["cls"] = _token_id(md, "cls", n) if KEY + "cls_token_id" in md else v.bos_id
+        v.extra["sep"] = _token_id(md, "seperator", n) if KEY + "seperator_token_id" in md else v.eos_id
     if typeless:
         # Without token types the named special ids are the only control
         # tokens we know of; mark them so that they are matched and skipped.

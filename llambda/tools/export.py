@@ -53,8 +53,11 @@ FAMILIES = {
     "gemma2": Family("gemma2", "Gemma2ForCausalLM", "gemma2", hf_norm_offset=1.0),
     "gemma3": Family("gemma3_text", "Gemma3ForCausalLM", "gemma3", hf_norm_offset=1.0),
     "phi3": Family("phi3", "Phi3ForCausalLM", "phi3", hf_fused=True),
+    "smollm3": Family("smollm3", "SmolLM3ForCausalLM", "smollm3"),
+    "granite": Family("granite", "GraniteForCausalLM", "granite"),
+    "olmo2": Family("olmo2", "Olmo2ForCausalLM", "olmo2"),
 }
-PERMUTED_GGUF_ARCHS = {"llama"}      # llama.cpp's LLAMA_ROPE_TYPE_NORM architectures among ours
+PERMUTED_GGUF_ARCHS = {"llama", "smollm3", "granite"}      # llama.cpp's LLAMA_ROPE_TYPE_NORM architectures among ours
 FLOAT_TYPES = {"f32": QType.F32, "f16": QType.F16, "bf16": QType.BF16}
 GGUF_WEIGHT_TYPES = {*FLOAT_TYPES.values(), QType.Q8_0, QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1,
                      QType.Q4_K, QType.Q5_K, QType.Q6_K, QType.IQ4_NL, QType.IQ4_XS, QType.MXFP4}
@@ -202,7 +205,7 @@ def _cfg_dict(cfg: TransformerConfig) -> dict:
 
 _CHECKED = ("vocab_size", "n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "rope_dim",
             "activation", "attn_bias", "qk_norm", "post_norms", "embed_scale", "attn_softcap", "final_softcap",
-            "layer_sliding")
+            "layer_sliding", "layer_rope", "pre_norms", "qk_norm_whole", "residual_scale", "logit_scale")
 
 
 def _check_same(a: TransformerConfig, b: TransformerConfig, what: str, a_factors=None, b_factors=None) -> None:
@@ -271,6 +274,11 @@ def hf_config(cfg: TransformerConfig, fam: Family, dtype: str) -> dict:
         period = _global_layer_period(cfg.layer_sliding)
         if fam.hf_model_type == "gemma3_text" and period:
             out["sliding_window_pattern"] = period      # what transformers < 4.53 reads instead of layer_types
+    if fam.hf_model_type == "smollm3":
+        out["no_rope_layers"] = [int(r) for r in cfg.layer_rope]
+    if fam.hf_model_type == "granite":
+        out.update(embedding_multiplier=cfg.embed_scale or 1.0, residual_multiplier=cfg.residual_scale,
+                   attention_multiplier=cfg.scale(), logits_scaling=cfg.logit_scale)
     return out
 
 
@@ -428,6 +436,9 @@ def gguf_metadata(cfg: TransformerConfig, arch: str, name: str) -> dict:
         meta[f"{a}.attn_logit_softcapping"] = cfg.attn_softcap
     if cfg.final_softcap:
         meta[f"{a}.final_logit_softcapping"] = cfg.final_softcap
+    if a == "granite":           # llama.cpp's keys for Granite's multipliers
+        meta.update({f"{a}.embedding_scale": float(cfg.embed_scale or 1.0), f"{a}.residual_scale": cfg.residual_scale,
+                     f"{a}.logit_scale": cfg.logit_scale})
     return meta
 
 

@@ -19,8 +19,8 @@ import numpy as np
 from ..errors import ModelFormatError
 
 # llama.cpp's names first where several names share one pre-tokenizer.
-_PREFERRED_PRE = ("gpt2", "smollm", "qwen2", "llama-bpe", "tekken", "stablelm2", "dbrx", "deepseek-coder",
-                  "deepseek-v3", "falcon", "bloom", "viking")
+_PREFERRED_PRE = ("gpt2", "smollm", "qwen2", "qwen35", "llama-bpe", "tekken", "gpt-4o", "stablelm2", "dbrx",
+                  "deepseek-llm", "deepseek-coder", "deepseek-v3", "command-r", "mpt", "falcon", "bloom", "viking")
 
 
 def hf_backend(tok):
@@ -55,30 +55,12 @@ def _vocab(tok):
     return v
 
 
-def _components(spec, key: str) -> list[dict]:
-    if not isinstance(spec, dict):
-        return []
-    out = []
-    for inner in spec.get(key) or []:
-        out += _components(inner, key)
-    return out or [spec]
-
-
 def pre_tokenizer_name(spec: dict) -> str | None:
     """The `tokenizer.ggml.pre` whose splitting equals this tokenizer.json's, or None."""
-    from ..tokenizer.pretokenize import GPT2, SPECS, PreTokenizerSpec
-    regexes = []
-    for c in _components(spec.get("pre_tokenizer"), "pretokenizers"):
-        if c.get("type") == "Split" and isinstance(c.get("pattern"), dict) and "Regex" in c["pattern"]:
-            regexes.append(c["pattern"]["Regex"])
-        elif c.get("type") == "ByteLevel" and c.get("use_regex", True):
-            regexes.append(GPT2)
-        elif c.get("type") not in ("ByteLevel", None):
-            return None
-    nfc = any(c.get("type") == "NFC" for c in _components(spec.get("normalizer"), "normalizers"))
-    want = PreTokenizerSpec(tuple(regexes), nfc=nfc, ignore_merges=bool((spec.get("model") or {}).get("ignore_merges")))
+    from ..tokenizer.pretokenize import SPECS, spec_from_tokenizer_json
+    want = spec_from_tokenizer_json(spec)
     names = list(_PREFERRED_PRE) + [n for n in SPECS if n not in _PREFERRED_PRE]
-    return next((n for n in names if SPECS.get(n) == want), None)
+    return next((n for n in names if SPECS.get(n) == want), None) if want is not None else None
 
 
 def _merge_strings(merges) -> list[str]:

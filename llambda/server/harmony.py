@@ -1,0 +1,198 @@
+"""OpenAI's harmony format (gpt-oss): the answer as channels, parsed as the text streams in.
+
+A gpt-oss answer is a run of messages, each a header and a body:
+
+    <|channel|>analysis<|message|>...thinking...<|end|>
+    <|start|>assistant<|channel|>final<|message|>...the answer...<|return|>
+
+and a call of a function tool is a message to a recipient, its body the JSON arguments:
+
+    <|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}<|call|>
+
+(the recipient may also stand before `<|channel|>`). The analysis channel becomes the OpenAI
+`reasoning_content`, the final (and commentary) channel the `content`, and a message to
+`functions.NAME` of an offered tool an OpenAI tool call. `<|return|>` and `<|call|>` end the
+generation (the tokenizer counts them as end-of-generation tokens), so usually the text stops
+just before them. `HarmonyParser` has ToolCallParser's interface (feed/finish -> content and
+tool-call deltas, `.calls`), plus `take_reasoning()` for the analysis text that arrived.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+from .tools import _merge, _partial_suffix, new_call_id
+
+START, CHANNEL, MESSAGE, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"
+END, RETURN, CALL = "<|end|>", "<|return|>", "<|call|>"
+_TERMINATORS = (END, RETURN, CALL)
+_HEADER_OPENERS = (CHANNEL, START, CONSTRAIN, " to=")
+_MAX_HEADER = 512         # a "header" longer than this is not one: its text is content
+_CHANNEL_RE = re.compile(r"<\|channel\|>\s*([^\s<]+)")
+_RECIPIENT_RE = re.compile(r"(?:^|\s)to=([^\s<]+)")
+
+# parser states
+OPENING, HEADER, BODY, GAP = "opening", "header", "body", "gap"
+
+
+def harmony_vocabulary(tokenizer) -> bool:
+    """The model speaks harmony: its vocabulary has the `<|channel|>` token."""
+    vocab = getattr(tokenizer, "vocab", None) if tokenizer is not None else None
+    tokens = getattr(vocab, "tokens", None)
+    return tokens is not None and CHANNEL in tokens
+
+
+class HarmonyParser:
+    """Feed generated text; get (content, tool-call deltas) back, and the reasoning by take_reasoning().
+
+    names: the function tools the request offered (a message to any other recipient is content);
+    parallel: False keeps only the first call.
+    """
+
+    def __init__(self, names: set[str] | None = None, parallel: bool = True):
+        self.names = names or set()
+        self.parallel = parallel
+        self.state = OPENING
+        self.buf = ""
+        self.sink = "content"      # where the current body goes: "content", "reasoning" or "call"
+        self.calls: list[dict] = []   # {"id", "name", "arguments", "complete"}
+        self._content: list[str] = []
+        self._reasoning: list[str] = []
+        self._deltas: list[dict] = []
+
+    # -- output ------------------------------------------------------------------------------
+    def _emit(self, text: str) -> None:
+        if not text:
+            return
+        if self.sink == "reasoning":
+            self._reasoning.append(text)
+        elif self.sink == "call":
+            self.calls[-1]["arguments"] += text
+            self._deltas.append({"index": len(self.calls) - 1, "function": {"arguments": text}})
+        elif self.sink == "content":
+            self._content.append(text)
+        # "drop": a further call while parallel_tool_calls is false
+
+    def _take(self) -> tuple[str, list[dict]]:
+        content, deltas = "".join(self._content), _merge(self._deltas)
+        self._content, self._deltas = [], []
+        return content, deltas
+
+    def take_reasoning(self) -> str:
+        """The analysis-channel text that arrived since the last call."""
+        out, self._reasoning = "".join(self._reasoning), []
+        return out
+
+    # -- feeding -------------------------------------------------------------------------------
+    def feed(self, text: str) -> tuple[str, list[dict]]:
+        """Content to emit now and tool-call deltas (OpenAI `delta.tool_calls` entries)."""
+        self.buf += text
+        while self._advance():
+            pass
+        return self._take()
+
+    def finish(self) -> tuple[str, list[dict]]:
+        """Whatever is still held, at the end of the answer. A call whose arguments parse is complete
+        (its `<|call|>` ended the generation and is not in the text)."""
+        if self.state == BODY:
+            self._emit(self.buf)
+            self._close_call(require_json=True)
+        elif self.state in (OPENING, GAP) and self.buf.strip():
+            self.sink = "content"
+            self._emit(self.buf)
+        # HEADER: a header cut short is format, not text
+        self.buf, self.state = "", GAP
+        return self._take()
+
+    def _advance(self) -> bool:
+        """One state transition over `buf`; False when it needs more text."""
+        if self.state in (OPENING, GAP):
+            return self._between()
+        if self.state == HEADER:
+            at = self.buf.find(MESSAGE)
+            if at < 0:
+                if len(self.buf) > _MAX_HEADER:
+                    self._open_body("content")
+                    return True
+                return False
+            header, self.buf = self.buf[:at], self.buf[at + len(MESSAGE):]
+            self._open_body(self._sink_of(header))
+            return True
+        return self._body()
+
+    def _between(self) -> bool:
+        """Before a message: its header starts here, or (an answer without one) its body does."""
+        head = self.buf if self.state == OPENING else self.buf.lstrip()
+        if not head:
+            return False
+        if head.startswith(START):
+            self.buf, self.state = head[len(START):], HEADER
+            return True
+        if head.startswith(_HEADER_OPENERS):
+            self.buf, self.state = head, HEADER
+            return True
+        if any(o.startswith(head) for o in _HEADER_OPENERS + (START,)):
+            return False                  # an opener may be arriving
+        self.buf = head
+        self._open_body("content")
+        return True
+
+    def _body(self) -> bool:
+        cut = [(self.buf.find(t), t) for t in _TERMINATORS]
+        cut = [(i, t) for i, t in cut if i >= 0]
+        if not cut:
+            keep = max(_partial_suffix(self.buf, t) for t in _TERMINATORS)
+            self._emit(self.buf[:len(self.buf) - keep])
+            self.buf = self.buf[len(self.buf) - keep:]
+            return False
+        at, term = min(cut)
+        self._emit(self.buf[:at])
+        self.buf = self.buf[at + len(term):]
+        self._close_call(require_json=term != CALL)
+        self.state = GAP
+        return True
+
+    # -- messages ------------------------------------------------------------------------------
+    def _sink_of(self, header: str) -> str:
+        m = _RECIPIENT_RE.search(header)
+        if m is not None:
+            recipient = m.group(1)
+            name = recipient[len("functions."):] if recipient.startswith("functions.") else None
+            if name in self.names:
+                if self.calls and not self.parallel:
+                    return "drop"
+                self.calls.append({"id": new_call_id(), "name": name, "arguments": "", "complete": False})
+                self._deltas.append({"index": len(self.calls) - 1, "id": self.calls[-1]["id"], "type": "function",
+                                     "function": {"name": name, "arguments": ""}})
+                return "call"
+            return "content"
+        m = _CHANNEL_RE.search(header)
+        return "reasoning" if m is not None and m.group(1) == "analysis" else "content"
+
+    def _open_body(self, sink: str) -> None:
+        self.sink, self.state = sink, BODY
+
+    def _close_call(self, require_json: bool) -> None:
+        if self.sink != "call":
+            return
+        c = self.calls[-1]
+        c["complete"] = not require_json or _is_json_object(c["arguments"])
+        self.sink = "content"
+
+
+def _is_json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
+
+
+def extract_harmony(text: str, names: set[str] | None = None,
+                    parallel: bool = True) -> tuple[str, str, list[dict]]:
+    """(content, reasoning, tool calls) of a finished harmony answer; the same parser as streaming."""
+    p = HarmonyParser(names, parallel)
+    content, _ = p.feed(text)
+    rest, _ = p.finish()
+    calls = [{"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+             for c in p.calls if c["complete"]]
+    return content + rest, p.take_reasoning(), calls

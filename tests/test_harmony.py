@@ -1,0 +1,214 @@
+"""Harmony (gpt-oss) answers: channels into content / reasoning_content, function messages into tool calls.
+
+The parser is checked whole and fed in random pieces (the two must agree), and the server end to end
+on a tiny random model whose vocabulary is harmony's, made to write a harmony answer by a regex
+constraint (its text is exactly what a gpt-oss model would write).
+"""
+import json
+import random
+import re
+
+import httpx
+import pytest
+
+import llambda
+from llambda.server.harmony import HarmonyParser, extract_harmony, harmony_vocabulary
+from llambda.tokenizer import Tokenizer
+
+HARMONY_TOKENS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>")
+THINK_THEN_ANSWER = ("<|channel|>analysis<|message|>The user asks for the capital. It is Paris.<|end|>"
+                     "<|start|>assistant<|channel|>final<|message|>The capital of France is Paris.")
+CALL = ("<|channel|>analysis<|message|>Need the weather tool.<|end|>"
+        "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+        '{"city": "Paris", "unit": "C"}')
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "weather",
+                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+
+
+def fed_in_pieces(text, names=None, parallel=True, seed=0):
+    """(content, reasoning, merged call deltas) of `text` fed to a parser in random pieces."""
+    rng = random.Random(seed)
+    p = HarmonyParser(names, parallel)
+    content, reasoning, deltas, i = [], [], [], 0
+    while i < len(text):
+        j = min(len(text), i + rng.randint(1, 9))
+        c, d = p.feed(text[i:j])
+        content.append(c), reasoning.append(p.take_reasoning()), deltas.extend(d)
+        i = j
+    c, d = p.finish()
+    content.append(c), reasoning.append(p.take_reasoning()), deltas.extend(d)
+    calls = {}
+    for d in deltas:
+        have = calls.setdefault(d["index"], {"name": None, "arguments": ""})
+        if "name" in d["function"]:
+            have["name"] = d["function"]["name"]
+        have["arguments"] += d["function"].get("arguments", "")
+    return "".join(content), "".join(reasoning), [calls[k] for k in sorted(calls)]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_channels_whole_and_streamed_agree(seed):
+    content, reasoning, calls = extract_harmony(THINK_THEN_ANSWER)
+    assert (content, reasoning, calls) == ("The capital of France is Paris.",
+                                           "The user asks for the capital. It is Paris.", [])
+    assert fed_in_pieces(THINK_THEN_ANSWER, seed=seed) == (content, reasoning, [])
+    # when <|return|> is text (not an end-of-generation token), it ends the answer too
+    assert extract_harmony(THINK_THEN_ANSWER + "<|return|>")[:2] == (content, reasoning)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_function_message_is_a_tool_call(seed):
+    content, reasoning, calls = extract_harmony(CALL, {"get_weather"})
+    assert content == "" and reasoning == "Need the weather tool."
+    assert [c["function"] for c in calls] == [{"name": "get_weather", "arguments": '{"city": "Paris", "unit": "C"}'}]
+    assert calls[0]["id"].startswith("call_") and calls[0]["type"] == "function"
+    _, _, streamed = fed_in_pieces(CALL, {"get_weather"}, seed=seed)
+    assert streamed == [{"name": "get_weather", "arguments": '{"city": "Paris", "unit": "C"}'}]
+
+
+def test_recipient_before_the_channel_and_explicit_call_end():
+    text = ('<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Oslo"}'
+            "<|call|>")
+    _, _, calls = extract_harmony(text, {"get_weather"})
+    assert calls[0]["function"]["arguments"] == '{"city": "Oslo"}'
+
+
+@pytest.mark.parametrize("text, names, want", [
+    # a tool the request did not offer, or a built-in one: the message stays visible text
+    (CALL, set(), ("{\"city\": \"Paris\", \"unit\": \"C\"}", "Need the weather tool.", 0)),
+    ("<|channel|>commentary to=browser.search<|message|>{\"q\": 1}", {"get_weather"}, ('{"q": 1}', "", 0)),
+    # cut off by max_tokens: arguments that do not parse are no call
+    (CALL[:-5], {"get_weather"}, ("", "Need the weather tool.", 0)),
+    # no header at all (a template that opened the final channel itself)
+    ("Just the answer.", set(), ("Just the answer.", "", 0)),
+    # still thinking when cut off
+    ("<|channel|>analysis<|message|>Hmm, let me", set(), ("", "Hmm, let me", 0)),
+    # a preamble in the commentary channel is for the user
+    ("<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant<|channel|>final<|message|>Done.",
+     set(), ("Checking.Done.", "", 0)),
+    # a header cut short is format, not text
+    ("<|channel|>analysis<|message|>x<|end|><|start|>assistant<|chan", set(), ("", "x", 0)),
+])
+def test_edge_cases(text, names, want):
+    content, reasoning, calls = extract_harmony(text, names)
+    assert (content, reasoning, len(calls)) == want
+    assert fed_in_pieces(text, names)[:2] == want[:2]
+
+
+def test_parallel_tool_calls_off_keeps_the_first():
+    two = CALL + "<|call|><|start|>assistant<|channel|>commentary to=functions.get_weather<|message|>{\"city\": \"Rome\"}"
+    assert len(extract_harmony(two, {"get_weather"})[2]) == 2
+    _, _, one = extract_harmony(two, {"get_weather"}, parallel=False)
+    assert [json.loads(c["function"]["arguments"])["city"] for c in one] == ["Paris"]
+
+
+def _harmony_vocab_meta(tokens):
+    from llambda.tokenizer.pieces import BYTE_CHARS
+    toks = list(BYTE_CHARS) + list(tokens)
+    return {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-4o", "tokenizer.ggml.tokens": toks,
+            "tokenizer.ggml.token_type": [1] * 256 + [3] * len(tokens), "tokenizer.ggml.merges": []}
+
+
+def test_end_stops_generation_only_outside_harmony():
+    """<|return|> and <|call|> end a harmony answer; its <|end|> only closes the analysis message."""
+    tk = Tokenizer.from_gguf_metadata(_harmony_vocab_meta(HARMONY_TOKENS))
+    ids = {t: tk.encode(t)[0] for t in HARMONY_TOKENS}
+    assert {ids["<|return|>"], ids["<|call|>"]} <= tk.eot_ids and ids["<|end|>"] not in tk.eot_ids
+    assert harmony_vocabulary(tk)
+    plain = Tokenizer.from_gguf_metadata(_harmony_vocab_meta(("<|end|>",)))
+    assert plain.encode("<|end|>")[0] in plain.eot_ids and not harmony_vocabulary(plain)
+
+
+# -- the server ------------------------------------------------------------------------------
+
+TEMPLATE = ("{% for m in messages %}<|start|>{{ m['role'] }}<|message|>{{ m['content'] }}<|end|>{% endfor %}"
+            "{% if tools %}<|start|>developer<|message|>{{ tools | length }} tools<|end|>{% endif %}"
+            "<|start|>assistant")
+
+
+@pytest.fixture(scope="module")
+def harmony_live(tmp_path_factory):
+    from llambda.server import ServerConfig, create_app
+    from serverkit import LiveServer
+    from test_export import tiny_llama_gguf
+    gg = tiny_llama_gguf(tmp_path_factory.mktemp("harmony") / "h.gguf", control_tokens=HARMONY_TOKENS,
+                         chat_template=TEMPLATE)
+    with pytest.warns(llambda.LlambdaWarning, match="context"):     # beyond the tiny model's 64: fine here
+        m = llambda.load(gg, n_slots=2, n_ctx=512)
+    with m:
+        with LiveServer(create_app(m, ServerConfig(model_id="tiny-harmony", parallel=2))) as srv:
+            yield srv
+
+
+def _body(answer: str, **kw) -> dict:
+    # the regex makes the random model write exactly `answer`
+    return {"model": "tiny-harmony", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 400,
+            "temperature": 0, "extra_body": {"regex": re.escape(answer)}, **kw}
+
+
+def test_server_splits_channels(harmony_live):
+    body = _body(THINK_THEN_ANSWER)
+    body.update(body.pop("extra_body"))
+    r = httpx.post(harmony_live.url + "/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    msg = r.json()["choices"][0]["message"]
+    assert msg["content"] == "The capital of France is Paris."
+    assert msg["reasoning_content"] == "The user asks for the capital. It is Paris."
+
+
+def test_server_streams_reasoning_then_content(harmony_live):
+    stream = harmony_live.client().chat.completions.create(**_body(THINK_THEN_ANSWER, stream=True))
+    content, reasoning = "", ""
+    for chunk in stream:
+        for ch in chunk.choices:
+            content += ch.delta.content or ""
+            reasoning += (ch.delta.model_extra or {}).get("reasoning_content") or ""
+            assert "<|" not in (ch.delta.content or "")
+    assert content == "The capital of France is Paris."
+    assert reasoning == "The user asks for the capital. It is Paris."
+
+
+def test_server_harmony_tool_call(harmony_live):
+    client = harmony_live.client()
+    r = client.chat.completions.create(**_body(CALL, tools=TOOLS))
+    ch = r.choices[0]
+    assert ch.finish_reason == "tool_calls" and ch.message.content is None
+    assert ch.message.tool_calls[0].function.name == "get_weather"
+    assert json.loads(ch.message.tool_calls[0].function.arguments) == {"city": "Paris", "unit": "C"}
+    names, args, finish = set(), "", None
+    for chunk in client.chat.completions.create(**_body(CALL, tools=TOOLS, stream=True)):
+        for c in chunk.choices:
+            for tc in c.delta.tool_calls or []:
+                names.add(tc.function.name) if tc.function.name else None
+                args += tc.function.arguments or ""
+            finish = c.finish_reason or finish
+    assert names == {"get_weather"} and json.loads(args) == {"city": "Paris", "unit": "C"} and finish == "tool_calls"
+
+
+def test_random_conversations_route_every_body(seed=11):
+    """Random runs of analysis / final / commentary / function messages, fed whole and in random
+    pieces: each body lands in its own place, nothing is lost or duplicated."""
+    rng = random.Random(seed)
+    alphabet = "ab <|>{}\"':,.\n\tçé🙂"
+    for case in range(200):
+        want_content, want_reasoning, want_calls, parts = "", "", [], []
+        for k in range(rng.randint(1, 5)):
+            body = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 20))).replace("<|", "<")
+            kind = rng.choice(["analysis", "final", "commentary", "call"])
+            head = "<|start|>assistant" if k else ""
+            if kind == "call":
+                body = json.dumps({"x": body})
+                parts.append(f"{head}<|channel|>commentary to=functions.f <|constrain|>json<|message|>{body}<|call|>")
+                want_calls.append(body)
+            else:
+                parts.append(f"{head}<|channel|>{kind}<|message|>{body}<|end|>")
+                if kind == "analysis":
+                    want_reasoning += body
+                else:
+                    want_content += body
+        text = "".join(parts)
+        content, reasoning, calls = extract_harmony(text, {"f"})
+        assert (content, reasoning, [c["function"]["arguments"] for c in calls]) == \
+            (want_content, want_reasoning, want_calls), text
+        streamed = fed_in_pieces(text, {"f"}, seed=case)
+        assert streamed == (want_content, want_reasoning, [{"name": "f", "arguments": a} for a in want_calls]), text
