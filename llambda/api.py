@@ -166,21 +166,10 @@ class Model:
             self._cached = list(ids)
             return out
 
-    def _common_prefix(self, ids: list[int]) -> int:
-        n = len(self._cached)
-        if n <= len(ids) and self._cached == ids[:n]:
-            return n       # the usual next step of one generation: no per-token loop
-        common = 0
-        for a, b in zip(self._cached, ids):
-            if a != b:
-                break
-            common += 1
-        return common
-
     def _sync(self, ids: list[int]) -> None:
         """Make slot 0 hold the keys/values of exactly `ids`, reusing the prefix it holds; what it
         lacks is prefilled as a prompt is. Call holding the lock."""
-        common = self._common_prefix(ids)
+        common = engine.common_prefix(self._cached, ids)
         self._cached = self._cached[:common]
         if common < len(ids):
             with self.rows_invariant(False):

@@ -142,13 +142,8 @@ class DraftModel:
         k = min(k, room)
         if k <= 0:
             return []
-        held = self._cached.get(slot, [])
-        common = 0
-        for a, b in zip(held, tokens):
-            if a != b:
-                break
-            common += 1
-        common = min(common, len(tokens) - 1)   # the last token is fed for its logits
+        # the last token is fed for its logits
+        common = min(engine.common_prefix(self._cached.get(slot, []), tokens), len(tokens) - 1)
         self._cached[slot] = []                  # invalid until the prefill below completes
         logits = engine.prefill(t, slot, tokens[common:], common)
         held = list(tokens)
