@@ -1,6 +1,7 @@
 """llambda: a CPU inference engine for LLMs; readable Python, SIMD C kernels."""
 from .errors import (ChatTemplateError, ContextOverflowError, DownloadError, InvalidInputError, LlambdaError,
-                     LlambdaWarning, ModelFormatError, ModelNotFoundError, NativeUnavailableError, TokenizerError)
+                     LlambdaWarning, ModelFormatError, ModelNotFoundError, NativeUnavailableError, TokenizerError,
+                     VocabularyMismatchError)
 
 __version__ = "0.1.0"
 
@@ -13,4 +14,4 @@ def load(*args, **kwargs):
 
 __all__ = ["load", "LlambdaError", "ModelFormatError", "TokenizerError", "ChatTemplateError",
            "ContextOverflowError", "DownloadError", "InvalidInputError", "ModelNotFoundError",
-           "NativeUnavailableError", "LlambdaWarning", "__version__"]
+           "NativeUnavailableError", "VocabularyMismatchError", "LlambdaWarning", "__version__"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import threading
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Sequence as Seq
 
@@ -28,7 +29,8 @@ DEFAULT_CTX = 4096
 def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: int | None = None,
          n_ctx: int | None = None, n_slots: int = 1, activations: str | None = None,
          quantize: str | None = None, max_batch: int = 512, kv_type: str | None = None,
-         check_memory: bool = True) -> "Model":
+         check_memory: bool = True, draft: str | os.PathLike | None = None,
+         draft_threads: int | None = None) -> "Model":
     """Load a catalogued model name, a .gguf file or a Hugging Face model directory.
 
     backend: "native" (the C core, default where it built) or "numpy" (the FP32 reference).
@@ -42,6 +44,9 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
       contexts; it needs head_dim a multiple of 32.
     check_memory: refuse (InsufficientMemoryError) before reading any weight when the weights and the KV
       cache exceed the memory available; `Model.memory_plan` is the plan either way (models/memory.py).
+    draft: a smaller model of the same vocabulary (name or path) for speculative decoding; loaded
+      with the same backend, threads, context and quantize=. generate/stream then speculate with it by default;
+      draft_threads: the threads its forward passes use (default: threads).
     """
     path = resolve(name_or_path)
     src = open_model(Path(path))
@@ -70,6 +75,13 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
     m = Model(model, src, be)
     m.memory_plan = mplan
     m.name = display_name(name_or_path, Path(path))
+    if draft is not None:
+        try:
+            m.set_draft(load(draft, n_ctx=m.n_ctx, n_slots=n_slots, backend=backend, threads=threads,
+                             activations=activations, kv_type=kv_type, quantize=quantize), threads=draft_threads)
+        except BaseException:
+            m.close()
+            raise
     return m
 
 
@@ -121,6 +133,9 @@ class Model:
         self._template = None
         self._grammars = None          # llguidance's view of the vocabulary, built on first use
         self._grammars_lock = threading.Lock()
+        self.draft: Model | None = None  # the draft model for speculative decoding (load(..., draft=))
+        self.drafter = None             # drafts from self.draft (speculative.DraftModel)
+        self.spec_stats = None           # drafted/accepted counts of the last speculative generation
 
     # -- text <-> tokens ----------------------------------------------------
     def _tok(self):
@@ -151,29 +166,46 @@ class Model:
             raise ContextOverflowError(f"{len(ids)} tokens do not fit the context of {self.n_ctx}")
         with self._lock:
             self._cached = []
-            out = engine.prefill(self.transformer, 0, ids, 0)
+            with self.rows_invariant(False):
+                out = engine.prefill(self.transformer, 0, ids, 0)
             self._cached = list(ids)
             return out
 
-    def _prefill_reusing(self, ids: list[int]) -> np.ndarray:
-        """Prefill slot 0, skipping the prefix its cache already holds. Call holding the lock."""
-        n = len(self._cached)
-        if n < len(ids) and self._cached == ids[:n]:
-            common = n     # the usual next step of one generation: no per-token loop
-        else:
-            common = 0
-            for a, b in zip(self._cached, ids):
-                if a != b:
-                    break
-                common += 1
-        common = min(common, len(ids) - 1)   # the last token is always evaluated, for its logits
+    def _sync(self, ids: list[int]) -> None:
+        """Make slot 0 hold the keys/values of exactly `ids`, reusing the prefix it holds; what it
+        lacks is prefilled as a prompt is. Call holding the lock."""
+        common = engine.common_prefix(self._cached, ids)
         self._cached = self._cached[:common]
+        if common < len(ids):
+            with self.rows_invariant(False):
+                engine.prefill(self.transformer, 0, ids[common:], common)
+        self._cached = list(ids)
+
+    @contextmanager
+    def rows_invariant(self, flag: bool):
+        """Forward passes inside run batch-invariantly (flag True) or not, then the backend's own
+        setting is back. Decode steps (a lone token, a speculative verification's rows) are
+        invariant, so a row's logits are the same bits alone or verified among drafts; a prompt's
+        bulk prefill runs the default schedule, as logits() does."""
+        b = self.backend
+        if not hasattr(b, "set_batch_invariant") or b.batch_invariant == flag:
+            yield
+            return
+        b.set_batch_invariant(flag)
+        try:
+            yield
+        finally:
+            b.set_batch_invariant(not flag)
+
+    def _prefill_reusing(self, ids: list[int]) -> np.ndarray:
+        """Prefill slot 0, skipping the prefix its cache already holds; the logits of the last token.
+        Call holding the lock."""
         # The last prompt token goes alone, through the same decode path however much of the
         # prompt was cached: batched and single-token kernels round differently, and the same
         # call with the same seed must give the same text.
-        if common < len(ids) - 1:
-            engine.prefill(self.transformer, 0, ids[common:-1], common)
-        logits = engine.prefill(self.transformer, 0, ids[-1:], len(ids) - 1)
+        self._sync(ids[:-1])
+        with self.rows_invariant(True):
+            logits = engine.prefill(self.transformer, 0, ids[-1:], len(ids) - 1)
         self._cached = list(ids)
         return logits
 
@@ -182,8 +214,14 @@ class Model:
                presence_penalty: float = 0.0, frequency_penalty: float = 0.0, seed: int | None = None,
                stop: Seq[str] | str | None = None, ignore_eos: bool = False, logprobs: int = 0,
                logit_bias: dict | None = None, json_schema=None, grammar: str | None = None,
-               regex: str | None = None) -> Iterator[TokenEvent]:
+               regex: str | None = None, speculative: str | None = "auto",
+               draft_max: int | None = None) -> Iterator[TokenEvent]:
         """Generate, yielding a TokenEvent per token (text, logprobs) and a last one with finish_reason.
+
+        speculative: "draft" (the model loaded with load(..., draft=)), "lookup" (prompt lookup:
+        drafts copied from earlier text) or None; "auto" is "draft" when a draft model is loaded,
+        else None. The output is the same as without it, token for token (with a seed, sampled
+        output too); draft_max caps the tokens drafted per step.
 
         At most one of json_schema (a dict or JSON text), grammar (GBNF, or llguidance's Lark) and
         regex constrains the output: only tokens that keep it inside are sampled, and generation
@@ -201,7 +239,42 @@ class Model:
         if isinstance(logit_bias, dict):
             token_ids(list(logit_bias), self.config.vocab_size, what="logit_bias keys")
         seq = Sequence(self.tokenizer, ids, params, slot=0, n_ctx=self.n_ctx)
-        return self._run(seq)
+        mode = self._speculative_mode(speculative)
+        if mode is None:
+            return self._run(seq)
+        from . import speculative as spec
+        limit = self.transformer.ws.max_logit_rows - 1
+        k = spec.check_draft_max(draft_max if draft_max is not None else min(spec.DEFAULT_DRAFT_MAX[mode], limit), limit)
+        drafter = self.drafter if mode == "draft" else spec.PromptLookup()
+        self.spec_stats = spec.SpecStats()
+        return spec.stream(self, seq, spec.Speculation(drafter, k, self.spec_stats))
+
+    def _speculative_mode(self, speculative) -> str | None:
+        if speculative == "auto":
+            return "draft" if self.draft is not None else None
+        from .speculative import check_mode
+        mode = check_mode(speculative)
+        if mode == "draft" and self.draft is None:
+            raise InvalidInputError("speculative='draft' needs a draft model: load(..., draft=NAME_OR_PATH)")
+        return mode
+
+    def set_draft(self, draft: "Model | None", threads: int | None = None) -> None:
+        """Use `draft` (a loaded model, which this one then owns) for speculative decoding, its forward
+        passes on `threads` (default: this model's); VocabularyMismatchError when its tokens are not
+        this model's."""
+        if draft is None:
+            self.draft = self.drafter = None
+            return
+        from .speculative import DraftModel
+        try:
+            if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+                raise InvalidInputError(f"draft_threads must be a positive integer, got {threads!r}")
+            self.drafter = DraftModel(draft.transformer, draft.tokenizer, self.tokenizer, self.config.vocab_size,
+                                      n_slots=self.transformer.n_slots, threads=threads)
+        except BaseException:
+            draft.close()
+            raise
+        self.draft = draft
 
     def _run(self, seq: Sequence) -> Iterator[TokenEvent]:
         while True:
@@ -298,6 +371,8 @@ class Model:
         return self.transformer.memory_report()
 
     def close(self) -> None:
+        if getattr(self, "draft", None) is not None:
+            self.draft.close()
         self.backend.close()
         self.source.close()
 

@@ -68,6 +68,26 @@ def _add_constraint_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--regex", metavar="PATTERN", default=None, help="the output matches this regular expression")
 
 
+def _add_speculative_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("speculative decoding (same output, faster where drafts are accepted)")
+    g.add_argument("--model-draft", metavar="MODEL", default=None,
+                   help="a smaller model of the same vocabulary drafting tokens for -m to verify")
+    g.add_argument("--lookup", action="store_true",
+                   help="draft from the prompt and the text so far (prompt lookup; no second model)")
+    g.add_argument("--draft-max", type=int, default=None, metavar="N",
+                   help="most tokens drafted per step (default 8 with a draft model, 10 with --lookup)")
+    g.add_argument("--threads-draft", type=int, default=None, metavar="N",
+                   help="threads of the draft model's forward passes (default: -t)")
+
+
+def _speculative_kwargs(a) -> dict:
+    """stream() arguments from the flags: --lookup wins over the draft model for drafting."""
+    if a.draft_max is not None and not (a.lookup or a.model_draft):
+        raise ValueError("--draft-max needs --model-draft or --lookup")
+    mode = "lookup" if a.lookup else ("draft" if a.model_draft else None)
+    return dict(speculative=mode, draft_max=a.draft_max)
+
+
 def _constraint_kwargs(a) -> dict:
     """json_schema/grammar/regex for Model.stream, read and checked before the model loads."""
     from .constraints import ConstraintError, grammar_spec
@@ -105,7 +125,8 @@ def _load(a, **extra):
     from .api import load
     t0 = time.perf_counter()
     model = load(a.model, backend=a.backend, threads=a.threads, n_ctx=a.ctx_size, activations=a.activations,
-                 kv_type=a.kv_type, **extra)
+                 kv_type=a.kv_type, draft=getattr(a, "model_draft", None),
+                 draft_threads=getattr(a, "threads_draft", None), **extra)
     if a.verbose:
         mem = model.memory_report()
         parts = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in mem.items())
@@ -146,11 +167,15 @@ def _stream_out(events, verbose: bool, t_start: float) -> str:
 
 
 def cmd_run(a) -> int:
-    constraint = _constraint_kwargs(a)
+    constraint, spec = _constraint_kwargs(a), _speculative_kwargs(a)
     model = _load(a)
     prompt = a.prompt if a.prompt is not None else sys.stdin.read()
     t0 = time.perf_counter()
-    _stream_out(model.stream(prompt, **_sampling_kwargs(a), **constraint), a.verbose, t0)
+    _stream_out(model.stream(prompt, **_sampling_kwargs(a), **constraint, **spec), a.verbose, t0)
+    if a.verbose and model.spec_stats is not None:
+        st = model.spec_stats
+        print(f"[llambda] speculative: {st.accepted} of {st.drafted} drafted tokens accepted "
+              f"({100 * st.acceptance:.0f}%)", file=sys.stderr)
     sys.stdout.write("\n")
     return 0
 
@@ -159,13 +184,13 @@ def cmd_chat(a) -> int:
     from .hub import home
     from .repl import ChatSession, run_chat
 
-    constraint = _constraint_kwargs(a)
+    constraint, spec = _constraint_kwargs(a), _speculative_kwargs(a)
     model = _load(a)
     model.chat_template()    # a clear error now for a model without a template
     if constraint:           # an invalid grammar is an error now, not at the first reply
         from .constraints import grammar_spec
         model.compile_grammar(grammar_spec(**constraint))
-    session = ChatSession(model, {**_sampling_kwargs(a), **constraint}, system=a.system)
+    session = ChatSession(model, {**_sampling_kwargs(a), **constraint, **spec}, system=a.system)
     banner = (f"llambda chat: {a.model} ({model.config.arch}, ctx {model.n_ctx}). "
               "/help for commands, Ctrl-C stops a reply, Ctrl-D or /exit leaves.")
     return run_chat(session, banner, home() / "chat_history", verbose=a.verbose)
@@ -284,15 +309,17 @@ def cmd_serve(a: argparse.Namespace) -> int:
     if (a.max_connections is not None and a.max_connections < 1) or not a.header_timeout > 0 \
             or not a.body_timeout > 0:
         raise ValueError("--max-connections must be >= 1, --header-timeout and --body-timeout > 0")
+    spec = _speculative_kwargs(a)
     load_kw = dict(backend=a.backend, n_ctx=a.ctx_size, activations=a.activations,
-                   kv_type=a.kv_type or DEFAULT_KV_TYPE)
+                   kv_type=a.kv_type or DEFAULT_KV_TYPE, draft=a.model_draft, draft_threads=a.threads_draft)
     model_id = a.alias or model_id_for(a.model)
     aliases = {Path(a.model).name, Path(a.model).stem, a.model} - {model_id}
     cfg = ServerConfig(model_id=model_id, aliases=aliases, host=a.host, port=a.port, parallel=a.parallel,
                        queue_size=a.queue_size, max_tokens_cap=a.max_tokens_cap, max_body_bytes=a.max_body,
                        api_key=a.api_key, prefill_chunk=a.prefill_chunk, shutdown_grace=a.shutdown_grace,
                        max_connections=a.max_connections, header_timeout=a.header_timeout,
-                       body_timeout=a.body_timeout, webui=not a.no_webui, log_format=a.log_format)
+                       body_timeout=a.body_timeout, webui=not a.no_webui, log_format=a.log_format,
+                       speculative=spec["speculative"], draft_max=spec["draft_max"])
     if a.ray or a.write_ray_config:     # replicas under Ray Serve, each loading the model itself
         from .scaleout.cli_args import run
         return run(a, cfg, load_kw)
@@ -335,12 +362,29 @@ def cmd_bench(a) -> int:
     threads = _ints(a.threads_list, "--threads-list") if a.threads_list else [a.threads or default_threads()]
     if a.repetitions < 1:
         raise ValueError("-r/--repetitions must be at least 1")
+    if a.spec:
+        return _bench_speculative(a, path, threads)
     if a.depth < 0 or a.load < 0:
         raise ValueError("-d/--depth and --load must be >= 0")
-    result = run_bench(path, _ints(a.n_prompt, "-p"), _ints(a.n_gen, "-n"), threads, a.repetitions,
+    result = run_bench(path, _ints(a.n_prompt, "-p"), _ints(a.n_gen or "128", "-n"), threads, a.repetitions,
                        a.vs == "llama-cpp", backend=a.backend, activations=a.activations,
                        log=lambda s: print(s, file=sys.stderr), depth=a.depth, load=a.load)
     print(markdown(result, Path(path).name))
+    return 0
+
+
+def _bench_speculative(a, path, threads: list[int]) -> int:
+    from .hub import resolve
+    from .tools.spec_bench import markdown, run_spec_bench
+
+    if len(threads) != 1 or a.depth or a.load:
+        raise ValueError("--spec takes one thread count, and no -d/--load")
+    draft = resolve(a.model_draft) if a.model_draft else None
+    rows = run_spec_bench(path, a.spec, draft, threads[0], a.repetitions, a.vs == "llama-cpp",
+                          n_gen=max(_ints(a.n_gen, "-n")) if a.n_gen else 400, draft_max=a.draft_max,
+                          draft_threads=a.threads_draft,
+                          log=lambda s: print(s, file=sys.stderr))
+    print(markdown(rows, Path(path).name, Path(draft).name if draft else None))
     return 0
 
 
@@ -407,6 +451,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(p)
     _add_sampling_args(p)
     _add_constraint_args(p)
+    _add_speculative_args(p)
     p.add_argument("prompt", nargs="?", help="the prompt (default: read stdin)")
     p.set_defaults(fn=cmd_run)
 
@@ -414,6 +459,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(p)
     _add_sampling_args(p)
     _add_constraint_args(p)
+    _add_speculative_args(p)
     p.add_argument("--system", default=None, help="system prompt")
     p.set_defaults(fn=cmd_chat)
 
@@ -461,6 +507,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server with continuous batching",
                        description="Serve /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics.")
     _add_model_args(p)
+    _add_speculative_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
     p.add_argument("--parallel", "-np", type=int, default=4,
@@ -496,7 +543,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="prefill/decode tokens/s (llama-bench style)")
     _add_model_args(p)
     p.add_argument("-p", "--n-prompt", default="512", help="prompt lengths, comma-separated (default 512)")
-    p.add_argument("-n", "--n-gen", default="128", help="generation lengths, comma-separated (default 128)")
+    p.add_argument("-n", "--n-gen", default=None,
+                   help="generation lengths, comma-separated (default 128; with --spec, at most 400 tokens)")
     p.add_argument("--threads-list", default=None, help="thread counts, comma-separated (default: -t or all cores)")
     p.add_argument("-r", "--repetitions", type=int, default=5)
     p.add_argument("-d", "--depth", type=int, default=0,
@@ -504,6 +552,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--load", type=int, default=0, metavar="N",
                    help="run N busy-loop processes beside the benchmark, for both engines (default 0)")
     p.add_argument("--vs", choices=["llama-cpp"], default=None, help="also run llama.cpp (llama-cpp-python) on the same file")
+    p.add_argument("--spec", choices=["draft", "lookup"], default=None,
+                   help="speculative against plain decoding on code tasks (draft: with --model-draft)")
+    p.add_argument("--model-draft", metavar="MODEL", default=None, help="the draft model of --spec draft")
+    p.add_argument("--draft-max", type=int, default=None, metavar="N", help="most tokens drafted per step")
+    p.add_argument("--threads-draft", type=int, default=None, metavar="N", help="threads of the draft model")
     p.set_defaults(fn=cmd_bench)
 
     p = sub.add_parser("perplexity", help="perplexity of a text file (llama.cpp's method)")

@@ -67,6 +67,19 @@ def token_ids(ids, vocab_size: int, what: str = "token ids") -> list[int]:
     return out
 
 
+def common_prefix(held: list[int], ids: list[int]) -> int:
+    """How many leading tokens a slot holding `held` shares with `ids` (the keys/values it can keep)."""
+    n = len(held)
+    if n <= len(ids) and held == ids[:n]:
+        return n       # the usual next step of one generation: a C-level compare, no Python loop
+    common = 0
+    for a, b in zip(held, ids):
+        if a != b:
+            break
+        common += 1
+    return common
+
+
 def prefill(model, slot: int, ids, start: int) -> np.ndarray:
     """Run ids (positions start..) through the model on a slot in chunks; logits of the last one (a copy)."""
     n = len(ids)

@@ -26,6 +26,10 @@ class InvalidInputError(LlambdaError, ValueError):
     """An argument of a library call is of the wrong type or out of range (e.g. a token id)."""
 
 
+class VocabularyMismatchError(LlambdaError, ValueError):
+    """A draft model's vocabulary is not the target's: its token ids would mean other text."""
+
+
 class ModelNotFoundError(LlambdaError, FileNotFoundError):
     """A model name is neither a catalogued model nor an existing file or directory."""
 

@@ -157,3 +157,25 @@ def test_cli_bench_prints_table(smollm2_gguf, capsys):
 def test_cli_bench_bad_numbers(smollm2_gguf, capsys, args):
     assert cli.main(["bench", "-m", str(smollm2_gguf), *args]) != 0
     assert "llambda: error:" in capsys.readouterr().err
+
+
+def test_spec_bench_measures_plain_and_speculative(smollm2_gguf):
+    """--spec: both modes on the same prompt, the same text (greedy), acceptance counted; no speed asserted."""
+    from llambda.tools import spec_bench
+    for mode, draft in (("lookup", None), ("draft", smollm2_gguf)):
+        rows = spec_bench.run_spec_bench(smollm2_gguf, mode, draft, threads=1, reps=2, n_gen=24,
+                                         tasks=["edit"], log=lambda s: None)
+        got = {(r.engine, r.mode): r for r in rows}
+        assert set(got) == {("llambda", "plain"), ("llambda", mode)}
+        assert all(len(r.samples) == 2 and all(s > 0 for s in r.samples) for r in rows)
+        assert got[("llambda", mode)].text == got[("llambda", "plain")].text
+        assert got[("llambda", mode)].drafted >= got[("llambda", mode)].accepted > 0
+        table = spec_bench.markdown(rows, "m", "d" if draft else None).splitlines()
+        assert table[0].startswith("| model | task | engine | mode |")
+        assert table[3].endswith("| yes |") and "×" in table[3]
+
+
+def test_spec_bench_needs_a_draft_model_for_draft():
+    from llambda.tools import spec_bench
+    with pytest.raises(ValueError, match="model-draft"):
+        spec_bench.run_spec_bench("unused.gguf", "draft", None)

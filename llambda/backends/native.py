@@ -299,6 +299,10 @@ class NativeBackend(Backend):
         self._batch_invariant = bool(flag)
         C.set_batch_invariant(self._batch_invariant)
 
+    @property
+    def batch_invariant(self) -> bool:
+        return self._batch_invariant
+
     def begin_forward(self) -> None:
         C.set_batch_invariant(self._batch_invariant)     # one store in C: cheaper than asking first
 

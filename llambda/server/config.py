@@ -34,6 +34,8 @@ class ServerConfig:
     log_format: str = "text"                  # "text" or "json" (one object per line), access log included
     prompt_workers: int = 4                   # threads rendering chat templates and tokenizing prompts
     prompt_stall_seconds: float = 30.0        # /health says 503 once all of them are stuck this long
+    speculative: str | None = None            # requests' default: "draft" (needs a draft model), "lookup" or None
+    draft_max: int | None = None              # tokens drafted per step at most (None: speculative's default)
 
     def accepts(self, name: str | None) -> bool:
         return name is None or name == self.model_id or name in self.aliases

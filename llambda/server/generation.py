@@ -15,6 +15,7 @@ from ..constraints import ConstraintError, GrammarSpec
 from ..engine import GenerationParams, Sequence
 from ..errors import ChatTemplateError, ContextOverflowError, LlambdaError, TokenizerError
 from ..sampling import SamplingParams
+from ..speculative import DEFAULT_DRAFT_MAX, PromptLookup, Speculation
 from .config import ServerConfig
 from .errors import APIError, bad_request
 from .fim import find_fim_tokens, fim_prompt_ids, require_fim
@@ -195,6 +196,7 @@ class Service:
             raise bad_request(f"'logit_bias' names token {max(bias)}, outside this model's vocabulary of {vocab}",
                               param="logit_bias")
         grammar = self._compile(constraint, param) if constraint is not None else None
+        self._speculative_mode(spec)      # a request for a draft model the server lacks: 400 now
         seqs = []
         for ids in prompts:
             max_tokens = self._max_tokens(spec, len(ids))
@@ -210,6 +212,22 @@ class Service:
         except TokenizerError as e:
             raise bad_request(f"'{param}' needs a tokenizer: {e}", param=param) from None
 
+    def _speculative_mode(self, spec: GenerationSpec) -> str | None:
+        mode = spec.speculative if spec.speculative is not None else self.cfg.speculative
+        if mode == "draft" and getattr(self.model, "drafter", None) is None:
+            raise bad_request("'speculative': \"draft\" needs a draft model; this server has none "
+                              "(llambda serve --model-draft)", param="speculative")
+        return None if mode == "off" else mode
+
+    def _speculation(self, spec: GenerationSpec):
+        """A sequence's speculative decoding (its own drafter state), or None."""
+        mode = self._speculative_mode(spec)
+        if mode is None:
+            return None
+        k = spec.draft_max or self.cfg.draft_max or DEFAULT_DRAFT_MAX[mode]
+        drafter = self.model.drafter if mode == "draft" else PromptLookup()
+        return Speculation(drafter, k)
+
     def launch(self, p: "Prepared") -> "Generation":
         """Queue the sequences (on the event loop, which receives their events)."""
         channel = Channel()
@@ -220,7 +238,7 @@ class Service:
             first = None
             for k, seq in enumerate(choices):
                 job = Job(seq, channel, pi * p.spec.n + k, after=first,
-                          prompt_logprobs=score if first is None else None)
+                          prompt_logprobs=score if first is None else None, speculation=self._speculation(p.spec))
                 first = first or job
                 jobs.append(job)
         gen = Generation(self, p.spec, channel, jobs, p.prompts, p.echoes, p.tools)

@@ -28,6 +28,8 @@ class Metrics:
         self.step_seconds = 0.0                            # forward + sampling + bookkeeping
         self.in_flight = 0                                 # HTTP requests being served
         self.connections_dropped: dict[str, int] = {}      # closed by the server: "cap", "timeout", "fds"
+        self.draft_tokens = 0                              # speculative decoding: tokens drafted and verified
+        self.draft_accepted = 0                            # ... and of those, accepted
         self.ttft_counts = [0] * (len(TTFT_BUCKETS) + 1)
         self.ttft_sum = 0.0
         self._recent: deque[tuple[float, int]] = deque()   # (time, tokens generated) per step
@@ -63,6 +65,11 @@ class Metrics:
             if n_generated:
                 self._recent.append((now, n_generated))
             self._trim(now)
+
+    def speculation(self, drafted: int, accepted: int) -> None:
+        with self._lock:
+            self.draft_tokens += drafted
+            self.draft_accepted += accepted
 
     def first_token(self, seconds: float) -> None:
         with self._lock:
@@ -124,6 +131,10 @@ class Metrics:
                    [("", self.forward_seconds)])
             metric("step_seconds_total", "counter", "seconds spent in steps (forward, sampling, bookkeeping)",
                    [("", self.step_seconds)])
+            metric("draft_tokens_total", "counter", "tokens drafted by speculative decoding and verified",
+                   [("", self.draft_tokens)])
+            metric("draft_tokens_accepted_total", "counter", "drafted tokens the model accepted (its own choice)",
+                   [("", self.draft_accepted)])
             metric("tokens_per_second", "gauge", f"generated tokens per second over the last {RATE_WINDOW:g} s",
                    [("", tps)])
             for name, (help_text, value) in gauges.items():

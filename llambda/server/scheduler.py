@@ -91,8 +91,9 @@ class Job:
     """One sequence (one choice of one request) as the scheduler sees it."""
 
     def __init__(self, seq: Sequence, channel: Channel, index: int, after: "Job | None" = None,
-                 prompt_logprobs: int | None = None):
+                 prompt_logprobs: int | None = None, speculation=None):
         self.seq = seq
+        self.speculation = speculation     # a speculative.Speculation, or None: plain decoding
         self.channel = channel
         self.index = index                 # the choice index in the request
         self.after = after                 # admit only once this sibling has prefilled (shares its KV)
@@ -127,7 +128,8 @@ class ShuttingDown(Exception):
 
 class Scheduler:
     def __init__(self, transformer, metrics: Metrics | None = None, n_slots: int | None = None,
-                 prefill_chunk: int = 256, queue_size: int = 64, min_prefix_reuse: int = 4):
+                 prefill_chunk: int = 256, queue_size: int = 64, min_prefix_reuse: int = 4,
+                 spec_rows: int = 16):
         self.model = transformer
         # Batched greedy output must equal one-at-a-time output bit for bit: every matmul row
         # and attention row is summed in an order that does not depend on the batch.
@@ -148,6 +150,9 @@ class Scheduler:
         if commit is not None:
             commit()
         self.prefill_chunk = max(1, int(prefill_chunk))
+        # decode rows (each stream's token plus its drafts) a step may hold before speculation steps
+        # aside: past it, verifying drafts would slow the other streams more than it gains
+        self.spec_rows = min(int(spec_rows), self.max_rows, self.max_batch)
         self.queue_size = int(queue_size)
         self.slots = SlotTable(self.n_slots, min_reuse=min_prefix_reuse)
         self._waiting: deque[Job] = deque()
@@ -366,15 +371,22 @@ class Scheduler:
         slots: list[int] = []
         pos: list[int] = []
         rows: list[int] = []                       # batch rows whose logits the forward returns
-        samples: list[tuple[int, Job]] = []        # (index into those logits, job to sample)
+        samples: list[tuple[int, Job, list]] = []   # (index into those logits, job to sample, its drafts)
         scored: list[tuple[Job, int, int, int]] = []   # prompt logprobs: (job, first position, first logit, count)
         decoding = [j for j in self._active if j.state == DECODE]
+        room = self.spec_rows - len(decoding)      # rows left for drafts after every stream's own
         for j in decoding:
+            drafts = []
+            if j.speculation is not None and room > 0:
+                drafts = self._propose(j, room)
+                room -= len(drafts)
+            p0 = j.seq.next_pos
             tokens.append(j.seq.tokens[-1])
-            slots.append(j.slot)
-            pos.append(j.seq.next_pos)
-            rows.append(len(tokens) - 1)
-            samples.append((len(rows) - 1, j))
+            tokens.extend(drafts)
+            slots.extend([j.slot] * (len(drafts) + 1))
+            pos.extend(range(p0, p0 + len(drafts) + 1))
+            samples.append((len(rows), j, drafts))
+            rows.extend(range(len(tokens) - len(drafts) - 1, len(tokens)))
         budget = min(self.prefill_chunk, self.max_batch - len(tokens))
         chunks: list[tuple[Job, int]] = []
         for j in self._active:
@@ -398,10 +410,10 @@ class Scheduler:
                 scored.append((j, start, len(rows), take))
                 rows.extend(range(first, first + take))
                 if start + take == len(j.prompt):
-                    samples.append((len(rows) - 1, j))
+                    samples.append((len(rows) - 1, j, []))
             elif start + take == len(j.prompt):
                 rows.append(len(tokens) - 1)
-                samples.append((len(rows) - 1, j))
+                samples.append((len(rows) - 1, j, []))
         n = len(tokens)
         t0 = time.perf_counter()
         logits = self.model.forward(np.asarray(tokens, np.int32), np.asarray(slots, np.int32),
@@ -423,11 +435,11 @@ class Scheduler:
                     self._end(j, "error")
         generated = 0
         now = time.monotonic()
-        for r, j in samples:
+        for r, j, drafts in samples:
             if j.state == DONE:
                 continue
             try:
-                ev = j.seq.step(logits[r])
+                events = self._sample(j, drafts, logits[r:r + len(drafts) + 1])
             except Exception as e:   # e.g. NaN logits: this sequence fails, the others go on
                 log.exception("sampling failed")
                 self._emit(j, JobFailure(500, f"sampling failed: {type(e).__name__}: {e}"))
@@ -442,13 +454,33 @@ class Scheduler:
             if j.t_first is None:
                 j.t_first = now
                 self.metrics.first_token(now - j.t_submit)
-            if ev.token >= 0:
-                generated += 1
-            self._emit(j, ev)
+            for ev in events:
+                generated += ev.token >= 0
+                self._emit(j, ev)
             if j.seq.finished:
                 with self._cv:
                     self._end(j, j.seq.finish_reason or "stop")
         self.metrics.step(n, generated, t_forward, time.perf_counter() - t0)
+
+    def _propose(self, j: Job, room: int) -> list[int]:
+        """Drafts for a decoding job (at most `room`); a drafter that fails costs only the speculation."""
+        try:
+            return j.speculation.propose(j.seq, room, j.slot)
+        except Exception:
+            log.exception("drafting failed; the sequence decodes without speculation")
+            j.speculation = None
+            return []
+
+    def _sample(self, j: Job, drafts: list, logits) -> list:
+        """The events of a job's step: one token, or with drafts the verified ones (the cache then
+        holds the accepted drafts too: positions past them are overwritten by later steps)."""
+        if not drafts:
+            return [j.seq.step(logits[0])]
+        events, kept = j.speculation.settle(j.seq, drafts, logits)
+        self.metrics.speculation(len(drafts), kept)
+        j.n_computed += kept
+        self.slots.set_valid(j.slot, j.n_computed)
+        return events
 
     def _fail_active(self, failure: JobFailure, forget: bool = True) -> None:
         with self._cv:

@@ -110,6 +110,9 @@ def _clip(text: str, n: int = 24) -> str:
     return text if len(text) <= n else f"{text[:n]}... ({len(text)} characters)"
 
 
+MAX_DRAFT = 64   # draft_max per request (the server also caps drafts by its step's rows)
+
+
 @dataclass
 class GenerationSpec:
     kind: str                               # "chat" | "completion"
@@ -125,6 +128,8 @@ class GenerationSpec:
     ignore_eos: bool = False
     constraint: GrammarSpec | None = None   # what the output must follow (response_format, grammar, ...)
     constraint_param: str | None = None     # the field that gave it, for errors
+    speculative: str | None = None          # "draft" | "lookup" | "off"; None: the server's default
+    draft_max: int | None = None            # None: the server's
     # chat
     messages: list | None = None
     tools: list | None = None
@@ -253,6 +258,11 @@ def _common(b: _Body, kind: str) -> GenerationSpec:
     if best_of is not None and best_of != spec.n:
         raise bad_request("'best_of' other than n is not supported", param="best_of")
     _constraint(b, spec)
+    spec.speculative = b.string("speculative")
+    if spec.speculative not in (None, "draft", "lookup", "off"):
+        raise bad_request(f"'speculative' must be \"draft\", \"lookup\" or \"off\", got {_clip(repr(spec.speculative))}",
+                          param="speculative")
+    spec.draft_max = b.integer("draft_max", None, 1, MAX_DRAFT)
     return spec
 
 
