@@ -214,7 +214,8 @@ static void pk_q8_0(const uint8_t *b, int r, uint8_t *gb) {
     for (int t = 0; t < 8; t++) put32(gb + 32 + 64 * t + 4 * r, ld32(b + 2 + 4 * t) ^ 0x80808080u);
 }
 
-static void pk_q4_k(const uint8_t *b, int r, uint8_t *gb) {
+/* Q4_K/Q5_K: header (d, dmin, 12 scale bytes) at b, the 128 nibble bytes at qs. */
+static void pack_k4(const uint8_t *b, const uint8_t *qs, int r, uint8_t *gb) {
     put16(gb + 2 * r, llb_rd16(b));
     put16(gb + 32 + 2 * r, llb_rd16(b + 2));
     for (int s = 0; s < 8; s++) { /* sub-block s: nibble s%2 of the 32 bytes of 64-value chunk s/2 */
@@ -222,9 +223,21 @@ static void pk_q4_k(const uint8_t *b, int r, uint8_t *gb) {
         k4_scale_min(b + 4, s, &sc, &m);
         gb[64 + 16 * s + r] = (uint8_t)sc;
         gb[192 + 32 * (s >> 1) + 2 * r + (s & 1)] = (uint8_t)m;
-        const uint8_t *qs = b + 16 + 32 * (s >> 1);
-        place_nibbles(gb + LLB_Q4_K_CODES + 256 * s, r, qs, qs + 16, 4 * (s & 1));
+        const uint8_t *q = qs + 32 * (s >> 1);
+        place_nibbles(gb + LLB_Q4_K_CODES + 256 * s, r, q, q + 16, 4 * (s & 1));
     }
+}
+
+static void pk_q4_k(const uint8_t *b, int r, uint8_t *gb) { pack_k4(b, b + 16, r, gb); }
+
+static void pk_q5_k(const uint8_t *b, int r, uint8_t *gb) {
+    pack_k4(b, b + 48, r, gb);
+    for (int s = 0; s < 8; s++) /* value l of sub-block s has its 5th bit in bit s of qh[l] (qh @16) */
+        for (int j = 0; j < 4; j++) {
+            uint8_t v = 0;
+            for (int t = 0; t < 8; t++) v |= (uint8_t)(((b[16 + 4 * t + j] >> s) & 1) << t);
+            gb[LLB_Q5_K_PLANES + 64 * s + 4 * r + j] = v;
+        }
 }
 
 static void pk_q6_k(const uint8_t *b, int r, uint8_t *gb) {
@@ -265,10 +278,12 @@ static void pc_q4_1(const uint8_t *gb, int sub, int r, int16_t q[32], float dw[2
     set_affine(dw, mw, f16at(gb + 2 * r), f16at(gb + 32 + 2 * r));
 }
 
+/* Value e's 5th bit (as 16 or 0) from a bit-plane vector: byte 4r + e%4, bit e/4. */
+static int plane_bit(const uint8_t *plane, int r, int e) { return ((plane[4 * r + (e & 3)] >> (e >> 2)) & 1) << 4; }
+
 static void pc_q5_0(const uint8_t *gb, int sub, int r, int16_t q[32], float dw[2], float mw[2]) {
     (void)sub;
-    for (int e = 0; e < 32; e++)
-        q[e] = (int16_t)((nib(gb + 32, r, e) | ((gb[LLB_Q5_0_PLANE + 4 * r + (e & 3)] >> (e >> 2)) & 1) << 4) - 16);
+    for (int e = 0; e < 32; e++) q[e] = (int16_t)((nib(gb + 32, r, e) | plane_bit(gb + LLB_Q5_0_PLANE, r, e)) - 16);
     set_affine(dw, mw, f16at(gb + 2 * r), 0.0f);
 }
 
@@ -282,6 +297,11 @@ static void pc_q4_k(const uint8_t *gb, int s, int r, int16_t q[32], float dw[2],
     for (int e = 0; e < 32; e++) q[e] = (int16_t)nib(gb + LLB_Q4_K_CODES + 256 * s, r, e);
     set_affine(dw, mw, f16at(gb + 2 * r) * (float)gb[64 + 16 * s + r],
                -(f16at(gb + 32 + 2 * r) * (float)gb[192 + 32 * (s >> 1) + 2 * r + (s & 1)]));
+}
+
+static void pc_q5_k(const uint8_t *gb, int s, int r, int16_t q[32], float dw[2], float mw[2]) {
+    pc_q4_k(gb, s, r, q, dw, mw);
+    for (int e = 0; e < 32; e++) q[e] = (int16_t)(q[e] | plane_bit(gb + LLB_Q5_K_PLANES + 64 * s, r, e));
 }
 
 static void pc_q6_k(const uint8_t *gb, int s, int r, int16_t q[32], float dw[2], float mw[2]) {
@@ -321,7 +341,7 @@ static const llb_type_info types[] = {
     ROWBLOCK_TYPE(Q2_K, LLB_QKK, 84, 1, q2_k),
     ROWBLOCK_TYPE(Q3_K, LLB_QKK, 110, 1, q3_k),
     PACKED_TYPE(Q4_K, LLB_QKK, 144, LLB_GB_Q4_K, 0, q4_k),
-    ROWBLOCK_TYPE(Q5_K, LLB_QKK, 176, 0, q5_k),
+    PACKED_TYPE(Q5_K, LLB_QKK, 176, LLB_GB_Q5_K, 0, q5_k),
     PACKED_TYPE(Q6_K, LLB_QKK, 210, LLB_GB_Q6_K, 1, q6_k),
     ROWBLOCK_TYPE(IQ4_NL, LLB_QK, 18, 0, iq4_nl),
     ROWBLOCK_TYPE(IQ4_XS, LLB_QKK, 136, 0, iq4_xs),

@@ -171,10 +171,10 @@ LLB_AI TGT void chunk_T(const int qt, const uint8_t *wg, long c, float *T) {
     LLB_UNROLL
     for (int h = 0; h < 2; h++) {
         __m256i q[8];
-        if (qt == LLB_Q4_K) {
-            const uint8_t *gb = wg + (c >> 3) * LLB_GB_Q4_K;
+        if (qt == LLB_Q4_K || qt == LLB_Q5_K) {
+            const uint8_t *gb = wg + (c >> 3) * LLB_GB_BYTES(qt);
             const int s = (int)(c & 7);
-            dec_nibbles_h(gb + LLB_Q4_K_CODES + 256 * s, h, q);
+            dec_k4_sub_h(qt, gb, s, h, q);
             const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(gb + 64 + 16 * s + 8 * h))));
             const __m256i mn16 = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(gb + 192 + 32 * (s >> 1) + 16 * h)));
             const __m256 mn = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(mn16, 8 * (s & 1)), _mm256_set1_epi32(0xFF)));

@@ -50,6 +50,12 @@ LLB_AI TGT void dec_block32_h(const int qt, const uint8_t *gb, int h, __m256i q[
     if (qt == LLB_Q5_0) add_fifth_bits_h(gb + LLB_Q5_0_PLANE, h, q);
 }
 
+/* Rows 8h..8h+7 of sub-block s (32 values) of a Q4_K/Q5_K group-block: nibbles, plus Q5_K's bit plane. */
+LLB_AI TGT void dec_k4_sub_h(const int qt, const uint8_t *gb, int s, int h, __m256i q[8]) {
+    dec_nibbles_h(gb + LLB_Q4_K_CODES + 256 * s, h, q);
+    if (qt == LLB_Q5_K) add_fifth_bits_h(gb + LLB_Q5_K_PLANES + 64 * s, h, q);
+}
+
 /* One 16-value sub-block of Q6_K: 6-bit codes of quads 0..3 (see quants.h). */
 LLB_AI TGT void dec_q6k_sub_h(const uint8_t *sub, int h, __m256i q[4]) {
     const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);

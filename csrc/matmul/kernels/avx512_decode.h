@@ -44,6 +44,12 @@ LLB_AI TGT void dec_block32(const int qt, const uint8_t *gb, __m512i q[8]) {
     if (qt == LLB_Q5_0) add_fifth_bits(gb + LLB_Q5_0_PLANE, q);
 }
 
+/* Sub-block s (32 values) of a Q4_K/Q5_K group-block: Q4_K's nibbles, plus Q5_K's bit plane. */
+LLB_AI TGT void dec_k4_sub(const int qt, const uint8_t *gb, int s, __m512i q[8]) {
+    dec_nibbles(gb + LLB_Q4_K_CODES + 256 * s, q);
+    if (qt == LLB_Q5_K) add_fifth_bits(gb + LLB_Q5_K_PLANES + 64 * s, q);
+}
+
 /* One 16-value sub-block u of Q6_K: A/B hold the low nibbles of quads 0,1 / 2,3,
  * H their top 2 bits (bits 2i..2i+1 for quad i). c ? a : b = ternlog 0xE4. */
 LLB_AI TGT void dec_q6k_sub(const uint8_t *sub, __m512i q[4]) {
