@@ -72,7 +72,7 @@ static void fc_q8_0(const uint8_t *b, int sub, int16_t q[32], float dw[2], float
 }
 
 /* IQ4_NL / IQ4_XS: a nibble indexes a non-uniform 16-level grid (ggml's kvalues_iq4nl). */
-static const int8_t iq4_grid[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+const int8_t llb_iq4_grid[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 /* MXFP4: a nibble is an FP4 e2m1 value; stored doubled so that it is an integer. */
 static const int8_t fp4_grid[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
@@ -85,7 +85,7 @@ static void grid32(const uint8_t *qs, const int8_t *grid, int16_t q[32]) {
 
 static void fc_iq4_nl(const uint8_t *b, int sub, int16_t q[32], float dw[2], float mw[2]) {
     (void)sub;
-    grid32(b + 2, iq4_grid, q);
+    grid32(b + 2, llb_iq4_grid, q);
     set_affine(dw, mw, f16at(b), 0.0f);
 }
 
@@ -96,11 +96,15 @@ static void fc_mxfp4(const uint8_t *b, int sub, int16_t q[32], float dw[2], floa
     set_affine(dw, mw, ldexpf(1.0f, (int)b[0] - 128), 0.0f);
 }
 
+/* IQ4_XS: d @0, scales_h u16 @2 (2 bits per sub-block), scales_l @4 (a nibble per sub-block), qs @8;
+ * sub-block s's scale is ls - 32. */
+static int iq4_xs_scale(const uint8_t *b, int sub) {
+    return (((b[4 + sub / 2] >> (4 * (sub & 1))) & 15) | (((llb_rd16(b + 2) >> (2 * sub)) & 3) << 4)) - 32;
+}
+
 static void fc_iq4_xs(const uint8_t *b, int sub, int16_t q[32], float dw[2], float mw[2]) {
-    /* d @0, scales_h u16 @2 (2 bits per sub-block), scales_l @4 (a nibble per sub-block), qs @8 */
-    const int ls = ((b[4 + sub / 2] >> (4 * (sub & 1))) & 15) | (((llb_rd16(b + 2) >> (2 * sub)) & 3) << 4);
-    grid32(b + 8 + 16 * sub, iq4_grid, q);
-    set_affine(dw, mw, f16at(b) * (float)(ls - 32), 0.0f);
+    grid32(b + 8 + 16 * sub, llb_iq4_grid, q);
+    set_affine(dw, mw, f16at(b) * (float)iq4_xs_scale(b, sub), 0.0f);
 }
 
 /* Q4_K/Q5_K: six-bit scale and min j of 8, packed in 12 bytes. */
@@ -240,6 +244,14 @@ static void pk_q5_k(const uint8_t *b, int r, uint8_t *gb) {
         }
 }
 
+static void pk_iq4_xs(const uint8_t *b, int r, uint8_t *gb) {
+    put16(gb + 2 * r, llb_rd16(b));
+    for (int s = 0; s < 8; s++) { /* the file's 16 bytes of a sub-block are Q4_0's: our vector bytes */
+        gb[32 + 16 * s + r] = (uint8_t)(int8_t)iq4_xs_scale(b, s);
+        for (int v = 0; v < 4; v++) memcpy(gb + LLB_IQ4_XS_CODES + 256 * s + 64 * v + 4 * r, b + 8 + 16 * s + 4 * v, 4);
+    }
+}
+
 static void pk_q6_k(const uint8_t *b, int r, uint8_t *gb) {
     put16(gb + 2 * r, llb_rd16(b + 208));
     for (int u = 0; u < 16; u++) {
@@ -304,6 +316,11 @@ static void pc_q5_k(const uint8_t *gb, int s, int r, int16_t q[32], float dw[2],
     for (int e = 0; e < 32; e++) q[e] = (int16_t)(q[e] | plane_bit(gb + LLB_Q5_K_PLANES + 64 * s, r, e));
 }
 
+static void pc_iq4_xs(const uint8_t *gb, int s, int r, int16_t q[32], float dw[2], float mw[2]) {
+    for (int e = 0; e < 32; e++) q[e] = llb_iq4_grid[nib(gb + LLB_IQ4_XS_CODES + 256 * s, r, e)];
+    set_affine(dw, mw, f16at(gb + 2 * r) * (float)(int8_t)gb[32 + 16 * s + r], 0.0f);
+}
+
 static void pc_q6_k(const uint8_t *gb, int s, int r, int16_t q[32], float dw[2], float mw[2]) {
     const float d = f16at(gb + 2 * r);
     for (int h = 0; h < 2; h++) {
@@ -344,7 +361,7 @@ static const llb_type_info types[] = {
     PACKED_TYPE(Q5_K, LLB_QKK, 176, LLB_GB_Q5_K, 0, q5_k),
     PACKED_TYPE(Q6_K, LLB_QKK, 210, LLB_GB_Q6_K, 1, q6_k),
     ROWBLOCK_TYPE(IQ4_NL, LLB_QK, 18, 0, iq4_nl),
-    ROWBLOCK_TYPE(IQ4_XS, LLB_QKK, 136, 0, iq4_xs),
+    PACKED_TYPE(IQ4_XS, LLB_QKK, 136, LLB_GB_IQ4_XS, 0, iq4_xs),
     ROWBLOCK_TYPE(MXFP4, LLB_QK, 17, 0, mxfp4),
 };
 #define N_TYPES ((int)(sizeof(types) / sizeof(types[0])))
