@@ -220,6 +220,42 @@ def test_matmul_real_shapes(tname, rows, cols):
                 check(m, xs[n], exact, layouts=(1,))
 
 
+class _Given(Matrix):
+    """A Matrix of the given file-layout bytes."""
+
+    def __init__(self, tname, raw, rows, cols):
+        self.tname, self.rows, self.cols, self.raw = tname, rows, cols, raw
+        self.w = dequant(tname, raw, rows, cols)
+        self.a = magnitude(tname, raw, rows, cols, self.w)
+        self.wt64, self.at64 = self.w.T.astype(np.float64), self.a.T.astype(np.float64)
+        self.packed = pack(tname, raw, rows, cols)
+
+
+@pytest.mark.parametrize("tname", [t for t in TYPES if t not in FLOATS])
+def test_matmul_extreme_codes(tname):
+    """Every code bit set (the largest codes of most types) against activations that all
+    quantize to +127 (and to -127): the integer kernels' narrow partial sums (int16 in the
+    AVX2 kernels) must not wrap or saturate. Random codes almost never reach those sums.
+    Fast mode only: exact mode has no integer sums (and equal terms' FP32 rounding errors add up
+    past EXACT_RTOL, which is set for random data)."""
+    rng = np.random.default_rng(TYPES[tname])
+    rows, cols = 17, 2 * max(BLOCK[tname], 32)
+    tr = Q.TRAITS[Q.QType[tname]]
+    raw = Q.random_blocks(rng, tname, rows * cols // BLOCK[tname], spread=2e-2)
+    keep = raw.copy()
+    raw[:] = 0xFF
+    width = 1 if tr.scale_format == "e8m0" else 2
+    for at in tr.scales:  # the scale fields stay finite
+        raw[:, at:at + width] = keep[:, at:at + width]
+    m = _Given(tname, raw.reshape(rows, -1), rows, cols)
+    x = np.ones((9, cols), np.float32)
+    x[1::2] *= -1
+    for isa in ISAS:
+        nat.set_isa(isa)
+        for n in (1, 9):
+            check(m, x[:n], 0)
+
+
 @pytest.mark.parametrize("tname", list(TYPES))
 def test_threads_identical(tname):
     """Splitting work over 2 threads changes nothing, bit for bit. The n=70 GEMM and the

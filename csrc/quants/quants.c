@@ -72,7 +72,7 @@ static void fc_q8_0(const uint8_t *b, int sub, int16_t q[32], float dw[2], float
 }
 
 /* IQ4_NL / IQ4_XS: a nibble indexes a non-uniform 16-level grid (ggml's kvalues_iq4nl). */
-static const int8_t iq4_grid[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+const int8_t llb_iq4_grid[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 /* MXFP4: a nibble is an FP4 e2m1 value; stored doubled so that it is an integer. */
 static const int8_t fp4_grid[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
@@ -85,7 +85,7 @@ static void grid32(const uint8_t *qs, const int8_t *grid, int16_t q[32]) {
 
 static void fc_iq4_nl(const uint8_t *b, int sub, int16_t q[32], float dw[2], float mw[2]) {
     (void)sub;
-    grid32(b + 2, iq4_grid, q);
+    grid32(b + 2, llb_iq4_grid, q);
     set_affine(dw, mw, f16at(b), 0.0f);
 }
 
@@ -96,11 +96,15 @@ static void fc_mxfp4(const uint8_t *b, int sub, int16_t q[32], float dw[2], floa
     set_affine(dw, mw, ldexpf(1.0f, (int)b[0] - 128), 0.0f);
 }
 
+/* IQ4_XS: d @0, scales_h u16 @2 (2 bits per sub-block), scales_l @4 (a nibble per sub-block), qs @8;
+ * sub-block s's scale is ls - 32. */
+static int iq4_xs_scale(const uint8_t *b, int sub) {
+    return (((b[4 + sub / 2] >> (4 * (sub & 1))) & 15) | (((llb_rd16(b + 2) >> (2 * sub)) & 3) << 4)) - 32;
+}
+
 static void fc_iq4_xs(const uint8_t *b, int sub, int16_t q[32], float dw[2], float mw[2]) {
-    /* d @0, scales_h u16 @2 (2 bits per sub-block), scales_l @4 (a nibble per sub-block), qs @8 */
-    const int ls = ((b[4 + sub / 2] >> (4 * (sub & 1))) & 15) | (((llb_rd16(b + 2) >> (2 * sub)) & 3) << 4);
-    grid32(b + 8 + 16 * sub, iq4_grid, q);
-    set_affine(dw, mw, f16at(b) * (float)(ls - 32), 0.0f);
+    grid32(b + 8 + 16 * sub, llb_iq4_grid, q);
+    set_affine(dw, mw, f16at(b) * (float)iq4_xs_scale(b, sub), 0.0f);
 }
 
 /* Q4_K/Q5_K: six-bit scale and min j of 8, packed in 12 bytes. */
@@ -214,7 +218,8 @@ static void pk_q8_0(const uint8_t *b, int r, uint8_t *gb) {
     for (int t = 0; t < 8; t++) put32(gb + 32 + 64 * t + 4 * r, ld32(b + 2 + 4 * t) ^ 0x80808080u);
 }
 
-static void pk_q4_k(const uint8_t *b, int r, uint8_t *gb) {
+/* Q4_K/Q5_K: header (d, dmin, 12 scale bytes) at b, the 128 nibble bytes at qs. */
+static void pack_k4(const uint8_t *b, const uint8_t *qs, int r, uint8_t *gb) {
     put16(gb + 2 * r, llb_rd16(b));
     put16(gb + 32 + 2 * r, llb_rd16(b + 2));
     for (int s = 0; s < 8; s++) { /* sub-block s: nibble s%2 of the 32 bytes of 64-value chunk s/2 */
@@ -222,8 +227,28 @@ static void pk_q4_k(const uint8_t *b, int r, uint8_t *gb) {
         k4_scale_min(b + 4, s, &sc, &m);
         gb[64 + 16 * s + r] = (uint8_t)sc;
         gb[192 + 32 * (s >> 1) + 2 * r + (s & 1)] = (uint8_t)m;
-        const uint8_t *qs = b + 16 + 32 * (s >> 1);
-        place_nibbles(gb + LLB_Q4_K_CODES + 256 * s, r, qs, qs + 16, 4 * (s & 1));
+        const uint8_t *q = qs + 32 * (s >> 1);
+        place_nibbles(gb + LLB_Q4_K_CODES + 256 * s, r, q, q + 16, 4 * (s & 1));
+    }
+}
+
+static void pk_q4_k(const uint8_t *b, int r, uint8_t *gb) { pack_k4(b, b + 16, r, gb); }
+
+static void pk_q5_k(const uint8_t *b, int r, uint8_t *gb) {
+    pack_k4(b, b + 48, r, gb);
+    for (int s = 0; s < 8; s++) /* value l of sub-block s has its 5th bit in bit s of qh[l] (qh @16) */
+        for (int j = 0; j < 4; j++) {
+            uint8_t v = 0;
+            for (int t = 0; t < 8; t++) v |= (uint8_t)(((b[16 + 4 * t + j] >> s) & 1) << t);
+            gb[LLB_Q5_K_PLANES + 64 * s + 4 * r + j] = v;
+        }
+}
+
+static void pk_iq4_xs(const uint8_t *b, int r, uint8_t *gb) {
+    put16(gb + 2 * r, llb_rd16(b));
+    for (int s = 0; s < 8; s++) { /* the file's 16 bytes of a sub-block are Q4_0's: our vector bytes */
+        gb[32 + 16 * s + r] = (uint8_t)(int8_t)iq4_xs_scale(b, s);
+        for (int v = 0; v < 4; v++) memcpy(gb + LLB_IQ4_XS_CODES + 256 * s + 64 * v + 4 * r, b + 8 + 16 * s + 4 * v, 4);
     }
 }
 
@@ -265,10 +290,12 @@ static void pc_q4_1(const uint8_t *gb, int sub, int r, int16_t q[32], float dw[2
     set_affine(dw, mw, f16at(gb + 2 * r), f16at(gb + 32 + 2 * r));
 }
 
+/* Value e's 5th bit (as 16 or 0) from a bit-plane vector: byte 4r + e%4, bit e/4. */
+static int plane_bit(const uint8_t *plane, int r, int e) { return ((plane[4 * r + (e & 3)] >> (e >> 2)) & 1) << 4; }
+
 static void pc_q5_0(const uint8_t *gb, int sub, int r, int16_t q[32], float dw[2], float mw[2]) {
     (void)sub;
-    for (int e = 0; e < 32; e++)
-        q[e] = (int16_t)((nib(gb + 32, r, e) | ((gb[LLB_Q5_0_PLANE + 4 * r + (e & 3)] >> (e >> 2)) & 1) << 4) - 16);
+    for (int e = 0; e < 32; e++) q[e] = (int16_t)((nib(gb + 32, r, e) | plane_bit(gb + LLB_Q5_0_PLANE, r, e)) - 16);
     set_affine(dw, mw, f16at(gb + 2 * r), 0.0f);
 }
 
@@ -282,6 +309,16 @@ static void pc_q4_k(const uint8_t *gb, int s, int r, int16_t q[32], float dw[2],
     for (int e = 0; e < 32; e++) q[e] = (int16_t)nib(gb + LLB_Q4_K_CODES + 256 * s, r, e);
     set_affine(dw, mw, f16at(gb + 2 * r) * (float)gb[64 + 16 * s + r],
                -(f16at(gb + 32 + 2 * r) * (float)gb[192 + 32 * (s >> 1) + 2 * r + (s & 1)]));
+}
+
+static void pc_q5_k(const uint8_t *gb, int s, int r, int16_t q[32], float dw[2], float mw[2]) {
+    pc_q4_k(gb, s, r, q, dw, mw);
+    for (int e = 0; e < 32; e++) q[e] = (int16_t)(q[e] | plane_bit(gb + LLB_Q5_K_PLANES + 64 * s, r, e));
+}
+
+static void pc_iq4_xs(const uint8_t *gb, int s, int r, int16_t q[32], float dw[2], float mw[2]) {
+    for (int e = 0; e < 32; e++) q[e] = llb_iq4_grid[nib(gb + LLB_IQ4_XS_CODES + 256 * s, r, e)];
+    set_affine(dw, mw, f16at(gb + 2 * r) * (float)(int8_t)gb[32 + 16 * s + r], 0.0f);
 }
 
 static void pc_q6_k(const uint8_t *gb, int s, int r, int16_t q[32], float dw[2], float mw[2]) {
@@ -321,10 +358,10 @@ static const llb_type_info types[] = {
     ROWBLOCK_TYPE(Q2_K, LLB_QKK, 84, 1, q2_k),
     ROWBLOCK_TYPE(Q3_K, LLB_QKK, 110, 1, q3_k),
     PACKED_TYPE(Q4_K, LLB_QKK, 144, LLB_GB_Q4_K, 0, q4_k),
-    ROWBLOCK_TYPE(Q5_K, LLB_QKK, 176, 0, q5_k),
+    PACKED_TYPE(Q5_K, LLB_QKK, 176, LLB_GB_Q5_K, 0, q5_k),
     PACKED_TYPE(Q6_K, LLB_QKK, 210, LLB_GB_Q6_K, 1, q6_k),
     ROWBLOCK_TYPE(IQ4_NL, LLB_QK, 18, 0, iq4_nl),
-    ROWBLOCK_TYPE(IQ4_XS, LLB_QKK, 136, 0, iq4_xs),
+    PACKED_TYPE(IQ4_XS, LLB_QKK, 136, LLB_GB_IQ4_XS, 0, iq4_xs),
     ROWBLOCK_TYPE(MXFP4, LLB_QK, 17, 0, mxfp4),
 };
 #define N_TYPES ((int)(sizeof(types) / sizeof(types[0])))

@@ -24,11 +24,16 @@
  *             rows] @64, mins u8 [4 sub pairs][16 rows][2] @192, then per
  *             32-value sub-block s a Q4_0-style set of 4 nibble vectors @320+256s
  *             (weight = d*sc[s]*q - dmin*m[s])
+ *   Q5_K 2880 per 256 values: Q4_K's 2368 bytes (its low 4 bits), then per sub-block s a
+ *             Q5_0-style bit-plane vector @2368+64s (byte 4r+j bit t = 5th bit of quad t)
+ *   IQ4_XS 2208 per 256 values: d[16] @0, scales i8 [8 sub][16 rows] @32 (ls - 32), then per
+ *             32-value sub-block s a Q4_0-style set of 4 nibble vectors @160+256s; a nibble
+ *             indexes the IQ4 grid (weight = d*sc[s]*grid[q])
  *   Q6_K 3360 per 256 values: d[16] @0, scales i8 [16 sub][16 rows] @32, then
  *             per 16-value sub-block u @288+192u: vector A (low nibbles = low 4
  *             bits of quad 4u, high nibbles = quad 4u+1), B (quads 4u+2, 4u+3),
  *             H (bits 2i..2i+1 = top 2 bits of quad 4u+i); weight = d*sc*(q-32)
- *   Row-block types (Q5_1, Q2_K, Q3_K, Q5_K, IQ4_NL, IQ4_XS, MXFP4; pack_row NULL in
+ *   Row-block types (Q5_1, Q2_K, Q3_K, IQ4_NL, MXFP4; pack_row NULL in
  *             the table): the 16 rows' file blocks side by side (row r at r*block_bytes),
  *             so a group streams as one region at the file's size; their scalar kernel
  *             decodes file blocks (file_chunk), and a SIMD kernel may do the same.
@@ -61,10 +66,14 @@ enum llb_layout { LLB_LAYOUT_FILE = 0, LLB_LAYOUT_PACKED = 1 };
 #define LLB_GB_Q5_0 352
 #define LLB_GB_Q8_0 544
 #define LLB_GB_Q4_K 2368
+#define LLB_GB_Q5_K 2880
 #define LLB_GB_Q6_K 3360
+#define LLB_GB_IQ4_XS 2208
 #define LLB_Q5_0_PLANE 288 /* Q5_0's bit-plane vector */
-#define LLB_Q4_K_CODES 320 /* Q4_K's first sub-block of nibble vectors (256 bytes each) */
+#define LLB_Q4_K_CODES 320 /* Q4_K's (and Q5_K's) first sub-block of nibble vectors (256 bytes each) */
+#define LLB_Q5_K_PLANES 2368 /* Q5_K's first sub-block's bit-plane vector (64 bytes each) */
 #define LLB_Q6_K_SUBS 288  /* Q6_K's first 16-value sub-block (192 bytes each) */
+#define LLB_IQ4_XS_CODES 160 /* IQ4_XS's first sub-block of nibble vectors (256 bytes each) */
 
 /* One 32-value chunk of a block as integers and per-16-value affine terms:
  * value e = dw[e/16] * q[e] + mw[e/16]. Every quantized type decodes to this (the scalar
@@ -86,6 +95,9 @@ typedef struct {
     void (*pack_row)(const uint8_t *block, int r, uint8_t *gb);
     llb_packed_chunk_fn packed_chunk;
 } llb_type_info;
+
+/* IQ4_NL/IQ4_XS: the 16 levels a nibble indexes (ggml's kvalues_iq4nl). */
+extern const int8_t llb_iq4_grid[16];
 
 /* NULL for a type the kernels do not handle. */
 const llb_type_info *llb_type_get(int qtype);

@@ -68,16 +68,7 @@ static int act_offset(int qtype) { return qtype == LLB_Q4_0 ? 8 : qtype == LLB_Q
 
 /* Integer dot of one block half with one activation row. */
 LLB_AI TGT __m256i block_dot_h(const int qt, const __m256i q[8], const int8_t *xq) {
-    if (qt == LLB_Q8_0) { /* signed w: |w| x sign(x, w), each pair <= 2*128*127, so widen every quad */
-        __m256i acc = _mm256_setzero_si256();
-        LLB_UNROLL
-        for (int t = 0; t < 8; t++) {
-            const __m256i w = _mm256_xor_si256(q[t], _mm256_set1_epi8((char)0x80));
-            const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(bcast32(xq + 4 * t), w));
-            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
-        }
-        return acc;
-    }
+    if (qt == LLB_Q8_0) return dot_off128(q, 8, xq);
     if (qt == LLB_Q5_0) /* 5-bit codes: 4 quads per int16 sum */
         return _mm256_add_epi32(dot_u8s8(q, 4, xq), dot_u8s8(q + 4, 4, xq + 16));
     return dot_u8s8(q, 8, xq); /* 4-bit codes: 8 x 2 x 15 x 127 < 2^15 */
@@ -171,15 +162,22 @@ LLB_AI TGT void chunk_T(const int qt, const uint8_t *wg, long c, float *T) {
     LLB_UNROLL
     for (int h = 0; h < 2; h++) {
         __m256i q[8];
-        if (qt == LLB_Q4_K) {
-            const uint8_t *gb = wg + (c >> 3) * LLB_GB_Q4_K;
+        if (qt == LLB_Q4_K || qt == LLB_Q5_K) {
+            const uint8_t *gb = wg + (c >> 3) * LLB_GB_BYTES(qt);
             const int s = (int)(c & 7);
-            dec_nibbles_h(gb + LLB_Q4_K_CODES + 256 * s, h, q);
+            dec_k4_sub_h(qt, gb, s, h, q);
             const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(gb + 64 + 16 * s + 8 * h))));
             const __m256i mn16 = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(gb + 192 + 32 * (s >> 1) + 16 * h)));
             const __m256 mn = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(mn16, 8 * (s & 1)), _mm256_set1_epi32(0xFF)));
             const __m256 dw = _mm256_mul_ps(load_f16x8(gb + 16 * h), sc);
             const __m256 mw = _mm256_mul_ps(load_f16x8(gb + 32 + 16 * h), _mm256_sub_ps(_mm256_setzero_ps(), mn));
+            codes_to_T(q, h, dw, mw, dw, mw, T);
+        } else if (qt == LLB_IQ4_XS) { /* codes are grid + 128 */
+            const uint8_t *gb = wg + (c >> 3) * LLB_GB_IQ4_XS;
+            const int s = (int)(c & 7);
+            dec_k4_sub_h(qt, gb, s, h, q);
+            const __m256 dw = _mm256_mul_ps(load_f16x8(gb + 16 * h), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(gb + 32 + 16 * s + 8 * h)))));
+            const __m256 mw = _mm256_mul_ps(dw, _mm256_set1_ps(-128.0f));
             codes_to_T(q, h, dw, mw, dw, mw, T);
         } else if (qt == LLB_Q6_K) {
             const uint8_t *gb = wg + (c >> 3) * LLB_GB_Q6_K;

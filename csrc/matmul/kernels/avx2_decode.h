@@ -50,6 +50,19 @@ LLB_AI TGT void dec_block32_h(const int qt, const uint8_t *gb, int h, __m256i q[
     if (qt == LLB_Q5_0) add_fifth_bits_h(gb + LLB_Q5_0_PLANE, h, q);
 }
 
+/* Rows 8h..8h+7 of sub-block s (32 values) of a Q4_K/Q5_K/IQ4_XS group-block as unsigned codes
+ * (as avx512_decode.h's dec_k4_sub: IQ4_XS's are its grid levels + 128). */
+LLB_AI TGT void dec_k4_sub_h(const int qt, const uint8_t *gb, int s, int h, __m256i q[8]) {
+    dec_nibbles_h(gb + (qt == LLB_IQ4_XS ? LLB_IQ4_XS_CODES : LLB_Q4_K_CODES) + 256 * s, h, q);
+    if (qt == LLB_Q5_K) add_fifth_bits_h(gb + LLB_Q5_K_PLANES + 64 * s, h, q);
+    if (qt == LLB_IQ4_XS) {
+        const __m256i lut = _mm256_broadcastsi128_si256(
+            _mm_xor_si128(_mm_loadu_si128((const __m128i *)llb_iq4_grid), _mm_set1_epi8((char)0x80)));
+        LLB_UNROLL
+        for (int t = 0; t < 8; t++) q[t] = _mm256_shuffle_epi8(lut, q[t]);
+    }
+}
+
 /* One 16-value sub-block of Q6_K: 6-bit codes of quads 0..3 (see quants.h). */
 LLB_AI TGT void dec_q6k_sub_h(const uint8_t *sub, int h, __m256i q[4]) {
     const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
@@ -66,6 +79,19 @@ LLB_AI TGT __m256i dot_u8s8(const __m256i *q, int nq, const int8_t *xq) {
     LLB_UNROLL
     for (int t = 1; t < nq; t++) p = _mm256_add_epi16(p, _mm256_maddubs_epi16(q[t], bcast32(xq + 4 * t)));
     return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+/* The same for codes stored as w + 128 (Q8_0, IQ4_XS), taken as signed w: |w| x sign(x, w), each
+ * pair <= 2*128*127, so every quad is widened. */
+LLB_AI TGT __m256i dot_off128(const __m256i *q, int nq, const int8_t *xq) {
+    __m256i acc = _mm256_setzero_si256();
+    LLB_UNROLL
+    for (int t = 0; t < nq; t++) {
+        const __m256i w = _mm256_xor_si256(q[t], _mm256_set1_epi8((char)0x80));
+        const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(bcast32(xq + 4 * t), w));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+    }
+    return acc;
 }
 
 /* Stores rows 8h..8h+7 of group g for M activation rows, clipped to the rows that exist. */

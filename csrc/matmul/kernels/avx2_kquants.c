@@ -1,4 +1,4 @@
-/* AVX2 integer kernels of the K-quants (Q4_K, Q6_K) against activations
+/* AVX2 integer kernels of the 256-value types (Q4_K, Q5_K, Q6_K, IQ4_XS) against activations
  * quantized with one scale per 32 values; the same arithmetic as the AVX-512
  * file (avx512_kquants.c), on 8-row halves of each group. */
 #include "matmul/kernels/avx2_decode.h"
@@ -22,28 +22,36 @@ LLB_AI TGT void q4k_mins_h(const uint8_t *gb, int h, __m256 mn[8]) {
     }
 }
 
-LLB_AI TGT void tile_q4k(const llb_mm *mm, const uint8_t *wg, int h, long i, const int M, const int gemv, __m256 tot[]) {
+/* Q4_K, Q5_K and IQ4_XS (qt): Q5_K's codes are Q4_K's plus a 5th bit; IQ4_XS's are level + 128,
+ * dotted as signed values, with signed scales and no min. */
+LLB_AI TGT void tile_q4k(const int qt, const llb_mm *mm, const uint8_t *wg, int h, long i, const int M, const int gemv,
+                         __m256 tot[]) {
     const long nsb = mm->cols / 256;
     const long xt = mm->a.xt;
     const size_t at = llb_act_at(i, 0, nsb, xt);
     LLB_UNROLL
     for (int m = 0; m < M; m++) tot[m] = _mm256_setzero_ps();
     for (long sb = 0; sb < nsb; sb++) {
-        const uint8_t *gb = wg + sb * LLB_GB_Q4_K;
-        if (gemv && h == 0) llb_prefetch_ahead(gb, LLB_GB_Q4_K);
+        const uint8_t *gb = wg + sb * LLB_GB_BYTES(qt);
+        if (gemv && h == 0) llb_prefetch_ahead(gb, LLB_GB_BYTES(qt));
         const __m256 d = load_f16x8(gb + 16 * h);
         const size_t e = at + xt * sb;
         for (int s = 0; s < 8; s++) {
             __m256i q[8];
-            dec_nibbles_h(gb + LLB_Q4_K_CODES + 256 * s, h, q);
-            const __m256 sc = sub_scale(gb + 64 + 16 * s + 8 * h, d, 0);
+            dec_k4_sub_h(qt, gb, s, h, q);
+            const __m256 sc = qt == LLB_IQ4_XS ? sub_scale(gb + 32 + 16 * s + 8 * h, d, 1) : sub_scale(gb + 64 + 16 * s + 8 * h, d, 0);
             LLB_UNROLL
             for (int m = 0; m < M; m++) {
-                const __m256i acc = dot_u8s8(q, 8, mm->a.qs + 256 * (e + m) + 32 * s); /* 4-bit codes: fits int16 */
+                const int8_t *xq = mm->a.qs + 256 * (e + m) + 32 * s;
+                /* int16 sums: 8 quads of 4-bit codes (8 x 2 x 15 x 127 < 2^15), 4 quads of 5-bit ones */
+                const __m256i acc = qt == LLB_IQ4_XS ? dot_off128(q, 8, xq)
+                                    : qt == LLB_Q4_K ? dot_u8s8(q, 8, xq)
+                                                     : _mm256_add_epi32(dot_u8s8(q, 4, xq), dot_u8s8(q + 4, 4, xq + 16));
                 const __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(mm->a.d[8 * (e + m) + s]));
                 tot[m] = _mm256_fmadd_ps(v, sc, tot[m]);
             }
         }
+        if (qt == LLB_IQ4_XS) continue;
         /* min term: dmin * sum_s m[s] * (dx[s]*bsum32[s]), the quantized sums */
         __m256 mn[8];
         q4k_mins_h(gb, h, mn);
@@ -98,8 +106,8 @@ LLB_AI TGT void tile_q6k(const llb_mm *mm, const uint8_t *wg, int h, long i, con
 }
 
 LLB_AI TGT void tile_k(const int qt, const llb_mm *mm, const uint8_t *wg, int h, long i, const int M, const int gemv, __m256 tot[]) {
-    if (qt == LLB_Q4_K) tile_q4k(mm, wg, h, i, M, gemv, tot);
-    else tile_q6k(mm, wg, h, i, M, gemv, tot);
+    if (qt == LLB_Q6_K) tile_q6k(mm, wg, h, i, M, gemv, tot);
+    else tile_q4k(qt, mm, wg, h, i, M, gemv, tot);
 }
 
 LLB_AI TGT void fast_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt) {
@@ -127,9 +135,12 @@ LLB_AI TGT void fast_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, lon
 }
 
 TGT static void fast_q4_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast_k(mm, wg, g, i0, i1, LLB_Q4_K); }
+TGT static void fast_q5_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast_k(mm, wg, g, i0, i1, LLB_Q5_K); }
 TGT static void fast_q6_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast_k(mm, wg, g, i0, i1, LLB_Q6_K); }
+TGT static void fast_iq4_xs(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast_k(mm, wg, g, i0, i1, LLB_IQ4_XS); }
 
 llb_kernel_fn llb_avx2_kquant_kernel(int qtype) {
-    return qtype == LLB_Q4_K ? fast_q4_k : qtype == LLB_Q6_K ? fast_q6_k : NULL;
+    return qtype == LLB_Q4_K ? fast_q4_k : qtype == LLB_Q5_K ? fast_q5_k : qtype == LLB_Q6_K ? fast_q6_k
+         : qtype == LLB_IQ4_XS ? fast_iq4_xs : NULL;
 }
 #endif

@@ -216,14 +216,21 @@ LLB_AI TGT void codes_to_T(const __m512i q[8], __m512 dw0, __m512 mw0, __m512 dw
 /* The dequantized chunk c (32 values of 16 rows) of a packed group. */
 LLB_AI TGT void chunk_T(const int qt, const uint8_t *wg, long c, float *T) {
     __m512i q[8];
-    if (qt == LLB_Q4_K) {
-        const uint8_t *gb = wg + (c >> 3) * LLB_GB_Q4_K;
+    if (qt == LLB_Q4_K || qt == LLB_Q5_K) {
+        const uint8_t *gb = wg + (c >> 3) * LLB_GB_BYTES(qt);
         const int s = (int)(c & 7);
-        dec_nibbles(gb + LLB_Q4_K_CODES + 256 * s, q);
+        dec_k4_sub(qt, gb, s, q);
         const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(gb + 64 + 16 * s))));
         const __m512i mn16 = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(gb + 192 + 32 * (s >> 1))));
         const __m512 mn = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(mn16, 8 * (s & 1)), _mm512_set1_epi32(0xFF)));
         const __m512 dw = _mm512_mul_ps(load_f16x16(gb), sc), mw = _mm512_mul_ps(load_f16x16(gb + 32), _mm512_sub_ps(_mm512_setzero_ps(), mn));
+        codes_to_T(q, dw, mw, dw, mw, T);
+    } else if (qt == LLB_IQ4_XS) { /* codes are grid + 128 */
+        const uint8_t *gb = wg + (c >> 3) * LLB_GB_IQ4_XS;
+        const int s = (int)(c & 7);
+        dec_k4_sub(qt, gb, s, q);
+        const __m512 dw = _mm512_mul_ps(load_f16x16(gb), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(gb + 32 + 16 * s)))));
+        const __m512 mw = _mm512_mul_ps(dw, _mm512_set1_ps(-128.0f));
         codes_to_T(q, dw, mw, dw, mw, T);
     } else if (qt == LLB_Q6_K) {
         const uint8_t *gb = wg + (c >> 3) * LLB_GB_Q6_K;

@@ -1,10 +1,11 @@
-/* AVX-512 VNNI integer kernels of the K-quants (Q4_K, Q6_K) against
+/* AVX-512 VNNI integer kernels of the 256-value types (Q4_K, Q5_K, Q6_K, IQ4_XS) against
  * activations quantized with one scale per 32 values (8 per super-block).
  *
  * Per 32-value sub-block s the integer dot (vpdpbusd) is converted to FP32
  * once and scaled by the activation's dx[s] and each row's d*sc. Q4_K's min
  * term, dmin * sum_s m[s] * (dx[s]*bsum[s]), is an FP32 dot of the 8 mins with
- * the 8 quantized sub-block sums. Q6_K's zero point 32 enters as the integer
+ * the 8 quantized sub-block sums (Q5_K: the same, its codes one bit wider).
+ * Q6_K's zero point 32 enters as the integer
  * accumulator's initial value, -32 * bsum16; its two 16-value sub-blocks of
  * one 32 share dx[s], applied once to their sum. */
 #include "matmul/kernels/avx512_decode.h"
@@ -53,25 +54,29 @@ LLB_AI TGT void dot_rows(__m512i acc[], const int M, const __m512i *q, const int
 }
 
 /* M activation rows from row i, all in one activation tile; gemv (n == 1, M == 1) adds prefetch
- * and splits the dependency chains. */
-LLB_AI TGT void tile_q4k(const llb_mm *mm, const uint8_t *wg, long i, const int M, const int gemv, long s0, long s1,
-                         __m512 tot[]) {
+ * and splits the dependency chains. Q4_K, Q5_K and IQ4_XS (qt): IQ4_XS has signed scales, no min, and
+ * codes stored as level + 128, whose offset enters the accumulator as -128 * sum(xq) = 4 * bs16n. */
+LLB_AI TGT void tile_q4k(const int qt, const llb_mm *mm, const uint8_t *wg, long i, const int M, const int gemv, long s0,
+                         long s1, __m512 tot[]) {
     const long xt = mm->a.xt;
     const size_t at = llb_act_at(i, 0, mm->cols / 256, xt);
     LLB_UNROLL
     for (int m = 0; m < M; m++) tot[m] = _mm512_setzero_ps();
     for (long sb = s0; sb < s1; sb++) {
-        const uint8_t *gb = wg + sb * LLB_GB_Q4_K;
-        llb_prefetch_ahead(gb, LLB_GB_Q4_K);
+        const uint8_t *gb = wg + sb * LLB_GB_BYTES(qt);
+        llb_prefetch_ahead(gb, LLB_GB_BYTES(qt));
         const __m512 d = load_f16x16(gb);
         const size_t e = at + xt * sb; /* row i's entry of this super-block */
         for (int s = 0; s < 8; s++) {
             __m512i q[8], acc[TILE_ROWS];
-            dec_nibbles(gb + LLB_Q4_K_CODES + 256 * s, q);
-            const __m512 sc = sub_scale_u8(gb + 64 + 16 * s, d);
+            dec_k4_sub(qt, gb, s, q);
+            const __m512 sc = qt == LLB_IQ4_XS ? sub_scale_i8(gb + 32 + 16 * s, d) : sub_scale_u8(gb + 64 + 16 * s, d);
             const int8_t *xq = mm->a.qs + 256 * e + 32 * s;
             LLB_UNROLL
-            for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_si512();
+            for (int m = 0; m < M; m++) {
+                const int32_t *bs = mm->a.bs16n + 16 * (e + m) + 2 * s;
+                acc[m] = qt == LLB_IQ4_XS ? _mm512_set1_epi32(4 * (bs[0] + bs[1])) : _mm512_setzero_si512();
+            }
             if (gemv) { /* two chains: the GEMV is latency-bound */
                 __m512i acc2[1] = {_mm512_setzero_si512()};
                 dot_rows(acc, 1, q, 4, xq);
@@ -86,6 +91,7 @@ LLB_AI TGT void tile_q4k(const llb_mm *mm, const uint8_t *wg, long i, const int 
                 tot[m] = _mm512_fmadd_ps(v, sc, tot[m]);
             }
         }
+        if (qt == LLB_IQ4_XS) continue;
         __m512 mn[8];
         q4k_mins(gb, mn);
         const __m512 dmin = load_f16x16(gb + 32);
@@ -128,8 +134,8 @@ LLB_AI TGT void tile_q6k(const llb_mm *mm, const uint8_t *wg, long i, const int 
 
 LLB_AI TGT void tile_k(const int qt, const llb_mm *mm, const uint8_t *wg, long i, const int M, const int gemv, long s0,
                        long s1, __m512 tot[]) {
-    if (qt == LLB_Q4_K) tile_q4k(mm, wg, i, M, gemv, s0, s1, tot);
-    else tile_q6k(mm, wg, i, M, gemv, s0, s1, tot);
+    if (qt == LLB_Q6_K) tile_q6k(mm, wg, i, M, gemv, s0, s1, tot);
+    else tile_q4k(qt, mm, wg, i, M, gemv, s0, s1, tot);
 }
 
 LLB_AI TGT void fast_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt) {
@@ -165,8 +171,11 @@ LLB_AI TGT void fast_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, lon
 }
 
 TGT static void fast_q4_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast_k(mm, wg, g, i0, i1, LLB_Q4_K); }
+TGT static void fast_q5_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast_k(mm, wg, g, i0, i1, LLB_Q5_K); }
 TGT static void fast_q6_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast_k(mm, wg, g, i0, i1, LLB_Q6_K); }
+TGT static void fast_iq4_xs(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast_k(mm, wg, g, i0, i1, LLB_IQ4_XS); }
 llb_kernel_fn llb_avx512_kquant_kernel(int qtype) {
-    return qtype == LLB_Q4_K ? fast_q4_k : qtype == LLB_Q6_K ? fast_q6_k : NULL;
+    return qtype == LLB_Q4_K ? fast_q4_k : qtype == LLB_Q5_K ? fast_q5_k : qtype == LLB_Q6_K ? fast_q6_k
+         : qtype == LLB_IQ4_XS ? fast_iq4_xs : NULL;
 }
 #endif
