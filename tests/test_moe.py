@@ -526,8 +526,8 @@ def test_llama_cpp_reads_our_moe_gguf_as_we_do(folder, tmp_path, monkeypatch):
     L = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the bench extra)")
     from llambda.models import gpt_oss
     from llambda.tools.export import export
-    quiet = L.llama_log_callback(lambda *a: None)
-    L.llama_log_set(quiet, None)
+    from llambda.tools.bench import _silence_llama_cpp
+    _silence_llama_cpp(L)               # a callback that outlives the test: llama.cpp keeps its address
     path = _with_dummy_tokenizer(export(str(TINY / folder), tmp_path / "a.gguf", fmt="gguf", qtype="f32"),
                                  tmp_path / "b.gguf", 512)
     if folder == "gpt_oss":

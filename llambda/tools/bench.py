@@ -87,6 +87,17 @@ class OurEngine:
         return decode_weight_bytes(self.model.source), int(kv)
 
 
+
+# llama.cpp keeps the log callback's address for the rest of the process: the ctypes callback
+# must never be freed (one freed with its owner made a later llama.cpp call in the same process
+# jump into freed memory). So it hangs on the module, installed once.
+def _silence_llama_cpp(llama_cpp) -> None:
+    """Silence llama.cpp's load log (our table is the output)."""
+    if getattr(llama_cpp, "_llambda_quiet_log", None) is None:
+        llama_cpp._llambda_quiet_log = llama_cpp.llama_log_callback(lambda level, text, user: None)
+        llama_cpp.llama_log_set(llama_cpp._llambda_quiet_log, None)
+
+
 class LlamaCppEngine:
     """llama.cpp through llama-cpp-python's C bindings, driven the way llama-bench does it.
 
@@ -108,9 +119,7 @@ class LlamaCppEngine:
             raise SystemExit(f"llama-cpp-python {getattr(llama_cpp, '__version__', '?')} lacks {', '.join(missing)}; "
                              "install a newer one (pip install -U '.[bench]')")
         self.L = llama_cpp
-        # Silence llama.cpp's load log: our table is the output. Keep the callback alive.
-        self._quiet = llama_cpp.llama_log_callback(lambda level, text, user: None)
-        llama_cpp.llama_log_set(self._quiet, None)
+        _silence_llama_cpp(llama_cpp)
         llama_cpp.llama_backend_init()
         self.model = llama_cpp.llama_model_load_from_file(str(path).encode(), llama_cpp.llama_model_default_params())
         if not self.model:
