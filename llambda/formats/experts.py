@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ModelFormatError
-from .weights import WeightTensor
+from .quants import QType
+from .weights import ByteTensor, WeightTensor
 
 
 class StackedExperts(WeightTensor):
@@ -87,3 +88,45 @@ def split_gpt_oss(suffix: str, t: WeightTensor, file_name: str) -> dict[str, Wei
     if suffix == "mlp.experts.down_proj":             # (E, I, d)
         return {"ffn_down_exps.weight": f(file_name, v.transpose(0, 2, 1))}
     return {"ffn_down_exps.bias": f(file_name, v)}    # (E, d)
+
+
+# The Hub's MXFP4 GPT-OSS experts (quantization_config quant_method "mxfp4"): for each fused tensor
+# `{name}_blocks` (E, rows, n_blocks, 16) uint8 and `{name}_scales` (E, rows, n_blocks) uint8, output-major
+# (rows: 2I gate/up interleaved, or d for down_proj). A block's 32 values are the FP4 codes of its 16
+# bytes with value 2j in byte j's low nibble and value 2j+1 in its high nibble; ggml's block_mxfp4 is
+# the E8M0 byte, then 16 bytes with value j in byte j's low nibble and value j+16 in its high nibble.
+# Both scale by 2^(e-127) the same e2m1 values, so the exponent byte is copied as it is.
+GPT_OSS_MXFP4 = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+
+
+def _mxfp4_rows(blocks: WeightTensor, scales: WeightTensor, names: tuple[str, str]) -> np.ndarray:
+    """Checked Hub blocks + scales -> (E, rows, n_blocks, 17) ggml MXFP4 blocks."""
+    for t, n, dims in ((blocks, names[0], 4), (scales, names[1], 3)):
+        if not isinstance(t, ByteTensor):
+            raise ModelFormatError(f"tensor {n!r} is {t.qtype.name}, not U8 MXFP4 data")
+        if len(t.shape) != dims:
+            raise ModelFormatError(f"tensor {n!r} has shape {t.shape}, not {dims}-D MXFP4 data")
+    if blocks.shape[-1] != 16 or tuple(scales.shape) != tuple(blocks.shape[:3]) or 0 in blocks.shape:
+        raise ModelFormatError(f"tensor {names[0]!r} has shape {blocks.shape} (scales {scales.shape}), not "
+                               "(experts, rows, blocks, 16) with a scale per block")
+    b = blocks.data.reshape(blocks.shape)
+    codes = np.stack([b & 0x0F, b >> 4], axis=-1).reshape(*b.shape[:3], 32)    # the Hub's value order
+    packed = codes[..., :16] | (codes[..., 16:] << 4)                           # ggml's
+    return np.concatenate([scales.data.reshape(scales.shape)[..., None], packed], axis=-1)
+
+
+def split_gpt_oss_mxfp4(base: str, blocks: WeightTensor, scales: WeightTensor,
+                        names: tuple[str, str]) -> dict[str, WeightTensor]:
+    """A fused MXFP4 expert tensor as canonical leaf name -> MXFP4 (E, rows, cols) tensor (not dequantized)."""
+    q = _mxfp4_rows(blocks, scales, names)
+    E, rows, nb = q.shape[:3]
+
+    def mx(part: np.ndarray) -> WeightTensor:
+        part = np.ascontiguousarray(part)
+        return WeightTensor(names[0], QType.MXFP4, (E, part.shape[1], nb * 32), part.reshape(-1))
+
+    if base == "mlp.experts.down_proj":
+        return {"ffn_down_exps.weight": mx(q)}
+    if rows % 2:
+        raise ModelFormatError(f"tensor {names[0]!r} has {rows} rows: gate and up rows are interleaved, so even")
+    return {"ffn_gate_exps.weight": mx(q[:, 0::2]), "ffn_up_exps.weight": mx(q[:, 1::2])}
