@@ -99,8 +99,8 @@ def split_gpt_oss(suffix: str, t: WeightTensor, file_name: str) -> dict[str, Wei
 GPT_OSS_MXFP4 = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 
 
-def _mxfp4_rows(blocks: WeightTensor, scales: WeightTensor, names: tuple[str, str]) -> np.ndarray:
-    """Checked Hub blocks + scales -> (E, rows, n_blocks, 17) ggml MXFP4 blocks."""
+def _check_mxfp4(blocks: WeightTensor, scales: WeightTensor, names: tuple[str, str]) -> tuple[np.ndarray, np.ndarray]:
+    """Checked Hub blocks + scales as (E, rows, n_blocks, 16) and (E, rows, n_blocks) views of the file."""
     for t, n, dims in ((blocks, names[0], 4), (scales, names[1], 3)):
         if not isinstance(t, ByteTensor):
             raise ModelFormatError(f"tensor {n!r} is {t.qtype.name}, not U8 MXFP4 data")
@@ -109,24 +109,41 @@ def _mxfp4_rows(blocks: WeightTensor, scales: WeightTensor, names: tuple[str, st
     if blocks.shape[-1] != 16 or tuple(scales.shape) != tuple(blocks.shape[:3]) or 0 in blocks.shape:
         raise ModelFormatError(f"tensor {names[0]!r} has shape {blocks.shape} (scales {scales.shape}), not "
                                "(experts, rows, blocks, 16) with a scale per block")
-    b = blocks.data.reshape(blocks.shape)
-    codes = np.stack([b & 0x0F, b >> 4], axis=-1).reshape(*b.shape[:3], 32)    # the Hub's value order
-    packed = codes[..., :16] | (codes[..., 16:] << 4)                           # ggml's
-    return np.concatenate([scales.data.reshape(scales.shape)[..., None], packed], axis=-1)
+    return blocks.data.reshape(blocks.shape), scales.data.reshape(scales.shape)
+
+
+def _repack_mxfp4(b: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """The Hub's (..., 16) code bytes and (...) exponents -> ggml's (..., 17) MXFP4 blocks."""
+    codes = np.stack([b & 0x0F, b >> 4], axis=-1).reshape(*b.shape[:-1], 32)   # the Hub's value order
+    packed = codes[..., :16] | (codes[..., 16:] << 4)                            # ggml's
+    return np.concatenate([e[..., None], packed], axis=-1)
+
+
+class _RepackedExpert(WeightTensor):
+    """One expert's rows of a Hub MXFP4 tensor, repacked into ggml blocks when its bytes are read: a
+    load holds one expert's repacked copy at a time, not the model's (the file stays mapped)."""
+
+    def __init__(self, name: str, blocks: np.ndarray, scales: np.ndarray):
+        self.name, self.qtype, self._blocks, self._scales = name, QType.MXFP4, blocks, scales
+        self.shape = (blocks.shape[0], blocks.shape[1] * 32)
+
+    @property
+    def data(self) -> np.ndarray:
+        return _repack_mxfp4(self._blocks, self._scales).reshape(-1)
 
 
 def split_gpt_oss_mxfp4(base: str, blocks: WeightTensor, scales: WeightTensor,
                         names: tuple[str, str]) -> dict[str, WeightTensor]:
     """A fused MXFP4 expert tensor as canonical leaf name -> MXFP4 (E, rows, cols) tensor (not dequantized)."""
-    q = _mxfp4_rows(blocks, scales, names)
-    E, rows, nb = q.shape[:3]
+    b, e = _check_mxfp4(blocks, scales, names)
 
-    def mx(part: np.ndarray) -> WeightTensor:
-        part = np.ascontiguousarray(part)
-        return WeightTensor(names[0], QType.MXFP4, (E, part.shape[1], nb * 32), part.reshape(-1))
+    def mx(rows: slice) -> WeightTensor:
+        return StackedExperts(names[0], [_RepackedExpert(f"{names[0]}[{x}]", b[x, rows], e[x, rows])
+                                         for x in range(b.shape[0])])
 
     if base == "mlp.experts.down_proj":
-        return {"ffn_down_exps.weight": mx(q)}
-    if rows % 2:
-        raise ModelFormatError(f"tensor {names[0]!r} has {rows} rows: gate and up rows are interleaved, so even")
-    return {"ffn_gate_exps.weight": mx(q[:, 0::2]), "ffn_up_exps.weight": mx(q[:, 1::2])}
+        return {"ffn_down_exps.weight": mx(slice(None))}
+    if b.shape[1] % 2:
+        raise ModelFormatError(f"tensor {names[0]!r} has {b.shape[1]} rows: gate and up rows are interleaved, "
+                               "so even")
+    return {"ffn_gate_exps.weight": mx(slice(0, None, 2)), "ffn_up_exps.weight": mx(slice(1, None, 2))}
