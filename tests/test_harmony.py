@@ -212,3 +212,66 @@ def test_random_conversations_route_every_body(seed=11):
             (want_content, want_reasoning, want_calls), text
         streamed = fed_in_pieces(text, {"f"}, seed=case)
         assert streamed == (want_content, want_reasoning, [{"name": "f", "arguments": a} for a in want_calls]), text
+
+
+# -- the reasoning through /v1/responses and /v1/messages -------------------------------------
+
+REASONING, ANSWER = "The user asks for the capital. It is Paris.", "The capital of France is Paris."
+
+
+def _responses_body(answer: str, **kw) -> dict:
+    return {"model": "tiny-harmony", "input": "hi", "max_output_tokens": 400, "temperature": 0,
+            "extra_body": {"regex": re.escape(answer)}, **kw}
+
+
+def test_responses_api_returns_the_analysis_as_a_reasoning_item(harmony_live):
+    client = harmony_live.client()
+    r = client.responses.create(**_responses_body(THINK_THEN_ANSWER))
+    assert [o.type for o in r.output] == ["reasoning", "message"]
+    assert [c.text for c in r.output[0].content] == [REASONING] and r.output[0].summary == []
+    assert r.output_text == ANSWER and r.status == "completed"
+    events = list(client.responses.create(**_responses_body(THINK_THEN_ANSWER, stream=True)))
+    kinds = [e.type for e in events]
+    reasoning = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert reasoning == REASONING and text == ANSWER
+    # the reasoning item opens, streams, closes, then the message does: typed by the client as OpenAI's events
+    assert kinds.index("response.reasoning_text.done") < kinds.index("response.output_text.delta")
+    done = next(e for e in events if e.type == "response.reasoning_text.done")
+    assert done.text == REASONING and done.output_index == 0
+    items = [e.item for e in events if e.type == "response.output_item.done"]
+    assert [i.type for i in items] == ["reasoning", "message"] and items[0].content[0].text == REASONING
+    final = events[-1].response
+    assert final.status == "completed" and [o.type for o in final.output] == ["reasoning", "message"]
+
+
+def test_responses_api_reasoning_before_a_tool_call(harmony_live):
+    r = harmony_live.client().responses.create(**_responses_body(CALL, tools=[
+        {"type": "function", **TOOLS[0]["function"]}]))
+    assert [o.type for o in r.output] == ["reasoning", "function_call"]
+    assert r.output[0].content[0].text == "Need the weather tool."
+    assert json.loads(r.output[1].arguments) == {"city": "Paris", "unit": "C"}
+
+
+def _anthropic(srv):
+    import anthropic
+    return anthropic.Anthropic(base_url=srv.url, api_key="none", max_retries=0, timeout=120)
+
+
+def test_messages_api_returns_the_analysis_as_thinking_blocks(harmony_live):
+    client = _anthropic(harmony_live)
+    body = {"model": "tiny-harmony", "max_tokens": 400, "messages": [{"role": "user", "content": "hi"}],
+            "extra_body": {"temperature": 0, "regex": re.escape(THINK_THEN_ANSWER)}}
+    m = client.messages.create(**body)
+    assert [b.type for b in m.content] == ["thinking", "text"]
+    assert m.content[0].thinking == REASONING and m.content[1].text == ANSWER and m.stop_reason == "end_turn"
+    with client.messages.stream(**body) as stream:
+        events = list(stream)
+        final = stream.get_final_message()
+    thinking = "".join(e.delta.thinking for e in events
+                       if e.type == "content_block_delta" and e.delta.type == "thinking_delta")
+    assert thinking == REASONING
+    starts = [e.content_block.type for e in events if e.type == "content_block_start"]
+    assert starts == ["thinking", "text"]
+    assert [b.type for b in final.content] == ["thinking", "text"] and final.content[0].thinking == REASONING
+    assert final.content[1].text == ANSWER

@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ModelFormatError
-from .weights import WeightTensor
+from .quants import QType
+from .weights import ByteTensor, WeightTensor
 
 
 class StackedExperts(WeightTensor):
@@ -87,3 +88,62 @@ def split_gpt_oss(suffix: str, t: WeightTensor, file_name: str) -> dict[str, Wei
     if suffix == "mlp.experts.down_proj":             # (E, I, d)
         return {"ffn_down_exps.weight": f(file_name, v.transpose(0, 2, 1))}
     return {"ffn_down_exps.bias": f(file_name, v)}    # (E, d)
+
+
+# The Hub's MXFP4 GPT-OSS experts (quantization_config quant_method "mxfp4"): for each fused tensor
+# `{name}_blocks` (E, rows, n_blocks, 16) uint8 and `{name}_scales` (E, rows, n_blocks) uint8, output-major
+# (rows: 2I gate/up interleaved, or d for down_proj). A block's 32 values are the FP4 codes of its 16
+# bytes with value 2j in byte j's low nibble and value 2j+1 in its high nibble; ggml's block_mxfp4 is
+# the E8M0 byte, then 16 bytes with value j in byte j's low nibble and value j+16 in its high nibble.
+# Both scale by 2^(e-127) the same e2m1 values, so the exponent byte is copied as it is.
+GPT_OSS_MXFP4 = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+
+
+def _check_mxfp4(blocks: WeightTensor, scales: WeightTensor, names: tuple[str, str]) -> tuple[np.ndarray, np.ndarray]:
+    """Checked Hub blocks + scales as (E, rows, n_blocks, 16) and (E, rows, n_blocks) views of the file."""
+    for t, n, dims in ((blocks, names[0], 4), (scales, names[1], 3)):
+        if not isinstance(t, ByteTensor):
+            raise ModelFormatError(f"tensor {n!r} is {t.qtype.name}, not U8 MXFP4 data")
+        if len(t.shape) != dims:
+            raise ModelFormatError(f"tensor {n!r} has shape {t.shape}, not {dims}-D MXFP4 data")
+    if blocks.shape[-1] != 16 or tuple(scales.shape) != tuple(blocks.shape[:3]) or 0 in blocks.shape:
+        raise ModelFormatError(f"tensor {names[0]!r} has shape {blocks.shape} (scales {scales.shape}), not "
+                               "(experts, rows, blocks, 16) with a scale per block")
+    return blocks.data.reshape(blocks.shape), scales.data.reshape(scales.shape)
+
+
+def _repack_mxfp4(b: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """The Hub's (..., 16) code bytes and (...) exponents -> ggml's (..., 17) MXFP4 blocks."""
+    codes = np.stack([b & 0x0F, b >> 4], axis=-1).reshape(*b.shape[:-1], 32)   # the Hub's value order
+    packed = codes[..., :16] | (codes[..., 16:] << 4)                            # ggml's
+    return np.concatenate([e[..., None], packed], axis=-1)
+
+
+class _RepackedExpert(WeightTensor):
+    """One expert's rows of a Hub MXFP4 tensor, repacked into ggml blocks when its bytes are read: a
+    load holds one expert's repacked copy at a time, not the model's (the file stays mapped)."""
+
+    def __init__(self, name: str, blocks: np.ndarray, scales: np.ndarray):
+        self.name, self.qtype, self._blocks, self._scales = name, QType.MXFP4, blocks, scales
+        self.shape = (blocks.shape[0], blocks.shape[1] * 32)
+
+    @property
+    def data(self) -> np.ndarray:
+        return _repack_mxfp4(self._blocks, self._scales).reshape(-1)
+
+
+def split_gpt_oss_mxfp4(base: str, blocks: WeightTensor, scales: WeightTensor,
+                        names: tuple[str, str]) -> dict[str, WeightTensor]:
+    """A fused MXFP4 expert tensor as canonical leaf name -> MXFP4 (E, rows, cols) tensor (not dequantized)."""
+    b, e = _check_mxfp4(blocks, scales, names)
+
+    def mx(rows: slice) -> WeightTensor:
+        return StackedExperts(names[0], [_RepackedExpert(f"{names[0]}[{x}]", b[x, rows], e[x, rows])
+                                         for x in range(b.shape[0])])
+
+    if base == "mlp.experts.down_proj":
+        return {"ffn_down_exps.weight": mx(slice(None))}
+    if b.shape[1] % 2:
+        raise ModelFormatError(f"tensor {names[0]!r} has {b.shape[1]} rows: gate and up rows are interleaved, "
+                               "so even")
+    return {"ffn_gate_exps.weight": mx(slice(0, None, 2)), "ffn_up_exps.weight": mx(slice(1, None, 2))}

@@ -14,7 +14,8 @@ from ..errors import ModelFormatError, TokenizerError
 from .source import ModelSource
 from ..models import arch_module
 from .files import read_json
-from .experts import GPT_OSS_FUSED, ExpertStacks, split_gpt_oss
+from .experts import GPT_OSS_FUSED, GPT_OSS_MXFP4, ExpertStacks, split_gpt_oss, split_gpt_oss_mxfp4
+from .weights import ByteTensor
 from .safetensors import open_safetensors_dir
 
 # top-level HF name -> canonical name
@@ -121,7 +122,7 @@ def canonical_tensors(hf_tensors: dict, n_layers: int, post_norms: bool, arch: s
     silently wrong); other unknown top-level tensors (vision towers, rotary caches) are skipped.
     """
     per_layer = layer_names(post_norms)
-    out, experts = {}, ExpertStacks()
+    out, experts, mxfp4 = {}, ExpertStacks(), {}
     for name, t in hf_tensors.items():
         for old, new in _TEXT_PREFIXES:
             if name.startswith(old):
@@ -136,6 +137,12 @@ def canonical_tensors(hf_tensors: dict, n_layers: int, post_norms: bool, arch: s
         i, suffix = int(m.group(1)), m.group(2)
         if suffix.endswith("rotary_emb.inv_freq"):
             continue      # a cache some old checkpoints saved; we compute our own
+        part = suffix.rsplit("_", 1)
+        if arch == "gpt_oss" and part[0] in GPT_OSS_MXFP4 and part[-1] in ("blocks", "scales") and i < n_layers:
+            mxfp4.setdefault((i, part[0]), {})[part[1]] = (name, t)
+            continue
+        if isinstance(t, ByteTensor):
+            raise ModelFormatError(f"tensor {name!r}: U8 data is read only as GPT-OSS MXFP4 expert blocks/scales")
         if arch == "gpt_oss" and suffix in GPT_OSS_FUSED and i < n_layers:
             for leaf, part in split_gpt_oss(suffix, t, name).items():
                 out[f"blk.{i}.{leaf}"] = part
@@ -152,6 +159,15 @@ def canonical_tensors(hf_tensors: dict, n_layers: int, post_norms: bool, arch: s
         if canon in out:
             raise ModelFormatError(f"tensor {name!r}: a second tensor maps to {canon!r}")
         out[canon] = t
+    for (i, base), got in mxfp4.items():
+        if set(got) != {"blocks", "scales"}:
+            have = next(iter(got.values()))[0]
+            raise ModelFormatError(f"tensor {have!r} has no {'scales' if 'blocks' in got else 'blocks'} partner")
+        names = (got["blocks"][0], got["scales"][0])
+        for leaf, t in split_gpt_oss_mxfp4(base, got["blocks"][1], got["scales"][1], names).items():
+            if f"blk.{i}.{leaf}" in out:
+                raise ModelFormatError(f"tensor {names[0]!r}: layer {i} also has float {base!r} weights")
+            out[f"blk.{i}.{leaf}"] = t
     out.update(experts.stacked())
     return out
 

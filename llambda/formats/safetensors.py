@@ -4,8 +4,8 @@ Layout: an 8-byte little-endian header length N, N bytes of JSON, then the
 data section. The JSON maps tensor names to {"dtype", "shape", "data_offsets":
 [begin, end)} with offsets relative to the data section; an optional
 "__metadata__" maps strings to strings. We accept the float types a model is
-stored in (F32, F16, BF16); everything else is refused by name rather than
-guessed at.
+stored in (F32, F16, BF16) and U8 (packed MXFP4 codes and exponents, read as raw bytes
+for the loader to repack); everything else is refused by name rather than guessed at.
 
 A sharded checkpoint has `model.safetensors.index.json` whose "weight_map"
 names the shard holding each tensor.
@@ -24,7 +24,7 @@ import numpy as np
 from ..errors import ModelFormatError
 from .files import READ_AHEAD, open_regular, read_json, release_pages
 from .quants import QType
-from .weights import WeightTensor
+from .weights import ByteTensor, WeightTensor
 
 MAX_HEADER_BYTES = 100 * 2**20
 INDEX_NAME = "model.safetensors.index.json"
@@ -33,7 +33,7 @@ INDEX_NAME = "model.safetensors.index.json"
 DTYPES = {"F32": (QType.F32, 4), "F16": (QType.F16, 2), "BF16": (QType.BF16, 2)}
 QTYPE_NAMES = {q: name for name, (q, _) in DTYPES.items()}
 # Types that exist in the format but that a model weight never needs here.
-_KNOWN_OTHER = {"F64", "I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8", "BOOL",
+_KNOWN_OTHER = {"F64", "I64", "I32", "I16", "I8", "U64", "U32", "U16", "BOOL",
                 "F8_E4M3", "F8_E5M2", "F8_E8M0", "F4", "F6_E2M3", "F6_E3M2", "C64"}
 
 
@@ -104,7 +104,10 @@ class SafetensorsFile:
                 continue
             qtype, shape, begin, end = self._entry(name, info, data_size)
             spans.append((begin, end, name))
-            self.tensors[name] = WeightTensor(name, qtype, shape, base[data_start + begin:data_start + end])
+            raw = base[data_start + begin:data_start + end]
+            # U8: bytes for a loader to interpret (ByteTensor), never a weight as they are
+            self.tensors[name] = (WeightTensor(name, qtype, shape, raw) if qtype is not None
+                                  else ByteTensor(name, QType.I8, shape, raw))
         reach, holder = 0, None     # furthest end so far among non-empty tensors, and whose
         for begin, end, name in sorted(s for s in spans if s[1] > s[0]):
             if begin < reach:
@@ -119,10 +122,11 @@ class SafetensorsFile:
             if key not in info:
                 raise ModelFormatError(f"{what}: entry lacks {key!r}")
         dtype = info["dtype"]
-        if dtype not in DTYPES:
+        if dtype not in DTYPES and dtype != "U8":
             kind = "unsupported" if dtype in _KNOWN_OTHER else "unknown"
-            raise ModelFormatError(f"{what}: {kind} dtype {dtype!r} (only F32, F16 and BF16 weights are read)")
-        qtype, itemsize = DTYPES[dtype]
+            raise ModelFormatError(f"{what}: {kind} dtype {dtype!r} (only F32, F16 and BF16 weights and U8 "
+                                   "MXFP4 blocks are read)")
+        qtype, itemsize = DTYPES[dtype] if dtype != "U8" else (None, 1)
         shape = info["shape"]
         if not isinstance(shape, list) or len(shape) > 8:
             raise ModelFormatError(f"{what}: shape must be a list of at most 8 dimensions, got {shape!r}")
@@ -238,7 +242,8 @@ def _open_index(folder: Path, index: Path, files: list) -> SafetensorsSet:
 def write_safetensors(path: str | os.PathLike, tensors, metadata: dict[str, str] | None = None) -> None:
     """Write tensors (name -> WeightTensor or float32/float16 NumPy array) to `path`, atomically.
 
-    WeightTensors must be F32, F16 or BF16; their bytes are written as they are.
+    WeightTensors must be F32, F16 or BF16; their bytes are written as they are. uint8 arrays are
+    written as U8 (MXFP4 blocks and scales in the Hub's layout).
     """
     entries, header = [], {}
     if metadata:
@@ -255,6 +260,8 @@ def write_safetensors(path: str | os.PathLike, tensors, metadata: dict[str, str]
                 dtype = "F32"
             elif a.dtype == np.float16:
                 dtype = "F16"
+            elif a.dtype == np.uint8:
+                dtype = "U8"
             else:
                 raise ModelFormatError(f"tensor {name!r}: cannot store {a.dtype} arrays")
             little = np.ascontiguousarray(a.astype(a.dtype.newbyteorder("<")))
@@ -262,7 +269,7 @@ def write_safetensors(path: str | os.PathLike, tensors, metadata: dict[str, str]
         raw = raw.reshape(-1)
         if not isinstance(name, str) or not name or name == "__metadata__":
             raise ModelFormatError(f"bad tensor name {name!r}")
-        if raw.size != math.prod(shape) * DTYPES[dtype][1]:
+        if raw.size != math.prod(shape) * (DTYPES[dtype][1] if dtype in DTYPES else 1):
             raise ModelFormatError(f"tensor {name!r}: {raw.size} bytes do not hold {dtype} {shape}")
         header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + raw.size]}
         entries.append(raw)

@@ -55,3 +55,11 @@ class WeightTensor:
     def from_float(cls, name: str, array: np.ndarray) -> "WeightTensor":
         a = np.ascontiguousarray(array, dtype=np.float32)
         return cls(name, QType.F32, tuple(a.shape), a.reshape(-1).view(np.uint8))
+
+
+class ByteTensor(WeightTensor):
+    """Raw bytes that are not a weight by themselves (safetensors U8: the Hub's MXFP4 codes and
+    exponents, which formats/experts.py repacks into MXFP4 weights); `data` is (numel,) uint8."""
+
+    def to_float32(self) -> np.ndarray:
+        raise ModelFormatError(f"tensor {self.name!r}: U8 bytes are not a weight by themselves")

@@ -1,7 +1,8 @@
 """GPT-OSS (gpt-oss-20b, -120b): every MLP an MoE whose router has a bias and takes the softmax of
 its top-k logits, experts with biases and a clamped SwiGLU ((up + 1) * gate * sigmoid(1.702 gate));
 attention with q/k/v/o biases, a learned sink logit per head, sliding and full layers alternating,
-YaRN RoPE. The Hub's fused, interleaved expert tensors are split at load (formats/experts.py)."""
+YaRN RoPE. The Hub's fused, interleaved expert tensors are split at load (formats/experts.py), and
+the Hub's MXFP4 expert blocks repacked into ggml's MXFP4 blocks, not dequantized."""
 from __future__ import annotations
 
 from ..errors import ModelFormatError
@@ -39,9 +40,11 @@ def config_from_gguf(meta: dict) -> TransformerConfig:
 
 def config_from_hf(cfg: dict) -> TransformerConfig:
     hf = HFConfig(cfg)
-    if cfg.get("quantization_config"):
-        raise ModelFormatError("GPT-OSS checkpoints with MXFP4 expert blocks are not supported from Hugging Face "
-                               "directories; use a GGUF file or a dequantized checkpoint")
+    quant = cfg.get("quantization_config")
+    method = quant.get("quant_method") if isinstance(quant, dict) else quant
+    if quant and method != "mxfp4":
+        raise ModelFormatError(f"GPT-OSS quantization_config {method!r} is not supported (the Hub's mxfp4 experts "
+                               "are, and float checkpoints)")
     c = hf.common("gpt_oss")
     window, flags = hf_layer_sliding(cfg, c["n_layers"], default_sliding=False)
     moe = hf_moe({**cfg, "mlp_only_layers": [], "decoder_sparse_step": 1}, c["n_layers"], norm_default=True,

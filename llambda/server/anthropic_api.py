@@ -3,9 +3,10 @@
 The request becomes a chat-completions body (system, messages with text,
 tool_use and tool_result blocks, tools with input_schema, tool_choice) validated
 by `schemas.parse_chat`; generation goes through `Service`. The answer is a
-`message` with text and tool_use content blocks and Anthropic's stop reasons;
-streamed, it is Anthropic's event sequence (message_start, content_block_start,
-content_block_delta with text_delta or input_json_delta, content_block_stop,
+`message` with thinking (a harmony answer's analysis channel, unsigned), text and tool_use
+content blocks and Anthropic's stop reasons; streamed, it is Anthropic's event sequence
+(message_start, content_block_start, content_block_delta with thinking_delta, text_delta or
+input_json_delta, content_block_stop,
 message_delta with the stop reason and usage, message_stop). Every error,
 including one found before any route runs (authentication), has Anthropic's
 shape: `{"type": "error", "error": {"type", "message"}}`.
@@ -31,7 +32,7 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "
                404: "not_found_error", 408: "timeout_error", 413: "request_too_large", 429: "rate_limit_error",
                503: "overloaded_error", 529: "overloaded_error"}
 STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
-PASSED = ("model", "temperature", "top_p", "top_k", "stream", "seed", "ignore_eos")
+PASSED = ("model", "temperature", "top_p", "top_k", "stream", "seed", "ignore_eos", "grammar", "regex")
 
 
 def error_body(err: APIError) -> dict:
@@ -187,7 +188,10 @@ class MessageRun:
         chat = await self.gen.collect()
         choice = chat["choices"][0]
         msg = choice["message"]
-        content = [{"type": "text", "text": msg["content"]}] if msg.get("content") else []
+        content = [{"type": "thinking", "thinking": msg["reasoning_content"], "signature": ""}] \
+            if msg.get("reasoning_content") else []       # no signature: nothing here signs its thinking
+        if msg.get("content"):
+            content.append({"type": "text", "text": msg["content"]})
         for call in msg.get("tool_calls") or []:
             fn = call["function"]
             content.append({"type": "tool_use", "id": call["id"], "name": fn["name"],
@@ -211,13 +215,19 @@ class MessageRun:
 
         try:
             async for d in deltas(self.gen):
-                if d.text:
-                    if open_kind != "text":
+                for kind, piece_text in (("thinking", d.reasoning), ("text", d.text)):
+                    if not piece_text:
+                        continue
+                    if open_kind != kind:
                         for piece in close():
                             yield piece
-                        index, open_kind = index + 1, "text"
-                        yield event("content_block_start", index=index, content_block={"type": "text", "text": ""})
-                    yield event("content_block_delta", index=index, delta={"type": "text_delta", "text": d.text})
+                        index, open_kind = index + 1, kind
+                        block = {"type": kind, kind: ""}
+                        if kind == "thinking":
+                            block["signature"] = ""
+                        yield event("content_block_start", index=index, content_block=block)
+                    yield event("content_block_delta", index=index,
+                                delta={"type": f"{kind}_delta", kind: piece_text})
                 for call in d.calls:
                     if "id" in call:
                         for piece in close():

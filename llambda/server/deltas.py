@@ -3,8 +3,8 @@ plumbing handed in by app.py.
 
 `Generation.stream()` speaks OpenAI's chunk format. /infill, /v1/responses and
 /v1/messages each have a stream format of their own, so they read the same
-generation through `deltas(gen)`: text and tool-call deltas (parsed as in chat
-completions), then the finish. Those APIs have no `n`: one choice.
+generation through `deltas(gen)`: reasoning (a harmony answer's analysis channel), text and
+tool-call deltas (parsed as in chat completions), then the finish. Those APIs have no `n`: one choice.
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ class Delta:
     text: str = ""
     calls: list = field(default_factory=list)   # OpenAI tool-call deltas: {"index", "id"?, "function": {...}}
     finish: str | None = None                   # on the last one: "stop" | "length" | "tool_calls"
+    reasoning: str = ""                         # harmony's analysis text; it comes before `text`
 
 
 async def deltas(gen: Generation) -> AsyncIterator[Delta]:
@@ -56,8 +57,9 @@ async def deltas(gen: Generation) -> AsyncIterator[Delta]:
                 rest, more = parser.finish()
                 text, calls = text + rest, calls + more
                 finish = tool_finish(finish, bool(parser.calls))
-            if text or calls or finish:
-                yield Delta(text, calls, finish)
+            reasoning = parser.take_reasoning() if parser is not None else ""
+            if text or calls or finish or reasoning:
+                yield Delta(text, calls, finish, reasoning)
             if finish:
                 return
     finally:

@@ -4,10 +4,11 @@ A request is turned into a chat-completions body (input items -> messages, flat
 function tools -> chat tools, text.format -> response_format) and validated by
 `schemas.parse_chat`, so every sampling rule and limit is the one chat has;
 generation goes through `Service`. The answer is a `response` object whose
-`output` holds a message item and/or function_call items; streamed, it is the
+`output` holds a reasoning item (a harmony answer's analysis channel, as `reasoning_text`
+content; no summary), a message item and/or function_call items; streamed, it is the
 typed event sequence (response.created, response.output_item.added, ...,
-response.output_text.delta, response.function_call_arguments.delta, ...,
-response.completed or response.incomplete).
+response.reasoning_text.delta, response.output_text.delta,
+response.function_call_arguments.delta, ..., response.completed or response.incomplete).
 
 Nothing is stored: `previous_response_id` (and `conversation`) are refused,
 the client sends the whole conversation in `input`.
@@ -31,7 +32,7 @@ ROLES = {"user": "user", "assistant": "assistant", "system": "system", "develope
 TEXT_PARTS = ("input_text", "output_text", "text")
 # sampling fields passed on as they are (llama-server's extensions included)
 PASSED = ("model", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
-          "repeat_penalty", "ignore_eos", "parallel_tool_calls", "stream")
+          "repeat_penalty", "ignore_eos", "parallel_tool_calls", "stream", "grammar", "regex")
 _SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
@@ -196,6 +197,17 @@ def _message_item(item_id: str, text: str, status: str) -> dict:
             "content": [part] if status != "in_progress" else []}
 
 
+def _reasoning_item(item_id: str, text: str, status: str) -> dict:
+    part = {"type": "reasoning_text", "text": text}
+    return {"id": item_id, "type": "reasoning", "status": status, "summary": [],
+            "content": [part] if status != "in_progress" else []}
+
+
+# the items whose text streams as one content part: item type -> (make the item, the part's events, empty part)
+_TEXT_ITEMS = {"message": (_message_item, "response.output_text", {"type": "output_text", "text": "", "annotations": []}),
+               "reasoning": (_reasoning_item, "response.reasoning_text", {"type": "reasoning_text", "text": ""})}
+
+
 def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict:
     return {"id": item_id, "type": "function_call", "status": status, "call_id": call_id, "name": name,
             "arguments": arguments}
@@ -228,6 +240,8 @@ class ResponseRun:
         status = self.status(choice["finish_reason"])
         msg = choice["message"]
         output = []
+        if msg.get("reasoning_content"):
+            output.append(_reasoning_item(_id("rs"), msg["reasoning_content"], status))
         if msg.get("content"):
             output.append(_message_item(_id("msg"), msg["content"], status))
         for call in msg.get("tool_calls") or []:
@@ -252,12 +266,14 @@ class ResponseRun:
             if item is None:
                 return
             at = output.index(item)
-            if item["type"] == "message":
+            if item["type"] in _TEXT_ITEMS:
+                make, events, _ = _TEXT_ITEMS[item["type"]]
                 full = "".join(text)
                 text.clear()
                 where = {"item_id": item["id"], "output_index": at, "content_index": 0}
-                yield event("response.output_text.done", **where, text=full, logprobs=[])
-                done = _message_item(item["id"], full, status)
+                extra = {"logprobs": []} if item["type"] == "message" else {}
+                yield event(f"{events}.done", **where, text=full, **extra)
+                done = make(item["id"], full, status)
                 yield event("response.content_part.done", **where, part=done["content"][0])
             else:
                 done = dict(item, status=status if status == "completed" else "incomplete")
@@ -271,23 +287,27 @@ class ResponseRun:
             open_item = item
             output.append(item)
             yield event("response.output_item.added", output_index=len(output) - 1, item=dict(item))
-            if item["type"] == "message":
+            if item["type"] in _TEXT_ITEMS:
                 yield event("response.content_part.added", item_id=item["id"], output_index=len(output) - 1,
-                            content_index=0, part={"type": "output_text", "text": "", "annotations": []})
+                            content_index=0, part=dict(_TEXT_ITEMS[item["type"]][2]))
 
         yield event("response.created", response=self.response("in_progress", []))
         yield event("response.in_progress", response=self.response("in_progress", []))
         try:
             async for d in deltas(self.gen):
-                if d.text:
-                    if open_item is None or open_item["type"] != "message":
+                for kind, piece_text in (("reasoning", d.reasoning), ("message", d.text)):
+                    if not piece_text:
+                        continue
+                    if open_item is None or open_item["type"] != kind:
                         for piece in close("completed"):
                             yield piece
-                        for piece in open_(_message_item(_id("msg"), "", "in_progress")):
+                        make, _, _ = _TEXT_ITEMS[kind]
+                        for piece in open_(make(_id("rs" if kind == "reasoning" else "msg"), "", "in_progress")):
                             yield piece
-                    text.append(d.text)
-                    yield event("response.output_text.delta", item_id=open_item["id"],
-                                output_index=len(output) - 1, content_index=0, delta=d.text, logprobs=[])
+                    text.append(piece_text)
+                    extra = {"logprobs": []} if kind == "message" else {}
+                    yield event(f"{_TEXT_ITEMS[kind][1]}.delta", item_id=open_item["id"],
+                                output_index=len(output) - 1, content_index=0, delta=piece_text, **extra)
                 for call in d.calls:
                     if "id" in call:
                         for piece in close("completed"):
