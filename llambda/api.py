@@ -166,8 +166,7 @@ class Model:
             raise ContextOverflowError(f"{len(ids)} tokens do not fit the context of {self.n_ctx}")
         with self._lock:
             self._cached = []
-            with self.rows_invariant(False):
-                out = engine.prefill(self.transformer, 0, ids, 0)
+            out = engine.prefill(self.transformer, 0, ids, 0)
             self._cached = list(ids)
             return out
 
@@ -177,25 +176,25 @@ class Model:
         common = engine.common_prefix(self._cached, ids)
         self._cached = self._cached[:common]
         if common < len(ids):
-            with self.rows_invariant(False):
-                engine.prefill(self.transformer, 0, ids[common:], common)
+            engine.prefill(self.transformer, 0, ids[common:], common)
         self._cached = list(ids)
 
     @contextmanager
-    def rows_invariant(self, flag: bool):
-        """Forward passes inside run batch-invariantly (flag True) or not, then the backend's own
-        setting is back. Decode steps (a lone token, a speculative verification's rows) are
-        invariant, so a row's logits are the same bits alone or verified among drafts; a prompt's
-        bulk prefill runs the default schedule, as logits() does."""
+    def rows_invariant(self, flag: bool = True):
+        """Forward passes inside run batch-invariantly (flag True), then the backend's own setting is
+        back. Decode steps (a lone token, a speculative verification's rows) are invariant, so a row's
+        logits are the same bits alone or verified among drafts; a prompt's bulk prefill runs under
+        the backend's own setting (the default schedule, unless the caller made it invariant, as the
+        server does). flag False changes nothing: it never turns a caller's invariance off."""
         b = self.backend
-        if not hasattr(b, "set_batch_invariant") or b.batch_invariant == flag:
+        if not flag or not hasattr(b, "set_batch_invariant") or b.batch_invariant:
             yield
             return
-        b.set_batch_invariant(flag)
+        b.set_batch_invariant(True)
         try:
             yield
         finally:
-            b.set_batch_invariant(not flag)
+            b.set_batch_invariant(False)
 
     def _prefill_reusing(self, ids: list[int]) -> np.ndarray:
         """Prefill slot 0, skipping the prefix its cache already holds; the logits of the last token.
