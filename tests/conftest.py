@@ -129,3 +129,21 @@ def qwen_live(qwen05_gguf):
         with LiveServer(create_app(m, cfg)) as srv:
             srv.model = m
             yield srv
+
+
+def _isas() -> list[str]:
+    try:
+        from llambda import _native
+    except ImportError:           # no C core: tests taking `isa` are skipped (empty parameter set)
+        return []
+    return _native.isa_available()
+
+
+@pytest.fixture(params=_isas())
+def isa(request):
+    """Every ISA path this machine runs (LLAMBDA_ISA's choices), one test each; restored after."""
+    from llambda import _native
+    before = _native.isa()
+    _native.set_isa(request.param)
+    yield request.param
+    _native.set_isa(before)

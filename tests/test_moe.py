@@ -22,16 +22,7 @@ from llambda.backends.native import NativeBackend  # noqa: E402
 
 TINY = Path(__file__).parent / "fixtures" / "reference" / "tiny"
 MOE_FOLDERS = ["qwen3_moe", "mixtral", "qwen2_moe", "gpt_oss"]
-ISAS = native.isa_available()
 ROUTINGS = {"softmax_topk": 0, "topk_softmax": 1}
-
-
-@pytest.fixture(params=ISAS)
-def isa(request):
-    before = native.isa()
-    native.set_isa(request.param)
-    yield request.param
-    native.set_isa(before)
 
 
 @pytest.fixture

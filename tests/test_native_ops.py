@@ -12,16 +12,7 @@ from llambda.formats.quants import QType, dequantize, quantize
 
 native = pytest.importorskip("llambda._native", reason="C core not built (python setup.py build_ext --inplace)")
 
-ISAS = native.isa_available()
 F32 = np.float32
-
-
-@pytest.fixture(params=ISAS)
-def isa(request):
-    before = native.isa()
-    native.set_isa(request.param)
-    yield request.param
-    native.set_isa(before)
 
 
 @pytest.fixture

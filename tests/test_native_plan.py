@@ -18,14 +18,6 @@ F32, I32 = np.float32, np.int32
 Q8_0, Q4_1, F16 = 8, 3, 1
 
 
-@pytest.fixture(params=native.isa_available())
-def isa(request):
-    before = native.isa()
-    native.set_isa(request.param)
-    yield request.param
-    native.set_isa(before)
-
-
 def q8_0_bytes(rng, rows, cols):
     """Q8_0 file layout: per 32 values an fp16 scale and 32 int8 codes."""
     nb = rows * cols // 32
