@@ -244,7 +244,7 @@ def cmd_show(a) -> int:
             print(f"{src.name}: bert encoder, {kind}\n  {c.n_layers} layers, hidden {c.hidden}, {c.n_heads} heads, "
                   f"ffn {c.ffn}, vocab {c.vocab_size}, up to {c.max_tokens} tokens\n  {params / 1e6:.1f}M parameters")
             return 0
-        print(format_description(describe(src, a.ctx_size)))
+        print(format_description(describe(src, a.ctx_size, a.kv_type or "f32")))
         if a.verbose:
             from .models.memory import plan
             p = plan(src, a.ctx_size or min(c.n_ctx_train, 4096), kv_type=a.kv_type or "f32")

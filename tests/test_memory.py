@@ -135,3 +135,16 @@ def test_a_load_that_cannot_fit_is_refused_before_reading_weights(tmp_path, monk
     with pytest.raises(InsufficientMemoryError, match="weights and activations alone do not fit"):
         monkeypatch.setattr(memory, "mem_available", lambda: 1 << 20)
         llambda.load(path, backend="native", threads=1, n_ctx=64)
+
+
+def test_show_sizes_the_kv_cache_it_is_asked_for(tmp_path):
+    """`llambda show --kv-type` (describe) sizes the cache in that type: f16 half of f32, q8_0 34/32 of a byte."""
+    from llambda.formats.open import open_model
+    from llambda.tools.model_info import describe
+    path = _write_big_llama(tmp_path / "wide.gguf", layers=2, d=512, ff=512)
+    src = open_model(path)
+    try:
+        sizes = {t: describe(src, 128, t)["kv_cache_bytes"] for t in ("f32", "f16", "q8_0")}
+    finally:
+        src.close()
+    assert sizes == {"f32": 2 * 2 * 128 * 512 * 4, "f16": 2 * 2 * 128 * 512 * 2, "q8_0": 2 * 2 * 128 * 512 * 34 // 32}

@@ -8,10 +8,12 @@ import numpy as np
 
 from ..formats.quants import tensor_nbytes
 from ..formats.source import ModelSource
+from ..models.memory import kv_value_bytes
 
 
-def describe(src: ModelSource, n_ctx: int | None = None) -> dict:
-    """Architecture, parameters, context, quant mix (bytes per type), template, memory at `n_ctx`."""
+def describe(src: ModelSource, n_ctx: int | None = None, kv_type: str = "f32") -> dict:
+    """Architecture, parameters, context, quant mix (bytes per type), template, memory at `n_ctx` with a
+    KV cache of kv_type."""
     cfg = src.config
     params, bytes_by_type, count_by_type = 0, Counter(), Counter()
     for name in src.tensor_names:
@@ -27,7 +29,7 @@ def describe(src: ModelSource, n_ctx: int | None = None) -> dict:
         experts = sum(int(np.prod(src.tensor(n).shape)) for n in src.tensor_names if is_expert_tensor(n))
         active = params - experts + experts * cfg.n_experts_used // cfg.n_experts
     ctx = n_ctx or min(cfg.n_ctx_train, 4096)
-    kv = 2 * cfg.n_layers * ctx * cfg.kv_dim * 4          # f32 keys and values, one sequence
+    kv = int(2 * cfg.n_layers * ctx * kv_value_bytes(kv_type, cfg.kv_dim))   # keys and values, one sequence
     return {
         "name": src.name, "path": str(src.path), "format": src.format, "architecture": cfg.arch,
         "parameters": params, "active_parameters": active, "layers": cfg.n_layers, "d_model": cfg.d_model,
@@ -35,7 +37,7 @@ def describe(src: ModelSource, n_ctx: int | None = None) -> dict:
         "context_train": cfg.n_ctx_train, "weights_bytes": weights,
         "quant_mix": {k: (count_by_type[k], v) for k, v in bytes_by_type.most_common()},
         "chat_template": bool(src.chat_template), "tokenizer": src.tokenizer is not None,
-        "context": ctx, "kv_cache_bytes": kv, "memory_bytes": weights + kv,
+        "context": ctx, "kv_cache_bytes": kv, "kv_type": kv_type, "memory_bytes": weights + kv,
     }
 
 
@@ -84,7 +86,7 @@ def format_description(d: dict) -> str:
         ("chat template", "yes" if d["chat_template"] else "no (a base model: use `llambda run`)"),
         ("tokenizer", "yes" if d["tokenizer"] else "no"),
         ("memory", f"{_mib(d['memory_bytes'])} at a context of {d['context']} "
-                   f"(weights + {_mib(d['kv_cache_bytes'])} of f32 KV cache)"),
+                   f"(weights + {_mib(d['kv_cache_bytes'])} of {d.get('kv_type', 'f32')} KV cache)"),
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
