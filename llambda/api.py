@@ -180,14 +180,14 @@ class Model:
         self._cached = list(ids)
 
     @contextmanager
-    def rows_invariant(self, flag: bool = True):
-        """Forward passes inside run batch-invariantly (flag True), then the backend's own setting is
-        back. Decode steps (a lone token, a speculative verification's rows) are invariant, so a row's
+    def rows_invariant(self):
+        """Forward passes inside run batch-invariantly, then the backend's own setting is back.
+        Decode steps (a lone token, a speculative verification's rows) are invariant, so a row's
         logits are the same bits alone or verified among drafts; a prompt's bulk prefill runs under
         the backend's own setting (the default schedule, unless the caller made it invariant, as the
-        server does). flag False changes nothing: it never turns a caller's invariance off."""
+        server does): this never turns a caller's invariance off."""
         b = self.backend
-        if not flag or not hasattr(b, "set_batch_invariant") or b.batch_invariant:
+        if not hasattr(b, "set_batch_invariant") or b.batch_invariant:
             yield
             return
         b.set_batch_invariant(True)
@@ -203,7 +203,7 @@ class Model:
         # prompt was cached: batched and single-token kernels round differently, and the same
         # call with the same seed must give the same text.
         self._sync(ids[:-1])
-        with self.rows_invariant(True):
+        with self.rows_invariant():
             logits = engine.prefill(self.transformer, 0, ids[-1:], len(ids) - 1)
         self._cached = list(ids)
         return logits

@@ -250,7 +250,7 @@ def stream(model, seq: engine.Sequence, spec: Speculation):
             n = len(drafts) + 1
             ids = np.asarray(seq.tokens[-1:] + drafts, np.int32)
             pos = np.arange(held - 1, held - 1 + n, dtype=np.int32)
-            with model.rows_invariant(True):
+            with model.rows_invariant():
                 logits = t.forward(ids, np.zeros(n, np.int32), pos, np.arange(n))
             events, kept = spec.settle(seq, drafts, logits)
             model._cached = seq.tokens[:held + kept]   # accepted drafts were appended to seq.tokens

@@ -267,7 +267,7 @@ def test_verification_rows_are_lone_decode_rows_bit_for_bit(isa_switch, isa, act
             lone.append(m._prefill_reusing(PROMPT + tail[:i]).copy())
         m._sync(PROMPT[:-1])
         n = len(tail) + 1
-        with m.rows_invariant(True):     # as speculative.stream verifies
+        with m.rows_invariant():     # as speculative.stream verifies
             rows = t.forward(np.asarray(PROMPT[-1:] + tail, np.int32), np.zeros(n, np.int32),
                              np.arange(len(PROMPT) - 1, len(PROMPT) - 1 + n, dtype=np.int32), np.arange(n))
         for i in range(n):
