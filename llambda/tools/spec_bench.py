@@ -162,6 +162,7 @@ class LlamaCpp:
 def run_spec_bench(path, mode: str, draft_path=None, threads: int | None = None, reps: int = 3,
                    vs_llama_cpp: bool = False, n_gen: int = 400, draft_max: int | None = None,
                    tasks=None, log=print, draft_threads: int | None = None) -> list[SpecRow]:
+    from ..backends.native import default_threads
     from ..speculative import DEFAULT_DRAFT_MAX
     if mode == "draft" and draft_path is None:
         raise ValueError("--spec draft needs --model-draft")
@@ -170,7 +171,7 @@ def run_spec_bench(path, mode: str, draft_path=None, threads: int | None = None,
     n_ctx = 1024      # the prompt (~450 tokens) and the answer
     engines = [Ours(path, draft_path if mode == "draft" else None, threads, n_ctx, draft_threads)]
     if vs_llama_cpp:
-        engines.append(LlamaCpp(path, mode, draft_path, threads or _threads(), n_ctx, draft_max, draft_threads))
+        engines.append(LlamaCpp(path, mode, draft_path, threads or default_threads(), n_ctx, draft_max, draft_threads))
     rows: dict[tuple, SpecRow] = {}
     for task in tasks:
         ids = engines[0].prompt(task)
@@ -189,11 +190,6 @@ def run_spec_bench(path, mode: str, draft_path=None, threads: int | None = None,
                     row.accepted += accepted
         log(f"  {task}: " + ", ".join(f"{k[0]} {k[1]} {v.median:.1f} t/s" for k, v in rows.items() if k[2] == task))
     return list(rows.values())
-
-
-def _threads() -> int:
-    from ..backends.native import physical_cores
-    return physical_cores()
 
 
 def markdown(rows: list[SpecRow], model_name: str, draft_name: str | None) -> str:
