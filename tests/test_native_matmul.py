@@ -256,6 +256,26 @@ def test_matmul_extreme_codes(tname):
             check(m, x[:n], 0)
 
 
+def test_mxfp4_every_exponent():
+    """MXFP4's E8M0 scales 2^(e-127) from the smallest (e = 0, 1: subnormal floats once halved for
+    the doubled grid) to large ones, one exponent per row, each row checked against its own
+    magnitude: activations of 1e20 lift the tiny rows' products far above the budget's absolute
+    floor, so a scale decoded as 0 (or as the next power of two) fails."""
+    rng = np.random.default_rng(39)
+    exps = np.array([0, 1, 2, 3, 64, 127, 128, 150], np.uint8)
+    rows, cols = 2 * 16, 96  # two packed groups
+    raw = Q.random_blocks(rng, "MXFP4", rows * cols // 32, spread=2e-2).reshape(rows, cols // 32, 17)
+    raw[:, :, 0] = exps[np.arange(rows) % len(exps)][:, None]
+    m = _Given("MXFP4", raw.reshape(rows, -1), rows, cols)
+    assert (m.w[0] != 0).any() and np.abs(m.w[0]).max() < 1e-36  # the subnormal scales are there
+    x = activations(9, cols, rng) * np.float32(1e20)
+    for isa in ISAS:
+        nat.set_isa(isa)
+        for n in (1, 9):
+            for exact in (0, 1):
+                check(m, x[:n], exact)
+
+
 @pytest.mark.parametrize("tname", list(TYPES))
 def test_threads_identical(tname):
     """Splitting work over 2 threads changes nothing, bit for bit. The n=70 GEMM and the
@@ -373,7 +393,7 @@ def test_bad_arguments():
         return a
 
     value_errors = [
-        bad(0, 7),  # Q5_1: not supported
+        bad(0, 7),  # Q5_1: W holds Q4_1's row bytes, too few
         bad(0, 99),
         bad(1, 5),  # unknown layout
         bad(3, 0), bad(3, -1), bad(4, 0), bad(4, 48),  # cols not a multiple of 32

@@ -74,7 +74,10 @@ static void fc_q8_0(const uint8_t *b, int sub, int16_t q[32], float dw[2], float
 /* IQ4_NL / IQ4_XS: a nibble indexes a non-uniform 16-level grid (ggml's kvalues_iq4nl). */
 const int8_t llb_iq4_grid[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 /* MXFP4: a nibble is an FP4 e2m1 value; stored doubled so that it is an integer. */
-static const int8_t fp4_grid[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+const int8_t llb_fp4_grid[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* MXFP4's E8M0 exponent byte e: scale 2^(e-127), halved for the doubled grid (exact; tiny e are subnormal). */
+static float e8m0_half(uint8_t e) { return ldexpf(1.0f, (int)e - 128); }
 
 static void grid32(const uint8_t *qs, const int8_t *grid, int16_t q[32]) {
     for (int e = 0; e < 16; e++) {
@@ -91,9 +94,8 @@ static void fc_iq4_nl(const uint8_t *b, int sub, int16_t q[32], float dw[2], flo
 
 static void fc_mxfp4(const uint8_t *b, int sub, int16_t q[32], float dw[2], float mw[2]) {
     (void)sub;
-    grid32(b + 1, fp4_grid, q);
-    /* E8M0 exponent byte: scale 2^(e-127), halved for the doubled grid (exact; tiny e are subnormal) */
-    set_affine(dw, mw, ldexpf(1.0f, (int)b[0] - 128), 0.0f);
+    grid32(b + 1, llb_fp4_grid, q);
+    set_affine(dw, mw, e8m0_half(b[0]), 0.0f);
 }
 
 /* IQ4_XS: d @0, scales_h u16 @2 (2 bits per sub-block), scales_l @4 (a nibble per sub-block), qs @8;
@@ -201,16 +203,35 @@ static void pk_q4_1(const uint8_t *b, int r, uint8_t *gb) {
     for (int v = 0; v < 4; v++) memcpy(gb + 64 + 64 * v + 4 * r, b + 4 + 4 * v, 4);
 }
 
-static void pk_q5_0(const uint8_t *b, int r, uint8_t *gb) {
-    put16(gb + 2 * r, llb_rd16(b));
-    for (int v = 0; v < 4; v++) memcpy(gb + 32 + 64 * v + 4 * r, b + 6 + 4 * v, 4);
-    const uint32_t qh = ld32(b + 2);
+/* Row r's bytes of a bit-plane vector from a 32-bit mask of 5th bits (bit e = value e's). */
+static void place_plane(uint8_t *plane, int r, uint32_t qh) {
     for (int j = 0; j < 4; j++) { /* plane byte j: bit t = 5th bit of value 4t+j = bit 4t+j of qh */
         uint32_t x = (qh >> j) & 0x11111111u; /* bits at 4t: fold pairwise into 8 adjacent bits */
         x = (x | x >> 3) & 0x03030303u;
         x = (x | x >> 6) & 0x000F000Fu;
-        gb[LLB_Q5_0_PLANE + 4 * r + j] = (uint8_t)(x | x >> 12);
+        plane[4 * r + j] = (uint8_t)(x | x >> 12);
     }
+}
+
+static void pk_q5_0(const uint8_t *b, int r, uint8_t *gb) {
+    put16(gb + 2 * r, llb_rd16(b));
+    for (int v = 0; v < 4; v++) memcpy(gb + 32 + 64 * v + 4 * r, b + 6 + 4 * v, 4);
+    place_plane(gb + LLB_Q5_0_PLANE, r, ld32(b + 2));
+}
+
+static void pk_q5_1(const uint8_t *b, int r, uint8_t *gb) {
+    put16(gb + 2 * r, llb_rd16(b));
+    put16(gb + 32 + 2 * r, llb_rd16(b + 2));
+    for (int v = 0; v < 4; v++) memcpy(gb + 64 + 64 * v + 4 * r, b + 8 + 4 * v, 4);
+    place_plane(gb + LLB_Q5_1_PLANE, r, ld32(b + 4));
+}
+
+/* IQ4_NL's file block is Q4_0's (d, 16 nibble bytes): so is its packed group-block. */
+static void pk_iq4_nl(const uint8_t *b, int r, uint8_t *gb) { pk_q4_0(b, r, gb); }
+
+static void pk_mxfp4(const uint8_t *b, int r, uint8_t *gb) {
+    gb[r] = b[0];
+    for (int v = 0; v < 4; v++) memcpy(gb + LLB_MXFP4_CODES + 64 * v + 4 * r, b + 1 + 4 * v, 4);
 }
 
 static void pk_q8_0(const uint8_t *b, int r, uint8_t *gb) {
@@ -299,6 +320,24 @@ static void pc_q5_0(const uint8_t *gb, int sub, int r, int16_t q[32], float dw[2
     set_affine(dw, mw, f16at(gb + 2 * r), 0.0f);
 }
 
+static void pc_q5_1(const uint8_t *gb, int sub, int r, int16_t q[32], float dw[2], float mw[2]) {
+    (void)sub;
+    for (int e = 0; e < 32; e++) q[e] = (int16_t)(nib(gb + 64, r, e) | plane_bit(gb + LLB_Q5_1_PLANE, r, e));
+    set_affine(dw, mw, f16at(gb + 2 * r), f16at(gb + 32 + 2 * r));
+}
+
+static void pc_iq4_nl(const uint8_t *gb, int sub, int r, int16_t q[32], float dw[2], float mw[2]) {
+    (void)sub;
+    for (int e = 0; e < 32; e++) q[e] = llb_iq4_grid[nib(gb + 32, r, e)];
+    set_affine(dw, mw, f16at(gb + 2 * r), 0.0f);
+}
+
+static void pc_mxfp4(const uint8_t *gb, int sub, int r, int16_t q[32], float dw[2], float mw[2]) {
+    (void)sub;
+    for (int e = 0; e < 32; e++) q[e] = llb_fp4_grid[nib(gb + LLB_MXFP4_CODES, r, e)];
+    set_affine(dw, mw, e8m0_half(gb[r]), 0.0f);
+}
+
 static void pc_q8_0(const uint8_t *gb, int sub, int r, int16_t q[32], float dw[2], float mw[2]) {
     (void)sub;
     for (int e = 0; e < 32; e++) q[e] = (int16_t)(gb[32 + 64 * (e >> 2) + 4 * r + (e & 3)] - 128);
@@ -353,16 +392,16 @@ static const llb_type_info types[] = {
     PACKED_TYPE(Q4_0, LLB_QK, 18, LLB_GB_Q4_0, 0, q4_0),
     PACKED_TYPE(Q4_1, LLB_QK, 20, LLB_GB_Q4_1, 0, q4_1),
     PACKED_TYPE(Q5_0, LLB_QK, 22, LLB_GB_Q5_0, 0, q5_0),
-    ROWBLOCK_TYPE(Q5_1, LLB_QK, 24, 0, q5_1),
+    PACKED_TYPE(Q5_1, LLB_QK, 24, LLB_GB_Q5_1, 0, q5_1),
     PACKED_TYPE(Q8_0, LLB_QK, 34, LLB_GB_Q8_0, 0, q8_0),
     ROWBLOCK_TYPE(Q2_K, LLB_QKK, 84, 1, q2_k),
     ROWBLOCK_TYPE(Q3_K, LLB_QKK, 110, 1, q3_k),
     PACKED_TYPE(Q4_K, LLB_QKK, 144, LLB_GB_Q4_K, 0, q4_k),
     PACKED_TYPE(Q5_K, LLB_QKK, 176, LLB_GB_Q5_K, 0, q5_k),
     PACKED_TYPE(Q6_K, LLB_QKK, 210, LLB_GB_Q6_K, 1, q6_k),
-    ROWBLOCK_TYPE(IQ4_NL, LLB_QK, 18, 0, iq4_nl),
+    PACKED_TYPE(IQ4_NL, LLB_QK, 18, LLB_GB_IQ4_NL, 0, iq4_nl),
     PACKED_TYPE(IQ4_XS, LLB_QKK, 136, LLB_GB_IQ4_XS, 0, iq4_xs),
-    ROWBLOCK_TYPE(MXFP4, LLB_QK, 17, 0, mxfp4),
+    PACKED_TYPE(MXFP4, LLB_QK, 17, LLB_GB_MXFP4, 0, mxfp4),
 };
 #define N_TYPES ((int)(sizeof(types) / sizeof(types[0])))
 

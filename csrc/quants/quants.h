@@ -18,6 +18,10 @@
  *   Q4_1 320: d[16] @0, m[16] @32, nibble vectors @64 (weight = d*q + m)
  *   Q5_0 352: d[16] @0, nibble vectors @32, bit-plane vector @288 whose
  *             byte 4r+j bit t is the 5th bit of quad t (weight = d*(q-16))
+ *   Q5_1 384: d[16] @0, m[16] @32, nibble vectors @64, bit-plane vector @320 (weight = d*q + m)
+ *   IQ4_NL 288: Q4_0's layout; a nibble indexes the IQ4 grid (weight = d*grid[q])
+ *   MXFP4 272: e[16] @0 (E8M0 bytes, scale 2^(e-127)), nibble vectors @16; a nibble is an
+ *             FP4 (e2m1) value (weight = 2^(e-128) * fp4x2[q], the grid doubled to integers)
  *   Q8_0 544: d[16] @0, 8 code vectors @32 (vector t = quad t), codes stored as
  *             w + 128 (w ^ 0x80) so that they are unsigned like the other types'
  *   Q4_K 2368 per 256 values: d[16] @0, dmin[16] @32, scales u8 [8 sub][16
@@ -33,7 +37,7 @@
  *             per 16-value sub-block u @288+192u: vector A (low nibbles = low 4
  *             bits of quad 4u, high nibbles = quad 4u+1), B (quads 4u+2, 4u+3),
  *             H (bits 2i..2i+1 = top 2 bits of quad 4u+i); weight = d*sc*(q-32)
- *   Row-block types (Q5_1, Q2_K, Q3_K, IQ4_NL, MXFP4; pack_row NULL in
+ *   Row-block types (Q2_K, Q3_K; pack_row NULL in
  *             the table): the 16 rows' file blocks side by side (row r at r*block_bytes),
  *             so a group streams as one region at the file's size; their scalar kernel
  *             decodes file blocks (file_chunk), and a SIMD kernel may do the same.
@@ -69,6 +73,11 @@ enum llb_layout { LLB_LAYOUT_FILE = 0, LLB_LAYOUT_PACKED = 1 };
 #define LLB_GB_Q5_K 2880
 #define LLB_GB_Q6_K 3360
 #define LLB_GB_IQ4_XS 2208
+#define LLB_GB_Q5_1 384
+#define LLB_GB_IQ4_NL 288
+#define LLB_GB_MXFP4 272
+#define LLB_Q5_1_PLANE 320 /* Q5_1's bit-plane vector */
+#define LLB_MXFP4_CODES 16 /* MXFP4's nibble vectors (after the 16 exponent bytes) */
 #define LLB_Q5_0_PLANE 288 /* Q5_0's bit-plane vector */
 #define LLB_Q4_K_CODES 320 /* Q4_K's (and Q5_K's) first sub-block of nibble vectors (256 bytes each) */
 #define LLB_Q5_K_PLANES 2368 /* Q5_K's first sub-block's bit-plane vector (64 bytes each) */
@@ -98,6 +107,8 @@ typedef struct {
 
 /* IQ4_NL/IQ4_XS: the 16 levels a nibble indexes (ggml's kvalues_iq4nl). */
 extern const int8_t llb_iq4_grid[16];
+/* MXFP4: the 16 FP4 (e2m1) values a nibble encodes, doubled so that they are integers. */
+extern const int8_t llb_fp4_grid[16];
 
 /* NULL for a type the kernels do not handle. */
 const llb_type_info *llb_type_get(int qtype);

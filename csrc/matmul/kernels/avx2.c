@@ -60,7 +60,8 @@ TGT static void quant256(const float *x, long cols, long xt, int8_t *qs, float *
     }
 }
 
-static int act_offset(int qtype) { return qtype == LLB_Q4_0 ? 8 : qtype == LLB_Q5_0 ? 16 : 0; }
+/* Q8_0's and IQ4_NL's codes are dotted as signed values (dot_off128): no zero point to fold in. */
+static int act_offset(int qtype) { return qtype == LLB_Q8_0 || qtype == LLB_IQ4_NL ? 0 : LLB_CODE_OFF32(qtype); }
 
 /* ---- fast kernels of the 32-value block types ----------------------------- */
 
@@ -68,8 +69,8 @@ static int act_offset(int qtype) { return qtype == LLB_Q4_0 ? 8 : qtype == LLB_Q
 
 /* Integer dot of one block half with one activation row. */
 LLB_AI TGT __m256i block_dot_h(const int qt, const __m256i q[8], const int8_t *xq) {
-    if (qt == LLB_Q8_0) return dot_off128(q, 8, xq);
-    if (qt == LLB_Q5_0) /* 5-bit codes: 4 quads per int16 sum */
+    if (qt == LLB_Q8_0 || qt == LLB_IQ4_NL) return dot_off128(q, 8, xq);
+    if (qt == LLB_Q5_0 || qt == LLB_Q5_1 || qt == LLB_MXFP4) /* codes up to 31 (MXFP4: 24): 4 quads per int16 sum */
         return _mm256_add_epi32(dot_u8s8(q, 4, xq), dot_u8s8(q + 4, 4, xq + 16));
     return dot_u8s8(q, 8, xq); /* 4-bit codes: 8 x 2 x 15 x 127 < 2^15 */
 }
@@ -89,14 +90,14 @@ LLB_AI TGT void tile32(const llb_mm *mm, const uint8_t *wg, int h, long i, const
         if (h == 0) llb_prefetch_ahead(gb, LLB_GB_BYTES(qt)); /* once per group: h = 1 reads the same bytes */
         __m256i q[8];
         dec_block32_h(qt, gb, h, q);
-        const __m256 dv = load_f16x8(gb + 16 * h);
+        const __m256 dv = block_scale8(qt, gb, h);
         LLB_UNROLL
         for (int m = 0; m < M; m++) {
             __m256i s = block_dot_h(qt, q, xq + 32 * m);
-            if (qt == LLB_Q4_0 || qt == LLB_Q5_0) s = _mm256_add_epi32(s, _mm256_set1_epi32(xb[m]));
+            if (act_offset(qt)) s = _mm256_add_epi32(s, _mm256_set1_epi32(xb[m]));
             const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(s), dv);
             tot[m] = _mm256_fmadd_ps(f, _mm256_set1_ps(xd[m]), tot[m]);
-            if (qt == LLB_Q4_1) tot[m] = _mm256_fmadd_ps(load_f16x8(gb + 32 + 16 * h), _mm256_set1_ps(xs[m]), tot[m]);
+            if (LLB_HAS_MIN32(qt)) tot[m] = _mm256_fmadd_ps(load_f16x8(gb + 32 + 16 * h), _mm256_set1_ps(xs[m]), tot[m]);
         }
         xq += 32 * xt;
         xd += xt;
@@ -133,6 +134,9 @@ TGT static void fast_q4_0(const llb_mm *mm, const uint8_t *wg, long g, long i0, 
 TGT static void fast_q4_1(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast32(mm, wg, g, i0, i1, LLB_Q4_1); }
 TGT static void fast_q5_0(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast32(mm, wg, g, i0, i1, LLB_Q5_0); }
 TGT static void fast_q8_0(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast32(mm, wg, g, i0, i1, LLB_Q8_0); }
+TGT static void fast_q5_1(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast32(mm, wg, g, i0, i1, LLB_Q5_1); }
+TGT static void fast_iq4_nl(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast32(mm, wg, g, i0, i1, LLB_IQ4_NL); }
+TGT static void fast_mxfp4(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast32(mm, wg, g, i0, i1, LLB_MXFP4); }
 
 /* ---- exact kernels: dequantize a 16x32 chunk to FP32 (layout [quad][row][j], as in
  * avx512.c), then FMA against broadcasts of 4 activations ------------- */
@@ -191,10 +195,10 @@ LLB_AI TGT void chunk_T(const int qt, const uint8_t *wg, long c, float *T) {
         } else {
             const uint8_t *gb = wg + c * LLB_GB_BYTES(qt);
             dec_block32_h(qt, gb, h, q);
-            const __m256 d = load_f16x8(gb + 16 * h);
+            const __m256 d = block_scale8(qt, gb, h);
             __m256 mw;
-            if (qt == LLB_Q4_1) mw = load_f16x8(gb + 32 + 16 * h);
-            else mw = _mm256_mul_ps(d, _mm256_set1_ps(qt == LLB_Q4_0 ? -8.0f : qt == LLB_Q5_0 ? -16.0f : -128.0f));
+            if (LLB_HAS_MIN32(qt)) mw = load_f16x8(gb + 32 + 16 * h);
+            else mw = _mm256_mul_ps(d, _mm256_set1_ps((float)-LLB_CODE_OFF32(qt)));
             codes_to_T(q, h, d, mw, d, mw, T);
         }
     }

@@ -39,15 +39,36 @@ LLB_AI TGT void add_fifth_bits_h(const uint8_t *plane, int h, __m256i q[8]) {
     q[7] = _mm256_or_si256(q[7], _mm256_and_si256(_mm256_srli_epi16(p, 3), b4));
 }
 
-/* One 32-value block as unsigned codes (Q8_0: w + 128). */
+/* Nibbles -> grid[nibble] + off, one byte shuffle per vector. */
+LLB_AI TGT void grid_lookup_h(const int8_t grid[16], int off, __m256i q[8]) {
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_add_epi8(_mm_loadu_si128((const __m128i *)grid), _mm_set1_epi8((char)off)));
+    LLB_UNROLL
+    for (int t = 0; t < 8; t++) q[t] = _mm256_shuffle_epi8(lut, q[t]);
+}
+
+/* One 32-value block as unsigned codes (as avx512_decode.h's dec_block32: Q8_0 w + 128, IQ4_NL
+ * grid + 128, MXFP4 doubled FP4 + LLB_MXFP4_OFF). */
 LLB_AI TGT void dec_block32_h(const int qt, const uint8_t *gb, int h, __m256i q[8]) {
     if (qt == LLB_Q8_0) {
         LLB_UNROLL
         for (int t = 0; t < 8; t++) q[t] = ld256(gb + 32 + 64 * t + 32 * h);
         return;
     }
-    dec_nibbles_h(gb + (qt == LLB_Q4_1 ? 64 : 32), h, q);
+    dec_nibbles_h(gb + LLB_NIBBLES32(qt), h, q);
     if (qt == LLB_Q5_0) add_fifth_bits_h(gb + LLB_Q5_0_PLANE, h, q);
+    if (qt == LLB_Q5_1) add_fifth_bits_h(gb + LLB_Q5_1_PLANE, h, q);
+    if (qt == LLB_IQ4_NL) grid_lookup_h(llb_iq4_grid, 128, q);
+    if (qt == LLB_MXFP4) grid_lookup_h(llb_fp4_grid, LLB_MXFP4_OFF, q);
+}
+
+/* Scales of rows 8h..8h+7 of a 32-block group-block: fp16, or MXFP4's E8M0 bytes e as 2^(e-128)
+ * from their bits ((e-1) << 23; subnormal 0x200000 << e for e < 2). */
+LLB_AI TGT __m256 block_scale8(const int qt, const uint8_t *gb, int h) {
+    if (qt != LLB_MXFP4) return load_f16x8(gb + 16 * h);
+    const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(gb + 8 * h)));
+    const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    const __m256i tiny = _mm256_sllv_epi32(_mm256_set1_epi32(0x200000), e);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, tiny, _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e)));
 }
 
 /* Rows 8h..8h+7 of sub-block s (32 values) of a Q4_K/Q5_K/IQ4_XS group-block as unsigned codes

@@ -4,8 +4,8 @@
  *
  * Fast path: one zmm lane = one weight row of the 16-row group; vpdpbusd
  * multiplies the unsigned weight codes (4 per lane) by 4 broadcast int8
- * activations and sums into the lane. The code offset of Q4_0/Q5_0/Q8_0
- * (8/16/128, codes are stored unsigned) is folded into the accumulator's
+ * activations and sums into the lane. The code offset of Q4_0/Q5_0/Q8_0/IQ4_NL/MXFP4
+ * (8/16/128/128/12, codes are decoded unsigned) is folded into the accumulator's
  * initial value, -offset * sum(xq), computed once per activation block. */
 #include "matmul/kernels/avx512_decode.h"
 
@@ -75,9 +75,7 @@ TGT static void quant256(const float *x, long cols, long xt, int8_t *qs, float *
     }
 }
 
-static int act_offset(int qtype) {
-    return qtype == LLB_Q4_0 ? 8 : qtype == LLB_Q5_0 ? 16 : qtype == LLB_Q8_0 ? 128 : 0;
-}
+static int act_offset(int qtype) { return LLB_CODE_OFF32(qtype); } /* every zero point goes in via vpdpbusd's start */
 
 /* ---- fast kernels of the 32-value block types ----------------------------- */
 
@@ -99,10 +97,10 @@ LLB_AI TGT void tile32(const llb_mm *mm, const uint8_t *wg, long i, const int M,
         llb_prefetch_ahead(gb, LLB_GB_BYTES(qt));
         __m512i q[8];
         dec_block32(qt, gb, q);
-        const __m512 dv = load_f16x16(gb), mv = qt == LLB_Q4_1 ? load_f16x16(gb + 32) : dv;
+        const __m512 dv = block_scale16(qt, gb), mv = LLB_HAS_MIN32(qt) ? load_f16x16(gb + 32) : dv;
         __m512i acc[TILE_ROWS];
         LLB_UNROLL
-        for (int m = 0; m < M; m++) acc[m] = qt == LLB_Q4_1 ? _mm512_setzero_si512() : _mm512_set1_epi32(xb[m]);
+        for (int m = 0; m < M; m++) acc[m] = LLB_HAS_MIN32(qt) ? _mm512_setzero_si512() : _mm512_set1_epi32(xb[m]);
         LLB_UNROLL
         for (int t = 0; t < 8; t++) { /* quad-major: the M accumulation chains advance together */
             LLB_UNROLL
@@ -113,7 +111,7 @@ LLB_AI TGT void tile32(const llb_mm *mm, const uint8_t *wg, long i, const int M,
         for (int m = 0; m < M; m++) {
             const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[m]), dv);
             tot[m] = _mm512_fmadd_ps(f, _mm512_set1_ps(xd[m]), tot[m]);
-            if (qt == LLB_Q4_1) tot[m] = _mm512_fmadd_ps(mv, _mm512_set1_ps(xs[m]), tot[m]);
+            if (LLB_HAS_MIN32(qt)) tot[m] = _mm512_fmadd_ps(mv, _mm512_set1_ps(xs[m]), tot[m]);
         }
         xq += 32 * xt;
         xd += xt;
@@ -138,15 +136,15 @@ LLB_AI TGT __m512 gemv32(const llb_mm *mm, const uint8_t *wg, const int qt) {
             __m512i q[8];
             dec_block32(qt, gb, q);
             const int8_t *xq = mm->a.qs + 32 * b;
-            __m512i a0 = _mm512_set1_epi32(qt == LLB_Q4_1 ? 0 : mm->a.bias[b]), a1 = _mm512_setzero_si512();
+            __m512i a0 = _mm512_set1_epi32(LLB_HAS_MIN32(qt) ? 0 : mm->a.bias[b]), a1 = _mm512_setzero_si512();
             LLB_UNROLL
             for (int t = 0; t < 4; t++) {
                 a0 = _mm512_dpbusd_epi32(a0, q[t], _mm512_set1_epi32(llb_ld32(xq + 4 * t)));
                 a1 = _mm512_dpbusd_epi32(a1, q[t + 4], _mm512_set1_epi32(llb_ld32(xq + 16 + 4 * t)));
             }
-            const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(a0, a1)), load_f16x16(gb));
+            const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(a0, a1)), block_scale16(qt, gb));
             tot = _mm512_fmadd_ps(f, _mm512_set1_ps(mm->a.d[b]), tot);
-            if (qt == LLB_Q4_1) tot = _mm512_fmadd_ps(load_f16x16(gb + 32), _mm512_set1_ps(mm->a.sum[b]), tot);
+            if (LLB_HAS_MIN32(qt)) tot = _mm512_fmadd_ps(load_f16x16(gb + 32), _mm512_set1_ps(mm->a.sum[b]), tot);
         }
         out = b0 ? _mm512_add_ps(out, tot) : tot;
     }
@@ -184,6 +182,9 @@ TGT static void fast_q4_0(const llb_mm *mm, const uint8_t *wg, long g, long i0, 
 TGT static void fast_q4_1(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast32(mm, wg, g, i0, i1, LLB_Q4_1); }
 TGT static void fast_q5_0(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast32(mm, wg, g, i0, i1, LLB_Q5_0); }
 TGT static void fast_q8_0(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast32(mm, wg, g, i0, i1, LLB_Q8_0); }
+TGT static void fast_q5_1(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast32(mm, wg, g, i0, i1, LLB_Q5_1); }
+TGT static void fast_iq4_nl(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast32(mm, wg, g, i0, i1, LLB_IQ4_NL); }
+TGT static void fast_mxfp4(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast32(mm, wg, g, i0, i1, LLB_MXFP4); }
 
 /* ---- exact kernels: dequantize a 16x32 chunk to FP32, then FMA ------------
  * The chunk T is stored as [quad t][row r][j] (64 floats per quad), so one
@@ -244,9 +245,8 @@ LLB_AI TGT void chunk_T(const int qt, const uint8_t *wg, long c, float *T) {
     } else {
         const uint8_t *gb = wg + c * LLB_GB_BYTES(qt);
         dec_block32(qt, gb, q);
-        const __m512 d = load_f16x16(gb);
-        const float off = qt == LLB_Q4_0 ? -8.0f : qt == LLB_Q5_0 ? -16.0f : -128.0f;
-        const __m512 mw = qt == LLB_Q4_1 ? load_f16x16(gb + 32) : _mm512_mul_ps(d, _mm512_set1_ps(off));
+        const __m512 d = block_scale16(qt, gb);
+        const __m512 mw = LLB_HAS_MIN32(qt) ? load_f16x16(gb + 32) : _mm512_mul_ps(d, _mm512_set1_ps((float)-LLB_CODE_OFF32(qt)));
         codes_to_T(q, d, mw, d, mw, T);
     }
 }

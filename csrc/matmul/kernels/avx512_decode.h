@@ -33,15 +33,26 @@ LLB_AI TGT void add_fifth_bits(const uint8_t *plane, __m512i q[8]) {
     q[7] = _mm512_ternarylogic_epi32(q[7], _mm512_srli_epi16(h, 3), b4, 0xF8);
 }
 
-/* One 32-value block of Q4_0/Q4_1/Q5_0/Q8_0 (Q8_0's codes are stored as w + 128). */
+/* Nibbles -> grid[nibble] + off, one byte shuffle per vector. */
+LLB_AI TGT void grid_lookup(const int8_t grid[16], int off, __m512i q[8]) {
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_add_epi8(_mm_loadu_si128((const __m128i *)grid), _mm_set1_epi8((char)off)));
+    LLB_UNROLL
+    for (int t = 0; t < 8; t++) q[t] = _mm512_shuffle_epi8(lut, q[t]);
+}
+
+/* One 32-value block of a 32-block type as unsigned codes: Q8_0's are stored as w + 128, IQ4_NL's
+ * are its grid levels + 128, MXFP4's its doubled FP4 values + LLB_MXFP4_OFF (common.h). */
 LLB_AI TGT void dec_block32(const int qt, const uint8_t *gb, __m512i q[8]) {
     if (qt == LLB_Q8_0) {
         LLB_UNROLL
         for (int t = 0; t < 8; t++) q[t] = _mm512_loadu_si512(gb + 32 + 64 * t);
         return;
     }
-    dec_nibbles(gb + (qt == LLB_Q4_1 ? 64 : 32), q);
+    dec_nibbles(gb + LLB_NIBBLES32(qt), q);
     if (qt == LLB_Q5_0) add_fifth_bits(gb + LLB_Q5_0_PLANE, q);
+    if (qt == LLB_Q5_1) add_fifth_bits(gb + LLB_Q5_1_PLANE, q);
+    if (qt == LLB_IQ4_NL) grid_lookup(llb_iq4_grid, 128, q);
+    if (qt == LLB_MXFP4) grid_lookup(llb_fp4_grid, LLB_MXFP4_OFF, q);
 }
 
 /* Sub-block s (32 values) of a Q4_K/Q5_K/IQ4_XS group-block as unsigned codes: Q4_K's nibbles,
@@ -70,6 +81,16 @@ LLB_AI TGT void dec_q6k_sub(const uint8_t *sub, __m512i q[4]) {
 }
 
 LLB_AI TGT __m512 load_f16x16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+
+/* The 16 rows' scales of a 32-block group-block: fp16, or MXFP4's E8M0 bytes e as 2^(e-128)
+ * (the doubled grid's half), built from its bits: (e-1) << 23, subnormal 0x200000 << e for e < 2. */
+LLB_AI TGT __m512 block_scale16(const int qt, const uint8_t *gb) {
+    if (qt != LLB_MXFP4) return load_f16x16(gb);
+    const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)gb));
+    const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    const __mmask16 tiny = _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2));
+    return _mm512_castsi512_ps(_mm512_mask_sllv_epi32(normal, tiny, _mm512_set1_epi32(0x200000), e));
+}
 
 /* Results of M activation rows (rows of out `stride` floats apart), stored or, for a later
  * K chunk, added to what earlier chunks stored. */

@@ -37,7 +37,18 @@ static inline int32_t llb_ld32(const void *p) {
 #define LLB_GB_BYTES(qt)                                                                                              \
     ((qt) == LLB_Q4_0 ? LLB_GB_Q4_0 : (qt) == LLB_Q4_1 ? LLB_GB_Q4_1 : (qt) == LLB_Q5_0 ? LLB_GB_Q5_0 \
      : (qt) == LLB_Q8_0 ? LLB_GB_Q8_0 : (qt) == LLB_Q4_K ? LLB_GB_Q4_K : (qt) == LLB_Q5_K ? LLB_GB_Q5_K \
-     : (qt) == LLB_IQ4_XS ? LLB_GB_IQ4_XS : LLB_GB_Q6_K)
+     : (qt) == LLB_IQ4_XS ? LLB_GB_IQ4_XS : (qt) == LLB_Q5_1 ? LLB_GB_Q5_1 : (qt) == LLB_IQ4_NL ? LLB_GB_IQ4_NL \
+     : (qt) == LLB_MXFP4 ? LLB_GB_MXFP4 : LLB_GB_Q6_K)
+
+/* The 32-block types (packed as quants.h says): where a group-block's nibble vectors start, whether
+ * it carries a min (fp16 m[16] @32), and the offset MXFP4's codes are decoded with (doubled FP4
+ * values in [-12, 12] -> [0, 24]: unsigned for vpdpbusd, 4 quads per int16 sum in AVX2's). */
+#define LLB_NIBBLES32(qt) ((qt) == LLB_Q4_1 || (qt) == LLB_Q5_1 ? 64 : (qt) == LLB_MXFP4 ? LLB_MXFP4_CODES : 32)
+#define LLB_HAS_MIN32(qt) ((qt) == LLB_Q4_1 || (qt) == LLB_Q5_1)
+#define LLB_MXFP4_OFF 12
+/* The zero point of a 32-block type's decoded unsigned codes (weight = d * (code - offset)); 0 for the others. */
+#define LLB_CODE_OFF32(qt) \
+    ((qt) == LLB_Q4_0 ? 8 : (qt) == LLB_Q5_0 ? 16 : (qt) == LLB_Q8_0 || (qt) == LLB_IQ4_NL ? 128 : (qt) == LLB_MXFP4 ? LLB_MXFP4_OFF : 0)
 
 /* The group's summed rows for one activation row from the [quad][row][j] accumulator layout
  * of the exact kernels: out[r] = sum_j acc[4r + j]. */

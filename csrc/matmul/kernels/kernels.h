@@ -19,7 +19,7 @@
  * (LLB_XT, or n when n is smaller, so a GEMV's are contiguous) so that a GEMM
  * tile reaches all its rows from one pointer: for tile i / xt and block b, the
  * xt rows' blocks follow each other (see llb_act_at).
- * 32-blocks (for Q4_0/Q4_1/Q5_0/Q8_0): qs, d, bias, sum; 256-blocks (Q4_K/Q5_K/Q6_K/IQ4_XS): qs, then per
+ * 32-blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4): qs, d, bias, sum; 256-blocks (Q4_K/Q5_K/Q6_K/IQ4_XS): qs, then per
  * 32-value sub-block d and sum (8 of each), and bs16n. The 256-block only groups the codes the way
  * the K-quant weights do: every 32 values have their own scale, so that one outlier coarsens the
  * rounding of its 32 neighbours, not of 256 (measured on Gemma-3-270M, top-20 logits vs an FP32
