@@ -9,7 +9,7 @@
  * SIMD vector is then output row r, and one VNNI instruction (u8 x s8, four
  * products summed per lane) advances 16 rows at once. A group's blocks are
  * contiguous, so a thread streams one linear region (prefetch-friendly).
- * The last group is zero-padded (scale 0) to 16 rows.
+ * The last group is zero-padded (scale 0; MXFP4: codes 0, weight +0) to 16 rows.
  *
  * Packed group-block layouts (byte offsets; "d[16]" = 16 fp16, row r at 2r;
  * a "vector" is 64 bytes, byte 4r+j = row r, value j of the quad):
