@@ -275,14 +275,15 @@ def test_long_texts_get_smaller_batches(tmp_path, monkeypatch):
     folder, _, _ = _tiny_bert_dir(tmp_path)
     with llambda.load(folder, backend="numpy") as m:
         want = np.stack([m.embed([t])[0] for t in TINY_TEXTS])
-        shapes = []
+        batches = []
         forward = m.encoder.forward
-        monkeypatch.setattr(m.encoder, "forward", lambda ids, *a: shapes.append(ids.shape) or forward(ids, *a))
-        monkeypatch.setattr(api, "ATTENTION_BUDGET", 4 * 4 * 8 * 8)    # 4 rows of 8 tokens (4 heads)
+        monkeypatch.setattr(m.encoder, "forward", lambda ids, types, starts: batches.append(np.diff(starts))
+                            or forward(ids, types, starts))
+        monkeypatch.setattr(api, "TOKEN_BUDGET", 16)     # 16 tokens a batch; the longest text alone has 16
         got = m.embed(TINY_TEXTS, batch_size=32)
     assert np.abs(got - want).max() < 1e-5            # in the caller's order, whatever the batching
-    assert all(b * 4 * t * t <= 4 * 4 * 8 * 8 or b == 1 for b, t in shapes) and len(shapes) > 1
-    assert sum(b for b, _ in shapes) == len(TINY_TEXTS)
+    assert all(lens.sum() <= 16 or len(lens) == 1 for lens in batches) and len(batches) > 1
+    assert sum(len(lens) for lens in batches) == len(TINY_TEXTS)
 
 
 def test_cli_show_an_encoder(tmp_path, capsys):
