@@ -144,28 +144,40 @@ static AI void att_units(const att_ctx *c, long u0, long u1, int tid) {
             for (long j = t; j < tp; j++) kr[j] = 0;
         }
         for (long i = 0; i < t; i++) {
-            const float *q = base + i * ld + h * hd;
-            for (long j = 0; j < tp; j++) s[j] = 0;
-            for (long d = 0; d < hd; d++) {
-                const float qd = q[d] * c->scale;
-                const float *kr = kt + d * tp;
-                for (long j = 0; j < tp; j++) s[j] += qd * kr[j];
+            const float *restrict q = base + i * ld + h * hd;
+            float *restrict sc = s;
+            for (long jb = 0; jb < tp; jb += 16) {
+                float a16[16] = {0};
+                for (long d = 0; d < hd; d++) {
+                    const float qd = q[d] * c->scale;
+                    const float *restrict kr = kt + d * tp + jb;
+                    for (int jj = 0; jj < 16; jj++) a16[jj] += qd * kr[jj];
+                }
+                for (int jj = 0; jj < 16; jj++) sc[jb + jj] = a16[jj];
             }
             float m = -INFINITY;
-            for (long j = 0; j < t; j++) m = s[j] > m ? s[j] : m;
+            for (long j = 0; j < t; j++) m = sc[j] > m ? sc[j] : m;
+            for (long jb = 0; jb < tp; jb += 16)
+                for (int jj = 0; jj < 16; jj++) sc[jb + jj] = jb + jj < t ? exp_neg(sc[jb + jj] - m) : 0.0f;
             float z = 0;
-            for (long j = 0; j < tp; j++) s[j] = j < t ? exp_neg(s[j] - m) : 0.0f;
-            for (long j = 0; j < t; j++) z += s[j];
-            float acc[LLB_ENC_MAX_HEAD_DIM];
-            for (long d = 0; d < hd; d++) acc[d] = 0;
-            for (long j = 0; j < t; j++) {
-                const float p = s[j];
-                const float *v = base + j * ld + 2 * H + h * hd;
-                for (long d = 0; d < hd; d++) acc[d] += p * v[d];
-            }
-            float *o = c->out + (size_t)(t0 + i) * H + h * hd;
+            for (long j = 0; j < t; j++) z += sc[j];
             const float iz = 1.0f / z;
-            for (long d = 0; d < hd; d++) o[d] = acc[d] * iz;
+            float *restrict o = c->out + (size_t)(t0 + i) * H + h * hd;
+            long db = 0;
+            for (; db + 16 <= hd; db += 16) {
+                float a16[16] = {0};
+                for (long j = 0; j < t; j++) {
+                    const float p = sc[j];
+                    const float *restrict v = base + j * ld + 2 * H + h * hd + db;
+                    for (int dd = 0; dd < 16; dd++) a16[dd] += p * v[dd];
+                }
+                for (int dd = 0; dd < 16; dd++) o[db + dd] = a16[dd] * iz;
+            }
+            for (; db < hd; db++) {
+                float acc = 0;
+                for (long j = 0; j < t; j++) acc += sc[j] * base[j * ld + 2 * H + h * hd + db];
+                o[db] = acc * iz;
+            }
         }
     }
 }

@@ -391,6 +391,8 @@ class NativeBackend(Backend):
         dst = self._weights.alloc(C.dense_packed_size(fmt, rows, cols))
         C.dense_pack(fmt, w, dst, rows, cols)
         self.weight_bytes += dst.nbytes
+        if not self.exact:
+            self.precision = "bfloat16 products"
         b = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
         return NativeDense(fmt, dst, b, rows, cols)
 
