@@ -24,6 +24,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]      # this checkout's llambda, not an installed one
 
 SUBJECTS = ["The cat", "A young man", "My neighbour", "The old train", "Our team", "The committee",
             "A small bird", "The new phone"]
@@ -43,6 +46,7 @@ def worker(kind: str, threads: int, rounds: int, model_dir: str, out_npy: str) -
     batch = sentences(32)
     if kind.startswith("ours"):
         import llambda
+        print(f"llambda from {Path(llambda.__file__).parent}", file=sys.stderr)
         m = llambda.load(model_dir, backend="native", threads=threads, activations=kind.split("-")[1])
         run = m.embed
     else:
@@ -67,6 +71,8 @@ def worker(kind: str, threads: int, rounds: int, model_dir: str, out_npy: str) -
 
 def _run(kind: str, py: str, t: int, rounds: int, model_dir: str, out: str) -> dict | str:
     env = dict(os.environ, OPENBLAS_NUM_THREADS=str(t), OMP_NUM_THREADS=str(t), MKL_NUM_THREADS=str(t))
+    if kind.startswith("ours"):
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
     proc = subprocess.run([py, __file__, "--worker", kind, "--threads", str(t), "--rounds", str(rounds),
                            "--model-dir", model_dir, "--out", out], env=env, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -93,6 +99,7 @@ def main() -> None:
         return
 
     import numpy as np
+    sys.path.insert(0, str(ROOT))
     from llambda import hub
     model_dir = str(hub.resolve(a.model))
     kinds = [(f"ours-{act}", sys.executable, f"llambda {act}") for act in a.activations]
