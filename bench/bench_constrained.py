@@ -89,6 +89,7 @@ def main(argv=None) -> int:
     server = Engine("server", cmd, port, env={"PYTHONPATH": str(ROOT)})
     print(f"== {' '.join(cmd)}", file=sys.stderr)
     server.start()
+    load0 = os.getloadavg()[0]
     rows = []
     try:
         mid = model_id(server)
@@ -118,7 +119,8 @@ def main(argv=None) -> int:
 
     print(f"\n{Path(a.model).name}, {threads} threads, {a.parallel} slots, {min(lengths)}-{max(lengths)} tokens per "
           f"request (as the constrained answer), {a.requests_per_stream} requests per stream, "
-          f"median of {a.repeat} passes\n")
+          f"median of {a.repeat} passes; wall-clock tok/s and TTFT; load average {load0:.1f} at the start, "
+          f"{os.getloadavg()[0]:.1f} at the end\n")
     print("| streams | free tok/s | json_schema tok/s | cost | free TTFT ms | json_schema TTFT ms | TTFT growth ms "
           "| CPU ms/token free, json | cost in CPU | outside-forward us/token free, json |")
     print("|---|---|---|---|---|---|---|---|---|---|")

@@ -1,12 +1,18 @@
 """Embedding throughput on all-MiniLM-L6-v2 (not a test).
 
-    python bench/bench_embeddings.py [--threads 1 2] [--rounds 20] [--st-python PYTHON]
+    python bench/bench_embeddings.py [--threads 1 2] [--rounds 20] [--repeats 5] [--activations f32 q8]
+                                     [--st-python PYTHON]
 
-Sentences/s for batches of 32 short sentences: llambda (native backend, f32 activations) and,
-where it can be imported, sentence-transformers on PyTorch CPU with the same number of threads
-(torch.set_num_threads; our NumPy's BLAS gets the same count). `--st-python` names an interpreter
-that has sentence-transformers (a venv with the CPU torch wheel, say), since PyTorch is not one of
-llambda's dependencies. Each run is its own process, so thread settings do not leak between them.
+Sentences/s for batches of 32 short sentences: llambda (native backend; `--activations f32`, the
+encoders' default, is the exact mode with float32 weights, `q8` the fast mode with bfloat16 weights
+and activations) and, where it can be imported, sentence-transformers on PyTorch CPU with the same
+number of threads (torch.set_num_threads; our NumPy's BLAS gets the same count). `--st-python` names
+an interpreter that has sentence-transformers (a venv with the CPU torch wheel, say), since PyTorch is
+not one of llambda's dependencies. Each run is its own process, so thread settings do not leak between
+them; the engines alternate, `--repeats` times each, and each run reports the median of its rounds:
+the figures are the medians of those (and the range), with the load average before and after.
+Sentences per CPU-second of the process (all its threads: a thread spinning in a pool counts) is
+printed beside wall-clock: on a loaded machine it is the steadier figure.
 It also prints the lowest cosine similarity between the two sets of vectors.
 """
 from __future__ import annotations
@@ -18,6 +24,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]      # this checkout's llambda, not an installed one
 
 SUBJECTS = ["The cat", "A young man", "My neighbour", "The old train", "Our team", "The committee",
             "A small bird", "The new phone"]
@@ -35,9 +44,10 @@ def sentences(n: int = 32) -> list[str]:
 def worker(kind: str, threads: int, rounds: int, model_dir: str, out_npy: str) -> None:
     import numpy as np
     batch = sentences(32)
-    if kind == "ours":
+    if kind.startswith("ours"):
         import llambda
-        m = llambda.load(model_dir, backend="native", threads=threads)
+        print(f"llambda from {Path(llambda.__file__).parent}", file=sys.stderr)
+        m = llambda.load(model_dir, backend="native", threads=threads, activations=kind.split("-")[1])
         run = m.embed
     else:
         import torch
@@ -49,24 +59,38 @@ def worker(kind: str, threads: int, rounds: int, model_dir: str, out_npy: str) -
             return st.encode(texts, batch_size=32, normalize_embeddings=True, convert_to_numpy=True)
     for _ in range(3):
         vecs = run(batch)                       # warm-up (allocations, first-call paths)
-    times = []
+    times, cpu = [], []
     for _ in range(rounds):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         run(batch)
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
     np.save(out_npy, np.asarray(vecs, dtype=np.float32))
-    times.sort()
-    print(json.dumps({"median_s": times[len(times) // 2], "best_s": times[0]}))
+    print(json.dumps({"median_s": sorted(times)[len(times) // 2], "cpu_s": sorted(cpu)[len(cpu) // 2]}))
+
+
+def _run(kind: str, py: str, t: int, rounds: int, model_dir: str, out: str) -> dict | str:
+    env = dict(os.environ, OPENBLAS_NUM_THREADS=str(t), OMP_NUM_THREADS=str(t), MKL_NUM_THREADS=str(t))
+    if kind.startswith("ours"):
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
+    proc = subprocess.run([py, __file__, "--worker", kind, "--threads", str(t), "--rounds", str(rounds),
+                           "--model-dir", model_dir, "--out", out], env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        return (proc.stderr.strip().splitlines()[-1:] or ["?"])[0]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=20, help="timed batches in each run")
+    ap.add_argument("--repeats", type=int, default=5, help="runs of each engine, alternated")
+    ap.add_argument("--activations", nargs="+", default=["f32"], choices=["f32", "q8"],
+                    help="llambda's modes to run (f32 exact, q8 fast: bfloat16 products)")
     ap.add_argument("--model", default="all-minilm-l6-v2", help="catalogued name or HF directory")
     ap.add_argument("--st-python", default=sys.executable,
                     help="an interpreter with sentence-transformers (default: this one)")
-    ap.add_argument("--worker", choices=["ours", "st"], help=argparse.SUPPRESS)
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -75,32 +99,49 @@ def main() -> None:
         return
 
     import numpy as np
+    sys.path.insert(0, str(ROOT))
     from llambda import hub
     model_dir = str(hub.resolve(a.model))
-    print(f"model {a.model}: batches of 32 short sentences, {a.rounds} timed rounds, median (best)")
+    kinds = [(f"ours-{act}", sys.executable, f"llambda {act}") for act in a.activations]
+    kinds.append(("st", a.st_python, "sentence-transformers"))
+    print(f"model {a.model}: batches of 32 short sentences, {a.repeats} alternated runs of {a.rounds} "
+          f"timed batches each; sentences/s, median of the runs' medians (min-max)")
     with tempfile.TemporaryDirectory() as tmp:
         for t in a.threads:
-            env = dict(os.environ, OPENBLAS_NUM_THREADS=str(t), OMP_NUM_THREADS=str(t), MKL_NUM_THREADS=str(t))
-            res = {}
-            for kind, py in (("ours", sys.executable), ("st", a.st_python)):
-                out = os.path.join(tmp, f"{kind}{t}.npy")
-                proc = subprocess.run([py, __file__, "--worker", kind, "--threads", str(t), "--rounds",
-                                       str(a.rounds), "--model-dir", model_dir, "--out", out],
-                                      env=env, capture_output=True, text=True)
-                if proc.returncode != 0:
-                    tail = proc.stderr.strip().splitlines()[-1:] or ["?"]
-                    print(f"  {t} thread(s) {kind:>4}: not run ({tail[0]})")
+            load0 = os.getloadavg()[0]
+            rates: dict[str, list[float]] = {k: [] for k, _, _ in kinds}
+            cpu_rates: dict[str, list[float]] = {k: [] for k, _, _ in kinds}
+            vecs, failed = {}, {}
+            for _ in range(a.repeats):
+                for kind, py, _ in kinds:
+                    if kind in failed:
+                        continue
+                    out = os.path.join(tmp, f"{kind}{t}.npy")
+                    r = _run(kind, py, t, a.rounds, model_dir, out)
+                    if isinstance(r, str):
+                        failed[kind] = r
+                        continue
+                    rates[kind].append(32 / r["median_s"])
+                    cpu_rates[kind].append(32 / max(r["cpu_s"], 1e-9))
+                    vecs[kind] = np.load(out)
+            print(f"  {t} thread(s), load average {load0:.1f} -> {os.getloadavg()[0]:.1f}:")
+            med, cmed = {}, {}
+            for kind, _, label in kinds:
+                if kind in failed:
+                    print(f"    {label:>21}: not run ({failed[kind]})")
                     continue
-                r = json.loads(proc.stdout.strip().splitlines()[-1])
-                res[kind] = (r, np.load(out))
-                label = "llambda" if kind == "ours" else "sentence-transformers"
-                print(f"  {t} thread(s) {label:>21}: {32 / r['median_s']:8.1f} sentences/s "
-                      f"({32 / r['best_s']:.1f})", flush=True)
-            if len(res) == 2:
-                (ro, vo), (rs, vs) = res["ours"], res["st"]
-                cos = (vo * vs).sum(1) / (np.linalg.norm(vo, axis=1) * np.linalg.norm(vs, axis=1))
-                print(f"  {t} thread(s): llambda / sentence-transformers = {rs['median_s'] / ro['median_s']:.2f}x, "
-                      f"lowest cosine {cos.min():.6f}")
+                med[kind], cmed[kind] = float(np.median(rates[kind])), float(np.median(cpu_rates[kind]))
+                print(f"    {label:>21}: {med[kind]:8.1f} sentences/s ({min(rates[kind]):.1f}-{max(rates[kind]):.1f}); "
+                      f"{cmed[kind]:8.1f} per CPU-second of the process")
+            if "st" in med:
+                vs = vecs["st"]
+                for kind, _, label in kinds[:-1]:
+                    if kind in med:
+                        vo = vecs[kind]
+                        cos = (vo * vs).sum(1) / (np.linalg.norm(vo, axis=1) * np.linalg.norm(vs, axis=1))
+                        print(f"    {label} / sentence-transformers = {med[kind] / med['st']:.2f}x wall-clock, "
+                              f"{cmed[kind] / cmed['st']:.2f}x per CPU-second, lowest cosine {cos.min():.6f}",
+                              flush=True)
 
 
 if __name__ == "__main__":

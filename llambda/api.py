@@ -20,7 +20,7 @@ from .formats.open import open_model
 from .hub import is_catalogued, resolve
 from .models import memory
 from .models.base import Transformer
-from .models.bert import BertConfig, BertEncoder, pad_batch
+from .models.bert import BertConfig, BertEncoder, pack_batch
 from .sampling import SamplingParams
 
 DEFAULT_CTX = 4096
@@ -34,7 +34,8 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
     """Load a catalogued model name, a .gguf file or a Hugging Face model directory.
 
     backend: "native" (the C core, default where it built) or "numpy" (the FP32 reference).
-    activations: native only; "f32" for the exact mode, "q8" (default) quantizes activations to 8 bits.
+    activations: native only; "f32" for the exact mode, "q8" (default) quantizes activations to 8 bits
+        (an encoder's fast mode: bfloat16 weights and activations, float32 sums).
     n_ctx: context length per sequence (default min(training context, 4096)); n_slots: sequences held at once.
     quantize: re-quantize float weights at load (e.g. "q8_0") so the fast kernels apply.
     kv_type: native only; "f32" (default) or "f16" KV cache. f16 halves the cache but moves logits:
@@ -399,9 +400,9 @@ def _load_encoder(name_or_path, path: Path, src, backend, threads, activations, 
     try:
         if quantize:
             raise InvalidInputError("quantize= is not supported for encoder models")
-        # encoders default to exact f32 activations: the fast path's 8-bit activations cost
-        # more cosine than embeddings can spare
-        be = create_backend(backend, threads=threads, activations=activations or "f32")
+        # an encoder's fast mode (the default) multiplies bfloat16 weights and activations with float32
+        # sums (all-MiniLM-L6-v2: cosine >= 0.99997 to float64); activations="f32" keeps float32 weights
+        be = create_backend(backend, threads=threads, activations=activations)
         enc = BertEncoder(src.config, src.tensor, be)
     except BaseException:
         src.close()
@@ -411,8 +412,9 @@ def _load_encoder(name_or_path, path: Path, src, backend, threads, activations, 
     return m
 
 
-# floats of attention scores one encoder batch may hold (16M: 64 MB); longer texts, smaller batches
-ATTENTION_BUDGET = 1 << 24
+# tokens one encoder batch may hold (its widest activation, tokens x intermediate size floats, is
+# 100 MB for a 1536-wide MLP); longer texts, smaller batches
+TOKEN_BUDGET = 1 << 14
 
 
 class EncoderModel:
@@ -463,40 +465,44 @@ class EncoderModel:
 
     def embed(self, texts, batch_size: int = 32) -> np.ndarray:
         """(n, hidden) L2-normalized sentence vectors, pooled as the model says (mean over the
-        real tokens for sentence-transformers models). Batched: each batch of `batch_size`
-        inputs is padded to its longest and masked."""
+        real tokens for sentence-transformers models). Batched: each batch of up to `batch_size`
+        inputs is packed back to back (no padding); a vector does not depend on its batch."""
         items = _embed_inputs(texts)
-        cfg = self.config
-        out = np.empty((len(items), cfg.hidden), np.float32)
-        pad = self.tokenizer.pad_id if self.tokenizer is not None and self.tokenizer.pad_id is not None else 0
+        out = np.empty((len(items), self.config.hidden), np.float32)
         encoded = self._encode(items)
-        # by length, as sentence-transformers batches: less padding, and a batch of long texts is
-        # made smaller so its attention scores (batch x heads x t x t floats) stay within a budget
-        order = sorted(range(len(items)), key=lambda i: len(encoded[i][0]))
         with self._lock:
-            s = 0
-            while s < len(order):
-                n = max(1, int(batch_size))
-                while n > 1 and n * cfg.n_heads * len(encoded[order[min(s + n, len(order)) - 1]][0]) ** 2 \
-                        > ATTENTION_BUDGET:
-                    n //= 2
-                rows = order[s:s + n]
-                ids, types, mask = pad_batch([encoded[i] for i in rows], pad)
-                out[rows] = self.encoder.pool(self.encoder.forward(ids, types, mask), mask)
-                s += len(rows)
+            for rows in self._batches([len(ids) for ids, _ in encoded], batch_size):
+                ids, types, starts = pack_batch([encoded[i] for i in rows])
+                out[rows] = self.encoder.pool(self.encoder.forward(ids, types, starts), starts)
         return out
+
+    @staticmethod
+    def _batches(lens: list[int], batch_size: int):
+        """Input indices in batches of up to batch_size inputs and TOKEN_BUDGET tokens (one input
+        alone may exceed it), by length as sentence-transformers batches."""
+        order = sorted(range(len(lens)), key=lens.__getitem__)
+        rows: list[int] = []
+        tokens = 0
+        for i in order:
+            if rows and (len(rows) >= max(1, int(batch_size)) or tokens + lens[i] > TOKEN_BUDGET):
+                yield rows
+                rows, tokens = [], 0
+            rows.append(i)
+            tokens += lens[i]
+        if rows:
+            yield rows
 
     def score(self, query: str, documents: Seq[str], batch_size: int = 32) -> np.ndarray:
         """A cross-encoder's relevance logit of each document for the query (its first label)."""
         if not self.is_reranker:
             raise InvalidInputError("this model is not a reranker (no sequence-classification head)")
-        pad = self.tokenizer.pad_id if self.tokenizer.pad_id is not None else 0
         out = np.empty(len(documents), np.float32)
         with self._lock:
             for s in range(0, len(documents), batch_size):
                 pairs = [(query, d) for d in documents[s:s + batch_size]]
-                ids, types, mask = pad_batch(self._tok().encode_for_encoder(pairs, self.config.max_tokens), pad)
-                out[s:s + len(pairs)] = self.encoder.classify(self.encoder.forward(ids, types, mask))[:, 0]
+                ids, types, starts = pack_batch(self._tok().encode_for_encoder(pairs, self.config.max_tokens))
+                hidden = self.encoder.forward(ids, types, starts)
+                out[s:s + len(pairs)] = self.encoder.classify(hidden, starts)[:, 0]
         return out
 
     def memory_report(self) -> dict[str, int]:

@@ -4,4 +4,5 @@
 extern PyMethodDef llb_core_methods[];
 extern PyMethodDef llb_matmul_methods[];
 extern PyMethodDef llb_ops_methods[];
+extern PyMethodDef llb_encoder_methods[];
 #endif

@@ -11,6 +11,7 @@ static PyMethodDef *const tables[] = {
     llb_core_methods,    /* py_core.c: isa selection, thread pool, counters */
     llb_matmul_methods,  /* py_matmul.c: quantized matmul, repack, activation quantization */
     llb_ops_methods,     /* py_ops.c: rmsnorm, rope, attention, activations, kv cache */
+    llb_encoder_methods, /* py_encoder.c: dense products, layernorm, attention of packed sequences */
 };
 
 static PyMethodDef all_methods[256];

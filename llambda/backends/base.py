@@ -176,6 +176,25 @@ class Backend(ABC):
         """In place: 0.5 x (1 + erf(x / sqrt 2)), the exact GELU of BERT-family encoders."""
         raise NotImplementedError(f"the {self.name} backend has no gelu_erf")
 
+    # -- encoders (models/bert.py): a batch's sequences packed back to back, no padding --
+    def prepare_dense(self, w: np.ndarray, bias: np.ndarray | None):
+        """A handle for dense(): a float32 (rows=out, cols=in) matrix and its bias (or None)."""
+        raise NotImplementedError(f"the {self.name} backend has no encoder ops")
+
+    def dense(self, x: np.ndarray, d, out: np.ndarray) -> None:
+        """out = x @ W^T + bias."""
+        raise NotImplementedError(f"the {self.name} backend has no encoder ops")
+
+    def add_layernorm(self, x: np.ndarray, r: np.ndarray | None, w: np.ndarray, b: np.ndarray, eps: float,
+                      out: np.ndarray) -> None:
+        """out = layernorm(x + r) * w + b over each row (r may be None; out may be x or r)."""
+        raise NotImplementedError(f"the {self.name} backend has no encoder ops")
+
+    def encoder_attention(self, qkv: np.ndarray, starts: np.ndarray, n_heads: int, out: np.ndarray) -> None:
+        """Bidirectional attention of each sequence, rows [starts[s], starts[s + 1]), over itself: qkv
+        rows are [q | k | v] (n_heads heads each), out (n, hidden); scores scaled by 1/sqrt(head_dim)."""
+        raise NotImplementedError(f"the {self.name} backend has no encoder ops")
+
     @abstractmethod
     def add(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None: ...
 

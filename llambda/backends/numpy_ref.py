@@ -142,6 +142,35 @@ class NumpyBackend(Backend):
     def gelu_erf(self, x) -> None:
         x *= 0.5 * (1.0 + _erf(x.astype(np.float64) / np.sqrt(2.0)))
 
+    def prepare_dense(self, w, bias):
+        b = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
+        return np.ascontiguousarray(w, dtype=np.float32), b
+
+    def dense(self, x, d, out) -> None:
+        w, b = d
+        np.matmul(x, w.T, out=out)
+        if b is not None:
+            out += b
+
+    def add_layernorm(self, x, r, w, b, eps, out) -> None:
+        y = x + r if r is not None else x.copy()
+        y -= y.mean(axis=-1, keepdims=True)
+        y *= 1.0 / np.sqrt(np.mean(y * y, axis=-1, keepdims=True) + np.float32(eps))
+        out[...] = y * w + b
+
+    def encoder_attention(self, qkv, starts, n_heads, out) -> None:
+        n, h3 = qkv.shape
+        hd = h3 // 3 // n_heads
+        heads = qkv.reshape(n, 3, n_heads, hd)
+        for s in range(len(starts) - 1):
+            rows = slice(int(starts[s]), int(starts[s + 1]))
+            q, k, v = (heads[rows, i].transpose(1, 0, 2) for i in range(3))          # (heads, t, hd)
+            sc = np.matmul(q, k.transpose(0, 2, 1)) * np.float32(1 / np.sqrt(hd))
+            sc -= sc.max(axis=-1, keepdims=True)
+            np.exp(sc, out=sc)
+            sc /= sc.sum(axis=-1, keepdims=True)
+            out[rows] = np.matmul(sc, v).transpose(1, 0, 2).reshape(-1, n_heads * hd)
+
     def add(self, a, b, out) -> None:
         np.add(a, b, out=out)
 

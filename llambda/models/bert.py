@@ -3,14 +3,14 @@
 
 An encoder shares nothing with the decoder's forward (models/base.py): absolute position and
 token-type embeddings, LayerNorm with bias after the embeddings and after each block (post-norm),
-bidirectional attention over the padded batch (a key mask, no causal mask, no KV cache), an erf
-GELU MLP. The matrix products go through the Backend (`matmul`, so the native backend's
-kernels run them on F32/F16 weights); the rest is a few NumPy lines per layer, which cost little
-next to the products at these sizes (the GELU is a backend op: erf is costly in NumPy).
+bidirectional attention within each sequence (no causal mask, no KV cache), an erf GELU MLP.
+A batch's sequences are packed back to back, no padding: every linear layer runs once over all
+the batch's real tokens, and attention runs per sequence on its own length. Everything runs
+through the Backend's encoder ops (dense products with their bias, the residual layernorm, the
+packed attention, the GELU), so the native backend does a layer in a few C calls.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -137,13 +137,6 @@ def config_from_gguf(meta: dict) -> BertConfig:
         raise ModelFormatError(str(e).replace("config.json:", "GGUF metadata (bert.*):")) from None
 
 
-def _layernorm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
-    mu = x.mean(axis=-1, keepdims=True)
-    d = x - mu
-    var = np.mean(d * d, axis=-1, keepdims=True)
-    return d * (1.0 / np.sqrt(var + np.float32(eps))) * w + b
-
-
 class BertEncoder:
     """The weights of one BERT on a backend, and its batched forward pass."""
 
@@ -164,8 +157,16 @@ class BertEncoder:
         def vec(name, n=H):
             return backend.prepare_vector(get(name, (n,)))
 
-        def mat(name, rows=H, cols=H):
-            return backend.prepare_matrix(get(name, (rows, cols)))
+        def f32w(name, rows=H, cols=H):
+            return np.asarray(get(name, (rows, cols)).to_float32(), dtype=np.float32).reshape(rows, cols)
+
+        def f32b(name, n=H):
+            return np.asarray(get(name, (n,)).to_float32(), dtype=np.float32).reshape(n)
+
+        def dense(*names, rows=H, cols=H):
+            """One product for the named linear layers (Q, K and V as one), their biases concatenated."""
+            w = np.concatenate([f32w(n + ".weight", rows, cols) for n in names])
+            return backend.prepare_dense(w, np.concatenate([f32b(n + ".bias", rows) for n in names]))
 
         def f32(name, rows):
             return np.ascontiguousarray(get(name, (rows, H)).to_float32(), dtype=np.float32).reshape(rows, H)
@@ -178,81 +179,73 @@ class BertEncoder:
         for i in range(cfg.n_layers):
             p = f"encoder.layer.{i}."
             self.layers.append({
-                "q": (mat(p + "attention.self.query.weight"), vec(p + "attention.self.query.bias")),
-                "k": (mat(p + "attention.self.key.weight"), vec(p + "attention.self.key.bias")),
-                "v": (mat(p + "attention.self.value.weight"), vec(p + "attention.self.value.bias")),
-                "o": (mat(p + "attention.output.dense.weight"), vec(p + "attention.output.dense.bias")),
+                "qkv": dense(p + "attention.self.query", p + "attention.self.key", p + "attention.self.value"),
+                "o": dense(p + "attention.output.dense"),
                 "ln1": (vec(p + "attention.output.LayerNorm.weight"), vec(p + "attention.output.LayerNorm.bias")),
-                "up": (mat(p + "intermediate.dense.weight", F, H), vec(p + "intermediate.dense.bias", F)),
-                "down": (mat(p + "output.dense.weight", H, F), vec(p + "output.dense.bias")),
+                "up": dense(p + "intermediate.dense", rows=F, cols=H),
+                "down": dense(p + "output.dense", rows=H, cols=F),
                 "ln2": (vec(p + "output.LayerNorm.weight"), vec(p + "output.LayerNorm.bias")),
             })
         self.head = None
         if cfg.n_labels:
-            self.head = {"pool": (mat("pooler.dense.weight"), vec("pooler.dense.bias")),
-                         "cls": (mat("classifier.weight", cfg.n_labels, H), vec("classifier.bias", cfg.n_labels))}
+            self.head = {"pool": dense("pooler.dense"), "cls": dense("classifier", rows=cfg.n_labels)}
         backend.end_load()
 
-    def _linear(self, x: np.ndarray, wb) -> np.ndarray:
-        w, b = wb
-        out = np.empty((x.shape[0], b.shape[0]), np.float32)
-        self.backend.matmul(x, w, out)
-        out += b
+    def _dense(self, x: np.ndarray, d, rows: int) -> np.ndarray:
+        out = np.empty((x.shape[0], rows), np.float32)
+        self.backend.dense(x, d, out)
         return out
 
-    def forward(self, ids: np.ndarray, type_ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        """Hidden states (b, t, hidden) of a right-padded batch; mask (b, t) is 1 on real tokens."""
-        cfg = self.cfg
-        b, t = ids.shape
-        if t > self.pos.shape[0]:
-            raise ValueError(f"{t} tokens is beyond the {self.pos.shape[0]} positions of this model")
-        self.backend.begin_forward()
-        x = self.word[ids] + self.pos[:t][None] + self.types[type_ids]
-        x = _layernorm(x, *self.emb_ln, cfg.eps).reshape(b * t, cfg.hidden).astype(np.float32)
-        # padded keys get -inf-like scores: exp() of them is exactly 0, as in transformers
-        key_bias = np.where(mask[:, None, None, :] > 0, np.float32(0), np.float32(-1e30))
-        h, hd = cfg.n_heads, cfg.head_dim
-        scale = np.float32(1 / math.sqrt(hd))
+    def forward(self, ids: np.ndarray, type_ids: np.ndarray, starts: np.ndarray) -> np.ndarray:
+        """Hidden states (n, hidden) of sequences packed back to back: sequence s is rows
+        [starts[s], starts[s + 1]) of ids and type_ids (n,); starts is int32, from 0 to n."""
+        cfg, be = self.cfg, self.backend
+        H, F = cfg.hidden, cfg.ffn
+        lens = np.diff(starts)
+        if lens.max() > self.pos.shape[0]:
+            raise ValueError(f"{lens.max()} tokens is beyond the {self.pos.shape[0]} positions of this model")
+        be.begin_forward()
+        n = ids.shape[0]
+        pos = np.arange(n) - np.repeat(starts[:-1], lens)
+        x = self.word[ids]
+        x += self.pos[pos]
+        x += self.types[type_ids]
+        be.add_layernorm(x, None, *self.emb_ln, cfg.eps, x)
+        ctx, up = np.empty((n, H), np.float32), np.empty((n, F), np.float32)
         for L in self.layers:
-            q = self._linear(x, L["q"]).reshape(b, t, h, hd).transpose(0, 2, 1, 3)
-            k = self._linear(x, L["k"]).reshape(b, t, h, hd).transpose(0, 2, 3, 1)
-            v = self._linear(x, L["v"]).reshape(b, t, h, hd).transpose(0, 2, 1, 3)
-            s = np.matmul(q, k) * scale + key_bias                 # (b, h, t, t), bidirectional
-            s -= s.max(axis=-1, keepdims=True)
-            np.exp(s, out=s)
-            s /= s.sum(axis=-1, keepdims=True)
-            ctx = np.ascontiguousarray(np.matmul(s, v).transpose(0, 2, 1, 3)).reshape(b * t, cfg.hidden)
-            x = _layernorm(x + self._linear(ctx, L["o"]), *L["ln1"], cfg.eps)
-            up = self._linear(x, L["up"])
-            self.backend.gelu_erf(up)
-            x = _layernorm(x + self._linear(up, L["down"]), *L["ln2"], cfg.eps)
-            x = np.ascontiguousarray(x, dtype=np.float32)
-        return x.reshape(b, t, cfg.hidden)
+            qkv = self._dense(x, L["qkv"], 3 * H)
+            be.encoder_attention(qkv, starts, cfg.n_heads, ctx)
+            att = self._dense(ctx, L["o"], H)
+            be.add_layernorm(att, x, *L["ln1"], cfg.eps, x)          # x = LN(x + attention)
+            be.dense(x, L["up"], up)
+            be.gelu_erf(up)
+            be.dense(up, L["down"], att)
+            be.add_layernorm(att, x, *L["ln2"], cfg.eps, x)          # x = LN(x + MLP)
+        return x
 
-    def pool(self, hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        """One L2-normalized vector per row: the mean over real tokens, or [CLS]'s state."""
+    def pool(self, hidden: np.ndarray, starts: np.ndarray) -> np.ndarray:
+        """One L2-normalized vector per sequence: the mean over its tokens, or [CLS]'s state."""
         if self.cfg.pooling == "cls":
-            v = hidden[:, 0]
+            v = hidden[starts[:-1]]
         else:
-            m = mask[..., None].astype(np.float32)
-            v = (hidden * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1.0)
+            v = np.add.reduceat(hidden, starts[:-1], axis=0) / np.diff(starts)[:, None].astype(np.float32)
         norm = np.linalg.norm(v, axis=-1, keepdims=True)
         return (v / np.maximum(norm, 1e-12)).astype(np.float32)
 
-    def classify(self, hidden: np.ndarray) -> np.ndarray:
+    def classify(self, hidden: np.ndarray, starts: np.ndarray) -> np.ndarray:
         """The sequence-classification logits (b, n_labels): tanh pooler on [CLS], then the head."""
         if self.head is None:
             raise ValueError("this model has no classification head")
-        pooled = np.tanh(self._linear(np.ascontiguousarray(hidden[:, 0]), self.head["pool"]))
-        return self._linear(np.ascontiguousarray(pooled, dtype=np.float32), self.head["cls"])
+        cls = np.ascontiguousarray(hidden[starts[:-1]])
+        pooled = np.tanh(self._dense(cls, self.head["pool"], self.cfg.hidden))
+        return self._dense(np.ascontiguousarray(pooled, dtype=np.float32), self.head["cls"], self.cfg.n_labels)
 
 
-def pad_batch(encoded: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[np.ndarray, ...]:
-    """Right-padded (ids, type_ids, mask) arrays of one batch, as long as its longest row."""
-    t = max(len(ids) for ids, _ in encoded)
-    ids = np.full((len(encoded), t), pad_id, np.int64)
-    types = np.zeros((len(encoded), t), np.int64)
-    mask = np.zeros((len(encoded), t), np.int32)
-    for r, (i, ty) in enumerate(encoded):
-        ids[r, :len(i)], types[r, :len(ty)], mask[r, :len(i)] = i, ty, 1
-    return ids, types, mask
+def pack_batch(encoded: list[tuple[list[int], list[int]]]) -> tuple[np.ndarray, ...]:
+    """(ids, type_ids, starts) of one batch packed back to back: sequence s is rows [starts[s], starts[s + 1])."""
+    lens = [len(ids) for ids, _ in encoded]
+    starts = np.zeros(len(encoded) + 1, np.int32)
+    np.cumsum(lens, out=starts[1:])
+    ids = np.fromiter((t for i, _ in encoded for t in i), np.int64, count=int(starts[-1]))
+    types = np.fromiter((t for _, ty in encoded for t in ty), np.int64, count=int(starts[-1]))
+    return ids, types, starts
