@@ -173,7 +173,8 @@ class Model:
     def _sync(self, ids: list[int]) -> None:
         """Make slot 0 hold the keys/values of exactly `ids`, reusing the prefix it holds; what it
         lacks is prefilled as a prompt is. Call holding the lock."""
-        common = engine.common_prefix(self._cached, ids)
+        # a hybrid model's recurrent state resumes only where it is (Transformer.resume_point)
+        common = self.transformer.resume_point(0, engine.common_prefix(self._cached, ids))
         self._cached = self._cached[:common]
         if common < len(ids):
             engine.prefill(self.transformer, 0, ids[common:], common)

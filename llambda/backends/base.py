@@ -28,10 +28,11 @@ class KVCache:
         self.n_kv, self.head_dim, self.dtype = n_kv, head_dim, np.dtype(dtype)
         self.k, self.v, self.extra = k, v, extra
         self.kbase = [None] * n_layers      # per layer: a q8_0 cache's key bases (native backend), else None
+        self.state: list = []               # a hybrid model's recurrent state per slot (models/base.py)
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.k + self.v + self.kbase if a is not None)
+        return sum(a.nbytes for a in self.k + self.v + self.kbase + self.state if a is not None)
 
     def commit(self) -> None:
         """Write every page of the cache now (the arena is zeroed lazily: each page is faulted
@@ -148,6 +149,15 @@ class Backend(ABC):
                   out: np.ndarray, scale: float, window: int, softcap: float) -> None:
         """Causal attention of q (n, heads, head_dim) over each token's slot, keys at
         positions max(0, p-window+1)..p (window 0: all up to p)."""
+
+    def short_conv(self, bcx: np.ndarray, state: np.ndarray, state_pos: np.ndarray, kernel: np.ndarray,
+                   slots: np.ndarray, pos: np.ndarray, out: np.ndarray) -> None:
+        """LFM2's gated short convolution, token by token in batch order: bcx (n, 3d) holds B, C, x;
+        u = B * x; out = C * (sum_j kernel[:, j] * window[j]), window the slot's last L - 1 u (its
+        state, (n_slots, L - 1, d), oldest first) then this u; the state then drops its oldest row
+        and keeps u. A token at position 0 starts from a zero state; state_pos (n_slots,) counts
+        the tokens each slot's state has taken in (the caller checks each position continues it)."""
+        raise NotImplementedError(f"the {self.name} backend has no short convolutions")
 
     @abstractmethod
     def silu_mul(self, gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> None: ...

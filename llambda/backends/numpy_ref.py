@@ -66,6 +66,24 @@ class NumpyBackend(Backend):
             acc += s * shared
         out[...] = acc
 
+    def short_conv(self, bcx, state, state_pos, kernel, slots, pos, out) -> None:
+        d = out.shape[1]
+        width = kernel.shape[1]
+        for t in range(len(slots)):        # in batch order: a slot's tokens continue its state
+            s = int(slots[t])
+            if pos[t] == 0:
+                state[s] = 0
+            b, c, x = bcx[t, :d], bcx[t, d:2 * d], bcx[t, 2 * d:]
+            u = b * x
+            y = np.zeros(d, np.float32)
+            for j in range(width - 1):
+                y += kernel[:, j] * state[s, j]
+            y += kernel[:, width - 1] * u
+            state[s, :-1] = state[s, 1:].copy()
+            state[s, -1] = u
+            state_pos[s] = pos[t] + 1
+            out[t] = c * y
+
     def embed(self, table: np.ndarray, ids, out) -> None:
         np.take(table, ids, axis=0, out=out)
 

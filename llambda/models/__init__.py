@@ -26,6 +26,7 @@ ARCHITECTURES = {
     "smollm3": "smollm3",
     "granite": "granite",
     "olmo2": "olmo2",
+    "lfm2": "lfm2",
 }
 
 # Encoders (embedding models, cross-encoders): their own config and forward, not TransformerConfig

@@ -16,7 +16,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..errors import ContextOverflowError, ModelFormatError
+from ..errors import ContextOverflowError, InvalidInputError, ModelFormatError
 from ..formats.weights import WeightTensor
 from .config import TransformerConfig
 
@@ -44,6 +44,15 @@ class LayerWeights:
     moe: "MoEWeights | None" = None   # set in an MoE layer instead of w_gate/w_up/w_down
     bo: np.ndarray | None = None      # attention output bias (GPT-OSS)
     sinks: np.ndarray | None = None   # a sink logit per head (GPT-OSS)
+    conv: "ShortConvWeights | None" = None   # a short-conv layer (LFM2): set instead of wq/wk/wv/wo
+
+
+@dataclass
+class ShortConvWeights:
+    """LFM2's gated short convolution: in_proj -> B, C, x; out_proj(C * conv(B * x))."""
+    in_proj: object                 # (3 d_model, d_model): B rows, then C rows, then x rows
+    kernel: np.ndarray              # (d_model, L) float32: channel c's weights, oldest input first
+    out_proj: object                # (d_model, d_model)
 
 
 @dataclass
@@ -84,6 +93,8 @@ class Workspace:
             "slots": ((t,), i32),
             "pos": ((t,), i32),
         }
+        if "shortconv" in cfg.layer_kinds:
+            self.specs["bcx"] = ((t, 3 * cfg.d_model), f32)
         if cfg.n_experts:
             self.specs["router"] = ((t, cfg.n_experts), f32)
         if cfg.shared_ffn_dim:
@@ -140,8 +151,21 @@ class Transformer:
         if self.rope_factors is not None:
             self.inv_freq = {s: (f / self.rope_factors).astype(np.float32) for s, f in self.inv_freq.items()}
         self.ws = Workspace(cfg, max_tokens, max_logit_rows or max(n_slots, 16), backend.workspace_specs(cfg, max_tokens))
-        self.cache = backend.create_kv_cache(cfg.n_layers, n_slots, n_ctx, cfg.n_kv_heads, cfg.head_dim,
-                                             extra=self.ws.specs)
+        # Only attention layers have keys and values: layer i's are the cache's layer kv_layer[i].
+        attn = [i for i, kind in enumerate(cfg.layer_kinds) if kind == "attention"]
+        self.kv_layer = {i: j for j, i in enumerate(attn)}
+        # A short-conv layer's state per slot: its last L - 1 inputs, and how many tokens it has taken
+        # in (state_pos): allocated here with the cache, reset by a token at position 0.
+        conv = [i for i, kind in enumerate(cfg.layer_kinds) if kind == "shortconv"]
+        state = {f"conv_state{i}": ((n_slots, cfg.conv_kernel - 1, cfg.d_model), np.float32) for i in conv}
+        if conv:
+            state["conv_pos"] = ((len(conv), n_slots), np.int32)
+        self.cache = backend.create_kv_cache(max(1, len(attn)), n_slots, n_ctx, cfg.n_kv_heads, cfg.head_dim,
+                                             extra={**self.ws.specs, **state})
+        self.conv_state = {i: self.cache.extra.pop(f"conv_state{i}") for i in conv}
+        pos = self.cache.extra.pop("conv_pos") if conv else None
+        self.state_pos = {i: pos[k] for k, i in enumerate(conv)}
+        self.cache.state = list(self.conv_state.values()) + ([pos] if conv else [])
         self.ws.bind(self.cache.extra)
         self._plans: dict[int, object] = {}
 
@@ -236,10 +260,29 @@ class Transformer:
             p = f"blk.{i}."
             return cfg.moe_layers[i] and (get(p + "ffn_gate_inp.weight") is not None or get(p + "ffn_gate.weight") is None)
 
+        def short_conv(p: str) -> ShortConvWeights:
+            t = need(p + "shortconv.conv.weight")      # (d, L), or HF's (d, 1, L)
+            if t.rows * t.cols != d * cfg.conv_kernel or t.shape[0] != d:
+                raise ModelFormatError(f"tensor {t.name!r} has shape {t.shape}, expected ({d}, {cfg.conv_kernel})")
+            kernel = np.ascontiguousarray(t.to_float32().reshape(d, cfg.conv_kernel), dtype=np.float32)
+            finite(t.name, t, kernel.reshape(-1))
+            return ShortConvWeights(in_proj=matrix(p + "shortconv.in_proj.weight", 3 * d, d), kernel=kernel,
+                                    out_proj=matrix(p + "shortconv.out_proj.weight", d, d))
+
         self.layers = []
         for i in range(cfg.n_layers):
             p = f"blk.{i}."
             post, pre = cfg.post_norms, cfg.pre_norms
+            if cfg.layer_kinds[i] == "shortconv":
+                moe = is_moe(i)
+                self.layers.append(LayerWeights(
+                    attn_norm=vector(p + "attn_norm.weight", d, off), wq=None, wk=None, wv=None, wo=None,
+                    ffn_norm=vector(p + "ffn_norm.weight", d, off), conv=short_conv(p),
+                    w_gate=None if moe else matrix(p + "ffn_gate.weight", cfg.ffn_dim, d),
+                    w_up=None if moe else matrix(p + "ffn_up.weight", cfg.ffn_dim, d),
+                    w_down=None if moe else matrix(p + "ffn_down.weight", d, cfg.ffn_dim),
+                    moe=moe_weights(p) if moe else None))
+                continue
             qn, kn = (cfg.q_dim, cfg.kv_dim) if cfg.qk_norm_whole else (cfg.head_dim, cfg.head_dim)
             moe = is_moe(i)
             self.layers.append(LayerWeights(
@@ -336,7 +379,10 @@ class Transformer:
         if self.cfg.embed_scale:
             self.backend.scale(x, self.cfg.embed_scale)
         for i, layer in enumerate(self.layers):
-            self._attention_block(i, layer, x, slot, p)
+            if layer.conv is not None:
+                self._short_conv_block(i, layer, x, slot, p)
+            else:
+                self._attention_block(i, layer, x, slot, p)
             self._ffn_block(layer, x)
         return x
 
@@ -347,6 +393,37 @@ class Transformer:
             raise ValueError(f"slot out of range [0, {self.n_slots})")
         if p.min() < 0 or p.max() >= self.n_ctx:
             raise ContextOverflowError(f"position {int(p.max())} does not fit the context of {self.n_ctx} tokens")
+        if self.state_pos:
+            self._check_state(slot, p)
+
+    # -- the recurrent state (hybrid models) -----------------------------------
+    def _check_state(self, slot, p) -> None:
+        """Each token must continue its slot's recurrent state (or start it again at position 0): the
+        state holds only the last inputs, so it can neither be rewound nor skip ahead."""
+        taken = next(iter(self.state_pos.values()))
+        nxt: dict[int, int] = {}
+        for s, q in zip(slot.tolist(), p.tolist()):
+            want = nxt.get(s, int(taken[s]))
+            if q != 0 and q != want:
+                raise InvalidInputError(
+                    f"slot {s}: position {q} does not continue the recurrent state of this hybrid model's "
+                    f"sequence, which has taken in {want} tokens (the state cannot be rewound: start again at 0)")
+            nxt[s] = q + 1
+
+    def state_position(self, slot: int) -> int | None:
+        """How many tokens slot's recurrent state has taken in; None in a model without one."""
+        if not self.state_pos:
+            return None
+        return int(next(iter(self.state_pos.values()))[slot])
+
+    def resume_point(self, slot: int, common: int) -> int:
+        """Where a sequence whose first `common` tokens the slot already holds must start computing.
+        Attention-only: at `common` (the keys and values are kept). A hybrid model can resume only
+        where its recurrent state is, and only if every token the state took in is shared; else 0."""
+        at = self.state_position(slot)
+        if at is None:
+            return common
+        return at if at <= common else 0
 
     def _attention_block(self, i: int, L: LayerWeights, x, slot, p) -> None:
         cfg, B, ws = self.cfg, self.backend, self.ws
@@ -368,16 +445,28 @@ class Transformer:
         if cfg.layer_rope[i]:           # SmolLM3's NoPE layers take positions from the causal mask only
             B.rope(q, p, inv_freq, cfg.rope_neox)
             B.rope(k, p, inv_freq, cfg.rope_neox)
-        B.kv_store(self.cache, i, k, v, slot, p)
-        B.attention(q, self.cache, i, slot, p, attn, cfg.scale(), cfg.layer_window(i), cfg.attn_softcap)
+        kv = self.kv_layer[i]
+        B.kv_store(self.cache, kv, k, v, slot, p)
+        B.attention(q, self.cache, kv, slot, p, attn, cfg.scale(), cfg.layer_window(i), cfg.attn_softcap)
         if L.sinks is not None:
-            B.attention_sinks(q, self.cache, i, slot, p, attn, cfg.scale(), cfg.layer_window(i), cfg.attn_softcap,
+            B.attention_sinks(q, self.cache, kv, slot, p, attn, cfg.scale(), cfg.layer_window(i), cfg.attn_softcap,
                               L.sinks)
         B.matmul(attn.reshape(n, -1), L.wo, proj)
         if L.bo is not None:
             B.add_rows(proj, L.bo, proj)
         if L.post_attn_norm is not None:
             B.rmsnorm(proj, L.post_attn_norm, cfg.norm_eps, proj)
+        self._residual_add(x, proj)
+
+    def _short_conv_block(self, i: int, L: LayerWeights, x, slot, p) -> None:
+        """x += out_proj(C * conv(B * x')), x' the normed input: LFM2's token mixer."""
+        B, ws = self.backend, self.ws
+        n = len(x)
+        h, bcx, proj = ws.h[:n], ws.bcx[:n], ws.proj[:n]
+        h = self._pre_norm(x, L.attn_norm, h)
+        B.matmul(h, L.conv.in_proj, bcx)
+        B.short_conv(bcx, self.conv_state[i], self.state_pos[i], L.conv.kernel, slot, p, h)
+        B.matmul(h, L.conv.out_proj, proj)
         self._residual_add(x, proj)
 
     def _ffn_block(self, L: LayerWeights, x) -> None:
