@@ -60,9 +60,46 @@ def lfm2_config():
         layer_types=["conv", "conv", "full_attention", "conv"], bos_token_id=1, eos_token_id=2, pad_token_id=0)
 
 
+QWEN3NEXT_NOTES = [
+    "layer_types [linear_attention x3, full_attention]; every layer x += mixer(input_layernorm(x)); "
+    "x += moe(post_attention_layernorm(x)). Every Qwen3NextRMSNorm computes x * (1 + w) (stored w = g - 1), "
+    "the final norm too; the gated norm inside the delta-net (linear_attn.norm) computes plain w.",
+    "Full attention: q_proj is 2 * heads * head_dim tall: per head, 16 query rows then 16 gate rows; "
+    "q_norm/k_norm ((1 + w) RMSNorms over head_dim) before RoPE; RoPE on the first 4 dims of each head "
+    "(partial_rotary_factor 0.25, half-split pairs i, i + 2); the attention output (heads concatenated) is "
+    "multiplied by sigmoid(gate) before o_proj.",
+    "Gated delta-net (linear_num_key_heads 2, linear_num_value_heads 4, key/value head dims 16, conv 4): "
+    "in_proj_qkvz rows are grouped per key head g: q_g (16), k_g (16), v of value heads 2g, 2g+1 (32), z of "
+    "those (32); in_proj_ba rows per key head: b of its 2 value heads, then a of them. mixed = [q(all heads), "
+    "k, v] (128 channels) goes through a causal depthwise conv of width 4 (no bias) and SiLU. q and k are "
+    "L2-normalised per head (eps 1e-6 inside the rsqrt of the sum of squares), q scaled by 16^-0.5; key head "
+    "h // 2 serves value head h. beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias). Per token and "
+    "value head: S *= exp(g); delta = beta * (v - S^T k); S += k delta^T; o = S^T q (S is dk x dv, zero at "
+    "position 0). out = out_proj(rmsnorm(o) * w * silu(z)) per value head.",
+    "MoE on every layer: 4 experts, top-2, softmax over all then renormalised (norm_topk_prob); shared expert "
+    "(SiLU MLP, 32 wide) times sigmoid(shared_expert_gate . h). Experts as transformers 5 saves them.",
+    "Untied lm_head.",
+]
+
+
+def qwen3next_config():
+    from transformers import Qwen3NextConfig
+    return Qwen3NextConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+        linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
+        linear_num_value_heads=4, decoder_sparse_step=1, moe_intermediate_size=32,
+        shared_expert_intermediate_size=32, num_experts_per_tok=2, num_experts=4, norm_topk_prob=True,
+        layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+
+
 SPECS = {
     "lfm2": {"class": "Lfm2ForCausalLM", "config": lfm2_config, "seed": 109, "notes": LFM2_NOTES,
              "legacy_rope_keys": {"rope_theta": 1000000.0}},
+    "qwen3_next": {"class": "Qwen3NextForCausalLM", "config": qwen3next_config, "seed": 201, "notes": QWEN3NEXT_NOTES,
+                   "legacy_rope_keys": {"rope_theta": 10000000.0, "partial_rotary_factor": 0.25}},
 }
 
 
@@ -73,7 +110,24 @@ def redraw(model, seed: int) -> None:
     for name, p in model.named_parameters():
         leaf = name.rsplit(".", 2)
         with torch.no_grad():
-            if "embed_tokens" in name:
+            if name.endswith("A_log"):                 # decay rates exp(A_log) in [0.1, 1.5]
+                p.copy_(torch.log(0.1 + 1.4 * torch.rand(p.shape, generator=g)))
+            elif name.endswith("dt_bias"):
+                p.copy_(-1.0 + 0.5 * torch.randn(p.shape, generator=g))
+            elif name.endswith("linear_attn.norm.weight"):    # the gated norm: plain w
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+            elif "qwen3_next" in type(model).__module__ and ("norm.weight" in name or "layernorm" in name):
+                base = 2.5 if name == "model.norm.weight" else 1.5 if ("q_norm" in name or "k_norm" in name) else 1.0
+                p.copy_(base - 1.0 + 0.1 * torch.randn(p.shape, generator=g))     # stored w; computes 1 + w
+            elif name.endswith("experts.gate_up_proj"):      # (E, 2I, H)
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
+            elif name.endswith("experts.down_proj"):         # (E, H, I)
+                p.copy_(4.0 * torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
+            elif name.endswith("mlp.gate.weight"):           # the router
+                p.copy_(2.0 * torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
+            elif name.endswith("conv1d.weight"):             # depthwise (channels, 1, L): fan-in L
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
+            elif "embed_tokens" in name:
                 p.copy_(torch.randn(p.shape, generator=g) * (0.2 if tied else 1.0))
             elif name.endswith("norm.weight") or "layernorm" in name:
                 base = 2.5 if "embedding_norm" in name or name == "model.norm.weight" else \
@@ -88,7 +142,7 @@ def redraw(model, seed: int) -> None:
                 w = torch.randn(p.shape, generator=g) / math.sqrt(p.shape[1])
                 if leaf[-2] in ("q_proj", "k_proj"):
                     w *= 1.5
-                if leaf[-2] in ("out_proj", "o_proj", "w2", "down_proj"):
+                if leaf[-2] in ("out_proj", "o_proj", "w2", "down_proj") and "shared_expert_gate" not in name:
                     w *= 4.0
                 p.copy_(w)
             else:

@@ -83,6 +83,21 @@ void llb_attention(const struct llb_attention_args *a);
  * column of logit sinks[h] and no value (GPT-OSS). */
 void llb_attention_sinks(const struct llb_attention_args *a, const float *sinks);
 
+/* LFM2's gated short convolution (ops/shortconv.c), token by token in batch order: bcx (n, 3d)
+ * holds B, C, x; u = B * x; out = C * sum_j kernel[c][j] * window[j], the window the slot's
+ * state (its last width - 1 u, oldest first) then this u; the state then shifts in u. A token at
+ * position 0 starts from a zero state; state_pos[slot] becomes the last position + 1. */
+struct llb_short_conv_args {
+    const float *bcx;          /* (n, 3d) */
+    float *state;              /* (n_slots, width - 1, d) */
+    int32_t *state_pos;        /* (n_slots): tokens each slot's state has taken in */
+    const float *kernel;       /* (d, width) */
+    const int32_t *slots, *pos; /* (n) */
+    float *out;                /* (n, d) */
+    long n, d, width, n_slots;
+};
+void llb_short_conv(const struct llb_short_conv_args *a);
+
 void llb_silu_mul(const float *gate, const float *up, float *out, long count); /* gate*sigmoid(gate)*up */
 /* The same on the calling thread alone (for a caller already running on a pool thread). */
 void llb_silu_mul_here(const float *gate, const float *up, float *out, long count);

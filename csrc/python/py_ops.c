@@ -290,6 +290,64 @@ static PyObject *py_attention_sinks(PyObject *self, PyObject *const *args, Py_ss
     return llb_bufs_call(&h, op, run_sinks, check_sinks, &s, sizeof s);
 }
 
+LLB_CALL_ARGS_FIT(struct llb_short_conv_args);
+static int run_short_conv(const void *p) {
+    llb_short_conv(p);
+    return 0;
+}
+/* Slots and positions in range, and each position 0 (a new sequence) or the one its slot's state
+ * expects: the state's count, or one past the slot's previous token in this batch. */
+static int check_short_conv(const void *p, char *msg) {
+    const struct llb_short_conv_args *a = p;
+    if (ids_ok("short_conv", a->slots, a->pos, a->n, a->n_slots, MAX_CTX, msg)) return -1;
+    for (long i = 0; i < a->n; i++) {
+        long want = a->state_pos[a->slots[i]];
+        for (long j = i - 1; j >= 0; j--)
+            if (a->slots[j] == a->slots[i]) {
+                want = (long)a->pos[j] + 1;
+                break;
+            }
+        if (a->pos[i] != 0 && a->pos[i] != want) {
+            snprintf(msg, LLB_CHECK_MSG, "short_conv: pos[%ld] = %d does not continue slot %d's state (at %ld)", i,
+                     (int)a->pos[i], (int)a->slots[i], want);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static PyObject *py_short_conv(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    static const char *op = "short_conv";
+    if (llb_arg_nargs(op, nargs, 11, "bcx, state, state_pos, kernel, slots, pos, out, n, d, width, n_slots")) return NULL;
+    long n, d, width, n_slots;
+    if (llb_arg_long(args[7], op, "n", 1, MAX_DIM, &n) || llb_arg_long(args[8], op, "d", 1, MAX_DIM, &d) ||
+        llb_arg_long(args[9], op, "width", 2, 64, &width) || llb_arg_long(args[10], op, "n_slots", 1, MAX_DIM, &n_slots))
+        return NULL;
+    size_t nbcx, nout, nstate, nkernel;
+    if (llb_arg_product(op, &nbcx, n, d, 3, 1) || llb_arg_product(op, &nout, n, d, 1, 1) ||
+        llb_arg_product(op, &nstate, n_slots, width - 1, d, 1) || llb_arg_product(op, &nkernel, d, width, 1, 1))
+        return NULL;
+    struct llb_bufs h = OPS_BUFS;
+    struct llb_short_conv_args a = {0};
+    if (!(a.bcx = llb_arg_buf(&h, args[0], op, "bcx", 0, LLB_ELEM_F32, nbcx, 0)) ||
+        !(a.state = llb_arg_buf(&h, args[1], op, "state", 1, LLB_ELEM_F32, nstate, 1)) ||
+        !(a.state_pos = llb_arg_buf(&h, args[2], op, "state_pos", 1, LLB_ELEM_I32, n_slots, 1)) ||
+        !(a.kernel = llb_arg_buf(&h, args[3], op, "kernel", 0, LLB_ELEM_F32, nkernel, 1)) ||
+        !(a.slots = llb_arg_buf(&h, args[4], op, "slots", 0, LLB_ELEM_I32, n, 0)) ||
+        !(a.pos = llb_arg_buf(&h, args[5], op, "pos", 0, LLB_ELEM_I32, n, 0)) ||
+        !(a.out = llb_arg_buf(&h, args[6], op, "out", 1, LLB_ELEM_F32, nout, 0))) {
+        llb_bufs_release(&h);
+        return NULL;
+    }
+    /* out is written while bcx and the state are read: it may share a byte with neither */
+    if (llb_bufs_overlap(&h, 6, 0) || llb_bufs_overlap(&h, 6, 1) || llb_bufs_overlap(&h, 1, 0)) {
+        llb_bufs_release(&h);
+        return PyErr_Format(PyExc_ValueError, "%s: out, bcx and state must not overlap", op);
+    }
+    a.n = n, a.d = d, a.width = width, a.n_slots = n_slots;
+    return llb_bufs_call(&h, op, run_short_conv, check_short_conv, &a, sizeof a);
+}
+
 /* gate/up -> out binary ops: silu_mul, gelu_mul, add. */
 struct binary_args {
     void (*fn)(const float *, const float *, float *, long);
@@ -439,6 +497,9 @@ PyMethodDef llb_ops_methods[] = {
     {"attention", FASTCALL(py_attention),
      "attention(q, kcache, vcache, out, slots, pos, n, n_heads, n_kv, head_dim, n_slots, n_ctx, cache_type, scale, "
      "window, softcap): causal GQA attention over the KV cache; out may alias q."},
+    {"short_conv", FASTCALL(py_short_conv),
+     "short_conv(bcx, state, state_pos, kernel, slots, pos, out, n, d, width, n_slots): LFM2's gated short\n"
+     "convolution over each slot's state (out = C * conv(B * x), the state shifted; position 0 restarts it)."},
     {"silu_mul", FASTCALL(py_silu_mul), "silu_mul(gate, up, out, count): out = gate * sigmoid(gate) * up."},
     {"gelu_mul", FASTCALL(py_gelu_mul), "gelu_mul(gate, up, out, count): out = gelu_tanh(gate) * up."},
     {"add", FASTCALL(py_add), "add(a, b, out, count): out = a + b (out may alias a or b)."},

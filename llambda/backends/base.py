@@ -159,6 +159,26 @@ class Backend(ABC):
         the tokens each slot's state has taken in (the caller checks each position continues it)."""
         raise NotImplementedError(f"the {self.name} backend has no short convolutions")
 
+    def conv_silu(self, x: np.ndarray, state: np.ndarray, state_pos: np.ndarray, kernel: np.ndarray,
+                  slots: np.ndarray, pos: np.ndarray, out: np.ndarray) -> None:
+        """out = silu(the causal depthwise convolution of x (n, c)) over each slot's window, the state
+        kept as short_conv keeps it (Qwen3-Next's convolution before its delta rule)."""
+        raise NotImplementedError(f"the {self.name} backend has no convolutions")
+
+    def gated_delta(self, qkv, ba, z, state, state_pos, a_neg, dt_bias, norm_w, eps: float, slots, pos, out,
+                    k_heads: int) -> None:
+        """Qwen3-Next's gated delta rule, token by token in batch order. qkv (n, 2 k_heads dk + hv dv):
+        q, k (each k_heads heads of dk) and v (hv heads of dv); ba (n, 2 hv): b then a per value head;
+        z (n, hv dv); state (n_slots, hv, dk, dv), zeroed at position 0; value head h reads key head
+        h // (hv / k_heads). q, k L2-normalised (eps 1e-6), q times dk^-0.5; beta = sigmoid(b),
+        g = a_neg * softplus(a + dt_bias); S = exp(g) S; S += k ((v - S^T k) beta)^T; o = S^T q;
+        out = rmsnorm(o, eps) * norm_w * silu(z) per value head."""
+        raise NotImplementedError(f"the {self.name} backend has no delta-rule layers")
+
+    def sigmoid_mul(self, x: np.ndarray, gate: np.ndarray, out: np.ndarray) -> None:
+        """out = x * sigmoid(gate) (Qwen3-Next's gated attention output)."""
+        raise NotImplementedError(f"the {self.name} backend has no sigmoid_mul")
+
     @abstractmethod
     def silu_mul(self, gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> None: ...
 

@@ -362,6 +362,10 @@ class NativeBackend(Backend):
         C.attention_sinks(q, cache.k[layer], cache.v[layer], out, slots, pos, n, heads, cache.n_kv, hd, cache.n_slots,
                           cache.n_ctx, self.kv_code, scale, window, softcap, sinks, cache.kbase[layer])
 
+    def short_conv(self, bcx, state, state_pos, kernel, slots, pos, out) -> None:
+        n, d = out.shape
+        C.short_conv(bcx, state, state_pos, kernel, slots, pos, out, n, d, kernel.shape[1], state.shape[0])
+
     def silu_mul(self, gate, up, out) -> None:
         C.silu_mul(gate, up, out, gate.size)
 

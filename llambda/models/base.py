@@ -45,6 +45,8 @@ class LayerWeights:
     bo: np.ndarray | None = None      # attention output bias (GPT-OSS)
     sinks: np.ndarray | None = None   # a sink logit per head (GPT-OSS)
     conv: "ShortConvWeights | None" = None   # a short-conv layer (LFM2): set instead of wq/wk/wv/wo
+    delta: "DeltaNetWeights | None" = None   # a gated delta-net layer (Qwen3-Next): the same
+    wq_gate: object = None            # attention output gate rows (Qwen3-Next): out *= sigmoid(h . wq_gate)
 
 
 @dataclass
@@ -53,6 +55,28 @@ class ShortConvWeights:
     in_proj: object                 # (3 d_model, d_model): B rows, then C rows, then x rows
     kernel: np.ndarray              # (d_model, L) float32: channel c's weights, oldest input first
     out_proj: object                # (d_model, d_model)
+
+
+@dataclass
+class DeltaNetWeights:
+    """Qwen3-Next's gated delta net, its projections regrouped at load (see grouped_rows)."""
+    in_qkv: object                  # (2 k_heads dk + v_heads dv, d_model): q heads, k heads, v heads
+    in_z: object                    # (v_heads dv, d_model): the output gate
+    in_ba: object                   # (2 v_heads, d_model): b (beta) then a (decay) per value head
+    kernel: np.ndarray              # (2 k_heads dk + v_heads dv, L) float32: the convolution
+    a_neg: np.ndarray               # (v_heads,): -exp(A_log)
+    dt_bias: np.ndarray             # (v_heads,)
+    norm: np.ndarray                # (dv,): the gated RMSNorm's weight (plain w)
+    out_proj: object                # (d_model, v_heads dv)
+
+
+def grouped_rows(groups: int, parts: list[int]) -> list[np.ndarray]:
+    """Row indices of each part of a matrix stored as `groups` consecutive groups, each holding the
+    parts in order: part j's rows of every group, group by group. Qwen3-Next stores in_proj_qkvz per
+    key head (q, k, then v and z of its value heads), in_proj_ba per key head (b, a), and q_proj per
+    head (query, gate)."""
+    size, starts = sum(parts), np.cumsum([0] + parts[:-1])
+    return [np.concatenate([g * size + st + np.arange(n) for g in range(groups)]) for st, n in zip(starts, parts)]
 
 
 @dataclass
@@ -95,6 +119,12 @@ class Workspace:
         }
         if "shortconv" in cfg.layer_kinds:
             self.specs["bcx"] = ((t, 3 * cfg.d_model), f32)
+        if "deltanet" in cfg.layer_kinds:
+            c, vd = 2 * cfg.ssm_k_heads * cfg.ssm_k_dim + cfg.ssm_v_heads * cfg.ssm_v_dim, cfg.ssm_v_heads * cfg.ssm_v_dim
+            self.specs.update({"dqkv": ((t, c), f32), "dconv": ((t, c), f32), "dz": ((t, vd), f32),
+                               "dba": ((t, 2 * cfg.ssm_v_heads), f32), "dout": ((t, vd), f32)})
+        if cfg.attn_out_gate:
+            self.specs["qgate"] = ((t, cfg.q_dim), f32)
         if cfg.n_experts:
             self.specs["router"] = ((t, cfg.n_experts), f32)
         if cfg.shared_ffn_dim:
@@ -156,16 +186,24 @@ class Transformer:
         self.kv_layer = {i: j for j, i in enumerate(attn)}
         # A short-conv layer's state per slot: its last L - 1 inputs, and how many tokens it has taken
         # in (state_pos): allocated here with the cache, reset by a token at position 0.
-        conv = [i for i, kind in enumerate(cfg.layer_kinds) if kind == "shortconv"]
-        state = {f"conv_state{i}": ((n_slots, cfg.conv_kernel - 1, cfg.d_model), np.float32) for i in conv}
+        # A delta-net layer's: its convolution's window and its (v_heads, dk, dv) matrix, each counted.
+        conv = [i for i, kind in enumerate(cfg.layer_kinds) if kind in ("shortconv", "deltanet")]
+        delta = [i for i, kind in enumerate(cfg.layer_kinds) if kind == "deltanet"]
+        width = {i: cfg.d_model if cfg.layer_kinds[i] == "shortconv" else
+                 2 * cfg.ssm_k_heads * cfg.ssm_k_dim + cfg.ssm_v_heads * cfg.ssm_v_dim for i in conv}
+        state = {f"conv_state{i}": ((n_slots, cfg.conv_kernel - 1, width[i]), np.float32) for i in conv}
+        state.update({f"delta_state{i}": ((n_slots, cfg.ssm_v_heads, cfg.ssm_k_dim, cfg.ssm_v_dim), np.float32)
+                      for i in delta})
         if conv:
-            state["conv_pos"] = ((len(conv), n_slots), np.int32)
+            state["state_pos"] = ((len(conv) + len(delta), n_slots), np.int32)
         self.cache = backend.create_kv_cache(max(1, len(attn)), n_slots, n_ctx, cfg.n_kv_heads, cfg.head_dim,
                                              extra={**self.ws.specs, **state})
         self.conv_state = {i: self.cache.extra.pop(f"conv_state{i}") for i in conv}
-        pos = self.cache.extra.pop("conv_pos") if conv else None
-        self.state_pos = {i: pos[k] for k, i in enumerate(conv)}
-        self.cache.state = list(self.conv_state.values()) + ([pos] if conv else [])
+        self.delta_state = {i: self.cache.extra.pop(f"delta_state{i}") for i in delta}
+        pos = self.cache.extra.pop("state_pos") if conv else None
+        self.state_pos = {i: pos[k] for k, i in enumerate(conv)}                 # each op keeps its own count
+        self.delta_pos = {i: pos[len(conv) + k] for k, i in enumerate(delta)}
+        self.cache.state = list(self.conv_state.values()) + list(self.delta_state.values()) + ([pos] if conv else [])
         self.ws.bind(self.cache.extra)
         self._plans: dict[int, object] = {}
 
@@ -180,11 +218,12 @@ class Transformer:
                 raise ModelFormatError(f"missing tensor {name!r}")
             return t
 
-        def matrix(name: str, rows: int, cols: int):
+        def matrix(name: str, rows: int, cols: int, parts=None):
+            """The matrix, or with parts (row indices per part, grouped_rows) one matrix per part."""
             t = need(name)
             if t.shape != (rows, cols):
                 raise ModelFormatError(f"tensor {name!r} has shape {t.shape}, expected {(rows, cols)}")
-            m = B.prepare_matrix(t)
+            m = B.prepare_matrix(t) if parts is None else [B.prepare_matrix(t.take_rows(ix)) for ix in parts]
             self._release(t.data)
             return m
 
@@ -269,15 +308,34 @@ class Transformer:
             return ShortConvWeights(in_proj=matrix(p + "shortconv.in_proj.weight", 3 * d, d), kernel=kernel,
                                     out_proj=matrix(p + "shortconv.out_proj.weight", d, d))
 
+        def delta_net(p: str) -> DeltaNetWeights:
+            hk, hv, dk, dv = cfg.ssm_k_heads, cfg.ssm_v_heads, cfg.ssm_k_dim, cfg.ssm_v_dim
+            r, c = hv // hk, 2 * hk * dk + hv * dv
+            q, k, v, z = grouped_rows(hk, [dk, dk, r * dv, r * dv])
+            in_qkv, in_z = matrix(p + "ssm_in.weight", c + hv * dv, d, [np.concatenate([q, k, v]), z])
+            in_ba = matrix(p + "ssm_ba.weight", 2 * hv, d, [np.concatenate(grouped_rows(hk, [r, r]))])[0]
+            t = need(p + "ssm_conv1d.weight")        # (c, L), or HF's (c, 1, L)
+            if t.rows * t.cols != c * cfg.conv_kernel or t.shape[0] != c:
+                raise ModelFormatError(f"tensor {t.name!r} has shape {t.shape}, expected ({c}, {cfg.conv_kernel})")
+            kernel = np.ascontiguousarray(t.to_float32().reshape(c, cfg.conv_kernel), dtype=np.float32)
+            finite(t.name, t, kernel.reshape(-1))
+            a_log = vector(p + "ssm_a_log.weight", hv)
+            return DeltaNetWeights(in_qkv=in_qkv, in_z=in_z, in_ba=in_ba, kernel=kernel,
+                                   a_neg=(-np.exp(a_log.astype(np.float32))).astype(np.float32),
+                                   dt_bias=vector(p + "ssm_dt.bias", hv), norm=vector(p + "ssm_norm.weight", dv),
+                                   out_proj=matrix(p + "ssm_out.weight", d, hv * dv))
+
         self.layers = []
         for i in range(cfg.n_layers):
             p = f"blk.{i}."
             post, pre = cfg.post_norms, cfg.pre_norms
-            if cfg.layer_kinds[i] == "shortconv":
+            if cfg.layer_kinds[i] in ("shortconv", "deltanet"):
+                conv = cfg.layer_kinds[i] == "shortconv"
                 moe = is_moe(i)
                 self.layers.append(LayerWeights(
                     attn_norm=vector(p + "attn_norm.weight", d, off), wq=None, wk=None, wv=None, wo=None,
-                    ffn_norm=vector(p + "ffn_norm.weight", d, off), conv=short_conv(p),
+                    ffn_norm=vector(p + "ffn_norm.weight", d, off), conv=short_conv(p) if conv else None,
+                    delta=None if conv else delta_net(p),
                     w_gate=None if moe else matrix(p + "ffn_gate.weight", cfg.ffn_dim, d),
                     w_up=None if moe else matrix(p + "ffn_up.weight", cfg.ffn_dim, d),
                     w_down=None if moe else matrix(p + "ffn_down.weight", d, cfg.ffn_dim),
@@ -285,9 +343,14 @@ class Transformer:
                 continue
             qn, kn = (cfg.q_dim, cfg.kv_dim) if cfg.qk_norm_whole else (cfg.head_dim, cfg.head_dim)
             moe = is_moe(i)
+            if cfg.attn_out_gate:          # per head: its query rows, then its gate rows
+                wq, wq_gate = matrix(p + "attn_q.weight", 2 * cfg.q_dim, d,
+                                     grouped_rows(cfg.n_heads, [cfg.head_dim, cfg.head_dim]))
+            else:
+                wq, wq_gate = matrix(p + "attn_q.weight", cfg.q_dim, d), None
             self.layers.append(LayerWeights(
                 attn_norm=vector(p + "attn_norm.weight", d, off) if pre else None,
-                wq=matrix(p + "attn_q.weight", cfg.q_dim, d),
+                wq=wq, wq_gate=wq_gate,
                 wk=matrix(p + "attn_k.weight", cfg.kv_dim, d),
                 wv=matrix(p + "attn_v.weight", cfg.kv_dim, d),
                 wo=matrix(p + "attn_output.weight", d, cfg.q_dim),
@@ -381,6 +444,8 @@ class Transformer:
         for i, layer in enumerate(self.layers):
             if layer.conv is not None:
                 self._short_conv_block(i, layer, x, slot, p)
+            elif layer.delta is not None:
+                self._delta_net_block(i, layer, x, slot, p)
             else:
                 self._attention_block(i, layer, x, slot, p)
             self._ffn_block(layer, x)
@@ -451,6 +516,10 @@ class Transformer:
         if L.sinks is not None:
             B.attention_sinks(q, self.cache, kv, slot, p, attn, cfg.scale(), cfg.layer_window(i), cfg.attn_softcap,
                               L.sinks)
+        if L.wq_gate is not None:
+            gate = ws.qgate[:n]
+            B.matmul(h, L.wq_gate, gate)
+            B.sigmoid_mul(attn.reshape(n, -1), gate, attn.reshape(n, -1))
         B.matmul(attn.reshape(n, -1), L.wo, proj)
         if L.bo is not None:
             B.add_rows(proj, L.bo, proj)
@@ -467,6 +536,20 @@ class Transformer:
         B.matmul(h, L.conv.in_proj, bcx)
         B.short_conv(bcx, self.conv_state[i], self.state_pos[i], L.conv.kernel, slot, p, h)
         B.matmul(h, L.conv.out_proj, proj)
+        self._residual_add(x, proj)
+
+    def _delta_net_block(self, i: int, L: LayerWeights, x, slot, p) -> None:
+        """x += out_proj(gated_norm(delta_rule(silu(conv(q, k, v))), z)): Qwen3-Next's linear attention."""
+        cfg, B, ws = self.cfg, self.backend, self.ws
+        n, D = len(x), L.delta
+        h, qkv, conv, z, ba, out, proj = (ws.h[:n], ws.dqkv[:n], ws.dconv[:n], ws.dz[:n], ws.dba[:n], ws.dout[:n],
+                                          ws.proj[:n])
+        h = self._pre_norm(x, L.attn_norm, h)
+        B.matmul_many(h, (D.in_qkv, D.in_z, D.in_ba), (qkv, z, ba))
+        B.conv_silu(qkv, self.conv_state[i], self.state_pos[i], D.kernel, slot, p, conv)
+        B.gated_delta(conv, ba, z, self.delta_state[i], self.delta_pos[i], D.a_neg, D.dt_bias, D.norm, cfg.norm_eps,
+                      slot, p, out, cfg.ssm_k_heads)
+        B.matmul(out, D.out_proj, proj)
         self._residual_add(x, proj)
 
     def _ffn_block(self, L: LayerWeights, x) -> None:

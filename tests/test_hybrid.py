@@ -1,0 +1,356 @@
+"""Hybrid models (layers that are not all attention): LFM2's gated short convolutions.
+
+The tiny reference (fixtures/reference/tiny/lfm2, made by tools/make_tiny_hybrid.py) is also run
+by test_tiny_models.py with every other folder; here: the GGUF path under llama.cpp's names and
+keys, the short-conv op on every ISA against NumPy, the recurrent state beside the KV cache
+(prefill fills it, decode rolls it, position 0 resets it, nothing else may move it), batch
+invariance, the server's scheduler and the refusals (speculative decoding, prefix reuse).
+"""
+import asyncio
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import llambda
+from llambda.backends import available_backends
+from llambda.errors import InvalidInputError, ModelFormatError
+from llambda.formats.gguf_writer import write_gguf
+from llambda.formats.quants import QType
+from llambda.formats.safetensors import SafetensorsFile
+
+TINY = Path(__file__).parent / "fixtures" / "reference" / "tiny"
+LFM2 = TINY / "lfm2"
+MODES = {"numpy": ("numpy", None, 1e-3), "native-exact": ("native", "f32", 1e-3), "native-fast": ("native", "q8", 1e-2)}
+
+# HF name -> llama.cpp's GGUF name (its gguf-py tensor_mapping for lfm2)
+LFM2_GGUF = {
+    "operator_norm": "attn_norm", "ffn_norm": "ffn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v", "self_attn.out_proj": "attn_output", "self_attn.q_layernorm": "attn_q_norm",
+    "self_attn.k_layernorm": "attn_k_norm", "feed_forward.w1": "ffn_gate", "feed_forward.w3": "ffn_up",
+    "feed_forward.w2": "ffn_down", "conv.in_proj": "shortconv.in_proj", "conv.conv": "shortconv.conv",
+    "conv.out_proj": "shortconv.out_proj",
+}
+
+
+def reference(folder="lfm2") -> dict:
+    return json.loads((TINY / folder / "reference.json").read_text(encoding="utf-8"))
+
+
+def need(backend):
+    if backend not in available_backends():
+        pytest.skip(f"the {backend} backend is not available here (C core not built)")
+
+
+def load(path, mode, **kw):
+    backend, act, _ = MODES[mode]
+    need(backend)
+    return llambda.load(path, backend=backend, activations=act, **kw)
+
+
+def lfm2_gguf(out: Path) -> Path:
+    """The tiny LFM2 as llama.cpp's converter writes it: conv kernels squeezed to (d, L), the final
+    norm as token_embd_norm, head_count_kv per layer (0 for a conv layer), shortconv.l_cache, the
+    MLP's derived width as feed_forward_length; float32 tensors, no tokenizer."""
+    cfg = json.loads((LFM2 / "config.json").read_text())
+    tensors = {}
+    with SafetensorsFile(LFM2 / "model.safetensors") as f:
+        for name, t in f.tensors.items():
+            w = np.array(t.to_float32()).reshape(t.shape)
+            if name == "model.embed_tokens.weight":
+                g = "token_embd.weight"
+            elif name == "model.embedding_norm.weight":
+                g = "token_embd_norm.weight"
+            else:
+                _, _, i, rest = name.split(".", 3)
+                g = f"blk.{i}.{LFM2_GGUF[rest.rsplit('.', 1)[0]]}.weight"
+            tensors[g] = (QType.F32, np.ascontiguousarray(w.reshape(w.shape[0], -1) if w.ndim == 3 else w))
+    a = "lfm2"
+    meta = {"general.architecture": a, "general.name": "tiny-lfm2", f"{a}.block_count": cfg["num_hidden_layers"],
+            f"{a}.context_length": cfg["max_position_embeddings"], f"{a}.embedding_length": cfg["hidden_size"],
+            f"{a}.feed_forward_length": 128, f"{a}.attention.head_count": cfg["num_attention_heads"],
+            f"{a}.attention.head_count_kv": [cfg["num_key_value_heads"] if t != "conv" else 0
+                                              for t in cfg["layer_types"]],
+            f"{a}.rope.freq_base": cfg["rope_parameters"]["rope_theta"],
+            f"{a}.attention.layer_norm_rms_epsilon": cfg["norm_eps"], f"{a}.vocab_size": cfg["vocab_size"],
+            f"{a}.shortconv.l_cache": cfg["conv_L_cache"]}
+    write_gguf(out, meta, tensors)
+    return out
+
+
+def last_rows(model, inp) -> np.ndarray:
+    ids = inp["input_ids"]
+    return np.stack([model.logits(ids[:p + 1]) for p in inp["last_positions"]])
+
+
+# ---------------------------------------------------------------- the model, both formats
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_lfm2_gguf_matches_transformers(tmp_path, mode):
+    gg = lfm2_gguf(tmp_path / "lfm2.gguf")
+    ref = reference()
+    with load(gg, mode, n_ctx=128) as m:
+        assert m.config.arch == "lfm2"
+        for inp in ref["inputs"]:
+            err = float(np.abs(last_rows(m, inp) - np.array(inp["logits_last3"], np.float32)).max())
+            assert err <= MODES[mode][2], f"GGUF {mode} length {inp['length']}: {err}"
+        inp = ref["inputs"][1]
+        assert list(m.generate(inp["input_ids"], max_tokens=16, temperature=0, ignore_eos=True)) == \
+            inp["greedy_new_tokens"]
+
+
+def test_lfm2_config_from_each_format(tmp_path):
+    gg = lfm2_gguf(tmp_path / "lfm2.gguf")
+    cfgs = []
+    for path in (LFM2, gg):
+        with llambda.load(path, backend="numpy", n_ctx=32) as m:
+            c = m.config
+            cfgs.append((c.layer_kinds, c.conv_kernel, c.ffn_dim, c.n_kv_heads, c.qk_norm, c.rope_neox, np.float32(c.norm_eps),
+                         c.tie_embeddings, c.recurrent))
+            # keys and values only for the attention layer; the conv layers' state per slot
+            assert m.transformer.cache.n_layers == 1 and sorted(m.transformer.conv_state) == [0, 1, 3]
+    assert cfgs[0] == cfgs[1] == (["shortconv", "shortconv", "attention", "shortconv"], 3, 128, 2, True, True,
+                                  np.float32(1e-5), True, True)
+
+
+def _edit(tmp_path, edit) -> Path:
+    import shutil
+    d = tmp_path / "m"
+    shutil.copytree(LFM2, d)
+    cfg = json.loads((d / "config.json").read_text())
+    edit(cfg)
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: c.update(layer_types=["conv", "mamba", "full_attention", "conv"]), "layer_types"),
+    (lambda c: c.update(layer_types=["conv"]), "layer_types"),
+    (lambda c: c.update(conv_L_cache=1), "kernel"),
+    (lambda c: c.update(conv_L_cache=1000), "conv_L_cache"),
+    (lambda c: c.update(conv_bias=True), "conv_bias"),
+    (lambda c: c.update(full_attn_idxs="2", layer_types=None), "full_attn_idxs"),
+])
+def test_lfm2_bad_configs_are_model_format_errors(tmp_path, edit, message):
+    with pytest.raises(ModelFormatError, match=message):
+        llambda.load(_edit(tmp_path, edit), backend="numpy", n_ctx=32)
+
+
+def test_lfm2_full_attn_idxs_spelling(tmp_path):
+    d = _edit(tmp_path, lambda c: (c.pop("layer_types"), c.update(full_attn_idxs=[2])))
+    with llambda.load(d, backend="numpy", n_ctx=32) as m:
+        assert m.config.layer_kinds == ["shortconv", "shortconv", "attention", "shortconv"]
+
+
+def test_lfm2_gguf_bad_head_counts(tmp_path):
+    from llambda.formats.gguf import GGUFFile
+    gg = lfm2_gguf(tmp_path / "a.gguf")
+    with GGUFFile(gg) as f:
+        meta = dict(f.metadata)
+    from llambda.models import lfm2
+    for bad in ([0, 0, 2, 1], [0, 0, 2], [0, -1, 2, 0]):
+        with pytest.raises(ModelFormatError, match="head_count_kv"):
+            lfm2.config_from_gguf(dict(meta, **{"lfm2.attention.head_count_kv": bad}))
+
+
+# ---------------------------------------------------------------- the short-conv op
+
+def conv_oracle(bcx, state, kernel, slots, pos):
+    """float64, from the whole history of each slot: what the op's outputs and final state must be."""
+    d, width = kernel.shape
+    state = state.astype(np.float64).copy()
+    out = np.zeros((len(slots), d))
+    for t, (s, p) in enumerate(zip(slots, pos)):
+        if p == 0:
+            state[s] = 0
+        b, c, x = (bcx[t, k * d:(k + 1) * d].astype(np.float64) for k in range(3))
+        window = np.concatenate([state[s], (b * x)[None]])            # (width, d)
+        out[t] = c * np.einsum("jc,cj->c", window, kernel.astype(np.float64))
+        state[s] = window[1:]
+    return out, state
+
+
+@pytest.mark.parametrize("d, width, n_slots", [(37, 3, 3), (64, 4, 2), (1, 2, 1), (515, 3, 4)])
+def test_short_conv_native_matches_oracle(isa, d, width, n_slots):
+    need("native")
+    from llambda.backends.native import NativeBackend
+    from llambda.backends.numpy_ref import NumpyBackend
+    rng = np.random.default_rng(d)
+    kernel = rng.standard_normal((d, width)).astype(np.float32)
+    state0 = rng.standard_normal((n_slots, width - 1, d)).astype(np.float32)
+    taken0 = np.full(n_slots, 5, np.int32)
+    # slot 0 continues at 5, the last slot restarts at 0 (a prefill), others interleave one token each
+    slots, pos = [], []
+    for s in range(n_slots):
+        k = 7 if s == n_slots - 1 else 1 + s
+        start = 0 if s == n_slots - 1 else 5
+        slots += [s] * k
+        pos += range(start, start + k)
+    order = np.argsort(np.array(pos) * 0 + rng.random(len(pos)), kind="stable")  # shuffle across slots...
+    order = sorted(order, key=lambda i: (pos[i], i))                               # ...keeping each slot in order
+    slots, pos = np.array(slots, np.int32)[order], np.array(pos, np.int32)[order]
+    bcx = rng.standard_normal((len(slots), 3 * d)).astype(np.float32)
+    want, want_state = conv_oracle(bcx, state0, kernel, slots, pos)
+    for backend in (NumpyBackend(), NativeBackend(activations="f32")):
+        state, taken = state0.copy(), taken0.copy()
+        out = np.full((len(slots), d), np.nan, np.float32)
+        backend.short_conv(bcx, state, taken, kernel, slots, pos, out)
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5, err_msg=backend.name)
+        np.testing.assert_allclose(state, want_state, rtol=1e-6, atol=1e-6, err_msg=backend.name)
+        for s in range(n_slots):
+            assert taken[s] == pos[slots == s].max() + 1
+
+
+def test_short_conv_native_refuses_bad_arguments():
+    need("native")
+    from llambda import _native as C
+    d, w, n = 8, 3, 2
+    bcx, out = np.zeros((n, 3 * d), np.float32), np.zeros((n, d), np.float32)
+    state, taken, kernel = np.zeros((1, w - 1, d), np.float32), np.zeros(1, np.int32), np.zeros((d, w), np.float32)
+    slots, pos = np.zeros(n, np.int32), np.arange(n, dtype=np.int32)
+    C.short_conv(bcx, state, taken, kernel, slots, pos, out, n, d, w, 1)
+    assert taken[0] == 2
+    with pytest.raises(ValueError, match="does not continue"):
+        C.short_conv(bcx, state, taken, kernel, slots, np.array([5, 6], np.int32), out, n, d, w, 1)
+    with pytest.raises(ValueError, match="slots"):
+        C.short_conv(bcx, state, taken, kernel, np.array([0, 1], np.int32), pos, out, n, d, w, 1)
+    with pytest.raises(ValueError):
+        C.short_conv(bcx, state[:, :1], taken, kernel, slots, pos, out, n, d, w, 1)     # state too small
+    with pytest.raises(ValueError, match="overlap"):
+        C.short_conv(bcx, state, taken, kernel, slots, pos, bcx, n, d, w, 1)           # out over its own input
+    with pytest.raises(ValueError):
+        C.short_conv(bcx, state, taken, kernel, slots, pos, out, n, d, 1, 1)             # width < 2
+
+
+# ---------------------------------------------------------------- the recurrent state
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_generate_equals_prefill_then_decode_steps(mode):
+    """generate() against the model driven by hand: prefill the prompt, then one forward per token."""
+    from llambda import engine
+    inp = reference()["inputs"][1]
+    with load(LFM2, mode, n_ctx=128) as m:
+        got = list(m.generate(inp["input_ids"], max_tokens=12, temperature=0, ignore_eos=True))
+        t = m.transformer
+        ids = list(inp["input_ids"])
+        logits = engine.prefill(t, 0, ids, 0)
+        by_hand = []
+        for _ in range(12):
+            tok = int(np.argmax(logits))
+            by_hand.append(tok)
+            assert t.state_position(0) == len(ids)
+            logits = engine.decode(t, np.array([0], np.int32), np.array([tok], np.int32),
+                                   np.array([len(ids)], np.int32))[0].copy()
+            ids.append(tok)
+    assert got == by_hand
+    if mode != "native-fast":
+        assert got == inp["greedy_new_tokens"][:12]
+
+
+def test_state_cannot_be_rewound_or_skipped():
+    with llambda.load(LFM2, backend="numpy", n_ctx=64) as m:
+        t = m.transformer
+        t.forward([1, 2, 3, 4], [0] * 4, [0, 1, 2, 3], [3])
+        assert t.state_position(0) == 4 and t.resume_point(0, 4) == 4 and t.resume_point(0, 3) == 0
+        for bad in ([2], [5]):
+            with pytest.raises(InvalidInputError, match="recurrent state"):
+                t.forward([7], [0], bad, [0])
+        with pytest.raises(InvalidInputError, match="recurrent state"):
+            t.forward([7, 8], [0, 0], [4, 6], [1])
+        assert t.state_position(0) == 4          # a refused batch moved nothing
+        t.forward([9], [0], [0], [0])             # position 0: a new sequence
+        assert t.state_position(0) == 1
+
+
+@pytest.mark.parametrize("mode", ["numpy", "native-fast"])
+def test_reused_prefix_resumes_only_where_the_state_is(mode):
+    """The library reuses slot 0's prefix; a hybrid model only where its state stands, else from 0:
+    every answer equals the same prompt's answer in a fresh model."""
+    ids = reference()["inputs"][2]["input_ids"]
+    prompts = [ids[:30], ids[:50], ids[:20], ids[:20] + [5, 6], ids[:50]]
+    outs = []
+    with load(LFM2, mode, n_ctx=128) as m:
+        for p in prompts:
+            outs.append(list(m.generate(p, max_tokens=6, temperature=0, ignore_eos=True)))
+    for p, got in zip(prompts, outs):
+        with load(LFM2, mode, n_ctx=128) as fresh:
+            assert got == list(fresh.generate(p, max_tokens=6, temperature=0, ignore_eos=True))
+
+
+def test_batch_invariance_with_other_sequences():
+    """Native, batch-invariant (the server's mode): a sequence's decode logits are the same bits
+    whether it runs alone or beside other slots' prefill and decode tokens."""
+    need("native")
+    from llambda.backends.native import NativeBackend
+    from llambda.formats.hf_dir import open_hf_dir
+    from llambda.models.base import Transformer
+    src = open_hf_dir(LFM2)
+    backend = NativeBackend(activations="q8")
+    backend.set_batch_invariant(True)
+    try:
+        t = Transformer(src.config, src.tensor, backend, n_ctx=128, n_slots=3, max_tokens=64)
+        ids = reference()["inputs"][1]["input_ids"]
+        t.forward(np.array(ids[:20], np.int32), np.zeros(20, np.int32), np.arange(20, dtype=np.int32), [])
+        alone = t.forward(np.array([ids[20]], np.int32), np.zeros(1, np.int32), np.array([20], np.int32),
+                          [0])[0].copy()
+        t.forward(np.array(ids[:20], np.int32), np.zeros(20, np.int32), np.arange(20, dtype=np.int32), [])
+        t.forward(np.array(ids[5:15], np.int32), np.full(10, 1, np.int32), np.arange(10, dtype=np.int32), [])
+        toks = np.array([ids[20], ids[15]] + ids[30:37], np.int32)
+        slots = np.array([0, 1] + [2] * 7, np.int32)
+        pos = np.array([20, 10] + list(range(7)), np.int32)
+        mixed = t.forward(toks, slots, pos, [0, 1, 8])
+        assert np.array_equal(mixed[0], alone)
+    finally:
+        backend.close()
+        src.close()
+
+
+# ---------------------------------------------------------------- refusals
+
+def test_speculative_decoding_is_refused():
+    with llambda.load(LFM2, backend="numpy", n_ctx=64) as m:
+        for mode in ("lookup", "draft"):
+            with pytest.raises(InvalidInputError, match="speculative decoding is not supported"):
+                m.stream([1, 2, 3], max_tokens=4, speculative=mode)
+        assert list(m.generate([1, 2, 3], max_tokens=2, temperature=0, speculative="off"))  # plain decoding runs
+        with llambda.load(LFM2, backend="numpy", n_ctx=64) as d:
+            with pytest.raises(InvalidInputError, match="speculative"):
+                m.set_draft(d)
+
+
+def test_server_scheduler_runs_hybrid_sequences_without_prefix_reuse():
+    """Concurrent requests sharing a prefix: each answer equals the library's, nothing was reused."""
+    need("native")
+    from llambda.engine import GenerationParams, Sequence
+    from llambda.sampling import SamplingParams
+    from llambda.server.metrics import Metrics
+    from llambda.server.scheduler import Channel, Job, Scheduler
+    ids = reference()["inputs"][2]["input_ids"]
+    prompts = [ids[:40], ids[:40] + [7, 8], ids[:25], ids[:40]]
+    with load(LFM2, "native-fast", n_ctx=128) as m:
+        want = [list(m.generate(p, max_tokens=8, temperature=0, ignore_eos=True)) for p in prompts]
+    with load(LFM2, "native-fast", n_ctx=128, n_slots=3) as m:
+        sched = Scheduler(m.transformer, Metrics(), prefill_chunk=16)
+        sched.start()
+        try:
+            async def main():
+                ch = Channel()
+                sp = SamplingParams(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0)
+                jobs = [Job(Sequence(None, p, GenerationParams(max_tokens=8, sampling=sp, ignore_eos=True), slot=-1,
+                                     n_ctx=128), ch, i) for i, p in enumerate(prompts)]
+                sched.submit(jobs)
+                got, done = {}, set()
+                while len(done) < len(jobs):
+                    for idx, ev in await asyncio.wait_for(ch.get(), 60):
+                        if ev.token >= 0:
+                            got.setdefault(idx, []).append(ev.token)
+                        if ev.finish_reason:
+                            done.add(idx)
+                return jobs, got
+            jobs, got = asyncio.run(main())
+        finally:
+            sched.stop()
+    assert [got.get(i, []) for i in range(len(prompts))] == want
+    assert all(j.n_cached == 0 for j in jobs)
+
