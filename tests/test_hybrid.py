@@ -1,10 +1,11 @@
-"""Hybrid models (layers that are not all attention): LFM2's gated short convolutions.
+"""Hybrid models (layers that are not all attention): LFM2's gated short convolutions and
+Qwen3-Next's gated delta nets.
 
-The tiny reference (fixtures/reference/tiny/lfm2, made by tools/make_tiny_hybrid.py) is also run
-by test_tiny_models.py with every other folder; here: the GGUF path under llama.cpp's names and
-keys, the short-conv op on every ISA against NumPy, the recurrent state beside the KV cache
-(prefill fills it, decode rolls it, position 0 resets it, nothing else may move it), batch
-invariance, the server's scheduler and the refusals (speculative decoding, prefix reuse).
+The tiny references (fixtures/reference/tiny/lfm2 and qwen3_next, made by tools/make_tiny_hybrid.py)
+are also run by test_tiny_models.py with every other folder; here: LFM2's GGUF path under llama.cpp's
+names and keys, the recurrent ops on every ISA against float64 oracles, the recurrent state beside
+the KV cache (prefill fills it, decode rolls it, position 0 resets it, nothing else may move it),
+batch invariance, the server's scheduler and the refusals (speculative decoding, prefix reuse).
 """
 import asyncio
 import json
@@ -22,6 +23,7 @@ from llambda.formats.safetensors import SafetensorsFile
 
 TINY = Path(__file__).parent / "fixtures" / "reference" / "tiny"
 LFM2 = TINY / "lfm2"
+HYBRIDS = ["lfm2", "qwen3_next"]
 MODES = {"numpy": ("numpy", None, 1e-3), "native-exact": ("native", "f32", 1e-3), "native-fast": ("native", "q8", 1e-2)}
 
 # HF name -> llama.cpp's GGUF name (its gguf-py tensor_mapping for lfm2)
@@ -114,10 +116,10 @@ def test_lfm2_config_from_each_format(tmp_path):
                                   np.float32(1e-5), True, True)
 
 
-def _edit(tmp_path, edit) -> Path:
+def _edit(tmp_path, edit, folder="lfm2") -> Path:
     import shutil
     d = tmp_path / "m"
-    shutil.copytree(LFM2, d)
+    shutil.copytree(TINY / folder, d)
     cfg = json.loads((d / "config.json").read_text())
     edit(cfg)
     (d / "config.json").write_text(json.dumps(cfg))
@@ -180,16 +182,7 @@ def test_short_conv_native_matches_oracle(isa, d, width, n_slots):
     kernel = rng.standard_normal((d, width)).astype(np.float32)
     state0 = rng.standard_normal((n_slots, width - 1, d)).astype(np.float32)
     taken0 = np.full(n_slots, 5, np.int32)
-    # slot 0 continues at 5, the last slot restarts at 0 (a prefill), others interleave one token each
-    slots, pos = [], []
-    for s in range(n_slots):
-        k = 7 if s == n_slots - 1 else 1 + s
-        start = 0 if s == n_slots - 1 else 5
-        slots += [s] * k
-        pos += range(start, start + k)
-    order = np.argsort(np.array(pos) * 0 + rng.random(len(pos)), kind="stable")  # shuffle across slots...
-    order = sorted(order, key=lambda i: (pos[i], i))                               # ...keeping each slot in order
-    slots, pos = np.array(slots, np.int32)[order], np.array(pos, np.int32)[order]
+    slots, pos = interleaved_batch(rng, n_slots)
     bcx = rng.standard_normal((len(slots), 3 * d)).astype(np.float32)
     want, want_state = conv_oracle(bcx, state0, kernel, slots, pos)
     for backend in (NumpyBackend(), NativeBackend(activations="f32")):
@@ -209,28 +202,168 @@ def test_short_conv_native_refuses_bad_arguments():
     bcx, out = np.zeros((n, 3 * d), np.float32), np.zeros((n, d), np.float32)
     state, taken, kernel = np.zeros((1, w - 1, d), np.float32), np.zeros(1, np.int32), np.zeros((d, w), np.float32)
     slots, pos = np.zeros(n, np.int32), np.arange(n, dtype=np.int32)
-    C.short_conv(bcx, state, taken, kernel, slots, pos, out, n, d, w, 1)
+    C.short_conv(bcx, state, taken, kernel, slots, pos, out, n, d, w, 1, 1)
     assert taken[0] == 2
     with pytest.raises(ValueError, match="does not continue"):
-        C.short_conv(bcx, state, taken, kernel, slots, np.array([5, 6], np.int32), out, n, d, w, 1)
+        C.short_conv(bcx, state, taken, kernel, slots, np.array([5, 6], np.int32), out, n, d, w, 1, 1)
     with pytest.raises(ValueError, match="slots"):
-        C.short_conv(bcx, state, taken, kernel, np.array([0, 1], np.int32), pos, out, n, d, w, 1)
+        C.short_conv(bcx, state, taken, kernel, np.array([0, 1], np.int32), pos, out, n, d, w, 1, 1)
     with pytest.raises(ValueError):
-        C.short_conv(bcx, state[:, :1], taken, kernel, slots, pos, out, n, d, w, 1)     # state too small
+        C.short_conv(bcx, state[:, :1], taken, kernel, slots, pos, out, n, d, w, 1, 1)     # state too small
     with pytest.raises(ValueError, match="overlap"):
-        C.short_conv(bcx, state, taken, kernel, slots, pos, bcx, n, d, w, 1)           # out over its own input
+        C.short_conv(bcx, state, taken, kernel, slots, pos, bcx, n, d, w, 1, 1)           # out over its own input
     with pytest.raises(ValueError):
-        C.short_conv(bcx, state, taken, kernel, slots, pos, out, n, d, 1, 1)             # width < 2
+        C.short_conv(bcx, state, taken, kernel, slots, pos, out, n, d, 1, 1, 1)             # width < 2
+
+
+def delta_oracle(qkv, ba, z, state, a_neg, dt_bias, norm_w, eps, slots, pos, hk):
+    """float64, token by token: Qwen3-Next's gated delta rule and gated norm (transformers' recurrent form)."""
+    n_slots, hv, dk, dv = state.shape
+    S, r, kd = state.astype(np.float64).copy(), hv // hk, hk * dk
+    out = np.zeros((len(slots), hv * dv))
+    for t, (s, p) in enumerate(zip(slots, pos)):
+        if p == 0:
+            S[s] = 0
+        row = qkv[t].astype(np.float64)
+        for h in range(hv):
+            g = h // r
+            q, k, v = row[g * dk:(g + 1) * dk], row[kd + g * dk:kd + (g + 1) * dk], row[2 * kd + h * dv:2 * kd + (h + 1) * dv]
+            q = q / np.sqrt((q * q).sum() + 1e-6) / np.sqrt(dk)
+            k = k / np.sqrt((k * k).sum() + 1e-6)
+            beta = 1 / (1 + np.exp(-float(ba[t, h])))
+            decay = np.exp(float(a_neg[h]) * np.log1p(np.exp(float(ba[t, hv + h]) + float(dt_bias[h]))))
+            S[s, h] *= decay
+            delta = beta * (v - S[s, h].T @ k)
+            S[s, h] += np.outer(k, delta)
+            o = S[s, h].T @ q
+            zz = z[t, h * dv:(h + 1) * dv].astype(np.float64)
+            out[t, h * dv:(h + 1) * dv] = o / np.sqrt((o * o).mean() + eps) * norm_w * zz / (1 + np.exp(-zz))
+    return out, S
+
+
+def interleaved_batch(rng, n_slots, start=5):
+    """Slots and positions: the last slot restarts at 0 (a prefill of 7), the others continue at
+    `start` with 1, 2, ... tokens; slots interleaved, each slot's tokens in order."""
+    slots, pos = [], []
+    for s in range(n_slots):
+        k, p0 = (7, 0) if s == n_slots - 1 else (1 + s, start)
+        slots += [s] * k
+        pos += range(p0, p0 + k)
+    order = sorted(range(len(pos)), key=lambda i: (pos[i] - (0 if slots[i] == n_slots - 1 else start), rng.random()))
+    return np.array(slots, np.int32)[order], np.array(pos, np.int32)[order]
+
+
+@pytest.mark.parametrize("hk, hv, dk, dv, n_slots", [(2, 4, 16, 16, 3), (1, 3, 5, 7, 2), (3, 3, 8, 33, 1)])
+def test_gated_delta_native_matches_oracle(isa, hk, hv, dk, dv, n_slots):
+    need("native")
+    from llambda.backends.native import NativeBackend
+    from llambda.backends.numpy_ref import NumpyBackend
+    rng = np.random.default_rng(hv * 100 + dv)
+    slots, pos = interleaved_batch(rng, n_slots)
+    n = len(slots)
+    qkv = rng.standard_normal((n, 2 * hk * dk + hv * dv)).astype(np.float32)
+    ba = rng.standard_normal((n, 2 * hv)).astype(np.float32)
+    z = rng.standard_normal((n, hv * dv)).astype(np.float32)
+    state0 = (0.3 * rng.standard_normal((n_slots, hv, dk, dv))).astype(np.float32)
+    a_neg = (-rng.uniform(0.1, 1.5, hv)).astype(np.float32)
+    dt_bias = rng.standard_normal(hv).astype(np.float32)
+    norm_w = (1 + 0.1 * rng.standard_normal(dv)).astype(np.float32)
+    want, want_state = delta_oracle(qkv, ba, z, state0, a_neg, dt_bias, norm_w, 1e-6, slots, pos, hk)
+    for backend in (NumpyBackend(), NativeBackend(activations="f32")):
+        state, taken = state0.copy(), np.full(n_slots, 5, np.int32)
+        out = np.full((n, hv * dv), np.nan, np.float32)
+        backend.gated_delta(qkv, ba, z, state, taken, a_neg, dt_bias, norm_w, 1e-6, slots, pos, out, hk)
+        np.testing.assert_allclose(out, want, rtol=2e-4, atol=2e-5, err_msg=backend.name)
+        np.testing.assert_allclose(state, want_state, rtol=1e-4, atol=1e-5, err_msg=backend.name)
+        assert [taken[s] for s in range(n_slots)] == [pos[slots == s].max() + 1 for s in range(n_slots)]
+
+
+@pytest.mark.parametrize("c, width", [(131, 4), (7, 2)])
+def test_conv_silu_native_matches_oracle(isa, c, width):
+    need("native")
+    from llambda.backends.native import NativeBackend
+    from llambda.backends.numpy_ref import NumpyBackend
+    rng = np.random.default_rng(c)
+    slots, pos = interleaved_batch(rng, 3)
+    x = rng.standard_normal((len(slots), c)).astype(np.float32)
+    kernel = rng.standard_normal((c, width)).astype(np.float32)
+    state0 = rng.standard_normal((3, width - 1, c)).astype(np.float32)
+    # the plain convolution is the gated one with B = 1 and C = 1
+    ones = np.ones_like(x)
+    y, want_state = conv_oracle(np.concatenate([ones, ones, x], axis=1), state0, kernel, slots, pos)
+    want = y / (1 + np.exp(-y))
+    for backend in (NumpyBackend(), NativeBackend(activations="f32")):
+        state, taken = state0.copy(), np.full(3, 5, np.int32)
+        out = np.full_like(x, np.nan)
+        backend.conv_silu(x, state, taken, kernel, slots, pos, out)
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5, err_msg=backend.name)
+        np.testing.assert_allclose(state, want_state, rtol=1e-6, atol=1e-6, err_msg=backend.name)
+
+
+@pytest.mark.parametrize("count", [1, 37, 5000])
+def test_sigmoid_mul_native(isa, count):
+    need("native")
+    from llambda import _native as C
+    rng = np.random.default_rng(count)
+    x, g = rng.standard_normal(count).astype(np.float32), (4 * rng.standard_normal(count)).astype(np.float32)
+    out = np.empty_like(x)
+    C.sigmoid_mul(x, g, out, count)
+    np.testing.assert_allclose(out, x / (1 + np.exp(-g.astype(np.float64))), rtol=1e-6, atol=1e-7)
+
+
+def test_gated_delta_native_refuses_bad_arguments():
+    need("native")
+    from llambda import _native as C
+    hk, hv, dk, dv, n = 1, 2, 4, 4, 2
+    f = lambda *shape: np.zeros(shape, np.float32)     # noqa: E731
+    qkv, ba, z, out = f(n, 2 * dk + hv * dv), f(n, 2 * hv), f(n, hv * dv), f(n, hv * dv)
+    state, taken, slots, pos = f(1, hv, dk, dv), np.zeros(1, np.int32), np.zeros(n, np.int32), np.arange(n, dtype=np.int32)
+    args = lambda **kw: [kw.get(k, v) for k, v in (("qkv", qkv), ("ba", ba), ("z", z), ("state", state),  # noqa: E731
+                         ("taken", taken), ("a", f(hv)), ("dt", f(hv)), ("w", f(dv)), ("slots", slots), ("pos", pos),
+                         ("out", out))] + [n, hk, hv, dk, dv, 1, 1e-6]
+    C.gated_delta(*args())
+    assert taken[0] == 2
+    with pytest.raises(ValueError, match="does not continue"):
+        C.gated_delta(*args(pos=np.array([4, 5], np.int32)))
+    with pytest.raises(ValueError, match="overlaps"):
+        C.gated_delta(*args(out=z))
+    with pytest.raises(ValueError):
+        C.gated_delta(*args(state=f(1, hv, dk, dv - 1)))
+    bad = args()
+    bad[12] = 3                                          # hv not a multiple of hk... (hk 3 > hv 2)
+    with pytest.raises(ValueError):
+        C.gated_delta(*bad)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: c.update(layer_types=["linear_attention", "mamba", "full_attention", "full_attention"]), "layer_types"),
+    (lambda c: c.update(linear_num_value_heads=3), "multiple"),
+    (lambda c: c.update(linear_key_head_dim=4096), "linear_key_head_dim"),
+    (lambda c: c.update(rope_parameters={"rope_theta": 1e7, "partial_rotary_factor": 0}), "partial_rotary_factor"),
+])
+def test_qwen3next_bad_configs_are_model_format_errors(tmp_path, edit, message):
+    with pytest.raises(ModelFormatError, match=message):
+        llambda.load(_edit(tmp_path, edit, "qwen3_next"), backend="numpy", n_ctx=32)
+
+
+def test_qwen3next_config():
+    with llambda.load(TINY / "qwen3_next", backend="numpy", n_ctx=32) as m:
+        c, t = m.config, m.transformer
+        assert c.layer_kinds == ["deltanet"] * 3 + ["attention"] and c.rope_dim == 4 and c.attn_out_gate
+        assert (c.ssm_k_heads, c.ssm_v_heads, c.ssm_k_dim, c.ssm_v_dim, c.conv_kernel) == (2, 4, 16, 16, 4)
+        assert t.cache.n_layers == 1 and sorted(t.delta_state) == [0, 1, 2]
+        assert t.delta_state[0].shape == (1, 4, 16, 16) and t.conv_state[0].shape == (1, 3, 128)
 
 
 # ---------------------------------------------------------------- the recurrent state
 
+@pytest.mark.parametrize("folder", HYBRIDS)
 @pytest.mark.parametrize("mode", list(MODES))
-def test_generate_equals_prefill_then_decode_steps(mode):
+def test_generate_equals_prefill_then_decode_steps(folder, mode):
     """generate() against the model driven by hand: prefill the prompt, then one forward per token."""
     from llambda import engine
-    inp = reference()["inputs"][1]
-    with load(LFM2, mode, n_ctx=128) as m:
+    inp = reference(folder)["inputs"][1]
+    with load(TINY / folder, mode, n_ctx=128) as m:
         got = list(m.generate(inp["input_ids"], max_tokens=12, temperature=0, ignore_eos=True))
         t = m.transformer
         ids = list(inp["input_ids"])
@@ -248,8 +381,9 @@ def test_generate_equals_prefill_then_decode_steps(mode):
         assert got == inp["greedy_new_tokens"][:12]
 
 
-def test_state_cannot_be_rewound_or_skipped():
-    with llambda.load(LFM2, backend="numpy", n_ctx=64) as m:
+@pytest.mark.parametrize("folder", HYBRIDS)
+def test_state_cannot_be_rewound_or_skipped(folder):
+    with llambda.load(TINY / folder, backend="numpy", n_ctx=64) as m:
         t = m.transformer
         t.forward([1, 2, 3, 4], [0] * 4, [0, 1, 2, 3], [3])
         assert t.state_position(0) == 4 and t.resume_point(0, 4) == 4 and t.resume_point(0, 3) == 0
@@ -263,34 +397,36 @@ def test_state_cannot_be_rewound_or_skipped():
         assert t.state_position(0) == 1
 
 
+@pytest.mark.parametrize("folder", HYBRIDS)
 @pytest.mark.parametrize("mode", ["numpy", "native-fast"])
-def test_reused_prefix_resumes_only_where_the_state_is(mode):
+def test_reused_prefix_resumes_only_where_the_state_is(folder, mode):
     """The library reuses slot 0's prefix; a hybrid model only where its state stands, else from 0:
     every answer equals the same prompt's answer in a fresh model."""
-    ids = reference()["inputs"][2]["input_ids"]
+    ids = reference(folder)["inputs"][2]["input_ids"]
     prompts = [ids[:30], ids[:50], ids[:20], ids[:20] + [5, 6], ids[:50]]
     outs = []
-    with load(LFM2, mode, n_ctx=128) as m:
+    with load(TINY / folder, mode, n_ctx=128) as m:
         for p in prompts:
             outs.append(list(m.generate(p, max_tokens=6, temperature=0, ignore_eos=True)))
     for p, got in zip(prompts, outs):
-        with load(LFM2, mode, n_ctx=128) as fresh:
+        with load(TINY / folder, mode, n_ctx=128) as fresh:
             assert got == list(fresh.generate(p, max_tokens=6, temperature=0, ignore_eos=True))
 
 
-def test_batch_invariance_with_other_sequences():
+@pytest.mark.parametrize("folder", HYBRIDS)
+def test_batch_invariance_with_other_sequences(folder):
     """Native, batch-invariant (the server's mode): a sequence's decode logits are the same bits
     whether it runs alone or beside other slots' prefill and decode tokens."""
     need("native")
     from llambda.backends.native import NativeBackend
     from llambda.formats.hf_dir import open_hf_dir
     from llambda.models.base import Transformer
-    src = open_hf_dir(LFM2)
+    src = open_hf_dir(TINY / folder)
     backend = NativeBackend(activations="q8")
     backend.set_batch_invariant(True)
     try:
         t = Transformer(src.config, src.tensor, backend, n_ctx=128, n_slots=3, max_tokens=64)
-        ids = reference()["inputs"][1]["input_ids"]
+        ids = reference(folder)["inputs"][1]["input_ids"]
         t.forward(np.array(ids[:20], np.int32), np.zeros(20, np.int32), np.arange(20, dtype=np.int32), [])
         alone = t.forward(np.array([ids[20]], np.int32), np.zeros(1, np.int32), np.array([20], np.int32),
                           [0])[0].copy()
@@ -319,18 +455,19 @@ def test_speculative_decoding_is_refused():
                 m.set_draft(d)
 
 
-def test_server_scheduler_runs_hybrid_sequences_without_prefix_reuse():
+@pytest.mark.parametrize("folder", HYBRIDS)
+def test_server_scheduler_runs_hybrid_sequences_without_prefix_reuse(folder):
     """Concurrent requests sharing a prefix: each answer equals the library's, nothing was reused."""
     need("native")
     from llambda.engine import GenerationParams, Sequence
     from llambda.sampling import SamplingParams
     from llambda.server.metrics import Metrics
     from llambda.server.scheduler import Channel, Job, Scheduler
-    ids = reference()["inputs"][2]["input_ids"]
+    ids = reference(folder)["inputs"][2]["input_ids"]
     prompts = [ids[:40], ids[:40] + [7, 8], ids[:25], ids[:40]]
-    with load(LFM2, "native-fast", n_ctx=128) as m:
+    with load(TINY / folder, "native-fast", n_ctx=128) as m:
         want = [list(m.generate(p, max_tokens=8, temperature=0, ignore_eos=True)) for p in prompts]
-    with load(LFM2, "native-fast", n_ctx=128, n_slots=3) as m:
+    with load(TINY / folder, "native-fast", n_ctx=128, n_slots=3) as m:
         sched = Scheduler(m.transformer, Metrics(), prefill_chunk=16)
         sched.start()
         try:

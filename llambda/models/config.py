@@ -22,7 +22,7 @@ SIZE_LIMITS = {
     "window_pattern": (1, 4096),
     "n_experts": (0, 1 << 12), "n_experts_used": (0, 1 << 10), "expert_ffn_dim": (0, 1 << 20),
     "shared_ffn_dim": (0, 1 << 20), "conv_kernel": (0, 64),
-    "ssm_k_heads": (0, 4096), "ssm_v_heads": (0, 4096), "ssm_k_dim": (0, 1 << 12), "ssm_v_dim": (0, 1 << 12),
+    "ssm_k_heads": (0, 4096), "ssm_v_heads": (0, 4096), "ssm_k_dim": (0, 1024), "ssm_v_dim": (0, 1024),
 }
 # What a layer's token mixer is: attention over the KV cache, LFM2's gated short convolution (a causal
 # depthwise convolution whose last conv_kernel - 1 inputs are a per-sequence state), or Qwen3-Next's

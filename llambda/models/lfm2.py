@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import ModelFormatError
 from .config import TransformerConfig
-from .hparams import GGUFHParams, HFConfig
+from .hparams import GGUFHParams, HFConfig, hf_layer_kinds
 
 # canonical name -> the name llama.cpp's lfm2 files use
 GGUF_NAMES = {"output_norm.weight": "token_embd_norm.weight"}
@@ -83,11 +83,7 @@ def layer_kinds(hf: HFConfig, n_layers: int) -> list[str]:
         if not isinstance(idx, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in idx):
             raise ModelFormatError(f"config.json 'full_attn_idxs' should list layer numbers, got {idx!r}")
         types = ["full_attention" if i in idx else "conv" for i in range(n_layers)]
-    if not isinstance(types, list) or len(types) != n_layers or \
-            not all(t in ("conv", "full_attention") for t in types):
-        raise ModelFormatError(f"config.json 'layer_types' should list 'conv' or 'full_attention' for each of the "
-                               f"{n_layers} layers, got {types!r}")
-    return ["shortconv" if t == "conv" else "attention" for t in types]
+    return hf_layer_kinds(types, n_layers, {"conv": "shortconv", "full_attention": "attention"})
 
 
 def config_from_hf(cfg: dict) -> TransformerConfig:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ..errors import ModelFormatError
 from .config import TransformerConfig
-from .hparams import HFConfig
+from .hparams import HFConfig, hf_layer_kinds
 from .llama import check_hf_mlp
 from .moe import hf_moe
 
@@ -47,11 +47,7 @@ def layer_kinds(cfg: dict, n_layers: int) -> list[str]:
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ModelFormatError(f"config.json 'full_attention_interval' = {every!r} is not valid")
         types = ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(n_layers)]
-    if not isinstance(types, list) or len(types) != n_layers or \
-            not all(t in ("linear_attention", "full_attention") for t in types):
-        raise ModelFormatError(f"config.json 'layer_types' should list 'linear_attention' or 'full_attention' for "
-                               f"each of the {n_layers} layers, got {types!r}")
-    return ["deltanet" if t == "linear_attention" else "attention" for t in types]
+    return hf_layer_kinds(types, n_layers, {"linear_attention": "deltanet", "full_attention": "attention"})
 
 
 def config_from_hf(cfg: dict) -> TransformerConfig:
