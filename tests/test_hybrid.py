@@ -491,3 +491,24 @@ def test_server_scheduler_runs_hybrid_sequences_without_prefix_reuse(folder):
     assert [got.get(i, []) for i in range(len(prompts))] == want
     assert all(j.n_cached == 0 for j in jobs)
 
+
+
+def test_http_server_refuses_speculation_and_serves_plain_decoding():
+    """A hybrid model served over HTTP: speculative requests are a 400, a server default of speculation
+    refuses to start (a typed error), plain requests are served."""
+    from serverkit import LiveServer, assert_error, post
+    from llambda.server import ServerConfig
+    from llambda.server.app import create_app
+    with llambda.load(LFM2, n_ctx=64, n_slots=2) as model:
+        with pytest.raises(InvalidInputError, match="speculative"):
+            create_app(model, ServerConfig(model_id="tiny", parallel=1, speculative="lookup"))
+        with LiveServer(create_app(model, ServerConfig(model_id="tiny", parallel=1))) as srv:
+            for mode in ("lookup", "draft"):
+                r = post(srv, "/v1/completions", dict(model="tiny", prompt=[1, 2, 3], max_tokens=2, speculative=mode))
+                assert_error(r, 400, "speculative")
+            for _ in range(2):      # the second from the same slot: no prefix reused, the state restarted
+                r = post(srv, "/v1/completions", dict(model="tiny", prompt=[1, 2, 3], max_tokens=4, temperature=0,
+                                                      ignore_eos=True))
+                assert r.status_code == 200, r.text
+                assert r.json()["usage"]["completion_tokens"] == 4
+                assert r.json()["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0) == 0
