@@ -139,10 +139,18 @@ def test_lfm2_bad_configs_are_model_format_errors(tmp_path, edit, message):
         llambda.load(_edit(tmp_path, edit), backend="numpy", n_ctx=32)
 
 
-def test_lfm2_full_attn_idxs_spelling(tmp_path):
-    d = _edit(tmp_path, lambda c: (c.pop("layer_types"), c.update(full_attn_idxs=[2])))
-    with llambda.load(d, backend="numpy", n_ctx=32) as m:
+def test_lfm2_first_checkpoints_spelling(tmp_path):
+    """The Hub's first LFM2 configs: full_attn_idxs, block_ff_dim, tie_embedding, rope_theta."""
+    def old(c):
+        for k in ("layer_types", "intermediate_size", "tie_word_embeddings", "rope_parameters"):
+            c.pop(k)
+        c.update(full_attn_idxs=[2], block_ff_dim=192, tie_embedding=True, rope_theta=1000000.0)
+    inp = reference()["inputs"][1]
+    with llambda.load(_edit(tmp_path, old), backend="numpy", n_ctx=64) as m:
         assert m.config.layer_kinds == ["shortconv", "shortconv", "attention", "shortconv"]
+        assert m.config.ffn_dim == 128 and m.config.tie_embeddings
+        err = float(np.abs(last_rows(m, inp) - np.array(inp["logits_last3"], np.float32)).max())
+    assert err <= 1e-3
 
 
 def test_lfm2_gguf_bad_head_counts(tmp_path):

@@ -64,7 +64,7 @@ def config_from_gguf(meta: dict) -> TransformerConfig:
 def ffn_width(hf: HFConfig) -> int:
     """The MLP's width: `intermediate_size`, or with block_auto_adjust_ff_dim 2/3 of it, times
     block_ffn_dim_multiplier, rounded up to a multiple of block_multiple_of (as transformers does)."""
-    ff = hf.get("block_ff_dim", None, int, "ffn_dim") or hf.get("intermediate_size", kind=int, limit="ffn_dim")
+    ff = hf.get("intermediate_size", kind=int, limit="ffn_dim")
     if not hf.get("block_auto_adjust_ff_dim", True):
         return ff
     ff = int(2 * ff / 3)
@@ -87,6 +87,8 @@ def layer_kinds(hf: HFConfig, n_layers: int) -> list[str]:
 
 
 def config_from_hf(cfg: dict) -> TransformerConfig:
+    if cfg.get("block_ff_dim") is not None:      # the first checkpoints' spelling (it wins, as in transformers)
+        cfg = dict(cfg, intermediate_size=cfg["block_ff_dim"])
     hf = HFConfig(cfg)
     if hf.get("conv_bias", False):
         raise ModelFormatError("config.json conv_bias=true is not supported (LFM2's convolutions have no biases)")
