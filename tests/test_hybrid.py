@@ -81,6 +81,75 @@ def lfm2_gguf(out: Path) -> Path:
     return out
 
 
+# HF name (after model.layers.N.) -> llama.cpp's qwen3next GGUF name (its converter and tensor_mapping)
+QWEN3NEXT_GGUF = {
+    "input_layernorm": "attn_norm", "post_attention_layernorm": "post_attention_norm",
+    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+    "linear_attn.in_proj_ba": "ssm_ba", "linear_attn.out_proj": "ssm_out", "linear_attn.norm": "ssm_norm",
+    "linear_attn.conv1d": "ssm_conv1d", "linear_attn.A_log": "ssm_a", "linear_attn.dt_bias": "ssm_dt",
+    "mlp.gate": "ffn_gate_inp", "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_expert.up_proj": "ffn_up_shexp", "mlp.shared_expert.down_proj": "ffn_down_shexp",
+    "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
+}
+
+
+def qwen3next_gguf(out: Path) -> Path:
+    """The tiny Qwen3-Next as llama.cpp's converter writes it: norms (but the delta net's) + 1, ssm_a =
+    -exp(A_log), dt_bias as ssm_dt.bias, conv kernels squeezed, in_proj_qkvz regrouped into attn_qkv
+    (all q heads, all k heads, all v heads) and attn_gate (z), experts stacked; float32, no tokenizer."""
+    cfg = json.loads((TINY / "qwen3_next" / "config.json").read_text())
+    hk, hv, dk, dv = (cfg[k] for k in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                                       "linear_value_head_dim"))
+    r = hv // hk
+    tensors, experts = {}, {}
+    with SafetensorsFile(TINY / "qwen3_next" / "model.safetensors") as f:
+        for name, t in f.tensors.items():
+            w = np.array(t.to_float32()).reshape(t.shape).astype(np.float32)
+            if name in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"):
+                g = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+                     "lm_head.weight": "output.weight"}[name]
+                tensors[g] = w + 1 if name == "model.norm.weight" else w
+                continue
+            _, _, i, rest = name.split(".", 3)
+            leaf, _, kind = rest.rpartition(".")
+            if rest.startswith("mlp.experts."):
+                _, _, e, proj, _ = rest.split(".")
+                experts.setdefault((i, proj), {})[int(e)] = w
+                continue
+            if rest == "linear_attn.in_proj_qkvz.weight":
+                g3 = w.reshape(hk, 2 * dk + 2 * r * dv, -1)
+                parts = np.split(g3, [dk, 2 * dk, 2 * dk + r * dv], axis=1)
+                tensors[f"blk.{i}.attn_qkv.weight"] = np.concatenate([p.reshape(-1, w.shape[1]) for p in parts[:3]])
+                tensors[f"blk.{i}.attn_gate.weight"] = parts[3].reshape(-1, w.shape[1])
+                continue
+            if rest in ("linear_attn.A_log", "linear_attn.dt_bias"):
+                leaf, kind = rest, "bias" if rest.endswith("dt_bias") else "weight"
+                w = -np.exp(w) if rest.endswith("A_log") else w
+            if leaf.endswith("norm") and leaf != "linear_attn.norm":
+                w = w + 1
+            if w.ndim == 3:
+                w = w.reshape(w.shape[0], -1)
+            tensors[f"blk.{i}.{QWEN3NEXT_GGUF[leaf]}.{kind}"] = w
+    for (i, proj), per in experts.items():
+        tensors[f"blk.{i}.ffn_{proj.split('_')[0]}_exps.weight"] = np.stack([per[e] for e in sorted(per)])
+    a = "qwen3next"
+    meta = {"general.architecture": a, f"{a}.block_count": cfg["num_hidden_layers"],
+            f"{a}.context_length": cfg["max_position_embeddings"], f"{a}.embedding_length": cfg["hidden_size"],
+            f"{a}.feed_forward_length": cfg["intermediate_size"], f"{a}.attention.head_count": cfg["num_attention_heads"],
+            f"{a}.attention.head_count_kv": cfg["num_key_value_heads"], f"{a}.attention.key_length": cfg["head_dim"],
+            f"{a}.attention.value_length": cfg["head_dim"], f"{a}.rope.freq_base": cfg["rope_parameters"]["rope_theta"],
+            f"{a}.rope.dimension_count": 4, f"{a}.attention.layer_norm_rms_epsilon": cfg["rms_norm_eps"],
+            f"{a}.expert_count": cfg["num_experts"], f"{a}.expert_used_count": cfg["num_experts_per_tok"],
+            f"{a}.expert_feed_forward_length": cfg["moe_intermediate_size"],
+            f"{a}.expert_shared_feed_forward_length": cfg["shared_expert_intermediate_size"],
+            f"{a}.ssm.conv_kernel": cfg["linear_conv_kernel_dim"], f"{a}.ssm.state_size": dk,
+            f"{a}.ssm.group_count": hk, f"{a}.ssm.time_step_rank": hv, f"{a}.ssm.inner_size": hv * dv,
+            f"{a}.full_attention_interval": 4, f"{a}.vocab_size": cfg["vocab_size"]}
+    write_gguf(out, meta, {n: (QType.F32, np.ascontiguousarray(w)) for n, w in tensors.items()})
+    return out
+
+
 def last_rows(model, inp) -> np.ndarray:
     ids = inp["input_ids"]
     return np.stack([model.logits(ids[:p + 1]) for p in inp["last_positions"]])
@@ -88,12 +157,13 @@ def last_rows(model, inp) -> np.ndarray:
 
 # ---------------------------------------------------------------- the model, both formats
 
+@pytest.mark.parametrize("folder", HYBRIDS)
 @pytest.mark.parametrize("mode", list(MODES))
-def test_lfm2_gguf_matches_transformers(tmp_path, mode):
-    gg = lfm2_gguf(tmp_path / "lfm2.gguf")
-    ref = reference()
+def test_gguf_matches_transformers(tmp_path, folder, mode):
+    gg = (lfm2_gguf if folder == "lfm2" else qwen3next_gguf)(tmp_path / f"{folder}.gguf")
+    ref = reference(folder)
     with load(gg, mode, n_ctx=128) as m:
-        assert m.config.arch == "lfm2"
+        assert m.config.arch == folder.replace("_", "")
         for inp in ref["inputs"]:
             err = float(np.abs(last_rows(m, inp) - np.array(inp["logits_last3"], np.float32)).max())
             assert err <= MODES[mode][2], f"GGUF {mode} length {inp['length']}: {err}"
@@ -354,13 +424,17 @@ def test_qwen3next_bad_configs_are_model_format_errors(tmp_path, edit, message):
         llambda.load(_edit(tmp_path, edit, "qwen3_next"), backend="numpy", n_ctx=32)
 
 
-def test_qwen3next_config():
-    with llambda.load(TINY / "qwen3_next", backend="numpy", n_ctx=32) as m:
-        c, t = m.config, m.transformer
-        assert c.layer_kinds == ["deltanet"] * 3 + ["attention"] and c.rope_dim == 4 and c.attn_out_gate
-        assert (c.ssm_k_heads, c.ssm_v_heads, c.ssm_k_dim, c.ssm_v_dim, c.conv_kernel) == (2, 4, 16, 16, 4)
-        assert t.cache.n_layers == 1 and sorted(t.delta_state) == [0, 1, 2]
-        assert t.delta_state[0].shape == (1, 4, 16, 16) and t.conv_state[0].shape == (1, 3, 128)
+def test_qwen3next_config_from_each_format(tmp_path):
+    for path in (TINY / "qwen3_next", qwen3next_gguf(tmp_path / "q.gguf")):
+        with llambda.load(path, backend="numpy", n_ctx=32) as m:
+            c, t = m.config, m.transformer
+            assert c.layer_kinds == ["deltanet"] * 3 + ["attention"] and c.rope_dim == 4 and c.attn_out_gate
+            assert (c.ssm_k_heads, c.ssm_v_heads, c.ssm_k_dim, c.ssm_v_dim, c.conv_kernel) == (2, 4, 16, 16, 4)
+            assert (c.n_experts, c.n_experts_used, c.expert_ffn_dim, c.shared_ffn_dim, c.moe_norm_topk) == \
+                (4, 2, 32, 32, True)
+            assert c.norm_offset == (1.0 if path.is_dir() else 0.0)      # GGUF norms hold 1 + w already
+            assert t.cache.n_layers == 1 and sorted(t.delta_state) == [0, 1, 2]
+            assert t.delta_state[0].shape == (1, 4, 16, 16) and t.conv_state[0].shape == (1, 3, 128)
 
 
 # ---------------------------------------------------------------- the recurrent state
@@ -402,6 +476,13 @@ def test_state_cannot_be_rewound_or_skipped(folder):
             t.forward([7, 8], [0, 0], [4, 6], [1])
         assert t.state_position(0) == 4          # a refused batch moved nothing
         t.forward([9], [0], [0], [0])             # position 0: a new sequence
+        assert t.state_position(0) == 1
+        # a pass stopped part-way (here: the last recurrent layer's count moved alone) leaves the state unknown
+        t._state_rows[-1, 0] += 1
+        assert t.state_position(0) == -1 and t.resume_point(0, 5) == 0
+        with pytest.raises(InvalidInputError, match="recurrent state"):
+            t.forward([7], [0], [1], [0])
+        t.forward([7], [0], [0], [0])
         assert t.state_position(0) == 1
 
 

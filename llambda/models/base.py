@@ -203,6 +203,7 @@ class Transformer:
         pos = self.cache.extra.pop("state_pos") if conv else None
         self.state_pos = {i: pos[k] for k, i in enumerate(conv)}                 # each op keeps its own count
         self.delta_pos = {i: pos[len(conv) + k] for k, i in enumerate(delta)}
+        self._state_rows = pos
         self.cache.state = list(self.conv_state.values()) + list(self.delta_state.values()) + ([pos] if conv else [])
         self.ws.bind(self.cache.extra)
         self._plans: dict[int, object] = {}
@@ -299,29 +300,34 @@ class Transformer:
             p = f"blk.{i}."
             return cfg.moe_layers[i] and (get(p + "ffn_gate_inp.weight") is not None or get(p + "ffn_gate.weight") is None)
 
+        def conv_kernel(name: str, channels: int) -> np.ndarray:
+            """A depthwise convolution's weights as float32 (channels, L): GGUF's (c, L) or HF's (c, 1, L)."""
+            t = need(name)
+            if t.rows * t.cols != channels * cfg.conv_kernel or t.shape[0] != channels:
+                raise ModelFormatError(f"tensor {name!r} has shape {t.shape}, expected ({channels}, {cfg.conv_kernel})")
+            kernel = np.ascontiguousarray(t.to_float32().reshape(channels, cfg.conv_kernel), dtype=np.float32)
+            finite(name, t, kernel.reshape(-1))
+            return kernel
+
         def short_conv(p: str) -> ShortConvWeights:
-            t = need(p + "shortconv.conv.weight")      # (d, L), or HF's (d, 1, L)
-            if t.rows * t.cols != d * cfg.conv_kernel or t.shape[0] != d:
-                raise ModelFormatError(f"tensor {t.name!r} has shape {t.shape}, expected ({d}, {cfg.conv_kernel})")
-            kernel = np.ascontiguousarray(t.to_float32().reshape(d, cfg.conv_kernel), dtype=np.float32)
-            finite(t.name, t, kernel.reshape(-1))
-            return ShortConvWeights(in_proj=matrix(p + "shortconv.in_proj.weight", 3 * d, d), kernel=kernel,
+            return ShortConvWeights(in_proj=matrix(p + "shortconv.in_proj.weight", 3 * d, d),
+                                    kernel=conv_kernel(p + "shortconv.conv.weight", d),
                                     out_proj=matrix(p + "shortconv.out_proj.weight", d, d))
 
         def delta_net(p: str) -> DeltaNetWeights:
             hk, hv, dk, dv = cfg.ssm_k_heads, cfg.ssm_v_heads, cfg.ssm_k_dim, cfg.ssm_v_dim
             r, c = hv // hk, 2 * hk * dk + hv * dv
-            q, k, v, z = grouped_rows(hk, [dk, dk, r * dv, r * dv])
-            in_qkv, in_z = matrix(p + "ssm_in.weight", c + hv * dv, d, [np.concatenate([q, k, v]), z])
+            if get(p + "ssm_in.weight") is not None:     # the checkpoint's in_proj_qkvz, grouped per key head
+                q, k, v, z = grouped_rows(hk, [dk, dk, r * dv, r * dv])
+                in_qkv, in_z = matrix(p + "ssm_in.weight", c + hv * dv, d, [np.concatenate([q, k, v]), z])
+            else:                                         # llama.cpp's: regrouped into q, k, v heads and z
+                in_qkv, in_z = matrix(p + "attn_qkv.weight", c, d), matrix(p + "attn_gate.weight", hv * dv, d)
             in_ba = matrix(p + "ssm_ba.weight", 2 * hv, d, [np.concatenate(grouped_rows(hk, [r, r]))])[0]
-            t = need(p + "ssm_conv1d.weight")        # (c, L), or HF's (c, 1, L)
-            if t.rows * t.cols != c * cfg.conv_kernel or t.shape[0] != c:
-                raise ModelFormatError(f"tensor {t.name!r} has shape {t.shape}, expected ({c}, {cfg.conv_kernel})")
-            kernel = np.ascontiguousarray(t.to_float32().reshape(c, cfg.conv_kernel), dtype=np.float32)
-            finite(t.name, t, kernel.reshape(-1))
-            a_log = vector(p + "ssm_a_log.weight", hv)
-            return DeltaNetWeights(in_qkv=in_qkv, in_z=in_z, in_ba=in_ba, kernel=kernel,
-                                   a_neg=(-np.exp(a_log.astype(np.float32))).astype(np.float32),
+            a_neg = vector(p + "ssm_a.weight", hv, required=False)     # llama.cpp stores -exp(A_log)
+            if a_neg is None:
+                a_neg = (-np.exp(vector(p + "ssm_a_log.weight", hv))).astype(np.float32)
+            return DeltaNetWeights(in_qkv=in_qkv, in_z=in_z, in_ba=in_ba, kernel=conv_kernel(p + "ssm_conv1d.weight", c),
+                                   a_neg=a_neg,
                                    dt_bias=vector(p + "ssm_dt.bias", hv), norm=vector(p + "ssm_norm.weight", dv),
                                    out_proj=matrix(p + "ssm_out.weight", d, hv * dv))
 
@@ -465,10 +471,11 @@ class Transformer:
     def _check_state(self, slot, p) -> None:
         """Each token must continue its slot's recurrent state (or start it again at position 0): the
         state holds only the last inputs, so it can neither be rewound nor skip ahead."""
-        taken = next(iter(self.state_pos.values()))
         nxt: dict[int, int] = {}
         for s, q in zip(slot.tolist(), p.tolist()):
-            want = nxt.get(s, int(taken[s]))
+            want = nxt.get(s)
+            if want is None:
+                want = self.state_position(s)
             if q != 0 and q != want:
                 raise InvalidInputError(
                     f"slot {s}: position {q} does not continue the recurrent state of this hybrid model's "
@@ -476,10 +483,12 @@ class Transformer:
             nxt[s] = q + 1
 
     def state_position(self, slot: int) -> int | None:
-        """How many tokens slot's recurrent state has taken in; None in a model without one."""
+        """How many tokens slot's recurrent state has taken in; None in a model without one. -1 when its
+        layers disagree (a forward pass that stopped part-way): only a new sequence can use it then."""
         if not self.state_pos:
             return None
-        return int(next(iter(self.state_pos.values()))[slot])
+        counts = self._state_rows[:, slot]
+        return int(counts[0]) if counts.min() == counts.max() else -1
 
     def resume_point(self, slot: int, common: int) -> int:
         """Where a sequence whose first `common` tokens the slot already holds must start computing.
@@ -488,7 +497,7 @@ class Transformer:
         at = self.state_position(slot)
         if at is None:
             return common
-        return at if at <= common else 0
+        return at if 0 <= at <= common else 0
 
     def _attention_block(self, i: int, L: LayerWeights, x, slot, p) -> None:
         cfg, B, ws = self.cfg, self.backend, self.ws
@@ -531,11 +540,10 @@ class Transformer:
         """x += out_proj(C * conv(B * x')), x' the normed input: LFM2's token mixer."""
         B, ws = self.backend, self.ws
         n = len(x)
-        h, bcx, proj = ws.h[:n], ws.bcx[:n], ws.proj[:n]
-        h = self._pre_norm(x, L.attn_norm, h)
-        B.matmul(h, L.conv.in_proj, bcx)
-        B.short_conv(bcx, self.conv_state[i], self.state_pos[i], L.conv.kernel, slot, p, h)
-        B.matmul(h, L.conv.out_proj, proj)
+        y, bcx, proj = ws.h[:n], ws.bcx[:n], ws.proj[:n]
+        B.matmul(self._pre_norm(x, L.attn_norm, y), L.conv.in_proj, bcx)
+        B.short_conv(bcx, self.conv_state[i], self.state_pos[i], L.conv.kernel, slot, p, y)   # the normed input is spent
+        B.matmul(y, L.conv.out_proj, proj)
         self._residual_add(x, proj)
 
     def _delta_net_block(self, i: int, L: LayerWeights, x, slot, p) -> None:

@@ -10,15 +10,22 @@ Attention layers: q_proj gives per head the query and a gate (the output is mult
 sigmoid(gate)); per-head q/k norms; RoPE on the first `partial_rotary_factor` of each head. Every
 RMSNorm but the delta net's computes x (1 + w). MoE on every layer with a sigmoid-gated shared expert.
 
-config.json only (Hugging Face directories); llama.cpp's `qwen3next` GGUF files are not read yet.
+GGUF (`qwen3next`, as llama.cpp's converter writes it): norms already hold 1 + w; `ssm_a` is
+-exp(A_log); in_proj_qkvz arrives regrouped as `attn_qkv` (q, k, v heads) and `attn_gate` (z);
+`ssm_ba` and `attn_q` keep the checkpoint's grouping; the pre-MLP norm is `post_attention_norm`;
+`ssm.group_count` / `ssm.time_step_rank` are the key / value head counts, `ssm.state_size` the key
+head size, `ssm.inner_size` all value heads; layer i is attention iff (i + 1) % full_attention_interval == 0.
 """
 from __future__ import annotations
 
 from ..errors import ModelFormatError
 from .config import TransformerConfig
-from .hparams import HFConfig, hf_layer_kinds
+from .hparams import GGUFHParams, HFConfig, hf_layer_kinds
 from .llama import check_hf_mlp
-from .moe import hf_moe
+from .moe import gguf_moe, hf_moe
+
+# canonical name -> the name llama.cpp's qwen3next files use
+GGUF_NAMES = {"ffn_norm.weight": "post_attention_norm.weight"}
 
 # HF per-layer names of this family (merged over the shared ones by formats/hf_dir.py)
 HF_LAYER_NAMES = {
@@ -40,13 +47,34 @@ def partial_rope_dim(cfg: dict, head_dim: int) -> int:
     return max(2, int(head_dim * partial) // 2 * 2)
 
 
+def every_nth_attention(n_layers: int, every, where: str) -> list[str]:
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ModelFormatError(f"{where} 'full_attention_interval' = {every!r} is not valid")
+    return ["attention" if (i + 1) % every == 0 else "deltanet" for i in range(n_layers)]
+
+
+def config_from_gguf(meta: dict) -> TransformerConfig:
+    hp = GGUFHParams(meta, "qwen3next")
+    c = hp.common()
+    hv = hp.int("ssm.time_step_rank", limit="ssm_v_heads")
+    inner = hp.int("ssm.inner_size", limit="ffn_dim")
+    if hv < 1 or inner % hv:
+        raise ModelFormatError(f"GGUF metadata 'qwen3next.ssm.inner_size' ({inner}) is not a multiple of the value "
+                               f"heads ({hv})")
+    kinds = every_nth_attention(c["n_layers"], hp.int("full_attention_interval", 4), "GGUF metadata qwen3next")
+    return TransformerConfig(
+        **c, rope_neox=True, qk_norm=True, attn_out_gate=True, layer_kinds=kinds,
+        conv_kernel=hp.int("ssm.conv_kernel", limit="conv_kernel"),
+        ssm_k_heads=hp.int("ssm.group_count", limit="ssm_k_heads"), ssm_v_heads=hv,
+        ssm_k_dim=hp.int("ssm.state_size", limit="ssm_k_dim"),
+        ssm_v_dim=HFConfig.check("GGUF metadata 'qwen3next.ssm.inner_size' / value heads", inner // hv, int,
+                                 "ssm_v_dim"), **gguf_moe(hp, norm_default=True))
+
+
 def layer_kinds(cfg: dict, n_layers: int) -> list[str]:
     types = cfg.get("layer_types")
     if types is None:
-        every = cfg.get("full_attention_interval", 4)
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ModelFormatError(f"config.json 'full_attention_interval' = {every!r} is not valid")
-        types = ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(n_layers)]
+        return every_nth_attention(n_layers, cfg.get("full_attention_interval", 4), "config.json")
     return hf_layer_kinds(types, n_layers, {"linear_attention": "deltanet", "full_attention": "attention"})
 
 
