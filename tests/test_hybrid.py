@@ -484,6 +484,8 @@ def test_state_cannot_be_rewound_or_skipped(folder):
             t.forward([7], [0], [1], [0])
         t.forward([7], [0], [0], [0])
         assert t.state_position(0) == 1
+        t.cache.commit()                          # a server's start: every slot's state back at 0 tokens
+        assert t.state_position(0) == 0 and not any(a.any() for a in t.cache.state)
 
 
 @pytest.mark.parametrize("folder", HYBRIDS)
