@@ -130,6 +130,8 @@ def qwen3next_gguf(out: Path) -> Path:
                 w = w + 1
             if w.ndim == 3:
                 w = w.reshape(w.shape[0], -1)
+            if leaf == "mlp.shared_expert_gate":
+                w = w.reshape(-1)                     # llama.cpp's shape: one vector of d_model
             tensors[f"blk.{i}.{QWEN3NEXT_GGUF[leaf]}.{kind}"] = w
     for (i, proj), per in experts.items():
         tensors[f"blk.{i}.ffn_{proj.split('_')[0]}_exps.weight"] = np.stack([per[e] for e in sorted(per)])
@@ -170,6 +172,38 @@ def test_gguf_matches_transformers(tmp_path, folder, mode):
         inp = ref["inputs"][1]
         assert list(m.generate(inp["input_ids"], max_tokens=16, temperature=0, ignore_eos=True)) == \
             inp["greedy_new_tokens"]
+
+
+@pytest.mark.parametrize("folder", HYBRIDS)
+def test_export_writes_what_llama_cpp_writes(folder, tmp_path):
+    """`llambda export` / `quantize` of a hybrid model: the tensors and keys of the GGUF written here as
+    llama.cpp's converter does, the same logits; q8_0 stays close; an HF export is refused."""
+    from llambda.formats.gguf import GGUFFile
+    from llambda.tools.export import export
+    ours = export(TINY / folder, tmp_path / "ours.gguf", fmt="gguf")
+    theirs = (lfm2_gguf if folder == "lfm2" else qwen3next_gguf)(tmp_path / "theirs.gguf")
+    with GGUFFile(ours) as a, GGUFFile(theirs) as b:
+        assert set(a.tensors) == set(b.tensors)
+        for name, t in b.tensors.items():
+            assert tuple(a.tensors[name].shape) == tuple(t.shape), name
+        for key, v in b.metadata.items():
+            if key != "general.name":
+                assert a.metadata.get(key) == pytest.approx(v), key
+    inp = reference(folder)["inputs"][1]
+    with llambda.load(ours, backend="numpy", n_ctx=64) as m:
+        got = last_rows(m, inp)
+    np.testing.assert_allclose(got, np.array(inp["logits_last3"], np.float32), atol=1e-3, rtol=0)
+    # quantized: close to the same weights quantized at load (which keeps a few tensors, the tied
+    # embedding among them, in float); against the float model these sensitive models move by up to 2.5
+    q8 = export(TINY / folder, tmp_path / "q8.gguf", fmt="gguf", qtype="q8_0")
+    with GGUFFile(q8) as f:
+        assert f.tensors[f"blk.{3 if folder == 'lfm2' else 0}.ffn_down{'_exps' if folder != 'lfm2' else ''}"
+                         ".weight"].qtype == QType.Q8_0
+    with llambda.load(q8, backend="numpy", n_ctx=64) as m, \
+            llambda.load(TINY / folder, backend="numpy", n_ctx=64, quantize="q8_0") as at_load:
+        np.testing.assert_allclose(last_rows(m, inp), last_rows(at_load, inp), atol=0.05, rtol=0)
+    with pytest.raises(llambda.LlambdaError, match="GGUF only"):
+        export(TINY / folder, tmp_path / "hf", fmt="hf")
 
 
 def test_lfm2_config_from_each_format(tmp_path):
