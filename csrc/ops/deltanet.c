@@ -24,6 +24,23 @@ static void l2norm(const float *v, float *out, long n, float scale) {
     for (long i = 0; i < n; i++) out[i] = v[i] * r;
 }
 
+/* One row i of a head's state (restrict: the state, the accumulators and the delta never alias, so
+ * these loops vectorize). */
+static void decay_row(float *restrict Si, float *restrict mem, float decay, float ki, long dv) {
+    for (long j = 0; j < dv; j++) {
+        Si[j] *= decay;
+        mem[j] += Si[j] * ki;
+    }
+}
+
+static void update_row(float *restrict Si, float *restrict o, const float *restrict delta, float ki, float qi,
+                       long dv) {
+    for (long j = 0; j < dv; j++) {
+        Si[j] += ki * delta[j];
+        o[j] += Si[j] * qi;
+    }
+}
+
 static void head_range(void *ctx, long h0, long h1, int tid) {
     (void)tid;
     const struct llb_gated_delta_args *a = ctx;
@@ -41,22 +58,10 @@ static void head_range(void *ctx, long h0, long h1, int tid) {
             const float beta = 1.0f / (1.0f + expf(-ba[h]));
             const float decay = expf(a->a_neg[h] * softplus(ba[hv + h] + a->dt_bias[h]));
             for (long j = 0; j < dv; j++) mem[j] = 0.0f;
-            for (long i = 0; i < dk; i++) {          /* S *= decay; mem = S^T k */
-                float *Si = S + i * dv;
-                for (long j = 0; j < dv; j++) {
-                    Si[j] *= decay;
-                    mem[j] += Si[j] * k[i];
-                }
-            }
-            for (long j = 0; j < dv; j++) mem[j] = (v[j] - mem[j]) * beta;   /* the delta */
+            for (long i = 0; i < dk; i++) decay_row(S + i * dv, mem, decay, k[i], dv);   /* S *= decay; mem = S^T k */
+            for (long j = 0; j < dv; j++) mem[j] = (v[j] - mem[j]) * beta;           /* the delta */
             for (long j = 0; j < dv; j++) o[j] = 0.0f;
-            for (long i = 0; i < dk; i++) {          /* S += k delta^T; o = S^T q */
-                float *Si = S + i * dv;
-                for (long j = 0; j < dv; j++) {
-                    Si[j] += k[i] * mem[j];
-                    o[j] += Si[j] * q[i];
-                }
-            }
+            for (long i = 0; i < dk; i++) update_row(S + i * dv, o, mem, k[i], q[i], dv); /* S += k delta^T; o = S^T q */
             float ms = 0.0f;
             for (long j = 0; j < dv; j++) ms += o[j] * o[j];
             const float r = 1.0f / sqrtf(ms / (float)dv + a->eps);

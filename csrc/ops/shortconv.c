@@ -16,6 +16,24 @@
 
 #define CONV_PAR_MIN 8192   /* tokens * channels below which one thread does it all */
 
+/* Channels [c0, c1) of one token: u = b * x (gated) or b; y over the state's rows then u; the state
+ * shifted; out = cg * y (gated) or silu(y). */
+static inline void conv_channels(float *restrict st, const float *restrict b, const float *restrict x,
+                                 const float *restrict cg, const float *restrict kernel, float *restrict o, long c0,
+                                 long c1, long d, long L) {
+    const long keep = L - 1;
+    for (long c = c0; c < c1; c++) {
+        const float *k = kernel + (size_t)c * (size_t)L;
+        const float u = x ? b[c] * x[c] : b[c];
+        float y = 0.0f;
+        for (long j = 0; j < keep; j++) y += k[j] * st[j * d + c];
+        y += k[keep] * u;
+        for (long j = 0; j + 1 < keep; j++) st[j * d + c] = st[(j + 1) * d + c];
+        st[(keep - 1) * d + c] = u;
+        o[c] = cg ? cg[c] * y : y / (1.0f + expf(-y));
+    }
+}
+
 static void conv_range(void *ctx, long c0, long c1, int tid) {
     (void)tid;
     const struct llb_short_conv_args *a = ctx;
@@ -26,16 +44,8 @@ static void conv_range(void *ctx, long c0, long c1, int tid) {
         float *o = a->out + (size_t)t * (size_t)d;
         if (a->pos[t] == 0)
             for (long j = 0; j < keep; j++) memset(st + j * d + c0, 0, (size_t)(c1 - c0) * sizeof(float));
-        for (long c = c0; c < c1; c++) {
-            const float *k = a->kernel + (size_t)c * (size_t)L;
-            const float u = a->gated ? b[c] * x[c] : b[c];
-            float y = 0.0f;
-            for (long j = 0; j < keep; j++) y += k[j] * st[j * d + c];
-            y += k[keep] * u;
-            for (long j = 0; j + 1 < keep; j++) st[j * d + c] = st[(j + 1) * d + c];
-            st[(keep - 1) * d + c] = u;
-            o[c] = a->gated ? cg[c] * y : y / (1.0f + expf(-y));
-        }
+        if (a->gated) conv_channels(st, b, x, cg, a->kernel, o, c0, c1, d, L);
+        else conv_channels(st, b, NULL, NULL, a->kernel, o, c0, c1, d, L);
     }
 }
 
