@@ -174,7 +174,8 @@ class Model:
     def _sync(self, ids: list[int]) -> None:
         """Make slot 0 hold the keys/values of exactly `ids`, reusing the prefix it holds; what it
         lacks is prefilled as a prompt is. Call holding the lock."""
-        common = engine.common_prefix(self._cached, ids)
+        # a hybrid model's recurrent state resumes only where it is (Transformer.resume_point)
+        common = self.transformer.resume_point(0, engine.common_prefix(self._cached, ids))
         self._cached = self._cached[:common]
         if common < len(ids):
             engine.prefill(self.transformer, 0, ids[common:], common)
@@ -252,8 +253,10 @@ class Model:
     def _speculative_mode(self, speculative) -> str | None:
         if speculative == "auto":
             return "draft" if self.draft is not None else None
-        from .speculative import check_mode
+        from .speculative import check_mode, check_rollback
         mode = check_mode(speculative)
+        if mode is not None:
+            check_rollback(self.config)
         if mode == "draft" and self.draft is None:
             raise InvalidInputError("speculative='draft' needs a draft model: load(..., draft=NAME_OR_PATH)")
         return mode
@@ -265,8 +268,10 @@ class Model:
         if draft is None:
             self.draft = self.drafter = None
             return
-        from .speculative import DraftModel
+        from .speculative import DraftModel, check_rollback
         try:
+            check_rollback(self.config)
+            check_rollback(draft.config, "the draft model")
             if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
                 raise InvalidInputError(f"draft_threads must be a positive integer, got {threads!r}")
             self.drafter = DraftModel(draft.transformer, draft.tokenizer, self.tokenizer, self.config.vocab_size,

@@ -45,6 +45,14 @@ def check_mode(mode) -> str | None:
     return mode
 
 
+def check_rollback(cfg, what: str = "this model") -> None:
+    """InvalidInputError for a hybrid model (models/config.TransformerConfig.recurrent): speculative
+    decoding rolls rejected drafts back, and a recurrent state (LFM2's convolution window) cannot be."""
+    if getattr(cfg, "recurrent", False):
+        raise InvalidInputError(f"speculative decoding is not supported with {what} ({cfg.arch}): rejected drafts "
+                                "are rolled back, and its recurrent layers' state cannot be")
+
+
 def check_draft_max(n, limit: int) -> int:
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= limit:
         raise InvalidInputError(f"draft_max must be an integer in 1..{limit}, got {n!r}")

@@ -83,6 +83,44 @@ void llb_attention(const struct llb_attention_args *a);
  * column of logit sinks[h] and no value (GPT-OSS). */
 void llb_attention_sinks(const struct llb_attention_args *a, const float *sinks);
 
+/* A causal depthwise convolution with a per-slot state (ops/shortconv.c), token by token in batch
+ * order. gated (LFM2): bcx (n, 3d) holds B, C, x; u = B * x; out = C * sum_j kernel[c][j] * window[j],
+ * the window the slot's state (its last width - 1 u, oldest first) then this u. Not gated (Qwen3-Next):
+ * u = bcx's row (n, d), out = silu(that sum). The state then shifts in u. A token at position 0
+ * starts from a zero state; state_pos[slot] becomes the last position + 1. */
+struct llb_short_conv_args {
+    const float *bcx;          /* (n, 3d) gated, else (n, d) */
+    float *state;              /* (n_slots, width - 1, d) */
+    int32_t *state_pos;        /* (n_slots): tokens each slot's state has taken in */
+    const float *kernel;       /* (d, width) */
+    const int32_t *slots, *pos; /* (n) */
+    float *out;                /* (n, d) */
+    long n, d, width, n_slots;
+    int gated;
+};
+void llb_short_conv(const struct llb_short_conv_args *a);
+
+/* Qwen3-Next's gated delta rule (ops/deltanet.c), token by token in batch order, value heads in
+ * parallel. qkv (n, 2 hk dk + hv dv): q heads, k heads, v heads; ba (n, 2 hv): b, then a; z (n, hv dv);
+ * state (n_slots, hv, dk, dv), zeroed at position 0. Value head h reads key head h / (hv / hk):
+ * q, k L2-normalised (eps 1e-6 under the root), q times dk^-0.5; beta = sigmoid(b),
+ * g = a_neg[h] * softplus(a + dt_bias[h]); S = exp(g) S; S += k ((v - S^T k) beta)^T; o = S^T q;
+ * out = o / sqrt(mean(o^2) + eps) * norm_w * silu(z). */
+struct llb_gated_delta_args {
+    const float *qkv, *ba, *z;
+    float *state;
+    int32_t *state_pos;
+    const float *a_neg, *dt_bias, *norm_w;
+    const int32_t *slots, *pos;
+    float *out;                /* (n, hv dv) */
+    long n, hk, hv, dk, dv, n_slots;
+    float eps;
+};
+#define LLB_DELTA_MAX_DIM 1024 /* largest dk, dv */
+void llb_gated_delta(const struct llb_gated_delta_args *a);
+
+void llb_sigmoid_mul(const float *x, const float *gate, float *out, long count); /* x * sigmoid(gate) */
+
 void llb_silu_mul(const float *gate, const float *up, float *out, long count); /* gate*sigmoid(gate)*up */
 /* The same on the calling thread alone (for a caller already running on a pool thread). */
 void llb_silu_mul_here(const float *gate, const float *up, float *out, long count);

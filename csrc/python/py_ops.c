@@ -290,6 +290,123 @@ static PyObject *py_attention_sinks(PyObject *self, PyObject *const *args, Py_ss
     return llb_bufs_call(&h, op, run_sinks, check_sinks, &s, sizeof s);
 }
 
+LLB_CALL_ARGS_FIT(struct llb_short_conv_args);
+static int run_short_conv(const void *p) {
+    llb_short_conv(p);
+    return 0;
+}
+static int state_ok(const char *op, const int32_t *slots, const int32_t *pos, const int32_t *state_pos, long n,
+                    long n_slots, char *msg);
+static int check_short_conv(const void *p, char *msg) {
+    const struct llb_short_conv_args *a = p;
+    return state_ok("short_conv", a->slots, a->pos, a->state_pos, a->n, a->n_slots, msg);
+}
+
+static PyObject *py_short_conv(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    static const char *op = "short_conv";
+    if (llb_arg_nargs(op, nargs, 12, "bcx, state, state_pos, kernel, slots, pos, out, n, d, width, n_slots, gated"))
+        return NULL;
+    long n, d, width, n_slots, gated;
+    if (llb_arg_long(args[7], op, "n", 1, MAX_DIM, &n) || llb_arg_long(args[8], op, "d", 1, MAX_DIM, &d) ||
+        llb_arg_long(args[9], op, "width", 2, 64, &width) || llb_arg_long(args[10], op, "n_slots", 1, MAX_DIM, &n_slots) ||
+        llb_arg_long(args[11], op, "gated", 0, 1, &gated))
+        return NULL;
+    size_t nbcx, nout, nstate, nkernel;
+    if (llb_arg_product(op, &nbcx, n, d, gated ? 3 : 1, 1) || llb_arg_product(op, &nout, n, d, 1, 1) ||
+        llb_arg_product(op, &nstate, n_slots, width - 1, d, 1) || llb_arg_product(op, &nkernel, d, width, 1, 1))
+        return NULL;
+    struct llb_bufs h = OPS_BUFS;
+    struct llb_short_conv_args a = {0};
+    if (!(a.bcx = llb_arg_buf(&h, args[0], op, "bcx", 0, LLB_ELEM_F32, nbcx, 0)) ||
+        !(a.state = llb_arg_buf(&h, args[1], op, "state", 1, LLB_ELEM_F32, nstate, 1)) ||
+        !(a.state_pos = llb_arg_buf(&h, args[2], op, "state_pos", 1, LLB_ELEM_I32, n_slots, 1)) ||
+        !(a.kernel = llb_arg_buf(&h, args[3], op, "kernel", 0, LLB_ELEM_F32, nkernel, 1)) ||
+        !(a.slots = llb_arg_buf(&h, args[4], op, "slots", 0, LLB_ELEM_I32, n, 0)) ||
+        !(a.pos = llb_arg_buf(&h, args[5], op, "pos", 0, LLB_ELEM_I32, n, 0)) ||
+        !(a.out = llb_arg_buf(&h, args[6], op, "out", 1, LLB_ELEM_F32, nout, 0))) {
+        llb_bufs_release(&h);
+        return NULL;
+    }
+    /* out is written while bcx and the state are read: it may share a byte with neither */
+    if (llb_bufs_overlap(&h, 6, 0) || llb_bufs_overlap(&h, 6, 1) || llb_bufs_overlap(&h, 1, 0)) {
+        llb_bufs_release(&h);
+        return PyErr_Format(PyExc_ValueError, "%s: out, bcx and state must not overlap", op);
+    }
+    a.n = n, a.d = d, a.width = width, a.n_slots = n_slots, a.gated = (int)gated;
+    return llb_bufs_call(&h, op, run_short_conv, check_short_conv, &a, sizeof a);
+}
+
+/* A recurrent op's positions: slots and positions in range, each position 0 (a new sequence) or the
+ * one its slot's state expects (its count, or one past the slot's previous token in this batch). */
+static int state_ok(const char *op, const int32_t *slots, const int32_t *pos, const int32_t *state_pos, long n,
+                    long n_slots, char *msg) {
+    if (ids_ok(op, slots, pos, n, n_slots, MAX_CTX, msg)) return -1;
+    for (long i = 0; i < n; i++) {
+        long want = state_pos[slots[i]];
+        for (long j = i - 1; j >= 0; j--)
+            if (slots[j] == slots[i]) {
+                want = (long)pos[j] + 1;
+                break;
+            }
+        if (pos[i] != 0 && pos[i] != want) {
+            snprintf(msg, LLB_CHECK_MSG, "%s: pos[%ld] = %d does not continue slot %d's state (at %ld)", op, i,
+                     (int)pos[i], (int)slots[i], want);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+LLB_CALL_ARGS_FIT(struct llb_gated_delta_args);
+static int run_gated_delta(const void *p) {
+    llb_gated_delta(p);
+    return 0;
+}
+static int check_gated_delta(const void *p, char *msg) {
+    const struct llb_gated_delta_args *a = p;
+    return state_ok("gated_delta", a->slots, a->pos, a->state_pos, a->n, a->n_slots, msg);
+}
+
+static PyObject *py_gated_delta(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    static const char *op = "gated_delta";
+    if (llb_arg_nargs(op, nargs, 18, "qkv, ba, z, state, state_pos, a_neg, dt_bias, norm_w, slots, pos, out, "
+                                     "n, hk, hv, dk, dv, n_slots, eps"))
+        return NULL;
+    struct llb_gated_delta_args a = {0};
+    if (llb_arg_long(args[11], op, "n", 1, MAX_DIM, &a.n) || llb_arg_long(args[12], op, "hk", 1, MAX_HEADS, &a.hk) ||
+        llb_arg_long(args[13], op, "hv", 1, MAX_HEADS, &a.hv) ||
+        llb_arg_long(args[14], op, "dk", 1, LLB_DELTA_MAX_DIM, &a.dk) ||
+        llb_arg_long(args[15], op, "dv", 1, LLB_DELTA_MAX_DIM, &a.dv) ||
+        llb_arg_long(args[16], op, "n_slots", 1, MAX_DIM, &a.n_slots) || llb_arg_float(args[17], op, "eps", 0.0, &a.eps))
+        return NULL;
+    if (a.hv % a.hk) return PyErr_Format(PyExc_ValueError, "%s: hv (%ld) must be a multiple of hk (%ld)", op, a.hv, a.hk);
+    size_t nqkv, nv, nstate;
+    if (llb_arg_product(op, &nqkv, a.n, 2 * a.hk * a.dk + a.hv * a.dv, 1, 1) ||
+        llb_arg_product(op, &nv, a.n, a.hv, a.dv, 1) || llb_arg_product(op, &nstate, a.n_slots, a.hv, a.dk, a.dv))
+        return NULL;
+    struct llb_bufs h = OPS_BUFS;
+    if (!(a.qkv = llb_arg_buf(&h, args[0], op, "qkv", 0, LLB_ELEM_F32, nqkv, 0)) ||
+        !(a.ba = llb_arg_buf(&h, args[1], op, "ba", 0, LLB_ELEM_F32, (size_t)a.n * (size_t)(2 * a.hv), 0)) ||
+        !(a.z = llb_arg_buf(&h, args[2], op, "z", 0, LLB_ELEM_F32, nv, 0)) ||
+        !(a.state = llb_arg_buf(&h, args[3], op, "state", 1, LLB_ELEM_F32, nstate, 1)) ||
+        !(a.state_pos = llb_arg_buf(&h, args[4], op, "state_pos", 1, LLB_ELEM_I32, a.n_slots, 1)) ||
+        !(a.a_neg = llb_arg_buf(&h, args[5], op, "a_neg", 0, LLB_ELEM_F32, a.hv, 1)) ||
+        !(a.dt_bias = llb_arg_buf(&h, args[6], op, "dt_bias", 0, LLB_ELEM_F32, a.hv, 1)) ||
+        !(a.norm_w = llb_arg_buf(&h, args[7], op, "norm_w", 0, LLB_ELEM_F32, a.dv, 1)) ||
+        !(a.slots = llb_arg_buf(&h, args[8], op, "slots", 0, LLB_ELEM_I32, a.n, 0)) ||
+        !(a.pos = llb_arg_buf(&h, args[9], op, "pos", 0, LLB_ELEM_I32, a.n, 0)) ||
+        !(a.out = llb_arg_buf(&h, args[10], op, "out", 1, LLB_ELEM_F32, nv, 0))) {
+        llb_bufs_release(&h);
+        return NULL;
+    }
+    for (int i = 0; i < 4; i++)     /* out and the state are written: they may share no byte with an input */
+        if (llb_bufs_overlap(&h, 10, i) || (i < 3 && llb_bufs_overlap(&h, 3, i))) {
+            llb_bufs_release(&h);
+            return PyErr_Format(PyExc_ValueError, "%s: out or state overlaps an input", op);
+        }
+    return llb_bufs_call(&h, op, run_gated_delta, check_gated_delta, &a, sizeof a);
+}
+
 /* gate/up -> out binary ops: silu_mul, gelu_mul, add. */
 struct binary_args {
     void (*fn)(const float *, const float *, float *, long);
@@ -328,6 +445,9 @@ static PyObject *py_silu_mul(PyObject *self, PyObject *const *args, Py_ssize_t n
 }
 static PyObject *py_gelu_mul(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     return binary_op("gelu_mul", "gate", "up", args, nargs, llb_gelu_mul);
+}
+static PyObject *py_sigmoid_mul(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    return binary_op("sigmoid_mul", "x", "gate", args, nargs, llb_sigmoid_mul);
 }
 static PyObject *py_add(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     return binary_op("add", "a", "b", args, nargs, llb_add);
@@ -439,6 +559,14 @@ PyMethodDef llb_ops_methods[] = {
     {"attention", FASTCALL(py_attention),
      "attention(q, kcache, vcache, out, slots, pos, n, n_heads, n_kv, head_dim, n_slots, n_ctx, cache_type, scale, "
      "window, softcap): causal GQA attention over the KV cache; out may alias q."},
+    {"short_conv", FASTCALL(py_short_conv),
+     "short_conv(bcx, state, state_pos, kernel, slots, pos, out, n, d, width, n_slots, gated): a causal depthwise\n"
+     "convolution over each slot's state: gated, LFM2's out = C * conv(B * x); else out = silu(conv(x)) (the state\n"
+     "shifted; position 0 restarts it)."},
+    {"gated_delta", FASTCALL(py_gated_delta),
+     "gated_delta(qkv, ba, z, state, state_pos, a_neg, dt_bias, norm_w, slots, pos, out, n, hk, hv, dk, dv, n_slots,\n"
+     "eps): Qwen3-Next's gated delta rule over each slot's (hv, dk, dv) state, then its gated RMSNorm."},
+    {"sigmoid_mul", FASTCALL(py_sigmoid_mul), "sigmoid_mul(x, gate, out, count): out = x * sigmoid(gate)."},
     {"silu_mul", FASTCALL(py_silu_mul), "silu_mul(gate, up, out, count): out = gate * sigmoid(gate) * up."},
     {"gelu_mul", FASTCALL(py_gelu_mul), "gelu_mul(gate, up, out, count): out = gelu_tanh(gate) * up."},
     {"add", FASTCALL(py_add), "add(a, b, out, count): out = a + b (out may alias a or b)."},

@@ -28,17 +28,18 @@ class KVCache:
         self.n_kv, self.head_dim, self.dtype = n_kv, head_dim, np.dtype(dtype)
         self.k, self.v, self.extra = k, v, extra
         self.kbase = [None] * n_layers      # per layer: a q8_0 cache's key bases (native backend), else None
+        self.state: list = []               # a hybrid model's recurrent state per slot (models/base.py)
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.k + self.v + self.kbase if a is not None)
+        return sum(a.nbytes for a in self.k + self.v + self.kbase + self.state if a is not None)
 
     def commit(self) -> None:
         """Write every page of the cache now (the arena is zeroed lazily: each page is faulted
         in, as a transparent huge page zeroed 2 MB at a time, by the first op that writes it).
         A server calls this at start: in a step that faults pages in every running stream
         waits; copying a 7-token prefix into a fresh slot measured 124 ms instead of 0.3 ms."""
-        for a in self.k + self.v:
+        for a in self.k + self.v + self.state:     # a hybrid model's state: every slot back at 0 tokens
             a.fill(0)
 
     def copy_prefix(self, src_slot: int, dst_slot: int, n_tokens: int) -> None:
@@ -148,6 +149,35 @@ class Backend(ABC):
                   out: np.ndarray, scale: float, window: int, softcap: float) -> None:
         """Causal attention of q (n, heads, head_dim) over each token's slot, keys at
         positions max(0, p-window+1)..p (window 0: all up to p)."""
+
+    def short_conv(self, bcx: np.ndarray, state: np.ndarray, state_pos: np.ndarray, kernel: np.ndarray,
+                   slots: np.ndarray, pos: np.ndarray, out: np.ndarray) -> None:
+        """LFM2's gated short convolution, token by token in batch order: bcx (n, 3d) holds B, C, x;
+        u = B * x; out = C * (sum_j kernel[:, j] * window[j]), window the slot's last L - 1 u (its
+        state, (n_slots, L - 1, d), oldest first) then this u; the state then drops its oldest row
+        and keeps u. A token at position 0 starts from a zero state; state_pos (n_slots,) counts
+        the tokens each slot's state has taken in (the caller checks each position continues it)."""
+        raise NotImplementedError(f"the {self.name} backend has no short convolutions")
+
+    def conv_silu(self, x: np.ndarray, state: np.ndarray, state_pos: np.ndarray, kernel: np.ndarray,
+                  slots: np.ndarray, pos: np.ndarray, out: np.ndarray) -> None:
+        """out = silu(the causal depthwise convolution of x (n, c)) over each slot's window, the state
+        kept as short_conv keeps it (Qwen3-Next's convolution before its delta rule)."""
+        raise NotImplementedError(f"the {self.name} backend has no convolutions")
+
+    def gated_delta(self, qkv, ba, z, state, state_pos, a_neg, dt_bias, norm_w, eps: float, slots, pos, out,
+                    k_heads: int) -> None:
+        """Qwen3-Next's gated delta rule, token by token in batch order. qkv (n, 2 k_heads dk + hv dv):
+        q, k (each k_heads heads of dk) and v (hv heads of dv); ba (n, 2 hv): b then a per value head;
+        z (n, hv dv); state (n_slots, hv, dk, dv), zeroed at position 0; value head h reads key head
+        h // (hv / k_heads). q, k L2-normalised (eps 1e-6), q times dk^-0.5; beta = sigmoid(b),
+        g = a_neg * softplus(a + dt_bias); S = exp(g) S; S += k ((v - S^T k) beta)^T; o = S^T q;
+        out = rmsnorm(o, eps) * norm_w * silu(z) per value head."""
+        raise NotImplementedError(f"the {self.name} backend has no delta-rule layers")
+
+    def sigmoid_mul(self, x: np.ndarray, gate: np.ndarray, out: np.ndarray) -> None:
+        """out = x * sigmoid(gate) (Qwen3-Next's gated attention output)."""
+        raise NotImplementedError(f"the {self.name} backend has no sigmoid_mul")
 
     @abstractmethod
     def silu_mul(self, gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> None: ...

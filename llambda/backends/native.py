@@ -375,6 +375,22 @@ class NativeBackend(Backend):
         C.attention_sinks(q, cache.k[layer], cache.v[layer], out, slots, pos, n, heads, cache.n_kv, hd, cache.n_slots,
                           cache.n_ctx, self.kv_code, scale, window, softcap, sinks, cache.kbase[layer])
 
+    def short_conv(self, bcx, state, state_pos, kernel, slots, pos, out) -> None:
+        n, d = out.shape
+        C.short_conv(bcx, state, state_pos, kernel, slots, pos, out, n, d, kernel.shape[1], state.shape[0], 1)
+
+    def conv_silu(self, x, state, state_pos, kernel, slots, pos, out) -> None:
+        n, d = out.shape
+        C.short_conv(x, state, state_pos, kernel, slots, pos, out, n, d, kernel.shape[1], state.shape[0], 0)
+
+    def gated_delta(self, qkv, ba, z, state, state_pos, a_neg, dt_bias, norm_w, eps, slots, pos, out, k_heads) -> None:
+        n_slots, hv, dk, dv = state.shape
+        C.gated_delta(qkv, ba, z, state, state_pos, a_neg, dt_bias, norm_w, slots, pos, out, len(slots), k_heads, hv,
+                      dk, dv, n_slots, eps)
+
+    def sigmoid_mul(self, x, gate, out) -> None:
+        C.sigmoid_mul(x, gate, out, x.size)
+
     def silu_mul(self, gate, up, out) -> None:
         C.silu_mul(gate, up, out, gate.size)
 

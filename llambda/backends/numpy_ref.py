@@ -66,6 +66,65 @@ class NumpyBackend(Backend):
             acc += s * shared
         out[...] = acc
 
+    def short_conv(self, bcx, state, state_pos, kernel, slots, pos, out) -> None:
+        d = out.shape[1]
+        for t, c, u in self._conv(bcx[:, :d] * bcx[:, 2 * d:], state, state_pos, kernel, slots, pos):
+            out[t] = bcx[t, d:2 * d] * u
+
+    def conv_silu(self, x, state, state_pos, kernel, slots, pos, out) -> None:
+        for t, _, y in self._conv(x, state, state_pos, kernel, slots, pos):
+            out[t] = y / (1.0 + np.exp(-y))
+
+    @staticmethod
+    def _conv(u, state, state_pos, kernel, slots, pos):
+        """Yield (t, _, y): each token's causal depthwise convolution over its slot's window, in
+        batch order, the state shifted as it goes (zeroed at position 0)."""
+        width = kernel.shape[1]
+        for t in range(len(slots)):        # a slot's tokens continue its state
+            s = int(slots[t])
+            if pos[t] == 0:
+                state[s] = 0
+            y = np.zeros(u.shape[1], np.float32)
+            for j in range(width - 1):
+                y += kernel[:, j] * state[s, j]
+            y += kernel[:, width - 1] * u[t]
+            state[s, :-1] = state[s, 1:].copy()
+            state[s, -1] = u[t]
+            state_pos[s] = pos[t] + 1
+            yield t, None, y
+
+    def gated_delta(self, qkv, ba, z, state, state_pos, a_neg, dt_bias, norm_w, eps, slots, pos, out,
+                    k_heads) -> None:
+        n_slots, hv, dk, dv = state.shape
+        r = hv // k_heads
+        kd = k_heads * dk
+        f32 = np.float32
+        for t in range(len(slots)):
+            s = int(slots[t])
+            if pos[t] == 0:
+                state[s] = 0
+            q = qkv[t, :kd].reshape(k_heads, dk)
+            k = qkv[t, kd:2 * kd].reshape(k_heads, dk)
+            v = qkv[t, 2 * kd:].reshape(hv, dv)
+            q = q / np.sqrt((q * q).sum(-1, keepdims=True) + f32(1e-6)) * f32(dk ** -0.5)
+            k = k / np.sqrt((k * k).sum(-1, keepdims=True) + f32(1e-6))
+            q, k = np.repeat(q, r, axis=0), np.repeat(k, r, axis=0)              # (hv, dk)
+            beta = 1.0 / (1.0 + np.exp(-ba[t, :hv]))
+            x = ba[t, hv:] + dt_bias
+            g = a_neg * np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20))))
+            S = state[s] * np.exp(g)[:, None, None]                             # (hv, dk, dv)
+            delta = (v - np.einsum("hij,hi->hj", S, k)) * beta[:, None]
+            S = S + k[:, :, None] * delta[:, None, :]
+            state[s] = S
+            state_pos[s] = pos[t] + 1
+            o = np.einsum("hij,hi->hj", S, q)                                   # (hv, dv)
+            o = o / np.sqrt((o * o).mean(-1, keepdims=True) + f32(eps)) * norm_w
+            zt = z[t].reshape(hv, dv)
+            out[t] = (o * (zt / (1.0 + np.exp(-zt)))).reshape(-1)
+
+    def sigmoid_mul(self, x, gate, out) -> None:
+        np.multiply(x, 1.0 / (1.0 + np.exp(-gate)), out=out)
+
     def embed(self, table: np.ndarray, ids, out) -> None:
         np.take(table, ids, axis=0, out=out)
 

@@ -21,13 +21,15 @@ def open_gguf(path: Path) -> ModelSource:
             raise ModelFormatError("GGUF metadata lacks 'general.architecture'")
         infos = f.tensors
         module = None if arch in ENCODERS else arch_module(arch, "config_from_gguf")
-        # an architecture whose llama.cpp files name a tensor otherwise (canonical leaf -> file leaf)
+        # an architecture whose llama.cpp files name a tensor otherwise (canonical leaf or global name -> file's)
         renamed = getattr(module, "GGUF_NAMES", {})
 
         def tensor(name: str) -> WeightTensor | None:
             if name.startswith("blk."):
                 _, i, leaf = name.split(".", 2)
                 name = f"blk.{i}.{renamed.get(leaf, leaf)}"
+            else:
+                name = renamed.get(name, name)
             t = infos.get(name)
             if t is None and name.endswith(".weight"):
                 t = infos.get(name[:-len(".weight")])    # a converter may write a parameter without the suffix

@@ -122,14 +122,18 @@ def canonical_tensors(hf_tensors: dict, n_layers: int, post_norms: bool, arch: s
     silently wrong); other unknown top-level tensors (vision towers, rotary caches) are skipped.
     """
     per_layer = layer_names(post_norms)
+    from ..models import ARCHITECTURES
+    module = arch_module(arch) if arch in ARCHITECTURES else None   # a family's own names (LFM2's) over the shared
+    per_layer.update(getattr(module, "HF_LAYER_NAMES", {}))
+    global_names = {**GLOBAL_NAMES, **getattr(module, "HF_GLOBAL_NAMES", {})}
     out, experts, mxfp4 = {}, ExpertStacks(), {}
     for name, t in hf_tensors.items():
         for old, new in _TEXT_PREFIXES:
             if name.startswith(old):
                 name = new + name[len(old):]
                 break
-        if name in GLOBAL_NAMES:
-            out[GLOBAL_NAMES[name]] = t
+        if name in global_names:
+            out[global_names[name]] = t
             continue
         m = _LAYER_RE.fullmatch(name)
         if not m:

@@ -51,6 +51,13 @@ class WeightTensor:
             start += n
         return out
 
+    def take_rows(self, index) -> "WeightTensor":
+        """A matrix of the rows `index` (a copy): a file's grouped layout regrouped at load."""
+        index = np.asarray(index, dtype=np.intp)
+        if len(self.shape) != 2 or index.ndim != 1 or (len(index) and (index.min() < 0 or index.max() >= self.rows)):
+            raise ModelFormatError(f"tensor {self.name!r}: cannot take rows of {self.shape}")
+        return WeightTensor(self.name, self.qtype, (len(index), self.cols), self.rows2d()[index].reshape(-1))
+
     @classmethod
     def from_float(cls, name: str, array: np.ndarray) -> "WeightTensor":
         a = np.ascontiguousarray(array, dtype=np.float32)

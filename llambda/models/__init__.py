@@ -26,6 +26,9 @@ ARCHITECTURES = {
     "smollm3": "smollm3",
     "granite": "granite",
     "olmo2": "olmo2",
+    "lfm2": "lfm2",
+    "qwen3_next": "qwen3next",
+    "qwen3next": "qwen3next",
 }
 
 # Encoders (embedding models, cross-encoders): their own config and forward, not TransformerConfig

@@ -16,7 +16,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..errors import ContextOverflowError, ModelFormatError
+from ..errors import ContextOverflowError, InvalidInputError, ModelFormatError
 from ..formats.weights import WeightTensor
 from .config import TransformerConfig
 
@@ -44,6 +44,39 @@ class LayerWeights:
     moe: "MoEWeights | None" = None   # set in an MoE layer instead of w_gate/w_up/w_down
     bo: np.ndarray | None = None      # attention output bias (GPT-OSS)
     sinks: np.ndarray | None = None   # a sink logit per head (GPT-OSS)
+    conv: "ShortConvWeights | None" = None   # a short-conv layer (LFM2): set instead of wq/wk/wv/wo
+    delta: "DeltaNetWeights | None" = None   # a gated delta-net layer (Qwen3-Next): the same
+    wq_gate: object = None            # attention output gate rows (Qwen3-Next): out *= sigmoid(h . wq_gate)
+
+
+@dataclass
+class ShortConvWeights:
+    """LFM2's gated short convolution: in_proj -> B, C, x; out_proj(C * conv(B * x))."""
+    in_proj: object                 # (3 d_model, d_model): B rows, then C rows, then x rows
+    kernel: np.ndarray              # (d_model, L) float32: channel c's weights, oldest input first
+    out_proj: object                # (d_model, d_model)
+
+
+@dataclass
+class DeltaNetWeights:
+    """Qwen3-Next's gated delta net, its projections regrouped at load (see grouped_rows)."""
+    in_qkv: object                  # (2 k_heads dk + v_heads dv, d_model): q heads, k heads, v heads
+    in_z: object                    # (v_heads dv, d_model): the output gate
+    in_ba: object                   # (2 v_heads, d_model): b (beta) then a (decay) per value head
+    kernel: np.ndarray              # (2 k_heads dk + v_heads dv, L) float32: the convolution
+    a_neg: np.ndarray               # (v_heads,): -exp(A_log)
+    dt_bias: np.ndarray             # (v_heads,)
+    norm: np.ndarray                # (dv,): the gated RMSNorm's weight (plain w)
+    out_proj: object                # (d_model, v_heads dv)
+
+
+def grouped_rows(groups: int, parts: list[int]) -> list[np.ndarray]:
+    """Row indices of each part of a matrix stored as `groups` consecutive groups, each holding the
+    parts in order: part j's rows of every group, group by group. Qwen3-Next stores in_proj_qkvz per
+    key head (q, k, then v and z of its value heads), in_proj_ba per key head (b, a), and q_proj per
+    head (query, gate)."""
+    size, starts = sum(parts), np.cumsum([0] + parts[:-1])
+    return [np.concatenate([g * size + st + np.arange(n) for g in range(groups)]) for st, n in zip(starts, parts)]
 
 
 @dataclass
@@ -84,6 +117,14 @@ class Workspace:
             "slots": ((t,), i32),
             "pos": ((t,), i32),
         }
+        if "shortconv" in cfg.layer_kinds:
+            self.specs["bcx"] = ((t, 3 * cfg.d_model), f32)
+        if "deltanet" in cfg.layer_kinds:
+            c, vd = 2 * cfg.ssm_k_heads * cfg.ssm_k_dim + cfg.ssm_v_heads * cfg.ssm_v_dim, cfg.ssm_v_heads * cfg.ssm_v_dim
+            self.specs.update({"dqkv": ((t, c), f32), "dconv": ((t, c), f32), "dz": ((t, vd), f32),
+                               "dba": ((t, 2 * cfg.ssm_v_heads), f32), "dout": ((t, vd), f32)})
+        if cfg.attn_out_gate:
+            self.specs["qgate"] = ((t, cfg.q_dim), f32)
         if cfg.n_experts:
             self.specs["router"] = ((t, cfg.n_experts), f32)
         if cfg.shared_ffn_dim:
@@ -140,8 +181,30 @@ class Transformer:
         if self.rope_factors is not None:
             self.inv_freq = {s: (f / self.rope_factors).astype(np.float32) for s, f in self.inv_freq.items()}
         self.ws = Workspace(cfg, max_tokens, max_logit_rows or max(n_slots, 16), backend.workspace_specs(cfg, max_tokens))
-        self.cache = backend.create_kv_cache(cfg.n_layers, n_slots, n_ctx, cfg.n_kv_heads, cfg.head_dim,
-                                             extra=self.ws.specs)
+        # Only attention layers have keys and values: layer i's are the cache's layer kv_layer[i].
+        attn = [i for i, kind in enumerate(cfg.layer_kinds) if kind == "attention"]
+        self.kv_layer = {i: j for j, i in enumerate(attn)}
+        # A short-conv layer's state per slot: its last L - 1 inputs, and how many tokens it has taken
+        # in (state_pos): allocated here with the cache, reset by a token at position 0.
+        # A delta-net layer's: its convolution's window and its (v_heads, dk, dv) matrix, each counted.
+        conv = [i for i, kind in enumerate(cfg.layer_kinds) if kind in ("shortconv", "deltanet")]
+        delta = [i for i, kind in enumerate(cfg.layer_kinds) if kind == "deltanet"]
+        width = {i: cfg.d_model if cfg.layer_kinds[i] == "shortconv" else
+                 2 * cfg.ssm_k_heads * cfg.ssm_k_dim + cfg.ssm_v_heads * cfg.ssm_v_dim for i in conv}
+        state = {f"conv_state{i}": ((n_slots, cfg.conv_kernel - 1, width[i]), np.float32) for i in conv}
+        state.update({f"delta_state{i}": ((n_slots, cfg.ssm_v_heads, cfg.ssm_k_dim, cfg.ssm_v_dim), np.float32)
+                      for i in delta})
+        if conv:
+            state["state_pos"] = ((len(conv) + len(delta), n_slots), np.int32)
+        self.cache = backend.create_kv_cache(max(1, len(attn)), n_slots, n_ctx, cfg.n_kv_heads, cfg.head_dim,
+                                             extra={**self.ws.specs, **state})
+        self.conv_state = {i: self.cache.extra.pop(f"conv_state{i}") for i in conv}
+        self.delta_state = {i: self.cache.extra.pop(f"delta_state{i}") for i in delta}
+        pos = self.cache.extra.pop("state_pos") if conv else None
+        self.state_pos = {i: pos[k] for k, i in enumerate(conv)}                 # each op keeps its own count
+        self.delta_pos = {i: pos[len(conv) + k] for k, i in enumerate(delta)}
+        self._state_rows = pos
+        self.cache.state = list(self.conv_state.values()) + list(self.delta_state.values()) + ([pos] if conv else [])
         self.ws.bind(self.cache.extra)
         self._plans: dict[int, object] = {}
 
@@ -156,11 +219,12 @@ class Transformer:
                 raise ModelFormatError(f"missing tensor {name!r}")
             return t
 
-        def matrix(name: str, rows: int, cols: int):
+        def matrix(name: str, rows: int, cols: int, parts=None):
+            """The matrix, or with parts (row indices per part, grouped_rows) one matrix per part."""
             t = need(name)
             if t.shape != (rows, cols):
                 raise ModelFormatError(f"tensor {name!r} has shape {t.shape}, expected {(rows, cols)}")
-            m = B.prepare_matrix(t)
+            m = B.prepare_matrix(t) if parts is None else [B.prepare_matrix(t.take_rows(ix)) for ix in parts]
             self._release(t.data)
             return m
 
@@ -236,15 +300,63 @@ class Transformer:
             p = f"blk.{i}."
             return cfg.moe_layers[i] and (get(p + "ffn_gate_inp.weight") is not None or get(p + "ffn_gate.weight") is None)
 
+        def conv_kernel(name: str, channels: int) -> np.ndarray:
+            """A depthwise convolution's weights as float32 (channels, L): GGUF's (c, L) or HF's (c, 1, L)."""
+            t = need(name)
+            if t.rows * t.cols != channels * cfg.conv_kernel or t.shape[0] != channels:
+                raise ModelFormatError(f"tensor {name!r} has shape {t.shape}, expected ({channels}, {cfg.conv_kernel})")
+            kernel = np.ascontiguousarray(t.to_float32().reshape(channels, cfg.conv_kernel), dtype=np.float32)
+            finite(name, t, kernel.reshape(-1))
+            return kernel
+
+        def short_conv(p: str) -> ShortConvWeights:
+            return ShortConvWeights(in_proj=matrix(p + "shortconv.in_proj.weight", 3 * d, d),
+                                    kernel=conv_kernel(p + "shortconv.conv.weight", d),
+                                    out_proj=matrix(p + "shortconv.out_proj.weight", d, d))
+
+        def delta_net(p: str) -> DeltaNetWeights:
+            hk, hv, dk, dv = cfg.ssm_k_heads, cfg.ssm_v_heads, cfg.ssm_k_dim, cfg.ssm_v_dim
+            r, c = hv // hk, 2 * hk * dk + hv * dv
+            if get(p + "ssm_in.weight") is not None:     # the checkpoint's in_proj_qkvz, grouped per key head
+                q, k, v, z = grouped_rows(hk, [dk, dk, r * dv, r * dv])
+                in_qkv, in_z = matrix(p + "ssm_in.weight", c + hv * dv, d, [np.concatenate([q, k, v]), z])
+            else:                                         # llama.cpp's: regrouped into q, k, v heads and z
+                in_qkv, in_z = matrix(p + "attn_qkv.weight", c, d), matrix(p + "attn_gate.weight", hv * dv, d)
+            in_ba = matrix(p + "ssm_ba.weight", 2 * hv, d, [np.concatenate(grouped_rows(hk, [r, r]))])[0]
+            a_neg = vector(p + "ssm_a.weight", hv, required=False)     # llama.cpp stores -exp(A_log)
+            if a_neg is None:
+                a_neg = (-np.exp(vector(p + "ssm_a_log.weight", hv))).astype(np.float32)
+            return DeltaNetWeights(in_qkv=in_qkv, in_z=in_z, in_ba=in_ba, kernel=conv_kernel(p + "ssm_conv1d.weight", c),
+                                   a_neg=a_neg,
+                                   dt_bias=vector(p + "ssm_dt.bias", hv), norm=vector(p + "ssm_norm.weight", dv),
+                                   out_proj=matrix(p + "ssm_out.weight", d, hv * dv))
+
         self.layers = []
         for i in range(cfg.n_layers):
             p = f"blk.{i}."
             post, pre = cfg.post_norms, cfg.pre_norms
+            if cfg.layer_kinds[i] in ("shortconv", "deltanet"):
+                conv = cfg.layer_kinds[i] == "shortconv"
+                moe = is_moe(i)
+                self.layers.append(LayerWeights(
+                    attn_norm=vector(p + "attn_norm.weight", d, off), wq=None, wk=None, wv=None, wo=None,
+                    ffn_norm=vector(p + "ffn_norm.weight", d, off), conv=short_conv(p) if conv else None,
+                    delta=None if conv else delta_net(p),
+                    w_gate=None if moe else matrix(p + "ffn_gate.weight", cfg.ffn_dim, d),
+                    w_up=None if moe else matrix(p + "ffn_up.weight", cfg.ffn_dim, d),
+                    w_down=None if moe else matrix(p + "ffn_down.weight", d, cfg.ffn_dim),
+                    moe=moe_weights(p) if moe else None))
+                continue
             qn, kn = (cfg.q_dim, cfg.kv_dim) if cfg.qk_norm_whole else (cfg.head_dim, cfg.head_dim)
             moe = is_moe(i)
+            if cfg.attn_out_gate:          # per head: its query rows, then its gate rows
+                wq, wq_gate = matrix(p + "attn_q.weight", 2 * cfg.q_dim, d,
+                                     grouped_rows(cfg.n_heads, [cfg.head_dim, cfg.head_dim]))
+            else:
+                wq, wq_gate = matrix(p + "attn_q.weight", cfg.q_dim, d), None
             self.layers.append(LayerWeights(
                 attn_norm=vector(p + "attn_norm.weight", d, off) if pre else None,
-                wq=matrix(p + "attn_q.weight", cfg.q_dim, d),
+                wq=wq, wq_gate=wq_gate,
                 wk=matrix(p + "attn_k.weight", cfg.kv_dim, d),
                 wv=matrix(p + "attn_v.weight", cfg.kv_dim, d),
                 wo=matrix(p + "attn_output.weight", d, cfg.q_dim),
@@ -336,7 +448,12 @@ class Transformer:
         if self.cfg.embed_scale:
             self.backend.scale(x, self.cfg.embed_scale)
         for i, layer in enumerate(self.layers):
-            self._attention_block(i, layer, x, slot, p)
+            if layer.conv is not None:
+                self._short_conv_block(i, layer, x, slot, p)
+            elif layer.delta is not None:
+                self._delta_net_block(i, layer, x, slot, p)
+            else:
+                self._attention_block(i, layer, x, slot, p)
             self._ffn_block(layer, x)
         return x
 
@@ -347,6 +464,40 @@ class Transformer:
             raise ValueError(f"slot out of range [0, {self.n_slots})")
         if p.min() < 0 or p.max() >= self.n_ctx:
             raise ContextOverflowError(f"position {int(p.max())} does not fit the context of {self.n_ctx} tokens")
+        if self.state_pos:
+            self._check_state(slot, p)
+
+    # -- the recurrent state (hybrid models) -----------------------------------
+    def _check_state(self, slot, p) -> None:
+        """Each token must continue its slot's recurrent state (or start it again at position 0): the
+        state holds only the last inputs, so it can neither be rewound nor skip ahead."""
+        nxt: dict[int, int] = {}
+        for s, q in zip(slot.tolist(), p.tolist()):
+            want = nxt.get(s)
+            if want is None:
+                want = self.state_position(s)
+            if q != 0 and q != want:
+                raise InvalidInputError(
+                    f"slot {s}: position {q} does not continue the recurrent state of this hybrid model's "
+                    f"sequence, which has taken in {want} tokens (the state cannot be rewound: start again at 0)")
+            nxt[s] = q + 1
+
+    def state_position(self, slot: int) -> int | None:
+        """How many tokens slot's recurrent state has taken in; None in a model without one. -1 when its
+        layers disagree (a forward pass that stopped part-way): only a new sequence can use it then."""
+        if not self.state_pos:
+            return None
+        counts = self._state_rows[:, slot]
+        return int(counts[0]) if counts.min() == counts.max() else -1
+
+    def resume_point(self, slot: int, common: int) -> int:
+        """Where a sequence whose first `common` tokens the slot already holds must start computing.
+        Attention-only: at `common` (the keys and values are kept). A hybrid model can resume only
+        where its recurrent state is, and only if every token the state took in is shared; else 0."""
+        at = self.state_position(slot)
+        if at is None:
+            return common
+        return at if 0 <= at <= common else 0
 
     def _attention_block(self, i: int, L: LayerWeights, x, slot, p) -> None:
         cfg, B, ws = self.cfg, self.backend, self.ws
@@ -368,16 +519,45 @@ class Transformer:
         if cfg.layer_rope[i]:           # SmolLM3's NoPE layers take positions from the causal mask only
             B.rope(q, p, inv_freq, cfg.rope_neox)
             B.rope(k, p, inv_freq, cfg.rope_neox)
-        B.kv_store(self.cache, i, k, v, slot, p)
-        B.attention(q, self.cache, i, slot, p, attn, cfg.scale(), cfg.layer_window(i), cfg.attn_softcap)
+        kv = self.kv_layer[i]
+        B.kv_store(self.cache, kv, k, v, slot, p)
+        B.attention(q, self.cache, kv, slot, p, attn, cfg.scale(), cfg.layer_window(i), cfg.attn_softcap)
         if L.sinks is not None:
-            B.attention_sinks(q, self.cache, i, slot, p, attn, cfg.scale(), cfg.layer_window(i), cfg.attn_softcap,
+            B.attention_sinks(q, self.cache, kv, slot, p, attn, cfg.scale(), cfg.layer_window(i), cfg.attn_softcap,
                               L.sinks)
+        if L.wq_gate is not None:
+            gate = ws.qgate[:n]
+            B.matmul(h, L.wq_gate, gate)
+            B.sigmoid_mul(attn.reshape(n, -1), gate, attn.reshape(n, -1))
         B.matmul(attn.reshape(n, -1), L.wo, proj)
         if L.bo is not None:
             B.add_rows(proj, L.bo, proj)
         if L.post_attn_norm is not None:
             B.rmsnorm(proj, L.post_attn_norm, cfg.norm_eps, proj)
+        self._residual_add(x, proj)
+
+    def _short_conv_block(self, i: int, L: LayerWeights, x, slot, p) -> None:
+        """x += out_proj(C * conv(B * x')), x' the normed input: LFM2's token mixer."""
+        B, ws = self.backend, self.ws
+        n = len(x)
+        y, bcx, proj = ws.h[:n], ws.bcx[:n], ws.proj[:n]
+        B.matmul(self._pre_norm(x, L.attn_norm, y), L.conv.in_proj, bcx)
+        B.short_conv(bcx, self.conv_state[i], self.state_pos[i], L.conv.kernel, slot, p, y)   # the normed input is spent
+        B.matmul(y, L.conv.out_proj, proj)
+        self._residual_add(x, proj)
+
+    def _delta_net_block(self, i: int, L: LayerWeights, x, slot, p) -> None:
+        """x += out_proj(gated_norm(delta_rule(silu(conv(q, k, v))), z)): Qwen3-Next's linear attention."""
+        cfg, B, ws = self.cfg, self.backend, self.ws
+        n, D = len(x), L.delta
+        h, qkv, conv, z, ba, out, proj = (ws.h[:n], ws.dqkv[:n], ws.dconv[:n], ws.dz[:n], ws.dba[:n], ws.dout[:n],
+                                          ws.proj[:n])
+        h = self._pre_norm(x, L.attn_norm, h)
+        B.matmul_many(h, (D.in_qkv, D.in_z, D.in_ba), (qkv, z, ba))
+        B.conv_silu(qkv, self.conv_state[i], self.state_pos[i], D.kernel, slot, p, conv)
+        B.gated_delta(conv, ba, z, self.delta_state[i], self.delta_pos[i], D.a_neg, D.dt_bias, D.norm, cfg.norm_eps,
+                      slot, p, out, cfg.ssm_k_heads)
+        B.matmul(out, D.out_proj, proj)
         self._residual_add(x, proj)
 
     def _ffn_block(self, L: LayerWeights, x) -> None:

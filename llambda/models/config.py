@@ -21,8 +21,13 @@ SIZE_LIMITS = {
     "n_ctx_train": (2, 1 << 40), "sliding_window": (0, 1 << 40), "rope_dim": (0, 1 << 14),
     "window_pattern": (1, 4096),
     "n_experts": (0, 1 << 12), "n_experts_used": (0, 1 << 10), "expert_ffn_dim": (0, 1 << 20),
-    "shared_ffn_dim": (0, 1 << 20),
+    "shared_ffn_dim": (0, 1 << 20), "conv_kernel": (0, 64),
+    "ssm_k_heads": (0, 4096), "ssm_v_heads": (0, 4096), "ssm_k_dim": (0, 1024), "ssm_v_dim": (0, 1024),
 }
+# What a layer's token mixer is: attention over the KV cache, LFM2's gated short convolution (a causal
+# depthwise convolution whose last conv_kernel - 1 inputs are a per-sequence state), or Qwen3-Next's
+# gated delta net (a convolution, then linear attention whose per-head dk x dv matrix is the state).
+LAYER_KINDS = ("attention", "shortconv", "deltanet")
 # How a mixture-of-experts router turns logits into the k weights: a softmax over every expert,
 # then the k largest (Qwen-MoE, Mixtral), or the k largest logits, then a softmax over those (GPT-OSS).
 MOE_ROUTINGS = ("softmax_topk", "topk_softmax")
@@ -138,6 +143,14 @@ class TransformerConfig:
     moe_swiglu_alpha: float = 1.702         # swiglu_oai: up+1 times gate * sigmoid(alpha * gate) ...
     moe_swiglu_limit: float = 7.0           # ... with gate <= limit and |up| <= limit
     moe_bias: bool = False                  # the experts' projections have biases (GPT-OSS)
+    # hybrid models: layers whose token mixer is not attention (LFM2), see LAYER_KINDS
+    layer_kinds: list[str] = field(default_factory=list)     # per layer; empty: all attention
+    conv_kernel: int = 0                    # short convolutions' width L (the state keeps L - 1 inputs)
+    ssm_k_heads: int = 0                    # gated delta net: query/key heads,
+    ssm_v_heads: int = 0                    # value heads (a multiple: key head h // (v / k) serves value head h),
+    ssm_k_dim: int = 0                      # and their sizes
+    ssm_v_dim: int = 0
+    attn_out_gate: bool = False             # attention output times sigmoid(a gate projection) (Qwen3-Next)
     # GPT-OSS attention
     attn_out_bias: bool = False             # a bias on the attention output projection
     attn_sinks: bool = False                # a learned logit per head joins each softmax (no value)
@@ -153,7 +166,14 @@ class TransformerConfig:
             self.moe_layers = [self.n_experts > 0] * self.n_layers
         if not self.layer_rope:
             self.layer_rope = [True] * self.n_layers
+        if not self.layer_kinds:
+            self.layer_kinds = ["attention"] * self.n_layers
         self.validate()
+
+    @property
+    def recurrent(self) -> bool:
+        """Some layer keeps a per-sequence state beside the KV cache (it cannot be rolled back)."""
+        return any(k != "attention" for k in self.layer_kinds)
 
     @property
     def q_dim(self) -> int:
@@ -194,7 +214,7 @@ class TransformerConfig:
     def _check_sizes(self) -> None:
         for name in ("vocab_size", "n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "ffn_dim",
                      "n_ctx_train", "sliding_window", "n_experts", "n_experts_used", "expert_ffn_dim",
-                     "shared_ffn_dim"):
+                     "shared_ffn_dim", "conv_kernel", "ssm_k_heads", "ssm_v_heads", "ssm_k_dim", "ssm_v_dim"):
             check_int(f"config {name}", getattr(self, name), name)
 
     def validate(self) -> None:
@@ -213,6 +233,7 @@ class TransformerConfig:
         if self.activation not in ("silu", "gelu_tanh"):
             raise ModelFormatError(f"unsupported activation {self.activation!r}")
         self._check_moe()
+        self._check_kinds()
         for name in ("norm_eps", "rope_theta", "attn_softcap", "final_softcap", "norm_offset", "residual_scale",
                      "logit_scale"):
             check_number(f"config {name}", getattr(self, name), name)
@@ -238,6 +259,22 @@ class TransformerConfig:
             raise ModelFormatError(f"unsupported MoE activation {self.moe_activation!r}")
         check_number("config swiglu alpha", self.moe_swiglu_alpha, "positive")
         check_number("config swiglu limit", self.moe_swiglu_limit, "positive")
+
+    def _check_kinds(self) -> None:
+        if not isinstance(self.layer_kinds, list) or len(self.layer_kinds) != self.n_layers:
+            raise ModelFormatError("layer_kinds must list every layer")
+        bad = [k for k in self.layer_kinds if k not in LAYER_KINDS]
+        if bad:
+            raise ModelFormatError(f"unsupported layer kind {bad[0]!r} (supported: {', '.join(LAYER_KINDS)})")
+        conv = [k for k in self.layer_kinds if k in ("shortconv", "deltanet")]
+        if conv and self.conv_kernel < 2:
+            raise ModelFormatError(f"{conv[0]} layers need a convolution kernel of at least 2, got {self.conv_kernel}")
+        if "deltanet" in self.layer_kinds:
+            if min(self.ssm_k_heads, self.ssm_v_heads, self.ssm_k_dim, self.ssm_v_dim) < 1:
+                raise ModelFormatError("gated delta-net layers need their head counts and sizes")
+            if self.ssm_v_heads % self.ssm_k_heads:
+                raise ModelFormatError(f"delta-net value heads ({self.ssm_v_heads}) must be a multiple of its key "
+                                       f"heads ({self.ssm_k_heads})")
 
     def _check_rope(self) -> None:
         if self.rope_scaling is not None:

@@ -175,6 +175,15 @@ class HFConfig:
         )
 
 
+def hf_layer_kinds(types, n_layers: int, kinds: dict[str, str]) -> list[str]:
+    """config.json's `layer_types` (a hybrid model's token mixer per layer) as LAYER_KINDS names
+    through `kinds` ({"conv": "shortconv", "full_attention": "attention"}, say)."""
+    if not isinstance(types, list) or len(types) != n_layers or not all(t in kinds for t in types):
+        raise ModelFormatError(f"config.json 'layer_types' should list one of {', '.join(map(repr, kinds))} for each "
+                               f"of the {n_layers} layers, got {types!r}")
+    return [kinds[t] for t in types]
+
+
 def _scaling(sc: dict, where: str) -> dict:
     """A RoPE scaling dict, with the file's key in any error TransformerConfig raises about it."""
     try:

@@ -3,7 +3,8 @@
 Weights: the file is mapped read-only and each matrix is packed into the backend's arena, its file pages
 released once packed (formats/files.release_pages), so what stays resident is the packed copy (the native
 core's layouts are the file's bytes regrouped: the same size) and, while loading, one tensor's file pages
-at a time. The KV cache: 2 x layers x kv_dim x bytes per value, per token of each slot. Activations: the
+at a time. The KV cache: 2 x attention layers x kv_dim x bytes per value, per token of each slot (a hybrid
+model's recurrent state, a few rows per slot and layer, is left out). Activations: the
 forward pass's buffers at the batch size (`Workspace`). Available: the kernel's MemAvailable (free memory
 plus what it can reclaim, the page cache included).
 """
@@ -91,8 +92,9 @@ def plan(src: ModelSource, n_ctx: int, n_slots: int = 1, kv_type: str = "f32", m
         params += int(np.prod(t.shape))
         packed += packed_nbytes(name, t) if packed_nbytes is not None else n
     weights = params * 4 if float_weights else packed
-    kv_per_token = int(2 * cfg.n_layers * kv_value_bytes(kv_type, cfg.kv_dim))
-    kv_base = 4 * cfg.n_layers * cfg.kv_dim * n_slots if kv_type == "q8_0" else 0   # a float key base per slot
+    kv_layers = max(1, cfg.layer_kinds.count("attention"))     # a hybrid model's other layers keep no KV
+    kv_per_token = int(2 * kv_layers * kv_value_bytes(kv_type, cfg.kv_dim))
+    kv_base = 4 * kv_layers * cfg.kv_dim * n_slots if kv_type == "q8_0" else 0   # a float key base per slot
     extra = backend.workspace_specs(cfg, max_tokens) if backend is not None else None
     acts = Workspace(cfg, max_tokens, max(n_slots, 16), extra).nbytes()
     return MemoryPlan(weights, mapped, largest, kv_per_token, kv_per_token * n_ctx * n_slots + kv_base, acts, n_ctx,

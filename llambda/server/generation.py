@@ -13,9 +13,9 @@ from typing import AsyncIterator
 
 from ..constraints import ConstraintError, GrammarSpec
 from ..engine import GenerationParams, Sequence
-from ..errors import ChatTemplateError, ContextOverflowError, LlambdaError, TokenizerError
+from ..errors import ChatTemplateError, ContextOverflowError, InvalidInputError, LlambdaError, TokenizerError
 from ..sampling import SamplingParams
-from ..speculative import DEFAULT_DRAFT_MAX, PromptLookup, Speculation
+from ..speculative import DEFAULT_DRAFT_MAX, PromptLookup, Speculation, check_rollback
 from .config import ServerConfig
 from .errors import APIError, bad_request
 from .fim import find_fim_tokens, fim_prompt_ids, require_fim
@@ -58,6 +58,8 @@ class Service:
         self.harmony = harmony_vocabulary(model.tokenizer) or CHANNEL in src
         self.workers = PromptWorkers(cfg.prompt_workers, backlog=max(cfg.queue_size, cfg.prompt_workers))
         self.fim = find_fim_tokens(model.tokenizer, getattr(model.source, "metadata", None))
+        if cfg.speculative not in (None, "off"):
+            check_rollback(model.config)      # a default every request would be refused for: refuse it now
 
     def warm_grammars(self) -> None:
         """Build what constrained decoding needs ahead of the first request (any thread)."""
@@ -214,6 +216,11 @@ class Service:
 
     def _speculative_mode(self, spec: GenerationSpec) -> str | None:
         mode = spec.speculative if spec.speculative is not None else self.cfg.speculative
+        if mode not in (None, "off"):
+            try:
+                check_rollback(self.model.config)
+            except InvalidInputError as e:
+                raise bad_request(f"'speculative': {e}", param="speculative") from None
         if mode == "draft" and getattr(self.model, "drafter", None) is None:
             raise bad_request("'speculative': \"draft\" needs a draft model; this server has none "
                               "(llambda serve --model-draft)", param="speculative")

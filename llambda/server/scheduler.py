@@ -155,6 +155,7 @@ class Scheduler:
         self.spec_rows = min(int(spec_rows), self.max_rows, self.max_batch)
         self.queue_size = int(queue_size)
         self.slots = SlotTable(self.n_slots, min_reuse=min_prefix_reuse)
+        self.recurrent = bool(getattr(getattr(transformer, "cfg", None), "recurrent", False))
         self._waiting: deque[Job] = deque()
         self._active: list[Job] = []           # in admission order (prefill fairness: first come first)
         self._cv = threading.Condition()
@@ -351,8 +352,9 @@ class Scheduler:
         self._waiting = kept
 
     def _place(self, j: Job) -> None:
-        # prompt logprobs need the logits of every prompt position: no prefix reuse
-        p = self.slots.place(j.prompt, reuse=j.prompt_logprobs is None)
+        # prompt logprobs need the logits of every prompt position: no prefix reuse; nor in a hybrid
+        # model, whose recurrent state holds where its slot's sequence ended, not the shared prefix
+        p = self.slots.place(j.prompt, reuse=j.prompt_logprobs is None and not self.recurrent)
         if p.copy_from >= 0:
             try:
                 self.model.cache.copy_prefix(p.copy_from, p.slot, p.reuse)

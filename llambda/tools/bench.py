@@ -82,8 +82,8 @@ class OurEngine:
     def decode_bytes(self, depth: float) -> tuple[int, int]:
         """(weight bytes, K/V bytes) one decode token reads at `depth` cached tokens."""
         from .model_info import decode_weight_bytes
-        cfg, cache = self.model.config, self.tr.cache
-        kv = 2 * cfg.n_layers * cache.k[0][0, 0].nbytes * depth  # one position of every kv head (any kv_type)
+        cache = self.tr.cache     # its layers: the attention layers (a hybrid model's others keep no K/V)
+        kv = 2 * cache.n_layers * cache.k[0][0, 0].nbytes * depth  # one position of every kv head (any kv_type)
         return decode_weight_bytes(self.model.source), int(kv)
 
 

@@ -63,6 +63,9 @@ FAMILIES = {
     "smollm3": Family("smollm3", "SmolLM3ForCausalLM", "smollm3"),
     "granite": Family("granite", "GraniteForCausalLM", "granite"),
     "olmo2": Family("olmo2", "Olmo2ForCausalLM", "olmo2"),
+    # hybrids: GGUF only (write_hf refuses them)
+    "lfm2": Family("lfm2", "Lfm2ForCausalLM", "lfm2"),
+    "qwen3next": Family("qwen3_next", "Qwen3NextForCausalLM", "qwen3next"),
 }
 PERMUTED_GGUF_ARCHS = {"llama", "smollm3", "granite"}      # llama.cpp's LLAMA_ROPE_TYPE_NORM architectures among ours
 FLOAT_TYPES = {"f32": QType.F32, "f16": QType.F16, "bf16": QType.BF16}
@@ -71,9 +74,13 @@ HF_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"
 _LAYER_LEAVES = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "attn_q_norm",
                  "attn_k_norm", "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm",
                  "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_inp_shexp",
-                 "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp", "attn_sinks")
+                 "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp", "attn_sinks",
+                 # hybrid layers' (LFM2's short convolution, Qwen3-Next's delta net)
+                 "shortconv.in_proj", "shortconv.conv", "shortconv.out_proj", "ssm_in", "attn_gate", "ssm_ba",
+                 "ssm_conv1d", "ssm_a", "ssm_a_log", "ssm_dt", "ssm_norm", "ssm_out")
 # leaves that may also have a `.bias`
-_BIASED = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+_BIASED = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
+           "ssm_dt")
 # Tensors kept in float whatever the export type: an MoE router's logits pick the experts, and a
 # quantized router flips choices that are close (llama.cpp's quantizer also leaves them alone).
 _FLOAT_ONLY = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight")
@@ -179,7 +186,9 @@ def _layout_tensors(src: ModelSource, to_interleaved: bool | None) -> dict[str, 
 
 
 def _is_norm(name: str) -> bool:
-    return name.endswith("norm.weight")
+    """A norm weight stored as applied in GGUF (a family's norm_offset added); a delta net's gated
+    norm (ssm_norm) is plain w in every format."""
+    return name.endswith("norm.weight") and not name.endswith("ssm_norm.weight")
 
 
 # ---------------------------------------------------------------- RoPE scaling <-> rope_freqs
@@ -223,7 +232,8 @@ _CHECKED = ("vocab_size", "n_layers", "d_model", "n_heads", "n_kv_heads", "head_
             "activation", "attn_bias", "qk_norm", "post_norms", "embed_scale", "attn_softcap", "final_softcap",
             "layer_sliding", "layer_rope", "pre_norms", "qk_norm_whole", "residual_scale", "logit_scale",
             "n_experts", "n_experts_used", "expert_ffn_dim", "moe_routing", "moe_norm_topk", "shared_ffn_dim",
-            "moe_activation", "moe_swiglu_alpha", "moe_swiglu_limit", "moe_bias", "attn_out_bias", "attn_sinks")
+            "moe_activation", "moe_swiglu_alpha", "moe_swiglu_limit", "moe_bias", "attn_out_bias", "attn_sinks",
+            "layer_kinds", "conv_kernel", "ssm_k_heads", "ssm_v_heads", "ssm_k_dim", "ssm_v_dim", "attn_out_gate")
 
 
 def _check_same(a: TransformerConfig, b: TransformerConfig, what: str, a_factors=None, b_factors=None) -> None:
@@ -327,8 +337,8 @@ def write_hf(src: ModelSource, out: Path, qtype: str | None = None) -> Path:
     from ..formats.safetensors import write_safetensors
     cfg = src.config
     fam = family_of(cfg)
-    if cfg.n_experts:
-        raise LlambdaError("a mixture-of-experts model exports as GGUF only (fmt='gguf')")
+    if cfg.n_experts or cfg.recurrent:
+        raise LlambdaError("a mixture-of-experts or hybrid model exports as GGUF only (fmt='gguf')")
     want = None
     if qtype:
         if qtype.lower() not in FLOAT_TYPES:
@@ -472,7 +482,46 @@ def gguf_metadata(cfg: TransformerConfig, arch: str, name: str) -> dict:
     if a == "granite":           # llama.cpp's keys for Granite's multipliers
         meta.update({f"{a}.embedding_scale": float(cfg.embed_scale or 1.0), f"{a}.residual_scale": cfg.residual_scale,
                      f"{a}.logit_scale": cfg.logit_scale})
+    meta.update(_hybrid_metadata(cfg, a))
     return meta
+
+
+def _hybrid_metadata(cfg: TransformerConfig, a: str) -> dict:
+    """llama.cpp's keys for a hybrid model's layers: LFM2's per-layer kv head counts (0: a conv layer)
+    and conv width; Qwen3-Next's delta-net sizes and attention interval."""
+    if "shortconv" in cfg.layer_kinds:
+        return {f"{a}.attention.head_count_kv": [cfg.n_kv_heads if k == "attention" else 0 for k in cfg.layer_kinds],
+                f"{a}.shortconv.l_cache": cfg.conv_kernel}
+    if "deltanet" not in cfg.layer_kinds:
+        return {}
+    every = cfg.layer_kinds.index("attention") + 1 if "attention" in cfg.layer_kinds else cfg.n_layers + 1
+    if cfg.layer_kinds != ["attention" if (i + 1) % every == 0 else "deltanet" for i in range(cfg.n_layers)]:
+        raise ModelFormatError("GGUF cannot express these layer kinds (every n-th layer attention only)")
+    return {f"{a}.ssm.conv_kernel": cfg.conv_kernel, f"{a}.ssm.state_size": cfg.ssm_k_dim,
+            f"{a}.ssm.group_count": cfg.ssm_k_heads, f"{a}.ssm.time_step_rank": cfg.ssm_v_heads,
+            f"{a}.ssm.inner_size": cfg.ssm_v_heads * cfg.ssm_v_dim, f"{a}.full_attention_interval": every}
+
+
+def _hybrid_tensors(cfg: TransformerConfig, tensors: dict) -> dict:
+    """A delta net's tensors as llama.cpp's converter writes them: in_proj_qkvz regrouped into attn_qkv
+    (q, k, v heads) and attn_gate (z), ssm_a = -exp(A_log), convolution kernels as (channels, L)."""
+    from ..models.base import grouped_rows
+    hk, hv, dk, dv = cfg.ssm_k_heads, cfg.ssm_v_heads, cfg.ssm_k_dim, cfg.ssm_v_dim
+    out = {}
+    for name, t in tensors.items():
+        leaf = name.split(".", 2)[2] if name.startswith("blk.") else ""
+        p = name[:-len(leaf)]
+        if leaf == "ssm_in.weight":
+            q, k, v, z = grouped_rows(hk, [dk, dk, hv // hk * dv, hv // hk * dv])
+            out[p + "attn_qkv.weight"] = t.take_rows(np.concatenate([q, k, v]))
+            out[p + "attn_gate.weight"] = t.take_rows(z)
+        elif leaf == "ssm_a_log.weight":
+            out[p + "ssm_a.weight"] = WeightTensor.from_float(p + "ssm_a.weight", -np.exp(t.to_float32().reshape(-1)))
+        elif leaf in ("ssm_conv1d.weight", "shortconv.conv.weight") and len(t.shape) == 3:
+            out[name] = WeightTensor(t.name, t.qtype, (t.shape[0], t.shape[-1]), t.data)
+        else:
+            out[name] = t
+    return out
 
 
 def write_gguf_file(src: ModelSource, out: Path, qtype: str | None = None, pure: bool = False,
@@ -484,7 +533,7 @@ def write_gguf_file(src: ModelSource, out: Path, qtype: str | None = None, pure:
     fam = family_of(cfg)
     arch = fam.gguf_arch
     ftype = file_type(qtype, pure) if qtype else None
-    tensors = _layout_tensors(src, to_interleaved=arch in PERMUTED_GGUF_ARCHS)
+    tensors = _hybrid_tensors(cfg, _layout_tensors(src, to_interleaved=arch in PERMUTED_GGUF_ARCHS))
     meta = gguf_metadata(cfg, arch, src.name or src.path.stem)
     kind = (cfg.rope_scaling or {}).get("rope_type") or (cfg.rope_scaling or {}).get("type")
     if kind == "llama3":
@@ -520,6 +569,8 @@ def write_gguf_file(src: ModelSource, out: Path, qtype: str | None = None, pure:
             if name.startswith("blk.") and name.split(".", 2)[2] in renamed:
                 i, leaf = name.split(".", 2)[1:]
                 o.name = name = f"blk.{i}.{renamed[leaf]}"
+            elif name in renamed:        # a global name of its own (LFM2's final norm: token_embd_norm)
+                o.name = name = renamed[name]
             if name.endswith("ffn_gate_inp_shexp.weight"):
                 o.shape = (t.rows * t.cols,)      # llama.cpp's shape: one vector of d_model
             items.append((name, o.qtype, o.raw, tuple(o.shape)))
