@@ -237,3 +237,25 @@ def test_show_sizes_the_kv_cache_it_is_asked_for(tmp_path):
     finally:
         src.close()
     assert sizes == {"f32": 2 * 2 * 128 * 512 * 4, "f16": 2 * 2 * 128 * 512 * 2, "q8_0": 2 * 2 * 128 * 512 * 34 // 32}
+
+
+def test_the_plan_counts_an_moe_layers_experts_held_together(tmp_path):
+    """An MoE layer's gate, up and down experts are let go of once all three are packed: the plan's peak
+    while loading holds all three (and the read-ahead's chunk), not the largest tensor alone."""
+    from llambda.formats.open import open_model
+    from llambda.formats.quants import tensor_nbytes
+    from llambda.formats.readahead import CHUNK
+    from llambda.models import memory
+    from llambda.tools.export import export
+    tiny = Path(__file__).parent / "fixtures" / "reference" / "tiny" / "qwen3_moe"
+    path = export(str(tiny), tmp_path / "m.gguf", fmt="gguf", qtype="f32")
+    src = open_model(Path(path))
+    try:
+        blk = next(n.split(".ffn_")[0] for n in src.tensor_names if "_exps." in n)     # (layer 0 may be dense)
+        layer = sum(tensor_nbytes(t.qtype, t.shape) for t in (src.tensor(f"{blk}.ffn_{w}_exps.weight")
+                                                               for w in ("gate", "up", "down")))
+        p = memory.plan(src, 64)
+        assert p.largest_tensor >= layer + CHUNK
+        assert "paged in as it is packed" in p.lines()[0]
+    finally:
+        src.close()
