@@ -69,7 +69,9 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
                             float_weights=be.name == "numpy", packed_nbytes=packed_nbytes)
         if check_memory:
             memory.check(mplan)
-        model = Transformer(cfg, lookup, be, n_ctx=ctx, n_slots=n_slots, max_tokens=max_batch, release=src.release)
+        with src.reading_ahead():
+            model = Transformer(cfg, lookup, be, n_ctx=ctx, n_slots=n_slots, max_tokens=max_batch,
+                                release=src.release)
     except BaseException:
         src.close()
         raise

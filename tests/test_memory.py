@@ -112,6 +112,83 @@ def test_release_only_touches_its_own_mapping(tmp_path):
         assert f.release(t.data[:0]) == 0
 
 
+def _mapped_rss(path) -> int:
+    """Resident bytes of this process's mappings of `path` (as _PROBE's mapped_rss)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if len(head) >= 5 and "-" in head[0] and len(head[1]) == 4:
+                inside = len(head) >= 6 and line.rstrip().endswith(str(path))
+            elif inside and line.startswith("Rss:"):
+                total += int(head[1]) * 1024
+    return total
+
+
+def _wait_for(cond, seconds=20.0):
+    import time
+    end = time.monotonic() + seconds
+    while not cond() and time.monotonic() < end:
+        time.sleep(0.01)
+    return cond()
+
+
+def test_read_ahead_reads_a_window_past_the_loader_and_holds_none_of_it(tmp_path):
+    """The read-ahead thread reads the file in order up to a window past where the loader let go (its
+    own pages dropped from the process again: the page cache holds them), waits there, follows the loader,
+    and stops when told; the loader's bytes are the file's."""
+    import mmap
+    from llambda.formats.readahead import ReadAhead
+    path = tmp_path / "blob.bin"
+    payload = np.random.default_rng(0).integers(0, 256, 24 << 20, dtype=np.uint8)
+    path.write_bytes(payload.tobytes())
+    with open(path, "rb") as fh:
+        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    base = np.frombuffer(mm, np.uint8)
+    r = ReadAhead(mm, base, start=4096, window=4 << 20, chunk=1 << 20)
+    try:
+        assert _wait_for(lambda: r.bytes_read == 4 << 20)
+        assert not _wait_for(lambda: r.bytes_read > 4 << 20, seconds=0.2)       # it waits for the loader
+        r.advance(10 << 20)                    # the loader jumped ahead: reading goes on from there
+        assert _wait_for(lambda: r.bytes_read == 8 << 20)
+        assert _mapped_rss(path) < (1 << 20) + 8192       # at most the chunk being read
+        assert np.array_equal(base[10 << 20:14 << 20], payload[10 << 20:14 << 20])
+        r.advance(len(base))                   # the loader reached the end: nothing is left to read
+        assert not _wait_for(lambda: r.bytes_read > 8 << 20, seconds=0.2)
+    finally:
+        r.stop()
+    assert not r._thread.is_alive()
+    r.stop()                                   # idempotent
+    del base
+    mm.close()
+
+
+def test_a_load_reads_ahead_only_while_it_loads(tmp_path):
+    import llambda
+    path = _write_big_llama(tmp_path / "small.gguf", layers=2, d=256, ff=512)
+    with llambda.load(path, backend="native", threads=1, n_ctx=64) as m:
+        (f,) = m.source.readers
+        assert not f.reading_ahead             # stopped once every tensor was packed
+        with m.source.reading_ahead():
+            assert f.reading_ahead
+        assert not f.reading_ahead
+
+
+def test_populate_pages_a_mapping_in(tmp_path):
+    import mmap
+    path = tmp_path / "blob.bin"
+    path.write_bytes(b"\x01" * (1 << 20))
+    with open(path, "rb") as fh:
+        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    base = np.frombuffer(mm, np.uint8)
+    assert native.populate(base[100:200_000]) in (0, 1)       # 1: a kernel before 5.14 only reads ahead
+    assert native.populate(base[:0]) == 0
+    with pytest.raises(TypeError):
+        native.populate(12)
+    del base
+    mm.close()
+
+
 def test_the_plan_is_what_the_load_allocates(tmp_path):
     import llambda
     path = _write_big_llama(tmp_path / "small.gguf", layers=2, d=256, ff=512)
@@ -160,3 +237,25 @@ def test_show_sizes_the_kv_cache_it_is_asked_for(tmp_path):
     finally:
         src.close()
     assert sizes == {"f32": 2 * 2 * 128 * 512 * 4, "f16": 2 * 2 * 128 * 512 * 2, "q8_0": 2 * 2 * 128 * 512 * 34 // 32}
+
+
+def test_the_plan_counts_an_moe_layers_experts_held_together(tmp_path):
+    """An MoE layer's gate, up and down experts are let go of once all three are packed: the plan's peak
+    while loading holds all three (and the read-ahead's chunk), not the largest tensor alone."""
+    from llambda.formats.open import open_model
+    from llambda.formats.quants import tensor_nbytes
+    from llambda.formats.readahead import CHUNK
+    from llambda.models import memory
+    from llambda.tools.export import export
+    tiny = Path(__file__).parent / "fixtures" / "reference" / "tiny" / "qwen3_moe"
+    path = export(str(tiny), tmp_path / "m.gguf", fmt="gguf", qtype="f32")
+    src = open_model(Path(path))
+    try:
+        blk = next(n.split(".ffn_")[0] for n in src.tensor_names if "_exps." in n)     # (layer 0 may be dense)
+        layer = sum(tensor_nbytes(t.qtype, t.shape) for t in (src.tensor(f"{blk}.ffn_{w}_exps.weight")
+                                                               for w in ("gate", "up", "down")))
+        p = memory.plan(src, 64)
+        assert p.largest_tensor >= layer + CHUNK
+        assert "paged in as it is packed" in p.lines()[0]
+    finally:
+        src.close()

@@ -316,6 +316,35 @@ def test_get_rows_and_dequant(tname):
         np.testing.assert_allclose(full, w, rtol=1e-6, atol=1e-7 * np.abs(w).max())
 
 
+@pytest.mark.parametrize("tname", list(TYPES))
+def test_pack_count_is_each_matrix_packed_on_its_own(tname):
+    """pack(..., count): an MoE layer's experts back to back, in one call, byte for byte what packing each
+    alone writes (a row count that leaves a partial 16-row group, so no group straddles two matrices)."""
+    rng = np.random.default_rng(5)
+    count, rows, cols = 3, 21, 2 * max(BLOCK[tname], 32)
+    raws = [make_weights(tname, rows, cols, rng) for _ in range(count)]
+    size = nat.packed_size(TYPES[tname], rows, cols)
+    dst = np.full(size * count, 0xAB, np.uint8)
+    layout = nat.pack(TYPES[tname], np.concatenate([r.reshape(-1) for r in raws]), dst, rows, cols, count)
+    for e, raw in enumerate(raws):
+        one_layout, one = pack(tname, raw, rows, cols)
+        assert layout == one_layout and bytes(dst[e * size:(e + 1) * size]) == bytes(one), e
+
+
+def test_pack_count_is_checked():
+    q41 = TYPES["Q4_1"]
+    rows, cols = 16, 64
+    one = nat.row_bytes(q41, cols) * rows
+    src, dst = np.zeros(2 * one, np.uint8), np.zeros(2 * nat.packed_size(q41, rows, cols), np.uint8)
+    assert nat.pack(q41, src, dst, rows, cols, 2) == nat.pack(q41, src[:one], dst, rows, cols)
+    with pytest.raises(ValueError):
+        nat.pack(q41, src, dst, rows, cols, 3)       # src and dst hold two
+    with pytest.raises(ValueError):
+        nat.pack(q41, src, dst, rows, cols, 0)
+    with pytest.raises(TypeError):
+        nat.pack(q41, src, dst, rows, cols, 2, 1)    # one argument too many
+
+
 def test_sizes():
     assert nat.row_bytes(TYPES["Q4_1"], 576) == 18 * 20
     assert nat.row_bytes(TYPES["Q6_K"], 512) == 2 * 210

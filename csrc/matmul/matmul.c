@@ -280,15 +280,24 @@ typedef struct {
     const int32_t *ids;
     float *out;
     long n;
+    long groups;             /* pack: row groups per matrix */
+    size_t src_bytes, dst_bytes;   /* pack: one matrix in the file, packed */
 } rows_ctx;
 
-/* Groups [g0, g1) of LLB_IL rows. */
-static void pack_task(void *ctx, long g0, long g1, int tid) {
+/* Row groups [i0, i1) of LLB_IL rows, counted over the matrices back to back. */
+static void pack_task(void *ctx, long i0, long i1, int tid) {
     (void)tid;
     rows_ctx *c = ctx;
-    llb_pack_groups(c->t, c->src, c->rows, c->cols, c->dst, g0, g1);
+    while (i0 < i1) {
+        const long m = i0 / c->groups, g0 = i0 % c->groups;
+        const long g1 = g0 + (i1 - i0) < c->groups ? g0 + (i1 - i0) : c->groups;
+        llb_pack_groups(c->t, c->src + (size_t)m * c->src_bytes, c->rows, c->cols, c->dst + (size_t)m * c->dst_bytes,
+                        g0, g1);
+        i0 += g1 - g0;
+    }
 }
 
+/* Rows [r0, r1) of all the matrices (the file layout is kept: rows back to back on both sides). */
 static void copy_task(void *ctx, long r0, long r1, int tid) {
     (void)tid;
     rows_ctx *c = ctx;
@@ -296,13 +305,17 @@ static void copy_task(void *ctx, long r0, long r1, int tid) {
     memcpy(c->dst + r0 * rb, c->src + r0 * rb, (size_t)(r1 - r0) * rb);
 }
 
-void llb_pack(const llb_type_info *t, const uint8_t *src, long rows, long cols, uint8_t *dst) {
-    rows_ctx c = {.t = t, .src = src, .rows = rows, .cols = cols, .dst = dst};
+void llb_pack(const llb_type_info *t, const uint8_t *src, long rows, long cols, uint8_t *dst, long count) {
+    rows_ctx c = {.t = t, .src = src, .rows = rows, .cols = cols, .dst = dst,
+                  .groups = (rows + LLB_IL - 1) / LLB_IL,
+                  .src_bytes = llb_matrix_bytes(t, LLB_LAYOUT_FILE, rows, cols),
+                  .dst_bytes = llb_matrix_bytes(t, llb_pack_layout(t), rows, cols)};
     if (llb_pack_layout(t) == LLB_LAYOUT_PACKED) {
-        const long groups = (rows + LLB_IL - 1) / LLB_IL;
-        llb_parallel_for(pack_task, &c, groups, llb_grain(groups, MM_CHUNKS, 1, 1), LLB_POOL_MAX_THREADS);
+        const long n = c.groups * count;
+        llb_parallel_for(pack_task, &c, n, llb_grain(n, MM_CHUNKS, 1, 1), LLB_POOL_MAX_THREADS);
     } else {
-        llb_parallel_for(copy_task, &c, rows, llb_grain(rows, MM_CHUNKS, 1, 1), LLB_POOL_MAX_THREADS);
+        const long n = rows * count;
+        llb_parallel_for(copy_task, &c, n, llb_grain(n, MM_CHUNKS, 1, 1), LLB_POOL_MAX_THREADS);
     }
 }
 

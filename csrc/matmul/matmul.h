@@ -32,8 +32,10 @@ int llb_matmul_many_here(const llb_type_info *t, const llb_mm_part *parts, int n
 /* 1 if `isa` (enum llb_isa) has its own kernel for the type in this mode; else matmul runs the
  * scalar kernel there. */
 int llb_matmul_has_kernel(const llb_type_info *t, int isa, int exact);
-/* File layout -> the layout llb_pack_layout(t) names (a copy for unpacked types). */
-void llb_pack(const llb_type_info *t, const uint8_t *src, long rows, long cols, uint8_t *dst);
+/* File layout -> the layout llb_pack_layout(t) names (a copy for unpacked types): `count` matrices of
+ * rows x cols back to back in src (an MoE layer's experts), each packed on its own, back to back in dst,
+ * in one fork/join over all their row groups. */
+void llb_pack(const llb_type_info *t, const uint8_t *src, long rows, long cols, uint8_t *dst, long count);
 /* out[i] = dequant(W[ids[i]]) for i < n. */
 void llb_get_rows(const llb_type_info *t, int layout, const uint8_t *w, long rows, long cols, const int32_t *ids,
                   float *out, long n);

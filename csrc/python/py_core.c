@@ -8,6 +8,7 @@
 
 #include "core/alloc.h"
 #include "core/isa.h"
+#include "core/pages.h"
 #include "core/state.h"
 #include "core/threadpool.h"
 #include "python/args.h"
@@ -75,6 +76,18 @@ static PyObject *py_alloc_stats(PyObject *self, PyObject *unused) {
     size_t count, bytes;
     llb_alloc_stats(&count, &bytes);
     return Py_BuildValue("(nn)", (Py_ssize_t)count, (Py_ssize_t)bytes);
+}
+
+/* populate(buf) -> int: page in a mapping's bytes (core/pages.h); the GIL is released while the disk reads. */
+static PyObject *py_populate(PyObject *self, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = llb_pages_populate(view.buf, (size_t)view.len);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    return PyLong_FromLong(rc);
 }
 
 /* ---- pool probes ---------------------------------------------------------- */
@@ -176,6 +189,9 @@ PyMethodDef llb_core_methods[] = {
     {"pool_stalls", py_pool_stalls, METH_NOARGS,
      "pool_stalls() -> int: calls in which a worker was descheduled in the middle of its chunk; after each the pool\n"
      "runs alone on the calling thread for a few milliseconds."},
+    {"populate", py_populate, METH_O,
+     "populate(buf) -> int: fault a mapping's pages under buf in for reading, waiting for the disk with the GIL\n"
+     "released: 0 done, 1 only requested (a kernel before 5.14), -1 refused (not mapped, an I/O error)."},
     {"_pool_probe", (PyCFunction)(void (*)(void))py_pool_probe, METH_VARARGS | METH_KEYWORDS,
      "_pool_probe(calls, nested=False, items=64, grain=1, hold=0, stall_us=0) -> dict: run a counting task (tests)."},
     {NULL, NULL, 0, NULL},

@@ -116,26 +116,32 @@ static PyObject *py_packed_size(PyObject *self, PyObject *const *args, Py_ssize_
     return PyLong_FromSize_t(llb_matrix_bytes(t, llb_pack_layout(t), rows, cols));
 }
 
-/* pack(qtype, src, dst, rows, cols) -> layout */
+/* pack(qtype, src, dst, rows, cols[, count]) -> layout */
 static PyObject *py_pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     const char *fn = "pack";
-    long rows, cols;
+    long rows, cols, count = 1;
     const llb_type_info *t;
     struct llb_bufs b = MM_BUFS;
-    if (llb_arg_nargs(fn, nargs, 5, "qtype, src, dst, rows, cols") < 0 || !(t = arg_type(fn, args[0]))) return NULL;
+    if (nargs != 6 && llb_arg_nargs(fn, nargs, 5, "qtype, src, dst, rows, cols[, count]") < 0) return NULL;
+    if (!(t = arg_type(fn, args[0]))) return NULL;
     if (llb_plan_recording()) /* load-time work a plan does not hold: refuse rather than leave it out silently */
         return PyErr_Format(PyExc_RuntimeError, "pack: cannot run while this thread records a Plan");
     if (arg_dims(fn, t, args[3], args[4], &rows, &cols) < 0) return NULL;
+    if (nargs == 6 && llb_arg_long(args[5], fn, "count", 1, MAX_DIM, &count) < 0) return NULL;
     const int layout = llb_pack_layout(t);
-    const uint8_t *src = llb_arg_buf(&b, args[1], fn, "src", 0, LLB_ELEM_BYTES, llb_matrix_bytes(t, LLB_LAYOUT_FILE, rows, cols), 0);
-    uint8_t *dst = src ? llb_arg_buf(&b, args[2], fn, "dst", 1, LLB_ELEM_BYTES, llb_matrix_bytes(t, layout, rows, cols), 0) : NULL;
+    size_t src_bytes, dst_bytes;
+    if (llb_arg_product(fn, &src_bytes, llb_matrix_bytes(t, LLB_LAYOUT_FILE, rows, cols), (size_t)count, 1, 1) < 0 ||
+        llb_arg_product(fn, &dst_bytes, llb_matrix_bytes(t, layout, rows, cols), (size_t)count, 1, 1) < 0)
+        return NULL;
+    const uint8_t *src = llb_arg_buf(&b, args[1], fn, "src", 0, LLB_ELEM_BYTES, src_bytes, 0);
+    uint8_t *dst = src ? llb_arg_buf(&b, args[2], fn, "dst", 1, LLB_ELEM_BYTES, dst_bytes, 0) : NULL;
     if (!dst) goto fail;
     if (llb_bufs_overlap(&b, 0, 1)) {
         PyErr_SetString(PyExc_ValueError, "pack: src and dst overlap");
         goto fail;
     }
     Py_BEGIN_ALLOW_THREADS
-    llb_pack(t, src, rows, cols, dst);
+    llb_pack(t, src, rows, cols, dst, count);
     Py_END_ALLOW_THREADS
     llb_bufs_release(&b);
     return PyLong_FromLong(layout);
@@ -443,7 +449,8 @@ PyMethodDef llb_matmul_methods[] = {
     {"packed_size", (PyCFunction)(void (*)(void))py_packed_size, METH_FASTCALL,
      "packed_size(qtype, rows, cols) -> int: bytes pack() writes (the kernel layout)."},
     {"pack", (PyCFunction)(void (*)(void))py_pack, METH_FASTCALL,
-     "pack(qtype, src, dst, rows, cols) -> int: repack file-layout rows into dst; returns the layout id for matmul."},
+     "pack(qtype, src, dst, rows, cols[, count]) -> int: repack file-layout rows into dst (count matrices of rows x cols\n"
+     "back to back, each packed on its own, back to back); returns the layout id for matmul."},
     {"matmul", (PyCFunction)(void (*)(void))py_matmul, METH_FASTCALL,
      "matmul(qtype, layout, W, rows, cols, x, out, n, exact) -> None: out[n, rows] = x[n, cols] @ W^T.\n"
      "exact=1: FP32 activations; exact=0: activations quantized to 8-bit blocks where the type allows."},

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InvalidInputError, LlambdaWarning, ModelFormatError, NativeUnavailableError
-from ..formats.experts import expert_matrix
+from ..formats.experts import StackedExperts, expert_matrix
 from ..formats.quants import DEQUANTIZABLE, TRAITS, QType, quantize
 from ..formats.weights import WeightTensor
 from .base import Backend, KVCache
@@ -245,17 +245,21 @@ class NativeBackend(Backend):
         return NativeExperts(*(self._pack_experts(w) for w in (gate, up, down)), n_expert=gate.shape[0], biases=b)
 
     def _pack_experts(self, w: WeightTensor) -> NativeMatrix:
-        """Each expert packed on its own (a matrix's row groups never straddle two experts), back to back."""
+        """Each expert packed on its own (a matrix's row groups never straddle two experts), back to back: in
+        one call (one fork/join over every expert's rows) when the file holds them back to back (GGUF)."""
         E, rows, cols = w.shape
-        mats = [expert_matrix(w, e) for e in range(E)]
-        if int(w.qtype) not in NATIVE_TYPES:
+        whole = int(w.qtype) in NATIVE_TYPES and not isinstance(w, StackedExperts)
+        mats = None if whole else [expert_matrix(w, e) for e in range(E)]
+        if not whole and int(w.qtype) not in NATIVE_TYPES:
             mats = [self._convert(m) for m in mats]
-        qt = int(mats[0].qtype)
+        qt = int(w.qtype) if whole else int(mats[0].qtype)
         size = C.packed_size(qt, rows, cols)
         dst = self._weights.alloc(size * E)
-        layout = 0
-        for e, m in enumerate(mats):
-            layout = C.pack(qt, m.data, dst[e * size:(e + 1) * size], rows, cols)
+        if whole:
+            layout = C.pack(qt, w.data, dst, rows, cols, E)
+        else:
+            for e, m in enumerate(mats):
+                layout = C.pack(qt, m.data, dst[e * size:(e + 1) * size], rows, cols)
         self.weight_bytes += size * E
         return NativeMatrix(qt, layout, dst, rows, cols)
 

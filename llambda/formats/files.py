@@ -58,7 +58,7 @@ def read_json(path, what: str, error: type = ModelFormatError, max_bytes: int = 
 READ_AHEAD = 64 << 20      # after releasing a tensor, ask the kernel to start reading this much beyond it
 
 
-def release_pages(mm, base, data, read_ahead: int = 0) -> int:
+def release_pages(mm, base, data, read_ahead: int = 0, reader=None) -> int:
     """Unmap from this process the pages of a read-only file mapping under `data` (a NumPy view into `base`,
     the uint8 array over mapping `mm`) once its bytes were copied elsewhere (packed); returns the bytes
     released, 0 if `data` is not in that mapping.
@@ -68,7 +68,8 @@ def release_pages(mm, base, data, read_ahead: int = 0) -> int:
     copy at once. MADV_DONTNEED on a shared file mapping loses nothing: a later read of those bytes faults
     them back in from the page cache or the disk. (On an anonymous mapping it would zero them: this is only
     ever called with a file mapping.) The range is widened to whole pages; a neighbour's page dropped with
-    it is read back if needed. With `read_ahead`, the next bytes of the file after `data` are requested
+    it is read back if needed. `reader` (a readahead.ReadAhead over this mapping) is told where the loader
+    is, so it reads on from there; without one, `read_ahead` bytes after `data` are requested
     (MADV_WILLNEED, asynchronous): tensors are packed in file order, so a cold load reads the disk while
     it packs instead of between packs.
     """
@@ -86,6 +87,9 @@ def release_pages(mm, base, data, read_ahead: int = 0) -> int:
     end = min(-(-(start + data.nbytes) // page) * page, len(mm))
     try:
         mm.madvise(advice, begin, end - begin)
+        if reader is not None:
+            reader.advance(start + data.nbytes)
+            return end - begin
         ahead = min(read_ahead, len(mm) - end)
         if ahead > 0 and hasattr(mmap, "MADV_WILLNEED"):
             mm.madvise(mmap.MADV_WILLNEED, end, ahead)

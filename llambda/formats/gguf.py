@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import ModelFormatError
-from .files import READ_AHEAD, open_regular, release_pages
+from .files import open_regular
+from .readahead import ReadsAhead
 from .quants import TRAITS, QType, dequantize, row_nbytes
 
 GGUF_MAGIC = b"GGUF"
@@ -247,7 +248,7 @@ class _Cursor:
         return out
 
 
-class GGUFFile:
+class GGUFFile(ReadsAhead):
     """An open GGUF file. `GGUFFile(path)` maps it and validates the whole header.
 
     Attributes: `path`, `version`, `metadata` (key -> value, in file order),
@@ -395,12 +396,13 @@ class GGUFFile:
     def get(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(key, default)
 
-    def release(self, data: np.ndarray) -> int:
-        """Drop this process's pages of a tensor's bytes once they were copied (files.release_pages)."""
-        return release_pages(self._mm, self._base, data, READ_AHEAD)
+    @property
+    def data_start(self) -> int:
+        return self.data_offset
 
     def close(self) -> None:
         """Unmap the file. Views still held elsewhere keep the mapping alive until freed."""
+        self.stop_read_ahead()
         self._base = None
         if self._mm is not None:
             try:

@@ -69,7 +69,7 @@ def open_gguf(path: Path) -> ModelSource:
         name = meta.get("general.name")
         name = name if isinstance(name, str) and name else path.stem
         return ModelSource(path, "gguf", cfg, tensor, meta, tok, tok_err, template if isinstance(template, str) else None,
-                           str(name), [f.close], names, [f.release])
+                           str(name), [f.close], names, [f.release], [f])
     except BaseException:
         f.close()
         raise

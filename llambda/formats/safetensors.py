@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ModelFormatError
-from .files import READ_AHEAD, open_regular, read_json, release_pages
+from .files import open_regular, read_json
+from .readahead import ReadsAhead
 from .quants import QType
 from .weights import ByteTensor, WeightTensor
 
@@ -52,13 +53,14 @@ def _int(v, what: str) -> int:
     return v
 
 
-class SafetensorsFile:
+class SafetensorsFile(ReadsAhead):
     """One open .safetensors file: `tensors` (name -> WeightTensor, views into the mapping) and `metadata`."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self._mm: mmap.mmap | None = None
         self._base: np.ndarray | None = None
+        self.data_start = 0
         self.tensors: dict[str, WeightTensor] = {}
         self.metadata: dict[str, str] = {}
         with open_regular(self.path, "safetensors file") as f:
@@ -94,7 +96,7 @@ class SafetensorsFile:
             if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
                 raise ModelFormatError(f"{where}: __metadata__ must map strings to strings")
             self.metadata = meta
-        data_start = 8 + n
+        data_start = self.data_start = 8 + n
         data_size = size - data_start
         base = self._base = np.frombuffer(self._mm, dtype=np.uint8)
         spans = []
@@ -146,11 +148,8 @@ class SafetensorsFile:
                 f"{what}: {dtype} {list(shape)} needs {numel * itemsize} bytes, data_offsets give {end - begin}")
         return qtype, (shape or (1,)), begin, end
 
-    def release(self, data: np.ndarray) -> int:
-        """Drop this process's pages of a tensor's bytes once they were copied (files.release_pages)."""
-        return release_pages(self._mm, self._base, data, READ_AHEAD)
-
     def close(self) -> None:
+        self.stop_read_ahead()
         self.tensors = {}
         self._base = None
         if self._mm is not None:
@@ -172,12 +171,31 @@ class SafetensorsSet:
 
     def __init__(self, files: list[SafetensorsFile], tensors: dict[str, WeightTensor]):
         self.files, self.tensors = files, tensors
+        self._reading = False
+
+    def read_ahead(self) -> None:
+        """The first shard is read ahead of the loader at once, each other one from its first released tensor."""
+        self._reading = True
+        if self.files:
+            self.files[0].read_ahead()
+
+    def stop_read_ahead(self) -> None:
+        self._reading = False
+        for f in self.files:
+            f.stop_read_ahead()
 
     def get(self, name: str) -> WeightTensor | None:
         return self.tensors.get(name)
 
     def release(self, data: np.ndarray) -> int:
-        return sum(f.release(data) for f in self.files)
+        done = 0
+        for f in self.files:
+            n = f.release(data)
+            if n and self._reading and not f.reading_ahead:
+                f.read_ahead()
+                f.release(data)     # (tells the new reader where the loader is)
+            done += n
+        return done
 
     def close(self) -> None:
         for f in self.files:

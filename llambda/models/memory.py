@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import InsufficientMemoryError
 from ..formats.quants import tensor_nbytes
+from ..formats.readahead import CHUNK as READ_CHUNK
 from ..formats.source import ModelSource
 from .base import Workspace
 
@@ -24,7 +25,7 @@ from .base import Workspace
 class MemoryPlan:
     weights: int               # resident after load (the packed copy)
     mapped: int                # the file's tensor bytes (mapped, not resident once packed)
-    largest_tensor: int        # the file pages resident at once while loading
+    largest_tensor: int        # the file pages resident at once while loading (a tensor, or an MoE layer's experts)
     kv_per_token: int          # all layers, keys and values, of one slot's token
     kv_cache: int              # at the context, every slot
     activations: int
@@ -43,7 +44,7 @@ class MemoryPlan:
 
     def lines(self) -> list[str]:
         g = _gib
-        out = [f"weights {g(self.weights)} packed (file mapped {g(self.mapped)}, paged in one tensor at a time: "
+        out = [f"weights {g(self.weights)} packed (file mapped {g(self.mapped)}, paged in as it is packed: "
                f"at most {g(self.largest_tensor)} more while loading)",
                f"KV cache {g(self.kv_cache)} ({self.kv_type}, {self.kv_per_token / 1024:.1f} KiB per token x "
                f"{self.n_ctx} tokens x {self.n_slots} slot{'s' if self.n_slots > 1 else ''})",
@@ -82,6 +83,7 @@ def plan(src: ModelSource, n_ctx: int, n_slots: int = 1, kv_type: str = "f32", m
     once loaded, where a load converts it, as quantize= does)."""
     cfg = src.config
     mapped, largest, params, packed = 0, 0, 0, 0
+    experts: dict[str, int] = {}    # an MoE layer's gate, up and down experts are let go of together, once all packed
     for name in src.tensor_names:
         t = src.tensor(name)
         if t is None:
@@ -89,9 +91,13 @@ def plan(src: ModelSource, n_ctx: int, n_slots: int = 1, kv_type: str = "f32", m
         n = tensor_nbytes(t.qtype, t.shape)
         mapped += n
         largest = max(largest, n)
+        if "_exps." in name:
+            layer = name.split("ffn_")[0]
+            experts[layer] = experts.get(layer, 0) + n
         params += int(np.prod(t.shape))
         packed += packed_nbytes(name, t) if packed_nbytes is not None else n
     weights = params * 4 if float_weights else packed
+    largest = max([largest, *experts.values()]) + READ_CHUNK     # + the read-ahead's chunk, mapped while it reads
     kv_layers = max(1, cfg.layer_kinds.count("attention"))     # a hybrid model's other layers keep no KV
     kv_per_token = int(2 * kv_layers * kv_value_bytes(kv_type, cfg.kv_dim))
     kv_base = 4 * kv_layers * cfg.kv_dim * n_slots if kv_type == "q8_0" else 0   # a float key base per slot
