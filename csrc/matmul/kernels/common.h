@@ -37,7 +37,7 @@ static inline int32_t llb_ld32(const void *p) {
 #define LLB_GB_BYTES(qt)                                                                                              \
     ((qt) == LLB_Q4_0 ? LLB_GB_Q4_0 : (qt) == LLB_Q4_1 ? LLB_GB_Q4_1 : (qt) == LLB_Q5_0 ? LLB_GB_Q5_0 \
      : (qt) == LLB_Q8_0 ? LLB_GB_Q8_0 : (qt) == LLB_Q4_K ? LLB_GB_Q4_K : (qt) == LLB_Q5_K ? LLB_GB_Q5_K \
-     : (qt) == LLB_IQ4_XS ? LLB_GB_IQ4_XS : LLB_GB_Q6_K)
+     : (qt) == LLB_IQ4_XS ? LLB_GB_IQ4_XS : (qt) == LLB_Q2_K ? LLB_GB_Q2_K : (qt) == LLB_Q3_K ? LLB_GB_Q3_K : LLB_GB_Q6_K)
 
 /* The group's summed rows for one activation row from the [quad][row][j] accumulator layout
  * of the exact kernels: out[r] = sum_j acc[4r + j]. */
