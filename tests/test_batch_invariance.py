@@ -20,7 +20,7 @@ from llambda.formats.quants import QType, quantize
 pytestmark = pytest.mark.skipif("native" not in available_backends(), reason="the native C core is not built")
 
 F32 = np.float32
-WEIGHT_TYPES = [QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q8_0, QType.Q4_K, QType.Q5_K, QType.Q6_K, QType.IQ4_XS, QType.F16, QType.BF16, QType.F32]
+WEIGHT_TYPES = [QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q8_0, QType.Q2_K, QType.Q3_K, QType.Q4_K, QType.Q5_K, QType.Q6_K, QType.IQ4_XS, QType.F16, QType.BF16, QType.F32]
 
 
 @pytest.fixture
