@@ -13,6 +13,7 @@ gigabytes of temporaries.
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -754,16 +755,17 @@ def quantize(x: np.ndarray, qtype) -> np.ndarray:
 # quantize(): values per chunk (each chunk's temporaries stay near the core's L2; measured 1.3x faster
 # than 1 Mi values) and the threads that share the chunks: the CPUs this process may run on.
 _QUANT_CHUNK_VALUES = 1 << 18
-_POOL: list = []
+_POOL: dict = {}   # pid -> its pool (a forked child has none of its parent's threads)
 
 
 def _quant_workers() -> int:
-    import os
     return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)))
 
 
 def _quant_pool():
-    if not _POOL:
+    pid = os.getpid()
+    if pid not in _POOL:
         from concurrent.futures import ThreadPoolExecutor
-        _POOL.append(ThreadPoolExecutor(_quant_workers(), thread_name_prefix="llambda-quantize"))
-    return _POOL[0]
+        _POOL.clear()
+        _POOL[pid] = ThreadPoolExecutor(_quant_workers(), thread_name_prefix="llambda-quantize")
+    return _POOL[pid]
