@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # this checkout's llambda, not an installed one
 from llamacpp_files import DEFAULT_WORKDIR, FILE_TYPES, _llama_cpp, f16_source, llama_file  # noqa: E402
 
 from llambda.tools.perplexity import _log_softmax_at, perplexity  # noqa: E402

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]  # this checkout's llambda
 from llamacpp_files import DEFAULT_WORKDIR, FILE_TYPES, f16_source, llama_file  # noqa: E402
 
 from llambda.tools.bench import run_bench  # noqa: E402
