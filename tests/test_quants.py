@@ -298,3 +298,14 @@ def test_native_type_table_matches_oracle_table():
         assert QType(qid) in Q.DEQUANTIZABLE
     for name in ("Q5_1", "Q2_K", "Q3_K", "Q5_K", "IQ4_NL", "IQ4_XS", "MXFP4"):
         assert int(QType[name]) in NATIVE, name
+
+
+@pytest.mark.parametrize("qtype", [QType.Q4_K, QType.Q3_K, QType.IQ4_XS])
+def test_quantize_threads_change_nothing(qtype):
+    """quantize() shares a big tensor's chunks among threads: the bytes are those of the rows quantized
+    one slice at a time (each slice below one chunk, so on the calling thread alone)."""
+    rng = np.random.default_rng(int(qtype))
+    x = (rng.standard_normal((300, 2048)) * 0.02).astype(np.float32)   # 600 Ki values: 3 chunks
+    whole = Q.quantize(x, qtype)
+    parts = np.concatenate([Q.quantize(x[i:i + 50], qtype) for i in range(0, 300, 50)])
+    assert np.array_equal(whole, parts)

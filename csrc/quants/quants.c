@@ -165,16 +165,20 @@ static void fc_q2_k(const uint8_t *b, int sub, int16_t q[32], float dw[2], float
     }
 }
 
+/* Q3_K's six-bit scale i (of 16; minus 32): nibble i/8 of byte i%8, top bits the (i/4)-th pair of byte 8 + i%4. */
+static int q3_scale(const uint8_t *b, int i) {
+    const int lo = (b[96 + (i & 7)] >> (4 * (i >> 3))) & 15, hi = (b[104 + (i & 3)] >> (2 * (i >> 2))) & 3;
+    return (lo | hi << 4) - 32;
+}
+
 static void fc_q3_k(const uint8_t *b, int sub, int16_t q[32], float dw[2], float mw[2]) {
-    /* hmask @0 (bit sub of byte l; clear = minus 4), qs @32 as Q2_K's, 6-bit scales @96 (+32), d @108 */
+    /* hmask @0 (bit sub of byte l; clear = minus 4), qs @32 as Q2_K's, 6-bit scales @96, d @108 */
     const int h = sub >> 2, j = sub & 3;
     const float d = f16at(b + 108);
     for (int l = 0; l < 32; l++)
         q[l] = (int16_t)(((b[32 + 32 * h + l] >> (2 * j)) & 3) - (((b[l] >> sub) & 1) ? 0 : 4));
     for (int k = 0; k < 2; k++) {
-        const int i = 2 * sub + k; /* scale i: nibble i/8 of byte i%8, top bits (i/4)-th pair of byte 8 + i%4 */
-        const int lo = (b[96 + (i & 7)] >> (4 * (i >> 3))) & 15, hi = (b[104 + (i & 3)] >> (2 * (i >> 2))) & 3;
-        dw[k] = d * (float)((lo | hi << 4) - 32);
+        dw[k] = d * (float)q3_scale(b, 2 * sub + k);
         mw[k] = 0.0f;
     }
 }
@@ -292,6 +296,51 @@ static void pk_q6_k(const uint8_t *b, int r, uint8_t *gb) {
     }
 }
 
+/* Q2_K/Q3_K: the 2-bit L vector of 16 codes (code & 3) of row r: byte j bits 2i.. = value 4i+j. */
+static void place_l2(uint8_t *vec, int r, const int16_t *code16) {
+    for (int j = 0; j < 4; j++) {
+        uint8_t v = 0;
+        for (int i = 0; i < 4; i++) v |= (uint8_t)((code16[4 * i + j] & 3) << (2 * i));
+        vec[4 * r + j] = v;
+    }
+}
+
+static void pk_q2_k(const uint8_t *b, int r, uint8_t *gb) {
+    put16(gb + 2 * r, llb_rd16(b + 80));
+    put16(gb + 32 + 2 * r, llb_rd16(b + 82));
+    for (int sub = 0; sub < 8; sub++) { /* chunk sub = sub-blocks 2sub, 2sub+1 */
+        int16_t q[32];
+        float dw[2], mw[2];
+        fc_q2_k(b, sub, q, dw, mw);
+        for (int k = 0; k < 2; k++) {
+            const int u = 2 * sub + k;
+            gb[64 + 16 * u + r] = b[u];
+            place_l2(gb + LLB_Q2_K_CODES + 64 * u, r, q + 16 * k);
+        }
+    }
+}
+
+static void pk_q3_k(const uint8_t *b, int r, uint8_t *gb) {
+    put16(gb + 2 * r, llb_rd16(b + 108));
+    for (int s = 0; s < 8; s++) {
+        int16_t q[32];
+        float dw[2], mw[2];
+        fc_q3_k(b, s, q, dw, mw);
+        uint8_t *p = gb + LLB_Q3_K_SUBS + 192 * s;
+        for (int e = 0; e < 32; e++) q[e] = (int16_t)(q[e] + 4); /* code 0..7 */
+        for (int k = 0; k < 2; k++) {
+            gb[32 + 16 * (2 * s + k) + r] = (uint8_t)(int8_t)q3_scale(b, 2 * s + k);
+            place_l2(p + 64 * k, r, q + 16 * k);
+        }
+        for (int j = 0; j < 4; j++) {
+            uint8_t v = 0;
+            for (int k = 0; k < 2; k++)
+                for (int i = 0; i < 4; i++) v |= (uint8_t)(((q[16 * k + 4 * i + j] >> 2) & 1) << (4 * k + i));
+            p[128 + 4 * r + j] = v;
+        }
+    }
+}
+
 /* ---- packed layout: scalar decoders -------------------------------------- */
 
 static int nib(const uint8_t *vecs, int r, int e) {
@@ -376,6 +425,32 @@ static void pc_q6_k(const uint8_t *gb, int s, int r, int16_t q[32], float dw[2],
     }
 }
 
+/* Value e (0..15) of row r's L vector: its low 2 bits. */
+static int l2_at(const uint8_t *vec, int r, int e) { return (vec[4 * r + (e & 3)] >> (2 * (e >> 2))) & 3; }
+
+static void pc_q2_k(const uint8_t *gb, int s, int r, int16_t q[32], float dw[2], float mw[2]) {
+    const float d = f16at(gb + 2 * r), dmin = f16at(gb + 32 + 2 * r);
+    for (int k = 0; k < 2; k++) {
+        const int u = 2 * s + k, sm = gb[64 + 16 * u + r];
+        for (int e = 0; e < 16; e++) q[16 * k + e] = (int16_t)l2_at(gb + LLB_Q2_K_CODES + 64 * u, r, e);
+        dw[k] = d * (float)(sm & 15);
+        mw[k] = -(dmin * (float)(sm >> 4));
+    }
+}
+
+static void pc_q3_k(const uint8_t *gb, int s, int r, int16_t q[32], float dw[2], float mw[2]) {
+    const float d = f16at(gb + 2 * r);
+    const uint8_t *p = gb + LLB_Q3_K_SUBS + 192 * s;
+    for (int k = 0; k < 2; k++) {
+        for (int e = 0; e < 16; e++) {
+            const int hb = (p[128 + 4 * r + (e & 3)] >> (4 * k + (e >> 2))) & 1;
+            q[16 * k + e] = (int16_t)((l2_at(p + 64 * k, r, e) | hb << 2) - 4);
+        }
+        dw[k] = d * (float)(int8_t)gb[32 + 16 * (2 * s + k) + r];
+        mw[k] = 0.0f;
+    }
+}
+
 /* ---- the table ------------------------------------------------------------ */
 
 #define FLOAT_TYPE(id, bytes) {LLB_##id, #id, 1, bytes, 0, 0, NULL, NULL, NULL}
@@ -394,8 +469,8 @@ static const llb_type_info types[] = {
     PACKED_TYPE(Q5_0, LLB_QK, 22, LLB_GB_Q5_0, 0, q5_0),
     PACKED_TYPE(Q5_1, LLB_QK, 24, LLB_GB_Q5_1, 0, q5_1),
     PACKED_TYPE(Q8_0, LLB_QK, 34, LLB_GB_Q8_0, 0, q8_0),
-    ROWBLOCK_TYPE(Q2_K, LLB_QKK, 84, 1, q2_k),
-    ROWBLOCK_TYPE(Q3_K, LLB_QKK, 110, 1, q3_k),
+    PACKED_TYPE(Q2_K, LLB_QKK, 84, LLB_GB_Q2_K, 1, q2_k),
+    PACKED_TYPE(Q3_K, LLB_QKK, 110, LLB_GB_Q3_K, 1, q3_k),
     PACKED_TYPE(Q4_K, LLB_QKK, 144, LLB_GB_Q4_K, 0, q4_k),
     PACKED_TYPE(Q5_K, LLB_QKK, 176, LLB_GB_Q5_K, 0, q5_k),
     PACKED_TYPE(Q6_K, LLB_QKK, 210, LLB_GB_Q6_K, 1, q6_k),

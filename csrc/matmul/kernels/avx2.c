@@ -192,6 +192,25 @@ LLB_AI TGT void chunk_T(const int qt, const uint8_t *wg, long c, float *T) {
             const __m256 dw0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(gb + 32 + 16 * u + 8 * h)))));
             const __m256 dw1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(gb + 48 + 16 * u + 8 * h)))));
             codes_to_T(q, h, dw0, _mm256_mul_ps(dw0, m32), dw1, _mm256_mul_ps(dw1, m32), T);
+        } else if (qt == LLB_Q3_K || qt == LLB_Q2_K) { /* sub-blocks 2s, 2s+1 */
+            const uint8_t *gb = wg + (c >> 3) * LLB_GB_BYTES(qt);
+            const int u = 2 * (int)(c & 7);
+            dec_k16_sub_h(qt, gb, u, h, q);
+            dec_k16_sub_h(qt, gb, u + 1, h, q + 4);
+            const __m256 d = load_f16x8(gb + 16 * h);
+            __m256 dw[2], mw[2];
+            for (int k = 0; k < 2; k++) {
+                const __m128i b8 = _mm_loadl_epi64((const __m128i *)(gb + (qt == LLB_Q3_K ? 32 : 64) + 16 * (u + k) + 8 * h));
+                if (qt == LLB_Q3_K) {
+                    dw[k] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b8)));
+                    mw[k] = _mm256_mul_ps(dw[k], _mm256_set1_ps(-4.0f));
+                } else {
+                    const __m256i sm = _mm256_cvtepu8_epi32(b8);
+                    dw[k] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(sm, _mm256_set1_epi32(15))));
+                    mw[k] = _mm256_mul_ps(load_f16x8(gb + 32 + 16 * h), _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_setzero_si256(), _mm256_srli_epi32(sm, 4))));
+                }
+            }
+            codes_to_T(q, h, dw[0], mw[0], dw[1], mw[1], T);
         } else {
             const uint8_t *gb = wg + c * LLB_GB_BYTES(qt);
             dec_block32_h(qt, gb, h, q);

@@ -94,6 +94,22 @@ LLB_AI TGT void dec_q6k_sub_h(const uint8_t *sub, int h, __m256i q[4]) {
     q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b, 4), m4), _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
 }
 
+/* Rows 8h..8h+7 of a Q2_K/Q3_K 16-value sub-block u (as avx512_decode.h's dec_k16_sub). */
+LLB_AI TGT void dec_k16_sub_h(const int qt, const uint8_t *gb, int u, int h, __m256i q[4]) {
+    const uint8_t *l = qt == LLB_Q2_K ? gb + LLB_Q2_K_CODES + 64 * u : gb + LLB_Q3_K_SUBS + 192 * (u >> 1) + 64 * (u & 1);
+    const __m256i a = ld256(l + 32 * h), m3 = _mm256_set1_epi8(3);
+    LLB_UNROLL
+    for (int i = 0; i < 4; i++) q[i] = _mm256_and_si256(i ? _mm256_srli_epi16(a, 2 * i) : a, m3);
+    if (qt == LLB_Q2_K) return;
+    const __m256i hb = ld256(gb + LLB_Q3_K_SUBS + 192 * (u >> 1) + 128 + 32 * h), b2 = _mm256_set1_epi8(4);
+    LLB_UNROLL
+    for (int i = 0; i < 4; i++) { /* bit 4k+i to bit 2 */
+        const int sh = 4 * (u & 1) + i - 2;
+        const __m256i hs = sh > 0 ? _mm256_srli_epi16(hb, sh) : sh < 0 ? _mm256_slli_epi16(hb, -sh) : hb;
+        q[i] = _mm256_or_si256(q[i], _mm256_and_si256(hs, b2));
+    }
+}
+
 /* Sum of nq u8 x s8 quad products per lane in int16 (caller guarantees no overflow), widened to int32. */
 LLB_AI TGT __m256i dot_u8s8(const __m256i *q, int nq, const int8_t *xq) {
     __m256i p = _mm256_maddubs_epi16(q[0], bcast32(xq));

@@ -1,4 +1,4 @@
-/* AVX2 integer kernels of the 256-value types (Q4_K, Q5_K, Q6_K, IQ4_XS) against activations
+/* AVX2 integer kernels of the 256-value types (Q4_K, Q5_K, Q6_K, IQ4_XS, Q3_K, Q2_K) against activations
  * quantized with one scale per 32 values; the same arithmetic as the AVX-512
  * file (avx512_kquants.c), on 8-row halves of each group. */
 #include "matmul/kernels/avx2_decode.h"
@@ -70,16 +70,19 @@ LLB_AI TGT void tile_q4k(const int qt, const llb_mm *mm, const uint8_t *wg, int 
     }
 }
 
-LLB_AI TGT void tile_q6k(const llb_mm *mm, const uint8_t *wg, int h, long i, const int M, const int gemv, __m256 tot[]) {
+/* The 16-value sub-block types Q6_K, Q3_K, Q2_K (see avx512_kquants.c's tile_k16). */
+LLB_AI TGT void tile_k16(const int qt, const llb_mm *mm, const uint8_t *wg, int h, long i, const int M, const int gemv,
+                         __m256 tot[]) {
     const long nsb = mm->cols / 256;
     const long xt = mm->a.xt;
     const size_t at = llb_act_at(i, 0, nsb, xt);
+    const int gbb = LLB_GB_BYTES(qt);
     LLB_UNROLL
     for (int m = 0; m < M; m++) tot[m] = _mm256_setzero_ps();
     for (long sb = 0; sb < nsb; sb++) {
-        const uint8_t *gb = wg + sb * LLB_GB_Q6_K;
-        if (gemv && h == 0) llb_prefetch_ahead(gb, LLB_GB_Q6_K);
-        const __m256 d = load_f16x8(gb + 16 * h);
+        const uint8_t *gb = wg + sb * gbb;
+        if (gemv && h == 0) llb_prefetch_ahead(gb, gbb);
+        const __m256 d = load_f16x8(gb + 16 * h), dmin = qt == LLB_Q2_K ? load_f16x8(gb + 32 + 16 * h) : d;
         const size_t e = at + xt * sb;
         for (int s = 0; s < 8; s++) { /* sub-blocks u = 2s, 2s+1 share the activation scale dx[s] */
             __m256 p[TILE_ROWS];
@@ -87,16 +90,26 @@ LLB_AI TGT void tile_q6k(const llb_mm *mm, const uint8_t *wg, int h, long i, con
             for (int j = 0; j < 2; j++) {
                 const int u = 2 * s + j;
                 __m256i q[4];
-                dec_q6k_sub_h(gb + LLB_Q6_K_SUBS + 192 * u, h, q);
-                const __m256 sc = sub_scale(gb + 32 + 16 * u + 8 * h, d, 1);
+                __m256 sc, mn = d;
+                if (qt == LLB_Q6_K) dec_q6k_sub_h(gb + LLB_Q6_K_SUBS + 192 * u, h, q);
+                else dec_k16_sub_h(qt, gb, u, h, q);
+                if (qt == LLB_Q2_K) { /* the file's bytes: scale | min << 4 */
+                    const __m256i sm = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(gb + 64 + 16 * u + 8 * h)));
+                    sc = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(sm, _mm256_set1_epi32(15))));
+                    mn = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_srli_epi32(sm, 4)));
+                } else {
+                    sc = sub_scale(gb + 32 + 16 * u + 8 * h, d, 1);
+                }
                 LLB_UNROLL
                 for (int m = 0; m < M; m++) {
                     const int8_t *xq = mm->a.qs + 256 * (e + m) + 16 * u;
-                    /* 6-bit codes: two quads per int16 sum (2 x 2 x 63 x 127 < 2^15) */
-                    __m256i acc = _mm256_add_epi32(dot_u8s8(q, 2, xq), dot_u8s8(q + 2, 2, xq + 8));
-                    acc = _mm256_add_epi32(acc, _mm256_set1_epi32(mm->a.bs16n[16 * (e + m) + u])); /* -32 * bsum */
+                    const int32_t bs = mm->a.bs16n[16 * (e + m) + u]; /* -32 * bsum16 */
+                    /* int16 sums: Q6_K's 6-bit codes two quads at a time (2 x 2 x 63 x 127 < 2^15), 2-3 bit ones all four */
+                    __m256i acc = qt == LLB_Q6_K ? _mm256_add_epi32(dot_u8s8(q, 2, xq), dot_u8s8(q + 2, 2, xq + 8)) : dot_u8s8(q, 4, xq);
+                    if (qt != LLB_Q2_K) acc = _mm256_add_epi32(acc, _mm256_set1_epi32(qt == LLB_Q6_K ? bs : bs / 8));
                     const __m256 v = _mm256_cvtepi32_ps(acc);
                     p[m] = j ? _mm256_fmadd_ps(v, sc, p[m]) : _mm256_mul_ps(v, sc);
+                    if (qt == LLB_Q2_K) p[m] = _mm256_fmadd_ps(mn, _mm256_set1_ps((float)bs * (1.0f / 32)), p[m]);
                 }
             }
             LLB_UNROLL
@@ -106,7 +119,7 @@ LLB_AI TGT void tile_q6k(const llb_mm *mm, const uint8_t *wg, int h, long i, con
 }
 
 LLB_AI TGT void tile_k(const int qt, const llb_mm *mm, const uint8_t *wg, int h, long i, const int M, const int gemv, __m256 tot[]) {
-    if (qt == LLB_Q6_K) tile_q6k(mm, wg, h, i, M, gemv, tot);
+    if (qt == LLB_Q6_K || qt == LLB_Q3_K || qt == LLB_Q2_K) tile_k16(qt, mm, wg, h, i, M, gemv, tot);
     else tile_q4k(qt, mm, wg, h, i, M, gemv, tot);
 }
 
@@ -138,9 +151,11 @@ TGT static void fast_q4_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, 
 TGT static void fast_q5_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast_k(mm, wg, g, i0, i1, LLB_Q5_K); }
 TGT static void fast_q6_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast_k(mm, wg, g, i0, i1, LLB_Q6_K); }
 TGT static void fast_iq4_xs(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast_k(mm, wg, g, i0, i1, LLB_IQ4_XS); }
+TGT static void fast_q2_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast_k(mm, wg, g, i0, i1, LLB_Q2_K); }
+TGT static void fast_q3_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast_k(mm, wg, g, i0, i1, LLB_Q3_K); }
 
 llb_kernel_fn llb_avx2_kquant_kernel(int qtype) {
     return qtype == LLB_Q4_K ? fast_q4_k : qtype == LLB_Q5_K ? fast_q5_k : qtype == LLB_Q6_K ? fast_q6_k
-         : qtype == LLB_IQ4_XS ? fast_iq4_xs : NULL;
+         : qtype == LLB_IQ4_XS ? fast_iq4_xs : qtype == LLB_Q2_K ? fast_q2_k : qtype == LLB_Q3_K ? fast_q3_k : NULL;
 }
 #endif

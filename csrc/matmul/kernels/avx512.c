@@ -242,6 +242,24 @@ LLB_AI TGT void chunk_T(const int qt, const uint8_t *wg, long c, float *T) {
         const __m512 dw0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(gb + 32 + 16 * u)))));
         const __m512 dw1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(gb + 48 + 16 * u)))));
         codes_to_T(q, dw0, _mm512_mul_ps(dw0, m32), dw1, _mm512_mul_ps(dw1, m32), T);
+    } else if (qt == LLB_Q3_K || qt == LLB_Q2_K) { /* sub-blocks 2s, 2s+1 */
+        const uint8_t *gb = wg + (c >> 3) * LLB_GB_BYTES(qt);
+        const int u = 2 * (int)(c & 7);
+        dec_k16_sub(qt, gb, u, q);
+        dec_k16_sub(qt, gb, u + 1, q + 4);
+        const __m512 d = load_f16x16(gb);
+        __m512 dw[2], mw[2];
+        for (int k = 0; k < 2; k++) {
+            if (qt == LLB_Q3_K) {
+                dw[k] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(gb + 32 + 16 * (u + k))))));
+                mw[k] = _mm512_mul_ps(dw[k], _mm512_set1_ps(-4.0f));
+            } else {
+                const __m512i sm = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(gb + 64 + 16 * (u + k))));
+                dw[k] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(sm, _mm512_set1_epi32(15))));
+                mw[k] = _mm512_mul_ps(load_f16x16(gb + 32), _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_setzero_si512(), _mm512_srli_epi32(sm, 4))));
+            }
+        }
+        codes_to_T(q, dw[0], mw[0], dw[1], mw[1], T);
     } else {
         const uint8_t *gb = wg + c * LLB_GB_BYTES(qt);
         dec_block32(qt, gb, q);

@@ -80,6 +80,31 @@ LLB_AI TGT void dec_q6k_sub(const uint8_t *sub, __m512i q[4]) {
     q[3] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(b, 4), hq, m4, 0xE4);
 }
 
+/* Q2_K/Q3_K: the 2-bit codes of one 16-value sub-block's L vector (quad i in bits 2i..2i+1). */
+LLB_AI TGT void dec_l2(const uint8_t *l, __m512i q[4]) {
+    const __m512i a = _mm512_loadu_si512(l), m3 = _mm512_set1_epi8(3);
+    LLB_UNROLL
+    for (int i = 0; i < 4; i++) q[i] = _mm512_and_si512(i ? _mm512_srli_epi16(a, 2 * i) : a, m3);
+}
+
+/* 16-value sub-block u of a Q2_K (codes 0..3) or Q3_K (0..7: L's 2 bits, H's bit 4k+i as bit 2) group-block. */
+LLB_AI TGT void dec_k16_sub(const int qt, const uint8_t *gb, int u, __m512i q[4]) {
+    if (qt == LLB_Q2_K) {
+        dec_l2(gb + LLB_Q2_K_CODES + 64 * u, q);
+        return;
+    }
+    const uint8_t *p = gb + LLB_Q3_K_SUBS + 192 * (u >> 1);
+    const int k = u & 1;
+    dec_l2(p + 64 * k, q);
+    const __m512i h = _mm512_loadu_si512(p + 128), b2 = _mm512_set1_epi8(4);
+    LLB_UNROLL
+    for (int i = 0; i < 4; i++) { /* bit 4k+i to bit 2; a | (b & c) = ternlog 0xF8 */
+        const int sh = 4 * k + i - 2;
+        const __m512i hs = sh > 0 ? _mm512_srli_epi16(h, sh) : sh < 0 ? _mm512_slli_epi16(h, -sh) : h;
+        q[i] = _mm512_ternarylogic_epi32(q[i], hs, b2, 0xF8);
+    }
+}
+
 LLB_AI TGT __m512 load_f16x16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 
 /* The 16 rows' scales of a 32-block group-block: fp16, or MXFP4's E8M0 bytes e as 2^(e-128)

@@ -1,4 +1,4 @@
-/* AVX-512 VNNI integer kernels of the 256-value types (Q4_K, Q5_K, Q6_K, IQ4_XS) against
+/* AVX-512 VNNI integer kernels of the 256-value types (Q4_K, Q5_K, Q6_K, IQ4_XS, Q3_K, Q2_K) against
  * activations quantized with one scale per 32 values (8 per super-block).
  *
  * Per 32-value sub-block s the integer dot (vpdpbusd) is converted to FP32
@@ -100,16 +100,21 @@ LLB_AI TGT void tile_q4k(const int qt, const llb_mm *mm, const uint8_t *wg, long
     }
 }
 
-LLB_AI TGT void tile_q6k(const llb_mm *mm, const uint8_t *wg, long i, const int M, const int gemv, long s0, long s1,
-                         __m512 tot[]) {
+/* The 16-value sub-block types: Q6_K (6-bit codes, zero point 32), Q3_K (3-bit, zero point 4; both
+ * with signed scales) and Q2_K (2-bit, a 4-bit scale and min per sub-block: the min enters each
+ * 32 values' sum as -dmin * m[u] * sum16(xq)[u], before the activation scale dx[s]). */
+LLB_AI TGT void tile_k16(const int qt, const llb_mm *mm, const uint8_t *wg, long i, const int M, const int gemv, long s0,
+                         long s1, __m512 tot[]) {
+    (void)gemv;
     const long xt = mm->a.xt;
     const size_t at = llb_act_at(i, 0, mm->cols / 256, xt);
+    const int gbb = LLB_GB_BYTES(qt);
     LLB_UNROLL
     for (int m = 0; m < M; m++) tot[m] = _mm512_setzero_ps();
     for (long sb = s0; sb < s1; sb++) {
-        const uint8_t *gb = wg + sb * LLB_GB_Q6_K;
-        llb_prefetch_ahead(gb, LLB_GB_Q6_K);
-        const __m512 d = load_f16x16(gb);
+        const uint8_t *gb = wg + sb * gbb;
+        llb_prefetch_ahead(gb, gbb);
+        const __m512 d = load_f16x16(gb), dmin = qt == LLB_Q2_K ? load_f16x16(gb + 32) : d;
         const size_t e = at + xt * sb;
         for (int s = 0; s < 8; s++) { /* sub-blocks u = 2s, 2s+1 share the activation scale dx[s] */
             __m512 p[TILE_ROWS];
@@ -117,14 +122,28 @@ LLB_AI TGT void tile_q6k(const llb_mm *mm, const uint8_t *wg, long i, const int 
             for (int j = 0; j < 2; j++) {
                 const int u = 2 * s + j;
                 __m512i q[4], acc[TILE_ROWS];
-                dec_q6k_sub(gb + LLB_Q6_K_SUBS + 192 * u, q);
-                const __m512 sc = sub_scale_i8(gb + 32 + 16 * u, d);
+                __m512 sc, mn = d;
+                if (qt == LLB_Q6_K) dec_q6k_sub(gb + LLB_Q6_K_SUBS + 192 * u, q);
+                else dec_k16_sub(qt, gb, u, q);
+                if (qt == LLB_Q2_K) { /* the file's bytes: scale | min << 4 */
+                    const __m512i sm = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(gb + 64 + 16 * u)));
+                    sc = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(sm, _mm512_set1_epi32(15))));
+                    mn = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_srli_epi32(sm, 4)));
+                } else {
+                    sc = sub_scale_i8(gb + 32 + 16 * u, d);
+                }
                 LLB_UNROLL
-                for (int m = 0; m < M; m++) acc[m] = _mm512_set1_epi32(mm->a.bs16n[16 * (e + m) + u]); /* -32 * bsum */
+                for (int m = 0; m < M; m++) { /* the zero point: -32 (Q6_K) or -4 (Q3_K) * bsum16 */
+                    const int32_t bs = mm->a.bs16n[16 * (e + m) + u];
+                    acc[m] = qt == LLB_Q2_K ? _mm512_setzero_si512() : _mm512_set1_epi32(qt == LLB_Q6_K ? bs : bs / 8);
+                }
                 dot_rows(acc, M, q, 4, mm->a.qs + 256 * e + 16 * u);
                 LLB_UNROLL
-                for (int m = 0; m < M; m++)
+                for (int m = 0; m < M; m++) {
                     p[m] = j ? _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[m]), sc, p[m]) : _mm512_mul_ps(_mm512_cvtepi32_ps(acc[m]), sc);
+                    if (qt == LLB_Q2_K) /* bs16n = -32 * sum16: + min * bs16n / 32 */
+                        p[m] = _mm512_fmadd_ps(mn, _mm512_set1_ps((float)mm->a.bs16n[16 * (e + m) + u] * (1.0f / 32)), p[m]);
+                }
             }
             LLB_UNROLL
             for (int m = 0; m < M; m++) tot[m] = _mm512_fmadd_ps(p[m], _mm512_set1_ps(mm->a.d[8 * (e + m) + s]), tot[m]);
@@ -134,7 +153,7 @@ LLB_AI TGT void tile_q6k(const llb_mm *mm, const uint8_t *wg, long i, const int 
 
 LLB_AI TGT void tile_k(const int qt, const llb_mm *mm, const uint8_t *wg, long i, const int M, const int gemv, long s0,
                        long s1, __m512 tot[]) {
-    if (qt == LLB_Q6_K) tile_q6k(mm, wg, i, M, gemv, s0, s1, tot);
+    if (qt == LLB_Q6_K || qt == LLB_Q3_K || qt == LLB_Q2_K) tile_k16(qt, mm, wg, i, M, gemv, s0, s1, tot);
     else tile_q4k(qt, mm, wg, i, M, gemv, s0, s1, tot);
 }
 
@@ -174,8 +193,10 @@ TGT static void fast_q4_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, 
 TGT static void fast_q5_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast_k(mm, wg, g, i0, i1, LLB_Q5_K); }
 TGT static void fast_q6_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast_k(mm, wg, g, i0, i1, LLB_Q6_K); }
 TGT static void fast_iq4_xs(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast_k(mm, wg, g, i0, i1, LLB_IQ4_XS); }
+TGT static void fast_q2_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast_k(mm, wg, g, i0, i1, LLB_Q2_K); }
+TGT static void fast_q3_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast_k(mm, wg, g, i0, i1, LLB_Q3_K); }
 llb_kernel_fn llb_avx512_kquant_kernel(int qtype) {
     return qtype == LLB_Q4_K ? fast_q4_k : qtype == LLB_Q5_K ? fast_q5_k : qtype == LLB_Q6_K ? fast_q6_k
-         : qtype == LLB_IQ4_XS ? fast_iq4_xs : NULL;
+         : qtype == LLB_IQ4_XS ? fast_iq4_xs : qtype == LLB_Q2_K ? fast_q2_k : qtype == LLB_Q3_K ? fast_q3_k : NULL;
 }
 #endif

@@ -38,7 +38,7 @@ static inline int32_t llb_ld32(const void *p) {
     ((qt) == LLB_Q4_0 ? LLB_GB_Q4_0 : (qt) == LLB_Q4_1 ? LLB_GB_Q4_1 : (qt) == LLB_Q5_0 ? LLB_GB_Q5_0 \
      : (qt) == LLB_Q8_0 ? LLB_GB_Q8_0 : (qt) == LLB_Q4_K ? LLB_GB_Q4_K : (qt) == LLB_Q5_K ? LLB_GB_Q5_K \
      : (qt) == LLB_IQ4_XS ? LLB_GB_IQ4_XS : (qt) == LLB_Q5_1 ? LLB_GB_Q5_1 : (qt) == LLB_IQ4_NL ? LLB_GB_IQ4_NL \
-     : (qt) == LLB_MXFP4 ? LLB_GB_MXFP4 : LLB_GB_Q6_K)
+     : (qt) == LLB_MXFP4 ? LLB_GB_MXFP4 : (qt) == LLB_Q2_K ? LLB_GB_Q2_K : (qt) == LLB_Q3_K ? LLB_GB_Q3_K : LLB_GB_Q6_K)
 
 /* The 32-block types (packed as quants.h says): where a group-block's nibble vectors start, whether
  * it carries a min (fp16 m[16] @32), and the offset MXFP4's codes are decoded with (doubled FP4
