@@ -146,7 +146,7 @@ def _gguf_shapes(path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mix", ["q4_k_m", "q5_k_m", "q3_k_m", "q2_k"])
+@pytest.mark.parametrize("mix", ["q4_k_m", "q5_k_m", "q3_k_m", "q2_k", "iq4_xs", "iq4_nl"])
 def test_mixes_choose_what_llama_cpp_quantize_chooses(mix, smollm2_gguf, tmp_path):
     """llama.cpp's own quantizer on the same file picks the same type for every tensor."""
     import ctypes

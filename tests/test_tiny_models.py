@@ -295,7 +295,7 @@ def test_quantize_at_load_q8_0_stays_close():
 
 @pytest.mark.parametrize("q", ["q5_1", "iq4_nl", "mxfp4"])
 def test_quantize_at_load_new_types_native_matches_numpy(q):
-    """A whole model quantized at load to a row-block type runs on the native kernels as on the NumPy
+    """A whole model quantized at load to Q5_1, IQ4_NL or MXFP4 (each packed at load) runs on the native kernels as on the NumPy
     oracle (same weights: only the kernels' arithmetic differs). Exact mode within the float budget;
     fast mode's 8-bit activations move these sensitive models' logits by 0.23 (Q4_0) to 0.33 (Q4_1)
     against the same oracle, so the bound is the same order. (The tiny models' rows, 64 and 128 wide,

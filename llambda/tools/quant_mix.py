@@ -7,7 +7,8 @@ for dense models without an importance matrix:
 - the output head (and a tied token embedding, which is the head) takes Q6_K, or Q8_0 when its
   rows do not split into the default type's blocks;
 - attn_v and ffn_down take more bits in some layers: the first and last eighth and every third
-  layer between (`_more_bits`) for the _M mixes, fixed layer ranges for the others;
+  layer between (`_more_bits`) for the _M mixes, fixed layer ranges for the others (IQ4_NL and IQ4_XS:
+  ffn_down in the first eighth and attn_v when 4+ query heads share a KV head take Q5_K);
 - a matrix whose rows do not split into 256-value blocks falls back to a 32-block type
   (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, Q2_K/Q3_K -> Q4_0, IQ4_XS -> IQ4_NL), and to F16
   when not even those fit.
@@ -67,6 +68,12 @@ def _k_m(kind, i, n, gqa):   # Q4_K_M and Q5_K_M
     return Q.Q6_K if kind in ("attn_v", "ffn_down") and _more_bits(i, n) else None
 
 
+def _iq4(kind, i, n, gqa):   # IQ4_NL and IQ4_XS (no importance matrix)
+    if kind == "attn_v":
+        return Q.Q5_K if gqa >= 4 else None
+    return Q.Q5_K if kind == "ffn_down" and i < n // 8 else None
+
+
 def _none(kind, i, n, gqa):
     return None
 
@@ -87,6 +94,8 @@ MIXES = {
     "q4_k_m": FileType("q4_k_m", Q.Q4_K, _k_m),
     "q5_k_s": FileType("q5_k_s", Q.Q5_K, _none),
     "q5_k_m": FileType("q5_k_m", Q.Q5_K, _k_m),
+    "iq4_nl": FileType("iq4_nl", Q.IQ4_NL, _iq4),
+    "iq4_xs": FileType("iq4_xs", Q.IQ4_XS, _iq4),
 }
 PURE_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K,
               Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4)
@@ -99,7 +108,7 @@ FALLBACK = {Q.Q2_K: Q.Q4_0, Q.Q3_K: Q.Q4_0, Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6
 
 def file_type(name: str, pure: bool = False) -> FileType:
     """A file type by name (case-insensitive): a mix, or one tensor type for every matrix.
-    `q2_k` is the mix, as in llama.cpp; `pure` turns a mix into its default type everywhere."""
+    `q2_k`, `iq4_nl` and `iq4_xs` are mixes, as in llama.cpp; `pure` turns a mix into its default type everywhere."""
     key = str(name).lower()
     if key in MIXES:
         mix = MIXES[key]
