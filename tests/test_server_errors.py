@@ -155,3 +155,17 @@ def test_schema_validation_units():
     with pytest.raises(APIError):
         parse_completion({"prompt": [[1, 2], []]})
     assert parse_completion({"prompt": [[1, 2], "a"], "logprobs": 0}).prompts == [[1, 2], "a"]
+
+
+def test_logprobs_on_a_model_without_a_tokenizer_is_a_400():
+    """A checkpoint with no tokenizer serves token ids, but logprobs need each token's text: a 400
+    naming the field, before any work (it was a 500 from inside the response)."""
+    from pathlib import Path
+    tiny = Path(__file__).parent / "fixtures" / "reference" / "tiny" / "qwen3"
+    with llambda.load(tiny, n_ctx=64, n_slots=1) as model:
+        assert model.tokenizer is None
+        with LiveServer(create_app(model, ServerConfig(model_id="tiny", parallel=1))) as srv:
+            for body in (dict(prompt=[1, 2, 3], logprobs=2), dict(prompt=[1, 2, 3], echo=True, logprobs=0)):
+                assert_error(post(srv, "/v1/completions", dict(model="tiny", max_tokens=2, **body)), 400, "tokenizer")
+            r = post(srv, "/v1/completions", dict(model="tiny", prompt=[1, 2, 3], max_tokens=2))
+            assert r.status_code == 200, r.text
