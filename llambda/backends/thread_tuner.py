@@ -9,8 +9,10 @@ token, so its wall time compares thread counts directly.
 A ThreadTuner keeps one count (at first all the threads) and now and then runs a few
 steps one thread up or down (a probe). A probe whose mean step time beats the recent
 steps' mean by a margin becomes the count; a losing probe makes the next one wait
-twice as long (so an idle machine loses well under 1% to probes), and a probe step
-far slower than the recent ones ends its probe at once. Results never depend on the
+twice as long (so an idle machine loses well under 1% to probes), and a probe that is
+clearly slower (a step far slower than any recent one, or a mean well above theirs after
+two steps) ends at once. Means, not medians: a step that waited for a descheduled thread
+is part of what a thread count costs. Results never depend on the
 thread count (work is cut from the sizes, never the thread count), so this changes
 speed only, never a token.
 """
@@ -22,10 +24,11 @@ from collections import deque
 class ThreadTuner:
     MIN_PERIOD = 16     # steps at the chosen count before the first probe, and after a change
     MAX_PERIOD = 1024   # the longest wait between probes (losing probes double it up to this)
-    PROBE = 4           # steps of one probe
-    WINDOW = 8          # recent steps at the chosen count a probe is compared with
-    ABORT = 1.25        # a probe step this much slower than the recent mean ends the probe
-    WIN = 0.97          # a probe whose mean is below this fraction of the recent mean wins
+    PROBE = 8           # steps of one probe
+    WINDOW = 16         # recent steps at the chosen count a probe is compared with
+    WIN = 0.95          # a probe whose mean is below this fraction of the recent mean wins
+    ABORT_STEP = 1.25   # a probe step this much slower than the slowest recent step ends the probe
+    ABORT_MEAN = 1.15   # so does a probe whose mean after two steps is this much above the recent mean
 
     def __init__(self, threads: int):
         if threads < 1:
@@ -48,10 +51,11 @@ class ThreadTuner:
         if self.probe:
             self.probe_times.append(seconds)
             base = sum(self.recent) / len(self.recent)
-            if seconds > self.ABORT * base:
-                self._end_probe(won=False)
+            mean = sum(self.probe_times) / len(self.probe_times)
+            if seconds > self.ABORT_STEP * max(self.recent) or (len(self.probe_times) >= 2 and mean > self.ABORT_MEAN * base):
+                self._end_probe(won=False)      # clearly slower: stop paying for it
             elif len(self.probe_times) == self.PROBE:
-                self._end_probe(won=sum(self.probe_times) / self.PROBE < self.WIN * base)
+                self._end_probe(won=mean < self.WIN * base)
             return
         self.recent.append(seconds)
         self.countdown -= 1
