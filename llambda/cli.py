@@ -366,9 +366,10 @@ def cmd_bench(a) -> int:
         return _bench_speculative(a, path, threads)
     if a.depth < 0 or a.load < 0:
         raise ValueError("-d/--depth and --load must be >= 0")
-    result = run_bench(path, _ints(a.n_prompt, "-p"), _ints(a.n_gen or "128", "-n"), threads, a.repetitions,
+    pp = [] if a.n_prompt == "0" else _ints(a.n_prompt, "-p")
+    result = run_bench(path, pp, _ints(a.n_gen or "128", "-n"), threads, a.repetitions,
                        a.vs == "llama-cpp", backend=a.backend, activations=a.activations,
-                       log=lambda s: print(s, file=sys.stderr), depth=a.depth, load=a.load)
+                       log=lambda s: print(s, file=sys.stderr), depth=a.depth, load=a.load, kv_type=a.kv_type)
     print(markdown(result, Path(path).name))
     return 0
 
@@ -542,7 +543,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="prefill/decode tokens/s (llama-bench style)")
     _add_model_args(p)
-    p.add_argument("-p", "--n-prompt", default="512", help="prompt lengths, comma-separated (default 512)")
+    p.add_argument("-p", "--n-prompt", default="512", help="prompt lengths, comma-separated (default 512; 0: none)")
     p.add_argument("-n", "--n-gen", default=None,
                    help="generation lengths, comma-separated (default 128; with --spec, at most 400 tokens)")
     p.add_argument("--threads-list", default=None, help="thread counts, comma-separated (default: -t or all cores)")

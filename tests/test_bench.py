@@ -32,6 +32,19 @@ def test_depth_and_load(smollm2_gguf):
     assert kv_deep == kv0 * (64 + 2) // 2
     table = bench.markdown(result, "m")
     assert "pp8 @ d64 (load 1)" in table and "mean depth of 66" in table
+    fill = [r for r in result.rows if r.test == "fill64"]      # the fill, timed: a prefill of 64 tokens
+    assert len(fill) == 1 and fill[0].samples[0] > 0 and "| fill64 (load 1) |" in table
+
+
+def test_kv_type_and_alternated_thread_counts(smollm2_gguf):
+    result = bench.run_bench(smollm2_gguf, pp=[], tg=[2], threads=[1, 2], reps=2, log=lambda s: None, depth=8,
+                             kv_type="f16")
+    _, kv16 = result.decode_bytes["tg2"]
+    _, kv32 = bench.run_bench(smollm2_gguf, pp=[], tg=[2], threads=[1], reps=1, log=lambda s: None,
+                              depth=8).decode_bytes["tg2"]
+    assert kv16 * 2 == kv32
+    assert {(r.test, r.threads) for r in result.rows} == {("tg2", 1), ("tg2", 2), ("fill8", 1), ("fill8", 2)}
+    assert all(len(r.samples) == 2 for r in result.rows)
 
 
 def test_busy_load_processes_end():
@@ -127,7 +140,7 @@ def test_llama_cpp_driven_like_llama_bench(monkeypatch):
     assert e.tg(5, 7, []) > 0            # one token per decode, each the argmax of the last
     assert fake.calls == ["clear"] + [("decode", 1)] * 5 and fake.last == [11]
     fake.calls.clear()
-    assert e.tg(2, 7, list(range(600))) > 0   # at depth: the cache is filled first, untimed
+    assert e.tg(2, 7, list(range(600))) > 0   # at depth: the cache is filled first, timed apart
     assert fake.calls == ["clear", ("decode", 512), ("decode", 88), ("decode", 1), ("decode", 1)]
     e.set_threads(1)
     assert "free" in fake.calls

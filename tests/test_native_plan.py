@@ -322,3 +322,40 @@ def test_life_cycle_errors():
     with pytest.raises(TypeError):
         native.Plan(1)
     assert "recorded, 1 calls" in repr(plan)
+
+
+# ------------------------------------------------------------------ a replay's thread cap
+
+
+def test_replay_on_fewer_threads_writes_the_same_bits(isa):
+    """replay(threads=k) caps the pool for that replay (the decode loop's thread tuner): big enough
+    ops to fork (a matmul, attention over 2000 cached keys) write the same bits on any count."""
+    rng = np.random.default_rng(11)
+    rows, cols, heads, n_kv, hd, n_ctx = 512, 256, 4, 2, 32, 2048
+    w = Mat(Q8_0, q8_0_bytes(rng, rows, cols), rows, cols)
+    x = rng.standard_normal((1, cols)).astype(F32)
+    out = np.zeros((1, rows), F32)
+    q = rng.standard_normal((1, heads, hd)).astype(F32)
+    kc = rng.standard_normal((1, n_ctx, n_kv, hd)).astype(np.float16)
+    vc = rng.standard_normal((1, n_ctx, n_kv, hd)).astype(np.float16)
+    att = np.zeros((1, heads, hd), F32)
+    slots, pos = np.zeros(1, I32), np.array([1999], I32)
+    before = native.threads()
+    native.set_threads(2)
+    try:
+        plan = record(lambda: (w.matmul(x, out, 1, 0),
+                               native.attention(q, kc, vc, att, slots, pos, 1, heads, n_kv, hd, 1, n_ctx, 1,
+                                                hd ** -0.5, 0, 0.0)))
+        seen = set()
+        for threads in (0, 1, 2, 1, 0):
+            out[:], att[:] = 0, 0
+            plan.replay(threads=threads)
+            seen.add(out.tobytes() + att.tobytes())
+        assert len(seen) == 1 and np.abs(out).max() > 0
+        for bad in (-1, 257):
+            with pytest.raises(ValueError, match="threads"):
+                plan.replay(threads=bad)
+        with pytest.raises(TypeError):
+            plan.replay(2)          # keyword only
+    finally:
+        native.set_threads(before)

@@ -81,6 +81,8 @@ static struct pool pool = {.nth = 1};
 /* Serialises callers and pool resizes. */
 static pthread_mutex_t call_lock = PTHREAD_MUTEX_INITIALIZER;
 static _Thread_local int inside_task;
+/* A cap on the threads of this thread's calls (0: none): llb_pool_cap_thread. */
+static _Thread_local int thread_cap;
 static int atexit_registered;
 /* Test hook (llb_pool_hold_worker). */
 static atomic_int hold_tid, hold_timeouts;
@@ -340,6 +342,7 @@ static void run_serially(llb_range_fn fn, void *ctx, long n, long grain) {
 void llb_parallel_for(llb_range_fn fn, void *ctx, long n, long grain, int max_threads) {
     if (n <= 0) return;
     if (grain < 1) grain = 1;
+    if (thread_cap > 0 && max_threads > thread_cap) max_threads = thread_cap;
     long n_chunks = (n + grain - 1) / grain;
     if (n_chunks > MAX_CHUNKS) { /* coarser, still from the sizes only (slot words hold 16-bit indices) */
         grain *= (n_chunks + MAX_CHUNKS - 1) / MAX_CHUNKS;
@@ -387,6 +390,12 @@ long llb_grain(long n, long chunks, long min_grain, long align) {
     if (g < min_grain) g = min_grain;
     g = (g + align - 1) / align * align;
     return g > 0 ? g : align;
+}
+
+int llb_pool_cap_thread(int n) {
+    const int old = thread_cap;
+    thread_cap = n > 0 ? n : 0;
+    return old;
 }
 
 long llb_pool_stalls(void) {

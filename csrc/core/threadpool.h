@@ -35,6 +35,11 @@ void llb_parallel_for(llb_range_fn fn, void *ctx, long n, long grain, int max_th
  * a multiple of align: from the sizes only, never the thread count. */
 long llb_grain(long n, long chunks, long min_grain, long align);
 
+/* Cap the threads of the calls this thread makes from now on at n (0: no cap, the pool's
+ * size); returns the previous cap. Results never depend on it (chunks come from the sizes):
+ * the decode loop uses it to run a step on fewer threads when that is faster (a busy machine). */
+int llb_pool_cap_thread(int n);
+
 /* Calls so far in which a worker stalled in its chunk (descheduled), each followed by a
  * while of running calls on the caller alone (see threadpool.c). */
 long llb_pool_stalls(void);

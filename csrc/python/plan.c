@@ -8,6 +8,8 @@
 #define PY_SSIZE_T_CLEAN
 #include "python/plan.h"
 
+#include "core/threadpool.h"
+
 #include <string.h>
 
 struct rec {
@@ -152,7 +154,13 @@ static PyObject *plan_end(PlanObject *p, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-static PyObject *plan_replay(PlanObject *p, PyObject *unused) {
+static PyObject *plan_replay(PlanObject *p, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"threads", NULL};
+    long threads = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|$l:replay", kwlist, &threads)) return NULL;
+    if (threads < 0 || threads > LLB_POOL_MAX_THREADS)
+        return PyErr_Format(PyExc_ValueError, "Plan.replay: threads must be 0..%d, got %ld", LLB_POOL_MAX_THREADS,
+                            threads);
     if (p->state != RECORDED)
         return PyErr_Format(PyExc_RuntimeError, "Plan.replay: the plan is %s; call begin(), the ops, then end() first",
                             p->state == EMPTY ? "empty" : "still being recorded");
@@ -172,11 +180,13 @@ static PyObject *plan_replay(PlanObject *p, PyObject *unused) {
         }
     int failed = 0; /* 1: a check failed mid-plan, 2: out of memory */
     Py_BEGIN_ALLOW_THREADS
+    const int cap = llb_pool_cap_thread((int)threads);
     for (Py_ssize_t i = 0; i < n && !failed; i++) {
         const struct rec *r = &recs[i];
         if (r->check && r->check(r->args, msg) != 0) failed = 1; /* an earlier call wrote its ids */
         else if (r->run(r->args) != 0) failed = 2;
     }
+    llb_pool_cap_thread(cap);
     Py_END_ALLOW_THREADS
     if (failed == 1) return PyErr_Format(PyExc_ValueError, "%s (written by an earlier op of the plan)", msg);
     if (failed == 2) return PyErr_NoMemory();
@@ -196,8 +206,9 @@ static PyMethodDef plan_methods[] = {
     {"begin", (PyCFunction)plan_begin, METH_NOARGS,
      "begin() -> None: record every op this thread runs from now on into this (empty) plan."},
     {"end", (PyCFunction)plan_end, METH_NOARGS, "end() -> None: stop recording; the plan can now be replayed."},
-    {"replay", (PyCFunction)plan_replay, METH_NOARGS,
-     "replay() -> None: run the recorded ops again, in order, with the GIL released once. Token ids, slots and\n"
+    {"replay", (PyCFunction)(void (*)(void))plan_replay, METH_VARARGS | METH_KEYWORDS,
+     "replay(*, threads=0) -> None: run the recorded ops again, in order, with the GIL released once, on at most\n"
+     "`threads` threads (0: the pool's size; results never depend on it). Token ids, slots and\n"
      "positions are re-read from their buffers and re-validated first: ValueError (and nothing written) if any is\n"
      "out of range."},
     {NULL, NULL, 0, NULL},

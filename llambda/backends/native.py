@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 import warnings
 from dataclasses import dataclass
 
@@ -19,6 +20,7 @@ from ..formats.experts import StackedExperts, expert_matrix
 from ..formats.quants import DEQUANTIZABLE, TRAITS, QType, quantize
 from ..formats.weights import WeightTensor
 from .base import Backend, KVCache
+from .thread_tuner import ThreadTuner
 from .weight_arena import WeightArena
 
 try:
@@ -29,6 +31,8 @@ except ImportError as e:  # not built (no compiler at install time)
 else:
     _IMPORT_ERROR = ""
 
+# Decode steps pick their thread count by timing (thread_tuner.py); LLAMBDA_THREAD_TUNING=0 keeps every thread.
+THREAD_TUNING = os.environ.get("LLAMBDA_THREAD_TUNING", "1") != "0"
 # kv_type -> (cache element dtype, the C core's cache_type). q8_0: ggml Q8_0 blocks (an f16 scale and
 # 32 int8 codes per 32 values of a head's row), 34 bytes where f16 takes 64: the cache is raw bytes.
 KV_TYPES = {"f16": (np.float16, 1), "f32": (np.float32, 0), "q8_0": (np.uint8, 2)}
@@ -187,6 +191,7 @@ class NativeBackend(Backend):
         self.weight_bytes = 0
         self._weights = WeightArena()
         self._recording = None  # the _native.Plan being recorded
+        self._tuners: dict[tuple, ThreadTuner] = {}   # (id(plan), pool size) -> its tuner (plans live as long as the model)
         self._batch_invariant = False
         self._converted: list[tuple[str, str, str, int]] = []   # (tensor, from, to, extra bytes): end_load
 
@@ -212,7 +217,19 @@ class NativeBackend(Backend):
         return plan
 
     def replay(self, plan) -> None:
-        plan.replay()
+        """Replay a decode step on the thread count its ThreadTuner finds fastest now (a busy
+        machine runs a step faster on fewer threads); the count never changes a result."""
+        threads = C.threads()      # the pool's size now (set_threads may have changed it)
+        if threads <= 1 or not THREAD_TUNING:
+            plan.replay()
+            return
+        key = (id(plan), threads)
+        tuner = self._tuners.get(key)
+        if tuner is None:
+            tuner = self._tuners[key] = ThreadTuner(threads)
+        t0 = time.perf_counter()
+        plan.replay(threads=tuner.threads())
+        tuner.record(time.perf_counter() - t0)
 
     # -- load time -------------------------------------------------------
     def _convert(self, w: WeightTensor) -> WeightTensor:

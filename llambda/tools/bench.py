@@ -46,9 +46,9 @@ def _tokens(vocab: int, n: int, seed: int = 0) -> list[int]:
 class OurEngine:
     name = "llambda"
 
-    def __init__(self, path, backend=None, activations=None, n_ctx=None):
+    def __init__(self, path, backend=None, activations=None, n_ctx=None, kv_type=None):
         from ..api import load
-        self.model = load(path, backend=backend, activations=activations, n_ctx=n_ctx)
+        self.model = load(path, backend=backend, activations=activations, n_ctx=n_ctx, kv_type=kv_type)
         self.tr = self.model.transformer
 
     def set_threads(self, t: int) -> None:
@@ -56,11 +56,13 @@ class OurEngine:
             from .. import _native
             _native.set_threads(t)
 
-    def fill(self, ids: list[int]) -> None:
-        """The cache holds `ids` at positions 0.. (untimed; the depth of the next test)."""
+    def fill(self, ids: list[int]) -> float:
+        """The cache holds `ids` at positions 0.. (the depth of the next test); returns the seconds it took."""
         from .. import engine
+        t0 = time.perf_counter()
         for i in range(0, len(ids), 512):
             engine.prefill(self.tr, 0, ids[i:i + 512], i)
+        return time.perf_counter() - t0
 
     def pp(self, ids: list[int], depth: list[int]) -> float:
         from .. import engine
@@ -71,7 +73,7 @@ class OurEngine:
 
     def tg(self, n: int, first: int, depth: list[int]) -> float:
         from .. import engine
-        self.fill(depth)
+        self.last_fill = self.fill(depth)
         tok, d = first, len(depth)
         t0 = time.perf_counter()
         for i in range(n):
@@ -151,11 +153,13 @@ class LlamaCppEngine:
         ptr = self.L.llama_get_logits_ith(self.ctx, -1)
         return int(np.argmax(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))))
 
-    def fill(self, ids: list[int]) -> None:
+    def fill(self, ids: list[int]) -> float:
         self.L.llama_memory_clear(self.memory, True)
+        t0 = time.perf_counter()
         for i in range(0, len(ids), 512):
             self._decode(ids[i:i + 512])
         self.L.llama_synchronize(self.ctx)
+        return time.perf_counter() - t0
 
     def pp(self, ids: list[int], depth: list[int]) -> float:
         self.fill(depth)
@@ -166,7 +170,7 @@ class LlamaCppEngine:
         return len(ids) / (time.perf_counter() - t0)
 
     def tg(self, n: int, first: int, depth: list[int]) -> float:
-        self.fill(depth)
+        self.last_fill = self.fill(depth)
         tok = first
         t0 = time.perf_counter()
         for _ in range(n):
@@ -228,9 +232,14 @@ class Bench:
 
 
 def run_bench(path, pp: list[int], tg: list[int], threads: list[int], reps: int = 5, vs_llama_cpp: bool = False,
-              backend=None, activations=None, log=print, depth: int = 0, load: int = 0) -> Bench:
+              backend=None, activations=None, log=print, depth: int = 0, load: int = 0,
+              kv_type: str | None = None) -> Bench:
+    """Every repetition runs each engine at each thread count, in an order reversed from one
+    repetition to the next, so drift on a shared machine hits every configuration alike.
+    With a depth, each decode test's fill (DEPTH tokens from an empty cache in batches of 512,
+    as llama-bench's n_batch) is timed too: the `fill` rows, a prefill of DEPTH tokens."""
     n_ctx = depth + max(pp + tg + [16]) + 8
-    engines = [OurEngine(path, backend, activations, n_ctx)]
+    engines = [OurEngine(path, backend, activations, n_ctx, kv_type)]
     if vs_llama_cpp:
         engines.append(LlamaCppEngine(path, n_ctx))
     vocab = engines[0].model.config.vocab_size
@@ -239,23 +248,29 @@ def run_bench(path, pp: list[int], tg: list[int], threads: list[int], reps: int 
     for n in tg:
         out.decode_bytes[f"tg{n}"] = engines[0].decode_bytes(depth + n / 2)
     rows: dict[tuple, BenchRow] = {}
+
+    def record(engine: str, test: str, t: int, v: float) -> None:
+        rows.setdefault((engine, test, t), BenchRow(engine, test, t)).samples.append(v)
+
+    configs = [(e, t) for t in threads for e in engines]
     with BusyLoad(load):
-        for t in threads:
-            if tg:     # what the machine reads at the decode working set, under the same load
+        if tg:     # what the machine reads at the decode working set, under the same load
+            for t in threads:
                 out.bandwidth[t] = read_bandwidth(sum(max(out.decode_bytes.values())), t)
                 log(f"  read bandwidth, {t} thread(s): {out.bandwidth[t]:.1f} GB/s")
-            tests = [("pp", n) for n in pp] + [("tg", n) for n in tg]
-            for kind, n in tests:
-                ids = _tokens(vocab, n)
-                for e in engines:            # warm-up (page in weights, build caches)
+        for kind, n in [("pp", n) for n in pp] + [("tg", n) for n in tg]:
+            ids = _tokens(vocab, n)
+            for e, t in configs:            # warm-up (page in weights, build caches)
+                e.set_threads(t)
+                e.pp(ids[:min(n, 16)], []) if kind == "pp" else e.tg(min(n, 4), ids[0], [])
+            for r in range(reps):
+                for e, t in (configs if r % 2 == 0 else configs[::-1]):
                     e.set_threads(t)
-                    e.pp(ids[:min(n, 16)], []) if kind == "pp" else e.tg(min(n, 4), ids[0], [])
-                for r in range(reps):
-                    order = engines if r % 2 == 0 else engines[::-1]
-                    for e in order:
-                        e.set_threads(t)
-                        v = e.pp(ids, fill) if kind == "pp" else e.tg(n, ids[0], fill)
-                        rows.setdefault((e.name, f"{kind}{n}", t), BenchRow(e.name, f"{kind}{n}", t)).samples.append(v)
+                    v = e.pp(ids, fill) if kind == "pp" else e.tg(n, ids[0], fill)
+                    record(e.name, f"{kind}{n}", t, v)
+                    if kind == "tg" and depth:
+                        record(e.name, f"fill{depth}", t, depth / e.last_fill)
+            for t in threads:
                 log(f"  {kind}{n} threads={t}: " + ", ".join(
                     f"{e.name} {rows[(e.name, f'{kind}{n}', t)].median:.1f} t/s" for e in engines))
     out.rows = list(rows.values())
@@ -274,9 +289,10 @@ def markdown(bench: Bench, model_name: str) -> str:
     head += " decode GB/s (% of measured read bandwidth) |"
     sep += "---|"
     out = [head, sep]
-    suffix = (f" @ d{bench.depth}" if bench.depth else "") + (f" (load {bench.load})" if bench.load else "")
+    load = f" (load {bench.load})" if bench.load else ""
     for key, r in ours.items():
-        line = f"| {model_name} | {r.test}{suffix} | {r.threads} | {r.median:.1f} ({r.spread}) |"
+        at = f" @ d{bench.depth}" if bench.depth and not r.test.startswith("fill") else ""
+        line = f"| {model_name} | {r.test}{at}{load} | {r.threads} | {r.median:.1f} ({r.spread}) |"
         if theirs:
             o = theirs.get(key)
             line += f" {o.median:.1f} ({o.spread}) | {r.median / o.median:.2f}× |" if o else " - | - |"
@@ -287,6 +303,9 @@ def markdown(bench: Bench, model_name: str) -> str:
         else:
             line += " - |"
         out.append(line)
+    if any(r.test.startswith("fill") for r in rows):
+        out.append(f"\nfill{bench.depth}: the prefill of {bench.depth} tokens from an empty cache (in batches of 512) "
+                   "before each decode repetition")
     for test, (w, kv) in bench.decode_bytes.items():
         out.append(f"\n{test} reads {(w + kv) / 1e6:.1f} MB per token: weights {w / 1e6:.1f} MB + K/V {kv / 1e6:.1f} MB "
                    f"(at a mean depth of {bench.depth + int(test[2:]) // 2} tokens)")

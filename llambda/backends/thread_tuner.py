@@ -1,0 +1,81 @@
+"""How many threads a recorded decode step runs on: the count that is fastest now.
+
+On an idle machine every core helps; on a busy one (other processes on some cores)
+a fork/join step waits for threads the scheduler has parked, and fewer threads are
+faster (two threads with a busy loop on one of two cores run slower than one). The
+pool cannot see that from one call, but a decode step is the same work token after
+token, so its wall time compares thread counts directly.
+
+A ThreadTuner keeps one count (at first all the threads) and now and then runs a few
+steps one thread up or down (a probe). A probe whose mean step time beats the recent
+steps' mean by a margin becomes the count; a losing probe makes the next one wait
+twice as long (so an idle machine loses well under 1% to probes), and a probe that is
+clearly slower (a step far slower than any recent one, or a mean well above theirs after
+two steps) ends at once. Means, not medians: a step that waited for a descheduled thread
+is part of what a thread count costs. Results never depend on the
+thread count (work is cut from the sizes, never the thread count), so this changes
+speed only, never a token.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+
+class ThreadTuner:
+    MIN_PERIOD = 16     # steps at the chosen count before the first probe, and after a change
+    MAX_PERIOD = 1024   # the longest wait between probes (losing probes double it up to this)
+    PROBE = 8           # steps of one probe
+    WINDOW = 16         # recent steps at the chosen count a probe is compared with
+    WIN = 0.95          # a probe whose mean is below this fraction of the recent mean wins
+    ABORT_STEP = 1.25   # a probe step this much slower than the slowest recent step ends the probe
+    ABORT_MEAN = 1.15   # so does a probe whose mean after two steps is this much above the recent mean
+
+    def __init__(self, threads: int):
+        if threads < 1:
+            raise ValueError("threads must be >= 1")
+        self.max = threads
+        self.current = threads
+        self.recent: deque[float] = deque(maxlen=self.WINDOW)
+        self.period = self.countdown = self.MIN_PERIOD
+        self.probe = 0                  # the count being probed, 0 between probes
+        self.probe_times: list[float] = []
+        self.down = True                # the direction of the next probe when both exist
+        self.changes = 0                # how often the count changed (for benchmarks and tests)
+
+    def threads(self) -> int:
+        """The thread count of the next step."""
+        return self.probe or self.current
+
+    def record(self, seconds: float) -> None:
+        """The last step (run on threads()) took `seconds`."""
+        if self.probe:
+            self.probe_times.append(seconds)
+            base = sum(self.recent) / len(self.recent)
+            mean = sum(self.probe_times) / len(self.probe_times)
+            if seconds > self.ABORT_STEP * max(self.recent) or (len(self.probe_times) >= 2 and mean > self.ABORT_MEAN * base):
+                self._end_probe(won=False)      # clearly slower: stop paying for it
+            elif len(self.probe_times) == self.PROBE:
+                self._end_probe(won=mean < self.WIN * base)
+            return
+        self.recent.append(seconds)
+        self.countdown -= 1
+        if self.countdown > 0 or len(self.recent) < self.WINDOW:
+            return
+        up, down = self.current + 1, self.current - 1
+        choices = [c for c in ((down, up) if self.down else (up, down)) if 1 <= c <= self.max]
+        if not choices:
+            self.countdown = self.MAX_PERIOD
+            return
+        self.probe = choices[0]
+        self.down = self.probe > self.current     # alternate when both directions exist
+
+    def _end_probe(self, won: bool) -> None:
+        if won:
+            self.current = self.probe
+            self.recent = deque(self.probe_times, maxlen=self.WINDOW)
+            self.period = self.MIN_PERIOD
+            self.changes += 1
+        else:
+            self.period = min(2 * self.period, self.MAX_PERIOD)
+        self.countdown = self.period
+        self.probe, self.probe_times = 0, []

@@ -1,0 +1,106 @@
+"""ThreadTuner: a decode step's thread count from its timings (backends/thread_tuner.py).
+
+Synthetic step times (no clock, no threads): the tuner must keep every thread when more
+threads are faster, lose little to its probes there, move to fewer threads when those are
+faster (a busy machine), come back when the load goes, and the native backend must run each
+replay on the count the tuner gives.
+"""
+import pytest
+
+from llambda.backends.thread_tuner import ThreadTuner
+
+
+def drive(tuner, step_time, steps):
+    """Run `steps` steps, each taking step_time(threads, i); returns the counts used."""
+    used = []
+    for i in range(steps):
+        t = tuner.threads()
+        used.append(t)
+        tuner.record(step_time(t, i))
+    return used
+
+
+def test_keeps_all_threads_when_they_are_faster_and_probes_cost_little():
+    tuner = ThreadTuner(2)
+    used = drive(tuner, lambda t, i: 1.0 / t, 4000)     # 1 thread: twice as slow
+    assert tuner.current == 2 and tuner.changes == 0
+    probes = len(used) - used.count(2)
+    assert probes <= 12                                 # each losing probe ends after one step
+    assert tuner.period == ThreadTuner.MAX_PERIOD
+
+
+def test_moves_to_fewer_threads_when_they_are_faster():
+    tuner = ThreadTuner(2)
+    used = drive(tuner, lambda t, i: 1.0 if t == 1 else 1.4, 200)
+    assert tuner.current == 1
+    switched = used.index(1)
+    assert switched <= ThreadTuner.MIN_PERIOD + 1 and used[switched + ThreadTuner.PROBE:].count(1) > 0.9 * (200 - switched - ThreadTuner.PROBE)
+
+
+def test_comes_back_when_the_load_goes():
+    tuner = ThreadTuner(2)
+    busy = 300
+    used = drive(tuner, lambda t, i: (1.0 if t == 1 else 1.4) if i < busy else 1.0 / t, 2000)
+    assert tuner.current == 2
+    back = used.index(2, busy + 1)
+    # after the load ends, the next probe of 2 threads wins: at most one probe period later
+    assert back - busy <= ThreadTuner.MAX_PERIOD + ThreadTuner.PROBE
+
+
+def test_finds_an_intermediate_count():
+    # 4 threads, one core taken: 3 is best, 4 stalls, fewer are slower
+    cost = {1: 3.0, 2: 1.6, 3: 1.0, 4: 1.5}
+    tuner = ThreadTuner(4)
+    drive(tuner, lambda t, i: cost[t], 3000)
+    assert tuner.current == 3
+
+
+def test_noise_does_not_make_it_leave_a_clearly_better_count():
+    import random
+    rng = random.Random(0)
+    tuner = ThreadTuner(2)
+    used = drive(tuner, lambda t, i: (1.0 / t) * rng.uniform(0.8, 1.25), 5000)
+    assert used[1000:].count(2) > 0.98 * 4000
+
+
+def test_one_thread_never_probes():
+    tuner = ThreadTuner(1)
+    assert set(drive(tuner, lambda t, i: 1.0, 100)) == {1}
+    with pytest.raises(ValueError):
+        ThreadTuner(0)
+
+
+def test_native_replay_runs_on_the_tuners_count(monkeypatch):
+    native = pytest.importorskip("llambda.backends.native")
+    if native.C is None:
+        pytest.skip("C core not built")
+    clock = [0.0]
+
+    class FakePlan:
+        def __init__(self):
+            self.calls = []
+
+        def replay(self, threads=0):
+            self.calls.append(threads)
+            clock[0] += 1.0 if threads == 1 else 1.5        # one thread faster: a busy machine
+
+    backend = native.NativeBackend(threads=2)
+    monkeypatch.setattr(native.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(native.C, "threads", lambda: 2)
+    monkeypatch.setattr(native, "THREAD_TUNING", True)
+    plan = FakePlan()
+    for _ in range(100):
+        backend.replay(plan)
+    assert plan.calls[0] == 2 and plan.calls[-1] == 1
+    monkeypatch.setattr(native, "THREAD_TUNING", False)
+    backend.replay(plan)
+    assert plan.calls[-1] == 0                                 # every thread, no cap
+
+
+def test_a_modest_win_under_noise_is_found_and_kept():
+    # a busy machine: 1 thread 15% faster than 2, every step +-15% noise
+    import random
+    rng = random.Random(1)
+    tuner = ThreadTuner(2)
+    used = drive(tuner, lambda t, i: (1.0 if t == 1 else 1.15) * rng.uniform(0.85, 1.15), 3000)
+    assert used[500:].count(1) > 0.8 * 2500
