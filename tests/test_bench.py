@@ -166,7 +166,7 @@ def test_cli_bench_prints_table(smollm2_gguf, capsys):
     assert "| pp8 | 1 |" in out and "| tg2 | 1 |" in out
 
 
-@pytest.mark.parametrize("args", [["-p", "0"], ["-n", "x"], ["--threads-list", "1,-2"], ["-r", "0"]])
+@pytest.mark.parametrize("args", [["-p", "-1"], ["-n", "x"], ["--threads-list", "1,-2"], ["-r", "0"]])
 def test_cli_bench_bad_numbers(smollm2_gguf, capsys, args):
     assert cli.main(["bench", "-m", str(smollm2_gguf), *args]) != 0
     assert "llambda: error:" in capsys.readouterr().err
