@@ -72,11 +72,11 @@ def llama_cpp_ppl(path, windows: list[np.ndarray], ctx: int, threads: int) -> fl
 def ours_quantized(f16: Path, ftype: str) -> Path:
     from llambda.tools.export import export
     out = f16.parent / f"{f16.name.removesuffix('.F16.gguf')}.{ftype.upper()}.llambda.gguf"
-    if not out.exists():
-        t0 = time.time()
-        export(f16, out.with_suffix(".part"), qtype=ftype, progress=False)
-        out.with_suffix(".part").rename(out)
-        print(f"  llambda quantize {ftype}: {time.time() - t0:.0f} s", file=sys.stderr)
+    # made afresh each run (seconds for small models): a kept file would hide a change to our quantizer
+    t0 = time.time()
+    export(f16, out.with_suffix(".part"), qtype=ftype, progress=False)
+    out.with_suffix(".part").rename(out)
+    print(f"  llambda quantize {ftype}: {time.time() - t0:.0f} s", file=sys.stderr)
     return out
 
 
