@@ -15,11 +15,7 @@
 #define DENSE_PG 2  /* panels per unit */
 
 static const llb_dense_kernels *dense_kernels(void) {
-#if LLB_X86
-    if (llb_isa_current == LLB_ISA_AVX512) return &llb_dense_avx512;
-    if (llb_isa_current == LLB_ISA_AVX2) return &llb_dense_avx2;
-#endif
-    return &llb_dense_scalar;
+    return LLB_PER_ISA(&llb_dense_scalar, &llb_dense_avx2, &llb_dense_avx512);
 }
 
 static long kdim_of(int fmt, long cols) { return fmt == LLB_DENSE_BF16 ? (cols + 1) & ~1L : cols; }

@@ -18,11 +18,7 @@
 #define LLB_PRIVATE_ACT_ROWS 64
 
 static const llb_kernels *active_kernels(void) {
-#if LLB_X86
-    if (llb_isa_current == LLB_ISA_AVX512) return &llb_kernels_avx512;
-    if (llb_isa_current == LLB_ISA_AVX2) return &llb_kernels_avx2;
-#endif
-    return &llb_kernels_scalar;
+    return LLB_PER_ISA(&llb_kernels_scalar, &llb_kernels_avx2, &llb_kernels_avx512);
 }
 
 /* Writable views of one copy of the quantized activations. */

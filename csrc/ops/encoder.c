@@ -72,25 +72,10 @@ LLB_TARGET_AVX2 static void ln_avx2(void *ctx, long i0, long i1, int tid) { (voi
 LLB_TARGET_AVX512 static void ln_avx512(void *ctx, long i0, long i1, int tid) { (void)tid; ln_rows(ctx, i0, i1); }
 #endif
 
-static llb_range_fn pick(llb_range_fn scalar, llb_range_fn avx2, llb_range_fn avx512) {
-#if LLB_X86
-    if (llb_isa_current == LLB_ISA_AVX512) return avx512;
-    if (llb_isa_current == LLB_ISA_AVX2) return avx2;
-#else
-    (void)avx2;
-    (void)avx512;
-#endif
-    return scalar;
-}
-
 void llb_add_layernorm(const float *x, const float *r, const float *w, const float *b, float *out, long n, long d,
                        float eps) {
     ln_ctx c = {x, r, w, b, out, d, eps};
-#if LLB_X86
-    const llb_range_fn fn = pick(ln_scalar, ln_avx2, ln_avx512);
-#else
-    const llb_range_fn fn = ln_scalar;
-#endif
+    const llb_range_fn fn = LLB_PER_ISA(ln_scalar, ln_avx2, ln_avx512);
     if (n * d < 65536 || llb_pool_threads() < 2) fn(&c, 0, n, 0);
     else llb_parallel_for(fn, &c, n, llb_grain(n, 16, 8, 1), llb_pool_threads());
 }
@@ -198,11 +183,7 @@ int llb_encoder_attention(const float *qkv, const int32_t *starts, long n_seqs, 
     float *scratch = llb_scratch((size_t)nth * (size_t)(head_dim + 1) * lp * sizeof(float));
     if (!scratch) return -1;
     att_ctx c = {qkv, starts, n_seqs, n_heads, head_dim, max_len, scale, out, scratch};
-#if LLB_X86
-    const llb_range_fn fn = pick(att_scalar, att_avx2, att_avx512);
-#else
-    const llb_range_fn fn = att_scalar;
-#endif
+    const llb_range_fn fn = LLB_PER_ISA(att_scalar, att_avx2, att_avx512);
     const long units = n_seqs * n_heads;
     if (nth < 2 || starts[n_seqs] * n_heads * max_len * head_dim < 65536) fn(&c, 0, units, 0);
     else llb_parallel_for(fn, &c, units, llb_grain(units, 32, 1, 1), nth);

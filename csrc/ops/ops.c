@@ -27,11 +27,7 @@
 #define OP_CHUNKS 16
 
 const struct llb_op_kernels *llb_op_kernels_current(void) {
-#if LLB_X86
-    if (llb_isa_current == LLB_ISA_AVX512) return &llb_ops_avx512;
-    if (llb_isa_current == LLB_ISA_AVX2) return &llb_ops_avx2;
-#endif
-    return &llb_ops_scalar;
+    return LLB_PER_ISA(&llb_ops_scalar, &llb_ops_avx2, &llb_ops_avx512);
 }
 
 /* ---- elementwise ---------------------------------------------------------- */

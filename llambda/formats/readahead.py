@@ -65,11 +65,12 @@ class ReadAhead:
                     return
                 lo = self._pos
                 hi = self._pos = min(size, lo + self.chunk, self._at + self.window)
+            page = lo - lo % mmap.PAGESIZE      # madvise takes a page-aligned start
             try:
                 if _C is not None and _C.populate(self._base[lo:hi]) == 0:
-                    self._mm.madvise(mmap.MADV_DONTNEED, lo - lo % mmap.PAGESIZE, hi - lo + lo % mmap.PAGESIZE)
+                    self._mm.madvise(mmap.MADV_DONTNEED, page, hi - page)
                 else:
-                    self._mm.madvise(mmap.MADV_WILLNEED, lo - lo % mmap.PAGESIZE, hi - lo + lo % mmap.PAGESIZE)
+                    self._mm.madvise(mmap.MADV_WILLNEED, page, hi - page)
             except (OSError, ValueError):   # a closed mapping, a kernel without madvise: reading ahead is only a help
                 return
             self.bytes_read += hi - lo
