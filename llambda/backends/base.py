@@ -73,8 +73,9 @@ class Backend(ABC):
         """A handle for a (rows=out, cols=in) weight used by matmul/embed."""
 
     def prepare_vector(self, w: WeightTensor, offset: float = 0.0) -> np.ndarray:
-        """A float32 vector (norm weight, bias); `offset` is added (Gemma's 1 + w norms)."""
-        v = np.ascontiguousarray(w.to_float32().reshape(-1), dtype=np.float32)
+        """A float32 vector (norm weight, bias); `offset` is added (Gemma's 1 + w norms). A copy, never a view
+        of the file: the loader lets go of the file's pages once a tensor is prepared."""
+        v = np.array(w.to_float32().reshape(-1), dtype=np.float32)
         return v + np.float32(offset) if offset else v
 
     def prepare_experts(self, gate: WeightTensor, up: WeightTensor, down: WeightTensor, biases=None):

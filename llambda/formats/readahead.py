@@ -2,7 +2,8 @@
 
 Packing a tensor that is not yet in the page cache waits for the disk page fault by page fault, and
 while the disk reads nothing packs: a cold load took the disk's time plus the packing's. A ReadAhead
-pages the file in, in file order, a window ahead of the tensor the loader last let go of
+pages the file in, in the order the loader packs it (`load_order`), a window ahead of the tensor the
+loader last let go of
 (`advance`), on a thread that waits for the disk with the GIL released (`_native.populate`:
 MADV_POPULATE_READ), and drops its own mapping of those pages again at once (they stay in the page
 cache, where the loader's faults find them): the process's resident set never holds the window.
@@ -10,12 +11,15 @@ Without the C core it asks the kernel to read ahead (MADV_WILLNEED) and paces no
 """
 from __future__ import annotations
 
+import bisect
 import mmap
+import re
 import threading
 
 import numpy as np
 
 from .files import READ_AHEAD, release_pages
+from .pagecache import PageCacheDropper, keep_file_cache
 
 try:
     from .. import _native as _C
@@ -24,25 +28,59 @@ except ImportError:     # not built: the kernel's asynchronous read-ahead only
 
 WINDOW = 512 << 20      # how far past the loader's last released tensor the file is read (an MoE layer's experts)
 CHUNK = 16 << 20        # one read: long enough for the disk's queue, short enough to stop soon on close
+JOIN = 64 << 10         # tensors this close in the file are read as one range
+_LAYER = re.compile(r"(?:^|\.)(\d+)\.")     # blk.12.attn_q.weight, model.layers.12.mlp.up_proj.weight
+
+
+def load_order(spans) -> list[tuple[int, int]]:
+    """The byte ranges of `spans` ((name, start, end) of each tensor) in the order a model is packed: the
+    tensors outside the layers first (embeddings, output head), then layer by layer, each layer's in file
+    order; neighbours in the file joined. (Files keep tensors in any order: llama.cpp's quantizer writes
+    blk.1, blk.10, ..., blk.19, blk.2, ... and the output head first or last.)"""
+    def key(span):
+        m = _LAYER.search(span[0])
+        return (-1 if m is None else int(m.group(1)), span[1])
+    out: list[list[int]] = []
+    for _, lo, hi in sorted((s for s in spans if s[2] > s[1]), key=key):
+        if out and 0 <= lo - out[-1][1] <= JOIN:
+            out[-1][1] = max(out[-1][1], hi)
+        else:
+            out.append([lo, hi])
+    return [(lo, hi) for lo, hi in out]
 
 
 class ReadAhead:
-    """Pages of `base` (the uint8 array over read-only file mapping `mm`) read ahead of the loader."""
+    """Pages of `base` (the uint8 array over read-only file mapping `mm`) read ahead of the loader: the byte
+    `ranges` in the order the loader packs them (default: from `start` to the end), a window ahead of it."""
 
-    def __init__(self, mm: mmap.mmap, base: np.ndarray, start: int = 0, window: int = WINDOW, chunk: int = CHUNK):
+    def __init__(self, mm: mmap.mmap, base: np.ndarray, start: int = 0, window: int = WINDOW, chunk: int = CHUNK,
+                 ranges: list[tuple[int, int]] | None = None):
         self._mm, self._base, self.window, self.chunk = mm, base, window, chunk
-        self._at = self._pos = max(0, int(start))      # the loader's position; the next byte to read
+        self._ranges = list(ranges) if ranges else [(max(0, int(start)), len(base))]
+        self._cum = [0]                 # where each range starts in the reading order
+        for lo, hi in self._ranges:
+            self._cum.append(self._cum[-1] + hi - lo)
+        self._starts = sorted((lo, i) for i, (lo, _) in enumerate(self._ranges))
+        self._at = self._pos = 0        # in the reading order: the loader's position; the next byte to read
         self._cond = threading.Condition()
         self._stopped = False
         self.bytes_read = 0
         self._thread = threading.Thread(target=self._run, name="llambda-readahead", daemon=True)
         self._thread.start()
 
+    def _order_pos(self, offset: int) -> int:
+        """File offset `offset` (the end of a released tensor) as a position in the reading order."""
+        k = bisect.bisect_left(self._starts, (offset, -1)) - 1       # the last range starting before offset
+        if k < 0:
+            return 0
+        lo, i = self._starts[k]
+        return self._cum[i] + min(offset - lo, self._ranges[i][1] - lo)
+
     def advance(self, offset: int) -> None:
-        """The loader let go of the bytes before `offset`: read on to offset + window (from there, if the loader
-        is past what was read: it jumped, or the disk is slower than the packing)."""
+        """The loader let go of the bytes before file offset `offset`: read on to its position + window (from
+        there, if the loader is past what was read: it jumped, or the disk is slower than the packing)."""
         with self._cond:
-            self._at = int(offset)
+            self._at = max(self._at, self._order_pos(int(offset)))
             self._pos = max(self._pos, self._at)
             self._cond.notify()
 
@@ -55,8 +93,19 @@ class ReadAhead:
             self._thread.join()
             self._mm = self._base = None     # the mapping can be closed now
 
+    def _pieces(self, lo: int, hi: int):
+        """The file byte ranges of reading-order positions [lo, hi)."""
+        i = bisect.bisect_right(self._cum, lo) - 1
+        while lo < hi:
+            r0, r1 = self._ranges[i]
+            a = r0 + lo - self._cum[i]
+            b = min(r1, a + hi - lo)
+            yield a, b
+            lo += b - a
+            i += 1
+
     def _run(self) -> None:
-        size = len(self._base)
+        size = self._cum[-1]
         while True:
             with self._cond:
                 while not self._stopped and self._pos >= min(size, self._at + self.window):
@@ -65,37 +114,64 @@ class ReadAhead:
                     return
                 lo = self._pos
                 hi = self._pos = min(size, lo + self.chunk, self._at + self.window)
-            page = lo - lo % mmap.PAGESIZE      # madvise takes a page-aligned start
-            try:
-                if _C is not None and _C.populate(self._base[lo:hi]) == 0:
-                    self._mm.madvise(mmap.MADV_DONTNEED, page, hi - page)
-                else:
-                    self._mm.madvise(mmap.MADV_WILLNEED, page, hi - page)
-            except (OSError, ValueError):   # a closed mapping, a kernel without madvise: reading ahead is only a help
-                return
+            for a, b in self._pieces(lo, hi):
+                page = a - a % mmap.PAGESIZE      # madvise takes a page-aligned start
+                try:
+                    if _C is not None and _C.populate(self._base[a:b]) == 0:
+                        self._mm.madvise(mmap.MADV_DONTNEED, page, b - page)
+                    else:
+                        self._mm.madvise(mmap.MADV_WILLNEED, page, b - page)
+                except (OSError, ValueError):   # a closed mapping, a kernel without madvise: only a help
+                    return
             self.bytes_read += hi - lo
 
 
 class ReadsAhead:
-    """What a mapped model file (GGUFFile, SafetensorsFile: `_mm`, `_base`, `data_start`) does for a load:
-    read itself ahead of the loader while one runs, and let go of each tensor's pages once packed."""
+    """What a mapped model file (GGUFFile, SafetensorsFile: `_mm`, `_base`, `data_start`, `path`, `tensors`)
+    does for a load: read itself ahead of the loader, in the loader's order, while one runs, and let go of
+    each tensor's pages once packed: from this process, and from the page cache (pagecache.py)."""
 
     _ahead: ReadAhead | None = None
+    _dropper: PageCacheDropper | None = None
+
+    def _spans(self) -> list[tuple[str, int, int]]:
+        lo = self._base.__array_interface__["data"][0]
+        out = []
+        for name, t in self.tensors.items():
+            data = getattr(t, "data", None)
+            if data is not None and data.nbytes:
+                start = data.__array_interface__["data"][0] - lo
+                out.append((name, start, start + data.nbytes))
+        return out
 
     def read_ahead(self) -> None:
         """Start reading the tensor data ahead of the loader (until stop_read_ahead or close). Idempotent."""
         if self._ahead is None and self._mm is not None and self._base is not None:
-            self._ahead = ReadAhead(self._mm, self._base, self.data_start)
+            self._ahead = ReadAhead(self._mm, self._base, self.data_start, ranges=load_order(self._spans()))
+            if not keep_file_cache():
+                try:
+                    self._dropper = PageCacheDropper(self.path)
+                except OSError:     # the file went away: its pages are the kernel's business
+                    self._dropper = None
 
     def stop_read_ahead(self) -> None:
         ahead, self._ahead = self._ahead, None
         if ahead is not None:
             ahead.stop()
+        dropper, self._dropper = self._dropper, None
+        if dropper is not None:
+            dropper.drop_all(self.data_start)
+            dropper.close()
 
     @property
     def reading_ahead(self) -> bool:
         return self._ahead is not None
 
     def release(self, data: np.ndarray) -> int:
-        """Drop this process's pages of a tensor's bytes once they were copied (files.release_pages)."""
-        return release_pages(self._mm, self._base, data, READ_AHEAD, self._ahead)
+        """Drop this process's pages of a tensor's bytes once they were copied (files.release_pages), and while
+        a load reads ahead, the page cache's."""
+        n = release_pages(self._mm, self._base, data, READ_AHEAD, self._ahead)
+        if n and self._dropper is not None:
+            start = data.__array_interface__["data"][0] - self._base.__array_interface__["data"][0]
+            self._dropper.drop(start, start + data.nbytes)
+        return n

@@ -236,6 +236,7 @@ class Transformer:
                 raise ModelFormatError(f"tensor {name!r} has shape {t.shape}, expected ({n},)")
             v = B.prepare_vector(t, offset)
             finite(name, t, v)
+            self._release(t.data)
             return v
 
         def finite(name: str, t: WeightTensor, v: np.ndarray) -> None:
