@@ -259,3 +259,83 @@ def test_the_plan_counts_an_moe_layers_experts_held_together(tmp_path):
         assert "paged in as it is packed" in p.lines()[0]
     finally:
         src.close()
+
+
+def test_the_read_ahead_follows_the_loaders_order_not_the_files():
+    """llama.cpp's quantizer writes blk.0, blk.1, blk.10, ..., blk.2, ... and the head first or last: the
+    read-ahead reads the tensors outside the layers first, then layer by layer, neighbours joined."""
+    from llambda.formats.readahead import load_order
+    k = 1 << 20        # tensors far apart: closer ones are read as one range
+    spans = [("output.weight", 0, 100), ("blk.0.a", 100, 200), ("blk.0.b", 200, 300), ("blk.10.a", 300, 400),
+             ("blk.2.a", 400, 500), ("token_embd.weight", 500, 600), ("model.layers.1.mlp.w", 600, 700),
+             ("blk.3.empty", 700, 700)]
+    spans = [(name, lo * k, hi * k) for name, lo, hi in spans]
+    want = [(0, 100), (500, 600), (100, 300), (600, 700), (400, 500), (300, 400)]
+    assert load_order(spans) == [(lo * k, hi * k) for lo, hi in want]
+
+
+def test_the_read_ahead_reads_ranges_in_order_and_maps_the_loaders_offsets(tmp_path):
+    import mmap
+    from llambda.formats.readahead import ReadAhead
+    path = tmp_path / "blob.bin"
+    path.write_bytes(bytes(16 << 20))
+    with open(path, "rb") as fh:
+        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    base = np.frombuffer(mm, np.uint8)
+    mb = 1 << 20
+    r = ReadAhead(mm, base, window=3 * mb, chunk=mb, ranges=[(8 * mb, 12 * mb), (0, 4 * mb), (12 * mb, 16 * mb)])
+    try:
+        assert _wait_for(lambda: r.bytes_read == 3 * mb)
+        assert list(r._pieces(3 * mb, 6 * mb)) == [(11 * mb, 12 * mb), (0, 2 * mb)]
+        assert r._order_pos(10 * mb) == 2 * mb and r._order_pos(2 * mb) == 6 * mb and r._order_pos(16 * mb) == 12 * mb
+        r.advance(2 * mb)                      # the loader is 6 MB into the order: reading goes on from there
+        assert _wait_for(lambda: r.bytes_read == 6 * mb)
+        r.advance(9 * mb)                      # an offset behind the loader's position moves nothing back
+        assert not _wait_for(lambda: r.bytes_read > 6 * mb, seconds=0.2)
+    finally:
+        r.stop()
+    del base
+    mm.close()
+
+
+def test_packed_tensors_leave_the_page_cache(tmp_path, monkeypatch):
+    """A load drops each packed tensor's file pages from the page cache (the arena reuses that memory), joined
+    with its released neighbours so that folios straddling two tensors go too; LLAMBDA_KEEP_FILE_CACHE keeps them."""
+    import llambda
+    from llambda.formats import pagecache
+    calls = []
+    real = pagecache.PageCacheDropper._advise
+    monkeypatch.setattr(pagecache.PageCacheDropper, "_advise",
+                        lambda self, off, n: (calls.append((off, n)), real(self, off, n)))
+    path = _write_big_llama(tmp_path / "small.gguf", layers=2, d=256, ff=512)
+    with llambda.load(path, backend="native", threads=1, n_ctx=64) as m:
+        f = m.source.readers[0]
+        spans = sorted((lo, hi) for _, lo, hi in f._spans())
+        assert calls and calls[-1][1] == 0              # at the end: every cached page of the file
+        dropped = [c for c in calls[:-1]]
+        lo, hi = min(c[0] for c in dropped), max(c[0] + c[1] for c in dropped)
+        assert lo <= spans[0][0] and hi >= spans[-1][1]  # every tensor's bytes asked to go
+        before = m.logits([1, 2, 3])
+    calls.clear()
+    monkeypatch.setenv("LLAMBDA_KEEP_FILE_CACHE", "1")
+    with llambda.load(path, backend="native", threads=1, n_ctx=64) as m:
+        assert not calls
+        assert np.array_equal(m.logits([1, 2, 3]), before)
+
+
+def test_the_page_cache_dropper_joins_released_ranges(tmp_path):
+    from llambda.formats.pagecache import GAP, MARGIN, PageCacheDropper
+    path = tmp_path / "f.bin"
+    path.write_bytes(bytes(64 << 20))
+    d = PageCacheDropper(path)
+    asked = []
+    d._advise = lambda off, n: asked.append((off, off + n))
+    mb = 1 << 20
+    d.drop(10 * mb, 20 * mb)
+    d.drop(20 * mb + 32, 30 * mb)                  # alignment padding between: joined, the drop reaches back
+    d.drop(40 * mb, 41 * mb)                       # a gap: a range of its own
+    d.drop(30 * mb + GAP, 40 * mb)                 # fills the gap: one range again
+    assert asked == [(10 * mb, 20 * mb), (20 * mb + 32 - MARGIN, 30 * mb), (40 * mb, 41 * mb),
+                     (30 * mb + GAP - MARGIN, 41 * mb)]
+    assert (d._lo, d._hi) == ([10 * mb], [41 * mb])
+    d.close()
