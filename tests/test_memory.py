@@ -8,6 +8,7 @@ set) after loading, against the interpreter's own before it.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -339,3 +340,28 @@ def test_the_page_cache_dropper_joins_released_ranges(tmp_path):
                      (30 * mb + GAP - MARGIN, 41 * mb)]
     assert (d._lo, d._hi) == ([10 * mb], [41 * mb])
     d.close()
+
+
+@pytest.mark.parametrize("family", ["lfm2", "qwen3_next"])
+def test_the_plan_counts_a_hybrid_models_recurrent_state(family):
+    """A short-conv or delta-net layer's state per slot is in the plan (and its total), equal to what the load
+    allocates, and writing all of it grows the resident set by that much (within 10% + 2 MB)."""
+    import llambda
+    tiny = Path(__file__).parent / "fixtures" / "reference" / "tiny" / family
+    with llambda.load(str(tiny), backend="native", threads=1, n_ctx=16, n_slots=1024) as m:
+        p, got = m.memory_plan, m.memory_report()
+        assert p.recurrent > 0 and p.recurrent == got["recurrent"]
+        assert p.kv_cache == got["kv_cache"] and p.activations == got["activations"]
+        assert p.total == p.weights + p.kv_cache + p.recurrent + p.activations
+        assert any(line.startswith("recurrent state") for line in p.lines())
+
+        def rss():
+            with open("/proc/self/statm") as f:
+                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        before = rss()
+        for a in m.transformer.cache.state:
+            a.fill(1)
+        grown = rss() - before
+        assert 0.9 * p.recurrent - (2 << 20) <= grown <= 1.1 * p.recurrent + (2 << 20), (grown, p.recurrent)
+        for a in m.transformer.cache.state:
+            a.fill(0)

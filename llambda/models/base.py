@@ -162,6 +162,21 @@ def unfused_lookup(get: TensorLookup, cfg: TransformerConfig) -> TensorLookup:
     return lookup
 
 
+def recurrent_state_specs(cfg: TransformerConfig, n_slots: int) -> tuple[list[int], list[int], dict]:
+    """A hybrid model's recurrent state, carved with the KV cache: the short-conv and delta-net layers (the
+    layers with a convolution window; those with a delta-net matrix) and the arrays' (shape, dtype) by name."""
+    conv = [i for i, kind in enumerate(cfg.layer_kinds) if kind in ("shortconv", "deltanet")]
+    delta = [i for i, kind in enumerate(cfg.layer_kinds) if kind == "deltanet"]
+    width = {i: cfg.d_model if cfg.layer_kinds[i] == "shortconv" else
+             2 * cfg.ssm_k_heads * cfg.ssm_k_dim + cfg.ssm_v_heads * cfg.ssm_v_dim for i in conv}
+    state = {f"conv_state{i}": ((n_slots, cfg.conv_kernel - 1, width[i]), np.float32) for i in conv}
+    state.update({f"delta_state{i}": ((n_slots, cfg.ssm_v_heads, cfg.ssm_k_dim, cfg.ssm_v_dim), np.float32)
+                  for i in delta})
+    if conv:
+        state["state_pos"] = ((len(conv) + len(delta), n_slots), np.int32)
+    return conv, delta, state
+
+
 class Transformer:
     def __init__(self, cfg: TransformerConfig, tensors: TensorLookup, backend, n_ctx: int, n_slots: int = 1,
                  max_tokens: int = 512, max_logit_rows: int | None = None, release=None):
@@ -187,15 +202,7 @@ class Transformer:
         # A short-conv layer's state per slot: its last L - 1 inputs, and how many tokens it has taken
         # in (state_pos): allocated here with the cache, reset by a token at position 0.
         # A delta-net layer's: its convolution's window and its (v_heads, dk, dv) matrix, each counted.
-        conv = [i for i, kind in enumerate(cfg.layer_kinds) if kind in ("shortconv", "deltanet")]
-        delta = [i for i, kind in enumerate(cfg.layer_kinds) if kind == "deltanet"]
-        width = {i: cfg.d_model if cfg.layer_kinds[i] == "shortconv" else
-                 2 * cfg.ssm_k_heads * cfg.ssm_k_dim + cfg.ssm_v_heads * cfg.ssm_v_dim for i in conv}
-        state = {f"conv_state{i}": ((n_slots, cfg.conv_kernel - 1, width[i]), np.float32) for i in conv}
-        state.update({f"delta_state{i}": ((n_slots, cfg.ssm_v_heads, cfg.ssm_k_dim, cfg.ssm_v_dim), np.float32)
-                      for i in delta})
-        if conv:
-            state["state_pos"] = ((len(conv) + len(delta), n_slots), np.int32)
+        conv, delta, state = recurrent_state_specs(cfg, n_slots)
         self.cache = backend.create_kv_cache(max(1, len(attn)), n_slots, n_ctx, cfg.n_kv_heads, cfg.head_dim,
                                              extra={**self.ws.specs, **state})
         self.conv_state = {i: self.cache.extra.pop(f"conv_state{i}") for i in conv}
@@ -652,6 +659,7 @@ class Transformer:
             B.softcap(logits, cfg.final_softcap)
 
     def memory_report(self) -> dict[str, int]:
-        r = {"kv_cache": self.cache.nbytes, "activations": self.ws.nbytes()}
+        recurrent = sum(a.nbytes for a in self.cache.state)     # carved with the cache, counted apart
+        r = {"kv_cache": self.cache.nbytes - recurrent, "activations": self.ws.nbytes(), "recurrent": recurrent}
         r.update(self.backend.memory_report())
         return r

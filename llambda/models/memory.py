@@ -3,8 +3,9 @@
 Weights: the file is mapped read-only and each matrix is packed into the backend's arena, its file pages
 released once packed (formats/files.release_pages), so what stays resident is the packed copy (the native
 core's layouts are the file's bytes regrouped: the same size) and, while loading, one tensor's file pages
-at a time. The KV cache: 2 x attention layers x kv_dim x bytes per value, per token of each slot (a hybrid
-model's recurrent state, a few rows per slot and layer, is left out). Activations: the
+at a time. The KV cache: 2 x attention layers x kv_dim x bytes per value, per token of each slot. A hybrid
+model's recurrent state (base.recurrent_state_specs: a short convolution's window, a delta net's matrix per
+head), per slot whatever the context. Activations: the
 forward pass's buffers at the batch size (`Workspace`). Available: the kernel's MemAvailable (free memory
 plus what it can reclaim, the page cache included).
 """
@@ -18,7 +19,7 @@ from ..errors import InsufficientMemoryError
 from ..formats.quants import tensor_nbytes
 from ..formats.readahead import CHUNK as READ_CHUNK
 from ..formats.source import ModelSource
-from .base import Workspace
+from .base import Workspace, recurrent_state_specs
 
 
 @dataclass
@@ -33,10 +34,11 @@ class MemoryPlan:
     n_slots: int
     kv_type: str
     available: int | None      # MemAvailable, None where the kernel does not say
+    recurrent: int = 0         # a hybrid model's recurrent state, every slot
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv_cache + self.activations
+        return self.weights + self.kv_cache + self.recurrent + self.activations
 
     @property
     def peak_load(self) -> int:
@@ -48,6 +50,8 @@ class MemoryPlan:
                f"at most {g(self.largest_tensor)} more while loading)",
                f"KV cache {g(self.kv_cache)} ({self.kv_type}, {self.kv_per_token / 1024:.1f} KiB per token x "
                f"{self.n_ctx} tokens x {self.n_slots} slot{'s' if self.n_slots > 1 else ''})",
+               *([f"recurrent state {g(self.recurrent)} ({g(self.recurrent // self.n_slots)} per slot)"]
+                 if self.recurrent else []),
                f"activations {g(self.activations)}",
                f"total {g(self.total)}" + (f" of {g(self.available)} available" if self.available else "")]
         return out
@@ -103,15 +107,17 @@ def plan(src: ModelSource, n_ctx: int, n_slots: int = 1, kv_type: str = "f32", m
     kv_base = 4 * kv_layers * cfg.kv_dim * n_slots if kv_type == "q8_0" else 0   # a float key base per slot
     extra = backend.workspace_specs(cfg, max_tokens) if backend is not None else None
     acts = Workspace(cfg, max_tokens, max(n_slots, 16), extra).nbytes()
+    state = recurrent_state_specs(cfg, n_slots)[2]
+    recurrent = sum(int(np.prod(shape)) * np.dtype(dt).itemsize for shape, dt in state.values())
     return MemoryPlan(weights, mapped, largest, kv_per_token, kv_per_token * n_ctx * n_slots + kv_base, acts, n_ctx,
-                      n_slots, kv_type, mem_available())
+                      n_slots, kv_type, mem_available(), recurrent)
 
 
 def check(p: MemoryPlan) -> None:
-    """Refuse a load whose weights and KV cache alone exceed the memory available now."""
-    if p.available is None or p.weights + p.kv_cache <= p.available:
+    """Refuse a load whose weights, KV cache and recurrent state alone exceed the memory available now."""
+    if p.available is None or p.weights + p.kv_cache + p.recurrent <= p.available:
         return
-    fit = (p.available - p.weights - p.activations) // max(p.kv_per_token * p.n_slots, 1)
+    fit = (p.available - p.weights - p.recurrent - p.activations) // max(p.kv_per_token * p.n_slots, 1)
     hint = (f"a context of at most {fit} tokens (-c/n_ctx) would fit" if fit > 0 else
             "the weights and activations alone do not fit: use a smaller quantization or free memory")
     if fit > 0 and p.kv_type == "f32":
@@ -120,4 +126,6 @@ def check(p: MemoryPlan) -> None:
         hint += ", or nearly twice that with a q8_0 KV cache (--kv-type q8_0)"
     raise InsufficientMemoryError(
         f"this load needs {_gib(p.weights)} of weights + {_gib(p.kv_cache)} of KV cache "
-        f"({p.n_ctx} tokens x {p.n_slots} slots, {p.kv_type}) but only {_gib(p.available)} is available: {hint}")
+        f"({p.n_ctx} tokens x {p.n_slots} slots, {p.kv_type})"
+        + (f" + {_gib(p.recurrent)} of recurrent state" if p.recurrent else "") +
+        f" but only {_gib(p.available)} is available: {hint}")
