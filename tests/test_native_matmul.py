@@ -331,6 +331,25 @@ def test_pack_count_is_each_matrix_packed_on_its_own(tname):
         assert layout == one_layout and bytes(dst[e * size:(e + 1) * size]) == bytes(one), e
 
 
+@pytest.mark.parametrize("tname", list(TYPES))
+def test_packing_on_1_2_3_threads_writes_the_same_bytes(tname):
+    """The pool splits a pack's row groups (over every expert of an MoE tensor) among its threads: the packed
+    bytes do not depend on how many (a row count with a partial group, an odd expert count)."""
+    rng = np.random.default_rng(8)
+    count, rows, cols = 5, 53, 3 * max(BLOCK[tname], 32)
+    src = np.concatenate([make_weights(tname, rows, cols, rng).reshape(-1) for _ in range(count)])
+    size = nat.packed_size(TYPES[tname], rows, cols)
+    was, out = nat.threads(), []
+    try:
+        for n in (1, 2, 3):
+            nat.set_threads(n)
+            dst = np.full(size * count, 0xAB, np.uint8)
+            out.append((nat.pack(TYPES[tname], src, dst, rows, cols, count), bytes(dst)))
+    finally:
+        nat.set_threads(was)
+    assert out[0] == out[1] == out[2]
+
+
 def test_pack_count_is_checked():
     q41 = TYPES["Q4_1"]
     rows, cols = 16, 64
