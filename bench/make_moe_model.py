@@ -4,6 +4,7 @@ q/k norms, renormalised top-k) at a smaller width and depth, quantized as a Q4_K
 another GGUF so that llama.cpp loads it too.
 
     python bench/make_moe_model.py moe-bench.gguf                 # tokenizer of smollm2-135m
+    python bench/make_moe_model.py q30b.gguf --qwen3-30b --layers 24   # Qwen3-30B-A3B's shapes, half its depth
     llambda bench moe-bench.gguf -p 512 -n 64 --vs llama-cpp
 
 Random weights give meaningless text but the same bytes, routing spread and arithmetic as a
@@ -102,7 +103,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", type=Path)
     ap.add_argument("--tokenizer-from", default="smollm2-135m", help="a catalogued name or GGUF path")
-    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--layers", type=int, help="(default 8; 48 with --qwen3-30b)")
     ap.add_argument("--d", type=int, default=1024, help="model width (Qwen3-30B-A3B: 2048)")
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--kv-heads", type=int, default=4)
@@ -110,10 +111,20 @@ def main() -> None:
     ap.add_argument("--experts", type=int, default=128)
     ap.add_argument("--used", type=int, default=8)
     ap.add_argument("--expert-ff", type=int, default=512, help="each expert's width (Qwen3-30B-A3B: 768)")
+    ap.add_argument("--qwen3-30b", action="store_true",
+                    help="Qwen3-30B-A3B's shapes (48 layers unless --layers, d 2048, 32/4 heads of 128, 128 experts "
+                         "of 768, top 8, its vocabulary of 151936 from qwen2.5-coder-0.5b), written with --fast: "
+                         "~20 GB at 48 layers, ~0.4 GB a layer")
     ap.add_argument("--fast", action="store_true",
                     help="random quant bytes reused across layers instead of quantized random values (for "
                          "load and memory tests of big files: seconds per GB, not minutes)")
     a = ap.parse_args()
+    if a.qwen3_30b:
+        a.layers, a.d, a.heads, a.kv_heads, a.head_dim, a.experts, a.used, a.expert_ff, a.fast = (
+            a.layers or 48, 2048, 32, 4, 128, 128, 8, 768, True)
+        if a.tokenizer_from == "smollm2-135m":
+            a.tokenizer_from = "qwen2.5-coder-0.5b"
+    a.layers = a.layers or 8
     path = build(a.out, a.tokenizer_from, a.layers, a.d, a.heads, a.kv_heads, a.head_dim, a.experts, a.used,
                  a.expert_ff, fast=a.fast)
     print(f"wrote {path} ({path.stat().st_size / 1e6:.0f} MB)")
