@@ -55,6 +55,7 @@ static long spin_budget_ns = 200 * 1000;
 struct slot {
     _Alignas(64) _Atomic uint64_t word; /* generation << 32 | next << 16 | end */
     atomic_ulong finished;              /* chunks this thread finished, over all calls */
+    atomic_ulong stolen;                /* of those, chunks of another thread's share */
 };
 
 struct pool {
@@ -157,7 +158,13 @@ static long run_chunks(unsigned gen, int tid) {
     long ran = 0;
     for (int k = 0; k < active; k++) {
         const int s = tid + k < active ? tid + k : tid + k - active;
-        for (long c; (c = claim(s, gen)) >= 0; ran++) run_chunk(c, tid);
+        long mine = 0;
+        for (long c; (c = claim(s, gen)) >= 0; mine++) run_chunk(c, tid);
+        if (s != tid && mine) { /* only this thread writes its count */
+            atomic_ulong *st = &pool.slots[tid].stolen;
+            atomic_store_explicit(st, atomic_load_explicit(st, memory_order_relaxed) + (unsigned long)mine, memory_order_relaxed);
+        }
+        ran += mine;
     }
     return ran;
 }
@@ -224,9 +231,18 @@ static void join(unsigned long target, int nth) {
 #define SOLO_MAX_NS (256 * 1000 * 1000)
 static uint64_t solo_until, solo_ns = SOLO_MIN_NS, last_stall;
 static long stalls;
+/* Counters for llb_pool_stats (under call_lock). */
+#define WAIT_NOTED_NS (20 * 1000)
+static long calls_parallel, calls_solo, joins_waited;
+static uint64_t join_wait_ns, join_wait_max_ns, caller_work_ns;
 
 static void note_join(uint64_t start, uint64_t claimed, uint64_t end, long ran) {
     const uint64_t chunk = ran > 0 ? (claimed - start) / (uint64_t)ran : 0;
+    calls_parallel++;
+    caller_work_ns += claimed - start;
+    if (end - claimed > WAIT_NOTED_NS) joins_waited++;
+    join_wait_ns += end - claimed;
+    if (end - claimed > join_wait_max_ns) join_wait_max_ns = end - claimed;
     if (end - claimed > STALL_MIN_NS + 4 * chunk) {
         stalls++;
         /* A stall soon after the last solo period: the contention persists, stay away longer. */
@@ -358,6 +374,7 @@ void llb_parallel_for(llb_range_fn fn, void *ctx, long n, long grain, int max_th
     inside_task = 1;
     const uint64_t start = nth > 1 ? now_ns() : 0;
     if (nth == 1 || start < solo_until) {
+        if (nth > 1) calls_solo++;
         run_serially(fn, ctx, n, grain);
     } else {
         const int active = nth < max_threads ? nth : max_threads;
@@ -403,6 +420,23 @@ long llb_pool_stalls(void) {
     const long n = stalls;
     pthread_mutex_unlock(&call_lock);
     return n;
+}
+
+int llb_pool_stats(long *out, int n) {
+    pthread_mutex_lock(&call_lock);
+    const int nth = atomic_load(&pool.nth);
+    unsigned long stolen = 0, worker_chunks = 0;
+    for (int t = 0; t < nth; t++) {
+        stolen += atomic_load(&pool.slots[t].stolen);
+        if (t) worker_chunks += atomic_load(&pool.slots[t].finished);
+    }
+    const long v[LLB_POOL_STATS] = {calls_parallel, calls_solo, stalls, joins_waited, (long)(join_wait_ns / 1000),
+                                    (long)(join_wait_max_ns / 1000), (long)(caller_work_ns / 1000), (long)stolen,
+                                    (long)worker_chunks};
+    pthread_mutex_unlock(&call_lock);
+    const int k = n < LLB_POOL_STATS ? n : LLB_POOL_STATS;
+    for (int i = 0; i < k; i++) out[i] = v[i];
+    return k;
 }
 
 int llb_pool_hold_worker(int tid) {
