@@ -68,7 +68,8 @@ def main() -> None:
         if s.get("calls") or s.get("solo_calls"):
             print(f"      calls {s['calls']} parallel, {s['solo_calls']} solo; stalls {s['stalls']}; joins waited "
                   f"{s['joins_waited']} ({s['join_wait_us'] / 1e3:.1f} ms, {per_call:.1f} us/call); "
-                  f"stolen {s['stolen_chunks']}, worker chunks {s['worker_chunks']}")
+                  f"stolen {s['stolen_chunks']}, worker chunks {s['worker_chunks']}, worker sleeps {s['worker_sleeps']}, "
+                  f"absent {s['absent_calls']}")
 
 
 if __name__ == "__main__":

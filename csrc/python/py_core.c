@@ -74,7 +74,8 @@ static PyObject *py_pool_stalls(PyObject *self, PyObject *unused) { return PyLon
 
 static PyObject *py_pool_stats(PyObject *self, PyObject *unused) {
     static const char *names[LLB_POOL_STATS] = {"calls", "solo_calls", "stalls", "joins_waited", "join_wait_us",
-                                                "join_wait_max_us", "caller_work_us", "stolen_chunks", "worker_chunks"};
+                                                "join_wait_max_us", "caller_work_us", "stolen_chunks", "worker_chunks",
+                                                "worker_sleeps", "absent_calls"};
     long v[LLB_POOL_STATS];
     const int k = llb_pool_stats(v, LLB_POOL_STATS);
     PyObject *d = PyDict_New();
@@ -209,7 +210,7 @@ PyMethodDef llb_core_methods[] = {
      "runs alone on the calling thread for a few milliseconds."},
     {"pool_stats", py_pool_stats, METH_NOARGS,
      "pool_stats() -> dict: the pool's counters since the process started (calls, solo_calls, stalls, joins_waited,\n"
-     "join_wait_us, join_wait_max_us, caller_work_us, stolen_chunks, worker_chunks; see core/threadpool.h)."},
+     "join_wait_us, join_wait_max_us, caller_work_us, stolen_chunks, worker_chunks, worker_sleeps, absent_calls; see core/threadpool.h)."},
     {"populate", py_populate, METH_O,
      "populate(buf) -> int: fault a mapping's pages under buf in for reading, waiting for the disk with the GIL\n"
      "released: 0 done, 1 only requested (a kernel before 5.14), -1 refused (not mapped, an I/O error)."},
