@@ -4,7 +4,8 @@ A lost wake-up shows as a call that never returns at 0% CPU, so every stress run
 process under a timeout: a hang fails the test instead of freezing the suite. LLAMBDA_SPIN_US
 selects how long idle workers spin before they sleep: 0 sends every worker to sleep between
 calls (every call then wakes them), a few microseconds makes calls race with workers falling
-asleep, the default (200 us) keeps them spinning.
+asleep, the default (200 us) keeps them spinning; after a stall, LLAMBDA_BUSY_SPIN_US (default 20)
+does the same for the pool's busy mode.
 """
 import os
 import subprocess
@@ -41,16 +42,25 @@ for items, grain in ((2, 1), (3, 1), (threads + 1, 1), (64, 1), (100, 33)):
 # chunks a worker sleeps in: the caller's join spins out and sleeps, the worker must wake it
 r = nat._pool_probe(calls // 10, items=8, grain=1, stall_us=80)
 assert r["bad"] == 0 and r["item_runs"] == [calls // 10] * 8
+# a worker parked mid-chunk (a stall) puts the pool in its busy mode for a while: calls on the
+# caller alone, then workers that sleep after a short spin; the same calls race with that
+stalls = nat.pool_stats()["stalls"]
+r = nat._pool_probe(3, items=64, grain=1, stall_us=20000)
+assert r["bad"] == 0 and r["item_runs"] == [3] * 64 and nat.pool_stats()["stalls"] > stalls
+for items, grain in ((2, 1), (threads + 1, 1), (64, 1)):
+    r = nat._pool_probe(calls, items=items, grain=grain)
+    assert r["bad"] == 0 and r["item_runs"] == [calls] * items, (items, grain, r["bad"])
 print("ok")
 """
 
 
-@pytest.mark.parametrize("spin_us", ["0", "3", "200"])
+@pytest.mark.parametrize("spin_us,busy_spin_us", [("0", "0"), ("3", "3"), ("200", "20"), ("200", "0")])
 @pytest.mark.parametrize("threads", [2, 4])
-def test_thousands_of_tiny_calls_never_hang(spin_us, threads):
+def test_thousands_of_tiny_calls_never_hang(spin_us, busy_spin_us, threads):
     """Tens of thousands of calls, each too small to keep a worker busy: every fork/join races
     with workers going to sleep or waking up. More threads than chunks leaves workers idle."""
-    assert run_child(TINY_CALLS, 120, threads, 4000, LLAMBDA_SPIN_US=spin_us).strip() == "ok"
+    out = run_child(TINY_CALLS, 120, threads, 4000, LLAMBDA_SPIN_US=spin_us, LLAMBDA_BUSY_SPIN_US=busy_spin_us)
+    assert out.strip() == "ok"
 
 
 RESIZE_WHILE_CALLING = r"""

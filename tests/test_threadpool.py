@@ -88,6 +88,26 @@ def test_a_slow_chunk_is_waited_for():
     assert probe_ok(r, 200, 64)
 
 
+def test_pool_stats_count_calls_and_chunks():
+    """The benchmark counters: every call of several chunks is counted once, as run on several
+    threads or by the back-off on the caller alone, and the workers' chunks are among its chunks."""
+    native.set_threads(2)
+    s0 = native.pool_stats()
+    assert set(s0) == {"calls", "solo_calls", "stalls", "joins_waited", "join_wait_us", "join_wait_max_us",
+                       "caller_work_us", "stolen_chunks", "worker_chunks", "worker_sleeps", "absent_calls"}
+    r = native._pool_probe(200, items=16, grain=1)
+    assert probe_ok(r, 200, 16)
+    s1 = native.pool_stats()
+    assert (s1["calls"] + s1["solo_calls"]) - (s0["calls"] + s0["solo_calls"]) == 200
+    assert s1["worker_chunks"] - s0["worker_chunks"] == r["chunks"][1]
+    assert 0 <= s1["stolen_chunks"] - s0["stolen_chunks"] <= 200 * 16
+    assert s1["join_wait_max_us"] >= s0["join_wait_max_us"] and s1["joins_waited"] >= s0["joins_waited"]
+    native.set_threads(1)
+    native._pool_probe(10, items=16, grain=1)
+    s2 = native.pool_stats()
+    assert s2["calls"] == s1["calls"] and s2["solo_calls"] == s1["solo_calls"]  # one thread: not pool calls
+
+
 def test_resize_many_times():
     rng = np.random.default_rng(0)
     for n in rng.integers(1, 4, 30):

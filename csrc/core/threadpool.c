@@ -46,6 +46,16 @@
 /* How long an idle worker spins before sleeping (microseconds). Overridable
  * with LLAMBDA_SPIN_US: 0 sleeps at once (no idle CPU burn, ~30 us per op). */
 static long spin_budget_ns = 200 * 1000;
+/* The budget while the machine looks busy (in the last BUSY_HOLD_NS a stall, see note_join, or
+ * a call whose awake workers never showed up, see note_absent).
+ * There, a worker that waits long for the next call is most likely waiting for a caller the
+ * scheduler has parked, and spinning would hold the core the caller needs: sleeping soon
+ * leaves it idle, and the scheduler moves the waiting caller onto it. Overridable with
+ * LLAMBDA_BUSY_SPIN_US. */
+static long busy_spin_ns = 20 * 1000;
+#define BUSY_HOLD_NS (1000ull * 1000 * 1000)
+static _Atomic uint64_t busy_until; /* written by the caller under call_lock, read by workers */
+static atomic_long worker_sleeps;
 /* How long the caller spins for workers' last chunks before sleeping: a running
  * worker finishes a chunk in microseconds; one that is not running needs a core,
  * and a sleeping caller frees one (the scheduler may move the worker onto it). */
@@ -55,6 +65,7 @@ static long spin_budget_ns = 200 * 1000;
 struct slot {
     _Alignas(64) _Atomic uint64_t word; /* generation << 32 | next << 16 | end */
     atomic_ulong finished;              /* chunks this thread finished, over all calls */
+    atomic_ulong stolen;                /* of those, chunks of another thread's share */
 };
 
 struct pool {
@@ -96,7 +107,7 @@ static uint64_t now_ns(void) {
 /* Wait until generation differs from seen (or stop); spin first, then sleep. */
 static unsigned wait_for_work(unsigned seen) {
     unsigned g;
-    uint64_t start = 0;
+    uint64_t start = 0, budget = (uint64_t)spin_budget_ns;
     for (unsigned i = 1;; i++) {
         g = atomic_load_explicit(&pool.generation, memory_order_acquire);
         if (g != seen) return g;
@@ -106,10 +117,14 @@ static unsigned wait_for_work(unsigned seen) {
         if ((i & 1023) == 0) sched_yield();
         if ((i & 127) == 0) {
             uint64_t t = now_ns();
-            if (!start) start = t;
-            else if (t - start >= (uint64_t)spin_budget_ns) break;
+            if (!start) {
+                start = t;
+                if (t < atomic_load_explicit(&busy_until, memory_order_relaxed) && busy_spin_ns < spin_budget_ns)
+                    budget = (uint64_t)busy_spin_ns;
+            } else if (t - start >= budget) break;
         }
     }
+    atomic_fetch_add_explicit(&worker_sleeps, 1, memory_order_relaxed);
     pthread_mutex_lock(&pool.sleep_lock);
     /* seq_cst pairs with the caller's generation store + sleepers check: either
      * we see the new generation here, or the caller sees us sleeping. */
@@ -157,7 +172,13 @@ static long run_chunks(unsigned gen, int tid) {
     long ran = 0;
     for (int k = 0; k < active; k++) {
         const int s = tid + k < active ? tid + k : tid + k - active;
-        for (long c; (c = claim(s, gen)) >= 0; ran++) run_chunk(c, tid);
+        long mine = 0;
+        for (long c; (c = claim(s, gen)) >= 0; mine++) run_chunk(c, tid);
+        if (s != tid && mine) { /* only this thread writes its count */
+            atomic_ulong *st = &pool.slots[tid].stolen;
+            atomic_store_explicit(st, atomic_load_explicit(st, memory_order_relaxed) + (unsigned long)mine, memory_order_relaxed);
+        }
+        ran += mine;
     }
     return ran;
 }
@@ -224,9 +245,18 @@ static void join(unsigned long target, int nth) {
 #define SOLO_MAX_NS (256 * 1000 * 1000)
 static uint64_t solo_until, solo_ns = SOLO_MIN_NS, last_stall;
 static long stalls;
+/* Counters for llb_pool_stats (under call_lock). */
+#define WAIT_NOTED_NS (20 * 1000)
+static long calls_parallel, calls_solo, joins_waited;
+static uint64_t join_wait_ns, join_wait_max_ns, caller_work_ns;
 
 static void note_join(uint64_t start, uint64_t claimed, uint64_t end, long ran) {
     const uint64_t chunk = ran > 0 ? (claimed - start) / (uint64_t)ran : 0;
+    calls_parallel++;
+    caller_work_ns += claimed - start;
+    if (end - claimed > WAIT_NOTED_NS) joins_waited++;
+    join_wait_ns += end - claimed;
+    if (end - claimed > join_wait_max_ns) join_wait_max_ns = end - claimed;
     if (end - claimed > STALL_MIN_NS + 4 * chunk) {
         stalls++;
         /* A stall soon after the last solo period: the contention persists, stay away longer. */
@@ -234,16 +264,30 @@ static void note_join(uint64_t start, uint64_t claimed, uint64_t end, long ran) 
         else solo_ns = SOLO_MIN_NS;
         last_stall = end;
         solo_until = end + solo_ns;
+        atomic_store_explicit(&busy_until, end + BUSY_HOLD_NS, memory_order_relaxed);
     }
 }
 
-static void publish_generation(unsigned g) {
+/* Returns whether a worker was asleep (it was woken). */
+static int publish_generation(unsigned g) {
     atomic_store(&pool.generation, g); /* seq_cst: see wait_for_work */
     if (atomic_load(&pool.sleepers) > 0) {
         pthread_mutex_lock(&pool.sleep_lock);
         pthread_cond_broadcast(&pool.wake);
         pthread_mutex_unlock(&pool.sleep_lock);
+        return 1;
     }
+    return 0;
+}
+
+/* A call whose workers were all awake (spinning for it) but none claimed a chunk while the
+ * caller ran every one for ABSENT_MIN_NS: they were not on a CPU, the machine is busy. */
+#define ABSENT_MIN_NS (20 * 1000)
+static long calls_absent;
+static void note_absent(uint64_t start, uint64_t claimed, long ran, long n_chunks, int woke) {
+    if (woke || ran != n_chunks || claimed - start < ABSENT_MIN_NS) return;
+    calls_absent++;
+    atomic_store_explicit(&busy_until, claimed + BUSY_HOLD_NS, memory_order_relaxed);
 }
 
 /* Stop and join all workers; call_lock held. */
@@ -291,12 +335,17 @@ static void child_after_fork(void) {
     pthread_mutex_init(&call_lock, NULL);
 }
 
-static void read_spin_env(void) {
-    const char *s = getenv("LLAMBDA_SPIN_US");
+static void read_us_env(const char *name, long *ns) {
+    const char *s = getenv(name);
     if (!s || !*s) return;
     char *end;
     long us = strtol(s, &end, 10);
-    if (*end == 0 && us >= 0 && us <= 1000000) spin_budget_ns = us * 1000;
+    if (*end == 0 && us >= 0 && us <= 1000000) *ns = us * 1000;
+}
+
+static void read_spin_env(void) {
+    read_us_env("LLAMBDA_SPIN_US", &spin_budget_ns);
+    read_us_env("LLAMBDA_BUSY_SPIN_US", &busy_spin_ns);
 }
 
 int llb_pool_init(int n_threads) {
@@ -358,6 +407,7 @@ void llb_parallel_for(llb_range_fn fn, void *ctx, long n, long grain, int max_th
     inside_task = 1;
     const uint64_t start = nth > 1 ? now_ns() : 0;
     if (nth == 1 || start < solo_until) {
+        if (nth > 1) calls_solo++;
         run_serially(fn, ctx, n, grain);
     } else {
         const int active = nth < max_threads ? nth : max_threads;
@@ -372,12 +422,13 @@ void llb_parallel_for(llb_range_fn fn, void *ctx, long n, long grain, int max_th
             const uint64_t b = (uint64_t)(n_chunks * t / active), e = (uint64_t)(n_chunks * (t + 1) / active);
             atomic_store_explicit(&pool.slots[t].word, (uint64_t)gen << 32 | b << 16 | e, memory_order_release);
         }
-        publish_generation(gen);
+        const int woke = publish_generation(gen);
         const long ran = run_chunks(gen, 0);
         const uint64_t claimed = now_ns();
         pool.finished_total += (unsigned long)n_chunks;
         join(pool.finished_total, nth);
         note_join(start, claimed, now_ns(), ran);
+        note_absent(start, claimed, ran, n_chunks, woke);
     }
     inside_task = 0;
     pthread_mutex_unlock(&call_lock);
@@ -403,6 +454,23 @@ long llb_pool_stalls(void) {
     const long n = stalls;
     pthread_mutex_unlock(&call_lock);
     return n;
+}
+
+int llb_pool_stats(long *out, int n) {
+    pthread_mutex_lock(&call_lock);
+    const int nth = atomic_load(&pool.nth);
+    unsigned long stolen = 0, worker_chunks = 0;
+    for (int t = 0; t < nth; t++) {
+        stolen += atomic_load(&pool.slots[t].stolen);
+        if (t) worker_chunks += atomic_load(&pool.slots[t].finished);
+    }
+    const long v[LLB_POOL_STATS] = {calls_parallel, calls_solo, stalls, joins_waited, (long)(join_wait_ns / 1000),
+                                    (long)(join_wait_max_ns / 1000), (long)(caller_work_ns / 1000), (long)stolen,
+                                    (long)worker_chunks, atomic_load(&worker_sleeps), calls_absent};
+    pthread_mutex_unlock(&call_lock);
+    const int k = n < LLB_POOL_STATS ? n : LLB_POOL_STATS;
+    for (int i = 0; i < k; i++) out[i] = v[i];
+    return k;
 }
 
 int llb_pool_hold_worker(int tid) {

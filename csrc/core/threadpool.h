@@ -44,6 +44,16 @@ int llb_pool_cap_thread(int n);
  * while of running calls on the caller alone (see threadpool.c). */
 long llb_pool_stalls(void);
 
+/* Counters since the process started, for benchmarks: out[0..n) gets, in this order, the calls
+ * run on several threads, the calls the back-off ran on the caller alone, stalls, parallel calls
+ * whose caller waited more than 20 us at the join (its own chunks done), the total and the longest
+ * of those join waits (us, over all parallel calls), the caller's time in its own chunks (us),
+ * chunks a thread ran from another's share, chunks the workers (tid >= 1) ran, and how often a
+ * worker went to sleep waiting for a call, and the calls the caller ran alone though its workers
+ * were awake (not on a CPU). Returns how many it wrote (at most LLB_POOL_STATS). */
+#define LLB_POOL_STATS 11
+int llb_pool_stats(long *out, int n);
+
 /* Test hook: worker `tid` (>= 1) stops before claiming anything until released with 0 or
  * 10 s pass; returns how many holds timed out since the last call. See tests/test_threadpool.py. */
 int llb_pool_hold_worker(int tid);

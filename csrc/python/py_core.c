@@ -72,6 +72,25 @@ static PyObject *py_batch_invariant(PyObject *self, PyObject *unused) { return P
 static PyObject *py_threads(PyObject *self, PyObject *unused) { return PyLong_FromLong(llb_pool_threads()); }
 static PyObject *py_pool_stalls(PyObject *self, PyObject *unused) { return PyLong_FromLong(llb_pool_stalls()); }
 
+static PyObject *py_pool_stats(PyObject *self, PyObject *unused) {
+    static const char *names[LLB_POOL_STATS] = {"calls", "solo_calls", "stalls", "joins_waited", "join_wait_us",
+                                                "join_wait_max_us", "caller_work_us", "stolen_chunks", "worker_chunks",
+                                                "worker_sleeps", "absent_calls"};
+    long v[LLB_POOL_STATS];
+    const int k = llb_pool_stats(v, LLB_POOL_STATS);
+    PyObject *d = PyDict_New();
+    for (int i = 0; d && i < k; i++) {
+        PyObject *x = PyLong_FromLong(v[i]);
+        if (!x || PyDict_SetItemString(d, names[i], x) != 0) {
+            Py_XDECREF(x);
+            Py_CLEAR(d);
+            break;
+        }
+        Py_DECREF(x);
+    }
+    return d;
+}
+
 static PyObject *py_alloc_stats(PyObject *self, PyObject *unused) {
     size_t count, bytes;
     llb_alloc_stats(&count, &bytes);
@@ -189,6 +208,9 @@ PyMethodDef llb_core_methods[] = {
     {"pool_stalls", py_pool_stalls, METH_NOARGS,
      "pool_stalls() -> int: calls in which a worker was descheduled in the middle of its chunk; after each the pool\n"
      "runs alone on the calling thread for a few milliseconds."},
+    {"pool_stats", py_pool_stats, METH_NOARGS,
+     "pool_stats() -> dict: the pool's counters since the process started (calls, solo_calls, stalls, joins_waited,\n"
+     "join_wait_us, join_wait_max_us, caller_work_us, stolen_chunks, worker_chunks, worker_sleeps, absent_calls; see core/threadpool.h)."},
     {"populate", py_populate, METH_O,
      "populate(buf) -> int: fault a mapping's pages under buf in for reading, waiting for the disk with the GIL\n"
      "released: 0 done, 1 only requested (a kernel before 5.14), -1 refused (not mapped, an I/O error)."},
