@@ -300,10 +300,12 @@ def test_the_read_ahead_reads_ranges_in_order_and_maps_the_loaders_offsets(tmp_p
 
 
 def test_packed_tensors_leave_the_page_cache(tmp_path, monkeypatch):
-    """A load drops each packed tensor's file pages from the page cache (the arena reuses that memory), joined
-    with its released neighbours so that folios straddling two tensors go too; LLAMBDA_KEEP_FILE_CACHE keeps them."""
+    """A load of a big file (forced here by LLAMBDA_KEEP_FILE_CACHE=0) drops each packed tensor's file pages
+    from the page cache (the arena reuses that memory), joined with its released neighbours so that folios
+    straddling two tensors go too; LLAMBDA_KEEP_FILE_CACHE=1 keeps them."""
     import llambda
     from llambda.formats import pagecache
+    monkeypatch.setenv("LLAMBDA_KEEP_FILE_CACHE", "0")
     calls = []
     real = pagecache.PageCacheDropper._advise
     monkeypatch.setattr(pagecache.PageCacheDropper, "_advise",
@@ -322,6 +324,21 @@ def test_packed_tensors_leave_the_page_cache(tmp_path, monkeypatch):
     with llambda.load(path, backend="native", threads=1, n_ctx=64) as m:
         assert not calls
         assert np.array_equal(m.logits([1, 2, 3]), before)
+
+
+def test_only_big_files_leave_the_page_cache(monkeypatch):
+    """By default the page cache is dropped only for a file above a quarter of the memory available (a small
+    model's next load then reads no disk); the environment variable overrides both ways."""
+    from llambda.formats.pagecache import BIG, should_drop
+    monkeypatch.delenv("LLAMBDA_KEEP_FILE_CACHE", raising=False)
+    gb = 1 << 30
+    assert not should_drop(1 * gb, 20 * gb)
+    assert should_drop(int(BIG * 20 * gb) + 1, 20 * gb)
+    assert not should_drop(17 * gb, None)             # the kernel does not say: keep
+    monkeypatch.setenv("LLAMBDA_KEEP_FILE_CACHE", "1")
+    assert not should_drop(17 * gb, 20 * gb)
+    monkeypatch.setenv("LLAMBDA_KEEP_FILE_CACHE", "0")
+    assert should_drop(1, 20 * gb)
 
 
 def test_the_page_cache_dropper_joins_released_ranges(tmp_path):

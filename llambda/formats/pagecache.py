@@ -6,8 +6,11 @@ from cheaply. The arena's first touch of fresh memory costs about 2.5 CPU-second
 development VM (the hypervisor backs guest memory on first touch and takes back what the guest frees),
 while pages the guest just freed come back for about 0.07 s per GB. Dropping each packed tensor's file
 pages at once hands the next tensors' arena those pages: a load costs the disk's read, not the disk's
-read plus the hypervisor's. The price: the next load of the file reads the disk again
-(`LLAMBDA_KEEP_FILE_CACHE=1` keeps the pages cached).
+read plus the hypervisor's. The price: the next load of the file reads the disk again. So the drop is
+for big files only (`should_drop`): a file larger than a quarter of the memory available when the load
+starts, where a second copy in the page cache squeezes the model itself; a small model stays cached and
+its next load (the next `llambda run`) reads no disk. `LLAMBDA_KEEP_FILE_CACHE=1` never drops,
+`=0` always does.
 
 The kernel drops only whole folios inside a range (the page cache holds a file in folios up to 2 MB), so
 the ranges released are joined, and each drop reaches MARGIN into its released neighbours: a folio that
@@ -23,8 +26,27 @@ GAP = 64 << 10      # released ranges this close are joined (alignment padding, 
 MARGIN = 4 << 20    # how far a drop reaches into the joined neighbours (twice the largest page-cache folio)
 
 
-def keep_file_cache() -> bool:
-    return os.environ.get("LLAMBDA_KEEP_FILE_CACHE", "").strip().lower() not in ("", "0", "false", "no")
+def mem_available() -> int | None:
+    """The kernel's MemAvailable in bytes, None where it does not say."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+BIG = 0.25          # a file above this fraction of MemAvailable leaves the page cache as it is packed
+
+
+def should_drop(file_bytes: int, available: int | None) -> bool:
+    """Whether a load drops the file's packed bytes from the page cache (see the module's doc)."""
+    env = os.environ.get("LLAMBDA_KEEP_FILE_CACHE", "").strip().lower()
+    if env:
+        return env in ("0", "false", "no")
+    return available is not None and file_bytes > BIG * available
 
 
 class PageCacheDropper:

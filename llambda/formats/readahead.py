@@ -19,7 +19,7 @@ import threading
 import numpy as np
 
 from .files import READ_AHEAD, release_pages
-from .pagecache import PageCacheDropper, keep_file_cache
+from .pagecache import PageCacheDropper, mem_available, should_drop
 
 try:
     from .. import _native as _C
@@ -148,7 +148,7 @@ class ReadsAhead:
         """Start reading the tensor data ahead of the loader (until stop_read_ahead or close). Idempotent."""
         if self._ahead is None and self._mm is not None and self._base is not None:
             self._ahead = ReadAhead(self._mm, self._base, self.data_start, ranges=load_order(self._spans()))
-            if not keep_file_cache():
+            if should_drop(len(self._base), mem_available()):
                 try:
                     self._dropper = PageCacheDropper(self.path)
                 except OSError:     # the file went away: its pages are the kernel's business

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import InsufficientMemoryError
 from ..formats.quants import tensor_nbytes
+from ..formats.pagecache import mem_available
 from ..formats.readahead import CHUNK as READ_CHUNK
 from ..formats.source import ModelSource
 from .base import Workspace, recurrent_state_specs
@@ -59,17 +60,6 @@ class MemoryPlan:
 
 def _gib(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
-
-
-def mem_available() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def kv_value_bytes(kv_type: str, values: int) -> float:
