@@ -9,7 +9,7 @@ FP32 oracle: the file's weights dequantized, FP32 activations), our native fast 
 our native exact mode (activations="f32") and llama.cpp (llama-cpp-python, logits_all). The error at a
 position is the worst |difference| from the oracle over the oracle's top-20 logits; the table gives its
 mean and worst over every position of the prompts (by default six prompts that are not in this
-repository's tests; --prompts-file: one prompt per paragraph, blank-line separated).
+repository's tests; --prompts-file: one prompt per paragraph, blank-line separated, or a .json list).
 """
 import argparse
 import json
@@ -87,7 +87,9 @@ def main():
     ap.add_argument("--json", type=Path, help="write the figures here too")
     a = ap.parse_args()
     prompts = PROMPTS
-    if a.prompts_file:
+    if a.prompts_file and a.prompts_file.suffix == ".json":
+        prompts = json.loads(a.prompts_file.read_text())
+    elif a.prompts_file:
         prompts = [p.strip("\n") for p in a.prompts_file.read_text().split("\n\n") if p.strip()]
     f16 = f16_source(a.model, a.workdir)
     cols = ["fast", "exact"] + ([] if a.no_llama_cpp else ["llama.cpp"])

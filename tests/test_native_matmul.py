@@ -15,9 +15,11 @@ multiple of amax/127 (half a step, 1/254 of the block's absmax); everything
 else in the integer kernels is exact or FP32 rounding. Fast mode must also
 match, to EXACT_RTOL, the product with activations quantized in NumPy exactly
 as specified (one scale per 32 values for every quantized type, the K-quants
-included; d = amax/127, codes = round-half-even(x * 127/amax)), so an error
-that rounding would hide (a wrong block scale, truncation instead of rounding)
-still fails.
+included; d = amax/127, codes = round-half-even(x * 127/amax); in the 32-block
+types an outlier block adds the codes of its residual, see quantized_activations),
+so an error that rounding would hide (a wrong block scale, truncation instead of
+rounding, a residual skipped or added twice) still fails. The fast bound above
+holds with the residual too (it only shrinks each block's rounding error).
 """
 import numpy as np
 import pytest
