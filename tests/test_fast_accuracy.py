@@ -84,6 +84,9 @@ def test_fast_mode_is_no_less_accurate_than_llama_cpp(fixture, request):
 # Measured with `python bench/bench_accuracy.py --prompts-file PROMPTS.json` (2026-12-02).
 LLAMA_CPP_ERROR_BY_TYPE = {
     "q4_0": (0.397, 1.704),       # ours 0.164, 0.568
+    "q4_1": (0.399, 1.612),       # ours 0.174, 0.483
+    "q5_0": (0.377, 1.390),       # ours 0.162, 1.026
+    "q5_1": (0.419, 0.982),       # ours 0.168, 0.677
     "q8_0": (0.398, 1.539),       # ours 0.161, 1.067
     "iq4_nl": (0.417, 1.663),     # ours 0.146, 0.336
     "mxfp4_moe": (0.413, 1.669),  # ours 0.152, 0.719
