@@ -4,7 +4,8 @@
                                    [--no-llama-cpp] [--json OUT]
 
 For each type, llama.cpp's own pure requantization of an F16 export of the model (every matrix in the
-type, bench/llamacpp_files.py; cached under $LLAMBDA_HOME/bench_types) runs in: our NumPy backend (the
+type where its rows are whole blocks: llama.cpp gives a K-quant file's other matrices a 32-block type;
+bench/llamacpp_files.py; cached under $LLAMBDA_HOME/bench_types) runs in: our NumPy backend (the
 FP32 oracle: the file's weights dequantized, FP32 activations), our native fast mode (8-bit activations),
 our native exact mode (activations="f32") and llama.cpp (llama-cpp-python, logits_all). The error at a
 position is the worst |difference| from the oracle over the oracle's top-20 logits; the table gives its

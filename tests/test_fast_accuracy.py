@@ -91,7 +91,7 @@ LLAMA_CPP_ERROR_BY_TYPE = {
     "iq4_nl": (0.417, 1.663),     # ours 0.146, 0.336
     "mxfp4_moe": (0.413, 1.669),  # ours 0.152, 0.719
     # K-quants: SmolLM2's 576-wide rows are not whole 256-blocks, so llama.cpp gives those matrices a
-    # 32-block type (Q4_K -> Q5_0, Q6_K -> Q8_0, IQ4_XS -> IQ4_NL): only ffn_down is in the K-quant
+    # 32-block type (Q4_K -> Q5_0, Q6_K -> Q8_0, IQ4_XS -> IQ4_NL): only ffn_down is in the K-quant.
     "q4_k_s": (0.634, 2.711),     # ours 0.233, 0.985
     "q6_k": (0.567, 2.077),       # ours 0.216, 0.715
     "iq4_xs": (0.571, 1.846),     # ours 0.195, 0.621
