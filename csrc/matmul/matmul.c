@@ -23,9 +23,9 @@ static const llb_kernels *active_kernels(void) {
 
 /* Writable views of one copy of the quantized activations. */
 typedef struct {
-    int8_t *qs;
-    float *d, *sum;
-    int32_t *bias, *bs16n;
+    int8_t *qs, *qs2;
+    float *d, *sum, *d2;
+    int32_t *bias, *bs16n, *bias2;
 } act_bufs;
 
 /* One matrix of a call (see llb_matmul_many): its kernel view and where its units start. */
@@ -50,7 +50,7 @@ typedef struct {
     int quantize;        /* activations quantized to 8 bits */
     /* quantized activations: copies of act_bytes from acts (one, or one per thread: private_acts) */
     uint8_t *acts;
-    size_t act_bytes, off_d, off_bias, off_sum, off_bs16n;
+    size_t act_bytes, off_d, off_bias, off_sum, off_bs16n, off_qs2, off_d2, off_bias2;
     int private_acts;
     unsigned char acts_ready[LLB_POOL_MAX_THREADS]; /* private_acts: thread tid has quantized its copy */
 } mm_ctx;
@@ -59,15 +59,17 @@ static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
 static act_bufs act_copy(const mm_ctx *c, int k) {
     uint8_t *b = c->acts + (size_t)k * c->act_bytes;
-    return (act_bufs){(int8_t *)b, (float *)(b + c->off_d), (float *)(b + c->off_sum), (int32_t *)(b + c->off_bias),
-                      (int32_t *)(b + c->off_bs16n)};
+    return (act_bufs){(int8_t *)b, (int8_t *)(b + c->off_qs2), (float *)(b + c->off_d), (float *)(b + c->off_sum),
+                      (float *)(b + c->off_d2), (int32_t *)(b + c->off_bias), (int32_t *)(b + c->off_bs16n),
+                      (int32_t *)(b + c->off_bias2)};
 }
 
 static llb_act act_view(const mm_ctx *c, const act_bufs *a) {
-    return (llb_act){a->qs, a->d, a->bias, a->sum, a->bs16n, c->mm.a.xt};
+    return (llb_act){a->qs, a->d, a->bias, a->sum, a->bs16n, a->qs2, a->d2, a->bias2, c->mm.a.xt};
 }
 
-/* Rows [i0, i1), their blocks [b0, b1) (blocks of the weight type's size), into a. */
+/* Rows [i0, i1), their blocks [b0, b1) (blocks of the weight type's size), into a. Whole rows only in a
+ * 32-block type (the outlier test of quant32 takes the RMS of what it is given). */
 static void quantize_part(const mm_ctx *c, const act_bufs *a, long i0, long i1, long b0, long b1) {
     const long K = c->mm.cols, blk = c->mm.t->block, nb = K / blk, xt = c->mm.a.xt;
     for (long i = i0; i < i1; i++) {
@@ -76,7 +78,8 @@ static void quantize_part(const mm_ctx *c, const act_bufs *a, long i0, long i1, 
         if (blk == LLB_QKK)
             c->k->quant256(x, (b1 - b0) * blk, xt, a->qs + 256 * at, a->d + 8 * at, a->sum + 8 * at, a->bs16n + 16 * at);
         else
-            c->k->quant32(x, (b1 - b0) * blk, xt, c->offset, a->qs + 32 * at, a->d + at, a->bias + at, a->sum + at);
+            c->k->quant32(x, (b1 - b0) * blk, xt, c->offset, a->qs + 32 * at, a->d + at, a->bias + at, a->sum + at,
+                          a->qs2 + 32 * at, a->d2 + at, a->bias2 + at);
     }
 }
 
@@ -188,7 +191,10 @@ static size_t mm_setup(mm_ctx *c, const llb_type_info *t, const llb_mm_part *par
         c->off_bias = align64(c->off_d + nb32 * sizeof(float));
         c->off_sum = align64(c->off_bias + nb32 * sizeof(int32_t));
         c->off_bs16n = align64(c->off_sum + nb32 * sizeof(float));
-        c->act_bytes = align64(c->off_bs16n + 2 * nb32 * sizeof(int32_t));
+        c->off_qs2 = align64(c->off_bs16n + 2 * nb32 * sizeof(int32_t));
+        c->off_d2 = align64(c->off_qs2 + nb32 * 32);
+        c->off_bias2 = align64(c->off_d2 + nb32 * sizeof(float));
+        c->act_bytes = align64(c->off_bias2 + nb32 * sizeof(int32_t));
     }
     c->off_repack = c->act_bytes * (size_t)(c->private_acts ? nth : 1);
     return c->off_repack + (c->needs_repack ? (size_t)nth * c->group_bytes : 0);

@@ -34,14 +34,50 @@ LLB_AI TGT float quant_block32(const float *xb, int8_t *dst, __m256i q[4]) {
     return amax;
 }
 
-TGT static void quant32(const float *x, long cols, long xt, int offset, int8_t *qs, float *d, int32_t *bias, float *sum) {
+/* The row's squared threshold on a block's absmax (LLB_OUTLIER, kernels.h): sum(x^2) in double. */
+LLB_AI TGT double outlier_t2(const float *x, long cols) {
+    __m256d a0 = _mm256_setzero_pd(), a1 = _mm256_setzero_pd();
+    long k = 0;
+    for (; k + 8 <= cols; k += 8) {
+        const __m256d lo = _mm256_cvtps_pd(_mm_loadu_ps(x + k)), hi = _mm256_cvtps_pd(_mm_loadu_ps(x + k + 4));
+        a0 = _mm256_fmadd_pd(lo, lo, a0);
+        a1 = _mm256_fmadd_pd(hi, hi, a1);
+    }
+    __attribute__((aligned(32))) double l[4];
+    _mm256_store_pd(l, _mm256_add_pd(a0, a1));
+    double ss = (l[0] + l[1]) + (l[2] + l[3]);
+    for (; k < cols; k++) ss += (double)x[k] * x[k];
+    return LLB_OUTLIER * LLB_OUTLIER * ss / (double)cols;
+}
+
+LLB_AI TGT int32_t sum_codes32(const __m256i q[4]) {
+    return llb_hsum8i(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+}
+
+TGT static void quant32(const float *x, long cols, long xt, int offset, int8_t *qs, float *d, int32_t *bias, float *sum,
+                        int8_t *qs2, float *d2, int32_t *bias2) {
+    const double t2 = outlier_t2(x, cols);
     for (long b = 0; b < cols / 32; b++) {
         __m256i q[4];
-        const float amax = quant_block32(x + 32 * b, qs + xt * 32 * b, q);
-        const int32_t isum = llb_hsum8i(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
-        d[xt * b] = amax / 127.0f;
+        const float *xb = x + 32 * b;
+        const float amax = quant_block32(xb, qs + xt * 32 * b, q), db = amax / 127.0f;
+        const int32_t isum = sum_codes32(q);
+        d[xt * b] = db;
         bias[xt * b] = -offset * isum;
-        sum[xt * b] = (amax / 127.0f) * (float)isum; /* see scalar.c: the quantized sum, not the exact one */
+        float s = db * (float)isum, dr = 0.0f; /* see scalar.c: the quantized sum, not the exact one */
+        if ((double)amax * amax > t2) { /* an outlier block: its residual x - d * q (fused) too */
+            __attribute__((aligned(32))) float r[32];
+            const __m256 dv = _mm256_set1_ps(-db);
+            LLB_UNROLL
+            for (int k = 0; k < 4; k++)
+                _mm256_store_ps(r + 8 * k, _mm256_fmadd_ps(dv, _mm256_cvtepi32_ps(q[k]), _mm256_loadu_ps(xb + 8 * k)));
+            dr = quant_block32(r, qs2 + xt * 32 * b, q) / 127.0f;
+            const int32_t isum2 = sum_codes32(q);
+            bias2[xt * b] = -offset * isum2;
+            s += dr * (float)isum2;
+        }
+        d2[xt * b] = dr;
+        sum[xt * b] = s;
     }
 }
 
@@ -83,6 +119,9 @@ LLB_AI TGT void tile32(const llb_mm *mm, const uint8_t *wg, int h, long i, const
     const int8_t *xq = mm->a.qs + 32 * at;
     const float *xd = mm->a.d + at, *xs = mm->a.sum + at;
     const int32_t *xb = mm->a.bias + at;
+    const int8_t *xq2 = mm->a.qs2 + 32 * at;
+    const float *xd2 = mm->a.d2 + at;
+    const int32_t *xb2 = mm->a.bias2 + at;
     LLB_UNROLL
     for (int m = 0; m < M; m++) tot[m] = _mm256_setzero_ps();
     for (long b = 0; b < nb; b++) {
@@ -98,11 +137,19 @@ LLB_AI TGT void tile32(const llb_mm *mm, const uint8_t *wg, int h, long i, const
             const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(s), dv);
             tot[m] = _mm256_fmadd_ps(f, _mm256_set1_ps(xd[m]), tot[m]);
             if (LLB_HAS_MIN32(qt)) tot[m] = _mm256_fmadd_ps(load_f16x8(gb + 32 + 16 * h), _mm256_set1_ps(xs[m]), tot[m]);
+            if (xd2[m] != 0.0f) { /* an outlier block's residual (LLB_OUTLIER) */
+                __m256i s2 = block_dot_h(qt, q, xq2 + 32 * m);
+                if (act_offset(qt)) s2 = _mm256_add_epi32(s2, _mm256_set1_epi32(xb2[m]));
+                tot[m] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s2), dv), _mm256_set1_ps(xd2[m]), tot[m]);
+            }
         }
         xq += 32 * xt;
         xd += xt;
         xs += xt;
         xb += xt;
+        xq2 += 32 * xt;
+        xd2 += xt;
+        xb2 += xt;
     }
 }
 

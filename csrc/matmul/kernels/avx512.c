@@ -13,19 +13,52 @@
 
 /* ---- activation quantization (same rounding as the scalar path) ---------- */
 
-TGT static void quant32(const float *x, long cols, long xt, int offset, int8_t *qs, float *d, int32_t *bias, float *sum) {
+/* The row's squared threshold on a block's absmax (LLB_OUTLIER, kernels.h): sum(x^2) in double. */
+LLB_AI TGT double outlier_t2(const float *x, long cols) {
+    __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
+    long k = 0;
+    for (; k + 16 <= cols; k += 16) {
+        const __m512d lo = _mm512_cvtps_pd(_mm256_loadu_ps(x + k)), hi = _mm512_cvtps_pd(_mm256_loadu_ps(x + k + 8));
+        a0 = _mm512_fmadd_pd(lo, lo, a0);
+        a1 = _mm512_fmadd_pd(hi, hi, a1);
+    }
+    double ss = _mm512_reduce_add_pd(_mm512_add_pd(a0, a1));
+    for (; k < cols; k++) ss += (double)x[k] * x[k];
+    return LLB_OUTLIER * LLB_OUTLIER * ss / (double)cols;
+}
+
+/* 32 values a, c to codes at qb (as int32 in qa, qc); returns the absmax. */
+LLB_AI TGT float quant_pair(__m512 a, __m512 c, int8_t *qb, __m512i *qa, __m512i *qc) {
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(c)));
+    const __m512 id = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+    *qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, id));
+    *qc = _mm512_cvtps_epi32(_mm512_mul_ps(c, id));
+    _mm_storeu_si128((__m128i *)qb, _mm512_cvtsepi32_epi8(*qa));
+    _mm_storeu_si128((__m128i *)(qb + 16), _mm512_cvtsepi32_epi8(*qc));
+    return amax;
+}
+
+TGT static void quant32(const float *x, long cols, long xt, int offset, int8_t *qs, float *d, int32_t *bias, float *sum,
+                        int8_t *qs2, float *d2, int32_t *bias2) {
+    const double t2 = outlier_t2(x, cols);
     for (long b = 0; b < cols / 32; b++) {
         const __m512 a = _mm512_loadu_ps(x + 32 * b), c = _mm512_loadu_ps(x + 32 * b + 16);
-        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(c)));
-        const __m512 id = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-        const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, id)), qc = _mm512_cvtps_epi32(_mm512_mul_ps(c, id));
-        int8_t *qb = qs + xt * 32 * b;
-        _mm_storeu_si128((__m128i *)qb, _mm512_cvtsepi32_epi8(qa));
-        _mm_storeu_si128((__m128i *)(qb + 16), _mm512_cvtsepi32_epi8(qc));
+        __m512i qa, qc;
+        const float amax = quant_pair(a, c, qs + xt * 32 * b, &qa, &qc), db = amax / 127.0f;
         const int32_t isum = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qc));
-        d[xt * b] = amax / 127.0f;
+        d[xt * b] = db;
         bias[xt * b] = -offset * isum;
-        sum[xt * b] = (amax / 127.0f) * (float)isum; /* see scalar.c: the quantized sum, not the exact one */
+        float s = db * (float)isum, dr = 0.0f; /* see scalar.c: the quantized sum, not the exact one */
+        if ((double)amax * amax > t2) { /* an outlier block: its residual x - d * q (fused) too */
+            const __m512 dv = _mm512_set1_ps(-db);
+            const __m512 ra = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(qa), a), rc = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(qc), c);
+            dr = quant_pair(ra, rc, qs2 + xt * 32 * b, &qa, &qc) / 127.0f;
+            const int32_t isum2 = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qc));
+            bias2[xt * b] = -offset * isum2;
+            s += dr * (float)isum2;
+        }
+        d2[xt * b] = dr;
+        sum[xt * b] = s;
     }
 }
 
@@ -81,6 +114,15 @@ static int act_offset(int qtype) { return LLB_CODE_OFF32(qtype); } /* every zero
 
 #define TILE_ROWS 8 /* activation rows per GEMM tile: decode once, use 8 times */
 
+/* An outlier block's residual (LLB_OUTLIER): tot + (dv * (w . q2)) * d2, the codes q already decoded. */
+LLB_AI TGT __m512 residual_dot(const int qt, const __m512i q[8], const int8_t *xq2, int32_t bias2, __m512 dv, float d2,
+                               __m512 tot) {
+    __m512i acc = _mm512_set1_epi32(LLB_HAS_MIN32(qt) ? 0 : bias2);
+    LLB_UNROLL
+    for (int t = 0; t < 8; t++) acc = _mm512_dpbusd_epi32(acc, q[t], _mm512_set1_epi32(llb_ld32(xq2 + 4 * t)));
+    return _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc), dv), _mm512_set1_ps(d2), tot);
+}
+
 /* M activation rows from row i (all in one activation tile) against the whole group:
  * several rows per weight decode. */
 LLB_AI TGT void tile32(const llb_mm *mm, const uint8_t *wg, long i, const int M, const int qt, long b0, long b1,
@@ -90,6 +132,9 @@ LLB_AI TGT void tile32(const llb_mm *mm, const uint8_t *wg, long i, const int M,
     const int8_t *xq = mm->a.qs + 32 * at;
     const float *xd = mm->a.d + at, *xs = mm->a.sum + at;
     const int32_t *xb = mm->a.bias + at;
+    const int8_t *xq2 = mm->a.qs2 + 32 * at;
+    const float *xd2 = mm->a.d2 + at;
+    const int32_t *xb2 = mm->a.bias2 + at;
     LLB_UNROLL
     for (int m = 0; m < M; m++) tot[m] = _mm512_setzero_ps();
     for (long b = b0; b < b1; b++) {
@@ -112,11 +157,15 @@ LLB_AI TGT void tile32(const llb_mm *mm, const uint8_t *wg, long i, const int M,
             const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[m]), dv);
             tot[m] = _mm512_fmadd_ps(f, _mm512_set1_ps(xd[m]), tot[m]);
             if (LLB_HAS_MIN32(qt)) tot[m] = _mm512_fmadd_ps(mv, _mm512_set1_ps(xs[m]), tot[m]);
+            if (xd2[m] != 0.0f) tot[m] = residual_dot(qt, q, xq2 + 32 * m, xb2[m], dv, xd2[m], tot[m]);
         }
         xq += 32 * xt;
         xd += xt;
         xs += xt;
         xb += xt;
+        xq2 += 32 * xt;
+        xd2 += xt;
+        xb2 += xt;
     }
 }
 
@@ -142,9 +191,10 @@ LLB_AI TGT __m512 gemv32(const llb_mm *mm, const uint8_t *wg, const int qt) {
                 a0 = _mm512_dpbusd_epi32(a0, q[t], _mm512_set1_epi32(llb_ld32(xq + 4 * t)));
                 a1 = _mm512_dpbusd_epi32(a1, q[t + 4], _mm512_set1_epi32(llb_ld32(xq + 16 + 4 * t)));
             }
-            const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(a0, a1)), block_scale16(qt, gb));
+            const __m512 dv = block_scale16(qt, gb), f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(a0, a1)), dv);
             tot = _mm512_fmadd_ps(f, _mm512_set1_ps(mm->a.d[b]), tot);
             if (LLB_HAS_MIN32(qt)) tot = _mm512_fmadd_ps(load_f16x16(gb + 32), _mm512_set1_ps(mm->a.sum[b]), tot);
+            if (mm->a.d2[b] != 0.0f) tot = residual_dot(qt, q, mm->a.qs2 + 32 * b, mm->a.bias2[b], dv, mm->a.d2[b], tot);
         }
         out = b0 ? _mm512_add_ps(out, tot) : tot;
     }

@@ -26,6 +26,15 @@
  * reference: up to 0.64 off with one scale per 256, 0.35 with one per 32). */
 #define LLB_XT 8
 
+/* A 32-block whose absmax exceeds LLB_OUTLIER times its row's RMS also carries a second int8 code of
+ * its rounding residual, r = x - d * q (one fused multiply-add), with its own scale: x ~= d * q + d2 * q2,
+ * and the kernels add d2 * (w . q2) for those blocks only (d2 = 0 marks the others; their q2 are not
+ * written). One outlier makes d large for its 31 neighbours: this is where the fast mode's worst errors
+ * came from (SmolLM2 Q8_0, worst top-20 logit error 1.78 with one code per value, llama.cpp 1.42). The
+ * test is amax^2 * cols > LLB_OUTLIER^2 * sum(x^2) over the row, in double. The K-quants' 256-blocks
+ * (quant256) have no residual. */
+#define LLB_OUTLIER 4
+
 /* Index of activation row i's block b among the per-block entries (nblk blocks per row);
  * its codes start at qs + blk * llb_act_at(...); a 256-block's 8 d and sum (16 bs16n) at 8 (16) times it. */
 static inline size_t llb_act_at(long i, long b, long nblk, long xt) {
@@ -38,6 +47,9 @@ typedef struct {
     const int32_t *bias;  /* 32-blocks: -offset * sum(q), the weight type's zero point folded in */
     const float *sum;     /* d * sum(q) per 32 values, the quantized sum (Q4_1's and Q4_K's min term) */
     const int32_t *bs16n; /* 256-blocks: -32 * sum(q) over each 16 values (Q6_K's zero point) */
+    const int8_t *qs2;    /* 32-blocks: residual codes (at qs's place), where d2 != 0 */
+    const float *d2;      /* 32-blocks: residual scale per block, 0 for a block without a residual */
+    const int32_t *bias2; /* 32-blocks: -offset * sum(q2) */
     long xt;              /* rows per tile */
 } llb_act;
 
@@ -58,10 +70,12 @@ typedef struct {
     llb_kernel_fn (*kernel)(int qtype, int exact);
     /* Zero point the 32-block kernels want folded into llb_act.bias (their unsigned code offset). */
     int (*act_offset)(int qtype);
-    /* Quantize one activation row: 32-blocks (bias = -offset * sum q) or 256-blocks (still one
+    /* Quantize one activation row: 32-blocks (bias = -offset * sum q, the outlier blocks' residual in
+     * qs2, d2, bias2; sum = d * sum(q) + d2 * sum(q2)) or 256-blocks (still one
      * scale per 32 values: d, sum hold 8 entries per 256-block, bs16n 16). The outputs
      * point at the row's first block; consecutive blocks are xt entries apart (tile layout). */
-    void (*quant32)(const float *x, long cols, long xt, int offset, int8_t *qs, float *d, int32_t *bias, float *sum);
+    void (*quant32)(const float *x, long cols, long xt, int offset, int8_t *qs, float *d, int32_t *bias, float *sum,
+                    int8_t *qs2, float *d2, int32_t *bias2);
     void (*quant256)(const float *x, long cols, long xt, int8_t *qs, float *d, float *sum, int32_t *bs16n);
 } llb_kernels;
 

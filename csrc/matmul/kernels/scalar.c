@@ -23,18 +23,34 @@ static float quant_block32(const float *xb, int8_t *qs, int32_t half[2]) {
     return amax;
 }
 
-static void quant32(const float *x, long cols, long xt, int offset, int8_t *qs, float *d, int32_t *bias, float *sum) {
+static void quant32(const float *x, long cols, long xt, int offset, int8_t *qs, float *d, int32_t *bias, float *sum,
+                    int8_t *qs2, float *d2, int32_t *bias2) {
+    double ss = 0.0;
+    for (long k = 0; k < cols; k++) ss += (double)x[k] * x[k];
+    const double t2 = LLB_OUTLIER * LLB_OUTLIER * ss / (double)cols; /* see LLB_OUTLIER (kernels.h) */
     for (long b = 0; b < cols / LLB_QK; b++) {
         int32_t half[2];
-        const float amax = quant_block32(x + b * LLB_QK, qs + b * xt * LLB_QK, half);
+        const float *xb = x + b * LLB_QK;
+        int8_t *qb = qs + b * xt * LLB_QK;
+        const float amax = quant_block32(xb, qb, half), db = amax / 127.0f;
         const int32_t isum = half[0] + half[1];
-        d[b * xt] = amax / 127.0f;
+        d[b * xt] = db;
         bias[b * xt] = -offset * isum;
         /* Q4_1's min term m * sum(x) uses the sum of the *quantized* activations: the
          * error is then sum((d*q + m) * dx), weights centred around 0, instead of
          * sum(d*q * dx) with q in 0..15 all positive, whose rounding errors do not
          * cancel (measured: 2-4x larger matmul error, +2.3% perplexity on SmolLM2). */
-        sum[b * xt] = (amax / 127.0f) * (float)isum;
+        float s = db * (float)isum, dr = 0.0f;
+        if ((double)amax * amax > t2) { /* an outlier block: its residual too */
+            float r[LLB_QK];
+            for (int e = 0; e < LLB_QK; e++) r[e] = fmaf(-db, (float)qb[e], xb[e]);
+            const float a2 = quant_block32(r, qs2 + b * xt * LLB_QK, half);
+            dr = a2 / 127.0f;
+            bias2[b * xt] = -offset * (half[0] + half[1]);
+            s += dr * (float)(half[0] + half[1]);
+        }
+        d2[b * xt] = dr;
+        sum[b * xt] = s;
     }
 }
 
@@ -89,8 +105,15 @@ static void fast_quant(const llb_mm *mm, const uint8_t *wg, long g, long i0, lon
                     const int32_t *bs = mm->a.bs16n + 16 * at + 2 * (c % 8); /* -32 * sum(q) per 16 */
                     tr[r] += (dw[r][0] * (float)s0 + dw[r][1] * (float)s1) * dx +
                              (mw[r][0] * (float)(bs[0] / -32) + mw[r][1] * (float)(bs[1] / -32)) * dx;
-                } else /* one scale and min per 32 values; the min multiplies the quantized sum */
+                } else { /* one scale and min per 32 values; the min multiplies the quantized sum */
                     tr[r] += (dw[r][0] * (float)(s0 + s1)) * dx + mw[r][0] * mm->a.sum[ad];
+                    if (!kquant && mm->a.d2[ad] != 0.0f) { /* an outlier block's residual (LLB_OUTLIER) */
+                        const int8_t *xr = mm->a.qs2 + 32 * at;
+                        int32_t s2 = 0;
+                        for (int e = 0; e < 32; e++) s2 += q[r][e] * xr[e];
+                        tr[r] += (dw[r][0] * (float)s2) * mm->a.d2[ad];
+                    }
+                }
             }
         }
     }
