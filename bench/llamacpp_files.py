@@ -14,7 +14,7 @@ DEFAULT_WORKDIR = Path(os.environ.get("LLAMBDA_HOME", Path.home() / ".cache" / "
 FILE_TYPES = {
     "q2_k": "Q2_K", "q3_k_s": "Q3_K", "q3_k_m": "Q3_K", "q4_0": "Q4_0", "q4_1": "Q4_1", "q5_0": "Q5_0",
     "q5_1": "Q5_1", "q4_k_s": "Q4_K", "q4_k_m": "Q4_K", "q5_k_s": "Q5_K", "q5_k_m": "Q5_K", "q6_k": "Q6_K",
-    "q8_0": "Q8_0", "iq4_nl": "IQ4_NL", "iq4_xs": "IQ4_XS", "f16": "F16",
+    "q8_0": "Q8_0", "iq4_nl": "IQ4_NL", "iq4_xs": "IQ4_XS", "mxfp4_moe": "MXFP4", "f16": "F16",
 }
 
 

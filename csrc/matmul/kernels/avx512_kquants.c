@@ -64,11 +64,11 @@ LLB_AI TGT void tile_q4k(const int qt, const llb_mm *mm, const uint8_t *wg, long
     for (int m = 0; m < M; m++) tot[m] = _mm512_setzero_ps();
     for (long sb = s0; sb < s1; sb++) {
         const uint8_t *gb = wg + sb * LLB_GB_BYTES(qt);
-        llb_prefetch_ahead(gb, LLB_GB_BYTES(qt));
         const __m512 d = load_f16x16(gb);
         const size_t e = at + xt * sb; /* row i's entry of this super-block */
         for (int s = 0; s < 8; s++) {
             __m512i q[8], acc[TILE_ROWS];
+            llb_prefetch_slice(gb, LLB_GB_BYTES(qt), s);
             dec_k4_sub(qt, gb, s, q);
             const __m512 sc = qt == LLB_IQ4_XS ? sub_scale_i8(gb + 32 + 16 * s, d) : sub_scale_u8(gb + 64 + 16 * s, d);
             const int8_t *xq = mm->a.qs + 256 * e + 32 * s;
@@ -113,11 +113,18 @@ LLB_AI TGT void tile_k16(const int qt, const llb_mm *mm, const uint8_t *wg, long
     for (int m = 0; m < M; m++) tot[m] = _mm512_setzero_ps();
     for (long sb = s0; sb < s1; sb++) {
         const uint8_t *gb = wg + sb * gbb;
-        llb_prefetch_ahead(gb, gbb);
         const __m512 d = load_f16x16(gb), dmin = qt == LLB_Q2_K ? load_f16x16(gb + 32) : d;
         const size_t e = at + xt * sb;
+        float bs32[qt == LLB_Q2_K ? TILE_ROWS : 1][16] __attribute__((aligned(64)));
+        if (qt == LLB_Q2_K) { /* bs16n / 32 of each row's 16 sub-blocks as floats, once per super-block */
+            LLB_UNROLL
+            for (int m = 0; m < M; m++)
+                _mm512_store_ps(bs32[m], _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(mm->a.bs16n + 16 * (e + m))),
+                                                       _mm512_set1_ps(1.0f / 32)));
+        }
         for (int s = 0; s < 8; s++) { /* sub-blocks u = 2s, 2s+1 share the activation scale dx[s] */
             __m512 p[TILE_ROWS];
+            llb_prefetch_slice(gb, gbb, s);
             LLB_UNROLL
             for (int j = 0; j < 2; j++) {
                 const int u = 2 * s + j;
@@ -142,7 +149,7 @@ LLB_AI TGT void tile_k16(const int qt, const llb_mm *mm, const uint8_t *wg, long
                 for (int m = 0; m < M; m++) {
                     p[m] = j ? _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[m]), sc, p[m]) : _mm512_mul_ps(_mm512_cvtepi32_ps(acc[m]), sc);
                     if (qt == LLB_Q2_K) /* bs16n = -32 * sum16: + min * bs16n / 32 */
-                        p[m] = _mm512_fmadd_ps(mn, _mm512_set1_ps((float)mm->a.bs16n[16 * (e + m) + u] * (1.0f / 32)), p[m]);
+                        p[m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(bs32[qt == LLB_Q2_K ? m : 0][u]), p[m]);
                 }
             }
             LLB_UNROLL
