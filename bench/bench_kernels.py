@@ -13,7 +13,11 @@ alternated and medians taken: the kernel's share of the memory-bandwidth bound.
 """
 import argparse
 import os
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's llambda
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # NumPy's BLAS threads would compete with the pool's
 import numpy as np  # noqa: E402
@@ -127,7 +131,7 @@ def dram_gemv(tname, mb, threads, reps, rng):
 
 def dram_table(types, threads, mb, reps):
     rng = np.random.default_rng(0)
-    print(f"GEMV n=1 over a DRAM-sized weight set (~{mb} MB, fast mode, isa {nat.isa()}); "
+    print(f"GEMV n=1 over a DRAM-sized weight set (~{mb} MB, fast mode, isa {nat.isa()}, {nat.__file__}); "
           f"load average {os.getloadavg()[0]:.1f}")
     print("| type | threads | MB | kernel GB/s | read GB/s | % of read | kernel GB/CPU-s | read GB/CPU-s | % (CPU time) |")
     print("|---|---|---|---|---|---|---|---|---|")

@@ -105,7 +105,6 @@ LLB_AI TGT void tile_q4k(const int qt, const llb_mm *mm, const uint8_t *wg, long
  * 32 values' sum as -dmin * m[u] * sum16(xq)[u], before the activation scale dx[s]). */
 LLB_AI TGT void tile_k16(const int qt, const llb_mm *mm, const uint8_t *wg, long i, const int M, const int gemv, long s0,
                          long s1, __m512 tot[]) {
-    (void)gemv;
     const long xt = mm->a.xt;
     const size_t at = llb_act_at(i, 0, mm->cols / 256, xt);
     const int gbb = LLB_GB_BYTES(qt);
@@ -144,7 +143,15 @@ LLB_AI TGT void tile_k16(const int qt, const llb_mm *mm, const uint8_t *wg, long
                     const int32_t bs = mm->a.bs16n[16 * (e + m) + u];
                     acc[m] = qt == LLB_Q2_K ? _mm512_setzero_si512() : _mm512_set1_epi32(qt == LLB_Q6_K ? bs : bs / 8);
                 }
-                dot_rows(acc, M, q, 4, mm->a.qs + 256 * e + 16 * u);
+                const int8_t *xq = mm->a.qs + 256 * e + 16 * u;
+                if (gemv) { /* two chains of integer sums (exact: the same result as one) */
+                    __m512i acc2[1] = {_mm512_setzero_si512()};
+                    dot_rows(acc, 1, q, 2, xq);
+                    dot_rows(acc2, 1, q + 2, 2, xq + 8);
+                    acc[0] = _mm512_add_epi32(acc[0], acc2[0]);
+                } else {
+                    dot_rows(acc, M, q, 4, xq);
+                }
                 LLB_UNROLL
                 for (int m = 0; m < M; m++) {
                     p[m] = j ? _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[m]), sc, p[m]) : _mm512_mul_ps(_mm512_cvtepi32_ps(acc[m]), sc);
