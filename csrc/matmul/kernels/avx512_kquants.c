@@ -53,6 +53,15 @@ LLB_AI TGT void dot_rows(__m512i acc[], const int M, const __m512i *q, const int
     }
 }
 
+/* acc[0] += codes . activations of one row, nq quads in two chains (the GEMV is latency-bound; integer
+ * sums, so the same result as one chain). */
+LLB_AI TGT void dot_row2(__m512i acc[], const __m512i *q, const int nq, const int8_t *xq) {
+    __m512i acc2[1] = {_mm512_setzero_si512()};
+    dot_rows(acc, 1, q, nq / 2, xq);
+    dot_rows(acc2, 1, q + nq / 2, nq / 2, xq + 2 * nq);
+    acc[0] = _mm512_add_epi32(acc[0], acc2[0]);
+}
+
 /* M activation rows from row i, all in one activation tile; gemv (n == 1, M == 1) adds prefetch
  * and splits the dependency chains. Q4_K, Q5_K and IQ4_XS (qt): IQ4_XS has signed scales, no min, and
  * codes stored as level + 128, whose offset enters the accumulator as -128 * sum(xq) = 4 * bs16n. */
@@ -77,14 +86,8 @@ LLB_AI TGT void tile_q4k(const int qt, const llb_mm *mm, const uint8_t *wg, long
                 const int32_t *bs = mm->a.bs16n + 16 * (e + m) + 2 * s;
                 acc[m] = qt == LLB_IQ4_XS ? _mm512_set1_epi32(4 * (bs[0] + bs[1])) : _mm512_setzero_si512();
             }
-            if (gemv) { /* two chains: the GEMV is latency-bound */
-                __m512i acc2[1] = {_mm512_setzero_si512()};
-                dot_rows(acc, 1, q, 4, xq);
-                dot_rows(acc2, 1, q + 4, 4, xq + 16);
-                acc[0] = _mm512_add_epi32(acc[0], acc2[0]);
-            } else {
-                dot_rows(acc, M, q, 8, xq);
-            }
+            if (gemv) dot_row2(acc, q, 8, xq);
+            else dot_rows(acc, M, q, 8, xq);
             LLB_UNROLL
             for (int m = 0; m < M; m++) {
                 const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[m]), _mm512_set1_ps(mm->a.d[8 * (e + m) + s]));
@@ -144,14 +147,8 @@ LLB_AI TGT void tile_k16(const int qt, const llb_mm *mm, const uint8_t *wg, long
                     acc[m] = qt == LLB_Q2_K ? _mm512_setzero_si512() : _mm512_set1_epi32(qt == LLB_Q6_K ? bs : bs / 8);
                 }
                 const int8_t *xq = mm->a.qs + 256 * e + 16 * u;
-                if (gemv) { /* two chains of integer sums (exact: the same result as one) */
-                    __m512i acc2[1] = {_mm512_setzero_si512()};
-                    dot_rows(acc, 1, q, 2, xq);
-                    dot_rows(acc2, 1, q + 2, 2, xq + 8);
-                    acc[0] = _mm512_add_epi32(acc[0], acc2[0]);
-                } else {
-                    dot_rows(acc, M, q, 4, xq);
-                }
+                if (gemv) dot_row2(acc, q, 4, xq);
+                else dot_rows(acc, M, q, 4, xq);
                 LLB_UNROLL
                 for (int m = 0; m < M; m++) {
                     p[m] = j ? _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[m]), sc, p[m]) : _mm512_mul_ps(_mm512_cvtepi32_ps(acc[m]), sc);
