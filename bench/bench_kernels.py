@@ -1,15 +1,23 @@
 """Micro-benchmark of the native matmul kernels (not a test).
 
     python bench/bench_kernels.py [--threads 1 2] [--isa avx512 avx2] [--quick]
+    python bench/bench_kernels.py --dram [--types Q5_K Q4_K ...] [--threads 1 2] [--mb 256] [--reps 5]
 
 GEMV (n=1, decode): microseconds per call and GB/s of packed weights read,
 for the real models' shapes with the weights hot in cache, and for a cold
 4096x4096 Q4_1 matrix (cycling through copies larger than the caches).
 GEMM (n=512, prefill): GOP/s counting a multiply-add as 2 operations.
+--dram: per quantized type, GEMV GB/s over a weight set far larger than the L3 (rotating over
+several 4096-column matrices, fast mode) beside a plain read of the same number of bytes, the two
+alternated and medians taken: the kernel's share of the memory-bandwidth bound.
 """
 import argparse
 import os
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's llambda
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # NumPy's BLAS threads would compete with the pool's
 import numpy as np  # noqa: E402
@@ -77,6 +85,64 @@ def bench_cold_gemv(tname, rows, cols, copies, rng, min_time):
     return dt * 1e6, mats[0][1].nbytes / dt / 1e9
 
 
+def cpu_read(a, threads):
+    """(wall s, process CPU s) of one threaded read of the float32 array a (as bench.read_bandwidth)."""
+    import threading
+    ts = [threading.Thread(target=np.max, args=(p,)) for p in np.array_split(a, threads)]
+    t0, c0 = time.perf_counter(), time.process_time()
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return time.perf_counter() - t0, time.process_time() - c0
+
+
+def dram_gemv(tname, mb, threads, reps, rng):
+    """Medians of alternated runs over ~mb MB of packed weights and a read of as many bytes:
+    (kernel GB/s, read GB/s, kernel GB per CPU-second per thread, read's, bytes). The CPU-time
+    figures stand when the machine is loaded (a memory stall counts as CPU time, waiting for a
+    core does not)."""
+    cols = 4096
+    rows = 4096
+    mats = []
+    while sum(w.nbytes for _, w in mats) < mb << 20:
+        mats.append(packed(tname, rows, cols, rng)[:2])
+    total = sum(w.nbytes for _, w in mats)
+    x = rng.standard_normal((1, cols), dtype=np.float32)
+    out = np.empty((1, rows), np.float32)
+    q = TYPES[tname]
+    nat.set_threads(threads)
+    probe = np.ones(total // 4, np.float32)
+    cpu_read(probe, threads)
+    ks, rs, kc, rc = [], [], [], []
+    for _ in range(reps):
+        t0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(3):
+            for layout, w in mats:
+                nat.matmul(q, layout, w, rows, cols, x, out, 1, 0)
+        ks.append(3 * total / (time.perf_counter() - t0) / 1e9)
+        kc.append(3 * total * threads / (time.process_time() - c0) / 1e9)
+        wall, cpu = cpu_read(probe, threads)
+        rs.append(probe.nbytes / wall / 1e9)
+        rc.append(probe.nbytes * threads / cpu / 1e9)
+    med = lambda v: float(np.median(v))  # noqa: E731
+    return med(ks), med(rs), med(kc), med(rc), total
+
+
+def dram_table(types, threads, mb, reps):
+    rng = np.random.default_rng(0)
+    print(f"GEMV n=1 over a DRAM-sized weight set (~{mb} MB, fast mode, isa {nat.isa()}, {nat.__file__}); "
+          f"load average {os.getloadavg()[0]:.1f}")
+    print("| type | threads | MB | kernel GB/s | read GB/s | % of read | kernel GB/CPU-s | read GB/CPU-s | % (CPU time) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for tname in types:
+        for th in threads:
+            k, r, kc, rc, total = dram_gemv(tname, mb, th, reps, rng)
+            print(f"| {tname} | {th} | {total / 1e6:.0f} | {k:.1f} | {r:.1f} | {100 * k / r:.0f}% | {kc:.1f} | {rc:.1f} | "
+                  f"{100 * kc / rc:.0f}% |", flush=True)
+    print(f"load average at end {os.getloadavg()[0]:.1f}")
+
+
 def bench_gemm(tname, rows, cols, n, exact, rng, min_time):
     layout, w, _, _ = packed(tname, rows, cols, rng)
     x = rng.standard_normal((n, cols), dtype=np.float32)
@@ -108,7 +174,16 @@ def main():
     ap.add_argument("--isa", nargs="+", default=None, help="default: every ISA this CPU has except scalar")
     ap.add_argument("--quick", action="store_true", help="shorter timing, skip the cold and exact runs")
     ap.add_argument("--no-cold", action="store_true")
+    ap.add_argument("--dram", action="store_true", help="only the DRAM-sized GEMV table against a read probe")
+    ap.add_argument("--types", nargs="+", default=None, help="--dram's types (default: every quantized type)")
+    ap.add_argument("--mb", type=int, default=256, help="--dram's weight set in MB (L3 is 32 MB per CCD here)")
+    ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args()
+    if args.dram:
+        if args.isa:
+            nat.set_isa(args.isa[0])
+        dram_table(args.types or [n for n, t in TABLE.items() if t["block"] > 1], args.threads, args.mb, args.reps)
+        return
     isas = args.isa or [i for i in nat.isa_available() if i != "scalar"] or ["scalar"]
     rng = np.random.default_rng(0)
     mt = 0.05 if args.quick else 0.25

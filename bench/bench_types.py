@@ -2,6 +2,7 @@
 
     python bench/bench_types.py [--models smollm2-135m qwen2.5-coder-0.5b] [--types q2_k q4_k_m ...]
                                 [--threads 1 2] [--reps 3] [--pp 128] [--tg 32]
+    python bench/bench_types.py --preset dram   # every type, pure, on DRAM-bound models (issue 13's table)
 
 An F16 copy of each catalogued model is made by llama.cpp's own quantizer (from the cached file,
 allow_requantize), then every file type from that F16 (bench/llamacpp_files.py; cached under
@@ -22,7 +23,11 @@ from llamacpp_files import DEFAULT_WORKDIR, FILE_TYPES, f16_source, llama_file  
 from llambda.tools.bench import run_bench  # noqa: E402
 
 DEFAULT_TYPES = ["q2_k", "q3_k_m", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k_m", "q5_k_m", "q6_k", "q8_0", "iq4_nl",
-                 "iq4_xs"]
+                 "iq4_xs", "mxfp4_moe"]
+# --preset dram: (model, types) with every matrix in the type (--pure). Qwen2.5-Coder-0.5B's 896-wide
+# matrices are no multiple of 256 (llama.cpp keeps them out of the 256-block types), so those run on the 1.5B.
+PRESETS = {"dram": [("qwen2.5-coder-0.5b", ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "mxfp4_moe"]),
+                    ("qwen2.5-coder-1.5b", ["q2_k", "q3_k_m", "q4_k_m", "q5_k_m", "q6_k", "iq4_xs"])]}
 
 
 def main():
@@ -35,14 +40,17 @@ def main():
     ap.add_argument("--pp", type=int, default=128)
     ap.add_argument("--tg", type=int, default=32)
     ap.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR)
+    ap.add_argument("--preset", choices=sorted(PRESETS), help="models and types together (implies --pure)")
     a = ap.parse_args()
+    plan = PRESETS[a.preset] if a.preset else [(m, a.types) for m in a.models]
+    a.pure = a.pure or bool(a.preset)
     head = ("| model | type | threads | MB/token | tg llambda | tg llama.cpp | tg ratio | pp llambda | pp llama.cpp | "
             "pp ratio | decode GB/s (% of read bw) |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     print(f"load average at start: {os.getloadavg()}", file=sys.stderr)
-    for model in a.models:
+    for model, types in plan:
         f16 = f16_source(model, a.workdir)
-        for ft in a.types:
+        for ft in types:
             path = llama_file(f16, ft, a.pure)
             t0 = time.time()
             b = run_bench(path, [a.pp], [a.tg], a.threads, a.reps, vs_llama_cpp=True,

@@ -33,11 +33,11 @@ LLB_AI TGT void tile_q4k(const int qt, const llb_mm *mm, const uint8_t *wg, int 
     for (int m = 0; m < M; m++) tot[m] = _mm256_setzero_ps();
     for (long sb = 0; sb < nsb; sb++) {
         const uint8_t *gb = wg + sb * LLB_GB_BYTES(qt);
-        if (gemv && h == 0) llb_prefetch_ahead(gb, LLB_GB_BYTES(qt));
         const __m256 d = load_f16x8(gb + 16 * h);
         const size_t e = at + xt * sb;
         for (int s = 0; s < 8; s++) {
             __m256i q[8];
+            if (gemv && h == 0) llb_prefetch_slice(gb, LLB_GB_BYTES(qt), s);
             dec_k4_sub_h(qt, gb, s, h, q);
             const __m256 sc = qt == LLB_IQ4_XS ? sub_scale(gb + 32 + 16 * s + 8 * h, d, 1) : sub_scale(gb + 64 + 16 * s + 8 * h, d, 0);
             LLB_UNROLL
@@ -81,11 +81,11 @@ LLB_AI TGT void tile_k16(const int qt, const llb_mm *mm, const uint8_t *wg, int 
     for (int m = 0; m < M; m++) tot[m] = _mm256_setzero_ps();
     for (long sb = 0; sb < nsb; sb++) {
         const uint8_t *gb = wg + sb * gbb;
-        if (gemv && h == 0) llb_prefetch_ahead(gb, gbb);
         const __m256 d = load_f16x8(gb + 16 * h), dmin = qt == LLB_Q2_K ? load_f16x8(gb + 32 + 16 * h) : d;
         const size_t e = at + xt * sb;
         for (int s = 0; s < 8; s++) { /* sub-blocks u = 2s, 2s+1 share the activation scale dx[s] */
             __m256 p[TILE_ROWS];
+            if (gemv && h == 0) llb_prefetch_slice(gb, gbb, s);
             LLB_UNROLL
             for (int j = 0; j < 2; j++) {
                 const int u = 2 * s + j;

@@ -53,6 +53,15 @@ LLB_AI TGT void dot_rows(__m512i acc[], const int M, const __m512i *q, const int
     }
 }
 
+/* acc[0] += codes . activations of one row, nq quads in two chains (the GEMV is latency-bound; integer
+ * sums, so the same result as one chain). */
+LLB_AI TGT void dot_row2(__m512i acc[], const __m512i *q, const int nq, const int8_t *xq) {
+    __m512i acc2[1] = {_mm512_setzero_si512()};
+    dot_rows(acc, 1, q, nq / 2, xq);
+    dot_rows(acc2, 1, q + nq / 2, nq / 2, xq + 2 * nq);
+    acc[0] = _mm512_add_epi32(acc[0], acc2[0]);
+}
+
 /* M activation rows from row i, all in one activation tile; gemv (n == 1, M == 1) adds prefetch
  * and splits the dependency chains. Q4_K, Q5_K and IQ4_XS (qt): IQ4_XS has signed scales, no min, and
  * codes stored as level + 128, whose offset enters the accumulator as -128 * sum(xq) = 4 * bs16n. */
@@ -64,11 +73,11 @@ LLB_AI TGT void tile_q4k(const int qt, const llb_mm *mm, const uint8_t *wg, long
     for (int m = 0; m < M; m++) tot[m] = _mm512_setzero_ps();
     for (long sb = s0; sb < s1; sb++) {
         const uint8_t *gb = wg + sb * LLB_GB_BYTES(qt);
-        llb_prefetch_ahead(gb, LLB_GB_BYTES(qt));
         const __m512 d = load_f16x16(gb);
         const size_t e = at + xt * sb; /* row i's entry of this super-block */
         for (int s = 0; s < 8; s++) {
             __m512i q[8], acc[TILE_ROWS];
+            llb_prefetch_slice(gb, LLB_GB_BYTES(qt), s);
             dec_k4_sub(qt, gb, s, q);
             const __m512 sc = qt == LLB_IQ4_XS ? sub_scale_i8(gb + 32 + 16 * s, d) : sub_scale_u8(gb + 64 + 16 * s, d);
             const int8_t *xq = mm->a.qs + 256 * e + 32 * s;
@@ -77,14 +86,8 @@ LLB_AI TGT void tile_q4k(const int qt, const llb_mm *mm, const uint8_t *wg, long
                 const int32_t *bs = mm->a.bs16n + 16 * (e + m) + 2 * s;
                 acc[m] = qt == LLB_IQ4_XS ? _mm512_set1_epi32(4 * (bs[0] + bs[1])) : _mm512_setzero_si512();
             }
-            if (gemv) { /* two chains: the GEMV is latency-bound */
-                __m512i acc2[1] = {_mm512_setzero_si512()};
-                dot_rows(acc, 1, q, 4, xq);
-                dot_rows(acc2, 1, q + 4, 4, xq + 16);
-                acc[0] = _mm512_add_epi32(acc[0], acc2[0]);
-            } else {
-                dot_rows(acc, M, q, 8, xq);
-            }
+            if (gemv) dot_row2(acc, q, 8, xq);
+            else dot_rows(acc, M, q, 8, xq);
             LLB_UNROLL
             for (int m = 0; m < M; m++) {
                 const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[m]), _mm512_set1_ps(mm->a.d[8 * (e + m) + s]));
@@ -105,7 +108,6 @@ LLB_AI TGT void tile_q4k(const int qt, const llb_mm *mm, const uint8_t *wg, long
  * 32 values' sum as -dmin * m[u] * sum16(xq)[u], before the activation scale dx[s]). */
 LLB_AI TGT void tile_k16(const int qt, const llb_mm *mm, const uint8_t *wg, long i, const int M, const int gemv, long s0,
                          long s1, __m512 tot[]) {
-    (void)gemv;
     const long xt = mm->a.xt;
     const size_t at = llb_act_at(i, 0, mm->cols / 256, xt);
     const int gbb = LLB_GB_BYTES(qt);
@@ -113,11 +115,18 @@ LLB_AI TGT void tile_k16(const int qt, const llb_mm *mm, const uint8_t *wg, long
     for (int m = 0; m < M; m++) tot[m] = _mm512_setzero_ps();
     for (long sb = s0; sb < s1; sb++) {
         const uint8_t *gb = wg + sb * gbb;
-        llb_prefetch_ahead(gb, gbb);
         const __m512 d = load_f16x16(gb), dmin = qt == LLB_Q2_K ? load_f16x16(gb + 32) : d;
         const size_t e = at + xt * sb;
+        float bs32[qt == LLB_Q2_K ? TILE_ROWS : 1][16] __attribute__((aligned(64)));
+        if (qt == LLB_Q2_K) { /* bs16n / 32 of each row's 16 sub-blocks as floats, once per super-block */
+            LLB_UNROLL
+            for (int m = 0; m < M; m++)
+                _mm512_store_ps(bs32[m], _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(mm->a.bs16n + 16 * (e + m))),
+                                                       _mm512_set1_ps(1.0f / 32)));
+        }
         for (int s = 0; s < 8; s++) { /* sub-blocks u = 2s, 2s+1 share the activation scale dx[s] */
             __m512 p[TILE_ROWS];
+            llb_prefetch_slice(gb, gbb, s);
             LLB_UNROLL
             for (int j = 0; j < 2; j++) {
                 const int u = 2 * s + j;
@@ -137,12 +146,14 @@ LLB_AI TGT void tile_k16(const int qt, const llb_mm *mm, const uint8_t *wg, long
                     const int32_t bs = mm->a.bs16n[16 * (e + m) + u];
                     acc[m] = qt == LLB_Q2_K ? _mm512_setzero_si512() : _mm512_set1_epi32(qt == LLB_Q6_K ? bs : bs / 8);
                 }
-                dot_rows(acc, M, q, 4, mm->a.qs + 256 * e + 16 * u);
+                const int8_t *xq = mm->a.qs + 256 * e + 16 * u;
+                if (gemv) dot_row2(acc, q, 4, xq);
+                else dot_rows(acc, M, q, 4, xq);
                 LLB_UNROLL
                 for (int m = 0; m < M; m++) {
                     p[m] = j ? _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[m]), sc, p[m]) : _mm512_mul_ps(_mm512_cvtepi32_ps(acc[m]), sc);
                     if (qt == LLB_Q2_K) /* bs16n = -32 * sum16: + min * bs16n / 32 */
-                        p[m] = _mm512_fmadd_ps(mn, _mm512_set1_ps((float)mm->a.bs16n[16 * (e + m) + u] * (1.0f / 32)), p[m]);
+                        p[m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(bs32[qt == LLB_Q2_K ? m : 0][u]), p[m]);
                 }
             }
             LLB_UNROLL
