@@ -151,7 +151,8 @@ static void attend_rows(const struct llb_attention_args *a, const struct llb_op_
  * count, so results are identical for any number of threads; with
  * llb_batch_invariant set, the batch-invariant schedule below instead):
  *  - tiles (prefill): units are (a few consecutive tokens, kv head, pass over
- *    its heads) holding up to `lanes` query rows in vector lanes;
+ *    its heads) holding up to LLB_TILE_VECS vectors of query rows in vector lanes
+ *    (GQA 6 on AVX-512: 8 tokens x 6 heads, 3 vectors sharing each K/V read);
  *  - rows: units are (token, kv head) with the kv head's query heads;
  *  - split (decode with few rows and long contexts): rows cut into chunks of
  *    ATTN_CHUNK keys whose partial softmax sums are merged afterwards.
@@ -263,12 +264,12 @@ static void attn_plan(struct attn_task *t, long max_keys) {
         }
         return;
     }
-    const long lanes = t->k->lanes;
+    const long lanes = t->k->lanes, rows = lanes * LLB_TILE_VECS; /* a tile: up to LLB_TILE_VECS vectors of rows */
     if (lanes < 8 || a->n < 2) return;
-    t->heads_per_pass = t->group < lanes ? t->group : lanes;
-    t->passes = (t->group + lanes - 1) / lanes;
-    t->tile_tokens = lanes / t->heads_per_pass;
-    if (t->tile_tokens * t->heads_per_pass * 2 < lanes) return; /* tiles would be under half full */
+    t->heads_per_pass = t->group < rows ? t->group : rows;
+    t->passes = (t->group + rows - 1) / rows;
+    t->tile_tokens = rows / t->heads_per_pass;
+    if (t->tile_tokens * t->heads_per_pass * 2 < lanes) return; /* tiles would be under half a vector */
     t->mode = ATTN_TILES;
     t->n_tiles = (a->n + t->tile_tokens - 1) / t->tile_tokens;
     t->units = t->n_tiles * a->n_kv * t->passes;

@@ -22,8 +22,10 @@ struct llb_attn_unit {
 };
 
 /* Up to LLB_TILE_MAX_ROWS query rows reading keys of one kv head (a few
- * tokens of one slot x some of its query heads), each with its own key range. */
-#define LLB_TILE_MAX_ROWS 16
+ * tokens of one slot x some of its query heads), each with its own key range:
+ * at most 3 vectors of lanes (lanes * 3 rows; the row order: lanes rows). */
+#define LLB_TILE_VECS 3
+#define LLB_TILE_MAX_ROWS (16 * LLB_TILE_VECS)
 struct llb_attn_tile {
     const void *k, *v; /* the rows of key position 0 (f32, f16 or q8_0 blocks) */
     size_t stride;
