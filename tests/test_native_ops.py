@@ -302,6 +302,10 @@ ATTN_CASES = [
     (32, 24, 2, 3, 0, 0.0, 2, 40),     # GQA 12
     (16, 24, 1, 6, 0, 0.0, 1, 40),     # GQA 24: more heads than vector lanes, tiles in passes
     (64, 4, 2, 37, 0, 0.0, 1, 60),     # GQA 2: 8 tokens per tile on avx512
+    (24, 10, 2, 19, 0, 0.0, 2, 80),    # GQA 5, head_dim tail: 9 tokens x 5 heads in 3 vectors on avx512
+    (48, 7, 1, 21, 9, 2.0, 2, 120),    # GQA 7, window, softcap: 6 tokens x 7 heads (42 of 48 lanes)
+    (32, 2, 2, 25, 0, 0.0, 1, 90),     # no GQA: a tile of 25 rows takes 2 vectors on avx512
+    (16, 64, 1, 5, 0, 0.0, 1, 40),     # GQA 64: passes of 48 and 16 heads
 ]
 
 
@@ -661,6 +665,7 @@ DEEP_CASES = [
     (64, 14, 2, 1, 4100),   # Qwen2.5-0.5B decode at depth ~4096: 16 chunks of 256 keys, merged
     (64, 9, 3, 1, 6000),    # SmolLM2 decode deeper still
     (128, 16, 2, 3, 3000),  # three tokens of one sequence (a short prefill chunk or speculative batch)
+    (128, 12, 2, 67, 3100), # Qwen2.5-1.5B prefill chunk at depth ~3000: tiles of 8 tokens x 6 heads, a short last one
 ]
 
 

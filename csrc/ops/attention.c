@@ -99,8 +99,8 @@ static inline const float *key_base(const struct llb_attention_args *a, long s, 
 static inline void attend_kernel(const struct llb_op_kernels *k, int type, const struct llb_attn_unit *u) {
     (type == LLB_CACHE_Q8_0 ? k->attend_q8_0 : type == LLB_CACHE_F16 ? k->attend_f16 : k->attend_f32)(u);
 }
-static inline void tile_kernel(const struct llb_op_kernels *k, int type, const struct llb_attn_tile *t) {
-    (type == LLB_CACHE_Q8_0 ? k->attend_tile_q8_0 : type == LLB_CACHE_F16 ? k->attend_tile_f16 : k->attend_tile_f32)(t);
+static inline void tile_kernel(const struct llb_op_kernels *k, int type, const struct llb_attn_tile *t, long n) {
+    (type == LLB_CACHE_Q8_0 ? k->attend_tile_q8_0 : type == LLB_CACHE_F16 ? k->attend_tile_f16 : k->attend_tile_f32)(t, n);
 }
 
 /* A tile over slot s's keys of kv head kvh; row_order 1: sum like the row kernel (invariant mode). */
@@ -151,7 +151,8 @@ static void attend_rows(const struct llb_attention_args *a, const struct llb_op_
  * count, so results are identical for any number of threads; with
  * llb_batch_invariant set, the batch-invariant schedule below instead):
  *  - tiles (prefill): units are (a few consecutive tokens, kv head, pass over
- *    its heads) holding up to `lanes` query rows in vector lanes;
+ *    its heads) holding up to LLB_TILE_VECS vectors of query rows in vector lanes
+ *    (GQA 6 on AVX-512: 8 tokens x 6 heads, 3 vectors sharing each K/V read);
  *  - rows: units are (token, kv head) with the kv head's query heads;
  *  - split (decode with few rows and long contexts): rows cut into chunks of
  *    ATTN_CHUNK keys whose partial softmax sums are merged afterwards.
@@ -167,50 +168,59 @@ struct attn_task {
     const struct llb_op_kernels *k;
     enum attn_mode mode;
     long units, group;
-    /* tiles: tile_tokens tokens x heads_per_pass heads per unit */
-    long tile_tokens, heads_per_pass, passes, n_tiles;
+    /* tiles: tile_tokens tokens x heads_per_pass heads per tile, LLB_TILE_GROUP tiles per unit */
+    long tile_tokens, heads_per_pass, passes, n_groups;
     /* split: token i's chunks are units [first_chunk[i] * n_kv, first_chunk[i+1] * n_kv) */
     long first_chunk[ATTN_SPLIT_MAX_ROWS + 1];
     float *parts; /* split: per unit, a partial of part_floats() */
 };
 
-/* Tokens [t0, t1) of one slot, heads [h0, h0 + nh) of kv head kvh, as one tile. */
-static void attend_tile(const struct attn_task *t, long t0, long t1, long kvh, long h0, long nh) {
+/* Tokens [t0, t1) of one slot, heads [h0, h0 + nh) of kv head kvh, as one tile; returns its rows. */
+static long fill_tile(const struct attn_task *t, struct llb_attn_tile *tile, long t0, long t1, long kvh, long h0, long nh) {
     const struct llb_attention_args *a = t->a;
     const long s = a->slots[t0];
-    if (s < 0 || s >= a->n_slots) return;
-    struct llb_attn_tile tile = tile_at(a, s, kvh, 0);
+    if (s < 0 || s >= a->n_slots) return 0;
+    *tile = tile_at(a, s, kvh, 0);
     for (long i = t0; i < t1; i++) {
         const long p = a->pos[i];
         if (p < 0 || p >= a->n_ctx) continue;
         for (long h = h0; h < h0 + nh; h++) {
-            const long r = tile.n_rows++, row = i * a->n_heads + kvh * t->group + h;
-            tile.q[r] = a->q + row * a->head_dim;
-            tile.out[r] = a->out + row * a->head_dim;
-            tile.lo[r] = first_key(a, p);
-            tile.hi[r] = p;
+            const long r = tile->n_rows++, row = i * a->n_heads + kvh * t->group + h;
+            tile->q[r] = a->q + row * a->head_dim;
+            tile->out[r] = a->out + row * a->head_dim;
+            tile->lo[r] = first_key(a, p);
+            tile->hi[r] = p;
         }
     }
-    if (tile.n_rows) tile_kernel(t->k, a->cache_type, &tile);
+    return tile->n_rows;
 }
 
-/* A tile unit: its tokens in runs of equal slot; a run with too few rows to
- * fill half the lanes goes through the row kernel instead. */
+/* A tile unit: up to LLB_TILE_GROUP tiles of tile_tokens consecutive tokens of one slot, which
+ * the kernel runs through each block of keys together; a run of a slot's tokens with too few
+ * rows to fill half a vector goes through the row kernel instead. */
 static void tile_unit_run(const struct attn_task *t, long unit) {
     const struct llb_attention_args *a = t->a;
-    const long per_tile = a->n_kv * t->passes, tile = t->n_tiles - 1 - unit / per_tile;
-    const long kvh = unit % per_tile / t->passes, pass = unit % t->passes;
+    const long per_group = a->n_kv * t->passes, group = t->n_groups - 1 - unit / per_group;
+    const long kvh = unit % per_group / t->passes, pass = unit % t->passes;
     const long h0 = pass * t->heads_per_pass;
     const long nh = t->group - h0 < t->heads_per_pass ? t->group - h0 : t->heads_per_pass;
-    const long end = (tile + 1) * t->tile_tokens < a->n ? (tile + 1) * t->tile_tokens : a->n;
-    for (long r0 = tile * t->tile_tokens, r1; r0 < end; r0 = r1) {
-        for (r1 = r0 + 1; r1 < end && a->slots[r1] == a->slots[r0];) r1++;
+    const long span = t->tile_tokens * LLB_TILE_GROUP, start = group * span;
+    const long end = start + span < a->n ? start + span : a->n;
+    struct llb_attn_tile tiles[LLB_TILE_GROUP];
+    long nt = 0;
+    for (long r0 = start, r1; r0 < end; r0 = r1) {
+        for (r1 = r0 + 1; r1 < end && r1 - r0 < t->tile_tokens && a->slots[r1] == a->slots[r0];) r1++;
+        if (nt && a->slots[r0] != a->slots[r0 - 1]) { /* the tiles of one call share a slot's cache */
+            tile_kernel(t->k, a->cache_type, tiles, nt);
+            nt = 0;
+        }
         if ((r1 - r0) * nh * 2 >= t->k->lanes) {
-            attend_tile(t, r0, r1, kvh, h0, nh);
+            nt += fill_tile(t, &tiles[nt], r0, r1, kvh, h0, nh) > 0;
         } else {
             for (long i = r0; i < r1; i++) attend_rows(t->a, t->k, i, kvh, h0, nh, first_key(a, a->pos[i]), a->pos[i], NULL, NULL);
         }
     }
+    if (nt) tile_kernel(t->k, a->cache_type, tiles, nt);
 }
 
 static void attn_unit_run(const void *task, long unit) {
@@ -263,15 +273,15 @@ static void attn_plan(struct attn_task *t, long max_keys) {
         }
         return;
     }
-    const long lanes = t->k->lanes;
+    const long lanes = t->k->lanes, rows = lanes * LLB_TILE_VECS; /* a tile: up to LLB_TILE_VECS vectors of rows */
     if (lanes < 8 || a->n < 2) return;
-    t->heads_per_pass = t->group < lanes ? t->group : lanes;
-    t->passes = (t->group + lanes - 1) / lanes;
-    t->tile_tokens = lanes / t->heads_per_pass;
-    if (t->tile_tokens * t->heads_per_pass * 2 < lanes) return; /* tiles would be under half full */
+    t->heads_per_pass = t->group < rows ? t->group : rows;
+    t->passes = (t->group + rows - 1) / rows;
+    t->tile_tokens = rows / t->heads_per_pass;
+    if (t->tile_tokens * t->heads_per_pass * 2 < lanes) return; /* tiles would be under half a vector */
     t->mode = ATTN_TILES;
-    t->n_tiles = (a->n + t->tile_tokens - 1) / t->tile_tokens;
-    t->units = t->n_tiles * a->n_kv * t->passes;
+    t->n_groups = (a->n + t->tile_tokens * LLB_TILE_GROUP - 1) / (t->tile_tokens * LLB_TILE_GROUP);
+    t->units = t->n_groups * a->n_kv * t->passes;
 }
 
 /* ---- the batch-invariant schedule ------------------------------------------- */
@@ -329,7 +339,7 @@ static void run_tile(const struct inv_task *t, long i0, long n, long c, long kvh
             tile.hi[r] = hi;
         }
     }
-    if (tile.n_rows) tile_kernel(t->k, a->cache_type, &tile);
+    if (tile.n_rows) tile_kernel(t->k, a->cache_type, &tile, 1);
 }
 
 static void run_unit(const void *task, long unit) {

@@ -22,8 +22,13 @@ struct llb_attn_unit {
 };
 
 /* Up to LLB_TILE_MAX_ROWS query rows reading keys of one kv head (a few
- * tokens of one slot x some of its query heads), each with its own key range. */
-#define LLB_TILE_MAX_ROWS 16
+ * tokens of one slot x some of its query heads), each with its own key range:
+ * at most 3 vectors of lanes (lanes * 3 rows; the row order: lanes rows). */
+#define LLB_TILE_VECS 3
+#define LLB_TILE_MAX_ROWS (16 * LLB_TILE_VECS)
+/* The tile kernels take arrays of tiles of one kv head (same k, v, stride, head_dim, scale,
+ * softcap, kbase): up to LLB_TILE_GROUP of them go through each block of keys together. */
+#define LLB_TILE_GROUP 4
 struct llb_attn_tile {
     const void *k, *v; /* the rows of key position 0 (f32, f16 or q8_0 blocks) */
     size_t stride;
@@ -54,9 +59,9 @@ struct llb_op_kernels {
     void (*attend_q8_0)(const struct llb_attn_unit *u);
     void (*attn_merge)(const float *parts, size_t part_stride, const float *ml, size_t ml_stride, long n_parts, long hd,
                        float *out);
-    void (*attend_tile_f32)(const struct llb_attn_tile *t);
-    void (*attend_tile_f16)(const struct llb_attn_tile *t);
-    void (*attend_tile_q8_0)(const struct llb_attn_tile *t);
+    void (*attend_tile_f32)(const struct llb_attn_tile *t, long n_tiles);
+    void (*attend_tile_f16)(const struct llb_attn_tile *t, long n_tiles);
+    void (*attend_tile_q8_0)(const struct llb_attn_tile *t, long n_tiles);
     int lanes; /* floats per vector: rows a tile can hold */
 };
 

@@ -1,0 +1,40 @@
+"""The attention op alone at depth: `python bench/bench_attention.py DEPTH N_QUERIES [REPS]`.
+
+Queries at positions DEPTH.. over a random f16 cache of one layer, Qwen2.5-Coder-1.5B's shape
+(12 query heads over 2 kv heads of 128); prints the median wall and process CPU time (on a
+loaded machine compare CPU times of alternated runs). T=threads (default 2). Run with the
+checkout on PYTHONPATH (a script's directory, not the cwd, starts sys.path)."""
+import os
+import sys
+import time
+
+import numpy as np
+
+from llambda.backends.native import NativeBackend
+
+
+def main() -> None:
+    depth, nq = int(sys.argv[1]), int(sys.argv[2])
+    reps = int(sys.argv[3]) if len(sys.argv) > 3 else 3
+    be = NativeBackend(threads=int(os.environ.get("T", "2")), kv_type="f16")
+    heads, n_kv, hd = 12, 2, 128
+    cache = be.create_kv_cache(1, 1, depth + nq, n_kv, hd)
+    r = np.random.default_rng(0)
+    for a in (cache.k[0], cache.v[0]):
+        a[0] = r.standard_normal(a[0].shape).astype(a.dtype)
+    q = r.standard_normal((nq, heads, hd)).astype(np.float32)
+    out = np.zeros_like(q)
+    slots, pos = np.zeros(nq, np.int32), np.arange(depth, depth + nq, dtype=np.int32)
+    wall, cpu = [], []
+    for _ in range(reps):
+        w0, c0 = time.perf_counter(), time.process_time()
+        be.attention(q, cache, 0, slots, pos, out, 1 / np.sqrt(hd), 0, 0.0)
+        wall.append(time.perf_counter() - w0)
+        cpu.append(time.process_time() - c0)
+    macs = 2 * nq * heads * hd * (depth + nq / 2)
+    print(f"depth {depth}, {nq} queries: wall {np.median(wall) * 1e3:.1f} ms, cpu {np.median(cpu) * 1e3:.1f} ms "
+          f"({macs / np.median(cpu) / 1e9:.1f} GMAC per CPU second), load {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
