@@ -17,12 +17,11 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]  # this checkout's llambda
 from llamacpp_files import DEFAULT_WORKDIR, FILE_TYPES, f16_source, llama_file  # noqa: E402
 
-import llambda  # noqa: E402
+from llambda.tools.logit_error import errors, llama_cpp_errors, oracle  # noqa: E402
 
 DEFAULT_TYPES = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "mxfp4_moe", "q2_k", "q3_k_s", "q4_k_s", "q5_k_s",
                  "q6_k", "iq4_xs"]
@@ -38,42 +37,12 @@ PROMPTS = [
 ]
 
 
-def all_logits(m, ids):
-    n = len(ids)
-    return np.array(m.transformer.forward(np.asarray(ids, np.int32), np.zeros(n, np.int32),
-                                          np.arange(n, dtype=np.int32), list(range(n))))
-
-
-def top20_error(got, want):
-    top = np.argsort(want, axis=1)[:, -20:]
-    return np.abs(np.take_along_axis(got, top, 1) - np.take_along_axis(want, top, 1)).max(axis=1)
-
-
-def ours(path, ids, refs, **kw):
-    with llambda.load(path, n_ctx=256, **kw) as m:
-        return np.concatenate([top20_error(all_logits(m, i), r) for i, r in zip(ids, refs)])
-
-
-def llama_cpp(path, ids, refs, threads):
-    from llama_cpp import Llama
-    llm = Llama(model_path=str(path), logits_all=True, n_ctx=256, n_threads=threads, verbose=False)
-    errs = []
-    for i, r in zip(ids, refs):
-        llm.reset()
-        llm.eval(i)
-        errs.append(top20_error(np.asarray(llm.scores[:len(i)], np.float32), r))
-    del llm
-    return np.concatenate(errs)
-
-
 def measure(path, prompts, with_llama, threads):
-    with llambda.load(path, backend="numpy", n_ctx=256) as m:
-        ids = [m.tokenize(p) for p in prompts]
-        refs = [all_logits(m, i) for i in ids]
-    row = {"fast": ours(path, ids, refs, backend="native"),
-           "exact": ours(path, ids, refs, backend="native", activations="f32")}
+    ids, refs = oracle(path, prompts)
+    row = {"fast": errors(path, ids, refs, backend="native"),
+           "exact": errors(path, ids, refs, backend="native", activations="f32")}
     if with_llama:
-        row["llama.cpp"] = llama_cpp(path, ids, refs, threads)
+        row["llama.cpp"] = llama_cpp_errors(path, ids, refs, threads)
     return {k: (float(v.mean()), float(v.max())) for k, v in row.items()}
 
 

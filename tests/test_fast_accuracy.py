@@ -12,11 +12,10 @@ time (SmolLM2 Q4_1, mean over positions 0.368): the Q/K/V input alone gave 0.271
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-import llambda
 from llambda.backends import available_backends
+from llambda.tools.logit_error import errors, llama_cpp_errors, oracle
 
 PROMPTS = [
     "The history of the Roman Empire spans more than a thousand years, beginning with",
@@ -35,22 +34,6 @@ LLAMA_CPP_ERROR = {
 }
 
 
-def all_logits(m, ids):
-    n = len(ids)
-    return np.array(m.transformer.forward(np.asarray(ids, np.int32), np.zeros(n, np.int32),
-                                          np.arange(n, dtype=np.int32), list(range(n))))
-
-
-def top20_error(got, want):
-    top = np.argsort(want, axis=1)[:, -20:]
-    return np.abs(np.take_along_axis(got, top, 1) - np.take_along_axis(want, top, 1)).max(axis=1)
-
-
-def errors(path, ids, refs, **kw):
-    with llambda.load(path, n_ctx=256, **kw) as m:
-        return np.concatenate([top20_error(all_logits(m, i), r) for i, r in zip(ids, refs)])
-
-
 @pytest.mark.model
 @pytest.mark.slow
 @pytest.mark.parametrize("fixture", list(LLAMA_CPP_ERROR))
@@ -58,24 +41,16 @@ def test_fast_mode_is_no_less_accurate_than_llama_cpp(fixture, request):
     if "native" not in available_backends():
         pytest.skip("the C core is not built: no fast mode")
     path = request.getfixturevalue(fixture)
-    with llambda.load(path, backend="numpy", n_ctx=256) as m:
-        ids = [m.tokenize(p) for p in PROMPTS]
-        refs = [all_logits(m, i) for i in ids]
+    ids, refs = oracle(path, PROMPTS)
     assert errors(path, ids, refs, backend="native", activations="f32").max() < 2e-3
     fast = errors(path, ids, refs, backend="native")
     mean, worst = LLAMA_CPP_ERROR[fixture]
     assert fast.mean() <= mean and fast.max() <= worst, (fast.mean(), fast.max())
     try:
-        from llama_cpp import Llama
+        import llama_cpp  # noqa: F401
     except ImportError:
         return          # the written figures stand for llama.cpp
-    llm = Llama(model_path=str(path), logits_all=True, n_ctx=256, n_threads=1, verbose=False)
-    theirs = []
-    for i, r in zip(ids, refs):
-        llm.reset()
-        llm.eval(i)
-        theirs.append(top20_error(np.asarray(llm.scores[:len(i)], np.float32), r))
-    theirs = np.concatenate(theirs)
+    theirs = llama_cpp_errors(path, ids, refs)
     assert fast.mean() <= theirs.mean() * 1.05, (fast.mean(), theirs.mean())
 
 
@@ -108,9 +83,7 @@ def test_fast_mode_per_type_no_less_accurate_than_llama_cpp(ftype, smollm2_gguf)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
     from llamacpp_files import f16_source, llama_file
     path = llama_file(f16_source(str(smollm2_gguf)), ftype, pure=True)
-    with llambda.load(path, backend="numpy", n_ctx=256) as m:
-        ids = [m.tokenize(p) for p in PROMPTS]
-        refs = [all_logits(m, i) for i in ids]
+    ids, refs = oracle(path, PROMPTS)
     fast = errors(path, ids, refs, backend="native")
     mean, worst = LLAMA_CPP_ERROR_BY_TYPE[ftype]
     assert fast.mean() <= mean and fast.max() <= worst, (fast.mean(), fast.max())
