@@ -117,8 +117,9 @@ class Model:
     Before each step a generator checks that the slot still holds its own tokens (prompt and
     text so far); when another call has used the slot since, it evaluates them again (reusing
     the common prefix), so its text stays a continuation of its own tokens. That re-evaluation
-    costs a prefill per switch, and as prompt prefix reuse does, it may round differently from
-    the token-by-token path (greedy text can then differ at a near-tie, never become garbage).
+    costs a prefill per switch; with the native backend's default batch invariance it computes the
+    same bits as the first evaluation did (with `backend.set_batch_invariant(False)` it may round
+    differently, and greedy text can then differ at a near-tie, never become garbage).
     For many concurrent generations use the server's scheduler (`llambda serve`).
     """
 

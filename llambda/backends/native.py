@@ -192,7 +192,9 @@ class NativeBackend(Backend):
         self._weights = WeightArena()
         self._recording = None  # the _native.Plan being recorded
         self._tuners: dict[tuple, ThreadTuner] = {}   # (id(plan), pool size) -> its tuner (plans live as long as the model)
-        self._batch_invariant = False
+        # On by default: a prompt's result must not depend on what its cache already held (prefix reuse
+        # prefills a different chunk) - the same greedy call gives the same text. Costs ~1-4% of prefill.
+        self._batch_invariant = True
         self._converted: list[tuple[str, str, str, int]] = []   # (tensor, from, to, extra bytes): end_load
 
     # -- op plans: record a decode step's C calls once, replay them per token --
@@ -325,8 +327,9 @@ class NativeBackend(Backend):
         """Make every row's result independent of what else shares its step, bit for bit: matmuls
         sum each row in the GEMM's order also when it is alone, and attention cuts each query row
         into the same key chunks whatever the batch, its prompt chunking or the thread count. The
-        server turns this on, so batched greedy output equals one-at-a-time output (process-wide
-        in the C core; off, single rows may take faster kernels that round differently).
+        backend starts with it on (the server relies on it: batched greedy output equals
+        one-at-a-time output; a library call's text does not depend on the prefix its cache reused);
+        off, prefills may take a faster schedule (~1-4%) and single rows kernels that round differently.
         The switch is the C core's, process-wide: each forward pass of this backend sets it to
         this backend's own choice (begin_forward), so a server's model does not change how a
         library model in the same process computes, nor the reverse."""
