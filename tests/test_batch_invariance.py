@@ -282,6 +282,8 @@ def test_a_servers_switch_does_not_change_a_library_model():
     path = str(Path(__file__).parent / "fixtures" / "reference" / "tiny" / "llama")
     ids = list(range(3, 40))
     with llambda.load(path) as lib:
+        assert lib.backend.batch_invariant          # the default; turned off here to tell the two apart
+        lib.backend.set_batch_invariant(False)
         before = lib.logits(ids).copy()
         with llambda.load(path, n_slots=2) as served:
             Scheduler(served.transformer)            # turns invariance on for its backend
