@@ -4,8 +4,8 @@ A lost wake-up shows as a call that never returns at 0% CPU, so every stress run
 process under a timeout: a hang fails the test instead of freezing the suite. LLAMBDA_SPIN_US
 selects how long idle workers spin before they sleep: 0 sends every worker to sleep between
 calls (every call then wakes them), a few microseconds makes calls race with workers falling
-asleep, the default (200 us) keeps them spinning; after a stall, LLAMBDA_BUSY_SPIN_US (default 20)
-does the same for the pool's busy mode.
+asleep, the default (200 us) keeps them spinning; after a stall, LLAMBDA_BUSY_SPIN_US (default 200:
+the busy mode off; the tests set it lower) does the same for the pool's busy mode.
 """
 import os
 import subprocess

@@ -50,9 +50,11 @@ static long spin_budget_ns = 200 * 1000;
  * a call whose awake workers never showed up, see note_absent).
  * There, a worker that waits long for the next call is most likely waiting for a caller the
  * scheduler has parked, and spinning would hold the core the caller needs: sleeping soon
- * leaves it idle, and the scheduler moves the waiting caller onto it. Overridable with
- * LLAMBDA_BUSY_SPIN_US. */
-static long busy_spin_ns = 20 * 1000;
+ * leaves it idle, and the scheduler moves the waiting caller onto it. Off by default (the same
+ * 200 us): with one busy loop beside an otherwise quiet 2-core run, 20 us made 2 untuned threads
+ * 215-220 tok/s against 250-266 with 200 (SmolLM2, alternated, 2026-12-02); LLAMBDA_BUSY_SPIN_US
+ * below LLAMBDA_SPIN_US turns it on (it helped on a machine loaded 14-15 by other work). */
+static long busy_spin_ns = 200 * 1000;
 #define BUSY_HOLD_NS (1000ull * 1000 * 1000)
 static _Atomic uint64_t busy_until; /* written by the caller under call_lock, read by workers */
 static atomic_long worker_sleeps;
