@@ -362,7 +362,7 @@ def test_the_page_cache_dropper_joins_released_ranges(tmp_path):
 @pytest.mark.parametrize("family", ["lfm2", "qwen3_next"])
 def test_the_plan_counts_a_hybrid_models_recurrent_state(family):
     """A short-conv or delta-net layer's state per slot is in the plan (and its total), equal to what the load
-    allocates, and writing all of it grows the resident set by that much (within 10% + 2 MB)."""
+    allocates, and writing all of it grows the resident set by that much (within 10% + 4 MB)."""
     import llambda
     tiny = Path(__file__).parent / "fixtures" / "reference" / "tiny" / family
     with llambda.load(str(tiny), backend="native", threads=1, n_ctx=16, n_slots=1024) as m:
@@ -387,4 +387,6 @@ with llambda.load({str(tiny)!r}, backend="native", threads=1, n_ctx=16, n_slots=
 """
     grown = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                                timeout=120).stdout.split()[-1])
-    assert 0.9 * p.recurrent - (2 << 20) <= grown <= 1.1 * p.recurrent + (2 << 20), (grown, p.recurrent)
+    # slack of two 2 MB pages: transparent huge pages back the arrays' first and last megabytes whole
+    # (a clean venv read 4 MB for LFM2's 1.5 MB)
+    assert 0.9 * p.recurrent - (4 << 20) <= grown <= 1.1 * p.recurrent + (4 << 20), (grown, p.recurrent)
