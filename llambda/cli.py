@@ -243,6 +243,11 @@ def cmd_show(a) -> int:
             kind = "cross-encoder (reranker)" if c.n_labels else f"embedding model, {c.pooling} pooling"
             print(f"{src.name}: bert encoder, {kind}\n  {c.n_layers} layers, hidden {c.hidden}, {c.n_heads} heads, "
                   f"ffn {c.ffn}, vocab {c.vocab_size}, up to {c.max_tokens} tokens\n  {params / 1e6:.1f}M parameters")
+            if a.verbose:
+                from .api import TOKEN_BUDGET
+                from .models.memory import encoder_plan
+                p = encoder_plan(src, TOKEN_BUDGET)
+                print("memory plan (native backend):\n" + "\n".join(f"  {line}" for line in p.lines()))
             return 0
         print(format_description(describe(src, a.ctx_size, a.kv_type or "f32")))
         if a.verbose:

@@ -407,3 +407,12 @@ def test_an_encoders_plan_is_what_its_load_allocates(tmp_path, activations):
         assert p.activations > 0 and p.total == p.weights + p.activations
         assert any("no KV cache" in line for line in p.lines())
         assert ("float32" if activations else "bfloat16") in p.lines()[0]
+
+
+def test_show_verbose_prints_an_encoders_plan(tmp_path, capsys):
+    from llambda.cli import main
+    from test_embeddings import _tiny_bert_dir
+    path, _, _ = _tiny_bert_dir(tmp_path)
+    assert main(["show", "-v", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "memory plan" in out and "no KV cache" in out
