@@ -115,3 +115,19 @@ def test_a_staged_load_packs_the_same_bytes_as_a_mapped_one(tmp_path, monkeypatc
     assert got[0] == want[0]
     assert np.array_equal(got[1], want[1])
     assert 2048 * 512 * 34 // 32 >= STAGE_MIN
+
+
+def test_the_plan_counts_the_staging_buffers(tmp_path, monkeypatch):
+    from llambda.formats import staging
+    from llambda.formats.open import open_model
+    from llambda.models.memory import plan
+    path = _write_big_llama(tmp_path / "m.gguf", layers=2, d=512, ff=2048)
+    monkeypatch.setenv("LLAMBDA_KEEP_FILE_CACHE", "0")
+    src = open_model(path)
+    try:
+        monkeypatch.setenv("LLAMBDA_STAGED_READ", "0")
+        mapped = plan(src, 64).largest_tensor
+        monkeypatch.setenv("LLAMBDA_STAGED_READ", "1")
+        assert plan(src, 64).largest_tensor == mapped + staging.WINDOW + staging.ROUND
+    finally:
+        src.close()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import bisect
 import mmap
-import os
 import re
 import threading
 
@@ -21,7 +20,7 @@ import numpy as np
 
 from .files import READ_AHEAD, release_pages
 from .pagecache import PageCacheDropper, mem_available, should_drop
-from .staging import Stager
+from .staging import Stager, enabled as staging_enabled
 
 try:
     from .. import _native as _C
@@ -162,7 +161,7 @@ class ReadsAhead:
         if self._ahead is not None or self._stager is not None or self._mm is None or self._base is None:
             return
         big = should_drop(len(self._base), mem_available())
-        if big and self.stages and os.environ.get("LLAMBDA_STAGED_READ", "").strip().lower() in ("1", "true", "yes"):
+        if big and self.stages and staging_enabled():
             try:
                 self._stager = Stager(self.path, [(a, b) for _, a, b in load_sorted(self._spans())], len(self._base))
             except OSError:     # the file went away: the mapping still reads it

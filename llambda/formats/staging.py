@@ -42,6 +42,11 @@ ALIGN = 4096            # O_DIRECT: offsets, lengths and buffer addresses in who
 ROUND = 4 << 20         # buffer capacities round up to this, so that a later layer's tensors reuse them
 
 
+def enabled() -> bool:
+    """Whether a big file's load stages its tensors (LLAMBDA_STAGED_READ=1)."""
+    return os.environ.get("LLAMBDA_STAGED_READ", "").strip().lower() in ("1", "true", "yes")
+
+
 class _Buffer:
     __slots__ = ("mm", "arr", "cap")
 

@@ -17,7 +17,8 @@ import numpy as np
 
 from ..errors import InsufficientMemoryError
 from ..formats.quants import tensor_nbytes
-from ..formats.pagecache import mem_available
+from ..formats import staging
+from ..formats.pagecache import mem_available, should_drop
 from ..formats.readahead import CHUNK as READ_CHUNK
 from ..formats.source import ModelSource
 from .base import Workspace, recurrent_state_specs
@@ -131,6 +132,9 @@ def plan(src: ModelSource, n_ctx: int, n_slots: int = 1, kv_type: str = "f32", m
         packed += packed_nbytes(name, t) if packed_nbytes is not None else n
     weights = params * 4 if float_weights else packed
     largest = max([largest, *experts.values()]) + READ_CHUNK     # + the read-ahead's chunk, mapped while it reads
+    available = mem_available()
+    if src.format == "gguf" and staging.enabled() and should_drop(mapped, available):
+        largest += staging.WINDOW + staging.ROUND       # staging buffers: the window ahead + the tensor packed
     kv_layers = max(1, cfg.layer_kinds.count("attention"))     # a hybrid model's other layers keep no KV
     kv_per_token = int(2 * kv_layers * kv_value_bytes(kv_type, cfg.kv_dim))
     kv_base = 4 * kv_layers * cfg.kv_dim * n_slots if kv_type == "q8_0" else 0   # a float key base per slot
@@ -139,7 +143,7 @@ def plan(src: ModelSource, n_ctx: int, n_slots: int = 1, kv_type: str = "f32", m
     state = recurrent_state_specs(cfg, n_slots)[2]
     recurrent = sum(int(np.prod(shape)) * np.dtype(dt).itemsize for shape, dt in state.values())
     return MemoryPlan(weights, mapped, largest, kv_per_token, kv_per_token * n_ctx * n_slots + kv_base, acts, n_ctx,
-                      n_slots, kv_type, mem_available(), recurrent)
+                      n_slots, kv_type, available, recurrent)
 
 
 def check(p: MemoryPlan) -> None:
