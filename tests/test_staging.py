@@ -131,3 +131,24 @@ def test_the_plan_counts_the_staging_buffers(tmp_path, monkeypatch):
         assert plan(src, 64).largest_tensor == mapped + staging.WINDOW + staging.ROUND
     finally:
         src.close()
+
+
+def test_direct_reads_refused_fall_back_to_plain_reads(tmp_path, monkeypatch):
+    import errno
+    from llambda.formats import staging
+    path, data = _file(tmp_path, 3 * MB)
+    real = os.preadv
+    def preadv(fd, bufs, pos):
+        if fcntl_direct(fd):
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real(fd, bufs, pos)
+    def fcntl_direct(fd):
+        import fcntl
+        return bool(fcntl.fcntl(fd, fcntl.F_GETFL) & getattr(os, "O_DIRECT", 0))
+    monkeypatch.setattr(staging.os, "preadv", preadv)
+    s = Stager(path, [(5, 2 * MB + 5)], len(data))
+    try:
+        v = s.view(5, 2 * MB + 5)
+        assert np.array_equal(v, data[5:2 * MB + 5]) and not s.direct
+    finally:
+        s.stop()

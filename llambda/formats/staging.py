@@ -26,6 +26,7 @@ truncated while loading) is a ModelFormatError raised in the loader, never a buf
 """
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import sys
@@ -67,11 +68,11 @@ class _Buffer:
             pass
 
 
-def open_direct(path) -> tuple[int, bool]:
-    """A descriptor of `path` for staging reads and whether it is O_DIRECT (a file system that refuses it:
-    a plain one, told the reads are sequential)."""
+def open_direct(path, direct: bool = True) -> tuple[int, bool]:
+    """A descriptor of `path` for staging reads and whether it is O_DIRECT (a file system that refuses it,
+    or `direct` False: a plain one, told the reads are sequential)."""
     flag = getattr(os, "O_DIRECT", 0)
-    if flag and os.environ.get("LLAMBDA_DIRECT_IO", "1").strip().lower() not in ("0", "false", "no"):
+    if direct and flag and os.environ.get("LLAMBDA_DIRECT_IO", "1").strip().lower() not in ("0", "false", "no"):
         try:
             return os.open(path, os.O_RDONLY | flag), True
         except OSError:
@@ -126,9 +127,9 @@ class Stager:
             return None
         with self._cond:
             while True:
-                if self._error is not None:
+                got = self._ready.get(i)    # read whole before any later read failed: its bytes are good
+                if got is None and self._error is not None:
                     raise self._error
-                got = self._ready.get(i)
                 if got is not None:
                     self._want = None
                     self._handed.add(i)
@@ -202,7 +203,13 @@ class Stager:
         with memoryview(buf.mm) as mv:
             while pos < hi and not self._stopped:
                 n = min(self.chunk, hi - pos)
-                got = os.preadv(self._fd, [mv[pos - lo:pos - lo + n]], pos)
+                try:
+                    got = os.preadv(self._fd, [mv[pos - lo:pos - lo + n]], pos)
+                except OSError as e:
+                    if not self.direct or e.errno != errno.EINVAL:
+                        raise
+                    self._plain()       # O_DIRECT opened but refused these reads (block size): plain reads
+                    continue
                 if got <= 0:
                     break
                 if not self.direct and hasattr(os, "posix_fadvise"):
@@ -210,6 +217,11 @@ class Stager:
                 pos += got
         self.bytes_read += pos - lo
         return pos
+
+    def _plain(self) -> None:
+        fd, self._fd = self._fd, None
+        os.close(fd)
+        self._fd, self.direct = open_direct(self.path, direct=False)
 
     def _run(self) -> None:
         try:
