@@ -3,6 +3,11 @@ and beside llama.cpp's load of the same file, each load in a fresh process.
 
     python bench/bench_load.py moe.gguf --modes dd,llambda,llama-mmap,llama-nommap -r 3 --threads 2
 
+Qwen3-30B-A3B's full shapes (48 layers, ~20 GB: needs ~21 GB free; the largest model a 24 GB machine loads):
+
+    python bench/make_moe_model.py q30b.gguf --qwen3-30b
+    python bench/bench_load.py q30b.gguf --modes dd,llambda,llambda-staged,llama-mmap -r 3
+
 Each repetition runs every mode once, in turn (alternated, so a change in the machine's load hits all
 of them alike); the medians are printed with each process's CPU time (user + system), its peak resident
 set and its page faults. "cold" evicts the file first with posix_fadvise(DONTNEED) (dropping the whole
@@ -51,6 +56,13 @@ print(json.dumps({"wall": wall, "load": first - t0, "user": r.ru_utime, "sys": r
 """
 
 
+# the file read into staging buffers (formats/staging.py): with O_DIRECT, or through the page cache
+# dropped behind each read
+STAGED = {"llambda-staged": {"LLAMBDA_STAGED_READ": "1", "LLAMBDA_KEEP_FILE_CACHE": "0"},
+          "llambda-staged-buffered": {"LLAMBDA_STAGED_READ": "1", "LLAMBDA_KEEP_FILE_CACHE": "0",
+                                      "LLAMBDA_DIRECT_IO": "0"}}
+
+
 def evict(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -66,8 +78,10 @@ def run(mode: str, path: str, threads: int, cold: bool, base: str | None = None)
     elif mode != "dd":      # warm: the file read once just before
         run("dd", path, threads, False)
     cwd = base if mode == "base" else None      # "base": llambda imported from another checkout (A/B)
-    out = subprocess.run([sys.executable, "-c", CHILD, "llambda" if mode == "base" else mode, path, str(threads)],
-                         capture_output=True, text=True, check=True, cwd=cwd)
+    env = dict(os.environ, **STAGED[mode]) if mode in STAGED else None
+    child = "llambda" if mode == "base" or mode in STAGED else mode
+    out = subprocess.run([sys.executable, "-c", CHILD, child, path, str(threads)],
+                         capture_output=True, text=True, check=True, cwd=cwd, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -75,7 +89,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("path")
     ap.add_argument("--modes", default="dd,llambda",
-                    help="comma-separated: dd, llambda, base (see --base), llama-mmap, llama-nommap")
+                    help="comma-separated: dd, llambda, llambda-staged (LLAMBDA_STAGED_READ=1), llambda-staged-buffered "
+                         "(and LLAMBDA_DIRECT_IO=0), base (see --base), "
+                         "llama-mmap, llama-nommap")
     ap.add_argument("-r", "--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--warm", action="store_true", help="the file in the page cache (default: evicted)")
@@ -84,6 +100,7 @@ def main() -> None:
     modes = a.modes.split(",")
     size = os.path.getsize(a.path)
     res: dict[str, list[dict]] = {m: [] for m in modes}
+    load0 = os.getloadavg()[0]
     for i in range(a.repeats):
         for m in modes:
             r = run(m, a.path, a.threads, not a.warm, a.base)
@@ -91,7 +108,7 @@ def main() -> None:
             print(f"  rep {i} {m}: " + " ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
                                                   for k, v in r.items()), flush=True)
     print(f"{a.path}: {size / 1e9:.2f} GB, {'warm' if a.warm else 'cold'}, {a.threads} threads, "
-          f"load average {os.getloadavg()[0]:.1f}, medians of {a.repeats}:")
+          f"load average {os.getloadavg()[0]:.1f} (at the start {load0:.1f}), medians of {a.repeats}:")
     for m in modes:
         med = {k: statistics.median(r[k] for r in res[m]) for k in res[m][0]}
         print(f"  {m:13s} load {med['load']:6.2f} s  +1st token {med['wall']:6.2f} s  CPU user {med['user']:5.2f} s "

@@ -411,11 +411,14 @@ def _load_encoder(name_or_path, path: Path, src, backend, threads, activations, 
         # an encoder's fast mode (the default) multiplies bfloat16 weights and activations with float32
         # sums (all-MiniLM-L6-v2: cosine >= 0.99997 to float64); activations="f32" keeps float32 weights
         be = create_backend(backend, threads=threads, activations=activations)
+        dense_bytes = 2 if be.name == "native" and not getattr(be, "exact", True) else 4
+        mplan = memory.encoder_plan(src, TOKEN_BUDGET, dense_bytes)
         enc = BertEncoder(src.config, src.tensor, be)
     except BaseException:
         src.close()
         raise
     m = EncoderModel(enc, src, be)
+    m.memory_plan = mplan
     m.name = display_name(name_or_path, path)
     return m
 
@@ -438,6 +441,7 @@ class EncoderModel:
         self.name = source.name
         self.n_ctx = self.config.max_tokens
         self.is_reranker = self.config.n_labels > 0
+        self.memory_plan = None     # llambda.memory.EncoderPlan, set by load()
         self._lock = threading.RLock()
 
     def _tok(self):

@@ -123,7 +123,7 @@ def _sampling_kwargs(a) -> dict:
 
 def _load(a, **extra):
     from .api import load
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     model = load(a.model, backend=a.backend, threads=a.threads, n_ctx=a.ctx_size, activations=a.activations,
                  kv_type=a.kv_type, draft=getattr(a, "model_draft", None),
                  draft_threads=getattr(a, "threads_draft", None), **extra)
@@ -131,7 +131,8 @@ def _load(a, **extra):
         mem = model.memory_report()
         parts = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in mem.items())
         print(f"[llambda] {model.name}: {model.config.arch}, backend {model.backend.name} ({model.backend.precision}), "
-              f"ctx {model.n_ctx}, loaded in {time.perf_counter() - t0:.2f} s", file=sys.stderr)
+              f"ctx {model.n_ctx}, loaded in {time.perf_counter() - t0:.2f} s (CPU {time.process_time() - cpu0:.2f} s)",
+              file=sys.stderr)
         _print_plan(model)
         print(f"[llambda] memory: {parts}", file=sys.stderr)
     return model
@@ -243,6 +244,11 @@ def cmd_show(a) -> int:
             kind = "cross-encoder (reranker)" if c.n_labels else f"embedding model, {c.pooling} pooling"
             print(f"{src.name}: bert encoder, {kind}\n  {c.n_layers} layers, hidden {c.hidden}, {c.n_heads} heads, "
                   f"ffn {c.ffn}, vocab {c.vocab_size}, up to {c.max_tokens} tokens\n  {params / 1e6:.1f}M parameters")
+            if a.verbose:
+                from .api import TOKEN_BUDGET
+                from .models.memory import encoder_plan
+                p = encoder_plan(src, TOKEN_BUDGET)
+                print("memory plan (native backend):\n" + "\n".join(f"  {line}" for line in p.lines()))
             return 0
         print(format_description(describe(src, a.ctx_size, a.kv_type or "f32")))
         if a.verbose:

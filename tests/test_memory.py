@@ -390,3 +390,29 @@ with llambda.load({str(tiny)!r}, backend="native", threads=1, n_ctx=16, n_slots=
     # slack of two 2 MB pages: transparent huge pages back the arrays' first and last megabytes whole
     # (a clean venv read 4 MB for LFM2's 1.5 MB)
     assert 0.9 * p.recurrent - (4 << 20) <= grown <= 1.1 * p.recurrent + (4 << 20), (grown, p.recurrent)
+
+
+@pytest.mark.parametrize("activations", [None, "f32"])
+def test_an_encoders_plan_is_what_its_load_allocates(tmp_path, activations):
+    """An encoder (BERT) has a plan too (--verbose prints it): its dense layers as the native backend keeps
+    them (bfloat16 in the fast mode, float32 exact), its float32 embeddings, no KV cache."""
+    import llambda
+    from test_embeddings import _tiny_bert_dir
+    path, _, _ = _tiny_bert_dir(tmp_path, classifier=True)
+    with llambda.load(path, backend="native", threads=1, activations=activations) as m:
+        p, enc = m.memory_plan, m.encoder
+        emb = sum(a.nbytes for a in (enc.word, enc.pos, enc.types))
+        dense = m.memory_report()["weights"]
+        assert 0.95 * (emb + dense) <= p.weights <= 1.05 * (emb + dense) + (64 << 10)
+        assert p.activations > 0 and p.total == p.weights + p.activations
+        assert any("no KV cache" in line for line in p.lines())
+        assert ("float32" if activations else "bfloat16") in p.lines()[0]
+
+
+def test_show_verbose_prints_an_encoders_plan(tmp_path, capsys):
+    from llambda.cli import main
+    from test_embeddings import _tiny_bert_dir
+    path, _, _ = _tiny_bert_dir(tmp_path)
+    assert main(["show", "-v", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "memory plan" in out and "no KV cache" in out

@@ -344,7 +344,9 @@ class NativeBackend(Backend):
         C.set_batch_invariant(self._batch_invariant)     # one store in C: cheaper than asking first
 
     def memory_report(self) -> dict[str, int]:
-        return {"weights": self.weight_bytes}
+        # the core's own allocations: each calling thread's scratch (shared by the pool's workers of an op,
+        # grown to the largest op run so far) and its tables; counted since the process started
+        return {"weights": self.weight_bytes, "C core scratch": C.alloc_stats()[1]}
 
     # -- ops ---------------------------------------------------------------
     def embed(self, table: NativeMatrix, ids, out) -> None:

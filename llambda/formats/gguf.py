@@ -257,6 +257,8 @@ class GGUFFile(ReadsAhead):
     `alignment`, `data_offset`, `file_size`.
     """
 
+    stages = True      # gguf_model takes every tensor's bytes through view()
+
     def __init__(self, path: str | os.PathLike):
         self.path = os.fspath(path)
         self._mm: mmap.mmap | None = None

@@ -35,7 +35,7 @@ def open_gguf(path: Path) -> ModelSource:
                 t = infos.get(name[:-len(".weight")])    # a converter may write a parameter without the suffix
             if t is None:
                 return per_expert(name)
-            return WeightTensor(name, t.qtype, tuple(int(s) for s in t.shape), t.data)
+            return WeightTensor(name, t.qtype, tuple(int(s) for s in t.shape), f.view(t.data))
 
         def per_expert(name: str) -> WeightTensor | None:
             """Older Mixtral GGUFs hold one tensor per expert (`blk.N.ffn_gate.E.weight`): stacked."""

@@ -20,6 +20,7 @@ import numpy as np
 
 from .files import READ_AHEAD, release_pages
 from .pagecache import PageCacheDropper, mem_available, should_drop
+from .staging import Stager, enabled as staging_enabled
 
 try:
     from .. import _native as _C
@@ -32,16 +33,21 @@ JOIN = 64 << 10         # tensors this close in the file are read as one range
 _LAYER = re.compile(r"(?:^|\.)(\d+)\.")     # blk.12.attn_q.weight, model.layers.12.mlp.up_proj.weight
 
 
-def load_order(spans) -> list[tuple[int, int]]:
-    """The byte ranges of `spans` ((name, start, end) of each tensor) in the order a model is packed: the
-    tensors outside the layers first (embeddings, output head), then layer by layer, each layer's in file
-    order; neighbours in the file joined. (Files keep tensors in any order: llama.cpp's quantizer writes
-    blk.1, blk.10, ..., blk.19, blk.2, ... and the output head first or last.)"""
+def load_sorted(spans) -> list[tuple[str, int, int]]:
+    """`spans` ((name, start, end) of each tensor) in the order a model is packed: the tensors outside the
+    layers first (embeddings, output head), then layer by layer, each layer's in file order. (Files keep
+    tensors in any order: llama.cpp's quantizer writes blk.1, blk.10, ..., blk.19, blk.2, ... and the
+    output head first or last.)"""
     def key(span):
         m = _LAYER.search(span[0])
         return (-1 if m is None else int(m.group(1)), span[1])
+    return sorted((s for s in spans if s[2] > s[1]), key=key)
+
+
+def load_order(spans) -> list[tuple[int, int]]:
+    """The byte ranges of `spans` in the order a model is packed (load_sorted), neighbours in the file joined."""
     out: list[list[int]] = []
-    for _, lo, hi in sorted((s for s in spans if s[2] > s[1]), key=key):
+    for _, lo, hi in load_sorted(spans):
         if out and 0 <= lo - out[-1][1] <= JOIN:
             out[-1][1] = max(out[-1][1], hi)
         else:
@@ -129,9 +135,15 @@ class ReadAhead:
 class ReadsAhead:
     """What a mapped model file (GGUFFile, SafetensorsFile: `_mm`, `_base`, `data_start`, `path`, `tensors`)
     does for a load: read itself ahead of the loader, in the loader's order, while one runs, and let go of
-    each tensor's pages once packed: from this process, and from the page cache (pagecache.py)."""
+    each tensor's pages once packed: from this process, and from the page cache (pagecache.py).
 
+    With `LLAMBDA_STAGED_READ=1`, a big file (pagecache.should_drop) of a format that takes its tensors'
+    bytes through `view` (`stages`) is read instead into staging buffers (staging.py), never into the page
+    cache. Not the default: on the development VM it costs twice the CPU of the mapped read (staging.py)."""
+
+    stages = False      # the format's tensor lookup calls view(): a Stager may serve its big tensors
     _ahead: ReadAhead | None = None
+    _stager: Stager | None = None
     _dropper: PageCacheDropper | None = None
 
     def _spans(self) -> list[tuple[str, int, int]]:
@@ -146,18 +158,29 @@ class ReadsAhead:
 
     def read_ahead(self) -> None:
         """Start reading the tensor data ahead of the loader (until stop_read_ahead or close). Idempotent."""
-        if self._ahead is None and self._mm is not None and self._base is not None:
+        if self._ahead is not None or self._stager is not None or self._mm is None or self._base is None:
+            return
+        big = should_drop(len(self._base), mem_available())
+        if big and self.stages and staging_enabled():
+            try:
+                self._stager = Stager(self.path, [(a, b) for _, a, b in load_sorted(self._spans())], len(self._base))
+            except OSError:     # the file went away: the mapping still reads it
+                self._stager = None
+        if self._stager is None:
             self._ahead = ReadAhead(self._mm, self._base, self.data_start, ranges=load_order(self._spans()))
-            if should_drop(len(self._base), mem_available()):
-                try:
-                    self._dropper = PageCacheDropper(self.path)
-                except OSError:     # the file went away: its pages are the kernel's business
-                    self._dropper = None
+        if big:
+            try:
+                self._dropper = PageCacheDropper(self.path)
+            except OSError:     # the file went away: its pages are the kernel's business
+                self._dropper = None
 
     def stop_read_ahead(self) -> None:
         ahead, self._ahead = self._ahead, None
         if ahead is not None:
             ahead.stop()
+        stager, self._stager = self._stager, None
+        if stager is not None:
+            stager.stop()
         dropper, self._dropper = self._dropper, None
         if dropper is not None:
             dropper.drop_all(self.data_start)
@@ -165,12 +188,25 @@ class ReadsAhead:
 
     @property
     def reading_ahead(self) -> bool:
-        return self._ahead is not None
+        return self._ahead is not None or self._stager is not None
+
+    def view(self, data: np.ndarray) -> np.ndarray:
+        """A tensor's bytes for the loader: `data` (its view of the mapping), or while a Stager reads the file,
+        the same bytes in a staging buffer."""
+        if self._stager is None or self._base is None or not data.nbytes:
+            return data
+        start = data.__array_interface__["data"][0] - self._base.__array_interface__["data"][0]
+        staged = self._stager.view(start, start + data.nbytes)
+        return data if staged is None else staged
 
     def release(self, data: np.ndarray) -> int:
         """Drop this process's pages of a tensor's bytes once they were copied (files.release_pages), and while
-        a load reads ahead, the page cache's."""
-        n = release_pages(self._mm, self._base, data, READ_AHEAD, self._ahead)
+        a load reads ahead, the page cache's; a staged tensor's buffer goes back to the Stager."""
+        if self._stager is not None and data is not None and data.nbytes:
+            n = self._stager.release(data)
+            if n:
+                return n
+        n = release_pages(self._mm, self._base, data, 0 if self._stager is not None else READ_AHEAD, self._ahead)
         if n and self._dropper is not None:
             start = data.__array_interface__["data"][0] - self._base.__array_interface__["data"][0]
             self._dropper.drop(start, start + data.nbytes)

@@ -17,7 +17,8 @@ import numpy as np
 
 from ..errors import InsufficientMemoryError
 from ..formats.quants import tensor_nbytes
-from ..formats.pagecache import mem_available
+from ..formats import staging
+from ..formats.pagecache import mem_available, should_drop
 from ..formats.readahead import CHUNK as READ_CHUNK
 from ..formats.source import ModelSource
 from .base import Workspace, recurrent_state_specs
@@ -58,6 +59,45 @@ class MemoryPlan:
         return out
 
 
+@dataclass
+class EncoderPlan:
+    """An encoder's (BERT) memory: its weights as the backend keeps them, no KV cache, and the activations
+    of one batch of `tokens` (api.TOKEN_BUDGET)."""
+    weights: int
+    mapped: int
+    activations: int
+    tokens: int
+    dense_format: str
+    available: int | None
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.activations
+
+    def lines(self) -> list[str]:
+        g = _gib
+        return [f"weights {g(self.weights)} (embeddings float32, dense layers {self.dense_format}; "
+                f"file {g(self.mapped)}, converted at load)",
+                "no KV cache (an encoder keeps nothing between calls)",
+                f"activations {g(self.activations)} at most (a batch of {self.tokens} tokens)",
+                f"total {g(self.total)}" + (f" of {g(self.available)} available" if self.available else "")]
+
+
+def encoder_plan(src: ModelSource, tokens: int, dense_bytes: int = 2) -> EncoderPlan:
+    """The plan of loading encoder `src` (models/bert.py: embeddings in float32, every dense layer at
+    `dense_bytes` per weight: 2 for the native fast mode's bfloat16, 4 for float32) with batches of `tokens`."""
+    c = src.config
+    H, F = c.hidden, c.ffn
+    mapped = sum(tensor_nbytes(t.qtype, t.shape) for t in map(src.tensor, src.tensor_names) if t is not None)
+    emb = (c.vocab_size + c.max_positions + c.type_vocab) * H * 4
+    dense = c.n_layers * (4 * H * H + 2 * H * F) + (H * H + c.n_labels * H if c.n_labels else 0)
+    biases = c.n_layers * (6 * H + F) * 4
+    # per token: x, ctx, the attention output and qkv (6 H), the MLP's up (F), the embeddings' gathers (H)
+    acts = tokens * (7 * H + F) * 4
+    fmt = "bfloat16" if dense_bytes == 2 else "float32"
+    return EncoderPlan(emb + dense * dense_bytes + biases, mapped, acts, tokens, fmt, mem_available())
+
+
 def _gib(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
@@ -92,6 +132,9 @@ def plan(src: ModelSource, n_ctx: int, n_slots: int = 1, kv_type: str = "f32", m
         packed += packed_nbytes(name, t) if packed_nbytes is not None else n
     weights = params * 4 if float_weights else packed
     largest = max([largest, *experts.values()]) + READ_CHUNK     # + the read-ahead's chunk, mapped while it reads
+    available = mem_available()
+    if src.format == "gguf" and staging.enabled() and should_drop(mapped, available):
+        largest += staging.WINDOW + staging.ROUND       # staging buffers: the window ahead + the tensor packed
     kv_layers = max(1, cfg.layer_kinds.count("attention"))     # a hybrid model's other layers keep no KV
     kv_per_token = int(2 * kv_layers * kv_value_bytes(kv_type, cfg.kv_dim))
     kv_base = 4 * kv_layers * cfg.kv_dim * n_slots if kv_type == "q8_0" else 0   # a float key base per slot
@@ -100,7 +143,7 @@ def plan(src: ModelSource, n_ctx: int, n_slots: int = 1, kv_type: str = "f32", m
     state = recurrent_state_specs(cfg, n_slots)[2]
     recurrent = sum(int(np.prod(shape)) * np.dtype(dt).itemsize for shape, dt in state.values())
     return MemoryPlan(weights, mapped, largest, kv_per_token, kv_per_token * n_ctx * n_slots + kv_base, acts, n_ctx,
-                      n_slots, kv_type, mem_available(), recurrent)
+                      n_slots, kv_type, available, recurrent)
 
 
 def check(p: MemoryPlan) -> None:
