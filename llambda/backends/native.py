@@ -219,6 +219,10 @@ class NativeBackend(Backend):
         plan.end()
         return plan
 
+    def weight_pages(self) -> tuple[int, int | None]:
+        """(bytes the packed weights' arena maps, of those in transparent huge pages now or None): for benchmarks."""
+        return self._weights.mapped_bytes, self._weights.huge_page_bytes()
+
     def replay(self, plan) -> None:
         """Replay a decode step on the thread count its ThreadTuner finds fastest now (a busy
         machine runs a step faster on fewer threads); the count never changes a result."""
