@@ -28,6 +28,7 @@ def test_probe_allocates_nothing_it_keeps(threads2):
     ((MB - 1, 1, 1), ValueError),                     # below the smallest buffer
     ((-5, 1, 1), ValueError),
     (((1 << 40) + 1, 1, 1), ValueError),              # above the largest
+    ((1 << 40, 1, 1), ValueError),                    # more than half this machine's memory (the probe writes it)
     ((MB, 0, 1), ValueError),                         # no thread
     ((MB, 3, 1), ValueError),                         # more threads than the pool has
     ((MB, 1, 0), ValueError),                         # no repetition

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "core/isa.h"
 #include "core/state.h"
@@ -95,6 +96,8 @@ static double now(void) {
 
 int llb_read_bandwidth(size_t bytes, int threads, int reps, double *gbs) {
     if (bytes < LLB_READBW_MIN_BYTES || bytes > LLB_READBW_MAX_BYTES || threads < 1 || reps < 1) return -2;
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0 && bytes > (size_t)pages * (size_t)page / 2) return -3; /* faulting it in could OOM */
     bytes = (bytes + 4095) & ~(size_t)4095;
     /* 2 MB-aligned, in transparent huge pages where the kernel gives them, as the weight arena. */
     const size_t map = bytes + PAGE_2M;

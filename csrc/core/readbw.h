@@ -14,7 +14,8 @@
 /* Read `bytes` (rounded up to 4 KB) `reps` times on at most `threads` threads of the pool, after
  * one untimed pass that faults the pages in; gbs[i] = GB/s (1e9 bytes) of repetition i. Returns 0,
  * -1 when the buffer could not be allocated, -2 on arguments out of range (bytes outside
- * [LLB_READBW_MIN_BYTES, LLB_READBW_MAX_BYTES], threads < 1, reps < 1). */
+ * [LLB_READBW_MIN_BYTES, LLB_READBW_MAX_BYTES], threads < 1, reps < 1), -3 when bytes exceed half the
+ * machine's physical memory (the probe writes every page: the OOM killer, not an error, would answer). */
 int llb_read_bandwidth(size_t bytes, int threads, int reps, double *gbs);
 
 #endif

@@ -129,6 +129,8 @@ static PyObject *py_read_bandwidth(PyObject *self, PyObject *const *args, Py_ssi
     rc = llb_read_bandwidth((size_t)nbytes, (int)threads, (int)reps, gbs);
     Py_END_ALLOW_THREADS
     if (rc == -1) return PyErr_Format(PyExc_MemoryError, "read_bandwidth: could not map %ld bytes", nbytes);
+    if (rc == -3)
+        return PyErr_Format(PyExc_ValueError, "read_bandwidth: nbytes %ld is more than half this machine's memory", nbytes);
     if (rc != 0) return PyErr_Format(PyExc_ValueError, "read_bandwidth: arguments out of range");
     PyObject *out = PyList_New(reps);
     if (!out) return NULL;
