@@ -8,8 +8,8 @@ for the real models' shapes with the weights hot in cache, and for a cold
 4096x4096 Q4_1 matrix (cycling through copies larger than the caches).
 GEMM (n=512, prefill): GOP/s counting a multiply-add as 2 operations.
 --dram: per quantized type, GEMV GB/s over a weight set far larger than the L3 (rotating over
-several 4096-column matrices, fast mode) beside a plain read of the same number of bytes, the two
-alternated and medians taken: the kernel's share of the memory-bandwidth bound.
+several 4096-column matrices, fast mode) beside the C core's read probe (_native.read_bandwidth) and a
+NumPy read of the same number of bytes, all alternated and medians taken: the kernel's share of the memory-bandwidth bound (the probe's).
 """
 import argparse
 import os
@@ -99,7 +99,8 @@ def cpu_read(a, threads):
 
 def dram_gemv(tname, mb, threads, reps, rng):
     """Medians of alternated runs over ~mb MB of packed weights and a read of as many bytes:
-    (kernel GB/s, read GB/s, kernel GB per CPU-second per thread, read's, bytes). The CPU-time
+    (kernel GB/s, read GB/s, kernel GB per CPU-second per thread, read's, bytes, the C core's read probe
+    GB/s: the bound). The NumPy read gives the CPU-time figures. The CPU-time
     figures stand when the machine is loaded (a memory stall counts as CPU time, waiting for a
     core does not)."""
     cols = 4096
@@ -114,8 +115,9 @@ def dram_gemv(tname, mb, threads, reps, rng):
     nat.set_threads(threads)
     probe = np.ones(total // 4, np.float32)
     cpu_read(probe, threads)
-    ks, rs, kc, rc = [], [], [], []
+    ks, rs, kc, rc, cs = [], [], [], [], []
     for _ in range(reps):
+        cs.append(max(nat.read_bandwidth(total, threads, 2)))
         t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(3):
             for layout, w in mats:
@@ -126,20 +128,21 @@ def dram_gemv(tname, mb, threads, reps, rng):
         rs.append(probe.nbytes / wall / 1e9)
         rc.append(probe.nbytes * threads / cpu / 1e9)
     med = lambda v: float(np.median(v))  # noqa: E731
-    return med(ks), med(rs), med(kc), med(rc), total
+    return med(ks), med(rs), med(kc), med(rc), total, med(cs)
 
 
 def dram_table(types, threads, mb, reps):
     rng = np.random.default_rng(0)
     print(f"GEMV n=1 over a DRAM-sized weight set (~{mb} MB, fast mode, isa {nat.isa()}, {nat.__file__}); "
           f"load average {os.getloadavg()[0]:.1f}")
-    print("| type | threads | MB | kernel GB/s | read GB/s | % of read | kernel GB/CPU-s | read GB/CPU-s | % (CPU time) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| type | threads | MB | kernel GB/s | C read probe GB/s | % of probe | NumPy read GB/s | kernel GB/CPU-s | "
+          "NumPy read GB/CPU-s | % (CPU time) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for tname in types:
         for th in threads:
-            k, r, kc, rc, total = dram_gemv(tname, mb, th, reps, rng)
-            print(f"| {tname} | {th} | {total / 1e6:.0f} | {k:.1f} | {r:.1f} | {100 * k / r:.0f}% | {kc:.1f} | {rc:.1f} | "
-                  f"{100 * kc / rc:.0f}% |", flush=True)
+            k, r, kc, rc, total, c = dram_gemv(tname, mb, th, reps, rng)
+            print(f"| {tname} | {th} | {total / 1e6:.0f} | {k:.1f} | {c:.1f} | {100 * k / c:.0f}% | {r:.1f} | {kc:.1f} | "
+                  f"{rc:.1f} | {100 * kc / rc:.0f}% |", flush=True)
     print(f"load average at end {os.getloadavg()[0]:.1f}")
 
 

@@ -139,6 +139,16 @@ def _isas() -> list[str]:
     return _native.isa_available()
 
 
+@pytest.fixture
+def threads2():
+    """The C core's pool at 2 threads; its size restored after."""
+    from llambda import _native
+    before = _native.threads()
+    _native.set_threads(2)
+    yield
+    _native.set_threads(before)
+
+
 @pytest.fixture(params=_isas())
 def isa(request):
     """Every ISA path this machine runs (LLAMBDA_ISA's choices), one test each; restored after."""

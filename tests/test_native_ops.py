@@ -15,14 +15,6 @@ native = pytest.importorskip("llambda._native", reason="C core not built (python
 F32 = np.float32
 
 
-@pytest.fixture
-def threads2():
-    before = native.threads()
-    native.set_threads(2)
-    yield
-    native.set_threads(before)
-
-
 def rng(seed):
     return np.random.default_rng(seed)
 

@@ -1,5 +1,6 @@
 """The packed-weight arena: page-aligned, zero-filled, non-overlapping slices in load order."""
 import numpy as np
+import pytest
 
 from llambda.backends.weight_arena import ALIGN, HUGE, WeightArena
 
@@ -36,3 +37,16 @@ def test_mappings_start_on_huge_page_boundaries():
     first = arena.alloc(10)
     assert first.ctypes.data % HUGE == 0
     assert arena.mapped_bytes >= 3 * HUGE
+
+
+def test_huge_page_bytes_counts_only_the_arena():
+    arena = WeightArena(chunk=4 * HUGE)
+    assert arena.huge_page_bytes() in (0, None)            # nothing mapped yet
+    other = np.ones(16 * HUGE // 8)                         # another mapping of the process, touched
+    a = arena.alloc(3 * HUGE)
+    a[:] = 1                                                # faulted in (in 2 MB pages where THP allows)
+    got = arena.huge_page_bytes()
+    if got is None:
+        pytest.skip("no /proc/self/smaps")
+    assert 0 <= got <= arena.mapped_bytes and got % HUGE == 0
+    assert other.sum() > 0

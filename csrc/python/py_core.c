@@ -9,6 +9,7 @@
 #include "core/alloc.h"
 #include "core/isa.h"
 #include "core/pages.h"
+#include "core/readbw.h"
 #include "core/state.h"
 #include "core/threadpool.h"
 #include "python/args.h"
@@ -107,6 +108,41 @@ static PyObject *py_populate(PyObject *self, PyObject *arg) {
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
     return PyLong_FromLong(rc);
+}
+
+/* read_bandwidth(nbytes, threads, reps) -> list of GB/s, one per repetition (core/readbw.h); GIL released. */
+#define READBW_MAX_REPS 1000
+static PyObject *py_read_bandwidth(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long nbytes, threads, reps;
+    if (llb_arg_nargs("read_bandwidth", nargs, 3, "nbytes, threads, reps") < 0) return NULL;
+    for (int i = 0; i < 3; i++)
+        if (PyBool_Check(args[i])) return PyErr_Format(PyExc_TypeError, "read_bandwidth: arguments must be ints, not bool");
+    if (llb_arg_long(args[0], "read_bandwidth", "nbytes", (long)LLB_READBW_MIN_BYTES, LONG_MAX, &nbytes) < 0 ||
+        llb_arg_long(args[1], "read_bandwidth", "threads", 1, llb_pool_threads(), &threads) < 0 ||
+        llb_arg_long(args[2], "read_bandwidth", "reps", 1, READBW_MAX_REPS, &reps) < 0)
+        return NULL;
+    if ((size_t)nbytes > LLB_READBW_MAX_BYTES)
+        return PyErr_Format(PyExc_ValueError, "read_bandwidth: nbytes must be <= %zu", LLB_READBW_MAX_BYTES);
+    double gbs[READBW_MAX_REPS];
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = llb_read_bandwidth((size_t)nbytes, (int)threads, (int)reps, gbs);
+    Py_END_ALLOW_THREADS
+    if (rc == -1) return PyErr_Format(PyExc_MemoryError, "read_bandwidth: could not map %ld bytes", nbytes);
+    if (rc == -3)
+        return PyErr_Format(PyExc_ValueError, "read_bandwidth: nbytes %ld is more than half this machine's memory", nbytes);
+    if (rc != 0) return PyErr_Format(PyExc_ValueError, "read_bandwidth: arguments out of range");
+    PyObject *out = PyList_New(reps);
+    if (!out) return NULL;
+    for (long i = 0; i < reps; i++) {
+        PyObject *v = PyFloat_FromDouble(gbs[i]);
+        if (!v) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, v);
+    }
+    return out;
 }
 
 /* ---- pool probes ---------------------------------------------------------- */
@@ -214,6 +250,10 @@ PyMethodDef llb_core_methods[] = {
     {"populate", py_populate, METH_O,
      "populate(buf) -> int: fault a mapping's pages under buf in for reading, waiting for the disk with the GIL\n"
      "released: 0 done, 1 only requested (a kernel before 5.14), -1 refused (not mapped, an I/O error)."},
+    {"read_bandwidth", (PyCFunction)(void (*)(void))py_read_bandwidth, METH_FASTCALL,
+     "read_bandwidth(nbytes, threads, reps) -> list[float]: GB/s of streaming a buffer of nbytes (>= 1 MiB, in 2 MB\n"
+     "pages, faulted in first) with the active ISA's widest loads on `threads` (1..threads()) threads of the pool,\n"
+     "once per repetition: the read bound a decode step over that many bytes of weights can reach."},
     {"_pool_probe", (PyCFunction)(void (*)(void))py_pool_probe, METH_VARARGS | METH_KEYWORDS,
      "_pool_probe(calls, nested=False, items=64, grain=1, hold=0, stall_us=0) -> dict: run a counting task (tests)."},
     {NULL, NULL, 0, NULL},

@@ -192,6 +192,7 @@ class NativeBackend(Backend):
         self._weights = WeightArena()
         self._recording = None  # the _native.Plan being recorded
         self._tuners: dict[tuple, ThreadTuner] = {}   # (id(plan), pool size) -> its tuner (plans live as long as the model)
+        self.replays: dict[tuple, int] = {}            # (pool size, threads run on) -> replayed steps (for benchmarks)
         # On by default: a prompt's result must not depend on what its cache already held (prefix reuse
         # prefills a different chunk) - the same greedy call gives the same text. Costs ~1-4% of prefill.
         self._batch_invariant = True
@@ -218,19 +219,26 @@ class NativeBackend(Backend):
         plan.end()
         return plan
 
+    def weight_pages(self) -> tuple[int, int | None]:
+        """(bytes the packed weights' arena maps, of those in transparent huge pages now or None): for benchmarks."""
+        return self._weights.mapped_bytes, self._weights.huge_page_bytes()
+
     def replay(self, plan) -> None:
         """Replay a decode step on the thread count its ThreadTuner finds fastest now (a busy
         machine runs a step faster on fewer threads); the count never changes a result."""
         threads = C.threads()      # the pool's size now (set_threads may have changed it)
         if threads <= 1 or not THREAD_TUNING:
+            self.replays[threads, threads] = self.replays.get((threads, threads), 0) + 1
             plan.replay()
             return
         key = (id(plan), threads)
         tuner = self._tuners.get(key)
         if tuner is None:
             tuner = self._tuners[key] = ThreadTuner(threads)
+        run_on = tuner.threads()
+        self.replays[threads, run_on] = self.replays.get((threads, run_on), 0) + 1
         t0 = time.perf_counter()
-        plan.replay(threads=tuner.threads())
+        plan.replay(threads=run_on)
         tuner.record(time.perf_counter() - t0)
 
     # -- load time -------------------------------------------------------

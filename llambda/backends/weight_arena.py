@@ -24,6 +24,7 @@ class WeightArena:
         self._maps: list[mmap.mmap] = []     # kept alive while any matrix views them
         self._free = np.empty(0, np.uint8)   # the unused tail of the current mapping
         self.mapped_bytes = 0
+        self._ranges: list[tuple[int, int]] = []  # [start, end) of each mapping
 
     def _new_mapping(self, nbytes: int) -> np.ndarray:
         size = -(-(nbytes + HUGE) // HUGE) * HUGE     # room to start on a 2 MB boundary
@@ -37,6 +38,7 @@ class WeightArena:
         self._maps.append(m)
         self.mapped_bytes += size
         buf = np.frombuffer(m, np.uint8)
+        self._ranges.append((buf.ctypes.data, buf.ctypes.data + size))
         start = (-buf.ctypes.data) % HUGE
         return buf[start:start + size - HUGE]
 
@@ -50,3 +52,22 @@ class WeightArena:
             self._free = fresh
         out, self._free = self._free[:nbytes], self._free[padded:]
         return out
+
+    def huge_page_bytes(self) -> int | None:
+        """Bytes of the arena the kernel backs with transparent huge pages now (AnonHugePages of its
+        mappings in /proc/self/smaps; None where that file does not exist). For benchmarks: a decode
+        on 4 KB pages pays page walks a huge-page arena does not."""
+        try:
+            with open("/proc/self/smaps") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            return None
+        total, ours = 0, False
+        for line in lines:
+            head = line.split(None, 1)[0] if line else ""
+            if "-" in head and not head.endswith(":"):          # a mapping's header: "start-end perms ..."
+                lo, hi = (int(v, 16) for v in head.split("-"))
+                ours = any(lo < end and start < hi for start, end in self._ranges)
+            elif ours and head == "AnonHugePages:":
+                total += int(line.split()[1]) * 1024
+        return total

@@ -9,7 +9,8 @@ machine hits both alike; we report the median and the min-max spread.
 pp and tg are measured on top of a long context. `load` runs that many busy-loop
 processes beside both engines, as other work on a shared machine would. Decode rows
 say how many bytes a token reads (weights + the K/V at that depth) and the rate that
-implies, beside this machine's read bandwidth measured at the same working-set size.
+implies, beside this machine's read bandwidth measured at the same working-set size and thread count
+(the C core's streaming read probe, read_bandwidth below): the bound decode's GB/s is a share of.
 """
 from __future__ import annotations
 
@@ -203,6 +204,20 @@ class BusyLoad:
 
 
 def read_bandwidth(nbytes: int, threads: int, reps: int = 5) -> float:
+    """GB/s this machine reads at a working set of `nbytes` (at least 64 MiB) on `threads` threads: the
+    C core's probe (`_native.read_bandwidth`: the active ISA's widest loads streaming a buffer in 2 MB
+    pages over the thread pool, as a decode step reads its weights), best of `reps`; without the C core,
+    a NumPy read's median (which reads less than our own 1-thread decode: no bound)."""
+    try:
+        from .. import _native
+    except ImportError:
+        return numpy_read_bandwidth(nbytes, threads, reps)
+    if _native.threads() < threads:
+        _native.set_threads(threads)
+    return max(_native.read_bandwidth(max(nbytes, 64 << 20), threads, reps))
+
+
+def numpy_read_bandwidth(nbytes: int, threads: int, reps: int = 5) -> float:
     """GB/s of reading an array of `nbytes` (at least 64 MiB) with `threads` threads; median of `reps`.
 
     NumPy reductions release the GIL, so the threads read their slices at once; the array is
@@ -262,11 +277,16 @@ def run_bench(path, pp: list[int], tg: list[int], threads: list[int], reps: int 
         probes[t].append(read_bandwidth(sum(max(out.decode_bytes.values())), t, reps=3))
         out.bandwidth[t] = statistics.median(probes[t])
 
+    pages = getattr(engines[0].model.backend, "weight_pages", None)
+    if pages and pages()[1] is not None:   # a decode on 4 KB pages pays page walks the 2 MB-page arena does not
+        mapped, huge = pages()
+        log(f"  llambda's packed weights: {mapped / 1e6:.0f} MB mapped, {huge / 1e6:.0f} MB of them in 2 MB pages")
     with BusyLoad(load):
         if tg:
             for t in threads:
                 probe(t)
-                log(f"  read bandwidth, {t} thread(s): {out.bandwidth[t]:.1f} GB/s")
+                log(f"  read bandwidth, {t} thread(s): {out.bandwidth[t]:.1f} GB/s (C probe; a NumPy read: "
+                    f"{numpy_read_bandwidth(sum(max(out.decode_bytes.values())), t, reps=3):.1f})")
         for kind, n in [("pp", n) for n in pp] + [("tg", n) for n in tg]:
             ids = _tokens(vocab, n)
             for e, t in configs:            # warm-up (page in weights, build caches)
@@ -287,6 +307,11 @@ def run_bench(path, pp: list[int], tg: list[int], threads: list[int], reps: int 
                         f"{out.bandwidth[t]:.1f} GB/s ({min(probes[t]):.1f}-{max(probes[t]):.1f})")
                 log(f"  {kind}{n} threads={t}: " + ", ".join(
                     f"{e.name} {rows[(e.name, f'{kind}{n}', t)].median:.1f} t/s" for e in engines))
+                replays = getattr(engines[0].model.backend, "replays", {})
+                fewer = sum(v for (pool, on), v in replays.items() if pool == t and on < t)
+                if kind == "tg" and fewer:   # the thread tuner ran some of our decode steps on fewer threads
+                    log(f"  llambda decode steps on fewer than {t} threads (thread tuner), so far: {fewer} of "
+                        f"{sum(v for (pool, _), v in replays.items() if pool == t)}")
     out.rows = list(rows.values())
     return out
 
