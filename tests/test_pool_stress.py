@@ -178,9 +178,10 @@ print("ok" if bad == 0 and late == 0 else f"bad {bad} late {late}", s["takeovers
 """
 
 
-def test_redo_matmul_under_load_is_bit_identical():
+@pytest.mark.parametrize("isa", native.isa_available())
+def test_redo_matmul_under_load_is_bit_identical(isa):
     """Matmuls on 2 threads beside two busy loops (parked workers, their chunks taken over by the
     caller): every output is the 1-thread result bit for bit, and no abandoned chunk writes into an
     output after its call returned (each output is set to a sentinel once checked)."""
-    out = run_child(REDO_UNDER_LOAD, 300, 3000)
+    out = run_child(REDO_UNDER_LOAD, 300, 3000, LLAMBDA_ISA=isa)
     assert out.split()[0] == "ok", out

@@ -20,6 +20,13 @@
  * sees the other: no wake-up is lost. Workers wait for work the same way on
  * `generation` and `sleepers`.
  *
+ * Redo calls (llb_parallel_for_redo): a worker publishes the chunk it runs in its slot's
+ * `holding` word; a caller still waiting for it past a deadline moves that word to H_TAKEN
+ * (compare-and-swap: the worker's own move to 0 on finishing races with it, the winner counts
+ * the chunk), signals the worker and runs the chunk itself. The handler jumps out of the chunk
+ * (sigsetjmp/siglongjmp, armed only around the chunk's fn); a worker that finds its chunk taken
+ * when arming or finishing leaves the call. See take_over for why late stores are harmless.
+ *
  * One call at a time: a mutex serialises callers (two Python threads may run ops at
  * once), and a call made from inside a task runs serially. */
 #include "core/threadpool.h"

@@ -6,8 +6,8 @@
  * done. The caller (tid 0) claims chunks like
  * any worker and never waits for a worker that has not started: on a busy machine a
  * descheduled worker simply gets no chunks, and the threads that run do its share. Only
- * a chunk a worker already holds is waited for, so chunks should be small (a few per
- * thread); when such a wait shows a worker being descheduled mid-chunk, the pool runs the
+ * a chunk a worker already holds is waited for (in a redo call not even that, see
+ * llb_parallel_for_redo), so chunks should be small (a few per thread); when such a wait shows a worker being descheduled mid-chunk, the pool runs the
  * next calls on the caller alone for a few milliseconds (longer while it recurs). Chunk boundaries are multiples of grain from 0 whatever the thread count:
  * a result may depend on the chunking, never on which thread ran a chunk or how many
  * there are. Between calls workers spin for a while before sleeping, so a decode step's
