@@ -41,7 +41,7 @@ def print_stats(s: dict[str, int]) -> None:
         print(f"      calls {s['calls']} parallel, {s['solo_calls']} solo; stalls {s['stalls']}; joins waited "
               f"{s['joins_waited']} ({s['join_wait_us'] / 1e3:.1f} ms, {per_call:.1f} us/call); "
               f"stolen {s['stolen_chunks']}, worker chunks {s['worker_chunks']}, worker sleeps {s['worker_sleeps']}, "
-              f"absent {s['absent_calls']}")
+              f"absent {s['absent_calls']}, takeovers {s.get('takeovers', 0)}")
 
 
 def main() -> None:

@@ -139,3 +139,49 @@ def test_long_decode_finishes(smollm2_gguf, spin_us):
     """1200 tokens on 2 threads: the decode that once hung after ~128 tokens on a quiet machine."""
     out = run_child(LONG_DECODE, 600, smollm2_gguf, 1200, LLAMBDA_SPIN_US=spin_us)
     assert out.startswith("ok 1200")
+
+
+REDO_UNDER_LOAD = r"""
+import sys, multiprocessing
+import numpy as np
+from llambda import _native as nat
+from llambda.formats import quants as Q
+from llambda.tools.bench import BusyLoad
+calls = int(sys.argv[1])
+qid = {t["name"]: t["id"] for t in nat.qtypes()}["Q4_0"]
+rng = np.random.default_rng(0)
+rows, cols = 1024, 512  # 256 KB of weights: the matmul splits (>= 128 KB)
+raw = Q.random_blocks(rng, "Q4_0", rows * cols // 32, spread=2e-2).reshape(rows, -1)
+wbuf = np.zeros(nat.packed_size(qid, rows, cols), np.uint8)
+layout = nat.pack(qid, raw, wbuf, rows, cols)
+xs = [rng.standard_normal((n, cols)).astype(np.float32) for n in (1, 1, 8)]
+nat.set_threads(1)
+want = []
+for x in xs:
+    o = np.empty((x.shape[0], rows), np.float32)
+    nat.matmul(qid, layout, wbuf, rows, cols, x, o, x.shape[0], 0)
+    want.append(o)
+nat.set_threads(2)
+sentinel = np.float32(-7.5)
+outs = [np.full((x.shape[0], rows), sentinel, np.float32) for x in xs]
+bad = late = 0
+with BusyLoad(2):  # both cores busy: workers get parked mid-chunk, their chunks taken over
+    for i in range(calls):
+        k = i % len(xs)
+        nat.matmul(qid, layout, wbuf, rows, cols, xs[k], outs[k], xs[k].shape[0], 0)
+        bad += not np.array_equal(outs[k], want[k])
+        prev = outs[k - 1]  # written a call ago, then set to the sentinel: an abandoned chunk must not write it
+        late += not (prev == sentinel).all()
+        outs[k][:] = sentinel
+s = nat.pool_stats()
+print("ok" if bad == 0 and late == 0 else f"bad {bad} late {late}", s["takeovers"], s["stalls"], s["calls"])
+"""
+
+
+@pytest.mark.parametrize("isa", native.isa_available())
+def test_redo_matmul_under_load_is_bit_identical(isa):
+    """Matmuls on 2 threads beside two busy loops (parked workers, their chunks taken over by the
+    caller): every output is the 1-thread result bit for bit, and no abandoned chunk writes into an
+    output after its call returned (each output is set to a sentinel once checked)."""
+    out = run_child(REDO_UNDER_LOAD, 300, 3000, LLAMBDA_ISA=isa)
+    assert out.split()[0] == "ok", out

@@ -20,12 +20,22 @@
  * sees the other: no wake-up is lost. Workers wait for work the same way on
  * `generation` and `sleepers`.
  *
+ * Redo calls (llb_parallel_for_redo): a worker publishes the chunk it runs in its slot's
+ * `holding` word; a caller still waiting for it past a deadline moves that word to H_TAKEN
+ * (compare-and-swap: the worker's own move to 0 on finishing races with it, the winner counts
+ * the chunk), signals the worker and runs the chunk itself. The handler jumps out of the chunk
+ * (sigsetjmp/siglongjmp, armed only around the chunk's fn); a worker that finds its chunk taken
+ * when arming or finishing leaves the call. See take_over for why late stores are harmless.
+ *
  * One call at a time: a mutex serialises callers (two Python threads may run ops at
  * once), and a call made from inside a task runs serially. */
 #include "core/threadpool.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <sched.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -62,13 +72,21 @@ static atomic_long worker_sleeps;
  * worker finishes a chunk in microseconds; one that is not running needs a core,
  * and a sleeping caller frees one (the scheduler may move the worker onto it). */
 #define JOIN_SPIN_NS (30 * 1000)
+/* A redo call's caller takes over a worker's chunk this long (plus two of its own chunks'
+ * time) after it ran out of chunks itself. */
+#define REDO_AFTER_NS (30 * 1000)
 
 /* One per thread, a cache line each: its share of the call, and its finished count. */
 struct slot {
     _Alignas(64) _Atomic uint64_t word; /* generation << 32 | next << 16 | end */
     atomic_ulong finished;              /* chunks this thread finished, over all calls */
     atomic_ulong stolen;                /* of those, chunks of another thread's share */
+    /* In a redo call, the chunk this worker runs: gen << 32 | chunk << 2 | H_RUNNING, H_TAKEN once
+     * the caller has taken it over (0: none). Whoever moves it off H_RUNNING counts the chunk. */
+    _Atomic uint64_t holding;
 };
+#define H_RUNNING 1u
+#define H_TAKEN 2u
 
 struct pool {
     _Alignas(64) atomic_uint generation;
@@ -76,6 +94,7 @@ struct pool {
     _Alignas(64) llb_range_fn fn;
     void *ctx;
     long n, grain;
+    int redo; /* the call's chunks may be run twice and abandoned midway (llb_parallel_for_redo) */
     atomic_int active; /* threads that may claim (tid < active) */
     _Alignas(64) atomic_int caller_sleeping;
     _Alignas(64) atomic_int sleepers;
@@ -94,6 +113,13 @@ static struct pool pool = {.nth = 1};
 /* Serialises callers and pool resizes. */
 static pthread_mutex_t call_lock = PTHREAD_MUTEX_INITIALIZER;
 static _Thread_local int inside_task;
+/* Redo: a worker's tid (0 on other threads), where its abandoned chunk jumps back to, and
+ * whether it is inside such a chunk (see redo_handler). */
+static _Thread_local int my_tid;
+static _Thread_local sigjmp_buf redo_jump;
+static _Thread_local volatile sig_atomic_t redo_armed;
+static int redo_signal; /* 0: redo off (LLAMBDA_POOL_REDO=0, or the signal is someone else's) */
+static long takeovers;  /* under call_lock */
 /* A cap on the threads of this thread's calls (0: none): llb_pool_cap_thread. */
 static _Thread_local int thread_cap;
 static int atexit_registered;
@@ -104,6 +130,15 @@ static uint64_t now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* The join's condition variable, timed on the monotonic clock (redo deadlines come from now_ns). */
+static void init_joined(void) {
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(&pool.joined, &a);
+    pthread_condattr_destroy(&a);
 }
 
 /* Wait until generation differs from seen (or stop); spin first, then sleep. */
@@ -151,11 +186,23 @@ static long claim(int s, unsigned gen) {
     }
 }
 
-/* Run chunk c as thread tid and count it; wake the caller if it sleeps at the join. */
-static void run_chunk(long c, int tid) {
-    /* The call cannot end before this chunk is counted: its fields are live. */
-    const long b = c * pool.grain, e = b + pool.grain < pool.n ? b + pool.grain : pool.n;
-    pool.fn(pool.ctx, b, e, tid);
+/* The worker's side of a takeover: the caller has moved this thread's chunk to H_TAKEN and
+ * signalled it. Delivered before the thread runs another instruction of the chunk (a parked
+ * thread gets it when it is next scheduled, a running one at once), it abandons the chunk. */
+static void redo_handler(int sig) {
+    (void)sig;
+    const int saved = errno;
+    const int tid = my_tid;
+    if (tid > 0 && redo_armed && (atomic_load(&pool.slots[tid].holding) & 3) == H_TAKEN) {
+        redo_armed = 0;
+        errno = saved;
+        siglongjmp(redo_jump, 1);
+    }
+    errno = saved;
+}
+
+/* Count a chunk thread tid ran; wake the caller if it sleeps at the join. */
+static void count_chunk(int tid) {
     atomic_ulong *f = &pool.slots[tid].finished;
     /* Only this thread writes its count; seq_cst pairs with the caller_sleeping store in join(). */
     atomic_store(f, atomic_load_explicit(f, memory_order_relaxed) + 1);
@@ -164,6 +211,44 @@ static void run_chunk(long c, int tid) {
         pthread_cond_broadcast(&pool.joined);
         pthread_mutex_unlock(&pool.join_lock);
     }
+}
+
+/* Run chunk c of call gen as thread tid and count it. Returns -1 when the caller took the chunk
+ * over (the thread then leaves the call: the caller has counted the chunk). */
+static int run_chunk(long c, int tid, unsigned gen) {
+    /* The call cannot end before this chunk is counted: its fields are live. */
+    const long b = c * pool.grain, e = b + pool.grain < pool.n ? b + pool.grain : pool.n;
+    if (tid == 0 || !pool.redo) {
+        pool.fn(pool.ctx, b, e, tid);
+        count_chunk(tid);
+        return 0;
+    }
+    _Atomic uint64_t *h = &pool.slots[tid].holding;
+    const uint64_t mine = (uint64_t)gen << 32 | (uint64_t)c << 2 | H_RUNNING;
+    atomic_store(h, mine);
+    if (sigsetjmp(redo_jump, 0)) { /* abandoned (redo_handler): the caller runs it */
+        atomic_store(h, 0);
+        return -1;
+    }
+    redo_armed = 1;
+    atomic_signal_fence(memory_order_seq_cst);
+    /* Taken over before it was armed (the signal found it unarmed and returned): do not start. */
+    if ((atomic_load(h) & 3) == H_TAKEN) {
+        redo_armed = 0;
+        atomic_store(h, 0);
+        return -1;
+    }
+    pool.fn(pool.ctx, b, e, tid);
+    atomic_signal_fence(memory_order_seq_cst);
+    redo_armed = 0;
+    atomic_signal_fence(memory_order_seq_cst);
+    uint64_t expect = mine;
+    if (!atomic_compare_exchange_strong(h, &expect, 0)) { /* taken over after all: the caller counts it */
+        atomic_store(h, 0);
+        return -1;
+    }
+    count_chunk(tid);
+    return 0;
 }
 
 /* Claim and run chunks of call gen as thread tid: its own slot first, then the others'.
@@ -175,12 +260,15 @@ static long run_chunks(unsigned gen, int tid) {
     for (int k = 0; k < active; k++) {
         const int s = tid + k < active ? tid + k : tid + k - active;
         long mine = 0;
-        for (long c; (c = claim(s, gen)) >= 0; mine++) run_chunk(c, tid);
+        long c;
+        for (; (c = claim(s, gen)) >= 0; mine++)
+            if (run_chunk(c, tid, gen) < 0) break;
         if (s != tid && mine) { /* only this thread writes its count */
             atomic_ulong *st = &pool.slots[tid].stolen;
             atomic_store_explicit(st, atomic_load_explicit(st, memory_order_relaxed) + (unsigned long)mine, memory_order_relaxed);
         }
         ran += mine;
+        if (c >= 0) break; /* taken over: out of this call */
     }
     return ran;
 }
@@ -200,6 +288,14 @@ static void hold_if_asked(int tid) {
 
 static void *worker_main(void *arg) {
     const int tid = (int)(intptr_t)arg;
+    my_tid = tid;
+    redo_armed = 0;
+    if (redo_signal) {
+        sigset_t set;
+        sigemptyset(&set);
+        sigaddset(&set, redo_signal);
+        pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+    }
     inside_task = 1; /* a pool thread never forks the pool again */
     unsigned seen = pool.spawn_generation; /* not the live value: a call may already be published */
     for (;;) {
@@ -217,14 +313,46 @@ static unsigned long finished_sum(int nth) {
     return s;
 }
 
+/* Take over the chunks workers still run in redo call gen: each moved to H_TAKEN, its worker
+ * signalled (it abandons the chunk before running another instruction of it, see redo_handler),
+ * then run and counted here. The late worker's stores before that are the same bits the caller
+ * writes (the chunks are deterministic and out of place, the inputs unchanged until the call
+ * returns). Returns how many it took. */
+static int take_over(unsigned gen, int active) {
+    int took = 0;
+    for (int t = 1; t < active; t++) {
+        _Atomic uint64_t *h = &pool.slots[t].holding;
+        uint64_t v = atomic_load(h);
+        if ((unsigned)(v >> 32) != gen || (v & 3) != H_RUNNING) continue;
+        const uint64_t taken = (v & ~(uint64_t)3) | H_TAKEN;
+        if (!atomic_compare_exchange_strong(h, &v, taken)) continue; /* it finished meanwhile */
+        if (pthread_kill(pool.workers[t - 1], redo_signal) != 0) {
+            uint64_t x = taken;
+            if (atomic_compare_exchange_strong(h, &x, v)) continue; /* back to the worker: wait for it */
+            /* else the worker already left the chunk (finished it, not counted): run and count it */
+        }
+        const long c = (long)(v >> 2 & 0x3FFFFFFF), b = c * pool.grain, e = b + pool.grain < pool.n ? b + pool.grain : pool.n;
+        pool.fn(pool.ctx, b, e, 0);
+        count_chunk(0);
+        takeovers++;
+        took++;
+    }
+    return took;
+}
+
 /* Wait until the threads' finished counts reach target: spin, then sleep until a worker
- * that finishes a chunk wakes us. */
-static void join(unsigned long target, int nth) {
+ * that finishes a chunk wakes us. In a redo call (redo_at != 0) the chunks workers still run
+ * at redo_at (monotonic ns) are taken over. */
+static void join(unsigned long target, int nth, unsigned gen, int active, uint64_t redo_at) {
     uint64_t start = 0;
     for (unsigned i = 1; finished_sum(nth) != target; i++) {
         cpu_relax();
         if ((i & 63) == 0) {
             const uint64_t t = now_ns();
+            if (redo_at && t >= redo_at) {
+                take_over(gen, active);
+                redo_at = 0;
+            }
             if (!start) start = t;
             else if (t - start >= JOIN_SPIN_NS) break;
         }
@@ -232,7 +360,19 @@ static void join(unsigned long target, int nth) {
     if (finished_sum(nth) == target) return;
     pthread_mutex_lock(&pool.join_lock);
     atomic_store(&pool.caller_sleeping, 1); /* seq_cst: see run_chunk */
-    while (finished_sum(nth) != target) pthread_cond_wait(&pool.joined, &pool.join_lock);
+    while (finished_sum(nth) != target) {
+        if (!redo_at) {
+            pthread_cond_wait(&pool.joined, &pool.join_lock);
+            continue;
+        }
+        const struct timespec ts = {(time_t)(redo_at / 1000000000u), (long)(redo_at % 1000000000u)};
+        if (pthread_cond_timedwait(&pool.joined, &pool.join_lock, &ts) == ETIMEDOUT || now_ns() >= redo_at) {
+            pthread_mutex_unlock(&pool.join_lock);
+            take_over(gen, active);
+            redo_at = 0;
+            pthread_mutex_lock(&pool.join_lock);
+        }
+    }
     atomic_store(&pool.caller_sleeping, 0);
     pthread_mutex_unlock(&pool.join_lock);
 }
@@ -333,8 +473,23 @@ static void child_after_fork(void) {
     pthread_mutex_init(&pool.sleep_lock, NULL);
     pthread_mutex_init(&pool.join_lock, NULL);
     pthread_cond_init(&pool.wake, NULL);
-    pthread_cond_init(&pool.joined, NULL);
+    init_joined();
     pthread_mutex_init(&call_lock, NULL);
+}
+
+/* The signal a takeover sends (redo_handler), unless LLAMBDA_POOL_REDO=0 or the program already
+ * handles it: then redo calls run as plain ones. */
+static void install_redo(void) {
+    const char *s = getenv("LLAMBDA_POOL_REDO");
+    if (s && s[0] == '0') return;
+    const int sig = SIGRTMAX - 3;
+    struct sigaction old;
+    if (sigaction(sig, NULL, &old) != 0 || old.sa_handler != SIG_DFL) return;
+    struct sigaction sa = {0};
+    sa.sa_handler = redo_handler;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART | SA_NODEFER; /* NODEFER: the handler jumps out, the mask must not keep it blocked */
+    if (sigaction(sig, &sa, NULL) == 0) redo_signal = sig;
 }
 
 static void read_us_env(const char *name, long *ns) {
@@ -358,8 +513,9 @@ int llb_pool_init(int n_threads) {
         pthread_mutex_init(&pool.sleep_lock, NULL);
         pthread_mutex_init(&pool.join_lock, NULL);
         pthread_cond_init(&pool.wake, NULL);
-        pthread_cond_init(&pool.joined, NULL);
+        init_joined();
         read_spin_env();
+        install_redo();
         atexit(shutdown_at_exit);
         pthread_atfork(prepare_fork, parent_after_fork, child_after_fork);
     }
@@ -390,7 +546,7 @@ static void run_serially(llb_range_fn fn, void *ctx, long n, long grain) {
     for (long b = 0; b < n; b += grain) fn(ctx, b, b + grain < n ? b + grain : n, 0);
 }
 
-void llb_parallel_for(llb_range_fn fn, void *ctx, long n, long grain, int max_threads) {
+static void parallel_for(llb_range_fn fn, void *ctx, long n, long grain, int max_threads, int redo) {
     if (n <= 0) return;
     if (grain < 1) grain = 1;
     if (thread_cap > 0 && max_threads > thread_cap) max_threads = thread_cap;
@@ -418,6 +574,7 @@ void llb_parallel_for(llb_range_fn fn, void *ctx, long n, long grain, int max_th
         pool.ctx = ctx;
         pool.n = n;
         pool.grain = grain;
+        pool.redo = redo && redo_signal;
         atomic_store_explicit(&pool.active, active, memory_order_relaxed);
         /* Contiguous shares, thread t's [n_chunks * t / active, n_chunks * (t + 1) / active). */
         for (int t = 0; t < active; t++) {
@@ -428,12 +585,23 @@ void llb_parallel_for(llb_range_fn fn, void *ctx, long n, long grain, int max_th
         const long ran = run_chunks(gen, 0);
         const uint64_t claimed = now_ns();
         pool.finished_total += (unsigned long)n_chunks;
-        join(pool.finished_total, nth);
+        /* A redo call takes over what workers still run at 30 us + 2 of the caller's chunks:
+         * far past a running worker's chunk, a small part of a parked one's scheduler slice. */
+        const uint64_t per_chunk = ran > 0 ? (claimed - start) / (uint64_t)ran : 1000000;
+        join(pool.finished_total, nth, gen, active, pool.redo ? claimed + REDO_AFTER_NS + 2 * per_chunk : 0);
         note_join(start, claimed, now_ns(), ran);
         note_absent(start, claimed, ran, n_chunks, woke);
     }
     inside_task = 0;
     pthread_mutex_unlock(&call_lock);
+}
+
+void llb_parallel_for(llb_range_fn fn, void *ctx, long n, long grain, int max_threads) {
+    parallel_for(fn, ctx, n, grain, max_threads, 0);
+}
+
+void llb_parallel_for_redo(llb_range_fn fn, void *ctx, long n, long grain, int max_threads) {
+    parallel_for(fn, ctx, n, grain, max_threads, 1);
 }
 
 long llb_grain(long n, long chunks, long min_grain, long align) {
@@ -468,7 +636,7 @@ int llb_pool_stats(long *out, int n) {
     }
     const long v[LLB_POOL_STATS] = {calls_parallel, calls_solo, stalls, joins_waited, (long)(join_wait_ns / 1000),
                                     (long)(join_wait_max_ns / 1000), (long)(caller_work_ns / 1000), (long)stolen,
-                                    (long)worker_chunks, atomic_load(&worker_sleeps), calls_absent};
+                                    (long)worker_chunks, atomic_load(&worker_sleeps), calls_absent, takeovers};
     pthread_mutex_unlock(&call_lock);
     const int k = n < LLB_POOL_STATS ? n : LLB_POOL_STATS;
     for (int i = 0; i < k; i++) out[i] = v[i];

@@ -6,8 +6,8 @@
  * done. The caller (tid 0) claims chunks like
  * any worker and never waits for a worker that has not started: on a busy machine a
  * descheduled worker simply gets no chunks, and the threads that run do its share. Only
- * a chunk a worker already holds is waited for, so chunks should be small (a few per
- * thread); when such a wait shows a worker being descheduled mid-chunk, the pool runs the
+ * a chunk a worker already holds is waited for (in a redo call not even that, see
+ * llb_parallel_for_redo), so chunks should be small (a few per thread); when such a wait shows a worker being descheduled mid-chunk, the pool runs the
  * next calls on the caller alone for a few milliseconds (longer while it recurs). Chunk boundaries are multiples of grain from 0 whatever the thread count:
  * a result may depend on the chunking, never on which thread ran a chunk or how many
  * there are. Between calls workers spin for a while before sleeping, so a decode step's
@@ -31,6 +31,13 @@ int llb_pool_threads(void);
 /* Run fn over [0, n) in chunks of grain (>= 1) on at most max_threads threads; blocking.
  * A call made from inside a task runs serially on the calling thread (tid 0). */
 void llb_parallel_for(llb_range_fn fn, void *ctx, long n, long grain, int max_threads);
+/* llb_parallel_for for a fn whose chunks may run twice, and be abandoned midway: each chunk
+ * writes only its own outputs, out of place (never its inputs), the same bits whichever thread
+ * runs it, takes no lock and allocates nothing. When a worker is still in a chunk 30 us (plus
+ * two chunks' time) after the caller ran out of chunks (the OS parked it), the caller signals
+ * it to abandon the chunk and runs the chunk itself instead of waiting out a scheduler slice.
+ * LLAMBDA_POOL_REDO=0 makes it a plain llb_parallel_for. */
+void llb_parallel_for_redo(llb_range_fn fn, void *ctx, long n, long grain, int max_threads);
 /* The grain that cuts n items into about `chunks` chunks of at least min_grain items,
  * a multiple of align: from the sizes only, never the thread count. */
 long llb_grain(long n, long chunks, long min_grain, long align);
@@ -50,8 +57,9 @@ long llb_pool_stalls(void);
  * of those join waits (us, over all parallel calls), the caller's time in its own chunks (us),
  * chunks a thread ran from another's share, chunks the workers (tid >= 1) ran, and how often a
  * worker went to sleep waiting for a call, and the calls the caller ran alone though its workers
- * were awake (not on a CPU). Returns how many it wrote (at most LLB_POOL_STATS). */
-#define LLB_POOL_STATS 11
+ * were awake (not on a CPU), and the chunks the caller took over from a parked worker (redo
+ * calls). Returns how many it wrote (at most LLB_POOL_STATS). */
+#define LLB_POOL_STATS 12
 int llb_pool_stats(long *out, int n);
 
 /* Test hook: worker `tid` (>= 1) stops before claiming anything until released with 0 or

@@ -218,7 +218,9 @@ static void mm_run(mm_ctx *c, uint8_t *s, int nth, int parallel) {
     /* Chunks of units from the sizes only: results never depend on them (a unit writes
      * whole outputs), and a few per thread let the running threads take over the share
      * of one the machine has descheduled. */
-    if (parallel) llb_parallel_for(matmul_task, c, c->units, llb_grain(c->units, MM_CHUNKS, 1, 1), nth);
+    /* redo: a unit writes its outputs out of place from inputs it never writes, so a parked
+     * worker's chunk can be run again by the caller (see llb_parallel_for_redo). */
+    if (parallel) llb_parallel_for_redo(matmul_task, c, c->units, llb_grain(c->units, MM_CHUNKS, 1, 1), nth);
     else matmul_task(c, 0, c->units, 0);
 }
 

@@ -76,7 +76,7 @@ static PyObject *py_pool_stalls(PyObject *self, PyObject *unused) { return PyLon
 static PyObject *py_pool_stats(PyObject *self, PyObject *unused) {
     static const char *names[LLB_POOL_STATS] = {"calls", "solo_calls", "stalls", "joins_waited", "join_wait_us",
                                                 "join_wait_max_us", "caller_work_us", "stolen_chunks", "worker_chunks",
-                                                "worker_sleeps", "absent_calls"};
+                                                "worker_sleeps", "absent_calls", "takeovers"};
     long v[LLB_POOL_STATS];
     const int k = llb_pool_stats(v, LLB_POOL_STATS);
     PyObject *d = PyDict_New();
@@ -184,14 +184,17 @@ static void probe_task(void *ctx, long b, long e, int tid) {
     if (p->nested) llb_parallel_for(nested_task, ctx, 8, 1, LLB_POOL_MAX_THREADS); /* must run serially */
 }
 
-/* _pool_probe(calls, nested=False, items=64, grain=1, hold=0, stall_us=0) ->
+/* _pool_probe(calls, nested=False, items=64, grain=1, hold=0, stall_us=0, redo=False) ->
  * dict(item_runs=[per item], chunks=[per tid], bad, nested_max_tid, hold_timeouts).
- * hold: a worker tid kept from claiming anything during the calls (llb_pool_hold_worker). */
+ * hold: a worker tid kept from claiming anything during the calls (llb_pool_hold_worker).
+ * redo: the calls are llb_parallel_for_redo (a stalled worker's chunk is taken over; its
+ * item_runs count only once: a worker abandons its chunk in the stall, before counting). */
 static PyObject *py_pool_probe(PyObject *self, PyObject *args, PyObject *kw) {
-    static char *names[] = {"calls", "nested", "items", "grain", "hold", "stall_us", NULL};
+    static char *names[] = {"calls", "nested", "items", "grain", "hold", "stall_us", "redo", NULL};
     long calls, items = 64, grain = 1, stall_us = 0;
-    int nested = 0, hold = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "l|pllil", names, &calls, &nested, &items, &grain, &hold, &stall_us))
+    int nested = 0, hold = 0, redo = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "l|pllilp", names, &calls, &nested, &items, &grain, &hold, &stall_us,
+                                     &redo))
         return NULL;
     if (calls < 1 || calls > PROBE_MAX_CALLS) return PyErr_Format(PyExc_ValueError, "_pool_probe: calls must be in [1, %d]", PROBE_MAX_CALLS);
     if (items < 1 || items > PROBE_MAX_ITEMS || grain < 1 || hold < 0 || hold >= LLB_POOL_MAX_THREADS || stall_us < 0 ||
@@ -210,7 +213,7 @@ static PyObject *py_pool_probe(PyObject *self, PyObject *args, PyObject *kw) {
     llb_pool_hold_worker(hold);
     for (long i = 0; i < calls; i++) {
         p->worker_chunks_before = atomic_load(&p->chunks[1]);
-        llb_parallel_for(probe_task, p, items, grain, p->nth); /* tid < nth even if the pool grows */
+        (redo ? llb_parallel_for_redo : llb_parallel_for)(probe_task, p, items, grain, p->nth); /* tid < nth even if the pool grows */
     }
     timeouts = llb_pool_hold_worker(0);
     Py_END_ALLOW_THREADS
@@ -246,7 +249,7 @@ PyMethodDef llb_core_methods[] = {
      "runs alone on the calling thread for a few milliseconds."},
     {"pool_stats", py_pool_stats, METH_NOARGS,
      "pool_stats() -> dict: the pool's counters since the process started (calls, solo_calls, stalls, joins_waited,\n"
-     "join_wait_us, join_wait_max_us, caller_work_us, stolen_chunks, worker_chunks, worker_sleeps, absent_calls; see core/threadpool.h)."},
+     "join_wait_us, join_wait_max_us, caller_work_us, stolen_chunks, worker_chunks, worker_sleeps, absent_calls, takeovers; see core/threadpool.h)."},
     {"populate", py_populate, METH_O,
      "populate(buf) -> int: fault a mapping's pages under buf in for reading, waiting for the disk with the GIL\n"
      "released: 0 done, 1 only requested (a kernel before 5.14), -1 refused (not mapped, an I/O error)."},
