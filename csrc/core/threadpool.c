@@ -75,6 +75,8 @@ static atomic_long worker_sleeps;
 /* A redo call's caller takes over a worker's chunk this long (plus two of its own chunks'
  * time) after it ran out of chunks itself. */
 #define REDO_AFTER_NS (30 * 1000)
+/* How long a takeover waits for the signalled worker to leave its chunk (see take_over). */
+#define ACK_WAIT_NS (50 * 1000)
 
 /* One per thread, a cache line each: its share of the call, and its finished count. */
 struct slot {
@@ -315,9 +317,9 @@ static unsigned long finished_sum(int nth) {
 
 /* Take over the chunks workers still run in redo call gen: each moved to H_TAKEN, its worker
  * signalled (it abandons the chunk before running another instruction of it, see redo_handler),
- * then run and counted here. The late worker's stores before that are the same bits the caller
- * writes (the chunks are deterministic and out of place, the inputs unchanged until the call
- * returns). Returns how many it took. */
+ * then run and counted here once the worker has left it (or is off the CPU): the chunks are
+ * deterministic and out of place, the inputs unchanged until the call returns, so the caller's
+ * run writes the bits the worker's would have. Returns how many it took. */
 static int take_over(unsigned gen, int active) {
     int took = 0;
     for (int t = 1; t < active; t++) {
@@ -330,6 +332,14 @@ static int take_over(unsigned gen, int active) {
             uint64_t x = taken;
             if (atomic_compare_exchange_strong(h, &x, v)) continue; /* back to the worker: wait for it */
             /* else the worker already left the chunk (finished it, not counted): run and count it */
+        } else {
+            /* The kernels add a chunk's K blocks into its outputs, so a worker still on a CPU must
+             * be out of the chunk before the caller rewrites them: its handler (or its failed
+             * compare-exchange) clears `holding`. A running thread gets the signal within
+             * microseconds; one that does not answer in ACK_WAIT_NS is off the CPU, and the signal
+             * runs before its next instruction of the chunk. */
+            const uint64_t until = now_ns() + ACK_WAIT_NS;
+            while (atomic_load(h) == taken && now_ns() < until) cpu_relax();
         }
         const long c = (long)(v >> 2 & 0x3FFFFFFF), b = c * pool.grain, e = b + pool.grain < pool.n ? b + pool.grain : pool.n;
         pool.fn(pool.ctx, b, e, 0);
