@@ -62,9 +62,9 @@ LLB_AI TGT void dot_row2(__m512i acc[], const __m512i *q, const int nq, const in
     acc[0] = _mm512_add_epi32(acc[0], acc2[0]);
 }
 
-/* A work unit's tiles share one decoding of the group's K chunk (fast_k): per 32-value sub-block s
- * PANEL_SUB vectors, its 8 code vectors, then its scales d * sc (a 16-value type's two, then
- * Q2_K's two mins dmin * m), as the tiles would decode them: the same values, so the same sums. */
+/* A work unit's tiles share one decoding of each of the group's super-blocks (fast_k_panel): per
+ * 32-value sub-block s PANEL_SUB vectors, its 8 code vectors, then its scales d * sc (a 16-value type's
+ * two, then Q2_K's two mins dmin * m), as the tiles would decode them: the same values, so the same sums. */
 #define PANEL_SUB 12
 
 /* 16-value sub-block u of a Q6_K/Q3_K/Q2_K group-block: its codes, scale d * sc and (Q2_K) min dmin * m. */
