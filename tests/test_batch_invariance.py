@@ -64,6 +64,8 @@ def test_single_rows_equal_batch_rows(C, qtype, exact):
         layout, w = packed_matrix(C, qtype, rows, cols, int(qtype) + cols)
         x = np.random.default_rng(cols).standard_normal((9, cols)).astype(F32)
         x[::2, ::23] *= 12  # outliers in every other row: blocks with a residual code (kernels.h, LLB_OUTLIER)
+        xs70 = np.random.default_rng(cols + 1).standard_normal((70, cols)).astype(F32)
+        xs70[::3, ::29] *= 12
         for isa in C.isa_available():
             C.set_isa(isa)
             for threads in (1, 2):
@@ -74,6 +76,13 @@ def test_single_rows_equal_batch_rows(C, qtype, exact):
                     one = np.empty((1, rows), F32)
                     C.matmul(int(qtype), layout, w, rows, cols, x[i:i + 1].copy(), one, 1, exact)
                     assert np.array_equal(one[0].view(np.uint32), batch[i].view(np.uint32)), (isa, threads, rows, cols, i)
+                # two work units of 64 rows (the GEMM shares a unit's decoding among its tiles) and a tail
+                big = np.empty((70, rows), F32)
+                C.matmul(int(qtype), layout, w, rows, cols, xs70, big, 70, exact)
+                for i in (0, 7, 8, 62, 63, 64, 69):
+                    one = np.empty((1, rows), F32)
+                    C.matmul(int(qtype), layout, w, rows, cols, xs70[i:i + 1].copy(), one, 1, exact)
+                    assert np.array_equal(one[0].view(np.uint32), big[i].view(np.uint32)), (isa, threads, rows, cols, i)
 
 
 # ---------------------------------------------------------------- attention

@@ -125,8 +125,26 @@ LLB_AI TGT __m512 residual_dot(const int qt, const __m512i q[8], const int8_t *x
 
 /* M activation rows from row i (all in one activation tile) against the whole group:
  * several rows per weight decode. */
+/* A work unit of more than one tile decodes the group's K chunk once (fast32) into a panel its
+ * tiles read: per block its 8 code vectors, the rows' scales and (Q4_1, Q5_1) mins, the values a
+ * tile would decode, so the same sums. */
+#define PANEL32 10
+
+LLB_AI TGT void fill_panel32(const int qt, const uint8_t *wg, long b0, long b1, __m512i *pan) {
+    for (long b = b0; b < b1; b++) {
+        const uint8_t *gb = wg + b * LLB_GB_BYTES(qt);
+        __m512i *pb = pan + PANEL32 * (b - b0), q[8];
+        llb_prefetch_ahead(gb, LLB_GB_BYTES(qt));
+        dec_block32(qt, gb, q);
+        LLB_UNROLL
+        for (int t = 0; t < 8; t++) _mm512_store_si512(pb + t, q[t]);
+        _mm512_store_si512(pb + 8, _mm512_castps_si512(block_scale16(qt, gb)));
+        if (LLB_HAS_MIN32(qt)) _mm512_store_si512(pb + 9, _mm512_castps_si512(load_f16x16(gb + 32)));
+    }
+}
+
 LLB_AI TGT void tile32(const llb_mm *mm, const uint8_t *wg, long i, const int M, const int qt, long b0, long b1,
-                       __m512 tot[]) {
+                       const __m512i *pan, __m512 tot[]) {
     const long nb = mm->cols / 32, xt = mm->a.xt;
     const size_t at = llb_act_at(i, b0, nb, xt);
     const int8_t *xq = mm->a.qs + 32 * at;
@@ -138,11 +156,21 @@ LLB_AI TGT void tile32(const llb_mm *mm, const uint8_t *wg, long i, const int M,
     LLB_UNROLL
     for (int m = 0; m < M; m++) tot[m] = _mm512_setzero_ps();
     for (long b = b0; b < b1; b++) {
-        const uint8_t *gb = wg + b * LLB_GB_BYTES(qt);
-        llb_prefetch_ahead(gb, LLB_GB_BYTES(qt));
         __m512i q[8];
-        dec_block32(qt, gb, q);
-        const __m512 dv = block_scale16(qt, gb), mv = LLB_HAS_MIN32(qt) ? load_f16x16(gb + 32) : dv;
+        __m512 dv, mv;
+        if (pan) {
+            const __m512i *pb = pan + PANEL32 * (b - b0);
+            LLB_UNROLL
+            for (int t = 0; t < 8; t++) q[t] = _mm512_load_si512(pb + t);
+            dv = _mm512_castsi512_ps(_mm512_load_si512(pb + 8));
+            mv = LLB_HAS_MIN32(qt) ? _mm512_castsi512_ps(_mm512_load_si512(pb + 9)) : dv;
+        } else {
+            const uint8_t *gb = wg + b * LLB_GB_BYTES(qt);
+            llb_prefetch_ahead(gb, LLB_GB_BYTES(qt));
+            dec_block32(qt, gb, q);
+            dv = block_scale16(qt, gb);
+            mv = LLB_HAS_MIN32(qt) ? load_f16x16(gb + 32) : dv;
+        }
         __m512i acc[TILE_ROWS];
         LLB_UNROLL
         for (int m = 0; m < M; m++) acc[m] = LLB_HAS_MIN32(qt) ? _mm512_setzero_si512() : _mm512_set1_epi32(xb[m]);
@@ -152,12 +180,19 @@ LLB_AI TGT void tile32(const llb_mm *mm, const uint8_t *wg, long i, const int M,
             for (int m = 0; m < M; m++)
                 acc[m] = _mm512_dpbusd_epi32(acc[m], q[t], _mm512_set1_epi32(llb_ld32(xq + 32 * m + 4 * t)));
         }
+        /* which of the M rows' blocks carry a residual (d2 != 0): one test for the tile, most have none */
+        const __mmask8 r2 = _mm256_cmp_ps_mask(_mm256_maskz_loadu_ps((__mmask8)((1u << M) - 1), xd2), _mm256_setzero_ps(),
+                                               _CMP_NEQ_OQ);
         LLB_UNROLL
         for (int m = 0; m < M; m++) {
             const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[m]), dv);
             tot[m] = _mm512_fmadd_ps(f, _mm512_set1_ps(xd[m]), tot[m]);
             if (LLB_HAS_MIN32(qt)) tot[m] = _mm512_fmadd_ps(mv, _mm512_set1_ps(xs[m]), tot[m]);
-            if (xd2[m] != 0.0f) tot[m] = residual_dot(qt, q, xq2 + 32 * m, xb2[m], dv, xd2[m], tot[m]);
+        }
+        if (r2) {
+            LLB_UNROLL
+            for (int m = 0; m < M; m++)
+                if (r2 >> m & 1) tot[m] = residual_dot(qt, q, xq2 + 32 * m, xb2[m], dv, xd2[m], tot[m]);
         }
         xq += 32 * xt;
         xd += xt;
@@ -201,6 +236,27 @@ LLB_AI TGT __m512 gemv32(const llb_mm *mm, const uint8_t *wg, const int qt) {
     return out;
 }
 
+/* The tiles of rows [i0, i1) over blocks [b0, b1): 8 rows at a time, the rest as tiles of 4, 2, 1. */
+LLB_AI TGT void fast32_tiles(const llb_mm *mm, const uint8_t *wg, long i0, long i1, const int qt, long b0, long b1,
+                             const __m512i *pan, __mmask16 km, float *o) {
+    __m512 t[TILE_ROWS];
+    long i = i0;
+    for (; i + TILE_ROWS <= i1; i += TILE_ROWS) {
+        tile32(mm, wg, i, TILE_ROWS, qt, b0, b1, pan, t);
+        llb512_put_rows(o + i * mm->rows, mm->rows, km, t, TILE_ROWS, b0 > 0);
+    }
+    for (int M = TILE_ROWS / 2; M >= 1; M /= 2) {
+        if (i1 - i < M) continue;
+        if (M == 4) tile32(mm, wg, i, 4, qt, b0, b1, pan, t);
+        else if (M == 2) tile32(mm, wg, i, 2, qt, b0, b1, pan, t);
+        else tile32(mm, wg, i, 1, qt, b0, b1, pan, t);
+        llb512_put_rows(o + i * mm->rows, mm->rows, km, t, M, b0 > 0);
+        i += M;
+    }
+}
+
+
+
 LLB_AI TGT void fast32(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt) {
     const __mmask16 km = (__mmask16)((1u << llb_group_rows(mm, g)) - 1);
     float *o = mm->out + g * LLB_IL;
@@ -209,21 +265,14 @@ LLB_AI TGT void fast32(const llb_mm *mm, const uint8_t *wg, long g, long i0, lon
         return;
     }
     const long nb = mm->cols / 32, kc = LLB_KCHUNK / 32;
-    __m512 t[TILE_ROWS];
+    __m512i pan[(LLB_KCHUNK / 32) * PANEL32];
     for (long b0 = 0; b0 < nb; b0 += kc) { /* K in chunks: the group's chunk stays in L1 across tiles */
         const long b1 = b0 + kc < nb ? b0 + kc : nb;
-        long i = i0;
-        for (; i + TILE_ROWS <= i1; i += TILE_ROWS) {
-            tile32(mm, wg, i, TILE_ROWS, qt, b0, b1, t);
-            llb512_put_rows(o + i * mm->rows, mm->rows, km, t, TILE_ROWS, b0 > 0);
-        }
-        for (int M = TILE_ROWS / 2; M >= 1; M /= 2) { /* the rest as tiles of 4, 2, 1 */
-            if (i1 - i < M) continue;
-            if (M == 4) tile32(mm, wg, i, 4, qt, b0, b1, t);
-            else if (M == 2) tile32(mm, wg, i, 2, qt, b0, b1, t);
-            else tile32(mm, wg, i, 1, qt, b0, b1, t);
-            llb512_put_rows(o + i * mm->rows, mm->rows, km, t, M, b0 > 0);
-            i += M;
+        if (i1 - i0 > TILE_ROWS && (qt == LLB_Q5_0 || qt == LLB_Q5_1)) {
+            fill_panel32(qt, wg, b0, b1, pan);
+            fast32_tiles(mm, wg, i0, i1, qt, b0, b1, pan, km, o);
+        } else {
+            fast32_tiles(mm, wg, i0, i1, qt, b0, b1, NULL, km, o);
         }
     }
 }

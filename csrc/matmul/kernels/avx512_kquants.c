@@ -62,29 +62,114 @@ LLB_AI TGT void dot_row2(__m512i acc[], const __m512i *q, const int nq, const in
     acc[0] = _mm512_add_epi32(acc[0], acc2[0]);
 }
 
+/* A work unit's tiles share one decoding of each of the group's super-blocks (fast_k_panel): per
+ * 32-value sub-block s PANEL_SUB vectors, its 8 code vectors, then its scales d * sc (a 16-value type's
+ * two, then Q2_K's two mins dmin * m), as the tiles would decode them: the same values, so the same sums. */
+#define PANEL_SUB 12
+
+/* 16-value sub-block u of a Q6_K/Q3_K/Q2_K group-block: its codes, scale d * sc and (Q2_K) min dmin * m. */
+LLB_AI TGT void k16_decode(const int qt, const uint8_t *gb, int u, __m512 d, __m512 dmin, __m512i q[4], __m512 *sc,
+                           __m512 *mn) {
+    if (qt == LLB_Q6_K) dec_q6k_sub(gb + LLB_Q6_K_SUBS + 192 * u, q);
+    else dec_k16_sub(qt, gb, u, q);
+    if (qt == LLB_Q2_K) { /* the file's bytes: scale | min << 4 */
+        const __m512i sm = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(gb + 64 + 16 * u)));
+        *sc = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(sm, _mm512_set1_epi32(15))));
+        *mn = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_srli_epi32(sm, 4)));
+    } else {
+        *sc = sub_scale_i8(gb + 32 + 16 * u, d);
+    }
+}
+
+/* Half j of sub-block s from its panel entry ps. */
+LLB_AI TGT void k16_from_panel(const int qt, const __m512i *ps, int j, __m512i q[4], __m512 *sc, __m512 *mn) {
+    LLB_UNROLL
+    for (int t = 0; t < 4; t++) q[t] = _mm512_load_si512(ps + 4 * j + t);
+    *sc = _mm512_castsi512_ps(_mm512_load_si512(ps + 8 + j));
+    if (qt == LLB_Q2_K) *mn = _mm512_castsi512_ps(_mm512_load_si512(ps + 10 + j));
+}
+
+/* Super-blocks [s0, s1) of group wg into the panel pan. */
+LLB_AI TGT void fill_panel(const int qt, const uint8_t *wg, long s0, long s1, __m512i *pan) {
+    const int gbb = LLB_GB_BYTES(qt), k16 = qt == LLB_Q6_K || qt == LLB_Q3_K || qt == LLB_Q2_K;
+    for (long sb = s0; sb < s1; sb++) {
+        const uint8_t *gb = wg + sb * gbb;
+        const __m512 d = load_f16x16(gb), dmin = qt == LLB_Q2_K ? load_f16x16(gb + 32) : d;
+        for (int s = 0; s < 8; s++) {
+            __m512i *ps = pan + PANEL_SUB * (8 * (sb - s0) + s);
+            llb_prefetch_slice(gb, gbb, s);
+            if (k16) {
+                LLB_UNROLL
+                for (int j = 0; j < 2; j++) {
+                    __m512i q[4];
+                    __m512 sc, mn = d;
+                    k16_decode(qt, gb, 2 * s + j, d, dmin, q, &sc, &mn);
+                    LLB_UNROLL
+                    for (int t = 0; t < 4; t++) _mm512_store_si512(ps + 4 * j + t, q[t]);
+                    _mm512_store_si512(ps + 8 + j, _mm512_castps_si512(sc));
+                    if (qt == LLB_Q2_K) _mm512_store_si512(ps + 10 + j, _mm512_castps_si512(mn));
+                }
+            } else {
+                __m512i q[8];
+                dec_k4_sub(qt, gb, s, q);
+                LLB_UNROLL
+                for (int t = 0; t < 8; t++) _mm512_store_si512(ps + t, q[t]);
+                const __m512 sc = qt == LLB_IQ4_XS ? sub_scale_i8(gb + 32 + 16 * s, d) : sub_scale_u8(gb + 64 + 16 * s, d);
+                _mm512_store_si512(ps + 8, _mm512_castps_si512(sc));
+            }
+        }
+    }
+}
+
+/* The GEMM's integer zero-point terms of a super-block for M rows (bs16n of consecutive rows 16 apart),
+ * computed as vectors once per super-block and tile (the GEMV takes them one by one): IQ4_XS's
+ * -128 * sum32 = 4 * (bs16n[2s] + bs16n[2s+1]) at zp[m][2s] (pairs), Q3_K's -4 * sum16 = bs16n / 8 (exact:
+ * bs16n = -32 * sum16). The same integers, so the same sums. */
+LLB_AI TGT void zero_points(const int32_t *bs16n, const int M, const int pairs, int32_t zp[][16]) {
+    LLB_UNROLL
+    for (int m = 0; m < M; m++) {
+        const __m512i v = _mm512_loadu_si512(bs16n + 16 * m);
+        const __m512i z = pairs ? _mm512_slli_epi32(_mm512_add_epi32(v, _mm512_shuffle_epi32(v, _MM_PERM_CDAB)), 2)
+                                : _mm512_srai_epi32(v, 3);
+        _mm512_storeu_si512(zp[m], z);
+    }
+}
+
 /* M activation rows from row i, all in one activation tile; gemv (n == 1, M == 1) adds prefetch
  * and splits the dependency chains. Q4_K, Q5_K and IQ4_XS (qt): IQ4_XS has signed scales, no min, and
  * codes stored as level + 128, whose offset enters the accumulator as -128 * sum(xq) = 4 * bs16n. */
 LLB_AI TGT void tile_q4k(const int qt, const llb_mm *mm, const uint8_t *wg, long i, const int M, const int gemv, long s0,
-                         long s1, __m512 tot[]) {
+                         long s1, const __m512i *pan, const int cont, __m512 tot[]) {
     const long xt = mm->a.xt;
     const size_t at = llb_act_at(i, 0, mm->cols / 256, xt);
     LLB_UNROLL
-    for (int m = 0; m < M; m++) tot[m] = _mm512_setzero_ps();
+    for (int m = 0; m < M; m++)
+        if (!cont) tot[m] = _mm512_setzero_ps();
     for (long sb = s0; sb < s1; sb++) {
         const uint8_t *gb = wg + sb * LLB_GB_BYTES(qt);
         const __m512 d = load_f16x16(gb);
         const size_t e = at + xt * sb; /* row i's entry of this super-block */
+        int32_t zp[qt == LLB_IQ4_XS ? TILE_ROWS : 1][16];
+        if (qt == LLB_IQ4_XS && !gemv) zero_points(mm->a.bs16n + 16 * e, M, 1, zp);
         for (int s = 0; s < 8; s++) {
             __m512i q[8], acc[TILE_ROWS];
-            llb_prefetch_slice(gb, LLB_GB_BYTES(qt), s);
-            dec_k4_sub(qt, gb, s, q);
-            const __m512 sc = qt == LLB_IQ4_XS ? sub_scale_i8(gb + 32 + 16 * s, d) : sub_scale_u8(gb + 64 + 16 * s, d);
+            __m512 sc;
+            if (pan) { /* decoded once per work unit (fast_k) */
+                const __m512i *ps = pan + PANEL_SUB * (8 * (sb - s0) + s);
+                LLB_UNROLL
+                for (int t = 0; t < 8; t++) q[t] = _mm512_load_si512(ps + t);
+                sc = _mm512_castsi512_ps(_mm512_load_si512(ps + 8));
+            } else {
+                llb_prefetch_slice(gb, LLB_GB_BYTES(qt), s);
+                dec_k4_sub(qt, gb, s, q);
+                sc = qt == LLB_IQ4_XS ? sub_scale_i8(gb + 32 + 16 * s, d) : sub_scale_u8(gb + 64 + 16 * s, d);
+            }
             const int8_t *xq = mm->a.qs + 256 * e + 32 * s;
             LLB_UNROLL
             for (int m = 0; m < M; m++) {
                 const int32_t *bs = mm->a.bs16n + 16 * (e + m) + 2 * s;
-                acc[m] = qt == LLB_IQ4_XS ? _mm512_set1_epi32(4 * (bs[0] + bs[1])) : _mm512_setzero_si512();
+                acc[m] = qt != LLB_IQ4_XS ? _mm512_setzero_si512()
+                       : _mm512_set1_epi32(gemv ? 4 * (bs[0] + bs[1]) : zp[qt == LLB_IQ4_XS ? m : 0][2 * s]);
             }
             if (gemv) dot_row2(acc, q, 8, xq);
             else dot_rows(acc, M, q, 8, xq);
@@ -107,17 +192,20 @@ LLB_AI TGT void tile_q4k(const int qt, const llb_mm *mm, const uint8_t *wg, long
  * with signed scales) and Q2_K (2-bit, a 4-bit scale and min per sub-block: the min enters each
  * 32 values' sum as -dmin * m[u] * sum16(xq)[u], before the activation scale dx[s]). */
 LLB_AI TGT void tile_k16(const int qt, const llb_mm *mm, const uint8_t *wg, long i, const int M, const int gemv, long s0,
-                         long s1, __m512 tot[]) {
+                         long s1, const __m512i *pan, const int cont, __m512 tot[]) {
     const long xt = mm->a.xt;
     const size_t at = llb_act_at(i, 0, mm->cols / 256, xt);
     const int gbb = LLB_GB_BYTES(qt);
     LLB_UNROLL
-    for (int m = 0; m < M; m++) tot[m] = _mm512_setzero_ps();
+    for (int m = 0; m < M; m++)
+        if (!cont) tot[m] = _mm512_setzero_ps();
     for (long sb = s0; sb < s1; sb++) {
         const uint8_t *gb = wg + sb * gbb;
         const __m512 d = load_f16x16(gb), dmin = qt == LLB_Q2_K ? load_f16x16(gb + 32) : d;
         const size_t e = at + xt * sb;
         float bs32[qt == LLB_Q2_K ? TILE_ROWS : 1][16] __attribute__((aligned(64)));
+        int32_t zp[qt == LLB_Q3_K ? TILE_ROWS : 1][16];
+        if (qt == LLB_Q3_K && !gemv) zero_points(mm->a.bs16n + 16 * e, M, 0, zp);
         if (qt == LLB_Q2_K) { /* bs16n / 32 of each row's 16 sub-blocks as floats, once per super-block */
             LLB_UNROLL
             for (int m = 0; m < M; m++)
@@ -132,19 +220,15 @@ LLB_AI TGT void tile_k16(const int qt, const llb_mm *mm, const uint8_t *wg, long
                 const int u = 2 * s + j;
                 __m512i q[4], acc[TILE_ROWS];
                 __m512 sc, mn = d;
-                if (qt == LLB_Q6_K) dec_q6k_sub(gb + LLB_Q6_K_SUBS + 192 * u, q);
-                else dec_k16_sub(qt, gb, u, q);
-                if (qt == LLB_Q2_K) { /* the file's bytes: scale | min << 4 */
-                    const __m512i sm = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(gb + 64 + 16 * u)));
-                    sc = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(sm, _mm512_set1_epi32(15))));
-                    mn = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_srli_epi32(sm, 4)));
-                } else {
-                    sc = sub_scale_i8(gb + 32 + 16 * u, d);
-                }
+                if (pan) /* decoded once per work unit (fast_k) */
+                    k16_from_panel(qt, pan + PANEL_SUB * (8 * (sb - s0) + s), j, q, &sc, &mn);
+                else
+                    k16_decode(qt, gb, u, d, dmin, q, &sc, &mn);
                 LLB_UNROLL
                 for (int m = 0; m < M; m++) { /* the zero point: -32 (Q6_K) or -4 (Q3_K) * bsum16 */
                     const int32_t bs = mm->a.bs16n[16 * (e + m) + u];
-                    acc[m] = qt == LLB_Q2_K ? _mm512_setzero_si512() : _mm512_set1_epi32(qt == LLB_Q6_K ? bs : bs / 8);
+                    acc[m] = qt == LLB_Q2_K ? _mm512_setzero_si512()
+                           : _mm512_set1_epi32(qt == LLB_Q6_K ? bs : gemv ? bs / 8 : zp[qt == LLB_Q3_K ? m : 0][u]);
                 }
                 const int8_t *xq = mm->a.qs + 256 * e + 16 * u;
                 if (gemv) dot_row2(acc, q, 4, xq);
@@ -163,9 +247,46 @@ LLB_AI TGT void tile_k16(const int qt, const llb_mm *mm, const uint8_t *wg, long
 }
 
 LLB_AI TGT void tile_k(const int qt, const llb_mm *mm, const uint8_t *wg, long i, const int M, const int gemv, long s0,
-                       long s1, __m512 tot[]) {
-    if (qt == LLB_Q6_K || qt == LLB_Q3_K || qt == LLB_Q2_K) tile_k16(qt, mm, wg, i, M, gemv, s0, s1, tot);
-    else tile_q4k(qt, mm, wg, i, M, gemv, s0, s1, tot);
+                       long s1, const __m512i *pan, const int cont, __m512 tot[]) {
+    if (qt == LLB_Q6_K || qt == LLB_Q3_K || qt == LLB_Q2_K) tile_k16(qt, mm, wg, i, M, gemv, s0, s1, pan, cont, tot);
+    else tile_q4k(qt, mm, wg, i, M, gemv, s0, s1, pan, cont, tot);
+}
+
+/* A work unit of more than one tile: each super-block of the group is decoded once into a panel (6 KB)
+ * that all the unit's tiles read, super-block by super-block; a tile's running sums wait in `run`
+ * between super-blocks. Every output element goes through the same operations in the same order
+ * as in a tile over the whole K chunk (and as the GEMV): only where the values wait differs. */
+LLB_AI TGT void tile_k_at(const int qt, const llb_mm *mm, const uint8_t *wg, long i, const int M, long sb,
+                          const __m512i *pan, const int cont, __m512 *run) {
+    __m512 t[TILE_ROWS];
+    LLB_UNROLL
+    for (int m = 0; m < M; m++) t[m] = run[m];
+    tile_k(qt, mm, wg, i, M, 0, sb, sb + 1, pan, cont, t);
+    LLB_UNROLL
+    for (int m = 0; m < M; m++) run[m] = t[m];
+}
+
+LLB_AI TGT void fast_k_panel(const llb_mm *mm, const uint8_t *wg, long i0, long i1, const int qt, __mmask16 km, float *o) {
+    const long nsb = mm->cols / 256, kc = LLB_KCHUNK / 256;
+    __m512i pan[8 * PANEL_SUB];
+    __m512 run[LLB_ICHUNK];
+    for (long s0 = 0; s0 < nsb; s0 += kc) {
+        const long s1 = s0 + kc < nsb ? s0 + kc : nsb;
+        for (long sb = s0; sb < s1; sb++) {
+            fill_panel(qt, wg, sb, sb + 1, pan);
+            const int cont = sb > s0;
+            long i = i0;
+            for (; i + TILE_ROWS <= i1; i += TILE_ROWS) tile_k_at(qt, mm, wg, i, TILE_ROWS, sb, pan, cont, run + (i - i0));
+            for (int M = TILE_ROWS / 2; M >= 1; M /= 2) { /* the rest as tiles of 4, 2, 1 */
+                if (i1 - i < M) continue;
+                if (M == 4) tile_k_at(qt, mm, wg, i, 4, sb, pan, cont, run + (i - i0));
+                else if (M == 2) tile_k_at(qt, mm, wg, i, 2, sb, pan, cont, run + (i - i0));
+                else tile_k_at(qt, mm, wg, i, 1, sb, pan, cont, run + (i - i0));
+                i += M;
+            }
+        }
+        llb512_put_rows(o + i0 * mm->rows, mm->rows, km, run, (int)(i1 - i0), s0 > 0);
+    }
 }
 
 LLB_AI TGT void fast_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt) {
@@ -176,24 +297,28 @@ LLB_AI TGT void fast_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, lon
     if (LLB_GEMV(mm)) { /* the GEMM's K chunks too, so a single row sums in its exact order */
         __m512 sum = _mm512_setzero_ps();
         for (long s0 = 0; s0 < nsb; s0 += kc) {
-            tile_k(qt, mm, wg, 0, 1, 1, s0, s0 + kc < nsb ? s0 + kc : nsb, t);
+            tile_k(qt, mm, wg, 0, 1, 1, s0, s0 + kc < nsb ? s0 + kc : nsb, NULL, 0, t);
             sum = s0 ? _mm512_add_ps(sum, t[0]) : t[0];
         }
         _mm512_mask_storeu_ps(o, km, sum);
+        return;
+    }
+    if (i1 - i0 > TILE_ROWS && qt != LLB_Q4_K && qt != LLB_Q2_K) { /* their cheap decoders: the panel lost 9-11% */
+        fast_k_panel(mm, wg, i0, i1, qt, km, o);
         return;
     }
     for (long s0 = 0; s0 < nsb; s0 += kc) { /* K in chunks: the group's chunk stays in L1 across tiles */
         const long s1 = s0 + kc < nsb ? s0 + kc : nsb;
         long i = i0;
         for (; i + TILE_ROWS <= i1; i += TILE_ROWS) {
-            tile_k(qt, mm, wg, i, TILE_ROWS, 0, s0, s1, t);
+            tile_k(qt, mm, wg, i, TILE_ROWS, 0, s0, s1, NULL, 0, t);
             llb512_put_rows(o + i * mm->rows, mm->rows, km, t, TILE_ROWS, s0 > 0);
         }
         for (int M = TILE_ROWS / 2; M >= 1; M /= 2) { /* the rest as tiles of 4, 2, 1 */
             if (i1 - i < M) continue;
-            if (M == 4) tile_k(qt, mm, wg, i, 4, 0, s0, s1, t);
-            else if (M == 2) tile_k(qt, mm, wg, i, 2, 0, s0, s1, t);
-            else tile_k(qt, mm, wg, i, 1, 0, s0, s1, t);
+            if (M == 4) tile_k(qt, mm, wg, i, 4, 0, s0, s1, NULL, 0, t);
+            else if (M == 2) tile_k(qt, mm, wg, i, 2, 0, s0, s1, NULL, 0, t);
+            else tile_k(qt, mm, wg, i, 1, 0, s0, s1, NULL, 0, t);
             llb512_put_rows(o + i * mm->rows, mm->rows, km, t, M, s0 > 0);
             i += M;
         }
