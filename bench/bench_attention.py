@@ -2,7 +2,9 @@
 
 Queries at positions DEPTH.. over a random f16 cache of one layer, Qwen2.5-Coder-1.5B's shape
 (12 query heads over 2 kv heads of 128); prints the median wall and process CPU time (on a
-loaded machine compare CPU times of alternated runs). T=threads (default 2). Run with the
+loaded machine compare CPU times of alternated runs). T=threads (default 2), KV=f16|q8_0|f32 (the
+cache type, default f16), SHAPE=heads,kv_heads,head_dim (default 12,2,128; Qwen2.5-Coder-0.5B's is
+14,2,64); the decode shape is N_QUERIES 1. Run with the
 checkout on PYTHONPATH (a script's directory, not the cwd, starts sys.path)."""
 import os
 import sys
@@ -16,12 +18,12 @@ from llambda.backends.native import NativeBackend
 def main() -> None:
     depth, nq = int(sys.argv[1]), int(sys.argv[2])
     reps = int(sys.argv[3]) if len(sys.argv) > 3 else 3
-    be = NativeBackend(threads=int(os.environ.get("T", "2")), kv_type="f16")
-    heads, n_kv, hd = 12, 2, 128
+    be = NativeBackend(threads=int(os.environ.get("T", "2")), kv_type=os.environ.get("KV", "f16"))
+    heads, n_kv, hd = (int(x) for x in os.environ.get("SHAPE", "12,2,128").split(","))
     cache = be.create_kv_cache(1, 1, depth + nq, n_kv, hd)
     r = np.random.default_rng(0)
-    for a in (cache.k[0], cache.v[0]):
-        a[0] = r.standard_normal(a[0].shape).astype(a.dtype)
+    kv = r.standard_normal((2, depth + nq, n_kv, hd)).astype(np.float32)
+    be.kv_store(cache, 0, kv[0], kv[1], np.zeros(depth + nq, np.int32), np.arange(depth + nq, dtype=np.int32))
     q = r.standard_normal((nq, heads, hd)).astype(np.float32)
     out = np.zeros_like(q)
     slots, pos = np.zeros(nq, np.int32), np.arange(depth, depth + nq, dtype=np.int32)
@@ -32,7 +34,8 @@ def main() -> None:
         wall.append(time.perf_counter() - w0)
         cpu.append(time.process_time() - c0)
     macs = 2 * nq * heads * hd * (depth + nq / 2)
-    print(f"depth {depth}, {nq} queries: wall {np.median(wall) * 1e3:.1f} ms, cpu {np.median(cpu) * 1e3:.1f} ms "
+    kv_bytes = cache.k[0].nbytes * (depth + nq / 2) / cache.n_ctx * 2
+    print(f"{os.environ.get('KV', 'f16')} depth {depth}, {nq} queries: {kv_bytes / np.median(cpu) / 1e9:.1f} GB of K/V per CPU second, wall {np.median(wall) * 1e3:.1f} ms, cpu {np.median(cpu) * 1e3:.1f} ms "
           f"({macs / np.median(cpu) / 1e9:.1f} GMAC per CPU second), load {os.getloadavg()[0]:.1f}")
 
 
