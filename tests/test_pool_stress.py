@@ -183,5 +183,32 @@ def test_redo_matmul_under_load_is_bit_identical(isa):
     """Matmuls on 2 threads beside two busy loops (parked workers, their chunks taken over by the
     caller): every output is the 1-thread result bit for bit, and no abandoned chunk writes into an
     output after its call returned (each output is set to a sentinel once checked)."""
-    out = run_child(REDO_UNDER_LOAD, 300, 3000, LLAMBDA_ISA=isa)
+    out = run_child(REDO_UNDER_LOAD, 300, 3000, LLAMBDA_ISA=isa, LLAMBDA_POOL_REDO="1")
     assert out.split()[0] == "ok", out
+
+
+PARKED_TAKEOVER = r"""
+from llambda import _native as nat
+nat.set_threads(2)
+s0 = nat.pool_stats()
+r = nat._pool_probe(3, items=64, grain=1, stall_us=50000, redo=True)
+s1 = nat.pool_stats()
+r2 = nat._pool_probe(300, items=16, grain=1, redo=True)  # and then as usual
+once = r["bad"] == 0 and r["item_runs"] == [3] * 64 and r2["bad"] == 0 and r2["item_runs"] == [300] * 16
+print(int(once), r["chunks"][1], s1["takeovers"] - s0["takeovers"], s1["stalls"] - s0["stalls"])
+"""
+
+
+def test_a_parked_worker_chunk_is_taken_over_in_a_redo_call():
+    """A redo call (llb_parallel_for_redo, opted in with LLAMBDA_POOL_REDO=1): a worker stalled inside
+    its chunk is signalled to abandon it and the caller runs the chunk, so the call does not wait
+    out the stall and no stall is counted. Without the opt-in the same calls take no chunk over."""
+    for opt_in, want_takeovers in (("1", True), ("0", False)):
+        out = run_child(PARKED_TAKEOVER, 120, LLAMBDA_POOL_REDO=opt_in).split()
+        once, worker_chunks, takeovers, stalls = map(int, out[:4])
+        assert once == 1  # every item ran exactly once per call
+        if want_takeovers:
+            assert worker_chunks >= 3  # the worker started a chunk in each call (the caller waits for that)
+            assert takeovers >= 3 and stalls == 0
+        else:
+            assert takeovers == 0

@@ -88,22 +88,6 @@ def test_a_slow_chunk_is_waited_for():
     assert probe_ok(r, 200, 64)
 
 
-def test_a_parked_worker_chunk_is_taken_over_in_a_redo_call():
-    """A redo call (llb_parallel_for_redo): a worker stalled inside its chunk is signalled to
-    abandon it and the caller runs the chunk, so the call does not wait out the stall and no
-    stall (and no solo back-off) is counted. The worker abandons before counting its items, so
-    every item still counts once per call."""
-    native.set_threads(2)
-    s0 = native.pool_stats()
-    r = native._pool_probe(3, items=64, grain=1, stall_us=50000, redo=True)
-    assert probe_ok(r, 3, 64)
-    assert r["chunks"][1] >= 3  # the worker started a chunk in each call (the caller waits for that)
-    s1 = native.pool_stats()
-    assert s1["takeovers"] - s0["takeovers"] >= 3 and s1["stalls"] == s0["stalls"]
-    r = native._pool_probe(300, items=16, grain=1, redo=True)  # and then as usual
-    assert probe_ok(r, 300, 16)
-
-
 def test_pool_stats_count_calls_and_chunks():
     """The benchmark counters: every call of several chunks is counted once, as run on several
     threads or by the back-off on the caller alone, and the workers' chunks are among its chunks."""
