@@ -277,9 +277,9 @@ def run_bench(path, pp: list[int], tg: list[int], threads: list[int], reps: int 
         probes[t].append(read_bandwidth(sum(max(out.decode_bytes.values())), t, reps=3))
         out.bandwidth[t] = statistics.median(probes[t])
 
-    pages = getattr(engines[0].model.backend, "weight_pages", None)
-    if pages and pages()[1] is not None:   # a decode on 4 KB pages pays page walks the 2 MB-page arena does not
-        mapped, huge = pages()
+    weight_pages = getattr(engines[0].model.backend, "weight_pages", None)
+    mapped, huge = weight_pages() if weight_pages else (0, None)
+    if huge is not None:   # a decode on 4 KB pages pays page walks the 2 MB-page arena does not
         log(f"  llambda's packed weights: {mapped / 1e6:.0f} MB mapped, {huge / 1e6:.0f} MB of them in 2 MB pages")
     with BusyLoad(load):
         if tg:

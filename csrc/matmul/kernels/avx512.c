@@ -123,8 +123,6 @@ LLB_AI TGT __m512 residual_dot(const int qt, const __m512i q[8], const int8_t *x
     return _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc), dv), _mm512_set1_ps(d2), tot);
 }
 
-/* M activation rows from row i (all in one activation tile) against the whole group:
- * several rows per weight decode. */
 /* A work unit of more than one tile decodes the group's K chunk once (fast32) into a panel its
  * tiles read: per block its 8 code vectors, the rows' scales and (Q4_1, Q5_1) mins, the values a
  * tile would decode, so the same sums. */
@@ -143,6 +141,8 @@ LLB_AI TGT void fill_panel32(const int qt, const uint8_t *wg, long b0, long b1, 
     }
 }
 
+/* M activation rows from row i (all in one activation tile) against the whole group:
+ * several rows per weight decode (or, with pan, per panel read). */
 LLB_AI TGT void tile32(const llb_mm *mm, const uint8_t *wg, long i, const int M, const int qt, long b0, long b1,
                        const __m512i *pan, __m512 tot[]) {
     const long nb = mm->cols / 32, xt = mm->a.xt;
@@ -255,8 +255,6 @@ LLB_AI TGT void fast32_tiles(const llb_mm *mm, const uint8_t *wg, long i0, long 
     }
 }
 
-
-
 LLB_AI TGT void fast32(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt) {
     const __mmask16 km = (__mmask16)((1u << llb_group_rows(mm, g)) - 1);
     float *o = mm->out + g * LLB_IL;
@@ -268,12 +266,9 @@ LLB_AI TGT void fast32(const llb_mm *mm, const uint8_t *wg, long g, long i0, lon
     __m512i pan[(LLB_KCHUNK / 32) * PANEL32];
     for (long b0 = 0; b0 < nb; b0 += kc) { /* K in chunks: the group's chunk stays in L1 across tiles */
         const long b1 = b0 + kc < nb ? b0 + kc : nb;
-        if (i1 - i0 > TILE_ROWS && (qt == LLB_Q5_0 || qt == LLB_Q5_1)) {
-            fill_panel32(qt, wg, b0, b1, pan);
-            fast32_tiles(mm, wg, i0, i1, qt, b0, b1, pan, km, o);
-        } else {
-            fast32_tiles(mm, wg, i0, i1, qt, b0, b1, NULL, km, o);
-        }
+        const int panel = i1 - i0 > TILE_ROWS && (qt == LLB_Q5_0 || qt == LLB_Q5_1); /* costly decoders only */
+        if (panel) fill_panel32(qt, wg, b0, b1, pan);
+        fast32_tiles(mm, wg, i0, i1, qt, b0, b1, panel ? pan : NULL, km, o);
     }
 }
 
