@@ -51,8 +51,9 @@ def packed_matrix(C, qtype, rows, cols, seed):
 
 
 # (rows, cols): a partial last 16-row group, one K chunk, and K over several 2048-value chunks
-# (the GEMM sums K in chunks: the n == 1 kernel must too); float types also get a ragged K.
-SHAPES = [(100, 512), (37, 4864)]
+# (the GEMM sums K in chunks: the n == 1 kernel must too), and three whole groups (where the GEMM
+# takes pairs of groups, a pair then a lone group); float types also get a ragged K.
+SHAPES = [(100, 512), (37, 4864), (48, 768)]
 FLOAT_SHAPES = [(100, 512), (21, 2085)]
 
 

@@ -1,6 +1,6 @@
 /* The matmul driver: picks the ISA's kernel, quantizes the activations once
- * per call, and splits the work, (16-row group) x (64-activation-row chunk)
- * units, over the thread pool in chunks of consecutive units, so that a thread
+ * per call, and splits the work, (16-row group, or a pair of groups where the kernel
+ * takes pairs) x (64-activation-row chunk) units, over the thread pool in chunks of consecutive units, so that a thread
  * streams contiguous regions of the packed weights. A call may hold up to LLB_MM_MAX_PARTS
  * matrices of one type that share the activations (llb_matmul_many): their
  * units follow each other and are split as one list. */
@@ -33,7 +33,7 @@ typedef struct {
     llb_mm mm;           /* rows, out, row_bytes; a is set per thread */
     int layout;
     const uint8_t *w;
-    long ngroups, first_unit;
+    long ngroups, first_unit, units;
 } mm_part;
 
 typedef struct {
@@ -43,8 +43,9 @@ typedef struct {
     int offset;
     size_t group_bytes;  /* bytes of one packed 16-row group over all columns (same for every part) */
     long nchunks, units;
+    long span;           /* groups per unit: 2 where the kernel takes pairs (llb_kernels.pairs) and n > 1, else 1 */
     mm_part part[LLB_MM_MAX_PARTS];
-    uint8_t *repack;     /* per-thread buffers of group_bytes when a quantized type comes in the file layout */
+    uint8_t *repack;     /* per-thread pairs of group_bytes buffers when a quantized type comes in the file layout */
     size_t off_repack;   /* where they start in the scratch */
     int needs_repack;
     int quantize;        /* activations quantized to 8 bits */
@@ -96,18 +97,21 @@ static void quantize_task(void *ctx, long t0, long t1, int tid) {
     quantize_rows(c, &a, t0 * xt, t1 * xt < c->mm.n ? t1 * xt : c->mm.n);
 }
 
-/* Group g of part p: in place, or packed into buf from the file layout (cached: the last unit's). */
-static const uint8_t *group_data(const mm_ctx *c, const mm_part *p, long g, uint8_t *buf, const mm_part **cp,
-                                 long *cg) {
+/* Group g of part p: in place, or packed from the file layout into the thread's buffer of g's parity
+ * (bufs, two of group_bytes: a pair's groups both), cached per parity: the last unit's. */
+static const uint8_t *group_data(const mm_ctx *c, const mm_part *p, long g, uint8_t *bufs, const mm_part *cp[2],
+                                 long cg[2]) {
     if (!c->group_bytes) return p->w + (size_t)g * LLB_IL * p->mm.row_bytes;
     if (p->layout == LLB_LAYOUT_PACKED) return p->w + (size_t)g * c->group_bytes;
-    if (g != *cg || p != *cp) llb_pack_group(p->mm.t, p->w, p->mm.rows, p->mm.cols, g, buf);
-    *cp = p;
-    *cg = g;
+    const int k = (int)(g & 1);
+    uint8_t *buf = bufs + (size_t)k * c->group_bytes;
+    if (g != cg[k] || p != cp[k]) llb_pack_group(p->mm.t, p->w, p->mm.rows, p->mm.cols, g, buf);
+    cp[k] = p;
+    cg[k] = g;
     return buf;
 }
 
-/* Work units [u0, u1) of (group, chunk) units in group-major order: a thread streams a
+/* Work units [u0, u1) of (group or pair of groups, chunk) units in group-major order: a thread streams a
  * contiguous region of the packed weights and reuses a group while it is in cache.
  * With private_acts a thread first quantizes all rows into its own copy (once per call,
  * before its first chunk; a thread that claims no chunk never does). Rows
@@ -125,17 +129,19 @@ static void matmul_task(void *ctx, long u0, long u1, int tid) {
         c->acts_ready[tid] = 1;
         a = act_view(c, &own);
     }
-    long cg = -1;
-    const mm_part *cp = NULL;
-    uint8_t *buf = c->repack ? c->repack + (size_t)tid * c->group_bytes : NULL;
+    long cg[2] = {-1, -1};
+    const mm_part *cp[2] = {NULL, NULL};
+    uint8_t *bufs = c->repack ? c->repack + (size_t)tid * 2 * c->group_bytes : NULL;
     int pi = 0;
     for (long u = u0; u < u1; u++) {
-        while (u >= c->part[pi].first_unit + c->part[pi].ngroups * c->nchunks) pi++;
+        while (u >= c->part[pi].first_unit + c->part[pi].units) pi++;
         const mm_part *p = &c->part[pi];
         llb_mm mm = p->mm;
         mm.a = a;
-        const long v = u - p->first_unit, g = v / c->nchunks, i0 = v % c->nchunks * LLB_ICHUNK;
-        c->fn(&mm, group_data(c, p, g, buf, &cp, &cg), g, i0, i0 + LLB_ICHUNK < mm.n ? i0 + LLB_ICHUNK : mm.n);
+        const long v = u - p->first_unit, g = v / c->nchunks * c->span, i0 = v % c->nchunks * LLB_ICHUNK;
+        const uint8_t *wg = group_data(c, p, g, bufs, cp, cg);
+        mm.wg2 = c->span == 2 && g + 1 < p->ngroups ? group_data(c, p, g + 1, bufs, cp, cg) : NULL;
+        c->fn(&mm, wg, g, i0, i0 + LLB_ICHUNK < mm.n ? i0 + LLB_ICHUNK : mm.n);
     }
 }
 
@@ -157,6 +163,8 @@ static size_t mm_setup(mm_ctx *c, const llb_type_info *t, const llb_mm_part *par
         c->fn = c->k->kernel(t->qtype, exact);
     }
     c->mm = (llb_mm){.t = t, .cols = cols, .n = n, .x = x};
+    /* Pairs of groups share each activation load in the GEMM; the GEMV (n == 1) keeps single groups. */
+    c->span = n > 1 && c->k->pairs && c->k->pairs(t->qtype, exact) ? 2 : 1;
     c->nchunks = (n + LLB_ICHUNK - 1) / LLB_ICHUNK;
     c->group_bytes = t->group_bytes ? (size_t)(cols / t->block) * t->group_bytes : 0;
     size_t weight_bytes = 0;
@@ -168,7 +176,8 @@ static size_t mm_setup(mm_ctx *c, const llb_type_info *t, const llb_mm_part *par
         p->w = parts[i].w;
         p->ngroups = (parts[i].rows + LLB_IL - 1) / LLB_IL;
         p->first_unit = c->units;
-        c->units += p->ngroups * c->nchunks;
+        p->units = (p->ngroups + c->span - 1) / c->span * c->nchunks;
+        c->units += p->units;
         weight_bytes += c->group_bytes ? c->group_bytes * (size_t)p->ngroups : (size_t)parts[i].rows * p->mm.row_bytes;
         c->needs_repack |= t->group_bytes && p->layout == LLB_LAYOUT_FILE;
     }
@@ -182,7 +191,7 @@ static size_t mm_setup(mm_ctx *c, const llb_type_info *t, const llb_mm_part *par
     c->private_acts = c->quantize && *parallel && n <= LLB_PRIVATE_ACT_ROWS;
 
     /* One scratch region: the quantized activations (one copy or one per thread), then
-     * per-thread repack buffers. */
+     * per-thread repack buffers (two each: a pair's groups). */
     const long xt = n < LLB_XT ? n : LLB_XT;
     const size_t nb32 = (size_t)((n + xt - 1) / xt * xt) * (cols / 32); /* whole tiles; d, sum: one per 32 values */
     c->mm.a.xt = xt;
@@ -197,7 +206,7 @@ static size_t mm_setup(mm_ctx *c, const llb_type_info *t, const llb_mm_part *par
         c->act_bytes = align64(c->off_bias2 + nb32 * sizeof(int32_t));
     }
     c->off_repack = c->act_bytes * (size_t)(c->private_acts ? nth : 1);
-    return c->off_repack + (c->needs_repack ? (size_t)nth * c->group_bytes : 0);
+    return c->off_repack + (c->needs_repack ? (size_t)nth * 2 * c->group_bytes : 0);
 }
 
 /* Run a call set up by mm_setup with its scratch s (on nth threads if parallel, else here). */

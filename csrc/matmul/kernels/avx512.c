@@ -236,24 +236,13 @@ LLB_AI TGT __m512 gemv32(const llb_mm *mm, const uint8_t *wg, const int qt) {
     return out;
 }
 
-/* The tiles of rows [i0, i1) over blocks [b0, b1): 8 rows at a time, the rest as tiles of 4, 2, 1. */
-LLB_AI TGT void fast32_tiles(const llb_mm *mm, const uint8_t *wg, long i0, long i1, const int qt, long b0, long b1,
-                             const __m512i *pan, __mmask16 km, float *o) {
-    __m512 t[TILE_ROWS];
-    long i = i0;
-    for (; i + TILE_ROWS <= i1; i += TILE_ROWS) {
-        tile32(mm, wg, i, TILE_ROWS, qt, b0, b1, pan, t);
-        llb512_put_rows(o + i * mm->rows, mm->rows, km, t, TILE_ROWS, b0 > 0);
-    }
-    for (int M = TILE_ROWS / 2; M >= 1; M /= 2) {
-        if (i1 - i < M) continue;
-        if (M == 4) tile32(mm, wg, i, 4, qt, b0, b1, pan, t);
-        else if (M == 2) tile32(mm, wg, i, 2, qt, b0, b1, pan, t);
-        else tile32(mm, wg, i, 1, qt, b0, b1, pan, t);
-        llb512_put_rows(o + i * mm->rows, mm->rows, km, t, M, b0 > 0);
-        i += M;
-    }
-}
+/* A tile of M rows from row i over blocks [b0, b1), stored (added after the first chunk). */
+#define TILE32(i, M)                                                                \
+    do {                                                                            \
+        __m512 t_[TILE_ROWS];                                                       \
+        tile32(mm, wg, i, M, qt, b0, b1, panel ? pan : NULL, t_);                   \
+        llb512_put_rows(o + (i) * mm->rows, mm->rows, km, t_, M, b0 > 0);           \
+    } while (0)
 
 LLB_AI TGT void fast32(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt) {
     const __mmask16 km = (__mmask16)((1u << llb_group_rows(mm, g)) - 1);
@@ -268,9 +257,10 @@ LLB_AI TGT void fast32(const llb_mm *mm, const uint8_t *wg, long g, long i0, lon
         const long b1 = b0 + kc < nb ? b0 + kc : nb;
         const int panel = i1 - i0 > TILE_ROWS && (qt == LLB_Q5_0 || qt == LLB_Q5_1); /* costly decoders only */
         if (panel) fill_panel32(qt, wg, b0, b1, pan);
-        fast32_tiles(mm, wg, i0, i1, qt, b0, b1, panel ? pan : NULL, km, o);
+        LLB_TILE_LADDER(i0, i1, TILE_ROWS, TILE32);
     }
 }
+#undef TILE32
 
 TGT static void fast_q4_0(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast32(mm, wg, g, i0, i1, LLB_Q4_0); }
 TGT static void fast_q4_1(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast32(mm, wg, g, i0, i1, LLB_Q4_1); }
@@ -514,6 +504,7 @@ LLB_AI TGT void float_gemv_ordered(const llb_mm *mm, const uint8_t *wg, long g, 
 }
 
 #define LLB_RB_VNNI
+#define LLB_PAIRS(qt, exact) (!(exact) && llb_avx512_kquant_pairs(qt))
 #define LLB_KQUANT_FAST llb_avx512_kquant_kernel
 #define LLB_KERNELS_NAME llb_kernels_avx512
 #include "matmul/kernels/table.inc"

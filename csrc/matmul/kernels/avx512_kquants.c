@@ -13,6 +13,16 @@
 #if LLB_X86
 
 #define TILE_ROWS 8 /* activation rows per tile in the GEMM */
+/* Rows per pair tile (two groups): 2 x PAIR_ROWS accumulators and running sums in registers (pairs
+ * of 8-row tiles spill: 0.80-1.02x of single groups). */
+#define PAIR_ROWS 4
+/* Where a unit of more than one tile decodes into the panel: not Q4_K's and Q2_K's cheap decoders
+ * (there the panel lost 9-11%). */
+#define PANEL_K_TYPE(qt) ((qt) != LLB_Q4_K && (qt) != LLB_Q2_K)
+/* The types whose GEMM takes pairs of groups (kernels.h): each activation broadcast feeds two groups'
+ * chains. Measured (CPU time, n = 128/512, 1536x3072 and 8960x1536): Q6_K 1.11-1.15x, Q3_K 1.08-1.12x,
+ * IQ4_XS 1.07-1.11x; Q4_K, Q5_K and Q2_K lost 3-14% (as did the 32-block types, 0.80-1.06x). */
+#define PAIRS_K(qt) ((qt) == LLB_Q6_K || (qt) == LLB_Q3_K || (qt) == LLB_IQ4_XS)
 
 /* Per-row scales of one sub-block as FP32: d * sc[s] (u8 for Q4_K, i8 for Q6_K). */
 LLB_AI TGT __m512 sub_scale_u8(const uint8_t *sc16, __m512 d) {
@@ -43,23 +53,31 @@ LLB_AI TGT __m512 q4k_min_dot(const __m512 mn[8], const float *xsum) {
     return _mm512_add_ps(a, b);
 }
 
-/* acc[m] += codes . activations of rows m (a tile's rows are 256 bytes apart), quad-major so
- * the M chains advance together. nq quads from xq. */
-LLB_AI TGT void dot_rows(__m512i acc[], const int M, const __m512i *q, const int nq, const int8_t *xq) {
+/* acc[gi][m] += codes of group gi (from q[gi]) . activations of rows m (a tile's rows are 256 bytes apart),
+ * quad-major so the G x M chains advance together, each activation broadcast feeding the G groups. nq
+ * quads from xq. */
+LLB_AI TGT void dot_rows(__m512i acc[][TILE_ROWS], const int G, const int M, const __m512i *const q[], const int nq,
+                         const int8_t *xq) {
     LLB_UNROLL
     for (int t = 0; t < nq; t++) {
         LLB_UNROLL
-        for (int m = 0; m < M; m++) acc[m] = _mm512_dpbusd_epi32(acc[m], q[t], _mm512_set1_epi32(llb_ld32(xq + 256 * m + 4 * t)));
+        for (int m = 0; m < M; m++) {
+            const __m512i xv = _mm512_set1_epi32(llb_ld32(xq + 256 * m + 4 * t));
+            LLB_UNROLL
+            for (int gi = 0; gi < G; gi++) acc[gi][m] = _mm512_dpbusd_epi32(acc[gi][m], q[gi][t], xv);
+        }
     }
 }
 
-/* acc[0] += codes . activations of one row, nq quads in two chains (the GEMV is latency-bound; integer
+/* acc[0][0] += codes . activations of one row, nq quads in two chains (the GEMV is latency-bound; integer
  * sums, so the same result as one chain). */
-LLB_AI TGT void dot_row2(__m512i acc[], const __m512i *q, const int nq, const int8_t *xq) {
-    __m512i acc2[1] = {_mm512_setzero_si512()};
-    dot_rows(acc, 1, q, nq / 2, xq);
-    dot_rows(acc2, 1, q + nq / 2, nq / 2, xq + 2 * nq);
-    acc[0] = _mm512_add_epi32(acc[0], acc2[0]);
+LLB_AI TGT void dot_row2(__m512i acc[][TILE_ROWS], const __m512i *const q[], const int nq, const int8_t *xq) {
+    __m512i acc2[1][TILE_ROWS];
+    acc2[0][0] = _mm512_setzero_si512();
+    const __m512i *const hi[1] = {q[0] + nq / 2};
+    dot_rows(acc, 1, 1, q, nq / 2, xq);
+    dot_rows(acc2, 1, 1, hi, nq / 2, xq + 2 * nq);
+    acc[0][0] = _mm512_add_epi32(acc[0][0], acc2[0][0]);
 }
 
 /* A work unit's tiles share one decoding of each of the group's super-blocks (fast_k_panel): per
@@ -135,73 +153,105 @@ LLB_AI TGT void zero_points(const int32_t *bs16n, const int M, const int pairs, 
     }
 }
 
-/* M activation rows from row i, all in one activation tile; gemv (n == 1, M == 1) adds prefetch
- * and splits the dependency chains. Q4_K, Q5_K and IQ4_XS (qt): IQ4_XS has signed scales, no min, and
- * codes stored as level + 128, whose offset enters the accumulator as -128 * sum(xq) = 4 * bs16n. */
-LLB_AI TGT void tile_q4k(const int qt, const llb_mm *mm, const uint8_t *wg, long i, const int M, const int gemv, long s0,
-                         long s1, const __m512i *pan, const int cont, __m512 tot[]) {
+/* M activation rows from row i, all in one activation tile, against G groups (wg[gi], or their panels
+ * pan[gi]: G == 2 shares each activation broadcast between two groups); gemv (n == 1, G == M == 1) adds
+ * prefetch and splits the dependency chains. Q4_K, Q5_K and IQ4_XS (qt): IQ4_XS has signed scales, no min,
+ * and codes stored as level + 128, whose offset enters the accumulator as -128 * sum(xq) = 4 * bs16n. A
+ * group's sums go through the same operations whatever G and M. */
+LLB_AI TGT void tile_q4k(const int qt, const llb_mm *mm, const uint8_t *const wg[], const int G, long i, const int M,
+                         const int gemv, long s0, long s1, const __m512i *const pan[], const int cont,
+                         __m512 tot[][TILE_ROWS]) {
     const long xt = mm->a.xt;
     const size_t at = llb_act_at(i, 0, mm->cols / 256, xt);
     LLB_UNROLL
-    for (int m = 0; m < M; m++)
-        if (!cont) tot[m] = _mm512_setzero_ps();
+    for (int gi = 0; gi < G; gi++) {
+        LLB_UNROLL
+        for (int m = 0; m < M; m++)
+            if (!cont) tot[gi][m] = _mm512_setzero_ps();
+    }
     for (long sb = s0; sb < s1; sb++) {
-        const uint8_t *gb = wg + sb * LLB_GB_BYTES(qt);
-        const __m512 d = load_f16x16(gb);
+        const uint8_t *gb[LLB_MAXG];
+        __m512 d[LLB_MAXG];
+        LLB_UNROLL
+        for (int gi = 0; gi < G; gi++) {
+            gb[gi] = wg[gi] + sb * LLB_GB_BYTES(qt);
+            d[gi] = load_f16x16(gb[gi]);
+        }
         const size_t e = at + xt * sb; /* row i's entry of this super-block */
         int32_t zp[qt == LLB_IQ4_XS ? TILE_ROWS : 1][16];
         if (qt == LLB_IQ4_XS && !gemv) zero_points(mm->a.bs16n + 16 * e, M, 1, zp);
         for (int s = 0; s < 8; s++) {
-            __m512i q[8], acc[TILE_ROWS];
-            __m512 sc;
-            if (pan) { /* decoded once per work unit (fast_k) */
-                const __m512i *ps = pan + PANEL_SUB * (8 * (sb - s0) + s);
-                LLB_UNROLL
-                for (int t = 0; t < 8; t++) q[t] = _mm512_load_si512(ps + t);
-                sc = _mm512_castsi512_ps(_mm512_load_si512(ps + 8));
-            } else {
-                llb_prefetch_slice(gb, LLB_GB_BYTES(qt), s);
-                dec_k4_sub(qt, gb, s, q);
-                sc = qt == LLB_IQ4_XS ? sub_scale_i8(gb + 32 + 16 * s, d) : sub_scale_u8(gb + 64 + 16 * s, d);
+            __m512i q[LLB_MAXG][8], acc[LLB_MAXG][TILE_ROWS];
+            __m512 sc[LLB_MAXG];
+            LLB_UNROLL
+            for (int gi = 0; gi < G; gi++) {
+                if (pan[gi]) { /* decoded once per work unit (fast_k) */
+                    const __m512i *ps = pan[gi] + PANEL_SUB * (8 * (sb - s0) + s);
+                    LLB_UNROLL
+                    for (int t = 0; t < 8; t++) q[gi][t] = _mm512_load_si512(ps + t);
+                    sc[gi] = _mm512_castsi512_ps(_mm512_load_si512(ps + 8));
+                } else {
+                    llb_prefetch_slice(gb[gi], LLB_GB_BYTES(qt), s);
+                    dec_k4_sub(qt, gb[gi], s, q[gi]);
+                    sc[gi] = qt == LLB_IQ4_XS ? sub_scale_i8(gb[gi] + 32 + 16 * s, d[gi]) : sub_scale_u8(gb[gi] + 64 + 16 * s, d[gi]);
+                }
             }
             const int8_t *xq = mm->a.qs + 256 * e + 32 * s;
             LLB_UNROLL
             for (int m = 0; m < M; m++) {
                 const int32_t *bs = mm->a.bs16n + 16 * (e + m) + 2 * s;
-                acc[m] = qt != LLB_IQ4_XS ? _mm512_setzero_si512()
-                       : _mm512_set1_epi32(gemv ? 4 * (bs[0] + bs[1]) : zp[qt == LLB_IQ4_XS ? m : 0][2 * s]);
+                const __m512i a0 = qt != LLB_IQ4_XS ? _mm512_setzero_si512()
+                                 : _mm512_set1_epi32(gemv ? 4 * (bs[0] + bs[1]) : zp[qt == LLB_IQ4_XS ? m : 0][2 * s]);
+                LLB_UNROLL
+                for (int gi = 0; gi < G; gi++) acc[gi][m] = a0;
             }
-            if (gemv) dot_row2(acc, q, 8, xq);
-            else dot_rows(acc, M, q, 8, xq);
+            const __m512i *const qg[LLB_MAXG] = {q[0], q[LLB_MAXG - 1]};
+            if (gemv) dot_row2(acc, qg, 8, xq);
+            else dot_rows(acc, G, M, qg, 8, xq);
             LLB_UNROLL
             for (int m = 0; m < M; m++) {
-                const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[m]), _mm512_set1_ps(mm->a.d[8 * (e + m) + s]));
-                tot[m] = _mm512_fmadd_ps(v, sc, tot[m]);
+                const __m512 dx = _mm512_set1_ps(mm->a.d[8 * (e + m) + s]);
+                LLB_UNROLL
+                for (int gi = 0; gi < G; gi++)
+                    tot[gi][m] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[gi][m]), dx), sc[gi], tot[gi][m]);
             }
         }
         if (qt == LLB_IQ4_XS) continue;
-        __m512 mn[8];
-        q4k_mins(gb, mn);
-        const __m512 dmin = load_f16x16(gb + 32);
         LLB_UNROLL
-        for (int m = 0; m < M; m++) tot[m] = _mm512_fnmadd_ps(q4k_min_dot(mn, mm->a.sum + 8 * (e + m)), dmin, tot[m]);
+        for (int gi = 0; gi < G; gi++) {
+            __m512 mn[8];
+            q4k_mins(gb[gi], mn);
+            const __m512 dmin = load_f16x16(gb[gi] + 32);
+            LLB_UNROLL
+            for (int m = 0; m < M; m++) tot[gi][m] = _mm512_fnmadd_ps(q4k_min_dot(mn, mm->a.sum + 8 * (e + m)), dmin, tot[gi][m]);
+        }
     }
 }
 
 /* The 16-value sub-block types: Q6_K (6-bit codes, zero point 32), Q3_K (3-bit, zero point 4; both
  * with signed scales) and Q2_K (2-bit, a 4-bit scale and min per sub-block: the min enters each
- * 32 values' sum as -dmin * m[u] * sum16(xq)[u], before the activation scale dx[s]). */
-LLB_AI TGT void tile_k16(const int qt, const llb_mm *mm, const uint8_t *wg, long i, const int M, const int gemv, long s0,
-                         long s1, const __m512i *pan, const int cont, __m512 tot[]) {
+ * 32 values' sum as -dmin * m[u] * sum16(xq)[u], before the activation scale dx[s]). G groups as tile_q4k. */
+LLB_AI TGT void tile_k16(const int qt, const llb_mm *mm, const uint8_t *const wg[], const int G, long i, const int M,
+                         const int gemv, long s0, long s1, const __m512i *const pan[], const int cont,
+                         __m512 tot[][TILE_ROWS]) {
     const long xt = mm->a.xt;
     const size_t at = llb_act_at(i, 0, mm->cols / 256, xt);
     const int gbb = LLB_GB_BYTES(qt);
     LLB_UNROLL
-    for (int m = 0; m < M; m++)
-        if (!cont) tot[m] = _mm512_setzero_ps();
+    for (int gi = 0; gi < G; gi++) {
+        LLB_UNROLL
+        for (int m = 0; m < M; m++)
+            if (!cont) tot[gi][m] = _mm512_setzero_ps();
+    }
     for (long sb = s0; sb < s1; sb++) {
-        const uint8_t *gb = wg + sb * gbb;
-        const __m512 d = load_f16x16(gb), dmin = qt == LLB_Q2_K ? load_f16x16(gb + 32) : d;
+        const uint8_t *gb[LLB_MAXG];
+        __m512 d[LLB_MAXG], dmin[LLB_MAXG];
+        LLB_UNROLL
+        for (int gi = 0; gi < G; gi++) {
+            gb[gi] = wg[gi] + sb * gbb;
+            d[gi] = load_f16x16(gb[gi]);
+            dmin[gi] = qt == LLB_Q2_K ? load_f16x16(gb[gi] + 32) : d[gi];
+        }
         const size_t e = at + xt * sb;
         float bs32[qt == LLB_Q2_K ? TILE_ROWS : 1][16] __attribute__((aligned(64)));
         int32_t zp[qt == LLB_Q3_K ? TILE_ROWS : 1][16];
@@ -213,116 +263,156 @@ LLB_AI TGT void tile_k16(const int qt, const llb_mm *mm, const uint8_t *wg, long
                                                        _mm512_set1_ps(1.0f / 32)));
         }
         for (int s = 0; s < 8; s++) { /* sub-blocks u = 2s, 2s+1 share the activation scale dx[s] */
-            __m512 p[TILE_ROWS];
-            llb_prefetch_slice(gb, gbb, s);
+            __m512 p[LLB_MAXG][TILE_ROWS];
+            LLB_UNROLL
+            for (int gi = 0; gi < G; gi++) llb_prefetch_slice(gb[gi], gbb, s);
             LLB_UNROLL
             for (int j = 0; j < 2; j++) {
                 const int u = 2 * s + j;
-                __m512i q[4], acc[TILE_ROWS];
-                __m512 sc, mn = d;
-                if (pan) /* decoded once per work unit (fast_k) */
-                    k16_from_panel(qt, pan + PANEL_SUB * (8 * (sb - s0) + s), j, q, &sc, &mn);
-                else
-                    k16_decode(qt, gb, u, d, dmin, q, &sc, &mn);
+                __m512i q[LLB_MAXG][8], acc[LLB_MAXG][TILE_ROWS];
+                __m512 sc[LLB_MAXG], mn[LLB_MAXG];
+                LLB_UNROLL
+                for (int gi = 0; gi < G; gi++) {
+                    mn[gi] = d[gi];
+                    if (pan[gi]) /* decoded once per work unit (fast_k) */
+                        k16_from_panel(qt, pan[gi] + PANEL_SUB * (8 * (sb - s0) + s), j, q[gi], &sc[gi], &mn[gi]);
+                    else
+                        k16_decode(qt, gb[gi], u, d[gi], dmin[gi], q[gi], &sc[gi], &mn[gi]);
+                }
                 LLB_UNROLL
                 for (int m = 0; m < M; m++) { /* the zero point: -32 (Q6_K) or -4 (Q3_K) * bsum16 */
                     const int32_t bs = mm->a.bs16n[16 * (e + m) + u];
-                    acc[m] = qt == LLB_Q2_K ? _mm512_setzero_si512()
-                           : _mm512_set1_epi32(qt == LLB_Q6_K ? bs : gemv ? bs / 8 : zp[qt == LLB_Q3_K ? m : 0][u]);
+                    const __m512i a0 = qt == LLB_Q2_K ? _mm512_setzero_si512()
+                                     : _mm512_set1_epi32(qt == LLB_Q6_K ? bs : gemv ? bs / 8 : zp[qt == LLB_Q3_K ? m : 0][u]);
+                    LLB_UNROLL
+                    for (int gi = 0; gi < G; gi++) acc[gi][m] = a0;
                 }
                 const int8_t *xq = mm->a.qs + 256 * e + 16 * u;
-                if (gemv) dot_row2(acc, q, 4, xq);
-                else dot_rows(acc, M, q, 4, xq);
+                const __m512i *const qg[LLB_MAXG] = {q[0], q[LLB_MAXG - 1]};
+                if (gemv) dot_row2(acc, qg, 4, xq);
+                else dot_rows(acc, G, M, qg, 4, xq);
                 LLB_UNROLL
-                for (int m = 0; m < M; m++) {
-                    p[m] = j ? _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[m]), sc, p[m]) : _mm512_mul_ps(_mm512_cvtepi32_ps(acc[m]), sc);
-                    if (qt == LLB_Q2_K) /* bs16n = -32 * sum16: + min * bs16n / 32 */
-                        p[m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(bs32[qt == LLB_Q2_K ? m : 0][u]), p[m]);
+                for (int gi = 0; gi < G; gi++) {
+                    LLB_UNROLL
+                    for (int m = 0; m < M; m++) {
+                        p[gi][m] = j ? _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[gi][m]), sc[gi], p[gi][m])
+                                     : _mm512_mul_ps(_mm512_cvtepi32_ps(acc[gi][m]), sc[gi]);
+                        if (qt == LLB_Q2_K) /* bs16n = -32 * sum16: + min * bs16n / 32 */
+                            p[gi][m] = _mm512_fmadd_ps(mn[gi], _mm512_set1_ps(bs32[qt == LLB_Q2_K ? m : 0][u]), p[gi][m]);
+                    }
                 }
             }
             LLB_UNROLL
-            for (int m = 0; m < M; m++) tot[m] = _mm512_fmadd_ps(p[m], _mm512_set1_ps(mm->a.d[8 * (e + m) + s]), tot[m]);
+            for (int m = 0; m < M; m++) {
+                const __m512 dx = _mm512_set1_ps(mm->a.d[8 * (e + m) + s]);
+                LLB_UNROLL
+                for (int gi = 0; gi < G; gi++) tot[gi][m] = _mm512_fmadd_ps(p[gi][m], dx, tot[gi][m]);
+            }
         }
     }
 }
 
-LLB_AI TGT void tile_k(const int qt, const llb_mm *mm, const uint8_t *wg, long i, const int M, const int gemv, long s0,
-                       long s1, const __m512i *pan, const int cont, __m512 tot[]) {
-    if (qt == LLB_Q6_K || qt == LLB_Q3_K || qt == LLB_Q2_K) tile_k16(qt, mm, wg, i, M, gemv, s0, s1, pan, cont, tot);
-    else tile_q4k(qt, mm, wg, i, M, gemv, s0, s1, pan, cont, tot);
+LLB_AI TGT void tile_k(const int qt, const llb_mm *mm, const uint8_t *const wg[], const int G, long i, const int M,
+                       const int gemv, long s0, long s1, const __m512i *const pan[], const int cont, __m512 tot[][TILE_ROWS]) {
+    if (qt == LLB_Q6_K || qt == LLB_Q3_K || qt == LLB_Q2_K) tile_k16(qt, mm, wg, G, i, M, gemv, s0, s1, pan, cont, tot);
+    else tile_q4k(qt, mm, wg, G, i, M, gemv, s0, s1, pan, cont, tot);
 }
 
-/* A work unit of more than one tile: each super-block of the group is decoded once into a panel (6 KB)
- * that all the unit's tiles read, super-block by super-block; a tile's running sums wait in `run`
- * between super-blocks. Every output element goes through the same operations in the same order
+/* A work unit of more than one tile: each super-block of the G groups is decoded once into a panel (6 KB
+ * per group) that all the unit's tiles read, super-block by super-block; a tile's running sums wait in
+ * `run` between super-blocks. Every output element goes through the same operations in the same order
  * as in a tile over the whole K chunk (and as the GEMV): only where the values wait differs. */
-LLB_AI TGT void tile_k_at(const int qt, const llb_mm *mm, const uint8_t *wg, long i, const int M, long sb,
-                          const __m512i *pan, const int cont, __m512 *run) {
-    __m512 t[TILE_ROWS];
+LLB_AI TGT void tile_k_at(const int qt, const llb_mm *mm, const uint8_t *const wg[], const int G, long i, const int M,
+                          long sb, const __m512i *const pan[], const int cont, __m512 *const run[]) {
+    __m512 t[LLB_MAXG][TILE_ROWS];
     LLB_UNROLL
-    for (int m = 0; m < M; m++) t[m] = run[m];
-    tile_k(qt, mm, wg, i, M, 0, sb, sb + 1, pan, cont, t);
+    for (int gi = 0; gi < G; gi++) {
+        LLB_UNROLL
+        for (int m = 0; m < M; m++) t[gi][m] = run[gi][m];
+    }
+    tile_k(qt, mm, wg, G, i, M, 0, sb, sb + 1, pan, cont, t);
     LLB_UNROLL
-    for (int m = 0; m < M; m++) run[m] = t[m];
+    for (int gi = 0; gi < G; gi++) {
+        LLB_UNROLL
+        for (int m = 0; m < M; m++) run[gi][m] = t[gi][m];
+    }
 }
 
-LLB_AI TGT void fast_k_panel(const llb_mm *mm, const uint8_t *wg, long i0, long i1, const int qt, __mmask16 km, float *o) {
+#define TILE_K_AT(i, M)                                                                        \
+    do {                                                                                       \
+        __m512 *const r_[LLB_MAXG] = {run[0] + ((i) - i0), run[LLB_MAXG - 1] + ((i) - i0)};  \
+        tile_k_at(qt, mm, wg, G, i, M, sb, pans, cont, r_);                                    \
+    } while (0)
+
+LLB_AI TGT void fast_k_panel(const llb_mm *mm, const uint8_t *const wg[], const int G, long i0, long i1, const int qt,
+                             const __mmask16 km[], float *const o[]) {
     const long nsb = mm->cols / 256, kc = LLB_KCHUNK / 256;
-    __m512i pan[8 * PANEL_SUB];
-    __m512 run[LLB_ICHUNK];
+    __m512i pan[LLB_MAXG][8 * PANEL_SUB];
+    __m512 run[LLB_MAXG][LLB_ICHUNK];
+    const __m512i *const pans[LLB_MAXG] = {pan[0], pan[LLB_MAXG - 1]};
     for (long s0 = 0; s0 < nsb; s0 += kc) {
         const long s1 = s0 + kc < nsb ? s0 + kc : nsb;
         for (long sb = s0; sb < s1; sb++) {
-            fill_panel(qt, wg, sb, sb + 1, pan);
+            LLB_UNROLL
+            for (int gi = 0; gi < G; gi++) fill_panel(qt, wg[gi], sb, sb + 1, pan[gi]);
             const int cont = sb > s0;
-            long i = i0;
-            for (; i + TILE_ROWS <= i1; i += TILE_ROWS) tile_k_at(qt, mm, wg, i, TILE_ROWS, sb, pan, cont, run + (i - i0));
-            for (int M = TILE_ROWS / 2; M >= 1; M /= 2) { /* the rest as tiles of 4, 2, 1 */
-                if (i1 - i < M) continue;
-                if (M == 4) tile_k_at(qt, mm, wg, i, 4, sb, pan, cont, run + (i - i0));
-                else if (M == 2) tile_k_at(qt, mm, wg, i, 2, sb, pan, cont, run + (i - i0));
-                else tile_k_at(qt, mm, wg, i, 1, sb, pan, cont, run + (i - i0));
-                i += M;
-            }
+            if (G == 1) LLB_TILE_LADDER(i0, i1, TILE_ROWS, TILE_K_AT);
+            else LLB_TILE_LADDER(i0, i1, PAIR_ROWS, TILE_K_AT);
         }
-        llb512_put_rows(o + i0 * mm->rows, mm->rows, km, run, (int)(i1 - i0), s0 > 0);
+        LLB_UNROLL
+        for (int gi = 0; gi < G; gi++) llb512_put_rows(o[gi] + i0 * mm->rows, mm->rows, km[gi], run[gi], (int)(i1 - i0), s0 > 0);
     }
 }
+#undef TILE_K_AT
 
-LLB_AI TGT void fast_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt) {
-    const __mmask16 km = (__mmask16)((1u << llb_group_rows(mm, g)) - 1);
-    float *o = mm->out + g * LLB_IL;
+/* A tile of M rows from row i over super-blocks [s0, s1) of the G groups, stored (added after the first chunk). */
+#define TILE_K(i, M)                                                                                       \
+    do {                                                                                                   \
+        __m512 t_[LLB_MAXG][TILE_ROWS];                                                                    \
+        tile_k(qt, mm, w, G, i, M, 0, s0, s1, nopan, 0, t_);                                               \
+        LLB_UNROLL                                                                                         \
+        for (int gi = 0; gi < G; gi++) llb512_put_rows(o[gi] + (i) * mm->rows, mm->rows, km[gi], t_[gi], M, s0 > 0); \
+    } while (0)
+
+/* Groups g .. g + G - 1 (G == 2: mm->wg2 is the second), rows [i0, i1) of a GEMM work unit. */
+LLB_AI TGT void fast_k_groups(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt, const int G) {
+    const uint8_t *const w[LLB_MAXG] = {wg, mm->wg2};
+    const __m512i *const nopan[LLB_MAXG] = {NULL, NULL};
+    __mmask16 km[LLB_MAXG];
+    float *o[LLB_MAXG];
+    LLB_UNROLL
+    for (int gi = 0; gi < G; gi++) {
+        km[gi] = (__mmask16)((1u << llb_group_rows(mm, g + gi)) - 1);
+        o[gi] = mm->out + (g + gi) * LLB_IL;
+    }
+    if (i1 - i0 > TILE_ROWS && PANEL_K_TYPE(qt)) {
+        fast_k_panel(mm, w, G, i0, i1, qt, km, o);
+        return;
+    }
     const long nsb = mm->cols / 256, kc = LLB_KCHUNK / 256;
-    __m512 t[TILE_ROWS];
-    if (LLB_GEMV(mm)) { /* the GEMM's K chunks too, so a single row sums in its exact order */
-        __m512 sum = _mm512_setzero_ps();
-        for (long s0 = 0; s0 < nsb; s0 += kc) {
-            tile_k(qt, mm, wg, 0, 1, 1, s0, s0 + kc < nsb ? s0 + kc : nsb, NULL, 0, t);
-            sum = s0 ? _mm512_add_ps(sum, t[0]) : t[0];
-        }
-        _mm512_mask_storeu_ps(o, km, sum);
-        return;
-    }
-    if (i1 - i0 > TILE_ROWS && qt != LLB_Q4_K && qt != LLB_Q2_K) { /* their cheap decoders: the panel lost 9-11% */
-        fast_k_panel(mm, wg, i0, i1, qt, km, o);
-        return;
-    }
     for (long s0 = 0; s0 < nsb; s0 += kc) { /* K in chunks: the group's chunk stays in L1 across tiles */
         const long s1 = s0 + kc < nsb ? s0 + kc : nsb;
-        long i = i0;
-        for (; i + TILE_ROWS <= i1; i += TILE_ROWS) {
-            tile_k(qt, mm, wg, i, TILE_ROWS, 0, s0, s1, NULL, 0, t);
-            llb512_put_rows(o + i * mm->rows, mm->rows, km, t, TILE_ROWS, s0 > 0);
-        }
-        for (int M = TILE_ROWS / 2; M >= 1; M /= 2) { /* the rest as tiles of 4, 2, 1 */
-            if (i1 - i < M) continue;
-            if (M == 4) tile_k(qt, mm, wg, i, 4, 0, s0, s1, NULL, 0, t);
-            else if (M == 2) tile_k(qt, mm, wg, i, 2, 0, s0, s1, NULL, 0, t);
-            else tile_k(qt, mm, wg, i, 1, 0, s0, s1, NULL, 0, t);
-            llb512_put_rows(o + i * mm->rows, mm->rows, km, t, M, s0 > 0);
-            i += M;
-        }
+        if (G == 1) LLB_TILE_LADDER(i0, i1, TILE_ROWS, TILE_K);
+        else LLB_TILE_LADDER(i0, i1, PAIR_ROWS, TILE_K);
     }
+}
+#undef TILE_K
+
+LLB_AI TGT void fast_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt) {
+    if (LLB_GEMV(mm)) { /* the GEMM's K chunks too, so a single row sums in its exact order */
+        const long nsb = mm->cols / 256, kc = LLB_KCHUNK / 256;
+        const uint8_t *const w[1] = {wg};
+        const __m512i *const nopan[1] = {NULL};
+        __m512 t[1][TILE_ROWS], sum = _mm512_setzero_ps();
+        for (long s0 = 0; s0 < nsb; s0 += kc) {
+            tile_k(qt, mm, w, 1, 0, 1, 1, s0, s0 + kc < nsb ? s0 + kc : nsb, nopan, 0, t);
+            sum = s0 ? _mm512_add_ps(sum, t[0][0]) : t[0][0];
+        }
+        _mm512_mask_storeu_ps(mm->out + g * LLB_IL, (__mmask16)((1u << llb_group_rows(mm, g)) - 1), sum);
+        return;
+    }
+    if (PAIRS_K(qt) && mm->wg2) fast_k_groups(mm, wg, g, i0, i1, qt, 2);
+    else fast_k_groups(mm, wg, g, i0, i1, qt, 1);
 }
 
 TGT static void fast_q4_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast_k(mm, wg, g, i0, i1, LLB_Q4_K); }
@@ -335,4 +425,5 @@ llb_kernel_fn llb_avx512_kquant_kernel(int qtype) {
     return qtype == LLB_Q4_K ? fast_q4_k : qtype == LLB_Q5_K ? fast_q5_k : qtype == LLB_Q6_K ? fast_q6_k
          : qtype == LLB_IQ4_XS ? fast_iq4_xs : qtype == LLB_Q2_K ? fast_q2_k : qtype == LLB_Q3_K ? fast_q3_k : NULL;
 }
+int llb_avx512_kquant_pairs(int qtype) { return PAIRS_K(qtype); }
 #endif

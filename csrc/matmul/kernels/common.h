@@ -61,6 +61,27 @@ static inline int32_t llb_ld32(const void *p) {
 #define LLB_CODE_OFF32(qt) \
     ((qt) == LLB_Q4_0 ? 8 : (qt) == LLB_Q5_0 ? 16 : (qt) == LLB_Q8_0 || (qt) == LLB_IQ4_NL ? 128 : (qt) == LLB_MXFP4 ? LLB_MXFP4_OFF : 0)
 
+/* The tiles of activation rows [i0, i1) (a work unit's): TILE(i, M) for M = TOP (LLB_XT or half) while
+ * TOP rows are left, then the rest as tiles of 4, 2, 1 (each at most once). M is a literal at every
+ * call, so a tile's arrays stay in registers; the tiles of 8 or 4 never cross an activation tile. */
+#define LLB_TILE_LADDER(i0, i1, TOP, TILE)                    \
+    do {                                                      \
+        long i_ = (i0);                                       \
+        for (; i_ + (TOP) <= (i1); i_ += (TOP)) TILE(i_, TOP); \
+        if ((TOP) > 4 && (i1) - i_ >= 4) {                    \
+            TILE(i_, 4);                                      \
+            i_ += 4;                                          \
+        }                                                     \
+        if ((i1) - i_ >= 2) {                                 \
+            TILE(i_, 2);                                      \
+            i_ += 2;                                          \
+        }                                                     \
+        if ((i1) - i_ >= 1) TILE(i_, 1);                      \
+    } while (0)
+
+/* Groups a pair tile covers (two 16-row groups sharing each activation broadcast). */
+#define LLB_MAXG 2
+
 /* The group's summed rows for one activation row from the [quad][row][j] accumulator layout
  * of the exact kernels: out[r] = sum_j acc[4r + j]. */
 static inline void llb_store_quad_sums(const float *acc, float *out, int nr) {

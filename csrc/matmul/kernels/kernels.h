@@ -3,6 +3,8 @@
  *
  * A kernel computes one 16-row group for a range of activation rows:
  *   out[i][16g + r] = sum_k x[i][k] * W[16g + r][k],  i in [i0, i1), r < min(16, rows - 16g)
+ * and, where the table says it takes pairs (llb_kernels.pairs) and mm->wg2 is set, group g + 1 too
+ * (its data at mm->wg2), every output through the same operations as alone.
  * `wg` is the group's packed data (quantized types; matmul.c repacks file-layout
  * groups on the fly) or, for F32/F16/BF16, the group's first row in the file layout.
  * For a given (n, type, ISA) the arithmetic done for one output element does not
@@ -60,6 +62,7 @@ typedef struct llb_mm {
     float *out;     /* n x rows */
     size_t row_bytes; /* file-layout row stride (F32/F16/BF16) */
     llb_act a;
+    const uint8_t *wg2; /* a pair's second group (g + 1), or NULL: the kernel does group g only */
 } llb_mm;
 
 typedef void (*llb_kernel_fn)(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1);
@@ -77,6 +80,8 @@ typedef struct {
     void (*quant32)(const float *x, long cols, long xt, int offset, int8_t *qs, float *d, int32_t *bias, float *sum,
                     int8_t *qs2, float *d2, int32_t *bias2);
     void (*quant256)(const float *x, long cols, long xt, int8_t *qs, float *d, float *sum, int32_t *bs16n);
+    /* Whether kernel(qtype, exact) also computes a pair of groups (mm->wg2); NULL: no kernel does. */
+    int (*pairs)(int qtype, int exact);
 } llb_kernels;
 
 extern const llb_kernels llb_kernels_scalar;
@@ -86,6 +91,7 @@ extern const llb_kernels llb_kernels_avx512;
 /* The K-quant kernels live in their own files (matmul/kernels/avx2_kquants.c, avx512_kquants.c). */
 llb_kernel_fn llb_avx2_kquant_kernel(int qtype);
 llb_kernel_fn llb_avx512_kquant_kernel(int qtype);
+int llb_avx512_kquant_pairs(int qtype); /* whether its kernel takes pairs of groups (mm->wg2) */
 #endif
 
 /* Rows of group g that exist (16 except in a last, partial group). */

@@ -174,4 +174,4 @@ static llb_kernel_fn kernel(int qtype, int exact) {
     return exact ? exact_quant : fast_quant;
 }
 
-const llb_kernels llb_kernels_scalar = {kernel, act_offset, quant32, quant256};
+const llb_kernels llb_kernels_scalar = {kernel, act_offset, quant32, quant256, NULL};
