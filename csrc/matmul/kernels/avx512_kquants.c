@@ -14,14 +14,14 @@
 
 #define TILE_ROWS 8 /* activation rows per tile in the GEMM */
 /* Rows per pair tile (two groups): 2 x PAIR_ROWS accumulators and running sums in registers (pairs
- * of 8-row tiles spill: 0.80-1.02x of single groups). */
+ * of 8-row tiles spill: 0.81-1.02x of single groups). */
 #define PAIR_ROWS 4
 /* Where a unit of more than one tile decodes into the panel: not Q4_K's and Q2_K's cheap decoders
  * (there the panel lost 9-11%). */
 #define PANEL_K_TYPE(qt) ((qt) != LLB_Q4_K && (qt) != LLB_Q2_K)
 /* The types whose GEMM takes pairs of groups (kernels.h): each activation broadcast feeds two groups'
  * chains. Measured (CPU time, n = 128/512, 1536x3072 and 8960x1536): Q6_K 1.11-1.15x, Q3_K 1.08-1.12x,
- * IQ4_XS 1.07-1.11x; Q4_K, Q5_K and Q2_K lost 3-14% (as did the 32-block types, 0.80-1.06x). */
+ * IQ4_XS 1.03-1.11x; Q4_K, Q5_K and Q2_K lost 2-14% (as did the 32-block types, 0.80-1.06x). */
 #define PAIRS_K(qt) ((qt) == LLB_Q6_K || (qt) == LLB_Q3_K || (qt) == LLB_IQ4_XS)
 
 /* Per-row scales of one sub-block as FP32: d * sc[s] (u8 for Q4_K, i8 for Q6_K). */
