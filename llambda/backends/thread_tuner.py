@@ -13,8 +13,8 @@ twice as long, and a probe that is clearly slower (a step far slower than any re
 one, or a mean well above theirs after two steps) ends at once. Means, not medians: a
 step that waited for a descheduled thread is part of what a thread count costs.
 
-Two guards against the scheduler's noise, whose slices (milliseconds) are as long as a
-small model's step:
+Two more rules, for a load that comes and goes and for the scheduler's noise (its slices
+of milliseconds are as long as a small model's step):
 - below all the threads, the wait for a probe of one more is bounded in time as well
   as in steps (MAX_WAIT_S, or WAIT_PER_PROBE probes' time for a model whose probe takes
   longer), so once the load goes the count comes back within about a second at any
