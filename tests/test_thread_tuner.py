@@ -10,13 +10,14 @@ import pytest
 from llambda.backends.thread_tuner import ThreadTuner
 
 
-def drive(tuner, step_time, steps):
-    """Run `steps` steps, each taking step_time(threads, i); returns the counts used."""
+def drive(tuner, step_time, steps, unit=1e-3):
+    """Run `steps` steps, each taking step_time(threads, i) * unit seconds (a small model's step
+    by default); returns the counts used."""
     used = []
     for i in range(steps):
         t = tuner.threads()
         used.append(t)
-        tuner.record(step_time(t, i))
+        tuner.record(step_time(t, i) * unit)
     return used
 
 
@@ -104,3 +105,41 @@ def test_a_modest_win_under_noise_is_found_and_kept():
     tuner = ThreadTuner(2)
     used = drive(tuner, lambda t, i: (1.0 if t == 1 else 1.15) * rng.uniform(0.85, 1.15), 3000)
     assert used[500:].count(1) > 0.8 * 2500
+
+
+def test_a_slow_step_comes_back_within_about_a_second():
+    # a 1.5B model's ~40 ms step: a probe period of 1024 steps would be 40 s; the wait between
+    # probes is bounded in time instead (MAX_WAIT_S, or WAIT_PER_PROBE probes' time)
+    tuner = ThreadTuner(2)
+    busy = 200
+    used = drive(tuner, lambda t, i: (1.0 if t == 1 else 1.4) if i < busy else 1.0 / t, 400, unit=0.04)
+    assert used[busy - 1] == 1 and tuner.current == 2
+    back = used.index(2, busy)
+    seconds = sum(0.04 * (1.0 if t == 1 else 0.5) for t in used[busy:back])
+    assert seconds <= ThreadTuner.MAX_WAIT_S + 0.04 * (ThreadTuner.WINDOW + 1)
+
+
+def test_probes_on_an_idle_machine_cost_little_at_any_step_time():
+    for unit in (1e-3, 3e-3, 0.04):
+        tuner = ThreadTuner(2)
+        used = drive(tuner, lambda t, i: 1.0 / t, 3000, unit=unit)
+        assert tuner.current == 2
+        assert used[200:].count(1) < 0.01 * 2800, unit
+
+
+def test_a_lucky_probe_is_not_kept():
+    # a busy machine where a probe of 2 threads looks fast for its first steps (a worker woken from
+    # sleep runs first for a while) but 2 threads are slower once they share the cores again
+    tuner = ThreadTuner(2)
+    since = {"n": 0, "last": 1}
+
+    def step(t, i):
+        since["n"] = since["n"] + 1 if t == since["last"] else 0
+        since["last"] = t
+        if t == 1:
+            return 1.0
+        return 0.8 if since["n"] < ThreadTuner.PROBE else 1.4
+
+    used = drive(tuner, step, 6000)
+    assert tuner.reverts >= 1
+    assert used[500:].count(1) > 0.9 * 5500
