@@ -208,7 +208,9 @@ def test_a_parked_worker_chunk_is_taken_over_in_a_redo_call():
         once, worker_chunks, takeovers, stalls = map(int, out[:4])
         assert once == 1  # every item ran exactly once per call
         if want_takeovers:
-            assert worker_chunks >= 3  # the worker started a chunk in each call (the caller waits for that)
-            assert takeovers >= 3 and stalls == 0
+            # The caller waits (up to 2 s) for the worker to start a chunk; on a loaded machine the
+            # worker may still miss a call, and a call it missed needs no takeover.
+            assert worker_chunks >= 1
+            assert takeovers >= 1 and stalls == 0
         else:
             assert takeovers == 0
