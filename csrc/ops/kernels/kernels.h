@@ -42,6 +42,10 @@ struct llb_attn_tile {
      * (out[r] the unnormalised sums, ml[r] its (max score, sum of exp)). */
     int row_order;
     float *ml[LLB_TILE_MAX_ROWS];
+    /* Row order: the rows (sharing their first key) cut into chunks of `chunk` keys from it, each
+     * chunk's partial chunk_stride floats after the previous one (out and ml); 0: one range each. */
+    long chunk;
+    size_t chunk_stride;
     const float *kbase; /* as llb_attn_unit's */
 };
 
