@@ -4,7 +4,7 @@ Queries at positions DEPTH.. over a random f16 cache of one layer, Qwen2.5-Coder
 (12 query heads over 2 kv heads of 128); prints the median wall and process CPU time (on a
 loaded machine compare CPU times of alternated runs). T=threads (default 2), KV=f16|q8_0|f32 (the
 cache type, default f16), SHAPE=heads,kv_heads,head_dim (default 12,2,128; Qwen2.5-Coder-0.5B's is
-14,2,64); the decode shape is N_QUERIES 1. Run with the
+14,2,64); INV=0 turns batch invariance (the backend's default) off; the decode shape is N_QUERIES 1. Run with the
 checkout on PYTHONPATH (a script's directory, not the cwd, starts sys.path)."""
 import os
 import sys
@@ -19,6 +19,7 @@ def main() -> None:
     depth, nq = int(sys.argv[1]), int(sys.argv[2])
     reps = int(sys.argv[3]) if len(sys.argv) > 3 else 3
     be = NativeBackend(threads=int(os.environ.get("T", "2")), kv_type=os.environ.get("KV", "f16"))
+    be.set_batch_invariant(os.environ.get("INV", "1") != "0")
     heads, n_kv, hd = (int(x) for x in os.environ.get("SHAPE", "12,2,128").split(","))
     cache = be.create_kv_cache(1, 1, depth + nq, n_kv, hd)
     r = np.random.default_rng(0)

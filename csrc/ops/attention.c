@@ -295,14 +295,19 @@ static void attn_plan(struct attn_task *t, long max_keys) {
  * blocks from the chunk's start, the chunk partials merged in chunk order (a
  * row of one chunk is normalised directly). The two kernels add up a chunk in
  * the same order (attend_tile's row_order, see ops/kernels/attention.inc), so a run of
- * tokens of one slot may share a tile when they share a first key (the blocks
+ * tokens of one slot may share tiles when they share a first key (the blocks
  * then start at the same key) while a lone row takes the row kernel: same bits.
+ * The tiles are the default schedule's size (up to LLB_TILE_VECS vectors of rows,
+ * LLB_TILE_GROUP of them through each converted block of a chunk's keys), so a
+ * chunk's K/V are converted once per LLB_TILE_GROUP tiles here too.
  *
  * Rows go in passes whose partials fit the scratch; the pass a row falls in
- * changes nothing for it. Within a pass, items are tiles (a run of up to
- * tile_tokens tokens; units: chunk x kv head x pass over its heads) or lone rows
- * (units: chunk x kv head), handed out from the last (most keys) first. */
-#define INV_PASS_BYTES ((size_t)16 << 20) /* partials of one pass (more only if one tile needs more) */
+ * changes nothing for it. Within a pass, items are runs of tiles (up to
+ * LLB_TILE_GROUP tiles of tile_tokens tokens; units: INV_SPAN chunks x kv head x
+ * pass over its heads) or lone rows (units: chunk x kv head), handed out from the last (most
+ * keys) first. */
+#define INV_PASS_BYTES ((size_t)16 << 20) /* partials of one pass (more only if one row needs more) */
+#define INV_SPAN 8                         /* chunks of a tile unit (Q transposed once for them) */
 
 struct inv_task {
     const struct llb_attention_args *a;
@@ -313,33 +318,45 @@ struct inv_task {
     /* the pass: items [0, n_items) over rows [r0, r1) */
     long r0, r1, n_items, units;
     long *item_row;   /* an item's first row */
-    long *item_rows;  /* its rows (a tile), or 0 (a lone row) */
+    long *item_rows;  /* its rows (a run of tiles), or 0 (a lone row) */
     long *first_unit; /* n_items + 1: item k's units are [first_unit[k], first_unit[k + 1]) */
     long *first_part; /* per row of the call: its first partial in the pass (chunk-major, then kv head), -1: direct */
     float *parts;
 };
 
-/* Chunk c of a tile's rows [i0, i0 + n) that have one, heads [h0, h0 + nh) of kv head kvh. */
-static void run_tile(const struct inv_task *t, long i0, long n, long c, long kvh, long h0, long nh) {
+/* Chunks [c0, c1) of an item's rows [i0, i0 + n) that have them, heads [h0, h0 + nh) of kv head kvh:
+ * tiles of tile_tokens tokens, up to LLB_TILE_GROUP of them through each converted block of keys,
+ * Q transposed once for the span of chunks. */
+static void run_tiles(const struct inv_task *t, long i0, long n, long c0, long c1, long kvh, long h0, long nh) {
     const struct llb_attention_args *a = t->a;
     const long s = a->slots[i0];
     if (s < 0 || s >= a->n_slots) return;
-    struct llb_attn_tile tile = tile_at(a, s, kvh, 1);
-    for (long i = i0; i < i0 + n; i++) {
-        if (a->pos[i] < 0 || a->pos[i] >= a->n_ctx || row_chunks(a, i) <= c) continue; /* validated by the caller */
-        long lo, hi;
-        chunk_keys(a, i, c, &lo, &hi);
-        float *part = t->first_part[i] < 0 ? NULL : t->parts + (size_t)(t->first_part[i] + c * a->n_kv + kvh) * t->pf;
-        for (long h = h0; h < h0 + nh; h++) {
-            const long r = tile.n_rows++, row = i * a->n_heads + kvh * t->group + h;
-            tile.q[r] = a->q + row * a->head_dim;
-            tile.out[r] = part ? part + h * a->head_dim : a->out + row * a->head_dim;
-            tile.ml[r] = part ? part + t->group * a->head_dim + 2 * h : NULL;
-            tile.lo[r] = lo;
-            tile.hi[r] = hi;
+    struct llb_attn_tile tiles[LLB_TILE_GROUP];
+    long nt = 0;
+    for (long t0 = i0; t0 < i0 + n && nt < LLB_TILE_GROUP; t0 += t->tile_tokens) {
+        struct llb_attn_tile *tile = &tiles[nt];
+        *tile = tile_at(a, s, kvh, 1);
+        tile->chunk = ATTN_CHUNK;
+        tile->chunk_stride = (size_t)a->n_kv * t->pf;
+        for (long i = t0; i < t0 + t->tile_tokens && i < i0 + n; i++) {
+            if (a->pos[i] < 0 || a->pos[i] >= a->n_ctx || row_chunks(a, i) <= c0) continue; /* validated by the caller */
+            const long last = row_chunks(a, i) < c1 ? row_chunks(a, i) - 1 : c1 - 1;
+            long lo, hi, lo1;
+            chunk_keys(a, i, c0, &lo, &hi);
+            chunk_keys(a, i, last, &lo1, &hi);
+            float *part = t->first_part[i] < 0 ? NULL : t->parts + (size_t)(t->first_part[i] + c0 * a->n_kv + kvh) * t->pf;
+            for (long h = h0; h < h0 + nh; h++) {
+                const long r = tile->n_rows++, row = i * a->n_heads + kvh * t->group + h;
+                tile->q[r] = a->q + row * a->head_dim;
+                tile->out[r] = part ? part + h * a->head_dim : a->out + row * a->head_dim;
+                tile->ml[r] = part ? part + t->group * a->head_dim + 2 * h : NULL;
+                tile->lo[r] = lo;
+                tile->hi[r] = hi;
+            }
         }
+        nt += tile->n_rows > 0;
     }
-    if (tile.n_rows) tile_kernel(t->k, a->cache_type, &tile, 1);
+    if (nt) tile_kernel(t->k, a->cache_type, tiles, nt);
 }
 
 static void run_unit(const void *task, long unit) {
@@ -354,9 +371,10 @@ static void run_unit(const void *task, long unit) {
     }
     const long i = t->item_row[lo], u = unit - t->first_unit[lo];
     if (t->item_rows[lo]) {
-        const long per_chunk = a->n_kv * t->passes, c = u / per_chunk;
-        const long kvh = u % per_chunk / t->passes, h0 = u % t->passes * t->heads_per_pass;
-        run_tile(t, i, t->item_rows[lo], c, kvh, h0, t->group - h0 < t->heads_per_pass ? t->group - h0 : t->heads_per_pass);
+        const long per_span = a->n_kv * t->passes, c0 = u / per_span * INV_SPAN;
+        const long kvh = u % per_span / t->passes, h0 = u % t->passes * t->heads_per_pass;
+        run_tiles(t, i, t->item_rows[lo], c0, c0 + INV_SPAN, kvh, h0,
+                  t->group - h0 < t->heads_per_pass ? t->group - h0 : t->heads_per_pass);
         return;
     }
     const long c = u / a->n_kv, kvh = u % a->n_kv;
@@ -383,53 +401,51 @@ static void merge_task(void *ctx, long i0, long i1, int tid) {
     merge_rows(t, t->r0 + i0, t->r0 + i1);
 }
 
-/* Rows from i that may share a tile with row i (same slot and first key, at most tile_tokens). */
+/* Rows from i that may share an item's tiles with row i (same slot and first key, at most
+ * LLB_TILE_GROUP tiles of tile_tokens). */
 static long tile_run(const struct inv_task *t, long i) {
     const struct llb_attention_args *a = t->a;
-    const long fk = first_key(a, a->pos[i]);
+    const long fk = first_key(a, a->pos[i]), most = t->tile_tokens * LLB_TILE_GROUP;
     long j = i + 1;
-    while (j < a->n && j - i < t->tile_tokens && a->slots[j] == a->slots[i] && first_key(a, a->pos[j]) == fk) j++;
+    while (j < a->n && j - i < most && a->slots[j] == a->slots[i] && first_key(a, a->pos[j]) == fk) j++;
     return j - i;
 }
 
-/* Lays out the pass starting at row r0, with at most cap partials (at least one row's); returns its end. */
+/* Partials of row i (chunk x kv head), or 0: a row of one chunk is normalised directly. */
+static size_t row_parts(const struct llb_attention_args *a, long i) {
+    const long chunks = row_chunks(a, i);
+    return chunks > 1 ? (size_t)(chunks * a->n_kv) : 0;
+}
+
+/* Lays out the pass starting at row r0, with at most cap partials (at least one row's); returns its end.
+ * An item whose partials do not all fit starts the next pass, unless it is the pass's first: then
+ * it keeps the rows that fit. */
 static long plan_pass(struct inv_task *t, long r0, size_t cap) {
     const struct llb_attention_args *a = t->a;
     size_t n_parts = 0;
     long i = r0, units = 0;
     t->n_items = 0;
     while (i < a->n) {
-        long rows = 0; /* a tile's rows, or 0: row i alone */
-        if (t->tile_tokens) {
-            rows = tile_run(t, i);
-            if (rows * t->heads_per_pass * 2 < t->k->lanes) rows = 0; /* under half full */
-        }
-        size_t need;
-        long chunks_max;
-        for (;;) {
-            need = 0;
-            chunks_max = 0;
-            for (long j = i; j < i + (rows ? rows : 1); j++) {
-                const long chunks = row_chunks(a, j);
-                need += chunks > 1 ? (size_t)(chunks * a->n_kv) : 0;
-                chunks_max = chunks > chunks_max ? chunks : chunks_max;
-            }
-            if (n_parts + need <= cap || !rows || t->n_items) break;
-            rows = 0; /* a tile alone would overflow the pass: its first row goes alone */
-        }
-        if (n_parts + need > cap) break; /* the next pass */
-        const long end = i + (rows ? rows : 1);
-        for (long j = i; j < end; j++) {
+        long rows = t->tile_tokens ? tile_run(t, i) : 1, fit = 0;
+        size_t need = 0;
+        while (fit < rows && n_parts + need + row_parts(a, i + fit) <= cap) need += row_parts(a, i + fit++);
+        if (fit < rows && t->n_items) break; /* the next pass */
+        rows = fit > 0 ? fit : 1;             /* cap holds one row's partials */
+        const int tile = t->tile_tokens && rows * t->heads_per_pass * 2 >= t->k->lanes; /* else under half full */
+        if (!tile) rows = 1;
+        long chunks_max = 0;
+        for (long j = i; j < i + rows; j++) {
             const long chunks = row_chunks(a, j);
             t->first_part[j] = chunks > 1 ? (long)n_parts : -1;
-            n_parts += chunks > 1 ? (size_t)(chunks * a->n_kv) : 0;
+            n_parts += row_parts(a, j);
+            chunks_max = chunks > chunks_max ? chunks : chunks_max;
         }
         t->item_row[t->n_items] = i;
-        t->item_rows[t->n_items] = rows;
+        t->item_rows[t->n_items] = tile ? rows : 0;
         t->first_unit[t->n_items] = units;
-        units += chunks_max * a->n_kv * (rows ? t->passes : 1);
+        units += tile ? (chunks_max + INV_SPAN - 1) / INV_SPAN * a->n_kv * t->passes : chunks_max * a->n_kv;
         t->n_items++;
-        i = end;
+        i += rows;
     }
     t->first_unit[t->n_items] = units;
     t->units = units;
@@ -440,10 +456,11 @@ static int attention_invariant(const struct llb_attention_args *a) {
     struct inv_task t = {.a = a, .k = llb_op_kernels_current(), .group = a->n_heads / a->n_kv};
     t.pf = part_floats(a, t.group);
     const long lanes = t.k->lanes;
-    if (lanes >= 8) { /* tiles: up to `lanes` rows, tokens x heads; more heads than lanes go in passes */
-        t.heads_per_pass = t.group < lanes ? t.group : lanes;
-        t.passes = (t.group + lanes - 1) / lanes;
-        t.tile_tokens = lanes / t.heads_per_pass;
+    if (lanes >= 8) { /* tiles: up to LLB_TILE_VECS vectors of rows, tokens x heads; more heads go in passes */
+        const long rows = lanes * LLB_TILE_VECS;
+        t.heads_per_pass = t.group < rows ? t.group : rows;
+        t.passes = (t.group + rows - 1) / rows;
+        t.tile_tokens = rows / t.heads_per_pass;
     }
     /* Scratch: the index arrays, then the partials of one pass, for rows as long as the
      * context allows (max_row_chunks), capped. */

@@ -195,7 +195,8 @@ class NativeBackend(Backend):
         self.replays: dict[tuple, int] = {}            # (pool size, threads run on) -> replayed steps (for benchmarks)
         # On by default: a prompt's result must not depend on what its cache already held (prefix reuse
         # prefills a different chunk) - the same greedy call gives the same text. Costs ~1-4% of a 512-token
-        # prefill, 25-45% at depth 4096-16384 (prefill attention's one-vector tiles in the decode kernel's order).
+        # prefill; at depth 16384 its prefill attention op takes ~1.3-1.6x the default's CPU time (wide tiles
+        # summing in the decode kernel's order, each row's 256-key chunks merged).
         self._batch_invariant = True
         self._converted: list[tuple[str, str, str, int]] = []   # (tensor, from, to, extra bytes): end_load
 
@@ -338,7 +339,7 @@ class NativeBackend(Backend):
         into the same key chunks whatever the batch, its prompt chunking or the thread count. The
         backend starts with it on (the server relies on it: batched greedy output equals
         one-at-a-time output; a library call's text does not depend on the prefix its cache reused);
-        off, prefills may take a faster schedule (~1-4% at 512 tokens, 25-45% at depth) and single rows
+        off, prefills may take a faster schedule (~1-4% at 512 tokens; at depth the attention op 1.3-1.6x) and single rows
         kernels that round differently.
         The switch is the C core's, process-wide: each forward pass of this backend sets it to
         this backend's own choice (begin_forward), so a server's model does not change how a

@@ -23,7 +23,7 @@ struct llb_attn_unit {
 
 /* Up to LLB_TILE_MAX_ROWS query rows reading keys of one kv head (a few
  * tokens of one slot x some of its query heads), each with its own key range:
- * at most 3 vectors of lanes (lanes * 3 rows; the row order: lanes rows). */
+ * at most 3 vectors of lanes (lanes * 3 rows), in either order. */
 #define LLB_TILE_VECS 3
 #define LLB_TILE_MAX_ROWS (16 * LLB_TILE_VECS)
 /* The tile kernels take arrays of tiles of one kv head (same k, v, stride, head_dim, scale,
@@ -42,6 +42,10 @@ struct llb_attn_tile {
      * (out[r] the unnormalised sums, ml[r] its (max score, sum of exp)). */
     int row_order;
     float *ml[LLB_TILE_MAX_ROWS];
+    /* Row order: the rows (sharing their first key) cut into chunks of `chunk` keys from it, each
+     * chunk's partial chunk_stride floats after the previous one (out and ml); 0: one range each. */
+    long chunk;
+    size_t chunk_stride;
     const float *kbase; /* as llb_attn_unit's */
 };
 
