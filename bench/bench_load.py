@@ -9,7 +9,7 @@ Qwen3-30B-A3B's full shapes (48 layers, ~20 GB: needs ~21 GB free; the largest m
     python bench/bench_load.py q30b.gguf --modes dd,llambda,llambda-staged,llama-mmap -r 3
 
 Each repetition runs every mode once, in turn (alternated, so a change in the machine's load hits all
-of them alike); the medians are printed with each process's CPU time (user + system), its peak resident
+of them alike), each after --pause seconds idle; the medians are printed with each process's CPU time (user + system), its peak resident
 set and its page faults. "cold" evicts the file first with posix_fadvise(DONTNEED) (dropping the whole
 page cache needs root's /proc/sys/vm/drop_caches, which a container often lacks; the eviction of one
 file's clean, unmapped pages is what matters here). llama.cpp is timed to its load plus one token: a

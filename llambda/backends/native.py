@@ -310,6 +310,7 @@ class NativeBackend(Backend):
             self._weights.end_reserve()
 
     def end_load(self) -> None:
+        self._weights.end_reserve()     # before the KV cache: pages faulted past the last matrix go back now
         if not self._converted:
             return
         names = [n for n, _, _, _ in self._converted]

@@ -136,7 +136,7 @@ class WeightArena:
         self._free = self._reserved = self._new_mapping(int(nbytes) + int(nbytes) // 64 + self.chunk)  # + padding
         self._reserved_map = (self._maps[-1], self._reserved.ctypes.data - self._ranges[-1][0])
         if _C is not None and hasattr(_C, "populate_write") and prefault_enabled():
-            self._prefaulter = Prefaulter(self._reserved)
+            self._prefaulter = Prefaulter(self._reserved[:int(nbytes)])    # never past the plan: peak RSS
 
     def end_reserve(self) -> None:
         """The load ended (or failed): stop faulting, and give back the pages faulted past the last
