@@ -9,7 +9,7 @@ Qwen3-30B-A3B's full shapes (48 layers, ~20 GB: needs ~21 GB free; the largest m
     python bench/bench_load.py q30b.gguf --modes dd,llambda,llambda-staged,llama-mmap -r 3
 
 Each repetition runs every mode once, in turn (alternated, so a change in the machine's load hits all
-of them alike); the medians are printed with each process's CPU time (user + system), its peak resident
+of them alike), each after --pause seconds idle; the medians are printed with each process's CPU time (user + system), its peak resident
 set and its page faults. "cold" evicts the file first with posix_fadvise(DONTNEED) (dropping the whole
 page cache needs root's /proc/sys/vm/drop_caches, which a container often lacks; the eviction of one
 file's clean, unmapped pages is what matters here). llama.cpp is timed to its load plus one token: a
@@ -23,6 +23,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 
 CHILD = r"""
 import json, os, resource, sys, time
@@ -56,11 +57,12 @@ print(json.dumps({"wall": wall, "load": first - t0, "user": r.ru_utime, "sys": r
 """
 
 
-# the file read into staging buffers (formats/staging.py): with O_DIRECT, or through the page cache
-# dropped behind each read
+# llambda with settings: the file read into staging buffers (formats/staging.py), with O_DIRECT or through
+# the page cache dropped behind each read; the arena not faulted in ahead of the packing (weight_arena.py)
 STAGED = {"llambda-staged": {"LLAMBDA_STAGED_READ": "1", "LLAMBDA_KEEP_FILE_CACHE": "0"},
           "llambda-staged-buffered": {"LLAMBDA_STAGED_READ": "1", "LLAMBDA_KEEP_FILE_CACHE": "0",
-                                      "LLAMBDA_DIRECT_IO": "0"}}
+                                      "LLAMBDA_DIRECT_IO": "0"},
+          "llambda-noprefault": {"LLAMBDA_ARENA_PREFAULT": "0"}}
 
 
 def evict(path: str) -> None:
@@ -72,13 +74,16 @@ def evict(path: str) -> None:
         os.close(fd)
 
 
-def run(mode: str, path: str, threads: int, cold: bool, base: str | None = None) -> dict:
+def run(mode: str, path: str, threads: int, cold: bool, base: str | None = None, pause: float = 0) -> dict:
+    time.sleep(pause)
     if cold:
         evict(path)
     elif mode != "dd":      # warm: the file read once just before
         run("dd", path, threads, False)
     cwd = base if mode == "base" else None      # "base": llambda imported from another checkout (A/B)
     env = dict(os.environ, **STAGED[mode]) if mode in STAGED else None
+    if mode == "base":      # the other checkout is only read: no bytecode written into it
+        env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
     child = "llambda" if mode == "base" or mode in STAGED else mode
     out = subprocess.run([sys.executable, "-c", CHILD, child, path, str(threads)],
                          capture_output=True, text=True, check=True, cwd=cwd, env=env)
@@ -90,11 +95,14 @@ def main() -> None:
     ap.add_argument("path")
     ap.add_argument("--modes", default="dd,llambda",
                     help="comma-separated: dd, llambda, llambda-staged (LLAMBDA_STAGED_READ=1), llambda-staged-buffered "
-                         "(and LLAMBDA_DIRECT_IO=0), base (see --base), "
+                         "(and LLAMBDA_DIRECT_IO=0), llambda-noprefault (LLAMBDA_ARENA_PREFAULT=0), base (see --base), "
                          "llama-mmap, llama-nommap")
     ap.add_argument("-r", "--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--warm", action="store_true", help="the file in the page cache (default: evicted)")
+    ap.add_argument("--pause", type=float, default=5.0,
+                    help="seconds idle before each run (default 5): memory the last process freed goes back to the "
+                         "host first (free page reporting), so no run inherits the previous one's warm pages")
     ap.add_argument("--base", help="a checkout whose llambda the mode 'base' loads with (built in place), for A/B")
     a = ap.parse_args()
     modes = a.modes.split(",")
@@ -103,7 +111,7 @@ def main() -> None:
     load0 = os.getloadavg()[0]
     for i in range(a.repeats):
         for m in modes:
-            r = run(m, a.path, a.threads, not a.warm, a.base)
+            r = run(m, a.path, a.threads, not a.warm, a.base, a.pause)
             res[m].append(r)
             print(f"  rep {i} {m}: " + " ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
                                                   for k, v in r.items()), flush=True)

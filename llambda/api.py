@@ -69,7 +69,7 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
                             float_weights=be.name == "numpy", packed_nbytes=packed_nbytes)
         if check_memory:
             memory.check(mplan)
-        with src.reading_ahead():
+        with src.reading_ahead(), be.loading(mplan.weights):
             model = Transformer(cfg, lookup, be, n_ctx=ctx, n_slots=n_slots, max_tokens=max_batch,
                                 release=src.release)
     except BaseException:

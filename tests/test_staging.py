@@ -152,3 +152,24 @@ def test_direct_reads_refused_fall_back_to_plain_reads(tmp_path, monkeypatch):
         assert np.array_equal(v, data[5:2 * MB + 5]) and not s.direct
     finally:
         s.stop()
+
+
+@pytest.mark.filterwarnings("ignore:3 threads")
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_an_arena_faulted_in_ahead_packs_the_same_bytes(tmp_path, monkeypatch, threads):
+    from llambda.backends import weight_arena
+    path = _write_big_llama(tmp_path / "m.gguf", layers=2, d=512, ff=2048)
+    monkeypatch.setenv("LLAMBDA_KEEP_FILE_CACHE", "0")
+    plain = _packed(path, threads)                              # a small model: chunks as they come
+    monkeypatch.setattr(weight_arena, "RESERVE_MIN", 0)         # reserved at once, as a big model is
+    made = []
+    real = weight_arena.Prefaulter.__init__
+    monkeypatch.setattr(weight_arena.Prefaulter, "__init__", lambda self, *a, **k: (made.append(self), real(self, *a, **k))[1])
+    monkeypatch.setenv("LLAMBDA_ARENA_PREFAULT", "0")
+    want = _packed(path, threads)
+    assert not made
+    monkeypatch.setenv("LLAMBDA_ARENA_PREFAULT", "1")
+    got = _packed(path, threads)
+    assert made and made[0].done > 0 or not hasattr(native, "populate_write")
+    assert got[0] == want[0]
+    assert np.array_equal(got[1], want[1]) and np.array_equal(got[1], plain[1])

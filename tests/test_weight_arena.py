@@ -50,3 +50,71 @@ def test_huge_page_bytes_counts_only_the_arena():
         pytest.skip("no /proc/self/smaps")
     assert 0 <= got <= arena.mapped_bytes and got % HUGE == 0
     assert other.sum() > 0
+
+
+def _resident(a: np.ndarray) -> int:
+    """Bytes of `a`'s pages resident now (mincore through the C core is not exposed: /proc/self/smaps' Rss)."""
+    lo, hi = a.ctypes.data, a.ctypes.data + a.nbytes
+    total, ours = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(None, 1)[0] if line.strip() else ""
+            if "-" in head and not head.endswith(":"):
+                s, e = (int(v, 16) for v in head.split("-"))
+                ours = s <= lo < e
+            elif ours and head == "Rss:":
+                total += int(line.split()[1]) * 1024
+    return total
+
+
+@pytest.mark.parametrize("prefault", ["1", "0"])
+def test_reservation_carves_in_order_and_prefaults_ahead(monkeypatch, prefault):
+    monkeypatch.setenv("LLAMBDA_ARENA_PREFAULT", prefault)
+    arena = WeightArena(chunk=HUGE)
+    arena.reserve(40 * HUGE)
+    sizes = [4097, 3 * HUGE + 5, 1, 7 * HUGE]
+    arrays = [arena.alloc(n) for n in sizes]
+    addr = [a.ctypes.data for a in arrays]
+    assert addr == sorted(addr) and addr[-1] + sizes[-1] - addr[0] < 12 * HUGE      # one mapping, in order
+    assert len(arena._maps) == 1
+    for a, n in zip(arrays, sizes):
+        assert a.shape == (n,) and a.ctypes.data % ALIGN == 0 and not a.any()       # zero-filled, prefaulted or not
+        a[:] = 3
+    assert (arena._prefaulter is not None) == (prefault == "1")
+    arena.end_reserve()
+    arena.end_reserve()                                                             # idempotent
+    assert arena._prefaulter is None
+    assert all((a == 3).all() for a in arrays)          # the trim behind the last allocation spared them
+    more = arena.alloc(HUGE)                            # after the load: the reservation's tail, zero-filled
+    assert not more.any() and more.ctypes.data > addr[-1]
+
+
+def test_prefaulter_stays_a_window_ahead():
+    from llambda.backends.weight_arena import Prefaulter, _C
+    if _C is None or not hasattr(_C, "populate_write"):
+        pytest.skip("the C core is not built")
+    arena = WeightArena(chunk=HUGE)
+    buf = arena._new_mapping(64 * HUGE)
+    pf = Prefaulter(buf, window=8 * HUGE, step=HUGE)
+    pf.advance(4 * HUGE)
+    import time
+    for _ in range(200):                        # the thread reaches 4 + 8 huge pages and stops there
+        if pf.done >= 12 * HUGE:
+            break
+        time.sleep(0.01)
+    time.sleep(0.05)
+    done = pf.stop()
+    if done == 0:
+        pytest.skip("this kernel has no MADV_POPULATE_WRITE")
+    assert done == 12 * HUGE
+    assert 0 < _resident(buf) <= 13 * HUGE          # faulted in, and no further than the window
+    assert not buf.any()                            # zero-filled
+
+
+def test_populate_write_refuses_read_only_buffers():
+    from llambda.backends.weight_arena import _C
+    if _C is None or not hasattr(_C, "populate_write"):
+        pytest.skip("the C core is not built")
+    with pytest.raises((TypeError, BufferError)):
+        _C.populate_write(b"read only")
+    assert _C.populate_write(bytearray(10)) in (0, 1)

@@ -110,6 +110,18 @@ static PyObject *py_populate(PyObject *self, PyObject *arg) {
     return PyLong_FromLong(rc);
 }
 
+/* populate_write(buf) -> int: fault a writable buffer's pages in (core/pages.h); the GIL is released meanwhile. */
+static PyObject *py_populate_write(PyObject *self, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_WRITABLE) < 0) return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = llb_pages_populate_write(view.buf, (size_t)view.len);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    return PyLong_FromLong(rc);
+}
+
 /* read_bandwidth(nbytes, threads, reps) -> list of GB/s, one per repetition (core/readbw.h); GIL released. */
 #define READBW_MAX_REPS 1000
 static PyObject *py_read_bandwidth(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -253,6 +265,9 @@ PyMethodDef llb_core_methods[] = {
     {"populate", py_populate, METH_O,
      "populate(buf) -> int: fault a mapping's pages under buf in for reading, waiting for the disk with the GIL\n"
      "released: 0 done, 1 only requested (a kernel before 5.14), -1 refused (not mapped, an I/O error)."},
+    {"populate_write", py_populate_write, METH_O,
+     "populate_write(buf) -> int: fault a writable anonymous buffer's pages in (zero-filled) with the GIL released:\n"
+     "0 done, 1 not supported (a kernel before 5.14), -1 refused (out of memory, not mapped)."},
     {"read_bandwidth", (PyCFunction)(void (*)(void))py_read_bandwidth, METH_FASTCALL,
      "read_bandwidth(nbytes, threads, reps) -> list[float]: GB/s of streaming a buffer of nbytes (>= 1 MiB, in 2 MB\n"
      "pages, faulted in first) with the active ISA's widest loads on `threads` (1..threads()) threads of the pool,\n"

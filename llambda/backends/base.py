@@ -9,6 +9,7 @@ consecutive positions), batched decode (one token per slot) and any mix.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -86,6 +87,12 @@ class Backend(ABC):
     def workspace_specs(self, cfg, max_tokens: int) -> dict:
         """Extra activation buffers this backend's ops need ({name: (shape, dtype)}), carved with the rest."""
         return {}
+
+    @contextmanager
+    def loading(self, nbytes: int):
+        """While a model's weights (about `nbytes` once prepared: the memory plan's) are prepared: the native
+        backend maps them at once and faults the memory in ahead of the packing (weight_arena.py)."""
+        yield self
 
     def end_load(self) -> None:
         """Called once every weight of a model is prepared (the native backend reports conversions)."""

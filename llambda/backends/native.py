@@ -7,6 +7,8 @@ releases the GIL and splits the work over the persistent thread pool.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import math
 import os
 import time
@@ -300,7 +302,16 @@ class NativeBackend(Backend):
         return {"moe_f": ((nk * (2 * d + 2 * ff + 1),), np.float32),       # csrc/moe/moe.h: llb_moe_fscratch
                 "moe_i": ((3 * nk + cfg.n_experts + 1,), np.int32)}         # llb_moe_iscratch
 
+    @contextmanager
+    def loading(self, nbytes: int):
+        self._weights.reserve(nbytes)
+        try:
+            yield self
+        finally:
+            self._weights.end_reserve()
+
     def end_load(self) -> None:
+        self._weights.end_reserve()     # before the KV cache: pages faulted past the last matrix go back now
         if not self._converted:
             return
         names = [n for n, _, _, _ in self._converted]

@@ -6,16 +6,80 @@ the page walks cost ~10% of single-thread read bandwidth here (14.2 vs 12.7 GB/s
 A/B on this machine); 2 MB pages remove them. Matrices are laid out in the
 order they are packed (the model packs in execution order), so the kernels'
 software prefetch runs from one matrix into the next instead of into a cold page.
+
+A load reserves its weights' bytes at once (`reserve`: the memory plan's size, one mapping) and a thread
+faults the reservation in (zero-filled 2 MB pages, `_native.populate_write`, the GIL released) up to
+PREFAULT bytes ahead of the last matrix allocated, while the pool packs: the first touch of fresh memory
+(on the development VM 1.5-3 CPU-seconds per GB, the hypervisor backing the guest's pages) then runs
+beside the packing and the disk's reads instead of inside the packing. `LLAMBDA_ARENA_PREFAULT=0` turns
+the thread off (the packing faults the pages itself, as before).
 """
 from __future__ import annotations
 
 import mmap
+import os
+import threading
 
 import numpy as np
+
+try:
+    from .. import _native as _C
+except ImportError:     # not built: the packing faults its pages itself
+    _C = None
 
 HUGE = 2 << 20          # transparent huge page size on x86-64 and most arm64 kernels
 ALIGN = 4096            # start of each matrix: page-aligned, so no two share a line or page
 CHUNK = 64 << 20        # one mapping serves many matrices; bigger ones get their own
+PREFAULT = 256 << 20    # how far past the last allocation the reservation's pages are faulted in
+STEP = 8 << 20          # one populate call: short enough for the prefaulter to stop soon
+RESERVE_MIN = CHUNK     # a load of fewer weights than this (a small model) takes chunks as they come
+
+
+def prefault_enabled() -> bool:
+    return os.environ.get("LLAMBDA_ARENA_PREFAULT", "1").strip().lower() not in ("0", "false", "no")
+
+
+class Prefaulter:
+    """Faults the pages of `buf` (a zero-filled anonymous mapping) in for writing, in order, on a thread of
+    its own, up to `window` bytes past the position `advance` was last told (the arena's allocations)."""
+
+    def __init__(self, buf: np.ndarray, window: int = PREFAULT, step: int = STEP):
+        self._buf, self.window, self.step = buf, window, step
+        self._cond = threading.Condition()
+        self._at = self.done = 0        # the allocated end; the faulted end
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="llambda-prefault", daemon=True)
+        self._thread.start()
+
+    def advance(self, pos: int) -> None:
+        with self._cond:
+            if pos > self._at:
+                self._at = pos
+                self._cond.notify()
+
+    def stop(self) -> int:
+        """Stop (after the current step) and return how far the buffer was faulted in. Idempotent."""
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+        self._thread.join()
+        self._buf = None
+        return self.done
+
+    def _run(self) -> None:
+        n = len(self._buf)
+        while True:
+            with self._cond:
+                while not self._stopped and self.done >= min(n, self._at + self.window):
+                    self._cond.wait()
+                if self._stopped:
+                    return
+                lo = max(self.done, self._at - self._at % HUGE)     # never behind the packer: it faults those itself
+                hi = min(n, lo + self.step, self._at + self.window)
+            if _C.populate_write(self._buf[lo:hi]) != 0:      # a kernel without it, out of memory: the packing faults
+                return
+            with self._cond:
+                self.done = hi
 
 
 class WeightArena:
@@ -25,6 +89,8 @@ class WeightArena:
         self._free = np.empty(0, np.uint8)   # the unused tail of the current mapping
         self.mapped_bytes = 0
         self._ranges: list[tuple[int, int]] = []  # [start, end) of each mapping
+        self._reserved: np.ndarray | None = None    # the load's reservation (reserve), while it loads
+        self._prefaulter: Prefaulter | None = None
 
     def _new_mapping(self, nbytes: int) -> np.ndarray:
         size = -(-(nbytes + HUGE) // HUGE) * HUGE     # room to start on a 2 MB boundary
@@ -51,7 +117,43 @@ class WeightArena:
                 return fresh[:nbytes]
             self._free = fresh
         out, self._free = self._free[:nbytes], self._free[padded:]
+        if self._prefaulter is not None and self._reserved is not None:
+            self._prefaulter.advance(self._offset(self._free))
         return out
+
+    def _offset(self, a: np.ndarray) -> int:
+        """Where `a` starts in the reservation (its length if `a` lies elsewhere: the reservation ran out)."""
+        off = a.ctypes.data - self._reserved.ctypes.data
+        return off if 0 <= off <= len(self._reserved) else len(self._reserved)
+
+    def reserve(self, nbytes: int) -> None:
+        """A load of about `nbytes` of packed weights begins: map them at once (what does not fit goes to
+        mappings of its own, as without a reservation) and fault the pages in ahead of the allocations on a
+        thread, until `end_reserve`."""
+        self.end_reserve()
+        if nbytes <= RESERVE_MIN:
+            return
+        self._free = self._reserved = self._new_mapping(int(nbytes) + int(nbytes) // 64 + self.chunk)  # + padding
+        self._reserved_map = (self._maps[-1], self._reserved.ctypes.data - self._ranges[-1][0])
+        if _C is not None and hasattr(_C, "populate_write") and prefault_enabled():
+            self._prefaulter = Prefaulter(self._reserved[:int(nbytes)])    # never past the plan: peak RSS
+
+    def end_reserve(self) -> None:
+        """The load ended (or failed): stop faulting, and give back the pages faulted past the last
+        allocation (they fault again, zero-filled, if a later allocation takes them). Idempotent."""
+        pf, self._prefaulter = self._prefaulter, None
+        if pf is None or self._reserved is None:
+            self._reserved = None
+            return
+        done = pf.stop()
+        lo = -(-self._offset(self._free) // HUGE) * HUGE
+        mm, start = self._reserved_map
+        if done > lo:
+            try:
+                mm.madvise(mmap.MADV_DONTNEED, start + lo, done - lo)
+            except (OSError, ValueError):    # only a help: the pages stay, zero-filled
+                pass
+        self._reserved = None
 
     def huge_page_bytes(self) -> int | None:
         """Bytes of the arena the kernel backs with transparent huge pages now (AnonHugePages of its
