@@ -203,14 +203,16 @@ def test_a_parked_worker_chunk_is_taken_over_in_a_redo_call():
     """A redo call (llb_parallel_for_redo, opted in with LLAMBDA_POOL_REDO=1): a worker stalled inside
     its chunk is signalled to abandon it and the caller runs the chunk, so the call does not wait
     out the stall and no stall is counted. Without the opt-in the same calls take no chunk over."""
-    for opt_in, want_takeovers in (("1", True), ("0", False)):
-        out = run_child(PARKED_TAKEOVER, 120, LLAMBDA_POOL_REDO=opt_in).split()
-        once, worker_chunks, takeovers, stalls = map(int, out[:4])
-        assert once == 1  # every item ran exactly once per call
-        if want_takeovers:
-            # The caller waits (up to 2 s) for the worker to start a chunk; on a loaded machine the
-            # worker may still miss a call, and a call it missed needs no takeover.
-            assert worker_chunks >= 1
-            assert takeovers >= 1 and stalls == 0
-        else:
-            assert takeovers == 0
+    # Opted in: a takeover needs the worker to be on a CPU inside its chunk when the caller looks,
+    # which a loaded machine can deny in any one run, so up to three runs, one must show it.
+    runs = []
+    for _ in range(3):
+        once, worker_chunks, takeovers, stalls = map(int, run_child(PARKED_TAKEOVER, 120, LLAMBDA_POOL_REDO="1").split()[:4])
+        assert once == 1  # every item ran exactly once per call, taken over or not
+        runs.append((worker_chunks, takeovers, stalls))
+        if worker_chunks >= 1 and takeovers >= 1 and stalls == 0:
+            break
+    else:
+        raise AssertionError(f"no run took a parked worker's chunk over (worker chunks, takeovers, stalls): {runs}")
+    once, _, takeovers, _ = map(int, run_child(PARKED_TAKEOVER, 120, LLAMBDA_POOL_REDO="0").split()[:4])
+    assert once == 1 and takeovers == 0  # without the opt-in no chunk is ever taken over
