@@ -58,11 +58,11 @@ print(json.dumps({"wall": wall, "load": first - t0, "user": r.ru_utime, "sys": r
 
 
 # llambda with settings: the file read into staging buffers (formats/staging.py), with O_DIRECT or through
-# the page cache dropped behind each read; the arena not faulted in ahead of the packing (weight_arena.py)
+# the page cache dropped behind each read; the arena faulted in ahead of the packing (weight_arena.py)
 STAGED = {"llambda-staged": {"LLAMBDA_STAGED_READ": "1", "LLAMBDA_KEEP_FILE_CACHE": "0"},
           "llambda-staged-buffered": {"LLAMBDA_STAGED_READ": "1", "LLAMBDA_KEEP_FILE_CACHE": "0",
                                       "LLAMBDA_DIRECT_IO": "0"},
-          "llambda-noprefault": {"LLAMBDA_ARENA_PREFAULT": "0"}}
+          "llambda-prefault": {"LLAMBDA_ARENA_PREFAULT": "1"}}
 
 
 def evict(path: str) -> None:
@@ -95,7 +95,7 @@ def main() -> None:
     ap.add_argument("path")
     ap.add_argument("--modes", default="dd,llambda",
                     help="comma-separated: dd, llambda, llambda-staged (LLAMBDA_STAGED_READ=1), llambda-staged-buffered "
-                         "(and LLAMBDA_DIRECT_IO=0), llambda-noprefault (LLAMBDA_ARENA_PREFAULT=0), base (see --base), "
+                         "(and LLAMBDA_DIRECT_IO=0), llambda-prefault (LLAMBDA_ARENA_PREFAULT=1), base (see --base), "
                          "llama-mmap, llama-nommap")
     ap.add_argument("-r", "--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)

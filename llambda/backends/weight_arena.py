@@ -7,12 +7,13 @@ A/B on this machine); 2 MB pages remove them. Matrices are laid out in the
 order they are packed (the model packs in execution order), so the kernels'
 software prefetch runs from one matrix into the next instead of into a cold page.
 
-A load reserves its weights' bytes at once (`reserve`: the memory plan's size, one mapping) and a thread
-faults the reservation in (zero-filled 2 MB pages, `_native.populate_write`, the GIL released) up to
+A load reserves its weights' bytes at once (`reserve`: the memory plan's size, one mapping). Opted in
+(`LLAMBDA_ARENA_PREFAULT=1`: alternated cold loads showed no gain on the 2-core development VM, where the
+packing already keeps both cores busy), a thread faults the reservation in (zero-filled 2 MB pages, `_native.populate_write`, the GIL released) up to
 PREFAULT bytes ahead of the last matrix allocated, while the pool packs: the first touch of fresh memory
 (on the development VM 1.5-3 CPU-seconds per GB, the hypervisor backing the guest's pages) then runs
-beside the packing and the disk's reads instead of inside the packing. `LLAMBDA_ARENA_PREFAULT=0` turns
-the thread off (the packing faults the pages itself, as before).
+beside the packing and the disk's reads instead of inside the packing. By default the packing faults
+the pages itself.
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ RESERVE_MIN = CHUNK     # a load of fewer weights than this (a small model) take
 
 
 def prefault_enabled() -> bool:
-    return os.environ.get("LLAMBDA_ARENA_PREFAULT", "1").strip().lower() not in ("0", "false", "no")
+    return os.environ.get("LLAMBDA_ARENA_PREFAULT", "0").strip().lower() in ("1", "true", "yes")
 
 
 class Prefaulter:
