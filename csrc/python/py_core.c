@@ -98,28 +98,24 @@ static PyObject *py_alloc_stats(PyObject *self, PyObject *unused) {
     return Py_BuildValue("(nn)", (Py_ssize_t)count, (Py_ssize_t)bytes);
 }
 
-/* populate(buf) -> int: page in a mapping's bytes (core/pages.h); the GIL is released while the disk reads. */
-static PyObject *py_populate(PyObject *self, PyObject *arg) {
+/* Page a buffer's bytes in (core/pages.h), for reading or for writing, the GIL released while the kernel works. */
+static PyObject *populate_with(PyObject *arg, int write) {
     Py_buffer view;
-    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    if (PyObject_GetBuffer(arg, &view, write ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0) return NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = llb_pages_populate(view.buf, (size_t)view.len);
+    rc = write ? llb_pages_populate_write(view.buf, (size_t)view.len) : llb_pages_populate(view.buf, (size_t)view.len);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
     return PyLong_FromLong(rc);
 }
 
-/* populate_write(buf) -> int: fault a writable buffer's pages in (core/pages.h); the GIL is released meanwhile. */
+/* populate(buf) -> int: page in a mapping's bytes for reading (waiting for the disk). */
+static PyObject *py_populate(PyObject *self, PyObject *arg) { return populate_with(arg, 0); }
+
+/* populate_write(buf) -> int: fault a writable buffer's pages in, zero-filled. */
 static PyObject *py_populate_write(PyObject *self, PyObject *arg) {
-    Py_buffer view;
-    if (PyObject_GetBuffer(arg, &view, PyBUF_WRITABLE) < 0) return NULL;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = llb_pages_populate_write(view.buf, (size_t)view.len);
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&view);
-    return PyLong_FromLong(rc);
+    return populate_with(arg, 1);
 }
 
 /* read_bandwidth(nbytes, threads, reps) -> list of GB/s, one per repetition (core/readbw.h); GIL released. */
