@@ -119,3 +119,34 @@ def test_populate_write_refuses_read_only_buffers():
     with pytest.raises((TypeError, BufferError)):
         _C.populate_write(b"read only")
     assert _C.populate_write(bytearray(10)) in (0, 1)
+
+
+def test_collapse_backs_4k_pages_by_2mb_ones_up_to_the_last_allocation():
+    """A load whose faults got 4 KB pages (no free 2 MB page then) gets 2 MB ones after it (MADV_COLLAPSE),
+    and the mapping past its last allocation stays untouched."""
+    import mmap
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            if "[never]" in f.read():
+                pytest.skip("transparent huge pages are off on this host")
+    except OSError:
+        pytest.skip("no transparent huge pages on this host")
+    arena = WeightArena(chunk=8 * HUGE)
+    a = arena.alloc(3 * HUGE)
+    m = arena._maps[0]
+    m.madvise(mmap.MADV_NOHUGEPAGE)            # fault a in 4 KB pages, as a fragmented machine would
+    a[:] = 3
+    m.madvise(mmap.MADV_HUGEPAGE)
+    if arena.huge_page_bytes() is None:
+        pytest.skip("no /proc/self/smaps")
+    before = arena.huge_page_bytes()
+    arena.collapse()
+    after = arena.huge_page_bytes()
+    if after < 2 * HUGE:
+        try:                                   # an old kernel (EINVAL), no free 2 MB page now (EAGAIN, ENOMEM)
+            m.madvise(25, 0, 3 * HUGE)
+        except OSError as e:
+            pytest.skip(f"MADV_COLLAPSE did not run here: {e}")
+    assert after >= 2 * HUGE > before          # a's whole 2 MB ranges (its start is 2 MB aligned)
+    assert (a == 3).all()
+    assert _resident(arena._free) == 0         # the tail was never allocated: never filled in

@@ -312,6 +312,7 @@ class NativeBackend(Backend):
 
     def end_load(self) -> None:
         self._weights.end_reserve()     # before the KV cache: pages faulted past the last matrix go back now
+        self._weights.collapse()        # what the packing got in 4 KB pages, in 2 MB pages where the kernel can
         if not self._converted:
             return
         names = [n for n, _, _, _ in self._converted]
