@@ -280,6 +280,37 @@ def test_a_token_alone_equals_the_token_in_a_batch(isa, batch_invariant, qtype):
         nat.close()
 
 
+def test_decode_sized_batches_of_mixed_types_and_biases(isa, batch_invariant):
+    """A few rows per expert run as units shared out over the pool (csrc/moe: units_path), with gate and up
+    of different types (each quantizes the activations on its own) and biases on every projection: the
+    NumPy oracle's values, and a token alone, in a few tokens or in a batch of whole experts per thread
+    gives the same bits, on any thread count."""
+    rng = np.random.default_rng(5)
+    d, ff, E, k = 256, 512, 8, 3
+    gate, _, _ = random_experts(rng, E, ff, d, QType.Q4_K)
+    _, up, down = random_experts(rng, E, ff, d, QType.Q6_K)
+    down = random_experts(rng, E, ff, d, QType.Q8_0)[2]
+    experts = [gate, up, down]
+    biases = [WeightTensor.from_float(name, rng.normal(0, 0.5, (E, rows)).astype(np.float32))
+              for name, rows in (("gb", ff), ("ub", ff), ("db", d))]
+    x = rng.normal(0, 1, (30, d)).astype(np.float32)
+    logits = rng.normal(0, 1, (30, E)).astype(np.float32)
+    nat = NativeBackend(activations="q8")
+    before = native.threads()
+    try:
+        batch = run_moe(nat, experts, x, logits, k, biases=biases)
+        want = run_moe(NumpyBackend(), experts, x, logits, k, biases=biases)
+        assert float(np.abs(batch - want).max()) <= 2e-2 * float(np.abs(want).max())
+        for t in (1, 2, 3):
+            native.set_threads(t)
+            for lo, hi in ((0, 1), (7, 8), (10, 12), (20, 23)):
+                got = run_moe(nat, experts, x[lo:hi], logits[lo:hi], k, biases=biases)
+                assert np.array_equal(got, batch[lo:hi]), f"tokens {lo}:{hi} threads={t} isa={isa}"
+    finally:
+        native.set_threads(before)
+        nat.close()
+
+
 def test_model_decode_is_batch_invariant(batch_invariant):
     """The tiny Qwen3-MoE quantized at load: one sequence's decode step alone or beside another."""
     from llambda.formats.hf_dir import open_hf_dir

@@ -209,9 +209,9 @@ static size_t mm_setup(mm_ctx *c, const llb_type_info *t, const llb_mm_part *par
     return c->off_repack + (c->needs_repack ? (size_t)nth * 2 * c->group_bytes : 0);
 }
 
-/* Run a call set up by mm_setup with its scratch s (on nth threads if parallel, else here). */
-static void mm_run(mm_ctx *c, uint8_t *s, int nth, int parallel) {
-    if (c->needs_repack) c->repack = s + c->off_repack;
+/* The activations of a call set up by mm_setup quantized into its scratch s, unless each thread
+ * quantizes its own copy (private_acts). */
+static void mm_quantize(mm_ctx *c, uint8_t *s, int nth, int parallel) {
     if (c->quantize) {
         c->offset = c->k->act_offset(c->mm.t->qtype);
         c->acts = s;
@@ -224,6 +224,12 @@ static void mm_run(mm_ctx *c, uint8_t *s, int nth, int parallel) {
             else quantize_rows(c, &a, 0, c->mm.n); /* one thread: not worth a fork/join */
         }
     }
+}
+
+/* Run a call set up by mm_setup with its scratch s (on nth threads if parallel, else here). */
+static void mm_run(mm_ctx *c, uint8_t *s, int nth, int parallel) {
+    if (c->needs_repack) c->repack = s + c->off_repack;
+    mm_quantize(c, s, nth, parallel);
     /* Chunks of units from the sizes only: results never depend on them (a unit writes
      * whole outputs), and a few per thread let the running threads take over the share
      * of one the machine has descheduled. */
@@ -344,4 +350,31 @@ void llb_get_rows(const llb_type_info *t, int layout, const uint8_t *w, long row
     rows_ctx c = {.t = t, .layout = layout, .src = w, .rows = rows, .cols = cols, .ids = ids, .out = out, .n = n};
     if (n * cols < 65536) rows_task(&c, 0, n, 0); /* one token's embedding: no fork/join */
     else llb_parallel_for(rows_task, &c, n, llb_grain(n, MM_CHUNKS, 1, 1), LLB_POOL_MAX_THREADS);
+}
+
+struct llb_mm_prep {
+    mm_ctx c;
+};
+
+size_t llb_matmul_prep_bytes(void) { return sizeof(llb_mm_prep); }
+
+long llb_matmul_prep(llb_mm_prep *p, const llb_type_info *t, const llb_mm_part *parts, int n_parts, long cols,
+                     const float *x, long n, int exact, uint8_t *scratch, const llb_mm_prep *same_x) {
+    mm_ctx *c = &p->c;
+    int parallel;
+    mm_setup(c, t, parts, n_parts, cols, x, n, exact, 1, &parallel); /* one thread's setup: shared activations */
+    if (c->units < 0 || c->needs_repack) return -1;
+    if (c->units == 0) return 0;
+    if (same_x && c->quantize) { /* the same rows quantized the same way: share them */
+        c->offset = same_x->c.offset;
+        c->acts = same_x->c.acts;
+        c->mm.a = same_x->c.mm.a;
+    } else {
+        mm_quantize(c, scratch, 1, 0);
+    }
+    return c->units;
+}
+
+void llb_matmul_prep_run(const llb_mm_prep *p, long u0, long u1) {
+    if (u0 < u1) matmul_task((void *)&p->c, u0, u1, 0); /* tid 0: no private copy, no repack buffer */
 }

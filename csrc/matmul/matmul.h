@@ -29,6 +29,20 @@ int llb_matmul_many(const llb_type_info *t, const llb_mm_part *parts, int n_part
 size_t llb_matmul_here_scratch(const llb_type_info *t, long cols, long n, int exact);
 int llb_matmul_many_here(const llb_type_info *t, const llb_mm_part *parts, int n_parts, long cols, const float *x,
                          long n, int exact, uint8_t *scratch);
+/* A product prepared once and run by work units on any thread: for drivers that share the units of
+ * several products out over the pool in one fork/join (an MoE decode step: every routed expert's rows,
+ * cut finer than whole experts). llb_matmul_prep quantizes the activations on the calling thread into
+ * scratch (llb_matmul_here_scratch bytes), or takes those of `same_x`, a prep of the same x, n, type,
+ * width and mode, and returns the number of units (each writes whole outputs), or -1: out of range, or
+ * a part whose layout must be repacked per call (use llb_matmul_many). llb_matmul_prep_run runs units
+ * [u0, u1) on the calling thread; any split of the units over any threads gives llb_matmul_many's
+ * results bit for bit. A prep is llb_matmul_prep_bytes() bytes (8-byte aligned), valid while its
+ * scratch is. */
+typedef struct llb_mm_prep llb_mm_prep;
+size_t llb_matmul_prep_bytes(void);
+long llb_matmul_prep(llb_mm_prep *p, const llb_type_info *t, const llb_mm_part *parts, int n_parts, long cols,
+                     const float *x, long n, int exact, uint8_t *scratch, const llb_mm_prep *same_x);
+void llb_matmul_prep_run(const llb_mm_prep *p, long u0, long u1);
 /* 1 if `isa` (enum llb_isa) has its own kernel for the type in this mode; else matmul runs the
  * scalar kernel there. */
 int llb_matmul_has_kernel(const llb_type_info *t, int isa, int exact);

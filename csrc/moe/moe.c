@@ -1,12 +1,15 @@
 /* Mixture-of-experts layer (see moe.h). Each expert with tokens runs as one matmul (gate and up
  * together) over the rows of the tokens routed to it. With at least as many such experts as pool
  * threads, the threads claim whole experts (one fork/join per layer instead of three per expert);
- * else the experts run one after another and each matmul splits its rows over the pool. Routing,
+ * else the experts run one after another and each matmul splits its rows over the pool. A decode-sized
+ * batch (few rows per expert) instead runs every expert's gate/up units as one list over the pool, then
+ * every expert's down units as another (see units_path). Routing,
  * gathering and the weighted sum are serial: a few values per token, against the experts' weights
  * streamed from memory. */
 #include "moe/moe.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/alloc.h"
@@ -143,6 +146,128 @@ static void experts_task(void *ctx, long i0, long i1, int tid) {
 
 static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
 
+/* Up to this many rows per expert the units path runs (decode steps, small server batches). */
+#define MOE_UNIT_ROWS 4
+
+/* LLAMBDA_MOE_UNITS=0 turns the units path off (whole experts per thread, as before): for A/B runs. */
+static int units_enabled(void) {
+    static int on = -1;
+    int v = __atomic_load_n(&on, __ATOMIC_RELAXED);
+    if (v < 0) {
+        const char *e = getenv("LLAMBDA_MOE_UNITS");
+        v = !(e && e[0] == '0');
+        __atomic_store_n(&on, v, __ATOMIC_RELAXED);
+    }
+    return v;
+}
+/* Chunks a units phase is cut into (see llb_parallel_for): ~1/4 of a Qwen3-30B-A3B expert's gate+up
+ * each, so the threads reach the join within ~30 us of each other. */
+#define MOE_CHUNKS 32
+
+/* Prepared products (matmul's llb_mm_prep) back to back, and where each one's units start in the
+ * phase's list. */
+typedef struct {
+    uint8_t *preps;
+    size_t prep_bytes;
+    long *first; /* count + 1 entries */
+    int count;
+} unit_list;
+
+static llb_mm_prep *prep_at(const unit_list *l, int i) { return (llb_mm_prep *)(l->preps + (size_t)i * l->prep_bytes); }
+
+static void units_task(void *ctx, long u0, long u1, int tid) {
+    (void)tid;
+    const unit_list *l = ctx;
+    int i = 0;
+    while (l->first[i + 1] <= u0) i++;
+    for (long u = u0; u < u1; i++) {
+        const long end = u1 < l->first[i + 1] ? u1 : l->first[i + 1];
+        llb_matmul_prep_run(prep_at(l, i), u - l->first[i], end - l->first[i]);
+        u = end;
+    }
+}
+
+/* Adds a prep of parts over x (m rows) to l; same_x: a prep of the same activations, or NULL. Returns it, or
+ * NULL when matmul cannot run it in units. */
+static llb_mm_prep *add_prep(unit_list *l, const llb_experts *w, const llb_mm_part *parts, int n_parts, long cols,
+                             const float *x, long m, int exact, uint8_t **act, size_t act_bytes,
+                             const llb_mm_prep *same_x) {
+    llb_mm_prep *p = prep_at(l, l->count);
+    const long units = llb_matmul_prep(p, w->t, parts, n_parts, cols, x, m, exact, *act, same_x);
+    if (units < 0) return NULL;
+    if (!same_x) *act += act_bytes;
+    l->first[l->count + 1] = l->first[l->count] + units;
+    l->count++;
+    return p;
+}
+
+static void run_units(unit_list *l) {
+    const long n = l->first[l->count];
+    if (n > 0) llb_parallel_for(units_task, l, n, llb_grain(n, MOE_CHUNKS, 1, 1), llb_pool_threads());
+}
+
+/* The experts' gate/up units, from every expert, as one list over the pool; the activation; then the down
+ * units as another. Claiming whole experts left a thread idle for up to one expert's time (~3 MB of
+ * weights in Qwen3-30B-A3B) at every layer's join; units are ~30x finer, for one more join. The products
+ * and so every row's result are those of run_expert. Returns 1 when a part cannot run in units (the
+ * caller takes another path, which computes everything again), 0 done, -1 no scratch. */
+static int units_path(moe_ctx *c, long max_m) {
+    const llb_moe_args *a = c->a;
+    const long d = a->d, ff = a->ff, na = c->n_active;
+    const int fused = a->gate.t == a->up.t;
+    const size_t prep_bytes = (llb_matmul_prep_bytes() + 63) & ~(size_t)63;
+    const size_t act_bytes = (max_sz(max_sz(llb_matmul_here_scratch(a->gate.t, d, max_m, a->exact),
+                                            llb_matmul_here_scratch(a->up.t, d, max_m, a->exact)),
+                                     llb_matmul_here_scratch(a->down.t, ff, max_m, a->exact)) + 63) & ~(size_t)63;
+    const size_t n_preps = 2 * (size_t)na; /* the larger phase: gate and up apart */
+    const size_t firsts = ((n_preps + 1) * sizeof(long) + 63) & ~(size_t)63;
+    uint8_t *s = llb_scratch(n_preps * (prep_bytes + act_bytes) + firsts);
+    if (!s) return -1;
+    unit_list l = {.preps = s, .prep_bytes = prep_bytes, .first = (long *)(s + n_preps * prep_bytes)};
+    uint8_t *act = s + n_preps * prep_bytes + firsts;
+    const llb_mm_prep *last_x = NULL;
+    const float *last_xp = NULL;
+    long last_m = -1;
+
+    /* gate and up: the experts of one token (a decode step) share its quantized row */
+    l.first[0] = 0;
+    for (long i = 0; i < na; i++) {
+        const long e = c->active[i], r0 = c->off[e], m = c->off[e + 1] - r0;
+        const float *xe = c->xg + (size_t)r0 * d;
+        float *ge = c->g + (size_t)r0 * ff, *ue = c->u + (size_t)r0 * ff;
+        const llb_mm_part gu[2] = {{a->gate.layout, expert_w(&a->gate, e), ff, ge},
+                                   {a->up.layout, expert_w(&a->up, e), ff, ue}};
+        const int same = last_x && m == last_m && !memcmp(xe, last_xp, (size_t)m * d * sizeof(float));
+        const llb_mm_prep *p = add_prep(&l, &a->gate, gu, fused ? 2 : 1, d, xe, m, a->exact, &act, act_bytes,
+                                        same ? last_x : NULL);
+        if (!p || (!fused && !add_prep(&l, &a->up, gu + 1, 1, d, xe, m, a->exact, &act, act_bytes, p))) return 1;
+        if (!same) last_x = p, last_xp = xe, last_m = m;
+    }
+    run_units(&l);
+    for (long i = 0; i < na; i++) {
+        const long e = c->active[i], r0 = c->off[e], m = c->off[e + 1] - r0;
+        add_bias(c->g + (size_t)r0 * ff, a->gate_b ? a->gate_b + e * ff : NULL, m, ff);
+        add_bias(c->u + (size_t)r0 * ff, a->up_b ? a->up_b + e * ff : NULL, m, ff);
+    }
+    activate(a, c->g, c->u, a->n * a->k * ff, 1); /* the active experts' rows are all the rows */
+
+    /* down: each expert's own activations (the preps' scratch is reused: phase one is done) */
+    l.count = 0;
+    act = s + n_preps * prep_bytes + firsts;
+    for (long i = 0; i < na; i++) {
+        const long e = c->active[i], r0 = c->off[e], m = c->off[e + 1] - r0;
+        const llb_mm_part dn = {a->down.layout, expert_w(&a->down, e), d, c->y + (size_t)r0 * d};
+        if (!add_prep(&l, &a->down, &dn, 1, ff, c->g + (size_t)r0 * ff, m, a->exact, &act, act_bytes, NULL))
+            return 1; /* the other paths recompute gate and up */
+    }
+    run_units(&l);
+    for (long i = 0; i < na; i++) {
+        const long e = c->active[i], r0 = c->off[e], m = c->off[e + 1] - r0;
+        add_bias(c->y + (size_t)r0 * d, a->down_b ? a->down_b + e * d : NULL, m, d);
+    }
+    return 0;
+}
+
 int llb_moe(const llb_moe_args *a) {
     const long n = a->n, d = a->d, k = a->k, ff = a->ff, E = a->n_expert, nk = n * k;
     float *xg = a->fscratch, *g = xg + (size_t)nk * d, *u = g + (size_t)nk * ff, *y = u + (size_t)nk * ff,
@@ -174,7 +299,11 @@ int llb_moe(const llb_moe_args *a) {
         }
     moe_ctx c = {.a = a, .off = off, .active = active, .n_active = n_active, .xg = xg, .g = g, .u = u, .y = y};
     const int nth = llb_pool_threads();
-    if (nth > 1 && n_active >= nth) { /* enough experts to give every thread whole ones */
+    const int rc = nth > 1 && max_m <= MOE_UNIT_ROWS && units_enabled() ? units_path(&c, max_m) : 1;
+    if (rc < 0) return -1;
+    if (rc == 0) {
+        /* done in units */
+    } else if (nth > 1 && n_active >= nth) { /* enough experts to give every thread whole ones */
         c.per_thread = max_sz(max_sz(llb_matmul_here_scratch(a->gate.t, d, max_m, a->exact),
                                      llb_matmul_here_scratch(a->up.t, d, max_m, a->exact)),
                               llb_matmul_here_scratch(a->down.t, ff, max_m, a->exact));
