@@ -22,127 +22,156 @@ LLB_AI TGT void q4k_mins_h(const uint8_t *gb, int h, __m256 mn[8]) {
     }
 }
 
+/* The min term of one activation row: dmin * sum_s m[s] * (dx[s]*bsum32[s]) (the quantized sums). */
+LLB_AI TGT __m256 q4k_min_term(const __m256 mn[8], const float *xs, __m256 dmin, __m256 tot) {
+    __m256 a = _mm256_mul_ps(mn[0], _mm256_set1_ps(xs[0])), b = _mm256_mul_ps(mn[1], _mm256_set1_ps(xs[1]));
+    LLB_UNROLL
+    for (int s = 2; s < 8; s += 2) {
+        a = _mm256_fmadd_ps(mn[s], _mm256_set1_ps(xs[s]), a);
+        b = _mm256_fmadd_ps(mn[s + 1], _mm256_set1_ps(xs[s + 1]), b);
+    }
+    return _mm256_fnmadd_ps(_mm256_add_ps(a, b), dmin, tot);
+}
+
 /* Q4_K, Q5_K and IQ4_XS (qt): Q5_K's codes are Q4_K's plus a 5th bit; IQ4_XS's are level + 128,
- * dotted as signed values, with signed scales and no min. */
-LLB_AI TGT void tile_q4k(const int qt, const llb_mm *mm, const uint8_t *wg, int h, long i, const int M, const int gemv,
-                         __m256 tot[]) {
+ * dotted as signed values, with signed scales and no min. Halves h0 .. h0 + H - 1 of the group in one
+ * pass over K (tot[hh][m]): the GEMV takes both (H = 2), so the group streams from memory once rather
+ * than rows 8-15 in a second pass from L2 with the memory idle; every lane's operations are the same
+ * whatever H, so a GEMV row equals a GEMM row (which runs H = 1: 8 code vectors x 4 rows fill the
+ * registers). */
+LLB_AI TGT void tile_q4k(const int qt, const llb_mm *mm, const uint8_t *wg, int h0, const int H, long i, const int M,
+                         const int gemv, __m256 tot[][TILE_ROWS]) {
     const long nsb = mm->cols / 256;
     const long xt = mm->a.xt;
     const size_t at = llb_act_at(i, 0, nsb, xt);
     LLB_UNROLL
-    for (int m = 0; m < M; m++) tot[m] = _mm256_setzero_ps();
+    for (int hh = 0; hh < H; hh++) {
+        LLB_UNROLL
+        for (int m = 0; m < M; m++) tot[hh][m] = _mm256_setzero_ps();
+    }
     for (long sb = 0; sb < nsb; sb++) {
         const uint8_t *gb = wg + sb * LLB_GB_BYTES(qt);
-        const __m256 d = load_f16x8(gb + 16 * h);
         const size_t e = at + xt * sb;
         for (int s = 0; s < 8; s++) {
-            __m256i q[8];
-            if (gemv && h == 0) llb_prefetch_slice(gb, LLB_GB_BYTES(qt), s);
-            dec_k4_sub_h(qt, gb, s, h, q);
-            const __m256 sc = qt == LLB_IQ4_XS ? sub_scale(gb + 32 + 16 * s + 8 * h, d, 1) : sub_scale(gb + 64 + 16 * s + 8 * h, d, 0);
+            if (gemv) llb_prefetch_slice(gb, LLB_GB_BYTES(qt), s);
             LLB_UNROLL
-            for (int m = 0; m < M; m++) {
-                const int8_t *xq = mm->a.qs + 256 * (e + m) + 32 * s;
-                /* int16 sums: 8 quads of 4-bit codes (8 x 2 x 15 x 127 < 2^15), 4 quads of 5-bit ones */
-                const __m256i acc = qt == LLB_IQ4_XS ? dot_off128(q, 8, xq)
-                                    : qt == LLB_Q4_K ? dot_u8s8(q, 8, xq)
-                                                     : _mm256_add_epi32(dot_u8s8(q, 4, xq), dot_u8s8(q + 4, 4, xq + 16));
-                const __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(mm->a.d[8 * (e + m) + s]));
-                tot[m] = _mm256_fmadd_ps(v, sc, tot[m]);
+            for (int hh = 0; hh < H; hh++) {
+                const int h = h0 + hh;
+                __m256i q[8];
+                const __m256 d = load_f16x8(gb + 16 * h);
+                dec_k4_sub_h(qt, gb, s, h, q);
+                const __m256 sc = qt == LLB_IQ4_XS ? sub_scale(gb + 32 + 16 * s + 8 * h, d, 1) : sub_scale(gb + 64 + 16 * s + 8 * h, d, 0);
+                LLB_UNROLL
+                for (int m = 0; m < M; m++) {
+                    const int8_t *xq = mm->a.qs + 256 * (e + m) + 32 * s;
+                    /* int16 sums: 8 quads of 4-bit codes (8 x 2 x 15 x 127 < 2^15), 4 quads of 5-bit ones */
+                    const __m256i acc = qt == LLB_IQ4_XS ? dot_off128(q, 8, xq)
+                                        : qt == LLB_Q4_K ? dot_u8s8(q, 8, xq)
+                                                         : _mm256_add_epi32(dot_u8s8(q, 4, xq), dot_u8s8(q + 4, 4, xq + 16));
+                    const __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(mm->a.d[8 * (e + m) + s]));
+                    tot[hh][m] = _mm256_fmadd_ps(v, sc, tot[hh][m]);
+                }
             }
         }
         if (qt == LLB_IQ4_XS) continue;
-        /* min term: dmin * sum_s m[s] * (dx[s]*bsum32[s]), the quantized sums */
-        __m256 mn[8];
-        q4k_mins_h(gb, h, mn);
-        const __m256 dmin = load_f16x8(gb + 32 + 16 * h);
         LLB_UNROLL
-        for (int m = 0; m < M; m++) {
-            const float *xs = mm->a.sum + 8 * (e + m);
-            __m256 a = _mm256_mul_ps(mn[0], _mm256_set1_ps(xs[0])), b = _mm256_mul_ps(mn[1], _mm256_set1_ps(xs[1]));
+        for (int hh = 0; hh < H; hh++) {
+            __m256 mn[8];
+            q4k_mins_h(gb, h0 + hh, mn);
+            const __m256 dmin = load_f16x8(gb + 32 + 16 * (h0 + hh));
             LLB_UNROLL
-            for (int s = 2; s < 8; s += 2) {
-                a = _mm256_fmadd_ps(mn[s], _mm256_set1_ps(xs[s]), a);
-                b = _mm256_fmadd_ps(mn[s + 1], _mm256_set1_ps(xs[s + 1]), b);
-            }
-            tot[m] = _mm256_fnmadd_ps(_mm256_add_ps(a, b), dmin, tot[m]);
+            for (int m = 0; m < M; m++) tot[hh][m] = q4k_min_term(mn, mm->a.sum + 8 * (e + m), dmin, tot[hh][m]);
         }
     }
 }
 
-/* The 16-value sub-block types Q6_K, Q3_K, Q2_K (see avx512_kquants.c's tile_k16). */
-LLB_AI TGT void tile_k16(const int qt, const llb_mm *mm, const uint8_t *wg, int h, long i, const int M, const int gemv,
-                         __m256 tot[]) {
+/* The 16-value sub-block types Q6_K, Q3_K, Q2_K (see avx512_kquants.c's tile_k16); halves as tile_q4k. */
+LLB_AI TGT void tile_k16(const int qt, const llb_mm *mm, const uint8_t *wg, int h0, const int H, long i, const int M,
+                         const int gemv, __m256 tot[][TILE_ROWS]) {
     const long nsb = mm->cols / 256;
     const long xt = mm->a.xt;
     const size_t at = llb_act_at(i, 0, nsb, xt);
     const int gbb = LLB_GB_BYTES(qt);
     LLB_UNROLL
-    for (int m = 0; m < M; m++) tot[m] = _mm256_setzero_ps();
+    for (int hh = 0; hh < H; hh++) {
+        LLB_UNROLL
+        for (int m = 0; m < M; m++) tot[hh][m] = _mm256_setzero_ps();
+    }
     for (long sb = 0; sb < nsb; sb++) {
         const uint8_t *gb = wg + sb * gbb;
-        const __m256 d = load_f16x8(gb + 16 * h), dmin = qt == LLB_Q2_K ? load_f16x8(gb + 32 + 16 * h) : d;
         const size_t e = at + xt * sb;
         for (int s = 0; s < 8; s++) { /* sub-blocks u = 2s, 2s+1 share the activation scale dx[s] */
-            __m256 p[TILE_ROWS];
-            if (gemv && h == 0) llb_prefetch_slice(gb, gbb, s);
+            if (gemv) llb_prefetch_slice(gb, gbb, s);
             LLB_UNROLL
-            for (int j = 0; j < 2; j++) {
-                const int u = 2 * s + j;
-                __m256i q[4];
-                __m256 sc, mn = d;
-                if (qt == LLB_Q6_K) dec_q6k_sub_h(gb + LLB_Q6_K_SUBS + 192 * u, h, q);
-                else dec_k16_sub_h(qt, gb, u, h, q);
-                if (qt == LLB_Q2_K) { /* the file's bytes: scale | min << 4 */
-                    const __m256i sm = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(gb + 64 + 16 * u + 8 * h)));
-                    sc = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(sm, _mm256_set1_epi32(15))));
-                    mn = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_srli_epi32(sm, 4)));
-                } else {
-                    sc = sub_scale(gb + 32 + 16 * u + 8 * h, d, 1);
+            for (int hh = 0; hh < H; hh++) {
+                const int h = h0 + hh;
+                const __m256 d = load_f16x8(gb + 16 * h), dmin = qt == LLB_Q2_K ? load_f16x8(gb + 32 + 16 * h) : d;
+                __m256 p[TILE_ROWS];
+                LLB_UNROLL
+                for (int j = 0; j < 2; j++) {
+                    const int u = 2 * s + j;
+                    __m256i q[4];
+                    __m256 sc, mn = d;
+                    if (qt == LLB_Q6_K) dec_q6k_sub_h(gb + LLB_Q6_K_SUBS + 192 * u, h, q);
+                    else dec_k16_sub_h(qt, gb, u, h, q);
+                    if (qt == LLB_Q2_K) { /* the file's bytes: scale | min << 4 */
+                        const __m256i sm = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(gb + 64 + 16 * u + 8 * h)));
+                        sc = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(sm, _mm256_set1_epi32(15))));
+                        mn = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_srli_epi32(sm, 4)));
+                    } else {
+                        sc = sub_scale(gb + 32 + 16 * u + 8 * h, d, 1);
+                    }
+                    LLB_UNROLL
+                    for (int m = 0; m < M; m++) {
+                        const int8_t *xq = mm->a.qs + 256 * (e + m) + 16 * u;
+                        const int32_t bs = mm->a.bs16n[16 * (e + m) + u]; /* -32 * bsum16 */
+                        /* int16 sums: Q6_K's 6-bit codes two quads at a time (2 x 2 x 63 x 127 < 2^15), 2-3 bit ones all four */
+                        __m256i acc = qt == LLB_Q6_K ? _mm256_add_epi32(dot_u8s8(q, 2, xq), dot_u8s8(q + 2, 2, xq + 8)) : dot_u8s8(q, 4, xq);
+                        if (qt != LLB_Q2_K) acc = _mm256_add_epi32(acc, _mm256_set1_epi32(qt == LLB_Q6_K ? bs : bs / 8));
+                        const __m256 v = _mm256_cvtepi32_ps(acc);
+                        p[m] = j ? _mm256_fmadd_ps(v, sc, p[m]) : _mm256_mul_ps(v, sc);
+                        if (qt == LLB_Q2_K) p[m] = _mm256_fmadd_ps(mn, _mm256_set1_ps((float)bs * (1.0f / 32)), p[m]);
+                    }
                 }
                 LLB_UNROLL
-                for (int m = 0; m < M; m++) {
-                    const int8_t *xq = mm->a.qs + 256 * (e + m) + 16 * u;
-                    const int32_t bs = mm->a.bs16n[16 * (e + m) + u]; /* -32 * bsum16 */
-                    /* int16 sums: Q6_K's 6-bit codes two quads at a time (2 x 2 x 63 x 127 < 2^15), 2-3 bit ones all four */
-                    __m256i acc = qt == LLB_Q6_K ? _mm256_add_epi32(dot_u8s8(q, 2, xq), dot_u8s8(q + 2, 2, xq + 8)) : dot_u8s8(q, 4, xq);
-                    if (qt != LLB_Q2_K) acc = _mm256_add_epi32(acc, _mm256_set1_epi32(qt == LLB_Q6_K ? bs : bs / 8));
-                    const __m256 v = _mm256_cvtepi32_ps(acc);
-                    p[m] = j ? _mm256_fmadd_ps(v, sc, p[m]) : _mm256_mul_ps(v, sc);
-                    if (qt == LLB_Q2_K) p[m] = _mm256_fmadd_ps(mn, _mm256_set1_ps((float)bs * (1.0f / 32)), p[m]);
-                }
+                for (int m = 0; m < M; m++) tot[hh][m] = _mm256_fmadd_ps(p[m], _mm256_set1_ps(mm->a.d[8 * (e + m) + s]), tot[hh][m]);
             }
-            LLB_UNROLL
-            for (int m = 0; m < M; m++) tot[m] = _mm256_fmadd_ps(p[m], _mm256_set1_ps(mm->a.d[8 * (e + m) + s]), tot[m]);
         }
     }
 }
 
-LLB_AI TGT void tile_k(const int qt, const llb_mm *mm, const uint8_t *wg, int h, long i, const int M, const int gemv, __m256 tot[]) {
-    if (qt == LLB_Q6_K || qt == LLB_Q3_K || qt == LLB_Q2_K) tile_k16(qt, mm, wg, h, i, M, gemv, tot);
-    else tile_q4k(qt, mm, wg, h, i, M, gemv, tot);
+LLB_AI TGT void tile_k(const int qt, const llb_mm *mm, const uint8_t *wg, int h0, const int H, long i, const int M,
+                       const int gemv, __m256 tot[][TILE_ROWS]) {
+    if (qt == LLB_Q6_K || qt == LLB_Q3_K || qt == LLB_Q2_K) tile_k16(qt, mm, wg, h0, H, i, M, gemv, tot);
+    else tile_q4k(qt, mm, wg, h0, H, i, M, gemv, tot);
 }
 
 LLB_AI TGT void fast_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt) {
-    __m256 t[TILE_ROWS];
-    for (int h = 0; h < 2 && 8 * h < llb_group_rows(mm, g); h++) {
-        if (LLB_GEMV(mm)) { /* the tile's arithmetic at M = 1 plus prefetch: equal to a batch row */
-            tile_k(qt, mm, wg, h, 0, 1, 1, t);
-            store_half(mm, g, h, 0, 1, t);
-            continue;
+    __m256 t[2][TILE_ROWS];
+    if (LLB_GEMV(mm)) { /* the tile's arithmetic at M = 1, both halves in one pass, plus prefetch: equal to a batch row */
+        if (llb_group_rows(mm, g) > 8) {
+            tile_k(qt, mm, wg, 0, 2, 0, 1, 1, t);
+            store_half(mm, g, 0, 0, 1, t[0]);
+            store_half(mm, g, 1, 0, 1, t[1]);
+        } else {
+            tile_k(qt, mm, wg, 0, 1, 0, 1, 1, t);
+            store_half(mm, g, 0, 0, 1, t[0]);
         }
+        return;
+    }
+    for (int h = 0; h < 2 && 8 * h < llb_group_rows(mm, g); h++) {
         long i = i0;
         for (; i + TILE_ROWS <= i1; i += TILE_ROWS) {
-            tile_k(qt, mm, wg, h, i, TILE_ROWS, 0, t);
-            store_half(mm, g, h, i, TILE_ROWS, t);
+            tile_k(qt, mm, wg, h, 1, i, TILE_ROWS, 0, t);
+            store_half(mm, g, h, i, TILE_ROWS, t[0]);
         }
         for (; i + 2 <= i1; i += 2) {
-            tile_k(qt, mm, wg, h, i, 2, 0, t);
-            store_half(mm, g, h, i, 2, t);
+            tile_k(qt, mm, wg, h, 1, i, 2, 0, t);
+            store_half(mm, g, h, i, 2, t[0]);
         }
         if (i < i1) {
-            tile_k(qt, mm, wg, h, i, 1, 0, t);
-            store_half(mm, g, h, i, 1, t);
+            tile_k(qt, mm, wg, h, 1, i, 1, 0, t);
+            store_half(mm, g, h, i, 1, t[0]);
         }
     }
 }
