@@ -158,7 +158,7 @@ def test_read_ahead_reads_a_window_past_the_loader_and_holds_none_of_it(tmp_path
         assert not _wait_for(lambda: r.bytes_read > 8 << 20, seconds=0.2)
     finally:
         r.stop()
-    assert not r._thread.is_alive()
+    assert not r._runs.alive
     r.stop()                                   # idempotent
     del base
     mm.close()

@@ -143,3 +143,51 @@ def test_a_lucky_probe_is_not_kept():
     used = drive(tuner, step, 6000)
     assert tuner.reverts >= 1
     assert used[500:].count(1) > 0.9 * 5500
+
+
+def test_a_count_faster_on_average_is_kept_though_some_of_its_steps_are_slow():
+    # a busy loop on one of two cores: a 2-thread step is fast while both threads run and slow when
+    # one waits for a core (30% of the steps), 13% faster than 1 thread on average; one slow step
+    # after the first must not end a probe (only the probe's mean does)
+    import random
+    rng = random.Random(1)
+    tuner = ThreadTuner(2)
+
+    def step(t, i):
+        if t == 1:
+            return rng.uniform(0.9, 1.1)
+        return 0.6 if rng.random() < 0.7 else 1.5
+
+    used = drive(tuner, step, 6000)
+    assert used[1000:].count(2) > 0.8 * 5000
+
+
+def test_noise_slower_than_a_probe_does_not_make_it_flip_back_and_forth():
+    # 2 threads 10% slower on average, but in runs of 20 fast then 20 slow steps (a scheduler's
+    # rhythm): a probe and its confirmation can fall into a fast run; a change back within a second
+    # of the last makes the next probe wait longer, so the count stays mostly on 1 thread
+    import random
+    rng = random.Random(0)
+    tuner = ThreadTuner(2)
+    phase = {"n": 0}
+
+    def step(t, i):
+        if t == 1:
+            return rng.uniform(0.9, 1.1)
+        phase["n"] += 1
+        return (0.6 if phase["n"] % 40 < 20 else 1.6) * rng.uniform(0.9, 1.1)
+
+    used = drive(tuner, step, 20000)
+    assert tuner.changes < 60
+    assert used[1000:].count(1) > 0.75 * 19000
+
+
+def test_a_load_that_comes_and_goes_every_few_seconds_is_followed():
+    # the flip rule must not keep a count the load has left: load on for 3000 steps, off for 3000
+    tuner = ThreadTuner(2)
+    period = 3000
+    used = drive(tuner, lambda t, i: (1.0 if t == 1 else 1.4) if (i // period) % 2 == 0 else 1.0 / t, 6 * period)
+    for k in range(6):
+        phase = used[k * period + 1000:(k + 1) * period]
+        want = 1 if k % 2 == 0 else 2
+        assert phase.count(want) > 0.9 * len(phase), k

@@ -9,9 +9,12 @@ token, so its wall time compares thread counts directly.
 A ThreadTuner keeps one count (at first all the threads) and now and then runs a few
 steps one thread up or down (a probe). A probe whose mean step time beats the recent
 steps' mean by a margin becomes the count; a losing probe makes the next one wait
-twice as long, and a probe that is clearly slower (a step far slower than any recent
-one, or a mean well above theirs after two steps) ends at once. Means, not medians: a
-step that waited for a descheduled thread is part of what a thread count costs.
+twice as long, and a probe that is clearly slower (a first step far slower than any
+recent one, or a mean well above theirs from the second step on) ends at once. Means,
+not medians: a step that waited for a descheduled thread is part of what a thread count
+costs. After the first step only the mean ends a probe: beside a busy loop a 2-thread
+step is fast while both threads run and slow when one waits for a core, and such a count
+can be the faster on average though some of its steps are slow.
 
 Two more rules, for a load that comes and goes and for the scheduler's noise (its slices
 of milliseconds are as long as a small model's step):
@@ -23,6 +26,10 @@ of milliseconds are as long as a small model's step):
 - a won probe is confirmed: after WINDOW steps at the new count, if their mean is not
   below the old count's mean after all (the probe was lucky: a thread woken from sleep
   runs first for a while, a neighbour paused), the tuner goes back at once.
+- a confirmed change back to the count the last change left, within FLIP_S seconds of
+  it, makes the next probe wait twice as long instead of coming soon: the scheduler's
+  rhythm (runs of fast and slow steps longer than a probe) must not flip the count back
+  and forth, while a load that comes and goes over seconds is still followed.
 
 Results never depend on the thread count (work is cut from the sizes, never the thread
 count), so this changes speed only, never a token.
@@ -40,8 +47,9 @@ class ThreadTuner:
     PROBE = 8           # steps of one probe
     WINDOW = 16         # recent steps at the chosen count a probe is compared with
     WIN = 0.95          # a probe whose mean is below this fraction of the recent mean wins
-    ABORT_STEP = 1.25   # a probe step this much slower than the slowest recent step ends the probe
-    ABORT_MEAN = 1.15   # so does a probe whose mean after two steps is this much above the recent mean
+    ABORT_STEP = 1.25   # a probe's first step this much slower than the slowest recent step ends the probe
+    ABORT_MEAN = 1.15   # so does a probe whose mean from the second step on is this much above the recent mean
+    FLIP_S = 1.0        # a confirmed change back within this many seconds of the last makes the next probe wait longer
 
     def __init__(self, threads: int):
         if threads < 1:
@@ -58,6 +66,8 @@ class ThreadTuner:
         self.changes = 0                # how often the count changed (for benchmarks and tests)
         self.reverts = 0                # of those, changes back after a won probe was not confirmed
         self.confirm: tuple[int, float, int] | None = None  # after a win: the old count, its recent mean and period
+        self.left, self.left_at = 0, 0.0    # the count the last confirmed change left, and when (clock)
+        self.clock = 0.0                # seconds of all steps recorded
 
     def threads(self) -> int:
         """The thread count of the next step."""
@@ -65,11 +75,13 @@ class ThreadTuner:
 
     def record(self, seconds: float) -> None:
         """The last step (run on threads()) took `seconds`."""
+        self.clock += seconds
         if self.probe:
             self.probe_times.append(seconds)
             base = sum(self.recent) / len(self.recent)
             mean = sum(self.probe_times) / len(self.probe_times)
-            if seconds > self.ABORT_STEP * max(self.recent) or (len(self.probe_times) >= 2 and mean > self.ABORT_MEAN * base):
+            first = len(self.probe_times) == 1
+            if (first and seconds > self.ABORT_STEP * max(self.recent)) or (not first and mean > self.ABORT_MEAN * base):
                 self._end_probe(won=False)      # clearly slower: stop paying for it
             elif len(self.probe_times) == self.PROBE:
                 self._end_probe(won=mean < self.WIN * base)
@@ -84,6 +96,11 @@ class ThreadTuner:
                 self.current, self.recent = old, deque(maxlen=self.WINDOW)
                 self.changes += 1
                 self.reverts += 1
+                self._wait(longer=True)
+                return
+            flip = self.current == self.left and self.clock - self.left_at <= self.FLIP_S
+            self.left, self.left_at = old, self.clock
+            if flip:        # soon back where the last change left: noise slower than a probe, not a load
                 self._wait(longer=True)
                 return
             self.period = self.MIN_PERIOD

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import mmap
 import os
-import threading
 
 import numpy as np
+
+from ..formats.runs_ahead import RunsAhead
 
 try:
     from .. import _native as _C
@@ -50,42 +51,24 @@ class Prefaulter:
     its own, up to `window` bytes past the position `advance` was last told (the arena's allocations)."""
 
     def __init__(self, buf: np.ndarray, window: int = PREFAULT, step: int = STEP):
-        self._buf, self.window, self.step = buf, window, step
-        self._cond = threading.Condition()
-        self._at = self.done = 0        # the allocated end; the faulted end
-        self._stopped = False
-        self._thread = threading.Thread(target=self._run, name="llambda-prefault", daemon=True)
-        self._thread.start()
+        self._buf = buf
+        # behind the packer it goes on from the packer's huge page: the packer faults those itself
+        self._runs = RunsAhead(len(buf), self._fault, window, step, align=HUGE, name="llambda-prefault")
+        self.advance = self._runs.advance
 
-    def advance(self, pos: int) -> None:
-        with self._cond:
-            if pos > self._at:
-                self._at = pos
-                self._cond.notify()
+    @property
+    def done(self) -> int:
+        """The faulted end."""
+        return self._runs.done
 
     def stop(self) -> int:
         """Stop (after the current step) and return how far the buffer was faulted in. Idempotent."""
-        with self._cond:
-            self._stopped = True
-            self._cond.notify()
-        self._thread.join()
+        done = self._runs.stop()
         self._buf = None
-        return self.done
+        return done
 
-    def _run(self) -> None:
-        n = len(self._buf)
-        while True:
-            with self._cond:
-                while not self._stopped and self.done >= min(n, self._at + self.window):
-                    self._cond.wait()
-                if self._stopped:
-                    return
-                lo = max(self.done, self._at - self._at % HUGE)     # never behind the packer: it faults those itself
-                hi = min(n, lo + self.step, self._at + self.window)
-            if _C.populate_write(self._buf[lo:hi]) != 0:      # a kernel without it, out of memory: the packing faults
-                return
-            with self._cond:
-                self.done = hi
+    def _fault(self, lo: int, hi: int) -> bool:
+        return _C.populate_write(self._buf[lo:hi]) == 0      # a kernel without it, out of memory: the packing faults
 
 
 class WeightArena:

@@ -14,12 +14,12 @@ from __future__ import annotations
 import bisect
 import mmap
 import re
-import threading
 
 import numpy as np
 
 from .files import READ_AHEAD, release_pages
 from .pagecache import PageCacheDropper, mem_available, should_drop
+from .runs_ahead import RunsAhead
 from .staging import Stager, enabled as staging_enabled
 
 try:
@@ -67,12 +67,11 @@ class ReadAhead:
         for lo, hi in self._ranges:
             self._cum.append(self._cum[-1] + hi - lo)
         self._starts = sorted((lo, i) for i, (lo, _) in enumerate(self._ranges))
-        self._at = self._pos = 0        # in the reading order: the loader's position; the next byte to read
-        self._cond = threading.Condition()
-        self._stopped = False
-        self.bytes_read = 0
-        self._thread = threading.Thread(target=self._run, name="llambda-readahead", daemon=True)
-        self._thread.start()
+        self._runs = RunsAhead(self._cum[-1], self._read, window, chunk, name="llambda-readahead")
+
+    @property
+    def bytes_read(self) -> int:
+        return self._runs.worked
 
     def _order_pos(self, offset: int) -> int:
         """File offset `offset` (the end of a released tensor) as a position in the reading order."""
@@ -85,18 +84,12 @@ class ReadAhead:
     def advance(self, offset: int) -> None:
         """The loader let go of the bytes before file offset `offset`: read on to its position + window (from
         there, if the loader is past what was read: it jumped, or the disk is slower than the packing)."""
-        with self._cond:
-            self._at = max(self._at, self._order_pos(int(offset)))
-            self._pos = max(self._pos, self._at)
-            self._cond.notify()
+        self._runs.advance(self._order_pos(int(offset)))
 
     def stop(self) -> None:
         """Stop reading and wait for the current read (a chunk) to end. Idempotent."""
-        with self._cond:
-            self._stopped = True
-            self._cond.notify()
-        if self._thread is not threading.current_thread():
-            self._thread.join()
+        self._runs.stop()
+        if not self._runs.alive:
             self._mm = self._base = None     # the mapping can be closed now
 
     def _pieces(self, lo: int, hi: int):
@@ -110,26 +103,18 @@ class ReadAhead:
             lo += b - a
             i += 1
 
-    def _run(self) -> None:
-        size = self._cum[-1]
-        while True:
-            with self._cond:
-                while not self._stopped and self._pos >= min(size, self._at + self.window):
-                    self._cond.wait()
-                if self._stopped:
-                    return
-                lo = self._pos
-                hi = self._pos = min(size, lo + self.chunk, self._at + self.window)
-            for a, b in self._pieces(lo, hi):
-                page = a - a % mmap.PAGESIZE      # madvise takes a page-aligned start
-                try:
-                    if _C is not None and _C.populate(self._base[a:b]) == 0:
-                        self._mm.madvise(mmap.MADV_DONTNEED, page, b - page)
-                    else:
-                        self._mm.madvise(mmap.MADV_WILLNEED, page, b - page)
-                except (OSError, ValueError):   # a closed mapping, a kernel without madvise: only a help
-                    return
-            self.bytes_read += hi - lo
+    def _read(self, lo: int, hi: int) -> bool:
+        """One step: reading-order positions [lo, hi) into the page cache, out of this process."""
+        for a, b in self._pieces(lo, hi):
+            page = a - a % mmap.PAGESIZE      # madvise takes a page-aligned start
+            try:
+                if _C is not None and _C.populate(self._base[a:b]) == 0:
+                    self._mm.madvise(mmap.MADV_DONTNEED, page, b - page)
+                else:
+                    self._mm.madvise(mmap.MADV_WILLNEED, page, b - page)
+            except (OSError, ValueError):   # a closed mapping, a kernel without madvise: only a help
+                return False
+        return True
 
 
 class ReadsAhead:
