@@ -101,7 +101,7 @@ static int act_offset(int qtype) { return qtype == LLB_Q8_0 || qtype == LLB_IQ4_
 
 /* ---- fast kernels of the 32-value block types ----------------------------- */
 
-#define TILE_ROWS 4 /* activation rows per GEMM tile (16 ymm registers) */
+#define TILE_ROWS 4 /* activation rows per GEMM tile: 2 x 4 sums in ymm registers, the codes from the panel */
 
 /* Integer dot of one block half with one activation row. */
 LLB_AI TGT __m256i block_dot_h(const int qt, const __m256i q[8], const int8_t *xq) {
@@ -111,38 +111,110 @@ LLB_AI TGT __m256i block_dot_h(const int qt, const __m256i q[8], const int8_t *x
     return dot_u8s8(q, 8, xq); /* 4-bit codes: 8 x 2 x 15 x 127 < 2^15 */
 }
 
-/* M activation rows from row i (one activation tile) against rows 8h..8h+7 of the group. */
-LLB_AI TGT void tile32(const llb_mm *mm, const uint8_t *wg, int h, long i, const int M, const int qt,
-                       __m256 tot[]) {
-    const long nb = mm->cols / 32, xt = mm->a.xt;
-    const size_t at = llb_act_at(i, 0, nb, xt);
-    const int8_t *xq = mm->a.qs + 32 * at;
-    const float *xd = mm->a.d + at, *xs = mm->a.sum + at;
-    const int32_t *xb = mm->a.bias + at;
-    const int8_t *xq2 = mm->a.qs2 + 32 * at;
-    const float *xd2 = mm->a.d2 + at;
-    const int32_t *xb2 = mm->a.bias2 + at;
-    LLB_UNROLL
-    for (int m = 0; m < M; m++) tot[m] = _mm256_setzero_ps();
+/* One block of rows 8h..8h+7 (codes q, scales dv, Q4_1/Q5_1's mins mv) against one activation row's
+ * block: its integer dot, scaled, added to tot; then the min term, and an outlier block's residual
+ * (LLB_OUTLIER). The GEMV and every GEMM tile go through this with the same values, so a row sums in
+ * the same operations alone or in a batch. */
+LLB_AI TGT __m256 block_acc(const int qt, const __m256i q[8], __m256 dv, __m256 mv, const int8_t *xq, float xd, float xs,
+                            int32_t xb, const int8_t *xq2, float xd2, int32_t xb2, __m256 tot, const int opaque) {
+    __m256i s = block_dot_h(qt, q, xq);
+    if (act_offset(qt)) s = _mm256_add_epi32(s, _mm256_set1_epi32(xb));
+    tot = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s), dv), _mm256_set1_ps(xd), tot);
+    if (LLB_HAS_MIN32(qt)) tot = _mm256_fmadd_ps(mv, _mm256_set1_ps(xs), tot);
+    if (xd2 != 0.0f) {
+        /* codes in a panel (opaque): read again from it, so that the compiler does not keep (spill)
+         * the first dot's loads for this rare branch */
+        if (opaque) __asm__("" : "+r"(q));
+        __m256i s2 = block_dot_h(qt, q, xq2);
+        if (act_offset(qt)) s2 = _mm256_add_epi32(s2, _mm256_set1_epi32(xb2));
+        tot = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s2), dv), _mm256_set1_ps(xd2), tot);
+    }
+    return tot;
+}
+
+/* Rows 8h..8h+7's min vector (Q4_1, Q5_1; unused by the others). */
+LLB_AI TGT __m256 block_min8(const int qt, const uint8_t *gb, int h) {
+    return LLB_HAS_MIN32(qt) ? load_f16x8(gb + 32 + 16 * h) : _mm256_setzero_ps();
+}
+
+/* n == 1: both halves of the group in one pass over its blocks (each line streamed once, ahead of its
+ * use; the activation broadcasts shared), each half as a GEMM tile sums it. A partial group's missing
+ * rows are zero-padded (scale 0), so the second half runs anyway and its stores are masked. */
+LLB_AI TGT void gemv32(const llb_mm *mm, const uint8_t *wg, long g, const int qt) {
+    const long nb = mm->cols / 32;
+    const llb_act *a = &mm->a; /* n == 1: xt = 1, the row's blocks are contiguous */
+    __m256 tot[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (long b = 0; b < nb; b++) {
         const uint8_t *gb = wg + b * LLB_GB_BYTES(qt);
-        if (h == 0) llb_prefetch_ahead(gb, LLB_GB_BYTES(qt)); /* once per group: h = 1 reads the same bytes */
-        __m256i q[8];
-        dec_block32_h(qt, gb, h, q);
-        const __m256 dv = block_scale8(qt, gb, h);
+        llb_prefetch_ahead(gb, LLB_GB_BYTES(qt));
         LLB_UNROLL
-        for (int m = 0; m < M; m++) {
-            __m256i s = block_dot_h(qt, q, xq + 32 * m);
-            if (act_offset(qt)) s = _mm256_add_epi32(s, _mm256_set1_epi32(xb[m]));
-            const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(s), dv);
-            tot[m] = _mm256_fmadd_ps(f, _mm256_set1_ps(xd[m]), tot[m]);
-            if (LLB_HAS_MIN32(qt)) tot[m] = _mm256_fmadd_ps(load_f16x8(gb + 32 + 16 * h), _mm256_set1_ps(xs[m]), tot[m]);
-            if (xd2[m] != 0.0f) { /* an outlier block's residual (LLB_OUTLIER) */
-                __m256i s2 = block_dot_h(qt, q, xq2 + 32 * m);
-                if (act_offset(qt)) s2 = _mm256_add_epi32(s2, _mm256_set1_epi32(xb2[m]));
-                tot[m] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s2), dv), _mm256_set1_ps(xd2[m]), tot[m]);
-            }
+        for (int h = 0; h < 2; h++) {
+            __m256i q[8];
+            dec_block32_h(qt, gb, h, q);
+            tot[h] = block_acc(qt, q, block_scale8(qt, gb, h), block_min8(qt, gb, h), a->qs + 32 * b, a->d[b], a->sum[b],
+                               a->bias[b], a->qs2 + 32 * b, a->d2[b], a->bias2[b], tot[h], 0);
         }
+    }
+    store_half(mm, g, 0, 0, 1, tot);
+    store_half(mm, g, 1, 0, 1, tot + 1);
+}
+
+/* GEMM: a work unit decodes the group once per K chunk of KC32 blocks into a panel on the stack (per
+ * block both halves' 16 code vectors, scales and mins: 640 bytes, the chunk 20 KB, near L1), which its
+ * tiles of activation rows read as memory operands; a tile's sums run on across chunks through its
+ * outputs (stored and reloaded: exact), so each row sums block by block as the GEMV does. */
+#define PANEL32 20
+#define KC32 32
+
+LLB_AI TGT void fill_panel32(const int qt, const uint8_t *wg, long b0, long b1, __m256i *pan) {
+    for (long b = b0; b < b1; b++) {
+        const uint8_t *gb = wg + b * LLB_GB_BYTES(qt);
+        __m256i *pb = pan + PANEL32 * (b - b0);
+        llb_prefetch_ahead(gb, LLB_GB_BYTES(qt));
+        LLB_UNROLL
+        for (int h = 0; h < 2; h++) {
+            __m256i q[8];
+            dec_block32_h(qt, gb, h, q);
+            LLB_UNROLL
+            for (int t = 0; t < 8; t++) _mm256_store_si256(pb + 8 * h + t, q[t]);
+            _mm256_store_ps((float *)(pb + 16 + h), block_scale8(qt, gb, h));
+            if (LLB_HAS_MIN32(qt)) _mm256_store_ps((float *)(pb + 18 + h), block_min8(qt, gb, h));
+        }
+    }
+}
+
+/* M activation rows from row i (one activation tile) against the whole group over the panel's blocks
+ * [b0, b1): tot[2m + h] = row m x half h, loaded from the outputs after the first chunk. */
+LLB_AI TGT void tile32(const llb_mm *mm, const __m256i *pan, long g, long b0, long b1, long i, const int M, const int qt) {
+    const long nb = mm->cols / 32, xt = mm->a.xt;
+    const size_t at = llb_act_at(i, b0, nb, xt);
+    const int8_t *xq = mm->a.qs + 32 * at, *xq2 = mm->a.qs2 + 32 * at;
+    const float *xd = mm->a.d + at, *xs = mm->a.sum + at, *xd2 = mm->a.d2 + at;
+    const int32_t *xb = mm->a.bias + at, *xb2 = mm->a.bias2 + at;
+    const int nr = llb_group_rows(mm, g);
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i mask[2] = {_mm256_cmpgt_epi32(_mm256_set1_epi32(nr), lanes), _mm256_cmpgt_epi32(_mm256_set1_epi32(nr - 8), lanes)};
+    float *o = mm->out + i * mm->rows + g * LLB_IL;
+    __m256 tot[2 * TILE_ROWS];
+    LLB_UNROLL
+    for (int m = 0; m < M; m++)
+        LLB_UNROLL
+        for (int h = 0; h < 2; h++)
+            tot[2 * m + h] = b0 ? _mm256_maskload_ps(o + m * mm->rows + 8 * h, mask[h]) : _mm256_setzero_ps();
+    for (long b = b0; b < b1; b++) {
+        LLB_UNROLL
+        for (int m = 0; m < M; m++)
+            LLB_UNROLL
+            for (int h = 0; h < 2; h++) {
+                /* opaque copies of the pointers per row and half: the codes are read as memory operands
+                 * each time and the activations broadcast again, not held (and spilled) by the compiler */
+                const __m256i *pb = pan + PANEL32 * (b - b0);
+                const int8_t *xm = xq + 32 * m;
+                __asm__("" : "+r"(pb), "+r"(xm));
+                tot[2 * m + h] = block_acc(qt, pb + 8 * h, _mm256_load_ps((const float *)(pb + 16 + h)),
+                                           _mm256_load_ps((const float *)(pb + 18 + h)), xm, xd[m], xs[m], xb[m],
+                                           xq2 + 32 * m, xd2[m], xb2[m], tot[2 * m + h], 1);
+            }
         xq += 32 * xt;
         xd += xt;
         xs += xt;
@@ -151,29 +223,25 @@ LLB_AI TGT void tile32(const llb_mm *mm, const uint8_t *wg, int h, long i, const
         xd2 += xt;
         xb2 += xt;
     }
+    LLB_UNROLL
+    for (int m = 0; m < M; m++)
+        LLB_UNROLL
+        for (int h = 0; h < 2; h++) _mm256_maskstore_ps(o + m * mm->rows + 8 * h, mask[h], tot[2 * m + h]);
 }
 
 LLB_AI TGT void fast32(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt) {
-    __m256 t[TILE_ROWS];
-    for (int h = 0; h < 2 && 8 * h < llb_group_rows(mm, g); h++) {
-        if (LLB_GEMV(mm)) { /* the tile's arithmetic at M = 1 plus prefetch: equal to a batch row */
-            tile32(mm, wg, h, 0, 1, qt, t);
-            store_half(mm, g, h, 0, 1, t);
-            continue;
-        }
-        long i = i0;
-        for (; i + TILE_ROWS <= i1; i += TILE_ROWS) {
-            tile32(mm, wg, h, i, TILE_ROWS, qt, t);
-            store_half(mm, g, h, i, TILE_ROWS, t);
-        }
-        for (; i + 2 <= i1; i += 2) {
-            tile32(mm, wg, h, i, 2, qt, t);
-            store_half(mm, g, h, i, 2, t);
-        }
-        if (i < i1) {
-            tile32(mm, wg, h, i, 1, qt, t);
-            store_half(mm, g, h, i, 1, t);
-        }
+    if (LLB_GEMV(mm)) {
+        gemv32(mm, wg, g, qt);
+        return;
+    }
+    const long nb = mm->cols / 32;
+    __m256i pan[KC32 * PANEL32];
+    for (long b0 = 0; b0 < nb; b0 += KC32) {
+        const long b1 = b0 + KC32 < nb ? b0 + KC32 : nb;
+        fill_panel32(qt, wg, b0, b1, pan);
+#define TILE32(i, M) tile32(mm, pan, g, b0, b1, i, M, qt)
+        LLB_TILE_LADDER(i0, i1, TILE_ROWS, TILE32);
+#undef TILE32
     }
 }
 
