@@ -51,6 +51,16 @@ static int worth_forking(const struct llb_attention_args *a, long i0, long i1, l
     return units >= 2 && macs >= PAR_MIN_ATTN_MACS && llb_pool_threads() > 1;
 }
 
+/* Whether `tokens` consecutive tokens' nh heads of a kv head go through a tile (query rows in
+ * lanes) rather than the row kernel (same bits either way): at least half a vector of rows, and a
+ * lone token only with 8 heads or more. A lone token's heads under that take the row kernel, which
+ * converts each K/V vector once in registers for all of them; as a tile on AVX2 (8 lanes) they ran
+ * at a quarter of its speed (decode at depth in the batch-invariant schedule). On AVX-512 such a
+ * token never filled half a vector, so nothing changes there. */
+static inline int tile_worth(long lanes, long tokens, long nh) {
+    return (tokens > 1 || nh >= 8) && tokens * nh * 2 >= lanes;
+}
+
 /* Token i's heads, normalised into a->out from its n_parts chunk partials: chunk-major, then
  * kv head, pf floats each, from parts. */
 static void merge_token(const struct llb_attention_args *a, const struct llb_op_kernels *k, long group, size_t pf,
@@ -214,7 +224,7 @@ static void tile_unit_run(const struct attn_task *t, long unit) {
             tile_kernel(t->k, a->cache_type, tiles, nt);
             nt = 0;
         }
-        if ((r1 - r0) * nh * 2 >= t->k->lanes) {
+        if (tile_worth(t->k->lanes, r1 - r0, nh)) {
             nt += fill_tile(t, &tiles[nt], r0, r1, kvh, h0, nh) > 0;
         } else {
             for (long i = r0; i < r1; i++) attend_rows(t->a, t->k, i, kvh, h0, nh, first_key(a, a->pos[i]), a->pos[i], NULL, NULL);
@@ -431,7 +441,7 @@ static long plan_pass(struct inv_task *t, long r0, size_t cap) {
         while (fit < rows && n_parts + need + row_parts(a, i + fit) <= cap) need += row_parts(a, i + fit++);
         if (fit < rows && t->n_items) break; /* the next pass */
         rows = fit > 0 ? fit : 1;             /* cap holds one row's partials */
-        const int tile = t->tile_tokens && rows * t->heads_per_pass * 2 >= t->k->lanes; /* else under half full */
+        const int tile = t->tile_tokens && tile_worth(t->k->lanes, rows, t->heads_per_pass);
         if (!tile) rows = 1;
         long chunks_max = 0;
         for (long j = i; j < i + rows; j++) {
