@@ -97,7 +97,8 @@ TGT static void quant256(const float *x, long cols, long xt, int8_t *qs, float *
 }
 
 /* Q8_0's and IQ4_NL's codes are dotted as signed values (dot_off128): no zero point to fold in. */
-static int act_offset(int qtype) { return qtype == LLB_Q8_0 || qtype == LLB_IQ4_NL ? 0 : LLB_CODE_OFF32(qtype); }
+#define SIGNED32(qt) ((qt) == LLB_Q8_0 || (qt) == LLB_IQ4_NL)
+static int act_offset(int qtype) { return SIGNED32(qtype) ? 0 : LLB_CODE_OFF32(qtype); }
 
 /* ---- fast kernels of the 32-value block types ----------------------------- */
 
@@ -105,30 +106,30 @@ static int act_offset(int qtype) { return qtype == LLB_Q8_0 || qtype == LLB_IQ4_
 
 /* Integer dot of one block half with one activation row. */
 LLB_AI TGT __m256i block_dot_h(const int qt, const __m256i q[8], const int8_t *xq) {
-    if (qt == LLB_Q8_0 || qt == LLB_IQ4_NL) return dot_off128(q, 8, xq);
+    if (SIGNED32(qt)) return dot_off128(q, 8, xq);
     if (qt == LLB_Q5_0 || qt == LLB_Q5_1 || qt == LLB_MXFP4) /* codes up to 31 (MXFP4: 24): 4 quads per int16 sum */
         return _mm256_add_epi32(dot_u8s8(q, 4, xq), dot_u8s8(q + 4, 4, xq + 16));
     return dot_u8s8(q, 8, xq); /* 4-bit codes: 8 x 2 x 15 x 127 < 2^15 */
 }
 
-/* One block of rows 8h..8h+7 (codes q, scales dv, Q4_1/Q5_1's mins mv) against one activation row's
- * block: its integer dot, scaled, added to tot; then the min term, and an outlier block's residual
- * (LLB_OUTLIER). The GEMV and every GEMM tile go through this with the same values, so a row sums in
- * the same operations alone or in a batch. */
-LLB_AI TGT __m256 block_acc(const int qt, const __m256i q[8], __m256 dv, __m256 mv, const int8_t *xq, float xd, float xs,
-                            int32_t xb, const int8_t *xq2, float xd2, int32_t xb2, __m256 tot, const int opaque) {
-    __m256i s = block_dot_h(qt, q, xq);
+/* The float steps of one half's block dot s with one activation row (scale xd; the zero point's
+ * bias xb; the min term xs if min): the GEMV and every GEMM tile go through this with the same values,
+ * so a row sums in the same operations alone or in a batch (the integer dot is exact, however summed). */
+LLB_AI TGT __m256 block_fin(const int qt, __m256i s, __m256 dv, __m256 mv, float xd, float xs, int32_t xb, __m256 tot,
+                            const int min) {
     if (act_offset(qt)) s = _mm256_add_epi32(s, _mm256_set1_epi32(xb));
     tot = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s), dv), _mm256_set1_ps(xd), tot);
-    if (LLB_HAS_MIN32(qt)) tot = _mm256_fmadd_ps(mv, _mm256_set1_ps(xs), tot);
-    if (xd2 != 0.0f) {
-        /* codes in a panel (opaque): read again from it, so that the compiler does not keep (spill)
-         * the first dot's loads for this rare branch */
-        if (opaque) __asm__("" : "+r"(q));
-        __m256i s2 = block_dot_h(qt, q, xq2);
-        if (act_offset(qt)) s2 = _mm256_add_epi32(s2, _mm256_set1_epi32(xb2));
-        tot = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s2), dv), _mm256_set1_ps(xd2), tot);
-    }
+    if (min && LLB_HAS_MIN32(qt)) tot = _mm256_fmadd_ps(mv, _mm256_set1_ps(xs), tot);
+    return tot;
+}
+
+/* One block of rows 8h..8h+7 (codes q, scales dv, Q4_1/Q5_1's mins mv) against one activation row's
+ * block: its dot, scaled, added to tot; then the min term, and an outlier block's residual
+ * (LLB_OUTLIER). */
+LLB_AI TGT __m256 block_acc(const int qt, const __m256i q[8], __m256 dv, __m256 mv, const int8_t *xq, float xd, float xs,
+                            int32_t xb, const int8_t *xq2, float xd2, int32_t xb2, __m256 tot) {
+    tot = block_fin(qt, block_dot_h(qt, q, xq), dv, mv, xd, xs, xb, tot, 1);
+    if (xd2 != 0.0f) tot = block_fin(qt, block_dot_h(qt, q, xq2), dv, mv, xd2, 0.0f, xb2, tot, 0);
     return tot;
 }
 
@@ -152,35 +153,80 @@ LLB_AI TGT void gemv32(const llb_mm *mm, const uint8_t *wg, long g, const int qt
             __m256i q[8];
             dec_block32_h(qt, gb, h, q);
             tot[h] = block_acc(qt, q, block_scale8(qt, gb, h), block_min8(qt, gb, h), a->qs + 32 * b, a->d[b], a->sum[b],
-                               a->bias[b], a->qs2 + 32 * b, a->d2[b], a->bias2[b], tot[h], 0);
+                               a->bias[b], a->qs2 + 32 * b, a->d2[b], a->bias2[b], tot[h]);
         }
     }
     store_half(mm, g, 0, 0, 1, tot);
     store_half(mm, g, 1, 0, 1, tot + 1);
 }
 
-/* GEMM: a work unit decodes the group once per K chunk of KC32 blocks into a panel on the stack (per
- * block both halves' 16 code vectors, scales and mins: 640 bytes, the chunk 20 KB, near L1), which its
- * tiles of activation rows read as memory operands; a tile's sums run on across chunks through its
- * outputs (stored and reloaded: exact), so each row sums block by block as the GEMV does. */
-#define PANEL32 20
-#define KC32 32
+/* GEMM: a work unit decodes the group once per K chunk into a panel on the stack, which its tiles of
+ * activation rows read as memory operands; a tile's sums run on across chunks through its outputs
+ * (stored and reloaded: exact), so each row sums block by block as the GEMV does. Per block: both
+ * halves' 16 code vectors, scales and mins (640 bytes, a chunk of 32 blocks 20 KB, near L1); the signed
+ * types (Q8_0, IQ4_NL) also keep w and |w| (the offset removed once, not per row): 1152 bytes, 16 a chunk. */
+#define PANEL32(qt) (SIGNED32(qt) ? 36 : 20)
+#define KC32(qt) (SIGNED32(qt) ? 16 : 32)
+#define PANEL32_MAX 640 /* vectors: the larger of 20 x 32 and 36 x 16 */
 
 LLB_AI TGT void fill_panel32(const int qt, const uint8_t *wg, long b0, long b1, __m256i *pan) {
     for (long b = b0; b < b1; b++) {
         const uint8_t *gb = wg + b * LLB_GB_BYTES(qt);
-        __m256i *pb = pan + PANEL32 * (b - b0);
+        __m256i *pb = pan + PANEL32(qt) * (b - b0);
         llb_prefetch_ahead(gb, LLB_GB_BYTES(qt));
         LLB_UNROLL
         for (int h = 0; h < 2; h++) {
             __m256i q[8];
             dec_block32_h(qt, gb, h, q);
             LLB_UNROLL
-            for (int t = 0; t < 8; t++) _mm256_store_si256(pb + 8 * h + t, q[t]);
+            for (int t = 0; t < 8; t++) {
+                if (!SIGNED32(qt)) {
+                    _mm256_store_si256(pb + 8 * h + t, q[t]);
+                } else { /* w at 0..15, |w| at 20..35 */
+                    const __m256i w = _mm256_xor_si256(q[t], _mm256_set1_epi8((char)0x80));
+                    _mm256_store_si256(pb + 8 * h + t, w);
+                    _mm256_store_si256(pb + 20 + 8 * h + t, _mm256_sign_epi8(w, w));
+                }
+            }
             _mm256_store_ps((float *)(pb + 16 + h), block_scale8(qt, gb, h));
             if (LLB_HAS_MIN32(qt)) _mm256_store_ps((float *)(pb + 18 + h), block_min8(qt, gb, h));
         }
     }
+}
+
+/* Both halves' integer dots of one panel block with one activation row's block, each activation
+ * broadcast once for the two (equal to block_dot_h's: exact integers). */
+LLB_AI TGT void panel_dot2(const int qt, const __m256i *pb, const int8_t *xq, __m256i s[2]) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    if (SIGNED32(qt)) { /* signed: |w| x sign(x, w), every quad widened */
+        s[0] = s[1] = _mm256_setzero_si256();
+        LLB_UNROLL
+        for (int t = 0; t < 8; t++) {
+            const __m256i x = bcast32(xq + 4 * t);
+            LLB_UNROLL
+            for (int h = 0; h < 2; h++) {
+                const __m256i p = _mm256_maddubs_epi16(pb[20 + 8 * h + t], _mm256_sign_epi8(x, pb[8 * h + t]));
+                s[h] = _mm256_add_epi32(s[h], _mm256_madd_epi16(p, ones));
+            }
+        }
+        return;
+    }
+    const int wide = qt == LLB_Q5_0 || qt == LLB_Q5_1 || qt == LLB_MXFP4; /* int16 sums of 4 quads, as block_dot_h */
+    __m256i p[2][2];
+    LLB_UNROLL
+    for (int t = 0; t < 8; t++) {
+        const __m256i x = bcast32(xq + 4 * t);
+        const int j = wide && t >= 4;
+        LLB_UNROLL
+        for (int h = 0; h < 2; h++) {
+            const __m256i v = _mm256_maddubs_epi16(pb[8 * h + t], x);
+            p[h][j] = t == 0 || (wide && t == 4) ? v : _mm256_add_epi16(p[h][j], v);
+        }
+    }
+    LLB_UNROLL
+    for (int h = 0; h < 2; h++)
+        s[h] = wide ? _mm256_add_epi32(_mm256_madd_epi16(p[h][0], ones), _mm256_madd_epi16(p[h][1], ones))
+                    : _mm256_madd_epi16(p[h][0], ones);
 }
 
 /* M activation rows from row i (one activation tile) against the whole group over the panel's blocks
@@ -203,18 +249,28 @@ LLB_AI TGT void tile32(const llb_mm *mm, const __m256i *pan, long g, long b0, lo
             tot[2 * m + h] = b0 ? _mm256_maskload_ps(o + m * mm->rows + 8 * h, mask[h]) : _mm256_setzero_ps();
     for (long b = b0; b < b1; b++) {
         LLB_UNROLL
-        for (int m = 0; m < M; m++)
+        for (int m = 0; m < M; m++) {
+            /* opaque copies of the pointers per row: the codes are read as memory operands each time,
+             * not held (and spilled) by the compiler */
+            const __m256i *pb = pan + PANEL32(qt) * (b - b0);
+            const int8_t *xm = xq + 32 * m;
+            __asm__("" : "+r"(pb), "+r"(xm));
+            __m256i s[2];
+            panel_dot2(qt, pb, xm, s);
             LLB_UNROLL
-            for (int h = 0; h < 2; h++) {
-                /* opaque copies of the pointers per row and half: the codes are read as memory operands
-                 * each time and the activations broadcast again, not held (and spilled) by the compiler */
-                const __m256i *pb = pan + PANEL32 * (b - b0);
-                const int8_t *xm = xq + 32 * m;
-                __asm__("" : "+r"(pb), "+r"(xm));
-                tot[2 * m + h] = block_acc(qt, pb + 8 * h, _mm256_load_ps((const float *)(pb + 16 + h)),
-                                           _mm256_load_ps((const float *)(pb + 18 + h)), xm, xd[m], xs[m], xb[m],
-                                           xq2 + 32 * m, xd2[m], xb2[m], tot[2 * m + h], 1);
+            for (int h = 0; h < 2; h++)
+                tot[2 * m + h] = block_fin(qt, s[h], _mm256_load_ps((const float *)(pb + 16 + h)),
+                                           _mm256_load_ps((const float *)(pb + 18 + h)), xd[m], xs[m], xb[m], tot[2 * m + h], 1);
+            if (xd2[m] != 0.0f) { /* an outlier block (LLB_OUTLIER): its residual */
+                const int8_t *xm2 = xq2 + 32 * m;
+                __asm__("" : "+r"(pb), "+r"(xm2));
+                panel_dot2(qt, pb, xm2, s);
+                LLB_UNROLL
+                for (int h = 0; h < 2; h++)
+                    tot[2 * m + h] = block_fin(qt, s[h], _mm256_load_ps((const float *)(pb + 16 + h)), _mm256_setzero_ps(),
+                                               xd2[m], 0.0f, xb2[m], tot[2 * m + h], 0);
             }
+        }
         xq += 32 * xt;
         xd += xt;
         xs += xt;
@@ -235,9 +291,9 @@ LLB_AI TGT void fast32(const llb_mm *mm, const uint8_t *wg, long g, long i0, lon
         return;
     }
     const long nb = mm->cols / 32;
-    __m256i pan[KC32 * PANEL32];
-    for (long b0 = 0; b0 < nb; b0 += KC32) {
-        const long b1 = b0 + KC32 < nb ? b0 + KC32 : nb;
+    __m256i pan[PANEL32_MAX];
+    for (long b0 = 0; b0 < nb; b0 += KC32(qt)) {
+        const long b1 = b0 + KC32(qt) < nb ? b0 + KC32(qt) : nb;
         fill_panel32(qt, wg, b0, b1, pan);
 #define TILE32(i, M) tile32(mm, pan, g, b0, b1, i, M, qt)
         LLB_TILE_LADDER(i0, i1, TILE_ROWS, TILE32);
