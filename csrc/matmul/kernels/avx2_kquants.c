@@ -7,7 +7,7 @@
 
 /* Activation rows per GEMM tile: one xt-tile (LLB_XT) of them per decoded half, the 8 x 8 accumulators
  * spilling in part; from 4 rows, Q4_K prefill ran 15% and Q6_K 29% faster on Zen 3 (the decoding and
- * the half's weight vectors are shared by twice the rows). */
+ * the half's weight vectors are shared by twice the rows). Q4_K's GEMM now runs tile_q4k2 instead. */
 #define TILE_ROWS 8
 
 LLB_AI TGT __m256 sub_scale(const uint8_t *sc8, __m256 d, int is_signed) {
@@ -87,6 +87,66 @@ LLB_AI TGT void tile_q4k(const int qt, const llb_mm *mm, const uint8_t *wg, int 
     }
 }
 
+/* Q4_K's GEMM tile on both halves of the group: each activation broadcast feeds rows 0-7 and 8-15
+ * (on Zen 3 the broadcasts and the loads, not the multiplies, bounded the 8-row one-half tile), one
+ * quad of both halves decoded at a time. The int16 sums are exact in any order, and
+ * the float steps per (half, row) are tile_q4k's in its order: every lane equals the GEMV's. */
+#define TILE2_ROWS 4
+LLB_AI TGT void tile_q4k2(const llb_mm *mm, const uint8_t *wg, long i, const int M, __m256 tot[2][TILE_ROWS]) {
+    const long nsb = mm->cols / 256;
+    const long xt = mm->a.xt;
+    const size_t at = llb_act_at(i, 0, nsb, xt);
+    const __m256i m4 = _mm256_set1_epi8(15);
+    LLB_UNROLL
+    for (int h = 0; h < 2; h++) {
+        LLB_UNROLL
+        for (int m = 0; m < M; m++) tot[h][m] = _mm256_setzero_ps();
+    }
+    for (long sb = 0; sb < nsb; sb++) {
+        const uint8_t *gb = wg + sb * LLB_GB_Q4_K;
+        const size_t e = at + xt * sb;
+        for (int s = 0; s < 8; s++) {
+            const uint8_t *v = gb + LLB_Q4_K_CODES + 256 * s;
+            const int8_t *xq = mm->a.qs + 256 * e + 32 * s;
+            __m256i p[2][TILE2_ROWS];
+            LLB_UNROLL
+            for (int t = 0; t < 8; t++) { /* quad t: nibbles (t >> 2) of vector t & 3, one quad at a time (few registers) */
+                __m256i q0 = ld256(v + 64 * (t & 3)), q1 = ld256(v + 64 * (t & 3) + 32);
+                if (t >= 4) q0 = _mm256_srli_epi16(q0, 4), q1 = _mm256_srli_epi16(q1, 4);
+                q0 = _mm256_and_si256(q0, m4), q1 = _mm256_and_si256(q1, m4);
+                LLB_UNROLL
+                for (int m = 0; m < M; m++) {
+                    const __m256i b = bcast32(xq + 256 * m + 4 * t);
+                    const __m256i t0 = _mm256_maddubs_epi16(q0, b), t1 = _mm256_maddubs_epi16(q1, b);
+                    p[0][m] = t ? _mm256_add_epi16(p[0][m], t0) : t0;
+                    p[1][m] = t ? _mm256_add_epi16(p[1][m], t1) : t1;
+                    /* keeps the sums chained in registers: GCC reassociated them into a tree of all
+                     * 64 products first, spilled to the stack */
+                    __asm__("" : "+x"(p[0][m]), "+x"(p[1][m]));
+                }
+            }
+            LLB_UNROLL
+            for (int h = 0; h < 2; h++) {
+                const __m256 sc = sub_scale(gb + 64 + 16 * s + 8 * h, load_f16x8(gb + 16 * h), 0);
+                LLB_UNROLL
+                for (int m = 0; m < M; m++) {
+                    const __m256i acc = _mm256_madd_epi16(p[h][m], _mm256_set1_epi16(1));
+                    const __m256 x = _mm256_mul_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(mm->a.d[8 * (e + m) + s]));
+                    tot[h][m] = _mm256_fmadd_ps(x, sc, tot[h][m]);
+                }
+            }
+        }
+        LLB_UNROLL
+        for (int h = 0; h < 2; h++) {
+            __m256 mn[8];
+            q4k_mins_h(gb, h, mn);
+            const __m256 dmin = load_f16x8(gb + 32 + 16 * h);
+            LLB_UNROLL
+            for (int m = 0; m < M; m++) tot[h][m] = q4k_min_term(mn, mm->a.sum + 8 * (e + m), dmin, tot[h][m]);
+        }
+    }
+}
+
 /* The 16-value sub-block types Q6_K, Q3_K, Q2_K (see avx512_kquants.c's tile_k16); halves as tile_q4k. */
 LLB_AI TGT void tile_k16(const int qt, const llb_mm *mm, const uint8_t *wg, int h0, const int H, long i, const int M,
                          const int gemv, __m256 tot[][TILE_ROWS]) {
@@ -159,6 +219,17 @@ LLB_AI TGT void fast_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, lon
             tile_k(qt, mm, wg, 0, 1, 0, 1, 1, t);
             store_half(mm, g, 0, 0, 1, t[0]);
         }
+        return;
+    }
+    if (qt == LLB_Q4_K && llb_group_rows(mm, g) > 8) {
+#define KQ2_TILE(i, M)                                 \
+    do {                                               \
+        tile_q4k2(mm, wg, i, M, t);                    \
+        store_half(mm, g, 0, i, M, t[0]);              \
+        store_half(mm, g, 1, i, M, t[1]);              \
+    } while (0)
+        LLB_TILE_LADDER(i0, i1, TILE2_ROWS, KQ2_TILE);
+#undef KQ2_TILE
         return;
     }
     for (int h = 0; h < 2 && 8 * h < llb_group_rows(mm, g); h++) {
