@@ -151,6 +151,14 @@ LLB_AI TGT void gemv32(const llb_mm *mm, const uint8_t *wg, long g, const int qt
         LLB_UNROLL
         for (int h = 0; h < 2; h++) {
             __m256i q[8];
+            if (qt == LLB_IQ4_NL) { /* signed levels: one lookup, no offset to undo (see dot_xsign) */
+                dec_nibbles_h(gb + LLB_NIBBLES32(qt), h, q);
+                grid_lookup_h(llb_iq4_grid, 0, q);
+                const __m256 dv = block_scale8(qt, gb, h);
+                tot[h] = block_fin(qt, dot_xsign(q, a->qs + 32 * b), dv, dv, a->d[b], 0.0f, 0, tot[h], 1);
+                if (a->d2[b] != 0.0f) tot[h] = block_fin(qt, dot_xsign(q, a->qs2 + 32 * b), dv, dv, a->d2[b], 0.0f, 0, tot[h], 0);
+                continue;
+            }
             dec_block32_h(qt, gb, h, q);
             tot[h] = block_acc(qt, q, block_scale8(qt, gb, h), block_min8(qt, gb, h), a->qs + 32 * b, a->d[b], a->sum[b],
                                a->bias[b], a->qs2 + 32 * b, a->d2[b], a->bias2[b], tot[h]);

@@ -131,6 +131,20 @@ LLB_AI TGT __m256i dot_off128(const __m256i *q, int nq, const int8_t *xq) {
     return acc;
 }
 
+/* The same for signed codes w (|w| <= 127: IQ4_NL's and IQ4_XS's levels) as |x| x sign(w, x): the
+ * activation's broadcast and |x| do not depend on the weights, so a GEMV's two halves share them (one
+ * sign per quad and half, where dot_off128 takes an offset and two); pairs <= 2 x 128 x 127. */
+LLB_AI TGT __m256i dot_xsign(const __m256i w[8], const int8_t *xq) {
+    __m256i acc = _mm256_setzero_si256();
+    LLB_UNROLL
+    for (int t = 0; t < 8; t++) {
+        const __m256i x = bcast32(xq + 4 * t);
+        const __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(x), _mm256_sign_epi8(w[t], x));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+    }
+    return acc;
+}
+
 /* Stores rows 8h..8h+7 of group g for M activation rows, clipped to the rows that exist. */
 LLB_AI TGT void store_half(const llb_mm *mm, long g, int h, long i, int M, const __m256 t[]) {
     const int nr = llb_group_rows(mm, g) - 8 * h;

@@ -61,13 +61,22 @@ LLB_AI TGT void tile_q4k(const int qt, const llb_mm *mm, const uint8_t *wg, int 
                 const int h = h0 + hh;
                 __m256i q[8];
                 const __m256 d = load_f16x8(gb + 16 * h);
-                dec_k4_sub_h(qt, gb, s, h, q);
+                /* IQ4_XS's GEMV: signed levels and dot_xsign (its |x| shared by both halves); a GEMM tile
+                 * keeps dot_off128, whose weight-side steps its rows share. The same integers either way. */
+                const int xsign = qt == LLB_IQ4_XS && H == 2;
+                if (xsign) {
+                    dec_nibbles_h(gb + LLB_IQ4_XS_CODES + 256 * s, h, q);
+                    grid_lookup_h(llb_iq4_grid, 0, q);
+                } else {
+                    dec_k4_sub_h(qt, gb, s, h, q);
+                }
                 const __m256 sc = qt == LLB_IQ4_XS ? sub_scale(gb + 32 + 16 * s + 8 * h, d, 1) : sub_scale(gb + 64 + 16 * s + 8 * h, d, 0);
                 LLB_UNROLL
                 for (int m = 0; m < M; m++) {
                     const int8_t *xq = mm->a.qs + 256 * (e + m) + 32 * s;
                     /* int16 sums: 8 quads of 4-bit codes (8 x 2 x 15 x 127 < 2^15), 4 quads of 5-bit ones */
-                    const __m256i acc = qt == LLB_IQ4_XS ? dot_off128(q, 8, xq)
+                    const __m256i acc = xsign ? dot_xsign(q, xq)
+                                        : qt == LLB_IQ4_XS ? dot_off128(q, 8, xq)
                                         : qt == LLB_Q4_K ? dot_u8s8(q, 8, xq)
                                                          : _mm256_add_epi32(dot_u8s8(q, 4, xq), dot_u8s8(q + 4, 4, xq + 16));
                     const __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(mm->a.d[8 * (e + m) + s]));
@@ -147,6 +156,83 @@ LLB_AI TGT void tile_q4k2(const llb_mm *mm, const uint8_t *wg, long i, const int
     }
 }
 
+/* Q6_K's step s of rows 8h..8h+7 (sub-blocks u = 2s, 2s+1) for M activation rows: p[m], before the
+ * activation scale dx[s]. */
+LLB_AI TGT void q6k_step(const llb_mm *mm, const uint8_t *gb, size_t e, int s, int h, const int M, __m256 p[TILE_ROWS]) {
+    const __m256 d = load_f16x8(gb + 16 * h);
+    LLB_UNROLL
+    for (int j = 0; j < 2; j++) {
+        const int u = 2 * s + j;
+        __m256i q[4];
+        dec_q6k_sub_h(gb + LLB_Q6_K_SUBS + 192 * u, h, q);
+        const __m256 sc = sub_scale(gb + 32 + 16 * u + 8 * h, d, 1);
+        LLB_UNROLL
+        for (int m = 0; m < M; m++) {
+            const int8_t *xq = mm->a.qs + 256 * (e + m) + 16 * u;
+            const int32_t bs = mm->a.bs16n[16 * (e + m) + u]; /* -32 * bsum16 */
+            /* int16 sums of the 6-bit codes two quads at a time (2 x 2 x 63 x 127 < 2^15) */
+            __m256i acc = _mm256_add_epi32(dot_u8s8(q, 2, xq), dot_u8s8(q + 2, 2, xq + 8));
+            acc = _mm256_add_epi32(acc, _mm256_set1_epi32(bs));
+            const __m256 v = _mm256_cvtepi32_ps(acc);
+            p[m] = j ? _mm256_fmadd_ps(v, sc, p[m]) : _mm256_mul_ps(v, sc);
+        }
+    }
+}
+
+/* A Q2_K/Q3_K sub-block's 8 scale bytes (rows 8h..8h+7) as int16 pairs, lane r = [s_r, s_r]: Q2_K's
+ * file bytes zero-extended (scale | min << 4), Q3_K's signed scales sign-extended. */
+LLB_AI TGT __m256i scale_pairs(const int qt, const uint8_t *p) {
+    long long v;
+    memcpy(&v, p, 8);
+    const __m256i b = _mm256_set1_epi64x(v);
+    if (qt == LLB_Q2_K)
+        return _mm256_shuffle_epi8(b, _mm256_setr_epi8(0, -1, 0, -1, 1, -1, 1, -1, 2, -1, 2, -1, 3, -1, 3, -1,
+                                                       4, -1, 4, -1, 5, -1, 5, -1, 6, -1, 6, -1, 7, -1, 7, -1));
+    return _mm256_srai_epi16(_mm256_shuffle_epi8(b, _mm256_setr_epi8(-1, 0, -1, 0, -1, 1, -1, 1, -1, 2, -1, 2, -1, 3, -1, 3,
+                                                                     -1, 4, -1, 4, -1, 5, -1, 5, -1, 6, -1, 6, -1, 7, -1, 7)), 8);
+}
+
+/* Q3_K's and Q2_K's step, as q6k_step: the sub-block scale applied in the integer pair sum (vpmaddwd
+ * by [sc, sc] instead of by ones), so the two sub-blocks add as int32 and convert once: per sub-block
+ * no scale conversion or float multiply (Q3_K's zero point 4 joins the int16 sums first:
+ * |sums| <= 4*2*7*128 + 4*16*128 < 2^15; then * |sc| <= 32). Exact integers, so the result is at least
+ * as close as a float sum of the two. */
+LLB_AI TGT void k23_step(const int qt, const llb_mm *mm, const uint8_t *gb, size_t e, int s, int h, const int M,
+                         __m256 p[TILE_ROWS]) {
+    __m256i acc[TILE_ROWS];
+    __m256 mn[2];
+    LLB_UNROLL
+    for (int j = 0; j < 2; j++) {
+        const int u = 2 * s + j;
+        __m256i q[4];
+        dec_k16_sub_h(qt, gb, u, h, q);
+        const __m256i sp = scale_pairs(qt, gb + (qt == LLB_Q2_K ? 64 : 32) + 16 * u + 8 * h);
+        const __m256i sc = qt == LLB_Q2_K ? _mm256_and_si256(sp, _mm256_set1_epi16(15)) : sp;
+        /* Q2_K's min m = the pair's 32-bit lane b | b << 16 shifted down by 20 */
+        if (qt == LLB_Q2_K) mn[j] = _mm256_mul_ps(load_f16x8(gb + 32 + 16 * h), _mm256_cvtepi32_ps(_mm256_srli_epi32(sp, 20)));
+        LLB_UNROLL
+        for (int m = 0; m < M; m++) {
+            const int8_t *xq = mm->a.qs + 256 * (e + m) + 16 * u;
+            __m256i v = _mm256_maddubs_epi16(q[0], bcast32(xq));
+            LLB_UNROLL
+            for (int t = 1; t < 4; t++) v = _mm256_add_epi16(v, _mm256_maddubs_epi16(q[t], bcast32(xq + 4 * t)));
+            if (qt == LLB_Q3_K) /* -4 * bsum16 into the low word of each pair */
+                v = _mm256_add_epi16(v, _mm256_set1_epi32((uint16_t)(mm->a.bs16n[16 * (e + m) + u] / 8)));
+            const __m256i a = _mm256_madd_epi16(v, sc);
+            acc[m] = j ? _mm256_add_epi32(acc[m], a) : a;
+        }
+    }
+    const __m256 d = load_f16x8(gb + 16 * h);
+    LLB_UNROLL
+    for (int m = 0; m < M; m++) {
+        p[m] = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[m]), d);
+        if (qt == LLB_Q2_K) { /* - dmin * m * bsum16 (bs16n = -32 * bsum16) */
+            p[m] = _mm256_fmadd_ps(mn[0], _mm256_set1_ps((float)mm->a.bs16n[16 * (e + m) + 2 * s] * (1.0f / 32)), p[m]);
+            p[m] = _mm256_fmadd_ps(mn[1], _mm256_set1_ps((float)mm->a.bs16n[16 * (e + m) + 2 * s + 1] * (1.0f / 32)), p[m]);
+        }
+    }
+}
+
 /* The 16-value sub-block types Q6_K, Q3_K, Q2_K (see avx512_kquants.c's tile_k16); halves as tile_q4k. */
 LLB_AI TGT void tile_k16(const int qt, const llb_mm *mm, const uint8_t *wg, int h0, const int H, long i, const int M,
                          const int gemv, __m256 tot[][TILE_ROWS]) {
@@ -166,35 +252,9 @@ LLB_AI TGT void tile_k16(const int qt, const llb_mm *mm, const uint8_t *wg, int 
             if (gemv) llb_prefetch_slice(gb, gbb, s);
             LLB_UNROLL
             for (int hh = 0; hh < H; hh++) {
-                const int h = h0 + hh;
-                const __m256 d = load_f16x8(gb + 16 * h), dmin = qt == LLB_Q2_K ? load_f16x8(gb + 32 + 16 * h) : d;
                 __m256 p[TILE_ROWS];
-                LLB_UNROLL
-                for (int j = 0; j < 2; j++) {
-                    const int u = 2 * s + j;
-                    __m256i q[4];
-                    __m256 sc, mn = d;
-                    if (qt == LLB_Q6_K) dec_q6k_sub_h(gb + LLB_Q6_K_SUBS + 192 * u, h, q);
-                    else dec_k16_sub_h(qt, gb, u, h, q);
-                    if (qt == LLB_Q2_K) { /* the file's bytes: scale | min << 4 */
-                        const __m256i sm = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(gb + 64 + 16 * u + 8 * h)));
-                        sc = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(sm, _mm256_set1_epi32(15))));
-                        mn = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_srli_epi32(sm, 4)));
-                    } else {
-                        sc = sub_scale(gb + 32 + 16 * u + 8 * h, d, 1);
-                    }
-                    LLB_UNROLL
-                    for (int m = 0; m < M; m++) {
-                        const int8_t *xq = mm->a.qs + 256 * (e + m) + 16 * u;
-                        const int32_t bs = mm->a.bs16n[16 * (e + m) + u]; /* -32 * bsum16 */
-                        /* int16 sums: Q6_K's 6-bit codes two quads at a time (2 x 2 x 63 x 127 < 2^15), 2-3 bit ones all four */
-                        __m256i acc = qt == LLB_Q6_K ? _mm256_add_epi32(dot_u8s8(q, 2, xq), dot_u8s8(q + 2, 2, xq + 8)) : dot_u8s8(q, 4, xq);
-                        if (qt != LLB_Q2_K) acc = _mm256_add_epi32(acc, _mm256_set1_epi32(qt == LLB_Q6_K ? bs : bs / 8));
-                        const __m256 v = _mm256_cvtepi32_ps(acc);
-                        p[m] = j ? _mm256_fmadd_ps(v, sc, p[m]) : _mm256_mul_ps(v, sc);
-                        if (qt == LLB_Q2_K) p[m] = _mm256_fmadd_ps(mn, _mm256_set1_ps((float)bs * (1.0f / 32)), p[m]);
-                    }
-                }
+                if (qt == LLB_Q6_K) q6k_step(mm, gb, e, s, h0 + hh, M, p);
+                else k23_step(qt, mm, gb, e, s, h0 + hh, M, p);
                 LLB_UNROLL
                 for (int m = 0; m < M; m++) tot[hh][m] = _mm256_fmadd_ps(p[m], _mm256_set1_ps(mm->a.d[8 * (e + m) + s]), tot[hh][m]);
             }
