@@ -18,10 +18,10 @@ the pages itself.
 from __future__ import annotations
 
 import mmap
-import os
 
 import numpy as np
 
+from .. import switches
 from ..formats.runs_ahead import RunsAhead
 
 try:
@@ -39,11 +39,11 @@ MADV_COLLAPSE = getattr(mmap, "MADV_COLLAPSE", 25)    # Linux 6.1; Python's mmap
 
 
 def collapse_enabled() -> bool:
-    return os.environ.get("LLAMBDA_ARENA_COLLAPSE", "1").strip().lower() not in ("0", "false", "no")
+    return switches.flag("LLAMBDA_ARENA_COLLAPSE", True)
 
 
 def prefault_enabled() -> bool:
-    return os.environ.get("LLAMBDA_ARENA_PREFAULT", "0").strip().lower() in ("1", "true", "yes")
+    return switches.flag("LLAMBDA_ARENA_PREFAULT", False)
 
 
 class Prefaulter:
