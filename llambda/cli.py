@@ -14,7 +14,7 @@ from pathlib import Path
 # Our C thread pool owns the cores; a second pool (OpenBLAS) spinning beside it collapses both.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from .errors import LlambdaError
+from .errors import LlambdaError, LlambdaWarning
 from .hub import CATALOG, DEFAULT_MODEL
 
 
@@ -301,11 +301,24 @@ def model_id_for(name: str) -> str:
     return Path(name).stem or name
 
 
+def _api_key(key: str | None) -> str | None:
+    """The server's key: an empty one serves without a key (said once); one no HTTP client can send as
+    given (spaces around it, which header parsing strips; a character outside printable ASCII) is refused."""
+    if key is not None and not key.strip():
+        warnings.warn("the API key (--api-key or LLAMBDA_API_KEY) is empty: the server requires none", LlambdaWarning)
+        return None
+    if key is not None and (key != key.strip() or not all(" " <= c <= "~" for c in key)):
+        raise ValueError("the API key (--api-key or LLAMBDA_API_KEY) must be printable ASCII with no spaces around "
+                         "it: a client cannot send it as given")
+    return key
+
+
 def cmd_serve(a: argparse.Namespace) -> int:
     from .api import load
     from .server import ServerConfig, serve
     from .server.config import DEFAULT_KV_TYPE
 
+    a.api_key = _api_key(a.api_key)
     if a.parallel < 1:
         raise ValueError("--parallel must be >= 1")
     if a.queue_size < 0 or a.max_body < 1 or a.prefill_chunk < 1:

@@ -94,7 +94,7 @@ def _packed(path, threads):
     import llambda
     with llambda.load(path, backend="native", threads=threads, n_ctx=64) as m:
         arena = m.backend._weights
-        return b"".join(bytes(mm) for mm in arena._maps), np.array(m.logits([1, 2, 3]))
+        return b"".join(bytes(m.mm) for m in arena._maps), np.array(m.logits([1, 2, 3]))
 
 
 @pytest.mark.filterwarnings("ignore:3 threads")

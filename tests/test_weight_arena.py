@@ -34,6 +34,27 @@ def test_big_matrix_gets_its_own_mapping_and_keeps_the_tail():
     assert len(arena._maps) == 2
 
 
+def test_each_mapping_is_used_up_to_its_last_allocation():
+    """How far a mapping is used (what collapse covers) follows its own allocations, whichever mapping
+    the current tail is in and however the mappings lie in the address space."""
+    arena = WeightArena(chunk=HUGE)
+    a = arena.alloc(1000)
+    big = arena.alloc(5 * HUGE + 1)            # a mapping of its own
+    b = arena.alloc(1000)                      # the first mapping's tail again
+    c = arena.alloc(HUGE - ALIGN)              # does not fit that tail: a new mapping becomes the tail
+    arena.alloc(0)                             # takes a page of its own, as any allocation
+    assert [m.lo <= x.ctypes.data < m.hi for m, x in zip(arena._maps, (a, big, c))] == [True] * 3
+
+    def page_end(x):
+        return -(-(x.ctypes.data + x.nbytes) // ALIGN) * ALIGN
+    assert [m.lo + m.used for m in arena._maps] == [page_end(b), page_end(big), page_end(c) + ALIGN]
+    arena.reserve(2 * 64 << 20)                # a fresh reservation: nothing allocated in it yet
+    assert arena._maps[-1].used == 0 and len(arena._free) >= 2 * 64 << 20
+    e = arena.alloc(10)
+    assert arena._maps[-1].lo + arena._maps[-1].used == page_end(e)
+    arena.end_reserve()
+
+
 def test_mappings_start_on_huge_page_boundaries():
     arena = WeightArena(chunk=2 * HUGE)
     first = arena.alloc(10)
@@ -90,12 +111,33 @@ def test_reservation_carves_in_order_and_prefaults_ahead(monkeypatch, prefault):
     assert not more.any() and more.ctypes.data > addr[-1]
 
 
+def test_a_reservation_allocated_to_its_last_byte_keeps_its_pages(monkeypatch):
+    """end_reserve gives back only what was faulted past the last allocation: with none left (the
+    reservation carved to its end) it gives back nothing, whatever an empty view's address says."""
+    from llambda.backends import weight_arena
+    if weight_arena._C is None or not hasattr(weight_arena._C, "populate_write"):
+        pytest.skip("the C core is not built")
+    monkeypatch.setenv("LLAMBDA_ARENA_PREFAULT", "1")
+    monkeypatch.setattr(weight_arena, "RESERVE_MIN", 0)
+    arena = WeightArena(chunk=HUGE)
+    arena.reserve(4 * HUGE)
+    a = arena.alloc(len(arena._free))
+    a[:] = 3
+    import time
+    for _ in range(200):
+        if arena._prefaulter.done > 0:
+            break
+        time.sleep(0.01)
+    arena.end_reserve()
+    assert len(arena._free) == 0 and (a == 3).all()
+
+
 def test_prefaulter_stays_a_window_ahead():
     from llambda.backends.weight_arena import Prefaulter, _C
     if _C is None or not hasattr(_C, "populate_write"):
         pytest.skip("the C core is not built")
     arena = WeightArena(chunk=HUGE)
-    buf = arena._new_mapping(64 * HUGE)
+    buf = arena._new_mapping(64 * HUGE).free
     pf = Prefaulter(buf, window=8 * HUGE, step=HUGE)
     pf.advance(4 * HUGE)
     import time
@@ -133,7 +175,7 @@ def test_collapse_backs_4k_pages_by_2mb_ones_up_to_the_last_allocation():
         pytest.skip("no transparent huge pages on this host")
     arena = WeightArena(chunk=8 * HUGE)
     a = arena.alloc(3 * HUGE)
-    m = arena._maps[0]
+    m = arena._maps[0].mm
     m.madvise(mmap.MADV_NOHUGEPAGE)            # fault a in 4 KB pages, as a fragmented machine would
     a[:] = 3
     m.madvise(mmap.MADV_HUGEPAGE)

@@ -4,7 +4,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
+#include "core/env.h"
 #include "core/isa.h"
 #include "core/threadpool.h"
 
@@ -16,10 +18,11 @@ int llb_batch_invariant = 0;
 static void select_isa_from_env(void) {
     const int best = llb_isa_best();
     llb_isa_current = best;
-    const char *want = getenv("LLAMBDA_ISA");
-    if (!want || !*want) return;
-    for (int isa = LLB_ISA_SCALAR; isa <= LLB_ISA_AVX512; isa++) {
-        if (strcmp(want, llb_isa_name(isa)) != 0) continue;
+    char want[16];
+    const int n = llb_env_str("LLAMBDA_ISA", want, sizeof want);
+    if (n == 0) return;
+    for (int isa = LLB_ISA_SCALAR; isa <= LLB_ISA_AVX512 && n < (int)sizeof want; isa++) {
+        if (strcasecmp(want, llb_isa_name(isa)) != 0) continue;
         if (llb_isa_supported(isa)) {
             llb_isa_current = isa;
         } else {
@@ -28,8 +31,7 @@ static void select_isa_from_env(void) {
         }
         return;
     }
-    fprintf(stderr, "llambda: warning: unknown LLAMBDA_ISA=%s (expected scalar, avx2 or avx512); using %s\n", want,
-            llb_isa_name(best));
+    llb_env_warn("LLAMBDA_ISA", "scalar, avx2 or avx512", llb_isa_name(best));
 }
 
 int llb_core_init(void) {

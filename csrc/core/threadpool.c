@@ -42,6 +42,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/env.h"
 #include "core/isa.h"
 
 #if LLB_X86
@@ -494,8 +495,7 @@ static void child_after_fork(void) {
  * without, 1 thread 280 / 346, 2026-12-02), and a program that later takes the signal for itself
  * would leave takeovers racing the worker they could no longer stop. */
 static void install_redo(void) {
-    const char *s = getenv("LLAMBDA_POOL_REDO");
-    if (!s || strcmp(s, "1") != 0) return;
+    if (!llb_env_flag("LLAMBDA_POOL_REDO", 0)) return;
     const int sig = SIGRTMAX - 3;
     struct sigaction old;
     if (sigaction(sig, NULL, &old) != 0 || old.sa_handler != SIG_DFL) return;
@@ -506,17 +506,9 @@ static void install_redo(void) {
     if (sigaction(sig, &sa, NULL) == 0) redo_signal = sig;
 }
 
-static void read_us_env(const char *name, long *ns) {
-    const char *s = getenv(name);
-    if (!s || !*s) return;
-    char *end;
-    long us = strtol(s, &end, 10);
-    if (*end == 0 && us >= 0 && us <= 1000000) *ns = us * 1000;
-}
-
 static void read_spin_env(void) {
-    read_us_env("LLAMBDA_SPIN_US", &spin_budget_ns);
-    read_us_env("LLAMBDA_BUSY_SPIN_US", &busy_spin_ns);
+    spin_budget_ns = llb_env_long("LLAMBDA_SPIN_US", spin_budget_ns / 1000, 0, 1000000) * 1000;
+    busy_spin_ns = llb_env_long("LLAMBDA_BUSY_SPIN_US", busy_spin_ns / 1000, 0, 1000000) * 1000;
 }
 
 int llb_pool_init(int n_threads) {

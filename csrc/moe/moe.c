@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/env.h"
 #include "core/threadpool.h"
 #include "matmul/matmul.h"
 #include "ops/ops.h"
@@ -154,8 +155,7 @@ static int units_enabled(void) {
     static int on = -1;
     int v = __atomic_load_n(&on, __ATOMIC_RELAXED);
     if (v < 0) {
-        const char *e = getenv("LLAMBDA_MOE_UNITS");
-        v = !(e && e[0] == '0');
+        v = llb_env_flag("LLAMBDA_MOE_UNITS", 1);
         __atomic_store_n(&on, v, __ATOMIC_RELAXED);
     }
     return v;

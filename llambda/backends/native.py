@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import switches
 from ..errors import InvalidInputError, LlambdaWarning, ModelFormatError, NativeUnavailableError
 from ..formats.experts import StackedExperts, expert_matrix
 from ..formats.quants import DEQUANTIZABLE, TRAITS, QType, quantize
@@ -34,7 +35,7 @@ else:
     _IMPORT_ERROR = ""
 
 # Decode steps pick their thread count by timing (thread_tuner.py); LLAMBDA_THREAD_TUNING=0 keeps every thread.
-THREAD_TUNING = os.environ.get("LLAMBDA_THREAD_TUNING", "1") != "0"
+THREAD_TUNING = switches.flag("LLAMBDA_THREAD_TUNING", True)
 # kv_type -> (cache element dtype, the C core's cache_type). q8_0: ggml Q8_0 blocks (an f16 scale and
 # 32 int8 codes per 32 values of a head's row), 34 bytes where f16 takes 64: the cache is raw bytes.
 KV_TYPES = {"f16": (np.float16, 1), "f32": (np.float32, 0), "q8_0": (np.uint8, 2)}

@@ -18,10 +18,10 @@ the pages itself.
 from __future__ import annotations
 
 import mmap
-import os
 
 import numpy as np
 
+from .. import switches
 from ..formats.runs_ahead import RunsAhead
 
 try:
@@ -39,11 +39,11 @@ MADV_COLLAPSE = getattr(mmap, "MADV_COLLAPSE", 25)    # Linux 6.1; Python's mmap
 
 
 def collapse_enabled() -> bool:
-    return os.environ.get("LLAMBDA_ARENA_COLLAPSE", "1").strip().lower() not in ("0", "false", "no")
+    return switches.flag("LLAMBDA_ARENA_COLLAPSE", True)
 
 
 def prefault_enabled() -> bool:
-    return os.environ.get("LLAMBDA_ARENA_PREFAULT", "0").strip().lower() in ("1", "true", "yes")
+    return switches.flag("LLAMBDA_ARENA_PREFAULT", False)
 
 
 class Prefaulter:
@@ -71,18 +71,49 @@ class Prefaulter:
         return _C.populate_write(self._buf[lo:hi]) == 0      # a kernel without it, out of memory: the packing faults
 
 
+class _Mapping:
+    """One anonymous mapping of the arena and how far it is carved (`end`, an offset in it): the one record
+    of both its unused tail (`free`) and what collapse covers (`used`)."""
+    __slots__ = ("mm", "buf", "lo", "hi", "start", "stop", "end")
+
+    def __init__(self, mm: mmap.mmap):
+        self.mm = mm
+        self.buf = np.frombuffer(mm, np.uint8)
+        self.lo, self.hi = self.buf.ctypes.data, self.buf.ctypes.data + len(mm)
+        self.start = (-self.lo) % HUGE                  # where its allocations begin: a 2 MB boundary
+        self.stop = len(mm) - HUGE + self.start         # and where they end
+        self.end = self.start
+
+    @property
+    def free(self) -> np.ndarray:
+        return self.buf[self.end:self.stop]
+
+    @property
+    def used(self) -> int:
+        """Bytes from the mapping's start to the end of its last allocation (page-rounded); 0 before any."""
+        return self.end if self.end > self.start else 0
+
+    def take(self, nbytes: int, padded: int) -> np.ndarray:
+        out = self.buf[self.end:self.end + nbytes]
+        self.end += padded
+        return out
+
+
 class WeightArena:
     def __init__(self, chunk: int = CHUNK):
         self.chunk = chunk
-        self._maps: list[mmap.mmap] = []     # kept alive while any matrix views them
-        self._free = np.empty(0, np.uint8)   # the unused tail of the current mapping
+        self._maps: list[_Mapping] = []      # kept alive while any matrix views them
+        self._tail: _Mapping | None = None   # the mapping small matrices are carved from now
         self.mapped_bytes = 0
-        self._ranges: list[tuple[int, int]] = []  # [start, end) of each mapping
-        self._used: list[int] = []                # the end of the last allocation in each mapping (an address)
-        self._reserved: np.ndarray | None = None    # the load's reservation (reserve), while it loads
+        self._reserved: _Mapping | None = None      # the load's reservation (reserve), while it loads
         self._prefaulter: Prefaulter | None = None
 
-    def _new_mapping(self, nbytes: int) -> np.ndarray:
+    @property
+    def _free(self) -> np.ndarray:
+        """The unused tail of the current mapping."""
+        return self._tail.free if self._tail is not None else np.empty(0, np.uint8)
+
+    def _new_mapping(self, nbytes: int) -> _Mapping:
         size = -(-(nbytes + HUGE) // HUGE) * HUGE     # room to start on a 2 MB boundary
         m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         advice = getattr(mmap, "MADV_HUGEPAGE", None)
@@ -91,13 +122,10 @@ class WeightArena:
                 m.madvise(advice)
             except OSError:     # THP disabled in this kernel: plain pages still work
                 pass
-        self._maps.append(m)
+        mapping = _Mapping(m)
+        self._maps.append(mapping)
         self.mapped_bytes += size
-        buf = np.frombuffer(m, np.uint8)
-        self._ranges.append((buf.ctypes.data, buf.ctypes.data + size))
-        self._used.append(buf.ctypes.data)
-        start = (-buf.ctypes.data) % HUGE
-        return buf[start:start + size - HUGE]
+        return mapping
 
     def alloc(self, nbytes: int) -> np.ndarray:
         """A zero-filled, page-aligned uint8 array of nbytes."""
@@ -105,26 +133,17 @@ class WeightArena:
         if padded > len(self._free):
             fresh = self._new_mapping(max(self.chunk, padded))
             if padded > self.chunk:            # a matrix of its own: keep the current tail
-                self._used[-1] = fresh.ctypes.data + nbytes
-                return fresh[:nbytes]
-            self._free = fresh
-        out, self._free = self._free[:nbytes], self._free[padded:]
-        self._mark_used(out.ctypes.data + nbytes)
+                return fresh.take(nbytes, padded)
+            self._tail = fresh
+        out = self._tail.take(nbytes, padded)
         if self._prefaulter is not None and self._reserved is not None:
-            self._prefaulter.advance(self._offset(self._free))
+            self._prefaulter.advance(self._carved())
         return out
 
-    def _mark_used(self, end: int) -> None:
-        for i in range(len(self._ranges) - 1, -1, -1):      # the current tail is in a recent mapping
-            lo, hi = self._ranges[i]
-            if lo <= end <= hi:
-                self._used[i] = max(self._used[i], end)
-                return
-
-    def _offset(self, a: np.ndarray) -> int:
-        """Where `a` starts in the reservation (its length if `a` lies elsewhere: the reservation ran out)."""
-        off = a.ctypes.data - self._reserved.ctypes.data
-        return off if 0 <= off <= len(self._reserved) else len(self._reserved)
+    def _carved(self) -> int:
+        """How far the reservation is allocated (all of it once the tail moved on: it ran out)."""
+        r = self._reserved
+        return (r.end if self._tail is r else r.stop) - r.start
 
     def reserve(self, nbytes: int) -> None:
         """A load of about `nbytes` of packed weights begins: map them at once (what does not fit goes to
@@ -133,10 +152,9 @@ class WeightArena:
         self.end_reserve()
         if nbytes <= RESERVE_MIN:
             return
-        self._free = self._reserved = self._new_mapping(int(nbytes) + int(nbytes) // 64 + self.chunk)  # + padding
-        self._reserved_map = (self._maps[-1], self._reserved.ctypes.data - self._ranges[-1][0])
+        self._tail = self._reserved = self._new_mapping(int(nbytes) + int(nbytes) // 64 + self.chunk)  # + padding
         if _C is not None and hasattr(_C, "populate_write") and prefault_enabled():
-            self._prefaulter = Prefaulter(self._reserved[:int(nbytes)])    # never past the plan: peak RSS
+            self._prefaulter = Prefaulter(self._tail.free[:int(nbytes)])    # never past the plan: peak RSS
 
     def end_reserve(self) -> None:
         """The load ended (or failed): stop faulting, and give back the pages faulted past the last
@@ -146,11 +164,10 @@ class WeightArena:
             self._reserved = None
             return
         done = pf.stop()
-        lo = -(-self._offset(self._free) // HUGE) * HUGE
-        mm, start = self._reserved_map
+        lo = -(-self._carved() // HUGE) * HUGE
         if done > lo:
             try:
-                mm.madvise(mmap.MADV_DONTNEED, start + lo, done - lo)
+                self._reserved.mm.madvise(mmap.MADV_DONTNEED, self._reserved.start + lo, done - lo)
             except (OSError, ValueError):    # only a help: the pages stay, zero-filled
                 pass
         self._reserved = None
@@ -165,12 +182,12 @@ class WeightArena:
         pages as they are: only a help."""
         if not collapse_enabled():
             return
-        for m, (lo, _), used in zip(self._maps, self._ranges, self._used):
-            n = -(-(used - lo) // ALIGN) * ALIGN      # up to the last allocation: never past it (unused
+        for m in self._maps:
+            n = m.used                                # up to the last allocation: never past it (unused
             if n <= 0:                                # memory would be filled in, zeroed)
                 continue
             try:
-                m.madvise(MADV_COLLAPSE, 0, min(n, len(m)))
+                m.mm.madvise(MADV_COLLAPSE, 0, n)
             except (OSError, ValueError):
                 pass
 
@@ -188,7 +205,7 @@ class WeightArena:
             head = line.split(None, 1)[0] if line else ""
             if "-" in head and not head.endswith(":"):          # a mapping's header: "start-end perms ..."
                 lo, hi = (int(v, 16) for v in head.split("-"))
-                ours = any(lo < end and start < hi for start, end in self._ranges)
+                ours = any(lo < m.hi and m.lo < hi for m in self._maps)
             elif ours and head == "AnonHugePages:":
                 total += int(line.split()[1]) * 1024
         return total

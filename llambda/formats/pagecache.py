@@ -22,6 +22,8 @@ from __future__ import annotations
 import bisect
 import os
 
+from .. import switches
+
 GAP = 64 << 10      # released ranges this close are joined (alignment padding, a small tensor never released)
 MARGIN = 4 << 20    # how far a drop reaches into the joined neighbours (twice the largest page-cache folio)
 
@@ -43,9 +45,9 @@ BIG = 0.25          # a file above this fraction of MemAvailable leaves the page
 
 def should_drop(file_bytes: int, available: int | None) -> bool:
     """Whether a load drops the file's packed bytes from the page cache (see the module's doc)."""
-    env = os.environ.get("LLAMBDA_KEEP_FILE_CACHE", "").strip().lower()
-    if env:
-        return env in ("0", "false", "no")
+    keep = switches.flag("LLAMBDA_KEEP_FILE_CACHE", None)
+    if keep is not None:
+        return not keep
     return available is not None and file_bytes > BIG * available
 
 

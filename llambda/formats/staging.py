@@ -34,6 +34,7 @@ import threading
 
 import numpy as np
 
+from .. import switches
 from ..errors import ModelFormatError
 
 STAGE_MIN = 1 << 20     # smaller tensors (norms, biases, small projections) are served from the mapping
@@ -45,7 +46,7 @@ ROUND = 4 << 20         # buffer capacities round up to this, so that a later la
 
 def enabled() -> bool:
     """Whether a big file's load stages its tensors (LLAMBDA_STAGED_READ=1)."""
-    return os.environ.get("LLAMBDA_STAGED_READ", "").strip().lower() in ("1", "true", "yes")
+    return switches.flag("LLAMBDA_STAGED_READ", False)
 
 
 class _Buffer:
@@ -72,7 +73,7 @@ def open_direct(path, direct: bool = True) -> tuple[int, bool]:
     """A descriptor of `path` for staging reads and whether it is O_DIRECT (a file system that refuses it,
     or `direct` False: a plain one, told the reads are sequential)."""
     flag = getattr(os, "O_DIRECT", 0)
-    if direct and flag and os.environ.get("LLAMBDA_DIRECT_IO", "1").strip().lower() not in ("0", "false", "no"):
+    if direct and flag and switches.flag("LLAMBDA_DIRECT_IO", True):
         try:
             return os.open(path, os.O_RDONLY | flag), True
         except OSError:
