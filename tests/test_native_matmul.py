@@ -390,19 +390,18 @@ def test_sizes():
     assert nat.packed_size(TYPES["Q4_K"], 16, 256) == 2368  # the K-quants carry unpacked scales (+2.8%)
 
 
-@pytest.mark.parametrize("tname", list(TYPES))
-def test_matmul_many_equals_matmul(tname):
-    """matmul_many (a layer's Q, K, V: one quantization, one fork/join) gives each output
-    exactly as its own matmul call does: on every ISA, 1 and 2 threads, a GEMV, a tile and a
-    row (n=9) and a shared-activation GEMM (n=70), packed and file layouts mixed, part sizes
-    that are not multiples of the 16-row group."""
-    rng = np.random.default_rng(23)
-    c = 512 if BLOCK[tname] == 256 else 160
-    shapes = (600, 75, 40)
+def packed_parts(tnames, rows, c, rng):
+    """(type, rows, layout, W) per matrix: packed, but the second in the file layout."""
     mats = []
-    for k, rows in enumerate(shapes):
-        raw = make_weights(tname, rows, c, rng)
-        mats.append((rows, *(pack(tname, raw, rows, c) if k != 1 else (0, raw))))
+    for k, (tname, r) in enumerate(zip(tnames, rows)):
+        raw = make_weights(tname, r, c, rng)
+        mats.append((tname, r, *(pack(tname, raw, r, c) if k != 1 else (0, raw))))
+    return mats
+
+
+def check_many_equals_matmul(mats_list, c, rng, label):
+    """matmul_many over each list of parts (each part naming its type) equals a matmul per part, bit
+    for bit: on every ISA, 1 and 2 threads, a GEMV, a tile and a row (n=9), a shared-activation GEMM (n=70)."""
     for isa in ISAS:
         nat.set_isa(isa)
         for threads in (1, 2):
@@ -410,13 +409,37 @@ def test_matmul_many_equals_matmul(tname):
             for n in (1, 9, 70):
                 x = activations(n, c, rng)
                 for exact in (0, 1):
-                    for parts in (mats, mats[1:]):
-                        want = [run(tname, layout, buf, rows, c, x, exact) for rows, layout, buf in parts]
-                        outs = [np.full((n, rows), np.nan, np.float32) for rows, _, _ in parts]
-                        nat.matmul_many(TYPES[tname], c, x, n, exact,
-                                        tuple((layout, buf, rows, o) for (rows, layout, buf), o in zip(parts, outs)))
+                    for parts in mats_list:
+                        want = [run(tname, layout, buf, rows, c, x, exact) for tname, rows, layout, buf in parts]
+                        outs = [np.full((n, rows), np.nan, np.float32) for _, rows, _, _ in parts]
+                        nat.matmul_many(TYPES[parts[0][0]], c, x, n, exact,
+                                        tuple((layout, buf, rows, o) if tname == parts[0][0] else
+                                              (layout, buf, rows, o, TYPES[tname])
+                                              for (tname, rows, layout, buf), o in zip(parts, outs)))
                         for k, (w_, o) in enumerate(zip(want, outs)):
-                            assert np.array_equal(w_, o), f"{tname} isa={isa} threads={threads} n={n} exact={exact} part {k}"
+                            assert np.array_equal(w_, o), f"{label} isa={isa} threads={threads} n={n} exact={exact} part {k}"
+
+
+@pytest.mark.parametrize("tname", list(TYPES))
+def test_matmul_many_equals_matmul(tname):
+    """matmul_many (a layer's Q, K, V: one quantization, one fork/join) gives each output
+    exactly as its own matmul call does: packed and file layouts mixed, part sizes that are
+    not multiples of the 16-row group."""
+    rng = np.random.default_rng(23)
+    c = 512 if BLOCK[tname] == 256 else 160
+    mats = packed_parts((tname,) * 3, (600, 75, 40), c, rng)
+    check_many_equals_matmul((mats, mats[1:]), c, rng, tname)
+
+
+@pytest.mark.parametrize("mix", [("Q5_0", "Q5_0", "Q8_0"), ("Q8_0", "Q4_1", "Q5_0"), ("Q4_K", "Q4_K", "Q6_K"),
+                                 ("Q4_0", "Q5_0", "Q8_0"), ("Q5_0", "Q6_K"), ("F32", "Q8_0"), ("Q6_K", "F16", "Q4_K")])
+def test_matmul_many_mixed_types_equal_matmul(mix):
+    """Parts of their own types (a quantized file's Q8_0 V beside Q5_0 Q and K): one call whose
+    kernels share the activations, or one call per part where they cannot (other zero points,
+    block sizes, float types); each output exactly as its own matmul."""
+    rng = np.random.default_rng(29)
+    c = 512
+    check_many_equals_matmul((packed_parts(mix, (300, 75, 40), c, rng),), c, rng, mix)
 
 
 def test_matmul_many_bad_arguments():

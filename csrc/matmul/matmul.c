@@ -30,18 +30,19 @@ typedef struct {
 
 /* One matrix of a call (see llb_matmul_many): its kernel view and where its units start. */
 typedef struct {
-    llb_mm mm;           /* rows, out, row_bytes; a is set per thread */
+    llb_mm mm;           /* t, rows, out, row_bytes; a is set per thread */
+    llb_kernel_fn fn;
     int layout;
     const uint8_t *w;
+    size_t group_bytes;  /* bytes of one packed 16-row group over all columns */
     long ngroups, first_unit, units;
 } mm_part;
 
 typedef struct {
-    llb_mm mm;           /* what the parts share: t, cols, n, x and the activations' tile height */
-    llb_kernel_fn fn;
+    llb_mm mm;           /* what the parts share: t (the first part's), cols, n, x and the activations' tile height */
     const llb_kernels *k;
     int offset;
-    size_t group_bytes;  /* bytes of one packed 16-row group over all columns (same for every part) */
+    size_t group_bytes;  /* the largest part's group_bytes (0: no part is of a packed type) */
     long nchunks, units;
     long span;           /* groups per unit: 2 where the kernel takes pairs (llb_kernels.pairs) and n > 1, else 1 */
     mm_part part[LLB_MM_MAX_PARTS];
@@ -101,8 +102,8 @@ static void quantize_task(void *ctx, long t0, long t1, int tid) {
  * (bufs, two of group_bytes: a pair's groups both), cached per parity: the last unit's. */
 static const uint8_t *group_data(const mm_ctx *c, const mm_part *p, long g, uint8_t *bufs, const mm_part *cp[2],
                                  long cg[2]) {
-    if (!c->group_bytes) return p->w + (size_t)g * LLB_IL * p->mm.row_bytes;
-    if (p->layout == LLB_LAYOUT_PACKED) return p->w + (size_t)g * c->group_bytes;
+    if (!p->group_bytes) return p->w + (size_t)g * LLB_IL * p->mm.row_bytes;
+    if (p->layout == LLB_LAYOUT_PACKED) return p->w + (size_t)g * p->group_bytes;
     const int k = (int)(g & 1);
     uint8_t *buf = bufs + (size_t)k * c->group_bytes;
     if (g != cg[k] || p != cp[k]) llb_pack_group(p->mm.t, p->w, p->mm.rows, p->mm.cols, g, buf);
@@ -141,12 +142,44 @@ static void matmul_task(void *ctx, long u0, long u1, int tid) {
         const long v = u - p->first_unit, g = v / c->nchunks * c->span, i0 = v % c->nchunks * LLB_ICHUNK;
         const uint8_t *wg = group_data(c, p, g, bufs, cp, cg);
         mm.wg2 = c->span == 2 && g + 1 < p->ngroups ? group_data(c, p, g + 1, bufs, cp, cg) : NULL;
-        c->fn(&mm, wg, g, i0, i0 + LLB_ICHUNK < mm.n ? i0 + LLB_ICHUNK : mm.n);
+        p->fn(&mm, wg, g, i0, i0 + LLB_ICHUNK < mm.n ? i0 + LLB_ICHUNK : mm.n);
     }
 }
 
+/* A type's kernel table (the active ISA's, or the scalar one where the ISA has no kernel for it)
+ * and kernel. */
+static const llb_kernels *type_kernels(const llb_type_info *t, int exact, llb_kernel_fn *fn) {
+    const llb_kernels *k = active_kernels();
+    if (!(*fn = k->kernel(t->qtype, exact))) { /* the scalar one, with its activation layout */
+        k = &llb_kernels_scalar;
+        *fn = k->kernel(t->qtype, exact);
+    }
+    return k;
+}
+
+/* Pairs of groups share each activation load in the GEMM; the GEMV (n == 1) keeps single groups. */
+static long type_span(const llb_kernels *k, const llb_type_info *t, long n, int exact) {
+    return n > 1 && k->pairs && k->pairs(t->qtype, exact) ? 2 : 1;
+}
+
+/* Whether types a and b can share one call's activations: the same kernel table, work unit span and
+ * quantization (none, or the same block size), and for 32-blocks one zero point in the bias (a kernel
+ * whose act_offset is 0 never reads the bias: kernels.h). */
+static int can_share(const llb_type_info *a, const llb_type_info *b, long n, int exact) {
+    llb_kernel_fn fa, fb;
+    const llb_kernels *k = type_kernels(a, exact, &fa);
+    if (a == b) return 1;
+    if (type_kernels(b, exact, &fb) != k || !fa || !fb || type_span(k, a, n, exact) != type_span(k, b, n, exact)) return 0;
+    if (!exact && (!a->group_bytes) != (!b->group_bytes)) return 0;
+    if (exact || !a->group_bytes) return 1;
+    if (a->block != b->block) return 0;
+    const int oa = k->act_offset(a->qtype), ob = k->act_offset(b->qtype);
+    return a->block != 32 || !oa || !ob || oa == ob;
+}
+
 /* Fill c for a call on up to nth threads (parallel: whether it will fork); returns the scratch
- * bytes it needs, or 0 with c->units = -1 when n_parts is out of range. */
+ * bytes it needs, or 0 with c->units = -1 when n_parts is out of range. The parts' types
+ * (parts[i].t, NULL: t) can share activations (can_share). */
 static size_t mm_setup(mm_ctx *c, const llb_type_info *t, const llb_mm_part *parts, int n_parts, long cols,
                        const float *x, long n, int exact, int nth, int *parallel) {
     *c = (mm_ctx){0};
@@ -156,30 +189,31 @@ static size_t mm_setup(mm_ctx *c, const llb_type_info *t, const llb_mm_part *par
         return 0;
     }
     if (n == 0) return 0; /* no activation rows (an expert no token chose): no tile height to divide by */
-    c->k = active_kernels();
-    c->fn = c->k->kernel(t->qtype, exact);
-    if (!c->fn) { /* no kernel for this type on this ISA: the scalar one, with its activation layout */
-        c->k = &llb_kernels_scalar;
-        c->fn = c->k->kernel(t->qtype, exact);
-    }
+    llb_kernel_fn fn;
+    c->k = type_kernels(t, exact, &fn);
     c->mm = (llb_mm){.t = t, .cols = cols, .n = n, .x = x};
-    /* Pairs of groups share each activation load in the GEMM; the GEMV (n == 1) keeps single groups. */
-    c->span = n > 1 && c->k->pairs && c->k->pairs(t->qtype, exact) ? 2 : 1;
+    c->span = type_span(c->k, t, n, exact);
     c->nchunks = (n + LLB_ICHUNK - 1) / LLB_ICHUNK;
-    c->group_bytes = t->group_bytes ? (size_t)(cols / t->block) * t->group_bytes : 0;
     size_t weight_bytes = 0;
     for (int i = 0; i < n_parts; i++) {
         mm_part *p = &c->part[i];
-        p->mm = (llb_mm){.t = t, .rows = parts[i].rows, .cols = cols, .n = n, .x = x, .out = parts[i].out,
-                         .row_bytes = llb_row_bytes(t, cols)};
+        const llb_type_info *pt = parts[i].t ? parts[i].t : t;
+        p->mm = (llb_mm){.t = pt, .rows = parts[i].rows, .cols = cols, .n = n, .x = x, .out = parts[i].out,
+                         .row_bytes = llb_row_bytes(pt, cols)};
+        type_kernels(pt, exact, &p->fn);
         p->layout = parts[i].layout;
         p->w = parts[i].w;
+        p->group_bytes = pt->group_bytes ? (size_t)(cols / pt->block) * pt->group_bytes : 0;
+        if (p->group_bytes > c->group_bytes) c->group_bytes = p->group_bytes;
         p->ngroups = (parts[i].rows + LLB_IL - 1) / LLB_IL;
         p->first_unit = c->units;
         p->units = (p->ngroups + c->span - 1) / c->span * c->nchunks;
         c->units += p->units;
-        weight_bytes += c->group_bytes ? c->group_bytes * (size_t)p->ngroups : (size_t)parts[i].rows * p->mm.row_bytes;
-        c->needs_repack |= t->group_bytes && p->layout == LLB_LAYOUT_FILE;
+        weight_bytes += p->group_bytes ? p->group_bytes * (size_t)p->ngroups : (size_t)parts[i].rows * p->mm.row_bytes;
+        c->needs_repack |= pt->group_bytes && p->layout == LLB_LAYOUT_FILE;
+        /* the zero point the shared bias carries: the one nonzero among the parts' (can_share) */
+        if (!exact && pt->group_bytes && pt->block == 32 && c->k->act_offset(pt->qtype))
+            c->offset = c->k->act_offset(pt->qtype);
     }
     c->quantize = !exact && t->group_bytes;
 
@@ -213,7 +247,6 @@ static size_t mm_setup(mm_ctx *c, const llb_type_info *t, const llb_mm_part *par
  * quantizes its own copy (private_acts). */
 static void mm_quantize(mm_ctx *c, uint8_t *s, int nth, int parallel) {
     if (c->quantize) {
-        c->offset = c->k->act_offset(c->mm.t->qtype);
         c->acts = s;
         if (!c->private_acts) {
             const act_bufs a = act_copy(c, 0);
@@ -243,6 +276,18 @@ int llb_matmul_many(const llb_type_info *t, const llb_mm_part *parts, int n_part
                     int exact) {
     mm_ctx c;
     int parallel;
+    int share = 1; /* every two parts' types (pairs: two zero points may each go with a third's 0) */
+    for (int i = 0; i < n_parts && n_parts <= LLB_MM_MAX_PARTS; i++)
+        for (int j = i + 1; j < n_parts; j++)
+            share &= can_share(parts[i].t ? parts[i].t : t, parts[j].t ? parts[j].t : t, n, exact);
+    if (!share) { /* one call per part, each of its own type */
+        for (int i = 0; i < n_parts; i++) {
+            llb_mm_part one = parts[i];
+            one.t = NULL;
+            if (llb_matmul_many(parts[i].t ? parts[i].t : t, &one, 1, cols, x, n, exact) != 0) return -1;
+        }
+        return 0;
+    }
     /* Per-thread scratch is sized for nth threads; another Python thread may resize the
      * pool before the fork, so the matmul fork runs on at most nth (llb_parallel_for's max_threads). */
     const int nth = llb_pool_threads();

@@ -15,12 +15,15 @@ typedef struct {
     const uint8_t *w;
     long rows;
     float *out; /* n x rows */
+    const llb_type_info *t; /* the part's type; NULL: the call's (llb_matmul_many only) */
 } llb_mm_part;
 #define LLB_MM_MAX_PARTS 3
-/* out_p = x @ W_p^T for up to LLB_MM_MAX_PARTS matrices of one type and width (e.g. a layer's
- * Q, K and V): the activations are quantized once and the matrices' row groups shared out
- * over the pool in one fork/join. Each output equals its llb_matmul bit for bit. Returns
- * 0, or -1 (no scratch memory, or n_parts outside 1..LLB_MM_MAX_PARTS). */
+/* out_p = x @ W_p^T for up to LLB_MM_MAX_PARTS matrices of one width (e.g. a layer's Q, K and V):
+ * the activations are quantized once and the matrices' row groups shared out over the pool in one
+ * fork/join. Parts may have types of their own where their kernels read one activation layout (a
+ * quantized file's Q5_0 Q and K with a Q8_0 V); other mixes run as one call per part. Each output
+ * equals its llb_matmul bit for bit. Returns 0, or -1 (no scratch memory, or n_parts outside
+ * 1..LLB_MM_MAX_PARTS). */
 int llb_matmul_many(const llb_type_info *t, const llb_mm_part *parts, int n_parts, long cols, const float *x, long n,
                     int exact);
 /* llb_matmul_many on the calling thread alone, its scratch given (at least llb_matmul_here_scratch

@@ -206,7 +206,8 @@ static int run_matmul_many(const void *p) {
     return llb_matmul_many(a->t, a->parts, a->n_parts, a->cols, a->x, a->n, a->exact);
 }
 
-/* matmul_many(qtype, cols, x, n, exact, parts) -> None; parts: a tuple of 1..3 (layout, W, rows, out) */
+/* matmul_many(qtype, cols, x, n, exact, parts) -> None; parts: a tuple of 1..3 (layout, W, rows, out) or
+ * (layout, W, rows, out, qtype): a part of a type of its own (see llb_matmul_many) */
 static PyObject *py_matmul_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     const char *fn = "matmul_many";
     long cols, n, exact;
@@ -217,7 +218,7 @@ static PyObject *py_matmul_many(PyObject *self, PyObject *const *args, Py_ssize_
         llb_arg_long(args[4], fn, "exact", 0, 1, &exact) < 0)
         return NULL;
     if (!PyTuple_Check(args[5]) || PyTuple_GET_SIZE(args[5]) < 1 || PyTuple_GET_SIZE(args[5]) > LLB_MM_MAX_PARTS)
-        return PyErr_Format(PyExc_TypeError, "%s: parts must be a tuple of 1 to %d (layout, W, rows, out) tuples", fn,
+        return PyErr_Format(PyExc_TypeError, "%s: parts must be a tuple of 1 to %d (layout, W, rows, out[, qtype]) tuples", fn,
                             LLB_MM_MAX_PARTS);
     struct matmul_many_args a = {.t = t, .n_parts = (int)PyTuple_GET_SIZE(args[5]), .exact = (int)exact, .cols = cols,
                                  .n = n};
@@ -226,21 +227,22 @@ static PyObject *py_matmul_many(PyObject *self, PyObject *const *args, Py_ssize_
     if (!(a.x = llb_arg_buf(&b, args[2], fn, "x", 0, LLB_ELEM_F32, nx, 0))) goto fail;
     for (int i = 0; i < a.n_parts; i++) {
         PyObject *part = PyTuple_GET_ITEM(args[5], i);
-        if (!PyTuple_Check(part) || PyTuple_GET_SIZE(part) != 4) {
-            PyErr_Format(PyExc_TypeError, "%s: parts[%d] must be a (layout, W, rows, out) tuple", fn, i);
+        if (!PyTuple_Check(part) || PyTuple_GET_SIZE(part) < 4 || PyTuple_GET_SIZE(part) > 5) {
+            PyErr_Format(PyExc_TypeError, "%s: parts[%d] must be a (layout, W, rows, out[, qtype]) tuple", fn, i);
             goto fail;
         }
-        long layout, rows;
+        long layout, rows, pcols;
         size_t nout;
-        if (arg_layout(fn, t, PyTuple_GET_ITEM(part, 0), &layout) < 0 ||
+        const llb_type_info *pt = PyTuple_GET_SIZE(part) == 5 ? arg_type(fn, PyTuple_GET_ITEM(part, 4)) : t;
+        if (!pt || arg_cols(fn, pt, args[1], &pcols) < 0 || arg_layout(fn, pt, PyTuple_GET_ITEM(part, 0), &layout) < 0 ||
             llb_arg_long(PyTuple_GET_ITEM(part, 2), fn, "rows", 1, MAX_DIM, &rows) < 0 ||
             llb_arg_product(fn, &nout, n, rows, 1, 1) < 0)
             goto fail;
         const uint8_t *w = llb_arg_buf(&b, PyTuple_GET_ITEM(part, 1), fn, "W", 0, LLB_ELEM_BYTES,
-                                       llb_matrix_bytes(t, (int)layout, rows, cols), 0);
+                                       llb_matrix_bytes(pt, (int)layout, rows, cols), 0);
         float *out = w ? llb_arg_buf(&b, PyTuple_GET_ITEM(part, 3), fn, "out", 1, LLB_ELEM_F32, nout, 0) : NULL;
         if (!out) goto fail;
-        a.parts[i] = (llb_mm_part){.layout = (int)layout, .w = w, .rows = rows, .out = out};
+        a.parts[i] = (llb_mm_part){.layout = (int)layout, .w = w, .rows = rows, .out = out, .t = pt != t ? pt : NULL};
     }
     /* every out apart from x, every W and every other out (buffers: x, then W and out of each part) */
     for (int i = 0; i < a.n_parts; i++) {

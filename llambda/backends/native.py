@@ -380,13 +380,16 @@ class NativeBackend(Backend):
         C.matmul(w.qtype, w.layout, w.data, w.rows, w.cols, x, out, x.shape[0], self.exact)
 
     def matmul_many(self, x, ws, outs) -> None:
-        # Matrices of one type go in one call: the activations are quantized once and one
-        # fork/join covers them all (Q, K, V of a decode step: three calls of 8-12 us each
-        # paid that overhead three times). Each output is the same as matmul's, bit for bit.
-        if 1 < len(ws) <= MATMUL_MANY_MAX and len(ws) == len(outs) and len({w.qtype for w in ws}) == 1 \
-                and all(w.cols == x.shape[-1] for w in ws):
-            C.matmul_many(ws[0].qtype, ws[0].cols, x, x.shape[0], self.exact,
-                          tuple((w.layout, w.data, w.rows, out) for w, out in zip(ws, outs)))
+        # The matrices go in one call: the activations are quantized once and one fork/join
+        # covers them all (Q, K, V of a decode step: three calls of 8-12 us each paid that
+        # overhead three times). A part of another type than the first names its own (a Q8_0 V
+        # beside Q5_0 Q and K); the C core runs a mix its kernels cannot share as one call per
+        # part. Each output is the same as matmul's, bit for bit.
+        if 1 < len(ws) <= MATMUL_MANY_MAX and len(ws) == len(outs) and all(w.cols == x.shape[-1] for w in ws):
+            q0 = ws[0].qtype
+            C.matmul_many(q0, ws[0].cols, x, x.shape[0], self.exact,
+                          tuple((w.layout, w.data, w.rows, out) if w.qtype == q0 else
+                                (w.layout, w.data, w.rows, out, w.qtype) for w, out in zip(ws, outs)))
         else:
             super().matmul_many(x, ws, outs)
 

@@ -71,7 +71,9 @@ typedef struct {
     /* Kernel for a type: exact = FP32 activations; else quantized activations
      * (float types have one kernel for both). NULL if the type is unknown. */
     llb_kernel_fn (*kernel)(int qtype, int exact);
-    /* Zero point the 32-block kernels want folded into llb_act.bias (their unsigned code offset). */
+    /* Zero point the 32-block kernels want folded into llb_act.bias (their unsigned code offset). A
+     * type whose offset is 0 never reads the bias: matmul_many shares one quantization between it
+     * and a type with another offset. */
     int (*act_offset)(int qtype);
     /* Quantize one activation row: 32-blocks (bias = -offset * sum q, the outlier blocks' residual in
      * qs2, d2, bias2; sum = d * sum(q) + d2 * sum(q2)) or 256-blocks (still one
