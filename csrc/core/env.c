@@ -24,6 +24,7 @@ int llb_env_str(const char *name, char *buf, int size) {
 void llb_env_warn(const char *name, const char *takes, const char *def) {
     char shown[64];
     const char *s = getenv(name);
+    if (!s) s = ""; /* unset by another thread since it was read */
     size_t i = 0;
     for (; s[i] && i < sizeof shown - 4; i++) shown[i] = (unsigned char)s[i] < 0x20 || s[i] == 0x7f ? '?' : s[i];
     strcpy(shown + i, s[i] ? "..." : "");
