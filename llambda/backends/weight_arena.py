@@ -194,18 +194,21 @@ class WeightArena:
     def huge_page_bytes(self) -> int | None:
         """Bytes of the arena the kernel backs with transparent huge pages now (AnonHugePages of its
         mappings in /proc/self/smaps; None where that file does not exist). For benchmarks: a decode
-        on 4 KB pages pays page walks a huge-page arena does not."""
+        on 4 KB pages pays page walks a huge-page arena does not. An upper bound where a mapping was
+        merged with a neighbour's (smaps counts per merged entry)."""
         try:
             with open("/proc/self/smaps") as f:
                 lines = f.read().splitlines()
         except OSError:
             return None
-        total, ours = 0, False
+        # The kernel merges neighbouring anonymous mappings of the same flags into one entry (another
+        # arena, a large NumPy array): an entry's count is capped at the bytes it shares with ours.
+        total, overlap = 0, 0
         for line in lines:
             head = line.split(None, 1)[0] if line else ""
             if "-" in head and not head.endswith(":"):          # a mapping's header: "start-end perms ..."
                 lo, hi = (int(v, 16) for v in head.split("-"))
-                ours = any(lo < m.hi and m.lo < hi for m in self._maps)
-            elif ours and head == "AnonHugePages:":
-                total += int(line.split()[1]) * 1024
+                overlap = sum(max(0, min(hi, m.hi) - max(lo, m.lo)) for m in self._maps)
+            elif overlap and head == "AnonHugePages:":
+                total += min(int(line.split()[1]) * 1024, overlap // HUGE * HUGE)
         return total
