@@ -102,7 +102,7 @@ static int act_offset(int qtype) { return SIGNED32(qtype) ? 0 : LLB_CODE_OFF32(q
 
 /* ---- fast kernels of the 32-value block types ----------------------------- */
 
-#define TILE_ROWS 4 /* activation rows per GEMM tile: 2 x 4 sums in ymm registers, the codes from the panel */
+#define TILE_ROWS 4 /* activation rows per GEMM tile: 2 x 4 int16 chains in ymm registers, the codes from the panel */
 
 /* Integer dot of one block half with one activation row. */
 LLB_AI TGT __m256i block_dot_h(const int qt, const __m256i q[8], const int8_t *xq) {
@@ -169,7 +169,7 @@ LLB_AI TGT void gemv32(const llb_mm *mm, const uint8_t *wg, long g, const int qt
 }
 
 /* GEMM: a work unit decodes the group once per K chunk into a panel on the stack, which its tiles of
- * activation rows read as memory operands; a tile's sums run on across chunks through its outputs
+ * activation rows read (panel_dotm); a tile's sums run on across chunks through its outputs
  * (stored and reloaded: exact), so each row sums block by block as the GEMV does. Per block: both
  * halves' 16 code vectors, scales and mins (640 bytes, a chunk of 32 blocks 20 KB, near L1); the signed
  * types (Q8_0, IQ4_NL) also keep w and |w| (the offset removed once, not per row): 1152 bytes, 16 a chunk. */
@@ -202,39 +202,51 @@ LLB_AI TGT void fill_panel32(const int qt, const uint8_t *wg, long b0, long b1, 
     }
 }
 
-/* Both halves' integer dots of one panel block with one activation row's block, each activation
- * broadcast once for the two (equal to block_dot_h's: exact integers). */
-LLB_AI TGT void panel_dot2(const int qt, const __m256i *pb, const int8_t *xq, __m256i s[2]) {
+/* Both halves' integer dots of one panel block with M activation rows' blocks (s[m][h]; equal to
+ * block_dot_h's: exact integers), quad by quad: each quad's code vectors of both halves loaded once for
+ * the M rows, each activation broadcast feeding both halves. Row by row (every code reloaded per row,
+ * as memory operands) the loads bounded the tile on Zen 3: llvm-mca znver3 74 -> 61 cycles a block. */
+LLB_AI TGT void panel_dotm(const int qt, const __m256i *pb, const int8_t *xq, const int M, __m256i s[][2]) {
     const __m256i ones = _mm256_set1_epi16(1);
-    if (SIGNED32(qt)) { /* signed: |w| x sign(x, w), every quad widened */
-        s[0] = s[1] = _mm256_setzero_si256();
+    if (SIGNED32(qt)) {
+        LLB_UNROLL
+        for (int m = 0; m < M; m++) s[m][0] = s[m][1] = _mm256_setzero_si256();
         LLB_UNROLL
         for (int t = 0; t < 8; t++) {
-            const __m256i x = bcast32(xq + 4 * t);
+            const __m256i w0 = _mm256_load_si256(pb + t), w1 = _mm256_load_si256(pb + 8 + t);
+            const __m256i a0 = _mm256_load_si256(pb + 20 + t), a1 = _mm256_load_si256(pb + 28 + t);
             LLB_UNROLL
-            for (int h = 0; h < 2; h++) {
-                const __m256i p = _mm256_maddubs_epi16(pb[20 + 8 * h + t], _mm256_sign_epi8(x, pb[8 * h + t]));
-                s[h] = _mm256_add_epi32(s[h], _mm256_madd_epi16(p, ones));
+            for (int m = 0; m < M; m++) {
+                const __m256i x = bcast32(xq + 32 * m + 4 * t);
+                s[m][0] = _mm256_add_epi32(s[m][0], _mm256_madd_epi16(_mm256_maddubs_epi16(a0, _mm256_sign_epi8(x, w0)), ones));
+                s[m][1] = _mm256_add_epi32(s[m][1], _mm256_madd_epi16(_mm256_maddubs_epi16(a1, _mm256_sign_epi8(x, w1)), ones));
+                __asm__("" : "+x"(s[m][0]), "+x"(s[m][1]));
             }
         }
         return;
     }
     const int wide = qt == LLB_Q5_0 || qt == LLB_Q5_1 || qt == LLB_MXFP4; /* int16 sums of 4 quads, as block_dot_h */
-    __m256i p[2][2];
+    __m256i p[TILE_ROWS][2];
     LLB_UNROLL
     for (int t = 0; t < 8; t++) {
-        const __m256i x = bcast32(xq + 4 * t);
-        const int j = wide && t >= 4;
+        const __m256i c0 = _mm256_load_si256(pb + t), c1 = _mm256_load_si256(pb + 8 + t);
         LLB_UNROLL
-        for (int h = 0; h < 2; h++) {
-            const __m256i v = _mm256_maddubs_epi16(pb[8 * h + t], x);
-            p[h][j] = t == 0 || (wide && t == 4) ? v : _mm256_add_epi16(p[h][j], v);
+        for (int m = 0; m < M; m++) {
+            const __m256i x = bcast32(xq + 32 * m + 4 * t);
+            const __m256i v0 = _mm256_maddubs_epi16(c0, x), v1 = _mm256_maddubs_epi16(c1, x);
+            const int first = t == 0 || (wide && t == 4);
+            p[m][0] = first ? v0 : _mm256_add_epi16(p[m][0], v0);
+            p[m][1] = first ? v1 : _mm256_add_epi16(p[m][1], v1);
+            /* keeps the chains in registers (GCC otherwise reassociates them into a spilled tree) */
+            __asm__("" : "+x"(p[m][0]), "+x"(p[m][1]));
+            if (wide && t == 3) s[m][0] = _mm256_madd_epi16(p[m][0], ones), s[m][1] = _mm256_madd_epi16(p[m][1], ones);
         }
     }
     LLB_UNROLL
-    for (int h = 0; h < 2; h++)
-        s[h] = wide ? _mm256_add_epi32(_mm256_madd_epi16(p[h][0], ones), _mm256_madd_epi16(p[h][1], ones))
-                    : _mm256_madd_epi16(p[h][0], ones);
+    for (int m = 0; m < M; m++)
+        LLB_UNROLL
+        for (int h = 0; h < 2; h++)
+            s[m][h] = wide ? _mm256_add_epi32(s[m][h], _mm256_madd_epi16(p[m][h], ones)) : _mm256_madd_epi16(p[m][h], ones);
 }
 
 /* M activation rows from row i (one activation tile) against the whole group over the panel's blocks
@@ -254,28 +266,26 @@ LLB_AI TGT void tile32(const llb_mm *mm, const __m256i *pan, long g, long b0, lo
     for (int m = 0; m < M; m++)
         LLB_UNROLL
         for (int h = 0; h < 2; h++)
-            tot[2 * m + h] = b0 ? _mm256_maskload_ps(o + m * mm->rows + 8 * h, mask[h]) : _mm256_setzero_ps();
+            tot[2 * m + h] = !b0 ? _mm256_setzero_ps() : nr == LLB_IL ? _mm256_loadu_ps(o + m * mm->rows + 8 * h)
+                                                                      : _mm256_maskload_ps(o + m * mm->rows + 8 * h, mask[h]);
     for (long b = b0; b < b1; b++) {
+        const __m256i *pb = pan + PANEL32(qt) * (b - b0);
+        __m256i sm[TILE_ROWS][2];
+        panel_dotm(qt, pb, xq, M, sm);
         LLB_UNROLL
         for (int m = 0; m < M; m++) {
-            /* opaque copies of the pointers per row: the codes are read as memory operands each time,
-             * not held (and spilled) by the compiler */
-            const __m256i *pb = pan + PANEL32(qt) * (b - b0);
-            const int8_t *xm = xq + 32 * m;
-            __asm__("" : "+r"(pb), "+r"(xm));
-            __m256i s[2];
-            panel_dot2(qt, pb, xm, s);
             LLB_UNROLL
             for (int h = 0; h < 2; h++)
-                tot[2 * m + h] = block_fin(qt, s[h], _mm256_load_ps((const float *)(pb + 16 + h)),
+                tot[2 * m + h] = block_fin(qt, sm[m][h], _mm256_load_ps((const float *)(pb + 16 + h)),
                                            _mm256_load_ps((const float *)(pb + 18 + h)), xd[m], xs[m], xb[m], tot[2 * m + h], 1);
-            if (xd2[m] != 0.0f) { /* an outlier block (LLB_OUTLIER): its residual */
-                const int8_t *xm2 = xq2 + 32 * m;
-                __asm__("" : "+r"(pb), "+r"(xm2));
-                panel_dot2(qt, pb, xm2, s);
+            /* an outlier block (LLB_OUTLIER): its residual; d2 is 0.0f or positive, tested as an integer
+             * (no FP compare in the loop) */
+            if (llb_ld32(xd2 + m) != 0) {
+                __m256i s[1][2];
+                panel_dotm(qt, pb, xq2 + 32 * m, 1, s);
                 LLB_UNROLL
                 for (int h = 0; h < 2; h++)
-                    tot[2 * m + h] = block_fin(qt, s[h], _mm256_load_ps((const float *)(pb + 16 + h)), _mm256_setzero_ps(),
+                    tot[2 * m + h] = block_fin(qt, s[0][h], _mm256_load_ps((const float *)(pb + 16 + h)), _mm256_setzero_ps(),
                                                xd2[m], 0.0f, xb2[m], tot[2 * m + h], 0);
             }
         }
@@ -290,7 +300,11 @@ LLB_AI TGT void tile32(const llb_mm *mm, const __m256i *pan, long g, long b0, lo
     LLB_UNROLL
     for (int m = 0; m < M; m++)
         LLB_UNROLL
-        for (int h = 0; h < 2; h++) _mm256_maskstore_ps(o + m * mm->rows + 8 * h, mask[h], tot[2 * m + h]);
+        for (int h = 0; h < 2; h++) {
+            /* a full group stores plainly: a vmaskmovps store costs tens of cycles on Zen */
+            if (nr == LLB_IL) _mm256_storeu_ps(o + m * mm->rows + 8 * h, tot[2 * m + h]);
+            else _mm256_maskstore_ps(o + m * mm->rows + 8 * h, mask[h], tot[2 * m + h]);
+        }
 }
 
 LLB_AI TGT void fast32(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt) {
