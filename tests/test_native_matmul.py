@@ -258,19 +258,23 @@ def test_matmul_extreme_codes(tname):
     rng = np.random.default_rng(TYPES[tname])
     rows, cols = 17, 2 * max(BLOCK[tname], 32)
     tr = Q.TRAITS[Q.QType[tname]]
-    raw = Q.random_blocks(rng, tname, rows * cols // BLOCK[tname], spread=2e-2)
-    keep = raw.copy()
-    raw[:] = 0xFF
+    keep = Q.random_blocks(rng, tname, rows * cols // BLOCK[tname], spread=2e-2)
     width = 1 if tr.scale_format == "e8m0" else 2
-    for at in tr.scales:  # the scale fields stay finite
-        raw[:, at:at + width] = keep[:, at:at + width]
-    m = _Given(tname, raw.reshape(rows, -1), rows, cols)
     x = np.ones((9, cols), np.float32)
     x[1::2] *= -1
-    for isa in ISAS:
-        nat.set_isa(isa)
-        for n in (1, 9):
-            check(m, x[:n], 0)
+    # every bit clear too: the codes farthest below a zero point (Q6_K's 0 - 32, summed in int16 words)
+    for fill in (0xFF, 0x00):
+        raw = keep.copy()
+        raw[:] = fill
+        for at in tr.scales:  # the scale fields stay finite
+            raw[:, at:at + width] = keep[:, at:at + width]
+        if tname == "Q6_K" and fill == 0x00:
+            raw[:, 192:208] = 0x7F  # its int8 sub-block scales (all 0 would hide the codes)
+        m = _Given(tname, raw.reshape(rows, -1), rows, cols)
+        for isa in ISAS:
+            nat.set_isa(isa)
+            for n in (1, 9):
+                check(m, x[:n], 0)
 
 
 def test_mxfp4_every_exponent():

@@ -25,7 +25,7 @@ static const llb_kernels *active_kernels(void) {
 typedef struct {
     int8_t *qs, *qs2;
     float *d, *sum, *d2;
-    int32_t *bias, *bs16n, *bias2;
+    int32_t *bias, *bs16n, *bias2, *w16;
 } act_bufs;
 
 /* One matrix of a call (see llb_matmul_many): its kernel view and where its units start. */
@@ -50,9 +50,10 @@ typedef struct {
     size_t off_repack;   /* where they start in the scratch */
     int needs_repack;
     int quantize;        /* activations quantized to 8 bits */
+    int words16;         /* and their llb_act.w16 filled (256-blocks, where the table has words16) */
     /* quantized activations: copies of act_bytes from acts (one, or one per thread: private_acts) */
     uint8_t *acts;
-    size_t act_bytes, off_d, off_bias, off_sum, off_bs16n, off_qs2, off_d2, off_bias2;
+    size_t act_bytes, off_d, off_bias, off_sum, off_bs16n, off_qs2, off_d2, off_bias2, off_w16;
     int private_acts;
     unsigned char acts_ready[LLB_POOL_MAX_THREADS]; /* private_acts: thread tid has quantized its copy */
 } mm_ctx;
@@ -63,11 +64,11 @@ static act_bufs act_copy(const mm_ctx *c, int k) {
     uint8_t *b = c->acts + (size_t)k * c->act_bytes;
     return (act_bufs){(int8_t *)b, (int8_t *)(b + c->off_qs2), (float *)(b + c->off_d), (float *)(b + c->off_sum),
                       (float *)(b + c->off_d2), (int32_t *)(b + c->off_bias), (int32_t *)(b + c->off_bs16n),
-                      (int32_t *)(b + c->off_bias2)};
+                      (int32_t *)(b + c->off_bias2), (int32_t *)(b + c->off_w16)};
 }
 
 static llb_act act_view(const mm_ctx *c, const act_bufs *a) {
-    return (llb_act){a->qs, a->d, a->bias, a->sum, a->bs16n, a->qs2, a->d2, a->bias2, c->mm.a.xt};
+    return (llb_act){a->qs, a->d, a->bias, a->sum, a->bs16n, a->qs2, a->d2, a->bias2, a->w16, c->mm.a.xt};
 }
 
 /* Rows [i0, i1), their blocks [b0, b1) (blocks of the weight type's size), into a. Whole rows only in a
@@ -77,9 +78,10 @@ static void quantize_part(const mm_ctx *c, const act_bufs *a, long i0, long i1, 
     for (long i = i0; i < i1; i++) {
         const float *x = c->mm.x + i * K + b0 * blk;
         const size_t at = llb_act_at(i, b0, nb, xt);
-        if (blk == LLB_QKK)
+        if (blk == LLB_QKK) {
             c->k->quant256(x, (b1 - b0) * blk, xt, a->qs + 256 * at, a->d + 8 * at, a->sum + 8 * at, a->bs16n + 16 * at);
-        else
+            if (c->words16) c->k->words16(a->qs + 256 * at, (b1 - b0) * blk, xt, a->w16 + 16 * at);
+        } else
             c->k->quant32(x, (b1 - b0) * blk, xt, c->offset, a->qs + 32 * at, a->d + at, a->bias + at, a->sum + at,
                           a->qs2 + 32 * at, a->d2 + at, a->bias2 + at);
     }
@@ -216,6 +218,9 @@ static size_t mm_setup(mm_ctx *c, const llb_type_info *t, const llb_mm_part *par
             c->offset = c->k->act_offset(pt->qtype);
     }
     c->quantize = !exact && t->group_bytes;
+    /* for every 256-block call, not only Q6_K's: its scratch size and its activations then do not
+     * depend on which parts share them (llb_matmul_here_scratch, a prep's same_x) */
+    c->words16 = c->quantize && t->block == LLB_QKK && c->k->words16 != NULL;
 
     /* Below ~128 KB of weight traffic (x activation rows) a fork/join (~1.2 us measured,
      * plus moving activations to the other core) costs more than the second core saves. */
@@ -237,7 +242,8 @@ static size_t mm_setup(mm_ctx *c, const llb_type_info *t, const llb_mm_part *par
         c->off_qs2 = align64(c->off_bs16n + 2 * nb32 * sizeof(int32_t));
         c->off_d2 = align64(c->off_qs2 + nb32 * 32);
         c->off_bias2 = align64(c->off_d2 + nb32 * sizeof(float));
-        c->act_bytes = align64(c->off_bias2 + nb32 * sizeof(int32_t));
+        c->off_w16 = align64(c->off_bias2 + nb32 * sizeof(int32_t));
+        c->act_bytes = align64(c->off_w16 + (c->words16 ? 2 * nb32 * sizeof(int32_t) : 0));
     }
     c->off_repack = c->act_bytes * (size_t)(c->private_acts ? nth : 1);
     return c->off_repack + (c->needs_repack ? (size_t)nth * 2 * c->group_bytes : 0);

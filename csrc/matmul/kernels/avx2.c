@@ -96,6 +96,22 @@ TGT static void quant256(const float *x, long cols, long xt, int8_t *qs, float *
     }
 }
 
+/* Q6_K's zero point per word of its quad dots (llb_act.w16): a 16-value sub-block's pair sums x0+x1,
+ * x2+x3, ... (one vpmaddubsw by ones), the even and the odd ones added, times -32 (|.| <= 32 x 8 x 127). */
+TGT static void words16(const int8_t *qs, long cols, long xt, int32_t *w16) {
+    for (long b = 0; b < cols / 256; b++) {
+        for (int s = 0; s < 8; s++) { /* sub-blocks 2s, 2s+1: one in each 128-bit lane */
+            __m256i v = _mm256_maddubs_epi16(_mm256_set1_epi8(1), ld256((const uint8_t *)qs + xt * 256 * b + 32 * s));
+            v = _mm256_add_epi16(v, _mm256_shuffle_epi32(v, 0x4E));
+            v = _mm256_add_epi16(v, _mm256_shuffle_epi32(v, 0xB1));
+            v = _mm256_mullo_epi16(v, _mm256_set1_epi16(-32));
+            w16[xt * 16 * b + 2 * s] = _mm256_cvtsi256_si32(v);
+            w16[xt * 16 * b + 2 * s + 1] = _mm256_extract_epi32(v, 4);
+        }
+    }
+}
+#define LLB_WORDS16 words16
+
 /* Q8_0's and IQ4_NL's codes are dotted as signed values (dot_off128): no zero point to fold in. */
 #define SIGNED32(qt) ((qt) == LLB_Q8_0 || (qt) == LLB_IQ4_NL)
 static int act_offset(int qtype) { return SIGNED32(qtype) ? 0 : LLB_CODE_OFF32(qtype); }

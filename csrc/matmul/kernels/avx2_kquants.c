@@ -1,13 +1,14 @@
 /* AVX2 integer kernels of the 256-value types (Q4_K, Q5_K, Q6_K, IQ4_XS, Q3_K, Q2_K) against activations
- * quantized with one scale per 32 values; the same arithmetic as the AVX-512
- * file (avx512_kquants.c), on 8-row halves of each group. */
+ * quantized with one scale per 32 values; the AVX-512 file's (avx512_kquants.c) decoding, on 8-row halves
+ * of each group (the 16-value types' sub-block scales applied in integers here, not in floats). */
 #include "matmul/kernels/avx2_decode.h"
 
 #if LLB_X86
 
 /* Activation rows per GEMM tile: one xt-tile (LLB_XT) of them per decoded half, the 8 x 8 accumulators
  * spilling in part; from 4 rows, Q4_K prefill ran 15% and Q6_K 29% faster on Zen 3 (the decoding and
- * the half's weight vectors are shared by twice the rows). Q4_K's GEMM now runs tile_q4k2 instead. */
+ * the half's weight vectors are shared by twice the rows). Q4_K's GEMM now runs tile_q4k2 instead, and
+ * Q6_K, Q3_K, Q2_K and IQ4_XS's the panel tiles (fast_kp) where a unit has 4 rows or more. */
 #define TILE_ROWS 8
 
 LLB_AI TGT __m256 sub_scale(const uint8_t *sc8, __m256 d, int is_signed) {
@@ -156,31 +157,8 @@ LLB_AI TGT void tile_q4k2(const llb_mm *mm, const uint8_t *wg, long i, const int
     }
 }
 
-/* Q6_K's step s of rows 8h..8h+7 (sub-blocks u = 2s, 2s+1) for M activation rows: p[m], before the
- * activation scale dx[s]. */
-LLB_AI TGT void q6k_step(const llb_mm *mm, const uint8_t *gb, size_t e, int s, int h, const int M, __m256 p[TILE_ROWS]) {
-    const __m256 d = load_f16x8(gb + 16 * h);
-    LLB_UNROLL
-    for (int j = 0; j < 2; j++) {
-        const int u = 2 * s + j;
-        __m256i q[4];
-        dec_q6k_sub_h(gb + LLB_Q6_K_SUBS + 192 * u, h, q);
-        const __m256 sc = sub_scale(gb + 32 + 16 * u + 8 * h, d, 1);
-        LLB_UNROLL
-        for (int m = 0; m < M; m++) {
-            const int8_t *xq = mm->a.qs + 256 * (e + m) + 16 * u;
-            const int32_t bs = mm->a.bs16n[16 * (e + m) + u]; /* -32 * bsum16 */
-            /* int16 sums of the 6-bit codes two quads at a time (2 x 2 x 63 x 127 < 2^15) */
-            __m256i acc = _mm256_add_epi32(dot_u8s8(q, 2, xq), dot_u8s8(q + 2, 2, xq + 8));
-            acc = _mm256_add_epi32(acc, _mm256_set1_epi32(bs));
-            const __m256 v = _mm256_cvtepi32_ps(acc);
-            p[m] = j ? _mm256_fmadd_ps(v, sc, p[m]) : _mm256_mul_ps(v, sc);
-        }
-    }
-}
-
-/* A Q2_K/Q3_K sub-block's 8 scale bytes (rows 8h..8h+7) as int16 pairs, lane r = [s_r, s_r]: Q2_K's
- * file bytes zero-extended (scale | min << 4), Q3_K's signed scales sign-extended. */
+/* A Q2_K/Q3_K/Q6_K sub-block's 8 scale bytes (rows 8h..8h+7) as int16 pairs, lane r = [s_r, s_r]: Q2_K's
+ * file bytes zero-extended (scale | min << 4), Q3_K's and Q6_K's signed scales sign-extended. */
 LLB_AI TGT __m256i scale_pairs(const int qt, const uint8_t *p) {
     long long v;
     memcpy(&v, p, 8);
@@ -192,32 +170,50 @@ LLB_AI TGT __m256i scale_pairs(const int qt, const uint8_t *p) {
                                                                      -1, 4, -1, 4, -1, 5, -1, 5, -1, 6, -1, 6, -1, 7, -1, 7)), 8);
 }
 
-/* Q3_K's and Q2_K's step, as q6k_step: the sub-block scale applied in the integer pair sum (vpmaddwd
+/* Sub-block u of rows 8h..8h+7 of Q6_K, Q3_K or Q2_K: codes q, scale pairs sc (scale_pairs), Q2_K's
+ * dmin * min mn. */
+LLB_AI TGT void k16_sub(const int qt, const uint8_t *gb, int u, int h, __m256i q[4], __m256i *sc, __m256 *mn) {
+    if (qt == LLB_Q6_K) dec_q6k_sub_h(gb + LLB_Q6_K_SUBS + 192 * u, h, q);
+    else dec_k16_sub_h(qt, gb, u, h, q);
+    const __m256i sp = scale_pairs(qt, gb + (qt == LLB_Q2_K ? 64 : 32) + 16 * u + 8 * h);
+    *sc = qt == LLB_Q2_K ? _mm256_and_si256(sp, _mm256_set1_epi16(15)) : sp;
+    /* Q2_K's min m = the pair's 32-bit lane b | b << 16 shifted down by 20 */
+    if (qt == LLB_Q2_K) *mn = _mm256_mul_ps(load_f16x8(gb + 32 + 16 * h), _mm256_cvtepi32_ps(_mm256_srli_epi32(sp, 20)));
+}
+
+/* The int16 zero-point words of activation row e's sub-block u (see k16_step), 0 for Q2_K. */
+LLB_AI TGT __m256i k16_zero(const int qt, const llb_mm *mm, size_t e, int u) {
+    /* Q3_K: -4 * bsum16 in the low words (bs16n = -32 * bsum16: the shift is exact) */
+    if (qt == LLB_Q3_K) return _mm256_set1_epi32((uint16_t)(mm->a.bs16n[16 * e + u] >> 3));
+    if (qt == LLB_Q6_K) return _mm256_set1_epi32(mm->a.w16[16 * e + u]);
+    return _mm256_setzero_si256();
+}
+
+/* Step s (sub-blocks u = 2s, 2s+1) of rows 8h..8h+7 of Q6_K, Q3_K or Q2_K for M activation rows: p[m],
+ * before the activation scale dx[s]. The sub-block scale is applied in the integer pair sum (vpmaddwd
  * by [sc, sc] instead of by ones), so the two sub-blocks add as int32 and convert once: per sub-block
- * no scale conversion or float multiply (Q3_K's zero point 4 joins the int16 sums first:
- * |sums| <= 4*2*7*128 + 4*16*128 < 2^15; then * |sc| <= 32). Exact integers, so the result is at least
- * as close as a float sum of the two. */
-LLB_AI TGT void k23_step(const int qt, const llb_mm *mm, const uint8_t *gb, size_t e, int s, int h, const int M,
+ * no scale conversion or float multiply. The zero point joins the int16 sums first, so each word holds
+ * (code - zero) x activation, summed: Q3_K's 4 in the low word (|sums| <= 4*2*7*128 + 4*16*128 < 2^15;
+ * then * |sc| <= 32); Q6_K's 32 in each word as -32 x its own 8 activations (llb_act.w16), so one word
+ * sums all 4 quads: 8 x 32 x 127 < 2^15, the 6-bit codes' partial sums wrapping on the way
+ * (vpmaddubsw's pairs <= 2 x 63 x 127 never saturate; vpaddw wraps), then * |sc| <= 128 (two
+ * sub-blocks < 2^24). Exact integers, so the result is at least as close as a float sum of the two. */
+LLB_AI TGT void k16_step(const int qt, const llb_mm *mm, const uint8_t *gb, size_t e, int s, int h, const int M,
                          __m256 p[TILE_ROWS]) {
     __m256i acc[TILE_ROWS];
     __m256 mn[2];
     LLB_UNROLL
     for (int j = 0; j < 2; j++) {
         const int u = 2 * s + j;
-        __m256i q[4];
-        dec_k16_sub_h(qt, gb, u, h, q);
-        const __m256i sp = scale_pairs(qt, gb + (qt == LLB_Q2_K ? 64 : 32) + 16 * u + 8 * h);
-        const __m256i sc = qt == LLB_Q2_K ? _mm256_and_si256(sp, _mm256_set1_epi16(15)) : sp;
-        /* Q2_K's min m = the pair's 32-bit lane b | b << 16 shifted down by 20 */
-        if (qt == LLB_Q2_K) mn[j] = _mm256_mul_ps(load_f16x8(gb + 32 + 16 * h), _mm256_cvtepi32_ps(_mm256_srli_epi32(sp, 20)));
+        __m256i q[4], sc;
+        k16_sub(qt, gb, u, h, q, &sc, &mn[j]);
         LLB_UNROLL
         for (int m = 0; m < M; m++) {
             const int8_t *xq = mm->a.qs + 256 * (e + m) + 16 * u;
             __m256i v = _mm256_maddubs_epi16(q[0], bcast32(xq));
             LLB_UNROLL
             for (int t = 1; t < 4; t++) v = _mm256_add_epi16(v, _mm256_maddubs_epi16(q[t], bcast32(xq + 4 * t)));
-            if (qt == LLB_Q3_K) /* -4 * bsum16 into the low word of each pair */
-                v = _mm256_add_epi16(v, _mm256_set1_epi32((uint16_t)(mm->a.bs16n[16 * (e + m) + u] / 8)));
+            if (qt != LLB_Q2_K) v = _mm256_add_epi16(v, k16_zero(qt, mm, e + m, u));
             const __m256i a = _mm256_madd_epi16(v, sc);
             acc[m] = j ? _mm256_add_epi32(acc[m], a) : a;
         }
@@ -253,14 +249,174 @@ LLB_AI TGT void tile_k16(const int qt, const llb_mm *mm, const uint8_t *wg, int 
             LLB_UNROLL
             for (int hh = 0; hh < H; hh++) {
                 __m256 p[TILE_ROWS];
-                if (qt == LLB_Q6_K) q6k_step(mm, gb, e, s, h0 + hh, M, p);
-                else k23_step(qt, mm, gb, e, s, h0 + hh, M, p);
+                k16_step(qt, mm, gb, e, s, h0 + hh, M, p);
                 LLB_UNROLL
                 for (int m = 0; m < M; m++) tot[hh][m] = _mm256_fmadd_ps(p[m], _mm256_set1_ps(mm->a.d[8 * (e + m) + s]), tot[hh][m]);
             }
         }
     }
 }
+
+/* GEMM of the 16-value types: a work unit decodes each super-block of its group once into a panel (both
+ * halves: codes, scale pairs, Q2_K's mins, d; 6 KB) that its tiles of 4 activation rows read as memory
+ * operands, each activation broadcast feeding rows 0-15; a tile's running sums wait in the unit's `run`
+ * between super-blocks. Per (half, row) every integer is k16_step's and the float steps are its and
+ * tile_k16's in their order, so every lane equals the GEMV's. */
+typedef struct {
+    __m256i q[16][2][4]; /* sub-block u, half h, quad t */
+    __m256i sc[16][2];
+    __m256 mn[16][2];
+    __m256 d[2];
+} k16_panel;
+
+LLB_AI TGT void fill_k16(const int qt, const uint8_t *gb, k16_panel *pan) {
+    LLB_UNROLL
+    for (int h = 0; h < 2; h++) pan->d[h] = load_f16x8(gb + 16 * h);
+    for (int u = 0; u < 16; u++) {
+        LLB_UNROLL
+        for (int h = 0; h < 2; h++) k16_sub(qt, gb, u, h, pan->q[u][h], &pan->sc[u][h], &pan->mn[u][h]);
+    }
+}
+
+/* Super-block sb of the panel for M activation rows from row i: tot[h][m] carried in and out. */
+LLB_AI TGT void tile_k16p(const int qt, const llb_mm *mm, const k16_panel *pan, long sb, long i, const int M,
+                          __m256 tot[2][TILE_ROWS]) {
+    const size_t e = llb_act_at(i, sb, mm->cols / 256, mm->a.xt);
+    for (int s = 0; s < 8; s++) {
+        __m256i acc[2][TILE2_ROWS];
+        LLB_UNROLL
+        for (int j = 0; j < 2; j++) {
+            const int u = 2 * s + j;
+            __m256i v[2][TILE2_ROWS];
+            LLB_UNROLL
+            for (int t = 0; t < 4; t++) {
+                LLB_UNROLL
+                for (int m = 0; m < M; m++) {
+                    /* an opaque pointer: the codes are read as memory operands, not held (and spilled) */
+                    const __m256i *pq = pan->q[u][0] + t;
+                    __asm__("" : "+r"(pq));
+                    const __m256i x = bcast32(mm->a.qs + 256 * (e + m) + 16 * u + 4 * t);
+                    const __m256i t0 = _mm256_maddubs_epi16(pq[0], x), t1 = _mm256_maddubs_epi16(pq[4], x);
+                    v[0][m] = t ? _mm256_add_epi16(v[0][m], t0) : t0;
+                    v[1][m] = t ? _mm256_add_epi16(v[1][m], t1) : t1;
+                    __asm__("" : "+x"(v[0][m]), "+x"(v[1][m])); /* chained in registers (see tile_q4k2) */
+                }
+            }
+            LLB_UNROLL
+            for (int m = 0; m < M; m++) {
+                const __m256i z = k16_zero(qt, mm, e + m, u);
+                LLB_UNROLL
+                for (int h = 0; h < 2; h++) {
+                    const __m256i a = _mm256_madd_epi16(qt == LLB_Q2_K ? v[h][m] : _mm256_add_epi16(v[h][m], z), pan->sc[u][h]);
+                    acc[h][m] = j ? _mm256_add_epi32(acc[h][m], a) : a;
+                }
+            }
+        }
+        LLB_UNROLL
+        for (int m = 0; m < M; m++) {
+            const __m256 dx = _mm256_set1_ps(mm->a.d[8 * (e + m) + s]);
+            LLB_UNROLL
+            for (int h = 0; h < 2; h++) {
+                __m256 p = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[h][m]), pan->d[h]);
+                if (qt == LLB_Q2_K) { /* as k16_step */
+                    p = _mm256_fmadd_ps(pan->mn[2 * s][h], _mm256_set1_ps((float)mm->a.bs16n[16 * (e + m) + 2 * s] * (1.0f / 32)), p);
+                    p = _mm256_fmadd_ps(pan->mn[2 * s + 1][h], _mm256_set1_ps((float)mm->a.bs16n[16 * (e + m) + 2 * s + 1] * (1.0f / 32)), p);
+                }
+                tot[h][m] = _mm256_fmadd_ps(p, dx, tot[h][m]);
+            }
+        }
+    }
+}
+
+/* IQ4_XS's GEMM panel, as k16_panel: per sub-block s, half h and quad t its signed levels w and |w|
+ * (dot_off128's operands, the offset removed once; 8 KB), and the sub-block scales. */
+typedef struct {
+    __m256i w[8][2][8], aw[8][2][8];
+    __m256 sc[8][2];
+} iq4_panel;
+
+LLB_AI TGT void fill_iq4(const uint8_t *gb, iq4_panel *pan) {
+    for (int s = 0; s < 8; s++) {
+        LLB_UNROLL
+        for (int h = 0; h < 2; h++) {
+            __m256i q[8];
+            dec_nibbles_h(gb + LLB_IQ4_XS_CODES + 256 * s, h, q);
+            grid_lookup_h(llb_iq4_grid, 0, q);
+            LLB_UNROLL
+            for (int t = 0; t < 8; t++) pan->w[s][h][t] = q[t], pan->aw[s][h][t] = _mm256_sign_epi8(q[t], q[t]);
+            pan->sc[s][h] = sub_scale(gb + 32 + 16 * s + 8 * h, load_f16x8(gb + 16 * h), 1);
+        }
+    }
+}
+
+/* Super-block sb of an IQ4_XS panel for M activation rows from row i, as tile_k16p: the integers of
+ * dot_off128 (|w| x sign(x, w)), the float steps of tile_q4k. */
+LLB_AI TGT void tile_iq4p(const llb_mm *mm, const iq4_panel *pan, long sb, long i, const int M, __m256 tot[2][TILE_ROWS]) {
+    const size_t e = llb_act_at(i, sb, mm->cols / 256, mm->a.xt);
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int s = 0; s < 8; s++) {
+        __m256i acc[2][TILE2_ROWS];
+        LLB_UNROLL
+        for (int t = 0; t < 8; t++) {
+            LLB_UNROLL
+            for (int m = 0; m < M; m++) {
+                const __m256i *pw = pan->w[s][0] + t, *pa = pan->aw[s][0] + t;
+                __asm__("" : "+r"(pw), "+r"(pa));
+                const __m256i x = bcast32(mm->a.qs + 256 * (e + m) + 32 * s + 4 * t);
+                LLB_UNROLL
+                for (int h = 0; h < 2; h++) {
+                    const __m256i a = _mm256_madd_epi16(_mm256_maddubs_epi16(pa[8 * h], _mm256_sign_epi8(x, pw[8 * h])), ones);
+                    acc[h][m] = t ? _mm256_add_epi32(acc[h][m], a) : a;
+                }
+                __asm__("" : "+x"(acc[0][m]), "+x"(acc[1][m]));
+            }
+        }
+        LLB_UNROLL
+        for (int m = 0; m < M; m++) {
+            const __m256 dx = _mm256_set1_ps(mm->a.d[8 * (e + m) + s]);
+            LLB_UNROLL
+            for (int h = 0; h < 2; h++) tot[h][m] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(acc[h][m]), dx), pan->sc[s][h], tot[h][m]);
+        }
+    }
+}
+
+#define K16P_TILE(i, M)                                                                       \
+    do {                                                                                      \
+        __m256 t_[2][TILE_ROWS];                                                              \
+        LLB_UNROLL                                                                            \
+        for (int h = 0; h < 2; h++) {                                                         \
+            LLB_UNROLL                                                                        \
+            for (int m = 0; m < (M); m++) t_[h][m] = sb ? run[(i) - i0 + m][h] : _mm256_setzero_ps(); \
+        }                                                                                     \
+        if (qt == LLB_IQ4_XS) tile_iq4p(mm, &pan.iq4, sb, i, M, t_);                         \
+        else tile_k16p(qt, mm, &pan.k16, sb, i, M, t_);                                       \
+        if (sb + 1 < nsb) {                                                                   \
+            LLB_UNROLL                                                                        \
+            for (int h = 0; h < 2; h++) {                                                     \
+                LLB_UNROLL                                                                    \
+                for (int m = 0; m < (M); m++) run[(i) - i0 + m][h] = t_[h][m];                \
+            }                                                                                 \
+        } else {                                                                              \
+            store_half(mm, g, 0, i, M, t_[0]);                                                \
+            store_half(mm, g, 1, i, M, t_[1]);                                                \
+        }                                                                                     \
+    } while (0)
+
+/* A GEMM work unit of Q6_K, Q3_K, Q2_K or IQ4_XS through a panel per super-block. */
+LLB_AI TGT void fast_kp(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt) {
+    const long nsb = mm->cols / 256;
+    union {
+        k16_panel k16;
+        iq4_panel iq4;
+    } pan;
+    __m256 run[LLB_ICHUNK][2];
+    for (long sb = 0; sb < nsb; sb++) {
+        if (qt == LLB_IQ4_XS) fill_iq4(wg + sb * LLB_GB_BYTES(qt), &pan.iq4);
+        else fill_k16(qt, wg + sb * LLB_GB_BYTES(qt), &pan.k16);
+        LLB_TILE_LADDER(i0, i1, TILE2_ROWS, K16P_TILE);
+    }
+}
+#undef K16P_TILE
 
 LLB_AI TGT void tile_k(const int qt, const llb_mm *mm, const uint8_t *wg, int h0, const int H, long i, const int M,
                        const int gemv, __m256 tot[][TILE_ROWS]) {
@@ -290,6 +446,10 @@ LLB_AI TGT void fast_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, lon
     } while (0)
         LLB_TILE_LADDER(i0, i1, TILE2_ROWS, KQ2_TILE);
 #undef KQ2_TILE
+        return;
+    }
+    if (qt != LLB_Q5_K && llb_group_rows(mm, g) > 8 && i1 - i0 >= TILE2_ROWS) {
+        fast_kp(mm, wg, g, i0, i1, qt);
         return;
     }
     for (int h = 0; h < 2 && 8 * h < llb_group_rows(mm, g); h++) {

@@ -52,6 +52,9 @@ typedef struct {
     const int8_t *qs2;    /* 32-blocks: residual codes (at qs's place), where d2 != 0 */
     const float *d2;      /* 32-blocks: residual scale per block, 0 for a block without a residual */
     const int32_t *bias2; /* 32-blocks: -offset * sum(q2) */
+    /* 256-blocks, where the table fills it (llb_kernels.words16; Q6_K's kernel reads it): per 16 values the int16 pair
+     * [-32 * sum of values 0,1,4,5,8,9,12,13; -32 * sum of 2,3,6,7,10,11,14,15] (a quad dot's two words) */
+    const int32_t *w16;
     long xt;              /* rows per tile */
 } llb_act;
 
@@ -84,6 +87,9 @@ typedef struct {
     void (*quant256)(const float *x, long cols, long xt, int8_t *qs, float *d, float *sum, int32_t *bs16n);
     /* Whether kernel(qtype, exact) also computes a pair of groups (mm->wg2); NULL: no kernel does. */
     int (*pairs)(int qtype, int exact);
+    /* NULL, or fills llb_act.w16 of one row quantized by quant256 (its blocks xt apart, as quant256's
+     * outputs) for Q6_K's kernel; the driver calls it after every quant256. */
+    void (*words16)(const int8_t *qs, long cols, long xt, int32_t *w16);
 } llb_kernels;
 
 extern const llb_kernels llb_kernels_scalar;
