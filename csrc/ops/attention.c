@@ -129,10 +129,16 @@ static inline struct llb_attn_tile tile_at(const struct llb_attention_args *a, l
     return tile;
 }
 
+/* The unit a thread likely runs after the current one (a split row's chunks, which it claims in
+ * order): token i's keys lo..hi of kv head kvh, for the kernel to prefetch ahead; i < 0: none. */
+struct next_unit {
+    long i, kvh, lo, hi;
+};
+
 /* Keys lo..hi of token i's heads [h0, h0 + nh) of kv head kvh through the row kernel: normalised
  * into a->out (out NULL), or the partial into out (nh rows of sums) and ml (nh (max, sum) pairs). */
-static void attend_rows(const struct llb_attention_args *a, const struct llb_op_kernels *k, long i, long kvh, long h0,
-                   long nh, long lo, long hi, float *out, float *ml) {
+static void attend_rows_next(const struct llb_attention_args *a, const struct llb_op_kernels *k, long i, long kvh,
+                             long h0, long nh, long lo, long hi, float *out, float *ml, struct next_unit nx) {
     const long s = a->slots[i];
     if (s < 0 || s >= a->n_slots || hi < 0 || hi >= a->n_ctx) return; /* validated by the caller; never read outside */
     const size_t base = cache_base(a, s, kvh);
@@ -152,7 +158,19 @@ static void attend_rows(const struct llb_attention_args *a, const struct llb_op_
         .ml = ml,
         .kbase = key_base(a, s, kvh),
     };
+    const long s2 = nx.i >= 0 && nx.i < a->n ? a->slots[nx.i] : -1;
+    if (s2 >= 0 && s2 < a->n_slots && nx.lo >= 0 && nx.lo <= nx.hi && nx.hi < a->n_ctx) {
+        const size_t b2 = cache_base(a, s2, nx.kvh), first = llb_cache_bytes(a->cache_type, (size_t)nx.lo * u.stride);
+        u.next_k = (const char *)a->kcache + b2 + first;
+        u.next_v = (const char *)a->vcache + b2 + first;
+        u.next_n = nx.hi - nx.lo + 1;
+    }
     attend_kernel(k, a->cache_type, &u);
+}
+
+static void attend_rows(const struct llb_attention_args *a, const struct llb_op_kernels *k, long i, long kvh, long h0,
+                        long nh, long lo, long hi, float *out, float *ml) {
+    attend_rows_next(a, k, i, kvh, h0, nh, lo, hi, out, ml, (struct next_unit){.i = -1});
 }
 
 /* ---- default schedules ------------------------------------------------------ */
@@ -245,7 +263,13 @@ static void attn_unit_run(const void *task, long unit) {
         long lo, hi;
         chunk_keys(a, i, chunk - t->first_chunk[i], &lo, &hi);
         float *out = t->parts + (size_t)unit * part_floats(a, t->group);
-        attend_rows(t->a, t->k, i, kvh, 0, t->group, lo, hi, out, out + (size_t)t->group * (size_t)a->head_dim);
+        struct next_unit nx = {.i = -1};
+        if (unit + 1 < t->units) { /* units are claimed in order */
+            const long c2 = (unit + 1) / a->n_kv;
+            nx.i = i + (t->first_chunk[i + 1] <= c2), nx.kvh = (unit + 1) % a->n_kv;
+            chunk_keys(a, nx.i, c2 - t->first_chunk[nx.i], &nx.lo, &nx.hi);
+        }
+        attend_rows_next(t->a, t->k, i, kvh, 0, t->group, lo, hi, out, out + (size_t)t->group * (size_t)a->head_dim, nx);
     } else {
         const long i = a->n - 1 - unit / a->n_kv, kvh = unit % a->n_kv;
         attend_rows(t->a, t->k, i, kvh, 0, t->group, first_key(a, a->pos[i]), a->pos[i], NULL, NULL);
@@ -390,11 +414,16 @@ static void run_unit(const void *task, long unit) {
     const long c = u / a->n_kv, kvh = u % a->n_kv;
     long k0, k1;
     chunk_keys(a, i, c, &k0, &k1);
+    struct next_unit nx = {.i = -1}; /* units go from the last: the next is the row's u - 1 */
+    if (u > 0) {
+        nx.i = i, nx.kvh = (u - 1) % a->n_kv;
+        chunk_keys(a, i, (u - 1) / a->n_kv, &nx.lo, &nx.hi);
+    }
     if (t->first_part[i] < 0) {
-        attend_rows(a, t->k, i, kvh, 0, t->group, k0, k1, NULL, NULL);
+        attend_rows_next(a, t->k, i, kvh, 0, t->group, k0, k1, NULL, NULL, nx);
     } else {
         float *part = t->parts + (size_t)(t->first_part[i] + u) * t->pf;
-        attend_rows(a, t->k, i, kvh, 0, t->group, k0, k1, part, part + (size_t)t->group * (size_t)a->head_dim);
+        attend_rows_next(a, t->k, i, kvh, 0, t->group, k0, k1, part, part + (size_t)t->group * (size_t)a->head_dim, nx);
     }
 }
 

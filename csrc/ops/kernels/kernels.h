@@ -19,6 +19,10 @@ struct llb_attn_unit {
     float *out; /* group rows: the normalised output, or with ml the unnormalised sum */
     float *ml;  /* NULL, or group pairs (max score, sum of exp) of a partial to merge */
     const float *kbase; /* q8_0: NULL or head_dim floats added to every key read */
+    /* NULL, or the K and V rows of the first key of the unit this thread likely runs next: its
+     * first next_n keys are prefetched after this unit's last (a prefetch only, no result changes) */
+    const void *next_k, *next_v;
+    long next_n;
 };
 
 /* Up to LLB_TILE_MAX_ROWS query rows reading keys of one kv head (a few
