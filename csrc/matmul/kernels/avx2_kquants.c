@@ -100,9 +100,12 @@ LLB_AI TGT void tile_q4k(const int qt, const llb_mm *mm, const uint8_t *wg, int 
 /* Q4_K's GEMM tile on both halves of the group: each activation broadcast feeds rows 0-7 and 8-15
  * (on Zen 3 the broadcasts and the loads, not the multiplies, bounded the 8-row one-half tile), one
  * quad of both halves decoded at a time. The int16 sums are exact in any order, and
- * the float steps per (half, row) are tile_q4k's in its order: every lane equals the GEMV's. */
+ * the float steps per (half, row) are tile_q4k's in its order: every lane equals tile_q4k's. It is
+ * also the GEMV (M = 1, gemv: plus prefetch): tile_q4k at H = 2 spilled its sums to the stack and ran
+ * 11-15% slower L3-resident on Zen 3. */
 #define TILE2_ROWS 4
-LLB_AI TGT void tile_q4k2(const llb_mm *mm, const uint8_t *wg, long i, const int M, __m256 tot[2][TILE_ROWS]) {
+LLB_AI TGT void tile_q4k2(const llb_mm *mm, const uint8_t *wg, long i, const int M, const int gemv,
+                          __m256 tot[2][TILE_ROWS]) {
     const long nsb = mm->cols / 256;
     const long xt = mm->a.xt;
     const size_t at = llb_act_at(i, 0, nsb, xt);
@@ -118,6 +121,7 @@ LLB_AI TGT void tile_q4k2(const llb_mm *mm, const uint8_t *wg, long i, const int
         for (int s = 0; s < 8; s++) {
             const uint8_t *v = gb + LLB_Q4_K_CODES + 256 * s;
             const int8_t *xq = mm->a.qs + 256 * e + 32 * s;
+            if (gemv) llb_prefetch_slice(gb, LLB_GB_Q4_K, s);
             __m256i p[2][TILE2_ROWS];
             LLB_UNROLL
             for (int t = 0; t < 8; t++) { /* quad t: nibbles (t >> 2) of vector t & 3, one quad at a time (few registers) */
@@ -252,6 +256,61 @@ LLB_AI TGT void tile_k16(const int qt, const llb_mm *mm, const uint8_t *wg, int 
                 k16_step(qt, mm, gb, e, s, h0 + hh, M, p);
                 LLB_UNROLL
                 for (int m = 0; m < M; m++) tot[hh][m] = _mm256_fmadd_ps(p[m], _mm256_set1_ps(mm->a.d[8 * (e + m) + s]), tot[hh][m]);
+            }
+        }
+    }
+}
+
+/* The GEMV of Q6_K, Q3_K and Q2_K over both halves of a group: each sub-block's codes of both halves
+ * decoded (k16_sub), then every activation broadcast feeds both halves' int16 chains, pinned in
+ * registers (tile_k16 at H = 2 broadcast every activation twice and kept more on the stack: Q6_K 6-7%,
+ * Q2_K 20% slower L3-resident on Zen 3). Per lane k16_step's integers (int16 words wrap exactly: any
+ * order gives the same sums) and tile_k16's float steps in their order: equal to a batch row. */
+LLB_AI TGT void gemv_k16(const int qt, const llb_mm *mm, const uint8_t *wg, __m256 tot[2][TILE_ROWS]) {
+    const long nsb = mm->cols / 256;
+    const size_t at = llb_act_at(0, 0, nsb, mm->a.xt);
+    const int gbb = LLB_GB_BYTES(qt);
+    tot[0][0] = tot[1][0] = _mm256_setzero_ps();
+    for (long sb = 0; sb < nsb; sb++) {
+        const uint8_t *gb = wg + sb * gbb;
+        const size_t e = at + mm->a.xt * sb;
+        for (int s = 0; s < 8; s++) {
+            llb_prefetch_slice(gb, gbb, s);
+            __m256i acc[2];
+            __m256 mn[2][2];
+            LLB_UNROLL
+            for (int j = 0; j < 2; j++) {
+                const int u = 2 * s + j;
+                const int8_t *xq = mm->a.qs + 256 * e + 16 * u;
+                __m256i q[2][4], sc[2], v[2];
+                LLB_UNROLL
+                for (int h = 0; h < 2; h++) k16_sub(qt, gb, u, h, q[h], &sc[h], &mn[h][j]);
+                LLB_UNROLL
+                for (int t = 0; t < 4; t++) {
+                    const __m256i x = bcast32(xq + 4 * t);
+                    LLB_UNROLL
+                    for (int h = 0; h < 2; h++) {
+                        const __m256i p = _mm256_maddubs_epi16(q[h][t], x);
+                        v[h] = t ? _mm256_add_epi16(v[h], p) : p;
+                    }
+                    __asm__("" : "+x"(v[0]), "+x"(v[1])); /* chained in registers (see tile_q4k2) */
+                }
+                const __m256i z = k16_zero(qt, mm, e, u);
+                LLB_UNROLL
+                for (int h = 0; h < 2; h++) {
+                    const __m256i a = _mm256_madd_epi16(qt == LLB_Q2_K ? v[h] : _mm256_add_epi16(v[h], z), sc[h]);
+                    acc[h] = j ? _mm256_add_epi32(acc[h], a) : a;
+                }
+            }
+            const __m256 dx = _mm256_set1_ps(mm->a.d[8 * e + s]);
+            LLB_UNROLL
+            for (int h = 0; h < 2; h++) {
+                __m256 p = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[h]), load_f16x8(gb + 16 * h));
+                if (qt == LLB_Q2_K) { /* as k16_step */
+                    p = _mm256_fmadd_ps(mn[h][0], _mm256_set1_ps((float)mm->a.bs16n[16 * e + 2 * s] * (1.0f / 32)), p);
+                    p = _mm256_fmadd_ps(mn[h][1], _mm256_set1_ps((float)mm->a.bs16n[16 * e + 2 * s + 1] * (1.0f / 32)), p);
+                }
+                tot[h][0] = _mm256_fmadd_ps(p, dx, tot[h][0]);
             }
         }
     }
@@ -428,7 +487,9 @@ LLB_AI TGT void fast_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, lon
     __m256 t[2][TILE_ROWS];
     if (LLB_GEMV(mm)) { /* the tile's arithmetic at M = 1, both halves in one pass, plus prefetch: equal to a batch row */
         if (llb_group_rows(mm, g) > 8) {
-            tile_k(qt, mm, wg, 0, 2, 0, 1, 1, t);
+            if (qt == LLB_Q4_K) tile_q4k2(mm, wg, 0, 1, 1, t);
+            else if (qt == LLB_Q6_K || qt == LLB_Q3_K || qt == LLB_Q2_K) gemv_k16(qt, mm, wg, t);
+            else tile_k(qt, mm, wg, 0, 2, 0, 1, 1, t);
             store_half(mm, g, 0, 0, 1, t[0]);
             store_half(mm, g, 1, 0, 1, t[1]);
         } else {
@@ -440,7 +501,7 @@ LLB_AI TGT void fast_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, lon
     if (qt == LLB_Q4_K && llb_group_rows(mm, g) > 8) {
 #define KQ2_TILE(i, M)                                 \
     do {                                               \
-        tile_q4k2(mm, wg, i, M, t);                    \
+        tile_q4k2(mm, wg, i, M, 0, t);                 \
         store_half(mm, g, 0, i, M, t[0]);              \
         store_half(mm, g, 1, i, M, t[1]);              \
     } while (0)
