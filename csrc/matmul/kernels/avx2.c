@@ -247,10 +247,13 @@ LLB_AI TGT void panel_dotm(const int qt, const __m256i *pb, const int8_t *xq, co
         for (int m = 0; m < M; m++) s[m][0] = s[m][1] = _mm256_setzero_si256();
         LLB_UNROLL
         for (int t = 0; t < 8; t++) {
-            const __m256i w0 = _mm256_load_si256(pb + t), w1 = _mm256_load_si256(pb + 8 + t);
             const __m256i a0 = _mm256_load_si256(pb + 20 + t), a1 = _mm256_load_si256(pb + 28 + t);
             LLB_UNROLL
             for (int m = 0; m < M; m++) {
+                /* w as memory operands of the signs, read per row (an opaque pointer: not kept in registers) */
+                const __m256i *pw = pb;
+                __asm__("" : "+r"(pw));
+                const __m256i w0 = _mm256_load_si256(pw + t), w1 = _mm256_load_si256(pw + 8 + t);
                 const __m256i x = bcast32(xq + 32 * m + 4 * t);
                 s[m][0] = _mm256_add_epi32(s[m][0], _mm256_madd_epi16(_mm256_maddubs_epi16(a0, _mm256_sign_epi8(x, w0)), ones));
                 s[m][1] = _mm256_add_epi32(s[m][1], _mm256_madd_epi16(_mm256_maddubs_epi16(a1, _mm256_sign_epi8(x, w1)), ones));
