@@ -131,24 +131,12 @@ LLB_AI TGT __m256i dot_off128(const __m256i *q, int nq, const int8_t *xq) {
     return acc;
 }
 
-/* The same for signed codes w (|w| <= 127: IQ4_NL's and IQ4_XS's levels) as |x| x sign(w, x): the
- * activation's broadcast and |x| do not depend on the weights, so a GEMV's two halves share them (one
- * sign per quad and half, where dot_off128 takes an offset and two); pairs <= 2 x 128 x 127. */
-LLB_AI TGT __m256i dot_xsign(const __m256i w[8], const int8_t *xq) {
-    __m256i acc = _mm256_setzero_si256();
-    LLB_UNROLL
-    for (int t = 0; t < 8; t++) {
-        const __m256i x = bcast32(xq + 4 * t);
-        const __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(x), _mm256_sign_epi8(w[t], x));
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
-    }
-    return acc;
-}
-
-/* dot_xsign of both halves of a nibble-coded block (IQ4_NL, an IQ4_XS sub-block: nibbles at v, as
- * dec_nibbles_h reads them) against one activation row: s[h] = dot_xsign(grid levels of half h, xq).
- * Quad by quad over both halves, so the live values fit the 16 ymm registers (decoding all 8 vectors
- * of a half first spilled them, and the |x| too, in the GEMV). Exact integers: any order sums the same. */
+/* The same for the signed grid levels w (|w| <= 127: IQ4_NL's, an IQ4_XS sub-block's; nibbles at v, as
+ * dec_nibbles_h reads them) of both halves of a block, as |x| x sign(w, x) (pairs <= 2 x 128 x 127):
+ * the activation's broadcast and |x| do not depend on the weights, so both halves share them (one sign
+ * per quad and half, where dot_off128 takes an offset and two). s[h] = half h's dot with one activation
+ * row, quad by quad over both halves so the live values fit the 16 ymm registers (decoding a half's 8
+ * vectors first spilled them in the GEMV). Exact integers: any order sums the same. */
 LLB_AI TGT void dot_xsign2(const uint8_t *v, const int8_t *xq, __m256i s[2]) {
     const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
     const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)llb_iq4_grid));

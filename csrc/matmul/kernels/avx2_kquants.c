@@ -58,9 +58,9 @@ LLB_AI TGT void tile_q4k(const int qt, const llb_mm *mm, const uint8_t *wg, int 
         for (int s = 0; s < 8; s++) {
             if (gemv) llb_prefetch_slice(gb, LLB_GB_BYTES(qt), s);
             if (qt == LLB_IQ4_XS && H == 2 && M == 1) {
-                /* IQ4_XS's GEMV: signed levels and dot_xsign (its |x| shared by both halves, quad by quad:
-                 * see dot_xsign2); a GEMM tile keeps dot_off128, whose weight-side steps its rows share.
-                 * The same integers either way, the same float steps as below. */
+                /* IQ4_XS's GEMV: signed levels and dot_xsign2 (its |x| shared by both halves); a GEMM tile
+                 * keeps dot_off128, whose weight-side steps its rows share. The same integers either way,
+                 * the same float steps as below. */
                 __m256i acc[2];
                 dot_xsign2(gb + LLB_IQ4_XS_CODES + 256 * s, mm->a.qs + 256 * e + 32 * s, acc);
                 LLB_UNROLL
