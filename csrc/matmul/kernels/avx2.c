@@ -154,6 +154,23 @@ LLB_AI TGT __m256 block_min8(const int qt, const uint8_t *gb, int h) {
     return LLB_HAS_MIN32(qt) ? load_f16x8(gb + 32 + 16 * h) : _mm256_setzero_ps();
 }
 
+/* The signed types' GEMV dot of both halves of a group-block (the same integers as block_dot_h's). */
+LLB_AI TGT void signed_dot2(const int qt, const uint8_t *gb, const int8_t *xq, __m256i s[2]) {
+    if (qt == LLB_IQ4_NL) dot_xsign2(gb + LLB_NIBBLES32(qt), xq, s); /* signed levels: no offset to undo */
+    else dot_off2(gb, xq, s);
+}
+
+/* A signed type's GEMV block's outlier residual (rare): out of line, so that its decoded codes are
+ * not kept live from the main dot's through the loop (GCC spilled them, and the sums, to the stack). */
+__attribute__((noinline)) TGT static void signed_residual(const int qt, const uint8_t *gb, const int8_t *xq2, float xd2, __m256 tot[2]) {
+    __m256i s[2];
+    if (qt == LLB_IQ4_NL) signed_dot2(LLB_IQ4_NL, gb, xq2, s);
+    else signed_dot2(LLB_Q8_0, gb, xq2, s);
+    LLB_UNROLL
+    for (int h = 0; h < 2; h++) /* both signed types: fp16 scales, no zero point, no min */
+        tot[h] = block_fin(LLB_Q8_0, s[h], block_scale8(LLB_Q8_0, gb, h), _mm256_setzero_ps(), xd2, 0.0f, 0, tot[h], 0);
+}
+
 /* n == 1: both halves of the group in one pass over its blocks (each line streamed once, ahead of its
  * use; the activation broadcasts shared), each half as a GEMM tile sums it. A partial group's missing
  * rows are zero-padded (scale 0), so the second half runs anyway and its stores are masked. */
@@ -164,17 +181,18 @@ LLB_AI TGT void gemv32(const llb_mm *mm, const uint8_t *wg, long g, const int qt
     for (long b = 0; b < nb; b++) {
         const uint8_t *gb = wg + b * LLB_GB_BYTES(qt);
         llb_prefetch_ahead(gb, LLB_GB_BYTES(qt));
+        if (SIGNED32(qt)) {
+            __m256i s[2];
+            signed_dot2(qt, gb, a->qs + 32 * b, s);
+            LLB_UNROLL
+            for (int h = 0; h < 2; h++) tot[h] = block_fin(qt, s[h], block_scale8(qt, gb, h), _mm256_setzero_ps(), a->d[b], 0.0f, 0, tot[h], 1);
+            if (a->d2[b] != 0.0f) signed_residual(qt, gb, a->qs2 + 32 * b, a->d2[b], tot);
+            __asm__("" : "+x"(tot[0]), "+x"(tot[1])); /* tot in registers, not reloaded from the stack */
+            continue;
+        }
         LLB_UNROLL
         for (int h = 0; h < 2; h++) {
             __m256i q[8];
-            if (qt == LLB_IQ4_NL) { /* signed levels: one lookup, no offset to undo (see dot_xsign) */
-                dec_nibbles_h(gb + LLB_NIBBLES32(qt), h, q);
-                grid_lookup_h(llb_iq4_grid, 0, q);
-                const __m256 dv = block_scale8(qt, gb, h);
-                tot[h] = block_fin(qt, dot_xsign(q, a->qs + 32 * b), dv, dv, a->d[b], 0.0f, 0, tot[h], 1);
-                if (a->d2[b] != 0.0f) tot[h] = block_fin(qt, dot_xsign(q, a->qs2 + 32 * b), dv, dv, a->d2[b], 0.0f, 0, tot[h], 0);
-                continue;
-            }
             dec_block32_h(qt, gb, h, q);
             tot[h] = block_acc(qt, q, block_scale8(qt, gb, h), block_min8(qt, gb, h), a->qs + 32 * b, a->d[b], a->sum[b],
                                a->bias[b], a->qs2 + 32 * b, a->d2[b], a->bias2[b], tot[h]);
@@ -229,10 +247,13 @@ LLB_AI TGT void panel_dotm(const int qt, const __m256i *pb, const int8_t *xq, co
         for (int m = 0; m < M; m++) s[m][0] = s[m][1] = _mm256_setzero_si256();
         LLB_UNROLL
         for (int t = 0; t < 8; t++) {
-            const __m256i w0 = _mm256_load_si256(pb + t), w1 = _mm256_load_si256(pb + 8 + t);
             const __m256i a0 = _mm256_load_si256(pb + 20 + t), a1 = _mm256_load_si256(pb + 28 + t);
             LLB_UNROLL
             for (int m = 0; m < M; m++) {
+                /* w as memory operands of the signs, read per row (an opaque pointer: not kept in registers) */
+                const __m256i *pw = pb;
+                __asm__("" : "+r"(pw));
+                const __m256i w0 = _mm256_load_si256(pw + t), w1 = _mm256_load_si256(pw + 8 + t);
                 const __m256i x = bcast32(xq + 32 * m + 4 * t);
                 s[m][0] = _mm256_add_epi32(s[m][0], _mm256_madd_epi16(_mm256_maddubs_epi16(a0, _mm256_sign_epi8(x, w0)), ones));
                 s[m][1] = _mm256_add_epi32(s[m][1], _mm256_madd_epi16(_mm256_maddubs_epi16(a1, _mm256_sign_epi8(x, w1)), ones));

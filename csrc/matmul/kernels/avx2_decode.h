@@ -131,18 +131,47 @@ LLB_AI TGT __m256i dot_off128(const __m256i *q, int nq, const int8_t *xq) {
     return acc;
 }
 
-/* The same for signed codes w (|w| <= 127: IQ4_NL's and IQ4_XS's levels) as |x| x sign(w, x): the
- * activation's broadcast and |x| do not depend on the weights, so a GEMV's two halves share them (one
- * sign per quad and half, where dot_off128 takes an offset and two); pairs <= 2 x 128 x 127. */
-LLB_AI TGT __m256i dot_xsign(const __m256i w[8], const int8_t *xq) {
-    __m256i acc = _mm256_setzero_si256();
+/* The same for the signed grid levels w (|w| <= 127: IQ4_NL's, an IQ4_XS sub-block's; nibbles at v, as
+ * dec_nibbles_h reads them) of both halves of a block, as |x| x sign(w, x) (pairs <= 2 x 128 x 127):
+ * the activation's broadcast and |x| do not depend on the weights, so both halves share them (one sign
+ * per quad and half, where dot_off128 takes an offset and two). s[h] = half h's dot with one activation
+ * row, quad by quad over both halves so the live values fit the 16 ymm registers (decoding a half's 8
+ * vectors first spilled them in the GEMV). Exact integers: any order sums the same. */
+LLB_AI TGT void dot_xsign2(const uint8_t *v, const int8_t *xq, __m256i s[2]) {
+    const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)llb_iq4_grid));
+    s[0] = s[1] = _mm256_setzero_si256();
+    LLB_UNROLL
+    for (int k = 0; k < 4; k++) {
+        const __m256i xl = bcast32(xq + 4 * k), xh = bcast32(xq + 4 * k + 16);
+        const __m256i al = _mm256_abs_epi8(xl), ah = _mm256_abs_epi8(xh);
+        LLB_UNROLL
+        for (int h = 0; h < 2; h++) {
+            const __m256i a = ld256(v + 64 * k + 32 * h);
+            const __m256i wl = _mm256_shuffle_epi8(lut, _mm256_and_si256(a, m4));
+            const __m256i wh = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(a, 4), m4));
+            const __m256i pl = _mm256_madd_epi16(_mm256_maddubs_epi16(al, _mm256_sign_epi8(wl, xl)), ones);
+            const __m256i ph = _mm256_madd_epi16(_mm256_maddubs_epi16(ah, _mm256_sign_epi8(wh, xh)), ones);
+            s[h] = _mm256_add_epi32(s[h], _mm256_add_epi32(pl, ph));
+        }
+    }
+}
+
+/* dot_off128 of both halves of a Q8_0 group-block (codes w + 128 at gb + 32) against one activation
+ * row, quad by quad over both halves as dot_xsign2 (each broadcast feeding both): s[h] =
+ * dot_off128(half h). */
+LLB_AI TGT void dot_off2(const uint8_t *gb, const int8_t *xq, __m256i s[2]) {
+    const __m256i ones = _mm256_set1_epi16(1), off = _mm256_set1_epi8((char)0x80);
+    s[0] = s[1] = _mm256_setzero_si256();
     LLB_UNROLL
     for (int t = 0; t < 8; t++) {
         const __m256i x = bcast32(xq + 4 * t);
-        const __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(x), _mm256_sign_epi8(w[t], x));
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+        LLB_UNROLL
+        for (int h = 0; h < 2; h++) {
+            const __m256i w = _mm256_xor_si256(ld256(gb + 32 + 64 * t + 32 * h), off);
+            s[h] = _mm256_add_epi32(s[h], _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)), ones));
+        }
     }
-    return acc;
 }
 
 /* Stores rows 8h..8h+7 of group g for M activation rows, clipped to the rows that exist. */

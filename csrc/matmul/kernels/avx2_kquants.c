@@ -57,27 +57,32 @@ LLB_AI TGT void tile_q4k(const int qt, const llb_mm *mm, const uint8_t *wg, int 
         const size_t e = at + xt * sb;
         for (int s = 0; s < 8; s++) {
             if (gemv) llb_prefetch_slice(gb, LLB_GB_BYTES(qt), s);
+            if (qt == LLB_IQ4_XS && H == 2 && M == 1) {
+                /* IQ4_XS's GEMV: signed levels and dot_xsign2 (its |x| shared by both halves); a GEMM tile
+                 * keeps dot_off128, whose weight-side steps its rows share. The same integers either way,
+                 * the same float steps as below. */
+                __m256i acc[2];
+                dot_xsign2(gb + LLB_IQ4_XS_CODES + 256 * s, mm->a.qs + 256 * e + 32 * s, acc);
+                LLB_UNROLL
+                for (int hh = 0; hh < 2; hh++) {
+                    const __m256 sc = sub_scale(gb + 32 + 16 * s + 8 * (h0 + hh), load_f16x8(gb + 16 * (h0 + hh)), 1);
+                    const __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[hh]), _mm256_set1_ps(mm->a.d[8 * e + s]));
+                    tot[hh][0] = _mm256_fmadd_ps(v, sc, tot[hh][0]);
+                }
+                continue;
+            }
             LLB_UNROLL
             for (int hh = 0; hh < H; hh++) {
                 const int h = h0 + hh;
                 __m256i q[8];
                 const __m256 d = load_f16x8(gb + 16 * h);
-                /* IQ4_XS's GEMV: signed levels and dot_xsign (its |x| shared by both halves); a GEMM tile
-                 * keeps dot_off128, whose weight-side steps its rows share. The same integers either way. */
-                const int xsign = qt == LLB_IQ4_XS && H == 2;
-                if (xsign) {
-                    dec_nibbles_h(gb + LLB_IQ4_XS_CODES + 256 * s, h, q);
-                    grid_lookup_h(llb_iq4_grid, 0, q);
-                } else {
-                    dec_k4_sub_h(qt, gb, s, h, q);
-                }
+                dec_k4_sub_h(qt, gb, s, h, q);
                 const __m256 sc = qt == LLB_IQ4_XS ? sub_scale(gb + 32 + 16 * s + 8 * h, d, 1) : sub_scale(gb + 64 + 16 * s + 8 * h, d, 0);
                 LLB_UNROLL
                 for (int m = 0; m < M; m++) {
                     const int8_t *xq = mm->a.qs + 256 * (e + m) + 32 * s;
                     /* int16 sums: 8 quads of 4-bit codes (8 x 2 x 15 x 127 < 2^15), 4 quads of 5-bit ones */
-                    const __m256i acc = xsign ? dot_xsign(q, xq)
-                                        : qt == LLB_IQ4_XS ? dot_off128(q, 8, xq)
+                    const __m256i acc = qt == LLB_IQ4_XS ? dot_off128(q, 8, xq)
                                         : qt == LLB_Q4_K ? dot_u8s8(q, 8, xq)
                                                          : _mm256_add_epi32(dot_u8s8(q, 4, xq), dot_u8s8(q + 4, 4, xq + 16));
                     const __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(mm->a.d[8 * (e + m) + s]));
