@@ -77,6 +77,10 @@ def test_single_rows_equal_batch_rows(C, qtype, exact):
                     one = np.empty((1, rows), F32)
                     C.matmul(int(qtype), layout, w, rows, cols, x[i:i + 1].copy(), one, 1, exact)
                     assert np.array_equal(one[0].view(np.uint32), batch[i].view(np.uint32)), (isa, threads, rows, cols, i)
+                # a unit of fewer rows than a GEMM tile (AVX2 Q4_K decodes in the tile, without a panel)
+                three = np.empty((3, rows), F32)
+                C.matmul(int(qtype), layout, w, rows, cols, x[:3].copy(), three, 3, exact)
+                assert np.array_equal(three.view(np.uint32), batch[:3].view(np.uint32)), (isa, threads, rows, cols)
                 # two work units of 64 rows (the GEMM shares a unit's decoding among its tiles) and a tail
                 big = np.empty((70, rows), F32)
                 C.matmul(int(qtype), layout, w, rows, cols, xs70, big, 70, exact)

@@ -110,13 +110,15 @@ LLB_AI TGT void dec_k16_sub_h(const int qt, const uint8_t *gb, int u, int h, __m
     }
 }
 
-/* Sum of nq u8 x s8 quad products per lane in int16 (caller guarantees no overflow), widened to int32. */
-LLB_AI TGT __m256i dot_u8s8(const __m256i *q, int nq, const int8_t *xq) {
+/* Sum of nq u8 x s8 quad products per lane in int16 (caller guarantees no overflow), widened to int32
+ * with the lane's int16 pair w (dot_u8s8: by ones; Q4_K's sub-block scale pairs). */
+LLB_AI TGT __m256i dot_u8s8_w(const __m256i *q, int nq, const int8_t *xq, __m256i w) {
     __m256i p = _mm256_maddubs_epi16(q[0], bcast32(xq));
     LLB_UNROLL
     for (int t = 1; t < nq; t++) p = _mm256_add_epi16(p, _mm256_maddubs_epi16(q[t], bcast32(xq + 4 * t)));
-    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+    return _mm256_madd_epi16(p, w);
 }
+LLB_AI TGT __m256i dot_u8s8(const __m256i *q, int nq, const int8_t *xq) { return dot_u8s8_w(q, nq, xq, _mm256_set1_epi16(1)); }
 
 /* The same for codes stored as w + 128 (Q8_0, IQ4_XS), taken as signed w: |w| x sign(x, w), each
  * pair <= 2*128*127, so every quad is widened. */

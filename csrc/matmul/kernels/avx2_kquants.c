@@ -1,19 +1,27 @@
 /* AVX2 integer kernels of the 256-value types (Q4_K, Q5_K, Q6_K, IQ4_XS, Q3_K, Q2_K) against activations
  * quantized with one scale per 32 values; the AVX-512 file's (avx512_kquants.c) decoding, on 8-row halves
- * of each group (the 16-value types' sub-block scales applied in integers here, not in floats). */
+ * of each group (the sub-block scales of Q4_K and the 16-value types applied in integers here, not in floats). */
 #include "matmul/kernels/avx2_decode.h"
 
 #if LLB_X86
 
 /* Activation rows per GEMM tile: one xt-tile (LLB_XT) of them per decoded half, the 8 x 8 accumulators
  * spilling in part; from 4 rows, Q4_K prefill ran 15% and Q6_K 29% faster on Zen 3 (the decoding and
- * the half's weight vectors are shared by twice the rows). Q4_K's GEMM now runs tile_q4k2 instead, and
- * Q6_K, Q3_K, Q2_K and IQ4_XS's the panel tiles (fast_kp) where a unit has 4 rows or more. */
+ * the half's weight vectors are shared by twice the rows). Q4_K's GEMM now runs the panel tiles
+ * (fast_kp), and Q6_K, Q3_K, Q2_K and IQ4_XS's too where a unit has 4 rows or more. */
 #define TILE_ROWS 8
 
 LLB_AI TGT __m256 sub_scale(const uint8_t *sc8, __m256 d, int is_signed) {
     const __m128i b = _mm_loadl_epi64((const __m128i *)sc8);
     return _mm256_mul_ps(d, _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b)));
+}
+
+/* 8 bytes (rows 8h..8h+7) zero-extended to int16 pairs, lane r = [b_r, b_r]: vpmaddwd's weights. */
+LLB_AI TGT __m256i u8_pairs(const uint8_t *p) {
+    long long v;
+    memcpy(&v, p, 8);
+    return _mm256_shuffle_epi8(_mm256_set1_epi64x(v), _mm256_setr_epi8(0, -1, 0, -1, 1, -1, 1, -1, 2, -1, 2, -1, 3, -1, 3, -1,
+                                                                       4, -1, 4, -1, 5, -1, 5, -1, 6, -1, 6, -1, 7, -1, 7, -1));
 }
 
 /* m[s] of rows 8h..8h+7 as FP32: bytes 192 + 32p + 2r + j = row r's min of sub 2p+j. */
@@ -37,6 +45,11 @@ LLB_AI TGT __m256 q4k_min_term(const __m256 mn[8], const float *xs, __m256 dmin,
     return _mm256_fnmadd_ps(_mm256_add_ps(a, b), dmin, tot);
 }
 
+/* Q4_K's step s for one (half, activation row): acc = sc * (codes . x) exact in int32 (the sub-block
+ * scale as vpmaddwd's pair: |.| <= 63 x 2 x 30480 < 2^23), times dx[s] into the super-block's sum *t,
+ * zeroed per super-block, which the caller scales by d once (not d * sc per step: a multiply fewer). */
+LLB_AI TGT void q4k_step(__m256i acc, float dx, __m256 *t) { *t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(dx), *t); }
+
 /* Q4_K, Q5_K and IQ4_XS (qt): Q5_K's codes are Q4_K's plus a 5th bit; IQ4_XS's are level + 128,
  * dotted as signed values, with signed scales and no min. Halves h0 .. h0 + H - 1 of the group in one
  * pass over K (tot[hh][m]): the GEMV takes both (H = 2), so the group streams from memory once rather
@@ -55,6 +68,7 @@ LLB_AI TGT void tile_q4k(const int qt, const llb_mm *mm, const uint8_t *wg, int 
     for (long sb = 0; sb < nsb; sb++) {
         const uint8_t *gb = wg + sb * LLB_GB_BYTES(qt);
         const size_t e = at + xt * sb;
+        __m256 sbt[2][TILE_ROWS] = {{_mm256_setzero_ps()}}; /* Q4_K: the super-block's sum before d (q4k_step) */
         for (int s = 0; s < 8; s++) {
             if (gemv) llb_prefetch_slice(gb, LLB_GB_BYTES(qt), s);
             if (qt == LLB_IQ4_XS && H == 2 && M == 1) {
@@ -77,13 +91,19 @@ LLB_AI TGT void tile_q4k(const int qt, const llb_mm *mm, const uint8_t *wg, int 
                 __m256i q[8];
                 const __m256 d = load_f16x8(gb + 16 * h);
                 dec_k4_sub_h(qt, gb, s, h, q);
+                if (qt == LLB_Q4_K) { /* q4k_step: the scale in the integer sum, d once per super-block */
+                    const __m256i scp = u8_pairs(gb + 64 + 16 * s + 8 * h);
+                    LLB_UNROLL
+                    for (int m = 0; m < M; m++)
+                        q4k_step(dot_u8s8_w(q, 8, mm->a.qs + 256 * (e + m) + 32 * s, scp), mm->a.d[8 * (e + m) + s], &sbt[hh][m]);
+                    continue;
+                }
                 const __m256 sc = qt == LLB_IQ4_XS ? sub_scale(gb + 32 + 16 * s + 8 * h, d, 1) : sub_scale(gb + 64 + 16 * s + 8 * h, d, 0);
                 LLB_UNROLL
                 for (int m = 0; m < M; m++) {
                     const int8_t *xq = mm->a.qs + 256 * (e + m) + 32 * s;
-                    /* int16 sums: 8 quads of 4-bit codes (8 x 2 x 15 x 127 < 2^15), 4 quads of 5-bit ones */
+                    /* int16 sums: 4 quads of 5-bit codes (4 x 2 x 31 x 127 < 2^15) */
                     const __m256i acc = qt == LLB_IQ4_XS ? dot_off128(q, 8, xq)
-                                        : qt == LLB_Q4_K ? dot_u8s8(q, 8, xq)
                                                          : _mm256_add_epi32(dot_u8s8(q, 4, xq), dot_u8s8(q + 4, 4, xq + 16));
                     const __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(mm->a.d[8 * (e + m) + s]));
                     tot[hh][m] = _mm256_fmadd_ps(v, sc, tot[hh][m]);
@@ -97,84 +117,24 @@ LLB_AI TGT void tile_q4k(const int qt, const llb_mm *mm, const uint8_t *wg, int 
             q4k_mins_h(gb, h0 + hh, mn);
             const __m256 dmin = load_f16x8(gb + 32 + 16 * (h0 + hh));
             LLB_UNROLL
-            for (int m = 0; m < M; m++) tot[hh][m] = q4k_min_term(mn, mm->a.sum + 8 * (e + m), dmin, tot[hh][m]);
+            for (int m = 0; m < M; m++) {
+                if (qt == LLB_Q4_K) tot[hh][m] = _mm256_fmadd_ps(sbt[hh][m], load_f16x8(gb + 16 * (h0 + hh)), tot[hh][m]);
+                tot[hh][m] = q4k_min_term(mn, mm->a.sum + 8 * (e + m), dmin, tot[hh][m]);
+            }
         }
     }
 }
 
-/* Q4_K's GEMM tile on both halves of the group: each activation broadcast feeds rows 0-7 and 8-15
- * (on Zen 3 the broadcasts and the loads, not the multiplies, bounded the 8-row one-half tile), one
- * quad of both halves decoded at a time. The int16 sums are exact in any order, and
- * the float steps per (half, row) are tile_q4k's in its order: every lane equals tile_q4k's. It is
- * also the GEMV (M = 1, gemv: plus prefetch): tile_q4k at H = 2 spilled its sums to the stack and ran
- * 11-15% slower L3-resident on Zen 3. */
+/* Rows per GEMM tile over both halves of a group (the panel tiles). */
 #define TILE2_ROWS 4
-LLB_AI TGT void tile_q4k2(const llb_mm *mm, const uint8_t *wg, long i, const int M, const int gemv,
-                          __m256 tot[2][TILE_ROWS]) {
-    const long nsb = mm->cols / 256;
-    const long xt = mm->a.xt;
-    const size_t at = llb_act_at(i, 0, nsb, xt);
-    const __m256i m4 = _mm256_set1_epi8(15);
-    LLB_UNROLL
-    for (int h = 0; h < 2; h++) {
-        LLB_UNROLL
-        for (int m = 0; m < M; m++) tot[h][m] = _mm256_setzero_ps();
-    }
-    for (long sb = 0; sb < nsb; sb++) {
-        const uint8_t *gb = wg + sb * LLB_GB_Q4_K;
-        const size_t e = at + xt * sb;
-        for (int s = 0; s < 8; s++) {
-            const uint8_t *v = gb + LLB_Q4_K_CODES + 256 * s;
-            const int8_t *xq = mm->a.qs + 256 * e + 32 * s;
-            if (gemv) llb_prefetch_slice(gb, LLB_GB_Q4_K, s);
-            __m256i p[2][TILE2_ROWS];
-            LLB_UNROLL
-            for (int t = 0; t < 8; t++) { /* quad t: nibbles (t >> 2) of vector t & 3, one quad at a time (few registers) */
-                __m256i q0 = ld256(v + 64 * (t & 3)), q1 = ld256(v + 64 * (t & 3) + 32);
-                if (t >= 4) q0 = _mm256_srli_epi16(q0, 4), q1 = _mm256_srli_epi16(q1, 4);
-                q0 = _mm256_and_si256(q0, m4), q1 = _mm256_and_si256(q1, m4);
-                LLB_UNROLL
-                for (int m = 0; m < M; m++) {
-                    const __m256i b = bcast32(xq + 256 * m + 4 * t);
-                    const __m256i t0 = _mm256_maddubs_epi16(q0, b), t1 = _mm256_maddubs_epi16(q1, b);
-                    p[0][m] = t ? _mm256_add_epi16(p[0][m], t0) : t0;
-                    p[1][m] = t ? _mm256_add_epi16(p[1][m], t1) : t1;
-                    /* keeps the sums chained in registers: GCC reassociated them into a tree of all
-                     * 64 products first, spilled to the stack */
-                    __asm__("" : "+x"(p[0][m]), "+x"(p[1][m]));
-                }
-            }
-            LLB_UNROLL
-            for (int h = 0; h < 2; h++) {
-                const __m256 sc = sub_scale(gb + 64 + 16 * s + 8 * h, load_f16x8(gb + 16 * h), 0);
-                LLB_UNROLL
-                for (int m = 0; m < M; m++) {
-                    const __m256i acc = _mm256_madd_epi16(p[h][m], _mm256_set1_epi16(1));
-                    const __m256 x = _mm256_mul_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(mm->a.d[8 * (e + m) + s]));
-                    tot[h][m] = _mm256_fmadd_ps(x, sc, tot[h][m]);
-                }
-            }
-        }
-        LLB_UNROLL
-        for (int h = 0; h < 2; h++) {
-            __m256 mn[8];
-            q4k_mins_h(gb, h, mn);
-            const __m256 dmin = load_f16x8(gb + 32 + 16 * h);
-            LLB_UNROLL
-            for (int m = 0; m < M; m++) tot[h][m] = q4k_min_term(mn, mm->a.sum + 8 * (e + m), dmin, tot[h][m]);
-        }
-    }
-}
 
 /* A Q2_K/Q3_K/Q6_K sub-block's 8 scale bytes (rows 8h..8h+7) as int16 pairs, lane r = [s_r, s_r]: Q2_K's
  * file bytes zero-extended (scale | min << 4), Q3_K's and Q6_K's signed scales sign-extended. */
 LLB_AI TGT __m256i scale_pairs(const int qt, const uint8_t *p) {
+    if (qt == LLB_Q2_K) return u8_pairs(p);
     long long v;
     memcpy(&v, p, 8);
     const __m256i b = _mm256_set1_epi64x(v);
-    if (qt == LLB_Q2_K)
-        return _mm256_shuffle_epi8(b, _mm256_setr_epi8(0, -1, 0, -1, 1, -1, 1, -1, 2, -1, 2, -1, 3, -1, 3, -1,
-                                                       4, -1, 4, -1, 5, -1, 5, -1, 6, -1, 6, -1, 7, -1, 7, -1));
     return _mm256_srai_epi16(_mm256_shuffle_epi8(b, _mm256_setr_epi8(-1, 0, -1, 0, -1, 1, -1, 1, -1, 2, -1, 2, -1, 3, -1, 3,
                                                                      -1, 4, -1, 4, -1, 5, -1, 5, -1, 6, -1, 6, -1, 7, -1, 7)), 8);
 }
@@ -298,7 +258,7 @@ LLB_AI TGT void gemv_k16(const int qt, const llb_mm *mm, const uint8_t *wg, __m2
                         const __m256i p = _mm256_maddubs_epi16(q[h][t], x);
                         v[h] = t ? _mm256_add_epi16(v[h], p) : p;
                     }
-                    __asm__("" : "+x"(v[0]), "+x"(v[1])); /* chained in registers (see tile_q4k2) */
+                    __asm__("" : "+x"(v[0]), "+x"(v[1])); /* chained in registers (see tile_q4kp) */
                 }
                 const __m256i z = k16_zero(qt, mm, e, u);
                 LLB_UNROLL
@@ -363,7 +323,7 @@ LLB_AI TGT void tile_k16p(const int qt, const llb_mm *mm, const k16_panel *pan, 
                     const __m256i t0 = _mm256_maddubs_epi16(pq[0], x), t1 = _mm256_maddubs_epi16(pq[4], x);
                     v[0][m] = t ? _mm256_add_epi16(v[0][m], t0) : t0;
                     v[1][m] = t ? _mm256_add_epi16(v[1][m], t1) : t1;
-                    __asm__("" : "+x"(v[0][m]), "+x"(v[1][m])); /* chained in registers (see tile_q4k2) */
+                    __asm__("" : "+x"(v[0][m]), "+x"(v[1][m])); /* chained in registers (see tile_q4kp) */
                 }
             }
             LLB_UNROLL
@@ -388,6 +348,91 @@ LLB_AI TGT void tile_k16p(const int qt, const llb_mm *mm, const k16_panel *pan, 
                 }
                 tot[h][m] = _mm256_fmadd_ps(p, dx, tot[h][m]);
             }
+        }
+    }
+}
+
+/* Q4_K's GEMM panel, as k16_panel: per super-block its codes (sub-block s, quad t, half h: the nibbles
+ * masked and shifted once per unit rather than once per tile: 66 -> 55 llvm-mca cycles per 2048
+ * multiply-adds on Zen 3), the sub-block scale pairs (u8_pairs), d, the mins (q4k_mins_h) and dmin (5 KB). */
+typedef struct {
+    __m256i q[8][8][2];
+    __m256i sc[8][2]; /* scale pairs (u8_pairs) */
+    __m256 mn[2][8];
+    __m256 d[2], dmin[2];
+} q4k_panel;
+
+LLB_AI TGT void fill_q4k(const uint8_t *gb, q4k_panel *pan) {
+    for (int s = 0; s < 8; s++) {
+        LLB_UNROLL
+        for (int h = 0; h < 2; h++) {
+            __m256i q[8];
+            dec_nibbles_h(gb + LLB_Q4_K_CODES + 256 * s, h, q);
+            LLB_UNROLL
+            for (int t = 0; t < 8; t++) pan->q[s][t][h] = q[t];
+            pan->sc[s][h] = u8_pairs(gb + 64 + 16 * s + 8 * h);
+        }
+    }
+    LLB_UNROLL
+    for (int h = 0; h < 2; h++) {
+        q4k_mins_h(gb, h, pan->mn[h]);
+        pan->d[h] = load_f16x8(gb + 16 * h);
+        pan->dmin[h] = load_f16x8(gb + 32 + 16 * h);
+    }
+}
+
+/* Super-block sb (group-block gb) of a Q4_K group for M activation rows from row i, both halves: each
+ * activation broadcast feeds rows 0-15, each quad's two code vectors decoded or loaded once for the M
+ * rows. From the panel (pan), or with pan NULL decoded here (a unit of fewer rows than a tile, where
+ * filling the panel cost more than it saved: 13% at n = 3). The int16 sums are exact in any order and
+ * the float steps per (half, row) are tile_q4k's in its order, so every lane equals the GEMV's;
+ * tot[h][m] carried in and out. */
+LLB_AI TGT void tile_q4kp(const llb_mm *mm, const q4k_panel *pan, const uint8_t *gb, long sb, long i, const int M,
+                          __m256 tot[2][TILE_ROWS]) {
+    const size_t e = llb_act_at(i, sb, mm->cols / 256, mm->a.xt);
+    const __m256i m4 = _mm256_set1_epi8(15);
+    __m256 sbt[2][TILE2_ROWS] = {{_mm256_setzero_ps()}}; /* the super-block's sum before d (q4k_step) */
+    for (int s = 0; s < 8; s++) {
+        const int8_t *xq = mm->a.qs + 256 * e + 32 * s;
+        const uint8_t *v = gb + LLB_Q4_K_CODES + 256 * s;
+        __m256i p[2][TILE2_ROWS];
+        LLB_UNROLL
+        for (int t = 0; t < 8; t++) {
+            __m256i q0, q1;
+            if (pan) {
+                q0 = pan->q[s][t][0], q1 = pan->q[s][t][1];
+            } else { /* quad t: nibbles (t >> 2) of vector t & 3 (dec_nibbles_h's order) */
+                q0 = ld256(v + 64 * (t & 3)), q1 = ld256(v + 64 * (t & 3) + 32);
+                if (t >= 4) q0 = _mm256_srli_epi16(q0, 4), q1 = _mm256_srli_epi16(q1, 4);
+                q0 = _mm256_and_si256(q0, m4), q1 = _mm256_and_si256(q1, m4);
+            }
+            LLB_UNROLL
+            for (int m = 0; m < M; m++) {
+                const __m256i b = bcast32(xq + 256 * m + 4 * t);
+                const __m256i t0 = _mm256_maddubs_epi16(q0, b), t1 = _mm256_maddubs_epi16(q1, b);
+                p[0][m] = t ? _mm256_add_epi16(p[0][m], t0) : t0;
+                p[1][m] = t ? _mm256_add_epi16(p[1][m], t1) : t1;
+                /* keeps the sums chained in registers: GCC reassociated them into a tree of all
+                 * 64 products first, spilled to the stack */
+                __asm__("" : "+x"(p[0][m]), "+x"(p[1][m]));
+            }
+        }
+        LLB_UNROLL
+        for (int h = 0; h < 2; h++) {
+            const __m256i scp = pan ? pan->sc[s][h] : u8_pairs(gb + 64 + 16 * s + 8 * h);
+            LLB_UNROLL
+            for (int m = 0; m < M; m++) q4k_step(_mm256_madd_epi16(p[h][m], scp), mm->a.d[8 * (e + m) + s], &sbt[h][m]);
+        }
+    }
+    LLB_UNROLL
+    for (int h = 0; h < 2; h++) {
+        __m256 mn[8];
+        if (!pan) q4k_mins_h(gb, h, mn);
+        const __m256 d = pan ? pan->d[h] : load_f16x8(gb + 16 * h), dmin = pan ? pan->dmin[h] : load_f16x8(gb + 32 + 16 * h);
+        LLB_UNROLL
+        for (int m = 0; m < M; m++) {
+            tot[h][m] = _mm256_fmadd_ps(sbt[h][m], d, tot[h][m]);
+            tot[h][m] = q4k_min_term(pan ? pan->mn[h] : mn, mm->a.sum + 8 * (e + m), dmin, tot[h][m]);
         }
     }
 }
@@ -453,6 +498,7 @@ LLB_AI TGT void tile_iq4p(const llb_mm *mm, const iq4_panel *pan, long sb, long 
             for (int m = 0; m < (M); m++) t_[h][m] = sb ? run[(i) - i0 + m][h] : _mm256_setzero_ps(); \
         }                                                                                     \
         if (qt == LLB_IQ4_XS) tile_iq4p(mm, &pan.iq4, sb, i, M, t_);                         \
+        else if (qt == LLB_Q4_K) tile_q4kp(mm, pq, gb, sb, i, M, t_);                          \
         else tile_k16p(qt, mm, &pan.k16, sb, i, M, t_);                                       \
         if (sb + 1 < nsb) {                                                                   \
             LLB_UNROLL                                                                        \
@@ -466,17 +512,24 @@ LLB_AI TGT void tile_iq4p(const llb_mm *mm, const iq4_panel *pan, long sb, long 
         }                                                                                     \
     } while (0)
 
-/* A GEMM work unit of Q6_K, Q3_K, Q2_K or IQ4_XS through a panel per super-block. */
+/* A GEMM work unit of Q4_K, Q6_K, Q3_K, Q2_K or IQ4_XS through a panel per super-block (a Q4_K unit of
+ * fewer rows than a tile without one: tile_q4kp decodes). */
 LLB_AI TGT void fast_kp(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt) {
     const long nsb = mm->cols / 256;
     union {
         k16_panel k16;
         iq4_panel iq4;
+        q4k_panel q4k;
     } pan;
     __m256 run[LLB_ICHUNK][2];
+    const int few = i1 - i0 < TILE2_ROWS;
+    /* a pointer, not a constant per call: GCC compiled the tile's loop worse (and warned) with pan.q4k */
+    const q4k_panel *pq = few ? NULL : &pan.q4k;
     for (long sb = 0; sb < nsb; sb++) {
-        if (qt == LLB_IQ4_XS) fill_iq4(wg + sb * LLB_GB_BYTES(qt), &pan.iq4);
-        else fill_k16(qt, wg + sb * LLB_GB_BYTES(qt), &pan.k16);
+        const uint8_t *gb = wg + sb * LLB_GB_BYTES(qt);
+        if (qt == LLB_IQ4_XS) fill_iq4(gb, &pan.iq4);
+        else if (qt == LLB_Q4_K && !few) fill_q4k(gb, &pan.q4k);
+        else if (qt != LLB_Q4_K) fill_k16(qt, gb, &pan.k16);
         LLB_TILE_LADDER(i0, i1, TILE2_ROWS, K16P_TILE);
     }
 }
@@ -492,8 +545,7 @@ LLB_AI TGT void fast_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, lon
     __m256 t[2][TILE_ROWS];
     if (LLB_GEMV(mm)) { /* the tile's arithmetic at M = 1, both halves in one pass, plus prefetch: equal to a batch row */
         if (llb_group_rows(mm, g) > 8) {
-            if (qt == LLB_Q4_K) tile_q4k2(mm, wg, 0, 1, 1, t);
-            else if (qt == LLB_Q6_K || qt == LLB_Q3_K || qt == LLB_Q2_K) gemv_k16(qt, mm, wg, t);
+            if (qt == LLB_Q6_K || qt == LLB_Q3_K || qt == LLB_Q2_K) gemv_k16(qt, mm, wg, t);
             else tile_k(qt, mm, wg, 0, 2, 0, 1, 1, t);
             store_half(mm, g, 0, 0, 1, t[0]);
             store_half(mm, g, 1, 0, 1, t[1]);
@@ -503,18 +555,7 @@ LLB_AI TGT void fast_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, lon
         }
         return;
     }
-    if (qt == LLB_Q4_K && llb_group_rows(mm, g) > 8) {
-#define KQ2_TILE(i, M)                                 \
-    do {                                               \
-        tile_q4k2(mm, wg, i, M, 0, t);                 \
-        store_half(mm, g, 0, i, M, t[0]);              \
-        store_half(mm, g, 1, i, M, t[1]);              \
-    } while (0)
-        LLB_TILE_LADDER(i0, i1, TILE2_ROWS, KQ2_TILE);
-#undef KQ2_TILE
-        return;
-    }
-    if (qt != LLB_Q5_K && llb_group_rows(mm, g) > 8 && i1 - i0 >= TILE2_ROWS) {
+    if (qt != LLB_Q5_K && llb_group_rows(mm, g) > 8 && (qt == LLB_Q4_K || i1 - i0 >= TILE2_ROWS)) {
         fast_kp(mm, wg, g, i0, i1, qt);
         return;
     }
