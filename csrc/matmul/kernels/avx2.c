@@ -3,9 +3,10 @@
  * type. The K-quant integer kernels are in avx2_kquants.c.
  *
  * Integer dot products: vpmaddubsw (u8 codes x s8 activations, pairs summed
- * to int16) accumulated in int16 as long as the bound allows (8 quads for
- * 4-bit codes, 4 for 5-bit), then vpmaddwd with ones to int32. Q8_0's codes
- * are signed: |w| x sign(x, w) keeps each pair within int16. */
+ * to int16) accumulated in int16 as long as the bound allows (8 quads, with
+ * the zero point folded into the words: zero_words; 4 quads for Q5_1's 5-bit
+ * codes), then vpmaddwd with ones to int32. Q8_0's codes are signed: |w| x
+ * sign(x, w) keeps each pair within int16. */
 #include "matmul/kernels/avx2_decode.h"
 
 #if LLB_X86
@@ -50,6 +51,21 @@ LLB_AI TGT double outlier_t2(const float *x, long cols) {
     return LLB_OUTLIER * LLB_OUTLIER * ss / (double)cols;
 }
 
+/* The zero point of a 32-block's quad dots as an int16 pair (llb_act.bias here): [-offset x the sum of
+ * the block's values 0,1 of every quad; -offset x values 2,3] (|.| <= 16 x 16 x 127 < 2^15). Added to
+ * the int16 words of the quad dots before their vpmaddwd by ones, it makes each word the sum of 16
+ * (code - offset) x activation products, within int16 for every type with an offset (Q4_0 8 x 16 x 127,
+ * MXFP4 12 x 16 x 127, Q5_0 16 x 16 x 127; the unsigned partial sums wrap on the way, exactly): Q5_0 and
+ * MXFP4 sum all 8 quads in one int16 chain and no int32 bias remains for the float steps. The pair's
+ * words add up to the int32 bias -offset x sum(q). */
+LLB_AI TGT int32_t zero_words(const int8_t *codes, int offset) {
+    __m256i v = _mm256_maddubs_epi16(_mm256_set1_epi8(1), ld256((const uint8_t *)codes)); /* pair sums, in order */
+    v = _mm256_add_epi16(v, _mm256_shuffle_epi32(v, 0x4E));
+    v = _mm256_add_epi16(v, _mm256_shuffle_epi32(v, 0xB1)); /* per 128-bit lane: [even pairs, odd pairs] */
+    const __m128i w = _mm_add_epi16(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    return _mm_cvtsi128_si32(_mm_mullo_epi16(w, _mm_set1_epi16((short)-offset)));
+}
+
 LLB_AI TGT int32_t sum_codes32(const __m256i q[4]) {
     return llb_hsum8i(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
 }
@@ -63,7 +79,7 @@ TGT static void quant32(const float *x, long cols, long xt, int offset, int8_t *
         const float amax = quant_block32(xb, qs + xt * 32 * b, q), db = amax / 127.0f;
         const int32_t isum = sum_codes32(q);
         d[xt * b] = db;
-        bias[xt * b] = -offset * isum;
+        bias[xt * b] = zero_words(qs + xt * 32 * b, offset);
         float s = db * (float)isum, dr = 0.0f; /* see scalar.c: the quantized sum, not the exact one */
         if ((double)amax * amax > t2) { /* an outlier block: its residual x - d * q (fused) too */
             __attribute__((aligned(32))) float r[32];
@@ -73,7 +89,7 @@ TGT static void quant32(const float *x, long cols, long xt, int offset, int8_t *
                 _mm256_store_ps(r + 8 * k, _mm256_fmadd_ps(dv, _mm256_cvtepi32_ps(q[k]), _mm256_loadu_ps(xb + 8 * k)));
             dr = quant_block32(r, qs2 + xt * 32 * b, q) / 127.0f;
             const int32_t isum2 = sum_codes32(q);
-            bias2[xt * b] = -offset * isum2;
+            bias2[xt * b] = zero_words(qs2 + xt * 32 * b, offset);
             s += dr * (float)isum2;
         }
         d2[xt * b] = dr;
@@ -120,20 +136,25 @@ static int act_offset(int qtype) { return SIGNED32(qtype) ? 0 : LLB_CODE_OFF32(q
 
 #define TILE_ROWS 4 /* activation rows per GEMM tile: 2 x 4 int16 chains in ymm registers, the codes from the panel */
 
-/* Integer dot of one block half with one activation row. */
-LLB_AI TGT __m256i block_dot_h(const int qt, const __m256i q[8], const int8_t *xq) {
+/* Q5_1's 5-bit codes without a zero point to fold in (zero_words): two int16 chains of 4 quads each. */
+#define WIDE32(qt) ((qt) == LLB_Q5_1)
+
+/* Integer dot of one block half with one activation row, its zero point (the pair xb) included. */
+LLB_AI TGT __m256i block_dot_h(const int qt, const __m256i q[8], const int8_t *xq, int32_t xb) {
     if (SIGNED32(qt)) return dot_off128(q, 8, xq);
-    if (qt == LLB_Q5_0 || qt == LLB_Q5_1 || qt == LLB_MXFP4) /* codes up to 31 (MXFP4: 24): 4 quads per int16 sum */
+    if (WIDE32(qt)) /* codes up to 31: 4 quads per int16 sum */
         return _mm256_add_epi32(dot_u8s8(q, 4, xq), dot_u8s8(q + 4, 4, xq + 16));
-    return dot_u8s8(q, 8, xq); /* 4-bit codes: 8 x 2 x 15 x 127 < 2^15 */
+    __m256i p = _mm256_maddubs_epi16(q[0], bcast32(xq));
+    LLB_UNROLL
+    for (int t = 1; t < 8; t++) p = _mm256_add_epi16(p, _mm256_maddubs_epi16(q[t], bcast32(xq + 4 * t)));
+    if (act_offset(qt)) p = _mm256_add_epi16(p, _mm256_set1_epi32(xb)); /* the words now within int16 */
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1)); /* Q4_1: 8 x 2 x 15 x 127 < 2^15 */
 }
 
-/* The float steps of one half's block dot s with one activation row (scale xd; the zero point's
- * bias xb; the min term xs if min): the GEMV and every GEMM tile go through this with the same values,
- * so a row sums in the same operations alone or in a batch (the integer dot is exact, however summed). */
-LLB_AI TGT __m256 block_fin(const int qt, __m256i s, __m256 dv, __m256 mv, float xd, float xs, int32_t xb, __m256 tot,
-                            const int min) {
-    if (act_offset(qt)) s = _mm256_add_epi32(s, _mm256_set1_epi32(xb));
+/* The float steps of one half's block dot s with one activation row (scale xd; the min term xs if
+ * min): the GEMV and every GEMM tile go through this with the same values, so a row sums in the same
+ * operations alone or in a batch (the integer dot is exact, however summed). */
+LLB_AI TGT __m256 block_fin(const int qt, __m256i s, __m256 dv, __m256 mv, float xd, float xs, __m256 tot, const int min) {
     tot = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s), dv), _mm256_set1_ps(xd), tot);
     if (min && LLB_HAS_MIN32(qt)) tot = _mm256_fmadd_ps(mv, _mm256_set1_ps(xs), tot);
     return tot;
@@ -144,8 +165,8 @@ LLB_AI TGT __m256 block_fin(const int qt, __m256i s, __m256 dv, __m256 mv, float
  * (LLB_OUTLIER). */
 LLB_AI TGT __m256 block_acc(const int qt, const __m256i q[8], __m256 dv, __m256 mv, const int8_t *xq, float xd, float xs,
                             int32_t xb, const int8_t *xq2, float xd2, int32_t xb2, __m256 tot) {
-    tot = block_fin(qt, block_dot_h(qt, q, xq), dv, mv, xd, xs, xb, tot, 1);
-    if (xd2 != 0.0f) tot = block_fin(qt, block_dot_h(qt, q, xq2), dv, mv, xd2, 0.0f, xb2, tot, 0);
+    tot = block_fin(qt, block_dot_h(qt, q, xq, xb), dv, mv, xd, xs, tot, 1);
+    if (xd2 != 0.0f) tot = block_fin(qt, block_dot_h(qt, q, xq2, xb2), dv, mv, xd2, 0.0f, tot, 0);
     return tot;
 }
 
@@ -168,7 +189,7 @@ __attribute__((noinline)) TGT static void signed_residual(const int qt, const ui
     else signed_dot2(LLB_Q8_0, gb, xq2, s);
     LLB_UNROLL
     for (int h = 0; h < 2; h++) /* both signed types: fp16 scales, no zero point, no min */
-        tot[h] = block_fin(LLB_Q8_0, s[h], block_scale8(LLB_Q8_0, gb, h), _mm256_setzero_ps(), xd2, 0.0f, 0, tot[h], 0);
+        tot[h] = block_fin(LLB_Q8_0, s[h], block_scale8(LLB_Q8_0, gb, h), _mm256_setzero_ps(), xd2, 0.0f, tot[h], 0);
 }
 
 /* n == 1: both halves of the group in one pass over its blocks (each line streamed once, ahead of its
@@ -185,7 +206,7 @@ LLB_AI TGT void gemv32(const llb_mm *mm, const uint8_t *wg, long g, const int qt
             __m256i s[2];
             signed_dot2(qt, gb, a->qs + 32 * b, s);
             LLB_UNROLL
-            for (int h = 0; h < 2; h++) tot[h] = block_fin(qt, s[h], block_scale8(qt, gb, h), _mm256_setzero_ps(), a->d[b], 0.0f, 0, tot[h], 1);
+            for (int h = 0; h < 2; h++) tot[h] = block_fin(qt, s[h], block_scale8(qt, gb, h), _mm256_setzero_ps(), a->d[b], 0.0f, tot[h], 1);
             if (a->d2[b] != 0.0f) signed_residual(qt, gb, a->qs2 + 32 * b, a->d2[b], tot);
             __asm__("" : "+x"(tot[0]), "+x"(tot[1])); /* tot in registers, not reloaded from the stack */
             continue;
@@ -237,19 +258,23 @@ LLB_AI TGT void fill_panel32(const int qt, const uint8_t *wg, long b0, long b1, 
 }
 
 /* Quads [t0, t1) of panel_dotm's unsigned types, their int16 chains p carried between calls (a tile
- * runs a block's quads in two steps with the previous block's float steps in between); s is final
- * once t1 == 8. */
-LLB_AI TGT void panel_dotq(const int qt, const __m256i *pb, const int8_t *xq, const int M, const int t0, const int t1,
-                           __m256i p[][2], __m256i s[][2]) {
+ * runs a block's quads in two steps with the previous block's float steps in between), started from
+ * the zero point's words (xb[m], zero_words); s is final once t1 == 8. */
+LLB_AI TGT void panel_dotq(const int qt, const __m256i *pb, const int8_t *xq, const int32_t *xb, const int M, const int t0,
+                           const int t1, __m256i p[][2], __m256i s[][2]) {
     const __m256i ones = _mm256_set1_epi16(1);
-    const int wide = qt == LLB_Q5_0 || qt == LLB_Q5_1 || qt == LLB_MXFP4; /* int16 sums of 4 quads, as block_dot_h */
+    const int wide = WIDE32(qt); /* int16 sums of 4 quads, as block_dot_h */
     LLB_UNROLL
     for (int t = t0; t < t1; t++) {
         const __m256i c0 = _mm256_load_si256(pb + t), c1 = _mm256_load_si256(pb + 8 + t);
         LLB_UNROLL
         for (int m = 0; m < M; m++) {
             const __m256i x = bcast32(xq + 32 * m + 4 * t);
-            const __m256i v0 = _mm256_maddubs_epi16(c0, x), v1 = _mm256_maddubs_epi16(c1, x);
+            __m256i v0 = _mm256_maddubs_epi16(c0, x), v1 = _mm256_maddubs_epi16(c1, x);
+            if (t == 0 && act_offset(qt)) {
+                const __m256i z = _mm256_set1_epi32(xb[m]);
+                v0 = _mm256_add_epi16(v0, z), v1 = _mm256_add_epi16(v1, z);
+            }
             const int first = t == 0 || (wide && t == 4);
             p[m][0] = first ? v0 : _mm256_add_epi16(p[m][0], v0);
             p[m][1] = first ? v1 : _mm256_add_epi16(p[m][1], v1);
@@ -270,7 +295,7 @@ LLB_AI TGT void panel_dotq(const int qt, const __m256i *pb, const int8_t *xq, co
  * block_dot_h's: exact integers), quad by quad: each quad's code vectors of both halves loaded once for
  * the M rows, each activation broadcast feeding both halves. Row by row (every code reloaded per row,
  * as memory operands) the loads bounded the tile on Zen 3: llvm-mca znver3 74 -> 61 cycles a block. */
-LLB_AI TGT void panel_dotm(const int qt, const __m256i *pb, const int8_t *xq, const int M, __m256i s[][2]) {
+LLB_AI TGT void panel_dotm(const int qt, const __m256i *pb, const int8_t *xq, const int32_t *xb, const int M, __m256i s[][2]) {
     const __m256i ones = _mm256_set1_epi16(1);
     if (SIGNED32(qt)) {
         LLB_UNROLL
@@ -293,27 +318,39 @@ LLB_AI TGT void panel_dotm(const int qt, const __m256i *pb, const int8_t *xq, co
         return;
     }
     __m256i p[TILE_ROWS][2];
-    panel_dotq(qt, pb, xq, M, 0, 8, p, s);
+    panel_dotq(qt, pb, xq, xb, M, 0, 8, p, s);
 }
 
 /* The float steps of one panel block for a tile's M rows (s[m][h] its integer dots), and an outlier
  * block's residual (LLB_OUTLIER), into tot[2m + h]. */
 LLB_AI TGT void tile_fin(const int qt, const __m256i *pb, const int M, __m256i s[][2], const float *xd, const float *xs,
-                         const int32_t *xb, const int8_t *xq2, const float *xd2, const int32_t *xb2, __m256 tot[]) {
+                         const int8_t *xq2, const float *xd2, const int32_t *xb2, __m256 tot[]) {
     LLB_UNROLL
-    for (int m = 0; m < M; m++) {
+    for (int m = 0; m < M; m++)
         LLB_UNROLL
         for (int h = 0; h < 2; h++)
             tot[2 * m + h] = block_fin(qt, s[m][h], _mm256_load_ps((const float *)(pb + 16 + h)),
-                                       _mm256_load_ps((const float *)(pb + 18 + h)), xd[m], xs[m], xb[m], tot[2 * m + h], 1);
-        /* d2 is 0.0f or positive, tested as an integer (no FP compare in the loop) */
+                                       _mm256_load_ps((const float *)(pb + 18 + h)), xd[m], xs[m], tot[2 * m + h], 1);
+    /* d2 is 0.0f or positive, tested as integers (no FP compare in the loop): first the tile's rows at once
+     * (most blocks have no residual in any row), then row by row; each row's float steps keep their order */
+    int any = 0;
+    if (M == 4) {
+        const __m128i d2 = _mm_loadu_si128((const __m128i *)xd2);
+        any = !_mm_testz_si128(d2, d2);
+    } else {
+        LLB_UNROLL
+        for (int m = 0; m < M; m++) any |= llb_ld32(xd2 + m);
+    }
+    if (!any) return;
+    LLB_UNROLL
+    for (int m = 0; m < M; m++) {
         if (llb_ld32(xd2 + m) != 0) {
             __m256i r[1][2];
-            panel_dotm(qt, pb, xq2 + 32 * m, 1, r);
+            panel_dotm(qt, pb, xq2 + 32 * m, xb2 + m, 1, r);
             LLB_UNROLL
             for (int h = 0; h < 2; h++)
                 tot[2 * m + h] = block_fin(qt, r[0][h], _mm256_load_ps((const float *)(pb + 16 + h)), _mm256_setzero_ps(),
-                                           xd2[m], 0.0f, xb2[m], tot[2 * m + h], 0);
+                                           xd2[m], 0.0f, tot[2 * m + h], 0);
         }
     }
 }
@@ -341,16 +378,16 @@ LLB_AI TGT void tile32(const llb_mm *mm, const __m256i *pan, long g, long b0, lo
      * order, so their inputs are ready when they issue and the next block's dots are not held back behind
      * the epilogue's latency chain (cvt, mul, fma): 1.1-1.25x on Zen 3. The last block is peeled. */
     __m256i sm[TILE_ROWS][2];
-    panel_dotm(qt, pan, xq, M, sm);
+    panel_dotm(qt, pan, xq, xb, M, sm);
     long b = b0;
     for (; b + 1 < b1; b++) {
         const __m256i *pb = pan + PANEL32(qt) * (b - b0);
         const long nx = 32 * xt;
         __m256i sn[TILE_ROWS][2], pn[TILE_ROWS][2];
-        if (SIGNED32(qt)) panel_dotm(qt, pb + PANEL32(qt), xq + nx, M, sn);
-        else panel_dotq(qt, pb + PANEL32(qt), xq + nx, M, 0, 4, pn, sn);
-        tile_fin(qt, pb, M, sm, xd, xs, xb, xq2, xd2, xb2, tot);
-        if (!SIGNED32(qt)) panel_dotq(qt, pb + PANEL32(qt), xq + nx, M, 4, 8, pn, sn);
+        if (SIGNED32(qt)) panel_dotm(qt, pb + PANEL32(qt), xq + nx, xb + xt, M, sn);
+        else panel_dotq(qt, pb + PANEL32(qt), xq + nx, xb + xt, M, 0, 4, pn, sn);
+        tile_fin(qt, pb, M, sm, xd, xs, xq2, xd2, xb2, tot);
+        if (!SIGNED32(qt)) panel_dotq(qt, pb + PANEL32(qt), xq + nx, xb + xt, M, 4, 8, pn, sn);
         LLB_UNROLL
         for (int m = 0; m < M; m++) sm[m][0] = sn[m][0], sm[m][1] = sn[m][1];
         xq += nx;
@@ -361,7 +398,7 @@ LLB_AI TGT void tile32(const llb_mm *mm, const __m256i *pan, long g, long b0, lo
         xd2 += xt;
         xb2 += xt;
     }
-    tile_fin(qt, pan + PANEL32(qt) * (b - b0), M, sm, xd, xs, xb, xq2, xd2, xb2, tot);
+    tile_fin(qt, pan + PANEL32(qt) * (b - b0), M, sm, xd, xs, xq2, xd2, xb2, tot);
     LLB_UNROLL
     for (int m = 0; m < M; m++)
         LLB_UNROLL

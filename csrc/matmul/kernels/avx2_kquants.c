@@ -50,8 +50,8 @@ LLB_AI TGT __m256 q4k_min_term(const __m256 mn[8], const float *xs, __m256 dmin,
  * zeroed per super-block, which the caller scales by d once (not d * sc per step: a multiply fewer). */
 LLB_AI TGT void q4k_step(__m256i acc, float dx, __m256 *t) { *t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(dx), *t); }
 
-/* Q4_K, Q5_K and IQ4_XS (qt): Q5_K's codes are Q4_K's plus a 5th bit; IQ4_XS's are level + 128,
- * dotted as signed values, with signed scales and no min. Halves h0 .. h0 + H - 1 of the group in one
+/* Q5_K and IQ4_XS (qt; Q4_K runs tile_q4kp): Q5_K's codes are Q4_K's plus a 5th bit; IQ4_XS's are
+ * level + 128, dotted as signed values, with signed scales and no min. Halves h0 .. h0 + H - 1 of the group in one
  * pass over K (tot[hh][m]): the GEMV takes both (H = 2), so the group streams from memory once rather
  * than rows 8-15 in a second pass from L2 with the memory idle; every lane's operations are the same
  * whatever H, so a GEMV row equals a GEMM row (which runs H = 1 on up to TILE_ROWS rows). */
@@ -68,7 +68,6 @@ LLB_AI TGT void tile_q4k(const int qt, const llb_mm *mm, const uint8_t *wg, int 
     for (long sb = 0; sb < nsb; sb++) {
         const uint8_t *gb = wg + sb * LLB_GB_BYTES(qt);
         const size_t e = at + xt * sb;
-        __m256 sbt[2][TILE_ROWS] = {{_mm256_setzero_ps()}}; /* Q4_K: the super-block's sum before d (q4k_step) */
         for (int s = 0; s < 8; s++) {
             if (gemv) llb_prefetch_slice(gb, LLB_GB_BYTES(qt), s);
             if (qt == LLB_IQ4_XS && H == 2 && M == 1) {
@@ -91,13 +90,6 @@ LLB_AI TGT void tile_q4k(const int qt, const llb_mm *mm, const uint8_t *wg, int 
                 __m256i q[8];
                 const __m256 d = load_f16x8(gb + 16 * h);
                 dec_k4_sub_h(qt, gb, s, h, q);
-                if (qt == LLB_Q4_K) { /* q4k_step: the scale in the integer sum, d once per super-block */
-                    const __m256i scp = u8_pairs(gb + 64 + 16 * s + 8 * h);
-                    LLB_UNROLL
-                    for (int m = 0; m < M; m++)
-                        q4k_step(dot_u8s8_w(q, 8, mm->a.qs + 256 * (e + m) + 32 * s, scp), mm->a.d[8 * (e + m) + s], &sbt[hh][m]);
-                    continue;
-                }
                 const __m256 sc = qt == LLB_IQ4_XS ? sub_scale(gb + 32 + 16 * s + 8 * h, d, 1) : sub_scale(gb + 64 + 16 * s + 8 * h, d, 0);
                 LLB_UNROLL
                 for (int m = 0; m < M; m++) {
@@ -117,10 +109,7 @@ LLB_AI TGT void tile_q4k(const int qt, const llb_mm *mm, const uint8_t *wg, int 
             q4k_mins_h(gb, h0 + hh, mn);
             const __m256 dmin = load_f16x8(gb + 32 + 16 * (h0 + hh));
             LLB_UNROLL
-            for (int m = 0; m < M; m++) {
-                if (qt == LLB_Q4_K) tot[hh][m] = _mm256_fmadd_ps(sbt[hh][m], load_f16x8(gb + 16 * (h0 + hh)), tot[hh][m]);
-                tot[hh][m] = q4k_min_term(mn, mm->a.sum + 8 * (e + m), dmin, tot[hh][m]);
-            }
+            for (int m = 0; m < M; m++) tot[hh][m] = q4k_min_term(mn, mm->a.sum + 8 * (e + m), dmin, tot[hh][m]);
         }
     }
 }
@@ -150,10 +139,31 @@ LLB_AI TGT void k16_sub(const int qt, const uint8_t *gb, int u, int h, __m256i q
     if (qt == LLB_Q2_K) *mn = _mm256_mul_ps(load_f16x8(gb + 32 + 16 * h), _mm256_cvtepi32_ps(_mm256_srli_epi32(sp, 20)));
 }
 
-/* The int16 zero-point words of activation row e's sub-block u (see k16_step), 0 for Q2_K. */
-LLB_AI TGT __m256i k16_zero(const int qt, const llb_mm *mm, size_t e, int u) {
-    /* Q3_K: -4 * bsum16 in the low words (bs16n = -32 * bsum16: the shift is exact) */
-    if (qt == LLB_Q3_K) return _mm256_set1_epi32((uint16_t)(mm->a.bs16n[16 * e + u] >> 3));
+/* What a super-block's steps take from one activation row's bs16n (= -32 x the sum of each 16 codes),
+ * made once per super-block and row with vector operations (one by one in every step they took 8-10
+ * scalar operations per row and step): Q3_K's zero point -4 x sum16 as the low int16 word of z[u]
+ * (bs16n / 8, exact), Q2_K's min factor bs16n / 32 as a float f[u] (exact: |bs16n| < 2^24). */
+typedef union {
+    int32_t z[16];
+    float f[16];
+} k16_row;
+
+LLB_AI TGT void k16_rows(const int qt, const llb_mm *mm, size_t e, const int M, k16_row kr[]) {
+    LLB_UNROLL
+    for (int m = 0; m < M; m++)
+        LLB_UNROLL
+        for (int k = 0; k < 2; k++) {
+            const __m256i b = _mm256_loadu_si256((const __m256i *)(mm->a.bs16n + 16 * (e + m) + 8 * k));
+            if (qt == LLB_Q3_K)
+                _mm256_storeu_si256((__m256i *)(kr[m].z + 8 * k), _mm256_and_si256(_mm256_srai_epi32(b, 3), _mm256_set1_epi32(0xFFFF)));
+            if (qt == LLB_Q2_K) _mm256_storeu_ps(kr[m].f + 8 * k, _mm256_mul_ps(_mm256_cvtepi32_ps(b), _mm256_set1_ps(1.0f / 32)));
+        }
+}
+
+/* The int16 zero-point words of activation row e's sub-block u (see k16_step; kr: the row's k16_rows),
+ * 0 for Q2_K. */
+LLB_AI TGT __m256i k16_zero(const int qt, const llb_mm *mm, size_t e, int u, const k16_row *kr) {
+    if (qt == LLB_Q3_K) return _mm256_set1_epi32(kr->z[u]);
     if (qt == LLB_Q6_K) return _mm256_set1_epi32(mm->a.w16[16 * e + u]);
     return _mm256_setzero_si256();
 }
@@ -168,7 +178,7 @@ LLB_AI TGT __m256i k16_zero(const int qt, const llb_mm *mm, size_t e, int u) {
  * (vpmaddubsw's pairs <= 2 x 63 x 127 never saturate; vpaddw wraps), then * |sc| <= 128 (two
  * sub-blocks < 2^24). Exact integers, so the result is at least as close as a float sum of the two. */
 LLB_AI TGT void k16_step(const int qt, const llb_mm *mm, const uint8_t *gb, size_t e, int s, int h, const int M,
-                         __m256 p[TILE_ROWS]) {
+                         const k16_row kr[], __m256 p[TILE_ROWS]) {
     __m256i acc[TILE_ROWS];
     __m256 mn[2];
     LLB_UNROLL
@@ -182,7 +192,7 @@ LLB_AI TGT void k16_step(const int qt, const llb_mm *mm, const uint8_t *gb, size
             __m256i v = _mm256_maddubs_epi16(q[0], bcast32(xq));
             LLB_UNROLL
             for (int t = 1; t < 4; t++) v = _mm256_add_epi16(v, _mm256_maddubs_epi16(q[t], bcast32(xq + 4 * t)));
-            if (qt != LLB_Q2_K) v = _mm256_add_epi16(v, k16_zero(qt, mm, e + m, u));
+            if (qt != LLB_Q2_K) v = _mm256_add_epi16(v, k16_zero(qt, mm, e + m, u, &kr[m]));
             const __m256i a = _mm256_madd_epi16(v, sc);
             acc[m] = j ? _mm256_add_epi32(acc[m], a) : a;
         }
@@ -192,8 +202,8 @@ LLB_AI TGT void k16_step(const int qt, const llb_mm *mm, const uint8_t *gb, size
     for (int m = 0; m < M; m++) {
         p[m] = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[m]), d);
         if (qt == LLB_Q2_K) { /* - dmin * m * bsum16 (bs16n = -32 * bsum16) */
-            p[m] = _mm256_fmadd_ps(mn[0], _mm256_set1_ps((float)mm->a.bs16n[16 * (e + m) + 2 * s] * (1.0f / 32)), p[m]);
-            p[m] = _mm256_fmadd_ps(mn[1], _mm256_set1_ps((float)mm->a.bs16n[16 * (e + m) + 2 * s + 1] * (1.0f / 32)), p[m]);
+            p[m] = _mm256_fmadd_ps(mn[0], _mm256_set1_ps(kr[m].f[2 * s]), p[m]);
+            p[m] = _mm256_fmadd_ps(mn[1], _mm256_set1_ps(kr[m].f[2 * s + 1]), p[m]);
         }
     }
 }
@@ -213,12 +223,14 @@ LLB_AI TGT void tile_k16(const int qt, const llb_mm *mm, const uint8_t *wg, int 
     for (long sb = 0; sb < nsb; sb++) {
         const uint8_t *gb = wg + sb * gbb;
         const size_t e = at + xt * sb;
+        k16_row kr[TILE_ROWS];
+        k16_rows(qt, mm, e, M, kr);
         for (int s = 0; s < 8; s++) { /* sub-blocks u = 2s, 2s+1 share the activation scale dx[s] */
             if (gemv) llb_prefetch_slice(gb, gbb, s);
             LLB_UNROLL
             for (int hh = 0; hh < H; hh++) {
                 __m256 p[TILE_ROWS];
-                k16_step(qt, mm, gb, e, s, h0 + hh, M, p);
+                k16_step(qt, mm, gb, e, s, h0 + hh, M, kr, p);
                 LLB_UNROLL
                 for (int m = 0; m < M; m++) tot[hh][m] = _mm256_fmadd_ps(p[m], _mm256_set1_ps(mm->a.d[8 * (e + m) + s]), tot[hh][m]);
             }
@@ -239,6 +251,8 @@ LLB_AI TGT void gemv_k16(const int qt, const llb_mm *mm, const uint8_t *wg, __m2
     for (long sb = 0; sb < nsb; sb++) {
         const uint8_t *gb = wg + sb * gbb;
         const size_t e = at + mm->a.xt * sb;
+        k16_row kr[1];
+        k16_rows(qt, mm, e, 1, kr);
         for (int s = 0; s < 8; s++) {
             llb_prefetch_slice(gb, gbb, s);
             __m256i acc[2];
@@ -260,7 +274,7 @@ LLB_AI TGT void gemv_k16(const int qt, const llb_mm *mm, const uint8_t *wg, __m2
                     }
                     __asm__("" : "+x"(v[0]), "+x"(v[1])); /* chained in registers (see tile_q4kp) */
                 }
-                const __m256i z = k16_zero(qt, mm, e, u);
+                const __m256i z = k16_zero(qt, mm, e, u, kr);
                 LLB_UNROLL
                 for (int h = 0; h < 2; h++) {
                     const __m256i a = _mm256_madd_epi16(qt == LLB_Q2_K ? v[h] : _mm256_add_epi16(v[h], z), sc[h]);
@@ -272,8 +286,8 @@ LLB_AI TGT void gemv_k16(const int qt, const llb_mm *mm, const uint8_t *wg, __m2
             for (int h = 0; h < 2; h++) {
                 __m256 p = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[h]), load_f16x8(gb + 16 * h));
                 if (qt == LLB_Q2_K) { /* as k16_step */
-                    p = _mm256_fmadd_ps(mn[h][0], _mm256_set1_ps((float)mm->a.bs16n[16 * e + 2 * s] * (1.0f / 32)), p);
-                    p = _mm256_fmadd_ps(mn[h][1], _mm256_set1_ps((float)mm->a.bs16n[16 * e + 2 * s + 1] * (1.0f / 32)), p);
+                    p = _mm256_fmadd_ps(mn[h][0], _mm256_set1_ps(kr->f[2 * s]), p);
+                    p = _mm256_fmadd_ps(mn[h][1], _mm256_set1_ps(kr->f[2 * s + 1]), p);
                 }
                 tot[h][0] = _mm256_fmadd_ps(p, dx, tot[h][0]);
             }
@@ -306,6 +320,8 @@ LLB_AI TGT void fill_k16(const int qt, const uint8_t *gb, k16_panel *pan) {
 LLB_AI TGT void tile_k16p(const int qt, const llb_mm *mm, const k16_panel *pan, long sb, long i, const int M,
                           __m256 tot[2][TILE_ROWS]) {
     const size_t e = llb_act_at(i, sb, mm->cols / 256, mm->a.xt);
+    k16_row kr[TILE2_ROWS];
+    k16_rows(qt, mm, e, M, kr);
     for (int s = 0; s < 8; s++) {
         __m256i acc[2][TILE2_ROWS];
         LLB_UNROLL
@@ -328,7 +344,7 @@ LLB_AI TGT void tile_k16p(const int qt, const llb_mm *mm, const k16_panel *pan, 
             }
             LLB_UNROLL
             for (int m = 0; m < M; m++) {
-                const __m256i z = k16_zero(qt, mm, e + m, u);
+                const __m256i z = k16_zero(qt, mm, e + m, u, &kr[m]);
                 LLB_UNROLL
                 for (int h = 0; h < 2; h++) {
                     const __m256i a = _mm256_madd_epi16(qt == LLB_Q2_K ? v[h][m] : _mm256_add_epi16(v[h][m], z), pan->sc[u][h]);
@@ -343,8 +359,8 @@ LLB_AI TGT void tile_k16p(const int qt, const llb_mm *mm, const k16_panel *pan, 
             for (int h = 0; h < 2; h++) {
                 __m256 p = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[h][m]), pan->d[h]);
                 if (qt == LLB_Q2_K) { /* as k16_step */
-                    p = _mm256_fmadd_ps(pan->mn[2 * s][h], _mm256_set1_ps((float)mm->a.bs16n[16 * (e + m) + 2 * s] * (1.0f / 32)), p);
-                    p = _mm256_fmadd_ps(pan->mn[2 * s + 1][h], _mm256_set1_ps((float)mm->a.bs16n[16 * (e + m) + 2 * s + 1] * (1.0f / 32)), p);
+                    p = _mm256_fmadd_ps(pan->mn[2 * s][h], _mm256_set1_ps(kr[m].f[2 * s]), p);
+                    p = _mm256_fmadd_ps(pan->mn[2 * s + 1][h], _mm256_set1_ps(kr[m].f[2 * s + 1]), p);
                 }
                 tot[h][m] = _mm256_fmadd_ps(p, dx, tot[h][m]);
             }
@@ -384,15 +400,17 @@ LLB_AI TGT void fill_q4k(const uint8_t *gb, q4k_panel *pan) {
 /* Super-block sb (group-block gb) of a Q4_K group for M activation rows from row i, both halves: each
  * activation broadcast feeds rows 0-15, each quad's two code vectors decoded or loaded once for the M
  * rows. From the panel (pan), or with pan NULL decoded here (a unit of fewer rows than a tile, where
- * filling the panel cost more than it saved: 13% at n = 3). The int16 sums are exact in any order and
- * the float steps per (half, row) are tile_q4k's in its order, so every lane equals the GEMV's;
+ * filling the panel cost more than it saved: 13% at n = 3; and the GEMV, M = 1 with pf set: the group
+ * streamed once, llb_prefetch_slice ahead). The int16 sums are exact in any order and the float steps
+ * per (half, row) are the same whatever M and pan, so every lane of a batch equals the GEMV's;
  * tot[h][m] carried in and out. */
 LLB_AI TGT void tile_q4kp(const llb_mm *mm, const q4k_panel *pan, const uint8_t *gb, long sb, long i, const int M,
-                          __m256 tot[2][TILE_ROWS]) {
+                          const int pf, __m256 tot[2][TILE_ROWS]) {
     const size_t e = llb_act_at(i, sb, mm->cols / 256, mm->a.xt);
     const __m256i m4 = _mm256_set1_epi8(15);
     __m256 sbt[2][TILE2_ROWS] = {{_mm256_setzero_ps()}}; /* the super-block's sum before d (q4k_step) */
     for (int s = 0; s < 8; s++) {
+        if (pf) llb_prefetch_slice(gb, LLB_GB_Q4_K, s);
         const int8_t *xq = mm->a.qs + 256 * e + 32 * s;
         const uint8_t *v = gb + LLB_Q4_K_CODES + 256 * s;
         __m256i p[2][TILE2_ROWS];
@@ -498,7 +516,7 @@ LLB_AI TGT void tile_iq4p(const llb_mm *mm, const iq4_panel *pan, long sb, long 
             for (int m = 0; m < (M); m++) t_[h][m] = sb ? run[(i) - i0 + m][h] : _mm256_setzero_ps(); \
         }                                                                                     \
         if (qt == LLB_IQ4_XS) tile_iq4p(mm, &pan.iq4, sb, i, M, t_);                         \
-        else if (qt == LLB_Q4_K) tile_q4kp(mm, pq, gb, sb, i, M, t_);                          \
+        else if (qt == LLB_Q4_K) tile_q4kp(mm, pq, gb, sb, i, M, 0, t_);                       \
         else tile_k16p(qt, mm, &pan.k16, sb, i, M, t_);                                       \
         if (sb + 1 < nsb) {                                                                   \
             LLB_UNROLL                                                                        \
@@ -544,7 +562,12 @@ LLB_AI TGT void tile_k(const int qt, const llb_mm *mm, const uint8_t *wg, int h0
 LLB_AI TGT void fast_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt) {
     __m256 t[2][TILE_ROWS];
     if (LLB_GEMV(mm)) { /* the tile's arithmetic at M = 1, both halves in one pass, plus prefetch: equal to a batch row */
-        if (llb_group_rows(mm, g) > 8) {
+        if (qt == LLB_Q4_K) {
+            t[0][0] = t[1][0] = _mm256_setzero_ps();
+            for (long sb = 0; sb < mm->cols / 256; sb++) tile_q4kp(mm, NULL, wg + sb * LLB_GB_Q4_K, sb, 0, 1, 1, t);
+            store_half(mm, g, 0, 0, 1, t[0]);
+            store_half(mm, g, 1, 0, 1, t[1]); /* a partial group's rows 8-15 (zero-padded) or fewer: masked */
+        } else if (llb_group_rows(mm, g) > 8) {
             if (qt == LLB_Q6_K || qt == LLB_Q3_K || qt == LLB_Q2_K) gemv_k16(qt, mm, wg, t);
             else tile_k(qt, mm, wg, 0, 2, 0, 1, 1, t);
             store_half(mm, g, 0, 0, 1, t[0]);
@@ -555,7 +578,8 @@ LLB_AI TGT void fast_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, lon
         }
         return;
     }
-    if (qt != LLB_Q5_K && llb_group_rows(mm, g) > 8 && (qt == LLB_Q4_K || i1 - i0 >= TILE2_ROWS)) {
+    /* Q4_K always (a partial group's padded rows computed and not stored: one group of a matrix) */
+    if (qt == LLB_Q4_K || (qt != LLB_Q5_K && llb_group_rows(mm, g) > 8 && i1 - i0 >= TILE2_ROWS)) {
         fast_kp(mm, wg, g, i0, i1, qt);
         return;
     }

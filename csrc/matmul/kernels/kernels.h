@@ -46,12 +46,14 @@ static inline size_t llb_act_at(long i, long b, long nblk, long xt) {
 typedef struct {
     const int8_t *qs;     /* codes in [-127, 127]; x ~= d * q */
     const float *d;       /* one scale per 32 values (per block, or 8 per 256-block) */
-    const int32_t *bias;  /* 32-blocks: -offset * sum(q), the weight type's zero point folded in */
+    /* 32-blocks: -offset * sum(q), the weight type's zero point folded in; the AVX2 table's the int16 pair
+     * whose words add up to it (-offset x the block's values 0,1 of every quad; 2,3: avx2.c's zero_words) */
+    const int32_t *bias;
     const float *sum;     /* d * sum(q) per 32 values, the quantized sum (Q4_1's and Q4_K's min term) */
     const int32_t *bs16n; /* 256-blocks: -32 * sum(q) over each 16 values (Q6_K's zero point) */
     const int8_t *qs2;    /* 32-blocks: residual codes (at qs's place), where d2 != 0 */
     const float *d2;      /* 32-blocks: residual scale per block, 0 for a block without a residual */
-    const int32_t *bias2; /* 32-blocks: -offset * sum(q2) */
+    const int32_t *bias2; /* 32-blocks: -offset * sum(q2), as bias */
     /* 256-blocks, where the table fills it (llb_kernels.words16; Q6_K's kernel reads it): per 16 values the int16 pair
      * [-32 * sum of values 0,1,4,5,8,9,12,13; -32 * sum of 2,3,6,7,10,11,14,15] (a quad dot's two words) */
     const int32_t *w16;
@@ -78,7 +80,7 @@ typedef struct {
      * type whose offset is 0 never reads the bias: matmul_many shares one quantization between it
      * and a type with another offset. */
     int (*act_offset)(int qtype);
-    /* Quantize one activation row: 32-blocks (bias = -offset * sum q, the outlier blocks' residual in
+    /* Quantize one activation row: 32-blocks (bias = -offset * sum q as llb_act says, the outlier blocks' residual in
      * qs2, d2, bias2; sum = d * sum(q) + d2 * sum(q2)) or 256-blocks (still one
      * scale per 32 values: d, sum hold 8 entries per 256-block, bs16n 16). The outputs
      * point at the row's first block; consecutive blocks are xt entries apart (tile layout). */
