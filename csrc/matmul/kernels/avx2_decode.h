@@ -176,17 +176,18 @@ LLB_AI TGT void dot_off2(const uint8_t *gb, const int8_t *xq, __m256i s[2]) {
     }
 }
 
-/* Stores rows 8h..8h+7 of group g for M activation rows, clipped to the rows that exist: a full half
- * plainly (on Zen 3 a vmaskmovps store takes ~13 cycles, vmovups ~2: Q6_K's GEMM 3%, the GEMVs 3-4%). */
+/* Stores rows 8h..8h+7 of group g for M activation rows, clipped to the rows that exist (plain stores
+ * for a whole half: a vmaskmovps store is slow on Zen). */
 LLB_AI TGT void store_half(const llb_mm *mm, long g, int h, long i, int M, const __m256 t[]) {
     const int nr = llb_group_rows(mm, g) - 8 * h;
-    float *o = mm->out + i * mm->rows + g * LLB_IL + 8 * h;
+    const long rows = mm->rows; /* once: a store through out could alias mm->rows */
+    float *o = mm->out + i * rows + g * LLB_IL + 8 * h;
     if (nr >= 8) {
-        for (int m = 0; m < M; m++) _mm256_storeu_ps(o + m * mm->rows, t[m]);
+        for (int m = 0; m < M; m++) _mm256_storeu_ps(o + m * rows, t[m]);
         return;
     }
     const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(nr), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    for (int m = 0; m < M; m++) _mm256_maskstore_ps(o + m * mm->rows, mask, t[m]);
+    for (int m = 0; m < M; m++) _mm256_maskstore_ps(o + m * rows, mask, t[m]);
 }
 
 #endif

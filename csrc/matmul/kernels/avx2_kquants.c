@@ -404,14 +404,21 @@ LLB_AI TGT void fill_q4k(const uint8_t *gb, q4k_panel *pan) {
  * streamed once, llb_prefetch_slice ahead). The int16 sums are exact in any order and the float steps
  * per (half, row) are the same whatever M and pan, so every lane of a batch equals the GEMV's;
  * tot[h][m] carried in and out. */
-LLB_AI TGT void tile_q4kp(const llb_mm *mm, const q4k_panel *pan, const uint8_t *gb, long sb, long i, const int M,
-                          const int pf, __m256 tot[2][TILE_ROWS]) {
+LLB_AI TGT void tile_q4kp_pf(const llb_mm *mm, const q4k_panel *pan, const uint8_t *gb, long sb, long i, const int M,
+                             const int pf, __m256 tot[2][TILE_ROWS], const size_t *next) {
     const size_t e = llb_act_at(i, sb, mm->cols / 256, mm->a.xt);
     const __m256i m4 = _mm256_set1_epi8(15);
     __m256 sbt[2][TILE2_ROWS] = {{_mm256_setzero_ps()}}; /* the super-block's sum before d (q4k_step) */
     for (int s = 0; s < 8; s++) {
         if (pf) llb_prefetch_slice(gb, LLB_GB_Q4_K, s);
         const int8_t *xq = mm->a.qs + 256 * e + 32 * s;
+        if (next) { /* the next tile's 4 rows of codes (1 KB, contiguous), then its d and sum: two lines a step */
+            const int8_t *nq = mm->a.qs + 256 * *next;
+            __builtin_prefetch(nq + 128 * s, 0, 3);
+            __builtin_prefetch(nq + 128 * s + 64, 0, 3);
+            if (s == 0) __builtin_prefetch(mm->a.d + 8 * *next, 0, 3), __builtin_prefetch(mm->a.d + 8 * *next + 16, 0, 3);
+            if (s == 1) __builtin_prefetch(mm->a.sum + 8 * *next, 0, 3), __builtin_prefetch(mm->a.sum + 8 * *next + 16, 0, 3);
+        }
         const uint8_t *v = gb + LLB_Q4_K_CODES + 256 * s;
         __m256i p[2][TILE2_ROWS];
         LLB_UNROLL
@@ -442,17 +449,44 @@ LLB_AI TGT void tile_q4kp(const llb_mm *mm, const q4k_panel *pan, const uint8_t 
             for (int m = 0; m < M; m++) q4k_step(_mm256_madd_epi16(p[h][m], scp), mm->a.d[8 * (e + m) + s], &sbt[h][m]);
         }
     }
+    if (pan) { /* q4k_min_term's steps, each activation sum broadcast once for both halves */
+        LLB_UNROLL
+        for (int m = 0; m < M; m++) {
+            const float *xs = mm->a.sum + 8 * (e + m);
+            __m256 a[2], b[2];
+            LLB_UNROLL
+            for (int s = 0; s < 8; s += 2) {
+                const __m256 x0 = _mm256_set1_ps(xs[s]), x1 = _mm256_set1_ps(xs[s + 1]);
+                LLB_UNROLL
+                for (int h = 0; h < 2; h++) {
+                    a[h] = s ? _mm256_fmadd_ps(pan->mn[h][s], x0, a[h]) : _mm256_mul_ps(pan->mn[h][s], x0);
+                    b[h] = s ? _mm256_fmadd_ps(pan->mn[h][s + 1], x1, b[h]) : _mm256_mul_ps(pan->mn[h][s + 1], x1);
+                }
+            }
+            LLB_UNROLL
+            for (int h = 0; h < 2; h++) {
+                tot[h][m] = _mm256_fmadd_ps(sbt[h][m], pan->d[h], tot[h][m]);
+                tot[h][m] = _mm256_fnmadd_ps(_mm256_add_ps(a[h], b[h]), pan->dmin[h], tot[h][m]);
+            }
+        }
+        return;
+    }
     LLB_UNROLL
     for (int h = 0; h < 2; h++) {
         __m256 mn[8];
-        if (!pan) q4k_mins_h(gb, h, mn);
-        const __m256 d = pan ? pan->d[h] : load_f16x8(gb + 16 * h), dmin = pan ? pan->dmin[h] : load_f16x8(gb + 32 + 16 * h);
+        q4k_mins_h(gb, h, mn);
+        const __m256 d = load_f16x8(gb + 16 * h), dmin = load_f16x8(gb + 32 + 16 * h);
         LLB_UNROLL
         for (int m = 0; m < M; m++) {
             tot[h][m] = _mm256_fmadd_ps(sbt[h][m], d, tot[h][m]);
-            tot[h][m] = q4k_min_term(pan ? pan->mn[h] : mn, mm->a.sum + 8 * (e + m), dmin, tot[h][m]);
+            tot[h][m] = q4k_min_term(mn, mm->a.sum + 8 * (e + m), dmin, tot[h][m]);
         }
     }
+}
+
+LLB_AI TGT void tile_q4kp(const llb_mm *mm, const q4k_panel *pan, const uint8_t *gb, long sb, long i, const int M,
+                          const int pf, __m256 tot[2][TILE_ROWS]) {
+    tile_q4kp_pf(mm, pan, gb, sb, i, M, pf, tot, NULL);
 }
 
 /* IQ4_XS's GEMM panel, as k16_panel: per sub-block s, half h and quad t its signed levels w and |w|
@@ -516,7 +550,13 @@ LLB_AI TGT void tile_iq4p(const llb_mm *mm, const iq4_panel *pan, long sb, long 
             for (int m = 0; m < (M); m++) t_[h][m] = sb ? run[(i) - i0 + m][h] : _mm256_setzero_ps(); \
         }                                                                                     \
         if (qt == LLB_IQ4_XS) tile_iq4p(mm, &pan.iq4, sb, i, M, t_);                         \
-        else if (qt == LLB_Q4_K) tile_q4kp(mm, pq, gb, sb, i, M, 0, t_);                       \
+        else if (qt == LLB_Q4_K && (M) == TILE2_ROWS) {                                       \
+            /* the next tile's activations: this unit's next rows, or its first at the next super-block */ \
+            const long in_ = (i) + (M) + TILE2_ROWS <= i1 ? (i) + (M) : i0, sn_ = in_ == i0 ? sb + 1 : sb; \
+            const size_t nx_ = llb_act_at(in_, sn_, nsb, mm->a.xt);                         \
+            if (pq) tile_q4kp_pf(mm, pq, gb, sb, i, M, 0, t_, sn_ < nsb ? &nx_ : NULL); /* always: the   \
+                                                  test lets GCC drop the tile's own tests of pan */ \
+        } else if (qt == LLB_Q4_K) tile_q4kp(mm, pq, gb, sb, i, M, 0, t_);                       \
         else tile_k16p(qt, mm, &pan.k16, sb, i, M, t_);                                       \
         if (sb + 1 < nsb) {                                                                   \
             LLB_UNROLL                                                                        \
