@@ -449,37 +449,32 @@ LLB_AI TGT void tile_q4kp_pf(const llb_mm *mm, const q4k_panel *pan, const uint8
             for (int m = 0; m < M; m++) q4k_step(_mm256_madd_epi16(p[h][m], scp), mm->a.d[8 * (e + m) + s], &sbt[h][m]);
         }
     }
-    if (pan) { /* q4k_min_term's steps, each activation sum broadcast once for both halves */
+    /* d and the min term: q4k_min_term's steps per (half, row), each activation sum broadcast once for
+     * both halves; the mins, d and dmin from the panel or decoded here (the GEMV), the same operations */
+    __m256 mnd[2][8], dd[2], dmd[2];
+    if (!pan) {
         LLB_UNROLL
-        for (int m = 0; m < M; m++) {
-            const float *xs = mm->a.sum + 8 * (e + m);
-            __m256 a[2], b[2];
-            LLB_UNROLL
-            for (int s = 0; s < 8; s += 2) {
-                const __m256 x0 = _mm256_set1_ps(xs[s]), x1 = _mm256_set1_ps(xs[s + 1]);
-                LLB_UNROLL
-                for (int h = 0; h < 2; h++) {
-                    a[h] = s ? _mm256_fmadd_ps(pan->mn[h][s], x0, a[h]) : _mm256_mul_ps(pan->mn[h][s], x0);
-                    b[h] = s ? _mm256_fmadd_ps(pan->mn[h][s + 1], x1, b[h]) : _mm256_mul_ps(pan->mn[h][s + 1], x1);
-                }
-            }
+        for (int h = 0; h < 2; h++) q4k_mins_h(gb, h, mnd[h]), dd[h] = load_f16x8(gb + 16 * h), dmd[h] = load_f16x8(gb + 32 + 16 * h);
+    }
+    const __m256(*mn)[8] = pan ? pan->mn : mnd;
+    const __m256 *d = pan ? pan->d : dd, *dmin = pan ? pan->dmin : dmd;
+    LLB_UNROLL
+    for (int m = 0; m < M; m++) {
+        const float *xs = mm->a.sum + 8 * (e + m);
+        __m256 a[2], b[2];
+        LLB_UNROLL
+        for (int s = 0; s < 8; s += 2) {
+            const __m256 x0 = _mm256_set1_ps(xs[s]), x1 = _mm256_set1_ps(xs[s + 1]);
             LLB_UNROLL
             for (int h = 0; h < 2; h++) {
-                tot[h][m] = _mm256_fmadd_ps(sbt[h][m], pan->d[h], tot[h][m]);
-                tot[h][m] = _mm256_fnmadd_ps(_mm256_add_ps(a[h], b[h]), pan->dmin[h], tot[h][m]);
+                a[h] = s ? _mm256_fmadd_ps(mn[h][s], x0, a[h]) : _mm256_mul_ps(mn[h][s], x0);
+                b[h] = s ? _mm256_fmadd_ps(mn[h][s + 1], x1, b[h]) : _mm256_mul_ps(mn[h][s + 1], x1);
             }
         }
-        return;
-    }
-    LLB_UNROLL
-    for (int h = 0; h < 2; h++) {
-        __m256 mn[8];
-        q4k_mins_h(gb, h, mn);
-        const __m256 d = load_f16x8(gb + 16 * h), dmin = load_f16x8(gb + 32 + 16 * h);
         LLB_UNROLL
-        for (int m = 0; m < M; m++) {
-            tot[h][m] = _mm256_fmadd_ps(sbt[h][m], d, tot[h][m]);
-            tot[h][m] = q4k_min_term(mn, mm->a.sum + 8 * (e + m), dmin, tot[h][m]);
+        for (int h = 0; h < 2; h++) {
+            tot[h][m] = _mm256_fmadd_ps(sbt[h][m], d[h], tot[h][m]);
+            tot[h][m] = _mm256_fnmadd_ps(_mm256_add_ps(a[h], b[h]), dmin[h], tot[h][m]);
         }
     }
 }
