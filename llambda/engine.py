@@ -106,7 +106,7 @@ def prefill(model, slot: int, ids, start: int) -> np.ndarray:
 def decode(model, slots, tokens, positions) -> np.ndarray:
     """One token for each sequence in one batched step; logits rows in order (a workspace view)."""
     n = len(tokens)
-    return model.forward(tokens, slots, positions, np.arange(n))
+    return model.forward(tokens, slots, positions, range(n))    # range: a recorded step's fast path
 
 
 class Sequence:

@@ -8,6 +8,7 @@ import gc
 import sys
 import threading
 import weakref
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -359,3 +360,30 @@ def test_replay_on_fewer_threads_writes_the_same_bits(isa):
             plan.replay(2)          # keyword only
     finally:
         native.set_threads(before)
+
+
+def test_a_replayed_decode_step_equals_the_general_forward_and_refuses_the_same_inputs():
+    """engine.decode's replay path (inputs checked and stored as Python ints, no NumPy) writes the bits
+    the recorded step and the general forward write, and refuses what the general path refuses."""
+    import llambda
+    from llambda import engine
+    from llambda.errors import ContextOverflowError
+    path = Path(__file__).parent / "fixtures" / "reference" / "tiny" / "llama"
+    with llambda.load(str(path), backend="native", n_ctx=32, n_slots=2) as m:
+        tr = m.transformer
+        engine.prefill(tr, 0, [1, 2, 3], 0)
+        engine.prefill(tr, 1, [4, 5], 0)
+        recorded = engine.decode(tr, [0, 1], [7, 8], [3, 2]).copy()
+        assert 2 in tr._plans
+        replayed = engine.decode(tr, np.array([0, 1], I32), np.array([7, 8], I32), [3, 2]).copy()
+        general = tr.forward([7, 8], [0, 1], [3, 2], np.arange(2), out=np.empty_like(recorded))
+        assert recorded.tobytes() == replayed.tobytes() == general.tobytes()
+        for slots, tokens, pos, err, match in [([0], [10 ** 6], [3], ValueError, "token id out of range"),
+                                               ([0], [-1], [3], ValueError, "token id out of range"),
+                                               ([2], [7], [3], ValueError, "slot out of range"),
+                                               ([0], [7], [32], ContextOverflowError, "position 32"),
+                                               ([0], [7], [-1], ContextOverflowError, "does not fit")]:
+            for rows in (range(1), np.arange(1)):       # the replay path and the general one
+                with pytest.raises(err, match=match):
+                    tr.forward(tokens, slots, pos, rows)
+        assert engine.decode(tr, [0, 1], [7, 8], [3, 2]).tobytes() == recorded.tobytes()

@@ -181,15 +181,69 @@ LLB_AI TGT void signed_dot2(const int qt, const uint8_t *gb, const int8_t *xq, _
     else dot_off2(gb, xq, s);
 }
 
-/* A signed type's GEMV block's outlier residual (rare): out of line, so that its decoded codes are
- * not kept live from the main dot's through the loop (GCC spilled them, and the sums, to the stack). */
-__attribute__((noinline)) TGT static void signed_residual(const int qt, const uint8_t *gb, const int8_t *xq2, float xd2, __m256 tot[2]) {
-    __m256i s[2];
-    if (qt == LLB_IQ4_NL) signed_dot2(LLB_IQ4_NL, gb, xq2, s);
-    else signed_dot2(LLB_Q8_0, gb, xq2, s);
+/* The unsigned types' GEMV dot of both halves of a group-block with one activation row (its zero-point
+ * pair xb), the same integers as block_dot_h's: nibble vector k holds quads k and k + 4 of both halves,
+ * so each pair of activation broadcasts feeds both halves and the live values fit the 16 ymm registers
+ * (a half at a time, GCC kept the 8 broadcasts for the second half and some dots on the stack: 25
+ * spills and reloads per block). Two int16 chains per half, quads 0-3 and 4-7: Q5_1's two sums (WIDE32);
+ * the others add them (int16 words wrap on the way and end within range: any order sums the same). */
+LLB_AI TGT void unsigned_dot2(const int qt, const uint8_t *gb, const int8_t *xq, int32_t xb, __m256i s[2]) {
+    const __m256i m4 = _mm256_set1_epi8(15), b4 = _mm256_set1_epi8(0x10);
+    const uint8_t *v = gb + LLB_NIBBLES32(qt);
+    const uint8_t *plane = qt == LLB_Q5_0 ? gb + LLB_Q5_0_PLANE : gb + LLB_Q5_1_PLANE;
+    __m256i lo[2], hi[2];
     LLB_UNROLL
-    for (int h = 0; h < 2; h++) /* both signed types: fp16 scales, no zero point, no min */
-        tot[h] = block_fin(LLB_Q8_0, s[h], block_scale8(LLB_Q8_0, gb, h), _mm256_setzero_ps(), xd2, 0.0f, tot[h], 0);
+    for (int k = 0; k < 4; k++) {
+        const __m256i xl = bcast32(xq + 4 * k), xh = bcast32(xq + 4 * k + 16);
+        LLB_UNROLL
+        for (int h = 0; h < 2; h++) {
+            const __m256i a = ld256(v + 64 * k + 32 * h);
+            __m256i ql = _mm256_and_si256(a, m4), qh = _mm256_and_si256(_mm256_srli_epi16(a, 4), m4);
+            if (qt == LLB_Q5_0 || qt == LLB_Q5_1) { /* add_fifth_bits_h's bits of quads k and k + 4 */
+                const __m256i pl = ld256(plane + 32 * h);
+                ql = _mm256_or_si256(ql, _mm256_and_si256(_mm256_slli_epi16(pl, 4 - k), b4));
+                qh = _mm256_or_si256(qh, _mm256_and_si256(_mm256_srli_epi16(pl, k), b4));
+            }
+            if (qt == LLB_MXFP4) { /* grid_lookup_h */
+                const __m256i lut = _mm256_broadcastsi128_si256(
+                    _mm_add_epi8(_mm_loadu_si128((const __m128i *)llb_fp4_grid), _mm_set1_epi8((char)LLB_MXFP4_OFF)));
+                ql = _mm256_shuffle_epi8(lut, ql);
+                qh = _mm256_shuffle_epi8(lut, qh);
+            }
+            const __m256i pl = _mm256_maddubs_epi16(ql, xl), ph = _mm256_maddubs_epi16(qh, xh);
+            lo[h] = k ? _mm256_add_epi16(lo[h], pl) : pl;
+            hi[h] = k ? _mm256_add_epi16(hi[h], ph) : ph;
+            __asm__("" : "+x"(lo[h]), "+x"(hi[h])); /* chains in registers: GCC's tree of them spilled */
+        }
+    }
+    const __m256i ones = _mm256_set1_epi16(1);
+    LLB_UNROLL
+    for (int h = 0; h < 2; h++) {
+        if (WIDE32(qt)) {
+            s[h] = _mm256_add_epi32(_mm256_madd_epi16(lo[h], ones), _mm256_madd_epi16(hi[h], ones));
+            continue;
+        }
+        __m256i p = _mm256_add_epi16(lo[h], hi[h]);
+        if (act_offset(qt)) p = _mm256_add_epi16(p, _mm256_set1_epi32(xb));
+        s[h] = _mm256_madd_epi16(p, ones);
+    }
+}
+
+/* A GEMV block's outlier residual dot (rare), out of line: inline, GCC kept the decoded codes live from
+ * the main dot's through the loop and spilled them and the sums (10-16% of the signed GEMVs). Only the
+ * integer dots come back through memory: tot, which the float steps chain through, stays in registers
+ * (handing tot over kept it on the stack, a store and a reload in every block's chain). */
+__attribute__((noinline)) TGT static void residual_dot(const int qt, const uint8_t *gb, const int8_t *xq2, int32_t xb2,
+                                                       __m256i s[2]) {
+    switch (qt) {
+    case LLB_Q8_0: signed_dot2(LLB_Q8_0, gb, xq2, s); break;
+    case LLB_IQ4_NL: signed_dot2(LLB_IQ4_NL, gb, xq2, s); break;
+    case LLB_Q4_0: unsigned_dot2(LLB_Q4_0, gb, xq2, xb2, s); break;
+    case LLB_Q4_1: unsigned_dot2(LLB_Q4_1, gb, xq2, xb2, s); break;
+    case LLB_Q5_0: unsigned_dot2(LLB_Q5_0, gb, xq2, xb2, s); break;
+    case LLB_Q5_1: unsigned_dot2(LLB_Q5_1, gb, xq2, xb2, s); break;
+    case LLB_MXFP4: unsigned_dot2(LLB_MXFP4, gb, xq2, xb2, s); break;
+    }
 }
 
 /* n == 1: both halves of the group in one pass over its blocks (each line streamed once, ahead of its
@@ -202,21 +256,17 @@ LLB_AI TGT void gemv32(const llb_mm *mm, const uint8_t *wg, long g, const int qt
     for (long b = 0; b < nb; b++) {
         const uint8_t *gb = wg + b * LLB_GB_BYTES(qt);
         llb_prefetch_ahead(gb, LLB_GB_BYTES(qt));
-        if (SIGNED32(qt)) {
-            __m256i s[2];
-            signed_dot2(qt, gb, a->qs + 32 * b, s);
-            LLB_UNROLL
-            for (int h = 0; h < 2; h++) tot[h] = block_fin(qt, s[h], block_scale8(qt, gb, h), _mm256_setzero_ps(), a->d[b], 0.0f, tot[h], 1);
-            if (a->d2[b] != 0.0f) signed_residual(qt, gb, a->qs2 + 32 * b, a->d2[b], tot);
-            __asm__("" : "+x"(tot[0]), "+x"(tot[1])); /* tot in registers, not reloaded from the stack */
-            continue;
-        }
+        __m256i s[2];
+        if (SIGNED32(qt)) signed_dot2(qt, gb, a->qs + 32 * b, s);
+        else unsigned_dot2(qt, gb, a->qs + 32 * b, a->bias[b], s);
         LLB_UNROLL
-        for (int h = 0; h < 2; h++) {
-            __m256i q[8];
-            dec_block32_h(qt, gb, h, q);
-            tot[h] = block_acc(qt, q, block_scale8(qt, gb, h), block_min8(qt, gb, h), a->qs + 32 * b, a->d[b], a->sum[b],
-                               a->bias[b], a->qs2 + 32 * b, a->d2[b], a->bias2[b], tot[h]);
+        for (int h = 0; h < 2; h++) /* block_acc's steps */
+            tot[h] = block_fin(qt, s[h], block_scale8(qt, gb, h), block_min8(qt, gb, h), a->d[b], a->sum[b], tot[h], 1);
+        if (a->d2[b] != 0.0f) {
+            residual_dot(qt, gb, a->qs2 + 32 * b, a->bias2[b], s);
+            LLB_UNROLL
+            for (int h = 0; h < 2; h++)
+                tot[h] = block_fin(qt, s[h], block_scale8(qt, gb, h), _mm256_setzero_ps(), a->d2[b], 0.0f, tot[h], 0);
         }
     }
     store_half(mm, g, 0, 0, 1, tot);
