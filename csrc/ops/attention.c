@@ -331,15 +331,15 @@ static void attn_plan(struct attn_task *t, long max_keys) {
  * the same order (attend_tile's row_order, see ops/kernels/attention.inc), so a run of
  * tokens of one slot may share tiles when they share a first key (the blocks
  * then start at the same key) while a lone row takes the row kernel: same bits.
- * The tiles are the default schedule's size (up to LLB_TILE_VECS vectors of rows,
- * LLB_TILE_GROUP of them through each converted block of a chunk's keys), so a
- * chunk's K/V are converted once per LLB_TILE_GROUP tiles here too.
+ * The tiles hold up to LLB_TILE_VECS vectors of rows, an item's (token, head) rows
+ * packed into them in order (0.5B's 7 heads a token fill 24 AVX2 lanes, not 21), and up
+ * to LLB_INV_TILE_GROUP of them go through each converted block of a chunk's keys (as
+ * many as the kernel's state holds: 8 at head_dim 64, 4 at 128).
  *
  * Rows go in passes whose partials fit the scratch; the pass a row falls in
- * changes nothing for it. Within a pass, items are runs of tiles (up to
- * LLB_TILE_GROUP tiles of tile_tokens tokens; units: INV_SPAN chunks x kv head x
- * pass over its heads) or lone rows (units: chunk x kv head), handed out from the last (most
- * keys) first. */
+ * changes nothing for it. Within a pass, items are runs of tiles (up to item_tokens
+ * tokens; units: INV_SPAN chunks x kv head x pass over its heads) or lone rows
+ * (units: chunk x kv head), handed out from the last (most keys) first. */
 #define INV_PASS_BYTES ((size_t)16 << 20) /* partials of one pass (more only if one row needs more) */
 #define INV_SPAN 8                         /* chunks of a tile unit (Q transposed once for them) */
 
@@ -348,7 +348,9 @@ struct inv_task {
     const struct llb_op_kernels *k;
     long group;
     size_t pf;                                /* floats of one partial: group rows of sums, group (max, sum) */
-    long tile_tokens, heads_per_pass, passes; /* tile_tokens 0: no tiles */
+    /* an item of tiles: up to item_tokens tokens x heads_per_pass heads, their rows packed into
+     * up to LLB_INV_TILE_GROUP tiles of tile_rows; item_tokens 0: no tiles */
+    long item_tokens, tile_rows, heads_per_pass, passes;
     /* the pass: items [0, n_items) over rows [r0, r1) */
     long r0, r1, n_items, units;
     long *item_row;   /* an item's first row */
@@ -359,36 +361,41 @@ struct inv_task {
 };
 
 /* Chunks [c0, c1) of an item's rows [i0, i0 + n) that have them, heads [h0, h0 + nh) of kv head kvh:
- * tiles of tile_tokens tokens, up to LLB_TILE_GROUP of them through each converted block of keys,
- * Q transposed once for the span of chunks. */
+ * the (token, head) rows packed into tiles of tile_rows (a token's heads may straddle two: every
+ * lane sums alone), up to LLB_INV_TILE_GROUP tiles through each converted block of keys, Q
+ * transposed once for the span of chunks. */
 static void run_tiles(const struct inv_task *t, long i0, long n, long c0, long c1, long kvh, long h0, long nh) {
     const struct llb_attention_args *a = t->a;
     const long s = a->slots[i0];
     if (s < 0 || s >= a->n_slots) return;
-    struct llb_attn_tile tiles[LLB_TILE_GROUP];
+    struct llb_attn_tile tiles[LLB_INV_TILE_GROUP];
     long nt = 0;
-    for (long t0 = i0; t0 < i0 + n && nt < LLB_TILE_GROUP; t0 += t->tile_tokens) {
-        struct llb_attn_tile *tile = &tiles[nt];
-        *tile = tile_at(a, s, kvh, 1);
-        tile->chunk = ATTN_CHUNK;
-        tile->chunk_stride = (size_t)a->n_kv * t->pf;
-        for (long i = t0; i < t0 + t->tile_tokens && i < i0 + n; i++) {
-            if (a->pos[i] < 0 || a->pos[i] >= a->n_ctx || row_chunks(a, i) <= c0) continue; /* validated by the caller */
-            const long last = row_chunks(a, i) < c1 ? row_chunks(a, i) - 1 : c1 - 1;
-            long lo, hi, lo1;
-            chunk_keys(a, i, c0, &lo, &hi);
-            chunk_keys(a, i, last, &lo1, &hi);
-            float *part = t->first_part[i] < 0 ? NULL : t->parts + (size_t)(t->first_part[i] + c0 * a->n_kv + kvh) * t->pf;
-            for (long h = h0; h < h0 + nh; h++) {
-                const long r = tile->n_rows++, row = i * a->n_heads + kvh * t->group + h;
-                tile->q[r] = a->q + row * a->head_dim;
-                tile->out[r] = part ? part + h * a->head_dim : a->out + row * a->head_dim;
-                tile->ml[r] = part ? part + t->group * a->head_dim + 2 * h : NULL;
-                tile->lo[r] = lo;
-                tile->hi[r] = hi;
+    for (long i = i0; i < i0 + n; i++) {
+        if (a->pos[i] < 0 || a->pos[i] >= a->n_ctx || row_chunks(a, i) <= c0) continue; /* validated by the caller */
+        const long last = row_chunks(a, i) < c1 ? row_chunks(a, i) - 1 : c1 - 1;
+        long lo, hi, lo1;
+        chunk_keys(a, i, c0, &lo, &hi);
+        chunk_keys(a, i, last, &lo1, &hi);
+        float *part = t->first_part[i] < 0 ? NULL : t->parts + (size_t)(t->first_part[i] + c0 * a->n_kv + kvh) * t->pf;
+        for (long h = h0; h < h0 + nh; h++) {
+            if (!nt || tiles[nt - 1].n_rows == t->tile_rows) { /* a new tile */
+                if (nt == LLB_INV_TILE_GROUP) { /* not with item_tokens' rows; a call holds no more */
+                    tile_kernel(t->k, a->cache_type, tiles, nt);
+                    nt = 0;
+                }
+                tiles[nt] = tile_at(a, s, kvh, 1);
+                tiles[nt].chunk = ATTN_CHUNK;
+                tiles[nt].chunk_stride = (size_t)a->n_kv * t->pf;
+                nt++;
             }
+            struct llb_attn_tile *tile = &tiles[nt - 1];
+            const long r = tile->n_rows++, row = i * a->n_heads + kvh * t->group + h;
+            tile->q[r] = a->q + row * a->head_dim;
+            tile->out[r] = part ? part + h * a->head_dim : a->out + row * a->head_dim;
+            tile->ml[r] = part ? part + t->group * a->head_dim + 2 * h : NULL;
+            tile->lo[r] = lo;
+            tile->hi[r] = hi;
         }
-        nt += tile->n_rows > 0;
     }
     if (nt) tile_kernel(t->k, a->cache_type, tiles, nt);
 }
@@ -441,10 +448,10 @@ static void merge_task(void *ctx, long i0, long i1, int tid) {
 }
 
 /* Rows from i that may share an item's tiles with row i (same slot and first key, at most
- * LLB_TILE_GROUP tiles of tile_tokens). */
+ * item_tokens). */
 static long tile_run(const struct inv_task *t, long i) {
     const struct llb_attention_args *a = t->a;
-    const long fk = first_key(a, a->pos[i]), most = t->tile_tokens * LLB_TILE_GROUP;
+    const long fk = first_key(a, a->pos[i]), most = t->item_tokens;
     long j = i + 1;
     while (j < a->n && j - i < most && a->slots[j] == a->slots[i] && first_key(a, a->pos[j]) == fk) j++;
     return j - i;
@@ -465,12 +472,12 @@ static long plan_pass(struct inv_task *t, long r0, size_t cap) {
     long i = r0, units = 0;
     t->n_items = 0;
     while (i < a->n) {
-        long rows = t->tile_tokens ? tile_run(t, i) : 1, fit = 0;
+        long rows = t->item_tokens ? tile_run(t, i) : 1, fit = 0;
         size_t need = 0;
         while (fit < rows && n_parts + need + row_parts(a, i + fit) <= cap) need += row_parts(a, i + fit++);
         if (fit < rows && t->n_items) break; /* the next pass */
         rows = fit > 0 ? fit : 1;             /* cap holds one row's partials */
-        const int tile = t->tile_tokens && tile_worth(t->k->lanes, rows, t->heads_per_pass);
+        const int tile = t->item_tokens && tile_worth(t->k->lanes, rows, t->heads_per_pass);
         if (!tile) rows = 1;
         long chunks_max = 0;
         for (long j = i; j < i + rows; j++) {
@@ -499,7 +506,8 @@ static int attention_invariant(const struct llb_attention_args *a) {
         const long rows = lanes * LLB_TILE_VECS;
         t.heads_per_pass = t.group < rows ? t.group : rows;
         t.passes = (t.group + rows - 1) / rows;
-        t.tile_tokens = rows / t.heads_per_pass;
+        t.tile_rows = rows;
+        t.item_tokens = LLB_INV_TILE_GROUP * rows / t.heads_per_pass;
     }
     /* Scratch: the index arrays, then the partials of one pass, for rows as long as the
      * context allows (max_row_chunks), capped. */

@@ -33,6 +33,10 @@ struct llb_attn_unit {
 /* The tile kernels take arrays of tiles of one kv head (same k, v, stride, head_dim, scale,
  * softcap, kbase): up to LLB_TILE_GROUP of them go through each block of keys together. */
 #define LLB_TILE_GROUP 4
+/* In the row order (batch-invariant) up to LLB_INV_TILE_GROUP, as many as the kernel's state
+ * holds at the head size (8 at head_dim 64, 4 at 128): a row's sums do not depend on its tile
+ * or the tiles beside it there, so its rows fill the tiles' lanes regardless of tokens. */
+#define LLB_INV_TILE_GROUP 8
 struct llb_attn_tile {
     const void *k, *v; /* the rows of key position 0 (f32, f16 or q8_0 blocks) */
     size_t stride;
