@@ -316,13 +316,25 @@ LLB_AI TGT void fill_k16(const int qt, const uint8_t *gb, k16_panel *pan) {
     }
 }
 
-/* Super-block sb of the panel for M activation rows from row i: tot[h][m] carried in and out. */
+/* Super-block sb of the panel for M activation rows from row i: tot[h][m] carried in and out; next (or
+ * NULL): the next tile's first activation entry, whose codes and per-row words are prefetched over the 8
+ * steps as tile_q4kp_pf's. */
 LLB_AI TGT void tile_k16p(const int qt, const llb_mm *mm, const k16_panel *pan, long sb, long i, const int M,
-                          __m256 tot[2][TILE_ROWS]) {
+                          __m256 tot[2][TILE_ROWS], const size_t *next) {
     const size_t e = llb_act_at(i, sb, mm->cols / 256, mm->a.xt);
     k16_row kr[TILE2_ROWS];
     k16_rows(qt, mm, e, M, kr);
+    const int8_t *nq = NULL;
+    if (next) { /* 4 rows: Q6_K's w16 or bs16n (256 B) and d (128 B) here, the codes (1 KB) two lines a step
+                 * (all in the steps: GCC spilled the loop's pointers) */
+        const char *nw = qt == LLB_Q6_K ? (const char *)(mm->a.w16 + 16 * *next) : (const char *)(mm->a.bs16n + 16 * *next);
+        LLB_UNROLL
+        for (int l = 0; l < 4; l++) __builtin_prefetch(nw + 64 * l, 0, 3);
+        __builtin_prefetch(mm->a.d + 8 * *next, 0, 3), __builtin_prefetch(mm->a.d + 8 * *next + 16, 0, 3);
+        nq = mm->a.qs + 256 * *next;
+    }
     for (int s = 0; s < 8; s++) {
+        if (nq) __builtin_prefetch(nq + 128 * s, 0, 3), __builtin_prefetch(nq + 128 * s + 64, 0, 3);
         __m256i acc[2][TILE2_ROWS];
         LLB_UNROLL
         for (int j = 0; j < 2; j++) {
@@ -536,7 +548,7 @@ LLB_AI TGT void tile_iq4p(const llb_mm *mm, const iq4_panel *pan, long sb, long 
     }
 }
 
-#define K16P_TILE(i, M)                                                                       \
+#define K16P_TILE_(i, M, PF)                                                                  \
     do {                                                                                      \
         __m256 t_[2][TILE_ROWS];                                                              \
         LLB_UNROLL                                                                            \
@@ -545,14 +557,16 @@ LLB_AI TGT void tile_iq4p(const llb_mm *mm, const iq4_panel *pan, long sb, long 
             for (int m = 0; m < (M); m++) t_[h][m] = sb ? run[(i) - i0 + m][h] : _mm256_setzero_ps(); \
         }                                                                                     \
         if (qt == LLB_IQ4_XS) tile_iq4p(mm, &pan.iq4, sb, i, M, t_);                         \
-        else if (qt == LLB_Q4_K && (M) == TILE2_ROWS) {                                       \
+        else if ((M) == TILE2_ROWS) {                                                         \
             /* the next tile's activations: this unit's next rows, or its first at the next super-block */ \
             const long in_ = (i) + (M) + TILE2_ROWS <= i1 ? (i) + (M) : i0, sn_ = in_ == i0 ? sb + 1 : sb; \
             const size_t nx_ = llb_act_at(in_, sn_, nsb, mm->a.xt);                         \
-            if (pq) tile_q4kp_pf(mm, pq, gb, sb, i, M, 0, t_, sn_ < nsb ? &nx_ : NULL); /* always: the   \
-                                                  test lets GCC drop the tile's own tests of pan */ \
+            const size_t *np_ = sn_ < nsb ? &nx_ : NULL;                                      \
+            if (qt != LLB_Q4_K) tile_k16p(qt, mm, &pan.k16, sb, i, M, t_, (PF) ? np_ : NULL); \
+            else if (pq) tile_q4kp_pf(mm, pq, gb, sb, i, M, 0, t_, np_); /* always: the test lets \
+                                                  GCC drop the tile's own tests of pan */   \
         } else if (qt == LLB_Q4_K) tile_q4kp(mm, pq, gb, sb, i, M, 0, t_);                       \
-        else tile_k16p(qt, mm, &pan.k16, sb, i, M, t_);                                       \
+        else tile_k16p(qt, mm, &pan.k16, sb, i, M, t_, NULL);                                 \
         if (sb + 1 < nsb) {                                                                   \
             LLB_UNROLL                                                                        \
             for (int h = 0; h < 2; h++) {                                                     \
@@ -564,6 +578,14 @@ LLB_AI TGT void tile_iq4p(const llb_mm *mm, const iq4_panel *pan, long sb, long 
             store_half(mm, g, 1, i, M, t_[1]);                                                \
         }                                                                                     \
     } while (0)
+
+#define K16P_TILE(i, M) K16P_TILE_(i, M, 1)
+#define K16P_TILE_NOPF(i, M) K16P_TILE_(i, M, 0)
+
+/* Super-blocks per row from which the 16-value types' panel tiles prefetch the next tile's activations:
+ * at K = 8960 (35) a unit's 64 rows (560 KB) outgrow the L2 and the tiles ran ~20% faster with it; at
+ * K = 1536 (6) it was no faster (its extra pointer spilled in the loop), so those run without. */
+#define K16P_PF_NSB 16
 
 /* A GEMM work unit of Q4_K, Q6_K, Q3_K, Q2_K or IQ4_XS through a panel per super-block (a Q4_K unit of
  * fewer rows than a tile without one: tile_q4kp decodes). */
@@ -583,10 +605,13 @@ LLB_AI TGT void fast_kp(const llb_mm *mm, const uint8_t *wg, long g, long i0, lo
         if (qt == LLB_IQ4_XS) fill_iq4(gb, &pan.iq4);
         else if (qt == LLB_Q4_K && !few) fill_q4k(gb, &pan.q4k);
         else if (qt != LLB_Q4_K) fill_k16(qt, gb, &pan.k16);
-        LLB_TILE_LADDER(i0, i1, TILE2_ROWS, K16P_TILE);
+        if ((qt != LLB_Q6_K && qt != LLB_Q3_K && qt != LLB_Q2_K) || nsb >= K16P_PF_NSB) LLB_TILE_LADDER(i0, i1, TILE2_ROWS, K16P_TILE);
+        else LLB_TILE_LADDER(i0, i1, TILE2_ROWS, K16P_TILE_NOPF);
     }
 }
 #undef K16P_TILE
+#undef K16P_TILE_NOPF
+#undef K16P_TILE_
 
 LLB_AI TGT void tile_k(const int qt, const llb_mm *mm, const uint8_t *wg, int h0, const int H, long i, const int M,
                        const int gemv, __m256 tot[][TILE_ROWS]) {
