@@ -188,7 +188,7 @@ LLB_AI TGT void signed_dot2(const int qt, const uint8_t *gb, const int8_t *xq, _
  * spills and reloads per block). Two int16 chains per half, quads 0-3 and 4-7: Q5_1's two sums (WIDE32);
  * the others add them (int16 words wrap on the way and end within range: any order sums the same). */
 LLB_AI TGT void unsigned_dot2(const int qt, const uint8_t *gb, const int8_t *xq, int32_t xb, __m256i s[2]) {
-    const __m256i m4 = _mm256_set1_epi8(15), b4 = _mm256_set1_epi8(0x10);
+    const __m256i m4 = _mm256_set1_epi8(15);
     const uint8_t *v = gb + LLB_NIBBLES32(qt);
     const uint8_t *plane = qt == LLB_Q5_0 ? gb + LLB_Q5_0_PLANE : gb + LLB_Q5_1_PLANE;
     __m256i lo[2], hi[2];
@@ -199,14 +199,9 @@ LLB_AI TGT void unsigned_dot2(const int qt, const uint8_t *gb, const int8_t *xq,
         for (int h = 0; h < 2; h++) {
             const __m256i a = ld256(v + 64 * k + 32 * h);
             __m256i ql = _mm256_and_si256(a, m4), qh = _mm256_and_si256(_mm256_srli_epi16(a, 4), m4);
-            if (qt == LLB_Q5_0 || qt == LLB_Q5_1) { /* add_fifth_bits_h's bits of quads k and k + 4 */
-                const __m256i pl = ld256(plane + 32 * h);
-                ql = _mm256_or_si256(ql, _mm256_and_si256(_mm256_slli_epi16(pl, 4 - k), b4));
-                qh = _mm256_or_si256(qh, _mm256_and_si256(_mm256_srli_epi16(pl, k), b4));
-            }
-            if (qt == LLB_MXFP4) { /* grid_lookup_h */
-                const __m256i lut = _mm256_broadcastsi128_si256(
-                    _mm_add_epi8(_mm_loadu_si128((const __m128i *)llb_fp4_grid), _mm_set1_epi8((char)LLB_MXFP4_OFF)));
+            if (qt == LLB_Q5_0 || qt == LLB_Q5_1) add_fifth_bits_pair(ld256(plane + 32 * h), k, &ql, &qh);
+            if (qt == LLB_MXFP4) { /* grid_lookup_h's */
+                const __m256i lut = grid_lut(llb_fp4_grid, LLB_MXFP4_OFF);
                 ql = _mm256_shuffle_epi8(lut, ql);
                 qh = _mm256_shuffle_epi8(lut, qh);
             }

@@ -26,22 +26,29 @@ LLB_AI TGT void dec_nibbles_h(const uint8_t *v, int h, __m256i q[8]) {
     }
 }
 
+/* The 5th bits of quads k and k + 4 (bits k and k + 4 of each byte of a bit plane vector p) moved to
+ * bit 4 and or-ed into their codes. */
+LLB_AI TGT void add_fifth_bits_pair(__m256i p, int k, __m256i *lo, __m256i *hi) {
+    const __m256i b4 = _mm256_set1_epi8(0x10);
+    *lo = _mm256_or_si256(*lo, _mm256_and_si256(_mm256_slli_epi16(p, 4 - k), b4));
+    *hi = _mm256_or_si256(*hi, _mm256_and_si256(_mm256_srli_epi16(p, k), b4));
+}
+
 /* Q5_0's bit plane (byte bit t = 5th bit of quad t) moved to bit 4 and or-ed in. */
 LLB_AI TGT void add_fifth_bits_h(const uint8_t *plane, int h, __m256i q[8]) {
-    const __m256i p = ld256(plane + 32 * h), b4 = _mm256_set1_epi8(0x10);
-    q[0] = _mm256_or_si256(q[0], _mm256_and_si256(_mm256_slli_epi16(p, 4), b4));
-    q[1] = _mm256_or_si256(q[1], _mm256_and_si256(_mm256_slli_epi16(p, 3), b4));
-    q[2] = _mm256_or_si256(q[2], _mm256_and_si256(_mm256_slli_epi16(p, 2), b4));
-    q[3] = _mm256_or_si256(q[3], _mm256_and_si256(_mm256_slli_epi16(p, 1), b4));
-    q[4] = _mm256_or_si256(q[4], _mm256_and_si256(p, b4));
-    q[5] = _mm256_or_si256(q[5], _mm256_and_si256(_mm256_srli_epi16(p, 1), b4));
-    q[6] = _mm256_or_si256(q[6], _mm256_and_si256(_mm256_srli_epi16(p, 2), b4));
-    q[7] = _mm256_or_si256(q[7], _mm256_and_si256(_mm256_srli_epi16(p, 3), b4));
+    const __m256i p = ld256(plane + 32 * h);
+    LLB_UNROLL
+    for (int k = 0; k < 4; k++) add_fifth_bits_pair(p, k, &q[k], &q[k + 4]);
+}
+
+/* The byte-shuffle table of grid[nibble] + off, in both 128-bit lanes. */
+LLB_AI TGT __m256i grid_lut(const int8_t grid[16], int off) {
+    return _mm256_broadcastsi128_si256(_mm_add_epi8(_mm_loadu_si128((const __m128i *)grid), _mm_set1_epi8((char)off)));
 }
 
 /* Nibbles -> grid[nibble] + off, one byte shuffle per vector. */
 LLB_AI TGT void grid_lookup_h(const int8_t grid[16], int off, __m256i q[8]) {
-    const __m256i lut = _mm256_broadcastsi128_si256(_mm_add_epi8(_mm_loadu_si128((const __m128i *)grid), _mm_set1_epi8((char)off)));
+    const __m256i lut = grid_lut(grid, off);
     LLB_UNROLL
     for (int t = 0; t < 8; t++) q[t] = _mm256_shuffle_epi8(lut, q[t]);
 }
