@@ -160,6 +160,21 @@ def test_llama_cpp_too_old_is_a_clear_error(monkeypatch):
         bench.LlamaCppEngine("m.gguf", n_ctx=64)
 
 
+@pytest.mark.parametrize("trial, dies", [("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", True),
+                                         ("import os, signal; os.kill(os.getpid(), signal.SIGILL)", True),
+                                         ("import sys; sys.exit(3)", False), ("pass", False)])
+def test_llama_cpp_crash_is_a_clear_error(monkeypatch, trial, dies):
+    """llama.cpp runs first in a child: a build that dies there (AMX in a VM that does not grant it) is a
+    message saying how to rebuild, not our process killed mid-benchmark; other failures are left to the
+    engine's own errors."""
+    monkeypatch.setattr(bench, "_LLAMA_CPP_TRIAL", trial)
+    if dies:
+        with pytest.raises(SystemExit, match=r"llama\.cpp crashed \(SIG(SEGV|ILL)\).*GGML_NATIVE=OFF"):
+            bench.check_llama_cpp_runs("m.gguf")
+    else:
+        bench.check_llama_cpp_runs("m.gguf")
+
+
 def test_cli_bench_prints_table(smollm2_gguf, capsys):
     assert cli.main(["bench", "-m", str(smollm2_gguf), "-p", "8", "-n", "2", "--threads-list", "1", "-r", "1"]) == 0
     out = capsys.readouterr().out

@@ -15,7 +15,10 @@ implies, beside this machine's read bandwidth measured at the same working-set s
 from __future__ import annotations
 
 import multiprocessing
+import signal
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -99,6 +102,50 @@ def _silence_llama_cpp(llama_cpp) -> None:
     if getattr(llama_cpp, "_llambda_quiet_log", None) is None:
         llama_cpp._llambda_quiet_log = llama_cpp.llama_log_callback(lambda level, text, user: None)
         llama_cpp.llama_log_set(llama_cpp._llambda_quiet_log, None)
+
+
+# A llama-cpp-python built for the CPU it was installed on (GGML_NATIVE, pip's default) uses AMX where the
+# CPU advertises it; a VM that does not grant AMX kills the process inside llama_decode (seen: SIGSEGV).
+# So llama.cpp first runs a prompt batch and a decode step in a child process: a crash there is a message.
+_LLAMA_CPP_TRIAL = """
+import sys
+import llama_cpp as L
+L._llambda_cb = L.llama_log_callback(lambda level, text, user: None)
+L.llama_log_set(L._llambda_cb, None)
+L.llama_backend_init()
+m = L.llama_model_load_from_file(sys.argv[1].encode(), L.llama_model_default_params())
+if not m:
+    sys.exit(3)
+p = L.llama_context_default_params()
+p.n_ctx, p.n_batch, p.n_ubatch = 256, 128, 128
+p.n_threads = p.n_threads_batch = 1
+c = L.llama_init_from_model(m, p)
+n = L.llama_vocab_n_tokens(L.llama_model_get_vocab(m))
+for batch in ([i % n for i in range(128)], [1 % n]):
+    ids = (L.llama_token * len(batch))(*batch)
+    if c is None or L.llama_decode(c, L.llama_batch_get_one(ids, len(batch))) != 0:
+        sys.exit(4)
+"""
+
+
+def check_llama_cpp_runs(path, timeout: float = 900.0) -> None:
+    """Raise SystemExit with what to do if llama.cpp dies on a signal running `path` (in a child process).
+    Other failures (no package, a file it cannot load) are left to LlamaCppEngine's own messages."""
+    try:
+        r = subprocess.run([sys.executable, "-c", _LLAMA_CPP_TRIAL, str(path)], capture_output=True,
+                           timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return                      # slow, not dead: the benchmark itself will tell
+    if r.returncode < 0:
+        try:
+            sig = signal.Signals(-r.returncode).name
+        except ValueError:
+            sig = f"signal {-r.returncode}"
+        raise SystemExit(
+            f"llama.cpp crashed ({sig}) running {path} in a trial process, so --vs llama-cpp cannot run it here. "
+            "A llama-cpp-python built for this CPU uses AMX where the CPU advertises it, and a VM may not grant "
+            "it: rebuild without AMX, e.g. CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON\" "
+            "pip install --force-reinstall --no-cache-dir --no-deps llama-cpp-python")
 
 
 class LlamaCppEngine:
@@ -256,6 +303,7 @@ def run_bench(path, pp: list[int], tg: list[int], threads: list[int], reps: int 
     n_ctx = depth + max(pp + tg + [16]) + 8
     engines = [OurEngine(path, backend, activations, n_ctx, kv_type)]
     if vs_llama_cpp:
+        check_llama_cpp_runs(path)
         engines.append(LlamaCppEngine(path, n_ctx))
     vocab = engines[0].model.config.vocab_size
     fill = _tokens(vocab, depth, seed=1)
