@@ -6,7 +6,9 @@ Runs decode steps through the Python forward (no plan), each C call timed alone 
 the call: the Python between calls is not counted), per op name and shape; a matmul's bytes are its
 packed weights. Then the same steps replayed from a plan, whole-step wall and CPU time: the gap between
 the replay's step and the sum of the ops is what the C calls do not account for (Python dispatch is
-absent from a replay). Medians over steps.
+absent from a replay). Medians over steps. Last, the plan replayed on exactly that many threads (no
+thread tuner), each call timed inside the replay (Plan.replay's times), per op name and shape, with the
+pool's counters per step: forks, the caller's wait at the joins, chunks the worker ran or either stole.
 """
 import argparse
 import os
@@ -29,6 +31,7 @@ class Timed:
 
     def __init__(self, mod):
         self.mod, self.t, self.c, self.on = mod, defaultdict(list), defaultdict(list), False
+        self.order = []     # (name, key) of each C call of the last step, in order
 
     def __getattr__(self, name):
         f = getattr(self.mod, name)
@@ -43,6 +46,7 @@ class Timed:
             t1, c1 = time.perf_counter_ns(), time.thread_time_ns()
             self.t[(name, key(name, a))].append(t1 - t0)
             self.c[(name, key(name, a))].append(c1 - c0)
+            self.order.append((name, key(name, a)))
             return r
         return call
 
@@ -79,6 +83,7 @@ def main():
         out = np.empty((1, tr.cfg.vocab_size), np.float32)
         for i in range(args.steps):
             timed.on = i >= 4
+            timed.order = []
             t0 = time.perf_counter_ns()
             tr.forward([7], [0], [args.depth], [0], out=out)
             if i >= 4:
@@ -116,7 +121,47 @@ def main():
                 cpu.append(time.process_time() - c0)
         native.C = timed
         print(f"  plan replay: step {np.median(plan_steps) / 1e3:.0f} us wall, "
-              f"{np.median(cpu) * 1e6:.0f} us CPU (process) per step; logits[0,:3] {logits[0, :3]}")
+              f"{np.median(cpu) * 1e6:.0f} us CPU (process) per step; logits[0,:3] {logits[0, :3]}; "
+              f"(pool size, threads run on): steps {dict(tr.backend.replays)} (the thread tuner's choices)")
+        replay_ops(tr, timed.order, t, args.steps)
+
+
+POOL_KEYS = ("calls", "solo_calls", "joins_waited", "join_wait_us", "caller_work_us", "worker_chunks",
+             "stolen_chunks", "worker_sleeps", "absent_calls", "stalls")
+
+
+def replay_ops(tr, order, threads, steps):
+    """The decode plan replayed on `threads` threads (not the tuner's choice), each call timed."""
+    plan = tr._plans.get(1)
+    ops = list(plan.ops) if plan is not None else []
+    kept, j = [], 0
+    for name, k in order:   # the step's calls a plan keeps (a switch such as set_batch_invariant is not one)
+        if j < len(ops) and name == ops[j]:
+            kept.append((name, k))
+            j += 1
+    order = kept
+    if plan is None or j != len(ops):
+        print("  (replay per op: the plan's calls do not match the Python step's; skipped)")
+        return
+    times = np.zeros(len(plan), np.int64)
+    plan.replay(threads=threads)
+    s0, c0, w0 = _native.pool_stats(), time.process_time(), time.perf_counter()
+    for _ in range(steps):
+        plan.replay(threads=threads, times=times)
+    wall, cpu, s1 = time.perf_counter() - w0, time.process_time() - c0, _native.pool_stats()
+    per = defaultdict(float)
+    for (name, k), ns in zip(order, times):
+        per[(name, k)] += ns / steps / 1e3
+    total = sum(per.values())
+    print(f"  replay on {threads} thread(s), each call timed: step {wall / steps * 1e6:.0f} us wall, "
+          f"{cpu / steps * 1e6:.0f} us CPU; calls {total:.0f} us")
+    for (name, k), us in sorted(per.items(), key=lambda kv: -kv[1]):
+        n = order.count((name, k))
+        b = k[-1] if name in ("matmul", "matmul_many") else 0
+        gbs = f"{b * n / us / 1e3:6.1f} GB/s" if b else ""
+        print(f"    {name:12s} {str(k[:-1] if b else k):34s} x{n:3d} {us / n:8.2f} us = {us:7.0f} us "
+              f"{100 * us / total:5.1f}%  {gbs}")
+    print("    pool per step: " + ", ".join(f"{k} {(s1[k] - s0[k]) / steps:.1f}" for k in POOL_KEYS if k in s1))
 
 
 if __name__ == "__main__":

@@ -328,6 +328,33 @@ def test_life_cycle_errors():
 # ------------------------------------------------------------------ a replay's thread cap
 
 
+def test_replay_times_each_call_and_names_them():
+    """replay(times=...) adds each call's nanoseconds to its element (benchmarks) and writes the same
+    bits; ops names the calls; a times array of the wrong kind or length is refused before any call."""
+    a, b = np.ones(16, F32), np.zeros(16, F32)
+    plan = record(lambda: (native.add(a, a, b, 16), native.scale(b, 3.0, 16)))
+    assert plan.ops == ("add", "scale")
+    times = np.zeros(2, np.int64)
+    for _ in range(3):
+        b[:] = 0
+        plan.replay(times=times)
+        assert (b == 6).all()
+    first = times.copy()
+    assert (first > 0).all()
+    plan.replay(threads=1, times=times)
+    assert (times > first).all()    # added, not overwritten
+    b[:] = 5
+    for bad in (np.zeros(3, np.int64), np.zeros(2, np.float64), np.zeros(2, np.int32), np.zeros(4, np.int64)[::2],
+                np.zeros(2, np.int64).view(np.uint8)[:16]):
+        with pytest.raises(ValueError, match="times"):
+            plan.replay(times=bad)
+    frozen = np.zeros(2, np.int64)
+    frozen.flags.writeable = False
+    with pytest.raises((ValueError, BufferError)):
+        plan.replay(times=frozen)
+    assert (b == 5).all()           # nothing ran
+
+
 def test_replay_on_fewer_threads_writes_the_same_bits(isa):
     """replay(threads=k) caps the pool for that replay (the decode loop's thread tuner): big enough
     ops to fork (a matmul, attention over 2000 cached keys) write the same bits on any count."""

@@ -55,7 +55,9 @@ typedef struct {
     uint8_t *acts;
     size_t act_bytes, off_d, off_bias, off_sum, off_bs16n, off_qs2, off_d2, off_bias2, off_w16;
     int private_acts;
-    unsigned char acts_ready[LLB_POOL_MAX_THREADS]; /* private_acts: thread tid has quantized its copy */
+    /* private_acts: thread tid has quantized its copy. Written once per thread and call, on lines of
+     * their own: the fields above are read at every chunk by every thread. */
+    _Alignas(64) unsigned char acts_ready[LLB_POOL_MAX_THREADS];
 } mm_ctx;
 
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
@@ -128,8 +130,10 @@ static void matmul_task(void *ctx, long u0, long u1, int tid) {
     llb_act a = c->mm.a;
     if (c->private_acts) {
         const act_bufs own = act_copy(c, tid);
-        if (!c->acts_ready[tid]) quantize_rows(c, &own, 0, c->mm.n);
-        c->acts_ready[tid] = 1;
+        if (!c->acts_ready[tid]) { /* a store at every chunk bounced the line between the threads */
+            quantize_rows(c, &own, 0, c->mm.n);
+            c->acts_ready[tid] = 1;
+        }
         a = act_view(c, &own);
     }
     long cg[2] = {-1, -1};

@@ -11,8 +11,10 @@
 #include "core/threadpool.h"
 
 #include <string.h>
+#include <time.h>
 
 struct rec {
+    const char *op; /* the binding's name (a static string) */
     int (*run)(const void *args);
     int (*check)(const void *args, char *msg);
     _Alignas(16) unsigned char args[LLB_CALL_MAX_ARGS];
@@ -58,6 +60,7 @@ static int keep(PlanObject *p, const struct llb_call *c, Py_buffer *const *views
         grow((void **)&p->views, &p->cap_views, p->n_views + n, sizeof(Py_buffer)))
         return -1;
     struct rec *r = &p->recs[p->n_recs++];
+    r->op = c->op;
     r->run = c->run;
     r->check = c->check;
     memcpy(r->args, c->args, c->size);
@@ -154,10 +157,46 @@ static PyObject *plan_end(PlanObject *p, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* The calls in order; with times (an element per call), each call's nanoseconds added to its element:
+ * what a step's time goes to, for benchmarks (two clock reads per call, only when asked). */
+static int run_recs(const struct rec *recs, Py_ssize_t n, int64_t *times, char *msg) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const struct rec *r = &recs[i];
+        const int64_t t0 = times ? now_ns() : 0;
+        if (r->check && r->check(r->args, msg) != 0) return 1; /* an earlier call wrote its ids */
+        if (r->run(r->args) != 0) return 2;
+        if (times) times[i] += now_ns() - t0;
+    }
+    return 0;
+}
+
+/* times=None, or a writable C-contiguous int64 buffer of exactly n elements (acquired into view). */
+static int64_t *times_arg(PyObject *obj, Py_ssize_t n, Py_buffer *view) {
+    if (obj == Py_None) return NULL;
+    const int got = PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) == 0;
+    const char *f = got && view->format ? view->format : "B";
+    if (*f == '<' || *f == '=' || *f == '@') f++;
+    if (got && view->itemsize == 8 && (!strcmp(f, "q") || !strcmp(f, "l")) && view->len == n * 8 &&
+        (uintptr_t)view->buf % 8 == 0)
+        return view->buf;
+    if (got) PyBuffer_Release(view);
+    PyErr_Clear();
+    PyErr_Format(PyExc_ValueError,
+                 "Plan.replay: times must be a writable, C-contiguous, aligned int64 buffer of len(plan) = %zd elements", n);
+    return NULL;
+}
+
 static PyObject *plan_replay(PlanObject *p, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"threads", NULL};
+    static char *kwlist[] = {"threads", "times", NULL};
     long threads = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|$l:replay", kwlist, &threads)) return NULL;
+    PyObject *times_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|$lO:replay", kwlist, &threads, &times_obj)) return NULL;
     if (threads < 0 || threads > LLB_POOL_MAX_THREADS)
         return PyErr_Format(PyExc_ValueError, "Plan.replay: threads must be 0..%d, got %ld", LLB_POOL_MAX_THREADS,
                             threads);
@@ -178,16 +217,16 @@ static PyObject *plan_replay(PlanObject *p, PyObject *args, PyObject *kwds) {
             PyErr_SetString(PyExc_ValueError, msg);
             return NULL;
         }
-    int failed = 0; /* 1: a check failed mid-plan, 2: out of memory */
+    Py_buffer view = {0};
+    int64_t *times = times_arg(times_obj, n, &view);
+    if (!times && PyErr_Occurred()) return NULL;
+    int failed; /* 1: a check failed mid-plan, 2: out of memory */
     Py_BEGIN_ALLOW_THREADS
     const int cap = llb_pool_cap_thread((int)threads);
-    for (Py_ssize_t i = 0; i < n && !failed; i++) {
-        const struct rec *r = &recs[i];
-        if (r->check && r->check(r->args, msg) != 0) failed = 1; /* an earlier call wrote its ids */
-        else if (r->run(r->args) != 0) failed = 2;
-    }
+    failed = run_recs(recs, n, times, msg);
     llb_pool_cap_thread(cap);
     Py_END_ALLOW_THREADS
+    if (times) PyBuffer_Release(&view);
     if (failed == 1) return PyErr_Format(PyExc_ValueError, "%s (written by an earlier op of the plan)", msg);
     if (failed == 2) return PyErr_NoMemory();
     Py_RETURN_NONE;
@@ -196,6 +235,19 @@ static PyObject *plan_replay(PlanObject *p, PyObject *args, PyObject *kwds) {
 static Py_ssize_t plan_len(PlanObject *p) { return p->n_recs; }
 
 static PyObject *plan_get_buffers(PlanObject *p, void *unused) { return PyLong_FromSsize_t(p->n_views); }
+
+static PyObject *plan_get_ops(PlanObject *p, void *unused) {
+    PyObject *t = PyTuple_New(p->n_recs);
+    for (Py_ssize_t i = 0; t && i < p->n_recs; i++) {
+        PyObject *s = PyUnicode_FromString(p->recs[i].op);
+        if (!s) {
+            Py_CLEAR(t);
+            break;
+        }
+        PyTuple_SET_ITEM(t, i, s);
+    }
+    return t;
+}
 
 static PyObject *plan_repr(PlanObject *p) {
     static const char *const states[] = {"empty", "recording", "recorded"};
@@ -207,15 +259,17 @@ static PyMethodDef plan_methods[] = {
      "begin() -> None: record every op this thread runs from now on into this (empty) plan."},
     {"end", (PyCFunction)plan_end, METH_NOARGS, "end() -> None: stop recording; the plan can now be replayed."},
     {"replay", (PyCFunction)(void (*)(void))plan_replay, METH_VARARGS | METH_KEYWORDS,
-     "replay(*, threads=0) -> None: run the recorded ops again, in order, with the GIL released once, on at most\n"
-     "`threads` threads (0: the pool's size; results never depend on it). Token ids, slots and\n"
+     "replay(*, threads=0, times=None) -> None: run the recorded ops again, in order, with the GIL released once, on\n"
+     "at most `threads` threads (0: the pool's size; results never depend on it). Token ids, slots and\n"
      "positions are re-read from their buffers and re-validated first: ValueError (and nothing written) if any is\n"
-     "out of range."},
+     "out of range. times: an int64 array of len(plan) elements, each call's wall nanoseconds added to its\n"
+     "element (for benchmarks; `ops` names the calls)."},
     {NULL, NULL, 0, NULL},
 };
 
 static PyGetSetDef plan_getset[] = {
     {"buffers", (getter)plan_get_buffers, NULL, "number of buffer views the plan holds (and pins)", NULL},
+    {"ops", (getter)plan_get_ops, NULL, "tuple of each recorded call's op name, in order", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
