@@ -15,6 +15,7 @@ implies, beside this machine's read bandwidth measured at the same working-set s
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
 import statistics
 import subprocess
@@ -22,6 +23,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -106,34 +108,27 @@ def _silence_llama_cpp(llama_cpp) -> None:
 
 # A llama-cpp-python built for the CPU it was installed on (GGML_NATIVE, pip's default) uses AMX where the
 # CPU advertises it; a VM that does not grant AMX kills the process inside llama_decode (seen: SIGSEGV).
-# So llama.cpp first runs a prompt batch and a decode step in a child process: a crash there is a message.
+# So the engine below first runs a prompt batch and a decode step in a child process: a crash there is a message.
 _LLAMA_CPP_TRIAL = """
 import sys
-import llama_cpp as L
-L._llambda_cb = L.llama_log_callback(lambda level, text, user: None)
-L.llama_log_set(L._llambda_cb, None)
-L.llama_backend_init()
-m = L.llama_model_load_from_file(sys.argv[1].encode(), L.llama_model_default_params())
-if not m:
-    sys.exit(3)
-p = L.llama_context_default_params()
-p.n_ctx, p.n_batch, p.n_ubatch = 256, 128, 128
-p.n_threads = p.n_threads_batch = 1
-c = L.llama_init_from_model(m, p)
-n = L.llama_vocab_n_tokens(L.llama_model_get_vocab(m))
-for batch in ([i % n for i in range(128)], [1 % n]):
-    ids = (L.llama_token * len(batch))(*batch)
-    if c is None or L.llama_decode(c, L.llama_batch_get_one(ids, len(batch))) != 0:
-        sys.exit(4)
+from llambda.tools.bench import LlamaCppEngine
+e = LlamaCppEngine(sys.argv[1], n_ctx=256)
+e.set_threads(1)
+ids = [i % e.n_vocab for i in range(128)]
+e.pp(ids, [])
+e.tg(1, ids[0], [])
 """
 
 
 def check_llama_cpp_runs(path, timeout: float = 900.0) -> None:
     """Raise SystemExit with what to do if llama.cpp dies on a signal running `path` (in a child process).
     Other failures (no package, a file it cannot load) are left to LlamaCppEngine's own messages."""
+    env = dict(os.environ)   # the child imports this llambda, installed or not
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     try:
         r = subprocess.run([sys.executable, "-c", _LLAMA_CPP_TRIAL, str(path)], capture_output=True,
-                           timeout=timeout)
+                           timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return                      # slow, not dead: the benchmark itself will tell
     if r.returncode < 0:
