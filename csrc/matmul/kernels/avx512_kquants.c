@@ -53,6 +53,14 @@ LLB_AI TGT __m512 q4k_min_dot(const __m512 mn[8], const float *xsum) {
     return _mm512_add_ps(a, b);
 }
 
+/* acc += q . the 4 activation bytes at x broadcast, the broadcast folded into the vpdpbusd as its
+ * {1to16} memory operand (GCC emits a separate vpbroadcastd: one more uop per multiply in the GEMM
+ * tiles, and a register). The same instruction, so the same integers. */
+LLB_AI TGT __m512i dpbusd_b(__m512i acc, __m512i q, const int8_t *x) {
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(q), "m"(*(const int32_t *)x));
+    return acc;
+}
+
 /* acc[gi][m] += codes of group gi (from q[gi]) . activations of rows m (a tile's rows are 256 bytes apart),
  * quad-major so the G x M chains advance together, each activation broadcast feeding the G groups. nq
  * quads from xq. */
@@ -62,6 +70,10 @@ LLB_AI TGT void dot_rows(__m512i acc[][TILE_ROWS], const int G, const int M, con
     for (int t = 0; t < nq; t++) {
         LLB_UNROLL
         for (int m = 0; m < M; m++) {
+            if (G == 1 && M > 1) { /* the GEMM's single-group tiles (the GEMV keeps its broadcast) */
+                acc[0][m] = dpbusd_b(acc[0][m], q[0][t], xq + 256 * m + 4 * t);
+                continue;
+            }
             const __m512i xv = _mm512_set1_epi32(llb_ld32(xq + 256 * m + 4 * t));
             LLB_UNROLL
             for (int gi = 0; gi < G; gi++) acc[gi][m] = _mm512_dpbusd_epi32(acc[gi][m], q[gi][t], xv);
@@ -136,7 +148,26 @@ LLB_AI TGT void fill_panel(const int qt, const uint8_t *wg, long s0, long s1, __
                 _mm512_store_si512(ps + 8, _mm512_castps_si512(sc));
             }
         }
+        if (qt == LLB_Q4_K || qt == LLB_Q5_K) { /* the mins and dmin (q4k_min_at), once for the unit's tiles */
+            __m512 mn[8];
+            __m512i *ps = pan + PANEL_SUB * 8 * (sb - s0);
+            q4k_mins(gb, mn);
+            LLB_UNROLL
+            for (int s = 0; s < 8; s++) _mm512_store_si512(ps + PANEL_SUB * s + 9, _mm512_castps_si512(mn[s]));
+            _mm512_store_si512(ps + 10, _mm512_castps_si512(load_f16x16(gb + 32)));
+        }
     }
+}
+
+/* Q4_K/Q5_K's mins of a super-block (mn) and dmin: from the panel's spare entries (fill_panel) or decoded. */
+LLB_AI TGT __m512 q4k_min_at(const uint8_t *gb, const __m512i *ps, __m512 mn[8]) {
+    if (!ps) {
+        q4k_mins(gb, mn);
+        return load_f16x16(gb + 32);
+    }
+    LLB_UNROLL
+    for (int s = 0; s < 8; s++) mn[s] = _mm512_castsi512_ps(_mm512_load_si512(ps + PANEL_SUB * s + 9));
+    return _mm512_castsi512_ps(_mm512_load_si512(ps + 10));
 }
 
 /* The GEMM's integer zero-point terms of a super-block for M rows (bs16n of consecutive rows 16 apart),
@@ -178,6 +209,10 @@ LLB_AI TGT void tile_q4k(const int qt, const llb_mm *mm, const uint8_t *const wg
             d[gi] = load_f16x16(gb[gi]);
         }
         const size_t e = at + xt * sb; /* row i's entry of this super-block */
+        /* A panel tile computes row m's min dot in sub-block step m, among the integer dots, rather than
+         * all M at the end: the same operations on the same values. */
+        const int spread = pan[0] != NULL && !gemv;
+        __m512 mdot[LLB_MAXG][TILE_ROWS];
         int32_t zp[qt == LLB_IQ4_XS ? TILE_ROWS : 1][16];
         if (qt == LLB_IQ4_XS && !gemv) zero_points(mm->a.bs16n + 16 * e, M, 1, zp);
         for (int s = 0; s < 8; s++) {
@@ -216,15 +251,23 @@ LLB_AI TGT void tile_q4k(const int qt, const llb_mm *mm, const uint8_t *const wg
                 for (int gi = 0; gi < G; gi++)
                     tot[gi][m] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[gi][m]), dx), sc[gi], tot[gi][m]);
             }
+            if (qt != LLB_IQ4_XS && spread && s < M) { /* row s's min dot, between the dots (stored until the end) */
+                LLB_UNROLL
+                for (int gi = 0; gi < G; gi++) {
+                    __m512 mn[8];
+                    q4k_min_at(gb[gi], pan[gi] + PANEL_SUB * 8 * (sb - s0), mn);
+                    mdot[gi][s] = q4k_min_dot(mn, mm->a.sum + 8 * (e + s));
+                }
+            }
         }
         if (qt == LLB_IQ4_XS) continue;
         LLB_UNROLL
         for (int gi = 0; gi < G; gi++) {
             __m512 mn[8];
-            q4k_mins(gb[gi], mn);
-            const __m512 dmin = load_f16x16(gb[gi] + 32);
+            const __m512 dmin = q4k_min_at(gb[gi], pan[gi] ? pan[gi] + PANEL_SUB * 8 * (sb - s0) : NULL, mn);
             LLB_UNROLL
-            for (int m = 0; m < M; m++) tot[gi][m] = _mm512_fnmadd_ps(q4k_min_dot(mn, mm->a.sum + 8 * (e + m)), dmin, tot[gi][m]);
+            for (int m = 0; m < M; m++)
+                tot[gi][m] = _mm512_fnmadd_ps(spread ? mdot[gi][m] : q4k_min_dot(mn, mm->a.sum + 8 * (e + m)), dmin, tot[gi][m]);
         }
     }
 }
