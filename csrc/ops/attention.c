@@ -351,6 +351,7 @@ struct inv_task {
     /* an item of tiles: up to item_tokens tokens x heads_per_pass heads, their rows packed into
      * up to LLB_INV_TILE_GROUP tiles of tile_rows; item_tokens 0: no tiles */
     long item_tokens, tile_rows, heads_per_pass, passes;
+    long full_tokens; /* the fewest tokens whose rows fill whole tiles */
     /* the pass: items [0, n_items) over rows [r0, r1) */
     long r0, r1, n_items, units;
     long *item_row;   /* an item's first row */
@@ -476,7 +477,10 @@ static long plan_pass(struct inv_task *t, long r0, size_t cap) {
         size_t need = 0;
         while (fit < rows && n_parts + need + row_parts(a, i + fit) <= cap) need += row_parts(a, i + fit++);
         if (fit < rows && t->n_items) break; /* the next pass */
-        rows = fit > 0 ? fit : 1;             /* cap holds one row's partials */
+        /* A first item cut by the cap keeps whole tiles: 42 tokens of 6 heads (the 1.5B at depth
+         * 16384) made 5 tiles of 48 rows and one of 12, which costs a full one. */
+        if (fit < rows && t->item_tokens && fit > t->full_tokens) fit -= fit % t->full_tokens;
+        rows = fit > 0 ? fit : 1; /* cap holds one row's partials */
         const int tile = t->item_tokens && tile_worth(t->k->lanes, rows, t->heads_per_pass);
         if (!tile) rows = 1;
         long chunks_max = 0;
@@ -508,6 +512,12 @@ static int attention_invariant(const struct llb_attention_args *a) {
         t.passes = (t.group + rows - 1) / rows;
         t.tile_rows = rows;
         t.item_tokens = LLB_INV_TILE_GROUP * rows / t.heads_per_pass;
+        long g = rows, h = t.heads_per_pass; /* full_tokens = rows / gcd(rows, heads_per_pass) */
+        while (h) {
+            const long r = g % h;
+            g = h, h = r;
+        }
+        t.full_tokens = rows / g;
     }
     /* Scratch: the index arrays, then the partials of one pass, for rows as long as the
      * context allows (max_row_chunks), capped. */
