@@ -92,6 +92,31 @@ LLB_AI TGT void dot_row2(__m512i acc[][TILE_ROWS], const __m512i *const q[], con
     acc[0][0] = _mm512_add_epi32(acc[0][0], acc2[0][0]);
 }
 
+/* The GEMV's integer dot of Q2_K/Q3_K sub-block u from a0: quads 1 and 3 stay in place as 4x their codes
+ * (bits 2-3 of L and of L >> 4), summed in a chain of their own and shifted back (exact), so L takes one
+ * shift instead of three; Q3_K's high bit lands at bit 2 or bit 4 to match. Two chains of two, as dot_row2. */
+LLB_AI TGT __m512i l2_dot_row(const int qt, const uint8_t *gb, int u, __m512i a0, const int8_t *xq) {
+    const uint8_t *l = qt == LLB_Q2_K ? gb + LLB_Q2_K_CODES + 64 * u : gb + LLB_Q3_K_SUBS + 192 * (u >> 1) + 64 * (u & 1);
+    const __m512i a = _mm512_loadu_si512(l), a4 = _mm512_srli_epi16(a, 4);
+    const __m512i m3 = _mm512_set1_epi8(3), m12 = _mm512_set1_epi8(12);
+    __m512i q[4] = {_mm512_and_si512(a, m3), _mm512_and_si512(a, m12), _mm512_and_si512(a4, m3), _mm512_and_si512(a4, m12)};
+    if (qt == LLB_Q3_K) {
+        const __m512i h = _mm512_loadu_si512(l - 64 * (u & 1) + 128);
+        LLB_UNROLL
+        for (int i = 0; i < 4; i++) { /* bit 4k+i to bit 2 (quads 0, 2) or 4 (1, 3); a | (b & c) = ternlog 0xF8 */
+            const int sh = 4 * (u & 1) + i - (i & 1 ? 4 : 2);
+            const __m512i hs = sh > 0 ? _mm512_srli_epi16(h, sh) : sh < 0 ? _mm512_slli_epi16(h, -sh) : h;
+            q[i] = _mm512_ternarylogic_epi32(q[i], hs, _mm512_set1_epi8(i & 1 ? 16 : 4), 0xF8);
+        }
+    }
+    __m512i x[4];
+    LLB_UNROLL
+    for (int t = 0; t < 4; t++) x[t] = _mm512_set1_epi32(llb_ld32(xq + 4 * t));
+    const __m512i lo = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(a0, q[0], x[0]), q[2], x[2]);
+    const __m512i hi = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), q[1], x[1]), q[3], x[3]);
+    return _mm512_add_epi32(lo, _mm512_srai_epi32(hi, 2));
+}
+
 /* A work unit's tiles share one decoding of each of the group's super-blocks (fast_k_panel): per
  * 32-value sub-block s PANEL_SUB vectors, its 8 code vectors, then its scales d * sc (a 16-value type's
  * two, then Q2_K's two mins dmin * m), as the tiles would decode them: the same values, so the same sums. */
@@ -100,12 +125,16 @@ LLB_AI TGT void dot_row2(__m512i acc[][TILE_ROWS], const __m512i *const q[], con
 /* 16-value sub-block u of a Q6_K/Q3_K/Q2_K group-block: its codes, scale d * sc and (Q2_K) min dmin * m. */
 LLB_AI TGT void k16_decode(const int qt, const uint8_t *gb, int u, __m512 d, __m512 dmin, __m512i q[4], __m512 *sc,
                            __m512 *mn) {
-    if (qt == LLB_Q6_K) dec_q6k_sub(gb + LLB_Q6_K_SUBS + 192 * u, q);
-    else dec_k16_sub(qt, gb, u, q);
+    if (q) {
+        if (qt == LLB_Q6_K) dec_q6k_sub(gb + LLB_Q6_K_SUBS + 192 * u, q);
+        else dec_k16_sub(qt, gb, u, q);
+    }
     if (qt == LLB_Q2_K) { /* the file's bytes: scale | min << 4 */
+        /* 0..15 as floats by a permute (it reads the index's low 4 bits): no mask, and off port 0's converts */
+        const __m512 k = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
         const __m512i sm = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(gb + 64 + 16 * u)));
-        *sc = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(sm, _mm512_set1_epi32(15))));
-        *mn = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_srli_epi32(sm, 4)));
+        *sc = _mm512_mul_ps(d, _mm512_permutexvar_ps(sm, k));
+        *mn = _mm512_mul_ps(dmin, _mm512_permutexvar_ps(_mm512_srli_epi32(sm, 4), k));
     } else {
         *sc = sub_scale_i8(gb + 32 + 16 * u, d);
     }
@@ -171,7 +200,7 @@ LLB_AI TGT __m512 q4k_min_at(const uint8_t *gb, const __m512i *ps, __m512 mn[8])
 }
 
 /* The GEMM's integer zero-point terms of a super-block for M rows (bs16n of consecutive rows 16 apart),
- * computed as vectors once per super-block and tile (the GEMV takes them one by one): IQ4_XS's
+ * computed as vectors once per super-block and tile (IQ4_XS's GEMV takes them one by one): IQ4_XS's
  * -128 * sum32 = 4 * (bs16n[2s] + bs16n[2s+1]) at zp[m][2s] (pairs), Q3_K's -4 * sum16 = bs16n / 8 (exact:
  * bs16n = -32 * sum16). The same integers, so the same sums. */
 LLB_AI TGT void zero_points(const int32_t *bs16n, const int M, const int pairs, int32_t zp[][16]) {
@@ -280,7 +309,7 @@ LLB_AI TGT void tile_k16(const int qt, const llb_mm *mm, const uint8_t *const wg
                          __m512 tot[][TILE_ROWS]) {
     const long xt = mm->a.xt;
     const size_t at = llb_act_at(i, 0, mm->cols / 256, xt);
-    const int gbb = LLB_GB_BYTES(qt);
+    const int gbb = LLB_GB_BYTES(qt), l2 = gemv && qt != LLB_Q6_K;
     LLB_UNROLL
     for (int gi = 0; gi < G; gi++) {
         LLB_UNROLL
@@ -299,7 +328,7 @@ LLB_AI TGT void tile_k16(const int qt, const llb_mm *mm, const uint8_t *const wg
         const size_t e = at + xt * sb;
         float bs32[qt == LLB_Q2_K ? TILE_ROWS : 1][16] __attribute__((aligned(64)));
         int32_t zp[qt == LLB_Q3_K ? TILE_ROWS : 1][16];
-        if (qt == LLB_Q3_K && !gemv) zero_points(mm->a.bs16n + 16 * e, M, 0, zp);
+        if (qt == LLB_Q3_K) zero_points(mm->a.bs16n + 16 * e, M, 0, zp);
         if (qt == LLB_Q2_K) { /* bs16n / 32 of each row's 16 sub-blocks as floats, once per super-block */
             LLB_UNROLL
             for (int m = 0; m < M; m++)
@@ -323,20 +352,21 @@ LLB_AI TGT void tile_k16(const int qt, const llb_mm *mm, const uint8_t *const wg
                     mn[gi] = d[gi];
                     if (pan[gi]) /* decoded once per work unit (fast_k) */
                         k16_from_panel(qt, pan[gi] + PANEL_SUB * (8 * (sb - s0) + s), j, q[gi], &sc[gi], &mn[gi]);
-                    else
-                        k16_decode(qt, gb[gi], u, d[gi], dmin[gi], q[gi], &sc[gi], &mn[gi]);
+                    else /* l2 (the GEMV's Q2_K/Q3_K) decodes in l2_dot_row */
+                        k16_decode(qt, gb[gi], u, d[gi], dmin[gi], l2 ? NULL : q[gi], &sc[gi], &mn[gi]);
                 }
                 LLB_UNROLL
                 for (int m = 0; m < M; m++) { /* the zero point: -32 (Q6_K) or -4 (Q3_K) * bsum16 */
                     const int32_t bs = mm->a.bs16n[16 * (e + m) + u];
                     const __m512i a0 = qt == LLB_Q2_K ? _mm512_setzero_si512()
-                                     : _mm512_set1_epi32(qt == LLB_Q6_K ? bs : gemv ? bs / 8 : zp[qt == LLB_Q3_K ? m : 0][u]);
+                                     : _mm512_set1_epi32(qt == LLB_Q6_K ? bs : zp[qt == LLB_Q3_K ? m : 0][u]);
                     LLB_UNROLL
                     for (int gi = 0; gi < G; gi++) acc[gi][m] = a0;
                 }
                 const int8_t *xq = mm->a.qs + 256 * e + 16 * u;
                 const __m512i *const qg[LLB_MAXG] = {q[0], q[LLB_MAXG - 1]};
-                if (gemv) dot_row2(acc, qg, 4, xq);
+                if (l2) acc[0][0] = l2_dot_row(qt, gb[0], u, acc[0][0], xq);
+                else if (gemv) dot_row2(acc, qg, 4, xq);
                 else dot_rows(acc, G, M, qg, 4, xq);
                 LLB_UNROLL
                 for (int gi = 0; gi < G; gi++) {
