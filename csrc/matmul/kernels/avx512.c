@@ -272,7 +272,7 @@ LLB_AI TGT __m512 gemv32(const llb_mm *mm, const uint8_t *wg, const int qt) {
         __m512 tot = _mm512_setzero_ps();
         for (long b = b0; b < b1; b++) { /* n == 1: one row, blocks contiguous (xt = 1) */
             const uint8_t *gb = wg + b * gbb;
-            llb_prefetch_ahead(gb, gbb);
+            llb_prefetch_stream_block(gb, gbb);
             __m512i q[8];
             dec_block32(qt, gb, q);
             const int8_t *xq = mm->a.qs + 32 * b;

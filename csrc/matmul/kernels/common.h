@@ -57,6 +57,14 @@ static inline __attribute__((always_inline)) void llb_prefetch_stream(const uint
     }
 }
 
+/* llb_prefetch_stream for a whole block at once (the 32-block GEMV decodes a block in one step). */
+static inline void llb_prefetch_stream_block(const uint8_t *block, int bytes) {
+    for (int o = 0; o < bytes; o += 64) {
+        __builtin_prefetch(block + LLB_PF_DIST + o, 0, 2);
+        __builtin_prefetch(block + LLB_PF_NEAR + o, 0, 3);
+    }
+}
+
 static inline int32_t llb_ld32(const void *p) {
     int32_t v;
     memcpy(&v, p, 4);
