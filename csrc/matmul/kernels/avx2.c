@@ -250,7 +250,7 @@ LLB_AI TGT void gemv32(const llb_mm *mm, const uint8_t *wg, long g, const int qt
     __m256 tot[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (long b = 0; b < nb; b++) {
         const uint8_t *gb = wg + b * LLB_GB_BYTES(qt);
-        llb_prefetch_ahead(gb, LLB_GB_BYTES(qt));
+        llb_prefetch_ahead(gb, LLB_GB_BYTES(qt), 0);
         __m256i s[2];
         if (SIGNED32(qt)) signed_dot2(qt, gb, a->qs + 32 * b, s);
         else unsigned_dot2(qt, gb, a->qs + 32 * b, a->bias[b], s);
@@ -282,7 +282,7 @@ LLB_AI TGT void fill_panel32(const int qt, const uint8_t *wg, long b0, long b1, 
     for (long b = b0; b < b1; b++) {
         const uint8_t *gb = wg + b * LLB_GB_BYTES(qt);
         __m256i *pb = pan + PANEL32(qt) * (b - b0);
-        llb_prefetch_ahead(gb, LLB_GB_BYTES(qt));
+        llb_prefetch_ahead(gb, LLB_GB_BYTES(qt), 0);
         LLB_UNROLL
         for (int h = 0; h < 2; h++) {
             __m256i q[8];

@@ -69,7 +69,7 @@ LLB_AI TGT void tile_q4k(const int qt, const llb_mm *mm, const uint8_t *wg, int 
         const uint8_t *gb = wg + sb * LLB_GB_BYTES(qt);
         const size_t e = at + xt * sb;
         for (int s = 0; s < 8; s++) {
-            if (gemv) llb_prefetch_slice(gb, LLB_GB_BYTES(qt), s);
+            if (gemv) llb_prefetch_slice(gb, LLB_GB_BYTES(qt), s, 0);
             if (qt == LLB_IQ4_XS && H == 2 && M == 1) {
                 /* IQ4_XS's GEMV: signed levels and dot_xsign2 (its |x| shared by both halves); a GEMM tile
                  * keeps dot_off128, whose weight-side steps its rows share. The same integers either way,
@@ -226,7 +226,7 @@ LLB_AI TGT void tile_k16(const int qt, const llb_mm *mm, const uint8_t *wg, int 
         k16_row kr[TILE_ROWS];
         k16_rows(qt, mm, e, M, kr);
         for (int s = 0; s < 8; s++) { /* sub-blocks u = 2s, 2s+1 share the activation scale dx[s] */
-            if (gemv) llb_prefetch_slice(gb, gbb, s);
+            if (gemv) llb_prefetch_slice(gb, gbb, s, 0);
             LLB_UNROLL
             for (int hh = 0; hh < H; hh++) {
                 __m256 p[TILE_ROWS];
@@ -254,7 +254,7 @@ LLB_AI TGT void gemv_k16(const int qt, const llb_mm *mm, const uint8_t *wg, __m2
         k16_row kr[1];
         k16_rows(qt, mm, e, 1, kr);
         for (int s = 0; s < 8; s++) {
-            llb_prefetch_slice(gb, gbb, s);
+            llb_prefetch_slice(gb, gbb, s, 0);
             __m256i acc[2];
             __m256 mn[2][2];
             LLB_UNROLL
@@ -422,7 +422,7 @@ LLB_AI TGT void tile_q4kp_pf(const llb_mm *mm, const q4k_panel *pan, const uint8
     const __m256i m4 = _mm256_set1_epi8(15);
     __m256 sbt[2][TILE2_ROWS] = {{_mm256_setzero_ps()}}; /* the super-block's sum before d (q4k_step) */
     for (int s = 0; s < 8; s++) {
-        if (pf) llb_prefetch_slice(gb, LLB_GB_Q4_K, s);
+        if (pf) llb_prefetch_slice(gb, LLB_GB_Q4_K, s, 0);
         const int8_t *xq = mm->a.qs + 256 * e + 32 * s;
         if (next) { /* the next tile's 4 rows of codes (1 KB, contiguous), then its d and sum: two lines a step */
             const int8_t *nq = mm->a.qs + 256 * *next;

@@ -186,7 +186,7 @@ LLB_AI TGT void fill_panel32(const int qt, const uint8_t *wg, long b0, long b1, 
     for (long b = b0; b < b1; b++) {
         const uint8_t *gb = wg + b * LLB_GB_BYTES(qt);
         __m512i *pb = pan + PANEL32 * (b - b0), q[8];
-        llb_prefetch_ahead(gb, LLB_GB_BYTES(qt));
+        llb_prefetch_ahead(gb, LLB_GB_BYTES(qt), 0);
         dec_block32(qt, gb, q);
         LLB_UNROLL
         for (int t = 0; t < 8; t++) _mm512_store_si512(pb + t, q[t]);
@@ -220,7 +220,7 @@ LLB_AI TGT void tile32(const llb_mm *mm, const uint8_t *wg, long i, const int M,
             mv = LLB_HAS_MIN32(qt) ? _mm512_castsi512_ps(_mm512_load_si512(pb + 9)) : dv;
         } else {
             const uint8_t *gb = wg + b * LLB_GB_BYTES(qt);
-            llb_prefetch_ahead(gb, LLB_GB_BYTES(qt));
+            llb_prefetch_ahead(gb, LLB_GB_BYTES(qt), 0);
             if (qt == LLB_Q8_0) qp = (const __m512i *)(gb + 32);
             else dec_block32(qt, gb, q);
             dv = block_scale16(qt, gb);
@@ -272,7 +272,7 @@ LLB_AI TGT __m512 gemv32(const llb_mm *mm, const uint8_t *wg, const int qt) {
         __m512 tot = _mm512_setzero_ps();
         for (long b = b0; b < b1; b++) { /* n == 1: one row, blocks contiguous (xt = 1) */
             const uint8_t *gb = wg + b * gbb;
-            llb_prefetch_stream_block(gb, gbb);
+            llb_prefetch_ahead(gb, gbb, 1); /* from DRAM: the stream */
             __m512i q[8];
             dec_block32(qt, gb, q);
             const int8_t *xq = mm->a.qs + 32 * b;

@@ -156,7 +156,7 @@ LLB_AI TGT void fill_panel(const int qt, const uint8_t *wg, long s0, long s1, __
         const __m512 d = load_f16x16(gb), dmin = qt == LLB_Q2_K ? load_f16x16(gb + 32) : d;
         for (int s = 0; s < 8; s++) {
             __m512i *ps = pan + PANEL_SUB * (8 * (sb - s0) + s);
-            llb_prefetch_slice(gb, gbb, s);
+            llb_prefetch_slice(gb, gbb, s, 0);
             if (k16) {
                 LLB_UNROLL
                 for (int j = 0; j < 2; j++) {
@@ -255,8 +255,7 @@ LLB_AI TGT void tile_q4k(const int qt, const llb_mm *mm, const uint8_t *const wg
                     for (int t = 0; t < 8; t++) q[gi][t] = _mm512_load_si512(ps + t);
                     sc[gi] = _mm512_castsi512_ps(_mm512_load_si512(ps + 8));
                 } else {
-                    if (gemv) llb_prefetch_stream(gb[gi], LLB_GB_BYTES(qt), s);
-                    else llb_prefetch_slice(gb[gi], LLB_GB_BYTES(qt), s);
+                    llb_prefetch_slice(gb[gi], LLB_GB_BYTES(qt), s, gemv);
                     dec_k4_sub(qt, gb[gi], s, q[gi]);
                     sc[gi] = qt == LLB_IQ4_XS ? sub_scale_i8(gb[gi] + 32 + 16 * s, d[gi]) : sub_scale_u8(gb[gi] + 64 + 16 * s, d[gi]);
                 }
@@ -338,10 +337,7 @@ LLB_AI TGT void tile_k16(const int qt, const llb_mm *mm, const uint8_t *const wg
         for (int s = 0; s < 8; s++) { /* sub-blocks u = 2s, 2s+1 share the activation scale dx[s] */
             __m512 p[LLB_MAXG][TILE_ROWS];
             LLB_UNROLL
-            for (int gi = 0; gi < G; gi++) {
-                if (gemv) llb_prefetch_stream(gb[gi], gbb, s);
-                else llb_prefetch_slice(gb[gi], gbb, s);
-            }
+            for (int gi = 0; gi < G; gi++) llb_prefetch_slice(gb[gi], gbb, s, gemv);
             LLB_UNROLL
             for (int j = 0; j < 2; j++) {
                 const int u = 2 * s + j;

@@ -20,48 +20,39 @@
 #define LLB_KCHUNK 2048
 #endif
 
-/* Asks for the packed bytes LLB_PF_DIST ahead of a block about to be decoded: the weights
- * stream once per call, ahead of the hardware prefetchers (GEMV and GEMM tiles alike; an
- * 8-row decode step ran 1.7x slower without it on 1 thread). */
-static inline void llb_prefetch_ahead(const uint8_t *block, int bytes) {
-    for (int o = 0; o < bytes; o += 64) __builtin_prefetch(block + LLB_PF_DIST + o, 0, 3);
+/* One line of streamed weights, LLB_PF_DIST ahead into L1; a GEMV's stream (stream = 1) asks twice,
+ * into L2 LLB_PF_DIST ahead and into L1 LLB_PF_NEAR ahead. From DRAM a prefetch into L1 alone holds a
+ * line-fill buffer for the whole latency, and the few buffers capped one core near 10 GB/s; L2's queue
+ * is deeper, and from there the L1's misses are short (Q4_K's GEMV on 1 thread, 0.76 GB of weights:
+ * 10.4 -> 15.5 GB/s of CPU time; further, either alone, or as non-temporal hints: no better). */
+#ifndef LLB_PF_NEAR
+#define LLB_PF_NEAR 1024
+#endif
+static inline __attribute__((always_inline)) void llb_prefetch_line(const uint8_t *p, const int stream) {
+    if (stream) {
+        __builtin_prefetch(p + LLB_PF_DIST, 0, 2);
+        __builtin_prefetch(p + LLB_PF_NEAR, 0, 3);
+    } else {
+        __builtin_prefetch(p + LLB_PF_DIST, 0, 3);
+    }
+}
+
+/* Asks for the packed bytes ahead of a block about to be decoded: the weights stream once per call,
+ * ahead of the hardware prefetchers (GEMV and GEMM tiles alike; an 8-row decode step ran 1.7x slower
+ * without it on 1 thread). */
+static inline void llb_prefetch_ahead(const uint8_t *block, int bytes, const int stream) {
+    for (int o = 0; o < bytes; o += 64) llb_prefetch_line(block + o, stream);
 }
 
 /* llb_prefetch_ahead spread over a group-block's 8 sub-block steps: step s (0..7) asks for its
  * eighth of the block's lines, unrolled (as one loop per block it took 13-15% of a hot K-quant
- * GEMV's time on AVX-512). The same lines, LLB_PF_DIST ahead. */
-static inline __attribute__((always_inline)) void llb_prefetch_slice(const uint8_t *block, const int bytes, int s) {
+ * GEMV's time on AVX-512). The same lines. */
+static inline __attribute__((always_inline)) void llb_prefetch_slice(const uint8_t *block, const int bytes, int s,
+                                                                      const int stream) {
     const int per = ((bytes + 63) / 64 + 7) / 8;
     _Pragma("GCC unroll 16") for (int l = 0; l < per; l++) {
         const int o = 64 * (per * s + l);
-        if (o < bytes) __builtin_prefetch(block + LLB_PF_DIST + o, 0, 3);
-    }
-}
-
-/* A GEMV's stream from DRAM: step s (0..7) of a group-block asks for its eighth of the block's lines
- * twice, into L2 LLB_PF_DIST ahead and into L1 LLB_PF_NEAR ahead. Prefetches into L1 alone hold a
- * line-fill buffer for the whole DRAM latency, and the few buffers capped one core near 10 GB/s; L2's
- * queue is deeper, and from there the L1's misses are short (Q4_K's GEMV on 1 thread, 0.76 GB of
- * weights: 10.4 -> 15.5 GB/s of CPU time; further, either alone, or as non-temporal hints: no better). */
-#ifndef LLB_PF_NEAR
-#define LLB_PF_NEAR 1024
-#endif
-static inline __attribute__((always_inline)) void llb_prefetch_stream(const uint8_t *block, const int bytes, int s) {
-    const int per = ((bytes + 63) / 64 + 7) / 8;
-    _Pragma("GCC unroll 16") for (int l = 0; l < per; l++) {
-        const int o = 64 * (per * s + l);
-        if (o < bytes) {
-            __builtin_prefetch(block + LLB_PF_DIST + o, 0, 2);
-            __builtin_prefetch(block + LLB_PF_NEAR + o, 0, 3);
-        }
-    }
-}
-
-/* llb_prefetch_stream for a whole block at once (the 32-block GEMV decodes a block in one step). */
-static inline void llb_prefetch_stream_block(const uint8_t *block, int bytes) {
-    for (int o = 0; o < bytes; o += 64) {
-        __builtin_prefetch(block + LLB_PF_DIST + o, 0, 2);
-        __builtin_prefetch(block + LLB_PF_NEAR + o, 0, 3);
+        if (o < bytes) llb_prefetch_line(block + o, stream);
     }
 }
 
