@@ -1,15 +1,17 @@
 """Micro-benchmark of the native matmul kernels (not a test).
 
     python bench/bench_kernels.py [--threads 1 2] [--isa avx512 avx2] [--quick]
-    python bench/bench_kernels.py --dram [--types Q5_K Q4_K ...] [--threads 1 2] [--mb 256] [--reps 5]
+    python bench/bench_kernels.py --dram [--types Q4_K Q6_K ...] [--threads 1 2] [--layers 28] [--head] [--reps 5]
 
 GEMV (n=1, decode): microseconds per call and GB/s of packed weights read,
 for the real models' shapes with the weights hot in cache, and for a cold
 4096x4096 Q4_1 matrix (cycling through copies larger than the caches).
 GEMM (n=512, prefill): GOP/s counting a multiply-add as 2 operations.
---dram: per quantized type, GEMV GB/s over a weight set far larger than the L3 (rotating over
-several 4096-column matrices, fast mode) beside the C core's read probe (_native.read_bandwidth) and a
-NumPy read of the same number of bytes, all alternated and medians taken: the kernel's share of the memory-bandwidth bound (the probe's).
+--dram: per quantized type, the decode step's GEMVs from DRAM: random weights of each type in
+Qwen2.5-Coder-1.5B's shapes (--head adds the 151936-row output) packed into one buffer of 2 MB pages, a
+working set past the 480 MiB L3 of the development host; GB/s per wall and per CPU second (on a shared
+machine read the CPU column), medians of alternated repetitions, per shape class, beside the C core's
+read probe (_native.read_bandwidth) at the same size: the kernel's share of the memory-bandwidth bound.
 """
 import argparse
 import os
@@ -85,64 +87,74 @@ def bench_cold_gemv(tname, rows, cols, copies, rng, min_time):
     return dt * 1e6, mats[0][1].nbytes / dt / 1e9
 
 
-def cpu_read(a, threads):
-    """(wall s, process CPU s) of one threaded read of the float32 array a (as bench.read_bandwidth)."""
-    import threading
-    ts = [threading.Thread(target=np.max, args=(p,)) for p in np.array_split(a, threads)]
-    t0, c0 = time.perf_counter(), time.process_time()
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    return time.perf_counter() - t0, time.process_time() - c0
+# --dram: Qwen2.5-Coder-1.5B's decode-step matrices per layer (q, k, v, o, gate, up, down).
+HIDDEN, KV, FFN, VOCAB = 1536, 256, 8960, 151936
+DRAM_LAYER = [("q/o", HIDDEN, HIDDEN), ("k/v", KV, HIDDEN), ("k/v", KV, HIDDEN), ("q/o", HIDDEN, HIDDEN),
+              ("gate/up", FFN, HIDDEN), ("gate/up", FFN, HIDDEN), ("down", HIDDEN, FFN)]
 
 
-def dram_gemv(tname, mb, threads, reps, rng):
-    """Medians of alternated runs over ~mb MB of packed weights and a read of as many bytes:
-    (kernel GB/s, read GB/s, kernel GB per CPU-second per thread, read's, bytes, the C core's read probe
-    GB/s: the bound). The NumPy read gives the CPU-time figures. The CPU-time
-    figures stand when the machine is loaded (a memory stall counts as CPU time, waiting for a
-    core does not)."""
-    cols = 4096
-    rows = 4096
-    mats = []
-    while sum(w.nbytes for _, w in mats) < mb << 20:
-        mats.append(packed(tname, rows, cols, rng)[:2])
-    total = sum(w.nbytes for _, w in mats)
-    x = rng.standard_normal((1, cols), dtype=np.float32)
-    out = np.empty((1, rows), np.float32)
+def pack_in_pages(tname, shapes, rng):
+    """(name, layout, packed view, rows, cols) per shape, all in one buffer advised into 2 MB pages as the
+    weight arena is; one random matrix per shape, packed into every copy."""
+    import mmap
     q = TYPES[tname]
-    nat.set_threads(threads)
-    probe = np.ones(total // 4, np.float32)
-    cpu_read(probe, threads)
-    ks, rs, kc, rc, cs = [], [], [], [], []
-    for _ in range(reps):
-        cs.append(max(nat.read_bandwidth(total, threads, 2)))
-        t0, c0 = time.perf_counter(), time.process_time()
-        for _ in range(3):
-            for layout, w in mats:
-                nat.matmul(q, layout, w, rows, cols, x, out, 1, 0)
-        ks.append(3 * total / (time.perf_counter() - t0) / 1e9)
-        kc.append(3 * total * threads / (time.process_time() - c0) / 1e9)
-        wall, cpu = cpu_read(probe, threads)
-        rs.append(probe.nbytes / wall / 1e9)
-        rc.append(probe.nbytes * threads / cpu / 1e9)
-    med = lambda v: float(np.median(v))  # noqa: E731
-    return med(ks), med(rs), med(kc), med(rc), total, med(cs)
+    sizes = [nat.packed_size(q, r, c) for _, r, c in shapes]
+    offs = np.cumsum([0] + [(s + 4095) // 4096 * 4096 for s in sizes])
+    buf = mmap.mmap(-1, int(offs[-1]), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    buf.madvise(mmap.MADV_HUGEPAGE)
+    arr, raws, ops = np.frombuffer(buf, np.uint8), {}, []
+    for (name, r, c), s, o in zip(shapes, sizes, offs):
+        if (r, c) not in raws:
+            raws[r, c] = random_weights(tname, r, c, rng)
+        ops.append((name, nat.pack(q, raws[r, c], arr[o:o + s], r, c), arr[o:o + s], r, c))
+    return ops
 
 
-def dram_table(types, threads, mb, reps):
+def dram_table(types, threads, layers, head, reps):
+    """Per type and thread count (alternated per repetition), the decode step's GEMVs over a working set past
+    the L3: GB/s of packed weights per wall second and per CPU second (the process's: a memory stall counts,
+    waiting for a core does not), medians, per shape class, beside the C core's read probe at the same size
+    (the bound)."""
     rng = np.random.default_rng(0)
-    print(f"GEMV n=1 over a DRAM-sized weight set (~{mb} MB, fast mode, isa {nat.isa()}, {nat.__file__}); "
+    nat.set_threads(max(threads))
+    shapes = [s for _ in range(layers) for s in DRAM_LAYER] + ([("head", VOCAB, HIDDEN)] if head else [])
+    xs = {c: rng.standard_normal((1, c), dtype=np.float32) for c in (HIDDEN, FFN)}
+    outs = {r: np.empty((1, r), np.float32) for r in (KV, HIDDEN, FFN, VOCAB)}
+    med = lambda v: float(np.median(v))  # noqa: E731
+    print(f"GEMV n=1 over Qwen2.5-Coder-1.5B's shapes x {layers} layers (fast mode, isa {nat.isa()}); "
           f"load average {os.getloadavg()[0]:.1f}")
-    print("| type | threads | MB | kernel GB/s | C read probe GB/s | % of probe | NumPy read GB/s | kernel GB/CPU-s | "
-          "NumPy read GB/CPU-s | % (CPU time) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| type | threads | MB | GB/s (wall) | GB/s (CPU) | probe GB/s | % of probe (wall) | per shape GB/s (wall) |")
+    print("|---|---|---|---|---|---|---|---|")
     for tname in types:
+        q, ops = TYPES[tname], pack_in_pages(tname, shapes, rng)
+        nbytes = {}
+        for name, _, w, _, _ in ops:
+            nbytes[name] = nbytes.get(name, 0) + w.nbytes
+        total = sum(nbytes.values())
+
+        def step(acc):
+            for name, layout, w, rows, cols in ops:
+                t0 = time.perf_counter()
+                nat.matmul(q, layout, w, rows, cols, xs[cols], outs[rows], 1, 0)
+                acc[name] = acc.get(name, 0.0) + time.perf_counter() - t0
+
+        wall, cpu, per = ({th: [] for th in threads} for _ in range(3))
+        for rep in range(reps):
+            for th in (threads if rep % 2 == 0 else threads[::-1]):
+                nat.set_threads(th)
+                step({})  # the pool's threads up
+                acc, c0, t0 = {}, time.process_time(), time.perf_counter()
+                step(acc)
+                wall[th].append(time.perf_counter() - t0)
+                cpu[th].append(time.process_time() - c0)
+                per[th].append(acc)
         for th in threads:
-            k, r, kc, rc, total, c = dram_gemv(tname, mb, th, reps, rng)
-            print(f"| {tname} | {th} | {total / 1e6:.0f} | {k:.1f} | {c:.1f} | {100 * k / c:.0f}% | {r:.1f} | {kc:.1f} | "
-                  f"{rc:.1f} | {100 * kc / rc:.0f}% |", flush=True)
+            probe = max(nat.read_bandwidth(total, th, 3))
+            gbs = total / med(wall[th]) / 1e9
+            shape = " ".join(f"{k} {b / med([a[k] for a in per[th]]) / 1e9:.1f}" for k, b in nbytes.items())
+            print(f"| {tname} | {th} | {total / 1e6:.0f} | {gbs:.1f} | {total / med(cpu[th]) / 1e9:.1f} | "
+                  f"{probe:.1f} | {100 * gbs / probe:.0f}% | {shape} |", flush=True)
+        del ops
     print(f"load average at end {os.getloadavg()[0]:.1f}")
 
 
@@ -179,13 +191,15 @@ def main():
     ap.add_argument("--no-cold", action="store_true")
     ap.add_argument("--dram", action="store_true", help="only the DRAM-sized GEMV table against a read probe")
     ap.add_argument("--types", nargs="+", default=None, help="--dram's types (default: every quantized type)")
-    ap.add_argument("--mb", type=int, default=256, help="--dram's weight set in MB (L3 is 32 MB per CCD here)")
+    ap.add_argument("--layers", type=int, default=28, help="--dram's layers of the 1.5B's matrices")
+    ap.add_argument("--head", action="store_true", help="--dram: add the output matrix (151936 x 1536)")
     ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args()
     if args.dram:
         if args.isa:
             nat.set_isa(args.isa[0])
-        dram_table(args.types or [n for n, t in TABLE.items() if t["block"] > 1], args.threads, args.mb, args.reps)
+        dram_table(args.types or [n for n, t in TABLE.items() if t["block"] > 1], args.threads, args.layers, args.head,
+                   args.reps)
         return
     isas = args.isa or [i for i in nat.isa_available() if i != "scalar"] or ["scalar"]
     rng = np.random.default_rng(0)
