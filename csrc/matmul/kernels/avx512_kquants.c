@@ -61,6 +61,16 @@ LLB_AI TGT __m512i dpbusd_b(__m512i acc, __m512i q, const int8_t *x) {
     return acc;
 }
 
+/* A GEMM chain's initial value: the int32 at p broadcast from memory, or (p NULL) a zeroing idiom, per
+ * chain. GCC would make the value once and copy the register per chain: a vector move each on the
+ * multiply ports, where a broadcast is a load and the idiom no uop at all. */
+LLB_AI TGT __m512i chain_init(const int32_t *p) {
+    __m512i v;
+    if (p) __asm__ volatile("vpbroadcastd %1, %0" : "=v"(v) : "m"(*p));
+    else __asm__ volatile("vpxord %0, %0, %0" : "=v"(v));
+    return v;
+}
+
 /* acc[gi][m] += codes of group gi (from q[gi]) . activations of rows m (a tile's rows are 256 bytes apart),
  * quad-major so the G x M chains advance together, each activation broadcast feeding the G groups. nq
  * quads from xq. */
@@ -267,7 +277,8 @@ LLB_AI TGT void tile_q4k(const int qt, const llb_mm *mm, const uint8_t *const wg
                 const __m512i a0 = qt != LLB_IQ4_XS ? _mm512_setzero_si512()
                                  : _mm512_set1_epi32(gemv ? 4 * (bs[0] + bs[1]) : zp[qt == LLB_IQ4_XS ? m : 0][2 * s]);
                 LLB_UNROLL
-                for (int gi = 0; gi < G; gi++) acc[gi][m] = a0;
+                for (int gi = 0; gi < G; gi++)
+                    acc[gi][m] = qt == LLB_Q5_K && !gemv ? chain_init(NULL) : a0; /* IQ4_XS: chain_init measured 1-3% slower */
             }
             const __m512i *const qg[LLB_MAXG] = {q[0], q[LLB_MAXG - 1]};
             if (gemv) dot_row2(acc, qg, 8, xq);
@@ -337,7 +348,8 @@ LLB_AI TGT void tile_k16(const int qt, const llb_mm *mm, const uint8_t *const wg
         for (int s = 0; s < 8; s++) { /* sub-blocks u = 2s, 2s+1 share the activation scale dx[s] */
             __m512 p[LLB_MAXG][TILE_ROWS];
             LLB_UNROLL
-            for (int gi = 0; gi < G; gi++) llb_prefetch_slice(gb[gi], gbb, s, gemv);
+            for (int gi = 0; gi < G; gi++) /* a panel's fill asked for these lines already */
+                if (!pan[gi]) llb_prefetch_slice(gb[gi], gbb, s, gemv);
             LLB_UNROLL
             for (int j = 0; j < 2; j++) {
                 const int u = 2 * s + j;
@@ -353,11 +365,10 @@ LLB_AI TGT void tile_k16(const int qt, const llb_mm *mm, const uint8_t *const wg
                 }
                 LLB_UNROLL
                 for (int m = 0; m < M; m++) { /* the zero point: -32 (Q6_K) or -4 (Q3_K) * bsum16 */
-                    const int32_t bs = mm->a.bs16n[16 * (e + m) + u];
-                    const __m512i a0 = qt == LLB_Q2_K ? _mm512_setzero_si512()
-                                     : _mm512_set1_epi32(qt == LLB_Q6_K ? bs : zp[qt == LLB_Q3_K ? m : 0][u]);
+                    const int32_t *bs = &mm->a.bs16n[16 * (e + m) + u], *z = qt == LLB_Q6_K ? bs : &zp[qt == LLB_Q3_K ? m : 0][u];
+                    const __m512i a0 = qt == LLB_Q2_K ? _mm512_setzero_si512() : _mm512_set1_epi32(*z);
                     LLB_UNROLL
-                    for (int gi = 0; gi < G; gi++) acc[gi][m] = a0;
+                    for (int gi = 0; gi < G; gi++) acc[gi][m] = !PANEL_K_TYPE(qt) || gemv ? a0 : chain_init(z);
                 }
                 const int8_t *xq = mm->a.qs + 256 * e + 16 * u;
                 const __m512i *const qg[LLB_MAXG] = {q[0], q[LLB_MAXG - 1]};
