@@ -1,6 +1,7 @@
 /* The matmul driver: picks the ISA's kernel, quantizes the activations once
  * per call, and splits the work, (16-row group, or a pair of groups where the kernel
- * takes pairs) x (64-activation-row chunk) units, over the thread pool in chunks of consecutive units, so that a thread
+ * takes pairs) x (chunk of 64 activation rows, or of the table's llb_kernels.unit_rows) units, over the thread
+ * pool in chunks of consecutive units, so that a thread
  * streams contiguous regions of the packed weights. A call may hold up to LLB_MM_MAX_PARTS
  * matrices of one type that share the activations (llb_matmul_many): their
  * units follow each other and are split as one list. */
@@ -14,6 +15,8 @@
 
 /* Chunks a parallel call is cut into (see llb_parallel_for). */
 #define MM_CHUNKS 32
+/* A part takes its kernel's larger units (llb_kernels.unit_rows) only if it still has this many. */
+#define MM_MIN_UNITS 8
 /* Up to this many activation rows each thread of a parallel matmul quantizes its own copy. */
 #define LLB_PRIVATE_ACT_ROWS 64
 
@@ -36,6 +39,7 @@ typedef struct {
     const uint8_t *w;
     size_t group_bytes;  /* bytes of one packed 16-row group over all columns */
     long ngroups, first_unit, units;
+    long unit_rows, nchunks; /* activation rows per unit (the last takes the rest), units per group */
 } mm_part;
 
 typedef struct {
@@ -43,7 +47,7 @@ typedef struct {
     const llb_kernels *k;
     int offset;
     size_t group_bytes;  /* the largest part's group_bytes (0: no part is of a packed type) */
-    long nchunks, units;
+    long units;
     long span;           /* groups per unit: 2 where the kernel takes pairs (llb_kernels.pairs) and n > 1, else 1 */
     mm_part part[LLB_MM_MAX_PARTS];
     uint8_t *repack;     /* per-thread pairs of group_bytes buffers when a quantized type comes in the file layout */
@@ -145,10 +149,10 @@ static void matmul_task(void *ctx, long u0, long u1, int tid) {
         const mm_part *p = &c->part[pi];
         llb_mm mm = p->mm;
         mm.a = a;
-        const long v = u - p->first_unit, g = v / c->nchunks * c->span, i0 = v % c->nchunks * LLB_ICHUNK;
+        const long v = u - p->first_unit, g = v / p->nchunks * c->span, i0 = v % p->nchunks * p->unit_rows;
         const uint8_t *wg = group_data(c, p, g, bufs, cp, cg);
         mm.wg2 = c->span == 2 && g + 1 < p->ngroups ? group_data(c, p, g + 1, bufs, cp, cg) : NULL;
-        p->fn(&mm, wg, g, i0, i0 + LLB_ICHUNK < mm.n ? i0 + LLB_ICHUNK : mm.n);
+        p->fn(&mm, wg, g, i0, i0 + p->unit_rows < mm.n ? i0 + p->unit_rows : mm.n);
     }
 }
 
@@ -199,21 +203,26 @@ static size_t mm_setup(mm_ctx *c, const llb_type_info *t, const llb_mm_part *par
     c->k = type_kernels(t, exact, &fn);
     c->mm = (llb_mm){.t = t, .cols = cols, .n = n, .x = x};
     c->span = type_span(c->k, t, n, exact);
-    c->nchunks = (n + LLB_ICHUNK - 1) / LLB_ICHUNK;
     size_t weight_bytes = 0;
     for (int i = 0; i < n_parts; i++) {
         mm_part *p = &c->part[i];
         const llb_type_info *pt = parts[i].t ? parts[i].t : t;
         p->mm = (llb_mm){.t = pt, .rows = parts[i].rows, .cols = cols, .n = n, .x = x, .out = parts[i].out,
                          .row_bytes = llb_row_bytes(pt, cols)};
-        type_kernels(pt, exact, &p->fn);
+        const llb_kernels *pk = type_kernels(pt, exact, &p->fn);
         p->layout = parts[i].layout;
         p->w = parts[i].w;
         p->group_bytes = pt->group_bytes ? (size_t)(cols / pt->block) * pt->group_bytes : 0;
         if (p->group_bytes > c->group_bytes) c->group_bytes = p->group_bytes;
         p->ngroups = (parts[i].rows + LLB_IL - 1) / LLB_IL;
         p->first_unit = c->units;
-        p->units = (p->ngroups + c->span - 1) / c->span * c->nchunks;
+        /* the kernel's rows per unit where that still leaves MM_MIN_UNITS units to share, else LLB_ICHUNK
+         * (which unit computes a row does not change its result: kernels.h) */
+        const long gunits = (p->ngroups + c->span - 1) / c->span;
+        const long big = pk->unit_rows ? pk->unit_rows(pt->qtype, exact, cols) : LLB_ICHUNK;
+        p->unit_rows = gunits * ((n + big - 1) / big) >= MM_MIN_UNITS ? big : LLB_ICHUNK;
+        p->nchunks = (n + p->unit_rows - 1) / p->unit_rows;
+        p->units = gunits * p->nchunks;
         c->units += p->units;
         weight_bytes += p->group_bytes ? p->group_bytes * (size_t)p->ngroups : (size_t)parts[i].rows * p->mm.row_bytes;
         c->needs_repack |= pt->group_bytes && p->layout == LLB_LAYOUT_FILE;

@@ -566,6 +566,7 @@ LLB_AI TGT void float_gemv_ordered(const llb_mm *mm, const uint8_t *wg, long g, 
 #define LLB_RB_VNNI
 #define LLB_PAIRS(qt, exact) (!(exact) && llb_avx512_kquant_pairs(qt))
 #define LLB_KQUANT_FAST llb_avx512_kquant_kernel
+#define LLB_UNIT_ROWS llb_avx512_kquant_unit_rows
 #define LLB_KERNELS_NAME llb_kernels_avx512
 #include "matmul/kernels/table.inc"
 #endif

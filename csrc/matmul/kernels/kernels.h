@@ -16,6 +16,8 @@
 #include "quants/quants.h"
 
 #define LLB_ICHUNK 64 /* activation rows per work unit (a multiple of every kernel's tile) */
+/* The most rows a table's unit_rows gives (a multiple of LLB_ICHUNK): kernels sized for it take them. */
+#define LLB_UNIT_ROWS_MAX 128
 
 /* Activations quantized to 8 bits (fast mode), interleaved in tiles of xt rows
  * (LLB_XT, or n when n is smaller, so a GEMV's are contiguous) so that a GEMM
@@ -92,6 +94,9 @@ typedef struct {
     /* NULL, or fills llb_act.w16 of one row quantized by quant256 (its blocks xt apart, as quant256's
      * outputs) for Q6_K's kernel; the driver calls it after every quant256. */
     void (*words16)(const int8_t *qs, long cols, long xt, int32_t *w16);
+    /* NULL, or the activation rows per GEMM work unit kernel(qtype, exact) takes at depth cols (LLB_ICHUNK
+     * up to LLB_UNIT_ROWS_MAX): more for a kernel that decodes each group once per unit into a panel. */
+    long (*unit_rows)(int qtype, int exact, long cols);
 } llb_kernels;
 
 extern const llb_kernels llb_kernels_scalar;
@@ -102,6 +107,7 @@ extern const llb_kernels llb_kernels_avx512;
 llb_kernel_fn llb_avx2_kquant_kernel(int qtype);
 llb_kernel_fn llb_avx512_kquant_kernel(int qtype);
 int llb_avx512_kquant_pairs(int qtype); /* whether its kernel takes pairs of groups (mm->wg2) */
+long llb_avx512_kquant_unit_rows(int qtype, int exact, long cols); /* llb_kernels.unit_rows */
 #endif
 
 /* Rows of group g that exist (16 except in a last, partial group). */
