@@ -2,6 +2,9 @@
  * kernels of ops/kernels/attention.inc. One module, dependencies one way:
  * the shared helpers, then the default schedules, then the batch-invariant
  * schedule (llb_batch_invariant set: the server), then the entry point. */
+#include <limits.h>
+#include <stdint.h>
+
 #include "core/alloc.h"
 #include "core/state.h"
 #include "core/threadpool.h"
@@ -338,10 +341,11 @@ static void attn_plan(struct attn_task *t, long max_keys) {
  *
  * Rows go in passes whose partials fit the scratch; the pass a row falls in
  * changes nothing for it. Within a pass, items are runs of tiles (up to item_tokens
- * tokens; units: INV_SPAN chunks x kv head x pass over its heads) or lone rows
- * (units: chunk x kv head), handed out from the last (most keys) first. */
+ * tokens; units: kv head x pass over its heads, each through all the rows' chunks, merged
+ * in the kernel from its transposed partials: no partial leaves the tile in rows) or lone
+ * rows (units: chunk x kv head, merged after the pass), handed out from the last (most
+ * keys) first. */
 #define INV_PASS_BYTES ((size_t)16 << 20) /* partials of one pass (more only if one row needs more) */
-#define INV_SPAN 8                         /* chunks of a tile unit (Q transposed once for them) */
 
 struct inv_task {
     const struct llb_attention_args *a;
@@ -358,14 +362,17 @@ struct inv_task {
     long *item_rows;  /* its rows (a run of tiles), or 0 (a lone row) */
     long *first_unit; /* n_items + 1: item k's units are [first_unit[k], first_unit[k + 1]) */
     long *first_part; /* per row of the call: its first partial in the pass (chunk-major, then kv head), -1: direct */
+    long *item_part;  /* an item of tiles: the first partial of its units' merge areas, -1: none */
+    long *item_area;  /* floats of each of those units' areas */
     float *parts;
 };
 
-/* Chunks [c0, c1) of an item's rows [i0, i0 + n) that have them, heads [h0, h0 + nh) of kv head kvh:
- * the (token, head) rows packed into tiles of tile_rows (a token's heads may straddle two: every
- * lane sums alone), up to LLB_INV_TILE_GROUP tiles through each converted block of keys, Q
- * transposed once for the span of chunks. */
-static void run_tiles(const struct inv_task *t, long i0, long n, long c0, long c1, long kvh, long h0, long nh) {
+/* Every chunk of an item's rows [i0, i0 + n), heads [h0, h0 + nh) of kv head kvh: the (token, head)
+ * rows packed into tiles of tile_rows (a token's heads may straddle two: every lane sums alone), up
+ * to LLB_INV_TILE_GROUP tiles through each converted block of keys, Q transposed once; a row of
+ * several chunks has their partials merged in the kernel, in the unit's area `merge`. */
+static void run_tiles(const struct inv_task *t, long i0, long n, long kvh, long h0, long nh, float *merge) {
+    const long c0 = 0, c1 = LONG_MAX;
     const struct llb_attention_args *a = t->a;
     const long s = a->slots[i0];
     if (s < 0 || s >= a->n_slots) return;
@@ -387,6 +394,7 @@ static void run_tiles(const struct inv_task *t, long i0, long n, long c0, long c
                 tiles[nt] = tile_at(a, s, kvh, 1);
                 tiles[nt].chunk = ATTN_CHUNK;
                 tiles[nt].chunk_stride = (size_t)a->n_kv * t->pf;
+                tiles[nt].merge = merge;
                 nt++;
             }
             struct llb_attn_tile *tile = &tiles[nt - 1];
@@ -401,6 +409,12 @@ static void run_tiles(const struct inv_task *t, long i0, long n, long c0, long c
     if (nt) tile_kernel(t->k, a->cache_type, tiles, nt);
 }
 
+/* Item k's first merge area (64-byte aligned within its partials). */
+static float *merge_area(const struct inv_task *t, long k) {
+    const uintptr_t p = (uintptr_t)(t->parts + (size_t)t->item_part[k] * t->pf);
+    return (float *)((p + 63) & ~(uintptr_t)63);
+}
+
 static void run_unit(const void *task, long unit) {
     const struct inv_task *t = task;
     const struct llb_attention_args *a = t->a;
@@ -412,11 +426,11 @@ static void run_unit(const void *task, long unit) {
         else hi = mid - 1;
     }
     const long i = t->item_row[lo], u = unit - t->first_unit[lo];
-    if (t->item_rows[lo]) {
-        const long per_span = a->n_kv * t->passes, c0 = u / per_span * INV_SPAN;
-        const long kvh = u % per_span / t->passes, h0 = u % t->passes * t->heads_per_pass;
-        run_tiles(t, i, t->item_rows[lo], c0, c0 + INV_SPAN, kvh, h0,
-                  t->group - h0 < t->heads_per_pass ? t->group - h0 : t->heads_per_pass);
+    if (t->item_rows[lo]) { /* units: kv head x pass over its heads */
+        const long kvh = u / t->passes, h0 = u % t->passes * t->heads_per_pass;
+        float *merge = t->item_part[lo] < 0 ? NULL : merge_area(t, lo) + (size_t)u * (size_t)t->item_area[lo];
+        run_tiles(t, i, t->item_rows[lo], kvh, h0, t->group - h0 < t->heads_per_pass ? t->group - h0 : t->heads_per_pass,
+                  merge);
         return;
     }
     const long c = u / a->n_kv, kvh = u % a->n_kv;
@@ -464,6 +478,27 @@ static size_t row_parts(const struct llb_attention_args *a, long i) {
     return chunks > 1 ? (size_t)(chunks * a->n_kv) : 0;
 }
 
+/* Floats of the merge area of one unit of an item of `rows` tokens whose rows have up to `chunks`
+ * chunks (attn_tile's merge: its tiles' chunk partials, transposed), or 0: none needed. */
+static size_t unit_area(const struct inv_task *t, long rows, long chunks) {
+    const size_t tiles = (size_t)((rows * t->heads_per_pass + t->tile_rows - 1) / t->tile_rows);
+    const size_t floats = tiles * (size_t)chunks * (size_t)(t->a->head_dim + 2) * (size_t)t->tile_rows;
+    return chunks > 1 ? (floats + 15) & ~(size_t)15 : 0;
+}
+
+/* Partials (of pf floats) the merge areas of an item's units take, with 64 bytes to align them. */
+static size_t area_parts(const struct inv_task *t, long rows, long chunks) {
+    const size_t floats = unit_area(t, rows, chunks) * (size_t)(t->a->n_kv * t->passes);
+    return floats ? (floats + 16 + t->pf - 1) / t->pf : 0;
+}
+
+/* The most chunks of rows [i, i + rows). */
+static long most_chunks(const struct llb_attention_args *a, long i, long rows) {
+    long most = 0;
+    for (long j = i; j < i + rows; j++) most = row_chunks(a, j) > most ? row_chunks(a, j) : most;
+    return most;
+}
+
 /* Lays out the pass starting at row r0, with at most cap partials (at least one row's); returns its end.
  * An item whose partials do not all fit starts the next pass, unless it is the pass's first: then
  * it keeps the rows that fit. */
@@ -473,27 +508,39 @@ static long plan_pass(struct inv_task *t, long r0, size_t cap) {
     long i = r0, units = 0;
     t->n_items = 0;
     while (i < a->n) {
-        long rows = t->item_tokens ? tile_run(t, i) : 1, fit = 0;
-        size_t need = 0;
-        while (fit < rows && n_parts + need + row_parts(a, i + fit) <= cap) need += row_parts(a, i + fit++);
-        if (fit < rows && t->n_items) break; /* the next pass */
-        /* A first item cut by the cap keeps whole tiles: 42 tokens of 6 heads (the 1.5B at depth
-         * 16384) made 5 tiles of 48 rows and one of 12, which costs a full one. */
-        if (fit < rows && t->item_tokens && fit > t->full_tokens) fit -= fit % t->full_tokens;
-        rows = fit > 0 ? fit : 1; /* cap holds one row's partials */
-        const int tile = t->item_tokens && tile_worth(t->k->lanes, rows, t->heads_per_pass);
-        if (!tile) rows = 1;
-        long chunks_max = 0;
-        for (long j = i; j < i + rows; j++) {
-            const long chunks = row_chunks(a, j);
-            t->first_part[j] = chunks > 1 ? (long)n_parts : -1;
-            n_parts += row_parts(a, j);
-            chunks_max = chunks > chunks_max ? chunks : chunks_max;
+        long rows = t->item_tokens ? tile_run(t, i) : 1;
+        int tile = t->item_tokens && tile_worth(t->k->lanes, rows, t->heads_per_pass);
+        if (tile) {
+            long fit = rows;
+            while (fit > 0 && n_parts + area_parts(t, fit, most_chunks(a, i, fit)) > cap) fit--;
+            if (fit < rows && t->n_items) break; /* the next pass */
+            /* A first item cut by the cap keeps whole tiles: 42 tokens of 6 heads made 5 tiles of
+             * 48 rows and one of 12, which costs a full one. */
+            if (fit < rows && fit > t->full_tokens) fit -= fit % t->full_tokens;
+            rows = fit > 0 ? fit : 1; /* cap holds one token's tiles */
+            tile = tile_worth(t->k->lanes, rows, t->heads_per_pass);
+        }
+        if (!tile) {
+            rows = 1;
+            if (n_parts + row_parts(a, i) > cap && t->n_items) break; /* cap holds one row's partials */
+        }
+        const long chunks_max = most_chunks(a, i, rows);
+        t->item_part[t->n_items] = -1;
+        if (tile) {
+            for (long j = i; j < i + rows; j++) t->first_part[j] = -1; /* merged in the kernel */
+            if (chunks_max > 1) {
+                t->item_part[t->n_items] = (long)n_parts;
+                t->item_area[t->n_items] = (long)unit_area(t, rows, chunks_max);
+                n_parts += area_parts(t, rows, chunks_max);
+            }
+        } else {
+            t->first_part[i] = chunks_max > 1 ? (long)n_parts : -1;
+            n_parts += row_parts(a, i);
         }
         t->item_row[t->n_items] = i;
         t->item_rows[t->n_items] = tile ? rows : 0;
         t->first_unit[t->n_items] = units;
-        units += tile ? (chunks_max + INV_SPAN - 1) / INV_SPAN * a->n_kv * t->passes : chunks_max * a->n_kv;
+        units += tile ? a->n_kv * t->passes : chunks_max * a->n_kv;
         t->n_items++;
         i += rows;
     }
@@ -523,15 +570,19 @@ static int attention_invariant(const struct llb_attention_args *a) {
      * context allows (max_row_chunks), capped. */
     const long max_chunks = max_row_chunks(a);
     const size_t row_parts = max_chunks > 1 ? (size_t)(max_chunks * a->n_kv) : 0, part_bytes = t.pf * sizeof(float);
-    size_t cap = (size_t)a->n * row_parts;
+    /* the rows' partials, plus the tiles' padding (at most an item's worth) */
+    size_t cap = (size_t)a->n * row_parts + (t.item_tokens ? area_parts(&t, t.item_tokens, max_chunks) : 0);
     if (cap * part_bytes > INV_PASS_BYTES) cap = INV_PASS_BYTES / part_bytes > row_parts ? INV_PASS_BYTES / part_bytes : row_parts;
-    const size_t index_bytes = ((size_t)(4 * a->n + 1) * sizeof(long) + 63) & ~(size_t)63;
+    if (t.item_tokens && cap < area_parts(&t, 1, max_chunks)) cap = area_parts(&t, 1, max_chunks); /* one token's tiles */
+    const size_t index_bytes = ((size_t)(6 * a->n + 1) * sizeof(long) + 63) & ~(size_t)63;
     char *scratch = llb_scratch(index_bytes + cap * part_bytes);
     if (!scratch) return -1;
     t.first_part = (long *)scratch;
     t.item_row = t.first_part + a->n;
     t.item_rows = t.item_row + a->n;
     t.first_unit = t.item_rows + a->n;
+    t.item_part = t.first_unit + a->n + 1;
+    t.item_area = t.item_part + a->n;
     t.parts = (float *)(scratch + index_bytes);
 
     for (long r0 = 0; r0 < a->n; r0 = t.r1) {

@@ -54,6 +54,11 @@ struct llb_attn_tile {
      * chunk's partial chunk_stride floats after the previous one (out and ml); 0: one range each. */
     long chunk;
     size_t chunk_stride;
+    /* Row order with chunks, merge set: the rows (ml unused) go through every chunk of theirs in this
+     * call; a row of several gets its chunks' partials kept here transposed and merged at the end,
+     * as attn_merge does, into out[r]. At least n_tiles x chunks x (head_dim + 2) x
+     * lanes x LLB_TILE_VECS floats, 64-byte aligned. */
+    float *merge;
     const float *kbase; /* as llb_attn_unit's */
 };
 
