@@ -628,7 +628,10 @@ int llb_pool_cap_thread(int n) {
 
 int llb_pool_call_threads(void) {
     const int nth = llb_pool_threads();
-    if (inside_task || nth == 1 || now_ns() < atomic_load_explicit(&solo_until, memory_order_relaxed)) return 1;
+    if (inside_task || nth == 1) return 1;
+    const uint64_t t = now_ns(); /* running calls alone, or busy: its workers may be off the CPU */
+    if (t < atomic_load_explicit(&solo_until, memory_order_relaxed) || t < atomic_load_explicit(&busy_until, memory_order_relaxed))
+        return 1;
     return thread_cap > 0 && thread_cap < nth ? thread_cap : nth;
 }
 
