@@ -658,6 +658,8 @@ DEEP_CASES = [
     (64, 9, 3, 1, 6000),    # SmolLM2 decode deeper still
     (128, 16, 2, 3, 3000),  # three tokens of one sequence (a short prefill chunk or speculative batch)
     (128, 12, 2, 67, 3100), # Qwen2.5-1.5B prefill chunk at depth ~3000: tiles of 8 tokens x 6 heads, a short last one
+    (64, 9, 3, 1, 200),     # SmolLM2 decode in one chunk: 3 kv heads on 2 threads are cut by query heads
+    (256, 4, 1, 1, 180),    # Gemma 3's one kv head in one chunk: its 4 heads cut over the threads
 ]
 
 

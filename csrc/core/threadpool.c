@@ -397,7 +397,8 @@ static void join(unsigned long target, int nth, unsigned gen, int active, uint64
 #define STALL_MIN_NS (300 * 1000)
 #define SOLO_MIN_NS (2 * 1000 * 1000)
 #define SOLO_MAX_NS (256 * 1000 * 1000)
-static uint64_t solo_until, solo_ns = SOLO_MIN_NS, last_stall;
+static uint64_t solo_ns = SOLO_MIN_NS, last_stall;
+static _Atomic uint64_t solo_until; /* written under call_lock; llb_pool_call_threads reads it without */
 static long stalls;
 /* Counters for llb_pool_stats (under call_lock). */
 #define WAIT_NOTED_NS (20 * 1000)
@@ -417,7 +418,7 @@ static void note_join(uint64_t start, uint64_t claimed, uint64_t end, long ran) 
         if (last_stall && start - last_stall < 4 * solo_ns) solo_ns = solo_ns * 2 < SOLO_MAX_NS ? solo_ns * 2 : SOLO_MAX_NS;
         else solo_ns = SOLO_MIN_NS;
         last_stall = end;
-        solo_until = end + solo_ns;
+        atomic_store_explicit(&solo_until, end + solo_ns, memory_order_relaxed);
         atomic_store_explicit(&busy_until, end + BUSY_HOLD_NS, memory_order_relaxed);
     }
 }
@@ -570,7 +571,7 @@ static void parallel_for(llb_range_fn fn, void *ctx, long n, long grain, int max
     const int nth = atomic_load_explicit(&pool.nth, memory_order_relaxed);
     inside_task = 1;
     const uint64_t start = nth > 1 ? now_ns() : 0;
-    if (nth == 1 || start < solo_until) {
+    if (nth == 1 || start < atomic_load_explicit(&solo_until, memory_order_relaxed)) {
         if (nth > 1) calls_solo++;
         run_serially(fn, ctx, n, grain);
     } else {
@@ -623,6 +624,15 @@ int llb_pool_cap_thread(int n) {
     const int old = thread_cap;
     thread_cap = n > 0 ? n : 0;
     return old;
+}
+
+int llb_pool_call_threads(void) {
+    const int nth = llb_pool_threads();
+    if (inside_task || nth == 1) return 1;
+    const uint64_t t = now_ns(); /* running calls alone, or busy: its workers may be off the CPU */
+    if (t < atomic_load_explicit(&solo_until, memory_order_relaxed) || t < atomic_load_explicit(&busy_until, memory_order_relaxed))
+        return 1;
+    return thread_cap > 0 && thread_cap < nth ? thread_cap : nth;
 }
 
 long llb_pool_stalls(void) {

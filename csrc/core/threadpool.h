@@ -46,6 +46,11 @@ long llb_grain(long n, long chunks, long min_grain, long align);
  * size); returns the previous cap. Results never depend on it (chunks come from the sizes):
  * the decode loop uses it to run a step on fewer threads when that is faster (a busy machine). */
 int llb_pool_cap_thread(int n);
+/* Threads a call from this thread can count on now: the pool's size under this thread's cap; 1
+ * inside a task, while the pool runs calls on the caller alone (after a stall) and while it sees
+ * the machine busy (a worker absent from a call or stalled in the last second). A hint for work
+ * whose results do not depend on how it is cut. */
+int llb_pool_call_threads(void);
 
 /* Calls so far in which a worker stalled in its chunk (descheduled), each followed by a
  * while of running calls on the caller alone (see threadpool.c). */

@@ -46,7 +46,8 @@ static size_t part_floats(const struct llb_attention_args *a, long group) {
     return (size_t)group * (size_t)a->head_dim + 2 * (size_t)group;
 }
 
-/* Whether rows [i0, i1) (units of work) are worth a fork/join: count the q.k and p.v multiply-adds. */
+/* Whether rows [i0, i1) (units of work, or of heads where units may be cut by heads) are worth a
+ * fork/join: count the q.k and p.v multiply-adds. */
 static int worth_forking(const struct llb_attention_args *a, long i0, long i1, long units) {
     double macs = 0;
     for (long i = i0; i < i1; i++) macs += (double)row_keys(a, i);
@@ -78,10 +79,13 @@ static void merge_token(const struct llb_attention_args *a, const struct llb_op_
 }
 
 /* Units [0, units) of a schedule, claimed one at a time from the pool (grain 1) so that
- * uneven causal rows balance over the threads. */
+ * uneven causal rows balance over the threads. A schedule whose units are each a kv head's
+ * `group` query heads through the row kernel may give run_heads (heads [h0, h0 + nh) of a unit). */
 struct unit_queue {
     void (*run)(const void *task, long unit);
     const void *task;
+    void (*run_heads)(const void *task, long unit, long h0, long nh);
+    long group;
 };
 
 static void queue_task(void *ctx, long b, long e, int tid) {
@@ -90,8 +94,27 @@ static void queue_task(void *ctx, long b, long e, int tid) {
     for (long unit = b; unit < e; unit++) q->run(q->task, unit);
 }
 
+/* Items [b, e) of the units' heads flattened (unit-major): each unit's run of them in one call. */
+static void heads_task(void *ctx, long b, long e, int tid) {
+    (void)tid;
+    const struct unit_queue *q = ctx;
+    for (long unit = b / q->group; unit * q->group < e; unit++) {
+        const long h0 = b > unit * q->group ? b - unit * q->group : 0;
+        const long h1 = e < (unit + 1) * q->group ? e - unit * q->group : q->group;
+        q->run_heads(q->task, unit, h0, h1 - h0);
+    }
+}
+
+/* Fewer units than two per thread that do not share evenly (a decode token's 3 kv heads on 2
+ * threads: one thread ran two, the other one) are cut by query heads instead, a contiguous run
+ * of about the same number for each thread. The row kernel sums each head alone: the same bits
+ * however a unit's heads are grouped, so this may follow the thread count. */
 static void run_units(const struct unit_queue *q, long units, int parallel) {
-    if (parallel) llb_parallel_for(queue_task, (void *)q, units, 1, LLB_POOL_MAX_THREADS);
+    const long threads = parallel && q->run_heads ? llb_pool_call_threads() : 1;
+    if (threads > 1 && units < 2 * threads && units % threads) {
+        const long items = units * q->group;
+        llb_parallel_for(heads_task, (void *)q, items, (items + threads - 1) / threads, (int)threads);
+    } else if (parallel) llb_parallel_for(queue_task, (void *)q, units, 1, LLB_POOL_MAX_THREADS);
     else
         for (long unit = 0; unit < units; unit++) q->run(q->task, unit);
 }
@@ -254,7 +277,8 @@ static void tile_unit_run(const struct attn_task *t, long unit) {
     if (nt) tile_kernel(t->k, a->cache_type, tiles, nt);
 }
 
-static void attn_unit_run(const void *task, long unit) {
+/* Heads [h0, h0 + nh) of a rows or split unit (a tile unit: all of it). */
+static void attn_unit_heads(const void *task, long unit, long h0, long nh) {
     const struct attn_task *t = task;
     const struct llb_attention_args *a = t->a;
     if (t->mode == ATTN_TILES) {
@@ -272,11 +296,16 @@ static void attn_unit_run(const void *task, long unit) {
             nx.i = i + (t->first_chunk[i + 1] <= c2), nx.kvh = (unit + 1) % a->n_kv;
             chunk_keys(a, nx.i, c2 - t->first_chunk[nx.i], &nx.lo, &nx.hi);
         }
-        attend_rows_next(t->a, t->k, i, kvh, 0, t->group, lo, hi, out, out + (size_t)t->group * (size_t)a->head_dim, nx);
+        attend_rows_next(t->a, t->k, i, kvh, h0, nh, lo, hi, out + (size_t)h0 * (size_t)a->head_dim,
+                         out + (size_t)t->group * (size_t)a->head_dim + 2 * h0, nx);
     } else {
         const long i = a->n - 1 - unit / a->n_kv, kvh = unit % a->n_kv;
-        attend_rows(t->a, t->k, i, kvh, 0, t->group, first_key(a, a->pos[i]), a->pos[i], NULL, NULL);
+        attend_rows(t->a, t->k, i, kvh, h0, nh, first_key(a, a->pos[i]), a->pos[i], NULL, NULL);
     }
+}
+
+static void attn_unit_run(const void *task, long unit) {
+    attn_unit_heads(task, unit, 0, ((const struct attn_task *)task)->group);
 }
 
 /* Split mode: combine each (token, head)'s chunk partials into out. */
@@ -415,7 +444,8 @@ static float *merge_area(const struct inv_task *t, long k) {
     return (float *)((p + 63) & ~(uintptr_t)63);
 }
 
-static void run_unit(const void *task, long unit) {
+/* Heads [h0, h0 + nh) of a unit (a unit of tiles: all of it). */
+static void run_unit_heads(const void *task, long unit, long h0, long nh) {
     const struct inv_task *t = task;
     const struct llb_attention_args *a = t->a;
     unit = t->units - 1 - unit;
@@ -427,10 +457,10 @@ static void run_unit(const void *task, long unit) {
     }
     const long i = t->item_row[lo], u = unit - t->first_unit[lo];
     if (t->item_rows[lo]) { /* units: kv head x pass over its heads */
-        const long kvh = u / t->passes, h0 = u % t->passes * t->heads_per_pass;
+        const long kvh = u / t->passes, th0 = u % t->passes * t->heads_per_pass;
         float *merge = t->item_part[lo] < 0 ? NULL : merge_area(t, lo) + (size_t)u * (size_t)t->item_area[lo];
-        run_tiles(t, i, t->item_rows[lo], kvh, h0, t->group - h0 < t->heads_per_pass ? t->group - h0 : t->heads_per_pass,
-                  merge);
+        run_tiles(t, i, t->item_rows[lo], kvh, th0,
+                  t->group - th0 < t->heads_per_pass ? t->group - th0 : t->heads_per_pass, merge);
         return;
     }
     const long c = u / a->n_kv, kvh = u % a->n_kv;
@@ -442,12 +472,15 @@ static void run_unit(const void *task, long unit) {
         chunk_keys(a, i, (u - 1) / a->n_kv, &nx.lo, &nx.hi);
     }
     if (t->first_part[i] < 0) {
-        attend_rows_next(a, t->k, i, kvh, 0, t->group, k0, k1, NULL, NULL, nx);
+        attend_rows_next(a, t->k, i, kvh, h0, nh, k0, k1, NULL, NULL, nx);
     } else {
         float *part = t->parts + (size_t)(t->first_part[i] + u) * t->pf;
-        attend_rows_next(a, t->k, i, kvh, 0, t->group, k0, k1, part, part + (size_t)t->group * (size_t)a->head_dim, nx);
+        attend_rows_next(a, t->k, i, kvh, h0, nh, k0, k1, part + (size_t)h0 * (size_t)a->head_dim,
+                         part + (size_t)t->group * (size_t)a->head_dim + 2 * h0, nx);
     }
 }
+
+static void run_unit(const void *task, long unit) { run_unit_heads(task, unit, 0, ((const struct inv_task *)task)->group); }
 
 /* Rows [i0, i1) of the pass: their chunk partials merged into out, in chunk order. */
 static void merge_rows(const struct inv_task *t, long i0, long i1) {
@@ -588,8 +621,10 @@ static int attention_invariant(const struct llb_attention_args *a) {
     for (long r0 = 0; r0 < a->n; r0 = t.r1) {
         t.r0 = r0;
         t.r1 = plan_pass(&t, r0, cap);
-        const int parallel = worth_forking(a, t.r0, t.r1, t.units);
-        const struct unit_queue q = {.run = run_unit, .task = &t};
+        /* a lone row's units (no tiles) may be cut by heads */
+        const int heads = t.n_items == 1 && !t.item_rows[0];
+        const struct unit_queue q = {.run = run_unit, .task = &t, .run_heads = heads ? run_unit_heads : NULL, .group = t.group};
+        const int parallel = worth_forking(a, t.r0, t.r1, heads ? t.units * t.group : t.units);
         run_units(&q, t.units, parallel);
         if (parallel && t.r1 - t.r0 > 1)
             llb_parallel_for(merge_task, &t, t.r1 - t.r0, llb_grain(t.r1 - t.r0, 16, 1, 1), LLB_POOL_MAX_THREADS);
@@ -611,7 +646,8 @@ void llb_attention(const struct llb_attention_args *a) {
         if (keys > max_keys) max_keys = keys;
     }
     attn_plan(&t, max_keys);
-    const struct unit_queue q = {.run = attn_unit_run, .task = &t};
-    run_units(&q, t.units, worth_forking(a, 0, a->n, t.units));
+    const struct unit_queue q = {.run = attn_unit_run, .task = &t, .run_heads = t.mode == ATTN_TILES ? NULL : attn_unit_heads,
+                                 .group = t.group};
+    run_units(&q, t.units, worth_forking(a, 0, a->n, q.run_heads ? t.units * t.group : t.units));
     if (t.mode == ATTN_SPLIT) attn_merge_all(&t);
 }
