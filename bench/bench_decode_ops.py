@@ -1,6 +1,6 @@
 """One decode step broken down per op: wall time, bytes read, GB/s (not a test).
 
-    python bench/bench_decode_ops.py MODEL.gguf [--threads 1 2] [--steps 64] [--depth 128] [--exact]
+    python bench/bench_decode_ops.py MODEL.gguf [--threads 1 2] [--steps 64] [--depth 128] [--exact] [--kv-type f16]
 
 Runs decode steps through the Python forward (no plan), each C call timed alone (perf_counter around
 the call: the Python between calls is not counted), per op name and shape; a matmul's bytes are its
@@ -68,8 +68,10 @@ def main():
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--depth", type=int, default=128)
     ap.add_argument("--exact", action="store_true")
+    ap.add_argument("--kv-type", default=None, help="f32 (default), f16 or q8_0")
     args = ap.parse_args()
-    m = load(args.model, activations="f32" if args.exact else None)
+    m = load(args.model, activations="f32" if args.exact else None, kv_type=args.kv_type,
+             n_ctx=max(4096, args.depth + args.steps + 8))
     tr = m.transformer
     timed = Timed(_native)
     native.C = timed
