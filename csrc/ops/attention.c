@@ -2,7 +2,6 @@
  * kernels of ops/kernels/attention.inc. One module, dependencies one way:
  * the shared helpers, then the default schedules, then the batch-invariant
  * schedule (llb_batch_invariant set: the server), then the entry point. */
-#include <limits.h>
 #include <stdint.h>
 
 #include "core/alloc.h"
@@ -79,19 +78,20 @@ static void merge_token(const struct llb_attention_args *a, const struct llb_op_
 }
 
 /* Units [0, units) of a schedule, claimed one at a time from the pool (grain 1) so that
- * uneven causal rows balance over the threads. A schedule whose units are each a kv head's
- * `group` query heads through the row kernel may give run_heads (heads [h0, h0 + nh) of a unit). */
+ * uneven causal rows balance over the threads. run does heads [h0, h0 + nh) of a unit (a kv
+ * head's `group` query heads); by_heads: the units go through the row kernel, so they may be cut
+ * by heads (else run is always given all of a unit's). */
 struct unit_queue {
-    void (*run)(const void *task, long unit);
+    void (*run)(const void *task, long unit, long h0, long nh);
     const void *task;
-    void (*run_heads)(const void *task, long unit, long h0, long nh);
     long group;
+    int by_heads;
 };
 
 static void queue_task(void *ctx, long b, long e, int tid) {
     (void)tid;
     const struct unit_queue *q = ctx;
-    for (long unit = b; unit < e; unit++) q->run(q->task, unit);
+    for (long unit = b; unit < e; unit++) q->run(q->task, unit, 0, q->group);
 }
 
 /* Items [b, e) of the units' heads flattened (unit-major): each unit's run of them in one call. */
@@ -101,7 +101,7 @@ static void heads_task(void *ctx, long b, long e, int tid) {
     for (long unit = b / q->group; unit * q->group < e; unit++) {
         const long h0 = b > unit * q->group ? b - unit * q->group : 0;
         const long h1 = e < (unit + 1) * q->group ? e - unit * q->group : q->group;
-        q->run_heads(q->task, unit, h0, h1 - h0);
+        q->run(q->task, unit, h0, h1 - h0);
     }
 }
 
@@ -110,13 +110,13 @@ static void heads_task(void *ctx, long b, long e, int tid) {
  * of about the same number for each thread. The row kernel sums each head alone: the same bits
  * however a unit's heads are grouped, so this may follow the thread count. */
 static void run_units(const struct unit_queue *q, long units, int parallel) {
-    const long threads = parallel && q->run_heads ? llb_pool_call_threads() : 1;
+    const long threads = parallel && q->by_heads ? llb_pool_call_threads() : 1;
     if (threads > 1 && units < 2 * threads && units % threads) {
         const long items = units * q->group;
         llb_parallel_for(heads_task, (void *)q, items, (items + threads - 1) / threads, (int)threads);
     } else if (parallel) llb_parallel_for(queue_task, (void *)q, units, 1, LLB_POOL_MAX_THREADS);
     else
-        for (long unit = 0; unit < units; unit++) q->run(q->task, unit);
+        for (long unit = 0; unit < units; unit++) q->run(q->task, unit, 0, q->group);
 }
 
 /* Byte offset of kv head kvh's first key of slot s in the caches. */
@@ -304,10 +304,6 @@ static void attn_unit_heads(const void *task, long unit, long h0, long nh) {
     }
 }
 
-static void attn_unit_run(const void *task, long unit) {
-    attn_unit_heads(task, unit, 0, ((const struct attn_task *)task)->group);
-}
-
 /* Split mode: combine each (token, head)'s chunk partials into out. */
 static void attn_merge_all(const struct attn_task *t) {
     const struct llb_attention_args *a = t->a;
@@ -401,19 +397,16 @@ struct inv_task {
  * to LLB_INV_TILE_GROUP tiles through each converted block of keys, Q transposed once; a row of
  * several chunks has their partials merged in the kernel, in the unit's area `merge`. */
 static void run_tiles(const struct inv_task *t, long i0, long n, long kvh, long h0, long nh, float *merge) {
-    const long c0 = 0, c1 = LONG_MAX;
     const struct llb_attention_args *a = t->a;
     const long s = a->slots[i0];
     if (s < 0 || s >= a->n_slots) return;
     struct llb_attn_tile tiles[LLB_INV_TILE_GROUP];
     long nt = 0;
     for (long i = i0; i < i0 + n; i++) {
-        if (a->pos[i] < 0 || a->pos[i] >= a->n_ctx || row_chunks(a, i) <= c0) continue; /* validated by the caller */
-        const long last = row_chunks(a, i) < c1 ? row_chunks(a, i) - 1 : c1 - 1;
+        if (a->pos[i] < 0 || a->pos[i] >= a->n_ctx || row_chunks(a, i) <= 0) continue; /* validated by the caller */
         long lo, hi, lo1;
-        chunk_keys(a, i, c0, &lo, &hi);
-        chunk_keys(a, i, last, &lo1, &hi);
-        float *part = t->first_part[i] < 0 ? NULL : t->parts + (size_t)(t->first_part[i] + c0 * a->n_kv + kvh) * t->pf;
+        chunk_keys(a, i, 0, &lo, &hi);
+        chunk_keys(a, i, row_chunks(a, i) - 1, &lo1, &hi);
         for (long h = h0; h < h0 + nh; h++) {
             if (!nt || tiles[nt - 1].n_rows == t->tile_rows) { /* a new tile */
                 if (nt == LLB_INV_TILE_GROUP) { /* not with item_tokens' rows; a call holds no more */
@@ -429,8 +422,8 @@ static void run_tiles(const struct inv_task *t, long i0, long n, long kvh, long 
             struct llb_attn_tile *tile = &tiles[nt - 1];
             const long r = tile->n_rows++, row = i * a->n_heads + kvh * t->group + h;
             tile->q[r] = a->q + row * a->head_dim;
-            tile->out[r] = part ? part + h * a->head_dim : a->out + row * a->head_dim;
-            tile->ml[r] = part ? part + t->group * a->head_dim + 2 * h : NULL;
+            tile->out[r] = a->out + row * a->head_dim;
+            tile->ml[r] = NULL; /* a row of several chunks is merged in the kernel (merge) */
             tile->lo[r] = lo;
             tile->hi[r] = hi;
         }
@@ -479,8 +472,6 @@ static void run_unit_heads(const void *task, long unit, long h0, long nh) {
                          part + (size_t)t->group * (size_t)a->head_dim + 2 * h0, nx);
     }
 }
-
-static void run_unit(const void *task, long unit) { run_unit_heads(task, unit, 0, ((const struct inv_task *)task)->group); }
 
 /* Rows [i0, i1) of the pass: their chunk partials merged into out, in chunk order. */
 static void merge_rows(const struct inv_task *t, long i0, long i1) {
@@ -623,7 +614,7 @@ static int attention_invariant(const struct llb_attention_args *a) {
         t.r1 = plan_pass(&t, r0, cap);
         /* a lone row's units (no tiles) may be cut by heads */
         const int heads = t.n_items == 1 && !t.item_rows[0];
-        const struct unit_queue q = {.run = run_unit, .task = &t, .run_heads = heads ? run_unit_heads : NULL, .group = t.group};
+        const struct unit_queue q = {.run = run_unit_heads, .task = &t, .group = t.group, .by_heads = heads};
         const int parallel = worth_forking(a, t.r0, t.r1, heads ? t.units * t.group : t.units);
         run_units(&q, t.units, parallel);
         if (parallel && t.r1 - t.r0 > 1)
@@ -646,8 +637,7 @@ void llb_attention(const struct llb_attention_args *a) {
         if (keys > max_keys) max_keys = keys;
     }
     attn_plan(&t, max_keys);
-    const struct unit_queue q = {.run = attn_unit_run, .task = &t, .run_heads = t.mode == ATTN_TILES ? NULL : attn_unit_heads,
-                                 .group = t.group};
-    run_units(&q, t.units, worth_forking(a, 0, a->n, q.run_heads ? t.units * t.group : t.units));
+    const struct unit_queue q = {.run = attn_unit_heads, .task = &t, .group = t.group, .by_heads = t.mode != ATTN_TILES};
+    run_units(&q, t.units, worth_forking(a, 0, a->n, q.by_heads ? t.units * t.group : t.units));
     if (t.mode == ATTN_SPLIT) attn_merge_all(&t);
 }
