@@ -415,7 +415,6 @@ static void run_tiles(const struct inv_task *t, long i0, long n, long kvh, long 
                 }
                 tiles[nt] = tile_at(a, s, kvh, 1);
                 tiles[nt].chunk = ATTN_CHUNK;
-                tiles[nt].chunk_stride = (size_t)a->n_kv * t->pf;
                 tiles[nt].merge = merge;
                 nt++;
             }
@@ -423,7 +422,6 @@ static void run_tiles(const struct inv_task *t, long i0, long n, long kvh, long 
             const long r = tile->n_rows++, row = i * a->n_heads + kvh * t->group + h;
             tile->q[r] = a->q + row * a->head_dim;
             tile->out[r] = a->out + row * a->head_dim;
-            tile->ml[r] = NULL; /* a row of several chunks is merged in the kernel (merge) */
             tile->lo[r] = lo;
             tile->hi[r] = hi;
         }

@@ -46,15 +46,12 @@ struct llb_attn_tile {
     float *out[LLB_TILE_MAX_ROWS];
     long lo[LLB_TILE_MAX_ROWS], hi[LLB_TILE_MAX_ROWS];
     /* Nonzero: sum exactly as attend does (a row's bits then do not depend on the kernel; the
-     * batch-invariant schedule), and rows with ml[r] set get a partial as attend's split chunks
-     * (out[r] the unnormalised sums, ml[r] its (max score, sum of exp)). */
+     * batch-invariant schedule). */
     int row_order;
-    float *ml[LLB_TILE_MAX_ROWS];
-    /* Row order: the rows (sharing their first key) cut into chunks of `chunk` keys from it, each
-     * chunk's partial chunk_stride floats after the previous one (out and ml); 0: one range each. */
+    /* Row order: the rows (sharing their first key) cut into chunks of `chunk` keys from it; 0: one
+     * range each. */
     long chunk;
-    size_t chunk_stride;
-    /* Row order with chunks, merge set: the rows (ml unused) go through every chunk of theirs in this
+    /* Row order with chunks, merge set: the rows go through every chunk of theirs in this
      * call; a row of several gets its chunks' partials kept here transposed and merged at the end,
      * as attn_merge does, into out[r]. At least n_tiles x chunks x (head_dim + 2) x
      * lanes x LLB_TILE_VECS floats, 64-byte aligned. */
