@@ -7,6 +7,8 @@
  * units follow each other and are split as one list. */
 #include "matmul/matmul.h"
 
+#include <stdatomic.h>
+
 #include "core/alloc.h"
 #include "core/isa.h"
 #include "core/state.h"
@@ -59,9 +61,14 @@ typedef struct {
     uint8_t *acts;
     size_t act_bytes, off_d, off_bias, off_sum, off_bs16n, off_qs2, off_d2, off_bias2, off_w16;
     int private_acts;
-    /* private_acts: thread tid has quantized its copy. Written once per thread and call, on lines of
-     * their own: the fields above are read at every chunk by every thread. */
-    _Alignas(64) unsigned char acts_ready[LLB_POOL_MAX_THREADS];
+    /* A GEMV's one row (private_acts and n == 1): the first thread to get there quantizes copy 0 for all,
+     * the others read it once it is done (shared_state 2) or, arriving while it is being written (1),
+     * quantize their own copy tid + 1; no thread waits for another. */
+    int shared_acts;
+    /* private_acts: thread tid reads copy acts_ready[tid] - 1 (0: it has none yet). Written once per thread
+     * and call, on lines of their own: the fields above are read at every chunk by every thread. */
+    _Alignas(64) unsigned short acts_ready[LLB_POOL_MAX_THREADS];
+    _Alignas(64) atomic_int shared_state; /* shared_acts: 0 not started, 1 being quantized, 2 done */
 } mm_ctx;
 
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
@@ -106,6 +113,27 @@ static void quantize_task(void *ctx, long t0, long t1, int tid) {
     quantize_rows(c, &a, t0 * xt, t1 * xt < c->mm.n ? t1 * xt : c->mm.n);
 }
 
+/* The copy of the activations thread tid reads in a private_acts call, quantized (see shared_acts). For a
+ * GEMV's one row the worker then starts on its weights soon after it wakes, without fetching the float
+ * row from the caller's cache and quantizing it again: the caller is there first. */
+static int own_acts(mm_ctx *c, int tid) {
+    int k = tid;
+    if (c->shared_acts) {
+        int s = atomic_load_explicit(&c->shared_state, memory_order_acquire);
+        if (s == 2) return 0;
+        if (s == 0 && atomic_compare_exchange_strong(&c->shared_state, &s, 1)) {
+            const act_bufs a = act_copy(c, 0);
+            quantize_rows(c, &a, 0, c->mm.n);
+            atomic_store_explicit(&c->shared_state, 2, memory_order_release);
+            return 0;
+        }
+        k = tid + 1;
+    }
+    const act_bufs own = act_copy(c, k);
+    quantize_rows(c, &own, 0, c->mm.n);
+    return k;
+}
+
 /* Group g of part p: in place, or packed from the file layout into the thread's buffer of g's parity
  * (bufs, two of group_bytes: a pair's groups both), cached per parity: the last unit's. */
 static const uint8_t *group_data(const mm_ctx *c, const mm_part *p, long g, uint8_t *bufs, const mm_part *cp[2],
@@ -133,25 +161,33 @@ static void matmul_task(void *ctx, long u0, long u1, int tid) {
     mm_ctx *c = ctx;
     llb_act a = c->mm.a;
     if (c->private_acts) {
-        const act_bufs own = act_copy(c, tid);
-        if (!c->acts_ready[tid]) { /* a store at every chunk bounced the line between the threads */
-            quantize_rows(c, &own, 0, c->mm.n);
-            c->acts_ready[tid] = 1;
-        }
+        if (!c->acts_ready[tid]) /* a store at every chunk bounced the line between the threads */
+            c->acts_ready[tid] = (unsigned short)(own_acts(c, tid) + 1);
+        const act_bufs own = act_copy(c, c->acts_ready[tid] - 1);
         a = act_view(c, &own);
     }
     long cg[2] = {-1, -1};
     const mm_part *cp[2] = {NULL, NULL};
     uint8_t *bufs = c->repack ? c->repack + (size_t)tid * 2 * c->group_bytes : NULL;
-    int pi = 0;
+    int pi = -1;
+    const mm_part *p = NULL;
+    llb_mm mm;
+    long part_end = u0; /* the current part's units end here: set it up (a kernel view copied once per part) */
     for (long u = u0; u < u1; u++) {
-        while (u >= c->part[pi].first_unit + c->part[pi].units) pi++;
-        const mm_part *p = &c->part[pi];
-        llb_mm mm = p->mm;
-        mm.a = a;
-        const long v = u - p->first_unit, g = v / p->nchunks * c->span, i0 = v % p->nchunks * p->unit_rows;
+        if (u >= part_end) {
+            do pi++;
+            while (u >= c->part[pi].first_unit + c->part[pi].units);
+            p = &c->part[pi];
+            part_end = p->first_unit + p->units;
+            mm = p->mm;
+            mm.a = a;
+            mm.wg2 = NULL;
+        }
+        /* one chunk per group (a GEMV): no division */
+        const long v = u - p->first_unit, g = (p->nchunks == 1 ? v : v / p->nchunks) * c->span,
+                   i0 = p->nchunks == 1 ? 0 : v % p->nchunks * p->unit_rows;
         const uint8_t *wg = group_data(c, p, g, bufs, cp, cg);
-        mm.wg2 = c->span == 2 && g + 1 < p->ngroups ? group_data(c, p, g + 1, bufs, cp, cg) : NULL;
+        if (c->span == 2) mm.wg2 = g + 1 < p->ngroups ? group_data(c, p, g + 1, bufs, cp, cg) : NULL;
         p->fn(&mm, wg, g, i0, i0 + p->unit_rows < mm.n ? i0 + p->unit_rows : mm.n);
     }
 }
@@ -241,6 +277,7 @@ static size_t mm_setup(mm_ctx *c, const llb_type_info *t, const llb_mm_part *par
     /* Up to LLB_PRIVATE_ACT_ROWS rows each thread quantizes its own copy (see matmul_task);
      * beyond, quantizing twice costs more than it saves and the threads split the rows. */
     c->private_acts = c->quantize && *parallel && n <= LLB_PRIVATE_ACT_ROWS;
+    c->shared_acts = c->private_acts && n == 1;
 
     /* One scratch region: the quantized activations (one copy or one per thread), then
      * per-thread repack buffers (two each: a pair's groups). */
@@ -258,7 +295,7 @@ static size_t mm_setup(mm_ctx *c, const llb_type_info *t, const llb_mm_part *par
         c->off_w16 = align64(c->off_bias2 + nb32 * sizeof(int32_t));
         c->act_bytes = align64(c->off_w16 + (c->words16 ? 2 * nb32 * sizeof(int32_t) : 0));
     }
-    c->off_repack = c->act_bytes * (size_t)(c->private_acts ? nth : 1);
+    c->off_repack = c->act_bytes * (size_t)(c->private_acts ? nth + c->shared_acts : 1);
     return c->off_repack + (c->needs_repack ? (size_t)nth * 2 * c->group_bytes : 0);
 }
 
