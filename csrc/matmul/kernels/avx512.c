@@ -166,15 +166,37 @@ static int act_offset(int qtype) { return LLB_CODE_OFF32(qtype); } /* every zero
 
 /* ---- fast kernels of the 32-value block types ----------------------------- */
 
-#define TILE_ROWS 8 /* activation rows per GEMM tile: decode once, use 8 times */
+#define TILE_ROWS 16 /* activation rows per GEMM tile: decode once, use 16 times */
 
-/* An outlier block's residual (LLB_OUTLIER): tot + (dv * (w . q2)) * d2, the codes q already decoded. */
+/* An outlier block's residual (LLB_OUTLIER) against G groups (their codes q[g], already decoded):
+ * tot[g] + (dv[g] * (w . q2)) * d2, each activation broadcast feeding the G groups. */
+LLB_AI TGT void residual_dots(const int qt, const int G, const __m512i *const q[], const int8_t *xq2, int32_t bias2,
+                              const __m512 dv[], float d2, __m512 *const tot[]) {
+    __m512i a0[2], a1[2];
+    LLB_UNROLL
+    for (int g = 0; g < G; g++) {
+        a0[g] = _mm512_set1_epi32(LLB_HAS_MIN32(qt) ? 0 : bias2);
+        a1[g] = _mm512_setzero_si512();
+    }
+    LLB_UNROLL
+    for (int t = 0; t < 4; t++) { /* two chains a group: half the latency (integer sums are exact) */
+        const __m512i x0 = _mm512_set1_epi32(llb_ld32(xq2 + 4 * t)), x1 = _mm512_set1_epi32(llb_ld32(xq2 + 16 + 4 * t));
+        LLB_UNROLL
+        for (int g = 0; g < G; g++) {
+            a0[g] = _mm512_dpbusd_epi32(a0[g], _mm512_loadu_si512(q[g] + t), x0);
+            a1[g] = _mm512_dpbusd_epi32(a1[g], _mm512_loadu_si512(q[g] + t + 4), x1);
+        }
+    }
+    LLB_UNROLL
+    for (int g = 0; g < G; g++)
+        *tot[g] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(a0[g], a1[g])), dv[g]), _mm512_set1_ps(d2), *tot[g]);
+}
+
+/* The same for one group. */
 LLB_AI TGT __m512 residual_dot(const int qt, const __m512i *q, const int8_t *xq2, int32_t bias2, __m512 dv, float d2,
                                __m512 tot) {
-    __m512i acc = _mm512_set1_epi32(LLB_HAS_MIN32(qt) ? 0 : bias2);
-    LLB_UNROLL
-    for (int t = 0; t < 8; t++) acc = _mm512_dpbusd_epi32(acc, _mm512_loadu_si512(q + t), _mm512_set1_epi32(llb_ld32(xq2 + 4 * t)));
-    return _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc), dv), _mm512_set1_ps(d2), tot);
+    residual_dots(qt, 1, &q, xq2, bias2, &dv, d2, (__m512 *const[]){&tot});
+    return tot;
 }
 
 /* A work unit of more than one tile decodes the group's K chunk once (fast32) into a panel its
@@ -195,18 +217,30 @@ LLB_AI TGT void fill_panel32(const int qt, const uint8_t *wg, long b0, long b1, 
     }
 }
 
-/* M activation rows from row i (all in one activation tile) against the whole group:
- * several rows per weight decode (or, with pan, per panel read). */
+/* acc += q . the 4 activation bytes at x broadcast as vpdpbusd's {1to16} memory operand (GCC loads
+ * each broadcast into a register first: one more instruction per multiply). The same integers. */
+LLB_AI TGT __m512i dpbusd_x4(__m512i acc, __m512i q, const int8_t *x) {
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(q), "m"(*(const int32_t *)x));
+    return acc;
+}
+
+/* M activation rows from row i against the whole group: several rows per weight decode (or, with
+ * pan, per panel read). M <= 8 lie in one activation tile; M = 16 is two whole ones (i a multiple of
+ * LLB_XT), so 16 chains of vpdpbusd hide its latency; their 16 sums wait in memory between blocks
+ * (tot, forced there: the registers hold the chains). */
 LLB_AI TGT void tile32(const llb_mm *mm, const uint8_t *wg, long i, const int M, const int qt, long b0, long b1,
                        const __m512i *pan, __m512 tot[]) {
-    const long nb = mm->cols / 32, xt = mm->a.xt;
+    const long nb = mm->cols / 32, xt = mm->a.xt, x8 = nb * xt; /* entries from row i's block to row i + 8's */
     const size_t at = llb_act_at(i, b0, nb, xt);
-    const int8_t *xq = mm->a.qs + 32 * at;
-    const float *xd = mm->a.d + at, *xs = mm->a.sum + at;
-    const int32_t *xb = mm->a.bias + at;
+    /* [h]: rows 8h.. (h = 1 only for M = 16), each its own pointer so a row's operands are constant offsets */
+    const int8_t *xq[2] = {mm->a.qs + 32 * at, mm->a.qs + 32 * (at + x8)};
+    const float *xd[2] = {mm->a.d + at, mm->a.d + at + x8}, *xs[2] = {mm->a.sum + at, mm->a.sum + at + x8};
+    const int32_t *xb[2] = {mm->a.bias + at, mm->a.bias + at + x8};
     const int8_t *xq2 = mm->a.qs2 + 32 * at;
     const float *xd2 = mm->a.d2 + at;
     const int32_t *xb2 = mm->a.bias2 + at;
+#define ROW32(p, m) ((p)[(m) >> 3] + ((m) & 7)) /* row m's entry (x 32 for codes) */
+#define ROW32X(m) (((m) & 7) + ((m) >> 3) * x8) /* the residual's, off row 0's (rarely read) */
     LLB_UNROLL
     for (int m = 0; m < M; m++) tot[m] = _mm512_setzero_ps();
     for (long b = b0; b < b1; b++) {
@@ -228,27 +262,112 @@ LLB_AI TGT void tile32(const llb_mm *mm, const uint8_t *wg, long i, const int M,
         }
         __m512i acc[TILE_ROWS];
         LLB_UNROLL
-        for (int m = 0; m < M; m++) acc[m] = LLB_HAS_MIN32(qt) ? _mm512_setzero_si512() : _mm512_set1_epi32(xb[m]);
+        for (int m = 0; m < M; m++) acc[m] = LLB_HAS_MIN32(qt) ? _mm512_setzero_si512() : _mm512_set1_epi32(*ROW32(xb, m));
         LLB_UNROLL
         for (int t = 0; t < 8; t++) { /* quad-major: the M accumulation chains advance together */
             const __m512i qt_ = _mm512_loadu_si512(qp + t); /* a panel's or Q8_0's: read next to its dots */
             LLB_UNROLL
-            for (int m = 0; m < M; m++)
-                acc[m] = _mm512_dpbusd_epi32(acc[m], qt_, _mm512_set1_epi32(llb_ld32(xq + 32 * m + 4 * t)));
+            for (int m = 0; m < M; m++) acc[m] = dpbusd_x4(acc[m], qt_, xq[m >> 3] + 32 * (m & 7) + 4 * t);
         }
         /* which of the M rows' blocks carry a residual (d2 != 0): one test for the tile, most have none */
-        const __mmask8 r2 = _mm256_cmp_ps_mask(_mm256_maskz_loadu_ps((__mmask8)((1u << M) - 1), xd2), _mm256_setzero_ps(),
-                                               _CMP_NEQ_OQ);
+        const int m8 = M < 8 ? M : 8;
+        __mmask16 r2 = _mm256_cmp_ps_mask(_mm256_maskz_loadu_ps((__mmask8)((1u << m8) - 1), xd2), _mm256_setzero_ps(), _CMP_NEQ_OQ);
+        if (M > 8) r2 |= (__mmask16)(_mm256_cmp_ps_mask(_mm256_loadu_ps(xd2 + x8), _mm256_setzero_ps(), _CMP_NEQ_OQ) << 8);
         LLB_UNROLL
         for (int m = 0; m < M; m++) {
             const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[m]), dv);
-            tot[m] = _mm512_fmadd_ps(f, _mm512_set1_ps(xd[m]), tot[m]);
-            if (LLB_HAS_MIN32(qt)) tot[m] = _mm512_fmadd_ps(mv, _mm512_set1_ps(xs[m]), tot[m]);
+            tot[m] = _mm512_fmadd_ps(f, _mm512_set1_ps(*ROW32(xd, m)), tot[m]);
+            if (LLB_HAS_MIN32(qt)) tot[m] = _mm512_fmadd_ps(mv, _mm512_set1_ps(*ROW32(xs, m)), tot[m]);
         }
         if (r2) {
+            if (M > 8) { /* the sums are in memory: one loop over the rows with a residual */
+                for (unsigned r = r2; r; r &= r - 1) {
+                    const int m = __builtin_ctz(r);
+                    const long e = (m & 7) + (m >> 3) * x8;
+                    tot[m] = residual_dot(qt, qp, xq2 + 32 * e, xb2[e], dv, xd2[e], tot[m]);
+                }
+            } else {
+                LLB_UNROLL
+                for (int m = 0; m < M; m++)
+                    if (r2 >> m & 1)
+                        tot[m] = residual_dot(qt, qp, xq2 + 32 * ROW32X(m), xb2[ROW32X(m)], dv, xd2[ROW32X(m)], tot[m]);
+            }
+        }
+        if (M > 8) __asm__("" : "+m"(*(__m512(*)[TILE_ROWS])tot));
+        LLB_UNROLL
+        for (int h = 0; h < 2; h++) {
+            xq[h] += 32 * xt;
+            xd[h] += xt;
+            xs[h] += xt;
+            xb[h] += xt;
+        }
+        xq2 += 32 * xt;
+        xd2 += xt;
+        xb2 += xt;
+    }
+#undef ROW32
+#undef ROW32X
+}
+
+/* A chain's start: the int32 at p broadcast (a load), or (p NULL) zero (an idiom), each chain its own:
+ * GCC would copy one register per chain, a vector move on the multiply ports. */
+LLB_AI TGT __m512i chain_start(const int32_t *p) {
+    __m512i v;
+    if (p) __asm__ volatile("vpbroadcastd %1, %0" : "=v"(v) : "m"(*p));
+    else __asm__ volatile("vpxord %0, %0, %0" : "=v"(v));
+    return v;
+}
+
+/* A pair of groups (their panels pan[0], pan[1]) against M <= 8 activation rows from row i: each
+ * activation broadcast feeds both groups' chains (half the broadcasts of two tile32 calls); the 2M
+ * sums wait in memory between blocks. Each group's sums take tile32's operations in its order. */
+LLB_AI TGT void tile32x2(const llb_mm *mm, long i, const int M, const int qt, long b0, long b1, const __m512i *const pan[2],
+                         __m512 tot[2][LLB_XT]) {
+    const long nb = mm->cols / 32, xt = mm->a.xt;
+    const size_t at = llb_act_at(i, b0, nb, xt);
+    const int8_t *xq = mm->a.qs + 32 * at, *xq2 = mm->a.qs2 + 32 * at;
+    const float *xd = mm->a.d + at, *xs = mm->a.sum + at, *xd2 = mm->a.d2 + at;
+    const int32_t *xb = mm->a.bias + at, *xb2 = mm->a.bias2 + at;
+    LLB_UNROLL
+    for (int g = 0; g < 2; g++) {
+        LLB_UNROLL
+        for (int m = 0; m < M; m++) tot[g][m] = _mm512_setzero_ps();
+    }
+    for (long b = b0; b < b1; b++) {
+        const __m512i *const qp[2] = {pan[0] + PANEL32 * (b - b0), pan[1] + PANEL32 * (b - b0)};
+        __m512i acc[2][LLB_XT];
+        LLB_UNROLL
+        for (int g = 0; g < 2; g++) {
             LLB_UNROLL
-            for (int m = 0; m < M; m++)
-                if (r2 >> m & 1) tot[m] = residual_dot(qt, qp, xq2 + 32 * m, xb2[m], dv, xd2[m], tot[m]);
+            for (int m = 0; m < M; m++) acc[g][m] = chain_start(LLB_HAS_MIN32(qt) ? NULL : xb + m);
+        }
+        LLB_UNROLL
+        for (int t = 0; t < 8; t++) {
+            const __m512i q0 = _mm512_load_si512(qp[0] + t), q1 = _mm512_load_si512(qp[1] + t);
+            LLB_UNROLL
+            for (int m = 0; m < M; m++) {
+                const __m512i x = _mm512_set1_epi32(llb_ld32(xq + 32 * m + 4 * t));
+                acc[0][m] = _mm512_dpbusd_epi32(acc[0][m], q0, x);
+                acc[1][m] = _mm512_dpbusd_epi32(acc[1][m], q1, x);
+            }
+        }
+        const __mmask8 r2 = _mm256_cmp_ps_mask(_mm256_maskz_loadu_ps((__mmask8)((1u << M) - 1), xd2), _mm256_setzero_ps(), _CMP_NEQ_OQ);
+        __m512 dv[2], mv[2];
+        LLB_UNROLL
+        for (int g = 0; g < 2; g++) {
+            dv[g] = _mm512_castsi512_ps(_mm512_load_si512(qp[g] + 8));
+            mv[g] = LLB_HAS_MIN32(qt) ? _mm512_castsi512_ps(_mm512_load_si512(qp[g] + 9)) : dv[g];
+            LLB_UNROLL
+            for (int m = 0; m < M; m++) {
+                const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[g][m]), dv[g]);
+                tot[g][m] = _mm512_fmadd_ps(f, _mm512_set1_ps(xd[m]), tot[g][m]);
+                if (LLB_HAS_MIN32(qt)) tot[g][m] = _mm512_fmadd_ps(mv[g], _mm512_set1_ps(xs[m]), tot[g][m]);
+                __asm__("" : "+m"(tot[g][m])); /* stored now: its register goes back to the chains */
+            }
+        }
+        for (unsigned r = r2; r; r &= r - 1) { /* the rows with a residual */
+            const int m = __builtin_ctz(r);
+            residual_dots(qt, 2, qp, xq2 + 32 * m, xb2[m], dv, xd2[m], (__m512 *const[]){&tot[0][m], &tot[1][m]});
         }
         xq += 32 * xt;
         xd += xt;
@@ -302,7 +421,16 @@ LLB_AI TGT __m512 gemv32(const llb_mm *mm, const uint8_t *wg, const int qt) {
         llb512_put_rows(o + (i) * mm->rows, mm->rows, km, t_, M, b0 > 0);           \
     } while (0)
 
-LLB_AI TGT void fast32(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt) {
+/* A pair tile of M rows from row i: group g's outputs, then g + 1's. */
+#define TILE32X2(i, M)                                                              \
+    do {                                                                            \
+        __m512 t_[2][LLB_XT];                                                       \
+        tile32x2(mm, i, M, qt, b0, b1, pans, t_);                                   \
+        llb512_put_rows(o + (i) * mm->rows, mm->rows, km, t_[0], M, b0 > 0);        \
+        llb512_put_rows(o + LLB_IL + (i) * mm->rows, mm->rows, km2, t_[1], M, b0 > 0); \
+    } while (0)
+
+LLB_AI TGT void fast32_one(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt) {
     const __mmask16 km = (__mmask16)((1u << llb_group_rows(mm, g)) - 1);
     float *o = mm->out + g * LLB_IL;
     if (LLB_GEMV(mm)) {
@@ -315,11 +443,35 @@ LLB_AI TGT void fast32(const llb_mm *mm, const uint8_t *wg, long g, long i0, lon
         const long b1 = b0 + kc < nb ? b0 + kc : nb;
         /* every decoded type (Q8_0's codes are its bytes): the tiles read the panel rather than each
          * decoding the chunk, 3-12% less CPU time on AVX-512, even Q4_0 with two operations a vector */
-        const int panel = i1 - i0 > TILE_ROWS && qt != LLB_Q8_0;
+        const int panel = i1 - i0 > LLB_XT && qt != LLB_Q8_0;
         if (panel) fill_panel32(qt, wg, b0, b1, pan);
-        LLB_TILE_LADDER(i0, i1, TILE_ROWS, TILE32);
+        long i = i0;
+        for (; i + TILE_ROWS <= i1; i += TILE_ROWS) TILE32(i, TILE_ROWS);
+        LLB_TILE_LADDER(i, i1, LLB_XT, TILE32);
     }
 }
+
+/* A pair unit (mm->wg2: the panel types take pairs) of more than one tile fills both groups' panels and
+ * runs pair tiles (2-5% less CPU time than 16-row tiles of each group); otherwise each group alone. */
+LLB_AI TGT void fast32(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt) {
+    if (!mm->wg2 || i1 - i0 <= LLB_XT) {
+        fast32_one(mm, wg, g, i0, i1, qt);
+        if (mm->wg2) fast32_one(mm, mm->wg2, g + 1, i0, i1, qt);
+        return;
+    }
+    const __mmask16 km = (__mmask16)((1u << llb_group_rows(mm, g)) - 1), km2 = (__mmask16)((1u << llb_group_rows(mm, g + 1)) - 1);
+    float *o = mm->out + g * LLB_IL;
+    const long nb = mm->cols / 32, kc = LLB_KCHUNK / 32;
+    __attribute__((aligned(64))) __m512i pan[2][(LLB_KCHUNK / 32) * PANEL32];
+    const __m512i *const pans[2] = {pan[0], pan[1]};
+    for (long b0 = 0; b0 < nb; b0 += kc) {
+        const long b1 = b0 + kc < nb ? b0 + kc : nb;
+        fill_panel32(qt, wg, b0, b1, pan[0]);
+        fill_panel32(qt, mm->wg2, b0, b1, pan[1]);
+        LLB_TILE_LADDER(i0, i1, LLB_XT, TILE32X2);
+    }
+}
+#undef TILE32X2
 #undef TILE32
 
 TGT static void fast_q4_0(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast32(mm, wg, g, i0, i1, LLB_Q4_0); }
@@ -564,9 +716,18 @@ LLB_AI TGT void float_gemv_ordered(const llb_mm *mm, const uint8_t *wg, long g, 
 }
 
 #define LLB_RB_VNNI
-#define LLB_PAIRS(qt, exact) (!(exact) && llb_avx512_kquant_pairs(qt))
+#define LLB_PAIRS(qt, exact) (!(exact) && (PANEL32_TYPE(qt) || llb_avx512_kquant_pairs(qt)))
 #define LLB_KQUANT_FAST llb_avx512_kquant_kernel
-#define LLB_UNIT_ROWS llb_avx512_kquant_unit_rows
+/* The 32-block types with a panel (every fast one but Q8_0): they take pairs of groups. */
+#define PANEL32_TYPE(qt)                                                                                           \
+    ((qt) == LLB_Q4_0 || (qt) == LLB_Q4_1 || (qt) == LLB_Q5_0 || (qt) == LLB_Q5_1 || (qt) == LLB_IQ4_NL || \
+     (qt) == LLB_MXFP4)
+/* Their units of 128 rows: a group's panel (per K chunk) filled once for twice the tiles. */
+static long unit_rows(int qtype, int exact, long cols) {
+    if (!exact && PANEL32_TYPE(qtype)) return LLB_UNIT_ROWS_MAX;
+    return llb_avx512_kquant_unit_rows(qtype, exact, cols);
+}
+#define LLB_UNIT_ROWS unit_rows
 #define LLB_KERNELS_NAME llb_kernels_avx512
 #include "matmul/kernels/table.inc"
 #endif
