@@ -394,16 +394,6 @@ LLB_AI TGT __m512i q2k_pack(__m512i lo0, __m512i lo1) {
     return _mm512_mask_shuffle_epi8(lo0, (__mmask64)0xCCCCCCCCCCCCCCCCull, lo1, ctl);
 }
 
-/* A chain of two dots from zero: q0 . x0 + q1 . x1 (broadcast 4 activation bytes each), in one asm so GCC
- * neither copies the accumulator between the two nor materializes the zero in another register. */
-LLB_AI TGT __m512i dpbusd2_b(__m512i q0, const int8_t *x0, __m512i q1, const int8_t *x1) {
-    __m512i acc;
-    __asm__("vpxord %0, %0, %0\n\tvpdpbusd %3%{1to16%}, %1, %0\n\tvpdpbusd %4%{1to16%}, %2, %0"
-            : "=&v"(acc)
-            : "v"(q0), "v"(q1), "m"(*(const int32_t *)x0), "m"(*(const int32_t *)x1));
-    return acc;
-}
-
 /* The int16 pairs w . the pair at p broadcast, as a vpdpwssd from zero with a {1to16} memory operand
  * (vpmaddwd has none: GCC kept the pairs in a register and extracted each with two shuffles). */
 LLB_AI TGT __m512i dpwssd_b(__m512i w, const int16_t *p) {
@@ -412,48 +402,56 @@ LLB_AI TGT __m512i dpwssd_b(__m512i w, const int16_t *p) {
     return acc;
 }
 
-/* The GEMV's S of step s (codes l, scale pairs sc): per sub-block quads 0 and 2 (codes & 3) in one chain, 1
- * and 3 in place as 4x their codes (bits 2-3 of L and L >> 4) in another, so L takes one shift; the chains
- * pair into words per sub-block and 4 lo + hi = 4 dot (|4 dot| <= 16 * 12 * 127 fits int16) meets both
- * scales in one vpmaddwd. */
-LLB_AI TGT __m512i q2k_gemv_dot(const uint8_t *l, __m512i sc, const int8_t *xq) {
+/* A chain of four dots from zero, q[t] . the 4 activation bytes at x[t] broadcast, in one asm so GCC
+ * neither copies the accumulator between them nor materializes the zero in another register. */
+LLB_AI TGT __m512i dpbusd4_b(const __m512i q[4], const int8_t *x0, const int8_t *x1, const int8_t *x2, const int8_t *x3) {
+    __m512i acc;
+    __asm__("vpxord %0, %0, %0\n\tvpdpbusd %5%{1to16%}, %1, %0\n\tvpdpbusd %6%{1to16%}, %2, %0\n\t"
+            "vpdpbusd %7%{1to16%}, %3, %0\n\tvpdpbusd %8%{1to16%}, %4, %0"
+            : "=&v"(acc)
+            : "v"(q[0]), "v"(q[1]), "v"(q[2]), "v"(q[3]), "m"(*(const int32_t *)x0), "m"(*(const int32_t *)x1),
+              "m"(*(const int32_t *)x2), "m"(*(const int32_t *)x3));
+    return acc;
+}
+
+/* The GEMV's S of step s (codes l, scale pairs sc41 = [4 sc0, sc1]): the layout (quants.h) leaves sub-block
+ * 2s's codes at bits 0-1 and 2s+1's at bits 2-3 (4x its codes) of the two vectors and their >> 4, so each
+ * sub-block's dot is one chain and the two pair into the words [dot0, 4 dot1] (|4 dot1| <= 16 * 12 * 127
+ * fits int16) for one vpmaddwd. */
+LLB_AI TGT __m512i q2k_gemv_dot(const uint8_t *l, __m512i sc41, const int8_t *xq) {
     const __m512i m3 = _mm512_set1_epi8(3), m12 = _mm512_set1_epi8(12);
-    __m512i lo[2], hi[2];
-    LLB_UNROLL
-    for (int j = 0; j < 2; j++) {
-        const __m512i a = _mm512_loadu_si512(l + 64 * j), a4 = _mm512_srli_epi16(a, 4);
-        const int8_t *x = xq + 16 * j;
-        lo[j] = dpbusd2_b(_mm512_and_si512(a, m3), x, _mm512_and_si512(a4, m3), x + 8);
-        hi[j] = dpbusd2_b(_mm512_and_si512(a, m12), x + 4, _mm512_and_si512(a4, m12), x + 12);
-    }
-    __m512i p = q2k_pack(lo[0], lo[1]);
-    p = _mm512_add_epi16(p, p); /* adds, not a shift: port 0 carries the dots */
-    p = _mm512_add_epi16(p, p);
-    return _mm512_madd_epi16(_mm512_add_epi16(p, q2k_pack(hi[0], hi[1])), sc);
+    const __m512i a = _mm512_loadu_si512(l), b = _mm512_loadu_si512(l + 64);
+    const __m512i a4 = _mm512_srli_epi16(a, 4), b4 = _mm512_srli_epi16(b, 4);
+    const __m512i q0[4] = {_mm512_and_si512(a, m3), _mm512_and_si512(a4, m3), _mm512_and_si512(b, m3), _mm512_and_si512(b4, m3)};
+    const __m512i q1[4] = {_mm512_and_si512(a, m12), _mm512_and_si512(a4, m12), _mm512_and_si512(b, m12), _mm512_and_si512(b4, m12)};
+    const __m512i c0 = dpbusd4_b(q0, xq, xq + 4, xq + 8, xq + 12), c1 = dpbusd4_b(q1, xq + 16, xq + 20, xq + 24, xq + 28);
+    return _mm512_madd_epi16(q2k_pack(c0, c1), sc41);
 }
 
 /* Step s of super-block gb for M activation rows (qs their codes, ns their -sum16 pairs, dx their scales). */
 LLB_AI TGT void q2k_step(const uint8_t *gb, int s, const int M, const int gemv, const int8_t *qs,
                          const int16_t ns[][16], const float *dx, __m512 d4, __m512 dmin, __m512 tot[TILE_ROWS]) {
     llb_prefetch_slice(gb, LLB_GB_Q2_K, s, gemv);
-    const __m512i w = q2k_pairs(gb, s), sc = _mm512_and_si512(w, _mm512_set1_epi16(15));
-    const __m512i mp = _mm512_srli_epi16(w, 4);
+    const __m512i w = q2k_pairs(gb, s), mp = _mm512_srli_epi16(w, 4);
+    /* [4 sc0, sc1]: sub-block 2s+1's codes come 4x from the layout */
+    const __m512i sc41 = _mm512_sllv_epi16(_mm512_and_si512(w, _mm512_set1_epi16(15)), _mm512_set1_epi32(2));
     const uint8_t *l = gb + LLB_Q2_K_CODES + 128 * s;
     const int8_t *xq = qs + 32 * s;
     __m512i acc[TILE_ROWS];
     if (M == 1) { /* the GEMV's, and a GEMM's single-row tiles (there decoding for one row cost more) */
-        acc[0] = q2k_gemv_dot(l, sc, xq);
-    } else { /* codes x 4 sc (<= 180: a byte) once for the tile's rows; 16-bit multiplies, no carry */
-        const __m512i sc4 = _mm512_slli_epi16(sc, 2);
+        acc[0] = q2k_gemv_dot(l, sc41, xq);
+    } else { /* codes x [4 sc0] (sub-block 2s) and 4x codes x [sc1] (2s+1), <= 180: a byte, once for the
+              * tile's rows; 16-bit multiplies, no carry between the bytes */
         const __m512i dup0 = _mm512_set4_epi32(0x0D0C0D0C, 0x09080908, 0x05040504, 0x01000100);
         const __m512i dup1 = _mm512_set4_epi32(0x0F0E0F0E, 0x0B0A0B0A, 0x07060706, 0x03020302);
+        const __m512i a = _mm512_loadu_si512(l), b = _mm512_loadu_si512(l + 64);
+        const __m512i v[4] = {a, _mm512_srli_epi16(a, 4), b, _mm512_srli_epi16(b, 4)};
         __m512i q[8];
         LLB_UNROLL
         for (int j = 0; j < 2; j++) {
-            const __m512i sj = _mm512_shuffle_epi8(sc4, j ? dup1 : dup0);
-            dec_l2(l + 64 * j, q + 4 * j);
+            const __m512i sj = _mm512_shuffle_epi8(sc41, j ? dup1 : dup0), mj = _mm512_set1_epi8(j ? 12 : 3);
             LLB_UNROLL
-            for (int t = 0; t < 4; t++) q[4 * j + t] = _mm512_mullo_epi16(q[4 * j + t], sj);
+            for (int t = 0; t < 4; t++) q[4 * j + t] = _mm512_mullo_epi16(_mm512_and_si512(v[t], mj), sj);
         }
         LLB_UNROLL
         for (int m = 0; m < M; m++) acc[m] = chain_init(NULL);
