@@ -376,8 +376,8 @@ LLB_AI TGT void tile_k16(const int qt, const llb_mm *mm, const uint8_t *const wg
  * integers, then converts twice: S = 4 (sc[2s] dot[2s] + sc[2s+1] dot[2s+1]) and N = m[2s] ns[2s] +
  * m[2s+1] ns[2s+1] (ns = -sum16 of the activations = bs16n / 32, exact), tot += dx[s] (S d/4 + N dmin).
  * The 16-value float path took per sub-block a convert, two FMAs and six operations making d sc and
- * dmin m as floats. Exact integers, so the GEMV and the GEMM tiles (which fold 4 sc into the codes) sum
- * the same S and N and take the same float steps. */
+ * dmin m as floats. Exact integers, and every tile takes the same float steps per row, so a row's
+ * result does not depend on the batch. */
 
 /* Lane r of step s: [row r's byte of sub-block 2s, of 2s+1] (scale | min << 4) as int16 words. */
 LLB_AI TGT __m512i q2k_pairs(const uint8_t *gb, int s) {
@@ -414,18 +414,24 @@ LLB_AI TGT __m512i dpbusd4_b(const __m512i q[4], const int8_t *x0, const int8_t 
     return acc;
 }
 
-/* The GEMV's S of step s (codes l, scale pairs sc41 = [4 sc0, sc1]): the layout (quants.h) leaves sub-block
- * 2s's codes at bits 0-1 and 2s+1's at bits 2-3 (4x its codes) of the two vectors and their >> 4, so each
- * sub-block's dot is one chain and the two pair into the words [dot0, 4 dot1] (|4 dot1| <= 16 * 12 * 127
- * fits int16) for one vpmaddwd. */
-LLB_AI TGT __m512i q2k_gemv_dot(const uint8_t *l, __m512i sc41, const int8_t *xq) {
+/* S of step s (codes l, scale pairs sc41 = [4 sc0, sc1]) for M rows (qs's rows 256 bytes apart): the
+ * layout (quants.h) leaves sub-block 2s's codes at bits 0-1 and 2s+1's at bits 2-3 (4x its codes) of the
+ * two vectors and their >> 4, so each sub-block's dot is one chain and the two pair into the words
+ * [dot0, 4 dot1] (|4 dot1| <= 16 * 12 * 127 fits int16) for one vpmaddwd. Per row a pack and a
+ * vpmaddwd: folding the scales into the codes (8 vpmullw and 2 shuffles a tile) measured 1-2% slower at 8
+ * rows, 15-25% at 1-4. */
+LLB_AI TGT void q2k_dot_pairs(const uint8_t *l, __m512i sc41, const int8_t *xq, const int M, __m512i acc[]) {
     const __m512i m3 = _mm512_set1_epi8(3), m12 = _mm512_set1_epi8(12);
     const __m512i a = _mm512_loadu_si512(l), b = _mm512_loadu_si512(l + 64);
     const __m512i a4 = _mm512_srli_epi16(a, 4), b4 = _mm512_srli_epi16(b, 4);
     const __m512i q0[4] = {_mm512_and_si512(a, m3), _mm512_and_si512(a4, m3), _mm512_and_si512(b, m3), _mm512_and_si512(b4, m3)};
     const __m512i q1[4] = {_mm512_and_si512(a, m12), _mm512_and_si512(a4, m12), _mm512_and_si512(b, m12), _mm512_and_si512(b4, m12)};
-    const __m512i c0 = dpbusd4_b(q0, xq, xq + 4, xq + 8, xq + 12), c1 = dpbusd4_b(q1, xq + 16, xq + 20, xq + 24, xq + 28);
-    return _mm512_madd_epi16(q2k_pack(c0, c1), sc41);
+    LLB_UNROLL
+    for (int m = 0; m < M; m++) {
+        const int8_t *x = xq + 256 * m;
+        const __m512i c0 = dpbusd4_b(q0, x, x + 4, x + 8, x + 12), c1 = dpbusd4_b(q1, x + 16, x + 20, x + 24, x + 28);
+        acc[m] = _mm512_madd_epi16(q2k_pack(c0, c1), sc41);
+    }
 }
 
 /* Step s of super-block gb for M activation rows (qs their codes, ns their -sum16 pairs, dx their scales). */
@@ -438,29 +444,7 @@ LLB_AI TGT void q2k_step(const uint8_t *gb, int s, const int M, const int gemv, 
     const uint8_t *l = gb + LLB_Q2_K_CODES + 128 * s;
     const int8_t *xq = qs + 32 * s;
     __m512i acc[TILE_ROWS];
-    if (M == 1) { /* the GEMV's, and a GEMM's single-row tiles (there decoding for one row cost more) */
-        acc[0] = q2k_gemv_dot(l, sc41, xq);
-    } else { /* codes x [4 sc0] (sub-block 2s) and 4x codes x [sc1] (2s+1), <= 180: a byte, once for the
-              * tile's rows; 16-bit multiplies, no carry between the bytes */
-        const __m512i dup0 = _mm512_set4_epi32(0x0D0C0D0C, 0x09080908, 0x05040504, 0x01000100);
-        const __m512i dup1 = _mm512_set4_epi32(0x0F0E0F0E, 0x0B0A0B0A, 0x07060706, 0x03020302);
-        const __m512i a = _mm512_loadu_si512(l), b = _mm512_loadu_si512(l + 64);
-        const __m512i v[4] = {a, _mm512_srli_epi16(a, 4), b, _mm512_srli_epi16(b, 4)};
-        __m512i q[8];
-        LLB_UNROLL
-        for (int j = 0; j < 2; j++) {
-            const __m512i sj = _mm512_shuffle_epi8(sc41, j ? dup1 : dup0), mj = _mm512_set1_epi8(j ? 12 : 3);
-            LLB_UNROLL
-            for (int t = 0; t < 4; t++) q[4 * j + t] = _mm512_mullo_epi16(_mm512_and_si512(v[t], mj), sj);
-        }
-        LLB_UNROLL
-        for (int m = 0; m < M; m++) acc[m] = chain_init(NULL);
-        LLB_UNROLL
-        for (int t = 0; t < 8; t++) {
-            LLB_UNROLL
-            for (int m = 0; m < M; m++) acc[m] = dpbusd_b(acc[m], q[t], xq + 256 * m + 4 * t);
-        }
-    }
+    q2k_dot_pairs(l, sc41, xq, M, acc);
     LLB_UNROLL
     for (int m = 0; m < M; m++) {
         const __m512i n = dpwssd_b(mp, ns[m] + 2 * s);
