@@ -296,7 +296,7 @@ static void pk_q6_k(const uint8_t *b, int r, uint8_t *gb) {
     }
 }
 
-/* Q2_K/Q3_K: the 2-bit L vector of 16 codes (code & 3) of row r: byte j bits 2i.. = value 4i+j. */
+/* Q3_K: the 2-bit L vector of 16 codes (code & 3) of row r: byte j bits 2i.. = value 4i+j. */
 static void place_l2(uint8_t *vec, int r, const int16_t *code16) {
     for (int j = 0; j < 4; j++) {
         uint8_t v = 0;
@@ -305,6 +305,14 @@ static void place_l2(uint8_t *vec, int r, const int16_t *code16) {
     }
 }
 
+/* Q2_K's codes of step s (sub-blocks 2s, 2s+1) in two vectors @LLB_Q2_K_CODES + 128s, vector v holding
+ * quads 2v, 2v+1: byte 4r+j bits 2(2h+k).. = row r's code of sub-block 2s+k, value 4(2v+h)+j. The byte of
+ * value e (0..15) of sub-block u, and its shift: */
+static const uint8_t *q2k_byte(const uint8_t *gb, int u, int r, int e) {
+    return gb + LLB_Q2_K_CODES + 128 * (u >> 1) + 64 * (e >> 3) + 4 * r + (e & 3);
+}
+static int q2k_shift(int u, int e) { return 2 * (2 * ((e >> 2) & 1) + (u & 1)); }
+
 static void pk_q2_k(const uint8_t *b, int r, uint8_t *gb) {
     put16(gb + 2 * r, llb_rd16(b + 80));
     put16(gb + 32 + 2 * r, llb_rd16(b + 82));
@@ -312,10 +320,11 @@ static void pk_q2_k(const uint8_t *b, int r, uint8_t *gb) {
         int16_t q[32];
         float dw[2], mw[2];
         fc_q2_k(b, sub, q, dw, mw);
-        for (int k = 0; k < 2; k++) {
+        for (int k = 0; k < 2; k++) { /* OR-ed into the group, zeroed before packing (llb_pack_group) */
             const int u = 2 * sub + k;
             gb[64 + 16 * u + r] = b[u];
-            place_l2(gb + LLB_Q2_K_CODES + 64 * u, r, q + 16 * k);
+            for (int e = 0; e < 16; e++)
+                *(uint8_t *)q2k_byte(gb, u, r, e) |= (uint8_t)((q[16 * k + e] & 3) << q2k_shift(u, e));
         }
     }
 }
@@ -432,7 +441,7 @@ static void pc_q2_k(const uint8_t *gb, int s, int r, int16_t q[32], float dw[2],
     const float d = f16at(gb + 2 * r), dmin = f16at(gb + 32 + 2 * r);
     for (int k = 0; k < 2; k++) {
         const int u = 2 * s + k, sm = gb[64 + 16 * u + r];
-        for (int e = 0; e < 16; e++) q[16 * k + e] = (int16_t)l2_at(gb + LLB_Q2_K_CODES + 64 * u, r, e);
+        for (int e = 0; e < 16; e++) q[16 * k + e] = (int16_t)((*q2k_byte(gb, u, r, e) >> q2k_shift(u, e)) & 3);
         dw[k] = d * (float)(sm & 15);
         mw[k] = -(dmin * (float)(sm >> 4));
     }

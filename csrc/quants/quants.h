@@ -42,8 +42,10 @@
  *             2s+1 (byte 4r+j bits 2i..2i+1 = low 2 bits of quad i), H (byte 4r+j bit 4k+i = 3rd
  *             bit of quad i of sub-block 2s+k); code 0..7, weight = d*sc*(code-4)
  *   Q2_K 1344 per 256 values (the file's size): d[16] @0, dmin[16] @32, the file's scale bytes
- *             [16 sub][16 rows] @64 (low nibble sc, high nibble m), then per 16-value sub-block u
- *             an L vector (as Q3_K's) @320+64u; weight = d*sc*code - dmin*m
+ *             [16 sub][16 rows] @64 (low nibble sc, high nibble m), then per 32-value step s two
+ *             vectors @320+128s, vector v holding quads 2v, 2v+1 of both sub-blocks (byte 4r+j bits
+ *             2(2h+k)..: code of sub-block 2s+k, value 4(2v+h)+j: sub-block 2s's codes & 3 and
+ *             2s+1's & 12, in place, after one shift for the odd quads); weight = d*sc*code - dmin*m
  *   Row-block types (none shipped: where a new type runs first; pack_row NULL in
  *             the table): the 16 rows' file blocks side by side (row r at r*block_bytes),
  *             so a group streams as one region at the file's size; their scalar kernel

@@ -103,11 +103,20 @@ LLB_AI TGT void dec_q6k_sub_h(const uint8_t *sub, int h, __m256i q[4]) {
 
 /* Rows 8h..8h+7 of a Q2_K/Q3_K 16-value sub-block u (as avx512_decode.h's dec_k16_sub). */
 LLB_AI TGT void dec_k16_sub_h(const int qt, const uint8_t *gb, int u, int h, __m256i q[4]) {
-    const uint8_t *l = qt == LLB_Q2_K ? gb + LLB_Q2_K_CODES + 64 * u : gb + LLB_Q3_K_SUBS + 192 * (u >> 1) + 64 * (u & 1);
-    const __m256i a = ld256(l + 32 * h), m3 = _mm256_set1_epi8(3);
+    const __m256i m3 = _mm256_set1_epi8(3);
+    if (qt == LLB_Q2_K) { /* quads 0, 1 from vector 0, 2, 3 from vector 1: bits 2k and 4 + 2k (quants.h) */
+        const uint8_t *l = gb + LLB_Q2_K_CODES + 128 * (u >> 1) + 32 * h;
+        LLB_UNROLL
+        for (int i = 0; i < 4; i++) {
+            const __m256i a = ld256(l + 64 * (i >> 1));
+            const int sh = 2 * (u & 1) + 4 * (i & 1);
+            q[i] = _mm256_and_si256(sh ? _mm256_srli_epi16(a, sh) : a, m3);
+        }
+        return;
+    }
+    const __m256i a = ld256(gb + LLB_Q3_K_SUBS + 192 * (u >> 1) + 64 * (u & 1) + 32 * h);
     LLB_UNROLL
     for (int i = 0; i < 4; i++) q[i] = _mm256_and_si256(i ? _mm256_srli_epi16(a, 2 * i) : a, m3);
-    if (qt == LLB_Q2_K) return;
     const __m256i hb = ld256(gb + LLB_Q3_K_SUBS + 192 * (u >> 1) + 128 + 32 * h), b2 = _mm256_set1_epi8(4);
     LLB_UNROLL
     for (int i = 0; i < 4; i++) { /* bit 4k+i to bit 2 */

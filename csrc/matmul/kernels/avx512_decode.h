@@ -80,7 +80,7 @@ LLB_AI TGT void dec_q6k_sub(const uint8_t *sub, __m512i q[4]) {
     q[3] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(b, 4), hq, m4, 0xE4);
 }
 
-/* Q2_K/Q3_K: the 2-bit codes of one 16-value sub-block's L vector (quad i in bits 2i..2i+1). */
+/* Q3_K: the 2-bit codes of one 16-value sub-block's L vector (quad i in bits 2i..2i+1). */
 LLB_AI TGT void dec_l2(const uint8_t *l, __m512i q[4]) {
     const __m512i a = _mm512_loadu_si512(l), m3 = _mm512_set1_epi8(3);
     LLB_UNROLL
@@ -89,8 +89,15 @@ LLB_AI TGT void dec_l2(const uint8_t *l, __m512i q[4]) {
 
 /* 16-value sub-block u of a Q2_K (codes 0..3) or Q3_K (0..7: L's 2 bits, H's bit 4k+i as bit 2) group-block. */
 LLB_AI TGT void dec_k16_sub(const int qt, const uint8_t *gb, int u, __m512i q[4]) {
-    if (qt == LLB_Q2_K) {
-        dec_l2(gb + LLB_Q2_K_CODES + 64 * u, q);
+    if (qt == LLB_Q2_K) { /* quads 0, 1 from vector 0, 2, 3 from vector 1: bits 2k and 4 + 2k (quants.h) */
+        const uint8_t *l = gb + LLB_Q2_K_CODES + 128 * (u >> 1);
+        const int k = u & 1;
+        LLB_UNROLL
+        for (int i = 0; i < 4; i++) {
+            const __m512i a = _mm512_loadu_si512(l + 64 * (i >> 1));
+            const int sh = 2 * k + 4 * (i & 1);
+            q[i] = _mm512_and_si512(sh ? _mm512_srli_epi16(a, sh) : a, _mm512_set1_epi8(3));
+        }
         return;
     }
     const uint8_t *p = gb + LLB_Q3_K_SUBS + 192 * (u >> 1);

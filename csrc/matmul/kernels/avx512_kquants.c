@@ -7,7 +7,8 @@
  * the 8 quantized sub-block sums (Q5_K: the same, its codes one bit wider).
  * Q6_K's zero point 32 enters as the integer
  * accumulator's initial value, -32 * bsum16; its two 16-value sub-blocks of
- * one 32 share dx[s], applied once to their sum. */
+ * one 32 share dx[s], applied once to their sum. Q2_K sums its scales and mins
+ * in integers too (tile_q2k). */
 #include "matmul/kernels/avx512_decode.h"
 
 #if LLB_X86
@@ -102,11 +103,11 @@ LLB_AI TGT void dot_row2(__m512i acc[][TILE_ROWS], const __m512i *const q[], con
     acc[0][0] = _mm512_add_epi32(acc[0][0], acc2[0][0]);
 }
 
-/* The GEMV's integer dot of Q2_K/Q3_K sub-block u from a0: quads 1 and 3 stay in place as 4x their codes
+/* The GEMV's integer dot of Q3_K sub-block u from a0: quads 1 and 3 stay in place as 4x their codes
  * (bits 2-3 of L and of L >> 4), summed in a chain of their own and shifted back (exact), so L takes one
- * shift instead of three; Q3_K's high bit lands at bit 2 or bit 4 to match. Two chains of two, as dot_row2. */
+ * shift instead of three; the high bit lands at bit 2 or bit 4 to match. Two chains of two, as dot_row2. */
 LLB_AI TGT __m512i l2_dot_row(const int qt, const uint8_t *gb, int u, __m512i a0, const int8_t *xq) {
-    const uint8_t *l = qt == LLB_Q2_K ? gb + LLB_Q2_K_CODES + 64 * u : gb + LLB_Q3_K_SUBS + 192 * (u >> 1) + 64 * (u & 1);
+    const uint8_t *l = gb + LLB_Q3_K_SUBS + 192 * (u >> 1) + 64 * (u & 1);
     const __m512i a = _mm512_loadu_si512(l), a4 = _mm512_srli_epi16(a, 4);
     const __m512i m3 = _mm512_set1_epi8(3), m12 = _mm512_set1_epi8(12);
     __m512i q[4] = {_mm512_and_si512(a, m3), _mm512_and_si512(a, m12), _mm512_and_si512(a4, m3), _mm512_and_si512(a4, m12)};
@@ -129,53 +130,42 @@ LLB_AI TGT __m512i l2_dot_row(const int qt, const uint8_t *gb, int u, __m512i a0
 
 /* A work unit's tiles share one decoding of each of the group's super-blocks (fast_k_panel): per
  * 32-value sub-block s PANEL_SUB vectors, its 8 code vectors, then its scales d * sc (a 16-value type's
- * two, then Q2_K's two mins dmin * m), as the tiles would decode them: the same values, so the same sums. */
+ * two; Q4_K's spare entries hold its mins), as the tiles would decode them: the same values, so the same sums. */
 #define PANEL_SUB 12
 
-/* 16-value sub-block u of a Q6_K/Q3_K/Q2_K group-block: its codes, scale d * sc and (Q2_K) min dmin * m. */
-LLB_AI TGT void k16_decode(const int qt, const uint8_t *gb, int u, __m512 d, __m512 dmin, __m512i q[4], __m512 *sc,
-                           __m512 *mn) {
+/* 16-value sub-block u of a Q6_K/Q3_K group-block: its codes (unless q is NULL) and scale d * sc. */
+LLB_AI TGT void k16_decode(const int qt, const uint8_t *gb, int u, __m512 d, __m512i q[4], __m512 *sc) {
     if (q) {
         if (qt == LLB_Q6_K) dec_q6k_sub(gb + LLB_Q6_K_SUBS + 192 * u, q);
         else dec_k16_sub(qt, gb, u, q);
     }
-    if (qt == LLB_Q2_K) { /* the file's bytes: scale | min << 4 */
-        /* 0..15 as floats by a permute (it reads the index's low 4 bits): no mask, and off port 0's converts */
-        const __m512 k = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-        const __m512i sm = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(gb + 64 + 16 * u)));
-        *sc = _mm512_mul_ps(d, _mm512_permutexvar_ps(sm, k));
-        *mn = _mm512_mul_ps(dmin, _mm512_permutexvar_ps(_mm512_srli_epi32(sm, 4), k));
-    } else {
-        *sc = sub_scale_i8(gb + 32 + 16 * u, d);
-    }
+    *sc = sub_scale_i8(gb + 32 + 16 * u, d);
 }
 
 /* Half j of sub-block s from its panel entry ps. */
-LLB_AI TGT void k16_from_panel(const int qt, const __m512i *ps, int j, __m512i q[4], __m512 *sc, __m512 *mn) {
+LLB_AI TGT void k16_from_panel(const __m512i *ps, int j, __m512i q[4], __m512 *sc) {
     LLB_UNROLL
     for (int t = 0; t < 4; t++) q[t] = _mm512_load_si512(ps + 4 * j + t);
     *sc = _mm512_castsi512_ps(_mm512_load_si512(ps + 8 + j));
-    if (qt == LLB_Q2_K) *mn = _mm512_castsi512_ps(_mm512_load_si512(ps + 10 + j));
 }
 
 /* Super-blocks [s0, s1) of group wg into the panel pan. */
 LLB_AI TGT void fill_panel(const int qt, const uint8_t *wg, long s0, long s1, __m512i *pan) {
-    const int gbb = LLB_GB_BYTES(qt), k16 = qt == LLB_Q6_K || qt == LLB_Q3_K || qt == LLB_Q2_K;
+    const int gbb = LLB_GB_BYTES(qt), k16 = qt == LLB_Q6_K || qt == LLB_Q3_K;
     for (long sb = s0; sb < s1; sb++) {
         const uint8_t *gb = wg + sb * gbb;
-        const __m512 d = load_f16x16(gb), dmin = qt == LLB_Q2_K ? load_f16x16(gb + 32) : d;
+        const __m512 d = load_f16x16(gb);
         for (int s = 0; s < 8; s++) {
             __m512i *ps = pan + PANEL_SUB * (8 * (sb - s0) + s);
             if (k16) {
                 LLB_UNROLL
                 for (int j = 0; j < 2; j++) {
                     __m512i q[4];
-                    __m512 sc, mn = d;
-                    k16_decode(qt, gb, 2 * s + j, d, dmin, q, &sc, &mn);
+                    __m512 sc;
+                    k16_decode(qt, gb, 2 * s + j, d, q, &sc);
                     LLB_UNROLL
                     for (int t = 0; t < 4; t++) _mm512_store_si512(ps + 4 * j + t, q[t]);
                     _mm512_store_si512(ps + 8 + j, _mm512_castps_si512(sc));
-                    if (qt == LLB_Q2_K) _mm512_store_si512(ps + 10 + j, _mm512_castps_si512(mn));
                 }
             } else {
                 __m512i q[8];
@@ -310,9 +300,8 @@ LLB_AI TGT void tile_q4k(const int qt, const llb_mm *mm, const uint8_t *const wg
     }
 }
 
-/* The 16-value sub-block types: Q6_K (6-bit codes, zero point 32), Q3_K (3-bit, zero point 4; both
- * with signed scales) and Q2_K (2-bit, a 4-bit scale and min per sub-block: the min enters each
- * 32 values' sum as -dmin * m[u] * sum16(xq)[u], before the activation scale dx[s]). G groups as tile_q4k. */
+/* The 16-value sub-block types with signed scales: Q6_K (6-bit codes, zero point 32) and Q3_K (3-bit,
+ * zero point 4). G groups as tile_q4k. */
 LLB_AI TGT void tile_k16(const int qt, const llb_mm *mm, const uint8_t *const wg[], const int G, long i, const int M,
                          const int gemv, long s0, long s1, const __m512i *const pan[], const int cont,
                          __m512 tot[][TILE_ROWS]) {
@@ -327,23 +316,15 @@ LLB_AI TGT void tile_k16(const int qt, const llb_mm *mm, const uint8_t *const wg
     }
     for (long sb = s0; sb < s1; sb++) {
         const uint8_t *gb[LLB_MAXG];
-        __m512 d[LLB_MAXG], dmin[LLB_MAXG];
+        __m512 d[LLB_MAXG];
         LLB_UNROLL
         for (int gi = 0; gi < G; gi++) {
             gb[gi] = wg[gi] + sb * gbb;
             d[gi] = load_f16x16(gb[gi]);
-            dmin[gi] = qt == LLB_Q2_K ? load_f16x16(gb[gi] + 32) : d[gi];
         }
         const size_t e = at + xt * sb;
-        float bs32[qt == LLB_Q2_K ? TILE_ROWS : 1][16] __attribute__((aligned(64)));
         int32_t zp[qt == LLB_Q3_K ? TILE_ROWS : 1][16];
         if (qt == LLB_Q3_K) zero_points(mm->a.bs16n + 16 * e, M, 0, zp);
-        if (qt == LLB_Q2_K) { /* bs16n / 32 of each row's 16 sub-blocks as floats, once per super-block */
-            LLB_UNROLL
-            for (int m = 0; m < M; m++)
-                _mm512_store_ps(bs32[m], _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(mm->a.bs16n + 16 * (e + m))),
-                                                       _mm512_set1_ps(1.0f / 32)));
-        }
         for (int s = 0; s < 8; s++) { /* sub-blocks u = 2s, 2s+1 share the activation scale dx[s] */
             __m512 p[LLB_MAXG][TILE_ROWS];
             LLB_UNROLL
@@ -353,21 +334,20 @@ LLB_AI TGT void tile_k16(const int qt, const llb_mm *mm, const uint8_t *const wg
             for (int j = 0; j < 2; j++) {
                 const int u = 2 * s + j;
                 __m512i q[LLB_MAXG][8], acc[LLB_MAXG][TILE_ROWS];
-                __m512 sc[LLB_MAXG], mn[LLB_MAXG];
+                __m512 sc[LLB_MAXG];
                 LLB_UNROLL
                 for (int gi = 0; gi < G; gi++) {
-                    mn[gi] = d[gi];
                     if (pan[gi]) /* decoded once per work unit (fast_k) */
-                        k16_from_panel(qt, pan[gi] + PANEL_SUB * (8 * (sb - s0) + s), j, q[gi], &sc[gi], &mn[gi]);
-                    else /* l2 (the GEMV's Q2_K/Q3_K) decodes in l2_dot_row */
-                        k16_decode(qt, gb[gi], u, d[gi], dmin[gi], l2 ? NULL : q[gi], &sc[gi], &mn[gi]);
+                        k16_from_panel(pan[gi] + PANEL_SUB * (8 * (sb - s0) + s), j, q[gi], &sc[gi]);
+                    else /* l2 (the GEMV's Q3_K) decodes in l2_dot_row */
+                        k16_decode(qt, gb[gi], u, d[gi], l2 ? NULL : q[gi], &sc[gi]);
                 }
                 LLB_UNROLL
                 for (int m = 0; m < M; m++) { /* the zero point: -32 (Q6_K) or -4 (Q3_K) * bsum16 */
                     const int32_t *bs = &mm->a.bs16n[16 * (e + m) + u], *z = qt == LLB_Q6_K ? bs : &zp[qt == LLB_Q3_K ? m : 0][u];
-                    const __m512i a0 = qt == LLB_Q2_K ? _mm512_setzero_si512() : _mm512_set1_epi32(*z);
+                    const __m512i a0 = _mm512_set1_epi32(*z);
                     LLB_UNROLL
-                    for (int gi = 0; gi < G; gi++) acc[gi][m] = !PANEL_K_TYPE(qt) || gemv ? a0 : chain_init(z);
+                    for (int gi = 0; gi < G; gi++) acc[gi][m] = gemv ? a0 : chain_init(z);
                 }
                 const int8_t *xq = mm->a.qs + 256 * e + 16 * u;
                 const __m512i *const qg[LLB_MAXG] = {q[0], q[LLB_MAXG - 1]};
@@ -377,12 +357,9 @@ LLB_AI TGT void tile_k16(const int qt, const llb_mm *mm, const uint8_t *const wg
                 LLB_UNROLL
                 for (int gi = 0; gi < G; gi++) {
                     LLB_UNROLL
-                    for (int m = 0; m < M; m++) {
+                    for (int m = 0; m < M; m++)
                         p[gi][m] = j ? _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[gi][m]), sc[gi], p[gi][m])
                                      : _mm512_mul_ps(_mm512_cvtepi32_ps(acc[gi][m]), sc[gi]);
-                        if (qt == LLB_Q2_K) /* bs16n = -32 * sum16: + min * bs16n / 32 */
-                            p[gi][m] = _mm512_fmadd_ps(mn[gi], _mm512_set1_ps(bs32[qt == LLB_Q2_K ? m : 0][u]), p[gi][m]);
-                    }
                 }
             }
             LLB_UNROLL
@@ -395,9 +372,119 @@ LLB_AI TGT void tile_k16(const int qt, const llb_mm *mm, const uint8_t *const wg
     }
 }
 
+/* Q2_K sums each 32-value step s (sub-blocks u = 2s, 2s+1, sharing the activation scale dx[s]) in
+ * integers, then converts twice: S = 4 (sc[2s] dot[2s] + sc[2s+1] dot[2s+1]) and N = m[2s] ns[2s] +
+ * m[2s+1] ns[2s+1] (ns = -sum16 of the activations = bs16n / 32, exact), tot += dx[s] (S d/4 + N dmin).
+ * The 16-value float path took per sub-block a convert, two FMAs and six operations making d sc and
+ * dmin m as floats. Exact integers, and every tile takes the same float steps per row, so a row's
+ * result does not depend on the batch. */
+
+/* Lane r of step s: [row r's byte of sub-block 2s, of 2s+1] (scale | min << 4) as int16 words. */
+LLB_AI TGT __m512i q2k_pairs(const uint8_t *gb, int s) {
+#define P_(r) ((r) | (16 + (r)) << 16)
+    const __m512i idx = _mm512_setr_epi32(P_(0), P_(1), P_(2), P_(3), P_(4), P_(5), P_(6), P_(7), P_(8), P_(9), P_(10),
+                                          P_(11), P_(12), P_(13), P_(14), P_(15));
+#undef P_
+    return _mm512_permutexvar_epi16(idx, _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(gb + 64 + 32 * s))));
+}
+
+/* Word 1 of each int32 lane from lo1's word 0, word 0 lo0's: [lo0, lo1] (each fits int16). */
+LLB_AI TGT __m512i q2k_pack(__m512i lo0, __m512i lo1) {
+    const __m512i ctl = _mm512_set4_epi32(0x0D0C0000, 0x09080000, 0x05040000, 0x01000000);
+    return _mm512_mask_shuffle_epi8(lo0, (__mmask64)0xCCCCCCCCCCCCCCCCull, lo1, ctl);
+}
+
+/* The int16 pairs w . the pair at p broadcast, as a vpdpwssd from zero with a {1to16} memory operand
+ * (vpmaddwd has none: GCC kept the pairs in a register and extracted each with two shuffles). */
+LLB_AI TGT __m512i dpwssd_b(__m512i w, const int16_t *p) {
+    __m512i acc;
+    __asm__("vpxord %0, %0, %0\n\tvpdpwssd %2%{1to16%}, %1, %0" : "=&v"(acc) : "v"(w), "m"(*(const int32_t *)p));
+    return acc;
+}
+
+/* A chain of four dots from zero, q[t] . the 4 activation bytes at x[t] broadcast, in one asm so GCC
+ * neither copies the accumulator between them nor materializes the zero in another register. */
+LLB_AI TGT __m512i dpbusd4_b(const __m512i q[4], const int8_t *x0, const int8_t *x1, const int8_t *x2, const int8_t *x3) {
+    __m512i acc;
+    __asm__("vpxord %0, %0, %0\n\tvpdpbusd %5%{1to16%}, %1, %0\n\tvpdpbusd %6%{1to16%}, %2, %0\n\t"
+            "vpdpbusd %7%{1to16%}, %3, %0\n\tvpdpbusd %8%{1to16%}, %4, %0"
+            : "=&v"(acc)
+            : "v"(q[0]), "v"(q[1]), "v"(q[2]), "v"(q[3]), "m"(*(const int32_t *)x0), "m"(*(const int32_t *)x1),
+              "m"(*(const int32_t *)x2), "m"(*(const int32_t *)x3));
+    return acc;
+}
+
+/* S of step s (codes l, scale pairs sc41 = [4 sc0, sc1]) for M rows (qs's rows 256 bytes apart): the
+ * layout (quants.h) leaves sub-block 2s's codes at bits 0-1 and 2s+1's at bits 2-3 (4x its codes) of the
+ * two vectors and their >> 4, so each sub-block's dot is one chain and the two pair into the words
+ * [dot0, 4 dot1] (|4 dot1| <= 16 * 12 * 127 fits int16) for one vpmaddwd. Per row a pack and a
+ * vpmaddwd: folding the scales into the codes (8 vpmullw and 2 shuffles a tile) measured 1-2% slower at 8
+ * rows, 15-25% at 1-4. */
+LLB_AI TGT void q2k_dot_pairs(const uint8_t *l, __m512i sc41, const int8_t *xq, const int M, __m512i acc[]) {
+    const __m512i m3 = _mm512_set1_epi8(3), m12 = _mm512_set1_epi8(12);
+    const __m512i a = _mm512_loadu_si512(l), b = _mm512_loadu_si512(l + 64);
+    const __m512i a4 = _mm512_srli_epi16(a, 4), b4 = _mm512_srli_epi16(b, 4);
+    const __m512i q0[4] = {_mm512_and_si512(a, m3), _mm512_and_si512(a4, m3), _mm512_and_si512(b, m3), _mm512_and_si512(b4, m3)};
+    const __m512i q1[4] = {_mm512_and_si512(a, m12), _mm512_and_si512(a4, m12), _mm512_and_si512(b, m12), _mm512_and_si512(b4, m12)};
+    LLB_UNROLL
+    for (int m = 0; m < M; m++) {
+        const int8_t *x = xq + 256 * m;
+        const __m512i c0 = dpbusd4_b(q0, x, x + 4, x + 8, x + 12), c1 = dpbusd4_b(q1, x + 16, x + 20, x + 24, x + 28);
+        acc[m] = _mm512_madd_epi16(q2k_pack(c0, c1), sc41);
+    }
+}
+
+/* Step s of super-block gb for M activation rows (qs their codes, ns their -sum16 pairs, dx their scales). */
+LLB_AI TGT void q2k_step(const uint8_t *gb, int s, const int M, const int gemv, const int8_t *qs,
+                         const int16_t ns[][16], const float *dx, __m512 d4, __m512 dmin, __m512 tot[TILE_ROWS]) {
+    llb_prefetch_slice(gb, LLB_GB_Q2_K, s, gemv);
+    const __m512i w = q2k_pairs(gb, s), mp = _mm512_srli_epi16(w, 4);
+    /* [4 sc0, sc1]: sub-block 2s+1's codes come 4x from the layout */
+    const __m512i sc41 = _mm512_sllv_epi16(_mm512_and_si512(w, _mm512_set1_epi16(15)), _mm512_set1_epi32(2));
+    const uint8_t *l = gb + LLB_Q2_K_CODES + 128 * s;
+    const int8_t *xq = qs + 32 * s;
+    __m512i acc[TILE_ROWS];
+    q2k_dot_pairs(l, sc41, xq, M, acc);
+    LLB_UNROLL
+    for (int m = 0; m < M; m++) {
+        const __m512i n = dpwssd_b(mp, ns[m] + 2 * s);
+        const __m512 p = _mm512_fmadd_ps(_mm512_cvtepi32_ps(n), dmin, _mm512_mul_ps(_mm512_cvtepi32_ps(acc[m]), d4));
+        tot[m] = _mm512_fmadd_ps(p, _mm512_set1_ps(dx[8 * m + s]), tot[m]);
+    }
+}
+
+/* M activation rows from row i against the group at wg, super-blocks [s0, s1) (gemv: n == 1, M == 1). */
+LLB_AI TGT void tile_q2k(const llb_mm *mm, const uint8_t *wg, long i, const int M, const int gemv, long s0, long s1,
+                         const int cont, __m512 tot[TILE_ROWS]) {
+    const long xt = mm->a.xt;
+    const size_t at = llb_act_at(i, 0, mm->cols / 256, xt);
+    LLB_UNROLL
+    for (int m = 0; m < M; m++)
+        if (!cont) tot[m] = _mm512_setzero_ps();
+    for (long sb = s0; sb < s1; sb++) {
+        const uint8_t *gb = wg + sb * LLB_GB_Q2_K;
+        const __m512 d4 = _mm512_mul_ps(load_f16x16(gb), _mm512_set1_ps(0.25f)), dmin = load_f16x16(gb + 32);
+        const size_t e = at + xt * sb;
+        int16_t ns[TILE_ROWS][16] __attribute__((aligned(32)));
+        LLB_UNROLL
+        for (int m = 0; m < M; m++)
+            _mm256_store_si256((__m256i *)ns[m], _mm512_cvtepi32_epi16(_mm512_srai_epi32(
+                                                     _mm512_loadu_si512(mm->a.bs16n + 16 * (e + m)), 5)));
+        const int8_t *qs = mm->a.qs + 256 * e;
+        const float *dx = mm->a.d + 8 * e;
+        if (gemv) { /* unrolled: constant offsets, and fewer pointers live than GPRs */
+            LLB_UNROLL
+            for (int s = 0; s < 8; s++) q2k_step(gb, s, 1, 1, qs, ns, dx, d4, dmin, tot);
+        } else {
+            for (int s = 0; s < 8; s++) q2k_step(gb, s, M, 0, qs, ns, dx, d4, dmin, tot);
+        }
+    }
+}
+
 LLB_AI TGT void tile_k(const int qt, const llb_mm *mm, const uint8_t *const wg[], const int G, long i, const int M,
                        const int gemv, long s0, long s1, const __m512i *const pan[], const int cont, __m512 tot[][TILE_ROWS]) {
-    if (qt == LLB_Q6_K || qt == LLB_Q3_K || qt == LLB_Q2_K) tile_k16(qt, mm, wg, G, i, M, gemv, s0, s1, pan, cont, tot);
+    if (qt == LLB_Q2_K) tile_q2k(mm, wg[0], i, M, gemv, s0, s1, cont, tot[0]); /* G == 1, no panel */
+    else if (qt == LLB_Q6_K || qt == LLB_Q3_K) tile_k16(qt, mm, wg, G, i, M, gemv, s0, s1, pan, cont, tot);
     else tile_q4k(qt, mm, wg, G, i, M, gemv, s0, s1, pan, cont, tot);
 }
 
