@@ -309,15 +309,6 @@ LLB_AI TGT void tile32(const llb_mm *mm, const uint8_t *wg, long i, const int M,
 #undef ROW32X
 }
 
-/* A chain's start: the int32 at p broadcast (a load), or (p NULL) zero (an idiom), each chain its own:
- * GCC would copy one register per chain, a vector move on the multiply ports. */
-LLB_AI TGT __m512i chain_start(const int32_t *p) {
-    __m512i v;
-    if (p) __asm__ volatile("vpbroadcastd %1, %0" : "=v"(v) : "m"(*p));
-    else __asm__ volatile("vpxord %0, %0, %0" : "=v"(v));
-    return v;
-}
-
 /* A pair of groups (their panels pan[0], pan[1]) against M <= 8 activation rows from row i: each
  * activation broadcast feeds both groups' chains (half the broadcasts of two tile32 calls); the 2M
  * sums wait in memory between blocks. Each group's sums take tile32's operations in its order. */
@@ -339,7 +330,7 @@ LLB_AI TGT void tile32x2(const llb_mm *mm, long i, const int M, const int qt, lo
         LLB_UNROLL
         for (int g = 0; g < 2; g++) {
             LLB_UNROLL
-            for (int m = 0; m < M; m++) acc[g][m] = chain_start(LLB_HAS_MIN32(qt) ? NULL : xb + m);
+            for (int m = 0; m < M; m++) acc[g][m] = chain_init(LLB_HAS_MIN32(qt) ? NULL : xb + m);
         }
         LLB_UNROLL
         for (int t = 0; t < 8; t++) {

@@ -124,6 +124,16 @@ LLB_AI TGT __m512 block_scale16(const int qt, const uint8_t *gb) {
     return _mm512_castsi512_ps(_mm512_mask_sllv_epi32(normal, tiny, _mm512_set1_epi32(0x200000), e));
 }
 
+/* A GEMM chain's initial value: the int32 at p broadcast from memory, or (p NULL) a zeroing idiom, per
+ * chain. GCC would make the value once and copy the register per chain: a vector move each on the
+ * multiply ports, where a broadcast is a load and the idiom no uop at all. */
+LLB_AI TGT __m512i chain_init(const int32_t *p) {
+    __m512i v;
+    if (p) __asm__ volatile("vpbroadcastd %1, %0" : "=v"(v) : "m"(*p));
+    else __asm__ volatile("vpxord %0, %0, %0" : "=v"(v));
+    return v;
+}
+
 /* Results of M activation rows (rows of out `stride` floats apart), stored or, for a later
  * K chunk, added to what earlier chunks stored. */
 LLB_AI TGT void llb512_put_rows(float *o, long stride, __mmask16 km, const __m512 *t, int M, int accumulate) {

@@ -62,16 +62,6 @@ LLB_AI TGT __m512i dpbusd_b(__m512i acc, __m512i q, const int8_t *x) {
     return acc;
 }
 
-/* A GEMM chain's initial value: the int32 at p broadcast from memory, or (p NULL) a zeroing idiom, per
- * chain. GCC would make the value once and copy the register per chain: a vector move each on the
- * multiply ports, where a broadcast is a load and the idiom no uop at all. */
-LLB_AI TGT __m512i chain_init(const int32_t *p) {
-    __m512i v;
-    if (p) __asm__ volatile("vpbroadcastd %1, %0" : "=v"(v) : "m"(*p));
-    else __asm__ volatile("vpxord %0, %0, %0" : "=v"(v));
-    return v;
-}
-
 /* acc[gi][m] += codes of group gi (from q[gi]) . activations of rows m (a tile's rows are 256 bytes apart),
  * quad-major so the G x M chains advance together, each activation broadcast feeding the G groups. nq
  * quads from xq. */
