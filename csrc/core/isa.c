@@ -5,6 +5,10 @@
  * switches (XCR0 via xgetbv); otherwise the first AVX instruction faults. */
 #include "core/isa.h"
 
+#include <string.h>
+
+#include "core/env.h"
+
 static const char *const isa_names[] = {"scalar", "avx2", "avx512"};
 
 const char *llb_isa_name(int isa) {
@@ -53,8 +57,27 @@ int llb_isa_best(void) {
     if (!detected_best) detected_best = 1 + detect();
     return detected_best - 1;
 }
+
+static int cpu_is_amd(void) {
+    unsigned int a, b, c, d;
+    char vendor[13] = {0};
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return 0;
+    memcpy(vendor, &b, 4);
+    memcpy(vendor + 4, &d, 4);
+    memcpy(vendor + 8, &c, 4);
+    return strcmp(vendor, "AuthenticAMD") == 0;
+}
 #else
 int llb_isa_best(void) { return LLB_ISA_SCALAR; }
+static int cpu_is_amd(void) { return 0; }
 #endif
+
+/* Read once: 0 = not yet, else 1 + the answer. */
+static int split_broadcast;
+
+int llb_isa_split_broadcast(void) {
+    if (!split_broadcast) split_broadcast = 1 + llb_env_flag("LLAMBDA_SPLIT_BROADCAST", cpu_is_amd());
+    return split_broadcast - 1;
+}
 
 int llb_isa_supported(int isa) { return isa >= LLB_ISA_SCALAR && isa <= llb_isa_best(); }
