@@ -370,6 +370,8 @@ LLB_AI TGT void tile32x2(const llb_mm *mm, long i, const int M, const int qt, lo
     }
 }
 
+#include "matmul/kernels/avx512_split.h"
+
 /* n == 1: streams the group with prefetch, summing in exactly tile32's order (per K chunk one
  * FP32 chain from zero, block by block; chunks added in order), so a single row equals that row
  * of a batch bit for bit. The integer dot is split in two chains (integer sums are exact). */
@@ -421,6 +423,16 @@ LLB_AI TGT __m512 gemv32(const llb_mm *mm, const uint8_t *wg, const int qt) {
         llb512_put_rows(o + LLB_IL + (i) * mm->rows, mm->rows, km2, t_[1], M, b0 > 0); \
     } while (0)
 
+/* The same with split pair tiles (avx512_split.h). */
+#define TILE32X2S(i, M)                                                             \
+    do {                                                                            \
+        __m512 t_[2][SPLIT_ROWS];                                                   \
+        split_prefetch(&pf);                                                        \
+        tile32x2s(mm, i, M, qt, b0, b1, pans, t_);                                  \
+        llb512_put_rows(o + (i) * mm->rows, mm->rows, km, t_[0], M, b0 > 0);        \
+        llb512_put_rows(o + LLB_IL + (i) * mm->rows, mm->rows, km2, t_[1], M, b0 > 0); \
+    } while (0)
+
 LLB_AI TGT void fast32_one(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt) {
     const __mmask16 km = (__mmask16)((1u << llb_group_rows(mm, g)) - 1);
     float *o = mm->out + g * LLB_IL;
@@ -444,7 +456,7 @@ LLB_AI TGT void fast32_one(const llb_mm *mm, const uint8_t *wg, long g, long i0,
 
 /* A pair unit (mm->wg2: the panel types take pairs) of more than one tile fills both groups' panels and
  * runs pair tiles (2-5% less CPU time than 16-row tiles of each group); otherwise each group alone. */
-LLB_AI TGT void fast32(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt) {
+LLB_AI TGT void fast32(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt, const int split) {
     if (!mm->wg2 || i1 - i0 <= LLB_XT) {
         fast32_one(mm, wg, g, i0, i1, qt);
         if (mm->wg2) fast32_one(mm, mm->wg2, g + 1, i0, i1, qt);
@@ -455,23 +467,44 @@ LLB_AI TGT void fast32(const llb_mm *mm, const uint8_t *wg, long g, long i0, lon
     const long nb = mm->cols / 32, kc = LLB_KCHUNK / 32;
     __attribute__((aligned(64))) __m512i pan[2][(LLB_KCHUNK / 32) * PANEL32];
     const __m512i *const pans[2] = {pan[0], pan[1]};
+    split_pf pf = {{NULL, NULL}, 0, 0, (i1 - i0 + SPLIT_ROWS - 1) / SPLIT_ROWS + 1};
     for (long b0 = 0; b0 < nb; b0 += kc) {
         const long b1 = b0 + kc < nb ? b0 + kc : nb;
         fill_panel32(qt, wg, b0, b1, pan[0]);
         fill_panel32(qt, mm->wg2, b0, b1, pan[1]);
-        LLB_TILE_LADDER(i0, i1, LLB_XT, TILE32X2);
+        if (split) {
+            split_next(mm, wg, b1, nb, qt, &pf);
+            LLB_TILE_LADDER(i0, i1, SPLIT_ROWS, TILE32X2S);
+        } else {
+            LLB_TILE_LADDER(i0, i1, LLB_XT, TILE32X2);
+        }
     }
 }
 #undef TILE32X2
+#undef TILE32X2S
 #undef TILE32
 
-TGT static void fast_q4_0(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast32(mm, wg, g, i0, i1, LLB_Q4_0); }
-TGT static void fast_q4_1(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast32(mm, wg, g, i0, i1, LLB_Q4_1); }
-TGT static void fast_q5_0(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast32(mm, wg, g, i0, i1, LLB_Q5_0); }
-TGT static void fast_q8_0(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast32(mm, wg, g, i0, i1, LLB_Q8_0); }
-TGT static void fast_q5_1(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast32(mm, wg, g, i0, i1, LLB_Q5_1); }
-TGT static void fast_iq4_nl(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast32(mm, wg, g, i0, i1, LLB_IQ4_NL); }
-TGT static void fast_mxfp4(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast32(mm, wg, g, i0, i1, LLB_MXFP4); }
+/* Each type twice: the folded-broadcast tiles (Intel; 8-row pair tiles) and the split ones (avx512_split.h),
+ * picked once per kernel lookup by the names table.inc reads (below), not per call. */
+#define FAST32(name, qt)                                                                                            \
+    TGT static void name##_fold(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast32(mm, wg, g, i0, i1, qt, 0); } \
+    TGT static void name##_split(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast32(mm, wg, g, i0, i1, qt, 1); }
+FAST32(fast_q4_0, LLB_Q4_0)
+FAST32(fast_q4_1, LLB_Q4_1)
+FAST32(fast_q5_0, LLB_Q5_0)
+FAST32(fast_q5_1, LLB_Q5_1)
+FAST32(fast_iq4_nl, LLB_IQ4_NL)
+FAST32(fast_mxfp4, LLB_MXFP4)
+#undef FAST32
+/* Q8_0 takes no pairs (no panel): one form. */
+TGT static void fast_q8_0(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast32(mm, wg, g, i0, i1, LLB_Q8_0, 0); }
+/* table.inc's names: the form llb_isa_split_broadcast() asks for. */
+#define fast_q4_0 (llb_isa_split_broadcast() ? fast_q4_0_split : fast_q4_0_fold)
+#define fast_q4_1 (llb_isa_split_broadcast() ? fast_q4_1_split : fast_q4_1_fold)
+#define fast_q5_0 (llb_isa_split_broadcast() ? fast_q5_0_split : fast_q5_0_fold)
+#define fast_q5_1 (llb_isa_split_broadcast() ? fast_q5_1_split : fast_q5_1_fold)
+#define fast_iq4_nl (llb_isa_split_broadcast() ? fast_iq4_nl_split : fast_iq4_nl_fold)
+#define fast_mxfp4 (llb_isa_split_broadcast() ? fast_mxfp4_split : fast_mxfp4_fold)
 
 /* ---- exact kernels: dequantize a 16x32 chunk to FP32, then FMA ------------
  * The chunk T is stored as [quad t][row r][j] (64 floats per quad), so one
