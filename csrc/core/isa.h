@@ -10,9 +10,11 @@ int llb_isa_best(void);               /* best path this CPU supports */
 int llb_isa_supported(int isa);       /* 1 if the CPU (and OS) can run that path */
 const char *llb_isa_name(int isa);
 
-/* 1 where the AVX-512 kernels should broadcast activations with a separate instruction rather than as a
- * {1toN} memory operand of the multiply: AMD's cores (Zen 4 runs the folded form at a third of the rate
- * or less), not Intel's (where folding saves a uop). LLAMBDA_SPLIT_BROADCAST=1/0 forces either form. */
+/* 1 where the AVX-512 32-block GEMM runs its AMD-tuned tiles: each activation broadcast its own instruction,
+ * chains and float sums held in registers (Zen 4: 6-16% less time); 0 on Intel, whose tiles fold the
+ * broadcasts into the multiplies as {1toN} operands, as they were tuned there. The broadcast form itself runs
+ * at the same rate on both (bench/broadcast_forms.c); the code around it differs. LLAMBDA_SPLIT_BROADCAST=1/0
+ * forces either. */
 int llb_isa_split_broadcast(void);
 
 /* Per-function ISA targets, so every file is compiled with portable flags. */
