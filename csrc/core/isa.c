@@ -80,4 +80,11 @@ int llb_isa_split_broadcast(void) {
     return split_broadcast - 1;
 }
 
+static int far_stream; /* as split_broadcast */
+
+int llb_isa_far_stream(void) {
+    if (!far_stream) far_stream = 1 + llb_env_flag("LLAMBDA_FAR_STREAM", cpu_is_amd());
+    return far_stream - 1;
+}
+
 int llb_isa_supported(int isa) { return isa >= LLB_ISA_SCALAR && isa <= llb_isa_best(); }

@@ -17,6 +17,10 @@ const char *llb_isa_name(int isa);
  * forces either. */
 int llb_isa_split_broadcast(void);
 
+/* 1 where a GEMV's weight stream should be prefetched into L2 only, far ahead (LLB_STREAM_FAR in the
+ * kernels' common.h): AMD's cores, not Intel's (tuned there on L2 + L1). LLAMBDA_FAR_STREAM=1/0 forces it. */
+int llb_isa_far_stream(void);
+
 /* Per-function ISA targets, so every file is compiled with portable flags. */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define LLB_X86 1

@@ -237,14 +237,14 @@ static size_t mm_setup(mm_ctx *c, const llb_type_info *t, const llb_mm_part *par
     if (n == 0) return 0; /* no activation rows (an expert no token chose): no tile height to divide by */
     llb_kernel_fn fn;
     c->k = type_kernels(t, exact, &fn);
-    c->mm = (llb_mm){.t = t, .cols = cols, .n = n, .x = x};
+    c->mm = (llb_mm){.t = t, .cols = cols, .n = n, .x = x, .far = llb_isa_far_stream()};
     c->span = type_span(c->k, t, n, exact);
     size_t weight_bytes = 0;
     for (int i = 0; i < n_parts; i++) {
         mm_part *p = &c->part[i];
         const llb_type_info *pt = parts[i].t ? parts[i].t : t;
         p->mm = (llb_mm){.t = pt, .rows = parts[i].rows, .cols = cols, .n = n, .x = x, .out = parts[i].out,
-                         .row_bytes = llb_row_bytes(pt, cols)};
+                         .row_bytes = llb_row_bytes(pt, cols), .far = c->mm.far};
         const llb_kernels *pk = type_kernels(pt, exact, &p->fn);
         p->layout = parts[i].layout;
         p->w = parts[i].w;

@@ -248,15 +248,16 @@ class BusyLoad:
 def read_bandwidth(nbytes: int, threads: int, reps: int = 5) -> float:
     """GB/s this machine reads at a working set of `nbytes` (at least 64 MiB) on `threads` threads: the
     C core's probe (`_native.read_bandwidth`: the active ISA's widest loads streaming a buffer in 2 MB
-    pages over the thread pool, as a decode step reads its weights), best of `reps`; without the C core,
-    a NumPy read's median (which reads less than our own 1-thread decode: no bound)."""
+    pages over the thread pool, as a decode step reads its weights, timed in the threads' CPU time so
+    that other processes on a shared machine do not lower it), median of `reps`; without the C core,
+    a NumPy read's median (wall clock, which reads less than our own 1-thread decode: no bound)."""
     try:
         from .. import _native
     except ImportError:
         return numpy_read_bandwidth(nbytes, threads, reps)
     if _native.threads() < threads:
         _native.set_threads(threads)
-    return max(_native.read_bandwidth(max(nbytes, 64 << 20), threads, reps))
+    return statistics.median(_native.read_bandwidth(max(nbytes, 64 << 20), threads, reps))
 
 
 def numpy_read_bandwidth(nbytes: int, threads: int, reps: int = 5) -> float:

@@ -10,15 +10,20 @@
 
 #define TGT LLB_TARGET_AVX512
 
-LLB_AI TGT void dec_nibbles(const uint8_t *v, __m512i q[8]) {
+/* once: each vector loaded into a register once, where GCC folds its load into both the and and the shift
+ * (twice the loads: the Zen 4 GEMV's loop is bound by its load slots, kernels' common.h). */
+LLB_AI TGT void dec_nibbles_as(const uint8_t *v, __m512i q[8], const int once) {
     const __m512i m4 = _mm512_set1_epi8(15);
     LLB_UNROLL
     for (int k = 0; k < 4; k++) {
-        const __m512i a = _mm512_loadu_si512(v + 64 * k);
+        __m512i a = _mm512_loadu_si512(v + 64 * k);
+        if (once) __asm__("" : "+v"(a));
         q[k] = _mm512_and_si512(a, m4);
         q[k + 4] = _mm512_and_si512(_mm512_srli_epi16(a, 4), m4);
     }
 }
+
+LLB_AI TGT void dec_nibbles(const uint8_t *v, __m512i q[8]) { dec_nibbles_as(v, q, 0); }
 
 /* Q5_0's bit plane: byte bit t = 5th bit of quad t. a | (b & c) = ternlog 0xF8. */
 LLB_AI TGT void add_fifth_bits(const uint8_t *plane, __m512i q[8]) {
@@ -42,18 +47,20 @@ LLB_AI TGT void grid_lookup(const int8_t grid[16], int off, __m512i q[8]) {
 
 /* One 32-value block of a 32-block type as unsigned codes: Q8_0's are stored as w + 128, IQ4_NL's
  * are its grid levels + 128, MXFP4's its doubled FP4 values + LLB_MXFP4_OFF (common.h). */
-LLB_AI TGT void dec_block32(const int qt, const uint8_t *gb, __m512i q[8]) {
+LLB_AI TGT void dec_block32_as(const int qt, const uint8_t *gb, __m512i q[8], const int once) {
     if (qt == LLB_Q8_0) {
         LLB_UNROLL
         for (int t = 0; t < 8; t++) q[t] = _mm512_loadu_si512(gb + 32 + 64 * t);
         return;
     }
-    dec_nibbles(gb + LLB_NIBBLES32(qt), q);
+    dec_nibbles_as(gb + LLB_NIBBLES32(qt), q, once);
     if (qt == LLB_Q5_0) add_fifth_bits(gb + LLB_Q5_0_PLANE, q);
     if (qt == LLB_Q5_1) add_fifth_bits(gb + LLB_Q5_1_PLANE, q);
     if (qt == LLB_IQ4_NL) grid_lookup(llb_iq4_grid, 128, q);
     if (qt == LLB_MXFP4) grid_lookup(llb_fp4_grid, LLB_MXFP4_OFF, q);
 }
+
+LLB_AI TGT void dec_block32(const int qt, const uint8_t *gb, __m512i q[8]) { dec_block32_as(qt, gb, q, 0); }
 
 /* Sub-block s (32 values) of a Q4_K/Q5_K/IQ4_XS group-block as unsigned codes: Q4_K's nibbles,
  * Q5_K's plus its bit plane, IQ4_XS's grid levels + 128 (one byte shuffle of the nibbles). */

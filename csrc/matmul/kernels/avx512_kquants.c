@@ -572,17 +572,24 @@ LLB_AI TGT void fast_k_groups(const llb_mm *mm, const uint8_t *wg, long g, long 
 }
 #undef TILE_K
 
+/* n == 1, the weights streamed with prefetch as `stream` (common.h; tile_k's gemv flag); the GEMM's
+ * K chunks too, so a single row sums in its exact order. */
+LLB_AI TGT void gemv_k(const llb_mm *mm, const uint8_t *wg, long g, const int qt, const int stream) {
+    const long nsb = mm->cols / 256, kc = LLB_KCHUNK / 256;
+    const uint8_t *const w[1] = {wg};
+    const __m512i *const nopan[1] = {NULL};
+    __m512 t[1][TILE_ROWS], sum = _mm512_setzero_ps();
+    for (long s0 = 0; s0 < nsb; s0 += kc) {
+        tile_k(qt, mm, w, 1, 0, 1, stream, s0, s0 + kc < nsb ? s0 + kc : nsb, nopan, 0, t);
+        sum = s0 ? _mm512_add_ps(sum, t[0][0]) : t[0][0];
+    }
+    _mm512_mask_storeu_ps(mm->out + g * LLB_IL, (__mmask16)((1u << llb_group_rows(mm, g)) - 1), sum);
+}
+
 LLB_AI TGT void fast_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt) {
-    if (LLB_GEMV(mm)) { /* the GEMM's K chunks too, so a single row sums in its exact order */
-        const long nsb = mm->cols / 256, kc = LLB_KCHUNK / 256;
-        const uint8_t *const w[1] = {wg};
-        const __m512i *const nopan[1] = {NULL};
-        __m512 t[1][TILE_ROWS], sum = _mm512_setzero_ps();
-        for (long s0 = 0; s0 < nsb; s0 += kc) {
-            tile_k(qt, mm, w, 1, 0, 1, 1, s0, s0 + kc < nsb ? s0 + kc : nsb, nopan, 0, t);
-            sum = s0 ? _mm512_add_ps(sum, t[0][0]) : t[0][0];
-        }
-        _mm512_mask_storeu_ps(mm->out + g * LLB_IL, (__mmask16)((1u << llb_group_rows(mm, g)) - 1), sum);
+    if (LLB_GEMV(mm)) {
+        if (mm->far) gemv_k(mm, wg, g, qt, LLB_STREAM_FAR);
+        else gemv_k(mm, wg, g, qt, LLB_STREAM);
         return;
     }
     if (PAIRS_K(qt) && mm->wg2) fast_k_groups(mm, wg, g, i0, i1, qt, 2);
