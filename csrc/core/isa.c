@@ -72,19 +72,20 @@ int llb_isa_best(void) { return LLB_ISA_SCALAR; }
 static int cpu_is_amd(void) { return 0; }
 #endif
 
-/* Read once: 0 = not yet, else 1 + the answer. */
-static int split_broadcast;
-
-int llb_isa_split_broadcast(void) {
-    if (!split_broadcast) split_broadcast = 1 + llb_env_flag("LLAMBDA_SPLIT_BROADCAST", cpu_is_amd());
-    return split_broadcast - 1;
+/* A switch that defaults to on for AMD's cores, read once into *slot: 0 = not yet, else 1 + the answer. */
+static int amd_default(int *slot, const char *name) {
+    if (!*slot) *slot = 1 + llb_env_flag(name, cpu_is_amd());
+    return *slot - 1;
 }
 
-static int far_stream; /* as split_broadcast */
+int llb_isa_split_broadcast(void) {
+    static int slot;
+    return amd_default(&slot, "LLAMBDA_SPLIT_BROADCAST");
+}
 
 int llb_isa_far_stream(void) {
-    if (!far_stream) far_stream = 1 + llb_env_flag("LLAMBDA_FAR_STREAM", cpu_is_amd());
-    return far_stream - 1;
+    static int slot;
+    return amd_default(&slot, "LLAMBDA_FAR_STREAM");
 }
 
 int llb_isa_supported(int isa) { return isa >= LLB_ISA_SCALAR && isa <= llb_isa_best(); }

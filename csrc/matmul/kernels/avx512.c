@@ -309,6 +309,26 @@ LLB_AI TGT void tile32(const llb_mm *mm, const uint8_t *wg, long i, const int M,
 #undef ROW32X
 }
 
+/* A block's 8 steps of a pair tile: acc[g][m] += group g's codes (panel qp[g]) . activation row m's 4
+ * bytes a step (xq, rows 32 apart), each broadcast by BCAST(p) feeding both groups' chains. A macro, so
+ * tile32x2 (GCC folds its broadcast into the multiply, as tuned on Intel) and the AMD tile32x2s
+ * (avx512_split.h: bcast_epi32, an instruction of its own) share the loop with tile32x2's machine code
+ * unchanged (an inline function changed it). */
+#define PAIR_DOTS(acc, qp, xq, M, BCAST)                                                          \
+    do {                                                                                          \
+        LLB_UNROLL                                                                                \
+        for (int t = 0; t < 8; t++) {                                                             \
+            const __m512i q0 = _mm512_load_si512((qp)[0] + t), q1 = _mm512_load_si512((qp)[1] + t); \
+            LLB_UNROLL                                                                            \
+            for (int m = 0; m < (M); m++) {                                                       \
+                const __m512i x = BCAST((xq) + 32 * m + 4 * t);                                   \
+                acc[0][m] = _mm512_dpbusd_epi32(acc[0][m], q0, x);                                \
+                acc[1][m] = _mm512_dpbusd_epi32(acc[1][m], q1, x);                                \
+            }                                                                                     \
+        }                                                                                         \
+    } while (0)
+#define BCAST_SET1(p) _mm512_set1_epi32(llb_ld32(p))
+
 /* A pair of groups (their panels pan[0], pan[1]) against M <= 8 activation rows from row i: each
  * activation broadcast feeds both groups' chains (half the broadcasts of two tile32 calls); the 2M
  * sums wait in memory between blocks. Each group's sums take tile32's operations in its order. */
@@ -332,16 +352,7 @@ LLB_AI TGT void tile32x2(const llb_mm *mm, long i, const int M, const int qt, lo
             LLB_UNROLL
             for (int m = 0; m < M; m++) acc[g][m] = chain_init(LLB_HAS_MIN32(qt) ? NULL : xb + m);
         }
-        LLB_UNROLL
-        for (int t = 0; t < 8; t++) {
-            const __m512i q0 = _mm512_load_si512(qp[0] + t), q1 = _mm512_load_si512(qp[1] + t);
-            LLB_UNROLL
-            for (int m = 0; m < M; m++) {
-                const __m512i x = _mm512_set1_epi32(llb_ld32(xq + 32 * m + 4 * t));
-                acc[0][m] = _mm512_dpbusd_epi32(acc[0][m], q0, x);
-                acc[1][m] = _mm512_dpbusd_epi32(acc[1][m], q1, x);
-            }
-        }
+        PAIR_DOTS(acc, qp, xq, M, BCAST_SET1);
         const __mmask8 r2 = _mm256_cmp_ps_mask(_mm256_maskz_loadu_ps((__mmask8)((1u << M) - 1), xd2), _mm256_setzero_ps(), _CMP_NEQ_OQ);
         __m512 dv[2], mv[2];
         LLB_UNROLL

@@ -41,23 +41,13 @@ LLB_AI TGT void tile32x2s(const llb_mm *mm, long i, const int M, const int qt, l
     }
     for (long b = b0; b < b1; b++) {
         const __m512i *const qp[2] = {pan[0] + PANEL32 * (b - b0), pan[1] + PANEL32 * (b - b0)};
-        /* tile32x2's dots with the broadcast split (a shared helper changed the Intel tile's machine code) */
         __m512i acc[2][SPLIT_ROWS];
         LLB_UNROLL
         for (int g = 0; g < 2; g++) {
             LLB_UNROLL
             for (int m = 0; m < M; m++) acc[g][m] = chain_init(LLB_HAS_MIN32(qt) ? NULL : xb + m);
         }
-        LLB_UNROLL
-        for (int t = 0; t < 8; t++) {
-            const __m512i q0 = _mm512_load_si512(qp[0] + t), q1 = _mm512_load_si512(qp[1] + t);
-            LLB_UNROLL
-            for (int m = 0; m < M; m++) {
-                const __m512i x = bcast_epi32(xq + 32 * m + 4 * t);
-                acc[0][m] = _mm512_dpbusd_epi32(acc[0][m], q0, x);
-                acc[1][m] = _mm512_dpbusd_epi32(acc[1][m], q1, x);
-            }
-        }
+        PAIR_DOTS(acc, qp, xq, M, bcast_epi32);
         LLB_UNROLL
         for (int g = 0; g < 2; g++) {
             const __m512 dv = _mm512_castsi512_ps(_mm512_load_si512(qp[g] + 8));
