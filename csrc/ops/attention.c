@@ -5,6 +5,8 @@
 #include <stdint.h>
 
 #include "core/alloc.h"
+#include "core/env.h"
+#include "core/isa.h"
 #include "core/state.h"
 #include "core/threadpool.h"
 #include "ops/kernels/kernels.h"
@@ -155,6 +157,14 @@ static inline struct llb_attn_tile tile_at(const struct llb_attention_args *a, l
     return tile;
 }
 
+/* The decode kernel's K/V prefetch on AMD (llb_isa_far_stream): into L2 only, this far ahead in bytes
+ * of one stream's rows; 0 elsewhere. */
+static long attn_pf_far(void) {
+    static long bytes = -1;
+    if (bytes < 0) bytes = llb_isa_far_stream() ? llb_env_long("LLAMBDA_ATT_PF_FAR", 16384, 0, 1 << 20) : 0;
+    return bytes;
+}
+
 /* The unit a thread likely runs after the current one (a split row's chunks, which it claims in
  * order): token i's keys lo..hi of kv head kvh, for the kernel to prefetch ahead; i < 0: none. */
 struct next_unit {
@@ -183,6 +193,7 @@ static void attend_rows_next(const struct llb_attention_args *a, const struct ll
         .out = out ? out : a->out + row * a->head_dim,
         .ml = ml,
         .kbase = key_base(a, s, kvh),
+        .pf_far = attn_pf_far(),
     };
     const long s2 = nx.i >= 0 && nx.i < a->n ? a->slots[nx.i] : -1;
     if (s2 >= 0 && s2 < a->n_slots && nx.lo >= 0 && nx.lo <= nx.hi && nx.hi < a->n_ctx) {

@@ -23,6 +23,9 @@ struct llb_attn_unit {
      * first next_n keys are prefetched after this unit's last (a prefetch only, no result changes) */
     const void *next_k, *next_v;
     long next_n;
+    /* 0: K/V asked for into L2 far ahead and L1 near (tuned on Intel); else into L2 only, this many
+     * bytes of a stream's rows ahead (llb_isa_far_stream: Zen 4) */
+    long pf_far;
 };
 
 /* Up to LLB_TILE_MAX_ROWS query rows reading keys of one kv head (a few
