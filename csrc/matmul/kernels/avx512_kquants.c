@@ -93,40 +93,16 @@ LLB_AI TGT void dot_row2(__m512i acc[][TILE_ROWS], const __m512i *const q[], con
     acc[0][0] = _mm512_add_epi32(acc[0][0], acc2[0][0]);
 }
 
-/* A packed vector loaded into a register once (the empty asm keeps GCC from folding the load again). */
-LLB_AI TGT __m512i kg_ld(const void *p) {
-    __m512i a;
-    __asm__ volatile("vmovdqu64 %1, %0" : "=v"(a) : "m"(*(const __m512i *)p));
-    return a;
-}
-
-#ifndef LLB_KG_PF
-#define LLB_KG_PF LLB_PF_FAR
-#endif
-/* Step s's slice of the group-block's lines (llb_prefetch_slice's, LLB_STREAM_FAR: into L2, LLB_PF_FAR
- * ahead), each asked for in an asm tied to the step's first packed vector a: GCC scheduled the unrolled
- * steps' builtin prefetches all at the super-block's start, and the burst lost 15-30% from DRAM. */
-LLB_AI TGT void kg_prefetch(__m512i *a, const uint8_t *gb, const int bytes, int s) {
-    const int per = ((bytes + 63) / 64 + 7) / 8;
-    LLB_UNROLL
-    for (int l = 0; l < per; l++) {
-        const int o = 64 * (per * s + l);
-        if (o < bytes) __asm__ volatile("prefetcht1 %1" : "+v"(*a) : "m"(*(const char *)(gb + o + LLB_KG_PF)));
-    }
-}
-
 /* The GEMV's integer dot of Q3_K sub-block u from a0: quads 1 and 3 stay in place as 4x their codes
  * (bits 2-3 of L and of L >> 4), summed in a chain of their own and shifted back (exact), so L takes one
  * shift instead of three; the high bit lands at bit 2 or bit 4 to match. Two chains of two, as dot_row2. */
-LLB_AI TGT __m512i l2_dot_row(const int qt, const uint8_t *gb, int u, __m512i a0, const int8_t *xq, const int zen) {
+LLB_AI TGT __m512i l2_dot_row(const int qt, const uint8_t *gb, int u, __m512i a0, const int8_t *xq) {
     const uint8_t *l = gb + LLB_Q3_K_SUBS + 192 * (u >> 1) + 64 * (u & 1);
-    __m512i a = zen ? kg_ld(l) : _mm512_loadu_si512(l); /* zen (kg_gemv): each vector loaded once, u even with its prefetch */
-    if (zen && !(u & 1)) kg_prefetch(&a, gb, LLB_GB_Q3_K, u >> 1);
-    const __m512i a4 = _mm512_srli_epi16(a, 4);
+    const __m512i a = _mm512_loadu_si512(l), a4 = _mm512_srli_epi16(a, 4);
     const __m512i m3 = _mm512_set1_epi8(3), m12 = _mm512_set1_epi8(12);
     __m512i q[4] = {_mm512_and_si512(a, m3), _mm512_and_si512(a, m12), _mm512_and_si512(a4, m3), _mm512_and_si512(a4, m12)};
     if (qt == LLB_Q3_K) {
-        const __m512i h = zen ? kg_ld(l - 64 * (u & 1) + 128) : _mm512_loadu_si512(l - 64 * (u & 1) + 128);
+        const __m512i h = _mm512_loadu_si512(l - 64 * (u & 1) + 128);
         LLB_UNROLL
         for (int i = 0; i < 4; i++) { /* bit 4k+i to bit 2 (quads 0, 2) or 4 (1, 3); a | (b & c) = ternlog 0xF8 */
             const int sh = 4 * (u & 1) + i - (i & 1 ? 4 : 2);
@@ -365,7 +341,7 @@ LLB_AI TGT void tile_k16(const int qt, const llb_mm *mm, const uint8_t *const wg
                 }
                 const int8_t *xq = mm->a.qs + 256 * e + 16 * u;
                 const __m512i *const qg[LLB_MAXG] = {q[0], q[LLB_MAXG - 1]};
-                if (l2) acc[0][0] = l2_dot_row(qt, gb[0], u, acc[0][0], xq, 0);
+                if (l2) acc[0][0] = l2_dot_row(qt, gb[0], u, acc[0][0], xq);
                 else if (gemv) dot_row2(acc, qg, 4, xq);
                 else dot_rows(acc, G, M, qg, 4, xq);
                 LLB_UNROLL
@@ -613,8 +589,9 @@ LLB_AI TGT void gemv_k(const llb_mm *mm, const uint8_t *wg, long g, const int qt
 }
 
 LLB_AI TGT void fast_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt) {
-    if (LLB_GEMV(mm)) { /* Zen 4 (far) takes kg_gemv, the same sums with fewer loads; Intel the tile */
-        if (mm->far) kg_gemv(mm, wg, g, qt);
+    if (LLB_GEMV(mm)) { /* Zen 4 (far) takes Q2_K's kg_gemv_q2k (avx512_kgemv.h); the rest the tile's */
+        if (mm->far && qt == LLB_Q2_K) kg_gemv_q2k(mm, wg, g);
+        else if (mm->far) gemv_k(mm, wg, g, qt, LLB_STREAM_FAR);
         else gemv_k(mm, wg, g, qt, LLB_STREAM);
         return;
     }
