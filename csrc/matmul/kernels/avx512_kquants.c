@@ -471,7 +471,7 @@ LLB_AI TGT void tile_q2k(const llb_mm *mm, const uint8_t *wg, long i, const int 
     }
 }
 
-#include "matmul/kernels/avx512_kgemv.h" /* the Zen 4 GEMVs (kg_gemv) */
+#include "matmul/kernels/avx512_kgemv.h" /* Q2_K's Zen 4 GEMV (kg_gemv_q2k) */
 
 LLB_AI TGT void tile_k(const int qt, const llb_mm *mm, const uint8_t *const wg[], const int G, long i, const int M,
                        const int gemv, long s0, long s1, const __m512i *const pan[], const int cont, __m512 tot[][TILE_ROWS]) {
