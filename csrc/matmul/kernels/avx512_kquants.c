@@ -471,6 +471,8 @@ LLB_AI TGT void tile_q2k(const llb_mm *mm, const uint8_t *wg, long i, const int 
     }
 }
 
+#include "matmul/kernels/avx512_kgemv.h" /* Q2_K's Zen 4 GEMV (kg_gemv_q2k) */
+
 LLB_AI TGT void tile_k(const int qt, const llb_mm *mm, const uint8_t *const wg[], const int G, long i, const int M,
                        const int gemv, long s0, long s1, const __m512i *const pan[], const int cont, __m512 tot[][TILE_ROWS]) {
     if (qt == LLB_Q2_K) tile_q2k(mm, wg[0], i, M, gemv, s0, s1, cont, tot[0]); /* G == 1, no panel */
@@ -587,8 +589,9 @@ LLB_AI TGT void gemv_k(const llb_mm *mm, const uint8_t *wg, long g, const int qt
 }
 
 LLB_AI TGT void fast_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt) {
-    if (LLB_GEMV(mm)) {
-        if (mm->far) gemv_k(mm, wg, g, qt, LLB_STREAM_FAR);
+    if (LLB_GEMV(mm)) { /* Zen 4 (far) takes Q2_K's kg_gemv_q2k (avx512_kgemv.h); the rest the tile's */
+        if (mm->far && qt == LLB_Q2_K) kg_gemv_q2k(mm, wg, g);
+        else if (mm->far) gemv_k(mm, wg, g, qt, LLB_STREAM_FAR);
         else gemv_k(mm, wg, g, qt, LLB_STREAM);
         return;
     }
