@@ -1,6 +1,6 @@
-/* Q2_K's GEMV (n == 1) on Zen 4 (mm->far), included by avx512_kquants.c after its helpers. It sums in
- * exactly tile_q2k's order at M == 1 (the same float operations on the same values; the exact int32 dots
- * split into chains of two give the same integers). Against tile_q2k's gemv, for the DRAM stream:
+/* Q2_K's GEMV step (n == 1) on Zen 4 (tile_q2k at LLB_STREAM_FAR), included by avx512_kquants.c after its
+ * helpers. It sums in exactly q2k_step's order at M == 1 (the same float operations on the same values; the
+ * exact int32 dots split into chains of two give the same integers). Against q2k_step, for the DRAM stream:
  *  - each step's prefetches are asked for beside its first packed vector (kg_prefetch): in the unrolled
  *    steps GCC had scheduled all a super-block's builtin prefetches at its start, and that burst held
  *    one core's Q2_K GEMV from DRAM at ~11 GB/s of CPU time (now ~17.5; docs/BENCHMARKS.md 2026-12-04);
@@ -61,35 +61,6 @@ LLB_AI TGT __m512 kg_q2k_step(const uint8_t *gb, int s, const int8_t *qs, const 
     const __m512i n = dpwssd_b(mp, ns + 2 * s);
     const __m512 p = _mm512_fmadd_ps(_mm512_cvtepi32_ps(n), dmin, _mm512_mul_ps(_mm512_cvtepi32_ps(acc), d4));
     return _mm512_fmadd_ps(p, _mm512_set1_ps(dx[s]), tot);
-}
-
-/* tile_q2k's gemv: super-blocks [s0, s1) of the group at wg, row 0. */
-LLB_AI TGT __m512 kg_q2k(const llb_mm *mm, const uint8_t *wg, long s0, long s1) {
-    const long xt = mm->a.xt;
-    const size_t at = llb_act_at(0, 0, mm->cols / 256, xt);
-    __m512 tot = _mm512_setzero_ps();
-    for (long sb = s0; sb < s1; sb++) {
-        const uint8_t *gb = wg + sb * LLB_GB_Q2_K;
-        const __m512 d4 = _mm512_mul_ps(load_f16x16(gb), _mm512_set1_ps(0.25f)), dmin = load_f16x16(gb + 32);
-        const size_t e = at + xt * sb;
-        int16_t ns[16] __attribute__((aligned(32)));
-        _mm256_store_si256((__m256i *)ns, _mm512_cvtepi32_epi16(_mm512_srai_epi32(_mm512_loadu_si512(mm->a.bs16n + 16 * e), 5)));
-        LLB_UNROLL
-        for (int s = 0; s < 8; s++) tot = kg_q2k_step(gb, s, mm->a.qs + 256 * e, ns, mm->a.d + 8 * e, d4, dmin, tot);
-    }
-    return tot;
-}
-
-/* One Q2_K group's GEMV over K chunks of LLB_KCHUNK (as the GEMM's, so the row sums in its order), stored. */
-LLB_AI TGT void kg_gemv_q2k(const llb_mm *mm, const uint8_t *wg, long g) {
-    const long nsb = mm->cols / 256, kc = LLB_KCHUNK / 256;
-    __m512 sum = _mm512_setzero_ps();
-    for (long s0 = 0; s0 < nsb; s0 += kc) {
-        const long s1 = s0 + kc < nsb ? s0 + kc : nsb;
-        const __m512 t = kg_q2k(mm, wg, s0, s1);
-        sum = s0 ? _mm512_add_ps(sum, t) : t;
-    }
-    _mm512_mask_storeu_ps(mm->out + g * LLB_IL, (__mmask16)((1u << llb_group_rows(mm, g)) - 1), sum);
 }
 
 #endif

@@ -443,6 +443,8 @@ LLB_AI TGT void q2k_step(const uint8_t *gb, int s, const int M, const int gemv, 
     }
 }
 
+#include "matmul/kernels/avx512_kgemv.h" /* Q2_K's Zen 4 GEMV step (kg_q2k_step) */
+
 /* M activation rows from row i against the group at wg, super-blocks [s0, s1) (gemv: n == 1, M == 1). */
 LLB_AI TGT void tile_q2k(const llb_mm *mm, const uint8_t *wg, long i, const int M, const int gemv, long s0, long s1,
                          const int cont, __m512 tot[TILE_ROWS]) {
@@ -462,7 +464,10 @@ LLB_AI TGT void tile_q2k(const llb_mm *mm, const uint8_t *wg, long i, const int 
                                                      _mm512_loadu_si512(mm->a.bs16n + 16 * (e + m)), 5)));
         const int8_t *qs = mm->a.qs + 256 * e;
         const float *dx = mm->a.d + 8 * e;
-        if (gemv) { /* unrolled: constant offsets, and fewer pointers live than GPRs */
+        if (gemv == LLB_STREAM_FAR) { /* Zen 4: kg_q2k_step (avx512_kgemv.h), the same sums */
+            LLB_UNROLL
+            for (int s = 0; s < 8; s++) tot[0] = kg_q2k_step(gb, s, qs, ns[0], dx, d4, dmin, tot[0]);
+        } else if (gemv) { /* unrolled: constant offsets, and fewer pointers live than GPRs */
             LLB_UNROLL
             for (int s = 0; s < 8; s++) q2k_step(gb, s, 1, 1, qs, ns, dx, d4, dmin, tot);
         } else {
@@ -470,8 +475,6 @@ LLB_AI TGT void tile_q2k(const llb_mm *mm, const uint8_t *wg, long i, const int 
         }
     }
 }
-
-#include "matmul/kernels/avx512_kgemv.h" /* Q2_K's Zen 4 GEMV (kg_gemv_q2k) */
 
 LLB_AI TGT void tile_k(const int qt, const llb_mm *mm, const uint8_t *const wg[], const int G, long i, const int M,
                        const int gemv, long s0, long s1, const __m512i *const pan[], const int cont, __m512 tot[][TILE_ROWS]) {
@@ -589,9 +592,8 @@ LLB_AI TGT void gemv_k(const llb_mm *mm, const uint8_t *wg, long g, const int qt
 }
 
 LLB_AI TGT void fast_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt) {
-    if (LLB_GEMV(mm)) { /* Zen 4 (far) takes Q2_K's kg_gemv_q2k (avx512_kgemv.h); the rest the tile's */
-        if (mm->far && qt == LLB_Q2_K) kg_gemv_q2k(mm, wg, g);
-        else if (mm->far) gemv_k(mm, wg, g, qt, LLB_STREAM_FAR);
+    if (LLB_GEMV(mm)) {
+        if (mm->far) gemv_k(mm, wg, g, qt, LLB_STREAM_FAR);
         else gemv_k(mm, wg, g, qt, LLB_STREAM);
         return;
     }
