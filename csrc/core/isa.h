@@ -17,8 +17,9 @@ const char *llb_isa_name(int isa);
  * forces either. */
 int llb_isa_split_broadcast(void);
 
-/* 1 where a GEMV's weight stream should be prefetched into L2 only, far ahead (LLB_STREAM_FAR in the
- * kernels' common.h): AMD's cores, not Intel's (tuned there on L2 + L1). LLAMBDA_FAR_STREAM=1/0 forces it. */
+/* 1 where a GEMV streams its weights the Zen 4 way (LLB_FAR_STREAM_OF in the kernels' common.h: most types
+ * with no software prefetch, the rest into L2 only, far ahead; decode attention's short K/V rows the latter
+ * way): AMD's cores, not Intel's (tuned there on L2 + L1 prefetch). LLAMBDA_FAR_STREAM=1/0 forces it. */
 int llb_isa_far_stream(void);
 
 /* Per-function ISA targets, so every file is compiled with portable flags. */

@@ -1,10 +1,11 @@
 /* Read-bandwidth probe (see readbw.h). Each ISA path streams its range with independent
  * accumulators (an XOR of every loaded vector, so no load can be dropped) and prefetches ahead in
- * three ways, each repetition timing all and keeping the fastest: into L1 READ_AHEAD bytes ahead;
- * also into L2 FAR_AHEAD bytes ahead; or into L2 only, FAR_ONLY bytes ahead. The second reads DRAM up
- * to ~1.4x faster on one core of a Xeon (a prefetch into L1 alone holds one of the core's few line-fill
- * buffers for the whole DRAM latency), the third is the fastest on Zen 4 (as its GEMVs prefetch,
- * kernels' common.h), the first can be faster from cache: the bound is whichever a kernel could reach.
+ * four ways, each repetition timing all and keeping the fastest: into L1 READ_AHEAD bytes ahead;
+ * also into L2 FAR_AHEAD bytes ahead; into L2 only, FAR_ONLY bytes ahead; or not at all. The second
+ * reads DRAM up to ~1.4x faster on one core of a Xeon (a prefetch into L1 alone holds one of the core's
+ * few line-fill buffers for the whole DRAM latency), the fourth is the fastest on Zen 4 (the hardware
+ * prefetchers alone, as most of its GEMVs stream: kernels' common.h), the first can be faster from
+ * cache: the bound is whichever a kernel could reach.
  *
  * Timed in each thread's CPU time, not the wall clock: on a shared machine another process took a
  * core for part of a pass, and the wall-clock figure of one 300 MB working set ranged 7-28 GB/s on
@@ -32,13 +33,13 @@
 #define READ_AHEAD 1024         /* software prefetch distance into L1 (bytes) */
 #define FAR_AHEAD 4096          /* and into L2, when the pass asks for it */
 #define FAR_ONLY 16384          /* into L2 only, the third scheme */
-#define SCHEMES 3
+#define SCHEMES 4 /* c.far: 0 near, 1 near and far, 2 far only, 3 none */
 
 typedef struct {
     uint8_t *buf;
     size_t bytes;
     int write; /* the fault-in pass */
-    int far;   /* the pass's scheme: 0 near, 1 near and far, 2 far only */
+    int far;   /* the pass's scheme: 0 near, 1 near and far, 2 far only, 3 none */
     _Alignas(64) uint64_t sink[LLB_POOL_MAX_THREADS][8];
     _Alignas(64) double cpu[LLB_POOL_MAX_THREADS][8]; /* a thread's CPU seconds in the pass */
 } bw_ctx;

@@ -383,9 +383,9 @@ LLB_AI TGT void tile32x2(const llb_mm *mm, long i, const int M, const int qt, lo
 
 #include "matmul/kernels/avx512_split.h"
 
-/* n == 1: streams the group with prefetch, summing in exactly tile32's order (per K chunk one
- * FP32 chain from zero, block by block; chunks added in order), so a single row equals that row
- * of a batch bit for bit. The integer dot is split in two chains (integer sums are exact). */
+/* n == 1: streams the group (prefetched as `stream` says: common.h), summing in exactly tile32's order
+ * (per K chunk one FP32 chain from zero, block by block; chunks added in order), so a single row equals
+ * that row of a batch bit for bit. The integer dot is split in two chains (integer sums are exact). */
 LLB_AI TGT __m512 gemv32(const llb_mm *mm, const uint8_t *wg, const int qt, const int stream) {
     const long nb = mm->cols / 32, kc = LLB_KCHUNK / 32;
     const int gbb = LLB_GB_BYTES(qt);
@@ -397,7 +397,7 @@ LLB_AI TGT __m512 gemv32(const llb_mm *mm, const uint8_t *wg, const int qt, cons
             const uint8_t *gb = wg + b * gbb;
             llb_prefetch_ahead(gb, gbb, stream); /* from DRAM: the stream */
             __m512i q[8];
-            dec_block32_as(qt, gb, q, stream == LLB_STREAM_FAR); /* Zen 4: each code vector loaded once */
+            dec_block32_as(qt, gb, q, stream >= LLB_STREAM_FAR); /* Zen 4: each code vector loaded once */
             const int8_t *xq = mm->a.qs + 32 * b;
             __m512i a0 = _mm512_set1_epi32(LLB_HAS_MIN32(qt) ? 0 : mm->a.bias[b]), a1 = _mm512_setzero_si512();
             LLB_UNROLL
@@ -448,7 +448,8 @@ LLB_AI TGT void fast32_one(const llb_mm *mm, const uint8_t *wg, long g, long i0,
     const __mmask16 km = (__mmask16)((1u << llb_group_rows(mm, g)) - 1);
     float *o = mm->out + g * LLB_IL;
     if (LLB_GEMV(mm)) {
-        _mm512_mask_storeu_ps(o, km, mm->far ? gemv32(mm, wg, qt, LLB_STREAM_FAR) : gemv32(mm, wg, qt, LLB_STREAM));
+        const __m512 r = mm->far ? gemv32(mm, wg, qt, LLB_FAR_STREAM_OF(qt)) : gemv32(mm, wg, qt, LLB_STREAM);
+        _mm512_mask_storeu_ps(o, km, r);
         return;
     }
     const long nb = mm->cols / 32, kc = LLB_KCHUNK / 32;

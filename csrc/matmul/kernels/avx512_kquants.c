@@ -593,7 +593,7 @@ LLB_AI TGT void gemv_k(const llb_mm *mm, const uint8_t *wg, long g, const int qt
 
 LLB_AI TGT void fast_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt) {
     if (LLB_GEMV(mm)) {
-        if (mm->far) gemv_k(mm, wg, g, qt, LLB_STREAM_FAR);
+        if (mm->far) gemv_k(mm, wg, g, qt, LLB_FAR_STREAM_OF(qt));
         else gemv_k(mm, wg, g, qt, LLB_STREAM);
         return;
     }

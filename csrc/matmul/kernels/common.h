@@ -28,15 +28,29 @@
 #ifndef LLB_PF_NEAR
 #define LLB_PF_NEAR 1024
 #endif
-/* stream = LLB_STREAM_FAR (Zen 4, llb_isa_far_stream): into L2 only, LLB_PF_FAR ahead. There the L1 prefetch
- * cost more load slots than it saved and 4 KB ahead did not cover the latency (Q4_K's GEMV on 1 thread,
- * 191 MB of weights, GB/s of CPU time: 14.5 both; 15.6 L2 only at 4 KB; 19.8 at 8 KB; 21.5 at 16 KB). */
+/* stream = LLB_STREAM_FAR (Zen 4, llb_isa_far_stream; the types not in LLB_HW_STREAM): into L2 only,
+ * LLB_PF_FAR ahead. There the L1 prefetch cost more load slots than it saved and 4 KB ahead did not cover
+ * the latency (Q4_K's GEMV on 1 thread, 191 MB of weights, GB/s of CPU time: 14.5 both; 15.6 L2 only at
+ * 4 KB; 19.8 at 8 KB; 21.5 at 16 KB). */
 #ifndef LLB_PF_FAR
 #define LLB_PF_FAR 16384
 #endif
 #define LLB_STREAM 1
 #define LLB_STREAM_FAR 2
+/* stream = LLB_STREAM_HW (Zen 4, the types of LLB_HW_STREAM): no software prefetch, the hardware prefetchers
+ * alone. There a GEMV from DRAM streamed faster without any (1 thread, GB/s of CPU time, alternated, load
+ * 6: Q4_0 19.8, 17.6 -> 24.3, 23.3; Q8_0 19.2, 20.3 -> 21.7, 23.6; Q6_K 20.8, 18.9 -> 23.8, 24.2; one 370 MB
+ * Q8_0 matrix 21 -> 29) and a whole decode token took 12-21% less CPU (docs/BENCHMARKS.md, "Zen 4, evening:
+ * the decode stream"). Q5_K fell from 23.5 to 9.3 without (not understood; Q5_0 a little too: both read a
+ * block's high bits apart from its nibbles), Q2_K and Q3_K were level: these keep LLB_STREAM_FAR. */
+#define LLB_STREAM_HW 3
+#define LLB_HW_STREAM(qt)                                                                                      \
+    ((qt) == LLB_Q4_0 || (qt) == LLB_Q4_1 || (qt) == LLB_Q8_0 || (qt) == LLB_IQ4_NL || (qt) == LLB_MXFP4 ||   \
+     (qt) == LLB_Q4_K || (qt) == LLB_Q6_K || (qt) == LLB_IQ4_XS)
+/* A GEMV's stream on Zen 4 (llb_mm.far) for type qt. */
+#define LLB_FAR_STREAM_OF(qt) (LLB_HW_STREAM(qt) ? LLB_STREAM_HW : LLB_STREAM_FAR)
 static inline __attribute__((always_inline)) void llb_prefetch_line(const uint8_t *p, const int stream) {
+    if (stream == LLB_STREAM_HW) return;
     if (stream == LLB_STREAM_FAR) {
         __builtin_prefetch(p + LLB_PF_FAR, 0, 2);
     } else if (stream) {

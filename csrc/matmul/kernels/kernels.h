@@ -70,7 +70,7 @@ typedef struct llb_mm {
     size_t row_bytes; /* file-layout row stride (F32/F16/BF16) */
     llb_act a;
     const uint8_t *wg2; /* a pair's second group (g + 1), or NULL: the kernel does group g only */
-    int far;            /* a GEMV's stream prefetches as LLB_STREAM_FAR (llb_isa_far_stream), else as LLB_STREAM */
+    int far;            /* a GEMV streams as LLB_FAR_STREAM_OF(type) (llb_isa_far_stream: common.h), else as LLB_STREAM */
 } llb_mm;
 
 typedef void (*llb_kernel_fn)(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1);
