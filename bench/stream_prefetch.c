@@ -140,6 +140,10 @@ static void spin_us(int us) {
 int main(int argc, char **argv) {
     mode = argc > 1 ? atoi(argv[1]) : 1;
     nth = argc > 2 ? atoi(argv[2]) : 1;
+    if (nth < 1 || nth > 2) { /* one worker thread at most: the per-thread arrays hold two */
+        fprintf(stderr, "THREADS must be 1 or 2\n");
+        return 2;
+    }
     const int seq = argc > 3 ? atoi(argv[3]) : 0;
     small_us = argc > 4 ? atoi(argv[4]) : 0;
     next_bytes = argc > 5 ? atoi(argv[5]) : 0;
