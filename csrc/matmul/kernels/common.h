@@ -44,8 +44,9 @@
  * the decode stream"). Q5_K fell from 23.5 to 9.3 without while its bit planes sat after all 8 sub-blocks'
  * nibbles (each sub-block jumped ahead to its plane and back: the hardware prefetchers lost the stream; so did
  * they when a super-block's lines were skipped); in its ascending layout (quants.h) it reads 24-25 without and
- * 29-32 with the L2 prefetch (fast memory state, 1 thread), so it keeps LLB_STREAM_FAR, as Q5_0, Q5_1, Q2_K
- * and Q3_K do (level either way). */
+ * 29-32 with the L2 prefetch (fast memory state, 1 thread, matrices 16 bytes past a line as the engine now
+ * places them: native.weight_skew), so it keeps LLB_STREAM_FAR, as Q5_0, Q5_1, Q2_K and Q3_K do (level
+ * either way). */
 #define LLB_STREAM_HW 3
 #define LLB_HW_STREAM(qt)                                                                                      \
     ((qt) == LLB_Q4_0 || (qt) == LLB_Q4_1 || (qt) == LLB_Q8_0 || (qt) == LLB_IQ4_NL || (qt) == LLB_MXFP4 ||   \
