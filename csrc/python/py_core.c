@@ -17,6 +17,8 @@
 
 static PyObject *py_isa(PyObject *self, PyObject *unused) { return PyUnicode_FromString(llb_isa_name(llb_isa_current)); }
 
+static PyObject *py_far_stream(PyObject *self, PyObject *unused) { return PyBool_FromLong(llb_isa_far_stream()); }
+
 static PyObject *py_isa_available(PyObject *self, PyObject *unused) {
     PyObject *list = PyList_New(0);
     if (!list) return NULL;
@@ -243,6 +245,8 @@ static PyObject *py_pool_probe(PyObject *self, PyObject *args, PyObject *kw) {
 PyMethodDef llb_core_methods[] = {
     {"isa", py_isa, METH_NOARGS, "isa() -> str: the active SIMD path ('scalar', 'avx2' or 'avx512')."},
     {"set_isa", py_set_isa, METH_O, "set_isa(name) -> None: switch SIMD path; ValueError if unknown or unsupported here."},
+    {"far_stream", py_far_stream, METH_NOARGS,
+     "far_stream() -> bool: the GEMVs stream as on AMD's cores (LLAMBDA_FAR_STREAM; default on AMD)."},
     {"isa_available", py_isa_available, METH_NOARGS, "isa_available() -> list[str]: the paths this CPU and OS can run."},
     {"set_threads", py_set_threads, METH_O, "set_threads(n) -> None: resize the thread pool to n threads (1..256)."},
     {"threads", py_threads, METH_NOARGS, "threads() -> int: threads in the pool (the caller counts as one)."},

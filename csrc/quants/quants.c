@@ -243,8 +243,8 @@ static void pk_q8_0(const uint8_t *b, int r, uint8_t *gb) {
     for (int t = 0; t < 8; t++) put32(gb + 32 + 64 * t + 4 * r, ld32(b + 2 + 4 * t) ^ 0x80808080u);
 }
 
-/* Q4_K/Q5_K: header (d, dmin, 12 scale bytes) at b, the 128 nibble bytes at qs. */
-static void pack_k4(const uint8_t *b, const uint8_t *qs, int r, uint8_t *gb) {
+/* Q4_K/Q5_K (qt): header (d, dmin, 12 scale bytes) at b, the 128 nibble bytes at qs. */
+static void pack_k4(const int qt, const uint8_t *b, const uint8_t *qs, int r, uint8_t *gb) {
     put16(gb + 2 * r, llb_rd16(b));
     put16(gb + 32 + 2 * r, llb_rd16(b + 2));
     for (int s = 0; s < 8; s++) { /* sub-block s: nibble s%2 of the 32 bytes of 64-value chunk s/2 */
@@ -253,19 +253,19 @@ static void pack_k4(const uint8_t *b, const uint8_t *qs, int r, uint8_t *gb) {
         gb[64 + 16 * s + r] = (uint8_t)sc;
         gb[192 + 32 * (s >> 1) + 2 * r + (s & 1)] = (uint8_t)m;
         const uint8_t *q = qs + 32 * (s >> 1);
-        place_nibbles(gb + LLB_Q4_K_CODES + 256 * s, r, q, q + 16, 4 * (s & 1));
+        place_nibbles(gb + LLB_K4_NIBBLES(qt, s), r, q, q + 16, 4 * (s & 1));
     }
 }
 
-static void pk_q4_k(const uint8_t *b, int r, uint8_t *gb) { pack_k4(b, b + 16, r, gb); }
+static void pk_q4_k(const uint8_t *b, int r, uint8_t *gb) { pack_k4(LLB_Q4_K, b, b + 16, r, gb); }
 
 static void pk_q5_k(const uint8_t *b, int r, uint8_t *gb) {
-    pack_k4(b, b + 48, r, gb);
+    pack_k4(LLB_Q5_K, b, b + 48, r, gb);
     for (int s = 0; s < 8; s++) /* value l of sub-block s has its 5th bit in bit s of qh[l] (qh @16) */
         for (int j = 0; j < 4; j++) {
             uint8_t v = 0;
             for (int t = 0; t < 8; t++) v |= (uint8_t)(((b[16 + 4 * t + j] >> s) & 1) << t);
-            gb[LLB_Q5_K_PLANES + 64 * s + 4 * r + j] = v;
+            gb[LLB_Q5_K_PLANE(s) + 4 * r + j] = v;
         }
 }
 
@@ -402,15 +402,20 @@ static void pc_q8_0(const uint8_t *gb, int sub, int r, int16_t q[32], float dw[2
     set_affine(dw, mw, f16at(gb + 2 * r), 0.0f);
 }
 
-static void pc_q4_k(const uint8_t *gb, int s, int r, int16_t q[32], float dw[2], float mw[2]) {
-    for (int e = 0; e < 32; e++) q[e] = (int16_t)nib(gb + LLB_Q4_K_CODES + 256 * s, r, e);
+/* Q4_K's or Q5_K's (qt) low 4 bits and scales. */
+static void pc_k4(const int qt, const uint8_t *gb, int s, int r, int16_t q[32], float dw[2], float mw[2]) {
+    for (int e = 0; e < 32; e++) q[e] = (int16_t)nib(gb + LLB_K4_NIBBLES(qt, s), r, e);
     set_affine(dw, mw, f16at(gb + 2 * r) * (float)gb[64 + 16 * s + r],
                -(f16at(gb + 32 + 2 * r) * (float)gb[192 + 32 * (s >> 1) + 2 * r + (s & 1)]));
 }
 
+static void pc_q4_k(const uint8_t *gb, int s, int r, int16_t q[32], float dw[2], float mw[2]) {
+    pc_k4(LLB_Q4_K, gb, s, r, q, dw, mw);
+}
+
 static void pc_q5_k(const uint8_t *gb, int s, int r, int16_t q[32], float dw[2], float mw[2]) {
-    pc_q4_k(gb, s, r, q, dw, mw);
-    for (int e = 0; e < 32; e++) q[e] = (int16_t)(q[e] | plane_bit(gb + LLB_Q5_K_PLANES + 64 * s, r, e));
+    pc_k4(LLB_Q5_K, gb, s, r, q, dw, mw);
+    for (int e = 0; e < 32; e++) q[e] = (int16_t)(q[e] | plane_bit(gb + LLB_Q5_K_PLANE(s), r, e));
 }
 
 static void pc_iq4_xs(const uint8_t *gb, int s, int r, int16_t q[32], float dw[2], float mw[2]) {

@@ -28,8 +28,10 @@
  *             rows] @64, mins u8 [4 sub pairs][16 rows][2] @192, then per
  *             32-value sub-block s a Q4_0-style set of 4 nibble vectors @320+256s
  *             (weight = d*sc[s]*q - dmin*m[s])
- *   Q5_K 2880 per 256 values: Q4_K's 2368 bytes (its low 4 bits), then per sub-block s a
- *             Q5_0-style bit-plane vector @2368+64s (byte 4r+j bit t = 5th bit of quad t)
+ *   Q5_K 2880 per 256 values: Q4_K's header (320 bytes), then per sub-block s @320+320s its
+ *             4 nibble vectors (the low 4 bits, as Q4_K's) and a Q5_0-style bit-plane vector
+ *             @576+320s (byte 4r+j bit t = 5th bit of quad t): one ascending stream, which Zen 4's
+ *             hardware prefetchers follow (with the planes after all the nibbles they did not)
  *   IQ4_XS 2208 per 256 values: d[16] @0, scales i8 [8 sub][16 rows] @32 (ls - 32), then per
  *             32-value sub-block s a Q4_0-style set of 4 nibble vectors @160+256s; a nibble
  *             indexes the IQ4 grid (weight = d*sc[s]*grid[q])
@@ -91,7 +93,10 @@ enum llb_layout { LLB_LAYOUT_FILE = 0, LLB_LAYOUT_PACKED = 1 };
 #define LLB_GB_Q3_K 1824
 #define LLB_Q5_0_PLANE 288 /* Q5_0's bit-plane vector */
 #define LLB_Q4_K_CODES 320 /* Q4_K's (and Q5_K's) first sub-block of nibble vectors (256 bytes each) */
-#define LLB_Q5_K_PLANES 2368 /* Q5_K's first sub-block's bit-plane vector (64 bytes each) */
+/* Sub-block s's nibble vectors of a Q4_K, Q5_K (each followed by its bit plane) or IQ4_XS group-block. */
+#define LLB_K4_NIBBLES(qt, s) \
+    ((qt) == LLB_IQ4_XS ? LLB_IQ4_XS_CODES + 256 * (s) : LLB_Q4_K_CODES + ((qt) == LLB_Q5_K ? 320 : 256) * (s))
+#define LLB_Q5_K_PLANE(s) (LLB_Q4_K_CODES + 320 * (s) + 256) /* Q5_K's sub-block s's bit-plane vector */
 #define LLB_Q6_K_SUBS 288  /* Q6_K's first 16-value sub-block (192 bytes each) */
 #define LLB_IQ4_XS_CODES 160 /* IQ4_XS's first sub-block of nibble vectors (256 bytes each) */
 #define LLB_Q2_K_CODES 320 /* Q2_K's first 16-value sub-block's 2-bit vector (64 bytes each) */

@@ -44,6 +44,16 @@ Q8_0_BLOCK, Q8_0_BYTES = 32, 34
 NATIVE_TYPES: dict[int, dict] = {t["id"]: t for t in C.qtypes()} if C is not None else {}
 # What a tensor of another type becomes at load (when the oracle can decode it).
 CONVERT_TO = QType.Q8_0
+# Where the GEMVs stream as on Zen 4 (_native.far_stream), a matrix of these types starts 16 bytes past a page,
+# so each 64-byte code vector spans two lines: their decode took 6-12% less CPU so from DRAM (1 thread, Q5_K_M,
+# Q5_0, Q8_0), the other types' was level or up to 6% more (docs/BENCHMARKS.md, "Zen 4, 2026-12-04 night").
+SKEWED_TYPES = frozenset(int(t) for t in (QType.Q8_0, QType.Q5_0, QType.Q5_1, QType.Q5_K))
+WEIGHT_SKEW = 16
+
+
+def weight_skew(qtype: int) -> int:
+    """Bytes past a page boundary where a packed matrix of qtype starts."""
+    return WEIGHT_SKEW if int(qtype) in SKEWED_TYPES and C.far_stream() else 0
 
 
 def native_available() -> bool:
@@ -266,7 +276,7 @@ class NativeBackend(Backend):
             w = self._convert(w)
         rows, cols, qt = w.rows, w.cols, int(w.qtype)
         size = C.packed_size(qt, rows, cols)
-        dst = self._weights.alloc(size)
+        dst = self._weights.alloc(size, weight_skew(qt))
         layout = C.pack(qt, w.data, dst, rows, cols)
         self.weight_bytes += size
         return NativeMatrix(qt, layout, dst, rows, cols)
@@ -286,7 +296,7 @@ class NativeBackend(Backend):
             mats = [self._convert(m) for m in mats]
         qt = int(w.qtype) if whole else int(mats[0].qtype)
         size = C.packed_size(qt, rows, cols)
-        dst = self._weights.alloc(size * E)
+        dst = self._weights.alloc(size * E, weight_skew(qt))
         if whole:
             layout = C.pack(qt, w.data, dst, rows, cols, E)
         else:

@@ -127,8 +127,11 @@ class WeightArena:
         self.mapped_bytes += size
         return mapping
 
-    def alloc(self, nbytes: int) -> np.ndarray:
-        """A zero-filled, page-aligned uint8 array of nbytes."""
+    def alloc(self, nbytes: int, skew: int = 0) -> np.ndarray:
+        """A zero-filled uint8 array of nbytes starting skew bytes past a page boundary."""
+        return self._alloc(nbytes + skew)[skew:] if skew else self._alloc(nbytes)
+
+    def _alloc(self, nbytes: int) -> np.ndarray:
         padded = -(-max(nbytes, 1) // ALIGN) * ALIGN
         if padded > len(self._free):
             fresh = self._new_mapping(max(self.chunk, padded))

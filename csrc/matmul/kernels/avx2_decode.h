@@ -81,8 +81,8 @@ LLB_AI TGT __m256 block_scale8(const int qt, const uint8_t *gb, int h) {
 /* Rows 8h..8h+7 of sub-block s (32 values) of a Q4_K/Q5_K/IQ4_XS group-block as unsigned codes
  * (as avx512_decode.h's dec_k4_sub: IQ4_XS's are its grid levels + 128). */
 LLB_AI TGT void dec_k4_sub_h(const int qt, const uint8_t *gb, int s, int h, __m256i q[8]) {
-    dec_nibbles_h(gb + (qt == LLB_IQ4_XS ? LLB_IQ4_XS_CODES : LLB_Q4_K_CODES) + 256 * s, h, q);
-    if (qt == LLB_Q5_K) add_fifth_bits_h(gb + LLB_Q5_K_PLANES + 64 * s, h, q);
+    dec_nibbles_h(gb + LLB_K4_NIBBLES(qt, s), h, q);
+    if (qt == LLB_Q5_K) add_fifth_bits_h(gb + LLB_Q5_K_PLANE(s), h, q);
     if (qt == LLB_IQ4_XS) {
         const __m256i lut = _mm256_broadcastsi128_si256(
             _mm_xor_si128(_mm_loadu_si128((const __m128i *)llb_iq4_grid), _mm_set1_epi8((char)0x80)));

@@ -65,8 +65,8 @@ LLB_AI TGT void dec_block32(const int qt, const uint8_t *gb, __m512i q[8]) { dec
 /* Sub-block s (32 values) of a Q4_K/Q5_K/IQ4_XS group-block as unsigned codes: Q4_K's nibbles,
  * Q5_K's plus its bit plane, IQ4_XS's grid levels + 128 (one byte shuffle of the nibbles). */
 LLB_AI TGT void dec_k4_sub(const int qt, const uint8_t *gb, int s, __m512i q[8]) {
-    dec_nibbles(gb + (qt == LLB_IQ4_XS ? LLB_IQ4_XS_CODES : LLB_Q4_K_CODES) + 256 * s, q);
-    if (qt == LLB_Q5_K) add_fifth_bits(gb + LLB_Q5_K_PLANES + 64 * s, q);
+    dec_nibbles(gb + LLB_K4_NIBBLES(qt, s), q);
+    if (qt == LLB_Q5_K) add_fifth_bits(gb + LLB_Q5_K_PLANE(s), q);
     if (qt == LLB_IQ4_XS) {
         const __m512i lut = _mm512_broadcast_i32x4(
             _mm_xor_si128(_mm_loadu_si128((const __m128i *)llb_iq4_grid), _mm_set1_epi8((char)0x80)));

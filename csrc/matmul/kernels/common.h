@@ -41,8 +41,12 @@
  * alone. There a GEMV from DRAM streamed faster without any (1 thread, GB/s of CPU time, alternated, load
  * 6: Q4_0 19.8, 17.6 -> 24.3, 23.3; Q8_0 19.2, 20.3 -> 21.7, 23.6; Q6_K 20.8, 18.9 -> 23.8, 24.2; one 370 MB
  * Q8_0 matrix 21 -> 29) and a whole decode token took 12-21% less CPU (docs/BENCHMARKS.md, "Zen 4, evening:
- * the decode stream"). Q5_K fell from 23.5 to 9.3 without (not understood; Q5_0 a little too: both read a
- * block's high bits apart from its nibbles), Q2_K and Q3_K were level: these keep LLB_STREAM_FAR. */
+ * the decode stream"). Q5_K fell from 23.5 to 9.3 without while its bit planes sat after all 8 sub-blocks'
+ * nibbles (each sub-block jumped ahead to its plane and back: the hardware prefetchers lost the stream; so did
+ * they when a super-block's lines were skipped); in its ascending layout (quants.h) it reads 24-25 without and
+ * 29-32 with the L2 prefetch (fast memory state, 1 thread, matrices 16 bytes past a line as the engine now
+ * places them: native.weight_skew), so it keeps LLB_STREAM_FAR, as Q5_0, Q5_1, Q2_K and Q3_K do (level
+ * either way). */
 #define LLB_STREAM_HW 3
 #define LLB_HW_STREAM(qt)                                                                                      \
     ((qt) == LLB_Q4_0 || (qt) == LLB_Q4_1 || (qt) == LLB_Q8_0 || (qt) == LLB_IQ4_NL || (qt) == LLB_MXFP4 ||   \
