@@ -572,3 +572,29 @@ def test_other_gguf_types_convert_at_load_or_fail_clearly():
     bad = WeightTensor("blk.0.attn_q.weight", Q.QType.IQ2_XXS, (16, 256), np.zeros(16 * 66, np.uint8))
     with pytest.raises(ModelFormatError, match="'blk.0.attn_q.weight' is IQ2_XXS"):
         B.prepare_matrix(bad)
+
+
+@pytest.mark.parametrize("tname", [t for t in TYPES if BLOCK[t] > 1])
+def test_products_do_not_depend_on_where_the_matrix_starts(tname):
+    """On AMD the arena starts some types' matrices far_skew bytes past a page (the type table's column,
+    backends/native.weight_skew); every ISA's GEMV and GEMM must give the same bits at any start, so each
+    offset is tried on every host, not only where the skew is on."""
+    rng = np.random.default_rng(13)
+    rows, c = 40, 2 * max(BLOCK[tname], 32)
+    raw = make_weights(tname, rows, c, rng)
+    layout, ref = pack(tname, raw, rows, c)
+    size = ref.size
+    base = np.zeros(size + 8192, np.uint8)
+    page0 = -base.ctypes.data % 4096
+    assert nat.qtypes()[[t["name"] for t in nat.qtypes()].index(tname)]["far_skew"] in (0, 16)
+    for isa in ISAS:
+        nat.set_isa(isa)
+        for n in (1, 5):
+            x = activations(n, c, rng)
+            for exact in (0, 1):
+                want = run(tname, layout, ref, rows, c, x, exact)
+                for off in (0, 16, 48):
+                    buf = base[page0 + off:page0 + off + size]
+                    buf[:] = ref
+                    got = run(tname, layout, buf, rows, c, x, exact)
+                    assert np.array_equal(got, want), f"{tname} isa={isa} n={n} exact={exact} offset={off}"

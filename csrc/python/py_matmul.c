@@ -55,9 +55,9 @@ static PyObject *py_qtypes(PyObject *self, PyObject *unused) {
             if (!name || PyList_Append(simd, name) < 0) Py_CLEAR(simd);
             Py_XDECREF(name);
         }
-        PyObject *row = simd ? Py_BuildValue("{s:s,s:i,s:i,s:i,s:i,s:N}", "name", t->name, "id", t->qtype, "block",
+        PyObject *row = simd ? Py_BuildValue("{s:s,s:i,s:i,s:i,s:i,s:i,s:N}", "name", t->name, "id", t->qtype, "block",
                                              t->block, "block_bytes", t->block_bytes, "group_bytes", t->group_bytes,
-                                             "simd", simd)
+                                             "far_skew", t->far_skew, "simd", simd)
                              : NULL;
         if (!row) {
             Py_CLEAR(out);
@@ -444,8 +444,9 @@ static PyObject *py_moe_route(PyObject *self, PyObject *const *args, Py_ssize_t 
 PyMethodDef llb_matmul_methods[] = {
     {"qtypes", py_qtypes, METH_NOARGS,
      "qtypes() -> tuple[dict]: the weight types the C core runs, one per row of its type table: name, id (ggml's),\n"
-     "block (values), block_bytes, group_bytes (packed 16-row group-block, 0 = file layout), simd (ISAs with their\n"
-     "own kernels; on the others the scalar kernel runs)."},
+     "block (values), block_bytes, group_bytes (packed 16-row group-block, 0 = file layout), far_skew (bytes past a\n"
+     "page where a packed matrix starts when far_stream() is on), simd (ISAs with their own kernels; on the others\n"
+     "the scalar kernel runs)."},
     {"row_bytes", (PyCFunction)(void (*)(void))py_row_bytes, METH_FASTCALL,
      "row_bytes(qtype, cols) -> int: bytes of one row in the file layout."},
     {"packed_size", (PyCFunction)(void (*)(void))py_packed_size, METH_FASTCALL,

@@ -469,8 +469,8 @@ static void pc_q3_k(const uint8_t *gb, int s, int r, int16_t q[32], float dw[2],
 
 #define FLOAT_TYPE(id, bytes) {LLB_##id, #id, 1, bytes, 0, 0, NULL, NULL, NULL}
 /* Interleaved types: packed group-block size, file chunk decoder, packer, packed decoder. */
-#define PACKED_TYPE(id, blk, bytes, gbytes, s16, lc) \
-    {LLB_##id, #id, blk, bytes, gbytes, s16, fc_##lc, pk_##lc, pc_##lc}
+#define PACKED_TYPE(id, blk, bytes, gbytes, s16, lc, skew) \
+    {LLB_##id, #id, blk, bytes, gbytes, s16, fc_##lc, pk_##lc, pc_##lc, skew}
 /* Row-block types: 16 file blocks per group-block. */
 #define ROWBLOCK_TYPE(id, blk, bytes, s16, lc) {LLB_##id, #id, blk, bytes, LLB_IL * (bytes), s16, fc_##lc, NULL, NULL}
 
@@ -478,19 +478,19 @@ static const llb_type_info types[] = {
     FLOAT_TYPE(F32, 4),
     FLOAT_TYPE(F16, 2),
     FLOAT_TYPE(BF16, 2),
-    PACKED_TYPE(Q4_0, LLB_QK, 18, LLB_GB_Q4_0, 0, q4_0),
-    PACKED_TYPE(Q4_1, LLB_QK, 20, LLB_GB_Q4_1, 0, q4_1),
-    PACKED_TYPE(Q5_0, LLB_QK, 22, LLB_GB_Q5_0, 0, q5_0),
-    PACKED_TYPE(Q5_1, LLB_QK, 24, LLB_GB_Q5_1, 0, q5_1),
-    PACKED_TYPE(Q8_0, LLB_QK, 34, LLB_GB_Q8_0, 0, q8_0),
-    PACKED_TYPE(Q2_K, LLB_QKK, 84, LLB_GB_Q2_K, 1, q2_k),
-    PACKED_TYPE(Q3_K, LLB_QKK, 110, LLB_GB_Q3_K, 1, q3_k),
-    PACKED_TYPE(Q4_K, LLB_QKK, 144, LLB_GB_Q4_K, 0, q4_k),
-    PACKED_TYPE(Q5_K, LLB_QKK, 176, LLB_GB_Q5_K, 0, q5_k),
-    PACKED_TYPE(Q6_K, LLB_QKK, 210, LLB_GB_Q6_K, 1, q6_k),
-    PACKED_TYPE(IQ4_NL, LLB_QK, 18, LLB_GB_IQ4_NL, 0, iq4_nl),
-    PACKED_TYPE(IQ4_XS, LLB_QKK, 136, LLB_GB_IQ4_XS, 0, iq4_xs),
-    PACKED_TYPE(MXFP4, LLB_QK, 17, LLB_GB_MXFP4, 0, mxfp4),
+    PACKED_TYPE(Q4_0, LLB_QK, 18, LLB_GB_Q4_0, 0, q4_0, 0),
+    PACKED_TYPE(Q4_1, LLB_QK, 20, LLB_GB_Q4_1, 0, q4_1, 0),
+    PACKED_TYPE(Q5_0, LLB_QK, 22, LLB_GB_Q5_0, 0, q5_0, 16),
+    PACKED_TYPE(Q5_1, LLB_QK, 24, LLB_GB_Q5_1, 0, q5_1, 16),
+    PACKED_TYPE(Q8_0, LLB_QK, 34, LLB_GB_Q8_0, 0, q8_0, 16),
+    PACKED_TYPE(Q2_K, LLB_QKK, 84, LLB_GB_Q2_K, 1, q2_k, 0),
+    PACKED_TYPE(Q3_K, LLB_QKK, 110, LLB_GB_Q3_K, 1, q3_k, 0),
+    PACKED_TYPE(Q4_K, LLB_QKK, 144, LLB_GB_Q4_K, 0, q4_k, 0),
+    PACKED_TYPE(Q5_K, LLB_QKK, 176, LLB_GB_Q5_K, 0, q5_k, 16),
+    PACKED_TYPE(Q6_K, LLB_QKK, 210, LLB_GB_Q6_K, 1, q6_k, 0),
+    PACKED_TYPE(IQ4_NL, LLB_QK, 18, LLB_GB_IQ4_NL, 0, iq4_nl, 0),
+    PACKED_TYPE(IQ4_XS, LLB_QKK, 136, LLB_GB_IQ4_XS, 0, iq4_xs, 0),
+    PACKED_TYPE(MXFP4, LLB_QK, 17, LLB_GB_MXFP4, 0, mxfp4, 0),
 };
 #define N_TYPES ((int)(sizeof(types) / sizeof(types[0])))
 

@@ -121,6 +121,10 @@ typedef struct {
     /* Interleaved packing (see above) and its decoder; NULL for the row-block types. */
     void (*pack_row)(const uint8_t *block, int r, uint8_t *gb);
     llb_packed_chunk_fn packed_chunk;
+    /* Bytes past a page boundary where a packed matrix of the type starts when the GEMVs stream as on
+     * AMD (llb_isa_far_stream): 16 put each 64-byte code vector across two lines, which Zen 4 streamed
+     * faster for these types only (docs/BENCHMARKS.md, "Zen 4, 2026-12-04 night"); the arena places it. */
+    int far_skew;
 } llb_type_info;
 
 /* IQ4_NL/IQ4_XS: the 16 levels a nibble indexes (ggml's kvalues_iq4nl). */

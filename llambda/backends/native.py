@@ -44,16 +44,13 @@ Q8_0_BLOCK, Q8_0_BYTES = 32, 34
 NATIVE_TYPES: dict[int, dict] = {t["id"]: t for t in C.qtypes()} if C is not None else {}
 # What a tensor of another type becomes at load (when the oracle can decode it).
 CONVERT_TO = QType.Q8_0
-# Where the GEMVs stream as on Zen 4 (_native.far_stream), a matrix of these types starts 16 bytes past a page,
-# so each 64-byte code vector spans two lines: their decode took 6-12% less CPU so from DRAM (1 thread, Q5_K_M,
-# Q5_0, Q8_0), the other types' was level or up to 6% more (docs/BENCHMARKS.md, "Zen 4, 2026-12-04 night").
-SKEWED_TYPES = frozenset(int(t) for t in (QType.Q8_0, QType.Q5_0, QType.Q5_1, QType.Q5_K))
-WEIGHT_SKEW = 16
 
 
 def weight_skew(qtype: int) -> int:
-    """Bytes past a page boundary where a packed matrix of qtype starts."""
-    return WEIGHT_SKEW if int(qtype) in SKEWED_TYPES and C.far_stream() else 0
+    """Bytes past a page boundary where a packed matrix of qtype starts: the type table's far_skew where the
+    GEMVs stream as on AMD (_native.far_stream), else 0 (quants.h says why)."""
+    t = NATIVE_TYPES.get(int(qtype))
+    return t["far_skew"] if t and C.far_stream() else 0
 
 
 def native_available() -> bool:
