@@ -273,7 +273,7 @@ static void pk_iq4_xs(const uint8_t *b, int r, uint8_t *gb) {
     put16(gb + 2 * r, llb_rd16(b));
     for (int s = 0; s < 8; s++) { /* the file's 16 bytes of a sub-block are Q4_0's: our vector bytes */
         gb[32 + 16 * s + r] = (uint8_t)(int8_t)iq4_xs_scale(b, s);
-        for (int v = 0; v < 4; v++) memcpy(gb + LLB_IQ4_XS_CODES + 256 * s + 64 * v + 4 * r, b + 8 + 16 * s + 4 * v, 4);
+        for (int v = 0; v < 4; v++) memcpy(gb + LLB_K4_NIBBLES(LLB_IQ4_XS, s) + 64 * v + 4 * r, b + 8 + 16 * s + 4 * v, 4);
     }
 }
 
@@ -419,7 +419,7 @@ static void pc_q5_k(const uint8_t *gb, int s, int r, int16_t q[32], float dw[2],
 }
 
 static void pc_iq4_xs(const uint8_t *gb, int s, int r, int16_t q[32], float dw[2], float mw[2]) {
-    for (int e = 0; e < 32; e++) q[e] = llb_iq4_grid[nib(gb + LLB_IQ4_XS_CODES + 256 * s, r, e)];
+    for (int e = 0; e < 32; e++) q[e] = llb_iq4_grid[nib(gb + LLB_K4_NIBBLES(LLB_IQ4_XS, s), r, e)];
     set_affine(dw, mw, f16at(gb + 2 * r) * (float)(int8_t)gb[32 + 16 * s + r], 0.0f);
 }
 

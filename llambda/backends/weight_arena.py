@@ -129,7 +129,7 @@ class WeightArena:
 
     def alloc(self, nbytes: int, skew: int = 0) -> np.ndarray:
         """A zero-filled uint8 array of nbytes starting skew bytes past a page boundary."""
-        return self._alloc(nbytes + skew)[skew:] if skew else self._alloc(nbytes)
+        return self._alloc(nbytes + skew)[skew:]
 
     def _alloc(self, nbytes: int) -> np.ndarray:
         padded = -(-max(nbytes, 1) // ALIGN) * ALIGN

@@ -75,7 +75,7 @@ LLB_AI TGT void tile_q4k(const int qt, const llb_mm *mm, const uint8_t *wg, int 
                  * keeps dot_off128, whose weight-side steps its rows share. The same integers either way,
                  * the same float steps as below. */
                 __m256i acc[2];
-                dot_xsign2(gb + LLB_IQ4_XS_CODES + 256 * s, mm->a.qs + 256 * e + 32 * s, acc);
+                dot_xsign2(gb + LLB_K4_NIBBLES(LLB_IQ4_XS, s), mm->a.qs + 256 * e + 32 * s, acc);
                 LLB_UNROLL
                 for (int hh = 0; hh < 2; hh++) {
                     const __m256 sc = sub_scale(gb + 32 + 16 * s + 8 * (h0 + hh), load_f16x8(gb + 16 * (h0 + hh)), 1);
@@ -395,7 +395,7 @@ LLB_AI TGT void fill_q4k(const uint8_t *gb, q4k_panel *pan) {
         LLB_UNROLL
         for (int h = 0; h < 2; h++) {
             __m256i q[8];
-            dec_nibbles_h(gb + LLB_Q4_K_CODES + 256 * s, h, q);
+            dec_nibbles_h(gb + LLB_K4_NIBBLES(LLB_Q4_K, s), h, q);
             LLB_UNROLL
             for (int t = 0; t < 8; t++) pan->q[s][t][h] = q[t];
             pan->sc[s][h] = u8_pairs(gb + 64 + 16 * s + 8 * h);
@@ -431,7 +431,7 @@ LLB_AI TGT void tile_q4kp_pf(const llb_mm *mm, const q4k_panel *pan, const uint8
             if (s == 0) __builtin_prefetch(mm->a.d + 8 * *next, 0, 3), __builtin_prefetch(mm->a.d + 8 * *next + 16, 0, 3);
             if (s == 1) __builtin_prefetch(mm->a.sum + 8 * *next, 0, 3), __builtin_prefetch(mm->a.sum + 8 * *next + 16, 0, 3);
         }
-        const uint8_t *v = gb + LLB_Q4_K_CODES + 256 * s;
+        const uint8_t *v = gb + LLB_K4_NIBBLES(LLB_Q4_K, s);
         __m256i p[2][TILE2_ROWS];
         LLB_UNROLL
         for (int t = 0; t < 8; t++) {
@@ -508,7 +508,7 @@ LLB_AI TGT void fill_iq4(const uint8_t *gb, iq4_panel *pan) {
         LLB_UNROLL
         for (int h = 0; h < 2; h++) {
             __m256i q[8];
-            dec_nibbles_h(gb + LLB_IQ4_XS_CODES + 256 * s, h, q);
+            dec_nibbles_h(gb + LLB_K4_NIBBLES(LLB_IQ4_XS, s), h, q);
             grid_lookup_h(llb_iq4_grid, 0, q);
             LLB_UNROLL
             for (int t = 0; t < 8; t++) pan->w[s][h][t] = q[t], pan->aw[s][h][t] = _mm256_sign_epi8(q[t], q[t]);
