@@ -9,6 +9,11 @@ a second integer dot. So a GEMM timed on random rows misses that path. Mode 1: t
 weights) with a fraction of each row's blocks given one value at 8 (the rest N(0, 1)), median CPU time
 per call. Mode 2 (--model): a prefill of p random tokens, its GEMM inputs' share of outlier blocks
 per depth, and per 4-row tile (the AMD pair tile's) how many rows carry one, at thresholds 4, 5 and 6.
+Mode 3 (--model F --rules): per matrix role (q/k/v, o, gate/up, down) its share of the GEMM work, and for
+two outlier rules at several thresholds the share of blocks flagged and the rounding-error energy left
+(sum over unflagged blocks of |x - d q|^2 over the row's sum x^2, relative to no residual at all):
+"amax" is the kernels' test; "energy" flags a block by its own rounding error, 12 * 127^2 / 32 * |x - d q|^2
+> T^2 * mean(x^2) (the same as amax where the 31 neighbours fill their steps; less where they are small).
 Run it from a checkout's root so that `import llambda` is that checkout's build."""
 import argparse
 import os
@@ -54,7 +59,8 @@ def gemm_times(types, n, threads, reps, outs):
     print(f"  load average {os.getloadavg()[0]:.1f}")
 
 
-def model_outliers(path, p):
+def _prefill_inputs(path, p):
+    """Each GEMM input (rows >= 4) of a prefill of p random tokens, with its role and its GEMM work."""
     import bench_prefill_ops as B
     from llambda import engine
     from llambda.api import load
@@ -66,13 +72,51 @@ def model_outliers(path, p):
     timed.on = timed.keep = True
     engine.prefill(m.transformer, 0, ids, 0)
     native.C = nat
-    agg = defaultdict(lambda: defaultdict(lambda: [0, 0, Counter()]))
     for name, _, a in timed.calls:
         x = a[5] if name == "matmul" else a[2]
-        K = x.shape[-1]
-        x = x.reshape(-1, K).astype(np.float64)
+        x = np.asarray(x, np.float32).reshape(-1, x.shape[-1])
         if len(x) < 4:
             continue  # the head's one row
+        if name == "matmul":
+            role, rows = ("down" if x.shape[1] >= 2 * a[3] else "o"), a[3]
+        else:
+            role, rows = ("q/k/v" if len(a[5]) >= 3 else "gate/up"), sum(t[2] for t in a[5])
+        yield role, rows * x.size, x
+
+
+def rule_curves(path, p):
+    thresholds = (4, 5, 6, 8)
+    agg = defaultdict(lambda: [0, 0, 0.0, 0.0])  # flagged, blocks, error energy left, without residual
+    work = defaultdict(float)
+    for role, w, x in _prefill_inputs(path, p):
+        K = x.shape[1]
+        work[role] += w
+        ss = (x.astype(np.float64) ** 2).sum(1)
+        xb = x.reshape(len(x), K // 32, 32)
+        am = np.abs(xb).max(2)
+        q = np.rint(xb * np.where(am > 0, np.float32(127) / np.where(am > 0, am, 1), 0)[..., None])
+        d = (am / np.float32(127)).astype(np.float64)
+        e = ((xb - d[..., None] * q) ** 2).sum(2)
+        for rule in ("amax", "energy"):
+            for t in thresholds:
+                v = am.astype(np.float64) ** 2 if rule == "amax" else e * (12 * 127 ** 2 / 32)
+                flag = v * K > t * t * ss[:, None]
+                g = agg[role, rule, t]
+                g[0] += int(flag.sum())
+                g[1] += flag.size
+                g[2] += float((np.where(flag, 0, e).sum(1) / ss).sum())
+                g[3] += float((e.sum(1) / ss).sum())
+    total = sum(work.values())
+    for (role, rule, t), (f, n, left, none) in sorted(agg.items()):
+        print(f"  {role:8s} {100 * work[role] / total:4.1f}% of the work, {rule:6s} {t}: {100 * f / n:5.1f}% of blocks "
+              f"flagged, {100 * left / none:5.1f}% of the rounding error energy left")
+
+
+def model_outliers(path, p):
+    agg = defaultdict(lambda: defaultdict(lambda: [0, 0, Counter()]))
+    for _, _, x in _prefill_inputs(path, p):
+        K = x.shape[-1]
+        x = x.astype(np.float64)
         ss = (x * x).sum(1) / K
         am = np.abs(x.reshape(len(x), K // 32, 32)).max(2)
         for thr in (4, 5, 6):
@@ -98,8 +142,11 @@ def main():
     ap.add_argument("--out", default="0,0.17", help="fractions of blocks with an outlier")
     ap.add_argument("--model")
     ap.add_argument("-p", type=int, default=128)
+    ap.add_argument("--rules", action="store_true", help="with --model: the outlier rules' curves (mode 3)")
     a = ap.parse_args()
-    if a.model:
+    if a.model and a.rules:
+        rule_curves(a.model, a.p)
+    elif a.model:
         model_outliers(a.model, a.p)
     else:
         gemm_times(a.types.split(","), a.n, a.threads, a.reps, [float(v) for v in a.out.split(",")])
