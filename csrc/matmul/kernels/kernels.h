@@ -38,7 +38,7 @@
  * test is amax^2 * cols > LLB_OUTLIER^2 * sum(x^2) over the row, in double. The K-quants' 256-blocks
  * (quant256) have no residual.
  * Why 4 (docs/BENCHMARKS.md, 2026-12-05): at 5 prefills run ~5% faster (fewer second dots), but Gemma-3-270M's
- * error on other prompts rose past llama.cpp's on some files (Q8_0 worst, MXFP4 mean and 99th percentile); at 6
+ * error on other prompts rose past llama.cpp's on some files (Q8_0's worst, MXFP4's 99th percentile); at 6
  * SmolLM2's and Qwen2.5-0.5B's worst did. A threshold on a block's own rounding error flags the same blocks. */
 #ifndef LLB_OUTLIER /* a measurement build may set it (tests/test_native_matmul.py's emulation assumes 4) */
 #define LLB_OUTLIER 4
