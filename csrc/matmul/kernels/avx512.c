@@ -397,7 +397,7 @@ LLB_AI TGT __m512 gemv32(const llb_mm *mm, const uint8_t *wg, const int qt, cons
             const uint8_t *gb = wg + b * gbb;
             llb_prefetch_ahead(gb, gbb, stream); /* from DRAM: the stream */
             __m512i q[8];
-            dec_block32_as(qt, gb, q, stream >= LLB_STREAM_FAR); /* Zen 4: each code vector loaded once */
+            dec_block32_as(qt, gb, q, llb_stream_on_zen4(stream)); /* Zen 4: each code vector loaded once */
             const int8_t *xq = mm->a.qs + 32 * b;
             __m512i a0 = _mm512_set1_epi32(LLB_HAS_MIN32(qt) ? 0 : mm->a.bias[b]), a1 = _mm512_setzero_si512();
             LLB_UNROLL

@@ -48,6 +48,9 @@
  * places them: native.weight_skew), so it keeps LLB_STREAM_FAR, as Q5_0, Q5_1, Q2_K and Q3_K do (level
  * either way). */
 #define LLB_STREAM_HW 3
+/* Both Zen 4 streams (FAR and HW) order after the others, so one comparison asks "on Zen 4". */
+_Static_assert(LLB_STREAM_FAR > LLB_STREAM && LLB_STREAM_HW > LLB_STREAM_FAR, "the Zen 4 streams must be the largest");
+static inline __attribute__((always_inline)) int llb_stream_on_zen4(const int stream) { return stream >= LLB_STREAM_FAR; }
 #define LLB_HW_STREAM(qt)                                                                                      \
     ((qt) == LLB_Q4_0 || (qt) == LLB_Q4_1 || (qt) == LLB_Q8_0 || (qt) == LLB_IQ4_NL || (qt) == LLB_MXFP4 ||   \
      (qt) == LLB_Q4_K || (qt) == LLB_Q6_K || (qt) == LLB_IQ4_XS)
