@@ -457,7 +457,8 @@ LLB_AI TGT void fast32_one(const llb_mm *mm, const uint8_t *wg, long g, long i0,
     for (long b0 = 0; b0 < nb; b0 += kc) { /* K in chunks: the group's chunk stays in L1 across tiles */
         const long b1 = b0 + kc < nb ? b0 + kc : nb;
         /* every decoded type (Q8_0's codes are its bytes): the tiles read the panel rather than each
-         * decoding the chunk, 3-12% less CPU time on AVX-512, even Q4_0 with two operations a vector */
+         * decoding the chunk, 3-12% less CPU time on AVX-512, even Q4_0 with two operations a vector.
+         * Among the fast 32-block types this runs, qt != LLB_Q8_0 is PANEL32_TYPE(qt) (below) */
         const int panel = i1 - i0 > LLB_XT && qt != LLB_Q8_0;
         if (panel) fill_panel32(qt, wg, b0, b1, pan);
         long i = i0;
@@ -754,7 +755,7 @@ LLB_AI TGT void float_gemv_ordered(const llb_mm *mm, const uint8_t *wg, long g, 
 #define LLB_RB_VNNI
 #define LLB_PAIRS(qt, exact) (!(exact) && (PANEL32_TYPE(qt) || llb_avx512_kquant_pairs(qt)))
 #define LLB_KQUANT_FAST llb_avx512_kquant_kernel
-/* The 32-block types with a panel (every fast one but Q8_0): they take pairs of groups. */
+/* The 32-block types with a panel (every fast one but Q8_0, as fast32_one decides): they take pairs of groups. */
 #define PANEL32_TYPE(qt)                                                                                           \
     ((qt) == LLB_Q4_0 || (qt) == LLB_Q4_1 || (qt) == LLB_Q5_0 || (qt) == LLB_Q5_1 || (qt) == LLB_IQ4_NL || \
      (qt) == LLB_MXFP4)

@@ -19,13 +19,13 @@ LLB_AI TGT __m512i kg_ld(const void *p) {
     return a;
 }
 
-/* Step s's slice of the group-block's lines (llb_prefetch_slice's at LLB_STREAM_FAR: into L2, LLB_PF_FAR
- * ahead), each in an asm tied to the step's first packed vector a, so it stays in its step. */
+/* Step s's slice of the group-block's lines (LLB_SLICE_AT, as llb_prefetch_slice's at LLB_STREAM_FAR: into
+ * L2, LLB_PF_FAR ahead), each in an asm tied to the step's first packed vector a, so it stays in its step. */
 LLB_AI TGT void kg_prefetch(__m512i *a, const uint8_t *gb, const int bytes, int s) {
-    const int per = ((bytes + 63) / 64 + 7) / 8;
+    const int per = LLB_SLICE_LINES(bytes);
     LLB_UNROLL
     for (int l = 0; l < per; l++) {
-        const int o = 64 * (per * s + l);
+        const int o = LLB_SLICE_AT(per, s, l);
         if (o < bytes) __asm__ volatile("prefetcht1 %1" : "+v"(*a) : "m"(*(const char *)(gb + o + LLB_PF_FAR)));
     }
 }

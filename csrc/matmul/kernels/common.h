@@ -75,14 +75,19 @@ static inline void llb_prefetch_ahead(const uint8_t *block, int bytes, const int
     for (int o = 0; o < bytes; o += 64) llb_prefetch_line(block + o, stream);
 }
 
+/* A group-block of `bytes` cut into 8 slices of lines, one per sub-block step: the lines a slice holds
+ * (per), and the offset of step s's line l (at or past bytes: none). */
+#define LLB_SLICE_LINES(bytes) ((((bytes) + 63) / 64 + 7) / 8)
+#define LLB_SLICE_AT(per, s, l) (64 * ((per) * (s) + (l)))
+
 /* llb_prefetch_ahead spread over a group-block's 8 sub-block steps: step s (0..7) asks for its
  * eighth of the block's lines, unrolled (as one loop per block it took 13-15% of a hot K-quant
  * GEMV's time on AVX-512). The same lines. */
 static inline __attribute__((always_inline)) void llb_prefetch_slice(const uint8_t *block, const int bytes, int s,
                                                                       const int stream) {
-    const int per = ((bytes + 63) / 64 + 7) / 8;
+    const int per = LLB_SLICE_LINES(bytes);
     _Pragma("GCC unroll 16") for (int l = 0; l < per; l++) {
-        const int o = 64 * (per * s + l);
+        const int o = LLB_SLICE_AT(per, s, l);
         if (o < bytes) llb_prefetch_line(block + o, stream);
     }
 }
