@@ -372,6 +372,8 @@ int llb_matmul_many_here(const llb_type_info *t, const llb_mm_part *parts, int n
     return 0;
 }
 
+int llb_matmul_outlier(void) { return LLB_OUTLIER; }
+
 int llb_matmul_has_kernel(const llb_type_info *t, int isa, int exact) {
     const llb_kernels *k = &llb_kernels_scalar;
 #if LLB_X86

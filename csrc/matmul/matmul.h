@@ -49,6 +49,9 @@ void llb_matmul_prep_run(const llb_mm_prep *p, long u0, long u1);
 /* 1 if `isa` (enum llb_isa) has its own kernel for the type in this mode; else matmul runs the
  * scalar kernel there. */
 int llb_matmul_has_kernel(const llb_type_info *t, int isa, int exact);
+/* The fast mode's outlier threshold (LLB_OUTLIER, kernels/kernels.h): a 32-block whose absmax exceeds it
+ * times its row's RMS also carries a residual code. */
+int llb_matmul_outlier(void);
 /* File layout -> the layout llb_pack_layout(t) names (a copy for unpacked types): `count` matrices of
  * rows x cols back to back in src (an MoE layer's experts), each packed on its own, back to back in dst,
  * in one fork/join over all their row groups. */

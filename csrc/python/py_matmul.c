@@ -40,6 +40,11 @@ static const llb_type_info *arg_type(const char *fn, PyObject *o) {
     return t;
 }
 
+/* outlier_threshold() -> int: LLB_OUTLIER, as this build was compiled. */
+static PyObject *py_outlier_threshold(PyObject *self, PyObject *unused) {
+    return PyLong_FromLong(llb_matmul_outlier());
+}
+
 /* qtypes() -> tuple of dicts, one per row of the C type table. */
 static PyObject *py_qtypes(PyObject *self, PyObject *unused) {
     int n = 0;
@@ -442,6 +447,9 @@ static PyObject *py_moe_route(PyObject *self, PyObject *const *args, Py_ssize_t 
 }
 
 PyMethodDef llb_matmul_methods[] = {
+    {"outlier_threshold", py_outlier_threshold, METH_NOARGS,
+     "outlier_threshold() -> int: the fast mode's LLB_OUTLIER: a 32-value activation block whose absmax exceeds it\n"
+     "times its row's RMS also carries an 8-bit code of its residual."},
     {"qtypes", py_qtypes, METH_NOARGS,
      "qtypes() -> tuple[dict]: the weight types the C core runs, one per row of its type table: name, id (ggml's),\n"
      "block (values), block_bytes, group_bytes (packed 16-row group-block, 0 = file layout), far_skew (bytes past a\n"

@@ -43,7 +43,7 @@
  * and the worst at most 0.92 of it (4: up to 1.05); 6 let single positions' worst pass llama.cpp's. Gemma-3-270M's
  * worst is erratic at any threshold (past llama.cpp's on one file at 4, another at 5). A threshold on a block's
  * own rounding error flags the same blocks. */
-#ifndef LLB_OUTLIER /* a measurement build may set it (tests/test_native_matmul.py's emulation assumes 5) */
+#ifndef LLB_OUTLIER /* a measurement build may set it (_native.outlier_threshold() tells the tests) */
 #define LLB_OUTLIER 5
 #endif
 
