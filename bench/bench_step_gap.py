@@ -104,7 +104,7 @@ def main():
     print(f"  {'mode':9s} {'wall us':>9s} {'CPU us':>9s}  forks solo sleeps joinwait_us absent stolen")
     for name in modes:
         w, c = statistics.median(res[name][0]), statistics.median(res[name][1])
-        s = stats[name][-1]
+        s = {k: statistics.median(r[k] for r in stats[name]) for k in stats[name][0]}  # as the times: medians
         print(f"  {name:9s} {w:9.0f} {c:9.0f}  {s['calls']:5.1f} {s['solo_calls']:4.1f} {s['worker_sleeps']:6.2f} "
               f"{s['join_wait_us']:11.1f} {s['absent_calls']:6.1f} {s['stolen_chunks']:6.1f}")
     print(f"  ops sum {statistics.median(res['ops_sum'][0]):.0f} us (ops' wall, summed)")
