@@ -44,7 +44,7 @@ def main() -> None:
     kv_bytes = cache.k[0].nbytes * (depth + nq / 2) / cache.n_ctx * 2
     print(f"{os.environ.get('KV', 'f16')} depth {depth}, {nq} queries, {layers} layer(s): "
           f"{kv_bytes / np.median(cpu) / 1e9:.1f} GB of K/V per CPU second, per layer wall {np.median(wall) * 1e3:.2f} ms, "
-          f"cpu {np.median(cpu) * 1e3:.2f} ms ({macs / np.median(cpu) / 1e9:.1f} GMAC per CPU second), "
+          f"cpu {np.median(cpu) * 1e3:.4f} ms ({macs / np.median(cpu) / 1e9:.1f} GMAC per CPU second), "
           f"load {os.getloadavg()[0]:.1f}")
 
 
