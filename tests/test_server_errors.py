@@ -53,6 +53,24 @@ def test_bad_requests_get_openai_errors(live, client):
     assert not [k for k in live.metrics() if 'status="5' in k], "a client's mistake must never be a 5xx"
 
 
+def test_malformed_messages_with_tools_are_400(live):
+    """SmolLM2's template knows no tools, so tools go through the generic tool prompt, which rewrote
+    the messages before anything checked them: a bad content part or tool call was a 500."""
+    user = {"role": "user", "content": "hi"}
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    cases = [([{"role": "system", "content": [{"type": "text", "text": 5}]}, user], "text"),
+             ([user, {"role": "assistant", "content": None, "tool_calls": [1]}], "tool_calls[0]"),
+             ([user, {"role": "assistant", "content": None, "tool_calls": "x"}], "tool_calls"),
+             ([user, {"role": "assistant", "content": None, "tool_calls": [{"function": "x"}]}], "function"),
+             ([user, {"role": "tool", "content": {"a": 1}}], "content"),
+             ([{"role": "system", "content": 5}, user], "content")]
+    for msgs, word in cases:
+        err = assert_error(post(live, "/v1/chat/completions",
+                                {"model": MODEL_ID, "messages": msgs, "tools": tools, "max_tokens": 2}), 400, word)
+        assert err["param"] == "messages", err
+    assert not [k for k in live.metrics() if 'status="5' in k], "a client's mistake must never be a 5xx"
+
+
 def test_prompt_longer_than_context(live, client):
     long_text = "word " * 800                      # > 512 tokens
     with pytest.raises(openai.BadRequestError) as e:

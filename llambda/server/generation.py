@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import AsyncIterator
 
+from ..chat import validate_messages
 from ..constraints import ConstraintError, GrammarSpec
 from ..engine import GenerationParams, Sequence
 from ..errors import ChatTemplateError, ContextOverflowError, InvalidInputError, LlambdaError, TokenizerError
@@ -78,14 +79,16 @@ class Service:
         """The prompt, how the answer is read for tool calls, and the grammar tool calls follow."""
         messages, tools = spec.messages, spec.tools
         generic = bool(spec.tools) and not self.template_has_tools
-        if generic:
-            # the template cannot render tools: describe them in a system message instead
-            messages = generic_tool_messages(spec.messages, spec.tools, spec.tool_choice, spec.forced_tool)
-            tools = None
         setup, grammar = self._tool_setup(spec, constrained=generic or self.template_hermes, generic=generic)
         if self.harmony and not generic:
             setup = replace(setup or ToolSetup(), harmony=True)
         try:
+            if generic:
+                # the template cannot render tools: describe them in a system message instead; the
+                # rewrite reads content and tool_calls, so check their shapes first (a 400, not a crash)
+                messages = generic_tool_messages(validate_messages(spec.messages), spec.tools, spec.tool_choice,
+                                                 spec.forced_tool)
+                tools = None
             text = self.model.render_chat(messages, tools=tools)
             if setup is not None:
                 text += setup.prefix
