@@ -116,6 +116,23 @@ def test_invalid_constraints_are_400_before_generation(live):
     assert after["llambda_prompt_tokens_total"] == before["llambda_prompt_tokens_total"]
 
 
+def test_grammar_that_fails_while_decoding_is_a_400(live):
+    """A grammar that compiles but cannot go on (it derives no string; a regex whose lexer blows
+    up) fails at its first token: the client's mistake, answered 400, not a 500."""
+    msgs = [{"role": "user", "content": "hi"}]
+    for extra in ({"grammar": "root ::= ( root )"}, {"regex": "a{100000}{100000}"}):
+        body = {"model": MODEL_ID, "messages": msgs, "max_tokens": 4, **extra}
+        err = assert_error(post(live, "/v1/chat/completions", body), 400, "constraint")
+        assert err["type"] == "invalid_request_error", err
+        r = post(live, "/v1/chat/completions", {**body, "stream": True})
+        events = [json.loads(line[6:]) for line in r.text.splitlines()
+                  if line.startswith("data: ") and line != "data: [DONE]"]
+        assert events[-1]["error"]["type"] == "invalid_request_error", events[-1]
+    r = post(live, "/v1/chat/completions", {"model": MODEL_ID, "messages": msgs, "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    assert not [k for k in live.metrics() if 'status="5' in k], "a client's grammar must never be a 5xx"
+
+
 def test_constrained_greedy_is_batch_invariant(client):
     """A greedy constrained request gives the same text alone and among 7 others (constrained or not)."""
     def target():

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..constraints import ConstraintError
 from ..engine import Sequence
 from ..sampling import top_k_indices
 from .metrics import Metrics
@@ -442,6 +443,11 @@ class Scheduler:
                 continue
             try:
                 events = self._sample(j, drafts, logits[r:r + len(drafts) + 1])
+            except ConstraintError as e:   # the request's grammar cannot go on (its fault, not a 500)
+                self._emit(j, JobFailure(400, f"the output constraint failed: {e}", "invalid_request_error"))
+                with self._cv:
+                    self._end(j, "error")
+                continue
             except Exception as e:   # e.g. NaN logits: this sequence fails, the others go on
                 log.exception("sampling failed")
                 self._emit(j, JobFailure(500, f"sampling failed: {type(e).__name__}: {e}"))
