@@ -160,3 +160,49 @@ def test_decoder_without_a_spare_slot_is_refused(smollm2_gguf):
     with llambda.load(smollm2_gguf, n_slots=1, n_ctx=128, **LOAD_KW) as m, \
             LiveServer(create_app(m, _cfg("smollm2"))) as srv:
         assert_error(post(srv, "/v1/embeddings", {"input": "hi"}), 400, "slot to spare")
+
+
+@pytest.mark.parametrize("model", [["smollm2"], {"id": "x"}])
+def test_model_of_the_wrong_type_is_a_400(tiny_live, model):
+    # a list or object used to reach a set lookup (unhashable): a 500
+    _, srv = tiny_live
+    for path in ("/v1/embeddings", "/v1/rerank"):
+        assert_error(post(srv, path, {"model": model, "input": "hi", "query": "q", "documents": ["d"]}),
+                     400, "'model' must be a string")
+
+
+def test_decoder_embeddings_leave_room_for_streams(smollm2_gguf):
+    """A decoder's embeddings run a scheduler call per prefill chunk's worth of inputs, so a running
+    stream gets steps between them; a request of many long inputs used to hold the scheduler throughout."""
+    with llambda.load(smollm2_gguf, n_slots=2, n_ctx=256, **LOAD_KW) as m:
+        app = create_app(m, _cfg("smollm2"))
+        sched = app.state.scheduler
+        steps, calls = [], []
+        real_step, real_embed = sched._step, m.embed
+
+        def step():
+            steps.append(None)
+            real_step()
+
+        def embed(items, **kw):
+            calls.append((len(items), len(steps)))
+            return real_embed(items, **kw)
+
+        sched._step, m.embed = step, embed
+        with LiveServer(app) as srv:
+            client = srv.client()
+            stream = client.completions.create(model="smollm2", prompt="Once upon a time", max_tokens=64,
+                                               stream=True, extra_body={"ignore_eos": True})
+            chunks = iter(stream)
+            next(chunks)                       # the stream runs
+            # ~45 tokens each: two would pass the prefill chunk (64), so each is a call of its own
+            texts = [f"text number {i}: " + "word " * 40 for i in range(6)]
+            r = client.embeddings.create(model="smollm2", input=texts)
+            rest = list(chunks)
+        assert len(r.data) == 6 and rest
+        assert [n for n, _ in calls] == [1] * 6
+        # the stream's steps went on between the inputs
+        assert calls[-1][1] > calls[0][1], calls
+        lib = real_embed(texts)
+        got = np.array([d.embedding for d in r.data], np.float32)
+        assert np.abs(got - lib).max() < 1e-4

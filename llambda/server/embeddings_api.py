@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import threading
+from types import SimpleNamespace
 
 import numpy as np
 from starlette.requests import Request
@@ -27,6 +29,7 @@ from starlette.routing import Route
 from ..errors import ContextOverflowError, InvalidInputError, TokenizerError
 from .deltas import Http
 from .errors import APIError, bad_request
+from .generation import ClientGone
 from .scheduler import ShuttingDown
 from .schemas import _Body, _type
 
@@ -62,7 +65,7 @@ def parse_input(value) -> list:
 
 def embed(service, body, run) -> dict:
     b = _Body(body)
-    service.check_model(b.get("model"))
+    service.check_model(b.string("model"))     # a string: a list or object would be a 500 in the lookup
     items = parse_input(b.get("input"))
     fmt = b.get("encoding_format")
     if fmt is None:
@@ -77,7 +80,7 @@ def embed(service, body, run) -> dict:
                           f"{dim} dimensions only", param="dimensions")
     try:
         counts = model.embed_token_counts(items)
-        vectors = run(items)
+        vectors = run(items, counts)
     except (InvalidInputError, TokenizerError, ContextOverflowError) as e:
         raise bad_request(str(e), param="input") from None
     data = []
@@ -95,7 +98,7 @@ def embed(service, body, run) -> dict:
 
 def rerank(service, body) -> dict:
     b = _Body(body)
-    service.check_model(b.get("model"))
+    service.check_model(b.string("model"))
     model = service.model
     if not getattr(model, "is_reranker", False):
         raise bad_request(f"this model is not a reranker: {service.cfg.model_id!r} has no cross-encoder "
@@ -131,7 +134,7 @@ def routes(service, http: Http) -> list[Route]:
     model = service.model
     scheduler = service.scheduler
 
-    def run_vectors(items) -> np.ndarray:
+    def run_vectors(items, counts, gone: threading.Event) -> np.ndarray:
         if model.is_encoder:
             return model.embed(items)
         # a decoder: on the scheduler thread, between steps, in a slot generation does not use
@@ -139,22 +142,46 @@ def routes(service, http: Http) -> list[Route]:
         if spare < scheduler.n_slots:
             raise bad_request(f"{service.cfg.model_id!r} has no KV-cache slot to spare for embeddings: load it "
                               "with more slots than the server's parallel sequences (`llambda serve` does)")
-        try:
-            return scheduler.call(lambda: model.embed(items, slot=spare))
-        except ShuttingDown as e:
-            raise APIError(503, str(e)) from None
+        # a call per prefill chunk's worth of tokens (a long input alone): running streams get a step
+        # between calls instead of waiting for all the inputs (thousands of long ones would stall every
+        # stream for minutes), and a client that left stops costing anything at the next call
+        groups, size = [[]], 0
+        for item, n in zip(items, counts):
+            if groups[-1] and size + n > service.cfg.prefill_chunk:
+                groups.append([])
+                size = 0
+            groups[-1].append(item)
+            size += n
+        rows = []
+        for group in groups:
+            if gone.is_set():
+                raise ClientGone()
+            try:
+                rows.append(scheduler.call(lambda group=group: model.embed(group, slot=spare)))
+            except ShuttingDown as e:
+                raise APIError(503, str(e)) from None
+        return np.concatenate(rows)
 
     async def run(request: Request, fn) -> Response:
         body = await http.body(request)
         if body is None:
             return Response(status_code=499)
-        return http.json_response(await asyncio.to_thread(fn, body))
+        gone = threading.Event()
+        # the watcher wants a generation; only its client_gone() is called
+        watcher = asyncio.create_task(http.watch_disconnect(request.receive, SimpleNamespace(client_gone=gone.set)))
+        try:
+            return http.json_response(await asyncio.to_thread(fn, body, gone))
+        except ClientGone:
+            return Response(status_code=499)
+        finally:
+            watcher.cancel()
 
     async def embeddings_route(request: Request) -> Response:
-        return await run(request, lambda body: embed(service, body, run_vectors))
+        return await run(request, lambda body, gone: embed(service, body,
+                                                           lambda items, counts: run_vectors(items, counts, gone)))
 
     async def rerank_route(request: Request) -> Response:
-        return await run(request, lambda body: rerank(service, body))
+        return await run(request, lambda body, gone: rerank(service, body))
 
     return [Route("/v1/embeddings", embeddings_route, methods=["POST"]),
             Route("/v1/rerank", rerank_route, methods=["POST"]),
