@@ -98,6 +98,31 @@ def test_deep_nesting_and_huge_arrays_get_400(live):
     assert not [k for k in live.metrics() if 'status="5' in k]
 
 
+def test_bodies_are_parsed_off_the_event_loop(live, monkeypatch):
+    """Parsing and checking a 4 MB body of a million empty arrays took 1-2 s; on the event loop
+    that stalled every running stream. It runs in a thread of its own pool (no running loop there;
+    not the default pool, whose threads /health probes)."""
+    import asyncio
+
+    from llambda.server import app as app_module
+    on_loop = []
+
+    def parse(raw):
+        try:
+            asyncio.get_running_loop()
+            on_loop.append(True)
+        except RuntimeError:
+            on_loop.append(not threading.current_thread().name.startswith("llambda-json"))
+        return real(raw)
+
+    real = app_module.parse_json
+    monkeypatch.setattr(app_module, "parse_json", parse)
+    body = {"model": MODEL_ID, "messages": MSGS, "max_tokens": 1, "metadata": [[]] * 100_000}
+    assert post(live, "/v1/chat/completions", body).status_code == 200
+    assert_error(_raw(live, "/v1/completions", "{not json"), 400, "json")
+    assert on_loop == [False, False]
+
+
 def test_rate_limit_filter_units():
     from llambda.server.guard import RateLimitFilter
     f = RateLimitFilter(interval=60.0, max_kinds=4)

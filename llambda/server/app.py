@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
@@ -31,6 +32,7 @@ ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health",
              "/v1/responses", "/v1/messages", "/infill", "/tokenize", "/detokenize", "/apply-template")
 PUBLIC = ("/health",)
 POOL_PROBE_SECONDS = 1.0   # /health: a worker thread must pick up a no-op within this long
+_PARSERS = ThreadPoolExecutor(2, thread_name_prefix="llambda-json")   # request bodies (read_json)
 
 
 def json_response(obj, status: int = 200, headers: dict | None = None) -> Response:
@@ -74,7 +76,10 @@ async def read_json(request: Request, cap: int, timeout: float):
     body = await read_body(request, cap, timeout)
     if not body.strip():
         raise bad_request("the request body is empty; expected a JSON object")
-    return parse_json(body)
+    # in a thread of its own pool: a body of a million small values takes a second or more to parse
+    # and check, which on the event loop would stall every running stream meanwhile, and in the
+    # default pool could starve /health's probe of it
+    return await asyncio.get_running_loop().run_in_executor(_PARSERS, parse_json, body)
 
 
 def _noop() -> None:
