@@ -119,3 +119,17 @@ def test_json_log_and_no_webui(smollm2_gguf, tmp_path):
         lines = [ln for ln in srv.log_path.read_text().splitlines() if ln.strip()]
         other = [json.loads(ln) for ln in lines if not ln.startswith("[llambda]") and parse(ln) is None]
         assert any(o["logger"].startswith("uvicorn") and "message" in o for o in other), lines
+
+
+def test_text_line_escapes_what_a_path_could_forge_a_line_with():
+    # a decoded %0d%0a in a path used to end the line there and start a forged one; %1b reached the terminal
+    from llambda.server.accesslog import _text
+    path = '/a\r\nINFO:     127.0.0.1:9 "POST /v1/chat/completions" 200\x1b[31m\\'
+    line = _text({"client": "127.0.0.1:1", "method": "GET", "path": path, "status": 404,
+                  "tokens_in": None, "tokens_out": None, "ms": 1.0})
+    assert len(line.splitlines()) == 1 and "\x1b" not in line
+    assert line == ('127.0.0.1:1 "GET /a\\x0d\\x0aINFO:     127.0.0.1:9 \\x22POST /v1/chat/completions\\x22 '
+                    '200\\x1b[31m\\x5c" 404 tokens_in=- tokens_out=- 1.0 ms')
+    plain = _text({"client": None, "method": "GET", "path": "/v1/models", "status": 200,
+                   "tokens_in": None, "tokens_out": None, "ms": 2.0})
+    assert plain == '- "GET /v1/models" 200 tokens_in=- tokens_out=- 2.0 ms'

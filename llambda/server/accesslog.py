@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from datetime import datetime, timezone
 
@@ -60,9 +61,18 @@ def _record(scope, status: int, seconds: float) -> dict:
             "client": f"{client[0]}:{client[1]}" if client else None}
 
 
+# what a decoded path may hold that would break a text line: %0a would forge a line of its own, %1b
+# send terminal escapes, a quote end the field early
+_UNSAFE = re.compile(r'[\x00-\x1f\x7f-\x9f"\\]')
+
+
+def _escaped(text: str) -> str:
+    return _UNSAFE.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
 def _text(r: dict) -> str:
     dash = lambda v: "-" if v is None else v   # noqa: E731 - the common log format's "unknown"
-    return (f'{dash(r["client"])} "{r["method"]} {r["path"]}" {r["status"]} '
+    return (f'{dash(r["client"])} "{r["method"]} {_escaped(r["path"])}" {r["status"]} '
             f'tokens_in={dash(r["tokens_in"])} tokens_out={dash(r["tokens_out"])} {r["ms"]:.1f} ms')
 
 
