@@ -152,7 +152,7 @@ class Model:
         return self._tok().encode(text, add_bos=add_bos, parse_special=parse_special)
 
     def detokenize(self, ids: Seq[int]) -> str:
-        return self._tok().decode(list(ids))
+        return self._tok().decode(ids)     # decode checks ids (None, a str, floats) with a TokenizerError
 
     def _prompt_ids(self, prompt) -> list[int]:
         if isinstance(prompt, str):
@@ -235,7 +235,10 @@ class Model:
                             repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                             seed=seed, logprobs=logprobs, logit_bias=logit_bias)
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        try:        # not `stop or []`: an int would be dropped silently, an array has no truth value
+            stops = [stop] if isinstance(stop, str) else [] if stop is None else list(stop)
+        except TypeError:
+            raise InvalidInputError(f"stop must be a string or a list of strings, got {type(stop).__name__}") from None
         spec = grammar_spec(json_schema=json_schema, grammar=grammar, regex=regex)
         params = GenerationParams(max_tokens=max_tokens, sampling=sp, stop=stops, ignore_eos=ignore_eos,
                                   grammar=self.compile_grammar(spec) if spec is not None else None)
@@ -352,6 +355,11 @@ class Model:
         KV-cache slot it overwrites (the server passes one its scheduler does not use)."""
         items = _embed_inputs(texts)
         t = self.transformer
+        # checked here: slot "0" would write slot 0 without the _cached reset below (the next
+        # generation would reuse keys/values of the embedded text), slot 5 would be a raw ValueError
+        if isinstance(slot, (bool, np.bool_)) or not isinstance(slot, (int, np.integer)) or not 0 <= slot < t.n_slots:
+            raise InvalidInputError(f"slot must be an integer in [0, {t.n_slots}), got {slot!r}")
+        slot = int(slot)
         out = np.empty((len(items), self.config.d_model), np.float32)
         with self._lock:
             if slot == 0:
@@ -395,7 +403,12 @@ def _embed_inputs(texts) -> list:
     """A string, a list of strings, a list of token ids or a list of lists of ids -> a list of inputs."""
     if isinstance(texts, str):
         return [texts]
-    items = list(texts)
+    if isinstance(texts, (bytes, bytearray)):   # iterable, but its bytes are not token ids
+        raise InvalidInputError(f"embed() takes strings or lists of token ids, got {type(texts).__name__}")
+    try:
+        items = list(texts)
+    except TypeError:
+        raise InvalidInputError(f"embed() takes a string or a list of inputs, got {type(texts).__name__}") from None
     if items and all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in items):
         return [items]          # one input given as token ids
     for i in items:

@@ -1,0 +1,67 @@
+"""Odd or hostile arguments to the public Model API: each is a llambda error (never a raw TypeError or
+ValueError from deep inside), and a refused call leaves nothing behind that changes a later call's text."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import llambda
+from llambda.errors import InvalidInputError, LlambdaError, TokenizerError
+
+TINY = Path(__file__).parent / "fixtures" / "reference" / "tiny" / "llama"
+SAMPLED = dict(max_tokens=12, temperature=1.0, seed=11, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def model():
+    with llambda.load(TINY, n_ctx=128) as m:     # the native backend where it built, else numpy
+        yield m
+
+
+def prompt(m, n=9, step=7):
+    return [(step * i + 3) % m.config.vocab_size for i in range(n)]
+
+
+@pytest.mark.parametrize("slot", ["0", 1, -1, True, 0.0, None])
+def test_embed_refuses_a_slot_that_is_not_one_of_the_models(model, slot):
+    p, other = prompt(model), prompt(model, 20, 13)
+    want = list(model.generate(p, **SAMPLED))
+    with pytest.raises(InvalidInputError, match="slot"):
+        model.embed([other], slot=slot)
+    # slot "0" used to write slot 0 without forgetting what it held: this reused the wrong keys/values
+    assert list(model.generate(p, **SAMPLED)) == want
+
+
+def test_embed_accepts_a_numpy_integer_slot(model):
+    p = prompt(model)
+    np.testing.assert_array_equal(model.embed([p], slot=np.int64(0)), model.embed([p]))
+
+
+@pytest.mark.parametrize("texts", [None, 5, 2.5, b"\x01\x02", bytearray(b"\x01")], ids=repr)
+def test_embed_inputs_that_are_not_texts_or_ids_are_llambda_errors(model, texts):
+    with pytest.raises(InvalidInputError, match="embed"):
+        model.embed(texts)
+    with pytest.raises(InvalidInputError, match="embed"):
+        model.embed_token_counts(texts)
+
+
+@pytest.mark.parametrize("stop", [5, 2.5, object()], ids=lambda s: type(s).__name__)
+def test_a_stop_that_is_not_strings_is_a_llambda_error(model, stop):
+    with pytest.raises(InvalidInputError, match="stop"):
+        model.complete(prompt(model), max_tokens=2, stop=stop)
+
+
+def test_stop_strings_in_an_array_are_accepted(model):
+    # `stop or []` raised NumPy's "truth value of an array is ambiguous"
+    p = prompt(model)
+    stops = np.array(["\x00never", "\x01nor"])
+    assert list(model.generate(p, stop=stops, **SAMPLED)) == list(model.generate(p, **SAMPLED))
+
+
+@pytest.mark.parametrize("ids", [None, 5, [1.5]], ids=repr)
+def test_detokenize_of_non_ids_is_a_tokenizer_error(smollm2_gguf, ids):
+    with llambda.load(smollm2_gguf, n_ctx=64) as m:
+        with pytest.raises(TokenizerError) as e:
+            m.detokenize(ids)
+        assert isinstance(e.value, LlambdaError)
+        assert m.detokenize(np.array(m.tokenize("Hello there"))) == "Hello there"
