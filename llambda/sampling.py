@@ -217,6 +217,12 @@ class Sampler:
             what = "NaN" if np.isnan(m) else ("+inf" if m > 0 else "only -inf")
             raise SamplingError(f"logits contain {what}")
         m_work = float(m) if work is x else float(work.max())
+        if m_work == math.inf:
+            # a huge logit_bias or a tiny repeat_penalty went past the float range: inf - inf would
+            # make the weights NaN (an IndexError, or always the first such token); the largest
+            # finite value keeps them a tie, drawn as one
+            np.minimum(work, np.finfo(work.dtype).max, out=work)
+            m_work = float(work.max())
         if m_work == -math.inf:
             raise SamplingError("every token has -inf logit after penalties/logit_bias/grammar")
         top_k_ids = None
@@ -293,12 +299,14 @@ class Sampler:
                 # llama.cpp: shrink positive logits, push negative ones further down.
                 v = np.where(v <= 0, v * p.repeat_penalty, v / p.repeat_penalty)
             v -= counts * p.frequency_penalty + p.presence_penalty
-            work[toks] = v
+            with np.errstate(over="ignore"):     # past float32: -inf bans, +inf is capped in sample()
+                work[toks] = v
         if self._bias is not None:
             ids, vals = self._bias
             if ids.max() >= x.size:
                 raise SamplingError(f"logit_bias names token {int(ids.max())}, outside the vocabulary of {x.size}")
-            work[ids] += vals.astype(work.dtype)
+            with np.errstate(over="ignore"):
+                work[ids] += vals.astype(work.dtype)
         return work
 
     def _draw(self, work: np.ndarray, m: float) -> tuple[int, np.ndarray | None]:
@@ -368,7 +376,10 @@ class Sampler:
         buf = self._buffer_like(work)
         np.subtract(work, work.dtype.type(m), out=buf)
         if temperature != 1.0:
-            np.multiply(buf, work.dtype.type(1.0 / temperature), out=buf)
+            # capped: below ~3e-39, 1/temperature is inf in float32 and 0 * inf (the top token) NaN;
+            # the products that overflow to -inf are weights of 0, as they should be
+            with np.errstate(over="ignore"):
+                np.multiply(buf, work.dtype.type(min(1.0 / temperature, float(np.finfo(work.dtype).max))), out=buf)
         return np.exp(buf, out=buf)
 
     def _buffer_like(self, x: np.ndarray) -> np.ndarray:

@@ -7,6 +7,7 @@ removes must never be drawn.
 """
 import math
 import random
+import warnings
 
 import numpy as np
 import pytest
@@ -359,6 +360,34 @@ def test_logit_bias_forces_and_bans():
     assert Sampler(SamplingParams(temperature=0, logit_bias={0: float("-inf")})).sample(x).token == 2
     s = Sampler(SamplingParams(temperature=1.0, top_k=0, top_p=1, min_p=0, seed=3, logit_bias={0: float("-inf")}))
     assert 0 not in {s.sample(x).token for _ in range(500)}
+
+
+TRUNCATIONS = [dict(), dict(top_k=0, top_p=0.9, min_p=0.0), dict(top_k=0, top_p=1.0, min_p=0.0)]
+
+
+@pytest.mark.parametrize("trunc", TRUNCATIONS, ids=["default", "top_p", "whole_vocab"])
+@pytest.mark.parametrize("push", ["bias", "repeat_penalty"])
+def test_logits_pushed_past_the_float_range_tie(trunc, push):
+    # a finite bias of 1e39 is inf in float32 (and so is a positive logit / 1e-300): inf - inf made the
+    # weights NaN, which raised an IndexError under top_p and otherwise always drew the first such token
+    x = np.random.default_rng(4).standard_normal(5000).astype(np.float32)
+    x[[3, 4]] = np.abs(x[[3, 4]]) + 0.1
+    kw = dict(logit_bias={3: 1e39, 4: 1e39}) if push == "bias" else dict(repeat_penalty=1e-300, repeat_last_n=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        drawn = [Sampler(SamplingParams(temperature=1.0, seed=s, **trunc, **kw)).sample(x, [3, 4]).token
+                 for s in range(400)]
+    assert set(drawn) == {3, 4}
+    assert abs(drawn.count(3) - 200) < 5 * math.sqrt(100)    # a fair coin: 5 standard errors
+
+
+@pytest.mark.parametrize("trunc", TRUNCATIONS, ids=["default", "top_p", "whole_vocab"])
+def test_a_temperature_too_small_for_float32_is_greedy_without_warnings(trunc):
+    x = np.random.default_rng(5).standard_normal(3000).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")    # 1/1e-300 was inf in float32: 0 * inf overflowed to NaN
+        drawn = {Sampler(SamplingParams(temperature=1e-300, seed=s, **trunc)).sample(x).token for s in range(50)}
+    assert drawn == {int(np.argmax(x))}
 
 
 def test_bias_and_history_out_of_vocab_raise():
