@@ -49,6 +49,10 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
       with the same backend, threads, context and quantize=. generate/stream then speculate with it by default;
       draft_threads: the threads its forward passes use (default: threads).
     """
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise InvalidInputError(f"load() takes a model name or a path, got {type(name_or_path).__name__}")
+    _check_counts(n_ctx=(n_ctx, 0, True), n_slots=(n_slots, 1, False), threads=(threads, 0, True),
+                  max_batch=(max_batch, 1, False))
     path = resolve(name_or_path)
     src = open_model(Path(path))
     if isinstance(src.config, BertConfig):
@@ -58,8 +62,8 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
         kv_type = kv_type or "f32"
         be = create_backend(backend, threads=threads, activations=activations, kv_type=kv_type)
         ctx = int(n_ctx or min(cfg.n_ctx_train, DEFAULT_CTX))
-        if ctx <= 1 or n_slots < 1:
-            raise ValueError("n_ctx must be > 1 and n_slots >= 1")
+        if ctx <= 1:
+            raise InvalidInputError(f"n_ctx must be > 1, got {ctx}")
         _warn_about_limits(cfg, ctx, threads)
         lookup, packed_nbytes = src.tensor, None
         if quantize:
@@ -86,6 +90,16 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
             m.close()
             raise
     return m
+
+
+def _check_counts(**args) -> None:
+    """InvalidInputError unless each value is an integer >= its minimum (or None where optional): a
+    string or a negative count used to fail deep in the load as a raw TypeError or ValueError."""
+    for name, (v, lo, optional) in args.items():
+        if v is None and optional:
+            continue
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < lo:
+            raise InvalidInputError(f"{name} must be an integer >= {lo}{' or None' if optional else ''}, got {v!r}")
 
 
 def display_name(name_or_path, path: Path) -> str:

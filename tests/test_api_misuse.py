@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import llambda
+from llambda.backends import available_backends
 from llambda.errors import InvalidInputError, LlambdaError, TokenizerError
 
 TINY = Path(__file__).parent / "fixtures" / "reference" / "tiny" / "llama"
@@ -65,3 +66,36 @@ def test_detokenize_of_non_ids_is_a_tokenizer_error(smollm2_gguf, ids):
             m.detokenize(ids)
         assert isinstance(e.value, LlambdaError)
         assert m.detokenize(np.array(m.tokenize("Hello there"))) == "Hello there"
+
+
+@pytest.mark.parametrize("kw", [dict(n_slots=0), dict(n_slots="2"), dict(n_slots=1.5), dict(n_ctx=1), dict(n_ctx=-5),
+                                dict(n_ctx="abc"), dict(n_ctx=64.5), dict(threads=-1), dict(threads="2"),
+                                dict(threads=10**6), dict(max_batch=0), dict(max_batch=-1), dict(max_batch="8"),
+                                dict(activations="x"), dict(kv_type="x")], ids=repr)
+@pytest.mark.skipif("native" not in available_backends(), reason="the C core is not built (threads, kv_type)")
+def test_load_arguments_of_the_wrong_type_or_range_are_llambda_errors(kw):
+    with pytest.raises(InvalidInputError, match=next(iter(kw)) if next(iter(kw)) != "threads" else "thread"):
+        llambda.load(TINY, backend="native", **kw)
+
+
+@pytest.mark.parametrize("what", [None, 5])
+def test_load_of_something_that_is_not_a_name_or_path_is_a_llambda_error(what):
+    with pytest.raises(InvalidInputError, match="name or a path"):
+        llambda.load(what)
+
+
+def test_activations_past_the_memory_are_refused_before_the_load():
+    # the memory check left activations out: a huge max_batch was a raw MemoryError from NumPy
+    from llambda.errors import InsufficientMemoryError
+    from llambda.models import memory
+    avail = memory.mem_available()
+    if avail is None:
+        pytest.skip("this platform does not say how much memory is available")
+    sizes = []
+    for max_batch in (1, 2):
+        with llambda.load(TINY, n_ctx=64, max_batch=max_batch) as m:
+            sizes.append(m.memory_plan.activations)
+    per_token = sizes[1] - sizes[0]
+    with pytest.raises(InsufficientMemoryError, match="activations"):
+        llambda.load(TINY, n_ctx=64, max_batch=2 * avail // per_token + 2)
+

@@ -187,17 +187,20 @@ class NativeBackend(Backend):
         if C is None:
             raise NativeUnavailableError(f"the C core is not built ({_IMPORT_ERROR}); use backend='numpy'")
         if activations not in ("q8", "f32"):
-            raise ValueError(f"activations must be 'q8' or 'f32', got {activations!r}")
+            raise InvalidInputError(f"activations must be 'q8' or 'f32', got {activations!r}")
         if kv_type not in KV_TYPES:
-            raise ValueError(f"kv_type must be one of {sorted(KV_TYPES)}")
+            raise InvalidInputError(f"kv_type must be one of {sorted(KV_TYPES)}, got {kv_type!r}")
         self.exact = activations == "f32"
         self.precision = "f32 activations (exact)" if self.exact else "8-bit activations"
         self.kv_dtype, self.kv_code = KV_TYPES[kv_type]
         self.kv_type = kv_type
         self.threads = int(threads) if threads else default_threads()
         if self.threads < 1:
-            raise ValueError("threads must be >= 1")
-        C.set_threads(self.threads)
+            raise InvalidInputError("threads must be >= 1")
+        try:
+            C.set_threads(self.threads)
+        except ValueError as e:     # more than the pool's maximum: the C core names its range
+            raise InvalidInputError(str(e)) from None
         self.weight_bytes = 0
         self._weights = WeightArena()
         self._recording = None  # the _native.Plan being recorded
