@@ -261,10 +261,16 @@ class Model:
             token_ids(list(logit_bias), self.config.vocab_size, what="logit_bias keys")
         seq = Sequence(self.tokenizer, ids, params, slot=0, n_ctx=self.n_ctx)
         mode = self._speculative_mode(speculative)
-        if mode is None:
+        ws = self.transformer.ws
+        # a verification feeds the last token and its drafts in one forward: max_batch (ws.max_tokens)
+        # bounds them too, else a draft model's round was a raw ValueError at load(max_batch=1)
+        limit = min(ws.max_logit_rows, ws.max_tokens) - 1
+        if mode is None or (limit < 1 and speculative == "auto"):
             return self._run(seq)
+        if limit < 1:
+            raise InvalidInputError(f"speculative decoding needs max_batch >= 2 (this model was loaded with "
+                                    f"{ws.max_tokens})")
         from . import speculative as spec
-        limit = self.transformer.ws.max_logit_rows - 1
         k = spec.check_draft_max(draft_max if draft_max is not None else min(spec.DEFAULT_DRAFT_MAX[mode], limit), limit)
         drafter = self.drafter if mode == "draft" else spec.PromptLookup()
         self.spec_stats = spec.SpecStats()

@@ -99,3 +99,17 @@ def test_activations_past_the_memory_are_refused_before_the_load():
     with pytest.raises(InsufficientMemoryError, match="activations"):
         llambda.load(TINY, n_ctx=64, max_batch=2 * avail // per_token + 2)
 
+
+def test_draft_verification_fits_the_max_batch():
+    # a verification forward feeds the last token and its drafts: with max_batch=2 the default of
+    # 8 drafts was a raw ValueError ("batch of 9 tokens")
+    p = [(7 * i + 3) % 512 for i in range(9)]
+    with llambda.load(TINY, n_ctx=64) as plain:
+        want = list(plain.generate(p, **SAMPLED))
+    with llambda.load(TINY, n_ctx=64, max_batch=2, draft=TINY) as m:
+        assert list(m.generate(p, speculative="draft", **SAMPLED)) == want
+        assert list(m.generate(p, speculative="lookup", **SAMPLED)) == want
+    with llambda.load(TINY, n_ctx=64, max_batch=1, draft=TINY) as m:
+        assert list(m.generate(p, **SAMPLED)) == want       # "auto": plain decoding
+        with pytest.raises(InvalidInputError, match="max_batch"):
+            list(m.generate(p, speculative="draft", **SAMPLED))
