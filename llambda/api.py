@@ -301,7 +301,7 @@ class Model:
             if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
                 raise InvalidInputError(f"draft_threads must be a positive integer, got {threads!r}")
             self.drafter = DraftModel(draft.transformer, draft.tokenizer, self.tokenizer, self.config.vocab_size,
-                                      n_slots=self.transformer.n_slots, threads=threads)
+                                      n_slots=self.transformer.n_slots, threads=threads, owner=draft)
         except BaseException:
             draft.close()
             raise

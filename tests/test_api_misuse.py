@@ -113,3 +113,31 @@ def test_draft_verification_fits_the_max_batch():
         assert list(m.generate(p, **SAMPLED)) == want       # "auto": plain decoding
         with pytest.raises(InvalidInputError, match="max_batch"):
             list(m.generate(p, speculative="draft", **SAMPLED))
+
+
+def test_the_draft_models_own_calls_and_speculative_rounds_share_its_slot_safely():
+    # the drafter and m.draft's own calls both use the draft's slot 0: after a speculative call,
+    # m.draft.generate() reused keys/values of the other text (wrong tokens), and run at once
+    # from two threads they computed in the same workspace
+    import threading
+    p, q = [(7 * i + 3) % 512 for i in range(9)], [(11 * i + 5) % 512 for i in range(13)]
+    with llambda.load(TINY, n_ctx=64) as plain:
+        want_p, want_q = list(plain.generate(p, **SAMPLED)), list(plain.generate(q, **SAMPLED))
+    with llambda.load(TINY, n_ctx=64, draft=TINY) as m:
+        assert list(m.draft.generate(q, **SAMPLED)) == want_q
+        assert list(m.generate(p, speculative="draft", **SAMPLED)) == want_p
+        assert list(m.draft.generate(q, **SAMPLED)) == want_q
+        got = {"p": [], "q": []}
+
+        def run(key, call):
+            for _ in range(5):
+                got[key].append(list(call()))
+
+        threads = [threading.Thread(target=run, args=("p", lambda: m.generate(p, speculative="draft", **SAMPLED))),
+                   threading.Thread(target=run, args=("q", lambda: m.draft.generate(q, **SAMPLED)))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert not any(t.is_alive() for t in threads)
+        assert got == {"p": [want_p] * 5, "q": [want_q] * 5}
