@@ -486,7 +486,7 @@ class EncoderModel:
         return self._tok().encode(text, add_bos=add_bos, parse_special=parse_special)
 
     def detokenize(self, ids: Seq[int]) -> str:
-        return self._tok().decode(list(ids))
+        return self._tok().decode(ids)     # decode checks ids (None, floats) with a TokenizerError
 
     def _encode(self, items: list) -> list[tuple[list[int], list[int]]]:
         """(ids, type_ids) per input: texts through the tokenizer ([CLS] ... [SEP], truncated);

@@ -141,3 +141,10 @@ def test_the_draft_models_own_calls_and_speculative_rounds_share_its_slot_safely
             t.join(timeout=120)
         assert not any(t.is_alive() for t in threads)
         assert got == {"p": [want_p] * 5, "q": [want_q] * 5}
+
+
+@pytest.mark.parametrize("ids", [None, 5], ids=repr)
+def test_an_encoders_detokenize_of_non_ids_is_a_tokenizer_error(minilm_dir, ids):
+    with llambda.load(minilm_dir) as m:
+        with pytest.raises(TokenizerError):
+            m.detokenize(ids)
