@@ -294,6 +294,9 @@ class Model:
         if draft is None:
             self.draft = self.drafter = None
             return
+        if not isinstance(draft, Model):    # an EncoderModel or a path has no transformer to draft with
+            raise InvalidInputError(f"set_draft() takes a loaded decoder model (llambda.load), "
+                                    f"got {type(draft).__name__}")
         from .speculative import DraftModel, check_rollback
         try:
             check_rollback(self.config)
@@ -407,8 +410,10 @@ class Model:
         return self.transformer.memory_report()
 
     def close(self) -> None:
-        if getattr(self, "draft", None) is not None:
-            self.draft.close()
+        draft = getattr(self, "draft", None)
+        if draft is not None:
+            self.draft = None       # first: a cycle of drafts (m.set_draft(m)) was a RecursionError
+            draft.close()
         self.backend.close()
         self.source.close()
 

@@ -148,3 +148,20 @@ def test_an_encoders_detokenize_of_non_ids_is_a_tokenizer_error(minilm_dir, ids)
     with llambda.load(minilm_dir) as m:
         with pytest.raises(TokenizerError):
             m.detokenize(ids)
+
+
+@pytest.mark.parametrize("draft", ["a/path", 5], ids=repr)
+def test_set_draft_of_something_that_is_not_a_loaded_model_is_a_llambda_error(model, draft):
+    with pytest.raises(InvalidInputError, match="set_draft"):
+        model.set_draft(draft)     # was an AttributeError ('str' object has no attribute 'close')
+    assert model.draft is None
+
+
+def test_a_model_that_is_its_own_draft_generates_and_closes():
+    p = [(7 * i + 3) % 512 for i in range(9)]
+    with llambda.load(TINY, n_ctx=64) as plain:
+        want = list(plain.generate(p, **SAMPLED))
+    m = llambda.load(TINY, n_ctx=64)
+    m.set_draft(m)
+    assert list(m.generate(p, speculative="draft", **SAMPLED)) == want
+    m.close()                      # closed its draft, itself, again and again: a RecursionError
