@@ -12,7 +12,7 @@ import numpy as np
 
 from . import engine
 from .backends import create_backend
-from .backends.native import usable_cpus
+from .backends.native import KV_TYPES, usable_cpus
 from .constraints import Grammar, Grammars, GrammarSpec, grammar_spec
 from .engine import GenerationParams, Sequence, TokenEvent, token_ids
 from .errors import ChatTemplateError, ContextOverflowError, InvalidInputError, LlambdaWarning, TokenizerError
@@ -53,6 +53,8 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
         raise InvalidInputError(f"load() takes a model name or a path, got {type(name_or_path).__name__}")
     _check_counts(n_ctx=(n_ctx, 0, True), n_slots=(n_slots, 1, False), threads=(threads, 0, True),
                   max_batch=(max_batch, 1, False))
+    if kv_type is not None and kv_type not in KV_TYPES:     # the numpy backend ignored any name silently
+        raise InvalidInputError(f"kv_type must be one of {sorted(KV_TYPES)}, got {kv_type!r}")
     path = resolve(name_or_path)
     src = open_model(Path(path))
     if isinstance(src.config, BertConfig):

@@ -78,6 +78,13 @@ def test_load_arguments_of_the_wrong_type_or_range_are_llambda_errors(kw):
         llambda.load(TINY, backend="native", **kw)
 
 
+@pytest.mark.parametrize("kv_type", ["x", 16])
+def test_an_unknown_kv_type_is_refused_by_every_backend(kv_type):
+    for backend in available_backends():
+        with pytest.raises(InvalidInputError, match="kv_type"):
+            llambda.load(TINY, backend=backend, n_ctx=64, kv_type=kv_type)
+
+
 @pytest.mark.parametrize("what", [None, 5])
 def test_load_of_something_that_is_not_a_name_or_path_is_a_llambda_error(what):
     with pytest.raises(InvalidInputError, match="name or a path"):
