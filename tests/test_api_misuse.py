@@ -78,6 +78,14 @@ def test_load_arguments_of_the_wrong_type_or_range_are_llambda_errors(kw):
         llambda.load(TINY, backend="native", **kw)
 
 
+def test_max_tokens_is_an_integer_count_of_any_integer_type_but_bool(model):
+    p = prompt(model)
+    assert list(model.generate(p, **{**SAMPLED, "max_tokens": np.int64(3)})) == list(model.generate(p, **SAMPLED))[:3]
+    for bad in (True, 2.0, "3"):
+        with pytest.raises(InvalidInputError, match="max_tokens"):
+            model.complete(p, max_tokens=bad)
+
+
 @pytest.mark.parametrize("kv_type", ["x", 16])
 def test_an_unknown_kv_type_is_refused_by_every_backend(kv_type):
     for backend in available_backends():
