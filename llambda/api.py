@@ -299,6 +299,14 @@ class Model:
         if not isinstance(draft, Model):    # an EncoderModel or a path has no transformer to draft with
             raise InvalidInputError(f"set_draft() takes a loaded decoder model (llambda.load), "
                                     f"got {type(draft).__name__}")
+        # a draft round holds this model's lock, then the draft's: a draft that drafts with this model
+        # again would take them in the other order (a deadlock between two threads)
+        seen, d = set(), draft.draft
+        while d is not None and id(d) not in seen:
+            if d is self:
+                raise InvalidInputError("the draft model speculates with this model: a cycle of drafts")
+            seen.add(id(d))
+            d = d.draft
         from .speculative import DraftModel, check_rollback
         try:
             check_rollback(self.config)

@@ -180,3 +180,12 @@ def test_a_model_that_is_its_own_draft_generates_and_closes():
     m.set_draft(m)
     assert list(m.generate(p, speculative="draft", **SAMPLED)) == want
     m.close()                      # closed its draft, itself, again and again: a RecursionError
+
+
+def test_a_cycle_of_drafts_is_refused():
+    # m drafting with d and d with m: their rounds take the two models' locks in opposite orders
+    with llambda.load(TINY, n_ctx=64) as m, llambda.load(TINY, n_ctx=64) as d:
+        m.set_draft(d)
+        with pytest.raises(InvalidInputError, match="cycle"):
+            d.set_draft(m)
+        assert d.draft is None and m.draft is d
