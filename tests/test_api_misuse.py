@@ -99,6 +99,13 @@ def test_load_of_something_that_is_not_a_name_or_path_is_a_llambda_error(what):
         llambda.load(what)
 
 
+@pytest.mark.parametrize("name", ["a" * 5000, "/tmp/" + "b" * 300 + ".gguf"])
+def test_a_name_too_long_for_the_file_system_is_not_found(name):
+    from llambda.errors import ModelNotFoundError
+    with pytest.raises(ModelNotFoundError):     # was a raw OSError (File name too long)
+        llambda.load(name)
+
+
 def test_activations_past_the_memory_are_refused_before_the_load():
     # the memory check left activations out: a huge max_batch was a raw MemoryError from NumPy
     from llambda.errors import InsufficientMemoryError
