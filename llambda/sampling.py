@@ -376,10 +376,12 @@ class Sampler:
         buf = self._buffer_like(work)
         np.subtract(work, work.dtype.type(m), out=buf)
         if temperature != 1.0:
-            # capped: below ~3e-39, 1/temperature is inf in float32 and 0 * inf (the top token) NaN;
-            # the products that overflow to -inf are weights of 0, as they should be
+            # kept a normal float: below ~3e-39, 1/temperature is inf in float32 and 0 * inf (the top
+            # token) NaN; above ~1e38 it rounds to 0 and -inf * 0 (a banned token) NaN. The products
+            # that overflow to -inf are weights of 0, as they should be.
+            fi = np.finfo(work.dtype)
             with np.errstate(over="ignore"):
-                np.multiply(buf, work.dtype.type(min(1.0 / temperature, float(np.finfo(work.dtype).max))), out=buf)
+                np.multiply(buf, work.dtype.type(min(max(1.0 / temperature, float(fi.tiny)), float(fi.max))), out=buf)
         return np.exp(buf, out=buf)
 
     def _buffer_like(self, x: np.ndarray) -> np.ndarray:

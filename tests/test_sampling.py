@@ -390,6 +390,21 @@ def test_a_temperature_too_small_for_float32_is_greedy_without_warnings(trunc):
     assert drawn == {int(np.argmax(x))}
 
 
+@pytest.mark.parametrize("ban", ["mask", "bias"])
+def test_a_huge_temperature_is_uniform_over_the_allowed_tokens(ban):
+    # 1/1e300 was 0 in float32 and -inf * 0 NaN: with any banned token every draw was the last id
+    x = np.arange(10, dtype=np.float32)
+    banned = np.arange(10) % 2 == 0
+    kw = dict(logit_bias={i: -math.inf for i in range(0, 10, 2)}) if ban == "bias" else {}
+    s = Sampler(SamplingParams(temperature=1e300, top_k=0, top_p=1.0, min_p=0.0, seed=9, **kw))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        drawn = np.bincount([s.sample(x, banned=banned if ban == "mask" else None).token for _ in range(2000)],
+                            minlength=10)
+    assert drawn[banned].sum() == 0
+    assert np.all(np.abs(drawn[~banned] - 400) < 5 * math.sqrt(2000 * 0.2 * 0.8))
+
+
 def test_bias_and_history_out_of_vocab_raise():
     x = np.zeros(10, np.float32)
     with pytest.raises(SamplingError, match="logit_bias"):
