@@ -235,8 +235,9 @@ class Model:
                stop: Seq[str] | str | None = None, ignore_eos: bool = False, logprobs: int = 0,
                logit_bias: dict | None = None, json_schema=None, grammar: str | None = None,
                regex: str | None = None, speculative: str | None = "auto",
-               draft_max: int | None = None) -> Iterator[TokenEvent]:
+               draft_max: int | None = None) -> "Stream":
         """Generate, yielding a TokenEvent per token (text, logprobs) and a last one with finish_reason.
+        The Stream's close() may be called from another thread: it ends before its next step.
 
         speculative: "draft" (the model loaded with load(..., draft=)), "lookup" (prompt lookup:
         drafts copied from earlier text) or None; "auto" is "draft" when a draft model is loaded,
@@ -268,7 +269,7 @@ class Model:
         # bounds them too, else a draft model's round was a raw ValueError at load(max_batch=1)
         limit = min(ws.max_logit_rows, ws.max_tokens) - 1
         if mode is None or (limit < 1 and speculative == "auto"):
-            return self._run(seq)
+            return Stream(self._run(seq))
         if limit < 1:
             raise InvalidInputError(f"speculative decoding needs max_batch >= 2 (this model was loaded with "
                                     f"{ws.max_tokens})")
@@ -276,7 +277,7 @@ class Model:
         k = spec.check_draft_max(draft_max if draft_max is not None else min(spec.DEFAULT_DRAFT_MAX[mode], limit), limit)
         drafter = self.drafter if mode == "draft" else spec.PromptLookup()
         self.spec_stats = spec.SpecStats()
-        return spec.stream(self, seq, spec.Speculation(drafter, k, self.spec_stats))
+        return Stream(spec.stream(self, seq, spec.Speculation(drafter, k, self.spec_stats)))
 
     def _speculative_mode(self, speculative) -> str | None:
         if speculative == "auto":
@@ -332,11 +333,10 @@ class Model:
             if seq.finished:
                 return
 
-    def generate(self, prompt, **kw) -> Iterator[int]:
-        """Token ids as they are produced (EOS excluded). Options as for stream()."""
-        for ev in self.stream(prompt, **kw):
-            if ev.token >= 0:
-                yield ev.token
+    def generate(self, prompt, **kw) -> "Stream":
+        """Token ids as they are produced (EOS excluded). Options as for stream(), which checks them
+        at the call; its close() may come from another thread too."""
+        return Stream(ev.token for ev in self.stream(prompt, **kw) if ev.token >= 0)
 
     def complete(self, prompt, **kw) -> str:
         return "".join(ev.text for ev in self.stream(prompt, **kw))
@@ -432,6 +432,39 @@ class Model:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class Stream:
+    """The items of one generation (TokenEvents; token ids from generate()): an iterator whose
+    close() may come from any thread.
+
+    A generator's close() from another thread while it computes raises ValueError ("generator
+    already executing"), and so does a second thread's next(): here close() marks the stream,
+    which ends before its next step (the one being computed is still returned), and concurrent
+    next() calls take turns."""
+
+    def __init__(self, gen):
+        self._gen = gen
+        self._turn = threading.Lock()
+        self._closed = False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        with self._turn:
+            if self._closed:
+                self._gen.close()
+                raise StopIteration
+            return next(self._gen)
+
+    def close(self) -> None:
+        self._closed = True
+        if self._turn.acquire(blocking=False):     # not being consumed now: end it at once
+            try:
+                self._gen.close()
+            finally:
+                self._turn.release()
 
 
 def _embed_inputs(texts) -> list:

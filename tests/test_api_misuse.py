@@ -196,3 +196,58 @@ def test_a_cycle_of_drafts_is_refused():
         with pytest.raises(InvalidInputError, match="cycle"):
             d.set_draft(m)
         assert d.draft is None and m.draft is d
+
+
+def test_a_stream_can_be_closed_from_another_thread_while_it_computes(model):
+    import threading
+    import time
+    p = prompt(model)
+    want = list(model.generate(p, **SAMPLED))
+    long = {**SAMPLED, "max_tokens": 100}
+    s = model.stream(p, **long)
+    got, started = [], threading.Event()
+
+    def consume():
+        started.set()
+        for ev in s:
+            got.append(ev)
+
+    with model._lock:                 # the consumer's next() waits inside the generator for the model
+        t = threading.Thread(target=consume, daemon=True)
+        t.start()
+        started.wait(10)
+        time.sleep(0.2)
+        s.close()                     # a generator raised ValueError: generator already executing
+    t.join(timeout=30)
+    assert not t.is_alive()
+    assert len(got) <= 1              # the step under way, then the stream ended
+    assert list(model.generate(p, **SAMPLED)) == want
+    g = model.generate(p, **long)     # generate() too, closed from another thread between steps
+    assert next(g) == want[0]
+    t = threading.Thread(target=g.close)
+    t.start()
+    t.join(timeout=30)
+    assert list(g) == []
+
+
+def test_two_threads_may_consume_one_stream(model):
+    import threading
+    p = prompt(model)
+    want = list(model.stream(p, **SAMPLED))
+    s = model.stream(p, **SAMPLED)
+    got, errors = [], []
+
+    def consume():
+        try:
+            for ev in s:
+                got.append(ev)
+        except Exception as e:        # a second thread's next() raised ValueError: generator already executing
+            errors.append(e)
+
+    threads = [threading.Thread(target=consume, daemon=True) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors and not any(t.is_alive() for t in threads)
+    assert sorted((e.token, e.text) for e in got) == sorted((e.token, e.text) for e in want)
