@@ -251,3 +251,54 @@ def test_two_threads_may_consume_one_stream(model):
         t.join(timeout=60)
     assert not errors and not any(t.is_alive() for t in threads)
     assert sorted((e.token, e.text) for e in got) == sorted((e.token, e.text) for e in want)
+
+
+@pytest.mark.skipif("native" not in available_backends(), reason="the C core is not built")
+def test_a_model_without_batch_invariance_does_not_move_another_models_logits():
+    # the C core's switch is process-wide: B's forwards set it off under A's ops (A's logits and
+    # sampled text changed while B ran in another thread)
+    import threading
+    with llambda.load(TINY, n_ctx=128, backend="native") as a, llambda.load(TINY, n_ctx=128, backend="native") as b:
+        b.backend.set_batch_invariant(False)
+        pa, pb = prompt(a, 60), prompt(b, 100, 11)
+        want_logits, want = a.logits(pa), list(a.generate(pa[:10], **SAMPLED))
+        stop = threading.Event()
+
+        def other():
+            while not stop.is_set():
+                b.logits(pb)
+                list(b.generate(pb[:5], max_tokens=5))
+
+        t = threading.Thread(target=other, daemon=True)
+        t.start()
+        try:
+            for _ in range(30):
+                np.testing.assert_array_equal(a.logits(pa), want_logits)
+                assert list(a.generate(pa[:10], **SAMPLED)) == want
+        finally:
+            stop.set()
+            t.join(timeout=60)
+
+
+@pytest.mark.skipif("native" not in available_backends(), reason="the C core is not built")
+def test_forwards_wanting_the_switch_set_otherwise_wait_for_each_other():
+    import threading
+    from llambda.backends.native import _SwitchGate
+    gate, order = _SwitchGate(), []
+    gate.enter(True)
+    gate.enter(True)                       # the same setting: together
+
+    def off():
+        gate.enter(False)
+        order.append("off")
+        gate.exit()
+
+    t = threading.Thread(target=off, daemon=True)
+    t.start()
+    t.join(timeout=0.3)
+    assert t.is_alive() and not order      # waits while forwards wanting it on run
+    gate.exit()
+    order.append("on done")
+    gate.exit()
+    t.join(timeout=10)
+    assert order == ["on done", "off"]

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 
 import math
 import os
+import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -140,6 +141,32 @@ def default_threads() -> int:
     """One thread per physical core this process may use, within its CPU quota."""
     return max(1, min(physical_cores(), usable_cpus()))
 
+
+class _SwitchGate:
+    """The C core's batch-invariance switch is process-wide, and each forward sets it to its
+    backend's choice: forwards of backends that want it otherwise must not overlap (one flipped it
+    under another's ops, whose logits then moved by up to 0.3). Those that agree run together."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._mode: bool | None = None
+        self._count = 0
+
+    def enter(self, mode: bool) -> None:
+        with self._cond:
+            while self._count and self._mode != mode:
+                self._cond.wait()
+            self._mode = mode
+            self._count += 1
+
+    def exit(self) -> None:
+        with self._cond:
+            self._count -= 1
+            if not self._count:
+                self._cond.notify_all()
+
+
+_SWITCH_GATE = _SwitchGate()
 
 MATMUL_MANY_MAX = 3   # matrices one native matmul_many call takes (LLB_MM_MAX_PARTS)
 
@@ -365,10 +392,10 @@ class NativeBackend(Backend):
         off, prefills may take a faster schedule (~1-4% at 512 tokens; at depth the attention op 1.3-1.6x) and single rows
         kernels that round differently.
         The switch is the C core's, process-wide: each forward pass of this backend sets it to
-        this backend's own choice (begin_forward), so a server's model does not change how a
-        library model in the same process computes, nor the reverse."""
-        self._batch_invariant = bool(flag)
-        C.set_batch_invariant(self._batch_invariant)
+        this backend's own choice (begin_forward), and forwards that want it otherwise do not
+        overlap (_SwitchGate), so a server's model does not change how a library model in the same
+        process computes, nor the reverse, also from another thread."""
+        self._batch_invariant = bool(flag)    # not set in C here: it may serve another backend's forward now
 
     @property
     def batch_invariant(self) -> bool:
@@ -376,6 +403,12 @@ class NativeBackend(Backend):
 
     def begin_forward(self) -> None:
         C.set_batch_invariant(self._batch_invariant)     # one store in C: cheaper than asking first
+
+    def enter_forward(self) -> None:
+        _SWITCH_GATE.enter(self._batch_invariant)
+
+    def exit_forward(self) -> None:
+        _SWITCH_GATE.exit()
 
     def memory_report(self) -> dict[str, int]:
         # the core's own allocations: each calling thread's scratch (shared by the pool's workers of an op,
