@@ -561,6 +561,7 @@ class EncoderModel:
         real tokens for sentence-transformers models). Batched: each batch of up to `batch_size`
         inputs is packed back to back (no padding); a vector does not depend on its batch."""
         items = _embed_inputs(texts)
+        _check_counts(batch_size=(batch_size, 1, False))     # "x" was a raw ValueError from int()
         out = np.empty((len(items), self.config.hidden), np.float32)
         encoded = self._encode(items)
         with self._lock:
@@ -587,6 +588,7 @@ class EncoderModel:
 
     def score(self, query: str, documents: Seq[str], batch_size: int = 32) -> np.ndarray:
         """A cross-encoder's relevance logit of each document for the query (its first label)."""
+        _check_counts(batch_size=(batch_size, 1, False))     # 0 was a raw ValueError from range()
         if not self.is_reranker:
             raise InvalidInputError("this model is not a reranker (no sequence-classification head)")
         out = np.empty(len(documents), np.float32)

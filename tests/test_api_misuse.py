@@ -172,6 +172,16 @@ def test_an_encoders_detokenize_of_non_ids_is_a_tokenizer_error(minilm_dir, ids)
             m.detokenize(ids)
 
 
+@pytest.mark.parametrize("batch_size", [0, -1, "x", 2.5, None], ids=repr)
+def test_an_encoders_batch_size_must_be_a_positive_integer(minilm_dir, batch_size):
+    with llambda.load(minilm_dir) as m:
+        for call in (lambda: m.embed(["a", "b"], batch_size=batch_size),
+                     lambda: m.score("a query", ["a document"], batch_size=batch_size)):
+            with pytest.raises(InvalidInputError, match="batch_size"):
+                call()
+        assert m.embed(["a", "b"], batch_size=np.int64(1)).shape == (2, m.config.hidden)
+
+
 @pytest.mark.parametrize("draft", ["a/path", 5], ids=repr)
 def test_set_draft_of_something_that_is_not_a_loaded_model_is_a_llambda_error(model, draft):
     with pytest.raises(InvalidInputError, match="set_draft"):
