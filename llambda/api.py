@@ -53,6 +53,9 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
         raise InvalidInputError(f"load() takes a model name or a path, got {type(name_or_path).__name__}")
     _check_counts(n_ctx=(n_ctx, 0, True), n_slots=(n_slots, 1, False), threads=(threads, 0, True),
                   max_batch=(max_batch, 1, False))
+    # plain ints from here: sizes computed from an np.int8 count overflowed (a raw OverflowError)
+    n_slots, max_batch = int(n_slots), int(max_batch)
+    n_ctx, threads = (None if v is None else int(v) for v in (n_ctx, threads))
     if kv_type is not None and kv_type not in KV_TYPES:     # the numpy backend ignored any name silently
         raise InvalidInputError(f"kv_type must be one of {sorted(KV_TYPES)}, got {kv_type!r}")
     path = resolve(name_or_path)

@@ -93,6 +93,16 @@ def test_an_unknown_kv_type_is_refused_by_every_backend(kv_type):
             llambda.load(TINY, backend=backend, n_ctx=64, kv_type=kv_type)
 
 
+def test_load_counts_of_small_numpy_integer_types_do_not_overflow():
+    # n_slots * n_ctx in np.int8/np.int16 arithmetic overflowed (NEP 50): a raw OverflowError
+    with llambda.load(TINY, n_ctx=np.int16(250), n_slots=np.int8(3), max_batch=np.int16(512),
+                      threads=np.int8(1)) as m, llambda.load(TINY, n_ctx=250, n_slots=3, max_batch=512, threads=1) as r:
+        assert m.memory_plan.kv_cache == r.memory_plan.kv_cache
+        assert m.memory_plan.activations == r.memory_plan.activations
+        p = prompt(m, 100)
+        assert list(m.generate(p, **SAMPLED)) == list(r.generate(p, **SAMPLED))
+
+
 @pytest.mark.parametrize("what", [None, 5])
 def test_load_of_something_that_is_not_a_name_or_path_is_a_llambda_error(what):
     with pytest.raises(InvalidInputError, match="name or a path"):
