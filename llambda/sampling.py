@@ -100,13 +100,18 @@ class SamplingParams:
         """Raise SamplingError (a ValueError) naming the first out-of-range field."""
         def real(name, lo=None, hi=None, lo_open=False):
             v = getattr(self, name)
-            if not _is_real(v) or not math.isfinite(float(v)):
+            try:
+                finite = _is_real(v) and math.isfinite(float(v))
+            except OverflowError:      # an int past the float range (10**400)
+                finite = False
+            if not finite:
                 raise SamplingError(f"{name} must be a finite number, got {v!r}")
             v = float(v)
             if lo is not None and (v <= lo if lo_open else v < lo):
                 raise SamplingError(f"{name} must be {'>' if lo_open else '>='} {lo}, got {v}")
             if hi is not None and v > hi:
                 raise SamplingError(f"{name} must be <= {hi}, got {v}")
+            setattr(self, name, v)     # a Python float: 1 / np.float16(1e-5) is inf
 
         def integer(name, lo, hi=None):
             v = getattr(self, name)
@@ -114,6 +119,7 @@ class SamplingParams:
                 raise SamplingError(f"{name} must be an integer, got {v!r}")
             if v < lo or (hi is not None and v > hi):
                 raise SamplingError(f"{name} must be in [{lo}, {hi if hi is not None else 'inf'}], got {v}")
+            setattr(self, name, int(v))   # a Python int: top_k=np.int8(40) overflowed (k * 128) in top-k
 
         real("temperature", 0.0)
         integer("top_k", 0)
@@ -136,7 +142,11 @@ class SamplingParams:
                 if not _is_int(tok) or tok < 0:
                     raise SamplingError(f"logit_bias keys must be non-negative token ids, got {tok!r}")
                 # -inf bans a token; +inf or NaN would make the distribution meaningless.
-                if not _is_real(bias) or math.isnan(float(bias)) or float(bias) == math.inf:
+                try:
+                    bad = not _is_real(bias) or math.isnan(float(bias)) or float(bias) == math.inf
+                except OverflowError:      # an int past the float range
+                    bad = True
+                if bad:
                     raise SamplingError(f"logit_bias[{tok}] must be a finite number or -inf, got {bias!r}")
 
 

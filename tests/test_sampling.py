@@ -85,6 +85,9 @@ def assert_matches_distribution(counts, probs):
     ("logit_bias", {-1: 1.0}), ("logit_bias", {"5": 1.0}), ("logit_bias", {5: float("inf")}),
     ("logit_bias", {5: float("nan")}), ("logit_bias", {5: "x"}), ("logit_bias", [(5, 1.0)]),
     ("chosen_logprob", 1), ("chosen_logprob", None),
+    # float() of these raised OverflowError
+    pytest.param("temperature", 10**400, id="temperature-10**400"),
+    pytest.param("logit_bias", {5: 10**400}, id="logit_bias-10**400"),
 ])
 def test_invalid_params_raise_a_clear_value_error(field, value):
     params = SamplingParams(**{field: value})
@@ -360,6 +363,18 @@ def test_logit_bias_forces_and_bans():
     assert Sampler(SamplingParams(temperature=0, logit_bias={0: float("-inf")})).sample(x).token == 2
     s = Sampler(SamplingParams(temperature=1.0, top_k=0, top_p=1, min_p=0, seed=3, logit_bias={0: float("-inf")}))
     assert 0 not in {s.sample(x).token for _ in range(500)}
+
+
+def test_numpy_scalars_of_small_types_sample_as_python_numbers():
+    # top_k=np.int8(40) went into k * 128 in int8 (a raw OverflowError); 1 / np.float16(1e-5) is inf
+    x = np.random.default_rng(1).standard_normal(49152).astype(np.float32)
+    for t in (np.int8, np.int16, np.uint8):
+        small = dict(top_k=t(40), logprobs=t(5), repeat_last_n=t(3), seed=t(7), repeat_penalty=np.float16(1.1),
+                     temperature=np.float16(0.7), top_p=np.float16(0.9), min_p=np.float16(0.01))
+        plain = {k: int(v) if isinstance(v, np.integer) else float(v) for k, v in small.items()}
+        a = Sampler(SamplingParams(**small)).sample(x, [1, 2, 3])
+        b = Sampler(SamplingParams(**plain)).sample(x, [1, 2, 3])
+        assert (a.token, a.top) == (b.token, b.top)
 
 
 TRUNCATIONS = [dict(), dict(top_k=0, top_p=0.9, min_p=0.0), dict(top_k=0, top_p=1.0, min_p=0.0)]
