@@ -1,5 +1,6 @@
 """Odd or hostile arguments to the public Model API: each is a llambda error (never a raw TypeError or
 ValueError from deep inside), and a refused call leaves nothing behind that changes a later call's text."""
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -84,6 +85,9 @@ def test_max_tokens_is_an_integer_count_of_any_integer_type_but_bool(model):
     for bad in (True, 2.0, "3"):
         with pytest.raises(InvalidInputError, match="max_tokens"):
             model.complete(p, max_tokens=bad)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")      # np.uint8(0) - 1: "overflow encountered in scalar subtract"
+        assert list(model.generate(p, speculative="lookup", **{**SAMPLED, "max_tokens": np.uint8(0)})) == []
 
 
 @pytest.mark.parametrize("kv_type", ["x", 16])
