@@ -315,8 +315,10 @@ class Model:
         try:
             check_rollback(self.config)
             check_rollback(draft.config, "the draft model")
-            if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            if threads is not None and (isinstance(threads, (bool, np.bool_))
+                                        or not isinstance(threads, (int, np.integer)) or threads < 1):
                 raise InvalidInputError(f"draft_threads must be a positive integer, got {threads!r}")
+            threads = None if threads is None else int(threads)     # np.int64(2) was refused
             self.drafter = DraftModel(draft.transformer, draft.tokenizer, self.tokenizer, self.config.vocab_size,
                                       n_slots=self.transformer.n_slots, threads=threads, owner=draft)
         except BaseException:

@@ -213,6 +213,13 @@ def test_a_model_that_is_its_own_draft_generates_and_closes():
     m.close()                      # closed its draft, itself, again and again: a RecursionError
 
 
+def test_draft_threads_of_a_numpy_integer_type_are_accepted():
+    with llambda.load(TINY, n_ctx=64, draft=TINY, draft_threads=np.int64(1)) as m:
+        assert m.drafter.threads == 1
+    with pytest.raises(InvalidInputError, match="draft_threads"):
+        llambda.load(TINY, n_ctx=64, draft=TINY, draft_threads=np.bool_(True))
+
+
 def test_a_cycle_of_drafts_is_refused():
     # m drafting with d and d with m: their rounds take the two models' locks in opposite orders
     with llambda.load(TINY, n_ctx=64) as m, llambda.load(TINY, n_ctx=64) as d:
