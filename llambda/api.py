@@ -12,7 +12,7 @@ import numpy as np
 
 from . import engine
 from .backends import create_backend
-from .backends.native import usable_cpus
+from .backends.native import KV_TYPES, usable_cpus
 from .constraints import Grammar, Grammars, GrammarSpec, grammar_spec
 from .engine import GenerationParams, Sequence, TokenEvent, token_ids
 from .errors import ChatTemplateError, ContextOverflowError, InvalidInputError, LlambdaWarning, TokenizerError
@@ -49,6 +49,15 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
       with the same backend, threads, context and quantize=. generate/stream then speculate with it by default;
       draft_threads: the threads its forward passes use (default: threads).
     """
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise InvalidInputError(f"load() takes a model name or a path, got {type(name_or_path).__name__}")
+    _check_counts(n_ctx=(n_ctx, 0, True), n_slots=(n_slots, 1, False), threads=(threads, 0, True),
+                  max_batch=(max_batch, 1, False))
+    # plain ints from here: sizes computed from an np.int8 count overflowed (a raw OverflowError)
+    n_slots, max_batch = int(n_slots), int(max_batch)
+    n_ctx, threads = (None if v is None else int(v) for v in (n_ctx, threads))
+    if kv_type is not None and kv_type not in KV_TYPES:     # the numpy backend ignored any name silently
+        raise InvalidInputError(f"kv_type must be one of {sorted(KV_TYPES)}, got {kv_type!r}")
     path = resolve(name_or_path)
     src = open_model(Path(path))
     if isinstance(src.config, BertConfig):
@@ -58,8 +67,8 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
         kv_type = kv_type or "f32"
         be = create_backend(backend, threads=threads, activations=activations, kv_type=kv_type)
         ctx = int(n_ctx or min(cfg.n_ctx_train, DEFAULT_CTX))
-        if ctx <= 1 or n_slots < 1:
-            raise ValueError("n_ctx must be > 1 and n_slots >= 1")
+        if ctx <= 1:
+            raise InvalidInputError(f"n_ctx must be > 1, got {ctx}")
         _warn_about_limits(cfg, ctx, threads)
         lookup, packed_nbytes = src.tensor, None
         if quantize:
@@ -86,6 +95,16 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
             m.close()
             raise
     return m
+
+
+def _check_counts(**args) -> None:
+    """InvalidInputError unless each value is an integer >= its minimum (or None where optional): a
+    string or a negative count used to fail deep in the load as a raw TypeError or ValueError."""
+    for name, (v, lo, optional) in args.items():
+        if v is None and optional:
+            continue
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < lo:
+            raise InvalidInputError(f"{name} must be an integer >= {lo}{' or None' if optional else ''}, got {v!r}")
 
 
 def display_name(name_or_path, path: Path) -> str:
@@ -152,7 +171,7 @@ class Model:
         return self._tok().encode(text, add_bos=add_bos, parse_special=parse_special)
 
     def detokenize(self, ids: Seq[int]) -> str:
-        return self._tok().decode(list(ids))
+        return self._tok().decode(ids)     # decode checks ids (None, a str, floats) with a TokenizerError
 
     def _prompt_ids(self, prompt) -> list[int]:
         if isinstance(prompt, str):
@@ -219,8 +238,9 @@ class Model:
                stop: Seq[str] | str | None = None, ignore_eos: bool = False, logprobs: int = 0,
                logit_bias: dict | None = None, json_schema=None, grammar: str | None = None,
                regex: str | None = None, speculative: str | None = "auto",
-               draft_max: int | None = None) -> Iterator[TokenEvent]:
+               draft_max: int | None = None) -> "Stream":
         """Generate, yielding a TokenEvent per token (text, logprobs) and a last one with finish_reason.
+        The Stream's close() may be called from another thread: it ends before its next step.
 
         speculative: "draft" (the model loaded with load(..., draft=)), "lookup" (prompt lookup:
         drafts copied from earlier text) or None; "auto" is "draft" when a draft model is loaded,
@@ -235,7 +255,10 @@ class Model:
                             repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                             seed=seed, logprobs=logprobs, logit_bias=logit_bias)
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        try:        # not `stop or []`: an int would be dropped silently, an array has no truth value
+            stops = [stop] if isinstance(stop, str) else [] if stop is None else list(stop)
+        except TypeError:
+            raise InvalidInputError(f"stop must be a string or a list of strings, got {type(stop).__name__}") from None
         spec = grammar_spec(json_schema=json_schema, grammar=grammar, regex=regex)
         params = GenerationParams(max_tokens=max_tokens, sampling=sp, stop=stops, ignore_eos=ignore_eos,
                                   grammar=self.compile_grammar(spec) if spec is not None else None)
@@ -244,14 +267,20 @@ class Model:
             token_ids(list(logit_bias), self.config.vocab_size, what="logit_bias keys")
         seq = Sequence(self.tokenizer, ids, params, slot=0, n_ctx=self.n_ctx)
         mode = self._speculative_mode(speculative)
-        if mode is None:
-            return self._run(seq)
+        ws = self.transformer.ws
+        # a verification feeds the last token and its drafts in one forward: max_batch (ws.max_tokens)
+        # bounds them too, else a draft model's round was a raw ValueError at load(max_batch=1)
+        limit = min(ws.max_logit_rows, ws.max_tokens) - 1
+        if mode is None or (limit < 1 and speculative == "auto"):
+            return Stream(self._run(seq))
+        if limit < 1:
+            raise InvalidInputError(f"speculative decoding needs max_batch >= 2 (this model was loaded with "
+                                    f"{ws.max_tokens})")
         from . import speculative as spec
-        limit = self.transformer.ws.max_logit_rows - 1
         k = spec.check_draft_max(draft_max if draft_max is not None else min(spec.DEFAULT_DRAFT_MAX[mode], limit), limit)
         drafter = self.drafter if mode == "draft" else spec.PromptLookup()
         self.spec_stats = spec.SpecStats()
-        return spec.stream(self, seq, spec.Speculation(drafter, k, self.spec_stats))
+        return Stream(spec.stream(self, seq, spec.Speculation(drafter, k, self.spec_stats)))
 
     def _speculative_mode(self, speculative) -> str | None:
         if speculative == "auto":
@@ -271,14 +300,27 @@ class Model:
         if draft is None:
             self.draft = self.drafter = None
             return
+        if not isinstance(draft, Model):    # an EncoderModel or a path has no transformer to draft with
+            raise InvalidInputError(f"set_draft() takes a loaded decoder model (llambda.load), "
+                                    f"got {type(draft).__name__}")
+        # a draft round holds this model's lock, then the draft's: a draft that drafts with this model
+        # again would take them in the other order (a deadlock between two threads)
+        seen, d = set(), draft.draft
+        while d is not None and id(d) not in seen:
+            if d is self:
+                raise InvalidInputError("the draft model speculates with this model: a cycle of drafts")
+            seen.add(id(d))
+            d = d.draft
         from .speculative import DraftModel, check_rollback
         try:
             check_rollback(self.config)
             check_rollback(draft.config, "the draft model")
-            if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            if threads is not None and (isinstance(threads, (bool, np.bool_))
+                                        or not isinstance(threads, (int, np.integer)) or threads < 1):
                 raise InvalidInputError(f"draft_threads must be a positive integer, got {threads!r}")
+            threads = None if threads is None else int(threads)     # np.int64(2) was refused
             self.drafter = DraftModel(draft.transformer, draft.tokenizer, self.tokenizer, self.config.vocab_size,
-                                      n_slots=self.transformer.n_slots, threads=threads)
+                                      n_slots=self.transformer.n_slots, threads=threads, owner=draft)
         except BaseException:
             draft.close()
             raise
@@ -296,11 +338,10 @@ class Model:
             if seq.finished:
                 return
 
-    def generate(self, prompt, **kw) -> Iterator[int]:
-        """Token ids as they are produced (EOS excluded). Options as for stream()."""
-        for ev in self.stream(prompt, **kw):
-            if ev.token >= 0:
-                yield ev.token
+    def generate(self, prompt, **kw) -> "Stream":
+        """Token ids as they are produced (EOS excluded). Options as for stream(), which checks them
+        at the call; its close() may come from another thread too."""
+        return Stream(ev.token for ev in self.stream(prompt, **kw) if ev.token >= 0)
 
     def complete(self, prompt, **kw) -> str:
         return "".join(ev.text for ev in self.stream(prompt, **kw))
@@ -352,6 +393,11 @@ class Model:
         KV-cache slot it overwrites (the server passes one its scheduler does not use)."""
         items = _embed_inputs(texts)
         t = self.transformer
+        # checked here: slot "0" would write slot 0 without the _cached reset below (the next
+        # generation would reuse keys/values of the embedded text), slot 5 would be a raw ValueError
+        if isinstance(slot, (bool, np.bool_)) or not isinstance(slot, (int, np.integer)) or not 0 <= slot < t.n_slots:
+            raise InvalidInputError(f"slot must be an integer in [0, {t.n_slots}), got {slot!r}")
+        slot = int(slot)
         out = np.empty((len(items), self.config.d_model), np.float32)
         with self._lock:
             if slot == 0:
@@ -379,8 +425,10 @@ class Model:
         return self.transformer.memory_report()
 
     def close(self) -> None:
-        if getattr(self, "draft", None) is not None:
-            self.draft.close()
+        draft = getattr(self, "draft", None)
+        if draft is not None:
+            self.draft = None       # first: a cycle of drafts (m.set_draft(m)) was a RecursionError
+            draft.close()
         self.backend.close()
         self.source.close()
 
@@ -391,11 +439,49 @@ class Model:
         self.close()
 
 
+class Stream:
+    """The items of one generation (TokenEvents; token ids from generate()): an iterator whose
+    close() may come from any thread.
+
+    A generator's close() from another thread while it computes raises ValueError ("generator
+    already executing"), and so does a second thread's next(): here close() marks the stream,
+    which ends before its next step (the one being computed is still returned), and concurrent
+    next() calls take turns."""
+
+    def __init__(self, gen):
+        self._gen = gen
+        self._turn = threading.Lock()
+        self._closed = False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        with self._turn:
+            if self._closed:
+                self._gen.close()
+                raise StopIteration
+            return next(self._gen)
+
+    def close(self) -> None:
+        self._closed = True
+        if self._turn.acquire(blocking=False):     # not being consumed now: end it at once
+            try:
+                self._gen.close()
+            finally:
+                self._turn.release()
+
+
 def _embed_inputs(texts) -> list:
     """A string, a list of strings, a list of token ids or a list of lists of ids -> a list of inputs."""
     if isinstance(texts, str):
         return [texts]
-    items = list(texts)
+    if isinstance(texts, (bytes, bytearray)):   # iterable, but its bytes are not token ids
+        raise InvalidInputError(f"embed() takes strings or lists of token ids, got {type(texts).__name__}")
+    try:
+        items = list(texts)
+    except TypeError:
+        raise InvalidInputError(f"embed() takes a string or a list of inputs, got {type(texts).__name__}") from None
     if items and all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in items):
         return [items]          # one input given as token ids
     for i in items:
@@ -453,7 +539,7 @@ class EncoderModel:
         return self._tok().encode(text, add_bos=add_bos, parse_special=parse_special)
 
     def detokenize(self, ids: Seq[int]) -> str:
-        return self._tok().decode(list(ids))
+        return self._tok().decode(ids)     # decode checks ids (None, floats) with a TokenizerError
 
     def _encode(self, items: list) -> list[tuple[list[int], list[int]]]:
         """(ids, type_ids) per input: texts through the tokenizer ([CLS] ... [SEP], truncated);
@@ -480,6 +566,7 @@ class EncoderModel:
         real tokens for sentence-transformers models). Batched: each batch of up to `batch_size`
         inputs is packed back to back (no padding); a vector does not depend on its batch."""
         items = _embed_inputs(texts)
+        _check_counts(batch_size=(batch_size, 1, False))     # "x" was a raw ValueError from int()
         out = np.empty((len(items), self.config.hidden), np.float32)
         encoded = self._encode(items)
         with self._lock:
@@ -506,6 +593,7 @@ class EncoderModel:
 
     def score(self, query: str, documents: Seq[str], batch_size: int = 32) -> np.ndarray:
         """A cross-encoder's relevance logit of each document for the query (its first label)."""
+        _check_counts(batch_size=(batch_size, 1, False))     # 0 was a raw ValueError from range()
         if not self.is_reranker:
             raise InvalidInputError("this model is not a reranker (no sequence-classification head)")
         out = np.empty(len(documents), np.float32)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import ContextOverflowError, InvalidInputError, ModelFormatError
-from .sampling import Sampler, SamplingParams, StopMatcher, TokenChoice
+from .sampling import Sampler, SamplingParams, StopMatcher, TokenChoice, _is_int
 
 
 @dataclass
@@ -25,8 +25,11 @@ class GenerationParams:
     grammar: object = None                # a constraints.Grammar the output must follow, or None
 
     def validate(self) -> None:
-        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 0):
+        # _is_int: True is not a count of 1, a NumPy integer is a count
+        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 0):
             raise InvalidInputError(f"max_tokens must be a non-negative integer, got {self.max_tokens!r}")
+        if self.max_tokens is not None:
+            self.max_tokens = int(self.max_tokens)   # np.uint8(0) - 1 wrapped to 255 in the draft count
         if not isinstance(self.stop, list) or not all(isinstance(s, str) for s in self.stop):
             raise InvalidInputError("stop must be a list of strings")
         self.sampling.validate()

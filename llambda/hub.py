@@ -451,8 +451,11 @@ def resolve(name_or_path: str | os.PathLike) -> Path:
         entry = _entry(name_or_path)
         return unpacked_dir(entry, path) if entry.unpack else path
     p = Path(name_or_path).expanduser()
-    if p.exists():
-        return p
+    try:
+        if p.exists():
+            return p
+    except OSError:     # a name longer than the file system takes (ENAMETOOLONG): no such model
+        pass
     known = ", ".join(sorted(CATALOG))
     if isinstance(name_or_path, str) and os.sep not in name_or_path and "/" not in name_or_path \
             and not name_or_path.endswith(".gguf"):

@@ -100,13 +100,18 @@ class SamplingParams:
         """Raise SamplingError (a ValueError) naming the first out-of-range field."""
         def real(name, lo=None, hi=None, lo_open=False):
             v = getattr(self, name)
-            if not _is_real(v) or not math.isfinite(float(v)):
+            try:
+                finite = _is_real(v) and math.isfinite(float(v))
+            except OverflowError:      # an int past the float range (10**400)
+                finite = False
+            if not finite:
                 raise SamplingError(f"{name} must be a finite number, got {v!r}")
             v = float(v)
             if lo is not None and (v <= lo if lo_open else v < lo):
                 raise SamplingError(f"{name} must be {'>' if lo_open else '>='} {lo}, got {v}")
             if hi is not None and v > hi:
                 raise SamplingError(f"{name} must be <= {hi}, got {v}")
+            setattr(self, name, v)     # a Python float: 1 / np.float16(1e-5) is inf
 
         def integer(name, lo, hi=None):
             v = getattr(self, name)
@@ -114,6 +119,7 @@ class SamplingParams:
                 raise SamplingError(f"{name} must be an integer, got {v!r}")
             if v < lo or (hi is not None and v > hi):
                 raise SamplingError(f"{name} must be in [{lo}, {hi if hi is not None else 'inf'}], got {v}")
+            setattr(self, name, int(v))   # a Python int: top_k=np.int8(40) overflowed (k * 128) in top-k
 
         real("temperature", 0.0)
         integer("top_k", 0)
@@ -136,7 +142,11 @@ class SamplingParams:
                 if not _is_int(tok) or tok < 0:
                     raise SamplingError(f"logit_bias keys must be non-negative token ids, got {tok!r}")
                 # -inf bans a token; +inf or NaN would make the distribution meaningless.
-                if not _is_real(bias) or math.isnan(float(bias)) or float(bias) == math.inf:
+                try:
+                    bad = not _is_real(bias) or math.isnan(float(bias)) or float(bias) == math.inf
+                except OverflowError:      # an int past the float range
+                    bad = True
+                if bad:
                     raise SamplingError(f"logit_bias[{tok}] must be a finite number or -inf, got {bias!r}")
 
 
@@ -217,6 +227,12 @@ class Sampler:
             what = "NaN" if np.isnan(m) else ("+inf" if m > 0 else "only -inf")
             raise SamplingError(f"logits contain {what}")
         m_work = float(m) if work is x else float(work.max())
+        if m_work == math.inf:
+            # a huge logit_bias or a tiny repeat_penalty went past the float range: inf - inf would
+            # make the weights NaN (an IndexError, or always the first such token); the largest
+            # finite value keeps them a tie, drawn as one
+            np.minimum(work, np.finfo(work.dtype).max, out=work)
+            m_work = float(work.max())
         if m_work == -math.inf:
             raise SamplingError("every token has -inf logit after penalties/logit_bias/grammar")
         top_k_ids = None
@@ -293,12 +309,14 @@ class Sampler:
                 # llama.cpp: shrink positive logits, push negative ones further down.
                 v = np.where(v <= 0, v * p.repeat_penalty, v / p.repeat_penalty)
             v -= counts * p.frequency_penalty + p.presence_penalty
-            work[toks] = v
+            with np.errstate(over="ignore"):     # past float32: -inf bans, +inf is capped in sample()
+                work[toks] = v
         if self._bias is not None:
             ids, vals = self._bias
             if ids.max() >= x.size:
                 raise SamplingError(f"logit_bias names token {int(ids.max())}, outside the vocabulary of {x.size}")
-            work[ids] += vals.astype(work.dtype)
+            with np.errstate(over="ignore"):
+                work[ids] += vals.astype(work.dtype)
         return work
 
     def _draw(self, work: np.ndarray, m: float) -> tuple[int, np.ndarray | None]:
@@ -368,7 +386,12 @@ class Sampler:
         buf = self._buffer_like(work)
         np.subtract(work, work.dtype.type(m), out=buf)
         if temperature != 1.0:
-            np.multiply(buf, work.dtype.type(1.0 / temperature), out=buf)
+            # kept a normal float: below ~3e-39, 1/temperature is inf in float32 and 0 * inf (the top
+            # token) NaN; above ~1e38 it rounds to 0 and -inf * 0 (a banned token) NaN. The products
+            # that overflow to -inf are weights of 0, as they should be.
+            fi = np.finfo(work.dtype)
+            with np.errstate(over="ignore"):
+                np.multiply(buf, work.dtype.type(min(max(1.0 / temperature, float(fi.tiny)), float(fi.max))), out=buf)
         return np.exp(buf, out=buf)
 
     def _buffer_like(self, x: np.ndarray) -> np.ndarray:

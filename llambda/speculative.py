@@ -121,7 +121,7 @@ class DraftModel:
     target slot; each slot remembers the tokens it holds, so a new round reuses them)."""
 
     def __init__(self, transformer, tokenizer, target_tokenizer, target_vocab: int, n_slots: int = 1,
-                 threads: int | None = None):
+                 threads: int | None = None, owner=None):
         check_vocabularies(tokenizer, target_tokenizer, transformer.cfg.vocab_size, target_vocab)
         if transformer.n_slots < n_slots:
             raise InvalidInputError(f"the draft model holds {transformer.n_slots} sequences, the target {n_slots}")
@@ -132,8 +132,23 @@ class DraftModel:
         # back); None: the target's. Its small ops pay the pool's fork/join more than the target's.
         self.threads = threads
         self._cached: dict[int, list[int]] = {}
+        # the draft's api.Model (load(..., draft=)): its own calls (m.draft.complete) use slot 0 too
+        self.owner = owner
 
     def draft(self, tokens: list[int], k: int, slot: int = 0) -> list[int]:
+        owner = self.owner if slot == 0 else None
+        if owner is None:
+            return self._draft_on_threads(tokens, k, slot)
+        # One at a time with the owner's calls, and each learns what the other left in slot 0:
+        # else m.draft.complete() after a speculative call reused keys/values of another text.
+        with owner._lock:
+            self._cached[0], owner._cached = owner._cached, []     # [] until the draft completes
+            try:
+                return self._draft_on_threads(tokens, k, slot)
+            finally:
+                owner._cached = list(self._cached.get(0, []))
+
+    def _draft_on_threads(self, tokens: list[int], k: int, slot: int) -> list[int]:
         if self.threads is None or getattr(self.model.backend, "name", "") != "native":
             return self._draft(tokens, k, slot)
         from ._native import set_threads, threads

@@ -39,6 +39,27 @@ def test_grammar_spec_takes_one_constraint():
         GrammarSpec("xml", "<a/>")
 
 
+def _cycle():
+    d = {"type": "object"}
+    d["properties"] = {"a": d}
+    return d
+
+
+def _nested(depth):
+    d = top = {}
+    for _ in range(depth):
+        d["items"] = d = {}
+    return top
+
+
+@pytest.mark.parametrize("schema", [{"type": {1, 2}}, {"type": object()}, _cycle(), _nested(100_000)],
+                         ids=["set", "object", "cycle", "deep"])
+def test_a_json_schema_dict_that_is_not_json_is_a_constraint_error(schema):
+    # json.dumps raised TypeError, ValueError or RecursionError at the caller
+    with pytest.raises(ConstraintError, match="not JSON"):
+        grammar_spec(json_schema=schema)
+
+
 def test_sampler_never_picks_a_banned_token():
     rng = np.random.default_rng(0)
     logits = rng.normal(size=200).astype(np.float32)
@@ -146,6 +167,7 @@ def test_invalid_constraints_fail_before_any_token(model):
     cases = [({"json_schema": {"type": "objekt"}}, "objekt"),
              ({"json_schema": {"type": "string", "minLength": 5, "maxLength": 2}}, "maxLength"),
              ({"json_schema": "{not json"}, "JSON"),
+             ({"json_schema": '{"items":' * 100_000 + "{}" + "}" * 100_000}, "JSON"),   # was a RecursionError
              ({"grammar": "root ::= undefined_rule"}, "undefined_rule"),
              ({"grammar": 'root ::= "a" ['}, "grammar"),
              ({"regex": "[a-"}, "regex")]

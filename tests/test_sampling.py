@@ -7,6 +7,7 @@ removes must never be drawn.
 """
 import math
 import random
+import warnings
 
 import numpy as np
 import pytest
@@ -84,6 +85,9 @@ def assert_matches_distribution(counts, probs):
     ("logit_bias", {-1: 1.0}), ("logit_bias", {"5": 1.0}), ("logit_bias", {5: float("inf")}),
     ("logit_bias", {5: float("nan")}), ("logit_bias", {5: "x"}), ("logit_bias", [(5, 1.0)]),
     ("chosen_logprob", 1), ("chosen_logprob", None),
+    # float() of these raised OverflowError
+    pytest.param("temperature", 10**400, id="temperature-10**400"),
+    pytest.param("logit_bias", {5: 10**400}, id="logit_bias-10**400"),
 ])
 def test_invalid_params_raise_a_clear_value_error(field, value):
     params = SamplingParams(**{field: value})
@@ -359,6 +363,61 @@ def test_logit_bias_forces_and_bans():
     assert Sampler(SamplingParams(temperature=0, logit_bias={0: float("-inf")})).sample(x).token == 2
     s = Sampler(SamplingParams(temperature=1.0, top_k=0, top_p=1, min_p=0, seed=3, logit_bias={0: float("-inf")}))
     assert 0 not in {s.sample(x).token for _ in range(500)}
+
+
+def test_numpy_scalars_of_small_types_sample_as_python_numbers():
+    # top_k=np.int8(40) went into k * 128 in int8 (a raw OverflowError); 1 / np.float16(1e-5) is inf
+    x = np.random.default_rng(1).standard_normal(49152).astype(np.float32)
+    for t in (np.int8, np.int16, np.uint8):
+        small = dict(top_k=t(40), logprobs=t(5), repeat_last_n=t(3), seed=t(7), repeat_penalty=np.float16(1.1),
+                     temperature=np.float16(0.7), top_p=np.float16(0.9), min_p=np.float16(0.01))
+        plain = {k: int(v) if isinstance(v, np.integer) else float(v) for k, v in small.items()}
+        a = Sampler(SamplingParams(**small)).sample(x, [1, 2, 3])
+        b = Sampler(SamplingParams(**plain)).sample(x, [1, 2, 3])
+        assert (a.token, a.top) == (b.token, b.top)
+
+
+TRUNCATIONS = [dict(), dict(top_k=0, top_p=0.9, min_p=0.0), dict(top_k=0, top_p=1.0, min_p=0.0)]
+
+
+@pytest.mark.parametrize("trunc", TRUNCATIONS, ids=["default", "top_p", "whole_vocab"])
+@pytest.mark.parametrize("push", ["bias", "repeat_penalty"])
+def test_logits_pushed_past_the_float_range_tie(trunc, push):
+    # a finite bias of 1e39 is inf in float32 (and so is a positive logit / 1e-300): inf - inf made the
+    # weights NaN, which raised an IndexError under top_p and otherwise always drew the first such token
+    x = np.random.default_rng(4).standard_normal(5000).astype(np.float32)
+    x[[3, 4]] = np.abs(x[[3, 4]]) + 0.1
+    kw = dict(logit_bias={3: 1e39, 4: 1e39}) if push == "bias" else dict(repeat_penalty=1e-300, repeat_last_n=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        drawn = [Sampler(SamplingParams(temperature=1.0, seed=s, **trunc, **kw)).sample(x, [3, 4]).token
+                 for s in range(400)]
+    assert set(drawn) == {3, 4}
+    assert abs(drawn.count(3) - 200) < 5 * math.sqrt(100)    # a fair coin: 5 standard errors
+
+
+@pytest.mark.parametrize("trunc", TRUNCATIONS, ids=["default", "top_p", "whole_vocab"])
+def test_a_temperature_too_small_for_float32_is_greedy_without_warnings(trunc):
+    x = np.random.default_rng(5).standard_normal(3000).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")    # 1/1e-300 was inf in float32: 0 * inf overflowed to NaN
+        drawn = {Sampler(SamplingParams(temperature=1e-300, seed=s, **trunc)).sample(x).token for s in range(50)}
+    assert drawn == {int(np.argmax(x))}
+
+
+@pytest.mark.parametrize("ban", ["mask", "bias"])
+def test_a_huge_temperature_is_uniform_over_the_allowed_tokens(ban):
+    # 1/1e300 was 0 in float32 and -inf * 0 NaN: with any banned token every draw was the last id
+    x = np.arange(10, dtype=np.float32)
+    banned = np.arange(10) % 2 == 0
+    kw = dict(logit_bias={i: -math.inf for i in range(0, 10, 2)}) if ban == "bias" else {}
+    s = Sampler(SamplingParams(temperature=1e300, top_k=0, top_p=1.0, min_p=0.0, seed=9, **kw))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        drawn = np.bincount([s.sample(x, banned=banned if ban == "mask" else None).token for _ in range(2000)],
+                            minlength=10)
+    assert drawn[banned].sum() == 0
+    assert np.all(np.abs(drawn[~banned] - 400) < 5 * math.sqrt(2000 * 0.2 * 0.8))
 
 
 def test_bias_and_history_out_of_vocab_raise():

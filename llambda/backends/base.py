@@ -100,6 +100,13 @@ class Backend(ABC):
     def begin_forward(self) -> None:
         """Called at the start of every forward pass (the native backend re-applies its own settings)."""
 
+    def enter_forward(self) -> None:
+        """Called before a forward pass, exit_forward() after it, also when it fails (the native
+        backend keeps forwards that need the C core's switches set otherwise from overlapping)."""
+
+    def exit_forward(self) -> None:
+        pass
+
     #: the KV cache's element type
     kv_dtype = np.float32
     kv_type = "f32"          # the cache's type by name (native: f32, f16 or q8_0)

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 
 import math
 import os
+import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -141,6 +142,32 @@ def default_threads() -> int:
     return max(1, min(physical_cores(), usable_cpus()))
 
 
+class _SwitchGate:
+    """The C core's batch-invariance switch is process-wide, and each forward sets it to its
+    backend's choice: forwards of backends that want it otherwise must not overlap (one flipped it
+    under another's ops, whose logits then moved by up to 0.3). Those that agree run together."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._mode: bool | None = None
+        self._count = 0
+
+    def enter(self, mode: bool) -> None:
+        with self._cond:
+            while self._count and self._mode != mode:
+                self._cond.wait()
+            self._mode = mode
+            self._count += 1
+
+    def exit(self) -> None:
+        with self._cond:
+            self._count -= 1
+            if not self._count:
+                self._cond.notify_all()
+
+
+_SWITCH_GATE = _SwitchGate()
+
 MATMUL_MANY_MAX = 3   # matrices one native matmul_many call takes (LLB_MM_MAX_PARTS)
 
 
@@ -187,17 +214,20 @@ class NativeBackend(Backend):
         if C is None:
             raise NativeUnavailableError(f"the C core is not built ({_IMPORT_ERROR}); use backend='numpy'")
         if activations not in ("q8", "f32"):
-            raise ValueError(f"activations must be 'q8' or 'f32', got {activations!r}")
+            raise InvalidInputError(f"activations must be 'q8' or 'f32', got {activations!r}")
         if kv_type not in KV_TYPES:
-            raise ValueError(f"kv_type must be one of {sorted(KV_TYPES)}")
+            raise InvalidInputError(f"kv_type must be one of {sorted(KV_TYPES)}, got {kv_type!r}")
         self.exact = activations == "f32"
         self.precision = "f32 activations (exact)" if self.exact else "8-bit activations"
         self.kv_dtype, self.kv_code = KV_TYPES[kv_type]
         self.kv_type = kv_type
         self.threads = int(threads) if threads else default_threads()
         if self.threads < 1:
-            raise ValueError("threads must be >= 1")
-        C.set_threads(self.threads)
+            raise InvalidInputError("threads must be >= 1")
+        try:
+            C.set_threads(self.threads)
+        except ValueError as e:     # more than the pool's maximum: the C core names its range
+            raise InvalidInputError(str(e)) from None
         self.weight_bytes = 0
         self._weights = WeightArena()
         self._recording = None  # the _native.Plan being recorded
@@ -362,10 +392,10 @@ class NativeBackend(Backend):
         off, prefills may take a faster schedule (~1-4% at 512 tokens; at depth the attention op 1.3-1.6x) and single rows
         kernels that round differently.
         The switch is the C core's, process-wide: each forward pass of this backend sets it to
-        this backend's own choice (begin_forward), so a server's model does not change how a
-        library model in the same process computes, nor the reverse."""
-        self._batch_invariant = bool(flag)
-        C.set_batch_invariant(self._batch_invariant)
+        this backend's own choice (begin_forward), and forwards that want it otherwise do not
+        overlap (_SwitchGate), so a server's model does not change how a library model in the same
+        process computes, nor the reverse, also from another thread."""
+        self._batch_invariant = bool(flag)    # not set in C here: it may serve another backend's forward now
 
     @property
     def batch_invariant(self) -> bool:
@@ -373,6 +403,12 @@ class NativeBackend(Backend):
 
     def begin_forward(self) -> None:
         C.set_batch_invariant(self._batch_invariant)     # one store in C: cheaper than asking first
+
+    def enter_forward(self) -> None:
+        _SWITCH_GATE.enter(self._batch_invariant)
+
+    def exit_forward(self) -> None:
+        _SWITCH_GATE.exit()
 
     def memory_report(self) -> dict[str, int]:
         # the core's own allocations: each calling thread's scratch (shared by the pool's workers of an op,

@@ -64,7 +64,10 @@ def grammar_spec(json_schema=None, grammar: str | None = None, regex: str | None
         raise ConstraintError(f"give at most one of json_schema, grammar and regex (got {' and '.join(given)})")
     if json_schema is not None:
         if isinstance(json_schema, (dict, bool)):
-            json_schema = json.dumps(json_schema)
+            try:
+                json_schema = json.dumps(json_schema)
+            except (TypeError, ValueError, RecursionError) as e:    # a set, a cycle, nesting past the stack
+                raise ConstraintError(f"the JSON schema is not JSON: {_clip(str(e))}") from None
         elif not isinstance(json_schema, str):
             raise ConstraintError(f"json_schema must be a dict or JSON text, got {type(json_schema).__name__}")
         return GrammarSpec("json_schema", json_schema)
@@ -102,7 +105,7 @@ class Grammars:
             if spec.kind == "json_schema":
                 try:
                     schema = json.loads(spec.source)
-                except ValueError as e:
+                except (ValueError, RecursionError) as e:     # RecursionError: nesting past the stack
                     raise ConstraintError(f"the JSON schema is not valid JSON: {e}") from None
                 if not isinstance(schema, (dict, bool)):
                     raise ConstraintError(f"a JSON schema must be an object, got {type(schema).__name__}")

@@ -391,6 +391,14 @@ class Transformer:
     PLAN_MAX_TOKENS = 64
 
     def forward(self, tokens, slots, pos, logit_rows, out: np.ndarray | None = None) -> np.ndarray:
+        B = self.backend
+        B.enter_forward()
+        try:
+            return self._forward(tokens, slots, pos, logit_rows, out)
+        finally:
+            B.exit_forward()
+
+    def _forward(self, tokens, slots, pos, logit_rows, out: np.ndarray | None = None) -> np.ndarray:
         """Evaluate tokens (each with its slot and position), return logits of `logit_rows`.
 
         Returns a view into the workspace when the rows fit in it (valid until the
@@ -450,6 +458,14 @@ class Transformer:
     def final_hidden(self, tokens, slots, pos, rows) -> np.ndarray:
         """The final-normed hidden states of `rows` (a copy), for decoder models used as embedders.
         The same blocks as forward(), without the head."""
+        B = self.backend
+        B.enter_forward()
+        try:
+            return self._final_hidden(tokens, slots, pos, rows)
+        finally:
+            B.exit_forward()
+
+    def _final_hidden(self, tokens, slots, pos, rows) -> np.ndarray:
         n, ws = len(tokens), self.ws
         if n == 0 or n > ws.max_tokens:
             raise ValueError(f"batch of {n} tokens; this model takes 1..{ws.max_tokens} per call")

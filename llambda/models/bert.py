@@ -199,6 +199,14 @@ class BertEncoder:
     def forward(self, ids: np.ndarray, type_ids: np.ndarray, starts: np.ndarray) -> np.ndarray:
         """Hidden states (n, hidden) of sequences packed back to back: sequence s is rows
         [starts[s], starts[s + 1]) of ids and type_ids (n,); starts is int32, from 0 to n."""
+        be = self.backend
+        be.enter_forward()
+        try:
+            return self._forward(ids, type_ids, starts)
+        finally:
+            be.exit_forward()
+
+    def _forward(self, ids: np.ndarray, type_ids: np.ndarray, starts: np.ndarray) -> np.ndarray:
         cfg, be = self.cfg, self.backend
         H, F = cfg.hidden, cfg.ffn
         lens = np.diff(starts)

@@ -147,8 +147,9 @@ def plan(src: ModelSource, n_ctx: int, n_slots: int = 1, kv_type: str = "f32", m
 
 
 def check(p: MemoryPlan) -> None:
-    """Refuse a load whose weights, KV cache and recurrent state alone exceed the memory available now."""
-    if p.available is None or p.weights + p.kv_cache + p.recurrent <= p.available:
+    """Refuse a load whose weights, KV cache, recurrent state and activations exceed the memory available
+    now (the activations too: max_batch=10**7 asked for 236 GiB of them, a raw MemoryError)."""
+    if p.available is None or p.weights + p.kv_cache + p.recurrent + p.activations <= p.available:
         return
     fit = (p.available - p.weights - p.recurrent - p.activations) // max(p.kv_per_token * p.n_slots, 1)
     hint = (f"a context of at most {fit} tokens (-c/n_ctx) would fit" if fit > 0 else
@@ -161,4 +162,5 @@ def check(p: MemoryPlan) -> None:
         f"this load needs {_gib(p.weights)} of weights + {_gib(p.kv_cache)} of KV cache "
         f"({p.n_ctx} tokens x {p.n_slots} slots, {p.kv_type})"
         + (f" + {_gib(p.recurrent)} of recurrent state" if p.recurrent else "") +
+        f" + {_gib(p.activations)} of activations (max_batch tokens per forward)" +
         f" but only {_gib(p.available)} is available: {hint}")
