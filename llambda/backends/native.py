@@ -165,6 +165,13 @@ class _SwitchGate:
             if not self._count:
                 self._cond.notify_all()
 
+    def set_if_idle(self, mode: bool) -> None:
+        """Sets the switch now unless a forward runs (its own begin_forward sets it then): ops called
+        outside forwards (benchmarks, tests) see a backend's choice at once, as before the gate."""
+        with self._cond:
+            if not self._count:
+                C.set_batch_invariant(mode)
+
 
 _SWITCH_GATE = _SwitchGate()
 
@@ -395,7 +402,8 @@ class NativeBackend(Backend):
         this backend's own choice (begin_forward), and forwards that want it otherwise do not
         overlap (_SwitchGate), so a server's model does not change how a library model in the same
         process computes, nor the reverse, also from another thread."""
-        self._batch_invariant = bool(flag)    # not set in C here: it may serve another backend's forward now
+        self._batch_invariant = bool(flag)
+        _SWITCH_GATE.set_if_idle(self._batch_invariant)   # not under another backend's running forward
 
     @property
     def batch_invariant(self) -> bool:
