@@ -175,6 +175,27 @@ def test_schema_validation_units():
     assert parse_completion({"prompt": [[1, 2], "a"], "logprobs": 0}).prompts == [[1, 2], "a"]
 
 
+def test_text_to_tokenize_is_capped_per_request():
+    """Tokenizing holds a few hundred bytes a character (a 4 MB /tokenize with pieces took 1.3 GB, six at
+    once 8 GB): a request's text to tokenize is capped as a rendered chat prompt is, a 400 naming the field."""
+    from llambda.server.embeddings_api import parse_input
+    from llambda.server.errors import APIError
+    from llambda.server.llama_api import parse_infill, tokenize
+    from llambda.server.schemas import MAX_TEXT_CHARS, parse_completion
+    half = "ab" * (MAX_TEXT_CHARS // 4)           # MAX_TEXT_CHARS / 2 characters
+    assert parse_completion({"prompt": [half, half]}).prompts == [half, half]     # at the cap: fine
+    cases = [(lambda: parse_completion({"prompt": half + half + "x"}), "prompt"),
+             (lambda: parse_completion({"prompt": [half, [1, 2], half, "x"]}), "prompt"),
+             (lambda: tokenize(None, {"content": half * 3}), "content"),
+             (lambda: parse_input([half, half, "x"]), "input"),
+             (lambda: parse_infill({"input_prefix": half, "input_suffix": half,
+                                    "input_extra": [{"filename": "a", "text": "x"}]}), "input_prefix")]
+    for call, param in cases:
+        with pytest.raises(APIError) as e:
+            call()
+        assert e.value.status == 400 and param in e.value.message and str(MAX_TEXT_CHARS) in e.value.message
+
+
 def test_logprobs_on_a_model_without_a_tokenizer_is_a_400():
     """A checkpoint with no tokenizer serves token ids, but logprobs need each token's text: a 400
     naming the field, before any work (it was a 500 from inside the response)."""

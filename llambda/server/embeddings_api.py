@@ -31,7 +31,7 @@ from .deltas import Http
 from .errors import APIError, bad_request
 from .generation import ClientGone
 from .scheduler import ShuttingDown
-from .schemas import _Body, _type
+from .schemas import _Body, _type, check_text_chars
 
 MAX_INPUTS = 2048           # OpenAI's limit on inputs per request
 MAX_DOCUMENTS = 1024
@@ -60,6 +60,7 @@ def parse_input(value) -> list:
         else:
             raise bad_request(f"'input[{i}]' must be a string or an array of token ids, got {_type(item)}",
                               param="input")
+    check_text_chars(value, "input")
     return value
 
 

@@ -20,7 +20,7 @@ from .errors import APIError, bad_request
 from .fim import require_fim
 from .generation import Generation, Service
 from .openai_format import sse
-from .schemas import _Body, _type, parse_chat, parse_completion
+from .schemas import _Body, _type, check_text_chars, parse_chat, parse_completion
 
 MAX_EXTRA_FILES = 256
 
@@ -38,6 +38,7 @@ def tokenize(service: Service, body) -> dict:
     content = b.get("content")
     if not isinstance(content, str):
         raise bad_request(f"'content' must be a string, got {_type(content)}", param="content")
+    check_text_chars([content], "content")
     add_special = b.boolean("add_special", False)
     parse_special = b.boolean("parse_special", True)
     with_pieces = b.boolean("with_pieces", False)
@@ -86,6 +87,7 @@ def parse_infill(body):
     suffix = b.string("input_suffix", "")
     typed = b.string("prompt", "")
     files = _extra(b.get("input_extra"))
+    check_text_chars([prefix, suffix, typed] + [text for _, text in files], "input_prefix")
     as_completion = {k: v for k, v in body.items() if k not in ("prompt", "suffix", "echo")}
     n_predict = b.integer("n_predict", None, -1)
     if n_predict is not None and body.get("max_tokens") is None:

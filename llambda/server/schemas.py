@@ -35,6 +35,19 @@ MAX_COUNT = 2**31 - 1      # max_tokens, top_k, repeat_last_n: anything larger i
 MAX_JSON_DEPTH = 64
 MAX_NUMBER_CHARS = 40
 
+# Text a request asks to tokenize (a completion's prompts, /tokenize's content, /infill's pieces, embedding
+# inputs), in characters: the tokenizer holds a few hundred bytes a character while it works (a 4 MB
+# /tokenize with pieces took 1.3 GB), and a rendered chat prompt has the same cap (chat.py).
+MAX_TEXT_CHARS = 1_000_000
+
+
+def check_text_chars(texts, param: str) -> None:
+    """400 when the strings among texts hold more than MAX_TEXT_CHARS characters together."""
+    size = sum(len(t) for t in texts if isinstance(t, str))
+    if size > MAX_TEXT_CHARS:
+        raise bad_request(f"'{param}' holds {size} characters of text; at most {MAX_TEXT_CHARS} a request",
+                          param=param)
+
 
 class _OutOfRange:
     """A JSON number no field can hold (too long, not finite, NaN/Infinity); rejected by path once parsed."""
@@ -462,6 +475,7 @@ def _prompts(v: Any) -> list:
         return True
 
     if isinstance(v, str):
+        check_text_chars([v], "prompt")
         return [v]
     if is_ids(v, "'prompt'"):
         return [v]
@@ -471,6 +485,7 @@ def _prompts(v: Any) -> list:
         for i, p in enumerate(v):
             if not (isinstance(p, str) or is_ids(p, f"prompt[{i}]")):
                 raise bad_request(f"prompt[{i}] must be a string or a non-empty array of token ids", param="prompt")
+        check_text_chars(v, "prompt")
         return list(v)
     raise bad_request(f"'prompt' must be a string, an array of strings or of token ids, got {_type(v)}",
                       param="prompt")
