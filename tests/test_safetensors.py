@@ -89,6 +89,8 @@ DATA = bytes(range(24))
     ({"a": {"dtype": "F32", "shape": [1]}}, DATA, None, "'a'.*lacks 'data_offsets'"),
     ({"a": entry("I8", [4], 0, 4)}, DATA, None, "'a'.*unsupported dtype 'I8'"),
     ({"a": entry("Q9", [4], 0, 4)}, DATA, None, "'a'.*unknown dtype"),
+    ({"a": entry(["F32"], [4], 0, 16)}, DATA, None, "'a'.*unknown dtype"),     # unhashable: once a TypeError
+    ({"a": entry({"F32": 1}, [4], 0, 16)}, DATA, None, "'a'.*unknown dtype"),
     ({"a": entry("F32", [-1, 4], 0, 16)}, DATA, None, "'a'.*negative"),
     ({"a": entry("F32", [1.5], 0, 4)}, DATA, None, "'a'.*integer"),
     ({"a": entry("F32", [True], 0, 4)}, DATA, None, "'a'.*integer"),

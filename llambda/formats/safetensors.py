@@ -124,8 +124,9 @@ class SafetensorsFile(ReadsAhead):
             if key not in info:
                 raise ModelFormatError(f"{what}: entry lacks {key!r}")
         dtype = info["dtype"]
-        if dtype not in DTYPES and dtype != "U8":
-            kind = "unsupported" if dtype in _KNOWN_OTHER else "unknown"
+        # a JSON list or object here is unhashable: test the type before any set/dict lookup
+        if not isinstance(dtype, str) or (dtype not in DTYPES and dtype != "U8"):
+            kind = "unsupported" if isinstance(dtype, str) and dtype in _KNOWN_OTHER else "unknown"
             raise ModelFormatError(f"{what}: {kind} dtype {dtype!r} (only F32, F16 and BF16 weights and U8 "
                                    "MXFP4 blocks are read)")
         qtype, itemsize = DTYPES[dtype] if dtype != "U8" else (None, 1)
