@@ -412,8 +412,11 @@ def cmd_perplexity(a) -> int:
     from .api import load
     from .tools.perplexity import perplexity
 
-    with open(a.file, encoding="utf-8") as f:
-        text = f.read()
+    try:
+        with open(a.file, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:        # a directory, no permission: an error line, not a traceback
+        raise LlambdaError(f"cannot read the text file {a.file}: {e.strerror or e}") from None
     if a.ctx_size < 2:
         raise ValueError("-c/--ctx-size must be at least 2 tokens")
     model = load(a.model, backend=a.backend, threads=a.threads, n_ctx=a.ctx_size, activations=a.activations,

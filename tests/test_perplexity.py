@@ -84,3 +84,19 @@ def test_fast_mode_within_one_percent_of_exact_on_qwen_and_gemma(fixture, reques
         with llambda.load(path, backend="native", activations=act, n_ctx=128) as m:
             ppl[act] = perplexity(m, TEXT, n_ctx=128).ppl
     assert abs(ppl["q8"] / ppl["f32"] - 1) < 0.01, ppl
+
+
+@pytest.mark.parametrize("windows", [-1, 0, 1.5, True])
+def test_a_window_count_below_one_is_a_clear_error(smollm2_gguf, windows):
+    """--chunks -1 once scored no window and ended in a ZeroDivisionError (0 meant "all" by accident)."""
+    with llambda.load(smollm2_gguf, backend="numpy", n_ctx=64) as m:
+        with pytest.raises(llambda.errors.InvalidInputError, match="max_windows"):
+            perplexity(m, TEXT, n_ctx=64, max_windows=windows)
+
+
+def test_cli_text_file_that_cannot_be_read_is_an_error_line(tmp_path):
+    """-f naming a directory: one error line, not an IsADirectoryError traceback (refused before any load)."""
+    out = subprocess.run([sys.executable, "-m", "llambda.cli", "perplexity", "-m", str(tmp_path / "none.gguf"),
+                          "-f", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    assert "Traceback" not in out.stderr and "cannot read the text file" in out.stderr, out.stderr

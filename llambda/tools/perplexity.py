@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import LlambdaError
+from ..errors import InvalidInputError, LlambdaError
 
 
 @dataclass
@@ -34,12 +34,16 @@ def _log_softmax_at(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
 
 def perplexity(model, text: str, n_ctx: int = 512, max_windows: int | None = None,
                progress: Callable[[int, float], None] | None = None) -> PerplexityResult:
+    if max_windows is not None and (isinstance(max_windows, bool) or not isinstance(max_windows, (int, np.integer))
+                                    or max_windows < 1):
+        # a negative count once scored no window at all and ended in a ZeroDivisionError
+        raise InvalidInputError(f"max_windows (--chunks) must be a positive number of windows, got {max_windows!r}")
     tok = model._tok()
     ids = tok.encode(text, add_bos=tok.add_bos, parse_special=False)
     if n_ctx < 4 or n_ctx > model.n_ctx:
         raise LlambdaError(f"--ctx {n_ctx} must be between 4 and the model's loaded context {model.n_ctx}")
     n_windows = len(ids) // n_ctx
-    if max_windows:
+    if max_windows is not None:
         n_windows = min(n_windows, max_windows)
     if n_windows == 0:
         raise LlambdaError(f"the text has {len(ids)} tokens; perplexity needs at least one window of {n_ctx}")
