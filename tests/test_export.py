@@ -260,3 +260,29 @@ def test_quantize_command_writes_a_gguf_that_runs_natively(tmp_path):
     with llambda.load(out, backend="numpy", n_ctx=64) as m:
         want = m.logits(ids)
     assert float(np.abs(got - want).max()) <= 1e-3
+
+
+def test_an_output_that_cannot_be_written_is_refused_up_front(tmp_path, capsys):
+    """quantize/export to a directory, or below a regular file: a typed error before any conversion (once a raw
+    IsADirectoryError from the final rename, after all the work)."""
+    from llambda.cli import main
+    (tmp_path / "adir").mkdir()
+    assert main(["quantize", str(TINY / "qwen3"), str(tmp_path / "adir"), "q8_0"]) == 1
+    assert "is a directory" in capsys.readouterr().err
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(LlambdaError, match="cannot create the directory"):
+        export(TINY / "qwen3", tmp_path / "afile" / "out.gguf", fmt="gguf")
+    with pytest.raises(LlambdaError, match="not a directory"):
+        export(TINY / "qwen3", tmp_path / "afile", fmt="hf")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "afile"]
+
+
+def test_a_failed_write_is_a_typed_error(tmp_path, monkeypatch):
+    """An OSError of the write itself (a read-only file system, a full disk) names the output."""
+    import llambda.formats.gguf_writer as writer
+
+    def refuse(path, *a, **kw):
+        raise PermissionError(13, "Permission denied", str(path))
+    monkeypatch.setattr(writer, "write_gguf", refuse)
+    with pytest.raises(LlambdaError, match="cannot write .*Permission denied"):
+        export(TINY / "qwen3", tmp_path / "q.gguf", fmt="gguf")

@@ -602,6 +602,21 @@ def _gguf_metadata_types(src: ModelSource) -> dict:
 
 # ---------------------------------------------------------------- entry point
 
+def _check_output(out: Path, fmt: str) -> None:
+    """Refuse an output that cannot be written before converting (minutes for a large model): the write
+    comes last, and once failed there with a raw IsADirectoryError after all the work."""
+    if fmt == "gguf" and out.is_dir():
+        raise LlambdaError(f"{out} is a directory: a GGUF export writes one file")
+    if fmt == "hf" and out.exists() and not out.is_dir():
+        raise LlambdaError(f"{out} exists and is not a directory: a Hugging Face export writes a directory")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise LlambdaError(f"cannot create the directory of {out}: {e.strerror or e}") from None
+    if not os.access(out.parent, os.W_OK):
+        raise LlambdaError(f"cannot write {out}: its directory is not writable")
+
+
 def export(model, out: str | os.PathLike, fmt: str = "gguf", qtype: str | None = None, pure: bool = False,
            progress: bool | None = None) -> Path:
     """Write `model` (a catalogued name, a path, an opened ModelSource or a loaded llambda Model)
@@ -617,11 +632,14 @@ def export(model, out: str | os.PathLike, fmt: str = "gguf", qtype: str | None =
         from ..hub import resolve
         src, own = open_model(Path(resolve(model))), True
     try:
+        _check_output(out, fmt)
         if fmt == "hf":
             return write_hf(src, out, qtype)
         if fmt == "gguf":
             return write_gguf_file(src, out, qtype, pure=pure, progress=progress)
         raise LlambdaError(f"unknown export format {fmt!r} (hf or gguf)")
+    except OSError as e:       # the source is open: this is the write (e.g. a read-only file system)
+        raise LlambdaError(f"cannot write {out}: {e.strerror or e}") from None
     finally:
         if own:
             src.close()
