@@ -56,7 +56,8 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
     # plain ints from here: sizes computed from an np.int8 count overflowed (a raw OverflowError)
     n_slots, max_batch = int(n_slots), int(max_batch)
     n_ctx, threads = (None if v is None else int(v) for v in (n_ctx, threads))
-    if kv_type is not None and kv_type not in KV_TYPES:     # the numpy backend ignored any name silently
+    # (a str first: a list here was an unhashable TypeError)
+    if kv_type is not None and (not isinstance(kv_type, str) or kv_type not in KV_TYPES):
         raise InvalidInputError(f"kv_type must be one of {sorted(KV_TYPES)}, got {kv_type!r}")
     path = resolve(name_or_path)
     src = open_model(Path(path))

@@ -689,3 +689,29 @@ def test_other_non_regular_paths(tmp_path):
         assert str(sock_path) in _refused_in_child(sock_path)
     finally:
         s.close()
+
+
+@pytest.mark.skipif(not Path("/proc/self/mem").exists(), reason="needs Linux's /proc/self/mem")
+def test_a_regular_file_that_cannot_be_read(tmp_path):
+    """/proc/self/mem is a regular file whose read fails (EIO): once a raw OSError."""
+    assert "cannot read" in _refused_in_child(Path("/proc/self/mem"))
+
+
+# load() arguments of a wrong type or range: each an InvalidInputError before the model is read (once TypeErrors,
+# ValueErrors from deep inside, a ValueError at the first forward step, or a workspace of petabytes)
+BAD_LOAD_ARGS = [dict(name_or_path=None), dict(name_or_path=5), dict(name_or_path=b"tiny"),
+                 dict(n_ctx="64"), dict(n_ctx=-5), dict(n_ctx=1.5), dict(n_ctx=True), dict(n_slots=0),
+                 dict(n_slots="2"), dict(threads=-1), dict(threads="2"), dict(max_batch=0), dict(max_batch=-1),
+                 dict(max_batch="x")]
+NATIVE_BAD_ARGS = [dict(activations="f8"), dict(kv_type="q4"), dict(kv_type=["f16"]), dict(threads=10**6)]
+
+
+@pytest.mark.parametrize("kw", BAD_LOAD_ARGS + [dict(kw, backend="native") for kw in NATIVE_BAD_ARGS],
+                         ids=lambda kw: ",".join(f"{k}={v!r}"[:30] for k, v in kw.items()))
+def test_load_arguments_of_a_wrong_type_or_range(kw):
+    if kw.get("backend") == "native" and "native" not in BACKENDS:
+        pytest.skip("the native C core is not built")
+    args = {"name_or_path": TINY / "llama", "backend": "numpy", **kw}
+    with pytest.raises(llambda.errors.InvalidInputError):
+        llambda.load(args.pop("name_or_path"), **args)
+

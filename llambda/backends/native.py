@@ -222,7 +222,7 @@ class NativeBackend(Backend):
             raise NativeUnavailableError(f"the C core is not built ({_IMPORT_ERROR}); use backend='numpy'")
         if activations not in ("q8", "f32"):
             raise InvalidInputError(f"activations must be 'q8' or 'f32', got {activations!r}")
-        if kv_type not in KV_TYPES:
+        if not isinstance(kv_type, str) or kv_type not in KV_TYPES:
             raise InvalidInputError(f"kv_type must be one of {sorted(KV_TYPES)}, got {kv_type!r}")
         self.exact = activations == "f32"
         self.precision = "f32 activations (exact)" if self.exact else "8-bit activations"

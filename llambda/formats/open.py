@@ -16,7 +16,10 @@ def open_model(path: Path) -> ModelSource:
             src = open_hf_dir(path)
         else:
             with open_regular(path) as fh:
-                magic = fh.read(4)
+                try:
+                    magic = fh.read(4)
+                except OSError as e:    # a regular file that cannot be read (/proc/self/mem: EIO)
+                    raise ModelFormatError(f"{path}: cannot read the model file ({e.strerror or e})") from None
             if magic != b"GGUF":
                 raise ModelFormatError(f"{path}: not a GGUF file (magic {magic!r}) nor a Hugging Face model directory")
             src = open_gguf(path)
