@@ -15,7 +15,8 @@ from .backends import create_backend
 from .backends.native import KV_TYPES, usable_cpus
 from .constraints import Grammar, Grammars, GrammarSpec, grammar_spec
 from .engine import GenerationParams, Sequence, TokenEvent, token_ids
-from .errors import ChatTemplateError, ContextOverflowError, InvalidInputError, LlambdaWarning, TokenizerError
+from .errors import (ChatTemplateError, ContextOverflowError, InvalidInputError, LlambdaWarning, ModelFormatError,
+                     TokenizerError)
 from .formats.open import open_model
 from .hub import is_catalogued, resolve
 from .models import memory
@@ -177,7 +178,11 @@ class Model:
     def _prompt_ids(self, prompt) -> list[int]:
         if isinstance(prompt, str):
             # add_bos=True adds BOS only if the model asks for one and the text does not already start with it
-            return self._tok().encode(prompt, add_bos=True, parse_special=True)
+            ids = self._tok().encode(prompt, add_bos=True, parse_special=True)
+            if ids and max(ids) >= self.config.vocab_size:
+                raise ModelFormatError(f"the tokenizer gave token id {max(ids)} but the model has only "
+                                       f"{self.config.vocab_size} token embeddings: tokenizer and weights differ")
+            return ids
         return token_ids(prompt, self.config.vocab_size)
 
     # -- evaluation ----------------------------------------------------------

@@ -715,3 +715,22 @@ def test_load_arguments_of_a_wrong_type_or_range(kw):
     with pytest.raises(llambda.errors.InvalidInputError):
         llambda.load(args.pop("name_or_path"), **args)
 
+
+def test_a_tokenizer_larger_than_the_embedding_table(tmp_path):
+    """A GGUF whose vocabulary has ids past the model's token_embd rows: text that encodes to such an id is a
+    typed error (once a ValueError from the forward step), on every backend and every entry point."""
+    src = GGUFSource(export(TINY / "llama", tmp_path / "e.gguf", fmt="gguf"))
+    meta = dict(src.meta)
+    n = meta[f"{src.arch}.vocab_size"].value
+    vocab = gguf_vocab(n + 8)
+    vocab["tokenizer.ggml.tokens"][-1] = "<|past|>"
+    vocab["tokenizer.ggml.token_type"].value[-1] = 3       # a control token: matched whole in the text
+    meta.update(vocab)
+    path = src.write(tmp_path / "big-vocab.gguf", meta)
+    for backend in BACKENDS:
+        with llambda.load(path, backend=backend, n_ctx=32) as m:
+            assert m.tokenize("<|past|>") == [n + 7]
+            with pytest.raises(llambda.errors.ModelFormatError, match="tokenizer and weights differ"):
+                list(m.generate("a <|past|>", max_tokens=2))
+            with pytest.raises(llambda.errors.InvalidInputError, match="out of range"):
+                m.transformer.forward(np.array([n + 7], np.int32), np.zeros(1, np.int32), np.zeros(1, np.int32), [0])

@@ -500,10 +500,11 @@ class Transformer:
         self._check_values(tok.tolist(), slot.tolist(), p.tolist())
 
     def _check_values(self, tok: list, slot: list, p: list) -> None:
+        # typed: ids from a tokenizer larger than the embedding table reach here from text
         if min(tok) < 0 or max(tok) >= self.cfg.vocab_size:
-            raise ValueError(f"token id out of range [0, {self.cfg.vocab_size})")
+            raise InvalidInputError(f"token id out of range [0, {self.cfg.vocab_size})")
         if min(slot) < 0 or max(slot) >= self.n_slots:
-            raise ValueError(f"slot out of range [0, {self.n_slots})")
+            raise InvalidInputError(f"slot out of range [0, {self.n_slots})")
         if min(p) < 0 or max(p) >= self.n_ctx:
             raise ContextOverflowError(f"position {max(p)} does not fit the context of {self.n_ctx} tokens")
         if self.state_pos:
