@@ -221,6 +221,19 @@ def test_built_bytes_budget():
         ChatTemplate(src, max_built_bytes=5 * 2**20).render(USER)
 
 
+def test_template_source_size_is_bounded():
+    """Compiling is not under the render budget and costs ~0.8 KB and ~13 us per source char: a 20 MB
+    template in a GGUF once took gigabytes and minutes at first use. Past the cap it is refused at once."""
+    from llambda.chat import MAX_SOURCE_CHARS
+    unit = "{% if messages %}a{% endif %}"
+    fits = unit * (MAX_SOURCE_CHARS // len(unit))
+    assert ChatTemplate(fits).render(USER) == "a" * (MAX_SOURCE_CHARS // len(unit))
+    c0 = time.process_time()
+    with pytest.raises(ChatTemplateError, match="characters long"):
+        ChatTemplate(unit * (20 * 2**20 // len(unit)))
+    assert time.process_time() - c0 < 0.5
+
+
 def test_error_messages_are_short():
     with pytest.raises(ChatTemplateError) as e:
         ChatTemplate("{{ raise_exception('x' * 100000) }}").render(USER)

@@ -734,3 +734,14 @@ def test_a_tokenizer_larger_than_the_embedding_table(tmp_path):
                 list(m.generate("a <|past|>", max_tokens=2))
             with pytest.raises(llambda.errors.InvalidInputError, match="out of range"):
                 m.transformer.forward(np.array([n + 7], np.int32), np.zeros(1, np.int32), np.zeros(1, np.int32), [0])
+
+
+def test_chat_template_file_that_is_not_utf8(tmp_path):
+    """chat_template.jinja with an invalid byte: a ModelFormatError naming it (was a raw UnicodeDecodeError)."""
+    folder = hf_copy("llama", tmp_path / "m")
+    (folder / "chat_template.jinja").write_bytes(b"{{ messages[0].content }}\xff")
+    with pytest.raises(llambda.errors.ModelFormatError, match="chat_template.jinja.*UTF-8"):
+        llambda.load(folder, backend="numpy", n_ctx=32)
+    (folder / "chat_template.jinja").write_bytes("{{ messages[0].content }}☃".encode())
+    with llambda.load(folder, backend="numpy", n_ctx=32) as m:
+        assert m.chat_template().render([{"role": "user", "content": "hi"}]) == "hi☃"
