@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import random
 import threading
+import time
 import warnings
 
 import numpy as np
@@ -525,3 +526,36 @@ def test_from_hf_dir_errors(tmp_path):
     (tmp_path / "tokenizer.json").write_text(json.dumps(wordlevel), encoding="utf-8")
     with pytest.raises(TokenizerError, match="WordLevel"):
         Tokenizer.from_hf_dir(tmp_path)
+
+
+# ---- hostile vocabularies: bounded, typed -------------------------------------------------------
+
+def test_a_vocabulary_of_empty_tokens_builds():
+    """Only empty pieces: nothing to derive merges from (was an IndexError out of the GGUF loader)."""
+    for model in ("gpt2", "llama"):
+        md = {"tokenizer.ggml.model": model, "tokenizer.ggml.tokens": ["", ""]}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", TokenizerWarning)      # no byte tokens: bytes are dropped
+            tk = Tokenizer.from_gguf_metadata(md)
+            assert tk.vocab_size == 2 and tk.encode("") == []
+
+
+def test_long_tokens_split_many_ways_are_refused_fast():
+    """Tokens "a" * i, i < 700 (240 kB): each splits i - 1 ways into two tokens, 240k merges of 114M chars
+    handed to the library (3000 such tokens, 4.5 MB, once took 9.6 GB); refused before building."""
+    md = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["<unk>"] + ["a" * i for i in range(1, 700)],
+          "tokenizer.ggml.unknown_token_id": 0}
+    c0 = time.process_time()
+    with pytest.raises(TokenizerError, match="merges of .* chars"):
+        Tokenizer.from_gguf_metadata(md)
+    assert time.process_time() - c0 < 5
+
+
+def test_split_points_are_bounded(monkeypatch):
+    from llambda.tokenizer import merges
+    monkeypatch.setattr(merges, "MAX_SPLITS", 1000)
+    md = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["<unk>", "a" * 1002],
+          "tokenizer.ggml.unknown_token_id": 0}
+    with pytest.raises(TokenizerError, match="1001 split points"):
+        Tokenizer.from_gguf_metadata(md)
+
