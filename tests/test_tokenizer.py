@@ -559,3 +559,36 @@ def test_split_points_are_bounded(monkeypatch):
     with pytest.raises(TokenizerError, match="1001 split points"):
         Tokenizer.from_gguf_metadata(md)
 
+
+def _tiny_tokenizer_json(tmp_path, **changes) -> dict:
+    spec = json.loads(Tokenizer.from_gguf_metadata(_tiny_bpe_meta())._backend.to_str())
+    spec.update(changes)
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    return spec
+
+
+def test_from_hf_dir_odd_but_loadable_specs(tmp_path):
+    """What the library accepts must not break our own reading of tokenizer.json (once a TypeError / a bare
+    Exception out of load())."""
+    spec = json.loads(Tokenizer.from_gguf_metadata(_tiny_bpe_meta())._backend.to_str())
+    _tiny_tokenizer_json(tmp_path, decoder=dict(spec["decoder"], decoders=5))    # a stray key the library ignores
+    assert Tokenizer.from_hf_dir(tmp_path).decode(Tokenizer.from_hf_dir(tmp_path).encode("hello")) == "hello"
+    unigram = {"version": "1.0", "added_tokens": [], "normalizer": None, "pre_tokenizer": None, "post_processor": None,
+               "decoder": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": True},
+               "truncation": None, "padding": None,
+               "model": {"type": "Unigram", "unk_id": None, "vocab": [["b", -1.0]], "byte_fallback": False}}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(unigram), encoding="utf-8")
+    tk = Tokenizer.from_hf_dir(tmp_path)              # no unk: "a" cannot be encoded, "b" can
+    assert tk.encode("b") == [0]
+    with pytest.raises(TokenizerError, match="unk"):
+        tk.encode("a")
+
+
+@pytest.mark.parametrize("normalizer", [
+    {"type": "Replace", "pattern": {"String": "a"}, "content": "b" * 100_000},
+    {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "x" * 1000}]}])
+def test_from_hf_dir_refuses_a_normalizer_that_multiplies_text(tmp_path, normalizer):
+    """Replace("a", 100k chars): a 2000-char text became 200M chars inside the library (23 GB, OOM-killed)."""
+    _tiny_tokenizer_json(tmp_path, normalizer=normalizer)
+    with pytest.raises(TokenizerError, match="chars per match"):
+        Tokenizer.from_hf_dir(tmp_path)

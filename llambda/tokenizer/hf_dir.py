@@ -21,6 +21,9 @@ from .vocab import TokenType, Vocab
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 # Unused ids a vocabulary may leave between its tokens (real ones leave none or a few hundred).
 MAX_ID_GAP = 1 << 16
+# Text a normalizer's Replace or Prepend writes per match (real ones: "▁" or " "). Normalizing runs in the
+# library before any check of ours: Replace("a", 100k chars) took a 2000-char text to 23 GB.
+MAX_NORMALIZER_TEXT = 16
 
 
 def _read_json(path: Path) -> dict:
@@ -39,7 +42,8 @@ def _component_types(spec) -> list[dict]:
         return []
     out = [spec]
     for key in ("decoders", "pretokenizers", "normalizers"):
-        for sub in spec.get(key) or []:
+        subs = spec.get(key)         # the library ignores a stray non-list here; so must we (was a TypeError)
+        for sub in subs if isinstance(subs, list) else []:
             out.extend(_component_types(sub))
     return out
 
@@ -73,6 +77,11 @@ def load_hf_dir(path) -> tuple[Backend, Vocab, bool]:
         raise TokenizerError(f"{tj}: model type {model.get('type')!r} is not supported "
                              "(BPE, Unigram or WordPiece only)")
     wordpiece = model.get("type") == "WordPiece"
+    for norm in _component_types(spec.get("normalizer")):
+        text = norm.get("content") if norm.get("type") == "Replace" else norm.get("prepend")
+        if isinstance(text, str) and len(text) > MAX_NORMALIZER_TEXT:
+            raise TokenizerError(f"{tj}: normalizer {norm.get('type')} writes {len(text)} chars per match, more "
+                                 f"than the {MAX_NORMALIZER_TEXT} allowed (a text would grow without bound)")
     decoder = _component_types(spec.get("decoder"))
     pre = _component_types(spec.get("pre_tokenizer"))
     byte_level = any(d.get("type") == "ByteLevel" for d in decoder + pre)
@@ -136,8 +145,11 @@ def load_hf_dir(path) -> tuple[Backend, Vocab, bool]:
     vocab.add_space_prefix = strip_first_space
 
     # Without explicit flags, ask the post-processor what it adds.
-    probe = backend.encode("a", add_special_tokens=True).ids
-    plain = backend.encode("a", add_special_tokens=False).ids
+    try:
+        probe = backend.encode("a", add_special_tokens=True).ids
+        plain = backend.encode("a", add_special_tokens=False).ids
+    except Exception:      # cannot encode "a" (a Unigram without unk_id): nothing known to be added
+        probe = plain = []
     added_front = len(probe) > len(plain) and vocab.bos_id is not None and probe[0] == vocab.bos_id
     added_back = len(probe) > len(plain) and vocab.eos_id is not None and probe[-1] == vocab.eos_id
     flag = config.get("add_bos_token")
