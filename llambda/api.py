@@ -554,9 +554,11 @@ class EncoderModel:
         texts = [i for i in items if isinstance(i, str)]
         enc = iter(self._tok().encode_for_encoder(texts, cfg.max_tokens) if texts else [])
         out = []
-        for i in items:
+        for n, i in enumerate(items):
             if isinstance(i, str):
                 out.append(next(enc))
+                if not out[-1][0]:      # no special tokens added and no text token: nothing to run on
+                    raise InvalidInputError(f"input {n} encodes to no tokens: nothing to embed")
             else:
                 ids = token_ids(i, cfg.vocab_size)[:cfg.max_tokens]
                 if not ids:

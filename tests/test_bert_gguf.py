@@ -113,6 +113,9 @@ def test_cls_pooling_from_gguf(tmp_path):
     ({"bert.attention.causal": True}, "causal"),
     ({"bert.block_count": None}, "block_count"),
     ({"bert.embedding_length": 30}, "multiple"),
+    ({"bert.pooling_type": [1, 2]}, "pooling_type"),              # unhashable: was a TypeError
+    ({"bert.attention.causal": [0.5] * 300}, "causal.*bool"),     # an array: was "truth value is ambiguous"
+    ({"bert.attention.causal": 2}, "causal.*bool"),
 ])
 def test_bad_bert_gguf_metadata_is_a_model_format_error(tmp_path, change, message):
     from llambda.formats.gguf import GGUFFile
@@ -163,3 +166,21 @@ def test_show_and_tensor_names_of_a_bert_gguf(tmp_path, capsys):
         src.close()
     assert main(["show", str(gg)]) == 0
     assert "bert encoder" in capsys.readouterr().out
+
+
+def test_text_that_encodes_to_no_tokens_is_a_clear_error(tmp_path):
+    """A bert GGUF without tokenizer.ggml.model gets a byte-level BPE over its phantom-space tokens, no [CLS]/[SEP]:
+    a text of none of them encodes to nothing, once a ValueError (numpy) or an add_layernorm error (native)."""
+    from llambda.backends import available_backends
+    from llambda.errors import InvalidInputError
+    from llambda.formats.gguf import GGUFFile
+    folder, _, _ = _tiny_bert_dir(_mkdir(tmp_path / "hf"))
+    gg = llama_cpp_style_gguf(folder, tmp_path / "a.gguf")
+    with GGUFFile(gg) as f:
+        meta = {k: v for k, v in f.metadata.items() if k != "tokenizer.ggml.model"}
+        tensors = {n: (t.qtype, np.frombuffer(t.data, np.float32).reshape(t.shape)) for n, t in f.tensors.items()}
+    write_gguf(tmp_path / "b.gguf", meta, tensors)
+    for backend in available_backends():
+        with pytest.warns(UserWarning), llambda.load(tmp_path / "b.gguf", backend=backend) as m:
+            with pytest.raises(InvalidInputError, match="input 1 encodes to no tokens"):
+                m.embed(["[CLS]", "hello world"])

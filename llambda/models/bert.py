@@ -126,11 +126,15 @@ def config_from_gguf(meta: dict) -> BertConfig:
            "max_position_embeddings": key("bert.context_length"),
            "type_vocab_size": meta.get("tokenizer.ggml.token_type_count", 2),
            "layer_norm_eps": key("bert.attention.layer_norm_epsilon", 1e-12)}
-    if meta.get("bert.attention.causal", False):
+    causal = meta.get("bert.attention.causal", False)
+    if not isinstance(causal, (bool, int)) or causal not in (0, 1):    # (an array has no truth value)
+        raise ModelFormatError(f"GGUF 'bert.attention.causal' must be a bool, got {type(causal).__name__}")
+    if causal:
         raise ModelFormatError("GGUF 'bert.attention.causal' is true: a causal BERT is not supported")
     kind = meta.get("bert.pooling_type", 1)
-    if kind not in GGUF_POOLING:
-        raise ModelFormatError(f"GGUF 'bert.pooling_type' {kind!r} is not supported (1 mean, 2 CLS)")
+    if isinstance(kind, bool) or not isinstance(kind, int) or kind not in GGUF_POOLING:   # (a list: unhashable)
+        shown = repr(kind) if isinstance(kind, (int, float, str)) else type(kind).__name__
+        raise ModelFormatError(f"GGUF 'bert.pooling_type' {shown[:40]} is not supported (1 mean, 2 CLS)")
     try:
         return config_from_hf(cfg, pooling={"pooling_mode_cls_token": GGUF_POOLING[kind] == "cls"})
     except ModelFormatError as e:      # name the format; the field names are HF's spelling of bert.*
