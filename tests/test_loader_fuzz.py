@@ -745,3 +745,11 @@ def test_chat_template_file_that_is_not_utf8(tmp_path):
     (folder / "chat_template.jinja").write_bytes("{{ messages[0].content }}☃".encode())
     with llambda.load(folder, backend="numpy", n_ctx=32) as m:
         assert m.chat_template().render([{"role": "user", "content": "hi"}]) == "hi☃"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_granite_logit_scale_whose_inverse_overflows(tmp_path, backend):
+    """granite.logit_scale = 1e-45 (a float32 denormal): logits times 1/1e-45 overflow float32."""
+    src = GGUFSource(export(TINY / "granite", tmp_path / "g.gguf", fmt="gguf"))
+    meta = dict(src.meta, **{"granite.logit_scale": GGUFValue(VT.FLOAT32, 1e-45)})
+    assert "logit_scale" in _refused(src.write(tmp_path / "tiny-scale.gguf", meta), backend)

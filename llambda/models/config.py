@@ -52,7 +52,9 @@ FLOAT_LIMITS = {
     "attn_scale": (0.0, 1e4, True), "embed_scale": (0.0, 1e6, True), "attn_softcap": (0.0, 1e30, False),
     "final_softcap": (0.0, 1e30, False), "norm_offset": (-1e3, 1e3, False), "rope_factor": (0.0, 1e30, True),
     "positive": (0.0, 1e30, True), "any": (-1e30, 1e30, False),
-    "residual_scale": (0.0, 1e6, True), "logit_scale": (0.0, 1e30, True),
+    # logits are multiplied by 1 / logit_scale: below 1e-30 that overflows float32 (1e-45 once reached the
+    # native scale op as 7e44 and failed there untyped)
+    "residual_scale": (0.0, 1e6, True), "logit_scale": (1e-30, 1e30, True),
 }
 
 
