@@ -235,6 +235,8 @@ def cmd_show(a) -> int:
         print(f"{a.model}: {e.arch}, {hub.quant_type(e)}, {e.size / 1e6:.0f} MB, not downloaded "
               f"(`llambda pull {a.model}` fetches it)")
         return 0
+    if a.ctx_size is not None and a.ctx_size < 0:      # was planned as printed: "-0.2 MiB of KV cache"
+        raise ValueError(f"-c/--ctx-size must be >= 0 (0: the default), got {a.ctx_size}")
     src = open_model(Path(hub.resolve(a.model)))
     try:
         c = src.config

@@ -60,6 +60,13 @@ def test_show_reads_the_header_only(capsys):
     assert "chat template    no" in out
 
 
+def test_show_refuses_a_negative_context(capsys):
+    """-c -5 once printed a plan of -5 tokens with a negative KV cache size."""
+    assert cli.main(["show", "-c", "-5", str(TINY_LLAMA)]) == 1
+    assert "ctx-size must be >= 0" in capsys.readouterr().err
+    assert cli.main(["show", "-c", "0", str(TINY_LLAMA)]) == 0
+
+
 def test_show_never_downloads(fake, capsys):
     assert cli.main(["show", "fake-model"]) == 0
     assert "not downloaded" in capsys.readouterr().out and fake == []
