@@ -118,6 +118,8 @@ class ChatSession:
     def _load(self, path: str) -> str:
         try:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except RecursionError:      # "[[[[..." nested past the interpreter's stack: once a traceback out of chat
+            return f"cannot read {path}: JSON nested too deeply"
         except (OSError, ValueError) as e:
             return f"cannot read {path}: {getattr(e, 'strerror', None) or e}"
         ok = isinstance(data, list) and all(

@@ -77,6 +77,8 @@ def test_commands(tmp_path):
     assert "cannot read" in s.command(f"/load {tmp_path / 'missing.json'}")
     f.write_text('{"not": "a list"}')
     assert "expected a JSON list" in s.command(f"/load {f}")
+    f.write_text("[" * 100_000 + "]" * 100_000)
+    assert "nested too deeply" in s.command(f"/load {f}")
     assert "cannot write" in s.command(f"/save {tmp_path / 'no' / 'such' / 'dir.json'}")
     assert s.command("/exit") is None and s.command("/bye") is None
 
