@@ -753,3 +753,12 @@ def test_granite_logit_scale_whose_inverse_overflows(tmp_path, backend):
     src = GGUFSource(export(TINY / "granite", tmp_path / "g.gguf", fmt="gguf"))
     meta = dict(src.meta, **{"granite.logit_scale": GGUFValue(VT.FLOAT32, 1e-45)})
     assert "logit_scale" in _refused(src.write(tmp_path / "tiny-scale.gguf", meta), backend)
+
+
+@pytest.mark.parametrize("value", [GGUFValue((VT.ARRAY, VT.FLOAT32), [0.5] * 300), GGUFValue(VT.STRING, "false"),
+                                   GGUFValue(VT.UINT32, 7)])
+def test_moe_expert_weights_norm_must_be_a_bool(tmp_path, value):
+    """An array was "truth value ambiguous" (a ValueError); the string "false" silently meant True."""
+    src = GGUFSource(export(TINY / "mixtral", tmp_path / "x.gguf", fmt="gguf"))
+    meta = dict(src.meta, **{"llama.expert_weights_norm": value})
+    assert "expert_weights_norm" in _refused(src.write(tmp_path / "x2.gguf", meta), BACKENDS[0])

@@ -49,6 +49,13 @@ class GGUFHParams:
         what, v = self._raw(key, default)
         return check_number(what, v, limit or "any")
 
+    def flag(self, key: str, default=_MISSING) -> bool:
+        """A bool (or 0/1): bool() of an array raised "truth value ambiguous", of a string was True."""
+        what, v = self._raw(key, default)
+        if not isinstance(v, (bool, int)) or v not in (0, 1):
+            raise ModelFormatError(f"{what} should be a bool, got {v!r}"[:200])
+        return bool(v)
+
     def str(self, key: str, default=_MISSING) -> str:
         what, v = self._raw(key, default)
         if v is not None and not isinstance(v, str):

@@ -47,7 +47,7 @@ def gguf_moe(hp: GGUFHParams, *, norm_default: bool, expert_ffn_key: str = "expe
         n_experts=n_experts,
         n_experts_used=hp.int("expert_used_count", limit="n_experts_used"),
         expert_ffn_dim=hp.int(expert_ffn_key, hp.int("feed_forward_length", limit="ffn_dim"), "expert_ffn_dim"),
-        moe_norm_topk=bool(hp._raw("expert_weights_norm", norm_default)[1]),
+        moe_norm_topk=hp.flag("expert_weights_norm", norm_default),
         shared_ffn_dim=hp.int("expert_shared_feed_forward_length", 0, "shared_ffn_dim"),
         moe_layers=[i >= lead for i in range(n_layers)],
     )
