@@ -592,3 +592,17 @@ def test_from_hf_dir_refuses_a_normalizer_that_multiplies_text(tmp_path, normali
     _tiny_tokenizer_json(tmp_path, normalizer=normalizer)
     with pytest.raises(TokenizerError, match="chars per match"):
         Tokenizer.from_hf_dir(tmp_path)
+
+
+def test_a_library_panic_on_the_text_is_a_tokenizer_error(tmp_path):
+    """A Split regex that backtracks past onig's limit on this text: the library panics, which pyo3 raises as a
+    BaseException (PanicException) that `except Exception` let through untyped. The tokenizer still works after."""
+    spec = json.loads(Tokenizer.from_gguf_metadata(_tiny_bpe_meta())._backend.to_str())
+    spec["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": "(a|aa)+$"}, "behavior": "Isolated", "invert": False},
+        spec["pre_tokenizer"]]}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    tk = Tokenizer.from_hf_dir(tmp_path)
+    with pytest.raises(TokenizerError, match="retry-limit"):
+        tk.encode("a" * 40 + "!")
+    assert tk.decode(tk.encode("hello world")) == "hello world"

@@ -112,7 +112,9 @@ class Tokenizer:
                     self._backend.encode_special_tokens = not parse_special
                     self._parse_special = bool(parse_special)
                 ids = self._backend.encode(text, add_special_tokens=False).ids
-        except Exception as e:
+        except BaseException as e:
+            if not library_error(e):
+                raise
             raise TokenizerError(f"cannot encode text: {_explain(text, e)}") from None
         if self._present_bytes is not None and text:
             self._warn_dropped_bytes(text)
@@ -151,7 +153,9 @@ class Tokenizer:
                         encs = self._backend.encode_batch(list(texts), add_special_tokens=True)
                 finally:
                     self._backend.no_truncation()
-        except Exception as e:
+        except BaseException as e:
+            if not library_error(e):
+                raise
             flat = [x for t in texts for x in ((t,) if isinstance(t, str) else t)]
             bad = next((t for t in flat if _explain(t, e) != str(e)), flat[0] if flat else "")
             raise TokenizerError(f"cannot encode text: {_explain(bad, e)}") from None
@@ -241,6 +245,12 @@ class Tokenizer:
     def __repr__(self) -> str:
         return (f"Tokenizer(model={self.model!r}, pre={self.pre!r}, vocab_size={self.vocab_size}, "
                 f"bos={self.bos_id}, eos={self.eos_id}, add_bos={self.add_bos})")
+
+
+def library_error(e: BaseException) -> bool:
+    """An error of the `tokenizers` library: an Exception, or a Rust panic (a Split regex over its backtracking
+    limit on the text, say), which pyo3 raises as PanicException, a BaseException that `except Exception` misses."""
+    return isinstance(e, Exception) or type(e).__name__ == "PanicException"
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ from tokenizers import Tokenizer as Backend
 
 from ..errors import TokenizerError
 from ..formats.files import MAX_JSON_BYTES, MAX_TOKENIZER_JSON_BYTES, read_json
+from .core import library_error
 from .vocab import TokenType, Vocab
 
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
@@ -65,7 +66,9 @@ def load_hf_dir(path) -> tuple[Backend, Vocab, bool]:
     spec = _read_json(tj)
     try:
         backend = Backend.from_file(str(tj))
-    except Exception as e:
+    except BaseException as e:
+        if not library_error(e):
+            raise
         raise TokenizerError(f"{tj}: the tokenizers library cannot load it: {e}") from None
 
     # Encoders' tokenizer.json may fix padding and truncation (MiniLM's pads every text to 128):
@@ -148,7 +151,9 @@ def load_hf_dir(path) -> tuple[Backend, Vocab, bool]:
     try:
         probe = backend.encode("a", add_special_tokens=True).ids
         plain = backend.encode("a", add_special_tokens=False).ids
-    except Exception:      # cannot encode "a" (a Unigram without unk_id): nothing known to be added
+    except BaseException as e:      # cannot encode "a" (a Unigram without unk_id): nothing known to be added
+        if not library_error(e):
+            raise
         probe = plain = []
     added_front = len(probe) > len(plain) and vocab.bos_id is not None and probe[0] == vocab.bos_id
     added_back = len(probe) > len(plain) and vocab.eos_id is not None and probe[-1] == vocab.eos_id
