@@ -762,3 +762,10 @@ def test_moe_expert_weights_norm_must_be_a_bool(tmp_path, value):
     src = GGUFSource(export(TINY / "mixtral", tmp_path / "x.gguf", fmt="gguf"))
     meta = dict(src.meta, **{"llama.expert_weights_norm": value})
     assert "expert_weights_norm" in _refused(src.write(tmp_path / "x2.gguf", meta), BACKENDS[0])
+
+
+def test_lfm2_per_layer_kv_heads_of_nested_arrays(tmp_path):
+    """lfm2.attention.head_count_kv as an array of arrays: was a TypeError (unhashable) building the head set."""
+    src = GGUFSource(export(TINY / "lfm2", tmp_path / "l.gguf", fmt="gguf"))
+    meta = dict(src.meta, **{"lfm2.attention.head_count_kv": GGUFValue((VT.ARRAY, (VT.ARRAY, VT.INT32)), [[1], [2]])})
+    assert "head_count_kv" in _refused(src.write(tmp_path / "l2.gguf", meta), BACKENDS[0])

@@ -45,8 +45,9 @@ def config_from_gguf(meta: dict) -> TransformerConfig:
     kv = meta.get(key)
     kv = kv.tolist() if isinstance(kv, np.ndarray) else kv
     if isinstance(kv, (list, tuple)):
-        heads = sorted({v for v in kv if v != 0})
-        if not kv or len(heads) > 1 or not all(type(v) is int and v >= 0 for v in kv):
+        # the types first: a nested list in a set was an untyped TypeError (unhashable)
+        heads = sorted({v for v in kv if v != 0}) if all(type(v) is int and v >= 0 for v in kv) else None
+        if not kv or heads is None or len(heads) > 1:
             raise ModelFormatError(f"GGUF metadata {key!r}: per-layer values {list(kv)[:8]!r} are not 0 "
                                    "(a conv layer) or one common head count")
         kinds = ["attention" if v else "shortconv" for v in kv]
