@@ -769,3 +769,10 @@ def test_lfm2_per_layer_kv_heads_of_nested_arrays(tmp_path):
     src = GGUFSource(export(TINY / "lfm2", tmp_path / "l.gguf", fmt="gguf"))
     meta = dict(src.meta, **{"lfm2.attention.head_count_kv": GGUFValue((VT.ARRAY, (VT.ARRAY, VT.INT32)), [[1], [2]])})
     assert "head_count_kv" in _refused(src.write(tmp_path / "l2.gguf", meta), BACKENDS[0])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("key", ["final_logit_softcapping", "attn_logit_softcapping"])
+def test_a_softcap_that_float32_rounds_to_zero(tmp_path, backend, key):
+    """gemma2's softcaps at 1e-320: positive as a float64, 0 in float32, which the native softcap op refused untyped."""
+    assert "softcap" in _refused(_hf_with(tmp_path, "gemma2", **{key: 1e-320}), backend)

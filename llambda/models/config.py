@@ -242,6 +242,9 @@ class TransformerConfig:
         for name in ("rope_theta_local", "embed_scale", "attn_scale"):
             if getattr(self, name) is not None:
                 check_number(f"config {name}", getattr(self, name), name)
+        for name in ("attn_softcap", "final_softcap"):     # 0: no cap
+            if 0 < getattr(self, name) < 1e-30:        # 1e-320 is 0 in float32: the native op refused it untyped
+                raise ModelFormatError(f"config {name} = {getattr(self, name)!r} is neither 0 (off) nor >= 1e-30")
         self._check_rope()
 
     def _check_moe(self) -> None:
