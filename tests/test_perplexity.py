@@ -100,3 +100,19 @@ def test_cli_text_file_that_cannot_be_read_is_an_error_line(tmp_path):
                           "-f", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 1
     assert "Traceback" not in out.stderr and "cannot read the text file" in out.stderr, out.stderr
+
+
+def test_memory_does_not_grow_with_the_window(smollm2_gguf):
+    """The logits of one forward step are scored at a time: the whole half-window's (rows x vocab) logits and
+    their float64 copies once took 3 GB at -c 4096 (SmolLM2's 49k vocabulary), growing with -c past any plan."""
+    import tracemalloc
+    with llambda.load(smollm2_gguf, backend=available_backends()[0], n_ctx=1024, max_batch=32) as m:
+        half_window = (1024 // 2 - 1) * m.config.vocab_size * 4        # its float32 logits alone: 100 MB
+        tracemalloc.start()
+        try:
+            res = perplexity(m, TEXT * 4, n_ctx=1024, max_windows=1)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert res.n_scored == 511 and math.isfinite(res.ppl)
+    assert peak < half_window / 2, (peak, half_window)

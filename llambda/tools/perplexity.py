@@ -50,7 +50,10 @@ def perplexity(model, text: str, n_ctx: int = 512, max_windows: int | None = Non
     tr = model.transformer
     first = n_ctx // 2
     rows = np.arange(first, n_ctx - 1)
-    logits = np.empty((len(rows), model.config.vocab_size), np.float32)
+    step = tr.ws.max_tokens
+    # one forward step's rows at a time: the whole half-window's (rows x vocab) logits plus their float64 copy
+    # took 3 GB at -c 4096 on a 49k vocabulary and grew with -c past any memory plan
+    logits = np.empty((min(step, len(rows)), model.config.vocab_size), np.float32)
     total, count = 0.0, 0
     with model._lock:
         model._cached = []
@@ -58,19 +61,16 @@ def perplexity(model, text: str, n_ctx: int = 512, max_windows: int | None = Non
             window = np.array(ids[w * n_ctx:(w + 1) * n_ctx], dtype=np.int32)
             if tok.add_bos and tok.bos_id is not None:
                 window[0] = tok.bos_id
-            step = tr.ws.max_tokens
             for s in range(0, n_ctx, step):
                 part = window[s:s + step]
                 m = len(part)
                 want = rows[(rows >= s) & (rows < s + m)]
                 pos = np.arange(s, s + m, dtype=np.int32)
                 if len(want):
-                    tr.forward(part, np.zeros(m, np.int32), pos, want - s,
-                               out=logits[want[0] - first:want[-1] - first + 1])
+                    out = tr.forward(part, np.zeros(m, np.int32), pos, want - s, out=logits[:len(want)])
+                    total -= float(_log_softmax_at(out, window[want + 1]).sum())
                 else:
                     tr.forward(part, np.zeros(m, np.int32), pos, [m - 1])
-            lp = _log_softmax_at(logits, window[rows + 1])
-            total -= float(lp.sum())
             count += len(rows)
             if progress:
                 progress(w + 1, math.exp(total / count))
