@@ -362,6 +362,9 @@ class Model:
 
     def compile_grammar(self, spec: GrammarSpec) -> Grammar:
         """A GrammarSpec compiled for this model; ConstraintError when it is invalid."""
+        if not isinstance(spec, GrammarSpec):
+            raise InvalidInputError(f"compile_grammar() needs a GrammarSpec (llambda.constraints.grammar_spec), "
+                                    f"got {type(spec).__name__}")
         return self.grammars().compile(spec)
 
     # -- chat ---------------------------------------------------------------

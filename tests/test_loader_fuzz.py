@@ -776,3 +776,15 @@ def test_lfm2_per_layer_kv_heads_of_nested_arrays(tmp_path):
 def test_a_softcap_that_float32_rounds_to_zero(tmp_path, backend, key):
     """gemma2's softcaps at 1e-320: positive as a float64, 0 in float32, which the native softcap op refused untyped."""
     assert "softcap" in _refused(_hf_with(tmp_path, "gemma2", **{key: 1e-320}), backend)
+
+
+def test_model_methods_with_arguments_of_a_wrong_type(tmp_path):
+    """Each once an AttributeError, TypeError or ValueError from inside: now an InvalidInputError or TokenizerError."""
+    with llambda.load(hf_copy("llama", tmp_path / "m"), backend=BACKENDS[0], n_ctx=32) as m:
+        for call in (lambda: m.set_draft(str(TINY / "llama")), lambda: m.compile_grammar('root ::= "a"'),
+                     lambda: m.embed(None), lambda: m.embed(["the"], slot="0"), lambda: m.embed(["the"], slot=0.5)):
+            with pytest.raises(llambda.errors.InvalidInputError):
+                call()
+        with pytest.raises(llambda.errors.TokenizerError):
+            m.detokenize(None)
+        assert m.detokenize(iter(m.tokenize("the"))) == "the"
