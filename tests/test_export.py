@@ -286,3 +286,11 @@ def test_a_failed_write_is_a_typed_error(tmp_path, monkeypatch):
     monkeypatch.setattr(writer, "write_gguf", refuse)
     with pytest.raises(LlambdaError, match="cannot write .*Permission denied"):
         export(TINY / "qwen3", tmp_path / "q.gguf", fmt="gguf")
+
+
+@pytest.mark.parametrize("fmt, qtype", [("gguf", ""), ("hf", ""), ("hf", 5)])
+def test_an_empty_or_odd_type_name_is_refused(tmp_path, fmt, qtype):
+    """`llambda quantize IN OUT ""` wrote the source's own types and said it had quantized; 5 was an AttributeError."""
+    with pytest.raises(LlambdaError, match="cannot quantize to ''|stores f32, f16 or bf16"):
+        export(TINY / "qwen3", tmp_path / "out", fmt=fmt, qtype=qtype)
+    assert not (tmp_path / "out").exists()

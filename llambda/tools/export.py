@@ -340,10 +340,10 @@ def write_hf(src: ModelSource, out: Path, qtype: str | None = None) -> Path:
     if cfg.n_experts or cfg.recurrent:
         raise LlambdaError("a mixture-of-experts or hybrid model exports as GGUF only (fmt='gguf')")
     want = None
-    if qtype:
-        if qtype.lower() not in FLOAT_TYPES:
+    if qtype is not None:      # "" is no type either (it once meant "keep the source's")
+        if str(qtype).lower() not in FLOAT_TYPES:
             raise LlambdaError(f"a Hugging Face export stores f32, f16 or bf16, not {qtype!r}")
-        want = FLOAT_TYPES[qtype.lower()]
+        want = FLOAT_TYPES[str(qtype).lower()]
     tensors = _layout_tensors(src, to_interleaved=False)
     rope_factors = tensors.pop("rope_freqs.weight", None)
     hf_cfg_cfg = cfg
@@ -532,7 +532,8 @@ def write_gguf_file(src: ModelSource, out: Path, qtype: str | None = None, pure:
     cfg = src.config
     fam = family_of(cfg)
     arch = fam.gguf_arch
-    ftype = file_type(qtype, pure) if qtype else None
+    # `quantize IN OUT ""` once wrote the source's types and reported success: "" is no type
+    ftype = file_type(qtype, pure) if qtype is not None else None
     tensors = _hybrid_tensors(cfg, _layout_tensors(src, to_interleaved=arch in PERMUTED_GGUF_ARCHS))
     meta = gguf_metadata(cfg, arch, src.name or src.path.stem)
     kind = (cfg.rope_scaling or {}).get("rope_type") or (cfg.rope_scaling or {}).get("type")
