@@ -17,7 +17,8 @@ from safetensors.numpy import load_file
 
 import llambda
 from llambda.errors import ModelFormatError
-from llambda.formats.gguf_writer import write_gguf
+from llambda.formats.gguf import GGUFValueType as VT
+from llambda.formats.gguf_writer import GGUFValue, write_gguf
 from llambda.formats.quants import QType
 from llambda.tokenizer import Tokenizer
 from test_embeddings import SENTENCES, TINY_TEXTS, _cos, _tiny_bert_dir
@@ -116,6 +117,7 @@ def test_cls_pooling_from_gguf(tmp_path):
     ({"bert.pooling_type": [1, 2]}, "pooling_type"),              # unhashable: was a TypeError
     ({"bert.attention.causal": [0.5] * 300}, "causal.*bool"),     # an array: was "truth value is ambiguous"
     ({"bert.attention.causal": 2}, "causal.*bool"),
+    ({"bert.attention.layer_norm_epsilon": GGUFValue(VT.FLOAT64, 1e-320)}, "layer_norm_eps"),   # 0 in float32
 ])
 def test_bad_bert_gguf_metadata_is_a_model_format_error(tmp_path, change, message):
     from llambda.formats.gguf import GGUFFile

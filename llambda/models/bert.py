@@ -47,8 +47,9 @@ def _int(cfg: dict, key: str, lo: int, hi: int) -> int:
 
 
 def _eps(v) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1:
-        raise ModelFormatError(f"config.json: layer_norm_eps must be a number in (0, 1), got {v!r}")
+    # from 1e-30: float32 rounds 1e-320 to 0, which the native layer norm refused untyped
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 1e-30 <= v < 1:
+        raise ModelFormatError(f"config.json: layer_norm_eps must be a number in [1e-30, 1), got {v!r}")
     return float(v)
 
 
