@@ -438,6 +438,18 @@ def test_bad_moe_files_are_model_format_errors(tmp_path, edit, drop, message):
         llambda.load(d, backend="numpy", n_ctx=32)
 
 
+def test_an_expert_numbered_in_the_billions_is_refused_fast(tmp_path):
+    """An expert id of 3e9 in a tensor name: the missing-expert message once built set(range(3e9 + 1))."""
+    from safetensors.numpy import load_file, save_file
+    d = _edit_copy(tmp_path, "qwen3_moe")
+    t = load_file(d / "model.safetensors")
+    k = next(k for k in t if "layers.1.mlp.experts.3.up_proj" in k)
+    t[k.replace("experts.3.", "experts.3000000000.")] = t.pop(k)
+    save_file(t, d / "model.safetensors")
+    with pytest.raises(ModelFormatError, match=r"experts \[3\] are missing \(ids go up to 3000000000\)"):
+        llambda.load(d, backend="numpy", n_ctx=32)
+
+
 def test_moe_binding_refuses_bad_arguments():
     n, d, ff, E, k = 2, 32, 32, 4, 2
     W = [(0, 0, np.zeros(E * ff * d * 4, np.uint8))] * 3

@@ -54,8 +54,10 @@ class ExpertStacks:
         for name, group in self.parts.items():
             n = len(group)
             if sorted(group) != list(range(n)):
-                missing = sorted(set(range(max(group) + 1)) - set(group))
-                raise ModelFormatError(f"{name}: experts {missing[:8]} are missing")
+                # n distinct ids that are not 0..n-1 leave a gap below n; range(max + 1) was a set of
+                # billions for an expert numbered 3000000000 in a tensor name
+                missing = [e for e in range(n) if e not in group]
+                raise ModelFormatError(f"{name}: experts {missing[:8]} are missing (ids go up to {max(group)})")
             parts = [group[e][1] for e in range(n)]
             for e, p in enumerate(parts):
                 if len(p.shape) != 2 or p.shape != parts[0].shape or p.qtype != parts[0].qtype:
