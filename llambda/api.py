@@ -156,6 +156,7 @@ class Model:
         self._lock = threading.RLock()
         self._cached: list[int] = []   # tokens whose keys/values slot 0 holds (prefix reuse)
         self._template = None
+        self._template_error: str | None = None   # a template that did not compile, said again without recompiling
         self._grammars = None          # llguidance's view of the vocabulary, built on first use
         self._grammars_lock = threading.Lock()
         self.draft: Model | None = None  # the draft model for speculative decoding (load(..., draft=))
@@ -370,6 +371,8 @@ class Model:
     # -- chat ---------------------------------------------------------------
     def chat_template(self):
         if self._template is None:
+            if self._template_error is not None:    # compiling a broken template again costs up to seconds
+                raise ChatTemplateError(self._template_error)
             from .chat import ChatTemplate
             src = self.source.chat_template
             if not src:
@@ -378,7 +381,11 @@ class Model:
             tok = self.tokenizer
             bos = tok.token_text(tok.bos_id) if tok is not None and tok.bos_id is not None else ""
             eos = tok.token_text(tok.eos_id) if tok is not None and tok.eos_id is not None else ""
-            self._template = ChatTemplate(src, bos_token=bos, eos_token=eos)
+            try:
+                self._template = ChatTemplate(src, bos_token=bos, eos_token=eos)
+            except ChatTemplateError as e:
+                self._template_error = str(e)
+                raise
         return self._template
 
     def render_chat(self, messages, add_generation_prompt: bool = True, tools=None, **extra) -> str:

@@ -234,6 +234,28 @@ def test_template_source_size_is_bounded():
     assert time.process_time() - c0 < 0.5
 
 
+def test_a_template_that_does_not_compile_is_compiled_once(smollm2_gguf, monkeypatch):
+    """A broken template used to be compiled again on every chat call (up to seconds at the source cap)."""
+    import llambda
+    import llambda.chat as chat_mod
+    calls = []
+
+    class Broken(ChatTemplate):
+        def __init__(self, *a, **kw):
+            calls.append(1)
+            super().__init__("{% if %}")
+
+    m = llambda.load(smollm2_gguf, n_ctx=64)
+    try:
+        monkeypatch.setattr(chat_mod, "ChatTemplate", Broken)
+        for _ in range(3):
+            with pytest.raises(ChatTemplateError, match="syntax error"):
+                m.render_chat(USER)
+        assert len(calls) == 1
+    finally:
+        m.close()
+
+
 def test_error_messages_are_short():
     with pytest.raises(ChatTemplateError) as e:
         ChatTemplate("{{ raise_exception('x' * 100000) }}").render(USER)
