@@ -410,15 +410,21 @@ def _bench_speculative(a, path, threads: list[int]) -> int:
     return 0
 
 
+PERPLEXITY_MAX_CHARS = 256 << 20   # wikitext-2's test set is 1.3M characters
+
+
 def cmd_perplexity(a) -> int:
     from .api import load
     from .tools.perplexity import perplexity
 
     try:
         with open(a.file, encoding="utf-8") as f:
-            text = f.read()
+            text = f.read(PERPLEXITY_MAX_CHARS + 1)     # bounded: -f /dev/zero read until memory ran out
     except OSError as e:        # a directory, no permission: an error line, not a traceback
         raise LlambdaError(f"cannot read the text file {a.file}: {e.strerror or e}") from None
+    if len(text) > PERPLEXITY_MAX_CHARS:
+        raise LlambdaError(f"the text file {a.file} holds more than {PERPLEXITY_MAX_CHARS} characters; "
+                           "perplexity takes a shorter text (it would take days to score anyway)")
     if a.ctx_size < 2:
         raise ValueError("-c/--ctx-size must be at least 2 tokens")
     model = load(a.model, backend=a.backend, threads=a.threads, n_ctx=a.ctx_size, activations=a.activations,

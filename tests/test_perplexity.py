@@ -1,5 +1,6 @@
 """Perplexity (llama.cpp's method) and the precision ladder: reference = exact mode, fast mode within 1%."""
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -100,6 +101,16 @@ def test_cli_text_file_that_cannot_be_read_is_an_error_line(tmp_path):
                           "-f", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 1
     assert "Traceback" not in out.stderr and "cannot read the text file" in out.stderr, out.stderr
+
+
+def test_cli_endless_text_file_is_an_error_line(tmp_path):
+    """-f /dev/zero read until memory ran out: the text is read up to a cap, then refused (before any load)."""
+    if not os.path.exists("/dev/zero"):
+        pytest.skip("needs /dev/zero (an endless file)")
+    out = subprocess.run([sys.executable, "-m", "llambda.cli", "perplexity", "-m", str(tmp_path / "none.gguf"),
+                          "-f", "/dev/zero"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    assert "Traceback" not in out.stderr and "more than" in out.stderr, out.stderr
 
 
 def test_memory_does_not_grow_with_the_window(smollm2_gguf):
