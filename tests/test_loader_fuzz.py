@@ -788,3 +788,15 @@ def test_model_methods_with_arguments_of_a_wrong_type(tmp_path):
         with pytest.raises(llambda.errors.TokenizerError):
             m.detokenize(None)
         assert m.detokenize(iter(m.tokenize("the"))) == "the"
+
+
+def test_gemma2_layer_pattern_must_hold_bools():
+    """Per-layer sliding flags read as bool(x): the strings "false"/"true" both counted as sliding."""
+    from llambda.errors import ModelFormatError
+    from llambda.models.gemma2 import _gguf_layer_sliding
+    from llambda.models.hparams import GGUFHParams
+    key = "gemma2.attention.sliding_window_pattern"
+    assert _gguf_layer_sliding(GGUFHParams({key: [True, False, 1, 0]}, "gemma2"), 4) == [True, False, True, False]
+    for bad in (["false", "true"], [2, 0], [0.5, 1]):
+        with pytest.raises(ModelFormatError, match="a bool per layer"):
+            _gguf_layer_sliding(GGUFHParams({key: bad}, "gemma2"), 2)

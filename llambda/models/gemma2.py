@@ -28,6 +28,9 @@ def _gguf_layer_sliding(hp: GGUFHParams, n: int) -> list[bool]:
     if isinstance(pat, (list, tuple)):
         if len(pat) != n:
             raise ModelFormatError(f"{key!r} lists {len(pat)} layers, the model has {n}")
+        if not all(isinstance(x, bool) or (type(x) is int and x in (0, 1)) for x in pat):
+            # a string (even "false") would count as true
+            raise ModelFormatError(f"{key!r} must hold a bool per layer, got {[type(x).__name__ for x in pat][:4]}...")
         return [bool(x) for x in pat]
     period = hp.int("attention.sliding_window_pattern", limit="window_pattern")
     return [(i % period) < period - 1 for i in range(n)]   # every period-th layer is global
