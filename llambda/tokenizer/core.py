@@ -10,6 +10,7 @@ import numpy as np
 
 from ..errors import TokenizerError
 from .build import build_backend
+from .library import library_error
 from .pieces import BYTE_CHARS, TokenPieces
 from .stream import StreamDecoder
 from .vocab import TokenizerWarning, TokenType, Vocab, vocab_from_gguf_metadata
@@ -245,12 +246,6 @@ class Tokenizer:
     def __repr__(self) -> str:
         return (f"Tokenizer(model={self.model!r}, pre={self.pre!r}, vocab_size={self.vocab_size}, "
                 f"bos={self.bos_id}, eos={self.eos_id}, add_bos={self.add_bos})")
-
-
-def library_error(e: BaseException) -> bool:
-    """An error of the `tokenizers` library: an Exception, or a Rust panic (a Split regex over its backtracking
-    limit on the text, say), which pyo3 raises as PanicException, a BaseException that `except Exception` misses."""
-    return isinstance(e, Exception) or type(e).__name__ == "PanicException"
 
 
 @contextlib.contextmanager

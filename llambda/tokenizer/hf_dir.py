@@ -16,7 +16,7 @@ from tokenizers import Tokenizer as Backend
 
 from ..errors import TokenizerError
 from ..formats.files import MAX_JSON_BYTES, MAX_TOKENIZER_JSON_BYTES, read_json
-from .core import library_error
+from .library import library_error
 from .vocab import TokenType, Vocab
 
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
