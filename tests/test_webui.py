@@ -130,6 +130,12 @@ def test_markdown_renders_and_escapes(page, bare_site):
     assert '<ol start="3">' in md["html"]
     assert '<span class="tok-kw">def</span>' in md["html"] and '<span class="tok-com"># doubles</span>' in md["html"]
     assert '<span class="tok-num">2</span>' in md["html"] and md["html"].endswith("<p>after</p>")
+    # a code span as a link's label is code in the link (it was left a placeholder of NUL characters);
+    # one in the target leaves the link as text
+    out = page.evaluate(RENDER, "see [`requests`](https://pypi.org/project/requests) and [a](https://x.org/`y`)")
+    assert '<a href="https://pypi.org/project/requests" target="_blank" rel="noopener noreferrer"><code>requests' \
+           '</code></a>' in out["html"] and "\0" not in out["html"] and "\ufffd" not in out["html"], out["html"]
+    assert out["text"].endswith("[a](https://x.org/y)") and out["tags"].count("a") == 1, out["html"]
     # an unclosed fence (an answer still streaming) is code up to the end
     assert page.evaluate(RENDER, "```js\nlet a = 'x'")["tags"] == ["pre", "code", "span", "span"]
 

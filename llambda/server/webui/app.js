@@ -22,11 +22,14 @@ function inline(text) {
   const hold = (html) => `\0${held.push(html) - 1}\0`;
   let s = escapeHtml(text);
   s = s.replace(/`([^`]+)`/g, (_, code) => hold(`<code>${code}</code>`));
+  // a code span inside the target (a placeholder) would be pasted into the href: such a link stays text
   s = s.replace(/\[([^\]]+)\]\(([^()\s]+)\)/g, (all, label, href) =>
-    safeHref(href) ? hold(`<a href="${href}" target="_blank" rel="noopener noreferrer">${emphasis(label)}</a>`)
-      : all);
+    safeHref(href) && !href.includes("\0")
+      ? hold(`<a href="${href}" target="_blank" rel="noopener noreferrer">${emphasis(label)}</a>`) : all);
   s = emphasis(s);
-  return s.replace(/\0(\d+)\0/g, (_, i) => held[+i]);
+  // recursive: a link's label may hold a code span (held before the link)
+  const unhold = (t) => t.replace(/\0(\d+)\0/g, (_, i) => unhold(held[+i]));
+  return unhold(s);
 }
 
 function emphasis(s) {
