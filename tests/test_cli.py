@@ -130,7 +130,8 @@ def test_serve_defaults_to_an_f16_kv_cache(monkeypatch):
 
 @pytest.mark.parametrize("flags, words", [
     (["--port", "70000"], "--port must be 0-65535"), (["--port", "-1"], "--port must be 0-65535"),
-    (["--shutdown-grace", "nan"], "--shutdown-grace must be"), (["--shutdown-grace", "inf"], "--shutdown-grace must be"),
+    (["--shutdown-grace", "nan"], "--shutdown-grace must be"),
+    (["--shutdown-grace", "inf"], "--shutdown-grace must be"),
     (["--shutdown-grace", "-5"], "--shutdown-grace must be")])
 def test_serve_refuses_bad_port_and_grace_before_loading(monkeypatch, flags, words):
     # these once reached bind() (OverflowError traceback) or crashed the shutdown on SIGTERM; now they

@@ -304,9 +304,15 @@ def test_gatekeeper_refuses_rebound_hosts_and_cross_site_posts():
     assert client.post("/v1/chat/completions", headers={"Origin": "http://attacker.example"}).status_code == 403
     assert client.post("/v1/chat/completions", headers={"Origin": "null"}).status_code == 403
     assert client.post("/v1/chat/completions", headers={"Origin": "http://127.0.0.1:8080"}).status_code == 200
+    # a browser extension's request (it has its own scheme; no web page can claim it) is not a web page's
+    for origin in ["chrome-extension://abcdef", "moz-extension://1234"]:
+        r = client.post("/v1/chat/completions", headers={"Origin": origin, "Sec-Fetch-Site": "cross-site"})
+        assert r.status_code == 200, origin
+    r = client.post("/v1/chat/completions", headers={"Origin": "null", "Sec-Fetch-Site": "cross-site"})
+    assert r.status_code == 403
     # following a link from another site to the page is a GET: allowed
     assert client.get("/", headers={"Sec-Fetch-Site": "cross-site"}).status_code == 200
-    assert len(seen) == 8
+    assert len(seen) == 10
     # bound to all interfaces the machine's names are unknown: any Host, but still no cross-site POST
     app, seen = _gated("0.0.0.0")
     client = TestClient(app, base_url="http://llm.example:8080")

@@ -159,11 +159,14 @@ def local_host_header(value: bytes) -> bool:
 def cross_site(headers: dict[bytes, bytes]) -> bool:
     """Whether a browser sent this request for a page of another origin (a hostile page POSTing to the
     local server: a text/plain body needs no CORS preflight, so it would run unasked). Browsers say so
-    in Sec-Fetch-Site; older ones only in Origin. Non-browser clients send neither."""
+    in Sec-Fetch-Site; older ones only in Origin. Non-browser clients send neither. A browser extension or
+    an app's web view (chrome-extension://, vscode-webview://...) is let through: no web page has its origin."""
+    origin = headers.get(b"origin")
+    if origin is not None and not origin.lower().startswith((b"http://", b"https://", b"null")):
+        return False
     site = headers.get(b"sec-fetch-site")
     if site is not None:
         return site.lower() not in (b"same-origin", b"none")
-    origin = headers.get(b"origin")
     return origin is not None and origin.partition(b"://")[2].lower() != headers.get(b"host", b"").lower()
 
 
