@@ -249,6 +249,11 @@ def test_api_key_flow(page, smollm2_gguf, tmp_path):
         page.press("#api-key", "Enter")
         page.wait_for_selector("#key-error:has-text('refused')")
         assert dialog.is_visible()
+        # a key no HTTP header can carry is refused in the dialog, not kept (fetch would throw on each call)
+        page.fill("#api-key", "ключ")
+        page.press("#api-key", "Enter")
+        page.wait_for_selector("#key-error:has-text('printable ASCII')")
+        assert dialog.is_visible() and page.evaluate("localStorage.getItem('llambda.apiKey')") == "wrong"
         page.fill("#api-key", key)
         page.click("#key-form button[type=submit]")
         dialog.wait_for(state="hidden")

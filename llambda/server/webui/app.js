@@ -532,7 +532,14 @@ function init() {
   $("forget-key").addEventListener("click", () => { localStorage.removeItem(KEY); loadModel(); });
   $("key-form").addEventListener("submit", async (ev) => {
     ev.preventDefault();
-    localStorage.setItem(KEY, $("api-key").value.trim());
+    const key = $("api-key").value.trim();
+    // keys are printable ASCII (the server refuses others); any other character makes every fetch throw,
+    // and kept, it left the page unable to reach the server with no key dialog after a reload
+    if (!/^[\x20-\x7e]+$/.test(key)) {
+      askKey("An API key is made of printable ASCII characters only.");
+      return;
+    }
+    localStorage.setItem(KEY, key);
     if (await loadModel()) {
       $("key-dialog").close();
       input.focus();
