@@ -321,7 +321,7 @@ MAX_SHUTDOWN_GRACE = 86400     # a day: a bound on how long a SIGTERM may wait
 def cmd_serve(a: argparse.Namespace) -> int:
     from .api import load
     from .server import ServerConfig, serve
-    from .server.config import DEFAULT_KV_TYPE
+    from .server.config import DEFAULT_KV_TYPE, url_host
 
     a.api_key = _api_key(a.api_key)
     if a.parallel < 1:
@@ -362,11 +362,12 @@ def cmd_serve(a: argparse.Namespace) -> int:
     encoder = getattr(model, "is_encoder", False)
     what = (f"embeddings of {model.config.hidden} dimensions, up to {model.n_ctx} tokens" if encoder
             else f"{a.parallel} slots of {model.n_ctx} tokens")
+    url = f"http://{url_host(a.host)}:{a.port}"
     print(f"[llambda] serving {model_id} ({model.config.arch}, backend {model.backend.name}) on "
-          f"http://{a.host}:{a.port}/v1 with {what}; "
+          f"{url}/v1 with {what}; "
           f"memory {sum(mem.values()) / 2**20:.0f} MiB", file=sys.stderr, flush=True)
     if not a.no_webui and not encoder:
-        print(f"[llambda] chat page at http://{a.host}:{a.port}/", file=sys.stderr, flush=True)
+        print(f"[llambda] chat page at {url}/", file=sys.stderr, flush=True)
     try:
         return serve(model, cfg, log_level=a.log_level)
     finally:

@@ -148,6 +148,15 @@ def test_serve_refuses_bad_port_and_grace_before_loading(monkeypatch, flags, wor
         a.fn(a)
 
 
+def test_serve_prints_an_ipv6_address_in_brackets(monkeypatch, capsys):
+    # "http://::1:8080/v1" was printed: no browser or client takes that URL
+    _serve_with_fake_load(monkeypatch, ["-m", "some.gguf", "--host", "::1", "--port", "8080"])
+    err = capsys.readouterr().err
+    assert "http://[::1]:8080/v1 " in err and "chat page at http://[::1]:8080/" in err, err
+    _serve_with_fake_load(monkeypatch, ["-m", "some.gguf", "--host", "127.0.0.1", "--port", "8080"])
+    assert "http://127.0.0.1:8080/v1 " in capsys.readouterr().err
+
+
 def test_serve_accepts_edge_port_and_grace(monkeypatch):
     seen = _serve_with_fake_load(monkeypatch, ["-m", "some.gguf", "--port", "65535", "--shutdown-grace", "0"])
     assert seen["cfg"].port == 65535 and seen["cfg"].shutdown_grace == 0
