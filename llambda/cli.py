@@ -315,10 +315,13 @@ def _api_key(key: str | None) -> str | None:
     return key
 
 
+MAX_SHUTDOWN_GRACE = 86400     # a day: a bound on how long a SIGTERM may wait
+
+
 def cmd_serve(a: argparse.Namespace) -> int:
     from .api import load
     from .server import ServerConfig, serve
-    from .server.config import DEFAULT_KV_TYPE
+    from .server.config import DEFAULT_KV_TYPE, url_host
 
     a.api_key = _api_key(a.api_key)
     if a.parallel < 1:
@@ -330,6 +333,12 @@ def cmd_serve(a: argparse.Namespace) -> int:
     if (a.max_connections is not None and a.max_connections < 1) or not a.header_timeout > 0 \
             or not a.body_timeout > 0:
         raise ValueError("--max-connections must be >= 1, --header-timeout and --body-timeout > 0")
+    # checked before the model loads: bind() raised OverflowError (a traceback) on a port out of range
+    if not 0 <= a.port <= 65535:
+        raise ValueError(f"--port must be 0-65535, not {a.port}")
+    # nan crashed uvicorn's shutdown and inf the scheduler's wait (OverflowError) when SIGTERM came
+    if not 0 <= a.shutdown_grace <= MAX_SHUTDOWN_GRACE:
+        raise ValueError(f"--shutdown-grace must be 0-{MAX_SHUTDOWN_GRACE} seconds, not {a.shutdown_grace}")
     spec = _speculative_kwargs(a)
     load_kw = dict(backend=a.backend, n_ctx=a.ctx_size, activations=a.activations,
                    kv_type=a.kv_type or DEFAULT_KV_TYPE, draft=a.model_draft, draft_threads=a.threads_draft)
@@ -353,11 +362,12 @@ def cmd_serve(a: argparse.Namespace) -> int:
     encoder = getattr(model, "is_encoder", False)
     what = (f"embeddings of {model.config.hidden} dimensions, up to {model.n_ctx} tokens" if encoder
             else f"{a.parallel} slots of {model.n_ctx} tokens")
+    url = f"http://{url_host(a.host)}:{a.port}"
     print(f"[llambda] serving {model_id} ({model.config.arch}, backend {model.backend.name}) on "
-          f"http://{a.host}:{a.port}/v1 with {what}; "
+          f"{url}/v1 with {what}; "
           f"memory {sum(mem.values()) / 2**20:.0f} MiB", file=sys.stderr, flush=True)
     if not a.no_webui and not encoder:
-        print(f"[llambda] chat page at http://{a.host}:{a.port}/", file=sys.stderr, flush=True)
+        print(f"[llambda] chat page at {url}/", file=sys.stderr, flush=True)
     try:
         return serve(model, cfg, log_level=a.log_level)
     finally:

@@ -128,6 +128,40 @@ def test_serve_defaults_to_an_f16_kv_cache(monkeypatch):
     assert build_parser().parse_args(["run", "hi"]).kv_type is None
 
 
+@pytest.mark.parametrize("flags, words", [
+    (["--port", "70000"], "--port must be 0-65535"), (["--port", "-1"], "--port must be 0-65535"),
+    (["--shutdown-grace", "nan"], "--shutdown-grace must be"),
+    (["--shutdown-grace", "inf"], "--shutdown-grace must be"),
+    (["--shutdown-grace", "-5"], "--shutdown-grace must be")])
+def test_serve_refuses_bad_port_and_grace_before_loading(monkeypatch, flags, words):
+    # these once reached bind() (OverflowError traceback) or crashed the shutdown on SIGTERM; now they
+    # are refused before the model loads (a load here raises AssertionError, which pytest.raises lets through)
+    import llambda.api
+    from llambda.cli import build_parser
+
+    def no_load(*args, **kw):
+        raise AssertionError("the model was loaded before the options were checked")
+
+    monkeypatch.setattr(llambda.api, "load", no_load)
+    a = build_parser().parse_args(["serve", "-m", "some.gguf", *flags])
+    with pytest.raises(ValueError, match=words):
+        a.fn(a)
+
+
+def test_serve_prints_an_ipv6_address_in_brackets(monkeypatch, capsys):
+    # "http://::1:8080/v1" was printed: no browser or client takes that URL
+    _serve_with_fake_load(monkeypatch, ["-m", "some.gguf", "--host", "::1", "--port", "8080"])
+    err = capsys.readouterr().err
+    assert "http://[::1]:8080/v1 " in err and "chat page at http://[::1]:8080/" in err, err
+    _serve_with_fake_load(monkeypatch, ["-m", "some.gguf", "--host", "127.0.0.1", "--port", "8080"])
+    assert "http://127.0.0.1:8080/v1 " in capsys.readouterr().err
+
+
+def test_serve_accepts_edge_port_and_grace(monkeypatch):
+    seen = _serve_with_fake_load(monkeypatch, ["-m", "some.gguf", "--port", "65535", "--shutdown-grace", "0"])
+    assert seen["cfg"].port == 65535 and seen["cfg"].shutdown_grace == 0
+
+
 TINY_LLAMA = str(__import__("pathlib").Path(__file__).parent / "fixtures" / "reference" / "tiny" / "llama")
 
 

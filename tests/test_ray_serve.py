@@ -297,6 +297,18 @@ def test_bad_input_gets_the_same_4xx_as_a_single_server(ray_app):
     assert 400 <= r.status_code < 500 and r.json()["error"]["message"]
 
 
+def test_cross_site_posts_and_rebound_hosts_are_refused_as_by_a_single_server(ray_app):
+    # the ingress once forwarded neither Origin, Sec-Fetch-Site nor Host: a hostile page's POST ran
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    for headers, code in [({"Sec-Fetch-Site": "cross-site"}, "forbidden_origin"),
+                          ({"Origin": "http://attacker.example"}, "forbidden_origin"),
+                          ({"Host": "attacker.example"}, "forbidden_host")]:
+        r = httpx.post(ray_app + "/v1/chat/completions", json=body, headers=headers, timeout=60)
+        assert r.status_code == 403 and r.json()["error"]["code"] == code, (headers, r.text)
+    r = httpx.post(ray_app + "/v1/chat/completions", json=body, headers={"Sec-Fetch-Site": "same-origin"}, timeout=60)
+    assert r.status_code == 200, r.text
+
+
 def test_a_conversations_turns_go_where_its_prefix_is_cached(ray_app):
     client = _client(ray_app)
     before = _metrics(ray_app)

@@ -193,10 +193,10 @@ def test_slow_clients_are_cut_off(smollm2_gguf, tmp_path):
         silent = [_connect(srv.port) for _ in range(20)]
         partial_head = [_connect(srv.port) for _ in range(20)]
         for s in partial_head:
-            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: appli")
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: appli")
         partial_body = [_connect(srv.port) for _ in range(10)]
         for s in partial_body:
-            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                       b"Content-Length: 100\r\n\r\n{\"prompt\": ")
         # meanwhile, a normal client is served
         r = httpx.post(srv.url + "/v1/completions", json={"model": srv.model_id, "prompt": "Hi", "max_tokens": 2},
@@ -205,7 +205,7 @@ def test_slow_clients_are_cut_off(smollm2_gguf, tmp_path):
         # a byte every 0.25 s: activity alone does not extend the deadline
         dribbler = _connect(srv.port)
         t_drib = time.monotonic()
-        head = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 200
+        head = b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Pad: " + b"a" * 200
         for i in range(len(head)):
             try:
                 dribbler.sendall(head[i:i + 1])

@@ -3,11 +3,19 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
+import os
+import re
 import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
+
+import llambda
 
 from serverkit import PROMPTS, ServerProcess, _rss_kib
 
@@ -142,3 +150,31 @@ def test_sigterm_cancels_streams_after_grace(smollm2_gguf, tmp_path):
         err = json.loads(rest[-2][6:])["error"]
         assert "shutting down" in err["message"]
         assert srv.proc.wait(60) == 0
+
+
+def test_port_0_says_the_port_it_got(smollm2_gguf, tmp_path):
+    # with --port 0 the kernel picks the port; the server once printed only ":0", so nobody could connect
+    env = dict(os.environ, PYTHONPATH=str(Path(llambda.__file__).parent.parent))
+    log = tmp_path / "server.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "llambda.cli", "serve", "-m", str(smollm2_gguf), "--port", "0",
+                                 "--parallel", "1", "-c", "256"], env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        t0 = time.monotonic()
+        while not (m := re.search(r"listening on (http://127\.0\.0\.1:(\d+))/", log.read_text())):
+            assert proc.poll() is None and time.monotonic() - t0 < 120, log.read_text()
+            time.sleep(0.1)
+        assert int(m.group(2)) > 0
+        while True:       # the line comes just before uvicorn starts serving
+            try:
+                assert httpx.get(m.group(1) + "/health", timeout=5).status_code == 200
+                break
+            except httpx.TransportError:
+                assert time.monotonic() - t0 < 120, log.read_text()
+                time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -130,6 +130,12 @@ def test_markdown_renders_and_escapes(page, bare_site):
     assert '<ol start="3">' in md["html"]
     assert '<span class="tok-kw">def</span>' in md["html"] and '<span class="tok-com"># doubles</span>' in md["html"]
     assert '<span class="tok-num">2</span>' in md["html"] and md["html"].endswith("<p>after</p>")
+    # a code span as a link's label is code in the link (it was left a placeholder of NUL characters);
+    # one in the target leaves the link as text
+    out = page.evaluate(RENDER, "see [`requests`](https://pypi.org/project/requests) and [a](https://x.org/`y`)")
+    assert '<a href="https://pypi.org/project/requests" target="_blank" rel="noopener noreferrer"><code>requests' \
+           '</code></a>' in out["html"] and "\0" not in out["html"] and "\ufffd" not in out["html"], out["html"]
+    assert out["text"].endswith("[a](https://x.org/y)") and out["tags"].count("a") == 1, out["html"]
     # an unclosed fence (an answer still streaming) is code up to the end
     assert page.evaluate(RENDER, "```js\nlet a = 'x'")["tags"] == ["pre", "code", "span", "span"]
 
@@ -243,6 +249,11 @@ def test_api_key_flow(page, smollm2_gguf, tmp_path):
         page.press("#api-key", "Enter")
         page.wait_for_selector("#key-error:has-text('refused')")
         assert dialog.is_visible()
+        # a key no HTTP header can carry is refused in the dialog, not kept (fetch would throw on each call)
+        page.fill("#api-key", "ключ")
+        page.press("#api-key", "Enter")
+        page.wait_for_selector("#key-error:has-text('printable ASCII')")
+        assert dialog.is_visible() and page.evaluate("localStorage.getItem('llambda.apiKey')") == "wrong"
         page.fill("#api-key", key)
         page.click("#key-form button[type=submit]")
         dialog.wait_for(state="hidden")
@@ -257,3 +268,79 @@ def test_api_key_flow(page, smollm2_gguf, tmp_path):
         page.reload()
         page.wait_for_selector(f"#model-info:has-text('Model {srv.model_id}')")
         assert dialog.is_hidden()
+
+
+# --- a hostile page in the same browser: cross-site POSTs and DNS rebinding ------------------------
+
+def _gated(host: str = "127.0.0.1"):
+    """An app recording the requests that get past the Gatekeeper (no model behind it)."""
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+    from llambda.server.app import Gatekeeper
+    from llambda.server.config import ServerConfig
+    from llambda.server.metrics import Metrics
+
+    seen = []
+
+    async def record(request):
+        seen.append((request.method, (await request.body()).decode()))
+        return PlainTextResponse("ok")
+
+    inner = Starlette(routes=web.routes() + [Route("/v1/chat/completions", record, methods=["POST"])])
+    return Gatekeeper(inner, cfg=ServerConfig(host=host), metrics=Metrics()), seen
+
+
+def test_gatekeeper_refuses_rebound_hosts_and_cross_site_posts():
+    app, seen = _gated()
+    client = TestClient(app, base_url="http://127.0.0.1:8080")
+    for host in ["127.0.0.1:8080", "localhost:8080", "LOCALHOST", "[::1]:8080", "app.localhost:8080", "10.1.2.3"]:
+        assert client.post("/v1/chat/completions", content="{}", headers={"Host": host}).status_code == 200, host
+    for host in ["attacker.example:8080", "attacker.example", "127.0.0.1.attacker.example:8080", "localhost.evil"]:
+        r = client.post("/v1/chat/completions", content="{}", headers={"Host": host})
+        assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden_host", host
+        assert client.get("/", headers={"Host": host}).status_code == 403, host   # the page too
+    assert len(seen) == 6
+    # a browser's cross-site (or same-site, another port) POST is refused; its same-origin one is not
+    for site in ["cross-site", "same-site"]:
+        r = client.post("/v1/chat/completions", content="{}", headers={"Sec-Fetch-Site": site})
+        assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden_origin", site
+    assert client.post("/v1/chat/completions", headers={"Sec-Fetch-Site": "same-origin"}).status_code == 200
+    # an older browser sends Origin only
+    assert client.post("/v1/chat/completions", headers={"Origin": "http://attacker.example"}).status_code == 403
+    assert client.post("/v1/chat/completions", headers={"Origin": "null"}).status_code == 403
+    assert client.post("/v1/chat/completions", headers={"Origin": "http://127.0.0.1:8080"}).status_code == 200
+    # a browser extension's request (it has its own scheme; no web page can claim it) is not a web page's
+    for origin in ["chrome-extension://abcdef", "moz-extension://1234"]:
+        r = client.post("/v1/chat/completions", headers={"Origin": origin, "Sec-Fetch-Site": "cross-site"})
+        assert r.status_code == 200, origin
+    r = client.post("/v1/chat/completions", headers={"Origin": "null", "Sec-Fetch-Site": "cross-site"})
+    assert r.status_code == 403
+    # following a link from another site to the page is a GET: allowed
+    assert client.get("/", headers={"Sec-Fetch-Site": "cross-site"}).status_code == 200
+    assert len(seen) == 10
+    # bound to all interfaces the machine's names are unknown: any Host, but still no cross-site POST
+    app, seen = _gated("0.0.0.0")
+    client = TestClient(app, base_url="http://llm.example:8080")
+    assert client.post("/v1/chat/completions", content="{}").status_code == 200
+    assert client.post("/v1/chat/completions", headers={"Sec-Fetch-Site": "cross-site"}).status_code == 403
+
+
+def test_a_hostile_page_cannot_post_to_the_server(page):
+    """Another origin's page sends the no-preflight kind of POST (text/plain): the server must not act on it."""
+    from starlette.responses import HTMLResponse
+    from starlette.routing import Route
+
+    async def hostile(request):
+        return HTMLResponse("<!doctype html><title>elsewhere</title>")
+
+    app, seen = _gated()
+    with LiveServer(app) as target, LiveServer(Starlette(routes=[Route("/", hostile)])) as other:
+        page.goto(other.url.replace("127.0.0.1", "localhost") + "/")    # another origin, another site
+        status = page.evaluate("""(url) => fetch(url + '/v1/chat/completions', {method: 'POST', mode: 'no-cors',
+            headers: {'Content-Type': 'text/plain'}, body: '{"messages": []}'}).then(r => r.type)""", target.url)
+        assert status == "opaque"          # sent; the browser hides the answer
+        assert seen == []
+        # the same POST from the server's own page goes through
+        page.goto(target.url + "/")
+        page.evaluate("""() => fetch('v1/chat/completions', {method: 'POST', body: 'same'}).then(r => r.status)""")
+        assert seen == [("POST", "same")]

@@ -8,9 +8,10 @@ from ..server.errors import APIError
 from ..server.schemas import parse_json
 from .prefix_policy import BLOCK_BYTES, block_keys
 
-# Headers a replica's app reads; hop-by-hop ones (connection, keep-alive) stay at the ingress.
+# Headers a replica's app reads; hop-by-hop ones (connection, keep-alive) stay at the ingress. Host,
+# Origin and Sec-Fetch-Site let its Gatekeeper refuse DNS-rebound and cross-site requests.
 FORWARDED_HEADERS = (b"authorization", b"x-api-key", b"content-type", b"content-length", b"accept",
-                     b"anthropic-version")
+                     b"anthropic-version", b"host", b"origin", b"sec-fetch-site")
 
 
 @dataclass

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 import logging
+import socket
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
@@ -130,13 +132,54 @@ class EventStream:
             self.gen.cancel()
 
 
+def is_loopback(host: str) -> bool:
+    """Whether `host` (the address bound) is reachable from this machine only."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def local_host_header(value: bytes) -> bool:
+    """Whether a Host header names this machine by an IP address or a local name. A browser tricked by
+    DNS rebinding sends the attacker's domain here, which the server must then refuse."""
+    text = value.decode("latin-1").strip().lower()
+    name = text[1:text.find("]")] if text.startswith("[") else text.rsplit(":", 1)[0]
+    name = name.rstrip(".")
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        pass
+    return name == "localhost" or name.endswith(".localhost") or name == socket.gethostname().lower()
+
+
+def cross_site(headers: dict[bytes, bytes]) -> bool:
+    """Whether a browser sent this request for a page of another origin (a hostile page POSTing to the
+    local server: a text/plain body needs no CORS preflight, so it would run unasked). Browsers say so
+    in Sec-Fetch-Site; older ones only in Origin. Non-browser clients send neither. A browser extension or
+    an app's web view (chrome-extension://, vscode-webview://...) is let through: no web page has its origin."""
+    origin = headers.get(b"origin")
+    if origin is not None and not origin.lower().startswith((b"http://", b"https://", b"null")):
+        return False
+    site = headers.get(b"sec-fetch-site")
+    if site is not None:
+        return site.lower() not in (b"same-origin", b"none")
+    return origin is not None and origin.partition(b"://")[2].lower() != headers.get(b"host", b"").lower()
+
+
 class Gatekeeper:
-    """ASGI middleware: API key (constant-time compare), request counting for /metrics."""
+    """ASGI middleware: Host and cross-site checks, API key (constant-time compare), request counting
+    for /metrics."""
 
     def __init__(self, app, cfg: ServerConfig, metrics: Metrics):
         self.app, self.cfg, self.metrics = app, cfg, metrics
         self._key = cfg.api_key.encode() if cfg.api_key else None
         self._public = PUBLIC + (web.PATHS if cfg.webui else ())   # the page asks for the key itself
+        # bound to loopback, only local names are right in Host (bound wider, the machine's names are unknown)
+        self._check_host = is_loopback(cfg.host)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -152,6 +195,11 @@ class Gatekeeper:
 
         self.metrics.request_started(+1)
         try:
+            refusal = self._refusal(scope)
+            if refusal is not None:
+                respond = anthropic_api.error_response if path == anthropic_api.PATH else error_response
+                await respond(refusal)(scope, receive, send_counted)
+                return
             if self._key is not None and path not in self._public and not self._authorized(scope):
                 err = APIError(401, "missing or invalid API key: send 'Authorization: Bearer <key>' "
                                "(or 'x-api-key: <key>')", code="invalid_api_key",
@@ -164,6 +212,20 @@ class Gatekeeper:
         finally:
             self.metrics.request_started(-1)
             self.metrics.request_done(endpoint, status[0])
+
+    def _refusal(self, scope) -> APIError | None:
+        """A 403 for a request from a DNS-rebound name or, unless a GET or HEAD, from another site's page."""
+        headers = {name: value for name, value in scope.get("headers", [])
+                   if name in (b"host", b"origin", b"sec-fetch-site")}
+        host = headers.get(b"host")
+        if self._check_host and host is not None and not local_host_header(host):
+            return APIError(403, f"the Host header {host.decode('latin-1')[:100]!r} is not a local name; this "
+                            f"server is bound to {self.cfg.host} and answers requests for localhost or an IP "
+                            "address only (a guard against DNS rebinding)", code="forbidden_host")
+        if scope.get("method") not in ("GET", "HEAD") and cross_site(headers):
+            return APIError(403, "cross-origin requests are refused: a page of another site may not call this "
+                            "server", code="forbidden_origin")
+        return None
 
     def _authorized(self, scope) -> bool:
         given = b""

@@ -39,3 +39,8 @@ class ServerConfig:
 
     def accepts(self, name: str | None) -> bool:
         return name is None or name == self.model_id or name in self.aliases
+
+
+def url_host(host: str) -> str:
+    """`host` as a URL spells it: an IPv6 address in brackets (http://::1:8080/ is no URL)."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host

@@ -20,7 +20,7 @@ import uvicorn
 from . import guard
 from .accesslog import log_config
 from .app import create_app
-from .config import ServerConfig
+from .config import ServerConfig, url_host
 
 
 class _Server(uvicorn.Server):
@@ -47,6 +47,9 @@ def serve(model, cfg: ServerConfig, log_level: str = "info") -> int:
     except OSError as e:
         print(f"llambda serve: could not start on {cfg.host}:{cfg.port}: {e}", file=sys.stderr)
         return 1
+    if cfg.port == 0:       # the kernel picked the port: say which (the URLs printed so far say :0)
+        print(f"[llambda] --port 0: listening on http://{url_host(cfg.host)}:{sock.getsockname()[1]}/",
+              file=sys.stderr, flush=True)
     config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=log_level, lifespan="on",
                             timeout_graceful_shutdown=cfg.shutdown_grace + 5.0, access_log=False,
                             timeout_keep_alive=5, log_config=log_config(cfg.log_format, log_level),

@@ -22,11 +22,14 @@ function inline(text) {
   const hold = (html) => `\0${held.push(html) - 1}\0`;
   let s = escapeHtml(text);
   s = s.replace(/`([^`]+)`/g, (_, code) => hold(`<code>${code}</code>`));
+  // a code span inside the target (a placeholder) would be pasted into the href: such a link stays text
   s = s.replace(/\[([^\]]+)\]\(([^()\s]+)\)/g, (all, label, href) =>
-    safeHref(href) ? hold(`<a href="${href}" target="_blank" rel="noopener noreferrer">${emphasis(label)}</a>`)
-      : all);
+    safeHref(href) && !href.includes("\0")
+      ? hold(`<a href="${href}" target="_blank" rel="noopener noreferrer">${emphasis(label)}</a>`) : all);
   s = emphasis(s);
-  return s.replace(/\0(\d+)\0/g, (_, i) => held[+i]);
+  // recursive: a link's label may hold a code span (held before the link)
+  const unhold = (t) => t.replace(/\0(\d+)\0/g, (_, i) => unhold(held[+i]));
+  return unhold(s);
 }
 
 function emphasis(s) {
@@ -529,7 +532,14 @@ function init() {
   $("forget-key").addEventListener("click", () => { localStorage.removeItem(KEY); loadModel(); });
   $("key-form").addEventListener("submit", async (ev) => {
     ev.preventDefault();
-    localStorage.setItem(KEY, $("api-key").value.trim());
+    const key = $("api-key").value.trim();
+    // keys are printable ASCII (the server refuses others); any other character makes every fetch throw,
+    // and kept, it left the page unable to reach the server with no key dialog after a reload
+    if (!/^[\x20-\x7e]+$/.test(key)) {
+      askKey("An API key is made of printable ASCII characters only.");
+      return;
+    }
+    localStorage.setItem(KEY, key);
     if (await loadModel()) {
       $("key-dialog").close();
       input.focus();
