@@ -149,9 +149,13 @@ def remove(name: str) -> Path:
     """Delete a catalogued model from the cache (file and stamp); returns the path it had."""
     entry = _entry(name)
     path = cached_path(name)
-    if not path.exists():
-        raise ModelNotFoundError(f"{name} is not in the cache ({path})")
+    missing = ModelNotFoundError(f"{name} is not in the cache ({path})")
+    # lexists: a dangling symlink there is removed, not called "not in the cache"
+    if not os.path.lexists(path):
+        raise missing
     with _model_lock(entry):
+        if not os.path.lexists(path):     # the other of two `rm` at once ("cannot remove: No such file")
+            raise missing
         try:
             path.unlink()
             _stamp_path(path).unlink(missing_ok=True)
@@ -199,11 +203,12 @@ def _stamp_matches(path: Path, sha256: str) -> bool:
     return rec == {**_identity(st), "sha256": sha256}
 
 
-def _write_stamp(path: Path, sha256: str) -> None:
+def _write_stamp(path: Path, sha256: str, st: os.stat_result | None = None) -> None:
+    """`st`: the identity of the file that was hashed (default: the file at `path` now)."""
     stamp = _stamp_path(path)
     tmp = stamp.with_name(f".{stamp.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
-        tmp.write_text(json.dumps({**_identity(path.stat()), "sha256": sha256}), encoding="utf-8")
+        tmp.write_text(json.dumps({**_identity(st or path.stat()), "sha256": sha256}), encoding="utf-8")
         os.replace(tmp, stamp)
     except OSError:   # a read-only cache: still verified, just hashed again next time
         tmp.unlink(missing_ok=True)
@@ -222,15 +227,23 @@ def _cached_problem(path: Path, entry: CatalogEntry) -> str | None:
     if _stamp_matches(path, entry.sha256):
         return None
     try:
-        size = path.stat().st_size
+        before = path.stat()
     except OSError:     # not there, or LLAMBDA_HOME is no folder: fetching says what is wrong
         return "missing"
-    if size != entry.size:
-        return f"it has {size} bytes, expected {entry.size}"
+    if before.st_size != entry.size:
+        return f"it has {before.st_size} bytes, expected {entry.size}"
     digest = _sha256_file(path)
     if digest != entry.sha256:
         return f"its sha256 is {digest}, expected {entry.sha256}"
-    _write_stamp(path, entry.sha256)
+    # The stamp is of the file as hashed: one stat()ed afterwards once vouched for a write or a
+    # replacement made during the hashing, which nothing verified.
+    try:
+        after = path.stat()
+    except OSError:
+        after = None
+    if after is None or _identity(after) != _identity(before):
+        return "it changed while it was being verified"
+    _write_stamp(path, entry.sha256, before)
     return None
 
 
@@ -352,6 +365,10 @@ def _fetch(entry: CatalogEntry, progress: bool | None, locked: bool) -> Path:
     """Download, verify, rename into place, stamp. `locked`: the caller holds the model's lock."""
     name = entry.name
     final = models_dir(create=True) / entry.filename
+    # a folder there cannot be replaced by the file: say so before downloading, not with a raw
+    # IsADirectoryError from the rename after the whole download
+    if final.is_dir() and not final.is_symlink():
+        raise DownloadError(f"{final} is a directory, where {name}'s file goes: move or remove it")
     if locked:
         _remove_dead_temps(final.parent, entry)
     show = sys.stderr.isatty() if progress is None else progress
@@ -384,7 +401,10 @@ def _fetch(entry: CatalogEntry, progress: bool | None, locked: bool) -> Path:
             if digest.hexdigest() != entry.sha256:
                 raise DownloadError(f"{name}: sha256 mismatch (got {digest.hexdigest()}, expected {entry.sha256})")
             os.chmod(tmp, 0o644)
-            os.replace(tmp, final)
+            try:
+                os.replace(tmp, final)
+            except OSError as e:
+                raise DownloadError(f"cannot put {name} in place at {final}: {e.strerror or e}") from None
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
