@@ -167,10 +167,23 @@ def _stream_out(events, verbose: bool, t_start: float) -> str:
     return "".join(text)
 
 
+STDIN_MAX_CHARS = 16 << 20    # ~4M tokens, past any context; `run < /dev/zero` read until memory ran out
+
+
+def _read_stdin(what: str) -> str:
+    """All of stdin, bounded; a clear error when it is closed (`<&-` made sys.stdin None: a traceback)."""
+    if sys.stdin is None:
+        raise LlambdaError(f"no {what} given and stdin is closed")
+    text = sys.stdin.read(STDIN_MAX_CHARS + 1)
+    if len(text) > STDIN_MAX_CHARS:
+        raise LlambdaError(f"stdin holds more than {STDIN_MAX_CHARS} characters: too long for the {what}")
+    return text
+
+
 def cmd_run(a) -> int:
     constraint, spec = _constraint_kwargs(a), _speculative_kwargs(a)
+    prompt = a.prompt if a.prompt is not None else _read_stdin("prompt")
     model = _load(a)
-    prompt = a.prompt if a.prompt is not None else sys.stdin.read()
     t0 = time.perf_counter()
     _stream_out(model.stream(prompt, **_sampling_kwargs(a), **constraint, **spec), a.verbose, t0)
     if a.verbose and model.spec_stats is not None:
@@ -186,6 +199,8 @@ def cmd_chat(a) -> int:
     from .repl import ChatSession, run_chat
 
     constraint, spec = _constraint_kwargs(a), _speculative_kwargs(a)
+    if sys.stdin is None:       # `<&-`: once an AttributeError traceback, after the model loaded
+        raise LlambdaError("no messages given and stdin is closed (chat reads them from it)")
     model = _load(a)
     model.chat_template()    # a clear error now for a model without a template
     if constraint:           # an invalid grammar is an error now, not at the first reply
@@ -279,7 +294,7 @@ def cmd_tokenize(a) -> int:
 
 
 def cmd_embed(a) -> int:
-    texts = list(a.texts) if a.texts else [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    texts = list(a.texts) if a.texts else [line for line in _read_stdin("texts").split("\n") if line.strip()]
     if not texts:
         raise ValueError("nothing to embed: give texts as arguments or on stdin, one a line")
     model = _load(a)
@@ -631,9 +646,16 @@ def main(argv=None) -> int:
     if getattr(a, "model_arg", None):
         a.model = a.model_arg
     try:
-        return a.fn(a) or 0
+        rc = a.fn(a) or 0
+        sys.stdout.flush()      # here, where a closed pipe is caught, not at exit
+        return rc
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `llambda list | head -1`: the reader left, which is no error of ours; end as a program killed by
+        # SIGPIPE would (status 141), without the traceback. Python's flush at exit would fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except (LlambdaError, FileNotFoundError, ValueError) as e:
         print(f"llambda: error: {e}", file=sys.stderr)
         return 1

@@ -1,4 +1,5 @@
 """The command line as a user runs it."""
+import os
 import subprocess
 import sys
 
@@ -177,3 +178,31 @@ def test_context_full_is_marked_on_the_last_event():
 def test_version():
     out = run_cli("--version")
     assert out.returncode == 0 and out.stdout.strip() == f"llambda {llambda.__version__}"
+
+
+def test_closed_stdin_is_a_clear_error_for_run_embed_and_chat(tmp_path):
+    # `<&-` leaves sys.stdin None: once an AttributeError / TypeError traceback
+    for cmd in ("run", "embed", "chat"):
+        out = subprocess.run([sys.executable, "-m", "llambda.cli", cmd, "-m", str(tmp_path / "nope.gguf")],
+                             stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120,
+                             preexec_fn=lambda: os.close(0))
+        assert out.returncode == 1, out.stderr
+        assert "stdin is closed" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_an_endless_stdin_is_refused_before_the_model_loads(tmp_path):
+    # `run < /dev/zero` read until memory ran out
+    with open("/dev/zero", "rb") as zero:
+        out = subprocess.run([sys.executable, "-m", "llambda.cli", "run", "-m", str(tmp_path / "nope.gguf")],
+                             stdin=zero, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "stdin holds more than" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_reader_that_leaves_early_ends_the_output_without_a_traceback(smollm2_gguf):
+    # `llambda tokenize ... | head -1`: once a BrokenPipeError traceback
+    proc = subprocess.Popen([sys.executable, "-m", "llambda.cli", "tokenize", "-m", str(smollm2_gguf),
+                             "word " * 20000], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().split()[1] == "'word'"
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141 and "Traceback" not in err and "Broken" not in err
