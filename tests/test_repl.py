@@ -167,3 +167,44 @@ def test_real_terminal_ctrl_c_stops_a_reply_and_history_is_kept(smollm2_gguf, tm
             proc.kill()
         os.close(master)
     assert "Tell me a very long story." in (tmp_path / "chat_history").read_text()
+
+
+class _Tty(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_a_turn_the_model_refuses_keeps_the_chat_and_the_conversation(monkeypatch):
+    from llambda.errors import ContextOverflowError
+
+    class Full(FakeModel):          # a context that holds two messages
+        def chat_stream(self, messages, **kw):
+            if len(messages) > 2:
+                raise ContextOverflowError(f"the prompt has {len(messages)} messages; the context holds 2")
+            return super().chat_stream(messages, **kw)
+
+    typed = iter(["hello", "too much now", "/stats"])
+
+    def fake_input(prompt):
+        try:
+            return next(typed)
+        except StopIteration:
+            raise EOFError from None
+
+    monkeypatch.setattr("builtins.input", fake_input)
+    s, out = ChatSession(Full(), {}), _Tty()
+    assert run_chat(s, "banner", None, stdin=_Tty(), stdout=out) == 0     # once: the error ended the chat
+    assert "context holds 2" in out.getvalue() and "/clear starts over" in out.getvalue()
+    assert s.messages == [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "one two three "}]
+
+
+def test_load_and_save_refuse_odd_files_without_ending_the_chat(tmp_path):
+    s = ChatSession(FakeModel(), {})
+    s.reply("hi \udcff", lambda t: None)            # a byte of no UTF-8, as a C locale reads it
+    assert "cannot write" in s.command(f"/save {tmp_path / 'x.json'}")       # was a UnicodeEncodeError
+    assert "cannot write" in s.command(f"/save {tmp_path / 'a'}\x00b")      # was "embedded null byte"
+    assert "not a regular file" in s.command("/load /dev/zero")             # was read until out of memory
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert "not a regular file" in s.command(f"/load {fifo}")               # was a hang (no writer)
+    assert len(s.messages) == 2
