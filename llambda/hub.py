@@ -33,6 +33,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -419,23 +420,41 @@ def _fetch(entry: CatalogEntry, progress: bool | None, locked: bool) -> Path:
 _UNPACKED_STAMP = ".llambda-unpacked"
 
 
+def _folder_identity(folder: Path) -> dict:
+    """Each entry under `folder` but the stamp: a regular file by its identity (as a cached file's
+    stamp has it), anything else by its type; a write, removal or addition changes this."""
+    out = {}
+    for root, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            path = os.path.join(root, name)
+            rel = os.path.relpath(path, folder)
+            if rel == _UNPACKED_STAMP:
+                continue
+            st = os.lstat(path)
+            out[rel] = _identity(st) if stat.S_ISREG(st.st_mode) else {"mode": stat.S_IFMT(st.st_mode)}
+    return out
+
+
+def _unpacked_intact(folder: Path, sha256: str) -> bool:
+    try:
+        rec = json.loads((folder / _UNPACKED_STAMP).read_text(encoding="utf-8"))
+        return rec == {"sha256": sha256, "files": _folder_identity(folder)}
+    except (OSError, ValueError):
+        return False
+
+
 def unpacked_dir(entry: CatalogEntry, archive: Path) -> Path:
     """The folder a verified zip of a model directory is unpacked into (once; again when its stamp,
-    the zip's sha256, is missing or differs). Unpacked into a temporary folder and renamed into
-    place, so a folder with the stamp is complete; members leaving the folder are refused."""
+    the zip's sha256 with the identity of each unpacked file, is missing or differs: an unpacked
+    file written to since was used unverified, while `list` called the model verified). Unpacked
+    into a temporary folder and renamed into place, so a folder with the stamp is complete; members
+    leaving the folder are refused."""
     folder = archive.with_name(archive.name[:-4] if archive.name.endswith(".zip") else archive.name + ".d")
-    stamp = folder / _UNPACKED_STAMP
-    try:
-        if stamp.read_text(encoding="utf-8") == entry.sha256:
-            return folder
-    except OSError:
-        pass
+    if _unpacked_intact(folder, entry.sha256):
+        return folder
     with _model_lock(entry):
-        try:
-            if stamp.read_text(encoding="utf-8") == entry.sha256:
-                return folder
-        except OSError:
-            pass
+        if _unpacked_intact(folder, entry.sha256):
+            return folder
         tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=_TEMP_SUFFIX, dir=folder.parent))
         try:
             with zipfile.ZipFile(archive) as zf:
@@ -444,7 +463,9 @@ def unpacked_dir(entry: CatalogEntry, archive: Path) -> Path:
                     if not target.is_relative_to(tmp.resolve()):
                         raise DownloadError(f"{entry.name}: member {info.filename!r} leaves the model folder")
                     zf.extract(info, tmp)       # zipfile checks each member's CRC-32 as it reads
-            (tmp / _UNPACKED_STAMP).write_text(entry.sha256, encoding="utf-8")
+            # renaming the folder into place leaves the identity of the files in it as it is
+            (tmp / _UNPACKED_STAMP).write_text(json.dumps({"sha256": entry.sha256, "files": _folder_identity(tmp)}),
+                                               encoding="utf-8")
             if folder.exists():
                 shutil.rmtree(folder)
             os.replace(tmp, folder)

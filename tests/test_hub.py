@@ -106,10 +106,25 @@ def test_a_zip_of_a_directory_is_unpacked_once_verified(monkeypatch, tmp_path):
     assert folder == tmp_path / "home" / "models" / "fake-dir"
     assert (folder / "config.json").read_bytes() == b"{}"
     assert (folder / "1_Pooling" / "config.json").read_bytes() == b"{\"a\": 1}"
-    (folder / "config.json").write_bytes(b"kept")       # the stamp matches: not unpacked again
-    assert hub.resolve("fake-model") == folder and (folder / "config.json").read_bytes() == b"kept"
+    ino = (folder / "config.json").stat().st_ino
+    assert hub.resolve("fake-model") == folder and (folder / "config.json").stat().st_ino == ino  # not unpacked again
     (folder / ".llambda-unpacked").unlink()              # a folder without its stamp is unpacked again
     assert (hub.resolve("fake-model") / "config.json").read_bytes() == b"{}"
+    hub.remove("fake-model")
+    assert not folder.exists()
+
+
+def test_an_unpacked_file_changed_since_is_unpacked_again(monkeypatch, tmp_path):
+    # the folder's stamp held only the zip's sha256: changed weights were used as verified
+    payload = _zip_bytes({"config.json": b"{}", "1_Pooling/config.json": b"{\"a\": 1}"})
+    _unpacking_entry(monkeypatch, tmp_path, payload)
+    folder = hub.resolve("fake-model")
+    (folder / "config.json").write_bytes(b"{\"hidden_size\": 1}")
+    assert (hub.resolve("fake-model") / "config.json").read_bytes() == b"{}"
+    (folder / "1_Pooling" / "config.json").unlink()
+    assert (hub.resolve("fake-model") / "1_Pooling" / "config.json").read_bytes() == b"{\"a\": 1}"
+    (folder / "extra.json").write_bytes(b"{}")
+    assert not (hub.resolve("fake-model") / "extra.json").exists()
     hub.remove("fake-model")
     assert not folder.exists()
 
