@@ -150,21 +150,28 @@ def remove(name: str) -> Path:
     """Delete a catalogued model from the cache (file and stamp); returns the path it had."""
     entry = _entry(name)
     path = cached_path(name)
+    folder = _unpacked_folder(path) if entry.unpack else None
+
+    def present() -> bool:
+        # lexists: a dangling symlink there is removed, not called "not in the cache"; an unpacked
+        # folder whose zip is gone is removed too (it was "not in the cache", and kept for good)
+        return os.path.lexists(path) or (folder is not None and folder.is_dir())
+
     missing = ModelNotFoundError(f"{name} is not in the cache ({path})")
-    # lexists: a dangling symlink there is removed, not called "not in the cache"
-    if not os.path.lexists(path):
+    if not present():
         raise missing
     with _model_lock(entry):
-        if not os.path.lexists(path):     # the other of two `rm` at once ("cannot remove: No such file")
+        if not present():     # the other of two `rm` at once ("cannot remove: No such file")
             raise missing
+        removed = path if os.path.lexists(path) else folder
         try:
-            path.unlink()
+            path.unlink(missing_ok=True)
             _stamp_path(path).unlink(missing_ok=True)
-            if entry.unpack and path.name.endswith(".zip") and path.with_name(path.name[:-4]).is_dir():
-                shutil.rmtree(path.with_name(path.name[:-4]))
+            if folder is not None and folder.is_dir():
+                shutil.rmtree(folder)
         except OSError as e:
             raise DownloadError(f"cannot remove {path}: {e.strerror or e}") from None
-    return path
+    return removed
 
 
 def _entry(name: str) -> CatalogEntry:
@@ -198,7 +205,7 @@ def _stamp_matches(path: Path, sha256: str) -> bool:
     try:
         st = path.stat()
         with open(_stamp_path(path), encoding="utf-8") as f:
-            rec = json.load(f)
+            rec = json.loads(f.read(1 << 16))     # ~200 bytes; bounded: one linked to /dev/zero filled the memory
     except (OSError, ValueError):
         return False
     return rec == {**_identity(st), "sha256": sha256}
@@ -443,13 +450,17 @@ def _unpacked_intact(folder: Path, sha256: str) -> bool:
         return False
 
 
+def _unpacked_folder(archive: Path) -> Path:
+    return archive.with_name(archive.name[:-4] if archive.name.endswith(".zip") else archive.name + ".d")
+
+
 def unpacked_dir(entry: CatalogEntry, archive: Path) -> Path:
     """The folder a verified zip of a model directory is unpacked into (once; again when its stamp,
     the zip's sha256 with the identity of each unpacked file, is missing or differs: an unpacked
     file written to since was used unverified, while `list` called the model verified). Unpacked
     into a temporary folder and renamed into place, so a folder with the stamp is complete; members
     leaving the folder are refused."""
-    folder = archive.with_name(archive.name[:-4] if archive.name.endswith(".zip") else archive.name + ".d")
+    folder = _unpacked_folder(archive)
     if _unpacked_intact(folder, entry.sha256):
         return folder
     with _model_lock(entry):

@@ -1,12 +1,16 @@
 """Catalogued models: fetch, verify, cache; a bad download leaves nothing behind."""
 import hashlib
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 
 from llambda import hub
-from llambda.errors import DownloadError
+from llambda.errors import DownloadError, ModelNotFoundError
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _fake_catalog(monkeypatch, tmp_path, payload: bytes, sha: str, parts=2):
@@ -128,6 +132,34 @@ def test_an_unpacked_file_changed_since_is_unpacked_again(monkeypatch, tmp_path)
     hub.remove("fake-model")
     assert not folder.exists()
 
+
+
+def test_rm_removes_an_unpacked_folder_whose_zip_is_gone(monkeypatch, tmp_path):
+    # it was "not in the cache" and stayed for good
+    _unpacking_entry(monkeypatch, tmp_path, _zip_bytes({"config.json": b"{}"}))
+    folder = hub.resolve("fake-model")
+    hub.cached_path("fake-model").unlink()
+    assert hub.remove("fake-model") == folder
+    assert not folder.exists()
+    with pytest.raises(ModelNotFoundError, match="not in the cache"):
+        hub.remove("fake-model")
+
+
+def test_a_stamp_that_never_ends_is_no_stamp(monkeypatch, tmp_path):
+    # one linked to /dev/zero was read whole: a MemoryError out of `llambda list`
+    payload = b"z" * 5000
+    _fake_catalog(monkeypatch, tmp_path, payload, hashlib.sha256(payload).hexdigest())
+    path = hub.ensure_model("fake-model", progress=False)
+    stamp = hub._stamp_path(path)
+    stamp.unlink()
+    stamp.symlink_to("/dev/zero")
+    # in a process with 1 GiB of address space, so that reading it whole fails fast
+    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30)); "
+            "from pathlib import Path; from llambda import hub; "
+            "print(hub._stamp_matches(Path(sys.argv[1]), sys.argv[2]))")
+    out = subprocess.run([sys.executable, "-c", code, str(path), hashlib.sha256(payload).hexdigest()],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-500:]
 
 def test_a_zip_member_leaving_the_folder_is_refused(monkeypatch, tmp_path):
     payload = _zip_bytes({"config.json": b"{}", "../evil.txt": b"x"})
