@@ -463,9 +463,13 @@ def unpacked_dir(entry: CatalogEntry, archive: Path) -> Path:
     folder = _unpacked_folder(archive)
     if _unpacked_intact(folder, entry.sha256):
         return folder
-    with _model_lock(entry):
+    with _model_lock(entry) as locked:
         if _unpacked_intact(folder, entry.sha256):
             return folder
+        if locked:     # folders of killed unpacks (the model's size each) were left for good
+            for dead in folder.parent.glob(f".{folder.name}.*{_TEMP_SUFFIX}"):
+                if dead.is_dir() and not dead.is_symlink():
+                    shutil.rmtree(dead, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=_TEMP_SUFFIX, dir=folder.parent))
         try:
             with zipfile.ZipFile(archive) as zf:

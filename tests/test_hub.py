@@ -145,6 +145,17 @@ def test_rm_removes_an_unpacked_folder_whose_zip_is_gone(monkeypatch, tmp_path):
         hub.remove("fake-model")
 
 
+
+def test_the_folder_of_a_killed_unpack_is_removed_by_the_next_one(monkeypatch, tmp_path):
+    _unpacking_entry(monkeypatch, tmp_path, _zip_bytes({"config.json": b"{}"}))
+    folder = hub.resolve("fake-model")
+    dead = folder.parent / f".{folder.name}.k1ll3d{hub._TEMP_SUFFIX}"     # as mkdtemp names it
+    (dead / "sub").mkdir(parents=True)
+    (dead / "model.safetensors").write_bytes(b"x" * 1000)
+    (folder / hub._UNPACKED_STAMP).unlink()
+    assert hub.resolve("fake-model") == folder
+    assert not dead.exists()
+
 def test_a_stamp_that_never_ends_is_no_stamp(monkeypatch, tmp_path):
     # one linked to /dev/zero was read whole: a MemoryError out of `llambda list`
     payload = b"z" * 5000
