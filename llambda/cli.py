@@ -88,15 +88,23 @@ def _speculative_kwargs(a) -> dict:
     return dict(speculative=mode, draft_max=a.draft_max)
 
 
+CONSTRAINT_MAX_CHARS = 16 << 20   # a grammar or JSON schema; the server takes 4 MiB bodies
+
+
 def _constraint_kwargs(a) -> dict:
     """json_schema/grammar/regex for Model.stream, read and checked before the model loads."""
     from .constraints import ConstraintError, grammar_spec
 
     def read(path: str, what: str) -> str:
         try:
-            return Path(path).read_text(encoding="utf-8")
+            # bounded (`--grammar /dev/zero` read until MemoryError); a pipe such as <(...) still reads
+            with open(path, encoding="utf-8") as f:
+                text = f.read(CONSTRAINT_MAX_CHARS + 1)
         except (OSError, UnicodeDecodeError) as e:
             raise ConstraintError(f"cannot read the {what} file {path}: {e}") from None
+        if len(text) > CONSTRAINT_MAX_CHARS:
+            raise ConstraintError(f"the {what} file {path} holds more than {CONSTRAINT_MAX_CHARS} characters")
+        return text
 
     out = {}
     if a.json_schema is not None:

@@ -206,3 +206,13 @@ def test_a_reader_that_leaves_early_ends_the_output_without_a_traceback(smollm2_
     proc.stdout.close()
     err = proc.stderr.read()
     assert proc.wait(timeout=120) == 141 and "Traceback" not in err and "Broken" not in err
+
+
+def test_a_grammar_or_schema_file_that_never_ends_is_refused(tmp_path):
+    # read whole: a MemoryError traceback (address space capped so a regression fails fast)
+    import resource
+    cap = lambda: resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+    for flag in ("--json-schema", "--grammar"):
+        out = subprocess.run([sys.executable, "-m", "llambda.cli", "run", "-m", str(tmp_path / "nope.gguf"), flag,
+                              "/dev/zero", "hi"], capture_output=True, text=True, timeout=120, preexec_fn=cap)
+        assert out.returncode == 1 and "holds more than" in out.stderr and "Traceback" not in out.stderr
