@@ -1,7 +1,9 @@
 """The command line as a user runs it."""
 import os
+import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -216,3 +218,13 @@ def test_a_grammar_or_schema_file_that_never_ends_is_refused(tmp_path):
         out = subprocess.run([sys.executable, "-m", "llambda.cli", "run", "-m", str(tmp_path / "nope.gguf"), flag,
                               "/dev/zero", "hi"], capture_output=True, text=True, timeout=120, preexec_fn=cap)
         assert out.returncode == 1 and "holds more than" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_export_refuses_to_replace_a_device_or_fifo(tmp_path):
+    # the GGUF is renamed into place: `--out /dev/null` as root replaced the device with a regular file
+    tiny = Path(__file__).parent / "fixtures" / "reference" / "tiny" / "llama"
+    fifo = tmp_path / "out.gguf"
+    os.mkfifo(fifo)
+    out = run_cli("export", "-m", str(tiny), "--format", "gguf", "--out", str(fifo), timeout=120)
+    assert out.returncode == 1 and "not a regular file" in out.stderr and "Traceback" not in out.stderr
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
