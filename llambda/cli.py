@@ -129,12 +129,17 @@ def _sampling_kwargs(a) -> dict:
                 stop=a.stop, ignore_eos=a.ignore_eos)
 
 
-def _load(a, **extra):
+def _load(a, generates: bool = False, **extra):
+    """`generates`: the command writes text, which an encoder (embedding model) cannot."""
     from .api import load
     t0, cpu0 = time.perf_counter(), time.process_time()
     model = load(a.model, backend=a.backend, threads=a.threads, n_ctx=a.ctx_size, activations=a.activations,
                  kv_type=a.kv_type, draft=getattr(a, "model_draft", None),
                  draft_threads=getattr(a, "threads_draft", None), **extra)
+    if generates and getattr(model, "is_encoder", False):     # was an AttributeError traceback ('stream')
+        model.close()
+        raise LlambdaError(f"{a.model} is an encoder (an embedding model): it generates no text; "
+                           f"`llambda embed -m {a.model}` gives its vectors")
     if a.verbose:
         mem = model.memory_report()
         parts = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in mem.items())
@@ -191,7 +196,7 @@ def _read_stdin(what: str) -> str:
 def cmd_run(a) -> int:
     constraint, spec = _constraint_kwargs(a), _speculative_kwargs(a)
     prompt = a.prompt if a.prompt is not None else _read_stdin("prompt")
-    model = _load(a)
+    model = _load(a, generates=True)
     t0 = time.perf_counter()
     _stream_out(model.stream(prompt, **_sampling_kwargs(a), **constraint, **spec), a.verbose, t0)
     if a.verbose and model.spec_stats is not None:
@@ -209,7 +214,7 @@ def cmd_chat(a) -> int:
     constraint, spec = _constraint_kwargs(a), _speculative_kwargs(a)
     if sys.stdin is None:       # `<&-`: once an AttributeError traceback, after the model loaded
         raise LlambdaError("no messages given and stdin is closed (chat reads them from it)")
-    model = _load(a)
+    model = _load(a, generates=True)
     model.chat_template()    # a clear error now for a model without a template
     if constraint:           # an invalid grammar is an error now, not at the first reply
         from .constraints import grammar_spec
@@ -397,12 +402,23 @@ def _ints(s: str, what: str = "value") -> list[int]:
     return vals
 
 
+def _is_encoder_file(path) -> bool:
+    from .formats.open import open_model
+    src = open_model(Path(path))
+    try:
+        return getattr(src.config, "arch", None) == "bert"
+    finally:
+        src.close()
+
+
 def cmd_bench(a) -> int:
     from .backends.native import default_threads
     from .hub import resolve
     from .tools.bench import markdown, run_bench
 
     path = resolve(a.model)
+    if _is_encoder_file(path):      # was an AttributeError traceback ('transformer') after loading
+        raise LlambdaError(f"{a.model} is an encoder (an embedding model): bench measures text generation")
     threads = _ints(a.threads_list, "--threads-list") if a.threads_list else [a.threads or default_threads()]
     if a.repetitions < 1:
         raise ValueError("-r/--repetitions must be at least 1")

@@ -228,3 +228,14 @@ def test_export_refuses_to_replace_a_device_or_fifo(tmp_path):
     out = run_cli("export", "-m", str(tiny), "--format", "gguf", "--out", str(fifo), timeout=120)
     assert out.returncode == 1 and "not a regular file" in out.stderr and "Traceback" not in out.stderr
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def test_generating_with_an_encoder_is_a_clear_error(minilm_dir):
+    # an EncoderModel has no stream() / chat_template(): once AttributeError tracebacks
+    for cmd, stdin in (("run", None), ("chat", "hi\n")):
+        args = [cmd, "-m", str(minilm_dir)] + (["hi"] if stdin is None else [])
+        out = run_cli(*args, input=stdin, timeout=120)
+        assert out.returncode == 1, out.stderr
+        assert "is an encoder" in out.stderr and "Traceback" not in out.stderr
+    out = run_cli("bench", "-m", str(minilm_dir), "-p", "8", "-n", "4", "-r", "1", timeout=120)
+    assert out.returncode == 1 and "is an encoder" in out.stderr and "Traceback" not in out.stderr
