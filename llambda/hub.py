@@ -481,9 +481,15 @@ def unpacked_dir(entry: CatalogEntry, archive: Path) -> Path:
             # renaming the folder into place leaves the identity of the files in it as it is
             (tmp / _UNPACKED_STAMP).write_text(json.dumps({"sha256": entry.sha256, "files": _folder_identity(tmp)}),
                                                encoding="utf-8")
-            if folder.exists():
-                shutil.rmtree(folder)
+            aside = None
+            if os.path.lexists(folder):
+                # moved aside, then deleted: deleted in place, the folder was missing for the whole
+                # deletion to a process that had just found it complete (without the lock)
+                aside = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=_TEMP_SUFFIX, dir=folder.parent))
+                os.replace(folder, aside / "old")
             os.replace(tmp, folder)
+            if aside is not None:
+                shutil.rmtree(aside, ignore_errors=True)
         except (OSError, zipfile.BadZipFile) as e:
             raise DownloadError(f"cannot unpack {archive} into {folder}: {e}") from None
         finally:

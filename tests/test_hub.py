@@ -1,5 +1,6 @@
 """Catalogued models: fetch, verify, cache; a bad download leaves nothing behind."""
 import hashlib
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -155,6 +156,23 @@ def test_the_folder_of_a_killed_unpack_is_removed_by_the_next_one(monkeypatch, t
     (folder / hub._UNPACKED_STAMP).unlink()
     assert hub.resolve("fake-model") == folder
     assert not dead.exists()
+
+
+def test_a_folder_unpacked_again_is_there_while_the_old_copy_is_deleted(monkeypatch, tmp_path):
+    _unpacking_entry(monkeypatch, tmp_path, _zip_bytes({"config.json": b"{}"}))
+    folder = hub.resolve("fake-model")
+    (folder / "config.json").write_bytes(b"changed")
+    seen = []
+    real = shutil.rmtree
+
+    def rmtree(path, *a, **kw):
+        real(path, *a, **kw)
+        seen.append((folder / "config.json").is_file())     # what a reader of the folder finds meanwhile
+
+    monkeypatch.setattr(hub.shutil, "rmtree", rmtree)
+    assert (hub.resolve("fake-model") / "config.json").read_bytes() == b"{}"
+    assert seen and all(seen)
+    assert [p.name for p in folder.parent.iterdir() if p.name.startswith(".")] == []
 
 def test_a_stamp_that_never_ends_is_no_stamp(monkeypatch, tmp_path):
     # one linked to /dev/zero was read whole: a MemoryError out of `llambda list`
