@@ -100,6 +100,8 @@ class ChatSession:
         """Run a /command; returns what to print, or None to leave."""
         name, _, arg = line.strip().partition(" ")
         arg = arg.strip()
+        if name in ("/save", "/load") and arg.startswith("~"):
+            arg = os.path.expanduser(arg)     # no shell expands it here: "~/c.json" was "no such directory"
         if name in ("/exit", "/quit", "/bye"):
             return None
         if name == "/help":

@@ -208,3 +208,13 @@ def test_load_and_save_refuse_odd_files_without_ending_the_chat(tmp_path):
     os.mkfifo(fifo)
     assert "not a regular file" in s.command(f"/load {fifo}")               # was a hang (no writer)
     assert len(s.messages) == 2
+
+
+def test_save_and_load_expand_the_home_directory(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    s = ChatSession(FakeModel(), {})
+    s.reply("hi", lambda t: None)
+    assert "saved 2" in s.command("/save ~/conv.json")           # was: cannot write ~/conv.json: No such file
+    assert json.loads((tmp_path / "conv.json").read_text())[0]["content"] == "hi"
+    s.command("/clear")
+    assert "loaded 2" in s.command("/load ~/conv.json") and len(s.messages) == 2
