@@ -268,7 +268,13 @@ def _model_lock(entry: CatalogEntry):
         yield False
         return
     with f:
-        fcntl.flock(f, fcntl.LOCK_EX)     # released when the file closes, or the process dies
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            # said, then waited for: a pull of minutes (or a stopped one) elsewhere looked like a hang
+            warnings.warn(f"waiting for another llambda process that is fetching or checking {entry.name} "
+                          f"(it holds {lock})", stacklevel=3)
+            fcntl.flock(f, fcntl.LOCK_EX)     # released when the file closes, or the process dies
         yield True
 
 

@@ -155,6 +155,33 @@ def test_rm_removes_a_dangling_symlink_in_the_cache(monkeypatch, tmp_path):
     assert hub.remove("fake-model") == path
     assert not os.path.lexists(path)
 
+
+def test_waiting_for_another_process_holding_the_model_is_said(monkeypatch, tmp_path):
+    import fcntl
+    import threading
+    import warnings
+    _cache(monkeypatch, tmp_path)
+    lock = tmp_path / "home" / "locks" / "fake.gguf.lock"
+    lock.parent.mkdir(parents=True)
+    other = open(lock, "a")                # another open file: conflicts as another process would
+    fcntl.flock(other, fcntl.LOCK_EX)
+    caught, done = [], threading.Event()
+
+    def pull():
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            hub.pull("fake-model", progress=False)
+        caught.extend(str(x.message) for x in w)
+        done.set()
+
+    t = threading.Thread(target=pull)
+    t.start()
+    assert not done.wait(0.5)              # it waits for the lock ...
+    other.close()                          # ... until the other holder is done
+    t.join(30)
+    assert done.is_set() and hub.is_downloaded("fake-model")
+    assert any("waiting for another llambda process" in m for m in caught)
+
 # -- interrupted and concurrent pulls (in subprocesses) --------------------------------------------
 
 PULLER = """
