@@ -667,7 +667,7 @@ def main(argv=None) -> int:
     warnings.showwarning = _show_warning      # one plain line, not a source location
     ap = build_parser()
     a = ap.parse_args(argv)
-    if getattr(a, "model_arg", None):
+    if getattr(a, "model_arg", None) is not None:     # `show ""` showed the default model
         a.model = a.model_arg
     try:
         rc = a.fn(a) or 0

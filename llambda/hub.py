@@ -522,6 +522,10 @@ def resolve(name_or_path: str | os.PathLike) -> Path:
         path = ensure_model(name_or_path)
         entry = _entry(name_or_path)
         return unpacked_dir(entry, path) if entry.unpack else path
+    if isinstance(name_or_path, str) and not name_or_path.strip():
+        # Path("") is ".": the current directory was loaded ("needs config.json")
+        raise ModelNotFoundError(f"no model given (the name is {name_or_path!r}); catalogued models: "
+                                 + ", ".join(sorted(CATALOG)))
     p = Path(name_or_path).expanduser()
     try:
         if p.exists():

@@ -239,3 +239,12 @@ def test_generating_with_an_encoder_is_a_clear_error(minilm_dir):
         assert "is an encoder" in out.stderr and "Traceback" not in out.stderr
     out = run_cli("bench", "-m", str(minilm_dir), "-p", "8", "-n", "4", "-r", "1", timeout=120)
     assert out.returncode == 1 and "is an encoder" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_an_empty_model_name_is_refused(tmp_path):
+    # `-m ""` loaded the current directory ("needs config.json"); `show ""` showed the default model
+    for args in (("run", "-m", "", "hi"), ("show", ""), ("tokenize", "-m", " ", "hi")):
+        out = subprocess.run([sys.executable, "-m", "llambda.cli", *args], capture_output=True, text=True,
+                             timeout=120, cwd=tmp_path, env={**os.environ, "LLAMBDA_HOME": str(tmp_path / "home"),
+                                                             "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+        assert out.returncode == 1 and "no model given" in out.stderr and "Traceback" not in out.stderr, args
