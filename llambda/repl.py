@@ -30,6 +30,7 @@ Ctrl-C stops the reply being written; the conversation keeps what was said."""
 
 MULTILINE = '"""'
 LOAD_MAX_BYTES = 64 << 20     # a conversation file; `/load /dev/zero` read until memory ran out
+LINE_MAX_CHARS = 16 << 20     # a piped message (~4M tokens, past any context); `chat < /dev/zero` ran out of memory
 
 
 @dataclass
@@ -209,7 +210,9 @@ def run_chat(session: ChatSession, banner: str, history_file: Path | None, verbo
         stdout.flush()
 
     if not interactive:        # a line per user turn, no prompts, no banner
-        for line in stdin:
+        for line in iter(lambda: stdin.readline(LINE_MAX_CHARS + 1), ""):
+            if len(line) > LINE_MAX_CHARS and not line.endswith("\n"):
+                raise LlambdaError(f"a message on stdin is longer than {LINE_MAX_CHARS} characters")
             line = line.rstrip("\n")
             if not line.strip():
                 continue

@@ -218,3 +218,15 @@ def test_save_and_load_expand_the_home_directory(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "conv.json").read_text())[0]["content"] == "hi"
     s.command("/clear")
     assert "loaded 2" in s.command("/load ~/conv.json") and len(s.messages) == 2
+
+
+def test_a_piped_line_that_never_ends_is_refused(monkeypatch):
+    # `chat < /dev/zero` read one endless line until memory ran out
+    import llambda.repl as repl
+    from llambda.errors import LlambdaError
+    monkeypatch.setattr(repl, "LINE_MAX_CHARS", 100)
+    m = FakeModel()
+    ok = "x" * 100 + "\n"                          # at the limit: still a turn
+    with pytest.raises(LlambdaError, match="longer than 100 characters"):
+        run_chat(ChatSession(m, {}), "banner", None, stdin=io.StringIO(ok + "y" * 10_000), stdout=io.StringIO())
+    assert len(m.seen) == 1 and m.seen[0][0]["content"] == "x" * 100
