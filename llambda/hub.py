@@ -423,8 +423,11 @@ def _fetch(entry: CatalogEntry, progress: bool | None, locked: bool) -> Path:
                 os.replace(tmp, final)
             except OSError as e:
                 raise DownloadError(f"cannot put {name} in place at {final}: {e.strerror or e}") from None
-        except BaseException:
+        except BaseException as e:
             tmp.unlink(missing_ok=True)
+            if isinstance(e, OSError) and not isinstance(e, DownloadError):
+                # a full disk (ENOSPC) while writing: was a raw OSError, a traceback from `llambda pull`
+                raise DownloadError(f"cannot fetch {name} into {final.parent}: {e.strerror or e}") from None
             raise
     _write_stamp(final, entry.sha256)
     if show:

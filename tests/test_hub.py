@@ -93,6 +93,26 @@ def test_a_member_larger_than_the_model_is_refused_before_it_is_written_whole(mo
     assert sum(written) <= small.size
     assert not any((tmp_path / "home" / "models").iterdir())
 
+
+def test_a_full_disk_during_a_download_is_a_download_error(monkeypatch, tmp_path):
+    import errno
+    payload = bytes(range(256)) * 1000
+    _fake_catalog(monkeypatch, tmp_path, payload, hashlib.sha256(payload).hexdigest())
+    real_fdopen = hub.os.fdopen
+
+    def full(fd, *a, **kw):
+        f = real_fdopen(fd, *a, **kw)
+
+        def write(b):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        f.write = write
+        return f
+
+    monkeypatch.setattr(hub.os, "fdopen", full)
+    with pytest.raises(DownloadError, match="No space left on device"):      # was a raw OSError
+        hub.pull("fake-model", progress=False)
+    assert not any((tmp_path / "home" / "models").iterdir())
+
 def test_unknown_name_lists_the_catalogue():
     with pytest.raises(FileNotFoundError, match="smollm2-135m"):
         hub.resolve("no-such-model")
