@@ -70,6 +70,12 @@ class ChatSession:
         except LlambdaError:     # refused (e.g. the conversation outgrew the context): no turn was taken
             self.messages.pop()
             raise
+        except KeyboardInterrupt:
+            # Ctrl-C while the prompt is rendered and tokenized (seconds for a long paste): no turn
+            # either, and the chat goes on (it ended it, with the conversation)
+            self.messages.pop()
+            self.last = ReplyStats(stopped="interrupted")
+            return ""
         try:
             for ev in events:
                 if ev.token >= 0:

@@ -230,3 +230,23 @@ def test_a_piped_line_that_never_ends_is_refused(monkeypatch):
     with pytest.raises(LlambdaError, match="longer than 100 characters"):
         run_chat(ChatSession(m, {}), "banner", None, stdin=io.StringIO(ok + "y" * 10_000), stdout=io.StringIO())
     assert len(m.seen) == 1 and m.seen[0][0]["content"] == "x" * 100
+
+
+def test_ctrl_c_before_the_reply_starts_keeps_the_chat(monkeypatch):
+    class SlowStart(FakeModel):      # Ctrl-C while the prompt is prepared, before any event
+        def chat_stream(self, messages, **kw):
+            if messages[-1]["content"] == "long paste":
+                raise KeyboardInterrupt
+            return super().chat_stream(messages, **kw)
+
+    typed = iter(["long paste", "hi"])
+    monkeypatch.setattr("builtins.input", lambda prompt: next(typed))
+    s, out = ChatSession(SlowStart(), {}), _Tty()
+    try:
+        run_chat(s, "banner", None, stdin=_Tty(), stdout=out)
+    except StopIteration:                   # the chat went on to ask for the next message
+        pass
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C before the reply started ended the chat")
+    assert "[stopped]" in out.getvalue()
+    assert s.messages == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "one two three "}]
