@@ -236,7 +236,7 @@ def cmd_list(a) -> int:
     rows = [("NAME", "ARCH", "QUANT", "SIZE", "STATE", "PATH")]
     for name, e in sorted(hub.CATALOG.items()):
         state = "downloaded" if hub.is_downloaded(name) else (
-            "unverified" if hub.cached_path(name).exists() else "-")
+            "unverified" if hub.is_cached(name) else "-")
         rows.append((name + (" (default)" if name == DEFAULT_MODEL else ""), e.arch, hub.quant_type(e),
                      f"{e.size / 1e6:.0f} MB", state, str(hub.cached_path(name))))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
@@ -258,7 +258,7 @@ def cmd_show(a) -> int:
     from .formats.open import open_model
     from .tools.model_info import describe, format_description
 
-    if hub.is_catalogued(a.model) and not hub.cached_path(a.model).exists():
+    if hub.is_catalogued(a.model) and not hub.is_cached(a.model):
         e = hub.CATALOG[a.model]
         print(f"{a.model}: {e.arch}, {hub.quant_type(e)}, {e.size / 1e6:.0f} MB, not downloaded "
               f"(`llambda pull {a.model}` fetches it)")

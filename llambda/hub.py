@@ -146,6 +146,12 @@ def is_downloaded(name: str) -> bool:
     return _stamp_matches(cached_path(name), _entry(name).sha256)
 
 
+def is_cached(name: str) -> bool:
+    """A file is at the model's cache path, verified or not. os.path.exists: Path.exists raised for a
+    path the system refuses to look at (a LLAMBDA_HOME too long, or not searchable), a traceback."""
+    return os.path.exists(cached_path(name))
+
+
 def remove(name: str) -> Path:
     """Delete a catalogued model from the cache (file and stamp); returns the path it had."""
     entry = _entry(name)
@@ -155,7 +161,7 @@ def remove(name: str) -> Path:
     def present() -> bool:
         # lexists: a dangling symlink there is removed, not called "not in the cache"; an unpacked
         # folder whose zip is gone is removed too (it was "not in the cache", and kept for good)
-        return os.path.lexists(path) or (folder is not None and folder.is_dir())
+        return os.path.lexists(path) or (folder is not None and os.path.isdir(folder))
 
     missing = ModelNotFoundError(f"{name} is not in the cache ({path})")
     if not present():
@@ -167,7 +173,7 @@ def remove(name: str) -> Path:
         try:
             path.unlink(missing_ok=True)
             _stamp_path(path).unlink(missing_ok=True)
-            if folder is not None and folder.is_dir():
+            if folder is not None and os.path.isdir(folder):
                 shutil.rmtree(folder)
         except OSError as e:
             raise DownloadError(f"cannot remove {path}: {e.strerror or e}") from None
