@@ -88,15 +88,23 @@ def _speculative_kwargs(a) -> dict:
     return dict(speculative=mode, draft_max=a.draft_max)
 
 
+CONSTRAINT_MAX_CHARS = 16 << 20   # a grammar or JSON schema; the server takes 4 MiB bodies
+
+
 def _constraint_kwargs(a) -> dict:
     """json_schema/grammar/regex for Model.stream, read and checked before the model loads."""
     from .constraints import ConstraintError, grammar_spec
 
     def read(path: str, what: str) -> str:
         try:
-            return Path(path).read_text(encoding="utf-8")
+            # bounded (`--grammar /dev/zero` read until MemoryError); a pipe such as <(...) still reads
+            with open(path, encoding="utf-8") as f:
+                text = f.read(CONSTRAINT_MAX_CHARS + 1)
         except (OSError, UnicodeDecodeError) as e:
             raise ConstraintError(f"cannot read the {what} file {path}: {e}") from None
+        if len(text) > CONSTRAINT_MAX_CHARS:
+            raise ConstraintError(f"the {what} file {path} holds more than {CONSTRAINT_MAX_CHARS} characters")
+        return text
 
     out = {}
     if a.json_schema is not None:
@@ -121,12 +129,17 @@ def _sampling_kwargs(a) -> dict:
                 stop=a.stop, ignore_eos=a.ignore_eos)
 
 
-def _load(a, **extra):
+def _load(a, generates: bool = False, **extra):
+    """`generates`: the command writes text, which an encoder (embedding model) cannot."""
     from .api import load
     t0, cpu0 = time.perf_counter(), time.process_time()
     model = load(a.model, backend=a.backend, threads=a.threads, n_ctx=a.ctx_size, activations=a.activations,
                  kv_type=a.kv_type, draft=getattr(a, "model_draft", None),
                  draft_threads=getattr(a, "threads_draft", None), **extra)
+    if generates and getattr(model, "is_encoder", False):     # was an AttributeError traceback ('stream')
+        model.close()
+        raise LlambdaError(f"{a.model} is an encoder (an embedding model): it generates no text; "
+                           f"`llambda embed -m {a.model}` gives its vectors")
     if a.verbose:
         mem = model.memory_report()
         parts = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in mem.items())
@@ -167,10 +180,23 @@ def _stream_out(events, verbose: bool, t_start: float) -> str:
     return "".join(text)
 
 
+STDIN_MAX_CHARS = 16 << 20    # ~4M tokens, past any context; `run < /dev/zero` read until memory ran out
+
+
+def _read_stdin(what: str) -> str:
+    """All of stdin, bounded; a clear error when it is closed (`<&-` made sys.stdin None: a traceback)."""
+    if sys.stdin is None:
+        raise LlambdaError(f"no {what} given and stdin is closed")
+    text = sys.stdin.read(STDIN_MAX_CHARS + 1)
+    if len(text) > STDIN_MAX_CHARS:
+        raise LlambdaError(f"stdin holds more than {STDIN_MAX_CHARS} characters: too long for the {what}")
+    return text
+
+
 def cmd_run(a) -> int:
     constraint, spec = _constraint_kwargs(a), _speculative_kwargs(a)
-    model = _load(a)
-    prompt = a.prompt if a.prompt is not None else sys.stdin.read()
+    prompt = a.prompt if a.prompt is not None else _read_stdin("prompt")
+    model = _load(a, generates=True)
     t0 = time.perf_counter()
     _stream_out(model.stream(prompt, **_sampling_kwargs(a), **constraint, **spec), a.verbose, t0)
     if a.verbose and model.spec_stats is not None:
@@ -186,7 +212,9 @@ def cmd_chat(a) -> int:
     from .repl import ChatSession, run_chat
 
     constraint, spec = _constraint_kwargs(a), _speculative_kwargs(a)
-    model = _load(a)
+    if sys.stdin is None:       # `<&-`: once an AttributeError traceback, after the model loaded
+        raise LlambdaError("no messages given and stdin is closed (chat reads them from it)")
+    model = _load(a, generates=True)
     model.chat_template()    # a clear error now for a model without a template
     if constraint:           # an invalid grammar is an error now, not at the first reply
         from .constraints import grammar_spec
@@ -208,7 +236,7 @@ def cmd_list(a) -> int:
     rows = [("NAME", "ARCH", "QUANT", "SIZE", "STATE", "PATH")]
     for name, e in sorted(hub.CATALOG.items()):
         state = "downloaded" if hub.is_downloaded(name) else (
-            "unverified" if hub.cached_path(name).exists() else "-")
+            "unverified" if hub.is_cached(name) else "-")
         rows.append((name + (" (default)" if name == DEFAULT_MODEL else ""), e.arch, hub.quant_type(e),
                      f"{e.size / 1e6:.0f} MB", state, str(hub.cached_path(name))))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
@@ -230,7 +258,7 @@ def cmd_show(a) -> int:
     from .formats.open import open_model
     from .tools.model_info import describe, format_description
 
-    if hub.is_catalogued(a.model) and not hub.cached_path(a.model).exists():
+    if hub.is_catalogued(a.model) and not hub.is_cached(a.model):
         e = hub.CATALOG[a.model]
         print(f"{a.model}: {e.arch}, {hub.quant_type(e)}, {e.size / 1e6:.0f} MB, not downloaded "
               f"(`llambda pull {a.model}` fetches it)")
@@ -279,7 +307,7 @@ def cmd_tokenize(a) -> int:
 
 
 def cmd_embed(a) -> int:
-    texts = list(a.texts) if a.texts else [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    texts = list(a.texts) if a.texts else [line for line in _read_stdin("texts").split("\n") if line.strip()]
     if not texts:
         raise ValueError("nothing to embed: give texts as arguments or on stdin, one a line")
     model = _load(a)
@@ -384,12 +412,23 @@ def _ints(s: str, what: str = "value") -> list[int]:
     return vals
 
 
+def _is_encoder_file(path) -> bool:
+    from .formats.open import open_model
+    src = open_model(Path(path))
+    try:
+        return getattr(src.config, "arch", None) == "bert"
+    finally:
+        src.close()
+
+
 def cmd_bench(a) -> int:
     from .backends.native import default_threads
     from .hub import resolve
     from .tools.bench import markdown, run_bench
 
     path = resolve(a.model)
+    if _is_encoder_file(path):      # was an AttributeError traceback ('transformer') after loading
+        raise LlambdaError(f"{a.model} is an encoder (an embedding model): bench measures text generation")
     threads = _ints(a.threads_list, "--threads-list") if a.threads_list else [a.threads or default_threads()]
     if a.repetitions < 1:
         raise ValueError("-r/--repetitions must be at least 1")
@@ -638,12 +677,19 @@ def main(argv=None) -> int:
     warnings.showwarning = _show_warning      # one plain line, not a source location
     ap = build_parser()
     a = ap.parse_args(argv)
-    if getattr(a, "model_arg", None):
+    if getattr(a, "model_arg", None) is not None:     # `show ""` showed the default model
         a.model = a.model_arg
     try:
-        return a.fn(a) or 0
+        rc = a.fn(a) or 0
+        sys.stdout.flush()      # here, where a closed pipe is caught, not at exit
+        return rc
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `llambda list | head -1`: the reader left, which is no error of ours; end as a program killed by
+        # SIGPIPE would (status 141), without the traceback. Python's flush at exit would fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except (LlambdaError, FileNotFoundError, ValueError) as e:
         print(f"llambda: error: {e}", file=sys.stderr)
         return 1

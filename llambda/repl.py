@@ -7,11 +7,15 @@ is read a line per user turn, so a script can pipe a conversation in.
 from __future__ import annotations
 
 import json
+import os
+import stat
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, TextIO
+
+from .errors import LlambdaError
 
 HELP = """commands:
   /help              this list
@@ -25,6 +29,8 @@ HELP = """commands:
 Ctrl-C stops the reply being written; the conversation keeps what was said."""
 
 MULTILINE = '"""'
+LOAD_MAX_BYTES = 64 << 20     # a conversation file; `/load /dev/zero` read until memory ran out
+LINE_MAX_CHARS = 16 << 20     # a piped message (~4M tokens, past any context); `chat < /dev/zero` ran out of memory
 
 
 @dataclass
@@ -59,7 +65,17 @@ class ChatSession:
         stats, out = ReplyStats(), []
         t0 = time.perf_counter()
         first = None
-        events = self.model.chat_stream(self.history(), **self.sampling)
+        try:
+            events = self.model.chat_stream(self.history(), **self.sampling)
+        except LlambdaError:     # refused (e.g. the conversation outgrew the context): no turn was taken
+            self.messages.pop()
+            raise
+        except KeyboardInterrupt:
+            # Ctrl-C while the prompt is rendered and tokenized (seconds for a long paste): no turn
+            # either, and the chat goes on (it ended it, with the conversation)
+            self.messages.pop()
+            self.last = ReplyStats(stopped="interrupted")
+            return ""
         try:
             for ev in events:
                 if ev.token >= 0:
@@ -72,6 +88,9 @@ class ChatSession:
                     stats.stopped = "context" if ev.context_full else ev.finish_reason
         except KeyboardInterrupt:
             stats.stopped = "interrupted"
+        except LlambdaError:
+            self.messages.pop()
+            raise
         finally:
             events.close()     # free the model for the next turn at once
         end = time.perf_counter()
@@ -88,6 +107,8 @@ class ChatSession:
         """Run a /command; returns what to print, or None to leave."""
         name, _, arg = line.strip().partition(" ")
         arg = arg.strip()
+        if name in ("/save", "/load") and arg.startswith("~"):
+            arg = os.path.expanduser(arg)     # no shell expands it here: "~/c.json" was "no such directory"
         if name in ("/exit", "/quit", "/bye"):
             return None
         if name == "/help":
@@ -106,8 +127,8 @@ class ChatSession:
                 return "usage: /save FILE"
             try:
                 Path(arg).write_text(json.dumps(self.history(), ensure_ascii=False, indent=1), encoding="utf-8")
-            except OSError as e:
-                return f"cannot write {arg}: {e.strerror or e}"
+            except (OSError, ValueError) as e:   # ValueError: a NUL in the name, a lone surrogate in the text
+                return f"cannot write {arg}: {getattr(e, 'strerror', None) or e}"
             return f"saved {len(self.messages)} messages to {arg}"
         if name == "/load":
             if not arg:
@@ -117,7 +138,14 @@ class ChatSession:
 
     def _load(self, path: str) -> str:
         try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
+            # a regular file, read bounded: a FIFO hung the chat, /dev/zero filled the memory
+            with open(path, "rb", opener=lambda p, flags: os.open(p, flags | os.O_NONBLOCK)) as f:
+                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                    return f"cannot read {path}: not a regular file"
+                raw = f.read(LOAD_MAX_BYTES + 1)
+            if len(raw) > LOAD_MAX_BYTES:
+                return f"cannot read {path}: more than {LOAD_MAX_BYTES} bytes, no conversation file"
+            data = json.loads(raw.decode("utf-8"))
         except RecursionError:      # "[[[[..." nested past the interpreter's stack: once a traceback out of chat
             return f"cannot read {path}: JSON nested too deeply"
         except (OSError, ValueError) as e:
@@ -188,7 +216,9 @@ def run_chat(session: ChatSession, banner: str, history_file: Path | None, verbo
         stdout.flush()
 
     if not interactive:        # a line per user turn, no prompts, no banner
-        for line in stdin:
+        for line in iter(lambda: stdin.readline(LINE_MAX_CHARS + 1), ""):
+            if len(line) > LINE_MAX_CHARS and not line.endswith("\n"):
+                raise LlambdaError(f"a message on stdin is longer than {LINE_MAX_CHARS} characters")
             line = line.rstrip("\n")
             if not line.strip():
                 continue
@@ -216,6 +246,9 @@ def run_chat(session: ChatSession, banner: str, history_file: Path | None, verbo
             except EOFError:
                 write("\n")
                 return 0
+            except UnicodeDecodeError:     # bytes that are no UTF-8 (a strict locale): once the chat ended
+                write("(that input is not valid UTF-8; nothing was sent)\n")
+                continue
             if not text.strip():
                 continue
             if text.startswith("/"):
@@ -224,7 +257,11 @@ def run_chat(session: ChatSession, banner: str, history_file: Path | None, verbo
                     return 0
                 write(said + "\n")
                 continue
-            session.reply(text, write)
+            try:
+                session.reply(text, write)
+            except LlambdaError as e:    # the conversation outgrew the context, ...: it ended the chat
+                write(f"\n[error: {e}; the message was not added, /clear starts over]\n")
+                continue
             if session.last.stopped == "interrupted":
                 write(" [stopped]")
             elif session.last.stopped == "context":

@@ -1,6 +1,9 @@
 """The command line as a user runs it."""
+import os
+import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -211,3 +214,71 @@ def test_context_full_is_marked_on_the_last_event():
 def test_version():
     out = run_cli("--version")
     assert out.returncode == 0 and out.stdout.strip() == f"llambda {llambda.__version__}"
+
+
+def test_closed_stdin_is_a_clear_error_for_run_embed_and_chat(tmp_path):
+    # `<&-` leaves sys.stdin None: once an AttributeError / TypeError traceback
+    for cmd in ("run", "embed", "chat"):
+        out = subprocess.run([sys.executable, "-m", "llambda.cli", cmd, "-m", str(tmp_path / "nope.gguf")],
+                             stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120,
+                             preexec_fn=lambda: os.close(0))
+        assert out.returncode == 1, out.stderr
+        assert "stdin is closed" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_an_endless_stdin_is_refused_before_the_model_loads(tmp_path):
+    # `run < /dev/zero` read until memory ran out
+    with open("/dev/zero", "rb") as zero:
+        out = subprocess.run([sys.executable, "-m", "llambda.cli", "run", "-m", str(tmp_path / "nope.gguf")],
+                             stdin=zero, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "stdin holds more than" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_reader_that_leaves_early_ends_the_output_without_a_traceback(smollm2_gguf):
+    # `llambda tokenize ... | head -1`: once a BrokenPipeError traceback
+    proc = subprocess.Popen([sys.executable, "-m", "llambda.cli", "tokenize", "-m", str(smollm2_gguf),
+                             "word " * 20000], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().split()[1] == "'word'"
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141 and "Traceback" not in err and "Broken" not in err
+
+
+def test_a_grammar_or_schema_file_that_never_ends_is_refused(tmp_path):
+    # read whole: a MemoryError traceback (address space capped so a regression fails fast)
+    import resource
+    cap = lambda: resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+    for flag in ("--json-schema", "--grammar"):
+        out = subprocess.run([sys.executable, "-m", "llambda.cli", "run", "-m", str(tmp_path / "nope.gguf"), flag,
+                              "/dev/zero", "hi"], capture_output=True, text=True, timeout=120, preexec_fn=cap)
+        assert out.returncode == 1 and "holds more than" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_export_refuses_to_replace_a_device_or_fifo(tmp_path):
+    # the GGUF is renamed into place: `--out /dev/null` as root replaced the device with a regular file
+    tiny = Path(__file__).parent / "fixtures" / "reference" / "tiny" / "llama"
+    fifo = tmp_path / "out.gguf"
+    os.mkfifo(fifo)
+    out = run_cli("export", "-m", str(tiny), "--format", "gguf", "--out", str(fifo), timeout=120)
+    assert out.returncode == 1 and "not a regular file" in out.stderr and "Traceback" not in out.stderr
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def test_generating_with_an_encoder_is_a_clear_error(minilm_dir):
+    # an EncoderModel has no stream() / chat_template(): once AttributeError tracebacks
+    for cmd, stdin in (("run", None), ("chat", "hi\n")):
+        args = [cmd, "-m", str(minilm_dir)] + (["hi"] if stdin is None else [])
+        out = run_cli(*args, input=stdin, timeout=120)
+        assert out.returncode == 1, out.stderr
+        assert "is an encoder" in out.stderr and "Traceback" not in out.stderr
+    out = run_cli("bench", "-m", str(minilm_dir), "-p", "8", "-n", "4", "-r", "1", timeout=120)
+    assert out.returncode == 1 and "is an encoder" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_an_empty_model_name_is_refused(tmp_path):
+    # `-m ""` loaded the current directory ("needs config.json"); `show ""` showed the default model
+    for args in (("run", "-m", "", "hi"), ("show", ""), ("tokenize", "-m", " ", "hi")):
+        out = subprocess.run([sys.executable, "-m", "llambda.cli", *args], capture_output=True, text=True,
+                             timeout=120, cwd=tmp_path, env={**os.environ, "LLAMBDA_HOME": str(tmp_path / "home"),
+                                                             "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+        assert out.returncode == 1 and "no model given" in out.stderr and "Traceback" not in out.stderr, args

@@ -1,12 +1,17 @@
 """Catalogued models: fetch, verify, cache; a bad download leaves nothing behind."""
 import hashlib
+import shutil
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 
 from llambda import hub
-from llambda.errors import DownloadError
+from llambda.errors import DownloadError, ModelNotFoundError
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _fake_catalog(monkeypatch, tmp_path, payload: bytes, sha: str, parts=2):
@@ -65,6 +70,49 @@ def test_failed_download_leaves_no_file(monkeypatch, tmp_path):
     assert not any((tmp_path / "home" / "models").iterdir())
 
 
+
+def test_a_member_larger_than_the_model_is_refused_before_it_is_written_whole(monkeypatch, tmp_path):
+    # the size was checked after every part was written: a huge (or zip-bomb) member filled the disk first
+    import dataclasses
+    payload = bytes(4 << 20)
+    _fake_catalog(monkeypatch, tmp_path, payload, hashlib.sha256(payload).hexdigest(), parts=1)
+    small = dataclasses.replace(hub.CATALOG["fake-model"], size=3 << 20)
+    monkeypatch.setitem(hub.CATALOG, "fake-model", small)
+    written = []
+    real_fdopen = hub.os.fdopen
+
+    def spy(fd, *a, **kw):
+        f = real_fdopen(fd, *a, **kw)
+        write = f.write
+        f.write = lambda b: written.append(len(b)) or write(b)
+        return f
+
+    monkeypatch.setattr(hub.os, "fdopen", spy)
+    with pytest.raises(DownloadError, match="more than the 3145728 bytes expected"):
+        hub.pull("fake-model", progress=False)
+    assert sum(written) <= small.size
+    assert not any((tmp_path / "home" / "models").iterdir())
+
+
+def test_a_full_disk_during_a_download_is_a_download_error(monkeypatch, tmp_path):
+    import errno
+    payload = bytes(range(256)) * 1000
+    _fake_catalog(monkeypatch, tmp_path, payload, hashlib.sha256(payload).hexdigest())
+    real_fdopen = hub.os.fdopen
+
+    def full(fd, *a, **kw):
+        f = real_fdopen(fd, *a, **kw)
+
+        def write(b):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        f.write = write
+        return f
+
+    monkeypatch.setattr(hub.os, "fdopen", full)
+    with pytest.raises(DownloadError, match="No space left on device"):      # was a raw OSError
+        hub.pull("fake-model", progress=False)
+    assert not any((tmp_path / "home" / "models").iterdir())
+
 def test_unknown_name_lists_the_catalogue():
     with pytest.raises(FileNotFoundError, match="smollm2-135m"):
         hub.resolve("no-such-model")
@@ -106,13 +154,84 @@ def test_a_zip_of_a_directory_is_unpacked_once_verified(monkeypatch, tmp_path):
     assert folder == tmp_path / "home" / "models" / "fake-dir"
     assert (folder / "config.json").read_bytes() == b"{}"
     assert (folder / "1_Pooling" / "config.json").read_bytes() == b"{\"a\": 1}"
-    (folder / "config.json").write_bytes(b"kept")       # the stamp matches: not unpacked again
-    assert hub.resolve("fake-model") == folder and (folder / "config.json").read_bytes() == b"kept"
+    ino = (folder / "config.json").stat().st_ino
+    assert hub.resolve("fake-model") == folder and (folder / "config.json").stat().st_ino == ino  # not unpacked again
     (folder / ".llambda-unpacked").unlink()              # a folder without its stamp is unpacked again
     assert (hub.resolve("fake-model") / "config.json").read_bytes() == b"{}"
     hub.remove("fake-model")
     assert not folder.exists()
 
+
+def test_an_unpacked_file_changed_since_is_unpacked_again(monkeypatch, tmp_path):
+    # the folder's stamp held only the zip's sha256: changed weights were used as verified
+    payload = _zip_bytes({"config.json": b"{}", "1_Pooling/config.json": b"{\"a\": 1}"})
+    _unpacking_entry(monkeypatch, tmp_path, payload)
+    folder = hub.resolve("fake-model")
+    (folder / "config.json").write_bytes(b"{\"hidden_size\": 1}")
+    assert (hub.resolve("fake-model") / "config.json").read_bytes() == b"{}"
+    (folder / "1_Pooling" / "config.json").unlink()
+    assert (hub.resolve("fake-model") / "1_Pooling" / "config.json").read_bytes() == b"{\"a\": 1}"
+    (folder / "extra.json").write_bytes(b"{}")
+    assert not (hub.resolve("fake-model") / "extra.json").exists()
+    hub.remove("fake-model")
+    assert not folder.exists()
+
+
+
+def test_rm_removes_an_unpacked_folder_whose_zip_is_gone(monkeypatch, tmp_path):
+    # it was "not in the cache" and stayed for good
+    _unpacking_entry(monkeypatch, tmp_path, _zip_bytes({"config.json": b"{}"}))
+    folder = hub.resolve("fake-model")
+    hub.cached_path("fake-model").unlink()
+    assert hub.remove("fake-model") == folder
+    assert not folder.exists()
+    with pytest.raises(ModelNotFoundError, match="not in the cache"):
+        hub.remove("fake-model")
+
+
+
+def test_the_folder_of_a_killed_unpack_is_removed_by_the_next_one(monkeypatch, tmp_path):
+    _unpacking_entry(monkeypatch, tmp_path, _zip_bytes({"config.json": b"{}"}))
+    folder = hub.resolve("fake-model")
+    dead = folder.parent / f".{folder.name}.k1ll3d{hub._TEMP_SUFFIX}"     # as mkdtemp names it
+    (dead / "sub").mkdir(parents=True)
+    (dead / "model.safetensors").write_bytes(b"x" * 1000)
+    (folder / hub._UNPACKED_STAMP).unlink()
+    assert hub.resolve("fake-model") == folder
+    assert not dead.exists()
+
+
+def test_a_folder_unpacked_again_is_there_while_the_old_copy_is_deleted(monkeypatch, tmp_path):
+    _unpacking_entry(monkeypatch, tmp_path, _zip_bytes({"config.json": b"{}"}))
+    folder = hub.resolve("fake-model")
+    (folder / "config.json").write_bytes(b"changed")
+    seen = []
+    real = shutil.rmtree
+
+    def rmtree(path, *a, **kw):
+        real(path, *a, **kw)
+        seen.append((folder / "config.json").is_file())     # what a reader of the folder finds meanwhile
+
+    monkeypatch.setattr(hub.shutil, "rmtree", rmtree)
+    assert (hub.resolve("fake-model") / "config.json").read_bytes() == b"{}"
+    assert seen and all(seen)
+    assert [p.name for p in folder.parent.iterdir() if p.name.startswith(".")] == []
+
+def test_a_stamp_that_never_ends_is_no_stamp(monkeypatch, tmp_path):
+    # one linked to /dev/zero was read whole: a MemoryError out of `llambda list`
+    payload = b"z" * 5000
+    _fake_catalog(monkeypatch, tmp_path, payload, hashlib.sha256(payload).hexdigest())
+    path = hub.ensure_model("fake-model", progress=False)
+    stamp = hub._stamp_path(path)
+    stamp.unlink()
+    stamp.symlink_to("/dev/zero")
+    # in a process with 1 GiB of address space, so that reading it whole fails fast
+    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30)); "
+            "from pathlib import Path; from llambda import hub; "
+            "print(hub._stamp_matches(Path(sys.argv[1]), sys.argv[2]))")
+    out = subprocess.run([sys.executable, "-c", code, str(path), hashlib.sha256(payload).hexdigest()],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-500:]
 
 def test_a_zip_member_leaving_the_folder_is_refused(monkeypatch, tmp_path):
     payload = _zip_bytes({"config.json": b"{}", "../evil.txt": b"x"})

@@ -1,6 +1,7 @@
 """The model cache under damage and interruption: a changed file is caught before use, a killed
 pull leaves no partial model, concurrent pulls share one download, names do not depend on the
 current directory, and non-finite norm weights are refused at load."""
+import contextlib
 import hashlib
 import json
 import os
@@ -100,6 +101,86 @@ def test_a_verified_file_is_not_hashed_again_until_its_stamp_is_gone(monkeypatch
     stamp = json.loads(hub._stamp_path(path).read_text())
     assert stamp["sha256"] == hashlib.sha256(PAYLOAD).hexdigest() and stamp["size"] == len(PAYLOAD)
 
+
+
+def test_a_write_made_while_the_file_is_hashed_is_not_stamped_as_verified(monkeypatch, tmp_path):
+    fetched = _cache(monkeypatch, tmp_path)
+    path = hub.ensure_model("fake-model", progress=False)
+    hub._stamp_path(path).unlink()
+    real = hub._sha256_file
+
+    def hashed_then_written(p):
+        digest = real(p)            # the bytes as verified ...
+        _flip_byte(p, 10)           # ... then written to before the stamp is taken
+        return digest
+
+    monkeypatch.setattr(hub, "_sha256_file", hashed_then_written)
+    # once the changed file was stamped as verified and used; now it is fetched again
+    with pytest.warns(UserWarning, match="changed while it was being verified"):
+        assert hub.ensure_model("fake-model", progress=False) == path
+    assert path.read_bytes() == PAYLOAD and hub.is_downloaded("fake-model") and len(fetched) == 4
+
+
+def test_a_directory_where_the_model_goes_is_a_clear_error_before_any_download(monkeypatch, tmp_path):
+    fetched = _cache(monkeypatch, tmp_path)
+    path = hub.cached_path("fake-model")
+    (path / "inside").mkdir(parents=True)
+    with pytest.raises(DownloadError, match="is a directory"):      # was a raw IsADirectoryError
+        hub.pull("fake-model", progress=False)
+    assert fetched == [] and (path / "inside").is_dir()
+    assert [p.name for p in path.parent.iterdir()] == [path.name]   # no temporary file left
+
+
+def test_the_second_of_two_removals_says_not_in_the_cache(monkeypatch, tmp_path):
+    _cache(monkeypatch, tmp_path)
+    path = hub.ensure_model("fake-model", progress=False)
+    real = hub._model_lock
+
+    @contextlib.contextmanager
+    def lock_after_the_other_rm(entry):
+        path.unlink()               # the other `rm` got the lock first
+        with real(entry) as held:
+            yield held
+
+    monkeypatch.setattr(hub, "_model_lock", lock_after_the_other_rm)
+    with pytest.raises(ModelNotFoundError, match="not in the cache"):
+        hub.remove("fake-model")
+
+
+def test_rm_removes_a_dangling_symlink_in_the_cache(monkeypatch, tmp_path):
+    _cache(monkeypatch, tmp_path)
+    path = hub.cached_path("fake-model")
+    path.parent.mkdir(parents=True)
+    path.symlink_to(tmp_path / "gone.gguf")
+    assert hub.remove("fake-model") == path
+    assert not os.path.lexists(path)
+
+
+def test_waiting_for_another_process_holding_the_model_is_said(monkeypatch, tmp_path):
+    import fcntl
+    import threading
+    import warnings
+    _cache(monkeypatch, tmp_path)
+    lock = tmp_path / "home" / "locks" / "fake.gguf.lock"
+    lock.parent.mkdir(parents=True)
+    other = open(lock, "a")                # another open file: conflicts as another process would
+    fcntl.flock(other, fcntl.LOCK_EX)
+    caught, done = [], threading.Event()
+
+    def pull():
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            hub.pull("fake-model", progress=False)
+        caught.extend(str(x.message) for x in w)
+        done.set()
+
+    t = threading.Thread(target=pull)
+    t.start()
+    assert not done.wait(0.5)              # it waits for the lock ...
+    other.close()                          # ... until the other holder is done
+    t.join(30)
+    assert done.is_set() and hub.is_downloaded("fake-model")
+    assert any("waiting for another llambda process" in m for m in caught)
 
 # -- interrupted and concurrent pulls (in subprocesses) --------------------------------------------
 

@@ -109,3 +109,14 @@ def test_a_shown_download_lets_pip_report_its_progress(monkeypatch, tmp_path):
     (shown, out1), (quiet, out2) = seen
     assert "--progress-bar" in shown and "-q" not in shown and out1 is sys.stderr
     assert "-q" in quiet and out2 is subprocess.PIPE
+
+
+def test_a_home_path_too_long_to_look_at_is_no_traceback(monkeypatch, tmp_path, capsys):
+    # Path.exists() raised ENAMETOOLONG: `llambda list` and `show` ended in an OSError traceback
+    monkeypatch.setenv("LLAMBDA_HOME", str(tmp_path / ("d" * 300)))
+    assert cli.main(["list"]) == 0
+    assert "smollm2-135m" in capsys.readouterr().out
+    assert cli.main(["show", "smollm2-135m"]) == 0
+    assert "not downloaded" in capsys.readouterr().out
+    assert cli.main(["rm", "all-minilm-l6-v2"]) == 1
+    assert "not in the cache" in capsys.readouterr().err

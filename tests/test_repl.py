@@ -167,3 +167,86 @@ def test_real_terminal_ctrl_c_stops_a_reply_and_history_is_kept(smollm2_gguf, tm
             proc.kill()
         os.close(master)
     assert "Tell me a very long story." in (tmp_path / "chat_history").read_text()
+
+
+class _Tty(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_a_turn_the_model_refuses_keeps_the_chat_and_the_conversation(monkeypatch):
+    from llambda.errors import ContextOverflowError
+
+    class Full(FakeModel):          # a context that holds two messages
+        def chat_stream(self, messages, **kw):
+            if len(messages) > 2:
+                raise ContextOverflowError(f"the prompt has {len(messages)} messages; the context holds 2")
+            return super().chat_stream(messages, **kw)
+
+    typed = iter(["hello", "too much now", "/stats"])
+
+    def fake_input(prompt):
+        try:
+            return next(typed)
+        except StopIteration:
+            raise EOFError from None
+
+    monkeypatch.setattr("builtins.input", fake_input)
+    s, out = ChatSession(Full(), {}), _Tty()
+    assert run_chat(s, "banner", None, stdin=_Tty(), stdout=out) == 0     # once: the error ended the chat
+    assert "context holds 2" in out.getvalue() and "/clear starts over" in out.getvalue()
+    assert s.messages == [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "one two three "}]
+
+
+def test_load_and_save_refuse_odd_files_without_ending_the_chat(tmp_path):
+    s = ChatSession(FakeModel(), {})
+    s.reply("hi \udcff", lambda t: None)            # a byte of no UTF-8, as a C locale reads it
+    assert "cannot write" in s.command(f"/save {tmp_path / 'x.json'}")       # was a UnicodeEncodeError
+    assert "cannot write" in s.command(f"/save {tmp_path / 'a'}\x00b")      # was "embedded null byte"
+    assert "not a regular file" in s.command("/load /dev/zero")             # was read until out of memory
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert "not a regular file" in s.command(f"/load {fifo}")               # was a hang (no writer)
+    assert len(s.messages) == 2
+
+
+def test_save_and_load_expand_the_home_directory(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    s = ChatSession(FakeModel(), {})
+    s.reply("hi", lambda t: None)
+    assert "saved 2" in s.command("/save ~/conv.json")           # was: cannot write ~/conv.json: No such file
+    assert json.loads((tmp_path / "conv.json").read_text())[0]["content"] == "hi"
+    s.command("/clear")
+    assert "loaded 2" in s.command("/load ~/conv.json") and len(s.messages) == 2
+
+
+def test_a_piped_line_that_never_ends_is_refused(monkeypatch):
+    # `chat < /dev/zero` read one endless line until memory ran out
+    import llambda.repl as repl
+    from llambda.errors import LlambdaError
+    monkeypatch.setattr(repl, "LINE_MAX_CHARS", 100)
+    m = FakeModel()
+    ok = "x" * 100 + "\n"                          # at the limit: still a turn
+    with pytest.raises(LlambdaError, match="longer than 100 characters"):
+        run_chat(ChatSession(m, {}), "banner", None, stdin=io.StringIO(ok + "y" * 10_000), stdout=io.StringIO())
+    assert len(m.seen) == 1 and m.seen[0][0]["content"] == "x" * 100
+
+
+def test_ctrl_c_before_the_reply_starts_keeps_the_chat(monkeypatch):
+    class SlowStart(FakeModel):      # Ctrl-C while the prompt is prepared, before any event
+        def chat_stream(self, messages, **kw):
+            if messages[-1]["content"] == "long paste":
+                raise KeyboardInterrupt
+            return super().chat_stream(messages, **kw)
+
+    typed = iter(["long paste", "hi"])
+    monkeypatch.setattr("builtins.input", lambda prompt: next(typed))
+    s, out = ChatSession(SlowStart(), {}), _Tty()
+    try:
+        run_chat(s, "banner", None, stdin=_Tty(), stdout=out)
+    except StopIteration:                   # the chat went on to ask for the next message
+        pass
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C before the reply started ended the chat")
+    assert "[stopped]" in out.getvalue()
+    assert s.messages == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "one two three "}]

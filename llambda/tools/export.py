@@ -608,6 +608,11 @@ def _check_output(out: Path, fmt: str) -> None:
     comes last, and once failed there with a raw IsADirectoryError after all the work."""
     if fmt == "gguf" and out.is_dir():
         raise LlambdaError(f"{out} is a directory: a GGUF export writes one file")
+    # the file is renamed into place: `--out /dev/null` (or /dev/stdout) as root replaced the device
+    # (or the system's link to it) with a regular file
+    if fmt == "gguf" and out.exists() and not out.is_file():
+        raise LlambdaError(f"{out} is not a regular file (a device, FIFO or socket): a GGUF export writes "
+                           "a file of its own, it cannot stream into one")
     if fmt == "hf" and out.exists() and not out.is_dir():
         raise LlambdaError(f"{out} exists and is not a directory: a Hugging Face export writes a directory")
     try:
