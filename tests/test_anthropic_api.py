@@ -75,6 +75,23 @@ def test_stop_sequences(aclient):
     assert cut.content[0].text == text[:text.index(stop)]
 
 
+def test_assistant_prefill_is_continued(aclient, client, model):
+    """A last assistant turn of text is the start of the answer (Anthropic's prefill): the prompt ends
+    with it, not with a closed turn and a fresh one, and the reply is only what follows it."""
+    user = [{"role": "user", "content": "Give a JSON object with the key a set to 1."}]
+    prefill = '{"a":'
+    kw = dict(model=MODEL_ID, max_tokens=8, messages=user + [{"role": "assistant", "content": prefill}],
+              extra_body=GREEDY)
+    msg = aclient.messages.create(**kw)
+    prompt = model.render_chat(user) + prefill
+    raw = client.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=8, temperature=0)
+    assert msg.usage.input_tokens == len(model._prompt_ids(prompt))
+    assert msg.content[0].text == raw.choices[0].text
+    streamed = "".join(e.delta.text for e in aclient.messages.create(stream=True, **kw)
+                       if e.type == "content_block_delta")
+    assert streamed == msg.content[0].text
+
+
 def test_streamed_events(aclient, live):
     kw = dict(model=MODEL_ID, max_tokens=16, messages=[{"role": "user", "content": "Write a haiku about the sea."}],
               extra_body=GREEDY)

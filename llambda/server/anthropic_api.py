@@ -2,7 +2,8 @@
 
 The request becomes a chat-completions body (system, messages with text,
 tool_use and tool_result blocks, tools with input_schema, tool_choice) validated
-by `schemas.parse_chat`; generation goes through `Service`. The answer is a
+by `schemas.parse_chat`; a last assistant turn of text is the answer's start (prefill);
+generation goes through `Service`. The answer is a
 `message` with thinking (a harmony answer's analysis channel, unsigned), text and tool_use
 content blocks and Anthropic's stop reasons; streamed, it is Anthropic's event sequence
 (message_start, content_block_start, content_block_delta with thinking_delta, text_delta or
@@ -161,7 +162,20 @@ def parse_messages(body) -> GenerationSpec:
                               param="stop_sequences")
         chat["stop"] = stops
     _tool_choice(b.get("tool_choice"), chat)
-    return parse_chat(chat)
+    prefill = _prefill(chat["messages"])
+    spec = parse_chat(chat)
+    spec.prefill = prefill
+    return spec
+
+
+def _prefill(messages: list[dict]) -> str:
+    """A last assistant turn of text is the start of the answer (Anthropic's prefill): taken off the
+    messages (it is not a finished turn) and returned; the reply holds only what follows it."""
+    last = messages[-1]
+    if last["role"] != "assistant" or last.get("tool_calls") or not last["content"]:
+        return ""
+    messages.pop()
+    return last["content"]
 
 
 # -- response ----------------------------------------------------------------------------

@@ -90,6 +90,13 @@ class Service:
                                                  spec.forced_tool)
                 tools = None
             text = self.model.render_chat(messages, tools=tools)
+            if spec.prefill:
+                # the answer continues the given text; a forced call or a harmony channel would have to
+                # start where it stands, so those are refused rather than silently mixed
+                if self.harmony or (setup is not None and setup.prefix):
+                    raise bad_request("a trailing assistant message (prefill) cannot be combined with a forced "
+                                      "tool_choice or with this model's channels", param="messages")
+                text += spec.prefill
             if setup is not None:
                 text += setup.prefix
             return self.model._prompt_ids(text), setup, grammar

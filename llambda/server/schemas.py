@@ -149,6 +149,7 @@ class GenerationSpec:
     tool_choice: str = "auto"               # "auto" | "required" | "function" (forced_tool) ; "none" drops tools
     forced_tool: str | None = None          # the function a forced tool_choice names
     parallel_tool_calls: bool = True
+    prefill: str = ""                       # the answer's given start (Anthropic's trailing assistant turn)
     # completion
     prompts: list = field(default_factory=list)   # each a str or a list of token ids
     echo: bool = False
