@@ -101,6 +101,15 @@ def test_refused_requests(live, client):
                  400, "text.format.schema")
     assert_error(post(live, "/v1/responses", {"input": "Hi", "text": {"format": {"type": "yaml"}}}), 400,
                  "text.format")
+    # a tool_choice object is refused in the Responses API's own shape (chat's nested one is not it)
+    for choice in ({"type": "function"}, {"type": "function", "function": {"name": "get_weather"}},
+                   {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": "get_weather"}]}):
+        msg = assert_error(post(live, "/v1/responses", {"input": "Hi", "tools": TOOLS, "tool_choice": choice}), 400,
+                           "tool_choice")["message"]
+        assert '"name": "..."' in msg and '"function": {' not in msg, msg
+    forced = client.responses.create(model=MODEL_ID, input=QUESTION, tools=TOOLS, max_output_tokens=40, temperature=0,
+                                     tool_choice={"type": "function", "name": "get_weather"})
+    assert [o.name for o in forced.output if o.type == "function_call"] == ["get_weather"], forced.output
 
 
 def test_json_schema_format(live):

@@ -115,9 +115,13 @@ def _tools(v) -> list | None:
 
 
 def _tool_choice(v):
-    if isinstance(v, dict) and v.get("type") == "function":
-        return {"type": "function", "function": {"name": v.get("name")}}
-    return v
+    if not isinstance(v, dict):
+        return v        # "auto", "none", "required" or a wrong type: chat's check says which
+    # checked here: chat's own message would ask for chat's nested {"function": {"name"}} shape
+    if v.get("type") != "function" or not isinstance(v.get("name"), str):
+        raise bad_request('tool_choice as an object must be {"type": "function", "name": "..."} (no built-in, '
+                          "custom or allowed_tools choices)", param="tool_choice")
+    return {"type": "function", "function": {"name": v["name"]}}
 
 
 def _text_format(v) -> tuple[dict, dict | None]:
