@@ -94,6 +94,10 @@ def test_refused_requests(live, client):
     assert [c.name for c in calls] == ["get_weather"] and isinstance(json.loads(calls[0].arguments)["city"], str)
     assert_error(post(live, "/v1/responses", {"model": MODEL_ID}), 400, "'input' is required")
     assert_error(post(live, "/v1/responses", {"input": "Hi", "max_output_tokens": 0}), 400, "max_output_tokens")
+    # past the server's cap: the error names the Responses field, not chat's max_tokens
+    err = assert_error(post(live, "/v1/responses", {"input": "Hi", "max_output_tokens": 10**6}), 400,
+                       "max_output_tokens is 1000000")
+    assert err["param"] == "max_output_tokens", err
     assert_error(post(live, "/v1/responses", {"input": [{"type": "item_reference", "id": "x"}]}), 400,
                  "item_reference")
     assert_error(post(live, "/v1/responses", {"input": "Hi", "text": {"format": {"type": "json_schema",

@@ -150,13 +150,14 @@ class Service:
         m = spec.max_tokens
         if m is None:
             return cap
+        field = spec.max_tokens_param
         if cap is not None and m > cap:
-            raise bad_request(f"max_tokens is {m}; this server generates at most {cap} tokens per request",
-                              param="max_tokens")
+            raise bad_request(f"{field} is {m}; this server generates at most {cap} tokens per request",
+                              param=field)
         if n_prompt + m > n_ctx:
             raise APIError(400, f"this model's context holds {n_ctx} tokens, but {n_prompt + m} were requested "
-                                f"({n_prompt} in the prompt, {m} for the completion); lower max_tokens or "
-                                "shorten the prompt", param="max_tokens", code="context_length_exceeded")
+                                f"({n_prompt} in the prompt, {m} for the completion); lower {field} or "
+                                "shorten the prompt", param=field, code="context_length_exceeded")
         return m
 
     # -- start -----------------------------------------------------------------------

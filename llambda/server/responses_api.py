@@ -179,6 +179,7 @@ def parse_responses(body) -> tuple[GenerationSpec, dict]:
             raise bad_request(f"text.format {response_format['type']!r} is invalid: {e.message}",
                               param="text.format") from None
         raise
+    spec.max_tokens_param = "max_output_tokens"     # errors name the Responses field
     metadata = b.get("metadata")
     echo = {"instructions": instructions, "max_output_tokens": max_output, "metadata": metadata or {},
             "parallel_tool_calls": spec.parallel_tool_calls, "temperature": spec.sampling["temperature"],

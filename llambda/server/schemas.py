@@ -134,6 +134,7 @@ class GenerationSpec:
     stream: bool = False
     include_usage: bool = False
     max_tokens: int | None = None           # None: until EOS, the server's cap or the context
+    max_tokens_param: str = "max_tokens"    # the request's name for it, for errors (Responses: max_output_tokens)
     stop: list[str] = field(default_factory=list)
     sampling: dict = field(default_factory=dict)   # SamplingParams keyword arguments (without logprobs)
     logprobs: bool = False
