@@ -66,9 +66,12 @@ def main():
         tr._check_values(*vals)
         for view, v in zip(views, vals):
             view[0] = v[0]
-        B.begin_forward()
+        B.enter_forward()
         t1 = time.perf_counter_ns()
-        B.replay(plan)
+        try:
+            B.replay(plan)
+        finally:
+            B.exit_forward()
         t2 = time.perf_counter_ns()
         tok[0] = int(np.argmax(tr.ws.logits[:1][0]))
         t3 = time.perf_counter_ns()

@@ -97,12 +97,10 @@ class Backend(ABC):
     def end_load(self) -> None:
         """Called once every weight of a model is prepared (the native backend reports conversions)."""
 
-    def begin_forward(self) -> None:
-        """Called at the start of every forward pass (the native backend re-applies its own settings)."""
-
     def enter_forward(self) -> None:
-        """Called before a forward pass, exit_forward() after it, also when it fails (the native
-        backend keeps forwards that need the C core's switches set otherwise from overlapping)."""
+        """Called at the start of every forward pass, exit_forward() after it, also when it fails (the
+        native backend applies its own settings to the C core, whose switches are process-wide, and keeps
+        forwards that need them set otherwise from overlapping)."""
 
     def exit_forward(self) -> None:
         pass

@@ -153,11 +153,14 @@ class _SwitchGate:
         self._count = 0
 
     def enter(self, mode: bool) -> None:
+        """Waits for forwards that want the switch set otherwise, then sets it (one store in C: cheaper
+        than asking first)."""
         with self._cond:
             while self._count and self._mode != mode:
                 self._cond.wait()
             self._mode = mode
             self._count += 1
+            C.set_batch_invariant(mode)
 
     def exit(self) -> None:
         with self._cond:
@@ -166,7 +169,7 @@ class _SwitchGate:
                 self._cond.notify_all()
 
     def set_if_idle(self, mode: bool) -> None:
-        """Sets the switch now unless a forward runs (its own begin_forward sets it then): ops called
+        """Sets the switch now unless a forward runs (its own enter sets it then): ops called
         outside forwards (benchmarks, tests) see a backend's choice at once, as before the gate."""
         with self._cond:
             if not self._count:
@@ -399,7 +402,7 @@ class NativeBackend(Backend):
         off, prefills may take a faster schedule (~1-4% at 512 tokens; at depth the attention op 1.3-1.6x) and single rows
         kernels that round differently.
         The switch is the C core's, process-wide: each forward pass of this backend sets it to
-        this backend's own choice (begin_forward), and forwards that want it otherwise do not
+        this backend's own choice (enter_forward), and forwards that want it otherwise do not
         overlap (_SwitchGate), so a server's model does not change how a library model in the same
         process computes, nor the reverse, also from another thread."""
         self._batch_invariant = bool(flag)
@@ -408,9 +411,6 @@ class NativeBackend(Backend):
     @property
     def batch_invariant(self) -> bool:
         return self._batch_invariant
-
-    def begin_forward(self) -> None:
-        C.set_batch_invariant(self._batch_invariant)     # one store in C: cheaper than asking first
 
     def enter_forward(self) -> None:
         _SWITCH_GATE.enter(self._batch_invariant)

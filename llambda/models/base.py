@@ -424,14 +424,12 @@ class Transformer:
             for view, v in zip(self._input_views, vals):
                 for i in range(n):
                     view[i] = v[i]
-            self.backend.begin_forward()
             self.backend.replay(plan)
             return ws.logits[:n]
         ws.tokens[:n] = tokens
         ws.slots[:n] = slots
         ws.pos[:n] = pos
         self._check_batch(ws.tokens[:n], ws.slots[:n], ws.pos[:n])
-        self.backend.begin_forward()
         rows = np.asarray(logit_rows, dtype=np.intp).reshape(-1)
         m = len(rows)
         if m and (rows.min() < 0 or rows.max() >= n):
@@ -471,7 +469,6 @@ class Transformer:
             raise ValueError(f"batch of {n} tokens; this model takes 1..{ws.max_tokens} per call")
         ws.tokens[:n], ws.slots[:n], ws.pos[:n] = tokens, slots, pos
         self._check_batch(ws.tokens[:n], ws.slots[:n], ws.pos[:n])
-        self.backend.begin_forward()
         x = self._layers(n)
         h = np.ascontiguousarray(x[np.asarray(rows, dtype=np.intp)])
         out = np.empty_like(h)

@@ -217,7 +217,6 @@ class BertEncoder:
         lens = np.diff(starts)
         if lens.max() > self.pos.shape[0]:
             raise ValueError(f"{lens.max()} tokens is beyond the {self.pos.shape[0]} positions of this model")
-        be.begin_forward()
         n = ids.shape[0]
         pos = np.arange(n) - np.repeat(starts[:-1], lens)
         x = self.word[ids]
