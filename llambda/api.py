@@ -22,7 +22,7 @@ from .hub import is_catalogued, resolve
 from .models import memory
 from .models.base import Transformer
 from .models.bert import BertConfig, BertEncoder, pack_batch
-from .sampling import SamplingParams
+from .sampling import SamplingParams, _is_int
 
 DEFAULT_CTX = 4096
 
@@ -105,7 +105,7 @@ def _check_counts(**args) -> None:
     for name, (v, lo, optional) in args.items():
         if v is None and optional:
             continue
-        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < lo:
+        if not _is_int(v) or v < lo:
             raise InvalidInputError(f"{name} must be an integer >= {lo}{' or None' if optional else ''}, got {v!r}")
 
 
@@ -322,8 +322,7 @@ class Model:
         try:
             check_rollback(self.config)
             check_rollback(draft.config, "the draft model")
-            if threads is not None and (isinstance(threads, (bool, np.bool_))
-                                        or not isinstance(threads, (int, np.integer)) or threads < 1):
+            if threads is not None and (not _is_int(threads) or threads < 1):
                 raise InvalidInputError(f"draft_threads must be a positive integer, got {threads!r}")
             threads = None if threads is None else int(threads)     # np.int64(2) was refused
             self.drafter = DraftModel(draft.transformer, draft.tokenizer, self.tokenizer, self.config.vocab_size,
@@ -411,7 +410,7 @@ class Model:
         t = self.transformer
         # checked here: slot "0" would write slot 0 without the _cached reset below (the next
         # generation would reuse keys/values of the embedded text), slot 5 would be a raw ValueError
-        if isinstance(slot, (bool, np.bool_)) or not isinstance(slot, (int, np.integer)) or not 0 <= slot < t.n_slots:
+        if not _is_int(slot) or not 0 <= slot < t.n_slots:
             raise InvalidInputError(f"slot must be an integer in [0, {t.n_slots}), got {slot!r}")
         slot = int(slot)
         out = np.empty((len(items), self.config.d_model), np.float32)
