@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ModelFormatError
+from .hparams import is_flag
 
 
 @dataclass
@@ -128,7 +129,7 @@ def config_from_gguf(meta: dict) -> BertConfig:
            "type_vocab_size": meta.get("tokenizer.ggml.token_type_count", 2),
            "layer_norm_eps": key("bert.attention.layer_norm_epsilon", 1e-12)}
     causal = meta.get("bert.attention.causal", False)
-    if not isinstance(causal, (bool, int)) or causal not in (0, 1):    # (an array has no truth value)
+    if not is_flag(causal):    # (an array has no truth value)
         raise ModelFormatError(f"GGUF 'bert.attention.causal' must be a bool, got {type(causal).__name__}")
     if causal:
         raise ModelFormatError("GGUF 'bert.attention.causal' is true: a causal BERT is not supported")

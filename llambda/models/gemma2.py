@@ -7,7 +7,7 @@ import math
 
 from ..errors import ModelFormatError
 from .config import TransformerConfig
-from .hparams import GGUFHParams, HFConfig
+from .hparams import GGUFHParams, HFConfig, is_flag
 
 # llama.cpp facts: GGUF stores neither the layer pattern nor the attention scale for
 # Gemma 2; the 27B model (46 layers) scales by (d_model / n_heads)^-0.5, the others by head_dim^-0.5.
@@ -28,7 +28,7 @@ def _gguf_layer_sliding(hp: GGUFHParams, n: int) -> list[bool]:
     if isinstance(pat, (list, tuple)):
         if len(pat) != n:
             raise ModelFormatError(f"{key!r} lists {len(pat)} layers, the model has {n}")
-        if not all(isinstance(x, bool) or (type(x) is int and x in (0, 1)) for x in pat):
+        if not all(is_flag(x) for x in pat):
             # a string (even "false") would count as true
             raise ModelFormatError(f"{key!r} must hold a bool per layer, got {[type(x).__name__ for x in pat][:4]}...")
         return [bool(x) for x in pat]

@@ -15,6 +15,11 @@ from .config import check_int, check_number, check_rope_scaling
 _MISSING = object()
 
 
+def is_flag(v) -> bool:
+    """A bool or 0/1 (bool() of a string was True, of an array "truth value ambiguous")."""
+    return isinstance(v, (bool, int)) and v in (0, 1)
+
+
 class GGUFHParams:
     """Reads `{arch}.{key}` from GGUF metadata with type and range checks."""
 
@@ -52,7 +57,7 @@ class GGUFHParams:
     def flag(self, key: str, default=_MISSING) -> bool:
         """A bool (or 0/1): bool() of an array raised "truth value ambiguous", of a string was True."""
         what, v = self._raw(key, default)
-        if not isinstance(v, (bool, int)) or v not in (0, 1):
+        if not is_flag(v):
             raise ModelFormatError(f"{what} should be a bool, got {v!r}"[:200])
         return bool(v)
 
