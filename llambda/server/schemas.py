@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..chat import DEFAULT_MAX_OUTPUT_CHARS
 from ..constraints import GrammarSpec
 from .errors import bad_request
 
@@ -37,8 +38,8 @@ MAX_NUMBER_CHARS = 40
 
 # Text a request asks to tokenize (a completion's prompts, /tokenize's content, /infill's pieces, embedding
 # inputs), in characters: the tokenizer holds a few hundred bytes a character while it works (a 4 MB
-# /tokenize with pieces took 1.3 GB), and a rendered chat prompt has the same cap (chat.py).
-MAX_TEXT_CHARS = 1_000_000
+# /tokenize with pieces took 1.3 GB); the same cap as a rendered chat prompt's.
+MAX_TEXT_CHARS = DEFAULT_MAX_OUTPUT_CHARS
 
 
 def check_text_chars(texts, param: str) -> None:
