@@ -41,12 +41,17 @@ def open_regular(path, what: str = "model file", error: type = ModelFormatError)
         raise
 
 
-def read_json(path, what: str, error: type = ModelFormatError, max_bytes: int = MAX_JSON_BYTES):
-    """The parsed JSON document at `path`; `error` naming the file for anything but valid JSON."""
+def read_small(path, what: str, error: type = ModelFormatError, max_bytes: int = MAX_JSON_BYTES) -> bytes:
+    """The bytes of the regular file at `path`, refused (`error` naming it) past max_bytes."""
     with open_regular(path, what, error) as f:
         if os.fstat(f.fileno()).st_size > max_bytes:   # (read(n) would allocate all n bytes up front)
             raise error(f"{path}: {what} is larger than {max_bytes >> 20} MB")
-        raw = f.read()
+        return f.read()
+
+
+def read_json(path, what: str, error: type = ModelFormatError, max_bytes: int = MAX_JSON_BYTES):
+    """The parsed JSON document at `path`; `error` naming the file for anything but valid JSON."""
+    raw = read_small(path, what, error, max_bytes)
     try:
         return json.loads(raw.decode("utf-8"))
     except RecursionError:      # nesting deeper than the interpreter's stack

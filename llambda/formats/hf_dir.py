@@ -7,14 +7,13 @@ names (`attn_qkv`, a double-height `ffn_up`); the model loader splits them.
 """
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 from ..errors import ModelFormatError, TokenizerError
 from .source import ModelSource
 from ..models import arch_module
-from .files import MAX_JSON_BYTES, open_regular, read_json
+from .files import read_json, read_small
 from .experts import GPT_OSS_FUSED, GPT_OSS_MXFP4, ExpertStacks, split_gpt_oss, split_gpt_oss_mxfp4
 from .weights import ByteTensor
 from .safetensors import open_safetensors_dir
@@ -186,10 +185,7 @@ def _chat_template(path: Path, tok_cfg: dict | None) -> str | None:
         return tmpl
     jinja = path / "chat_template.jinja"
     if jinja.is_file():
-        with open_regular(jinja, "chat template") as f:
-            if os.fstat(f.fileno()).st_size > MAX_JSON_BYTES:     # not read whole into memory
-                raise ModelFormatError(f"{jinja}: chat template is larger than {MAX_JSON_BYTES >> 20} MB")
-            raw = f.read()
+        raw = read_small(jinja, "chat template")
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError as e:     # was a raw UnicodeDecodeError out of load()
