@@ -91,6 +91,15 @@ def _speculative_kwargs(a) -> dict:
 CONSTRAINT_MAX_CHARS = 16 << 20   # a grammar or JSON schema; the server takes 4 MiB bodies
 
 
+def _read_capped(f, limit: int, source: str, error: type = LlambdaError, hint: str = "") -> str:
+    """What `f` holds, read bounded (`/dev/zero` and endless pipes read until memory ran out); `error`
+    when there is more than `limit` characters."""
+    text = f.read(limit + 1)
+    if len(text) > limit:
+        raise error(f"{source} holds more than {limit} characters{hint}")
+    return text
+
+
 def _constraint_kwargs(a) -> dict:
     """json_schema/grammar/regex for Model.stream, read and checked before the model loads."""
     from .constraints import ConstraintError, grammar_spec
@@ -99,12 +108,9 @@ def _constraint_kwargs(a) -> dict:
         try:
             # bounded (`--grammar /dev/zero` read until MemoryError); a pipe such as <(...) still reads
             with open(path, encoding="utf-8") as f:
-                text = f.read(CONSTRAINT_MAX_CHARS + 1)
+                return _read_capped(f, CONSTRAINT_MAX_CHARS, f"the {what} file {path}", ConstraintError)
         except (OSError, UnicodeDecodeError) as e:
             raise ConstraintError(f"cannot read the {what} file {path}: {e}") from None
-        if len(text) > CONSTRAINT_MAX_CHARS:
-            raise ConstraintError(f"the {what} file {path} holds more than {CONSTRAINT_MAX_CHARS} characters")
-        return text
 
     out = {}
     if a.json_schema is not None:
@@ -187,10 +193,7 @@ def _read_stdin(what: str) -> str:
     """All of stdin, bounded; a clear error when it is closed (`<&-` made sys.stdin None: a traceback)."""
     if sys.stdin is None:
         raise LlambdaError(f"no {what} given and stdin is closed")
-    text = sys.stdin.read(STDIN_MAX_CHARS + 1)
-    if len(text) > STDIN_MAX_CHARS:
-        raise LlambdaError(f"stdin holds more than {STDIN_MAX_CHARS} characters: too long for the {what}")
-    return text
+    return _read_capped(sys.stdin, STDIN_MAX_CHARS, "stdin", hint=f": too long for the {what}")
 
 
 def cmd_run(a) -> int:
@@ -468,12 +471,10 @@ def cmd_perplexity(a) -> int:
 
     try:
         with open(a.file, encoding="utf-8") as f:
-            text = f.read(PERPLEXITY_MAX_CHARS + 1)     # bounded: -f /dev/zero read until memory ran out
+            text = _read_capped(f, PERPLEXITY_MAX_CHARS, f"the text file {a.file}",
+                                hint="; perplexity takes a shorter text (it would take days to score anyway)")
     except OSError as e:        # a directory, no permission: an error line, not a traceback
         raise LlambdaError(f"cannot read the text file {a.file}: {e.strerror or e}") from None
-    if len(text) > PERPLEXITY_MAX_CHARS:
-        raise LlambdaError(f"the text file {a.file} holds more than {PERPLEXITY_MAX_CHARS} characters; "
-                           "perplexity takes a shorter text (it would take days to score anyway)")
     if a.ctx_size < 2:
         raise ValueError("-c/--ctx-size must be at least 2 tokens")
     model = load(a.model, backend=a.backend, threads=a.threads, n_ctx=a.ctx_size, activations=a.activations,
