@@ -5,8 +5,9 @@ its input items or delete it.
 An entry is two JSON texts: the response object as it was answered, and the conversation's input
 items (every item before the answer, the continued responses' included, so an entry never needs the
 entries it continued). Held as bytes, the byte budget counts what memory really holds. The store is
-bounded by entries and by bytes; past either, the oldest entries go first. One lock: the event
-loop stores and reads, the prompt workers read. Nothing survives a restart.
+bounded by entries and by bytes; past either, the oldest entries go first. One lock, so any
+thread may call it (the event loop makes every call today; a worker thread would be safe). Nothing
+survives a restart.
 
 Ids are `resp_<48 hex digits>`; a scale-out replica's are `resp_<tag>_<48 hex digits>`, the tag
 naming the replica, so the ingress sends a request naming the id to the one replica that has it.
