@@ -361,6 +361,10 @@ def cmd_serve(a: argparse.Namespace) -> int:
         raise ValueError("--queue-size must be >= 0, --max-body and --prefill-chunk >= 1")
     if a.max_tokens_cap is not None and a.max_tokens_cap < 1:
         raise ValueError("--max-tokens-cap must be >= 1")
+    stored = {k: v for k, v in (("stored_responses", a.stored_responses), ("stored_bytes", a.stored_bytes))
+              if v is not None}
+    if any(v < 0 for v in stored.values()):
+        raise ValueError("--stored-responses and --stored-bytes must be >= 0")
     if (a.max_connections is not None and a.max_connections < 1) or not a.header_timeout > 0 \
             or not a.body_timeout > 0:
         raise ValueError("--max-connections must be >= 1, --header-timeout and --body-timeout > 0")
@@ -380,7 +384,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
                        api_key=a.api_key, prefill_chunk=a.prefill_chunk, shutdown_grace=a.shutdown_grace,
                        max_connections=a.max_connections, header_timeout=a.header_timeout,
                        body_timeout=a.body_timeout, webui=not a.no_webui, log_format=a.log_format,
-                       speculative=spec["speculative"], draft_max=spec["draft_max"])
+                       speculative=spec["speculative"], draft_max=spec["draft_max"],
+                       **stored)
     if a.ray or a.write_ray_config:     # replicas under Ray Serve, each loading the model itself
         from .scaleout.cli_args import run
         return run(a, cfg, load_kw)
@@ -601,6 +606,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens-cap", type=int, default=None,
                    help="most tokens one request may generate (default: up to the context)")
     p.add_argument("--max-body", type=int, default=4 * 2**20, help="request body limit in bytes (default 4 MiB)")
+    # defaults None: ServerConfig's apply (importing them here would load the server for every command)
+    p.add_argument("--stored-responses", type=int, default=None,
+                   help="/v1/responses kept in memory for previous_response_id and GET; the oldest go "
+                        "first (default 10000; 0: none)")
+    p.add_argument("--stored-bytes", type=int, default=None,
+                   help="their JSON together, in bytes; the oldest go first (default 256 MiB)")
     p.add_argument("--prefill-chunk", type=int, default=256,
                    help="prompt tokens evaluated per step while other streams run (default 256)")
     p.add_argument("--shutdown-grace", type=float, default=30.0,

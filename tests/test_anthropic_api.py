@@ -1,7 +1,7 @@
 """POST /v1/messages (Anthropic's Messages API) on a live loopback server, driven by the official
 `anthropic` client: system, content blocks, stop sequences, streaming events, tools with
-input_schema -> tool_use blocks and tool_result turns (Qwen2.5-Coder), Anthropic-shaped errors and
-the x-api-key header."""
+input_schema -> tool_use blocks and tool_result turns (Qwen2.5-Coder), Anthropic-shaped errors,
+the x-api-key header, and /v1/messages/count_tokens."""
 from __future__ import annotations
 
 import json
@@ -144,6 +144,29 @@ def test_errors_have_anthropics_shape(aclient, live):
                      "invalid_request_error", "objekt")
 
 
+def test_count_tokens_is_what_the_message_reports(aclient, live):
+    """count_tokens takes the body /v1/messages takes, without max_tokens, and counts the rendered prompt:
+    system, blocks, tools (the generic tool prompt here) and an assistant prefill included."""
+    prefill = [{"role": "user", "content": "Name three colors."}, {"role": "assistant", "content": "Red,"}]
+    for kw in (dict(system="Be brief.", messages=QUESTION), dict(messages=QUESTION, tools=TOOLS),
+               dict(messages=prefill, system=[{"type": "text", "text": "Be brief."}])):
+        counted = aclient.messages.count_tokens(model=MODEL_ID, **kw)
+        msg = aclient.messages.create(model=MODEL_ID, max_tokens=2, extra_body=GREEDY, **kw)
+        assert counted.input_tokens == msg.usage.input_tokens > 0, kw
+    assert aclient.messages.count_tokens(model=MODEL_ID, messages=QUESTION, tools=TOOLS).input_tokens > \
+        aclient.messages.count_tokens(model=MODEL_ID, messages=QUESTION).input_tokens
+    # the create's checks, in Anthropic's error shape
+    with pytest.raises(anthropic.NotFoundError):
+        aclient.messages.count_tokens(model="claude-nonexistent", messages=QUESTION)
+    path = "/v1/messages/count_tokens"
+    _anthropic_error(post(live, path, {"messages": QUESTION}), 400, "invalid_request_error", "model")
+    _anthropic_error(post(live, path, {"model": MODEL_ID, "messages": []}), 400, "invalid_request_error", "messages")
+    _anthropic_error(post(live, path, {"model": MODEL_ID, "messages": [{"role": "user", "content": "x" * 1_000_001}]}),
+                     413, "request_too_large")
+    _anthropic_error(post(live, path, content=b"{not json", headers={"content-type": "application/json"}),
+                     400, "invalid_request_error", "JSON")
+
+
 def test_tools_through_the_generic_prompt(aclient):
     # greedy and room to finish: sampled, a long made-up city ran past a 40-token budget now and then
     r = aclient.messages.create(model=MODEL_ID, max_tokens=96, messages=QUESTION, tools=TOOLS,
@@ -161,6 +184,7 @@ def test_x_api_key(model):
         with pytest.raises(anthropic.AuthenticationError):
             _client(srv, "wrong").messages.create(model=MODEL_ID, max_tokens=4, messages=QUESTION)
         _anthropic_error(post(srv, "/v1/messages", {}), 401, "authentication_error", "x-api-key")
+        _anthropic_error(post(srv, "/v1/messages/count_tokens", {}), 401, "authentication_error", "x-api-key")
         with pytest.raises(anthropic.NotFoundError):       # past the key
             _client(srv, "s3cret").messages.create(model="other", max_tokens=4, messages=QUESTION)
         _anthropic_error(post(srv, "/v1/messages", {}, headers={"x-api-key": "s3cret"}), 400,

@@ -135,7 +135,9 @@ def test_serve_defaults_to_an_f16_kv_cache(monkeypatch):
     (["--port", "70000"], "--port must be 0-65535"), (["--port", "-1"], "--port must be 0-65535"),
     (["--shutdown-grace", "nan"], "--shutdown-grace must be"),
     (["--shutdown-grace", "inf"], "--shutdown-grace must be"),
-    (["--shutdown-grace", "-5"], "--shutdown-grace must be")])
+    (["--shutdown-grace", "-5"], "--shutdown-grace must be"),
+    (["--stored-responses", "-1"], "--stored-responses and --stored-bytes must be >= 0"),
+    (["--stored-bytes", "-1"], "--stored-responses and --stored-bytes must be >= 0")])
 def test_serve_refuses_bad_port_and_grace_before_loading(monkeypatch, flags, words):
     # these once reached bind() (OverflowError traceback) or crashed the shutdown on SIGTERM; now they
     # are refused before the model loads (a load here raises AssertionError, which pytest.raises lets through)
@@ -163,6 +165,15 @@ def test_serve_prints_an_ipv6_address_in_brackets(monkeypatch, capsys):
 def test_serve_accepts_edge_port_and_grace(monkeypatch):
     seen = _serve_with_fake_load(monkeypatch, ["-m", "some.gguf", "--port", "65535", "--shutdown-grace", "0"])
     assert seen["cfg"].port == 65535 and seen["cfg"].shutdown_grace == 0
+
+
+def test_serve_passes_the_response_store_bounds(monkeypatch):
+    from llambda.server.config import ServerConfig
+    cfg = _serve_with_fake_load(monkeypatch, ["-m", "some.gguf"])["cfg"]
+    assert (cfg.stored_responses, cfg.stored_bytes) == (ServerConfig.stored_responses, ServerConfig.stored_bytes)
+    cfg = _serve_with_fake_load(monkeypatch, ["-m", "some.gguf", "--stored-responses", "0",
+                                              "--stored-bytes", "1000"])["cfg"]
+    assert (cfg.stored_responses, cfg.stored_bytes) == (0, 1000)
 
 
 TINY_LLAMA = str(__import__("pathlib").Path(__file__).parent / "fixtures" / "reference" / "tiny" / "llama")

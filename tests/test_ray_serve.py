@@ -20,7 +20,7 @@ import pytest
 from llambda.errors import InvalidInputError
 from llambda.scaleout import metrics_merge
 from llambda.scaleout.asgi_call import call_asgi
-from llambda.scaleout.forwarding import ForwardedRequest, prompt_text, routing_keys
+from llambda.scaleout.forwarding import ForwardedRequest, prompt_text, route_of
 from llambda.scaleout.options import ScaleoutOptions
 from llambda.scaleout.prefix_policy import PrefixTable, block_keys, rank
 
@@ -76,6 +76,10 @@ def test_rank_prefers_the_owner_until_its_slots_are_full():
     assert rank(t, keys, {"b": 0}, slots=2)[1] == "load"     # the owner is gone
 
 
+def routing_keys(raw: bytes) -> list[bytes]:
+    return route_of("POST", "/v1/chat/completions", raw)[0]
+
+
 def test_prompt_text_puts_a_conversation_before_its_continuation():
     turn1 = {"messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "hi"}]}
     turn2 = {"messages": turn1["messages"] + [{"role": "assistant", "content": "hello"},
@@ -101,6 +105,52 @@ def test_metrics_merge_sums_each_sample_and_keeps_one_header():
     assert 'llambda_x{k="1"} 5\n' in merged and 'llambda_x{k="2"} 1\n' in merged and "llambda_g 0.75\n" in merged
     assert metrics_merge.merge([]) == "\n"
     assert metrics_merge.samples(merged) == {'llambda_x{k="1"}': 5, 'llambda_x{k="2"}': 1, "llambda_g": 0.75}
+
+
+def test_a_stored_responses_id_names_the_replica_that_keeps_it():
+    """Each replica keeps its own /v1/responses store; its ids carry its tag, so the ingress can tell
+    which replica a GET, a DELETE or a previous_response_id must reach."""
+    from llambda.server.response_store import ResponseStore
+    from llambda.scaleout.forwarding import replica_tag, stored_on
+
+    replicas = ["a1b2c3d4", "e5f6g7h8", "zz"]
+    tags = {replica_tag(u) for u in replicas}
+    assert len(tags) == 3 and all(t.isalnum() and "_" not in t for t in tags)
+    rid = ResponseStore(tag=replica_tag("e5f6g7h8")).new_id()
+    for method, path in (("GET", f"/v1/responses/{rid}"), ("DELETE", f"/v1/responses/{rid}"),
+                         ("GET", f"/v1/responses/{rid}/input_items")):
+        keys, tag = route_of(method, path, b"")
+        assert keys == [] and stored_on(tag, replicas) == "e5f6g7h8"
+    body = json.dumps({"input": SYSTEM, "previous_response_id": rid}).encode()
+    keys, tag = route_of("POST", "/v1/responses", body)
+    assert keys and stored_on(tag, replicas) == "e5f6g7h8"
+    assert stored_on(route_of("POST", "/v1/responses/input_tokens", body)[1], replicas) == "e5f6g7h8"
+    # its replica gone: no pin (any replica answers, with a 404 saying so); ids without a tag route as usual
+    assert stored_on(tag, ["a1b2c3d4"]) is None
+    for method, path, raw in (("GET", "/v1/responses/resp_0123abcd", b""), ("GET", "/v1/models", b""),
+                              ("POST", "/v1/responses", b'{"input": "x", "previous_response_id": 7}'),
+                              ("POST", "/v1/responses", b"not json")):
+        assert route_of(method, path, raw)[1] is None
+    with pytest.raises(Exception, match="no longer running"):
+        ResponseStore(tag=replica_tag("a1b2c3d4")).get(rid)
+
+
+@needs_ray
+def test_the_routers_send_a_stored_responses_requests_to_its_replica():
+    from types import SimpleNamespace
+
+    from llambda.scaleout.forwarding import replica_tag
+    from llambda.scaleout.routers import _pinned
+
+    replicas = [SimpleNamespace(replica_id=SimpleNamespace(unique_id=u)) for u in ("r1", "r2", "r3")]
+
+    def pending(tag):
+        req = ForwardedRequest("GET", "/v1/responses/x", b"", [], b"", [], tag)
+        return SimpleNamespace(args=[req])
+
+    assert _pinned(replicas, pending(replica_tag("r2"))) is replicas[1]
+    assert _pinned(replicas, pending(replica_tag("gone"))) is None
+    assert _pinned(replicas, pending(None)) is None and _pinned(replicas, None) is None
 
 
 def test_options_refuse_what_cannot_run():
@@ -324,6 +374,30 @@ def test_a_conversations_turns_go_where_its_prefix_is_cached(ray_app):
     after = _metrics(ray_app)
     key = 'llambda_router_requests_total{decision="prefix_owner"}'
     assert after.get(key, 0) - before.get(key, 0) >= 4
+
+
+def test_stored_responses_are_reached_on_the_replica_that_made_them(ray_app):
+    """Each replica stores its own responses: continuing, reading, listing and deleting one works
+    whichever replica the prefix policy would pick for it (several, so both replicas hold some)."""
+    client = _client(ray_app)
+    firsts: dict[str, list] = {}       # replica tag -> responses it stored
+    for i in range(20):                # short prompts go to either idle replica: until both have some
+        r = client.responses.create(model=MODEL_ID, input=f"Say the number {i}.", max_output_tokens=4, temperature=0)
+        firsts.setdefault(r.id.split("_")[1], []).append(r)
+        if len(firsts) == 2 and sum(map(len, firsts.values())) >= 4:
+            break
+    assert len(firsts) == 2, firsts.keys()
+    for tag, responses in firsts.items():
+        for r in responses:
+            follow = client.responses.create(model=MODEL_ID, input="Again.", previous_response_id=r.id,
+                                             max_output_tokens=4, temperature=0)
+            assert follow.id.split("_")[1] == tag                   # continued where it was stored
+            assert client.responses.retrieve(r.id).output_text == r.output_text
+            items = client.responses.input_items.list(follow.id, order="asc")
+            assert [i.id for i in items][1:-1] == [o.id for o in r.output]
+            client.responses.delete(r.id)
+            with pytest.raises(Exception, match="no stored response"):
+                client.responses.retrieve(r.id)
 
 
 def test_a_client_hanging_up_cancels_its_generation_on_the_replica(ray_app):

@@ -1,13 +1,17 @@
 """POST /v1/responses (OpenAI's Responses API) on a live loopback server, driven by the official
 `openai` client: text and item input, instructions, streaming events, function tools (Qwen2.5-Coder,
-whose template renders tools), and the 400s for what is not supported."""
+whose template renders tools), and the 400s for what is not supported; stored responses
+(previous_response_id, retrieve, delete, input_items, eviction) and input token counts."""
 from __future__ import annotations
 
 import json
+import threading
 
+import httpx
 import openai
 import pytest
 
+from llambda.server.response_store import ResponseStore
 from serverkit import MODEL_ID, assert_error, hang_up_mid_stream, post
 
 TOOLS = [{"type": "function", "name": "get_weather", "description": "Get the current weather in a city",
@@ -80,8 +84,10 @@ def test_streamed_events(client):
 
 
 def test_refused_requests(live, client):
-    with pytest.raises(openai.BadRequestError, match="previous_response_id"):
+    with pytest.raises(openai.NotFoundError, match="'resp_123'"):
         client.responses.create(model=MODEL_ID, input="Hi", previous_response_id="resp_123", max_output_tokens=4)
+    with pytest.raises(openai.BadRequestError, match="'conversation' is not supported"):
+        client.responses.create(model=MODEL_ID, input="Hi", conversation="conv_1", max_output_tokens=4)
     with pytest.raises(openai.BadRequestError, match="input_image"):
         client.responses.create(model=MODEL_ID, max_output_tokens=4, input=[{"role": "user", "content": [
             {"type": "input_image", "image_url": "http://127.0.0.1/x.png"}]}])
@@ -139,6 +145,190 @@ def test_client_hanging_up_mid_stream(live):
     assert live.metrics()[cancelled] == before + 1
 
 
+# -- stored responses (SmolLM2) ----------------------------------------------------------------
+
+def _items(*texts):
+    roles = ("user", "assistant")
+    return [{"role": roles[i % 2], "content": t} for i, t in enumerate(texts)]
+
+
+def test_previous_response_id_continues_the_conversation_without_its_instructions(client):
+    first = client.responses.create(model=MODEL_ID, input="What is the capital of France?", instructions="Be brief.",
+                                    max_output_tokens=12, temperature=0)
+    assert first.store is True and first.previous_response_id is None
+    kw = dict(model=MODEL_ID, max_output_tokens=12, temperature=0)
+    follow = client.responses.create(input="And of Spain?", previous_response_id=first.id, **kw)
+    # the same conversation sent whole: the first turn, its answer, the new turn; no system message
+    whole = client.responses.create(input=_items("What is the capital of France?", first.output_text,
+                                                 "And of Spain?"), **kw)
+    assert follow.previous_response_id == first.id and follow.id not in (first.id, whole.id)
+    assert follow.output_text == whole.output_text and follow.output_text
+    assert follow.usage.input_tokens == whole.usage.input_tokens
+    # streamed alike, and the streamed answer is stored as its last event holds it
+    events = _events(client.responses.create(input="And of Spain?", previous_response_id=first.id, stream=True, **kw))
+    final = events[-1].response
+    assert final.output_text == whole.output_text and final.previous_response_id == first.id
+    assert client.responses.retrieve(final.id).model_dump() == final.model_dump()
+    # a chain: the third turn continues the second, which continued the first
+    third = client.responses.create(input="And of Italy?", previous_response_id=follow.id, **kw)
+    whole3 = client.responses.create(input=_items("What is the capital of France?", first.output_text,
+                                                  "And of Spain?", follow.output_text, "And of Italy?"), **kw)
+    assert third.output_text == whole3.output_text and third.usage.input_tokens == whole3.usage.input_tokens
+
+
+NOT_FOUND = 'llambda_requests_total{endpoint="/v1/responses/{id}",status="404"}'
+
+
+def test_retrieve_returns_the_response_and_delete_removes_it(live, client):
+    r = client.responses.create(model=MODEL_ID, input="Name three colors.", max_output_tokens=8, temperature=0,
+                                metadata={"k": "v"})
+    got = client.responses.retrieve(r.id)
+    assert got.model_dump() == r.model_dump() and got.metadata == {"k": "v"}
+    not_found = live.metrics().get(NOT_FOUND, 0)
+    raw = httpx.delete(f"{live.url}/v1/responses/{r.id}", timeout=30)
+    assert raw.status_code == 200 and raw.json() == {"id": r.id, "object": "response", "deleted": True}
+    for call in (lambda: client.responses.retrieve(r.id), lambda: client.responses.delete(r.id),
+                 lambda: client.responses.input_items.list(r.id),
+                 lambda: client.responses.create(model=MODEL_ID, input="Hi", previous_response_id=r.id)):
+        with pytest.raises(openai.NotFoundError, match=r.id):
+            call()
+    assert_error(httpx.get(f"{live.url}/v1/responses/{r.id}x", timeout=30), 404, "no stored response")
+    # /metrics counts them under one label, not one per id: retrieve, delete, input_items and the last one
+    assert live.metrics()[NOT_FOUND] == not_found + 4
+    # a stored response cannot be streamed again: refused rather than answered in the wrong format
+    kept = client.responses.create(model=MODEL_ID, input="Hi", max_output_tokens=2)
+    assert_error(httpx.get(f"{live.url}/v1/responses/{kept.id}?stream=true", timeout=30), 400, "stream")
+
+
+def test_store_false_keeps_nothing(live, client):
+    r = client.responses.create(model=MODEL_ID, input="Name three colors.", max_output_tokens=4, store=False)
+    assert r.store is False
+    with pytest.raises(openai.NotFoundError, match="never stored"):
+        client.responses.retrieve(r.id)
+    with pytest.raises(openai.NotFoundError) as e:
+        client.responses.create(model=MODEL_ID, input="More.", previous_response_id=r.id, max_output_tokens=4)
+    err = e.value.body
+    assert err["param"] == "previous_response_id" and err["code"] == "previous_response_not_found", err
+    streamed = _events(client.responses.create(model=MODEL_ID, input="Hi", max_output_tokens=4, store=False,
+                                               stream=True))
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(streamed[-1].response.id)
+    assert_error(post(live, "/v1/responses", {"input": "Hi", "store": "no"}), 400, "'store' must be a boolean")
+    assert_error(post(live, "/v1/responses", {"input": "Hi", "previous_response_id": 5}), 400,
+                 "previous_response_id")
+
+
+def test_input_items_pages_in_either_order(live, client):
+    texts = [f"Turn {i}." for i in range(5)]
+    r = client.responses.create(model=MODEL_ID, input=_items(*texts), max_output_tokens=2)
+    asc = list(client.responses.input_items.list(r.id, limit=2, order="asc"))    # the SDK follows `after`
+    assert [i.content[0].text for i in asc] == texts and [i.role for i in asc] == [m["role"] for m in _items(*texts)]
+    assert len({i.id for i in asc}) == 5
+    desc = list(client.responses.input_items.list(r.id, limit=3))      # desc by default, as OpenAI's
+    assert [i.id for i in desc] == [i.id for i in reversed(asc)]
+    page = httpx.get(f"{live.url}/v1/responses/{r.id}/input_items", params={"limit": 2, "order": "asc",
+                                                                          "after": asc[1].id}, timeout=30).json()
+    assert page["object"] == "list" and [i["id"] for i in page["data"]] == [asc[2].id, asc[3].id]
+    assert page["first_id"] == asc[2].id and page["last_id"] == asc[3].id and page["has_more"] is True
+    last = httpx.get(f"{live.url}/v1/responses/{r.id}/input_items", params={"order": "asc", "after": asc[4].id},
+                     timeout=30).json()
+    assert last["data"] == [] and last["has_more"] is False and last["first_id"] is None
+    for params, word in (({"limit": 0}, "limit"), ({"limit": 101}, "limit"), ({"limit": "x"}, "limit"),
+                         ({"order": "up"}, "order"), ({"after": "msg_nope"}, "after")):
+        assert_error(httpx.get(f"{live.url}/v1/responses/{r.id}/input_items", params=params, timeout=30), 400, word)
+    # a continued response's items: the earlier input, the earlier output, then the new input
+    follow = client.responses.create(model=MODEL_ID, input="Last turn.", previous_response_id=r.id, max_output_tokens=2)
+    items = list(client.responses.input_items.list(follow.id, order="asc"))
+    assert [i.id for i in items] == [i.id for i in asc] + [o.id for o in r.output] + [items[-1].id]
+    assert items[-1].content[0].text == "Last turn." and items[5].content[0].text == r.output_text
+
+
+def test_the_oldest_responses_are_evicted_past_the_count(live, client):
+    store = live.app.state.responses
+    assert (store.max_responses, store.max_bytes) == (live.app.state.config.stored_responses,
+                                                      live.app.state.config.stored_bytes)
+    before = store.max_responses
+    store.max_responses = 2
+    try:
+        ids = [client.responses.create(model=MODEL_ID, input=f"Say {w}.", max_output_tokens=2).id
+               for w in ("one", "two", "three")]
+        with pytest.raises(openai.NotFoundError, match="evicted"):
+            client.responses.retrieve(ids[0])
+        assert [client.responses.retrieve(i).id for i in ids[1:]] == ids[1:]
+        assert store.stats()["responses"] == 2
+    finally:
+        store.max_responses = before
+
+
+def _response(i: int, text: str) -> dict:
+    return {"id": f"resp_{i}", "object": "response", "output": [{"type": "message", "content": text}]}
+
+
+def test_store_evicts_oldest_first_by_count_and_by_bytes():
+    s = ResponseStore(max_responses=3, max_bytes=10**6)
+    for i in range(5):
+        assert s.put(f"resp_{i}", _response(i, "x"), [{"type": "message", "id": f"m{i}"}])
+    assert s.stats()["responses"] == 3
+    with pytest.raises(Exception, match="evicted"):
+        s.get("resp_1")
+    assert s.get("resp_2").response_object()["id"] == "resp_2"
+    one = s.get("resp_4").size
+    s = ResponseStore(max_responses=100, max_bytes=2 * one + one // 2)    # room for two entries of that size
+    for i in range(4):
+        s.put(f"resp_{i}", _response(i, "x"), [{"type": "message", "id": f"m{i}"}])
+    assert s.stats() == {"responses": 2, "bytes": 2 * one}
+    assert s.get("resp_3").input_items() == [{"type": "message", "id": "m3"}]
+    # a bigger entry pushes out as many old ones as it needs; one bigger than the budget is not kept
+    assert s.put("resp_big", _response(9, "y" * one), [])
+    assert s.stats()["responses"] == 1
+    assert not s.put("resp_huge", _response(9, "y" * 3 * one), []) and s.stats()["responses"] == 1
+    s.delete("resp_big")
+    assert s.stats() == {"responses": 0, "bytes": 0}
+    with pytest.raises(Exception, match="not found|no stored response"):
+        s.delete("resp_big")
+    assert not ResponseStore(max_responses=0).put("resp_x", _response(0, "x"), [])
+
+
+def test_store_keeps_its_bounds_under_concurrent_writers():
+    s = ResponseStore(max_responses=50, max_bytes=20_000)
+
+    def writer(k):
+        for i in range(300):
+            s.put(f"resp_{k}_{i}", _response(i, "z" * (i % 97)), [{"id": f"m{k}{i}"}])
+            if i % 7 == 0:
+                try:
+                    s.delete(f"resp_{k}_{i - 3}")
+                except Exception:
+                    pass
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    st = s.stats()
+    assert st["responses"] <= 50 and st["bytes"] <= 20_000
+    assert st["bytes"] == sum(entry.size for entry in s._entries.values())
+
+
+def test_input_tokens_are_the_prompt_tokens_generation_reports(live, client):
+    kw = dict(model=MODEL_ID, input=_items("Hi", "Hello!", "Name three colors."), instructions="Be brief.")
+    r = client.responses.create(max_output_tokens=2, **kw)
+    counted = client.responses.input_tokens.count(**kw)
+    assert counted.object == "response.input_tokens" and counted.input_tokens == r.usage.input_tokens
+    # with tools (described in a generic system prompt for this model) and a continued response
+    tools = client.responses.input_tokens.count(tools=TOOLS, **kw).input_tokens
+    assert tools == client.responses.create(max_output_tokens=2, tools=TOOLS, **kw).usage.input_tokens
+    assert tools > counted.input_tokens
+    follow = dict(model=MODEL_ID, input="And two more?", previous_response_id=r.id)
+    assert client.responses.input_tokens.count(**follow).input_tokens == \
+        client.responses.create(max_output_tokens=2, **follow).usage.input_tokens
+    # the create's checks and errors; a text past the cap is refused before any tokenizing
+    assert_error(post(live, "/v1/responses/input_tokens", {"model": MODEL_ID}), 400, "'input' is required")
+    assert_error(post(live, "/v1/responses/input_tokens", {"model": "other", "input": "Hi"}), 404, "other")
+    assert_error(post(live, "/v1/responses/input_tokens", {"input": "Hi", "previous_response_id": "resp_gone"}),
+                 404, "resp_gone")
+
+
 # -- function tools (Qwen2.5-Coder) ------------------------------------------------------------
 
 def test_function_tool_call(qwen_live):
@@ -179,3 +369,30 @@ def test_function_tool_call(qwen_live):
     rendered = m.render_chat(messages, tools=CHAT_TOOLS)
     assert "<tool_response>\n{\"temperature_c\": 18}\n</tool_response>" in rendered
     assert r2.usage.input_tokens == len(m._prompt_ids(rendered))
+
+
+def _answer(r) -> list:
+    """What a response said: its items' kinds, texts and calls (ids differ between responses)."""
+    return [(o.type, o.content[0].text if o.type == "message" else (o.name, o.arguments)) for o in r.output]
+
+
+def test_tool_round_trip_through_previous_response_id(qwen_live):
+    """The call's output answered through previous_response_id gives what sending the whole conversation gives."""
+    client = qwen_live.client()
+    kw = dict(model="qwen", tools=TOOLS, temperature=0)
+    first = client.responses.create(input=QUESTION, tool_choice="required", max_output_tokens=24, **kw)
+    [call] = [o for o in first.output if o.type == "function_call"]
+    answer = {"type": "function_call_output", "call_id": call.call_id, "output": '{"temperature_c": 18}'}
+    follow = client.responses.create(input=[answer], previous_response_id=first.id, max_output_tokens=40, **kw)
+    whole = client.responses.create(max_output_tokens=40, input=[
+        {"role": "user", "content": QUESTION},
+        {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+        answer], **kw)
+    assert _answer(follow) == _answer(whole) and follow.output, follow.output
+    assert follow.usage.input_tokens == whole.usage.input_tokens
+    streamed = _events(client.responses.create(input=[answer], previous_response_id=first.id, max_output_tokens=40,
+                                               stream=True, **kw))
+    assert _answer(streamed[-1].response) == _answer(whole)
+    counted = client.responses.input_tokens.count(model="qwen", tools=TOOLS, input=[answer],
+                                                  previous_response_id=first.id)
+    assert counted.input_tokens == follow.usage.input_tokens

@@ -1,12 +1,16 @@
-"""An HTTP request as the ingress hands it to a replica, and the text its prefix is routed on."""
+"""An HTTP request as the ingress hands it to a replica, the text its prefix is routed on, and the
+replica a stored response lives on (each replica keeps its own /v1/responses store)."""
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
+from typing import Iterable
 
 from ..server.errors import APIError
+from ..server.response_store import tag_of
 from ..server.schemas import parse_json
-from .prefix_policy import BLOCK_BYTES, block_keys
+from .prefix_policy import block_keys
 
 # Headers a replica's app reads; hop-by-hop ones (connection, keep-alive) stay at the ingress. Host,
 # Origin and Sec-Fetch-Site let its Gatekeeper refuse DNS-rebound and cross-site requests.
@@ -22,6 +26,7 @@ class ForwardedRequest:
     headers: list[tuple[bytes, bytes]]
     body: bytes
     prefix: list[bytes] = field(default_factory=list)   # block keys the router looks up
+    replica_tag: str | None = None      # the tag of the replica that stored the response it names
 
 
 def prompt_text(body: object) -> str:
@@ -50,10 +55,33 @@ def prompt_text(body: object) -> str:
     return "\x1e".join(parts)
 
 
-def routing_keys(body_bytes: bytes, block_bytes: int = BLOCK_BYTES) -> list[bytes]:
-    """Block keys of a raw request body; [] when it is not JSON (the replica answers 400 for that)."""
+def _parsed(body_bytes: bytes):
     try:
-        body = parse_json(body_bytes)
+        return parse_json(body_bytes)
     except APIError:
-        return []
-    return block_keys(prompt_text(body), block_bytes)
+        return None     # not JSON: the replica answers 400 for that
+
+
+def replica_tag(unique_id: str) -> str:
+    """The tag a replica puts in its response ids: hex (ids split on '_'), short, from its Ray id."""
+    return hashlib.blake2b(unique_id.encode(), digest_size=4).hexdigest()
+
+
+def route_of(method: str, path: str, body_bytes: bytes) -> tuple[list[bytes], str | None]:
+    """(prefix keys, stored-response replica tag) of a request: the block keys of a POST body's prompt
+    text ([] when it is not JSON); the tag of the id in the path of GET/DELETE
+    /v1/responses/<id>[/input_items], or of a POST body's previous_response_id."""
+    if method != "POST":
+        parts = path.split("/")
+        named = parts[3] if len(parts) >= 4 and parts[1:3] == ["v1", "responses"] else None
+        return [], tag_of(named)
+    body = _parsed(body_bytes)
+    prev = body.get("previous_response_id") if isinstance(body, dict) else None
+    return block_keys(prompt_text(body)), tag_of(prev)
+
+
+def stored_on(tag: str | None, unique_ids: Iterable[str]) -> str | None:
+    """The replica (by Ray's unique id) whose tag `tag` is, among these; None when none is."""
+    if tag is None:
+        return None
+    return next((u for u in unique_ids if replica_tag(u) == tag), None)

@@ -18,7 +18,7 @@ from ..server.app import error_response, read_body
 from ..server.errors import APIError
 from ..server.openai_format import SSE_DONE, sse
 from . import metrics_merge, router_state
-from .forwarding import FORWARDED_HEADERS, ForwardedRequest, routing_keys
+from .forwarding import FORWARDED_HEADERS, ForwardedRequest, route_of
 from .options import ScaleoutOptions
 
 REPLICA_GONE = (RayActorError, ActorUnavailableError)
@@ -54,9 +54,10 @@ class IngressServer:
             return error_response(e)
         except ClientDisconnect:
             return Response(status_code=499)
+        prefix, tag = route_of(request.method, path, body)
         req = ForwardedRequest(request.method, path, request.scope.get("query_string", b""),
                                [(k, v) for k, v in request.headers.raw if k.lower() in FORWARDED_HEADERS], body,
-                               routing_keys(body) if request.method == "POST" else [])
+                               prefix, tag)
         return await self._forward(req)
 
     async def _forward(self, req: ForwardedRequest) -> Response:

@@ -7,12 +7,14 @@ from pathlib import Path
 from typing import AsyncIterator
 
 from .asgi_call import call_asgi
-from .forwarding import ForwardedRequest
+from .forwarding import ForwardedRequest, replica_tag
 from .options import ScaleoutOptions
 
 
 class EngineReplica:
     async def __init__(self, options: dict):
+        from ray import serve
+
         from ..api import load
         from ..server.app import create_app
 
@@ -20,6 +22,8 @@ class EngineReplica:
         self.cfg = opts.server_config()
         # the router holds what no slot takes; a small queue here keeps the next request ready
         self.cfg.queue_size = self.cfg.parallel
+        # its stored responses' ids carry its tag: the ingress's router sends requests naming them here
+        self.cfg.replica_tag = replica_tag(serve.get_replica_context().replica_id.unique_id)
         self.model = load(opts.model, threads=opts.threads_per_replica, n_slots=self.cfg.parallel + 1,
                           **opts.load)
         self.cfg.aliases |= {self.model.name, Path(opts.model).name, Path(opts.model).stem, opts.model}

@@ -10,14 +10,29 @@ from typing import Any, List, Optional
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from . import router_state
-from .forwarding import ForwardedRequest
+from .forwarding import ForwardedRequest, stored_on
 from .prefix_policy import TABLE_CAPACITY, PrefixTable, by_load, rank
 
 
-def _keys(pending: Optional[PendingRequest]) -> list[bytes]:
+def _forwarded(pending: Optional[PendingRequest]) -> ForwardedRequest | None:
     if pending is None or not pending.args or not isinstance(pending.args[0], ForwardedRequest):
-        return []
-    return pending.args[0].prefix
+        return None
+    return pending.args[0]
+
+
+def _keys(pending: Optional[PendingRequest]) -> list[bytes]:
+    req = _forwarded(pending)
+    return req.prefix if req is not None else []
+
+
+def _pinned(candidates: List[RunningReplica], pending: Optional[PendingRequest]) -> RunningReplica | None:
+    """The replica holding the stored response the request names (only it can answer), if it runs."""
+    req = _forwarded(pending)
+    if req is None or req.replica_tag is None:
+        return None
+    by_unique = {r.replica_id.unique_id: r for r in candidates}
+    found = stored_on(req.replica_tag, by_unique)
+    return by_unique[found] if found is not None else None
 
 
 class _LlambdaRouter(RequestRouter):
@@ -25,6 +40,21 @@ class _LlambdaRouter(RequestRouter):
         self.slots = slots
         self.decisions: Counter[str] = Counter()   # how requests were placed, for /metrics
         router_state.register(self)
+
+    async def choose_replicas(self, candidate_replicas: List[RunningReplica],
+                              pending_request: Optional[PendingRequest] = None) -> List[List[RunningReplica]]:
+        """A request naming a stored response goes to its replica (a gone one's id: anywhere, which
+        answers 404 saying so); the others as the policy ranks them. Every rank full: back off, retry."""
+        if pending_request is not None:
+            pending_request.routing_context.should_backoff = True
+        pinned = _pinned(candidate_replicas, pending_request)
+        if pinned is not None:
+            return [[pinned]]
+        return self.ranked(candidate_replicas, pending_request)
+
+    def ranked(self, candidate_replicas: List[RunningReplica],
+             pending_request: Optional[PendingRequest]) -> List[List[RunningReplica]]:
+        raise NotImplementedError
 
     def _loads(self, candidates: List[RunningReplica]) -> dict[ReplicaID, int | None]:
         cache = self.replica_queue_len_cache
@@ -38,12 +68,10 @@ class PrefixAwareRouter(_LlambdaRouter):
         super().initialize_state(slots=slots, **kw)
         self.table = PrefixTable(capacity)
 
-    async def choose_replicas(self, candidate_replicas: List[RunningReplica],
-                              pending_request: Optional[PendingRequest] = None) -> List[List[RunningReplica]]:
+    def ranked(self, candidate_replicas: List[RunningReplica],
+             pending_request: Optional[PendingRequest]) -> List[List[RunningReplica]]:
         by_id = {r.replica_id: r for r in candidate_replicas}
         groups, _ = rank(self.table, _keys(pending_request), self._loads(candidate_replicas), self.slots)
-        if pending_request is not None:
-            pending_request.routing_context.should_backoff = True   # every rank full: back off, retry
         return [[by_id[i] for i in group] for group in groups if group]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result) -> None:
@@ -68,15 +96,13 @@ class RoundRobinRouter(_LlambdaRouter):
         super().initialize_state(slots=slots, **kw)
         self._turn = 0
 
-    async def choose_replicas(self, candidate_replicas: List[RunningReplica],
-                              pending_request: Optional[PendingRequest] = None) -> List[List[RunningReplica]]:
+    def ranked(self, candidate_replicas: List[RunningReplica],
+             pending_request: Optional[PendingRequest]) -> List[List[RunningReplica]]:
         if not candidate_replicas:
             return []
         ordered = sorted(candidate_replicas, key=lambda r: r.replica_id.unique_id)
         nxt = ordered[self._turn % len(ordered)]
         self._turn += 1
-        if pending_request is not None:
-            pending_request.routing_context.should_backoff = True
         by_id = {r.replica_id: r for r in candidate_replicas}
         return [[nxt], [by_id[i] for i in by_load(self._loads(candidate_replicas))]]
 

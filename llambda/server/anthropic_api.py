@@ -8,7 +8,9 @@ generation goes through `Service`. The answer is a
 content blocks and Anthropic's stop reasons; streamed, it is Anthropic's event sequence
 (message_start, content_block_start, content_block_delta with thinking_delta, text_delta or
 input_json_delta, content_block_stop,
-message_delta with the stop reason and usage, message_stop). Every error,
+message_delta with the stop reason and usage, message_stop). POST /v1/messages/count_tokens takes
+the same body without max_tokens and answers `{"input_tokens": N}`: the tokens of the prompt that
+body would generate from (rendered, prefill and tool prompt included). Every error,
 including one found before any route runs (authentication), has Anthropic's
 shape: `{"type": "error", "error": {"type", "message"}}`.
 """
@@ -28,6 +30,8 @@ from .openai_format import dumps
 from .schemas import MAX_TOOLS, GenerationSpec, _Body, _type, parse_chat
 
 PATH = "/v1/messages"
+COUNT_PATH = "/v1/messages/count_tokens"
+PATHS = (PATH, COUNT_PATH)      # answered in Anthropic's shape, errors included
 # Anthropic's error types by HTTP status (529 is its "overloaded")
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 408: "timeout_error", 413: "request_too_large", 429: "rate_limit_error",
@@ -141,12 +145,13 @@ def _tool_choice(v, chat: dict) -> None:
         chat["parallel_tool_calls"] = False
 
 
-def parse_messages(body) -> GenerationSpec:
+def parse_messages(body, counting: bool = False) -> GenerationSpec:
+    """The chat spec of a /v1/messages body; `counting`: a count_tokens body, which has no max_tokens."""
     b = _Body(body)
     if b.string("model") is None:
         raise bad_request("'model' is required", param="model")
-    max_tokens = b.integer("max_tokens", None, 1)
-    if max_tokens is None:
+    max_tokens = None if counting else b.integer("max_tokens", None, 1)
+    if max_tokens is None and not counting:
         raise bad_request("'max_tokens' is required", param="max_tokens")
     b.number("temperature", None, 0.0, 1.0)      # Anthropic's range is narrower than OpenAI's
     thinking = b.get("thinking")
@@ -271,4 +276,14 @@ def routes(service: Service, http: Http) -> list[Route]:
         except APIError as e:
             return error_response(e)
 
-    return [Route(PATH, create, methods=["POST"])]
+    async def count_tokens(request: Request) -> Response:
+        try:
+            body = await http.body(request)
+            if body is None:
+                return Response(status_code=499)
+            n = await service.count_prompt(parse_messages(body, counting=True))
+            return http.json_response({"input_tokens": n})
+        except APIError as e:
+            return error_response(e)
+
+    return [Route(PATH, create, methods=["POST"]), Route(COUNT_PATH, count_tokens, methods=["POST"])]

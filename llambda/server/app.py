@@ -25,13 +25,16 @@ from .errors import APIError, bad_request
 from .generation import ClientGone, Generation, Service
 from .metrics import Metrics
 from .openai_format import dumps
+from .response_store import ResponseStore
 from .scheduler import Scheduler
 from .schemas import parse_chat, parse_completion, parse_json
 
 log = logging.getLogger("llambda.server")
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics",
-             "/v1/responses", "/v1/messages", "/infill", "/tokenize", "/detokenize", "/apply-template")
+             "/v1/responses", "/v1/responses/input_tokens", "/v1/messages", "/v1/messages/count_tokens",
+             "/infill", "/tokenize", "/detokenize", "/apply-template")
+STORED_RESPONSE = "/v1/responses/{id}"    # the endpoint label of GET/DELETE /v1/responses/<id>[/input_items]
 PUBLIC = ("/health",)
 POOL_PROBE_SECONDS = 1.0   # /health: a worker thread must pick up a no-op within this long
 _PARSERS = ThreadPoolExecutor(2, thread_name_prefix="llambda-json")   # request bodies (read_json)
@@ -185,7 +188,7 @@ class Gatekeeper:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = scope.get("path", "")
-        endpoint = path if path in ENDPOINTS else "other"
+        endpoint = path if path in ENDPOINTS else STORED_RESPONSE if path.startswith("/v1/responses/") else "other"
         status = [499]   # nginx's "client closed request" unless a response starts
 
         async def send_counted(message):
@@ -197,7 +200,7 @@ class Gatekeeper:
         try:
             refusal = self._refusal(scope)
             if refusal is not None:
-                respond = anthropic_api.error_response if path == anthropic_api.PATH else error_response
+                respond = anthropic_api.error_response if path in anthropic_api.PATHS else error_response
                 await respond(refusal)(scope, receive, send_counted)
                 return
             if self._key is not None and path not in self._public and not self._authorized(scope):
@@ -205,7 +208,7 @@ class Gatekeeper:
                                "(or 'x-api-key: <key>')", code="invalid_api_key",
                                headers={"WWW-Authenticate": "Bearer"})
                 # Anthropic's clients read errors in Anthropic's shape
-                respond = anthropic_api.error_response if path == anthropic_api.PATH else error_response
+                respond = anthropic_api.error_response if path in anthropic_api.PATHS else error_response
                 await respond(err)(scope, receive, send_counted)
                 return
             await self.app(scope, receive, send_counted)
@@ -404,7 +407,9 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
     # the other APIs' endpoints, each in its own module
     http = Http(read_body=lambda request: read_json(request, cfg.max_body_bytes, cfg.body_timeout),
                 watch_disconnect=_watch_disconnect, event_stream=EventStream, json_response=json_response)
-    for module in (llama_api, responses_api, anthropic_api, embeddings_api):
+    responses = ResponseStore(cfg.stored_responses, cfg.stored_bytes, cfg.replica_tag)
+    routes += responses_api.routes(service, http, responses)
+    for module in (llama_api, anthropic_api, embeddings_api):
         routes += module.routes(service, http)
     app = Starlette(routes=routes, lifespan=lifespan,
                     middleware=[Middleware(AccessLog), Middleware(Gatekeeper, cfg=cfg, metrics=metrics)],
@@ -413,5 +418,6 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
     app.state.scheduler = scheduler
     app.state.metrics = metrics
     app.state.config = cfg
+    app.state.responses = responses     # what /v1/responses stored
     app.state.render_metrics = render_metrics     # /metrics' text (a replica under Ray reports it)
     return app

@@ -9,6 +9,11 @@ from dataclasses import dataclass, field
 # `run` keep f32, the exact choice (f16 moves logits by up to ~0.03 on the reference models).
 DEFAULT_KV_TYPE = "f16"
 
+# What /v1/responses keeps for previous_response_id and GET (response_store.py): entries, and their
+# JSON together (a few % of a 24 GB machine; a long conversation's entry holds all of its turns).
+DEFAULT_STORED_RESPONSES = 10_000
+DEFAULT_STORED_BYTES = 256 * 2**20
+
 
 @dataclass
 class ServerConfig:
@@ -36,6 +41,9 @@ class ServerConfig:
     prompt_stall_seconds: float = 30.0        # /health says 503 once all of them are stuck this long
     speculative: str | None = None            # requests' default: "draft" (needs a draft model), "lookup" or None
     draft_max: int | None = None              # tokens drafted per step at most (None: speculative's default)
+    stored_responses: int = DEFAULT_STORED_RESPONSES   # /v1/responses kept (0: none); beyond: oldest out
+    stored_bytes: int = DEFAULT_STORED_BYTES  # their JSON together; beyond: oldest out
+    replica_tag: str = ""                     # a scale-out replica's: in its response ids, for the ingress
 
     def accepts(self, name: str | None) -> bool:
         return name is None or name == self.model_id or name in self.aliases

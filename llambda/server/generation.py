@@ -166,11 +166,23 @@ class Service:
 
         Rendering and tokenizing run in a worker thread: a long prompt must not stall running streams.
         """
+        return self.launch(await self._in_worker(self.prepare, spec))
+
+    async def count_prompt(self, spec: GenerationSpec) -> int:
+        """The tokens a chat spec's prompt has, rendered and tokenized as `start` would (in a worker
+        thread as well); nothing is queued, and a prompt too long for the context is still counted."""
+        return await self._in_worker(self._prompt_length, spec)
+
+    def _prompt_length(self, spec: GenerationSpec) -> int:
+        self.check_model(spec.model)
+        ids, _, _ = self._chat_ids(spec)
+        return len(ids)
+
+    async def _in_worker(self, fn, spec: GenerationSpec):
         try:
-            prepared = await self.workers.run(self.prepare, spec)
+            return await self.workers.run(fn, spec)
         except (PoolFull, PoolClosed) as e:
             raise self._refused(e, busy=isinstance(e, PoolFull)) from None
-        return self.launch(prepared)
 
     def _refused(self, e: Exception, busy: bool) -> APIError:
         """429 when a queue or the prompt workers are full, 503 while shutting down; both say when to retry."""

@@ -10,13 +10,19 @@ typed event sequence (response.created, response.output_item.added, ...,
 response.reasoning_text.delta, response.output_text.delta,
 response.function_call_arguments.delta, ..., response.completed or response.incomplete).
 
-Nothing is stored: `previous_response_id` (and `conversation`) are refused,
-the client sends the whole conversation in `input`.
+Responses are stored (`store`, true by default, as in OpenAI's API) in a bounded in-memory
+`ResponseStore`: `previous_response_id` continues one (its input items and its output items come
+before the new input, e.g. function_call_output items answering its calls; its `instructions` are
+not carried over), GET /v1/responses/{id} returns it as it was answered, DELETE removes it, and
+GET /v1/responses/{id}/input_items lists the items before its answer (`limit`, `order`, `after`).
+A stream that fails or is left is not stored. `conversation` (the Conversations API) is refused.
+POST /v1/responses/input_tokens counts the tokens of the prompt a request would generate from.
 """
 from __future__ import annotations
 
 import re
 import secrets
+from typing import Callable
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -26,6 +32,7 @@ from .deltas import Http, array_of, deltas, sse_event
 from .errors import APIError, bad_request
 from .generation import Generation, Service
 from .openai_format import now
+from .response_store import ResponseStore
 from .schemas import MAX_TOOLS, GenerationSpec, _Body, _type, parse_chat
 
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
@@ -34,6 +41,7 @@ TEXT_PARTS = ("input_text", "output_text", "text")
 PASSED = ("model", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
           "repeat_penalty", "ignore_eos", "parallel_tool_calls", "stream", "grammar", "regex")
 _SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT = 20, 100     # input items a page holds (OpenAI's default and cap)
 
 
 def _id(prefix: str) -> str:
@@ -59,14 +67,10 @@ def _text(content, where: str) -> str:
     return "\n".join(texts)
 
 
-def _messages(inp, instructions: str | None) -> list[dict]:
-    msgs: list[dict] = [{"role": "system", "content": instructions}] if instructions else []
-    if isinstance(inp, str):
-        return msgs + [{"role": "user", "content": inp}]
-    if not isinstance(inp, list) or not inp:
-        raise bad_request(f"'input' must be a string or a non-empty array of items, got {_type(inp)}", param="input")
-    for i, item in enumerate(inp):
-        where = f"input[{i}]"
+def _messages(items: list, field: str, msgs: list[dict]) -> list[dict]:
+    """Input items (from the request's `field`, for errors) appended to chat messages."""
+    for i, item in enumerate(items):
+        where = f"{field}[{i}]"
         if not isinstance(item, dict):
             raise bad_request(f"{where} must be an object, got {_type(item)}", param=where)
         kind = item.get("type", "message" if "role" in item else None)
@@ -93,12 +97,46 @@ def _messages(inp, instructions: str | None) -> list[dict]:
             msgs.append({"role": "tool", "tool_call_id": call_id,
                          "content": _text(item.get("output", ""), f"{where}.output")})
         elif kind == "reasoning":
-            continue        # another model's reasoning: nothing this one can use
+            continue        # an earlier turn's reasoning (this model's or another's): not part of the prompt
         else:
             shown = repr(kind) if isinstance(kind, str) else _type(kind)
             raise bad_request(f"{where}.type {shown} is not supported (message, function_call and "
                               "function_call_output items are)", param=where)
     return msgs
+
+
+_ITEM_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+
+
+def _as_items(inp, earlier: list[dict]) -> list[dict]:
+    """The (valid) input as the items stored and listed: a string is a user message, a message's
+    string content one text part, and every item has an id unique in the conversation."""
+    if isinstance(inp, str):
+        inp = [{"role": "user", "content": inp}]
+    seen = {item.get("id") for item in earlier}
+    out = []
+    for item in inp:
+        item = dict(item)
+        kind = item.setdefault("type", "message")
+        if kind == "message" and isinstance(item.get("content"), str):
+            part = "output_text" if item.get("role") == "assistant" else "input_text"
+            item["content"] = [{"type": part, "text": item["content"]}]
+        if not isinstance(item.get("id"), str) or item["id"] in seen:
+            item["id"] = _id(_ITEM_PREFIX.get(kind, "item"))
+        seen.add(item["id"])
+        out.append(item)
+    return out
+
+
+def _continued(b: _Body, store: ResponseStore) -> list[dict]:
+    """The items `previous_response_id` continues: that response's input items, then its output."""
+    prev = b.get("previous_response_id")
+    if prev is None:
+        return []
+    if not isinstance(prev, str):
+        raise bad_request(f"'previous_response_id' must be a string, got {_type(prev)}", param="previous_response_id")
+    entry = store.get(prev, param="previous_response_id")
+    return entry.input_items() + entry.response_object()["output"]
 
 
 def _tools(v) -> list | None:
@@ -153,22 +191,32 @@ def _text_format(v) -> tuple[dict, dict | None]:
     return fmt, {"type": "json_schema", "json_schema": inner}
 
 
-def parse_responses(body) -> tuple[GenerationSpec, dict]:
-    """(the chat spec, the request's fields a response object repeats)."""
+def parse_responses(body, store: ResponseStore) -> tuple[GenerationSpec, dict, list[dict]]:
+    """(the chat spec, the request's fields a response object repeats, the conversation's input
+    items: those `previous_response_id` continues, then this request's)."""
     b = _Body(body)
-    for name in ("previous_response_id", "conversation"):
-        if b.get(name) is not None:
-            raise bad_request(f"'{name}' is not supported: this server stores no responses; send the whole "
-                              "conversation as 'input' items", param=name)
+    if b.get("conversation") is not None:
+        raise bad_request("'conversation' is not supported: continue a stored response with "
+                          "'previous_response_id', or send the whole conversation as 'input' items",
+                          param="conversation")
     if b.boolean("background", False):
         raise bad_request("'background' responses are not supported", param="background")
-    if b.get("input") is None:
+    inp = b.get("input")
+    if inp is None:
         raise bad_request("'input' is required", param="input")
+    if not isinstance(inp, (str, list)) or not inp:
+        raise bad_request(f"'input' must be a string or a non-empty array of items, got {_type(inp)}", param="input")
     instructions = b.string("instructions")
+    keep = b.boolean("store", True)
     max_output = b.integer("max_output_tokens", None, 1)
     shown_format, response_format = _text_format(b.get("text"))
+    earlier = _continued(b, store)
+    # instructions are this request's alone: a continued response's are not carried over (as OpenAI's API)
+    msgs = [{"role": "system", "content": instructions}] if instructions else []
+    _messages(earlier, "previous_response_id", msgs)
+    _messages([{"role": "user", "content": inp}] if isinstance(inp, str) else inp, "input", msgs)
     chat = {k: body[k] for k in PASSED if k in body}
-    chat.update(messages=_messages(b.get("input"), instructions), max_tokens=max_output,
+    chat.update(messages=msgs, max_tokens=max_output,
                 tools=_tools(b.get("tools")), tool_choice=_tool_choice(b.get("tool_choice")))
     if response_format is not None:
         chat["response_format"] = response_format
@@ -184,8 +232,9 @@ def parse_responses(body) -> tuple[GenerationSpec, dict]:
     echo = {"instructions": instructions, "max_output_tokens": max_output, "metadata": metadata or {},
             "parallel_tool_calls": spec.parallel_tool_calls, "temperature": spec.sampling["temperature"],
             "top_p": spec.sampling["top_p"], "text": {"format": shown_format},
-            "tool_choice": b.get("tool_choice") or "auto", "tools": b.get("tools") or []}
-    return spec, echo
+            "tool_choice": b.get("tool_choice") or "auto", "tools": b.get("tools") or [],
+            "previous_response_id": b.get("previous_response_id"), "store": keep}
+    return spec, echo, earlier + _as_items(inp, earlier)
 
 
 # -- response ----------------------------------------------------------------------------
@@ -219,19 +268,20 @@ def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: st
 
 
 class ResponseRun:
-    """One /v1/responses request over a Generation."""
+    """One /v1/responses request over a Generation; `keep(response)` is called with the finished
+    (completed or incomplete) response object."""
 
-    def __init__(self, gen: Generation, echo: dict):
-        self.gen, self.echo = gen, echo
-        self.id = _id("resp")
+    def __init__(self, gen: Generation, echo: dict, response_id: str, keep: Callable[[dict], object]):
+        self.gen, self.echo, self.keep = gen, echo, keep
+        self.id = response_id
         self.created = now()
 
     def response(self, status: str, output: list, finish: str | None = None, error: dict | None = None) -> dict:
         incomplete = status == "incomplete"
         return {"id": self.id, "object": "response", "created_at": self.created, "status": status,
                 "error": error, "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-                "model": self.gen.model_id, "output": output, "previous_response_id": None,
-                "reasoning": {"effort": None, "summary": None}, "store": False, "truncation": "disabled",
+                "model": self.gen.model_id, "output": output,
+                "reasoning": {"effort": None, "summary": None}, "truncation": "disabled",
                 "usage": _usage(self.gen.usage()) if status not in ("in_progress", "failed") else None,
                 **self.echo}
 
@@ -252,7 +302,9 @@ class ResponseRun:
         for call in msg.get("tool_calls") or []:
             fn = call["function"]
             output.append(_call_item(_id("fc"), call["id"], fn["name"], fn["arguments"], "completed"))
-        return self.response(status, output)
+        response = self.response(status, output)
+        self.keep(response)
+        return response
 
     async def stream(self):
         seq = [0]
@@ -330,19 +382,82 @@ class ResponseRun:
                     for piece in close(status):
                         yield piece
                     kind = "response.completed" if status == "completed" else "response.incomplete"
-                    yield event(kind, response=self.response(status, output))
+                    response = self.response(status, output)
+                    self.keep(response)
+                    yield event(kind, response=response)
         except APIError as e:
             err = {"code": e.code or e.kind, "message": e.message}
             yield event("response.failed", response=self.response("failed", output, error=err))
 
 
-def routes(service: Service, http: Http) -> list[Route]:
+def _list_query(request: Request) -> tuple[int, bool, str | None]:
+    """input_items' (limit, descending, after) from the query string, checked."""
+    q = request.query_params
+    limit = q.get("limit", str(DEFAULT_LIST_LIMIT))
+    if not (limit.isascii() and limit.isdigit() and len(limit) <= 3 and 1 <= int(limit) <= MAX_LIST_LIMIT):
+        raise bad_request(f"'limit' must be an integer from 1 to {MAX_LIST_LIMIT}, got {limit[:20]!r}",
+                          param="limit")
+    order = q.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise bad_request(f"'order' must be 'asc' or 'desc', got {order[:20]!r}", param="order")
+    return int(limit), order == "desc", q.get("after")
+
+
+def list_page(items: list[dict], limit: int, descending: bool, after: str | None) -> dict:
+    """One page of a stored response's input items, as OpenAI's list objects hold them."""
+    ordered = items[::-1] if descending else items
+    start = 0
+    if after is not None:
+        at = next((i for i, item in enumerate(ordered) if item.get("id") == after), None)
+        if at is None:
+            raise bad_request(f"'after' names no input item of this response: {after[:100]!r}", param="after")
+        start = at + 1
+    page = ordered[start:start + limit]
+    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None, "has_more": start + limit < len(ordered)}
+
+
+def routes(service: Service, http: Http, store: ResponseStore) -> list[Route]:
+    """The endpoints; `store` keeps the responses (create_app makes it, of the server config's bounds)."""
     def parse(body):
-        spec, echo = parse_responses(body)
-        return spec, lambda gen: ResponseRun(gen, echo)
+        spec, echo, items = parse_responses(body, store)
+        keep = (lambda response: store.put(response["id"], response, items)) if echo["store"] else _nothing
+        return spec, lambda gen: ResponseRun(gen, echo, store.new_id(), keep)
 
     async def create(request: Request) -> Response:
         return await http.generate(request, service, parse)
 
-    return [Route("/v1/responses", create, methods=["POST"])]
+    async def input_tokens(request: Request) -> Response:
+        body = await http.body(request)
+        if body is None:
+            return Response(status_code=499)
+        spec, _, _ = parse_responses(body, store)
+        n = await service.count_prompt(spec)
+        return http.json_response({"object": "response.input_tokens", "input_tokens": n})
 
+    async def retrieve(request: Request) -> Response:
+        if request.query_params.get("stream") == "true":
+            raise bad_request("'stream' is not supported here: a stored response is returned whole",
+                              param="stream")
+        entry = store.get(request.path_params["response_id"])
+        return Response(entry.response, media_type="application/json")
+
+    async def delete(request: Request) -> Response:
+        response_id = request.path_params["response_id"]
+        store.delete(response_id)
+        return http.json_response({"id": response_id, "object": "response", "deleted": True})
+
+    async def input_items(request: Request) -> Response:
+        limit, descending, after = _list_query(request)
+        items = store.get(request.path_params["response_id"]).input_items()
+        return http.json_response(list_page(items, limit, descending, after))
+
+    return [Route("/v1/responses", create, methods=["POST"]),
+            Route("/v1/responses/input_tokens", input_tokens, methods=["POST"]),
+            Route("/v1/responses/{response_id}", retrieve, methods=["GET"]),
+            Route("/v1/responses/{response_id}", delete, methods=["DELETE"]),
+            Route("/v1/responses/{response_id}/input_items", input_items, methods=["GET"])]
+
+
+def _nothing(response: dict) -> None:
+    """What a response of `store: false` leaves behind."""

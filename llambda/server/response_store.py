@@ -1,0 +1,111 @@
+"""The responses POST /v1/responses keeps (`store`, true unless the request says false), so that a
+later request can continue one (`previous_response_id`), read it back (GET /v1/responses/{id}), list
+its input items or delete it.
+
+An entry is two JSON texts: the response object as it was answered, and the conversation's input
+items (every item before the answer, the continued responses' included, so an entry never needs the
+entries it continued). Held as bytes, the byte budget counts what memory really holds. The store is
+bounded by entries and by bytes; past either, the oldest entries go first. One lock, so any
+thread may call it (the event loop makes every call today; a worker thread would be safe). Nothing
+survives a restart.
+
+Ids are `resp_<48 hex digits>`; a scale-out replica's are `resp_<tag>_<48 hex digits>`, the tag
+naming the replica, so the ingress sends a request naming the id to the one replica that has it.
+"""
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from .config import DEFAULT_STORED_BYTES, DEFAULT_STORED_RESPONSES
+from .errors import APIError
+from .openai_format import dumps
+
+SHOWN_ID_CHARS = 100                     # of an unknown id, quoted back in an error
+
+
+@dataclass(frozen=True)
+class Stored:
+    response: bytes     # the response object, JSON
+    items: bytes        # the input items, JSON array
+
+    @property
+    def size(self) -> int:
+        return len(self.response) + len(self.items)
+
+    def response_object(self) -> dict:
+        return json.loads(self.response)
+
+    def input_items(self) -> list[dict]:
+        return json.loads(self.items)
+
+
+def tag_of(response_id) -> str | None:
+    """The replica tag an id carries, or None (an id of a single server, or no id of ours)."""
+    if not isinstance(response_id, str):
+        return None
+    parts = response_id.split("_")
+    return parts[1] if len(parts) == 3 and parts[0] == "resp" and parts[1] else None
+
+
+class ResponseStore:
+    def __init__(self, max_responses: int = DEFAULT_STORED_RESPONSES, max_bytes: int = DEFAULT_STORED_BYTES,
+                 tag: str = ""):
+        self.max_responses, self.max_bytes, self.tag = max_responses, max_bytes, tag
+        self._entries: OrderedDict[str, Stored] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def new_id(self) -> str:
+        token = secrets.token_hex(24)
+        return f"resp_{self.tag}_{token}" if self.tag else f"resp_{token}"
+
+    def put(self, response_id: str, response: dict, items: list) -> bool:
+        """Keep a response (evicting the oldest as needed); False when it alone exceeds the budget."""
+        entry = Stored(dumps(response).encode(), dumps(items).encode())
+        if self.max_responses < 1 or entry.size > self.max_bytes:
+            return False
+        with self._lock:
+            old = self._entries.pop(response_id, None)
+            if old is not None:
+                self._bytes -= old.size
+            self._entries[response_id] = entry
+            self._bytes += entry.size
+            while len(self._entries) > self.max_responses or self._bytes > self.max_bytes:
+                _, gone = self._entries.popitem(last=False)
+                self._bytes -= gone.size
+        return True
+
+    def get(self, response_id: str, param: str | None = None) -> Stored:
+        """The entry, or a 404 naming the id (`param`: the request field that named it)."""
+        with self._lock:
+            entry = self._entries.get(response_id)
+        if entry is None:
+            raise self._not_found(response_id, param)
+        return entry
+
+    def delete(self, response_id: str) -> None:
+        with self._lock:
+            entry = self._entries.pop(response_id, None)
+            if entry is not None:
+                self._bytes -= entry.size
+        if entry is None:
+            raise self._not_found(response_id, None)
+
+    def stats(self) -> dict:
+        with self._lock:
+            return {"responses": len(self._entries), "bytes": self._bytes}
+
+    def _not_found(self, response_id, param: str | None) -> APIError:
+        shown = str(response_id)[:SHOWN_ID_CHARS]
+        tag = tag_of(response_id)
+        if self.tag and tag is not None and tag != self.tag:
+            why = "it was stored by a replica that is no longer running"
+        else:
+            why = (f"it was never stored (store: false), was deleted, or was evicted (this server keeps at most "
+                   f"{self.max_responses} responses of {self.max_bytes} bytes together, oldest out first)")
+        code = "previous_response_not_found" if param == "previous_response_id" else "response_not_found"
+        return APIError(404, f"no stored response with id {shown!r}: {why}", param=param, code=code)
