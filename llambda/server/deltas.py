@@ -15,6 +15,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from .accesslog import GENERATION_KEY
 from .errors import APIError, bad_request
 from .generation import DISCONNECTED, ClientGone, Generation
 from .openai_format import dumps, tool_finish
@@ -122,6 +123,7 @@ class Http:
             return Response(status_code=499)
         spec, run_of = parse(body)
         gen = await service.start(spec)
+        request.scope[GENERATION_KEY] = gen     # the access log reads its token counts
         run = run_of(gen)
         if spec.stream:
             return self.event_stream(gen, _until_gone(run.stream()))
