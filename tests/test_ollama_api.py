@@ -249,6 +249,8 @@ def test_tags_show_ps_version(oclient, live, model):
     ({"messages": "hi"}, 400, ["messages"]),
     ({"messages": _user("hi"), "stream": "yes"}, 400, ["stream"]),
     ({"messages": _user("hi"), "think": "very"}, 400, ["think"]),
+    ({"messages": _user("hi"), "top_logprobs": 2}, 400, ["top_logprobs", "logprobs"]),
+    ({"messages": _user("hi"), "logprobs": True, "top_logprobs": 99}, 400, ["top_logprobs"]),
     ({"messages": [{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f",
                                                                                     "arguments": "{}"}}]}]},
      400, ["arguments", "object"]),
@@ -264,6 +266,8 @@ def test_generate_and_other_errors(live):
     _error(post(live, "/api/generate", {"prompt": "hi", "raw": True, "system": "x"}), 400, "system")
     _error(post(live, "/api/generate", {"prompt": "hi", "suffix": "there"}), 400, "fill-in-the-middle")
     _error(post(live, "/api/generate", {"prompt": 3}), 400, "prompt")
+    _error(post(live, "/api/generate", {"prompt": "hi", "raw": True, "logprobs": True, "top_logprobs": 9}), 400,
+           "top_logprobs")
     _error(post(live, "/api/chat", content=b"{not json"), 400, "JSON")
     _error(post(live, "/api/chat", content=b"x" * (70 * 1024)), 413, "exceeds")
     _error(post(live, "/api/embed", {"model": MODEL_ID, "input": [3.5]}), 400, "input")
@@ -350,3 +354,22 @@ def test_suffix_is_fill_in_the_middle(qwen_live):
     want = qwen_live.client().completions.create(model="qwen", prompt="def add(a, b):\n    ",
                                                  suffix="\n\nprint(add(1, 2))\n", max_tokens=12, temperature=0)
     assert r.response == want.choices[0].text and r.response
+
+
+def test_logprobs(oclient, client):
+    """`logprobs` and `top_logprobs` give each token's as the OpenAI route does, in Ollama's field names;
+    streamed, each line carries its own tokens'."""
+    kw = dict(model=MODEL_ID, messages=_user(QUESTION), options=GREEDY, logprobs=True, top_logprobs=3)
+    r = oclient.chat(stream=False, **kw)
+    want = client.chat.completions.create(model=MODEL_ID, messages=_user(QUESTION), max_tokens=12, temperature=0,
+                                          logprobs=True, top_logprobs=3).choices[0].logprobs.content
+    assert [(x.token, x.logprob) for x in r.logprobs] == [(w.token, w.logprob) for w in want]
+    assert [[(t.token, t.logprob) for t in x.top_logprobs] for x in r.logprobs] == \
+        [[(t.token, t.logprob) for t in w.top_logprobs] for w in want]
+    streamed = list(oclient.chat(stream=True, **kw))
+    assert [x.token for c in streamed for x in c.logprobs or []] == [x.token for x in r.logprobs]
+    assert all(len(c.logprobs or []) >= 1 for c in streamed[:-1])
+    raw = oclient.generate(model=MODEL_ID, prompt="Once upon a time", raw=True, options=GREEDY, stream=False,
+                           logprobs=True, top_logprobs=2)
+    assert "".join(x.token for x in raw.logprobs) == raw.response and len(raw.logprobs[0].top_logprobs) == 2
+    assert oclient.chat(stream=False, model=MODEL_ID, messages=_user(QUESTION), options=GREEDY).logprobs is None

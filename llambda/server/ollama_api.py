@@ -25,7 +25,7 @@ from . import embeddings_api, ollama_models
 from .deltas import Http, array_of, deltas
 from .errors import APIError, bad_request
 from .generation import Generation, Service
-from .openai_format import dumps
+from .openai_format import chat_logprobs, dumps
 from .schemas import GenerationSpec, _Body, _type, parse_chat, parse_completion
 
 NDJSON = "application/x-ndjson"
@@ -187,6 +187,10 @@ def _common(body: dict, b: _Body, service) -> tuple[dict, dict]:
     names.update(json_schema="format", response_format="format")
     fields["model"] = served_name(service, b.get("model"))
     fields["stream"] = b.boolean("stream", True)      # Ollama streams unless told not to
+    if b.boolean("logprobs", False):
+        fields.update(logprobs=True, top_logprobs=body.get("top_logprobs"))
+    elif body.get("top_logprobs"):
+        raise bad_request("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
     return fields, names
 
 
@@ -227,6 +231,10 @@ def parse_ollama_generate(body, service) -> tuple[GenerationSpec | None, bool]:
             raise bad_request("'system' has no place in a raw or fill-in-the-middle (suffix) prompt; put it in "
                               "the prompt", param="system")
         fields.update(prompt=prompt, suffix=suffix or None)
+        top = fields.pop("top_logprobs", None)
+        if fields.get("logprobs"):
+            fields["logprobs"] = top or 0       # a completion's `logprobs` is its count of alternatives
+            names["logprobs"] = "top_logprobs"
         return _parse(parse_completion, fields, names), think
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
     fields["messages"] = messages
@@ -255,6 +263,16 @@ class OllamaRun:
     def __init__(self, gen: Generation, model: str, chat: bool, think: bool, t_request: float):
         """`chat`: answer as /api/chat does (a message), else as /api/generate (a response)."""
         self.gen, self.model, self.chat, self.think, self.t_request = gen, model, chat, think, t_request
+        self.sent_logprobs = 0      # tokens whose logprobs went out already
+
+    def _with_logprobs(self, obj: dict) -> dict:
+        """`obj` with the logprobs of the tokens generated since the last object that carried them (when
+        asked for); a streamed call or a held-back stop string may hold tokens over to a later one."""
+        if self.gen.spec.logprobs:
+            entries = self.gen.states[0].logprobs[self.sent_logprobs:]
+            self.sent_logprobs += len(entries)
+            obj["logprobs"] = chat_logprobs(entries, self.gen.service.strings)["content"]
+        return obj
 
     def _object(self, text: str, thinking: str = "", calls: list | None = None) -> dict:
         obj = {"model": self.model, "created_at": _created_at()}
@@ -273,6 +291,7 @@ class OllamaRun:
 
     def _done(self, obj: dict, finish: str | None) -> dict:
         job, u = self.gen.jobs[0], self.gen.usage()
+        self._with_logprobs(obj)
         end = time.monotonic()
         first = job.t_first if job.t_first is not None else end
         obj.update(done=True, done_reason=DONE_REASONS.get(finish or "stop", "stop"),
@@ -301,7 +320,7 @@ class OllamaRun:
                     have["name"] = c["function"].get("name", have["name"])
                     have["arguments"] += c["function"].get("arguments", "")
                 if d.text or (d.reasoning and self.think):
-                    yield self._line(dict(self._object(d.text, d.reasoning), done=False))
+                    yield self._line(self._with_logprobs(dict(self._object(d.text, d.reasoning), done=False)))
                 if d.finish:
                     # Ollama sends a call whole, with its arguments as an object
                     made = [_call(i, c["name"], c["arguments"]) for i, c in sorted(calls.items())]
