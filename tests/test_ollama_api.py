@@ -222,6 +222,7 @@ def test_tags_show_ps_version(oclient, live, model):
     assert info["llama.block_count"] == cfg.n_layers and info["llama.embedding_length"] == cfg.d_model
     assert info["llama.attention.head_count_kv"] == cfg.n_kv_heads and 1e8 < info["general.parameter_count"] < 2e8
     assert shown.details == d and "completion" in shown.capabilities and "thinking" not in shown.capabilities
+    assert shown.parameters == f"num_ctx {model.n_ctx}" and shown.modelfile == "" and shown.template == ""
     with pytest.raises(ollama.ResponseError) as e:
         oclient.show("llama3")
     assert e.value.status_code == 404

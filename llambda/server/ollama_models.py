@@ -1,10 +1,11 @@
 """Ollama's model listings for the one served model: GET /api/tags, POST /api/show, GET /api/ps,
 GET /api/version.
 
-There is no Modelfile here, so /api/show's `modelfile`, `parameters` and `template` are empty (the
-chat template is Jinja, not Ollama's Go template language); `details` and `model_info` come from
-the loaded model's config and, for a GGUF file, its `general.*` metadata. The digest identifies
-the file as served (its name, size and modification time), not its content.
+There is no Modelfile here, so /api/show's `modelfile` and `template` are empty (the chat template is
+Jinja, not Ollama's Go template language) and its `parameters` say only `num_ctx`, the server's
+context; `details` and `model_info` come from the loaded model's config and, for a GGUF file, its
+`general.*` metadata. The digest identifies the file as served (its name, size and modification
+time), not its content.
 """
 from __future__ import annotations
 
@@ -149,8 +150,10 @@ def routes(service, http: Http, served_name, error_response) -> list[Route]:
             b = _Body(body)
             served_name(service, b.get("model") if b.get("model") is not None else b.get("name"))
             c = served.card()
+            # num_ctx: the context every request gets here (clients such as Continue size prompts by it)
             return http.json_response({"license": str(c["model_info"].get("general.license", "")), "modelfile": "",
-                                       "parameters": "", "template": "", "details": c["details"],
+                                       "parameters": f"num_ctx {service.model.n_ctx}", "template": "",
+                                       "details": c["details"],
                                        "model_info": c["model_info"], "capabilities": served.capabilities(),
                                        "modified_at": c["modified_at"]})
         except APIError as e:
