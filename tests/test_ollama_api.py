@@ -247,6 +247,7 @@ def test_tags_show_ps_version(oclient, live, model):
     ({"messages": _user("hi"), "format": {"type": "objekt"}}, 400, ["format"]),
     ({"messages": [{"role": "user", "content": "hi", "images": ["aGk="]}]}, 400, ["images", "text only"]),
     ({"messages": [{"role": "robot", "content": "hi"}]}, 400, ["role"]),
+    ({"messages": [{"role": "tool", "content": "18 C", "tool_name": ["f"]}]}, 400, ["tool_name"]),
     ({"messages": "hi"}, 400, ["messages"]),
     ({"messages": _user("hi"), "stream": "yes"}, 400, ["stream"]),
     ({"messages": _user("hi"), "think": "very"}, 400, ["think"]),

@@ -141,6 +141,9 @@ def _message(m, i: int) -> dict:
     if out.get("content") is None:
         out["content"] = ""     # Ollama's content is a string that defaults to empty (its client leaves "" out)
     if m.get("tool_name") is not None:
+        if not isinstance(m["tool_name"], str):
+            raise bad_request(f"{where}.tool_name must be a string, got {_type(m['tool_name'])}",
+                              param=f"{where}.tool_name")
         out["name"] = m["tool_name"]
     calls = []
     for j, call in enumerate(array_of(m.get("tool_calls"), f"{where}.tool_calls", "tool calls")):
