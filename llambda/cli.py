@@ -591,7 +591,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_tokenize)
 
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server with continuous batching",
-                       description="Serve /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics.")
+                       description="Serve /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics, "
+                                   "and the Responses, Anthropic, llama-server and Ollama (/api/*) APIs.")
     _add_model_args(p)
     _add_speculative_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
@@ -601,7 +602,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--queue-size", type=int, default=64,
                    help="sequences that may wait for a slot; beyond that requests get 429 (default 64)")
     p.add_argument("--api-key", default=os.environ.get("LLAMBDA_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on /v1/* and /metrics (default: $LLAMBDA_API_KEY)")
+                   help="require 'Authorization: Bearer KEY' on every route but /health and the chat page "
+                        "(default: $LLAMBDA_API_KEY)")
     p.add_argument("--alias", default=None, help="model id to serve under (default: the -m name)")
     p.add_argument("--max-tokens-cap", type=int, default=None,
                    help="most tokens one request may generate (default: up to the context)")

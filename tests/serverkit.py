@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -93,6 +94,16 @@ class LiveServer:
                 return m
             assert time.monotonic() - t0 < timeout, f"server not idle: {m}"
             time.sleep(0.05)
+
+
+@contextmanager
+def serving(model_path, n_slots: int, parallel: int, n_ctx: int = 512, **cfg):
+    """A model of its own (n_slots KV slots) served in a LiveServer with `parallel` sequences."""
+    from llambda.server import ServerConfig, create_app
+
+    with llambda.load(model_path, n_slots=n_slots, n_ctx=n_ctx, **LOAD_KW) as m:
+        with LiveServer(create_app(m, ServerConfig(model_id=MODEL_ID, parallel=parallel, **cfg))) as srv:
+            yield srv
 
 
 def chat(client, content, **kw):

@@ -101,6 +101,24 @@ def test_encoder_server_models_and_health(tiny_live):
     assert_error(post(srv, "/v1/chat/completions", {"messages": []}), 404)
 
 
+def test_encoder_server_speaks_ollamas_embed(tiny_live):
+    """An encoder answers Ollama's /api/embed, /api/embeddings and listings too; /api/chat has no route."""
+    import ollama
+    m, srv = tiny_live
+    client = ollama.Client(host=srv.url, timeout=60)
+    r = client.embed(model="tiny-bert", input=TINY_TEXTS)
+    assert np.abs(np.array(r.embeddings, np.float32) - m.embed(TINY_TEXTS)).max() < 1e-6
+    assert r.prompt_eval_count == sum(len(ids) for ids, _ in m.tokenizer.encode_for_encoder(TINY_TEXTS, 16))
+    one = client.embeddings(model="tiny-bert:latest", prompt=TINY_TEXTS[1]).embedding
+    assert np.abs(np.array(one, np.float32) - m.embed(TINY_TEXTS[1:2])[0]).max() < 1e-6
+    shown = client.show("tiny-bert")
+    assert shown.capabilities == ["embedding"] and shown.modelinfo["bert.embedding_length"] == 32
+    assert [x.model for x in client.list().models] == ["tiny-bert:latest"]
+    with pytest.raises(ollama.ResponseError) as e:
+        client.chat(model="tiny-bert", messages=[{"role": "user", "content": "hi"}])
+    assert e.value.status_code == 404 and "no route" in e.value.error
+
+
 def test_rerank_cross_encoder(tiny_dirs):
     docs = ["the cat sat", "a big dog", "mats", "small cats running"]
     with llambda.load(tiny_dirs[1], backend="numpy") as m, LiveServer(create_app(m, _cfg("tiny-ce"))) as srv:

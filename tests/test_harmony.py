@@ -275,3 +275,26 @@ def test_messages_api_returns_the_analysis_as_thinking_blocks(harmony_live):
     assert starts == ["thinking", "text"]
     assert [b.type for b in final.content] == ["thinking", "text"] and final.content[0].thinking == REASONING
     assert final.content[1].text == ANSWER
+
+
+def test_ollama_api_returns_the_analysis_as_thinking(harmony_live):
+    """/api/chat and /api/generate: the analysis channel as `thinking`, left out with think: false;
+    llama-server's `regex` passes on as on the other APIs (it makes the random model write the answer)."""
+    import ollama
+    client = ollama.Client(host=harmony_live.url, timeout=120)
+    body = {"model": "tiny-harmony", "messages": [{"role": "user", "content": "hi"}], "stream": False,
+            "regex": re.escape(THINK_THEN_ANSWER), "options": {"temperature": 0, "num_predict": 400}}
+    r = httpx.post(harmony_live.url + "/api/chat", json=body, timeout=120).json()
+    assert r["message"] == {"role": "assistant", "content": ANSWER, "thinking": REASONING} and r["done"]
+    with httpx.stream("POST", harmony_live.url + "/api/chat", json={**body, "stream": True}, timeout=120) as s:
+        lines = [json.loads(line) for line in s.iter_lines() if line]
+    assert "".join(line["message"].get("thinking", "") for line in lines) == REASONING
+    assert "".join(line["message"]["content"] for line in lines) == ANSWER
+    hidden = httpx.post(harmony_live.url + "/api/chat", json={**body, "think": False}, timeout=120).json()
+    assert hidden["message"] == {"role": "assistant", "content": ANSWER}
+    gen = httpx.post(harmony_live.url + "/api/generate", json={**body, "prompt": "hi", "think": "high"},
+                     timeout=120).json()
+    assert gen["response"] == ANSWER and gen["thinking"] == REASONING
+    assert "thinking" in client.show("tiny-harmony").capabilities
+    assert client.chat(messages=body["messages"], think=True, model="tiny-harmony", stream=False,
+                       options={"num_predict": 4}).done      # the client's own way of asking for it

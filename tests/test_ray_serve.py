@@ -347,6 +347,21 @@ def test_bad_input_gets_the_same_4xx_as_a_single_server(ray_app):
     assert 400 <= r.status_code < 500 and r.json()["error"]["message"]
 
 
+def test_ollama_streams_and_errors_pass_through_the_ingress(ray_app, single):
+    """Ollama's newline-delimited JSON streams through the ingress as it comes (not read whole first,
+    which would end in a Content-Length), and the ingress's own errors on /api/ have Ollama's shape."""
+    body = {"model": MODEL_ID, "messages": [{"role": "user", "content": PROMPTS[1]}],
+            "options": {"temperature": 0, "num_predict": 12}}
+    want = httpx.post(single.url + "/api/chat", json={**body, "stream": False}, timeout=120).json()
+    with httpx.stream("POST", ray_app + "/api/chat", json=body, timeout=120) as r:
+        assert r.status_code == 200 and r.headers["content-type"] == "application/x-ndjson"
+        assert "content-length" not in r.headers
+        lines = [json.loads(line) for line in r.iter_lines() if line]
+    assert "".join(x["message"]["content"] for x in lines) == want["message"]["content"] and lines[-1]["done"]
+    r = httpx.post(ray_app + "/api/chat", content=b"x" * (65 * 1024), timeout=30)
+    assert r.status_code == 413 and list(r.json()) == ["error"] and "exceeds" in r.json()["error"]
+
+
 def test_cross_site_posts_and_rebound_hosts_are_refused_as_by_a_single_server(ray_app):
     # the ingress once forwarded neither Origin, Sec-Fetch-Site nor Host: a hostile page's POST ran
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}

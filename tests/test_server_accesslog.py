@@ -60,6 +60,13 @@ def _requests(srv) -> list[tuple]:
             if i >= 6:
                 break
     expected.append(("POST", "/v1/completions", 200, "some", "some"))
+    # the other APIs' generations carry their counts too (Ollama's and Anthropic's, as each reports them)
+    r = httpx.post(url + "/api/chat", json={"messages": CHAT["messages"], "stream": False,
+                                            "options": {"num_predict": 5, "temperature": 0}}, timeout=60).json()
+    expected.append(("POST", "/api/chat", 200, r["prompt_eval_count"], r["eval_count"]))
+    u = httpx.post(url + "/v1/messages", json={**CHAT, "model": srv.model_id, "max_tokens": 4},
+                   timeout=60).json()["usage"]
+    expected.append(("POST", "/v1/messages", 200, u["input_tokens"], u["output_tokens"]))
     assert httpx.post(url + "/v1/chat/completions", content=b"{nope", timeout=30).status_code == 400
     expected.append(("POST", "/v1/chat/completions", 400, None, None))
     assert httpx.get(url + "/no/such/path", timeout=30).status_code == 404

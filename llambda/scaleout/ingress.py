@@ -1,8 +1,8 @@
 """The ingress deployment: reads each HTTP request, computes its prefix keys, and forwards it through
 a handle whose router (routers.py) picks the replica; streams the answer back. It also answers
 /metrics for the whole deployment. A replica that dies before the client got anything costs a retry on
-another (a JSON answer is read whole first); one that dies mid-stream ends that SSE stream with an error
-event."""
+another (a JSON answer is read whole first); one that dies mid-stream ends that stream with an error
+(an SSE error event, or Ollama's last {"error"} line). Errors have the shape of the path's API."""
 from __future__ import annotations
 
 import hmac
@@ -14,9 +14,10 @@ from ray.serve.exceptions import BackPressureError
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 
-from ..server.app import error_response, read_body
+from ..server.app import error_response, error_response_for, read_body
 from ..server.errors import APIError
-from ..server.openai_format import SSE_DONE, sse
+from ..server.ollama_api import NDJSON
+from ..server.openai_format import SSE_DONE, dumps, sse
 from . import metrics_merge, router_state
 from .forwarding import FORWARDED_HEADERS, ForwardedRequest, route_of
 from .options import ScaleoutOptions
@@ -25,8 +26,15 @@ REPLICA_GONE = (RayActorError, ActorUnavailableError)
 TRIES = 2     # a request nothing was sent back for yet goes to a second replica if the first dies
 
 
-def _is_sse(headers) -> bool:
-    return any(k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers)
+STREAMED = (b"text/event-stream", NDJSON.encode())     # SSE, and Ollama's newline-delimited JSON
+
+
+def _stream_type(headers) -> bytes | None:
+    """The streamed media type of a replica's answer, or None for a whole one."""
+    for k, v in headers:
+        if k.lower() == b"content-type":
+            return next((t for t in STREAMED if v.startswith(t)), None)
+    return None
 
 
 def _app_path(scope) -> str:
@@ -51,7 +59,7 @@ class IngressServer:
         try:
             body = await read_body(request, self.cfg.max_body_bytes, self.cfg.body_timeout)
         except APIError as e:
-            return error_response(e)
+            return error_response_for(path)(e)
         except ClientDisconnect:
             return Response(status_code=499)
         prefix, tag = route_of(request.method, path, body)
@@ -61,46 +69,52 @@ class IngressServer:
         return await self._forward(req)
 
     async def _forward(self, req: ForwardedRequest) -> Response:
+        respond_error = error_response_for(req.path)      # in the shape the path's clients read
         for attempt in range(1, TRIES + 1):
             stream = self.engine.handle.remote(req)
             try:
                 head = await stream.__anext__()
                 headers = [(k, v) for k, v in head["headers"] if k.lower() != b"content-length"]
-                if _is_sse(headers):
-                    response = StreamingResponse(self._rest(stream), status_code=head["status"])
+                streamed = _stream_type(headers)
+                if streamed is not None:
+                    response = StreamingResponse(self._rest(stream, streamed), status_code=head["status"])
                     response.raw_headers = headers
                     return response
                 # a whole JSON answer: read it all here, so a replica dying mid-body costs a retry
                 body = b"".join([chunk async for chunk in stream])
             except BackPressureError:
                 self.counts["rejected_full"] += 1
-                return error_response(APIError(429, "every replica is busy and the queue is full; retry later",
-                                               code="server_busy",
-                                               headers={"Retry-After": str(self.cfg.retry_after)}))
+                return respond_error(APIError(429, "every replica is busy and the queue is full; retry later",
+                                              code="server_busy",
+                                              headers={"Retry-After": str(self.cfg.retry_after)}))
             except REPLICA_GONE as e:
                 stream.cancel()
                 if attempt < TRIES:
                     self.counts["retried"] += 1
                     continue
                 self.counts["failed"] += 1
-                return error_response(APIError(503, f"the replica serving this request failed: {type(e).__name__}",
-                                                headers={"Retry-After": str(self.cfg.retry_after)}))
+                return respond_error(APIError(503, f"the replica serving this request failed: {type(e).__name__}",
+                                              headers={"Retry-After": str(self.cfg.retry_after)}))
             except StopAsyncIteration:
-                return error_response(APIError(502, "the replica sent no response"))
+                return respond_error(APIError(502, "the replica sent no response"))
             response = Response(body, status_code=head["status"])
             response.raw_headers = headers + [(b"content-length", str(len(body)).encode())]
             return response
         raise AssertionError("unreachable")
 
-    async def _rest(self, stream) -> AsyncIterator[bytes]:
+    async def _rest(self, stream, media_type: bytes) -> AsyncIterator[bytes]:
         try:
             async for chunk in stream:
                 yield chunk
         except REPLICA_GONE as e:
-            # the client reads an error event and the end of the stream, as when a server drains
+            # the client reads an error and the end of the stream, as when a server drains
             self.counts["failed_mid_stream"] += 1
-            yield sse(APIError(503, f"the replica serving this stream failed: {type(e).__name__}").body())
-            yield SSE_DONE
+            err = APIError(503, f"the replica serving this stream failed: {type(e).__name__}")
+            if media_type == NDJSON.encode():
+                yield dumps({"error": err.message}).encode() + b"\n"
+            else:
+                yield sse(err.body())
+                yield SSE_DONE
         finally:
             stream.cancel()     # a client gone mid-stream: the replica cancels the generation
 

@@ -18,9 +18,9 @@ from starlette.routing import Route
 
 from . import web
 from .accesslog import GENERATION_KEY, AccessLog
-from . import anthropic_api, embeddings_api, llama_api, responses_api
+from . import anthropic_api, embeddings_api, llama_api, ollama_api, responses_api
 from .config import ServerConfig
-from .deltas import Http
+from .deltas import SSE_TYPE, Http
 from .errors import APIError, bad_request
 from .generation import ClientGone, Generation, Service
 from .metrics import Metrics
@@ -33,7 +33,7 @@ log = logging.getLogger("llambda.server")
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics",
              "/v1/responses", "/v1/responses/input_tokens", "/v1/messages", "/v1/messages/count_tokens",
-             "/infill", "/tokenize", "/detokenize", "/apply-template")
+             "/infill", "/tokenize", "/detokenize", "/apply-template") + ollama_api.PATHS
 STORED_RESPONSE = "/v1/responses/{id}"    # the endpoint label of GET/DELETE /v1/responses/<id>[/input_items]
 PUBLIC = ("/health",)
 POOL_PROBE_SECONDS = 1.0   # /health: a worker thread must pick up a no-op within this long
@@ -46,6 +46,14 @@ def json_response(obj, status: int = 200, headers: dict | None = None) -> Respon
 
 def error_response(err: APIError) -> Response:
     return Response(err.json_bytes(), status_code=err.status, media_type="application/json", headers=err.headers)
+
+
+def error_response_for(path: str):
+    """The error shape a path's clients read: Anthropic's on /v1/messages, Ollama's under /api/,
+    else OpenAI's."""
+    if path in anthropic_api.PATHS:
+        return anthropic_api.error_response
+    return ollama_api.error_response if ollama_api.is_ollama_path(path) else error_response
 
 
 async def read_body(request: Request, cap: int, timeout: float) -> bytes:
@@ -110,19 +118,20 @@ async def _watch_disconnect(receive, gen: Generation) -> None:
 
 
 class EventStream:
-    """An SSE response fed by a Generation (OpenAI chunks, or `chunks` in another API's format);
-    a client that hangs up cancels it at once."""
+    """A streamed response fed by a Generation: SSE of OpenAI chunks, or `chunks` in another API's
+    format and `media_type` (Ollama's is newline-delimited JSON); a client that hangs up cancels it at once."""
 
-    def __init__(self, gen: Generation, chunks=None):
+    def __init__(self, gen: Generation, chunks=None, media_type: str = SSE_TYPE):
         self.gen = gen
         self.chunks = chunks
+        self.media_type = media_type.encode("latin-1")
 
     async def __call__(self, scope, receive, send) -> None:
         watcher = asyncio.create_task(_watch_disconnect(receive, self.gen))
         chunks = self.chunks if self.chunks is not None else self.gen.stream()
         try:
             await send({"type": "http.response.start", "status": 200,
-                        "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),
+                        "headers": [(b"content-type", self.media_type),
                                     (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]})
             async for chunk in chunks:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -200,16 +209,14 @@ class Gatekeeper:
         try:
             refusal = self._refusal(scope)
             if refusal is not None:
-                respond = anthropic_api.error_response if path in anthropic_api.PATHS else error_response
-                await respond(refusal)(scope, receive, send_counted)
+                await error_response_for(path)(refusal)(scope, receive, send_counted)
                 return
             if self._key is not None and path not in self._public and not self._authorized(scope):
                 err = APIError(401, "missing or invalid API key: send 'Authorization: Bearer <key>' "
                                "(or 'x-api-key: <key>')", code="invalid_api_key",
                                headers={"WWW-Authenticate": "Bearer"})
-                # Anthropic's clients read errors in Anthropic's shape
-                respond = anthropic_api.error_response if path in anthropic_api.PATHS else error_response
-                await respond(err)(scope, receive, send_counted)
+                # Anthropic's and Ollama's clients read errors in their own shapes
+                await error_response_for(path)(err)(scope, receive, send_counted)
                 return
             await self.app(scope, receive, send_counted)
         finally:
@@ -272,8 +279,9 @@ def _encoder_app(model, cfg: ServerConfig, metrics: Metrics) -> Starlette:
         return error_response(exc)
 
     async def on_http_error(request: Request, exc: HTTPException) -> Response:
-        return error_response(APIError(exc.status_code, f"no route {request.method} {request.url.path}"
-                                       if exc.status_code == 404 else str(exc.detail)))
+        return error_response_for(request.url.path)(APIError(
+            exc.status_code, f"no route {request.method} {request.url.path}" if exc.status_code == 404
+            else str(exc.detail)))
 
     async def on_crash(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error on %s", request.url.path)
@@ -282,7 +290,8 @@ def _encoder_app(model, cfg: ServerConfig, metrics: Metrics) -> Starlette:
     http = Http(read_body=lambda request: read_json(request, cfg.max_body_bytes, cfg.body_timeout),
                 watch_disconnect=_watch_disconnect, event_stream=EventStream, json_response=json_response)
     routes = [Route("/v1/models", models, methods=["GET"]), Route("/health", health, methods=["GET"]),
-              Route("/metrics", metrics_text, methods=["GET"])] + embeddings_api.routes(service, http)
+              Route("/metrics", metrics_text, methods=["GET"])] + embeddings_api.routes(service, http) \
+        + ollama_api.embedding_routes(service, http)
     app = Starlette(routes=routes,
                     middleware=[Middleware(AccessLog), Middleware(Gatekeeper, cfg=cfg, metrics=metrics)],
                     exception_handlers={APIError: on_api_error, HTTPException: on_http_error, Exception: on_crash})
@@ -377,7 +386,7 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
                            kind="invalid_request_error", code="method_not_allowed")
         else:
             err = APIError(exc.status_code, str(exc.detail))
-        return error_response(err)
+        return error_response_for(request.url.path)(err)
 
     async def on_crash(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error on %s", request.url.path)
@@ -409,7 +418,7 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
                 watch_disconnect=_watch_disconnect, event_stream=EventStream, json_response=json_response)
     responses = ResponseStore(cfg.stored_responses, cfg.stored_bytes, cfg.replica_tag)
     routes += responses_api.routes(service, http, responses)
-    for module in (llama_api, anthropic_api, embeddings_api):
+    for module in (llama_api, anthropic_api, embeddings_api, ollama_api):
         routes += module.routes(service, http)
     app = Starlette(routes=routes, lifespan=lifespan,
                     middleware=[Middleware(AccessLog), Middleware(Gatekeeper, cfg=cfg, metrics=metrics)],

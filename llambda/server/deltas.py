@@ -15,11 +15,14 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from .accesslog import GENERATION_KEY
 from .errors import APIError, bad_request
 from .generation import DISCONNECTED, ClientGone, Generation
 from .openai_format import dumps, tool_finish
 from .scheduler import JobFailure, PromptLogprobs
 from .schemas import _type
+
+SSE_TYPE = "text/event-stream; charset=utf-8"
 
 
 @dataclass
@@ -104,7 +107,8 @@ class Http:
     """What the endpoint modules need from app.py, handed in so that they do not import it."""
     read_body: Callable[[Request], Awaitable[Any]]      # the JSON body within the server's limits
     watch_disconnect: Callable[..., Awaitable[None]]    # (receive, gen): tells gen when the client hangs up
-    event_stream: Callable[..., Any]                     # (gen, chunks) -> an SSE response that cancels gen
+    event_stream: Callable[..., Any]                     # (gen, chunks, media_type) -> a streamed response
+                                                         # that cancels gen
     json_response: Callable[..., Response]
 
     async def body(self, request: Request):
@@ -121,10 +125,17 @@ class Http:
         if body is None:
             return Response(status_code=499)
         spec, run_of = parse(body)
+        return await self.run(request, service, spec, run_of)
+
+    async def run(self, request: Request, service, spec, run_of: Callable[[Generation], Any],
+                  media_type: str = SSE_TYPE) -> Response:
+        """Start `spec` and answer with `run_of(gen)`: its `stream()` as a `media_type` stream, or
+        its `collect()` as JSON."""
         gen = await service.start(spec)
+        request.scope[GENERATION_KEY] = gen     # the access log reads its token counts
         run = run_of(gen)
         if spec.stream:
-            return self.event_stream(gen, _until_gone(run.stream()))
+            return self.event_stream(gen, _until_gone(run.stream()), media_type)
         result = await self.finish(request, gen, run.collect())
         return Response(status_code=499) if result is None else self.json_response(result)
 

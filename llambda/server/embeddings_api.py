@@ -131,60 +131,61 @@ def rerank(service, body) -> dict:
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
 
-def routes(service, http: Http) -> list[Route]:
-    model = service.model
-    scheduler = service.scheduler
-
-    def run_vectors(items, counts, gone: threading.Event) -> np.ndarray:
-        if model.is_encoder:
-            return model.embed(items)
-        # a decoder: on the scheduler thread, between steps, in a slot generation does not use
-        spare = model.transformer.n_slots - 1
-        if spare < scheduler.n_slots:
-            raise bad_request(f"{service.cfg.model_id!r} has no KV-cache slot to spare for embeddings: load it "
-                              "with more slots than the server's parallel sequences (`llambda serve` does)")
-        # a call per prefill chunk's worth of tokens (a long input alone): running streams get a step
-        # between calls instead of waiting for all the inputs (thousands of long ones would stall every
-        # stream for minutes), and a client that left stops costing anything at the next call
-        groups, size = [[]], 0
-        for item, n in zip(items, counts):
-            if groups[-1] and size + n > service.cfg.prefill_chunk:
-                groups.append([])
-                size = 0
-            groups[-1].append(item)
-            size += n
-        rows = []
-        for group in groups:
-            if gone.is_set():
-                raise ClientGone()
-            try:
-                rows.append(scheduler.call(lambda group=group: model.embed(group, slot=spare)))
-            except ShuttingDown as e:
-                raise APIError(503, str(e)) from None
-        return np.concatenate(rows)
-
-    async def run(request: Request, fn) -> Response:
-        body = await http.body(request)
-        if body is None:
-            return Response(status_code=499)
-        gone = threading.Event()
-        # the watcher wants a generation; only its client_gone() is called
-        watcher = asyncio.create_task(http.watch_disconnect(request.receive, SimpleNamespace(client_gone=gone.set)))
+def vectors(service, items, counts, gone: threading.Event) -> np.ndarray:
+    """The inputs' vectors (any thread): an encoder's own, or a decoder's on the scheduler thread."""
+    model, scheduler = service.model, service.scheduler
+    if model.is_encoder:
+        return model.embed(items)
+    # a decoder: on the scheduler thread, between steps, in a slot generation does not use
+    spare = model.transformer.n_slots - 1
+    if spare < scheduler.n_slots:
+        raise bad_request(f"{service.cfg.model_id!r} has no KV-cache slot to spare for embeddings: load it "
+                          "with more slots than the server's parallel sequences (`llambda serve` does)")
+    # a call per prefill chunk's worth of tokens (a long input alone): running streams get a step
+    # between calls instead of waiting for all the inputs (thousands of long ones would stall every
+    # stream for minutes), and a client that left stops costing anything at the next call
+    groups, size = [[]], 0
+    for item, n in zip(items, counts):
+        if groups[-1] and size + n > service.cfg.prefill_chunk:
+            groups.append([])
+            size = 0
+        groups[-1].append(item)
+        size += n
+    rows = []
+    for group in groups:
+        if gone.is_set():
+            raise ClientGone()
         try:
-            return http.json_response(await asyncio.to_thread(fn, body, gone))
-        except ClientGone:
-            return Response(status_code=499)
-        finally:
-            watcher.cancel()
+            rows.append(scheduler.call(lambda group=group: model.embed(group, slot=spare)))
+        except ShuttingDown as e:
+            raise APIError(503, str(e)) from None
+    return np.concatenate(rows)
 
+
+async def answer(http: Http, request: Request, fn) -> Response:
+    """`fn(body, gone)` run in a thread as JSON; `gone` is set when the client hangs up."""
+    body = await http.body(request)
+    if body is None:
+        return Response(status_code=499)
+    gone = threading.Event()
+    # the watcher wants a generation; only its client_gone() is called
+    watcher = asyncio.create_task(http.watch_disconnect(request.receive, SimpleNamespace(client_gone=gone.set)))
+    try:
+        return http.json_response(await asyncio.to_thread(fn, body, gone))
+    except ClientGone:
+        return Response(status_code=499)
+    finally:
+        watcher.cancel()
+
+
+def routes(service, http: Http) -> list[Route]:
     async def embeddings_route(request: Request) -> Response:
-        return await run(request, lambda body, gone: embed(service, body,
-                                                           lambda items, counts: run_vectors(items, counts, gone)))
+        return await answer(http, request, lambda body, gone: embed(
+            service, body, lambda items, counts: vectors(service, items, counts, gone)))
 
     async def rerank_route(request: Request) -> Response:
-        return await run(request, lambda body, gone: rerank(service, body))
+        return await answer(http, request, lambda body, gone: rerank(service, body))
 
     return [Route("/v1/embeddings", embeddings_route, methods=["POST"]),
             Route("/v1/rerank", rerank_route, methods=["POST"]),
             Route("/rerank", rerank_route, methods=["POST"])]
-
