@@ -1,8 +1,10 @@
 """Tokenizer: reference ids of the real models, streaming, flags, malformed metadata, tiny vocabularies."""
 from __future__ import annotations
 
+import base64
 import json
 import random
+import struct
 import threading
 import time
 import warnings
@@ -592,6 +594,37 @@ def test_from_hf_dir_refuses_a_normalizer_that_multiplies_text(tmp_path, normali
     _tiny_tokenizer_json(tmp_path, normalizer=normalizer)
     with pytest.raises(TokenizerError, match="chars per match"):
         Tokenizer.from_hf_dir(tmp_path)
+
+
+def _charsmap(replacement: bytes) -> str:
+    """A SentencePiece precompiled_charsmap mapping "a" to `replacement`: a 256-unit double-array trie (root
+    offset 0, so byte c is looked up at unit c; unit 97 is "a" with a leaf one step away, at 97 ^ 1 = 96, whose
+    value 0 points at the start of the pool), then the NUL-ended pool."""
+    trie = [0] * 256
+    trie[ord("a")] = ord("a") | 1 << 8 | 1 << 10      # label "a", has a leaf, child offset 1
+    trie[ord("a") ^ 1] = 1 << 31                       # the leaf: pool offset 0
+    blob = struct.pack("<I", 4 * len(trie)) + struct.pack(f"<{len(trie)}I", *trie) + replacement + b"\0"
+    return base64.b64encode(blob).decode()
+
+
+def test_from_hf_dir_refuses_a_precompiled_charsmap_that_multiplies_text(tmp_path):
+    """A charsmap mapping "a" to 1000 bytes: the library made 10k chars of a 30-char text (without bound)."""
+    hostile = {"type": "Precompiled", "precompiled_charsmap": _charsmap(b"b" * 1000)}
+    from tokenizers import Tokenizer as Backend
+    _tiny_tokenizer_json(tmp_path, normalizer=hostile)
+    grown = Backend.from_file(str(tmp_path / "tokenizer.json")).normalizer.normalize_str("xax" * 10)
+    assert len(grown) == 30 - 10 + 10 * 1000        # the danger is real: the library applies it as written
+    with pytest.raises(TokenizerError, match="up to 1000 bytes per match, more than the 64 allowed"):
+        Tokenizer.from_hf_dir(tmp_path)
+    _tiny_tokenizer_json(tmp_path, normalizer={"type": "Sequence", "normalizers": [hostile]})
+    with pytest.raises(TokenizerError, match="bytes per match"):
+        Tokenizer.from_hf_dir(tmp_path)
+    # NFKC's longest real expansion (U+FDFA, 33 bytes) is within the bound and applied
+    phrase = "\u0635\u0644\u0649 \u0627\u0644\u0644\u0647 \u0639\u0644\u064a\u0647 \u0648\u0633\u0644\u0645"
+    _tiny_tokenizer_json(tmp_path, normalizer={"type": "Precompiled",
+                                               "precompiled_charsmap": _charsmap(phrase.encode())})
+    tk = Tokenizer.from_hf_dir(tmp_path)
+    assert tk.decode(tk.encode("xa")) == "x" + phrase
 
 
 def test_a_library_panic_on_the_text_is_a_tokenizer_error(tmp_path):

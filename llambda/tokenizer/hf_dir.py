@@ -8,6 +8,8 @@ tokenizer_config.json, generation_config.json and config.json.
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from pathlib import Path
 
@@ -25,6 +27,9 @@ MAX_ID_GAP = 1 << 16
 # Text a normalizer's Replace or Prepend writes per match (real ones: "▁" or " "). Normalizing runs in the
 # library before any check of ours: Replace("a", 100k chars) took a 2000-char text to 23 GB.
 MAX_NORMALIZER_TEXT = 16
+# UTF-8 bytes a Precompiled normalizer (SentencePiece's charsmap) writes per match: the longest in
+# SentencePiece's NFKC maps is 33 (U+FDFA, an 18-char Arabic phrase); a hostile charsmap can map "a" to megabytes.
+MAX_CHARSMAP_REPLACEMENT = 64
 
 
 def _read_json(path: Path) -> dict:
@@ -35,6 +40,34 @@ def _read_json(path: Path) -> dict:
     if not isinstance(data, dict):
         raise TokenizerError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data
+
+
+def _charsmap_longest_replacement(tj: Path, charsmap) -> int:
+    """The longest text, in UTF-8 bytes, a precompiled_charsmap writes for one match. Its layout: a
+    little-endian u32 byte size of the trie, the trie, then a pool of NUL-ended replacements that the trie's
+    values point into (a match may point inside one, never past its NUL)."""
+    try:
+        blob = base64.b64decode(charsmap, validate=True)
+    except (binascii.Error, ValueError, TypeError):
+        raise TokenizerError(f"{tj}: normalizer Precompiled: precompiled_charsmap is not base64") from None
+    trie_bytes = int.from_bytes(blob[:4], "little") // 4 * 4
+    return max(map(len, blob[4 + trie_bytes:].split(b"\0")))
+
+
+def _check_normalizer_growth(tj: Path, spec) -> None:
+    """Refuse a normalizer that writes more per match than real ones do: normalizing runs inside the
+    library before any check of ours, so one bad rule multiplies every text's size."""
+    for norm in _component_types(spec):
+        if norm.get("type") == "Precompiled":
+            longest = _charsmap_longest_replacement(tj, norm.get("precompiled_charsmap"))
+            if longest > MAX_CHARSMAP_REPLACEMENT:
+                raise TokenizerError(f"{tj}: normalizer Precompiled writes up to {longest} bytes per match, more "
+                                     f"than the {MAX_CHARSMAP_REPLACEMENT} allowed (a text would grow without bound)")
+            continue
+        text = norm.get("content") if norm.get("type") == "Replace" else norm.get("prepend")
+        if isinstance(text, str) and len(text) > MAX_NORMALIZER_TEXT:
+            raise TokenizerError(f"{tj}: normalizer {norm.get('type')} writes {len(text)} chars per match, more "
+                                 f"than the {MAX_NORMALIZER_TEXT} allowed (a text would grow without bound)")
 
 
 def _component_types(spec) -> list[dict]:
@@ -80,11 +113,7 @@ def load_hf_dir(path) -> tuple[Backend, Vocab, bool]:
         raise TokenizerError(f"{tj}: model type {model.get('type')!r} is not supported "
                              "(BPE, Unigram or WordPiece only)")
     wordpiece = model.get("type") == "WordPiece"
-    for norm in _component_types(spec.get("normalizer")):
-        text = norm.get("content") if norm.get("type") == "Replace" else norm.get("prepend")
-        if isinstance(text, str) and len(text) > MAX_NORMALIZER_TEXT:
-            raise TokenizerError(f"{tj}: normalizer {norm.get('type')} writes {len(text)} chars per match, more "
-                                 f"than the {MAX_NORMALIZER_TEXT} allowed (a text would grow without bound)")
+    _check_normalizer_growth(tj, spec.get("normalizer"))
     decoder = _component_types(spec.get("decoder"))
     pre = _component_types(spec.get("pre_tokenizer"))
     byte_level = any(d.get("type") == "ByteLevel" for d in decoder + pre)
