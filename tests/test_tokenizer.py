@@ -7,6 +7,7 @@ import random
 import struct
 import threading
 import time
+import tracemalloc
 import warnings
 
 import numpy as np
@@ -519,7 +520,7 @@ def test_from_hf_dir_errors(tmp_path):
     with pytest.raises(TokenizerError, match="no tokenizer.json"):
         Tokenizer.from_hf_dir(tmp_path)
     (tmp_path / "tokenizer.json").write_text("{not json", encoding="utf-8")
-    with pytest.raises(TokenizerError, match="not valid JSON"):
+    with pytest.raises(TokenizerError, match="cannot load it"):
         Tokenizer.from_hf_dir(tmp_path)
     # WordPiece is supported (BERT encoders, tests/test_embeddings.py); WordLevel is not
     wordlevel = {"version": "1.0", "added_tokens": [], "normalizer": None, "pre_tokenizer": None,
@@ -593,6 +594,45 @@ def test_from_hf_dir_refuses_a_normalizer_that_multiplies_text(tmp_path, normali
     """Replace("a", 100k chars): a 2000-char text became 200M chars inside the library (23 GB, OOM-killed)."""
     _tiny_tokenizer_json(tmp_path, normalizer=normalizer)
     with pytest.raises(TokenizerError, match="chars per match"):
+        Tokenizer.from_hf_dir(tmp_path)
+
+
+def _dense_bpe_tokenizer_json(folder, merges: int) -> int:
+    """A byte-level BPE tokenizer.json of 2 * merges + 1 tokens (merge i: "a%08d" + "b"); its size in bytes."""
+    vocab = {"b": 0}
+    for i in range(merges):
+        vocab[f"a{i:08d}"], vocab[f"a{i:08d}b"] = 1 + 2 * i, 2 + 2 * i
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    spec = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+            "pre_tokenizer": byte_level, "post_processor": None, "decoder": byte_level,
+            "model": {"type": "BPE", "dropout": None, "unk_token": None, "byte_fallback": False,
+                      "vocab": vocab, "merges": [[f"a{i:08d}", "b"] for i in range(merges)]}}
+    text = json.dumps(spec, separators=(",", ":"))
+    (folder / "tokenizer.json").write_text(text, encoding="ascii")
+    return len(text)
+
+
+def test_a_big_tokenizer_json_is_parsed_by_the_library_alone(tmp_path):
+    """tokenizer.json was also parsed whole in Python (its vocab dict, merge lists): 11.4x the file's size in
+    Python objects at the peak, on top of the library's own copy (a 70 MB file: 2.0 GB resident, 1.5 GB now).
+    Only the library parses it now; Python holds the token list (4.6x this file of 9-char tokens)."""
+    size = _dense_bpe_tokenizer_json(tmp_path, 60_000)
+    tracemalloc.start()
+    try:
+        tk = Tokenizer.from_hf_dir(tmp_path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert tk.vocab_size == 120_001 and tk.token_text(16) == "a00000007b"
+    assert peak < 6 * size
+
+
+def test_a_tokenizer_json_past_the_cap_is_refused_unread(tmp_path):
+    """The library holds ~16x a tokenizer.json's size: past 64 MB (2x Gemma 3's 35 MB) it is refused before
+    reading (the cap was 512 MB, about 8 GB once loaded). A sparse file: nothing is written to disk."""
+    with open(tmp_path / "tokenizer.json", "wb") as f:
+        f.truncate((64 << 20) + 1)
+    with pytest.raises(TokenizerError, match="larger than 64 MB"):
         Tokenizer.from_hf_dir(tmp_path)
 
 
