@@ -418,6 +418,14 @@ class NativeBackend(Backend):
     def exit_forward(self) -> None:
         _SWITCH_GATE.exit()
 
+    def close(self) -> None:
+        """The model closed: drop the packed weights' arena too (each mapping is unmapped when the last matrix
+        viewing it goes, with the closed model) and the tuners of its recorded plans."""
+        super().close()
+        self._weights = WeightArena()
+        self._tuners.clear()
+        self._recording = None
+
     def memory_report(self) -> dict[str, int]:
         # the core's own allocations: each calling thread's scratch (shared by the pool's workers of an op,
         # grown to the largest op run so far) and its tables; counted since the process started
