@@ -17,8 +17,8 @@ from .constraints import Grammar, Grammars, GrammarSpec, grammar_spec
 from .engine import GenerationParams, Sequence, TokenEvent, token_ids
 from .errors import (ChatTemplateError, ContextOverflowError, InvalidInputError, LlambdaWarning, ModelClosedError,
                      ModelFormatError, TokenizerError)
-from .formats.open import open_model
-from .hub import is_catalogued, resolve
+from .formats.open import open_named
+from .hub import is_catalogued
 from .models import memory
 from .models.base import Transformer
 from .models.bert import BertConfig, BertEncoder, pack_batch
@@ -60,10 +60,9 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
     # (a str first: a list here was an unhashable TypeError)
     if kv_type is not None and (not isinstance(kv_type, str) or kv_type not in KV_TYPES):
         raise InvalidInputError(f"kv_type must be one of {sorted(KV_TYPES)}, got {kv_type!r}")
-    path = resolve(name_or_path)
-    src = open_model(Path(path))
+    path, src = open_named(name_or_path)
     if isinstance(src.config, BertConfig):
-        return _load_encoder(name_or_path, Path(path), src, backend, threads, activations, quantize)
+        return _load_encoder(name_or_path, path, src, backend, threads, activations, quantize)
     try:
         cfg = src.config
         kv_type = kv_type or "f32"
@@ -88,7 +87,7 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
         raise
     m = Model(model, src, be)
     m.memory_plan = mplan
-    m.name = display_name(name_or_path, Path(path))
+    m.name = display_name(name_or_path, path)
     if draft is not None:
         try:
             m.set_draft(load(draft, n_ctx=m.n_ctx, n_slots=n_slots, backend=backend, threads=threads,
