@@ -35,6 +35,9 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
     """Load a catalogued model name, a .gguf file or a Hugging Face model directory.
 
     backend: "native" (the C core, default where it built) or "numpy" (the FP32 reference).
+    threads: native only; the C core's thread pool size (default: one per usable physical core). The pool is
+        one per process: loading a model with another count makes the models loaded before it run on that
+        count too (a LlambdaWarning says so the first time); load every model with the same threads=.
     activations: native only; "f32" for the exact mode, "q8" (default) quantizes activations to 8 bits
         (an encoder's fast mode: bfloat16 weights and activations, float32 sums).
     n_ctx: context length per sequence (default min(training context, 4096)); n_slots: sequences held at once.
