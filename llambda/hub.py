@@ -482,12 +482,14 @@ def removed_meanwhile(name: str) -> ModelNotFoundError:
 
 @contextlib.contextmanager
 def opening(name_or_path, path: Path):
-    """Around the opening of a resolved model's files: any error once a catalogued model's path is gone is
-    removed_meanwhile (it said "no config.json" or "No such file", as if the model were broken)."""
+    """Around the opening of a resolved model's files: any error once a catalogued model's path or file is
+    gone (rm deletes the file first, then an unpacked folder) is removed_meanwhile (it said "no config.json"
+    or "No such file", as if the model were broken)."""
     try:
         yield
     except (OSError, LlambdaError):
-        if isinstance(name_or_path, str) and is_catalogued(name_or_path) and not os.path.lexists(path):
+        if isinstance(name_or_path, str) and is_catalogued(name_or_path) and \
+                not (os.path.lexists(path) and is_cached(name_or_path)):
             raise removed_meanwhile(name_or_path) from None
         raise
 

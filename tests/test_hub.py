@@ -243,14 +243,14 @@ def test_a_zip_member_leaving_the_folder_is_refused(monkeypatch, tmp_path):
     assert not [p for p in models.iterdir() if p.name.startswith(".fake-dir.")]
 
 
-def _rm_after(monkeypatch, step: str) -> None:
+def _rm_after(monkeypatch, step: str, partway: bool = False) -> None:
     """`llambda rm` in another process right after hub's `step` returned (between two steps of a first run's
-    preparation, where the model's lock is not held)."""
+    preparation, where the model's lock is not held); `partway`: only as far as deleting the file."""
     real = getattr(hub, step)
 
     def then_removed(*a, **kw):
         out = real(*a, **kw)
-        hub.remove("fake-model")
+        hub.cached_path("fake-model").unlink() if partway else hub.remove("fake-model")
         return out
 
     monkeypatch.setattr(hub, step, then_removed)
@@ -266,14 +266,14 @@ def test_a_model_removed_before_its_unpack_says_so(monkeypatch, tmp_path):
     assert not hub.is_cached("fake-model")
 
 
-@pytest.mark.parametrize("unpack", [True, False])
+@pytest.mark.parametrize("unpack", ["whole", "partway", False])
 def test_a_model_removed_before_it_is_opened_says_so(monkeypatch, tmp_path, unpack):
     """rm between the preparation and the load's opening of the files: the load said "no config.json" or
     "[Errno 2] No such file or directory", as if the catalogue's model were broken."""
     import llambda
     if unpack:
         _unpacking_entry(monkeypatch, tmp_path, _zip_bytes({"config.json": b"{}"}))
-        _rm_after(monkeypatch, "unpacked_dir")
+        _rm_after(monkeypatch, "unpacked_dir", partway=unpack == "partway")
     else:
         payload = b"GGUF" + bytes(100)
         _fake_catalog(monkeypatch, tmp_path, payload, hashlib.sha256(payload).hexdigest())
