@@ -1,7 +1,8 @@
 """Tokenizer of a Hugging Face model directory.
 
 tokenizer.json is loaded as is by the `tokenizers` library (it is the source
-of truth for splitting and merging); we only read what our own layers need:
+of truth for splitting and merging, and the only parser of that file); we only
+read, from the loaded library's components, what our own layers need:
 which tokens are special, how a token maps back to bytes (byte-level or
 SentencePiece-style), and BOS/EOS/flags from
 tokenizer_config.json, generation_config.json and config.json.
