@@ -15,10 +15,10 @@ from .backends import create_backend
 from .backends.native import KV_TYPES, usable_cpus
 from .constraints import Grammar, Grammars, GrammarSpec, grammar_spec
 from .engine import GenerationParams, Sequence, TokenEvent, token_ids
-from .errors import (ChatTemplateError, ContextOverflowError, InvalidInputError, LlambdaWarning, ModelFormatError,
-                     TokenizerError)
-from .formats.open import open_model
-from .hub import is_catalogued, resolve
+from .errors import (ChatTemplateError, ContextOverflowError, InvalidInputError, LlambdaWarning, ModelClosedError,
+                     ModelFormatError, TokenizerError)
+from .formats.open import open_named
+from .hub import is_catalogued
 from .models import memory
 from .models.base import Transformer
 from .models.bert import BertConfig, BertEncoder, pack_batch
@@ -35,6 +35,9 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
     """Load a catalogued model name, a .gguf file or a Hugging Face model directory.
 
     backend: "native" (the C core, default where it built) or "numpy" (the FP32 reference).
+    threads: native only; the C core's thread pool size (default: one per usable physical core). The pool is
+        one per process: loading a model with another count makes the models loaded before it run on that
+        count too (a LlambdaWarning says so the first time); load every model with the same threads=.
     activations: native only; "f32" for the exact mode, "q8" (default) quantizes activations to 8 bits
         (an encoder's fast mode: bfloat16 weights and activations, float32 sums).
     n_ctx: context length per sequence (default min(training context, 4096)); n_slots: sequences held at once.
@@ -60,10 +63,9 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
     # (a str first: a list here was an unhashable TypeError)
     if kv_type is not None and (not isinstance(kv_type, str) or kv_type not in KV_TYPES):
         raise InvalidInputError(f"kv_type must be one of {sorted(KV_TYPES)}, got {kv_type!r}")
-    path = resolve(name_or_path)
-    src = open_model(Path(path))
+    path, src = open_named(name_or_path)
     if isinstance(src.config, BertConfig):
-        return _load_encoder(name_or_path, Path(path), src, backend, threads, activations, quantize)
+        return _load_encoder(name_or_path, path, src, backend, threads, activations, quantize)
     try:
         cfg = src.config
         kv_type = kv_type or "f32"
@@ -88,7 +90,7 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
         raise
     m = Model(model, src, be)
     m.memory_plan = mplan
-    m.name = display_name(name_or_path, Path(path))
+    m.name = display_name(name_or_path, path)
     if draft is not None:
         try:
             m.set_draft(load(draft, n_ctx=m.n_ctx, n_slots=n_slots, backend=backend, threads=threads,
@@ -142,6 +144,8 @@ class Model:
     same bits as the first evaluation did (with `backend.set_batch_invariant(False)` it may round
     differently, and greedy text can then differ at a near-tie, never become garbage).
     For many concurrent generations use the server's scheduler (`llambda serve`).
+
+    close() (or leaving `with llambda.load(...) as m:`) frees the model's memory at once; see close().
     """
 
     def __init__(self, transformer: Transformer, source, backend):
@@ -162,9 +166,18 @@ class Model:
         self.draft: Model | None = None  # the draft model for speculative decoding (load(..., draft=))
         self.drafter = None             # drafts from self.draft (speculative.DraftModel)
         self.spec_stats = None           # drafted/accepted counts of the last speculative generation
+        self._closed = self._freed = False
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ModelClosedError(f"the model {self.name!r} was closed (close() freed it): load it again")
+
+    def _network(self):
+        return self.transformer
 
     # -- text <-> tokens ----------------------------------------------------
     def _tok(self):
+        self._check_open()
         if self.tokenizer is None:
             why = self.source.tokenizer_error or "the model has no tokenizer files"
             raise TokenizerError(f"this model cannot tokenize text: {why}; pass token ids instead")
@@ -195,6 +208,7 @@ class Model:
         if len(ids) > self.n_ctx:
             raise ContextOverflowError(f"{len(ids)} tokens do not fit the context of {self.n_ctx}")
         with self._lock:
+            self._check_open()
             self._cached = []
             out = engine.prefill(self.transformer, 0, ids, 0)
             self._cached = list(ids)
@@ -202,7 +216,9 @@ class Model:
 
     def _sync(self, ids: list[int]) -> None:
         """Make slot 0 hold the keys/values of exactly `ids`, reusing the prefix it holds; what it
-        lacks is prefilled as a prompt is. Call holding the lock."""
+        lacks is prefilled as a prompt is. Call holding the lock: each step of a generation does, so one
+        still open after close() raises ModelClosedError here."""
+        self._check_open()
         # a hybrid model's recurrent state resumes only where it is (Transformer.resume_point)
         common = self.transformer.resume_point(0, engine.common_prefix(self._cached, ids))
         self._cached = self._cached[:common]
@@ -258,6 +274,7 @@ class Model:
         regex constrains the output: only tokens that keep it inside are sampled, and generation
         stops where it is complete. An invalid one raises ConstraintError before any token.
         """
+        self._check_open()
         sp = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                             repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
@@ -304,6 +321,7 @@ class Model:
         """Use `draft` (a loaded model, which this one then owns) for speculative decoding, its forward
         passes on `threads` (default: this model's); VocabularyMismatchError when its tokens are not
         this model's."""
+        self._check_open()
         if draft is None:
             self.draft = self.drafter = None
             return
@@ -369,6 +387,7 @@ class Model:
 
     # -- chat ---------------------------------------------------------------
     def chat_template(self):
+        self._check_open()
         if self._template is None:
             if self._template_error is not None:    # compiling a broken template again costs up to seconds
                 raise ChatTemplateError(self._template_error)
@@ -415,6 +434,7 @@ class Model:
         slot = int(slot)
         out = np.empty((len(items), self.config.d_model), np.float32)
         with self._lock:
+            self._check_open()
             if slot == 0:
                 self._cached = []      # slot 0 is overwritten: nothing in it is a generation's prefix
             for r, item in enumerate(items):
@@ -437,15 +457,29 @@ class Model:
 
     # -- housekeeping --------------------------------------------------------
     def memory_report(self) -> dict[str, int]:
+        self._check_open()
         return self.transformer.memory_report()
 
     def close(self) -> None:
-        draft = getattr(self, "draft", None)
-        if draft is not None:
-            self.draft = None       # first: a cycle of drafts (m.set_draft(m)) was a RecursionError
-            draft.close()
-        self.backend.close()
-        self.source.close()
+        """Free the model's memory now: its weights, KV cache, activations, recorded plans, file mappings
+        and its draft model. A call computing when close() comes finishes first (close() takes the model's
+        lock: a logits() or embed() call, a generation's current token); a generation still open then
+        raises ModelClosedError at its next token, as does every later call. A second close() does nothing."""
+        # Said before taking the lock: a generation's next step stops at once, where a consumer looping on
+        # next() could take the lock (not a fair one) again and again before close() gets it.
+        self._closed = True
+        with self._lock:
+            if self._freed:
+                return
+            self._freed = True
+            draft = getattr(self, "draft", None)
+            if draft is not None:
+                self.draft = self.drafter = None    # first: a cycle of drafts (m.set_draft(m)) was a RecursionError
+                draft.close()
+            self._network().close()     # the arrays go now, whoever still holds the network
+            self._grammars = None
+            self.backend.close()
+            self.source.close()
 
     def __enter__(self):
         return self
@@ -544,8 +578,13 @@ class EncoderModel:
         self.is_reranker = self.config.n_labels > 0
         self.memory_plan = None     # llambda.memory.EncoderPlan, set by load()
         self._lock = threading.RLock()
+        self._closed = self._freed = False
+
+    def _network(self):
+        return self.encoder
 
     def _tok(self):
+        self._check_open()
         if self.tokenizer is None:
             raise TokenizerError(f"this model cannot tokenize text: {self.source.tokenizer_error}")
         return self.tokenizer
@@ -559,6 +598,7 @@ class EncoderModel:
     def _encode(self, items: list) -> list[tuple[list[int], list[int]]]:
         """(ids, type_ids) per input: texts through the tokenizer ([CLS] ... [SEP], truncated);
         token ids are taken as given (the caller's special tokens), truncated to the same length."""
+        self._check_open()
         cfg = self.config
         texts = [i for i in items if isinstance(i, str)]
         enc = iter(self._tok().encode_for_encoder(texts, cfg.max_tokens) if texts else [])
@@ -587,6 +627,7 @@ class EncoderModel:
         out = np.empty((len(items), self.config.hidden), np.float32)
         encoded = self._encode(items)
         with self._lock:
+            self._check_open()
             for rows in self._batches([len(ids) for ids, _ in encoded], batch_size):
                 ids, types, starts = pack_batch([encoded[i] for i in rows])
                 out[rows] = self.encoder.pool(self.encoder.forward(ids, types, starts), starts)
@@ -615,6 +656,7 @@ class EncoderModel:
             raise InvalidInputError("this model is not a reranker (no sequence-classification head)")
         out = np.empty(len(documents), np.float32)
         with self._lock:
+            self._check_open()
             for s in range(0, len(documents), batch_size):
                 pairs = [(query, d) for d in documents[s:s + batch_size]]
                 ids, types, starts = pack_batch(self._tok().encode_for_encoder(pairs, self.config.max_tokens))
@@ -623,7 +665,8 @@ class EncoderModel:
         return out
 
     def memory_report(self) -> dict[str, int]:
+        self._check_open()
         return self.backend.memory_report()
 
-    # closing is the same as a decoder's: the backend, then the files
-    close, __enter__, __exit__ = Model.close, Model.__enter__, Model.__exit__
+    # closing is the same as a decoder's: the network, the backend, then the files
+    close, _check_open, __enter__, __exit__ = Model.close, Model._check_open, Model.__enter__, Model.__exit__

@@ -258,7 +258,7 @@ def cmd_rm(a) -> int:
 
 def cmd_show(a) -> int:
     from . import hub
-    from .formats.open import open_model
+    from .formats.open import open_named
     from .tools.model_info import describe, format_description
 
     if hub.is_catalogued(a.model) and not hub.is_cached(a.model):
@@ -268,7 +268,7 @@ def cmd_show(a) -> int:
         return 0
     if a.ctx_size is not None and a.ctx_size < 0:      # was planned as printed: "-0.2 MiB of KV cache"
         raise ValueError(f"-c/--ctx-size must be >= 0 (0: the default), got {a.ctx_size}")
-    src = open_model(Path(hub.resolve(a.model)))
+    _, src = open_named(a.model)
     try:
         c = src.config
         if getattr(c, "arch", None) == "bert":      # an encoder: no KV cache, no generation
@@ -294,9 +294,8 @@ def cmd_show(a) -> int:
 
 
 def cmd_tokenize(a) -> int:
-    from .formats.open import open_model
-    from .hub import resolve
-    src = open_model(Path(resolve(a.model)))
+    from .formats.open import open_named
+    _, src = open_named(a.model)
     tok = src.tokenizer
     if tok is None:
         raise LlambdaError(src.tokenizer_error or "no tokenizer")

@@ -49,3 +49,7 @@ class NativeUnavailableError(LlambdaError, RuntimeError):
 class InsufficientMemoryError(LlambdaError, MemoryError):
     """The memory plan of a load (weights + KV cache) is more than the machine has available: refused
     before any weight is read (a smaller context, an f16 KV cache or a smaller quantization fits less)."""
+
+
+class ModelClosedError(LlambdaError, RuntimeError):
+    """A call on a model after its close(): its weights and caches were freed."""

@@ -44,7 +44,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import DownloadError, ModelNotFoundError
+from .errors import DownloadError, LlambdaError, ModelNotFoundError
 
 try:
     import fcntl
@@ -473,6 +473,27 @@ def _unpacked_folder(archive: Path) -> Path:
     return archive.with_name(archive.name[:-4] if archive.name.endswith(".zip") else archive.name + ".d")
 
 
+def removed_meanwhile(name: str) -> ModelNotFoundError:
+    """What a run says when `llambda rm` took its model between two steps of its preparation (fetched or
+    verified, unpacked, opened: the model's lock is held in each step, not between them)."""
+    return ModelNotFoundError(f"{name} was removed from the cache (`llambda rm`?) while this run prepared it: "
+                              f"run again to fetch it anew, or `llambda pull {name}` first")
+
+
+@contextlib.contextmanager
+def opening(name_or_path, path: Path):
+    """Around the opening of a resolved model's files: any error once a catalogued model's path or file is
+    gone (rm deletes the file first, then an unpacked folder) is removed_meanwhile (it said "no config.json"
+    or "No such file", as if the model were broken)."""
+    try:
+        yield
+    except (OSError, LlambdaError):
+        if isinstance(name_or_path, str) and is_catalogued(name_or_path) and \
+                not (os.path.lexists(path) and is_cached(name_or_path)):
+            raise removed_meanwhile(name_or_path) from None
+        raise
+
+
 def unpacked_dir(entry: CatalogEntry, archive: Path) -> Path:
     """The folder a verified zip of a model directory is unpacked into (once; again when its stamp,
     the zip's sha256 with the identity of each unpacked file, is missing or differs: an unpacked
@@ -485,6 +506,8 @@ def unpacked_dir(entry: CatalogEntry, archive: Path) -> Path:
     with _model_lock(entry) as locked:
         if _unpacked_intact(folder, entry.sha256):
             return folder
+        if not os.path.lexists(archive):
+            raise removed_meanwhile(entry.name)
         if locked:     # folders of killed unpacks (the model's size each) were left for good
             for dead in folder.parent.glob(f".{folder.name}.*{_TEMP_SUFFIX}"):
                 if dead.is_dir() and not dead.is_symlink():

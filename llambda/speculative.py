@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import engine
-from .errors import InvalidInputError, VocabularyMismatchError
+from .errors import InvalidInputError, ModelClosedError, VocabularyMismatchError
 
 MODES = ("draft", "lookup")
 DEFAULT_DRAFT_MAX = {"draft": 8, "lookup": 10}
@@ -136,6 +136,9 @@ class DraftModel:
         self.owner = owner
 
     def draft(self, tokens: list[int], k: int, slot: int = 0) -> list[int]:
+        if self.owner is not None and self.owner._closed:     # m.draft.close() while m still drafts with it
+            raise ModelClosedError("the draft model was closed: set_draft(None) to decode without it, "
+                                   "or set_draft() a loaded one")
         owner = self.owner if slot == 0 else None
         if owner is None:
             return self._draft_on_threads(tokens, k, slot)
@@ -267,6 +270,7 @@ def stream(model, seq: engine.Sequence, spec: Speculation):
     t = model.transformer
     while True:
         with model._lock:
+            model._check_open()                 # closed since the last round: its arrays are gone
             held = len(seq.tokens)              # the last one's keys/values are computed below
             drafts = spec.propose(seq, t.ws.max_logit_rows - 1)
             model._sync(seq.tokens[:-1])
@@ -276,6 +280,7 @@ def stream(model, seq: engine.Sequence, spec: Speculation):
             with model.rows_invariant():
                 logits = t.forward(ids, np.zeros(n, np.int32), pos, np.arange(n))
             events, kept = spec.settle(seq, drafts, logits)
+            del logits          # a view of the workspace: held across the yield, it kept it alive after close()
             model._cached = seq.tokens[:held + kept]   # accepted drafts were appended to seq.tokens
         yield from events
         if seq.finished:

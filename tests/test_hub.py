@@ -241,3 +241,43 @@ def test_a_zip_member_leaving_the_folder_is_refused(monkeypatch, tmp_path):
     models = tmp_path / "home" / "models"
     assert not (models / "fake-dir").exists() and not (tmp_path / "home" / "evil.txt").exists()
     assert not [p for p in models.iterdir() if p.name.startswith(".fake-dir.")]
+
+
+def _rm_after(monkeypatch, step: str, partway: bool = False) -> None:
+    """`llambda rm` in another process right after hub's `step` returned (between two steps of a first run's
+    preparation, where the model's lock is not held); `partway`: only as far as deleting the file."""
+    real = getattr(hub, step)
+
+    def then_removed(*a, **kw):
+        out = real(*a, **kw)
+        hub.cached_path("fake-model").unlink() if partway else hub.remove("fake-model")
+        return out
+
+    monkeypatch.setattr(hub, step, then_removed)
+
+
+def test_a_model_removed_before_its_unpack_says_so(monkeypatch, tmp_path):
+    """rm between the zip's check and its unpack: the run said "cannot unpack ...: No such file or directory"."""
+    _unpacking_entry(monkeypatch, tmp_path, _zip_bytes({"config.json": b"{}"}))
+    _rm_after(monkeypatch, "ensure_model")
+    with pytest.raises(ModelNotFoundError, match="fake-model was removed from the cache .* while this run "
+                                                 "prepared it: run again .* or `llambda pull fake-model`"):
+        hub.resolve("fake-model")
+    assert not hub.is_cached("fake-model")
+
+
+@pytest.mark.parametrize("unpack", ["whole", "partway", False])
+def test_a_model_removed_before_it_is_opened_says_so(monkeypatch, tmp_path, unpack):
+    """rm between the preparation and the load's opening of the files: the load said "no config.json" or
+    "[Errno 2] No such file or directory", as if the catalogue's model were broken."""
+    import llambda
+    if unpack:
+        _unpacking_entry(monkeypatch, tmp_path, _zip_bytes({"config.json": b"{}"}))
+        _rm_after(monkeypatch, "unpacked_dir", partway=unpack == "partway")
+    else:
+        payload = b"GGUF" + bytes(100)
+        _fake_catalog(monkeypatch, tmp_path, payload, hashlib.sha256(payload).hexdigest())
+        _rm_after(monkeypatch, "ensure_model")
+    with pytest.raises(ModelNotFoundError, match="fake-model was removed from the cache .* while this run "
+                                                 "prepared it"):
+        llambda.load("fake-model")

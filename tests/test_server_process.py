@@ -152,6 +152,33 @@ def test_sigterm_cancels_streams_after_grace(smollm2_gguf, tmp_path):
         assert srv.proc.wait(60) == 0
 
 
+TINY = Path(__file__).parent / "fixtures" / "reference" / "tiny" / "llama"
+
+
+def test_a_second_sigint_during_the_drain_exits_at_once_without_a_traceback(tmp_path):
+    """Ctrl-C twice: the second one, while the first waits for a running stream, printed asyncio's
+    CancelledError tracebacks (uvicorn re-raised both signals into the event loop)."""
+    flags = ["--parallel", "1", "-c", "65536", "--shutdown-grace", "120"]
+    with ServerProcess(TINY, tmp_path / "server.log", *flags) as srv:
+        body = {"prompt": [1, 2, 3], "max_tokens": 60000, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=120) as r:
+            assert r.status_code == 200, r.read()
+            while srv.metrics()["llambda_sequences_active"] < 1:    # (a model without a tokenizer streams no text)
+                time.sleep(0.05)
+            srv.proc.send_signal(signal.SIGINT)
+            while True:             # draining: the listening socket is closed, the stream still runs
+                try:
+                    httpx.get(srv.url + "/health", timeout=2)
+                except httpx.TransportError:
+                    break
+                time.sleep(0.05)
+            assert srv.proc.poll() is None, srv.log()
+            srv.proc.send_signal(signal.SIGINT)
+            assert srv.proc.wait(60) == 130
+        log = srv.log()
+        assert "interrupted again: exiting now" in log and "Traceback" not in log, log
+
+
 def test_port_0_says_the_port_it_got(smollm2_gguf, tmp_path):
     # with --port 0 the kernel picks the port; the server once printed only ":0", so nobody could connect
     env = dict(os.environ, PYTHONPATH=str(Path(llambda.__file__).parent.parent))

@@ -1,10 +1,13 @@
 """Tokenizer: reference ids of the real models, streaming, flags, malformed metadata, tiny vocabularies."""
 from __future__ import annotations
 
+import base64
 import json
 import random
+import struct
 import threading
 import time
+import tracemalloc
 import warnings
 
 import numpy as np
@@ -517,7 +520,7 @@ def test_from_hf_dir_errors(tmp_path):
     with pytest.raises(TokenizerError, match="no tokenizer.json"):
         Tokenizer.from_hf_dir(tmp_path)
     (tmp_path / "tokenizer.json").write_text("{not json", encoding="utf-8")
-    with pytest.raises(TokenizerError, match="not valid JSON"):
+    with pytest.raises(TokenizerError, match="cannot load it"):
         Tokenizer.from_hf_dir(tmp_path)
     # WordPiece is supported (BERT encoders, tests/test_embeddings.py); WordLevel is not
     wordlevel = {"version": "1.0", "added_tokens": [], "normalizer": None, "pre_tokenizer": None,
@@ -592,6 +595,76 @@ def test_from_hf_dir_refuses_a_normalizer_that_multiplies_text(tmp_path, normali
     _tiny_tokenizer_json(tmp_path, normalizer=normalizer)
     with pytest.raises(TokenizerError, match="chars per match"):
         Tokenizer.from_hf_dir(tmp_path)
+
+
+def _dense_bpe_tokenizer_json(folder, merges: int) -> int:
+    """A byte-level BPE tokenizer.json of 2 * merges + 1 tokens (merge i: "a%08d" + "b"); its size in bytes."""
+    vocab = {"b": 0}
+    for i in range(merges):
+        vocab[f"a{i:08d}"], vocab[f"a{i:08d}b"] = 1 + 2 * i, 2 + 2 * i
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    spec = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+            "pre_tokenizer": byte_level, "post_processor": None, "decoder": byte_level,
+            "model": {"type": "BPE", "dropout": None, "unk_token": None, "byte_fallback": False,
+                      "vocab": vocab, "merges": [[f"a{i:08d}", "b"] for i in range(merges)]}}
+    text = json.dumps(spec, separators=(",", ":"))
+    (folder / "tokenizer.json").write_text(text, encoding="ascii")
+    return len(text)
+
+
+def test_a_big_tokenizer_json_is_parsed_by_the_library_alone(tmp_path):
+    """tokenizer.json was also parsed whole in Python (its vocab dict, merge lists): 11.4x the file's size in
+    Python objects at the peak, on top of the library's own copy (a 70 MB file: 2.0 GB resident, 1.5 GB now).
+    Only the library parses it now; Python holds the token list (4.6x this file of 9-char tokens)."""
+    size = _dense_bpe_tokenizer_json(tmp_path, 60_000)
+    tracemalloc.start()
+    try:
+        tk = Tokenizer.from_hf_dir(tmp_path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert tk.vocab_size == 120_001 and tk.token_text(16) == "a00000007b"
+    assert peak < 6 * size
+
+
+def test_a_tokenizer_json_past_the_cap_is_refused_unread(tmp_path):
+    """The library holds ~16x a tokenizer.json's size: past 64 MB (2x Gemma 3's 35 MB) it is refused before
+    reading (the cap was 512 MB, about 8 GB once loaded). A sparse file: nothing is written to disk."""
+    with open(tmp_path / "tokenizer.json", "wb") as f:
+        f.truncate((64 << 20) + 1)
+    with pytest.raises(TokenizerError, match="larger than 64 MB"):
+        Tokenizer.from_hf_dir(tmp_path)
+
+
+def _charsmap(replacement: bytes) -> str:
+    """A SentencePiece precompiled_charsmap mapping "a" to `replacement`: a 256-unit double-array trie (root
+    offset 0, so byte c is looked up at unit c; unit 97 is "a" with a leaf one step away, at 97 ^ 1 = 96, whose
+    value 0 points at the start of the pool), then the NUL-ended pool."""
+    trie = [0] * 256
+    trie[ord("a")] = ord("a") | 1 << 8 | 1 << 10      # label "a", has a leaf, child offset 1
+    trie[ord("a") ^ 1] = 1 << 31                       # the leaf: pool offset 0
+    blob = struct.pack("<I", 4 * len(trie)) + struct.pack(f"<{len(trie)}I", *trie) + replacement + b"\0"
+    return base64.b64encode(blob).decode()
+
+
+def test_from_hf_dir_refuses_a_precompiled_charsmap_that_multiplies_text(tmp_path):
+    """A charsmap mapping "a" to 1000 bytes: the library made 10k chars of a 30-char text (without bound)."""
+    hostile = {"type": "Precompiled", "precompiled_charsmap": _charsmap(b"b" * 1000)}
+    from tokenizers import Tokenizer as Backend
+    _tiny_tokenizer_json(tmp_path, normalizer=hostile)
+    grown = Backend.from_file(str(tmp_path / "tokenizer.json")).normalizer.normalize_str("xax" * 10)
+    assert len(grown) == 30 - 10 + 10 * 1000        # the danger is real: the library applies it as written
+    with pytest.raises(TokenizerError, match="up to 1000 bytes per match, more than the 64 allowed"):
+        Tokenizer.from_hf_dir(tmp_path)
+    _tiny_tokenizer_json(tmp_path, normalizer={"type": "Sequence", "normalizers": [hostile]})
+    with pytest.raises(TokenizerError, match="bytes per match"):
+        Tokenizer.from_hf_dir(tmp_path)
+    # NFKC's longest real expansion (U+FDFA, 33 bytes) is within the bound and applied
+    phrase = "\u0635\u0644\u0649 \u0627\u0644\u0644\u0647 \u0639\u0644\u064a\u0647 \u0648\u0633\u0644\u0645"
+    _tiny_tokenizer_json(tmp_path, normalizer={"type": "Precompiled",
+                                               "precompiled_charsmap": _charsmap(phrase.encode())})
+    tk = Tokenizer.from_hf_dir(tmp_path)
+    assert tk.decode(tk.encode("xa")) == "x" + phrase
 
 
 def test_a_library_panic_on_the_text_is_a_tokenizer_error(tmp_path):

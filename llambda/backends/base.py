@@ -248,4 +248,5 @@ class Backend(ABC):
     def softcap(self, x: np.ndarray, cap: float) -> None: ...
 
     def close(self) -> None:
-        pass
+        """The model closed: drop the arena of its KV cache and activations (their views went with the model)."""
+        self.arena = None

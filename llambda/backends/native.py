@@ -14,6 +14,7 @@ import os
 import threading
 import time
 import warnings
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -217,6 +218,27 @@ MOE_ROUTING_IDS = {"softmax_topk": 0, "topk_softmax": 1}     # csrc/moe/moe.h
 MOE_ACT_IDS = {"silu": 0, "swiglu_oai": 1}
 
 
+# The C core's thread pool is one per process, sized by the last set_threads: the native backends of the
+# models loaded now all run on it (what each asked for is not kept apart).
+_POOL_USERS: "weakref.WeakSet[NativeBackend]" = weakref.WeakSet()
+_pool_warned = False
+
+
+def _share_pool(backend: "NativeBackend") -> None:
+    """`backend` resized the pool: the models loaded before it run on its count from now on. Their
+    `threads` say so, and the first time it changes a model's count, a warning does too."""
+    global _pool_warned
+    changed = sorted({b.threads for b in _POOL_USERS if b.threads != backend.threads})
+    for b in _POOL_USERS:
+        b.threads = backend.threads
+    _POOL_USERS.add(backend)
+    if changed and not _pool_warned:
+        _pool_warned = True
+        warnings.warn(f"the native thread pool is one per process: this load's {backend.threads} thread(s) now run "
+                      f"the models loaded before it too (they had {', '.join(map(str, changed))}); load every model "
+                      "with the same threads= to keep them", LlambdaWarning, stacklevel=6)
+
+
 class NativeBackend(Backend):
     name = "native"
 
@@ -238,6 +260,7 @@ class NativeBackend(Backend):
             C.set_threads(self.threads)
         except ValueError as e:     # more than the pool's maximum: the C core names its range
             raise InvalidInputError(str(e)) from None
+        _share_pool(self)
         self.weight_bytes = 0
         self._weights = WeightArena()
         self._recording = None  # the _native.Plan being recorded
@@ -417,6 +440,15 @@ class NativeBackend(Backend):
 
     def exit_forward(self) -> None:
         _SWITCH_GATE.exit()
+
+    def close(self) -> None:
+        """The model closed: drop the packed weights' arena too (each mapping is unmapped when the last matrix
+        viewing it goes, with the closed model) and the tuners of its recorded plans."""
+        super().close()
+        _POOL_USERS.discard(self)
+        self._weights = WeightArena()
+        self._tuners.clear()
+        self._recording = None
 
     def memory_report(self) -> dict[str, int]:
         # the core's own allocations: each calling thread's scratch (shared by the pool's workers of an op,

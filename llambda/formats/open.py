@@ -1,4 +1,4 @@
-"""Open a model file or directory by what it is: a GGUF file or a Hugging Face directory."""
+"""Open a model file or directory by what it is: a GGUF file or a Hugging Face directory; or by its name."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -29,3 +29,11 @@ def open_model(path: Path) -> ModelSource:
         raise ModelFormatError(f"{path}: {e}") from None    # every error names the file
     src.config.source = str(path)
     return src
+
+
+def open_named(name_or_path) -> tuple[Path, ModelSource]:
+    """(path, source) of a catalogued model name (fetched and prepared as needed) or a path."""
+    from .. import hub
+    path = Path(hub.resolve(name_or_path))
+    with hub.opening(name_or_path, path):
+        return path, open_model(path)

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..errors import ContextOverflowError, InvalidInputError, ModelFormatError
 from ..formats.weights import WeightTensor
+from .closable import Closable
 from .config import TransformerConfig
 
 TensorLookup = Callable[[str], Optional[WeightTensor]]
@@ -177,7 +178,7 @@ def recurrent_state_specs(cfg: TransformerConfig, n_slots: int) -> tuple[list[in
     return conv, delta, state
 
 
-class Transformer:
+class Transformer(Closable):
     def __init__(self, cfg: TransformerConfig, tensors: TensorLookup, backend, n_ctx: int, n_slots: int = 1,
                  max_tokens: int = 512, max_logit_rows: int | None = None, release=None):
         """`release(data)`, when given, is told each matrix's file bytes once the backend has its own copy

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ModelFormatError
+from .closable import Closable
 from .hparams import is_flag
 
 
@@ -143,7 +144,7 @@ def config_from_gguf(meta: dict) -> BertConfig:
         raise ModelFormatError(str(e).replace("config.json:", "GGUF metadata (bert.*):")) from None
 
 
-class BertEncoder:
+class BertEncoder(Closable):
     """The weights of one BERT on a backend, and its batched forward pass."""
 
     def __init__(self, cfg: BertConfig, lookup, backend):

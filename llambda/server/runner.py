@@ -4,7 +4,9 @@ On the first signal uvicorn stops accepting connections and waits for in-flight
 requests; we also tell the scheduler to drain: queued and running sequences may
 finish within `shutdown_grace` seconds, after which they are cancelled and their
 streams end with an error event and `data: [DONE]` (non-streaming requests get
-a 503). A second SIGINT forces the exit.
+a 503). A second SIGINT (Ctrl-C again) during that wait ends the process at once: one line on stderr
+and status 130, as a program interrupted by SIGINT ends (uvicorn's own forced exit re-raised both
+signals into asyncio, which cancelled the app's tasks mid-await and printed their tracebacks).
 
 The listening socket and uvicorn's HTTP protocol come from guard.py (the connection
 cap, the request-head deadline, shedding when out of descriptors), and the server's
@@ -12,6 +14,7 @@ loggers are rate-limited for the process's lifetime.
 """
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
@@ -22,6 +25,8 @@ from .accesslog import log_config
 from .app import create_app
 from .config import ServerConfig, url_host
 
+EXIT_SIGINT = 128 + signal.SIGINT       # the shell's status of a program ended by SIGINT
+
 
 class _Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, scheduler, grace: float):
@@ -30,6 +35,12 @@ class _Server(uvicorn.Server):
         self._grace = grace
 
     def handle_exit(self, sig, frame) -> None:
+        if sig == signal.SIGINT and self.should_exit:
+            running = len(self.server_state.connections)
+            print(f"llambda serve: interrupted again: exiting now, without waiting for {running} open "
+                  "connection(s)", file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(EXIT_SIGINT)
         if self._scheduler is not None:     # an encoder's app has no scheduler
             self._scheduler.drain(self._grace)
         super().handle_exit(sig, frame)

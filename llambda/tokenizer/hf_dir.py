@@ -1,13 +1,17 @@
 """Tokenizer of a Hugging Face model directory.
 
 tokenizer.json is loaded as is by the `tokenizers` library (it is the source
-of truth for splitting and merging); we only read what our own layers need:
+of truth for splitting and merging, and the only parser of that file); we only
+read, from the loaded library's components, what our own layers need:
 which tokens are special, how a token maps back to bytes (byte-level or
 SentencePiece-style), and BOS/EOS/flags from
 tokenizer_config.json, generation_config.json and config.json.
 """
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 import re
 from pathlib import Path
 
@@ -15,7 +19,7 @@ import numpy as np
 from tokenizers import Tokenizer as Backend
 
 from ..errors import TokenizerError
-from ..formats.files import MAX_JSON_BYTES, MAX_TOKENIZER_JSON_BYTES, read_json
+from ..formats.files import MAX_TOKENIZER_JSON_BYTES, read_json, read_small
 from .library import library_error
 from .vocab import TokenType, Vocab
 
@@ -25,16 +29,64 @@ MAX_ID_GAP = 1 << 16
 # Text a normalizer's Replace or Prepend writes per match (real ones: "▁" or " "). Normalizing runs in the
 # library before any check of ours: Replace("a", 100k chars) took a 2000-char text to 23 GB.
 MAX_NORMALIZER_TEXT = 16
+# UTF-8 bytes a Precompiled normalizer (SentencePiece's charsmap) writes per match: the longest in
+# SentencePiece's NFKC maps is 33 (U+FDFA, an 18-char Arabic phrase); a hostile charsmap can map "a" to megabytes.
+MAX_CHARSMAP_REPLACEMENT = 64
 
 
 def _read_json(path: Path) -> dict:
     if not path.is_file():
         return {}
-    big = path.name == "tokenizer.json"
-    data = read_json(path, path.name, TokenizerError, MAX_TOKENIZER_JSON_BYTES if big else MAX_JSON_BYTES)
+    data = read_json(path, path.name, TokenizerError)
     if not isinstance(data, dict):
         raise TokenizerError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data
+
+
+def _load_backend(tj: Path) -> Backend:
+    """The library's tokenizer from one bounded read of tokenizer.json. Only the library parses it: a Python
+    copy of the document (vocab dict, merge lists) cost ~7x the file's size on top of the library's own."""
+    raw = read_small(tj, tj.name, TokenizerError, MAX_TOKENIZER_JSON_BYTES)
+    try:
+        return Backend.from_buffer(raw)
+    except BaseException as e:
+        if not library_error(e):
+            raise
+        raise TokenizerError(f"{tj}: the tokenizers library cannot load it: {e}") from None
+
+
+def _component_spec(component) -> dict | None:
+    """A normalizer, pre-tokenizer or decoder of the loaded library as JSON: what the library runs, in its own
+    spelling (keys it ignores dropped, legacy ones converted)."""
+    return None if component is None else json.loads(component.__getstate__())
+
+
+def _charsmap_longest_replacement(tj: Path, charsmap) -> int:
+    """The longest text, in UTF-8 bytes, a precompiled_charsmap writes for one match. Its layout: a
+    little-endian u32 byte size of the trie, the trie, then a pool of NUL-ended replacements that the trie's
+    values point into (a match may point inside one, never past its NUL)."""
+    try:
+        blob = base64.b64decode(charsmap, validate=True)
+    except (binascii.Error, ValueError, TypeError):
+        raise TokenizerError(f"{tj}: normalizer Precompiled: precompiled_charsmap is not base64") from None
+    trie_bytes = int.from_bytes(blob[:4], "little") // 4 * 4
+    return max(map(len, blob[4 + trie_bytes:].split(b"\0")))
+
+
+def _check_normalizer_growth(tj: Path, spec) -> None:
+    """Refuse a normalizer that writes more per match than real ones do: normalizing runs inside the
+    library before any check of ours, so one bad rule multiplies every text's size."""
+    for norm in _component_types(spec):
+        if norm.get("type") == "Precompiled":
+            longest = _charsmap_longest_replacement(tj, norm.get("precompiled_charsmap"))
+            if longest > MAX_CHARSMAP_REPLACEMENT:
+                raise TokenizerError(f"{tj}: normalizer Precompiled writes up to {longest} bytes per match, more "
+                                     f"than the {MAX_CHARSMAP_REPLACEMENT} allowed (a text would grow without bound)")
+            continue
+        text = norm.get("content") if norm.get("type") == "Replace" else norm.get("prepend")
+        if isinstance(text, str) and len(text) > MAX_NORMALIZER_TEXT:
+            raise TokenizerError(f"{tj}: normalizer {norm.get('type')} writes {len(text)} chars per match, more "
+                                 f"than the {MAX_NORMALIZER_TEXT} allowed (a text would grow without bound)")
 
 
 def _component_types(spec) -> list[dict]:
@@ -63,35 +115,24 @@ def load_hf_dir(path) -> tuple[Backend, Vocab, bool]:
     tj = folder / "tokenizer.json"
     if not tj.is_file():
         raise TokenizerError(f"{folder}: no tokenizer.json (only fast-tokenizer directories are supported)")
-    spec = _read_json(tj)
-    try:
-        backend = Backend.from_file(str(tj))
-    except BaseException as e:
-        if not library_error(e):
-            raise
-        raise TokenizerError(f"{tj}: the tokenizers library cannot load it: {e}") from None
-
+    backend = _load_backend(tj)
     # Encoders' tokenizer.json may fix padding and truncation (MiniLM's pads every text to 128):
     # encode() returns the text's own tokens; encoders truncate explicitly (encode_for_encoder)
     backend.no_padding()
     backend.no_truncation()
-    model = spec.get("model") or {}
-    if model.get("type") not in ("BPE", "Unigram", "WordPiece"):
-        raise TokenizerError(f"{tj}: model type {model.get('type')!r} is not supported "
-                             "(BPE, Unigram or WordPiece only)")
-    wordpiece = model.get("type") == "WordPiece"
-    for norm in _component_types(spec.get("normalizer")):
-        text = norm.get("content") if norm.get("type") == "Replace" else norm.get("prepend")
-        if isinstance(text, str) and len(text) > MAX_NORMALIZER_TEXT:
-            raise TokenizerError(f"{tj}: normalizer {norm.get('type')} writes {len(text)} chars per match, more "
-                                 f"than the {MAX_NORMALIZER_TEXT} allowed (a text would grow without bound)")
-    decoder = _component_types(spec.get("decoder"))
-    pre = _component_types(spec.get("pre_tokenizer"))
+    model_type = type(backend.model).__name__
+    if model_type not in ("BPE", "Unigram", "WordPiece"):
+        raise TokenizerError(f"{tj}: model type {model_type!r} is not supported (BPE, Unigram or WordPiece only)")
+    wordpiece = model_type == "WordPiece"
+    _check_normalizer_growth(tj, _component_spec(backend.normalizer))
+    decoder_spec = _component_spec(backend.decoder)
+    decoder = _component_types(decoder_spec)
+    pre = _component_types(_component_spec(backend.pre_tokenizer))
     byte_level = any(d.get("type") == "ByteLevel" for d in decoder + pre)
     metaspace = any(d.get("type") in ("Metaspace", "ByteFallback") or
                     (d.get("type") == "Replace" and d.get("content") == " ") for d in decoder)
     if not byte_level and not metaspace and not wordpiece:
-        raise TokenizerError(f"{tj}: cannot tell how tokens map to bytes (decoder {spec.get('decoder')!r})")
+        raise TokenizerError(f"{tj}: cannot tell how tokens map to bytes (decoder {decoder_spec!r})")
     # SentencePiece-style decoders that drop the space prepended at encode time.
     strip_first_space = not byte_level and any(
         (d.get("type") == "Strip" and d.get("start", d.get("left", 0))) or
@@ -111,7 +152,12 @@ def load_hf_dir(path) -> tuple[Backend, Vocab, bool]:
     for text, i in ids.items():
         tokens[i] = text
         types[i] = TokenType.NORMAL
-    if model.get("byte_fallback"):
+    # <0xNN> tokens are bytes when the model falls back to them. The library keeps a Unigram's flag to itself;
+    # converters give such a model the ByteFallback decoder, which spells them as bytes.
+    byte_fallback = getattr(backend.model, "byte_fallback", None)
+    if byte_fallback is None:
+        byte_fallback = any(d.get("type") == "ByteFallback" for d in decoder)
+    if byte_fallback:
         for text, i in ids.items():
             if _BYTE_TOKEN.fullmatch(text):
                 types[i] = TokenType.BYTE

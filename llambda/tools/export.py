@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from ..errors import LlambdaError, ModelFormatError
 from ..formats.hf_dir import GLOBAL_NAMES, layer_names
-from ..formats.open import open_model
+from ..formats.open import open_named
 from ..formats.quants import QType, TRAITS, quantize
 from ..formats.source import ModelSource
 from ..formats.weights import WeightTensor
@@ -635,8 +635,7 @@ def export(model, out: str | os.PathLike, fmt: str = "gguf", qtype: str | None =
     elif hasattr(model, "source") and isinstance(model.source, ModelSource):
         src = model.source
     else:
-        from ..hub import resolve
-        src, own = open_model(Path(resolve(model))), True
+        src, own = open_named(model)[1], True
     try:
         _check_output(out, fmt)
         if fmt == "hf":
