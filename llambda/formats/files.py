@@ -17,8 +17,8 @@ from ..errors import ModelFormatError
 # config.json and its siblings are kilobytes, index files a few MB; tokenizer.json reaches ~35 MB (Gemma 3).
 MAX_JSON_BYTES = 64 << 20
 # The tokenizers library holds ~16x a tokenizer.json's size once loaded (a 70 MB one of 2.5M tokens: 1.1 GB),
-# so this cap is what bounds a load's memory; it is still ~2x the largest real one.
-MAX_TOKENIZER_JSON_BYTES = 64 << 20
+# so this cap is what bounds a load's memory (~2 GB); it is ~4x the largest real one we know (Gemma 3's 35 MB).
+MAX_TOKENIZER_JSON_BYTES = 128 << 20
 
 
 def open_regular(path, what: str = "model file", error: type = ModelFormatError) -> BinaryIO:
