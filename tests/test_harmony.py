@@ -77,8 +77,8 @@ def test_recipient_before_the_channel_and_explicit_call_end():
     # a tool the request did not offer, or a built-in one: the message stays visible text
     (CALL, set(), ("{\"city\": \"Paris\", \"unit\": \"C\"}", "Need the weather tool.", 0)),
     ("<|channel|>commentary to=browser.search<|message|>{\"q\": 1}", {"get_weather"}, ('{"q": 1}', "", 0)),
-    # cut off by max_tokens: arguments that do not parse are no call
-    (CALL[:-5], {"get_weather"}, ("", "Need the weather tool.", 0)),
+    # cut off by max_tokens: the call as far as it got, as streamed
+    (CALL[:-5], {"get_weather"}, ("", "Need the weather tool.", 1)),
     # no header at all (a template that opened the final channel itself)
     ("Just the answer.", set(), ("Just the answer.", "", 0)),
     # still thinking when cut off
@@ -92,7 +92,9 @@ def test_recipient_before_the_channel_and_explicit_call_end():
 def test_edge_cases(text, names, want):
     content, reasoning, calls = extract_harmony(text, names)
     assert (content, reasoning, len(calls)) == want
-    assert fed_in_pieces(text, names)[:2] == want[:2]
+    streamed = fed_in_pieces(text, names)
+    assert streamed[:2] == want[:2]
+    assert [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in calls] == streamed[2]
 
 
 def test_parallel_tool_calls_off_keeps_the_first():
@@ -275,3 +277,33 @@ def test_messages_api_returns_the_analysis_as_thinking_blocks(harmony_live):
     assert starts == ["thinking", "text"]
     assert [b.type for b in final.content] == ["thinking", "text"] and final.content[0].thinking == REASONING
     assert final.content[1].text == ANSWER
+
+
+def test_a_call_cut_short_is_the_same_streamed_or_not(harmony_live):
+    """A harmony call whose arguments stop early (as max_tokens cuts them) is the call so far, both ways:
+    chat's arguments as written, Anthropic's input the object they hold so far."""
+    cut = CALL[:-len(' "unit": "C"}')]          # '{"city": "Paris",'
+    body = _body(cut, tools=TOOLS)
+    body.update(body.pop("extra_body"))
+    whole = httpx.post(harmony_live.url + "/v1/chat/completions", json=body, timeout=120).json()["choices"][0]
+    calls = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+             for c in whole["message"]["tool_calls"]]
+    assert calls == [{"name": "get_weather", "arguments": '{"city": "Paris",'}]
+    streamed, finish = {}, None
+    for chunk in harmony_live.client().chat.completions.create(stream=True, **_body(cut, tools=TOOLS)):
+        for d in chunk.choices[0].delta.tool_calls or []:
+            have = streamed.setdefault(d.index, {"name": d.function.name, "arguments": ""})
+            have["arguments"] += d.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert list(streamed.values()) == calls and finish == whole["finish_reason"]
+
+    client = _anthropic(harmony_live)
+    anthropic_body = {"model": "tiny-harmony", "max_tokens": 400, "messages": [{"role": "user", "content": "hi"}],
+                      "tools": [{"name": "get_weather", "input_schema": TOOLS[0]["function"]["parameters"]}],
+                      "extra_body": {"temperature": 0, "regex": re.escape(cut)}}
+    m = client.messages.create(**anthropic_body)
+    with client.messages.stream(**anthropic_body) as stream:
+        final = stream.get_final_message()
+    assert [b.model_dump(exclude={"id"}) for b in m.content] == [b.model_dump(exclude={"id"}) for b in final.content]
+    assert m.content[-1].type == "tool_use" and m.content[-1].input == {"city": "Paris"}
+    assert m.stop_reason == final.stop_reason

@@ -27,6 +27,7 @@ from .deltas import Http, array_of, deltas, sse_event, stop_sequence
 from .errors import APIError, bad_request
 from .generation import Generation, Service
 from .openai_format import dumps
+from .partial_json import partial_object
 from .schemas import MAX_TOOLS, GenerationSpec, _Body, _type, parse_chat
 
 PATH = "/v1/messages"
@@ -214,7 +215,7 @@ class MessageRun:
         for call in msg.get("tool_calls") or []:
             fn = call["function"]
             content.append({"type": "tool_use", "id": call["id"], "name": fn["name"],
-                            "input": json.loads(fn["arguments"])})
+                            "input": partial_object(fn["arguments"])})
         return self.message(content, choice["finish_reason"])
 
     async def stream(self):

@@ -18,7 +18,6 @@ tool-call deltas, `.calls`), plus `take_reasoning()` for the analysis text that 
 """
 from __future__ import annotations
 
-import json
 import re
 
 from .tools import _merge, _partial_suffix, new_call_id
@@ -55,7 +54,7 @@ class HarmonyParser:
         self.state = OPENING
         self.buf = ""
         self.sink = "content"      # where the current body goes: "content", "reasoning" or "call"
-        self.calls: list[dict] = []   # {"id", "name", "arguments", "complete"}
+        self.calls: list[dict] = []   # {"id", "name", "arguments"}
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self._deltas: list[dict] = []
@@ -92,11 +91,10 @@ class HarmonyParser:
         return self._take()
 
     def finish(self) -> tuple[str, list[dict]]:
-        """Whatever is still held, at the end of the answer. A call whose arguments parse is complete
-        (its `<|call|>` ended the generation and is not in the text)."""
+        """Whatever is still held, at the end of the answer (a call's `<|call|>` ends the generation
+        and is not in the text; one cut by max_tokens keeps the arguments it has)."""
         if self.state == BODY:
             self._emit(self.buf)
-            self._close_call(require_json=True)
         elif self.state in (OPENING, GAP) and self.buf.strip():
             self.sink = "content"
             self._emit(self.buf)
@@ -148,7 +146,7 @@ class HarmonyParser:
         at, term = min(cut)
         self._emit(self.buf[:at])
         self.buf = self.buf[at + len(term):]
-        self._close_call(require_json=term != CALL)
+        self.sink = "content"
         self.state = GAP
         return True
 
@@ -161,7 +159,7 @@ class HarmonyParser:
             if name in self.names:
                 if self.calls and not self.parallel:
                     return "drop"
-                self.calls.append({"id": new_call_id(), "name": name, "arguments": "", "complete": False})
+                self.calls.append({"id": new_call_id(), "name": name, "arguments": ""})
                 self._deltas.append({"index": len(self.calls) - 1, "id": self.calls[-1]["id"], "type": "function",
                                      "function": {"name": name, "arguments": ""}})
                 return "call"
@@ -172,27 +170,14 @@ class HarmonyParser:
     def _open_body(self, sink: str) -> None:
         self.sink, self.state = sink, BODY
 
-    def _close_call(self, require_json: bool) -> None:
-        if self.sink != "call":
-            return
-        c = self.calls[-1]
-        c["complete"] = not require_json or _is_json_object(c["arguments"])
-        self.sink = "content"
-
-
-def _is_json_object(text: str) -> bool:
-    try:
-        return isinstance(json.loads(text), dict)
-    except ValueError:
-        return False
-
 
 def extract_harmony(text: str, names: set[str] | None = None,
                     parallel: bool = True) -> tuple[str, str, list[dict]]:
-    """(content, reasoning, tool calls) of a finished harmony answer; the same parser as streaming."""
+    """(content, reasoning, tool calls) of a finished harmony answer; the same parser as streaming, and
+    the same calls: one cut by max_tokens keeps its arguments as far as they got."""
     p = HarmonyParser(names, parallel)
     content, _ = p.feed(text)
     rest, _ = p.finish()
     calls = [{"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
-             for c in p.calls if c["complete"]]
+             for c in p.calls]
     return content + rest, p.take_reasoning(), calls

@@ -296,12 +296,14 @@ class ResponseRun:
         msg = choice["message"]
         output = []
         if msg.get("reasoning_content"):
-            output.append(_reasoning_item(_id("rs"), msg["reasoning_content"], status))
+            output.append(_reasoning_item(_id("rs"), msg["reasoning_content"], "completed"))
         if msg.get("content"):
-            output.append(_message_item(_id("msg"), msg["content"], status))
+            output.append(_message_item(_id("msg"), msg["content"], "completed"))
         for call in msg.get("tool_calls") or []:
             fn = call["function"]
             output.append(_call_item(_id("fc"), call["id"], fn["name"], fn["arguments"], "completed"))
+        if output:      # as streamed: an item ends complete when the next begins; the last, as the answer did
+            output[-1]["status"] = status
         response = self.response(status, output)
         self.keep(response)
         return response
