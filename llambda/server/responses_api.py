@@ -16,7 +16,8 @@ before the new input, e.g. function_call_output items answering its calls; its `
 not carried over), GET /v1/responses/{id} returns it as it was answered, DELETE removes it, and
 GET /v1/responses/{id}/input_items lists the items before its answer (`limit`, `order`, `after`).
 A stream that fails or is left is not stored. `conversation` (the Conversations API) is refused.
-POST /v1/responses/input_tokens counts the tokens of the prompt a request would generate from.
+POST /v1/responses/input_tokens counts the tokens of the prompt a request would generate from (a stored
+conversation alone, `previous_response_id` without `input`, included).
 """
 from __future__ import annotations
 
@@ -191,9 +192,10 @@ def _text_format(v) -> tuple[dict, dict | None]:
     return fmt, {"type": "json_schema", "json_schema": inner}
 
 
-def parse_responses(body, store: ResponseStore) -> tuple[GenerationSpec, dict, list[dict]]:
+def parse_responses(body, store: ResponseStore, counting: bool = False) -> tuple[GenerationSpec, dict, list[dict]]:
     """(the chat spec, the request's fields a response object repeats, the conversation's input
-    items: those `previous_response_id` continues, then this request's)."""
+    items: those `previous_response_id` continues, then this request's). `counting`: an input_tokens
+    body, which may leave `input` out when it names a stored conversation (that alone is a prompt)."""
     b = _Body(body)
     if b.get("conversation") is not None:
         raise bad_request("'conversation' is not supported: continue a stored response with "
@@ -202,9 +204,10 @@ def parse_responses(body, store: ResponseStore) -> tuple[GenerationSpec, dict, l
     if b.boolean("background", False):
         raise bad_request("'background' responses are not supported", param="background")
     inp = b.get("input")
-    if inp is None:
-        raise bad_request("'input' is required", param="input")
-    if not isinstance(inp, (str, list)) or not inp:
+    if inp is None and not (counting and b.get("previous_response_id") is not None):
+        raise bad_request("'input' is required" + (" (or 'previous_response_id')" if counting else ""),
+                          param="input")
+    if inp is not None and (not isinstance(inp, (str, list)) or not inp):
         raise bad_request(f"'input' must be a string or a non-empty array of items, got {_type(inp)}", param="input")
     instructions = b.string("instructions")
     keep = b.boolean("store", True)
@@ -214,7 +217,7 @@ def parse_responses(body, store: ResponseStore) -> tuple[GenerationSpec, dict, l
     # instructions are this request's alone: a continued response's are not carried over (as OpenAI's API)
     msgs = [{"role": "system", "content": instructions}] if instructions else []
     _messages(earlier, "previous_response_id", msgs)
-    _messages([{"role": "user", "content": inp}] if isinstance(inp, str) else inp, "input", msgs)
+    _messages([{"role": "user", "content": inp}] if isinstance(inp, str) else inp or [], "input", msgs)
     chat = {k: body[k] for k in PASSED if k in body}
     chat.update(messages=msgs, max_tokens=max_output,
                 tools=_tools(b.get("tools")), tool_choice=_tool_choice(b.get("tool_choice")))
@@ -234,7 +237,7 @@ def parse_responses(body, store: ResponseStore) -> tuple[GenerationSpec, dict, l
             "top_p": spec.sampling["top_p"], "text": {"format": shown_format},
             "tool_choice": b.get("tool_choice") or "auto", "tools": b.get("tools") or [],
             "previous_response_id": b.get("previous_response_id"), "store": keep}
-    return spec, echo, earlier + _as_items(inp, earlier)
+    return spec, echo, earlier + _as_items(inp or [], earlier)
 
 
 # -- response ----------------------------------------------------------------------------
@@ -433,7 +436,7 @@ def routes(service: Service, http: Http, store: ResponseStore) -> list[Route]:
         body = await http.body(request)
         if body is None:
             return Response(status_code=499)
-        spec, _, _ = parse_responses(body, store)
+        spec, _, _ = parse_responses(body, store, counting=True)
         n = await service.count_prompt(spec)
         return http.json_response({"object": "response.input_tokens", "input_tokens": n})
 
