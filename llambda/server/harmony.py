@@ -15,11 +15,14 @@ and a call of a function tool is a message to a recipient, its body the JSON arg
 generation (the tokenizer counts them as end-of-generation tokens), so usually the text stops
 just before them. `HarmonyParser` has ToolCallParser's interface (feed/finish -> content and
 tool-call deltas, `.calls`), plus `take_reasoning()` for the analysis text that arrived.
+`with_analysis` goes the other way: an earlier turn's reasoning into the prompt, as the template wants it.
 """
 from __future__ import annotations
 
 import re
 
+from .errors import bad_request
+from .schemas import _type
 from .tools import _merge, _partial_suffix, new_call_id
 
 START, CHANNEL, MESSAGE, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"
@@ -169,6 +172,34 @@ class HarmonyParser:
 
     def _open_body(self, sink: str) -> None:
         self.sink, self.state = sink, BODY
+
+
+def with_analysis(messages: list) -> list:
+    """The messages with each assistant turn's reasoning as the `thinking` field gpt-oss's template reads.
+
+    OpenAI's harmony guide: a turn that called a tool gives its analysis back in the next prompt
+    (until a final answer, after which the template drops it). Clients send it back as chat's
+    `reasoning_content` (what we answer with) or `reasoning`; `thinking`, if given, stays. The template
+    refuses content and thinking together on a tool-call turn (content is then that turn's analysis),
+    so such a turn is left as it came.
+    """
+    out = []
+    for i, m in enumerate(messages):
+        reasoning = _reasoning_of(m, i) if isinstance(m, dict) and m.get("role") == "assistant" else None
+        if reasoning and "thinking" not in m and not (m.get("tool_calls") and m.get("content")):
+            m = {**m, "thinking": reasoning}
+        out.append(m)
+    return out
+
+
+def _reasoning_of(message: dict, i: int) -> str | None:
+    for key in ("reasoning_content", "reasoning"):
+        v = message.get(key)
+        if v is not None and not isinstance(v, str):
+            raise bad_request(f"messages[{i}].{key} must be a string, got {_type(v)}", param=f"messages[{i}].{key}")
+        if v:
+            return v
+    return None
 
 
 def extract_harmony(text: str, names: set[str] | None = None,

@@ -69,12 +69,21 @@ def _text(content, where: str) -> str:
 
 
 def _messages(items: list, field: str, msgs: list[dict]) -> list[dict]:
-    """Input items (from the request's `field`, for errors) appended to chat messages."""
+    """Input items (from the request's `field`, for errors) appended to chat messages.
+
+    A reasoning item's text goes onto the assistant turn that follows it (its calls or its answer)
+    as chat's `reasoning_content`, which a harmony template gives back for a turn that called a tool
+    (other templates ignore it); followed by anything else, it is dropped."""
+    reasoning = ""          # a reasoning item's text, waiting for its assistant turn
     for i, item in enumerate(items):
         where = f"{field}[{i}]"
         if not isinstance(item, dict):
             raise bad_request(f"{where} must be an object, got {_type(item)}", param=where)
         kind = item.get("type", "message" if "role" in item else None)
+        if kind == "reasoning":
+            text = _reasoning_text(item.get("content"), f"{where}.content")
+            reasoning = f"{reasoning}\n{text}" if reasoning and text else reasoning or text
+            continue
         if kind == "message":
             role = ROLES.get(item.get("role"))
             if role is None:
@@ -87,7 +96,7 @@ def _messages(items: list, field: str, msgs: list[dict]) -> list[dict]:
                                   param=where)
             call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
             last = msgs[-1] if msgs else None
-            if last is not None and last["role"] == "assistant":
+            if last is not None and last["role"] == "assistant" and not reasoning:
                 last.setdefault("tool_calls", []).append(call)      # calls of one turn stay one message
             else:
                 msgs.append({"role": "assistant", "content": "", "tool_calls": [call]})
@@ -97,13 +106,29 @@ def _messages(items: list, field: str, msgs: list[dict]) -> list[dict]:
                 raise bad_request(f"{where}: a function_call_output item needs a string 'call_id'", param=where)
             msgs.append({"role": "tool", "tool_call_id": call_id,
                          "content": _text(item.get("output", ""), f"{where}.output")})
-        elif kind == "reasoning":
-            continue        # an earlier turn's reasoning (this model's or another's): not part of the prompt
         else:
             shown = repr(kind) if isinstance(kind, str) else _type(kind)
-            raise bad_request(f"{where}.type {shown} is not supported (message, function_call and "
-                              "function_call_output items are)", param=where)
+            raise bad_request(f"{where}.type {shown} is not supported (message, function_call, "
+                              "function_call_output and reasoning items are)", param=where)
+        if reasoning and msgs[-1]["role"] == "assistant":
+            msgs[-1]["reasoning_content"] = reasoning
+        reasoning = ""
     return msgs
+
+
+def _reasoning_text(content, where: str) -> str:
+    """A reasoning item's `reasoning_text` parts as one string (its summary is not the reasoning)."""
+    if content is None:
+        return ""
+    if not isinstance(content, list):
+        raise bad_request(f"{where} must be an array of reasoning_text parts, got {_type(content)}", param=where)
+    texts = []
+    for j, part in enumerate(content):
+        if not (isinstance(part, dict) and part.get("type") == "reasoning_text" and isinstance(part.get("text"), str)):
+            raise bad_request(f"{where}[{j}] must be a reasoning_text part with a string 'text'",
+                              param=f"{where}[{j}]")
+        texts.append(part["text"])
+    return "\n".join(texts)
 
 
 _ITEM_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
