@@ -421,3 +421,16 @@ def test_responses_give_reasoning_items_back_to_the_turn_they_precede(gpt_oss_li
     prompt = _template(gpt_oss_like, messages).json()["prompt"]
     assert ANALYSIS + "Need the weather tool.<|end|>" in prompt
     assert counted == len(gpt_oss_like.model._prompt_ids(prompt))
+
+
+def test_messages_give_thinking_blocks_back_to_their_turn(gpt_oss_like):
+    """Anthropic's tool loop passes an assistant turn's thinking back with its tool_use: the same prompt."""
+    tools = [{"name": "get_weather", "description": "weather", "input_schema": TOOLS[0]["function"]["parameters"]}]
+    messages = [{"role": "user", "content": "weather in Oslo?"},
+                {"role": "assistant", "content": [
+                    {"type": "thinking", "thinking": "Need the weather tool.", "signature": ""},
+                    {"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {"city": "Oslo"}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1", "content": "18 C"}]}]
+    counted = _anthropic(gpt_oss_like).messages.count_tokens(model="tiny-harmony", messages=messages, tools=tools)
+    want = len(gpt_oss_like.model._prompt_ids(_template(gpt_oss_like, _called()).json()["prompt"]))
+    assert counted.input_tokens == want
