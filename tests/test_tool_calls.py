@@ -324,7 +324,8 @@ def test_a_call_cut_by_the_limit_is_the_same_streamed_or_not(qwen_live):
 
         whole, streamed = _messages_cut(a, limit, model="qwen", messages=PARIS,
                                         tools=[{"name": "get_weather", "input_schema": WEATHER}],
-                                        tool_choice={"type": "tool", "name": "get_weather"}, extra_body={"temperature": 0})
+                                        tool_choice={"type": "tool", "name": "get_weather"},
+                                        extra_body={"temperature": 0})
         assert whole == streamed, limit
         reason, [block] = whole
         assert reason == "max_tokens" and block["type"] == "tool_use" and block["name"] == "get_weather"

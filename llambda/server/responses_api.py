@@ -73,7 +73,7 @@ def _messages(items: list, field: str, msgs: list[dict]) -> list[dict]:
 
     A reasoning item's text goes onto the assistant turn that follows it (its calls or its answer)
     as chat's `reasoning_content`, which a harmony template gives back for a turn that called a tool
-    (other templates ignore it); followed by anything else, it is dropped."""
+    (a template that reads no reasoning ignores it); followed by anything else, it is dropped."""
     reasoning = ""          # a reasoning item's text, waiting for its assistant turn
     for i, item in enumerate(items):
         where = f"{field}[{i}]"
