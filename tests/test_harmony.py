@@ -77,8 +77,8 @@ def test_recipient_before_the_channel_and_explicit_call_end():
     # a tool the request did not offer, or a built-in one: the message stays visible text
     (CALL, set(), ("{\"city\": \"Paris\", \"unit\": \"C\"}", "Need the weather tool.", 0)),
     ("<|channel|>commentary to=browser.search<|message|>{\"q\": 1}", {"get_weather"}, ('{"q": 1}', "", 0)),
-    # cut off by max_tokens: arguments that do not parse are no call
-    (CALL[:-5], {"get_weather"}, ("", "Need the weather tool.", 0)),
+    # cut off by max_tokens: the call as far as it got, as streamed
+    (CALL[:-5], {"get_weather"}, ("", "Need the weather tool.", 1)),
     # no header at all (a template that opened the final channel itself)
     ("Just the answer.", set(), ("Just the answer.", "", 0)),
     # still thinking when cut off
@@ -92,7 +92,9 @@ def test_recipient_before_the_channel_and_explicit_call_end():
 def test_edge_cases(text, names, want):
     content, reasoning, calls = extract_harmony(text, names)
     assert (content, reasoning, len(calls)) == want
-    assert fed_in_pieces(text, names)[:2] == want[:2]
+    streamed = fed_in_pieces(text, names)
+    assert streamed[:2] == want[:2]
+    assert [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in calls] == streamed[2]
 
 
 def test_parallel_tool_calls_off_keeps_the_first():
@@ -298,3 +300,160 @@ def test_ollama_api_returns_the_analysis_as_thinking(harmony_live):
     assert "thinking" in client.show("tiny-harmony").capabilities
     assert client.chat(messages=body["messages"], think=True, model="tiny-harmony", stream=False,
                        options={"num_predict": 4}).done      # the client's own way of asking for it
+
+
+def test_a_call_cut_short_is_the_same_streamed_or_not(harmony_live):
+    """A harmony call whose arguments stop early (as max_tokens cuts them) is the call so far, both ways:
+    chat's arguments as written, Anthropic's input the object they hold so far."""
+    cut = CALL[:-len(' "unit": "C"}')]          # '{"city": "Paris",'
+    body = _body(cut, tools=TOOLS)
+    body.update(body.pop("extra_body"))
+    whole = httpx.post(harmony_live.url + "/v1/chat/completions", json=body, timeout=120).json()["choices"][0]
+    calls = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+             for c in whole["message"]["tool_calls"]]
+    assert calls == [{"name": "get_weather", "arguments": '{"city": "Paris",'}]
+    streamed, finish = {}, None
+    for chunk in harmony_live.client().chat.completions.create(stream=True, **_body(cut, tools=TOOLS)):
+        for d in chunk.choices[0].delta.tool_calls or []:
+            have = streamed.setdefault(d.index, {"name": d.function.name, "arguments": ""})
+            have["arguments"] += d.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert list(streamed.values()) == calls and finish == whole["finish_reason"]
+
+    client = _anthropic(harmony_live)
+    anthropic_body = {"model": "tiny-harmony", "max_tokens": 400, "messages": [{"role": "user", "content": "hi"}],
+                      "tools": [{"name": "get_weather", "input_schema": TOOLS[0]["function"]["parameters"]}],
+                      "extra_body": {"temperature": 0, "regex": re.escape(cut)}}
+    m = client.messages.create(**anthropic_body)
+    with client.messages.stream(**anthropic_body) as stream:
+        final = stream.get_final_message()
+    assert [b.model_dump(exclude={"id"}) for b in m.content] == [b.model_dump(exclude={"id"}) for b in final.content]
+    assert m.content[-1].type == "tool_use" and m.content[-1].input == {"city": "Paris"}
+    assert m.stop_reason == final.stop_reason
+
+
+# -- an earlier turn's analysis given back (the harmony guide: until a final answer) -------------
+
+# Written for these tests after what gpt-oss's own template does with an assistant turn's `thinking`:
+# a turn that called a tool shows it as an analysis message unless a later assistant turn answered
+# (a final); a final turn never shows it.
+GPT_OSS_LIKE = (
+    "{%- for m in messages -%}"
+    "{%- if m.role == 'assistant' and m.tool_calls -%}"
+    "{%- set later = namespace(final=false) -%}"
+    "{%- for n in messages[loop.index:] -%}"
+    "{%- if n.role == 'assistant' and not n.tool_calls -%}{%- set later.final = true -%}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if m.content and m.thinking -%}{{ raise_exception('content and thinking both') }}{%- endif -%}"
+    "{%- set analysis = m.content or m.thinking -%}"
+    "{%- if analysis and not later.final -%}<|start|>assistant<|channel|>analysis<|message|>{{ analysis }}<|end|>"
+    "{%- endif -%}"
+    "{%- for c in m.tool_calls -%}<|start|>assistant to=functions.{{ c.function.name }}<|channel|>commentary json"
+    "<|message|>{{ c.function.arguments }}<|call|>{%- endfor -%}"
+    "{%- elif m.role == 'assistant' -%}<|start|>assistant<|channel|>final<|message|>{{ m.content }}<|end|>"
+    "{%- else -%}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if tools %}<|start|>developer<|message|>{{ tools | length }} tools<|end|>{% endif %}<|start|>assistant")
+ANALYSIS = "<|channel|>analysis<|message|>"
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_like(tmp_path_factory):
+    """A tiny harmony model whose template gives a tool-calling turn's analysis back; `.model` is it."""
+    from llambda.server import ServerConfig, create_app
+    from serverkit import LiveServer
+    from test_export import tiny_llama_gguf
+    gg = tiny_llama_gguf(tmp_path_factory.mktemp("gpt_oss_like") / "h.gguf", control_tokens=HARMONY_TOKENS,
+                         chat_template=GPT_OSS_LIKE)
+    with pytest.warns(llambda.LlambdaWarning, match="context"):
+        m = llambda.load(gg, n_slots=2, n_ctx=512)
+    with m:
+        with LiveServer(create_app(m, ServerConfig(model_id="tiny-harmony", parallel=2))) as srv:
+            srv.model = m
+            yield srv
+
+
+def _called(reasoning_field: str = "reasoning_content") -> list:
+    """A user question, an assistant turn that called get_weather after thinking, and the tool's result."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+    return [{"role": "user", "content": "weather in Oslo?"},
+            {"role": "assistant", "content": None, "tool_calls": [call], reasoning_field: "Need the weather tool."},
+            {"role": "tool", "tool_call_id": "call_1", "content": "18 C"}]
+
+
+def _template(srv, messages, **kw):
+    return httpx.post(srv.url + "/apply-template", json={"messages": messages, "tools": TOOLS, **kw}, timeout=60)
+
+
+def test_chat_gives_a_tool_calling_turns_analysis_back_until_a_final_answer(gpt_oss_like):
+    for field in ("reasoning_content", "reasoning"):
+        prompt = _template(gpt_oss_like, _called(field)).json()["prompt"]
+        assert ANALYSIS + "Need the weather tool.<|end|><|start|>assistant to=functions.get_weather" in prompt
+    # what generation tokenizes is that prompt too
+    body = _body("Sunny.", messages=_called(), tools=TOOLS, max_tokens=16)
+    body.update(body.pop("extra_body"))
+    r = httpx.post(gpt_oss_like.url + "/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    r = r.json()
+    prompt = _template(gpt_oss_like, _called()).json()["prompt"]
+    assert r["usage"]["prompt_tokens"] == len(gpt_oss_like.model._prompt_ids(prompt))
+
+    # after a final answer the analysis of that conversation is dropped (the final's own included)
+    answered = _called() + [{"role": "assistant", "content": "18 C in Oslo.", "reasoning_content": "Say it."},
+                            {"role": "user", "content": "thanks"}]
+    prompt = _template(gpt_oss_like, answered).json()["prompt"]
+    assert ANALYSIS not in prompt and "18 C in Oslo." in prompt
+
+    # a turn with content and calls keeps its content as the analysis (the template takes one of them)
+    both = _called()
+    both[1] = {**both[1], "content": "Checking."}
+    assert ANALYSIS + "Checking.<|end|>" in _template(gpt_oss_like, both).json()["prompt"]
+    # reasoning that is not text is the client's mistake, named
+    bad = _called()
+    bad[1]["reasoning_content"] = ["x"]
+    r = _template(gpt_oss_like, bad)
+    assert r.status_code == 400 and "messages[1].reasoning_content" in r.json()["error"]["message"]
+
+
+def test_responses_give_reasoning_items_back_to_the_turn_they_precede(gpt_oss_like):
+    client = gpt_oss_like.client()
+    tools = [{"type": "function", **TOOLS[0]["function"]}]
+    items = [{"role": "user", "content": "weather in Oslo?"},
+             {"type": "reasoning", "id": "rs_1", "summary": [],
+              "content": [{"type": "reasoning_text", "text": "Need the weather tool."}]},
+             {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Oslo"}'},
+             {"type": "function_call_output", "call_id": "call_1", "output": "18 C"}]
+    want = len(gpt_oss_like.model._prompt_ids(_template(gpt_oss_like, _called()).json()["prompt"]))
+    assert client.responses.input_tokens.count(model="tiny-harmony", input=items, tools=tools).input_tokens == want
+    without = [i for i in items if i.get("type") != "reasoning"]
+    assert client.responses.input_tokens.count(model="tiny-harmony", input=without, tools=tools).input_tokens < want
+
+    # a stored answer's reasoning item comes back with its call through previous_response_id
+    first = client.responses.create(**_responses_body(CALL, tools=tools))
+    assert [o.type for o in first.output] == ["reasoning", "function_call"]
+    [call] = [o for o in first.output if o.type == "function_call"]
+    answer = {"type": "function_call_output", "call_id": call.call_id, "output": "18 C"}
+    counted = client.responses.input_tokens.count(model="tiny-harmony", input=[answer], tools=tools,
+                                                  previous_response_id=first.id).input_tokens
+    messages = [{"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "", "reasoning_content": "Need the weather tool.",
+                 "tool_calls": [{"id": call.call_id, "type": "function",
+                                 "function": {"name": "get_weather", "arguments": call.arguments}}]},
+                {"role": "tool", "tool_call_id": call.call_id, "content": "18 C"}]
+    prompt = _template(gpt_oss_like, messages).json()["prompt"]
+    assert ANALYSIS + "Need the weather tool.<|end|>" in prompt
+    assert counted == len(gpt_oss_like.model._prompt_ids(prompt))
+
+
+def test_messages_give_thinking_blocks_back_to_their_turn(gpt_oss_like):
+    """Anthropic's tool loop passes an assistant turn's thinking back with its tool_use: the same prompt."""
+    tools = [{"name": "get_weather", "description": "weather", "input_schema": TOOLS[0]["function"]["parameters"]}]
+    messages = [{"role": "user", "content": "weather in Oslo?"},
+                {"role": "assistant", "content": [
+                    {"type": "thinking", "thinking": "Need the weather tool.", "signature": ""},
+                    {"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {"city": "Oslo"}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1", "content": "18 C"}]}]
+    counted = _anthropic(gpt_oss_like).messages.count_tokens(model="tiny-harmony", messages=messages, tools=tools)
+    want = len(gpt_oss_like.model._prompt_ids(_template(gpt_oss_like, _called()).json()["prompt"]))
+    assert counted.input_tokens == want

@@ -322,6 +322,11 @@ def test_input_tokens_are_the_prompt_tokens_generation_reports(live, client):
     follow = dict(model=MODEL_ID, input="And two more?", previous_response_id=r.id)
     assert client.responses.input_tokens.count(**follow).input_tokens == \
         client.responses.create(max_output_tokens=2, **follow).usage.input_tokens
+    # a stored conversation alone (no new input, as the SDK allows) counts as that conversation sent whole
+    alone = client.responses.input_tokens.count(model=MODEL_ID, previous_response_id=r.id).input_tokens
+    whole = _items("Hi", "Hello!", "Name three colors.") + [
+        {"role": "assistant", "content": r.output_text}]
+    assert alone == client.responses.input_tokens.count(model=MODEL_ID, input=whole).input_tokens
     # the create's checks and errors; a text past the cap is refused before any tokenizing
     assert_error(post(live, "/v1/responses/input_tokens", {"model": MODEL_ID}), 400, "'input' is required")
     assert_error(post(live, "/v1/responses/input_tokens", {"model": "other", "input": "Hi"}), 404, "other")

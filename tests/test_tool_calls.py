@@ -136,10 +136,14 @@ def test_tool_call_parser_forced_choice_and_parallel_off():
     for prefix, text in ((forced, "1}"), (hermes_prefix("required"), 'nope", "arguments": {}}')):
         content, calls = extract_tool_calls(text, names, prefix=prefix)
         assert calls == [] and content == prefix + text
-    # cut short by max_tokens: streaming has sent the call's start; the whole answer is text
-    cut = '<tool_call>{"name": "get_time", "arguments": {"city": "Ro'
-    assert _parse_in_pieces(cut, names)[1] == [{"name": "get_time", "arguments": '{"city": "Ro'}]
-    assert extract_tool_calls(cut, names) == (cut, [])
+    # cut short by max_tokens: the call as far as it got, as streaming sent it (earlier calls too)
+    cut = 'Sure. <tool_call>{"name": "get_time", "arguments": {"city": "Ro'
+    assert _parse_in_pieces(cut, names) == ("Sure. ", [{"name": "get_time", "arguments": '{"city": "Ro'}])
+    content, calls = extract_tool_calls(cut, names)
+    assert content == "Sure." and [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == \
+        [("get_time", '{"city": "Ro')]
+    two_cut = '<tool_call>{"name": "get_weather", "arguments": {}}</tool_call>' + cut
+    assert [c["function"]["arguments"] for c in extract_tool_calls(two_cut, names)[1]] == ["{}", '{"city": "Ro']
     # parallel_tool_calls false: the first call only
     two = ('<tool_call>{"name": "get_time", "arguments": {}}</tool_call>\n'
            '<tool_call>{"name": "get_weather", "arguments": {}}</tool_call>')
@@ -250,3 +254,86 @@ def test_tools_with_qwen(qwen05_gguf):
             r2 = c.chat.completions.create(model="qwen", messages=follow, tools=QWEN_TOOLS, max_tokens=8,
                                            temperature=0)
             assert r2.choices[0].message.content
+
+
+# -- a call cut by the output limit: the same answer streamed or not, in all three APIs -----------
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string"}},
+           "required": ["city", "unit"]}
+PARIS = [{"role": "user", "content": "What is the weather in Paris right now, in celsius?"}]
+
+
+def _chat_cut(c, limit, **kw) -> tuple:
+    """(finish, content, calls) of a chat answer, non-streamed and streamed."""
+    r = c.chat.completions.create(max_tokens=limit, **kw).choices[0]
+    whole = (r.finish_reason, r.message.content or "",
+             [{"name": t.function.name, "arguments": t.function.arguments} for t in r.message.tool_calls or []])
+    content, calls, finish = _stream_tool_calls(c, max_tokens=limit, **kw)
+    return whole, (finish, content.strip(), calls)
+
+
+def _responses_cut(c, limit, **kw) -> tuple:
+    """(status, incomplete_details, output items without ids), non-streamed and streamed."""
+    def said(r):
+        return (r.status, r.incomplete_details and r.incomplete_details.reason,
+                [o.model_dump(exclude={"id", "call_id"}, exclude_none=True) for o in r.output])
+    whole = c.responses.create(max_output_tokens=limit, **kw)
+    streamed = list(c.responses.create(max_output_tokens=limit, stream=True, **kw))
+    return said(whole), said(streamed[-1].response)
+
+
+def _messages_cut(a, limit, **kw) -> tuple:
+    """(stop_reason, content blocks without ids), non-streamed and as the SDK assembles the stream."""
+    def said(m):
+        return m.stop_reason, [b.model_dump(exclude={"id"}, exclude_none=True) for b in m.content]
+    whole = a.messages.create(max_tokens=limit, **kw)
+    with a.messages.stream(max_tokens=limit, **kw) as stream:
+        streamed = stream.get_final_message()
+    return said(whole), said(streamed)
+
+
+def test_a_call_cut_by_the_limit_is_the_same_streamed_or_not(qwen_live):
+    """OpenAI answers a call cut by max_tokens with finish_reason "length" and the call's arguments as
+    far as they got; the Responses API with an incomplete response holding the function_call; Anthropic
+    with stop_reason "max_tokens" and the tool_use block, its input the object as far as it got. Both
+    ways, as the streamed answer assembled is the non-streamed one."""
+    import anthropic
+
+    c = qwen_live.client()
+    a = anthropic.Anthropic(base_url=qwen_live.url, api_key="none", max_retries=0, timeout=120)
+    chat_tools = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}]
+    forced = {"type": "function", "function": {"name": "get_weather"}}
+    inputs = []
+    for limit in (2, 5, 8):
+        chat = dict(model="qwen", messages=PARIS, tools=chat_tools, tool_choice=forced, temperature=0)
+        whole, streamed = _chat_cut(c, limit, **chat)
+        assert whole == streamed, limit
+        finish, content, [call] = whole
+        assert finish == "length" and content == "" and call["name"] == "get_weather"
+        with pytest.raises(ValueError):        # cut: not yet a JSON object
+            json.loads(call["arguments"])
+
+        whole, streamed = _responses_cut(c, limit, model="qwen", input=PARIS, temperature=0,
+                                         tools=[{"type": "function", "name": "get_weather", "parameters": WEATHER}],
+                                         tool_choice={"type": "function", "name": "get_weather"})
+        assert whole == streamed, limit
+        status, reason, [item] = whole
+        assert (status, reason, item["type"], item["status"]) == ("incomplete", "max_output_tokens", "function_call",
+                                                                   "incomplete")
+        assert item["arguments"] == call["arguments"]
+
+        whole, streamed = _messages_cut(a, limit, model="qwen", messages=PARIS,
+                                        tools=[{"name": "get_weather", "input_schema": WEATHER}],
+                                        tool_choice={"type": "tool", "name": "get_weather"},
+                                        extra_body={"temperature": 0})
+        assert whole == streamed, limit
+        reason, [block] = whole
+        assert reason == "max_tokens" and block["type"] == "tool_use" and block["name"] == "get_weather"
+        inputs.append(block["input"])
+    assert inputs[0] == {} and inputs[-1], inputs     # cut in the first key, and past a finished value
+
+    # cut before the call's arguments began (here the model's own call, not forced, with its tag):
+    # no call was announced, so its text is the answer both ways
+    chat = dict(model="qwen", messages=PARIS, tools=chat_tools, tool_choice="required", temperature=0)
+    whole, streamed = _chat_cut(c, 3, **chat)
+    assert whole == streamed and whole[0] == "length" and whole[2] == [] and "get_weather" in whole[1]

@@ -27,6 +27,7 @@ from .deltas import Http, array_of, deltas, sse_event, stop_sequence
 from .errors import APIError, bad_request
 from .generation import Generation, Service
 from .openai_format import dumps
+from .partial_json import partial_object
 from .schemas import MAX_TOOLS, GenerationSpec, _Body, _type, parse_chat
 
 PATH = "/v1/messages"
@@ -84,7 +85,7 @@ def _messages(system, messages) -> list[dict]:
         role = m.get("role") if isinstance(m, dict) else None
         if role not in ("user", "assistant"):
             raise bad_request(f"{where}.role must be 'user' or 'assistant'", param=where)
-        texts, calls, results = [], [], []
+        texts, calls, results, thinking = [], [], [], []
         for j, block in enumerate(_blocks(m.get("content"), f"{where}.content")):
             at, kind = f"{where}.content[{j}]", block["type"]
             if kind == "text" and isinstance(block.get("text"), str):
@@ -101,6 +102,8 @@ def _messages(system, messages) -> list[dict]:
                 if block.get("is_error"):
                     text = "Error: " + text
                 results.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id", "")), "content": text})
+            elif kind == "thinking" and role == "assistant" and isinstance(block.get("thinking"), str):
+                thinking.append(block["thinking"])     # given back as the turn's reasoning (harmony wants it)
             elif kind in ("thinking", "redacted_thinking"):
                 continue
             else:
@@ -113,6 +116,8 @@ def _messages(system, messages) -> list[dict]:
             msg = {"role": "assistant", "content": "\n".join(texts)}
             if calls:
                 msg["tool_calls"] = calls
+            if thinking:
+                msg["reasoning_content"] = "\n".join(thinking)
             out.append(msg)
         elif texts or not results:
             out.append({"role": "user", "content": "\n".join(texts)})
@@ -214,7 +219,7 @@ class MessageRun:
         for call in msg.get("tool_calls") or []:
             fn = call["function"]
             content.append({"type": "tool_use", "id": call["id"], "name": fn["name"],
-                            "input": json.loads(fn["arguments"])})
+                            "input": partial_object(fn["arguments"])})
         return self.message(content, choice["finish_reason"])
 
     async def stream(self):

@@ -20,7 +20,7 @@ from ..speculative import DEFAULT_DRAFT_MAX, PromptLookup, Speculation, check_ro
 from .config import ServerConfig
 from .errors import APIError, bad_request
 from .fim import find_fim_tokens, fim_prompt_ids, require_fim
-from .harmony import CHANNEL, harmony_vocabulary
+from .harmony import CHANNEL, harmony_vocabulary, with_analysis
 from .openai_format import (SSE_DONE, ChoiceState, TokenStrings, Usage, chat_logprobs, chat_response,
                             completion_logprobs, completion_response, new_id, now, sse, tool_finish)
 from .scheduler import Channel, Job, JobFailure, PromptLogprobs, QueueFull, Scheduler, ShuttingDown
@@ -75,9 +75,13 @@ class Service:
             raise APIError(404, f"the model {name!r} does not exist; this server serves {self.cfg.model_id!r}",
                            param="model", code="model_not_found")
 
+    def template_messages(self, messages: list) -> list:
+        """The messages as this model's chat template takes them (harmony's: reasoning as `thinking`)."""
+        return with_analysis(messages) if self.harmony else messages
+
     def _chat_ids(self, spec: GenerationSpec) -> tuple[list[int], ToolSetup | None, GrammarSpec | None]:
         """The prompt, how the answer is read for tool calls, and the grammar tool calls follow."""
-        messages, tools = spec.messages, spec.tools
+        messages, tools = self.template_messages(spec.messages), spec.tools
         generic = bool(spec.tools) and not self.template_has_tools
         setup, grammar = self._tool_setup(spec, constrained=generic or self.template_hermes, generic=generic)
         if self.harmony and not generic:

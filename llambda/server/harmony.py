@@ -15,12 +15,14 @@ and a call of a function tool is a message to a recipient, its body the JSON arg
 generation (the tokenizer counts them as end-of-generation tokens), so usually the text stops
 just before them. `HarmonyParser` has ToolCallParser's interface (feed/finish -> content and
 tool-call deltas, `.calls`), plus `take_reasoning()` for the analysis text that arrived.
+`with_analysis` goes the other way: an earlier turn's reasoning into the prompt, as the template wants it.
 """
 from __future__ import annotations
 
-import json
 import re
 
+from .errors import bad_request
+from .schemas import _type
 from .tools import _merge, _partial_suffix, new_call_id
 
 START, CHANNEL, MESSAGE, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"
@@ -55,7 +57,7 @@ class HarmonyParser:
         self.state = OPENING
         self.buf = ""
         self.sink = "content"      # where the current body goes: "content", "reasoning" or "call"
-        self.calls: list[dict] = []   # {"id", "name", "arguments", "complete"}
+        self.calls: list[dict] = []   # {"id", "name", "arguments"}
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self._deltas: list[dict] = []
@@ -92,11 +94,10 @@ class HarmonyParser:
         return self._take()
 
     def finish(self) -> tuple[str, list[dict]]:
-        """Whatever is still held, at the end of the answer. A call whose arguments parse is complete
-        (its `<|call|>` ended the generation and is not in the text)."""
+        """Whatever is still held, at the end of the answer (a call's `<|call|>` ends the generation
+        and is not in the text; one cut by max_tokens keeps the arguments it has)."""
         if self.state == BODY:
             self._emit(self.buf)
-            self._close_call(require_json=True)
         elif self.state in (OPENING, GAP) and self.buf.strip():
             self.sink = "content"
             self._emit(self.buf)
@@ -148,7 +149,7 @@ class HarmonyParser:
         at, term = min(cut)
         self._emit(self.buf[:at])
         self.buf = self.buf[at + len(term):]
-        self._close_call(require_json=term != CALL)
+        self.sink = "content"
         self.state = GAP
         return True
 
@@ -161,7 +162,7 @@ class HarmonyParser:
             if name in self.names:
                 if self.calls and not self.parallel:
                     return "drop"
-                self.calls.append({"id": new_call_id(), "name": name, "arguments": "", "complete": False})
+                self.calls.append({"id": new_call_id(), "name": name, "arguments": ""})
                 self._deltas.append({"index": len(self.calls) - 1, "id": self.calls[-1]["id"], "type": "function",
                                      "function": {"name": name, "arguments": ""}})
                 return "call"
@@ -172,27 +173,42 @@ class HarmonyParser:
     def _open_body(self, sink: str) -> None:
         self.sink, self.state = sink, BODY
 
-    def _close_call(self, require_json: bool) -> None:
-        if self.sink != "call":
-            return
-        c = self.calls[-1]
-        c["complete"] = not require_json or _is_json_object(c["arguments"])
-        self.sink = "content"
+
+def with_analysis(messages: list) -> list:
+    """The messages with each assistant turn's reasoning as the `thinking` field gpt-oss's template reads.
+
+    OpenAI's harmony guide: a turn that called a tool gives its analysis back in the next prompt
+    (until a final answer, after which the template drops it). Clients send it back as chat's
+    `reasoning_content` (what we answer with) or `reasoning`; `thinking`, if given, stays. The template
+    refuses content and thinking together on a tool-call turn (content is then that turn's analysis),
+    so such a turn is left as it came.
+    """
+    out = []
+    for i, m in enumerate(messages):
+        reasoning = _reasoning_of(m, i) if isinstance(m, dict) and m.get("role") == "assistant" else None
+        if reasoning and "thinking" not in m and not (m.get("tool_calls") and m.get("content")):
+            m = {**m, "thinking": reasoning}
+        out.append(m)
+    return out
 
 
-def _is_json_object(text: str) -> bool:
-    try:
-        return isinstance(json.loads(text), dict)
-    except ValueError:
-        return False
+def _reasoning_of(message: dict, i: int) -> str | None:
+    for key in ("reasoning_content", "reasoning"):
+        v = message.get(key)
+        if v is not None and not isinstance(v, str):
+            raise bad_request(f"messages[{i}].{key} must be a string, got {_type(v)}", param=f"messages[{i}].{key}")
+        if v:
+            return v
+    return None
 
 
 def extract_harmony(text: str, names: set[str] | None = None,
                     parallel: bool = True) -> tuple[str, str, list[dict]]:
-    """(content, reasoning, tool calls) of a finished harmony answer; the same parser as streaming."""
+    """(content, reasoning, tool calls) of a finished harmony answer; the same parser as streaming, and
+    the same calls: one cut by max_tokens keeps its arguments as far as they got."""
     p = HarmonyParser(names, parallel)
     content, _ = p.feed(text)
     rest, _ = p.finish()
     calls = [{"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
-             for c in p.calls if c["complete"]]
+             for c in p.calls]
     return content + rest, p.take_reasoning(), calls

@@ -16,7 +16,8 @@ before the new input, e.g. function_call_output items answering its calls; its `
 not carried over), GET /v1/responses/{id} returns it as it was answered, DELETE removes it, and
 GET /v1/responses/{id}/input_items lists the items before its answer (`limit`, `order`, `after`).
 A stream that fails or is left is not stored. `conversation` (the Conversations API) is refused.
-POST /v1/responses/input_tokens counts the tokens of the prompt a request would generate from.
+POST /v1/responses/input_tokens counts the tokens of the prompt a request would generate from (a stored
+conversation alone, `previous_response_id` without `input`, included).
 """
 from __future__ import annotations
 
@@ -68,12 +69,21 @@ def _text(content, where: str) -> str:
 
 
 def _messages(items: list, field: str, msgs: list[dict]) -> list[dict]:
-    """Input items (from the request's `field`, for errors) appended to chat messages."""
+    """Input items (from the request's `field`, for errors) appended to chat messages.
+
+    A reasoning item's text goes onto the assistant turn that follows it (its calls or its answer)
+    as chat's `reasoning_content`, which a harmony template gives back for a turn that called a tool
+    (a template that reads no reasoning ignores it); followed by anything else, it is dropped."""
+    reasoning = ""          # a reasoning item's text, waiting for its assistant turn
     for i, item in enumerate(items):
         where = f"{field}[{i}]"
         if not isinstance(item, dict):
             raise bad_request(f"{where} must be an object, got {_type(item)}", param=where)
         kind = item.get("type", "message" if "role" in item else None)
+        if kind == "reasoning":
+            text = _reasoning_text(item.get("content"), f"{where}.content")
+            reasoning = f"{reasoning}\n{text}" if reasoning and text else reasoning or text
+            continue
         if kind == "message":
             role = ROLES.get(item.get("role"))
             if role is None:
@@ -86,7 +96,7 @@ def _messages(items: list, field: str, msgs: list[dict]) -> list[dict]:
                                   param=where)
             call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
             last = msgs[-1] if msgs else None
-            if last is not None and last["role"] == "assistant":
+            if last is not None and last["role"] == "assistant" and not reasoning:
                 last.setdefault("tool_calls", []).append(call)      # calls of one turn stay one message
             else:
                 msgs.append({"role": "assistant", "content": "", "tool_calls": [call]})
@@ -96,13 +106,29 @@ def _messages(items: list, field: str, msgs: list[dict]) -> list[dict]:
                 raise bad_request(f"{where}: a function_call_output item needs a string 'call_id'", param=where)
             msgs.append({"role": "tool", "tool_call_id": call_id,
                          "content": _text(item.get("output", ""), f"{where}.output")})
-        elif kind == "reasoning":
-            continue        # an earlier turn's reasoning (this model's or another's): not part of the prompt
         else:
             shown = repr(kind) if isinstance(kind, str) else _type(kind)
-            raise bad_request(f"{where}.type {shown} is not supported (message, function_call and "
-                              "function_call_output items are)", param=where)
+            raise bad_request(f"{where}.type {shown} is not supported (message, function_call, "
+                              "function_call_output and reasoning items are)", param=where)
+        if reasoning and msgs[-1]["role"] == "assistant":
+            msgs[-1]["reasoning_content"] = reasoning
+        reasoning = ""
     return msgs
+
+
+def _reasoning_text(content, where: str) -> str:
+    """A reasoning item's `reasoning_text` parts as one string (its summary is not the reasoning)."""
+    if content is None:
+        return ""
+    if not isinstance(content, list):
+        raise bad_request(f"{where} must be an array of reasoning_text parts, got {_type(content)}", param=where)
+    texts = []
+    for j, part in enumerate(content):
+        if not (isinstance(part, dict) and part.get("type") == "reasoning_text" and isinstance(part.get("text"), str)):
+            raise bad_request(f"{where}[{j}] must be a reasoning_text part with a string 'text'",
+                              param=f"{where}[{j}]")
+        texts.append(part["text"])
+    return "\n".join(texts)
 
 
 _ITEM_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
@@ -191,9 +217,10 @@ def _text_format(v) -> tuple[dict, dict | None]:
     return fmt, {"type": "json_schema", "json_schema": inner}
 
 
-def parse_responses(body, store: ResponseStore) -> tuple[GenerationSpec, dict, list[dict]]:
+def parse_responses(body, store: ResponseStore, counting: bool = False) -> tuple[GenerationSpec, dict, list[dict]]:
     """(the chat spec, the request's fields a response object repeats, the conversation's input
-    items: those `previous_response_id` continues, then this request's)."""
+    items: those `previous_response_id` continues, then this request's). `counting`: an input_tokens
+    body, which may leave `input` out when it names a stored conversation (that alone is a prompt)."""
     b = _Body(body)
     if b.get("conversation") is not None:
         raise bad_request("'conversation' is not supported: continue a stored response with "
@@ -202,9 +229,10 @@ def parse_responses(body, store: ResponseStore) -> tuple[GenerationSpec, dict, l
     if b.boolean("background", False):
         raise bad_request("'background' responses are not supported", param="background")
     inp = b.get("input")
-    if inp is None:
-        raise bad_request("'input' is required", param="input")
-    if not isinstance(inp, (str, list)) or not inp:
+    if inp is None and not (counting and b.get("previous_response_id") is not None):
+        raise bad_request("'input' is required" + (" (or 'previous_response_id')" if counting else ""),
+                          param="input")
+    if inp is not None and (not isinstance(inp, (str, list)) or not inp):
         raise bad_request(f"'input' must be a string or a non-empty array of items, got {_type(inp)}", param="input")
     instructions = b.string("instructions")
     keep = b.boolean("store", True)
@@ -214,7 +242,7 @@ def parse_responses(body, store: ResponseStore) -> tuple[GenerationSpec, dict, l
     # instructions are this request's alone: a continued response's are not carried over (as OpenAI's API)
     msgs = [{"role": "system", "content": instructions}] if instructions else []
     _messages(earlier, "previous_response_id", msgs)
-    _messages([{"role": "user", "content": inp}] if isinstance(inp, str) else inp, "input", msgs)
+    _messages([{"role": "user", "content": inp}] if isinstance(inp, str) else inp or [], "input", msgs)
     chat = {k: body[k] for k in PASSED if k in body}
     chat.update(messages=msgs, max_tokens=max_output,
                 tools=_tools(b.get("tools")), tool_choice=_tool_choice(b.get("tool_choice")))
@@ -234,7 +262,7 @@ def parse_responses(body, store: ResponseStore) -> tuple[GenerationSpec, dict, l
             "top_p": spec.sampling["top_p"], "text": {"format": shown_format},
             "tool_choice": b.get("tool_choice") or "auto", "tools": b.get("tools") or [],
             "previous_response_id": b.get("previous_response_id"), "store": keep}
-    return spec, echo, earlier + _as_items(inp, earlier)
+    return spec, echo, earlier + _as_items(inp or [], earlier)
 
 
 # -- response ----------------------------------------------------------------------------
@@ -296,12 +324,14 @@ class ResponseRun:
         msg = choice["message"]
         output = []
         if msg.get("reasoning_content"):
-            output.append(_reasoning_item(_id("rs"), msg["reasoning_content"], status))
+            output.append(_reasoning_item(_id("rs"), msg["reasoning_content"], "completed"))
         if msg.get("content"):
-            output.append(_message_item(_id("msg"), msg["content"], status))
+            output.append(_message_item(_id("msg"), msg["content"], "completed"))
         for call in msg.get("tool_calls") or []:
             fn = call["function"]
             output.append(_call_item(_id("fc"), call["id"], fn["name"], fn["arguments"], "completed"))
+        if output:      # as streamed: an item ends complete when the next begins; the last, as the answer did
+            output[-1]["status"] = status
         response = self.response(status, output)
         self.keep(response)
         return response
@@ -431,7 +461,7 @@ def routes(service: Service, http: Http, store: ResponseStore) -> list[Route]:
         body = await http.body(request)
         if body is None:
             return Response(status_code=499)
-        spec, _, _ = parse_responses(body, store)
+        spec, _, _ = parse_responses(body, store, counting=True)
         n = await service.count_prompt(spec)
         return http.json_response({"object": "response.input_tokens", "input_tokens": n})
 

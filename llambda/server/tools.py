@@ -353,24 +353,30 @@ def _merge(deltas: list[dict]) -> list[dict]:
     return [by_index[k] for k in sorted(by_index)]
 
 
+def _valid_call(call: dict) -> bool:
+    try:
+        return call["complete"] and isinstance(json.loads(call["arguments"]), dict)
+    except ValueError:
+        return False
+
+
 def extract_tool_calls(text: str, names: set[str], prefix: str = "",
                        parallel: bool = True) -> tuple[str, list[dict]]:
     """(content, tool calls) of a finished answer; `text` is what the model generated after `prefix`.
 
     Calls must be complete with arguments that parse as a JSON object; otherwise the whole
-    answer (with the prefix) is returned as content and no call.
+    answer (with the prefix) is returned as content and no call. An answer that ends inside a
+    call's arguments (cut by max_tokens) is the exception: its calls come back as streaming sent
+    them, the last one's arguments as far as they got (as OpenAI returns a call cut by the limit).
     """
     p = ToolCallParser(names, prefix, parallel)
     content, _ = p.feed(text)
     rest, _ = p.finish()
     content += rest
     calls = []
+    cut = bool(p.calls) and not p.calls[-1]["complete"]
     for c in p.calls:
-        try:
-            ok = c["complete"] and isinstance(json.loads(c["arguments"]), dict)
-        except ValueError:
-            ok = False
-        if not ok:
+        if not cut and not _valid_call(c):
             return prefix + text, []
         calls.append({"id": c["id"], "type": "function",
                       "function": {"name": c["name"], "arguments": c["arguments"]}})
