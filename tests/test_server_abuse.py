@@ -6,6 +6,7 @@ Every server listens on 127.0.0.1; every loop below is bounded in count and time
 """
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -263,6 +264,38 @@ def test_connection_cap_answers_at_once_and_spares_running_streams(smollm2_gguf,
                 s.close()
         _wait_health(srv, 200, 10)          # connections are taken again
         assert srv.metrics()['llambda_connections_dropped_total{reason="cap"}'] >= 5
+
+
+def test_over_the_cap_clients_that_send_their_request_at_once_read_the_503(smollm2_gguf, tmp_path):
+    """Real clients send their request as soon as they connect, and many connect at once. Closing
+    on a request the server had not read made the kernel reset the connection, and the client lost
+    the 503 it had been sent (httpx: ReadError, for most of a burst)."""
+    import asyncio
+
+    async def burst(url, body, n):
+        limits = httpx.Limits(max_connections=n, max_keepalive_connections=0)
+        async with httpx.AsyncClient(timeout=20, limits=limits) as h:
+            async def one():
+                try:
+                    r = await h.post(url + "/v1/completions", json=body)
+                    return r.status_code, r.json().get("error", {}).get("code")
+                except httpx.TransportError as e:
+                    return repr(e)
+            return await asyncio.gather(*(one() for _ in range(n)))
+
+    with ServerProcess(smollm2_gguf, tmp_path / "cap.log", "--parallel", "1", "--max-connections", "1") as srv:
+        # a running generation keeps the server busy: refused connections' requests arrive before it closes them
+        running = {"model": srv.model_id, "prompt": "Once upon a time", "max_tokens": 3000, "ignore_eos": True,
+                   "stream": True}
+        with httpx.Client(timeout=60) as h, h.stream("POST", srv.url + "/v1/completions", json=running) as stream:
+            assert stream.status_code == 200
+            lines = stream.iter_lines()         # kept: a dropped iterator closes the response
+            next(lines)                         # the stream holds the one connection allowed
+            body = {"model": srv.model_id, "prompt": "hi", "max_tokens": 1}
+            answers = asyncio.run(burst(srv.url, body, 100))
+        assert answers == [(503, "too_many_connections")] * 100, collections.Counter(answers)
+        _wait_health(srv, 200, 10)
+        assert srv.metrics()['llambda_connections_dropped_total{reason="cap"}'] >= 100
 
 
 def _cpu_seconds(pid: int) -> float:
