@@ -1,6 +1,6 @@
 """llambda: a CPU inference engine for LLMs; readable Python, SIMD C kernels."""
 from .errors import (ChatTemplateError, ContextOverflowError, DownloadError, InvalidInputError, LlambdaError,
-                     LlambdaWarning, ModelFormatError, ModelNotFoundError, NativeUnavailableError, TokenizerError,
+                     LlambdaWarning, ModelBusyError, ModelFormatError, ModelNotFoundError, NativeUnavailableError, TokenizerError,
                      VocabularyMismatchError)
 
 __version__ = "0.1.0"
@@ -13,5 +13,5 @@ def load(*args, **kwargs):
 
 
 __all__ = ["load", "LlambdaError", "ModelFormatError", "TokenizerError", "ChatTemplateError",
-           "ContextOverflowError", "DownloadError", "InvalidInputError", "ModelNotFoundError",
+           "ContextOverflowError", "DownloadError", "InvalidInputError", "ModelBusyError", "ModelNotFoundError",
            "NativeUnavailableError", "VocabularyMismatchError", "LlambdaWarning", "__version__"]

@@ -353,11 +353,11 @@ def _cfg(**kw) -> ServerConfig:
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
-def test_health_503_when_the_scheduler_thread_dies(model):
+def test_health_503_when_the_scheduler_thread_dies(spare_model):
     class Killed(BaseException):      # not an Exception: the scheduler's own guard does not catch it
         pass
 
-    app = create_app(model, _cfg())
+    app = create_app(spare_model, _cfg())
     sched = app.state.scheduler
     with LiveServer(app) as live:
         code, body = _health(live)
@@ -376,9 +376,9 @@ def test_health_503_when_the_scheduler_thread_dies(model):
         assert body["queue"] + body["slots_processing"] >= 1
 
 
-def test_health_503_when_the_scheduler_is_stuck(model):
-    app = create_app(model, _cfg(stall_timeout=1.0))
-    transformer = model.transformer
+def test_health_503_when_the_scheduler_is_stuck(spare_model):
+    app = create_app(spare_model, _cfg(stall_timeout=1.0))
+    transformer = spare_model.transformer
     release = threading.Event()
     real_forward = transformer.forward
 
@@ -407,8 +407,8 @@ def test_health_503_when_the_scheduler_is_stuck(model):
         _wait_health(live, 200, 5)
 
 
-def test_health_503_when_the_prompt_workers_are_stuck(model):
-    app = create_app(model, _cfg(prompt_stall_seconds=1.0))
+def test_health_503_when_the_prompt_workers_are_stuck(spare_model):
+    app = create_app(spare_model, _cfg(prompt_stall_seconds=1.0))
     service = app.state.service
     release = threading.Event()
     real_prepare = service.prepare

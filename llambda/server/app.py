@@ -7,7 +7,7 @@ import ipaddress
 import logging
 import socket
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, nullcontext
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -382,7 +382,9 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
 
     @asynccontextmanager
     async def lifespan(app):
-        scheduler.start()
+        # a library call computing on the model now finishes first; later ones get ModelBusyError
+        with getattr(model, "_lock", None) or nullcontext():
+            scheduler.start()
         # llguidance's view of the vocabulary (~0.3-1 s), built now rather than in the first
         # constrained request's time to first token
         asyncio.get_running_loop().run_in_executor(None, service.warm_grammars)
