@@ -387,7 +387,9 @@ class Scheduler:
         samples: list[tuple[int, Job, list]] = []   # (index into those logits, job to sample, its drafts)
         scored: list[tuple[Job, int, int, int]] = []   # prompt logprobs: (job, first position, first logit, count)
         decoding = [j for j in self._active if j.state == DECODE]
-        room = self.spec_rows - len(decoding)      # rows left for drafts after every stream's own
+        # rows left for drafts after every stream's own row and a row kept for each prompt being
+        # prefilled (its last token's logits, or its prompt logprobs): drafts filling every row starved those
+        room = self.spec_rows - len(self._active)
         for j in decoding:
             drafts = []
             if j.speculation is not None and room > 0:
@@ -411,8 +413,10 @@ class Scheduler:
             take = min(budget, len(j.prompt) - start)
             if j.prompt_logprobs is not None:
                 take = min(take, self.max_rows - len(rows))
-                if take <= 0:
-                    continue               # no logit rows left in this step; the next one has room
+            elif start + take == len(j.prompt) and len(rows) >= self.max_rows:
+                take -= 1                  # its last token needs a row: it goes in the next step
+            if take <= 0:
+                continue                   # no logit rows left in this step; the next one has room
             first = len(tokens)
             tokens.extend(j.prompt[start:start + take])
             slots.extend([j.slot] * take)
