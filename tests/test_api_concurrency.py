@@ -178,6 +178,25 @@ def test_library_calls_on_a_served_model_are_refused_and_its_prefix_forgotten(mo
     assert list(model.generate(pa, **GREEDY)) == want
 
 
+def test_a_served_models_draft_model_is_refused_too():
+    """The server's steps draft with the draft model on its own buffers: a library call on it beside
+    them would compute garbage there too."""
+    from starlette.testclient import TestClient
+
+    from llambda.server import ServerConfig, create_app
+
+    with llambda.load(TINY / "llama", n_ctx=128, n_slots=2) as m:
+        m.set_draft(llambda.load(TINY / "llama", n_ctx=128, n_slots=2))
+        pa, _ = prompts(m)
+        want = list(m.draft.generate(pa, **GREEDY))
+        with TestClient(create_app(m, ServerConfig(parallel=1))):       # its lifespan runs the scheduler
+            with pytest.raises(ModelBusyError):
+                m.draft.generate(pa, **GREEDY)
+            with pytest.raises(ModelBusyError):
+                m.generate(pa, **GREEDY)
+        assert list(m.draft.generate(pa, **GREEDY)) == want
+
+
 # -- token ids ---------------------------------------------------------------------------------
 
 BAD_IDS = [[1.7], ["5"], [True], [np.bool_(True)], [np.float32(2.0)], [None], [3, 2.0], "5", b"\x01\x02",

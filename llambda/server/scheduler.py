@@ -171,18 +171,23 @@ class Scheduler:
         self._busy_since: float | None = None
 
     # -- control (any thread) ------------------------------------------------
-    def start(self) -> None:
-        """Start the loop; it owns the model's forward passes and slots until stop() (ModelBusyError
-        when another running scheduler owns them)."""
+    def start(self, also=()) -> None:
+        """Start the loop; it owns the model's forward passes and slots until stop(), and those of the
+        transformers in `also` (a draft model's, which its steps run too); ModelBusyError when another
+        running scheduler owns one of them."""
         if self._thread is None:
-            held = getattr(self.model, "served_by", None)
-            if held is not None and held.is_alive():
-                raise ModelBusyError("this model is already served by another running scheduler: two would "
-                                     "overwrite each other's buffers and KV-cache slots; load it again for a second")
+            owned = [self.model, *also]
+            for t in owned:
+                held = getattr(t, "served_by", None)
+                if held is not None and held.is_alive():
+                    raise ModelBusyError("this model is already served by another running scheduler: two would "
+                                         "overwrite each other's buffers and KV-cache slots; load it again for a "
+                                         "second")
             self._thread = threading.Thread(target=self._run, name="llambda-scheduler", daemon=True)
             # claimed before the loop runs: a library call from here on is refused, not interleaved (the
             # thread stays there once stopped: the library then knows slot 0 no longer holds its prefix)
-            self.model.served_by = self._thread
+            for t in owned:
+                t.served_by = self._thread
             self._thread.start()
 
     def stop(self, timeout: float | None = 30.0) -> None:
