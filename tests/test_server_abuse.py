@@ -298,6 +298,28 @@ def test_over_the_cap_clients_that_send_their_request_at_once_read_the_503(smoll
         assert srv.metrics()['llambda_connections_dropped_total{reason="cap"}'] >= 100
 
 
+def test_refused_connections_linger_only_in_the_descriptors_above_the_cap(smollm2_gguf, tmp_path):
+    """A refused connection lingers for its client's request: 64 descriptors, a cap of 24 and 100
+    refused clients that never close would have run the server out of descriptors. As many linger as
+    the descriptors above the cap leave; the rest are closed at once, and none is shed for lack of one."""
+    with ServerProcess(smollm2_gguf, tmp_path / "linger.log", "--parallel", "1", "--max-connections", "24",
+                       "--header-timeout", "60", preexec_fn=_low_fd_limit) as srv:
+        held = [_connect(srv.port) for _ in range(24)]
+        time.sleep(0.5)
+        refused = []
+        for _ in range(100):
+            s = _connect(srv.port)
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            refused.append(s)
+        time.sleep(1.0)
+        for s in held + refused:
+            s.close()
+        _wait_health(srv, 200, 15)
+        m = srv.metrics()
+        assert m.get('llambda_connections_dropped_total{reason="fds"}', 0) == 0, m
+        assert m['llambda_connections_dropped_total{reason="cap"}'] >= 100
+
+
 def _cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
