@@ -1,6 +1,6 @@
 """llambda: a CPU inference engine for LLMs; readable Python, SIMD C kernels."""
 from .errors import (ChatTemplateError, ContextOverflowError, DownloadError, InvalidInputError, LlambdaError,
-                     LlambdaWarning, ModelClosedError, ModelFormatError, ModelNotFoundError, NativeUnavailableError, TokenizerError,
+                     LlambdaWarning, ModelBusyError, ModelClosedError, ModelFormatError, ModelNotFoundError, NativeUnavailableError, TokenizerError,
                      VocabularyMismatchError)
 
 __version__ = "0.1.0"

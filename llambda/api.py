@@ -15,8 +15,8 @@ from .backends import create_backend
 from .backends.native import KV_TYPES, usable_cpus
 from .constraints import Grammar, Grammars, GrammarSpec, grammar_spec
 from .engine import GenerationParams, Sequence, TokenEvent, token_ids
-from .errors import (ChatTemplateError, ContextOverflowError, InvalidInputError, LlambdaWarning, ModelClosedError,
-                     ModelFormatError, TokenizerError)
+from .errors import (ChatTemplateError, ContextOverflowError, InvalidInputError, LlambdaWarning, ModelBusyError,
+                     ModelClosedError, ModelFormatError, TokenizerError)
 from .formats.open import open_named
 from .hub import is_catalogued
 from .models import memory
@@ -159,6 +159,7 @@ class Model:
         self.n_ctx = transformer.n_ctx
         self._lock = threading.RLock()
         self._cached: list[int] = []   # tokens whose keys/values slot 0 holds (prefix reuse)
+        self._server_seen = None       # the scheduler thread that last ran the model (transformer.served_by)
         self._template = None
         self._template_error: str | None = None   # a template that did not compile, said again without recompiling
         self._grammars = None          # llguidance's view of the vocabulary, built on first use
@@ -209,16 +210,37 @@ class Model:
             raise ContextOverflowError(f"{len(ids)} tokens do not fit the context of {self.n_ctx}")
         with self._lock:
             self._check_open()
+            self._take_slot()
             self._cached = []
             out = engine.prefill(self.transformer, 0, ids, 0)
             self._cached = list(ids)
             return out
+
+    def _check_not_served(self) -> None:
+        """ModelBusyError while a server's scheduler runs this model, unless called on its thread
+        (embeddings in its spare slot): a library forward beside its steps would overwrite their
+        activations and its slot 0, and both would compute garbage."""
+        thread = self.transformer.served_by
+        if thread is not None and thread.is_alive() and thread is not threading.current_thread():
+            raise ModelBusyError(f"{self.name!r} is being served (create_app / llambda serve): its forward passes "
+                                 "and KV-cache slots belong to the server's scheduler until it stops; send the "
+                                 "request to the server, or load the model a second time for library calls")
+
+    def _take_slot(self) -> None:
+        """Before a library forward, holding the lock: refused while served; and once a scheduler has
+        run the model, slot 0 holds its sequences' keys/values, not the prefix _cached names."""
+        self._check_not_served()
+        server = self.transformer.served_by
+        if server is not self._server_seen:
+            self._cached = []
+            self._server_seen = server
 
     def _sync(self, ids: list[int]) -> None:
         """Make slot 0 hold the keys/values of exactly `ids`, reusing the prefix it holds; what it
         lacks is prefilled as a prompt is. Call holding the lock: each step of a generation does, so one
         still open after close() raises ModelClosedError here."""
         self._check_open()
+        self._take_slot()
         # a hybrid model's recurrent state resumes only where it is (Transformer.resume_point)
         common = self.transformer.resume_point(0, engine.common_prefix(self._cached, ids))
         self._cached = self._cached[:common]
@@ -290,6 +312,7 @@ class Model:
         if isinstance(logit_bias, dict):
             token_ids(list(logit_bias), self.config.vocab_size, what="logit_bias keys")
         seq = Sequence(self.tokenizer, ids, params, slot=0, n_ctx=self.n_ctx)
+        self._check_not_served()      # at the call, as the other checks (each step checks again)
         mode = self._speculative_mode(speculative)
         ws = self.transformer.ws
         # a verification feeds the last token and its drafts in one forward: max_batch (ws.max_tokens)
@@ -435,6 +458,7 @@ class Model:
         out = np.empty((len(items), self.config.d_model), np.float32)
         with self._lock:
             self._check_open()
+            self._take_slot()
             if slot == 0:
                 self._cached = []      # slot 0 is overwritten: nothing in it is a generation's prefix
             for r, item in enumerate(items):

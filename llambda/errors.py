@@ -30,6 +30,11 @@ class VocabularyMismatchError(LlambdaError, ValueError):
     """A draft model's vocabulary is not the target's: its token ids would mean other text."""
 
 
+class ModelBusyError(LlambdaError, RuntimeError):
+    """A library call would compute on a model a running server scheduler owns: its forward passes and
+    KV-cache slots are the scheduler's (send the request to the server, or load the model again)."""
+
+
 class ModelNotFoundError(LlambdaError, FileNotFoundError):
     """A model name is neither a catalogued model nor an existing file or directory."""
 

@@ -101,6 +101,17 @@ def model(smollm2_gguf):
 
 
 @pytest.fixture(scope="module")
+def spare_model(smollm2_gguf):
+    """A second load of `model`, for a test's own server while the module's `live` one runs: one
+    model is served by one running scheduler at a time (a second one is refused: ModelBusyError)."""
+    import llambda
+    from serverkit import LOAD_KW
+
+    with llambda.load(smollm2_gguf, n_slots=8, n_ctx=512, **LOAD_KW) as m:
+        yield m
+
+
+@pytest.fixture(scope="module")
 def live(model):
     from llambda.server import ServerConfig, create_app
     from serverkit import MODEL_ID, LiveServer

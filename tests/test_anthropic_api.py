@@ -176,11 +176,11 @@ def test_tools_through_the_generic_prompt(aclient):
     assert isinstance(uses[0].input["city"], str)
 
 
-def test_x_api_key(model):
+def test_x_api_key(spare_model):
     """Anthropic's clients send the key as x-api-key; a missing or wrong one is an Anthropic 401.
     No request here generates (the key is proven by getting past it to a 404 or 400)."""
     cfg = ServerConfig(model_id=MODEL_ID, parallel=1, api_key="s3cret")
-    with LiveServer(create_app(model, cfg)) as srv:
+    with LiveServer(create_app(spare_model, cfg)) as srv:
         with pytest.raises(anthropic.AuthenticationError):
             _client(srv, "wrong").messages.create(model=MODEL_ID, max_tokens=4, messages=QUESTION)
         _anthropic_error(post(srv, "/v1/messages", {}), 401, "authentication_error", "x-api-key")

@@ -3,6 +3,7 @@
 Every case must either give each generator the text it would have given alone, or fail at once with
 a llambda error: never another generator's text, never a hang (threads are joined with timeouts).
 """
+import asyncio
 import itertools
 import threading
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 
 import llambda
 from llambda.backends import available_backends
-from llambda.errors import InvalidInputError, LlambdaError
+from llambda.errors import InvalidInputError, LlambdaError, ModelBusyError
 
 TINY = Path(__file__).parent / "fixtures" / "reference" / "tiny"
 BACKENDS = [b for b in ("native", "numpy") if b in available_backends()]
@@ -118,6 +119,82 @@ def test_threads_generating_at_once_each_get_their_own_text(model):
         t.join(timeout=120)
     assert not any(t.is_alive() for t in threads)
     assert got == want
+
+
+# -- a model a server's scheduler runs ---------------------------------------------------------
+
+def _served_tokens(sched, ids) -> list[int]:
+    """Greedy tokens of one sequence through a running scheduler."""
+    from llambda.engine import GenerationParams, Sequence
+    from llambda.sampling import SamplingParams
+    from llambda.server.scheduler import Channel, Job
+
+    async def main():
+        ch = Channel()
+        sp = SamplingParams(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0)
+        seq = Sequence(None, ids, GenerationParams(max_tokens=16, sampling=sp, ignore_eos=True), slot=-1,
+                       n_ctx=sched.model.n_ctx)
+        sched.submit([Job(seq, ch, 0)])
+        out = []
+        while True:
+            for _, ev in await asyncio.wait_for(ch.get(), 60):
+                if ev.token >= 0:
+                    out.append(ev.token)
+                if ev.finish_reason:
+                    return out
+
+    return asyncio.run(main())
+
+
+def test_library_calls_on_a_served_model_are_refused_and_its_prefix_forgotten(model):
+    """A library call beside a running scheduler overwrote its steps' activations and its slot 0: the
+    server's clients and the caller both got garbage, silently. While served, computing calls raise
+    ModelBusyError; once the scheduler stops they work again, and the prefix the library had cached in
+    slot 0 before (overwritten by the scheduler's sequences meanwhile) is not reused."""
+    from llambda.server.metrics import Metrics
+    from llambda.server.scheduler import Scheduler
+
+    pa, pb = prompts(model)
+    want = list(model.generate(pa, **GREEDY))
+    served_want = list(model.generate(pb, **GREEDY))
+    model.logits(pa)                       # slot 0 now holds pa: the library would reuse it
+    early = model.generate(pa, **GREEDY)   # created before the server starts, consumed while it runs
+    sched = Scheduler(model.transformer, Metrics(), n_slots=1)
+    sched.start()
+    try:
+        with pytest.raises(ModelBusyError, match="served"):
+            model.generate(pa, **GREEDY)
+        with pytest.raises(ModelBusyError):
+            model.logits(pa)
+        with pytest.raises(ModelBusyError):
+            model.embed([pa])
+        with pytest.raises(ModelBusyError):
+            next(early)
+        with pytest.raises(ModelBusyError):     # two schedulers would overwrite each other too
+            Scheduler(model.transformer, Metrics(), n_slots=1).start()
+        assert _served_tokens(sched, pb) == served_want    # the server's sequence, on slot 0
+    finally:
+        sched.stop()
+    assert list(model.generate(pa, **GREEDY)) == want
+
+
+def test_a_served_models_draft_model_is_refused_too():
+    """The server's steps draft with the draft model on its own buffers: a library call on it beside
+    them would compute garbage there too."""
+    from starlette.testclient import TestClient
+
+    from llambda.server import ServerConfig, create_app
+
+    with llambda.load(TINY / "llama", n_ctx=128, n_slots=2) as m:
+        m.set_draft(llambda.load(TINY / "llama", n_ctx=128, n_slots=2))
+        pa, _ = prompts(m)
+        want = list(m.draft.generate(pa, **GREEDY))
+        with TestClient(create_app(m, ServerConfig(parallel=1))):       # its lifespan runs the scheduler
+            with pytest.raises(ModelBusyError):
+                m.draft.generate(pa, **GREEDY)
+            with pytest.raises(ModelBusyError):
+                m.generate(pa, **GREEDY)
+        assert list(m.draft.generate(pa, **GREEDY)) == want
 
 
 # -- token ids ---------------------------------------------------------------------------------

@@ -415,3 +415,72 @@ def test_prompt_logprobs_with_no_generated_tokens():
         _, toks, extra = run_jobs(sched, lambda ch: [make_job(ch, prompt, 0, prompt_logprobs=0)])
     entries = extra["prompt_logprobs"][0]
     assert not toks and len(entries) == len(prompt) and all(top == [] for _, _, top in entries[1:])
+
+
+def test_a_prompt_finishing_beside_prompt_logprobs_stays_within_the_logit_rows():
+    """A prompt scored for its logprobs takes the step's logit rows left; a prompt whose last chunk came
+    after it in the same step asked for one row more (a fresh rows x vocab array each such step). Its
+    last token now waits for the next step, and both still equal their sequential runs."""
+    rng = np.random.default_rng(9)
+    model = FakeTransformer(n_slots=3, max_logit_rows=5)
+    scored_prompt = rng.integers(1, VOCAB, 23).tolist()
+    short = [rng.integers(1, VOCAB, 3).tolist(), rng.integers(1, VOCAB, 4).tolist()]
+    with running(model, prefill_chunk=64) as sched:
+        _, toks, extra = run_jobs(sched, lambda ch: [make_job(ch, scored_prompt, 6, index=0, prompt_logprobs=2),
+                                                     make_job(ch, short[0], 6, index=1),
+                                                     make_job(ch, short[1], 6, index=2)])
+    assert [e[0] for e in extra["prompt_logprobs"][0]] == scored_prompt
+    assert toks.get(0, []) == oracle(scored_prompt, 6)
+    assert toks.get(1, []) == oracle(short[0], 6) and toks.get(2, []) == oracle(short[1], 6)
+    assert max(model.rows_asked) <= 5, "a step asked for more logit rows than the workspace holds"
+
+
+class OracleDrafter:
+    """Drafts the fake model's own greedy continuation: every draft is accepted, so the draft length
+    grows to its maximum and a speculating stream fills the step's rows."""
+
+    def draft(self, tokens, k, slot=0):
+        toks, out = list(tokens), []
+        while len(out) < k:
+            t = int(np.argmax(fake_logits(toks)))
+            out.append(t)
+            toks.append(t)
+        return out
+
+
+def test_speculating_streams_leave_rows_for_prompts_being_scored():
+    """Drafts took every logit row a step has, and a prompt scored for its logprobs (which needs rows
+    for its chunks) waited until the speculating stream ended."""
+    from llambda.speculative import Speculation
+
+    model = FakeTransformer(n_slots=3, n_ctx=200, max_tokens=64, max_logit_rows=5)
+    long_prompt = [3, 4, 5]
+    scored_prompt = [6, 7, 8, 9, 10, 11, 12, 13, 14]
+    sched = Scheduler(model, Metrics(), prefill_chunk=64, spec_rows=5)
+
+    async def main():
+        ch = Channel()
+        spec = make_job(ch, long_prompt, 120, index=0, n_ctx=200)
+        spec.seq.eot = set()
+        spec.speculation = Speculation(OracleDrafter(), 8)
+        scored = make_job(ch, scored_prompt, 2, index=1, n_ctx=200, prompt_logprobs=1)
+        sched.submit([spec, scored])     # queued before the loop starts: the steps do not depend on timing
+        sched.start()
+        tokens, finished = [], []
+        while len(finished) < 2:
+            for idx, ev in await asyncio.wait_for(ch.get(), 30):
+                if isinstance(ev, PromptLogprobs):
+                    continue
+                if idx == 0 and ev.token >= 0:
+                    tokens.append(ev.token)
+                if ev.finish_reason:
+                    finished.append(idx)
+        return tokens, finished
+
+    try:
+        tokens, finished = run(main())
+    finally:
+        sched.stop()
+    assert finished == [1, 0], "the scored prompt waited for the speculating stream to end"
+    assert max(model.rows_asked) <= 5
+    assert tokens == oracle(long_prompt, 120, n_ctx=200)

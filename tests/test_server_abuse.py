@@ -6,6 +6,7 @@ Every server listens on 127.0.0.1; every loop below is bounded in count and time
 """
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -265,6 +266,60 @@ def test_connection_cap_answers_at_once_and_spares_running_streams(smollm2_gguf,
         assert srv.metrics()['llambda_connections_dropped_total{reason="cap"}'] >= 5
 
 
+def test_over_the_cap_clients_that_send_their_request_at_once_read_the_503(smollm2_gguf, tmp_path):
+    """Real clients send their request as soon as they connect, and many connect at once. Closing
+    on a request the server had not read made the kernel reset the connection, and the client lost
+    the 503 it had been sent (httpx: ReadError, for most of a burst)."""
+    import asyncio
+
+    async def burst(url, body, n):
+        limits = httpx.Limits(max_connections=n, max_keepalive_connections=0)
+        async with httpx.AsyncClient(timeout=20, limits=limits) as h:
+            async def one():
+                try:
+                    r = await h.post(url + "/v1/completions", json=body)
+                    return r.status_code, r.json().get("error", {}).get("code")
+                except httpx.TransportError as e:
+                    return repr(e)
+            return await asyncio.gather(*(one() for _ in range(n)))
+
+    with ServerProcess(smollm2_gguf, tmp_path / "cap.log", "--parallel", "1", "--max-connections", "1") as srv:
+        # a running generation keeps the server busy: refused connections' requests arrive before it closes them
+        running = {"model": srv.model_id, "prompt": "Once upon a time", "max_tokens": 3000, "ignore_eos": True,
+                   "stream": True}
+        with httpx.Client(timeout=60) as h, h.stream("POST", srv.url + "/v1/completions", json=running) as stream:
+            assert stream.status_code == 200
+            lines = stream.iter_lines()         # kept: a dropped iterator closes the response
+            next(lines)                         # the stream holds the one connection allowed
+            body = {"model": srv.model_id, "prompt": "hi", "max_tokens": 1}
+            answers = asyncio.run(burst(srv.url, body, 100))
+        assert answers == [(503, "too_many_connections")] * 100, collections.Counter(answers)
+        _wait_health(srv, 200, 10)
+        assert srv.metrics()['llambda_connections_dropped_total{reason="cap"}'] >= 100
+
+
+def test_refused_connections_linger_only_in_the_descriptors_above_the_cap(smollm2_gguf, tmp_path):
+    """A refused connection lingers for its client's request: 64 descriptors, a cap of 24 and 100
+    refused clients that never close would have run the server out of descriptors. As many linger as
+    the descriptors above the cap leave; the rest are closed at once, and none is shed for lack of one."""
+    with ServerProcess(smollm2_gguf, tmp_path / "linger.log", "--parallel", "1", "--max-connections", "24",
+                       "--header-timeout", "60", preexec_fn=_low_fd_limit) as srv:
+        held = [_connect(srv.port) for _ in range(24)]
+        time.sleep(0.5)
+        refused = []
+        for _ in range(100):
+            s = _connect(srv.port)
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            refused.append(s)
+        time.sleep(1.0)
+        for s in held + refused:
+            s.close()
+        _wait_health(srv, 200, 15)
+        m = srv.metrics()
+        assert m.get('llambda_connections_dropped_total{reason="fds"}', 0) == 0, m
+        assert m['llambda_connections_dropped_total{reason="cap"}'] >= 100
+
+
 def _cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -320,11 +375,11 @@ def _cfg(**kw) -> ServerConfig:
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
-def test_health_503_when_the_scheduler_thread_dies(model):
+def test_health_503_when_the_scheduler_thread_dies(spare_model):
     class Killed(BaseException):      # not an Exception: the scheduler's own guard does not catch it
         pass
 
-    app = create_app(model, _cfg())
+    app = create_app(spare_model, _cfg())
     sched = app.state.scheduler
     with LiveServer(app) as live:
         code, body = _health(live)
@@ -343,9 +398,9 @@ def test_health_503_when_the_scheduler_thread_dies(model):
         assert body["queue"] + body["slots_processing"] >= 1
 
 
-def test_health_503_when_the_scheduler_is_stuck(model):
-    app = create_app(model, _cfg(stall_timeout=1.0))
-    transformer = model.transformer
+def test_health_503_when_the_scheduler_is_stuck(spare_model):
+    app = create_app(spare_model, _cfg(stall_timeout=1.0))
+    transformer = spare_model.transformer
     release = threading.Event()
     real_forward = transformer.forward
 
@@ -374,8 +429,8 @@ def test_health_503_when_the_scheduler_is_stuck(model):
         _wait_health(live, 200, 5)
 
 
-def test_health_503_when_the_prompt_workers_are_stuck(model):
-    app = create_app(model, _cfg(prompt_stall_seconds=1.0))
+def test_health_503_when_the_prompt_workers_are_stuck(spare_model):
+    app = create_app(spare_model, _cfg(prompt_stall_seconds=1.0))
     service = app.state.service
     release = threading.Event()
     real_prepare = service.prepare

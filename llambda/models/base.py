@@ -187,6 +187,8 @@ class Transformer(Closable):
         self.cfg, self.backend = cfg, backend
         self._release = release or (lambda data: 0)   # harmless where a backend kept a view: it faults back
         self.n_ctx, self.n_slots = n_ctx, n_slots
+        # the thread of the server scheduler that runs (or last ran) this model, its buffers and slots
+        self.served_by = None
         try:
             self._load(tensors)
         except ModelFormatError as e:

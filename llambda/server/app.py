@@ -7,7 +7,7 @@ import ipaddress
 import logging
 import socket
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, nullcontext
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -394,7 +394,11 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
 
     @asynccontextmanager
     async def lifespan(app):
-        scheduler.start()
+        # a library call computing on the model now finishes first; later ones get ModelBusyError, on
+        # the draft model too (the scheduler drafts with it)
+        drafter = getattr(model, "drafter", None)
+        with getattr(model, "_lock", None) or nullcontext():
+            scheduler.start(also=[drafter.model] if drafter is not None else [])
         # llguidance's view of the vocabulary (~0.3-1 s), built now rather than in the first
         # constrained request's time to first token
         asyncio.get_running_loop().run_in_executor(None, service.warm_grammars)

@@ -1,8 +1,12 @@
 """What keeps slow, idle or too many clients from exhausting `llambda serve`.
 
-- A cap on open connections: one over the cap is answered 503 and closed at once, so it never holds
-  a descriptor. (uvicorn's `limit_concurrency` answers 503 only once a request head has arrived, so
-  connections that send nothing would still pile up.)
+- A cap on open connections: one over the cap is answered 503 at once and never reaches the app.
+  (uvicorn's `limit_concurrency` answers 503 only once a request head has arrived, so connections
+  that send nothing would still pile up.) It is not closed on the request its client sent meanwhile:
+  closing on unread bytes resets the connection, and the client loses the 503 (a busy server's
+  refusals all came out as resets). Its side is shut after the 503, what the client sends is read
+  and dropped, and it closes when the client does, or after LINGER_SECONDS; as many linger at once as
+  the descriptors above the cap allow, and one more is closed at once.
 - A deadline for each request head, from the connection's start or the previous response's end.
   (uvicorn's `timeout_keep_alive` starts only after a response and any byte received cancels it, so a
   client dribbling a header a byte at a time, or never sending one, would be held forever.) The body's
@@ -28,6 +32,7 @@ from .metrics import Metrics
 
 log = logging.getLogger("llambda.server")
 
+LINGER_SECONDS = 5.0      # a refused connection waits this long at most for its client (nginx lingers 5 s too)
 FD_RESERVE = 32           # descriptors left for everything but client connections (model, logs, pipes)
 RESOURCE_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 LOGGERS = ("llambda.server", "uvicorn.error", "asyncio")
@@ -114,8 +119,11 @@ class GuardedH11Protocol(H11Protocol):
     max_connections: int = 0
     header_timeout: float = 10.0
     metrics: Metrics | None = None
+    linger_max: int = 0        # refused connections left to linger at once: the descriptors the cap leaves
+    lingering = 0              # refused connections lingering now (the event loop's thread only)
 
     _refused = False
+    _linger = None             # a refused connection's deadline to close
     _head_timer = None
     _head_started = False      # bytes of the awaited request head have arrived
 
@@ -124,7 +132,13 @@ class GuardedH11Protocol(H11Protocol):
             self._refused = True
             transport.write(_canned(503, f"the server holds its limit of {self.max_connections} connections; "
                                          "retry later", "too_many_connections"))
-            transport.close()
+            cls = type(self)
+            if transport.can_write_eof() and cls.lingering < cls.linger_max:
+                transport.write_eof()
+                self._linger = self.loop.call_later(LINGER_SECONDS, transport.close)
+                cls.lingering += 1
+            else:              # out of room to linger: a reset is better than running out of descriptors
+                transport.close()
             self._dropped("cap", "connection refused: %d connections open (--max-connections)",
                           len(self.connections))
             return
@@ -133,11 +147,16 @@ class GuardedH11Protocol(H11Protocol):
 
     def connection_lost(self, exc) -> None:
         if self._refused:
+            if self._linger is not None:
+                self._linger.cancel()
+                type(self).lingering -= 1
             return
         self._disarm_head_deadline()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:          # the request of a refused connection: read, so closing does not reset
+            return
         if self._head_timer is not None:
             self._head_started = True
         super().data_received(data)
@@ -184,7 +203,8 @@ class GuardedH11Protocol(H11Protocol):
 def protocol_class(max_connections: int, header_timeout: float, metrics: Metrics | None) -> type:
     """The HTTP protocol class to give uvicorn.Config(http=...)."""
     return type("GuardedH11Protocol", (GuardedH11Protocol,),
-                {"max_connections": max_connections, "header_timeout": header_timeout, "metrics": metrics})
+                {"max_connections": max_connections, "header_timeout": header_timeout, "metrics": metrics,
+                 "linger_max": max(0, fd_limit() - FD_RESERVE - max_connections)})
 
 
 def _reserve_fd() -> int | None:

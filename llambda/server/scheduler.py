@@ -30,6 +30,7 @@ import numpy as np
 
 from ..constraints import ConstraintError
 from ..engine import Sequence
+from ..errors import ModelBusyError
 from ..sampling import top_k_indices
 from .metrics import Metrics
 from .prefix_cache import SlotTable
@@ -170,9 +171,23 @@ class Scheduler:
         self._busy_since: float | None = None
 
     # -- control (any thread) ------------------------------------------------
-    def start(self) -> None:
+    def start(self, also=()) -> None:
+        """Start the loop; it owns the model's forward passes and slots until stop(), and those of the
+        transformers in `also` (a draft model's, which its steps run too); ModelBusyError when another
+        running scheduler owns one of them."""
         if self._thread is None:
+            owned = [self.model, *also]
+            for t in owned:
+                held = getattr(t, "served_by", None)
+                if held is not None and held.is_alive():
+                    raise ModelBusyError("this model is already served by another running scheduler: two would "
+                                         "overwrite each other's buffers and KV-cache slots; load it again for a "
+                                         "second")
             self._thread = threading.Thread(target=self._run, name="llambda-scheduler", daemon=True)
+            # claimed before the loop runs: a library call from here on is refused, not interleaved (the
+            # thread stays there once stopped: the library then knows slot 0 no longer holds its prefix)
+            for t in owned:
+                t.served_by = self._thread
             self._thread.start()
 
     def stop(self, timeout: float | None = 30.0) -> None:
@@ -377,7 +392,9 @@ class Scheduler:
         samples: list[tuple[int, Job, list]] = []   # (index into those logits, job to sample, its drafts)
         scored: list[tuple[Job, int, int, int]] = []   # prompt logprobs: (job, first position, first logit, count)
         decoding = [j for j in self._active if j.state == DECODE]
-        room = self.spec_rows - len(decoding)      # rows left for drafts after every stream's own
+        # rows left for drafts after every stream's own row and a row kept for each prompt being
+        # prefilled (its last token's logits, or its prompt logprobs): drafts filling every row starved those
+        room = self.spec_rows - len(self._active)
         for j in decoding:
             drafts = []
             if j.speculation is not None and room > 0:
@@ -401,8 +418,10 @@ class Scheduler:
             take = min(budget, len(j.prompt) - start)
             if j.prompt_logprobs is not None:
                 take = min(take, self.max_rows - len(rows))
-                if take <= 0:
-                    continue               # no logit rows left in this step; the next one has room
+            elif start + take == len(j.prompt) and len(rows) >= self.max_rows:
+                take -= 1                  # its last token needs a row: it goes in the next step
+            if take <= 0:
+                continue                   # no logit rows left in this step; the next one has room
             first = len(tokens)
             tokens.extend(j.prompt[start:start + take])
             slots.extend([j.slot] * take)
