@@ -26,6 +26,7 @@ from .deltas import Http, array_of, deltas
 from .errors import APIError, bad_request
 from .generation import Generation, Service
 from .openai_format import chat_logprobs, dumps
+from .partial_json import partial_object
 from .schemas import GenerationSpec, _Body, _type, parse_chat, parse_completion
 
 NDJSON = "application/x-ndjson"
@@ -250,14 +251,10 @@ def _ns(seconds: float) -> int:
     return max(0, int(seconds * 1e9))
 
 
-def _call(index: int, name: str, arguments: str) -> dict | None:
-    """An Ollama tool call (arguments as an object), or None for arguments that are not one (a
-    call cut off by num_predict)."""
-    try:
-        args = json.loads(arguments or "{}")
-    except ValueError:
-        return None
-    return {"function": {"index": index, "name": name, "arguments": args}} if isinstance(args, dict) else None
+def _call(index: int, name: str, arguments: str) -> dict:
+    """An Ollama tool call, its arguments as an object: for a call num_predict cut off, the members
+    finished so far (as /v1/messages gives a cut tool_use's input), so streamed and whole answers agree."""
+    return {"function": {"index": index, "name": name, "arguments": partial_object(arguments or "{}")}}
 
 
 class OllamaRun:
@@ -311,7 +308,7 @@ class OllamaRun:
         msg = choice["message"]
         calls = [_call(i, c["function"]["name"], c["function"]["arguments"]) for i, c in
                  enumerate(msg.get("tool_calls") or [])]
-        obj = self._object(msg.get("content") or "", msg.get("reasoning_content") or "", [c for c in calls if c])
+        obj = self._object(msg.get("content") or "", msg.get("reasoning_content") or "", calls)
         return self._done(obj, choice["finish_reason"])
 
     async def stream(self):
@@ -327,8 +324,8 @@ class OllamaRun:
                 if d.finish:
                     # Ollama sends a call whole, with its arguments as an object
                     made = [_call(i, c["name"], c["arguments"]) for i, c in sorted(calls.items())]
-                    if any(made):
-                        yield self._line(dict(self._object("", calls=[c for c in made if c]), done=False))
+                    if made:
+                        yield self._line(dict(self._object("", calls=made), done=False))
                     yield self._line(self._done(self._object(""), d.finish))
         except APIError as e:
             yield self._line({"error": e.message})
