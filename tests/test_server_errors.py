@@ -142,7 +142,9 @@ def test_schema_validation_units():
     spec = parse_chat({"messages": msgs, "max_completion_tokens": 7, "stop": "x", "seed": -1,
                        "logit_bias": {"42": -100}, "top_k": 5, "min_p": 0.1, "n": 3})
     assert spec.max_tokens == 7 and spec.stop == ["x"] and spec.n == 3
-    assert spec.sampling["seed"] == 2**64 - 1 and spec.sampling["logit_bias"] == {42: -100.0}
+    # -1 asks for a random seed (llama-server's, Ollama's and the library's convention); other negatives wrap
+    assert spec.sampling["seed"] is None and spec.sampling["logit_bias"] == {42: -100.0}
+    assert parse_chat({"messages": msgs, "seed": -2}).sampling["seed"] == 2**64 - 2
     assert spec.sampling["top_k"] == 5 and spec.sampling["temperature"] == 1.0
     bad = [
         ({"messages": msgs, "tool_choice": "required"}, "tool_choice"),

@@ -255,8 +255,10 @@ def _common(b: _Body, kind: str) -> GenerationSpec:
     spec.max_tokens = max_tokens
     spec.stop = _stop(b.get("stop"))
     seed = b.integer("seed", None, -(2**63), 2**64 - 1)
-    if seed is not None and seed < 0:
-        seed = seed % 2**64     # any integer is a valid seed; the sampler wants it unsigned
+    if seed == -1:
+        seed = None             # -1 is "a random seed" (llama-server's and the library's convention)
+    elif seed is not None and seed < 0:
+        seed = seed % 2**64     # any other integer is a valid seed; the sampler wants it unsigned
     spec.sampling = dict(
         temperature=b.number("temperature", 1.0, 0.0, 2.0),
         top_p=b.number("top_p", 1.0, 0.0, 1.0, lo_open=True),
