@@ -1,0 +1,158 @@
+"""Reasoning in <think>...</think>: split from the answer as it streams.
+
+The parser is checked on crafted texts, whole and cut at every position (the two must agree); the
+server end to end on a tiny random model with a Qwen3-like template, made to write a thought by a
+regex constraint (its text is exactly what a reasoning model would write).
+"""
+import json
+import random
+import re
+
+import httpx
+import pytest
+
+from llambda.server.think import ThinkParser, prompt_opens_thought, split_thinking, template_thinks
+from llambda.server.tools import ToolCallParser
+
+# (output, the prompt opened the thought, reasoning, content)
+CASES = [
+    ("<think>\nThe capital is Paris.\n</think>\n\nParis.", False, "The capital is Paris.", "Paris."),
+    ("  <think>a</think>b", False, "a", "b"),
+    # the template opened <think> itself: only the close appears
+    ("The user asks.\n</think>\n\nParis.", True, "The user asks.", "Paris."),
+    # Qwen3 told not to think closes an empty thought in the prompt: the output is the answer
+    ("Paris.", False, "", "Paris."),
+    # text before <think>: no thought, the tags are the answer's text
+    ("Hi <think>x</think> there", False, "", "Hi <think>x</think> there"),
+    # cut off before </think> (max_tokens): all reasoning
+    ("<think>\nStill thinking about it", False, "Still thinking about it", ""),
+    ("Still thinking </thi", True, "Still thinking </thi", ""),
+    # a <think> inside the thought is its text; the first </think> ends it; a later one is the answer's
+    ("<think>a <think> b</think>c</think>", False, "a <think> b", "c</think>"),
+    ("<think></think>\n\nanswer", False, "", "answer"),
+    ("<think>", False, "", ""),
+    ("", False, "", ""),
+    ("<thi", False, "", "<thi"),
+    ("\n\n", False, "", "\n\n"),
+    ("an answer with </think> in it", False, "", "an answer with </think> in it"),
+]
+
+
+def fed(text, opened, cuts, inner=None):
+    """(reasoning, content, call deltas) of `text` fed to a parser cut at `cuts`."""
+    p = ThinkParser(inner, opened)
+    reasoning, content, deltas = [], [], []
+    bounds = [0, *cuts, len(text)]
+    for i, j in zip(bounds, bounds[1:]):
+        c, d = p.feed(text[i:j])
+        content.append(c), reasoning.append(p.take_reasoning()), deltas.extend(d)
+    c, d = p.finish()
+    content.append(c), reasoning.append(p.take_reasoning()), deltas.extend(d)
+    return "".join(reasoning), "".join(content), deltas
+
+
+@pytest.mark.parametrize("text, opened, reasoning, content", CASES)
+def test_split_whole_and_cut_anywhere(text, opened, reasoning, content):
+    assert split_thinking(text, opened) == (reasoning, content)
+    for k in range(len(text) + 1):          # a tag split across two deltas at every position
+        assert fed(text, opened, [k])[:2] == (reasoning, content), k
+    assert fed(text, opened, list(range(1, len(text))))[:2] == (reasoning, content)   # a character at a time
+    rng = random.Random(len(text))
+    cuts = sorted(rng.sample(range(1, len(text)), min(3, max(len(text) - 1, 0)))) if len(text) > 1 else []
+    assert fed(text, opened, cuts)[:2] == (reasoning, content)
+
+
+def test_reasoning_streams_before_the_close():
+    p = ThinkParser()
+    assert p.feed("<think>\nLet me see") == ("", [])
+    assert p.take_reasoning() == "Let me see"      # not held until </think>
+    p.feed(" more </th")
+    assert p.take_reasoning() == " more"           # the blank and the partial tag are held
+    assert p.feed("ink>\n\nDone") == ("Done", []) and p.take_reasoning() == ""
+
+
+@pytest.mark.parametrize("cut", range(0, 80, 7))
+def test_tool_call_after_the_thought(cut):
+    text = '<think>I need the weather.</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    reasoning, content, deltas = fed(text, False, [cut], ToolCallParser({"get_weather"}))
+    assert reasoning == "I need the weather." and content == ""
+    assert deltas[0]["function"]["name"] == "get_weather"
+    assert json.loads("".join(d["function"].get("arguments", "") for d in deltas)) == {"city": "Oslo"}
+
+
+def test_which_templates_and_prompts_think():
+    assert template_thinks("{{ '<think>\\n' }}") and template_thinks("{% if '</think>' in c %}")
+    assert not template_thinks("{{ messages }}") and not template_thinks(None)
+    assert prompt_opens_thought("<|im_start|>assistant\n<think>\n")
+    assert not prompt_opens_thought("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert not prompt_opens_thought("user: what does <think> mean?\nassistant:")
+    assert not prompt_opens_thought("assistant:")
+    # an answer's given start (prefill) that opens a thought, or closes the one the prompt opened
+    assert prompt_opens_thought("assistant:", "<think>\nLet me") and not prompt_opens_thought("a:", "<think>x</think>")
+    assert prompt_opens_thought("assistant:<think>\n", "Let me") and not prompt_opens_thought("a:<think>", "x</think>")
+
+
+# -- a model that thinks ------------------------------------------------------------------------
+
+THINK_TOKENS = ("<think>", "</think>")
+# Qwen3's switch (enable_thinking false closes an empty thought), QwQ's opening of the thought
+# (open_thought, a variable of this test), gpt-oss's reasoning_effort; `refuse` shows a variable arrived
+TEMPLATE = ("{% if refuse is defined %}{{ raise_exception('refused: ' ~ refuse) }}{% endif %}"
+            "{% if reasoning_effort is defined %}Reasoning: {{ reasoning_effort }}\n{% endif %}"
+            "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+            "{% if tools %}{{ tools | length }} tools\n{% endif %}"
+            "{% if add_generation_prompt %}assistant:"
+            "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+            "{% elif open_thought is defined and open_thought %}<think>\n{% endif %}{% endif %}")
+THOUGHT, ANSWER = "The user greets me. I greet back.", "Hello there."
+OUTPUT = f"<think>\n{THOUGHT}\n</think>\n\n{ANSWER}"
+USER = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    from serverkit import tiny_chat_server
+    with tiny_chat_server(tmp_path_factory.mktemp("think"), "tiny-think", THINK_TOKENS, TEMPLATE) as srv:
+        yield srv
+
+
+def _post(live, path, body, **kw):
+    return httpx.post(live.url + path, json=body, timeout=120, **kw)
+
+
+def _chat(answer: str = OUTPUT, **kw) -> dict:
+    # the regex makes the random model write exactly `answer`
+    return {"model": "tiny-think", "messages": USER, "max_tokens": 200, "temperature": 0,
+            "regex": re.escape(answer), **kw}
+
+
+def test_chat_separates_the_thought(live):
+    r = _post(live, "/v1/chat/completions", _chat())
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["message"]["reasoning_content"] == THOUGHT
+    assert choice["message"]["content"] == ANSWER and choice["finish_reason"] == "stop"
+
+
+def test_streamed_and_whole_agree(live):
+    whole = _post(live, "/v1/chat/completions", _chat())
+    with httpx.stream("POST", live.url + "/v1/chat/completions", json=_chat(stream=True), timeout=120) as s:
+        chunks = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    reasoning = "".join(d.get("reasoning_content", "") for d in deltas)
+    content = "".join(d.get("content") or "" for d in deltas)
+    msg = whole.json()["choices"][0]["message"]
+    assert (reasoning, content) == (msg["reasoning_content"], msg["content"]) == (THOUGHT, ANSWER)
+    assert all("<think>" not in d.get("content", "") and "</think>" not in d.get("content", "") for d in deltas)
+
+
+def test_cut_off_while_thinking(live):
+    r = _post(live, "/v1/chat/completions", _chat(max_tokens=20)).json()["choices"][0]
+    assert r["finish_reason"] == "length" and r["message"]["content"] == ""
+    assert THOUGHT.startswith(r["message"]["reasoning_content"]) and r["message"]["reasoning_content"]
+
+
+def test_completions_stay_raw(live):
+    body = {"model": "tiny-think", "prompt": "user: hi\nassistant:", "max_tokens": 200, "temperature": 0,
+            "regex": re.escape(OUTPUT)}
+    assert _post(live, "/v1/completions", body).json()["choices"][0]["text"] == OUTPUT
