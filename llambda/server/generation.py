@@ -92,7 +92,7 @@ class Service:
                 messages = generic_tool_messages(validate_messages(spec.messages), spec.tools, spec.tool_choice,
                                                  spec.forced_tool)
                 tools = None
-            text = self.model.render_chat(messages, tools=tools)
+            text = self.model.render_chat(messages, tools=tools, **spec.template_kwargs)
             if self.thinks:
                 # a forced call starts the answer itself: no thought comes first
                 opened = prompt_opens_thought(text, spec.prefill) and not (setup is not None and setup.prefix)
