@@ -76,7 +76,8 @@ def test_reasoning_streams_before_the_close():
 
 @pytest.mark.parametrize("cut", range(0, 80, 7))
 def test_tool_call_after_the_thought(cut):
-    text = '<think>I need the weather.</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    text = ('<think>I need the weather.</think>\n\n'
+            '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>')
     reasoning, content, deltas = fed(text, False, [cut], ToolCallParser({"get_weather"}))
     assert reasoning == "I need the weather." and content == ""
     assert deltas[0]["function"]["name"] == "get_weather"
