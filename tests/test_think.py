@@ -205,6 +205,23 @@ def test_thought_opened_by_the_prompt(live):
     assert (msg["reasoning_content"], msg["content"]) == (THOUGHT, ANSWER)
 
 
+def test_tool_call_after_the_thought_on_the_server(live):
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    body = _chat(f"<think>\n{THOUGHT}\n</think>\n\n{call}", tools=tools)
+    choice = _post(live, "/v1/chat/completions", body).json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["reasoning_content"] == THOUGHT
+    assert [c["function"] for c in choice["message"]["tool_calls"]] == \
+        [{"name": "get_weather", "arguments": '{"city": "Oslo"}'}]
+    with httpx.stream("POST", live.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=120) as s:
+        chunks = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == THOUGHT
+    assert "".join(c["function"].get("arguments", "") for d in deltas for c in d.get("tool_calls", [])) == \
+        '{"city": "Oslo"}'
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
 def test_cut_off_while_thinking(live):
     r = _post(live, "/v1/chat/completions", _chat(max_tokens=20)).json()["choices"][0]
     assert r["finish_reason"] == "length" and r["message"]["content"] == ""
