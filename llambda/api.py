@@ -432,12 +432,19 @@ class Model:
     def render_chat(self, messages, add_generation_prompt: bool = True, tools=None, **extra) -> str:
         return self.chat_template().render(messages, add_generation_prompt=add_generation_prompt, tools=tools, **extra)
 
-    def chat_stream(self, messages, tools=None, **kw) -> Iterator[TokenEvent]:
-        return self.stream(self.render_chat(messages, tools=tools), **kw)
+    def chat_stream(self, messages, tools=None, template_kwargs=None, **kw) -> Iterator[TokenEvent]:
+        """The reply's token events; `template_kwargs`: extra chat-template variables, e.g.
+        {"enable_thinking": False} (Qwen3, SmolLM3) or {"reasoning_effort": "low"} (gpt-oss); a
+        template that does not read one ignores it (checked by chat.check_template_kwargs)."""
+        from .chat import check_template_kwargs
+        extra = check_template_kwargs(template_kwargs)
+        return self.stream(self.render_chat(messages, tools=tools, **extra), **kw)
 
-    def chat(self, messages, tools=None, **kw) -> str:
-        """The assistant's reply to `messages` (OpenAI-style dicts), as text."""
-        return "".join(ev.text for ev in self.chat_stream(messages, tools=tools, **kw))
+    def chat(self, messages, tools=None, template_kwargs=None, **kw) -> str:
+        """The assistant's reply to `messages` (OpenAI-style dicts), as text (a reasoning model's
+        `<think>...</think>` included: the server splits it off as reasoning_content)."""
+        return "".join(ev.text for ev in self.chat_stream(messages, tools=tools, template_kwargs=template_kwargs,
+                                                          **kw))
 
     # -- embeddings ------------------------------------------------------------
     is_encoder = False

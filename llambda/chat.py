@@ -35,7 +35,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 from jinja2.utils import Namespace
 from jinja2.visitor import NodeTransformer
 
-from .errors import ChatTemplateError
+from .errors import ChatTemplateError, InvalidInputError
 
 DEFAULT_MAX_OUTPUT_CHARS = 1_000_000   # rendered prompt; a 128k-token prompt is ~500k chars
 DEFAULT_MAX_STEPS = 250_000            # loop iterations + calls + output writes per render
@@ -710,6 +710,66 @@ def _validate_tools(tools: Any) -> list | None:
     if not isinstance(tools, (list, tuple)) or not all(isinstance(t, Mapping) for t in tools):
         raise ChatTemplateError("tools must be a list of objects (OpenAI tool definitions)")
     return list(tools)
+
+
+# --- extra template variables ------------------------------------------------------------
+
+# What a caller may add to a render (`enable_thinking`, `reasoning_effort`, ...): data, bounded like a
+# request body's fields. The names the renderer sets itself, and the template's functions, stay its own.
+RESERVED_TEMPLATE_VARS = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token",
+                                    "documents", "raise_exception", "strftime_now", "range", "dict", "lipsum",
+                                    "cycler", "joiner", "namespace"})
+MAX_TEMPLATE_VARS = 32
+MAX_TEMPLATE_VAR_DEPTH = 8          # nesting of one value (a list in a dict is 2)
+MAX_TEMPLATE_VARS_CHARS = 64 * 1024  # all values as JSON
+
+
+def check_template_kwargs(kwargs: Any) -> dict:
+    """Extra chat-template variables, checked: a mapping of identifiers (not reserved names) to JSON-like
+    values (None, bool, numbers, strings, lists, string-keyed dicts), bounded in count, depth and size.
+    Returns a copy; raises InvalidInputError saying what is wrong."""
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, Mapping):
+        raise InvalidInputError(f"template variables must be an object, got {type(kwargs).__name__}")
+    if len(kwargs) > MAX_TEMPLATE_VARS:
+        raise InvalidInputError(f"at most {MAX_TEMPLATE_VARS} template variables, got {len(kwargs)}")
+    out = {}
+    for name, value in kwargs.items():
+        if not isinstance(name, str) or not name.isidentifier():
+            raise InvalidInputError(f"template variable names must be identifiers, got {_short(repr(name))}")
+        if name in RESERVED_TEMPLATE_VARS:
+            raise InvalidInputError(f"template variable {name!r} is set by the renderer itself; "
+                                    f"reserved: {', '.join(sorted(RESERVED_TEMPLATE_VARS))}")
+        _check_plain(value, name)
+        out[name] = value
+    try:
+        size = len(json.dumps(out, ensure_ascii=False, allow_nan=False))
+    except ValueError:        # a float NaN/inf: plain data, but not JSON
+        raise InvalidInputError("template variables must not hold NaN or infinity") from None
+    if size > MAX_TEMPLATE_VARS_CHARS:
+        raise InvalidInputError(f"template variables are {size} characters as JSON; "
+                                f"at most {MAX_TEMPLATE_VARS_CHARS}")
+    return out
+
+
+def _check_plain(root: Any, name: str) -> None:
+    """A JSON-like value at most MAX_TEMPLATE_VAR_DEPTH deep (walked without recursion)."""
+    stack = [(root, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_TEMPLATE_VAR_DEPTH:
+            raise InvalidInputError(f"template variable {name!r} is nested more than {MAX_TEMPLATE_VAR_DEPTH} "
+                                    "levels deep")
+        if value is None or isinstance(value, (bool, int, float, str)):
+            continue
+        if isinstance(value, (list, tuple)):
+            stack.extend((v, depth + 1) for v in value)
+        elif isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
+            stack.extend((v, depth + 1) for v in value.values())
+        else:
+            raise InvalidInputError(f"template variable {name!r} holds a value of type {type(value).__name__}; values must be "
+                                    "null, booleans, numbers, strings, lists or objects with string keys")
 
 
 # --- the template ------------------------------------------------------------------------

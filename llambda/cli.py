@@ -128,6 +128,24 @@ def _constraint_kwargs(a) -> dict:
     return out
 
 
+def _template_kwargs(a) -> dict:
+    """chat's --template-kwargs JSON and --no-think as Model.chat_stream's template_kwargs, checked
+    before the model loads."""
+    from .chat import check_template_kwargs
+    from .errors import InvalidInputError
+
+    kw = {}
+    if a.template_kwargs is not None:
+        try:
+            kw = json.loads(a.template_kwargs)
+        except ValueError as e:
+            raise InvalidInputError(f"--template-kwargs is not valid JSON: {e}") from None
+        kw = check_template_kwargs(kw)
+    if a.no_think:
+        kw["enable_thinking"] = False
+    return {"template_kwargs": kw} if kw else {}
+
+
 def _sampling_kwargs(a) -> dict:
     return dict(max_tokens=a.max_tokens, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p,
                 repeat_penalty=a.repeat_penalty, repeat_last_n=a.repeat_last_n,
@@ -214,7 +232,7 @@ def cmd_chat(a) -> int:
     from .hub import home
     from .repl import ChatSession, run_chat
 
-    constraint, spec = _constraint_kwargs(a), _speculative_kwargs(a)
+    constraint, spec, template = _constraint_kwargs(a), _speculative_kwargs(a), _template_kwargs(a)
     if sys.stdin is None:       # `<&-`: once an AttributeError traceback, after the model loaded
         raise LlambdaError("no messages given and stdin is closed (chat reads them from it)")
     model = _load(a, generates=True)
@@ -222,7 +240,7 @@ def cmd_chat(a) -> int:
     if constraint:           # an invalid grammar is an error now, not at the first reply
         from .constraints import grammar_spec
         model.compile_grammar(grammar_spec(**constraint))
-    session = ChatSession(model, {**_sampling_kwargs(a), **constraint, **spec}, system=a.system)
+    session = ChatSession(model, {**_sampling_kwargs(a), **constraint, **spec, **template}, system=a.system)
     banner = (f"llambda chat: {a.model} ({model.config.arch}, ctx {model.n_ctx}). "
               "/help for commands, Ctrl-C stops a reply, Ctrl-D or /exit leaves.")
     return run_chat(session, banner, home() / "chat_history", verbose=a.verbose)
@@ -546,6 +564,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_constraint_args(p)
     _add_speculative_args(p)
     p.add_argument("--system", default=None, help="system prompt")
+    p.add_argument("--template-kwargs", metavar="JSON", default=None,
+                   help='extra chat-template variables, e.g. \'{"reasoning_effort": "low"}\' (gpt-oss)')
+    p.add_argument("--no-think", action="store_true",
+                   help="tell a reasoning model not to think (enable_thinking false: Qwen3, SmolLM3)")
     p.set_defaults(fn=cmd_chat)
 
     p = sub.add_parser("pull", help="download a catalogued model into the cache")

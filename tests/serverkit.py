@@ -106,6 +106,24 @@ def serving(model_path, n_slots: int, parallel: int, n_ctx: int = 512, **cfg):
             yield srv
 
 
+@contextmanager
+def tiny_chat_server(folder: Path, model_id: str, control_tokens: tuple, chat_template: str):
+    """A tiny random llama (test_export's) with these control tokens and chat template, served with 2
+    slots; the server's `.model` is the loaded model. Its context is beyond the model's 64: fine here."""
+    import pytest
+    from test_export import tiny_llama_gguf
+
+    from llambda.server import ServerConfig, create_app
+
+    gg = tiny_llama_gguf(folder / "tiny.gguf", control_tokens=control_tokens, chat_template=chat_template)
+    with pytest.warns(llambda.LlambdaWarning, match="context"):
+        m = llambda.load(gg, n_slots=2, n_ctx=512)
+    with m:
+        with LiveServer(create_app(m, ServerConfig(model_id=model_id, parallel=2))) as srv:
+            srv.model = m
+            yield srv
+
+
 def chat(client, content, **kw):
     kw.setdefault("max_tokens", 16)
     kw.setdefault("temperature", 0)

@@ -11,7 +11,6 @@ import re
 import httpx
 import pytest
 
-import llambda
 from llambda.server.harmony import HarmonyParser, extract_harmony, harmony_vocabulary
 from llambda.tokenizer import Tokenizer
 
@@ -130,16 +129,9 @@ TEMPLATE = ("{% for m in messages %}<|start|>{{ m['role'] }}<|message|>{{ m['con
 
 @pytest.fixture(scope="module")
 def harmony_live(tmp_path_factory):
-    from llambda.server import ServerConfig, create_app
-    from serverkit import LiveServer
-    from test_export import tiny_llama_gguf
-    gg = tiny_llama_gguf(tmp_path_factory.mktemp("harmony") / "h.gguf", control_tokens=HARMONY_TOKENS,
-                         chat_template=TEMPLATE)
-    with pytest.warns(llambda.LlambdaWarning, match="context"):     # beyond the tiny model's 64: fine here
-        m = llambda.load(gg, n_slots=2, n_ctx=512)
-    with m:
-        with LiveServer(create_app(m, ServerConfig(model_id="tiny-harmony", parallel=2))) as srv:
-            yield srv
+    from serverkit import tiny_chat_server
+    with tiny_chat_server(tmp_path_factory.mktemp("harmony"), "tiny-harmony", HARMONY_TOKENS, TEMPLATE) as srv:
+        yield srv
 
 
 def _body(answer: str, **kw) -> dict:

@@ -201,6 +201,33 @@ def test_chat_streams_an_answer_and_keeps_it_across_reload(page, live):
     assert page.locator("#conversations li .open").all_inner_texts() == ["Hi"]
 
 
+def test_a_reasoning_models_thought_is_shown_folded(page, tmp_path):
+    """A thought (reasoning_content) goes in a folded "Thinking" box above the answer, and stays out of
+    the conversation sent back (only the answer is the assistant's content)."""
+    import json
+
+    from serverkit import tiny_chat_server
+    from test_think import ANSWER, OUTPUT, THINK_TOKENS, THOUGHT, TEMPLATE
+    with tiny_chat_server(tmp_path, "tiny-think", THINK_TOKENS, TEMPLATE) as srv:
+        page.goto(srv.url + "/")
+        page.wait_for_selector("#model-info:has-text('Model tiny-think')")
+        _settings(page, **{"temperature": "0", "max-tokens": "200",
+                           "extra": json.dumps({"regex": re.escape(OUTPUT)})})     # the model writes OUTPUT
+        page.fill("#input", "hi")
+        page.press("#input", "Enter")
+        answer = page.locator(".msg.assistant").last
+        answer.locator("xpath=self::*[@data-status='done']").wait_for(timeout=60_000)
+        thought = answer.locator(".thinking")
+        assert thought.is_visible() and thought.get_attribute("open") is None
+        assert answer.locator(".body").inner_text() == ANSWER
+        thought.locator("summary").click()
+        assert thought.locator(".text").inner_text() == THOUGHT
+        page.reload()
+        page.wait_for_selector(".msg.assistant")
+        assert page.locator(".msg.assistant .thinking .text").text_content() == THOUGHT
+        assert page.locator(".msg.user .thinking").is_hidden()
+
+
 def _health(srv) -> dict:
     return httpx.get(srv.url + "/health", timeout=10).json()
 

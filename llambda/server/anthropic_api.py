@@ -159,11 +159,9 @@ def parse_messages(body, counting: bool = False) -> GenerationSpec:
     if max_tokens is None and not counting:
         raise bad_request("'max_tokens' is required", param="max_tokens")
     b.number("temperature", None, 0.0, 1.0)      # Anthropic's range is narrower than OpenAI's
-    thinking = b.get("thinking")
-    if isinstance(thinking, dict) and thinking.get("type") == "enabled":
-        raise bad_request("extended thinking is not supported", param="thinking")
     stops = b.get("stop_sequences")
     chat = {k: body[k] for k in PASSED if k in body}
+    chat.update(_thinking(b.get("thinking")))
     chat.update(messages=_messages(b.get("system"), b.get("messages")), max_tokens=max_tokens,
                 tools=_tools(b.get("tools")))
     if stops is not None:
@@ -176,6 +174,22 @@ def parse_messages(body, counting: bool = False) -> GenerationSpec:
     spec = parse_chat(chat)
     spec.prefill = prefill
     return spec
+
+
+def _thinking(v) -> dict:
+    """The chat fields `thinking` sets: disabled turns thinking off in templates that read
+    `enable_thinking` (Qwen3, SmolLM3). Enabled is what a reasoning model does anyway; its
+    budget_tokens is not enforced (the thought counts against max_tokens)."""
+    if v is None:
+        return {}
+    kind = v.get("type") if isinstance(v, dict) else None
+    if kind not in ("enabled", "disabled"):
+        raise bad_request('\'thinking\' must be {"type": "enabled", "budget_tokens": N} or {"type": "disabled"}',
+                          param="thinking")
+    budget = v.get("budget_tokens")
+    if kind == "enabled" and budget is not None and (type(budget) is not int or budget < 1):
+        raise bad_request("'thinking.budget_tokens' must be a positive integer", param="thinking.budget_tokens")
+    return {"chat_template_kwargs": {"enable_thinking": kind == "enabled"}}
 
 
 def _prefill(messages: list[dict]) -> str:

@@ -25,6 +25,7 @@ from .openai_format import (SSE_DONE, ChoiceState, TokenStrings, Usage, chat_log
                             completion_logprobs, completion_response, new_id, now, sse, tool_finish)
 from .scheduler import Channel, Job, JobFailure, PromptLogprobs, QueueFull, Scheduler, ShuttingDown
 from .schemas import GenerationSpec
+from .think import prompt_opens_thought, template_thinks
 from .tools import OPEN_TAG, ToolSetup, generic_tool_messages, hermes_prefix, tool_grammar, tool_names
 from .workers import PoolClosed, PoolFull, PromptWorkers
 
@@ -57,6 +58,8 @@ class Service:
         self.template_hermes = OPEN_TAG in src
         # gpt-oss answers in channels (analysis, final) and calls tools as messages to functions.NAME
         self.harmony = harmony_vocabulary(model.tokenizer) or CHANNEL in src
+        # Qwen3, SmolLM3, QwQ, DeepSeek-R1: a thought in <think>...</think> comes before the answer
+        self.thinks = not self.harmony and template_thinks(src)
         self.workers = PromptWorkers(cfg.prompt_workers, backlog=max(cfg.queue_size, cfg.prompt_workers))
         self.fim = find_fim_tokens(model.tokenizer, getattr(model.source, "metadata", None))
         if cfg.speculative not in (None, "off"):
@@ -93,7 +96,11 @@ class Service:
                 messages = generic_tool_messages(validate_messages(spec.messages), spec.tools, spec.tool_choice,
                                                  spec.forced_tool)
                 tools = None
-            text = self.model.render_chat(messages, tools=tools)
+            text = self.model.render_chat(messages, tools=tools, **spec.template_kwargs)
+            if self.thinks:
+                # a forced call starts the answer itself: no thought comes first
+                opened = prompt_opens_thought(text, spec.prefill) and not (setup is not None and setup.prefix)
+                setup = replace(setup or ToolSetup(), thinks=True, thought_open=opened)
             if spec.prefill:
                 # the answer continues the given text; a forced call or a harmony channel would have to
                 # start where it stands, so those are refused rather than silently mixed

@@ -27,7 +27,7 @@ from .errors import APIError, bad_request
 from .generation import Generation, Service
 from .openai_format import chat_logprobs, dumps
 from .partial_json import partial_object
-from .schemas import GenerationSpec, _Body, _type, parse_chat, parse_completion
+from .schemas import REASONING_EFFORTS, GenerationSpec, _Body, _type, parse_chat, parse_completion
 
 NDJSON = "application/x-ndjson"
 # the options that set a chat-completions field: option -> field
@@ -40,7 +40,6 @@ OPTION_FIELDS = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p
 # num_batch, use_mmap, ...: how Ollama loads and runs a model, which `llambda serve`'s flags decide
 # here) and unknown ones are ignored, as Ollama ignores options it does not know.
 UNSUPPORTED = {"mirostat": 0, "typical_p": 1.0, "tfs_z": 1.0}
-THINK_LEVELS = ("low", "medium", "high")
 PASSED = ("grammar", "regex")       # llama-server's constraint fields, taken here as on the other APIs
 DONE_REASONS = {"stop": "stop", "length": "length", "tool_calls": "stop"}
 REFUSED = ("/api/pull", "/api/push", "/api/create", "/api/copy", "/api/delete")
@@ -122,14 +121,18 @@ def _no_images(v, where: str) -> None:
                           param=where)
 
 
-def _think(b: _Body) -> bool:
-    """Whether a reasoning model's thinking is returned (`think`: a boolean or a level; the level
-    itself is not honoured: the model reasons as its prompt says). Models without it ignore it."""
+def _think(b: _Body) -> tuple[bool, dict]:
+    """Whether a reasoning model's thinking is returned, and the chat fields `think` sets: false turns
+    thinking off in templates that read `enable_thinking` (Qwen3, SmolLM3), a level is the template's
+    `reasoning_effort` (gpt-oss). Unset, the model thinks as its template says and the thought is
+    returned apart. Templates that read neither ignore it."""
     v = b.get("think")
-    if v is not None and not isinstance(v, bool) and v not in THINK_LEVELS:
-        raise bad_request(f"'think' must be a boolean or one of {', '.join(THINK_LEVELS)}, got {_type(v)}",
+    if v is not None and not isinstance(v, bool) and v not in REASONING_EFFORTS:
+        raise bad_request(f"'think' must be a boolean or one of {', '.join(REASONING_EFFORTS)}, got {_type(v)}",
                           param="think")
-    return v is not False
+    if v is False:
+        return False, {"chat_template_kwargs": {"enable_thinking": False}}
+    return True, {"reasoning_effort": v} if isinstance(v, str) else {}
 
 
 def _message(m, i: int) -> dict:
@@ -203,14 +206,15 @@ def parse_ollama_chat(body, service) -> tuple[GenerationSpec | None, bool]:
     return a reasoning model's thinking)."""
     b = _Body(body)
     fields, names = _common(body, b, service)
-    think = _think(b)
+    think, think_fields = _think(b)
     messages = b.get("messages")
     if messages is None or messages == []:
         return None, think
     if not isinstance(messages, list):
         raise bad_request(f"'messages' must be an array of message objects, got {_type(messages)}",
                           param="messages")
-    fields.update(messages=[_message(m, i) for i, m in enumerate(messages)], tools=_tools(b.get("tools")))
+    fields.update(messages=[_message(m, i) for i, m in enumerate(messages)], tools=_tools(b.get("tools")),
+                  **think_fields)
     return _parse(parse_chat, fields, names), think
 
 
@@ -219,7 +223,7 @@ def parse_ollama_generate(body, service) -> tuple[GenerationSpec | None, bool]:
     None for an empty prompt, Ollama's "load the model" call; whether to return thinking)."""
     b = _Body(body)
     fields, names = _common(body, b, service)
-    think = _think(b)
+    think, think_fields = _think(b)
     _no_images(b.get("images"), "images")
     for name in ("template", "context"):
         if b.get(name):
@@ -241,7 +245,7 @@ def parse_ollama_generate(body, service) -> tuple[GenerationSpec | None, bool]:
             names["logprobs"] = "top_logprobs"
         return _parse(parse_completion, fields, names), think
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-    fields["messages"] = messages
+    fields.update(messages=messages, **think_fields)
     return _parse(parse_chat, fields, names), think
 
 

@@ -120,7 +120,7 @@ class ServedModel:
         if getattr(s.model, "is_encoder", False):
             return ["embedding"]
         caps = ["completion", "tools"]      # tools: the template's own, or the generic tool prompt
-        if getattr(s, "harmony", False):
+        if getattr(s, "harmony", False) or getattr(s, "thinks", False):
             caps.append("thinking")
         if getattr(s, "fim", None) is not None:
             caps.append("insert")

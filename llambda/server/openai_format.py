@@ -6,6 +6,7 @@ import secrets
 import time
 
 from .harmony import HarmonyParser, extract_harmony
+from .think import ThinkParser, split_thinking
 from .tools import ToolSetup
 
 
@@ -81,10 +82,14 @@ class ChoiceState:
 
 
 def answer_parser(tools: ToolSetup | None):
-    """What reads a chat answer as it streams: harmony's channels, tool calls, or nothing (plain text)."""
+    """What reads a chat answer as it streams: harmony's channels, a <think> thought then tool calls
+    or text, tool calls, or nothing (plain text)."""
     if tools is not None and tools.harmony:
         return HarmonyParser(tools.names, tools.parallel)
-    return tools.parser() if tools is not None and tools.names else None
+    calls = tools.parser() if tools is not None and tools.names else None
+    if tools is not None and tools.thinks:
+        return ThinkParser(calls, tools.thought_open)
+    return calls
 
 
 def tool_finish(finish: str | None, has_calls: bool) -> str | None:
@@ -130,6 +135,9 @@ def chat_response(rid: str, created: int, model: str, choices: list[ChoiceState]
     for c in choices:
         text = c.text
         finish = c.finish_reason
+        reasoning = ""
+        if tools is not None and tools.thinks and not tools.harmony:
+            reasoning, text = split_thinking(text, tools.thought_open)
         message = {"role": "assistant", "content": text}
         if tools is not None and tools.harmony:
             message, finish = harmony_message(text, tools, finish)
@@ -140,6 +148,8 @@ def chat_response(rid: str, created: int, model: str, choices: list[ChoiceState]
                 finish = tool_finish(finish, True)
             else:
                 message["content"] = content
+        if reasoning:
+            message["reasoning_content"] = reasoning
         out.append({"index": c.index, "message": message,
                     "logprobs": chat_logprobs(c.logprobs, strings) if want_logprobs else None,
                     "finish_reason": finish})

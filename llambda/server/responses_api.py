@@ -34,7 +34,7 @@ from .errors import APIError, bad_request
 from .generation import Generation, Service
 from .openai_format import now
 from .response_store import ResponseStore
-from .schemas import MAX_TOOLS, GenerationSpec, _Body, _type, parse_chat
+from .schemas import MAX_TOOLS, REASONING_EFFORTS, GenerationSpec, _Body, _type, parse_chat
 
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -217,6 +217,19 @@ def _text_format(v) -> tuple[dict, dict | None]:
     return fmt, {"type": "json_schema", "json_schema": inner}
 
 
+def _effort(v):
+    """`reasoning.effort` (the template variable `reasoning_effort`, which gpt-oss's template reads)."""
+    if v is None:
+        return None
+    if not isinstance(v, dict):
+        raise bad_request(f"'reasoning' must be an object, got {_type(v)}", param="reasoning")
+    effort = v.get("effort")
+    if effort is not None and effort not in REASONING_EFFORTS:
+        raise bad_request(f"'reasoning.effort' must be one of {', '.join(REASONING_EFFORTS)}",
+                          param="reasoning.effort")
+    return effort
+
+
 def parse_responses(body, store: ResponseStore, counting: bool = False) -> tuple[GenerationSpec, dict, list[dict]]:
     """(the chat spec, the request's fields a response object repeats, the conversation's input
     items: those `previous_response_id` continues, then this request's). `counting`: an input_tokens
@@ -248,6 +261,9 @@ def parse_responses(body, store: ResponseStore, counting: bool = False) -> tuple
                 tools=_tools(b.get("tools")), tool_choice=_tool_choice(b.get("tool_choice")))
     if response_format is not None:
         chat["response_format"] = response_format
+    effort = _effort(b.get("reasoning"))
+    if effort is not None:
+        chat["reasoning_effort"] = effort
     try:
         spec = parse_chat(chat)
     except APIError as e:
@@ -261,6 +277,7 @@ def parse_responses(body, store: ResponseStore, counting: bool = False) -> tuple
             "parallel_tool_calls": spec.parallel_tool_calls, "temperature": spec.sampling["temperature"],
             "top_p": spec.sampling["top_p"], "text": {"format": shown_format},
             "tool_choice": b.get("tool_choice") or "auto", "tools": b.get("tools") or [],
+            "reasoning": {"effort": effort, "summary": None},
             "previous_response_id": b.get("previous_response_id"), "store": keep}
     return spec, echo, earlier + _as_items(inp or [], earlier)
 
@@ -309,7 +326,7 @@ class ResponseRun:
         return {"id": self.id, "object": "response", "created_at": self.created, "status": status,
                 "error": error, "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
                 "model": self.gen.model_id, "output": output,
-                "reasoning": {"effort": None, "summary": None}, "truncation": "disabled",
+                "truncation": "disabled",
                 "usage": _usage(self.gen.usage()) if status not in ("in_progress", "failed") else None,
                 **self.echo}
 

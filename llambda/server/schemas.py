@@ -16,8 +16,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..chat import DEFAULT_MAX_OUTPUT_CHARS
+from ..chat import DEFAULT_MAX_OUTPUT_CHARS, check_template_kwargs
 from ..constraints import GrammarSpec
+from ..errors import InvalidInputError
 from .errors import bad_request
 
 MAX_N = 16              # choices per request
@@ -29,6 +30,9 @@ MAX_TOOLS = 128         # OpenAI's cap
 MAX_LOGIT_BIAS = 1024   # logit_bias entries per request
 MAX_TOKEN_ID = 2**31 - 1   # ids travel as int32; the vocabulary check comes later
 MAX_COUNT = 2**31 - 1      # max_tokens, top_k, repeat_last_n: anything larger is a mistake
+# OpenAI's reasoning efforts; templates (gpt-oss's) know low/medium/high, so the others take the nearest
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+TEMPLATE_EFFORT = {"none": "low", "minimal": "low", "xhigh": "high"}
 
 # The body parser's bounds. 64 levels hold any real tool schema, and keep every later recursive walk
 # (template rendering, tojson) far from Python's recursion limit; no field needs a number of more than
@@ -152,6 +156,7 @@ class GenerationSpec:
     forced_tool: str | None = None          # the function a forced tool_choice names
     parallel_tool_calls: bool = True
     prefill: str = ""                       # the answer's given start (Anthropic's trailing assistant turn)
+    template_kwargs: dict = field(default_factory=dict)   # extra chat-template variables (enable_thinking, ...)
     # completion
     prompts: list = field(default_factory=list)   # each a str or a list of token ids
     echo: bool = False
@@ -394,7 +399,34 @@ def parse_chat(body: Any) -> GenerationSpec:
     spec.tools = _tools(b.get("tools"))
     spec.parallel_tool_calls = b.boolean("parallel_tool_calls", True)
     _tool_choice(b.get("tool_choice"), spec)
+    spec.template_kwargs = _template_kwargs(b)
     return spec
+
+
+def _template_kwargs(b: _Body) -> dict:
+    """`chat_template_kwargs` (extra template variables, as vLLM and llama-server take them) with
+    `reasoning_effort` among them; a template that does not read a variable ignores it."""
+    try:
+        out = check_template_kwargs(b.get("chat_template_kwargs"))
+    except InvalidInputError as e:
+        raise bad_request(f"'chat_template_kwargs': {e}", param="chat_template_kwargs") from None
+    return with_reasoning_effort(out, b.get("reasoning_effort"), "reasoning_effort")
+
+
+def with_reasoning_effort(kwargs: dict, effort: Any, param: str) -> dict:
+    """`kwargs` with the template variable `reasoning_effort` (gpt-oss's template reads it) set to
+    `effort`, one of REASONING_EFFORTS (those a template does not know as their nearest), unless None."""
+    if effort is None:
+        return kwargs
+    if effort not in REASONING_EFFORTS:
+        shown = repr(effort) if isinstance(effort, str) else _type(effort)
+        raise bad_request(f"'{param}' must be one of {', '.join(REASONING_EFFORTS)}, got {_clip(shown)}",
+                          param=param)
+    level = TEMPLATE_EFFORT.get(effort, effort)
+    if kwargs.get("reasoning_effort", level) != level:
+        raise bad_request(f"'{param}' is {effort!r} but 'chat_template_kwargs' sets reasoning_effort to "
+                          f"{_clip(repr(kwargs['reasoning_effort']))}; give it once", param=param)
+    return {**kwargs, "reasoning_effort": level}
 
 
 def _tool_choice(v: Any, spec: GenerationSpec) -> None:

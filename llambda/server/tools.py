@@ -44,6 +44,8 @@ class ToolSetup:
     prefix: str = ""                                # what we started the answer with (forced choice)
     parallel: bool = True                           # parallel_tool_calls
     harmony: bool = False                           # the model answers in harmony's channels (gpt-oss)
+    thinks: bool = False                            # the model reasons in <think>...</think> first (think.py)
+    thought_open: bool = False                      # ...and the prompt already opened that <think>
 
     def parser(self) -> "ToolCallParser":
         return ToolCallParser(self.names, self.prefix, self.parallel)

@@ -315,6 +315,10 @@ async function send(text) {
     await readEvents(resp, (chunk) => {
       if (chunk.usage) usage = chunk.usage;
       const delta = chunk.choices && chunk.choices[0] && chunk.choices[0].delta;
+      if (delta && delta.reasoning_content) {      // a reasoning model's thought, before the answer
+        if (tFirst === null) tFirst = performance.now();
+        answer.reasoning = (answer.reasoning || "") + delta.reasoning_content;
+      }
       if (delta && delta.content) {
         if (tFirst === null) tFirst = performance.now();
         answer.content += delta.content;
@@ -369,20 +373,29 @@ function messageElement(m, live) {
   const who = document.createElement("div");
   who.className = "who";
   who.textContent = m.role === "user" ? "You" : "llambda";
+  const thought = document.createElement("details");   // folded: the reasoning is there when wanted
+  thought.className = "thinking";
+  const summary = document.createElement("summary");
+  summary.textContent = "Thinking";
+  const thoughtText = document.createElement("div");
+  thoughtText.className = "text";
+  thought.append(summary, thoughtText);
   const body = document.createElement("div");
   body.className = "body";
   const stats = document.createElement("div");
   stats.className = "stats" + (m.status === "error" ? " error" : "");
   if (m.status === "error") stats.setAttribute("role", "alert");
-  fillMessage(body, stats, m);
-  el.append(who, body, stats);
+  fillMessage(body, stats, m, thought);
+  el.append(who, thought, body, stats);
   return el;
 }
 
-function fillMessage(body, stats, m) {
+function fillMessage(body, stats, m, thought) {
   if (m.role === "user") body.textContent = m.content;
   else body.innerHTML = renderMarkdown(m.content);   // escaped by renderMarkdown
   stats.textContent = m.stats || "";
+  thought.hidden = !m.reasoning;
+  thought.querySelector(".text").textContent = m.reasoning || "";
 }
 
 function render() {
@@ -429,7 +442,7 @@ function updateLive() {
   const el = box.lastElementChild;
   if (!el || !el.classList.contains("streaming")) return;
   const follow = box.scrollHeight - box.scrollTop - box.clientHeight < 60;
-  fillMessage(el.querySelector(".body"), el.querySelector(".stats"), live.answer);
+  fillMessage(el.querySelector(".body"), el.querySelector(".stats"), live.answer, el.querySelector(".thinking"));
   if (follow) box.scrollTop = box.scrollHeight;
 }
 

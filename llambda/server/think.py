@@ -1,0 +1,131 @@
+"""Reasoning in `<think> ... </think>` (Qwen3, SmolLM3, QwQ, DeepSeek-R1 distills), parsed as the text streams in.
+
+Such a model thinks first, then answers:
+
+    <think>
+    The user wants the capital. It is Paris.
+    </think>
+
+    The capital of France is Paris.
+
+The thought becomes the OpenAI `reasoning_content` (and the other APIs' reasoning or thinking),
+what follows `</think>` the answer. Some templates open `<think>` in the prompt themselves
+(QwQ, DeepSeek-R1), so the output starts mid-thought and only `</think>` appears; one that was
+told not to think (Qwen3's `enable_thinking: false`) closes an empty thought in the prompt. Only a
+`<think>` at the very start of the output opens a thought: one later in the answer is text the
+model wrote. A thought never closed (cut off by max_tokens) is all reasoning.
+
+`ThinkParser` has ToolCallParser's interface (feed/finish -> content and tool-call deltas, `.calls`,
+`take_reasoning()`) and hands the answer after the thought to the tool-call parser, if any.
+"""
+from __future__ import annotations
+
+from .tools import _partial_suffix
+
+OPEN, CLOSE = "<think>", "</think>"
+
+# parser states
+START, THOUGHT, ANSWER = "start", "thought", "answer"
+
+
+def template_thinks(source: str | None) -> bool:
+    """The chat template is a `<think>` reasoner's: it writes or strips the tags."""
+    return bool(source) and (OPEN in source or CLOSE in source)
+
+
+def prompt_opens_thought(prompt: str, prefill: str = "") -> bool:
+    """The output starts mid-thought: the rendered prompt ends with `<think>` (blanks after it aside),
+    or the given start of the answer (prefill) opens a thought it does not close."""
+    if OPEN in prefill or CLOSE in prefill:
+        return prefill.rfind(OPEN) > prefill.rfind(CLOSE)
+    return prompt.rstrip(" \n").endswith(OPEN)
+
+
+class ThinkParser:
+    """Feed generated text; get (content, tool-call deltas) back, and the thought by take_reasoning().
+
+    inner: the parser of the answer after the thought (tool calls), or None for plain text;
+    opened: the prompt already opened the thought.
+    """
+
+    def __init__(self, inner=None, opened: bool = False):
+        self.inner = inner
+        self.state = THOUGHT if opened else START
+        self.buf = ""
+        self.lead = True           # nothing of the thought emitted yet: its leading blank lines are dropped
+        self._reasoning: list[str] = []
+
+    @property
+    def calls(self) -> list[dict]:
+        return self.inner.calls if self.inner is not None else []
+
+    def take_reasoning(self) -> str:
+        """The thought's text that arrived since the last call."""
+        out, self._reasoning = "".join(self._reasoning), []
+        return out
+
+    def _think(self, text: str) -> None:
+        if self.lead:
+            text = text.lstrip()
+            self.lead = not text
+        if text:
+            self._reasoning.append(text)
+
+    def _answer(self, text: str) -> tuple[str, list[dict]]:
+        if self.inner is None:
+            return text, []
+        return self.inner.feed(text) if text else ("", [])
+
+    def feed(self, text: str) -> tuple[str, list[dict]]:
+        """Content to emit now and tool-call deltas (OpenAI `delta.tool_calls` entries)."""
+        self.buf += text
+        if self.state == START:
+            head = self.buf.lstrip()
+            if not head or (len(head) < len(OPEN) and OPEN.startswith(head)):
+                return "", []                   # `<think>` may be arriving
+            if head.startswith(OPEN):
+                self.buf, self.state = head[len(OPEN):], THOUGHT
+            else:
+                self.state, self.lead = ANSWER, False     # no thought: the answer as written
+        if self.state == THOUGHT:
+            at = self.buf.find(CLOSE)
+            if at < 0:
+                # hold back a tag that may be arriving and trailing blanks (they may end the thought)
+                keep = _partial_suffix(self.buf, CLOSE)
+                ready = self.buf[:len(self.buf) - keep]
+                ready_end = len(ready.rstrip())
+                self._think(ready[:ready_end])
+                self.buf = self.buf[ready_end:]
+                return "", []
+            self._think(self.buf[:at].rstrip())
+            self.buf, self.state = self.buf[at + len(CLOSE):], ANSWER
+            self.lead = True
+        # ANSWER: the blank lines after `</think>` are format, not the answer's start
+        if self.lead:
+            self.buf = self.buf.lstrip()
+            if not self.buf:
+                return "", []
+            self.lead = False
+        out, self.buf = self.buf, ""
+        return self._answer(out)
+
+    def finish(self) -> tuple[str, list[dict]]:
+        """Whatever is still held, at the end of the output: an unclosed thought is all reasoning."""
+        held, self.buf = self.buf, ""
+        content, calls = "", []
+        if self.state == THOUGHT:
+            self._think(held.rstrip())
+        elif self.state == START or not self.lead:
+            content, calls = self._answer(held)     # blank or a cut-off `<thi`: the model's text
+        if self.inner is not None:
+            rest, more = self.inner.finish()
+            content, calls = content + rest, calls + more
+        return content, calls
+
+
+def split_thinking(text: str, opened: bool = False) -> tuple[str, str]:
+    """(reasoning, answer) of a finished output; the same parser as streaming."""
+    p = ThinkParser(None, opened)
+    content, _ = p.feed(text)
+    rest, _ = p.finish()
+    return p.take_reasoning(), content + rest
