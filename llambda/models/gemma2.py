@@ -73,7 +73,7 @@ def config_from_hf(cfg: dict) -> TransformerConfig:
     types = cfg.get("layer_types")
     flags = [t == "sliding_attention" for t in types] if isinstance(types, list) and len(types) == n \
         else _alternating(n)
-    c["tie_embeddings"] = bool(cfg.get("tie_word_embeddings", True))
+    c["tie_embeddings"] = hf.flag("tie_word_embeddings", True)
     return TransformerConfig(
         **c, activation="gelu_tanh", post_norms=True, norm_offset=1.0,
         embed_scale=math.sqrt(c["d_model"]),

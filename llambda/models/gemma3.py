@@ -49,7 +49,7 @@ def config_from_hf(cfg: dict) -> TransformerConfig:
         local_theta, _ = hf.rope("sliding_attention")          # transformers 5
     else:
         local_theta = hf.get("rope_local_base_freq", _LOCAL_THETA, float, "rope_theta_local")   # transformers 4
-    c["tie_embeddings"] = bool(cfg.get("tie_word_embeddings", True))
+    c["tie_embeddings"] = hf.flag("tie_word_embeddings", True)
     return TransformerConfig(
         **c, activation="gelu_tanh", qk_norm=True, post_norms=True, norm_offset=1.0,
         embed_scale=math.sqrt(c["d_model"]),

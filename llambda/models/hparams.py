@@ -130,6 +130,16 @@ class HFConfig:
             return default
         return self.check(f"config.json {key!r}", v, kind, limit)
 
+    def flag(self, key: str, default: bool) -> bool:
+        """cfg[key] as a bool (None counts as absent): true/false or 0/1. bool() of "false", of NaN or
+        of a list was True: a tied head where the file has its own, top-k weights renormalised or not."""
+        v = self.cfg.get(key)
+        if v is None:
+            return default
+        if not is_flag(v):
+            raise ModelFormatError(f"config.json {key!r} should be true or false, got {v!r}"[:200])
+        return bool(v)
+
     @staticmethod
     def check(what: str, v, kind=None, limit: str | None = None):
         if kind is int:
@@ -183,7 +193,7 @@ class HFConfig:
             rope_theta=theta,
             rope_scaling=scaling,
             rope_neox=True,
-            tie_embeddings=bool(self.get("tie_word_embeddings", False)),
+            tie_embeddings=self.flag("tie_word_embeddings", False),
         )
 
 

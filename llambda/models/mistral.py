@@ -22,7 +22,8 @@ def hf_layer_sliding(cfg: dict, n_layers: int, default_sliding: bool) -> tuple[i
         flags = [t == "sliding_attention" for t in types]
     elif "use_sliding_window" in cfg:
         start = hf.get("max_window_layers", 0, int)
-        flags = [bool(cfg["use_sliding_window"]) and i >= start for i in range(n_layers)]
+        use = hf.flag("use_sliding_window", False)
+        flags = [use and i >= start for i in range(n_layers)]
     else:
         flags = [default_sliding] * n_layers
     if not window:
@@ -36,4 +37,4 @@ def config_from_hf(cfg: dict) -> TransformerConfig:
     c = hf.common("mistral")
     window, flags = hf_layer_sliding(cfg, c["n_layers"], default_sliding=True)
     return TransformerConfig(**c, sliding_window=window, layer_sliding=flags,
-                             attn_bias=bool(cfg.get("attention_bias", False)))
+                             attn_bias=hf.flag("attention_bias", False))
