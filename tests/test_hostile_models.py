@@ -67,3 +67,39 @@ def test_config_booleans_as_written(tmp_path, folder, key):
         assert np.array_equal(_logits(_hf(tmp_path / "b", folder, **{key: same}), "numpy"), base)
     flipped = not stored
     assert not np.array_equal(_logits(_hf(tmp_path / "c", folder, **{key: flipped}), "numpy"), base)
+
+
+# ---------------------------------------------------------------- load() limits
+
+def _write_tiny_kv_llama(path: Path) -> Path:
+    """A one-layer llama whose KV cache is 16 bytes a token (one KV head of 2 dims): a cache of 2^24
+    tokens is 256 MiB, so a context past the engine's limit fits the memory plan."""
+    from llambda.formats.gguf_writer import write_gguf
+    from llambda.formats.quants import QType
+    rng = np.random.default_rng(0)
+    d, vocab = 4, 32
+
+    def w(*shape):
+        return QType.F32, (rng.standard_normal(shape) * 0.1).astype(np.float32)
+
+    ones = (QType.F32, np.ones(d, np.float32))
+    meta = {"general.architecture": "llama", "llama.block_count": 1, "llama.embedding_length": d,
+            "llama.feed_forward_length": d, "llama.attention.head_count": 2, "llama.attention.head_count_kv": 1,
+            "llama.context_length": 64, "llama.vocab_size": vocab}
+    tensors = {"token_embd.weight": w(vocab, d), "output_norm.weight": ones, "blk.0.attn_norm.weight": ones,
+               "blk.0.ffn_norm.weight": ones, "blk.0.attn_q.weight": w(4, d), "blk.0.attn_k.weight": w(2, d),
+               "blk.0.attn_v.weight": w(2, d), "blk.0.attn_output.weight": w(d, 4), "blk.0.ffn_gate.weight": w(d, d),
+               "blk.0.ffn_up.weight": w(d, d), "blk.0.ffn_down.weight": w(d, d)}
+    write_gguf(path, meta, tensors)
+    return path
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_context_past_the_positions_the_engine_addresses(tmp_path, backend):
+    """n_ctx = 2^24 + 1 fit the plan and loaded; the native core then refused its cache at the first forward
+    step with a raw ValueError (and float32 RoPE positions are not exact past 2^24)."""
+    from llambda.models.config import MAX_POSITIONS
+    path = _write_tiny_kv_llama(tmp_path / "kv.gguf")
+    with pytest.raises(InvalidInputError, match="n_ctx"):
+        llambda.load(path, backend=backend, n_ctx=MAX_POSITIONS + 1)
+    assert np.isfinite(_logits(path, backend)).all()
