@@ -76,10 +76,10 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
             # was a raw ValueError at the first forward step, after allocating the whole KV cache
             raise InvalidInputError(f"n_ctx must be in 2..{MAX_POSITIONS}, got {ctx}")
         _warn_about_limits(cfg, ctx, threads)
-        lookup, packed_nbytes = src.tensor, None
+        lookup, packed_nbytes = src.recording_lookup(), None
         if quantize:
             from .tools.quantize import nbytes_at_load, quantizing_lookup
-            lookup, packed_nbytes = quantizing_lookup(src.tensor, quantize, release=src.release), nbytes_at_load(quantize)
+            lookup, packed_nbytes = quantizing_lookup(lookup, quantize, release=src.release), nbytes_at_load(quantize)
         mplan = memory.plan(src, ctx, n_slots, be.kv_type, max_batch, be,
                             float_weights=be.name == "numpy", packed_nbytes=packed_nbytes)
         if check_memory:
@@ -87,6 +87,7 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
         with src.reading_ahead(), be.loading(mplan.weights):
             model = Transformer(cfg, lookup, be, n_ctx=ctx, n_slots=n_slots, max_tokens=max_batch,
                                 release=src.release)
+        src.check_all_read()
     except BaseException:
         src.close()
         raise

@@ -103,3 +103,74 @@ def test_a_context_past_the_positions_the_engine_addresses(tmp_path, backend):
     with pytest.raises(InvalidInputError, match="n_ctx"):
         llambda.load(path, backend=backend, n_ctx=MAX_POSITIONS + 1)
     assert np.isfinite(_logits(path, backend)).all()
+
+
+# ---------------------------------------------------------------- GGUF: metadata against tensors
+
+def _gguf(tmp_path: Path, folder: str, meta_over=None, tensors=None) -> Path:
+    """A GGUF of tiny `folder` (llambda's exporter), rewritten with metadata keys set (None: removed) and
+    `tensors(list of (name, qtype, raw, shape)) -> list` applied to its tensors."""
+    from llambda.formats.gguf import GGUFFile
+    from llambda.formats.gguf_writer import GGUFValue, write_gguf
+    from llambda.tools.export import export
+    exported = export(TINY / folder, tmp_path / f"{folder}-exported.gguf", fmt="gguf")
+    with GGUFFile(exported) as f:
+        meta = {k: GGUFValue(f.metadata_types[k], v) for k, v in f.metadata.items()}
+        items = [(t.name, t.qtype, np.array(t.data), t.shape) for t in f.tensors.values()]
+    for k, v in (meta_over or {}).items():
+        if v is None:
+            meta.pop(k, None)
+        else:
+            meta[k] = v
+    path = tmp_path / f"{folder}-changed.gguf"
+    write_gguf(path, meta, tensors(items) if tensors else items)
+    return path
+
+
+def _next_layer(items, n: int):
+    """`items` and a copy of layer 0's tensors named as layer n."""
+    return items + [(name.replace("blk.0.", f"blk.{n}.", 1), *rest) for name, *rest in items if name.startswith("blk.0.")]
+
+
+@pytest.mark.parametrize("folder, arch", [("llama", "llama"), ("qwen3_moe", "qwen3moe"), ("qwen3_next", "qwen3next")])
+def test_gguf_layers_past_block_count_are_refused(tmp_path, folder, arch):
+    """A file holding more layers than its block_count loaded as the shorter model, the rest ignored."""
+    from llambda.formats.gguf_writer import GGUFValue
+    from llambda.formats.gguf import GGUFValueType as VT
+    n = json.loads((TINY / folder / "config.json").read_text())["num_hidden_layers"]
+    extra = _gguf(tmp_path, folder, tensors=lambda items: _next_layer(items, n))
+    fewer = _gguf(tmp_path / "b", folder, meta_over={f"{arch}.block_count": GGUFValue(VT.UINT32, n - 1)}) \
+        if folder == "llama" else None
+    for path, what in ((extra, f"blk.{n}."), (fewer, f"blk.{n - 1}.")):
+        if path is None:
+            continue
+        for backend in BACKENDS:
+            with pytest.raises(ModelFormatError, match=f"not part of the model.*'{what}"):
+                _logits(path, backend)
+
+
+def test_gguf_shared_expert_the_metadata_leaves_out_is_refused(tmp_path):
+    """qwen2moe without expert_shared_feed_forward_length: its shared expert's tensors were skipped."""
+    path = _gguf(tmp_path, "qwen2_moe", meta_over={"qwen2moe.expert_shared_feed_forward_length": None})
+    with pytest.raises(ModelFormatError, match="not part of the model.*shexp"):
+        _logits(path, BACKENDS[0])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gguf_llama_with_qkv_biases_uses_them(tmp_path, backend):
+    """llama.cpp's llama reads q/k/v biases where a file has them; we dropped them (no attention_bias key)."""
+    from llambda.formats.safetensors import SafetensorsFile, write_safetensors
+    d = _hf(tmp_path, "llama", attention_bias=True)
+    with SafetensorsFile(d / "model.safetensors") as st:
+        arrays = {n: t.to_float32().reshape(t.shape) for n, t in st.tensors.items()}
+    rng = np.random.default_rng(1)
+    for i in range(2):
+        for w in "qkv":
+            rows = arrays[f"model.layers.{i}.self_attn.{w}_proj.weight"].shape[0]
+            arrays[f"model.layers.{i}.self_attn.{w}_proj.bias"] = rng.standard_normal(rows).astype(np.float32)
+    write_safetensors(d / "model.safetensors", arrays)
+    from llambda.tools.export import export
+    gguf = export(d, tmp_path / "biased.gguf", fmt="gguf")
+    ref = _logits(d, backend)
+    got = _logits(gguf, backend)
+    assert np.abs(got - ref).max() < 1e-3 * max(1.0, np.abs(ref).max())
