@@ -174,3 +174,19 @@ def test_gguf_llama_with_qkv_biases_uses_them(tmp_path, backend):
     ref = _logits(d, backend)
     got = _logits(gguf, backend)
     assert np.abs(got - ref).max() < 1e-3 * max(1.0, np.abs(ref).max())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("factor", [0.0, 1e-45])
+def test_rope_factors_that_make_frequencies_infinite(tmp_path, backend, factor):
+    """rope_freqs.weight divides the RoPE frequencies: a 0 or a denormal made them infinite, and the model loaded
+    to give NaN logits at its first step (refused then, without naming the tensor)."""
+    from llambda.formats.quants import QType
+
+    def zeroed(items):
+        return [(n, QType.F32, np.full(s, factor, np.float32).view(np.uint8), s) if n == "rope_freqs.weight"
+                else (n, q, r, s) for n, q, r, s in items]
+
+    path = _gguf(tmp_path, "llama", tensors=zeroed)
+    with pytest.raises(ModelFormatError, match="rope_freqs.weight.*infinite"):
+        llambda.load(path, backend=backend, n_ctx=32)
