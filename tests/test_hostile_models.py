@@ -35,9 +35,9 @@ def _hf(tmp_path: Path, folder: str, **changes) -> Path:
     return d
 
 
-def _logits(path: Path, backend: str, **kw) -> np.ndarray:
-    with llambda.load(path, backend=backend, threads=1, n_ctx=32, **kw) as m:
-        return m.logits(PROMPT)
+def _logits(path: Path, backend: str, prompt=PROMPT, **kw) -> np.ndarray:
+    with llambda.load(path, backend=backend, threads=1, n_ctx=64, **kw) as m:
+        return m.logits(prompt)
 
 
 # ---------------------------------------------------------------- config.json booleans
@@ -190,3 +190,28 @@ def test_rope_factors_that_make_frequencies_infinite(tmp_path, backend, factor):
     path = _gguf(tmp_path, "llama", tensors=zeroed)
     with pytest.raises(ModelFormatError, match="rope_freqs.weight.*infinite"):
         llambda.load(path, backend=backend, n_ctx=32)
+
+
+@pytest.mark.parametrize("pattern", [[True, False, True], [True], ["true", "false"], [1, 2]], ids=repr)
+def test_gpt_oss_layer_pattern_must_list_a_bool_per_layer(tmp_path, pattern):
+    """gpt-oss.attention.sliding_window_pattern of the wrong length or type was silently replaced by the
+    alternation (as gemma2's is not)."""
+    from llambda.formats.gguf import GGUFValueType as VT
+    from llambda.formats.gguf_writer import GGUFValue
+    kind = VT.STRING if isinstance(pattern[0], str) else VT.BOOL if isinstance(pattern[0], bool) else VT.INT32
+    path = _gguf(tmp_path, "gpt_oss", meta_over={"gpt-oss.attention.sliding_window_pattern":
+                                                 GGUFValue((VT.ARRAY, kind), pattern)})
+    with pytest.raises(ModelFormatError, match="sliding_window_pattern"):
+        llambda.load(path, backend=BACKENDS[0], n_ctx=32)
+
+
+def test_gpt_oss_layer_pattern_as_written(tmp_path):
+    from llambda.formats.gguf import GGUFValueType as VT
+    from llambda.formats.gguf_writer import GGUFValue
+    key = "gpt-oss.attention.sliding_window_pattern"
+    long = list(range(1, 41))          # past the window of 16
+    base = _logits(_gguf(tmp_path, "gpt_oss"), "numpy", long)
+    same = _gguf(tmp_path / "a", "gpt_oss", meta_over={key: None})          # absent: the alternation
+    assert np.array_equal(_logits(same, "numpy", long), base)
+    other = _gguf(tmp_path / "b", "gpt_oss", meta_over={key: GGUFValue((VT.ARRAY, VT.BOOL), [False, True])})
+    assert not np.array_equal(_logits(other, "numpy", long), base)
