@@ -215,3 +215,26 @@ def test_gpt_oss_layer_pattern_as_written(tmp_path):
     assert np.array_equal(_logits(same, "numpy", long), base)
     other = _gguf(tmp_path / "b", "gpt_oss", meta_over={key: GGUFValue((VT.ARRAY, VT.BOOL), [False, True])})
     assert not np.array_equal(_logits(other, "numpy", long), base)
+
+
+def test_a_path_under_the_home_of_no_user():
+    """~nosuchuser/m.gguf: expanduser raised a raw RuntimeError (could not determine home directory)."""
+    with pytest.raises(llambda.errors.ModelNotFoundError, match="nosuchuser"):
+        llambda.load("~llambda-nosuchuser/m.gguf", backend="numpy")
+
+
+# ---------------------------------------------------------------- HF directories: the shard index
+
+def test_a_shard_name_longer_than_the_file_system_takes(tmp_path):
+    """A weight_map naming a shard of 5000 characters: is_file() raised a raw OSError (ENAMETOOLONG)."""
+    d = _hf(tmp_path, "llama")
+    (d / "model.safetensors").rename(d / "shard-1.safetensors")
+    from llambda.formats.safetensors import SafetensorsFile
+    with SafetensorsFile(d / "shard-1.safetensors") as st:
+        names = list(st.tensors)
+    long = "a" * 5000 + ".safetensors"
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {n: long for n in names}}))
+    with pytest.raises(ModelFormatError, match="is missing"):
+        llambda.load(d, backend="numpy", n_ctx=32)
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {n: "shard-1.safetensors" for n in names}}))
+    assert np.isfinite(_logits(d, "numpy")).all()
