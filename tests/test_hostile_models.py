@@ -238,3 +238,14 @@ def test_a_shard_name_longer_than_the_file_system_takes(tmp_path):
         llambda.load(d, backend="numpy", n_ctx=32)
     (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {n: "shard-1.safetensors" for n in names}}))
     assert np.isfinite(_logits(d, "numpy")).all()
+
+
+@pytest.mark.parametrize("folder", ["qwen2_moe", "qwen3_next"])
+def test_hf_shared_expert_the_config_leaves_out_is_refused(tmp_path, folder):
+    """config.json without shared_expert_intermediate_size: the checkpoint's shared expert was skipped."""
+    d = _hf(tmp_path, folder)
+    cfg = json.loads((d / "config.json").read_text())
+    del cfg["shared_expert_intermediate_size"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelFormatError, match="not part of the model its config.json describes.*shared_expert"):
+        _logits(d, BACKENDS[0])
