@@ -249,3 +249,17 @@ def test_hf_shared_expert_the_config_leaves_out_is_refused(tmp_path, folder):
     (d / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelFormatError, match="not part of the model its config.json describes.*shared_expert"):
         _logits(d, BACKENDS[0])
+
+
+@pytest.mark.parametrize("key", ["rope_parameters", "rope_scaling"])
+@pytest.mark.parametrize("value", [4294967295, "default", [1, 2], False], ids=repr)
+def test_rope_settings_that_are_not_objects(tmp_path, key, value):
+    """A rope_parameters (or rope_scaling) that is no object was skipped: mixtral's theta of 1e6 silently
+    became the default 10000."""
+    with pytest.raises(ModelFormatError, match=f"config.json '{key}' should be an object"):
+        _logits(_hf(tmp_path, "mixtral", **{key: value}), "numpy")
+
+
+def test_rope_settings_null_means_absent(tmp_path):
+    base = _logits(_hf(tmp_path / "a", "llama"), "numpy")
+    assert np.array_equal(_logits(_hf(tmp_path / "b", "llama", rope_scaling=None), "numpy"), base)

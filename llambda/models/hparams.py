@@ -153,6 +153,11 @@ class HFConfig:
 
     def rope(self, layer_type: str | None = None) -> tuple[float, dict | None]:
         """(theta, scaling dict) from `rope_parameters` (v5) or `rope_theta`/`rope_scaling` (v4)."""
+        for key in ("rope_parameters", "rope_scaling"):
+            v = self.cfg.get(key)
+            if v is not None and not isinstance(v, dict):
+                # was skipped: the other spelling's theta (or 10000) and no scaling, another model's RoPE
+                raise ModelFormatError(f"config.json {key!r} should be an object, got {v!r}"[:200])
         params = self.cfg.get("rope_parameters")
         where = "config.json 'rope_parameters'"
         if isinstance(params, dict) and layer_type and isinstance(params.get(layer_type), dict):
