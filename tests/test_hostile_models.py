@@ -263,3 +263,34 @@ def test_rope_settings_that_are_not_objects(tmp_path, key, value):
 def test_rope_settings_null_means_absent(tmp_path):
     base = _logits(_hf(tmp_path / "a", "llama"), "numpy")
     assert np.array_equal(_logits(_hf(tmp_path / "b", "llama", rope_scaling=None), "numpy"), base)
+
+
+# ---------------------------------------------------------------- config.json layer_types
+
+@pytest.mark.parametrize("folder", ["gemma2", "gemma3", "gpt_oss", "qwen3"])
+@pytest.mark.parametrize("change", ["chunked", "short", "not a list", "nested"])
+def test_layer_types_of_an_attention_model(tmp_path, folder, change):
+    """An unknown type counted as full attention, and a list of another length or type was passed over for the
+    family's pattern, both silently (transformers refuses them)."""
+    n = json.loads((TINY / folder / "config.json").read_text())["num_hidden_layers"]
+    types = {"chunked": ["chunked_attention"] * n, "short": ["full_attention"] * (n - 1),
+             "not a list": "sliding_attention", "nested": [["full_attention"]] * n}[change]
+    with pytest.raises(ModelFormatError, match="layer_types"):
+        _logits(_hf(tmp_path, folder, layer_types=types), "numpy")
+
+
+@pytest.mark.parametrize("folder", ["lfm2", "qwen3_next"])
+def test_hybrid_layer_types_holding_lists(tmp_path, folder):
+    """A list among a hybrid's layer_types was an unhashable TypeError."""
+    n = json.loads((TINY / folder / "config.json").read_text())["num_hidden_layers"]
+    with pytest.raises(ModelFormatError, match="layer_types"):
+        _logits(_hf(tmp_path, folder, layer_types=[["full_attention"]] * n), "numpy")
+
+
+def test_layer_types_as_written_and_absent(tmp_path):
+    """gemma2's own list, null (its alternation) and the same flags spelled out all run alike."""
+    long = list(range(1, 41))          # past the window of 16
+    base = _logits(_hf(tmp_path / "a", "gemma2"), "numpy", long)
+    assert np.array_equal(_logits(_hf(tmp_path / "b", "gemma2", layer_types=None), "numpy", long), base)
+    full = _logits(_hf(tmp_path / "c", "gemma2", layer_types=["full_attention"] * 4), "numpy", long)
+    assert not np.array_equal(full, base)

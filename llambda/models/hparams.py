@@ -202,10 +202,11 @@ class HFConfig:
         )
 
 
-def hf_layer_kinds(types, n_layers: int, kinds: dict[str, str]) -> list[str]:
+def hf_layer_kinds(types, n_layers: int, kinds: dict) -> list:
     """config.json's `layer_types` (a hybrid model's token mixer per layer) as LAYER_KINDS names
     through `kinds` ({"conv": "shortconv", "full_attention": "attention"}, say)."""
-    if not isinstance(types, list) or len(types) != n_layers or not all(t in kinds for t in types):
+    # (a list among them was an unhashable TypeError)
+    if not isinstance(types, list) or len(types) != n_layers or not all(isinstance(t, str) and t in kinds for t in types):
         raise ModelFormatError(f"config.json 'layer_types' should list one of {', '.join(map(repr, kinds))} for each "
                                f"of the {n_layers} layers, got {types!r}")
     return [kinds[t] for t in types]
@@ -218,3 +219,13 @@ def _scaling(sc: dict, where: str) -> dict:
     except ModelFormatError as e:
         raise ModelFormatError(f"{where}: {e}") from None
     return sc
+
+
+def hf_sliding_flags(types, n_layers: int) -> list[bool] | None:
+    """config.json's `layer_types` of an attention model as per-layer sliding flags; None where absent. An
+    unknown type (a chunked attention, say) counted as full attention, and a list of another length or
+    type was passed over for the family's own pattern, both unsaid."""
+    if types is None:
+        return None
+    return [k == "sliding" for k in hf_layer_kinds(types, n_layers, {"sliding_attention": "sliding",
+                                                                   "full_attention": "full"})]
