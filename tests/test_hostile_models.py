@@ -294,3 +294,28 @@ def test_layer_types_as_written_and_absent(tmp_path):
     assert np.array_equal(_logits(_hf(tmp_path / "b", "gemma2", layer_types=None), "numpy", long), base)
     full = _logits(_hf(tmp_path / "c", "gemma2", layer_types=["full_attention"] * 4), "numpy", long)
     assert not np.array_equal(full, base)
+
+
+# ---------------------------------------------------------------- RoPE scaling
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("extra, field", [
+    ({"attention_factor": "abc"}, "attention_factor"),      # a raw ValueError from float()
+    ({"attention_factor": [1]}, "attention_factor"),        # a raw TypeError
+    ({"attention_factor": 0.0}, "attention_factor"),        # uniform attention, loaded
+    ({"attention_factor": -1.0}, "attention_factor"),       # squared: the same as 1, loaded
+    ({"attention_factor": 1e30}, "attention scale"),        # NaN logits / the native op's raw ValueError
+    ({"attention_factor": 1e-30}, "attention scale"),       # 0 in float32: uniform attention, loaded
+    ({"truncate": "no"}, "truncate"),                       # a string counted as true
+], ids=repr)
+def test_yarn_optional_fields_are_checked(tmp_path, backend, extra, field):
+    rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64, **extra}
+    with pytest.raises(ModelFormatError, match=field):
+        _logits(_hf(tmp_path, "llama", rope_parameters=rope), backend)
+
+
+def test_yarn_attention_factor_in_range_applies(tmp_path):
+    rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64}
+    base = _logits(_hf(tmp_path / "a", "llama", rope_parameters=rope), "numpy")
+    other = _logits(_hf(tmp_path / "b", "llama", rope_parameters=dict(rope, attention_factor=1.5)), "numpy")
+    assert np.isfinite(other).all() and not np.array_equal(other, base)
