@@ -319,3 +319,18 @@ def test_yarn_attention_factor_in_range_applies(tmp_path):
     base = _logits(_hf(tmp_path / "a", "llama", rope_parameters=rope), "numpy")
     other = _logits(_hf(tmp_path / "b", "llama", rope_parameters=dict(rope, attention_factor=1.5)), "numpy")
     assert np.isfinite(other).all() and not np.array_equal(other, base)
+
+
+@pytest.mark.parametrize("key, value, field", [
+    ("llama.attention.value_length", 32, "value_length"),       # ran as 16-dim value heads
+    ("llama.attention.value_length", 8, "value_length"),
+    ("llama.rope.dimension_count", 0, "dimension_count"),       # ran with every dim rotated
+])
+def test_gguf_head_sizes_the_engine_would_not_honour(tmp_path, key, value, field):
+    from llambda.formats.gguf import GGUFValueType as VT
+    from llambda.formats.gguf_writer import GGUFValue
+    path = _gguf(tmp_path, "llama", meta_over={key: GGUFValue(VT.UINT32, value)})
+    with pytest.raises(ModelFormatError, match=field):
+        llambda.load(path, backend="numpy", n_ctx=32)
+    assert np.isfinite(_logits(_gguf(tmp_path / "same", "llama", meta_over={key: GGUFValue(VT.UINT32, 16)}),
+                               "numpy")).all()

@@ -81,6 +81,15 @@ class GGUFHParams:
         n_heads = self.int("attention.head_count", limit="n_heads")
         d_model = self.int("embedding_length", limit="d_model")
         head_dim = self.int("attention.key_length", max(1, d_model // n_heads), limit="head_dim")
+        # both were read as head_dim whatever the file said: value heads of another size (the attention
+        # here has one), and 0 rotated dims as every dim rotated
+        value_dim = self.int("attention.value_length", head_dim, limit="head_dim")
+        if value_dim != head_dim:
+            raise ModelFormatError(f"GGUF metadata '{self.arch}.attention.value_length' = {value_dim} differs from the "
+                                   f"key heads' {head_dim}: value heads of another size are not supported")
+        rope_dim = self.int("rope.dimension_count", head_dim, limit="rope_dim")
+        if rope_dim == 0:
+            raise ModelFormatError(f"GGUF metadata '{self.arch}.rope.dimension_count' = 0: no rotated dimensions")
         scaling = None
         kind = self.str("rope.scaling.type", None)
         if kind and kind != "none":
@@ -106,7 +115,7 @@ class GGUFHParams:
             norm_eps=self.float("attention.layer_norm_rms_epsilon", 1e-5, "norm_eps"),
             n_ctx_train=self.int("context_length", 4096, limit="n_ctx_train"),
             rope_theta=self.float("rope.freq_base", 10000.0, "rope_theta"),
-            rope_dim=self.int("rope.dimension_count", head_dim, limit="rope_dim"),
+            rope_dim=rope_dim,
             rope_scaling=scaling,
         )
 
