@@ -22,6 +22,7 @@ from .hub import is_catalogued
 from .models import memory
 from .models.base import Transformer
 from .models.bert import BertConfig, BertEncoder, pack_batch
+from .models.config import MAX_POSITIONS
 from .sampling import SamplingParams, _is_int
 
 DEFAULT_CTX = 4096
@@ -40,7 +41,8 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
         count too (a LlambdaWarning says so the first time); load every model with the same threads=.
     activations: native only; "f32" for the exact mode, "q8" (default) quantizes activations to 8 bits
         (an encoder's fast mode: bfloat16 weights and activations, float32 sums).
-    n_ctx: context length per sequence (default min(training context, 4096)); n_slots: sequences held at once.
+    n_ctx: context length per sequence (default min(training context, 4096); at most 2**24); n_slots: sequences
+        held at once.
     quantize: re-quantize float weights at load (e.g. "q8_0") so the fast kernels apply.
     kv_type: native only; "f32" (default) or "f16" KV cache. f16 halves the cache but moves logits:
       up to 0.025 on the tiny reference models, and it takes SmolLM2's fast mode from a worst top-20
@@ -71,13 +73,15 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
         kv_type = kv_type or "f32"
         be = create_backend(backend, threads=threads, activations=activations, kv_type=kv_type)
         ctx = int(n_ctx or min(cfg.n_ctx_train, DEFAULT_CTX))
-        if ctx <= 1:
-            raise InvalidInputError(f"n_ctx must be > 1, got {ctx}")
+        if not 1 < ctx <= MAX_POSITIONS:
+            # past 2^24 positions are not exact in float32 (RoPE) and the C core refuses the cache: that
+            # was a raw ValueError at the first forward step, after allocating the whole KV cache
+            raise InvalidInputError(f"n_ctx must be in 2..{MAX_POSITIONS}, got {ctx}")
         _warn_about_limits(cfg, ctx, threads)
-        lookup, packed_nbytes = src.tensor, None
+        lookup, packed_nbytes = src.recording_lookup(), None
         if quantize:
             from .tools.quantize import nbytes_at_load, quantizing_lookup
-            lookup, packed_nbytes = quantizing_lookup(src.tensor, quantize, release=src.release), nbytes_at_load(quantize)
+            lookup, packed_nbytes = quantizing_lookup(lookup, quantize, release=src.release), nbytes_at_load(quantize)
         mplan = memory.plan(src, ctx, n_slots, be.kv_type, max_batch, be,
                             float_weights=be.name == "numpy", packed_nbytes=packed_nbytes)
         if check_memory:
@@ -85,6 +89,7 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
         with src.reading_ahead(), be.loading(mplan.weights):
             model = Transformer(cfg, lookup, be, n_ctx=ctx, n_slots=n_slots, max_tokens=max_batch,
                                 release=src.release)
+        src.check_all_read()
     except BaseException:
         src.close()
         raise

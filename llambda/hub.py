@@ -558,7 +558,10 @@ def resolve(name_or_path: str | os.PathLike) -> Path:
         # Path("") is ".": the current directory was loaded ("needs config.json")
         raise ModelNotFoundError(f"no model given (the name is {name_or_path!r}); catalogued models: "
                                  + ", ".join(sorted(CATALOG)))
-    p = Path(name_or_path).expanduser()
+    try:
+        p = Path(name_or_path).expanduser()
+    except RuntimeError:    # "~nosuchuser/m.gguf": no home to expand it to, so no such file
+        p = Path(name_or_path)
     try:
         if p.exists():
             return p

@@ -12,6 +12,13 @@ from .source import ModelSource
 from .weights import WeightTensor
 
 
+def biases_from_tensors(cfg, names) -> None:
+    """q/k/v biases wherever the file holds them (no metadata key says so): llama.cpp reads them so, in its
+    llama architecture too, and a file's biases left out would be another model."""
+    if any(n.endswith("attn_q.bias") for n in names):
+        cfg.attn_bias = True
+
+
 def open_gguf(path: Path) -> ModelSource:
     f = GGUFFile(path)
     try:
@@ -24,27 +31,41 @@ def open_gguf(path: Path) -> ModelSource:
         # an architecture whose llama.cpp files name a tensor otherwise (canonical leaf or global name -> file's)
         renamed = getattr(module, "GGUF_NAMES", {})
 
-        def tensor(name: str) -> WeightTensor | None:
+        def file_name(name: str) -> str:
+            """The name the file gives canonical tensor `name` (it may hold none by that name)."""
             if name.startswith("blk."):
                 _, i, leaf = name.split(".", 2)
                 name = f"blk.{i}.{renamed.get(leaf, leaf)}"
             else:
                 name = renamed.get(name, name)
+            if name not in infos and name.endswith(".weight") and name[:-len(".weight")] in infos:
+                name = name[:-len(".weight")]    # a converter may write a parameter without the suffix
+            return name
+
+        def expert_names(name: str) -> list[str]:
+            """Older Mixtral GGUFs hold one tensor per expert (`blk.N.ffn_gate.E.weight`) for `*_exps.weight`."""
+            if not name.endswith("_exps.weight"):
+                return []
+            base, parts = name[:-len("_exps.weight")], []
+            while f"{base}.{len(parts)}.weight" in infos:
+                parts.append(f"{base}.{len(parts)}.weight")
+            return parts
+
+        def holders(name: str) -> list[str]:
+            """The file's tensors canonical `name` is read from."""
+            own = file_name(name)
+            return [own] if own in infos else expert_names(own)
+
+        def tensor(name: str) -> WeightTensor | None:
+            name = file_name(name)
             t = infos.get(name)
-            if t is None and name.endswith(".weight"):
-                t = infos.get(name[:-len(".weight")])    # a converter may write a parameter without the suffix
             if t is None:
                 return per_expert(name)
             return WeightTensor(name, t.qtype, tuple(int(s) for s in t.shape), f.view(t.data))
 
         def per_expert(name: str) -> WeightTensor | None:
-            """Older Mixtral GGUFs hold one tensor per expert (`blk.N.ffn_gate.E.weight`): stacked."""
-            if not name.endswith("_exps.weight"):
-                return None
-            base = name[:-len("_exps.weight")]
-            parts = []
-            while f"{base}.{len(parts)}.weight" in infos:
-                parts.append(tensor(f"{base}.{len(parts)}.weight"))
+            """The per-expert tensors of `name` (expert_names), stacked."""
+            parts = [tensor(n) for n in expert_names(name)]
             if not parts:
                 return None
             stacks = ExpertStacks()
@@ -59,6 +80,7 @@ def open_gguf(path: Path) -> ModelSource:
             tensor, names = enc.gguf_tensors(tensor, names)
         else:
             cfg = module.config_from_gguf(meta)
+            biases_from_tensors(cfg, names)
 
         tok, tok_err = None, None
         try:
@@ -69,7 +91,7 @@ def open_gguf(path: Path) -> ModelSource:
         name = meta.get("general.name")
         name = name if isinstance(name, str) and name else path.stem
         return ModelSource(path, "gguf", cfg, tensor, meta, tok, tok_err, template if isinstance(template, str) else None,
-                           str(name), [f.close], names, [f.release], [f])
+                           str(name), [f.close], names, [f.release], [f], None if arch in ENCODERS else holders)
     except BaseException:
         f.close()
         raise

@@ -248,7 +248,7 @@ def open_hf_dir(path: Path) -> ModelSource:
         name = raw_cfg.get("_name_or_path") or path.name
         meta = {"hf.config": raw_cfg, "hf.generation_config": gen_cfg, "hf.tokenizer_config": tok_cfg}
         return ModelSource(path, "hf", config, tensors.get, meta, tok, tok_err, _chat_template(path, tok_cfg),
-                           str(name), [st.close], list(tensors), [st.release], [st])
+                           str(name), [st.close], list(tensors), [st.release], [st], lambda name: [name])
     except BaseException:
         st.close()
         raise

@@ -245,7 +245,11 @@ def _open_index(folder: Path, index: Path, files: list) -> SafetensorsSet:
             raise ModelFormatError(f"{index}: tensor {name!r} maps to a bad shard name {shard!r}")
         if shard not in opened:
             path = folder / shard
-            if not path.is_file():
+            try:
+                found = path.is_file()
+            except OSError:     # a name longer than the file system takes (ENAMETOOLONG) was a raw OSError
+                found = False
+            if not found:
                 raise ModelFormatError(f"{index}: shard {shard!r} (holding {name!r}) is missing")
             opened[shard] = SafetensorsFile(path)
             files.append(opened[shard])

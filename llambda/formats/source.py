@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from ..errors import ModelFormatError
 from ..models.config import TransformerConfig
 from .weights import WeightTensor
 
@@ -25,6 +26,34 @@ class ModelSource:
     tensor_names: list[str] = field(default_factory=list)   # every tensor `tensor` can return
     releasers: list = field(default_factory=list)   # each: (uint8 view of a mapped file) -> bytes released
     readers: list = field(default_factory=list)     # each with read_ahead() and stop_read_ahead() (readahead.py)
+    # the file's tensors a name is read from, where every one of them must be read (see check_all_read)
+    holders: Optional[Callable[[str], list[str]]] = None
+    _read: set = field(default_factory=set, init=False, repr=False)
+
+    def recording_lookup(self) -> Callable[[str], Optional[WeightTensor]]:
+        """`tensor`, remembering the names a model read (for check_all_read)."""
+        def lookup(name: str) -> WeightTensor | None:
+            t = self.tensor(name)
+            if t is not None:
+                self._read.add(name)
+            return t
+        return lookup
+
+    def check_all_read(self) -> None:
+        """ModelFormatError naming the file's tensors the model did not read through recording_lookup: its
+        metadata (config.json) describes less than the file holds (fewer layers, no shared expert), and
+        running without them is another model. llama.cpp refuses such GGUF files too. (A HF directory's
+        tensors outside the decoder, vision towers say, are not among its names: they are skipped.)"""
+        if self.holders is None:
+            return
+        read = {n for name in self._read for n in self.holders(name)}
+        unread = [n for n in self.tensor_names if n not in read]
+        if unread:
+            c, what = self.config, "config.json" if self.format == "hf" else "metadata"
+            shown = ", ".join(repr(getattr(self.tensor(n), "name", n)) for n in unread[:3])   # the file's own names
+            raise ModelFormatError(f"{self.path}: {len(unread)} tensors are not part of the model its {what} "
+                                   f"describes ({c.arch}, {c.n_layers} layers), e.g. {shown}: the {what} and the "
+                                   "tensors disagree")
 
     def release(self, data) -> int:
         """Let go of the file pages under a tensor's bytes once a backend copied them (its packed copy

@@ -195,9 +195,6 @@ class Transformer(Closable):
             if not cfg.source or cfg.source in str(e):
                 raise
             raise ModelFormatError(f"{cfg.source}: {e}") from None     # name the file, as opening does
-        self.inv_freq = {s: cfg.inv_freq(sliding=s) for s in set(cfg.layer_sliding)}
-        if self.rope_factors is not None:
-            self.inv_freq = {s: (f / self.rope_factors).astype(np.float32) for s, f in self.inv_freq.items()}
         self.ws = Workspace(cfg, max_tokens, max_logit_rows or max(n_slots, 16), backend.workspace_specs(cfg, max_tokens))
         # Only attention layers have keys and values: layer i's are the cache's layer kv_layer[i].
         attn = [i for i, kind in enumerate(cfg.layer_kinds) if kind == "attention"]
@@ -270,6 +267,14 @@ class Transformer(Closable):
             finite("rope_freqs.weight", rf, self.rope_factors)
         if self.rope_factors is not None and len(self.rope_factors) != cfg.rope_dim // 2:
             raise ModelFormatError("rope_freqs.weight does not match the rope dimension")
+        self.inv_freq = {s: cfg.inv_freq(sliding=s) for s in set(cfg.layer_sliding)}
+        if self.rope_factors is not None:
+            with np.errstate(all="ignore"):
+                self.inv_freq = {s: (f / self.rope_factors).astype(np.float32) for s, f in self.inv_freq.items()}
+            if not all(np.isfinite(f).all() for f in self.inv_freq.values()):
+                # a 0 (or a denormal) divisor: every logit was NaN, refused only at the first forward step
+                raise ModelFormatError("tensor 'rope_freqs.weight' holds a factor (0 or near it) that makes the "
+                                       "RoPE frequencies divided by it infinite")
         def experts(name: str, rows: int, cols: int | None) -> WeightTensor:
             """A 3-D expert tensor, or with cols None a 2-D one of per-expert biases."""
             t = need(name)

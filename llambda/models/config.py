@@ -95,6 +95,11 @@ def check_rope_scaling(sc) -> None:
         check_number(f"rope scaling {key!r}", v, "rope_factor")
     if kind == "llama3" and not sc.get("high_freq_factor", 4.0) > sc.get("low_freq_factor", 1.0):
         raise ModelFormatError("rope scaling high_freq_factor must exceed low_freq_factor")
+    if kind == "yarn":      # its optional fields: a string here was a raw ValueError from float()
+        if sc.get("attention_factor") is not None:
+            check_number("rope scaling 'attention_factor'", sc["attention_factor"], "rope_factor")
+        if not isinstance(sc.get("truncate", True), bool):
+            raise ModelFormatError(f"rope scaling 'truncate' should be true or false, got {sc['truncate']!r}"[:200])
 
 
 @dataclass
@@ -246,6 +251,12 @@ class TransformerConfig:
             if 0 < getattr(self, name) < 1e-30:        # 1e-320 is 0 in float32: the native op refused it untyped
                 raise ModelFormatError(f"config {name} = {getattr(self, name)!r} is neither 0 (off) nor >= 1e-30")
         self._check_rope()
+        scale = self.scale()
+        if not (math.isfinite(scale) and 0 < np.float32(scale) < np.inf):
+            # YaRN's attention factor squared times attn_scale: 0 made attention uniform, 1e30 overflowed
+            # float32 and the native attention op refused it untyped at the first forward step
+            raise ModelFormatError(f"the attention scale {scale!r} (attn_scale times YaRN's attention factor squared) "
+                                   "is not a positive float32")
 
     def _check_moe(self) -> None:
         if not isinstance(self.moe_layers, list) or len(self.moe_layers) != self.n_layers:

@@ -7,7 +7,7 @@ import math
 
 from ..errors import ModelFormatError
 from .config import TransformerConfig
-from .hparams import GGUFHParams, HFConfig, is_flag
+from .hparams import GGUFHParams, HFConfig, hf_sliding_flags, is_flag
 
 # llama.cpp facts: GGUF stores neither the layer pattern nor the attention scale for
 # Gemma 2; the 27B model (46 layers) scales by (d_model / n_heads)^-0.5, the others by head_dim^-0.5.
@@ -70,10 +70,9 @@ def config_from_hf(cfg: dict) -> TransformerConfig:
     hf = HFConfig(cfg)
     c = hf.common("gemma2")
     n = c["n_layers"]
-    types = cfg.get("layer_types")
-    flags = [t == "sliding_attention" for t in types] if isinstance(types, list) and len(types) == n \
-        else _alternating(n)
-    c["tie_embeddings"] = bool(cfg.get("tie_word_embeddings", True))
+    flags = hf_sliding_flags(cfg.get("layer_types"), n)
+    flags = _alternating(n) if flags is None else flags
+    c["tie_embeddings"] = hf.flag("tie_word_embeddings", True)
     return TransformerConfig(
         **c, activation="gelu_tanh", post_norms=True, norm_offset=1.0,
         embed_scale=math.sqrt(c["d_model"]),

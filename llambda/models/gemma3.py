@@ -6,7 +6,7 @@ import math
 
 from .config import TransformerConfig
 from .gemma2 import _gguf_attn_scale, _gguf_layer_sliding, check_hf_activation
-from .hparams import GGUFHParams, HFConfig
+from .hparams import GGUFHParams, HFConfig, hf_sliding_flags
 
 # llama.cpp stores neither of these for Gemma 3: every 6th layer is global, local layers use base 10000.
 # (Files we write carry them, under the keys llama.cpp uses for other architectures.)
@@ -38,23 +38,23 @@ def config_from_hf(cfg: dict) -> TransformerConfig:
     hf = HFConfig(cfg)
     c = hf.common("gemma3")
     n = c["n_layers"]
-    types = cfg.get("layer_types")
-    if not isinstance(types, list) or len(types) != n:
+    flags = hf_sliding_flags(cfg.get("layer_types"), n)
+    if flags is None:
         key = "sliding_window_pattern" if cfg.get("sliding_window_pattern") is not None else "_sliding_window_pattern"
         pattern = hf.get(key, _GGUF_PATTERN, int, "window_pattern")
-        types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n)]
+        flags = [(i + 1) % pattern != 0 for i in range(n)]       # every pattern-th layer is global
     c["rope_theta"], c["rope_scaling"] = hf.rope("full_attention")
     params = cfg.get("rope_parameters")
     if isinstance(params, dict) and isinstance(params.get("sliding_attention"), dict):
         local_theta, _ = hf.rope("sliding_attention")          # transformers 5
     else:
         local_theta = hf.get("rope_local_base_freq", _LOCAL_THETA, float, "rope_theta_local")   # transformers 4
-    c["tie_embeddings"] = bool(cfg.get("tie_word_embeddings", True))
+    c["tie_embeddings"] = hf.flag("tie_word_embeddings", True)
     return TransformerConfig(
         **c, activation="gelu_tanh", qk_norm=True, post_norms=True, norm_offset=1.0,
         embed_scale=math.sqrt(c["d_model"]),
         sliding_window=hf.window(),
-        layer_sliding=[t == "sliding_attention" for t in types],
+        layer_sliding=flags,
         rope_theta_local=local_theta,
         attn_scale=hf.get("query_pre_attn_scalar", c["head_dim"], float, "positive") ** -0.5,
         attn_softcap=hf.get("attn_logit_softcapping", 0.0, float, "attn_softcap"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ..errors import ModelFormatError
 from .config import TransformerConfig
+from .gemma2 import _gguf_layer_sliding
 from .hparams import GGUFHParams, HFConfig
 from .mistral import hf_layer_sliding
 from .moe import gguf_moe, hf_moe
@@ -27,11 +28,9 @@ def config_from_gguf(meta: dict) -> TransformerConfig:
         c["rope_scaling"]["truncate"] = False
     n = c["n_layers"]
     window = hp.int("attention.sliding_window", 0, "sliding_window")
-    pattern = meta.get("gpt-oss.attention.sliding_window_pattern")
-    if isinstance(pattern, list) and len(pattern) == n and all(isinstance(p, bool) for p in pattern):
-        flags = list(pattern)
-    else:
-        flags = [i % 2 == 0 for i in range(n)]     # sliding, full, sliding, ... as the released models
+    # a bool per layer (a list of another length, or of strings, fell back to alternating unsaid), or
+    # sliding, full, sliding, ... as the released models
+    flags = _gguf_layer_sliding(hp, n)
     return TransformerConfig(**c, rope_neox=True, attn_bias=True, attn_out_bias=True, attn_sinks=True,
                              sliding_window=window, layer_sliding=flags if window else [False] * n,
                              moe_routing="topk_softmax", moe_activation="swiglu_oai", moe_swiglu_alpha=SWIGLU_ALPHA,

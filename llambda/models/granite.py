@@ -29,7 +29,7 @@ def config_from_hf(cfg: dict) -> TransformerConfig:
     hf = HFConfig(cfg)
     c = hf.common("granite")
     return TransformerConfig(
-        **c, attn_bias=bool(cfg.get("attention_bias", False)),
+        **c, attn_bias=hf.flag("attention_bias", False),
         embed_scale=hf.get("embedding_multiplier", 1.0, float, "embed_scale"),
         residual_scale=hf.get("residual_multiplier", 1.0, float, "residual_scale"),
         attn_scale=hf.get("attention_multiplier", c["head_dim"] ** -0.5, float, "attn_scale"),

@@ -81,6 +81,15 @@ class GGUFHParams:
         n_heads = self.int("attention.head_count", limit="n_heads")
         d_model = self.int("embedding_length", limit="d_model")
         head_dim = self.int("attention.key_length", max(1, d_model // n_heads), limit="head_dim")
+        # both were read as head_dim whatever the file said: value heads of another size (the attention
+        # here has one), and 0 rotated dims as every dim rotated
+        value_dim = self.int("attention.value_length", head_dim, limit="head_dim")
+        if value_dim != head_dim:
+            raise ModelFormatError(f"GGUF metadata '{self.arch}.attention.value_length' = {value_dim} differs from the "
+                                   f"key heads' {head_dim}: value heads of another size are not supported")
+        rope_dim = self.int("rope.dimension_count", head_dim, limit="rope_dim")
+        if rope_dim == 0:
+            raise ModelFormatError(f"GGUF metadata '{self.arch}.rope.dimension_count' = 0: no rotated dimensions")
         scaling = None
         kind = self.str("rope.scaling.type", None)
         if kind and kind != "none":
@@ -106,7 +115,7 @@ class GGUFHParams:
             norm_eps=self.float("attention.layer_norm_rms_epsilon", 1e-5, "norm_eps"),
             n_ctx_train=self.int("context_length", 4096, limit="n_ctx_train"),
             rope_theta=self.float("rope.freq_base", 10000.0, "rope_theta"),
-            rope_dim=self.int("rope.dimension_count", head_dim, limit="rope_dim"),
+            rope_dim=rope_dim,
             rope_scaling=scaling,
         )
 
@@ -130,6 +139,16 @@ class HFConfig:
             return default
         return self.check(f"config.json {key!r}", v, kind, limit)
 
+    def flag(self, key: str, default: bool) -> bool:
+        """cfg[key] as a bool (None counts as absent): true/false or 0/1. bool() of "false", of NaN or
+        of a list was True: a tied head where the file has its own, top-k weights renormalised or not."""
+        v = self.cfg.get(key)
+        if v is None:
+            return default
+        if not is_flag(v):
+            raise ModelFormatError(f"config.json {key!r} should be true or false, got {v!r}"[:200])
+        return bool(v)
+
     @staticmethod
     def check(what: str, v, kind=None, limit: str | None = None):
         if kind is int:
@@ -143,6 +162,11 @@ class HFConfig:
 
     def rope(self, layer_type: str | None = None) -> tuple[float, dict | None]:
         """(theta, scaling dict) from `rope_parameters` (v5) or `rope_theta`/`rope_scaling` (v4)."""
+        for key in ("rope_parameters", "rope_scaling"):
+            v = self.cfg.get(key)
+            if v is not None and not isinstance(v, dict):
+                # was skipped: the other spelling's theta (or 10000) and no scaling, another model's RoPE
+                raise ModelFormatError(f"config.json {key!r} should be an object, got {v!r}"[:200])
         params = self.cfg.get("rope_parameters")
         where = "config.json 'rope_parameters'"
         if isinstance(params, dict) and layer_type and isinstance(params.get(layer_type), dict):
@@ -183,14 +207,15 @@ class HFConfig:
             rope_theta=theta,
             rope_scaling=scaling,
             rope_neox=True,
-            tie_embeddings=bool(self.get("tie_word_embeddings", False)),
+            tie_embeddings=self.flag("tie_word_embeddings", False),
         )
 
 
-def hf_layer_kinds(types, n_layers: int, kinds: dict[str, str]) -> list[str]:
+def hf_layer_kinds(types, n_layers: int, kinds: dict) -> list:
     """config.json's `layer_types` (a hybrid model's token mixer per layer) as LAYER_KINDS names
     through `kinds` ({"conv": "shortconv", "full_attention": "attention"}, say)."""
-    if not isinstance(types, list) or len(types) != n_layers or not all(t in kinds for t in types):
+    # (a list among them was an unhashable TypeError)
+    if not isinstance(types, list) or len(types) != n_layers or not all(isinstance(t, str) and t in kinds for t in types):
         raise ModelFormatError(f"config.json 'layer_types' should list one of {', '.join(map(repr, kinds))} for each "
                                f"of the {n_layers} layers, got {types!r}")
     return [kinds[t] for t in types]
@@ -203,3 +228,13 @@ def _scaling(sc: dict, where: str) -> dict:
     except ModelFormatError as e:
         raise ModelFormatError(f"{where}: {e}") from None
     return sc
+
+
+def hf_sliding_flags(types, n_layers: int) -> list[bool] | None:
+    """config.json's `layer_types` of an attention model as per-layer sliding flags; None where absent. An
+    unknown type (a chunked attention, say) counted as full attention, and a list of another length or
+    type was passed over for the family's own pattern, both unsaid."""
+    if types is None:
+        return None
+    return [k == "sliding" for k in hf_layer_kinds(types, n_layers, {"sliding_attention": "sliding",
+                                                                   "full_attention": "full"})]

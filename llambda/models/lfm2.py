@@ -66,7 +66,7 @@ def ffn_width(hf: HFConfig) -> int:
     """The MLP's width: `intermediate_size`, or with block_auto_adjust_ff_dim 2/3 of it, times
     block_ffn_dim_multiplier, rounded up to a multiple of block_multiple_of (as transformers does)."""
     ff = hf.get("intermediate_size", kind=int, limit="ffn_dim")
-    if not hf.get("block_auto_adjust_ff_dim", True):
+    if not hf.flag("block_auto_adjust_ff_dim", True):
         return ff
     ff = int(2 * ff / 3)
     mult = hf.get("block_ffn_dim_multiplier", None, float, "positive")
@@ -91,10 +91,10 @@ def config_from_hf(cfg: dict) -> TransformerConfig:
     if cfg.get("block_ff_dim") is not None:      # the first checkpoints' spelling (it wins, as in transformers)
         cfg = dict(cfg, intermediate_size=cfg["block_ff_dim"])
     hf = HFConfig(cfg)
-    if hf.get("conv_bias", False):
+    if hf.flag("conv_bias", False):
         raise ModelFormatError("config.json conv_bias=true is not supported (LFM2's convolutions have no biases)")
     c = hf.common("lfm2")
     c.update(ffn_dim=ffn_width(hf), norm_eps=hf.get("norm_eps", 1e-5, float, "norm_eps"),
-             tie_embeddings=bool(hf.get("tie_word_embeddings", hf.get("tie_embedding", True))))
+             tie_embeddings=hf.flag("tie_word_embeddings", hf.flag("tie_embedding", True)))
     return TransformerConfig(**c, qk_norm=True, layer_kinds=layer_kinds(hf, c["n_layers"]),
                              conv_kernel=hf.get("conv_L_cache", 3, int, "conv_kernel"))

@@ -22,11 +22,11 @@ def check_hf_mlp(cfg: dict) -> None:
     act = cfg.get("hidden_act", "silu")
     if act not in ("silu", "swish"):
         raise ModelFormatError(f"config.json hidden_act {act!r} is not supported for this architecture (silu)")
-    if cfg.get("mlp_bias"):
+    if HFConfig(cfg).flag("mlp_bias", False):
         raise ModelFormatError("config.json mlp_bias=true is not supported")
 
 
 def config_from_hf(cfg: dict) -> TransformerConfig:
     hf = HFConfig(cfg)
     check_hf_mlp(cfg)
-    return TransformerConfig(**hf.common("llama"), attn_bias=bool(cfg.get("attention_bias", False)))
+    return TransformerConfig(**hf.common("llama"), attn_bias=hf.flag("attention_bias", False))

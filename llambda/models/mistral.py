@@ -5,7 +5,7 @@ GGUF files of Mistral use the `llama` architecture (llama.py reads the optional 
 from __future__ import annotations
 
 from .config import TransformerConfig
-from .hparams import HFConfig
+from .hparams import HFConfig, hf_sliding_flags
 from .llama import check_hf_mlp
 
 
@@ -17,13 +17,12 @@ def hf_layer_sliding(cfg: dict, n_layers: int, default_sliding: bool) -> tuple[i
     """
     hf = HFConfig(cfg)
     window = hf.window()
-    types = cfg.get("layer_types")
-    if isinstance(types, list) and len(types) == n_layers:
-        flags = [t == "sliding_attention" for t in types]
-    elif "use_sliding_window" in cfg:
+    flags = hf_sliding_flags(cfg.get("layer_types"), n_layers)
+    if flags is None and "use_sliding_window" in cfg:
         start = hf.get("max_window_layers", 0, int)
-        flags = [bool(cfg["use_sliding_window"]) and i >= start for i in range(n_layers)]
-    else:
+        use = hf.flag("use_sliding_window", False)
+        flags = [use and i >= start for i in range(n_layers)]
+    elif flags is None:
         flags = [default_sliding] * n_layers
     if not window:
         flags = [False] * n_layers
@@ -36,4 +35,4 @@ def config_from_hf(cfg: dict) -> TransformerConfig:
     c = hf.common("mistral")
     window, flags = hf_layer_sliding(cfg, c["n_layers"], default_sliding=True)
     return TransformerConfig(**c, sliding_window=window, layer_sliding=flags,
-                             attn_bias=bool(cfg.get("attention_bias", False)))
+                             attn_bias=hf.flag("attention_bias", False))

@@ -27,7 +27,7 @@ def hf_moe(cfg: dict, n_layers: int, *, norm_default: bool, count_keys=("num_exp
         n_experts=n_experts,
         n_experts_used=hf.get("num_experts_per_tok", kind=int, limit="n_experts_used"),
         expert_ffn_dim=hf.get(expert_ffn_key, kind=int, limit="expert_ffn_dim"),
-        moe_norm_topk=bool(hf.get("norm_topk_prob", norm_default)),
+        moe_norm_topk=hf.flag("norm_topk_prob", norm_default),
         shared_ffn_dim=hf.get("shared_expert_intermediate_size", 0, int, "shared_ffn_dim"),
         moe_layers=[n_experts > 0 and i not in dense and (i + 1) % step == 0 for i in range(n_layers)],
     )

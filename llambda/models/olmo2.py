@@ -17,5 +17,5 @@ def config_from_gguf(meta: dict) -> TransformerConfig:
 
 def config_from_hf(cfg: dict) -> TransformerConfig:
     check_hf_mlp(cfg)
-    return TransformerConfig(**HFConfig(cfg).common("olmo2"), attn_bias=bool(cfg.get("attention_bias", False)),
+    return TransformerConfig(**HFConfig(cfg).common("olmo2"), attn_bias=HFConfig(cfg).flag("attention_bias", False),
                              **_SHAPE)

@@ -19,6 +19,6 @@ def config_from_hf(cfg: dict) -> TransformerConfig:
     check_hf_mlp(cfg)
     c = HFConfig(cfg).common("qwen3moe")
     window, flags = hf_layer_sliding(cfg, c["n_layers"], default_sliding=False)
-    return TransformerConfig(**c, qk_norm=True, attn_bias=bool(cfg.get("attention_bias", False)),
+    return TransformerConfig(**c, qk_norm=True, attn_bias=HFConfig(cfg).flag("attention_bias", False),
                              sliding_window=window, layer_sliding=flags,
                              **hf_moe(cfg, c["n_layers"], norm_default=False))

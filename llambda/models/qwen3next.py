@@ -81,7 +81,7 @@ def layer_kinds(cfg: dict, n_layers: int) -> list[str]:
 def config_from_hf(cfg: dict) -> TransformerConfig:
     check_hf_mlp(cfg)
     hf = HFConfig(cfg)
-    if hf.get("attention_bias", False):
+    if hf.flag("attention_bias", False):
         raise ModelFormatError("config.json attention_bias=true is not supported for qwen3_next")
     c = hf.common("qwen3next")
     c["rope_dim"] = partial_rope_dim(cfg, c["head_dim"])

@@ -43,5 +43,5 @@ def config_from_hf(cfg: dict) -> TransformerConfig:
     check_hf_mlp(cfg)
     c = HFConfig(cfg).common("smollm3")
     window, flags = hf_layer_sliding(cfg, c["n_layers"], default_sliding=False)
-    return TransformerConfig(**c, attn_bias=bool(cfg.get("attention_bias", False)), sliding_window=window,
+    return TransformerConfig(**c, attn_bias=HFConfig(cfg).flag("attention_bias", False), sliding_window=window,
                              layer_sliding=flags, layer_rope=hf_layer_rope(cfg, c["n_layers"]))

@@ -29,6 +29,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..errors import LlambdaError, ModelFormatError
+from ..formats.gguf_model import biases_from_tensors
 from ..formats.hf_dir import GLOBAL_NAMES, layer_names
 from ..formats.open import open_named
 from ..formats.quants import QType, TRAITS, quantize
@@ -543,6 +544,7 @@ def write_gguf_file(src: ModelSource, out: Path, qtype: str | None = None, pure:
     types = _gguf_metadata_types(src)
 
     check = arch_module(arch).config_from_gguf(meta)
+    biases_from_tensors(check, tensors)
     src_rf = src.tensor("rope_freqs.weight")
     out_rf = tensors.get("rope_freqs.weight")
     _check_same(cfg, check, f"GGUF {arch!r}",
