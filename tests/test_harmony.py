@@ -353,17 +353,10 @@ ANALYSIS = "<|channel|>analysis<|message|>"
 @pytest.fixture(scope="module")
 def gpt_oss_like(tmp_path_factory):
     """A tiny harmony model whose template gives a tool-calling turn's analysis back; `.model` is it."""
-    from llambda.server import ServerConfig, create_app
-    from serverkit import LiveServer
-    from test_export import tiny_llama_gguf
-    gg = tiny_llama_gguf(tmp_path_factory.mktemp("gpt_oss_like") / "h.gguf", control_tokens=HARMONY_TOKENS,
-                         chat_template=GPT_OSS_LIKE)
-    with pytest.warns(llambda.LlambdaWarning, match="context"):
-        m = llambda.load(gg, n_slots=2, n_ctx=512)
-    with m:
-        with LiveServer(create_app(m, ServerConfig(model_id="tiny-harmony", parallel=2))) as srv:
-            srv.model = m
-            yield srv
+    from serverkit import tiny_chat_server
+    with tiny_chat_server(tmp_path_factory.mktemp("gpt_oss_like"), "tiny-harmony", HARMONY_TOKENS,
+                          GPT_OSS_LIKE) as srv:
+        yield srv
 
 
 def _called(reasoning_field: str = "reasoning_content") -> list:
