@@ -133,6 +133,78 @@ def test_unmasked_first_draw_gives_exactly_the_masked_distribution():
     assert counts[5] == 10
 
 
+class ByteVocab:
+    """A tokenizer of 256 byte tokens and an EOS: enough for llguidance to compile against, offline."""
+    vocab_size, eos_id, bos_id, eot_ids = 257, 256, None, {256}
+
+    def token_bytes(self, i):
+        return bytes([i]) if i < 256 else b"<eos>"
+
+    def is_special(self, i):
+        return i == 256
+
+    def encode(self, text, parse_special=False):
+        return list(text.encode())
+
+
+def _ref_chain(levels):
+    """A schema nesting `levels` objects through $refs: JSON nesting the parser never sees."""
+    defs = {f"d{i}": {"type": "object", "properties": {"a": {"$ref": f"#/$defs/d{i + 1}"}}, "required": ["a"]}
+            for i in range(levels)}
+    return {"$defs": {**defs, f"d{levels}": {"type": "string"}}, "$ref": "#/$defs/d0"}
+
+
+def _lark_chain(max_chars):
+    """The deepest Lark grammar of at most `max_chars`: each rule refers to the next."""
+    rules, i, size = ["start: a0"], 0, 40
+    while size + 24 < max_chars:       # room for one more rule
+        rules.append(f'a{i:x}: "a" a{i + 1:x}')
+        size += len(rules[-1]) + 1
+        i += 1
+    return "\n".join(rules + [f'a{i:x}: "y"']), i
+
+
+_DEEP = f"""
+import sys; sys.path.insert(0, {str(__import__("pathlib").Path(__file__).parent)!r})
+from test_constrained import ByteVocab, _lark_chain, _ref_chain
+from llambda.constraints import Grammars, grammar_spec
+g = Grammars(ByteVocab(), 257)
+c = g.compile(grammar_spec(json_schema=_ref_chain(1500))).start()
+assert (~c.banned()).nonzero()[0].tolist() == [ord("{{")]
+from llambda.constraints.bounds import MAX_GRAMMAR_CHARS
+text, levels = _lark_chain(MAX_GRAMMAR_CHARS)
+c = g.compile(grammar_spec(grammar=text)).start()
+for t in b"aaaa":
+    c.advance(t)
+print("compiled", levels)
+"""
+
+
+def test_deep_grammars_compile_without_overflowing_the_stack():
+    """1500 objects nested through $refs (110 kB of schema) overflowed the 8 MB stack in
+    llguidance's compiler and killed the process (a server, with one request); so did a Lark
+    chain of 3000 rules. Compiling runs on a deep stack that holds the deepest grammar accepted."""
+    out = subprocess.run([sys.executable, "-c", _DEEP], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
+    assert int(out.stdout.split()[-1]) > 10_000
+
+
+def test_grammars_too_big_to_compile_quickly_are_refused():
+    from llambda.constraints.bounds import MAX_GRAMMAR_CHARS
+    g = Grammars(ByteVocab(), 257)
+    with pytest.raises(ConstraintError, match="at most"):
+        g.compile(grammar_spec(regex="a" * (MAX_GRAMMAR_CHARS + 1)))
+    # a chain of 2500 GBNF rules (53 kB): llguidance's Python converter took ~30 s, holding the GIL
+    n = 2500
+    chain = "root ::= r0\n" + "\n".join(f'r{i} ::= r{i + 1} | "x"' for i in range(n)) + f'\nr{n} ::= "y"'
+    with pytest.raises(ConstraintError, match="too large to convert.*Lark"):
+        g.compile(grammar_spec(grammar=chain))
+    # the same chain in Lark needs no conversion, and compiles
+    lark = "start: r0\n" + "\n".join(f'r{i}: r{i + 1} | "x"' for i in range(n)) + f'\nr{n}: "y"'
+    c = g.compile(grammar_spec(grammar=lark)).start()
+    assert (~c.banned()).nonzero()[0].tolist() == [ord("x"), ord("y")]
+
+
 # -- on SmolLM2's vocabulary -------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InvalidInputError
+from .bounds import check_source, on_deep_stack
 
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 KINDS = ("json_schema", "grammar", "lark", "regex")
@@ -99,7 +100,14 @@ class Grammars:
                                      eos_token=eos or None)
 
     def compile(self, spec: GrammarSpec) -> "Grammar":
-        """Check and compile; a ConstraintError names what is wrong. Drops the GIL while it builds."""
+        """Check and compile; a ConstraintError names what is wrong. Drops the GIL while it builds,
+        on a thread of its own whose stack holds the deepest grammar llguidance accepts."""
+        too_big = check_source(spec.kind, spec.source, _what(spec.kind))
+        if too_big:
+            raise ConstraintError(too_big)
+        return on_deep_stack(self._compile, spec)
+
+    def _compile(self, spec: GrammarSpec) -> "Grammar":
         llg = _llg()
         try:
             if spec.kind == "json_schema":
