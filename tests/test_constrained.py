@@ -205,6 +205,19 @@ def test_grammars_too_big_to_compile_quickly_are_refused():
     assert (~c.banned()).nonzero()[0].tolist() == [ord("x"), ord("y")]
 
 
+def test_a_grammar_that_allows_no_output_is_refused_when_compiled():
+    """It compiled, and failed at the first token with llguidance's "NoExtensionBias" and a dump of
+    its parser state; now the compile refuses it, saying why."""
+    g = Grammars(ByteVocab(), 257)
+    for kw in ({"grammar": 'root ::= x\nx ::= x "a"'}, {"json_schema": {"$ref": "#"}},
+               {"json_schema": {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}}):
+        with pytest.raises(ConstraintError, match="allows no output") as e:
+            g.compile(grammar_spec(**kw))
+        assert "Parser" not in str(e.value)
+    assert g.compile(grammar_spec(json_schema={"$defs": {"n": {"type": "object", "properties": {
+        "c": {"$ref": "#/$defs/n"}}}}, "$ref": "#/$defs/n"})).start().try_advance(ord("{"))
+
+
 # -- on SmolLM2's vocabulary -------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

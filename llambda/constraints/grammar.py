@@ -25,6 +25,7 @@ from .bounds import check_source, on_deep_stack
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 KINDS = ("json_schema", "grammar", "lark", "regex")
 MAX_ERROR_CHARS = 400
+NON_VERBOSE = "<non-verbose/>"   # where llguidance's errors would dump the parser's state (verbose_errors off)
 
 
 class ConstraintError(InvalidInputError):
@@ -40,7 +41,7 @@ def _llg():
 
 
 def _clip(msg: str) -> str:
-    msg = " ".join(msg.split())
+    msg = " ".join(msg.replace(NON_VERBOSE, "").split())
     return msg if len(msg) <= MAX_ERROR_CHARS else msg[:MAX_ERROR_CHARS] + "..."
 
 
@@ -128,9 +129,20 @@ class Grammars:
             raise
         except (ValueError, TypeError) as e:
             raise ConstraintError(f"invalid {_what(spec.kind)}: {_clip(str(e))}") from None
-        matcher = llg.LLMatcher(self.lltok, text, log_level=0)
+        # errors name the problem, not the parser's internal state (which the client cannot use)
+        matcher = llg.LLMatcher(self.lltok, text, log_level=0, limits=llg.LLParserLimits(verbose_errors=False))
         if matcher.is_error():
             raise ConstraintError(f"invalid {_what(spec.kind)}: {_clip(matcher.get_error())}")
+        # the first mask, here rather than in the first decode step: a grammar that allows no output
+        # at all ($ref cycles, rules that only refer to themselves) is refused before anything is
+        # queued, and a costly first mask is paid off the scheduler (the sequences copy it)
+        bits = np.zeros(self.words, np.int32)
+        matcher.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
+        if matcher.is_error():
+            err = _clip(matcher.get_error())
+            if err.startswith("NoExtensionBias"):
+                err = "it allows no output at all (e.g. a rule or $ref that only refers to itself)"
+            raise ConstraintError(f"invalid {_what(spec.kind)}: {err}")
         return Grammar(self, matcher)
 
 
