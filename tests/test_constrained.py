@@ -214,6 +214,11 @@ def test_a_grammar_that_allows_no_output_is_refused_when_compiled():
         with pytest.raises(ConstraintError, match="allows no output") as e:
             g.compile(grammar_spec(**kw))
         assert "Parser" not in str(e.value)
+    # inside a larger grammar the dead end is reached while decoding, and said as plainly
+    c = g.compile(grammar_spec(grammar='%llguidance {}\nstart: "a" x\nx: %json {"$ref": "#"}')).start()
+    c.advance(ord("a"))
+    with pytest.raises(ConstraintError, match="no text can continue"):
+        c.banned()
     assert g.compile(grammar_spec(json_schema={"$defs": {"n": {"type": "object", "properties": {
         "c": {"$ref": "#/$defs/n"}}}}, "$ref": "#/$defs/n"})).start().try_advance(ord("{"))
 

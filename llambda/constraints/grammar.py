@@ -25,6 +25,7 @@ from .bounds import check_source, on_deep_stack
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 KINDS = ("json_schema", "grammar", "lark", "regex")
 MAX_ERROR_CHARS = 400
+DEAD_END = "NoExtensionBias"      # llguidance's error where the grammar allows no next token at all
 NON_VERBOSE = "<non-verbose/>"   # where llguidance's errors would dump the parser's state (verbose_errors off)
 
 
@@ -140,7 +141,7 @@ class Grammars:
         matcher.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
         if matcher.is_error():
             err = _clip(matcher.get_error())
-            if err.startswith("NoExtensionBias"):
+            if err.startswith(DEAD_END):
                 err = "it allows no output at all (e.g. a rule or $ref that only refers to itself)"
             raise ConstraintError(f"invalid {_what(spec.kind)}: {err}")
         return Grammar(self, matcher)
@@ -198,7 +199,10 @@ class Constraint:
     def banned(self) -> np.ndarray:
         self._m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
         if self._m.is_error():
-            raise ConstraintError(f"the grammar failed: {_clip(self._m.get_error())}")
+            err = _clip(self._m.get_error())
+            if err.startswith(DEAD_END):
+                err = "no text can continue the output here (e.g. a $ref that only refers to itself)"
+            raise ConstraintError(f"the grammar failed: {err}")
         # little-endian words: byte k of word w holds tokens 32w+8k..32w+8k+7, lowest bit first
         return np.unpackbits((~self._bits).view(np.uint8), count=self.n_vocab, bitorder="little").view(np.bool_)
 
