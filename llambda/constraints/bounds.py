@@ -6,7 +6,7 @@ Two costs that llguidance's own limits do not cover:
   next): ~2-10 kB of native stack a level, so ~1000 nested $refs (80 kB of schema) overflow a
   thread's usual 8 MB stack and kill the process. Compiling runs on a thread of its own with a
   stack of DEEP_STACK_BYTES, where the deepest grammar llguidance accepts (its "schema too large"
-  limit, MAX_GRAMMAR_CHARS of grammar text) still fits with room to spare.
+  limit, fewer than 65k symbols: ~200 MB at most) still fits.
 - its GBNF-to-Lark conversion is Python (holding the GIL) and marks which rules are terminals by
   a fixed point that may take one pass over the grammar per rule: a chain of 2500 rules (50 kB)
   takes ~30 s. Its worst case is rules x characters, held under MAX_GBNF_WORK (~1-2 s).
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import threading
 
-DEEP_STACK_BYTES = 256 * 2**20     # address space reserved; only the pages a deep grammar touches are used
-MAX_GRAMMAR_CHARS = 256 * 2**10    # a GBNF or Lark grammar, or a regex; ~30k levels of nesting at most
+DEEP_STACK_BYTES = 512 * 2**20     # address space reserved; only the pages a deep grammar touches are used
+MAX_GRAMMAR_CHARS = 2**20          # a GBNF or Lark grammar (that of 128 tools' schemas), or a regex
 MAX_GBNF_WORK = 20_000_000         # rules x characters of a GBNF grammar (e.g. 400 rules in 50 kB)
 
 _stack_lock = threading.Lock()     # threading.stack_size is process-wide: set it only around one start

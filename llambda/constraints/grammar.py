@@ -26,7 +26,8 @@ JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separat
 KINDS = ("json_schema", "grammar", "lark", "regex")
 MAX_ERROR_CHARS = 400
 DEAD_END = "NoExtensionBias"      # llguidance's error where the grammar allows no next token at all
-NON_VERBOSE = "<non-verbose/>"   # where llguidance's errors would dump the parser's state (verbose_errors off)
+NON_VERBOSE = "<non-verbose/>"
+BACKTRACE = "<backtrace>"   # where llguidance's errors would dump the parser's state (verbose_errors off)
 
 
 class ConstraintError(InvalidInputError):
@@ -42,6 +43,7 @@ def _llg():
 
 
 def _clip(msg: str) -> str:
+    msg = msg.split(BACKTRACE)[0]        # a panic's native backtrace: frames of the build machine, not the cause
     msg = " ".join(msg.replace(NON_VERBOSE, "").split())
     return msg if len(msg) <= MAX_ERROR_CHARS else msg[:MAX_ERROR_CHARS] + "..."
 
