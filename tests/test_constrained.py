@@ -163,11 +163,11 @@ def _lark_chain(levels):
 _DEEP = f"""
 import sys; sys.path.insert(0, {str(__import__("pathlib").Path(__file__).parent)!r})
 from test_constrained import ByteVocab, _lark_chain, _ref_chain
-from llambda.constraints import Grammars, grammar_spec
+from llambda.constraints import Grammars, GrammarSpec, grammar_spec
 g = Grammars(ByteVocab(), 257)
 c = g.compile(grammar_spec(json_schema=_ref_chain(1500))).start()
 assert (~c.banned()).nonzero()[0].tolist() == [ord("{{")]
-c = g.compile(grammar_spec(grammar=_lark_chain(30_000))).start()   # llguidance takes < 65k symbols
+c = g.compile(GrammarSpec("lark", _lark_chain(30_000))).start()   # as tools' grammars; < 65k symbols
 for t in b"aaaa":
     c.advance(t)
 print("compiled")
@@ -192,6 +192,10 @@ def test_grammars_too_big_to_compile_quickly_are_refused():
     chain = "root ::= r0\n" + "\n".join(f'r{i} ::= r{i + 1} | "x"' for i in range(n)) + f'\nr{n} ::= "y"'
     with pytest.raises(ConstraintError, match="too large to convert.*Lark"):
         g.compile(grammar_spec(grammar=chain))
+    from llambda.constraints.bounds import MAX_GBNF_CHARS
+    one_rule = "root ::= " + " | ".join(f'"w{i}"' for i in range(MAX_GBNF_CHARS // 6))   # ~10 us a character
+    with pytest.raises(ConstraintError, match="too large to convert"):
+        g.compile(grammar_spec(grammar=one_rule))
     # the same chain in Lark needs no conversion, and compiles
     lark = "start: r0\n" + "\n".join(f'r{i}: r{i + 1} | "x"' for i in range(n)) + f'\nr{n}: "y"'
     c = g.compile(grammar_spec(grammar=lark)).start()

@@ -10,29 +10,34 @@ Two costs that llguidance's own limits do not cover:
 - its GBNF-to-Lark conversion is Python (holding the GIL) and marks which rules are terminals by
   a fixed point that may take one pass over the grammar per rule: a chain of 2500 rules (50 kB)
   takes ~30 s. Its worst case is rules x characters, held under MAX_GBNF_WORK (~1-2 s).
+- a Lark grammar of 95k alternatives (1 MB) takes 13 s to compile (without the GIL, but a core
+  and a prompt worker); MAX_GRAMMAR_CHARS keeps that near a second.
 """
 from __future__ import annotations
 
 import threading
 
 DEEP_STACK_BYTES = 512 * 2**20     # address space reserved; only the pages a deep grammar touches are used
-MAX_GRAMMAR_CHARS = 2**20          # a GBNF or Lark grammar (that of 128 tools' schemas), or a regex
+MAX_GRAMMAR_CHARS = 256 * 2**10    # a grammar or regex given as text (llguidance's compile grows faster than it)
+MAX_GBNF_CHARS = 64 * 2**10        # GBNF, converted in Python at ~10 us a character
 MAX_GBNF_WORK = 20_000_000         # rules x characters of a GBNF grammar (e.g. 400 rules in 50 kB)
 
 _stack_lock = threading.Lock()     # threading.stack_size is process-wide: set it only around one start
 
 
 def check_source(kind: str, source: str, what: str) -> str | None:
-    """Why this grammar text is too big to compile, or None."""
-    if kind == "json_schema":
-        return None                # llguidance refuses a schema too large for it, quickly
+    """Why this grammar text is too big to compile, or None. JSON schemas and "lark" grammars (those
+    llambda builds from tools' schemas) are left to llguidance's limits, which refuse them quickly."""
+    if kind not in ("grammar", "regex"):
+        return None
     if len(source) > MAX_GRAMMAR_CHARS:
         return f"the {what} has {len(source)} characters; at most {MAX_GRAMMAR_CHARS}"
     if kind == "grammar" and not _is_lark(source):
         rules = source.count("::=")
-        if rules * len(source) > MAX_GBNF_WORK:
+        if len(source) > MAX_GBNF_CHARS or rules * len(source) > MAX_GBNF_WORK:
             return (f"the GBNF grammar is too large to convert: {rules} rules in {len(source)} characters "
-                    f"(rules x characters at most {MAX_GBNF_WORK}); a Lark grammar needs no conversion")
+                    f"(at most {MAX_GBNF_CHARS} characters, and rules x characters at most {MAX_GBNF_WORK}); "
+                    "a Lark grammar needs no conversion")
     return None
 
 
