@@ -164,6 +164,11 @@ _DEEP = f"""
 import sys; sys.path.insert(0, {str(__import__("pathlib").Path(__file__).parent)!r})
 from test_constrained import ByteVocab, _lark_chain, _ref_chain
 from llambda.constraints import Grammars, GrammarSpec, grammar_spec
+try:
+    from llambda.constraints import bounds
+    bounds.MAX_MASK_CPU_SECONDS = float("inf")    # this is about the stack; a deep grammar's mask is slow
+except ImportError:
+    pass
 g = Grammars(ByteVocab(), 257)
 c = g.compile(grammar_spec(json_schema=_ref_chain(1500))).start()
 assert (~c.banned()).nonzero()[0].tolist() == [ord("{{")]
@@ -196,6 +201,15 @@ def test_grammars_too_big_to_compile_quickly_are_refused():
     one_rule = "root ::= " + " | ".join(f'"w{i}"' for i in range(MAX_GBNF_CHARS // 6))   # ~10 us a character
     with pytest.raises(ConstraintError, match="too large to convert"):
         g.compile(grammar_spec(grammar=one_rule))
+    # a chain of 300 is well within the bound
+    n = 300
+    chain = "root ::= r0\n" + "\n".join(f'r{i} ::= r{i + 1} | "x"' for i in range(n)) + f'\nr{n} ::= "y"'
+    c = g.compile(grammar_spec(grammar=chain)).start()
+    assert (~c.banned()).nonzero()[0].tolist() == [ord("x"), ord("y")]
+    from llambda.constraints.bounds import MAX_GBNF_CHARS
+    one_rule = "root ::= " + " | ".join(f'"w{i}"' for i in range(MAX_GBNF_CHARS // 6))   # ~10 us a character
+    with pytest.raises(ConstraintError, match="too large to convert"):
+        g.compile(grammar_spec(grammar=one_rule))
     # the same chain in Lark needs no conversion, and compiles
     lark = "start: r0\n" + "\n".join(f'r{i}: r{i + 1} | "x"' for i in range(n)) + f'\nr{n}: "y"'
     c = g.compile(grammar_spec(grammar=lark)).start()
@@ -218,6 +232,21 @@ def test_a_grammar_that_allows_no_output_is_refused_when_compiled():
         c.banned()
     assert g.compile(grammar_spec(json_schema={"$defs": {"n": {"type": "object", "properties": {
         "c": {"$ref": "#/$defs/n"}}}}, "$ref": "#/$defs/n"})).start().try_advance(ord("{"))
+
+
+def test_a_mask_too_costly_to_compute_is_refused(monkeypatch):
+    """llguidance's mask costs ~0.4 us per character of the literal being matched, outside its fuel
+    limits: a 200 kB const took 160 ms a token, and on the server every stream waited for it. A mask
+    over the CPU budget is refused, at compile (the first mask) or at the token where it happens."""
+    from llambda.constraints import bounds
+    g = Grammars(ByteVocab(), 257)
+    c = g.compile(grammar_spec(regex="ab+")).start()
+    assert (~c.banned()).nonzero()[0].tolist() == [ord("a")]
+    monkeypatch.setattr(bounds, "MAX_MASK_CPU_SECONDS", -1.0)     # any mask is over: the rule, not a timing
+    with pytest.raises(ConstraintError, match="too costly to follow"):
+        c.banned()
+    with pytest.raises(ConstraintError, match="regex: the grammar is too costly"):
+        g.compile(grammar_spec(regex="ab+"))
 
 
 # -- on SmolLM2's vocabulary -------------------------------------------------------------------

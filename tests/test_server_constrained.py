@@ -122,13 +122,13 @@ def test_invalid_constraints_are_400_before_generation(live):
 
 
 def test_grammar_that_fails_while_decoding_is_a_400(live):
-    """A grammar that compiles but cannot go on (a regex whose lexer blows up) fails at its first
-    token: the client's mistake, answered 400, not a 500, with the problem named and not the
-    parser's internal state."""
+    """A grammar that compiles but cannot go on (after "a", a JSON schema that allows nothing)
+    fails at that token: the client's mistake, answered 400, not a 500, with the problem named and
+    not the parser's internal state."""
     msgs = [{"role": "user", "content": "hi"}]
-    for extra in ({"regex": "a{100000}{100000}"},):
+    for extra in ({"grammar": '%llguidance {}\nstart: "a" x\nx: %json {"$ref": "#"}'},):
         body = {"model": MODEL_ID, "messages": msgs, "max_tokens": 4, **extra}
-        err = assert_error(post(live, "/v1/chat/completions", body), 400, "constraint")
+        err = assert_error(post(live, "/v1/chat/completions", body), 400, "constraint", "no text can continue")
         assert err["type"] == "invalid_request_error" and "<state>" not in err["message"], err
         r = post(live, "/v1/chat/completions", {**body, "stream": True})
         events = [json.loads(line[6:]) for line in r.text.splitlines()

@@ -1,5 +1,5 @@
-"""Bounds on compiling a grammar, so that a hostile one is refused instead of crashing the process
-or holding a core (and the GIL) for minutes.
+"""Bounds on compiling and following a grammar, so that a hostile one is refused instead of crashing
+the process, holding a core (and the GIL) for minutes or slowing every other stream.
 
 Two costs that llguidance's own limits do not cover:
 - its compiler recurses once per level of rule nesting (a chain of $refs, a rule referring to the
@@ -16,11 +16,17 @@ Two costs that llguidance's own limits do not cover:
 from __future__ import annotations
 
 import threading
+import time
 
 DEEP_STACK_BYTES = 512 * 2**20     # address space reserved; only the pages a deep grammar touches are used
 MAX_GRAMMAR_CHARS = 256 * 2**10    # a grammar or regex given as text (llguidance's compile grows faster than it)
 MAX_GBNF_CHARS = 64 * 2**10        # GBNF, converted in Python at ~10 us a character
 MAX_GBNF_WORK = 20_000_000         # rules x characters of a GBNF grammar (e.g. 400 rules in 50 kB)
+# CPU a token's mask may take. The server computes the masks on its scheduler, between forward
+# passes, so every stream waits for them: they take 0.05-5 ms, but llguidance's cost grows with
+# the literal being matched (~0.4 us a character: a 200 kB const, 160 ms a token, made every
+# other stream 13x slower) and its own fuel limits do not count it.
+MAX_MASK_CPU_SECONDS = 0.010
 
 _stack_lock = threading.Lock()     # threading.stack_size is process-wide: set it only around one start
 
@@ -67,3 +73,17 @@ def on_deep_stack(fn, *args):
     if "error" in out:
         raise out["error"]
     return out["value"]
+
+
+def check_mask_cost(seconds: float) -> str | None:
+    """Why a mask that took `seconds` of CPU is too costly to go on with, or None."""
+    if seconds <= MAX_MASK_CPU_SECONDS:
+        return None
+    return (f"the grammar is too costly to follow: a token's mask took {seconds * 1e3:.0f} ms of CPU (at most "
+            f"{MAX_MASK_CPU_SECONDS * 1e3:.0f} ms); a literal tens of kB long (a const or enum value, a string "
+            "in the grammar) or nesting thousands of levels deep is the usual cause")
+
+
+def cpu_now() -> float:
+    """This thread's CPU time: what a mask costs, whatever else the machine runs meanwhile."""
+    return time.thread_time()

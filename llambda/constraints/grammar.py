@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InvalidInputError
+from . import bounds
 from .bounds import check_source, on_deep_stack
 
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -140,12 +141,16 @@ class Grammars:
         # at all ($ref cycles, rules that only refer to themselves) is refused before anything is
         # queued, and a costly first mask is paid off the scheduler (the sequences copy it)
         bits = np.zeros(self.words, np.int32)
+        t0 = bounds.cpu_now()
         matcher.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
         if matcher.is_error():
             err = _clip(matcher.get_error())
             if err.startswith(DEAD_END):
                 err = "it allows no output at all (e.g. a rule or $ref that only refers to itself)"
             raise ConstraintError(f"invalid {_what(spec.kind)}: {err}")
+        too_costly = bounds.check_mask_cost(bounds.cpu_now() - t0)
+        if too_costly:
+            raise ConstraintError(f"invalid {_what(spec.kind)}: {too_costly}")
         return Grammar(self, matcher)
 
 
@@ -199,7 +204,11 @@ class Constraint:
         self._bits = np.zeros(grammars.words, np.int32)    # bit t of the mask: token t is allowed
 
     def banned(self) -> np.ndarray:
+        t0 = bounds.cpu_now()
         self._m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+        too_costly = bounds.check_mask_cost(bounds.cpu_now() - t0)
+        if too_costly:      # one such mask, not one a token, for the streams that share the server
+            raise ConstraintError(too_costly)
         if self._m.is_error():
             err = _clip(self._m.get_error())
             if err.startswith(DEAD_END):
