@@ -187,6 +187,26 @@ def test_deep_grammars_compile_without_overflowing_the_stack():
     assert out.returncode == 0 and out.stdout.split() == ["compiled"], (out.returncode, out.stderr[-2000:])
 
 
+_LIMITED = f"""
+import resource, sys; sys.path.insert(0, {str(__import__("pathlib").Path(__file__).parent)!r})
+from test_constrained import ByteVocab
+from llambda.constraints import Grammars, grammar_spec
+g = Grammars(ByteVocab(), 257)
+size = int(next(l for l in open("/proc/self/status") if l.startswith("VmSize:")).split()[1]) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (size + 256 * 2**20, resource.RLIM_INFINITY))   # no room for 512 MiB
+c = g.compile(grammar_spec(regex="ab")).start()
+print((~c.banned()).nonzero()[0].tolist())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="limits the address space through /proc and RLIMIT_AS")
+def test_compiling_works_where_the_deep_stack_does_not_fit():
+    """Under ulimit -v, a thread with a 512 MiB stack cannot start ("can't start new thread"):
+    every compile failed. It falls back to a smaller stack."""
+    out = subprocess.run([sys.executable, "-c", _LIMITED], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.split() == ["[97]"], (out.returncode, out.stderr[-2000:])
+
+
 def test_grammars_too_big_to_compile_quickly_are_refused():
     from llambda.constraints.bounds import MAX_GRAMMAR_CHARS
     g = Grammars(ByteVocab(), 257)

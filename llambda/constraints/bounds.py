@@ -19,6 +19,7 @@ import threading
 import time
 
 DEEP_STACK_BYTES = 512 * 2**20     # address space reserved; only the pages a deep grammar touches are used
+FALLBACK_STACK_BYTES = 64 * 2**20  # where that much address space is not to be had
 MAX_GRAMMAR_CHARS = 256 * 2**10    # a grammar or regex given as text (llguidance's compile grows faster than it)
 MAX_GBNF_CHARS = 64 * 2**10        # GBNF, converted in Python at ~10 us a character
 MAX_GBNF_WORK = 20_000_000         # rules x characters of a GBNF grammar (e.g. 400 rules in 50 kB)
@@ -53,7 +54,10 @@ def _is_lark(source: str) -> bool:
 
 
 def on_deep_stack(fn, *args):
-    """fn(*args) on a new thread with a DEEP_STACK_BYTES stack; its result, or its exception raised here."""
+    """fn(*args) on a new thread with a DEEP_STACK_BYTES stack; its result, or its exception raised here.
+
+    Where the address space is limited (ulimit -v) and no such thread can start, a smaller stack,
+    then the caller's own: compiling still works, only the deepest grammars are at risk again."""
     out: dict = {}
 
     def run():
@@ -62,13 +66,20 @@ def on_deep_stack(fn, *args):
         except BaseException as e:      # handed to the caller's thread, which decides
             out["error"] = e
 
-    with _stack_lock:
-        old = threading.stack_size(DEEP_STACK_BYTES)
-        try:
-            t = threading.Thread(target=run, name="llambda-grammar-compile", daemon=True)
-            t.start()
-        finally:
-            threading.stack_size(old)
+    t = None
+    for size in (DEEP_STACK_BYTES, FALLBACK_STACK_BYTES):
+        with _stack_lock:
+            old = threading.stack_size(size)
+            try:
+                t = threading.Thread(target=run, name="llambda-grammar-compile", daemon=True)
+                t.start()
+                break
+            except (RuntimeError, MemoryError):     # "can't start new thread": no room for the stack
+                t = None
+            finally:
+                threading.stack_size(old)
+    if t is None:
+        return fn(*args)
     t.join()
     if "error" in out:
         raise out["error"]
