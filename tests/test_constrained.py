@@ -254,6 +254,18 @@ def test_a_grammar_that_allows_no_output_is_refused_when_compiled():
         "c": {"$ref": "#/$defs/n"}}}}, "$ref": "#/$defs/n"})).start().try_advance(ord("{"))
 
 
+def test_boolean_json_schemas():
+    """A schema may be a boolean: true allows any value, false none. true was refused with
+    llguidance's "Expecting object schema to apply options"."""
+    g = Grammars(ByteVocab(), 257)
+    c = g.compile(grammar_spec(json_schema=True)).start()
+    for b in b'[1, "a"]':
+        c.advance(b)
+    assert c.accepting
+    with pytest.raises(ConstraintError, match="false allows no value"):
+        g.compile(grammar_spec(json_schema=False))
+
+
 def test_a_mask_too_costly_to_compute_is_refused(monkeypatch):
     """llguidance's mask costs ~0.4 us per character of the literal being matched, outside its fuel
     limits: a 200 kB const took 160 ms a token, and on the server every stream waited for it. A mask

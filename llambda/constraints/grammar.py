@@ -122,7 +122,10 @@ class Grammars:
                     raise ConstraintError(f"the JSON schema is not valid JSON: {e}") from None
                 if not isinstance(schema, (dict, bool)):
                     raise ConstraintError(f"a JSON schema must be an object, got {type(schema).__name__}")
-                text = llg.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_STYLE)
+                if schema is False:
+                    raise ConstraintError("the JSON schema false allows no value at all")
+                # true is any value, as {} is; llguidance takes only objects ("Expecting object schema")
+                text = llg.LLMatcher.grammar_from_json_schema({} if schema is True else schema, defaults=JSON_STYLE)
             elif spec.kind == "grammar":
                 text = llg.grammar_from("grammar", spec.source)
             elif spec.kind == "lark":
