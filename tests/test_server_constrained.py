@@ -112,7 +112,8 @@ def test_invalid_constraints_are_400_before_generation(live):
              ("/v1/chat/completions", {"messages": msgs, "stream": True, "response_format": _fmt({"$ref": "#"})},
               "response_format", "no output"),
              ("/v1/chat/completions", {"messages": msgs, "stream": True, "tools": [{"type": "function", "function": {
-                 "name": "f", "parameters": {"type": "objekt"}}}], "tool_choice": "required"}, "tools", "objekt")]
+                 "name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "objekt"}}}}}],
+              "tool_choice": "required"}, "tools", "objekt")]
     for path, body, param, word in cases:
         err = assert_error(post(live, path, {"model": MODEL_ID, **body}), 400, word)
         assert err["type"] == "invalid_request_error" and err["param"] == param, err
