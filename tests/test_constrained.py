@@ -133,6 +133,154 @@ def test_unmasked_first_draw_gives_exactly_the_masked_distribution():
     assert counts[5] == 10
 
 
+class ByteVocab:
+    """A tokenizer of 256 byte tokens and an EOS: enough for llguidance to compile against, offline."""
+    vocab_size, eos_id, bos_id, eot_ids = 257, 256, None, {256}
+
+    def token_bytes(self, i):
+        return bytes([i]) if i < 256 else b"<eos>"
+
+    def is_special(self, i):
+        return i == 256
+
+    def encode(self, text, parse_special=False):
+        return list(text.encode())
+
+
+def _ref_chain(levels):
+    """A schema nesting `levels` objects through $refs: JSON nesting the parser never sees."""
+    defs = {f"d{i}": {"type": "object", "properties": {"a": {"$ref": f"#/$defs/d{i + 1}"}}, "required": ["a"]}
+            for i in range(levels)}
+    return {"$defs": {**defs, f"d{levels}": {"type": "string"}}, "$ref": "#/$defs/d0"}
+
+
+def _lark_chain(levels):
+    """A Lark grammar `levels` deep: each rule refers to the next."""
+    rules = [f'a{i:x}: "a" a{i + 1:x}' for i in range(levels)]
+    return "\n".join(["start: a0", *rules, f'a{levels:x}: "y"'])
+
+
+_DEEP = f"""
+import sys; sys.path.insert(0, {str(__import__("pathlib").Path(__file__).parent)!r})
+from test_constrained import ByteVocab, _lark_chain, _ref_chain
+from llambda.constraints import Grammars, GrammarSpec, grammar_spec
+try:
+    from llambda.constraints import bounds
+    bounds.MAX_MASK_CPU_SECONDS = float("inf")    # this is about the stack; a deep grammar's mask is slow
+except ImportError:
+    pass
+g = Grammars(ByteVocab(), 257)
+c = g.compile(grammar_spec(json_schema=_ref_chain(1500))).start()
+assert (~c.banned()).nonzero()[0].tolist() == [ord("{{")]
+c = g.compile(GrammarSpec("lark", _lark_chain(30_000))).start()   # as tools' grammars; < 65k symbols
+for t in b"aaaa":
+    c.advance(t)
+print("compiled")
+"""
+
+
+def test_deep_grammars_compile_without_overflowing_the_stack():
+    """1500 objects nested through $refs (110 kB of schema) overflowed the 8 MB stack in
+    llguidance's compiler and killed the process (a server, with one request); so did a Lark
+    chain of 3000 rules. Compiling runs on a deep stack that holds the deepest grammar llguidance takes."""
+    out = subprocess.run([sys.executable, "-c", _DEEP], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.split() == ["compiled"], (out.returncode, out.stderr[-2000:])
+
+
+_LIMITED = f"""
+import resource, sys; sys.path.insert(0, {str(__import__("pathlib").Path(__file__).parent)!r})
+from test_constrained import ByteVocab
+from llambda.constraints import Grammars, grammar_spec
+g = Grammars(ByteVocab(), 257)
+size = int(next(l for l in open("/proc/self/status") if l.startswith("VmSize:")).split()[1]) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (size + 256 * 2**20, resource.RLIM_INFINITY))   # no room for 512 MiB
+c = g.compile(grammar_spec(regex="ab")).start()
+print((~c.banned()).nonzero()[0].tolist())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="limits the address space through /proc and RLIMIT_AS")
+def test_compiling_works_where_the_deep_stack_does_not_fit():
+    """Under ulimit -v, a thread with a 512 MiB stack cannot start ("can't start new thread"):
+    every compile failed. It falls back to a smaller stack."""
+    out = subprocess.run([sys.executable, "-c", _LIMITED], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.split() == ["[97]"], (out.returncode, out.stderr[-2000:])
+
+
+def test_grammars_too_big_to_compile_quickly_are_refused():
+    from llambda.constraints.bounds import MAX_GRAMMAR_CHARS
+    g = Grammars(ByteVocab(), 257)
+    with pytest.raises(ConstraintError, match="at most"):
+        g.compile(grammar_spec(regex="a" * (MAX_GRAMMAR_CHARS + 1)))
+    # a chain of 2500 GBNF rules (53 kB): llguidance's Python converter took ~30 s, holding the GIL
+    n = 2500
+    chain = "root ::= r0\n" + "\n".join(f'r{i} ::= r{i + 1} | "x"' for i in range(n)) + f'\nr{n} ::= "y"'
+    with pytest.raises(ConstraintError, match="too large to convert.*Lark"):
+        g.compile(grammar_spec(grammar=chain))
+    from llambda.constraints.bounds import MAX_GBNF_CHARS
+    one_rule = "root ::= " + " | ".join(f'"w{i}"' for i in range(MAX_GBNF_CHARS // 6))   # ~10 us a character
+    with pytest.raises(ConstraintError, match="too large to convert"):
+        g.compile(grammar_spec(grammar=one_rule))
+    # a chain of 300 is well within the bound
+    n = 300
+    chain = "root ::= r0\n" + "\n".join(f'r{i} ::= r{i + 1} | "x"' for i in range(n)) + f'\nr{n} ::= "y"'
+    c = g.compile(grammar_spec(grammar=chain)).start()
+    assert (~c.banned()).nonzero()[0].tolist() == [ord("x"), ord("y")]
+    from llambda.constraints.bounds import MAX_GBNF_CHARS
+    one_rule = "root ::= " + " | ".join(f'"w{i}"' for i in range(MAX_GBNF_CHARS // 6))   # ~10 us a character
+    with pytest.raises(ConstraintError, match="too large to convert"):
+        g.compile(grammar_spec(grammar=one_rule))
+    # the same chain in Lark needs no conversion, and compiles
+    lark = "start: r0\n" + "\n".join(f'r{i}: r{i + 1} | "x"' for i in range(n)) + f'\nr{n}: "y"'
+    c = g.compile(grammar_spec(grammar=lark)).start()
+    assert (~c.banned()).nonzero()[0].tolist() == [ord("x"), ord("y")]
+
+
+def test_a_grammar_that_allows_no_output_is_refused_when_compiled():
+    """It compiled, and failed at the first token with llguidance's "NoExtensionBias" and a dump of
+    its parser state; now the compile refuses it, saying why."""
+    g = Grammars(ByteVocab(), 257)
+    for kw in ({"grammar": 'root ::= x\nx ::= x "a"'}, {"json_schema": {"$ref": "#"}},
+               {"json_schema": {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}}):
+        with pytest.raises(ConstraintError, match="allows no output") as e:
+            g.compile(grammar_spec(**kw))
+        assert "Parser" not in str(e.value)
+    # inside a larger grammar the dead end is reached while decoding, and said as plainly
+    c = g.compile(grammar_spec(grammar='%llguidance {}\nstart: "a" x\nx: %json {"$ref": "#"}')).start()
+    c.advance(ord("a"))
+    with pytest.raises(ConstraintError, match="no text can continue"):
+        c.banned()
+    assert g.compile(grammar_spec(json_schema={"$defs": {"n": {"type": "object", "properties": {
+        "c": {"$ref": "#/$defs/n"}}}}, "$ref": "#/$defs/n"})).start().try_advance(ord("{"))
+
+
+def test_boolean_json_schemas():
+    """A schema may be a boolean: true allows any value, false none. true was refused with
+    llguidance's "Expecting object schema to apply options"."""
+    g = Grammars(ByteVocab(), 257)
+    c = g.compile(grammar_spec(json_schema=True)).start()
+    for b in b'[1, "a"]':
+        c.advance(b)
+    assert c.accepting
+    with pytest.raises(ConstraintError, match="false allows no value"):
+        g.compile(grammar_spec(json_schema=False))
+
+
+def test_a_mask_too_costly_to_compute_is_refused(monkeypatch):
+    """llguidance's mask costs ~0.4 us per character of the literal being matched, outside its fuel
+    limits: a 200 kB const took 160 ms a token, and on the server every stream waited for it. A mask
+    over the CPU budget is refused, at compile (the first mask) or at the token where it happens."""
+    from llambda.constraints import bounds
+    g = Grammars(ByteVocab(), 257)
+    c = g.compile(grammar_spec(regex="ab+")).start()
+    assert (~c.banned()).nonzero()[0].tolist() == [ord("a")]
+    monkeypatch.setattr(bounds, "MAX_MASK_CPU_SECONDS", -1.0)     # any mask is over: the rule, not a timing
+    with pytest.raises(ConstraintError, match="too costly to follow"):
+        c.banned()
+    with pytest.raises(ConstraintError, match="regex: the grammar is too costly"):
+        g.compile(grammar_spec(regex="ab+"))
+
+
 # -- on SmolLM2's vocabulary -------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -111,6 +111,11 @@ def test_refused_requests(live, client):
                  400, "text.format.schema")
     assert_error(post(live, "/v1/responses", {"input": "Hi", "text": {"format": {"type": "yaml"}}}), 400,
                  "text.format")
+    # a schema that does not compile (llguidance's error, at prepare) names text.format, not chat's response_format
+    err = assert_error(post(live, "/v1/responses", {"input": "Hi", "text": {"format": {
+        "type": "json_schema", "name": "x", "schema": {"type": "integer", "minimum": 5, "maximum": 1}}}}),
+        400, "'text.format'", "minimum")
+    assert err["param"] == "text.format" and "response_format" not in err["message"], err
     # a tool_choice object is refused in the Responses API's own shape (chat's nested one is not it)
     for choice in ({"type": "function"}, {"type": "function", "function": {"name": "get_weather"}},
                    {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": "get_weather"}]}):

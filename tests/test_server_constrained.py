@@ -106,8 +106,14 @@ def test_invalid_constraints_are_400_before_generation(live):
                                                                           "maxLength": 1}}, "json_schema", "maxLength"),
              ("/v1/completions", {"prompt": "x", "grammar": "root ::= missing_rule"}, "grammar", "missing_rule"),
              ("/v1/completions", {"prompt": "x", "regex": "(unclosed", "stream": True}, "regex", "regex"),
+             # grammars that derive no string compiled, and failed at the first token (a stream's 200)
+             ("/v1/completions", {"prompt": "x", "grammar": "root ::= ( root )", "stream": True}, "grammar",
+              "no output"),
+             ("/v1/chat/completions", {"messages": msgs, "stream": True, "response_format": _fmt({"$ref": "#"})},
+              "response_format", "no output"),
              ("/v1/chat/completions", {"messages": msgs, "stream": True, "tools": [{"type": "function", "function": {
-                 "name": "f", "parameters": {"type": "objekt"}}}], "tool_choice": "required"}, "tools", "objekt")]
+                 "name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "objekt"}}}}}],
+              "tool_choice": "required"}, "tools", "objekt")]
     for path, body, param, word in cases:
         err = assert_error(post(live, path, {"model": MODEL_ID, **body}), 400, word)
         assert err["type"] == "invalid_request_error" and err["param"] == param, err
@@ -117,13 +123,14 @@ def test_invalid_constraints_are_400_before_generation(live):
 
 
 def test_grammar_that_fails_while_decoding_is_a_400(live):
-    """A grammar that compiles but cannot go on (it derives no string; a regex whose lexer blows
-    up) fails at its first token: the client's mistake, answered 400, not a 500."""
+    """A grammar that compiles but cannot go on (after "a", a JSON schema that allows nothing)
+    fails at that token: the client's mistake, answered 400, not a 500, with the problem named and
+    not the parser's internal state."""
     msgs = [{"role": "user", "content": "hi"}]
-    for extra in ({"grammar": "root ::= ( root )"}, {"regex": "a{100000}{100000}"}):
+    for extra in ({"grammar": '%llguidance {}\nstart: "a" x\nx: %json {"$ref": "#"}'},):
         body = {"model": MODEL_ID, "messages": msgs, "max_tokens": 4, **extra}
-        err = assert_error(post(live, "/v1/chat/completions", body), 400, "constraint")
-        assert err["type"] == "invalid_request_error", err
+        err = assert_error(post(live, "/v1/chat/completions", body), 400, "constraint", "no text can continue")
+        assert err["type"] == "invalid_request_error" and "<state>" not in err["message"], err
         r = post(live, "/v1/chat/completions", {**body, "stream": True})
         events = [json.loads(line[6:]) for line in r.text.splitlines()
                   if line.startswith("data: ") and line != "data: [DONE]"]

@@ -162,6 +162,12 @@ def test_schema_validation_units():
         ({"messages": msgs, "logit_bias": {"x": 1}}, "logit_bias"),
         ({"messages": msgs, "max_tokens": 5, "max_completion_tokens": 6}, "max_completion_tokens"),
         ({"messages": msgs, "tools": [{"type": "function", "function": {}}]}, "tools"),
+        # arguments that are not an object: forced calls came back as text, with no tool_calls
+        ({"messages": msgs, "tools": [{"type": "function", "function": {"name": "f", "parameters": {
+            "type": "string"}}}], "tool_choice": "required"}, "must describe an object"),
+        ({"messages": msgs, "tools": [{"type": "function", "function": {"name": "f"}},
+                                      {"type": "function", "function": {"name": "f", "parameters": {}}}]},
+         "tools[1].function.name 'f' is taken"),
         ({"messages": msgs, "stop": ["a"] * 17}, "stop"),
     ]
     for body, param in bad:

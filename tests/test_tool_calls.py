@@ -174,6 +174,41 @@ def test_tool_call_parser_fuzz_loses_no_text():
 
 
 
+# -- the grammar of calls ----------------------------------------------------------------------
+
+def test_tool_parameters_with_local_refs_compile_in_every_mode():
+    """pydantic (and openai.pydantic_function_tool) write nested models and enums as "#/$defs/..."
+    refs. Under tool_choice "auto", or "required" with parallel calls, every tool's parameters sit
+    inside one call schema, where those refs pointed at its root: a 400 ("Pointer '/$defs/Unit'
+    does not exist") for a well-formed tool. Each tool's parameters are now a resource of their own."""
+    from test_constrained import ByteVocab
+
+    from llambda.constraints import ConstraintError, Grammars, grammar_spec
+    from llambda.server.tools import tool_grammar
+
+    unit = {"$defs": {"Unit": {"enum": ["c", "f"]}}, "type": "object", "required": ["city", "unit"],
+            "properties": {"city": {"type": "string"}, "unit": {"$ref": "#/$defs/Unit"}}}
+    draft7 = {"$schema": "http://json-schema.org/draft-07/schema#", "definitions": {"U": {"enum": ["k"]}},
+              "type": "object", "properties": {"u": {"$ref": "#/definitions/U"}}, "required": ["u"]}
+    tools = [{"type": "function", "function": {"name": n, "parameters": p}} for n, p in (("w", unit), ("v", draft7))]
+    grammars = Grammars(ByteVocab(), 257)
+    for choice, parallel, opening in (("auto", True, "<tool_call>\n"), ("required", True, ""), ("required", False, "")):
+        g = grammars.compile(grammar_spec(grammar=tool_grammar(tools, {"w", "v"}, choice, parallel)))
+        for name, args, ok in (("w", '{"city": "Oslo", "unit": "c"}', True), ("v", '{"u": "k"}', True),
+                               ("w", '{"city": "Oslo", "unit": "k"}', False), ("v", '{"u": "c"}', False)):
+            call = f'{{"name": "{name}", "arguments": {args}}}'
+            # "required" answers start after the prefilled `<tool_call>\n{"name": "`
+            text = opening + call + "\n</tool_call>" if opening else call[len('{"name": "'):] + "\n</tool_call>"
+            c = g.start()
+            try:
+                for b in text.encode():
+                    c.advance(b)
+                took = c.accepting
+            except ConstraintError:
+                took = False
+            assert took == ok, (choice, parallel, text)
+
+
 # -- tools with a Qwen template ---------------------------------------------------------------
 
 QWEN_TOOLS = [{"type": "function", "function": {

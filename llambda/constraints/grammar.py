@@ -20,10 +20,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InvalidInputError
+from . import bounds
+from .bounds import check_source, on_deep_stack
 
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 KINDS = ("json_schema", "grammar", "lark", "regex")
 MAX_ERROR_CHARS = 400
+DEAD_END = "NoExtensionBias"      # llguidance's error where the grammar allows no next token at all
+NON_VERBOSE = "<non-verbose/>"
+BACKTRACE = "<backtrace>"   # where llguidance's errors would dump the parser's state (verbose_errors off)
 
 
 class ConstraintError(InvalidInputError):
@@ -39,7 +44,8 @@ def _llg():
 
 
 def _clip(msg: str) -> str:
-    msg = " ".join(msg.split())
+    msg = msg.split(BACKTRACE)[0]        # a panic's native backtrace: frames of the build machine, not the cause
+    msg = " ".join(msg.replace(NON_VERBOSE, "").split())
     return msg if len(msg) <= MAX_ERROR_CHARS else msg[:MAX_ERROR_CHARS] + "..."
 
 
@@ -99,7 +105,14 @@ class Grammars:
                                      eos_token=eos or None)
 
     def compile(self, spec: GrammarSpec) -> "Grammar":
-        """Check and compile; a ConstraintError names what is wrong. Drops the GIL while it builds."""
+        """Check and compile; a ConstraintError names what is wrong. Drops the GIL while it builds,
+        on a thread of its own whose stack holds the deepest grammar llguidance accepts."""
+        too_big = check_source(spec.kind, spec.source, _what(spec.kind))
+        if too_big:
+            raise ConstraintError(too_big)
+        return on_deep_stack(self._compile, spec)
+
+    def _compile(self, spec: GrammarSpec) -> "Grammar":
         llg = _llg()
         try:
             if spec.kind == "json_schema":
@@ -109,7 +122,10 @@ class Grammars:
                     raise ConstraintError(f"the JSON schema is not valid JSON: {e}") from None
                 if not isinstance(schema, (dict, bool)):
                     raise ConstraintError(f"a JSON schema must be an object, got {type(schema).__name__}")
-                text = llg.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_STYLE)
+                if schema is False:
+                    raise ConstraintError("the JSON schema false allows no value at all")
+                # true is any value, as {} is; llguidance takes only objects ("Expecting object schema")
+                text = llg.LLMatcher.grammar_from_json_schema({} if schema is True else schema, defaults=JSON_STYLE)
             elif spec.kind == "grammar":
                 text = llg.grammar_from("grammar", spec.source)
             elif spec.kind == "lark":
@@ -120,9 +136,24 @@ class Grammars:
             raise
         except (ValueError, TypeError) as e:
             raise ConstraintError(f"invalid {_what(spec.kind)}: {_clip(str(e))}") from None
-        matcher = llg.LLMatcher(self.lltok, text, log_level=0)
+        # errors name the problem, not the parser's internal state (which the client cannot use)
+        matcher = llg.LLMatcher(self.lltok, text, log_level=0, limits=llg.LLParserLimits(verbose_errors=False))
         if matcher.is_error():
             raise ConstraintError(f"invalid {_what(spec.kind)}: {_clip(matcher.get_error())}")
+        # the first mask, here rather than in the first decode step: a grammar that allows no output
+        # at all ($ref cycles, rules that only refer to themselves) is refused before anything is
+        # queued, and a costly first mask is paid off the scheduler (the sequences copy it)
+        bits = np.zeros(self.words, np.int32)
+        t0 = bounds.cpu_now()
+        matcher.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
+        if matcher.is_error():
+            err = _clip(matcher.get_error())
+            if err.startswith(DEAD_END):
+                err = "it allows no output at all (e.g. a rule or $ref that only refers to itself)"
+            raise ConstraintError(f"invalid {_what(spec.kind)}: {err}")
+        too_costly = bounds.check_mask_cost(bounds.cpu_now() - t0)
+        if too_costly:
+            raise ConstraintError(f"invalid {_what(spec.kind)}: {too_costly}")
         return Grammar(self, matcher)
 
 
@@ -176,9 +207,16 @@ class Constraint:
         self._bits = np.zeros(grammars.words, np.int32)    # bit t of the mask: token t is allowed
 
     def banned(self) -> np.ndarray:
+        t0 = bounds.cpu_now()
         self._m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+        too_costly = bounds.check_mask_cost(bounds.cpu_now() - t0)
+        if too_costly:      # one such mask, not one a token, for the streams that share the server
+            raise ConstraintError(too_costly)
         if self._m.is_error():
-            raise ConstraintError(f"the grammar failed: {_clip(self._m.get_error())}")
+            err = _clip(self._m.get_error())
+            if err.startswith(DEAD_END):
+                err = "no text can continue the output here (e.g. a $ref that only refers to itself)"
+            raise ConstraintError(f"the grammar failed: {err}")
         # little-endian words: byte k of word w holds tokens 32w+8k..32w+8k+7, lowest bit first
         return np.unpackbits((~self._bits).view(np.uint8), count=self.n_vocab, bitorder="little").view(np.bool_)
 

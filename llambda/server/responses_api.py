@@ -272,6 +272,8 @@ def parse_responses(body, store: ResponseStore, counting: bool = False) -> tuple
                               param="text.format") from None
         raise
     spec.max_tokens_param = "max_output_tokens"     # errors name the Responses field
+    if response_format is not None:
+        spec.constraint_param = "text.format"        # a schema that does not compile, too
     metadata = b.get("metadata")
     echo = {"instructions": instructions, "max_output_tokens": max_output, "metadata": metadata or {},
             "parallel_tool_calls": spec.parallel_tool_calls, "temperature": spec.sampling["temperature"],

@@ -466,6 +466,7 @@ def _tools(v: Any) -> list | None:
         raise bad_request(f"'tools' must be an array, got {_type(v)}", param="tools")
     if len(v) > MAX_TOOLS:
         raise bad_request(f"'tools' may hold at most {MAX_TOOLS} tools, got {len(v)}", param="tools")
+    names: set[str] = set()
     for i, t in enumerate(v):
         where = f"tools[{i}]"
         if not isinstance(t, dict) or t.get("type") != "function":
@@ -473,9 +474,19 @@ def _tools(v: Any) -> list | None:
         fn = t.get("function")
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
             raise bad_request(f"{where}.function must be an object with a non-empty string 'name'", param=where)
+        # a call is known by its name alone: two tools of one name make it unclear which was called
+        if fn["name"] in names:
+            raise bad_request(f"{where}.function.name {fn['name']!r} is taken by an earlier tool", param=where)
+        names.add(fn["name"])
         params = fn.get("parameters")
         if params is not None and not isinstance(params, dict):
             raise bad_request(f"{where}.function.parameters must be a JSON Schema object", param=where)
+        # arguments are an object (as OpenAI requires): under a forcing tool_choice the grammar would
+        # make the model write a string or a number, which no parser takes for a call
+        kind = (params or {}).get("type", "object")
+        if kind != "object" and not (isinstance(kind, list) and "object" in kind):
+            raise bad_request(f"{where}.function.parameters must describe an object (the arguments), "
+                              f"got type {json.dumps(kind)}", param=where)
     return v or None
 
 

@@ -396,11 +396,14 @@ def extract_tool_calls(text: str, names: set[str], prefix: str = "",
 def call_schema(tools: list, names: set[str]) -> dict:
     """JSON schema of one call object to any of `names` (name first, as the streaming parser wants)."""
     alts = []
-    for t in tools:
+    for i, t in enumerate(tools):
         fn = t["function"]
         if fn["name"] not in names:
             continue
         params = fn.get("parameters") or {"type": "object"}
+        # a schema resource of its own: its "#/$defs/..." refs (pydantic writes them) resolve against
+        # the parameters, where they were written, not against this call schema's root
+        params = {"$id": f"urn:llambda:tool-parameters:{i}", **params}
         alts.append({"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": params},
                      "required": ["name", "arguments"], "additionalProperties": False})
     schema = alts[0] if len(alts) == 1 else {"anyOf": alts}
