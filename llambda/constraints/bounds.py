@@ -26,8 +26,10 @@ MAX_GBNF_WORK = 20_000_000         # rules x characters of a GBNF grammar (e.g. 
 # CPU a token's mask may take. The server computes the masks on its scheduler, between forward
 # passes, so every stream waits for them: they take 0.05-5 ms, but llguidance's cost grows with
 # the literal being matched (~0.4 us a character: a 200 kB const, 160 ms a token, made every
-# other stream 13x slower) and its own fuel limits do not count it.
-MAX_MASK_CPU_SECONDS = 0.010
+# other stream 13x slower) and its own fuel limits do not count it. 50 ms: 10x the dearest ordinary
+# grammar measured (a 3 GHz Zen 2), so a slower CPU does not refuse one mid-answer, and a hostile
+# grammar at most ~3x slows the others (a 0.5B step is ~25 ms) instead of 13x.
+MAX_MASK_CPU_SECONDS = 0.050
 
 _stack_lock = threading.Lock()     # threading.stack_size is process-wide: set it only around one start
 
