@@ -322,3 +322,42 @@ def test_cli_chat_template_kwargs(tmp_path):
     for bad, message in (("{x", "not valid JSON"), ('{"tools": []}', "set by the renderer")):
         out = chat("--template-kwargs", bad)
         assert out.returncode == 1 and message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_serve_template_kwargs_are_every_requests_default(tmp_path):
+    """`llambda serve --no-think` (or --template-kwargs): the prompt renders with it unless a request
+    sets the same variable; a bad default stops the server before it loads the model."""
+    import subprocess
+    import sys
+
+    from serverkit import ServerProcess
+    from test_export import tiny_llama_gguf
+    gg = tiny_llama_gguf(tmp_path / "tiny.gguf", control_tokens=THINK_TOKENS, chat_template=TEMPLATE)
+    closed = "user: hi\nassistant:<think>\n\n</think>\n\n"
+    with ServerProcess(gg, tmp_path / "serve.log", "--no-think", "--template-kwargs", '{"reasoning_effort": "low"}',
+                       "-c", "256") as srv:
+        def prompt(**kw):
+            r = httpx.post(srv.url + "/apply-template", json={"messages": USER, **kw}, timeout=60)
+            assert r.status_code == 200, r.text
+            return r.json()["prompt"]
+        assert prompt() == "Reasoning: low\n" + closed
+        assert prompt(chat_template_kwargs={"enable_thinking": True}) == "Reasoning: low\nuser: hi\nassistant:"
+        assert prompt(reasoning_effort="high") == "Reasoning: high\n" + closed
+        # Ollama's think: true turns thinking back on; the thought comes back apart
+        body = {"model": srv.model_id, "messages": USER, "stream": False, "think": True,
+                "regex": re.escape(OUTPUT), "options": {"temperature": 0, "num_predict": 200}}
+        r = httpx.post(srv.url + "/api/chat", json=body, timeout=120).json()
+        assert r["message"] == {"role": "assistant", "content": ANSWER, "thinking": THOUGHT}
+        on = len(httpx.post(srv.url + "/tokenize", json={"content": prompt(chat_template_kwargs={
+            "enable_thinking": True}), "add_special": True}, timeout=60).json()["tokens"])
+        assert r["prompt_eval_count"] == on
+    out = subprocess.run([sys.executable, "-m", "llambda.cli", "serve", "-m", str(gg), "--template-kwargs",
+                          '{"messages": []}'], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1 and "set by the renderer" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_server_config_checks_its_template_kwargs():
+    from llambda.server import ServerConfig
+    assert ServerConfig(template_kwargs={"enable_thinking": False}).template_kwargs == {"enable_thinking": False}
+    with pytest.raises(InvalidInputError, match="template_kwargs: .*set by the renderer"):
+        ServerConfig(template_kwargs={"tools": []})

@@ -130,9 +130,11 @@ def _think(b: _Body) -> tuple[bool, dict]:
     if v is not None and not isinstance(v, bool) and v not in REASONING_EFFORTS:
         raise bad_request(f"'think' must be a boolean or one of {', '.join(REASONING_EFFORTS)}, got {_type(v)}",
                           param="think")
-    if v is False:
-        return False, {"chat_template_kwargs": {"enable_thinking": False}}
-    return True, {"reasoning_effort": v} if isinstance(v, str) else {}
+    if v is None:
+        return True, {}
+    # true or a level turns thinking on, over a server started with --no-think
+    on = {"chat_template_kwargs": {"enable_thinking": v is not False}}
+    return v is not False, {**on, "reasoning_effort": v} if isinstance(v, str) else on
 
 
 def _message(m, i: int) -> dict:
