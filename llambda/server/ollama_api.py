@@ -357,7 +357,6 @@ def _embed_inputs(b: _Body, field: str) -> list | None:
     if field == "prompt":
         prompt = b.string("prompt", "")
         return [prompt] if prompt else None
-    b.boolean("truncate", True)     # encoders cut inputs at their length; a decoder refuses a longer one
     v = b.get("input")
     return None if v is None or v in ("", []) else v
 
@@ -399,11 +398,15 @@ def embedding_routes(service, http: Http) -> list[Route]:
             b = _Body(body)
             name = served_name(service, b.get("model"))
             inputs = _embed_inputs(b, field)
+            # /api/embed's truncate (default true): an encoder cuts a longer input, a decoder refuses
+            # it; false refuses it on both
+            truncate = b.boolean("truncate", True) if field == "input" else True
             rows, count = [], 0
             if inputs is not None:
+                # dimensions as on /v1/embeddings: only the model's own
                 openai_body = {"model": name, "input": inputs, "dimensions": b.get("dimensions")}
                 out = embeddings_api.embed(service, openai_body, lambda items, counts: embeddings_api.vectors(
-                    service, items, counts, gone))
+                    service, items, counts, gone), truncate=truncate)
                 rows, count = [d["embedding"] for d in out["data"]], out["usage"]["prompt_tokens"]
             if field == "prompt":
                 return {"embedding": rows[0] if rows else []}
