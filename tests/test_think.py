@@ -65,6 +65,20 @@ def test_split_whole_and_cut_anywhere(text, opened, reasoning, content):
     assert fed(text, opened, cuts)[:2] == (reasoning, content)
 
 
+@pytest.mark.parametrize("text, opened, reasoning, content", CASES)
+def test_reasoning_span_whole_and_cut_anywhere(text, opened, reasoning, content):
+    """Where the thought lies, tags included (usage's reasoning_tokens): the answer is what follows it."""
+    spans = []
+    for k in range(len(text) + 1):
+        p = ThinkParser(None, opened)
+        p.feed(text[:k]), p.feed(text[k:])
+        spans.append(p.reasoning_spans())
+    assert all(s == spans[0] for s in spans)
+    end = spans[0][0][1] if spans[0] else 0
+    assert (spans[0] == []) == (not opened and not text.lstrip().startswith("<think>"))
+    assert reasoning in text[:end] and text[end:].strip() == content.strip()
+
+
 def test_reasoning_streams_before_the_close():
     p = ThinkParser()
     assert p.feed("<think>\nLet me see") == ("", [])
@@ -229,6 +243,59 @@ def test_cut_off_while_thinking(live):
     r = _post(live, "/v1/chat/completions", _chat(max_tokens=20)).json()["choices"][0]
     assert r["finish_reason"] == "length" and r["message"]["content"] == ""
     assert THOUGHT.startswith(r["message"]["reasoning_content"]) and r["message"]["reasoning_content"]
+
+
+def _reasoning_tokens_of(logprobs: dict, output: str, end: int) -> int:
+    """The generated tokens that start before `end` (a character offset into `output`): the thought's,
+    counted from the tokens' own bytes as logprobs give them."""
+    starts, at = [], 0
+    for t in logprobs["content"]:
+        starts.append(at)
+        at += len(t["bytes"])
+    assert at == len(output.encode())          # the tokens spell the output
+    return sum(1 for s in starts if s < len(output[:end].encode()))
+
+
+def _usages(live, body) -> list[dict]:
+    """usage of a chat completion whole and streamed, and of /v1/responses whole and streamed."""
+    whole = _post(live, "/v1/chat/completions", body).json()["usage"]
+    with httpx.stream("POST", live.url + "/v1/chat/completions", timeout=120,
+                      json={**body, "stream": True, "stream_options": {"include_usage": True}}) as s:
+        streamed = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")][-1]["usage"]
+    resp = {"model": body["model"], "input": body["messages"], "max_output_tokens": body["max_tokens"],
+            "temperature": 0, "regex": body["regex"], "store": False,
+            **{k: v for k, v in body.items() if k == "chat_template_kwargs"}}
+    r_whole = _post(live, "/v1/responses", resp).json()["usage"]
+    with httpx.stream("POST", live.url + "/v1/responses", json={**resp, "stream": True}, timeout=120) as s:
+        events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+    r_streamed = events[-1]["response"]["usage"]
+    return [whole, streamed, r_whole, r_streamed]
+
+
+def test_reasoning_tokens_are_the_thoughts(live):
+    """usage's reasoning_tokens: the tokens of the thought, tags included, the same whichever way read."""
+    body = _chat(logprobs=True)
+    out = _post(live, "/v1/chat/completions", body).json()
+    want = _reasoning_tokens_of(out["choices"][0]["logprobs"], OUTPUT, OUTPUT.index("</think>") + len("</think>"))
+    assert 0 < want < out["usage"]["completion_tokens"]
+    chat, streamed, r_whole, r_streamed = _usages(live, body)
+    assert [u["completion_tokens_details"]["reasoning_tokens"] for u in (chat, streamed)] == [want, want]
+    assert [u["output_tokens_details"]["reasoning_tokens"] for u in (r_whole, r_streamed)] == [want, want]
+    assert chat["completion_tokens"] == r_whole["output_tokens"] == out["usage"]["completion_tokens"]
+    # cut off while thinking: every token is the thought's
+    cut = _usages(live, _chat(max_tokens=12))
+    assert [u["completion_tokens_details"]["reasoning_tokens"] for u in cut[:2]] == [12, 12]
+    assert [u["output_tokens_details"]["reasoning_tokens"] for u in cut[2:]] == [12, 12]
+    # no thought: none
+    off = _usages(live, _chat(ANSWER, chat_template_kwargs={"enable_thinking": False}))
+    assert [u["completion_tokens_details"]["reasoning_tokens"] for u in off[:2]] == [0, 0]
+    assert [u["output_tokens_details"]["reasoning_tokens"] for u in off[2:]] == [0, 0]
+    # a template that opens the thought: only the close is generated, and counted
+    opened = f"{THOUGHT}\n</think>\n\n{ANSWER}"
+    body = _chat(opened, chat_template_kwargs={"open_thought": True}, logprobs=True)
+    out = _post(live, "/v1/chat/completions", body).json()
+    want = _reasoning_tokens_of(out["choices"][0]["logprobs"], opened, opened.index("</think>") + len("</think>"))
+    assert out["usage"]["completion_tokens_details"]["reasoning_tokens"] == want > 0
 
 
 def test_completions_stay_raw(live):

@@ -348,11 +348,14 @@ class Generation:
         u.completion = sum(s.n_generated for s in self.states.values())
         # siblings (n > 1) copy the first choice's prompt KV; count each prompt's reuse once
         u.cached = sum(j.n_cached for j in self.jobs if j.after is None)
+        u.reasoning = sum(s.reasoning.count() for s in self.states.values() if s.reasoning is not None)
         return u
 
     def _absorb(self, idx: int, ev) -> str:
         """Record one event for a choice; returns its text."""
         st = self.states[idx]
+        if st.reasoning is not None and (ev.token >= 0 or ev.text):
+            st.reasoning.add(ev.text, token=ev.token >= 0)
         if ev.token >= 0:
             st.n_generated += 1
             if self.spec.logprobs:
