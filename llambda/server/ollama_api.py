@@ -123,16 +123,16 @@ def _no_images(v, where: str) -> None:
 
 def _think(b: _Body) -> tuple[bool, dict]:
     """Whether a reasoning model's thinking is returned, and the chat fields `think` sets: false turns
-    thinking off in templates that read `enable_thinking` (Qwen3, SmolLM3), a level is the template's
-    `reasoning_effort` (gpt-oss). Unset, the model thinks as its template says and the thought is
-    returned apart. Templates that read neither ignore it."""
+    thinking off in templates that read `enable_thinking` (Qwen3, SmolLM3), true and a level turn it
+    on, a level is also the template's `reasoning_effort` (gpt-oss). Unset, the model thinks as the
+    template and the server's defaults (--no-think) say and the thought is returned apart. Templates
+    that read neither ignore it."""
     v = b.get("think")
     if v is not None and not isinstance(v, bool) and v not in REASONING_EFFORTS:
         raise bad_request(f"'think' must be a boolean or one of {', '.join(REASONING_EFFORTS)}, got {_type(v)}",
                           param="think")
     if v is None:
         return True, {}
-    # true or a level turns thinking on, over a server started with --no-think
     on = {"chat_template_kwargs": {"enable_thinking": v is not False}}
     return v is not False, {**on, "reasoning_effort": v} if isinstance(v, str) else on
 
