@@ -487,8 +487,9 @@ class Model:
                 out[r] = h / max(float(np.linalg.norm(h)), 1e-12)
         return out
 
-    def embed_token_counts(self, texts) -> list[int]:
-        """Tokens each input takes (usage.prompt_tokens of /v1/embeddings)."""
+    def embed_token_counts(self, texts, truncate: bool = True) -> list[int]:
+        """Tokens each input takes (usage.prompt_tokens of /v1/embeddings). A decoder never cuts an
+        input (embed refuses one over the context), so `truncate` changes nothing here."""
         return [len(self._prompt_ids(x)) if isinstance(x, str) else len(x) for x in _embed_inputs(texts)]
 
     # -- housekeeping --------------------------------------------------------
@@ -599,6 +600,10 @@ def _load_encoder(name_or_path, path: Path, src, backend, threads, activations, 
 TOKEN_BUDGET = 1 << 14
 
 
+# a length no input reaches (a request body is a few MiB): "do not truncate" to the tokenizer
+UNCUT = 2**31 - 1
+
+
 class EncoderModel:
     """A loaded encoder (BERT family): embed() texts, or score() (query, document) pairs when it
     is a cross-encoder. One call computes at a time."""
@@ -631,13 +636,15 @@ class EncoderModel:
     def detokenize(self, ids: Seq[int]) -> str:
         return self._tok().decode(ids)     # decode checks ids (None, floats) with a TokenizerError
 
-    def _encode(self, items: list) -> list[tuple[list[int], list[int]]]:
-        """(ids, type_ids) per input: texts through the tokenizer ([CLS] ... [SEP], truncated);
-        token ids are taken as given (the caller's special tokens), truncated to the same length."""
+    def _encode(self, items: list, limit: int | None = None) -> list[tuple[list[int], list[int]]]:
+        """(ids, type_ids) per input: texts through the tokenizer ([CLS] ... [SEP], truncated to
+        `limit`, by default the model's length); token ids are taken as given (the caller's special
+        tokens), truncated to the same length."""
         self._check_open()
         cfg = self.config
+        limit = cfg.max_tokens if limit is None else limit
         texts = [i for i in items if isinstance(i, str)]
-        enc = iter(self._tok().encode_for_encoder(texts, cfg.max_tokens) if texts else [])
+        enc = iter(self._tok().encode_for_encoder(texts, limit) if texts else [])
         out = []
         for n, i in enumerate(items):
             if isinstance(i, str):
@@ -645,14 +652,16 @@ class EncoderModel:
                 if not out[-1][0]:      # no special tokens added and no text token: nothing to run on
                     raise InvalidInputError(f"input {n} encodes to no tokens: nothing to embed")
             else:
-                ids = token_ids(i, cfg.vocab_size)[:cfg.max_tokens]
+                ids = token_ids(i, cfg.vocab_size)[:limit]
                 if not ids:
                     raise InvalidInputError("cannot embed an empty list of token ids")
                 out.append((ids, [0] * len(ids)))
         return out
 
-    def embed_token_counts(self, texts) -> list[int]:
-        return [len(ids) for ids, _ in self._encode(_embed_inputs(texts))]
+    def embed_token_counts(self, texts, truncate: bool = True) -> list[int]:
+        """Tokens each input takes as embed runs it (cut at the model's length), or with
+        truncate=False as many as it has: more than n_ctx where embed would cut it."""
+        return [len(ids) for ids, _ in self._encode(_embed_inputs(texts), None if truncate else UNCUT)]
 
     def embed(self, texts, batch_size: int = 32) -> np.ndarray:
         """(n, hidden) L2-normalized sentence vectors, pooled as the model says (mean over the

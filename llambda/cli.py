@@ -129,8 +129,8 @@ def _constraint_kwargs(a) -> dict:
 
 
 def _template_kwargs(a) -> dict:
-    """chat's --template-kwargs JSON and --no-think as Model.chat_stream's template_kwargs, checked
-    before the model loads."""
+    """--template-kwargs JSON and --no-think (chat, serve) as Model.chat_stream's and ServerConfig's
+    template_kwargs, checked before the model loads."""
     from .chat import check_template_kwargs
     from .errors import InvalidInputError
 
@@ -402,7 +402,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
                        max_connections=a.max_connections, header_timeout=a.header_timeout,
                        body_timeout=a.body_timeout, webui=not a.no_webui, log_format=a.log_format,
                        speculative=spec["speculative"], draft_max=spec["draft_max"],
-                       **stored)
+                       **stored, **_template_kwargs(a))
     if a.ray or a.write_ray_config:     # replicas under Ray Serve, each loading the model itself
         from .scaleout.cli_args import run
         return run(a, cfg, load_kw)
@@ -543,6 +543,13 @@ def _token_shown(tok, i: int, piece: bool) -> str:
         return repr(raw)
 
 
+def _add_template_args(p: argparse.ArgumentParser, scope: str = "") -> None:
+    p.add_argument("--template-kwargs", metavar="JSON", default=None,
+                   help='extra chat-template variables, e.g. \'{"reasoning_effort": "low"}\' (gpt-oss)' + scope)
+    p.add_argument("--no-think", action="store_true",
+                   help="tell a reasoning model not to think (enable_thinking false: Qwen3, SmolLM3)" + scope)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -564,10 +571,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_constraint_args(p)
     _add_speculative_args(p)
     p.add_argument("--system", default=None, help="system prompt")
-    p.add_argument("--template-kwargs", metavar="JSON", default=None,
-                   help='extra chat-template variables, e.g. \'{"reasoning_effort": "low"}\' (gpt-oss)')
-    p.add_argument("--no-think", action="store_true",
-                   help="tell a reasoning model not to think (enable_thinking false: Qwen3, SmolLM3)")
+    _add_template_args(p)
     p.set_defaults(fn=cmd_chat)
 
     p = sub.add_parser("pull", help="download a catalogued model into the cache")
@@ -651,6 +655,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="log lines (at info: one per request, with tokens in/out and ms) as text or as "
                         "one JSON object per line (default text)")
     p.add_argument("--no-webui", action="store_true", help="do not serve the chat page at /")
+    _add_template_args(p, "; the default of every request, which a request's own override by name")
     from .scaleout.cli_args import add_arguments as add_scaleout_arguments
     add_scaleout_arguments(p)
     p.set_defaults(fn=cmd_serve)

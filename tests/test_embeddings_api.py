@@ -4,6 +4,7 @@ from __future__ import annotations
 import base64
 import concurrent.futures
 
+import httpx
 import numpy as np
 import openai
 import pytest
@@ -94,7 +95,6 @@ def test_rerank_refused_by_an_embedder(tiny_live, path):
 
 def test_encoder_server_models_and_health(tiny_live):
     _, srv = tiny_live
-    import httpx
     card = httpx.get(srv.url + "/v1/models").json()["data"][0]
     assert card["id"] == "tiny-bert" and card["meta"]["n_embd"] == 32
     assert httpx.get(srv.url + "/health").json()["status"] == "ok"
@@ -111,6 +111,22 @@ def test_encoder_server_speaks_ollamas_embed(tiny_live):
     assert r.prompt_eval_count == sum(len(ids) for ids, _ in m.tokenizer.encode_for_encoder(TINY_TEXTS, 16))
     one = client.embeddings(model="tiny-bert:latest", prompt=TINY_TEXTS[1]).embedding
     assert np.abs(np.array(one, np.float32) - m.embed(TINY_TEXTS[1:2])[0]).max() < 1e-6
+    # truncate (default true) cuts a text at the model's 16 tokens; false refuses it, as Ollama does
+    long = " ".join(TINY_TEXTS * 4)
+    cut = client.embed(model="tiny-bert", input=long)
+    assert cut.prompt_eval_count == 16 and np.abs(np.array(cut.embeddings[0]) - m.embed([long])[0]).max() < 1e-6
+    with pytest.raises(ollama.ResponseError) as e:
+        client.embed(model="tiny-bert", input=[TINY_TEXTS[0], long], truncate=False)
+    assert e.value.status_code == 400 and "input[1]" in e.value.error and "context of 16" in e.value.error
+    assert client.embed(model="tiny-bert", input=TINY_TEXTS[0], truncate=False).prompt_eval_count == \
+        r.prompt_eval_count - sum(len(ids) for ids, _ in m.tokenizer.encode_for_encoder(TINY_TEXTS[1:], 16))
+    # dimensions as on /v1/embeddings: the model's own, or a 400 naming it
+    for route, body in (("/api/embed", {"input": "x"}), ("/v1/embeddings", {"input": "x"})):
+        assert post(srv, route, {**body, "dimensions": 32}).status_code == 200
+        bad = post(srv, route, {**body, "dimensions": 8})
+        assert bad.status_code == 400 and "'dimensions' 8 is not supported" in bad.text and "32" in bad.text
+    root = httpx.get(srv.url + "/", timeout=30)      # no chat page on an encoder: Ollama's liveness line
+    assert root.status_code == 200 and root.text == "Ollama is running"
     shown = client.show("tiny-bert")
     assert shown.capabilities == ["embedding"] and shown.modelinfo["bert.embedding_length"] == 32
     assert [x.model for x in client.list().models] == ["tiny-bert:latest"]

@@ -11,6 +11,7 @@ import re
 import httpx
 import pytest
 
+import llambda
 from llambda.server.harmony import HarmonyParser, extract_harmony, harmony_vocabulary
 from llambda.tokenizer import Tokenizer
 
@@ -179,13 +180,41 @@ def test_server_harmony_tool_call(harmony_live):
     assert names == {"get_weather"} and json.loads(args) == {"city": "Paris", "unit": "C"} and finish == "tool_calls"
 
 
+@pytest.mark.parametrize("answer, tools", [(THINK_THEN_ANSWER, None), (CALL, TOOLS)])
+def test_reasoning_tokens_are_the_analysis_messages(harmony_live, answer, tools):
+    """usage's reasoning_tokens: the analysis message's tokens (header and <|end|> included), the same
+    streamed or whole, on chat completions and /v1/responses."""
+    body = _body(answer, logprobs=True, **({"tools": tools} if tools else {}))
+    body.update(body.pop("extra_body"))
+    out = httpx.post(harmony_live.url + "/v1/chat/completions", json=body, timeout=120).json()
+    starts, at = [], 0
+    for t in out["choices"][0]["logprobs"]["content"]:
+        starts.append(at)
+        at += len(t["bytes"])
+    assert at == len(answer.encode())
+    end = len(answer[:answer.index("<|end|>") + len("<|end|>")].encode())
+    want = sum(1 for s in starts if s < end)
+    assert 0 < want < out["usage"]["completion_tokens"]
+    assert out["usage"]["completion_tokens_details"]["reasoning_tokens"] == want
+    with httpx.stream("POST", harmony_live.url + "/v1/chat/completions", timeout=120,
+                      json={**body, "stream": True, "stream_options": {"include_usage": True}}) as s:
+        usage = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")][-1]["usage"]
+    assert usage["completion_tokens_details"]["reasoning_tokens"] == want
+    client = harmony_live.client()
+    rtools = [{"type": "function", **t["function"]} for t in tools] if tools else []
+    r = client.responses.create(**_responses_body(answer, tools=rtools))
+    assert r.usage.output_tokens_details.reasoning_tokens == want
+    events = list(client.responses.create(**_responses_body(answer, tools=rtools, stream=True)))
+    assert events[-1].response.usage.output_tokens_details.reasoning_tokens == want
+
+
 def test_random_conversations_route_every_body(seed=11):
     """Random runs of analysis / final / commentary / function messages, fed whole and in random
     pieces: each body lands in its own place, nothing is lost or duplicated."""
     rng = random.Random(seed)
     alphabet = "ab <|>{}\"':,.\n\tçé🙂"
     for case in range(200):
-        want_content, want_reasoning, want_calls, parts = "", "", [], []
+        want_content, want_reasoning, want_calls, parts, spans = "", "", [], [], []
         for k in range(rng.randint(1, 5)):
             body = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 20))).replace("<|", "<")
             kind = rng.choice(["analysis", "final", "commentary", "call"])
@@ -195,9 +224,11 @@ def test_random_conversations_route_every_body(seed=11):
                 parts.append(f"{head}<|channel|>commentary to=functions.f <|constrain|>json<|message|>{body}<|call|>")
                 want_calls.append(body)
             else:
+                at = sum(map(len, parts))
                 parts.append(f"{head}<|channel|>{kind}<|message|>{body}<|end|>")
                 if kind == "analysis":
                     want_reasoning += body
+                    spans.append((at, at + len(parts[-1])))
                 else:
                     want_content += body
         text = "".join(parts)
@@ -206,6 +237,11 @@ def test_random_conversations_route_every_body(seed=11):
             (want_content, want_reasoning, want_calls), text
         streamed = fed_in_pieces(text, {"f"}, seed=case)
         assert streamed == (want_content, want_reasoning, [{"name": "f", "arguments": a} for a in want_calls]), text
+        # where the analysis messages lie (usage's reasoning_tokens), whole or cut anywhere
+        cut = rng.randint(0, len(text))
+        p = HarmonyParser({"f"})
+        p.feed(text[:cut]), p.feed(text[cut:]), p.finish()
+        assert p.reasoning_spans() == spans, text
 
 
 # -- the reasoning through /v1/responses and /v1/messages -------------------------------------

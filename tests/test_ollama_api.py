@@ -295,6 +295,31 @@ def test_api_key(spare_model):
         assert ollama.Client(host=srv.url, headers={"Authorization": "Bearer s3cret"}).list().models
 
 
+def test_root_says_ollama_is_running_without_the_chat_page(spare_model, live):
+    """Clients probe / to see whether an Ollama server is up; with the chat page on, / stays the page."""
+    cfg = ServerConfig(model_id=MODEL_ID, parallel=1, api_key="s3cret", webui=False)
+    with LiveServer(create_app(spare_model, cfg)) as srv:
+        for method in ("GET", "HEAD"):        # no key needed, as /health
+            r = httpx.request(method, srv.url + "/", timeout=30)
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+            assert r.text == ("Ollama is running" if method == "GET" else "")
+        _error(httpx.get(srv.url + "/api/tags", timeout=30), 401, "API key")
+    page = httpx.get(live.url + "/", timeout=30)
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+
+
+def test_embed_truncate_false_refuses_a_longer_input(spare_live):
+    """A decoder never cuts an input: truncate false says so with the counts; true keeps its own 400."""
+    long = "word " * 600         # over the 512-token context
+    err = _error(post(spare_live, "/api/embed", {"model": MODEL_ID, "input": ["short", long], "truncate": False}),
+                 400, "input[1]", "context of 512", "truncate")
+    assert "tokens" in err
+    _error(post(spare_live, "/api/embed", {"model": MODEL_ID, "input": long}), 400, "context")
+    _error(post(spare_live, "/api/embed", {"model": MODEL_ID, "input": "x", "truncate": "no"}), 400, "truncate")
+    fits = post(spare_live, "/api/embed", {"model": MODEL_ID, "input": "short", "truncate": False})
+    assert fits.status_code == 200 and len(fits.json()["embeddings"]) == 1
+
+
 def test_error_after_the_stream_started_is_its_last_line(smollm2_gguf):
     """A server shutting down mid-answer ends the stream with {"error": ...} instead of a done line."""
     with serving(smollm2_gguf, n_slots=2, parallel=1) as srv:

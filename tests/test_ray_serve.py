@@ -162,7 +162,8 @@ def test_options_refuse_what_cannot_run():
                       ({"model": "m", "min_replicas": 3, "max_replicas": 2}, "min_replicas"),
                       ({"model": "m", "routing": "random"}, "routing"),
                       ({"model": "m", "server": {"parallel": 0}}, "parallel"),
-                      ({"model": "m", "server": {"no_such": 1}}, "no_such"), ([], "mapping")]:
+                      ({"model": "m", "server": {"no_such": 1}}, "no_such"), ([], "mapping"),
+                      ({"model": "m", "server": {"template_kwargs": {"tools": []}}}, "server: template_kwargs")]:
         with pytest.raises(InvalidInputError, match=word):
             ScaleoutOptions.from_dict(bad)
 
@@ -236,10 +237,12 @@ def test_cli_writes_a_serve_config_that_builds(tmp_path):
 
     path = tmp_path / "serve.yaml"
     assert main(["serve", "-m", "smollm2-135m", "--replicas", "3", "--parallel", "2", "--api-key", "secret",
-                 "--write-ray-config", str(path)]) == 0
+                 "--no-think", "--write-ray-config", str(path)]) == 0
     doc = yaml.safe_load(path.read_text())
     app = doc["applications"][0]
     assert app["import_path"] == "llambda.scaleout.deployment:app_builder" and app["args"]["replicas"] == 3
+    # each replica's server renders with the serve flags' template variables
+    assert ScaleoutOptions.from_dict(app["args"]).server_config().template_kwargs == {"enable_thinking": False}
     assert "secret" not in path.read_text()        # a key is not written into a file
     assert app_builder(app["args"]) is not None
     with pytest.raises(InvalidInputError):

@@ -65,6 +65,20 @@ def test_split_whole_and_cut_anywhere(text, opened, reasoning, content):
     assert fed(text, opened, cuts)[:2] == (reasoning, content)
 
 
+@pytest.mark.parametrize("text, opened, reasoning, content", CASES)
+def test_reasoning_span_whole_and_cut_anywhere(text, opened, reasoning, content):
+    """Where the thought lies, tags included (usage's reasoning_tokens): the answer is what follows it."""
+    spans = []
+    for k in range(len(text) + 1):
+        p = ThinkParser(None, opened)
+        p.feed(text[:k]), p.feed(text[k:])
+        spans.append(p.reasoning_spans())
+    assert all(s == spans[0] for s in spans)
+    end = spans[0][0][1] if spans[0] else 0
+    assert (spans[0] == []) == (not opened and not text.lstrip().startswith("<think>"))
+    assert reasoning in text[:end] and text[end:].strip() == content.strip()
+
+
 def test_reasoning_streams_before_the_close():
     p = ThinkParser()
     assert p.feed("<think>\nLet me see") == ("", [])
@@ -231,6 +245,59 @@ def test_cut_off_while_thinking(live):
     assert THOUGHT.startswith(r["message"]["reasoning_content"]) and r["message"]["reasoning_content"]
 
 
+def _reasoning_tokens_of(logprobs: dict, output: str, end: int) -> int:
+    """The generated tokens that start before `end` (a character offset into `output`): the thought's,
+    counted from the tokens' own bytes as logprobs give them."""
+    starts, at = [], 0
+    for t in logprobs["content"]:
+        starts.append(at)
+        at += len(t["bytes"])
+    assert at == len(output.encode())          # the tokens spell the output
+    return sum(1 for s in starts if s < len(output[:end].encode()))
+
+
+def _usages(live, body) -> list[dict]:
+    """usage of a chat completion whole and streamed, and of /v1/responses whole and streamed."""
+    whole = _post(live, "/v1/chat/completions", body).json()["usage"]
+    with httpx.stream("POST", live.url + "/v1/chat/completions", timeout=120,
+                      json={**body, "stream": True, "stream_options": {"include_usage": True}}) as s:
+        streamed = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")][-1]["usage"]
+    resp = {"model": body["model"], "input": body["messages"], "max_output_tokens": body["max_tokens"],
+            "temperature": 0, "regex": body["regex"], "store": False,
+            **{k: v for k, v in body.items() if k == "chat_template_kwargs"}}
+    r_whole = _post(live, "/v1/responses", resp).json()["usage"]
+    with httpx.stream("POST", live.url + "/v1/responses", json={**resp, "stream": True}, timeout=120) as s:
+        events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+    r_streamed = events[-1]["response"]["usage"]
+    return [whole, streamed, r_whole, r_streamed]
+
+
+def test_reasoning_tokens_are_the_thoughts(live):
+    """usage's reasoning_tokens: the tokens of the thought, tags included, the same whichever way read."""
+    body = _chat(logprobs=True)
+    out = _post(live, "/v1/chat/completions", body).json()
+    want = _reasoning_tokens_of(out["choices"][0]["logprobs"], OUTPUT, OUTPUT.index("</think>") + len("</think>"))
+    assert 0 < want < out["usage"]["completion_tokens"]
+    chat, streamed, r_whole, r_streamed = _usages(live, body)
+    assert [u["completion_tokens_details"]["reasoning_tokens"] for u in (chat, streamed)] == [want, want]
+    assert [u["output_tokens_details"]["reasoning_tokens"] for u in (r_whole, r_streamed)] == [want, want]
+    assert chat["completion_tokens"] == r_whole["output_tokens"] == out["usage"]["completion_tokens"]
+    # cut off while thinking: every token is the thought's
+    cut = _usages(live, _chat(max_tokens=12))
+    assert [u["completion_tokens_details"]["reasoning_tokens"] for u in cut[:2]] == [12, 12]
+    assert [u["output_tokens_details"]["reasoning_tokens"] for u in cut[2:]] == [12, 12]
+    # no thought: none
+    off = _usages(live, _chat(ANSWER, chat_template_kwargs={"enable_thinking": False}))
+    assert [u["completion_tokens_details"]["reasoning_tokens"] for u in off[:2]] == [0, 0]
+    assert [u["output_tokens_details"]["reasoning_tokens"] for u in off[2:]] == [0, 0]
+    # a template that opens the thought: only the close is generated, and counted
+    opened = f"{THOUGHT}\n</think>\n\n{ANSWER}"
+    body = _chat(opened, chat_template_kwargs={"open_thought": True}, logprobs=True)
+    out = _post(live, "/v1/chat/completions", body).json()
+    want = _reasoning_tokens_of(out["choices"][0]["logprobs"], opened, opened.index("</think>") + len("</think>"))
+    assert out["usage"]["completion_tokens_details"]["reasoning_tokens"] == want > 0
+
+
 def test_completions_stay_raw(live):
     body = {"model": "tiny-think", "prompt": "user: hi\nassistant:", "max_tokens": 200, "temperature": 0,
             "regex": re.escape(OUTPUT)}
@@ -322,3 +389,42 @@ def test_cli_chat_template_kwargs(tmp_path):
     for bad, message in (("{x", "not valid JSON"), ('{"tools": []}', "set by the renderer")):
         out = chat("--template-kwargs", bad)
         assert out.returncode == 1 and message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_serve_template_kwargs_are_every_requests_default(tmp_path):
+    """`llambda serve --no-think` (or --template-kwargs): the prompt renders with it unless a request
+    sets the same variable; a bad default stops the server before it loads the model."""
+    import subprocess
+    import sys
+
+    from serverkit import ServerProcess
+    from test_export import tiny_llama_gguf
+    gg = tiny_llama_gguf(tmp_path / "tiny.gguf", control_tokens=THINK_TOKENS, chat_template=TEMPLATE)
+    closed = "user: hi\nassistant:<think>\n\n</think>\n\n"
+    with ServerProcess(gg, tmp_path / "serve.log", "--no-think", "--template-kwargs", '{"reasoning_effort": "low"}',
+                       "-c", "256") as srv:
+        def prompt(**kw):
+            r = httpx.post(srv.url + "/apply-template", json={"messages": USER, **kw}, timeout=60)
+            assert r.status_code == 200, r.text
+            return r.json()["prompt"]
+        assert prompt() == "Reasoning: low\n" + closed
+        assert prompt(chat_template_kwargs={"enable_thinking": True}) == "Reasoning: low\nuser: hi\nassistant:"
+        assert prompt(reasoning_effort="high") == "Reasoning: high\n" + closed
+        # Ollama's think: true turns thinking back on; the thought comes back apart
+        body = {"model": srv.model_id, "messages": USER, "stream": False, "think": True,
+                "regex": re.escape(OUTPUT), "options": {"temperature": 0, "num_predict": 200}}
+        r = httpx.post(srv.url + "/api/chat", json=body, timeout=120).json()
+        assert r["message"] == {"role": "assistant", "content": ANSWER, "thinking": THOUGHT}
+        on = len(httpx.post(srv.url + "/tokenize", json={"content": prompt(chat_template_kwargs={
+            "enable_thinking": True}), "add_special": True}, timeout=60).json()["tokens"])
+        assert r["prompt_eval_count"] == on
+    out = subprocess.run([sys.executable, "-m", "llambda.cli", "serve", "-m", str(gg), "--template-kwargs",
+                          '{"messages": []}'], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1 and "set by the renderer" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_server_config_checks_its_template_kwargs():
+    from llambda.server import ServerConfig
+    assert ServerConfig(template_kwargs={"enable_thinking": False}).template_kwargs == {"enable_thinking": False}
+    with pytest.raises(InvalidInputError, match="template_kwargs: .*set by the renderer"):
+        ServerConfig(template_kwargs={"tools": []})

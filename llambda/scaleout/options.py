@@ -79,7 +79,7 @@ class ScaleoutOptions:
             raise InvalidInputError("load, server and autoscaling_config must be mappings")
         try:
             cfg = self.server_config()
-        except TypeError as e:
+        except (TypeError, InvalidInputError) as e:     # an unknown field; template_kwargs it refuses
             raise InvalidInputError(f"server: {e}") from None
         positive("server.parallel", cfg.parallel)
         if not self.health_check_period_s > 0:

@@ -18,7 +18,7 @@ from starlette.routing import Route
 
 from . import web
 from .accesslog import GENERATION_KEY, AccessLog
-from . import anthropic_api, embeddings_api, llama_api, ollama_api, responses_api
+from . import anthropic_api, embeddings_api, llama_api, ollama_api, ollama_models, responses_api
 from .config import ServerConfig
 from .deltas import SSE_TYPE, Http
 from .errors import APIError, bad_request
@@ -35,7 +35,8 @@ ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health",
              "/v1/responses", "/v1/responses/input_tokens", "/v1/messages", "/v1/messages/count_tokens",
              "/infill", "/tokenize", "/detokenize", "/apply-template") + ollama_api.PATHS
 STORED_RESPONSE = "/v1/responses/{id}"    # the endpoint label of GET/DELETE /v1/responses/<id>[/input_items]
-PUBLIC = ("/health",)
+# "/": the chat page, or (without it) Ollama's "is running" line that clients probe
+PUBLIC = ("/health", ollama_models.ROOT)
 POOL_PROBE_SECONDS = 1.0   # /health: a worker thread must pick up a no-op within this long
 _PARSERS = ThreadPoolExecutor(2, thread_name_prefix="llambda-json")   # request bodies (read_json)
 
@@ -290,8 +291,8 @@ def _encoder_app(model, cfg: ServerConfig, metrics: Metrics) -> Starlette:
     http = Http(read_body=lambda request: read_json(request, cfg.max_body_bytes, cfg.body_timeout),
                 watch_disconnect=_watch_disconnect, event_stream=EventStream, json_response=json_response)
     routes = [Route("/v1/models", models, methods=["GET"]), Route("/health", health, methods=["GET"]),
-              Route("/metrics", metrics_text, methods=["GET"])] + embeddings_api.routes(service, http) \
-        + ollama_api.embedding_routes(service, http)
+              Route("/metrics", metrics_text, methods=["GET"]), ollama_models.root_route()] \
+        + embeddings_api.routes(service, http) + ollama_api.embedding_routes(service, http)
     app = Starlette(routes=routes,
                     middleware=[Middleware(AccessLog), Middleware(Gatekeeper, cfg=cfg, metrics=metrics)],
                     exception_handlers={APIError: on_api_error, HTTPException: on_http_error, Exception: on_crash})
@@ -415,8 +416,7 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics_text, methods=["GET"]),
     ]
-    if cfg.webui:
-        routes += web.routes()
+    routes += web.routes() if cfg.webui else [ollama_models.root_route()]
     # the other APIs' endpoints, each in its own module
     http = Http(read_body=lambda request: read_json(request, cfg.max_body_bytes, cfg.body_timeout),
                 watch_disconnect=_watch_disconnect, event_stream=EventStream, json_response=json_response)

@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+from ..chat import check_template_kwargs
+from ..errors import InvalidInputError
 
 # The KV cache precision `llambda serve` loads with unless --kv-type says otherwise (llama-server's
 # default too). Decode attention reads every running sequence's keys and values from memory each
@@ -44,6 +48,16 @@ class ServerConfig:
     stored_responses: int = DEFAULT_STORED_RESPONSES   # /v1/responses kept (0: none); beyond: oldest out
     stored_bytes: int = DEFAULT_STORED_BYTES  # their JSON together; beyond: oldest out
     replica_tag: str = ""                     # a scale-out replica's: in its response ids, for the ingress
+    # extra chat-template variables of every request (--template-kwargs, --no-think); a request's own
+    # (chat_template_kwargs, reasoning_effort, think, thinking) override them name by name
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        # checked as a request's are, however the config was made (flags, a Serve config file, code)
+        try:
+            self.template_kwargs = check_template_kwargs(self.template_kwargs)
+        except InvalidInputError as e:
+            raise InvalidInputError(f"template_kwargs: {e}") from None
 
     def accepts(self, name: str | None) -> bool:
         return name is None or name == self.model_id or name in self.aliases

@@ -64,7 +64,9 @@ def parse_input(value) -> list:
     return value
 
 
-def embed(service, body, run) -> dict:
+def embed(service, body, run, truncate: bool = True) -> dict:
+    """The vectors of `body`'s inputs as OpenAI returns them; truncate=False (Ollama's field) refuses an
+    input longer than the model's context instead of cutting it (an encoder cuts; a decoder refuses)."""
     b = _Body(body)
     service.check_model(b.string("model"))     # a string: a list or object would be a 500 in the lookup
     items = parse_input(b.get("input"))
@@ -80,7 +82,9 @@ def embed(service, body, run) -> dict:
         raise bad_request(f"'dimensions' {dims} is not supported: {service.cfg.model_id!r} gives vectors of "
                           f"{dim} dimensions only", param="dimensions")
     try:
-        counts = model.embed_token_counts(items)
+        counts = model.embed_token_counts(items, truncate=truncate)
+        if not truncate:
+            _refuse_longer(service, counts)
         vectors = run(items, counts)
     except (InvalidInputError, TokenizerError, ContextOverflowError) as e:
         raise bad_request(str(e), param="input") from None
@@ -95,6 +99,15 @@ def embed(service, body, run) -> dict:
     n = int(sum(counts))
     return {"object": "list", "data": data, "model": service.cfg.model_id,
             "usage": {"prompt_tokens": n, "total_tokens": n}}
+
+
+def _refuse_longer(service, counts: list[int]) -> None:
+    n_ctx = service.model.n_ctx
+    for i, n in enumerate(counts):
+        if n > n_ctx:
+            raise bad_request(f"'input[{i}]' has {n} tokens, more than {service.cfg.model_id!r}'s context of "
+                              f"{n_ctx}; shorten it, or send truncate: true to cut it", param="input",
+                              code="context_length_exceeded")
 
 
 def rerank(service, body) -> dict:

@@ -82,6 +82,10 @@ class Service:
         """The messages as this model's chat template takes them (harmony's: reasoning as `thinking`)."""
         return with_analysis(messages) if self.harmony else messages
 
+    def render_chat(self, messages: list, tools: list | None, spec: GenerationSpec) -> str:
+        """The prompt's text: the server's template variables (--template-kwargs) under the request's own."""
+        return self.model.render_chat(messages, tools=tools, **{**self.cfg.template_kwargs, **spec.template_kwargs})
+
     def _chat_ids(self, spec: GenerationSpec) -> tuple[list[int], ToolSetup | None, GrammarSpec | None]:
         """The prompt, how the answer is read for tool calls, and the grammar tool calls follow."""
         messages, tools = self.template_messages(spec.messages), spec.tools
@@ -96,7 +100,7 @@ class Service:
                 messages = generic_tool_messages(validate_messages(spec.messages), spec.tools, spec.tool_choice,
                                                  spec.forced_tool)
                 tools = None
-            text = self.model.render_chat(messages, tools=tools, **spec.template_kwargs)
+            text = self.render_chat(messages, tools, spec)
             if self.thinks:
                 # a forced call starts the answer itself: no thought comes first
                 opened = prompt_opens_thought(text, spec.prefill) and not (setup is not None and setup.prefix)
@@ -344,11 +348,14 @@ class Generation:
         u.completion = sum(s.n_generated for s in self.states.values())
         # siblings (n > 1) copy the first choice's prompt KV; count each prompt's reuse once
         u.cached = sum(j.n_cached for j in self.jobs if j.after is None)
+        u.reasoning = sum(s.reasoning.count() for s in self.states.values() if s.reasoning is not None)
         return u
 
     def _absorb(self, idx: int, ev) -> str:
         """Record one event for a choice; returns its text."""
         st = self.states[idx]
+        if st.reasoning is not None and (ev.token >= 0 or ev.text):
+            st.reasoning.add(ev.text, token=ev.token >= 0)
         if ev.token >= 0:
             st.n_generated += 1
             if self.spec.logprobs:

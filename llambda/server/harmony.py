@@ -61,6 +61,9 @@ class HarmonyParser:
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self._deltas: list[dict] = []
+        self.seen = 0              # characters fed (buf is always their tail)
+        self._message_at = 0       # where the current message began, its header included
+        self._analysis: list[tuple[int, int]] = []   # (start, end) of each analysis message, ended
 
     # -- output ------------------------------------------------------------------------------
     def _emit(self, text: str) -> None:
@@ -85,10 +88,18 @@ class HarmonyParser:
         out, self._reasoning = "".join(self._reasoning), []
         return out
 
+    def reasoning_spans(self) -> list[tuple[int, int]]:
+        """Where the analysis messages lie in the text fed so far, header and terminator included; one
+        still open runs to the end."""
+        if self.state == BODY and self.sink == "reasoning":
+            return self._analysis + [(self._message_at, self.seen)]
+        return list(self._analysis)
+
     # -- feeding -------------------------------------------------------------------------------
     def feed(self, text: str) -> tuple[str, list[dict]]:
         """Content to emit now and tool-call deltas (OpenAI `delta.tool_calls` entries)."""
         self.buf += text
+        self.seen += len(text)
         while self._advance():
             pass
         return self._take()
@@ -98,6 +109,7 @@ class HarmonyParser:
         and is not in the text; one cut by max_tokens keeps the arguments it has)."""
         if self.state == BODY:
             self._emit(self.buf)
+            self._analysis = self.reasoning_spans()
         elif self.state in (OPENING, GAP) and self.buf.strip():
             self.sink = "content"
             self._emit(self.buf)
@@ -126,11 +138,9 @@ class HarmonyParser:
         head = self.buf if self.state == OPENING else self.buf.lstrip()
         if not head:
             return False
-        if head.startswith(START):
-            self.buf, self.state = head[len(START):], HEADER
-            return True
-        if head.startswith(_HEADER_OPENERS):
-            self.buf, self.state = head, HEADER
+        if head.startswith(START) or head.startswith(_HEADER_OPENERS):
+            self._message_at = self.seen - len(head)
+            self.buf, self.state = head[len(START):] if head.startswith(START) else head, HEADER
             return True
         if any(o.startswith(head) for o in _HEADER_OPENERS + (START,)):
             return False                  # an opener may be arriving
@@ -149,6 +159,8 @@ class HarmonyParser:
         at, term = min(cut)
         self._emit(self.buf[:at])
         self.buf = self.buf[at + len(term):]
+        if self.sink == "reasoning":
+            self._analysis.append((self._message_at, self.seen - len(self.buf)))
         self.sink = "content"
         self.state = GAP
         return True

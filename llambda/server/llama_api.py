@@ -75,8 +75,7 @@ def detokenize(service: Service, body) -> dict:
 def apply_template(service: Service, body) -> dict:
     spec = parse_chat(body)
     try:
-        return {"prompt": service.model.render_chat(service.template_messages(spec.messages), tools=spec.tools,
-                                                    **spec.template_kwargs)}
+        return {"prompt": service.render_chat(service.template_messages(spec.messages), spec.tools, spec)}
     except ChatTemplateError as e:
         raise bad_request(f"cannot render the messages: {e}", param="messages") from None
 

@@ -123,16 +123,18 @@ def _no_images(v, where: str) -> None:
 
 def _think(b: _Body) -> tuple[bool, dict]:
     """Whether a reasoning model's thinking is returned, and the chat fields `think` sets: false turns
-    thinking off in templates that read `enable_thinking` (Qwen3, SmolLM3), a level is the template's
-    `reasoning_effort` (gpt-oss). Unset, the model thinks as its template says and the thought is
-    returned apart. Templates that read neither ignore it."""
+    thinking off in templates that read `enable_thinking` (Qwen3, SmolLM3), true and a level turn it
+    on, a level is also the template's `reasoning_effort` (gpt-oss). Unset, the model thinks as the
+    template and the server's defaults (--no-think) say and the thought is returned apart. Templates
+    that read neither ignore it."""
     v = b.get("think")
     if v is not None and not isinstance(v, bool) and v not in REASONING_EFFORTS:
         raise bad_request(f"'think' must be a boolean or one of {', '.join(REASONING_EFFORTS)}, got {_type(v)}",
                           param="think")
-    if v is False:
-        return False, {"chat_template_kwargs": {"enable_thinking": False}}
-    return True, {"reasoning_effort": v} if isinstance(v, str) else {}
+    if v is None:
+        return True, {}
+    on = {"chat_template_kwargs": {"enable_thinking": v is not False}}
+    return v is not False, {**on, "reasoning_effort": v} if isinstance(v, str) else on
 
 
 def _message(m, i: int) -> dict:
@@ -355,7 +357,6 @@ def _embed_inputs(b: _Body, field: str) -> list | None:
     if field == "prompt":
         prompt = b.string("prompt", "")
         return [prompt] if prompt else None
-    b.boolean("truncate", True)     # encoders cut inputs at their length; a decoder refuses a longer one
     v = b.get("input")
     return None if v is None or v in ("", []) else v
 
@@ -397,11 +398,15 @@ def embedding_routes(service, http: Http) -> list[Route]:
             b = _Body(body)
             name = served_name(service, b.get("model"))
             inputs = _embed_inputs(b, field)
+            # /api/embed's truncate (default true): an encoder cuts a longer input, a decoder refuses
+            # it; false refuses it on both
+            truncate = b.boolean("truncate", True) if field == "input" else True
             rows, count = [], 0
             if inputs is not None:
+                # dimensions as on /v1/embeddings: only the model's own
                 openai_body = {"model": name, "input": inputs, "dimensions": b.get("dimensions")}
                 out = embeddings_api.embed(service, openai_body, lambda items, counts: embeddings_api.vectors(
-                    service, items, counts, gone))
+                    service, items, counts, gone), truncate=truncate)
                 rows, count = [d["embedding"] for d in out["data"]], out["usage"]["prompt_tokens"]
             if field == "prompt":
                 return {"embedding": rows[0] if rows else []}

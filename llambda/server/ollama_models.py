@@ -1,5 +1,6 @@
 """Ollama's model listings for the one served model: GET /api/tags, POST /api/show, GET /api/ps,
-GET /api/version.
+GET /api/version; and GET / saying "Ollama is running", as Ollama's root does, where no chat page is
+served there (clients probe it to see whether the server is up).
 
 There is no Modelfile here, so /api/show's `modelfile` and `template` are empty (the chat template is
 Jinja, not Ollama's Go template language) and its `parameters` say only `num_ctx`, the server's
@@ -16,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from .deltas import Http
@@ -27,6 +28,8 @@ PATHS = ("/api/tags", "/api/show", "/api/ps", "/api/version")
 # the Ollama API release whose endpoints and fields this module and ollama_api.py answer (tools,
 # structured outputs, think); clients compare it to decide which features to use
 OLLAMA_API_VERSION = "0.9.0"
+ROOT = "/"
+RUNNING = "Ollama is running"
 NEVER = "9999-12-31T23:59:59Z"     # /api/ps's expires_at: the model stays loaded while the server runs
 
 
@@ -134,6 +137,12 @@ class ServedModel:
         c = self.card()
         return {"name": self.tagged(), "model": self.tagged(), "modified_at": c["modified_at"], "size": c["size"],
                 "digest": c["digest"], "details": c["details"]}
+
+
+def root_route() -> Route:
+    async def running(request: Request) -> Response:
+        return PlainTextResponse(RUNNING)
+    return Route(ROOT, running, methods=["GET", "HEAD"])
 
 
 def routes(service, http: Http, served_name, error_response) -> list[Route]:

@@ -6,6 +6,7 @@ import secrets
 import time
 
 from .harmony import HarmonyParser, extract_harmony
+from .reasoning_tokens import reasoning_tokens
 from .think import ThinkParser, split_thinking
 from .tools import ToolSetup
 
@@ -54,11 +55,13 @@ class Usage:
         self.prompt = 0
         self.completion = 0
         self.cached = 0
+        self.reasoning = 0          # of the completion tokens, those of a thought or analysis channel
 
     def as_dict(self) -> dict:
         return {"prompt_tokens": self.prompt, "completion_tokens": self.completion,
                 "total_tokens": self.prompt + self.completion,
-                "prompt_tokens_details": {"cached_tokens": self.cached}}
+                "prompt_tokens_details": {"cached_tokens": self.cached},
+                "completion_tokens_details": {"reasoning_tokens": self.reasoning}}
 
 
 class ChoiceState:
@@ -74,6 +77,7 @@ class ChoiceState:
         self.finish_reason: str | None = None
         self.n_generated = 0
         self.tool_parser = answer_parser(tools)
+        self.reasoning = reasoning_tokens(tools)   # counts the tokens of the reasoning (None: no format)
         self.made_calls = False          # streaming: tool-call deltas went out
 
     @property

@@ -288,7 +288,7 @@ def parse_responses(body, store: ResponseStore, counting: bool = False) -> tuple
 
 def _usage(u) -> dict:
     return {"input_tokens": u.prompt, "input_tokens_details": {"cached_tokens": u.cached},
-            "output_tokens": u.completion, "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": u.completion, "output_tokens_details": {"reasoning_tokens": u.reasoning},
             "total_tokens": u.prompt + u.completion}
 
 

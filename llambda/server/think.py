@@ -54,6 +54,8 @@ class ThinkParser:
         self.buf = ""
         self.lead = True           # nothing of the thought emitted yet: its leading blank lines are dropped
         self._reasoning: list[str] = []
+        self.seen = 0              # characters fed (buf is always their tail)
+        self.closed_at = 0         # where the thought ended, </think> included (0: no thought closed)
 
     @property
     def calls(self) -> list[dict]:
@@ -63,6 +65,12 @@ class ThinkParser:
         """The thought's text that arrived since the last call."""
         out, self._reasoning = "".join(self._reasoning), []
         return out
+
+    def reasoning_spans(self) -> list[tuple[int, int]]:
+        """Where the thought lies in the text fed so far, its tags included: [(start, end)] or [].
+        An unclosed thought runs to the end (as finish() reads it)."""
+        end = self.seen if self.state == THOUGHT else self.closed_at
+        return [(0, end)] if end else []
 
     def _think(self, text: str) -> None:
         if self.lead:
@@ -79,6 +87,7 @@ class ThinkParser:
     def feed(self, text: str) -> tuple[str, list[dict]]:
         """Content to emit now and tool-call deltas (OpenAI `delta.tool_calls` entries)."""
         self.buf += text
+        self.seen += len(text)
         if self.state == START:
             head = self.buf.lstrip()
             if not head or (len(head) < len(OPEN) and OPEN.startswith(head)):
@@ -99,6 +108,7 @@ class ThinkParser:
                 return "", []
             self._think(self.buf[:at].rstrip())
             self.buf, self.state = self.buf[at + len(CLOSE):], ANSWER
+            self.closed_at = self.seen - len(self.buf)
             self.lead = True
         # ANSWER: the blank lines after `</think>` are format, not the answer's start
         if self.lead:
