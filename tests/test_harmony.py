@@ -11,7 +11,6 @@ import re
 import httpx
 import pytest
 
-import llambda
 from llambda.server.harmony import HarmonyParser, extract_harmony, harmony_vocabulary
 from llambda.tokenizer import Tokenizer
 
