@@ -401,3 +401,29 @@ def test_tool_round_trip_through_previous_response_id(qwen_live):
     counted = client.responses.input_tokens.count(model="qwen", tools=TOOLS, input=[answer],
                                                   previous_response_id=first.id)
     assert counted.input_tokens == follow.usage.input_tokens
+
+
+def test_a_chain_cannot_grow_one_stored_conversation_past_its_cap(live, client):
+    # each entry holds its whole conversation, fields no template reads included: without a cap per
+    # conversation, a chain of requests would grow one entry to the whole budget, which every
+    # continuing request then parses whole
+    store = live.app.state.responses
+    before = store.max_conversation_bytes
+    store.max_conversation_bytes = 50_000
+    filler = "x" * 20_000       # in a field of the item that never reaches the prompt
+    item = {"role": "user", "content": "Hi", "note": filler}
+    try:
+        first = client.responses.create(model=MODEL_ID, input=[item], max_output_tokens=2)
+        second = client.responses.create(model=MODEL_ID, input=[item], previous_response_id=first.id,
+                                         max_output_tokens=2)
+        held = store.stats()
+        resp = post(live, "/v1/responses", {"model": MODEL_ID, "input": [item], "previous_response_id": second.id,
+                                            "max_output_tokens": 2})
+        assert_error(resp, 400, "conversation", "50000", "store: false")
+        assert resp.json()["error"]["code"] == "conversation_too_large"
+        assert store.stats() == held        # refused before generating: nothing new kept
+        # not kept, it may still be answered
+        assert client.responses.create(model=MODEL_ID, input=[item], previous_response_id=second.id,
+                                       max_output_tokens=2, store=False).status in ("completed", "incomplete")
+    finally:
+        store.max_conversation_bytes = before

@@ -468,7 +468,12 @@ def routes(service: Service, http: Http, store: ResponseStore) -> list[Route]:
     """The endpoints; `store` keeps the responses (create_app makes it, of the server config's bounds)."""
     def parse(body):
         spec, echo, items = parse_responses(body, store)
-        keep = (lambda response: store.put(response["id"], response, items)) if echo["store"] else _nothing
+        # checked now (a 400 if too big to keep), not once the answer is generated
+        stored = store.conversation(items) if echo["store"] else None
+
+        def keep(response: dict) -> None:
+            if stored is not None:      # store: false leaves nothing behind
+                store.put(response["id"], response, stored)
         return spec, lambda gen: ResponseRun(gen, echo, store.new_id(), keep)
 
     async def create(request: Request) -> Response:
@@ -504,7 +509,3 @@ def routes(service: Service, http: Http, store: ResponseStore) -> list[Route]:
             Route("/v1/responses/{response_id}", retrieve, methods=["GET"]),
             Route("/v1/responses/{response_id}", delete, methods=["DELETE"]),
             Route("/v1/responses/{response_id}/input_items", input_items, methods=["GET"])]
-
-
-def _nothing(response: dict) -> None:
-    """What a response of `store: false` leaves behind."""
