@@ -322,3 +322,19 @@ def test_cli_chat_template_kwargs(tmp_path):
     for bad, message in (("{x", "not valid JSON"), ('{"tools": []}', "set by the renderer")):
         out = chat("--template-kwargs", bad)
         assert out.returncode == 1 and message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_json_format_after_a_prompt_that_opened_the_thought(live):
+    """A JSON format leaves no room for a thought: the JSON is the answer even when the template
+    opened <think> in the prompt (not a never-closed thought, all reasoning)."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    body = {"model": "tiny-think", "messages": USER, "max_tokens": 40, "temperature": 0, "response_format": fmt,
+            "chat_template_kwargs": {"open_thought": True}}
+    choice = _post(live, "/v1/chat/completions", body).json()["choices"][0]
+    assert choice["finish_reason"] == "stop" and "reasoning_content" not in choice["message"]
+    assert set(json.loads(choice["message"]["content"])) == {"a"}
+    with httpx.stream("POST", live.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=120) as s:
+        deltas = [json.loads(line[6:])["choices"][0]["delta"] for line in s.iter_lines() if line.startswith("data: {")]
+    assert "".join(d.get("content") or "" for d in deltas) == choice["message"]["content"]
+    assert not any(d.get("reasoning_content") for d in deltas)

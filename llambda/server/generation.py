@@ -98,8 +98,11 @@ class Service:
                 tools = None
             text = self.model.render_chat(messages, tools=tools, **spec.template_kwargs)
             if self.thinks:
-                # a forced call starts the answer itself: no thought comes first
-                opened = prompt_opens_thought(text, spec.prefill) and not (setup is not None and setup.prefix)
+                # a forced call starts the answer itself, and a JSON format has no room for a thought:
+                # no thought comes first then, even after a prompt that opened one (QwQ, DeepSeek-R1)
+                answers_at_once = (setup is not None and bool(setup.prefix)) or \
+                    (spec.constraint is not None and spec.constraint.kind == "json_schema")
+                opened = prompt_opens_thought(text, spec.prefill) and not answers_at_once
                 setup = replace(setup or ToolSetup(), thinks=True, thought_open=opened)
             if spec.prefill:
                 # the answer continues the given text; a forced call or a harmony channel would have to
