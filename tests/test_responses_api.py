@@ -427,3 +427,12 @@ def test_a_chain_cannot_grow_one_stored_conversation_past_its_cap(live, client):
                                        max_output_tokens=2, store=False).status in ("completed", "incomplete")
     finally:
         store.max_conversation_bytes = before
+
+
+def test_input_tokens_is_no_stored_response_id(live):
+    # GET or DELETE on the counting endpoint is a wrong method there, not a lookup of a response
+    # whose id would be 'input_tokens'
+    for method in ("GET", "DELETE"):
+        resp = httpx.request(method, f"{live.url}/v1/responses/input_tokens", timeout=30)
+        assert_error(resp, 405, method, "/v1/responses/input_tokens")
+        assert "no stored response" not in resp.text
