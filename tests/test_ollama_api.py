@@ -383,3 +383,16 @@ def test_logprobs(oclient, client):
                            logprobs=True, top_logprobs=2)
     assert "".join(x.token for x in raw.logprobs) == raw.response and len(raw.logprobs[0].top_logprobs) == 2
     assert oclient.chat(stream=False, model=MODEL_ID, messages=_user(QUESTION), options=GREEDY).logprobs is None
+
+
+def test_an_unknown_model_name_is_quoted_cut(live):
+    # a name of 50000 characters is not echoed whole (on Ollama's routes nor the OpenAI and Anthropic ones)
+    name = "m" * 50_000
+    for path, body in (("/api/chat", {"messages": _user("hi")}), ("/api/show", {}), ("/api/generate", {"prompt": "hi"})):
+        message = _error(post(live, path, {**body, "model": name}), 404, "not found", "50002 characters")
+        assert len(message) < 500
+    for path, body in (("/v1/chat/completions", {"messages": _user("hi")}),
+                       ("/v1/messages", {"messages": _user("hi"), "max_tokens": 4}),
+                       ("/v1/messages/count_tokens", {"messages": _user("hi")})):
+        resp = post(live, path, {**body, "model": name})
+        assert resp.status_code == 404 and "50002 characters" in resp.text and len(resp.text) < 600, resp.text[:200]

@@ -21,7 +21,7 @@ from .accesslog import GENERATION_KEY, AccessLog
 from . import anthropic_api, embeddings_api, llama_api, ollama_api, responses_api
 from .config import ServerConfig
 from .deltas import SSE_TYPE, Http
-from .errors import APIError, bad_request
+from .errors import APIError, bad_request, model_not_found
 from .generation import ClientGone, Generation, Service
 from .metrics import Metrics
 from .openai_format import dumps
@@ -258,8 +258,7 @@ def _encoder_app(model, cfg: ServerConfig, metrics: Metrics) -> Starlette:
 
     def check_model(name):
         if not cfg.accepts(name):
-            raise APIError(404, f"the model {name!r} does not exist; this server serves {cfg.model_id!r}",
-                           param="model", code="model_not_found")
+            raise model_not_found(name, cfg.model_id)
 
     service = SimpleNamespace(model=model, cfg=cfg, scheduler=None, check_model=check_model)
 
