@@ -436,3 +436,24 @@ def test_input_tokens_is_no_stored_response_id(live):
         resp = httpx.request(method, f"{live.url}/v1/responses/input_tokens", timeout=30)
         assert_error(resp, 405, method, "/v1/responses/input_tokens")
         assert "no stored response" not in resp.text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_lone_surrogate_is_a_400_not_a_crash(live, stream):
+    # JSON may escape half a surrogate pair; no UTF-8 answer (nor stored response) can hold it. In a
+    # field no template reads (metadata, an item's extra field) it reached the answer: a 500, or a
+    # stream cut short
+    for body, where in ((b'"metadata": {"a": "x\\ud800"}', "metadata.a"),
+                        (b'"metadata": {"\\udc00": "x"}', "metadata"),
+                        (b'"input": [{"role": "user", "content": "Hi", "note": "\\uDBFF"}]', "input[0].note")):
+        raw = b'{"model": "%s", "max_output_tokens": 2, "stream": %s, %s' % (
+            MODEL_ID.encode(), b"true" if stream else b"false", body)
+        if not raw.endswith(b"]"):
+            raw += b', "input": "Hi"'
+        resp = post(live, "/v1/responses", content=raw + b"}", headers={"content-type": "application/json"})
+        assert_error(resp, 400, "surrogate", where)
+    # a pair is one character, and an escaped backslash before 'ud800' is text
+    for text in ("\\ud83d\\ude00", "\\\\ud800"):
+        raw = b'{"model": "%s", "max_output_tokens": 2, "input": "Hi", "metadata": {"a": "%s"}}' % (
+            MODEL_ID.encode(), text.encode())
+        assert post(live, "/v1/responses", content=raw, headers={"content-type": "application/json"}).status_code == 200
