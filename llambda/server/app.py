@@ -284,7 +284,7 @@ def _encoder_app(model, cfg: ServerConfig, metrics: Metrics) -> Starlette:
 
     async def on_crash(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error on %s", request.url.path)
-        return error_response(APIError(500, f"internal server error: {type(exc).__name__}"))
+        return error_response_for(request.url.path)(APIError(500, f"internal server error: {type(exc).__name__}"))
 
     http = Http(read_body=lambda request: read_json(request, cfg.max_body_bytes, cfg.body_timeout),
                 watch_disconnect=_watch_disconnect, event_stream=EventStream, json_response=json_response)
@@ -389,7 +389,7 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
 
     async def on_crash(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error on %s", request.url.path)
-        return error_response(APIError(500, f"internal server error: {type(exc).__name__}"))
+        return error_response_for(request.url.path)(APIError(500, f"internal server error: {type(exc).__name__}"))
 
     @asynccontextmanager
     async def lifespan(app):
