@@ -14,7 +14,7 @@ import pytest
 
 from llambda.chat import check_template_kwargs
 from llambda.errors import ChatTemplateError, InvalidInputError
-from llambda.server.think import ThinkParser, prompt_opens_thought, split_thinking, template_thinks
+from llambda.server.think import MAX_HELD_BLANKS, ThinkParser, prompt_opens_thought, split_thinking, template_thinks
 from llambda.server.tools import ToolCallParser
 
 # (output, the prompt opened the thought, reasoning, content)
@@ -63,6 +63,26 @@ def test_split_whole_and_cut_anywhere(text, opened, reasoning, content):
     rng = random.Random(len(text))
     cuts = sorted(rng.sample(range(1, len(text)), min(3, max(len(text) - 1, 0)))) if len(text) > 1 else []
     assert fed(text, opened, cuts)[:2] == (reasoning, content)
+
+
+def test_a_run_of_blanks_is_held_back_bounded():
+    """A model writing nothing but blanks: the parser holds at most MAX_HELD_BLANKS of them (it re-read
+    all it held at every token: time quadratic in the output), whole and streamed still agree."""
+    run = " \n" * (3 * MAX_HELD_BLANKS)
+    for text, opened in ((f"<think>a{run}", False), (f"<think>{run}b{run}</think>{run}c", False),
+                         (f"x{run}</think>y", True), (f"{run}<think>a</think>b", False), (run, False)):
+        for step in (1, 7, MAX_HELD_BLANKS + 3):
+            p = ThinkParser(None, opened)
+            for i in range(0, len(text), step):
+                p.feed(text[i:i + step])
+                assert len(p.buf) <= MAX_HELD_BLANKS + len("</think>") + step
+            assert fed(text, opened, list(range(step, len(text), step)))[:2] == split_thinking(text, opened)
+    # the thought keeps the blanks before its last MAX_HELD_BLANKS ones; a <think> after more leading
+    # blanks than that is the answer's text
+    reasoning, content = split_thinking(f"<think>a{run}</think>b")
+    assert reasoning == "a" + run[:len(run) - MAX_HELD_BLANKS] and content == "b"
+    assert split_thinking(f"{run}<think>a</think>b") == ("", f"{run}<think>a</think>b")
+    assert split_thinking(" " * MAX_HELD_BLANKS + "<think>a</think>b") == ("a", "b")
 
 
 def test_reasoning_streams_before_the_close():
