@@ -126,6 +126,7 @@ def test_which_templates_and_prompts_think():
     ({"x": "a" * 70_000}, "characters"),
     ({f"v{i}": 0 for i in range(33)}, "at most 32"),
     ({"x": float("nan")}, "NaN"),
+    ({"x": [10 ** 5000]}, "integer too long"),
     ({"x": {1: 2}}, "string keys"),
 ])
 def test_template_kwargs_are_bounded(kwargs, message):
