@@ -745,8 +745,9 @@ def check_template_kwargs(kwargs: Any) -> dict:
         out[name] = value
     try:
         size = len(json.dumps(out, ensure_ascii=False, allow_nan=False))
-    except ValueError:        # a float NaN/inf: plain data, but not JSON
-        raise InvalidInputError("template variables must not hold NaN or infinity") from None
+    except ValueError:        # a float NaN/inf, or an int past Python's 4300 digits: plain data, but not JSON
+        raise InvalidInputError("template variables must not hold NaN, infinity or an integer too long to "
+                                "write (over 4300 digits)") from None
     if size > MAX_TEMPLATE_VARS_CHARS:
         raise InvalidInputError(f"template variables are {size} characters as JSON; "
                                 f"at most {MAX_TEMPLATE_VARS_CHARS}")

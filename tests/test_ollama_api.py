@@ -5,13 +5,14 @@ tools round-trip (Qwen2.5-Coder), errors are `{"error": ...}`, a stream ends wit
 from __future__ import annotations
 
 import json
+import logging
 
 import httpx
 import jsonschema
 import ollama
 import pytest
 
-from llambda.server import ServerConfig, create_app
+from llambda.server import ServerConfig, anthropic_api, create_app, ollama_api
 from serverkit import MODEL_ID, LiveServer, hang_up_mid_stream, post, serving
 
 QUESTION = "What is the capital of France?"
@@ -408,3 +409,31 @@ def test_logprobs(oclient, client):
                            logprobs=True, top_logprobs=2)
     assert "".join(x.token for x in raw.logprobs) == raw.response and len(raw.logprobs[0].top_logprobs) == 2
     assert oclient.chat(stream=False, model=MODEL_ID, messages=_user(QUESTION), options=GREEDY).logprobs is None
+
+
+def test_an_unknown_model_name_is_quoted_cut(live):
+    # a name of 50000 characters is not echoed whole (on Ollama's routes nor the OpenAI and Anthropic ones)
+    name = "m" * 50_000
+    for path, body in (("/api/chat", {"messages": _user("hi")}), ("/api/show", {}), ("/api/generate", {"prompt": "hi"})):
+        message = _error(post(live, path, {**body, "model": name}), 404, "not found", "50002 characters")
+        assert len(message) < 500
+    for path, body in (("/v1/chat/completions", {"messages": _user("hi")}),
+                       ("/v1/messages", {"messages": _user("hi"), "max_tokens": 4}),
+                       ("/v1/messages/count_tokens", {"messages": _user("hi")})):
+        resp = post(live, path, {**body, "model": name})
+        assert resp.status_code == 404 and "50002 characters" in resp.text and len(resp.text) < 600, resp.text[:200]
+
+
+def test_a_server_fault_keeps_each_apis_error_shape(live, monkeypatch, caplog):
+    # an unexpected exception (a bug) still answers in the shape the route's clients read
+    def fault(*args, **kwargs):
+        raise RuntimeError("injected fault")
+    monkeypatch.setattr(ollama_api, "parse_ollama_chat", fault)
+    monkeypatch.setattr(anthropic_api, "parse_messages", fault)
+    with caplog.at_level(logging.ERROR, logger="llambda.server"):
+        _error(post(live, "/api/chat", {"model": MODEL_ID, "messages": _user("hi")}), 500, "internal server error")
+        resp = post(live, "/v1/messages", {"model": MODEL_ID, "max_tokens": 4, "messages": _user("hi")})
+    assert resp.status_code == 500 and resp.json()["type"] == "error", resp.text
+    assert resp.json()["error"]["type"] == "api_error" and "RuntimeError" in resp.json()["error"]["message"]
+    assert "injected fault" in caplog.text       # logged for the operator, not sent to the client
+    assert "injected fault" not in resp.text

@@ -54,3 +54,20 @@ def test_random_garbage_never_raises():
     for _ in range(3000):
         text = "".join(rng.choice(parts) for _ in range(rng.randint(0, 25)))
         assert isinstance(partial_object(text), dict)
+
+
+def test_values_json_cannot_carry_end_the_object():
+    # the answer is written back as JSON (UTF-8): NaN, Infinity, a float past its range, an int too
+    # long for Python to read and an unpaired surrogate escape have no place in it; they end the object
+    # as text that stops being JSON does, whole or cut alike
+    long_int = "1" * 5000
+    for bad in ("NaN", "Infinity", "-Infinity", "1e999", "-2.5e400", long_int, '"\\ud800"', '"x\\udfff"'):
+        for tail in ("}", ', "b": 2}', ', "b": 2'):
+            text = '{"a": 1, "z": ' + bad + tail
+            got = partial_object(text)
+            assert got == {"a": 1}, text[:40]
+            json.dumps(got, ensure_ascii=False, allow_nan=False).encode()
+    assert partial_object('{"\\udc00": 1, "a": 2}') == {}
+    assert partial_object('{"a": ["\\ud800"]}') == {"a": []}
+    # a surrogate pair is one character, and a long float that fits is a float
+    assert partial_object('{"s": "\\ud83d\\ude00", "f": 1' + "0" * 300 + '.5}') == {"s": "\U0001F600", "f": 1e300}

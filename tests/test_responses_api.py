@@ -406,3 +406,59 @@ def test_tool_round_trip_through_previous_response_id(qwen_live):
     counted = client.responses.input_tokens.count(model="qwen", tools=TOOLS, input=[answer],
                                                   previous_response_id=first.id)
     assert counted.input_tokens == follow.usage.input_tokens
+
+
+def test_a_chain_cannot_grow_one_stored_conversation_past_its_cap(live, client):
+    # each entry holds its whole conversation, fields no template reads included: without a cap per
+    # conversation, a chain of requests would grow one entry to the whole budget, which every
+    # continuing request then parses whole
+    store = live.app.state.responses
+    before = store.max_conversation_bytes
+    store.max_conversation_bytes = 50_000
+    filler = "x" * 20_000       # in a field of the item that never reaches the prompt
+    item = {"role": "user", "content": "Hi", "note": filler}
+    try:
+        first = client.responses.create(model=MODEL_ID, input=[item], max_output_tokens=2)
+        second = client.responses.create(model=MODEL_ID, input=[item], previous_response_id=first.id,
+                                         max_output_tokens=2)
+        held = store.stats()
+        resp = post(live, "/v1/responses", {"model": MODEL_ID, "input": [item], "previous_response_id": second.id,
+                                            "max_output_tokens": 2})
+        assert_error(resp, 400, "conversation", "50000", "store: false")
+        assert resp.json()["error"]["code"] == "conversation_too_large"
+        assert store.stats() == held        # refused before generating: nothing new kept
+        # not kept, it may still be answered
+        assert client.responses.create(model=MODEL_ID, input=[item], previous_response_id=second.id,
+                                       max_output_tokens=2, store=False).status in ("completed", "incomplete")
+    finally:
+        store.max_conversation_bytes = before
+
+
+def test_input_tokens_is_no_stored_response_id(live):
+    # GET or DELETE on the counting endpoint is a wrong method there, not a lookup of a response
+    # whose id would be 'input_tokens'
+    for method in ("GET", "DELETE"):
+        resp = httpx.request(method, f"{live.url}/v1/responses/input_tokens", timeout=30)
+        assert_error(resp, 405, method, "/v1/responses/input_tokens")
+        assert "no stored response" not in resp.text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_lone_surrogate_is_a_400_not_a_crash(live, stream):
+    # JSON may escape half a surrogate pair; no UTF-8 answer (nor stored response) can hold it. In a
+    # field no template reads (metadata, an item's extra field) it reached the answer: a 500, or a
+    # stream cut short
+    for body, where in ((b'"metadata": {"a": "x\\ud800"}', "metadata.a"),
+                        (b'"metadata": {"\\udc00": "x"}', "metadata"),
+                        (b'"input": [{"role": "user", "content": "Hi", "note": "\\uDBFF"}]', "input[0].note")):
+        raw = b'{"model": "%s", "max_output_tokens": 2, "stream": %s, %s' % (
+            MODEL_ID.encode(), b"true" if stream else b"false", body)
+        if not raw.endswith(b"]"):
+            raw += b', "input": "Hi"'
+        resp = post(live, "/v1/responses", content=raw + b"}", headers={"content-type": "application/json"})
+        assert_error(resp, 400, "surrogate", where)
+    # a pair is one character, and an escaped backslash before 'ud800' is text
+    for text in ("\\ud83d\\ude00", "\\\\ud800"):
+        raw = b'{"model": "%s", "max_output_tokens": 2, "input": "Hi", "metadata": {"a": "%s"}}' % (
+            MODEL_ID.encode(), text.encode())
+        assert post(live, "/v1/responses", content=raw, headers={"content-type": "application/json"}).status_code == 200

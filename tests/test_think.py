@@ -14,7 +14,7 @@ import pytest
 
 from llambda.chat import check_template_kwargs
 from llambda.errors import ChatTemplateError, InvalidInputError
-from llambda.server.think import ThinkParser, prompt_opens_thought, split_thinking, template_thinks
+from llambda.server.think import MAX_HELD_BLANKS, ThinkParser, prompt_opens_thought, split_thinking, template_thinks
 from llambda.server.tools import ToolCallParser
 
 # (output, the prompt opened the thought, reasoning, content)
@@ -79,6 +79,26 @@ def test_reasoning_span_whole_and_cut_anywhere(text, opened, reasoning, content)
     assert reasoning in text[:end] and text[end:].strip() == content.strip()
 
 
+def test_a_run_of_blanks_is_held_back_bounded():
+    """A model writing nothing but blanks: the parser holds at most MAX_HELD_BLANKS of them (it re-read
+    all it held at every token: time quadratic in the output), whole and streamed still agree."""
+    run = " \n" * (3 * MAX_HELD_BLANKS)
+    for text, opened in ((f"<think>a{run}", False), (f"<think>{run}b{run}</think>{run}c", False),
+                         (f"x{run}</think>y", True), (f"{run}<think>a</think>b", False), (run, False)):
+        for step in (1, 7, MAX_HELD_BLANKS + 3):
+            p = ThinkParser(None, opened)
+            for i in range(0, len(text), step):
+                p.feed(text[i:i + step])
+                assert len(p.buf) <= MAX_HELD_BLANKS + len("</think>") + step
+            assert fed(text, opened, list(range(step, len(text), step)))[:2] == split_thinking(text, opened)
+    # the thought keeps the blanks before its last MAX_HELD_BLANKS ones; a <think> after more leading
+    # blanks than that is the answer's text
+    reasoning, content = split_thinking(f"<think>a{run}</think>b")
+    assert reasoning == "a" + run[:len(run) - MAX_HELD_BLANKS] and content == "b"
+    assert split_thinking(f"{run}<think>a</think>b") == ("", f"{run}<think>a</think>b")
+    assert split_thinking(" " * MAX_HELD_BLANKS + "<think>a</think>b") == ("a", "b")
+
+
 def test_reasoning_streams_before_the_close():
     p = ThinkParser()
     assert p.feed("<think>\nLet me see") == ("", [])
@@ -120,6 +140,7 @@ def test_which_templates_and_prompts_think():
     ({"x": "a" * 70_000}, "characters"),
     ({f"v{i}": 0 for i in range(33)}, "at most 32"),
     ({"x": float("nan")}, "NaN"),
+    ({"x": [10 ** 5000]}, "integer too long"),
     ({"x": {1: 2}}, "string keys"),
 ])
 def test_template_kwargs_are_bounded(kwargs, message):
@@ -428,3 +449,19 @@ def test_server_config_checks_its_template_kwargs():
     assert ServerConfig(template_kwargs={"enable_thinking": False}).template_kwargs == {"enable_thinking": False}
     with pytest.raises(InvalidInputError, match="template_kwargs: .*set by the renderer"):
         ServerConfig(template_kwargs={"tools": []})
+
+
+def test_json_format_after_a_prompt_that_opened_the_thought(live):
+    """A JSON format leaves no room for a thought: the JSON is the answer even when the template
+    opened <think> in the prompt (not a never-closed thought, all reasoning)."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    body = {"model": "tiny-think", "messages": USER, "max_tokens": 40, "temperature": 0, "response_format": fmt,
+            "chat_template_kwargs": {"open_thought": True}}
+    choice = _post(live, "/v1/chat/completions", body).json()["choices"][0]
+    assert choice["finish_reason"] == "stop" and "reasoning_content" not in choice["message"]
+    assert set(json.loads(choice["message"]["content"])) == {"a"}
+    with httpx.stream("POST", live.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=120) as s:
+        deltas = [json.loads(line[6:])["choices"][0]["delta"] for line in s.iter_lines() if line.startswith("data: {")]
+    assert "".join(d.get("content") or "" for d in deltas) == choice["message"]["content"]
+    assert not any(d.get("reasoning_content") for d in deltas)

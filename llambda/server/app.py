@@ -21,7 +21,7 @@ from .accesslog import GENERATION_KEY, AccessLog
 from . import anthropic_api, embeddings_api, llama_api, ollama_api, ollama_models, responses_api
 from .config import ServerConfig
 from .deltas import SSE_TYPE, Http
-from .errors import APIError, bad_request
+from .errors import APIError, bad_request, model_not_found
 from .generation import ClientGone, Generation, Service
 from .metrics import Metrics
 from .openai_format import dumps
@@ -259,8 +259,7 @@ def _encoder_app(model, cfg: ServerConfig, metrics: Metrics) -> Starlette:
 
     def check_model(name):
         if not cfg.accepts(name):
-            raise APIError(404, f"the model {name!r} does not exist; this server serves {cfg.model_id!r}",
-                           param="model", code="model_not_found")
+            raise model_not_found(name, cfg.model_id)
 
     service = SimpleNamespace(model=model, cfg=cfg, scheduler=None, check_model=check_model)
 
@@ -286,7 +285,7 @@ def _encoder_app(model, cfg: ServerConfig, metrics: Metrics) -> Starlette:
 
     async def on_crash(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error on %s", request.url.path)
-        return error_response(APIError(500, f"internal server error: {type(exc).__name__}"))
+        return error_response_for(request.url.path)(APIError(500, f"internal server error: {type(exc).__name__}"))
 
     http = Http(read_body=lambda request: read_json(request, cfg.max_body_bytes, cfg.body_timeout),
                 watch_disconnect=_watch_disconnect, event_stream=EventStream, json_response=json_response)
@@ -391,7 +390,7 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
 
     async def on_crash(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error on %s", request.url.path)
-        return error_response(APIError(500, f"internal server error: {type(exc).__name__}"))
+        return error_response_for(request.url.path)(APIError(500, f"internal server error: {type(exc).__name__}"))
 
     @asynccontextmanager
     async def lifespan(app):

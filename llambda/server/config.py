@@ -17,6 +17,11 @@ DEFAULT_KV_TYPE = "f16"
 # JSON together (a few % of a 24 GB machine; a long conversation's entry holds all of its turns).
 DEFAULT_STORED_RESPONSES = 10_000
 DEFAULT_STORED_BYTES = 256 * 2**20
+# One stored conversation's input items at most: a continuing request parses them whole (into several
+# times their size), so the budget alone would let a chain of requests grow one entry to all of it. A
+# context window's worth of turns is a few MB at most; what grows past this is not prompt (fields no
+# template reads), refused with a 400 before generating.
+MAX_STORED_CONVERSATION_BYTES = 16 * 2**20
 
 
 @dataclass

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+SHOWN_CHARS = 100       # of a client's value quoted back in an error (a name may be megabytes)
+
 
 class APIError(Exception):
     def __init__(self, status: int, message: str, kind: str | None = None, param: str | None = None,
@@ -36,3 +38,14 @@ def _default_kind(status: int) -> str:
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
     return APIError(400, message, param=param, code=code)
+
+
+def shown(value) -> str:
+    """A client's value as an error quotes it: its repr, cut to SHOWN_CHARS."""
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}... ({len(text)} characters)"
+
+
+def model_not_found(name, served: str) -> APIError:
+    return APIError(404, f"the model {shown(name)} does not exist; this server serves {served!r}",
+                    param="model", code="model_not_found")

@@ -18,7 +18,7 @@ from ..errors import ChatTemplateError, ContextOverflowError, InvalidInputError,
 from ..sampling import SamplingParams
 from ..speculative import DEFAULT_DRAFT_MAX, PromptLookup, Speculation, check_rollback
 from .config import ServerConfig
-from .errors import APIError, bad_request
+from .errors import APIError, bad_request, model_not_found
 from .fim import find_fim_tokens, fim_prompt_ids, require_fim
 from .harmony import CHANNEL, harmony_vocabulary, with_analysis
 from .openai_format import (SSE_DONE, ChoiceState, TokenStrings, Usage, chat_logprobs, chat_response,
@@ -75,8 +75,7 @@ class Service:
     # -- checks ------------------------------------------------------------------
     def check_model(self, name: str | None) -> None:
         if not self.cfg.accepts(name):
-            raise APIError(404, f"the model {name!r} does not exist; this server serves {self.cfg.model_id!r}",
-                           param="model", code="model_not_found")
+            raise model_not_found(name, self.cfg.model_id)
 
     def template_messages(self, messages: list) -> list:
         """The messages as this model's chat template takes them (harmony's: reasoning as `thinking`)."""
@@ -102,8 +101,11 @@ class Service:
                 tools = None
             text = self.render_chat(messages, tools, spec)
             if self.thinks:
-                # a forced call starts the answer itself: no thought comes first
-                opened = prompt_opens_thought(text, spec.prefill) and not (setup is not None and setup.prefix)
+                # a forced call starts the answer itself, and a JSON format has no room for a thought:
+                # no thought comes first then, even after a prompt that opened one (QwQ, DeepSeek-R1)
+                answers_at_once = (setup is not None and bool(setup.prefix)) or \
+                    (spec.constraint is not None and spec.constraint.kind == "json_schema")
+                opened = prompt_opens_thought(text, spec.prefill) and not answers_at_once
                 setup = replace(setup or ToolSetup(), thinks=True, thought_open=opened)
             if spec.prefill:
                 # the answer continues the given text; a forced call or a harmony channel would have to

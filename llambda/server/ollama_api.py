@@ -23,7 +23,7 @@ from starlette.routing import Route
 
 from . import embeddings_api, ollama_models
 from .deltas import Http, array_of, deltas
-from .errors import APIError, bad_request
+from .errors import APIError, bad_request, shown
 from .generation import Generation, Service
 from .openai_format import chat_logprobs, dumps
 from .partial_json import partial_object
@@ -71,7 +71,7 @@ def served_name(service, name) -> str | None:
     try:
         service.check_model(name)
     except APIError:
-        raise APIError(404, f"model {name!r} not found: this server serves {service.cfg.model_id!r} only "
+        raise APIError(404, f"model {shown(name)} not found: this server serves {service.cfg.model_id!r} only "
                        "(start `llambda serve -m NAME` for another)", param="model") from None
     return name
 

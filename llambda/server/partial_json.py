@@ -3,7 +3,9 @@
 Anthropic's `tool_use.input` must be an object even when the output limit cut the call, and its
 SDK reads a streamed input that way: containers as far as they got, a string, number or literal
 that did not finish left out (with its key). `partial_object` reads a non-streamed answer's
-arguments by the same rule, so both come out the same. Text that stops being JSON counts as the end.
+arguments by the same rule, so both come out the same. Text that stops being JSON counts as the end;
+so does a value the answer could not be written back as JSON from (the SDK's reader refuses them too):
+NaN or Infinity, a number too large for a float or too long for an int, a lone surrogate escape.
 """
 from __future__ import annotations
 
@@ -14,19 +16,56 @@ _NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 _NUMBER_CHARS = frozenset("0123456789+-.eE")
 _LITERALS = {"true": True, "false": False, "null": None}
 _MAX_DEPTH = 200       # nesting deeper than this counts as the end (recursion stays bounded)
+_SURROGATE = re.compile("[\ud800-\udfff]")     # left by an unpaired \uD8xx escape: not encodable as UTF-8
 
 
 class _Cut(Exception):
     """The text ended (or stopped being JSON) inside a value."""
 
 
+def _not_json(word: str):
+    raise ValueError(f"{word} is no JSON number")
+
+
+def _finite(word: str) -> float:
+    value = float(word)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"{word[:20]} overflows a float")
+    return value
+
+
+def _loads(text: str):
+    """json.loads, refusing (ValueError) values that could not be written back as JSON; too long an
+    int is refused by Python itself."""
+    value = json.loads(text, parse_constant=_not_json, parse_float=_finite)
+    if isinstance(value, str) and _SURROGATE.search(value):
+        raise ValueError("a lone surrogate escape")
+    return value
+
+
+def _has_surrogate(root) -> bool:
+    """Whether a parsed value holds a lone surrogate in any string or key (walked without recursion)."""
+    stack = [root]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str):
+            if _SURROGATE.search(value):
+                return True
+        elif isinstance(value, dict):
+            stack.extend(value)
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return False
+
+
 def partial_object(text: str) -> dict:
     """The members of the JSON object `text` begins, as far as they are finished; {} if none."""
     try:
-        whole = json.loads(text)
+        whole = _loads(text)
     except (ValueError, RecursionError):     # json recurses too: a deep nest is no whole object
         whole = None
-    if isinstance(whole, dict):
+    if isinstance(whole, dict) and not _has_surrogate(whole):
         return whole
     reader = _Reader(text)
     try:
@@ -102,7 +141,7 @@ class _Reader:
                 continue
             if ch == '"':
                 try:
-                    s = json.loads(self.text[self.pos:i + 1])
+                    s = _loads(self.text[self.pos:i + 1])
                 except ValueError:
                     raise _Cut from None
                 self.pos = i + 1
@@ -120,8 +159,12 @@ class _Reader:
             word = text[start:end]
             if not _NUMBER.fullmatch(word):
                 raise _Cut
+            try:
+                number = _loads(word)
+            except ValueError:
+                raise _Cut from None
             self.pos = end
-            return json.loads(word)
+            return number
         while end < len(text) and text[end].isalpha():
             end += 1
         word = text[start:end]

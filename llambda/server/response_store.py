@@ -5,7 +5,8 @@ its input items or delete it.
 An entry is two JSON texts: the response object as it was answered, and the conversation's input
 items (every item before the answer, the continued responses' included, so an entry never needs the
 entries it continued). Held as bytes, the byte budget counts what memory really holds. The store is
-bounded by entries and by bytes; past either, the oldest entries go first. One lock, so any
+bounded by entries and by bytes; past either, the oldest entries go first. One conversation's items
+are bounded too (`conversation`), so no single request parses more than that. One lock, so any
 thread may call it (the event loop makes every call today; a worker thread would be safe). Nothing
 survives a restart.
 
@@ -20,8 +21,8 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from .config import DEFAULT_STORED_BYTES, DEFAULT_STORED_RESPONSES
-from .errors import APIError
+from .config import DEFAULT_STORED_BYTES, DEFAULT_STORED_RESPONSES, MAX_STORED_CONVERSATION_BYTES
+from .errors import APIError, bad_request
 from .openai_format import dumps
 
 SHOWN_ID_CHARS = 100                     # of an unknown id, quoted back in an error
@@ -53,8 +54,9 @@ def tag_of(response_id) -> str | None:
 
 class ResponseStore:
     def __init__(self, max_responses: int = DEFAULT_STORED_RESPONSES, max_bytes: int = DEFAULT_STORED_BYTES,
-                 tag: str = ""):
+                 tag: str = "", max_conversation_bytes: int = MAX_STORED_CONVERSATION_BYTES):
         self.max_responses, self.max_bytes, self.tag = max_responses, max_bytes, tag
+        self.max_conversation_bytes = max_conversation_bytes
         self._entries: OrderedDict[str, Stored] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
@@ -63,9 +65,21 @@ class ResponseStore:
         token = secrets.token_hex(24)
         return f"resp_{self.tag}_{token}" if self.tag else f"resp_{token}"
 
-    def put(self, response_id: str, response: dict, items: list) -> bool:
-        """Keep a response (evicting the oldest as needed); False when it alone exceeds the budget."""
-        entry = Stored(dumps(response).encode(), dumps(items).encode())
+    def conversation(self, items: list) -> bytes:
+        """A conversation's input items as an entry holds them, or a 400 when they are more than one
+        entry may hold (checked before the request generates)."""
+        data = dumps(items).encode()
+        if len(data) > self.max_conversation_bytes:
+            raise bad_request(f"this conversation's input items would be stored as {len(data)} bytes of JSON, more "
+                              f"than the {self.max_conversation_bytes} one stored response may hold; start a new "
+                              "conversation, or send this request with store: false", param="input",
+                              code="conversation_too_large")
+        return data
+
+    def put(self, response_id: str, response: dict, items: list | bytes) -> bool:
+        """Keep a response (evicting the oldest as needed) with its input items (or `conversation`'s
+        bytes of them); False when it alone exceeds the budget."""
+        entry = Stored(dumps(response).encode(), items if isinstance(items, bytes) else dumps(items).encode())
         if self.max_responses < 1 or entry.size > self.max_bytes:
             return False
         with self._lock:

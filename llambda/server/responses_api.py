@@ -25,6 +25,7 @@ import re
 import secrets
 from typing import Callable
 
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -470,7 +471,12 @@ def routes(service: Service, http: Http, store: ResponseStore) -> list[Route]:
     """The endpoints; `store` keeps the responses (create_app makes it, of the server config's bounds)."""
     def parse(body):
         spec, echo, items = parse_responses(body, store)
-        keep = (lambda response: store.put(response["id"], response, items)) if echo["store"] else _nothing
+        # checked now (a 400 if too big to keep), not once the answer is generated
+        stored = store.conversation(items) if echo["store"] else None
+
+        def keep(response: dict) -> None:
+            if stored is not None:      # store: false leaves nothing behind
+                store.put(response["id"], response, stored)
         return spec, lambda gen: ResponseRun(gen, echo, store.new_id(), keep)
 
     async def create(request: Request) -> Response:
@@ -501,12 +507,13 @@ def routes(service: Service, http: Http, store: ResponseStore) -> list[Route]:
         items = store.get(request.path_params["response_id"]).input_items()
         return http.json_response(list_page(items, limit, descending, after))
 
+    async def not_allowed(request: Request) -> Response:
+        raise HTTPException(405)
+
     return [Route("/v1/responses", create, methods=["POST"]),
             Route("/v1/responses/input_tokens", input_tokens, methods=["POST"]),
+            # not a stored response's id: without this, GET or DELETE here was a 404 for 'input_tokens'
+            Route("/v1/responses/input_tokens", not_allowed, methods=["GET", "DELETE"]),
             Route("/v1/responses/{response_id}", retrieve, methods=["GET"]),
             Route("/v1/responses/{response_id}", delete, methods=["DELETE"]),
             Route("/v1/responses/{response_id}/input_items", input_items, methods=["GET"])]
-
-
-def _nothing(response: dict) -> None:
-    """What a response of `store: false` leaves behind."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +40,10 @@ TEMPLATE_EFFORT = {"none": "low", "minimal": "low", "xhigh": "high"}
 # 40 characters (a 64-bit seed has 20 digits), and Python refuses to convert ints of over 4300 digits.
 MAX_JSON_DEPTH = 64
 MAX_NUMBER_CHARS = 40
+# a \uD800-\uDFFF escape in the body's bytes (UTF-8 itself cannot hold one): maybe a lone surrogate
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_LONE = "a lone surrogate escape (\\uD800-\\uDFFF without its pair): not Unicode text"
 
 # Text a request asks to tokenize (a completion's prompts, /tokenize's content, /infill's pieces, embedding
 # inputs), in characters: the tokenizer holds a few hundred bytes a character while it works (a 4 MB
@@ -90,12 +95,13 @@ def parse_json(raw: bytes) -> Any:
             from None
     except ValueError as e:    # anything else the decoder refuses; never a 500
         raise bad_request(f"the request body is not valid JSON: {str(e)[:200]}") from None
-    _check_tree(obj)
+    _check_tree(obj, strings=_SURROGATE_ESCAPE.search(raw) is not None)
     return obj
 
 
-def _check_tree(root: Any) -> None:
-    """Depth and numbers of a parsed body, without recursion; errors name the JSON path."""
+def _check_tree(root: Any, strings: bool = False) -> None:
+    """Depth and numbers of a parsed body, without recursion; errors name the JSON path. `strings`:
+    refuse a lone surrogate in a string or key too (no UTF-8 answer or stored response can hold it)."""
     if type(root) is _OutOfRange:
         raise bad_request(f"the request body is the number {_clip(root.text)}, not a JSON object")
     stack: list[tuple[Any, tuple]] = [(root, ())] if type(root) in (dict, list) else []
@@ -107,6 +113,12 @@ def _check_tree(root: Any) -> None:
         items = node.items() if type(node) is dict else enumerate(node)
         for key, v in items:
             t = type(v)
+            if strings and type(key) is str and _SURROGATE.search(key):
+                where = _path(path)         # not the key itself: it cannot be written back
+                raise bad_request(f"a key in '{where}' holds {_LONE}", param=where)
+            if strings and t is str and _SURROGATE.search(v):
+                where = _path(path + (key,))
+                raise bad_request(f"'{where}' holds {_LONE}", param=where)
             if t is dict or t is list:
                 stack.append((v, path + (key,)))
             elif t is _OutOfRange:

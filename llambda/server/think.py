@@ -26,6 +26,11 @@ OPEN, CLOSE = "<think>", "</think>"
 
 # parser states
 START, THOUGHT, ANSWER = "start", "thought", "answer"
+# Blanks held back at most (before a `</think>` that may come, or a `<think>` that may start the
+# output): re-reading an ever longer run of them at every token made a model writing nothing but
+# blanks cost time quadratic in its output. Of the blanks before `</think>`, only the last this many
+# are dropped from the thought, and a `<think>` after more leading blanks than this is answer text.
+MAX_HELD_BLANKS = 64
 
 
 def template_thinks(source: str | None) -> bool:
@@ -90,9 +95,10 @@ class ThinkParser:
         self.seen += len(text)
         if self.state == START:
             head = self.buf.lstrip()
-            if not head or (len(head) < len(OPEN) and OPEN.startswith(head)):
+            blanks = len(self.buf) - len(head)
+            if blanks <= MAX_HELD_BLANKS and (not head or (len(head) < len(OPEN) and OPEN.startswith(head))):
                 return "", []                   # `<think>` may be arriving
-            if head.startswith(OPEN):
+            if blanks <= MAX_HELD_BLANKS and head.startswith(OPEN):
                 self.buf, self.state = head[len(OPEN):], THOUGHT
             else:
                 self.state, self.lead = ANSWER, False     # no thought: the answer as written
@@ -102,11 +108,12 @@ class ThinkParser:
                 # hold back a tag that may be arriving and trailing blanks (they may end the thought)
                 keep = _partial_suffix(self.buf, CLOSE)
                 ready = self.buf[:len(self.buf) - keep]
-                ready_end = len(ready.rstrip())
+                ready_end = _unheld(ready)
                 self._think(ready[:ready_end])
                 self.buf = self.buf[ready_end:]
                 return "", []
-            self._think(self.buf[:at].rstrip())
+            thought = self.buf[:at]
+            self._think(thought[:_unheld(thought)])
             self.buf, self.state = self.buf[at + len(CLOSE):], ANSWER
             self.closed_at = self.seen - len(self.buf)
             self.lead = True
@@ -131,6 +138,11 @@ class ThinkParser:
             rest, more = self.inner.finish()
             content, calls = content + rest, calls + more
         return content, calls
+
+
+def _unheld(text: str) -> int:
+    """Where the blanks `text` ends with start, but no more than MAX_HELD_BLANKS before its end."""
+    return max(len(text.rstrip()), len(text) - MAX_HELD_BLANKS)
 
 
 def split_thinking(text: str, opened: bool = False) -> tuple[str, str]:
