@@ -71,7 +71,7 @@ def main():
     ap.add_argument("--kv-type", default=None, help="f32 (default), f16 or q8_0")
     args = ap.parse_args()
     m = load(args.model, activations="f32" if args.exact else None, kv_type=args.kv_type,
-             n_ctx=max(4096, args.depth + args.steps + 8))
+             n_ctx=max(4096, args.depth + args.steps + 8), threads=max(args.threads))   # its steps' most
     tr = m.transformer
     timed = Timed(_native)
     native.C = timed
@@ -124,7 +124,7 @@ def main():
         native.C = timed
         print(f"  plan replay: step {np.median(plan_steps) / 1e3:.0f} us wall, "
               f"{np.median(cpu) * 1e6:.0f} us CPU (process) per step; logits[0,:3] {logits[0, :3]}; "
-              f"(pool size, threads run on): steps {dict(tr.backend.replays)} (the thread tuner's choices)")
+              f"(threads, threads run on): steps {dict(tr.backend.replays)} (the thread tuner's choices)")
         replay_ops(tr, timed.order, t, args.steps)
 
 

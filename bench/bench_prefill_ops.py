@@ -107,7 +107,7 @@ def main():
     ap.add_argument("--exact", action="store_true")
     ap.add_argument("--flush", action="store_true", help="also each GEMM shape after reading 2x the L3")
     args = ap.parse_args()
-    m = load(args.model, activations="f32" if args.exact else None, n_ctx=args.p + 16)
+    m = load(args.model, activations="f32" if args.exact else None, n_ctx=args.p + 16, threads=args.threads)
     tr = m.transformer
     _native.set_threads(args.threads)
     rng = np.random.default_rng(0)

@@ -38,7 +38,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
     n_ctx = args.depth + 64
-    m = load(args.model, kv_type=args.kv_type, n_ctx=n_ctx)
+    m = load(args.model, kv_type=args.kv_type, n_ctx=n_ctx, threads=args.threads)
     tr = m.transformer
     _native.set_threads(args.threads)
     rng = np.random.default_rng(0)
@@ -120,7 +120,7 @@ def main():
         a[0] += 1
         a[1] += ns / args.steps / 1e3
     print("  ops: " + ", ".join(f"{g} x{n} {us:.0f} us" for g, (n, us) in groups.items()))
-    print(f"  replays (pool size, run on): {dict(B.replays)}")
+    print(f"  replays (threads, run on): {dict(B.replays)}")
 
 
 if __name__ == "__main__":

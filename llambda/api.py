@@ -36,9 +36,10 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
     """Load a catalogued model name, a .gguf file or a Hugging Face model directory.
 
     backend: "native" (the C core, default where it built) or "numpy" (the FP32 reference).
-    threads: native only; the C core's thread pool size (default: one per usable physical core). The pool is
-        one per process: loading a model with another count makes the models loaded before it run on that
-        count too (a LlambdaWarning says so the first time); load every model with the same threads=.
+    threads: native only; the threads this model's computations run on (default: one per usable physical
+        core). The C core's thread pool is one per process: a load grows it to this count when it has fewer
+        threads (it never shrinks it), and each model's forward passes use at most its own count, whatever
+        the other models in the process asked for.
     activations: native only; "f32" for the exact mode, "q8" (default) quantizes activations to 8 bits
         (an encoder's fast mode: bfloat16 weights and activations, float32 sums).
     n_ctx: context length per sequence (default min(training context, 4096); at most 2**24); n_slots: sequences
@@ -346,9 +347,9 @@ class Model:
         return mode
 
     def set_draft(self, draft: "Model | None", threads: int | None = None) -> None:
-        """Use `draft` (a loaded model, which this one then owns) for speculative decoding, its forward
-        passes on `threads` (default: this model's); VocabularyMismatchError when its tokens are not
-        this model's."""
+        """Use `draft` (a loaded model, which this one then owns) for speculative decoding, its drafting
+        forward passes on `threads` (default: the threads it was loaded with); VocabularyMismatchError
+        when its tokens are not this model's."""
         self._check_open()
         if draft is None:
             self.draft = self.drafter = None

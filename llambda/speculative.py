@@ -128,9 +128,15 @@ class DraftModel:
         self.model = transformer
         self.target_vocab = target_vocab
         self.p_min = DRAFT_P_MIN
-        # threads of the draft's forwards (the C pool is process-wide: set around them, then put
-        # back); None: the target's. Its small ops pay the pool's fork/join more than the target's.
+        # threads of the draft's forwards (its backend's calls capped at it while it drafts); None: the
+        # draft model's own. Its small ops pay the pool's fork/join more than the target's.
         self.threads = threads
+        if threads is not None and self._native():
+            from .backends.native import grow_pool
+            try:
+                grow_pool(threads)
+            except ValueError as e:     # more than the pool's maximum: the C core names its range
+                raise InvalidInputError(f"draft_threads: {e}") from None
         self._cached: dict[int, list[int]] = {}
         # the draft's api.Model (load(..., draft=)): its own calls (m.draft.complete) use slot 0 too
         self.owner = owner
@@ -151,16 +157,14 @@ class DraftModel:
             finally:
                 owner._cached = list(self._cached.get(0, []))
 
+    def _native(self) -> bool:
+        return getattr(self.model.backend, "name", "") == "native"
+
     def _draft_on_threads(self, tokens: list[int], k: int, slot: int) -> list[int]:
-        if self.threads is None or getattr(self.model.backend, "name", "") != "native":
+        if self.threads is None or not self._native():
             return self._draft(tokens, k, slot)
-        from ._native import set_threads, threads
-        before = threads()
-        set_threads(self.threads)
-        try:
+        with self.model.backend.run_on(self.threads):
             return self._draft(tokens, k, slot)
-        finally:
-            set_threads(before)
 
     def _draft(self, tokens: list[int], k: int, slot: int) -> list[int]:
         t = self.model

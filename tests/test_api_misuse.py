@@ -333,36 +333,3 @@ def test_forwards_wanting_the_switch_set_otherwise_wait_for_each_other():
     gate.exit()
     t.join(timeout=10)
     assert order == ["on done", "off"]
-
-
-@pytest.mark.skipif("native" not in available_backends(), reason="the C core is not built")
-def test_a_model_loaded_with_other_threads_says_the_pool_is_shared(monkeypatch):
-    """The C core's pool is one per process: a second load's threads= silently changed the first model's."""
-    import weakref
-    from llambda import _native
-    from llambda.backends import native
-    from llambda.errors import LlambdaWarning
-    monkeypatch.setattr(native, "_POOL_USERS", weakref.WeakSet())     # the models of this test only
-    monkeypatch.setattr(native, "_pool_warned", False)
-    before = _native.threads()
-
-    def said(w) -> list[str]:
-        return [str(x.message) for x in w if issubclass(x.category, LlambdaWarning) and "one per process" in str(x.message)]
-
-    try:
-        with llambda.load(TINY, n_ctx=64, threads=1) as a:
-            with warnings.catch_warnings(record=True) as w:
-                warnings.simplefilter("always")
-                llambda.load(TINY, n_ctx=64, threads=1).close()       # the same count: nothing to say
-                assert said(w) == []
-                b = llambda.load(TINY, n_ctx=64, threads=2)
-                assert said(w) == ["the native thread pool is one per process: this load's 2 thread(s) now run the "
-                                   "models loaded before it too (they had 1); load every model with the same "
-                                   "threads= to keep them"]
-            with b, warnings.catch_warnings(record=True) as w:
-                warnings.simplefilter("always")
-                assert _native.threads() == 2 and a.backend.threads == 2    # a's calls run on 2 threads now
-                llambda.load(TINY, n_ctx=64, threads=1).close()       # said once
-                assert said(w) == [] and a.backend.threads == b.backend.threads == 1
-    finally:
-        _native.set_threads(before)

@@ -126,6 +126,8 @@ static int redo_signal; /* 0: redo off (LLAMBDA_POOL_REDO=0, or the signal is so
 static long takeovers;  /* under call_lock */
 /* A cap on the threads of this thread's calls (0: none): llb_pool_cap_thread. */
 static _Thread_local int thread_cap;
+/* The most threads a call from this thread was given since llb_pool_widest last read it. */
+static _Thread_local int widest;
 static int atexit_registered;
 /* Test hook (llb_pool_hold_worker). */
 static atomic_int hold_tid, hold_timeouts;
@@ -569,6 +571,8 @@ static void parallel_for(llb_range_fn fn, void *ctx, long n, long grain, int max
     pthread_mutex_lock(&call_lock);
     /* Read under the lock: llb_pool_init cannot change it until this call returns. */
     const int nth = atomic_load_explicit(&pool.nth, memory_order_relaxed);
+    const int given = nth < max_threads ? nth : max_threads;
+    if (given > widest) widest = given;
     inside_task = 1;
     const uint64_t start = nth > 1 ? now_ns() : 0;
     if (nth == 1 || start < atomic_load_explicit(&solo_until, memory_order_relaxed)) {
@@ -624,6 +628,18 @@ int llb_pool_cap_thread(int n) {
     const int old = thread_cap;
     thread_cap = n > 0 ? n : 0;
     return old;
+}
+
+int llb_pool_cap_thread_within(int n) {
+    const int old = thread_cap;
+    if (n > 0 && (old == 0 || n < old)) thread_cap = n;
+    return old;
+}
+
+int llb_pool_widest(void) {
+    const int w = widest;
+    widest = 0;
+    return w;
 }
 
 int llb_pool_call_threads(void) {

@@ -46,6 +46,9 @@ long llb_grain(long n, long chunks, long min_grain, long align);
  * size); returns the previous cap. Results never depend on it (chunks come from the sizes):
  * the decode loop uses it to run a step on fewer threads when that is faster (a busy machine). */
 int llb_pool_cap_thread(int n);
+/* llb_pool_cap_thread that never loosens the cap this thread has (a model's, around its
+ * forward): the cap becomes n if n is tighter, or if there was none; returns the previous cap. */
+int llb_pool_cap_thread_within(int n);
 /* Threads a call from this thread can count on now: the pool's size under this thread's cap; 1
  * inside a task, while the pool runs calls on the caller alone (after a stall) and while it sees
  * the machine busy (a worker absent from a call or stalled in the last second). A hint for work
@@ -66,6 +69,11 @@ long llb_pool_stalls(void);
  * calls). Returns how many it wrote (at most LLB_POOL_STATS). */
 #define LLB_POOL_STATS 12
 int llb_pool_stats(long *out, int n);
+
+/* Test hook: the most threads a call from this thread was given (the pool's size under the
+ * call's max_threads and this thread's cap) since the last llb_pool_widest on it; 0 when none of
+ * its calls reached the pool (one chunk, or one thread allowed). Resets it. */
+int llb_pool_widest(void);
 
 /* Test hook: worker `tid` (>= 1) stops before claiming anything until released with 0 or
  * 10 s pass; returns how many holds timed out since the last call. See tests/test_threadpool.py. */

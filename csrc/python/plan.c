@@ -222,7 +222,7 @@ static PyObject *plan_replay(PlanObject *p, PyObject *args, PyObject *kwds) {
     if (!times && PyErr_Occurred()) return NULL;
     int failed; /* 1: a check failed mid-plan, 2: out of memory */
     Py_BEGIN_ALLOW_THREADS
-    const int cap = llb_pool_cap_thread((int)threads);
+    const int cap = llb_pool_cap_thread_within((int)threads); /* never above the calling thread's cap (a model's) */
     failed = run_recs(recs, n, times, msg);
     llb_pool_cap_thread(cap);
     Py_END_ALLOW_THREADS
@@ -260,7 +260,8 @@ static PyMethodDef plan_methods[] = {
     {"end", (PyCFunction)plan_end, METH_NOARGS, "end() -> None: stop recording; the plan can now be replayed."},
     {"replay", (PyCFunction)(void (*)(void))plan_replay, METH_VARARGS | METH_KEYWORDS,
      "replay(*, threads=0, times=None) -> None: run the recorded ops again, in order, with the GIL released once, on\n"
-     "at most `threads` threads (0: the pool's size; results never depend on it). Token ids, slots and\n"
+     "at most `threads` threads (0: the pool's size), never more than the calling thread's cap (cap_threads;\n"
+     "results never depend on it). Token ids, slots and\n"
      "positions are re-read from their buffers and re-validated first: ValueError (and nothing written) if any is\n"
      "out of range. times: an int64 array of len(plan) elements, each call's wall nanoseconds added to its\n"
      "element (for benchmarks; `ops` names the calls)."},

@@ -63,6 +63,18 @@ static PyObject *py_set_threads(PyObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+/* cap_threads(n) -> int: the calling thread's cap (llb_pool_cap_thread), the previous one returned. A cap
+ * above the pool's size is allowed: it means no cap until the pool grows (another thread may resize the
+ * pool at any time, so checking against its size now would be a race, not a guarantee). */
+static PyObject *py_cap_threads(PyObject *self, PyObject *arg) {
+    long n;
+    if (PyBool_Check(arg)) return PyErr_Format(PyExc_TypeError, "cap_threads: n must be an int, not bool");
+    if (llb_arg_long(arg, "cap_threads", "n", 0, LLB_POOL_MAX_THREADS, &n) < 0) return NULL;
+    return PyLong_FromLong(llb_pool_cap_thread((int)n));
+}
+
+static PyObject *py_pool_widest(PyObject *self, PyObject *unused) { return PyLong_FromLong(llb_pool_widest()); }
+
 static PyObject *py_set_batch_invariant(PyObject *self, PyObject *arg) {
     const int v = PyObject_IsTrue(arg);
     if (v < 0) return NULL;
@@ -249,6 +261,12 @@ PyMethodDef llb_core_methods[] = {
      "far_stream() -> bool: the GEMVs stream as on AMD's cores (LLAMBDA_FAR_STREAM; default on AMD)."},
     {"isa_available", py_isa_available, METH_NOARGS, "isa_available() -> list[str]: the paths this CPU and OS can run."},
     {"set_threads", py_set_threads, METH_O, "set_threads(n) -> None: resize the thread pool to n threads (1..256)."},
+    {"cap_threads", py_cap_threads, METH_O,
+     "cap_threads(n) -> int: run the pool calls this thread makes from now on on at most n threads (0..256; 0: no\n"
+     "cap, the pool's size); returns the previous cap. Results never depend on it. A backend caps its forwards."},
+    {"pool_widest", py_pool_widest, METH_NOARGS,
+     "pool_widest() -> int: test hook; the most threads a pool call from this thread was given since the last\n"
+     "pool_widest() on it (0: none reached the pool), and resets it."},
     {"threads", py_threads, METH_NOARGS, "threads() -> int: threads in the pool (the caller counts as one)."},
     {"set_batch_invariant", py_set_batch_invariant, METH_O,
      "set_batch_invariant(flag) -> None: a row's matmul and attention results never depend on the other rows of the\n"

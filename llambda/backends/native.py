@@ -14,7 +14,6 @@ import os
 import threading
 import time
 import warnings
-import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -218,25 +217,16 @@ MOE_ROUTING_IDS = {"softmax_topk": 0, "topk_softmax": 1}     # csrc/moe/moe.h
 MOE_ACT_IDS = {"silu": 0, "swiglu_oai": 1}
 
 
-# The C core's thread pool is one per process, sized by the last set_threads: the native backends of the
-# models loaded now all run on it (what each asked for is not kept apart).
-_POOL_USERS: "weakref.WeakSet[NativeBackend]" = weakref.WeakSet()
-_pool_warned = False
+# The C core's thread pool is one per process: a load grows it to the model's count (never shrinks it under
+# the models loaded before), and each backend caps the pool calls of its own forwards at its count.
+_POOL_LOCK = threading.Lock()
 
 
-def _share_pool(backend: "NativeBackend") -> None:
-    """`backend` resized the pool: the models loaded before it run on its count from now on. Their
-    `threads` say so, and the first time it changes a model's count, a warning does too."""
-    global _pool_warned
-    changed = sorted({b.threads for b in _POOL_USERS if b.threads != backend.threads})
-    for b in _POOL_USERS:
-        b.threads = backend.threads
-    _POOL_USERS.add(backend)
-    if changed and not _pool_warned:
-        _pool_warned = True
-        warnings.warn(f"the native thread pool is one per process: this load's {backend.threads} thread(s) now run "
-                      f"the models loaded before it too (they had {', '.join(map(str, changed))}); load every model "
-                      "with the same threads= to keep them", LlambdaWarning, stacklevel=6)
+def grow_pool(n: int) -> None:
+    """At least n threads in the pool: more when a model asks for more than any before it."""
+    with _POOL_LOCK:
+        if C.threads() < n:
+            C.set_threads(n)
 
 
 class NativeBackend(Backend):
@@ -257,15 +247,15 @@ class NativeBackend(Backend):
         if self.threads < 1:
             raise InvalidInputError("threads must be >= 1")
         try:
-            C.set_threads(self.threads)
+            grow_pool(self.threads)
         except ValueError as e:     # more than the pool's maximum: the C core names its range
             raise InvalidInputError(str(e)) from None
-        _share_pool(self)
+        self._caps = threading.local()    # per calling thread: the caps its forwards replaced, and an override
         self.weight_bytes = 0
         self._weights = WeightArena()
         self._recording = None  # the _native.Plan being recorded
-        self._tuners: dict[tuple, ThreadTuner] = {}   # (id(plan), pool size) -> its tuner (plans live as long as the model)
-        self.replays: dict[tuple, int] = {}            # (pool size, threads run on) -> replayed steps (for benchmarks)
+        self._tuners: dict[tuple, ThreadTuner] = {}   # (id(plan), threads) -> its tuner (plans live as long as the model)
+        self.replays: dict[tuple, int] = {}            # (threads, threads run on) -> replayed steps (for benchmarks)
         # On by default: a prompt's result must not depend on what its cache already held (prefix reuse
         # prefills a different chunk) - the same greedy call gives the same text. Costs ~1-4% of a 512-token
         # prefill; at depth 16384 its prefill attention op takes ~1.3-1.6x the default's CPU time (wide tiles
@@ -301,7 +291,7 @@ class NativeBackend(Backend):
     def replay(self, plan) -> None:
         """Replay a decode step on the thread count its ThreadTuner finds fastest now (a busy
         machine runs a step faster on fewer threads); the count never changes a result."""
-        threads = C.threads()      # the pool's size now (set_threads may have changed it)
+        threads = min(self.call_threads(), C.threads())   # this model's count within the pool's size now
         if threads <= 1 or not THREAD_TUNING:
             self.replays[threads, threads] = self.replays.get((threads, threads), 0) + 1
             plan.replay()
@@ -376,9 +366,11 @@ class NativeBackend(Backend):
     @contextmanager
     def loading(self, nbytes: int):
         self._weights.reserve(nbytes)
+        self._cap()         # the packing runs on this model's threads too
         try:
             yield self
         finally:
+            self._uncap()
             self._weights.end_reserve()
 
     def end_load(self) -> None:
@@ -437,15 +429,39 @@ class NativeBackend(Backend):
 
     def enter_forward(self) -> None:
         _SWITCH_GATE.enter(self._batch_invariant)
+        self._cap()
 
     def exit_forward(self) -> None:
+        self._uncap()
         _SWITCH_GATE.exit()
+
+    # -- threads: the pool is the process's; this backend's calls run on at most its own count --
+    def call_threads(self) -> int:
+        """The threads this backend's calls from this thread may use: its count, or run_on's."""
+        return getattr(self._caps, "override", None) or self.threads
+
+    @contextmanager
+    def run_on(self, threads: int):
+        """This thread's forwards of this backend on `threads` (a draft model's draft_threads, the pool grown
+        to it by grow_pool) instead of its own count."""
+        before = getattr(self._caps, "override", None)
+        self._caps.override = threads
+        try:
+            yield
+        finally:
+            self._caps.override = before
+
+    def _cap(self) -> None:
+        stack = self._caps.__dict__.setdefault("replaced", [])
+        stack.append(C.cap_threads(self.call_threads()))
+
+    def _uncap(self) -> None:
+        C.cap_threads(self._caps.replaced.pop())
 
     def close(self) -> None:
         """The model closed: drop the packed weights' arena too (each mapping is unmapped when the last matrix
         viewing it goes, with the closed model) and the tuners of its recorded plans."""
         super().close()
-        _POOL_USERS.discard(self)
         self._weights = WeightArena()
         self._tuners.clear()
         self._recording = None

@@ -61,6 +61,7 @@ class OurEngine:
         if self.model.backend.name == "native":
             from .. import _native
             _native.set_threads(t)
+            self.model.backend.threads = t     # the model's forwards run on at most its own count
 
     def fill(self, ids: list[int]) -> float:
         """The cache holds `ids` at positions 0.. (the depth of the next test); returns the seconds it took."""
