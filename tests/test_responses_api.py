@@ -248,6 +248,38 @@ def test_input_items_pages_in_either_order(live, client):
     assert items[-1].content[0].text == "Last turn." and items[5].content[0].text == r.output_text
 
 
+def test_input_items_keep_only_each_types_own_fields(live):
+    # a field a client adds reaches no prompt: kept, it was listed back and parsed again by every
+    # request continuing the conversation (junk such as [{}, {}, ...] costs ~24x its JSON once parsed)
+    junk = [{}] * 1_000
+    call = {"call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'}
+    items = [{"type": "message", "role": "developer", "content": "Be brief.", "status": "completed", "note": junk},
+             {"type": "reasoning", "summary": [{"type": "summary_text", "text": "Plan.", "x": junk}],
+              "content": [{"type": "reasoning_text", "text": "Think.", "x": junk}], "encrypted_content": "e" * 999},
+             {"type": "function_call", "id": "fc_given", "status": "completed", "extra": junk, **call},
+             {"type": "function_call_output", "call_id": "call_1", "output": '{"temperature_c": 18}', "extra": junk},
+             {"role": "user", "id": "i" * 200, "status": junk,
+              "content": [{"type": "input_text", "text": "Thanks.", "annotations": junk}]}]
+    r = post(live, "/v1/responses", {"model": MODEL_ID, "input": items, "max_output_tokens": 2})
+    assert r.status_code == 200, r.text
+    listed = httpx.get(f"{live.url}/v1/responses/{r.json()['id']}/input_items", params={"order": "asc"},
+                       timeout=30).json()["data"]
+    assert [{k: v for k, v in item.items() if k != "id"} for item in listed] == [
+        {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Be brief."}],
+         "status": "completed"},
+        {"type": "reasoning", "summary": [{"type": "summary_text", "text": "Plan."}],
+         "content": [{"type": "reasoning_text", "text": "Think."}]},
+        {"type": "function_call", "status": "completed", **call},
+        {"type": "function_call_output", "call_id": "call_1", "output": '{"temperature_c": 18}'},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Thanks."}]}]
+    # a client's id is kept, one too long to be an id is replaced
+    assert listed[2]["id"] == "fc_given" and listed[4]["id"].startswith("msg_") and len(listed[4]["id"]) < 100
+    assert len(live.app.state.responses.get(r.json()["id"]).items) < 2_000
+    # a summary is kept, so it is checked as content is
+    assert_error(post(live, "/v1/responses", {"input": [{"type": "reasoning", "summary": "Plan."},
+                                                        {"role": "user", "content": "Hi"}]}), 400, "input[0].summary")
+
+
 def test_the_oldest_responses_are_evicted_past_the_count(live, client):
     store = live.app.state.responses
     assert (store.max_responses, store.max_bytes) == (live.app.state.config.stored_responses,
@@ -409,26 +441,27 @@ def test_tool_round_trip_through_previous_response_id(qwen_live):
 
 
 def test_a_chain_cannot_grow_one_stored_conversation_past_its_cap(live, client):
-    # each entry holds its whole conversation, fields no template reads included: without a cap per
-    # conversation, a chain of requests would grow one entry to the whole budget, which every
-    # continuing request then parses whole
+    # each entry holds its whole conversation, text no template reads included (a reasoning item's
+    # summary): without a cap per conversation, a chain of requests would grow one entry to the whole
+    # budget, which every continuing request then parses whole
     store = live.app.state.responses
     before = store.max_conversation_bytes
     store.max_conversation_bytes = 50_000
-    filler = "x" * 20_000       # in a field of the item that never reaches the prompt
-    item = {"role": "user", "content": "Hi", "note": filler}
+    filler = "x" * 20_000       # kept, but never reaches the prompt
+    turn = [{"type": "reasoning", "summary": [{"type": "summary_text", "text": filler}]},
+            {"role": "user", "content": "Hi"}]
     try:
-        first = client.responses.create(model=MODEL_ID, input=[item], max_output_tokens=2)
-        second = client.responses.create(model=MODEL_ID, input=[item], previous_response_id=first.id,
+        first = client.responses.create(model=MODEL_ID, input=turn, max_output_tokens=2)
+        second = client.responses.create(model=MODEL_ID, input=turn, previous_response_id=first.id,
                                          max_output_tokens=2)
         held = store.stats()
-        resp = post(live, "/v1/responses", {"model": MODEL_ID, "input": [item], "previous_response_id": second.id,
+        resp = post(live, "/v1/responses", {"model": MODEL_ID, "input": turn, "previous_response_id": second.id,
                                             "max_output_tokens": 2})
         assert_error(resp, 400, "conversation", "50000", "store: false")
         assert resp.json()["error"]["code"] == "conversation_too_large"
         assert store.stats() == held        # refused before generating: nothing new kept
         # not kept, it may still be answered
-        assert client.responses.create(model=MODEL_ID, input=[item], previous_response_id=second.id,
+        assert client.responses.create(model=MODEL_ID, input=turn, previous_response_id=second.id,
                                        max_output_tokens=2, store=False).status in ("completed", "incomplete")
     finally:
         store.max_conversation_bytes = before

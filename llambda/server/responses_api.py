@@ -22,7 +22,6 @@ conversation alone, `previous_response_id` without `input`, included).
 from __future__ import annotations
 
 import re
-import secrets
 from typing import Callable
 
 from starlette.exceptions import HTTPException
@@ -34,6 +33,7 @@ from .deltas import Http, array_of, deltas, sse_event
 from .errors import APIError, bad_request
 from .generation import Generation, Service
 from .openai_format import now
+from .response_items import new_id as _id, stored_items
 from .response_store import ResponseStore
 from .schemas import MAX_TOOLS, REASONING_EFFORTS, GenerationSpec, _Body, _type, parse_chat
 
@@ -44,10 +44,6 @@ PASSED = ("model", "temperature", "top_p", "top_k", "min_p", "seed", "presence_p
           "repeat_penalty", "ignore_eos", "parallel_tool_calls", "stream", "grammar", "regex")
 _SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT = 20, 100     # input items a page holds (OpenAI's default and cap)
-
-
-def _id(prefix: str) -> str:
-    return f"{prefix}_{secrets.token_hex(12)}"
 
 
 # -- request -----------------------------------------------------------------------------
@@ -82,7 +78,8 @@ def _messages(items: list, field: str, msgs: list[dict]) -> list[dict]:
             raise bad_request(f"{where} must be an object, got {_type(item)}", param=where)
         kind = item.get("type", "message" if "role" in item else None)
         if kind == "reasoning":
-            text = _reasoning_text(item.get("content"), f"{where}.content")
+            text = _parts_text(item.get("content"), "reasoning_text", f"{where}.content")
+            _parts_text(item.get("summary"), "summary_text", f"{where}.summary")   # stored: checked, not read
             reasoning = f"{reasoning}\n{text}" if reasoning and text else reasoning or text
             continue
         if kind == "message":
@@ -117,42 +114,19 @@ def _messages(items: list, field: str, msgs: list[dict]) -> list[dict]:
     return msgs
 
 
-def _reasoning_text(content, where: str) -> str:
-    """A reasoning item's `reasoning_text` parts as one string (its summary is not the reasoning)."""
-    if content is None:
+def _parts_text(parts, kind: str, where: str) -> str:
+    """A reasoning item's `kind` parts (its content's reasoning_text, its summary's summary_text) as
+    one string; its summary is not the reasoning."""
+    if parts is None:
         return ""
-    if not isinstance(content, list):
-        raise bad_request(f"{where} must be an array of reasoning_text parts, got {_type(content)}", param=where)
+    if not isinstance(parts, list):
+        raise bad_request(f"{where} must be an array of {kind} parts, got {_type(parts)}", param=where)
     texts = []
-    for j, part in enumerate(content):
-        if not (isinstance(part, dict) and part.get("type") == "reasoning_text" and isinstance(part.get("text"), str)):
-            raise bad_request(f"{where}[{j}] must be a reasoning_text part with a string 'text'",
-                              param=f"{where}[{j}]")
+    for j, part in enumerate(parts):
+        if not (isinstance(part, dict) and part.get("type") == kind and isinstance(part.get("text"), str)):
+            raise bad_request(f"{where}[{j}] must be a {kind} part with a string 'text'", param=f"{where}[{j}]")
         texts.append(part["text"])
     return "\n".join(texts)
-
-
-_ITEM_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
-
-
-def _as_items(inp, earlier: list[dict]) -> list[dict]:
-    """The (valid) input as the items stored and listed: a string is a user message, a message's
-    string content one text part, and every item has an id unique in the conversation."""
-    if isinstance(inp, str):
-        inp = [{"role": "user", "content": inp}]
-    seen = {item.get("id") for item in earlier}
-    out = []
-    for item in inp:
-        item = dict(item)
-        kind = item.setdefault("type", "message")
-        if kind == "message" and isinstance(item.get("content"), str):
-            part = "output_text" if item.get("role") == "assistant" else "input_text"
-            item["content"] = [{"type": part, "text": item["content"]}]
-        if not isinstance(item.get("id"), str) or item["id"] in seen:
-            item["id"] = _id(_ITEM_PREFIX.get(kind, "item"))
-        seen.add(item["id"])
-        out.append(item)
-    return out
 
 
 def _continued(b: _Body, store: ResponseStore) -> list[dict]:
@@ -282,7 +256,7 @@ def parse_responses(body, store: ResponseStore, counting: bool = False) -> tuple
             "tool_choice": b.get("tool_choice") or "auto", "tools": b.get("tools") or [],
             "reasoning": {"effort": effort, "summary": None},
             "previous_response_id": b.get("previous_response_id"), "store": keep}
-    return spec, echo, earlier + _as_items(inp or [], earlier)
+    return spec, echo, earlier + stored_items(inp or [], earlier)
 
 
 # -- response ----------------------------------------------------------------------------
