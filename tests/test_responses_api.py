@@ -205,6 +205,21 @@ def test_retrieve_returns_the_response_and_delete_removes_it(live, client):
     assert_error(httpx.get(f"{live.url}/v1/responses/{kept.id}?stream=true", timeout=30), 400, "stream")
 
 
+def test_metadata_is_bounded_as_in_openais_api_and_echoed(live, client):
+    # it is echoed and stored with every response: unbounded, it was as large as the body allowed
+    most = {f"{i:02d}" + "k" * 62: "v" * 512 for i in range(16)}
+    r = client.responses.create(model=MODEL_ID, input="Hi", max_output_tokens=2, metadata=most)
+    assert r.metadata == most and client.responses.retrieve(r.id).metadata == most
+    assert client.responses.create(model=MODEL_ID, input="Hi", max_output_tokens=2, store=False).metadata == {}
+    for metadata, words in (({**most, "one more": "v"}, ("17 keys", "16")),
+                            ({"k" * 65: "v"}, ("65 characters", "64")),
+                            ({"k": "v" * 513}, ("'k'", "513 characters", "512")),
+                            ({"k": 5}, ("'k'", "string")), ({"k": None}, ("'k'", "string")),
+                            (["k", "v"], ("object",))):
+        err = assert_error(post(live, "/v1/responses", {"input": "Hi", "metadata": metadata}), 400, "metadata", *words)
+        assert err["param"] == "metadata", err
+
+
 def test_store_false_keeps_nothing(live, client):
     r = client.responses.create(model=MODEL_ID, input="Name three colors.", max_output_tokens=4, store=False)
     assert r.store is False

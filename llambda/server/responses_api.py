@@ -44,6 +44,8 @@ PASSED = ("model", "temperature", "top_p", "top_k", "min_p", "seed", "presence_p
           "repeat_penalty", "ignore_eos", "parallel_tool_calls", "stream", "grammar", "regex")
 _SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT = 20, 100     # input items a page holds (OpenAI's default and cap)
+# OpenAI's bounds on `metadata`: pairs, a key's and a value's characters
+MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
 
 
 # -- request -----------------------------------------------------------------------------
@@ -205,6 +207,27 @@ def _effort(v):
     return effort
 
 
+def _metadata(v) -> dict:
+    """`metadata`, echoed in the response (and so stored): string pairs within OpenAI's bounds."""
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise bad_request(f"'metadata' must be an object of strings, got {_type(v)}", param="metadata")
+    if len(v) > MAX_METADATA_PAIRS:
+        raise bad_request(f"'metadata' has {len(v)} keys; at most {MAX_METADATA_PAIRS}", param="metadata")
+    for key, value in v.items():
+        shown = repr(key[:MAX_METADATA_KEY])
+        if len(key) > MAX_METADATA_KEY:
+            raise bad_request(f"'metadata' key {shown}... has {len(key)} characters; at most {MAX_METADATA_KEY}",
+                              param="metadata")
+        if not isinstance(value, str):
+            raise bad_request(f"'metadata' value of {shown} must be a string, got {_type(value)}", param="metadata")
+        if len(value) > MAX_METADATA_VALUE:
+            raise bad_request(f"'metadata' value of {shown} has {len(value)} characters; at most "
+                              f"{MAX_METADATA_VALUE}", param="metadata")
+    return v
+
+
 def parse_responses(body, store: ResponseStore, counting: bool = False) -> tuple[GenerationSpec, dict, list[dict]]:
     """(the chat spec, the request's fields a response object repeats, the conversation's input
     items: those `previous_response_id` continues, then this request's). `counting`: an input_tokens
@@ -249,8 +272,7 @@ def parse_responses(body, store: ResponseStore, counting: bool = False) -> tuple
     spec.max_tokens_param = "max_output_tokens"     # errors name the Responses field
     if response_format is not None:
         spec.constraint_param = "text.format"        # a schema that does not compile, too
-    metadata = b.get("metadata")
-    echo = {"instructions": instructions, "max_output_tokens": max_output, "metadata": metadata or {},
+    echo = {"instructions": instructions, "max_output_tokens": max_output, "metadata": _metadata(b.get("metadata")),
             "parallel_tool_calls": spec.parallel_tool_calls, "temperature": spec.sampling["temperature"],
             "top_p": spec.sampling["top_p"], "text": {"format": shown_format},
             "tool_choice": b.get("tool_choice") or "auto", "tools": b.get("tools") or [],
