@@ -312,6 +312,36 @@ def test_the_oldest_responses_are_evicted_past_the_count(live, client):
         store.max_responses = before
 
 
+def test_a_response_the_store_cannot_hold_says_store_false(live, client):
+    # past --stored-bytes an entry is not kept: the answer said store: true all the same
+    store = live.app.state.responses
+    kw = dict(model=MODEL_ID, input="Name three colors.", max_output_tokens=2, temperature=0)   # one size
+    entry = store.get(client.responses.create(**kw).id)
+    before = store.max_bytes, store.max_responses
+    store.max_bytes = entry.size - 1        # room for the input items, not for the answer with them
+    try:
+        held = store.stats()
+        r = client.responses.create(**kw)
+        assert r.store is False and store.stats() == held
+        with pytest.raises(openai.NotFoundError):
+            client.responses.retrieve(r.id)
+        events = _events(client.responses.create(stream=True, **kw))
+        assert events[0].response.store is True and events[-1].response.store is False
+        assert store.stats() == held
+        # input alone past the budget: refused before generating, as a conversation past its own cap
+        resp = post(live, "/v1/responses", {**kw, "input": "x" * entry.size})
+        err = assert_error(resp, 400, str(store.max_bytes), "store: false")
+        assert err["code"] == "conversation_too_large" and err["param"] == "input", err
+        assert client.responses.create(**{**kw, "input": "Hi " * 100}, store=False).store is False
+        # a server that stores none (--stored-responses 0) says so from the start
+        store.max_bytes, store.max_responses = before[0], 0
+        events = _events(client.responses.create(stream=True, **kw))
+        assert events[0].response.store is False and events[-1].response.store is False
+        assert client.responses.create(**kw).store is False
+    finally:
+        store.max_bytes, store.max_responses = before
+
+
 def _response(i: int, text: str) -> dict:
     return {"id": f"resp_{i}", "object": "response", "output": [{"type": "message", "content": text}]}
 

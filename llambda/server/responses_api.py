@@ -313,7 +313,7 @@ def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: st
 
 class ResponseRun:
     """One /v1/responses request over a Generation; `keep(response)` is called with the finished
-    (completed or incomplete) response object."""
+    (completed or incomplete) response object before it is sent (and may set its `store` false)."""
 
     def __init__(self, gen: Generation, echo: dict, response_id: str, keep: Callable[[dict], object]):
         self.gen, self.echo, self.keep = gen, echo, keep
@@ -467,12 +467,16 @@ def routes(service: Service, http: Http, store: ResponseStore) -> list[Route]:
     """The endpoints; `store` keeps the responses (create_app makes it, of the server config's bounds)."""
     def parse(body):
         spec, echo, items = parse_responses(body, store)
+        if not store.keeps_any:
+            echo["store"] = False       # the answer says what happened: nothing is kept
         # checked now (a 400 if too big to keep), not once the answer is generated
         stored = store.conversation(items) if echo["store"] else None
 
         def keep(response: dict) -> None:
-            if stored is not None:      # store: false leaves nothing behind
-                store.put(response["id"], response, stored)
+            # store: false leaves nothing behind; an answer that made the entry larger than the
+            # whole store's budget is not kept, and says so (the stream's response.created said true)
+            if stored is not None and not store.put(response["id"], response, stored):
+                response["store"] = False
         return spec, lambda gen: ResponseRun(gen, echo, store.new_id(), keep)
 
     async def create(request: Request) -> Response:
