@@ -127,6 +127,22 @@ def test_refused_requests(live, client):
     assert [o.name for o in forced.output if o.type == "function_call"] == ["get_weather"], forced.output
 
 
+def test_errors_about_the_prompt_name_input(live, model):
+    # the chat spec the input becomes has 'messages', a field a Responses client never sent
+    from llambda.chat import ChatTemplate
+    kept = model._template
+    model._template = ChatTemplate("{{ raise_exception('no such turn') }}")
+    try:
+        for path in ("/v1/responses", "/v1/responses/input_tokens"):
+            err = assert_error(post(live, path, {"model": MODEL_ID, "input": "Hi", "max_output_tokens": 2}), 400,
+                               "cannot render", "no such turn")
+            assert err["param"] == "input", err
+    finally:
+        model._template = kept
+    err = assert_error(post(live, "/v1/responses", {"input": "word " * 800, "max_output_tokens": 2}), 400, "context")
+    assert err["param"] == "input" and err["code"] == "context_length_exceeded", err
+
+
 def test_json_schema_format(live):
     """text.format json_schema is validated and handed to the chat spec's response_format, which
     constrains the output: valid JSON."""

@@ -269,7 +269,8 @@ def parse_responses(body, store: ResponseStore, counting: bool = False) -> tuple
             raise bad_request(f"text.format {response_format['type']!r} is invalid: {e.message}",
                               param="text.format") from None
         raise
-    spec.max_tokens_param = "max_output_tokens"     # errors name the Responses field
+    spec.max_tokens_param = "max_output_tokens"     # errors name the Responses fields
+    spec.messages_param = "input"
     if response_format is not None:
         spec.constraint_param = "text.format"        # a schema that does not compile, too
     echo = {"instructions": instructions, "max_output_tokens": max_output, "metadata": _metadata(b.get("metadata")),
