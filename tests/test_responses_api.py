@@ -311,6 +311,21 @@ def test_input_items_keep_only_each_types_own_fields(live):
                                                         {"role": "user", "content": "Hi"}]}), 400, "input[0].summary")
 
 
+def test_a_stored_conversation_is_parsed_off_the_event_loop(live, client, monkeypatch):
+    # up to 16 MiB of JSON: parsed on the event loop, it stalled every running stream
+    from llambda.server.response_store import Stored
+    threads = []
+    for name in ("input_items", "response_object"):
+        parse = getattr(Stored, name)
+        monkeypatch.setattr(Stored, name, lambda self, parse=parse: threads.append(threading.get_ident()) or
+                            parse(self))
+    first = client.responses.create(model=MODEL_ID, input="Hi", max_output_tokens=2)
+    client.responses.create(model=MODEL_ID, input="More.", previous_response_id=first.id, max_output_tokens=2)
+    client.responses.input_tokens.count(model=MODEL_ID, input="More.", previous_response_id=first.id)
+    assert len(list(client.responses.input_items.list(first.id))) == 1
+    assert len(threads) == 5 and live.thread.ident not in threads, (threads, live.thread.ident)
+
+
 def test_the_oldest_responses_are_evicted_past_the_count(live, client):
     store = live.app.state.responses
     assert (store.max_responses, store.max_bytes) == (live.app.state.config.stored_responses,

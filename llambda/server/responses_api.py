@@ -21,6 +21,7 @@ conversation alone, `previous_response_id` without `input`, included).
 """
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Callable
 
@@ -480,14 +481,16 @@ def routes(service: Service, http: Http, store: ResponseStore) -> list[Route]:
                 response["store"] = False
         return spec, lambda gen: ResponseRun(gen, echo, store.new_id(), keep)
 
+    # a continued conversation is parsed (and, stored, written back) off the event loop: up to
+    # 16 MiB of JSON each way would stall every running stream
     async def create(request: Request) -> Response:
-        return await http.generate(request, service, parse)
+        return await http.generate(request, service, parse, in_thread=True)
 
     async def input_tokens(request: Request) -> Response:
         body = await http.body(request)
         if body is None:
             return Response(status_code=499)
-        spec, _, _ = parse_responses(body, store, counting=True)
+        spec, _, _ = await asyncio.to_thread(parse_responses, body, store, counting=True)
         n = await service.count_prompt(spec)
         return http.json_response({"object": "response.input_tokens", "input_tokens": n})
 
@@ -505,7 +508,8 @@ def routes(service: Service, http: Http, store: ResponseStore) -> list[Route]:
 
     async def input_items(request: Request) -> Response:
         limit, descending, after = _list_query(request)
-        items = store.get(request.path_params["response_id"]).input_items()
+        entry = store.get(request.path_params["response_id"])
+        items = await asyncio.to_thread(entry.input_items)
         return http.json_response(list_page(items, limit, descending, after))
 
     async def not_allowed(request: Request) -> Response:
