@@ -11,7 +11,9 @@ import httpx
 import openai
 import pytest
 
+from llambda.server.errors import APIError
 from llambda.server.response_store import ResponseStore
+from llambda.server.responses_api import parse_responses
 from serverkit import MODEL_ID, assert_error, hang_up_mid_stream, post
 
 TOOLS = [{"type": "function", "name": "get_weather", "description": "Get the current weather in a city",
@@ -141,6 +143,17 @@ def test_errors_about_the_prompt_name_input(live, model):
         model._template = kept
     err = assert_error(post(live, "/v1/responses", {"input": "word " * 800, "max_output_tokens": 2}), 400, "context")
     assert err["param"] == "input" and err["code"] == "context_length_exceeded", err
+
+
+def test_an_input_chat_would_refuse_is_refused_naming_input(live):
+    # the checks chat makes of its messages named 'messages', which a Responses request does not have
+    thought = {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "Hmm."}]}
+    err = assert_error(post(live, "/v1/responses", {"input": [thought]}), 400, "'input'", "reasoning")
+    assert err["param"] == "input", err
+    many = {"input": [{"role": "user", "content": "Hi"}] * 4097}      # more than the 64 KiB body of `live`
+    with pytest.raises(APIError) as e:
+        parse_responses(many, ResponseStore())
+    assert e.value.param == "input" and "4097" in e.value.message and "messages'" not in e.value.message
 
 
 def test_json_schema_format(live):

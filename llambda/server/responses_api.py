@@ -36,7 +36,7 @@ from .generation import Generation, Service
 from .openai_format import now
 from .response_items import new_id as _id, stored_items
 from .response_store import ResponseStore
-from .schemas import MAX_TOOLS, REASONING_EFFORTS, GenerationSpec, _Body, _type, parse_chat
+from .schemas import MAX_MESSAGES, MAX_TOOLS, REASONING_EFFORTS, GenerationSpec, _Body, _type, parse_chat
 
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -255,6 +255,13 @@ def parse_responses(body, store: ResponseStore, counting: bool = False) -> tuple
     msgs = [{"role": "system", "content": instructions}] if instructions else []
     _messages(earlier, "previous_response_id", msgs)
     _messages([{"role": "user", "content": inp}] if isinstance(inp, str) else inp or [], "input", msgs)
+    # chat's own checks of these would name 'messages', a field this request does not have
+    if not msgs:
+        raise bad_request("'input' holds no message, function call or call output: nothing to answer (a reasoning "
+                          "item alone reaches no prompt)", param="input")
+    if len(msgs) > MAX_MESSAGES:
+        raise bad_request(f"this conversation ('input' after any 'previous_response_id') makes {len(msgs)} chat "
+                          f"messages; at most {MAX_MESSAGES}", param="input")
     chat = {k: body[k] for k in PASSED if k in body}
     chat.update(messages=msgs, max_tokens=max_output,
                 tools=_tools(b.get("tools")), tool_choice=_tool_choice(b.get("tool_choice")))
