@@ -7,8 +7,8 @@ items (every item before the answer, the continued responses' included, so an en
 entries it continued). Held as bytes, the byte budget counts what memory really holds. The store is
 bounded by entries and by bytes; past either, the oldest entries go first. One conversation's items
 are bounded too (`conversation`), so no single request parses more than that. One lock, so any
-thread may call it (worker threads read and write a request's conversation, the event loop the rest). Nothing
-survives a restart.
+thread may call it (worker threads read and write a request's conversation, the event loop the
+rest). Nothing survives a restart.
 
 Ids are `resp_<48 hex digits>`; a scale-out replica's are `resp_<tag>_<48 hex digits>`, the tag
 naming the replica, so the ingress sends a request naming the id to the one replica that has it.
