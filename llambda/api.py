@@ -117,6 +117,12 @@ def _check_counts(**args) -> None:
             raise InvalidInputError(f"{name} must be an integer >= {lo}{' or None' if optional else ''}, got {v!r}")
 
 
+def _check_flag(name: str, v) -> None:
+    """InvalidInputError unless v is a bool: "no" would count as true."""
+    if not isinstance(v, bool):
+        raise InvalidInputError(f"{name} must be True or False, got {v!r}")
+
+
 def display_name(name_or_path, path: Path) -> str:
     """What to call a model: its catalogue name, else its file (or directory) name without .gguf.
     The file's own `general.name` stays in `Model.source.name`: it is often a training-run label."""
@@ -456,12 +462,15 @@ class Model:
     is_encoder = False
     is_reranker = False
 
-    def embed(self, texts, batch_size: int = 32, slot: int = 0) -> np.ndarray:
+    def embed(self, texts, batch_size: int = 32, slot: int = 0, truncate: bool = False) -> np.ndarray:
         """(n, d_model) L2-normalized vectors: a decoder used as an embedder is pooled on its last
         token (the final-normed hidden state there). `texts`: strings or lists of token ids.
         One input at a time (batch_size is accepted for symmetry with encoders); `slot`: the
-        KV-cache slot it overwrites (the server passes one its scheduler does not use)."""
+        KV-cache slot it overwrites (the server passes one its scheduler does not use). An input
+        longer than the context is a ContextOverflowError, or with truncate=True cut to its first
+        n_ctx tokens (as Ollama cuts one)."""
         items = _embed_inputs(texts)
+        _check_flag("truncate", truncate)
         t = self.transformer
         # checked here: slot "0" would write slot 0 without the _cached reset below (the next
         # generation would reuse keys/values of the embedded text), slot 5 would be a raw ValueError
@@ -478,6 +487,8 @@ class Model:
                 ids = self._prompt_ids(item) if isinstance(item, str) else token_ids(item, self.config.vocab_size)
                 if not ids:
                     raise InvalidInputError("cannot embed an empty input")
+                if truncate:
+                    ids = ids[:self.n_ctx]
                 if len(ids) > self.n_ctx:
                     raise ContextOverflowError(f"{len(ids)} tokens do not fit the context of {self.n_ctx}")
                 head, last = ids[:-1], ids[-1:]
@@ -488,10 +499,12 @@ class Model:
                 out[r] = h / max(float(np.linalg.norm(h)), 1e-12)
         return out
 
-    def embed_token_counts(self, texts, truncate: bool = True) -> list[int]:
-        """Tokens each input takes (usage.prompt_tokens of /v1/embeddings). A decoder never cuts an
-        input (embed refuses one over the context), so `truncate` changes nothing here."""
-        return [len(self._prompt_ids(x)) if isinstance(x, str) else len(x) for x in _embed_inputs(texts)]
+    def embed_token_counts(self, texts, truncate: bool = False) -> list[int]:
+        """Tokens each input takes (usage.prompt_tokens of /v1/embeddings): as many as it has, or
+        with truncate=True as many as embed(truncate=True) runs (at most n_ctx)."""
+        _check_flag("truncate", truncate)
+        counts = [len(self._prompt_ids(x)) if isinstance(x, str) else len(x) for x in _embed_inputs(texts)]
+        return [min(n, self.n_ctx) for n in counts] if truncate else counts
 
     # -- housekeeping --------------------------------------------------------
     def memory_report(self) -> dict[str, int]:
@@ -662,6 +675,7 @@ class EncoderModel:
     def embed_token_counts(self, texts, truncate: bool = True) -> list[int]:
         """Tokens each input takes as embed runs it (cut at the model's length), or with
         truncate=False as many as it has: more than n_ctx where embed would cut it."""
+        _check_flag("truncate", truncate)
         return [len(ids) for ids, _ in self._encode(_embed_inputs(texts), None if truncate else UNCUT)]
 
     def embed(self, texts, batch_size: int = 32) -> np.ndarray:

@@ -190,6 +190,24 @@ def test_decoder_embeddings_on_the_scheduler(smollm2_gguf):
         assert float(lib[0] @ lib[1]) < 0.99       # different texts, different vectors
 
 
+def test_decoder_embed_truncate_keeps_the_start(smollm2_gguf, tiny_live):
+    """The library's side of Ollama's truncate: a decoder refuses an input past its context unless
+    told to cut it, and then keeps its first n_ctx tokens (as Ollama cuts)."""
+    text = "word " * 40
+    with llambda.load(smollm2_gguf, n_slots=1, n_ctx=32, **LOAD_KW) as m:
+        ids = m._prompt_ids(text)
+        assert len(ids) > 32
+        with pytest.raises(llambda.ContextOverflowError):
+            m.embed(text)
+        assert np.abs(m.embed(text, truncate=True) - m.embed([ids[:32]])).max() < 1e-6
+        assert m.embed_token_counts(text) == [len(ids)] and m.embed_token_counts(text, truncate=True) == [32]
+        for call in (lambda: m.embed(text, truncate="no"), lambda: m.embed_token_counts(text, truncate=1)):
+            with pytest.raises(llambda.InvalidInputError, match="truncate must be True or False"):
+                call()
+    with pytest.raises(llambda.InvalidInputError, match="truncate"):      # an encoder's counts alike
+        tiny_live[0].embed_token_counts(text, truncate="no")
+
+
 def test_decoder_without_a_spare_slot_is_refused(smollm2_gguf):
     with llambda.load(smollm2_gguf, n_slots=1, n_ctx=128, **LOAD_KW) as m, \
             LiveServer(create_app(m, _cfg("smollm2"))) as srv:

@@ -13,7 +13,7 @@ import ollama
 import pytest
 
 from llambda.server import ServerConfig, anthropic_api, create_app, ollama_api
-from serverkit import MODEL_ID, LiveServer, hang_up_mid_stream, post, serving
+from serverkit import MODEL_ID, LiveServer, assert_error, hang_up_mid_stream, post, serving
 
 QUESTION = "What is the capital of France?"
 GREEDY = {"temperature": 0, "num_predict": 12}
@@ -309,16 +309,30 @@ def test_root_says_ollama_is_running_without_the_chat_page(spare_model, live):
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
 
 
-def test_embed_truncate_false_refuses_a_longer_input(spare_live):
-    """A decoder never cuts an input: truncate false says so with the counts; true keeps its own 400."""
+def test_embed_cuts_a_longer_input_to_its_start_unless_truncate_false(spare_live):
+    """As Ollama: truncate (default true) cuts an input longer than the context to its first tokens, a
+    decoder's as an encoder's (a decoder's was a 400 either way); false refuses it, with the counts."""
     long = "word " * 600         # over the 512-token context
     err = _error(post(spare_live, "/api/embed", {"model": MODEL_ID, "input": ["short", long], "truncate": False}),
                  400, "input[1]", "context of 512", "truncate")
     assert "tokens" in err
-    _error(post(spare_live, "/api/embed", {"model": MODEL_ID, "input": long}), 400, "context")
     _error(post(spare_live, "/api/embed", {"model": MODEL_ID, "input": "x", "truncate": "no"}), 400, "truncate")
     fits = post(spare_live, "/api/embed", {"model": MODEL_ID, "input": "short", "truncate": False})
     assert fits.status_code == 200 and len(fits.json()["embeddings"]) == 1
+    ids = post(spare_live, "/tokenize", {"content": long, "add_special": True}).json()["tokens"]
+    assert len(ids) > 512
+    start = spare_live.client().embeddings.create(model=MODEL_ID, input=ids[:512], encoding_format="float")
+    for body in ({"input": ["short", long]}, {"input": ["short", long], "truncate": True}):
+        cut = post(spare_live, "/api/embed", {"model": MODEL_ID, **body})
+        assert cut.status_code == 200, cut.text
+        out = cut.json()
+        assert out["prompt_eval_count"] == fits.json()["prompt_eval_count"] + 512
+        assert out["embeddings"][1] == pytest.approx(start.data[0].embedding, abs=1e-6)
+        assert out["embeddings"][0] == pytest.approx(fits.json()["embeddings"][0], abs=1e-6)
+    legacy = post(spare_live, "/api/embeddings", {"model": MODEL_ID, "prompt": long}).json()
+    assert legacy["embedding"] == pytest.approx(start.data[0].embedding, abs=1e-6)
+    # OpenAI's route refuses one, as OpenAI's API does
+    assert_error(post(spare_live, "/v1/embeddings", {"model": MODEL_ID, "input": long}), 400, "context")
 
 
 def test_error_after_the_stream_started_is_its_last_line(smollm2_gguf):

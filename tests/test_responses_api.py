@@ -11,7 +11,9 @@ import httpx
 import openai
 import pytest
 
+from llambda.server.errors import APIError
 from llambda.server.response_store import ResponseStore
+from llambda.server.responses_api import parse_responses
 from serverkit import MODEL_ID, assert_error, hang_up_mid_stream, post
 
 TOOLS = [{"type": "function", "name": "get_weather", "description": "Get the current weather in a city",
@@ -127,6 +129,33 @@ def test_refused_requests(live, client):
     assert [o.name for o in forced.output if o.type == "function_call"] == ["get_weather"], forced.output
 
 
+def test_errors_about_the_prompt_name_input(live, model):
+    # the chat spec the input becomes has 'messages', a field a Responses client never sent
+    from llambda.chat import ChatTemplate
+    kept = model._template
+    model._template = ChatTemplate("{{ raise_exception('no such turn') }}")
+    try:
+        for path in ("/v1/responses", "/v1/responses/input_tokens"):
+            err = assert_error(post(live, path, {"model": MODEL_ID, "input": "Hi", "max_output_tokens": 2}), 400,
+                               "cannot render", "no such turn")
+            assert err["param"] == "input", err
+    finally:
+        model._template = kept
+    err = assert_error(post(live, "/v1/responses", {"input": "word " * 800, "max_output_tokens": 2}), 400, "context")
+    assert err["param"] == "input" and err["code"] == "context_length_exceeded", err
+
+
+def test_an_input_chat_would_refuse_is_refused_naming_input(live):
+    # the checks chat makes of its messages named 'messages', which a Responses request does not have
+    thought = {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "Hmm."}]}
+    err = assert_error(post(live, "/v1/responses", {"input": [thought]}), 400, "'input'", "reasoning")
+    assert err["param"] == "input", err
+    many = {"input": [{"role": "user", "content": "Hi"}] * 4097}      # more than the 64 KiB body of `live`
+    with pytest.raises(APIError) as e:
+        parse_responses(many, ResponseStore())
+    assert e.value.param == "input" and "4097" in e.value.message and "messages'" not in e.value.message
+
+
 def test_json_schema_format(live):
     """text.format json_schema is validated and handed to the chat spec's response_format, which
     constrains the output: valid JSON."""
@@ -205,6 +234,21 @@ def test_retrieve_returns_the_response_and_delete_removes_it(live, client):
     assert_error(httpx.get(f"{live.url}/v1/responses/{kept.id}?stream=true", timeout=30), 400, "stream")
 
 
+def test_metadata_is_bounded_as_in_openais_api_and_echoed(live, client):
+    # it is echoed and stored with every response: unbounded, it was as large as the body allowed
+    most = {f"{i:02d}" + "k" * 62: "v" * 512 for i in range(16)}
+    r = client.responses.create(model=MODEL_ID, input="Hi", max_output_tokens=2, metadata=most)
+    assert r.metadata == most and client.responses.retrieve(r.id).metadata == most
+    assert client.responses.create(model=MODEL_ID, input="Hi", max_output_tokens=2, store=False).metadata == {}
+    for metadata, words in (({**most, "one more": "v"}, ("17 keys", "16")),
+                            ({"k" * 65: "v"}, ("65 characters", "64")),
+                            ({"k": "v" * 513}, ("'k'", "513 characters", "512")),
+                            ({"k": 5}, ("'k'", "string")), ({"k": None}, ("'k'", "string")),
+                            (["k", "v"], ("object",))):
+        err = assert_error(post(live, "/v1/responses", {"input": "Hi", "metadata": metadata}), 400, "metadata", *words)
+        assert err["param"] == "metadata", err
+
+
 def test_store_false_keeps_nothing(live, client):
     r = client.responses.create(model=MODEL_ID, input="Name three colors.", max_output_tokens=4, store=False)
     assert r.store is False
@@ -248,6 +292,53 @@ def test_input_items_pages_in_either_order(live, client):
     assert items[-1].content[0].text == "Last turn." and items[5].content[0].text == r.output_text
 
 
+def test_input_items_keep_only_each_types_own_fields(live):
+    # a field a client adds reaches no prompt: kept, it was listed back and parsed again by every
+    # request continuing the conversation (junk such as [{}, {}, ...] costs ~24x its JSON once parsed)
+    junk = [{}] * 1_000
+    call = {"call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'}
+    items = [{"type": "message", "role": "developer", "content": "Be brief.", "status": "completed", "note": junk},
+             {"type": "reasoning", "summary": [{"type": "summary_text", "text": "Plan.", "x": junk}],
+              "content": [{"type": "reasoning_text", "text": "Think.", "x": junk}], "encrypted_content": "e" * 999},
+             {"type": "function_call", "id": "fc_given", "status": "completed", "extra": junk, **call},
+             {"type": "function_call_output", "call_id": "call_1", "output": '{"temperature_c": 18}', "extra": junk},
+             {"role": "user", "id": "i" * 200, "status": junk,
+              "content": [{"type": "input_text", "text": "Thanks.", "annotations": junk}]}]
+    r = post(live, "/v1/responses", {"model": MODEL_ID, "input": items, "max_output_tokens": 2})
+    assert r.status_code == 200, r.text
+    listed = httpx.get(f"{live.url}/v1/responses/{r.json()['id']}/input_items", params={"order": "asc"},
+                       timeout=30).json()["data"]
+    assert [{k: v for k, v in item.items() if k != "id"} for item in listed] == [
+        {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Be brief."}],
+         "status": "completed"},
+        {"type": "reasoning", "summary": [{"type": "summary_text", "text": "Plan."}],
+         "content": [{"type": "reasoning_text", "text": "Think."}]},
+        {"type": "function_call", "status": "completed", **call},
+        {"type": "function_call_output", "call_id": "call_1", "output": '{"temperature_c": 18}'},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Thanks."}]}]
+    # a client's id is kept, one too long to be an id is replaced
+    assert listed[2]["id"] == "fc_given" and listed[4]["id"].startswith("msg_") and len(listed[4]["id"]) < 100
+    assert len(live.app.state.responses.get(r.json()["id"]).items) < 2_000
+    # a summary is kept, so it is checked as content is
+    assert_error(post(live, "/v1/responses", {"input": [{"type": "reasoning", "summary": "Plan."},
+                                                        {"role": "user", "content": "Hi"}]}), 400, "input[0].summary")
+
+
+def test_a_stored_conversation_is_parsed_off_the_event_loop(live, client, monkeypatch):
+    # up to 16 MiB of JSON: parsed on the event loop, it stalled every running stream
+    from llambda.server.response_store import Stored
+    threads = []
+    for name in ("input_items", "response_object"):
+        parse = getattr(Stored, name)
+        monkeypatch.setattr(Stored, name, lambda self, parse=parse: threads.append(threading.get_ident()) or
+                            parse(self))
+    first = client.responses.create(model=MODEL_ID, input="Hi", max_output_tokens=2)
+    client.responses.create(model=MODEL_ID, input="More.", previous_response_id=first.id, max_output_tokens=2)
+    client.responses.input_tokens.count(model=MODEL_ID, input="More.", previous_response_id=first.id)
+    assert len(list(client.responses.input_items.list(first.id))) == 1
+    assert len(threads) == 5 and live.thread.ident not in threads, (threads, live.thread.ident)
+
+
 def test_the_oldest_responses_are_evicted_past_the_count(live, client):
     store = live.app.state.responses
     assert (store.max_responses, store.max_bytes) == (live.app.state.config.stored_responses,
@@ -263,6 +354,36 @@ def test_the_oldest_responses_are_evicted_past_the_count(live, client):
         assert store.stats()["responses"] == 2
     finally:
         store.max_responses = before
+
+
+def test_a_response_the_store_cannot_hold_says_store_false(live, client):
+    # past --stored-bytes an entry is not kept: the answer said store: true all the same
+    store = live.app.state.responses
+    kw = dict(model=MODEL_ID, input="Name three colors.", max_output_tokens=2, temperature=0)   # one size
+    entry = store.get(client.responses.create(**kw).id)
+    before = store.max_bytes, store.max_responses
+    store.max_bytes = entry.size - 1        # room for the input items, not for the answer with them
+    try:
+        held = store.stats()
+        r = client.responses.create(**kw)
+        assert r.store is False and store.stats() == held
+        with pytest.raises(openai.NotFoundError):
+            client.responses.retrieve(r.id)
+        events = _events(client.responses.create(stream=True, **kw))
+        assert events[0].response.store is True and events[-1].response.store is False
+        assert store.stats() == held
+        # input alone past the budget: refused before generating, as a conversation past its own cap
+        resp = post(live, "/v1/responses", {**kw, "input": "x" * entry.size})
+        err = assert_error(resp, 400, str(store.max_bytes), "store: false")
+        assert err["code"] == "conversation_too_large" and err["param"] == "input", err
+        assert client.responses.create(**{**kw, "input": "Hi " * 100}, store=False).store is False
+        # a server that stores none (--stored-responses 0) says so from the start
+        store.max_bytes, store.max_responses = before[0], 0
+        events = _events(client.responses.create(stream=True, **kw))
+        assert events[0].response.store is False and events[-1].response.store is False
+        assert client.responses.create(**kw).store is False
+    finally:
+        store.max_bytes, store.max_responses = before
 
 
 def _response(i: int, text: str) -> dict:
@@ -409,26 +530,27 @@ def test_tool_round_trip_through_previous_response_id(qwen_live):
 
 
 def test_a_chain_cannot_grow_one_stored_conversation_past_its_cap(live, client):
-    # each entry holds its whole conversation, fields no template reads included: without a cap per
-    # conversation, a chain of requests would grow one entry to the whole budget, which every
-    # continuing request then parses whole
+    # each entry holds its whole conversation, text no template reads included (a reasoning item's
+    # summary): without a cap per conversation, a chain of requests would grow one entry to the whole
+    # budget, which every continuing request then parses whole
     store = live.app.state.responses
     before = store.max_conversation_bytes
     store.max_conversation_bytes = 50_000
-    filler = "x" * 20_000       # in a field of the item that never reaches the prompt
-    item = {"role": "user", "content": "Hi", "note": filler}
+    filler = "x" * 20_000       # kept, but never reaches the prompt
+    turn = [{"type": "reasoning", "summary": [{"type": "summary_text", "text": filler}]},
+            {"role": "user", "content": "Hi"}]
     try:
-        first = client.responses.create(model=MODEL_ID, input=[item], max_output_tokens=2)
-        second = client.responses.create(model=MODEL_ID, input=[item], previous_response_id=first.id,
+        first = client.responses.create(model=MODEL_ID, input=turn, max_output_tokens=2)
+        second = client.responses.create(model=MODEL_ID, input=turn, previous_response_id=first.id,
                                          max_output_tokens=2)
         held = store.stats()
-        resp = post(live, "/v1/responses", {"model": MODEL_ID, "input": [item], "previous_response_id": second.id,
+        resp = post(live, "/v1/responses", {"model": MODEL_ID, "input": turn, "previous_response_id": second.id,
                                             "max_output_tokens": 2})
         assert_error(resp, 400, "conversation", "50000", "store: false")
         assert resp.json()["error"]["code"] == "conversation_too_large"
         assert store.stats() == held        # refused before generating: nothing new kept
         # not kept, it may still be answered
-        assert client.responses.create(model=MODEL_ID, input=[item], previous_response_id=second.id,
+        assert client.responses.create(model=MODEL_ID, input=turn, previous_response_id=second.id,
                                        max_output_tokens=2, store=False).status in ("completed", "incomplete")
     finally:
         store.max_conversation_bytes = before

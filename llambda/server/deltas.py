@@ -118,13 +118,15 @@ class Http:
         except ClientDisconnect:
             return None
 
-    async def generate(self, request: Request, service, parse: Callable[[Any], tuple]) -> Response:
+    async def generate(self, request: Request, service, parse: Callable[[Any], tuple],
+                       in_thread: bool = False) -> Response:
         """The usual life of a generating request: `parse(body)` gives (spec, run_of), `run_of(gen)`
-        an object whose `stream()` yields SSE bytes and `collect()` returns the whole answer."""
+        an object whose `stream()` yields SSE bytes and `collect()` returns the whole answer.
+        `in_thread`: parse in a worker thread, for a parse that may read much more than the body."""
         body = await self.body(request)
         if body is None:
             return Response(status_code=499)
-        spec, run_of = parse(body)
+        spec, run_of = await asyncio.to_thread(parse, body) if in_thread else parse(body)
         return await self.run(request, service, spec, run_of)
 
     async def run(self, request: Request, service, spec, run_of: Callable[[Generation], Any],

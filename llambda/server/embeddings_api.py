@@ -64,9 +64,11 @@ def parse_input(value) -> list:
     return value
 
 
-def embed(service, body, run, truncate: bool = True) -> dict:
-    """The vectors of `body`'s inputs as OpenAI returns them; truncate=False (Ollama's field) refuses an
-    input longer than the model's context instead of cutting it (an encoder cuts; a decoder refuses)."""
+def embed(service, body, gone: threading.Event, truncate: bool | None = None) -> dict:
+    """The vectors of `body`'s inputs as OpenAI returns them (`gone`: set when the client left). An
+    input longer than the model's context is cut to its start with truncate=True (Ollama's default),
+    refused with False; None (/v1/embeddings) is the model's own way: an encoder cuts at its length,
+    a decoder refuses (as OpenAI's API refuses a text too long)."""
     b = _Body(body)
     service.check_model(b.string("model"))     # a string: a list or object would be a 500 in the lookup
     items = parse_input(b.get("input"))
@@ -81,15 +83,16 @@ def embed(service, body, run, truncate: bool = True) -> dict:
     if dims is not None and dims != dim:
         raise bad_request(f"'dimensions' {dims} is not supported: {service.cfg.model_id!r} gives vectors of "
                           f"{dim} dimensions only", param="dimensions")
+    cut = model.is_encoder if truncate is None else truncate
     try:
-        counts = model.embed_token_counts(items, truncate=truncate)
-        if not truncate:
+        counts = model.embed_token_counts(items, truncate=cut)
+        if truncate is False:
             _refuse_longer(service, counts)
-        vectors = run(items, counts)
+        rows = vectors(service, items, counts, gone, cut)
     except (InvalidInputError, TokenizerError, ContextOverflowError) as e:
         raise bad_request(str(e), param="input") from None
     data = []
-    for i, v in enumerate(vectors):
+    for i, v in enumerate(rows):
         if fmt == "base64":
             le = v.astype("<f4", copy=False)
             emb = base64.b64encode(le.tobytes()).decode("ascii")
@@ -144,8 +147,9 @@ def rerank(service, body) -> dict:
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
 
-def vectors(service, items, counts, gone: threading.Event) -> np.ndarray:
-    """The inputs' vectors (any thread): an encoder's own, or a decoder's on the scheduler thread."""
+def vectors(service, items, counts, gone: threading.Event, truncate: bool = False) -> np.ndarray:
+    """The inputs' vectors (any thread): an encoder's own (cut at its length), or a decoder's on the
+    scheduler thread (cut at the context with truncate, else refused past it)."""
     model, scheduler = service.model, service.scheduler
     if model.is_encoder:
         return model.embed(items)
@@ -169,7 +173,7 @@ def vectors(service, items, counts, gone: threading.Event) -> np.ndarray:
         if gone.is_set():
             raise ClientGone()
         try:
-            rows.append(scheduler.call(lambda group=group: model.embed(group, slot=spare)))
+            rows.append(scheduler.call(lambda group=group: model.embed(group, slot=spare, truncate=truncate)))
         except ShuttingDown as e:
             raise APIError(503, str(e)) from None
     return np.concatenate(rows)
@@ -193,8 +197,7 @@ async def answer(http: Http, request: Request, fn) -> Response:
 
 def routes(service, http: Http) -> list[Route]:
     async def embeddings_route(request: Request) -> Response:
-        return await answer(http, request, lambda body, gone: embed(
-            service, body, lambda items, counts: vectors(service, items, counts, gone)))
+        return await answer(http, request, lambda body, gone: embed(service, body, gone))
 
     async def rerank_route(request: Request) -> Response:
         return await answer(http, request, lambda body, gone: rerank(service, body))

@@ -112,15 +112,15 @@ class Service:
                 # start where it stands, so those are refused rather than silently mixed
                 if self.harmony or (setup is not None and setup.prefix):
                     raise bad_request("a trailing assistant message (prefill) cannot be combined with a forced "
-                                      "tool_choice or with this model's channels", param="messages")
+                                      "tool_choice or with this model's channels", param=spec.messages_param)
                 text += spec.prefill
             if setup is not None:
                 text += setup.prefix
             return self.model._prompt_ids(text), setup, grammar
         except ChatTemplateError as e:
-            raise bad_request(f"cannot render the messages: {e}", param="messages") from None
+            raise bad_request(f"cannot render the messages: {e}", param=spec.messages_param) from None
         except TokenizerError as e:
-            raise bad_request(str(e), param="messages") from None
+            raise bad_request(str(e), param=spec.messages_param) from None
 
     def _tool_setup(self, spec: GenerationSpec, constrained: bool,
                     generic: bool = False) -> tuple[ToolSetup | None, GrammarSpec | None]:
@@ -163,7 +163,8 @@ class Service:
         if n_prompt >= n_ctx:
             raise APIError(400, f"the prompt has {n_prompt} tokens but this model's context holds {n_ctx} "
                                 "(prompt plus at least one generated token); shorten the prompt",
-                           param="messages" if spec.kind == "chat" else "prompt", code="context_length_exceeded")
+                           param=spec.messages_param if spec.kind == "chat" else "prompt",
+                           code="context_length_exceeded")
         m = spec.max_tokens
         if m is None:
             return cap

@@ -398,15 +398,14 @@ def embedding_routes(service, http: Http) -> list[Route]:
             b = _Body(body)
             name = served_name(service, b.get("model"))
             inputs = _embed_inputs(b, field)
-            # /api/embed's truncate (default true): an encoder cuts a longer input, a decoder refuses
-            # it; false refuses it on both
+            # /api/embed's truncate (default true) cuts an input longer than the context to its start,
+            # as Ollama does; false refuses it
             truncate = b.boolean("truncate", True) if field == "input" else True
             rows, count = [], 0
             if inputs is not None:
                 # dimensions as on /v1/embeddings: only the model's own
                 openai_body = {"model": name, "input": inputs, "dimensions": b.get("dimensions")}
-                out = embeddings_api.embed(service, openai_body, lambda items, counts: embeddings_api.vectors(
-                    service, items, counts, gone), truncate=truncate)
+                out = embeddings_api.embed(service, openai_body, gone, truncate=truncate)
                 rows, count = [d["embedding"] for d in out["data"]], out["usage"]["prompt_tokens"]
             if field == "prompt":
                 return {"embedding": rows[0] if rows else []}

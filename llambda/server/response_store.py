@@ -7,8 +7,8 @@ items (every item before the answer, the continued responses' included, so an en
 entries it continued). Held as bytes, the byte budget counts what memory really holds. The store is
 bounded by entries and by bytes; past either, the oldest entries go first. One conversation's items
 are bounded too (`conversation`), so no single request parses more than that. One lock, so any
-thread may call it (the event loop makes every call today; a worker thread would be safe). Nothing
-survives a restart.
+thread may call it (worker threads read and write a request's conversation, the event loop the
+rest). Nothing survives a restart.
 
 Ids are `resp_<48 hex digits>`; a scale-out replica's are `resp_<tag>_<48 hex digits>`, the tag
 naming the replica, so the ingress sends a request naming the id to the one replica that has it.
@@ -69,18 +69,25 @@ class ResponseStore:
         """A conversation's input items as an entry holds them, or a 400 when they are more than one
         entry may hold (checked before the request generates)."""
         data = dumps(items).encode()
-        if len(data) > self.max_conversation_bytes:
+        # the whole store's budget bounds one entry too: input alone past it could never be kept
+        limit = min(self.max_conversation_bytes, self.max_bytes)
+        if len(data) > limit:
             raise bad_request(f"this conversation's input items would be stored as {len(data)} bytes of JSON, more "
-                              f"than the {self.max_conversation_bytes} one stored response may hold; start a new "
+                              f"than the {limit} one stored response may hold; start a new "
                               "conversation, or send this request with store: false", param="input",
                               code="conversation_too_large")
         return data
+
+    @property
+    def keeps_any(self) -> bool:
+        """False when this server stores no response (--stored-responses 0)."""
+        return self.max_responses >= 1
 
     def put(self, response_id: str, response: dict, items: list | bytes) -> bool:
         """Keep a response (evicting the oldest as needed) with its input items (or `conversation`'s
         bytes of them); False when it alone exceeds the budget."""
         entry = Stored(dumps(response).encode(), items if isinstance(items, bytes) else dumps(items).encode())
-        if self.max_responses < 1 or entry.size > self.max_bytes:
+        if not self.keeps_any or entry.size > self.max_bytes:
             return False
         with self._lock:
             old = self._entries.pop(response_id, None)

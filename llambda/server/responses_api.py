@@ -21,8 +21,8 @@ conversation alone, `previous_response_id` without `input`, included).
 """
 from __future__ import annotations
 
+import asyncio
 import re
-import secrets
 from typing import Callable
 
 from starlette.exceptions import HTTPException
@@ -34,8 +34,9 @@ from .deltas import Http, array_of, deltas, sse_event
 from .errors import APIError, bad_request
 from .generation import Generation, Service
 from .openai_format import now
+from .response_items import new_id as _id, stored_items
 from .response_store import ResponseStore
-from .schemas import MAX_TOOLS, REASONING_EFFORTS, GenerationSpec, _Body, _type, parse_chat
+from .schemas import MAX_MESSAGES, MAX_TOOLS, REASONING_EFFORTS, GenerationSpec, _Body, _type, parse_chat
 
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -44,10 +45,8 @@ PASSED = ("model", "temperature", "top_p", "top_k", "min_p", "seed", "presence_p
           "repeat_penalty", "ignore_eos", "parallel_tool_calls", "stream", "grammar", "regex")
 _SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT = 20, 100     # input items a page holds (OpenAI's default and cap)
-
-
-def _id(prefix: str) -> str:
-    return f"{prefix}_{secrets.token_hex(12)}"
+# OpenAI's bounds on `metadata`: pairs, a key's and a value's characters
+MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
 
 
 # -- request -----------------------------------------------------------------------------
@@ -82,7 +81,8 @@ def _messages(items: list, field: str, msgs: list[dict]) -> list[dict]:
             raise bad_request(f"{where} must be an object, got {_type(item)}", param=where)
         kind = item.get("type", "message" if "role" in item else None)
         if kind == "reasoning":
-            text = _reasoning_text(item.get("content"), f"{where}.content")
+            text = _parts_text(item.get("content"), "reasoning_text", f"{where}.content")
+            _parts_text(item.get("summary"), "summary_text", f"{where}.summary")   # stored: checked, not read
             reasoning = f"{reasoning}\n{text}" if reasoning and text else reasoning or text
             continue
         if kind == "message":
@@ -117,42 +117,19 @@ def _messages(items: list, field: str, msgs: list[dict]) -> list[dict]:
     return msgs
 
 
-def _reasoning_text(content, where: str) -> str:
-    """A reasoning item's `reasoning_text` parts as one string (its summary is not the reasoning)."""
-    if content is None:
+def _parts_text(parts, kind: str, where: str) -> str:
+    """A reasoning item's `kind` parts (its content's reasoning_text, its summary's summary_text) as
+    one string; its summary is not the reasoning."""
+    if parts is None:
         return ""
-    if not isinstance(content, list):
-        raise bad_request(f"{where} must be an array of reasoning_text parts, got {_type(content)}", param=where)
+    if not isinstance(parts, list):
+        raise bad_request(f"{where} must be an array of {kind} parts, got {_type(parts)}", param=where)
     texts = []
-    for j, part in enumerate(content):
-        if not (isinstance(part, dict) and part.get("type") == "reasoning_text" and isinstance(part.get("text"), str)):
-            raise bad_request(f"{where}[{j}] must be a reasoning_text part with a string 'text'",
-                              param=f"{where}[{j}]")
+    for j, part in enumerate(parts):
+        if not (isinstance(part, dict) and part.get("type") == kind and isinstance(part.get("text"), str)):
+            raise bad_request(f"{where}[{j}] must be a {kind} part with a string 'text'", param=f"{where}[{j}]")
         texts.append(part["text"])
     return "\n".join(texts)
-
-
-_ITEM_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
-
-
-def _as_items(inp, earlier: list[dict]) -> list[dict]:
-    """The (valid) input as the items stored and listed: a string is a user message, a message's
-    string content one text part, and every item has an id unique in the conversation."""
-    if isinstance(inp, str):
-        inp = [{"role": "user", "content": inp}]
-    seen = {item.get("id") for item in earlier}
-    out = []
-    for item in inp:
-        item = dict(item)
-        kind = item.setdefault("type", "message")
-        if kind == "message" and isinstance(item.get("content"), str):
-            part = "output_text" if item.get("role") == "assistant" else "input_text"
-            item["content"] = [{"type": part, "text": item["content"]}]
-        if not isinstance(item.get("id"), str) or item["id"] in seen:
-            item["id"] = _id(_ITEM_PREFIX.get(kind, "item"))
-        seen.add(item["id"])
-        out.append(item)
-    return out
 
 
 def _continued(b: _Body, store: ResponseStore) -> list[dict]:
@@ -231,6 +208,27 @@ def _effort(v):
     return effort
 
 
+def _metadata(v) -> dict:
+    """`metadata`, echoed in the response (and so stored): string pairs within OpenAI's bounds."""
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise bad_request(f"'metadata' must be an object of strings, got {_type(v)}", param="metadata")
+    if len(v) > MAX_METADATA_PAIRS:
+        raise bad_request(f"'metadata' has {len(v)} keys; at most {MAX_METADATA_PAIRS}", param="metadata")
+    for key, value in v.items():
+        shown = repr(key[:MAX_METADATA_KEY])
+        if len(key) > MAX_METADATA_KEY:
+            raise bad_request(f"'metadata' key {shown}... has {len(key)} characters; at most {MAX_METADATA_KEY}",
+                              param="metadata")
+        if not isinstance(value, str):
+            raise bad_request(f"'metadata' value of {shown} must be a string, got {_type(value)}", param="metadata")
+        if len(value) > MAX_METADATA_VALUE:
+            raise bad_request(f"'metadata' value of {shown} has {len(value)} characters; at most "
+                              f"{MAX_METADATA_VALUE}", param="metadata")
+    return v
+
+
 def parse_responses(body, store: ResponseStore, counting: bool = False) -> tuple[GenerationSpec, dict, list[dict]]:
     """(the chat spec, the request's fields a response object repeats, the conversation's input
     items: those `previous_response_id` continues, then this request's). `counting`: an input_tokens
@@ -257,6 +255,13 @@ def parse_responses(body, store: ResponseStore, counting: bool = False) -> tuple
     msgs = [{"role": "system", "content": instructions}] if instructions else []
     _messages(earlier, "previous_response_id", msgs)
     _messages([{"role": "user", "content": inp}] if isinstance(inp, str) else inp or [], "input", msgs)
+    # chat's own checks of these would name 'messages', a field this request does not have
+    if not msgs:
+        raise bad_request("'input' holds no message, function call or call output: nothing to answer (a reasoning "
+                          "item alone reaches no prompt)", param="input")
+    if len(msgs) > MAX_MESSAGES:
+        raise bad_request(f"this conversation ('input' after any 'previous_response_id') makes {len(msgs)} chat "
+                          f"messages; at most {MAX_MESSAGES}", param="input")
     chat = {k: body[k] for k in PASSED if k in body}
     chat.update(messages=msgs, max_tokens=max_output,
                 tools=_tools(b.get("tools")), tool_choice=_tool_choice(b.get("tool_choice")))
@@ -272,17 +277,17 @@ def parse_responses(body, store: ResponseStore, counting: bool = False) -> tuple
             raise bad_request(f"text.format {response_format['type']!r} is invalid: {e.message}",
                               param="text.format") from None
         raise
-    spec.max_tokens_param = "max_output_tokens"     # errors name the Responses field
+    spec.max_tokens_param = "max_output_tokens"     # errors name the Responses fields
+    spec.messages_param = "input"
     if response_format is not None:
         spec.constraint_param = "text.format"        # a schema that does not compile, too
-    metadata = b.get("metadata")
-    echo = {"instructions": instructions, "max_output_tokens": max_output, "metadata": metadata or {},
+    echo = {"instructions": instructions, "max_output_tokens": max_output, "metadata": _metadata(b.get("metadata")),
             "parallel_tool_calls": spec.parallel_tool_calls, "temperature": spec.sampling["temperature"],
             "top_p": spec.sampling["top_p"], "text": {"format": shown_format},
             "tool_choice": b.get("tool_choice") or "auto", "tools": b.get("tools") or [],
             "reasoning": {"effort": effort, "summary": None},
             "previous_response_id": b.get("previous_response_id"), "store": keep}
-    return spec, echo, earlier + _as_items(inp or [], earlier)
+    return spec, echo, earlier + stored_items(inp or [], earlier)
 
 
 # -- response ----------------------------------------------------------------------------
@@ -317,7 +322,7 @@ def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: st
 
 class ResponseRun:
     """One /v1/responses request over a Generation; `keep(response)` is called with the finished
-    (completed or incomplete) response object."""
+    (completed or incomplete) response object before it is sent (and may set its `store` false)."""
 
     def __init__(self, gen: Generation, echo: dict, response_id: str, keep: Callable[[dict], object]):
         self.gen, self.echo, self.keep = gen, echo, keep
@@ -471,22 +476,28 @@ def routes(service: Service, http: Http, store: ResponseStore) -> list[Route]:
     """The endpoints; `store` keeps the responses (create_app makes it, of the server config's bounds)."""
     def parse(body):
         spec, echo, items = parse_responses(body, store)
+        if not store.keeps_any:
+            echo["store"] = False       # the answer says what happened: nothing is kept
         # checked now (a 400 if too big to keep), not once the answer is generated
         stored = store.conversation(items) if echo["store"] else None
 
         def keep(response: dict) -> None:
-            if stored is not None:      # store: false leaves nothing behind
-                store.put(response["id"], response, stored)
+            # store: false leaves nothing behind; an answer that made the entry larger than the
+            # whole store's budget is not kept, and says so (the stream's response.created said true)
+            if stored is not None and not store.put(response["id"], response, stored):
+                response["store"] = False
         return spec, lambda gen: ResponseRun(gen, echo, store.new_id(), keep)
 
+    # a continued conversation is parsed (and, stored, written back) off the event loop: up to
+    # 16 MiB of JSON each way would stall every running stream
     async def create(request: Request) -> Response:
-        return await http.generate(request, service, parse)
+        return await http.generate(request, service, parse, in_thread=True)
 
     async def input_tokens(request: Request) -> Response:
         body = await http.body(request)
         if body is None:
             return Response(status_code=499)
-        spec, _, _ = parse_responses(body, store, counting=True)
+        spec, _, _ = await asyncio.to_thread(parse_responses, body, store, counting=True)
         n = await service.count_prompt(spec)
         return http.json_response({"object": "response.input_tokens", "input_tokens": n})
 
@@ -504,7 +515,8 @@ def routes(service: Service, http: Http, store: ResponseStore) -> list[Route]:
 
     async def input_items(request: Request) -> Response:
         limit, descending, after = _list_query(request)
-        items = store.get(request.path_params["response_id"]).input_items()
+        entry = store.get(request.path_params["response_id"])
+        items = await asyncio.to_thread(entry.input_items)
         return http.json_response(list_page(items, limit, descending, after))
 
     async def not_allowed(request: Request) -> Response:

@@ -163,6 +163,7 @@ class GenerationSpec:
     draft_max: int | None = None            # None: the server's
     # chat
     messages: list | None = None
+    messages_param: str = "messages"        # the request's name for them, for errors (Responses: input)
     tools: list | None = None
     tool_choice: str = "auto"               # "auto" | "required" | "function" (forced_tool) ; "none" drops tools
     forced_tool: str | None = None          # the function a forced tool_choice names
