@@ -280,10 +280,12 @@ def test_long_texts_get_smaller_batches(tmp_path, monkeypatch):
         want = np.stack([m.embed([t])[0] for t in TINY_TEXTS])
         batches = []
         forward = m.encoder.forward
-        monkeypatch.setattr(m.encoder, "forward", lambda ids, types, starts: batches.append(np.diff(starts))
-                            or forward(ids, types, starts))
-        monkeypatch.setattr(api, "TOKEN_BUDGET", 16)     # 16 tokens a batch; the longest text alone has 16
-        got = m.embed(TINY_TEXTS, batch_size=32)
+        # undone before close() empties the encoder (its attributes are gone after)
+        with monkeypatch.context() as mp:
+            mp.setattr(m.encoder, "forward", lambda ids, types, starts: batches.append(np.diff(starts))
+                       or forward(ids, types, starts))
+            mp.setattr(api, "TOKEN_BUDGET", 16)     # 16 tokens a batch; the longest text alone has 16
+            got = m.embed(TINY_TEXTS, batch_size=32)
     assert np.abs(got - want).max() < 1e-5            # in the caller's order, whatever the batching
     assert all(lens.sum() <= 16 or len(lens) == 1 for lens in batches) and len(batches) > 1
     assert sum(len(lens) for lens in batches) == len(TINY_TEXTS)
