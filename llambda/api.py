@@ -221,7 +221,6 @@ class Model:
         if len(ids) > self.n_ctx:
             raise ContextOverflowError(f"{len(ids)} tokens do not fit the context of {self.n_ctx}")
         with self._lock:
-            self._check_open()
             self._take_slot()
             self._cached = []
             out = engine.prefill(self.transformer, 0, ids, 0)
@@ -239,8 +238,9 @@ class Model:
                                  "request to the server, or load the model a second time for library calls")
 
     def _take_slot(self) -> None:
-        """Before a library forward, holding the lock: refused while served; and once a scheduler has
-        run the model, slot 0 holds its sequences' keys/values, not the prefix _cached names."""
+        """Before a library forward, holding the lock: refused once closed or while served; and once a
+        scheduler has run the model, slot 0 holds its sequences' keys/values, not the prefix _cached names."""
+        self._check_open()
         self._check_not_served()
         server = self.transformer.served_by
         if server is not self._server_seen:
@@ -251,7 +251,6 @@ class Model:
         """Make slot 0 hold the keys/values of exactly `ids`, reusing the prefix it holds; what it
         lacks is prefilled as a prompt is. Call holding the lock: each step of a generation does, so one
         still open after close() raises ModelClosedError here."""
-        self._check_open()
         self._take_slot()
         # a hybrid model's recurrent state resumes only where it is (Transformer.resume_point)
         common = self.transformer.resume_point(0, engine.common_prefix(self._cached, ids))
@@ -479,7 +478,6 @@ class Model:
         slot = int(slot)
         out = np.empty((len(items), self.config.d_model), np.float32)
         with self._lock:
-            self._check_open()
             self._take_slot()
             if slot == 0:
                 self._cached = []      # slot 0 is overwritten: nothing in it is a generation's prefix
