@@ -276,7 +276,7 @@ def _encoder_app(model, cfg: ServerConfig, metrics: Metrics) -> Starlette:
         return Response(metrics.render({}), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def on_api_error(request: Request, exc: APIError) -> Response:
-        return error_response(exc)
+        return error_response_for(request.url.path)(exc)     # in the shape the path's clients read
 
     async def on_http_error(request: Request, exc: HTTPException) -> Response:
         return error_response_for(request.url.path)(APIError(
@@ -376,7 +376,7 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
         return Response(render_metrics(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def on_api_error(request: Request, exc: APIError) -> Response:
-        return error_response(exc)
+        return error_response_for(request.url.path)(exc)     # in the shape the path's clients read
 
     async def on_http_error(request: Request, exc: HTTPException) -> Response:
         if exc.status_code == 404:

@@ -364,19 +364,16 @@ def _embed_inputs(b: _Body, field: str) -> list | None:
 def routes(service: Service, http: Http) -> list[Route]:
     async def generate(request: Request, parse, chat: bool) -> Response:
         t_request = time.monotonic()
-        try:
-            body = await http.body(request)
-            if body is None:
-                return Response(status_code=499)
-            spec, think = parse(body, service)
-            model = _Body(body).get("model") or service.cfg.model_id
-            if spec is None:
-                return _loaded(model, chat, t_request, _Body(body).boolean("stream", True), http)
-            return await http.run(request, service, spec,
-                                  lambda gen: OllamaRun(gen, model, chat, think, t_request),
-                                  media_type=NDJSON)
-        except APIError as e:
-            return error_response(e)
+        body = await http.body(request)
+        if body is None:
+            return Response(status_code=499)
+        spec, think = parse(body, service)
+        model = _Body(body).get("model") or service.cfg.model_id
+        if spec is None:
+            return _loaded(model, chat, t_request, _Body(body).boolean("stream", True), http)
+        return await http.run(request, service, spec,
+                              lambda gen: OllamaRun(gen, model, chat, think, t_request),
+                              media_type=NDJSON)
 
     async def chat_route(request: Request) -> Response:
         return await generate(request, parse_ollama_chat, True)
@@ -413,10 +410,7 @@ def embedding_routes(service, http: Http) -> list[Route]:
                     "total_duration": _ns(time.monotonic() - t_request), "load_duration": 0,
                     "prompt_eval_count": count}
 
-        try:
-            return await embeddings_api.answer(http, request, answer)
-        except APIError as e:
-            return error_response(e)
+        return await embeddings_api.answer(http, request, answer)
 
     async def embed_route(request: Request) -> Response:
         return await embed(request, "input")
@@ -432,5 +426,5 @@ def embedding_routes(service, http: Http) -> list[Route]:
 
     return ([Route("/api/embed", embed_route, methods=["POST"]),
              Route("/api/embeddings", embeddings_route, methods=["POST"])]
-            + ollama_models.routes(service, http, served_name, error_response)
+            + ollama_models.routes(service, http, served_name)
             + [Route(path, refused, methods=["POST", "DELETE"]) for path in REFUSED])

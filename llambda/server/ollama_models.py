@@ -21,7 +21,6 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from .deltas import Http
-from .errors import APIError
 from .schemas import _Body
 
 PATHS = ("/api/tags", "/api/show", "/api/ps", "/api/version")
@@ -145,28 +144,25 @@ def root_route() -> Route:
     return Route(ROOT, running, methods=["GET", "HEAD"])
 
 
-def routes(service, http: Http, served_name, error_response) -> list[Route]:
+def routes(service, http: Http, served_name) -> list[Route]:
     served = ServedModel(service)
 
     async def tags(request: Request) -> Response:
         return http.json_response({"models": [served.listing()]})
 
     async def show(request: Request) -> Response:
-        try:
-            body = await http.body(request)
-            if body is None:
-                return Response(status_code=499)
-            b = _Body(body)
-            served_name(service, b.get("model") if b.get("model") is not None else b.get("name"))
-            c = served.card()
-            # num_ctx: the context every request gets here (clients such as Continue size prompts by it)
-            return http.json_response({"license": str(c["model_info"].get("general.license", "")), "modelfile": "",
-                                       "parameters": f"num_ctx {service.model.n_ctx}", "template": "",
-                                       "details": c["details"],
-                                       "model_info": c["model_info"], "capabilities": served.capabilities(),
-                                       "modified_at": c["modified_at"]})
-        except APIError as e:
-            return error_response(e)
+        body = await http.body(request)
+        if body is None:
+            return Response(status_code=499)
+        b = _Body(body)
+        served_name(service, b.get("model") if b.get("model") is not None else b.get("name"))
+        c = served.card()
+        # num_ctx: the context every request gets here (clients such as Continue size prompts by it)
+        return http.json_response({"license": str(c["model_info"].get("general.license", "")), "modelfile": "",
+                                   "parameters": f"num_ctx {service.model.n_ctx}", "template": "",
+                                   "details": c["details"],
+                                   "model_info": c["model_info"], "capabilities": served.capabilities(),
+                                   "modified_at": c["modified_at"]})
 
     async def ps(request: Request) -> Response:
         plan = getattr(service.model, "memory_plan", None)
