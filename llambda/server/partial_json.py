@@ -12,11 +12,12 @@ from __future__ import annotations
 import json
 import re
 
+from .schemas import _SURROGATE     # left by an unpaired \uD8xx escape: not encodable as UTF-8
+
 _NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 _NUMBER_CHARS = frozenset("0123456789+-.eE")
 _LITERALS = {"true": True, "false": False, "null": None}
 _MAX_DEPTH = 200       # nesting deeper than this counts as the end (recursion stays bounded)
-_SURROGATE = re.compile("[\ud800-\udfff]")     # left by an unpaired \uD8xx escape: not encodable as UTF-8
 
 
 class _Cut(Exception):
