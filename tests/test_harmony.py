@@ -11,7 +11,7 @@ import re
 import httpx
 import pytest
 
-from llambda.server.harmony import HarmonyParser, extract_harmony, harmony_vocabulary
+from llambda.server.harmony import _MAX_HEADER, HarmonyParser, extract_harmony, harmony_vocabulary
 from llambda.tokenizer import Tokenizer
 
 HARMONY_TOKENS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>")
@@ -101,6 +101,62 @@ def test_parallel_tool_calls_off_keeps_the_first():
     assert len(extract_harmony(two, {"get_weather"})[2]) == 2
     _, _, one = extract_harmony(two, {"get_weather"}, parallel=False)
     assert [json.loads(c["function"]["arguments"])["city"] for c in one] == ["Paris"]
+
+
+HEADER_CASES = [
+    # <|message|> starting at the limit, just past it, far past it, never; an analysis channel in each
+    "<|channel|>analysis " + "h" * (_MAX_HEADER - 20) + "<|message|>thought<|end|>answer",
+    "<|channel|>analysis " + "h" * (_MAX_HEADER - 19) + "<|message|>thought<|end|>answer",
+    "<|channel|>analysis " + "h" * (2 * _MAX_HEADER) + "<|message|>thought<|end|>answer",
+    "<|channel|>analysis " + "h" * (2 * _MAX_HEADER),
+    "a<|end|><|start|>assistant<|channel|>analysis" + " " * (_MAX_HEADER - 30) + "<|message|>b<|end|>c",
+    "a<|end|><|start|>assistant<|channel|>analysis" + " " * _MAX_HEADER + "<|message|>b<|end|>c",
+]
+
+
+@pytest.mark.parametrize("text", HEADER_CASES, ids=["at-limit", "past-limit", "far-past", "never", "later-within",
+                                                   "later-past"])
+def test_header_limit_does_not_depend_on_the_pieces(text):
+    """Whether an overlong header is one: the same whole, a character at a time and in random pieces."""
+    def read(cuts):
+        p = HarmonyParser()
+        content, reasoning = [], []
+        for i, j in zip([0, *cuts], [*cuts, len(text)]):
+            content.append(p.feed(text[i:j])[0]), reasoning.append(p.take_reasoning())
+        content.append(p.finish()[0]), reasoning.append(p.take_reasoning())
+        return "".join(content), "".join(reasoning), p.reasoning_spans()
+    want = read([])
+    assert want[:2] == extract_harmony(text)[:2]
+    assert read(list(range(1, len(text)))) == want                 # a character at a time
+    rng = random.Random(len(text))
+    for most in (3, 50, 300, 600):                                  # random pieces of up to `most`
+        cuts, at = [], rng.randint(1, most)
+        while at < len(text):
+            cuts.append(at)
+            at += rng.randint(1, most)
+        assert read(cuts) == want, cuts
+    for k in range(0, len(text) + 1, 7):                            # in two, cut anywhere
+        assert read([k]) == want, k
+
+
+def test_header_limit():
+    at_limit, past = HEADER_CASES[0], HEADER_CASES[1]
+    assert at_limit.index("<|message|>") == _MAX_HEADER
+    assert extract_harmony(at_limit)[:2] == ("answer", "thought")
+    # past the limit the "header" is the answer's text (in any pieces too: above)
+    assert extract_harmony(past)[:2] == (past.replace("<|end|>", ""), "")
+
+
+def test_blanks_between_messages_are_not_held():
+    """A model writing blanks after a message's end: the parser keeps none of them (it re-read all it
+    held at every token: time quadratic in the output)."""
+    p = HarmonyParser()
+    p.feed("<|channel|>final<|message|>a<|end|>")
+    for _ in range(1000):
+        p.feed(" \n")
+        assert len(p.buf) == 0
+    assert p.feed("<|start|>assistant<|channel|>final<|message|>b") == ("b", [])
+    assert p.finish() == ("", [])
 
 
 def _harmony_vocab_meta(tokens):

@@ -29,7 +29,7 @@ START, CHANNEL, MESSAGE, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", 
 END, RETURN, CALL = "<|end|>", "<|return|>", "<|call|>"
 _TERMINATORS = (END, RETURN, CALL)
 _HEADER_OPENERS = (CHANNEL, START, CONSTRAIN, " to=")
-_MAX_HEADER = 512         # a "header" longer than this is not one: its text is content
+_MAX_HEADER = 512         # a "header" whose <|message|> starts further in is not one: its text is content
 _CHANNEL_RE = re.compile(r"<\|channel\|>\s*([^\s<]+)")
 _RECIPIENT_RE = re.compile(r"(?:^|\s)to=([^\s<]+)")
 
@@ -122,9 +122,11 @@ class HarmonyParser:
         if self.state in (OPENING, GAP):
             return self._between()
         if self.state == HEADER:
-            at = self.buf.find(MESSAGE)
+            # decided on the header's first _MAX_HEADER + len(MESSAGE) characters alone, so however
+            # the text arrived in pieces: <|message|> starting past _MAX_HEADER is not the header's
+            at = self.buf.find(MESSAGE, 0, _MAX_HEADER + len(MESSAGE))
             if at < 0:
-                if len(self.buf) > _MAX_HEADER:
+                if len(self.buf) >= _MAX_HEADER + len(MESSAGE):
                     self._open_body("content")
                     return True
                 return False
@@ -136,6 +138,8 @@ class HarmonyParser:
     def _between(self) -> bool:
         """Before a message: its header starts here, or (an answer without one) its body does."""
         head = self.buf if self.state == OPENING else self.buf.lstrip()
+        if self.state == GAP:
+            self.buf = head               # blanks between messages are dropped, not re-read at every token
         if not head:
             return False
         if head.startswith(START) or head.startswith(_HEADER_OPENERS):
