@@ -351,14 +351,14 @@ class Generation:
         u.completion = sum(s.n_generated for s in self.states.values())
         # siblings (n > 1) copy the first choice's prompt KV; count each prompt's reuse once
         u.cached = sum(j.n_cached for j in self.jobs if j.after is None)
-        u.reasoning = sum(s.reasoning.count() for s in self.states.values() if s.reasoning is not None)
+        u.reasoning = sum(s.reasoning_tokens() for s in self.states.values())
         return u
 
     def _absorb(self, idx: int, ev) -> str:
         """Record one event for a choice; returns its text."""
         st = self.states[idx]
-        if st.reasoning is not None and (ev.token >= 0 or ev.text):
-            st.reasoning.add(ev.text, token=ev.token >= 0)
+        if st.token_ends is not None and (ev.token >= 0 or ev.text):
+            st.token_ends.add(ev.text, token=ev.token >= 0)
         if ev.token >= 0:
             st.n_generated += 1
             if self.spec.logprobs:
@@ -387,6 +387,8 @@ class Generation:
     # -- whole answer ------------------------------------------------------------------
     async def collect(self) -> dict:
         remaining = {j.index for j in self.jobs}
+        for st in self.states.values():
+            st.read_whole()
         try:
             while remaining:
                 for idx, ev in await self.channel.get():
@@ -397,9 +399,7 @@ class Generation:
                     if isinstance(ev, PromptLogprobs):
                         self._prompt_scored(idx, ev)
                         continue
-                    text = self._absorb(idx, ev)
-                    if text:
-                        self.states[idx].parts.append(text)
+                    self.states[idx].keep(self._absorb(idx, ev), end=bool(ev.finish_reason))
                     if ev.finish_reason:
                         remaining.discard(idx)
         finally:

@@ -88,6 +88,12 @@ class HarmonyParser:
         out, self._reasoning = "".join(self._reasoning), []
         return out
 
+    def finished_calls(self) -> list[dict]:
+        """The calls as a whole answer's message lists them (one cut by max_tokens with its arguments
+        as far as they got)."""
+        return [{"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+                for c in self.calls]
+
     def reasoning_spans(self) -> list[tuple[int, int]]:
         """Where the analysis messages lie in the text fed so far, header and terminator included; one
         still open runs to the end."""
@@ -225,6 +231,4 @@ def extract_harmony(text: str, names: set[str] | None = None,
     p = HarmonyParser(names, parallel)
     content, _ = p.feed(text)
     rest, _ = p.finish()
-    calls = [{"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
-             for c in p.calls]
-    return content + rest, p.take_reasoning(), calls
+    return content + rest, p.take_reasoning(), p.finished_calls()

@@ -5,9 +5,9 @@ import json
 import secrets
 import time
 
-from .harmony import HarmonyParser, extract_harmony
-from .reasoning_tokens import reasoning_tokens
-from .think import ThinkParser, split_thinking
+from .harmony import HarmonyParser
+from .reasoning_tokens import TokenEnds, counts_reasoning
+from .think import ThinkParser
 from .tools import ToolSetup
 
 
@@ -76,21 +76,51 @@ class ChoiceState:
         self.prompt_logprobs: list | None = None   # (token, logprob | None, top | None) per prompt token (echo)
         self.finish_reason: str | None = None
         self.n_generated = 0
+        self.tools = tools
         self.tool_parser = answer_parser(tools)
-        self.reasoning = reasoning_tokens(tools)   # counts the tokens of the reasoning (None: no format)
+        # where each token ends, for usage's reasoning_tokens (None: the answer has no reasoning format)
+        self.token_ends = TokenEnds() if counts_reasoning(tools) else None
+        self.answer: list[str] = []      # read whole: the answer's text and its reasoning, split as they came
+        self.thought: list[str] = []
         self.made_calls = False          # streaming: tool-call deltas went out
 
     @property
     def text(self) -> str:
         return "".join(self.parts)
 
+    def read_whole(self) -> None:
+        """The answer is read whole, not streamed: only its reasoning is split off as it arrives (one
+        parser, whose spans also count the reasoning tokens); tool calls in a thinking model's answer
+        are extracted from the answer at the end, as without a thought."""
+        self.tool_parser = answer_parser(self.tools, whole=True)
 
-def answer_parser(tools: ToolSetup | None):
+    def keep(self, text: str, end: bool) -> None:
+        """A whole answer's next text (end: the choice finished); the parser splits it as it comes."""
+        if text:
+            self.parts.append(text)
+        p = self.tool_parser
+        if p is None:
+            return
+        content = p.feed(text)[0] if text else ""
+        if end:
+            content += p.finish()[0]
+        self.answer.append(content)
+        self.thought.append(p.take_reasoning())
+
+    def reasoning_tokens(self) -> int:
+        """The generated tokens in the thought or the analysis messages, as the answer's parser found them."""
+        if self.token_ends is None or self.tool_parser is None:
+            return 0
+        return self.token_ends.within(self.tool_parser.reasoning_spans())
+
+
+def answer_parser(tools: ToolSetup | None, whole: bool = False):
     """What reads a chat answer as it streams: harmony's channels, a <think> thought then tool calls
-    or text, tool calls, or nothing (plain text)."""
+    or text, tool calls, or nothing (plain text). whole: an answer read whole leaves the tool calls
+    after a thought (and without one) to ToolSetup.extract at the end."""
     if tools is not None and tools.harmony:
         return HarmonyParser(tools.names, tools.parallel)
-    calls = tools.parser() if tools is not None and tools.names else None
+    calls = tools.parser() if tools is not None and tools.names and not whole else None
     if tools is not None and tools.thinks:
         return ThinkParser(calls, tools.thought_open)
     return calls
@@ -135,16 +165,17 @@ def completion_logprobs(entries, strings: TokenStrings, offset: int) -> tuple[di
 
 def chat_response(rid: str, created: int, model: str, choices: list[ChoiceState], usage: Usage,
                   strings: TokenStrings | None, want_logprobs: bool, tools: ToolSetup | None) -> dict:
+    """`choices` were read whole (ChoiceState.read_whole, .keep)."""
     out = []
     for c in choices:
         text = c.text
         finish = c.finish_reason
         reasoning = ""
         if tools is not None and tools.thinks and not tools.harmony:
-            reasoning, text = split_thinking(text, tools.thought_open)
+            reasoning, text = "".join(c.thought), "".join(c.answer)
         message = {"role": "assistant", "content": text}
         if tools is not None and tools.harmony:
-            message, finish = harmony_message(text, tools, finish)
+            message, finish = harmony_message(c, finish)
         elif tools is not None and tools.names:
             content, calls = tools.extract(text)
             if calls:
@@ -161,9 +192,10 @@ def chat_response(rid: str, created: int, model: str, choices: list[ChoiceState]
             "system_fingerprint": _fingerprint(), "choices": out, "usage": usage.as_dict()}
 
 
-def harmony_message(text: str, tools: ToolSetup, finish: str | None) -> tuple[dict, str | None]:
-    """The assistant message of a harmony answer: final channel as content, analysis as reasoning_content."""
-    content, reasoning, calls = extract_harmony(text, tools.names, tools.parallel)
+def harmony_message(c: ChoiceState, finish: str | None) -> tuple[dict, str | None]:
+    """The assistant message of a harmony answer read whole: final channel as content, analysis as
+    reasoning_content, function messages as tool calls."""
+    content, reasoning, calls = "".join(c.answer), "".join(c.thought), c.tool_parser.finished_calls()
     message = {"role": "assistant", "content": content or (None if calls else "")}
     if reasoning:
         message["reasoning_content"] = reasoning
