@@ -212,7 +212,7 @@ class Constraint:
     would leave the grammar; EOS is allowed only where the grammar may end); `advance()` follows
     the sampled token, `try_advance()` follows it if the grammar allows it (a check of ~1 us,
     no mask needed). `done`: the grammar can take nothing more. llguidance computes the mask in
-    native code with the GIL released.
+    native code with the GIL released; `take_mask_seconds()` is the CPU the masks took (bounds.py).
     """
 
     def __init__(self, matcher, grammars: Grammars):
@@ -220,16 +220,23 @@ class Constraint:
         self.n_vocab = grammars.n_vocab
         self._eos = frozenset(grammars.eos_ids)
         self._bits = np.zeros(grammars.words, np.int32)    # bit t of the mask: token t is allowed
+        self._mask_seconds = 0.0                             # CPU of the masks since take_mask_seconds()
 
     def banned(self) -> np.ndarray:
         mask = _mask(self._m, self._bits,
                      dead_end="no text can continue the output here (e.g. a $ref that only refers to itself)")
+        self._mask_seconds += mask.seconds
         if mask.too_costly:      # one such mask, not one a token, for the streams that share the server
             raise ConstraintError(mask.too_costly)
         if mask.failed:
             raise ConstraintError(f"the grammar failed: {mask.failed}")
         # little-endian words: byte k of word w holds tokens 32w+8k..32w+8k+7, lowest bit first
         return np.unpackbits((~self._bits).view(np.uint8), count=self.n_vocab, bitorder="little").view(np.bool_)
+
+    def take_mask_seconds(self) -> float:
+        """The CPU its masks took since the last call: the server charges them to its step."""
+        seconds, self._mask_seconds = self._mask_seconds, 0.0
+        return seconds
 
     def advance(self, token: int) -> None:
         if not self._m.consume_token(int(token)):
