@@ -281,6 +281,24 @@ def test_a_mask_too_costly_to_compute_is_refused(monkeypatch):
         g.compile(grammar_spec(regex="ab+"))
 
 
+def test_a_steps_masks_over_its_budget_refuse_the_dearest_requests():
+    """16 requests whose masks are each just under the one-mask cap would stall every stream 16 times
+    as long: the dearest are refused until the rest fit the step's budget, the cheap ones never."""
+    from llambda.constraints import bounds
+    cap, budget = bounds.MAX_MASK_CPU_SECONDS, bounds.MAX_STEP_MASK_CPU_SECONDS
+    costs = {f"hostile{i}": cap * (0.9 + 0.001 * i) for i in range(16)}
+    costs.update(cheap=0.001, cheaper=0.0005)
+    refused = bounds.to_refuse(costs)
+    kept = [k for k in costs if k not in refused]
+    assert "cheap" in kept and "cheaper" in kept
+    assert sum(costs[k] for k in kept) <= budget
+    assert refused == sorted(refused, key=costs.get, reverse=True)     # dearest first
+    assert sum(costs[k] for k in kept) + costs[refused[-1]] > budget   # none refused past the budget
+    assert bounds.to_refuse({"one request, n=16": 16 * 0.9 * cap}) == ["one request, n=16"]
+    assert bounds.to_refuse({"a": budget / 2, "b": budget / 2}) == []
+    assert f"at most {budget * 1e3:.0f} ms a step" in bounds.step_budget_exceeded(0.72, 0.8)
+
+
 # -- on SmolLM2's vocabulary -------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -9,13 +9,16 @@ an oracle that simply recomputes from the full token history.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import hashlib
 import time
 from contextlib import contextmanager
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+from llambda.constraints import Constraint
 from llambda.engine import GenerationParams, Sequence
 from llambda.sampling import SamplingParams
 from llambda.server.metrics import Metrics
@@ -116,10 +119,10 @@ def oracle(prompt, max_tokens, n_ctx=96) -> list[int]:
 
 
 def make_job(channel, prompt, max_tokens, index=0, after=None, n_ctx=96, temperature=0.0, seed=None,
-             prompt_logprobs=None):
+             prompt_logprobs=None, grammar=None):
     sp = SamplingParams(temperature=temperature, top_k=0, top_p=1.0, min_p=0.0, seed=seed)
-    seq = Sequence(FakeTokenizer(), prompt, GenerationParams(max_tokens=max_tokens, sampling=sp), slot=-1,
-                   n_ctx=n_ctx)
+    seq = Sequence(FakeTokenizer(), prompt, GenerationParams(max_tokens=max_tokens, sampling=sp, grammar=grammar),
+                   slot=-1, n_ctx=n_ctx)
     return Job(seq, channel, index, after=after, prompt_logprobs=prompt_logprobs)
 
 
@@ -484,3 +487,80 @@ def test_speculating_streams_leave_rows_for_prompts_being_scored():
     assert finished == [1, 0], "the scored prompt waited for the speculating stream to end"
     assert max(model.rows_asked) <= 5
     assert tokens == oracle(long_prompt, 120, n_ctx=200)
+
+
+class CostlyMatcher:
+    """An llguidance matcher that allows every token but refuses each drawn one unmasked (so every
+    token needs a mask), and whose mask costs `cost` seconds of an injected CPU clock."""
+
+    def __init__(self, cost, clock):
+        self.cost, self.clock = cost, clock
+
+    def unsafe_compute_mask_ptr(self, ptr, nbytes):
+        self.clock[0] += self.cost
+        ctypes.memset(ptr, 0xFF, nbytes)
+
+    def try_consume_tokens(self, tokens):
+        return 0
+
+    def consume_token(self, token):
+        return True
+
+    def is_error(self):
+        return False
+
+    def is_stopped(self):
+        return False
+
+    def is_accepting(self):
+        return True
+
+
+class CostlyGrammar:
+    def __init__(self, cost, clock):
+        self.cost, self.clock = cost, clock
+
+    def start(self):
+        vocab = SimpleNamespace(n_vocab=VOCAB, words=(VOCAB + 31) // 32, eos_ids=[EOT])
+        return Constraint(CostlyMatcher(self.cost, self.clock), vocab)
+
+
+def test_masks_over_the_step_budget_refuse_the_dearest_requests_only(monkeypatch):
+    """Constrained requests whose masks are each under the one-mask cap but together over a step's
+    budget: the dearest request (by all its sequences' masks, here two choices) fails with a 400 in
+    its own stream, the others (dearer sequences among them) go on with the tokens they would have
+    had alone. CPU comes from an injected clock, not timings."""
+    from llambda.constraints import bounds
+    clock = [0.0]
+    monkeypatch.setattr(bounds, "cpu_now", lambda: clock[0])
+    cap, budget = bounds.MAX_MASK_CPU_SECONDS, bounds.MAX_STEP_MASK_CPU_SECONDS
+    costs = {"a": 0.9 * cap, "b": 0.48 * cap, "c": 0.6 * cap, "d": 0.2 * cap, "e": None}   # a mask's; e: none
+    choices = {"b": 2}
+    assert (0.9 + 2 * 0.48 + 0.6 + 0.2) * cap > budget >= (0.9 + 0.6 + 0.2) * cap    # over only with b
+    prompts = {"a": [5, 6, 7], "b": [8, 9], "c": [10, 11, 12, 13], "d": [14, 15], "e": [16, 17, 18]}
+    assert all(len(oracle(p, 10)) >= 3 for p in prompts.values())   # every one runs for a few steps
+    model = FakeTransformer(n_slots=6)
+    sched = Scheduler(model, Metrics())
+
+    async def main():
+        channels = {k: Channel() for k in costs}
+        jobs = {k: [make_job(channels[k], prompts[k], 10, index=i,
+                             grammar=CostlyGrammar(c, clock) if c is not None else None)
+                    for i in range(choices.get(k, 1))] for k, c in costs.items()}
+        sched.submit([j for js in jobs.values() for j in js])    # queued before the loop: one first step
+        sched.start()
+        done = await asyncio.gather(*(collect(channels[k], len(jobs[k])) for k in costs))
+        await wait_idle(sched)
+        return dict(zip(costs, done))
+
+    try:
+        out = run(main())
+    finally:
+        sched.stop()
+    toks, fails = out["b"]
+    assert set(fails) == {0, 1} and all(f.status == 400 and f.kind == "invalid_request_error" for f in fails.values())
+    assert "too costly" in fails[0].message and f"at most {budget * 1e3:.0f} ms a step" in fails[0].message
+    for k in "acde":
+        toks, fails = out[k]
+        assert not fails, (k, fails)
+        assert toks[0] == oracle(prompts[k], 10), k

@@ -140,6 +140,28 @@ def test_grammar_that_fails_while_decoding_is_a_400(live):
     assert not [k for k in live.metrics() if 'status="5' in k], "a client's grammar must never be a 5xx"
 
 
+def test_a_request_over_the_step_mask_budget_is_a_400_in_its_own_stream(live, monkeypatch):
+    """Past the step's mask budget (here below any cost, so every constrained request is over) the
+    constrained requests fail with a 400 naming it, and a free request beside them is answered."""
+    from llambda.constraints import bounds
+    monkeypatch.setattr(bounds, "MAX_STEP_MASK_CPU_SECONDS", -1.0)
+    body = {"model": MODEL_ID, "prompt": "A point:", "max_tokens": 8, "temperature": 0}
+
+    def one(extra):
+        return post(live, "/v1/completions", {**body, **extra})
+
+    with cf.ThreadPoolExecutor(3) as ex:
+        free, strict, streamed = ex.map(one, [{}, {"json_schema": POINT, "n": 2},
+                                              {"regex": "[a-z ]+", "stream": True}])
+    assert free.status_code == 200 and free.json()["choices"][0]["finish_reason"], free.text
+    err = assert_error(strict, 400, "too costly", "ms a step")
+    assert err["type"] == "invalid_request_error", err
+    events = [json.loads(line[6:]) for line in streamed.text.splitlines()
+              if line.startswith("data: ") and line != "data: [DONE]"]
+    assert "too costly" in events[-1]["error"]["message"], events[-1]
+    live.wait_idle()     # the refused requests' slots (n=2: both choices) are free again
+
+
 def test_constrained_greedy_is_batch_invariant(client):
     """A greedy constrained request gives the same text alone and among 7 others (constrained or not)."""
     def target():

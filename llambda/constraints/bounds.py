@@ -1,7 +1,7 @@
 """Bounds on compiling and following a grammar, so that a hostile one is refused instead of crashing
 the process, holding a core (and the GIL) for minutes or slowing every other stream.
 
-Two costs that llguidance's own limits do not cover:
+Three costs that llguidance's own limits do not cover:
 - its compiler recurses once per level of rule nesting (a chain of $refs, a rule referring to the
   next): ~2-10 kB of native stack a level, so ~1000 nested $refs (80 kB of schema) overflow a
   thread's usual 8 MB stack and kill the process. Compiling runs on a thread of its own with a
@@ -12,6 +12,26 @@ Two costs that llguidance's own limits do not cover:
   takes ~30 s. Its worst case is rules x characters, held under MAX_GBNF_WORK (~1-2 s).
 - a Lark grammar of 95k alternatives (1 MB) takes 13 s to compile (without the GIL, but a core
   and a prompt worker); MAX_GRAMMAR_CHARS keeps that near a second.
+
+Following a grammar costs a token mask wherever sampling needs one, and the server computes the
+masks on its scheduler thread between forward passes, where every stream waits for them. Two bounds:
+- one mask: at most MAX_MASK_CPU_SECONDS of CPU, or its sequence fails (check_mask_cost);
+- one step: the masks of every constrained request together at most MAX_STEP_MASK_CPU_SECONDS, so
+  that n sequences (a request's n choices, or n requests) each just under the first bound do not
+  stall the others n times as long. A request is charged for all its sequences' masks in the step
+  (and, with speculation, for every verified row's); past the budget the dearest requests are
+  refused (to_refuse), dearest first, until the rest fits: each gets a 400 in its own stream
+  (step_budget_exceeded), the others go on unchanged. The check follows the step, so a request
+  stalls the others past the budget in one step at most, the one where it is refused. Whether a
+  request is refused depends on what shares its steps (a shared budget); its tokens never do.
+
+The masks are computed on the scheduler thread, after the forward pass, only where sampling needs
+one (the token drawn unmasked first is mostly allowed: one mask in ~6 tokens of a JSON schema). GPU
+servers compute them while the GPU runs the forward; here the forward itself runs on the CPU, a pool
+thread per physical core, which a mask thread beside it would compete with (not measured), and it
+would compute every mask, the ~5 in 6 never needed too. (The results would not change: a mask
+depends only on its own sequence's tokens. But a matcher must then be left alone meanwhile: one
+called from two threads at once raises "Already borrowed".)
 """
 from __future__ import annotations
 
@@ -30,6 +50,10 @@ MAX_GBNF_WORK = 20_000_000         # rules x characters of a GBNF grammar (e.g. 
 # grammar measured (a 3 GHz Zen 2), so a slower CPU does not refuse one mid-answer, and a hostile
 # grammar at most ~3x slows the others (a 0.5B step is ~25 ms) instead of 13x.
 MAX_MASK_CPU_SECONDS = 0.050
+# CPU the masks of one scheduler step may take together: two masks at the cap above, or 20 of the
+# dearest ordinary grammar's. A step of a 0.5B model (~25 ms) is then at most ~5x slower whatever
+# the number of constrained sequences, where n sequences each at the cap above made it (1 + 2n)x.
+MAX_STEP_MASK_CPU_SECONDS = 0.100
 
 _stack_lock = threading.Lock()     # threading.stack_size is process-wide: set it only around one start
 
@@ -100,3 +124,24 @@ def check_mask_cost(seconds: float) -> str | None:
 def cpu_now() -> float:
     """This thread's CPU time: what a mask costs, whatever else the machine runs meanwhile."""
     return time.thread_time()
+
+
+def to_refuse(costs: dict) -> list:
+    """The keys of `costs` (request -> the CPU its masks took in one step) to refuse so that the
+    rest fit MAX_STEP_MASK_CPU_SECONDS: the dearest first (ties in the dict's order); [] when all fit."""
+    total = sum(costs.values())
+    refused = []
+    for key, seconds in sorted(costs.items(), key=lambda kv: -kv[1]):
+        if total <= MAX_STEP_MASK_CPU_SECONDS:
+            break
+        refused.append(key)
+        total -= seconds
+    return refused
+
+
+def step_budget_exceeded(seconds: float, total: float) -> str:
+    """Why a request whose masks took `seconds` of a step's `total` is refused."""
+    return (f"the grammar is too costly to follow: this request's token masks took {seconds * 1e3:.0f} ms of "
+            f"CPU in one step, the server's constrained requests together {total * 1e3:.0f} ms (at most "
+            f"{MAX_STEP_MASK_CPU_SECONDS * 1e3:.0f} ms a step: the dearest requests are refused); fewer "
+            "choices (n), or a grammar without literals tens of kB long, costs less")

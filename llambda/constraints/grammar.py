@@ -143,18 +143,33 @@ class Grammars:
         # the first mask, here rather than in the first decode step: a grammar that allows no output
         # at all ($ref cycles, rules that only refer to themselves) is refused before anything is
         # queued, and a costly first mask is paid off the scheduler (the sequences copy it)
-        bits = np.zeros(self.words, np.int32)
-        t0 = bounds.cpu_now()
-        matcher.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
-        if matcher.is_error():
-            err = _clip(matcher.get_error())
-            if err.startswith(DEAD_END):
-                err = "it allows no output at all (e.g. a rule or $ref that only refers to itself)"
-            raise ConstraintError(f"invalid {_what(spec.kind)}: {err}")
-        too_costly = bounds.check_mask_cost(bounds.cpu_now() - t0)
-        if too_costly:
-            raise ConstraintError(f"invalid {_what(spec.kind)}: {too_costly}")
+        mask = _mask(matcher, np.zeros(self.words, np.int32),
+                     dead_end="it allows no output at all (e.g. a rule or $ref that only refers to itself)")
+        for why in (mask.failed, mask.too_costly):
+            if why:
+                raise ConstraintError(f"invalid {_what(spec.kind)}: {why}")
         return Grammar(self, matcher)
+
+
+@dataclass(frozen=True)
+class _Mask:
+    seconds: float              # the CPU it took
+    failed: str | None          # why the matcher failed, or None
+    too_costly: str | None      # why it took too long to go on (bounds.check_mask_cost), or None
+
+
+def _mask(matcher, bits: np.ndarray, dead_end: str) -> _Mask:
+    """Compute the matcher's next mask into `bits`, timed in this thread's CPU; `dead_end` names the
+    failure where the grammar allows no next token at all (the caller's words for where it is)."""
+    t0 = bounds.cpu_now()
+    matcher.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
+    seconds = bounds.cpu_now() - t0
+    failed = None
+    if matcher.is_error():
+        failed = _clip(matcher.get_error())
+        if failed.startswith(DEAD_END):
+            failed = dead_end
+    return _Mask(seconds, failed, bounds.check_mask_cost(seconds))
 
 
 def _what(kind: str) -> str:
@@ -197,7 +212,7 @@ class Constraint:
     would leave the grammar; EOS is allowed only where the grammar may end); `advance()` follows
     the sampled token, `try_advance()` follows it if the grammar allows it (a check of ~1 us,
     no mask needed). `done`: the grammar can take nothing more. llguidance computes the mask in
-    native code with the GIL released.
+    native code with the GIL released; `take_mask_seconds()` is the CPU the masks took (bounds.py).
     """
 
     def __init__(self, matcher, grammars: Grammars):
@@ -205,20 +220,23 @@ class Constraint:
         self.n_vocab = grammars.n_vocab
         self._eos = frozenset(grammars.eos_ids)
         self._bits = np.zeros(grammars.words, np.int32)    # bit t of the mask: token t is allowed
+        self._mask_seconds = 0.0                             # CPU of the masks since take_mask_seconds()
 
     def banned(self) -> np.ndarray:
-        t0 = bounds.cpu_now()
-        self._m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
-        too_costly = bounds.check_mask_cost(bounds.cpu_now() - t0)
-        if too_costly:      # one such mask, not one a token, for the streams that share the server
-            raise ConstraintError(too_costly)
-        if self._m.is_error():
-            err = _clip(self._m.get_error())
-            if err.startswith(DEAD_END):
-                err = "no text can continue the output here (e.g. a $ref that only refers to itself)"
-            raise ConstraintError(f"the grammar failed: {err}")
+        mask = _mask(self._m, self._bits,
+                     dead_end="no text can continue the output here (e.g. a $ref that only refers to itself)")
+        self._mask_seconds += mask.seconds
+        if mask.too_costly:      # one such mask, not one a token, for the streams that share the server
+            raise ConstraintError(mask.too_costly)
+        if mask.failed:
+            raise ConstraintError(f"the grammar failed: {mask.failed}")
         # little-endian words: byte k of word w holds tokens 32w+8k..32w+8k+7, lowest bit first
         return np.unpackbits((~self._bits).view(np.uint8), count=self.n_vocab, bitorder="little").view(np.bool_)
+
+    def take_mask_seconds(self) -> float:
+        """The CPU its masks took since the last call: the server charges them to its step."""
+        seconds, self._mask_seconds = self._mask_seconds, 0.0
+        return seconds
 
     def advance(self, token: int) -> None:
         if not self._m.consume_token(int(token)):
