@@ -299,6 +299,19 @@ def test_a_steps_masks_over_its_budget_refuse_the_dearest_requests():
     assert f"at most {budget * 1e3:.0f} ms a step" in bounds.step_budget_exceeded(0.72, 0.8)
 
 
+def test_a_busy_server_of_ordinary_grammars_fits_the_step_budget():
+    """The step's budget grows with its constrained sequences: 32 of the dearest ordinary grammar's
+    masks (~5 ms each) are never refused, while 32 just under the one-mask cap still are."""
+    from llambda.constraints import bounds
+    ordinary = {f"r{i}": 0.005 for i in range(32)}
+    assert sum(ordinary.values()) > bounds.MAX_STEP_MASK_CPU_SECONDS
+    assert bounds.to_refuse(ordinary, sequences=32) == []
+    hostile = {f"h{i}": 0.9 * bounds.MAX_MASK_CPU_SECONDS for i in range(32)}
+    refused = bounds.to_refuse(hostile, sequences=32)
+    assert refused and sum(hostile[k] for k in hostile if k not in refused) <= bounds.step_budget(32)
+    assert "at most 320 ms a step" in bounds.step_budget_exceeded(0.045, 1.44, sequences=32)
+
+
 # -- on SmolLM2's vocabulary -------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -145,6 +145,7 @@ def test_a_request_over_the_step_mask_budget_is_a_400_in_its_own_stream(live, mo
     constrained requests fail with a 400 naming it, and a free request beside them is answered."""
     from llambda.constraints import bounds
     monkeypatch.setattr(bounds, "MAX_STEP_MASK_CPU_SECONDS", -1.0)
+    monkeypatch.setattr(bounds, "MASK_CPU_PER_SEQUENCE", -1.0)
     body = {"model": MODEL_ID, "prompt": "A point:", "max_tokens": 8, "temperature": 0}
 
     def one(extra):

@@ -16,9 +16,11 @@ Three costs that llguidance's own limits do not cover:
 Following a grammar costs a token mask wherever sampling needs one, and the server computes the
 masks on its scheduler thread between forward passes, where every stream waits for them. Two bounds:
 - one mask: at most MAX_MASK_CPU_SECONDS of CPU, or its sequence fails (check_mask_cost);
-- one step: the masks of every constrained request together at most MAX_STEP_MASK_CPU_SECONDS, so
+- one step: the masks of every constrained request together at most step_budget(): the larger of
+  MAX_STEP_MASK_CPU_SECONDS and MASK_CPU_PER_SEQUENCE for each constrained sequence in the step, so
   that n sequences (a request's n choices, or n requests) each just under the first bound do not
-  stall the others n times as long. A request is charged for all its sequences' masks in the step
+  stall the others n times as long, while many ordinary grammars (a busy server at a high
+  --parallel) always fit. A request is charged for all its sequences' masks in the step
   (and, with speculation, for every verified row's); past the budget the dearest requests are
   refused (to_refuse), dearest first, until the rest fits: each gets a 400 in its own stream
   (step_budget_exceeded), the others go on unchanged. The check follows the step, so a request
@@ -54,6 +56,10 @@ MAX_MASK_CPU_SECONDS = 0.050
 # dearest ordinary grammar's. A step of a 0.5B model (~25 ms) is then at most ~5x slower whatever
 # the number of constrained sequences, where n sequences each at the cap above made it (1 + 2n)x.
 MAX_STEP_MASK_CPU_SECONDS = 0.100
+# ... or, with more constrained sequences in the step, this much each: twice the dearest ordinary
+# grammar's mask, so a full server of ordinary grammars is never refused, and sequences at the cap
+# above (5x this) still are.
+MASK_CPU_PER_SEQUENCE = 0.010
 
 _stack_lock = threading.Lock()     # threading.stack_size is process-wide: set it only around one start
 
@@ -126,22 +132,27 @@ def cpu_now() -> float:
     return time.thread_time()
 
 
-def to_refuse(costs: dict) -> list:
+def step_budget(sequences: int) -> float:
+    """CPU the masks of a step with this many constrained sequences may take together."""
+    return max(MAX_STEP_MASK_CPU_SECONDS, MASK_CPU_PER_SEQUENCE * sequences)
+
+
+def to_refuse(costs: dict, sequences: int = 0) -> list:
     """The keys of `costs` (request -> the CPU its masks took in one step) to refuse so that the
-    rest fit MAX_STEP_MASK_CPU_SECONDS: the dearest first (ties in the dict's order); [] when all fit."""
-    total = sum(costs.values())
+    rest fit step_budget(sequences): the dearest first (ties in the dict's order); [] when all fit."""
+    total, budget = sum(costs.values()), step_budget(sequences)
     refused = []
     for key, seconds in sorted(costs.items(), key=lambda kv: -kv[1]):
-        if total <= MAX_STEP_MASK_CPU_SECONDS:
+        if total <= budget:
             break
         refused.append(key)
         total -= seconds
     return refused
 
 
-def step_budget_exceeded(seconds: float, total: float) -> str:
+def step_budget_exceeded(seconds: float, total: float, sequences: int = 0) -> str:
     """Why a request whose masks took `seconds` of a step's `total` is refused."""
     return (f"the grammar is too costly to follow: this request's token masks took {seconds * 1e3:.0f} ms of "
             f"CPU in one step, the server's constrained requests together {total * 1e3:.0f} ms (at most "
-            f"{MAX_STEP_MASK_CPU_SECONDS * 1e3:.0f} ms a step: the dearest requests are refused); fewer "
+            f"{step_budget(sequences) * 1e3:.0f} ms a step: the dearest requests are refused); fewer "
             "choices (n), or a grammar without literals tens of kB long, costs less")

@@ -458,6 +458,7 @@ class Scheduler:
         generated = 0
         now = time.monotonic()
         mask_cpu: dict[Channel, float] = {}     # per request: the CPU of its running sequences' masks
+        constrained = 0                          # running constrained sequences: the step's mask budget
         for r, j, drafts in samples:
             if j.state == DONE:
                 continue
@@ -490,20 +491,22 @@ class Scheduler:
                     self._end(j, j.seq.finish_reason or "stop")
             elif j.seq.constraint is not None:   # a sequence that ended costs no more: only the rest count
                 mask_cpu[j.channel] = mask_cpu.get(j.channel, 0.0) + j.seq.constraint.take_mask_seconds()
-        self._refuse_dearest_masks(mask_cpu)
+                constrained += 1
+        self._refuse_dearest_masks(mask_cpu, constrained)
         self.metrics.step(n, generated, t_forward, time.perf_counter() - t0)
 
-    def _refuse_dearest_masks(self, mask_cpu: dict) -> None:
+    def _refuse_dearest_masks(self, mask_cpu: dict, sequences: int) -> None:
         """Past the step's mask budget, the dearest requests fail (a 400 in their own streams) so that
         the next steps' masks fit it; the others go on unchanged (bounds.py)."""
-        refused = bounds.to_refuse(mask_cpu)
+        refused = bounds.to_refuse(mask_cpu, sequences)
         if not refused:
             return
         total = sum(mask_cpu.values())
         with self._cv:
             for channel in refused:
                 failure = JobFailure(400, "the output constraint failed: "
-                                     + bounds.step_budget_exceeded(mask_cpu[channel], total), "invalid_request_error")
+                                     + bounds.step_budget_exceeded(mask_cpu[channel], total, sequences),
+                                     "invalid_request_error")
                 for j in [j for j in self._active if j.channel is channel]:
                     self._emit(j, failure)
                     self._end(j, "error")
