@@ -289,20 +289,12 @@ class MessageRun:
 
 
 def routes(service: Service, http: Http) -> list[Route]:
+    # an APIError raised here is answered in Anthropic's shape by the app's handler (error_response_for)
     async def create(request: Request) -> Response:
-        try:
-            return await http.generate(request, service, lambda body: (parse_messages(body), MessageRun))
-        except APIError as e:
-            return error_response(e)
+        return await http.generate(request, service, lambda body: (parse_messages(body), MessageRun))
 
     async def count_tokens(request: Request) -> Response:
-        try:
-            body = await http.body(request)
-            if body is None:
-                return Response(status_code=499)
-            n = await service.count_prompt(parse_messages(body, counting=True))
-            return http.json_response({"input_tokens": n})
-        except APIError as e:
-            return error_response(e)
+        return await http.count(request, service, lambda body: parse_messages(body, counting=True),
+                                lambda n: {"input_tokens": n})
 
     return [Route(PATH, create, methods=["POST"]), Route(COUNT_PATH, count_tokens, methods=["POST"])]
