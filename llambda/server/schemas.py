@@ -489,23 +489,24 @@ def _tools(v: Any) -> list | None:
     return v or None
 
 
-def check_function(fn: Any, where: str, param: str, names: set[str]) -> None:
+def check_function(fn: Any, where: str, param: str, names: set[str], schema: str = "parameters") -> None:
     """A function tool's definition (`where`: the request's name for it, chat's tools[i].function or
-    a Responses tools[i]); `names`: those of the tools before it, this one's added."""
+    a Responses or Anthropic tools[i]; `schema`: its arguments' JSON Schema field, Anthropic's
+    input_schema); `names`: those of the tools before it, this one's added."""
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
         raise bad_request(f"{where} must be an object with a non-empty string 'name'", param=param)
     # a call is known by its name alone: two tools of one name make it unclear which was called
     if fn["name"] in names:
         raise bad_request(f"{where}.name {fn['name']!r} is taken by an earlier tool", param=param)
     names.add(fn["name"])
-    params = fn.get("parameters")
+    params = fn.get(schema)
     if params is not None and not isinstance(params, dict):
-        raise bad_request(f"{where}.parameters must be a JSON Schema object", param=param)
+        raise bad_request(f"{where}.{schema} must be a JSON Schema object", param=param)
     # arguments are an object (as OpenAI requires): under a forcing tool_choice the grammar would
     # make the model write a string or a number, which no parser takes for a call
     kind = (params or {}).get("type", "object")
     if kind != "object" and not (isinstance(kind, list) and "object" in kind):
-        raise bad_request(f"{where}.parameters must describe an object (the arguments), "
+        raise bad_request(f"{where}.{schema} must describe an object (the arguments), "
                           f"got type {json.dumps(kind)}", param=param)
 
 
