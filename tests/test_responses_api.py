@@ -433,6 +433,15 @@ def test_errors_name_the_responses_fields_not_chats(live, model):
     err = assert_error(post(live, "/v1/responses", {"input": [{"role": "user", "content": [
         {"type": "input_text", "text": 3}]}]}), 400, "input[0].content[0]", "string 'text'")
     assert "only input_text" not in err["message"], err
+    # a client's type or name is quoted back cut short (it was whole: as long as the body allowed)
+    long = "x" * 20_000
+    for body, where in (({"input": [{"role": "user", "content": [{"type": long, "text": "Hi"}]}]},
+                         "input[0].content[0]"),
+                        ({"input": [{"type": long}]}, "input[0].type"),
+                        ({"input": "Hi", "tools": [{"type": long}]}, "tools[0]"),
+                        ({"input": "Hi", "tools": [{"type": "function", "name": long}] * 2}, "tools[1].name")):
+        err = assert_error(post(live, "/v1/responses", body), 400, where, "20002 characters")
+        assert len(err["message"]) < 500, len(err["message"])
     from llambda.chat import ChatTemplate
     kept = model._template
     model._template = ChatTemplate("{{ raise_exception('no such turn') }}")

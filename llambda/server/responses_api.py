@@ -15,7 +15,8 @@ Responses are stored (`store`, true by default, as in OpenAI's API) in a bounded
 before the new input, e.g. function_call_output items answering its calls; its `instructions` are
 not carried over), GET /v1/responses/{id} returns it as it was answered, DELETE removes it, and
 GET /v1/responses/{id}/input_items lists the items before its answer (`limit`, `order`, `after`).
-A stream that fails or is left is not stored. `conversation` (the Conversations API) is refused.
+A stream that fails or is left is not stored. A finished response is encoded once, in a worker
+thread: the bytes stored are the bytes sent. `conversation` (the Conversations API) is refused.
 POST /v1/responses/input_tokens counts the tokens of the prompt a request would generate from (a stored
 conversation alone, `previous_response_id` without `input`, included).
 """
@@ -31,7 +32,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .deltas import Http, array_of, deltas, sse_event
-from .errors import APIError, bad_request
+from .errors import APIError, bad_request, shown
 from .generation import Generation, Service
 from .openai_format import dumps, now
 from .response_items import check_annotations, new_id as _id, stored_items
@@ -62,17 +63,17 @@ def _text(parts, where: str, kinds: tuple = TEXT_PARTS) -> str:
     if parts is None and not message:
         return ""
     if not isinstance(parts, list):
-        shown = "a string or an array of content parts" if message else f"an array of {kinds[0]} parts"
-        raise bad_request(f"{where} must be {shown}, got {_type(parts)}", param=where)
+        wanted = "a string or an array of content parts" if message else f"an array of {kinds[0]} parts"
+        raise bad_request(f"{where} must be {wanted}, got {_type(parts)}", param=where)
     texts = []
     for j, part in enumerate(parts):
         at = f"{where}[{j}]"
         kind = part.get("type") if isinstance(part, dict) else None
         if kind not in kinds:
-            shown = repr(kind) if isinstance(kind, str) else _type(part)
+            what = shown(kind) if isinstance(kind, str) else _type(part)
             only = "input_text and output_text parts are supported (no images, files or audio)" if message \
                 else f"{kinds[0]} parts are"
-            raise bad_request(f"{at} is a {shown} part; only {only}", param=at)
+            raise bad_request(f"{at} is a {what} part; only {only}", param=at)
         if not isinstance(part.get("text"), str):
             raise bad_request(f"{at}: a {kind} part needs a string 'text', got {_type(part.get('text'))}", param=at)
         if kind == "output_text":
@@ -125,8 +126,8 @@ def _messages(items: list, field: str, msgs: list[dict]) -> list[dict]:
             msgs.append({"role": "tool", "tool_call_id": call_id,
                          "content": _text(item.get("output", ""), f"{where}.output")})
         else:
-            shown = repr(kind) if isinstance(kind, str) else _type(kind)
-            raise bad_request(f"{where}.type {shown} is not supported (message, function_call, "
+            what = shown(kind) if isinstance(kind, str) else _type(kind)
+            raise bad_request(f"{where}.type {what} is not supported (message, function_call, "
                               "function_call_output and reasoning items are)", param=where)
         if reasoning and msgs[-1]["role"] == "assistant":
             msgs[-1]["reasoning_content"] = reasoning
@@ -153,7 +154,7 @@ def _tools(v) -> list | None:
     for i, t in enumerate(array_of(v, "tools", "tools", MAX_TOOLS)):
         if not isinstance(t, dict) or t.get("type") != "function":
             kind = t.get("type") if isinstance(t, dict) else None
-            raise bad_request(f"tools[{i}] has type {kind!r}; only function tools are supported (no built-in "
+            raise bad_request(f"tools[{i}] has type {shown(kind)}; only function tools are supported (no built-in "
                               "tools such as web_search or file_search)", param=f"tools[{i}]")
         check_function(t, f"tools[{i}]", f"tools[{i}]", names)     # flat: chat's check would name tools[i].function
         fn = {k: t[k] for k in ("name", "description", "parameters") if t.get(k) is not None}

@@ -20,7 +20,7 @@ from typing import Any
 from ..chat import DEFAULT_MAX_OUTPUT_CHARS, check_template_kwargs
 from ..constraints import GrammarSpec
 from ..errors import InvalidInputError
-from .errors import bad_request
+from .errors import bad_request, shown
 
 MAX_N = 16              # choices per request
 MAX_STOP = 16           # stop strings per request
@@ -497,7 +497,7 @@ def check_function(fn: Any, where: str, param: str, names: set[str], schema: str
         raise bad_request(f"{where} must be an object with a non-empty string 'name'", param=param)
     # a call is known by its name alone: two tools of one name make it unclear which was called
     if fn["name"] in names:
-        raise bad_request(f"{where}.name {fn['name']!r} is taken by an earlier tool", param=param)
+        raise bad_request(f"{where}.name {shown(fn['name'])} is taken by an earlier tool", param=param)
     names.add(fn["name"])
     params = fn.get(schema)
     if params is not None and not isinstance(params, dict):
