@@ -71,17 +71,15 @@ class Stored:
     def response_object(self) -> dict:
         return json.loads(self.response)
 
-    def output_items(self) -> list[dict]:
+    def output_json(self) -> bytes:
         start, end = self.output
-        return json.loads(self.response[start:end])
+        return self.response[start:end]
+
+    def output_items(self) -> list[dict]:
+        return json.loads(self.output_json())
 
     def input_items(self) -> list[dict]:
         return json.loads(self.items)
-
-    def conversation(self) -> bytes:
-        """The items a response continuing this one starts from: its input items, then its output."""
-        start, end = self.output
-        return _joined(self.items, self.response[start:end])
 
 
 def tag_of(response_id) -> str | None:
@@ -110,8 +108,8 @@ class ResponseStore:
         continues, as they are, then the new `items`), or a 400 when they are more than one entry
         may hold (checked before the request generates)."""
         data = dumps(items).encode()
-        if continued is not None:
-            data = _joined(continued.conversation(), data)
+        if continued is not None:       # its input items, then its output
+            data = _joined(continued.items, continued.output_json(), data)
         # the whole store's budget bounds one entry too: input alone past it could never be kept
         limit = min(self.max_conversation_bytes, self.max_bytes)
         if len(data) > limit:
