@@ -144,6 +144,17 @@ def test_errors_have_anthropics_shape(aclient, live):
                      "invalid_request_error", "objekt")
 
 
+def test_tool_errors_name_anthropics_fields(live):
+    # chat's checks of the tool each becomes named chat's fields (tools[i].function.parameters)
+    body = {"model": MODEL_ID, "messages": QUESTION, "max_tokens": 4}
+    for tools, words in (([TOOLS[0], TOOLS[0]], "tools[1].name 'get_weather' is taken"),
+                         ([{**TOOLS[0], "input_schema": 3}], "tools[0].input_schema must be a JSON Schema object"),
+                         ([{**TOOLS[0], "input_schema": {"type": "array"}}], "tools[0].input_schema must describe")):
+        for path in ("/v1/messages", "/v1/messages/count_tokens"):
+            message = _anthropic_error(post(live, path, {**body, "tools": tools}), 400, "invalid_request_error", words)
+            assert "function" not in message and "parameters" not in message, message
+
+
 def test_count_tokens_is_what_the_message_reports(aclient, live):
     """count_tokens takes the body /v1/messages takes, without max_tokens, and counts the rendered prompt:
     system, blocks, tools (the generic tool prompt here) and an assistant prefill included."""

@@ -12,7 +12,8 @@ import openai
 import pytest
 
 from llambda.server.errors import APIError
-from llambda.server.response_store import ResponseStore
+from llambda.server.openai_format import dumps
+from llambda.server.response_store import ResponseStore, encode_response
 from llambda.server.responses_api import parse_responses
 from serverkit import MODEL_ID, assert_error, hang_up_mid_stream, post
 
@@ -312,13 +313,13 @@ def test_input_items_keep_only_each_types_own_fields(live):
         {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Be brief."}],
          "status": "completed"},
         {"type": "reasoning", "summary": [{"type": "summary_text", "text": "Plan."}],
-         "content": [{"type": "reasoning_text", "text": "Think."}]},
+         "content": [{"type": "reasoning_text", "text": "Think."}], "encrypted_content": "e" * 999},
         {"type": "function_call", "status": "completed", **call},
         {"type": "function_call_output", "call_id": "call_1", "output": '{"temperature_c": 18}'},
         {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Thanks."}]}]
     # a client's id is kept, one too long to be an id is replaced
     assert listed[2]["id"] == "fc_given" and listed[4]["id"].startswith("msg_") and len(listed[4]["id"]) < 100
-    assert len(live.app.state.responses.get(r.json()["id"]).items) < 2_000
+    assert len(live.app.state.responses.get(r.json()["id"]).items) < 3_000
     # a summary is kept, so it is checked as content is
     assert_error(post(live, "/v1/responses", {"input": [{"type": "reasoning", "summary": "Plan."},
                                                         {"role": "user", "content": "Hi"}]}), 400, "input[0].summary")
@@ -328,7 +329,7 @@ def test_a_stored_conversation_is_parsed_off_the_event_loop(live, client, monkey
     # up to 16 MiB of JSON: parsed on the event loop, it stalled every running stream
     from llambda.server.response_store import Stored
     threads = []
-    for name in ("input_items", "response_object"):
+    for name in ("input_items", "output_items"):
         parse = getattr(Stored, name)
         monkeypatch.setattr(Stored, name, lambda self, parse=parse: threads.append(threading.get_ident()) or
                             parse(self))
@@ -337,6 +338,120 @@ def test_a_stored_conversation_is_parsed_off_the_event_loop(live, client, monkey
     client.responses.input_tokens.count(model=MODEL_ID, input="More.", previous_response_id=first.id)
     assert len(list(client.responses.input_items.list(first.id))) == 1
     assert len(threads) == 5 and live.thread.ident not in threads, (threads, live.thread.ident)
+
+
+def test_a_response_is_serialized_once_off_the_event_loop_and_a_continuation_only_its_new_items(
+        live, client, monkeypatch):
+    # the stored conversation was written again whole by each continuing request (up to 16 MiB), and
+    # a response was serialized twice, put() on the event loop, then the reply
+    filler = "x" * 30_000           # kept (a reasoning summary), never in the prompt
+    turn = [{"type": "reasoning", "summary": [{"type": "summary_text", "text": filler}]},
+            {"role": "user", "content": "Hi"}]
+    first = client.responses.create(model=MODEL_ID, input=turn, max_output_tokens=2)
+    # echoed in the response, not in the prompt (tool_choice none): 20,000 characters
+    tools = [{**TOOLS[0], "description": "Weather. " * 2_000}]
+    echoed = len(tools[0]["description"])
+    written = []        # (thread, characters) of each JSON text the server wrote
+    real, tester = json.dumps, threading.get_ident()
+
+    def spy(obj, *args, **kw):
+        text = real(obj, *args, **kw)
+        if threading.get_ident() != tester:
+            written.append((threading.get_ident(), len(text)))
+        return text
+    monkeypatch.setattr(json, "dumps", spy)
+    kw = dict(model=MODEL_ID, input="More.", tools=tools, tool_choice="none", previous_response_id=first.id,
+              max_output_tokens=2)
+    whole = client.responses.create(**kw)
+    big = [thread for thread, n in written if n >= echoed]
+    assert len(big) == 1 and live.thread.ident not in big, (written, live.thread.ident)
+    assert max(n for _, n in written) < len(filler), written
+    written.clear()
+    events = _events(client.responses.create(stream=True, **kw))
+    big = [thread for thread, n in written if n >= echoed]
+    assert len(big) == 2 and live.thread.ident not in big, (written, live.thread.ident)      # started, finished
+    assert max(n for _, n in written) < len(filler), written
+    monkeypatch.undo()
+    # what was sent is what was kept, and a continuation holds the whole conversation still
+    for r in (whole, events[-1].response):
+        assert client.responses.retrieve(r.id).model_dump() == r.model_dump()
+        items = list(client.responses.input_items.list(r.id, order="asc"))
+        assert items[0].summary[0].text == filler and [i.id for i in items[2:3]] == [first.output[0].id]
+        assert items[-1].content[0].text == "More." and len(items) == 4
+    assert events[0].response.tools[0].description == tools[0]["description"]
+    assert events[0].response.status == "in_progress"
+
+
+def test_stored_items_keep_encrypted_reasoning_and_annotations(live, client):
+    # OpenAI keeps both: clients (the openai SDK's agents, include=["reasoning.encrypted_content"])
+    # pass earlier reasoning items and answers back as they got them
+    note = {"type": "url_citation", "url": "https://example.com/", "title": "Example", "start_index": 0,
+            "end_index": 5}
+    path = {"type": "file_path", "file_id": "file_1", "index": 2}
+    items = [{"role": "user", "content": "Hi"},
+             {"type": "reasoning", "id": "rs_given", "summary": [], "encrypted_content": "gAAAA-opaque=="},
+             {"type": "message", "role": "assistant", "content": [
+                 {"type": "output_text", "text": "Hello", "annotations": [note, {**path, "extra": [{}] * 50}]}]},
+             {"role": "user", "content": "More."}]
+    r = client.responses.create(model=MODEL_ID, input=items, max_output_tokens=2)
+    follow = client.responses.create(model=MODEL_ID, input="Again.", previous_response_id=r.id, max_output_tokens=2)
+    for response_id in (r.id, follow.id):
+        listed = httpx.get(f"{live.url}/v1/responses/{response_id}/input_items", params={"order": "asc"},
+                           timeout=30).json()["data"]
+        assert listed[1] == {"id": "rs_given", "type": "reasoning", "summary": [],
+                             "encrypted_content": "gAAAA-opaque=="}, listed[1]
+        assert listed[2]["content"] == [{"type": "output_text", "text": "Hello", "annotations": [note, path]}]
+    assert follow.usage.input_tokens > r.usage.input_tokens
+    # an output_text part's annotations are OpenAI's types with their fields, encrypted_content a string
+    text = {"type": "output_text", "text": "Hello"}
+    for item, where, words in (
+            ({"role": "assistant", "content": [{**text, "annotations": [{"type": "url_citation", "url": "u"}]}]},
+             "input[0].content[0].annotations[0]", ("url_citation", "title")),
+            ({"role": "assistant", "content": [{**text, "annotations": [{"type": "quote"}]}]},
+             "input[0].content[0].annotations[0]", ("file_citation", "url_citation")),
+            ({"role": "assistant", "content": [{**text, "annotations": {"type": "file_path"}}]},
+             "input[0].content[0].annotations", ("array",)),
+            ({"role": "assistant", "content": [{**text, "annotations": [{**path, "index": "2"}]}]},
+             "input[0].content[0].annotations[0]", ("integer", "index")),
+            ({"type": "reasoning", "summary": [], "encrypted_content": 5}, "input[0].encrypted_content", ("string",))):
+        err = assert_error(post(live, "/v1/responses", {"input": [item, {"role": "user", "content": "Hi"}]}), 400,
+                           where, *words)
+        assert err["param"] == where, err
+
+
+def test_errors_name_the_responses_fields_not_chats(live, model):
+    # chat's checks of its tools and of a prompt that cannot render named chat's fields
+    # (tools[i].function, 'the messages'), which a Responses request does not have
+    for tools, words in (([TOOLS[0], TOOLS[0]], "tools[1].name 'get_weather' is taken"),
+                         ([{"type": "function", "name": "f", "parameters": 3}], "tools[0].parameters must be"),
+                         ([{"type": "function", "name": "f", "parameters": {"type": "array"}}],
+                          "tools[0].parameters must describe an object"),
+                         ([{"type": "function"}], "tools[0] must be an object with a non-empty string 'name'")):
+        err = assert_error(post(live, "/v1/responses", {"input": "Hi", "tools": tools}), 400, words)
+        assert "function" not in err["message"].replace("'function'", "") and err["param"].startswith("tools["), err
+    # a text part whose text is not a string is said so (it was "a 'input_text' part; only input_text ...")
+    err = assert_error(post(live, "/v1/responses", {"input": [{"role": "user", "content": [
+        {"type": "input_text", "text": 3}]}]}), 400, "input[0].content[0]", "string 'text'")
+    assert "only input_text" not in err["message"], err
+    # a client's type or name is quoted back cut short (it was whole: as long as the body allowed)
+    long = "x" * 20_000
+    for body, where in (({"input": [{"role": "user", "content": [{"type": long, "text": "Hi"}]}]},
+                         "input[0].content[0]"),
+                        ({"input": [{"type": long}]}, "input[0].type"),
+                        ({"input": "Hi", "tools": [{"type": long}]}, "tools[0]"),
+                        ({"input": "Hi", "tools": [{"type": "function", "name": long}] * 2}, "tools[1].name")):
+        err = assert_error(post(live, "/v1/responses", body), 400, where, "20002 characters")
+        assert len(err["message"]) < 500, len(err["message"])
+    from llambda.chat import ChatTemplate
+    kept = model._template
+    model._template = ChatTemplate("{{ raise_exception('no such turn') }}")
+    try:
+        for body, fields in (({"input": "Hi"}, "'input'"),
+                             ({"input": "Hi", "instructions": "Be brief."}, "'instructions' and 'input'")):
+            err = assert_error(post(live, "/v1/responses", body), 400, f"cannot render {fields}: no such turn")
+            assert "messages" not in err["message"] and err["param"] == "input", err
+    finally:
+        model._template = kept
 
 
 def test_the_oldest_responses_are_evicted_past_the_count(live, client):
@@ -386,14 +501,18 @@ def test_a_response_the_store_cannot_hold_says_store_false(live, client):
         store.max_bytes, store.max_responses = before
 
 
-def _response(i: int, text: str) -> dict:
-    return {"id": f"resp_{i}", "object": "response", "output": [{"type": "message", "content": text}]}
+def _response(i: int, text: str):
+    return encode_response({"id": f"resp_{i}", "object": "response", "output": [{"type": "message", "content": text}]})
+
+
+def _put(store: ResponseStore, response_id: str, response, items: list) -> bool:
+    return store.put(response_id, response, dumps(items).encode())
 
 
 def test_store_evicts_oldest_first_by_count_and_by_bytes():
     s = ResponseStore(max_responses=3, max_bytes=10**6)
     for i in range(5):
-        assert s.put(f"resp_{i}", _response(i, "x"), [{"type": "message", "id": f"m{i}"}])
+        assert _put(s, f"resp_{i}", _response(i, "x"), [{"type": "message", "id": f"m{i}"}])
     assert s.stats()["responses"] == 3
     with pytest.raises(Exception, match="evicted"):
         s.get("resp_1")
@@ -401,18 +520,18 @@ def test_store_evicts_oldest_first_by_count_and_by_bytes():
     one = s.get("resp_4").size
     s = ResponseStore(max_responses=100, max_bytes=2 * one + one // 2)    # room for two entries of that size
     for i in range(4):
-        s.put(f"resp_{i}", _response(i, "x"), [{"type": "message", "id": f"m{i}"}])
+        _put(s, f"resp_{i}", _response(i, "x"), [{"type": "message", "id": f"m{i}"}])
     assert s.stats() == {"responses": 2, "bytes": 2 * one}
     assert s.get("resp_3").input_items() == [{"type": "message", "id": "m3"}]
     # a bigger entry pushes out as many old ones as it needs; one bigger than the budget is not kept
-    assert s.put("resp_big", _response(9, "y" * one), [])
+    assert _put(s, "resp_big", _response(9, "y" * one), [])
     assert s.stats()["responses"] == 1
-    assert not s.put("resp_huge", _response(9, "y" * 3 * one), []) and s.stats()["responses"] == 1
+    assert not _put(s, "resp_huge", _response(9, "y" * 3 * one), []) and s.stats()["responses"] == 1
     s.delete("resp_big")
     assert s.stats() == {"responses": 0, "bytes": 0}
     with pytest.raises(Exception, match="not found|no stored response"):
         s.delete("resp_big")
-    assert not ResponseStore(max_responses=0).put("resp_x", _response(0, "x"), [])
+    assert not _put(ResponseStore(max_responses=0), "resp_x", _response(0, "x"), [])
 
 
 def test_store_keeps_its_bounds_under_concurrent_writers():
@@ -420,7 +539,7 @@ def test_store_keeps_its_bounds_under_concurrent_writers():
 
     def writer(k):
         for i in range(300):
-            s.put(f"resp_{k}_{i}", _response(i, "z" * (i % 97)), [{"id": f"m{k}{i}"}])
+            _put(s, f"resp_{k}_{i}", _response(i, "z" * (i % 97)), [{"id": f"m{k}{i}"}])
             if i % 7 == 0:
                 try:
                     s.delete(f"resp_{k}_{i - 3}")

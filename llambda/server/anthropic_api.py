@@ -28,7 +28,7 @@ from .errors import APIError, bad_request
 from .generation import Generation, Service
 from .openai_format import dumps
 from .partial_json import partial_object
-from .schemas import MAX_TOOLS, GenerationSpec, _Body, _type, parse_chat
+from .schemas import MAX_TOOLS, GenerationSpec, _Body, _type, check_function, parse_chat
 
 PATH = "/v1/messages"
 COUNT_PATH = "/v1/messages/count_tokens"
@@ -125,11 +125,14 @@ def _messages(system, messages) -> list[dict]:
 
 
 def _tools(v) -> list | None:
-    out = []
+    out: list = []
+    names: set[str] = set()
     for i, t in enumerate(array_of(v, "tools", "tools", MAX_TOOLS)):
         if not isinstance(t, dict) or t.get("type", "custom") != "custom" or not isinstance(t.get("name"), str):
             raise bad_request(f"tools[{i}] must be a custom tool with a 'name' and an 'input_schema' (Anthropic's "
                               "built-in tools are not supported)", param=f"tools[{i}]")
+        # here: chat's check of the tool this becomes would name tools[i].function.parameters
+        check_function(t, f"tools[{i}]", f"tools[{i}]", names, schema="input_schema")
         # keys in the order OpenAI documents them: templates render the tool as given
         fn = {"name": t["name"], "description": t.get("description"), "parameters": t.get("input_schema")}
         fn = {k: v for k, v in fn.items() if v is not None}
@@ -289,20 +292,12 @@ class MessageRun:
 
 
 def routes(service: Service, http: Http) -> list[Route]:
+    # an APIError raised here is answered in Anthropic's shape by the app's handler (error_response_for)
     async def create(request: Request) -> Response:
-        try:
-            return await http.generate(request, service, lambda body: (parse_messages(body), MessageRun))
-        except APIError as e:
-            return error_response(e)
+        return await http.generate(request, service, lambda body: (parse_messages(body), MessageRun))
 
     async def count_tokens(request: Request) -> Response:
-        try:
-            body = await http.body(request)
-            if body is None:
-                return Response(status_code=499)
-            n = await service.count_prompt(parse_messages(body, counting=True))
-            return http.json_response({"input_tokens": n})
-        except APIError as e:
-            return error_response(e)
+        return await http.count(request, service, lambda body: parse_messages(body, counting=True),
+                                lambda n: {"input_tokens": n})
 
     return [Route(PATH, create, methods=["POST"]), Route(COUNT_PATH, count_tokens, methods=["POST"])]

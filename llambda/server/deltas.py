@@ -118,16 +118,33 @@ class Http:
         except ClientDisconnect:
             return None
 
+    async def parsed(self, request: Request, parse: Callable[[Any], Any], in_thread: bool):
+        """`parse(body)`, or None when the client left while sending the body. `in_thread`: parse in
+        a worker thread, for a parse that may read much more than the body."""
+        body = await self.body(request)
+        if body is None:
+            return None
+        return await asyncio.to_thread(parse, body) if in_thread else parse(body)
+
     async def generate(self, request: Request, service, parse: Callable[[Any], tuple],
                        in_thread: bool = False) -> Response:
         """The usual life of a generating request: `parse(body)` gives (spec, run_of), `run_of(gen)`
-        an object whose `stream()` yields SSE bytes and `collect()` returns the whole answer.
-        `in_thread`: parse in a worker thread, for a parse that may read much more than the body."""
-        body = await self.body(request)
-        if body is None:
+        an object whose `stream()` yields SSE bytes and `collect()` returns the whole answer (an
+        object, or its JSON encoded already)."""
+        parsed = await self.parsed(request, parse, in_thread)
+        if parsed is None:
             return Response(status_code=499)
-        spec, run_of = await asyncio.to_thread(parse, body) if in_thread else parse(body)
+        spec, run_of = parsed
         return await self.run(request, service, spec, run_of)
+
+    async def count(self, request: Request, service, parse: Callable[[Any], Any], answer: Callable[[int], dict],
+                    in_thread: bool = False) -> Response:
+        """A token-counting request: `parse(body)` gives the spec, `answer(n)` the object saying its
+        prompt has n tokens (rendered and tokenized as a generation would, nothing queued)."""
+        spec = await self.parsed(request, parse, in_thread)
+        if spec is None:
+            return Response(status_code=499)
+        return self.json_response(answer(await service.count_prompt(spec)))
 
     async def run(self, request: Request, service, spec, run_of: Callable[[Generation], Any],
                   media_type: str = SSE_TYPE) -> Response:
@@ -139,7 +156,10 @@ class Http:
         if spec.stream:
             return self.event_stream(gen, _until_gone(run.stream()), media_type)
         result = await self.finish(request, gen, run.collect())
-        return Response(status_code=499) if result is None else self.json_response(result)
+        if result is None:
+            return Response(status_code=499)
+        return Response(result, media_type="application/json") if isinstance(result, bytes) \
+            else self.json_response(result)
 
     async def finish(self, request: Request, gen: Generation, work: Awaitable[Any]):
         """Await `work` (which consumes `gen`), cancelling it when the client hangs up; None if it did."""

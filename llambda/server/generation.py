@@ -118,7 +118,7 @@ class Service:
                 text += setup.prefix
             return self.model._prompt_ids(text), setup, grammar
         except ChatTemplateError as e:
-            raise bad_request(f"cannot render the messages: {e}", param=spec.messages_param) from None
+            raise bad_request(f"cannot render {spec.messages_shown}: {e}", param=spec.messages_param) from None
         except TokenizerError as e:
             raise bad_request(str(e), param=spec.messages_param) from None
 

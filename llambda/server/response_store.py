@@ -2,9 +2,12 @@
 later request can continue one (`previous_response_id`), read it back (GET /v1/responses/{id}), list
 its input items or delete it.
 
-An entry is two JSON texts: the response object as it was answered, and the conversation's input
-items (every item before the answer, the continued responses' included, so an entry never needs the
-entries it continued). Held as bytes, the byte budget counts what memory really holds. The store is
+An entry is two JSON texts: the response object as it was answered (and where its `output` array
+lies in it), and the conversation's input items (every item before the answer, the continued
+responses' included, so an entry never needs the entries it continued). Held as bytes, the byte
+budget counts what memory really holds, and nothing is serialized twice: a response is encoded once
+(`encode_response`, the bytes its reply sends too), and a continuing conversation's bytes are the
+continued entry's items and output joined as they are, then the new items (`conversation`). The store is
 bounded by entries and by bytes; past either, the oldest entries go first. One conversation's items
 are bounded too (`conversation`), so no single request parses more than that. One lock, so any
 thread may call it (worker threads read and write a request's conversation, the event loop the
@@ -29,9 +32,37 @@ SHOWN_ID_CHARS = 100                     # of an unknown id, quoted back in an e
 
 
 @dataclass(frozen=True)
+class EncodedResponse:
+    data: bytes                 # the response object, JSON
+    output: tuple[int, int]     # the byte span of its `output` array in `data`
+
+
+def encode_response(response: dict) -> EncodedResponse:
+    """The response object as JSON (as `dumps` writes it), serialized key by key so that the span
+    of its `output` is known."""
+    pieces, at, output = [], 1, (0, 0)
+    for key, value in response.items():
+        head = f"{dumps(key)}:".encode()
+        text = dumps(value).encode()
+        if key == "output":
+            start = at + (1 if pieces else 0) + len(head)
+            output = (start, start + len(text))
+        pieces.append(head + text)
+        at += len(pieces[-1]) + (1 if len(pieces) > 1 else 0)
+    return EncodedResponse(b"{" + b",".join(pieces) + b"}", output)
+
+
+def _joined(*arrays: bytes) -> bytes:
+    """JSON arrays as one array, their elements' texts kept as they are."""
+    inner = [a[1:-1] for a in arrays if a[1:-1].strip()]
+    return b"[" + b",".join(inner) + b"]"
+
+
+@dataclass(frozen=True)
 class Stored:
-    response: bytes     # the response object, JSON
-    items: bytes        # the input items, JSON array
+    response: bytes             # the response object, JSON
+    output: tuple[int, int]     # where its `output` array lies in `response`
+    items: bytes                # the input items, JSON array
 
     @property
     def size(self) -> int:
@@ -39,6 +70,13 @@ class Stored:
 
     def response_object(self) -> dict:
         return json.loads(self.response)
+
+    def output_json(self) -> bytes:
+        start, end = self.output
+        return self.response[start:end]
+
+    def output_items(self) -> list[dict]:
+        return json.loads(self.output_json())
 
     def input_items(self) -> list[dict]:
         return json.loads(self.items)
@@ -65,10 +103,13 @@ class ResponseStore:
         token = secrets.token_hex(24)
         return f"resp_{self.tag}_{token}" if self.tag else f"resp_{token}"
 
-    def conversation(self, items: list) -> bytes:
-        """A conversation's input items as an entry holds them, or a 400 when they are more than one
-        entry may hold (checked before the request generates)."""
+    def conversation(self, continued: Stored | None, items: list) -> bytes:
+        """A conversation's input items as an entry holds them (those of `continued`, the entry it
+        continues, as they are, then the new `items`), or a 400 when they are more than one entry
+        may hold (checked before the request generates)."""
         data = dumps(items).encode()
+        if continued is not None:       # its input items, then its output
+            data = _joined(continued.items, continued.output_json(), data)
         # the whole store's budget bounds one entry too: input alone past it could never be kept
         limit = min(self.max_conversation_bytes, self.max_bytes)
         if len(data) > limit:
@@ -83,10 +124,10 @@ class ResponseStore:
         """False when this server stores no response (--stored-responses 0)."""
         return self.max_responses >= 1
 
-    def put(self, response_id: str, response: dict, items: list | bytes) -> bool:
-        """Keep a response (evicting the oldest as needed) with its input items (or `conversation`'s
+    def put(self, response_id: str, response: EncodedResponse, items: bytes) -> bool:
+        """Keep a response (evicting the oldest as needed) with its input items (`conversation`'s
         bytes of them); False when it alone exceeds the budget."""
-        entry = Stored(dumps(response).encode(), items if isinstance(items, bytes) else dumps(items).encode())
+        entry = Stored(response.data, response.output, items)
         if not self.keeps_any or entry.size > self.max_bytes:
             return False
         with self._lock:

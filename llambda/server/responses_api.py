@@ -15,7 +15,8 @@ Responses are stored (`store`, true by default, as in OpenAI's API) in a bounded
 before the new input, e.g. function_call_output items answering its calls; its `instructions` are
 not carried over), GET /v1/responses/{id} returns it as it was answered, DELETE removes it, and
 GET /v1/responses/{id}/input_items lists the items before its answer (`limit`, `order`, `after`).
-A stream that fails or is left is not stored. `conversation` (the Conversations API) is refused.
+A stream that fails or is left is not stored. A finished response is encoded once, in a worker
+thread: the bytes stored are the bytes sent. `conversation` (the Conversations API) is refused.
 POST /v1/responses/input_tokens counts the tokens of the prompt a request would generate from (a stored
 conversation alone, `previous_response_id` without `input`, included).
 """
@@ -31,15 +32,17 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .deltas import Http, array_of, deltas, sse_event
-from .errors import APIError, bad_request
+from .errors import APIError, bad_request, shown
 from .generation import Generation, Service
-from .openai_format import now
-from .response_items import new_id as _id, stored_items
-from .response_store import ResponseStore
-from .schemas import MAX_MESSAGES, MAX_TOOLS, REASONING_EFFORTS, GenerationSpec, _Body, _type, parse_chat
+from .openai_format import dumps, now
+from .response_items import check_annotations, new_id as _id, stored_items
+from .response_store import ResponseStore, Stored, encode_response
+from .schemas import (MAX_MESSAGES, MAX_TOOLS, GenerationSpec, _Body, _type, check_function, parse_chat,
+                      with_reasoning_effort)
 
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
-TEXT_PARTS = ("input_text", "output_text", "text")
+TEXT_PARTS = ("input_text", "output_text", "text")      # a message's content
+REASONING_PARTS, SUMMARY_PARTS = ("reasoning_text",), ("summary_text",)    # a reasoning item's content, summary
 # sampling fields passed on as they are (llama-server's extensions included)
 PASSED = ("model", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
           "repeat_penalty", "ignore_eos", "parallel_tool_calls", "stream", "grammar", "regex")
@@ -51,19 +54,30 @@ MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
 
 # -- request -----------------------------------------------------------------------------
 
-def _text(content, where: str) -> str:
-    """A string, or an array of text parts (input_text / output_text), as one string."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise bad_request(f"{where} must be a string or an array of content parts, got {_type(content)}", param=where)
+def _text(parts, where: str, kinds: tuple = TEXT_PARTS) -> str:
+    """Text parts of `kinds` as one string: a message's content (or a string), or a reasoning item's
+    content or summary (or absent). An output_text part's annotations are checked: they are stored."""
+    message = kinds is TEXT_PARTS
+    if isinstance(parts, str) and message:
+        return parts
+    if parts is None and not message:
+        return ""
+    if not isinstance(parts, list):
+        wanted = "a string or an array of content parts" if message else f"an array of {kinds[0]} parts"
+        raise bad_request(f"{where} must be {wanted}, got {_type(parts)}", param=where)
     texts = []
-    for j, part in enumerate(content):
+    for j, part in enumerate(parts):
+        at = f"{where}[{j}]"
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in TEXT_PARTS or not isinstance(part.get("text"), str):
-            shown = repr(kind) if isinstance(kind, str) else _type(part)
-            raise bad_request(f"{where}[{j}] is a {shown} part; only input_text and output_text parts are "
-                              "supported (no images, files or audio)", param=f"{where}[{j}]")
+        if kind not in kinds:
+            what = shown(kind) if isinstance(kind, str) else _type(part)
+            only = "input_text and output_text parts are supported (no images, files or audio)" if message \
+                else f"{kinds[0]} parts are"
+            raise bad_request(f"{at} is a {what} part; only {only}", param=at)
+        if not isinstance(part.get("text"), str):
+            raise bad_request(f"{at}: a {kind} part needs a string 'text', got {_type(part.get('text'))}", param=at)
+        if kind == "output_text":
+            check_annotations(part.get("annotations"), f"{at}.annotations")
         texts.append(part["text"])
     return "\n".join(texts)
 
@@ -81,8 +95,12 @@ def _messages(items: list, field: str, msgs: list[dict]) -> list[dict]:
             raise bad_request(f"{where} must be an object, got {_type(item)}", param=where)
         kind = item.get("type", "message" if "role" in item else None)
         if kind == "reasoning":
-            text = _parts_text(item.get("content"), "reasoning_text", f"{where}.content")
-            _parts_text(item.get("summary"), "summary_text", f"{where}.summary")   # stored: checked, not read
+            text = _text(item.get("content"), f"{where}.content", REASONING_PARTS)
+            _text(item.get("summary"), f"{where}.summary", SUMMARY_PARTS)     # stored: checked, not read
+            secret = item.get("encrypted_content")      # stored too (another server's): not read
+            if secret is not None and not isinstance(secret, str):
+                raise bad_request(f"{where}.encrypted_content must be a string, got {_type(secret)}",
+                                  param=f"{where}.encrypted_content")
             reasoning = f"{reasoning}\n{text}" if reasoning and text else reasoning or text
             continue
         if kind == "message":
@@ -108,8 +126,8 @@ def _messages(items: list, field: str, msgs: list[dict]) -> list[dict]:
             msgs.append({"role": "tool", "tool_call_id": call_id,
                          "content": _text(item.get("output", ""), f"{where}.output")})
         else:
-            shown = repr(kind) if isinstance(kind, str) else _type(kind)
-            raise bad_request(f"{where}.type {shown} is not supported (message, function_call, "
+            what = shown(kind) if isinstance(kind, str) else _type(kind)
+            raise bad_request(f"{where}.type {what} is not supported (message, function_call, "
                               "function_call_output and reasoning items are)", param=where)
         if reasoning and msgs[-1]["role"] == "assistant":
             msgs[-1]["reasoning_content"] = reasoning
@@ -117,40 +135,28 @@ def _messages(items: list, field: str, msgs: list[dict]) -> list[dict]:
     return msgs
 
 
-def _parts_text(parts, kind: str, where: str) -> str:
-    """A reasoning item's `kind` parts (its content's reasoning_text, its summary's summary_text) as
-    one string; its summary is not the reasoning."""
-    if parts is None:
-        return ""
-    if not isinstance(parts, list):
-        raise bad_request(f"{where} must be an array of {kind} parts, got {_type(parts)}", param=where)
-    texts = []
-    for j, part in enumerate(parts):
-        if not (isinstance(part, dict) and part.get("type") == kind and isinstance(part.get("text"), str)):
-            raise bad_request(f"{where}[{j}] must be a {kind} part with a string 'text'", param=f"{where}[{j}]")
-        texts.append(part["text"])
-    return "\n".join(texts)
-
-
-def _continued(b: _Body, store: ResponseStore) -> list[dict]:
-    """The items `previous_response_id` continues: that response's input items, then its output."""
+def _continued(b: _Body, store: ResponseStore) -> tuple[Stored | None, list[dict]]:
+    """The entry `previous_response_id` names and the items it continues: that response's input
+    items, then its output (parsed for the prompt; the entry's bytes are what is stored again)."""
     prev = b.get("previous_response_id")
     if prev is None:
-        return []
+        return None, []
     if not isinstance(prev, str):
         raise bad_request(f"'previous_response_id' must be a string, got {_type(prev)}", param="previous_response_id")
     entry = store.get(prev, param="previous_response_id")
-    return entry.input_items() + entry.response_object()["output"]
+    return entry, entry.input_items() + entry.output_items()
 
 
 def _tools(v) -> list | None:
     """The Responses API's flat function tools as chat tools."""
-    out = []
+    out: list = []
+    names: set[str] = set()
     for i, t in enumerate(array_of(v, "tools", "tools", MAX_TOOLS)):
         if not isinstance(t, dict) or t.get("type") != "function":
             kind = t.get("type") if isinstance(t, dict) else None
-            raise bad_request(f"tools[{i}] has type {kind!r}; only function tools are supported (no built-in "
+            raise bad_request(f"tools[{i}] has type {shown(kind)}; only function tools are supported (no built-in "
                               "tools such as web_search or file_search)", param=f"tools[{i}]")
+        check_function(t, f"tools[{i}]", f"tools[{i}]", names)     # flat: chat's check would name tools[i].function
         fn = {k: t[k] for k in ("name", "description", "parameters") if t.get(k) is not None}
         out.append({"type": "function", "function": fn})
     return out or None
@@ -196,16 +202,19 @@ def _text_format(v) -> tuple[dict, dict | None]:
 
 
 def _effort(v):
-    """`reasoning.effort` (the template variable `reasoning_effort`, which gpt-oss's template reads)."""
+    """`reasoning.effort`, unchecked (with_reasoning_effort checks it)."""
     if v is None:
         return None
     if not isinstance(v, dict):
         raise bad_request(f"'reasoning' must be an object, got {_type(v)}", param="reasoning")
-    effort = v.get("effort")
-    if effort is not None and effort not in REASONING_EFFORTS:
-        raise bad_request(f"'reasoning.effort' must be one of {', '.join(REASONING_EFFORTS)}",
-                          param="reasoning.effort")
-    return effort
+    return v.get("effort")
+
+
+def _prompt_fields(instructions, continued: bool, inp) -> str:
+    """The fields a prompt came from, as an error that cannot render it names them."""
+    fields = (["'instructions'"] if instructions else []) + (["the items of 'previous_response_id'"] if continued
+                                                             else []) + (["'input'"] if inp is not None else [])
+    return " and ".join(fields)
 
 
 def _metadata(v) -> dict:
@@ -229,10 +238,12 @@ def _metadata(v) -> dict:
     return v
 
 
-def parse_responses(body, store: ResponseStore, counting: bool = False) -> tuple[GenerationSpec, dict, list[dict]]:
-    """(the chat spec, the request's fields a response object repeats, the conversation's input
-    items: those `previous_response_id` continues, then this request's). `counting`: an input_tokens
-    body, which may leave `input` out when it names a stored conversation (that alone is a prompt)."""
+def parse_responses(body, store: ResponseStore,
+                    counting: bool = False) -> tuple[GenerationSpec, dict, Stored | None, list[dict]]:
+    """(the chat spec, the request's fields a response object repeats, the stored response
+    `previous_response_id` continues, this request's input items as stored). `counting`: an
+    input_tokens body, which may leave `input` out when it names a stored conversation (that alone
+    is a prompt)."""
     b = _Body(body)
     if b.get("conversation") is not None:
         raise bad_request("'conversation' is not supported: continue a stored response with "
@@ -250,7 +261,7 @@ def parse_responses(body, store: ResponseStore, counting: bool = False) -> tuple
     keep = b.boolean("store", True)
     max_output = b.integer("max_output_tokens", None, 1)
     shown_format, response_format = _text_format(b.get("text"))
-    earlier = _continued(b, store)
+    continued, earlier = _continued(b, store)
     # instructions are this request's alone: a continued response's are not carried over (as OpenAI's API)
     msgs = [{"role": "system", "content": instructions}] if instructions else []
     _messages(earlier, "previous_response_id", msgs)
@@ -268,8 +279,7 @@ def parse_responses(body, store: ResponseStore, counting: bool = False) -> tuple
     if response_format is not None:
         chat["response_format"] = response_format
     effort = _effort(b.get("reasoning"))
-    if effort is not None:
-        chat["reasoning_effort"] = effort
+    effort_kwargs = with_reasoning_effort({}, effort, "reasoning.effort")
     try:
         spec = parse_chat(chat)
     except APIError as e:
@@ -277,8 +287,10 @@ def parse_responses(body, store: ResponseStore, counting: bool = False) -> tuple
             raise bad_request(f"text.format {response_format['type']!r} is invalid: {e.message}",
                               param="text.format") from None
         raise
+    spec.template_kwargs.update(effort_kwargs)
     spec.max_tokens_param = "max_output_tokens"     # errors name the Responses fields
     spec.messages_param = "input"
+    spec.messages_shown = _prompt_fields(instructions, continued is not None, inp)
     if response_format is not None:
         spec.constraint_param = "text.format"        # a schema that does not compile, too
     echo = {"instructions": instructions, "max_output_tokens": max_output, "metadata": _metadata(b.get("metadata")),
@@ -287,7 +299,7 @@ def parse_responses(body, store: ResponseStore, counting: bool = False) -> tuple
             "tool_choice": b.get("tool_choice") or "auto", "tools": b.get("tools") or [],
             "reasoning": {"effort": effort, "summary": None},
             "previous_response_id": b.get("previous_response_id"), "store": keep}
-    return spec, echo, earlier + stored_items(inp or [], earlier)
+    return spec, echo, continued, stored_items(inp or [], earlier)
 
 
 # -- response ----------------------------------------------------------------------------
@@ -321,11 +333,12 @@ def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: st
 
 
 class ResponseRun:
-    """One /v1/responses request over a Generation; `keep(response)` is called with the finished
-    (completed or incomplete) response object before it is sent (and may set its `store` false)."""
+    """One /v1/responses request over a Generation; `finish(response)` is called, in a worker thread,
+    with the finished (completed or incomplete) response object: it keeps it if asked (and may set
+    its `store` false) and returns its JSON, which is sent as it is."""
 
-    def __init__(self, gen: Generation, echo: dict, response_id: str, keep: Callable[[dict], object]):
-        self.gen, self.echo, self.keep = gen, echo, keep
+    def __init__(self, gen: Generation, echo: dict, response_id: str, finish: Callable[[dict], bytes]):
+        self.gen, self.echo, self.finish = gen, echo, finish
         self.id = response_id
         self.created = now()
 
@@ -342,7 +355,7 @@ class ResponseRun:
     def status(finish: str | None) -> str:
         return "incomplete" if finish == "length" else "completed"
 
-    async def collect(self) -> dict:
+    async def collect(self) -> bytes:
         chat = await self.gen.collect()
         choice = chat["choices"][0]
         status = self.status(choice["finish_reason"])
@@ -357,9 +370,8 @@ class ResponseRun:
             output.append(_call_item(_id("fc"), call["id"], fn["name"], fn["arguments"], "completed"))
         if output:      # as streamed: an item ends complete when the next begins; the last, as the answer did
             output[-1]["status"] = status
-        response = self.response(status, output)
-        self.keep(response)
-        return response
+        # the echo (instructions, tools) and the answer may be megabytes: encoded off the event loop
+        return await asyncio.to_thread(self.finish, self.response(status, output))
 
     async def stream(self):
         seq = [0]
@@ -367,6 +379,11 @@ class ResponseRun:
         def event(kind: str, **fields) -> bytes:
             seq[0] += 1
             return sse_event(kind, {"type": kind, "sequence_number": seq[0] - 1, **fields})
+
+        def response_event(kind: str, response: bytes) -> bytes:
+            """An event holding a response object encoded already (in a worker thread)."""
+            head = event(kind)[:-len(b"}\n\n")]
+            return head + b',"response":' + response + b"}\n\n"
 
         output: list[dict] = []       # items, in their output_index order, as they stand
         open_item: dict | None = None
@@ -403,8 +420,9 @@ class ResponseRun:
                 yield event("response.content_part.added", item_id=item["id"], output_index=len(output) - 1,
                             content_index=0, part=dict(_TEXT_ITEMS[item["type"]][2]))
 
-        yield event("response.created", response=self.response("in_progress", []))
-        yield event("response.in_progress", response=self.response("in_progress", []))
+        started = await asyncio.to_thread(_encoded, self.response("in_progress", []))
+        yield response_event("response.created", started)
+        yield response_event("response.in_progress", started)
         try:
             async for d in deltas(self.gen):
                 for kind, piece_text in (("reasoning", d.reasoning), ("message", d.text)):
@@ -437,12 +455,14 @@ class ResponseRun:
                     for piece in close(status):
                         yield piece
                     kind = "response.completed" if status == "completed" else "response.incomplete"
-                    response = self.response(status, output)
-                    self.keep(response)
-                    yield event(kind, response=response)
+                    yield response_event(kind, await asyncio.to_thread(self.finish, self.response(status, output)))
         except APIError as e:
             err = {"code": e.code or e.kind, "message": e.message}
             yield event("response.failed", response=self.response("failed", output, error=err))
+
+
+def _encoded(obj) -> bytes:
+    return dumps(obj).encode()
 
 
 def _list_query(request: Request) -> tuple[int, bool, str | None]:
@@ -475,18 +495,21 @@ def list_page(items: list[dict], limit: int, descending: bool, after: str | None
 def routes(service: Service, http: Http, store: ResponseStore) -> list[Route]:
     """The endpoints; `store` keeps the responses (create_app makes it, of the server config's bounds)."""
     def parse(body):
-        spec, echo, items = parse_responses(body, store)
+        spec, echo, continued, items = parse_responses(body, store)
         if not store.keeps_any:
             echo["store"] = False       # the answer says what happened: nothing is kept
         # checked now (a 400 if too big to keep), not once the answer is generated
-        stored = store.conversation(items) if echo["store"] else None
+        stored = store.conversation(continued, items) if echo["store"] else None
 
-        def keep(response: dict) -> None:
+        def finish(response: dict) -> bytes:
+            encoded = encode_response(response)
             # store: false leaves nothing behind; an answer that made the entry larger than the
             # whole store's budget is not kept, and says so (the stream's response.created said true)
-            if stored is not None and not store.put(response["id"], response, stored):
+            if stored is not None and not store.put(response["id"], encoded, stored):
                 response["store"] = False
-        return spec, lambda gen: ResponseRun(gen, echo, store.new_id(), keep)
+                encoded = encode_response(response)
+            return encoded.data
+        return spec, lambda gen: ResponseRun(gen, echo, store.new_id(), finish)
 
     # a continued conversation is parsed (and, stored, written back) off the event loop: up to
     # 16 MiB of JSON each way would stall every running stream
@@ -494,12 +517,8 @@ def routes(service: Service, http: Http, store: ResponseStore) -> list[Route]:
         return await http.generate(request, service, parse, in_thread=True)
 
     async def input_tokens(request: Request) -> Response:
-        body = await http.body(request)
-        if body is None:
-            return Response(status_code=499)
-        spec, _, _ = await asyncio.to_thread(parse_responses, body, store, counting=True)
-        n = await service.count_prompt(spec)
-        return http.json_response({"object": "response.input_tokens", "input_tokens": n})
+        return await http.count(request, service, lambda body: parse_responses(body, store, counting=True)[0],
+                                lambda n: {"object": "response.input_tokens", "input_tokens": n}, in_thread=True)
 
     async def retrieve(request: Request) -> Response:
         if request.query_params.get("stream") == "true":
@@ -516,8 +535,9 @@ def routes(service: Service, http: Http, store: ResponseStore) -> list[Route]:
     async def input_items(request: Request) -> Response:
         limit, descending, after = _list_query(request)
         entry = store.get(request.path_params["response_id"])
-        items = await asyncio.to_thread(entry.input_items)
-        return http.json_response(list_page(items, limit, descending, after))
+        # a page of a few items may still be megabytes: parsed and encoded in a worker thread
+        page = await asyncio.to_thread(lambda: _encoded(list_page(entry.input_items(), limit, descending, after)))
+        return Response(page, media_type="application/json")
 
     async def not_allowed(request: Request) -> Response:
         raise HTTPException(405)

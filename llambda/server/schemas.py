@@ -20,7 +20,7 @@ from typing import Any
 from ..chat import DEFAULT_MAX_OUTPUT_CHARS, check_template_kwargs
 from ..constraints import GrammarSpec
 from ..errors import InvalidInputError
-from .errors import bad_request
+from .errors import bad_request, shown
 
 MAX_N = 16              # choices per request
 MAX_STOP = 16           # stop strings per request
@@ -164,6 +164,7 @@ class GenerationSpec:
     # chat
     messages: list | None = None
     messages_param: str = "messages"        # the request's name for them, for errors (Responses: input)
+    messages_shown: str = "the messages"    # what errors call them (Responses: the fields they came from)
     tools: list | None = None
     tool_choice: str = "auto"               # "auto" | "required" | "function" (forced_tool) ; "none" drops tools
     forced_tool: str | None = None          # the function a forced tool_choice names
@@ -484,23 +485,29 @@ def _tools(v: Any) -> list | None:
         where = f"tools[{i}]"
         if not isinstance(t, dict) or t.get("type") != "function":
             raise bad_request(f"{where} must be an object with type 'function'", param=where)
-        fn = t.get("function")
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise bad_request(f"{where}.function must be an object with a non-empty string 'name'", param=where)
-        # a call is known by its name alone: two tools of one name make it unclear which was called
-        if fn["name"] in names:
-            raise bad_request(f"{where}.function.name {fn['name']!r} is taken by an earlier tool", param=where)
-        names.add(fn["name"])
-        params = fn.get("parameters")
-        if params is not None and not isinstance(params, dict):
-            raise bad_request(f"{where}.function.parameters must be a JSON Schema object", param=where)
-        # arguments are an object (as OpenAI requires): under a forcing tool_choice the grammar would
-        # make the model write a string or a number, which no parser takes for a call
-        kind = (params or {}).get("type", "object")
-        if kind != "object" and not (isinstance(kind, list) and "object" in kind):
-            raise bad_request(f"{where}.function.parameters must describe an object (the arguments), "
-                              f"got type {json.dumps(kind)}", param=where)
+        check_function(t.get("function"), f"{where}.function", where, names)
     return v or None
+
+
+def check_function(fn: Any, where: str, param: str, names: set[str], schema: str = "parameters") -> None:
+    """A function tool's definition (`where`: the request's name for it, chat's tools[i].function or
+    a Responses or Anthropic tools[i]; `schema`: its arguments' JSON Schema field, Anthropic's
+    input_schema); `names`: those of the tools before it, this one's added."""
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+        raise bad_request(f"{where} must be an object with a non-empty string 'name'", param=param)
+    # a call is known by its name alone: two tools of one name make it unclear which was called
+    if fn["name"] in names:
+        raise bad_request(f"{where}.name {shown(fn['name'])} is taken by an earlier tool", param=param)
+    names.add(fn["name"])
+    params = fn.get(schema)
+    if params is not None and not isinstance(params, dict):
+        raise bad_request(f"{where}.{schema} must be a JSON Schema object", param=param)
+    # arguments are an object (as OpenAI requires): under a forcing tool_choice the grammar would
+    # make the model write a string or a number, which no parser takes for a call
+    kind = (params or {}).get("type", "object")
+    if kind != "object" and not (isinstance(kind, list) and "object" in kind):
+        raise bad_request(f"{where}.{schema} must describe an object (the arguments), "
+                          f"got type {json.dumps(kind)}", param=param)
 
 
 def parse_completion(body: Any) -> GenerationSpec:
