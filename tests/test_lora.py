@@ -24,7 +24,8 @@ ATTN, MLP = ("q_proj", "k_proj", "v_proj", "o_proj"), ("gate_proj", "up_proj", "
 LEAVES = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
           "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}
 # backend, activations, max |logit difference| between two loads of the same float weights
-MODES = {"numpy": ("numpy", None, 1e-4), "native-exact": ("native", "f32", 1e-3)}
+MODES = {"numpy": ("numpy", None, 1e-4), "native-exact": ("native", "f32", 1e-3),
+         "native-fast": ("native", "q8", 1e-2)}
 
 
 def config(folder):
@@ -210,24 +211,52 @@ def test_quantized_base_requantized_with_a_warning(tmp_path):
     assert diff(got, want) <= 1.25 * once + 0.05, (diff(got, want), once)
 
 
+def merge_one(qtype, w, a, b, scale=0.5, factor=2.0):
+    """LoraMerge on one (64, 256) weight `w` stored as `qtype`: (the merge, the merged tensor)."""
+    from types import SimpleNamespace
+    from llambda.formats.lora import LoraAdapter, LoraPair
+    from llambda.formats.lora_merge import LoraMerge
+    from llambda.formats.quants import quantize
+    from llambda.formats.weights import WeightTensor
+    base = WeightTensor("blk.0.ffn_up.weight", qtype, w.shape, quantize(w, qtype).reshape(-1))
+    pair = LoraPair(WeightTensor.from_float("a", a), WeightTensor.from_float("b", b), factor, "up")
+    ad = LoraAdapter(Path("x"), "peft", scale, {base.name: pair})
+    merge = LoraMerge(lambda n: base if n == base.name else None, [ad], SimpleNamespace(rope_neox=True))
+    return merge, merge.lookup(base.name), base
+
+
+def factors(seed=9):
+    rng = np.random.default_rng(seed)
+    w, a, b = (rng.standard_normal(shape) * g for shape, g in (((64, 256), 0.05), ((4, 256), 0.1), ((64, 4), 0.1)))
+    return w.astype(np.float32), a.astype(np.float32), b.astype(np.float32)
+
+
+@pytest.mark.parametrize("qtype", [QType.F32, QType.F16, QType.BF16])
+def test_float_weight_merged_in_float_and_kept_in_its_type(qtype):
+    from llambda.formats.quants import dequantize, quantize
+    w, a, b = factors()
+    merge, got, base = merge_one(qtype, w, a, b)
+    exact = dequantize(base.data, qtype, w.shape) + b @ a        # scale 0.5 x factor 2
+    assert got.qtype == qtype and np.array_equal(got.data, quantize(exact, qtype).reshape(-1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LlambdaWarning)
+        merge.finish()
+
+
+def test_non_finite_merge_is_refused():
+    w, a, b = factors()
+    a[0, 3] = np.inf
+    with pytest.raises(AdapterError, match="non-finite weights"):
+        merge_one(QType.F32, w, a, b)
+
+
 @pytest.mark.parametrize("qtype", [QType.Q8_0, QType.Q4_0, QType.Q4_K, QType.Q6_K])
 def test_requantized_weight_error(qtype):
     """One merge of a quantized matrix (256 columns: the K-quants' blocks): the result keeps the type, and
     its error against the exact W + s B @ A is at most twice a single rounding of that sum (RMS)."""
-    from types import SimpleNamespace
-    from llambda.formats.lora import LoraAdapter, LoraPair
-    from llambda.formats.lora_merge import LoraMerge
     from llambda.formats.quants import dequantize, quantize
-    from llambda.formats.weights import WeightTensor
-    rng = np.random.default_rng(9)
-    w = (rng.standard_normal((64, 256)) * 0.05).astype(np.float32)
-    a = (rng.standard_normal((4, 256)) * 0.1).astype(np.float32)
-    b = (rng.standard_normal((64, 4)) * 0.1).astype(np.float32)
-    base = WeightTensor("blk.0.ffn_up.weight", qtype, w.shape, quantize(w, qtype).reshape(-1))
-    pair = LoraPair(WeightTensor.from_float("a", a), WeightTensor.from_float("b", b), 2.0, "up")
-    ad = LoraAdapter(Path("x"), "peft", 0.5, {base.name: pair})
-    merge = LoraMerge(lambda n: base if n == base.name else None, [ad], SimpleNamespace(rope_neox=True))
-    got = merge.lookup(base.name)
+    w, a, b = factors()
+    merge, got, base = merge_one(qtype, w, a, b)
     exact = w + 1.0 * (b @ a)
     assert got.qtype == qtype and got.shape == w.shape
     err = np.sqrt(np.mean((dequantize(got.data, qtype, w.shape) - exact) ** 2))
