@@ -443,3 +443,48 @@ def test_serve_passes_adapters_to_load(monkeypatch):
     from test_cli import _serve_with_fake_load
     seen = _serve_with_fake_load(monkeypatch, ["-m", "some.gguf", "--lora", "a.gguf:0.5", "--lora", "b"])
     assert seen["load"][1]["lora"] == [("a.gguf", 0.5), ("b", 1.0)]
+
+
+def llama_cpp_ready_gguf(tmp_path) -> Path:
+    """test_export's tiny llama GGUF (F32) with the two metadata spellings llama.cpp's loader insists on."""
+    from test_export import tiny_llama_gguf
+    from llambda.formats.gguf import GGUFFile, GGUFValueType
+    raw, out = tiny_llama_gguf(tmp_path / "raw.gguf", qtype=QType.F32), tmp_path / "base.gguf"
+    with GGUFFile(raw) as f:
+        types = {**f.metadata_types, "tokenizer.ggml.token_type": (GGUFValueType.ARRAY, GGUFValueType.INT32)}
+        write_gguf(out, {**f.metadata, "tokenizer.ggml.pre": "default"},
+                   [(n, t.qtype, np.array(t.data), t.shape) for n, t in f.tensors.items()], metadata_types=types)
+    return out
+
+
+def test_same_logits_as_llama_cpp_applying_the_adapter(tmp_path):
+    """llama.cpp (llama-cpp-python) applying the GGUF adapter at run time, and our merge of it and of its
+    PEFT form (HF q/k row order) into the same GGUF llama base, agree within float rounding."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from llambda.formats.gguf import GGUFFile
+    base = llama_cpp_ready_gguf(tmp_path)
+    rng, ids, heads = np.random.default_rng(3), [5, 70, 100, 33, 200, 9], {"attn_q": 4, "attn_k": 2}
+    with GGUFFile(base) as f:
+        shapes = {n: t.shape for n, t in f.tensors.items() if n.startswith("blk.") and len(t.shape) == 2}
+    hf_leaf = {v: k for k, v in LEAVES.items()}
+    gguf_t, peft_pairs = [], {}
+    for n, (rows, cols) in shapes.items():
+        _, i, leaf, _ = n.split(".")
+        a, b = (rng.standard_normal(s).astype(np.float32) * 0.3 for s in ((4, cols), (rows, 4)))
+        peft_pairs[f"model.layers.{i}.{'self_attn' if hf_leaf[leaf] in ATTN else 'mlp'}.{hf_leaf[leaf]}"] = (a, b)
+        gguf_t += [(n + ".lora_a", QType.F32, a),
+                   (n + ".lora_b", QType.F32, llama_cpp_rows(b, heads[leaf]) if leaf in heads else b)]
+    write_gguf(tmp_path / "a.gguf", {"general.architecture": "llama", "general.type": "adapter",
+                                     "adapter.type": "lora", "adapter.lora.alpha": 8.0}, gguf_t)
+    peft = write_peft(tmp_path / "peft", peft_pairs, alpha=8)
+
+    def cpp(**kw):
+        llm = llama_cpp.Llama(model_path=str(base), n_ctx=64, n_threads=1, logits_all=True, verbose=False, **kw)
+        llm.eval(ids)
+        return np.array(llm.scores[len(ids) - 1], dtype=np.float32)
+
+    want, plain = cpp(lora_path=str(tmp_path / "a.gguf"), lora_scale=0.7), cpp()
+    for lora in (tmp_path / "a.gguf", peft):
+        with llambda.load(base, backend="numpy", lora=[(lora, 0.7)]) as m:
+            got = m.logits(ids)
+        assert diff(got, want) <= 0.02 and diff(want, plain) > 1, (lora, diff(got, want), diff(want, plain))
