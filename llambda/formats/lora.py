@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import AdapterError, ModelFormatError
+from ..errors import AdapterError, InvalidInputError, ModelFormatError
 from .files import read_json
 from .quants import DEQUANTIZABLE
 from .rope_rows import PERMUTED_GGUF_ARCHS
@@ -73,7 +73,7 @@ def parse_lora_arg(text: str) -> tuple[str, float]:
     """`PATH[:SCALE]` (the command line's --lora) -> (path, scale). A path that exists as given wins
     over reading its last colon as a scale."""
     if not isinstance(text, str) or not text:
-        raise AdapterError(f"--lora takes PATH[:SCALE], got {text!r}")
+        raise InvalidInputError(f"--lora takes PATH[:SCALE], got {text!r}")
     path, sep, tail = text.rpartition(":")
     if sep and path and not os.path.exists(text):
         try:
@@ -89,7 +89,8 @@ def adapter_specs(lora) -> list[tuple[str, float]]:
         return []
     items = [lora] if isinstance(lora, (str, os.PathLike, tuple)) else lora
     if not isinstance(items, (list, tuple)):
-        raise AdapterError(f"lora= takes a path, a (path, scale) pair or a list of them, got {type(lora).__name__}")
+        raise InvalidInputError(f"lora= takes a path, a (path, scale) pair or a list of them, "
+                                f"got {type(lora).__name__}")
     out = []
     for item in items:
         if isinstance(item, (str, os.PathLike)):
@@ -97,10 +98,10 @@ def adapter_specs(lora) -> list[tuple[str, float]]:
         else:       # a (path, scale) pair; a list from a config file alike
             path, scale = tuple(item) if isinstance(item, (tuple, list)) and len(item) == 2 else (None, None)
         if not isinstance(path, (str, os.PathLike)):
-            raise AdapterError(f"lora= items are paths or (path, scale) pairs, got {item!r}")
+            raise InvalidInputError(f"lora= items are paths or (path, scale) pairs, got {item!r}")
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) \
                 or abs(scale) > MAX_SCALE:
-            raise AdapterError(f"the scale of LoRA adapter {os.fspath(path)} must be a finite number of magnitude "
+            raise InvalidInputError(f"the scale of LoRA adapter {os.fspath(path)} must be a finite number of magnitude "
                                f"at most {MAX_SCALE:g}, got {scale!r}")
         out.append((os.fspath(path), float(scale)))
     return out
