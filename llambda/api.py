@@ -17,6 +17,8 @@ from .constraints import Grammar, Grammars, GrammarSpec, grammar_spec
 from .engine import GenerationParams, Sequence, TokenEvent, token_ids
 from .errors import (ChatTemplateError, ContextOverflowError, InvalidInputError, LlambdaWarning, ModelBusyError,
                      ModelClosedError, ModelFormatError, TokenizerError)
+from .formats.lora import adapter_specs
+from .formats.lora_merge import LoraMerge, open_adapters
 from .formats.open import open_named
 from .hub import is_catalogued
 from .models import memory
@@ -32,7 +34,7 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
          n_ctx: int | None = None, n_slots: int = 1, activations: str | None = None,
          quantize: str | None = None, max_batch: int = 512, kv_type: str | None = None,
          check_memory: bool = True, draft: str | os.PathLike | None = None,
-         draft_threads: int | None = None) -> "Model":
+         draft_threads: int | None = None, lora=None) -> "Model":
     """Load a catalogued model name, a .gguf file or a Hugging Face model directory.
 
     backend: "native" (the C core, default where it built) or "numpy" (the FP32 reference).
@@ -55,6 +57,10 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
     draft: a smaller model of the same vocabulary (name or path) for speculative decoding; loaded
       with the same backend, threads, context and quantize=. generate/stream then speculate with it by default;
       draft_threads: the threads its forward passes use (default: threads).
+    lora: LoRA adapters merged into the weights at load: a path (a GGUF adapter file or a PEFT directory),
+      a (path, scale) pair, or a list of them; each adapter's update is scaled by its scale (default 1).
+      A quantized weight is dequantized, merged and quantized again to its own type (a warning says so).
+      `Model.adapters` describes them. Not applied to the draft model.
     """
     if not isinstance(name_or_path, (str, os.PathLike)):
         raise InvalidInputError(f"load() takes a model name or a path, got {type(name_or_path).__name__}")
@@ -66,9 +72,14 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
     # (a str first: a list here was an unhashable TypeError)
     if kv_type is not None and (not isinstance(kv_type, str) or kv_type not in KV_TYPES):
         raise InvalidInputError(f"kv_type must be one of {sorted(KV_TYPES)}, got {kv_type!r}")
+    lora_specs = adapter_specs(lora)
     path, src = open_named(name_or_path)
     if isinstance(src.config, BertConfig):
+        if lora_specs:
+            src.close()
+            raise InvalidInputError("LoRA adapters (lora=) apply to decoder models, not encoders")
         return _load_encoder(name_or_path, path, src, backend, threads, activations, quantize)
+    adapters, merge = [], None
     try:
         cfg = src.config
         kv_type = kv_type or "f32"
@@ -80,6 +91,10 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
             raise InvalidInputError(f"n_ctx must be in 2..{MAX_POSITIONS}, got {ctx}")
         _warn_about_limits(cfg, ctx, threads)
         lookup, packed_nbytes = src.recording_lookup(), None
+        if lora_specs:
+            adapters = open_adapters(lora_specs, src)
+            merge = LoraMerge(lookup, adapters, cfg, release=src.release)
+            lookup = merge.lookup
         if quantize:
             from .tools.quantize import nbytes_at_load, quantizing_lookup
             lookup, packed_nbytes = quantizing_lookup(lookup, quantize, release=src.release), nbytes_at_load(quantize)
@@ -91,10 +106,16 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
             model = Transformer(cfg, lookup, be, n_ctx=ctx, n_slots=n_slots, max_tokens=max_batch,
                                 release=src.release)
         src.check_all_read()
+        if merge is not None:
+            merge.finish()
     except BaseException:
         src.close()
         raise
+    finally:
+        for ad in adapters:
+            ad.close()
     m = Model(model, src, be)
+    m.adapters = [ad.describe() for ad in adapters]
     m.memory_plan = mplan
     m.name = display_name(name_or_path, path)
     if draft is not None:
@@ -164,6 +185,7 @@ class Model:
         self.transformer = transformer
         self.source = source
         self.memory_plan = None     # llambda.memory.MemoryPlan, set by load()
+        self.adapters: list[dict] = []  # the LoRA adapters merged at load (path, format, scale, tensors, rank)
         self.backend = backend
         self.config = transformer.cfg
         self.tokenizer = source.tokenizer

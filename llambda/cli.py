@@ -80,6 +80,18 @@ def _add_speculative_args(p: argparse.ArgumentParser) -> None:
                    help="threads of the draft model's forward passes (default: -t)")
 
 
+def _add_lora_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lora", action="append", default=[], metavar="PATH[:SCALE]",
+                   help="a LoRA adapter merged into the weights at load: a GGUF adapter (llama.cpp's) or a PEFT "
+                        "directory, its update times SCALE (default 1); repeatable")
+
+
+def _lora_kwargs(a) -> dict:
+    from .formats.lora import parse_lora_arg
+    specs = [parse_lora_arg(x) for x in getattr(a, "lora", None) or []]
+    return {"lora": specs} if specs else {}
+
+
 def _speculative_kwargs(a) -> dict:
     """stream() arguments from the flags: --lookup wins over the draft model for drafting."""
     if a.draft_max is not None and not (a.lookup or a.model_draft):
@@ -159,7 +171,7 @@ def _load(a, generates: bool = False, **extra):
     t0, cpu0 = time.perf_counter(), time.process_time()
     model = load(a.model, backend=a.backend, threads=a.threads, n_ctx=a.ctx_size, activations=a.activations,
                  kv_type=a.kv_type, draft=getattr(a, "model_draft", None),
-                 draft_threads=getattr(a, "threads_draft", None), **extra)
+                 draft_threads=getattr(a, "threads_draft", None), **_lora_kwargs(a), **extra)
     if generates and getattr(model, "is_encoder", False):     # was an AttributeError traceback ('stream')
         model.close()
         raise LlambdaError(f"{a.model} is an encoder (an embedding model): it generates no text; "
@@ -393,7 +405,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
         raise ValueError(f"--shutdown-grace must be 0-{MAX_SHUTDOWN_GRACE} seconds, not {a.shutdown_grace}")
     spec = _speculative_kwargs(a)
     load_kw = dict(backend=a.backend, n_ctx=a.ctx_size, activations=a.activations,
-                   kv_type=a.kv_type or DEFAULT_KV_TYPE, draft=a.model_draft, draft_threads=a.threads_draft)
+                   kv_type=a.kv_type or DEFAULT_KV_TYPE, draft=a.model_draft, draft_threads=a.threads_draft,
+                   **_lora_kwargs(a))
     model_id = a.alias or model_id_for(a.model)
     aliases = {Path(a.model).name, Path(a.model).stem, a.model} - {model_id}
     cfg = ServerConfig(model_id=model_id, aliases=aliases, host=a.host, port=a.port, parallel=a.parallel,
@@ -562,6 +575,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling_args(p)
     _add_constraint_args(p)
     _add_speculative_args(p)
+    _add_lora_args(p)
     p.add_argument("prompt", nargs="?", help="the prompt (default: read stdin)")
     p.set_defaults(fn=cmd_run)
 
@@ -570,6 +584,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling_args(p)
     _add_constraint_args(p)
     _add_speculative_args(p)
+    _add_lora_args(p)
     p.add_argument("--system", default=None, help="system prompt")
     _add_template_args(p)
     p.set_defaults(fn=cmd_chat)
@@ -620,6 +635,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "and the Responses, Anthropic, llama-server and Ollama (/api/*) APIs.")
     _add_model_args(p)
     _add_speculative_args(p)
+    _add_lora_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
     p.add_argument("--parallel", "-np", type=int, default=4,

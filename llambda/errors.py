@@ -10,6 +10,11 @@ class ModelFormatError(LlambdaError, ValueError):
     loaded model's forward pass gives non-finite logits (corrupt weights)."""
 
 
+class AdapterError(ModelFormatError):
+    """A LoRA adapter cannot be applied: malformed, of a kind not supported (DoRA, another PEFT type),
+    or made for another model (architecture, tensor names or shapes)."""
+
+
 class TokenizerError(LlambdaError, ValueError):
     """The tokenizer cannot be built or cannot encode/decode the input."""
 

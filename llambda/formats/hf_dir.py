@@ -115,23 +115,47 @@ def text_config(cfg: dict) -> dict:
     return cfg
 
 
+def name_tables(post_norms: bool, arch: str = "") -> tuple[dict[str, str], dict[str, str]]:
+    """(per-layer HF suffix -> canonical suffix, top-level HF name -> canonical name) of a family: its own
+    names (LFM2's) over the shared ones."""
+    per_layer = layer_names(post_norms)
+    from ..models import ARCHITECTURES
+    module = arch_module(arch) if arch in ARCHITECTURES else None
+    per_layer.update(getattr(module, "HF_LAYER_NAMES", {}))
+    return per_layer, {**GLOBAL_NAMES, **getattr(module, "HF_GLOBAL_NAMES", {})}
+
+
+def text_name(name: str) -> str:
+    """A multimodal checkpoint's text-decoder name as a plain decoder's (`model.language_model.` -> `model.`)."""
+    for old, new in _TEXT_PREFIXES:
+        if name.startswith(old):
+            return new + name[len(old):]
+    return name
+
+
+def canonical_name(name: str, n_layers: int, post_norms: bool, arch: str = "") -> str | None:
+    """The canonical name of one plain HF tensor name (a layer's or a top-level one), None where it has
+    none here (an expert's, an unknown or out-of-range layer tensor, a vision tower's)."""
+    per_layer, global_names = name_tables(post_norms, arch)
+    name = text_name(name)
+    if name in global_names:
+        return global_names[name]
+    m = _LAYER_RE.fullmatch(name)
+    if not m or int(m.group(1)) >= n_layers or m.group(2) not in per_layer:
+        return None
+    return f"blk.{int(m.group(1))}.{per_layer[m.group(2)]}"
+
+
 def canonical_tensors(hf_tensors: dict, n_layers: int, post_norms: bool, arch: str = "") -> dict:
     """HF name -> WeightTensor  =>  canonical name -> WeightTensor.
 
     Decoder-layer tensors we do not know are an error (running without them would be
     silently wrong); other unknown top-level tensors (vision towers, rotary caches) are skipped.
     """
-    per_layer = layer_names(post_norms)
-    from ..models import ARCHITECTURES
-    module = arch_module(arch) if arch in ARCHITECTURES else None   # a family's own names (LFM2's) over the shared
-    per_layer.update(getattr(module, "HF_LAYER_NAMES", {}))
-    global_names = {**GLOBAL_NAMES, **getattr(module, "HF_GLOBAL_NAMES", {})}
+    per_layer, global_names = name_tables(post_norms, arch)
     out, experts, mxfp4 = {}, ExpertStacks(), {}
     for name, t in hf_tensors.items():
-        for old, new in _TEXT_PREFIXES:
-            if name.startswith(old):
-                name = new + name[len(old):]
-                break
+        name = text_name(name)
         if name in global_names:
             out[global_names[name]] = t
             continue

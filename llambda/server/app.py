@@ -338,6 +338,8 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
     async def models(request: Request) -> Response:
         card = {"id": cfg.model_id, "object": "model", "created": int(metrics.started), "owned_by": "llambda",
                 "meta": {"n_ctx": model.n_ctx, "n_vocab": model.config.vocab_size, "slots": scheduler.n_slots}}
+        if getattr(model, "adapters", None):      # the LoRA adapters merged at load
+            card["meta"]["adapters"] = model.adapters
         return json_response({"object": "list", "data": [card]})
 
     async def health(request: Request) -> Response:

@@ -33,6 +33,7 @@ from ..formats.gguf_model import biases_from_tensors
 from ..formats.hf_dir import GLOBAL_NAMES, layer_names
 from ..formats.open import open_named
 from ..formats.quants import QType, TRAITS, quantize
+from ..formats.rope_rows import PERMUTED_GGUF_ARCHS, rope_permutation
 from ..formats.source import ModelSource
 from ..formats.weights import WeightTensor
 from ..models import arch_module
@@ -68,7 +69,6 @@ FAMILIES = {
     "lfm2": Family("lfm2", "Lfm2ForCausalLM", "lfm2"),
     "qwen3next": Family("qwen3_next", "Qwen3NextForCausalLM", "qwen3next"),
 }
-PERMUTED_GGUF_ARCHS = {"llama", "smollm3", "granite"}      # llama.cpp's LLAMA_ROPE_TYPE_NORM architectures among ours
 FLOAT_TYPES = {"f32": QType.F32, "f16": QType.F16, "bf16": QType.BF16}
 HF_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
             "chat_template.json", "generation_config.json", "tokenizer.model")
@@ -119,18 +119,6 @@ def source_tensors(src: ModelSource) -> dict[str, WeightTensor]:
     names += ["output_norm.weight", "output.weight"]
     out = {n: src.tensor(n) for n in names}
     return {n: t for n, t in out.items() if t is not None}
-
-
-def rope_permutation(n_heads: int, head_dim: int, to_interleaved: bool) -> np.ndarray:
-    """Row order turning half-split q/k rows into GGUF-llama's interleaved order, or back."""
-    half = head_dim // 2
-    idx = np.arange(n_heads * head_dim).reshape(n_heads, 2, half)   # [h, j, i]: half j, pair i
-    inter = idx.transpose(0, 2, 1).reshape(-1)                       # row 2i+j of a head <- row j*half+i
-    if to_interleaved:
-        return inter
-    inv = np.empty_like(inter)
-    inv[inter] = np.arange(len(inter))
-    return inv
 
 
 def _permute_rows(t: WeightTensor, order: np.ndarray) -> WeightTensor:

@@ -1,0 +1,154 @@
+"""LoRA adapters merged into a base model's weights as the loader fetches them: W' = W + sum of
+scale * factor * B @ A over the adapters that name W.
+
+A float weight (F32, F16, BF16) is merged in float32 and stored back in its own type; a quantized one is
+dequantized, merged and quantized again to its own type by the NumPy quantizers (one warning says so:
+the merged weight carries a second rounding). Types, shapes and so the memory plan stay the base's.
+Every adapter is checked against the base before any weight is read (checked_adapters).
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Callable, Optional
+
+import numpy as np
+
+from ..errors import AdapterError, LlambdaWarning
+from .lora import LoraAdapter, LoraPair, open_adapter
+from .quants import QType, quantize
+from .rope_rows import rope_permutation
+from .source import ModelSource
+from .weights import WeightTensor
+
+FLOAT_QTYPES = (QType.F32, QType.F16, QType.BF16)
+# llama.cpp writes Mistral and Mixtral as `llama`; otherwise an adapter's architecture is the base's module
+_SAME_GGUF_ARCH = {"mistral": "llama", "mixtral": "llama"}
+
+Lookup = Callable[[str], Optional[WeightTensor]]
+
+
+def _family(arch: str) -> str:
+    from ..models import ARCHITECTURES
+    mod = ARCHITECTURES.get(arch, arch)
+    return _SAME_GGUF_ARCH.get(mod, mod)
+
+
+def _requantizable(qtype: QType) -> bool:
+    """Whether the NumPy quantizers write `qtype` (a probe of one block)."""
+    from .quants import TRAITS
+    try:
+        quantize(np.zeros((1, TRAITS[qtype].block_size), np.float32), qtype)
+        return True
+    except Exception:       # noqa: BLE001 - no quantizer for the type, whatever it raises
+        return False
+
+
+def open_adapters(specs: list[tuple[str, float]], src: ModelSource) -> list[LoraAdapter]:
+    """Each (path, scale) opened and checked against the base model `src` (checked_adapters)."""
+    cfg, out = src.config, []
+    try:
+        for path, scale in specs:
+            out.append(open_adapter(path, scale, cfg.n_layers, cfg.post_norms, cfg.arch))
+        check_adapters(out, src)
+        return out
+    except BaseException:
+        for a in out:
+            a.close()
+        raise
+
+
+def base_arch(src: ModelSource) -> str:
+    arch = src.metadata.get("general.architecture") if src.format == "gguf" else None
+    return arch if isinstance(arch, str) else src.config.arch
+
+
+def check_adapters(adapters: list[LoraAdapter], src: ModelSource) -> None:
+    """AdapterError unless every adapter fits the base: its architecture (GGUF adapters say theirs), every
+    weight it names present in the base, a matrix of the pair's shape, of a type merged here."""
+    cfg, arch = src.config, base_arch(src)
+    for ad in adapters:
+        where = f"LoRA adapter {ad.path}"
+        if ad.arch is not None and _family(ad.arch) != _family(arch):
+            raise AdapterError(f"{where} is for architecture {ad.arch!r}, the model is {arch!r}")
+        for name, pair in ad.pairs.items():
+            t = src.tensor(name)
+            if t is None:
+                raise AdapterError(f"{where}: {pair.source_name!r} adapts {name!r}, which the model does not have "
+                                   "(an adapter for another model?)")
+            if len(t.shape) != 2:
+                raise AdapterError(f"{where}: {name!r} is a {len(t.shape)}-D tensor {t.shape}: LoRA is merged "
+                                   "into matrices only (no expert stacks)")
+            out_rows, in_cols = pair.b.shape[0], pair.a.shape[1]
+            if (out_rows, in_cols) != tuple(t.shape):
+                raise AdapterError(f"{where}: {pair.source_name!r} is a {out_rows}x{in_cols} update but the "
+                                   f"model's {name!r} is {t.shape[0]}x{t.shape[1]} (an adapter for another model?)")
+            if pair.rank > min(t.shape):
+                raise AdapterError(f"{where}: {pair.source_name!r} has rank {pair.rank}, more than its "
+                                   f"{t.shape[0]}x{t.shape[1]} weight's; not a low-rank adapter (A and B swapped?)")
+            if t.qtype not in FLOAT_QTYPES and not _requantizable(t.qtype):
+                raise AdapterError(f"{where}: {name!r} is {t.qtype.name}, which llambda cannot quantize again "
+                                   "after merging (use a float or another quantized base)")
+            if ad.interleaved != (not cfg.rope_neox) and _leaf(name) in ("attn_q", "attn_k") \
+                    and (cfg.rope_dim != cfg.head_dim or cfg.qk_norm):
+                raise AdapterError(f"{where}: its q/k rows are in another RoPE row order than the model's, which "
+                                   "cannot be converted for a partial-rotary or q/k-norm model")
+
+
+def _leaf(name: str) -> str:
+    return name.split(".")[2] if name.startswith("blk.") and name.count(".") >= 2 else ""
+
+
+class LoraMerge:
+    """`lookup(name)`: the base's tensor with every adapter naming it merged in. `finish()` after the load:
+    AdapterError if a pair was never merged, and the one warning about re-quantized weights."""
+
+    def __init__(self, lookup: Lookup, adapters: list[LoraAdapter], config, release=None):
+        self.base, self.adapters, self.config = lookup, adapters, config
+        self.release = release or (lambda data: 0)
+        self.merged: set[str] = set()
+        self.requantized: dict[str, int] = {}      # type name -> weights
+        self._last: tuple[str, WeightTensor] | None = None   # a fused tensor is fetched once per part
+
+    def _delta_rows(self, name: str, ad: LoraAdapter, pair: LoraPair) -> np.ndarray:
+        b = pair.b.to_float32().reshape(pair.b.shape)
+        leaf = _leaf(name)
+        if ad.interleaved != (not self.config.rope_neox) and leaf in ("attn_q", "attn_k"):
+            heads = self.config.n_heads if leaf == "attn_q" else self.config.n_kv_heads
+            b = b[rope_permutation(heads, self.config.head_dim, to_interleaved=not self.config.rope_neox)]
+        return b * np.float32(ad.scale * pair.factor)
+
+    def lookup(self, name: str) -> WeightTensor | None:
+        t = self.base(name)
+        uses = [(ad, ad.pairs[name]) for ad in self.adapters if name in ad.pairs]
+        if t is None or not uses:
+            return t
+        if self._last is not None and self._last[0] == name:
+            return self._last[1]
+        w = t.to_float32().reshape(t.shape).astype(np.float32, copy=True)
+        for ad, pair in uses:
+            a = pair.a.to_float32().reshape(pair.a.shape)
+            w += self._delta_rows(name, ad, pair) @ a
+        if not np.isfinite(w).all():
+            raise AdapterError(f"merging LoRA into {name!r} gave non-finite weights (an adapter's values or "
+                               "scale overflow)")
+        if t.qtype not in FLOAT_QTYPES:
+            self.requantized[t.qtype.name] = self.requantized.get(t.qtype.name, 0) + 1
+        raw = quantize(w, t.qtype).reshape(-1)
+        out = WeightTensor(t.name, t.qtype, t.shape, raw)
+        self.release(t.data)
+        self.merged.add(name)
+        self._last = (name, out)
+        return out
+
+    def finish(self) -> None:
+        self._last = None
+        for ad in self.adapters:
+            missed = [n for n in ad.pairs if n not in self.merged]
+            if missed:
+                raise AdapterError(f"LoRA adapter {ad.path}: the model never read {missed[0]!r} "
+                                   f"({len(missed)} adapted weights unused)")
+        if self.requantized:
+            kinds = ", ".join(f"{n} {k}" for k, n in sorted(self.requantized.items()))
+            warnings.warn(f"LoRA: {kinds} weights were dequantized, merged and quantized again to their own "
+                          "type (a second rounding; a float base merges exactly)", LlambdaWarning, stacklevel=3)
+
