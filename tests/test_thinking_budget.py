@@ -167,6 +167,19 @@ def test_the_budget_under_a_grammar(live):
     assert r["usage"]["completion_tokens_details"]["reasoning_tokens"] <= 10 + len("\n" + CLOSE)
 
 
+def test_the_budget_is_the_sequences_own(live):
+    """Each choice closes its own thought after its own n tokens (n > 1, sampled), and speculative
+    decoding gives the same tokens (a forced token is verified like any other)."""
+    body = _chat(chat_template_kwargs=OPENED, thinking_token_budget=6, logprobs=True, temperature=1.0, seed=7, n=2)
+    out = _post(live, "/v1/chat/completions", body).json()
+    for choice in out["choices"]:
+        rest = "".join(bytes(t["bytes"]).decode("latin-1") for t in choice["logprobs"]["content"][6:])
+        assert rest.startswith(("\n" + CLOSE, CLOSE)) and choice["message"]["content"]
+    assert out["choices"][0]["message"] != out["choices"][1]["message"]
+    drafted = _post(live, "/v1/chat/completions", {**body, "speculative": "lookup"}).json()
+    assert drafted["choices"] == out["choices"]
+
+
 @pytest.mark.parametrize("bad", [-1, "5", True, 1.5])
 def test_a_bad_budget_is_400(live, bad):
     r = _post(live, "/v1/chat/completions", _chat(thinking_token_budget=bad))
