@@ -196,6 +196,7 @@ class Model:
         self._server_seen = None       # the scheduler thread that last ran the model (transformer.served_by)
         self._template = None
         self._template_error: str | None = None   # a template that did not compile, said again without recompiling
+        self._thought_after: str | None = None    # what the template writes after `</think>` (on first use)
         self._grammars = None          # llguidance's view of the vocabulary, built on first use
         self._grammars_lock = threading.Lock()
         self.draft: Model | None = None  # the draft model for speculative decoding (load(..., draft=))
@@ -316,7 +317,7 @@ class Model:
                stop: Seq[str] | str | None = None, ignore_eos: bool = False, logprobs: int = 0,
                logit_bias: dict | None = None, json_schema=None, grammar: str | None = None,
                regex: str | None = None, speculative: str | None = "auto",
-               draft_max: int | None = None) -> "Stream":
+               draft_max: int | None = None, thinking=None) -> "Stream":
         """Generate, yielding a TokenEvent per token (text, logprobs) and a last one with finish_reason.
         The Stream's close() may be called from another thread: it ends before its next step.
 
@@ -328,6 +329,9 @@ class Model:
         At most one of json_schema (a dict or JSON text), grammar (GBNF, or llguidance's Lark) and
         regex constrains the output: only tokens that keep it inside are sampled, and generation
         stops where it is complete. An invalid one raises ConstraintError before any token.
+
+        thinking: a thinking.ThinkingBudget (chat_stream's thinking_budget builds it): a `<think>`
+        thought is closed once it has run that many tokens.
         """
         self._check_open()
         sp = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
@@ -340,7 +344,8 @@ class Model:
             raise InvalidInputError(f"stop must be a string or a list of strings, got {type(stop).__name__}") from None
         spec = grammar_spec(json_schema=json_schema, grammar=grammar, regex=regex)
         params = GenerationParams(max_tokens=max_tokens, sampling=sp, stop=stops, ignore_eos=ignore_eos,
-                                  grammar=self.compile_grammar(spec) if spec is not None else None)
+                                  grammar=self.compile_grammar(spec) if spec is not None else None,
+                                  thinking=thinking)
         ids = self._prompt_ids(prompt)
         if isinstance(logit_bias, dict):
             token_ids(list(logit_bias), self.config.vocab_size, what="logit_bias keys")
@@ -465,19 +470,34 @@ class Model:
     def render_chat(self, messages, add_generation_prompt: bool = True, tools=None, **extra) -> str:
         return self.chat_template().render(messages, add_generation_prompt=add_generation_prompt, tools=tools, **extra)
 
-    def chat_stream(self, messages, tools=None, template_kwargs=None, **kw) -> Iterator[TokenEvent]:
+    def chat_stream(self, messages, tools=None, template_kwargs=None, thinking_budget: int | None = None,
+                    **kw) -> Iterator[TokenEvent]:
         """The reply's token events; `template_kwargs`: extra chat-template variables, e.g.
         {"enable_thinking": False} (Qwen3, SmolLM3) or {"reasoning_effort": "low"} (gpt-oss); a
-        template that does not read one ignores it (checked by chat.check_template_kwargs)."""
+        template that does not read one ignores it (checked by chat.check_template_kwargs).
+        `thinking_budget`: a `<think>` thought (Qwen3, SmolLM3, QwQ, R1) is closed once it has run
+        that many tokens, and the answer follows; a template without one ignores it."""
         from .chat import check_template_kwargs
+        from .thinking import check_budget
         extra = check_template_kwargs(template_kwargs)
-        return self.stream(self.render_chat(messages, tools=tools, **extra), **kw)
+        budget = check_budget(thinking_budget) if thinking_budget is not None else None
+        prompt = self.render_chat(messages, tools=tools, **extra)
+        return self.stream(prompt, thinking=self._thinking(prompt, budget) if budget is not None else None, **kw)
 
-    def chat(self, messages, tools=None, template_kwargs=None, **kw) -> str:
+    def _thinking(self, prompt: str, tokens: int):
+        """The ThinkingBudget of a chat prompt, or None where the template has no `<think>` thought."""
+        from .thinking import ThinkingBudget, prompt_opens_thought, template_thinks, text_after_close
+        if not template_thinks(self.source.chat_template):
+            return None
+        if self._thought_after is None:
+            self._thought_after = text_after_close(self.render_chat)
+        return ThinkingBudget.build(self._tok(), tokens, prompt_opens_thought(prompt), self._thought_after)
+
+    def chat(self, messages, tools=None, template_kwargs=None, thinking_budget: int | None = None, **kw) -> str:
         """The assistant's reply to `messages` (OpenAI-style dicts), as text (a reasoning model's
         `<think>...</think>` included: the server splits it off as reasoning_content)."""
         return "".join(ev.text for ev in self.chat_stream(messages, tools=tools, template_kwargs=template_kwargs,
-                                                          **kw))
+                                                          thinking_budget=thinking_budget, **kw))
 
     # -- embeddings ------------------------------------------------------------
     is_encoder = False

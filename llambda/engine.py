@@ -23,6 +23,7 @@ class GenerationParams:
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
     grammar: object = None                # a constraints.Grammar the output must follow, or None
+    thinking: object = None               # a thinking.ThinkingBudget for a `<think>` thought, or None
 
     def validate(self) -> None:
         # _is_int: True is not a count of 1, a NumPy integer is a count
@@ -131,6 +132,7 @@ class Sequence:
         self.eot = set() if (params.ignore_eos or tokenizer is None) else set(tokenizer.eot_ids)
         # each sequence has its own parser state; the grammar is shared (n choices, many requests)
         self.constraint = params.grammar.start() if params.grammar is not None else None
+        self.thought = params.thinking.start() if params.thinking is not None else None
         self._eos_banned = params.ignore_eos and tokenizer is not None
 
     @property
@@ -171,6 +173,14 @@ class Sequence:
             c.advance(choice.token)
         return choice
 
+    def _forced(self, c) -> int | None:
+        """The token the thinking budget forces now (the grammar, if any, advanced over it), or None:
+        none is due, or the grammar allows no spelling of the closing here."""
+        token = self.thought.forced(c.allows if c is not None else None)
+        if token is not None and c is not None:
+            c.advance(token)
+        return token
+
     def step(self, logits: np.ndarray) -> TokenEvent:
         """Sample from the logits of the last position and advance."""
         mt = self.params.max_tokens
@@ -178,11 +188,14 @@ class Sequence:
             self.finish_reason = "length"
             return TokenEvent(-1, self._closing_text(), finish_reason="length")
         c = self.constraint
-        if c is None:
-            choice = self.sampler.sample(logits, self.tokens)
-        elif c.done:              # e.g. a grammar of one fixed string, already written
+        if c is not None and c.done:      # e.g. a grammar of one fixed string, already written
             self.finish_reason = "stop"
             return TokenEvent(-1, self._closing_text(), finish_reason="stop")
+        forced = self._forced(c) if self.thought is not None else None
+        if forced is not None:
+            choice = self.sampler.forced(logits, forced)
+        elif c is None:
+            choice = self.sampler.sample(logits, self.tokens)
         else:
             choice = self._sample_constrained(logits, c)
         if choice.token in self.eot:
@@ -191,6 +204,8 @@ class Sequence:
         self.tokens.append(choice.token)
         self.generated.append(choice.token)
         piece = self.detok.feed(choice.token) if self.detok else ""
+        if self.thought is not None:
+            self.thought.record(piece, forced=forced is not None)
         ev = TokenEvent(choice.token, piece, choice.logprob, choice.top)
         if self.stop:
             ev.text, stopped = self.stop.feed(piece)

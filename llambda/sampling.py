@@ -241,12 +241,28 @@ class Sampler:
                 token = int(np.argmax(work))   # first maximum: ties go to the lowest id
         else:
             token, top_k_ids = self._draw(work, m_work)
+        known_top = top_k_ids if work is x else None
+        return self._report(x, float(m), token, known_top)
+
+    def forced(self, logits: np.ndarray, token: int) -> TokenChoice:
+        """`token` as the choice, not drawn (a thinking budget's closing tag): its logprob and the
+        top alternatives as sample() reports them; the random generator does not advance."""
+        x = self._check_logits(logits)
+        m = x.max()
+        if not np.isfinite(m):
+            raise SamplingError(f"logits contain {'NaN' if np.isnan(m) else 'inf'}")
+        return self._report(x, float(m), int(token), None)
+
+    def _report(self, x: np.ndarray, m: float, token: int, top_k_ids: np.ndarray | None) -> TokenChoice:
+        """The choice with its logprob (log_softmax of the unmodified logits `x`, max `m`) and top
+        alternatives as asked; `top_k_ids`: the top-k already found over x, or None."""
+        p = self.params
         if not p.chosen_logprob and p.logprobs == 0:
             return TokenChoice(token, math.nan)
-        lse = self._logsumexp(x, float(m))
+        lse = self._logsumexp(x, m)
         top: list[tuple[int, float]] = []
         if p.logprobs > 0:
-            if top_k_ids is not None and work is x and top_k_ids.size >= min(p.logprobs, x.size):
+            if top_k_ids is not None and top_k_ids.size >= min(p.logprobs, x.size):
                 best = top_k_ids[: p.logprobs]
             else:
                 best = top_k_indices(x, p.logprobs)

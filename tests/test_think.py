@@ -353,8 +353,8 @@ def test_messages_thinking_blocks_and_disabled(live):
     off = _post(live, "/v1/messages", {**body, "regex": re.escape(ANSWER), "thinking": {"type": "disabled"}}).json()
     assert off["usage"]["input_tokens"] == _prompt_tokens(live, chat_template_kwargs={"enable_thinking": False})
     assert [b["type"] for b in off["content"]] == ["text"]
-    on = _post(live, "/v1/messages", {**body, "thinking": {"type": "enabled", "budget_tokens": 1024}})
-    assert on.status_code == 200 and on.json()["usage"]["input_tokens"] == _prompt_tokens(live)
+    on = _post(live, "/v1/messages/count_tokens", {**body, "thinking": {"type": "enabled", "budget_tokens": 1024}})
+    assert on.status_code == 200 and on.json()["input_tokens"] == _prompt_tokens(live)
     bad = _post(live, "/v1/messages", {**body, "thinking": {"type": "sometimes"}})
     assert bad.status_code == 400 and bad.json()["error"]["message"]
     # a prefill that opens the thought: the output goes on thinking, then answers

@@ -247,6 +247,11 @@ class Constraint:
         followed: whether the output may end there is `accepting`."""
         return int(token) not in self._eos and self._m.try_consume_tokens([int(token)]) == 1
 
+    def allows(self, tokens) -> bool:
+        """The grammar takes all of `tokens` from here, none of them EOS (nothing is advanced)."""
+        ids = [int(t) for t in tokens]
+        return not self._eos.intersection(ids) and self._m.validate_tokens(ids) == len(ids)
+
     @property
     def done(self) -> bool:
         """Nothing more can follow (the output is complete, or the matcher failed)."""

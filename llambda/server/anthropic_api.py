@@ -38,6 +38,7 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "
                404: "not_found_error", 408: "timeout_error", 413: "request_too_large", 429: "rate_limit_error",
                503: "overloaded_error", 529: "overloaded_error"}
 STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
+MIN_BUDGET_TOKENS = 1024     # Anthropic's least thinking.budget_tokens
 PASSED = ("model", "temperature", "top_p", "top_k", "stream", "seed", "ignore_eos", "grammar", "regex")
 
 
@@ -164,7 +165,7 @@ def parse_messages(body, counting: bool = False) -> GenerationSpec:
     b.number("temperature", None, 0.0, 1.0)      # Anthropic's range is narrower than OpenAI's
     stops = b.get("stop_sequences")
     chat = {k: body[k] for k in PASSED if k in body}
-    chat.update(_thinking(b.get("thinking")))
+    chat.update(_thinking(b.get("thinking"), max_tokens))
     chat.update(messages=_messages(b.get("system"), b.get("messages")), max_tokens=max_tokens,
                 tools=_tools(b.get("tools")))
     if stops is not None:
@@ -179,20 +180,32 @@ def parse_messages(body, counting: bool = False) -> GenerationSpec:
     return spec
 
 
-def _thinking(v) -> dict:
+def _thinking(v, max_tokens: int | None) -> dict:
     """The chat fields `thinking` sets: disabled turns thinking off in templates that read
-    `enable_thinking` (Qwen3, SmolLM3). Enabled is what a reasoning model does anyway; its
-    budget_tokens is not enforced (the thought counts against max_tokens)."""
+    `enable_thinking` (Qwen3, SmolLM3); enabled turns it on, and its budget_tokens (checked as
+    Anthropic checks it: at least 1024, below max_tokens) bounds a `<think>` thought (thinking.py).
+    `max_tokens` None: a count_tokens body, which has none to compare with."""
     if v is None:
         return {}
     kind = v.get("type") if isinstance(v, dict) else None
     if kind not in ("enabled", "disabled"):
         raise bad_request('\'thinking\' must be {"type": "enabled", "budget_tokens": N} or {"type": "disabled"}',
                           param="thinking")
-    budget = v.get("budget_tokens")
-    if kind == "enabled" and budget is not None and (type(budget) is not int or budget < 1):
-        raise bad_request("'thinking.budget_tokens' must be a positive integer", param="thinking.budget_tokens")
-    return {"chat_template_kwargs": {"enable_thinking": kind == "enabled"}}
+    out: dict = {"chat_template_kwargs": {"enable_thinking": kind == "enabled"}}
+    if kind == "disabled":
+        return out
+    budget, where = v.get("budget_tokens"), "thinking.enabled.budget_tokens"
+    if budget is None:
+        raise bad_request(f"{where}: Field required", param="thinking.budget_tokens")
+    if type(budget) is not int:
+        raise bad_request(f"{where}: Input should be a valid integer", param="thinking.budget_tokens")
+    if budget < MIN_BUDGET_TOKENS:
+        raise bad_request(f"{where}: Input should be greater than or equal to {MIN_BUDGET_TOKENS}",
+                          param="thinking.budget_tokens")
+    if max_tokens is not None and max_tokens <= budget:
+        raise bad_request("max_tokens must be greater than thinking.budget_tokens", param="max_tokens")
+    out["thinking_token_budget"] = budget
+    return out
 
 
 def _prefill(messages: list[dict]) -> str:

@@ -17,6 +17,7 @@ from ..engine import GenerationParams, Sequence
 from ..errors import ChatTemplateError, ContextOverflowError, InvalidInputError, LlambdaError, TokenizerError
 from ..sampling import SamplingParams
 from ..speculative import DEFAULT_DRAFT_MAX, PromptLookup, Speculation, check_rollback
+from ..thinking import ThinkingBudget, prompt_opens_thought, template_thinks, text_after_close
 from .config import ServerConfig
 from .errors import APIError, bad_request, model_not_found
 from .fim import find_fim_tokens, fim_prompt_ids, require_fim
@@ -25,7 +26,6 @@ from .openai_format import (SSE_DONE, ChoiceState, TokenStrings, Usage, chat_log
                             completion_logprobs, completion_response, new_id, now, sse, tool_finish)
 from .scheduler import Channel, Job, JobFailure, PromptLogprobs, QueueFull, Scheduler, ShuttingDown
 from .schemas import GenerationSpec
-from .think import prompt_opens_thought, template_thinks
 from .tools import OPEN_TAG, ToolSetup, generic_tool_messages, hermes_prefix, tool_grammar, tool_names
 from .workers import PoolClosed, PoolFull, PromptWorkers
 
@@ -60,6 +60,7 @@ class Service:
         self.harmony = harmony_vocabulary(model.tokenizer) or CHANNEL in src
         # Qwen3, SmolLM3, QwQ, DeepSeek-R1: a thought in <think>...</think> comes before the answer
         self.thinks = not self.harmony and template_thinks(src)
+        self._thought_after: str | None = None     # what the template writes after `</think>` (on first use)
         self.workers = PromptWorkers(cfg.prompt_workers, backlog=max(cfg.queue_size, cfg.prompt_workers))
         self.fim = find_fim_tokens(model.tokenizer, getattr(model.source, "metadata", None))
         if cfg.speculative not in (None, "off"):
@@ -242,11 +243,22 @@ class Service:
                               param="logit_bias")
         grammar = self._compile(constraint, param) if constraint is not None else None
         self._speculative_mode(spec)      # a request for a draft model the server lacks: 400 now
+        thinking = self._thinking_budget(spec, tools)
         seqs = []
         for ids in prompts:
             max_tokens = self._max_tokens(spec, len(ids))
-            seqs.append([self._sequence(spec, ids, max_tokens, k, grammar) for k in range(spec.n)])
+            seqs.append([self._sequence(spec, ids, max_tokens, k, grammar, thinking) for k in range(spec.n)])
         return Prepared(spec, prompts, echoes, seqs, tools)
+
+    def _thinking_budget(self, spec: GenerationSpec, tools: ToolSetup | None) -> ThinkingBudget | None:
+        """The request's thinking budget, where the answer may start with a `<think>` thought (a model
+        without one: the budget has nothing to close)."""
+        if spec.thinking_budget is None or tools is None or not tools.thinks:
+            return None
+        if self._thought_after is None:
+            self._thought_after = text_after_close(self.model.render_chat)
+        return ThinkingBudget.build(self.model.tokenizer, spec.thinking_budget, tools.thought_open,
+                                    self._thought_after)
 
     def _compile(self, constraint: GrammarSpec, param: str):
         """The grammar, compiled before anything is queued: an invalid one is the client's 400."""
@@ -304,14 +316,14 @@ class Service:
         return self.model.tokenizer.decode(ids) if self.model.tokenizer is not None else ""
 
     def _sequence(self, spec: GenerationSpec, ids: list[int], max_tokens: int | None, k: int,
-                  grammar=None) -> Sequence:
+                  grammar=None, thinking: ThinkingBudget | None = None) -> Sequence:
         kw = dict(spec.sampling)
         if kw.get("seed") is not None and k:
             kw["seed"] = (kw["seed"] + k) % 2**64     # seeded n > 1: distinct but reproducible choices
         try:
             sp = SamplingParams(**kw, logprobs=spec.top_logprobs, chosen_logprob=bool(spec.logprobs))
             params = GenerationParams(max_tokens=max_tokens, sampling=sp, stop=list(spec.stop),
-                                      ignore_eos=spec.ignore_eos, grammar=grammar)
+                                      ignore_eos=spec.ignore_eos, grammar=grammar, thinking=thinking)
             seq = Sequence(self.model.tokenizer, ids, params, slot=-1, n_ctx=self.model.n_ctx)
             if spec.suffix is not None and not spec.ignore_eos:
                 seq.eot |= self.fim.end_ids     # a new FIM block or file means the gap is filled

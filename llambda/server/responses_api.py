@@ -45,7 +45,7 @@ TEXT_PARTS = ("input_text", "output_text", "text")      # a message's content
 REASONING_PARTS, SUMMARY_PARTS = ("reasoning_text",), ("summary_text",)    # a reasoning item's content, summary
 # sampling fields passed on as they are (llama-server's extensions included)
 PASSED = ("model", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
-          "repeat_penalty", "ignore_eos", "parallel_tool_calls", "stream", "grammar", "regex")
+          "repeat_penalty", "ignore_eos", "parallel_tool_calls", "stream", "grammar", "regex", "thinking_token_budget")
 _SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT = 20, 100     # input items a page holds (OpenAI's default and cap)
 # OpenAI's bounds on `metadata`: pairs, a key's and a value's characters

@@ -171,6 +171,7 @@ class GenerationSpec:
     parallel_tool_calls: bool = True
     prefill: str = ""                       # the answer's given start (Anthropic's trailing assistant turn)
     template_kwargs: dict = field(default_factory=dict)   # extra chat-template variables (enable_thinking, ...)
+    thinking_budget: int | None = None      # tokens a `<think>` thought may run before it is closed (thinking.py)
     # completion
     prompts: list = field(default_factory=list)   # each a str or a list of token ids
     echo: bool = False
@@ -414,6 +415,8 @@ def parse_chat(body: Any) -> GenerationSpec:
     spec.parallel_tool_calls = b.boolean("parallel_tool_calls", True)
     _tool_choice(b.get("tool_choice"), spec)
     spec.template_kwargs = _template_kwargs(b)
+    # vLLM's name for it; None: the model thinks as long as it likes
+    spec.thinking_budget = b.integer("thinking_token_budget", None, 0, MAX_COUNT)
     return spec
 
 

@@ -20,30 +20,15 @@ model wrote. A thought never closed (cut off by max_tokens) is all reasoning.
 """
 from __future__ import annotations
 
+from ..thinking import CLOSE, MAX_HELD_BLANKS, OPEN, prompt_opens_thought, template_thinks  # noqa: F401
 from .tools import _partial_suffix
-
-OPEN, CLOSE = "<think>", "</think>"
 
 # parser states
 START, THOUGHT, ANSWER = "start", "thought", "answer"
-# Blanks held back at most (before a `</think>` that may come, or a `<think>` that may start the
-# output): re-reading an ever longer run of them at every token made a model writing nothing but
-# blanks cost time quadratic in its output. Of the blanks before `</think>`, only the last this many
+# Blanks held back at most (MAX_HELD_BLANKS, before a `</think>` that may come, or a `<think>` that may
+# start the output): re-reading an ever longer run of them at every token made a model writing nothing
+# but blanks cost time quadratic in its output. Of the blanks before `</think>`, only the last this many
 # are dropped from the thought, and a `<think>` after more leading blanks than this is answer text.
-MAX_HELD_BLANKS = 64
-
-
-def template_thinks(source: str | None) -> bool:
-    """The chat template is a `<think>` reasoner's: it writes or strips the tags."""
-    return bool(source) and (OPEN in source or CLOSE in source)
-
-
-def prompt_opens_thought(prompt: str, prefill: str = "") -> bool:
-    """The output starts mid-thought: the rendered prompt ends with `<think>` (blanks after it aside),
-    or the given start of the answer (prefill) opens a thought it does not close."""
-    if OPEN in prefill or CLOSE in prefill:
-        return prefill.rfind(OPEN) > prefill.rfind(CLOSE)
-    return prompt.rstrip(" \n").endswith(OPEN)
 
 
 class ThinkParser:
