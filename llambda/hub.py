@@ -27,6 +27,7 @@ even where a file of that name exists in the current directory (write
 from __future__ import annotations
 
 import contextlib
+import difflib
 import hashlib
 import json
 import os
@@ -185,11 +186,29 @@ def _entry(name: str) -> CatalogEntry:
         return CATALOG[name]
     except KeyError:
         known = ", ".join(sorted(CATALOG))
-        raise DownloadError(f"unknown model {name!r}; catalogued models: {known}") from None
+        raise DownloadError(f"unknown model {name!r}; catalogued models: {known}{did_you_mean(name)}") from None
 
 
 def is_catalogued(name: str) -> bool:
     return name in CATALOG
+
+
+def catalogued_name(name) -> str | None:
+    """The catalogued model a name means when typed as Ollama users type names: in any case, with or
+    without the `:latest` tag (`SmolLM2-135M:latest` -> `smollm2-135m`); None for any other name."""
+    if not isinstance(name, str):
+        return None
+    key = name.strip().lower()
+    key = key[:-len(":latest")] if key.endswith(":latest") else key
+    return key if key in CATALOG else None
+
+
+def did_you_mean(name, cutoff: float = 0.6) -> str:
+    """'; did you mean X?' naming the catalogued models close to a mistyped name (its tag and a Hugging
+    Face repository's owner set aside), or '' when none is."""
+    key = str(name).strip().lower().rsplit("/", 1)[-1].split(":", 1)[0]
+    close = difflib.get_close_matches(key, CATALOG, n=2, cutoff=cutoff)
+    return f"; did you mean {' or '.join(close)}?" if close else ""
 
 
 # -- integrity ---------------------------------------------------------------
@@ -571,6 +590,12 @@ def resolve(name_or_path: str | os.PathLike) -> Path:
     if isinstance(name_or_path, str) and os.sep not in name_or_path and "/" not in name_or_path \
             and not name_or_path.endswith(".gguf"):
         raise ModelNotFoundError(f"{name_or_path!r} is not a catalogued model ({known}) "
-                                 f"and no file or directory of that name exists")
+                                 f"and no file or directory of that name exists{did_you_mean(name_or_path)}")
+    if isinstance(name_or_path, str) and re.fullmatch(r"[\w.-]+/[\w.-]+", name_or_path) \
+            and not name_or_path.endswith(".gguf"):
+        # `HuggingFaceTB/SmolLM2-135M-Instruct`, typed as other tools take it: nothing here fetches it
+        raise ModelNotFoundError(f"no model file or directory at {name_or_path!r}, and a Hugging Face repository "
+                                 f"id is not fetched: download it and give its local path, or use a catalogued "
+                                 f"model ({known}){did_you_mean(name_or_path)}")
     raise ModelNotFoundError(f"no model file or directory at {str(name_or_path)!r} "
                              f"(catalogued models, fetched by name: {known})")

@@ -293,3 +293,148 @@ def test_an_empty_model_name_is_refused(tmp_path):
                              timeout=120, cwd=tmp_path, env={**os.environ, "LLAMBDA_HOME": str(tmp_path / "home"),
                                                              "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
         assert out.returncode == 1 and "no model given" in out.stderr and "Traceback" not in out.stderr, args
+
+
+class _FakeGenerator:
+    """A loaded model as `run` uses it: records the prompt and the arguments of stream()."""
+    name, is_encoder, spec_stats = "fake", False, None
+
+    def __init__(self, seen, interrupt=False):
+        self.seen, self.interrupt = seen, interrupt
+
+    def stream(self, prompt, **kw):
+        from llambda.engine import TokenEvent
+        self.seen["prompt"], self.seen["kw"] = prompt, kw
+        yield TokenEvent(1, "ok")
+        if self.interrupt:
+            raise KeyboardInterrupt
+        yield TokenEvent(-1, "", finish_reason="stop")
+
+
+@pytest.fixture
+def fake_run(monkeypatch):
+    """`llambda.cli.main` with load() faked: returns (seen, call); seen["load"] is the name loaded."""
+    import llambda.api
+    from llambda import cli
+
+    seen = {}
+
+    def fake_load(name, **kw):
+        seen["load"] = name
+        return _FakeGenerator(seen, seen.get("interrupt", False))
+
+    monkeypatch.setattr(llambda.api, "load", fake_load)
+    return seen, cli.main
+
+
+def test_run_takes_a_model_as_its_first_word_as_ollama_does(fake_run, capsys):
+    seen, main = fake_run
+    # Ollama's `run MODEL PROMPT`, the name with its :latest tag, options between the words: was
+    # "unrecognized arguments"
+    assert main(["run", "SmolLM2-135M:latest", "-n", "3", "The", "capital", "--temperature", "0", "is"]) == 0
+    assert seen["load"] == "smollm2-135m" and seen["prompt"] == "The capital is"
+    assert seen["kw"]["max_tokens"] == 3 and seen["kw"]["temperature"] == 0
+    assert main(["run", "The capital of France is"]) == 0          # one quoted prompt: the default model
+    assert seen["load"] == "smollm2-135m" and seen["prompt"] == "The capital of France is"
+    assert main(["run", "-m", TINY_LLAMA, "smollm2-135m", "hi"]) == 0      # -m given: every word is the prompt
+    assert seen["load"] == TINY_LLAMA and seen["prompt"] == "smollm2-135m hi"
+    assert main(["run", TINY_LLAMA, "hi"]) == 0                     # a HF directory as the first word
+    assert seen["load"] == TINY_LLAMA and seen["prompt"] == "hi"
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("word, said", [("llama3:8b", "'llama3:8b' is not a catalogued model"),
+                                        ("smolm2-135m", "did you mean smollm2-135m?")])
+def test_run_refuses_a_first_word_that_is_a_mistyped_model(fake_run, capsys, word, said):
+    # the typo was taken as the prompt's first word, on the default model
+    seen, main = fake_run
+    assert main(["run", word, "hello", "there"]) == 1
+    err = capsys.readouterr().err
+    assert said in err and "Traceback" not in err and "load" not in seen, err
+
+
+def test_run_without_a_prompt_at_a_terminal_starts_a_chat(fake_run, monkeypatch):
+    # `ollama run MODEL`: a conversation; `llambda run MODEL` took the model's name as the prompt
+    from llambda import cli
+    seen, main = fake_run
+
+    class Tty:
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(sys, "stdin", Tty())
+    monkeypatch.setattr(cli, "cmd_chat", lambda a: seen.setdefault("chat", (a.model, a.system, a.no_think)) and 0)
+    assert main(["run", "smollm2-135m", "-n", "5"]) == 0
+    assert seen["chat"] == ("smollm2-135m", None, False) and "prompt" not in seen
+
+
+@pytest.mark.parametrize("flags, said", [(["--top-p", "2"], "--top-p must be <= 1.0"),
+                                         (["--temperature", "-1"], "--temperature must be >= 0"),
+                                         (["-n", "-5"], "-n/--max-tokens must be"),
+                                         (["-c", "1"], "-c/--ctx-size must be"),
+                                         (["-t", "-1"], "-t/--threads must be")])
+def test_bad_sampling_values_are_named_by_their_flag_before_the_load(fake_run, capsys, flags, said):
+    # once said after the whole load, by the library's names ("top_p must be <= 1.0")
+    seen, main = fake_run
+    assert main(["run", *flags, "hi"]) == 1
+    err = capsys.readouterr().err
+    assert f"llambda: error: {said}" in err and "load" not in seen, err
+
+
+def test_ctrl_c_during_run_ends_the_line_and_exits_130(fake_run, capsys):
+    seen, main = fake_run
+    seen["interrupt"] = True
+    assert main(["run", "hi"]) == 130
+    assert capsys.readouterr().out == "ok\n"        # the shell's prompt was left after the text
+
+
+def test_pull_shows_progress_only_on_a_terminal(monkeypatch, capsys):
+    # `llambda pull NAME 2>log` filled the log with every redraw of the bar
+    import llambda.hub
+    from llambda.cli import main
+    seen = {}
+    monkeypatch.setattr(llambda.hub, "pull", lambda name, progress, force: seen.update(
+        name=name, progress=progress) or "/cache/file.gguf")
+    assert main(["pull", "smollm2-135m:latest"]) == 0
+    assert seen == {"name": "smollm2-135m", "progress": False}
+    assert capsys.readouterr().out == "/cache/file.gguf\n"
+
+
+def test_ls_lists_and_python_dash_m_runs_the_command(capsys):
+    from llambda.cli import main
+    assert main(["ls"]) == 0 and capsys.readouterr().out.startswith("NAME ")
+    out = subprocess.run([sys.executable, "-m", "llambda", "--version"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == f"llambda {llambda.__version__}"
+
+
+def test_mistyped_names_are_answered_with_the_close_ones(tmp_path, monkeypatch, capsys):
+    from llambda.cli import main
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LLAMBDA_HOME", str(tmp_path / "home"))
+    assert main(["pull", "smollm2"]) == 1
+    assert "did you mean smollm2-135m?" in capsys.readouterr().err
+    with pytest.raises(llambda.ModelNotFoundError, match="did you mean qwen2.5-coder-0.5b"):
+        llambda.load("qwen2.5-coder-0.5")
+    # a Hugging Face repository id, as other tools take it: said why it is not fetched
+    with pytest.raises(llambda.ModelNotFoundError, match="Hugging Face repository id is not fetched.*smollm2-135m"):
+        llambda.load("HuggingFaceTB/SmolLM2-135M-Instruct")
+
+
+def test_quantize_and_export_refuse_to_overwrite_the_model_they_read(tmp_path, capsys):
+    # the GGUF was renamed over its own source (a cached catalogued file too, which then failed its hash)
+    import shutil
+    from llambda.cli import main
+    src = tmp_path / "tiny"
+    shutil.copytree(TINY_LLAMA, src)
+    before = {p.name: p.read_bytes() for p in src.iterdir() if p.is_file()}
+    assert main(["export", "-m", str(src), "--format", "hf", "--out", str(src)]) == 1
+    assert "is the model being read" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in src.iterdir() if p.is_file()} == before
+    gguf = tmp_path / "tiny.gguf"
+    assert main(["export", "-m", str(src), "--format", "gguf", "--out", str(gguf)]) == 0
+    data = gguf.read_bytes()
+    (tmp_path / "link.gguf").symlink_to(gguf)
+    for out in (gguf, tmp_path / "link.gguf"):
+        assert main(["quantize", str(gguf), str(out), "q8_0"]) == 1
+        assert "is the model being read" in capsys.readouterr().err
+    assert gguf.read_bytes() == data
