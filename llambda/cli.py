@@ -413,6 +413,9 @@ def cmd_tokenize(a) -> int:
 
 
 def cmd_embed(a) -> int:
+    if not a.texts and sys.stdin is not None and sys.stdin.isatty():
+        # at a terminal the read waited with nothing said
+        print("[llambda] reading texts from stdin, one a line; Ctrl-D ends them", file=sys.stderr, flush=True)
     texts = list(a.texts) if a.texts else [line for line in _read_stdin("texts").split("\n") if line.strip()]
     if not texts:
         raise ValueError("nothing to embed: give texts as arguments or on stdin, one a line")
@@ -668,6 +671,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_lora_args(p)
     p.add_argument("--system", default=None, help="system prompt")
     _add_template_args(p)
+    p.add_argument("model_arg", nargs="?", metavar="MODEL", help="the same as -m (`llambda chat MODEL`)")
     p.set_defaults(fn=cmd_chat)
 
     p = sub.add_parser("pull", help="download a catalogued model into the cache")

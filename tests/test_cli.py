@@ -438,3 +438,27 @@ def test_quantize_and_export_refuse_to_overwrite_the_model_they_read(tmp_path, c
         assert main(["quantize", str(gguf), str(out), "q8_0"]) == 1
         assert "is the model being read" in capsys.readouterr().err
     assert gguf.read_bytes() == data
+
+
+def test_chat_takes_the_model_as_a_word(monkeypatch):
+    # `llambda chat MODEL`, as `ollama run MODEL`: was "unrecognized arguments"
+    from llambda import cli
+    seen = {}
+    monkeypatch.setattr(cli, "cmd_chat", lambda a: seen.setdefault("model", a.model) and 0)
+    assert cli.main(["chat", "qwen2.5-coder-0.5b:latest", "-n", "4"]) == 0
+    assert seen["model"] == "qwen2.5-coder-0.5b"
+
+
+def test_embed_says_it_reads_a_terminal(monkeypatch, capsys):
+    # `llambda embed` at a terminal waited for stdin with nothing said
+    import io
+    from llambda import cli
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(sys, "stdin", Tty(""))
+    assert cli.main(["embed", "-m", "nope.gguf"]) == 1          # nothing typed: nothing to embed
+    err = capsys.readouterr().err
+    assert "reading texts from stdin" in err and "nothing to embed" in err
