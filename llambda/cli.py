@@ -296,7 +296,11 @@ def cmd_run(a) -> int:
         return cmd_chat(a)
     _check_generation_args(a)
     constraint, spec = _constraint_kwargs(a), _speculative_kwargs(a)
-    prompt = prompt if prompt is not None else _read_stdin("prompt")
+    if prompt is None:
+        # one final newline dropped, as $(...) drops it: `echo "The capital of France is" | llambda run`
+        # continued the text after a line break
+        prompt = _read_stdin("prompt")
+        prompt = prompt[:-1] if prompt.endswith("\n") else prompt
     model = _load(a, generates=True)
     t0 = time.perf_counter()
     try:

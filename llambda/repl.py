@@ -178,6 +178,11 @@ class ChatSession:
         if name == "/load":
             if not arg:
                 return "usage: /load FILE"
+            from .hub import catalogued_name
+            if catalogued_name(arg) is not None and not os.path.lexists(arg):
+                # Ollama's `/load MODEL` switches models: here it was "cannot read NAME: No such file"
+                return (f"/load reads a conversation file; to talk to {catalogued_name(arg)}, leave (/bye) and "
+                        f"run `llambda chat {catalogued_name(arg)}`")
             return self._load(arg)
         return f"unknown command {name}; /help lists them"
 

@@ -483,3 +483,15 @@ def test_serve_on_a_port_in_use_is_refused_before_loading(monkeypatch):
         a = build_parser().parse_args(["serve", "-m", "some.gguf", "--port", str(taken.getsockname()[1])])
         with pytest.raises(LlambdaError, match="cannot serve on 127.0.0.1:.*in use"):
             a.fn(a)
+
+
+def test_a_piped_prompt_loses_echos_newline(fake_run, monkeypatch, capsys):
+    import io
+    seen, main = fake_run
+    monkeypatch.setattr(sys, "stdin", io.StringIO("The capital of France is\n"))
+    assert main(["run", "-n", "4"]) == 0
+    assert seen["prompt"] == "The capital of France is"
+    monkeypatch.setattr(sys, "stdin", io.StringIO("def f():\n    return 1\n\n"))      # only the last one
+    assert main(["run", "smollm2-135m"]) == 0
+    assert seen["prompt"] == "def f():\n    return 1\n" and seen["load"] == "smollm2-135m"
+    capsys.readouterr()

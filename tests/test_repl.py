@@ -304,3 +304,11 @@ def test_ctrl_c_ends_a_piped_chat():
     with pytest.raises(KeyboardInterrupt):
         run_chat(ChatSession(m, {}), "banner", None, stdin=io.StringIO("go\nnext\n"), stdout=io.StringIO())
     assert len(m.seen) == 1
+
+
+def test_load_with_a_model_name_says_how_to_switch(tmp_path, monkeypatch):
+    # Ollama's `/load MODEL` switches models; here it read "cannot read qwen2.5-coder-0.5b: No such file"
+    monkeypatch.chdir(tmp_path)
+    s = ChatSession(FakeModel(), {})
+    assert "llambda chat qwen2.5-coder-0.5b" in s.command("/load qwen2.5-coder-0.5b:latest")
+    assert "cannot read" in s.command("/load conversation.json")
