@@ -656,7 +656,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     ap = argparse.ArgumentParser(prog="llambda", description="CPU inference for LLMs")
     ap.add_argument("--version", action="version", version=f"llambda {__version__}")
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND",
+                            help="one of the commands below; `llambda COMMAND -h` says what it takes")
 
     p = sub.add_parser("run", help="complete a prompt, streaming to stdout",
                        description="Complete a prompt as it is written (no chat template: `llambda chat` "

@@ -495,3 +495,12 @@ def test_a_piped_prompt_loses_echos_newline(fake_run, monkeypatch, capsys):
     assert main(["run", "smollm2-135m"]) == 0
     assert seen["prompt"] == "def f():\n    return 1\n" and seen["load"] == "smollm2-135m"
     capsys.readouterr()
+
+
+def test_no_command_says_what_to_type(capsys):
+    # "the following arguments are required: cmd" named an internal variable
+    from llambda.cli import main
+    with pytest.raises(SystemExit) as e:
+        main([])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "required: COMMAND" in err and "cmd" not in err
