@@ -504,3 +504,12 @@ def test_no_command_says_what_to_type(capsys):
         main([])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "required: COMMAND" in err and "cmd" not in err
+
+
+def test_a_folder_of_gguf_files_names_them(tmp_path, capsys):
+    # was "a Hugging Face model directory needs config.json", with no word of the file beside
+    from llambda.cli import main
+    (tmp_path / "my model.Q4_K_M.gguf").write_bytes(b"GGUF")
+    assert main(["show", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "give the path of the GGUF file in it (my model.Q4_K_M.gguf)" in err, err
