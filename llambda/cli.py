@@ -166,7 +166,7 @@ FLAG_NAMES = {"max_tokens": "-n/--max-tokens", "temperature": "--temperature", "
               "repeat_last_n": "--repeat-last-n", "presence_penalty": "--presence-penalty",
               "frequency_penalty": "--frequency-penalty", "seed": "--seed", "stop strings": "--stop",
               "n_ctx": "-c/--ctx-size", "threads": "-t/--threads", "draft_max": "--draft-max",
-              "draft_threads": "--threads-draft"}
+              "draft_threads": "--threads-draft", "set_threads: n": "-t/--threads"}   # the C pool's bound
 
 
 def _named_as_flag(message: str) -> str:

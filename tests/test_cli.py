@@ -513,3 +513,11 @@ def test_a_folder_of_gguf_files_names_them(tmp_path, capsys):
     assert main(["show", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert "give the path of the GGUF file in it (my model.Q4_K_M.gguf)" in err, err
+
+
+def test_too_many_threads_is_named_by_its_flag(capsys):
+    # was "set_threads: n must be in [1, 256]", the C function's own words
+    from llambda.cli import main
+    assert main(["run", "-m", TINY_LLAMA, "-t", "100000", "-n", "1", "hi"]) == 1
+    err = capsys.readouterr().err
+    assert "llambda: error: -t/--threads must be in [1, 256], got 100000" in err, err
