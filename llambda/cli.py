@@ -170,7 +170,11 @@ FLAG_NAMES = {"max_tokens": "-n/--max-tokens", "temperature": "--temperature", "
 
 
 def _named_as_flag(message: str) -> str:
-    """An error about a library argument, said with the flag the user typed: "--top-p must be <= 1.0"."""
+    """An error about a library argument, said with the flag the user typed: "--top-p must be <= 1.0";
+    a lone surrogate U+DC80..U+DCFF, as the byte of no UTF-8 that it stands for."""
+    m = re.search(r"lone surrogate U\+DC([89A-F][0-9A-F])\b", message)
+    if m:      # Python's stand-in for an undecodable byte of argv or stdin
+        message += f" (the byte 0x{m.group(1)} of an input that is not UTF-8: convert it, e.g. with iconv)"
     for name, flag in FLAG_NAMES.items():
         if message.startswith(name + " must"):
             return flag + message[len(name):]

@@ -521,3 +521,11 @@ def test_too_many_threads_is_named_by_its_flag(capsys):
     assert main(["run", "-m", TINY_LLAMA, "-t", "100000", "-n", "1", "hi"]) == 1
     err = capsys.readouterr().err
     assert "llambda: error: -t/--threads must be in [1, 256], got 100000" in err, err
+
+
+def test_input_that_is_not_utf8_is_said_as_such(smollm2_gguf, capsys):
+    # "the text holds a lone surrogate U+DCE9": Python's stand-in for the byte, not what the user gave
+    from llambda.cli import main
+    assert main(["tokenize", "-m", str(smollm2_gguf), "caf\udce9"]) == 1
+    err = capsys.readouterr().err
+    assert "the byte 0xE9 of an input that is not UTF-8" in err, err
