@@ -40,7 +40,8 @@ def _add_model_args(p: argparse.ArgumentParser, runtime: bool = True,
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampling")
-    g.add_argument("-n", "--max-tokens", type=int, default=256, help="most tokens to generate (default 256)")
+    g.add_argument("-n", "--max-tokens", "--n-predict", type=int, default=256,
+                   help="most tokens to generate (default 256)")
     g.add_argument("--temperature", "--temp", type=float, default=0.8,
                    help="randomness; 0 picks the most likely token every time (default 0.8)")
     g.add_argument("--top-k", type=int, default=40, help="sample among the k most likely tokens; 0 = all (default 40)")
@@ -288,6 +289,18 @@ def _run_model_and_prompt(a) -> str | None:
                                      f"{hub.did_you_mean(words[0])}. A prompt that starts with it: quote it whole")
         else:
             a.model = DEFAULT_MODEL
+    given = [w for w, v in (("-p", a.prompt_text), ("-f", a.prompt_file), ("the prompt's words", words)) if v]
+    if len(given) > 1:
+        raise ValueError(f"the prompt is given twice ({' and '.join(given)}): give it one way")
+    if a.prompt_file is not None:
+        try:
+            with open(a.prompt_file, encoding="utf-8") as f:
+                return _read_capped(f, STDIN_MAX_CHARS, f"the prompt file {a.prompt_file}")
+        except (OSError, UnicodeDecodeError) as e:
+            raise LlambdaError(f"cannot read the prompt file {a.prompt_file}: {getattr(e, 'strerror', None) or e}"
+                               ) from None
+    if a.prompt_text is not None:
+        return a.prompt_text
     return " ".join(words) if words else None
 
 
@@ -659,7 +672,7 @@ def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
     ap = argparse.ArgumentParser(prog="llambda", description="CPU inference for LLMs")
-    ap.add_argument("--version", action="version", version=f"llambda {__version__}")
+    ap.add_argument("-v", "--version", action="version", version=f"llambda {__version__}")   # ollama -v
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND",
                             help="one of the commands below; `llambda COMMAND -h` says what it takes")
 
@@ -673,6 +686,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_constraint_args(p)
     _add_speculative_args(p)
     _add_lora_args(p)
+    g = p.add_argument_group("the prompt as llama-cli takes it (instead of the words)")
+    g.add_argument("-p", "--prompt", dest="prompt_text", metavar="TEXT", default=None, help="the prompt")
+    g.add_argument("-f", "--file", dest="prompt_file", metavar="FILE", default=None,
+                   help="the prompt is the text of FILE (as it is, final newline included)")
     p.add_argument("prompt", nargs="*", metavar="[MODEL] PROMPT",
                    help="the prompt, its words joined by spaces (default: read stdin; at a terminal, a chat); "
                         "without -m, a first word naming a model (a catalogued name, a .gguf file, a HF "

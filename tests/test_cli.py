@@ -529,3 +529,24 @@ def test_input_that_is_not_utf8_is_said_as_such(smollm2_gguf, capsys):
     assert main(["tokenize", "-m", str(smollm2_gguf), "caf\udce9"]) == 1
     err = capsys.readouterr().err
     assert "the byte 0xE9 of an input that is not UTF-8" in err, err
+
+
+def test_run_takes_llama_cli_prompt_flags(fake_run, tmp_path, capsys):
+    # llama-cli's -p, -f and --n-predict were "unrecognized arguments"; ollama's -v was too
+    seen, main = fake_run
+    assert main(["run", "-p", "The capital", "--n-predict", "3"]) == 0
+    assert seen["prompt"] == "The capital" and seen["kw"]["max_tokens"] == 3 and seen["load"] == "smollm2-135m"
+    f = tmp_path / "prompt.txt"
+    f.write_text("from a file\n")
+    assert main(["run", "smollm2-135m:latest", "-f", str(f)]) == 0
+    assert seen["prompt"] == "from a file\n" and seen["load"] == "smollm2-135m"
+    del seen["load"]
+    assert main(["run", "-f", str(f), "-p", "twice"]) == 1
+    assert main(["run", "-p", "twice", "and", "words"]) == 1
+    assert main(["run", "-f", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("the prompt is given twice") == 2 and "cannot read the prompt file" in err
+    assert "load" not in seen
+    with pytest.raises(SystemExit) as e:
+        main(["-v"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"llambda {llambda.__version__}"
