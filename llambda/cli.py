@@ -275,6 +275,14 @@ def _names_a_model(word: str) -> bool:
             or os.path.isfile(os.path.join(word, "config.json")))
 
 
+def _looks_like_a_model(word: str) -> bool:
+    """A word shaped as a model name (`llama3:8b`) or close to a catalogued one (`smollm2`), which no prompt
+    would start with."""
+    from . import hub
+    return not any(c.isspace() for c in word) and bool(
+        re.fullmatch(r"[A-Za-z][\w.-]*:[\w.-]+", word) or hub.did_you_mean(word, 0.7))
+
+
 def _run_model_and_prompt(a) -> str | None:
     """`llambda run [MODEL] PROMPT...` as `ollama run` takes it: without -m, a first word that names a
     model is the model; the other words, joined by spaces, are the prompt (None: none given)."""
@@ -283,10 +291,11 @@ def _run_model_and_prompt(a) -> str | None:
     if a.model is None:
         if words and _names_a_model(words[0]):
             a.model = _model_name(words.pop(0))
-        elif len(words) > 1 and (re.fullmatch(r"[\w.-]+:[\w.-]+", words[0]) or hub.did_you_mean(words[0], 0.85)):
-            # `llambda run llama3:8b "hi"`: a model name by its shape, not the first word of a prompt
+        elif words and _looks_like_a_model(words[0]):
+            # `llambda run llama3:8b "hi"`, `llambda run smollm2`: a model meant, not a prompt for the default one
+            said = hub.did_you_mean(words[0]) or "."
             raise ModelNotFoundError(f"{words[0]!r} is not a catalogued model ({', '.join(sorted(hub.CATALOG))})"
-                                     f"{hub.did_you_mean(words[0])}. A prompt that starts with it: quote it whole")
+                                     f"{said} For a prompt that starts with it, give it with -p")
         else:
             a.model = DEFAULT_MODEL
     given = [w for w, v in (("-p", a.prompt_text), ("-f", a.prompt_file), ("the prompt's words", words)) if v]

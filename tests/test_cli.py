@@ -345,14 +345,25 @@ def test_run_takes_a_model_as_its_first_word_as_ollama_does(fake_run, capsys):
     capsys.readouterr()
 
 
-@pytest.mark.parametrize("word, said", [("llama3:8b", "'llama3:8b' is not a catalogued model"),
-                                        ("smolm2-135m", "did you mean smollm2-135m?")])
-def test_run_refuses_a_first_word_that_is_a_mistyped_model(fake_run, capsys, word, said):
-    # the typo was taken as the prompt's first word, on the default model
+@pytest.mark.parametrize("words, said", [(["llama3:8b", "hi there"], "'llama3:8b' is not a catalogued model"),
+                                         (["smolm2-135m", "hello", "there"], "did you mean smollm2-135m?"),
+                                         (["qwen2.5-coder"], "did you mean qwen2.5-coder-"),
+                                         (["smollm2"], "did you mean smollm2-135m?")])
+def test_run_refuses_a_first_word_that_is_a_mistyped_model(fake_run, capsys, words, said):
+    # the typo was taken as the prompt (or its first word), on the default model
     seen, main = fake_run
-    assert main(["run", word, "hello", "there"]) == 1
+    assert main(["run", *words]) == 1
     err = capsys.readouterr().err
-    assert said in err and "Traceback" not in err and "load" not in seen, err
+    assert said in err and "give it with -p" in err and "Traceback" not in err and "load" not in seen, err
+
+
+@pytest.mark.parametrize("words", [["Gemma", "is", "a", "name"], ["12:30", "is", "late"], ["smollm2 is small"],
+                                   ["Once"]])
+def test_run_takes_ordinary_first_words_as_the_prompt(fake_run, capsys, words):
+    seen, main = fake_run
+    assert main(["run", *words]) == 0
+    assert seen["load"] == "smollm2-135m" and seen["prompt"] == " ".join(words)
+    capsys.readouterr()
 
 
 def test_run_without_a_prompt_at_a_terminal_starts_a_chat(fake_run, monkeypatch):
