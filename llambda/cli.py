@@ -322,11 +322,8 @@ def cmd_run(a) -> int:
         return cmd_chat(a)
     _check_generation_args(a)
     constraint, spec = _constraint_kwargs(a), _speculative_kwargs(a)
-    if prompt is None:
-        # one final newline dropped, as $(...) drops it: `echo "The capital of France is" | llambda run`
-        # continued the text after a line break
-        prompt = _read_stdin("prompt")
-        prompt = prompt[:-1] if prompt.endswith("\n") else prompt
+    if prompt is None:      # `echo "The capital of France is" | llambda run` continued after echo's newline
+        prompt = _stdin_text("prompt")
     model = _load(a, generates=True)
     t0 = time.perf_counter()
     try:
@@ -427,13 +424,20 @@ def cmd_show(a) -> int:
     return 0
 
 
+def _stdin_text(what: str) -> str:
+    """stdin as a prompt or text: one final newline dropped, as $(...) drops it (echo's)."""
+    text = _read_stdin(what)
+    return text[:-1] if text.endswith("\n") else text
+
+
 def cmd_tokenize(a) -> int:
     from .formats.open import open_named
+    text = a.text if a.text is not None else _stdin_text("text")     # `echo hi | llambda tokenize`
     _, src = open_named(a.model)
     tok = src.tokenizer
     if tok is None:
         raise LlambdaError(src.tokenizer_error or "no tokenizer")
-    ids = tok.encode(a.text, add_bos=a.add_bos, parse_special=not a.no_parse_special)
+    ids = tok.encode(text, add_bos=a.add_bos, parse_special=not a.no_parse_special)
     if a.ids:
         print(ids)
     else:
@@ -748,7 +752,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("tokenize", help="show the tokens of a text")
     _add_model_args(p, runtime=False)
-    p.add_argument("text")
+    p.add_argument("text", nargs="?", help="the text (default: stdin, less its final newline)")
     p.add_argument("--ids", action="store_true", help="print only the id list")
     p.add_argument("--add-bos", action="store_true", help="start with the model's BOS token if it uses one")
     p.add_argument("--no-parse-special", action="store_true",

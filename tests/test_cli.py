@@ -561,3 +561,9 @@ def test_run_takes_llama_cli_prompt_flags(fake_run, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["-v"])
     assert e.value.code == 0 and capsys.readouterr().out.strip() == f"llambda {llambda.__version__}"
+
+
+def test_tokenize_reads_stdin(smollm2_gguf):
+    # `echo ... | llambda tokenize` was "the following arguments are required: text"
+    out = run_cli("tokenize", "-m", str(smollm2_gguf), "--ids", input="The capital of France is\n")
+    assert out.returncode == 0 and out.stdout.strip() == "[504, 3575, 282, 4649, 314]", out.stderr
