@@ -69,6 +69,8 @@ def _add_constraint_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--grammar", metavar="FILE", default=None,
                    help="the output follows the grammar in FILE (llama.cpp's GBNF, or llguidance's Lark)")
     g.add_argument("--regex", metavar="PATTERN", default=None, help="the output matches this regular expression")
+    g.add_argument("--format", choices=["json"], default=None, dest="format",
+                   help="json: the output is a JSON object (ollama run's --format json)")
 
 
 def _add_speculative_args(p: argparse.ArgumentParser) -> None:
@@ -128,13 +130,22 @@ def _constraint_kwargs(a) -> dict:
             raise ConstraintError(f"cannot read the {what} file {path}: {e}") from None
 
     out = {}
+    if a.format == "json":      # as the server's response_format json_object
+        if a.json_schema is not None:
+            raise ConstraintError("--format json and --json-schema: give one (a schema of type object is both)")
+        out["json_schema"] = '{"type": "object"}'
     if a.json_schema is not None:
         out["json_schema"] = read(a.json_schema, "JSON schema")
     if a.grammar is not None:
         out["grammar"] = read(a.grammar, "grammar")
     if a.regex is not None:
         out["regex"] = a.regex
-    spec = grammar_spec(**out)          # at most one
+    try:
+        spec = grammar_spec(**out)          # at most one
+    except ConstraintError as e:            # "at most one" said with the library's names (json_schema, ...)
+        if not str(e).startswith("give at most one"):
+            raise
+        raise ConstraintError("give at most one of --json-schema (or --format json), --grammar and --regex") from None
     if spec is not None and spec.kind == "json_schema":
         try:
             json.loads(spec.source)
@@ -167,7 +178,8 @@ FLAG_NAMES = {"max_tokens": "-n/--max-tokens", "temperature": "--temperature", "
               "repeat_last_n": "--repeat-last-n", "presence_penalty": "--presence-penalty",
               "frequency_penalty": "--frequency-penalty", "seed": "--seed", "stop strings": "--stop",
               "n_ctx": "-c/--ctx-size", "threads": "-t/--threads", "draft_max": "--draft-max",
-              "draft_threads": "--threads-draft", "set_threads: n": "-t/--threads"}   # the C pool's bound
+              "draft_threads": "--threads-draft", "set_threads: n": "-t/--threads",   # the C pool's bound
+              "grammar": "--grammar", "regex": "--regex"}
 
 
 def _named_as_flag(message: str) -> str:

@@ -567,3 +567,15 @@ def test_tokenize_reads_stdin(smollm2_gguf):
     # `echo ... | llambda tokenize` was "the following arguments are required: text"
     out = run_cli("tokenize", "-m", str(smollm2_gguf), "--ids", input="The capital of France is\n")
     assert out.returncode == 0 and out.stdout.strip() == "[504, 3575, 282, 4649, 314]", out.stderr
+
+
+def test_format_json_constrains_as_ollama_run_does(fake_run, capsys):
+    # `ollama run MODEL --format json`: was "unrecognized arguments"
+    import json as json_module
+    seen, main = fake_run
+    assert main(["run", "--format", "json", "a person:"]) == 0
+    assert json_module.loads(seen["kw"]["json_schema"]) == {"type": "object"}
+    del seen["load"]
+    assert main(["run", "--format", "json", "--regex", "a+", "hi"]) == 1
+    assert "give at most one of --json-schema (or --format json), --grammar and --regex" in capsys.readouterr().err
+    assert "load" not in seen
