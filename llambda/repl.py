@@ -2,7 +2,8 @@
 
 Line editing and a history kept under $LLAMBDA_HOME (readline where Python has it), Ctrl-C stops the
 reply being written and keeps the conversation, Ctrl-D or /exit leaves. Input that is not a terminal
-is read a line per user turn, so a script can pipe a conversation in.
+is read a message per line (or a triple-quoted block), so a script can pipe a conversation in; Ctrl-C there
+ends the chat. Ollama's `/set parameter`, `/set system`, `/set verbose` and `/show` work too.
 """
 from __future__ import annotations
 
@@ -18,10 +19,15 @@ from typing import Callable, TextIO
 from .errors import LlambdaError
 
 HELP = """commands:
-  /help              this list
+  /help, /?          this list
   /exit, /bye        leave (Ctrl-D too)
   /clear             forget the conversation (the system prompt stays)
-  /system TEXT       set the system prompt (and forget the conversation)
+  /system TEXT       set the system prompt (and forget the conversation; /set system TEXT too)
+  /set parameter NAME VALUE   a sampling setting from the next reply on: temperature, top_k, top_p,
+                     min_p, seed, num_predict, repeat_penalty, repeat_last_n, presence_penalty,
+                     frequency_penalty, stop (its words: the stop strings)
+  /set verbose       tokens and speed after each reply (/set quiet: not)
+  /show parameters   the sampling settings (/show system: the system prompt; /show info: the model)
   /save FILE         write the conversation as JSON messages
   /load FILE         read a conversation written by /save (or any JSON list of messages)
   /stats             tokens and speed of the last reply
@@ -31,6 +37,40 @@ Ctrl-C stops the reply being written; the conversation keeps what was said."""
 MULTILINE = '"""'
 LOAD_MAX_BYTES = 64 << 20     # a conversation file; `/load /dev/zero` read until memory ran out
 LINE_MAX_CHARS = 16 << 20     # a piped message (~4M tokens, past any context); `chat < /dev/zero` ran out of memory
+
+
+# `/set parameter NAME`: Ollama's names (and the command line's) -> Model.chat_stream's arguments
+PARAMETERS = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "seed": "seed",
+              "num_predict": "max_tokens", "max_tokens": "max_tokens", "repeat_penalty": "repeat_penalty",
+              "repeat_last_n": "repeat_last_n", "presence_penalty": "presence_penalty",
+              "frequency_penalty": "frequency_penalty", "stop": "stop"}
+INT_PARAMETERS = {"top_k", "seed", "max_tokens", "repeat_last_n"}
+
+
+def _parameter(name: str, value: str):
+    """(argument, value) for `/set parameter NAME VALUE`, checked as a reply would check it; ValueError
+    with what to type otherwise."""
+    from .engine import GenerationParams
+    from .sampling import SamplingParams
+
+    arg = PARAMETERS.get(name.lower().replace("-", "_"))
+    if arg is None:
+        if name.lower() in ("num_ctx", "num_thread", "num_batch", "num_gpu"):
+            raise ValueError(f"{name} is set when the model loads (-c, -t on the command line), not in a chat")
+        raise ValueError(f"unknown parameter {name!r}; one of {', '.join(sorted(PARAMETERS))}")
+    if arg == "stop":
+        return arg, value.split()
+    try:
+        v = int(value) if arg in INT_PARAMETERS else float(value)
+    except ValueError:
+        raise ValueError(f"{name} takes {'an integer' if arg in INT_PARAMETERS else 'a number'}, "
+                         f"not {value!r}") from None
+    if arg == "max_tokens":
+        v = None if v < 0 else v         # Ollama's num_predict -1: no limit (the context's end)
+        GenerationParams(max_tokens=v).validate()
+    else:
+        SamplingParams(**{arg: v}).validate()
+    return arg, v
 
 
 @dataclass
@@ -54,6 +94,7 @@ class ChatSession:
         self.system = system
         self.messages: list[dict] = []
         self.last = ReplyStats()
+        self.verbose = False         # each reply's stats on stderr (-v, /set verbose)
 
     def history(self) -> list[dict]:
         head = [{"role": "system", "content": self.system}] if self.system else []
@@ -111,8 +152,12 @@ class ChatSession:
             arg = os.path.expanduser(arg)     # no shell expands it here: "~/c.json" was "no such directory"
         if name in ("/exit", "/quit", "/bye"):
             return None
-        if name == "/help":
+        if name in ("/help", "/?"):
             return HELP
+        if name == "/set":
+            return self._set(arg)
+        if name == "/show":
+            return self._show(arg)
         if name == "/clear":
             self.messages.clear()
             return "conversation cleared"
@@ -133,8 +178,45 @@ class ChatSession:
         if name == "/load":
             if not arg:
                 return "usage: /load FILE"
+            from .hub import catalogued_name
+            if catalogued_name(arg) is not None and not os.path.lexists(arg):
+                # Ollama's `/load MODEL` switches models: here it was "cannot read NAME: No such file"
+                return (f"/load reads a conversation file; to talk to {catalogued_name(arg)}, leave (/bye) and "
+                        f"run `llambda chat {catalogued_name(arg)}`")
             return self._load(arg)
         return f"unknown command {name}; /help lists them"
+
+    def _set(self, arg: str) -> str:
+        what, _, rest = arg.partition(" ")
+        rest = rest.strip()
+        if what == "parameter":
+            name, _, value = rest.partition(" ")
+            if not value.strip():
+                return "usage: /set parameter NAME VALUE (/show parameters lists them)"
+            try:
+                key, v = _parameter(name, value.strip())
+            except ValueError as e:
+                return str(e)
+            self.sampling[key] = v
+            return f"set {name} to {v}"
+        if what == "system":
+            return self.command(f"/system {rest}")
+        if what in ("verbose", "quiet"):
+            self.verbose = what == "verbose"
+            return f"stats after each reply {'on' if self.verbose else 'off'}"
+        return "usage: /set parameter NAME VALUE, /set system TEXT, /set verbose or /set quiet"
+
+    def _show(self, arg: str) -> str:
+        if arg == "parameters":
+            keys = sorted(set(PARAMETERS.values()) & self.sampling.keys())
+            return "\n".join(f"{k:<18} {self.sampling[k]}" for k in keys) or "the model's defaults"
+        if arg == "system":
+            return self.system or "no system prompt"
+        if arg == "info":
+            m, c = self.model, getattr(self.model, "config", None)
+            return (f"{getattr(m, 'name', '?')}: {getattr(c, 'arch', '?')}, context {getattr(m, 'n_ctx', '?')} "
+                    f"tokens, {len(self.messages)} messages so far")
+        return "usage: /show parameters, /show system or /show info"
 
     def _load(self, path: str) -> str:
         try:
@@ -215,24 +297,37 @@ def run_chat(session: ChatSession, banner: str, history_file: Path | None, verbo
         stdout.write(text)
         stdout.flush()
 
-    if not interactive:        # a line per user turn, no prompts, no banner
-        for line in iter(lambda: stdin.readline(LINE_MAX_CHARS + 1), ""):
+    session.verbose = session.verbose or verbose
+    if not interactive:
+        # a message per line, or a """ block (or lines ending in \\) as at the terminal; no prompts, no banner
+        def next_line(_prompt: str) -> str:
+            line = stdin.readline(LINE_MAX_CHARS + 1)
+            if not line:
+                raise EOFError
             if len(line) > LINE_MAX_CHARS and not line.endswith("\n"):
                 raise LlambdaError(f"a message on stdin is longer than {LINE_MAX_CHARS} characters")
-            line = line.rstrip("\n")
-            if not line.strip():
+            return line.rstrip("\n")
+
+        while True:
+            try:
+                text = read_message(next_line)
+            except EOFError:
+                return 0
+            if not text.strip():
                 continue
-            if line.startswith("/"):
-                said = session.command(line)
+            if text.startswith("/"):
+                said = session.command(text)
                 if said is None:
-                    break
+                    return 0
                 print(said, file=sys.stderr)
                 continue
-            session.reply(line, write)
+            session.reply(text, write)
             write("\n")
-            if verbose:
+            if session.last.stopped == "interrupted":
+                # Ctrl-C in a script's chat ends it (status 130), where it once went on to the next line
+                raise KeyboardInterrupt
+            if session.verbose:
                 print(f"[llambda] {session.last.line()}", file=sys.stderr)
-        return 0
 
     save_history = _setup_readline(history_file)
     print(banner, file=stdout, flush=True)
@@ -267,7 +362,7 @@ def run_chat(session: ChatSession, banner: str, history_file: Path | None, verbo
             elif session.last.stopped == "context":
                 write("\n[the context is full: /clear to start over]")
             write("\n")
-            if verbose:
+            if session.verbose:
                 print(f"[llambda] {session.last.line()}", file=sys.stderr)
     finally:
         save_history()

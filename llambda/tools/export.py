@@ -593,9 +593,18 @@ def _gguf_metadata_types(src: ModelSource) -> dict:
 
 # ---------------------------------------------------------------- entry point
 
-def _check_output(out: Path, fmt: str) -> None:
+def _check_output(out: Path, fmt: str, source: Path | None = None) -> None:
     """Refuse an output that cannot be written before converting (minutes for a large model): the write
     comes last, and once failed there with a raw IsADirectoryError after all the work."""
+    try:
+        same = source is not None and out.exists() and os.path.samefile(out, source)
+    except OSError:
+        same = False
+    if same:
+        # `quantize m.gguf m.gguf q4_0` replaced the model it read (a catalogued file too, which then
+        # failed its hash and was fetched again)
+        raise LlambdaError(f"{out} is the model being read: write the output to another "
+                           f"{'file' if fmt == 'gguf' else 'directory'}")
     if fmt == "gguf" and out.is_dir():
         raise LlambdaError(f"{out} is a directory: a GGUF export writes one file")
     # the file is renamed into place: `--out /dev/null` (or /dev/stdout) as root replaced the device
@@ -627,7 +636,7 @@ def export(model, out: str | os.PathLike, fmt: str = "gguf", qtype: str | None =
     else:
         src, own = open_named(model)[1], True
     try:
-        _check_output(out, fmt)
+        _check_output(out, fmt, getattr(src, "path", None))
         if fmt == "hf":
             return write_hf(src, out, qtype)
         if fmt == "gguf":
