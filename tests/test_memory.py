@@ -416,3 +416,21 @@ def test_show_verbose_prints_an_encoders_plan(tmp_path, capsys):
     assert main(["show", "-v", str(path)]) == 0
     out = capsys.readouterr().out
     assert "memory plan" in out and "no KV cache" in out
+
+
+@pytest.mark.parametrize("folder, has_dense", [("qwen2_moe", False), ("mixtral", False), ("gpt_oss", False),
+                                               ("qwen3_moe", True)])
+def test_a_model_without_dense_layers_plans_no_dense_mlp_buffers(folder, has_dense):
+    """The gate and up activations were sized by feed_forward_length even where every layer is MoE (Qwen2-MoE's
+    is 4x its experts' width): planned and allocated, never used. Only a model with a dense layer has them."""
+    import llambda
+    from llambda.models.base import Workspace
+    tiny = Path(__file__).parent / "fixtures" / "reference" / "tiny" / folder
+    tokens = 256
+    with llambda.load(str(tiny), backend="native", threads=1, n_ctx=32, max_batch=tokens) as m:
+        cfg, p, be = m.config, m.memory_plan, m.transformer.backend
+        assert p.activations == m.memory_report()["activations"]
+        assert ("gate" in m.transformer.ws.specs) == has_dense
+        every_buffer = Workspace(cfg, tokens, 16, be.workspace_specs(cfg, tokens)).nbytes()
+        assert p.activations == every_buffer - (0 if has_dense else 2 * tokens * cfg.ffn_dim * 4)
+        assert np.isfinite(m.logits([1, 2, 3])).all()

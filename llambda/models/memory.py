@@ -21,7 +21,7 @@ from ..formats import staging
 from ..formats.pagecache import mem_available, should_drop
 from ..formats.readahead import CHUNK as READ_CHUNK
 from ..formats.source import ModelSource
-from .base import Workspace, recurrent_state_specs
+from .base import Workspace, mlp_width, recurrent_state_specs
 
 
 @dataclass
@@ -139,7 +139,7 @@ def plan(src: ModelSource, n_ctx: int, n_slots: int = 1, kv_type: str = "f32", m
     kv_per_token = int(2 * kv_layers * kv_value_bytes(kv_type, cfg.kv_dim))
     kv_base = 4 * kv_layers * cfg.kv_dim * n_slots if kv_type == "q8_0" else 0   # a float key base per slot
     extra = backend.workspace_specs(cfg, max_tokens) if backend is not None else None
-    acts = Workspace(cfg, max_tokens, max(n_slots, 16), extra).nbytes()
+    acts = Workspace(cfg, max_tokens, max(n_slots, 16), extra, mlp_width(cfg, src.tensor)).nbytes()
     state = recurrent_state_specs(cfg, n_slots)[2]
     recurrent = sum(int(np.prod(shape)) * np.dtype(dt).itemsize for shape, dt in state.values())
     return MemoryPlan(weights, mapped, largest, kv_per_token, kv_per_token * n_ctx * n_slots + kv_base, acts, n_ctx,
