@@ -334,3 +334,88 @@ def test_gguf_head_sizes_the_engine_would_not_honour(tmp_path, key, value, field
         llambda.load(path, backend="numpy", n_ctx=32)
     assert np.isfinite(_logits(_gguf(tmp_path / "same", "llama", meta_over={key: GGUFValue(VT.UINT32, 16)}),
                                "numpy")).all()
+
+
+# ---------------------------------------------------------------- GGUF: tensor types a weight cannot have
+
+def _retyped(changes: dict):
+    """A `tensors` rewrite for _gguf: each named F32 tensor stored as its qtype (integer types: the values x 100,
+    rounded, as a converter writing ints would)."""
+    from llambda.formats.quants import QType, quantize
+
+    def rewrite(items):
+        out = []
+        for n, q, r, s in items:
+            if n in changes:
+                qt = QType[changes[n]]
+                a = r.view(np.float32).reshape(-1, s[-1])
+                r, q = quantize(np.round(a * 100) if qt.name.startswith("I") and qt.name[1:].isdigit() else a,
+                                qt).reshape(-1), qt
+            out.append((n, q, r, s))
+        return out
+    return rewrite
+
+
+@pytest.mark.parametrize("folder, name, qtype", [
+    ("llama", "token_embd.weight", "I8"), ("llama", "blk.0.attn_q.weight", "I16"),
+    ("llama", "blk.1.ffn_norm.weight", "I32"), ("llama", "output_norm.weight", "I64"),
+    ("qwen2", "blk.0.attn_k.bias", "I8"), ("qwen2_moe", "blk.0.ffn_gate_inp.weight", "I16"),
+    ("qwen3_moe", "blk.1.ffn_up_exps.weight", "I8"), ("gpt_oss", "blk.0.ffn_down_exps.bias", "I32"),
+])
+def test_gguf_weights_of_an_integer_type_are_refused(tmp_path, folder, name, qtype):
+    """ggml's I8..I64 are no weight's type (llama.cpp can neither multiply nor dequantize one): a matrix of one was
+    converted to Q8_0 with a warning, a norm, bias or router used as its integers, the file never questioned."""
+    path = _gguf(tmp_path, folder, tensors=_retyped({name: qtype}))
+    for backend in BACKENDS:
+        with pytest.raises(ModelFormatError, match=rf"'{name}' is {qtype}, an integer type"):
+            _logits(path, backend)
+
+
+def test_gguf_f64_tensors_load_as_float32_and_other_types_vectors_as_their_values(tmp_path):
+    """F64 (which ggml defines and no converter writes) is rounded to float32 on both backends: the native one
+    quantized an F64 matrix to Q8_0 and warned. A norm or bias of a quantized type loads as its decoded values.
+    Each file's logits equal those of the F32 file holding the values the loader reads."""
+    from llambda.formats.gguf import GGUFFile
+    from llambda.formats.quants import QType, dequantize
+    from llambda.formats.gguf_writer import write_gguf
+    cases = [("llama", {"blk.0.attn_q.weight": "F64", "token_embd.weight": "F64", "blk.0.attn_norm.weight": "F64"}),
+             ("llama", {"output_norm.weight": "Q8_0", "blk.1.attn_norm.weight": "IQ4_NL"}),
+             ("qwen2", {"blk.0.attn_q.bias": "Q4_0", "blk.1.attn_v.bias": "MXFP4"})]
+    for i, (folder, changes) in enumerate(cases):
+        path = _gguf(tmp_path / str(i), folder, tensors=_retyped(changes))
+        with GGUFFile(path) as f:      # the same file with every changed tensor back in F32, as read
+            items = [(t.name, t.qtype, np.array(t.data)) if t.name not in changes else
+                     (t.name, QType.F32, dequantize(t.data, t.qtype, t.shape).astype(np.float32))
+                     for t in f.tensors.values()]
+            assert {f.tensors[n].qtype.name for n in changes} == set(changes.values())
+            meta = _meta(f)
+        plain = tmp_path / f"{i}-plain.gguf"
+        write_gguf(plain, meta, [(n, q, r, tuple(reversed(f.tensors[n].ne))) for n, q, r in items])
+        for backend in BACKENDS:
+            import warnings
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")      # no conversion warning
+                got = _logits(path, backend)
+            assert np.array_equal(got, _logits(plain, backend)), (folder, changes, backend)
+
+
+def _meta(f) -> dict:
+    from llambda.formats.gguf_writer import GGUFValue
+    return {k: GGUFValue(f.metadata_types[k], v) for k, v in f.metadata.items()}
+
+
+@pytest.mark.parametrize("bad", [1e300, float("inf")])
+def test_gguf_f64_values_float32_cannot_hold_are_refused(tmp_path, bad):
+    def huge(items):
+        items = _retyped({"blk.0.attn_q.weight": "F64"})(items)
+        out = []
+        for n, q, r, s in items:
+            if n == "blk.0.attn_q.weight":
+                r = r.copy()
+                r.view("<f8")[7] = bad
+            out.append((n, q, r, s))
+        return out
+    path = _gguf(tmp_path, "llama", tensors=huge)
+    for backend in BACKENDS:
+        with pytest.raises(ModelFormatError, match=r"'blk.0.attn_q.weight' \(F64\) holds .* at index 7"):
+            _logits(path, backend)
