@@ -419,3 +419,57 @@ def test_gguf_f64_values_float32_cannot_hold_are_refused(tmp_path, bad):
     for backend in BACKENDS:
         with pytest.raises(ModelFormatError, match=r"'blk.0.attn_q.weight' \(F64\) holds .* at index 7"):
             _logits(path, backend)
+
+
+@pytest.mark.parametrize("extra, canonical", [
+    ("model.language_model.norm.weight", "output_norm.weight"),          # the multimodal prefix and the plain name
+    ("language_model.lm_head.weight", "output.weight"),
+    ("model.language_model.embed_tokens.weight", "token_embd.weight"),
+])
+def test_hf_two_tensors_under_one_global_name_are_refused(tmp_path, extra, canonical):
+    """A checkpoint holding a top-level tensor under two spellings loaded whichever came last in the header (a layer
+    tensor's second copy was already refused)."""
+    from llambda.formats.safetensors import SafetensorsFile, write_safetensors
+    d = _hf(tmp_path, "llama")
+    with SafetensorsFile(d / "model.safetensors") as st:
+        arrays = {n: t.to_float32().reshape(t.shape).copy() for n, t in st.tensors.items()}
+    plain = extra.replace("model.language_model.", "model.").replace("language_model.lm_head.", "lm_head.")
+    arrays[extra] = arrays.get(plain, arrays["model.embed_tokens.weight"]) * 2
+    write_safetensors(d / "model.safetensors", arrays)
+    with pytest.raises(ModelFormatError, match=f"a second tensor maps to '{canonical}'"):
+        llambda.load(d, backend="numpy", n_ctx=32)
+
+
+def _reshaped(name: str, shape: tuple):
+    return lambda items: [(n, q, r, shape if n == name else s) for n, q, r, s in items]
+
+
+@pytest.mark.parametrize("folder, name, shape", [
+    ("llama", "blk.0.attn_norm.weight", (8, 8)), ("llama", "output_norm.weight", (64, 1)),
+    ("llama", "blk.1.ffn_norm.weight", (2, 1, 32)), ("llama", "rope_freqs.weight", (2, 4)),
+    ("qwen2_moe", "blk.0.ffn_gate_inp_shexp.weight", (8, 8)),
+])
+def test_gguf_vectors_of_another_shape_are_refused(tmp_path, folder, name, shape):
+    """A norm (or the RoPE factors, a shared expert's gate) was read as its element count, whatever its shape: an
+    (8, 8) norm loaded as a (64,) one. llama.cpp takes (n,) and (1, n) only; so do we."""
+    path = _gguf(tmp_path, folder, tensors=_reshaped(name, shape))
+    for backend in BACKENDS:
+        with pytest.raises(ModelFormatError, match=rf"'{name}' has shape \({shape[0]}, .*expected \((1, )?\d+,?\)"):
+            _logits(path, backend)
+    same = _gguf(tmp_path / "same", folder, tensors=_reshaped(name, (1, int(np.prod(shape)))))
+    assert np.array_equal(_logits(same, "numpy"), _logits(_gguf(tmp_path / "plain", folder), "numpy"))
+
+
+@pytest.mark.parametrize("key, values", [("llama.attention.head_count_kv", [2]),
+                                         ("llama.feed_forward_length", [128, 128, 128]),
+                                         ("llama.attention.head_count", [4])])
+def test_gguf_per_layer_arrays_of_another_length_are_refused(tmp_path, key, values):
+    """A per-layer array needs one value per layer (llama.cpp: "wrong array length"); one of 1 or 3 values for 2
+    layers loaded as its first value."""
+    from llambda.formats.gguf import GGUFValueType as VT
+    from llambda.formats.gguf_writer import GGUFValue
+    path = _gguf(tmp_path, "llama", meta_over={key: GGUFValue((VT.ARRAY, VT.UINT32), values)})
+    with pytest.raises(ModelFormatError, match=f"'{key}': {len(values)} per-layer values for the 2 layers"):
+        llambda.load(path, backend="numpy", n_ctx=32)
+    fine = _gguf(tmp_path / "b", "llama", meta_over={key: GGUFValue((VT.ARRAY, VT.UINT32), values[:1] * 2)})
+    assert np.isfinite(_logits(fine, "numpy")).all()

@@ -260,7 +260,7 @@ class Transformer(Closable):
             t = get(name) if not required else need(name)
             if t is None:
                 return None
-            if t.rows * t.cols != n:
+            if t.cols != n or t.rows != 1:     # (1, n) as llama.cpp takes too; an (8, 8) norm is no (64,) one
                 raise ModelFormatError(f"tensor {name!r} has shape {t.shape}, expected ({n},)")
             v = B.prepare_vector(t, offset)
             finite(name, t, v)
@@ -282,11 +282,12 @@ class Transformer(Closable):
         self.output = self.tok_embd if (out is None and cfg.tie_embeddings) else matrix("output.weight", cfg.vocab_size, d)
         self.output_norm = vector("output_norm.weight", d, off)
         rf = get("rope_freqs.weight")
+        if rf is not None and (rf.cols != cfg.rope_dim // 2 or rf.rows != 1):
+            raise ModelFormatError(f"tensor 'rope_freqs.weight' has shape {rf.shape}, expected ({cfg.rope_dim // 2},): "
+                                   "one factor per pair of rotated dimensions")
         self.rope_factors = None if rf is None else rf.to_float32().reshape(-1)
         if rf is not None:
             finite("rope_freqs.weight", rf, self.rope_factors)
-        if self.rope_factors is not None and len(self.rope_factors) != cfg.rope_dim // 2:
-            raise ModelFormatError("rope_freqs.weight does not match the rope dimension")
         self.inv_freq = {s: cfg.inv_freq(sliding=s) for s in set(cfg.layer_sliding)}
         if self.rope_factors is not None:
             with np.errstate(all="ignore"):
@@ -312,7 +313,7 @@ class Transformer(Closable):
             if cfg.moe_bias:
                 biases = tuple(experts(p + f"ffn_{w}_exps.bias", rows, None)
                                for w, rows in (("gate", e), ("up", e), ("down", d)))
-            if gate_inp is not None and gate_inp.rows * gate_inp.cols != d:
+            if gate_inp is not None and (gate_inp.cols != d or gate_inp.rows != 1):
                 raise ModelFormatError(f"tensor {gate_inp.name!r} has shape {gate_inp.shape}, expected (1, {d})")
             router = matrix(p + "ffn_gate_inp.weight", cfg.n_experts, d)    # packed in execution order
             mats = [experts(p + f"ffn_{w}_exps.weight", *shape) for w, shape in (("gate", (e, d)), ("up", (e, d)),

@@ -42,6 +42,11 @@ class GGUFHParams:
         if isinstance(v, (list, tuple)):
             if not v or not all(type(x) is int for x in v) or any(x != v[0] for x in v):
                 raise ModelFormatError(f"{what}: per-layer values {v[:8]!r} are not one common integer")
+            layers = self.meta.get(f"{self.arch}.block_count")
+            if type(layers) is int and len(v) != layers:
+                # one value per layer, as llama.cpp reads such an array (it refuses another length too)
+                raise ModelFormatError(f"{what}: {len(v)} per-layer values for the {layers} layers of "
+                                       f"'{self.arch}.block_count'")
             v = v[0]
         if limit is not None:
             return check_int(what, v, limit)
