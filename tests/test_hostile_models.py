@@ -473,3 +473,17 @@ def test_gguf_per_layer_arrays_of_another_length_are_refused(tmp_path, key, valu
         llambda.load(path, backend="numpy", n_ctx=32)
     fine = _gguf(tmp_path / "b", "llama", meta_over={key: GGUFValue((VT.ARRAY, VT.UINT32), values[:1] * 2)})
     assert np.isfinite(_logits(fine, "numpy")).all()
+
+
+@pytest.mark.parametrize("expert, shape", [(0, (2048,)), (3, (1, 32, 64))])
+def test_hf_expert_tensors_that_are_not_matrices(tmp_path, expert, shape):
+    """An expert's weight of another rank was refused as "unlike expert 0's" shape, expert 0's own included."""
+    from llambda.formats.safetensors import SafetensorsFile, write_safetensors
+    d = _hf(tmp_path, "qwen2_moe")
+    with SafetensorsFile(d / "model.safetensors") as st:
+        arrays = {n: t.to_float32().reshape(t.shape).copy() for n, t in st.tensors.items()}
+    name = f"model.layers.0.mlp.experts.{expert}.up_proj.weight"
+    arrays[name] = arrays[name].reshape(shape)
+    write_safetensors(d / "model.safetensors", arrays)
+    with pytest.raises(ModelFormatError, match=rf"'{name}' has shape \(.*\): an expert's weight is a matrix"):
+        llambda.load(d, backend="numpy", n_ctx=32)
