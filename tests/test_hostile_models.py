@@ -361,14 +361,32 @@ def _retyped(changes: dict):
     ("llama", "blk.1.ffn_norm.weight", "I32"), ("llama", "output_norm.weight", "I64"),
     ("qwen2", "blk.0.attn_k.bias", "I8"), ("qwen2_moe", "blk.0.ffn_gate_inp.weight", "I16"),
     ("qwen3_moe", "blk.1.ffn_up_exps.weight", "I8"), ("gpt_oss", "blk.0.ffn_down_exps.bias", "I32"),
+    ("llama", "blk.0.ffn_up.weight", "Q8_1"), ("llama", "output_norm.weight", "Q8_1"),
 ])
-def test_gguf_weights_of_an_integer_type_are_refused(tmp_path, folder, name, qtype):
-    """ggml's I8..I64 are no weight's type (llama.cpp can neither multiply nor dequantize one): a matrix of one was
-    converted to Q8_0 with a warning, a norm, bias or router used as its integers, the file never questioned."""
+def test_gguf_weights_of_a_type_no_weight_has_are_refused(tmp_path, folder, name, qtype):
+    """ggml's I8..I64, Q8_1 and Q8_K are no weight's type (llama.cpp can neither multiply nor dequantize one): a
+    matrix of one was converted to Q8_0 with a warning, a norm, bias or router used as its values (an integer
+    one's as integers), the file never questioned."""
     path = _gguf(tmp_path, folder, tensors=_retyped({name: qtype}))
     for backend in BACKENDS:
-        with pytest.raises(ModelFormatError, match=rf"'{name}' is {qtype}, an integer type"):
+        with pytest.raises(ModelFormatError, match=rf"'{name}' is {qtype}, .*: no weight, norm or bias is stored"):
             _logits(path, backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_q8_k_matrices_and_vectors_are_refused(backend):
+    """Q8_K (the K-quants' activation blocks; rows of 256, which no tiny model has) as a matrix or a vector."""
+    from llambda.backends import create_backend
+    from llambda.formats.quants import QType, quantize
+    from llambda.formats.weights import WeightTensor
+    raw = quantize(np.ones((2, 256), np.float32), QType.Q8_K).reshape(-1)
+    B = create_backend(backend, threads=1)
+    try:
+        for prepare, shape in ((B.prepare_matrix, (2, 256)), (B.prepare_vector, (1, 512))):
+            with pytest.raises(ModelFormatError, match="'w' is Q8_K, .*: no weight, norm or bias is stored"):
+                prepare(WeightTensor("w", QType.Q8_K, shape, raw))
+    finally:
+        B.close()
 
 
 def test_gguf_f64_tensors_load_as_float32_and_other_types_vectors_as_their_values(tmp_path):
@@ -473,6 +491,21 @@ def test_gguf_per_layer_arrays_of_another_length_are_refused(tmp_path, key, valu
         llambda.load(path, backend="numpy", n_ctx=32)
     fine = _gguf(tmp_path / "b", "llama", meta_over={key: GGUFValue((VT.ARRAY, VT.UINT32), values[:1] * 2)})
     assert np.isfinite(_logits(fine, "numpy")).all()
+
+
+@pytest.mark.parametrize("folder, key, values", [
+    ("llama", "llama.block_count", [2, 2]), ("llama", "llama.embedding_length", [64, 64]),
+    ("llama", "llama.vocab_size", [512, 512]), ("qwen3_moe", "qwen3moe.expert_count", [8, 8, 8]),
+    ("gemma2", "gemma2.attention.sliding_window", [4, 4, 4, 4]),
+])
+def test_gguf_arrays_where_one_value_belongs_are_refused(tmp_path, folder, key, values):
+    """Any integer key was taken from an array of equal values (a block_count of [2, 2] loaded a 2-layer model);
+    llama.cpp reads only the MLP width and the head counts per layer, and refuses an array elsewhere."""
+    from llambda.formats.gguf import GGUFValueType as VT
+    from llambda.formats.gguf_writer import GGUFValue
+    path = _gguf(tmp_path, folder, meta_over={key: GGUFValue((VT.ARRAY, VT.UINT32), values)})
+    with pytest.raises(ModelFormatError, match=f"'{key}' should be an integer, got an array of {len(values)} values"):
+        llambda.load(path, backend="numpy", n_ctx=32)
 
 
 @pytest.mark.parametrize("expert, shape", [(0, (2048,)), (3, (1, 32, 64))])

@@ -15,16 +15,20 @@ from ..errors import ModelFormatError
 from .quants import DEQUANTIZABLE, QType, dequantize, row_nbytes
 
 
-# ggml's integer tensor types: ggml defines them (for indices, positions), but no ggml op reads one as a weight
-# and llama.cpp cannot dequantize them; a weight, norm or bias of one is a corrupt or hostile file.
-INTEGER_TYPES = frozenset({QType.I8, QType.I16, QType.I32, QType.I64})
+# Types ggml defines but never reads a weight in (llama.cpp can neither dequantize nor multiply one): the integer
+# types (indices, positions) and the blocks activations are quantized to for the dot products. A weight, norm or
+# bias of one is a corrupt or hostile file.
+NOT_WEIGHT_TYPES = {QType.I8: "an integer type", QType.I16: "an integer type", QType.I32: "an integer type",
+                    QType.I64: "an integer type", QType.Q8_1: "the activations' block type of Q4_1 and Q5_1 products",
+                    QType.Q8_K: "the activations' block type of the K-quants' products"}
 
 
 def check_weight_type(name: str, qtype) -> None:
-    """ModelFormatError where a tensor's type cannot be a weight's (an integer type)."""
-    if qtype in INTEGER_TYPES:
-        raise ModelFormatError(f"tensor {name!r} is {QType(qtype).name}, an integer type no weight, norm or bias "
-                               "is stored in (llama.cpp cannot read one either): the model file is corrupt")
+    """ModelFormatError where a tensor's type is none a weight is stored in (NOT_WEIGHT_TYPES)."""
+    kind = NOT_WEIGHT_TYPES.get(qtype)
+    if kind is not None:
+        raise ModelFormatError(f"tensor {name!r} is {QType(qtype).name}, {kind}: no weight, norm or bias is stored "
+                               "in it (llama.cpp cannot read one either), the model file is corrupt")
 
 
 def _f64_to_f32(name: str, data: np.ndarray, shape) -> np.ndarray:
