@@ -307,19 +307,28 @@ class NativeBackend(Backend):
         tuner.record(time.perf_counter() - t0)
 
     # -- load time -------------------------------------------------------
+    def packed_type(self, qtype, cols: int) -> QType:
+        """A matrix's type once packed: its own where the core runs it; else what _convert makes of it:
+        F32 from F64, CONVERT_TO (F32 if its rows do not split into that type's blocks) from the rest."""
+        if int(qtype) in NATIVE_TYPES or qtype not in DEQUANTIZABLE:
+            return QType(int(qtype))
+        if qtype == QType.F64 or cols % TRAITS[CONVERT_TO].block_size:
+            return QType.F32
+        return CONVERT_TO
+
     def _convert(self, w: WeightTensor) -> WeightTensor:
         """A tensor of a type the C core does not run, decoded by the NumPy oracle and re-quantized to
-        CONVERT_TO (F32 if its rows do not split into that type's blocks); warns once per type. F64 becomes
-        F32 (a rounding, as the NumPy backend's), silently: no smaller, no slower than the file says."""
+        packed_type's; warns once per type. F64 becomes F32 (a rounding, as the NumPy backend's), silently:
+        no bigger, no slower than the file says."""
         name = QType(int(w.qtype)).name  # the file reader already refused ids ggml does not define
         if w.qtype not in DEQUANTIZABLE:
             raise ModelFormatError(
                 f"tensor {w.name!r} is {name}, a type llambda can neither run nor convert (supported: "
                 f"{', '.join(sorted(t['name'] for t in NATIVE_TYPES.values()))}); use a file with another quantization")
         f = w.to_float32().reshape(w.rows, w.cols)
+        to = self.packed_type(w.qtype, w.cols)
         if w.qtype == QType.F64:
             return WeightTensor.from_float(w.name, f)
-        to = CONVERT_TO if w.cols % TRAITS[CONVERT_TO].block_size == 0 else QType.F32
         out = WeightTensor(w.name, to, (w.rows, w.cols), quantize(f, to).reshape(-1))
         self._converted.append((w.name, name, to.name, out.data.nbytes - w.data.nbytes))
         return out

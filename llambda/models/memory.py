@@ -111,10 +111,11 @@ def kv_value_bytes(kv_type: str, values: int) -> float:
 
 
 def plan(src: ModelSource, n_ctx: int, n_slots: int = 1, kv_type: str = "f32", max_tokens: int = 512,
-         backend=None, float_weights: bool = False, packed_nbytes=None) -> MemoryPlan:
+         backend=None, float_weights: bool = False, qtype_at_load=None) -> MemoryPlan:
     """The plan of loading `src` at `n_ctx` tokens x `n_slots` (float_weights: a backend that dequantizes
-    every matrix to float32, as the NumPy reference does; packed_nbytes(name, tensor): a tensor's bytes
-    once loaded, where a load converts it, as quantize= does)."""
+    every matrix to float32, as the NumPy reference does; qtype_at_load(name, tensor): a tensor's type
+    once looked up, where the lookup converts it, as quantize= does; the backend's packed_type then says
+    what it keeps that type in: the native one converts the types it does not run)."""
     cfg = src.config
     mapped, largest, params, packed = 0, 0, 0, 0
     experts: dict[str, int] = {}    # an MoE layer's gate, up and down experts are let go of together, once all packed
@@ -129,7 +130,10 @@ def plan(src: ModelSource, n_ctx: int, n_slots: int = 1, kv_type: str = "f32", m
             layer = name.split("ffn_")[0]
             experts[layer] = experts.get(layer, 0) + n
         params += int(np.prod(t.shape))
-        packed += packed_nbytes(name, t) if packed_nbytes is not None else n
+        q = qtype_at_load(name, t) if qtype_at_load is not None else t.qtype
+        if backend is not None:
+            q = backend.packed_type(q, t.shape[-1])
+        packed += n if q == t.qtype else tensor_nbytes(q, t.shape)
     weights = params * 4 if float_weights else packed
     largest = max([largest, *experts.values()]) + READ_CHUNK     # + the read-ahead's chunk, mapped while it reads
     available = mem_available()
