@@ -90,16 +90,16 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
             # was a raw ValueError at the first forward step, after allocating the whole KV cache
             raise InvalidInputError(f"n_ctx must be in 2..{MAX_POSITIONS}, got {ctx}")
         _warn_about_limits(cfg, ctx, threads)
-        lookup, packed_nbytes = src.recording_lookup(), None
+        lookup, at_load = src.recording_lookup(), None
         if lora_specs:
             adapters = open_adapters(lora_specs, src)
             merge = LoraMerge(lookup, adapters, cfg, release=src.release)
             lookup = merge.lookup
         if quantize:
-            from .tools.quantize import nbytes_at_load, quantizing_lookup
-            lookup, packed_nbytes = quantizing_lookup(lookup, quantize, release=src.release), nbytes_at_load(quantize)
+            from .tools.quantize import qtype_at_load, quantizing_lookup
+            lookup, at_load = quantizing_lookup(lookup, quantize, release=src.release), qtype_at_load(quantize)
         mplan = memory.plan(src, ctx, n_slots, be.kv_type, max_batch, be,
-                            float_weights=be.name == "numpy", packed_nbytes=packed_nbytes)
+                            float_weights=be.name == "numpy", qtype_at_load=at_load)
         if check_memory:
             memory.check(mplan)
         with src.reading_ahead(), be.loading(mplan.weights):

@@ -164,6 +164,21 @@ def test_accepts_what_the_rules_allow(put):
         assert f.tensors["w"].as_float32().tolist() == [0.0, 0.0]
 
 
+def test_arrays_nested_in_arrays_are_bounded(put):
+    """Each array inside an array became a Python list at ~15 us apiece: a 25 MB header of 2M one-byte arrays held
+    180 MB for 30 s (a 1 GB one would run out of memory). ggml reads none; 65536 are taken, one more is refused."""
+    MAX_NESTED_ARRAYS = 1 << 16
+    one = struct.pack("<IQ", VT.UINT8, 1) + b"\x07"
+    for n, ok in ((MAX_NESTED_ARRAYS, True), (MAX_NESTED_ARRAYS + 1, False), (2_000_000, False)):
+        p = put(gguf_bytes([kv("n", VT.ARRAY, struct.pack("<IQ", VT.ARRAY, n) + one * n)]))
+        if ok:
+            with GGUFFile(p) as f:
+                assert len(f.metadata["n"]) == n
+        else:
+            with pytest.raises(ModelFormatError, match=f"'n': more than {MAX_NESTED_ARRAYS} arrays nested in arrays"):
+                GGUFFile(p)
+
+
 # ---------------------------------------------------------------- writer round trips
 
 def all_kinds_metadata():

@@ -334,3 +334,189 @@ def test_gguf_head_sizes_the_engine_would_not_honour(tmp_path, key, value, field
         llambda.load(path, backend="numpy", n_ctx=32)
     assert np.isfinite(_logits(_gguf(tmp_path / "same", "llama", meta_over={key: GGUFValue(VT.UINT32, 16)}),
                                "numpy")).all()
+
+
+# ---------------------------------------------------------------- GGUF: tensor types a weight cannot have
+
+def _retyped(changes: dict):
+    """A `tensors` rewrite for _gguf: each named F32 tensor stored as its qtype (integer types: the values x 100,
+    rounded, as a converter writing ints would)."""
+    from llambda.formats.quants import QType, quantize
+
+    def rewrite(items):
+        out = []
+        for n, q, r, s in items:
+            if n in changes:
+                qt = QType[changes[n]]
+                a = r.view(np.float32).reshape(-1, s[-1])
+                r, q = quantize(np.round(a * 100) if qt.name.startswith("I") and qt.name[1:].isdigit() else a,
+                                qt).reshape(-1), qt
+            out.append((n, q, r, s))
+        return out
+    return rewrite
+
+
+@pytest.mark.parametrize("folder, name, qtype", [
+    ("llama", "token_embd.weight", "I8"), ("llama", "blk.0.attn_q.weight", "I16"),
+    ("llama", "blk.1.ffn_norm.weight", "I32"), ("llama", "output_norm.weight", "I64"),
+    ("qwen2", "blk.0.attn_k.bias", "I8"), ("qwen2_moe", "blk.0.ffn_gate_inp.weight", "I16"),
+    ("qwen3_moe", "blk.1.ffn_up_exps.weight", "I8"), ("gpt_oss", "blk.0.ffn_down_exps.bias", "I32"),
+    ("llama", "blk.0.ffn_up.weight", "Q8_1"), ("llama", "output_norm.weight", "Q8_1"),
+])
+def test_gguf_weights_of_a_type_no_weight_has_are_refused(tmp_path, folder, name, qtype):
+    """ggml's I8..I64, Q8_1 and Q8_K are no weight's type (llama.cpp can neither multiply nor dequantize one): a
+    matrix of one was converted to Q8_0 with a warning, a norm, bias or router used as its values (an integer
+    one's as integers), the file never questioned."""
+    path = _gguf(tmp_path, folder, tensors=_retyped({name: qtype}))
+    for backend in BACKENDS:
+        with pytest.raises(ModelFormatError, match=rf"'{name}' is {qtype}, .*: no weight, norm or bias is stored"):
+            _logits(path, backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_q8_k_matrices_and_vectors_are_refused(backend):
+    """Q8_K (the K-quants' activation blocks; rows of 256, which no tiny model has) as a matrix or a vector."""
+    from llambda.backends import create_backend
+    from llambda.formats.quants import QType, quantize
+    from llambda.formats.weights import WeightTensor
+    raw = quantize(np.ones((2, 256), np.float32), QType.Q8_K).reshape(-1)
+    B = create_backend(backend, threads=1)
+    try:
+        for prepare, shape in ((B.prepare_matrix, (2, 256)), (B.prepare_vector, (1, 512))):
+            with pytest.raises(ModelFormatError, match="'w' is Q8_K, .*: no weight, norm or bias is stored"):
+                prepare(WeightTensor("w", QType.Q8_K, shape, raw))
+    finally:
+        B.close()
+
+
+def test_gguf_f64_tensors_load_as_float32_and_other_types_vectors_as_their_values(tmp_path):
+    """F64 (which ggml defines and no converter writes) is rounded to float32 on both backends: the native one
+    quantized an F64 matrix to Q8_0 and warned. A norm or bias of a quantized type loads as its decoded values.
+    Each file's logits equal those of the F32 file holding the values the loader reads."""
+    from llambda.formats.gguf import GGUFFile
+    from llambda.formats.quants import QType, dequantize
+    from llambda.formats.gguf_writer import write_gguf
+    cases = [("llama", {"blk.0.attn_q.weight": "F64", "token_embd.weight": "F64", "blk.0.attn_norm.weight": "F64"}),
+             ("llama", {"output_norm.weight": "Q8_0", "blk.1.attn_norm.weight": "IQ4_NL"}),
+             ("qwen2", {"blk.0.attn_q.bias": "Q4_0", "blk.1.attn_v.bias": "MXFP4"})]
+    for i, (folder, changes) in enumerate(cases):
+        path = _gguf(tmp_path / str(i), folder, tensors=_retyped(changes))
+        with GGUFFile(path) as f:      # the same file with every changed tensor back in F32, as read
+            items = [(t.name, t.qtype, np.array(t.data)) if t.name not in changes else
+                     (t.name, QType.F32, dequantize(t.data, t.qtype, t.shape).astype(np.float32))
+                     for t in f.tensors.values()]
+            assert {f.tensors[n].qtype.name for n in changes} == set(changes.values())
+            meta = _meta(f)
+        plain = tmp_path / f"{i}-plain.gguf"
+        write_gguf(plain, meta, [(n, q, r, tuple(reversed(f.tensors[n].ne))) for n, q, r in items])
+        for backend in BACKENDS:
+            import warnings
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")      # no conversion warning
+                got = _logits(path, backend)
+            assert np.array_equal(got, _logits(plain, backend)), (folder, changes, backend)
+
+
+def _meta(f) -> dict:
+    from llambda.formats.gguf_writer import GGUFValue
+    return {k: GGUFValue(f.metadata_types[k], v) for k, v in f.metadata.items()}
+
+
+@pytest.mark.parametrize("bad", [1e300, float("inf")])
+def test_gguf_f64_values_float32_cannot_hold_are_refused(tmp_path, bad):
+    def huge(items):
+        items = _retyped({"blk.0.attn_q.weight": "F64"})(items)
+        out = []
+        for n, q, r, s in items:
+            if n == "blk.0.attn_q.weight":
+                r = r.copy()
+                r.view("<f8")[7] = bad
+            out.append((n, q, r, s))
+        return out
+    path = _gguf(tmp_path, "llama", tensors=huge)
+    for backend in BACKENDS:
+        with pytest.raises(ModelFormatError, match=r"'blk.0.attn_q.weight' \(F64\) holds .* at index 7"):
+            _logits(path, backend)
+
+
+@pytest.mark.parametrize("extra, canonical", [
+    ("model.language_model.norm.weight", "output_norm.weight"),          # the multimodal prefix and the plain name
+    ("language_model.lm_head.weight", "output.weight"),
+    ("model.language_model.embed_tokens.weight", "token_embd.weight"),
+])
+def test_hf_two_tensors_under_one_global_name_are_refused(tmp_path, extra, canonical):
+    """A checkpoint holding a top-level tensor under two spellings loaded whichever came last in the header (a layer
+    tensor's second copy was already refused)."""
+    from llambda.formats.safetensors import SafetensorsFile, write_safetensors
+    d = _hf(tmp_path, "llama")
+    with SafetensorsFile(d / "model.safetensors") as st:
+        arrays = {n: t.to_float32().reshape(t.shape).copy() for n, t in st.tensors.items()}
+    plain = extra.replace("model.language_model.", "model.").replace("language_model.lm_head.", "lm_head.")
+    arrays[extra] = arrays.get(plain, arrays["model.embed_tokens.weight"]) * 2
+    write_safetensors(d / "model.safetensors", arrays)
+    with pytest.raises(ModelFormatError, match=f"a second tensor maps to '{canonical}'"):
+        llambda.load(d, backend="numpy", n_ctx=32)
+
+
+def _reshaped(name: str, shape: tuple):
+    return lambda items: [(n, q, r, shape if n == name else s) for n, q, r, s in items]
+
+
+@pytest.mark.parametrize("folder, name, shape", [
+    ("llama", "blk.0.attn_norm.weight", (8, 8)), ("llama", "output_norm.weight", (64, 1)),
+    ("llama", "blk.1.ffn_norm.weight", (2, 1, 32)), ("llama", "rope_freqs.weight", (2, 4)),
+    ("qwen2_moe", "blk.0.ffn_gate_inp_shexp.weight", (8, 8)),
+])
+def test_gguf_vectors_of_another_shape_are_refused(tmp_path, folder, name, shape):
+    """A norm (or the RoPE factors, a shared expert's gate) was read as its element count, whatever its shape: an
+    (8, 8) norm loaded as a (64,) one. llama.cpp takes (n,) and (1, n) only; so do we."""
+    path = _gguf(tmp_path, folder, tensors=_reshaped(name, shape))
+    for backend in BACKENDS:
+        with pytest.raises(ModelFormatError, match=rf"'{name}' has shape \({shape[0]}, .*expected \((1, )?\d+,?\)"):
+            _logits(path, backend)
+    same = _gguf(tmp_path / "same", folder, tensors=_reshaped(name, (1, int(np.prod(shape)))))
+    assert np.array_equal(_logits(same, "numpy"), _logits(_gguf(tmp_path / "plain", folder), "numpy"))
+
+
+@pytest.mark.parametrize("key, values", [("llama.attention.head_count_kv", [2]),
+                                         ("llama.feed_forward_length", [128, 128, 128]),
+                                         ("llama.attention.head_count", [4])])
+def test_gguf_per_layer_arrays_of_another_length_are_refused(tmp_path, key, values):
+    """A per-layer array needs one value per layer (llama.cpp: "wrong array length"); one of 1 or 3 values for 2
+    layers loaded as its first value."""
+    from llambda.formats.gguf import GGUFValueType as VT
+    from llambda.formats.gguf_writer import GGUFValue
+    path = _gguf(tmp_path, "llama", meta_over={key: GGUFValue((VT.ARRAY, VT.UINT32), values)})
+    with pytest.raises(ModelFormatError, match=f"'{key}': {len(values)} per-layer values for the 2 layers"):
+        llambda.load(path, backend="numpy", n_ctx=32)
+    fine = _gguf(tmp_path / "b", "llama", meta_over={key: GGUFValue((VT.ARRAY, VT.UINT32), values[:1] * 2)})
+    assert np.isfinite(_logits(fine, "numpy")).all()
+
+
+@pytest.mark.parametrize("folder, key, values", [
+    ("llama", "llama.block_count", [2, 2]), ("llama", "llama.embedding_length", [64, 64]),
+    ("llama", "llama.vocab_size", [512, 512]), ("qwen3_moe", "qwen3moe.expert_count", [8, 8, 8]),
+    ("gemma2", "gemma2.attention.sliding_window", [4, 4, 4, 4]),
+])
+def test_gguf_arrays_where_one_value_belongs_are_refused(tmp_path, folder, key, values):
+    """Any integer key was taken from an array of equal values (a block_count of [2, 2] loaded a 2-layer model);
+    llama.cpp reads only the MLP width and the head counts per layer, and refuses an array elsewhere."""
+    from llambda.formats.gguf import GGUFValueType as VT
+    from llambda.formats.gguf_writer import GGUFValue
+    path = _gguf(tmp_path, folder, meta_over={key: GGUFValue((VT.ARRAY, VT.UINT32), values)})
+    with pytest.raises(ModelFormatError, match=f"'{key}' should be an integer, got an array of {len(values)} values"):
+        llambda.load(path, backend="numpy", n_ctx=32)
+
+
+@pytest.mark.parametrize("expert, shape", [(0, (2048,)), (3, (1, 32, 64))])
+def test_hf_expert_tensors_that_are_not_matrices(tmp_path, expert, shape):
+    """An expert's weight of another rank was refused as "unlike expert 0's" shape, expert 0's own included."""
+    from llambda.formats.safetensors import SafetensorsFile, write_safetensors
+    d = _hf(tmp_path, "qwen2_moe")
+    with SafetensorsFile(d / "model.safetensors") as st:
+        arrays = {n: t.to_float32().reshape(t.shape).copy() for n, t in st.tensors.items()}
+    name = f"model.layers.0.mlp.experts.{expert}.up_proj.weight"
+    arrays[name] = arrays[name].reshape(shape)
+    write_safetensors(d / "model.safetensors", arrays)
+    with pytest.raises(ModelFormatError, match=rf"'{name}' has shape \(.*\): an expert's weight is a matrix"):
+        llambda.load(d, backend="numpy", n_ctx=32)

@@ -416,3 +416,52 @@ def test_show_verbose_prints_an_encoders_plan(tmp_path, capsys):
     assert main(["show", "-v", str(path)]) == 0
     out = capsys.readouterr().out
     assert "memory plan" in out and "no KV cache" in out
+
+
+@pytest.mark.parametrize("folder, has_dense", [("qwen2_moe", False), ("mixtral", False), ("gpt_oss", False),
+                                               ("qwen3_moe", True)])
+def test_a_model_without_dense_layers_plans_no_dense_mlp_buffers(folder, has_dense):
+    """The gate and up activations were sized by feed_forward_length even where every layer is MoE (Qwen2-MoE's
+    is 4x its experts' width): planned and allocated, never used. Only a model with a dense layer has them."""
+    import llambda
+    from llambda.models.base import Workspace
+    tiny = Path(__file__).parent / "fixtures" / "reference" / "tiny" / folder
+    tokens = 256
+    with llambda.load(str(tiny), backend="native", threads=1, n_ctx=32, max_batch=tokens) as m:
+        cfg, p, be = m.config, m.memory_plan, m.transformer.backend
+        assert p.activations == m.memory_report()["activations"]
+        assert ("gate" in m.transformer.ws.specs) == has_dense
+        every_buffer = Workspace(cfg, tokens, 16, be.workspace_specs(cfg, tokens)).nbytes()
+        assert p.activations == every_buffer - (0 if has_dense else 2 * tokens * cfg.ffn_dim * 4)
+        assert np.isfinite(m.logits([1, 2, 3])).all()
+
+
+@pytest.mark.parametrize("qtype", ["TQ2_0", "F64"])
+def test_the_plan_counts_what_the_native_backend_converts_a_type_into(tmp_path, qtype):
+    """The weights of a type the C core does not run are converted at load (TQ2_0's 2 bits to Q8_0's 8.5, F64 to
+    F32): the plan counted the file's bytes, a quarter of what TQ2_0 matrices then took (a load the check let
+    through could run out of memory), twice what F64 ones did."""
+    import llambda
+    from llambda.formats.quants import random_blocks
+    rng = np.random.default_rng(0)
+    d, ff, vocab = 256, 512, 256
+    q = QType[qtype]
+
+    def w(*shape):
+        if q == QType.F64:
+            return q, (rng.standard_normal(shape) * 0.05).astype(np.float64).view(np.uint8).reshape(-1), shape
+        return q, random_blocks(rng, q, shape[0] * shape[1] // TRAITS[q].block_size).reshape(-1), shape
+
+    ones = (QType.F32, np.ones(d, np.float32))
+    meta = {"general.architecture": "llama", "llama.block_count": 1, "llama.embedding_length": d,
+            "llama.feed_forward_length": ff, "llama.attention.head_count": 4, "llama.context_length": 64,
+            "llama.vocab_size": vocab}
+    tensors = {"token_embd.weight": w(vocab, d), "output_norm.weight": ones, "blk.0.attn_norm.weight": ones,
+               "blk.0.ffn_norm.weight": ones, "blk.0.attn_q.weight": w(d, d), "blk.0.attn_k.weight": w(d, d),
+               "blk.0.attn_v.weight": w(d, d), "blk.0.attn_output.weight": w(d, d), "blk.0.ffn_gate.weight": w(ff, d),
+               "blk.0.ffn_up.weight": w(ff, d), "blk.0.ffn_down.weight": w(d, ff)}
+    path = tmp_path / f"{qtype}.gguf"
+    write_gguf(path, meta, tensors)
+    with llambda.load(path, backend="native", threads=1, n_ctx=32) as m:
+        got = m.memory_report()["weights"]
+        assert 0.95 * got <= m.memory_plan.weights <= 1.05 * got, (m.memory_plan.weights, got)

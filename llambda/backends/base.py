@@ -73,6 +73,11 @@ class Backend(ABC):
     def prepare_matrix(self, w: WeightTensor):
         """A handle for a (rows=out, cols=in) weight used by matmul/embed."""
 
+    def packed_type(self, qtype, cols: int):
+        """The type prepare_matrix keeps a matrix of `qtype` with rows of `cols` in (the memory plan's
+        question): the file's own, unless the backend converts it."""
+        return qtype
+
     def prepare_vector(self, w: WeightTensor, offset: float = 0.0) -> np.ndarray:
         """A float32 vector (norm weight, bias); `offset` is added (Gemma's 1 + w norms). A copy, never a view
         of the file: the loader lets go of the file's pages once a tensor is prepared."""

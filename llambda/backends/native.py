@@ -22,7 +22,7 @@ from .. import switches
 from ..errors import InvalidInputError, LlambdaWarning, ModelFormatError, NativeUnavailableError
 from ..formats.experts import StackedExperts, expert_matrix
 from ..formats.quants import DEQUANTIZABLE, TRAITS, QType, quantize
-from ..formats.weights import WeightTensor
+from ..formats.weights import WeightTensor, check_weight_type
 from .base import Backend, KVCache
 from .thread_tuner import ThreadTuner
 from .weight_arena import WeightArena
@@ -307,16 +307,28 @@ class NativeBackend(Backend):
         tuner.record(time.perf_counter() - t0)
 
     # -- load time -------------------------------------------------------
+    def packed_type(self, qtype, cols: int) -> QType:
+        """A matrix's type once packed: its own where the core runs it; else what _convert makes of it:
+        F32 from F64, CONVERT_TO (F32 if its rows do not split into that type's blocks) from the rest."""
+        if int(qtype) in NATIVE_TYPES or qtype not in DEQUANTIZABLE:
+            return QType(int(qtype))
+        if qtype == QType.F64 or cols % TRAITS[CONVERT_TO].block_size:
+            return QType.F32
+        return CONVERT_TO
+
     def _convert(self, w: WeightTensor) -> WeightTensor:
         """A tensor of a type the C core does not run, decoded by the NumPy oracle and re-quantized to
-        CONVERT_TO (F32 if its rows do not split into that type's blocks); warns once per type."""
+        packed_type's; warns once per type. F64 becomes F32 (a rounding, as the NumPy backend's), silently:
+        no bigger, no slower than the file says."""
         name = QType(int(w.qtype)).name  # the file reader already refused ids ggml does not define
         if w.qtype not in DEQUANTIZABLE:
             raise ModelFormatError(
                 f"tensor {w.name!r} is {name}, a type llambda can neither run nor convert (supported: "
                 f"{', '.join(sorted(t['name'] for t in NATIVE_TYPES.values()))}); use a file with another quantization")
-        to = CONVERT_TO if w.cols % TRAITS[CONVERT_TO].block_size == 0 else QType.F32
         f = w.to_float32().reshape(w.rows, w.cols)
+        to = self.packed_type(w.qtype, w.cols)
+        if w.qtype == QType.F64:
+            return WeightTensor.from_float(w.name, f)
         out = WeightTensor(w.name, to, (w.rows, w.cols), quantize(f, to).reshape(-1))
         self._converted.append((w.name, name, to.name, out.data.nbytes - w.data.nbytes))
         return out
@@ -340,6 +352,7 @@ class NativeBackend(Backend):
         """Each expert packed on its own (a matrix's row groups never straddle two experts), back to back: in
         one call (one fork/join over every expert's rows) when the file holds them back to back (GGUF)."""
         E, rows, cols = w.shape
+        check_weight_type(w.name, w.qtype)      # named as the file does, before the experts are split
         whole = int(w.qtype) in NATIVE_TYPES and not isinstance(w, StackedExperts)
         mats = None if whole else [expert_matrix(w, e) for e in range(E)]
         if not whole and int(w.qtype) not in NATIVE_TYPES:

@@ -60,7 +60,9 @@ class ExpertStacks:
                 raise ModelFormatError(f"{name}: experts {missing[:8]} are missing (ids go up to {max(group)})")
             parts = [group[e][1] for e in range(n)]
             for e, p in enumerate(parts):
-                if len(p.shape) != 2 or p.shape != parts[0].shape or p.qtype != parts[0].qtype:
+                if len(p.shape) != 2:       # expert 0's own shape was named as the one it differed from
+                    raise ModelFormatError(f"tensor {group[e][0]!r} has shape {p.shape}: an expert's weight is a matrix")
+                if p.shape != parts[0].shape or p.qtype != parts[0].qtype:
                     raise ModelFormatError(f"tensor {group[e][0]!r} has shape {p.shape} ({p.qtype.name}), unlike "
                                            f"expert 0's {parts[0].shape} ({parts[0].qtype.name})")
             out[name] = StackedExperts(name, parts)

@@ -154,10 +154,18 @@ def canonical_tensors(hf_tensors: dict, n_layers: int, post_norms: bool, arch: s
     """
     per_layer, global_names = name_tables(post_norms, arch)
     out, experts, mxfp4 = {}, ExpertStacks(), {}
+
+    def put(canon: str, t, name: str) -> None:
+        # two of the file's tensors under one name (a multimodal prefix and the plain one, a fused
+        # and a split layout): whichever came last won
+        if canon in out:
+            raise ModelFormatError(f"tensor {name!r}: a second tensor maps to {canon!r}")
+        out[canon] = t
+
     for name, t in hf_tensors.items():
         name = text_name(name)
         if name in global_names:
-            out[global_names[name]] = t
+            put(global_names[name], t, name)
             continue
         m = _LAYER_RE.fullmatch(name)
         if not m:
@@ -173,7 +181,7 @@ def canonical_tensors(hf_tensors: dict, n_layers: int, post_norms: bool, arch: s
             raise ModelFormatError(f"tensor {name!r}: U8 data is read only as GPT-OSS MXFP4 expert blocks/scales")
         if arch == "gpt_oss" and suffix in GPT_OSS_FUSED and i < n_layers:
             for leaf, part in split_gpt_oss(suffix, t, name).items():
-                out[f"blk.{i}.{leaf}"] = part
+                put(f"blk.{i}.{leaf}", part, name)
             continue
         em = EXPERT_RE.fullmatch(suffix)
         if em and i < n_layers:
@@ -183,10 +191,7 @@ def canonical_tensors(hf_tensors: dict, n_layers: int, post_norms: bool, arch: s
             raise ModelFormatError(f"tensor {name!r} is not supported (unknown layer tensor)")
         if i >= n_layers:
             raise ModelFormatError(f"tensor {name!r}: layer {i} but the config has {n_layers} layers")
-        canon = f"blk.{i}.{per_layer[suffix]}"
-        if canon in out:
-            raise ModelFormatError(f"tensor {name!r}: a second tensor maps to {canon!r}")
-        out[canon] = t
+        put(f"blk.{i}.{per_layer[suffix]}", t, name)
     for (i, base), got in mxfp4.items():
         if set(got) != {"blocks", "scales"}:
             have = next(iter(got.values()))[0]
@@ -196,7 +201,8 @@ def canonical_tensors(hf_tensors: dict, n_layers: int, post_norms: bool, arch: s
             if f"blk.{i}.{leaf}" in out:
                 raise ModelFormatError(f"tensor {names[0]!r}: layer {i} also has float {base!r} weights")
             out[f"blk.{i}.{leaf}"] = t
-    out.update(experts.stacked())
+    for canon, t in experts.stacked().items():
+        put(canon, t, t.parts[0].name)     # the first expert's own name
     return out
 
 

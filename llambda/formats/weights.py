@@ -15,6 +15,35 @@ from ..errors import ModelFormatError
 from .quants import DEQUANTIZABLE, QType, dequantize, row_nbytes
 
 
+# Types ggml defines but never reads a weight in (llama.cpp can neither dequantize nor multiply one): the integer
+# types (indices, positions) and the blocks activations are quantized to for the dot products. A weight, norm or
+# bias of one is a corrupt or hostile file.
+NOT_WEIGHT_TYPES = {QType.I8: "an integer type", QType.I16: "an integer type", QType.I32: "an integer type",
+                    QType.I64: "an integer type", QType.Q8_1: "the activations' block type of Q4_1 and Q5_1 products",
+                    QType.Q8_K: "the activations' block type of the K-quants' products"}
+
+
+def check_weight_type(name: str, qtype) -> None:
+    """ModelFormatError where a tensor's type is none a weight is stored in (NOT_WEIGHT_TYPES)."""
+    kind = NOT_WEIGHT_TYPES.get(qtype)
+    if kind is not None:
+        raise ModelFormatError(f"tensor {name!r} is {QType(qtype).name}, {kind}: no weight, norm or bias is stored "
+                               "in it (llama.cpp cannot read one either), the model file is corrupt")
+
+
+def _f64_to_f32(name: str, data: np.ndarray, shape) -> np.ndarray:
+    """An F64 tensor as float32 (rounding only); a value past float32's range is refused, not made infinite."""
+    v = np.ascontiguousarray(data).reshape(-1)
+    if v.size != 8 * int(np.prod(shape)):
+        raise ModelFormatError(f"tensor {name!r}: {v.size} bytes for an F64 tensor of shape {tuple(shape)}")
+    v = v.view("<f8")
+    big = np.flatnonzero(np.abs(v) > np.finfo(np.float32).max)
+    if len(big):
+        raise ModelFormatError(f"tensor {name!r} (F64) holds {float(v[big[0]])!r} at index {int(big[0])}, past "
+                               "float32's range: the model file is corrupt")
+    return v.astype(np.float32).reshape(shape)
+
+
 @dataclass
 class WeightTensor:
     name: str
@@ -35,9 +64,12 @@ class WeightTensor:
         return self.data.reshape(self.rows, row_nbytes(self.qtype, self.cols))
 
     def to_float32(self) -> np.ndarray:
+        check_weight_type(self.name, self.qtype)
         if self.qtype not in DEQUANTIZABLE:
             raise ModelFormatError(f"tensor {self.name!r}: {self.qtype.name} weights are not supported "
                                    "by any backend (no dequantizer)")
+        if self.qtype == QType.F64:
+            return _f64_to_f32(self.name, self.data, self.shape)
         return dequantize(self.data, self.qtype, self.shape)
 
     def split_rows(self, sizes: list[int]) -> list["WeightTensor"]:

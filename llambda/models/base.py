@@ -98,8 +98,12 @@ class Workspace:
     together with the KV cache, so a forward pass allocates nothing.
     """
 
-    def __init__(self, cfg: TransformerConfig, max_tokens: int, max_logit_rows: int, extra: dict | None = None):
+    def __init__(self, cfg: TransformerConfig, max_tokens: int, max_logit_rows: int, extra: dict | None = None,
+                 mlp_width: int | None = None):
+        """`mlp_width`: the dense MLP's hidden size its gate and up buffers hold (mlp_width(); default
+        cfg.ffn_dim); 0 in a model whose every layer is MoE: no such buffers."""
         t = max_tokens
+        mlp = cfg.ffn_dim if mlp_width is None else mlp_width
         self.max_tokens, self.max_logit_rows = t, max_logit_rows
         f32, i32 = np.float32, np.int32
         self.specs = {
@@ -110,14 +114,14 @@ class Workspace:
             "k": ((t, cfg.n_kv_heads, cfg.head_dim), f32),
             "v": ((t, cfg.n_kv_heads, cfg.head_dim), f32),
             "attn": ((t, cfg.n_heads, cfg.head_dim), f32),
-            "gate": ((t, cfg.ffn_dim), f32),
-            "up": ((t, cfg.ffn_dim), f32),
             "last": ((max_logit_rows, cfg.d_model), f32),
             "logits": ((max_logit_rows, cfg.vocab_size), f32),
             "tokens": ((t,), i32),
             "slots": ((t,), i32),
             "pos": ((t,), i32),
         }
+        if mlp:
+            self.specs.update({"gate": ((t, mlp), f32), "up": ((t, mlp), f32)})
         if "shortconv" in cfg.layer_kinds:
             self.specs["bcx"] = ((t, 3 * cfg.d_model), f32)
         if "deltanet" in cfg.layer_kinds:
@@ -139,6 +143,20 @@ class Workspace:
 
     def nbytes(self) -> int:
         return sum(int(np.prod(shape)) * np.dtype(dt).itemsize for shape, dt in self.specs.values())
+
+
+def layer_is_moe(cfg: TransformerConfig, get: TensorLookup, i: int) -> bool:
+    """Whether layer i runs experts. The config says which layers are MoE; a GGUF file cannot, so a layer
+    that holds a dense MLP and no router is dense (a leading dense layer, as Qwen3-MoE may have)."""
+    p = f"blk.{i}."
+    return bool(cfg.moe_layers[i]) and (get(p + "ffn_gate_inp.weight") is not None or get(p + "ffn_gate.weight") is None)
+
+
+def mlp_width(cfg: TransformerConfig, get: TensorLookup) -> int:
+    """The hidden size of the model's dense MLPs, what the workspace's gate and up buffers hold: cfg.ffn_dim,
+    or 0 where every layer is MoE (their experts and shared expert have buffers of their own)."""
+    get = unfused_lookup(get, cfg)
+    return cfg.ffn_dim if not all(layer_is_moe(cfg, get, i) for i in range(cfg.n_layers)) else 0
 
 
 def unfused_lookup(get: TensorLookup, cfg: TransformerConfig) -> TensorLookup:
@@ -195,7 +213,9 @@ class Transformer(Closable):
             if not cfg.source or cfg.source in str(e):
                 raise
             raise ModelFormatError(f"{cfg.source}: {e}") from None     # name the file, as opening does
-        self.ws = Workspace(cfg, max_tokens, max_logit_rows or max(n_slots, 16), backend.workspace_specs(cfg, max_tokens))
+        width = cfg.ffn_dim if any(L.moe is None for L in self.layers) else 0     # no dense MLP: no gate/up buffers
+        self.ws = Workspace(cfg, max_tokens, max_logit_rows or max(n_slots, 16), backend.workspace_specs(cfg, max_tokens),
+                            mlp_width=width)
         # Only attention layers have keys and values: layer i's are the cache's layer kv_layer[i].
         attn = [i for i, kind in enumerate(cfg.layer_kinds) if kind == "attention"]
         self.kv_layer = {i: j for j, i in enumerate(attn)}
@@ -240,7 +260,7 @@ class Transformer(Closable):
             t = get(name) if not required else need(name)
             if t is None:
                 return None
-            if t.rows * t.cols != n:
+            if t.cols != n or t.rows != 1:     # (1, n) as llama.cpp takes too; an (8, 8) norm is no (64,) one
                 raise ModelFormatError(f"tensor {name!r} has shape {t.shape}, expected ({n},)")
             v = B.prepare_vector(t, offset)
             finite(name, t, v)
@@ -262,11 +282,12 @@ class Transformer(Closable):
         self.output = self.tok_embd if (out is None and cfg.tie_embeddings) else matrix("output.weight", cfg.vocab_size, d)
         self.output_norm = vector("output_norm.weight", d, off)
         rf = get("rope_freqs.weight")
+        if rf is not None and (rf.cols != cfg.rope_dim // 2 or rf.rows != 1):
+            raise ModelFormatError(f"tensor 'rope_freqs.weight' has shape {rf.shape}, expected ({cfg.rope_dim // 2},): "
+                                   "one factor per pair of rotated dimensions")
         self.rope_factors = None if rf is None else rf.to_float32().reshape(-1)
         if rf is not None:
             finite("rope_freqs.weight", rf, self.rope_factors)
-        if self.rope_factors is not None and len(self.rope_factors) != cfg.rope_dim // 2:
-            raise ModelFormatError("rope_freqs.weight does not match the rope dimension")
         self.inv_freq = {s: cfg.inv_freq(sliding=s) for s in set(cfg.layer_sliding)}
         if self.rope_factors is not None:
             with np.errstate(all="ignore"):
@@ -292,7 +313,7 @@ class Transformer(Closable):
             if cfg.moe_bias:
                 biases = tuple(experts(p + f"ffn_{w}_exps.bias", rows, None)
                                for w, rows in (("gate", e), ("up", e), ("down", d)))
-            if gate_inp is not None and gate_inp.rows * gate_inp.cols != d:
+            if gate_inp is not None and (gate_inp.cols != d or gate_inp.rows != 1):
                 raise ModelFormatError(f"tensor {gate_inp.name!r} has shape {gate_inp.shape}, expected (1, {d})")
             router = matrix(p + "ffn_gate_inp.weight", cfg.n_experts, d)    # packed in execution order
             mats = [experts(p + f"ffn_{w}_exps.weight", *shape) for w, shape in (("gate", (e, d)), ("up", (e, d)),
@@ -312,10 +333,7 @@ class Transformer(Closable):
                     WeightTensor(gate_inp.name, gate_inp.qtype, (1, d), gate_inp.data)))
 
         def is_moe(i: int) -> bool:
-            # The config says which layers are MoE; a GGUF file cannot, so a layer that holds a
-            # dense MLP and no router is dense (a leading dense layer, as Qwen3-MoE may have).
-            p = f"blk.{i}."
-            return cfg.moe_layers[i] and (get(p + "ffn_gate_inp.weight") is not None or get(p + "ffn_gate.weight") is None)
+            return layer_is_moe(cfg, get, i)
 
         def conv_kernel(name: str, channels: int) -> np.ndarray:
             """A depthwise convolution's weights as float32 (channels, L): GGUF's (c, L) or HF's (c, 1, L)."""
@@ -611,12 +629,12 @@ class Transformer(Closable):
     def _ffn_block(self, L: LayerWeights, x) -> None:
         cfg, B, ws = self.cfg, self.backend, self.ws
         n = len(x)
-        h, gate, up, proj = ws.h[:n], ws.gate[:n], ws.up[:n], ws.proj[:n]
+        h, proj = ws.h[:n], ws.proj[:n]
         h = self._pre_norm(x, L.ffn_norm, h)
         if L.moe is not None:
             self._moe(L.moe, h, proj)
         else:
-            self._mlp(h, L.w_gate, L.w_up, L.w_down, gate, up, proj)
+            self._mlp(h, L.w_gate, L.w_up, L.w_down, ws.gate[:n], ws.up[:n], proj)
         if L.post_ffn_norm is not None:
             B.rmsnorm(proj, L.post_ffn_norm, cfg.norm_eps, proj)
         self._residual_add(x, proj)

@@ -20,6 +20,11 @@ def is_flag(v) -> bool:
     return isinstance(v, (bool, int)) and v in (0, 1)
 
 
+# The keys a GGUF file may hold as one value per layer (llama.cpp reads only these with get_key_or_arr; an
+# array anywhere else, block_count say, is a type error there and here).
+PER_LAYER_KEYS = frozenset({"feed_forward_length", "attention.head_count", "attention.head_count_kv"})
+
+
 class GGUFHParams:
     """Reads `{arch}.{key}` from GGUF metadata with type and range checks."""
 
@@ -40,8 +45,16 @@ class GGUFHParams:
         if isinstance(v, np.ndarray):
             v = v.tolist()
         if isinstance(v, (list, tuple)):
+            if key not in PER_LAYER_KEYS:
+                raise ModelFormatError(f"{what} should be an integer, got an array of {len(v)} values "
+                                       "(only the MLP width and head counts are given per layer)")
             if not v or not all(type(x) is int for x in v) or any(x != v[0] for x in v):
                 raise ModelFormatError(f"{what}: per-layer values {v[:8]!r} are not one common integer")
+            layers = self.meta.get(f"{self.arch}.block_count")
+            if type(layers) is int and len(v) != layers:
+                # one value per layer, as llama.cpp reads such an array (it refuses another length too)
+                raise ModelFormatError(f"{what}: {len(v)} per-layer values for the {layers} layers of "
+                                       f"'{self.arch}.block_count'")
             v = v[0]
         if limit is not None:
             return check_int(what, v, limit)

@@ -21,7 +21,7 @@ from ..formats import staging
 from ..formats.pagecache import mem_available, should_drop
 from ..formats.readahead import CHUNK as READ_CHUNK
 from ..formats.source import ModelSource
-from .base import Workspace, recurrent_state_specs
+from .base import Workspace, mlp_width, recurrent_state_specs
 
 
 @dataclass
@@ -111,10 +111,11 @@ def kv_value_bytes(kv_type: str, values: int) -> float:
 
 
 def plan(src: ModelSource, n_ctx: int, n_slots: int = 1, kv_type: str = "f32", max_tokens: int = 512,
-         backend=None, float_weights: bool = False, packed_nbytes=None) -> MemoryPlan:
+         backend=None, float_weights: bool = False, qtype_at_load=None) -> MemoryPlan:
     """The plan of loading `src` at `n_ctx` tokens x `n_slots` (float_weights: a backend that dequantizes
-    every matrix to float32, as the NumPy reference does; packed_nbytes(name, tensor): a tensor's bytes
-    once loaded, where a load converts it, as quantize= does)."""
+    every matrix to float32, as the NumPy reference does; qtype_at_load(name, tensor): a tensor's type
+    once looked up, where the lookup converts it, as quantize= does; the backend's packed_type then says
+    what it keeps that type in: the native one converts the types it does not run)."""
     cfg = src.config
     mapped, largest, params, packed = 0, 0, 0, 0
     experts: dict[str, int] = {}    # an MoE layer's gate, up and down experts are let go of together, once all packed
@@ -129,7 +130,10 @@ def plan(src: ModelSource, n_ctx: int, n_slots: int = 1, kv_type: str = "f32", m
             layer = name.split("ffn_")[0]
             experts[layer] = experts.get(layer, 0) + n
         params += int(np.prod(t.shape))
-        packed += packed_nbytes(name, t) if packed_nbytes is not None else n
+        q = qtype_at_load(name, t) if qtype_at_load is not None else t.qtype
+        if backend is not None:
+            q = backend.packed_type(q, t.shape[-1])
+        packed += n if q == t.qtype else tensor_nbytes(q, t.shape)
     weights = params * 4 if float_weights else packed
     largest = max([largest, *experts.values()]) + READ_CHUNK     # + the read-ahead's chunk, mapped while it reads
     available = mem_available()
@@ -139,7 +143,7 @@ def plan(src: ModelSource, n_ctx: int, n_slots: int = 1, kv_type: str = "f32", m
     kv_per_token = int(2 * kv_layers * kv_value_bytes(kv_type, cfg.kv_dim))
     kv_base = 4 * kv_layers * cfg.kv_dim * n_slots if kv_type == "q8_0" else 0   # a float key base per slot
     extra = backend.workspace_specs(cfg, max_tokens) if backend is not None else None
-    acts = Workspace(cfg, max_tokens, max(n_slots, 16), extra).nbytes()
+    acts = Workspace(cfg, max_tokens, max(n_slots, 16), extra, mlp_width(cfg, src.tensor)).nbytes()
     state = recurrent_state_specs(cfg, n_slots)[2]
     recurrent = sum(int(np.prod(shape)) * np.dtype(dt).itemsize for shape, dt in state.values())
     return MemoryPlan(weights, mapped, largest, kv_per_token, kv_per_token * n_ctx * n_slots + kv_base, acts, n_ctx,

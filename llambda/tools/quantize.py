@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from ..errors import LlambdaError
-from ..formats.quants import QType, TRAITS, quantize, tensor_nbytes
+from ..formats.quants import QType, TRAITS, quantize
 from ..formats.weights import WeightTensor
 
 # Types the loader may quantize to: those the oracle quantizes and the kernels run. A matrix whose rows
@@ -41,10 +41,10 @@ def quantized_at_load(name: str, t: WeightTensor, qtype: QType) -> bool:
     return quantizable(t, qtype) and ".ffn_gate_inp" not in name and not name.endswith(".bias")
 
 
-def nbytes_at_load(qtype_name: str) -> Callable[[str, WeightTensor], int]:
-    """A tensor's bytes once `quantizing_lookup(..., qtype_name)` has converted it (for the memory plan)."""
+def qtype_at_load(qtype_name: str) -> Callable[[str, WeightTensor], QType]:
+    """A tensor's type once `quantizing_lookup(..., qtype_name)` has converted it (for the memory plan)."""
     qtype = load_qtype(qtype_name)
-    return lambda name, t: tensor_nbytes(qtype if quantized_at_load(name, t, qtype) else t.qtype, t.shape)
+    return lambda name, t: qtype if quantized_at_load(name, t, qtype) else t.qtype
 
 
 def quantize_tensor(t: WeightTensor, qtype: QType) -> WeightTensor:
