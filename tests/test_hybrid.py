@@ -166,12 +166,18 @@ def test_gguf_matches_transformers(tmp_path, folder, mode):
     ref = reference(folder)
     with load(gg, mode, n_ctx=128) as m:
         assert m.config.arch == folder.replace("_", "")
-        for inp in ref["inputs"]:
-            err = float(np.abs(last_rows(m, inp) - np.array(inp["logits_last3"], np.float32)).max())
-            assert err <= MODES[mode][2], f"GGUF {mode} length {inp['length']}: {err}"
-        inp = ref["inputs"][1]
-        assert list(m.generate(inp["input_ids"], max_tokens=16, temperature=0, ignore_eos=True)) == \
-            inp["greedy_new_tokens"]
+        assert_matches(m, ref, mode)
+
+
+def assert_matches(m, ref: dict, mode: str) -> None:
+    """The model's last-3 logits of every input within the mode's budget of the reference's, and the
+    second input's greedy tokens equal."""
+    for inp in ref["inputs"]:
+        err = float(np.abs(last_rows(m, inp) - np.array(inp["logits_last3"], np.float32)).max())
+        assert err <= MODES[mode][2], f"GGUF {mode} length {inp['length']}: {err}"
+    inp = ref["inputs"][1]
+    assert list(m.generate(inp["input_ids"], max_tokens=16, temperature=0, ignore_eos=True)) == \
+        inp["greedy_new_tokens"]
 
 
 @pytest.mark.parametrize("folder", HYBRIDS)

@@ -22,7 +22,7 @@ from llambda.backends.native import NativeBackend  # noqa: E402
 
 TINY = Path(__file__).parent / "fixtures" / "reference" / "tiny"
 MOE_FOLDERS = ["qwen3_moe", "mixtral", "qwen2_moe", "gpt_oss"]
-ROUTINGS = {"softmax_topk": 0, "topk_softmax": 1}
+ROUTINGS = {"softmax_topk": 0, "topk_softmax": 1, "sigmoid_topk": 2}
 
 
 @pytest.fixture
@@ -53,6 +53,38 @@ def test_route_matches_numpy(routing, norm, n, E, k):
     np.testing.assert_allclose(w, want_w, rtol=2e-6, atol=1e-7)
     if routing == "topk_softmax" or norm:
         np.testing.assert_allclose(w.sum(-1), 1.0, rtol=1e-5)
+
+
+@pytest.mark.parametrize("routing", ["softmax_topk", "sigmoid_topk"])
+@pytest.mark.parametrize("norm", [True, False])
+@pytest.mark.parametrize("n, E, k, groups, biased", [(5, 8, 2, (4, 2, 1), False), (9, 64, 6, (8, 3, 2), True),
+                                                     (3, 16, 4, (1, 1, 1), True), (7, 12, 3, (3, 1, 2), False),
+                                                     (4, 256, 8, (8, 4, 2), True)])
+def test_grouped_biased_scaled_route_matches_numpy(routing, norm, n, E, k, groups, biased):
+    """DeepSeek's routings: scores (softmax or sigmoid), the choice (+ bias) within the best groups (ranked by
+    the sum of their `top` best choices), the weights from the scores, renormalised or not, scaled."""
+    r = np.random.default_rng(n * E + k)
+    logits = r.normal(0, 2, (n, E)).astype(np.float32)
+    bias = r.normal(0, 0.3, E).astype(np.float32) if biased else None
+    ids, w = np.empty((n, k), np.int32), np.empty((n, k), np.float32)
+    native.moe_route(logits, n, E, k, ROUTINGS[routing], int(norm), ids, w, *groups, 2.5, bias)
+    want_ids, want_w = route(logits, k, routing, norm, groups, 2.5, bias)
+    np.testing.assert_array_equal(ids, want_ids)
+    np.testing.assert_allclose(w, want_w, rtol=2e-6, atol=1e-7)
+    G, used, _ = groups
+    if G > 1:       # every choice from `used` groups
+        assert all(len(set(row // (E // G))) <= used for row in ids)
+    if norm:
+        np.testing.assert_allclose(w.sum(-1), 2.5, rtol=1e-5)
+
+
+def test_route_refuses_bad_groups():
+    logits, ids, w = np.zeros((1, 8), np.float32), np.empty((1, 4), np.int32), np.empty((1, 4), np.float32)
+    for groups, bias, routing in (((3, 1, 1), None, 0), ((4, 1, 1), None, 0), ((4, 2, 3), None, 0), ((4, 5, 1), None, 0),
+                                  ((2, 2, 1), None, 1), ((1, 1, 1), np.zeros(8, np.float32), 1),
+                                  ((1, 1, 1), np.zeros(7, np.float32), 2)):
+        with pytest.raises(ValueError):
+            native.moe_route(logits, 1, 8, 4, routing, 1, ids, w, *groups, 1.0, bias)
 
 
 def test_route_is_linear_in_k_times_experts_and_caps_k():
@@ -457,7 +489,7 @@ def test_moe_binding_refuses_bad_arguments():
     fs, is_ = np.zeros(n * k * (2 * d + 2 * ff + 1), np.float32), np.zeros(3 * n * k + E + 1, np.int32)
     args = [x, logits, out, n, d, E, k, ff, 0, 1, 1, *W, fs, is_, None, None, 0, 1.0, 1.0, None, None, None]
     native.moe(*args)                                   # well-formed: runs
-    for i, bad, err in ((6, E + 1, ValueError), (6, 0, ValueError), (8, 2, ValueError),
+    for i, bad, err in ((6, E + 1, ValueError), (6, 0, ValueError), (8, 3, ValueError),
                         (14, fs[:-1], ValueError), (15, is_[:-1], ValueError),
                         (11, (0, 0, np.zeros(10, np.uint8)), ValueError), (11, (99, 0, W[0][2]), ValueError),
                         (11, (0, 0), TypeError), (2, x, ValueError), (0, x[:1], ValueError),

@@ -691,3 +691,30 @@ def test_attention_at_depth(isa, cache_type, invariant, case):
     np.testing.assert_allclose(outs[0], want, rtol=0, atol=1e-5)
     for out in outs[1:]:
         assert np.array_equal(out, outs[0])
+
+
+# ---------------------------------------------------------------- copy_blocks
+
+
+def test_copy_blocks():
+    """A strided block copy (latent attention assembles its heads with it): each block lands where asked,
+    a group stride of 0 repeats the source block, nothing else in dst is touched, bad extents are refused."""
+    r = rng(7)
+    src = r.normal(0, 1, (5, 3, 10)).astype(F32)
+    dst = np.full((5, 3, 16), 7.0, F32)
+    native.copy_blocks(src, dst, 5, 3, 6, 30, 10, 2, 48, 16, 4)
+    want = np.full((5, 3, 16), 7.0, F32)
+    want[:, :, 4:10] = src[:, :, 2:8]
+    np.testing.assert_array_equal(dst, want)
+    shared = r.normal(0, 1, (5, 8)).astype(F32)
+    native.copy_blocks(shared, dst, 5, 3, 8, 8, 0, 0, 48, 16, 8)
+    want[:, :, 8:16] = shared[:, None, :]
+    np.testing.assert_array_equal(dst, want)
+    with pytest.raises(ValueError):         # reaches past src's end
+        native.copy_blocks(src, dst, 5, 3, 6, 30, 10, 5, 48, 16, 4)
+    with pytest.raises(ValueError):         # past dst's
+        native.copy_blocks(src, dst, 5, 3, 6, 30, 10, 2, 48, 16, 11)
+    with pytest.raises(ValueError):         # overlapping
+        native.copy_blocks(dst, dst[1:], 2, 1, 4, 48, 0, 0, 48, 0, 0)
+    with pytest.raises(ValueError):
+        native.copy_blocks(src, dst, 0, 3, 6, 30, 10, 2, 48, 16, 4)

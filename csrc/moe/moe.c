@@ -51,25 +51,75 @@ static void top_k(const float *l, long m, long k, int32_t *ids) {
     }
 }
 
-void llb_moe_route(const float *logits, long n, long n_expert, long k, int routing, int norm, int32_t *ids,
-                   float *weights) {
+/* The general routing (moe.h): scores, the choice (+ bias) within the best groups, weights from the scores. */
+static void route_general(const float *l, long E, long k, const llb_moe_route_params *r, float *score, float *choice,
+                          int32_t *gids, int32_t *tmp, int32_t *id, float *w) {
+    if (r->routing == LLB_MOE_SIGMOID_TOPK) {
+        for (long e = 0; e < E; e++) score[e] = 1.0f / (1.0f + expf(-l[e]));
+    } else {
+        float top = -INFINITY, all = 0.0f;
+        for (long e = 0; e < E; e++) top = rank_key(l[e]) > top ? rank_key(l[e]) : top;
+        for (long e = 0; e < E; e++) all += score[e] = expf(l[e] - top);
+        for (long e = 0; e < E; e++) score[e] /= all;
+    }
+    for (long e = 0; e < E; e++) choice[e] = score[e] + (r->bias ? r->bias[e] : 0.0f);
+    if (r->groups > 1) {
+        const long G = r->groups, m = E / G;
+        float *gscore = score + E; /* G floats past the scores */
+        for (long g = 0; g < G; g++) {
+            top_k(choice + g * m, m, r->group_top, tmp);
+            float s = 0.0f;
+            for (long j = 0; j < r->group_top; j++) s += choice[g * m + tmp[j]];
+            gscore[g] = s;
+        }
+        top_k(gscore, G, r->groups_used, gids);
+        for (long g = 0; g < G; g++) { /* a group not among the chosen: its experts out of the running */
+            int keep = 0;
+            for (long j = 0; j < r->groups_used; j++) keep |= gids[j] == g;
+            for (long e = g * m; !keep && e < (g + 1) * m; e++) choice[e] = -INFINITY;
+        }
+    }
+    top_k(choice, E, k, id);
+    float sum = 0.0f;
+    for (long j = 0; j < k; j++) sum += w[j] = score[id[j]];
+    for (long j = 0; j < k; j++) w[j] = (r->norm ? w[j] / sum : w[j]) * r->scale;
+}
+
+int llb_moe_route(const float *logits, long n, long n_expert, long k, const llb_moe_route_params *r, int32_t *ids,
+                  float *weights) {
+    const int general = r->routing == LLB_MOE_SIGMOID_TOPK || r->groups > 1 || r->bias;
+    float *fs = NULL;
+    int32_t *is = NULL;
+    if (general) { /* scores, choices and group scores; group ids and one group's top ids */
+        const long G = r->groups > 1 ? r->groups : 1, m = n_expert / G;
+        fs = llb_scratch((2 * (size_t)n_expert + (size_t)G) * sizeof(float) + ((size_t)G + (size_t)m) * sizeof(int32_t));
+        if (!fs) return -1;
+        is = (int32_t *)(fs + 2 * (size_t)n_expert + (size_t)G);
+    }
     for (long t = 0; t < n; t++) {
         const float *l = logits + t * n_expert;
         int32_t *id = ids + t * k;
         float *w = weights + t * k;
+        if (general) {
+            const long G = r->groups > 1 ? r->groups : 1;
+            /* fs: the scores (E), the group scores (G), the choices (E); is: the chosen groups (G), a group's top */
+            route_general(l, n_expert, k, r, fs, fs + n_expert + G, is, is + G, id, w);
+            continue;
+        }
         top_k(l, n_expert, k, id);
         const float top = l[id[0]];
         float sum = 0.0f;
-        if (routing == LLB_MOE_TOPK_SOFTMAX) {
+        if (r->routing == LLB_MOE_TOPK_SOFTMAX) {
             for (long j = 0; j < k; j++) sum += w[j] = expf(l[id[j]] - top);
         } else {
             float all = 0.0f;
             for (long e = 0; e < n_expert; e++) all += expf(l[e] - top);
             for (long j = 0; j < k; j++) sum += w[j] = expf(l[id[j]] - top);
-            if (!norm) sum = all;
+            if (!r->norm) sum = all;
         }
-        for (long j = 0; j < k; j++) w[j] /= sum;
+        for (long j = 0; j < k; j++) w[j] = w[j] / sum * r->scale;
     }
+    return 0;
 }
 
 static const uint8_t *expert_w(const llb_experts *x, long e) { return x->w + (size_t)e * x->stride; }
@@ -273,7 +323,7 @@ int llb_moe(const llb_moe_args *a) {
     float *xg = a->fscratch, *g = xg + (size_t)nk * d, *u = g + (size_t)nk * ff, *y = u + (size_t)nk * ff,
           *w = y + (size_t)nk * d;
     int32_t *ids = a->iscratch, *entry = ids + nk, *row_of = entry + nk, *off = row_of + nk;
-    llb_moe_route(a->logits, n, E, k, a->routing, a->norm, ids, w);
+    if (llb_moe_route(a->logits, n, E, k, &a->route, ids, w)) return -1;
 
     /* entries (token t's j-th choice = t*k + j) grouped by expert, in token order within one */
     memset(off, 0, (size_t)(E + 1) * sizeof *off);

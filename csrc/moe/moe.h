@@ -10,7 +10,20 @@
 enum llb_moe_routing {
     LLB_MOE_SOFTMAX_TOPK = 0, /* softmax over all experts, the k largest (optionally renormalised) */
     LLB_MOE_TOPK_SOFTMAX = 1, /* the k largest logits, softmax over those k */
+    LLB_MOE_SIGMOID_TOPK = 2, /* a sigmoid per expert, the k largest (optionally renormalised) */
 };
+
+/* How router logits become each token's k experts and weights. A score per expert (the softmax over all,
+ * or each logit's sigmoid); the choice ranks score + bias (bias: NULL or n_expert values), within the
+ * groups_used best of `groups` equal groups of experts when groups > 1 (a group's rank: the sum of its
+ * group_top best choice values); the weights are the chosen experts' scores (bias not added), renormalised
+ * to sum to 1 if norm, then times scale. LLB_MOE_TOPK_SOFTMAX takes neither groups nor a bias. */
+typedef struct {
+    int routing, norm;
+    long groups, groups_used, group_top;
+    float scale;
+    const float *bias;
+} llb_moe_route_params;
 
 enum llb_moe_act {
     LLB_MOE_SILU = 0,       /* silu(gate) * up */
@@ -27,7 +40,8 @@ typedef struct {
 
 typedef struct {
     long n, d, n_expert, k, ff;  /* tokens, model width, experts, experts per token, expert width */
-    int routing, norm, exact, act;
+    llb_moe_route_params route;
+    int exact, act;
     float alpha, limit;          /* LLB_MOE_SWIGLU_OAI's */
     const float *x;              /* n x d, the normed hidden states */
     const float *logits;         /* n x n_expert */
@@ -43,9 +57,11 @@ typedef struct {
 size_t llb_moe_fscratch(long n, long d, long k, long ff);
 size_t llb_moe_iscratch(long n, long k, long n_expert);
 
-/* Each token's k experts and weights: ids[t*k + j] by descending weight (ties: lower id). */
-void llb_moe_route(const float *logits, long n, long n_expert, long k, int routing, int norm, int32_t *ids,
-                   float *weights);
+/* Each token's k experts and weights: ids[t*k + j] by descending choice (ties: lower id). Returns 0, or -1
+ * when the scratch of a grouped, biased or sigmoid routing could not be allocated. The caller checks the
+ * parameters (groups divides n_expert, k <= groups_used * n_expert / groups, group_top <= a group's size). */
+int llb_moe_route(const float *logits, long n, long n_expert, long k, const llb_moe_route_params *r, int32_t *ids,
+                  float *weights);
 
 /* out = the routed experts' weighted MLP outputs (+ shared). The tokens are grouped by expert and
  * each expert with tokens runs as one matrix product over them. A token's result does not depend

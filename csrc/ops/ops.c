@@ -258,3 +258,14 @@ void llb_kv_store(const struct llb_kv_store_args *a) {
     if (t.n < 2 || 2 * t.n * t.row < PAR_MIN_CHEAP || llb_pool_threads() == 1) kv_tokens(&t, 0, t.n);
     else llb_parallel_for(kv_task_run, &t, t.n, llb_grain(t.n, OP_CHUNKS, 1, 1), LLB_POOL_MAX_THREADS);
 }
+
+/* ---- copy_blocks ---------------------------------------------------------- */
+
+void llb_copy_blocks(const float *src, float *dst, long n, long groups, long width, long src_row, long src_group,
+                     long src_off, long dst_row, long dst_group, long dst_off) {
+    /* a few values per token and group (a head's part): one thread, the copies are cheap beside the matmuls */
+    for (long t = 0; t < n; t++)
+        for (long g = 0; g < groups; g++)
+            memcpy(dst + (size_t)t * dst_row + (size_t)g * dst_group + dst_off,
+                   src + (size_t)t * src_row + (size_t)g * src_group + src_off, (size_t)width * sizeof(float));
+}

@@ -130,5 +130,10 @@ void llb_add_rows(const float *x, const float *bias, float *out, long n, long d)
 void llb_scale(float *x, float s, long count);                                 /* x *= s */
 void llb_gelu_erf(float *x, long count);                                       /* x = 0.5 x (1 + erf(x/sqrt 2)) */
 void llb_softcap(float *x, float cap, long count);                             /* x = cap * tanh(x / cap) */
+/* A strided block copy: dst[t dst_row + g dst_group + dst_off + j] = src[t src_row + g src_group + src_off + j]
+ * for t < n, g < groups, j < width (a view's columns into another layout; src_group 0 repeats one block in
+ * every group). src and dst must not overlap. */
+void llb_copy_blocks(const float *src, float *dst, long n, long groups, long width, long src_row, long src_group,
+                     long src_off, long dst_row, long dst_group, long dst_off);
 
 #endif

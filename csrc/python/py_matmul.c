@@ -359,29 +359,63 @@ static int arg_experts(struct llb_bufs *b, const char *fn, const char *name, PyO
     return 0;
 }
 
+/* The routing's parameters: routing and norm, then (ext, or NULL for their defaults) groups, groups_used,
+ * group_top, scale and bias (None or n_expert float32 values, acquired into b). */
+static int arg_route(struct llb_bufs *b, const char *fn, PyObject *o_routing, PyObject *o_norm, PyObject *const *ext,
+                     long E, long k, llb_moe_route_params *r) {
+    long routing, norm, groups = 1, used = 1, top = 1;
+    float scale = 1.0f;
+    if (llb_arg_long(o_routing, fn, "routing", 0, 2, &routing) < 0 || llb_arg_long(o_norm, fn, "norm", 0, 1, &norm) < 0)
+        return -1;
+    if (ext && (llb_arg_long(ext[0], fn, "groups", 1, E, &groups) < 0 ||
+                llb_arg_long(ext[1], fn, "groups_used", 1, groups, &used) < 0 ||
+                llb_arg_long(ext[2], fn, "group_top", 1, E / groups, &top) < 0 ||
+                llb_arg_float(ext[3], fn, "scale", 0.0, &scale) < 0))
+        return -1;
+    if (E % groups) {
+        PyErr_Format(PyExc_ValueError, "%s: %ld experts do not split into %ld groups", fn, E, groups);
+        return -1;
+    }
+    if (groups > 1 && k > used * (E / groups)) {
+        PyErr_Format(PyExc_ValueError, "%s: k = %ld is more than the %ld experts of %ld groups", fn, k, used * (E / groups),
+                     used);
+        return -1;
+    }
+    const float *bias = NULL;
+    if (ext && ext[4] != Py_None && !(bias = llb_arg_buf(b, ext[4], fn, "bias", 0, LLB_ELEM_F32, (size_t)E, 1))) return -1;
+    if (routing == LLB_MOE_TOPK_SOFTMAX && (groups > 1 || bias)) {
+        PyErr_Format(PyExc_ValueError, "%s: routing 1 (top-k, then softmax) takes no groups and no bias", fn);
+        return -1;
+    }
+    *r = (llb_moe_route_params){.routing = (int)routing, .norm = (int)norm, .groups = groups, .groups_used = used,
+                                .group_top = top, .scale = scale, .bias = bias};
+    return 0;
+}
+
 /* moe(x, logits, out, n, d, n_expert, k, ff, routing, norm, exact, gate, up, down, fscratch, iscratch, shared,
- *     shared_logit, act, alpha, limit, gate_b, up_b, down_b) -> None */
+ *     shared_logit, act, alpha, limit, gate_b, up_b, down_b[, groups, groups_used, group_top, scale, bias]) -> None */
 static PyObject *py_moe(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     const char *fn = "moe";
-    long n, d, E, k, ff, routing, norm, exact, act;
+    long n, d, E, k, ff, exact, act;
     float alpha, limit;
     struct llb_bufs b = MM_BUFS;
-    if (llb_arg_nargs(fn, nargs, 24, "x, logits, out, n, d, n_expert, k, ff, routing, norm, exact, gate, up, down, "
-                      "fscratch, iscratch, shared, shared_logit, act, alpha, limit, gate_b, up_b, down_b") < 0 ||
+    const int full = nargs == 29; /* the routing's optional parameters (else their defaults) */
+    if ((!full && llb_arg_nargs(fn, nargs, 24, "x, logits, out, n, d, n_expert, k, ff, routing, norm, exact, gate, up, "
+                                      "down, fscratch, iscratch, shared, shared_logit, act, alpha, limit, gate_b, up_b, "
+                                      "down_b[, groups, groups_used, group_top, scale, bias]") < 0) ||
         llb_arg_long(args[18], fn, "act", 0, 1, &act) < 0 || llb_arg_float(args[19], fn, "alpha", -INFINITY, &alpha) < 0 ||
         llb_arg_float(args[20], fn, "limit", 0.0, &limit) < 0 ||
         llb_arg_long(args[3], fn, "n", 1, MAX_DIM, &n) < 0 || llb_arg_long(args[4], fn, "d", 1, MAX_DIM, &d) < 0 ||
         llb_arg_long(args[5], fn, "n_expert", 1, 1L << 16, &E) < 0 || llb_arg_long(args[6], fn, "k", 1, E < 1024 ? E : 1024, &k) < 0 ||
-        llb_arg_long(args[7], fn, "ff", 1, MAX_DIM, &ff) < 0 || llb_arg_long(args[8], fn, "routing", 0, 1, &routing) < 0 ||
-        llb_arg_long(args[9], fn, "norm", 0, 1, &norm) < 0 || llb_arg_long(args[10], fn, "exact", 0, 1, &exact) < 0)
+        llb_arg_long(args[7], fn, "ff", 1, MAX_DIM, &ff) < 0 || llb_arg_long(args[10], fn, "exact", 0, 1, &exact) < 0)
         return NULL;
     size_t nd, ne, nk, fs, is;
     if (llb_arg_product(fn, &nd, n, d, 1, 1) < 0 || llb_arg_product(fn, &ne, n, E, 1, 1) < 0 ||
         llb_arg_product(fn, &nk, n, k, 1, 1) < 0 || llb_arg_product(fn, &fs, nk, 2 * (size_t)d + 2 * (size_t)ff + 1, 1, 1) < 0)
         return NULL;
     is = llb_moe_iscratch(n, k, E);
-    llb_moe_args a = {.n = n, .d = d, .n_expert = E, .k = k, .ff = ff, .routing = (int)routing, .norm = (int)norm,
-                      .exact = (int)exact, .act = (int)act, .alpha = alpha, .limit = limit};
+    llb_moe_args a = {.n = n, .d = d, .n_expert = E, .k = k, .ff = ff, .exact = (int)exact, .act = (int)act,
+                      .alpha = alpha, .limit = limit};
     /* buffers: 0 x, 1 logits, 2 out, 3 fscratch, 4 iscratch, 5-7 experts, then shared and its logit */
     if (!(a.x = llb_arg_buf(&b, args[0], fn, "x", 0, LLB_ELEM_F32, nd, 0)) ||
         !(a.logits = llb_arg_buf(&b, args[1], fn, "logits", 0, LLB_ELEM_F32, ne, 0)) ||
@@ -402,6 +436,7 @@ static PyObject *py_moe(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     size_t n_eff, n_ed;
     if (llb_arg_product(fn, &n_eff, E, ff, 1, 1) < 0 || llb_arg_product(fn, &n_ed, E, d, 1, 1) < 0) goto fail;
+    if (arg_route(&b, fn, args[8], args[9], full ? args + 24 : NULL, E, k, &a.route) < 0) goto fail;
     if ((args[21] != Py_None && !(a.gate_b = llb_arg_buf(&b, args[21], fn, "gate_b", 0, LLB_ELEM_F32, n_eff, 0))) ||
         (args[22] != Py_None && !(a.up_b = llb_arg_buf(&b, args[22], fn, "up_b", 0, LLB_ELEM_F32, n_eff, 0))) ||
         (args[23] != Py_None && !(a.down_b = llb_arg_buf(&b, args[23], fn, "down_b", 0, LLB_ELEM_F32, n_ed, 0))))
@@ -419,30 +454,39 @@ fail:
     return NULL;
 }
 
-/* moe_route(logits, n, n_expert, k, routing, norm, ids, weights) -> None: the routing alone (for tests). */
+/* moe_route(logits, n, n_expert, k, routing, norm, ids, weights[, groups, groups_used, group_top, scale, bias])
+ * -> None: the routing alone (for tests). */
 static PyObject *py_moe_route(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     const char *fn = "moe_route";
-    long n, E, k, routing, norm;
+    long n, E, k;
     struct llb_bufs b = MM_BUFS;
-    if (llb_arg_nargs(fn, nargs, 8, "logits, n, n_expert, k, routing, norm, ids, weights") < 0 ||
+    const int full = nargs == 13;
+    if ((!full && llb_arg_nargs(fn, nargs, 8, "logits, n, n_expert, k, routing, norm, ids, weights[, groups, "
+                                "groups_used, group_top, scale, bias]") < 0) ||
         llb_arg_long(args[1], fn, "n", 1, MAX_DIM, &n) < 0 || llb_arg_long(args[2], fn, "n_expert", 1, 1L << 16, &E) < 0 ||
-        llb_arg_long(args[3], fn, "k", 1, E < 1024 ? E : 1024, &k) < 0 || llb_arg_long(args[4], fn, "routing", 0, 1, &routing) < 0 ||
-        llb_arg_long(args[5], fn, "norm", 0, 1, &norm) < 0)
+        llb_arg_long(args[3], fn, "k", 1, E < 1024 ? E : 1024, &k) < 0)
         return NULL;
     size_t ne, nk;
     if (llb_arg_product(fn, &ne, n, E, 1, 1) < 0 || llb_arg_product(fn, &nk, n, k, 1, 1) < 0) return NULL;
     const float *l = llb_arg_buf(&b, args[0], fn, "logits", 0, LLB_ELEM_F32, ne, 0);
     int32_t *ids = l ? llb_arg_buf(&b, args[6], fn, "ids", 1, LLB_ELEM_I32, nk, 0) : NULL;
     float *w = ids ? llb_arg_buf(&b, args[7], fn, "weights", 1, LLB_ELEM_F32, nk, 0) : NULL;
+    llb_moe_route_params r;
     if (!w || llb_bufs_overlap(&b, 0, 1) || llb_bufs_overlap(&b, 0, 2) || llb_bufs_overlap(&b, 1, 2)) {
         if (w) PyErr_SetString(PyExc_ValueError, "moe_route: buffers overlap");
         llb_bufs_release(&b);
         return NULL;
     }
+    if (arg_route(&b, fn, args[4], args[5], full ? args + 8 : NULL, E, k, &r) < 0) {
+        llb_bufs_release(&b);
+        return NULL;
+    }
+    int rc;
     Py_BEGIN_ALLOW_THREADS
-    llb_moe_route(l, n, E, k, (int)routing, (int)norm, ids, w);
+    rc = llb_moe_route(l, n, E, k, &r, ids, w);
     Py_END_ALLOW_THREADS
     llb_bufs_release(&b);
+    if (rc) return PyErr_NoMemory();
     Py_RETURN_NONE;
 }
 
@@ -479,8 +523,10 @@ PyMethodDef llb_matmul_methods[] = {
      "expert one matmul over its tokens (gate, up: (qtype, layout, W) of n_expert ff x d matrices; down: d x ff);\n"
      "out = the weighted sum of the experts' outputs, + sigmoid(shared_logit) * shared when given. act 0: SiLU(gate)\n"
      "* up; 1: GPT-OSS's (clamp(up, +-limit) + 1) * g * sigmoid(alpha g), g = min(gate, limit); gate_b, up_b\n"
-     "(n_expert x ff), down_b (n_expert x d): biases or None."},
+     "(n_expert x ff), down_b (n_expert x d): biases or None. Optional, the routing's groups, groups_used, group_top,\n"
+     "scale and bias (moe/moe.h's llb_moe_route_params; routing 2: a sigmoid per expert, then top-k)."},
     {"moe_route", (PyCFunction)(void (*)(void))py_moe_route, METH_FASTCALL,
-     "moe_route(logits, n, n_expert, k, routing, norm, ids, weights) -> None: moe's routing alone."},
+     "moe_route(logits, n, n_expert, k, routing, norm, ids, weights[, groups, groups_used, group_top, scale, bias])\n"
+     "-> None: moe's routing alone."},
     {NULL, NULL, 0, NULL},
 };

@@ -544,6 +544,48 @@ static PyObject *py_gelu_erf(PyObject *self, PyObject *const *args, Py_ssize_t n
     return llb_bufs_call(&h, op, run_inplace, NULL, &a, sizeof a);
 }
 
+/* copy_blocks(src, dst, n, groups, width, src_row, src_group, src_off, dst_row, dst_group, dst_off) */
+struct copy_blocks_args {
+    const float *src;
+    float *dst;
+    long v[9]; /* n, groups, width, src_row, src_group, src_off, dst_row, dst_group, dst_off */
+};
+LLB_CALL_ARGS_FIT(struct copy_blocks_args);
+static int run_copy_blocks(const void *p) {
+    const struct copy_blocks_args *a = p;
+    const long *v = a->v;
+    llb_copy_blocks(a->src, a->dst, v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8]);
+    return 0;
+}
+
+/* The elements a strided block layout reaches: (n - 1) row + (groups - 1) group + off + width (no overflow:
+ * each term is at most MAX_DIM^2 < 2^62). */
+static size_t blocks_extent(long n, long groups, long width, long row, long group, long off) {
+    return (size_t)(n - 1) * (size_t)row + (size_t)(groups - 1) * (size_t)group + (size_t)off + (size_t)width;
+}
+
+static PyObject *py_copy_blocks(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    static const char *op = "copy_blocks";
+    static const char *names[9] = {"n", "groups", "width", "src_row", "src_group", "src_off", "dst_row", "dst_group",
+                                   "dst_off"};
+    if (llb_arg_nargs(op, nargs, 11, "src, dst, n, groups, width, src_row, src_group, src_off, dst_row, dst_group, "
+                      "dst_off")) return NULL;
+    struct copy_blocks_args a;
+    for (int i = 0; i < 9; i++)
+        if (llb_arg_long(args[2 + i], op, names[i], i < 3 ? 1 : 0, MAX_DIM, &a.v[i])) return NULL;
+    const long *v = a.v;
+    struct llb_bufs h = OPS_BUFS;
+    a.src = llb_arg_buf(&h, args[0], op, "src", 0, LLB_ELEM_F32, blocks_extent(v[0], v[1], v[2], v[3], v[4], v[5]), 0);
+    a.dst = a.src ? llb_arg_buf(&h, args[1], op, "dst", 1, LLB_ELEM_F32, blocks_extent(v[0], v[1], v[2], v[6], v[7], v[8]), 0)
+                  : NULL;
+    if (!a.dst || llb_bufs_overlap(&h, 0, 1)) {
+        if (a.dst) PyErr_Format(PyExc_ValueError, "%s: src and dst overlap", op);
+        llb_bufs_release(&h);
+        return NULL;
+    }
+    return llb_bufs_call(&h, op, run_copy_blocks, NULL, &a, sizeof a);
+}
+
 #define FASTCALL(f) (PyCFunction)(void (*)(void))(f), METH_FASTCALL
 
 PyMethodDef llb_ops_methods[] = {
@@ -574,5 +616,9 @@ PyMethodDef llb_ops_methods[] = {
     {"scale", FASTCALL(py_scale), "scale(x, s, count): x *= s in place."},
     {"gelu_erf", FASTCALL(py_gelu_erf), "gelu_erf(x, count): x = 0.5 x (1 + erf(x / sqrt 2)) in place (BERT's GELU)."},
     {"softcap", FASTCALL(py_softcap), "softcap(x, cap, count): x = cap * tanh(x / cap) in place."},
+    {"copy_blocks", FASTCALL(py_copy_blocks),
+     "copy_blocks(src, dst, n, groups, width, src_row, src_group, src_off, dst_row, dst_group, dst_off): for t < n,\n"
+     "g < groups: dst[t dst_row + g dst_group + dst_off:][:width] = src[t src_row + g src_group + src_off:][:width]\n"
+     "(float32, in elements; src_group 0 repeats one block; src and dst must not overlap)."},
     {NULL, NULL, 0, NULL},
 };

@@ -205,13 +205,17 @@ class Backend(ABC):
 
     def moe(self, x: np.ndarray, logits: np.ndarray, experts, k: int, routing: str, norm: bool, out: np.ndarray,
             shared: np.ndarray | None = None, shared_logit: np.ndarray | None = None, scratch=None,
-            act: tuple = ("silu",)) -> None:
+            act: tuple = ("silu",), groups: tuple = (1, 1, 1), scale: float = 1.0,
+            choice_bias: np.ndarray | None = None) -> None:
         """out[t] = sum over token t's k experts e of w_e * down_e(silu(gate_e(x[t])) * up_e(x[t])),
         the experts and weights chosen from logits[t] by `routing` (models/config.MOE_ROUTINGS; norm:
         the k weights rescaled to sum to 1); plus sigmoid(shared_logit[t]) * shared[t] (or shared[t]
         when there is no logit). `scratch` is the workspace, holding workspace_specs' buffers. act:
         ("silu",) or ("swiglu_oai", alpha, limit): (clamp(up, +-limit) + 1) * g * sigmoid(alpha g),
-        g = min(gate, limit). Expert biases, if prepared, are added to each projection's output."""
+        g = min(gate, limit). Expert biases, if prepared, are added to each projection's output.
+        groups (G, used, top): the experts in G equal groups, chosen only within the `used` groups whose
+        `top` best choice values sum highest; choice_bias (n_experts,) is added to the scores for the
+        choice only; the weights (the chosen scores, renormalised if norm) are multiplied by scale."""
         raise NotImplementedError(f"the {self.name} backend has no mixture-of-experts layers")
 
     def attention_sinks(self, q, cache: KVCache, layer: int, slots, pos, out, scale: float, window: int,
@@ -219,6 +223,13 @@ class Backend(ABC):
         """Rescale attention's output `out` as if each head's softmax had one more column, of logit
         sinks[h] and no value: out *= Z / (Z + e^sink), Z the sum of e^score over the visible keys."""
         raise NotImplementedError(f"the {self.name} backend has no attention sinks")
+
+    def copy_blocks(self, src: np.ndarray, dst: np.ndarray, n: int, groups: int, width: int, src_at: tuple,
+                    dst_at: tuple) -> None:
+        """A strided copy between float32 arrays (flat element offsets): for t < n, g < groups,
+        dst[t r + g s + o:][:width] = src[t r' + g s' + o':][:width], (r, s, o) = dst_at, (r', s', o') = src_at
+        (s' = 0 repeats one block in every group). Latent attention assembles its heads with it."""
+        raise NotImplementedError(f"the {self.name} backend has no copy_blocks")
 
     def gelu_erf(self, x: np.ndarray) -> None:
         """In place: 0.5 x (1 + erf(x / sqrt 2)), the exact GELU of BERT-family encoders."""

@@ -213,7 +213,7 @@ class NativeDense:
 DENSE_F32, DENSE_BF16 = 0, 1
 
 
-MOE_ROUTING_IDS = {"softmax_topk": 0, "topk_softmax": 1}     # csrc/moe/moe.h
+MOE_ROUTING_IDS = {"softmax_topk": 0, "topk_softmax": 1, "sigmoid_topk": 2}     # csrc/moe/moe.h
 MOE_ACT_IDS = {"silu": 0, "swiglu_oai": 1}
 
 
@@ -506,13 +506,14 @@ class NativeBackend(Backend):
             super().matmul_many(x, ws, outs)
 
     def moe(self, x, logits, experts: NativeExperts, k, routing, norm, out, shared=None, shared_logit=None,
-            scratch=None, act=("silu",)) -> None:
+            scratch=None, act=("silu",), groups=(1, 1, 1), scale=1.0, choice_bias=None) -> None:
         n, d = x.shape
         g, u, dn = experts.gate, experts.up, experts.down
         alpha, limit = (act[1], act[2]) if len(act) == 3 else (1.0, 1.0)
         C.moe(x, logits, out, n, d, experts.n_expert, k, g.rows, MOE_ROUTING_IDS[routing], int(norm), self.exact,
               (g.qtype, g.layout, g.data), (u.qtype, u.layout, u.data), (dn.qtype, dn.layout, dn.data),
-              scratch.moe_f, scratch.moe_i, shared, shared_logit, MOE_ACT_IDS[act[0]], alpha, limit, *experts.biases)
+              scratch.moe_f, scratch.moe_i, shared, shared_logit, MOE_ACT_IDS[act[0]], alpha, limit, *experts.biases,
+              *groups, scale, choice_bias)
 
     def rmsnorm(self, x, w, eps, out) -> None:
         d = x.shape[-1]
@@ -590,6 +591,9 @@ class NativeBackend(Backend):
 
     def gelu_mul(self, gate, up, out) -> None:
         C.gelu_mul(gate, up, out, gate.size)
+
+    def copy_blocks(self, src, dst, n, groups, width, src_at, dst_at) -> None:
+        C.copy_blocks(src, dst, n, groups, width, *src_at, *dst_at)
 
     def add(self, a, b, out) -> None:
         C.add(a, b, out, a.size)

@@ -17,9 +17,42 @@ except ImportError:      # scipy is optional: libm's erf element by element (slo
 from .base import Backend, KVCache
 
 
-def route(logits: np.ndarray, k: int, routing: str, norm: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's k experts (by descending weight, ties to the lower index) and their weights."""
+def route(logits: np.ndarray, k: int, routing: str, norm: bool, groups: tuple = (1, 1, 1), scale: float = 1.0,
+          bias: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's k experts (by descending choice, ties to the lower index) and their weights (Backend.moe)."""
     logits = logits.astype(np.float32)
+    if routing == "sigmoid_topk" or groups[0] > 1 or bias is not None:
+        return _route_general(logits, k, routing, norm, groups, np.float32(scale), bias)
+    ids, w = _route_plain(logits, k, routing, norm)
+    return ids, (w * np.float32(scale)).astype(np.float32)
+
+
+def _route_general(logits, k, routing, norm, groups, scale, bias):
+    """Scores (a softmax over all, or a sigmoid each), the choice (scores + bias) within the best groups
+    (a group's rank: the sum of its `top` best choices), the weights from the scores."""
+    n, E = logits.shape
+    if routing == "sigmoid_topk":
+        score = (1.0 / (1.0 + np.exp(-logits))).astype(np.float32)
+    else:
+        e = np.exp(logits - logits.max(-1, keepdims=True))
+        score = (e / e.sum(-1, keepdims=True)).astype(np.float32)
+    choice = score + (np.float32(0) if bias is None else bias.astype(np.float32))
+    g, used, top = groups
+    if g > 1:
+        per = choice.reshape(n, g, E // g)
+        gscore = -np.sort(-per, axis=-1, kind="stable")[..., :top].sum(-1)           # (n, g)
+        keep = np.argsort(-gscore, axis=-1, kind="stable")[:, :used]
+        mask = np.zeros((n, g), bool)
+        np.put_along_axis(mask, keep, True, axis=-1)
+        choice = np.where(np.repeat(mask, E // g, axis=-1), choice, -np.inf)
+    order = np.argsort(-choice, axis=-1, kind="stable")[:, :k]
+    w = np.take_along_axis(score, order, axis=-1)
+    if norm:
+        w = w / w.sum(-1, keepdims=True)
+    return order.astype(np.int32), (w * scale).astype(np.float32)
+
+
+def _route_plain(logits: np.ndarray, k: int, routing: str, norm: bool) -> tuple[np.ndarray, np.ndarray]:
     order = np.argsort(-logits, axis=-1, kind="stable")[:, :k]
     top = np.take_along_axis(logits, order, axis=-1)
     if routing == "topk_softmax":
@@ -46,9 +79,9 @@ class NumpyBackend(Backend):
         return mats + (zero if biases is None else tuple(b.to_float32().reshape(b.shape) for b in biases))
 
     def moe(self, x, logits, experts, k, routing, norm, out, shared=None, shared_logit=None, scratch=None,
-            act=("silu",)) -> None:
+            act=("silu",), groups=(1, 1, 1), scale=1.0, choice_bias=None) -> None:
         gate, up, down, gate_b, up_b, down_b = experts
-        ids, wts = route(logits, k, routing, norm)
+        ids, wts = route(logits, k, routing, norm, groups, scale, choice_bias)
         acc = np.zeros_like(out)
         for e in np.unique(ids):
             tok, slot = np.nonzero(ids == e)
@@ -229,6 +262,13 @@ class NumpyBackend(Backend):
             np.exp(sc, out=sc)
             sc /= sc.sum(axis=-1, keepdims=True)
             out[rows] = np.matmul(sc, v).transpose(1, 0, 2).reshape(-1, n_heads * hd)
+
+    def copy_blocks(self, src, dst, n, groups, width, src_at, dst_at) -> None:
+        def view(a, at):
+            flat = a.reshape(-1)
+            row, group, off = at
+            return np.lib.stride_tricks.as_strided(flat[off:], (n, groups, width), (row * 4, group * 4, 4))
+        view(dst, dst_at)[...] = view(src, src_at)
 
     def add(self, a, b, out) -> None:
         np.add(a, b, out=out)

@@ -81,6 +81,10 @@ def open_gguf(path: Path) -> ModelSource:
         else:
             cfg = module.config_from_gguf(meta)
             biases_from_tensors(cfg, names)
+            if hasattr(module, "gguf_lookup"):      # canonical tensors a family's newer files split (DeepSeek's kv_b)
+                tensor, split_holders = module.gguf_lookup(tensor, cfg)
+                plain_holders = holders
+                holders = lambda name: [h for part in split_holders(name) for h in plain_holders(part)]  # noqa: E731
 
         tok, tok_err = None, None
         try:

@@ -252,8 +252,10 @@ def open_hf_dir(path: Path) -> ModelSource:
     if _is_encoder(raw_cfg):
         return _open_encoder_dir(path, raw_cfg)
     arch = arch_name(cfg_dict if "model_type" in cfg_dict else raw_cfg)
-    config = arch_module(arch, "config_from_hf").config_from_hf(cfg_dict)
-    config.rope_neox = True       # HF q/k rows are in the half-split layout
+    module = arch_module(arch, "config_from_hf")
+    config = module.config_from_hf(cfg_dict)
+    if getattr(module, "HF_ROPE_NEOX", True):
+        config.rope_neox = True       # HF q/k rows are in the half-split layout (DeepSeek's are its own)
 
     st = open_safetensors_dir(path)
     try:

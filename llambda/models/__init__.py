@@ -29,6 +29,9 @@ ARCHITECTURES = {
     "lfm2": "lfm2",
     "qwen3_next": "qwen3next",
     "qwen3next": "qwen3next",
+    "deepseek2": "deepseek2",
+    "deepseek_v2": "deepseek2",
+    "deepseek_v3": "deepseek2",
 }
 
 # Encoders (embedding models, cross-encoders): their own config and forward, not TransformerConfig

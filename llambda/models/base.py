@@ -48,6 +48,22 @@ class LayerWeights:
     conv: "ShortConvWeights | None" = None   # a short-conv layer (LFM2): set instead of wq/wk/wv/wo
     delta: "DeltaNetWeights | None" = None   # a gated delta-net layer (Qwen3-Next): the same
     wq_gate: object = None            # attention output gate rows (Qwen3-Next): out *= sigmoid(h . wq_gate)
+    mla: "MLAWeights | None" = None   # latent attention (DeepSeek): set instead of wq/wk/wv (wo stays)
+
+
+@dataclass
+class MLAWeights:
+    """DeepSeek's multi-head latent attention, its projections regrouped at load: q rows per head
+    [rope dims, nope dims] (the rope op rotates a head's first dims); kv_a_proj_with_mqa split into the
+    compressed kv (w_ckv) and the shared rope key (w_kpe); kv_b_proj into k_nope and v rows (w_knope, w_v)."""
+    wq: object                        # (heads (rope + nope), d_model), or from q_lora_rank with wq_a
+    wq_a: object                      # (q_lora_rank, d_model) or None
+    q_a_norm: np.ndarray | None       # (q_lora_rank,)
+    w_ckv: object                     # (kv_lora_rank, d_model)
+    w_kpe: object                     # (rope_dim, d_model)
+    kv_a_norm: np.ndarray             # (kv_lora_rank,)
+    w_knope: object                   # (heads qk_nope_dim, kv_lora_rank)
+    w_v: object                       # (heads v_head_dim, kv_lora_rank)
 
 
 @dataclass
@@ -89,6 +105,7 @@ class MoEWeights:
     shared_down: object = None
     shared_gate_inp: object = None  # (1, d_model): its output is scaled by sigmoid(h . w)
     router_bias: np.ndarray | None = None
+    choice_bias: np.ndarray | None = None   # (n_experts,) added to the scores for the choice only (DeepSeek-V3)
 
 
 class Workspace:
@@ -130,6 +147,12 @@ class Workspace:
                                "dba": ((t, 2 * cfg.ssm_v_heads), f32), "dout": ((t, vd), f32)})
         if cfg.attn_out_gate:
             self.specs["qgate"] = ((t, cfg.q_dim), f32)
+        if cfg.mla:     # q, k, v and attn above hold the expanded heads
+            hv, hn = cfg.n_heads * cfg.v_head_dim, cfg.n_heads * cfg.qk_nope_dim
+            self.specs.update({"mla_c": ((t, cfg.kv_lora_rank), f32), "mla_kpe": ((t, cfg.rope_dim), f32),
+                               "mla_knope": ((t, hn), f32), "mla_v": ((t, hv), f32), "mla_out": ((t, hv), f32)})
+            if cfg.q_lora_rank:
+                self.specs["mla_qa"] = ((t, cfg.q_lora_rank), f32)
         if cfg.n_experts:
             self.specs["router"] = ((t, cfg.n_experts), f32)
         if cfg.shared_ffn_dim:
@@ -326,6 +349,7 @@ class Transformer(Closable):
                 router=router,
                 experts=packed,
                 router_bias=vector(p + "ffn_gate_inp.bias", cfg.n_experts, required=False),
+                choice_bias=vector(p + "exp_probs_b.bias", cfg.n_experts, required=False),
                 shared_gate=matrix(p + "ffn_gate_shexp.weight", sh, d) if sh else None,
                 shared_up=matrix(p + "ffn_up_shexp.weight", sh, d) if sh else None,
                 shared_down=matrix(p + "ffn_down_shexp.weight", d, sh) if sh else None,
@@ -366,10 +390,37 @@ class Transformer(Closable):
                                    dt_bias=vector(p + "ssm_dt.bias", hv), norm=vector(p + "ssm_norm.weight", dv),
                                    out_proj=matrix(p + "ssm_out.weight", d, hv * dv))
 
+        def mla(p: str) -> MLAWeights:
+            H, nope, rope, vd, kvr, qr = (cfg.n_heads, cfg.qk_nope_dim, cfg.rope_dim, cfg.v_head_dim, cfg.kv_lora_rank,
+                                          cfg.q_lora_rank)
+            q_rows = [np.concatenate([h * (nope + rope) + nope + np.arange(rope), h * (nope + rope) + np.arange(nope)])
+                      for h in range(H)]
+            q_order = [np.concatenate(q_rows)]
+            if qr:
+                wq_a, q_a_norm = matrix(p + "attn_q_a.weight", qr, d), vector(p + "attn_q_a_norm.weight", qr)
+                wq = matrix(p + "attn_q_b.weight", H * (nope + rope), qr, q_order)[0]
+            else:
+                wq_a, q_a_norm, wq = None, None, matrix(p + "attn_q.weight", H * (nope + rope), d, q_order)[0]
+            w_ckv, w_kpe = matrix(p + "attn_kv_a_mqa.weight", kvr + rope, d, [np.arange(kvr), kvr + np.arange(rope)])
+            w_knope, w_v = matrix(p + "attn_kv_b.weight", H * (nope + vd), kvr, grouped_rows(H, [nope, vd]))
+            return MLAWeights(wq=wq, wq_a=wq_a, q_a_norm=q_a_norm, w_ckv=w_ckv, w_kpe=w_kpe,
+                              kv_a_norm=vector(p + "attn_kv_a_norm.weight", kvr), w_knope=w_knope, w_v=w_v)
+
         self.layers = []
         for i in range(cfg.n_layers):
             p = f"blk.{i}."
             post, pre = cfg.post_norms, cfg.pre_norms
+            if cfg.mla:
+                moe = is_moe(i)
+                self.layers.append(LayerWeights(
+                    attn_norm=vector(p + "attn_norm.weight", d, off), wq=None, wk=None, wv=None,
+                    mla=mla(p), wo=matrix(p + "attn_output.weight", d, cfg.n_heads * cfg.v_head_dim),
+                    ffn_norm=vector(p + "ffn_norm.weight", d, off),
+                    w_gate=None if moe else matrix(p + "ffn_gate.weight", cfg.ffn_dim, d),
+                    w_up=None if moe else matrix(p + "ffn_up.weight", cfg.ffn_dim, d),
+                    w_down=None if moe else matrix(p + "ffn_down.weight", d, cfg.ffn_dim),
+                    moe=moe_weights(p) if moe else None))
+                continue
             if cfg.layer_kinds[i] in ("shortconv", "deltanet"):
                 conv = cfg.layer_kinds[i] == "shortconv"
                 moe = is_moe(i)
@@ -514,6 +565,8 @@ class Transformer(Closable):
                 self._short_conv_block(i, layer, x, slot, p)
             elif layer.delta is not None:
                 self._delta_net_block(i, layer, x, slot, p)
+            elif layer.mla is not None:
+                self._mla_block(i, layer, x, slot, p)
             else:
                 self._attention_block(i, layer, x, slot, p)
             self._ffn_block(layer, x)
@@ -602,6 +655,39 @@ class Transformer(Closable):
             B.rmsnorm(proj, L.post_attn_norm, cfg.norm_eps, proj)
         self._residual_add(x, proj)
 
+    def _mla_block(self, i: int, L: LayerWeights, x, slot, p) -> None:
+        """DeepSeek's latent attention expanded into ordinary attention: per head the key [R k_pe, k_nope] (k_pe
+        shared by the heads), the query [R q_pe, q_nope] (R: RoPE) and the value v zero-padded to head_dim,
+        all cached; the heads' values (their first v_head_dim dims) through the output projection."""
+        cfg, B, ws = self.cfg, self.backend, self.ws
+        M, n = L.mla, len(x)
+        H, D, rope, nope, vd = cfg.n_heads, cfg.head_dim, cfg.rope_dim, cfg.qk_nope_dim, cfg.v_head_dim
+        h, q, k, v, attn, proj = ws.h[:n], ws.q[:n], ws.k[:n], ws.v[:n], ws.attn[:n], ws.proj[:n]
+        c, kpe, knope, vv, out = ws.mla_c[:n], ws.mla_kpe[:n], ws.mla_knope[:n], ws.mla_v[:n], ws.mla_out[:n]
+        h = self._pre_norm(x, L.attn_norm, h)
+        q2 = q.reshape(n, -1)
+        if M.wq_a is not None:
+            qa = ws.mla_qa[:n]
+            B.matmul_many(h, (M.wq_a, M.w_ckv, M.w_kpe), (qa, c, kpe))
+            B.rmsnorm(qa, M.q_a_norm, cfg.norm_eps, qa)
+            B.matmul(qa, M.wq, q2)
+        else:
+            B.matmul_many(h, (M.wq, M.w_ckv, M.w_kpe), (q2, c, kpe))
+        B.rmsnorm(c, M.kv_a_norm, cfg.norm_eps, c)
+        B.matmul_many(c, (M.w_knope, M.w_v), (knope, vv))
+        inv_freq = self.inv_freq[cfg.layer_sliding[i]]
+        B.rope(q, p, inv_freq, cfg.rope_neox)
+        B.rope(kpe.reshape(n, 1, rope), p, inv_freq, cfg.rope_neox)
+        B.copy_blocks(kpe, k, n, H, rope, (rope, 0, 0), (H * D, D, 0))             # every head's k_pe
+        B.copy_blocks(knope, k, n, H, nope, (H * nope, nope, 0), (H * D, D, rope))
+        B.copy_blocks(vv, v, n, H, vd, (H * vd, vd, 0), (H * D, D, 0))            # v's pad stays 0 (never written)
+        kv = self.kv_layer[i]
+        B.kv_store(self.cache, kv, k, v, slot, p)
+        B.attention(q, self.cache, kv, slot, p, attn, cfg.scale(), cfg.layer_window(i), cfg.attn_softcap)
+        B.copy_blocks(attn, out, n, H, vd, (H * D, D, 0), (H * vd, vd, 0))
+        B.matmul(out, L.wo, proj)
+        self._residual_add(x, proj)
+
     def _short_conv_block(self, i: int, L: LayerWeights, x, slot, p) -> None:
         """x += out_proj(C * conv(B * x')), x' the normed input: LFM2's token mixer."""
         B, ws = self.backend, self.ws
@@ -667,7 +753,9 @@ class Transformer(Closable):
                 B.matmul(h, M.shared_gate_inp, shared_logit)
         B.moe(h, logits, M.experts, cfg.n_experts_used, cfg.moe_routing, cfg.moe_norm_topk, out,
               shared=shared, shared_logit=shared_logit, scratch=ws,
-              act=(cfg.moe_activation, cfg.moe_swiglu_alpha, cfg.moe_swiglu_limit))
+              act=(cfg.moe_activation, cfg.moe_swiglu_alpha, cfg.moe_swiglu_limit),
+              groups=(cfg.moe_groups, cfg.moe_groups_used, cfg.moe_group_top), scale=cfg.moe_scale,
+              choice_bias=M.choice_bias)
 
     def _pre_norm(self, x, w, h):
         """The sublayer's input: x normed into h, or x itself in a model without pre-norms."""

@@ -23,14 +23,19 @@ SIZE_LIMITS = {
     "n_experts": (0, 1 << 12), "n_experts_used": (0, 1 << 10), "expert_ffn_dim": (0, 1 << 20),
     "shared_ffn_dim": (0, 1 << 20), "conv_kernel": (0, 64),
     "ssm_k_heads": (0, 4096), "ssm_v_heads": (0, 4096), "ssm_k_dim": (0, 1024), "ssm_v_dim": (0, 1024),
+    "q_lora_rank": (0, 1 << 16), "kv_lora_rank": (0, 1 << 16), "qk_nope_dim": (0, 1 << 14), "v_head_dim": (0, 1 << 14),
+    "moe_groups": (1, 1 << 12), "moe_groups_used": (1, 1 << 12), "moe_group_top": (1, 1 << 12),
 }
 # What a layer's token mixer is: attention over the KV cache, LFM2's gated short convolution (a causal
 # depthwise convolution whose last conv_kernel - 1 inputs are a per-sequence state), or Qwen3-Next's
 # gated delta net (a convolution, then linear attention whose per-head dk x dv matrix is the state).
 LAYER_KINDS = ("attention", "shortconv", "deltanet")
 # How a mixture-of-experts router turns logits into the k weights: a softmax over every expert,
-# then the k largest (Qwen-MoE, Mixtral), or the k largest logits, then a softmax over those (GPT-OSS).
-MOE_ROUTINGS = ("softmax_topk", "topk_softmax")
+# then the k largest (Qwen-MoE, Mixtral, DeepSeek-V2), the k largest logits, then a softmax over those
+# (GPT-OSS), or a sigmoid per expert, then the k largest (DeepSeek-V3). The first and the last may choose
+# within the best groups of experts only (moe_groups), by scores plus a per-expert bias (a router's
+# `exp_probs_b`), and scale the weights (moe_scale).
+MOE_ROUTINGS = ("softmax_topk", "topk_softmax", "sigmoid_topk")
 # The experts' gated activation: SiLU(gate) * up, or GPT-OSS's clamped (up + 1) * gate * sigmoid(alpha gate).
 MOE_ACTIVATIONS = ("silu", "swiglu_oai")
 # Positions the engine can address (the C core's limit): a window at least this long is no window.
@@ -150,6 +155,17 @@ class TransformerConfig:
     moe_swiglu_alpha: float = 1.702         # swiglu_oai: up+1 times gate * sigmoid(alpha * gate) ...
     moe_swiglu_limit: float = 7.0           # ... with gate <= limit and |up| <= limit
     moe_bias: bool = False                  # the experts' projections have biases (GPT-OSS)
+    moe_groups: int = 1                     # experts in this many equal groups; a token chooses within ...
+    moe_groups_used: int = 1                # ... this many of them, those whose ...
+    moe_group_top: int = 1                  # ... this many best choice scores sum highest (DeepSeek)
+    moe_scale: float = 1.0                  # the routed experts' weights times this (routed_scaling_factor)
+    # multi-head latent attention (DeepSeek-V2/V3; kv_lora_rank 0: none). Expanded into ordinary attention:
+    # each head's key is [k_rope (shared), k_nope] (head_dim = rope_dim + qk_nope_dim), its value v_head_dim
+    # wide, stored zero-padded to head_dim in the KV cache.
+    q_lora_rank: int = 0                    # q through a low-rank projection and its norm (0: one projection)
+    kv_lora_rank: int = 0                   # the compressed kv a norm sits on, expanded per head
+    qk_nope_dim: int = 0                    # each head's key/query dims without RoPE
+    v_head_dim: int = 0                     # each head's value dims
     # hybrid models: layers whose token mixer is not attention (LFM2), see LAYER_KINDS
     layer_kinds: list[str] = field(default_factory=list)     # per layer; empty: all attention
     conv_kernel: int = 0                    # short convolutions' width L (the state keeps L - 1 inputs)
@@ -221,7 +237,9 @@ class TransformerConfig:
     def _check_sizes(self) -> None:
         for name in ("vocab_size", "n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "ffn_dim",
                      "n_ctx_train", "sliding_window", "n_experts", "n_experts_used", "expert_ffn_dim",
-                     "shared_ffn_dim", "conv_kernel", "ssm_k_heads", "ssm_v_heads", "ssm_k_dim", "ssm_v_dim"):
+                     "shared_ffn_dim", "conv_kernel", "ssm_k_heads", "ssm_v_heads", "ssm_k_dim", "ssm_v_dim",
+                     "q_lora_rank", "kv_lora_rank", "qk_nope_dim", "v_head_dim", "moe_groups", "moe_groups_used",
+                     "moe_group_top"):
             check_int(f"config {name}", getattr(self, name), name)
 
     def validate(self) -> None:
@@ -240,6 +258,7 @@ class TransformerConfig:
         if self.activation not in ("silu", "gelu_tanh"):
             raise ModelFormatError(f"unsupported activation {self.activation!r}")
         self._check_moe()
+        self._check_mla()
         self._check_kinds()
         for name in ("norm_eps", "rope_theta", "attn_softcap", "final_softcap", "norm_offset", "residual_scale",
                      "logit_scale"):
@@ -275,6 +294,34 @@ class TransformerConfig:
             raise ModelFormatError(f"unsupported MoE activation {self.moe_activation!r}")
         check_number("config swiglu alpha", self.moe_swiglu_alpha, "positive")
         check_number("config swiglu limit", self.moe_swiglu_limit, "positive")
+        check_number("config routed experts' scale", self.moe_scale, "positive")
+        g, used = self.moe_groups, self.moe_groups_used
+        if self.n_experts % g or used > g or self.moe_group_top > self.n_experts // g:
+            raise ModelFormatError(f"{self.n_experts} experts do not split into {g} groups of which {used} are used, "
+                                   f"each ranked by its {self.moe_group_top} best")
+        if g > 1 and self.n_experts_used > used * (self.n_experts // g):
+            raise ModelFormatError(f"{self.n_experts_used} experts per token are more than {used} of {g} groups hold")
+        if g > 1 and self.moe_routing == "topk_softmax":
+            raise ModelFormatError("topk_softmax routing takes no expert groups")
+
+    @property
+    def mla(self) -> bool:
+        """Multi-head latent attention (DeepSeek): see the MLA fields."""
+        return self.kv_lora_rank > 0
+
+    def _check_mla(self) -> None:
+        if not self.mla:
+            if self.q_lora_rank or self.qk_nope_dim or self.v_head_dim:
+                raise ModelFormatError("latent attention sizes without a kv_lora_rank")
+            return
+        if min(self.qk_nope_dim, self.v_head_dim) < 1 or self.head_dim != self.qk_nope_dim + self.rope_dim:
+            raise ModelFormatError(f"latent attention: head_dim {self.head_dim} must be qk_nope_dim {self.qk_nope_dim} "
+                                   f"+ rope_dim {self.rope_dim}, and the value heads ({self.v_head_dim}) not empty")
+        if self.v_head_dim > self.head_dim:
+            raise ModelFormatError(f"latent attention: value heads of {self.v_head_dim} wider than the key heads' "
+                                   f"{self.head_dim} are not supported")
+        if self.n_kv_heads != self.n_heads or self.recurrent:
+            raise ModelFormatError("latent attention expands to one key/value head per query head, on every layer")
 
     def _check_kinds(self) -> None:
         if not isinstance(self.layer_kinds, list) or len(self.layer_kinds) != self.n_layers:

@@ -68,7 +68,11 @@ FAMILIES = {
     # hybrids: GGUF only (write_hf refuses them)
     "lfm2": Family("lfm2", "Lfm2ForCausalLM", "lfm2"),
     "qwen3next": Family("qwen3_next", "Qwen3NextForCausalLM", "qwen3next"),
+    # latent attention: GGUF only too
+    "deepseek2": Family("deepseek_v2", "DeepseekV2ForCausalLM", "deepseek2"),
 }
+# GGUF architectures whose q/k rows keep the same RoPE layout as their HF files (DeepSeek's adjacent pairs)
+SAME_ROPE_LAYOUT_ARCHS = {"deepseek2"}
 FLOAT_TYPES = {"f32": QType.F32, "f16": QType.F16, "bf16": QType.BF16}
 HF_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
             "chat_template.json", "generation_config.json", "tokenizer.model")
@@ -78,10 +82,12 @@ _LAYER_LEAVES = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_ou
                  "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp", "attn_sinks",
                  # hybrid layers' (LFM2's short convolution, Qwen3-Next's delta net)
                  "shortconv.in_proj", "shortconv.conv", "shortconv.out_proj", "ssm_in", "attn_gate", "ssm_ba",
-                 "ssm_conv1d", "ssm_a", "ssm_a_log", "ssm_dt", "ssm_norm", "ssm_out")
+                 "ssm_conv1d", "ssm_a", "ssm_a_log", "ssm_dt", "ssm_norm", "ssm_out",
+                 # latent attention's (DeepSeek), and its router's choice bias
+                 "attn_q_a", "attn_q_a_norm", "attn_q_b", "attn_kv_a_mqa", "attn_kv_a_norm", "attn_kv_b", "exp_probs_b")
 # leaves that may also have a `.bias`
 _BIASED = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
-           "ssm_dt")
+           "ssm_dt", "exp_probs_b")
 # Tensors kept in float whatever the export type: an MoE router's logits pick the experts, and a
 # quantized router flips choices that are close (llama.cpp's quantizer also leaves them alone).
 _FLOAT_ONLY = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight")
@@ -222,7 +228,9 @@ _CHECKED = ("vocab_size", "n_layers", "d_model", "n_heads", "n_kv_heads", "head_
             "layer_sliding", "layer_rope", "pre_norms", "qk_norm_whole", "residual_scale", "logit_scale",
             "n_experts", "n_experts_used", "expert_ffn_dim", "moe_routing", "moe_norm_topk", "shared_ffn_dim",
             "moe_activation", "moe_swiglu_alpha", "moe_swiglu_limit", "moe_bias", "attn_out_bias", "attn_sinks",
-            "layer_kinds", "conv_kernel", "ssm_k_heads", "ssm_v_heads", "ssm_k_dim", "ssm_v_dim", "attn_out_gate")
+            "layer_kinds", "conv_kernel", "ssm_k_heads", "ssm_v_heads", "ssm_k_dim", "ssm_v_dim", "attn_out_gate",
+            "q_lora_rank", "kv_lora_rank", "qk_nope_dim", "v_head_dim", "moe_groups", "moe_groups_used", "moe_group_top",
+            "moe_scale", "moe_layers")
 
 
 def _check_same(a: TransformerConfig, b: TransformerConfig, what: str, a_factors=None, b_factors=None) -> None:
@@ -326,8 +334,8 @@ def write_hf(src: ModelSource, out: Path, qtype: str | None = None) -> Path:
     from ..formats.safetensors import write_safetensors
     cfg = src.config
     fam = family_of(cfg)
-    if cfg.n_experts or cfg.recurrent:
-        raise LlambdaError("a mixture-of-experts or hybrid model exports as GGUF only (fmt='gguf')")
+    if cfg.n_experts or cfg.recurrent or cfg.mla:
+        raise LlambdaError("a mixture-of-experts, hybrid or latent-attention model exports as GGUF only (fmt='gguf')")
     want = None
     if qtype is not None:      # "" is no type either (it once meant "keep the source's")
         if str(qtype).lower() not in FLOAT_TYPES:
@@ -472,6 +480,33 @@ def gguf_metadata(cfg: TransformerConfig, arch: str, name: str) -> dict:
         meta.update({f"{a}.embedding_scale": float(cfg.embed_scale or 1.0), f"{a}.residual_scale": cfg.residual_scale,
                      f"{a}.logit_scale": cfg.logit_scale})
     meta.update(_hybrid_metadata(cfg, a))
+    meta.update(_mla_metadata(cfg, a))
+    return meta
+
+
+def _mla_metadata(cfg: TransformerConfig, a: str) -> dict:
+    """llama.cpp's deepseek2 keys, in the layout of its files before MLA: key and value lengths are the expanded
+    heads' (its current reader takes them so, with attn_kv_b); the softmax scale's YaRN mscale as
+    yarn_log_multiplier; the routing (gating function, groups, scale, shared experts as a count)."""
+    if not cfg.mla:
+        return {}
+    meta = {f"{a}.attention.key_length": cfg.head_dim, f"{a}.attention.value_length": cfg.v_head_dim,
+            f"{a}.attention.kv_lora_rank": cfg.kv_lora_rank}
+    if cfg.q_lora_rank:
+        meta[f"{a}.attention.q_lora_rank"] = cfg.q_lora_rank
+    sc = cfg.rope_scaling or {}
+    if sc and float(sc["factor"]) > 1:
+        mscale = math.sqrt(cfg.attn_scale * math.sqrt(cfg.head_dim))
+        meta[f"{a}.rope.scaling.yarn_log_multiplier"] = (mscale - 1.0) / math.log(float(sc["factor"]))
+    if cfg.n_experts:
+        if cfg.shared_ffn_dim % cfg.expert_ffn_dim:
+            raise ModelFormatError("GGUF 'deepseek2' counts shared experts: a shared expert of "
+                                   f"{cfg.shared_ffn_dim} is not a multiple of the experts' {cfg.expert_ffn_dim}")
+        meta.update({f"{a}.expert_shared_count": cfg.shared_ffn_dim // cfg.expert_ffn_dim,
+                     f"{a}.expert_weights_scale": float(cfg.moe_scale),
+                     f"{a}.expert_gating_func": 2 if cfg.moe_routing == "sigmoid_topk" else 1})
+        if cfg.moe_groups > 1:
+            meta.update({f"{a}.expert_group_count": cfg.moe_groups, f"{a}.expert_group_used_count": cfg.moe_groups_used})
     return meta
 
 
@@ -523,7 +558,9 @@ def write_gguf_file(src: ModelSource, out: Path, qtype: str | None = None, pure:
     arch = fam.gguf_arch
     # `quantize IN OUT ""` once wrote the source's types and reported success: "" is no type
     ftype = file_type(qtype, pure) if qtype is not None else None
-    tensors = _hybrid_tensors(cfg, _layout_tensors(src, to_interleaved=arch in PERMUTED_GGUF_ARCHS))
+    same_layout = arch in SAME_ROPE_LAYOUT_ARCHS
+    tensors = _hybrid_tensors(cfg, _layout_tensors(src, to_interleaved=None if same_layout else
+                                                   arch in PERMUTED_GGUF_ARCHS))
     meta = gguf_metadata(cfg, arch, src.name or src.path.stem)
     kind = (cfg.rope_scaling or {}).get("rope_type") or (cfg.rope_scaling or {}).get("type")
     if kind == "llama3":
@@ -538,7 +575,7 @@ def write_gguf_file(src: ModelSource, out: Path, qtype: str | None = None, pure:
     _check_same(cfg, check, f"GGUF {arch!r}",
                 a_factors=None if src_rf is None else src_rf.to_float32().reshape(-1),
                 b_factors=None if out_rf is None else out_rf.to_float32().reshape(-1))
-    if check.rope_neox != (arch not in PERMUTED_GGUF_ARCHS):
+    if check.rope_neox != (cfg.rope_neox if same_layout else arch not in PERMUTED_GGUF_ARCHS):
         raise ModelFormatError(f"GGUF {arch!r}: RoPE layout mismatch")
 
     shift_by = cfg.norm_offset          # GGUF norms hold the weights as applied

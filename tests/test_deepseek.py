@@ -1,0 +1,209 @@
+"""DeepSeek-V2/V3 (multi-head latent attention, grouped MoE routing with shared experts).
+
+The tiny references (fixtures/reference/tiny/deepseek_v2 and deepseek_v3, made by
+tools/make_tiny_deepseek.py; README_deepseek.md there) are also run from their HF directories by
+test_tiny_models.py with every other folder. Here: the GGUF path as llama.cpp's converter writes it,
+in its older layout (attn_kv_b) and its newer one (attn_k_b / attn_v_b and the *_mla keys), on every
+backend; our exporter's GGUF; the settings read from each format; the expanded KV cache's size;
+refusals of what is not supported.
+"""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import llambda
+from llambda.errors import ModelFormatError
+from llambda.formats.gguf_writer import write_gguf
+from llambda.formats.quants import QType
+from llambda.formats.safetensors import SafetensorsFile
+from test_hybrid import MODES, _edit, assert_matches, last_rows, load
+
+TINY = Path(__file__).parent / "fixtures" / "reference" / "tiny"
+FOLDERS = ["deepseek_v2", "deepseek_v3"]
+
+# HF name (after model.layers.N.) -> llama.cpp's deepseek2 GGUF name (its gguf-py tensor_mapping)
+GGUF_NAMES = {
+    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q", "self_attn.q_a_proj": "attn_q_a", "self_attn.q_a_layernorm": "attn_q_a_norm",
+    "self_attn.q_b_proj": "attn_q_b", "self_attn.kv_a_proj_with_mqa": "attn_kv_a_mqa",
+    "self_attn.kv_a_layernorm": "attn_kv_a_norm", "self_attn.kv_b_proj": "attn_kv_b", "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down", "mlp.gate": "ffn_gate_inp",
+    "mlp.shared_experts.gate_proj": "ffn_gate_shexp", "mlp.shared_experts.up_proj": "ffn_up_shexp",
+    "mlp.shared_experts.down_proj": "ffn_down_shexp",
+}
+
+
+def reference(folder) -> dict:
+    return json.loads((TINY / folder / "reference.json").read_text(encoding="utf-8"))
+
+
+def converter_gguf(folder: str, out: Path, split_kv_b: bool) -> Path:
+    """The tiny model as llama.cpp's convert_hf_to_gguf.py writes it: experts stacked, the router's
+    e_score_correction_bias as exp_probs_b.bias; split_kv_b: its newer layout (kv_b_proj split per head
+    into attn_k_b, transposed, and attn_v_b; key/value lengths of the compressed cache, the expanded
+    heads' under *_mla, one kv head), else its older one (attn_kv_b, the expanded heads' lengths)."""
+    cfg = json.loads((TINY / folder / "config.json").read_text())
+    H, nope, rope, vd, kvr = (cfg[k] for k in ("num_attention_heads", "qk_nope_head_dim", "qk_rope_head_dim",
+                                               "v_head_dim", "kv_lora_rank"))
+    tensors, experts = {}, {}
+    with SafetensorsFile(TINY / folder / "model.safetensors") as f:
+        for name, t in f.tensors.items():
+            w = np.array(t.to_float32()).reshape(t.shape).astype(np.float32)
+            top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+                   "lm_head.weight": "output.weight"}
+            if name in top:
+                tensors[top[name]] = w
+                continue
+            _, _, i, rest = name.split(".", 3)
+            if rest.startswith("mlp.experts."):
+                _, _, e, proj, _ = rest.split(".")
+                experts.setdefault((i, proj), {})[int(e)] = w
+                continue
+            if rest == "mlp.gate.e_score_correction_bias":
+                tensors[f"blk.{i}.exp_probs_b.bias"] = w
+                continue
+            leaf = rest.rsplit(".", 1)[0]
+            if leaf == "self_attn.kv_b_proj" and split_kv_b:
+                kv = w.reshape(H, nope + vd, kvr)
+                tensors[f"blk.{i}.attn_k_b.weight"] = np.ascontiguousarray(kv[:, :nope].transpose(0, 2, 1))
+                tensors[f"blk.{i}.attn_v_b.weight"] = np.ascontiguousarray(kv[:, nope:])
+                continue
+            tensors[f"blk.{i}.{GGUF_NAMES[leaf]}.weight"] = w
+    for (i, proj), per in experts.items():
+        tensors[f"blk.{i}.ffn_{proj.split('_')[0]}_exps.weight"] = np.stack([per[e] for e in sorted(per)])
+    a, v3 = "deepseek2", cfg["model_type"] == "deepseek_v3"
+    meta = {"general.architecture": a, f"{a}.block_count": cfg["num_hidden_layers"],
+            f"{a}.context_length": cfg["max_position_embeddings"], f"{a}.embedding_length": cfg["hidden_size"],
+            f"{a}.feed_forward_length": cfg["intermediate_size"], f"{a}.attention.head_count": H,
+            f"{a}.rope.freq_base": cfg["rope_parameters"]["rope_theta"], f"{a}.rope.dimension_count": rope,
+            f"{a}.attention.layer_norm_rms_epsilon": cfg["rms_norm_eps"], f"{a}.vocab_size": cfg["vocab_size"],
+            f"{a}.leading_dense_block_count": cfg["first_k_dense_replace"], f"{a}.attention.kv_lora_rank": kvr,
+            f"{a}.expert_feed_forward_length": cfg["moe_intermediate_size"],
+            f"{a}.expert_count": cfg["n_routed_experts"], f"{a}.expert_used_count": cfg["num_experts_per_tok"],
+            f"{a}.expert_shared_count": cfg["n_shared_experts"],
+            f"{a}.expert_weights_scale": cfg["routed_scaling_factor"],
+            f"{a}.expert_gating_func": 2 if v3 else 1,
+            f"{a}.expert_group_count": cfg["n_group"], f"{a}.expert_group_used_count": cfg["topk_group"]}
+    if cfg.get("norm_topk_prob"):
+        meta[f"{a}.expert_weights_norm"] = True
+    if cfg.get("q_lora_rank"):
+        meta[f"{a}.attention.q_lora_rank"] = cfg["q_lora_rank"]
+    if split_kv_b:
+        meta.update({f"{a}.attention.head_count_kv": 1, f"{a}.attention.key_length": kvr + rope,
+                     f"{a}.attention.value_length": kvr, f"{a}.attention.key_length_mla": nope + rope,
+                     f"{a}.attention.value_length_mla": vd})
+    else:
+        meta.update({f"{a}.attention.head_count_kv": H, f"{a}.attention.key_length": nope + rope,
+                     f"{a}.attention.value_length": vd})
+    rp = cfg["rope_parameters"]
+    if rp.get("rope_type") == "yarn":
+        meta.update({f"{a}.rope.scaling.type": "yarn", f"{a}.rope.scaling.factor": rp["factor"],
+                     f"{a}.rope.scaling.original_context_length": rp["original_max_position_embeddings"],
+                     f"{a}.rope.scaling.yarn_log_multiplier": 0.1 * rp["mscale_all_dim"]})
+    write_gguf(out, meta, {n: (QType.F32, np.ascontiguousarray(w)) for n, w in tensors.items()})
+    return out
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["kv_b", "k_b+v_b"])
+@pytest.mark.parametrize("folder", FOLDERS)
+@pytest.mark.parametrize("mode", list(MODES))
+def test_gguf_matches_transformers(tmp_path, folder, mode, split):
+    gg = converter_gguf(folder, tmp_path / f"{folder}.gguf", split)
+    ref = reference(folder)
+    with load(gg, mode, n_ctx=128) as m:
+        assert m.config.arch == "deepseek2" and m.config.mla
+        assert_matches(m, ref, mode)
+
+
+def _settings(c):
+    return (c.n_heads, c.n_kv_heads, c.head_dim, c.rope_dim, c.rope_neox, c.q_lora_rank, c.kv_lora_rank, c.qk_nope_dim,
+            c.v_head_dim, round(c.scale(), 6), c.n_experts, c.n_experts_used, c.expert_ffn_dim, c.shared_ffn_dim,
+            c.moe_routing, c.moe_norm_topk, c.moe_groups, c.moe_groups_used, c.moe_group_top, c.moe_scale, c.moe_layers)
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_settings_from_each_format(tmp_path, folder):
+    got = []
+    for path in (TINY / folder, converter_gguf(folder, tmp_path / "old.gguf", False),
+                 converter_gguf(folder, tmp_path / "new.gguf", True)):
+        with llambda.load(path, backend="numpy", n_ctx=32) as m:
+            got.append(_settings(m.config))
+            np.testing.assert_allclose(m.transformer.inv_freq[False],
+                                       np.array(reference(folder)["rope_inv_freq"]["all_layers"], np.float32), rtol=2e-6)
+    assert got[0] == got[1] == got[2]
+    v3 = folder == "deepseek_v3"
+    assert got[0][:9] == (4, 4, 24, 8, False, 24 if v3 else 0, 32, 16, 12)
+    assert got[0][14:] == (("sigmoid_topk", True, 4, 2, 2, 2.5) if v3 else ("softmax_topk", False, 4, 2, 1, 2.0)) + \
+        ([False, True, True],)
+    # V2's YaRN: 24^-0.5 (0.1 * 0.707 * ln 4 + 1)^2; V3: no scaling
+    assert got[0][9] == round(24 ** -0.5 * (1 if v3 else (0.1 * 0.707 * np.log(4) + 1) ** 2), 6)
+
+
+def test_kv_cache_holds_the_expanded_heads():
+    """The cost README states: per token and layer, every head's key and (padded) value, 2 x 4 x 24 values,
+    where latent attention's own cache would hold kv_lora_rank + qk_rope = 40."""
+    with llambda.load(TINY / "deepseek_v2", backend="numpy", n_ctx=64) as m:
+        cache = m.transformer.cache
+        assert cache.n_layers == 3 and cache.n_kv == 4 and cache.head_dim == 24
+        assert cache.k[0].shape == cache.v[0].shape == (1, 64, 4, 24)
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_export_writes_llama_cpps_older_layout(folder, tmp_path):
+    """`llambda export` of a DeepSeek model: the tensors and keys of the converter's attn_kv_b layout (ours
+    also writes yarn_log_multiplier from the scale, the group count for V2, both read back the same), the
+    same logits; q8_0 close to the same weights quantized at load; an HF export refused."""
+    from llambda.formats.gguf import GGUFFile
+    from llambda.tools.export import export
+    ours = export(TINY / folder, tmp_path / "ours.gguf", fmt="gguf")
+    theirs = converter_gguf(folder, tmp_path / "theirs.gguf", False)
+    with GGUFFile(ours) as a, GGUFFile(theirs) as b:
+        assert set(a.tensors) == set(b.tensors)
+        for name, t in b.tensors.items():
+            assert tuple(a.tensors[name].shape) == tuple(t.shape), name
+        for key, v in b.metadata.items():
+            if key not in ("general.name", "deepseek2.expert_shared_count") or key in a.metadata:
+                assert a.metadata.get(key) == pytest.approx(v), key
+    inp = reference(folder)["inputs"][2]
+    with llambda.load(ours, backend="numpy", n_ctx=128) as m:
+        np.testing.assert_allclose(last_rows(m, inp), np.array(inp["logits_last3"], np.float32), atol=1e-3, rtol=0)
+    q8 = export(TINY / folder, tmp_path / "q8.gguf", fmt="gguf", qtype="q8_0")
+    with GGUFFile(q8) as f:
+        assert f.tensors["blk.1.ffn_down_exps.weight"].qtype == QType.Q8_0
+        assert f.tensors["blk.1.attn_kv_a_mqa.weight"].qtype == QType.Q8_0
+    with llambda.load(q8, backend="numpy", n_ctx=128) as m, \
+            llambda.load(TINY / folder, backend="numpy", n_ctx=128, quantize="q8_0") as at_load:
+        np.testing.assert_allclose(last_rows(m, inp), last_rows(at_load, inp), atol=0.05, rtol=0)
+    with pytest.raises(llambda.LlambdaError, match="GGUF only"):
+        export(TINY / folder, tmp_path / "hf", fmt="hf")
+
+
+@pytest.mark.parametrize("folder, edit, message", [
+    ("deepseek_v2", lambda c: c["rope_parameters"].update(mscale=1.0), "attention factor"),
+    ("deepseek_v2", lambda c: c["rope_parameters"].update(rope_type="longrope"), "rope"),
+    ("deepseek_v2", lambda c: c.update(norm_topk_prob=True), "norm_topk_prob"),
+    ("deepseek_v2", lambda c: c.update(topk_method="sinkhorn"), "topk_method"),
+    ("deepseek_v2", lambda c: c.update(n_group=3), "groups"),
+    ("deepseek_v2", lambda c: c.update(kv_lora_rank=0), "kv_lora_rank"),
+    ("deepseek_v3", lambda c: c.update(scoring_func="relu"), "scoring_func"),
+    ("deepseek_v3", lambda c: c.update(topk_group=5), "of which 5 are used"),
+    ("deepseek_v3", lambda c: c.update(v_head_dim=40), "value heads"),
+])
+def test_bad_configs_are_model_format_errors(tmp_path, folder, edit, message):
+    with pytest.raises(ModelFormatError, match=message):
+        llambda.load(_edit(tmp_path, edit, folder), backend="numpy", n_ctx=32)
+
+
+def test_a_split_kv_b_of_the_wrong_shape_is_refused(tmp_path):
+    from llambda.formats.gguf import GGUFFile
+    gg = converter_gguf("deepseek_v2", tmp_path / "a.gguf", True)
+    with GGUFFile(gg) as f:
+        meta = dict(f.metadata)
+        tensors = {n: (QType.F32, np.array(f.view(t.data)).view(np.float32).reshape(tuple(int(s) for s in t.shape)))
+                   for n, t in f.tensors.items()}
+    tensors["blk.0.attn_k_b.weight"] = (QType.F32, np.zeros((4, 16, 32), np.float32))     # not transposed
+    write_gguf(tmp_path / "b.gguf", meta, tensors)
+    with pytest.raises(ModelFormatError, match="attn_k_b"):
+        llambda.load(tmp_path / "b.gguf", backend="numpy", n_ctx=32)
