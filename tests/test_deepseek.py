@@ -207,3 +207,66 @@ def test_a_split_kv_b_of_the_wrong_shape_is_refused(tmp_path):
     write_gguf(tmp_path / "b.gguf", meta, tensors)
     with pytest.raises(ModelFormatError, match="attn_k_b"):
         llambda.load(tmp_path / "b.gguf", backend="numpy", n_ctx=32)
+
+
+def test_split_kv_b_rejoined_as_q8_0_when_quantized():
+    """A newer GGUF's attn_k_b / attn_v_b in a quantized type: rejoined (k_b transposed per head) into
+    kv_b's rows, re-quantized to Q8_0 (a transposed block cannot keep its type), close to the floats."""
+    from llambda.formats.quants import quantize
+    from llambda.formats.weights import WeightTensor
+    from llambda.models.deepseek2 import join_kv_b
+    with llambda.load(TINY / "deepseek_v2", backend="numpy", n_ctx=32) as m:
+        cfg = m.config
+    H, nope, vd, r = cfg.n_heads, cfg.qk_nope_dim, cfg.v_head_dim, cfg.kv_lora_rank
+    g = np.random.default_rng(3)
+    k, v = g.normal(0, 1, (H, r, nope)).astype(np.float32), g.normal(0, 1, (H, vd, r)).astype(np.float32)
+    kb = WeightTensor.from_float("k_b", k)
+    vb = WeightTensor("v_b", QType.Q8_0, (H, vd, r), quantize(v, QType.Q8_0).reshape(-1))
+    got = join_kv_b(kb, vb, cfg, "kv_b")
+    assert got.qtype == QType.Q8_0 and got.shape == (H * (nope + vd), r)
+    want = np.concatenate([k.transpose(0, 2, 1), v], axis=1).reshape(H * (nope + vd), r)
+    np.testing.assert_allclose(got.to_float32().reshape(want.shape), want, atol=0.05)
+    assert join_kv_b(kb, WeightTensor.from_float("v_b", v), cfg, "kv_b").qtype == QType.F32
+
+
+@pytest.mark.parametrize("backend", ["numpy", "native"])
+def test_a_batch_of_slots_equals_each_sequence_alone(backend):
+    """Latent attention's head assembly (copy_blocks) over a batch mixing slots and positions: two sequences'
+    decode rows in one forward give each sequence's own logits."""
+    if backend not in llambda.backends.available_backends():
+        pytest.skip("the native backend is not available here (C core not built)")
+    from llambda.backends.native import NativeBackend
+    from llambda.backends.numpy_ref import NumpyBackend
+    from llambda.formats.hf_dir import open_hf_dir
+    from llambda.models.base import Transformer
+    src = open_hf_dir(TINY / "deepseek_v3")
+    make = (lambda: NativeBackend(activations="f32", kv_type="f32")) if backend == "native" else NumpyBackend
+    try:
+        a, b = reference("deepseek_v3")["inputs"][0]["input_ids"], reference("deepseek_v3")["inputs"][1]["input_ids"][:9]
+        alone = []
+        for ids in (a, b):
+            t = Transformer(src.config, src.tensor, make(), n_ctx=32, n_slots=1, max_tokens=32)
+            alone.append(t.forward(np.array(ids, np.int32), np.zeros(len(ids), np.int32), np.arange(len(ids)),
+                                   [len(ids) - 1]).copy())
+        t = Transformer(src.config, src.tensor, make(), n_ctx=32, n_slots=2, max_tokens=32)
+        t.forward(np.array(a[:-1], np.int32), np.zeros(len(a) - 1, np.int32), np.arange(len(a) - 1), [])
+        t.forward(np.array(b[:-1], np.int32), np.ones(len(b) - 1, np.int32), np.arange(len(b) - 1), [])
+        got = t.forward(np.array([b[-1], a[-1]], np.int32), np.array([1, 0], np.int32),
+                        np.array([len(b) - 1, len(a) - 1]), [0, 1])
+        np.testing.assert_allclose(got[0], alone[1][0], atol=1e-4)
+        np.testing.assert_allclose(got[1], alone[0][0], atol=1e-4)
+    finally:
+        src.close()
+
+
+def test_export_of_a_split_kv_b_gguf_writes_the_joined_tensor(tmp_path):
+    """A newer-layout GGUF exported: attn_kv_b (rejoined), the older keys, the same logits."""
+    from llambda.formats.gguf import GGUFFile
+    from llambda.tools.export import export
+    out = export(converter_gguf("deepseek_v3", tmp_path / "new.gguf", True), tmp_path / "old.gguf", fmt="gguf")
+    with GGUFFile(out) as f:
+        assert "blk.0.attn_kv_b.weight" in f.tensors and "blk.0.attn_k_b.weight" not in f.tensors
+        assert f.metadata["deepseek2.attention.key_length"] == 24 and "deepseek2.attention.key_length_mla" not in f.metadata
+    inp = reference("deepseek_v3")["inputs"][1]
+    with llambda.load(out, backend="numpy", n_ctx=64) as m:
+        np.testing.assert_allclose(last_rows(m, inp), np.array(inp["logits_last3"], np.float32), atol=1e-3, rtol=0)

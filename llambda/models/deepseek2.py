@@ -30,6 +30,7 @@ import math
 import numpy as np
 
 from ..errors import ModelFormatError
+from ..formats.quants import TRAITS, QType, quantize
 from ..formats.weights import WeightTensor
 from .config import TransformerConfig
 from .hparams import GGUFHParams, HFConfig
@@ -218,12 +219,17 @@ def gguf_lookup(get, cfg: TransformerConfig):
 
 
 def join_kv_b(kb: WeightTensor, vb: WeightTensor, cfg: TransformerConfig, name: str) -> WeightTensor:
-    """kv_b_proj (heads (qk_nope + v), kv_lora) from its split halves, as float32 (a transposed quantized
-    block cannot stay in its type; these matrices are small beside the experts)."""
+    """kv_b_proj (heads (qk_nope + v), kv_lora) from its split halves: a transposed quantized block cannot
+    stay in its type, so Q8_0 when either half is quantized (and kv_lora_rank splits into its blocks), else
+    float32. These matrices are small beside the experts."""
     H, nope, vd, r = cfg.n_heads, cfg.qk_nope_dim, cfg.v_head_dim, cfg.kv_lora_rank
     if tuple(kb.shape) != (H, r, nope) or tuple(vb.shape) != (H, vd, r):
         raise ModelFormatError(f"tensors {kb.name!r} {tuple(kb.shape)} and {vb.name!r} {tuple(vb.shape)} do not hold "
                                f"{H} heads of ({r}, {nope}) and ({vd}, {r})")
     k = kb.to_float32().reshape(H, r, nope).transpose(0, 2, 1)          # (H, nope, r)
     v = vb.to_float32().reshape(H, vd, r)
-    return WeightTensor.from_float(name, np.concatenate([k, v], axis=1).reshape(H * (nope + vd), r))
+    joined = np.concatenate([k, v], axis=1).reshape(H * (nope + vd), r)
+    floats = (QType.F32, QType.F16, QType.BF16)
+    if (kb.qtype not in floats or vb.qtype not in floats) and r % TRAITS[QType.Q8_0].block_size == 0:
+        return WeightTensor(name, QType.Q8_0, joined.shape, quantize(joined, QType.Q8_0).reshape(-1))
+    return WeightTensor.from_float(name, joined)
