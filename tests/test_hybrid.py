@@ -201,13 +201,21 @@ def test_export_writes_what_llama_cpp_writes(folder, tmp_path):
     np.testing.assert_allclose(got, np.array(inp["logits_last3"], np.float32), atol=1e-3, rtol=0)
     # quantized: close to the same weights quantized at load (which keeps a few tensors, the tied
     # embedding among them, in float); against the float model these sensitive models move by up to 2.5
+    q8_export_is_close(folder, tmp_path, inp, [f"blk.{3 if folder == 'lfm2' else 0}.ffn_down"
+                                               f"{'_exps' if folder != 'lfm2' else ''}.weight"], 0.05)
+
+
+def q8_export_is_close(folder: str, tmp_path, inp: dict, q8_tensors: list, atol: float) -> None:
+    """`llambda quantize`'s q8_0 GGUF of a tiny folder (those tensors Q8_0) within atol of the same weights
+    quantized at load; an HF export of the folder refused (GGUF only)."""
+    from llambda.formats.gguf import GGUFFile
+    from llambda.tools.export import export
     q8 = export(TINY / folder, tmp_path / "q8.gguf", fmt="gguf", qtype="q8_0")
     with GGUFFile(q8) as f:
-        assert f.tensors[f"blk.{3 if folder == 'lfm2' else 0}.ffn_down{'_exps' if folder != 'lfm2' else ''}"
-                         ".weight"].qtype == QType.Q8_0
-    with llambda.load(q8, backend="numpy", n_ctx=64) as m, \
-            llambda.load(TINY / folder, backend="numpy", n_ctx=64, quantize="q8_0") as at_load:
-        np.testing.assert_allclose(last_rows(m, inp), last_rows(at_load, inp), atol=0.05, rtol=0)
+        assert all(f.tensors[name].qtype == QType.Q8_0 for name in q8_tensors)
+    with llambda.load(q8, backend="numpy", n_ctx=128) as m, \
+            llambda.load(TINY / folder, backend="numpy", n_ctx=128, quantize="q8_0") as at_load:
+        np.testing.assert_allclose(last_rows(m, inp), last_rows(at_load, inp), atol=atol, rtol=0)
     with pytest.raises(llambda.LlambdaError, match="GGUF only"):
         export(TINY / folder, tmp_path / "hf", fmt="hf")
 

@@ -589,14 +589,10 @@ def test_llama_cpp_reads_our_moe_gguf_as_we_do(folder, tmp_path, monkeypatch):
     """An independent reader of the same file: llama.cpp's logits on our exported GGUF against ours.
     (Qwen3-MoE's tiny model has a dense layer, which llama.cpp cannot hold.) GPT-OSS: llama.cpp rounds
     the ends of the YaRN ramp, the model's config says not to; ours is compared with that rounding."""
-    L = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the bench extra)")
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the bench extra)")
     from llambda.models import gpt_oss
-    from llambda.tools.export import export
-    from llambda.tools.bench import _silence_llama_cpp
-    _silence_llama_cpp(L)               # a callback that outlives the test: llama.cpp keeps its address
-    path = _with_dummy_tokenizer(export(str(TINY / folder), tmp_path / "a.gguf", fmt="gguf", qtype="f32"),
-                                 tmp_path / "b.gguf", 512)
-    if folder == "gpt_oss":
+
+    def round_yarn():
         plain = gpt_oss.config_from_gguf
 
         def rounded(meta):
@@ -604,6 +600,20 @@ def test_llama_cpp_reads_our_moe_gguf_as_we_do(folder, tmp_path, monkeypatch):
             c.rope_scaling["truncate"] = True
             return c
         monkeypatch.setattr(gpt_oss, "config_from_gguf", rounded)
+    llama_cpp_agrees(folder, tmp_path, round_yarn if folder == "gpt_oss" else None)
+
+
+def llama_cpp_agrees(folder: str, tmp_path, before_load=None) -> None:
+    """Our f32 GGUF export of a tiny folder (with a dummy tokenizer): llama.cpp's logits on it within 0.05 of
+    ours on the same file (read after `before_load()`), at the second input's last positions."""
+    import llama_cpp as L
+    from llambda.tools.export import export
+    from llambda.tools.bench import _silence_llama_cpp
+    _silence_llama_cpp(L)               # a callback that outlives the test: llama.cpp keeps its address
+    path = _with_dummy_tokenizer(export(str(TINY / folder), tmp_path / "a.gguf", fmt="gguf", qtype="f32"),
+                                 tmp_path / "b.gguf", 512)
+    if before_load is not None:
+        before_load()
     L.llama_backend_init()
     model = L.llama_model_load_from_file(str(path).encode(), L.llama_model_default_params())
     assert model, "llama.cpp could not load the file"

@@ -21,7 +21,8 @@ the chosen scores renormalised if `norm_topk_prob`, then scaled. Plus n_shared_e
 GGUF (`deepseek2`): older files hold attn_kv_b with key_length qk_nope + qk_rope and value_length
 v_head_dim; newer ones (MLA in llama.cpp) key_length_mla / value_length_mla and kv_b split into attn_k_b
 (per head kv_lora x qk_nope, transposed) and attn_v_b: both read (the split one rejoined at load,
-formats/gguf_model.py through `gguf_lookup`). Exports write the older layout, which llama.cpp still reads.
+formats/gguf_model.py through `gguf_lookup`). Exports write the newer layout, as llama.cpp's converter
+does now (tools/export.py).
 """
 from __future__ import annotations
 

@@ -485,13 +485,14 @@ def gguf_metadata(cfg: TransformerConfig, arch: str, name: str) -> dict:
 
 
 def _mla_metadata(cfg: TransformerConfig, a: str) -> dict:
-    """llama.cpp's deepseek2 keys, in the layout of its files before MLA: key and value lengths are the expanded
-    heads' (its current reader takes them so, with attn_kv_b); the softmax scale's YaRN mscale as
-    yarn_log_multiplier; the routing (gating function, groups, scale, shared experts as a count)."""
+    """llama.cpp's deepseek2 keys as its converter writes them now (its MLA layout: one kv head of the
+    compressed kv and the rope key, the expanded heads' sizes under *_mla); the softmax scale's YaRN mscale
+    as yarn_log_multiplier; the routing (gating function, groups, scale, shared experts as a count)."""
     if not cfg.mla:
         return {}
-    meta = {f"{a}.attention.key_length": cfg.head_dim, f"{a}.attention.value_length": cfg.v_head_dim,
-            f"{a}.attention.kv_lora_rank": cfg.kv_lora_rank}
+    meta = {f"{a}.attention.head_count_kv": 1, f"{a}.attention.key_length": cfg.kv_lora_rank + cfg.rope_dim,
+            f"{a}.attention.value_length": cfg.kv_lora_rank, f"{a}.attention.key_length_mla": cfg.head_dim,
+            f"{a}.attention.value_length_mla": cfg.v_head_dim, f"{a}.attention.kv_lora_rank": cfg.kv_lora_rank}
     if cfg.q_lora_rank:
         meta[f"{a}.attention.q_lora_rank"] = cfg.q_lora_rank
     sc = cfg.rope_scaling or {}
@@ -548,6 +549,24 @@ def _hybrid_tensors(cfg: TransformerConfig, tensors: dict) -> dict:
     return out
 
 
+def _mla_tensors(cfg: TransformerConfig, tensors: dict) -> dict:
+    """Latent attention's kv_b as llama.cpp's converter splits it: per head attn_k_b (kv_lora x qk_nope, the
+    k rows transposed) and attn_v_b (v x kv_lora), from float32 (a transposed block cannot keep its type)."""
+    if not cfg.mla:
+        return tensors
+    H, nope, vd, r = cfg.n_heads, cfg.qk_nope_dim, cfg.v_head_dim, cfg.kv_lora_rank
+    out = {}
+    for name, t in tensors.items():
+        if not name.endswith(".attn_kv_b.weight"):
+            out[name] = t
+            continue
+        p = name[:-len("attn_kv_b.weight")]
+        kv = t.to_float32().reshape(H, nope + vd, r)
+        out[p + "attn_k_b.weight"] = WeightTensor.from_float(p + "attn_k_b.weight", kv[:, :nope].transpose(0, 2, 1))
+        out[p + "attn_v_b.weight"] = WeightTensor.from_float(p + "attn_v_b.weight", kv[:, nope:])
+    return out
+
+
 def write_gguf_file(src: ModelSource, out: Path, qtype: str | None = None, pure: bool = False,
                     progress: bool | None = None) -> Path:
     """`qtype` is a file type (quant_mix.file_type: one type, or a mix such as q4_k_m); `progress`
@@ -559,8 +578,8 @@ def write_gguf_file(src: ModelSource, out: Path, qtype: str | None = None, pure:
     # `quantize IN OUT ""` once wrote the source's types and reported success: "" is no type
     ftype = file_type(qtype, pure) if qtype is not None else None
     same_layout = arch in SAME_ROPE_LAYOUT_ARCHS
-    tensors = _hybrid_tensors(cfg, _layout_tensors(src, to_interleaved=None if same_layout else
-                                                   arch in PERMUTED_GGUF_ARCHS))
+    tensors = _mla_tensors(cfg, _hybrid_tensors(cfg, _layout_tensors(src, to_interleaved=None if same_layout else
+                                                                     arch in PERMUTED_GGUF_ARCHS)))
     meta = gguf_metadata(cfg, arch, src.name or src.path.stem)
     kind = (cfg.rope_scaling or {}).get("rope_type") or (cfg.rope_scaling or {}).get("type")
     if kind == "llama3":
