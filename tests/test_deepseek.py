@@ -274,3 +274,22 @@ def test_export_of_an_older_layout_gguf_writes_the_split_one(tmp_path):
     inp = reference("deepseek_v3")["inputs"][1]
     with llambda.load(out, backend="numpy", n_ctx=64) as m:
         np.testing.assert_allclose(last_rows(m, inp), np.array(inp["logits_last3"], np.float32), atol=1e-3, rtol=0)
+
+
+def test_multi_token_prediction_layers_are_skipped_and_fp8_refused(tmp_path):
+    """DeepSeek-V3 checkpoints hold num_nextn_predict_layers layers past the decoder's (not run, as llama.cpp's
+    converter skips them); the Hub's FP8 block-quantized ones are refused by name."""
+    from llambda.formats.safetensors import write_safetensors
+    d = _edit(tmp_path, lambda c: c.update(num_nextn_predict_layers=1), "deepseek_v3")
+    with SafetensorsFile(TINY / "deepseek_v3" / "model.safetensors") as f:
+        tensors = {n: np.array(t.to_float32()).reshape(t.shape) for n, t in f.tensors.items()}
+    tensors.update({n.replace("layers.2.", "layers.3."): v for n, v in tensors.items() if "layers.2." in n})
+    tensors["model.layers.3.eh_proj.weight"] = np.zeros((64, 128), np.float32)
+    write_safetensors(d / "model.safetensors", tensors)
+    inp = reference("deepseek_v3")["inputs"][0]
+    with llambda.load(d, backend="numpy", n_ctx=32) as m:
+        assert m.config.n_layers == 3
+        np.testing.assert_allclose(last_rows(m, inp), np.array(inp["logits_last3"], np.float32), atol=1e-3, rtol=0)
+    fp8 = _edit(tmp_path / "b", lambda c: c.update(quantization_config={"quant_method": "fp8"}), "deepseek_v3")
+    with pytest.raises(ModelFormatError, match="fp8"):
+        llambda.load(fp8, backend="numpy", n_ctx=32)

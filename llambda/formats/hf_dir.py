@@ -146,11 +146,12 @@ def canonical_name(name: str, n_layers: int, post_norms: bool, arch: str = "") -
     return f"blk.{int(m.group(1))}.{per_layer[m.group(2)]}"
 
 
-def canonical_tensors(hf_tensors: dict, n_layers: int, post_norms: bool, arch: str = "") -> dict:
+def canonical_tensors(hf_tensors: dict, n_layers: int, post_norms: bool, arch: str = "", extra_layers: int = 0) -> dict:
     """HF name -> WeightTensor  =>  canonical name -> WeightTensor.
 
     Decoder-layer tensors we do not know are an error (running without them would be
-    silently wrong); other unknown top-level tensors (vision towers, rotary caches) are skipped.
+    silently wrong); other unknown top-level tensors (vision towers, rotary caches) are skipped, and so are
+    the `extra_layers` layers past the decoder's (DeepSeek-V3's multi-token-prediction layers).
     """
     per_layer, global_names = name_tables(post_norms, arch)
     out, experts, mxfp4 = {}, ExpertStacks(), {}
@@ -171,6 +172,8 @@ def canonical_tensors(hf_tensors: dict, n_layers: int, post_norms: bool, arch: s
         if not m:
             continue
         i, suffix = int(m.group(1)), m.group(2)
+        if n_layers <= i < n_layers + extra_layers:
+            continue
         if suffix.endswith("rotary_emb.inv_freq"):
             continue      # a cache some old checkpoints saved; we compute our own
         part = suffix.rsplit("_", 1)
@@ -259,7 +262,8 @@ def open_hf_dir(path: Path) -> ModelSource:
 
     st = open_safetensors_dir(path)
     try:
-        tensors = canonical_tensors(st.tensors, config.n_layers, config.post_norms, config.arch)
+        extra = getattr(module, "hf_extra_layers", lambda c: 0)(cfg_dict)
+        tensors = canonical_tensors(st.tensors, config.n_layers, config.post_norms, config.arch, extra)
         if "token_embd.weight" not in tensors:
             raise ModelFormatError(f"{path}: no embedding tensor (model.embed_tokens.weight)")
         if config.tie_embeddings:

@@ -83,9 +83,19 @@ def _attn_scale(qk_dim: int, scaling: dict | None, where: str) -> float:
     return scale
 
 
+def hf_extra_layers(cfg: dict) -> int:
+    """The multi-token-prediction layers a checkpoint holds past the decoder's (V3: one), not run here."""
+    return HFConfig(cfg).get("num_nextn_predict_layers", 0, int, "n_layers")
+
+
 def config_from_hf(cfg: dict) -> TransformerConfig:
     check_hf_mlp(cfg)
     hf = HFConfig(cfg)
+    quant = cfg.get("quantization_config")
+    if quant:
+        method = quant.get("quant_method") if isinstance(quant, dict) else quant
+        raise ModelFormatError(f"a DeepSeek checkpoint quantized as {method!r} (quantization_config) is not supported: "
+                               "use its GGUF or a float (bf16) conversion")
     if hf.flag("attention_bias", False) or hf.flag("mlp_bias", False):
         raise ModelFormatError("config.json attention_bias / mlp_bias true is not supported for DeepSeek")
     v3 = cfg.get("model_type") == "deepseek_v3"
