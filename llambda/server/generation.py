@@ -17,7 +17,8 @@ from ..engine import GenerationParams, Sequence
 from ..errors import ChatTemplateError, ContextOverflowError, InvalidInputError, LlambdaError, TokenizerError
 from ..sampling import SamplingParams
 from ..speculative import DEFAULT_DRAFT_MAX, PromptLookup, Speculation, check_rollback
-from ..thinking import ThinkingBudget, prompt_opens_thought, template_thinks, text_after_close
+from ..thinking import (ThinkingBudget, grammar_spells_thought, prompt_closes_thought, prompt_opens_thought,
+                        template_thinks, text_after_close)
 from .config import ServerConfig
 from .errors import APIError, bad_request, model_not_found
 from .fim import find_fim_tokens, fim_prompt_ids, require_fim
@@ -102,12 +103,12 @@ class Service:
                 tools = None
             text = self.render_chat(messages, tools, spec)
             if self.thinks:
-                # a forced call starts the answer itself, and a JSON format has no room for a thought:
-                # no thought comes first then, even after a prompt that opened one (QwQ, DeepSeek-R1)
-                answers_at_once = (setup is not None and bool(setup.prefix)) or \
-                    (spec.constraint is not None and spec.constraint.kind == "json_schema")
+                # a forced call starts the answer itself: no thought comes first then, even after a
+                # prompt that opened one (QwQ, DeepSeek-R1)
+                answers_at_once = setup is not None and bool(setup.prefix)
                 opened = prompt_opens_thought(text, spec.prefill) and not answers_at_once
-                setup = replace(setup or ToolSetup(), thinks=True, thought_open=opened)
+                may_think = opened or not (answers_at_once or prompt_closes_thought(text, spec.prefill))
+                setup = replace(setup or ToolSetup(), thinks=True, thought_open=opened, may_think=may_think)
             if spec.prefill:
                 # the answer continues the given text; a forced call or a harmony channel would have to
                 # start where it stands, so those are refused rather than silently mixed
@@ -243,22 +244,28 @@ class Service:
                               param="logit_bias")
         grammar = self._compile(constraint, param) if constraint is not None else None
         self._speculative_mode(spec)      # a request for a draft model the server lacks: 400 now
-        thinking = self._thinking_budget(spec, tools)
+        thinking = self._thinking_budget(spec, tools, constraint)
         seqs = []
         for ids in prompts:
             max_tokens = self._max_tokens(spec, len(ids))
             seqs.append([self._sequence(spec, ids, max_tokens, k, grammar, thinking) for k in range(spec.n)])
         return Prepared(spec, prompts, echoes, seqs, tools)
 
-    def _thinking_budget(self, spec: GenerationSpec, tools: ToolSetup | None) -> ThinkingBudget | None:
+    def _thinking_budget(self, spec: GenerationSpec, tools: ToolSetup | None,
+                         constraint: GrammarSpec | None) -> ThinkingBudget | None:
         """The request's thinking budget, where the answer may start with a `<think>` thought (a model
-        without one: the budget has nothing to close)."""
-        if spec.thinking_budget is None or tools is None or not tools.thinks:
+        without one: the budget has nothing to close); and whether the output's grammar waits for the
+        thought's end (one that spells the thought itself does not)."""
+        if tools is None or not tools.thinks:
+            return None
+        holds = tools.may_think and constraint is not None and \
+            not grammar_spells_thought(constraint.kind, constraint.source)
+        if spec.thinking_budget is None and not holds:
             return None
         if self._thought_after is None:
             self._thought_after = text_after_close(self.model.render_chat)
         return ThinkingBudget.build(self.model.tokenizer, spec.thinking_budget, tools.thought_open,
-                                    self._thought_after)
+                                    self._thought_after, holds_grammar=holds)
 
     def _compile(self, constraint: GrammarSpec, param: str):
         """The grammar, compiled before anything is queued: an invalid one is the client's 400."""
