@@ -254,11 +254,24 @@ def live_tools(tmp_path_factory):
 def test_the_call_grammar_waits_for_the_thought(live_tools):
     """tool_choice auto: the call grammar starts after the thought, so the thought closes with the
     `</think>` control token (a grammar never spells one: over the whole output it kept the thought
-    open to max_tokens); a forced call still starts the answer (no thought)."""
-    body = {"model": "tiny-think", "messages": USER, "max_tokens": 80, "temperature": 0, "tools": TOOLS,
+    open to max_tokens). A forced call comes after the thought too, streamed or not; told not to
+    think, the answer starts with the call as before."""
+    body = {"model": "tiny-think", "messages": USER, "max_tokens": 200, "temperature": 0, "tools": TOOLS,
             "chat_template_kwargs": OPENED, "logit_bias": {CLOSE_ID: 1.0}}
     msg = _post(live_tools, "/v1/chat/completions", body)["choices"][0]["message"]
     assert msg["reasoning_content"] and msg["content"]
-    forced = _post(live_tools, "/v1/chat/completions", {**body, "tool_choice": "required"})["choices"][0]
-    assert forced["finish_reason"] == "tool_calls" and "reasoning_content" not in forced["message"]
-    assert json.loads(forced["message"]["tool_calls"][0]["function"]["arguments"])["city"]
+    forced = {**body, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+    choice = _post(live_tools, "/v1/chat/completions", forced)["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["reasoning_content"]
+    call = choice["message"]["tool_calls"][0]["function"]
+    assert call["name"] == "get_weather" and json.loads(call["arguments"])["city"]
+    with httpx.stream("POST", live_tools.url + "/v1/chat/completions", json={**forced, "stream": True},
+                      timeout=300) as s:
+        chunks = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == choice["message"]["reasoning_content"]
+    assert "".join(c["function"].get("arguments", "") for d in deltas for c in d.get("tool_calls", [])) == \
+        call["arguments"]
+    off = {**forced, "chat_template_kwargs": {"enable_thinking": False}}
+    choice = _post(live_tools, "/v1/chat/completions", off)["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and "reasoning_content" not in choice["message"]

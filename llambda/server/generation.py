@@ -91,9 +91,6 @@ class Service:
         """The prompt, how the answer is read for tool calls, and the grammar tool calls follow."""
         messages, tools = self.template_messages(spec.messages), spec.tools
         generic = bool(spec.tools) and not self.template_has_tools
-        setup, grammar = self._tool_setup(spec, constrained=generic or self.template_hermes, generic=generic)
-        if self.harmony and not generic:
-            setup = replace(setup or ToolSetup(), harmony=True)
         try:
             if generic:
                 # the template cannot render tools: describe them in a system message instead; the
@@ -102,13 +99,15 @@ class Service:
                                                  spec.forced_tool)
                 tools = None
             text = self.render_chat(messages, tools, spec)
+            # a thought may come first: a forced call then starts after it, not in the prompt
+            think_first = self.thinks and not prompt_closes_thought(text, spec.prefill)
+            setup, grammar = self._tool_setup(spec, constrained=generic or self.template_hermes, generic=generic,
+                                              think_first=think_first)
+            if self.harmony and not generic:
+                setup = replace(setup or ToolSetup(), harmony=True)
             if self.thinks:
-                # a forced call starts the answer itself: no thought comes first then, even after a
-                # prompt that opened one (QwQ, DeepSeek-R1)
-                answers_at_once = setup is not None and bool(setup.prefix)
-                opened = prompt_opens_thought(text, spec.prefill) and not answers_at_once
-                may_think = opened or not (answers_at_once or prompt_closes_thought(text, spec.prefill))
-                setup = replace(setup or ToolSetup(), thinks=True, thought_open=opened, may_think=may_think)
+                opened = prompt_opens_thought(text, spec.prefill)
+                setup = replace(setup or ToolSetup(), thinks=True, thought_open=opened, may_think=think_first)
             if spec.prefill:
                 # the answer continues the given text; a forced call or a harmony channel would have to
                 # start where it stands, so those are refused rather than silently mixed
@@ -124,19 +123,21 @@ class Service:
         except TokenizerError as e:
             raise bad_request(str(e), param=spec.messages_param) from None
 
-    def _tool_setup(self, spec: GenerationSpec, constrained: bool,
-                    generic: bool = False) -> tuple[ToolSetup | None, GrammarSpec | None]:
+    def _tool_setup(self, spec: GenerationSpec, constrained: bool, generic: bool = False,
+                    think_first: bool = False) -> tuple[ToolSetup | None, GrammarSpec | None]:
         """Calls in the <tool_call> format (Hermes-style templates and the generic prompt) are
         generated under a grammar: with tool_choice "required" or a forced function the answer is
         a call, with "auto" it may be text, and a call it starts is valid. Calls in other
-        templates' formats are only parsed."""
+        templates' formats are only parsed. think_first: a `<think>` thought may come before the
+        answer (the grammar waits for it), so a forced call's opening is the grammar's, not the prompt's."""
         if not spec.tools:
             return None, None
         names = {spec.forced_tool} if spec.tool_choice == "function" else tool_names(spec.tools)
-        prefix = ""
+        prefix = opening = ""
         if constrained and spec.tool_choice != "auto":
-            # the answer starts as a call (prefilled, not decoded token by token)
-            prefix = hermes_prefix("required" if spec.tool_choice == "required" else spec.forced_tool)
+            # the answer starts as a call (prefilled, not decoded token by token; after a thought, forced)
+            opening = hermes_prefix("required" if spec.tool_choice == "required" else spec.forced_tool)
+            prefix = "" if think_first else opening
         setup = ToolSetup(names, prefix, spec.parallel_tool_calls)
         if not constrained:
             return setup, None
@@ -148,7 +149,8 @@ class Service:
         # a named function is one call of it; "required" may make several (parallel_tool_calls), but
         # not through the generic prompt: models never trained on calls repeat them until max_tokens
         lark = tool_grammar(spec.tools, names, spec.tool_choice,
-                            parallel=spec.parallel_tool_calls and spec.tool_choice == "required" and not generic)
+                            parallel=spec.parallel_tool_calls and spec.tool_choice == "required" and not generic,
+                            opening=opening if think_first else "")
         return setup, GrammarSpec("lark", lark)
 
     def _completion_ids(self, prompt, spec: GenerationSpec) -> list[int]:
