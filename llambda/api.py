@@ -330,8 +330,9 @@ class Model:
         regex constrains the output: only tokens that keep it inside are sampled, and generation
         stops where it is complete. An invalid one raises ConstraintError before any token.
 
-        thinking: a thinking.ThinkingBudget (chat_stream's thinking_budget builds it): a `<think>`
-        thought is closed once it has run that many tokens.
+        thinking: a thinking.ThinkingBudget (chat_stream builds it): a `<think>` thought is closed
+        once it has run that many tokens; with holds_grammar the constraint above waits for the
+        thought's end (chat_stream on a thinking template: the format constrains the answer).
         """
         self._check_open()
         sp = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,

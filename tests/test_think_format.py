@@ -14,6 +14,7 @@ import warnings
 
 import httpx
 import jsonschema
+import numpy as np
 import pytest
 
 from llambda.thinking import CLOSE, DONE, START, THOUGHT, ThinkingBudget, grammar_spells_thought, \
@@ -87,6 +88,98 @@ def test_which_grammars_wait_and_which_prompts_closed_the_thought():
     assert prompt_closes_thought("assistant:<think>\n\n</think>\n\n")
     assert not prompt_closes_thought("assistant:") and not prompt_closes_thought("assistant:<think>\n")
     assert prompt_closes_thought("assistant:", prefill="Sure") and not prompt_closes_thought("a:", "<think>x")
+
+
+# -- the sampler under a waiting grammar (engine.Sequence) ----------------------------------------
+
+class PieceTokenizer:
+    """Tokens are the given strings (the last one EOS); encode takes the longest piece first (a
+    character no piece starts: token 0 for it)."""
+
+    def __init__(self, pieces):
+        self.pieces, self.vocab_size, self.eot_ids = pieces, len(pieces), [len(pieces) - 1]
+
+    def token_bytes(self, i):
+        return self.pieces[i].encode()
+
+    def stream(self):
+        pieces = self.pieces
+
+        class Stream:
+            def feed(self, i):
+                return pieces[i]
+
+            def flush(self):
+                return ""
+        return Stream()
+
+    def encode(self, text, add_bos=False, parse_special=True):
+        out = []
+        while text:
+            i = max((i for i, p in enumerate(self.pieces[:-1]) if text.startswith(p)),
+                    key=lambda i: len(self.pieces[i]), default=None)
+            out.append(0 if i is None else i)
+            text = text[1 if i is None else len(self.pieces[i]):]
+        return out
+
+
+class TakesAll:
+    """A grammar that takes any token; it records what it was given."""
+
+    def __init__(self, n):
+        self.n, self.seen, self.done, self.accepting = n, [], False, True
+
+    def start(self):
+        return self
+
+    def try_advance(self, t):
+        self.seen.append(t)
+        return True
+
+    def advance(self, t):
+        self.seen.append(t)
+
+    def allows(self, ids):
+        return True
+
+    def banned(self):
+        return np.zeros(self.n, np.bool_)
+
+    def take_mask_seconds(self):
+        return 0.0
+
+
+def _sequence(pieces, opened=True):
+    from llambda.engine import GenerationParams, Sequence
+    from llambda.sampling import SamplingParams
+    tok = PieceTokenizer(pieces)
+    grammar = TakesAll(len(pieces))
+    thinking = ThinkingBudget.build(tok, None, opened=opened, after="\n\n", holds_grammar=True)
+    params = GenerationParams(max_tokens=30, sampling=SamplingParams(temperature=0), grammar=grammar,
+                              thinking=thinking)
+    return Sequence(tok, [0], params, slot=0, n_ctx=100), grammar
+
+
+def test_the_thought_neither_ends_the_output_nor_runs_into_the_answer():
+    pieces = ["a", "</think>{", "</think>", "\n", "{", "<eos>"]
+    seq, grammar = _sequence(pieces)
+    # EOS first, then the token that closes and answers at once, then the close alone: the close is drawn
+    logits = np.array([0.0, 8.0, 7.0, 1.0, 2.0, 9.0], np.float32)
+    tokens = [seq.step(logits).token for _ in range(3)]
+    assert [pieces[t] for t in tokens] == ["</think>", "\n", "\n"]      # the template's blanks forced
+    assert grammar.seen == []                                                # the grammar waited
+    logits[5] = -9.0
+    assert seq.step(logits).token == 1 and grammar.seen == [1]              # then it governs
+
+
+def test_a_thought_that_only_runs_into_the_answer_is_closed():
+    crossing = [f"</think>{k}" for k in range(20)]
+    pieces = ["a", "\n", "</think>", *crossing, "<eos>"]
+    seq, grammar = _sequence(pieces)
+    logits = np.zeros(len(pieces), np.float32)
+    logits[3:23] = np.arange(40.0, 20.0, -1.0)          # every crossing token above the rest
+    tokens = [seq.step(logits).token for _ in range(4)]
+    assert "".join(pieces[t] for t in tokens) == "\n</think>\n\n" and grammar.seen == []
 
 
 # -- on the server -------------------------------------------------------------------------------
