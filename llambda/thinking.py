@@ -1,4 +1,5 @@
-"""A thinking budget: a `<think>` thought that has run N generated tokens is closed.
+"""A `<think>` thought per sequence: a budget closes one that has run N generated tokens, and the
+output's grammar waits while one may come or is open.
 
 Reasoning models (Qwen3, SmolLM3, QwQ, DeepSeek-R1 distills) think in `<think> ... </think>` before
 they answer, as long as they like. With a budget of N, once a sequence has generated N tokens in
@@ -16,7 +17,8 @@ rules of a thought under a waiting grammar are `engine.Sequence`'s (`holds_gramm
 What is here is per sequence and reads only that sequence's tokens (batch invariance holds);
 `engine.Sequence` asks `ThoughtBudget.forced()` before it samples. Where the thought lies is
 decided as `server/think.py`'s parser decides it: only a `<think>` at the very start of the
-output (after MAX_HELD_BLANKS blanks at most) opens one, the first `</think>` closes it.
+output (after MAX_HELD_BLANKS blanks at most; under a waiting grammar a blank is the answer's)
+opens one, the first `</think>` closes it.
 """
 from __future__ import annotations
 
