@@ -330,8 +330,9 @@ class Model:
         regex constrains the output: only tokens that keep it inside are sampled, and generation
         stops where it is complete. An invalid one raises ConstraintError before any token.
 
-        thinking: a thinking.ThinkingBudget (chat_stream's thinking_budget builds it): a `<think>`
-        thought is closed once it has run that many tokens.
+        thinking: a thinking.ThinkingBudget (chat_stream builds it): a `<think>` thought is closed
+        once it has run that many tokens; with holds_grammar the constraint above waits for the
+        thought's end (chat_stream on a thinking template: the format constrains the answer).
         """
         self._check_open()
         sp = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
@@ -482,16 +483,22 @@ class Model:
         extra = check_template_kwargs(template_kwargs)
         budget = check_budget(thinking_budget) if thinking_budget is not None else None
         prompt = self.render_chat(messages, tools=tools, **extra)
-        return self.stream(prompt, thinking=self._thinking(prompt, budget) if budget is not None else None, **kw)
+        spec = grammar_spec(json_schema=kw.get("json_schema"), grammar=kw.get("grammar"), regex=kw.get("regex"))
+        return self.stream(prompt, thinking=self._thinking(prompt, budget, spec), **kw)
 
-    def _thinking(self, prompt: str, tokens: int):
-        """The ThinkingBudget of a chat prompt, or None where the template has no `<think>` thought."""
-        from .thinking import ThinkingBudget, prompt_opens_thought, template_thinks, text_after_close
-        if not template_thinks(self.source.chat_template):
+    def _thinking(self, prompt: str, tokens: int | None, spec: GrammarSpec | None):
+        """The ThinkingBudget of a chat prompt (a budget, a grammar that waits for the thought's end),
+        or None where there is neither or the template has no `<think>` thought."""
+        from .thinking import (ThinkingBudget, grammar_spells_thought, prompt_closes_thought, prompt_opens_thought,
+                               template_thinks, text_after_close)
+        holds = spec is not None and not grammar_spells_thought(spec.kind, spec.source) and \
+            not prompt_closes_thought(prompt)
+        if (tokens is None and not holds) or not template_thinks(self.source.chat_template):
             return None
         if self._thought_after is None:
             self._thought_after = text_after_close(self.render_chat)
-        return ThinkingBudget.build(self._tok(), tokens, prompt_opens_thought(prompt), self._thought_after)
+        return ThinkingBudget.build(self._tok(), tokens, prompt_opens_thought(prompt), self._thought_after,
+                                    holds_grammar=holds)
 
     def chat(self, messages, tools=None, template_kwargs=None, thinking_budget: int | None = None, **kw) -> str:
         """The assistant's reply to `messages` (OpenAI-style dicts), as text (a reasoning model's

@@ -14,6 +14,9 @@ import numpy as np
 
 from .errors import ContextOverflowError, InvalidInputError, ModelFormatError
 from .sampling import Sampler, SamplingParams, StopMatcher, TokenChoice, _is_int
+from .thinking import START
+
+MAX_REDRAWS = 16     # draws of a thought's token refused under a waiting grammar before it is closed
 
 
 @dataclass
@@ -136,6 +139,13 @@ class Sequence:
         self._eos_banned = params.ignore_eos and tokenizer is not None
 
     @property
+    def live_constraint(self):
+        """The grammar the next token follows: None without one, and while it waits for a thought."""
+        if self.thought is not None and self.thought.holding:
+            return None
+        return self.constraint
+
+    @property
     def finished(self) -> bool:
         return self.finish_reason is not None
 
@@ -181,19 +191,96 @@ class Sequence:
             c.advance(token)
         return token
 
+    def _piece_of(self, token: int) -> str:
+        return self.tokenizer.token_bytes(token).decode("utf-8", errors="replace")
+
+    def _sample_thought(self, logits: np.ndarray) -> TokenChoice | None:
+        """A token of the thought while the grammar waits (thinking.py): free text, but not an end of
+        the output (the answer must come) nor a token that runs past `</think>` into the answer (the
+        grammar starts at a token's start). Such a draw is banned and drawn again; None after
+        MAX_REDRAWS of them (the caller closes the thought)."""
+        t = self.thought
+        banned = None
+        if not self.sampler.rejection_exact:       # a truncated distribution: the ban comes first
+            banned = np.zeros(len(logits), np.bool_)
+            banned[list(self.tokenizer.eot_ids)] = True
+        for _ in range(MAX_REDRAWS):
+            choice = self.sampler.sample(logits, self.tokens, banned)
+            if choice.token not in self.eot and not t.crosses(self._piece_of(choice.token)):
+                return choice
+            if banned is None:
+                banned = np.zeros(len(logits), np.bool_)
+                banned[list(self.tokenizer.eot_ids)] = True
+            banned[choice.token] = True
+        return None
+
+    def _sample_start(self, logits: np.ndarray, c) -> TokenChoice | None:
+        """The output's first tokens while the grammar waits for a thought that may come: a token
+        that writes `<think>` (or a start of it) is free; any other is the answer's, which the grammar
+        must take from the output's start. Drawn unmasked first where that is exact, else under the
+        grammar's mask with the tag's first tokens allowed too. None: the output began the tag and
+        turned away, the tag is being completed (forced)."""
+        t = self.thought
+        pending = list(self.generated)             # a start of `<think>`, nothing the grammar saw
+
+        def take(token: int) -> bool:
+            if t.opens(self._piece_of(token)):
+                return True
+            if token in self.eot:
+                return not pending and c.accepting
+            if pending and not c.allows(pending + [token]):
+                return False
+            for p in pending:
+                c.advance(p)
+            if not c.try_advance(token):
+                return False
+            t.answer()
+            return True
+
+        if self.sampler.rejection_exact:
+            choice = self.sampler.sample(logits, self.tokens)
+            if take(choice.token):
+                return choice
+        if pending:
+            t.finish_tag()
+            return None
+        banned = c.banned()
+        banned[list(t.budget.open_first)] = False
+        if self._eos_banned:
+            banned[list(self.tokenizer.eot_ids)] = True
+        choice = self.sampler.sample(logits, self.tokens, banned)
+        if choice.token not in self.eot and not t.opens(self._piece_of(choice.token)):
+            c.advance(choice.token)
+            t.answer()
+        return choice
+
     def step(self, logits: np.ndarray) -> TokenEvent:
         """Sample from the logits of the last position and advance."""
         mt = self.params.max_tokens
         if mt is not None and len(self.generated) >= mt:
             self.finish_reason = "length"
             return TokenEvent(-1, self._closing_text(), finish_reason="length")
-        c = self.constraint
+        waiting = self.constraint if self.thought is not None and self.thought.holding else None
+        c = self.constraint if waiting is None else None      # the grammar in force now
         if c is not None and c.done:      # e.g. a grammar of one fixed string, already written
             self.finish_reason = "stop"
             return TokenEvent(-1, self._closing_text(), finish_reason="stop")
         forced = self._forced(c) if self.thought is not None else None
+        choice = None
+        if forced is None and waiting is not None:
+            if self.thought.state == START:
+                choice = self._sample_start(logits, waiting)
+            else:
+                choice = self._sample_thought(logits)
+                if choice is None:
+                    self.thought.force_close()
+            if choice is None:
+                forced = self._forced(None)
+                c = self.live_constraint
         if forced is not None:
             choice = self.sampler.forced(logits, forced)
+        elif choice is not None:
+            pass
         elif c is None:
             choice = self.sampler.sample(logits, self.tokens)
         else:
@@ -212,6 +299,7 @@ class Sequence:
             if stopped:
                 self.finish_reason = ev.finish_reason = "stop"
                 return ev
+        c = self.live_constraint
         if c is not None and c.done:   # the grammar is complete and can take nothing more
             self.finish_reason = ev.finish_reason = "stop"
             ev.text += self._closing_text()

@@ -307,10 +307,10 @@ def test_reasoning_tokens_are_the_thoughts(live):
     cut = _usages(live, _chat(max_tokens=12))
     assert [u["completion_tokens_details"]["reasoning_tokens"] for u in cut[:2]] == [12, 12]
     assert [u["output_tokens_details"]["reasoning_tokens"] for u in cut[2:]] == [12, 12]
-    # no thought: none
+    # no thought: none (chat completions only: /v1/responses takes no chat_template_kwargs, and its
+    # regex answer now waits for a thought the random model may start)
     off = _usages(live, _chat(ANSWER, chat_template_kwargs={"enable_thinking": False}))
     assert [u["completion_tokens_details"]["reasoning_tokens"] for u in off[:2]] == [0, 0]
-    assert [u["output_tokens_details"]["reasoning_tokens"] for u in off[2:]] == [0, 0]
     # a template that opens the thought: only the close is generated, and counted
     opened = f"{THOUGHT}\n</think>\n\n{ANSWER}"
     body = _chat(opened, chat_template_kwargs={"open_thought": True}, logprobs=True)
@@ -449,19 +449,3 @@ def test_server_config_checks_its_template_kwargs():
     assert ServerConfig(template_kwargs={"enable_thinking": False}).template_kwargs == {"enable_thinking": False}
     with pytest.raises(InvalidInputError, match="template_kwargs: .*set by the renderer"):
         ServerConfig(template_kwargs={"tools": []})
-
-
-def test_json_format_after_a_prompt_that_opened_the_thought(live):
-    """A JSON format leaves no room for a thought: the JSON is the answer even when the template
-    opened <think> in the prompt (not a never-closed thought, all reasoning)."""
-    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
-    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
-    body = {"model": "tiny-think", "messages": USER, "max_tokens": 40, "temperature": 0, "response_format": fmt,
-            "chat_template_kwargs": {"open_thought": True}}
-    choice = _post(live, "/v1/chat/completions", body).json()["choices"][0]
-    assert choice["finish_reason"] == "stop" and "reasoning_content" not in choice["message"]
-    assert set(json.loads(choice["message"]["content"])) == {"a"}
-    with httpx.stream("POST", live.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=120) as s:
-        deltas = [json.loads(line[6:])["choices"][0]["delta"] for line in s.iter_lines() if line.startswith("data: {")]
-    assert "".join(d.get("content") or "" for d in deltas) == choice["message"]["content"]
-    assert not any(d.get("reasoning_content") for d in deltas)

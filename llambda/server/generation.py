@@ -17,7 +17,8 @@ from ..engine import GenerationParams, Sequence
 from ..errors import ChatTemplateError, ContextOverflowError, InvalidInputError, LlambdaError, TokenizerError
 from ..sampling import SamplingParams
 from ..speculative import DEFAULT_DRAFT_MAX, PromptLookup, Speculation, check_rollback
-from ..thinking import ThinkingBudget, prompt_opens_thought, template_thinks, text_after_close
+from ..thinking import (ThinkingBudget, grammar_spells_thought, prompt_closes_thought, prompt_opens_thought,
+                        template_thinks, text_after_close)
 from .config import ServerConfig
 from .errors import APIError, bad_request, model_not_found
 from .fim import find_fim_tokens, fim_prompt_ids, require_fim
@@ -90,9 +91,6 @@ class Service:
         """The prompt, how the answer is read for tool calls, and the grammar tool calls follow."""
         messages, tools = self.template_messages(spec.messages), spec.tools
         generic = bool(spec.tools) and not self.template_has_tools
-        setup, grammar = self._tool_setup(spec, constrained=generic or self.template_hermes, generic=generic)
-        if self.harmony and not generic:
-            setup = replace(setup or ToolSetup(), harmony=True)
         try:
             if generic:
                 # the template cannot render tools: describe them in a system message instead; the
@@ -101,13 +99,15 @@ class Service:
                                                  spec.forced_tool)
                 tools = None
             text = self.render_chat(messages, tools, spec)
+            # a thought may come first: a forced call then starts after it, not in the prompt
+            think_first = self.thinks and not prompt_closes_thought(text, spec.prefill)
+            setup, grammar = self._tool_setup(spec, constrained=generic or self.template_hermes, generic=generic,
+                                              think_first=think_first)
+            if self.harmony and not generic:
+                setup = replace(setup or ToolSetup(), harmony=True)
             if self.thinks:
-                # a forced call starts the answer itself, and a JSON format has no room for a thought:
-                # no thought comes first then, even after a prompt that opened one (QwQ, DeepSeek-R1)
-                answers_at_once = (setup is not None and bool(setup.prefix)) or \
-                    (spec.constraint is not None and spec.constraint.kind == "json_schema")
-                opened = prompt_opens_thought(text, spec.prefill) and not answers_at_once
-                setup = replace(setup or ToolSetup(), thinks=True, thought_open=opened)
+                opened = prompt_opens_thought(text, spec.prefill)
+                setup = replace(setup or ToolSetup(), thinks=True, thought_open=opened, may_think=think_first)
             if spec.prefill:
                 # the answer continues the given text; a forced call or a harmony channel would have to
                 # start where it stands, so those are refused rather than silently mixed
@@ -123,19 +123,21 @@ class Service:
         except TokenizerError as e:
             raise bad_request(str(e), param=spec.messages_param) from None
 
-    def _tool_setup(self, spec: GenerationSpec, constrained: bool,
-                    generic: bool = False) -> tuple[ToolSetup | None, GrammarSpec | None]:
+    def _tool_setup(self, spec: GenerationSpec, constrained: bool, generic: bool = False,
+                    think_first: bool = False) -> tuple[ToolSetup | None, GrammarSpec | None]:
         """Calls in the <tool_call> format (Hermes-style templates and the generic prompt) are
         generated under a grammar: with tool_choice "required" or a forced function the answer is
         a call, with "auto" it may be text, and a call it starts is valid. Calls in other
-        templates' formats are only parsed."""
+        templates' formats are only parsed. think_first: a `<think>` thought may come before the
+        answer (the grammar waits for it), so a forced call's opening is the grammar's, not the prompt's."""
         if not spec.tools:
             return None, None
         names = {spec.forced_tool} if spec.tool_choice == "function" else tool_names(spec.tools)
-        prefix = ""
+        prefix = opening = ""
         if constrained and spec.tool_choice != "auto":
-            # the answer starts as a call (prefilled, not decoded token by token)
-            prefix = hermes_prefix("required" if spec.tool_choice == "required" else spec.forced_tool)
+            # the answer starts as a call (prefilled, not decoded token by token; after a thought, forced)
+            opening = hermes_prefix("required" if spec.tool_choice == "required" else spec.forced_tool)
+            prefix = "" if think_first else opening
         setup = ToolSetup(names, prefix, spec.parallel_tool_calls)
         if not constrained:
             return setup, None
@@ -147,7 +149,8 @@ class Service:
         # a named function is one call of it; "required" may make several (parallel_tool_calls), but
         # not through the generic prompt: models never trained on calls repeat them until max_tokens
         lark = tool_grammar(spec.tools, names, spec.tool_choice,
-                            parallel=spec.parallel_tool_calls and spec.tool_choice == "required" and not generic)
+                            parallel=spec.parallel_tool_calls and spec.tool_choice == "required" and not generic,
+                            opening=opening if think_first else "")
         return setup, GrammarSpec("lark", lark)
 
     def _completion_ids(self, prompt, spec: GenerationSpec) -> list[int]:
@@ -243,22 +246,28 @@ class Service:
                               param="logit_bias")
         grammar = self._compile(constraint, param) if constraint is not None else None
         self._speculative_mode(spec)      # a request for a draft model the server lacks: 400 now
-        thinking = self._thinking_budget(spec, tools)
+        thinking = self._thinking_budget(spec, tools, constraint)
         seqs = []
         for ids in prompts:
             max_tokens = self._max_tokens(spec, len(ids))
             seqs.append([self._sequence(spec, ids, max_tokens, k, grammar, thinking) for k in range(spec.n)])
         return Prepared(spec, prompts, echoes, seqs, tools)
 
-    def _thinking_budget(self, spec: GenerationSpec, tools: ToolSetup | None) -> ThinkingBudget | None:
+    def _thinking_budget(self, spec: GenerationSpec, tools: ToolSetup | None,
+                         constraint: GrammarSpec | None) -> ThinkingBudget | None:
         """The request's thinking budget, where the answer may start with a `<think>` thought (a model
-        without one: the budget has nothing to close)."""
-        if spec.thinking_budget is None or tools is None or not tools.thinks:
+        without one: the budget has nothing to close); and whether the output's grammar waits for the
+        thought's end (one that spells the thought itself does not)."""
+        if tools is None or not tools.thinks:
+            return None
+        holds = tools.may_think and constraint is not None and \
+            not grammar_spells_thought(constraint.kind, constraint.source)
+        if spec.thinking_budget is None and not holds:
             return None
         if self._thought_after is None:
             self._thought_after = text_after_close(self.model.render_chat)
         return ThinkingBudget.build(self.model.tokenizer, spec.thinking_budget, tools.thought_open,
-                                    self._thought_after)
+                                    self._thought_after, holds_grammar=holds)
 
     def _compile(self, constraint: GrammarSpec, param: str):
         """The grammar, compiled before anything is queued: an invalid one is the client's 400."""

@@ -46,6 +46,7 @@ class ToolSetup:
     harmony: bool = False                           # the model answers in harmony's channels (gpt-oss)
     thinks: bool = False                            # the model reasons in <think>...</think> first (think.py)
     thought_open: bool = False                      # ...and the prompt already opened that <think>
+    may_think: bool = False                         # ...and the answer may start with one (thinking.py)
 
     def parser(self) -> "ToolCallParser":
         return ToolCallParser(self.names, self.prefix, self.parallel)
@@ -410,12 +411,14 @@ def call_schema(tools: list, names: set[str]) -> dict:
     return {**schema, "x-guidance": JSON_STYLE}
 
 
-def tool_grammar(tools: list, names: set[str], choice: str, parallel: bool) -> str:
+def tool_grammar(tools: list, names: set[str], choice: str, parallel: bool, opening: str = "") -> str:
     """A Lark grammar (llguidance's dialect) for an answer under tools.
 
     choice "required" or "function" (names: the forced one): the prompt already ends with
     `hermes_prefix(...)` (prefilled, cheaper than forced decode steps), and the grammar goes on
-    from there: a tool name, its arguments, the closing tag; more calls with `parallel`.
+    from there: a tool name, its arguments, the closing tag; more calls with `parallel`. Where the
+    answer comes after a thought, the prompt cannot end with it: `opening` (that prefix) is then
+    the grammar's first text.
     "auto": free text, but from a `<tool_call>` tag on (a lazy lexeme: it ends at the first
     occurrence of the tag) the call must be valid, and text may follow a call, as the parser
     expects. An answer that opens with `{` or a ``` fence is what the parser takes for a bare
@@ -445,7 +448,8 @@ def tool_grammar(tools: list, names: set[str], choice: str, parallel: bool) -> s
         head = "" if choice == "function" else json.dumps(fn["name"], ensure_ascii=False)[1:] + ', "arguments":'
         heads.append(f'{json.dumps(head, ensure_ascii=False)} " "? args_{i}' if head else f'" "? args_{i}')
     more = f' ("\\n"? "{OPEN_TAG}" body)*' if parallel else ""
-    start = f'start: ({" | ".join(heads)}) "}}" "\\n"? "{CLOSE_TAG}"{more}'
+    lead = f'{json.dumps(opening, ensure_ascii=False)} ' if opening else ""
+    start = f'start: {lead}({" | ".join(heads)}) "}}" "\\n"? "{CLOSE_TAG}"{more}'
     return f'%llguidance {{}}\n{start}\n{rules}'
 
 
