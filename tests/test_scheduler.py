@@ -564,3 +564,46 @@ def test_masks_over_the_step_budget_refuse_the_dearest_requests_only(monkeypatch
         toks, fails = out[k]
         assert not fails, (k, fails)
         assert toks[0] == oracle(prompts[k], 10), k
+
+
+class _FormatWaitingForThought(Sequence):
+    """A sequence whose output format waits for a thought to close (llambda.thinking): it has a
+    grammar, but none is in force (live_constraint), so it asks for no mask."""
+
+    @property
+    def live_constraint(self):
+        return None
+
+
+def test_formats_waiting_for_a_thought_do_not_raise_the_step_mask_budget(monkeypatch):
+    """The step's mask budget grows with the sequences whose grammar is in force; sequences whose format
+    waits for a thought must not raise it, or many thinking requests would let dear masks through."""
+    from llambda.constraints import bounds
+    clock = [0.0]
+    monkeypatch.setattr(bounds, "cpu_now", lambda: clock[0])
+    cap = bounds.MAX_MASK_CPU_SECONDS
+    n_waiting = 12
+    assert 3 * 0.9 * cap > bounds.step_budget(3) and 3 * 0.9 * cap <= bounds.step_budget(3 + n_waiting)
+    model = FakeTransformer(n_slots=3 + n_waiting)
+    sched = Scheduler(model, Metrics())
+    sp = SamplingParams(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0)
+
+    async def main():
+        dear = [Channel() for _ in range(3)]
+        waiting = [Channel() for _ in range(n_waiting)]
+        jobs = [make_job(ch, [5 + i, 6, 7], 6, grammar=CostlyGrammar(0.9 * cap, clock)) for i, ch in enumerate(dear)]
+        for i, ch in enumerate(waiting):
+            params = GenerationParams(max_tokens=6, sampling=sp, grammar=CostlyGrammar(0.0, clock))
+            jobs.append(Job(_FormatWaitingForThought(FakeTokenizer(), [20 + i, 9], params, slot=-1, n_ctx=96), ch, 0))
+        sched.submit(jobs)          # queued before the loop: one first step
+        sched.start()
+        done = await asyncio.gather(*(collect(ch, 1) for ch in dear + waiting))
+        await wait_idle(sched)
+        return done[:3], done[3:]
+
+    try:
+        dear, waiting = run(main())
+    finally:
+        sched.stop()
+    assert sum(bool(fails) for _, fails in dear) >= 1, "the dear masks were let through by waiting formats"
+    assert not any(fails for _, fails in waiting)

@@ -491,7 +491,8 @@ class Scheduler:
                     self._end(j, j.seq.finish_reason or "stop")
             elif j.seq.constraint is not None:   # a sequence that ended costs no more: only the rest count
                 mask_cpu[j.channel] = mask_cpu.get(j.channel, 0.0) + j.seq.constraint.take_mask_seconds()
-                constrained += 1
+                # a format waiting for a thought to close asks for no mask: it raises no one's budget
+                constrained += j.seq.live_constraint is not None
         self._refuse_dearest_masks(mask_cpu, constrained)
         self.metrics.step(n, generated, t_forward, time.perf_counter() - t0)
 
