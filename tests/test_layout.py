@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "llambda"
 CSRC = ROOT / "csrc"
 
-ROOT_MODULES = {"__init__", "api", "engine", "sampling", "speculative", "thinking", "errors", "cli", "repl", "chat",
+ROOT_MODULES = {"__init__", "__main__", "api", "engine", "sampling", "speculative", "thinking", "errors", "cli", "repl", "chat",
                 "hub", "switches"}
 
 
