@@ -15,12 +15,13 @@ import numpy as np
 
 from ..errors import AdapterError, LlambdaWarning
 from .lora import LoraAdapter, LoraPair, open_adapter
-from .quants import QType, quantize
+from .quants import QType, dequantize, quantize, row_nbytes
 from .rope_rows import rope_permutation
 from .source import ModelSource
 from .weights import WeightTensor
 
 FLOAT_QTYPES = (QType.F32, QType.F16, QType.BF16)
+MERGE_CHUNK_BYTES = 16 << 20    # a weight is merged this many float32 bytes of its rows at a time
 # llama.cpp writes Mistral and Mixtral as `llama`; otherwise an adapter's architecture is the base's module
 _SAME_GGUF_ARCH = {"mistral": "llama", "mixtral": "llama"}
 
@@ -124,21 +125,32 @@ class LoraMerge:
             return t
         if self._last is not None and self._last[0] == name:
             return self._last[1]
-        w = t.to_float32().reshape(t.shape).astype(np.float32, copy=True)
-        for ad, pair in uses:
-            a = pair.a.to_float32().reshape(pair.a.shape)
-            w += self._delta_rows(name, ad, pair) @ a
-        if not np.isfinite(w).all():
-            raise AdapterError(f"merging LoRA into {name!r} gave non-finite weights (an adapter's values or "
-                               "scale overflow)")
+        updates = [(self._delta_rows(name, ad, pair), pair.a.to_float32().reshape(pair.a.shape)) for ad, pair in uses]
+        rows, cols = t.shape
+        src, out = t.rows2d(), np.empty((rows, row_nbytes(t.qtype, cols)), np.uint8)
+        step = max(1, MERGE_CHUNK_BYTES // (4 * cols))
+        for r0 in range(0, rows, step):      # a block of rows at a time: a float32 copy of the whole
+            r1 = min(rows, r0 + step)         # matrix (the output head's: GBs) is never made
+            w = dequantize(src[r0:r1], t.qtype, (r1 - r0, cols))       # (a fresh array, any type)
+            for delta, a in updates:
+                w += delta[r0:r1] @ a
+            if not np.isfinite(w).all():
+                raise AdapterError(f"merging LoRA into {name!r} gave non-finite weights (an adapter's values or "
+                                   "scale overflow)")
+            with np.errstate(over="ignore"):        # (past F16's range: checked just below)
+                q = quantize(w, t.qtype).reshape(r1 - r0, -1)
+            if t.qtype != QType.F32 and not np.isfinite(dequantize(q, t.qtype, w.shape)).all():
+                raise AdapterError(f"merging LoRA into {name!r} gave weights past what its type {t.qtype.name} "
+                                   f"holds (|w| up to {float(np.abs(w).max()):.3g}): an adapter's values or scale "
+                                   "too large")
+            out[r0:r1] = q
         if t.qtype not in FLOAT_QTYPES:
             self.requantized[t.qtype.name] = self.requantized.get(t.qtype.name, 0) + 1
-        raw = quantize(w, t.qtype).reshape(-1)
-        out = WeightTensor(t.name, t.qtype, t.shape, raw)
+        merged = WeightTensor(t.name, t.qtype, t.shape, out.reshape(-1))
         self.release(t.data)
         self.merged.add(name)
-        self._last = (name, out)
-        return out
+        self._last = (name, merged)
+        return merged
 
     def finish(self) -> None:
         self._last = None
