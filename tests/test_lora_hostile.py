@@ -223,3 +223,22 @@ def test_pattern_keys_match_as_pythons_re():
             assert matcher.matches(name) == bool(want.match(name)), (key, name)
             checked += 1
     assert checked > 10000
+
+
+def test_integer_factor_types_are_refused(tmp_path):
+    """A GGUF factor of an integer type (I8..I64, dequantizable as numbers) was merged as if it were one."""
+    _, b = v_pair()[V_PROJ]
+    write_gguf(tmp_path / "a.gguf", MD, [("blk.0.attn_v.weight.lora_a", QType.I32, np.zeros(2 * 64 * 4, np.uint8), (2, 64)),
+                                         ("blk.0.attn_v.weight.lora_b", QType.F32, b[:, :2].copy())])
+    refuse(str(tmp_path / "a.gguf"), r"lora_a' has integer type I32: a LoRA factor is float or quantized")
+
+
+@pytest.mark.parametrize("tail", ["", "x", "0,5"])
+def test_cli_scale_that_is_not_a_number(tmp_path, tail):
+    """`--lora a.gguf:` (an empty or unparsable scale after an existing path) was reported as the missing
+    file `a.gguf:`."""
+    from llambda.formats.lora import parse_lora_arg
+    (tmp_path / "a.gguf").write_bytes(b"")
+    with pytest.raises(InvalidInputError, match=rf"after the last ':' is not a scale"):
+        parse_lora_arg(f"{tmp_path / 'a.gguf'}:{tail}")
+    assert parse_lora_arg(f"{tmp_path / 'b.gguf'}:{tail}") == (f"{tmp_path / 'b.gguf'}:{tail}", 1.0)

@@ -27,13 +27,14 @@ import numpy as np
 from ..errors import AdapterError, InvalidInputError, ModelFormatError
 from .files import read_json
 from .pattern_keys import Budget, KeyMatcher, PatternError
-from .quants import DEQUANTIZABLE
+from .quants import DEQUANTIZABLE, QType
 from .rope_rows import PERMUTED_GGUF_ARCHS
 from .weights import ByteTensor, WeightTensor
 
 MAX_FACTOR = 1024.0         # |alpha / r| (or alpha / sqrt(r)) beyond this is no adapter anyone trained
 MAX_SCALE = 1024.0          # a user's scale beyond this is a typo
 MAX_PATTERN_KEYS = 10_000   # rank_pattern / alpha_pattern keys: a key per module of the largest models, 10 times
+_INTEGER_TYPES = {QType.I8, QType.I16, QType.I32, QType.I64}
 # PEFT types that are not LoRA (what adapter_config.json's peft_type says), refused by name
 _PEFT_TYPES = {"LORA"}
 
@@ -82,7 +83,9 @@ def parse_lora_arg(text: str) -> tuple[str, float]:
         try:
             return path, float(tail)
         except ValueError:
-            pass
+            if os.path.exists(path):    # `a.gguf:` or `a.gguf:x`: a scale that is not one, not a missing file
+                raise InvalidInputError(f"--lora {text}: {tail!r} after the last ':' is not a scale "
+                                        "(a number)") from None
     return text, 1.0
 
 
@@ -175,6 +178,9 @@ def _check_pair(where: str, a: WeightTensor, b: WeightTensor) -> None:
             raise AdapterError(f"{where}: {t.name!r} is {len(t.shape)}-D {t.shape}, a LoRA factor is a matrix")
         if isinstance(t, ByteTensor):       # safetensors U8: raw bytes (its qtype says I8), no factor's type
             raise AdapterError(f"{where}: {t.name!r} is U8 bytes, not a float LoRA factor")
+        if t.qtype in _INTEGER_TYPES:       # (dequantizable as numbers, but no converter writes a factor so)
+            raise AdapterError(f"{where}: {t.name!r} has integer type {t.qtype.name}: a LoRA factor is float "
+                               "or quantized")
         if t.qtype not in DEQUANTIZABLE:
             raise AdapterError(f"{where}: {t.name!r} has type {t.qtype.name}, which cannot be read here")
     if a.shape[0] != b.shape[1]:

@@ -21,7 +21,7 @@ from .source import ModelSource
 from .weights import WeightTensor
 
 FLOAT_QTYPES = (QType.F32, QType.F16, QType.BF16)
-MERGE_CHUNK_BYTES = 16 << 20    # a weight is merged this many float32 bytes of its rows at a time
+MERGE_CHUNK_BYTES = 4 << 20     # a weight is merged this many float32 bytes of its rows at a time
 # llama.cpp writes Mistral and Mixtral as `llama`; otherwise an adapter's architecture is the base's module
 _SAME_GGUF_ARCH = {"mistral": "llama", "mixtral": "llama"}
 
@@ -144,6 +144,7 @@ class LoraMerge:
                                    f"holds (|w| up to {float(np.abs(w).max()):.3g}): an adapter's values or scale "
                                    "too large")
             out[r0:r1] = q
+            self.release(src[r0:r1].reshape(-1))    # the base's file pages of those rows, as a packed tensor's
         if t.qtype not in FLOAT_QTYPES:
             self.requantized[t.qtype.name] = self.requantized.get(t.qtype.name, 0) + 1
         merged = WeightTensor(t.name, t.qtype, t.shape, out.reshape(-1))
