@@ -242,3 +242,14 @@ def test_cli_scale_that_is_not_a_number(tmp_path, tail):
     with pytest.raises(InvalidInputError, match=rf"after the last ':' is not a scale"):
         parse_lora_arg(f"{tmp_path / 'a.gguf'}:{tail}")
     assert parse_lora_arg(f"{tmp_path / 'b.gguf'}:{tail}") == (f"{tmp_path / 'b.gguf'}:{tail}", 1.0)
+
+
+def test_peft_adapter_on_deepseek_v2_query_rows(tmp_path):
+    """DeepSeek-V2's q rows are interleaved in its own checkpoint (rope_neox False, as a GGUF llama's): a PEFT
+    adapter of q_proj, in that same order, was refused as needing a RoPE row permutation it does not need."""
+    from test_lora import diff, logits, merged_copy
+    pairs = random_adapter("deepseek_v2", rank=2, modules=("q_proj",))
+    peft = write_peft(tmp_path / "p", pairs, 4)
+    want = logits(merged_copy("deepseek_v2", tmp_path / "ref", [(pairs, 2.0)]), "numpy")
+    assert diff(want, logits(TINY / "deepseek_v2", "numpy")) > 0.1
+    assert diff(logits(TINY / "deepseek_v2", "numpy", lora=str(peft)), want) <= 1e-4

@@ -60,6 +60,7 @@ class LoraAdapter:
     pairs: dict[str, LoraPair]  # canonical base tensor name -> pair
     arch: str | None = None     # GGUF: general.architecture (PEFT files do not say)
     interleaved: bool = False   # q/k B rows in GGUF-llama's permuted order
+    permute_qk: bool = False    # its q/k B rows in another order than the base file's (set by check_adapters)
     closers: list = field(default_factory=list)
 
     def describe(self) -> dict:

@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import AdapterError, LlambdaWarning
 from .lora import LoraAdapter, LoraPair, open_adapter
 from .quants import QType, dequantize, quantize, row_nbytes
-from .rope_rows import rope_permutation
+from .rope_rows import PERMUTED_GGUF_ARCHS, rope_permutation
 from .source import ModelSource
 from .weights import WeightTensor
 
@@ -67,8 +67,12 @@ def check_adapters(adapters: list[LoraAdapter], src: ModelSource) -> None:
     """AdapterError unless every adapter fits the base: its architecture (GGUF adapters say theirs), every
     weight it names present in the base, a matrix of the pair's shape, of a type merged here."""
     cfg, arch = src.config, base_arch(src)
+    # the base file's q/k rows: GGUF-llama's permuted order in a GGUF file of those architectures, the
+    # checkpoint's own order otherwise (HF's, which a PEFT adapter shares: DeepSeek's interleaved rows too)
+    base_permuted = src.format == "gguf" and arch in PERMUTED_GGUF_ARCHS
     for ad in adapters:
         where = f"LoRA adapter {ad.path}"
+        ad.permute_qk = ad.interleaved != base_permuted
         if ad.arch is not None and _family(ad.arch) != _family(arch):
             raise AdapterError(f"{where} is for architecture {ad.arch!r}, the model is {arch!r}")
         for name, pair in ad.pairs.items():
@@ -89,7 +93,7 @@ def check_adapters(adapters: list[LoraAdapter], src: ModelSource) -> None:
             if t.qtype not in FLOAT_QTYPES and not _requantizable(t.qtype):
                 raise AdapterError(f"{where}: {name!r} is {t.qtype.name}, which llambda cannot quantize again "
                                    "after merging (use a float or another quantized base)")
-            if ad.interleaved != (not cfg.rope_neox) and _leaf(name) in ("attn_q", "attn_k") \
+            if ad.permute_qk and _leaf(name) in ("attn_q", "attn_k") \
                     and (cfg.rope_dim != cfg.head_dim or cfg.qk_norm):
                 raise AdapterError(f"{where}: its q/k rows are in another RoPE row order than the model's, which "
                                    "cannot be converted for a partial-rotary or q/k-norm model")
@@ -113,9 +117,9 @@ class LoraMerge:
     def _delta_rows(self, name: str, ad: LoraAdapter, pair: LoraPair) -> np.ndarray:
         b = pair.b.to_float32().reshape(pair.b.shape)
         leaf = _leaf(name)
-        if ad.interleaved != (not self.config.rope_neox) and leaf in ("attn_q", "attn_k"):
+        if ad.permute_qk and leaf in ("attn_q", "attn_k"):
             heads = self.config.n_heads if leaf == "attn_q" else self.config.n_kv_heads
-            b = b[rope_permutation(heads, self.config.head_dim, to_interleaved=not self.config.rope_neox)]
+            b = b[rope_permutation(heads, self.config.head_dim, to_interleaved=not ad.interleaved)]
         return b * np.float32(ad.scale * pair.factor)
 
     def lookup(self, name: str) -> WeightTensor | None:
