@@ -253,3 +253,20 @@ def test_peft_adapter_on_deepseek_v2_query_rows(tmp_path):
     want = logits(merged_copy("deepseek_v2", tmp_path / "ref", [(pairs, 2.0)]), "numpy")
     assert diff(want, logits(TINY / "deepseek_v2", "numpy")) > 0.1
     assert diff(logits(TINY / "deepseek_v2", "numpy", lora=str(peft)), want) <= 1e-4
+
+
+def test_adapter_count_and_descriptors_are_bounded(tmp_path):
+    """Each adapter holds its file mapped while the model loads: 2000 of them ran the process out of file
+    descriptors, a raw OSError (EMFILE)."""
+    import resource
+    gg = tmp_path / "a.gguf"
+    a, b = v_pair()[V_PROJ]
+    write_gguf(gg, MD, [("blk.0.attn_v.weight.lora_a", QType.F32, a), ("blk.0.attn_v.weight.lora_b", QType.F32, b)])
+    refuse([(str(gg), 0.001)] * 2000, r"lora= lists 2000 adapters, more than 64", InvalidInputError)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    used = len(os.listdir("/proc/self/fd")) if Path("/proc/self/fd").exists() else 64
+    resource.setrlimit(resource.RLIMIT_NOFILE, (used + 20, hard))     # fewer descriptors left than 64 adapters take
+    try:
+        refuse([(str(gg), 0.001)] * 64, r"cannot be read \(Too many open files\)")
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -33,6 +33,7 @@ from .weights import ByteTensor, WeightTensor
 
 MAX_FACTOR = 1024.0         # |alpha / r| (or alpha / sqrt(r)) beyond this is no adapter anyone trained
 MAX_SCALE = 1024.0          # a user's scale beyond this is a typo
+MAX_ADAPTERS = 64           # adapters merged by one load
 MAX_PATTERN_KEYS = 10_000   # rank_pattern / alpha_pattern keys: a key per module of the largest models, 10 times
 _INTEGER_TYPES = {QType.I8, QType.I16, QType.I32, QType.I64}
 # PEFT types that are not LoRA (what adapter_config.json's peft_type says), refused by name
@@ -98,6 +99,8 @@ def adapter_specs(lora) -> list[tuple[str, float]]:
     if not isinstance(items, (list, tuple)):
         raise InvalidInputError(f"lora= takes a path, a (path, scale) pair or a list of them, "
                                 f"got {type(lora).__name__}")
+    if len(items) > MAX_ADAPTERS:       # (each holds its file open while the model loads)
+        raise InvalidInputError(f"lora= lists {len(items)} adapters, more than {MAX_ADAPTERS}")
     out = []
     for item in items:
         if isinstance(item, (str, os.PathLike)):
@@ -143,11 +146,12 @@ def open_adapter(path, scale: float = 1.0, n_layers: int = 0, post_norms: bool =
     except (OSError, ValueError) as e:      # a name too long for the file system (ENAMETOOLONG), EACCES
         raise AdapterError(f"LoRA adapter {_short(str(path))}: cannot be read "
                            f"({getattr(e, 'strerror', None) or e})") from None
-    if is_dir:
-        return _open_peft(path, scale, n_layers, post_norms, arch)
     if not exists:
         raise AdapterError(f"LoRA adapter {path}: no such file or directory")
-    return _open_gguf(path, scale)
+    try:
+        return _open_peft(path, scale, n_layers, post_norms, arch) if is_dir else _open_gguf(path, scale)
+    except OSError as e:        # mapping a file past the process's descriptors (EMFILE), a read error (EIO)
+        raise AdapterError(f"LoRA adapter {path}: cannot be read ({e.strerror or e})") from None
 
 
 def _check_factor(where: str, alpha, r: int, rslora: bool = False) -> float:
