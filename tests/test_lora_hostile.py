@@ -270,3 +270,12 @@ def test_adapter_count_and_descriptors_are_bounded(tmp_path):
         refuse([(str(gg), 0.001)] * 64, r"cannot be read \(Too many open files\)")
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.mark.skipif(not Path("/proc/self/mem").exists(), reason="needs Linux's /proc/self/mem")
+def test_adapter_config_whose_read_fails(tmp_path):
+    """/proc/self/mem is a regular file whose read fails (EIO): as adapter_config.json, a raw OSError."""
+    peft = write_peft(tmp_path / "p", v_pair(), 8)
+    (peft / "adapter_config.json").unlink()
+    os.symlink("/proc/self/mem", peft / "adapter_config.json")
+    refuse(str(peft), r"cannot be read \(Input/output error\)")
