@@ -133,6 +133,13 @@ def text_name(name: str) -> str:
     return name
 
 
+def _layer_number(digits: str) -> int | None:
+    """The number of a `model.layers.N.` name; None for one of more than 9 digits past its zeros, which
+    no model has (int() of thousands of digits was a raw ValueError: Python's digit limit)."""
+    digits = digits.lstrip("0") or "0"
+    return int(digits) if len(digits) <= 9 else None
+
+
 def canonical_name(name: str, n_layers: int, post_norms: bool, arch: str = "") -> str | None:
     """The canonical name of one plain HF tensor name (a layer's or a top-level one), None where it has
     none here (an expert's, an unknown or out-of-range layer tensor, a vision tower's)."""
@@ -141,9 +148,10 @@ def canonical_name(name: str, n_layers: int, post_norms: bool, arch: str = "") -
     if name in global_names:
         return global_names[name]
     m = _LAYER_RE.fullmatch(name)
-    if not m or int(m.group(1)) >= n_layers or m.group(2) not in per_layer:
+    i = _layer_number(m.group(1)) if m else None
+    if i is None or i >= n_layers or m.group(2) not in per_layer:
         return None
-    return f"blk.{int(m.group(1))}.{per_layer[m.group(2)]}"
+    return f"blk.{i}.{per_layer[m.group(2)]}"
 
 
 def canonical_tensors(hf_tensors: dict, n_layers: int, post_norms: bool, arch: str = "", extra_layers: int = 0) -> dict:
@@ -171,7 +179,9 @@ def canonical_tensors(hf_tensors: dict, n_layers: int, post_norms: bool, arch: s
         m = _LAYER_RE.fullmatch(name)
         if not m:
             continue
-        i, suffix = int(m.group(1)), m.group(2)
+        i, suffix = _layer_number(m.group(1)), m.group(2)
+        if i is None:
+            raise ModelFormatError(f"tensor {name[:120]!r}: a layer number of {len(m.group(1))} digits, past any model's")
         if n_layers <= i < n_layers + extra_layers:
             continue
         if suffix.endswith("rotary_emb.inv_freq"):

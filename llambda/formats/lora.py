@@ -16,6 +16,7 @@ Facts of the two formats (all shapes in NumPy order, rows first):
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import re
 from dataclasses import dataclass, field
@@ -25,12 +26,16 @@ import numpy as np
 
 from ..errors import AdapterError, InvalidInputError, ModelFormatError
 from .files import read_json
-from .quants import DEQUANTIZABLE
+from .pattern_keys import Budget, KeyMatcher, PatternError
+from .quants import DEQUANTIZABLE, QType
 from .rope_rows import PERMUTED_GGUF_ARCHS
-from .weights import WeightTensor
+from .weights import ByteTensor, WeightTensor
 
 MAX_FACTOR = 1024.0         # |alpha / r| (or alpha / sqrt(r)) beyond this is no adapter anyone trained
 MAX_SCALE = 1024.0          # a user's scale beyond this is a typo
+MAX_ADAPTERS = 64           # adapters merged by one load
+MAX_PATTERN_KEYS = 10_000   # rank_pattern / alpha_pattern keys: a key per module of the largest models, 10 times
+_INTEGER_TYPES = {QType.I8, QType.I16, QType.I32, QType.I64}
 # PEFT types that are not LoRA (what adapter_config.json's peft_type says), refused by name
 _PEFT_TYPES = {"LORA"}
 
@@ -56,6 +61,7 @@ class LoraAdapter:
     pairs: dict[str, LoraPair]  # canonical base tensor name -> pair
     arch: str | None = None     # GGUF: general.architecture (PEFT files do not say)
     interleaved: bool = False   # q/k B rows in GGUF-llama's permuted order
+    permute_qk: bool = False    # its q/k B rows in another order than the base file's (set by check_adapters)
     closers: list = field(default_factory=list)
 
     def describe(self) -> dict:
@@ -79,7 +85,9 @@ def parse_lora_arg(text: str) -> tuple[str, float]:
         try:
             return path, float(tail)
         except ValueError:
-            pass
+            if os.path.exists(path):    # `a.gguf:` or `a.gguf:x`: a scale that is not one, not a missing file
+                raise InvalidInputError(f"--lora {text}: {tail!r} after the last ':' is not a scale "
+                                        "(a number)") from None
     return text, 1.0
 
 
@@ -91,6 +99,8 @@ def adapter_specs(lora) -> list[tuple[str, float]]:
     if not isinstance(items, (list, tuple)):
         raise InvalidInputError(f"lora= takes a path, a (path, scale) pair or a list of them, "
                                 f"got {type(lora).__name__}")
+    if len(items) > MAX_ADAPTERS:       # (each holds its file open while the model loads)
+        raise InvalidInputError(f"lora= lists {len(items)} adapters, more than {MAX_ADAPTERS}")
     out = []
     for item in items:
         if isinstance(item, (str, os.PathLike)):
@@ -99,12 +109,31 @@ def adapter_specs(lora) -> list[tuple[str, float]]:
             path, scale = tuple(item) if isinstance(item, (tuple, list)) and len(item) == 2 else (None, None)
         if not isinstance(path, (str, os.PathLike)):
             raise InvalidInputError(f"lora= items are paths or (path, scale) pairs, got {item!r}")
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) \
-                or abs(scale) > MAX_SCALE:
+        if not _finite_number(scale) or abs(float(scale)) > MAX_SCALE:
             raise InvalidInputError(f"the scale of LoRA adapter {os.fspath(path)} must be a finite number of magnitude "
-                               f"at most {MAX_SCALE:g}, got {scale!r}")
+                                    f"at most {MAX_SCALE:g}, got {_short(scale)}")
         out.append((os.fspath(path), float(scale)))
     return out
+
+
+def _finite_number(v) -> bool:
+    """A real number (not a bool) that is finite as a float: an int past float's range (JSON allows
+    10**400) is not, rather than an OverflowError."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
+        return False
+    try:
+        return math.isfinite(float(v))
+    except (OverflowError, ValueError, TypeError):
+        return False
+
+
+def _short(v, limit: int = 80) -> str:
+    """repr(v) cut to `limit` characters (an int of 400 digits, a long string in a message)."""
+    try:
+        text = repr(v)
+    except ValueError:      # an int past the interpreter's digit limit
+        text = f"<{type(v).__name__} too large to print>"
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def open_adapter(path, scale: float = 1.0, n_layers: int = 0, post_norms: bool = False,
@@ -112,16 +141,23 @@ def open_adapter(path, scale: float = 1.0, n_layers: int = 0, post_norms: bool =
     """The adapter at `path` (a GGUF file or a PEFT directory), its pairs named as the base model's
     canonical tensors. `n_layers`, `post_norms`, `arch`: the base's, to map a PEFT directory's HF names."""
     path = Path(path)
-    if path.is_dir():
-        return _open_peft(path, scale, n_layers, post_norms, arch)
-    if not path.exists():
+    try:
+        is_dir, exists = path.is_dir(), path.exists()
+    except (OSError, ValueError) as e:      # a name too long for the file system (ENAMETOOLONG), EACCES
+        raise AdapterError(f"LoRA adapter {_short(str(path))}: cannot be read "
+                           f"({getattr(e, 'strerror', None) or e})") from None
+    if not exists:
         raise AdapterError(f"LoRA adapter {path}: no such file or directory")
-    return _open_gguf(path, scale)
+    try:
+        return _open_peft(path, scale, n_layers, post_norms, arch) if is_dir else _open_gguf(path, scale)
+    except OSError as e:        # mapping a file past the process's descriptors (EMFILE), a read error (EIO)
+        raise AdapterError(f"LoRA adapter {path}: cannot be read ({e.strerror or e})") from None
 
 
 def _check_factor(where: str, alpha, r: int, rslora: bool = False) -> float:
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha < 0:
-        raise AdapterError(f"{where}: lora alpha must be a finite number >= 0, got {alpha!r}")
+    if not _finite_number(alpha) or alpha < 0:
+        raise AdapterError(f"{where}: lora alpha must be a finite number >= 0, got {_short(alpha)}")
+    alpha = float(alpha)
     if r < 1:
         raise AdapterError(f"{where}: rank {r} (a LoRA pair needs rank >= 1)")
     factor = alpha / math.sqrt(r) if rslora else alpha / r
@@ -145,6 +181,11 @@ def _check_pair(where: str, a: WeightTensor, b: WeightTensor) -> None:
     for t in (a, b):
         if len(t.shape) != 2:
             raise AdapterError(f"{where}: {t.name!r} is {len(t.shape)}-D {t.shape}, a LoRA factor is a matrix")
+        if isinstance(t, ByteTensor):       # safetensors U8: raw bytes (its qtype says I8), no factor's type
+            raise AdapterError(f"{where}: {t.name!r} is U8 bytes, not a float LoRA factor")
+        if t.qtype in _INTEGER_TYPES:       # (dequantizable as numbers, but no converter writes a factor so)
+            raise AdapterError(f"{where}: {t.name!r} has integer type {t.qtype.name}: a LoRA factor is float "
+                               "or quantized")
         if t.qtype not in DEQUANTIZABLE:
             raise AdapterError(f"{where}: {t.name!r} has type {t.qtype.name}, which cannot be read here")
     if a.shape[0] != b.shape[1]:
@@ -194,6 +235,8 @@ def _open_gguf(path: Path, scale: float) -> LoraAdapter:
         for canon, got in halves.items():
             a, b = _pair(where, got, "lora_a", "lora_b")
             r = int(a.shape[0])
+            if r < 1:       # (with no alpha, the rank was never looked at: a rank-0 pair merged nothing)
+                raise AdapterError(f"{where}, {a.name!r}: rank {r} (a LoRA pair needs rank >= 1)")
             factor = _check_factor(f"{where}, {a.name!r}", alpha, r) if alpha else 1.0
             pairs[canon] = LoraPair(a, b, factor, a.name[:-len(".lora_a")])
         if not pairs:
@@ -218,18 +261,29 @@ def _canonical_gguf(name: str, renamed: dict[str, str]) -> str:
 _PEFT_NAME = re.compile(r"(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<part>[AB])(?:\.[^.]+)?\.weight")
 
 
-def _pattern_value(patterns, module: str, default, where: str, key: str):
-    """PEFT's alpha_pattern / rank_pattern: the first key matching the module name's tail."""
+_EXPERT = re.compile(r"\.experts\.\d+\.")     # a Hub MoE's per-expert modules (mlp.experts.3.up_proj)
+
+
+def _pattern_value(patterns, module: str, default, where: str, key: str, compiled: dict):
+    """PEFT's alpha_pattern / rank_pattern: the value of the first key matching the module name's tail
+    (matched in linear time: pattern_keys.py; `compiled` caches each key's matcher)."""
     if not patterns:
         return default
     if not isinstance(patterns, dict):
         raise AdapterError(f"{where}: {key} must be an object, got {type(patterns).__name__}")
+    if len(patterns) > MAX_PATTERN_KEYS:
+        raise AdapterError(f"{where}: {key} has {len(patterns)} keys, more than {MAX_PATTERN_KEYS}")
+    budget = compiled.setdefault("budget", Budget())
     for pattern, value in patterns.items():
         try:
-            if re.fullmatch(rf"(?:.*\.)?(?:{pattern})", module):
+            matcher = compiled.get((key, pattern))
+            if matcher is None:
+                matcher = compiled[(key, pattern)] = KeyMatcher(pattern)
+                budget.spend(matcher.cost)
+            if matcher.matches(module, budget):
                 return value
-        except (re.error, TypeError, RecursionError):
-            raise AdapterError(f"{where}: {key} key {pattern!r} is not a valid pattern") from None
+        except PatternError as e:
+            raise AdapterError(f"{where}: {key} key {_short(pattern)} {e}") from None
     return default
 
 
@@ -238,14 +292,14 @@ def _open_peft(path: Path, scale: float, n_layers: int, post_norms: bool, arch: 
     from .safetensors import SafetensorsFile
     where = f"LoRA adapter {path}"
     cfg_path = path / "adapter_config.json"
-    if not cfg_path.is_file():
+    if not cfg_path.exists():      # (a FIFO or device there is refused by name by read_json)
         raise AdapterError(f"{where}: a PEFT adapter directory needs adapter_config.json")
     cfg = read_json(cfg_path, "adapter_config.json", AdapterError)
     if not isinstance(cfg, dict):
         raise AdapterError(f"{cfg_path}: must hold a JSON object")
     kind = cfg.get("peft_type", "LORA")
-    if kind not in _PEFT_TYPES:
-        raise AdapterError(f"{where}: PEFT type {kind!r} is not supported (only LORA)")
+    if not isinstance(kind, str) or kind not in _PEFT_TYPES:     # (a list here was unhashable: a TypeError)
+        raise AdapterError(f"{where}: PEFT type {_short(kind)} is not supported (only LORA)")
     for key, what in (("use_dora", "DoRA (weight-decomposed LoRA)"), ("fan_in_fan_out", "fan_in_fan_out (Conv1D) "
                       "weights"), ("lora_bias", "LoRA biases"), ("layer_replication", "layer_replication"),
                       ("use_qalora", "QALoRA"), ("trainable_token_indices", "trainable tokens")):
@@ -255,11 +309,11 @@ def _open_peft(path: Path, scale: float, n_layers: int, post_norms: bool, arch: 
         raise AdapterError(f"{where}: bias {cfg.get('bias')!r} is not supported (trained biases; only 'none')")
     r_cfg, alpha_cfg, rslora = cfg.get("r", 8), cfg.get("lora_alpha", 8), cfg.get("use_rslora", False)
     if isinstance(r_cfg, bool) or not isinstance(r_cfg, int) or r_cfg < 1:
-        raise AdapterError(f"{where}: r must be an integer >= 1, got {r_cfg!r}")
+        raise AdapterError(f"{where}: r must be an integer >= 1, got {_short(r_cfg)}")
     if not isinstance(rslora, bool):
         raise AdapterError(f"{where}: use_rslora must be true or false, got {rslora!r}")
     st_path = path / "adapter_model.safetensors"
-    if not st_path.is_file():
+    if not st_path.exists():       # (a FIFO or device there is refused by name by SafetensorsFile)
         extra = " (adapter_model.bin is a pickle, which llambda does not read: save it with safetensors)" \
             if (path / "adapter_model.bin").exists() else ""
         raise AdapterError(f"{where}: no adapter_model.safetensors{extra}")
@@ -277,20 +331,24 @@ def _open_peft(path: Path, scale: float, n_layers: int, post_norms: bool, arch: 
                         else "not a LoRA factor (lora_A / lora_B)")
                 raise AdapterError(f"{where}: tensor {name!r} is {what}: not supported")
             halves.setdefault(m.group("module"), {})[f"lora_{m.group('part')}"] = t
-        pairs = {}
+        pairs, compiled = {}, {}
         for module, got in halves.items():
             a, b = _pair(where, got, "lora_A", "lora_B")
             canon = canonical_name(f"{module}.weight", n_layers, post_norms, arch)
             if canon is None:
-                raise AdapterError(f"{where}: {module!r} is no weight of the base model ({arch}, {n_layers} "
-                                   "layers): an adapter for another model?")
+                if _EXPERT.search(module):
+                    raise AdapterError(f"{where}: {_short(module, 120)} is a mixture-of-experts expert's weight: a "
+                                       "LoRA of experts is not supported (only attention, dense MLP and router "
+                                       "matrices)")
+                raise AdapterError(f"{where}: {_short(module, 120)} is no weight of the base model ({arch}, "
+                                   f"{n_layers} layers): an adapter for another model?")
             if canon in pairs:
                 raise AdapterError(f"{where}: {module!r} and {pairs[canon].source_name!r} adapt the same weight")
             r = int(a.shape[0])
-            want_r = _pattern_value(cfg.get("rank_pattern"), module, r_cfg, where, "rank_pattern")
+            want_r = _pattern_value(cfg.get("rank_pattern"), module, r_cfg, where, "rank_pattern", compiled)
             if want_r != r:
-                raise AdapterError(f"{where}: {a.name!r} has rank {r} but adapter_config.json says r = {want_r!r}")
-            alpha = _pattern_value(cfg.get("alpha_pattern"), module, alpha_cfg, where, "alpha_pattern")
+                raise AdapterError(f"{where}: {a.name!r} has rank {r} but adapter_config.json says r = {_short(want_r)}")
+            alpha = _pattern_value(cfg.get("alpha_pattern"), module, alpha_cfg, where, "alpha_pattern", compiled)
             pairs[canon] = LoraPair(a, b, _check_factor(f"{where}, {module!r}", alpha, r, rslora), module)
         if not pairs:
             raise AdapterError(f"{where}: adapter_model.safetensors holds no LoRA pairs")

@@ -15,12 +15,13 @@ import numpy as np
 
 from ..errors import AdapterError, LlambdaWarning
 from .lora import LoraAdapter, LoraPair, open_adapter
-from .quants import QType, quantize
-from .rope_rows import rope_permutation
+from .quants import QType, dequantize, quantize, row_nbytes
+from .rope_rows import PERMUTED_GGUF_ARCHS, rope_permutation
 from .source import ModelSource
 from .weights import WeightTensor
 
 FLOAT_QTYPES = (QType.F32, QType.F16, QType.BF16)
+MERGE_CHUNK_BYTES = 4 << 20     # a weight is merged this many float32 bytes of its rows at a time
 # llama.cpp writes Mistral and Mixtral as `llama`; otherwise an adapter's architecture is the base's module
 _SAME_GGUF_ARCH = {"mistral": "llama", "mixtral": "llama"}
 
@@ -66,8 +67,12 @@ def check_adapters(adapters: list[LoraAdapter], src: ModelSource) -> None:
     """AdapterError unless every adapter fits the base: its architecture (GGUF adapters say theirs), every
     weight it names present in the base, a matrix of the pair's shape, of a type merged here."""
     cfg, arch = src.config, base_arch(src)
+    # the base file's q/k rows: GGUF-llama's permuted order in a GGUF file of those architectures, the
+    # checkpoint's own order otherwise (HF's, which a PEFT adapter shares: DeepSeek's interleaved rows too)
+    base_permuted = src.format == "gguf" and arch in PERMUTED_GGUF_ARCHS
     for ad in adapters:
         where = f"LoRA adapter {ad.path}"
+        ad.permute_qk = ad.interleaved != base_permuted
         if ad.arch is not None and _family(ad.arch) != _family(arch):
             raise AdapterError(f"{where} is for architecture {ad.arch!r}, the model is {arch!r}")
         for name, pair in ad.pairs.items():
@@ -88,7 +93,7 @@ def check_adapters(adapters: list[LoraAdapter], src: ModelSource) -> None:
             if t.qtype not in FLOAT_QTYPES and not _requantizable(t.qtype):
                 raise AdapterError(f"{where}: {name!r} is {t.qtype.name}, which llambda cannot quantize again "
                                    "after merging (use a float or another quantized base)")
-            if ad.interleaved != (not cfg.rope_neox) and _leaf(name) in ("attn_q", "attn_k") \
+            if ad.permute_qk and _leaf(name) in ("attn_q", "attn_k") \
                     and (cfg.rope_dim != cfg.head_dim or cfg.qk_norm):
                 raise AdapterError(f"{where}: its q/k rows are in another RoPE row order than the model's, which "
                                    "cannot be converted for a partial-rotary or q/k-norm model")
@@ -112,9 +117,9 @@ class LoraMerge:
     def _delta_rows(self, name: str, ad: LoraAdapter, pair: LoraPair) -> np.ndarray:
         b = pair.b.to_float32().reshape(pair.b.shape)
         leaf = _leaf(name)
-        if ad.interleaved != (not self.config.rope_neox) and leaf in ("attn_q", "attn_k"):
+        if ad.permute_qk and leaf in ("attn_q", "attn_k"):
             heads = self.config.n_heads if leaf == "attn_q" else self.config.n_kv_heads
-            b = b[rope_permutation(heads, self.config.head_dim, to_interleaved=not self.config.rope_neox)]
+            b = b[rope_permutation(heads, self.config.head_dim, to_interleaved=not ad.interleaved)]
         return b * np.float32(ad.scale * pair.factor)
 
     def lookup(self, name: str) -> WeightTensor | None:
@@ -124,21 +129,33 @@ class LoraMerge:
             return t
         if self._last is not None and self._last[0] == name:
             return self._last[1]
-        w = t.to_float32().reshape(t.shape).astype(np.float32, copy=True)
-        for ad, pair in uses:
-            a = pair.a.to_float32().reshape(pair.a.shape)
-            w += self._delta_rows(name, ad, pair) @ a
-        if not np.isfinite(w).all():
-            raise AdapterError(f"merging LoRA into {name!r} gave non-finite weights (an adapter's values or "
-                               "scale overflow)")
+        updates = [(self._delta_rows(name, ad, pair), pair.a.to_float32().reshape(pair.a.shape)) for ad, pair in uses]
+        rows, cols = t.shape
+        src, out = t.rows2d(), np.empty((rows, row_nbytes(t.qtype, cols)), np.uint8)
+        step = max(1, MERGE_CHUNK_BYTES // (4 * cols))
+        for r0 in range(0, rows, step):      # a block of rows at a time: a float32 copy of the whole
+            r1 = min(rows, r0 + step)         # matrix (the output head's: GBs) is never made
+            w = dequantize(src[r0:r1], t.qtype, (r1 - r0, cols))       # (a fresh array, any type)
+            for delta, a in updates:
+                w += delta[r0:r1] @ a
+            if not np.isfinite(w).all():
+                raise AdapterError(f"merging LoRA into {name!r} gave non-finite weights (an adapter's values or "
+                                   "scale overflow)")
+            with np.errstate(over="ignore"):        # (past F16's range: checked just below)
+                q = quantize(w, t.qtype).reshape(r1 - r0, -1)
+            if t.qtype != QType.F32 and not np.isfinite(dequantize(q, t.qtype, w.shape)).all():
+                raise AdapterError(f"merging LoRA into {name!r} gave weights past what its type {t.qtype.name} "
+                                   f"holds (|w| up to {float(np.abs(w).max()):.3g}): an adapter's values or scale "
+                                   "too large")
+            out[r0:r1] = q
+            self.release(src[r0:r1].reshape(-1))    # the base's file pages of those rows, as a packed tensor's
         if t.qtype not in FLOAT_QTYPES:
             self.requantized[t.qtype.name] = self.requantized.get(t.qtype.name, 0) + 1
-        raw = quantize(w, t.qtype).reshape(-1)
-        out = WeightTensor(t.name, t.qtype, t.shape, raw)
+        merged = WeightTensor(t.name, t.qtype, t.shape, out.reshape(-1))
         self.release(t.data)
         self.merged.add(name)
-        self._last = (name, out)
-        return out
+        self._last = (name, merged)
+        return merged
 
     def finish(self) -> None:
         self._last = None

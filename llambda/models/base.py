@@ -235,7 +235,8 @@ class Transformer(Closable):
         except ModelFormatError as e:
             if not cfg.source or cfg.source in str(e):
                 raise
-            raise ModelFormatError(f"{cfg.source}: {e}") from None     # name the file, as opening does
+            # name the file, as opening does; of the same type (a LoRA merge's AdapterError stays one)
+            raise type(e)(f"{cfg.source}: {e}") from None
         width = cfg.ffn_dim if any(L.moe is None for L in self.layers) else 0     # no dense MLP: no gate/up buffers
         self.ws = Workspace(cfg, max_tokens, max_logit_rows or max(n_slots, 16), backend.workspace_specs(cfg, max_tokens),
                             mlp_width=width)
