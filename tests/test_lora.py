@@ -406,8 +406,9 @@ def test_served_model_lists_its_adapters(tmp_path):
 
         body = asyncio.run(get())
         card = body["data"][0]
-    assert card["meta"]["adapters"] == [{"path": str(peft), "format": "peft", "scale": 0.75, "tensors": 2,
+    assert card["meta"]["adapters"] == [{"name": peft.name, "format": "peft", "scale": 0.75, "tensors": 2,
                                          "rank": 2}]
+    assert str(peft.parent) not in json.dumps(body), "the server's directories are not the clients' business"
 
 
 def test_cli_run_merges_adapters_with_their_scales(tmp_path, capsys):

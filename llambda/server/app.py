@@ -5,6 +5,7 @@ import asyncio
 import hmac
 import ipaddress
 import logging
+import os
 import socket
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, nullcontext
@@ -338,8 +339,10 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
     async def models(request: Request) -> Response:
         card = {"id": cfg.model_id, "object": "model", "created": int(metrics.started), "owned_by": "llambda",
                 "meta": {"n_ctx": model.n_ctx, "n_vocab": model.config.vocab_size, "slots": scheduler.n_slots}}
-        if getattr(model, "adapters", None):      # the LoRA adapters merged at load
-            card["meta"]["adapters"] = model.adapters
+        if getattr(model, "adapters", None):      # the LoRA adapters merged at load, by file name: where
+            # they lie on the server's disk is not the clients' business
+            card["meta"]["adapters"] = [{"name": os.path.basename(ad["path"].rstrip("/\\")),
+                                         **{k: v for k, v in ad.items() if k != "path"}} for ad in model.adapters]
         return json_response({"object": "list", "data": [card]})
 
     async def health(request: Request) -> Response:
