@@ -22,7 +22,7 @@ from .formats.lora_merge import LoraMerge, open_adapters
 from .formats.open import open_named
 from .hub import is_catalogued
 from .models import memory
-from .models.base import Transformer
+from .models.base import Transformer, live_server
 from .models.bert import BertConfig, BertEncoder, pack_batch
 from .models.config import MAX_POSITIONS
 from .sampling import SamplingParams, _is_int
@@ -254,8 +254,8 @@ class Model:
         """ModelBusyError while a server's scheduler runs this model, unless called on its thread
         (embeddings in its spare slot): a library forward beside its steps would overwrite their
         activations and its slot 0, and both would compute garbage."""
-        thread = self.transformer.served_by
-        if thread is not None and thread.is_alive() and thread is not threading.current_thread():
+        thread = live_server(self.transformer)
+        if thread is not None and thread is not threading.current_thread():
             raise ModelBusyError(f"{self.name!r} is being served (create_app / llambda serve): its forward passes "
                                  "and KV-cache slots belong to the server's scheduler until it stops; send the "
                                  "request to the server, or load the model a second time for library calls")
