@@ -401,8 +401,7 @@ class Model:
         try:
             check_rollback(self.config)
             check_rollback(draft.config, "the draft model")
-            if threads is not None and (not _is_int(threads) or threads < 1):
-                raise InvalidInputError(f"draft_threads must be a positive integer, got {threads!r}")
+            _check_counts(draft_threads=(threads, 1, True))
             threads = None if threads is None else int(threads)     # np.int64(2) was refused
             self.drafter = DraftModel(draft.transformer, draft.tokenizer, self.tokenizer, self.config.vocab_size,
                                       n_slots=self.transformer.n_slots, threads=threads, owner=draft)
