@@ -18,12 +18,13 @@ def hf_layer_sliding(cfg: dict, n_layers: int, default_sliding: bool) -> tuple[i
     hf = HFConfig(cfg)
     window = hf.window()
     flags = hf_sliding_flags(cfg.get("layer_types"), n_layers)
-    if flags is None and "use_sliding_window" in cfg:
-        start = hf.get("max_window_layers", 0, int)
-        use = hf.flag("use_sliding_window", False)
-        flags = [use and i >= start for i in range(n_layers)]
-    elif flags is None:
-        flags = [default_sliding] * n_layers
+    if flags is None:
+        if "use_sliding_window" in cfg:
+            start = hf.get("max_window_layers", 0, int)
+            use = hf.flag("use_sliding_window", False)
+            flags = [use and i >= start for i in range(n_layers)]
+        else:
+            flags = [default_sliding] * n_layers
     if not window:
         flags = [False] * n_layers
     return window, flags
