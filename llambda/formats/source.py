@@ -4,7 +4,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 
@@ -67,13 +67,17 @@ class ModelSource:
                                    f"describes ({c.arch}, {c.n_layers} layers), e.g. {shown}: the {what} and the "
                                    "tensors disagree")
 
+    def tensors(self) -> Iterator[tuple[str, WeightTensor]]:
+        """(name, tensor) of each name `tensor` returns one for, in the file's order."""
+        for name in self.tensor_names:
+            t = self.tensor(name)
+            if t is not None:
+                yield name, t
+
     def shares_by_type(self) -> dict[str, TypeShare]:
         """Each quant type's tensors, bytes and parameters, in the order the tensors first use the types."""
         out: dict[str, TypeShare] = {}
-        for name in self.tensor_names:
-            t = self.tensor(name)
-            if t is None:
-                continue
+        for _, t in self.tensors():
             n = int(np.prod(t.shape))
             share = out.setdefault(t.qtype.name, TypeShare())
             share.tensors += 1

@@ -50,10 +50,7 @@ def decode_weight_bytes(src: ModelSource) -> int:
     MoE layer's routed experts (`*_exps`), the k a token uses (its active parameters)."""
     cfg = src.config
     total, embd = 0, 0
-    for name in src.tensor_names:
-        t = src.tensor(name)
-        if t is None:
-            continue
+    for name, t in src.tensors():
         nbytes = tensor_nbytes(t.qtype, t.shape)
         if cfg.n_experts and is_expert_tensor(name):
             nbytes = nbytes * cfg.n_experts_used // cfg.n_experts
