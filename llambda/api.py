@@ -683,11 +683,8 @@ class EncoderModel:
             raise TokenizerError(f"this model cannot tokenize text: {self.source.tokenizer_error}")
         return self.tokenizer
 
-    def tokenize(self, text: str, add_bos: bool = False, parse_special: bool = True) -> list[int]:
-        return self._tok().encode(text, add_bos=add_bos, parse_special=parse_special)
-
-    def detokenize(self, ids: Seq[int]) -> str:
-        return self._tok().decode(ids)     # decode checks ids (None, floats) with a TokenizerError
+    # text <-> tokens as a decoder's, through this model's _tok
+    tokenize, detokenize = Model.tokenize, Model.detokenize
 
     def _encode(self, items: list, limit: int | None = None) -> list[tuple[list[int], list[int]]]:
         """(ids, type_ids) per input: texts through the tokenizer ([CLS] ... [SEP], truncated to
