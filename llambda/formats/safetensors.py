@@ -150,21 +150,8 @@ class SafetensorsFile(ReadsAhead):
         return qtype, (shape or (1,)), begin, end
 
     def close(self) -> None:
-        self.stop_read_ahead()
-        self.tensors = {}
-        self._base = None
-        if self._mm is not None:
-            try:
-                self._mm.close()
-            except BufferError:
-                pass   # a view is still referenced elsewhere; the mapping goes when it does
-            self._mm = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        self.tensors = {}       # first: their views would keep the mapping open
+        super().close()
 
 
 class SafetensorsSet:
