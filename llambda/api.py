@@ -22,7 +22,7 @@ from .formats.lora_merge import LoraMerge, open_adapters
 from .formats.open import open_named
 from .hub import is_catalogued
 from .models import memory
-from .models.base import Transformer
+from .models.base import Transformer, live_server
 from .models.bert import BertConfig, BertEncoder, pack_batch
 from .models.config import MAX_POSITIONS
 from .sampling import SamplingParams, _is_int
@@ -254,8 +254,8 @@ class Model:
         """ModelBusyError while a server's scheduler runs this model, unless called on its thread
         (embeddings in its spare slot): a library forward beside its steps would overwrite their
         activations and its slot 0, and both would compute garbage."""
-        thread = self.transformer.served_by
-        if thread is not None and thread.is_alive() and thread is not threading.current_thread():
+        thread = live_server(self.transformer)
+        if thread is not None and thread is not threading.current_thread():
             raise ModelBusyError(f"{self.name!r} is being served (create_app / llambda serve): its forward passes "
                                  "and KV-cache slots belong to the server's scheduler until it stops; send the "
                                  "request to the server, or load the model a second time for library calls")
@@ -402,8 +402,7 @@ class Model:
         try:
             check_rollback(self.config)
             check_rollback(draft.config, "the draft model")
-            if threads is not None and (not _is_int(threads) or threads < 1):
-                raise InvalidInputError(f"draft_threads must be a positive integer, got {threads!r}")
+            _check_counts(draft_threads=(threads, 1, True))
             threads = None if threads is None else int(threads)     # np.int64(2) was refused
             self.drafter = DraftModel(draft.transformer, draft.tokenizer, self.tokenizer, self.config.vocab_size,
                                       n_slots=self.transformer.n_slots, threads=threads, owner=draft)
@@ -691,11 +690,8 @@ class EncoderModel:
             raise TokenizerError(f"this model cannot tokenize text: {self.source.tokenizer_error}")
         return self.tokenizer
 
-    def tokenize(self, text: str, add_bos: bool = False, parse_special: bool = True) -> list[int]:
-        return self._tok().encode(text, add_bos=add_bos, parse_special=parse_special)
-
-    def detokenize(self, ids: Seq[int]) -> str:
-        return self._tok().decode(ids)     # decode checks ids (None, floats) with a TokenizerError
+    # text <-> tokens as a decoder's, through this model's _tok
+    tokenize, detokenize = Model.tokenize, Model.detokenize
 
     def _encode(self, items: list, limit: int | None = None) -> list[tuple[list[int], list[int]]]:
         """(ids, type_ids) per input: texts through the tokenizer ([CLS] ... [SEP], truncated to

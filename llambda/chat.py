@@ -714,11 +714,20 @@ def _validate_tools(tools: Any) -> list | None:
 
 # --- extra template variables ------------------------------------------------------------
 
+def _render_context(extra: Mapping, bos_token: str, eos_token: str, messages: list, tools: list | None,
+                    add_generation_prompt: bool) -> dict:
+    """A render's variables: the token texts and `documents`, which ChatTemplate.render's own extra
+    variables may replace (unchecked: a library caller's documents), then those, then the conversation."""
+    context = {"bos_token": bos_token, "eos_token": eos_token, "documents": None}
+    context.update(extra)
+    context.update(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt)
+    return context
+
+
 # What a caller may add to a render (`enable_thinking`, `reasoning_effort`, ...): data, bounded like a
 # request body's fields. The names the renderer sets itself, and the template's functions, stay its own.
-RESERVED_TEMPLATE_VARS = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token",
-                                    "documents", "raise_exception", "strftime_now", "range", "dict", "lipsum",
-                                    "cycler", "joiner", "namespace"})
+RESERVED_TEMPLATE_VARS = (frozenset(_render_context({}, "", "", [], None, True))
+                          | frozenset(_ChatSandbox(DEFAULT_MAX_OUTPUT_CHARS).globals))
 MAX_TEMPLATE_VARS = 32
 MAX_TEMPLATE_VAR_DEPTH = 8          # nesting of one value (a list in a dict is 2)
 MAX_TEMPLATE_VARS_CHARS = 64 * 1024  # all values as JSON
@@ -846,9 +855,8 @@ class ChatTemplate:
     def render(self, messages: list[dict], add_generation_prompt: bool = True, tools: list | None = None,
                **extra) -> str:
         msgs = validate_messages(messages)
-        context = {"bos_token": self.bos_token, "eos_token": self.eos_token, "documents": None}
-        context.update(extra)
-        context.update(messages=msgs, tools=_validate_tools(tools), add_generation_prompt=bool(add_generation_prompt))
+        context = _render_context(extra, self.bos_token, self.eos_token, msgs, _validate_tools(tools),
+                                  bool(add_generation_prompt))
         token = _BUDGET.set(_Budget(self.max_steps, self.max_output_chars * _PRODUCED_FACTOR,
                                     self.max_built_bytes, self.max_seconds))
         try:

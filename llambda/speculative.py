@@ -133,10 +133,7 @@ class DraftModel:
         self.threads = threads
         if threads is not None and self._native():
             from .backends.native import grow_pool
-            try:
-                grow_pool(threads)
-            except ValueError as e:     # more than the pool's maximum: the C core names its range
-                raise InvalidInputError(f"draft_threads: {e}") from None
+            grow_pool(threads, "draft_threads: ")
         self._cached: dict[int, list[int]] = {}
         # the draft's api.Model (load(..., draft=)): its own calls (m.draft.complete) use slot 0 too
         self.owner = owner

@@ -5,8 +5,8 @@ from datetime import datetime
 
 import pytest
 
-from llambda.chat import ChatTemplate, validate_messages
-from llambda.errors import ChatTemplateError, LlambdaError
+from llambda.chat import ChatTemplate, check_template_kwargs, validate_messages
+from llambda.errors import ChatTemplateError, InvalidInputError, LlambdaError
 from llambda.formats.gguf import GGUFFile
 from tests.conftest import load_reference
 
@@ -109,6 +109,28 @@ def test_globals_and_extra_kwargs():
     assert t.render(USER, flavour="mint") == "<s>|</s>|True|None|mint|1"
     assert t.render(USER, add_generation_prompt=False, tools=[{"type": "function"}], flavour=1) == \
         "<s>|</s>|False|[{'type': 'function'}]|1|1"
+
+
+def test_template_kwargs_cannot_replace_what_the_renderer_sets(monkeypatch):
+    """Every variable a render passes the template and every global of its environment is refused as
+    an extra template variable (check_template_kwargs), whatever names they are."""
+    t = ChatTemplate("{{ messages|length }}")
+    seen = {}
+    real = ChatTemplate._render
+
+    def recording(self, context):
+        seen.update(context)
+        return real(self, context)
+
+    monkeypatch.setattr(ChatTemplate, "_render", recording)
+    t.render(USER, tools=[{"type": "function"}], flavour="mint")
+    names = (set(seen) - {"flavour"}) | set(t._env.globals)
+    assert {"messages", "tools", "add_generation_prompt", "bos_token", "raise_exception", "range"} <= names
+    for name in sorted(names):
+        with pytest.raises(InvalidInputError, match="set by the renderer"):
+            check_template_kwargs({name: 1})
+    # a library caller's own documents still reach a direct render (it checks nothing)
+    assert ChatTemplate("{{ documents|length }}").render(USER, documents=["a", "b"]) == "2"
 
 
 def test_strftime_now():

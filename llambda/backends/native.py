@@ -222,11 +222,15 @@ MOE_ACT_IDS = {"silu": 0, "swiglu_oai": 1}
 _POOL_LOCK = threading.Lock()
 
 
-def grow_pool(n: int) -> None:
-    """At least n threads in the pool: more when a model asks for more than any before it."""
+def grow_pool(n: int, what: str = "") -> None:
+    """At least n threads in the pool: more when a model asks for more than any before it. More than the
+    pool's maximum is an InvalidInputError (`what` first: the setting it came from)."""
     with _POOL_LOCK:
         if C.threads() < n:
-            C.set_threads(n)
+            try:
+                C.set_threads(n)
+            except ValueError as e:     # the C core names its range
+                raise InvalidInputError(f"{what}{e}") from None
 
 
 class NativeBackend(Backend):
@@ -246,10 +250,7 @@ class NativeBackend(Backend):
         self.threads = int(threads) if threads else default_threads()
         if self.threads < 1:
             raise InvalidInputError("threads must be >= 1")
-        try:
-            grow_pool(self.threads)
-        except ValueError as e:     # more than the pool's maximum: the C core names its range
-            raise InvalidInputError(str(e)) from None
+        grow_pool(self.threads)
         self._caps = threading.local()    # per calling thread: the caps its forwards replaced, and an override
         self.weight_bytes = 0
         self._weights = WeightArena()

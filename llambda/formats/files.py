@@ -10,7 +10,8 @@ import json
 import mmap
 import os
 import stat
-from typing import BinaryIO
+from contextlib import contextmanager
+from typing import BinaryIO, Iterator
 
 from ..errors import ModelFormatError
 
@@ -40,6 +41,22 @@ def open_regular(path, what: str = "model file", error: type = ModelFormatError)
         return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)
+        raise
+
+
+@contextmanager
+def replacing(path) -> Iterator[BinaryIO]:
+    """A file to write that becomes `path` only once whole (a temporary renamed over it): an export that
+    fails leaves the old file, if any, and no partial one behind."""
+    path = os.fspath(path)
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            yield f
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
         raise
 
 

@@ -410,23 +410,6 @@ class GGUFFile(ReadsAhead):
     def data_start(self) -> int:
         return self.data_offset
 
-    def close(self) -> None:
-        """Unmap the file. Views still held elsewhere keep the mapping alive until freed."""
-        self.stop_read_ahead()
-        self._base = None
-        if self._mm is not None:
-            try:
-                self._mm.close()
-            except BufferError:
-                pass  # a tensor view is still referenced; the mapping goes with it
-            self._mm = None
-
-    def __enter__(self) -> "GGUFFile":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         return (f"GGUFFile({self.path!r}, version={self.version}, "
                 f"{len(self.metadata)} keys, {len(self.tensors)} tensors)")

@@ -30,6 +30,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from .files import replacing
 from .quants import QType, as_qtype, quantize, tensor_nbytes
 from .gguf import (DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_DIMS, NUMPY_DTYPES, SCALAR_FORMATS,
                    GGUFValueType, TensorInfo)
@@ -325,19 +326,11 @@ def write_gguf(path: str | os.PathLike, metadata: dict[str, Any], tensors=(),
         header += struct.pack(f"<I{len(ne)}QIQ", len(ne), *ne, t.qtype, offset)
         offset = _align(offset + t.nbytes, alignment)
 
-    path = os.fspath(path)
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(header)
-            f.write(b"\0" * (_align(len(header), alignment) - len(header)))
-            for t in pending:
-                data = t.payload()
-                assert data.size == t.nbytes, t.name  # quantize() honours tensor_nbytes
-                f.write(memoryview(data))
-                f.write(b"\0" * (_align(t.nbytes, alignment) - t.nbytes))
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with replacing(path) as f:
+        f.write(header)
+        f.write(b"\0" * (_align(len(header), alignment) - len(header)))
+        for t in pending:
+            data = t.payload()
+            assert data.size == t.nbytes, t.name  # quantize() honours tensor_nbytes
+            f.write(memoryview(data))
+            f.write(b"\0" * (_align(t.nbytes, alignment) - t.nbytes))

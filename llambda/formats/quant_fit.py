@@ -15,9 +15,32 @@ import numpy as np
 GROUP_EPS = np.float32(1e-15)  # a group whose largest |x| is below this is all zero
 
 
-def _signed_absmax(x: np.ndarray) -> np.ndarray:
+def signed_absmax(x: np.ndarray) -> np.ndarray:
+    """The value of largest magnitude in each row (sign kept), as an (n, 1) column."""
     i = np.abs(x).argmax(axis=1)[:, None]
-    return np.take_along_axis(x, i, axis=1)[:, 0]
+    return np.take_along_axis(x, i, axis=1)
+
+
+def _group_absmax(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(each group's signed largest |x|, 1 where the group is all zero; which groups are all zero)."""
+    mx = signed_absmax(x)[:, 0]
+    zero = np.abs(mx) < GROUP_EPS
+    return np.where(zero, 1, mx).astype(np.float32), zero
+
+
+def _best_scale(fit, iscales) -> np.ndarray:
+    """The weighted least-squares scale of the best of the grids `fit(iscale)` gives (sum w x q,
+    sum w q^2) for: each grid after the first is kept where it raises (sum w x q)^2 / sum w q^2."""
+    iscales = iter(iscales)
+    sqx, sq2 = fit(next(iscales))
+    scale = _safe_div(sqx, sq2)
+    best = scale * sqx
+    for iscale in iscales:
+        sqx, sq2 = fit(iscale)
+        better = (sq2 > 0) & (sqx * sqx > best * sq2)
+        scale = np.where(better, _safe_div(sqx, sq2), scale)
+        best = np.where(better, scale * sqx, best)
+    return scale
 
 
 def _safe_div(a, b):
@@ -94,23 +117,15 @@ def affine_fit(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: flo
 def symmetric_fit(x: np.ndarray, w: np.ndarray, nmax: int) -> np.ndarray:
     """x ~ scale * l, l in -nmax..nmax-1 (Q6_K): the weighted least-squares scale of the best of
     19 grids around the one that puts the largest |x| on -nmax."""
-    mx = _signed_absmax(x)
-    zero = np.abs(mx) < GROUP_EPS
-    mx = np.where(zero, 1, mx).astype(np.float32)
+    mx, zero = _group_absmax(x)
 
     def fit(iscale):
         l = np.clip(np.rint(x * iscale[:, None]), -nmax, nmax - 1)
         wl = w * l
         return _dot32(wl, x), _dot32(wl, l)
 
-    slx, sl2 = fit(-np.float32(nmax) / mx)
-    scale = _safe_div(slx, sl2)
-    best = scale * slx
-    for k in (*range(-9, 0), *range(1, 10)):
-        slx, sl2 = fit(-np.float32(nmax + 0.1 * k) / mx)
-        better = (sl2 > 0) & (slx * slx > best * sl2)
-        scale = np.where(better, _safe_div(slx, sl2), scale)
-        best = np.where(better, scale * slx, best)
+    first = -np.float32(nmax) / mx
+    scale = _best_scale(fit, (first, *(-np.float32(nmax + 0.1 * k) / mx for k in (*range(-9, 0), *range(1, 10)))))
     return np.where(zero, 0, scale)
 
 
@@ -118,9 +133,7 @@ def refined_symmetric_fit(x: np.ndarray, nmax: int, rounds: int = 5) -> np.ndarr
     """x ~ scale * l, l in -nmax..nmax-1 (Q3_K): from the grid that puts the largest |x| on -nmax,
     move one code at a time to where the current fit puts it, keeping each move that raises
     (sum w x l)^2 / sum w l^2 (weights x^2); up to `rounds` passes. Returns the final fit's scale."""
-    mx = _signed_absmax(x)
-    zero = np.abs(mx) < GROUP_EPS
-    mx = np.where(zero, 1, mx).astype(np.float32)
+    mx, zero = _group_absmax(x)
     w = x * x
     l = np.clip(np.rint(x * (-np.float32(nmax) / mx)[:, None]), -nmax, nmax - 1).astype(np.float64)
     wx = (w * x).astype(np.float64)
@@ -170,21 +183,13 @@ def grid_fit(x: np.ndarray, w: np.ndarray, grid: np.ndarray, ntry: int) -> np.nd
     least-squares scale of the best of the grids that put the largest |x| at either end, the
     negative end moved by -ntry..ntry."""
     levels = grid.astype(np.float32)
-    mx = _signed_absmax(x)
-    zero = np.abs(mx) < GROUP_EPS
-    mx = np.where(zero, 1, mx).astype(np.float32)
+    mx, zero = _group_absmax(x)
 
     def fit(iscale):
         q = levels[nearest_level(x * iscale[:, None], levels)]
         wq = w * q
         return _dot32(wq, x), _dot32(wq, q)
 
-    sqx, sq2 = fit(np.float32(-levels[0]) / mx)   # the largest |x| at the positive end
-    scale = _safe_div(sqx, sq2)
-    best = scale * sqx
-    for k in range(-ntry, ntry + 1):
-        sqx, sq2 = fit(np.float32(k + levels[0]) / mx)
-        better = (sq2 > 0) & (sqx * sqx > best * sq2)
-        scale = np.where(better, _safe_div(sqx, sq2), scale)
-        best = np.where(better, scale * sqx, best)
+    positive = np.float32(-levels[0]) / mx       # the largest |x| at the positive end
+    scale = _best_scale(fit, (positive, *(np.float32(k + levels[0]) / mx for k in range(-ntry, ntry + 1))))
     return np.where(zero, 0, scale)

@@ -20,7 +20,8 @@ from typing import Callable
 import numpy as np
 
 from ..errors import ModelFormatError
-from .quant_fit import GROUP_EPS, affine_fit, grid_fit, nearest_level, refined_symmetric_fit, symmetric_fit
+from .quant_fit import (GROUP_EPS, affine_fit, grid_fit, nearest_level, refined_symmetric_fit, signed_absmax,
+                        symmetric_fit)
 
 QK_K = 256  # values per super-block of the K-quants
 
@@ -464,11 +465,6 @@ def dequantize(raw: np.ndarray, qtype, shape) -> np.ndarray:
 
 # ---------------------------------------------------------------- quantizers
 
-def _signed_absmax(x: np.ndarray) -> np.ndarray:
-    """The value of largest magnitude in each row (sign kept), as an (n, 1) column."""
-    i = np.abs(x).argmax(axis=1)[:, None]
-    return np.take_along_axis(x, i, axis=1)
-
 
 def _inv(d: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore"):
@@ -500,7 +496,7 @@ def _pack_fifth_bits(q: np.ndarray) -> np.ndarray:
 # offsets) so that our bytes match files quantized by ggml.
 
 def _q_q4_0(x):
-    d = _signed_absmax(x) / np.float32(-8)
+    d = signed_absmax(x) / np.float32(-8)
     q = np.minimum(np.trunc(x * _inv(d) + np.float32(8.5)), 15).astype(np.uint8)
     return _as_bytes(_half(d), _pack_nibbles(q))
 
@@ -513,7 +509,7 @@ def _q_q4_1(x):
 
 
 def _q_q5_0(x):
-    d = _signed_absmax(x) / np.float32(-16)
+    d = signed_absmax(x) / np.float32(-16)
     q = np.minimum(np.trunc(x * _inv(d) + np.float32(16.5)), 31).astype(np.uint8)
     return _as_bytes(_half(d), _pack_fifth_bits(q), _pack_nibbles(q & 0x0F))
 
@@ -540,7 +536,7 @@ def _q_q8_1(x):
 
 def _q_q8_k(x):
     n = x.shape[0]
-    amax = _signed_absmax(x)
+    amax = signed_absmax(x)
     iscale = _inv(amax) * np.float32(-127)
     q = np.minimum(np.rint(x * iscale), 127).astype(np.int8)
     d = _inv(iscale)
@@ -602,7 +598,7 @@ def _q_q2_k(x):
 def _q_q3_k(x):
     n = x.shape[0]
     scale = refined_symmetric_fit(x.reshape(n * 16, 16), 4).astype(np.float32).reshape(n, 16)
-    big = _signed_absmax(scale)
+    big = signed_absmax(scale)
     iscale = np.float32(-32) * _inv(big)
     ls = np.clip(np.rint(scale * iscale), -32, 31).astype(np.int32)
     d = _half(_inv(iscale)).astype(np.float32)
@@ -636,7 +632,7 @@ def _q_q6_k(x):
     n = x.shape[0]
     sub = x.reshape(n * 16, 16)
     scale = symmetric_fit(sub, sub * sub, 32).astype(np.float32).reshape(n, 16)
-    big = _signed_absmax(scale)
+    big = signed_absmax(scale)
     zero = np.abs(big) < GROUP_EPS
     iscale = np.where(zero, 0, np.float32(-128) * _inv(big)).astype(np.float32)
     d = _half(_inv(iscale)).astype(np.float32)
@@ -666,7 +662,7 @@ def _q_iq4_xs(x):
     n = x.shape[0]
     sub = x.reshape(n * 8, 32)
     s = grid_fit(sub, sub * sub, IQ4_GRID, _IQ4_TRIES).astype(np.float32).reshape(n, 8)
-    d = _half(_signed_absmax(s) / np.float32(-32)).astype(np.float32)  # the largest step at scale -32
+    d = _half(signed_absmax(s) / np.float32(-32)).astype(np.float32)  # the largest step at scale -32
     ls = np.clip(np.rint(s * _inv(d)), -32, 31).astype(np.int32)
     q = _iq4_codes(x.reshape(n, 8, 32), (d * ls)[:, :, None])
     u = (ls + 32).astype(np.uint16)

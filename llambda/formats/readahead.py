@@ -120,7 +120,8 @@ class ReadAhead:
 class ReadsAhead:
     """What a mapped model file (GGUFFile, SafetensorsFile: `_mm`, `_base`, `data_start`, `path`, `tensors`)
     does for a load: read itself ahead of the loader, in the loader's order, while one runs, and let go of
-    each tensor's pages once packed: from this process, and from the page cache (pagecache.py).
+    each tensor's pages once packed: from this process, and from the page cache (pagecache.py); close()
+    unmaps it.
 
     With `LLAMBDA_STAGED_READ=1`, a big file (pagecache.should_drop) of a format that takes its tensors'
     bytes through `view` (`stages`) is read instead into staging buffers (staging.py), never into the page
@@ -170,6 +171,23 @@ class ReadsAhead:
         if dropper is not None:
             dropper.drop_all(self.data_start)
             dropper.close()
+
+    def close(self) -> None:
+        """Stop reading ahead and unmap the file. Views still held elsewhere keep the mapping alive until freed."""
+        self.stop_read_ahead()
+        self._base = None
+        if self._mm is not None:
+            try:
+                self._mm.close()
+            except BufferError:
+                pass  # a tensor view is still referenced; the mapping goes with it
+            self._mm = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     @property
     def reading_ahead(self) -> bool:

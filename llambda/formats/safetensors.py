@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ModelFormatError
-from .files import open_regular, read_json
+from .files import open_regular, read_json, replacing
 from .readahead import ReadsAhead
 from .quants import QType
 from .weights import ByteTensor, WeightTensor
@@ -150,21 +150,8 @@ class SafetensorsFile(ReadsAhead):
         return qtype, (shape or (1,)), begin, end
 
     def close(self) -> None:
-        self.stop_read_ahead()
-        self.tensors = {}
-        self._base = None
-        if self._mm is not None:
-            try:
-                self._mm.close()
-            except BufferError:
-                pass   # a view is still referenced elsewhere; the mapping goes when it does
-            self._mm = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        self.tensors = {}       # first: their views would keep the mapping open
+        super().close()
 
 
 class SafetensorsSet:
@@ -299,16 +286,8 @@ def write_safetensors(path: str | os.PathLike, tensors, metadata: dict[str, str]
         offset += raw.size
     blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
     blob += b" " * (-len(blob) % 8)    # data section 8-byte aligned, as the reference writer does
-    path = os.fspath(path)
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(struct.pack("<Q", len(blob)))
-            f.write(blob)
-            for raw in entries:
-                f.write(memoryview(raw))
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with replacing(path) as f:
+        f.write(struct.pack("<Q", len(blob)))
+        f.write(blob)
+        for raw in entries:
+            f.write(memoryview(raw))

@@ -4,11 +4,23 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
+
+import numpy as np
 
 from ..errors import ModelFormatError
 from ..models.config import TransformerConfig
+from .quants import tensor_nbytes
 from .weights import WeightTensor
+
+
+@dataclass
+class TypeShare:
+    """What a file holds in one quant type."""
+    tensors: int = 0
+    nbytes: int = 0
+    params: int = 0
+    matrix_params: int = 0      # those of its tensors of two dimensions or more (not norms, biases)
 
 
 @dataclass
@@ -54,6 +66,26 @@ class ModelSource:
             raise ModelFormatError(f"{self.path}: {len(unread)} tensors are not part of the model its {what} "
                                    f"describes ({c.arch}, {c.n_layers} layers), e.g. {shown}: the {what} and the "
                                    "tensors disagree")
+
+    def tensors(self) -> Iterator[tuple[str, WeightTensor]]:
+        """(name, tensor) of each name `tensor` returns one for, in the file's order."""
+        for name in self.tensor_names:
+            t = self.tensor(name)
+            if t is not None:
+                yield name, t
+
+    def shares_by_type(self) -> dict[str, TypeShare]:
+        """Each quant type's tensors, bytes and parameters, in the order the tensors first use the types."""
+        out: dict[str, TypeShare] = {}
+        for _, t in self.tensors():
+            n = int(np.prod(t.shape))
+            share = out.setdefault(t.qtype.name, TypeShare())
+            share.tensors += 1
+            share.nbytes += tensor_nbytes(t.qtype, t.shape)
+            share.params += n
+            if len(t.shape) >= 2:
+                share.matrix_params += n
+        return out
 
     def release(self, data) -> int:
         """Let go of the file pages under a tensor's bytes once a backend copied them (its packed copy

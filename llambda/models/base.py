@@ -219,6 +219,12 @@ def recurrent_state_specs(cfg: TransformerConfig, n_slots: int) -> tuple[list[in
     return conv, delta, state
 
 
+def live_server(model):
+    """The server scheduler's thread running `model`'s forwards now (its `served_by`, while alive), or None."""
+    thread = getattr(model, "served_by", None)
+    return thread if thread is not None and thread.is_alive() else None
+
+
 class Transformer(Closable):
     def __init__(self, cfg: TransformerConfig, tensors: TensorLookup, backend, n_ctx: int, n_slots: int = 1,
                  max_tokens: int = 512, max_logit_rows: int | None = None, release=None):

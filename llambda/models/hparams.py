@@ -20,6 +20,15 @@ def is_flag(v) -> bool:
     return isinstance(v, (bool, int)) and v in (0, 1)
 
 
+def _integer(what: str, v, limit: str | None):
+    """v as an integer (a bool is not one), within its SIZE_LIMITS row when `limit` names one."""
+    if limit is not None:
+        return check_int(what, v, limit)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ModelFormatError(f"{what} should be an integer, got {v!r}")
+    return v
+
+
 # The keys a GGUF file may hold as one value per layer (llama.cpp reads only these with get_key_or_arr; an
 # array anywhere else, block_count say, is a type error there and here).
 PER_LAYER_KEYS = frozenset({"feed_forward_length", "attention.head_count", "attention.head_count_kv"})
@@ -56,11 +65,7 @@ class GGUFHParams:
                 raise ModelFormatError(f"{what}: {len(v)} per-layer values for the {layers} layers of "
                                        f"'{self.arch}.block_count'")
             v = v[0]
-        if limit is not None:
-            return check_int(what, v, limit)
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise ModelFormatError(f"{what} should be an integer, got {v!r}")
-        return v
+        return _integer(what, v, limit)
 
     def float(self, key: str, default=_MISSING, limit: str | None = None) -> float:
         """A finite number; `limit` names its FLOAT_LIMITS row."""
@@ -165,10 +170,7 @@ class HFConfig:
     @staticmethod
     def check(what: str, v, kind=None, limit: str | None = None):
         if kind is int:
-            if limit is not None:
-                return check_int(what, v, limit)
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise ModelFormatError(f"{what} should be an integer, got {v!r}")
+            return _integer(what, v, limit)
         if kind is float:
             return check_number(what, v, limit or "any")
         return v

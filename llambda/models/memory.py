@@ -119,10 +119,7 @@ def plan(src: ModelSource, n_ctx: int, n_slots: int = 1, kv_type: str = "f32", m
     cfg = src.config
     mapped, largest, params, packed = 0, 0, 0, 0
     experts: dict[str, int] = {}    # an MoE layer's gate, up and down experts are let go of together, once all packed
-    for name in src.tensor_names:
-        t = src.tensor(name)
-        if t is None:
-            continue
+    for name, t in src.tensors():
         n = tensor_nbytes(t.qtype, t.shape)
         mapped += n
         largest = max(largest, n)

@@ -18,21 +18,27 @@ def hf_layer_sliding(cfg: dict, n_layers: int, default_sliding: bool) -> tuple[i
     hf = HFConfig(cfg)
     window = hf.window()
     flags = hf_sliding_flags(cfg.get("layer_types"), n_layers)
-    if flags is None and "use_sliding_window" in cfg:
-        start = hf.get("max_window_layers", 0, int)
-        use = hf.flag("use_sliding_window", False)
-        flags = [use and i >= start for i in range(n_layers)]
-    elif flags is None:
-        flags = [default_sliding] * n_layers
+    if flags is None:
+        if "use_sliding_window" in cfg:
+            start = hf.get("max_window_layers", 0, int)
+            use = hf.flag("use_sliding_window", False)
+            flags = [use and i >= start for i in range(n_layers)]
+        else:
+            flags = [default_sliding] * n_layers
     if not window:
         flags = [False] * n_layers
     return window, flags
 
 
-def config_from_hf(cfg: dict) -> TransformerConfig:
-    hf = HFConfig(cfg)
+def hf_common_sliding(cfg: dict, arch: str, default_sliding: bool) -> dict:
+    """The common config.json fields of a family with Llama's MLP (checked first), and its sliding window
+    with the layers it applies to (hf_layer_sliding)."""
     check_hf_mlp(cfg)
-    c = hf.common("mistral")
-    window, flags = hf_layer_sliding(cfg, c["n_layers"], default_sliding=True)
-    return TransformerConfig(**c, sliding_window=window, layer_sliding=flags,
-                             attn_bias=hf.flag("attention_bias", False))
+    c = HFConfig(cfg).common(arch)
+    window, flags = hf_layer_sliding(cfg, c["n_layers"], default_sliding)
+    return dict(c, sliding_window=window, layer_sliding=flags)
+
+
+def config_from_hf(cfg: dict) -> TransformerConfig:
+    c = hf_common_sliding(cfg, "mistral", default_sliding=True)
+    return TransformerConfig(**c, attn_bias=HFConfig(cfg).flag("attention_bias", False))

@@ -2,9 +2,8 @@
 from __future__ import annotations
 
 from .config import TransformerConfig
-from .hparams import GGUFHParams, HFConfig
-from .llama import check_hf_mlp
-from .mistral import hf_layer_sliding
+from .hparams import GGUFHParams
+from .mistral import hf_common_sliding
 
 
 def config_from_gguf(meta: dict) -> TransformerConfig:
@@ -13,7 +12,4 @@ def config_from_gguf(meta: dict) -> TransformerConfig:
 
 
 def config_from_hf(cfg: dict) -> TransformerConfig:
-    check_hf_mlp(cfg)
-    c = HFConfig(cfg).common("qwen2")
-    window, flags = hf_layer_sliding(cfg, c["n_layers"], default_sliding=False)
-    return TransformerConfig(**c, attn_bias=True, sliding_window=window, layer_sliding=flags)
+    return TransformerConfig(**hf_common_sliding(cfg, "qwen2", default_sliding=False), attn_bias=True)

@@ -4,9 +4,8 @@ sigmoid(h . shared_expert_gate)."""
 from __future__ import annotations
 
 from .config import TransformerConfig
-from .hparams import GGUFHParams, HFConfig
-from .llama import check_hf_mlp
-from .mistral import hf_layer_sliding
+from .hparams import GGUFHParams
+from .mistral import hf_common_sliding
 from .moe import gguf_moe, hf_moe
 
 
@@ -16,8 +15,5 @@ def config_from_gguf(meta: dict) -> TransformerConfig:
 
 
 def config_from_hf(cfg: dict) -> TransformerConfig:
-    check_hf_mlp(cfg)
-    c = HFConfig(cfg).common("qwen2moe")
-    window, flags = hf_layer_sliding(cfg, c["n_layers"], default_sliding=False)
-    return TransformerConfig(**c, attn_bias=True, sliding_window=window, layer_sliding=flags,
-                             **hf_moe(cfg, c["n_layers"], norm_default=False))
+    c = hf_common_sliding(cfg, "qwen2moe", default_sliding=False)
+    return TransformerConfig(**c, attn_bias=True, **hf_moe(cfg, c["n_layers"], norm_default=False))

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from .config import TransformerConfig
 from .hparams import GGUFHParams, HFConfig
-from .llama import check_hf_mlp
-from .mistral import hf_layer_sliding
+from .mistral import hf_common_sliding
 
 
 def config_from_gguf(meta: dict) -> TransformerConfig:
@@ -14,8 +13,5 @@ def config_from_gguf(meta: dict) -> TransformerConfig:
 
 
 def config_from_hf(cfg: dict) -> TransformerConfig:
-    check_hf_mlp(cfg)
-    c = HFConfig(cfg).common("qwen3")
-    window, flags = hf_layer_sliding(cfg, c["n_layers"], default_sliding=False)
-    return TransformerConfig(**c, qk_norm=True, attn_bias=HFConfig(cfg).flag("attention_bias", False),
-                             sliding_window=window, layer_sliding=flags)
+    c = hf_common_sliding(cfg, "qwen3", default_sliding=False)
+    return TransformerConfig(**c, qk_norm=True, attn_bias=HFConfig(cfg).flag("attention_bias", False))

@@ -10,8 +10,7 @@ from __future__ import annotations
 from ..errors import ModelFormatError
 from .config import TransformerConfig
 from .hparams import GGUFHParams, HFConfig
-from .llama import check_hf_mlp
-from .mistral import hf_layer_sliding
+from .mistral import hf_common_sliding
 
 GGUF_NOPE_INTERVAL = 4     # llama.cpp's n_no_rope_layer_step for smollm3
 
@@ -40,8 +39,6 @@ def hf_layer_rope(cfg: dict, n_layers: int) -> list[bool]:
 
 
 def config_from_hf(cfg: dict) -> TransformerConfig:
-    check_hf_mlp(cfg)
-    c = HFConfig(cfg).common("smollm3")
-    window, flags = hf_layer_sliding(cfg, c["n_layers"], default_sliding=False)
-    return TransformerConfig(**c, attn_bias=HFConfig(cfg).flag("attention_bias", False), sliding_window=window,
-                             layer_sliding=flags, layer_rope=hf_layer_rope(cfg, c["n_layers"]))
+    c = hf_common_sliding(cfg, "smollm3", default_sliding=False)
+    return TransformerConfig(**c, attn_bias=HFConfig(cfg).flag("attention_bias", False),
+                             layer_rope=hf_layer_rope(cfg, c["n_layers"]))

@@ -16,8 +16,8 @@ from starlette.responses import Response, StreamingResponse
 
 from ..server.app import error_response, error_response_for, read_body
 from ..server.errors import APIError
-from ..server.ollama_api import NDJSON
-from ..server.openai_format import SSE_DONE, dumps, sse
+from ..server.ollama_api import NDJSON, ndjson_error
+from ..server.openai_format import SSE_DONE, sse
 from . import metrics_merge, router_state
 from .forwarding import FORWARDED_HEADERS, ForwardedRequest, route_of
 from .options import ScaleoutOptions
@@ -111,7 +111,7 @@ class IngressServer:
             self.counts["failed_mid_stream"] += 1
             err = APIError(503, f"the replica serving this stream failed: {type(e).__name__}")
             if media_type == NDJSON.encode():
-                yield dumps({"error": err.message}).encode() + b"\n"
+                yield ndjson_error(err)
             else:
                 yield sse(err.body())
                 yield SSE_DONE

@@ -13,17 +13,17 @@ from contextlib import asynccontextmanager, nullcontext
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from . import web
-from .accesslog import GENERATION_KEY, AccessLog
+from .accesslog import AccessLog
 from . import anthropic_api, embeddings_api, llama_api, ollama_api, ollama_models, responses_api
 from .config import ServerConfig
 from .deltas import SSE_TYPE, Http
 from .errors import APIError, bad_request, model_not_found
-from .generation import ClientGone, Generation, Service
+from .generation import Generation, Service
 from .metrics import Metrics
 from .openai_format import dumps
 from .response_store import ResponseStore
@@ -253,6 +253,21 @@ class Gatekeeper:
         return ok and scheme.lower() == b"bearer"
 
 
+def _http(cfg: ServerConfig) -> Http:
+    """What the endpoint modules get from this one (so that they never import it)."""
+    return Http(read_body=lambda request: read_json(request, cfg.max_body_bytes, cfg.body_timeout),
+                watch_disconnect=_watch_disconnect, event_stream=EventStream, json_response=json_response)
+
+
+async def _on_api_error(request: Request, exc: APIError) -> Response:
+    return error_response_for(request.url.path)(exc)     # in the shape the path's clients read
+
+
+async def _on_crash(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled error on %s", request.url.path)
+    return error_response_for(request.url.path)(APIError(500, f"internal server error: {type(exc).__name__}"))
+
+
 def _encoder_app(model, cfg: ServerConfig, metrics: Metrics) -> Starlette:
     """An encoder (embedding model, reranker) serves /v1/embeddings, /v1/rerank, /rerank, /v1/models,
     /health and /metrics: no scheduler, no generation; auth, limits and errors as for a decoder."""
@@ -276,26 +291,18 @@ def _encoder_app(model, cfg: ServerConfig, metrics: Metrics) -> Starlette:
     async def metrics_text(request: Request) -> Response:
         return Response(metrics.render({}), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    async def on_api_error(request: Request, exc: APIError) -> Response:
-        return error_response_for(request.url.path)(exc)     # in the shape the path's clients read
-
     async def on_http_error(request: Request, exc: HTTPException) -> Response:
         return error_response_for(request.url.path)(APIError(
             exc.status_code, f"no route {request.method} {request.url.path}" if exc.status_code == 404
             else str(exc.detail)))
 
-    async def on_crash(request: Request, exc: Exception) -> Response:
-        log.exception("unhandled error on %s", request.url.path)
-        return error_response_for(request.url.path)(APIError(500, f"internal server error: {type(exc).__name__}"))
-
-    http = Http(read_body=lambda request: read_json(request, cfg.max_body_bytes, cfg.body_timeout),
-                watch_disconnect=_watch_disconnect, event_stream=EventStream, json_response=json_response)
+    http = _http(cfg)
     routes = [Route("/v1/models", models, methods=["GET"]), Route("/health", health, methods=["GET"]),
               Route("/metrics", metrics_text, methods=["GET"]), ollama_models.root_route()] \
         + embeddings_api.routes(service, http) + ollama_api.embedding_routes(service, http)
     app = Starlette(routes=routes,
                     middleware=[Middleware(AccessLog), Middleware(Gatekeeper, cfg=cfg, metrics=metrics)],
-                    exception_handlers={APIError: on_api_error, HTTPException: on_http_error, Exception: on_crash})
+                    exception_handlers={APIError: _on_api_error, HTTPException: on_http_error, Exception: _on_crash})
     app.state.service, app.state.scheduler, app.state.metrics, app.state.config = service, None, metrics, cfg
     return app
 
@@ -310,25 +317,11 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
         scheduler = Scheduler(model.transformer, metrics, n_slots=cfg.parallel, prefill_chunk=cfg.prefill_chunk,
                               queue_size=cfg.queue_size)
     service = Service(model, scheduler, cfg)
+    http = _http(cfg)
 
     async def generate(request: Request, parse) -> Response:
-        try:
-            body = await read_json(request, cfg.max_body_bytes, cfg.body_timeout)
-        except ClientDisconnect:      # gone mid-body: nobody to answer, nothing to log
-            return Response(status_code=499)
-        spec = parse(body)
-        gen = await service.start(spec)
-        request.scope[GENERATION_KEY] = gen     # the access log reads its token counts
-        if spec.stream:
-            return EventStream(gen)
-        watcher = asyncio.create_task(_watch_disconnect(request.receive, gen))
-        try:
-            result = await gen.collect()
-        except ClientGone:
-            return Response(status_code=499)
-        finally:
-            watcher.cancel()
-        return json_response(result)
+        # a Generation streams OpenAI's chunks and collects OpenAI's answer itself
+        return await http.generate(request, service, lambda body: (parse(body), lambda gen: gen))
 
     async def chat_completions(request: Request) -> Response:
         return await generate(request, parse_chat)
@@ -380,9 +373,6 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
     async def metrics_text(request: Request) -> Response:
         return Response(render_metrics(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    async def on_api_error(request: Request, exc: APIError) -> Response:
-        return error_response_for(request.url.path)(exc)     # in the shape the path's clients read
-
     async def on_http_error(request: Request, exc: HTTPException) -> Response:
         if exc.status_code == 404:
             err = APIError(404, f"no route {request.method} {request.url.path}", code="not_found")
@@ -392,10 +382,6 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
         else:
             err = APIError(exc.status_code, str(exc.detail))
         return error_response_for(request.url.path)(err)
-
-    async def on_crash(request: Request, exc: Exception) -> Response:
-        log.exception("unhandled error on %s", request.url.path)
-        return error_response_for(request.url.path)(APIError(500, f"internal server error: {type(exc).__name__}"))
 
     @asynccontextmanager
     async def lifespan(app):
@@ -422,15 +408,13 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
     ]
     routes += web.routes() if cfg.webui else [ollama_models.root_route()]
     # the other APIs' endpoints, each in its own module
-    http = Http(read_body=lambda request: read_json(request, cfg.max_body_bytes, cfg.body_timeout),
-                watch_disconnect=_watch_disconnect, event_stream=EventStream, json_response=json_response)
     responses = ResponseStore(cfg.stored_responses, cfg.stored_bytes, cfg.replica_tag)
     routes += responses_api.routes(service, http, responses)
     for module in (llama_api, anthropic_api, embeddings_api, ollama_api):
         routes += module.routes(service, http)
     app = Starlette(routes=routes, lifespan=lifespan,
                     middleware=[Middleware(AccessLog), Middleware(Gatekeeper, cfg=cfg, metrics=metrics)],
-                    exception_handlers={APIError: on_api_error, HTTPException: on_http_error, Exception: on_crash})
+                    exception_handlers={APIError: _on_api_error, HTTPException: on_http_error, Exception: _on_crash})
     app.state.service = service
     app.state.scheduler = scheduler
     app.state.metrics = metrics

@@ -16,10 +16,10 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from .accesslog import GENERATION_KEY
-from .errors import APIError, bad_request
-from .generation import DISCONNECTED, ClientGone, Generation
+from .errors import bad_request
+from .generation import ClientGone, Generation, check_event
 from .openai_format import dumps, tool_finish
-from .scheduler import JobFailure, PromptLogprobs
+from .scheduler import PromptLogprobs
 from .schemas import _type
 
 SSE_TYPE = "text/event-stream; charset=utf-8"
@@ -44,10 +44,7 @@ async def deltas(gen: Generation) -> AsyncIterator[Delta]:
         while True:
             evs = []
             for _, ev in await gen.channel.get():
-                if ev is DISCONNECTED:
-                    raise ClientGone()
-                if isinstance(ev, JobFailure):
-                    raise APIError(ev.status, ev.message, kind=ev.kind)
+                check_event(ev)
                 if not isinstance(ev, PromptLogprobs):
                     evs.append(ev)
             text = "".join(gen._absorb(0, ev) for ev in evs)

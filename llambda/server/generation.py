@@ -37,6 +37,14 @@ class ClientGone(Exception):
     """The client disconnected before the answer was complete."""
 
 
+def check_event(ev) -> None:
+    """An event read from a channel: ClientGone when the client hung up, an APIError when the job failed."""
+    if ev is DISCONNECTED:
+        raise ClientGone()
+    if isinstance(ev, JobFailure):
+        raise APIError(ev.status, ev.message, kind=ev.kind)
+
+
 @dataclass
 class Prepared:
     spec: GenerationSpec
@@ -413,10 +421,7 @@ class Generation:
         try:
             while remaining:
                 for idx, ev in await self.channel.get():
-                    if ev is DISCONNECTED:
-                        raise ClientGone()
-                    if isinstance(ev, JobFailure):
-                        raise APIError(ev.status, ev.message, kind=ev.kind)
+                    check_event(ev)
                     if isinstance(ev, PromptLogprobs):
                         self._prompt_scored(idx, ev)
                         continue

@@ -23,7 +23,7 @@ import re
 
 from .errors import bad_request
 from .schemas import _type
-from .tools import _merge, _partial_suffix, new_call_id
+from .tools import _partial_suffix, merge_call_deltas, new_call_id
 
 START, CHANNEL, MESSAGE, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"
 END, RETURN, CALL = "<|end|>", "<|return|>", "<|call|>"
@@ -79,7 +79,7 @@ class HarmonyParser:
         # "drop": a further call while parallel_tool_calls is false
 
     def _take(self) -> tuple[str, list[dict]]:
-        content, deltas = "".join(self._content), _merge(self._deltas)
+        content, deltas = "".join(self._content), merge_call_deltas(self._deltas)
         self._content, self._deltas = [], []
         return content, deltas
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from starlette.requests import Request
@@ -28,6 +29,7 @@ from .generation import Generation, Service
 from .openai_format import chat_logprobs, dumps
 from .partial_json import partial_object
 from .schemas import REASONING_EFFORTS, GenerationSpec, _Body, _type, parse_chat, parse_completion
+from .tools import merge_call_deltas
 
 NDJSON = "application/x-ndjson"
 # the options that set a chat-completions field: option -> field
@@ -53,6 +55,16 @@ def is_ollama_path(path: str) -> bool:
 def error_response(err: APIError) -> Response:
     return Response(dumps({"error": err.message}).encode(), status_code=err.status, media_type="application/json",
                     headers=err.headers)
+
+
+def ndjson_line(obj: dict) -> bytes:
+    """One line of an Ollama stream."""
+    return dumps(obj).encode() + b"\n"
+
+
+def ndjson_error(err: APIError) -> bytes:
+    """The line that ends an Ollama stream an error cut short."""
+    return ndjson_line({"error": err.message})
 
 
 def _created_at() -> str:
@@ -203,26 +215,38 @@ def _common(body: dict, b: _Body, service) -> tuple[dict, dict]:
     return fields, names
 
 
-def parse_ollama_chat(body, service) -> tuple[GenerationSpec | None, bool]:
-    """(the chat spec, or None for Ollama's "load the model" call with no messages; whether to
-    return a reasoning model's thinking)."""
+@dataclass
+class OllamaAsk:
+    """What an /api/chat or /api/generate request asks for."""
+    spec: GenerationSpec | None     # None: Ollama's "load the model" call, nothing to generate
+    model: str                      # the model's name as the answer gives it back
+    stream: bool
+    think: bool                     # whether to return a reasoning model's thinking
+
+    @classmethod
+    def of(cls, spec: GenerationSpec | None, b: _Body, fields: dict, think: bool, service) -> "OllamaAsk":
+        return cls(spec, b.get("model") or service.cfg.model_id, fields["stream"], think)
+
+
+def parse_ollama_chat(body, service) -> OllamaAsk:
+    """The chat spec; none for Ollama's "load the model" call with no messages."""
     b = _Body(body)
     fields, names = _common(body, b, service)
     think, think_fields = _think(b)
     messages = b.get("messages")
     if messages is None or messages == []:
-        return None, think
+        return OllamaAsk.of(None, b, fields, think, service)
     if not isinstance(messages, list):
         raise bad_request(f"'messages' must be an array of message objects, got {_type(messages)}",
                           param="messages")
     fields.update(messages=[_message(m, i) for i, m in enumerate(messages)], tools=_tools(b.get("tools")),
                   **think_fields)
-    return _parse(parse_chat, fields, names), think
+    return OllamaAsk.of(_parse(parse_chat, fields, names), b, fields, think, service)
 
 
-def parse_ollama_generate(body, service) -> tuple[GenerationSpec | None, bool]:
-    """(the spec: chat with the prompt as the user's message, or a completion for `raw` and `suffix`;
-    None for an empty prompt, Ollama's "load the model" call; whether to return thinking)."""
+def parse_ollama_generate(body, service) -> OllamaAsk:
+    """The spec: chat with the prompt as the user's message, or a completion for `raw` and `suffix`;
+    none for an empty prompt, Ollama's "load the model" call."""
     b = _Body(body)
     fields, names = _common(body, b, service)
     think, think_fields = _think(b)
@@ -235,7 +259,7 @@ def parse_ollama_generate(body, service) -> tuple[GenerationSpec | None, bool]:
     prompt, system, suffix = b.string("prompt", ""), b.string("system"), b.string("suffix", "")
     raw = b.boolean("raw", False)
     if not prompt and not suffix:
-        return None, think
+        return OllamaAsk.of(None, b, fields, think, service)
     if raw or suffix:
         if system:
             raise bad_request("'system' has no place in a raw or fill-in-the-middle (suffix) prompt; put it in "
@@ -245,10 +269,10 @@ def parse_ollama_generate(body, service) -> tuple[GenerationSpec | None, bool]:
         if fields.get("logprobs"):
             fields["logprobs"] = top or 0       # a completion's `logprobs` is its count of alternatives
             names["logprobs"] = "top_logprobs"
-        return _parse(parse_completion, fields, names), think
+        return OllamaAsk.of(_parse(parse_completion, fields, names), b, fields, think, service)
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
     fields.update(messages=messages, **think_fields)
-    return _parse(parse_chat, fields, names), think
+    return OllamaAsk.of(_parse(parse_chat, fields, names), b, fields, think, service)
 
 
 # -- response ----------------------------------------------------------------------------
@@ -318,27 +342,21 @@ class OllamaRun:
         return self._done(obj, choice["finish_reason"])
 
     async def stream(self):
-        calls: dict[int, dict] = {}     # OpenAI call deltas merged: index -> {"name", "arguments"}
+        call_deltas: list[dict] = []    # the OpenAI call deltas so far, merged into whole calls at the finish
         try:
             async for d in deltas(self.gen):
-                for c in d.calls:
-                    have = calls.setdefault(c["index"], {"name": "", "arguments": ""})
-                    have["name"] = c["function"].get("name", have["name"])
-                    have["arguments"] += c["function"].get("arguments", "")
+                call_deltas += d.calls
                 if d.text or (d.reasoning and self.think):
-                    yield self._line(self._with_logprobs(dict(self._object(d.text, d.reasoning), done=False)))
+                    yield ndjson_line(self._with_logprobs(dict(self._object(d.text, d.reasoning), done=False)))
                 if d.finish:
                     # Ollama sends a call whole, with its arguments as an object
-                    made = [_call(i, c["name"], c["arguments"]) for i, c in sorted(calls.items())]
+                    made = [_call(c["index"], c["function"]["name"], c["function"]["arguments"])
+                            for c in merge_call_deltas(call_deltas)]
                     if made:
-                        yield self._line(dict(self._object("", calls=made), done=False))
-                    yield self._line(self._done(self._object(""), d.finish))
+                        yield ndjson_line(dict(self._object("", calls=made), done=False))
+                    yield ndjson_line(self._done(self._object(""), d.finish))
         except APIError as e:
-            yield self._line({"error": e.message})
-
-    @staticmethod
-    def _line(obj: dict) -> bytes:
-        return dumps(obj).encode() + b"\n"
+            yield ndjson_error(e)
 
 
 def _loaded(model: str, chat: bool, t_request: float, stream: bool, http: Http) -> Response:
@@ -347,7 +365,7 @@ def _loaded(model: str, chat: bool, t_request: float, stream: bool, http: Http) 
     obj.update({"message": {"role": "assistant", "content": ""}} if chat else {"response": ""})
     obj.update(done=True, done_reason="load", total_duration=_ns(time.monotonic() - t_request), load_duration=0)
     if stream:
-        return Response(dumps(obj).encode() + b"\n", media_type=NDJSON)
+        return Response(ndjson_line(obj), media_type=NDJSON)
     return http.json_response(obj)
 
 
@@ -367,12 +385,11 @@ def routes(service: Service, http: Http) -> list[Route]:
         body = await http.body(request)
         if body is None:
             return Response(status_code=499)
-        spec, think = parse(body, service)
-        model = _Body(body).get("model") or service.cfg.model_id
-        if spec is None:
-            return _loaded(model, chat, t_request, _Body(body).boolean("stream", True), http)
-        return await http.run(request, service, spec,
-                              lambda gen: OllamaRun(gen, model, chat, think, t_request),
+        ask = parse(body, service)
+        if ask.spec is None:
+            return _loaded(ask.model, chat, t_request, ask.stream, http)
+        return await http.run(request, service, ask.spec,
+                              lambda gen: OllamaRun(gen, ask.model, chat, ask.think, t_request),
                               media_type=NDJSON)
 
     async def chat_route(request: Request) -> Response:

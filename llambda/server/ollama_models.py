@@ -46,16 +46,9 @@ def _weights(model) -> tuple[int | None, str]:
     src = model.source
     if getattr(src, "format", None) != "gguf":
         return None, ""
-    count, by_type = 0, Counter()
-    for name in src.tensor_names:
-        t = src.tensor(name)
-        n = 1
-        for d in t.shape:
-            n *= d
-        count += n
-        if len(t.shape) >= 2:
-            by_type[t.qtype.name] += n
-    return count, (by_type.most_common(1)[0][0] if by_type else "")
+    shares = src.shares_by_type()
+    by_type = Counter({k: s.matrix_params for k, s in shares.items() if s.matrix_params})
+    return sum(s.params for s in shares.values()), (by_type.most_common(1)[0][0] if by_type else "")
 
 
 def _size_label(count: int | None, meta: dict) -> str:

@@ -176,10 +176,10 @@ class Scheduler:
         transformers in `also` (a draft model's, which its steps run too); ModelBusyError when another
         running scheduler owns one of them."""
         if self._thread is None:
+            from ..models.base import live_server
             owned = [self.model, *also]
             for t in owned:
-                held = getattr(t, "served_by", None)
-                if held is not None and held.is_alive():
+                if live_server(t) is not None:
                     raise ModelBusyError("this model is already served by another running scheduler: two would "
                                          "overwrite each other's buffers and KV-cache slots; load it again for a "
                                          "second")

@@ -157,7 +157,7 @@ class ToolCallParser:
             c0, d0 = self._carry
             self._carry = None
             content, deltas = c0 + content, d0 + deltas
-        return "".join(content), _merge(deltas)
+        return "".join(content), merge_call_deltas(deltas)
 
     # -- feeding -------------------------------------------------------------------------------
     def feed(self, text: str) -> tuple[str, list[dict]]:
@@ -339,7 +339,7 @@ class ToolCallParser:
         return self._result(*self._take())
 
 
-def _merge(deltas: list[dict]) -> list[dict]:
+def merge_call_deltas(deltas: list[dict]) -> list[dict]:
     """One delta per call index (arguments concatenated), in index order."""
     by_index: dict[int, dict] = {}
     for d in deltas:

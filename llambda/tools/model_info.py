@@ -15,14 +15,9 @@ def describe(src: ModelSource, n_ctx: int | None = None, kv_type: str = "f32") -
     """Architecture, parameters, context, quant mix (bytes per type), template, memory at `n_ctx` with a
     KV cache of kv_type."""
     cfg = src.config
-    params, bytes_by_type, count_by_type = 0, Counter(), Counter()
-    for name in src.tensor_names:
-        t = src.tensor(name)
-        if t is None:
-            continue
-        params += int(np.prod(t.shape))
-        bytes_by_type[t.qtype.name] += tensor_nbytes(t.qtype, t.shape)
-        count_by_type[t.qtype.name] += 1
+    shares = src.shares_by_type()
+    params = sum(s.params for s in shares.values())
+    bytes_by_type = Counter({k: s.nbytes for k, s in shares.items()})
     weights = sum(bytes_by_type.values())
     active = params
     if cfg.n_experts:   # a token uses k of each MoE layer's experts
@@ -35,7 +30,7 @@ def describe(src: ModelSource, n_ctx: int | None = None, kv_type: str = "f32") -
         "parameters": params, "active_parameters": active, "layers": cfg.n_layers, "d_model": cfg.d_model,
         "heads": f"{cfg.n_heads} (kv {cfg.n_kv_heads}, dim {cfg.head_dim})", "vocab": cfg.vocab_size,
         "context_train": cfg.n_ctx_train, "weights_bytes": weights,
-        "quant_mix": {k: (count_by_type[k], v) for k, v in bytes_by_type.most_common()},
+        "quant_mix": {k: (shares[k].tensors, v) for k, v in bytes_by_type.most_common()},
         "chat_template": bool(src.chat_template), "tokenizer": src.tokenizer is not None,
         "context": ctx, "kv_cache_bytes": kv, "kv_type": kv_type, "memory_bytes": weights + kv,
     }
@@ -55,10 +50,7 @@ def decode_weight_bytes(src: ModelSource) -> int:
     MoE layer's routed experts (`*_exps`), the k a token uses (its active parameters)."""
     cfg = src.config
     total, embd = 0, 0
-    for name in src.tensor_names:
-        t = src.tensor(name)
-        if t is None:
-            continue
+    for name, t in src.tensors():
         nbytes = tensor_nbytes(t.qtype, t.shape)
         if cfg.n_experts and is_expert_tensor(name):
             nbytes = nbytes * cfg.n_experts_used // cfg.n_experts
