@@ -336,6 +336,8 @@ def cmd_run(a) -> int:
     constraint, spec = _constraint_kwargs(a), _speculative_kwargs(a)
     if prompt is None:      # `echo "The capital of France is" | llambda run` continued after echo's newline
         prompt = _stdin_text("prompt")
+    if not prompt:          # was said only after the load, by the library ("give at least one token")
+        raise ValueError("the prompt is empty: give the text to continue (as words, -p, -f FILE or on stdin)")
     model = _load(a, generates=True)
     t0 = time.perf_counter()
     try:
