@@ -15,7 +15,7 @@ from pathlib import Path
 # Our C thread pool owns the cores; a second pool (OpenBLAS) spinning beside it collapses both.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from .errors import LlambdaError, LlambdaWarning, ModelNotFoundError
+from .errors import InsufficientMemoryError, LlambdaError, LlambdaWarning, ModelNotFoundError
 from .hub import CATALOG, DEFAULT_MODEL
 
 
@@ -336,6 +336,8 @@ def cmd_run(a) -> int:
     constraint, spec = _constraint_kwargs(a), _speculative_kwargs(a)
     if prompt is None:      # `echo "The capital of France is" | llambda run` continued after echo's newline
         prompt = _stdin_text("prompt")
+    if not prompt:          # was said only after the load, by the library ("give at least one token")
+        raise ValueError("the prompt is empty: give the text to continue (as words, -p, -f FILE or on stdin)")
     model = _load(a, generates=True)
     t0 = time.perf_counter()
     try:
@@ -551,7 +553,15 @@ def cmd_serve(a: argparse.Namespace) -> int:
         except OSError as e:
             raise LlambdaError(f"cannot serve on {a.host}:{a.port}: {e.strerror or e}") from None
     # one slot more than the parallel sequences: /v1/embeddings on a decoder runs in it
-    model = load(a.model, threads=a.threads, n_slots=a.parallel + 1, **load_kw)
+    try:
+        model = load(a.model, threads=a.threads, n_slots=a.parallel + 1, **load_kw)
+    except InsufficientMemoryError as e:
+        fit = getattr(e, "slots_fit", None)     # the slots that fit at this context, as the library names them
+        if fit is None:
+            raise
+        raise InsufficientMemoryError(f"{e}. --parallel {a.parallel} asks for {a.parallel + 1} slots (one more for "
+                                      "/v1/embeddings): " + (f"at most --parallel {fit - 1} would fit" if fit >= 2
+                                      else "not even --parallel 1 fits at this context (-c)")) from None
     cfg.aliases |= {model.name} - {model_id}
     if a.verbose:
         _print_plan(model)

@@ -394,6 +394,15 @@ def test_bad_sampling_values_are_named_by_their_flag_before_the_load(fake_run, c
     assert f"llambda: error: {said}" in err and "load" not in seen, err
 
 
+@pytest.mark.parametrize("args", [["run", ""], ["run", "smollm2-135m", ""], ["run", "-p", ""]])
+def test_an_empty_prompt_is_refused_before_the_load(fake_run, capsys, args):
+    # once refused only after the model loaded, in the library's words
+    seen, main = fake_run
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("llambda: error: the prompt is empty") and err.count("\n") == 1 and "load" not in seen, err
+
+
 def test_ctrl_c_during_run_ends_the_line_and_exits_130(fake_run, capsys):
     seen, main = fake_run
     seen["interrupt"] = True

@@ -402,13 +402,17 @@ def test_served_model_lists_its_adapters(tmp_path):
 
         async def get():
             async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as c:
-                return (await c.get("/v1/models")).json()
+                return ((await c.get("/v1/models")).json(), (await c.post("/api/show", json={"model": "tiny"})).json(),
+                        (await c.get("/api/ps")).json())
 
-        body = asyncio.run(get())
+        body, show, ps = asyncio.run(get())
         card = body["data"][0]
-    assert card["meta"]["adapters"] == [{"name": peft.name, "format": "peft", "scale": 0.75, "tensors": 2,
-                                         "rank": 2}]
-    assert str(peft.parent) not in json.dumps(body), "the server's directories are not the clients' business"
+    listed = [{"name": peft.name, "format": "peft", "scale": 0.75, "tensors": 2, "rank": 2}]
+    assert card["meta"]["adapters"] == listed
+    # Ollama's listings said nothing of them (llambda's own key there: Ollama's shapes have no place)
+    assert show["adapters"] == listed and ps["models"][0]["adapters"] == listed
+    for answer in (body, show, ps):
+        assert str(peft.parent) not in json.dumps(answer), "the server's directories are not the clients' business"
 
 
 def test_cli_run_merges_adapters_with_their_scales(tmp_path, capsys):

@@ -227,6 +227,30 @@ def test_a_load_that_cannot_fit_is_refused_before_reading_weights(tmp_path, monk
         llambda.load(path, backend="native", threads=1, n_ctx=64)
 
 
+def test_too_many_slots_are_named_with_the_count_that_fits(tmp_path, monkeypatch, capsys):
+    # `llambda serve --parallel 100000` said "a context of at most 1 tokens would fit", nothing of the slots
+    import llambda
+    from llambda.cli import main
+    from llambda.errors import InsufficientMemoryError
+    from llambda.models import base, memory
+    path = _write_big_llama(tmp_path / "small.gguf", layers=2, d=256, ff=512)
+    monkeypatch.setattr(memory, "mem_available", lambda: 12 << 20)
+    monkeypatch.setattr(base.Transformer, "_load", lambda *a: pytest.fail("weights were read"))
+    with pytest.raises(InsufficientMemoryError) as e:
+        llambda.load(path, backend="native", threads=1, n_ctx=512, n_slots=100_001)
+    assert "no context fits with 100001 slots; at 512 tokens, at most 2 slots (n_slots) would fit" in str(e.value)
+    assert "tokens (-c/n_ctx) would fit" not in str(e.value) and e.value.slots_fit == 2
+    monkeypatch.undo()       # 2 slots of 512 tokens do load: the count is not a guess
+    monkeypatch.setattr(memory, "mem_available", lambda: 12 << 20)
+    llambda.load(path, backend="native", threads=1, n_ctx=512, n_slots=2).close()
+    with pytest.raises(InsufficientMemoryError):
+        llambda.load(path, backend="native", threads=1, n_ctx=512, n_slots=3)
+    assert main(["serve", "-m", str(path), "--backend", "native", "-t", "1", "-c", "512", "--kv-type", "f32",
+                 "--port", "0", "--parallel", "100000"]) == 1
+    err = capsys.readouterr().err
+    assert "--parallel 100000 asks for 100001 slots" in err and "at most --parallel 1 would fit" in err, err
+
+
 def test_show_sizes_the_kv_cache_it_is_asked_for(tmp_path):
     """`llambda show --kv-type` (describe) sizes the cache in that type: f16 half of f32, q8_0 34/32 of a byte."""
     from llambda.formats.open import open_model

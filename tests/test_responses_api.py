@@ -703,3 +703,31 @@ def test_a_lone_surrogate_is_a_400_not_a_crash(live, stream):
         raw = b'{"model": "%s", "max_output_tokens": 2, "input": "Hi", "metadata": {"a": "%s"}}' % (
             MODEL_ID.encode(), text.encode())
         assert post(live, "/v1/responses", content=raw, headers={"content-type": "application/json"}).status_code == 200
+
+
+def test_chat_template_kwargs_are_taken_and_checked_as_chats():
+    # a client could not turn a model's thinking off on this route: only reasoning.effort reached the template
+    spec = parse_responses({"input": "Hi", "chat_template_kwargs": {"enable_thinking": False},
+                            "reasoning": {"effort": "low"}}, ResponseStore())[0]
+    assert spec.template_kwargs == {"enable_thinking": False, "reasoning_effort": "low"}
+    for kwargs, words in (({"messages": []}, "set by the renderer itself"), (3, "must be an object")):
+        with pytest.raises(APIError) as e:
+            parse_responses({"input": "Hi", "chat_template_kwargs": kwargs}, ResponseStore())
+        assert e.value.param == "chat_template_kwargs" and words in e.value.message, e.value.message
+    with pytest.raises(APIError) as e:
+        parse_responses({"input": "Hi", "chat_template_kwargs": {"reasoning_effort": "high"},
+                         "reasoning": {"effort": "low"}}, ResponseStore())
+    assert e.value.param == "reasoning.effort" and "give it once" in e.value.message
+
+
+def test_include_is_a_list_of_openais_values():
+    spec = parse_responses({"input": "Hi", "include": ["reasoning.encrypted_content", "file_search_call.results"]},
+                           ResponseStore())[0]
+    assert spec.template_kwargs == {}
+    for include, param, words in (("reasoning.encrypted_content", "include", "must be an array of strings"),
+                                  (["reasoning.summary"], "include[0]", "known values"),
+                                  ([3], "include[0]", "known values"),
+                                  (["message.output_text.logprobs"], "include[0]", "does not return logprobs")):
+        with pytest.raises(APIError) as e:
+            parse_responses({"input": "Hi", "include": include}, ResponseStore())
+        assert e.value.param == param and words in e.value.message, e.value.message

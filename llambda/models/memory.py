@@ -37,6 +37,7 @@ class MemoryPlan:
     kv_type: str
     available: int | None      # MemAvailable, None where the kernel does not say
     recurrent: int = 0         # a hybrid model's recurrent state, every slot
+    logit_row: int = 0         # activations a slot past 16 adds (its logits row: Workspace's max_logit_rows)
 
     @property
     def total(self) -> int:
@@ -144,7 +145,7 @@ def plan(src: ModelSource, n_ctx: int, n_slots: int = 1, kv_type: str = "f32", m
     state = recurrent_state_specs(cfg, n_slots)[2]
     recurrent = sum(int(np.prod(shape)) * np.dtype(dt).itemsize for shape, dt in state.values())
     return MemoryPlan(weights, mapped, largest, kv_per_token, kv_per_token * n_ctx * n_slots + kv_base, acts, n_ctx,
-                      n_slots, kv_type, available, recurrent)
+                      n_slots, kv_type, available, recurrent, 4 * (cfg.d_model + cfg.vocab_size))
 
 
 def check(p: MemoryPlan) -> None:
@@ -152,16 +153,33 @@ def check(p: MemoryPlan) -> None:
     now (the activations too: max_batch=10**7 asked for 236 GiB of them, a raw MemoryError)."""
     if p.available is None or p.weights + p.kv_cache + p.recurrent + p.activations <= p.available:
         return
-    fit = (p.available - p.weights - p.recurrent - p.activations) // max(p.kv_per_token * p.n_slots, 1)
-    hint = (f"a context of at most {fit} tokens (-c/n_ctx) would fit" if fit > 0 else
-            "the weights and activations alone do not fit: use a smaller quantization or free memory")
-    if fit > 0 and p.kv_type == "f32":
-        hint += ", or twice that with an f16 KV cache (--kv-type f16), nearly four times with q8_0"
-    elif fit > 0 and p.kv_type == "f16":
-        hint += ", or nearly twice that with a q8_0 KV cache (--kv-type q8_0)"
-    raise InsufficientMemoryError(
+    # the logits rows are max(n_slots, 16): past 16 slots, each slot also costs a row of activations
+    acts_floor = p.activations - p.logit_row * max(0, p.n_slots - 16)
+    spare = p.available - p.weights - acts_floor        # for the KV cache, recurrent state and rows past 16
+    room = p.available - p.weights - p.activations
+    fit = (room - p.recurrent) // max(p.kv_per_token * p.n_slots, 1)
+    per_slot = max(1, -(-(p.kv_cache + p.recurrent) // p.n_slots))     # a slot's KV cache and recurrent state
+    slots_fit = spare // per_slot
+    if slots_fit > 16:
+        slots_fit = (spare + 16 * p.logit_row) // (per_slot + p.logit_row)
+    if spare <= 0:
+        hint = "the weights and activations alone do not fit: use a smaller quantization or free memory"
+    elif fit >= 2:        # a context of one token holds no prompt
+        hint = f"a context of at most {fit} tokens (-c/n_ctx) would fit"
+        if p.kv_type == "f32":
+            hint += ", or twice that with an f16 KV cache (--kv-type f16), nearly four times with q8_0"
+        elif p.kv_type == "f16":
+            hint += ", or nearly twice that with a q8_0 KV cache (--kv-type q8_0)"
+    else:
+        hint = f"no context fits with {p.n_slots} slots"
+    if spare > 0 and p.n_slots > 1:      # the slots are the other knob (`llambda serve --parallel` sets them)
+        hint += (f"; at {p.n_ctx} tokens, at most {slots_fit} slots (n_slots) would fit" if slots_fit >= 1
+                 else f"; not even one slot of {p.n_ctx} tokens fits")
+    error = InsufficientMemoryError(
         f"this load needs {_gib(p.weights)} of weights + {_gib(p.kv_cache)} of KV cache "
         f"({p.n_ctx} tokens x {p.n_slots} slots, {p.kv_type})"
         + (f" + {_gib(p.recurrent)} of recurrent state" if p.recurrent else "") +
         f" + {_gib(p.activations)} of activations (max_batch tokens per forward)" +
         f" but only {_gib(p.available)} is available: {hint}")
+    error.slots_fit = slots_fit if spare > 0 and p.n_slots > 1 else None   # for a caller naming slots otherwise
+    raise error

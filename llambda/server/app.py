@@ -5,7 +5,6 @@ import asyncio
 import hmac
 import ipaddress
 import logging
-import os
 import socket
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, nullcontext
@@ -25,7 +24,7 @@ from .deltas import SSE_TYPE, Http
 from .errors import APIError, bad_request, model_not_found
 from .generation import Generation, Service
 from .metrics import Metrics
-from .openai_format import dumps
+from .openai_format import adapter_cards, dumps
 from .response_store import ResponseStore
 from .scheduler import Scheduler
 from .schemas import parse_chat, parse_completion, parse_json
@@ -332,10 +331,9 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
     async def models(request: Request) -> Response:
         card = {"id": cfg.model_id, "object": "model", "created": int(metrics.started), "owned_by": "llambda",
                 "meta": {"n_ctx": model.n_ctx, "n_vocab": model.config.vocab_size, "slots": scheduler.n_slots}}
-        if getattr(model, "adapters", None):      # the LoRA adapters merged at load, by file name: where
-            # they lie on the server's disk is not the clients' business
-            card["meta"]["adapters"] = [{"name": os.path.basename(ad["path"].rstrip("/\\")),
-                                         **{k: v for k, v in ad.items() if k != "path"}} for ad in model.adapters]
+        adapters = adapter_cards(model)     # merged at load, by file name: where they lie on the server's
+        if adapters:                        # disk is not the clients' business
+            card["meta"]["adapters"] = adapters
         return json_response({"object": "list", "data": [card]})
 
     async def health(request: Request) -> Response:

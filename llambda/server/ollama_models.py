@@ -6,7 +6,8 @@ There is no Modelfile here, so /api/show's `modelfile` and `template` are empty 
 Jinja, not Ollama's Go template language) and its `parameters` say only `num_ctx`, the server's
 context; `details` and `model_info` come from the loaded model's config and, for a GGUF file, its
 `general.*` metadata. The digest identifies the file as served (its name, size and modification
-time), not its content.
+time), not its content. LoRA adapters merged at load are listed under `adapters` in /api/show and
+each /api/ps entry (llambda's own key, as /v1/models' meta.adapters: by file name, never by path).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from .deltas import Http
+from .openai_format import adapter_cards
 from .schemas import _Body
 
 PATHS = ("/api/tags", "/api/show", "/api/ps", "/api/version")
@@ -121,6 +123,12 @@ class ServedModel:
             caps.append("insert")
         return caps
 
+    def adapters(self) -> dict:
+        """{"adapters": [...]} (llambda's key: Ollama's shapes have no place for adapters merged at load
+        but the Modelfile's ADAPTER lines, and there is no Modelfile here), or {} without adapters."""
+        cards = adapter_cards(self.service.model)
+        return {"adapters": cards} if cards else {}
+
     def tagged(self) -> str:
         name = self.service.cfg.model_id
         return name if ":" in name else f"{name}:latest"
@@ -155,13 +163,13 @@ def routes(service, http: Http, served_name) -> list[Route]:
                                    "parameters": f"num_ctx {service.model.n_ctx}", "template": "",
                                    "details": c["details"],
                                    "model_info": c["model_info"], "capabilities": served.capabilities(),
-                                   "modified_at": c["modified_at"]})
+                                   "modified_at": c["modified_at"], **served.adapters()})
 
     async def ps(request: Request) -> Response:
         plan = getattr(service.model, "memory_plan", None)
         c = served.card()
         entry = dict(served.listing(), expires_at=NEVER, size=plan.total if plan is not None else c["size"],
-                     size_vram=0, context_length=service.model.n_ctx)
+                     size_vram=0, context_length=service.model.n_ctx, **served.adapters())
         del entry["modified_at"]
         return http.json_response({"models": [entry]})
 

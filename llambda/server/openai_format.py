@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import time
 
@@ -9,6 +10,13 @@ from .harmony import HarmonyParser
 from .reasoning_tokens import TokenEnds, counts_reasoning
 from .think import ThinkParser
 from .tools import ToolSetup
+
+
+def adapter_cards(model) -> list[dict]:
+    """The LoRA adapters merged into `model` at load as the listings show them (/v1/models' meta.adapters,
+    Ollama's /api/show and /api/ps): by file name, never their path on the server's disk."""
+    return [{"name": os.path.basename(ad["path"].rstrip("/\\")), **{k: v for k, v in ad.items() if k != "path"}}
+            for ad in getattr(model, "adapters", None) or []]
 
 
 def new_id(prefix: str) -> str:

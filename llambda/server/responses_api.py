@@ -9,6 +9,7 @@ content; no summary), a message item and/or function_call items; streamed, it is
 typed event sequence (response.created, response.output_item.added, ...,
 response.reasoning_text.delta, response.output_text.delta,
 response.function_call_arguments.delta, ..., response.completed or response.incomplete).
+`chat_template_kwargs` is chat's; `include` is checked (INCLUDABLE) but adds nothing.
 
 Responses are stored (`store`, true by default, as in OpenAI's API) in a bounded in-memory
 `ResponseStore`: `previous_response_id` continues one (its input items and its output items come
@@ -45,11 +46,22 @@ TEXT_PARTS = ("input_text", "output_text", "text")      # a message's content
 REASONING_PARTS, SUMMARY_PARTS = ("reasoning_text",), ("summary_text",)    # a reasoning item's content, summary
 # sampling fields passed on as they are (llama-server's extensions included)
 PASSED = ("model", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
-          "repeat_penalty", "ignore_eos", "parallel_tool_calls", "stream", "grammar", "regex", "thinking_token_budget")
+          "repeat_penalty", "ignore_eos", "parallel_tool_calls", "stream", "grammar", "regex", "thinking_token_budget",
+          "chat_template_kwargs")
 _SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT = 20, 100     # input items a page holds (OpenAI's default and cap)
 # OpenAI's bounds on `metadata`: pairs, a key's and a value's characters
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
+# OpenAI's `include` values. Those about built-in tools and images name outputs this server never makes
+# (such tools and parts are refused), and a reasoning item here is plain `reasoning_text` content: there
+# is no encrypted_content to give. So each is accepted and adds nothing, except the logprobs, which
+# this route does not compute: asking for them is a 400 rather than an empty list passed off as them.
+INCLUDABLE = ("code_interpreter_call.outputs", "computer_call_output.output.image_url", "file_search_call.results",
+              "message.input_image.image_url", "message.output_text.logprobs", "reasoning.encrypted_content",
+              "web_search_call.action.sources", "web_search_call.results")
+MAX_INCLUDE = 64        # repeats are harmless, but bounded
+NOT_HONOURED = {"message.output_text.logprobs": "this server does not return logprobs on /v1/responses "
+                                                "(chat completions' 'logprobs' does)"}
 
 
 # -- request -----------------------------------------------------------------------------
@@ -210,6 +222,18 @@ def _effort(v):
     return v.get("effort")
 
 
+def _include(v) -> list[str]:
+    """`include`: a list of OpenAI's known values (INCLUDABLE), checked; none of them changes the answer."""
+    items = array_of(v, "include", "strings", MAX_INCLUDE)
+    for i, name in enumerate(items):
+        if not isinstance(name, str) or name not in INCLUDABLE:
+            what = shown(name) if isinstance(name, str) else _type(name)
+            raise bad_request(f"include[{i}] is {what}; known values: {', '.join(INCLUDABLE)}", param=f"include[{i}]")
+        if name in NOT_HONOURED:
+            raise bad_request(f"include[{i}] {name!r} is not supported: {NOT_HONOURED[name]}", param=f"include[{i}]")
+    return items
+
+
 def _prompt_fields(instructions, continued: bool, inp) -> str:
     """The fields a prompt came from, as an error that cannot render it names them."""
     fields = (["'instructions'"] if instructions else []) + (["the items of 'previous_response_id'"] if continued
@@ -273,13 +297,14 @@ def parse_responses(body, store: ResponseStore,
     if len(msgs) > MAX_MESSAGES:
         raise bad_request(f"this conversation ('input' after any 'previous_response_id') makes {len(msgs)} chat "
                           f"messages; at most {MAX_MESSAGES}", param="input")
+    _include(b.get("include"))
     chat = {k: body[k] for k in PASSED if k in body}
     chat.update(messages=msgs, max_tokens=max_output,
                 tools=_tools(b.get("tools")), tool_choice=_tool_choice(b.get("tool_choice")))
     if response_format is not None:
         chat["response_format"] = response_format
     effort = _effort(b.get("reasoning"))
-    effort_kwargs = with_reasoning_effort({}, effort, "reasoning.effort")
+    with_reasoning_effort({}, effort, "reasoning.effort")      # checked before the rest, as it was
     try:
         spec = parse_chat(chat)
     except APIError as e:
@@ -287,7 +312,8 @@ def parse_responses(body, store: ResponseStore,
             raise bad_request(f"text.format {response_format['type']!r} is invalid: {e.message}",
                               param="text.format") from None
         raise
-    spec.template_kwargs.update(effort_kwargs)
+    # chat_template_kwargs was checked as chat checks it; an effort it contradicts is a 400 there too
+    spec.template_kwargs = with_reasoning_effort(spec.template_kwargs, effort, "reasoning.effort")
     spec.max_tokens_param = "max_output_tokens"     # errors name the Responses fields
     spec.messages_param = "input"
     spec.messages_shown = _prompt_fields(instructions, continued is not None, inp)
