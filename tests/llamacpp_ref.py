@@ -30,3 +30,38 @@ def ggml_quantize(lib, x: np.ndarray, qtype: int, row_bytes: int) -> np.ndarray:
     n = lib.ggml_quantize_chunk(qtype, x.ctypes.data, out.ctypes.data, 0, x.shape[0], x.shape[1], None)
     assert n == out.size, (n, out.size)
     return out
+
+
+_LOGITS_CHILD = """
+import json, sys
+import numpy as np
+import llama_cpp as L
+quiet = L.llama_log_callback(lambda level, text, user: sys.stderr.write(text.decode(errors="replace"))
+                             if level >= 3 else None)     # warnings and errors only
+L.llama_log_set(quiet, None)
+path, ids = sys.argv[1], json.loads(sys.argv[2])
+L.llama_backend_init()
+model = L.llama_model_load_from_file(path.encode(), L.llama_model_default_params())
+if not model:
+    sys.exit("llama.cpp could not load the file")
+n = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
+cp = L.llama_context_default_params()
+cp.n_ctx, cp.n_threads, cp.n_threads_batch = 64, 1, 1
+ctx = L.llama_init_from_model(model, cp)
+arr = (L.llama_token * len(ids))(*ids)
+if L.llama_decode(ctx, L.llama_batch_get_one(arr, len(ids))) != 0:
+    sys.exit("llama_decode failed")
+print(json.dumps(np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, -1), shape=(n,)).tolist()))
+"""
+
+
+def llama_cpp_logits(path, ids: list[int], timeout: float = 300.0) -> np.ndarray:
+    """llama.cpp's logits after `ids` on the GGUF at `path`, run in a child process (a file llama.cpp
+    asserts on aborts that process, not the tests'). AssertionError with llama.cpp's words if it fails."""
+    import json
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", _LOGITS_CHILD, str(path), json.dumps(list(ids))],
+                       capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, f"llama.cpp failed on {Path(path).name} (exit {r.returncode}): {r.stderr[-600:]}"
+    return np.array(json.loads(r.stdout.strip().splitlines()[-1]), dtype=np.float32)

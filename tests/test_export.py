@@ -68,7 +68,7 @@ def tiny_llama_gguf(path: Path, qtype=QType.Q8_0, control_tokens=(), chat_templa
             "llama.feed_forward_length": ff, "llama.attention.head_count": H, "llama.attention.head_count_kv": KV,
             "llama.attention.layer_norm_rms_epsilon": 1e-5, "llama.rope.freq_base": 10000.0,
             "llama.rope.dimension_count": hd, "llama.vocab_size": V,
-            "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt2", "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-2", "tokenizer.ggml.tokens": tokens,
             "tokenizer.ggml.token_type": types, "tokenizer.ggml.merges": merges,
             "tokenizer.ggml.bos_token_id": tokens.index("<|endoftext|>"),
             "tokenizer.ggml.eos_token_id": tokens.index("<|endoftext|>"),
@@ -114,7 +114,7 @@ def test_gguf_tokenizer_and_template_travel_to_hf_and_back(tmp_path):
         assert b.tokenizer.eos_id == a.tokenizer.eos_id
         np.testing.assert_allclose(c.logits([1, 2, 3, 258]), a.logits([1, 2, 3, 258]), atol=1e-4)
     with GGUFFile(back) as f:
-        assert f.metadata["tokenizer.ggml.pre"] == "gpt2"
+        assert f.metadata["tokenizer.ggml.pre"] == "gpt-2"
         assert f.metadata_types["tokenizer.ggml.token_type"][1].name == "INT32"
 
 
@@ -294,3 +294,86 @@ def test_an_empty_or_odd_type_name_is_refused(tmp_path, fmt, qtype):
     with pytest.raises(LlambdaError, match="cannot quantize to ''|stores f32, f16 or bf16"):
         export(TINY / "qwen3", tmp_path / "out", fmt=fmt, qtype=qtype)
     assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------- llama.cpp loads what we write
+
+# tiny models llama.cpp cannot hold, whatever the file says (its limits)
+LLAMA_CPP_CANNOT = {
+    "deepseek_v2": "llama.cpp requires deepseek2.attention.q_lora_rank but in a 26- or 27-layer model (V2-Lite)",
+    "qwen3_moe": "llama.cpp's qwen3moe has no dense layer, which this tiny model has",
+}
+# ones it loads but runs otherwise than the file says: loaded and run, logits not compared
+LLAMA_CPP_RUNS_OTHERWISE = {
+    "gemma2": "llama.cpp takes Gemma 2's attention scale from the model size, not gemma2.attention.scale",
+}
+# ones whose quantized runs in llama.cpp part from ours by more than its 8-bit rounding of activations
+# would suggest: that rounding flips close expert choices (DeepSeek-V3) and is amplified by the delta
+# net's recurrence (Qwen3-Next). Their quantized files are run, and their weights as we dequantize them,
+# written as F32, compared.
+LLAMA_CPP_SENSITIVE = ("deepseek_v3", "qwen3_next")
+# what we write: `llambda export --type` of the folder, or `llambda quantize` of its f32 export; and how far
+# llama.cpp's logits may be from ours on it (it rounds activations to f16 beside f16 matrices and to 8-bit
+# blocks beside quantized ones, which on these random models moves logits by a few tenths)
+LLAMA_CPP_FILES = {"f32": 0.05, "f16": 0.2, "q8_0": 0.75, "quantize q4_0": 0.75, "quantize q4_k_m": 0.75}
+
+
+@pytest.mark.parametrize("kind", list(LLAMA_CPP_FILES))
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_llama_cpp_loads_and_runs_what_we_write(folder, kind, tmp_path, monkeypatch):
+    """Our GGUF exports and quantizations load in llama.cpp as written (it refused `tokenizer.ggml.pre`
+    "gpt2" and token types not INT32, a file without tokenizer.ggml.model, `blk.N.ssm_a.weight` for its
+    `ssm_a`, and aborted on a convolution kernel not in F32), and its logits match ours on them."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the bench extra)")
+    if folder in LLAMA_CPP_CANNOT:
+        pytest.skip(LLAMA_CPP_CANNOT[folder])
+    from llamacpp_ref import llama_cpp_logits
+    from llambda.cli import main
+    qtype = kind.split()[-1]
+    if kind.startswith("quantize"):
+        src = export(TINY / folder, tmp_path / "f32.gguf", fmt="gguf", qtype="f32")
+        path = tmp_path / f"{qtype}.gguf"
+        assert main(["quantize", str(src), str(path), qtype]) == 0
+    else:
+        path = export(TINY / folder, tmp_path / f"{qtype}.gguf", fmt="gguf", qtype=qtype)
+    ids = IDS[:12]                        # within the tiny models' sliding windows (llama.cpp has none for Mistral)
+    theirs = llama_cpp_logits(path, ids)
+    if folder in LLAMA_CPP_RUNS_OTHERWISE:
+        return
+    if folder == "gpt_oss":               # llama.cpp rounds the ends of the YaRN ramp
+        from test_moe import round_yarn_as_llama_cpp
+        round_yarn_as_llama_cpp(monkeypatch)
+    tol = LLAMA_CPP_FILES[kind]
+    if folder in LLAMA_CPP_SENSITIVE and kind not in ("f32", "f16"):
+        path, tol = dequantized_twin(path, tmp_path / "twin.gguf"), LLAMA_CPP_FILES["f32"]
+        theirs = llama_cpp_logits(path, ids)
+    assert float(np.abs(logits(path, ids) - theirs).max()) <= tol
+
+
+def dequantized_twin(src: Path, out: Path) -> Path:
+    """The GGUF at src with every tensor as F32 holding the values our dequantizer reads from it."""
+    from llambda.formats.quants import dequantize
+    with GGUFFile(src) as f:
+        meta, types = dict(f.metadata), f.metadata_types
+        items = [(n, QType.F32, dequantize(np.array(t.data), t.qtype, t.shape).astype(np.float32))
+                 for n, t in f.tensors.items()]
+    meta["general.file_type"] = 0
+    write_gguf(out, meta, items, metadata_types=types)
+    return out
+
+
+def test_quantize_rewrites_old_tokenizer_spellings_llama_cpp_refuses(tmp_path):
+    """A GGUF we wrote before (pre-tokenizer "gpt2", token types as UINT32) quantized again: the output
+    spells them as llama.cpp reads them ("gpt-2", INT32), whatever the source's types were."""
+    from llambda.cli import main
+    from llambda.formats.gguf import GGUFValueType as VT
+    src = tiny_llama_gguf(tmp_path / "a.gguf", qtype=QType.F32)
+    with GGUFFile(src) as f:
+        meta, types = {**f.metadata, "tokenizer.ggml.pre": "gpt2"}, dict(f.metadata_types)
+        items = [(n, t.qtype, np.array(t.data), t.shape) for n, t in f.tensors.items()]
+    types["tokenizer.ggml.token_type"] = (VT.ARRAY, VT.UINT32)
+    write_gguf(tmp_path / "old.gguf", meta, items, metadata_types=types)
+    assert main(["quantize", str(tmp_path / "old.gguf"), str(tmp_path / "q.gguf"), "q8_0"]) == 0
+    with GGUFFile(tmp_path / "q.gguf") as f:
+        assert f.metadata["tokenizer.ggml.pre"] == "gpt-2"
+        assert f.metadata_types["tokenizer.ggml.token_type"] == (VT.ARRAY, VT.INT32)

@@ -132,6 +132,9 @@ def qwen3next_gguf(out: Path) -> Path:
                 w = w.reshape(w.shape[0], -1)
             if leaf == "mlp.shared_expert_gate":
                 w = w.reshape(-1)                     # llama.cpp's shape: one vector of d_model
+            if rest == "linear_attn.A_log":       # llama.cpp's name has no `.weight`
+                tensors[f"blk.{i}.ssm_a"] = w
+                continue
             tensors[f"blk.{i}.{QWEN3NEXT_GGUF[leaf]}.{kind}"] = w
     for (i, proj), per in experts.items():
         tensors[f"blk.{i}.ffn_{proj.split('_')[0]}_exps.weight"] = np.stack([per[e] for e in sorted(per)])

@@ -451,24 +451,13 @@ def test_serve_passes_adapters_to_load(monkeypatch):
     assert seen["load"][1]["lora"] == [("a.gguf", 0.5), ("b", 1.0)]
 
 
-def llama_cpp_ready_gguf(tmp_path) -> Path:
-    """test_export's tiny llama GGUF (F32) with the two metadata spellings llama.cpp's loader insists on."""
-    from test_export import tiny_llama_gguf
-    from llambda.formats.gguf import GGUFFile, GGUFValueType
-    raw, out = tiny_llama_gguf(tmp_path / "raw.gguf", qtype=QType.F32), tmp_path / "base.gguf"
-    with GGUFFile(raw) as f:
-        types = {**f.metadata_types, "tokenizer.ggml.token_type": (GGUFValueType.ARRAY, GGUFValueType.INT32)}
-        write_gguf(out, {**f.metadata, "tokenizer.ggml.pre": "default"},
-                   [(n, t.qtype, np.array(t.data), t.shape) for n, t in f.tensors.items()], metadata_types=types)
-    return out
-
-
 def test_same_logits_as_llama_cpp_applying_the_adapter(tmp_path):
     """llama.cpp (llama-cpp-python) applying the GGUF adapter at run time, and our merge of it and of its
     PEFT form (HF q/k row order) into the same GGUF llama base, agree within float rounding."""
     llama_cpp = pytest.importorskip("llama_cpp")
     from llambda.formats.gguf import GGUFFile
-    base = llama_cpp_ready_gguf(tmp_path)
+    from test_export import tiny_llama_gguf
+    base = tiny_llama_gguf(tmp_path / "base.gguf", qtype=QType.F32)     # llama.cpp loads it as written
     rng, ids, heads = np.random.default_rng(3), [5, 70, 100, 33, 200, 9], {"attn_q": 4, "attn_k": 2}
     with GGUFFile(base) as f:
         shapes = {n: t.shape for n, t in f.tensors.items() if n.startswith("blk.") and len(t.shape) == 2}

@@ -30,12 +30,19 @@ def open_gguf(path: Path) -> ModelSource:
         module = None if arch in ENCODERS else arch_module(arch, "config_from_gguf")
         # an architecture whose llama.cpp files name a tensor otherwise (canonical leaf or global name -> file's)
         renamed = getattr(module, "GGUF_NAMES", {})
+        # names the file uses for other canonical tensors: not these canonical tensors too (a qwen3next
+        # file's post_attention_norm is the canonical ffn_norm, no post-attention norm of Gemma's kind)
+        taken = set(renamed.values()) - set(renamed)
 
         def file_name(name: str) -> str:
-            """The name the file gives canonical tensor `name` (it may hold none by that name)."""
+            """The name the file gives canonical tensor `name` (it may hold none by that name; "": none)."""
             if name.startswith("blk."):
                 _, i, leaf = name.split(".", 2)
+                if leaf in taken:
+                    return ""
                 name = f"blk.{i}.{renamed.get(leaf, leaf)}"
+            elif name in taken:
+                return ""
             else:
                 name = renamed.get(name, name)
             if name not in infos and name.endswith(".weight") and name[:-len(".weight")] in infos:

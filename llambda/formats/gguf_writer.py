@@ -13,7 +13,9 @@ range, else UINT64/INT64; float -> FLOAT32 (the GGUF convention, not
 FLOAT64); str -> STRING (bytes -> STRING written verbatim); NumPy scalars and
 arrays -> their dtype; lists and tuples -> ARRAY of the common element type
 (ints by the int rule over all elements, floats or mixed int/float -> FLOAT32,
-an empty list -> UINT32).
+an empty list -> UINT32). Keys whose element type llama.cpp's vocabulary loader
+insists on (LLAMA_CPP_TYPES: token types INT32, scores FLOAT32) get that type
+unless one is given explicitly.
 
 Tensors are a dict name -> (qtype, values) or (qtype, raw_bytes, shape), or a
 list of (name, qtype, values), (name, qtype, raw_bytes, shape) or TensorInfo.
@@ -286,6 +288,12 @@ def _align(n: int, alignment: int) -> int:
 
 # ---------------------------------------------------------------- the file
 
+# Array keys llama.cpp's vocabulary loader refuses in any other element type
+# ("invalid gguf type for tokenizer.ggml.token_type"); it reads them as int32 / float arrays.
+LLAMA_CPP_TYPES = {"tokenizer.ggml.token_type": (VT.ARRAY, VT.INT32),
+                   "tokenizer.ggml.scores": (VT.ARRAY, VT.FLOAT32)}
+
+
 def write_gguf(path: str | os.PathLike, metadata: dict[str, Any], tensors=(),
                alignment: int | None = None, metadata_types: dict[str, Any] | None = None,
                version: int = 3) -> None:
@@ -316,7 +324,12 @@ def write_gguf(path: str | os.PathLike, metadata: dict[str, Any], tensors=(),
     for key, value in metadata.items():
         if not isinstance(key, str) or not key:
             raise ValueError(f"metadata keys must be non-empty strings, got {key!r}")
-        desc = types[key] if key in types else infer_type(value)
+        if key in types:
+            desc = types[key]
+        elif key in LLAMA_CPP_TYPES and not isinstance(value, GGUFValue):
+            desc = LLAMA_CPP_TYPES[key]
+        else:
+            desc = infer_type(value)
         header += _encode_kv(key, desc, value)
 
     offset = 0

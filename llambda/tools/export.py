@@ -91,6 +91,9 @@ _BIASED = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate_inp", "ffn_gat
 # Tensors kept in float whatever the export type: an MoE router's logits pick the experts, and a
 # quantized router flips choices that are close (llama.cpp's quantizer also leaves them alone).
 _FLOAT_ONLY = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight")
+# Tensors llama.cpp computes on only in float32 (its ssm_conv op asserts an F32 kernel; its converter
+# writes them F32 and its quantizer leaves them): a convolution kernel of another type fails its run.
+_F32_ONLY = ("ssm_conv1d.weight", "shortconv.conv.weight")
 
 
 def family_of(cfg: TransformerConfig) -> Family:
@@ -99,6 +102,8 @@ def family_of(cfg: TransformerConfig) -> Family:
         arch = "mixtral"      # a `llama` GGUF with experts is Mixtral
     elif arch == "llama" and any(cfg.layer_sliding):
         arch = "mistral"      # config.json spells a Llama with a window as Mistral
+    if arch not in FAMILIES:          # a GGUF's spelling (gpt-oss) where ours differs (gpt_oss)
+        arch = next((k for k, f in FAMILIES.items() if f.gguf_arch == arch), arch)
     if arch not in FAMILIES:
         raise ModelFormatError(f"export does not know the architecture {cfg.arch!r}")
     return FAMILIES[arch]
@@ -146,6 +151,8 @@ def _convert(name: str, t: WeightTensor, qtype: QType, shift: float = 0.0) -> Ou
 
 
 def _target_type(t: WeightTensor, want: QType | None, fmt: str, name: str = "") -> QType:
+    if fmt == "gguf" and name.endswith(_F32_ONLY):
+        return QType.F32
     if fmt == "gguf" and name.endswith(_FLOAT_ONLY):
         return t.qtype if t.qtype in FLOAT_TYPES.values() else QType.F32
     if fmt == "hf":
@@ -529,7 +536,8 @@ def _hybrid_metadata(cfg: TransformerConfig, a: str) -> dict:
 
 def _hybrid_tensors(cfg: TransformerConfig, tensors: dict) -> dict:
     """A delta net's tensors as llama.cpp's converter writes them: in_proj_qkvz regrouped into attn_qkv
-    (q, k, v heads) and attn_gate (z), ssm_a = -exp(A_log), convolution kernels as (channels, L)."""
+    (q, k, v heads) and attn_gate (z), ssm_a = -exp(A_log) (named without `.weight`), convolution kernels
+    as (channels, L)."""
     from ..models.base import grouped_rows
     hk, hv, dk, dv = cfg.ssm_k_heads, cfg.ssm_v_heads, cfg.ssm_k_dim, cfg.ssm_v_dim
     out = {}
@@ -541,7 +549,9 @@ def _hybrid_tensors(cfg: TransformerConfig, tensors: dict) -> dict:
             out[p + "attn_qkv.weight"] = t.take_rows(np.concatenate([q, k, v]))
             out[p + "attn_gate.weight"] = t.take_rows(z)
         elif leaf == "ssm_a_log.weight":
-            out[p + "ssm_a.weight"] = WeightTensor.from_float(p + "ssm_a.weight", -np.exp(t.to_float32().reshape(-1)))
+            out[p + "ssm_a"] = WeightTensor.from_float(p + "ssm_a", -np.exp(t.to_float32().reshape(-1)))
+        elif leaf == "ssm_a.weight":          # llama.cpp names it without the suffix
+            out[p + "ssm_a"] = t
         elif leaf in ("ssm_conv1d.weight", "shortconv.conv.weight") and len(t.shape) == 3:
             out[name] = WeightTensor(t.name, t.qtype, (t.shape[0], t.shape[-1]), t.data)
         else:
@@ -630,21 +640,31 @@ def write_gguf_file(src: ModelSource, out: Path, qtype: str | None = None, pure:
 
 
 def _gguf_tokenizer_metadata(src: ModelSource) -> dict:
+    """The tokenizer.* keys to write; a model without a vocabulary says so as llama.cpp's converter does
+    (tokenizer.ggml.model "none"), as llama.cpp will not load a file without that key."""
     if src.format == "gguf":
-        return {k: v for k, v in src.metadata.items() if k.startswith("tokenizer.")}
-    if src.tokenizer is None:
-        return {}
-    from .export_tokenizer import gguf_tokenizer_metadata
-    return gguf_tokenizer_metadata(src.path, src.tokenizer, src.chat_template)
+        meta = {k: v for k, v in src.metadata.items() if k.startswith("tokenizer.")}
+        if meta.get("tokenizer.ggml.pre") == "gpt2":      # our older exports' name, unknown to llama.cpp
+            meta["tokenizer.ggml.pre"] = "gpt-2"
+    elif src.tokenizer is None:
+        meta = {}
+    else:
+        from .export_tokenizer import gguf_tokenizer_metadata
+        meta = gguf_tokenizer_metadata(src.path, src.tokenizer, src.chat_template)
+    if "tokenizer.ggml.model" not in meta and "tokenizer.ggml.tokens" not in meta:
+        meta["tokenizer.ggml.model"] = "none"
+    return meta
 
 
 def _gguf_metadata_types(src: ModelSource) -> dict:
-    """The source GGUF's value types for the keys we copy (token types are INT32 arrays, ids UINT32)."""
+    """The source GGUF's value types for the keys we copy (ids UINT32), but for those llama.cpp reads in
+    one type only (gguf_writer.LLAMA_CPP_TYPES), which get that type whatever the source had."""
     if src.format != "gguf":
         return {}
     from ..formats.gguf import GGUFFile
+    from ..formats.gguf_writer import LLAMA_CPP_TYPES
     with GGUFFile(src.path) as f:
-        return {k: v for k, v in f.metadata_types.items() if k.startswith("tokenizer.")}
+        return {k: v for k, v in f.metadata_types.items() if k.startswith("tokenizer.") and k not in LLAMA_CPP_TYPES}
 
 
 # ---------------------------------------------------------------- entry point

@@ -19,7 +19,7 @@ import numpy as np
 from ..errors import ModelFormatError
 
 # llama.cpp's names first where several names share one pre-tokenizer.
-_PREFERRED_PRE = ("gpt2", "smollm", "qwen2", "qwen35", "llama-bpe", "tekken", "gpt-4o", "stablelm2", "dbrx",
+_PREFERRED_PRE = ("gpt-2", "smollm", "qwen2", "qwen35", "llama-bpe", "tekken", "gpt-4o", "stablelm2", "dbrx",
                   "deepseek-llm", "deepseek-coder", "deepseek-v3", "command-r", "mpt", "falcon", "bloom", "viking")
 
 
