@@ -415,10 +415,11 @@ def test_pull_shows_progress_only_on_a_terminal(monkeypatch, capsys):
     import llambda.hub
     from llambda.cli import main
     seen = {}
-    monkeypatch.setattr(llambda.hub, "pull", lambda name, progress, force: seen.update(
-        name=name, progress=progress) or "/cache/file.gguf")
+    monkeypatch.setattr(llambda.hub, "pull", lambda name, progress, force, report=None: seen.update(
+        name=name, progress=progress, report=report) or "/cache/file.gguf")
     assert main(["pull", "smollm2-135m:latest"]) == 0
-    assert seen == {"name": "smollm2-135m", "progress": False}
+    # the bars only to a terminal; the one-line outcome (sha256 verified) whatever stderr is
+    assert seen == {"name": "smollm2-135m", "progress": False, "report": True}
     assert capsys.readouterr().out == "/cache/file.gguf\n"
 
 
