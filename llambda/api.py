@@ -18,7 +18,7 @@ from .engine import GenerationParams, Sequence, TokenEvent, token_ids
 from .errors import (ChatTemplateError, ContextOverflowError, InvalidInputError, LlambdaWarning, ModelBusyError,
                      ModelClosedError, ModelFormatError, TokenizerError)
 from .formats.lora import adapter_specs
-from .formats.lora_merge import LoraMerge, open_adapters
+from .formats.lora_merge import LoraMerge, merge_peak, open_adapters
 from .formats.open import open_named
 from .hub import is_catalogued
 from .models import memory
@@ -100,6 +100,7 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
             lookup, at_load = quantizing_lookup(lookup, quantize, release=src.release), qtype_at_load(quantize)
         mplan = memory.plan(src, ctx, n_slots, be.kv_type, max_batch, be,
                             float_weights=be.name == "numpy", qtype_at_load=at_load)
+        mplan.merge_peak = merge_peak(adapters, src) if adapters else 0
         if check_memory:
             memory.check(mplan)
         with src.reading_ahead(), be.loading(mplan.weights):

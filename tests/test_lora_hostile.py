@@ -175,6 +175,21 @@ def test_merge_memory_is_a_block_of_rows_not_the_matrix(monkeypatch):
     assert np.array_equal(got.data, quantize(exact, QType.Q8_0).reshape(-1))
 
 
+def test_a_load_that_fits_only_without_the_merge_is_refused(tmp_path, monkeypatch):
+    """The merge's buffers (a merged copy of its largest weight, the factors, blocks of rows) count in the
+    memory check: a load that fits without the adapter but not while merging it is refused, naming the merge."""
+    from llambda.errors import InsufficientMemoryError
+    from llambda.models import memory
+    lora = str(write_peft(tmp_path / "p", random_adapter("llama"), 8))
+    with llambda.load(TINY / "llama", backend="numpy", n_ctx=64, lora=lora) as m:
+        p = m.memory_plan
+    assert p.merge_peak > 4 * 4 * 64 * 64, p.merge_peak    # at least a float32 block of a 64-wide weight's rows
+    monkeypatch.setattr(memory, "mem_available", lambda: p.total + p.merge_peak - 1)
+    llambda.load(TINY / "llama", backend="numpy", n_ctx=64).close()       # fits without the adapter
+    with pytest.raises(InsufficientMemoryError, match=r"while merging its LoRA adapters \(lora=\)"):
+        llambda.load(TINY / "llama", backend="numpy", n_ctx=64, lora=lora)
+
+
 # ---------------------------------------------------------------- rank_pattern / alpha_pattern keys
 
 @pytest.mark.parametrize("key", ["(.*)*(.*)*(.*)*Z", ".*" * 14 + "Z", r"(\w+)+Z", r"(\d+)+Z"])

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import AdapterError, LlambdaWarning
 from .lora import LoraAdapter, LoraPair, open_adapter
-from .quants import QType, dequantize, quantize, row_nbytes
+from .quants import QType, dequantize, quantize, row_nbytes, tensor_nbytes
 from .rope_rows import PERMUTED_GGUF_ARCHS, rope_permutation
 from .source import ModelSource
 from .weights import WeightTensor
@@ -101,6 +101,24 @@ def check_adapters(adapters: list[LoraAdapter], src: ModelSource) -> None:
 
 def _leaf(name: str) -> str:
     return name.split(".")[2] if name.startswith("blk.") and name.count(".") >= 2 else ""
+
+
+def merge_peak(adapters: list[LoraAdapter], src: ModelSource) -> int:
+    """The memory the merge holds at once on top of the packed weights, at its largest weight: the merged
+    copy in the weight's type (until the backend has packed it), every adapter's float32 A and scaled B of
+    that weight, and a block of rows' float32 buffers (the dequantized rows, the update's product, the
+    round trip's check: MERGE_CHUNK_BYTES each)."""
+    names = {name for ad in adapters for name in ad.pairs}
+    peak = 0
+    for name in names:
+        t = src.tensor(name)
+        if t is None or len(t.shape) != 2:
+            continue
+        rows, cols = t.shape
+        factors = sum(4 * p.rank * (rows + cols) for p in (ad.pairs.get(name) for ad in adapters) if p is not None)
+        block = 4 * cols * min(rows, max(1, MERGE_CHUNK_BYTES // (4 * cols)))
+        peak = max(peak, tensor_nbytes(t.qtype, t.shape) + factors + 3 * block)
+    return peak
 
 
 class LoraMerge:

@@ -38,6 +38,7 @@ class MemoryPlan:
     available: int | None      # MemAvailable, None where the kernel does not say
     recurrent: int = 0         # a hybrid model's recurrent state, every slot
     logit_row: int = 0         # activations a slot past 16 adds (its logits row: Workspace's max_logit_rows)
+    merge_peak: int = 0        # lora=: what merging the adapters holds at once while loading (lora_merge.merge_peak)
 
     @property
     def total(self) -> int:
@@ -149,14 +150,15 @@ def plan(src: ModelSource, n_ctx: int, n_slots: int = 1, kv_type: str = "f32", m
 
 
 def check(p: MemoryPlan) -> None:
-    """Refuse a load whose weights, KV cache, recurrent state and activations exceed the memory available
-    now (the activations too: max_batch=10**7 asked for 236 GiB of them, a raw MemoryError)."""
-    if p.available is None or p.weights + p.kv_cache + p.recurrent + p.activations <= p.available:
+    """Refuse a load whose weights, KV cache, recurrent state and activations (and, with lora=, the merge's
+    buffers while it loads: merge_peak) exceed the memory available now (the activations too: max_batch=10**7 asked for 236 GiB of them, a raw MemoryError)."""
+    if p.available is None or p.total + p.merge_peak <= p.available:
         return
+    weights = p.weights + p.merge_peak      # the merge's buffers are let go of once loaded, but must fit first
     # the logits rows are max(n_slots, 16): past 16 slots, each slot also costs a row of activations
     acts_floor = p.activations - p.logit_row * max(0, p.n_slots - 16)
-    spare = p.available - p.weights - acts_floor        # for the KV cache, recurrent state and rows past 16
-    room = p.available - p.weights - p.activations
+    spare = p.available - weights - acts_floor        # for the KV cache, recurrent state and rows past 16
+    room = p.available - weights - p.activations
     fit = (room - p.recurrent) // max(p.kv_per_token * p.n_slots, 1)
     per_slot = max(1, -(-(p.kv_cache + p.recurrent) // p.n_slots))     # a slot's KV cache and recurrent state
     slots_fit = spare // per_slot
@@ -176,7 +178,9 @@ def check(p: MemoryPlan) -> None:
         hint += (f"; at {p.n_ctx} tokens, at most {slots_fit} slots (n_slots) would fit" if slots_fit >= 1
                  else f"; not even one slot of {p.n_ctx} tokens fits")
     error = InsufficientMemoryError(
-        f"this load needs {_gib(p.weights)} of weights + {_gib(p.kv_cache)} of KV cache "
+        f"this load needs {_gib(p.weights)} of weights"
+        + (f" + {_gib(p.merge_peak)} while merging its LoRA adapters (lora=)" if p.merge_peak else "") +
+        f" + {_gib(p.kv_cache)} of KV cache "
         f"({p.n_ctx} tokens x {p.n_slots} slots, {p.kv_type})"
         + (f" + {_gib(p.recurrent)} of recurrent state" if p.recurrent else "") +
         f" + {_gib(p.activations)} of activations (max_batch tokens per forward)" +
