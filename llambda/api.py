@@ -58,7 +58,8 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
       with the same backend, threads, context and quantize=. generate/stream then speculate with it by default;
       draft_threads: the threads its forward passes use (default: threads).
     lora: LoRA adapters merged into the weights at load: a path (a GGUF adapter file or a PEFT directory),
-      a (path, scale) pair, or a list of them; each adapter's update is scaled by its scale (default 1).
+      a (path, scale) pair, or a list of them (a tuple of paths only is a list); each adapter's update is
+      scaled by its scale (default 1).
       A quantized weight is dequantized, merged and quantized again to its own type (a warning says so).
       `Model.adapters` describes them. Not applied to the draft model.
     """

@@ -370,6 +370,19 @@ def test_lora_argument_types(tmp_path):
         llambda.load(TINY / "llama", backend="numpy", lora=[("a", 1.0, 2)])
 
 
+def test_a_tuple_of_paths_is_several_adapters(tmp_path):
+    """lora=("a", "b") is two adapters (it was read as (path, scale) and refused on the scale); a pair of paths
+    inside a list is refused on its scale, saying to list them."""
+    from llambda.formats.lora import adapter_specs
+    assert adapter_specs(("a.gguf", Path("b"))) == [("a.gguf", 1.0), ("b", 1.0)]
+    assert adapter_specs(("a.gguf", 0.5)) == [("a.gguf", 0.5)]
+    with pytest.raises(InvalidInputError, match=r"b.gguf.*several adapters are a list: lora=\[path, path"):
+        adapter_specs([("a.gguf", "b.gguf")])
+    one, two = (str(write_peft(tmp_path / n, random_adapter("llama", rank=2, seed=s), 2)) for n, s in (("p", 0), ("q", 1)))
+    with llambda.load(TINY / "llama", backend="numpy", n_ctx=64, lora=(one, two)) as m:
+        assert [a["path"] for a in m.adapters] == [one, two]
+
+
 def test_parse_lora_arg(tmp_path):
     from llambda.formats.lora import parse_lora_arg
     assert parse_lora_arg("a.gguf") == ("a.gguf", 1.0)

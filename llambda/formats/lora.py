@@ -92,10 +92,12 @@ def parse_lora_arg(text: str) -> tuple[str, float]:
 
 
 def adapter_specs(lora) -> list[tuple[str, float]]:
-    """load()'s `lora=`: a path, a (path, scale) pair, or a list of either -> [(path, scale)]."""
+    """load()'s `lora=`: a path, a (path, scale) pair, or a list of either -> [(path, scale)]. A tuple of
+    paths only, ("a.gguf", "b.gguf"), is several adapters as a list of them is (no scale in it)."""
     if lora is None:
         return []
-    items = [lora] if isinstance(lora, (str, os.PathLike, tuple)) else lora
+    several = isinstance(lora, tuple) and lora and all(isinstance(x, (str, os.PathLike)) for x in lora)
+    items = [lora] if isinstance(lora, (str, os.PathLike)) or (isinstance(lora, tuple) and not several) else lora
     if not isinstance(items, (list, tuple)):
         raise InvalidInputError(f"lora= takes a path, a (path, scale) pair or a list of them, "
                                 f"got {type(lora).__name__}")
@@ -111,7 +113,10 @@ def adapter_specs(lora) -> list[tuple[str, float]]:
             raise InvalidInputError(f"lora= items are paths or (path, scale) pairs, got {item!r}")
         if not _finite_number(scale) or abs(float(scale)) > MAX_SCALE:
             raise InvalidInputError(f"the scale of LoRA adapter {os.fspath(path)} must be a finite number of magnitude "
-                                    f"at most {MAX_SCALE:g}, got {_short(scale)}")
+                                    f"at most {MAX_SCALE:g}, got {_short(scale)}"
+                                    # ("a.gguf", "b.gguf") inside a list: two paths, not a pair
+                                    + ("; several adapters are a list: lora=[path, path, (path, scale), ...]"
+                                       if isinstance(scale, (str, os.PathLike)) else ""))
         out.append((os.fspath(path), float(scale)))
     return out
 
