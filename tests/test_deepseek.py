@@ -263,6 +263,30 @@ def test_a_batch_of_slots_equals_each_sequence_alone(backend):
         src.close()
 
 
+@pytest.mark.parametrize("qtype", ["f16", "q8_0"])
+def test_memory_plan_counts_the_rejoined_kv_b(tmp_path, qtype):
+    """A newer-layout file's plan counts attn_kv_b as the load keeps it (join_kv_b: Q8_0 when a half is
+    quantized, as the q8_0 export's Q8_0 v_b and F16 k_b; float32 from F16 halves), not the halves' bytes."""
+    import contextlib
+    from llambda.formats.open import open_named
+    from llambda.formats.quants import tensor_nbytes
+    from llambda.models import memory
+    from llambda.tools.export import export
+    split = export(TINY / "deepseek_v3", tmp_path / "split.gguf", fmt="gguf", qtype=qtype)
+    with contextlib.closing(open_named(split)[1]) as src:
+        want = 0
+        for name, t in src.tensors():
+            if name.endswith("attn_v_b.weight"):
+                kv = src.tensor(name.replace("attn_v_b", "attn_kv_b"))     # the load's own join
+                assert kv.qtype == (QType.Q8_0 if qtype == "q8_0" else QType.F32)
+                want += kv.data.nbytes
+            elif not name.endswith("attn_k_b.weight"):
+                want += tensor_nbytes(t.qtype, t.shape)
+        assert src.tensor("blk.0.attn_k_b.weight").qtype == QType.F16
+        assert memory.plan(src, 64).weights == want
+        assert memory.plan(src, 64, qtype_at_load=lambda n, t: t.qtype).weights == want
+
+
 def test_export_of_an_older_layout_gguf_writes_the_split_one(tmp_path):
     """A GGUF of llama.cpp's older layout (attn_kv_b) exported: the current layout, the same logits."""
     from llambda.formats.gguf import GGUFFile

@@ -229,6 +229,27 @@ def gguf_lookup(get, cfg: TransformerConfig):
     return lookup, holders
 
 
+def _joined_qtype(kb_type: QType, vb_type: QType, r: int) -> QType:
+    floats = (QType.F32, QType.F16, QType.BF16)
+    if (kb_type not in floats or vb_type not in floats) and r % TRAITS[QType.Q8_0].block_size == 0:
+        return QType.Q8_0
+    return QType.F32
+
+
+def split_part_at_load(src, name: str, t: WeightTensor) -> WeightTensor:
+    """For the memory plan: a newer file's attn_k_b / attn_v_b as the part of the rejoined attn_kv_b the load
+    keeps (join_kv_b: its rows of kv_lora columns, Q8_0 or float32); any other tensor as it is."""
+    for half, other in (("attn_k_b.weight", "attn_v_b.weight"), ("attn_v_b.weight", "attn_k_b.weight")):
+        if name.endswith(half) and len(t.shape) == 3:
+            o = src.tensor(name[:-len(half)] + other)
+            if o is None:
+                return t
+            kb, vb = (t, o) if half == "attn_k_b.weight" else (o, t)
+            r = int(vb.shape[-1])
+            return WeightTensor(name, _joined_qtype(kb.qtype, vb.qtype, r), (int(np.prod(t.shape)) // r, r), t.data)
+    return t
+
+
 def join_kv_b(kb: WeightTensor, vb: WeightTensor, cfg: TransformerConfig, name: str) -> WeightTensor:
     """kv_b_proj (heads (qk_nope + v), kv_lora) from its split halves: a transposed quantized block cannot
     stay in its type, so Q8_0 when either half is quantized (and kv_lora_rank splits into its blocks), else
@@ -240,7 +261,6 @@ def join_kv_b(kb: WeightTensor, vb: WeightTensor, cfg: TransformerConfig, name: 
     k = kb.to_float32().reshape(H, r, nope).transpose(0, 2, 1)          # (H, nope, r)
     v = vb.to_float32().reshape(H, vd, r)
     joined = np.concatenate([k, v], axis=1).reshape(H * (nope + vd), r)
-    floats = (QType.F32, QType.F16, QType.BF16)
-    if (kb.qtype not in floats or vb.qtype not in floats) and r % TRAITS[QType.Q8_0].block_size == 0:
+    if _joined_qtype(kb.qtype, vb.qtype, r) == QType.Q8_0:
         return WeightTensor(name, QType.Q8_0, joined.shape, quantize(joined, QType.Q8_0).reshape(-1))
     return WeightTensor.from_float(name, joined)

@@ -22,6 +22,7 @@ from ..formats.pagecache import mem_available, should_drop
 from ..formats.readahead import CHUNK as READ_CHUNK
 from ..formats.source import ModelSource
 from .base import Workspace, mlp_width, recurrent_state_specs
+from .deepseek2 import split_part_at_load
 
 
 @dataclass
@@ -129,10 +130,11 @@ def plan(src: ModelSource, n_ctx: int, n_slots: int = 1, kv_type: str = "f32", m
             layer = name.split("ffn_")[0]
             experts[layer] = experts.get(layer, 0) + n
         params += int(np.prod(t.shape))
-        q = qtype_at_load(name, t) if qtype_at_load is not None else t.qtype
+        kept = split_part_at_load(src, name, t)     # DeepSeek's split kv_b halves: rejoined, Q8_0 or float32
+        q = qtype_at_load(name, kept) if qtype_at_load is not None else kept.qtype
         if backend is not None:
-            q = backend.packed_type(q, t.shape[-1])
-        packed += n if q == t.qtype else tensor_nbytes(q, t.shape)
+            q = backend.packed_type(q, kept.shape[-1])
+        packed += n if q == t.qtype and kept is t else tensor_nbytes(q, kept.shape)
     weights = params * 4 if float_weights else packed
     largest = max([largest, *experts.values()]) + READ_CHUNK     # + the read-ahead's chunk, mapped while it reads
     available = mem_available()
