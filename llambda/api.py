@@ -491,15 +491,21 @@ class Model:
         """The ThinkingBudget of a chat prompt (a budget, a grammar that waits for the thought's end),
         or None where there is neither or the template has no `<think>` thought."""
         from .thinking import (ThinkingBudget, grammar_spells_thought, prompt_closes_thought, prompt_opens_thought,
-                               template_thinks, text_after_close)
+                               template_thinks)
         holds = spec is not None and not grammar_spells_thought(spec.kind, spec.source) and \
             not prompt_closes_thought(prompt)
         if (tokens is None and not holds) or not template_thinks(self.source.chat_template):
             return None
-        if self._thought_after is None:
-            self._thought_after = text_after_close(self.render_chat)
-        return ThinkingBudget.build(self._tok(), tokens, prompt_opens_thought(prompt), self._thought_after,
+        return ThinkingBudget.build(self._tok(), tokens, prompt_opens_thought(prompt), self._text_after_thought(),
                                     holds_grammar=holds)
+
+    def _text_after_thought(self) -> str:
+        """What the chat template writes after `</think>` (thinking.text_after_close), rendered once: the
+        library's chat and the server's requests both ask."""
+        if self._thought_after is None:
+            from .thinking import text_after_close
+            self._thought_after = text_after_close(self.render_chat)
+        return self._thought_after
 
     def chat(self, messages, tools=None, template_kwargs=None, thinking_budget: int | None = None, **kw) -> str:
         """The assistant's reply to `messages` (OpenAI-style dicts), as text (a reasoning model's

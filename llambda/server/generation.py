@@ -18,7 +18,7 @@ from ..errors import ChatTemplateError, ContextOverflowError, InvalidInputError,
 from ..sampling import SamplingParams
 from ..speculative import DEFAULT_DRAFT_MAX, PromptLookup, Speculation, check_rollback
 from ..thinking import (ThinkingBudget, grammar_spells_thought, prompt_closes_thought, prompt_opens_thought,
-                        template_thinks, text_after_close)
+                        template_thinks)
 from .config import ServerConfig
 from .errors import APIError, bad_request, model_not_found
 from .fim import find_fim_tokens, fim_prompt_ids, require_fim
@@ -69,7 +69,6 @@ class Service:
         self.harmony = harmony_vocabulary(model.tokenizer) or CHANNEL in src
         # Qwen3, SmolLM3, QwQ, DeepSeek-R1: a thought in <think>...</think> comes before the answer
         self.thinks = not self.harmony and template_thinks(src)
-        self._thought_after: str | None = None     # what the template writes after `</think>` (on first use)
         self.workers = PromptWorkers(cfg.prompt_workers, backlog=max(cfg.queue_size, cfg.prompt_workers))
         self.fim = find_fim_tokens(model.tokenizer, getattr(model.source, "metadata", None))
         if cfg.speculative not in (None, "off"):
@@ -272,10 +271,8 @@ class Service:
             not grammar_spells_thought(constraint.kind, constraint.source)
         if spec.thinking_budget is None and not holds:
             return None
-        if self._thought_after is None:
-            self._thought_after = text_after_close(self.model.render_chat)
         return ThinkingBudget.build(self.model.tokenizer, spec.thinking_budget, tools.thought_open,
-                                    self._thought_after, holds_grammar=holds)
+                                    self.model._text_after_thought(), holds_grammar=holds)
 
     def _compile(self, constraint: GrammarSpec, param: str):
         """The grammar, compiled before anything is queued: an invalid one is the client's 400."""
