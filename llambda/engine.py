@@ -200,17 +200,20 @@ class Sequence:
         grammar starts at a token's start). Such a draw is banned and drawn again; None after
         MAX_REDRAWS of them (the caller closes the thought)."""
         t = self.thought
-        banned = None
-        if not self.sampler.rejection_exact:       # a truncated distribution: the ban comes first
-            banned = np.zeros(len(logits), np.bool_)
-            banned[list(self.tokenizer.eot_ids)] = True
+
+        def eot_banned() -> np.ndarray:
+            mask = np.zeros(len(logits), np.bool_)
+            mask[list(self.tokenizer.eot_ids)] = True
+            return mask
+
+        # a truncated distribution: the ban comes first; an exact one: only once a draw is refused
+        banned = None if self.sampler.rejection_exact else eot_banned()
         for _ in range(MAX_REDRAWS):
             choice = self.sampler.sample(logits, self.tokens, banned)
             if choice.token not in self.eot and not t.crosses(self._piece_of(choice.token)):
                 return choice
             if banned is None:
-                banned = np.zeros(len(logits), np.bool_)
-                banned[list(self.tokenizer.eot_ids)] = True
+                banned = eot_banned()
             banned[choice.token] = True
         return None
 
