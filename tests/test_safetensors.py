@@ -178,6 +178,18 @@ def test_bad_index(tmp_path, weight_map, message):
         open_safetensors_dir(d)
 
 
+@pytest.mark.parametrize("weight_map, message", [
+    ({"a": "s1.safetensors"}, "shard 's1.safetensors' holds tensor 'b' but the weight_map names no shard for it"),
+    ({"a": "s1.safetensors", "b": "s2.safetensors"}, "holds tensor 'b' but the weight_map maps it to 's2.safetensors'"),
+])
+def test_a_shards_tensor_the_index_does_not_give_it(tmp_path, weight_map, message):
+    """Tensors a shard holds beyond its weight_map entries were dropped unread (a checkpoint's biases, say)."""
+    two = {"a": np.ones(2, np.float32), "b": np.zeros(3, np.float32)}
+    d = _sharded(tmp_path, weight_map, {"s1.safetensors": two, "s2.safetensors": {"b": two["b"]}})
+    with pytest.raises(ModelFormatError, match=message):
+        open_safetensors_dir(d)
+
+
 def test_sharded_tiny_model_gives_the_same_logits(tmp_path):
     """The llama fixture split over two shards with an index loads to the same model."""
     import shutil

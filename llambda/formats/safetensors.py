@@ -8,7 +8,8 @@ stored in (F32, F16, BF16) and U8 (packed MXFP4 codes and exponents, read as raw
 for the loader to repack); everything else is refused by name rather than guessed at.
 
 A sharded checkpoint has `model.safetensors.index.json` whose "weight_map"
-names the shard holding each tensor.
+names the shard holding each tensor: a shard outside the directory, a missing one, a tensor not in
+its shard or a shard's tensor the map does not give it are refused.
 """
 from __future__ import annotations
 
@@ -244,6 +245,14 @@ def _open_index(folder: Path, index: Path, files: list) -> SafetensorsSet:
         if t is None:
             raise ModelFormatError(f"{index}: tensor {name!r} is not in its shard {shard!r}")
         tensors[name] = t
+    # a shard's tensor the index leaves out (or gives to another shard) was silently dropped: a
+    # checkpoint's q/k/v biases say, and the model ran without them. transformers loads it.
+    for shard, f in opened.items():
+        for name in f.tensors:
+            if wmap.get(name) != shard:
+                where = "names no shard for it" if name not in wmap else f"maps it to {wmap[name]!r}"
+                raise ModelFormatError(f"{index}: shard {shard!r} holds tensor {name!r} but the weight_map {where}: "
+                                       "the index and its shards disagree")
     return SafetensorsSet(files, tensors)
 
 
