@@ -215,3 +215,36 @@ def test_writer_refuses_quantized_tensors(tmp_path):
     with pytest.raises(ModelFormatError, match="Q8_0"):
         write_safetensors(tmp_path / "x.safetensors", {"q": t})
     assert not (tmp_path / "x.safetensors").exists()
+
+
+def test_f64_tensors_load_rounded_to_float32_on_every_backend(tmp_path):
+    """F64 (which the safetensors package writes from float64 arrays) was refused while GGUF's F64 loads:
+    each is rounded to float32 as GGUF's is, so the file gives the logits of the F32 file it rounds to."""
+    import shutil
+    import warnings
+
+    from safetensors.numpy import load_file, save_file
+
+    import llambda
+    from llambda.backends import available_backends
+    src = TINY / "llama"
+    shutil.copytree(src, tmp_path / "f64")
+    tensors = load_file(src / "model.safetensors")
+    wide = ["model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight", "model.norm.weight"]
+    for name in wide:       # float32's values nudged by far less than half a float32 step: they round back
+        tensors[name] = tensors[name].astype(np.float64) * (1 + 2.0 ** -40)
+    save_file(tensors, tmp_path / "f64" / "model.safetensors")
+    with SafetensorsFile(tmp_path / "f64" / "model.safetensors") as f:
+        assert {f.tensors[n].qtype for n in wide} == {QType.F64}
+    ids = list(range(1, 20))
+    for backend in available_backends():
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")      # no conversion warning: F64 is rounded, silently
+            with llambda.load(tmp_path / "f64", backend=backend, n_ctx=64) as m:
+                got = m.logits(ids)
+        with llambda.load(src, backend=backend, n_ctx=64) as m:
+            np.testing.assert_array_equal(got, m.logits(ids), err_msg=backend)
+    tensors["model.norm.weight"][3] = 1e300
+    save_file(tensors, tmp_path / "f64" / "model.safetensors")
+    with pytest.raises(ModelFormatError, match=r"'model.norm.weight' \(F64\) holds 1e\+300 at index 3, past float32"):
+        llambda.load(tmp_path / "f64", backend="numpy", n_ctx=64)

@@ -4,8 +4,9 @@ Layout: an 8-byte little-endian header length N, N bytes of JSON, then the
 data section. The JSON maps tensor names to {"dtype", "shape", "data_offsets":
 [begin, end)} with offsets relative to the data section; an optional
 "__metadata__" maps strings to strings. We accept the float types a model is
-stored in (F32, F16, BF16) and U8 (packed MXFP4 codes and exponents, read as raw bytes
-for the loader to repack); everything else is refused by name rather than guessed at.
+stored in (F32, F16, BF16; F64, which the loader rounds to F32 as it does GGUF's) and U8 (packed
+MXFP4 codes and exponents, read as raw bytes for the loader to repack); everything else is refused by
+name rather than guessed at.
 
 A sharded checkpoint has `model.safetensors.index.json` whose "weight_map"
 names the shard holding each tensor: a shard outside the directory, a missing one, a tensor not in
@@ -32,10 +33,10 @@ MAX_HEADER_BYTES = 100 * 2**20
 INDEX_NAME = "model.safetensors.index.json"
 
 # safetensors dtype name -> (QType, bytes per element)
-DTYPES = {"F32": (QType.F32, 4), "F16": (QType.F16, 2), "BF16": (QType.BF16, 2)}
+DTYPES = {"F32": (QType.F32, 4), "F16": (QType.F16, 2), "BF16": (QType.BF16, 2), "F64": (QType.F64, 8)}
 QTYPE_NAMES = {q: name for name, (q, _) in DTYPES.items()}
 # Types that exist in the format but that a model weight never needs here.
-_KNOWN_OTHER = {"F64", "I64", "I32", "I16", "I8", "U64", "U32", "U16", "BOOL",
+_KNOWN_OTHER = {"I64", "I32", "I16", "I8", "U64", "U32", "U16", "BOOL",
                 "F8_E4M3", "F8_E5M2", "F8_E8M0", "F4", "F6_E2M3", "F6_E3M2", "C64"}
 
 
@@ -128,7 +129,7 @@ class SafetensorsFile(ReadsAhead):
         # a JSON list or object here is unhashable: test the type before any set/dict lookup
         if not isinstance(dtype, str) or (dtype not in DTYPES and dtype != "U8"):
             kind = "unsupported" if isinstance(dtype, str) and dtype in _KNOWN_OTHER else "unknown"
-            raise ModelFormatError(f"{what}: {kind} dtype {dtype!r} (only F32, F16 and BF16 weights and U8 "
+            raise ModelFormatError(f"{what}: {kind} dtype {dtype!r} (only F32, F16, BF16 and F64 weights and U8 "
                                    "MXFP4 blocks are read)")
         qtype, itemsize = DTYPES[dtype] if dtype != "U8" else (None, 1)
         shape = info["shape"]
@@ -261,7 +262,7 @@ def _open_index(folder: Path, index: Path, files: list) -> SafetensorsSet:
 def write_safetensors(path: str | os.PathLike, tensors, metadata: dict[str, str] | None = None) -> None:
     """Write tensors (name -> WeightTensor or float32/float16 NumPy array) to `path`, atomically.
 
-    WeightTensors must be F32, F16 or BF16; their bytes are written as they are. uint8 arrays are
+    WeightTensors must be F32, F16, BF16 or F64; their bytes are written as they are. uint8 arrays are
     written as U8 (MXFP4 blocks and scales in the Hub's layout).
     """
     entries, header = [], {}
