@@ -136,14 +136,18 @@ def test_expert_weights_are_named_as_such(tmp_path):
 
 # ---------------------------------------------------------------- merged values
 
-@pytest.mark.parametrize("qtype", ["f16", "q8_0"])
-def test_merge_past_the_weight_type_range_is_refused(tmp_path, qtype):
+@pytest.mark.parametrize("qtype", ["f16", "q8_0", "f32", "bf16"])
+@pytest.mark.parametrize("factor", [3e3, 1e18])
+def test_merge_past_the_weight_type_range_is_refused(tmp_path, qtype, factor):
     """A merged weight finite in float32 but past F16's range (or a block's F16 scale) was stored as inf:
-    the model loaded and every forward failed."""
+    the model loaded and every forward failed. In an F32 or BF16 weight it loaded too, and the forwards
+    saturated every norm (all-zero logits once the sums of squares overflowed)."""
     from llambda.tools.export import export
     base = export(TINY / "llama", tmp_path / "base.gguf", fmt="gguf", qtype=qtype)
-    big = {k: (a * 3e3, b * 3e3) for k, (a, b) in v_pair().items()}
-    refuse(str(write_peft(tmp_path / "p", big, 4)), rf"past what its type {qtype.upper()} holds", path=base)
+    big = {k: (a * factor, b * factor) for k, (a, b) in v_pair().items()}
+    adapter = write_peft(tmp_path / "p", big, 4)
+    refuse(str(adapter), rf"LoRA adapter {re.escape(str(adapter))} \('{V_PROJ}'\): "
+           r"merging it into 'blk.0.attn_v.weight' gave weights up to .* in magnitude, past 6.55e\+04", path=base)
 
 
 def test_merge_memory_is_a_block_of_rows_not_the_matrix(monkeypatch):

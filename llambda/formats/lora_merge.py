@@ -4,6 +4,7 @@ scale * factor * B @ A over the adapters that name W.
 A float weight (F32, F16, BF16) is merged in float32 and stored back in its own type; a quantized one is
 dequantized, merged and quantized again to its own type by the NumPy quantizers (one warning says so:
 the merged weight carries a second rounding). Types, shapes and so the memory plan stay the base's.
+A merged block of rows past what a forward survives (MERGED_MAX) is refused naming the adapter.
 Every adapter is checked against the base before any weight is read (checked_adapters).
 """
 from __future__ import annotations
@@ -26,6 +27,14 @@ MERGE_CHUNK_BYTES = 4 << 20     # a weight is merged this many float32 bytes of 
 _SAME_GGUF_ARCH = {"mistral": "llama", "mixtral": "llama"}
 
 Lookup = Callable[[str], Optional[WeightTensor]]
+# a merged weight past this (F16's largest) and past the base's own largest in its block of rows is refused:
+# finite in float32, it still overflows a forward's sums of squares or saturates every norm after it
+MERGED_MAX = 65504.0
+
+
+def _magnitude(w: np.ndarray) -> float:
+    """The largest |value| (NaN if any is NaN), without an array of absolute values."""
+    return max(float(w.max()), -float(w.min())) if w.size else 0.0
 
 
 def _family(arch: str) -> str:
@@ -154,17 +163,18 @@ class LoraMerge:
         for r0 in range(0, rows, step):      # a block of rows at a time: a float32 copy of the whole
             r1 = min(rows, r0 + step)         # matrix (the output head's: GBs) is never made
             w = dequantize(src[r0:r1], t.qtype, (r1 - r0, cols))       # (a fresh array, any type)
+            limit = max(MERGED_MAX, _magnitude(w))
             for delta, a in updates:
                 w += delta[r0:r1] @ a
-            if not np.isfinite(w).all():
-                raise AdapterError(f"merging LoRA into {name!r} gave non-finite weights (an adapter's values or "
-                                   "scale overflow)")
-            with np.errstate(over="ignore"):        # (past F16's range: checked just below)
+            peak = _magnitude(w)
+            if not peak <= limit:       # (NaN too)
+                what = "non-finite weights" if not np.isfinite(peak) else \
+                    f"weights up to {peak:.3g} in magnitude, past {limit:.3g} (F16's range or the base's own largest)"
+                self._refuse(name, uses, what)
+            with np.errstate(over="ignore"):        # (past a quantized type's block scales: checked just below)
                 q = quantize(w, t.qtype).reshape(r1 - r0, -1)
             if t.qtype != QType.F32 and not np.isfinite(dequantize(q, t.qtype, w.shape)).all():
-                raise AdapterError(f"merging LoRA into {name!r} gave weights past what its type {t.qtype.name} "
-                                   f"holds (|w| up to {float(np.abs(w).max()):.3g}): an adapter's values or scale "
-                                   "too large")
+                self._refuse(name, uses, f"weights past what its type {t.qtype.name} holds (up to {peak:.3g})")
             out[r0:r1] = q
             self.release(src[r0:r1].reshape(-1))    # the base's file pages of those rows, as a packed tensor's
         if t.qtype not in FLOAT_QTYPES:
@@ -174,6 +184,12 @@ class LoraMerge:
         self.merged.add(name)
         self._last = (name, merged)
         return merged
+
+    @staticmethod
+    def _refuse(name: str, uses, what: str):
+        pairs = ", ".join(f"{ad.path} ({pair.source_name!r})" for ad, pair in uses)
+        raise AdapterError(f"LoRA adapter {pairs}: merging it into {name!r} gave {what}: the adapter's "
+                           "values or scale are too large (the model's forwards would overflow)")
 
     def finish(self) -> None:
         self._last = None
