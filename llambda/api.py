@@ -99,8 +99,7 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
         if quantize:
             from .tools.quantize import qtype_at_load, quantizing_lookup
             lookup, at_load = quantizing_lookup(lookup, quantize, release=src.release), qtype_at_load(quantize)
-        mplan = memory.plan(src, ctx, n_slots, be.kv_type, max_batch, be,
-                            float_weights=be.name == "numpy", qtype_at_load=at_load)
+        mplan = plan_memory(src, be, ctx, n_slots, max_batch, qtype_at_load=at_load)
         mplan.merge_peak = merge_peak(adapters, src) if adapters else 0
         if check_memory:
             memory.check(mplan)
@@ -644,6 +643,17 @@ def _embed_inputs(texts) -> list:
     return items
 
 
+def plan_memory(src, be, n_ctx: int = DEFAULT_CTX, n_slots: int = 1, max_batch: int = 512, qtype_at_load=None):
+    """The memory plan of loading `src` on backend `be`, as load() makes it (and `llambda show -v` prints):
+    weights in the types `be` keeps them in (the NumPy backend: all float32), an encoder's dense layers in
+    bfloat16 in the native fast mode."""
+    if isinstance(src.config, BertConfig):
+        dense_bytes = 2 if be.name == "native" and not getattr(be, "exact", True) else 4
+        return memory.encoder_plan(src, TOKEN_BUDGET, dense_bytes)
+    return memory.plan(src, n_ctx, n_slots, be.kv_type, max_batch, be, float_weights=be.name == "numpy",
+                       qtype_at_load=qtype_at_load)
+
+
 def _load_encoder(name_or_path, path: Path, src, backend, threads, activations, quantize) -> "EncoderModel":
     try:
         if quantize:
@@ -651,8 +661,7 @@ def _load_encoder(name_or_path, path: Path, src, backend, threads, activations, 
         # an encoder's fast mode (the default) multiplies bfloat16 weights and activations with float32
         # sums (all-MiniLM-L6-v2: cosine >= 0.99997 to float64); activations="f32" keeps float32 weights
         be = create_backend(backend, threads=threads, activations=activations)
-        dense_bytes = 2 if be.name == "native" and not getattr(be, "exact", True) else 4
-        mplan = memory.encoder_plan(src, TOKEN_BUDGET, dense_bytes)
+        mplan = plan_memory(src, be)
         enc = BertEncoder(src.config, src.tensor, be)
     except BaseException:
         src.close()

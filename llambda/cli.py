@@ -424,19 +424,25 @@ def cmd_show(a) -> int:
             print(f"{src.name}: bert encoder, {kind}\n  {c.n_layers} layers, hidden {c.hidden}, {c.n_heads} heads, "
                   f"ffn {c.ffn}, vocab {c.vocab_size}, up to {c.max_tokens} tokens\n  {params / 1e6:.1f}M parameters")
             if a.verbose:
-                from .api import TOKEN_BUDGET
-                from .models.memory import encoder_plan
-                p = encoder_plan(src, TOKEN_BUDGET)
-                print("memory plan (native backend):\n" + "\n".join(f"  {line}" for line in p.lines()))
+                _print_default_plan(src, a)
             return 0
         print(format_description(describe(src, a.ctx_size, a.kv_type or "f32")))
         if a.verbose:
-            from .models.memory import plan
-            p = plan(src, a.ctx_size or min(c.n_ctx_train, 4096), kv_type=a.kv_type or "f32")
-            print("memory plan (native backend):\n" + "\n".join(f"  {line}" for line in p.lines()))
+            _print_default_plan(src, a)
     finally:
         src.close()
     return 0
+
+
+def _print_default_plan(src, a) -> None:
+    """The memory plan `llambda run -m MODEL` would make: the default backend's (the types it converts
+    counted as it keeps them, not at the file's size)."""
+    from .api import DEFAULT_CTX, plan_memory
+    from .backends import create_backend
+    be = create_backend(None, threads=1, kv_type=a.kv_type or "f32")
+    trained = getattr(src.config, "n_ctx_train", DEFAULT_CTX)      # (an encoder's plan has no context)
+    p = plan_memory(src, be, a.ctx_size or min(trained, DEFAULT_CTX))
+    print(f"memory plan ({be.name} backend):\n" + "\n".join(f"  {line}" for line in p.lines()))
 
 
 def _stdin_text(what: str) -> str:

@@ -433,6 +433,21 @@ def test_an_encoders_plan_is_what_its_load_allocates(tmp_path, activations):
         assert ("float32" if activations else "bfloat16") in p.lines()[0]
 
 
+@pytest.mark.parametrize("qtype", ["TQ2_0", "F64"])
+def test_show_verbose_prints_the_plan_of_the_default_backends_load(tmp_path, capsys, qtype):
+    """`llambda show -v` planned without a backend: the matrices the native one converts (TQ2_0 to Q8_0, F64
+    to F32) were counted at the file's size, not what the load it describes keeps."""
+    import llambda
+    from llambda.cli import main
+    path = _llama_of_type(tmp_path, qtype)
+    assert main(["show", "-v", "-c", "32", str(path)]) == 0
+    printed = capsys.readouterr().out.split("memory plan (native backend):\n", 1)[1].splitlines()
+    with llambda.load(path, threads=1, n_ctx=32) as m:
+        assert m.backend.name == "native"
+        want = m.memory_plan.lines()
+    assert [line.strip() for line in printed[:-1]] == want[:-1]     # (the total's line says MemAvailable now)
+
+
 def test_show_verbose_prints_an_encoders_plan(tmp_path, capsys):
     from llambda.cli import main
     from test_embeddings import _tiny_bert_dir
@@ -460,12 +475,8 @@ def test_a_model_without_dense_layers_plans_no_dense_mlp_buffers(folder, has_den
         assert np.isfinite(m.logits([1, 2, 3])).all()
 
 
-@pytest.mark.parametrize("qtype", ["TQ2_0", "F64"])
-def test_the_plan_counts_what_the_native_backend_converts_a_type_into(tmp_path, qtype):
-    """The weights of a type the C core does not run are converted at load (TQ2_0's 2 bits to Q8_0's 8.5, F64 to
-    F32): the plan counted the file's bytes, a quarter of what TQ2_0 matrices then took (a load the check let
-    through could run out of memory), twice what F64 ones did."""
-    import llambda
+def _llama_of_type(tmp_path: Path, qtype: str) -> Path:
+    """A one-layer random llama GGUF whose matrices are all `qtype`."""
     from llambda.formats.quants import random_blocks
     rng = np.random.default_rng(0)
     d, ff, vocab = 256, 512, 256
@@ -486,6 +497,16 @@ def test_the_plan_counts_what_the_native_backend_converts_a_type_into(tmp_path, 
                "blk.0.ffn_up.weight": w(ff, d), "blk.0.ffn_down.weight": w(d, ff)}
     path = tmp_path / f"{qtype}.gguf"
     write_gguf(path, meta, tensors)
+    return path
+
+
+@pytest.mark.parametrize("qtype", ["TQ2_0", "F64"])
+def test_the_plan_counts_what_the_native_backend_converts_a_type_into(tmp_path, qtype):
+    """The weights of a type the C core does not run are converted at load (TQ2_0's 2 bits to Q8_0's 8.5, F64 to
+    F32): the plan counted the file's bytes, a quarter of what TQ2_0 matrices then took (a load the check let
+    through could run out of memory), twice what F64 ones did."""
+    import llambda
+    path = _llama_of_type(tmp_path, qtype)
     with llambda.load(path, backend="native", threads=1, n_ctx=32) as m:
         got = m.memory_report()["weights"]
         assert 0.95 * got <= m.memory_plan.weights <= 1.05 * got, (m.memory_plan.weights, got)
