@@ -135,6 +135,27 @@ def test_encoder_server_speaks_ollamas_embed(tiny_live):
     assert e.value.status_code == 404 and "no route" in e.value.error
 
 
+def test_unknown_routes_and_methods_answer_as_on_a_decoder(tiny_live, tmp_path):
+    """The encoder's app answered a wrong method with the bare "Method Not Allowed" and neither a 404 nor a
+    405 with a code; a decoder's gave both. The same request now gets the same status, body and Allow
+    header from either app (OpenAI's {"error": ...}, Ollama's under /api/)."""
+    from serverkit import tiny_chat_server
+    _, encoder = tiny_live
+    asks = [("GET", "/v1/nope"), ("POST", "/nope"), ("GET", "/v1/embeddings"), ("DELETE", "/v1/models"),
+            ("GET", "/api/nope"), ("PUT", "/health")]
+    with tiny_chat_server(tmp_path, "tiny", (), None) as decoder:
+        for method, path in asks:
+            got = [httpx.request(method, srv.url + path, timeout=30) for srv in (encoder, decoder)]
+            assert [r.status_code for r in got] == [404 if "nope" in path else 405] * 2, (method, path)
+            assert got[0].json() == got[1].json(), (method, path)
+            assert got[0].headers.get("allow") == got[1].headers.get("allow"), (method, path)
+    err = got[0].json()
+    assert err == {"error": {"message": "method PUT is not allowed on /health", "type": "invalid_request_error",
+                             "param": None, "code": "method_not_allowed"}}
+    assert got[0].headers["allow"] == "GET, HEAD"
+    assert assert_error(httpx.get(encoder.url + "/v1/nope"), 404, "no route GET /v1/nope")["code"] == "not_found"
+
+
 def test_rerank_cross_encoder(tiny_dirs):
     docs = ["the cat sat", "a big dog", "mats", "small cats running"]
     with llambda.load(tiny_dirs[1], backend="numpy") as m, LiveServer(create_app(m, _cfg("tiny-ce"))) as srv:

@@ -262,6 +262,19 @@ async def _on_api_error(request: Request, exc: APIError) -> Response:
     return error_response_for(request.url.path)(exc)     # in the shape the path's clients read
 
 
+async def _on_http_error(request: Request, exc: HTTPException) -> Response:
+    """The router's 404 (no route) and 405 (a route, not for this method: its Allow header kept), the same
+    on a decoder's app and an encoder's."""
+    if exc.status_code == 404:
+        err = APIError(404, f"no route {request.method} {request.url.path}", code="not_found")
+    elif exc.status_code == 405:
+        err = APIError(405, f"method {request.method} is not allowed on {request.url.path}",
+                       code="method_not_allowed", headers=dict(exc.headers or {}))
+    else:
+        err = APIError(exc.status_code, str(exc.detail), headers=dict(exc.headers or {}))
+    return error_response_for(request.url.path)(err)
+
+
 async def _on_crash(request: Request, exc: Exception) -> Response:
     log.exception("unhandled error on %s", request.url.path)
     return error_response_for(request.url.path)(APIError(500, f"internal server error: {type(exc).__name__}"))
@@ -290,18 +303,13 @@ def _encoder_app(model, cfg: ServerConfig, metrics: Metrics) -> Starlette:
     async def metrics_text(request: Request) -> Response:
         return Response(metrics.render({}), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    async def on_http_error(request: Request, exc: HTTPException) -> Response:
-        return error_response_for(request.url.path)(APIError(
-            exc.status_code, f"no route {request.method} {request.url.path}" if exc.status_code == 404
-            else str(exc.detail)))
-
     http = _http(cfg)
     routes = [Route("/v1/models", models, methods=["GET"]), Route("/health", health, methods=["GET"]),
               Route("/metrics", metrics_text, methods=["GET"]), ollama_models.root_route()] \
         + embeddings_api.routes(service, http) + ollama_api.embedding_routes(service, http)
     app = Starlette(routes=routes,
                     middleware=[Middleware(AccessLog), Middleware(Gatekeeper, cfg=cfg, metrics=metrics)],
-                    exception_handlers={APIError: _on_api_error, HTTPException: on_http_error, Exception: _on_crash})
+                    exception_handlers={APIError: _on_api_error, HTTPException: _on_http_error, Exception: _on_crash})
     app.state.service, app.state.scheduler, app.state.metrics, app.state.config = service, None, metrics, cfg
     return app
 
@@ -371,16 +379,6 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
     async def metrics_text(request: Request) -> Response:
         return Response(render_metrics(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    async def on_http_error(request: Request, exc: HTTPException) -> Response:
-        if exc.status_code == 404:
-            err = APIError(404, f"no route {request.method} {request.url.path}", code="not_found")
-        elif exc.status_code == 405:
-            err = APIError(405, f"method {request.method} is not allowed on {request.url.path}",
-                           kind="invalid_request_error", code="method_not_allowed")
-        else:
-            err = APIError(exc.status_code, str(exc.detail))
-        return error_response_for(request.url.path)(err)
-
     @asynccontextmanager
     async def lifespan(app):
         # a library call computing on the model now finishes first; later ones get ModelBusyError, on
@@ -412,7 +410,7 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
         routes += module.routes(service, http)
     app = Starlette(routes=routes, lifespan=lifespan,
                     middleware=[Middleware(AccessLog), Middleware(Gatekeeper, cfg=cfg, metrics=metrics)],
-                    exception_handlers={APIError: _on_api_error, HTTPException: on_http_error, Exception: _on_crash})
+                    exception_handlers={APIError: _on_api_error, HTTPException: _on_http_error, Exception: _on_crash})
     app.state.service = service
     app.state.scheduler = scheduler
     app.state.metrics = metrics
