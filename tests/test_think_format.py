@@ -329,6 +329,31 @@ def test_model_chat_thinks_then_answers_in_the_schema(tmp_path):
                       template_kwargs={"enable_thinking": False}))
 
 
+def test_the_server_and_model_chat_decide_the_thought_alike(live, tmp_path):
+    """The same prompt, format and budget give the same output, token for token, through the server and
+    through Model.chat (both decide the budget and the grammar's wait by thinking.output_thinking): a
+    thought the prompt opened, one the output opens itself, and none (the prompt closed it)."""
+    import llambda
+    from test_export import tiny_llama_gguf
+    gg = tiny_llama_gguf(tmp_path / "think.gguf", control_tokens=THINK_TOKENS, chat_template=TEMPLATE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", llambda.LlambdaWarning)     # a context beyond the tiny model's
+        m = llambda.load(gg, n_slots=1, n_ctx=512)
+    cases = [(OPENED, 6, {}), ({}, 4, {OPEN_ID: 100}), ({"enable_thinking": False}, 4, {})]
+    with m:
+        for template_kwargs, budget, bias in cases:
+            choice = _post(live, "/v1/chat/completions", _chat(chat_template_kwargs=template_kwargs, logprobs=True,
+                                                              thinking_token_budget=budget, logit_bias=bias))
+            served = [bytes(t["bytes"]) for t in choice["choices"][0]["logprobs"]["content"]]
+            events = m.chat_stream(USER, json_schema=SCHEMA, max_tokens=80, temperature=0,
+                                   template_kwargs=template_kwargs, thinking_budget=budget,
+                                   logit_bias={int(k): v for k, v in bias.items()})
+            tokens = [ev.token for ev in events if ev.token >= 0]
+            assert [m.tokenizer.token_bytes(t) for t in tokens] == served
+            text = m.tokenizer.decode(tokens)
+            _valid(text.rpartition(CLOSE)[2])
+
+
 # -- tools -----------------------------------------------------------------------------------------
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
