@@ -182,6 +182,33 @@ def test_a_thought_that_only_runs_into_the_answer_is_closed():
     assert "".join(pieces[t] for t in tokens) == "\n</think>\n\n" and grammar.seen == []
 
 
+def test_a_thoughts_draws_share_one_mask():
+    """Under a truncated distribution a thought's draws are made under the ban of the output's ends, one
+    array the sequence keeps for all its tokens; a token's refused draws are lifted before the next."""
+    from llambda.engine import GenerationParams, Sequence
+    from llambda.sampling import SamplingParams
+    pieces = ["a", "b", "</think>{", "<eos>"]
+    tok = PieceTokenizer(pieces)
+    thinking = ThinkingBudget.build(tok, None, opened=True, after="\n\n", holds_grammar=True)
+    params = GenerationParams(max_tokens=30, sampling=SamplingParams(temperature=1.0, top_k=2, seed=3),
+                              grammar=TakesAll(len(pieces)), thinking=thinking)
+    seq = Sequence(tok, [0], params, slot=0, n_ctx=100)
+    draws, sample = [], seq.sampler.sample
+
+    def spy(logits, history, banned=None):
+        draws.append((banned, banned.copy()))
+        return sample(logits, history, banned)
+    seq.sampler.sample = spy
+    logits = np.array([1.0, 1.0, 3.0, 2.0], np.float32)    # the token that runs into the answer most likely
+    firsts = []
+    for _ in range(8):
+        firsts.append(len(draws))
+        assert pieces[seq.step(logits).token] in ("a", "b")
+    assert len(draws) > len(firsts)                          # some draws were refused and drawn again
+    assert all(banned is draws[0][0] for banned, _ in draws)
+    assert all(draws[k][1].tolist() == [False, False, False, True] for k in firsts)
+
+
 # -- on the server -------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
