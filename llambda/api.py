@@ -488,15 +488,11 @@ class Model:
 
     def _thinking(self, prompt: str, tokens: int | None, spec: GrammarSpec | None):
         """The ThinkingBudget of a chat prompt (a budget, a grammar that waits for the thought's end),
-        or None where there is neither or the template has no `<think>` thought."""
-        from .thinking import (ThinkingBudget, grammar_spells_thought, prompt_closes_thought, prompt_opens_thought,
-                               template_thinks)
-        holds = spec is not None and not grammar_spells_thought(spec.kind, spec.source) and \
-            not prompt_closes_thought(prompt)
-        if (tokens is None and not holds) or not template_thinks(self.source.chat_template):
-            return None
-        return ThinkingBudget.build(self._tok(), tokens, prompt_opens_thought(prompt), self._text_after_thought(),
-                                    holds_grammar=holds)
+        or None where there is neither or the template has no `<think>` thought; decided as the
+        server decides it (thinking.output_thinking)."""
+        from .thinking import output_thinking, prompt_thought, template_thinks
+        thought = prompt_thought(template_thinks(self.source.chat_template), prompt)
+        return output_thinking(thought, tokens, spec, self._tok, self._text_after_thought)
 
     def _text_after_thought(self) -> str:
         """What the chat template writes after `</think>` (thinking.text_after_close), rendered once: the

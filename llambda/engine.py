@@ -137,6 +137,7 @@ class Sequence:
         self.constraint = params.grammar.start() if params.grammar is not None else None
         self.thought = params.thinking.start() if params.thinking is not None else None
         self._eos_banned = params.ignore_eos and tokenizer is not None
+        self._thought_ban: np.ndarray | None = None    # _sample_thought's mask, made once (see _thought_mask)
 
     @property
     def live_constraint(self):
@@ -200,22 +201,30 @@ class Sequence:
         grammar starts at a token's start). Such a draw is banned and drawn again; None after
         MAX_REDRAWS of them (the caller closes the thought)."""
         t = self.thought
-
-        def eot_banned() -> np.ndarray:
-            mask = np.zeros(len(logits), np.bool_)
-            mask[list(self.tokenizer.eot_ids)] = True
-            return mask
-
+        mask = self._thought_mask(len(logits))
         # a truncated distribution: the ban comes first; an exact one: only once a draw is refused
-        banned = None if self.sampler.rejection_exact else eot_banned()
-        for _ in range(MAX_REDRAWS):
-            choice = self.sampler.sample(logits, self.tokens, banned)
-            if choice.token not in self.eot and not t.crosses(self._piece_of(choice.token)):
-                return choice
-            if banned is None:
-                banned = eot_banned()
-            banned[choice.token] = True
-        return None
+        banned = None if self.sampler.rejection_exact else mask
+        refused: list[int] = []
+        try:
+            for _ in range(MAX_REDRAWS):
+                choice = self.sampler.sample(logits, self.tokens, banned)
+                if choice.token not in self.eot and not t.crosses(self._piece_of(choice.token)):
+                    return choice
+                banned = mask
+                if not mask[choice.token]:            # an end is banned already, and stays so
+                    mask[choice.token] = True
+                    refused.append(choice.token)
+            return None
+        finally:                    # the next token starts from the ends alone
+            mask[refused] = False
+
+    def _thought_mask(self, vocab: int) -> np.ndarray:
+        """The ends of the output (EOS tokens) banned, over the vocabulary: one array per sequence,
+        made at its first use and reused at every token of the thought, not one array per token."""
+        if self._thought_ban is None:
+            self._thought_ban = np.zeros(vocab, np.bool_)
+            self._thought_ban[list(self.tokenizer.eot_ids)] = True
+        return self._thought_ban
 
     def _sample_start(self, logits: np.ndarray, c) -> TokenChoice | None:
         """The output's first tokens while the grammar waits for a thought that may come: a token

@@ -20,6 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from .errors import LlambdaError
+from .finite import finite_as_float
 
 MAX_LOGPROBS = 20          # OpenAI's cap on top_logprobs
 _DIRECT_EXP_RANGE = (-30.0, 60.0)   # max logit range where exp(x) needs no shift: no overflow/underflow
@@ -100,11 +101,7 @@ class SamplingParams:
         """Raise SamplingError (a ValueError) naming the first out-of-range field."""
         def real(name, lo=None, hi=None, lo_open=False):
             v = getattr(self, name)
-            try:
-                finite = _is_real(v) and math.isfinite(float(v))
-            except OverflowError:      # an int past the float range (10**400)
-                finite = False
-            if not finite:
+            if not (_is_real(v) and finite_as_float(v)):
                 raise SamplingError(f"{name} must be a finite number, got {v!r}")
             v = float(v)
             if lo is not None and (v <= lo if lo_open else v < lo):
@@ -142,11 +139,7 @@ class SamplingParams:
                 if not _is_int(tok) or tok < 0:
                     raise SamplingError(f"logit_bias keys must be non-negative token ids, got {tok!r}")
                 # -inf bans a token; +inf or NaN would make the distribution meaningless.
-                try:
-                    bad = not _is_real(bias) or math.isnan(float(bias)) or float(bias) == math.inf
-                except OverflowError:      # an int past the float range
-                    bad = True
-                if bad:
+                if not _is_real(bias) or not (finite_as_float(bias) or bias == -math.inf):
                     raise SamplingError(f"logit_bias[{tok}] must be a finite number or -inf, got {bias!r}")
 
 

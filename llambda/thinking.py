@@ -23,6 +23,7 @@ opens one, the first `</think>` closes it.
 from __future__ import annotations
 
 import numbers
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .errors import ChatTemplateError, InvalidInputError
@@ -61,6 +62,37 @@ def grammar_spells_thought(kind: str, source: str) -> bool:
     """A grammar or regex that writes the thought itself (its text has `</think>`) governs the whole
     output, thought included; any other (a JSON schema always) waits for the thought to end."""
     return kind != "json_schema" and CLOSE in source
+
+
+@dataclass(frozen=True)
+class PromptThought:
+    """Where a `<think>` template's rendered prompt (and the given start of the answer) leaves the
+    thought: what the library's chat and the server both decide the output's thinking from."""
+    opened: bool       # the output starts inside the thought
+    may_come: bool     # the prompt did not close it: the output may start with a thought, or is in one
+
+
+def prompt_thought(thinks: bool, prompt: str, prefill: str = "") -> PromptThought | None:
+    """The prompt's thought where the template has one (thinks: template_thinks), else None."""
+    if not thinks:
+        return None
+    return PromptThought(prompt_opens_thought(prompt, prefill), not prompt_closes_thought(prompt, prefill))
+
+
+def output_thinking(thought: PromptThought | None, tokens: int | None, constraint, tokenizer: Callable[[], object],
+                    after: Callable[[], str]) -> "ThinkingBudget | None":
+    """The ThinkingBudget of a chat's output, or None where it has no thought, or neither a budget
+    (tokens) nor a grammar that waits. The output's grammar (constraint: a GrammarSpec or None)
+    waits for the thought's end unless the prompt closed the thought or the grammar spells it.
+    tokenizer, after: the model's tokenizer and what its template writes after `</think>`, both
+    callables, asked only when a budget is built (a model without a tokenizer fails there)."""
+    if thought is None:
+        return None
+    holds = thought.may_come and constraint is not None and \
+        not grammar_spells_thought(constraint.kind, constraint.source)
+    if tokens is None and not holds:
+        return None
+    return ThinkingBudget.build(tokenizer(), tokens, thought.opened, after(), holds_grammar=holds)
 
 
 def text_after_close(render) -> str:

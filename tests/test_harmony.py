@@ -11,8 +11,9 @@ import re
 import httpx
 import pytest
 
-from llambda.server.harmony import _MAX_HEADER, HarmonyParser, extract_harmony, harmony_vocabulary
+from llambda.server.harmony import _MAX_HEADER, HarmonyParser, harmony_vocabulary
 from llambda.tokenizer import Tokenizer
+from whole_outputs import extract_harmony
 
 HARMONY_TOKENS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>")
 THINK_THEN_ANSWER = ("<|channel|>analysis<|message|>The user asks for the capital. It is Paris.<|end|>"

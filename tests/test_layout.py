@@ -10,8 +10,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "llambda"
 CSRC = ROOT / "csrc"
 
-ROOT_MODULES = {"__init__", "__main__", "api", "engine", "sampling", "speculative", "thinking", "errors", "cli", "repl", "chat",
-                "hub", "switches"}
+ROOT_MODULES = {"__init__", "__main__", "api", "engine", "sampling", "speculative", "thinking", "errors", "finite", "cli",
+                "repl", "chat", "hub", "switches"}
 
 
 def _python_modules() -> dict[str, Path]:

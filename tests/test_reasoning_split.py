@@ -10,8 +10,8 @@ import pytest
 from llambda.server.harmony import _MAX_HEADER
 from llambda.server.openai_format import ChoiceState
 from llambda.server.reasoning_tokens import TokenEnds
-from llambda.server.think import MAX_HELD_BLANKS
 from llambda.server.tools import ToolSetup
+from llambda.thinking import MAX_HELD_BLANKS
 
 # pieces of answers: both formats' tags, their parts, blanks, runs of blanks past what the think
 # parser holds, text, and headers long enough to be over harmony's limit or near it

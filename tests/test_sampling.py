@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from llambda.errors import LlambdaError
+from llambda.finite import finite_as_float
 from llambda.sampling import (MAX_LOGPROBS, Sampler, SamplingError, SamplingParams, StopMatcher, TokenChoice,
                               top_k_indices)
 
@@ -104,6 +105,15 @@ def test_valid_params_pass():
     SamplingParams(temperature=0, top_k=0, top_p=0.0, min_p=0.0, repeat_last_n=-1, seed=-1,
                    logprobs=MAX_LOGPROBS, logit_bias={3: float("-inf"), np.int64(4): -100}).validate()
     SamplingParams(seed=2**64 - 1, presence_penalty=-2, frequency_penalty=2).validate()
+
+
+def test_finite_as_float():
+    """The check sampling's fields and a LoRA adapter's scale share: an int past float's range is not
+    finite (float() of it raises), nor is a value float() refuses."""
+    assert finite_as_float(1) and finite_as_float(np.float16(2.5)) and finite_as_float(-10**300)
+    assert not any(finite_as_float(v) for v in (10**400, -10**400, math.inf, -math.inf, math.nan, None, "x"))
+    with pytest.raises(SamplingError, match="logit_bias"):
+        SamplingParams(logit_bias={5: -10**400}).validate()     # past float's range: not -inf
 
 
 @pytest.mark.parametrize("logits,what", [

@@ -14,8 +14,10 @@ import pytest
 
 from llambda.chat import check_template_kwargs
 from llambda.errors import ChatTemplateError, InvalidInputError
-from llambda.server.think import MAX_HELD_BLANKS, ThinkParser, prompt_opens_thought, split_thinking, template_thinks
+from llambda.server.think import ThinkParser
 from llambda.server.tools import ToolCallParser
+from llambda.thinking import MAX_HELD_BLANKS, prompt_opens_thought, template_thinks
+from whole_outputs import split_thinking
 
 # (output, the prompt opened the thought, reasoning, content)
 CASES = [

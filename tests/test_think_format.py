@@ -182,6 +182,33 @@ def test_a_thought_that_only_runs_into_the_answer_is_closed():
     assert "".join(pieces[t] for t in tokens) == "\n</think>\n\n" and grammar.seen == []
 
 
+def test_a_thoughts_draws_share_one_mask():
+    """Under a truncated distribution a thought's draws are made under the ban of the output's ends, one
+    array the sequence keeps for all its tokens; a token's refused draws are lifted before the next."""
+    from llambda.engine import GenerationParams, Sequence
+    from llambda.sampling import SamplingParams
+    pieces = ["a", "b", "</think>{", "<eos>"]
+    tok = PieceTokenizer(pieces)
+    thinking = ThinkingBudget.build(tok, None, opened=True, after="\n\n", holds_grammar=True)
+    params = GenerationParams(max_tokens=30, sampling=SamplingParams(temperature=1.0, top_k=2, seed=3),
+                              grammar=TakesAll(len(pieces)), thinking=thinking)
+    seq = Sequence(tok, [0], params, slot=0, n_ctx=100)
+    draws, sample = [], seq.sampler.sample
+
+    def spy(logits, history, banned=None):
+        draws.append((banned, banned.copy()))
+        return sample(logits, history, banned)
+    seq.sampler.sample = spy
+    logits = np.array([1.0, 1.0, 3.0, 2.0], np.float32)    # the token that runs into the answer most likely
+    firsts = []
+    for _ in range(8):
+        firsts.append(len(draws))
+        assert pieces[seq.step(logits).token] in ("a", "b")
+    assert len(draws) > len(firsts)                          # some draws were refused and drawn again
+    assert all(banned is draws[0][0] for banned, _ in draws)
+    assert all(draws[k][1].tolist() == [False, False, False, True] for k in firsts)
+
+
 # -- on the server -------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -327,6 +354,31 @@ def test_model_chat_thinks_then_answers_in_the_schema(tmp_path):
         # told not to think: the JSON at once
         _valid(m.chat(USER, json_schema=SCHEMA, max_tokens=80, temperature=0,
                       template_kwargs={"enable_thinking": False}))
+
+
+def test_the_server_and_model_chat_decide_the_thought_alike(live, tmp_path):
+    """The same prompt, format and budget give the same output, token for token, through the server and
+    through Model.chat (both decide the budget and the grammar's wait by thinking.output_thinking): a
+    thought the prompt opened, one the output opens itself, and none (the prompt closed it)."""
+    import llambda
+    from test_export import tiny_llama_gguf
+    gg = tiny_llama_gguf(tmp_path / "think.gguf", control_tokens=THINK_TOKENS, chat_template=TEMPLATE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", llambda.LlambdaWarning)     # a context beyond the tiny model's
+        m = llambda.load(gg, n_slots=1, n_ctx=512)
+    cases = [(OPENED, 6, {}), ({}, 4, {OPEN_ID: 100}), ({"enable_thinking": False}, 4, {})]
+    with m:
+        for template_kwargs, budget, bias in cases:
+            choice = _post(live, "/v1/chat/completions", _chat(chat_template_kwargs=template_kwargs, logprobs=True,
+                                                              thinking_token_budget=budget, logit_bias=bias))
+            served = [bytes(t["bytes"]) for t in choice["choices"][0]["logprobs"]["content"]]
+            events = m.chat_stream(USER, json_schema=SCHEMA, max_tokens=80, temperature=0,
+                                   template_kwargs=template_kwargs, thinking_budget=budget,
+                                   logit_bias={int(k): v for k, v in bias.items()})
+            tokens = [ev.token for ev in events if ev.token >= 0]
+            assert [m.tokenizer.token_bytes(t) for t in tokens] == served
+            text = m.tokenizer.decode(tokens)
+            _valid(text.rpartition(CLOSE)[2])
 
 
 # -- tools -----------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import AdapterError, InvalidInputError, ModelFormatError
+from ..finite import finite_as_float
 from .files import read_json
 from .pattern_keys import Budget, KeyMatcher, PatternError
 from .quants import DEQUANTIZABLE, QType
@@ -124,12 +125,7 @@ def adapter_specs(lora) -> list[tuple[str, float]]:
 def _finite_number(v) -> bool:
     """A real number (not a bool) that is finite as a float: an int past float's range (JSON allows
     10**400) is not, rather than an OverflowError."""
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
-        return False
-    try:
-        return math.isfinite(float(v))
-    except (OverflowError, ValueError, TypeError):
-        return False
+    return not isinstance(v, (bool, np.bool_)) and isinstance(v, numbers.Real) and finite_as_float(v)
 
 
 def _short(v, limit: int = 80) -> str:

@@ -17,8 +17,7 @@ from ..engine import GenerationParams, Sequence
 from ..errors import ChatTemplateError, ContextOverflowError, InvalidInputError, LlambdaError, TokenizerError
 from ..sampling import SamplingParams
 from ..speculative import DEFAULT_DRAFT_MAX, PromptLookup, Speculation, check_rollback
-from ..thinking import (ThinkingBudget, grammar_spells_thought, prompt_closes_thought, prompt_opens_thought,
-                        template_thinks)
+from ..thinking import PromptThought, ThinkingBudget, output_thinking, prompt_thought, template_thinks
 from .config import ServerConfig
 from .errors import APIError, bad_request, model_not_found
 from .fim import find_fim_tokens, fim_prompt_ids, require_fim
@@ -94,8 +93,10 @@ class Service:
         """The prompt's text: the server's template variables (--template-kwargs) under the request's own."""
         return self.model.render_chat(messages, tools=tools, **{**self.cfg.template_kwargs, **spec.template_kwargs})
 
-    def _chat_ids(self, spec: GenerationSpec) -> tuple[list[int], ToolSetup | None, GrammarSpec | None]:
-        """The prompt, how the answer is read for tool calls, and the grammar tool calls follow."""
+    def _chat_ids(self, spec: GenerationSpec) -> tuple[list[int], ToolSetup | None, GrammarSpec | None,
+                                                       PromptThought | None]:
+        """The prompt, how the answer is read for tool calls, the grammar tool calls follow, and where
+        the prompt leaves a `<think>` template's thought."""
         messages, tools = self.template_messages(spec.messages), spec.tools
         generic = bool(spec.tools) and not self.template_has_tools
         try:
@@ -107,14 +108,14 @@ class Service:
                 tools = None
             text = self.render_chat(messages, tools, spec)
             # a thought may come first: a forced call then starts after it, not in the prompt
-            think_first = self.thinks and not prompt_closes_thought(text, spec.prefill)
+            thought = prompt_thought(self.thinks, text, spec.prefill)
+            think_first = thought is not None and thought.may_come
             setup, grammar = self._tool_setup(spec, constrained=generic or self.template_hermes, generic=generic,
                                               think_first=think_first)
             if self.harmony and not generic:
                 setup = replace(setup or ToolSetup(), harmony=True)
-            if self.thinks:
-                opened = prompt_opens_thought(text, spec.prefill)
-                setup = replace(setup or ToolSetup(), thinks=True, thought_open=opened, may_think=think_first)
+            if thought is not None:
+                setup = replace(setup or ToolSetup(), thinks=True, thought_open=thought.opened)
             if spec.prefill:
                 # the answer continues the given text; a forced call or a harmony channel would have to
                 # start where it stands, so those are refused rather than silently mixed
@@ -124,7 +125,7 @@ class Service:
                 text += spec.prefill
             if setup is not None:
                 text += setup.prefix
-            return self.model._prompt_ids(text), setup, grammar
+            return self.model._prompt_ids(text), setup, grammar, thought
         except ChatTemplateError as e:
             raise bad_request(f"cannot render {spec.messages_shown}: {e}", param=spec.messages_param) from None
         except TokenizerError as e:
@@ -204,7 +205,7 @@ class Service:
 
     def _prompt_length(self, spec: GenerationSpec) -> int:
         self.check_model(spec.model)
-        ids, _, _ = self._chat_ids(spec)
+        ids = self._chat_ids(spec)[0]
         return len(ids)
 
     async def _in_worker(self, fn, spec: GenerationSpec):
@@ -235,10 +236,10 @@ class Service:
                               f"{self.scheduler.capacity()} at once", param="n")
         if (spec.logprobs or spec.top_logprobs) and self.strings is None:
             raise bad_request("'logprobs' needs the tokens' text, and this model has no tokenizer", param="logprobs")
-        tools = None
+        tools = thought = None
         constraint, param = spec.constraint, spec.constraint_param
         if spec.kind == "chat":
-            ids, tools, tool_constraint = self._chat_ids(spec)
+            ids, tools, tool_constraint, thought = self._chat_ids(spec)
             if tool_constraint is not None:
                 constraint, param = tool_constraint, "tools"
             prompts = [ids]
@@ -253,26 +254,14 @@ class Service:
                               param="logit_bias")
         grammar = self._compile(constraint, param) if constraint is not None else None
         self._speculative_mode(spec)      # a request for a draft model the server lacks: 400 now
-        thinking = self._thinking_budget(spec, tools, constraint)
+        # decided as the library's Model.chat decides it
+        thinking = output_thinking(thought, spec.thinking_budget, constraint, self.model._tok,
+                                   self.model._text_after_thought)
         seqs = []
         for ids in prompts:
             max_tokens = self._max_tokens(spec, len(ids))
             seqs.append([self._sequence(spec, ids, max_tokens, k, grammar, thinking) for k in range(spec.n)])
         return Prepared(spec, prompts, echoes, seqs, tools)
-
-    def _thinking_budget(self, spec: GenerationSpec, tools: ToolSetup | None,
-                         constraint: GrammarSpec | None) -> ThinkingBudget | None:
-        """The request's thinking budget, where the answer may start with a `<think>` thought (a model
-        without one: the budget has nothing to close); and whether the output's grammar waits for the
-        thought's end (one that spells the thought itself does not)."""
-        if tools is None or not tools.thinks:
-            return None
-        holds = tools.may_think and constraint is not None and \
-            not grammar_spells_thought(constraint.kind, constraint.source)
-        if spec.thinking_budget is None and not holds:
-            return None
-        return ThinkingBudget.build(self.model.tokenizer, spec.thinking_budget, tools.thought_open,
-                                    self.model._text_after_thought(), holds_grammar=holds)
 
     def _compile(self, constraint: GrammarSpec, param: str):
         """The grammar, compiled before anything is queued: an invalid one is the client's 400."""

@@ -223,12 +223,3 @@ def _reasoning_of(message: dict, i: int) -> str | None:
             return v
     return None
 
-
-def extract_harmony(text: str, names: set[str] | None = None,
-                    parallel: bool = True) -> tuple[str, str, list[dict]]:
-    """(content, reasoning, tool calls) of a finished harmony answer; the same parser as streaming, and
-    the same calls: one cut by max_tokens keeps its arguments as far as they got."""
-    p = HarmonyParser(names, parallel)
-    content, _ = p.feed(text)
-    rest, _ = p.finish()
-    return content + rest, p.take_reasoning(), p.finished_calls()

@@ -20,7 +20,7 @@ model wrote. A thought never closed (cut off by max_tokens) is all reasoning.
 """
 from __future__ import annotations
 
-from ..thinking import CLOSE, MAX_HELD_BLANKS, OPEN, prompt_opens_thought, template_thinks  # noqa: F401
+from ..thinking import CLOSE, MAX_HELD_BLANKS, OPEN
 from .tools import _partial_suffix
 
 # parser states
@@ -129,10 +129,3 @@ def _unheld(text: str) -> int:
     """Where the blanks `text` ends with start, but no more than MAX_HELD_BLANKS before its end."""
     return max(len(text.rstrip()), len(text) - MAX_HELD_BLANKS)
 
-
-def split_thinking(text: str, opened: bool = False) -> tuple[str, str]:
-    """(reasoning, answer) of a finished output; the same parser as streaming."""
-    p = ThinkParser(None, opened)
-    content, _ = p.feed(text)
-    rest, _ = p.finish()
-    return p.take_reasoning(), content + rest

@@ -46,7 +46,6 @@ class ToolSetup:
     harmony: bool = False                           # the model answers in harmony's channels (gpt-oss)
     thinks: bool = False                            # the model reasons in <think>...</think> first (think.py)
     thought_open: bool = False                      # ...and the prompt already opened that <think>
-    may_think: bool = False                         # ...and the answer may start with one (thinking.py)
 
     def parser(self) -> "ToolCallParser":
         return ToolCallParser(self.names, self.prefix, self.parallel)
