@@ -4,6 +4,7 @@ The parser is checked whole and fed in random pieces (the two must agree), and t
 on a tiny random model whose vocabulary is harmony's, made to write a harmony answer by a regex
 constraint (its text is exactly what a gpt-oss model would write).
 """
+import itertools
 import json
 import random
 import re
@@ -94,6 +95,10 @@ def test_edge_cases(text, names, want):
     assert (content, reasoning, len(calls)) == want
     streamed = fed_in_pieces(text, names)
     assert streamed[:2] == want[:2]
+    for cut in range(len(text) + 1):       # the content bodies spell the content, however the text came
+        p = HarmonyParser(names)
+        p.feed(text[:cut]), p.feed(text[cut:]), p.finish()
+        assert "".join(text[a:b] for a, b in p.content_spans()) == want[0], cut
     assert [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in calls] == streamed[2]
 
 
@@ -298,6 +303,8 @@ def test_random_conversations_route_every_body(seed=11):
         p = HarmonyParser({"f"})
         p.feed(text[:cut]), p.feed(text[cut:]), p.finish()
         assert p.reasoning_spans() == spans, text
+        # and the content bodies (the /v1/responses text's logprobs): they spell the content
+        assert "".join(text[a:b] for a, b in p.content_spans()) == want_content, text
 
 
 # -- the reasoning through /v1/responses and /v1/messages -------------------------------------
@@ -329,6 +336,29 @@ def test_responses_api_returns_the_analysis_as_a_reasoning_item(harmony_live):
     assert [i.type for i in items] == ["reasoning", "message"] and items[0].content[0].text == REASONING
     final = events[-1].response
     assert final.status == "completed" and [o.type for o in final.output] == ["reasoning", "message"]
+
+
+def test_responses_logprobs_are_the_final_messages_body(harmony_live):
+    """include logprobs: the message's are chat's for the final message's body only (no analysis, no
+    header), whole and streamed."""
+    client = harmony_live.client()
+    kw = _responses_body(THINK_THEN_ANSWER, include=["message.output_text.logprobs"], top_logprobs=1)
+    r = client.responses.create(**kw)
+    got = [e.model_dump() for e in r.output[1].content[0].logprobs]
+    assert "".join(e["token"] for e in got) == ANSWER and r.output[0].content[0].model_dump().get("logprobs") is None
+    chat = client.chat.completions.create(model="tiny-harmony", messages=[{"role": "user", "content": "hi"}],
+                                          max_tokens=400, temperature=0, logprobs=True, top_logprobs=1,
+                                          extra_body={"regex": re.escape(THINK_THEN_ANSWER)})
+    every = [e.model_dump() for e in chat.choices[0].logprobs.content]
+    # the tokens ending past the start of the final message's body (its text is the output's end)
+    ends = list(itertools.accumulate(len(e["bytes"]) for e in every))
+    start = len(THINK_THEN_ANSWER[:THINK_THEN_ANSWER.rindex(ANSWER)].encode())
+    want = [e for e, end in zip(every, ends) if end > start and e["bytes"]]
+    assert [e["token"] for e in want] == [e["token"] for e in got]
+    assert all(abs(g["logprob"] - w["logprob"]) < 1e-5 and len(g["top_logprobs"]) == 1 for g, w in zip(got, want))
+    events = list(client.responses.create(stream=True, **kw))
+    assert [lp.token for e in events if e.type == "response.output_text.delta" for lp in e.logprobs] == \
+        [e["token"] for e in got]
 
 
 def test_responses_api_reasoning_before_a_tool_call(harmony_live):

@@ -723,11 +723,14 @@ def test_chat_template_kwargs_are_taken_and_checked_as_chats():
 def test_include_is_a_list_of_openais_values():
     spec = parse_responses({"input": "Hi", "include": ["reasoning.encrypted_content", "file_search_call.results"]},
                            ResponseStore())[0]
-    assert spec.template_kwargs == {}
+    assert spec.template_kwargs == {} and not spec.logprobs
+    # the logprobs are chat's, with top_logprobs alternatives (tests/test_responses_logprobs.py)
+    spec = parse_responses({"input": "Hi", "include": ["message.output_text.logprobs"], "top_logprobs": 4},
+                           ResponseStore())[0]
+    assert spec.logprobs and spec.top_logprobs == 4
     for include, param, words in (("reasoning.encrypted_content", "include", "must be an array of strings"),
                                   (["reasoning.summary"], "include[0]", "known values"),
-                                  ([3], "include[0]", "known values"),
-                                  (["message.output_text.logprobs"], "include[0]", "does not return logprobs")):
+                                  ([3], "include[0]", "known values")):
         with pytest.raises(APIError) as e:
             parse_responses({"input": "Hi", "include": include}, ResponseStore())
         assert e.value.param == param and words in e.value.message, e.value.message

@@ -81,6 +81,16 @@ def test_reasoning_span_whole_and_cut_anywhere(text, opened, reasoning, content)
     assert reasoning in text[:end] and text[end:].strip() == content.strip()
 
 
+
+@pytest.mark.parametrize("text, opened, reasoning, content", CASES)
+def test_content_span_whole_and_cut_anywhere(text, opened, reasoning, content):
+    """Where the answer's text lies (the /v1/responses text's logprobs): it spells the content."""
+    for k in range(len(text) + 1):
+        p = ThinkParser(None, opened)
+        p.feed(text[:k]), p.feed(text[k:]), p.finish()
+        assert "".join(text[a:b] for a, b in p.content_spans()) == content, k
+
+
 def test_a_run_of_blanks_is_held_back_bounded():
     """A model writing nothing but blanks: the parser holds at most MAX_HELD_BLANKS of them (it re-read
     all it held at every token: time quadratic in the output), whole and streamed still agree."""
@@ -279,6 +289,16 @@ def _reasoning_tokens_of(logprobs: dict, output: str, end: int) -> int:
     return sum(1 for s in starts if s < len(output[:end].encode()))
 
 
+def text_tokens(logprobs: list[dict], start: int) -> list[dict]:
+    """The entries of the tokens whose bytes reach past byte `start` of the output they spell."""
+    out, at = [], 0
+    for e in logprobs:
+        at += len(e["bytes"])
+        if at > start and e["bytes"]:
+            out.append(e)
+    return out
+
+
 def _usages(live, body) -> list[dict]:
     """usage of a chat completion whole and streamed, and of /v1/responses whole and streamed."""
     whole = _post(live, "/v1/chat/completions", body).json()["usage"]
@@ -345,6 +365,28 @@ def test_responses_reasoning_item_and_effort(live):
     assert out["usage"]["input_tokens"] == _prompt_tokens(live, reasoning_effort="low")
     bad = _post(live, "/v1/responses", {**body, "reasoning": {"effort": "max"}})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "reasoning.effort"
+
+
+def test_responses_logprobs_leave_out_the_thought(live):
+    """Only output_text carries logprobs: chat's for the tokens of the answer's text (not the thought,
+    its tags or the blank lines after it), whole and streamed; the reasoning item and its events have none."""
+    chat = _post(live, "/v1/chat/completions", _chat(logprobs=True, top_logprobs=2)).json()
+    every = chat["choices"][0]["logprobs"]["content"]
+    want = text_tokens(every, len(OUTPUT[:OUTPUT.index(ANSWER)].encode()))
+    body = {"model": "tiny-think", "input": "hi", "max_output_tokens": 200, "temperature": 0, "store": False,
+            "regex": re.escape(OUTPUT), "include": ["message.output_text.logprobs"], "top_logprobs": 2}
+    reasoning, message = _post(live, "/v1/responses", body).json()["output"]
+    assert (reasoning["content"][0]["text"], message["content"][0]["text"]) == (THOUGHT, ANSWER)
+    assert "logprobs" not in reasoning["content"][0]
+    got = message["content"][0]["logprobs"]
+    assert 0 < len(got) < len(every) and [e["token"] for e in got] == [e["token"] for e in want]
+    assert all(abs(g["logprob"] - w["logprob"]) < 1e-5 and len(g["top_logprobs"]) == 2 for g, w in zip(got, want))
+    with httpx.stream("POST", live.url + "/v1/responses", json={**body, "stream": True}, timeout=120) as s:
+        events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+    assert all("logprobs" not in e for e in events if e["type"].startswith("response.reasoning_text."))
+    streamed = [lp["token"] for e in events if e["type"] == "response.output_text.delta" for lp in e["logprobs"]]
+    assert streamed == [e["token"] for e in got]
+    assert events[-1]["response"]["output"][1]["content"][0]["logprobs"] == got
 
 
 def test_messages_thinking_blocks_and_disabled(live):

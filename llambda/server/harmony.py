@@ -64,6 +64,8 @@ class HarmonyParser:
         self.seen = 0              # characters fed (buf is always their tail)
         self._message_at = 0       # where the current message began, its header included
         self._analysis: list[tuple[int, int]] = []   # (start, end) of each analysis message, ended
+        self._body_at = 0          # where the current message's body began
+        self._bodies: list[tuple[int, int]] = []     # (start, end) of each content message's body, ended
 
     # -- output ------------------------------------------------------------------------------
     def _emit(self, text: str) -> None:
@@ -101,6 +103,17 @@ class HarmonyParser:
             return self._analysis + [(self._message_at, self.seen)]
         return list(self._analysis)
 
+    def content_spans(self) -> list[tuple[int, int]]:
+        """Where the content messages' bodies lie in the text fed so far (no header, no terminator); one
+        still open runs to the end."""
+        if self.state == BODY and self.sink == "content":
+            return self._bodies + [(self._body_at, self.seen)]
+        return list(self._bodies)
+
+    def settled(self) -> int:
+        """How much of the text fed so far has its place (analysis, content, ...) decided: all but what is held."""
+        return self.seen - len(self.buf)
+
     # -- feeding -------------------------------------------------------------------------------
     def feed(self, text: str) -> tuple[str, list[dict]]:
         """Content to emit now and tool-call deltas (OpenAI `delta.tool_calls` entries)."""
@@ -115,10 +128,11 @@ class HarmonyParser:
         and is not in the text; one cut by max_tokens keeps the arguments it has)."""
         if self.state == BODY:
             self._emit(self.buf)
-            self._analysis = self.reasoning_spans()
+            self._analysis, self._bodies = self.reasoning_spans(), self.content_spans()
         elif self.state in (OPENING, GAP) and self.buf.strip():
             self.sink = "content"
             self._emit(self.buf)
+            self._bodies.append((self.seen - len(self.buf), self.seen))
         # HEADER: a header cut short is format, not text
         self.buf, self.state = "", GAP
         return self._take()
@@ -168,6 +182,8 @@ class HarmonyParser:
             return False
         at, term = min(cut)
         self._emit(self.buf[:at])
+        if self.sink == "content":
+            self._bodies.append((self._body_at, self.seen - len(self.buf) + at))
         self.buf = self.buf[at + len(term):]
         if self.sink == "reasoning":
             self._analysis.append((self._message_at, self.seen - len(self.buf)))
@@ -193,7 +209,9 @@ class HarmonyParser:
         return "reasoning" if m is not None and m.group(1) == "analysis" else "content"
 
     def _open_body(self, sink: str) -> None:
+        """The body starts where `buf` does."""
         self.sink, self.state = sink, BODY
+        self._body_at = self.seen - len(self.buf)
 
 
 def with_analysis(messages: list) -> list:

@@ -7,8 +7,11 @@ harmony's analysis messages lie comes from the parser that already splits the an
 token counts when any of its text lies in those spans, tags and headers included, so a token that
 straddles the edge counts as reasoning. The parsers' spans do not depend on how the text was cut
 into pieces, so the count is the same however the client reads the answer (streamed or whole).
+The same token ends pick the tokens of the answer's text for /v1/responses' logprobs (text_logprobs.py).
 """
 from __future__ import annotations
+
+from bisect import bisect_right
 
 from .tools import ToolSetup
 
@@ -30,18 +33,25 @@ class TokenEnds:
             self.ends[-1] = self.chars
 
     def within(self, spans: list[tuple[int, int]]) -> int:
-        """The tokens that overlap any of `spans` (sorted, disjoint (start, end) character ranges); a
-        token with no text counts when it stands inside one. One pass over both lists."""
-        n, start, j = 0, 0, 0
-        for end in self.ends:
+        """The tokens that overlap any of `spans` (sorted, disjoint (start, end) character ranges)."""
+        return sum(self.inside(spans))
+
+    def inside(self, spans: list[tuple[int, int]], first: int = 0, stop: int | None = None) -> list[bool]:
+        """Whether each of the tokens first..stop overlaps any of `spans`; a token with no text is
+        inside when it stands inside one. One pass over both lists."""
+        out, j = [], 0
+        start = self.ends[first - 1] if first else 0
+        for end in self.ends[first:stop]:
             while j < len(spans) and spans[j][1] <= start:
                 j += 1                 # spans wholly before this token cannot hold it or any later one
-            if j < len(spans):
-                s = spans[j][0]
-                if (end > s) if end > start else (start >= s):
-                    n += 1
+            s = spans[j][0] if j < len(spans) else None
+            out.append(s is not None and ((end > s) if end > start else (start >= s)))
             start = end
-        return n
+        return out
+
+    def settled(self, chars: int) -> int:
+        """How many tokens end within the first `chars` characters."""
+        return bisect_right(self.ends, chars)
 
 
 def counts_reasoning(tools: ToolSetup | None) -> bool:

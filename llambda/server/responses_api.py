@@ -9,7 +9,9 @@ content; no summary), a message item and/or function_call items; streamed, it is
 typed event sequence (response.created, response.output_item.added, ...,
 response.reasoning_text.delta, response.output_text.delta,
 response.function_call_arguments.delta, ..., response.completed or response.incomplete).
-`chat_template_kwargs` is chat's; `include` is checked (INCLUDABLE) but adds nothing.
+`chat_template_kwargs` is chat's; `include` is checked (INCLUDABLE): "message.output_text.logprobs"
+is chat's `logprobs` (with `top_logprobs` alternatives), given on output_text parts and their text
+events without the reasoning's tokens (text_logprobs.py); the other values add nothing.
 
 Responses are stored (`store`, true by default, as in OpenAI's API) in a bounded in-memory
 `ResponseStore`: `previous_response_id` continues one (its input items and its output items come
@@ -38,8 +40,9 @@ from .generation import Generation, Service
 from .openai_format import dumps, now
 from .response_items import check_annotations, new_id as _id, stored_items
 from .response_store import ResponseStore, Stored, encode_response
-from .schemas import (MAX_MESSAGES, MAX_TOOLS, GenerationSpec, _Body, _type, check_function, parse_chat,
-                      with_reasoning_effort)
+from .schemas import (MAX_MESSAGES, MAX_TOOLS, MAX_TOP_LOGPROBS, GenerationSpec, _Body, _type, check_function,
+                      parse_chat, with_reasoning_effort)
+from .text_logprobs import TextLogprobs, event_logprobs
 
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 TEXT_PARTS = ("input_text", "output_text", "text")      # a message's content
@@ -54,14 +57,12 @@ DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT = 20, 100     # input items a page holds (Ope
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
 # OpenAI's `include` values. Those about built-in tools and images name outputs this server never makes
 # (such tools and parts are refused), and a reasoning item here is plain `reasoning_text` content: there
-# is no encrypted_content to give. So each is accepted and adds nothing, except the logprobs, which
-# this route does not compute: asking for them is a 400 rather than an empty list passed off as them.
+# is no encrypted_content to give. So each is accepted and adds nothing, except the logprobs.
 INCLUDABLE = ("code_interpreter_call.outputs", "computer_call_output.output.image_url", "file_search_call.results",
               "message.input_image.image_url", "message.output_text.logprobs", "reasoning.encrypted_content",
               "web_search_call.action.sources", "web_search_call.results")
 MAX_INCLUDE = 64        # repeats are harmless, but bounded
-NOT_HONOURED = {"message.output_text.logprobs": "this server does not return logprobs on /v1/responses "
-                                                "(chat completions' 'logprobs' does)"}
+LOGPROBS = "message.output_text.logprobs"
 
 
 # -- request -----------------------------------------------------------------------------
@@ -223,14 +224,12 @@ def _effort(v):
 
 
 def _include(v) -> list[str]:
-    """`include`: a list of OpenAI's known values (INCLUDABLE), checked; none of them changes the answer."""
+    """`include`: a list of OpenAI's known values (INCLUDABLE), checked; only LOGPROBS changes the answer."""
     items = array_of(v, "include", "strings", MAX_INCLUDE)
     for i, name in enumerate(items):
         if not isinstance(name, str) or name not in INCLUDABLE:
             what = shown(name) if isinstance(name, str) else _type(name)
             raise bad_request(f"include[{i}] is {what}; known values: {', '.join(INCLUDABLE)}", param=f"include[{i}]")
-        if name in NOT_HONOURED:
-            raise bad_request(f"include[{i}] {name!r} is not supported: {NOT_HONOURED[name]}", param=f"include[{i}]")
     return items
 
 
@@ -297,8 +296,12 @@ def parse_responses(body, store: ResponseStore,
     if len(msgs) > MAX_MESSAGES:
         raise bad_request(f"this conversation ('input' after any 'previous_response_id') makes {len(msgs)} chat "
                           f"messages; at most {MAX_MESSAGES}", param="input")
-    _include(b.get("include"))
+    logprobs = LOGPROBS in _include(b.get("include"))
+    # checked here: chat's own check would ask for a 'logprobs' field this request does not have
+    top_logprobs = b.integer("top_logprobs", 0, 0, MAX_TOP_LOGPROBS)
     chat = {k: body[k] for k in PASSED if k in body}
+    if logprobs:
+        chat.update(logprobs=True, top_logprobs=top_logprobs)
     chat.update(messages=msgs, max_tokens=max_output,
                 tools=_tools(b.get("tools")), tool_choice=_tool_choice(b.get("tool_choice")))
     if response_format is not None:
@@ -321,7 +324,7 @@ def parse_responses(body, store: ResponseStore,
         spec.constraint_param = "text.format"        # a schema that does not compile, too
     echo = {"instructions": instructions, "max_output_tokens": max_output, "metadata": _metadata(b.get("metadata")),
             "parallel_tool_calls": spec.parallel_tool_calls, "temperature": spec.sampling["temperature"],
-            "top_p": spec.sampling["top_p"], "text": {"format": shown_format},
+            "top_p": spec.sampling["top_p"], "top_logprobs": top_logprobs, "text": {"format": shown_format},
             "tool_choice": b.get("tool_choice") or "auto", "tools": b.get("tools") or [],
             "reasoning": {"effort": effort, "summary": None},
             "previous_response_id": b.get("previous_response_id"), "store": keep}
@@ -336,8 +339,8 @@ def _usage(u) -> dict:
             "total_tokens": u.prompt + u.completion}
 
 
-def _message_item(item_id: str, text: str, status: str) -> dict:
-    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def _message_item(item_id: str, text: str, status: str, logprobs: list | None = None) -> dict:
+    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
     return {"id": item_id, "type": "message", "status": status, "role": "assistant",
             "content": [part] if status != "in_progress" else []}
 
@@ -367,6 +370,8 @@ class ResponseRun:
         self.gen, self.echo, self.finish = gen, echo, finish
         self.id = response_id
         self.created = now()
+        # the text's logprobs, when include asked for them (chat's `logprobs` is then on)
+        self.logprobs = TextLogprobs(gen.states[0], gen.service.strings) if gen.spec.logprobs else None
 
     def response(self, status: str, output: list, finish: str | None = None, error: dict | None = None) -> dict:
         incomplete = status == "incomplete"
@@ -390,7 +395,8 @@ class ResponseRun:
         if msg.get("reasoning_content"):
             output.append(_reasoning_item(_id("rs"), msg["reasoning_content"], "completed"))
         if msg.get("content"):
-            output.append(_message_item(_id("msg"), msg["content"], "completed"))
+            logprobs = self.logprobs.take(end=True) if self.logprobs is not None else None
+            output.append(_message_item(_id("msg"), msg["content"], "completed", logprobs))
         for call in msg.get("tool_calls") or []:
             fn = call["function"]
             output.append(_call_item(_id("fc"), call["id"], fn["name"], fn["arguments"], "completed"))
@@ -414,21 +420,38 @@ class ResponseRun:
         output: list[dict] = []       # items, in their output_index order, as they stand
         open_item: dict | None = None
         text: list[str] = []
+        waiting: list[dict] = []      # text logprobs settled but not sent yet (a message's next delta takes them)
+        given: list[dict] = []        # the open message's text logprobs sent so far
+
+        def text_delta(piece_text: str):
+            """The open message's next text, with the logprobs settled by now."""
+            sent = list(waiting)
+            given.extend(sent)
+            waiting.clear()
+            return event("response.output_text.delta", item_id=open_item["id"], output_index=len(output) - 1,
+                         content_index=0, delta=piece_text, logprobs=event_logprobs(sent))
 
         def close(status: str):
             nonlocal open_item
-            item, open_item = open_item, None
+            item = open_item
             if item is None:
                 return
+            if item["type"] == "message" and waiting:
+                yield text_delta("")        # tokens settled after the message's last text are still its own
+            open_item = None
             at = output.index(item)
             if item["type"] in _TEXT_ITEMS:
                 make, events, _ = _TEXT_ITEMS[item["type"]]
-                full = "".join(text)
+                full, logprobs = "".join(text), list(given)
                 text.clear()
+                given.clear()
                 where = {"item_id": item["id"], "output_index": at, "content_index": 0}
-                extra = {"logprobs": []} if item["type"] == "message" else {}
-                yield event(f"{events}.done", **where, text=full, **extra)
-                done = make(item["id"], full, status)
+                if item["type"] == "message":       # only output_text carries logprobs, never the reasoning
+                    yield event(f"{events}.done", **where, text=full, logprobs=event_logprobs(logprobs))
+                    done = make(item["id"], full, status, logprobs)
+                else:
+                    yield event(f"{events}.done", **where, text=full)
+                    done = make(item["id"], full, status)
                 yield event("response.content_part.done", **where, part=done["content"][0])
             else:
                 done = dict(item, status=status if status == "completed" else "incomplete")
@@ -451,6 +474,8 @@ class ResponseRun:
         yield response_event("response.in_progress", started)
         try:
             async for d in deltas(self.gen):
+                if self.logprobs is not None:
+                    waiting.extend(self.logprobs.take(end=d.finish is not None))
                 for kind, piece_text in (("reasoning", d.reasoning), ("message", d.text)):
                     if not piece_text:
                         continue
@@ -461,9 +486,11 @@ class ResponseRun:
                         for piece in open_(make(_id("rs" if kind == "reasoning" else "msg"), "", "in_progress")):
                             yield piece
                     text.append(piece_text)
-                    extra = {"logprobs": []} if kind == "message" else {}
-                    yield event(f"{_TEXT_ITEMS[kind][1]}.delta", item_id=open_item["id"],
-                                output_index=len(output) - 1, content_index=0, delta=piece_text, **extra)
+                    if kind == "message":
+                        yield text_delta(piece_text)
+                    else:
+                        yield event("response.reasoning_text.delta", item_id=open_item["id"],
+                                    output_index=len(output) - 1, content_index=0, delta=piece_text)
                 for call in d.calls:
                     if "id" in call:
                         for piece in close("completed"):

@@ -46,6 +46,7 @@ class ThinkParser:
         self._reasoning: list[str] = []
         self.seen = 0              # characters fed (buf is always their tail)
         self.closed_at = 0         # where the thought ended, </think> included (0: no thought closed)
+        self.answer_at: int | None = None   # where the answer's text began (after the blanks that follow </think>)
 
     @property
     def calls(self) -> list[dict]:
@@ -61,6 +62,14 @@ class ThinkParser:
         An unclosed thought runs to the end (as finish() reads it)."""
         end = self.seen if self.state == THOUGHT else self.closed_at
         return [(0, end)] if end else []
+
+    def content_spans(self) -> list[tuple[int, int]]:
+        """Where the answer's text lies in the text fed so far: [(start, end)] or []."""
+        return [] if self.answer_at is None else [(self.answer_at, self.seen)]
+
+    def settled(self) -> int:
+        """How much of the text fed so far has its place (thought or answer) decided: all but what is held."""
+        return self.seen - len(self.buf)
 
     def _think(self, text: str) -> None:
         if self.lead:
@@ -108,6 +117,8 @@ class ThinkParser:
             if not self.buf:
                 return "", []
             self.lead = False
+        if self.answer_at is None:
+            self.answer_at = self.seen - len(self.buf)
         out, self.buf = self.buf, ""
         return self._answer(out)
 
@@ -119,6 +130,8 @@ class ThinkParser:
             self._think(held.rstrip())
         elif self.state == START or not self.lead:
             content, calls = self._answer(held)     # blank or a cut-off `<thi`: the model's text
+            if self.answer_at is None and held:
+                self.answer_at = self.seen - len(held)
         if self.inner is not None:
             rest, more = self.inner.finish()
             content, calls = content + rest, calls + more
