@@ -322,7 +322,10 @@ def _run_model_and_prompt(a) -> str | None:
                                ) from None
     if a.prompt_text is not None:
         return a.prompt_text
-    return " ".join(words) if words else None
+    if not words:
+        return None
+    from .commands.piped_prompt import with_piped_text     # `cat notes | llambda run MODEL "summarize"`
+    return with_piped_text(" ".join(words), lambda: _read_stdin("prompt"))
 
 
 def cmd_run(a) -> int:
@@ -727,7 +730,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("-f", "--file", dest="prompt_file", metavar="FILE", default=None,
                    help="the prompt is the text of FILE (as it is, final newline included)")
     p.add_argument("prompt", nargs="*", metavar="[MODEL] PROMPT",
-                   help="the prompt, its words joined by spaces (default: read stdin; at a terminal, a chat); "
+                   help="the prompt, its words joined by spaces, after the text of a piped stdin as ollama "
+                        "sends it (no words: stdin alone; at a terminal, a chat); "
                         "without -m, a first word naming a model (a catalogued name, a .gguf file, a HF "
                         "directory) is the model")
     p.set_defaults(fn=cmd_run)

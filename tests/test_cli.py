@@ -11,8 +11,9 @@ import llambda
 
 
 def run_cli(*args, input=None, timeout=300):
+    # no input: an empty stdin, not the test runner's (`run MODEL WORDS` reads a piped one, as ollama does)
     return subprocess.run([sys.executable, "-m", "llambda.cli", *args], capture_output=True, text=True,
-                          input=input, timeout=timeout)
+                          input=input if input is not None else "", timeout=timeout)
 
 
 def test_run_streams_a_greedy_completion(smollm2_gguf):
@@ -589,3 +590,30 @@ def test_format_json_constrains_as_ollama_run_does(fake_run, capsys):
     assert main(["run", "--format", "json", "--regex", "a+", "hi"]) == 1
     assert "give at most one of --json-schema (or --format json), --grammar and --regex" in capsys.readouterr().err
     assert "load" not in seen
+
+
+def test_piped_text_goes_before_the_words_as_ollama_sends_it(fake_run, monkeypatch, tmp_path, capsys):
+    # `cat notes.txt | llambda run MODEL "summarize this"` sent the words alone: the pipe was never read
+    seen, main = fake_run
+    notes = tmp_path / "notes.txt"
+    notes.write_text("The meeting is at noon.\n")
+
+    def run_with_stdin(stdin, args):
+        monkeypatch.setattr(sys, "stdin", stdin)
+        with stdin:
+            assert main(args) == 0
+        return seen["prompt"]
+
+    # ollama's joining: the text as read (its newline kept), a space, the words
+    assert run_with_stdin(open(notes), ["run", "smollm2-135m", "Summarize", "this:"]) == \
+        "The meeting is at noon.\n Summarize this:"
+    r, w = os.pipe()
+    os.write(w, b"piped")
+    os.close(w)
+    assert run_with_stdin(os.fdopen(r), ["run", "hi"]) == "piped hi"
+    r, w = os.pipe()
+    os.close(w)
+    assert run_with_stdin(os.fdopen(r), ["run", "hi"]) == "hi"          # an empty pipe adds nothing
+    assert run_with_stdin(open(os.devnull), ["run", "hi"]) == "hi"      # nor a device
+    assert run_with_stdin(open(notes), ["run", "-p", "as given"]) == "as given"    # llama-cli's -p: itself
+    capsys.readouterr()
