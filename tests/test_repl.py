@@ -312,3 +312,34 @@ def test_load_with_a_model_name_says_how_to_switch(tmp_path, monkeypatch):
     s = ChatSession(FakeModel(), {})
     assert "llambda chat qwen2.5-coder-0.5b" in s.command("/load qwen2.5-coder-0.5b:latest")
     assert "cannot read" in s.command("/load conversation.json")
+
+
+@pytest.mark.parametrize("script, sent", [('hi\n"""\nfirst line\nsecond line\n', "first line\nsecond line"),
+                                          ("hi\nsome \\\n", "some ")])
+def test_input_that_ends_inside_a_message_sends_it_then_leaves(script, sent):
+    # a script's last \"\"\" block (or backslash line) with no end was dropped without a word
+    m = FakeModel()
+    out = io.StringIO()
+    assert run_chat(ChatSession(m, {}), "banner", None, stdin=io.StringIO(script), stdout=out) == 0
+    assert [x[-1]["content"] for x in m.seen] == ["hi", sent]
+    assert out.getvalue() == "one two three \n" * 2
+
+
+def test_ctrl_d_inside_a_block_at_the_terminal_sends_it(monkeypatch):
+    # input() raises EOFError for Ctrl-D on an empty line; the terminal chat dropped the open block
+    lines = iter(['"""', "typed so far"])
+
+    def fake_input(prompt=""):
+        try:
+            return next(lines)
+        except StopIteration:
+            raise EOFError from None
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr("builtins.input", fake_input)
+    m, out = FakeModel(), Tty()
+    assert run_chat(ChatSession(m, {}), "banner", None, stdin=Tty(), stdout=out) == 0
+    assert [x[-1]["content"] for x in m.seen] == ["typed so far"] and "one two three" in out.getvalue()
