@@ -1,4 +1,4 @@
-"""The `llambda` command: run | chat | pull | list | rm | show | tokenize | serve | bench | perplexity | export.
+"""The `llambda` command: run | chat | pull | list | ps | rm | show | tokenize | serve | bench | perplexity | export.
 
 Every sub-command is a `cmd_NAME(args) -> exit code` function registered in `build_parser`."""
 from __future__ import annotations
@@ -754,6 +754,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("list", aliases=["ls"], help="catalogued models: which are downloaded, their size and path")
     p.set_defaults(fn=cmd_list)
+
+    from .commands.ps import add_parser as add_ps_parser
+    add_ps_parser(sub)
 
     p = sub.add_parser("rm", help="remove downloaded models from the cache")
     p.add_argument("names", nargs="+", metavar="NAME")

@@ -617,3 +617,50 @@ def test_piped_text_goes_before_the_words_as_ollama_sends_it(fake_run, monkeypat
     assert run_with_stdin(open(os.devnull), ["run", "hi"]) == "hi"      # nor a device
     assert run_with_stdin(open(notes), ["run", "-p", "as given"]) == "as given"    # llama-cli's -p: itself
     capsys.readouterr()
+
+
+def test_ps_lists_a_live_servers_models_as_ollama_ps(monkeypatch, capsys):
+    # there was no `llambda ps`: what a server held was only in its /api/ps JSON
+    from serverkit import LiveServer, free_port
+
+    from llambda.cli import main
+    from llambda.server import ServerConfig, create_app
+
+    monkeypatch.delenv("LLAMBDA_API_KEY", raising=False)
+    with llambda.load(TINY_LLAMA, n_slots=2, n_ctx=64) as m:
+        cfg = ServerConfig(model_id="tiny", parallel=1, api_key="sesame")
+        with LiveServer(create_app(m, cfg)) as srv:
+            assert main(["ps", "--host", srv.url]) == 1        # the server wants its key
+            err = capsys.readouterr().err
+            assert err == f"llambda: error: the server at {srv.url} asks for an API key: set LLAMBDA_API_KEY\n"
+            monkeypatch.setenv("LLAMBDA_API_KEY", "sesame")
+            assert main(["ps", "--host", f"127.0.0.1:{srv.port}"]) == 0     # OLLAMA_HOST's shape
+            lines = capsys.readouterr().out.splitlines()
+            digest = __import__("httpx").get(srv.url + "/api/ps", headers={"Authorization": "Bearer sesame"}
+                                               ).json()["models"][0]["digest"]
+    assert lines[0].split() == ["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL"] and len(lines) == 2
+    name, ident, *rest = lines[1].split()
+    # SIZE (the memory plan's total, two words), PROCESSOR (two), CONTEXT, UNTIL
+    assert name == "tiny:latest" and ident == digest[:12] and rest[2:] == ["100%", "CPU", "64", "Forever"]
+    assert rest[1] in ("KB", "MB"), lines[1]
+    port = free_port()      # nothing listens there: one line, status 1
+    assert main(["ps", "--host", f":{port}"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"llambda: error: no server answers at http://127.0.0.1:{port} (") and \
+        err.count("\n") == 1, err
+    assert main(["ps", "--host", "localhost:http"]) == 1
+    assert "the port must be a number" in capsys.readouterr().err
+
+
+def test_ps_columns_read_ollamas_fields():
+    from datetime import datetime, timezone
+
+    from llambda.commands.ps import human_bytes, processor, server_url, until
+    now = datetime(2026, 12, 5, 12, 0, tzinfo=timezone.utc)
+    assert until("9999-12-31T23:59:59Z", now) == "Forever"
+    assert until("2026-12-05T12:04:30.123456789Z", now) == "4 minutes from now"     # Go's nanoseconds
+    assert until("2026-12-05T11:59:00Z", now) == "Stopping..."
+    assert human_bytes(98_000_000) == "98 MB" and human_bytes(1_130_000_000) == "1.1 GB"
+    assert processor({"size": 100, "size_vram": 0}) == "100% CPU"
+    assert processor({"size": 100, "size_vram": 25}) == "75%/25% CPU/GPU"
+    assert server_url("http://[::1]:9000/") == "http://[::1]:9000" and server_url("example") == "http://example:8080"
