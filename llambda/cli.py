@@ -158,6 +158,7 @@ def _template_kwargs(a) -> dict:
     """--template-kwargs JSON and --no-think (chat, serve) as Model.chat_stream's and ServerConfig's
     template_kwargs, checked before the model loads."""
     from .chat import check_template_kwargs
+    from .commands.run_flags import template_kwargs as think_template_kwargs
     from .errors import InvalidInputError
 
     kw = {}
@@ -169,6 +170,7 @@ def _template_kwargs(a) -> dict:
         kw = check_template_kwargs(kw)
     if a.no_think:
         kw["enable_thinking"] = False
+    kw.update(think_template_kwargs(getattr(a, "think", None), a.no_think))    # serve has no --think
     return {"template_kwargs": kw} if kw else {}
 
 
@@ -245,8 +247,10 @@ def _print_plan(model) -> None:
         print(f"[llambda] memory plan: {line}", file=sys.stderr)
 
 
-def _stream_out(events, verbose: bool, t_start: float) -> str:
+def _stream_out(events, verbose: bool, t_start: float, hider=None) -> str:
+    """Writes the text as it comes (past its thought, with a --hidethinking `hider`); returns all of it."""
     n, first, text, context_full = 0, None, [], False
+    shown = hider or (lambda t: t)
     for ev in events:
         context_full = context_full or ev.context_full
         if ev.token >= 0:
@@ -254,9 +258,11 @@ def _stream_out(events, verbose: bool, t_start: float) -> str:
             if first is None:
                 first = time.perf_counter()
         if ev.text:
-            sys.stdout.write(ev.text)
+            sys.stdout.write(shown(ev.text))
             sys.stdout.flush()
             text.append(ev.text)
+    if hider is not None:
+        sys.stdout.write(hider.finish())
     end = time.perf_counter()
     if context_full:
         print("\n[llambda] stopped: the context is full (-c/--ctx-size sets its length)", file=sys.stderr)
@@ -341,10 +347,14 @@ def cmd_run(a) -> int:
         prompt = _stdin_text("prompt")
     if not prompt:          # was said only after the load, by the library ("give at least one token")
         raise ValueError("the prompt is empty: give the text to continue (as words, -p, -f FILE or on stdin)")
+    from .commands.run_flags import ThoughtHider, warn_unused_in_completion
+    from .thinking import prompt_opens_thought
+    warn_unused_in_completion(a.think)
+    hider = ThoughtHider(prompt_opens_thought(prompt)) if a.hidethinking else None
     model = _load(a, generates=True)
     t0 = time.perf_counter()
     try:
-        _stream_out(model.stream(prompt, **_sampling_kwargs(a), **constraint, **spec), a.verbose, t0)
+        _stream_out(model.stream(prompt, **_sampling_kwargs(a), **constraint, **spec), a.verbose, t0, hider)
     except KeyboardInterrupt:
         sys.stdout.write("\n")      # the shell's prompt on a line of its own (exit status 130)
         raise
@@ -369,7 +379,8 @@ def cmd_chat(a) -> int:
     if constraint:           # an invalid grammar is an error now, not at the first reply
         from .constraints import grammar_spec
         model.compile_grammar(grammar_spec(**constraint))
-    session = ChatSession(model, {**_sampling_kwargs(a), **constraint, **spec, **template}, system=a.system)
+    session = ChatSession(model, {**_sampling_kwargs(a), **constraint, **spec, **template}, system=a.system,
+                          hide_thinking=a.hidethinking)
     banner = (f"llambda chat: {a.model} ({model.config.arch}, ctx {model.n_ctx}). "
               "/help for commands, Ctrl-C stops a reply, Ctrl-D or /exit leaves.")
     return run_chat(session, banner, home() / "chat_history", verbose=a.verbose)
@@ -709,6 +720,7 @@ def _add_template_args(p: argparse.ArgumentParser, scope: str = "") -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
+    from .commands.run_flags import add_arguments as add_ollama_run_args
 
     ap = argparse.ArgumentParser(prog="llambda", description="CPU inference for LLMs")
     ap.add_argument("-v", "--version", action="version", version=f"llambda {__version__}")   # ollama -v
@@ -729,6 +741,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("-p", "--prompt", dest="prompt_text", metavar="TEXT", default=None, help="the prompt")
     g.add_argument("-f", "--file", dest="prompt_file", metavar="FILE", default=None,
                    help="the prompt is the text of FILE (as it is, final newline included)")
+    add_ollama_run_args(p)
     p.add_argument("prompt", nargs="*", metavar="[MODEL] PROMPT",
                    help="the prompt, its words joined by spaces, after the text of a piped stdin as ollama "
                         "sends it (no words: stdin alone; at a terminal, a chat); "
@@ -744,6 +757,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_lora_args(p)
     p.add_argument("--system", default=None, help="system prompt")
     _add_template_args(p)
+    add_ollama_run_args(p)
     p.add_argument("model_arg", nargs="?", metavar="MODEL", help="the same as -m (`llambda chat MODEL`)")
     p.set_defaults(fn=cmd_chat)
 
@@ -902,7 +916,9 @@ def _model_name(name):
 
 def main(argv=None) -> int:
     warnings.showwarning = _show_warning      # one plain line, not a source location
+    from .commands.run_flags import bare_think_as_true
     ap = build_parser()
+    argv = bare_think_as_true(sys.argv[1:] if argv is None else list(argv))
     a, extra = ap.parse_known_args(argv)
     if extra and a.cmd == "run" and not any(w.startswith("-") for w in extra):
         # `run MODEL -n 8 PROMPT`: argparse takes one run of positionals; words after an option are the

@@ -89,10 +89,11 @@ class ReplyStats:
 class ChatSession:
     """The conversation and the commands that change it, apart from any terminal."""
 
-    def __init__(self, model, sampling: dict, system: str | None = None):
+    def __init__(self, model, sampling: dict, system: str | None = None, hide_thinking: bool = False):
         self.model = model
         self.sampling = sampling
         self.system = system
+        self.hide_thinking = hide_thinking      # --hidethinking: a reply is shown past its <think> thought
         self.messages: list[dict] = []
         self.last = ReplyStats()
         self.verbose = False         # each reply's stats on stderr (-v, /set verbose)
@@ -118,13 +119,14 @@ class ChatSession:
             self.messages.pop()
             self.last = ReplyStats(stopped="interrupted")
             return ""
+        shown, hider = self._shown(write)
         try:
             for ev in events:
                 if ev.token >= 0:
                     stats.tokens += 1
                     first = first or time.perf_counter()
                 if ev.text:
-                    write(ev.text)
+                    shown(ev.text)
                     out.append(ev.text)
                 if ev.finish_reason:
                     stats.stopped = "context" if ev.context_full else ev.finish_reason
@@ -135,6 +137,8 @@ class ChatSession:
             raise
         finally:
             events.close()     # free the model for the next turn at once
+        if hider is not None:
+            write(hider.finish())
         end = time.perf_counter()
         if first is not None:
             stats.first_token_s = first - t0
@@ -144,6 +148,17 @@ class ChatSession:
         answer = "".join(out)
         self.messages.append({"role": "assistant", "content": answer})
         return answer
+
+    def _shown(self, write: Callable[[str], None]):
+        """(how the reply's text reaches `write`, the ThoughtHider to finish or None): with hide_thinking,
+        only what follows the thought (the conversation keeps the reply as written)."""
+        if not self.hide_thinking:
+            return write, None
+        from .commands.run_flags import ThoughtHider
+        from .thinking import prompt_opens_thought
+        prompt = self.model.render_chat(self.history(), **(self.sampling.get("template_kwargs") or {}))
+        hider = ThoughtHider(prompt_opens_thought(prompt))
+        return (lambda text: write(hider(text))), hider
 
     def command(self, line: str) -> str | None:
         """Run a /command; returns what to print, or None to leave."""

@@ -308,7 +308,8 @@ class _FakeGenerator:
     def stream(self, prompt, **kw):
         from llambda.engine import TokenEvent
         self.seen["prompt"], self.seen["kw"] = prompt, kw
-        yield TokenEvent(1, "ok")
+        for i, piece in enumerate(self.seen.get("reply", ["ok"])):     # seen["reply"]: the text's pieces
+            yield TokenEvent(i + 1, piece)
         if self.interrupt:
             raise KeyboardInterrupt
         yield TokenEvent(-1, "", finish_reason="stop")
@@ -664,3 +665,44 @@ def test_ps_columns_read_ollamas_fields():
     assert processor({"size": 100, "size_vram": 0}) == "100% CPU"
     assert processor({"size": 100, "size_vram": 25}) == "75%/25% CPU/GPU"
     assert server_url("http://[::1]:9000/") == "http://[::1]:9000" and server_url("example") == "http://example:8080"
+
+
+def test_ollama_run_flags_are_taken(fake_run, monkeypatch, capsys):
+    # `ollama run MODEL --keepalive 5m --nowordwrap --hidethinking --think ...` was "unrecognized arguments"
+    from llambda import cli
+    seen, main = fake_run
+    for flags in (["--keepalive", "5m"], ["--keepalive", "1h30m"], ["--keepalive", "0"], ["--keepalive", "-1"],
+                  ["--keepalive=1.5h"], ["--nowordwrap"]):
+        seen.clear()
+        assert main(["run", "smollm2-135m", *flags, "hi"]) == 0, flags
+        assert seen["prompt"] == "hi"
+    for flags, said in ((["--keepalive", "5 minutes"], "is no duration"), (["--keepalive", "5x"], "is no duration"),
+                        (["--think=maybe"], "is none of true, false, high, medium, low")):
+        with pytest.raises(SystemExit) as e:
+            main(["run", *flags, "hi"])
+        assert e.value.code == 2 and said in capsys.readouterr().err
+    # a bare --think is --think=true, as ollama's flags read it: the next word stays the model
+    seen.clear()
+    assert main(["run", "--think", "smollm2-135m", "hi"]) == 0
+    assert seen["load"] == "smollm2-135m" and seen["prompt"] == "hi"
+    assert "--think sets a chat template's thinking" in capsys.readouterr().err     # a completion has none
+    # in a chat (`run MODEL` at a terminal, `chat`), --think is the template's thinking switch
+    for flags, kw in ((["--think"], {"enable_thinking": True}), (["--think=false"], {"enable_thinking": False}),
+                      (["--think=HIGH"], {"enable_thinking": True, "reasoning_effort": "high"}), ([], {})):
+        a = cli.build_parser().parse_args(["chat", *flags])
+        assert cli._template_kwargs(a) == ({"template_kwargs": kw} if kw else {}), flags
+    a = cli.build_parser().parse_args(["chat", "--no-think", "--think=low"])
+    with pytest.raises(ValueError, match="--no-think and --think=low say opposite things"):
+        cli._template_kwargs(a)
+
+
+def test_hidethinking_prints_only_the_answer_of_a_run(fake_run, capsys):
+    seen, main = fake_run
+    seen["reply"] = ["<think>", "\nThe user", " wants Paris.\n", "</think>", "\n\n", "Paris", " it is."]
+    assert main(["run", "--hidethinking", "Capital?"]) == 0
+    assert capsys.readouterr().out == "Paris it is.\n"
+    assert main(["run", "Capital?"]) == 0          # without the flag: the text as generated
+    assert capsys.readouterr().out.startswith("<think>\nThe user wants Paris.\n</think>")
+    seen["reply"] = ["still thinking", "</think>", "Yes."]          # a prompt that opened the thought
+    assert main(["run", "--hidethinking", "Is it?<think>"]) == 0
+    assert capsys.readouterr().out == "Yes.\n"

@@ -343,3 +343,29 @@ def test_ctrl_d_inside_a_block_at_the_terminal_sends_it(monkeypatch):
     m, out = FakeModel(), Tty()
     assert run_chat(ChatSession(m, {}), "banner", None, stdin=Tty(), stdout=out) == 0
     assert [x[-1]["content"] for x in m.seen] == ["typed so far"] and "one two three" in out.getvalue()
+
+
+class ThinkingModel(FakeModel):
+    """A reasoning model: its template ends the prompt with `opens` (Qwen3's `<think>\\n` when it opens the
+    thought itself)."""
+
+    def __init__(self, reply, opens=""):
+        super().__init__(reply)
+        self.opens = opens
+
+    def render_chat(self, messages, **template_kwargs):
+        return "<|im_start|>assistant\n" + self.opens
+
+
+@pytest.mark.parametrize("reply, opens", [("<think> the user greets </think> Hello there", ""),
+                                          ("the user greets </think> Hello there", "<think>\n")])
+def test_hidethinking_shows_the_answer_and_keeps_the_reply(reply, opens):
+    # --hidethinking: the thought was printed with the answer
+    out = io.StringIO()
+    s = ChatSession(ThinkingModel(reply, opens), {}, hide_thinking=True)
+    assert run_chat(s, "banner", None, stdin=io.StringIO("hi\n"), stdout=out) == 0
+    assert out.getvalue() == "Hello there \n"
+    assert s.messages[-1]["content"] == " ".join(reply.split()) + " "     # the conversation: as generated
+    out = io.StringIO()
+    run_chat(ChatSession(ThinkingModel(reply, opens), {}), "banner", None, stdin=io.StringIO("hi\n"), stdout=out)
+    assert "the user greets" in out.getvalue()
