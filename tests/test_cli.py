@@ -706,3 +706,23 @@ def test_hidethinking_prints_only_the_answer_of_a_run(fake_run, capsys):
     seen["reply"] = ["still thinking", "</think>", "Yes."]          # a prompt that opened the thought
     assert main(["run", "--hidethinking", "Is it?<think>"]) == 0
     assert capsys.readouterr().out == "Yes.\n"
+
+
+def test_ps_says_what_answered_when_it_is_no_ollama_api(capsys):
+    from serverkit import LiveServer
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    from llambda.cli import main
+
+    async def text(request):
+        return PlainTextResponse("hello")
+
+    with LiveServer(Starlette(routes=[Route("/elsewhere/api/ps", text)])) as srv:
+        assert main(["ps", "--host", srv.url]) == 1
+        assert "has no /api/ps" in capsys.readouterr().err
+        assert main(["ps", "--host", srv.url + "/elsewhere/"]) == 1      # a URL's path is kept
+        err = capsys.readouterr().err
+    assert err == f"llambda: error: {srv.url}/elsewhere/api/ps did not answer as Ollama's /api/ps does " \
+                  "(a JSON list of models)\n"
