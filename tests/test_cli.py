@@ -622,6 +622,7 @@ def test_piped_text_goes_before_the_words_as_ollama_sends_it(fake_run, monkeypat
 
 def test_ps_lists_a_live_servers_models_as_ollama_ps(monkeypatch, capsys):
     # there was no `llambda ps`: what a server held was only in its /api/ps JSON
+    import httpx
     from serverkit import LiveServer, free_port
 
     from llambda.cli import main
@@ -637,8 +638,8 @@ def test_ps_lists_a_live_servers_models_as_ollama_ps(monkeypatch, capsys):
             monkeypatch.setenv("LLAMBDA_API_KEY", "sesame")
             assert main(["ps", "--host", f"127.0.0.1:{srv.port}"]) == 0     # OLLAMA_HOST's shape
             lines = capsys.readouterr().out.splitlines()
-            digest = __import__("httpx").get(srv.url + "/api/ps", headers={"Authorization": "Bearer sesame"}
-                                               ).json()["models"][0]["digest"]
+            digest = httpx.get(srv.url + "/api/ps", headers={"Authorization": "Bearer sesame"}
+                               ).json()["models"][0]["digest"]
     assert lines[0].split() == ["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL"] and len(lines) == 2
     name, ident, *rest = lines[1].split()
     # SIZE (the memory plan's total, two words), PROCESSOR (two), CONTEXT, UNTIL
