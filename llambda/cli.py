@@ -1,4 +1,4 @@
-"""The `llambda` command: run | chat | pull | list | rm | show | tokenize | serve | bench | perplexity | export.
+"""The `llambda` command: run | chat | pull | list | ps | rm | show | tokenize | serve | bench | perplexity | export.
 
 Every sub-command is a `cmd_NAME(args) -> exit code` function registered in `build_parser`."""
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from .errors import InsufficientMemoryError, LlambdaError, LlambdaWarning, ModelNotFoundError
+from .commands.model_store import cmd_list, cmd_pull, cmd_rm, cmd_show
 from .hub import CATALOG, DEFAULT_MODEL
 
 
@@ -158,6 +159,7 @@ def _template_kwargs(a) -> dict:
     """--template-kwargs JSON and --no-think (chat, serve) as Model.chat_stream's and ServerConfig's
     template_kwargs, checked before the model loads."""
     from .chat import check_template_kwargs
+    from .commands.run_flags import template_kwargs as think_template_kwargs
     from .errors import InvalidInputError
 
     kw = {}
@@ -169,6 +171,7 @@ def _template_kwargs(a) -> dict:
         kw = check_template_kwargs(kw)
     if a.no_think:
         kw["enable_thinking"] = False
+    kw.update(think_template_kwargs(getattr(a, "think", None), a.no_think))    # serve has no --think
     return {"template_kwargs": kw} if kw else {}
 
 
@@ -245,8 +248,10 @@ def _print_plan(model) -> None:
         print(f"[llambda] memory plan: {line}", file=sys.stderr)
 
 
-def _stream_out(events, verbose: bool, t_start: float) -> str:
+def _stream_out(events, verbose: bool, t_start: float, hider=None) -> str:
+    """Writes the text as it comes (past its thought, with a --hidethinking `hider`); returns all of it."""
     n, first, text, context_full = 0, None, [], False
+    shown = hider or (lambda t: t)
     for ev in events:
         context_full = context_full or ev.context_full
         if ev.token >= 0:
@@ -254,9 +259,11 @@ def _stream_out(events, verbose: bool, t_start: float) -> str:
             if first is None:
                 first = time.perf_counter()
         if ev.text:
-            sys.stdout.write(ev.text)
+            sys.stdout.write(shown(ev.text))
             sys.stdout.flush()
             text.append(ev.text)
+    if hider is not None:
+        sys.stdout.write(hider.finish())
     end = time.perf_counter()
     if context_full:
         print("\n[llambda] stopped: the context is full (-c/--ctx-size sets its length)", file=sys.stderr)
@@ -322,7 +329,10 @@ def _run_model_and_prompt(a) -> str | None:
                                ) from None
     if a.prompt_text is not None:
         return a.prompt_text
-    return " ".join(words) if words else None
+    if not words:
+        return None
+    from .commands.piped_prompt import with_piped_text     # `cat notes | llambda run MODEL "summarize"`
+    return with_piped_text(" ".join(words), lambda: _read_stdin("prompt"))
 
 
 def cmd_run(a) -> int:
@@ -338,10 +348,14 @@ def cmd_run(a) -> int:
         prompt = _stdin_text("prompt")
     if not prompt:          # was said only after the load, by the library ("give at least one token")
         raise ValueError("the prompt is empty: give the text to continue (as words, -p, -f FILE or on stdin)")
+    from .commands.run_flags import ThoughtHider, warn_unused_in_completion
+    from .thinking import prompt_opens_thought
+    warn_unused_in_completion(a.think)
+    hider = ThoughtHider(prompt_opens_thought(prompt)) if a.hidethinking else None
     model = _load(a, generates=True)
     t0 = time.perf_counter()
     try:
-        _stream_out(model.stream(prompt, **_sampling_kwargs(a), **constraint, **spec), a.verbose, t0)
+        _stream_out(model.stream(prompt, **_sampling_kwargs(a), **constraint, **spec), a.verbose, t0, hider)
     except KeyboardInterrupt:
         sys.stdout.write("\n")      # the shell's prompt on a line of its own (exit status 130)
         raise
@@ -366,83 +380,11 @@ def cmd_chat(a) -> int:
     if constraint:           # an invalid grammar is an error now, not at the first reply
         from .constraints import grammar_spec
         model.compile_grammar(grammar_spec(**constraint))
-    session = ChatSession(model, {**_sampling_kwargs(a), **constraint, **spec, **template}, system=a.system)
+    session = ChatSession(model, {**_sampling_kwargs(a), **constraint, **spec, **template}, system=a.system,
+                          hide_thinking=a.hidethinking)
     banner = (f"llambda chat: {a.model} ({model.config.arch}, ctx {model.n_ctx}). "
               "/help for commands, Ctrl-C stops a reply, Ctrl-D or /exit leaves.")
     return run_chat(session, banner, home() / "chat_history", verbose=a.verbose)
-
-
-def cmd_pull(a) -> int:
-    from .hub import pull
-    # progress (a bar, pip's own) only to a terminal: a redirected stderr got the bar's every redraw
-    # (its one-line outcome, sha256 verified, always: a log wants it too)
-    print(pull(a.name, progress=sys.stderr.isatty(), force=a.force, report=True))
-    return 0
-
-
-def cmd_list(a) -> int:
-    from . import hub
-    rows = [("NAME", "ARCH", "QUANT", "SIZE", "STATE", "PATH")]
-    for name, e in sorted(hub.CATALOG.items()):
-        state = "downloaded" if hub.is_downloaded(name) else (
-            "unverified" if hub.is_cached(name) else "-")
-        rows.append((name + (" (default)" if name == DEFAULT_MODEL else ""), e.arch, hub.quant_type(e),
-                     f"{e.size / 1e6:.0f} MB", state, str(hub.cached_path(name))))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    for r in rows:
-        print("  ".join(f"{c:<{w}}" for c, w in zip(r, widths)) + "  " + r[-1])
-    print(f"\ncache: {hub.models_dir()} (LLAMBDA_HOME={hub.home()})")
-    return 0
-
-
-def cmd_rm(a) -> int:
-    from .hub import remove
-    for name in a.names:
-        print(f"removed {remove(name)}")
-    return 0
-
-
-def cmd_show(a) -> int:
-    from . import hub
-    from .formats.open import open_named
-    from .tools.model_info import describe, format_description
-
-    if hub.is_catalogued(a.model) and not hub.is_cached(a.model):
-        e = hub.CATALOG[a.model]
-        print(f"{a.model}: {e.arch}, {hub.quant_type(e)}, {e.size / 1e6:.0f} MB, not downloaded "
-              f"(`llambda pull {a.model}` fetches it)")
-        return 0
-    if a.ctx_size is not None and a.ctx_size < 0:      # was planned as printed: "-0.2 MiB of KV cache"
-        raise ValueError(f"-c/--ctx-size must be >= 0 (0: the default), got {a.ctx_size}")
-    _, src = open_named(a.model)
-    try:
-        c = src.config
-        if getattr(c, "arch", None) == "bert":      # an encoder: no KV cache, no generation
-            import math
-            params = sum(math.prod(src.tensor(n).shape) for n in src.tensor_names)
-            kind = "cross-encoder (reranker)" if c.n_labels else f"embedding model, {c.pooling} pooling"
-            print(f"{src.name}: bert encoder, {kind}\n  {c.n_layers} layers, hidden {c.hidden}, {c.n_heads} heads, "
-                  f"ffn {c.ffn}, vocab {c.vocab_size}, up to {c.max_tokens} tokens\n  {params / 1e6:.1f}M parameters")
-            if a.verbose:
-                _print_default_plan(src, a)
-            return 0
-        print(format_description(describe(src, a.ctx_size, a.kv_type or "f32")))
-        if a.verbose:
-            _print_default_plan(src, a)
-    finally:
-        src.close()
-    return 0
-
-
-def _print_default_plan(src, a) -> None:
-    """The memory plan `llambda run -m MODEL` would make: the default backend's (the types it converts
-    counted as it keeps them, not at the file's size)."""
-    from .api import DEFAULT_CTX, plan_memory
-    from .backends import create_backend
-    be = create_backend(None, threads=1, kv_type=a.kv_type or "f32")
-    trained = getattr(src.config, "n_ctx_train", DEFAULT_CTX)      # (an encoder's plan has no context)
-    p = plan_memory(src, be, a.ctx_size or min(trained, DEFAULT_CTX))
-    print(f"memory plan ({be.name} backend):\n" + "\n".join(f"  {line}" for line in p.lines()))
 
 
 def _stdin_text(what: str) -> str:
@@ -712,6 +654,7 @@ def _add_template_args(p: argparse.ArgumentParser, scope: str = "") -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
+    from .commands.run_flags import add_arguments as add_ollama_run_args
 
     ap = argparse.ArgumentParser(prog="llambda", description="CPU inference for LLMs")
     ap.add_argument("-v", "--version", action="version", version=f"llambda {__version__}")   # ollama -v
@@ -732,8 +675,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("-p", "--prompt", dest="prompt_text", metavar="TEXT", default=None, help="the prompt")
     g.add_argument("-f", "--file", dest="prompt_file", metavar="FILE", default=None,
                    help="the prompt is the text of FILE (as it is, final newline included)")
+    add_ollama_run_args(p)
     p.add_argument("prompt", nargs="*", metavar="[MODEL] PROMPT",
-                   help="the prompt, its words joined by spaces (default: read stdin; at a terminal, a chat); "
+                   help="the prompt, its words joined by spaces, after the text of a piped stdin as ollama "
+                        "sends it (no words: stdin alone; at a terminal, a chat); "
                         "without -m, a first word naming a model (a catalogued name, a .gguf file, a HF "
                         "directory) is the model")
     p.set_defaults(fn=cmd_run)
@@ -746,6 +691,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_lora_args(p)
     p.add_argument("--system", default=None, help="system prompt")
     _add_template_args(p)
+    add_ollama_run_args(p)
     p.add_argument("model_arg", nargs="?", metavar="MODEL", help="the same as -m (`llambda chat MODEL`)")
     p.set_defaults(fn=cmd_chat)
 
@@ -756,6 +702,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("list", aliases=["ls"], help="catalogued models: which are downloaded, their size and path")
     p.set_defaults(fn=cmd_list)
+
+    from .commands.ps import add_parser as add_ps_parser
+    add_ps_parser(sub)
 
     p = sub.add_parser("rm", help="remove downloaded models from the cache")
     p.add_argument("names", nargs="+", metavar="NAME")
@@ -901,7 +850,9 @@ def _model_name(name):
 
 def main(argv=None) -> int:
     warnings.showwarning = _show_warning      # one plain line, not a source location
+    from .commands.run_flags import bare_think_as_true
     ap = build_parser()
+    argv = bare_think_as_true(sys.argv[1:] if argv is None else list(argv))
     a, extra = ap.parse_known_args(argv)
     if extra and a.cmd == "run" and not any(w.startswith("-") for w in extra):
         # `run MODEL -n 8 PROMPT`: argparse takes one run of positionals; words after an option are the

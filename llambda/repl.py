@@ -31,7 +31,8 @@ HELP = """commands:
   /save FILE         write the conversation as JSON messages
   /load FILE         read a conversation written by /save (or any JSON list of messages)
   /stats             tokens and speed of the last reply
-  \"\"\"                start and end a message of several lines (a line ending in \\ continues too)
+  \"\"\"                start and end a message of several lines (a line ending in \\ continues too;
+                     Ctrl-D inside one sends it, then leaves)
 Ctrl-C stops the reply being written; the conversation keeps what was said."""
 
 MULTILINE = '"""'
@@ -88,10 +89,11 @@ class ReplyStats:
 class ChatSession:
     """The conversation and the commands that change it, apart from any terminal."""
 
-    def __init__(self, model, sampling: dict, system: str | None = None):
+    def __init__(self, model, sampling: dict, system: str | None = None, hide_thinking: bool = False):
         self.model = model
         self.sampling = sampling
         self.system = system
+        self.hide_thinking = hide_thinking      # --hidethinking: a reply is shown past its <think> thought
         self.messages: list[dict] = []
         self.last = ReplyStats()
         self.verbose = False         # each reply's stats on stderr (-v, /set verbose)
@@ -117,13 +119,14 @@ class ChatSession:
             self.messages.pop()
             self.last = ReplyStats(stopped="interrupted")
             return ""
+        shown, hider = self._shown(write)
         try:
             for ev in events:
                 if ev.token >= 0:
                     stats.tokens += 1
                     first = first or time.perf_counter()
                 if ev.text:
-                    write(ev.text)
+                    shown(ev.text)
                     out.append(ev.text)
                 if ev.finish_reason:
                     stats.stopped = "context" if ev.context_full else ev.finish_reason
@@ -134,6 +137,8 @@ class ChatSession:
             raise
         finally:
             events.close()     # free the model for the next turn at once
+        if hider is not None:
+            write(hider.finish())
         end = time.perf_counter()
         if first is not None:
             stats.first_token_s = first - t0
@@ -143,6 +148,17 @@ class ChatSession:
         answer = "".join(out)
         self.messages.append({"role": "assistant", "content": answer})
         return answer
+
+    def _shown(self, write: Callable[[str], None]):
+        """(how the reply's text reaches `write`, the ThoughtHider to finish or None): with hide_thinking,
+        only what follows the thought (the conversation keeps the reply as written)."""
+        if not self.hide_thinking:
+            return write, None
+        from .commands.run_flags import ThoughtHider
+        from .thinking import prompt_opens_thought
+        prompt = self.model.render_chat(self.history(), **(self.sampling.get("template_kwargs") or {}))
+        hider = ThoughtHider(prompt_opens_thought(prompt))
+        return (lambda text: write(hider(text))), hider
 
     def command(self, line: str) -> str | None:
         """Run a /command; returns what to print, or None to leave."""
@@ -266,6 +282,16 @@ def _setup_readline(history_file: Path | None):
     return save
 
 
+class UnfinishedMessage(EOFError):
+    """The input ended inside a \"\"\" block or after a line ending in a backslash: `text` is the message
+    typed so far, which the chat sends before it ends (Ollama's terminal chat drops it; a script's
+    last block with no closing quotes was lost without a word)."""
+
+    def __init__(self, text: str):
+        super().__init__("the input ended inside a message")
+        self.text = text
+
+
 def read_message(prompt: Callable[[str], str]) -> str:
     """One user message: a line, lines joined by a trailing backslash, or a \"\"\"-fenced block."""
     line = prompt(">>> ")
@@ -275,7 +301,7 @@ def read_message(prompt: Callable[[str], str]) -> str:
             return first[:-len(MULTILINE)]
         lines = [first] if first else []
         while True:
-            nxt = prompt("... ")
+            nxt = _continued(prompt, lines)
             if nxt.rstrip().endswith(MULTILINE):
                 lines.append(nxt.rstrip()[:-len(MULTILINE)])
                 return "\n".join(lines).strip("\n")
@@ -283,9 +309,17 @@ def read_message(prompt: Callable[[str], str]) -> str:
     lines = []
     while line.endswith("\\"):
         lines.append(line[:-1])
-        line = prompt("... ")
+        line = _continued(prompt, lines)
     lines.append(line)
     return "\n".join(lines)
+
+
+def _continued(prompt: Callable[[str], str], lines: list[str]) -> str:
+    """The next line of a message of several; UnfinishedMessage with `lines` where the input ends."""
+    try:
+        return prompt("... ")
+    except EOFError:
+        raise UnfinishedMessage("\n".join(lines).strip("\n")) from None
 
 
 def run_chat(session: ChatSession, banner: str, history_file: Path | None, verbose: bool = False,
@@ -308,9 +342,12 @@ def run_chat(session: ChatSession, banner: str, history_file: Path | None, verbo
                 raise LlambdaError(f"a message on stdin is longer than {LINE_MAX_CHARS} characters")
             return line.rstrip("\n")
 
-        while True:
+        last = False
+        while not last:
             try:
                 text = read_message(next_line)
+            except UnfinishedMessage as e:      # the script ended inside a message: sent, then the chat ends
+                text, last = e.text, True
             except EOFError:
                 return 0
             if not text.strip():
@@ -328,16 +365,21 @@ def run_chat(session: ChatSession, banner: str, history_file: Path | None, verbo
                 raise KeyboardInterrupt
             if session.verbose:
                 print(f"[llambda] {session.last.line()}", file=sys.stderr)
+        return 0
 
     save_history = _setup_readline(history_file)
     print(banner, file=stdout, flush=True)
     try:
-        while True:
+        last = False
+        while not last:
             try:
                 text = read_message(input)
             except KeyboardInterrupt:
                 write("\n(Ctrl-D or /exit to leave)\n")
                 continue
+            except UnfinishedMessage as e:      # Ctrl-D inside a message: it is sent, then the chat ends
+                write("\n")
+                text, last = e.text, True
             except EOFError:
                 write("\n")
                 return 0
@@ -364,5 +406,6 @@ def run_chat(session: ChatSession, banner: str, history_file: Path | None, verbo
             write("\n")
             if session.verbose:
                 print(f"[llambda] {session.last.line()}", file=sys.stderr)
+        return 0
     finally:
         save_history()

@@ -11,8 +11,9 @@ import llambda
 
 
 def run_cli(*args, input=None, timeout=300):
+    # no input: an empty stdin, not the test runner's (`run MODEL WORDS` reads a piped one, as ollama does)
     return subprocess.run([sys.executable, "-m", "llambda.cli", *args], capture_output=True, text=True,
-                          input=input, timeout=timeout)
+                          input=input if input is not None else "", timeout=timeout)
 
 
 def test_run_streams_a_greedy_completion(smollm2_gguf):
@@ -307,7 +308,8 @@ class _FakeGenerator:
     def stream(self, prompt, **kw):
         from llambda.engine import TokenEvent
         self.seen["prompt"], self.seen["kw"] = prompt, kw
-        yield TokenEvent(1, "ok")
+        for i, piece in enumerate(self.seen.get("reply", ["ok"])):     # seen["reply"]: the text's pieces
+            yield TokenEvent(i + 1, piece)
         if self.interrupt:
             raise KeyboardInterrupt
         yield TokenEvent(-1, "", finish_reason="stop")
@@ -589,3 +591,139 @@ def test_format_json_constrains_as_ollama_run_does(fake_run, capsys):
     assert main(["run", "--format", "json", "--regex", "a+", "hi"]) == 1
     assert "give at most one of --json-schema (or --format json), --grammar and --regex" in capsys.readouterr().err
     assert "load" not in seen
+
+
+def test_piped_text_goes_before_the_words_as_ollama_sends_it(fake_run, monkeypatch, tmp_path, capsys):
+    # `cat notes.txt | llambda run MODEL "summarize this"` sent the words alone: the pipe was never read
+    seen, main = fake_run
+    notes = tmp_path / "notes.txt"
+    notes.write_text("The meeting is at noon.\n")
+
+    def run_with_stdin(stdin, args):
+        monkeypatch.setattr(sys, "stdin", stdin)
+        with stdin:
+            assert main(args) == 0
+        return seen["prompt"]
+
+    # ollama's joining: the text as read (its newline kept), a space, the words
+    assert run_with_stdin(open(notes), ["run", "smollm2-135m", "Summarize", "this:"]) == \
+        "The meeting is at noon.\n Summarize this:"
+    r, w = os.pipe()
+    os.write(w, b"piped")
+    os.close(w)
+    assert run_with_stdin(os.fdopen(r), ["run", "hi"]) == "piped hi"
+    r, w = os.pipe()
+    os.close(w)
+    assert run_with_stdin(os.fdopen(r), ["run", "hi"]) == "hi"          # an empty pipe adds nothing
+    assert run_with_stdin(open(os.devnull), ["run", "hi"]) == "hi"      # nor a device
+    assert run_with_stdin(open(notes), ["run", "-p", "as given"]) == "as given"    # llama-cli's -p: itself
+    capsys.readouterr()
+
+
+def test_ps_lists_a_live_servers_models_as_ollama_ps(monkeypatch, capsys):
+    # there was no `llambda ps`: what a server held was only in its /api/ps JSON
+    import httpx
+    from serverkit import LiveServer, free_port
+
+    from llambda.cli import main
+    from llambda.server import ServerConfig, create_app
+
+    monkeypatch.delenv("LLAMBDA_API_KEY", raising=False)
+    with llambda.load(TINY_LLAMA, n_slots=2, n_ctx=64) as m:
+        cfg = ServerConfig(model_id="tiny", parallel=1, api_key="sesame")
+        with LiveServer(create_app(m, cfg)) as srv:
+            assert main(["ps", "--host", srv.url]) == 1        # the server wants its key
+            err = capsys.readouterr().err
+            assert err == f"llambda: error: the server at {srv.url} asks for an API key: set LLAMBDA_API_KEY\n"
+            monkeypatch.setenv("LLAMBDA_API_KEY", "sesame")
+            assert main(["ps", "--host", f"127.0.0.1:{srv.port}"]) == 0     # OLLAMA_HOST's shape
+            lines = capsys.readouterr().out.splitlines()
+            digest = httpx.get(srv.url + "/api/ps", headers={"Authorization": "Bearer sesame"}
+                               ).json()["models"][0]["digest"]
+    assert lines[0].split() == ["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL"] and len(lines) == 2
+    name, ident, *rest = lines[1].split()
+    # SIZE (the memory plan's total, two words), PROCESSOR (two), CONTEXT, UNTIL
+    assert name == "tiny:latest" and ident == digest[:12] and rest[2:] == ["100%", "CPU", "64", "Forever"]
+    assert rest[1] in ("KB", "MB"), lines[1]
+    port = free_port()      # nothing listens there: one line, status 1
+    assert main(["ps", "--host", f":{port}"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"llambda: error: no server answers at http://127.0.0.1:{port} (") and \
+        err.count("\n") == 1, err
+    assert main(["ps", "--host", "localhost:http"]) == 1
+    assert "the port must be a number" in capsys.readouterr().err
+
+
+def test_ps_columns_read_ollamas_fields():
+    from datetime import datetime, timezone
+
+    from llambda.commands.ps import human_bytes, processor, server_url, until
+    now = datetime(2026, 12, 5, 12, 0, tzinfo=timezone.utc)
+    assert until("9999-12-31T23:59:59Z", now) == "Forever"
+    assert until("2026-12-05T12:04:30.123456789Z", now) == "4 minutes from now"     # Go's nanoseconds
+    assert until("2026-12-05T11:59:00Z", now) == "Stopping..."
+    assert human_bytes(98_000_000) == "98 MB" and human_bytes(1_130_000_000) == "1.1 GB"
+    assert processor({"size": 100, "size_vram": 0}) == "100% CPU"
+    assert processor({"size": 100, "size_vram": 25}) == "75%/25% CPU/GPU"
+    assert server_url("http://[::1]:9000/") == "http://[::1]:9000" and server_url("example") == "http://example:8080"
+
+
+def test_ollama_run_flags_are_taken(fake_run, monkeypatch, capsys):
+    # `ollama run MODEL --keepalive 5m --nowordwrap --hidethinking --think ...` was "unrecognized arguments"
+    from llambda import cli
+    seen, main = fake_run
+    for flags in (["--keepalive", "5m"], ["--keepalive", "1h30m"], ["--keepalive", "0"], ["--keepalive", "-1"],
+                  ["--keepalive=1.5h"], ["--nowordwrap"]):
+        seen.clear()
+        assert main(["run", "smollm2-135m", *flags, "hi"]) == 0, flags
+        assert seen["prompt"] == "hi"
+    for flags, said in ((["--keepalive", "5 minutes"], "is no duration"), (["--keepalive", "5x"], "is no duration"),
+                        (["--think=maybe"], "is none of true, false, high, medium, low")):
+        with pytest.raises(SystemExit) as e:
+            main(["run", *flags, "hi"])
+        assert e.value.code == 2 and said in capsys.readouterr().err
+    # a bare --think is --think=true, as ollama's flags read it: the next word stays the model
+    seen.clear()
+    assert main(["run", "--think", "smollm2-135m", "hi"]) == 0
+    assert seen["load"] == "smollm2-135m" and seen["prompt"] == "hi"
+    assert "--think sets a chat template's thinking" in capsys.readouterr().err     # a completion has none
+    # in a chat (`run MODEL` at a terminal, `chat`), --think is the template's thinking switch
+    for flags, kw in ((["--think"], {"enable_thinking": True}), (["--think=false"], {"enable_thinking": False}),
+                      (["--think=HIGH"], {"enable_thinking": True, "reasoning_effort": "high"}), ([], {})):
+        a = cli.build_parser().parse_args(["chat", *flags])
+        assert cli._template_kwargs(a) == ({"template_kwargs": kw} if kw else {}), flags
+    a = cli.build_parser().parse_args(["chat", "--no-think", "--think=low"])
+    with pytest.raises(ValueError, match="--no-think and --think=low say opposite things"):
+        cli._template_kwargs(a)
+
+
+def test_hidethinking_prints_only_the_answer_of_a_run(fake_run, capsys):
+    seen, main = fake_run
+    seen["reply"] = ["<think>", "\nThe user", " wants Paris.\n", "</think>", "\n\n", "Paris", " it is."]
+    assert main(["run", "--hidethinking", "Capital?"]) == 0
+    assert capsys.readouterr().out == "Paris it is.\n"
+    assert main(["run", "Capital?"]) == 0          # without the flag: the text as generated
+    assert capsys.readouterr().out.startswith("<think>\nThe user wants Paris.\n</think>")
+    seen["reply"] = ["still thinking", "</think>", "Yes."]          # a prompt that opened the thought
+    assert main(["run", "--hidethinking", "Is it?<think>"]) == 0
+    assert capsys.readouterr().out == "Yes.\n"
+
+
+def test_ps_says_what_answered_when_it_is_no_ollama_api(capsys):
+    from serverkit import LiveServer
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    from llambda.cli import main
+
+    async def text(request):
+        return PlainTextResponse("hello")
+
+    with LiveServer(Starlette(routes=[Route("/elsewhere/api/ps", text)])) as srv:
+        assert main(["ps", "--host", srv.url]) == 1
+        assert "has no /api/ps" in capsys.readouterr().err
+        assert main(["ps", "--host", srv.url + "/elsewhere/"]) == 1      # a URL's path is kept
+        err = capsys.readouterr().err
+    assert err == f"llambda: error: {srv.url}/elsewhere/api/ps did not answer as Ollama's /api/ps does " \
+                  "(a JSON list of models)\n"

@@ -312,3 +312,60 @@ def test_load_with_a_model_name_says_how_to_switch(tmp_path, monkeypatch):
     s = ChatSession(FakeModel(), {})
     assert "llambda chat qwen2.5-coder-0.5b" in s.command("/load qwen2.5-coder-0.5b:latest")
     assert "cannot read" in s.command("/load conversation.json")
+
+
+@pytest.mark.parametrize("script, sent", [('hi\n"""\nfirst line\nsecond line\n', "first line\nsecond line"),
+                                          ("hi\nsome \\\n", "some ")])
+def test_input_that_ends_inside_a_message_sends_it_then_leaves(script, sent):
+    # a script's last \"\"\" block (or backslash line) with no end was dropped without a word
+    m = FakeModel()
+    out = io.StringIO()
+    assert run_chat(ChatSession(m, {}), "banner", None, stdin=io.StringIO(script), stdout=out) == 0
+    assert [x[-1]["content"] for x in m.seen] == ["hi", sent]
+    assert out.getvalue() == "one two three \n" * 2
+
+
+def test_ctrl_d_inside_a_block_at_the_terminal_sends_it(monkeypatch):
+    # input() raises EOFError for Ctrl-D on an empty line; the terminal chat dropped the open block
+    lines = iter(['"""', "typed so far"])
+
+    def fake_input(prompt=""):
+        try:
+            return next(lines)
+        except StopIteration:
+            raise EOFError from None
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr("builtins.input", fake_input)
+    m, out = FakeModel(), Tty()
+    assert run_chat(ChatSession(m, {}), "banner", None, stdin=Tty(), stdout=out) == 0
+    assert [x[-1]["content"] for x in m.seen] == ["typed so far"] and "one two three" in out.getvalue()
+
+
+class ThinkingModel(FakeModel):
+    """A reasoning model: its template ends the prompt with `opens` (Qwen3's `<think>\\n` when it opens the
+    thought itself)."""
+
+    def __init__(self, reply, opens=""):
+        super().__init__(reply)
+        self.opens = opens
+
+    def render_chat(self, messages, **template_kwargs):
+        return "<|im_start|>assistant\n" + self.opens
+
+
+@pytest.mark.parametrize("reply, opens", [("<think> the user greets </think> Hello there", ""),
+                                          ("the user greets </think> Hello there", "<think>\n")])
+def test_hidethinking_shows_the_answer_and_keeps_the_reply(reply, opens):
+    # --hidethinking: the thought was printed with the answer
+    out = io.StringIO()
+    s = ChatSession(ThinkingModel(reply, opens), {}, hide_thinking=True)
+    assert run_chat(s, "banner", None, stdin=io.StringIO("hi\n"), stdout=out) == 0
+    assert out.getvalue() == "Hello there \n"
+    assert s.messages[-1]["content"] == " ".join(reply.split()) + " "     # the conversation: as generated
+    out = io.StringIO()
+    run_chat(ChatSession(ThinkingModel(reply, opens), {}), "banner", None, stdin=io.StringIO("hi\n"), stdout=out)
+    assert "the user greets" in out.getvalue()
