@@ -44,10 +44,10 @@ def _taken(pieces: list[str], setup: ToolSetup, cuts: list[int]) -> list[str]:
 @pytest.mark.parametrize("pieces, setup, text", [
     # blanks and a tag in pieces first: only the thought's close settles that they were the thought's;
     # the blank line after it is neither the thought's nor the text's
-    ([" ", "<thi", "nk>", "a b", "</th", "ink>", "\n\n", "Hi", " there"], ToolSetup(thinks=True, may_think=True),
+    ([" ", "<thi", "nk>", "a b", "</th", "ink>", "\n\n", "Hi", " there"], ToolSetup(thinks=True),
      ["Hi", " there"]),
     # a blank that might have opened a thought turns out to be the answer's
-    ([" ", "Hi"], ToolSetup(thinks=True, may_think=True), [" ", "Hi"]),
+    ([" ", "Hi"], ToolSetup(thinks=True), [" ", "Hi"]),
     # harmony: only the final message's body, not the analysis or any header or terminator
     (["<|channel|>", "analysis", "<|message|>", "hm", "<|end|>", "<|start|>", "assistant", "<|channel|>",
       "final", "<|message|>", "Hi", "<|e", "nd|>"], ToolSetup(harmony=True), ["Hi"]),

@@ -178,15 +178,27 @@ def test_bad_index(tmp_path, weight_map, message):
         open_safetensors_dir(d)
 
 
-@pytest.mark.parametrize("weight_map, message", [
-    ({"a": "s1.safetensors"}, "shard 's1.safetensors' holds tensor 'b' but the weight_map names no shard for it"),
-    ({"a": "s1.safetensors", "b": "s2.safetensors"}, "holds tensor 'b' but the weight_map maps it to 's2.safetensors'"),
+def test_a_shards_tensor_the_index_leaves_out_is_read_from_it(tmp_path):
+    """Tensors a shard holds beyond its weight_map entries were dropped unread (a checkpoint's biases, say):
+    transformers reads every tensor of a named shard, and so do we."""
+    two = {"a": np.ones(2, np.float32), "b": np.full(3, 7, np.float32)}
+    d = _sharded(tmp_path, {"a": "s1.safetensors"}, {"s1.safetensors": two})
+    st = open_safetensors_dir(d)
+    try:
+        assert sorted(st.tensors) == ["a", "b"]
+        np.testing.assert_array_equal(st.get("b").to_float32(), two["b"])
+    finally:
+        st.close()
+
+
+@pytest.mark.parametrize("weight_map, shards", [
+    ({"a": "s1.safetensors", "b": "s2.safetensors"}, {"s1.safetensors": ["a", "b"], "s2.safetensors": ["b"]}),
+    ({"a": "s1.safetensors", "c": "s2.safetensors"}, {"s1.safetensors": ["a", "b"], "s2.safetensors": ["b", "c"]}),
 ])
-def test_a_shards_tensor_the_index_does_not_give_it(tmp_path, weight_map, message):
-    """Tensors a shard holds beyond its weight_map entries were dropped unread (a checkpoint's biases, say)."""
-    two = {"a": np.ones(2, np.float32), "b": np.zeros(3, np.float32)}
-    d = _sharded(tmp_path, weight_map, {"s1.safetensors": two, "s2.safetensors": {"b": two["b"]}})
-    with pytest.raises(ModelFormatError, match=message):
+def test_a_tensor_two_shards_hold_is_refused(tmp_path, weight_map, shards):
+    arrays = {n: np.ones(2, np.float32) for n in "abc"}
+    d = _sharded(tmp_path, weight_map, {s: {n: arrays[n] for n in names} for s, names in shards.items()})
+    with pytest.raises(ModelFormatError, match="tensor 'b' is in shard .* and in .*disagree"):
         open_safetensors_dir(d)
 
 

@@ -10,7 +10,8 @@ name rather than guessed at.
 
 A sharded checkpoint has `model.safetensors.index.json` whose "weight_map"
 names the shard holding each tensor: a shard outside the directory, a missing one, a tensor not in
-its shard or a shard's tensor the map does not give it are refused.
+its shard or one two shards hold are refused; a shard's tensor the map leaves out is read from that
+shard (transformers reads every tensor of the shards an index names).
 """
 from __future__ import annotations
 
@@ -246,14 +247,19 @@ def _open_index(folder: Path, index: Path, files: list) -> SafetensorsSet:
         if t is None:
             raise ModelFormatError(f"{index}: tensor {name!r} is not in its shard {shard!r}")
         tensors[name] = t
-    # a shard's tensor the index leaves out (or gives to another shard) was silently dropped: a
-    # checkpoint's q/k/v biases say, and the model ran without them. transformers loads it.
+    # a shard's tensor the index leaves out was dropped unread (a checkpoint's q/k/v biases, say, and the
+    # model ran without them): transformers reads every tensor of the shards the index names, so it is
+    # taken from its shard; one two shards hold, or one the map gives to another shard, is ambiguous
+    unlisted: dict[str, str] = {}
     for shard, f in opened.items():
         for name in f.tensors:
-            if wmap.get(name) != shard:
-                where = "names no shard for it" if name not in wmap else f"maps it to {wmap[name]!r}"
-                raise ModelFormatError(f"{index}: shard {shard!r} holds tensor {name!r} but the weight_map {where}: "
+            if wmap.get(name, shard) != shard or name in unlisted:
+                other = wmap.get(name) or unlisted[name]
+                raise ModelFormatError(f"{index}: tensor {name!r} is in shard {shard!r} and in {other!r}: "
                                        "the index and its shards disagree")
+            if name not in wmap:
+                unlisted[name] = shard
+                tensors[name] = f.tensors[name]
     return SafetensorsSet(files, tensors)
 
 
