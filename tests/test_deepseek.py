@@ -325,6 +325,57 @@ def test_a_batch_of_slots_equals_each_sequence_alone(backend):
         src.close()
 
 
+def wide_mla_gguf(out: Path, H=16, kvr=512, rope=64, nope=128, vd=128, d=128, layers=2, vocab=96, ff=64) -> Path:
+    """A random dense deepseek2 GGUF (older layout) with DeepSeek-V2-Lite's attention sizes: its compressed
+    rows are 576 wide, the native kernel's largest head, and split into q8_0 blocks."""
+    r = np.random.default_rng(0)
+
+    def w(*shape):
+        return (r.standard_normal(shape) * 0.05).astype(np.float32)
+
+    def ones(n):
+        return np.ones(n, np.float32)
+    t = {"token_embd.weight": w(vocab, d), "output_norm.weight": ones(d), "output.weight": w(vocab, d)}
+    for i in range(layers):
+        p = f"blk.{i}."
+        t.update({p + "attn_norm.weight": ones(d), p + "ffn_norm.weight": ones(d), p + "attn_q.weight": w(H * (nope + rope), d),
+                  p + "attn_kv_a_mqa.weight": w(kvr + rope, d), p + "attn_kv_a_norm.weight": ones(kvr),
+                  p + "attn_kv_b.weight": w(H * (nope + vd), kvr), p + "attn_output.weight": w(d, H * vd),
+                  p + "ffn_gate.weight": w(ff, d), p + "ffn_up.weight": w(ff, d), p + "ffn_down.weight": w(d, ff)})
+    a = "deepseek2"
+    meta = {"general.architecture": a, f"{a}.block_count": layers, f"{a}.context_length": 256,
+            f"{a}.embedding_length": d, f"{a}.feed_forward_length": ff, f"{a}.attention.head_count": H,
+            f"{a}.rope.freq_base": 10000.0, f"{a}.rope.dimension_count": rope,
+            f"{a}.attention.layer_norm_rms_epsilon": 1e-6, f"{a}.vocab_size": vocab, f"{a}.attention.kv_lora_rank": kvr,
+            f"{a}.attention.head_count_kv": H, f"{a}.attention.key_length": nope + rope,
+            f"{a}.attention.value_length": vd}
+    write_gguf(out, meta, {n: (QType.F32, np.ascontiguousarray(x)) for n, x in t.items()})
+    return out
+
+
+@pytest.mark.parametrize("backend, kv_type, tol", [("numpy", None, 1e-5), ("native", "f32", 1e-5),
+                                                   ("native", "f16", 5e-3), ("native", "q8_0", 5e-2)])
+def test_compressed_rows_of_deepseek_v2_lites_size(tmp_path, monkeypatch, backend, kv_type, tol):
+    """At V2-Lite's attention sizes (16 heads of 128 + 64, kv_lora_rank 512): 576 values a token and layer
+    against the expanded 16 x 2 x 192 = 6144, as the plan says (q8_0: 18 blocks of 34 bytes, no key base),
+    and every prompt row's logits as the expanded heads' (f16 and q8_0 round other values on each path)."""
+    if backend not in llambda.backends.available_backends():
+        pytest.skip("the native backend is not available here (C core not built)")
+    path = wide_mla_gguf(tmp_path / "wide.gguf")
+    ids = [int(t) for t in np.random.default_rng(1).integers(0, 96, 40)]
+    got, per_token = {}, {}
+    for expanded in (True, False):
+        monkeypatch.setenv("LLAMBDA_MLA_EXPANDED", "1" if expanded else "0")
+        kw = {} if kv_type is None else {"kv_type": kv_type, "activations": "f32"}
+        with llambda.load(path, backend=backend, n_ctx=64, **kw) as m:
+            base = 2 * 16 * 192 * 4 if expanded and kv_type == "q8_0" else 0      # a float key base per layer
+            assert m.transformer.cache.nbytes == m.memory_plan.kv_cache == 64 * m.memory_plan.kv_per_token + base
+            per_token[expanded] = m.memory_plan.kv_per_token
+            got[expanded] = _all_logits(m, ids)
+    values = {"f16": 2, "q8_0": 34 / 32}.get(kv_type, 4)
+    assert per_token == {True: 2 * 6144 * values, False: 2 * 576 * values}
+    assert float(np.abs(got[True] - got[False]).max()) <= tol
+
 def test_compressed_cache_keeps_batch_invariance_prefix_copies_and_drafts():
     """What the engine does with a cache works on the compressed rows: with batch invariance on, a token's
     logits are the same bits alone (one thread) or in a prefill chunk beside another slot's decode token (two
