@@ -4,7 +4,8 @@ The tiny references (fixtures/reference/tiny/deepseek_v2 and deepseek_v3, made b
 tools/make_tiny_deepseek.py; README_deepseek.md there) are also run from their HF directories by
 test_tiny_models.py with every other folder. Here: the GGUF path as llama.cpp's converter writes it,
 in its older layout (attn_kv_b) and its newer one (attn_k_b / attn_v_b and the *_mla keys), on every
-backend; our exporter's GGUF; the settings read from each format; the expanded KV cache's size;
+backend; our exporter's GGUF; the settings read from each format; the compressed KV cache (the default)
+against the expanded heads (LLAMBDA_MLA_EXPANDED=1): its size, the same logits and generations;
 refusals of what is not supported.
 """
 import json
@@ -141,17 +142,75 @@ def test_settings_from_each_format(tmp_path, folder):
     assert got[0][9] == round(24 ** -0.5 * (1 if v3 else (0.1 * 0.707 * np.log(4) + 1) ** 2), 6)
 
 
-def test_kv_cache_holds_the_expanded_heads():
-    """The cost README states: per token and layer, every head's key and (padded) value, 2 x 4 x 24 values,
-    where latent attention's own cache would hold kv_lora_rank + qk_rope = 40."""
+@pytest.mark.parametrize("expanded", [False, True], ids=["compressed", "expanded"])
+def test_kv_cache_holds_the_compressed_rows(monkeypatch, expanded):
+    """The cost README states: per token and layer, latent attention's compressed cache holds one row of
+    kv_lora_rank + qk_rope = 40 values, read as the keys and (its first 32 after the rope dims) the values;
+    LLAMBDA_MLA_EXPANDED=1 every head's key and (padded) value, 2 x 4 x 24 values. The memory plan counts
+    what is allocated."""
+    from llambda.formats.hf_dir import open_hf_dir
+    from llambda.models import memory
+    monkeypatch.setenv("LLAMBDA_MLA_EXPANDED", "1" if expanded else "0")
     with llambda.load(TINY / "deepseek_v2", backend="numpy", n_ctx=64) as m:
         cache = m.transformer.cache
-        assert cache.n_layers == 3 and cache.n_kv == 4 and cache.head_dim == 24
-        assert cache.k[0].shape == cache.v[0].shape == (1, 64, 4, 24)
+        assert cache.n_layers == 3
+        if expanded:
+            assert cache.n_kv == 4 and cache.head_dim == 24 and cache.v is not cache.k
+            assert cache.k[0].shape == cache.v[0].shape == (1, 64, 4, 24)
+        else:
+            assert cache.n_kv == 1 and cache.head_dim == 40 and cache.values_are_keys
+            assert cache.k[0].shape == (1, 64, 1, 40)
+        src = open_hf_dir(TINY / "deepseek_v2")
+        try:
+            per_token = memory.plan(src, 64).kv_per_token
+        finally:
+            src.close()
+        assert per_token == 3 * 4 * (2 * 4 * 24 if expanded else 40) and cache.nbytes == 64 * per_token
+        report = m.memory_report()
+        assert (m.memory_plan.kv_cache, m.memory_plan.activations) == (report["kv_cache"], report["activations"])
+
+
+def _all_logits(m, ids) -> np.ndarray:
+    n = len(ids)
+    return m.transformer.forward(np.array(ids, np.int32), np.zeros(n, np.int32), np.arange(n), list(range(n))).copy()
 
 
 @pytest.mark.parametrize("folder", FOLDERS)
-def test_export_writes_what_llama_cpps_converter_writes(folder, tmp_path):
+@pytest.mark.parametrize("mode", list(MODES))
+def test_compressed_cache_gives_the_expanded_heads_logits(monkeypatch, folder, mode):
+    """Absorbing kv_b into the query and the output is the same arithmetic reordered: every row's logits
+    of a prompt, and of decode steps after it, as the expanded heads' (float32 rounding; the fast mode's
+    q8 activations quantize other vectors: q_nope and the latent output instead of c)."""
+    ids = reference(folder)["inputs"][1]["input_ids"]
+    got = {}
+    for expanded in (True, False):
+        monkeypatch.setenv("LLAMBDA_MLA_EXPANDED", "1" if expanded else "0")
+        with load(TINY / folder, mode, n_ctx=64) as m:
+            assert m.transformer.cache.values_are_keys is not expanded
+            prompt = _all_logits(m, ids[:-3])
+            steps = [m.transformer.forward(np.array([t], np.int32), np.zeros(1, np.int32), [len(ids) - 3 + j], [0])
+                     .copy() for j, t in enumerate(ids[-3:])]
+            got[expanded] = np.concatenate([prompt, *steps])
+    tol = 5e-2 if mode == "native-fast" else 1e-4
+    err = float(np.abs(got[True] - got[False]).max())
+    assert err <= tol, err
+
+
+@pytest.mark.parametrize("mode", ["numpy", "native-exact"])
+def test_compressed_cache_generates_what_the_expanded_heads_do(monkeypatch, mode):
+    """A greedy generation of 48 tokens (past the prompt's positions, each step attending over the cache the
+    path wrote) is the same on both paths."""
+    prompt = reference("deepseek_v2")["inputs"][0]["input_ids"]
+    out = {}
+    for expanded in (True, False):
+        monkeypatch.setenv("LLAMBDA_MLA_EXPANDED", "1" if expanded else "0")
+        with load(TINY / "deepseek_v2", mode, n_ctx=128) as m:
+            out[expanded] = list(m.generate(prompt, max_tokens=48, temperature=0, ignore_eos=True))
+    assert len(out[True]) == 48 and out[True] == out[False]
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_export_writes_what_llama_cpps_converter_writes(folder, tmp_path, monkeypatch):
     """`llambda export` of a DeepSeek model: the tensors and keys of the converter's current layout (kv_b
     split into attn_k_b / attn_v_b, the *_mla keys; ours also writes yarn_log_multiplier from the scale and
     the group count for V2, both read back the same), the same logits; q8_0 close to the same weights
@@ -171,7 +230,10 @@ def test_export_writes_what_llama_cpps_converter_writes(folder, tmp_path):
     inp = reference(folder)["inputs"][2]
     with llambda.load(ours, backend="numpy", n_ctx=128) as m:
         np.testing.assert_allclose(last_rows(m, inp), np.array(inp["logits_last3"], np.float32), atol=1e-3, rtol=0)
-    # at load kv_b is quantized whole; the file's attn_k_b rows (16 wide) stay F16, only its v_b is Q8_0
+    # at load kv_b is quantized whole; the file's attn_k_b rows (16 wide) stay F16, only its v_b is Q8_0.
+    # Expanded, both quantize kv_b's key half (rejoined as Q8_0); the compressed path keeps the file's F16
+    # attn_k_b as it is, 0.23 from the at-load one and closer to the float reference (0.27 vs 0.34 on V2)
+    monkeypatch.setenv("LLAMBDA_MLA_EXPANDED", "1")
     q8_export_is_close(folder, tmp_path, inp, ["blk.1.ffn_down_exps.weight", "blk.1.attn_kv_a_mqa.weight"], 0.1)
 
 
@@ -263,28 +325,146 @@ def test_a_batch_of_slots_equals_each_sequence_alone(backend):
         src.close()
 
 
+def wide_mla_gguf(out: Path, H=16, kvr=512, rope=64, nope=128, vd=128, d=128, layers=2, vocab=96, ff=64) -> Path:
+    """A random dense deepseek2 GGUF (older layout) with DeepSeek-V2-Lite's attention sizes: its compressed
+    rows are 576 wide, the native kernel's largest head, and split into q8_0 blocks."""
+    r = np.random.default_rng(0)
+
+    def w(*shape):
+        return (r.standard_normal(shape) * 0.05).astype(np.float32)
+
+    def ones(n):
+        return np.ones(n, np.float32)
+    t = {"token_embd.weight": w(vocab, d), "output_norm.weight": ones(d), "output.weight": w(vocab, d)}
+    for i in range(layers):
+        p = f"blk.{i}."
+        t.update({p + "attn_norm.weight": ones(d), p + "ffn_norm.weight": ones(d), p + "attn_q.weight": w(H * (nope + rope), d),
+                  p + "attn_kv_a_mqa.weight": w(kvr + rope, d), p + "attn_kv_a_norm.weight": ones(kvr),
+                  p + "attn_kv_b.weight": w(H * (nope + vd), kvr), p + "attn_output.weight": w(d, H * vd),
+                  p + "ffn_gate.weight": w(ff, d), p + "ffn_up.weight": w(ff, d), p + "ffn_down.weight": w(d, ff)})
+    a = "deepseek2"
+    meta = {"general.architecture": a, f"{a}.block_count": layers, f"{a}.context_length": 256,
+            f"{a}.embedding_length": d, f"{a}.feed_forward_length": ff, f"{a}.attention.head_count": H,
+            f"{a}.rope.freq_base": 10000.0, f"{a}.rope.dimension_count": rope,
+            f"{a}.attention.layer_norm_rms_epsilon": 1e-6, f"{a}.vocab_size": vocab, f"{a}.attention.kv_lora_rank": kvr,
+            f"{a}.attention.head_count_kv": H, f"{a}.attention.key_length": nope + rope,
+            f"{a}.attention.value_length": vd}
+    write_gguf(out, meta, {n: (QType.F32, np.ascontiguousarray(x)) for n, x in t.items()})
+    return out
+
+
+@pytest.mark.parametrize("backend, kv_type, tol", [("numpy", None, 1e-5), ("native", "f32", 1e-5),
+                                                   ("native", "f16", 5e-3), ("native", "q8_0", 5e-2)])
+def test_compressed_rows_of_deepseek_v2_lites_size(tmp_path, monkeypatch, backend, kv_type, tol):
+    """At V2-Lite's attention sizes (16 heads of 128 + 64, kv_lora_rank 512): 576 values a token and layer
+    against the expanded 16 x 2 x 192 = 6144, as the plan says (q8_0: 18 blocks of 34 bytes, no key base),
+    and every prompt row's logits as the expanded heads' (f16 and q8_0 round other values on each path)."""
+    if backend not in llambda.backends.available_backends():
+        pytest.skip("the native backend is not available here (C core not built)")
+    path = wide_mla_gguf(tmp_path / "wide.gguf")
+    ids = [int(t) for t in np.random.default_rng(1).integers(0, 96, 40)]
+    got, per_token = {}, {}
+    for expanded in (True, False):
+        monkeypatch.setenv("LLAMBDA_MLA_EXPANDED", "1" if expanded else "0")
+        kw = {} if kv_type is None else {"kv_type": kv_type, "activations": "f32"}
+        with llambda.load(path, backend=backend, n_ctx=64, **kw) as m:
+            base = 2 * 16 * 192 * 4 if expanded and kv_type == "q8_0" else 0      # a float key base per layer
+            assert m.transformer.cache.nbytes == m.memory_plan.kv_cache == 64 * m.memory_plan.kv_per_token + base
+            per_token[expanded] = m.memory_plan.kv_per_token
+            got[expanded] = _all_logits(m, ids)
+    values = {"f16": 2, "q8_0": 34 / 32}.get(kv_type, 4)
+    assert per_token == {True: 2 * 6144 * values, False: 2 * 576 * values}
+    assert float(np.abs(got[True] - got[False]).max()) <= tol
+
+def test_compressed_cache_keeps_batch_invariance_prefix_copies_and_drafts():
+    """What the engine does with a cache works on the compressed rows: with batch invariance on, a token's
+    logits are the same bits alone (one thread) or in a prefill chunk beside another slot's decode token (two
+    threads); a slot's prefix copied to another slot continues as the original (prefix caching); the model
+    drafting for itself (speculative decoding) generates what it generates alone."""
+    if "native" not in llambda.backends.available_backends():
+        pytest.skip("the native backend is not available here (C core not built)")
+    from llambda import _native
+    prompt = reference("deepseek_v2")["inputs"][1]["input_ids"]
+    L = len(prompt)
+    with llambda.load(TINY / "deepseek_v2", backend="native", threads=2, n_ctx=64, n_slots=2) as m:
+        tr = m.transformer
+        assert tr.cache.values_are_keys
+        tr.backend.set_batch_invariant(True)
+        try:
+            _native.set_threads(1)
+            alone = [tr.forward([t], [0], [p], [0])[0].copy() for p, t in enumerate(prompt)]
+            extra = tr.forward([7], [0], [L], [0])[0].copy()
+            _native.set_threads(2)
+            got = tr.forward(prompt + [7], [1] * L + [0], list(range(L)) + [L], list(range(L + 1)))
+            assert all(np.array_equal(got[p], alone[p]) for p in range(L)) and np.array_equal(got[L], extra)
+            for a in tr.cache.arrays:       # slot 1's rows gone, then slot 0's prefix copied in
+                a[1] = 0
+            tr.cache.copy_prefix(0, 1, L)
+            np.testing.assert_array_equal(tr.forward([7], [1], [L], [0])[0], extra)
+        finally:
+            tr.backend.set_batch_invariant(False)
+            _native.set_threads(2)
+        plain = list(m.generate(prompt, max_tokens=12, temperature=0, ignore_eos=True))
+    with llambda.load(TINY / "deepseek_v2", backend="native", n_ctx=64, draft=str(TINY / "deepseek_v2")) as m:
+        assert list(m.generate(prompt, max_tokens=12, temperature=0, ignore_eos=True)) == plain
+
+@pytest.mark.parametrize("expanded", [False, True], ids=["compressed", "expanded"])
 @pytest.mark.parametrize("qtype", ["f16", "q8_0"])
-def test_memory_plan_counts_the_rejoined_kv_b(tmp_path, qtype):
-    """A newer-layout file's plan counts attn_kv_b as the load keeps it (join_kv_b: Q8_0 when a half is
-    quantized, as the q8_0 export's Q8_0 v_b and F16 k_b; float32 from F16 halves), not the halves' bytes."""
+def test_memory_plan_counts_the_kv_b_the_load_keeps(tmp_path, monkeypatch, qtype, expanded):
+    """A newer-layout file's plan counts attn_kv_b as the load keeps it: expanded, rejoined (join_kv_b: Q8_0
+    when a half is quantized, as the q8_0 export's Q8_0 v_b and F16 k_b; float32 from F16 halves), not the
+    halves' bytes; compressed, the halves as they are (the per-head matrices)."""
     import contextlib
     from llambda.formats.open import open_named
     from llambda.formats.quants import tensor_nbytes
     from llambda.models import memory
     from llambda.tools.export import export
+    monkeypatch.setenv("LLAMBDA_MLA_EXPANDED", "1" if expanded else "0")
     split = export(TINY / "deepseek_v3", tmp_path / "split.gguf", fmt="gguf", qtype=qtype)
     with contextlib.closing(open_named(split)[1]) as src:
         want = 0
         for name, t in src.tensors():
-            if name.endswith("attn_v_b.weight"):
+            if expanded and name.endswith("attn_v_b.weight"):
                 kv = src.tensor(name.replace("attn_v_b", "attn_kv_b"))     # the load's own join
                 assert kv.qtype == (QType.Q8_0 if qtype == "q8_0" else QType.F32)
                 want += kv.data.nbytes
-            elif not name.endswith("attn_k_b.weight"):
+            elif not expanded or not name.endswith("attn_k_b.weight"):
                 want += tensor_nbytes(t.qtype, t.shape)
         assert src.tensor("blk.0.attn_k_b.weight").qtype == QType.F16
         assert memory.plan(src, 64).weights == want
         assert memory.plan(src, 64, qtype_at_load=lambda n, t: t.qtype).weights == want
+
+
+def test_memory_plan_follows_the_weights_each_path_packs(tmp_path, monkeypatch):
+    """What the native backend packs differs between the paths as the plan says (the plan and the packing
+    otherwise differ by the same bytes, the vectors, on both): a newer layout's F16 halves kept as they are
+    or rejoined in float32. An older layout's Q8_0 kv_b (quantize=), compressed, also keeps its key half
+    transposed in float32 (absorbed_key_heads: qk_nope 16 takes no Q8_0 blocks): per layer 4 heads x 32 x 16
+    floats instead of 16/28 of kv_b's 112 rows of 34 bytes."""
+    from contextlib import closing
+    from llambda.formats.open import open_named
+    from llambda.models import memory
+    from llambda.tools.export import export
+    split = export(TINY / "deepseek_v3", tmp_path / "split.gguf", fmt="gguf", qtype="f16")
+    older = converter_gguf("deepseek_v3", tmp_path / "older.gguf", split_kv_b=False)
+    planned = {}
+    for expanded in (True, False):
+        monkeypatch.setenv("LLAMBDA_MLA_EXPANDED", "1" if expanded else "0")
+        with closing(open_named(older)[1]) as src:
+            planned[expanded] = memory.plan(src, 32, qtype_at_load=lambda n, t: QType.Q8_0 if t.cols % 32 == 0 and
+                                            len(t.shape) == 2 and t.rows > 1 else t.qtype).weights
+    assert planned[False] - planned[True] == 3 * (4 * 32 * 16 * 4 - 112 * 34 * 16 // 28)
+    if "native" not in llambda.backends.available_backends():
+        pytest.skip("the native backend is not available here (C core not built)")
+    for path in (split, older):
+        gap, packed = {}, {}
+        for expanded in (True, False):
+            monkeypatch.setenv("LLAMBDA_MLA_EXPANDED", "1" if expanded else "0")
+            with llambda.load(path, backend="native", n_ctx=32) as m:
+                packed[expanded] = m.memory_report()["weights"]
+                gap[expanded] = m.memory_plan.weights - packed[expanded]
+        assert gap[True] == gap[False], (path.name, packed, gap)
+        assert (packed[True] != packed[False]) == (path == split)
 
 
 def test_export_of_an_older_layout_gguf_writes_the_split_one(tmp_path):

@@ -273,6 +273,25 @@ def test_kv_store_f16_special_values(isa):
     assert np.all(np.isnan(kc))
 
 
+def test_kv_store_of_keys_only(isa):
+    """A cache whose values are its keys (kcache is vcache, k is v: latent attention's compressed rows):
+    each row written once, attention's values read from it; refused with different k and v or a key base."""
+    n_kv, hd, n_ctx = 1, 64, 8
+    kc, _ = make_cache(1, n_ctx, n_kv, hd, 2)
+    k = rng(7).standard_normal((3, n_kv, hd)).astype(F32)
+    slots, pos = np.zeros(3, np.int32), np.arange(3, dtype=np.int32)
+    native.kv_store(k, k, kc, kc, slots, pos, 3, n_kv, hd, 1, n_ctx, 2)
+    assert np.array_equal(kc[0, :3], quantize(k.reshape(3, -1), QType.Q8_0).reshape(kc[0, :3].shape))
+    q = rng(8).standard_normal((1, 4, hd)).astype(F32)
+    out = np.full_like(q, np.nan)
+    native.attention(q, kc, kc, out, slots[-1:], pos[-1:], 1, 4, n_kv, hd, 1, n_ctx, 2, 0.125, 0, 0.0)
+    np.testing.assert_allclose(out, ref_attention(q, kc, kc, slots[-1:], pos[-1:], 4, n_kv, 0.125, 0, 0.0), atol=1e-5)
+    with pytest.raises(ValueError, match="k and v differ"):
+        native.kv_store(k, k.copy(), kc, kc, slots, pos, 3, n_kv, hd, 1, n_ctx, 2)
+    with pytest.raises(ValueError, match="takes no kbase"):
+        native.kv_store(k, k, kc, kc, slots, pos, 3, n_kv, hd, 1, n_ctx, 2, np.zeros((1, hd), F32))
+
+
 # ---------------------------------------------------------------- attention
 
 # (head_dim, n_heads, n_kv, n, window, softcap, n_slots, n_ctx)
@@ -298,6 +317,8 @@ ATTN_CASES = [
     (48, 7, 1, 21, 9, 2.0, 2, 120),    # GQA 7, window, softcap: 6 tokens x 7 heads (42 of 48 lanes)
     (32, 2, 2, 25, 0, 0.0, 1, 90),     # no GQA: a tile of 25 rows takes 2 vectors on avx512
     (16, 64, 1, 5, 0, 0.0, 1, 40),     # GQA 64: passes of 48 and 16 heads
+    (576, 16, 1, 1, 0, 0.0, 2, 300),   # the largest head: latent attention's compressed rows, decode
+    (576, 16, 1, 37, 0, 0.0, 1, 120),  # and a prefill chunk of them
 ]
 
 
@@ -621,7 +642,7 @@ def test_other_ops_bad_arguments():
         (lambda: native.kv_store(z, z, np.zeros(63, F32), np.zeros(64, F32), i32[:1], i32[:1], 1, 1, 16, 1, 4, 0), "kcache has"),
         (lambda: native.kv_store(z, z, z, z.copy(), i32[:1], np.array([4], np.int32), 1, 1, 16, 1, 4, 0), "pos"),
         (lambda: native.kv_store(z, z, z, z.copy(), np.array([1], np.int32), i32[:1], 1, 1, 16, 1, 4, 0), "slots"),
-        (lambda: native.kv_store(z, z, z, z, i32[:1], i32[:1], 1, 1, 16, 1, 4, 0), "same buffer"),
+        (lambda: native.kv_store(z, z.copy(), z, z, i32[:1], i32[:1], 1, 1, 16, 1, 4, 0), "same buffer but k and v"),
         (lambda: native.kv_store(z, z, z, z.copy(), i32[:1], i32[:1], 1, 1, 16, 1, 4, 1), "float16"),
         (lambda: native.silu_mul(z, z, z, 65), "out has|gate has"),
         (lambda: native.gelu_mul(z, z[:5], z, 6), "up has"),

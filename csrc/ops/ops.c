@@ -222,6 +222,7 @@ static void q8_0_row(const float *x, const float *base, uint8_t *dst, long n) {
 }
 
 static void kv_tokens(const struct kv_task *t, long t0, long t1) {
+    const int keys_only = t->kcache == t->vcache; /* values read from the keys' rows: one write */
     for (long i = t0; i < t1; i++) {
         const long s = t->slots[i], p = t->pos[i];
         if (s < 0 || s >= t->n_slots || p < 0 || p >= t->n_ctx) continue; /* validated by the caller; never write outside */
@@ -230,13 +231,13 @@ static void kv_tokens(const struct kv_task *t, long t0, long t1) {
         if (t->cache_type == LLB_CACHE_Q8_0) {
             const float *base = t->kbase ? t->kbase + (size_t)s * (size_t)t->row : NULL;
             q8_0_row(ksrc, base, (uint8_t *)llb_cache_at(t->kcache, dst, LLB_CACHE_Q8_0), t->row);
-            q8_0_row(vsrc, NULL, (uint8_t *)llb_cache_at(t->vcache, dst, LLB_CACHE_Q8_0), t->row);
+            if (!keys_only) q8_0_row(vsrc, NULL, (uint8_t *)llb_cache_at(t->vcache, dst, LLB_CACHE_Q8_0), t->row);
         } else if (t->cache_type == LLB_CACHE_F16) {
             t->k->f32_to_f16(ksrc, (uint16_t *)t->kcache + dst, t->row);
-            t->k->f32_to_f16(vsrc, (uint16_t *)t->vcache + dst, t->row);
+            if (!keys_only) t->k->f32_to_f16(vsrc, (uint16_t *)t->vcache + dst, t->row);
         } else {
             memcpy((float *)t->kcache + dst, ksrc, (size_t)t->row * sizeof(float));
-            memcpy((float *)t->vcache + dst, vsrc, (size_t)t->row * sizeof(float));
+            if (!keys_only) memcpy((float *)t->vcache + dst, vsrc, (size_t)t->row * sizeof(float));
         }
     }
 }

@@ -26,8 +26,9 @@ static inline const void *llb_cache_at(const void *base, size_t elem, int type) 
     return (const char *)base + llb_cache_bytes(type, elem);
 }
 
-/* Largest head_dim attention accepts (its block buffers live on the stack). */
-#define LLB_ATTN_MAX_HEAD_DIM 512
+/* Largest head_dim attention accepts (its block buffers live on the stack): 576 takes latent
+ * attention's compressed rows (a 512-value latent beside a 64-value rotary key) as one head. */
+#define LLB_ATTN_MAX_HEAD_DIM 576
 /* Largest rope_dim (the per-token cos/sin table lives on the stack). */
 #define LLB_ROPE_MAX_DIM 4096
 
@@ -50,7 +51,8 @@ struct llb_rope_args {
 void llb_rope(const struct llb_rope_args *a);
 
 /* Token i's k/v rows (n_kv * head_dim floats) go to cache[slots[i], pos[i]];
- * caches are (n_slots, n_ctx, n_kv, head_dim) of cache_type. */
+ * caches are (n_slots, n_ctx, n_kv, head_dim) of cache_type. kcache == vcache (k == v, no kbase):
+ * a cache whose values are read from the keys' rows, written once. */
 struct llb_kv_store_args {
     const float *k, *v;      /* n rows of n_kv * head_dim floats */
     void *kcache, *vcache;

@@ -179,12 +179,16 @@ static PyObject *py_kv_store(PyObject *self, PyObject *const *args, Py_ssize_t n
     const int32_t *slots = vc ? llb_arg_buf(&h, args[4], op, "slots", 0, LLB_ELEM_I32, n, 0) : NULL;
     const int32_t *pos = slots ? llb_arg_buf(&h, args[5], op, "pos", 0, LLB_ELEM_I32, n, 0) : NULL;
     if (!pos) goto fail;
-    if (kc == vc) {
-        PyErr_SetString(PyExc_ValueError, "kv_store: kcache and vcache are the same buffer");
+    if (kc == vc && k != v) {
+        PyErr_SetString(PyExc_ValueError, "kv_store: kcache and vcache are the same buffer but k and v differ");
         goto fail;
     }
     float *kbase;
     if (get_kbase(&h, args, nargs, 12, op, 1, cache_type, (size_t)n_slots * (size_t)(n_kv * head_dim), &kbase)) goto fail;
+    if (kc == vc && kbase) { /* a key stored against its base would be read back as a value without it */
+        PyErr_SetString(PyExc_ValueError, "kv_store: a cache whose values are its keys (kcache is vcache) takes no kbase");
+        goto fail;
+    }
     const struct llb_kv_store_args a = {k, v, kc, vc, slots, pos, n, n_kv, head_dim, n_slots, n_ctx, cache_type, kbase};
     return llb_bufs_call(&h, op, run_kv_store, check_kv_store, &a, sizeof a);
 fail:

@@ -25,6 +25,8 @@ class KVCache:
 
     def __init__(self, n_layers: int, n_slots: int, n_ctx: int, n_kv: int, head_dim: int, dtype,
                  k: list, v: list, extra: dict):
+        """`v is k`: a cache of keys only, attention reading each value from its key's row (latent attention's
+        compressed rows, models/base.py)."""
         self.n_layers, self.n_slots, self.n_ctx = n_layers, n_slots, n_ctx
         self.n_kv, self.head_dim, self.dtype = n_kv, head_dim, np.dtype(dtype)
         self.k, self.v, self.extra = k, v, extra
@@ -32,20 +34,29 @@ class KVCache:
         self.state: list = []               # a hybrid model's recurrent state per slot (models/base.py)
 
     @property
+    def values_are_keys(self) -> bool:
+        return self.v is self.k
+
+    @property
+    def arrays(self) -> list:
+        """Every K and V array once."""
+        return self.k if self.values_are_keys else self.k + self.v
+
+    @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.k + self.v + self.kbase + self.state if a is not None)
+        return sum(a.nbytes for a in self.arrays + self.kbase + self.state if a is not None)
 
     def commit(self) -> None:
         """Write every page of the cache now (the arena is zeroed lazily: each page is faulted
         in, as a transparent huge page zeroed 2 MB at a time, by the first op that writes it).
         A server calls this at start: in a step that faults pages in every running stream
         waits; copying a 7-token prefix into a fresh slot measured 124 ms instead of 0.3 ms."""
-        for a in self.k + self.v + self.state:     # a hybrid model's state: every slot back at 0 tokens
+        for a in self.arrays + self.state:     # a hybrid model's state: every slot back at 0 tokens
             a.fill(0)
 
     def copy_prefix(self, src_slot: int, dst_slot: int, n_tokens: int) -> None:
         """Copy the first n_tokens of one slot's KV into another (prefix caching)."""
-        for a in self.k + self.v:
+        for a in self.arrays:
             a[dst_slot, :n_tokens] = a[src_slot, :n_tokens]
 
 
@@ -114,16 +125,19 @@ class Backend(ABC):
     kv_dtype = np.float32
     kv_type = "f32"          # the cache's type by name (native: f32, f16 or q8_0)
 
-    def create_kv_cache(self, n_layers, n_slots, n_ctx, n_kv, head_dim, extra: dict | None = None) -> KVCache:
-        """The KV cache and the `extra` activation buffers, carved from one arena allocated now."""
+    def create_kv_cache(self, n_layers, n_slots, n_ctx, n_kv, head_dim, extra: dict | None = None,
+                        values_are_keys: bool = False) -> KVCache:
+        """The KV cache and the `extra` activation buffers, carved from one arena allocated now;
+        values_are_keys: keys only (KVCache)."""
         specs = dict(extra or {})
         shape = self.kv_shape(n_slots, n_ctx, n_kv, head_dim)
         for i in range(n_layers):
             specs[f"k{i}"] = (shape, self.kv_dtype)
-            specs[f"v{i}"] = (shape, self.kv_dtype)
+            if not values_are_keys:
+                specs[f"v{i}"] = (shape, self.kv_dtype)
         self.arena, views = carve(specs)
         k = [views.pop(f"k{i}") for i in range(n_layers)]
-        v = [views.pop(f"v{i}") for i in range(n_layers)]
+        v = k if values_are_keys else [views.pop(f"v{i}") for i in range(n_layers)]
         return KVCache(n_layers, n_slots, n_ctx, n_kv, head_dim, self.kv_dtype, k, v, views)
 
     def kv_shape(self, n_slots, n_ctx, n_kv, head_dim) -> tuple:

@@ -59,7 +59,7 @@ def native_available() -> bool:
 
 
 # The C attention kernel's largest head (LLB_ATTN_MAX_HEAD_DIM in csrc/ops.h).
-MAX_HEAD_DIM = 512
+MAX_HEAD_DIM = 576
 
 
 def physical_cores() -> int:
@@ -402,7 +402,7 @@ class NativeBackend(Backend):
                       "file, and decode is slower on them", LlambdaWarning, stacklevel=4)
         self._converted = []
 
-    def create_kv_cache(self, n_layers, n_slots, n_ctx, n_kv, head_dim, extra=None) -> KVCache:
+    def create_kv_cache(self, n_layers, n_slots, n_ctx, n_kv, head_dim, extra=None, values_are_keys=False) -> KVCache:
         if head_dim > MAX_HEAD_DIM:
             raise ModelFormatError(f"head_dim {head_dim} is more than the native core's {MAX_HEAD_DIM}; "
                                    "use backend='numpy'")
@@ -411,10 +411,11 @@ class NativeBackend(Backend):
             raise InvalidInputError(f"kv_type='q8_0' needs head_dim a multiple of {Q8_0_BLOCK}; this model's is "
                                     f"{head_dim}: use kv_type='f16'")
         extra = dict(extra or {})
-        if q8:  # each slot's key base per layer (see the C core's kv_store)
+        based = q8 and not values_are_keys     # a value read from a key's row cannot take the key's base
+        if based:  # each slot's key base per layer (see the C core's kv_store)
             extra.update({f"kbase{i}": ((n_slots, n_kv * head_dim), np.float32) for i in range(n_layers)})
-        cache = super().create_kv_cache(n_layers, n_slots, n_ctx, n_kv, head_dim, extra)
-        cache.kbase = [cache.extra.pop(f"kbase{i}") for i in range(n_layers)] if q8 else [None] * n_layers
+        cache = super().create_kv_cache(n_layers, n_slots, n_ctx, n_kv, head_dim, extra, values_are_keys)
+        cache.kbase = [cache.extra.pop(f"kbase{i}") for i in range(n_layers)] if based else [None] * n_layers
         return cache
 
     def kv_shape(self, n_slots, n_ctx, n_kv, head_dim) -> tuple:

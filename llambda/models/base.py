@@ -16,10 +16,12 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from .. import switches
 from ..errors import ContextOverflowError, InvalidInputError, ModelFormatError
 from ..formats.weights import WeightTensor
 from .closable import Closable
 from .config import TransformerConfig
+from .deepseek2 import absorbed_key_heads
 
 TensorLookup = Callable[[str], Optional[WeightTensor]]
 
@@ -55,15 +57,18 @@ class LayerWeights:
 class MLAWeights:
     """DeepSeek's multi-head latent attention, its projections regrouped at load: q rows per head
     [rope dims, nope dims] (the rope op rotates a head's first dims); kv_a_proj_with_mqa split into the
-    compressed kv (w_ckv) and the shared rope key (w_kpe); kv_b_proj into k_nope and v rows (w_knope, w_v)."""
+    compressed kv (w_ckv) and the shared rope key (w_kpe); kv_b_proj into k_nope and v rows (w_knope, w_v:
+    expanded), or per head into the transposed key part and the value part (uk, uv: compressed)."""
     wq: object                        # (heads (rope + nope), d_model), or from q_lora_rank with wq_a
     wq_a: object                      # (q_lora_rank, d_model) or None
     q_a_norm: np.ndarray | None       # (q_lora_rank,)
     w_ckv: object                     # (kv_lora_rank, d_model)
     w_kpe: object                     # (rope_dim, d_model)
     kv_a_norm: np.ndarray             # (kv_lora_rank,)
-    w_knope: object                   # (heads qk_nope_dim, kv_lora_rank)
-    w_v: object                       # (heads v_head_dim, kv_lora_rank)
+    w_knope: object                   # (heads qk_nope_dim, kv_lora_rank), or None
+    w_v: object                       # (heads v_head_dim, kv_lora_rank), or None
+    uk: list | None = None            # per head (kv_lora_rank, qk_nope_dim): q_nope -> the latent's query
+    uv: list | None = None            # per head (v_head_dim, kv_lora_rank): attention's latent -> the value
 
 
 @dataclass
@@ -108,6 +113,19 @@ class MoEWeights:
     choice_bias: np.ndarray | None = None   # (n_experts,) added to the scores for the choice only (DeepSeek-V3)
 
 
+def mla_compressed(cfg: TransformerConfig) -> bool:
+    """Whether latent attention caches its compressed rows (the default), or runs expanded into ordinary
+    heads (LLAMBDA_MLA_EXPANDED on: a cache n_heads (qk_nope + qk_rope) / (kv_lora_rank + qk_rope) times
+    larger times 2, kept to compare against)."""
+    return cfg.mla and not switches.flag("LLAMBDA_MLA_EXPANDED", False)
+
+
+def kv_rows(cfg: TransformerConfig, compressed: bool) -> tuple[int, int]:
+    """(kv heads, head size) of a cache row: latent attention's compressed one, one head [R k_pe, normed kv]
+    whose values are the same rows (their kv part), or n_kv_heads keys and values of head_dim."""
+    return (1, cfg.rope_dim + cfg.kv_lora_rank) if compressed else (cfg.n_kv_heads, cfg.head_dim)
+
+
 class Workspace:
     """Every activation buffer of a forward pass, sized for `max_tokens` per call.
 
@@ -116,9 +134,10 @@ class Workspace:
     """
 
     def __init__(self, cfg: TransformerConfig, max_tokens: int, max_logit_rows: int, extra: dict | None = None,
-                 mlp_width: int | None = None):
+                 mlp_width: int | None = None, mla_compressed: bool = False):
         """`mlp_width`: the dense MLP's hidden size its gate and up buffers hold (mlp_width(); default
-        cfg.ffn_dim); 0 in a model whose every layer is MoE: no such buffers."""
+        cfg.ffn_dim); 0 in a model whose every layer is MoE: no such buffers. `mla_compressed`: latent
+        attention's buffers for its compressed cache (mla_compressed()), else for the expanded heads."""
         t = max_tokens
         mlp = cfg.ffn_dim if mlp_width is None else mlp_width
         self.max_tokens, self.max_logit_rows = t, max_logit_rows
@@ -147,10 +166,18 @@ class Workspace:
                                "dba": ((t, 2 * cfg.ssm_v_heads), f32), "dout": ((t, vd), f32)})
         if cfg.attn_out_gate:
             self.specs["qgate"] = ((t, cfg.q_dim), f32)
-        if cfg.mla:     # q, k, v and attn above hold the expanded heads
-            hv, hn = cfg.n_heads * cfg.v_head_dim, cfg.n_heads * cfg.qk_nope_dim
-            self.specs.update({"mla_c": ((t, cfg.kv_lora_rank), f32), "mla_kpe": ((t, cfg.rope_dim), f32),
-                               "mla_knope": ((t, hn), f32), "mla_v": ((t, hv), f32), "mla_out": ((t, hv), f32)})
+        if cfg.mla:     # q (and, expanded, k, v and attn) above hold the expanded heads
+            H, r, hv, hn = cfg.n_heads, cfg.kv_lora_rank, cfg.n_heads * cfg.v_head_dim, cfg.n_heads * cfg.qk_nope_dim
+            self.specs.update({"mla_c": ((t, r), f32), "mla_kpe": ((t, cfg.rope_dim), f32), "mla_out": ((t, hv), f32)})
+            if mla_compressed:  # the cache row, the query and attention's output rows; two head-major scratches
+                for name in ("k", "v", "attn"):       # the expanded heads' only
+                    del self.specs[name]
+                w = cfg.rope_dim + r
+                self.specs.update({"mla_kc": ((t, 1, w), f32), "mla_qc": ((t, H, w), f32), "mla_att": ((t, H, w), f32),
+                                   "mla_hin": ((H * t * max(cfg.qk_nope_dim, r),), f32),
+                                   "mla_hout": ((H * t * max(r, cfg.v_head_dim),), f32)})
+            else:
+                self.specs.update({"mla_knope": ((t, hn), f32), "mla_v": ((t, hv), f32)})
             if cfg.q_lora_rank:
                 self.specs["mla_qa"] = ((t, cfg.q_lora_rank), f32)
         if cfg.n_experts:
@@ -236,6 +263,7 @@ class Transformer(Closable):
         self.n_ctx, self.n_slots = n_ctx, n_slots
         # the thread of the server scheduler that runs (or last ran) this model, its buffers and slots
         self.served_by = None
+        self.mla_compressed = mla_compressed(cfg)
         try:
             self._load(tensors)
         except ModelFormatError as e:
@@ -245,7 +273,7 @@ class Transformer(Closable):
             raise type(e)(f"{cfg.source}: {e}") from None
         width = cfg.ffn_dim if any(L.moe is None for L in self.layers) else 0     # no dense MLP: no gate/up buffers
         self.ws = Workspace(cfg, max_tokens, max_logit_rows or max(n_slots, 16), backend.workspace_specs(cfg, max_tokens),
-                            mlp_width=width)
+                            mlp_width=width, mla_compressed=self.mla_compressed)
         # Only attention layers have keys and values: layer i's are the cache's layer kv_layer[i].
         attn = [i for i, kind in enumerate(cfg.layer_kinds) if kind == "attention"]
         self.kv_layer = {i: j for j, i in enumerate(attn)}
@@ -253,8 +281,8 @@ class Transformer(Closable):
         # in (state_pos): allocated here with the cache, reset by a token at position 0.
         # A delta-net layer's: its convolution's window and its (v_heads, dk, dv) matrix, each counted.
         conv, delta, state = recurrent_state_specs(cfg, n_slots)
-        self.cache = backend.create_kv_cache(max(1, len(attn)), n_slots, n_ctx, cfg.n_kv_heads, cfg.head_dim,
-                                             extra={**self.ws.specs, **state})
+        self.cache = backend.create_kv_cache(max(1, len(attn)), n_slots, n_ctx, *kv_rows(cfg, self.mla_compressed),
+                                             extra={**self.ws.specs, **state}, values_are_keys=self.mla_compressed)
         self.conv_state = {i: self.cache.extra.pop(f"conv_state{i}") for i in conv}
         self.delta_state = {i: self.cache.extra.pop(f"delta_state{i}") for i in delta}
         pos = self.cache.extra.pop("state_pos") if conv else None
@@ -397,6 +425,16 @@ class Transformer(Closable):
                                    dt_bias=vector(p + "ssm_dt.bias", hv), norm=vector(p + "ssm_norm.weight", dv),
                                    out_proj=matrix(p + "ssm_out.weight", d, hv * dv))
 
+        def per_head(t: WeightTensor, shape: tuple) -> list:
+            """A 3-D (heads, rows, cols) tensor as one matrix per head."""
+            if tuple(t.shape) != shape:
+                raise ModelFormatError(f"tensor {t.name!r} has shape {tuple(t.shape)}, expected {shape}")
+            H, rows, cols = shape
+            flat = WeightTensor(t.name, t.qtype, (H * rows, cols), t.data)
+            out = [B.prepare_matrix(flat.take_rows(h * rows + np.arange(rows))) for h in range(H)]
+            self._release(t.data)
+            return out
+
         def mla(p: str) -> MLAWeights:
             H, nope, rope, vd, kvr, qr = (cfg.n_heads, cfg.qk_nope_dim, cfg.rope_dim, cfg.v_head_dim, cfg.kv_lora_rank,
                                           cfg.q_lora_rank)
@@ -409,9 +447,21 @@ class Transformer(Closable):
             else:
                 wq_a, q_a_norm, wq = None, None, matrix(p + "attn_q.weight", H * (nope + rope), d, q_order)[0]
             w_ckv, w_kpe = matrix(p + "attn_kv_a_mqa.weight", kvr + rope, d, [np.arange(kvr), kvr + np.arange(rope)])
-            w_knope, w_v = matrix(p + "attn_kv_b.weight", H * (nope + vd), kvr, grouped_rows(H, [nope, vd]))
-            return MLAWeights(wq=wq, wq_a=wq_a, q_a_norm=q_a_norm, w_ckv=w_ckv, w_kpe=w_kpe,
-                              kv_a_norm=vector(p + "attn_kv_a_norm.weight", kvr), w_knope=w_knope, w_v=w_v)
+            norm = vector(p + "attn_kv_a_norm.weight", kvr)
+            if not self.mla_compressed:
+                w_knope, w_v = matrix(p + "attn_kv_b.weight", H * (nope + vd), kvr, grouped_rows(H, [nope, vd]))
+                return MLAWeights(wq=wq, wq_a=wq_a, q_a_norm=q_a_norm, w_ckv=w_ckv, w_kpe=w_kpe, kv_a_norm=norm,
+                                  w_knope=w_knope, w_v=w_v)
+            kb, vb = get(p + "attn_k_b.weight"), get(p + "attn_v_b.weight")
+            if kb is not None and vb is not None:   # a newer GGUF's halves are the per-head matrices, in their type
+                uk = per_head(kb, (H, kvr, nope))
+                uv = per_head(vb, (H, vd, kvr))
+            else:
+                v_rows = grouped_rows(H, [nope, vd])[1].reshape(H, vd)
+                uv = matrix(p + "attn_kv_b.weight", H * (nope + vd), kvr, list(v_rows))
+                uk = [B.prepare_matrix(t) for t in absorbed_key_heads(need(p + "attn_kv_b.weight"), cfg)]
+            return MLAWeights(wq=wq, wq_a=wq_a, q_a_norm=q_a_norm, w_ckv=w_ckv, w_kpe=w_kpe, kv_a_norm=norm,
+                              w_knope=None, w_v=None, uk=uk, uv=uv)
 
         self.layers = []
         for i in range(cfg.n_layers):
@@ -572,6 +622,8 @@ class Transformer(Closable):
                 self._short_conv_block(i, layer, x, slot, p)
             elif layer.delta is not None:
                 self._delta_net_block(i, layer, x, slot, p)
+            elif layer.mla is not None and self.mla_compressed:
+                self._mla_compressed_block(i, layer, x, slot, p)
             elif layer.mla is not None:
                 self._mla_block(i, layer, x, slot, p)
             else:
@@ -669,8 +721,26 @@ class Transformer(Closable):
         cfg, B, ws = self.cfg, self.backend, self.ws
         M, n = L.mla, len(x)
         H, D, rope, nope, vd = cfg.n_heads, cfg.head_dim, cfg.rope_dim, cfg.qk_nope_dim, cfg.v_head_dim
-        h, q, k, v, attn, proj = ws.h[:n], ws.q[:n], ws.k[:n], ws.v[:n], ws.attn[:n], ws.proj[:n]
-        c, kpe, knope, vv, out = ws.mla_c[:n], ws.mla_kpe[:n], ws.mla_knope[:n], ws.mla_v[:n], ws.mla_out[:n]
+        q, k, v, attn, proj = ws.q[:n], ws.k[:n], ws.v[:n], ws.attn[:n], ws.proj[:n]
+        knope, vv, out = ws.mla_knope[:n], ws.mla_v[:n], ws.mla_out[:n]
+        c, kpe = self._mla_project(i, L, x, p)
+        B.matmul_many(c, (M.w_knope, M.w_v), (knope, vv))
+        B.copy_blocks(kpe, k, n, H, rope, (rope, 0, 0), (H * D, D, 0))             # every head's k_pe
+        B.copy_blocks(knope, k, n, H, nope, (H * nope, nope, 0), (H * D, D, rope))
+        B.copy_blocks(vv, v, n, H, vd, (H * vd, vd, 0), (H * D, D, 0))            # v's pad stays 0 (never written)
+        kv = self.kv_layer[i]
+        B.kv_store(self.cache, kv, k, v, slot, p)
+        B.attention(q, self.cache, kv, slot, p, attn, cfg.scale(), cfg.layer_window(i), cfg.attn_softcap)
+        B.copy_blocks(attn, out, n, H, vd, (H * D, D, 0), (H * vd, vd, 0))
+        B.matmul(out, L.wo, proj)
+        self._residual_add(x, proj)
+
+    def _mla_project(self, i: int, L: LayerWeights, x, p):
+        """Latent attention's projections of the normed x: the query heads [R q_pe, q_nope] into ws.q, the
+        normed compressed kv and the rotated shared k_pe (R: RoPE), returned."""
+        cfg, B, ws = self.cfg, self.backend, self.ws
+        M, n = L.mla, len(x)
+        h, q, c, kpe = ws.h[:n], ws.q[:n], ws.mla_c[:n], ws.mla_kpe[:n]
         h = self._pre_norm(x, L.attn_norm, h)
         q2 = q.reshape(n, -1)
         if M.wq_a is not None:
@@ -681,17 +751,42 @@ class Transformer(Closable):
         else:
             B.matmul_many(h, (M.wq, M.w_ckv, M.w_kpe), (q2, c, kpe))
         B.rmsnorm(c, M.kv_a_norm, cfg.norm_eps, c)
-        B.matmul_many(c, (M.w_knope, M.w_v), (knope, vv))
         inv_freq = self.inv_freq[cfg.layer_sliding[i]]
         B.rope(q, p, inv_freq, cfg.rope_neox)
-        B.rope(kpe.reshape(n, 1, rope), p, inv_freq, cfg.rope_neox)
-        B.copy_blocks(kpe, k, n, H, rope, (rope, 0, 0), (H * D, D, 0))             # every head's k_pe
-        B.copy_blocks(knope, k, n, H, nope, (H * nope, nope, 0), (H * D, D, rope))
-        B.copy_blocks(vv, v, n, H, vd, (H * vd, vd, 0), (H * D, D, 0))            # v's pad stays 0 (never written)
+        B.rope(kpe.reshape(n, 1, cfg.rope_dim), p, inv_freq, cfg.rope_neox)
+        return c, kpe
+
+    def _mla_compressed_block(self, i: int, L: LayerWeights, x, slot, p) -> None:
+        """DeepSeek's latent attention over its compressed cache: one row per token, [R k_pe, c] (c the normed
+        compressed kv), read by every head as its key and, its c part, as its value (multi-query attention).
+        A head's query is [R q_pe, q_nope W_uk] (W_uk its key rows of kv_b: q_nope . (W_uk c) taken as
+        (q_nope W_uk) . c), its output W_uv (its c part of attention's output): the same scores and values as
+        the expanded heads', in kv_lora_rank + qk_rope values a token. The per-head products go through
+        head-major scratch rows (head g's n rows together), one matmul a head."""
+        cfg, B, ws = self.cfg, self.backend, self.ws
+        M, n = L.mla, len(x)
+        H, D, rope, nope, vd, r = (cfg.n_heads, cfg.head_dim, cfg.rope_dim, cfg.qk_nope_dim, cfg.v_head_dim,
+                                   cfg.kv_lora_rank)
+        W = rope + r
+        q, kc, qc, att, out, proj = ws.q[:n], ws.mla_kc[:n], ws.mla_qc[:n], ws.mla_att[:n], ws.mla_out[:n], ws.proj[:n]
+        hin, hout = ws.mla_hin, ws.mla_hout
+        c, kpe = self._mla_project(i, L, x, p)
+        B.copy_blocks(kpe, kc, n, 1, rope, (rope, 0, 0), (W, 0, 0))
+        B.copy_blocks(c, kc, n, 1, r, (r, 0, 0), (W, 0, rope))
+        B.copy_blocks(q, qc, n, H, rope, (H * D, D, 0), (H * W, W, 0))                 # every head's R q_pe
+        B.copy_blocks(q, hin, n, H, nope, (H * D, D, rope), (nope, n * nope, 0))       # q_nope, head-major
+        for g in range(H):
+            B.matmul(hin[g * n * nope:(g + 1) * n * nope].reshape(n, nope), M.uk[g], hout[g * n * r:(g + 1) * n * r]
+                     .reshape(n, r))
+        B.copy_blocks(hout, qc, n, H, r, (r, n * r, 0), (H * W, W, rope))
         kv = self.kv_layer[i]
-        B.kv_store(self.cache, kv, k, v, slot, p)
-        B.attention(q, self.cache, kv, slot, p, attn, cfg.scale(), cfg.layer_window(i), cfg.attn_softcap)
-        B.copy_blocks(attn, out, n, H, vd, (H * D, D, 0), (H * vd, vd, 0))
+        B.kv_store(self.cache, kv, kc, kc, slot, p)
+        B.attention(qc, self.cache, kv, slot, p, att, cfg.scale(), cfg.layer_window(i), cfg.attn_softcap)
+        B.copy_blocks(att, hin, n, H, r, (H * W, W, rope), (r, n * r, 0))              # the c part, head-major
+        for g in range(H):
+            B.matmul(hin[g * n * r:(g + 1) * n * r].reshape(n, r), M.uv[g], hout[g * n * vd:(g + 1) * n * vd]
+                     .reshape(n, vd))
+        B.copy_blocks(hout, out, n, H, vd, (vd, n * vd, 0), (H * vd, vd, 0))
         B.matmul(out, L.wo, proj)
         self._residual_add(x, proj)
 

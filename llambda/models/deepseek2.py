@@ -7,9 +7,10 @@ per head [k_nope, v]. RoPE on q_pe and k_pe only, in DeepSeek's adjacent-pair la
 rotation, or V3's `rope_interleave`; llama.cpp's NORM rope); scores q_nope.k_nope + q_pe.k_pe times
 (qk_nope + qk_rope)^-0.5, and with YaRN times mscale(factor, mscale_all_dim)^2 (cos and sin left unscaled:
 a model whose `mscale` differs from `mscale_all_dim` scales only its rope dims, which is refused).
-Here MLA is expanded into ordinary attention (models/base.py's _mla_block): the cache holds every head's
-full key and its value padded to the key's width, 2 n_heads (qk_nope + qk_rope) values per token and
-layer where MLA's own cache needs kv_lora_rank + qk_rope_head_dim.
+models/base.py runs MLA over its compressed cache (_mla_compressed_block): kv_lora_rank + qk_rope values per
+token and layer, kv_b absorbed into each head's query and output; LLAMBDA_MLA_EXPANDED=1 expands it into
+ordinary attention instead (_mla_block: every head's full key and its value padded to the key's width,
+2 n_heads (qk_nope + qk_rope) values per token and layer).
 
 MLP: the first `first_k_dense_replace` layers dense, then MoE: V2 a softmax over the experts, the top k
 (`greedy`, or `group_limited_greedy`: only within the `topk_group` of `n_group` groups whose best expert
@@ -31,7 +32,7 @@ import math
 import numpy as np
 
 from ..errors import ModelFormatError
-from ..formats.quants import TRAITS, QType, quantize
+from ..formats.quants import TRAITS, QType, quantize, tensor_nbytes
 from ..formats.weights import WeightTensor
 from .config import TransformerConfig
 from .hparams import GGUFHParams, HFConfig
@@ -264,3 +265,29 @@ def join_kv_b(kb: WeightTensor, vb: WeightTensor, cfg: TransformerConfig, name: 
     if _joined_qtype(kb.qtype, vb.qtype, r) == QType.Q8_0:
         return WeightTensor(name, QType.Q8_0, joined.shape, quantize(joined, QType.Q8_0).reshape(-1))
     return WeightTensor.from_float(name, joined)
+
+
+def absorbed_key_heads(kv_b: WeightTensor, cfg: TransformerConfig) -> list[WeightTensor]:
+    """Per head the transpose of kv_b's key rows, (kv_lora, qk_nope): it takes a head's q_nope to the query
+    of the compressed cache's latent part (q_nope . (W_uk c) = (q_nope W_uk) . c). A transposed quantized
+    block cannot keep its type: Q8_0 from a quantized kv_b (when qk_nope splits into its blocks), else
+    float32, as join_kv_b."""
+    H, nope, vd, r = cfg.n_heads, cfg.qk_nope_dim, cfg.v_head_dim, cfg.kv_lora_rank
+    k = kv_b.to_float32().reshape(H, nope + vd, r)[:, :nope].transpose(0, 2, 1)     # (H, r, nope)
+    q8 = absorbed_key_type(kv_b.qtype, cfg) == QType.Q8_0
+    return [WeightTensor(f"{kv_b.name}[{h}]", QType.Q8_0, (r, nope), quantize(np.ascontiguousarray(k[h]), QType.Q8_0)
+                         .reshape(-1)) if q8 else WeightTensor.from_float(f"{kv_b.name}[{h}]", np.ascontiguousarray(k[h]))
+            for h in range(H)]
+
+
+def absorbed_key_type(kv_b_type: QType, cfg: TransformerConfig) -> QType:
+    """The type absorbed_key_heads keeps kv_b's transposed key half in."""
+    return _joined_qtype(kv_b_type, kv_b_type, cfg.qk_nope_dim)
+
+
+def absorbed_key_growth(kv_b_type: QType, kv_b_bytes: int, cfg: TransformerConfig) -> int:
+    """For the memory plan: what the compressed path's copy of kv_b's key half (absorbed_key_heads) takes
+    beyond that half's `kv_b_bytes` share."""
+    nope, vd = cfg.qk_nope_dim, cfg.v_head_dim
+    keys = (cfg.n_heads * cfg.kv_lora_rank, nope)
+    return tensor_nbytes(absorbed_key_type(kv_b_type, cfg), keys) - kv_b_bytes * nope // (nope + vd)

@@ -3,7 +3,8 @@
 Weights: the file is mapped read-only and each matrix is packed into the backend's arena, its file pages
 released once packed (formats/files.release_pages), so what stays resident is the packed copy (the native
 core's layouts are the file's bytes regrouped: the same size) and, while loading, one tensor's file pages
-at a time. The KV cache: 2 x attention layers x kv_dim x bytes per value, per token of each slot. A hybrid
+at a time. The KV cache: 2 x attention layers x kv_dim x bytes per value, per token of each slot (latent
+attention's compressed cache: its one row of kv_lora_rank + qk_rope values a layer, base.kv_rows). A hybrid
 model's recurrent state (base.recurrent_state_specs: a short convolution's window, a delta net's matrix per
 head), per slot whatever the context. Activations: the
 forward pass's buffers at the batch size (`Workspace`). Available: the kernel's MemAvailable (free memory
@@ -21,8 +22,8 @@ from ..formats import staging
 from ..formats.pagecache import mem_available, should_drop
 from ..formats.readahead import CHUNK as READ_CHUNK
 from ..formats.source import ModelSource
-from .base import Workspace, mlp_width, recurrent_state_specs
-from .deepseek2 import split_part_at_load
+from .base import Workspace, kv_rows, mla_compressed, mlp_width, recurrent_state_specs
+from .deepseek2 import absorbed_key_growth, split_part_at_load
 
 
 @dataclass
@@ -120,6 +121,7 @@ def plan(src: ModelSource, n_ctx: int, n_slots: int = 1, kv_type: str = "f32", m
     once looked up, where the lookup converts it, as quantize= does; the backend's packed_type then says
     what it keeps that type in: the native one converts the types it does not run)."""
     cfg = src.config
+    compressed = mla_compressed(cfg)
     mapped, largest, params, packed = 0, 0, 0, 0
     experts: dict[str, int] = {}    # an MoE layer's gate, up and down experts are let go of together, once all packed
     for name, t in src.tensors():
@@ -130,21 +132,28 @@ def plan(src: ModelSource, n_ctx: int, n_slots: int = 1, kv_type: str = "f32", m
             layer = name.split("ffn_")[0]
             experts[layer] = experts.get(layer, 0) + n
         params += int(np.prod(t.shape))
-        kept = split_part_at_load(src, name, t)     # DeepSeek's split kv_b halves: rejoined, Q8_0 or float32
+        # DeepSeek's split kv_b halves: rejoined (Q8_0 or float32) for the expanded heads, kept for the compressed
+        kept = t if compressed else split_part_at_load(src, name, t)
         q = qtype_at_load(name, kept) if qtype_at_load is not None else kept.qtype
         if backend is not None:
             q = backend.packed_type(q, kept.shape[-1])
-        packed += n if q == t.qtype and kept is t else tensor_nbytes(q, kept.shape)
+        size = n if q == t.qtype and kept is t else tensor_nbytes(q, kept.shape)
+        if compressed and name.endswith("attn_kv_b.weight"):     # its key half transposed (absorbed_key_heads)
+            size += absorbed_key_growth(q, size, cfg)
+        packed += size
     weights = params * 4 if float_weights else packed
     largest = max([largest, *experts.values()]) + READ_CHUNK     # + the read-ahead's chunk, mapped while it reads
     available = mem_available()
     if src.format == "gguf" and staging.enabled() and should_drop(mapped, available):
         largest += staging.WINDOW + staging.ROUND       # staging buffers: the window ahead + the tensor packed
     kv_layers = max(1, cfg.layer_kinds.count("attention"))     # a hybrid model's other layers keep no KV
-    kv_per_token = int(2 * kv_layers * kv_value_bytes(kv_type, cfg.kv_dim))
-    kv_base = 4 * kv_layers * cfg.kv_dim * n_slots if kv_type == "q8_0" else 0   # a float key base per slot
+    n_kv, head_dim = kv_rows(cfg, compressed)
+    arrays = 1 if compressed else 2         # the compressed cache's values are its keys' rows
+    kv_per_token = int(arrays * kv_layers * kv_value_bytes(kv_type, n_kv * head_dim))
+    based = kv_type == "q8_0" and not compressed
+    kv_base = 4 * kv_layers * n_kv * head_dim * n_slots if based else 0     # a float key base per slot
     extra = backend.workspace_specs(cfg, max_tokens) if backend is not None else None
-    acts = Workspace(cfg, max_tokens, max(n_slots, 16), extra, mlp_width(cfg, src.tensor)).nbytes()
+    acts = Workspace(cfg, max_tokens, max(n_slots, 16), extra, mlp_width(cfg, src.tensor), compressed).nbytes()
     state = recurrent_state_specs(cfg, n_slots)[2]
     recurrent = sum(int(np.prod(shape)) * np.dtype(dt).itemsize for shape, dt in state.values())
     return MemoryPlan(weights, mapped, largest, kv_per_token, kv_per_token * n_ctx * n_slots + kv_base, acts, n_ctx,
