@@ -349,10 +349,11 @@ def cmd_run(a) -> int:
     if not prompt:          # was said only after the load, by the library ("give at least one token")
         raise ValueError("the prompt is empty: give the text to continue (as words, -p, -f FILE or on stdin)")
     from .commands.run_flags import ThoughtHider, warn_unused_in_completion
+    from .server.harmony import speaks_harmony
     from .thinking import prompt_opens_thought
     warn_unused_in_completion(a.think)
-    hider = ThoughtHider(prompt_opens_thought(prompt)) if a.hidethinking else None
     model = _load(a, generates=True)
+    hider = ThoughtHider(prompt_opens_thought(prompt), speaks_harmony(model)) if a.hidethinking else None
     t0 = time.perf_counter()
     try:
         _stream_out(model.stream(prompt, **_sampling_kwargs(a), **constraint, **spec), a.verbose, t0, hider)

@@ -93,7 +93,7 @@ class ChatSession:
         self.model = model
         self.sampling = sampling
         self.system = system
-        self.hide_thinking = hide_thinking      # --hidethinking: a reply is shown past its <think> thought
+        self.hide_thinking = hide_thinking      # --hidethinking: a reply is shown without its thought
         self.messages: list[dict] = []
         self.last = ReplyStats()
         self.verbose = False         # each reply's stats on stderr (-v, /set verbose)
@@ -155,9 +155,10 @@ class ChatSession:
         if not self.hide_thinking:
             return write, None
         from .commands.run_flags import ThoughtHider
+        from .server.harmony import speaks_harmony
         from .thinking import prompt_opens_thought
         prompt = self.model.render_chat(self.history(), **(self.sampling.get("template_kwargs") or {}))
-        hider = ThoughtHider(prompt_opens_thought(prompt))
+        hider = ThoughtHider(prompt_opens_thought(prompt), speaks_harmony(self.model))
         return (lambda text: write(hider(text))), hider
 
     def command(self, line: str) -> str | None:

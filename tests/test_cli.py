@@ -709,6 +709,19 @@ def test_hidethinking_prints_only_the_answer_of_a_run(fake_run, capsys):
     assert capsys.readouterr().out == "Yes.\n"
 
 
+def test_hidethinking_prints_only_the_final_message_of_a_harmony_run(fake_run, capsys, monkeypatch):
+    from types import SimpleNamespace
+    seen, main = fake_run
+    # a gpt-oss: its template writes harmony's channels
+    monkeypatch.setattr(_FakeGenerator, "source", SimpleNamespace(chat_template="<|channel|>final"), raising=False)
+    seen["reply"] = ["<|channel|>", "analysis", "<|message|>", "The user wants", " Paris.", "<|end|>",
+                     "<|start|>", "assistant", "<|channel|>", "final", "<|message|>", "Paris", " it is."]
+    assert main(["run", "--hidethinking", "Capital?"]) == 0
+    assert capsys.readouterr().out == "Paris it is.\n"
+    assert main(["run", "Capital?"]) == 0          # without the flag: the text as generated, headers and all
+    assert capsys.readouterr().out == "".join(seen["reply"]) + "\n"
+
+
 def test_ps_says_what_answered_when_it_is_no_ollama_api(capsys):
     from serverkit import LiveServer
     from starlette.applications import Starlette

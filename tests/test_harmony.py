@@ -165,6 +165,31 @@ def test_blanks_between_messages_are_not_held():
     assert p.finish() == ("", [])
 
 
+def test_hidethinking_hides_the_analysis_of_a_harmony_chat(tmp_path):
+    """`llambda chat --hidethinking` with a harmony model: the analysis channel was printed with the answer."""
+    import io
+
+    import llambda
+    from llambda.repl import ChatSession, run_chat
+    from test_export import tiny_llama_gguf
+
+    gg = tiny_llama_gguf(tmp_path / "tiny.gguf", control_tokens=HARMONY_TOKENS, chat_template=TEMPLATE)
+    answer = "<|channel|>analysis<|message|>greeting<|end|><|start|>assistant<|channel|>final<|message|>Hello"
+    sampling = {"regex": re.escape(answer), "max_tokens": 200, "temperature": 0}
+    with pytest.warns(llambda.LlambdaWarning, match="context"):
+        m = llambda.load(gg, n_slots=1, n_ctx=512)
+    with m:
+        shown = {}
+        for hide in (True, False):
+            out = io.StringIO()
+            s = ChatSession(m, sampling, hide_thinking=hide)
+            assert run_chat(s, "banner", None, stdin=io.StringIO("hi\n"), stdout=out) == 0
+            shown[hide] = out.getvalue()
+            assert s.messages[-1]["content"] == answer          # the conversation keeps it as generated
+    assert shown[True] == "Hello\n"
+    assert shown[False] == answer + "\n"                        # without the flag: as generated, as before
+
+
 def _harmony_vocab_meta(tokens):
     from llambda.tokenizer.pieces import BYTE_CHARS
     toks = list(BYTE_CHARS) + list(tokens)

@@ -9,7 +9,7 @@ import pytest
 
 from llambda.server.openai_format import ChoiceState
 from llambda.server.text_logprobs import TextLogprobs
-from llambda.server.tools import ToolSetup
+from llambda.server.tools import ToolSetup, hermes_prefix
 from serverkit import MODEL_ID, assert_error, post
 
 LOGPROBS = ["message.output_text.logprobs"]
@@ -55,6 +55,45 @@ def _taken(pieces: list[str], setup: ToolSetup, cuts: list[int]) -> list[str]:
 def test_a_streamed_token_waits_until_the_parser_settles_it(pieces, setup, text):
     for cuts in ([len(pieces)], list(range(1, len(pieces) + 1)), [2, 5]):
         assert _taken(pieces, setup, cuts) == text, cuts
+
+
+def _taken_whole(pieces: list[str], setup: ToolSetup) -> list[str]:
+    """The text tokens' logprobs of a choice read whole (its calls taken out at the end), fed `pieces`."""
+    st = ChoiceState(0, tools=setup)
+    st.read_whole()
+    for i, piece in enumerate(pieces):
+        st.token_ends.add(piece)
+        st.logprobs.append((i, -0.5, []))
+        st.keep(piece, end=i + 1 == len(pieces))
+    return [e["token"] for e in TextLogprobs(st, _Strings(pieces)).take(end=True)]
+
+
+CALL = ['<tool_call>', '\n{"name": "f", "arguments": {', '"a": 1}}', '\n', '</tool_call>']
+TOOLS = {"f"}
+
+
+@pytest.mark.parametrize("pieces, setup, streamed, whole", [
+    # text, then a call: the call's tokens are not the text's; read whole, the text is stripped
+    (["Sure", ".", "\n"] + CALL, ToolSetup(TOOLS), ["Sure", ".", "\n"], ["Sure", "."]),
+    # text after a call too; the whitespace between calls is no one's
+    (["Hi"] + CALL + ["\n"] + CALL + ["\n", "Done"], ToolSetup(TOOLS), ["Hi", "\n", "Done"], ["Hi", "\n", "Done"]),
+    # a forced call (its start is our prefix): no text at all
+    ([' {"a": 1', '}}', "\n", "</tool_call>"], ToolSetup(TOOLS, prefix=hermes_prefix("f")), [], []),
+    # ...one the model fails to make is its text, every token of it
+    ([" no", "pe", "</tool_call>"], ToolSetup(TOOLS, prefix=hermes_prefix("f")),
+     [" no", "pe", "</tool_call>"], [" no", "pe", "</tool_call>"]),
+    # a call to a tool not offered falls back to text, tags and all
+    (["<tool_call>", '{"name": "g"}', "</tool_call>"], ToolSetup(TOOLS),
+     ["<tool_call>", '{"name": "g"}', "</tool_call>"], ["<tool_call>", '{"name": "g"}', "</tool_call>"]),
+    # a bare JSON call (no tags) is a call
+    (['{"name": "f", ', '"arguments": {}}'], ToolSetup(TOOLS), [], []),
+    # after a thought: neither the thought nor the call
+    (["<think>", "x", "</think>", "\n\n", "Ok"] + CALL, ToolSetup(TOOLS, thinks=True), ["Ok"], ["Ok"]),
+])
+def test_tool_calls_written_as_text_carry_no_text_logprobs(pieces, setup, streamed, whole):
+    for cuts in ([len(pieces)], list(range(1, len(pieces) + 1)), [2, 5]):
+        assert _taken(pieces, setup, cuts) == streamed, cuts
+    assert _taken_whole(pieces, setup) == whole
 
 
 def _chat_logprobs(client, top: int) -> list[dict]:

@@ -389,6 +389,28 @@ def test_responses_logprobs_leave_out_the_thought(live):
     assert events[-1]["response"]["output"][1]["content"][0]["logprobs"] == got
 
 
+def test_responses_logprobs_leave_out_a_tool_call_written_after_the_text(live):
+    """A `<tool_call>` block after the answer's text is the call's, not output_text's: read whole, its
+    tokens were in the message's logprobs; streamed, the list stopped short of the text's end."""
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    output = f"<think>\n{THOUGHT}\n</think>\n\n{ANSWER}\n{call}"
+    body = {"model": "tiny-think", "input": "hi", "max_output_tokens": 200, "temperature": 0, "store": False,
+            "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}],
+            "regex": re.escape(output), "include": ["message.output_text.logprobs"]}
+    whole = _post(live, "/v1/responses", body).json()["output"]
+    assert [o["type"] for o in whole] == ["reasoning", "message", "function_call"]
+    part = whole[1]["content"][0]
+    assert part["text"] == ANSWER and "".join(e["token"] for e in part["logprobs"]).strip() == ANSWER
+    with httpx.stream("POST", live.url + "/v1/responses", json={**body, "stream": True}, timeout=120) as s:
+        events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    streamed = [lp["token"] for e in deltas for lp in e["logprobs"]]
+    assert "".join(streamed) == "".join(e["delta"] for e in deltas) and "".join(streamed).strip() == ANSWER
+    final = events[-1]["response"]["output"]
+    assert [o["type"] for o in final] == ["reasoning", "message", "function_call"]
+    assert [e["token"] for e in final[1]["content"][0]["logprobs"]] == streamed
+
+
 def test_messages_thinking_blocks_and_disabled(live):
     body = {"model": "tiny-think", "max_tokens": 200, "messages": USER, "temperature": 0, "regex": re.escape(OUTPUT)}
     r = _post(live, "/v1/messages", body).json()

@@ -3,9 +3,11 @@
 
 --think sets the chat template's thinking switch (enable_thinking: Qwen3, SmolLM3) and, as a level, its
 reasoning_effort (gpt-oss), as the server's Ollama API reads `think`. --hidethinking lets the model think
-but prints only what follows its `<think>` thought. --nowordwrap and --keepalive are accepted so that
-commands written for ollama run here: llambda never wraps the text (it writes it as generated), and the
-model lives in the command's own process, which ends with it, so there is nothing to keep loaded.
+but prints only what follows its `<think>` thought, or of a harmony answer (gpt-oss) only the bodies of its
+final and commentary messages, as the server's parsers split them. --nowordwrap and --keepalive are
+accepted so that commands written for ollama run here: llambda never wraps the text (it writes it as
+generated), and the model lives in the command's own process, which ends with it, so there is nothing to
+keep loaded.
 """
 from __future__ import annotations
 
@@ -42,7 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(gpt-oss's reasoning_effort); a template that reads neither ignores it, and `run` "
                         "with a prompt has no template (default: the template's own)")
     g.add_argument("--hidethinking", action="store_true",
-                   help="let a reasoning model think but print only its answer (what follows its <think> thought)")
+                   help="let a reasoning model think but print only its answer (what follows its <think> "
+                        "thought; of gpt-oss, its final messages, not the analysis)")
     g.add_argument("--nowordwrap", action="store_true",
                    help="accepted as ollama takes it; llambda never wraps the output (it writes the text as "
                         "generated)")
@@ -84,14 +87,18 @@ def warn_unused_in_completion(think: str | None) -> None:
 class ThoughtHider:
     """--hidethinking: the generated text in, the text past its `<think>` thought out (and the blank
     lines after `</think>`); `opened`: the prompt already opened the thought. A thought never closed is
-    all hidden."""
+    all hidden. harmony: the model answers in harmony's channels (gpt-oss): out come its final and
+    commentary messages' bodies, without their headers; the analysis messages are the thought."""
 
-    def __init__(self, opened: bool):
+    def __init__(self, opened: bool, harmony: bool = False):
+        from ..server.harmony import HarmonyParser
         from ..server.think import ThinkParser
-        self.parser = ThinkParser(opened=opened)
+        self.parser = HarmonyParser() if harmony else ThinkParser(opened=opened)
 
     def __call__(self, text: str) -> str:
-        return self.parser.feed(text)[0]
+        shown = self.parser.feed(text)[0]
+        self.parser.take_reasoning()      # not shown: not kept either
+        return shown
 
     def finish(self) -> str:
         return self.parser.finish()[0]

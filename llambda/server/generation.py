@@ -21,7 +21,7 @@ from ..thinking import PromptThought, ThinkingBudget, output_thinking, prompt_th
 from .config import ServerConfig
 from .errors import APIError, bad_request, model_not_found
 from .fim import find_fim_tokens, fim_prompt_ids, require_fim
-from .harmony import CHANNEL, harmony_vocabulary, with_analysis
+from .harmony import speaks_harmony, with_analysis
 from .openai_format import (SSE_DONE, ChoiceState, TokenStrings, Usage, chat_logprobs, chat_response,
                             completion_logprobs, completion_response, new_id, now, sse, tool_finish)
 from .scheduler import Channel, Job, JobFailure, PromptLogprobs, QueueFull, Scheduler, ShuttingDown
@@ -65,7 +65,7 @@ class Service:
         # tool_choice can start the answer with the opening of a call
         self.template_hermes = OPEN_TAG in src
         # gpt-oss answers in channels (analysis, final) and calls tools as messages to functions.NAME
-        self.harmony = harmony_vocabulary(model.tokenizer) or CHANNEL in src
+        self.harmony = speaks_harmony(model)
         # Qwen3, SmolLM3, QwQ, DeepSeek-R1: a thought in <think>...</think> comes before the answer
         self.thinks = not self.harmony and template_thinks(src)
         self.workers = PromptWorkers(cfg.prompt_workers, backlog=max(cfg.queue_size, cfg.prompt_workers))

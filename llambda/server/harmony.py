@@ -37,6 +37,12 @@ _RECIPIENT_RE = re.compile(r"(?:^|\s)to=([^\s<]+)")
 OPENING, HEADER, BODY, GAP = "opening", "header", "body", "gap"
 
 
+def speaks_harmony(model) -> bool:
+    """The model answers in harmony's channels: its vocabulary has `<|channel|>`, or its chat template writes one."""
+    src = getattr(getattr(model, "source", None), "chat_template", None) or ""
+    return harmony_vocabulary(getattr(model, "tokenizer", None)) or CHANNEL in src
+
+
 def harmony_vocabulary(tokenizer) -> bool:
     """The model speaks harmony: its vocabulary has the `<|channel|>` token."""
     vocab = getattr(tokenizer, "vocab", None) if tokenizer is not None else None

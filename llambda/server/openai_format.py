@@ -86,11 +86,13 @@ class ChoiceState:
         self.n_generated = 0
         self.tools = tools
         self.tool_parser = answer_parser(tools)
-        # where each token ends, for usage's reasoning_tokens (None: the answer has no reasoning format)
-        self.token_ends = TokenEnds() if counts_reasoning(tools) else None
+        # where each token ends, for usage's reasoning_tokens and the text's logprobs (None: nothing
+        # splits the answer, no reasoning format and no tools)
+        self.token_ends = TokenEnds() if counts_reasoning(tools) or (tools is not None and tools.names) else None
         self.answer: list[str] = []      # read whole: the answer's text and its reasoning, split as they came
         self.thought: list[str] = []
         self.made_calls = False          # streaming: tool-call deltas went out
+        self.whole = False               # read whole (read_whole): tool calls are extracted at the end
 
     @property
     def text(self) -> str:
@@ -101,6 +103,7 @@ class ChoiceState:
         parser, whose spans also count the reasoning tokens); tool calls in a thinking model's answer
         are extracted from the answer at the end, as without a thought."""
         self.tool_parser = answer_parser(self.tools, whole=True)
+        self.whole = True
 
     def keep(self, text: str, end: bool) -> None:
         """A whole answer's next text (end: the choice finished); the parser splits it as it comes."""

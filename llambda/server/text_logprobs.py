@@ -2,11 +2,13 @@
 
 They are chat completions' own per-token entries (`ChoiceState.logprobs`, formatted by
 `chat_logprobs`) of the tokens whose text overlaps the answer's text, as the parser that splits the
-answer found it (`content_spans()`: after a `<think>` thought and the blank lines that follow it, or
-the bodies of harmony's final and commentary messages), so no token of a thought, of its tags or of a
-harmony header is among them. An answer without a reasoning format has no such split: every token.
+answer found it (`content_spans()`: after a `<think>` thought and the blank lines that follow it, the
+bodies of harmony's final and commentary messages, the text around `<tool_call>` blocks), so no
+token of a thought, of its tags, of a harmony header or of a tool call is among them. An answer read
+whole has its tool calls taken out at the end (`ToolSetup.extract`); the same split says where its
+text lies. An answer with neither a reasoning format nor tools has no split: every token.
 Streamed, a token is given out once the parser has settled the text it spells (text it holds back,
-such as a `</think>` that may be arriving, could still turn out to be the thought's).
+such as a `</think>` that may be arriving or a call not yet announced, could still turn out otherwise).
 """
 from __future__ import annotations
 
@@ -26,16 +28,34 @@ class TextLogprobs:
         st = self.state
         ends, parser = st.token_ends, st.tool_parser
         first = self.seen
-        if ends is None or parser is None:      # no reasoning format: every token is the text's
+        if ends is None:                        # nothing splits the answer: every token is the text's
             self.seen = len(st.logprobs)
             return chat_logprobs(st.logprobs[first:], self.strings)["content"]
-        self.seen = len(st.logprobs) if end else min(ends.settled(parser.settled()), len(st.logprobs))
+        if end:
+            self.seen = len(st.logprobs)
+        elif parser is not None:
+            self.seen = min(ends.settled(parser.settled()), len(st.logprobs))
         if self.seen <= first:
             self.seen = first
             return []
-        text = ends.inside(parser.content_spans(), first, self.seen)
+        text = ends.inside(_text_spans(st), first, self.seen)
         kept = [e for e, is_text in zip(st.logprobs[first:self.seen], text) if is_text]
         return chat_logprobs(kept, self.strings)["content"]
+
+
+def _text_spans(st: ChoiceState) -> list[tuple[int, int]]:
+    """Where the answer's text lies in the generated text, as far as it is parsed."""
+    tools, parser = st.tools, st.tool_parser
+    if not (st.whole and tools.names and not tools.harmony):
+        return parser.content_spans()
+    # read whole, the calls are taken out of the answer (after any thought) at the end, not by the parser
+    start = 0
+    if parser is not None:
+        spans = parser.content_spans()
+        if not spans:
+            return []
+        start = spans[0][0]
+    return [(start + s, start + e) for s, e in tools.text_spans(st.text[start:])]
 
 
 def event_logprobs(logprobs: list[dict]) -> list[dict]:

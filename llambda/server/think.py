@@ -64,11 +64,19 @@ class ThinkParser:
         return [(0, end)] if end else []
 
     def content_spans(self) -> list[tuple[int, int]]:
-        """Where the answer's text lies in the text fed so far: [(start, end)] or []."""
-        return [] if self.answer_at is None else [(self.answer_at, self.seen)]
+        """Where the answer's text lies in the text fed so far: [(start, end)], [], or the tool-call
+        parser's spans of the answer (its calls left out)."""
+        if self.answer_at is None:
+            return []
+        if self.inner is None:
+            return [(self.answer_at, self.seen)]
+        return [(self.answer_at + s, self.answer_at + e) for s, e in self.inner.content_spans()]
 
     def settled(self) -> int:
-        """How much of the text fed so far has its place (thought or answer) decided: all but what is held."""
+        """How much of the text fed so far has its place (thought, answer, call) decided: all but what
+        is held, here or by the tool-call parser."""
+        if self.inner is not None and self.answer_at is not None:
+            return min(self.seen - len(self.buf), self.answer_at + self.inner.settled())
         return self.seen - len(self.buf)
 
     def _think(self, text: str) -> None:

@@ -53,6 +53,10 @@ class ToolSetup:
     def extract(self, text: str) -> tuple[str, list[dict]]:
         return extract_tool_calls(text, self.names, self.prefix, self.parallel)
 
+    def text_spans(self, text: str) -> list[tuple[int, int]]:
+        """Where extract(text)'s content lies in `text` (the calls left out)."""
+        return split_answer(text, self.names, self.prefix, self.parallel)[2]
+
 
 def hermes_prefix(choice) -> str:
     """Text that starts the assistant's answer so the model must call a tool (Hermes-style templates).
@@ -122,13 +126,45 @@ class ToolCallParser:
         self._esc = False
         self._started = False    # the arguments object has begun (the call is announced)
         self._out: list[tuple] = []
+        self.seen = 0            # characters fed, the prefix's included (buf is always their tail)
+        self.block_at = 0        # where the call being parsed began (its tag, or a bare call's first blank)
+        self._spans: list[tuple[int, int]] = []   # (start, end) of each piece of content, as fed
+        self._skip = len(prefix)   # the prefix is ours, not generated: spans are counted after it
         # The prefix only opens a call; whatever it yields goes out with the first real output.
         self._carry = self._step_all(prefix) if prefix else ([], [])
 
     # -- output ------------------------------------------------------------------------------
-    def _content(self, text: str) -> None:
+    def _content(self, text: str, at: int) -> None:
+        """Content that began `at` characters into the text fed."""
         if text and not (self.calls and not text.strip()):   # whitespace between calls is not content
             self._out.append(("content", text))
+            if self._spans and self._spans[-1][1] == at:
+                self._spans[-1] = (self._spans[-1][0], at + len(text))
+            else:
+                self._spans.append((at, at + len(text)))
+
+    def _here(self) -> int:
+        """Where `buf` begins in the text fed."""
+        return self.seen - len(self.buf)
+
+    def content_spans(self) -> list[tuple[int, int]]:
+        """Where the content lies in the generated text fed so far (no call, no whitespace between
+        calls; a call that fell back to text is content)."""
+        out = []
+        for s, e in self._spans:
+            s, e = max(s - self._skip, 0), e - self._skip
+            if e > s:
+                out.append((s, e))
+        return out
+
+    def settled(self) -> int:
+        """How much of the generated text fed so far is decided (content or call): not what is held,
+        nor a call not yet announced, which may still turn out to be text."""
+        undecided = self.state in (HEADER, WHOLE) or (self.state == ARGS and not self._started)
+        return max((self.block_at if undecided else self._here()) - self._skip, 0)
+
+    def reasoning_spans(self) -> list[tuple[int, int]]:
+        return []            # no reasoning channel (see take_reasoning)
 
     def _announce(self) -> None:
         self.calls.append({"id": new_call_id(), "name": self._name, "arguments": "", "complete": False})
@@ -143,6 +179,7 @@ class ToolCallParser:
 
     def _step_all(self, text: str) -> tuple[list[str], list[dict]]:
         self.buf += text
+        self.seen += len(text)
         while self._advance():
             pass
         return self._take()
@@ -194,10 +231,11 @@ class ToolCallParser:
                 if self.calls and not self.buf.strip():
                     return False          # whitespace after a call: content only if text follows
                 keep = _partial_suffix(self.buf, OPEN_TAG)
-                self._content(self.buf[:len(self.buf) - keep])
+                self._content(self.buf[:len(self.buf) - keep], self._here())
                 self.buf = self.buf[len(self.buf) - keep:]
                 return False
-            self._content(self.buf[:at])
+            self._content(self.buf[:at], self._here())
+            self.block_at = self._here() + at
             self.buf = self.buf[at + len(OPEN_TAG):]
             if self.calls and not self.parallel:
                 self.state = SKIP
@@ -263,6 +301,7 @@ class ToolCallParser:
     def _open_block(self, bare: bool) -> bool:
         self.bare = bare
         self.block = ""
+        self.block_at = self._here()
         self.state = HEADER
         return True
 
@@ -270,7 +309,7 @@ class ToolCallParser:
         """A call parsed in one piece, or its raw text as content."""
         call = _whole_call(body, self.names)
         if call is None:
-            self._content(raw)
+            self._content(raw, self.block_at)
             return
         self._name = call[0]
         self._announce()
@@ -328,7 +367,7 @@ class ToolCallParser:
         s, buf = self.state, self.buf
         self.buf = ""
         if s in (START, TEXT):
-            self._content(buf)
+            self._content(buf, self.seen - len(buf))
         elif s in (HEADER, WHOLE) or (s == ARGS and not self._started):
             raw = self.block + buf
             body = raw[len(OPEN_TAG):] if not self.bare and raw.startswith(OPEN_TAG) else raw
@@ -364,7 +403,15 @@ def _valid_call(call: dict) -> bool:
 
 def extract_tool_calls(text: str, names: set[str], prefix: str = "",
                        parallel: bool = True) -> tuple[str, list[dict]]:
-    """(content, tool calls) of a finished answer; `text` is what the model generated after `prefix`.
+    """(content, tool calls) of a finished answer: split_answer's, without where the content lies."""
+    content, calls, _ = split_answer(text, names, prefix, parallel)
+    return content, calls
+
+
+def split_answer(text: str, names: set[str], prefix: str = "",
+                 parallel: bool = True) -> tuple[str, list[dict], list[tuple[int, int]]]:
+    """(content, tool calls, where the content lies in `text`) of a finished answer; `text` is what
+    the model generated after `prefix`.
 
     Calls must be complete with arguments that parse as a JSON object; otherwise the whole
     answer (with the prefix) is returned as content and no call. An answer that ends inside a
@@ -379,12 +426,27 @@ def extract_tool_calls(text: str, names: set[str], prefix: str = "",
     cut = bool(p.calls) and not p.calls[-1]["complete"]
     for c in p.calls:
         if not cut and not _valid_call(c):
-            return prefix + text, []
+            return prefix + text, [], [(0, len(text))] if text else []
         calls.append({"id": c["id"], "type": "function",
                       "function": {"name": c["name"], "arguments": c["arguments"]}})
     if not calls:
-        return content, []
-    return content.strip(), calls
+        return content, [], p.content_spans()
+    return content.strip(), calls, _stripped(p.content_spans(), text)
+
+
+def _stripped(spans: list[tuple[int, int]], text: str) -> list[tuple[int, int]]:
+    """`spans` of `text` less the blanks their joined text starts and ends with (as str.strip())."""
+    spans = list(spans)
+    while spans and not text[spans[0][0]:spans[0][1]].strip():
+        spans.pop(0)
+    while spans and not text[spans[-1][0]:spans[-1][1]].strip():
+        spans.pop()
+    if spans:
+        s, e = spans[0]
+        spans[0] = (e - len(text[s:e].lstrip()), e)
+        s, e = spans[-1]
+        spans[-1] = (s, s + len(text[s:e].rstrip()))
+    return spans
 
 
 # -- constrained calls -------------------------------------------------------------------------
