@@ -218,11 +218,16 @@ def check_vocabularies(draft_tok, target_tok, draft_vocab: int, target_vocab: in
         raise VocabularyMismatchError("the draft model ends text with other tokens than the target")
 
 
-def verify(seq: engine.Sequence, drafts: list[int], logits: np.ndarray, stats: SpecStats | None = None) -> list:
+def verify(seq: engine.Sequence, drafts: list[int], logits: np.ndarray, stats: SpecStats | None = None,
+           go_on=None) -> list:
     """Step `seq` through the target's logits rows (row i follows drafts[:i]) while the target's
-    choice equals the draft; the events of the tokens it emitted (at least one)."""
+    choice equals the draft; the events of the tokens it emitted (at least one). `go_on()` False
+    stops before a row past the first (the server's step mask budget is spent): the next step
+    feeds the last token again, and draws what the rows left would have."""
     events = []
     for i in range(len(drafts) + 1):
+        if i and go_on is not None and not go_on():
+            break
         ev = seq.step(logits[i])
         events.append(ev)
         if seq.finished or i == len(drafts) or ev.token != drafts[i]:
@@ -257,9 +262,9 @@ class Speculation:
         k = min(self.length.k, room, _tokens_left(seq) - 1, seq.n_ctx - len(seq.tokens))
         return self.drafter.draft(seq.tokens, k, slot) if k > 0 else []
 
-    def settle(self, seq: engine.Sequence, drafts: list[int], logits: np.ndarray) -> tuple[list, int]:
-        """Step the sequence through the verification rows; (its events, drafts accepted)."""
-        events = verify(seq, drafts, logits, self.stats)
+    def settle(self, seq: engine.Sequence, drafts: list[int], logits: np.ndarray, go_on=None) -> tuple[list, int]:
+        """Step the sequence through the verification rows; (its events, drafts accepted). go_on: verify's."""
+        events = verify(seq, drafts, logits, self.stats, go_on)
         kept = accepted_count(drafts, events)
         self.length.update(len(drafts), kept)
         return events, kept

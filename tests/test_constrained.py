@@ -281,6 +281,19 @@ def test_a_mask_too_costly_to_compute_is_refused(monkeypatch):
         g.compile(grammar_spec(regex="ab+"))
 
 
+def test_a_grammar_past_llguidances_limits_on_one_mask_is_refused_naming_them(monkeypatch):
+    """llguidance stops a mask that needs too many Earley items while computing it (the CPU cap can
+    only follow a mask): the bound is ours, set on every grammar, and the 400 names it, not the
+    parser's "Too many items"."""
+    from llambda.constraints import bounds
+    g = Grammars(ByteVocab(), 257)
+    spec = grammar_spec(grammar='start: x\nx: ("a" | "b" y)*\ny: "c"*')
+    g.compile(spec)
+    monkeypatch.setattr(bounds, "MASK_MAX_ITEMS", 1)
+    with pytest.raises(ConstraintError, match=r"grammar: the grammar is too costly to follow: .*step_max_items limit \(1\)"):
+        g.compile(spec)
+
+
 def test_a_steps_masks_over_its_budget_refuse_the_dearest_requests():
     """16 requests whose masks are each just under the one-mask cap would stall every stream 16 times
     as long: the dearest are refused until the rest fit the step's budget, the cheap ones never."""
@@ -297,6 +310,22 @@ def test_a_steps_masks_over_its_budget_refuse_the_dearest_requests():
     assert bounds.to_refuse({"one request, n=16": 16 * 0.9 * cap}) == ["one request, n=16"]
     assert bounds.to_refuse({"a": budget / 2, "b": budget / 2}) == []
     assert f"at most {budget * 1e3:.0f} ms a step" in bounds.step_budget_exceeded(0.72, 0.8)
+
+
+def test_a_step_holds_sequences_back_only_past_its_budget_and_after_one_went():
+    """StepMasks: once the step's grammar CPU is past its budget the sequences left are held back,
+    but never the first (a budget spent by nothing would hold every sequence, every step)."""
+    from llambda.constraints import bounds
+    m = bounds.StepMasks(2)
+    m.add(0.06, "a")
+    assert not m.hold() and not m.past(0.04) and m.past(0.05)
+    m.add(0.05, "b")
+    assert m.hold() and m.to_refuse() == ["a"] and m.spent == m.charged["a"] + m.charged["b"]
+    m.add(0.01)                                  # a sequence that ended: spent, charged to no one
+    assert m.spent > sum(m.charged.values())
+    nothing = bounds.StepMasks(0)
+    nothing.budget = -1.0
+    assert nothing.past() and not nothing.hold()
 
 
 def test_a_busy_server_of_ordinary_grammars_fits_the_step_budget():

@@ -516,13 +516,58 @@ class CostlyMatcher:
         return True
 
 
+class DearAdvanceMatcher(CostlyMatcher):
+    """Takes every token drawn unmasked (no mask is ever needed), each at `cost` of the clock."""
+
+    def try_consume_tokens(self, tokens):
+        self.clock[0] += self.cost
+        return len(tokens)
+
+
 class CostlyGrammar:
-    def __init__(self, cost, clock):
-        self.cost, self.clock = cost, clock
+    def __init__(self, cost, clock, matcher=CostlyMatcher):
+        self.cost, self.clock, self.matcher = cost, clock, matcher
 
     def start(self):
         vocab = SimpleNamespace(n_vocab=VOCAB, words=(VOCAB + 31) // 32, eos_ids=[EOT])
-        return Constraint(CostlyMatcher(self.cost, self.clock), vocab)
+        return Constraint(self.matcher(self.cost, self.clock), vocab)
+
+
+class StepClock(Metrics):
+    """Metrics that note the injected CPU clock as each step ends: the differences are the steps'
+    grammar CPU (nothing else moves that clock)."""
+
+    def __init__(self, clock):
+        super().__init__()
+        self.clock, self.marks = clock, [clock[0]]
+
+    def step(self, *args, **kw):
+        self.marks.append(self.clock[0])
+        super().step(*args, **kw)
+
+    def per_step(self):
+        return [b - a for a, b in zip(self.marks, self.marks[1:])]
+
+
+def run_costly(model, metrics, requests, max_tokens=10, **sched_kw):
+    """requests: name -> (prompt, grammar or None, choices); submitted in that order before the loop
+    starts (one first step). name -> (tokens by index, failures by index)."""
+    sched = Scheduler(model, metrics, **sched_kw)
+
+    async def main():
+        channels = {k: Channel() for k in requests}
+        jobs = {k: [make_job(channels[k], p, max_tokens, index=i, grammar=g) for i in range(n)]
+                for k, (p, g, n) in requests.items()}
+        sched.submit([j for js in jobs.values() for j in js])
+        sched.start()
+        done = await asyncio.gather(*(collect(channels[k], len(jobs[k])) for k in requests))
+        await wait_idle(sched)
+        return dict(zip(requests, done))
+
+    try:
+        return run(main())
+    finally:
+        sched.stop()
 
 
 def test_masks_over_the_step_budget_refuse_the_dearest_requests_only(monkeypatch):
@@ -607,3 +652,112 @@ def test_formats_waiting_for_a_thought_do_not_raise_the_step_mask_budget(monkeyp
         sched.stop()
     assert sum(bool(fails) for _, fails in dear) >= 1, "the dear masks were let through by waiting formats"
     assert not any(fails for _, fails in waiting)
+
+
+def test_a_step_stops_computing_masks_once_its_budget_is_spent(monkeypatch):
+    """Six requests whose masks are each under the one-mask cap: the step that found them over the
+    budget computed all six first (a stall of every mask at once). Now no step's grammar CPU passes
+    its budget by more than one mask: the constrained sequences left wait for the next step (their
+    tokens unchanged), free requests sample in every step, and the dearest requests get their 400."""
+    from llambda.constraints import bounds
+    clock = [0.0]
+    monkeypatch.setattr(bounds, "cpu_now", lambda: clock[0])
+    dear = 0.9 * bounds.MAX_MASK_CPU_SECONDS
+    budget = bounds.step_budget(8)                  # 6 dear + 2 cheap constrained sequences
+    assert 6 * dear > budget + dear
+    requests = {f"dear{i}": ([5 + i, 6, 7], CostlyGrammar(dear, clock), 1) for i in range(6)}
+    requests.update({f"cheap{i}": ([14 + i, 15], CostlyGrammar(0.0005, clock), 1) for i in range(2)})
+    requests.update({f"free{i}": ([20 + i, 9, 3], None, 1) for i in range(2)})
+    metrics = StepClock(clock)
+    out = run_costly(FakeTransformer(n_slots=10), metrics, requests)
+    assert max(metrics.per_step()) <= budget + dear + 1e-9, metrics.per_step()
+    refused = [k for k, (_, fails) in out.items() if fails]
+    assert refused and all(k.startswith("dear") for k in refused), refused
+    for k in refused:
+        fail = out[k][1][0]
+        assert fail.status == 400 and "ms a step" in fail.message, fail
+    for k, (p, _, _) in requests.items():
+        if k not in refused:
+            assert out[k][0][0] == oracle(p, 10), k     # waiting a step changed no token
+
+
+def test_a_sequence_waiting_alone_is_sampled_without_a_forward(monkeypatch):
+    """A sequence that waited (the step's budget spent before its turn) keeps its logits: the next
+    step samples it from them, without feeding its token again, even when nothing else runs."""
+    from llambda.constraints import bounds
+    clock = [0.0]
+    monkeypatch.setattr(bounds, "cpu_now", lambda: clock[0])
+    monkeypatch.setattr(bounds, "MAX_STEP_MASK_CPU_SECONDS", 0.030)
+    monkeypatch.setattr(bounds, "MASK_CPU_PER_SEQUENCE", 0.003)
+    requests = {"dear": ([5, 6, 7], CostlyGrammar(0.040, clock), 1), "cheap": ([8, 9], CostlyGrammar(0.001, clock), 1)}
+    model, metrics = FakeTransformer(n_slots=2), StepClock(clock)
+    out = run_costly(model, metrics, requests)
+    assert out["dear"][1][0].status == 400
+    assert not out["cheap"][1] and out["cheap"][0][0] == oracle([8, 9], 10)
+    assert len(model.batches) < len(metrics.per_step()), "the waiting sequence was fed again"
+
+
+def test_advancing_over_tokens_is_charged_to_the_step(monkeypatch):
+    """Grammars that never need a mask but whose advance over each token is dear (a long literal
+    costs there too) were not charged: three of them took the step past its budget unrefused."""
+    from llambda.constraints import bounds
+    clock = [0.0]
+    monkeypatch.setattr(bounds, "cpu_now", lambda: clock[0])
+    dear = 0.9 * bounds.MAX_MASK_CPU_SECONDS
+    assert 3 * dear > bounds.step_budget(3) >= 2 * dear
+    requests = {f"r{i}": ([5 + i, 6, 7], CostlyGrammar(dear, clock, DearAdvanceMatcher), 1) for i in range(3)}
+    out = run_costly(FakeTransformer(n_slots=3), Metrics(), requests)
+    refused = [k for k, (_, fails) in out.items() if fails]
+    assert len(refused) == 1 and "ms a step" in out[refused[0]][1][0].message
+    for k, (p, _, _) in requests.items():
+        if k not in refused:
+            assert out[k][0][0] == oracle(p, 10), k
+
+
+def test_verifying_drafts_stops_once_the_steps_budget_is_spent(monkeypatch):
+    """A speculating constrained stream computes a mask per verified row: nine rows could take the
+    step a mask's worth past its budget several times over. Verification stops at the budget (the
+    rows left are drawn again next step), the request is refused, a free request beside it goes on."""
+    from llambda.constraints import bounds
+    from llambda.speculative import Speculation
+    clock = [0.0]
+    monkeypatch.setattr(bounds, "cpu_now", lambda: clock[0])
+    mask = 0.015
+    budget = bounds.step_budget(1)
+    assert 9 * mask > budget + mask
+    model, metrics = FakeTransformer(n_slots=2, n_ctx=200), StepClock(clock)
+    sched = Scheduler(model, metrics)
+
+    async def main():
+        spec_ch, free_ch = Channel(), Channel()
+        spec = make_job(spec_ch, [3, 4, 5], 40, n_ctx=200, grammar=CostlyGrammar(mask, clock))
+        spec.seq.eot = set()
+        spec.speculation = Speculation(OracleDrafter(), 8)
+        sched.submit([spec, make_job(free_ch, [6, 7], 10)])
+        sched.start()
+        done = await asyncio.gather(collect(spec_ch, 1), collect(free_ch, 1))
+        await wait_idle(sched)
+        return done
+
+    try:
+        (spec_toks, spec_fails), (free_toks, free_fails) = run(main())
+    finally:
+        sched.stop()
+    assert max(metrics.per_step()) <= budget + mask + 1e-9, metrics.per_step()
+    assert spec_fails[0].status == 400 and "ms a step" in spec_fails[0].message
+    assert not free_fails and free_toks[0] == oracle([6, 7], 10)
+
+
+def test_a_budget_spent_before_any_mask_still_moves_a_sequence_on_each_step(monkeypatch):
+    """A step whose budget is spent before its first mask (here a negative budget) samples its first
+    constrained sequence anyway, which is refused: held back instead, none would ever move on."""
+    from llambda.constraints import bounds
+    clock = [0.0]
+    monkeypatch.setattr(bounds, "cpu_now", lambda: clock[0])
+    monkeypatch.setattr(bounds, "MAX_STEP_MASK_CPU_SECONDS", -1.0)
+    monkeypatch.setattr(bounds, "MASK_CPU_PER_SEQUENCE", -1.0)
+    requests = {f"c{i}": ([5 + i, 6], CostlyGrammar(0.0, clock), 1) for i in range(3)}
+    requests["free"] = ([9, 8, 7], None, 1)
+    out = run_costly(FakeTransformer(n_slots=4), Metrics(), requests)
+    assert all(out[f"c{i}"][1][0].status == 400 for i in range(3))
+    assert not out["free"][1] and out["free"][0][0] == oracle([9, 8, 7], 10)

@@ -145,7 +145,7 @@ class TakesAll:
     def banned(self):
         return np.zeros(self.n, np.bool_)
 
-    def take_mask_seconds(self):
+    def take_cpu_seconds(self):
         return 0.0
 
 

@@ -14,18 +14,26 @@ Three costs that llguidance's own limits do not cover:
   and a prompt worker); MAX_GRAMMAR_CHARS keeps that near a second.
 
 Following a grammar costs a token mask wherever sampling needs one, and the server computes the
-masks on its scheduler thread between forward passes, where every stream waits for them. Two bounds:
-- one mask: at most MAX_MASK_CPU_SECONDS of CPU, or its sequence fails (check_mask_cost);
-- one step: the masks of every constrained request together at most step_budget(): the larger of
-  MAX_STEP_MASK_CPU_SECONDS and MASK_CPU_PER_SEQUENCE for each constrained sequence in the step, so
-  that n sequences (a request's n choices, or n requests) each just under the first bound do not
-  stall the others n times as long, while many ordinary grammars (a busy server at a high
-  --parallel) always fit. A request is charged for all its sequences' masks in the step
-  (and, with speculation, for every verified row's); past the budget the dearest requests are
-  refused (to_refuse), dearest first, until the rest fits: each gets a 400 in its own stream
-  (step_budget_exceeded), the others go on unchanged. The check follows the step, so a request
-  stalls the others past the budget in one step at most, the one where it is refused. Whether a
-  request is refused depends on what shares its steps (a shared budget); its tokens never do.
+masks on its scheduler thread between forward passes, where every stream waits for them. Three bounds:
+- one mask, within llguidance: at most MASK_MAX_ITEMS Earley items and MASK_LEXER_FUEL of lexer work
+  (its LLParserLimits, checked as it computes, so such a mask stops early); a grammar past them is
+  refused (limit_error names the limit);
+- one mask: at most MAX_MASK_CPU_SECONDS of CPU, or its sequence fails (check_mask_cost): what the
+  limits above do not count (a literal being matched) is measured after the mask, not stopped;
+- one step: the grammars' CPU (masks and advancing over tokens) of every constrained request
+  together at most step_budget(): the larger of MAX_STEP_MASK_CPU_SECONDS and
+  MASK_CPU_PER_SEQUENCE for each sequence whose grammar is in force in the step, so that n sequences
+  (a request's n choices, or n requests) each just under the bound above do not stall the others n
+  times as long, while many ordinary grammars (a busy server at a high --parallel) always fit.
+  StepMasks keeps the account: once the step's CPU is past its budget no more masks are computed in
+  it (the sequences left keep their logits and are sampled first in the next step, their tokens
+  unchanged; a speculating one stops verifying its drafts), so a step exceeds the budget by one mask
+  at most. A request is charged for all its sequences' CPU in the step (and, with speculation, for
+  every verified row's); past the budget the dearest requests are refused (to_refuse), dearest
+  first, until the rest fits: each gets a 400 in its own stream (step_budget_exceeded), the others
+  go on unchanged. Holding back ends: a step that holds a sequence refuses a request, or what
+  spent its budget has ended. Whether a request is refused depends on what shares its
+  steps (a shared budget); its tokens never do.
 
 The masks are computed on the scheduler thread, after the forward pass, only where sampling needs
 one (the token drawn unmasked first is mostly allowed: one mask in ~6 tokens of a JSON schema). GPU
@@ -60,6 +68,14 @@ MAX_STEP_MASK_CPU_SECONDS = 0.100
 # grammar's mask, so a full server of ordinary grammars is never refused, and sequences at the cap
 # above (5x this) still are.
 MASK_CPU_PER_SEQUENCE = 0.010
+# llguidance's own limits on one mask (LLParserLimits.step_max_items and step_lexer_fuel), its defaults
+# made ours: by its documented speeds (~20k items/ms, ~14k fuel/ms) ~2.5 ms and ~14 ms, both under
+# MAX_MASK_CPU_SECONDS. They stop a mask while it is computed; the CPU caps above can only follow one.
+MASK_MAX_ITEMS = 50_000
+MASK_LEXER_FUEL = 200_000
+# how llguidance's errors say one of them was hit, and which
+_LIMIT_ERRORS = (("Too many items", "step_max_items", "MASK_MAX_ITEMS"),
+                 ("too many expressions constructed", "step_lexer_fuel", "MASK_LEXER_FUEL"))
 
 _stack_lock = threading.Lock()     # threading.stack_size is process-wide: set it only around one start
 
@@ -127,6 +143,20 @@ def check_mask_cost(seconds: float) -> str | None:
             "in the grammar) or nesting thousands of levels deep is the usual cause")
 
 
+def parser_limits(llg):
+    """llguidance's LLParserLimits with our bounds on one mask (errors name no parser state)."""
+    return llg.LLParserLimits(step_max_items=MASK_MAX_ITEMS, step_lexer_fuel=MASK_LEXER_FUEL, verbose_errors=False)
+
+
+def limit_error(message: str) -> str | None:
+    """Why the grammar stops, where llguidance's `message` says a limit on one mask was hit; else None."""
+    for mark, option, name in _LIMIT_ERRORS:
+        if mark in message:
+            return (f"the grammar is too costly to follow: a token's mask needs more than llguidance's "
+                    f"{option} limit ({globals()[name]}) allows")
+    return None
+
+
 def cpu_now() -> float:
     """This thread's CPU time: what a mask costs, whatever else the machine runs meanwhile."""
     return time.thread_time()
@@ -148,6 +178,35 @@ def to_refuse(costs: dict, sequences: int = 0) -> list:
         refused.append(key)
         total -= seconds
     return refused
+
+
+class StepMasks:
+    """One scheduler step's account of grammar CPU: the budget, what was spent, who was charged."""
+
+    def __init__(self, sequences: int):
+        self.sequences = sequences          # sequences whose grammar is in force: the budget grows with them
+        self.budget = step_budget(sequences)
+        self.spent = 0.0                    # every sequence's, those that ended or failed in the step too
+        self.charged: dict = {}             # request -> the CPU of its sequences still running
+        self.sampled = 0                    # constrained sequences sampled in the step
+
+    def past(self, pending: float = 0.0) -> bool:
+        """The budget is spent (with `pending` CPU not yet added): compute no more masks this step."""
+        return self.spent + pending > self.budget
+
+    def hold(self) -> bool:
+        """Hold the next constrained sequence back to the next step: the budget is spent, and one was
+        sampled already (each step moves one on, or a budget spent by nothing would hold them all)."""
+        return self.sampled > 0 and self.past()
+
+    def add(self, seconds: float, request=None) -> None:
+        self.sampled += 1
+        self.spent += seconds
+        if request is not None:
+            self.charged[request] = self.charged.get(request, 0.0) + seconds
+
+    def to_refuse(self) -> list:
+        return to_refuse(self.charged, self.sequences)
 
 
 def step_budget_exceeded(seconds: float, total: float, sequences: int = 0) -> str:

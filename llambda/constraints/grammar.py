@@ -137,7 +137,7 @@ class Grammars:
         except (ValueError, TypeError) as e:
             raise ConstraintError(f"invalid {_what(spec.kind)}: {_clip(str(e))}") from None
         # errors name the problem, not the parser's internal state (which the client cannot use)
-        matcher = llg.LLMatcher(self.lltok, text, log_level=0, limits=llg.LLParserLimits(verbose_errors=False))
+        matcher = llg.LLMatcher(self.lltok, text, log_level=0, limits=bounds.parser_limits(llg))
         if matcher.is_error():
             raise ConstraintError(f"invalid {_what(spec.kind)}: {_clip(matcher.get_error())}")
         # the first mask, here rather than in the first decode step: a grammar that allows no output
@@ -166,10 +166,16 @@ def _mask(matcher, bits: np.ndarray, dead_end: str) -> _Mask:
     seconds = bounds.cpu_now() - t0
     failed = None
     if matcher.is_error():
-        failed = _clip(matcher.get_error())
+        failed = _failure(matcher)
         if failed.startswith(DEAD_END):
             failed = dead_end
     return _Mask(seconds, failed, bounds.check_mask_cost(seconds))
+
+
+def _failure(matcher) -> str:
+    """Why the matcher failed: the limit on one mask it hit (named), or llguidance's words."""
+    message = matcher.get_error()
+    return bounds.limit_error(message) or _clip(message)
 
 
 def _what(kind: str) -> str:
@@ -212,7 +218,8 @@ class Constraint:
     would leave the grammar; EOS is allowed only where the grammar may end); `advance()` follows
     the sampled token, `try_advance()` follows it if the grammar allows it (a check of ~1 us,
     no mask needed). `done`: the grammar can take nothing more. llguidance computes the mask in
-    native code with the GIL released; `take_mask_seconds()` is the CPU the masks took (bounds.py).
+    native code with the GIL released; `take_cpu_seconds()` is the CPU the masks and advances took,
+    which the server charges to its step (bounds.py).
     """
 
     def __init__(self, matcher, grammars: Grammars):
@@ -220,12 +227,12 @@ class Constraint:
         self.n_vocab = grammars.n_vocab
         self._eos = frozenset(grammars.eos_ids)
         self._bits = np.zeros(grammars.words, np.int32)    # bit t of the mask: token t is allowed
-        self._mask_seconds = 0.0                             # CPU of the masks since take_mask_seconds()
+        self._cpu = 0.0                                      # CPU of masks and advances since take_cpu_seconds()
 
     def banned(self) -> np.ndarray:
         mask = _mask(self._m, self._bits,
                      dead_end="no text can continue the output here (e.g. a $ref that only refers to itself)")
-        self._mask_seconds += mask.seconds
+        self._cpu += mask.seconds
         if mask.too_costly:      # one such mask, not one a token, for the streams that share the server
             raise ConstraintError(mask.too_costly)
         if mask.failed:
@@ -233,24 +240,37 @@ class Constraint:
         # little-endian words: byte k of word w holds tokens 32w+8k..32w+8k+7, lowest bit first
         return np.unpackbits((~self._bits).view(np.uint8), count=self.n_vocab, bitorder="little").view(np.bool_)
 
-    def take_mask_seconds(self) -> float:
-        """The CPU its masks took since the last call: the server charges them to its step."""
-        seconds, self._mask_seconds = self._mask_seconds, 0.0
+    @property
+    def cpu_seconds(self) -> float:
+        """The CPU its masks and advances took since take_cpu_seconds()."""
+        return self._cpu
+
+    def take_cpu_seconds(self) -> float:
+        """The CPU its masks and advances took since the last call: the server charges it to its step."""
+        seconds, self._cpu = self._cpu, 0.0
         return seconds
 
+    def _timed(self, call, *args):
+        """call(*args), its CPU added to the account: advancing is grammar work the step's budget counts too."""
+        t0 = bounds.cpu_now()
+        try:
+            return call(*args)
+        finally:
+            self._cpu += bounds.cpu_now() - t0
+
     def advance(self, token: int) -> None:
-        if not self._m.consume_token(int(token)):
-            raise ConstraintError(f"token {token} leaves the grammar: {_clip(self._m.get_error())}")
+        if not self._timed(self._m.consume_token, int(token)):
+            raise ConstraintError(f"token {token} leaves the grammar: {_failure(self._m)}")
 
     def try_advance(self, token: int) -> bool:
         """Follow `token` if the grammar allows it here; False (and no change) if not. EOS is never
         followed: whether the output may end there is `accepting`."""
-        return int(token) not in self._eos and self._m.try_consume_tokens([int(token)]) == 1
+        return int(token) not in self._eos and self._timed(self._m.try_consume_tokens, [int(token)]) == 1
 
     def allows(self, tokens) -> bool:
         """The grammar takes all of `tokens` from here, none of them EOS (nothing is advanced)."""
         ids = [int(t) for t in tokens]
-        return not self._eos.intersection(ids) and self._m.validate_tokens(ids) == len(ids)
+        return not self._eos.intersection(ids) and self._timed(self._m.validate_tokens, ids) == len(ids)
 
     @property
     def done(self) -> bool:

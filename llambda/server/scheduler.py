@@ -110,6 +110,9 @@ class Job:
         # top alternatives per prompt token when the prompt's own logprobs are wanted, else None
         self.prompt_logprobs = prompt_logprobs
         self.plp_entries: list = []
+        # (drafts, logit rows) of a step whose grammar budget was spent before its turn: sampled first
+        # in the next step, which does not feed it (bounds.StepMasks)
+        self.held: tuple[list, np.ndarray] | None = None
 
     def cancel(self) -> None:
         """Safe from any thread; the scheduler frees the slot before its next step."""
@@ -391,7 +394,8 @@ class Scheduler:
         rows: list[int] = []                       # batch rows whose logits the forward returns
         samples: list[tuple[int, Job, list]] = []   # (index into those logits, job to sample, its drafts)
         scored: list[tuple[Job, int, int, int]] = []   # prompt logprobs: (job, first position, first logit, count)
-        decoding = [j for j in self._active if j.state == DECODE]
+        held = [j for j in self._active if j.held is not None]
+        decoding = [j for j in self._active if j.state == DECODE and j.held is None]
         # rows left for drafts after every stream's own row and a row kept for each prompt being
         # prefilled (its last token's logits, or its prompt logprobs): drafts filling every row starved those
         room = self.spec_rows - len(self._active)
@@ -412,7 +416,7 @@ class Scheduler:
         for j in self._active:
             if budget <= 0:
                 break
-            if j.state != PREFILL:
+            if j.state != PREFILL or j.held is not None:
                 continue
             start = j.n_computed
             take = min(budget, len(j.prompt) - start)
@@ -438,8 +442,10 @@ class Scheduler:
                 samples.append((len(rows) - 1, j, []))
         n = len(tokens)
         t0 = time.perf_counter()
-        logits = self.model.forward(np.asarray(tokens, np.int32), np.asarray(slots, np.int32),
-                                    np.asarray(pos, np.int32), rows)
+        logits = None                     # no forward when every running sequence holds its logits
+        if n:
+            logits = self.model.forward(np.asarray(tokens, np.int32), np.asarray(slots, np.int32),
+                                        np.asarray(pos, np.int32), rows)
         t_forward = time.perf_counter() - t0
         for j, take in chunks:
             j.n_computed += take
@@ -455,15 +461,28 @@ class Scheduler:
                 self._emit(j, JobFailure(500, f"prompt logprobs failed: {type(e).__name__}: {e}"))
                 with self._cv:
                     self._end(j, "error")
+        work = [(j, *j.held) for j in held] + [(j, drafts, logits[r:r + len(drafts) + 1]) for r, j, drafts in samples]
+        generated = self._sample_all(work)
+        self.metrics.step(n, generated, t_forward, time.perf_counter() - t0)
+
+    def _sample_all(self, work: list) -> int:
+        """Sample every (job, drafts, logit rows) in order, the grammars' CPU within the step's budget
+        (bounds.StepMasks): past it the rest wait for the next step and the dearest requests fail.
+        The tokens generated."""
         generated = 0
         now = time.monotonic()
-        mask_cpu: dict[Channel, float] = {}     # per request: the CPU of its running sequences' masks
-        constrained = 0                          # running constrained sequences: the step's mask budget
-        for r, j, drafts in samples:
+        # a format waiting for a thought to close asks for no mask: it raises no one's budget
+        masks = bounds.StepMasks(sum(j.seq.live_constraint is not None for j, _, _ in work if j.state != DONE))
+        for j, drafts, rows_j in work:
             if j.state == DONE:
                 continue
+            c = j.seq.constraint
+            if c is not None and masks.hold():     # no more masks this step: the next one samples it first
+                j.held = (drafts, np.array(rows_j))      # a copy: the forward's rows are the workspace's
+                continue
+            j.held = None
             try:
-                events = self._sample(j, drafts, logits[r:r + len(drafts) + 1])
+                events = self._sample(j, drafts, rows_j, self._budget_left(masks, c))
             except ConstraintError as e:   # the request's grammar cannot go on (its fault, not a 500)
                 self._emit(j, JobFailure(400, f"the output constraint failed: {e}", "invalid_request_error"))
                 with self._cv:
@@ -475,6 +494,8 @@ class Scheduler:
                 with self._cv:
                     self._end(j, "error")
                 continue
+            finally:
+                self._charge(masks, j)
             if j.state == PREFILL:
                 j.state = DECODE
                 if j.prompt_logprobs is not None:
@@ -489,24 +510,34 @@ class Scheduler:
             if j.seq.finished:
                 with self._cv:
                     self._end(j, j.seq.finish_reason or "stop")
-            elif j.seq.constraint is not None:   # a sequence that ended costs no more: only the rest count
-                mask_cpu[j.channel] = mask_cpu.get(j.channel, 0.0) + j.seq.constraint.take_mask_seconds()
-                # a format waiting for a thought to close asks for no mask: it raises no one's budget
-                constrained += j.seq.live_constraint is not None
-        self._refuse_dearest_masks(mask_cpu, constrained)
-        self.metrics.step(n, generated, t_forward, time.perf_counter() - t0)
+        self._refuse_dearest_masks(masks)
+        return generated
 
-    def _refuse_dearest_masks(self, mask_cpu: dict, sequences: int) -> None:
+    @staticmethod
+    def _budget_left(masks, c):
+        """verify's go_on for a sequence with grammar `c`: its next row's mask still fits the step."""
+        return None if c is None else lambda: not masks.past(c.cpu_seconds)
+
+    @staticmethod
+    def _charge(masks, j: Job) -> None:
+        """Add the CPU of a sampled sequence's grammar to the step; charged to its request while it
+        runs (a sequence that ended costs no more: only the rest count)."""
+        c = j.seq.constraint
+        if c is not None:
+            running = j.state != DONE and not j.seq.finished
+            masks.add(c.take_cpu_seconds(), j.channel if running else None)
+
+    def _refuse_dearest_masks(self, masks) -> None:
         """Past the step's mask budget, the dearest requests fail (a 400 in their own streams) so that
         the next steps' masks fit it; the others go on unchanged (bounds.py)."""
-        refused = bounds.to_refuse(mask_cpu, sequences)
+        refused = masks.to_refuse()
         if not refused:
             return
-        total = sum(mask_cpu.values())
+        total = sum(masks.charged.values())
         with self._cv:
             for channel in refused:
                 failure = JobFailure(400, "the output constraint failed: "
-                                     + bounds.step_budget_exceeded(mask_cpu[channel], total, sequences),
+                                     + bounds.step_budget_exceeded(masks.charged[channel], total, masks.sequences),
                                      "invalid_request_error")
                 for j in [j for j in self._active if j.channel is channel]:
                     self._emit(j, failure)
@@ -525,12 +556,13 @@ class Scheduler:
             j.speculation = None
             return []
 
-    def _sample(self, j: Job, drafts: list, logits) -> list:
+    def _sample(self, j: Job, drafts: list, logits, go_on=None) -> list:
         """The events of a job's step: one token, or with drafts the verified ones (the cache then
-        holds the accepted drafts too: positions past them are overwritten by later steps)."""
+        holds the accepted drafts too: positions past them are overwritten by later steps).
+        go_on: Speculation.settle's."""
         if not drafts:
             return [j.seq.step(logits[0])]
-        events, kept = j.speculation.settle(j.seq, drafts, logits)
+        events, kept = j.speculation.settle(j.seq, drafts, logits, go_on)
         self.metrics.speculation(len(drafts), kept)
         j.n_computed += kept
         self.slots.set_valid(j.slot, j.n_computed)
