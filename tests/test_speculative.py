@@ -283,11 +283,12 @@ def test_draft_threads_change_nothing_but_the_draft_forwards():
     kw = dict(max_tokens=24, temperature=0, ignore_eos=True)
     with llambda.load(TINY / "llama", n_ctx=128, threads=2, draft=TINY / "llama", draft_threads=1) as m:
         m.drafter.p_min = 0.0
+        pool = _native.threads()    # 2, or more where an earlier test of this process grew the pool
         seen = []
         inner = m.drafter._draft
         m.drafter._draft = lambda *a: (seen.append(_native.threads()), inner(*a))[1]
         assert list(m.generate(PROMPT, **kw)) == list(m.generate(PROMPT, speculative=None, **kw))
-        assert seen and set(seen) == {2} and _native.threads() == 2
+        assert seen and set(seen) == {pool} and _native.threads() == pool and pool >= 2
     _native.set_threads(before)
     with pytest.raises(InvalidInputError, match="draft_threads"):
         llambda.load(TINY / "llama", n_ctx=64, draft=TINY / "llama", draft_threads=0)
