@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import ModelFormatError
+from ..finite import finite_as_float
 
 # (low, high) of the size fields: far above any real model, low enough that nothing sized from them
 # (per-layer lists, the workspace, the KV cache) can exhaust memory before the tensors are checked
@@ -76,11 +77,8 @@ def check_int(what: str, v, name: str) -> int:
 def check_number(what: str, v, name: str) -> float:
     """`v` as a float if it is a finite number within FLOAT_LIMITS[name]; else a ModelFormatError naming `what`."""
     lo, hi, open_lo = FLOAT_LIMITS[name]
-    try:
-        ok = not isinstance(v, (bool, np.bool_)) and isinstance(v, (int, float, np.integer, np.floating)) \
-            and math.isfinite(v)
-    except OverflowError:       # an integer beyond any float
-        ok = False
+    ok = not isinstance(v, (bool, np.bool_)) and isinstance(v, (int, float, np.integer, np.floating)) \
+        and finite_as_float(v)
     if not ok or not lo <= v <= hi or (open_lo and v == lo):
         raise ModelFormatError(f"{what} = {v!r} is not a finite number in {'(' if open_lo else '['}{lo}, {hi}]")
     return float(v)
