@@ -234,6 +234,7 @@ _CHECKED = ("vocab_size", "n_layers", "d_model", "n_heads", "n_kv_heads", "head_
             "activation", "attn_bias", "qk_norm", "post_norms", "embed_scale", "attn_softcap", "final_softcap",
             "layer_sliding", "layer_rope", "pre_norms", "qk_norm_whole", "residual_scale", "logit_scale",
             "n_experts", "n_experts_used", "expert_ffn_dim", "moe_routing", "moe_norm_topk", "shared_ffn_dim",
+            "shared_expert_gate", "moe_router_bias",
             "moe_activation", "moe_swiglu_alpha", "moe_swiglu_limit", "moe_bias", "attn_out_bias", "attn_sinks",
             "layer_kinds", "conv_kernel", "ssm_k_heads", "ssm_v_heads", "ssm_k_dim", "ssm_v_dim", "attn_out_gate",
             "q_lora_rank", "kv_lora_rank", "qk_nope_dim", "v_head_dim", "moe_groups", "moe_groups_used", "moe_group_top",
