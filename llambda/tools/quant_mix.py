@@ -8,7 +8,10 @@ for dense models without an importance matrix:
   rows do not split into the default type's blocks;
 - attn_v and ffn_down take more bits in some layers: the first and last eighth and every third
   layer between (`_more_bits`) for the _M mixes, fixed layer ranges for the others (IQ4_NL and IQ4_XS:
-  ffn_down in the first eighth and attn_v when 4+ query heads share a KV head take Q5_K);
+  ffn_down in the first eighth and attn_v when 4+ query heads share a KV head take Q5_K); a fused
+  attn_qkv and DeepSeek's attn_kv_b are attn_v, an MoE's expert and shared-expert ffn_down are ffn_down;
+  DeepSeek's other latent-attention matrices (attn_kv_a_mqa, attn_q_a, attn_q_b, and the attn_k_b /
+  attn_v_b halves llama.cpp's converter and ours split kv_b into) keep the default type;
 - a matrix whose rows do not split into 256-value blocks falls back to a 32-block type
   (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, Q2_K/Q3_K -> Q4_0, IQ4_XS -> IQ4_NL), and to F16
   when not even those fit.
@@ -121,19 +124,21 @@ def file_type(name: str, pure: bool = False) -> FileType:
 
 
 _LAYER = re.compile(r"^blk\.(\d+)\.")
-_KINDS = ("attn_qkv", "attn_v", "attn_k", "attn_q", "attn_output", "ffn_up", "ffn_gate", "ffn_down")
+# in llama.cpp's order of matching; DeepSeek's whole kv_b counts as attn_v, as a fused attn_qkv does
+_KINDS = ("attn_qkv", "attn_kv_b", "attn_v", "attn_k", "attn_q", "attn_output", "ffn_up", "ffn_gate", "ffn_down")
 
 
 def tensor_kind(name: str) -> str:
-    """The role the rules look at: output, token_embd, attn_v (a fused attn_qkv counts as attn_v, as
-    in llama.cpp), ffn_down, ...; "other" for the rest."""
+    """The role the rules look at: output, token_embd, attn_v (a fused attn_qkv and DeepSeek's attn_kv_b
+    count as attn_v, as in llama.cpp), ffn_down, ...; "other" for the rest (DeepSeek's attn_kv_a_mqa,
+    attn_q_a, attn_q_b and the split attn_k_b / attn_v_b: llama.cpp's mixes keep them in the default type)."""
     if name == "output.weight":
         return "output"
     if name == "token_embd.weight":
         return "token_embd"
     for kind in _KINDS:
         if f"{kind}." in name or (kind.startswith("ffn_") and kind in name):
-            return "attn_v" if kind == "attn_qkv" else kind
+            return "attn_v" if kind in ("attn_qkv", "attn_kv_b") else kind
     return "other"
 
 
