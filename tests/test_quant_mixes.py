@@ -288,21 +288,80 @@ def test_deepseek_quantized_file_types(tmp_path, mix, folder):
         assert np.isfinite(m.logits([1, 5, 9, 2])).all()
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("mix", list(DEEPSEEK_MIXES))
-def test_deepseek_mixes_choose_what_llama_cpp_quantize_chooses(mix, tmp_path):
-    """llama.cpp's quantizer on the tiny DeepSeek-V3 in its converter's layout (kv_b split) picks our types."""
+def _llama_cpp_quantize(src, out, mix: str):
     import ctypes
-    from test_deepseek import converter_gguf
     llama_cpp = _llama_cpp()
-    src = converter_gguf("deepseek_v3", tmp_path / "f32.gguf", True)
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{mix.upper()}")
     params.nthread = 1
-    out = tmp_path / "theirs.gguf"
     assert llama_cpp.llama_model_quantize(str(src).encode(), str(out).encode(), ctypes.byref(params)) == 0
+    return out
+
+
+def _expert_count(path) -> int:
+    with GGUFFile(path) as f:
+        return int(f.metadata.get(f"{f.metadata['general.architecture']}.expert_count", 0))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("split", [True, False], ids=["kv_b split", "kv_b whole"])
+@pytest.mark.parametrize("mix", list(DEEPSEEK_MIXES))
+def test_deepseek_mixes_choose_what_llama_cpp_quantize_chooses(mix, split, tmp_path):
+    """llama.cpp's quantizer on the tiny DeepSeek-V3 in either of its converter's layouts picks our types (its
+    8 experts take llama.cpp's 8-expert rules too)."""
+    from test_deepseek import converter_gguf
+    src = converter_gguf("deepseek_v3", tmp_path / "f32.gguf", split)
+    out = _llama_cpp_quantize(src, tmp_path / "theirs.gguf", mix)
     shapes, theirs, n_layers, gqa = _gguf_shapes(out)
-    ours = tensor_types(file_type(mix), shapes, n_layers, gqa)
+    ours = tensor_types(file_type(mix), shapes, n_layers, gqa, n_experts=_expert_count(out))
     routers = {n for n in shapes if "ffn_gate_inp" in n}       # export keeps these float, as llama.cpp does
+    assert {n: q.name for n, q in ours.items() if n not in routers} == \
+        {n: q.name for n, q in theirs.items() if n not in routers}
+
+
+@pytest.mark.parametrize("mix", ["q2_k", "q3_k_s", "q3_k_m", "q3_k_l", "q4_k_s", "q4_k_m", "q5_k_s", "q5_k_m",
+                                 "iq4_nl", "iq4_xs"])
+def test_eight_experts_raise_attention_as_llama_cpp(mix):
+    """A model of exactly 8 experts (Mixtral 8x7B): llama.cpp's mixes put attn_v and attn_k in Q8_0 and
+    attn_output in Q5_K, or for Q3_K_L and Q5_K_* in the default type; any other count is a dense model's."""
+    shapes_ = shapes(32, 4096, 14336, 1024, tied=False)
+    dense = tensor_types(file_type(mix), shapes_, 32, 4)
+    eight = tensor_types(file_type(mix), shapes_, 32, 4, n_experts=8)
+    output = Q.Q5_K if mix not in ("q3_k_l", "q5_k_s", "q5_k_m") else file_type(mix).default
+    for name, q in eight.items():
+        leaf = name.split(".")[2] if name.startswith("blk.") else ""
+        want = {"attn_v": Q.Q8_0, "attn_k": Q.Q8_0, "attn_output": output}.get(leaf, dense[name])
+        assert q == want, (name, q, want)
+    assert tensor_types(file_type(mix), shapes_, 32, 4, n_experts=64) == dense
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mix", ["q4_k_m", "q3_k_l", "q2_k"])
+def test_eight_expert_mixtral_types_as_llama_cpp_quantize(mix, tmp_path):
+    """llama.cpp's quantizer on the tiny Mixtral, its 4 experts doubled to 8, picks our types."""
+    import json
+    import shutil
+    from llambda.formats.safetensors import SafetensorsFile, write_safetensors
+    from llambda.tools.export import export
+    d = tmp_path / "mixtral8"
+    shutil.copytree(TINY / "mixtral", d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["num_local_experts"] = 8
+    (d / "config.json").write_text(json.dumps(cfg))
+    with SafetensorsFile(d / "model.safetensors") as st:
+        arrays = {n: t.to_float32().reshape(t.shape).copy() for n, t in st.tensors.items()}
+    for n in list(arrays):
+        if ".experts." in n:
+            head, e, tail = n.split(".experts.")[0], int(n.split(".experts.")[1].split(".")[0]), n.split(".", 6)[6]
+            arrays[f"{head}.experts.{e + 4}.{tail}"] = arrays[n]
+        elif n.endswith("block_sparse_moe.gate.weight"):
+            arrays[n] = np.concatenate([arrays[n], arrays[n]])
+    write_safetensors(d / "model.safetensors", arrays)
+    src = export(d, tmp_path / "f32.gguf", fmt="gguf", progress=False)
+    assert _expert_count(src) == 8
+    out = _llama_cpp_quantize(src, tmp_path / "theirs.gguf", mix)
+    shapes_, theirs, n_layers, gqa = _gguf_shapes(out)
+    ours = tensor_types(file_type(mix), shapes_, n_layers, gqa, n_experts=8)
+    routers = {n for n in shapes_ if "ffn_gate_inp" in n}
     assert {n: q.name for n, q in ours.items() if n not in routers} == \
         {n: q.name for n, q in theirs.items() if n not in routers}

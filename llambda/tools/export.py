@@ -613,7 +613,7 @@ def write_gguf_file(src: ModelSource, out: Path, qtype: str | None = None, pure:
     chosen = {}
     if ftype is not None:
         chosen = tensor_types(ftype, {n: t.shape for n, t in tensors.items()}, cfg.n_layers,
-                              cfg.n_heads // max(1, cfg.n_kv_heads))
+                              cfg.n_heads // max(1, cfg.n_kv_heads), n_experts=cfg.n_experts)
         if ftype.name in FILE_TYPE_IDS:       # llama.cpp's id; a pure K-quant file has none of its own
             meta["general.file_type"] = FILE_TYPE_IDS[ftype.name]
     items = []

@@ -3,7 +3,7 @@
 A file type names either one tensor type (q8_0, q4_0, q4_k, ...: every matrix in it, "pure") or a
 mix users know from llama.cpp (Q4_K_M, Q5_K_M, Q3_K_M, Q2_K, ...): a default type, raised for the
 tensors quantization hurts most. The rules are the facts of llama.cpp's `llama_tensor_get_type`
-for dense models without an importance matrix:
+for models without an importance matrix:
 - the output head (and a tied token embedding, which is the head) takes Q6_K, or Q8_0 when its
   rows do not split into the default type's blocks;
 - attn_v and ffn_down take more bits in some layers: the first and last eighth and every third
@@ -12,6 +12,8 @@ for dense models without an importance matrix:
   attn_qkv and DeepSeek's attn_kv_b are attn_v, an MoE's expert and shared-expert ffn_down are ffn_down;
   DeepSeek's other latent-attention matrices (attn_kv_a_mqa, attn_q_a, attn_q_b, and the attn_k_b /
   attn_v_b halves llama.cpp's converter and ours split kv_b into) keep the default type;
+- a model of exactly 8 experts (Mixtral) has attn_v and attn_k in Q8_0 and attn_output in Q5_K
+  (Q2_K to Q4_K_M, IQ4) or the default (Q3_K_L, Q5_K_*);
 - a matrix whose rows do not split into 256-value blocks falls back to a 32-block type
   (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, Q2_K/Q3_K -> Q4_0, IQ4_XS -> IQ4_NL), and to F16
   when not even those fit.
@@ -79,6 +81,19 @@ def _iq4(kind, i, n, gqa):   # IQ4_NL and IQ4_XS (no importance matrix)
 
 def _none(kind, i, n, gqa):
     return None
+
+
+# llama.cpp's mixes for a model of exactly 8 experts (Mixtral 8x7B): attn_v and attn_k take Q8_0 (the
+# attention is a small share of its bytes), attn_output Q5_K in these mixes and the default in the others.
+_EIGHT_EXPERTS_OUTPUT_Q5_K = ("q2_k", "q3_k_s", "q3_k_m", "q4_k_s", "q4_k_m", "iq4_nl", "iq4_xs")
+
+
+def _eight_experts(ftype: "FileType", kind: str, want: QType) -> QType:
+    if kind in ("attn_v", "attn_k"):
+        return Q.Q8_0
+    if kind == "attn_output":
+        return Q.Q5_K if ftype.name in _EIGHT_EXPERTS_OUTPUT_Q5_K else ftype.default
+    return want
 
 
 @dataclass(frozen=True)
@@ -153,9 +168,10 @@ def _fall_back(qtype: QType, cols: int) -> QType:
     return qtype if fits(qtype, cols) else Q.F16
 
 
-def tensor_types(ftype: FileType, shapes: dict[str, tuple], n_layers: int, n_gqa: int) -> dict[str, QType]:
-    """The type of each tensor in `shapes` (name -> shape, rows first as in WeightTensor) under `ftype`.
-    1-D tensors and norms stay F32."""
+def tensor_types(ftype: FileType, shapes: dict[str, tuple], n_layers: int, n_gqa: int,
+                 n_experts: int = 0) -> dict[str, QType]:
+    """The type of each tensor in `shapes` (name -> shape, rows first as in WeightTensor) under `ftype`, for
+    a model of `n_experts` experts (0: dense). 1-D tensors and norms stay F32."""
     tied = "output.weight" not in shapes
     out = {}
     for name, shape in shapes.items():
@@ -173,5 +189,7 @@ def tensor_types(ftype: FileType, shapes: dict[str, tuple], n_layers: int, n_gqa
                 m = _LAYER.match(name)
                 raised = ftype.rule(kind, int(m.group(1)), n_layers, n_gqa) if m else None
                 want = raised or want
+                if n_experts == 8:
+                    want = _eight_experts(ftype, kind, want)
         out[name] = _fall_back(want, cols)
     return out
