@@ -116,3 +116,21 @@ def test_a_tensor_the_architecture_lacks_is_refused(tmp_path, folder, hf_name, r
     write_safetensors(d / "model.safetensors", arrays)
     with pytest.raises(ModelFormatError, match=f"not part of the model.*'{hf_name}'"):
         llambda.load(d, backend="numpy", n_ctx=32)
+
+
+def test_an_untied_head_the_checkpoint_lacks_is_refused(tmp_path):
+    """config.json's tie_word_embeddings false and no lm_head: the model ran on the embedding as its head."""
+    d = _hf_without(tmp_path, "gpt_oss", "lm_head.weight")
+    with pytest.raises(ModelFormatError, match="tie_word_embeddings false.*no lm_head.weight"):
+        llambda.load(d, backend="numpy", n_ctx=32)
+
+
+def test_no_head_and_no_word_on_tying_is_tied(tmp_path):
+    """Without the key (config classes differ on its default) a checkpoint without lm_head stays tied."""
+    import json
+    d = _hf_without(tmp_path, "gpt_oss", "lm_head.weight")
+    cfg = json.loads((d / "config.json").read_text())
+    del cfg["tie_word_embeddings"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    with llambda.load(d, backend="numpy", n_ctx=32) as m:
+        assert m.config.tie_embeddings and np.isfinite(m.logits([1, 5, 9, 2])).all()
