@@ -1,5 +1,5 @@
 """Whether a number given as input is finite as a float, asked by every check of a user's numbers
-(sampling's fields, a LoRA adapter's scale and alpha)."""
+(sampling's fields, a LoRA adapter's scale and alpha) and of a model file's (its config's floats)."""
 from __future__ import annotations
 
 import math

@@ -31,7 +31,7 @@ import pytest
 
 import llambda
 from llambda.backends import available_backends
-from llambda.errors import LlambdaError
+from llambda.errors import LlambdaError, ModelFormatError
 from llambda.formats.gguf import GGUFFile, GGUFValueType as VT
 from llambda.formats.gguf_writer import GGUFValue, write_gguf
 from llambda.formats.quants import QType
@@ -586,6 +586,15 @@ def test_hf_hyperparameters_are_checked(tmp_path, backend, changes, field):
         assert field is None, "loaded"
     except LlambdaError as e:
         assert field is not None and field in str(e) and "config.json" in str(e), str(e)
+
+
+def test_config_numbers_ask_the_shared_finite_check(monkeypatch):
+    """A config's floats are checked by llambda.finite's one check (sampling's and LoRA's too), not a copy of it."""
+    from llambda.models import config
+    assert config.check_number("x", 2.5, "any") == 2.5
+    monkeypatch.setattr(config, "finite_as_float", lambda v: False)
+    with pytest.raises(ModelFormatError, match="x = 2.5 is not a finite number"):
+        config.check_number("x", 2.5, "any")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -205,3 +205,163 @@ def test_our_q4_k_m_file_loads_in_llama_cpp(smollm2_q4_k_m):
             # SmolLM2: up to 1.26 here, 1.59 over every position of six prompts); a misread tensor is far worse
             assert float(np.abs(got[top] - want[top]).max()) <= 2.0, p
             assert int(np.argmax(got)) in set(np.argsort(want)[-3:].tolist())
+
+
+# ---------------------------------------------------------------- DeepSeek's latent attention
+
+# llama.cpp's mixes on DeepSeek's tensors (llama-quant.cpp's categories): the whole kv_b counts as attn_v
+# (as a fused attn_qkv does); kv_a_mqa, q_a, q_b and the halves attn_k_b / attn_v_b its converter splits kv_b
+# into have no role of their own (the default type); expert and shared-expert ffn_down are ffn_down.
+# Per mix for the tiny models' 3 layers (use_more_bits holds for layer 2 only), one kv head per query head:
+# (default, attn_v per layer, ffn_down per layer, attn_output)
+DEEPSEEK_MIXES = {
+    "q4_k_m": (Q.Q4_K, [Q.Q4_K, Q.Q4_K, Q.Q6_K], [Q.Q4_K, Q.Q4_K, Q.Q6_K], Q.Q4_K),
+    "q5_k_m": (Q.Q5_K, [Q.Q5_K, Q.Q5_K, Q.Q6_K], [Q.Q5_K, Q.Q5_K, Q.Q6_K], Q.Q5_K),
+    "q3_k_m": (Q.Q3_K, [Q.Q5_K, Q.Q5_K, Q.Q4_K], [Q.Q4_K] * 3, Q.Q4_K),
+    "q2_k": (Q.Q2_K, [Q.Q3_K] * 3, [Q.Q3_K] * 3, Q.Q3_K),
+}
+# the tiny models are 64 wide: a 256-block type falls back to llama.cpp's 32-block one, F16 below 32
+FALLBACK_32 = {Q.Q2_K: Q.Q4_0, Q.Q3_K: Q.Q4_0, Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0}
+
+
+def _deepseek_want(mix: str, name: str, cols: int | None = None) -> Q:
+    default, attn_v, ffn_down, attn_output = DEEPSEEK_MIXES[mix]
+    if name == "output.weight":
+        want = Q.Q6_K if cols is None or cols % 256 == 0 else Q.Q8_0
+    elif name.startswith("blk."):
+        i, leaf = int(name.split(".")[1]), name.split(".")[2]
+        want = {"attn_kv_b": attn_v[i], "attn_output": attn_output}.get(
+            leaf, ffn_down[i] if leaf.startswith("ffn_down") else default)
+    else:
+        want = default
+    if cols is None or cols % 256 == 0:
+        return want
+    want = FALLBACK_32.get(want, want)
+    return want if cols % 32 == 0 else Q.F16
+
+
+def _deepseek_matrices(folder: str) -> dict:
+    """The tiny model's matrices (name -> shape) in both of llama.cpp's layouts: kv_b whole and split."""
+    from llambda.formats.hf_dir import open_hf_dir
+    src = open_hf_dir(TINY / folder)
+    try:
+        out = {n: t.shape for n, t in src.tensors() if len(t.shape) >= 2 and "ffn_gate_inp" not in n}
+    finally:
+        src.close()
+    c = src.config
+    for i in range(c.n_layers):
+        out[f"blk.{i}.attn_k_b.weight"] = (c.n_heads, c.kv_lora_rank, c.qk_nope_dim)
+        out[f"blk.{i}.attn_v_b.weight"] = (c.n_heads, c.v_head_dim, c.kv_lora_rank)
+    return out
+
+
+@pytest.mark.parametrize("folder", ["deepseek_v2", "deepseek_v3"])
+@pytest.mark.parametrize("mix", list(DEEPSEEK_MIXES))
+def test_deepseek_latent_attention_roles_in_each_mix(mix, folder):
+    """Each matrix of the tiny model's names, 512 wide (no fallback hides a role): kv_b raised as attn_v,
+    the other latent-attention matrices in the default type, as llama.cpp's mixes choose."""
+    shapes = {n: (*s[:-1], 512) for n, s in _deepseek_matrices(folder).items()}
+    leaves = {n.split(".")[2] for n in shapes if n.startswith("blk.")}
+    assert {"attn_kv_a_mqa", "attn_kv_b", "attn_k_b", "attn_v_b", "attn_output", "ffn_down_exps",
+            "ffn_down_shexp"} <= leaves
+    assert ({"attn_q_a", "attn_q_b"} if folder == "deepseek_v3" else {"attn_q"}) <= leaves
+    got = tensor_types(file_type(mix), shapes, 3, 1)
+    assert {n: q.name for n, q in got.items()} == {n: _deepseek_want(mix, n).name for n in shapes}
+
+
+@pytest.mark.parametrize("folder", ["deepseek_v2", "deepseek_v3"])
+@pytest.mark.parametrize("mix", list(DEEPSEEK_MIXES))
+def test_deepseek_quantized_file_types(tmp_path, mix, folder):
+    """`llambda quantize` of the tiny model: kv_b split as llama.cpp's converter splits it, each matrix in its
+    mix's type (after the fallback its 64-wide rows force), the router and the vectors in float."""
+    from llambda.tools.export import export
+    out = export(TINY / folder, tmp_path / "m.gguf", qtype=mix, progress=False)
+    with GGUFFile(out) as f:
+        got = {n: (t.qtype, t.shape) for n, t in f.tensors.items()}
+    assert "blk.0.attn_kv_b.weight" not in got and "blk.2.attn_v_b.weight" in got
+    for name, (qtype, shape) in got.items():
+        if len(shape) < 2 or "ffn_gate_inp" in name or not name.endswith(".weight"):
+            assert qtype == Q.F32, name
+        else:
+            assert qtype == _deepseek_want(mix, name, shape[-1]), (name, shape)
+    with llambda.load(out, backend="numpy", n_ctx=32) as m:
+        assert np.isfinite(m.logits([1, 5, 9, 2])).all()
+
+
+def _llama_cpp_quantize(src, out, mix: str):
+    import ctypes
+    llama_cpp = _llama_cpp()
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{mix.upper()}")
+    params.nthread = 1
+    assert llama_cpp.llama_model_quantize(str(src).encode(), str(out).encode(), ctypes.byref(params)) == 0
+    return out
+
+
+def _expert_count(path) -> int:
+    with GGUFFile(path) as f:
+        return int(f.metadata.get(f"{f.metadata['general.architecture']}.expert_count", 0))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("split", [True, False], ids=["kv_b split", "kv_b whole"])
+@pytest.mark.parametrize("mix", list(DEEPSEEK_MIXES))
+def test_deepseek_mixes_choose_what_llama_cpp_quantize_chooses(mix, split, tmp_path):
+    """llama.cpp's quantizer on the tiny DeepSeek-V3 in either of its converter's layouts picks our types (its
+    8 experts take llama.cpp's 8-expert rules too)."""
+    from test_deepseek import converter_gguf
+    src = converter_gguf("deepseek_v3", tmp_path / "f32.gguf", split)
+    out = _llama_cpp_quantize(src, tmp_path / "theirs.gguf", mix)
+    shapes, theirs, n_layers, gqa = _gguf_shapes(out)
+    ours = tensor_types(file_type(mix), shapes, n_layers, gqa, n_experts=_expert_count(out))
+    routers = {n for n in shapes if "ffn_gate_inp" in n}       # export keeps these float, as llama.cpp does
+    assert {n: q.name for n, q in ours.items() if n not in routers} == \
+        {n: q.name for n, q in theirs.items() if n not in routers}
+
+
+@pytest.mark.parametrize("mix", ["q2_k", "q3_k_s", "q3_k_m", "q3_k_l", "q4_k_s", "q4_k_m", "q5_k_s", "q5_k_m",
+                                 "iq4_nl", "iq4_xs"])
+def test_eight_experts_raise_attention_as_llama_cpp(mix):
+    """A model of exactly 8 experts (Mixtral 8x7B): llama.cpp's mixes put attn_v and attn_k in Q8_0 and
+    attn_output in Q5_K, or for Q3_K_L and Q5_K_* in the default type; any other count is a dense model's."""
+    shapes_ = shapes(32, 4096, 14336, 1024, tied=False)
+    dense = tensor_types(file_type(mix), shapes_, 32, 4)
+    eight = tensor_types(file_type(mix), shapes_, 32, 4, n_experts=8)
+    output = Q.Q5_K if mix not in ("q3_k_l", "q5_k_s", "q5_k_m") else file_type(mix).default
+    for name, q in eight.items():
+        leaf = name.split(".")[2] if name.startswith("blk.") else ""
+        want = {"attn_v": Q.Q8_0, "attn_k": Q.Q8_0, "attn_output": output}.get(leaf, dense[name])
+        assert q == want, (name, q, want)
+    assert tensor_types(file_type(mix), shapes_, 32, 4, n_experts=64) == dense
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mix", ["q4_k_m", "q3_k_l", "q2_k"])
+def test_eight_expert_mixtral_types_as_llama_cpp_quantize(mix, tmp_path):
+    """llama.cpp's quantizer on the tiny Mixtral, its 4 experts doubled to 8, picks our types."""
+    import json
+    import shutil
+    from llambda.formats.safetensors import SafetensorsFile, write_safetensors
+    from llambda.tools.export import export
+    d = tmp_path / "mixtral8"
+    shutil.copytree(TINY / "mixtral", d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["num_local_experts"] = 8
+    (d / "config.json").write_text(json.dumps(cfg))
+    with SafetensorsFile(d / "model.safetensors") as st:
+        arrays = {n: t.to_float32().reshape(t.shape).copy() for n, t in st.tensors.items()}
+    for n in list(arrays):
+        if ".experts." in n:
+            head, e, tail = n.split(".experts.")[0], int(n.split(".experts.")[1].split(".")[0]), n.split(".", 6)[6]
+            arrays[f"{head}.experts.{e + 4}.{tail}"] = arrays[n]
+        elif n.endswith("block_sparse_moe.gate.weight"):
+            arrays[n] = np.concatenate([arrays[n], arrays[n]])
+    write_safetensors(d / "model.safetensors", arrays)
+    src = export(d, tmp_path / "f32.gguf", fmt="gguf", progress=False)
+    assert _expert_count(src) == 8
+    out = _llama_cpp_quantize(src, tmp_path / "theirs.gguf", mix)
+    shapes_, theirs, n_layers, gqa = _gguf_shapes(out)
+    ours = tensor_types(file_type(mix), shapes_, n_layers, gqa, n_experts=8)
+    routers = {n for n in shapes_ if "ffn_gate_inp" in n}
+    assert {n: q.name for n, q in ours.items() if n not in routers} == \
+        {n: q.name for n, q in theirs.items() if n not in routers}

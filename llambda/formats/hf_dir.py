@@ -279,7 +279,11 @@ def open_hf_dir(path: Path) -> ModelSource:
         if config.tie_embeddings:
             tensors.pop("output.weight", None)   # transformers ties: the embedding is the head
         elif "output.weight" not in tensors:
-            config.tie_embeddings = True         # no lm_head stored: tied, whatever the config says
+            if cfg_dict.get("tie_word_embeddings") is False:
+                # an untied head the config names and the checkpoint lacks: the embedding is another model
+                raise ModelFormatError(f"{path}: config.json says tie_word_embeddings false, but the checkpoint "
+                                       "holds no lm_head.weight")
+            config.tie_embeddings = True         # no lm_head stored and no word against tying: tied
         if any(n.endswith("attn_q.bias") for n in tensors):
             config.attn_bias = True
         if all(f"blk.{i}.attn_output.bias" in tensors for i in range(config.n_layers)):

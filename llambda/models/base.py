@@ -302,7 +302,7 @@ class Transformer(Closable):
         def need(name: str) -> WeightTensor:
             t = get(name)
             if t is None:
-                raise ModelFormatError(f"missing tensor {name!r}")
+                raise ModelFormatError(f"missing tensor {name!r}, which a {cfg.arch} model of this config has")
             return t
 
         def matrix(name: str, rows: int, cols: int, parts=None):
@@ -366,7 +366,8 @@ class Transformer(Closable):
 
         def moe_weights(p: str) -> MoEWeights:
             e, sh = cfg.expert_ffn_dim, cfg.shared_ffn_dim
-            gate_inp = get(p + "ffn_gate_inp_shexp.weight") if sh else None
+            # read only where the architecture has one (a stray one is refused as unread: check_all_read)
+            gate_inp = need(p + "ffn_gate_inp_shexp.weight") if sh and cfg.shared_expert_gate else None
             biases = None
             if cfg.moe_bias:
                 biases = tuple(experts(p + f"ffn_{w}_exps.bias", rows, None)
@@ -383,7 +384,7 @@ class Transformer(Closable):
             return MoEWeights(
                 router=router,
                 experts=packed,
-                router_bias=vector(p + "ffn_gate_inp.bias", cfg.n_experts, required=False),
+                router_bias=vector(p + "ffn_gate_inp.bias", cfg.n_experts) if cfg.moe_router_bias else None,
                 choice_bias=vector(p + "exp_probs_b.bias", cfg.n_experts, required=False),
                 shared_gate=matrix(p + "ffn_gate_shexp.weight", sh, d) if sh else None,
                 shared_up=matrix(p + "ffn_up_shexp.weight", sh, d) if sh else None,

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import ModelFormatError
+from ..finite import finite_as_float
 
 # (low, high) of the size fields: far above any real model, low enough that nothing sized from them
 # (per-layer lists, the workspace, the KV cache) can exhaust memory before the tensors are checked
@@ -76,11 +77,8 @@ def check_int(what: str, v, name: str) -> int:
 def check_number(what: str, v, name: str) -> float:
     """`v` as a float if it is a finite number within FLOAT_LIMITS[name]; else a ModelFormatError naming `what`."""
     lo, hi, open_lo = FLOAT_LIMITS[name]
-    try:
-        ok = not isinstance(v, (bool, np.bool_)) and isinstance(v, (int, float, np.integer, np.floating)) \
-            and math.isfinite(v)
-    except OverflowError:       # an integer beyond any float
-        ok = False
+    ok = not isinstance(v, (bool, np.bool_)) and isinstance(v, (int, float, np.integer, np.floating)) \
+        and finite_as_float(v)
     if not ok or not lo <= v <= hi or (open_lo and v == lo):
         raise ModelFormatError(f"{what} = {v!r} is not a finite number in {'(' if open_lo else '['}{lo}, {hi}]")
     return float(v)
@@ -150,11 +148,14 @@ class TransformerConfig:
     moe_routing: str = "softmax_topk"       # see MOE_ROUTINGS
     moe_norm_topk: bool = True              # softmax_topk: rescale the k weights to sum to 1
     shared_ffn_dim: int = 0                 # an always-on shared expert (Qwen2-MoE); 0: none
+    shared_expert_gate: bool = False        # its output times sigmoid(h . a gate vector): the checkpoint always
+                                            # holds that vector (Qwen2-MoE, Qwen3-Next), a load without it refused
     moe_layers: list[bool] = field(default_factory=list)      # per layer; empty: all MoE when n_experts
     moe_activation: str = "silu"            # the experts' gated activation, see MOE_ACTIVATIONS
     moe_swiglu_alpha: float = 1.702         # swiglu_oai: up+1 times gate * sigmoid(alpha * gate) ...
     moe_swiglu_limit: float = 7.0           # ... with gate <= limit and |up| <= limit
     moe_bias: bool = False                  # the experts' projections have biases (GPT-OSS)
+    moe_router_bias: bool = False           # the router has a bias, always in the checkpoint (GPT-OSS)
     moe_groups: int = 1                     # experts in this many equal groups; a token chooses within ...
     moe_groups_used: int = 1                # ... this many of them, those whose ...
     moe_group_top: int = 1                  # ... this many best choice scores sum highest (DeepSeek)

@@ -34,7 +34,8 @@ def config_from_gguf(meta: dict) -> TransformerConfig:
     return TransformerConfig(**c, rope_neox=True, attn_bias=True, attn_out_bias=True, attn_sinks=True,
                              sliding_window=window, layer_sliding=flags if window else [False] * n,
                              moe_routing="topk_softmax", moe_activation="swiglu_oai", moe_swiglu_alpha=SWIGLU_ALPHA,
-                             moe_swiglu_limit=SWIGLU_LIMIT, moe_bias=True, **gguf_moe(hp, norm_default=True))
+                             moe_swiglu_limit=SWIGLU_LIMIT, moe_bias=True, moe_router_bias=True,
+                             **gguf_moe(hp, norm_default=True))
 
 
 def config_from_hf(cfg: dict) -> TransformerConfig:
@@ -52,4 +53,5 @@ def config_from_hf(cfg: dict) -> TransformerConfig:
                              layer_sliding=flags, moe_routing="topk_softmax", moe_activation="swiglu_oai",
                              moe_swiglu_alpha=hf.get("swiglu_alpha", SWIGLU_ALPHA, float, "positive"),
                              moe_swiglu_limit=hf.get("swiglu_limit", SWIGLU_LIMIT, float, "positive"), moe_bias=True,
+                             moe_router_bias=True,
                              **moe)

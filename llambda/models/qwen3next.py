@@ -63,7 +63,7 @@ def config_from_gguf(meta: dict) -> TransformerConfig:
                                f"heads ({hv})")
     kinds = every_nth_attention(c["n_layers"], hp.int("full_attention_interval", 4), "GGUF metadata qwen3next")
     return TransformerConfig(
-        **c, rope_neox=True, qk_norm=True, attn_out_gate=True, layer_kinds=kinds,
+        **c, rope_neox=True, qk_norm=True, attn_out_gate=True, layer_kinds=kinds, shared_expert_gate=True,
         conv_kernel=hp.int("ssm.conv_kernel", limit="conv_kernel"),
         ssm_k_heads=hp.int("ssm.group_count", limit="ssm_k_heads"), ssm_v_heads=hv,
         ssm_k_dim=hp.int("ssm.state_size", limit="ssm_k_dim"),
@@ -88,6 +88,7 @@ def config_from_hf(cfg: dict) -> TransformerConfig:
     moe = hf_moe(cfg, c["n_layers"], norm_default=True) if cfg.get("num_experts") else {}
     return TransformerConfig(
         **c, qk_norm=True, norm_offset=1.0, attn_out_gate=True, layer_kinds=layer_kinds(cfg, c["n_layers"]),
+        shared_expert_gate=True,
         conv_kernel=hf.get("linear_conv_kernel_dim", 4, int, "conv_kernel"),
         ssm_k_heads=hf.get("linear_num_key_heads", kind=int, limit="ssm_k_heads"),
         ssm_v_heads=hf.get("linear_num_value_heads", kind=int, limit="ssm_v_heads"),

@@ -234,6 +234,7 @@ _CHECKED = ("vocab_size", "n_layers", "d_model", "n_heads", "n_kv_heads", "head_
             "activation", "attn_bias", "qk_norm", "post_norms", "embed_scale", "attn_softcap", "final_softcap",
             "layer_sliding", "layer_rope", "pre_norms", "qk_norm_whole", "residual_scale", "logit_scale",
             "n_experts", "n_experts_used", "expert_ffn_dim", "moe_routing", "moe_norm_topk", "shared_ffn_dim",
+            "shared_expert_gate", "moe_router_bias",
             "moe_activation", "moe_swiglu_alpha", "moe_swiglu_limit", "moe_bias", "attn_out_bias", "attn_sinks",
             "layer_kinds", "conv_kernel", "ssm_k_heads", "ssm_v_heads", "ssm_k_dim", "ssm_v_dim", "attn_out_gate",
             "q_lora_rank", "kv_lora_rank", "qk_nope_dim", "v_head_dim", "moe_groups", "moe_groups_used", "moe_group_top",
@@ -612,7 +613,7 @@ def write_gguf_file(src: ModelSource, out: Path, qtype: str | None = None, pure:
     chosen = {}
     if ftype is not None:
         chosen = tensor_types(ftype, {n: t.shape for n, t in tensors.items()}, cfg.n_layers,
-                              cfg.n_heads // max(1, cfg.n_kv_heads))
+                              cfg.n_heads // max(1, cfg.n_kv_heads), n_experts=cfg.n_experts)
         if ftype.name in FILE_TYPE_IDS:       # llama.cpp's id; a pure K-quant file has none of its own
             meta["general.file_type"] = FILE_TYPE_IDS[ftype.name]
     items = []

@@ -3,12 +3,17 @@
 A file type names either one tensor type (q8_0, q4_0, q4_k, ...: every matrix in it, "pure") or a
 mix users know from llama.cpp (Q4_K_M, Q5_K_M, Q3_K_M, Q2_K, ...): a default type, raised for the
 tensors quantization hurts most. The rules are the facts of llama.cpp's `llama_tensor_get_type`
-for dense models without an importance matrix:
+for models without an importance matrix:
 - the output head (and a tied token embedding, which is the head) takes Q6_K, or Q8_0 when its
   rows do not split into the default type's blocks;
 - attn_v and ffn_down take more bits in some layers: the first and last eighth and every third
   layer between (`_more_bits`) for the _M mixes, fixed layer ranges for the others (IQ4_NL and IQ4_XS:
-  ffn_down in the first eighth and attn_v when 4+ query heads share a KV head take Q5_K);
+  ffn_down in the first eighth and attn_v when 4+ query heads share a KV head take Q5_K); a fused
+  attn_qkv and DeepSeek's attn_kv_b are attn_v, an MoE's expert and shared-expert ffn_down are ffn_down;
+  DeepSeek's other latent-attention matrices (attn_kv_a_mqa, attn_q_a, attn_q_b, and the attn_k_b /
+  attn_v_b halves llama.cpp's converter and ours split kv_b into) keep the default type;
+- a model of exactly 8 experts (Mixtral) has attn_v and attn_k in Q8_0 and attn_output in Q5_K
+  (Q2_K to Q4_K_M, IQ4) or the default (Q3_K_L, Q5_K_*);
 - a matrix whose rows do not split into 256-value blocks falls back to a 32-block type
   (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, Q2_K/Q3_K -> Q4_0, IQ4_XS -> IQ4_NL), and to F16
   when not even those fit.
@@ -78,6 +83,19 @@ def _none(kind, i, n, gqa):
     return None
 
 
+# llama.cpp's mixes for a model of exactly 8 experts (Mixtral 8x7B): attn_v and attn_k take Q8_0 (the
+# attention is a small share of its bytes), attn_output Q5_K in these mixes and the default in the others.
+_EIGHT_EXPERTS_OUTPUT_Q5_K = ("q2_k", "q3_k_s", "q3_k_m", "q4_k_s", "q4_k_m", "iq4_nl", "iq4_xs")
+
+
+def _eight_experts(ftype: "FileType", kind: str, want: QType) -> QType:
+    if kind in ("attn_v", "attn_k"):
+        return Q.Q8_0
+    if kind == "attn_output":
+        return Q.Q5_K if ftype.name in _EIGHT_EXPERTS_OUTPUT_Q5_K else ftype.default
+    return want
+
+
 @dataclass(frozen=True)
 class FileType:
     name: str
@@ -121,19 +139,21 @@ def file_type(name: str, pure: bool = False) -> FileType:
 
 
 _LAYER = re.compile(r"^blk\.(\d+)\.")
-_KINDS = ("attn_qkv", "attn_v", "attn_k", "attn_q", "attn_output", "ffn_up", "ffn_gate", "ffn_down")
+# in llama.cpp's order of matching; DeepSeek's whole kv_b counts as attn_v, as a fused attn_qkv does
+_KINDS = ("attn_qkv", "attn_kv_b", "attn_v", "attn_k", "attn_q", "attn_output", "ffn_up", "ffn_gate", "ffn_down")
 
 
 def tensor_kind(name: str) -> str:
-    """The role the rules look at: output, token_embd, attn_v (a fused attn_qkv counts as attn_v, as
-    in llama.cpp), ffn_down, ...; "other" for the rest."""
+    """The role the rules look at: output, token_embd, attn_v (a fused attn_qkv and DeepSeek's attn_kv_b
+    count as attn_v, as in llama.cpp), ffn_down, ...; "other" for the rest (DeepSeek's attn_kv_a_mqa,
+    attn_q_a, attn_q_b and the split attn_k_b / attn_v_b: llama.cpp's mixes keep them in the default type)."""
     if name == "output.weight":
         return "output"
     if name == "token_embd.weight":
         return "token_embd"
     for kind in _KINDS:
         if f"{kind}." in name or (kind.startswith("ffn_") and kind in name):
-            return "attn_v" if kind == "attn_qkv" else kind
+            return "attn_v" if kind in ("attn_qkv", "attn_kv_b") else kind
     return "other"
 
 
@@ -148,9 +168,10 @@ def _fall_back(qtype: QType, cols: int) -> QType:
     return qtype if fits(qtype, cols) else Q.F16
 
 
-def tensor_types(ftype: FileType, shapes: dict[str, tuple], n_layers: int, n_gqa: int) -> dict[str, QType]:
-    """The type of each tensor in `shapes` (name -> shape, rows first as in WeightTensor) under `ftype`.
-    1-D tensors and norms stay F32."""
+def tensor_types(ftype: FileType, shapes: dict[str, tuple], n_layers: int, n_gqa: int,
+                 n_experts: int = 0) -> dict[str, QType]:
+    """The type of each tensor in `shapes` (name -> shape, rows first as in WeightTensor) under `ftype`, for
+    a model of `n_experts` experts (0: dense). 1-D tensors and norms stay F32."""
     tied = "output.weight" not in shapes
     out = {}
     for name, shape in shapes.items():
@@ -168,5 +189,7 @@ def tensor_types(ftype: FileType, shapes: dict[str, tuple], n_layers: int, n_gqa
                 m = _LAYER.match(name)
                 raised = ftype.rule(kind, int(m.group(1)), n_layers, n_gqa) if m else None
                 want = raised or want
+                if n_experts == 8:
+                    want = _eight_experts(ftype, kind, want)
         out[name] = _fall_back(want, cols)
     return out
