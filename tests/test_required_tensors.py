@@ -51,9 +51,7 @@ REQUIRED = [
     ("qwen3_next", "model.layers.1.linear_attn.norm.weight", "blk.1.ssm_norm.weight"),
     ("deepseek_v2", "model.layers.0.self_attn.kv_a_layernorm.weight", "blk.0.attn_kv_a_norm.weight"),
     ("deepseek_v3", "model.layers.1.self_attn.q_a_layernorm.weight", "blk.1.attn_q_a_norm.weight"),
-    pytest.param("deepseek_v3", "model.layers.1.mlp.gate.e_score_correction_bias", "blk.1.exp_probs_b.bias",
-                 marks=pytest.mark.xfail(strict=True, reason="models/deepseek2.py does not yet say that noaux_tc "
-                                                             "routing always has its choice bias")),
+    ("deepseek_v3", "model.layers.1.mlp.gate.e_score_correction_bias", "blk.1.exp_probs_b.bias"),
 ]
 
 

@@ -385,7 +385,7 @@ class Transformer(Closable):
                 router=router,
                 experts=packed,
                 router_bias=vector(p + "ffn_gate_inp.bias", cfg.n_experts) if cfg.moe_router_bias else None,
-                choice_bias=vector(p + "exp_probs_b.bias", cfg.n_experts, required=False),
+                choice_bias=vector(p + "exp_probs_b.bias", cfg.n_experts) if cfg.moe_choice_bias else None,
                 shared_gate=matrix(p + "ffn_gate_shexp.weight", sh, d) if sh else None,
                 shared_up=matrix(p + "ffn_up_shexp.weight", sh, d) if sh else None,
                 shared_down=matrix(p + "ffn_down_shexp.weight", d, sh) if sh else None,

@@ -156,6 +156,8 @@ class TransformerConfig:
     moe_swiglu_limit: float = 7.0           # ... with gate <= limit and |up| <= limit
     moe_bias: bool = False                  # the experts' projections have biases (GPT-OSS)
     moe_router_bias: bool = False           # the router has a bias, always in the checkpoint (GPT-OSS)
+    moe_choice_bias: bool = False           # a bias added to the scores for the choice only, always in the
+                                            # checkpoint (DeepSeek-V3's noaux_tc routing)
     moe_groups: int = 1                     # experts in this many equal groups; a token chooses within ...
     moe_groups_used: int = 1                # ... this many of them, those whose ...
     moe_group_top: int = 1                  # ... this many best choice scores sum highest (DeepSeek)

@@ -155,7 +155,7 @@ def _hf_moe(cfg: dict, hf: HFConfig, n_layers: int, v3: bool) -> dict:
                 moe_layers=[i >= lead for i in range(n_layers)], moe_norm_topk=norm,
                 moe_routing="sigmoid_topk" if scoring == "sigmoid" else "softmax_topk",
                 moe_groups=groups, moe_groups_used=used,
-                moe_group_top=2 if method == "noaux_tc" else 1,
+                moe_group_top=2 if method == "noaux_tc" else 1, moe_choice_bias=method == "noaux_tc",
                 moe_scale=hf.get("routed_scaling_factor", 1.0, float, "positive"))
 
 
@@ -200,7 +200,7 @@ def config_from_gguf(meta: dict) -> TransformerConfig:
                    moe_norm_topk=hp.flag("expert_weights_norm", False),
                    moe_scale=hp.float("expert_weights_scale", 1.0, "positive"), moe_groups=groups,
                    moe_groups_used=hp.int("expert_group_used_count", groups, "moe_groups_used") if groups > 1 else 1,
-                   moe_group_top=2 if gating == 2 else 1)
+                   moe_group_top=2 if gating == 2 else 1, moe_choice_bias=gating == 2)
     return TransformerConfig(**c, rope_neox=False, attn_scale=attn_scale,
                              q_lora_rank=hp.int("attention.q_lora_rank", 0, "q_lora_rank"),
                              kv_lora_rank=hp.int("attention.kv_lora_rank", limit="kv_lora_rank"),
