@@ -666,6 +666,8 @@ def test_ps_columns_read_ollamas_fields():
     assert processor({"size": 100, "size_vram": 0}) == "100% CPU"
     assert processor({"size": 100, "size_vram": 25}) == "75%/25% CPU/GPU"
     assert server_url("http://[::1]:9000/") == "http://[::1]:9000" and server_url("example") == "http://example:8080"
+    with pytest.raises(ValueError, match=r"--host '\[::1': Invalid IPv6 URL"):     # said without the flag's name
+        server_url("[::1")
 
 
 def test_ollama_run_flags_are_taken(fake_run, monkeypatch, capsys):

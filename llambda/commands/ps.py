@@ -33,7 +33,10 @@ def server_url(host: str) -> str:
     text = host.strip()
     if not text:
         raise ValueError("--host is empty: give the server's address, e.g. 127.0.0.1:8080")
-    parts = urllib.parse.urlsplit(text if "://" in text else "http://" + text)
+    try:
+        parts = urllib.parse.urlsplit(text if "://" in text else "http://" + text)
+    except ValueError as e:     # "[::1": urllib's message alone does not say which argument
+        raise ValueError(f"--host {host!r}: {e}") from None
     if parts.scheme not in DEFAULT_PORTS:
         raise ValueError(f"--host {host!r}: the scheme must be http or https, not {parts.scheme!r}")
     try:
