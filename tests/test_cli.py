@@ -666,6 +666,8 @@ def test_ps_columns_read_ollamas_fields():
     assert processor({"size": 100, "size_vram": 0}) == "100% CPU"
     assert processor({"size": 100, "size_vram": 25}) == "75%/25% CPU/GPU"
     assert server_url("http://[::1]:9000/") == "http://[::1]:9000" and server_url("example") == "http://example:8080"
+    with pytest.raises(ValueError, match=r"--host '\[::1': Invalid IPv6 URL"):     # said without the flag's name
+        server_url("[::1")
 
 
 def test_ollama_run_flags_are_taken(fake_run, monkeypatch, capsys):
@@ -740,3 +742,89 @@ def test_ps_says_what_answered_when_it_is_no_ollama_api(capsys):
         err = capsys.readouterr().err
     assert err == f"llambda: error: {srv.url}/elsewhere/api/ps did not answer as Ollama's /api/ps does " \
                   "(a JSON list of models)\n"
+
+
+def _raw_server(answer):
+    """A socket server on a free port that runs answer(conn) for each connection in a thread; returns
+    (port, stop)."""
+    import socket
+    import threading
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    stop = threading.Event()
+
+    def serve():
+        srv.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                continue
+            threading.Thread(target=answer, args=(conn, stop), daemon=True).start()
+    threading.Thread(target=serve, daemon=True).start()
+
+    def close():
+        stop.set()
+        srv.close()
+    return srv.getsockname()[1], close
+
+
+def test_ps_gives_up_on_a_server_that_trickles_its_answer(monkeypatch, capsys):
+    # a byte every 0.05 s never hit the 10 s socket timeout: ps waited as long as the server kept sending
+    import time
+
+    from llambda.cli import main
+    from llambda.commands import ps
+
+    def trickle(conn, stop):
+        conn.recv(4096)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000000\r\n\r\n")
+        while not stop.is_set():
+            try:
+                conn.sendall(b" ")
+            except OSError:
+                break
+            time.sleep(0.05)
+        conn.close()
+    port, close = _raw_server(trickle)
+    monkeypatch.setattr(ps, "TOTAL_S", 0.6)
+    try:
+        t = time.monotonic()
+        assert main(["ps", "--host", f"127.0.0.1:{port}"]) == 1
+        assert time.monotonic() - t < 5
+    finally:
+        close()
+    assert "no whole answer within 0.6 s" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("body", [b"[" * 200_000 + b"]" * 200_000, b'{"models": [{"size": NaN}]}',
+                                  b'{"models": [{"size": Infinity}]}', b'{"models": {"a": 1}}', b"\xff\xfe"])
+def test_ps_says_an_answer_is_not_ollamas_for_hostile_json(body, capsys):
+    # a deep nesting was a RecursionError traceback; NaN/Infinity (not JSON) crashed the size column
+    from llambda.cli import main
+
+    def answer(conn, stop):
+        conn.recv(4096)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        conn.close()
+    port, close = _raw_server(answer)
+    try:
+        assert main(["ps", "--host", f"127.0.0.1:{port}"]) == 1
+    finally:
+        close()
+    assert "did not answer as Ollama's /api/ps does" in capsys.readouterr().err
+
+
+def test_ps_columns_of_absurd_fields_are_question_marks_and_printable():
+    from datetime import datetime, timezone
+
+    from llambda.commands.ps import table
+    now = datetime(2026, 12, 5, 12, 0, tzinfo=timezone.utc)
+    rows = table([{"name": "a\x1b[2Jb\nc", "size": float("nan"), "size_vram": 1},
+                  {"name": "big", "size": 1e308, "size_vram": 1e307}, {"name": "huge", "size": 10**400},
+                  {"name": "gpu", "size": 10, "size_vram": float("inf")}, {"name": "yes", "size": True}], now)
+    assert rows[1].split()[:4] == ["a?[2Jb?c", "?", "100%", "CPU"]
+    assert [r.split()[:3] for r in rows[2:]] == [["big", "?", "100%"], ["huge", "?", "100%"], ["gpu", "10", "B"],
+                                                  ["yes", "?", "100%"]]
+    assert all(ch.isprintable() for r in rows for ch in r)

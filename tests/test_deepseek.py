@@ -497,3 +497,21 @@ def test_multi_token_prediction_layers_are_skipped_and_fp8_refused(tmp_path):
     fp8 = _edit(tmp_path / "b", lambda c: c.update(quantization_config={"quant_method": "fp8"}), "deepseek_v3")
     with pytest.raises(ModelFormatError, match="fp8"):
         llambda.load(fp8, backend="numpy", n_ctx=32)
+
+
+def test_compressed_rows_wider_than_the_native_kernel_fall_back_to_the_expanded_heads(tmp_path):
+    """kv_lora_rank + qk_rope past the native attention's 576 (here 584) with heads of 192: the native
+    backend runs the expanded heads (it refused the load naming a head_dim the model does not have), its
+    cache and plan say so, and its logits are the NumPy reference's over the compressed rows."""
+    if "native" not in llambda.backends.available_backends():
+        pytest.skip("the native backend is not available here (C core not built)")
+    path = wide_mla_gguf(tmp_path / "wider.gguf", H=2, kvr=520, layers=1)
+    ids = [int(t) for t in np.random.default_rng(2).integers(0, 96, 12)]
+    got = {}
+    for backend in ("native", "numpy"):
+        kw = {"kv_type": "f32", "activations": "f32"} if backend == "native" else {}
+        with llambda.load(path, backend=backend, n_ctx=32, **kw) as m:
+            assert m.transformer.mla_compressed == (backend == "numpy")
+            assert m.transformer.cache.nbytes == m.memory_plan.kv_cache
+            got[backend] = _all_logits(m, ids)
+    assert float(np.abs(got["native"] - got["numpy"]).max()) <= 1e-4

@@ -627,7 +627,7 @@ def test_readonly_output_rejected():
 
 
 def test_other_ops_bad_arguments():
-    z = np.zeros(64, F32)
+    z, c, q8 = np.zeros(64, F32), np.zeros(64, F32), np.zeros((1, 4, 34), np.uint8)
     i32 = np.zeros(4, np.int32)
     cases = [
         (lambda: native.rmsnorm(z, z, z, 2, 64, 1e-5), "x has"),
@@ -640,10 +640,22 @@ def test_other_ops_bad_arguments():
         (lambda: native.rope(z, i32, z[:3], 4, 1, 16, 16, 0), "inv_freq has"),
         (lambda: native.rope(z, i32, z, 4, 1, 16, 16, 2), "neox"),
         (lambda: native.kv_store(z, z, np.zeros(63, F32), np.zeros(64, F32), i32[:1], i32[:1], 1, 1, 16, 1, 4, 0), "kcache has"),
-        (lambda: native.kv_store(z, z, z, z.copy(), i32[:1], np.array([4], np.int32), 1, 1, 16, 1, 4, 0), "pos"),
-        (lambda: native.kv_store(z, z, z, z.copy(), np.array([1], np.int32), i32[:1], 1, 1, 16, 1, 4, 0), "slots"),
-        (lambda: native.kv_store(z, z.copy(), z, z, i32[:1], i32[:1], 1, 1, 16, 1, 4, 0), "same buffer but k and v"),
-        (lambda: native.kv_store(z, z, z, z.copy(), i32[:1], i32[:1], 1, 1, 16, 1, 4, 1), "float16"),
+        (lambda: native.kv_store(z, z, z.copy(), z.copy(), i32[:1], np.array([4], np.int32), 1, 1, 16, 1, 4, 0), "pos"),
+        (lambda: native.kv_store(z, z, z.copy(), z.copy(), np.array([1], np.int32), i32[:1], 1, 1, 16, 1, 4, 0), "slots"),
+        (lambda: native.kv_store(z, z.copy(), c, c, i32[:1], i32[:1], 1, 1, 16, 1, 4, 0), "same buffer but k and v"),
+        (lambda: native.kv_store(z, z, z.copy(), z.copy(), i32[:1], i32[:1], 1, 1, 16, 1, 4, 1), "float16"),
+        # a cache shares every row with the other or none, and nothing read overlaps one (wrong rows, no error)
+        (lambda: native.kv_store(z[:16], z[:16], c[:32], c[16:48], i32[:1], i32[:1], 1, 1, 16, 1, 2, 0),
+         "kcache and vcache overlap without"),
+        (lambda: native.kv_store(c[:16], c[:16], c, c, i32[:1], i32[:1], 1, 1, 16, 1, 4, 0), "overlaps the cache"),
+        (lambda: native.kv_store(z[:16], z[:16], c, c, c[:1].view(np.int32), i32[:1], 1, 1, 16, 1, 4, 0),
+         "overlaps the cache"),
+        (lambda: native.attention(z[:16], c, c, c[:16], i32[:1], i32[:1], 1, 1, 1, 16, 1, 4, 0, 0.25, 0, 0.0),
+         "out overlaps kcache"),
+        (lambda: native.attention(z[:32], c, c, z[16:48], i32[:1], i32[:1], 1, 2, 1, 16, 1, 4, 0, 0.25, 0, 0.0),
+         "out overlaps q without being it"),
+        (lambda: native.attention(z[:32], q8, q8, c[:32], i32[:1], i32[:1], 1, 1, 1, 32, 1, 4, 2, 0.25, 0, 0.0,
+                                  np.zeros(32, F32)), "kcache is vcache"),
         (lambda: native.silu_mul(z, z, z, 65), "out has|gate has"),
         (lambda: native.gelu_mul(z, z[:5], z, 6), "up has"),
         (lambda: native.add(z, z, z, 0), "count"),

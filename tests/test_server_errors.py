@@ -216,3 +216,8 @@ def test_logprobs_on_a_model_without_a_tokenizer_is_a_400():
                 assert_error(post(srv, "/v1/completions", dict(model="tiny", max_tokens=2, **body)), 400, "tokenizer")
             r = post(srv, "/v1/completions", dict(model="tiny", prompt=[1, 2, 3], max_tokens=2))
             assert r.status_code == 200, r.text
+            # /v1/responses has no 'logprobs' field: the error named one (its include asks for them)
+            for stream in (False, True):
+                err = assert_error(post(srv, "/v1/responses", dict(
+                    model="tiny", input="Hi", stream=stream, include=["message.output_text.logprobs"])), 400, "tokenizer")
+                assert err["param"] == "include" and "'include' asks for logprobs" in err["message"], err

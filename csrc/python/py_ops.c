@@ -179,6 +179,16 @@ static PyObject *py_kv_store(PyObject *self, PyObject *const *args, Py_ssize_t n
     const int32_t *slots = vc ? llb_arg_buf(&h, args[4], op, "slots", 0, LLB_ELEM_I32, n, 0) : NULL;
     const int32_t *pos = slots ? llb_arg_buf(&h, args[5], op, "pos", 0, LLB_ELEM_I32, n, 0) : NULL;
     if (!pos) goto fail;
+    /* caches are written while k, v, slots and pos are read; two caches share every row or none */
+    if ((kc != vc || h.views[2].len != h.views[3].len) && llb_bufs_overlap(&h, 2, 3)) {
+        PyErr_SetString(PyExc_ValueError, "kv_store: kcache and vcache overlap without being the same buffer");
+        goto fail;
+    }
+    for (int i = 0; i < 6; i++)
+        if (i != 2 && i != 3 && (llb_bufs_overlap(&h, i, 2) || llb_bufs_overlap(&h, i, 3))) {
+            PyErr_SetString(PyExc_ValueError, "kv_store: k, v, slots or pos overlaps the cache it writes");
+            goto fail;
+        }
     if (kc == vc && k != v) {
         PyErr_SetString(PyExc_ValueError, "kv_store: kcache and vcache are the same buffer but k and v differ");
         goto fail;
@@ -235,10 +245,22 @@ static int parse_attention(const char *op, PyObject *const *args, Py_ssize_t nar
         !(a->slots = llb_arg_buf(h, args[4], op, "slots", 0, LLB_ELEM_I32, a->n, 0)) ||
         !(a->pos = llb_arg_buf(h, args[5], op, "pos", 0, LLB_ELEM_I32, a->n, 0)))
         return -1;
+    /* out is written while the caches, slots and pos are read; it may be q exactly (each row read first) */
+    const int out_is_q = a->out == a->q && h->views[3].len == h->views[0].len;
+    for (int i = 0; i < 6; i++)
+        if (i != 3 && llb_bufs_overlap(h, 3, i) && !(i == 0 && out_is_q)) {
+            PyErr_Format(PyExc_ValueError, "%s: out overlaps %s", op, (const char *[]){"q without being it", "kcache",
+                         "vcache", "", "slots", "pos"}[i]);
+            return -1;
+        }
     float *kbase;
     if (get_kbase(h, args, nargs, kbase_at, op, 0, a->cache_type, (size_t)a->n_slots * (size_t)(a->n_kv * a->head_dim),
                   &kbase))
         return -1;
+    if (kbase && a->kcache == a->vcache) { /* values read from keys stored against a base would lack it */
+        PyErr_Format(PyExc_ValueError, "%s: a cache whose values are its keys (kcache is vcache) takes no kbase", op);
+        return -1;
+    }
     a->kbase = kbase;
     return 0;
 }
@@ -598,13 +620,14 @@ PyMethodDef llb_ops_methods[] = {
      "rope(x, pos, inv_freq, n, n_heads, head_dim, rope_dim, neox): rotary embedding in place on x (n, n_heads, head_dim)."},
     {"kv_store", FASTCALL(py_kv_store),
      "kv_store(k, v, kcache, vcache, slots, pos, n, n_kv, head_dim, n_slots, n_ctx, cache_type): "
-     "write token i's k/v to cache[slots[i], pos[i]] (cache_type 0 = f32, 1 = f16)."},
+     "write token i's k/v to cache[slots[i], pos[i]] (cache_type 0 = f32, 1 = f16); kcache is vcache or\n"
+     "overlaps it nowhere, and no input overlaps either."},
     {"attention_sinks", FASTCALL(py_attention_sinks),
      "attention_sinks(attention's 16 arguments, sinks): after attention, rescale out as if each head h's softmax\n"
      "had one more column of logit sinks[h] and no value (out must not alias q, whose scores it recomputes)."},
     {"attention", FASTCALL(py_attention),
      "attention(q, kcache, vcache, out, slots, pos, n, n_heads, n_kv, head_dim, n_slots, n_ctx, cache_type, scale, "
-     "window, softcap): causal GQA attention over the KV cache; out may alias q."},
+     "window, softcap): causal GQA attention over the KV cache; out may be q, and overlaps nothing else."},
     {"short_conv", FASTCALL(py_short_conv),
      "short_conv(bcx, state, state_pos, kernel, slots, pos, out, n, d, width, n_slots, gated): a causal depthwise\n"
      "convolution over each slot's state: gated, LFM2's out = C * conv(B * x); else out = silu(conv(x)) (the state\n"

@@ -76,6 +76,7 @@ def carve(specs: dict, align: int = 64) -> tuple[np.ndarray, dict]:
 
 class Backend(ABC):
     name = "abstract"
+    max_head_dim: int | None = None     # the widest cache row attention takes (None: no limit)
     #: a short description of the precision, e.g. "f32" or "q8 activations"
     precision = "f32"
 

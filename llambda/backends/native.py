@@ -235,6 +235,7 @@ def grow_pool(n: int, what: str = "") -> None:
 
 class NativeBackend(Backend):
     name = "native"
+    max_head_dim = MAX_HEAD_DIM
 
     def __init__(self, threads: int | None = None, activations: str = "q8", kv_type: str = "f16"):
         if C is None:

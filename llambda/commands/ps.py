@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import os
 import re
+import threading
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -19,7 +21,8 @@ from ..errors import LlambdaError
 
 DEFAULT_HOST = "http://127.0.0.1:8080"     # `llambda serve`'s --host and --port defaults
 DEFAULT_PORTS = {"http": 8080, "https": 443}
-TIMEOUT_S = 10.0
+TIMEOUT_S = 10.0                           # each socket operation's
+TOTAL_S = 30.0                             # the whole answer's: a server trickling bytes is cut off
 ANSWER_MAX_BYTES = 1 << 20                 # one model's entry is a few hundred bytes
 FOREVER_AFTER_DAYS = 20 * 365              # an expiry this far ahead is "Forever" (the server's is year 9999)
 
@@ -30,7 +33,10 @@ def server_url(host: str) -> str:
     text = host.strip()
     if not text:
         raise ValueError("--host is empty: give the server's address, e.g. 127.0.0.1:8080")
-    parts = urllib.parse.urlsplit(text if "://" in text else "http://" + text)
+    try:
+        parts = urllib.parse.urlsplit(text if "://" in text else "http://" + text)
+    except ValueError as e:     # "[::1": urllib's message alone does not say which argument
+        raise ValueError(f"--host {host!r}: {e}") from None
     if parts.scheme not in DEFAULT_PORTS:
         raise ValueError(f"--host {host!r}: the scheme must be http or https, not {parts.scheme!r}")
     try:
@@ -42,13 +48,41 @@ def server_url(host: str) -> str:
     return f"{parts.scheme}://{name}:{port}{parts.path.rstrip('/')}"
 
 
+def _fetch(request) -> bytes:
+    with urllib.request.urlopen(request, timeout=TIMEOUT_S) as r:
+        return r.read(ANSWER_MAX_BYTES + 1)
+
+
+def _fetch_within(request, seconds: float) -> bytes:
+    """_fetch in a daemon thread: a socket timeout bounds each read, not a server sending a byte per read
+    (or a header line at a time) forever; past `seconds` the thread is left to the process's exit."""
+    got: dict = {}
+
+    def run():
+        try:
+            got["raw"] = _fetch(request)
+        except BaseException as e:     # re-raised in the caller's thread
+            got["error"] = e
+    t = threading.Thread(target=run, name="llambda-ps", daemon=True)
+    t.start()
+    t.join(seconds)
+    if t.is_alive():
+        raise TimeoutError(f"no whole answer within {seconds:g} s")
+    if "error" in got:
+        raise got["error"]
+    return got["raw"]
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
 def running_models(base: str, api_key: str | None) -> list[dict]:
     """/api/ps's `models` at `base`; LlambdaError in one line when no server answers or it is not one."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     request = urllib.request.Request(base + "/api/ps", headers=headers)
     try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as r:
-            raw = r.read(ANSWER_MAX_BYTES + 1)
+        raw = _fetch_within(request, TOTAL_S)
     except urllib.error.HTTPError as e:
         if e.code == 401:
             said = "refused the key in LLAMBDA_API_KEY" if api_key else "asks for an API key: set LLAMBDA_API_KEY"
@@ -61,18 +95,32 @@ def running_models(base: str, api_key: str | None) -> list[dict]:
         reason = getattr(e, "reason", None) or e
         raise LlambdaError(f"no server answers at {base} ({reason}): start one with `llambda serve`, "
                            "or give its address with --host") from None
-    try:
-        models = json.loads(raw.decode("utf-8"))["models"] if len(raw) <= ANSWER_MAX_BYTES else None
-    except (ValueError, TypeError, KeyError):
+    try:   # NaN/Infinity are Python's extension, not JSON; a deep nesting is RecursionError
+        models = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)["models"] \
+            if len(raw) <= ANSWER_MAX_BYTES else None
+    except (ValueError, TypeError, KeyError, RecursionError):
         models = None
     if not isinstance(models, list) or not all(isinstance(m, dict) for m in models):
         raise LlambdaError(f"{base}/api/ps did not answer as Ollama's /api/ps does (a JSON list of models)")
     return models
 
 
+def _size(n) -> float | None:
+    """A byte count as a float, or None when it is none (a bool, a string, negative, past Go's int64 that
+    Ollama's sizes are)."""
+    if isinstance(n, bool) or not isinstance(n, (int, float)):
+        return None
+    try:
+        v = float(n)
+    except OverflowError:       # an integer past a float
+        return None
+    return v if math.isfinite(v) and 0 <= v < 2.0**63 else None
+
+
 def human_bytes(n) -> str:
     """Decimal units, as ollama ps prints them: 98 MB, 1.1 GB."""
-    if not isinstance(n, (int, float)) or n < 0:
+    n = _size(n)
+    if n is None:
         return "?"
     for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
         if n >= scale:
@@ -83,12 +131,12 @@ def human_bytes(n) -> str:
 
 def processor(m: dict) -> str:
     """Where the weights are: all on the CPU here (size_vram 0); a GPU's share as Ollama says it."""
-    size, vram = m.get("size"), m.get("size_vram") or 0
-    if not isinstance(size, (int, float)) or size <= 0 or not isinstance(vram, (int, float)) or vram <= 0:
+    size, vram = _size(m.get("size")), _size(m.get("size_vram") or 0)
+    if not size or not vram:
         return "100% CPU"
     if vram >= size:
         return "100% GPU"
-    cpu = round(100 * (size - vram) / size)
+    cpu = round(100 * ((size - vram) / size))     # divided first: 100 * size may pass a float
     return f"{cpu}%/{100 - cpu}% CPU/GPU"
 
 
@@ -122,6 +170,8 @@ def table(models: list[dict], now: datetime) -> list[str]:
         rows.append((str(m.get("name") or m.get("model") or "?"), digest.removeprefix("sha256:")[:12],
                      human_bytes(m.get("size")), processor(m), str(ctx) if ctx is not None else "",
                      until(m.get("expires_at"), now)))
+    # the server's strings reach a terminal: control characters (escape sequences, newlines) as "?"
+    rows = [tuple("".join(ch if ch.isprintable() else "?" for ch in c) for c in r) for r in rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return ["    ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
 

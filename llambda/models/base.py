@@ -113,11 +113,15 @@ class MoEWeights:
     choice_bias: np.ndarray | None = None   # (n_experts,) added to the scores for the choice only (DeepSeek-V3)
 
 
-def mla_compressed(cfg: TransformerConfig) -> bool:
+def mla_compressed(cfg: TransformerConfig, backend=None) -> bool:
     """Whether latent attention caches its compressed rows (the default), or runs expanded into ordinary
     heads (LLAMBDA_MLA_EXPANDED on: a cache n_heads (qk_nope + qk_rope) / (kv_lora_rank + qk_rope) times
-    larger times 2, kept to compare against)."""
-    return cfg.mla and not switches.flag("LLAMBDA_MLA_EXPANDED", False)
+    larger times 2, kept to compare against). Also expanded where the compressed row is wider than
+    `backend`'s attention takes (the native core's 576) and the expanded heads are not: the model still runs."""
+    if not cfg.mla or switches.flag("LLAMBDA_MLA_EXPANDED", False):
+        return False
+    limit = getattr(backend, "max_head_dim", None)
+    return limit is None or cfg.rope_dim + cfg.kv_lora_rank <= limit or cfg.head_dim > limit
 
 
 def kv_rows(cfg: TransformerConfig, compressed: bool) -> tuple[int, int]:
@@ -263,7 +267,7 @@ class Transformer(Closable):
         self.n_ctx, self.n_slots = n_ctx, n_slots
         # the thread of the server scheduler that runs (or last ran) this model, its buffers and slots
         self.served_by = None
-        self.mla_compressed = mla_compressed(cfg)
+        self.mla_compressed = mla_compressed(cfg, backend)
         try:
             self._load(tensors)
         except ModelFormatError as e:

@@ -121,7 +121,7 @@ def plan(src: ModelSource, n_ctx: int, n_slots: int = 1, kv_type: str = "f32", m
     once looked up, where the lookup converts it, as quantize= does; the backend's packed_type then says
     what it keeps that type in: the native one converts the types it does not run)."""
     cfg = src.config
-    compressed = mla_compressed(cfg)
+    compressed = mla_compressed(cfg, backend)
     mapped, largest, params, packed = 0, 0, 0, 0
     experts: dict[str, int] = {}    # an MoE layer's gate, up and down experts are let go of together, once all packed
     for name, t in src.tensors():

@@ -235,7 +235,8 @@ class Service:
             raise bad_request(f"{n_jobs} sequences requested (prompts x n); this server holds at most "
                               f"{self.scheduler.capacity()} at once", param="n")
         if (spec.logprobs or spec.top_logprobs) and self.strings is None:
-            raise bad_request("'logprobs' needs the tokens' text, and this model has no tokenizer", param="logprobs")
+            raise bad_request(f"'{spec.logprobs_param}' asks for logprobs, which need the tokens' text, and this model "
+                              "has no tokenizer", param=spec.logprobs_param)
         tools = thought = None
         constraint, param = spec.constraint, spec.constraint_param
         if spec.kind == "chat":

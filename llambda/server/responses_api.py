@@ -319,6 +319,7 @@ def parse_responses(body, store: ResponseStore,
     spec.template_kwargs = with_reasoning_effort(spec.template_kwargs, effort, "reasoning.effort")
     spec.max_tokens_param = "max_output_tokens"     # errors name the Responses fields
     spec.messages_param = "input"
+    spec.logprobs_param = "include"
     spec.messages_shown = _prompt_fields(instructions, continued is not None, inp)
     if response_format is not None:
         spec.constraint_param = "text.format"        # a schema that does not compile, too
