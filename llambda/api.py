@@ -105,7 +105,7 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
             memory.check(mplan)
         with src.reading_ahead(), be.loading(mplan.weights):
             model = Transformer(cfg, lookup, be, n_ctx=ctx, n_slots=n_slots, max_tokens=max_batch,
-                                release=src.release)
+                                release=src.release, file_names=src.file_names)
         src.check_all_read()
         if merge is not None:
             merge.finish()

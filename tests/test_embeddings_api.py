@@ -135,6 +135,25 @@ def test_encoder_server_speaks_ollamas_embed(tiny_live):
     assert e.value.status_code == 404 and "no route" in e.value.error
 
 
+def test_encoder_server_answers_api_ps_and_llambda_ps_lists_it(tiny_live, monkeypatch, capsys):
+    """Ollama's /api/ps lists embedding models too: an encoder's entry has a decoder's shape, and `llambda ps`
+    prints it (its 404 message said an embedding model's server had no /api/ps)."""
+    import ollama
+
+    from llambda.cli import main
+    m, srv = tiny_live
+    [entry] = ollama.Client(host=srv.url, timeout=60).ps().models
+    assert entry.model == "tiny-bert:latest" and entry.context_length == m.n_ctx == 16
+    assert entry.size == m.memory_plan.total and entry.size_vram == 0 and entry.expires_at.year == 9999
+    raw = httpx.get(srv.url + "/api/ps", timeout=30).json()["models"][0]
+    assert {"name", "model", "size", "digest", "details", "expires_at", "size_vram", "context_length"} == set(raw)
+    assert httpx.get(srv.url + "/api/version", timeout=30).json()["version"].count(".") == 2
+    monkeypatch.delenv("LLAMBDA_API_KEY", raising=False)
+    assert main(["ps", "--host", srv.url]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and lines[1].split()[0] == "tiny-bert:latest" and lines[1].split()[-2:] == ["16", "Forever"]
+
+
 def _allowed(response) -> set | None:
     """The Allow header's methods (Starlette lists a route's set of methods: in no fixed order)."""
     allow = response.headers.get("allow")

@@ -86,16 +86,33 @@ def _gguf_without(src: Path, dest: Path, name: str) -> Path:
     return dest
 
 
-def _refused(path: Path, name: str) -> None:
+def _refused(path: Path, name: str) -> str:
     with pytest.raises(ModelFormatError) as e:
         llambda.load(path, backend="numpy", n_ctx=32)
-    assert f"missing tensor '{name}'" in str(e.value) and str(path) in str(e.value), str(e.value)
+    assert "missing tensor" in str(e.value) and str(path) in str(e.value), str(e.value)
+    return str(e.value)
 
 
 @pytest.mark.parametrize("folder, hf_name, gguf_name", REQUIRED)
 def test_a_tensor_the_architecture_always_has_is_required(tmp_path, exported, folder, hf_name, gguf_name):
-    _refused(_hf_without(tmp_path, folder, hf_name), gguf_name)
-    _refused(_gguf_without(exported(folder), tmp_path / "without.gguf", gguf_name), gguf_name)
+    # a HF directory's by the checkpoint's name, the canonical one after it; a GGUF file's by its own
+    msg = _refused(_hf_without(tmp_path, folder, hf_name), gguf_name)
+    assert f"'{hf_name}'" in msg and f"({gguf_name})" in msg, msg
+    msg = _refused(_gguf_without(exported(folder), tmp_path / "without.gguf", gguf_name), gguf_name)
+    assert f"missing tensor '{gguf_name}'," in msg, msg
+
+
+def test_each_hf_name_of_a_canonical_one_is_listed():
+    """Several HF names map to one canonical name (the router's): each is one a checkpoint could have used."""
+    from llambda.formats.hf_dir import canonical_name, hf_names
+    names = hf_names("blk.2.ffn_gate_inp.weight", False, "qwen2_moe")
+    assert {"model.layers.2.mlp.gate.weight", "model.layers.2.block_sparse_moe.gate.weight",
+            "model.layers.2.mlp.router.weight"} <= set(names), names
+    assert all(canonical_name(n, 3, False, "qwen2_moe") == "blk.2.ffn_gate_inp.weight" for n in names)
+    assert hf_names("blk.0.ffn_up_exps.weight", False, "mixtral") == [
+        "model.layers.0.mlp.experts.N.up_proj.weight", "model.layers.0.block_sparse_moe.experts.N.w3.weight"]
+    assert hf_names("blk.0.attn_kv_b.weight", False, "deepseek2") == ["model.layers.0.self_attn.kv_b_proj.weight"]
+    assert hf_names("output.weight", False) == ["lm_head.weight"] and hf_names("blk.0.nonesuch", False) == []
 
 
 @pytest.mark.parametrize("folder, hf_name, rows", [

@@ -88,8 +88,7 @@ def running_models(base: str, api_key: str | None) -> list[dict]:
             said = "refused the key in LLAMBDA_API_KEY" if api_key else "asks for an API key: set LLAMBDA_API_KEY"
             raise LlambdaError(f"the server at {base} {said}") from None
         if e.code == 404:
-            raise LlambdaError(f"{base} has no /api/ps: no llambda server of a text model, nor Ollama (one of an "
-                               "embedding model lists it at /v1/models)") from None
+            raise LlambdaError(f"{base} has no /api/ps: it is neither a llambda server nor Ollama") from None
         raise LlambdaError(f"the server at {base} answered /api/ps with HTTP {e.code}") from None
     except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
         reason = getattr(e, "reason", None) or e

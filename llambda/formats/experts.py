@@ -71,8 +71,12 @@ class ExpertStacks:
 
 # GPT-OSS's Hub layout: all experts in one tensor, input-major (x @ W), gate and up interleaved
 # by column; -> GGUF's (E, rows, cols) output-major tensors, gate and up apart.
-GPT_OSS_FUSED = ("mlp.experts.gate_up_proj", "mlp.experts.gate_up_proj_bias", "mlp.experts.down_proj",
-                 "mlp.experts.down_proj_bias")
+# fused tensor -> the canonical leaves split_gpt_oss makes of it
+GPT_OSS_LEAVES = {"mlp.experts.gate_up_proj": ("ffn_gate_exps.weight", "ffn_up_exps.weight"),
+                  "mlp.experts.gate_up_proj_bias": ("ffn_gate_exps.bias", "ffn_up_exps.bias"),
+                  "mlp.experts.down_proj": ("ffn_down_exps.weight",),
+                  "mlp.experts.down_proj_bias": ("ffn_down_exps.bias",)}
+GPT_OSS_FUSED = tuple(GPT_OSS_LEAVES)
 
 
 def split_gpt_oss(suffix: str, t: WeightTensor, file_name: str) -> dict[str, WeightTensor]:

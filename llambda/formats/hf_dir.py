@@ -14,7 +14,7 @@ from ..errors import ModelFormatError, TokenizerError
 from .source import ModelSource
 from ..models import arch_module
 from .files import read_json, read_small
-from .experts import GPT_OSS_FUSED, GPT_OSS_MXFP4, ExpertStacks, split_gpt_oss, split_gpt_oss_mxfp4
+from .experts import GPT_OSS_FUSED, GPT_OSS_LEAVES, GPT_OSS_MXFP4, ExpertStacks, split_gpt_oss, split_gpt_oss_mxfp4
 from .weights import ByteTensor
 from .safetensors import open_safetensors_dir
 
@@ -152,6 +152,23 @@ def canonical_name(name: str, n_layers: int, post_norms: bool, arch: str = "") -
     if i is None or i >= n_layers or m.group(2) not in per_layer:
         return None
     return f"blk.{i}.{per_layer[m.group(2)]}"
+
+
+def hf_names(canon: str, post_norms: bool, arch: str = "") -> list[str]:
+    """The HF names that would have provided canonical name `canon` (errors name these: a HF user knows
+    them, not GGUF's), an expert's with N for its number; [] where none would."""
+    per_layer, global_names = name_tables(post_norms, arch)
+    names = [hf for hf, c in global_names.items() if c == canon]
+    m = re.fullmatch(r"blk\.(\d+)\.(.+)", canon)
+    if m:
+        layer, leaf = f"model.layers.{m.group(1)}.", m.group(2)
+        names += [layer + hf for hf, c in per_layer.items() if c == leaf]
+        if arch == "gpt_oss":
+            names += [layer + hf for hf, leaves in GPT_OSS_LEAVES.items() if leaf in leaves]
+        # the per-expert layouts checkpoints use: Mixtral's w1/w2/w3 under block_sparse_moe
+        names += [f"{layer}{'block_sparse_moe' if k[0] == 'w' else 'mlp'}.experts.N.{k}.weight"
+                  for k, part in EXPERT_PART.items() if leaf == f"ffn_{part}_exps.weight"]
+    return names
 
 
 def canonical_tensors(hf_tensors: dict, n_layers: int, post_norms: bool, arch: str = "", extra_layers: int = 0) -> dict:
@@ -298,7 +315,8 @@ def open_hf_dir(path: Path) -> ModelSource:
         name = raw_cfg.get("_name_or_path") or path.name
         meta = {"hf.config": raw_cfg, "hf.generation_config": gen_cfg, "hf.tokenizer_config": tok_cfg}
         return ModelSource(path, "hf", config, tensors.get, meta, tok, tok_err, _chat_template(path, tok_cfg),
-                           str(name), [st.close], list(tensors), [st.release], [st], lambda name: [name])
+                           str(name), [st.close], list(tensors), [st.release], [st], lambda name: [name],
+                           lambda canon: hf_names(canon, config.post_norms, config.arch))
     except BaseException:
         st.close()
         raise

@@ -40,6 +40,8 @@ class ModelSource:
     readers: list = field(default_factory=list)     # each with read_ahead() and stop_read_ahead() (readahead.py)
     # the file's tensors a name is read from, where every one of them must be read (see check_all_read)
     holders: Optional[Callable[[str], list[str]]] = None
+    # the file's own names (HF's) a canonical name would be read from, for errors; None: the canonical ones
+    file_names: Optional[Callable[[str], list[str]]] = None
     _read: set = field(default_factory=set, init=False, repr=False)
 
     def recording_lookup(self) -> Callable[[str], Optional[WeightTensor]]:

@@ -258,9 +258,11 @@ def live_server(model):
 
 class Transformer(Closable):
     def __init__(self, cfg: TransformerConfig, tensors: TensorLookup, backend, n_ctx: int, n_slots: int = 1,
-                 max_tokens: int = 512, max_logit_rows: int | None = None, release=None):
+                 max_tokens: int = 512, max_logit_rows: int | None = None, release=None, file_names=None):
         """`release(data)`, when given, is told each matrix's file bytes once the backend has its own copy
-        (`ModelSource.release`): the file's pages then leave memory tensor by tensor as they are packed."""
+        (`ModelSource.release`): the file's pages then leave memory tensor by tensor as they are packed.
+        `file_names(name)`, when given, are the file's own names for a canonical one (`ModelSource.file_names`):
+        a missing tensor is named by them."""
         cfg.validate()
         self.cfg, self.backend = cfg, backend
         self._release = release or (lambda data: 0)   # harmless where a backend kept a view: it faults back
@@ -269,7 +271,7 @@ class Transformer(Closable):
         self.served_by = None
         self.mla_compressed = mla_compressed(cfg, backend)
         try:
-            self._load(tensors)
+            self._load(tensors, file_names)
         except ModelFormatError as e:
             if not cfg.source or cfg.source in str(e):
                 raise
@@ -299,14 +301,16 @@ class Transformer(Closable):
         self._input_views = (memoryview(self.ws.tokens), memoryview(self.ws.slots), memoryview(self.ws.pos))
 
     # -- loading -----------------------------------------------------------
-    def _load(self, get: TensorLookup) -> None:
+    def _load(self, get: TensorLookup, file_names=None) -> None:
         cfg, B = self.cfg, self.backend
         get = unfused_lookup(get, cfg)
 
         def need(name: str) -> WeightTensor:
             t = get(name)
             if t is None:
-                raise ModelFormatError(f"missing tensor {name!r}, which a {cfg.arch} model of this config has")
+                known = file_names(name) if file_names else []
+                what = f"{' or '.join(map(repr, known))} ({name})" if known else repr(name)
+                raise ModelFormatError(f"missing tensor {what}, which a {cfg.arch} model of this config has")
             return t
 
         def matrix(name: str, rows: int, cols: int, parts=None):
