@@ -689,6 +689,10 @@ def test_ollama_run_flags_are_taken(fake_run, monkeypatch, capsys):
     assert main(["run", "--think", "smollm2-135m", "hi"]) == 0
     assert seen["load"] == "smollm2-135m" and seen["prompt"] == "hi"
     assert "--think sets a chat template's thinking" in capsys.readouterr().err     # a completion has none
+    with pytest.raises(SystemExit):     # another command's error names the flag as given (was "--think=true")
+        main(["serve", "--think"])
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --think" in err and "--think=true" not in err
     # in a chat (`run MODEL` at a terminal, `chat`), --think is the template's thinking switch
     for flags, kw in ((["--think"], {"enable_thinking": True}), (["--think=false"], {"enable_thinking": False}),
                       (["--think=HIGH"], {"enable_thinking": True, "reasoning_effort": "high"}), ([], {})):

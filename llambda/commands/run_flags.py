@@ -54,9 +54,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "here: the model is loaded in this command's own process, which ends with the answer")
 
 
+THINKING_COMMANDS = ("run", "chat")      # the sub-commands that take --think
+
+
 def bare_think_as_true(argv: list[str]) -> list[str]:
     """A bare `--think` is `--think=true`, as ollama's flag library reads it: the word after it stays the
-    model or the prompt (`llambda run --think qwen3 "hi"`), and `--think false` is true, then a word."""
+    model or the prompt (`llambda run --think qwen3 "hi"`), and `--think false` is true, then a word.
+    Only for run and chat: another command's error names the `--think` it was given."""
+    command = next((w for w in argv if not w.startswith("-")), None)
+    if command not in THINKING_COMMANDS:
+        return list(argv)
     out, options = [], True
     for w in argv:
         options = options and w != "--"
