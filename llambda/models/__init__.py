@@ -25,6 +25,8 @@ ARCHITECTURES = {
     "gptoss": "gpt_oss",
     "smollm3": "smollm3",
     "granite": "granite",
+    "granitemoe": "granitemoe",
+    "granitemoeshared": "granitemoe",
     "olmo2": "olmo2",
     "lfm2": "lfm2",
     "qwen3_next": "qwen3next",

@@ -64,6 +64,7 @@ FAMILIES = {
     "gpt_oss": Family("gpt_oss", "GptOssForCausalLM", "gpt-oss"),
     "smollm3": Family("smollm3", "SmolLM3ForCausalLM", "smollm3"),
     "granite": Family("granite", "GraniteForCausalLM", "granite"),
+    "granitemoe": Family("granitemoe", "GraniteMoeForCausalLM", "granitemoe"),
     "olmo2": Family("olmo2", "Olmo2ForCausalLM", "olmo2"),
     # hybrids: GGUF only (write_hf refuses them)
     "lfm2": Family("lfm2", "Lfm2ForCausalLM", "lfm2"),
@@ -484,7 +485,7 @@ def gguf_metadata(cfg: TransformerConfig, arch: str, name: str) -> dict:
         lead = cfg.moe_layers.index(True) if any(cfg.moe_layers) else cfg.n_layers
         if lead and all(cfg.moe_layers[lead:]):
             meta[f"{a}.leading_dense_block_count"] = lead
-    if a == "granite":           # llama.cpp's keys for Granite's multipliers
+    if a in ("granite", "granitemoe", "granitehybrid"):      # llama.cpp's keys for Granite's multipliers
         meta.update({f"{a}.embedding_scale": float(cfg.embed_scale or 1.0), f"{a}.residual_scale": cfg.residual_scale,
                      f"{a}.logit_scale": cfg.logit_scale})
     meta.update(_hybrid_metadata(cfg, a))
