@@ -58,3 +58,52 @@ def test_fused_experts_of_odd_height_are_refused(tmp_path):
     path = rewrite("granitemoe", tmp_path / "odd", cut)
     with pytest.raises(ModelFormatError, match="gate and up rows"):
         llambda.load(path, backend="numpy", n_ctx=64)
+
+
+def _config(folder: str, tmp_path, edit) -> Path:
+    from test_hybrid import _edit           # a copy of a tiny folder with its config.json edited
+    return _edit(tmp_path, edit, folder)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: c.update(time_step_limit=[0.0, 5.0]), "time_step_limit"),
+    (lambda c: c.update(mamba_proj_bias=True), "mamba_proj_bias"),
+    (lambda c: c.update(mamba_conv_bias=False), "mamba_conv_bias"),
+    (lambda c: c.update(position_embedding_type="alibi"), "position_embedding_type"),
+    (lambda c: c.update(mamba_n_heads=7), "mamba_n_heads"),
+    (lambda c: c.update(mamba_n_groups=3), "multiple of its groups"),
+    (lambda c: c.update(layer_types=["mamba", "cross"] * 2), "layer_types"),
+])
+def test_hybrid_bad_configs_are_model_format_errors(tmp_path, edit, message):
+    with pytest.raises(ModelFormatError, match=message):
+        llambda.load(_config("granitemoehybrid_dense", tmp_path, edit), backend="numpy", n_ctx=32)
+
+
+def test_hybrid_old_layer_type_spelling_and_rope_switch(tmp_path):
+    """The Hub's "mamba"/"attention" layer types (transformers 5 writes linear/full_attention) read alike; the GGUF
+    export keeps RoPE off for a "nope" model and the dense MLP's width, and reads both back."""
+    from llambda.formats.open import open_model
+    from llambda.tools.export import export
+    path = _config("granitemoehybrid_dense", tmp_path, lambda c: c.update(layer_types=["mamba", "attention", "mamba",
+                                                                                       "mamba"]))
+    np.testing.assert_array_equal(logits(path), logits(TINY / "granitemoehybrid_dense"))
+    for folder, rope, ffn in (("granitemoehybrid_dense", False, 96), ("granitemoehybrid", True, 32)):
+        gg = export(TINY / folder, tmp_path / f"{folder}.gguf", fmt="gguf")
+        src = open_model(gg)
+        try:
+            c = src.config
+            assert c.layer_kinds == ["mamba2", "attention", "mamba2", "mamba2"]
+            assert c.layer_rope == [rope] * 4 and c.rope_neox is False
+            assert (c.ffn_dim if not c.n_experts else c.shared_ffn_dim) == ffn
+            assert (c.ssm_k_heads, c.ssm_v_heads, c.ssm_k_dim, c.ssm_v_dim, c.conv_kernel) == \
+                (2 if folder.endswith("dense") else 1, 8, 16, 16, 4)
+            assert (c.embed_scale, c.attn_scale, c.logit_scale) == (12.0, 0.0625, 2.0)
+        finally:
+            src.close()
+
+
+def test_hybrid_refuses_speculation():
+    from llambda.errors import InvalidInputError
+    with llambda.load(TINY / "granitemoehybrid", backend="numpy", n_ctx=64) as m:
+        with pytest.raises(InvalidInputError, match="speculative decoding is not supported"):
+            m.stream(IDS, max_tokens=4, speculative="lookup")

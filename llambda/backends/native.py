@@ -548,9 +548,15 @@ class NativeBackend(Backend):
         n, d = out.shape
         C.short_conv(bcx, state, state_pos, kernel, slots, pos, out, n, d, kernel.shape[1], state.shape[0], 1)
 
-    def conv_silu(self, x, state, state_pos, kernel, slots, pos, out) -> None:
+    def conv_silu(self, x, state, state_pos, kernel, slots, pos, out, bias=None) -> None:
         n, d = out.shape
-        C.short_conv(x, state, state_pos, kernel, slots, pos, out, n, d, kernel.shape[1], state.shape[0], 0)
+        C.short_conv(x, state, state_pos, kernel, slots, pos, out, n, d, kernel.shape[1], state.shape[0], 0, bias)
+
+    def ssm_scan(self, xbc, dt, z, state, state_pos, a_neg, dt_bias, d_skip, norm_w, eps, slots, pos, out,
+                 groups) -> None:
+        n_slots, heads, dstate, dhead = state.shape
+        C.ssm_scan(xbc, dt, z, state, state_pos, a_neg, dt_bias, d_skip, norm_w, slots, pos, out, len(slots), groups,
+                   heads, dstate, dhead, n_slots, eps)
 
     def gated_delta(self, qkv, ba, z, state, state_pos, a_neg, dt_bias, norm_w, eps, slots, pos, out, k_heads) -> None:
         n_slots, hv, dk, dv = state.shape

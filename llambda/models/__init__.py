@@ -27,6 +27,8 @@ ARCHITECTURES = {
     "granite": "granite",
     "granitemoe": "granitemoe",
     "granitemoeshared": "granitemoe",
+    "granitemoehybrid": "granitehybrid",
+    "granitehybrid": "granitehybrid",
     "olmo2": "olmo2",
     "lfm2": "lfm2",
     "qwen3_next": "qwen3next",

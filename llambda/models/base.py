@@ -49,6 +49,7 @@ class LayerWeights:
     sinks: np.ndarray | None = None   # a sink logit per head (GPT-OSS)
     conv: "ShortConvWeights | None" = None   # a short-conv layer (LFM2): set instead of wq/wk/wv/wo
     delta: "DeltaNetWeights | None" = None   # a gated delta-net layer (Qwen3-Next): the same
+    mamba: "Mamba2Weights | None" = None     # a Mamba2 layer (Granite 4): the same
     wq_gate: object = None            # attention output gate rows (Qwen3-Next): out *= sigmoid(h . wq_gate)
     mla: "MLAWeights | None" = None   # latent attention (DeepSeek): set instead of wq/wk/wv (wo stays)
 
@@ -90,6 +91,21 @@ class DeltaNetWeights:
     dt_bias: np.ndarray             # (v_heads,)
     norm: np.ndarray                # (dv,): the gated RMSNorm's weight (plain w)
     out_proj: object                # (d_model, v_heads dv)
+
+
+@dataclass
+class Mamba2Weights:
+    """A Mamba2 layer (Granite 4), in_proj split at load into its z, xBC and dt rows."""
+    in_z: object                    # (H P, d_model): the output gate
+    in_xbc: object                  # (H P + 2 G N, d_model): x, then B and C of every group
+    in_dt: object                   # (H, d_model)
+    kernel: np.ndarray              # (H P + 2 G N, L) float32: the convolution
+    conv_bias: np.ndarray           # (H P + 2 G N,)
+    a_neg: np.ndarray               # (H,): -exp(A_log)
+    dt_bias: np.ndarray             # (H,)
+    d_skip: np.ndarray              # (H,): D
+    norm: np.ndarray                # (H P,): the gated group norm's weight
+    out_proj: object                # (d_model, H P)
 
 
 def grouped_rows(groups: int, parts: list[int]) -> list[np.ndarray]:
@@ -168,6 +184,10 @@ class Workspace:
             c, vd = 2 * cfg.ssm_k_heads * cfg.ssm_k_dim + cfg.ssm_v_heads * cfg.ssm_v_dim, cfg.ssm_v_heads * cfg.ssm_v_dim
             self.specs.update({"dqkv": ((t, c), f32), "dconv": ((t, c), f32), "dz": ((t, vd), f32),
                                "dba": ((t, 2 * cfg.ssm_v_heads), f32), "dout": ((t, vd), f32)})
+        if "mamba2" in cfg.layer_kinds:
+            c, xd = cfg.ssm_v_heads * cfg.ssm_v_dim + 2 * cfg.ssm_k_heads * cfg.ssm_k_dim, cfg.ssm_v_heads * cfg.ssm_v_dim
+            self.specs.update({"mxbc": ((t, c), f32), "mconv": ((t, c), f32), "mz": ((t, xd), f32),
+                               "mdt": ((t, cfg.ssm_v_heads), f32), "mout": ((t, xd), f32)})
         if cfg.attn_out_gate:
             self.specs["qgate"] = ((t, cfg.q_dim), f32)
         if cfg.mla:     # q (and, expanded, k, v and attn) above hold the expanded heads
@@ -236,10 +256,11 @@ def unfused_lookup(get: TensorLookup, cfg: TransformerConfig) -> TensorLookup:
 
 
 def recurrent_state_specs(cfg: TransformerConfig, n_slots: int) -> tuple[list[int], list[int], dict]:
-    """A hybrid model's recurrent state, carved with the KV cache: the short-conv and delta-net layers (the
-    layers with a convolution window; those with a delta-net matrix) and the arrays' (shape, dtype) by name."""
-    conv = [i for i, kind in enumerate(cfg.layer_kinds) if kind in ("shortconv", "deltanet")]
-    delta = [i for i, kind in enumerate(cfg.layer_kinds) if kind == "deltanet"]
+    """A hybrid model's recurrent state, carved with the KV cache: the short-conv, delta-net and Mamba2 layers
+    (the layers with a convolution window; those with a per-head matrix, (heads, dk, dv) for a delta net,
+    (heads, N, P) for Mamba2) and the arrays' (shape, dtype) by name."""
+    conv = [i for i, kind in enumerate(cfg.layer_kinds) if kind != "attention"]
+    delta = [i for i, kind in enumerate(cfg.layer_kinds) if kind in ("deltanet", "mamba2")]
     width = {i: cfg.d_model if cfg.layer_kinds[i] == "shortconv" else
              2 * cfg.ssm_k_heads * cfg.ssm_k_dim + cfg.ssm_v_heads * cfg.ssm_v_dim for i in conv}
     state = {f"conv_state{i}": ((n_slots, cfg.conv_kernel - 1, width[i]), np.float32) for i in conv}
@@ -434,6 +455,30 @@ class Transformer(Closable):
                                    dt_bias=vector(p + "ssm_dt.bias", hv), norm=vector(p + "ssm_norm.weight", dv),
                                    out_proj=matrix(p + "ssm_out.weight", d, hv * dv))
 
+        def flat(name: str, n: int) -> np.ndarray:
+            """A vector llama.cpp may store as a column or in groups ((n, 1) ssm_a / ssm_d, (G, n / G) ssm_norm)."""
+            t = need(name)
+            if t.rows * t.cols != n:
+                raise ModelFormatError(f"tensor {name!r} has shape {t.shape}, expected {n} values")
+            v = B.prepare_vector(t)
+            finite(name, t, v)
+            self._release(t.data)
+            return v
+
+        def mamba2(p: str) -> Mamba2Weights:
+            G, H, N, P = cfg.ssm_k_heads, cfg.ssm_v_heads, cfg.ssm_k_dim, cfg.ssm_v_dim
+            xd, c = H * P, H * P + 2 * G * N
+            z, xbc, dt = matrix(p + "ssm_in.weight", xd + c + H, d,
+                                [np.arange(xd), xd + np.arange(c), xd + c + np.arange(H)])
+            if get(p + "ssm_a.weight") is not None:      # llama.cpp stores -exp(A_log)
+                a_neg = flat(p + "ssm_a.weight", H)
+            else:
+                a_neg = (-np.exp(vector(p + "ssm_a_log.weight", H))).astype(np.float32)
+            return Mamba2Weights(in_z=z, in_xbc=xbc, in_dt=dt, kernel=conv_kernel(p + "ssm_conv1d.weight", c),
+                                 conv_bias=vector(p + "ssm_conv1d.bias", c), a_neg=a_neg,
+                                 dt_bias=vector(p + "ssm_dt.bias", H), d_skip=flat(p + "ssm_d.weight", H),
+                                 norm=flat(p + "ssm_norm.weight", xd), out_proj=matrix(p + "ssm_out.weight", d, xd))
+
         def per_head(t: WeightTensor, shape: tuple) -> list:
             """A 3-D (heads, rows, cols) tensor as one matrix per head."""
             if tuple(t.shape) != shape:
@@ -487,13 +532,15 @@ class Transformer(Closable):
                     w_down=None if moe else matrix(p + "ffn_down.weight", d, cfg.ffn_dim),
                     moe=moe_weights(p) if moe else None))
                 continue
-            if cfg.layer_kinds[i] in ("shortconv", "deltanet"):
-                conv = cfg.layer_kinds[i] == "shortconv"
+            if cfg.layer_kinds[i] != "attention":
+                kind = cfg.layer_kinds[i]
                 moe = is_moe(i)
                 self.layers.append(LayerWeights(
                     attn_norm=vector(p + "attn_norm.weight", d, off), wq=None, wk=None, wv=None, wo=None,
-                    ffn_norm=vector(p + "ffn_norm.weight", d, off), conv=short_conv(p) if conv else None,
-                    delta=None if conv else delta_net(p),
+                    ffn_norm=vector(p + "ffn_norm.weight", d, off),
+                    conv=short_conv(p) if kind == "shortconv" else None,
+                    delta=delta_net(p) if kind == "deltanet" else None,
+                    mamba=mamba2(p) if kind == "mamba2" else None,
                     w_gate=None if moe else matrix(p + "ffn_gate.weight", cfg.ffn_dim, d),
                     w_up=None if moe else matrix(p + "ffn_up.weight", cfg.ffn_dim, d),
                     w_down=None if moe else matrix(p + "ffn_down.weight", d, cfg.ffn_dim),
@@ -629,8 +676,8 @@ class Transformer(Closable):
         for i, layer in enumerate(self.layers):
             if layer.conv is not None:
                 self._short_conv_block(i, layer, x, slot, p)
-            elif layer.delta is not None:
-                self._delta_net_block(i, layer, x, slot, p)
+            elif layer.delta is not None or layer.mamba is not None:
+                self._ssm_block(i, layer, x, slot, p)
             elif layer.mla is not None and self.mla_compressed:
                 self._mla_compressed_block(i, layer, x, slot, p)
             elif layer.mla is not None:
@@ -809,19 +856,29 @@ class Transformer(Closable):
         B.matmul(y, L.conv.out_proj, proj)
         self._residual_add(x, proj)
 
-    def _delta_net_block(self, i: int, L: LayerWeights, x, slot, p) -> None:
-        """x += out_proj(gated_norm(delta_rule(silu(conv(q, k, v))), z)): Qwen3-Next's linear attention."""
+    def _ssm_block(self, i: int, L: LayerWeights, x, slot, p) -> None:
+        """Qwen3-Next's gated delta net, x += out_proj(gated_norm(delta_rule(silu(conv(q, k, v))), z)), or Granite
+        4's Mamba2, x += out_proj(group_norm(scan(silu(conv(xBC) + bias), dt) * silu(z))): three projections of
+        the normed input, the first through the slot's convolution, then the recurrent update."""
         cfg, B, ws = self.cfg, self.backend, self.ws
-        n, D = len(x), L.delta
-        h, qkv, conv, z, ba, out, proj = (ws.h[:n], ws.dqkv[:n], ws.dconv[:n], ws.dz[:n], ws.dba[:n], ws.dout[:n],
-                                          ws.proj[:n])
-        h = self._pre_norm(x, L.attn_norm, h)
-        B.matmul_many(h, (D.in_qkv, D.in_z, D.in_ba), (qkv, z, ba))
-        B.conv_silu(qkv, self.conv_state[i], self.state_pos[i], D.kernel, slot, p, conv)
-        B.gated_delta(conv, ba, z, self.delta_state[i], self.delta_pos[i], D.a_neg, D.dt_bias, D.norm, cfg.norm_eps,
-                      slot, p, out, cfg.ssm_k_heads)
-        B.matmul(out, D.out_proj, proj)
-        self._residual_add(x, proj)
+        n, D, M = len(x), L.delta, L.mamba
+        if D is not None:
+            mats, outs, conv, out = (D.in_qkv, D.in_z, D.in_ba), (ws.dqkv, ws.dz, ws.dba), ws.dconv[:n], ws.dout[:n]
+            kernel, bias, out_proj = D.kernel, None, D.out_proj
+        else:
+            mats, outs, conv, out = (M.in_xbc, M.in_z, M.in_dt), (ws.mxbc, ws.mz, ws.mdt), ws.mconv[:n], ws.mout[:n]
+            kernel, bias, out_proj = M.kernel, M.conv_bias, M.out_proj
+        first, z, third = (o[:n] for o in outs)
+        B.matmul_many(self._pre_norm(x, L.attn_norm, ws.h[:n]), mats, (first, z, third))
+        B.conv_silu(first, self.conv_state[i], self.state_pos[i], kernel, slot, p, conv, bias=bias)
+        if D is not None:
+            B.gated_delta(conv, third, z, self.delta_state[i], self.delta_pos[i], D.a_neg, D.dt_bias, D.norm,
+                          cfg.norm_eps, slot, p, out, cfg.ssm_k_heads)
+        else:
+            B.ssm_scan(conv, third, z, self.delta_state[i], self.delta_pos[i], M.a_neg, M.dt_bias, M.d_skip, M.norm,
+                       cfg.norm_eps, slot, p, out, cfg.ssm_k_heads)
+        B.matmul(out, out_proj, ws.proj[:n])
+        self._residual_add(x, ws.proj[:n])
 
     def _ffn_block(self, L: LayerWeights, x) -> None:
         cfg, B, ws = self.cfg, self.backend, self.ws

@@ -69,6 +69,7 @@ FAMILIES = {
     # hybrids: GGUF only (write_hf refuses them)
     "lfm2": Family("lfm2", "Lfm2ForCausalLM", "lfm2"),
     "qwen3next": Family("qwen3_next", "Qwen3NextForCausalLM", "qwen3next"),
+    "granitehybrid": Family("granitemoehybrid", "GraniteMoeHybridForCausalLM", "granitehybrid"),
     # latent attention: GGUF only too
     "deepseek2": Family("deepseek_v2", "DeepseekV2ForCausalLM", "deepseek2"),
 }
@@ -83,18 +84,19 @@ _LAYER_LEAVES = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_ou
                  "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp", "attn_sinks",
                  # hybrid layers' (LFM2's short convolution, Qwen3-Next's delta net)
                  "shortconv.in_proj", "shortconv.conv", "shortconv.out_proj", "ssm_in", "attn_gate", "ssm_ba",
-                 "ssm_conv1d", "ssm_a", "ssm_a_log", "ssm_dt", "ssm_norm", "ssm_out",
+                 "ssm_conv1d", "ssm_a", "ssm_a_log", "ssm_dt", "ssm_d", "ssm_norm", "ssm_out",
                  # latent attention's (DeepSeek), and its router's choice bias
                  "attn_q_a", "attn_q_a_norm", "attn_q_b", "attn_kv_a_mqa", "attn_kv_a_norm", "attn_kv_b", "exp_probs_b")
 # leaves that may also have a `.bias`
 _BIASED = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
-           "ssm_dt", "exp_probs_b")
+           "ssm_dt", "ssm_conv1d", "exp_probs_b")
 # Tensors kept in float whatever the export type: an MoE router's logits pick the experts, and a
 # quantized router flips choices that are close (llama.cpp's quantizer also leaves them alone).
 _FLOAT_ONLY = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight")
 # Tensors llama.cpp computes on only in float32 (its ssm_conv op asserts an F32 kernel; its converter
 # writes them F32 and its quantizer leaves them): a convolution kernel of another type fails its run.
-_F32_ONLY = ("ssm_conv1d.weight", "shortconv.conv.weight")
+# Mamba2's A, D and gated norm weights too (small; its ssm_scan and norm ops read them as F32).
+_F32_ONLY = ("ssm_conv1d.weight", "shortconv.conv.weight", "ssm_a", "ssm_d", "ssm_norm.weight")
 
 
 def family_of(cfg: TransformerConfig) -> Family:
@@ -523,30 +525,43 @@ def _mla_metadata(cfg: TransformerConfig, a: str) -> dict:
 def _hybrid_metadata(cfg: TransformerConfig, a: str) -> dict:
     """llama.cpp's keys for a hybrid model's layers: LFM2's per-layer kv head counts (0: a conv layer)
     and conv width; Qwen3-Next's delta-net sizes and attention interval."""
+    per_layer_kv = {f"{a}.attention.head_count_kv": [cfg.n_kv_heads if k == "attention" else 0 for k in cfg.layer_kinds]}
     if "shortconv" in cfg.layer_kinds:
-        return {f"{a}.attention.head_count_kv": [cfg.n_kv_heads if k == "attention" else 0 for k in cfg.layer_kinds],
-                f"{a}.shortconv.l_cache": cfg.conv_kernel}
+        return {**per_layer_kv, f"{a}.shortconv.l_cache": cfg.conv_kernel}
+    ssm = {f"{a}.ssm.conv_kernel": cfg.conv_kernel, f"{a}.ssm.state_size": cfg.ssm_k_dim,
+           f"{a}.ssm.group_count": cfg.ssm_k_heads, f"{a}.ssm.time_step_rank": cfg.ssm_v_heads,
+           f"{a}.ssm.inner_size": cfg.ssm_v_heads * cfg.ssm_v_dim}
+    if a == "granitehybrid":       # RoPE on or off for every attention layer (llama.cpp's switch for Granite)
+        if len(set(cfg.layer_rope)) > 1:
+            raise ModelFormatError("GGUF 'granitehybrid' turns RoPE on or off for every layer at once")
+        dense = {} if cfg.n_experts else {f"{a}.expert_shared_feed_forward_length": cfg.ffn_dim}
+        return {**per_layer_kv, **ssm, **dense, f"{a}.rope.scaling.finetuned": bool(cfg.layer_rope[0])}
     if "deltanet" not in cfg.layer_kinds:
         return {}
     every = cfg.layer_kinds.index("attention") + 1 if "attention" in cfg.layer_kinds else cfg.n_layers + 1
     if cfg.layer_kinds != ["attention" if (i + 1) % every == 0 else "deltanet" for i in range(cfg.n_layers)]:
         raise ModelFormatError("GGUF cannot express these layer kinds (every n-th layer attention only)")
-    return {f"{a}.ssm.conv_kernel": cfg.conv_kernel, f"{a}.ssm.state_size": cfg.ssm_k_dim,
-            f"{a}.ssm.group_count": cfg.ssm_k_heads, f"{a}.ssm.time_step_rank": cfg.ssm_v_heads,
-            f"{a}.ssm.inner_size": cfg.ssm_v_heads * cfg.ssm_v_dim, f"{a}.full_attention_interval": every}
+    return {**ssm, f"{a}.full_attention_interval": every}
 
 
 def _hybrid_tensors(cfg: TransformerConfig, tensors: dict) -> dict:
     """A delta net's tensors as llama.cpp's converter writes them: in_proj_qkvz regrouped into attn_qkv
     (q, k, v heads) and attn_gate (z), ssm_a = -exp(A_log) (named without `.weight`), convolution kernels
-    as (channels, L)."""
+    as (channels, L); Mamba2's ssm_a and ssm_d as (H, 1) columns, its norm as (groups, H P / groups) rows."""
     from ..models.base import grouped_rows
     hk, hv, dk, dv = cfg.ssm_k_heads, cfg.ssm_v_heads, cfg.ssm_k_dim, cfg.ssm_v_dim
     out = {}
     for name, t in tensors.items():
         leaf = name.split(".", 2)[2] if name.startswith("blk.") else ""
         p = name[:-len(leaf)]
-        if leaf == "ssm_in.weight":
+        mamba = "mamba2" in cfg.layer_kinds
+        if mamba and leaf in ("ssm_a_log.weight", "ssm_a.weight", "ssm_d.weight"):
+            v = t.to_float32().reshape(-1, 1)
+            out[p + leaf.split(".")[0].replace("_log", "")] = WeightTensor.from_float(
+                p + leaf, -np.exp(v) if leaf == "ssm_a_log.weight" else v)
+        elif mamba and leaf == "ssm_norm.weight":
+            out[name] = WeightTensor.from_float(name, t.to_float32().reshape(hk, -1))
+        elif leaf == "ssm_in.weight" and not mamba:      # Mamba2's in_proj is written as read
             q, k, v, z = grouped_rows(hk, [dk, dk, hv // hk * dv, hv // hk * dv])
             out[p + "attn_qkv.weight"] = t.take_rows(np.concatenate([q, k, v]))
             out[p + "attn_gate.weight"] = t.take_rows(z)
