@@ -832,3 +832,29 @@ def test_conv_silu_bias(isa):
     with pytest.raises(ValueError, match="ungated"):
         native.short_conv(np.zeros((1, 3 * d), F32), np.zeros((1, width - 1, d), F32), np.zeros(1, np.int32), kernel,
                           np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros((1, d), F32), 1, d, width, 1, 1, bias)
+
+
+def test_ssm_scan_refuses_bad_arguments():
+    """A position that does not continue its slot's state, a written array over an input, sizes that do not
+    divide or do not fit: ValueErrors, nothing run."""
+    H, G, N, P, n = 4, 2, 8, 4, 2
+    xbc, dt, z = np.zeros((n, H * P + 2 * G * N), F32), np.zeros((n, H), F32), np.zeros((n, H * P), F32)
+    state, taken = np.zeros((1, H, N, P), F32), np.array([3], np.int32)
+    vec, w = np.zeros(H, F32), np.ones(H * P, F32)
+    slots, pos, out = np.zeros(n, np.int32), np.array([3, 4], np.int32), np.zeros((n, H * P), F32)
+
+    def call(**kw):
+        a = dict(xbc=xbc, dt=dt, z=z, state=state, taken=taken, slots=slots, pos=pos, out=out, heads=H, groups=G)
+        a.update(kw)
+        native.ssm_scan(a["xbc"], a["dt"], a["z"], a["state"], a["taken"], vec, vec, vec, w, a["slots"], a["pos"],
+                        a["out"], n, a["groups"], a["heads"], N, P, 1, 1e-6)
+
+    call()
+    assert taken[0] == 5
+    for kw, match in ((dict(pos=np.array([3, 4], np.int32)), "continue"),         # the state is now at 5
+                      (dict(out=xbc.reshape(-1)[:n * H * P].reshape(n, H * P)), "overlaps"), (dict(groups=3), "multiple"),
+                      (dict(state=np.zeros((1, H, N, P - 1), F32)), "state"), (dict(slots=np.array([0, 1], np.int32)),
+                                                                              "slot")):
+        with pytest.raises(ValueError, match=match):
+            call(**kw)
+    assert taken[0] == 5
