@@ -316,17 +316,23 @@ static PyObject *py_attention_sinks(PyObject *self, PyObject *const *args, Py_ss
     return llb_bufs_call(&h, op, run_sinks, check_sinks, &s, sizeof s);
 }
 
-LLB_CALL_ARGS_FIT(struct llb_short_conv_args);
-static int run_short_conv(const void *p) {
-    llb_short_conv(p);
-    return 0;
-}
 static int state_ok(const char *op, const int32_t *slots, const int32_t *pos, const int32_t *state_pos, long n,
                     long n_slots, char *msg);
-static int check_short_conv(const void *p, char *msg) {
-    const struct llb_short_conv_args *a = p;
-    return state_ok("short_conv", a->slots, a->pos, a->state_pos, a->n, a->n_slots, msg);
-}
+/* A recurrent op's plan hooks (its args struct has slots, pos, state_pos, n and n_slots): run_NAME runs it,
+ * check_NAME asks that each position continues its slot's state. */
+#define RECURRENT_OP(name)                                                                                  \
+    LLB_CALL_ARGS_FIT(struct llb_##name##_args);                                                            \
+    static int run_##name(const void *p) {                                                                  \
+        llb_##name(p);                                                                                      \
+        return 0;                                                                                           \
+    }                                                                                                       \
+    static int check_##name(const void *p, char *msg) {                                                     \
+        const struct llb_##name##_args *a = p;                                                              \
+        return state_ok(#name, a->slots, a->pos, a->state_pos, a->n, a->n_slots, msg);                      \
+    }
+RECURRENT_OP(short_conv)
+RECURRENT_OP(gated_delta)
+RECURRENT_OP(ssm_scan)
 
 static PyObject *py_short_conv(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     static const char *op = "short_conv";
@@ -390,16 +396,6 @@ static int state_ok(const char *op, const int32_t *slots, const int32_t *pos, co
     return 0;
 }
 
-LLB_CALL_ARGS_FIT(struct llb_gated_delta_args);
-static int run_gated_delta(const void *p) {
-    llb_gated_delta(p);
-    return 0;
-}
-static int check_gated_delta(const void *p, char *msg) {
-    const struct llb_gated_delta_args *a = p;
-    return state_ok("gated_delta", a->slots, a->pos, a->state_pos, a->n, a->n_slots, msg);
-}
-
 static PyObject *py_gated_delta(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     static const char *op = "gated_delta";
     if (llb_arg_nargs(op, nargs, 18, "qkv, ba, z, state, state_pos, a_neg, dt_bias, norm_w, slots, pos, out, "
@@ -440,16 +436,6 @@ static PyObject *py_gated_delta(PyObject *self, PyObject *const *args, Py_ssize_
     return llb_bufs_call(&h, op, run_gated_delta, check_gated_delta, &a, sizeof a);
 }
 
-LLB_CALL_ARGS_FIT(struct llb_ssm_scan_args);
-static int run_ssm_scan(const void *p) {
-    llb_ssm_scan(p);
-    return 0;
-}
-static int check_ssm_scan(const void *p, char *msg) {
-    const struct llb_ssm_scan_args *a = p;
-    return state_ok("ssm_scan", a->slots, a->pos, a->state_pos, a->n, a->n_slots, msg);
-}
-
 /* ssm_scan's array arguments in order: its name, whether it is written, its element kind and its size (a
  * product of the call's sizes, filled in by the binding), whether the size must be exact. */
 struct ssm_buf {
@@ -462,17 +448,16 @@ struct ssm_buf {
 
 static PyObject *py_ssm_scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     static const char *op = "ssm_scan";
+    struct llb_ssm_scan_args a = {0};
     if (llb_arg_nargs(op, nargs, 19, "xbc, dt, z, state, state_pos, a_neg, dt_bias, d_skip, norm_w, slots, pos, out, "
                                      "n, groups, heads, dstate, dhead, n_slots, eps"))
         return NULL;
-    struct llb_ssm_scan_args a = {0};
-    if (llb_arg_long(args[12], op, "n", 1, MAX_DIM, &a.n) ||
-        llb_arg_long(args[13], op, "groups", 1, MAX_HEADS, &a.groups) ||
-        llb_arg_long(args[14], op, "heads", 1, MAX_HEADS, &a.heads) ||
-        llb_arg_long(args[15], op, "dstate", 1, LLB_SSM_MAX_DIM, &a.dstate) ||
-        llb_arg_long(args[16], op, "dhead", 1, LLB_SSM_MAX_DIM, &a.dhead) ||
-        llb_arg_long(args[17], op, "n_slots", 1, MAX_DIM, &a.n_slots) || llb_arg_float(args[18], op, "eps", 0.0, &a.eps))
-        return NULL;
+    static const char *const size_names[6] = {"n", "groups", "heads", "dstate", "dhead", "n_slots"};
+    const long size_max[6] = {MAX_DIM, MAX_HEADS, MAX_HEADS, LLB_SSM_MAX_DIM, LLB_SSM_MAX_DIM, MAX_DIM};
+    long *sizes[6] = {&a.n, &a.groups, &a.heads, &a.dstate, &a.dhead, &a.n_slots};
+    for (int i = 0; i < 6; i++)
+        if (llb_arg_long(args[12 + i], op, size_names[i], 1, size_max[i], sizes[i])) return NULL;
+    if (llb_arg_float(args[18], op, "eps", 0.0, &a.eps)) return NULL;
     if (a.heads % a.groups)
         return PyErr_Format(PyExc_ValueError, "%s: heads (%ld) must be a multiple of groups (%ld)", op, a.heads, a.groups);
     size_t row, nv, nstate;     /* (all far below SIZE_MAX: each factor is bounded above) */
