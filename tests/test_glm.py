@@ -243,3 +243,37 @@ def test_export_refuses_what_it_cannot_write(tmp_path):
     (d / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelFormatError, match="groups"):
         export(d, tmp_path / "g.gguf", fmt="gguf")
+
+
+# ---------------------------------------------------------------- chat: GLM-4.5's thinking
+
+# A template of GLM-4.5's shape, written here (not GLM's text): roles as <|user|> / <|assistant|> markers,
+# an earlier turn's thought as "\n<think>...</think>", and `enable_thinking` false closing an empty thought
+# after the generation prompt (and "/nothink" after the user's text).
+GLM_LIKE_TEMPLATE = (
+    "[gMASK]<sop>{% for m in messages %}{% if m.role == 'user' %}<|user|>{{ m.content }}"
+    "{% if enable_thinking is defined and not enable_thinking %}/nothink{% endif %}"
+    "{% elif m.role == 'assistant' %}<|assistant|>\n<think>{{ m.reasoning_content or '' }}</think>\n{{ m.content }}"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|assistant|>"
+    "{{ '\n<think></think>' if enable_thinking is defined and not enable_thinking else '' }}{% endif %}")
+
+
+def test_a_glm45_style_template_gets_its_thought_split():
+    """The server's reasoning split is chosen by the template (it writes <think>), not by the family: a
+    GLM-4.5 reply, "\\n<think>...</think>\\nanswer" after "<|assistant|>", splits as Qwen3's does, and
+    enable_thinking false closes the thought in the prompt."""
+    from llambda.chat import ChatTemplate
+    from llambda.server.think import ThinkParser
+    from llambda.thinking import prompt_thought, template_thinks
+    t = ChatTemplate(GLM_LIKE_TEMPLATE)
+    assert template_thinks(GLM_LIKE_TEMPLATE)
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello.", "reasoning_content": "greet"},
+            {"role": "user", "content": "Capital of France?"}]
+    thinking = t.render(msgs)
+    assert thinking.endswith("<|user|>Capital of France?<|assistant|>")
+    assert prompt_thought(True, thinking).may_come and not prompt_thought(True, thinking).opened
+    quiet = t.render(msgs, enable_thinking=False)
+    assert quiet.endswith("/nothink<|assistant|>\n<think></think>") and not prompt_thought(True, quiet).may_come
+    p = ThinkParser()
+    content = p.feed("\n<think>Paris is the capital.</think>\nParis.")[0] + p.finish()[0]
+    assert (content.strip(), p.take_reasoning()) == ("Paris.", "Paris is the capital.")
