@@ -220,6 +220,7 @@ def test_bad_gguf_settings_are_model_format_errors(exported, tmp_path, keys, mes
     ("glm4_moe", lambda c: c.update(n_group=3), "groups"),
     ("glm4_moe", lambda c: c.update(num_nextn_predict_layers=-1), "num_nextn_predict_layers"),
     ("glm4_moe", lambda c: c.update(use_qk_norm="yes"), "use_qk_norm"),
+    ("glm4_moe", lambda c: c.update(quantization_config={"quant_method": "fp8"}), "fp8"),    # GLM-4.5-FP8
 ])
 def test_bad_configs_are_model_format_errors(tmp_path, folder, edit, message):
     d = tmp_path / "m"
@@ -277,3 +278,17 @@ def test_a_glm45_style_template_gets_its_thought_split():
     p = ThinkParser()
     content = p.feed("\n<think>Paris is the capital.</think>\nParis.")[0] + p.finish()[0]
     assert (content.strip(), p.take_reasoning()) == ("Paris.", "Paris is the capital.")
+
+
+@pytest.mark.parametrize("pre", ["glm4", "chatglm-bpe"])
+def test_a_glm_vocabulary_adds_no_bos(pre):
+    """llama.cpp drops the BOS of a `glm4` / `chatglm-bpe` vocabulary, whatever add_bos_token says: GLM's
+    templates start the prompt with [gMASK]<sop> themselves. The same vocabulary under another
+    pre-tokenizer name adds the BOS it is told to."""
+    from llambda.tokenizer import Tokenizer
+    from test_tokenizer import _tiny_bpe_meta
+    glm = Tokenizer.from_gguf_metadata(_tiny_bpe_meta(**{"tokenizer.ggml.pre": pre, "tokenizer.ggml.add_bos_token": True}))
+    other = Tokenizer.from_gguf_metadata(_tiny_bpe_meta(**{"tokenizer.ggml.pre": "llama-bpe",
+                                                            "tokenizer.ggml.add_bos_token": True}))
+    assert glm.encode("hello", add_bos=True) == glm.encode("hello") == [259]
+    assert other.encode("hello", add_bos=True) == [262, 259]

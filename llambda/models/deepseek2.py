@@ -35,7 +35,7 @@ from ..errors import ModelFormatError
 from ..formats.quants import TRAITS, QType, quantize, tensor_nbytes
 from ..formats.weights import WeightTensor
 from .config import TransformerConfig
-from .hparams import GGUFHParams, HFConfig
+from .hparams import GGUFHParams, HFConfig, refuse_quantized
 from .llama import check_hf_mlp
 
 # HF per-layer names of this family (merged over the shared ones by formats/hf_dir.py)
@@ -92,11 +92,7 @@ def hf_extra_layers(cfg: dict) -> int:
 def config_from_hf(cfg: dict) -> TransformerConfig:
     check_hf_mlp(cfg)
     hf = HFConfig(cfg)
-    quant = cfg.get("quantization_config")
-    if quant:
-        method = quant.get("quant_method") if isinstance(quant, dict) else quant
-        raise ModelFormatError(f"a DeepSeek checkpoint quantized as {method!r} (quantization_config) is not supported: "
-                               "use its GGUF or a float (bf16) conversion")
+    refuse_quantized(cfg, "DeepSeek")
     if hf.flag("attention_bias", False) or hf.flag("mlp_bias", False):
         raise ModelFormatError("config.json attention_bias / mlp_bias true is not supported for DeepSeek")
     v3 = cfg.get("model_type") == "deepseek_v3"

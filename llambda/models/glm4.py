@@ -14,7 +14,7 @@ the q/k rows as HF has them. So both formats hold one layout, rope_neox False.
 from __future__ import annotations
 
 from .config import TransformerConfig
-from .hparams import GGUFHParams, HFConfig
+from .hparams import GGUFHParams, HFConfig, refuse_quantized
 from .llama import check_hf_mlp
 from .qwen3next import partial_rope_dim
 
@@ -34,6 +34,7 @@ def config_from_gguf(meta: dict) -> TransformerConfig:
 
 def config_from_hf(cfg: dict) -> TransformerConfig:
     check_hf_mlp(cfg)
+    refuse_quantized(cfg, "GLM-4")
     hf = HFConfig(cfg)
     c = hf.common("glm4")
     c.update(rope_dim=partial_rope_dim(cfg, c["head_dim"], 0.5), rope_neox=False,

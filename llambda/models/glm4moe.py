@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from ..errors import ModelFormatError
 from .config import TransformerConfig
-from .hparams import GGUFHParams, HFConfig
+from .hparams import GGUFHParams, HFConfig, refuse_quantized
 from .llama import check_hf_mlp
 from .qwen3next import partial_rope_dim
 
@@ -52,6 +52,7 @@ def gguf_extra_layers(meta: dict) -> int:
 
 def config_from_hf(cfg: dict) -> TransformerConfig:
     check_hf_mlp(cfg)
+    refuse_quantized(cfg, "GLM-4.5")
     hf = HFConfig(cfg)
     c = hf.common("glm4moe")
     c.update(rope_dim=partial_rope_dim(cfg, c["head_dim"], 0.5), norm_eps=hf.get("rms_norm_eps", 1e-5, float, "norm_eps"))
