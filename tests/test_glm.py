@@ -195,23 +195,27 @@ def test_llama_cpp_runs_the_nextn_gguf_as_we_do(exported, tmp_path):
 
 # ---------------------------------------------------------------- refusals
 
-def _gguf_edit(src: Path, out: Path, **keys) -> Path:
+def _gguf_edit(src: Path, out: Path, arch: str, **keys) -> Path:
     with GGUFFile(src) as f:
         meta = {k: GGUFValue(f.metadata_types[k], v) for k, v in f.metadata.items()}
         items = [(t.name, t.qtype, np.array(t.data), t.shape) for t in f.tensors.values()]
     for k, v in keys.items():
-        meta[f"glm4moe.{k}"] = GGUFValue(GGUFValueType.UINT32, v)
+        meta[f"{arch}.{k.replace('__', '.')}"] = GGUFValue((GGUFValueType.ARRAY, GGUFValueType.INT32), v) \
+            if isinstance(v, list) else GGUFValue(GGUFValueType.UINT32, v)
     write_gguf(out, meta, items)
     return out
 
 
-@pytest.mark.parametrize("keys, message", [
-    ({"expert_gating_func": 1}, "expert_gating_func"),
-    ({"nextn_predict_layers": 3}, "nextn_predict_layers"),
+@pytest.mark.parametrize("folder, keys, message", [
+    ("glm4_moe", {"expert_gating_func": 1}, "expert_gating_func"),
+    ("glm4_moe", {"nextn_predict_layers": 3}, "nextn_predict_layers"),
+    ("glm4_moe", {"rope__dimension_sections": [4, 2, 2, 0]}, "M-RoPE"),
+    ("glm4", {"rope__dimension_sections": [4, 2, 2, 0]}, "M-RoPE"),
 ])
-def test_bad_gguf_settings_are_model_format_errors(exported, tmp_path, keys, message):
+def test_bad_gguf_settings_are_model_format_errors(exported, tmp_path, folder, keys, message):
+    arch = {"glm4": "glm4", "glm4_moe": "glm4moe"}[folder]
     with pytest.raises(ModelFormatError, match=message):
-        llambda.load(_gguf_edit(exported("glm4_moe"), tmp_path / "bad.gguf", **keys), backend="numpy", n_ctx=32)
+        llambda.load(_gguf_edit(exported(folder), tmp_path / "bad.gguf", arch, **keys), backend="numpy", n_ctx=32)
 
 
 @pytest.mark.parametrize("folder, edit, message", [

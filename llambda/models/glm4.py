@@ -13,6 +13,7 @@ the q/k rows as HF has them. So both formats hold one layout, rope_neox False.
 """
 from __future__ import annotations
 
+from ..errors import ModelFormatError
 from .config import TransformerConfig
 from .hparams import GGUFHParams, HFConfig, refuse_quantized
 from .llama import check_hf_mlp
@@ -29,7 +30,16 @@ HF_ROPE_NEOX = False
 
 
 def config_from_gguf(meta: dict) -> TransformerConfig:
+    refuse_mrope(meta, "glm4")
     return TransformerConfig(**GGUFHParams(meta, "glm4").common(), rope_neox=False, post_norms=True)
+
+
+def refuse_mrope(meta: dict, arch: str) -> None:
+    """llama.cpp runs a glm4/glm4moe file with rope.dimension_sections (the text model of a GLM-4.xV vision
+    model) with its multi-section M-RoPE, which is not implemented here: refused, not run as plain RoPE."""
+    if f"{arch}.rope.dimension_sections" in meta:
+        raise ModelFormatError(f"GGUF metadata '{arch}.rope.dimension_sections': M-RoPE (a GLM-4.xV vision model's "
+                               "text part) is not supported")
 
 
 def config_from_hf(cfg: dict) -> TransformerConfig:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from ..errors import ModelFormatError
 from .config import TransformerConfig
+from .glm4 import refuse_mrope
 from .hparams import GGUFHParams, HFConfig, refuse_quantized
 from .llama import check_hf_mlp
 from .qwen3next import partial_rope_dim
@@ -73,6 +74,7 @@ def config_from_hf(cfg: dict) -> TransformerConfig:
 
 
 def config_from_gguf(meta: dict) -> TransformerConfig:
+    refuse_mrope(meta, "glm4moe")
     hp = GGUFHParams(meta, "glm4moe")
     c = hp.common()
     nextn = gguf_extra_layers(meta)
