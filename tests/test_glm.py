@@ -307,3 +307,25 @@ def test_quantized_native_matches_numpy(folder):
     from test_tiny_models import native_vs_numpy
     errs = native_vs_numpy(folder, "q8_0")
     assert errs["f32"] <= 1e-3 and errs["q8"] <= 1.0, (folder, errs)
+
+
+def test_quantize_of_a_gguf_with_nextn_writes_the_decoder_only(exported, tmp_path):
+    """`llambda quantize` of a GLM-4.5 GGUF as llama.cpp's converter writes it: the output holds the decoder's
+    blocks (block_count 3, no nextn key, no block 3), runs as the source does, and llama.cpp reads it."""
+    from llambda.cli import main
+    src = gguf_with_nextn(exported("glm4_moe"), tmp_path / "nextn.gguf")
+    out = tmp_path / "q8.gguf"
+    assert main(["quantize", str(src), str(out), "q8_0"]) == 0
+    with GGUFFile(out) as f:
+        assert f.metadata["glm4moe.block_count"] == 3 and "glm4moe.nextn_predict_layers" not in f.metadata
+        assert not [n for n in f.tensors if n.startswith("blk.3.")]
+    ids = reference("glm4_moe")["inputs"][0]["input_ids"]
+    with llambda.load(src, backend="numpy", n_ctx=64) as a, llambda.load(out, backend="numpy", n_ctx=64) as b:
+        assert float(np.abs(a.logits(ids) - b.logits(ids)).max()) <= 0.5     # Q8_0 weights on a sensitive model
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return                  # the llama.cpp half needs llama-cpp-python (the bench extra)
+    from llamacpp_ref import llama_cpp_logits
+    with llambda.load(out, backend="numpy", n_ctx=64) as b:
+        assert float(np.abs(b.logits(ids) - llama_cpp_logits(out, ids)).max()) <= 0.75
