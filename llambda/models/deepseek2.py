@@ -7,7 +7,7 @@ per head [k_nope, v]. RoPE on q_pe and k_pe only, in DeepSeek's adjacent-pair la
 rotation, or V3's `rope_interleave`; llama.cpp's NORM rope); scores q_nope.k_nope + q_pe.k_pe times
 (qk_nope + qk_rope)^-0.5, and with YaRN times mscale(factor, mscale_all_dim)^2 (cos and sin left unscaled:
 a model whose `mscale` differs from `mscale_all_dim` scales only its rope dims, which is refused).
-models/base.py runs MLA over its compressed cache (_mla_compressed_block): kv_lora_rank + qk_rope values per
+models/mla.py runs MLA over its compressed cache (_mla_compressed_block): kv_lora_rank + qk_rope values per
 token and layer, kv_b absorbed into each head's query and output; LLAMBDA_MLA_EXPANDED=1 expands it into
 ordinary attention instead (_mla_block: every head's full key and its value padded to the key's width,
 2 n_heads (qk_nope + qk_rope) values per token and layer).

@@ -545,7 +545,7 @@ def _hybrid_tensors(cfg: TransformerConfig, tensors: dict) -> dict:
     """A delta net's tensors as llama.cpp's converter writes them: in_proj_qkvz regrouped into attn_qkv
     (q, k, v heads) and attn_gate (z), ssm_a = -exp(A_log) (named without `.weight`), convolution kernels
     as (channels, L)."""
-    from ..models.base import grouped_rows
+    from ..models.row_groups import grouped_rows
     hk, hv, dk, dv = cfg.ssm_k_heads, cfg.ssm_v_heads, cfg.ssm_k_dim, cfg.ssm_v_dim
     out = {}
     for name, t in tensors.items():
