@@ -7,9 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import llambda
 from llambda.backends import available_backends, create_backend
 from llambda.formats.weights import WeightTensor
+from llambda.errors import InvalidInputError
 from llambda.models.mla import per_head_matmuls
+from test_deepseek import wide_mla_gguf
 
 BASE = Path(__file__).resolve().parents[1] / "llambda" / "models" / "base.py"
 ARCHITECTURES = {"deepseek2", "qwen3next", "lfm2", "gpt_oss", "llama", "qwen2", "qwen3", "gemma2", "gemma3",
@@ -47,3 +50,23 @@ def test_per_head_matmuls_are_each_heads_product(backend):
     want = np.concatenate([(src[g * n * k:(g + 1) * n * k].reshape(n, k) @ mats[g].T).reshape(-1) for g in range(H)])
     np.testing.assert_allclose(dst[:H * n * m], want, rtol=1e-5, atol=1e-5)
     assert np.isnan(dst[H * n * m:]).all()
+
+
+def test_a_q8_0_cache_refuses_a_compressed_row_of_part_blocks_saying_what_to_change(tmp_path, monkeypatch):
+    """kv_lora_rank 40 + qk_rope 64: a compressed row of 104 values, not whole q8_0 blocks of 32. The refusal
+    names that row (not "head_dim", which is the expanded heads' 192 here) and the two ways out; both work."""
+    if "native" not in available_backends():
+        pytest.skip("the native backend is not available here (C core not built)")
+    path = wide_mla_gguf(tmp_path / "part.gguf", H=2, kvr=40, layers=1)
+    monkeypatch.setenv("LLAMBDA_MLA_EXPANDED", "0")
+    with pytest.raises(InvalidInputError) as e:
+        llambda.load(path, backend="native", kv_type="q8_0", n_ctx=32)
+    msg = str(e.value)
+    assert "kv_lora_rank + qk_rope_head_dim = 104 values" in msg and "head_dim a multiple" not in msg
+    assert "kv_type='f16'" in msg and "LLAMBDA_MLA_EXPANDED=1" in msg
+    with llambda.load(path, backend="native", kv_type="f16", n_ctx=32) as m:
+        assert m.transformer.mla_compressed
+    monkeypatch.setenv("LLAMBDA_MLA_EXPANDED", "1")
+    with llambda.load(path, backend="native", kv_type="q8_0", n_ctx=32) as m:
+        assert not m.transformer.mla_compressed
+        assert np.isfinite(m.logits([1, 2, 3])).all()
