@@ -16,6 +16,7 @@ import re
 import warnings
 
 from ..errors import LlambdaWarning
+from ..thinking import think_template_kwargs
 
 THINK_VALUES = ("true", "false", "high", "medium", "low")
 # Go's time.ParseDuration, as ollama parses --keepalive ("5m", "1h30m", "1.5h", "-1m", "0"), and a bare
@@ -77,10 +78,7 @@ def template_kwargs(think: str | None, no_think: bool) -> dict:
         return {}
     if no_think and think != "false":
         raise ValueError(f"--no-think and --think={think} say opposite things: give one")
-    kw = {"enable_thinking": think != "false"}
-    if think in ("high", "medium", "low"):
-        kw["reasoning_effort"] = think
-    return kw
+    return think_template_kwargs(think)
 
 
 def warn_unused_in_completion(think: str | None) -> None:
