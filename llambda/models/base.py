@@ -268,7 +268,7 @@ class Transformer(Closable, LatentAttention):
             """The matrix, or with parts (row indices per part, grouped_rows) one matrix per part."""
             t = need(name)
             if t.shape != (rows, cols):
-                raise ModelFormatError(f"tensor {name!r} has shape {t.shape}, expected {(rows, cols)}")
+                raise ModelFormatError(f"tensor {shown(name, t)} has shape {t.shape}, expected {(rows, cols)}")
             m = B.prepare_matrix(t) if parts is None else [B.prepare_matrix(t.take_rows(ix)) for ix in parts]
             self._release(t.data)
             return m
@@ -278,19 +278,22 @@ class Transformer(Closable, LatentAttention):
             if t is None:
                 return None
             if t.cols != n or t.rows != 1:     # (1, n) as llama.cpp takes too; an (8, 8) norm is no (64,) one
-                raise ModelFormatError(f"tensor {name!r} has shape {t.shape}, expected ({n},)")
+                raise ModelFormatError(f"tensor {shown(name, t)} has shape {t.shape}, expected ({n},)")
             v = B.prepare_vector(t, offset)
             finite(name, t, v)
             self._release(t.data)
             return v
+
+        def shown(name: str, t: WeightTensor) -> str:
+            """Canonical `name` as errors show it: by the file's own name where it differs (a HF checkpoint's)."""
+            return repr(name) if t.name == name else f"{t.name!r} ({name})"
 
         def finite(name: str, t: WeightTensor, v: np.ndarray) -> None:
             # A NaN in a norm weight or bias silently poisons every logit; vectors are small, so
             # they are all checked (matrices are not: that would cost a pass over the whole model).
             bad = np.flatnonzero(~np.isfinite(v))
             if len(bad):
-                where = name if t.name == name else f"{t.name!r} ({name})"
-                raise ModelFormatError(f"tensor {where} holds {v[bad[0]]} at index {int(bad[0])} "
+                raise ModelFormatError(f"tensor {shown(name, t)} holds {v[bad[0]]} at index {int(bad[0])} "
                                        f"({len(bad)} non-finite values): the model file is corrupt")
 
         d, off = cfg.d_model, cfg.norm_offset
@@ -300,7 +303,7 @@ class Transformer(Closable, LatentAttention):
         self.output_norm = vector("output_norm.weight", d, off)
         rf = get("rope_freqs.weight")
         if rf is not None and (rf.cols != cfg.rope_dim // 2 or rf.rows != 1):
-            raise ModelFormatError(f"tensor 'rope_freqs.weight' has shape {rf.shape}, expected ({cfg.rope_dim // 2},): "
+            raise ModelFormatError(f"tensor {shown('rope_freqs.weight', rf)} has shape {rf.shape}, expected ({cfg.rope_dim // 2},): "
                                    "one factor per pair of rotated dimensions")
         self.rope_factors = None if rf is None else rf.to_float32().reshape(-1)
         if rf is not None:
@@ -318,7 +321,7 @@ class Transformer(Closable, LatentAttention):
             t = need(name)
             want = (cfg.n_experts, rows) if cols is None else (cfg.n_experts, rows, cols)
             if t.shape != want:
-                raise ModelFormatError(f"tensor {name!r} has shape {t.shape}, expected {want}")
+                raise ModelFormatError(f"tensor {shown(name, t)} has shape {t.shape}, expected {want}")
             if cols is None:
                 finite(name, t, t.to_float32())
             return t
@@ -358,7 +361,8 @@ class Transformer(Closable, LatentAttention):
             """A depthwise convolution's weights as float32 (channels, L): GGUF's (c, L) or HF's (c, 1, L)."""
             t = need(name)
             if t.rows * t.cols != channels * cfg.conv_kernel or t.shape[0] != channels:
-                raise ModelFormatError(f"tensor {name!r} has shape {t.shape}, expected ({channels}, {cfg.conv_kernel})")
+                raise ModelFormatError(f"tensor {shown(name, t)} has shape {t.shape}, expected ({channels}, "
+                                       f"{cfg.conv_kernel})")
             kernel = np.ascontiguousarray(t.to_float32().reshape(channels, cfg.conv_kernel), dtype=np.float32)
             finite(name, t, kernel.reshape(-1))
             return kernel
