@@ -73,8 +73,10 @@ TOOLS = {"f"}
 
 
 @pytest.mark.parametrize("pieces, setup, streamed, whole", [
-    # text, then a call: the call's tokens are not the text's; read whole, the text is stripped
-    (["Sure", ".", "\n"] + CALL, ToolSetup(TOOLS), ["Sure", ".", "\n"], ["Sure", "."]),
+    # text, then a call: the call's tokens are not the text's, nor the blank just before it (the output_text
+    # is "Sure." streamed too: the blank waits until a call or text follows)
+    (["Sure", ".", "\n"] + CALL, ToolSetup(TOOLS), ["Sure", "."], ["Sure", "."]),
+    (["Sure", ". \n"] + CALL, ToolSetup(TOOLS), ["Sure", ". \n"], ["Sure", ". \n"]),     # a token partly the text's
     # text after a call too; the whitespace between calls is no one's
     (["Hi"] + CALL + ["\n"] + CALL + ["\n", "Done"], ToolSetup(TOOLS), ["Hi", "\n", "Done"], ["Hi", "\n", "Done"]),
     # a forced call (its start is our prefix): no text at all
