@@ -408,6 +408,12 @@ class NativeBackend(Backend):
             raise ModelFormatError(f"head_dim {head_dim} is more than the native core's {MAX_HEAD_DIM}; "
                                    "use backend='numpy'")
         q8 = self.kv_code == KV_TYPES["q8_0"][1]
+        if q8 and head_dim % Q8_0_BLOCK and values_are_keys:     # latent attention's compressed rows (KVCache)
+            raise InvalidInputError(
+                f"kv_type='q8_0' stores a cache row in blocks of {Q8_0_BLOCK} values; this model's latent attention "
+                f"caches one compressed row a token, kv_lora_rank + qk_rope_head_dim = {head_dim} values: use "
+                "kv_type='f16' or 'f32' (--kv-type), or LLAMBDA_MLA_EXPANDED=1 to cache its expanded heads instead "
+                f"(a larger cache, whose head_dim q8_0 needs a multiple of {Q8_0_BLOCK} too)")
         if q8 and head_dim % Q8_0_BLOCK:
             raise InvalidInputError(f"kv_type='q8_0' needs head_dim a multiple of {Q8_0_BLOCK}; this model's is "
                                     f"{head_dim}: use kv_type='f16'")

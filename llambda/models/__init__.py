@@ -36,6 +36,9 @@ ARCHITECTURES = {
     "deepseek2": "deepseek2",
     "deepseek_v2": "deepseek2",
     "deepseek_v3": "deepseek2",
+    "glm4": "glm4",
+    "glm4moe": "glm4moe",
+    "glm4_moe": "glm4moe",
 }
 
 # Encoders (embedding models, cross-encoders): their own config and forward, not TransformerConfig

@@ -274,3 +274,13 @@ def hf_sliding_flags(types, n_layers: int) -> list[bool] | None:
         return None
     return [k == "sliding" for k in hf_layer_kinds(types, n_layers, {"sliding_attention": "sliding",
                                                                    "full_attention": "full"})]
+
+
+def refuse_quantized(cfg: dict, family: str) -> None:
+    """A checkpoint quantized by its own scheme (config.json's quantization_config: the Hub's FP8 releases of
+    DeepSeek-V3 and GLM-4.5) is refused by name: its scales are tensors no loader here reads."""
+    quant = cfg.get("quantization_config")
+    if quant:
+        method = quant.get("quant_method") if isinstance(quant, dict) else quant
+        raise ModelFormatError(f"a {family} checkpoint quantized as {method!r} (quantization_config) is not supported: "
+                               "use its GGUF or a float (bf16) conversion")

@@ -72,9 +72,12 @@ FAMILIES = {
     "granitehybrid": Family("granitemoehybrid", "GraniteMoeHybridForCausalLM", "granitehybrid"),
     # latent attention: GGUF only too
     "deepseek2": Family("deepseek_v2", "DeepseekV2ForCausalLM", "deepseek2"),
+    # GLM: GGUF only (write_hf refuses them: HF's own norm names and fused gate_up are not written)
+    "glm4": Family("glm4", "Glm4ForCausalLM", "glm4"),
+    "glm4moe": Family("glm4_moe", "Glm4MoeForCausalLM", "glm4moe"),
 }
 # GGUF architectures whose q/k rows keep the same RoPE layout as their HF files (DeepSeek's adjacent pairs)
-SAME_ROPE_LAYOUT_ARCHS = {"deepseek2"}
+SAME_ROPE_LAYOUT_ARCHS = {"deepseek2", "glm4"}
 FLOAT_TYPES = {"f32": QType.F32, "f16": QType.F16, "bf16": QType.BF16}
 HF_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
             "chat_template.json", "generation_config.json", "tokenizer.model")
@@ -347,6 +350,8 @@ def write_hf(src: ModelSource, out: Path, qtype: str | None = None) -> Path:
     fam = family_of(cfg)
     if cfg.n_experts or cfg.recurrent or cfg.mla:
         raise LlambdaError("a mixture-of-experts, hybrid or latent-attention model exports as GGUF only (fmt='gguf')")
+    if fam.gguf_arch == "glm4":
+        raise LlambdaError("a GLM-4 model exports as GGUF only (fmt='gguf')")
     want = None
     if qtype is not None:      # "" is no type either (it once meant "keep the source's")
         if str(qtype).lower() not in FLOAT_TYPES:
@@ -492,6 +497,7 @@ def gguf_metadata(cfg: TransformerConfig, arch: str, name: str) -> dict:
                      f"{a}.logit_scale": cfg.logit_scale})
     meta.update(_hybrid_metadata(cfg, a))
     meta.update(_mla_metadata(cfg, a))
+    meta.update(getattr(arch_module(a), "gguf_metadata", lambda c: {})(cfg))    # a family's own keys (glm4moe)
     return meta
 
 
@@ -548,7 +554,7 @@ def _hybrid_tensors(cfg: TransformerConfig, tensors: dict) -> dict:
     """A delta net's tensors as llama.cpp's converter writes them: in_proj_qkvz regrouped into attn_qkv
     (q, k, v heads) and attn_gate (z), ssm_a = -exp(A_log) (named without `.weight`), convolution kernels
     as (channels, L); Mamba2's ssm_a and ssm_d as (H, 1) columns, its norm as (groups, H P / groups) rows."""
-    from ..models.base import grouped_rows
+    from ..models.row_groups import grouped_rows
     hk, hv, dk, dv = cfg.ssm_k_heads, cfg.ssm_v_heads, cfg.ssm_k_dim, cfg.ssm_v_dim
     out = {}
     for name, t in tensors.items():
