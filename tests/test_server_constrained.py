@@ -251,6 +251,39 @@ def test_tool_choice_on_a_template_without_tools(live, client):
     assert r.choices[0].message.content or r.choices[0].message.tool_calls
 
 
+def test_earlier_calls_without_tools_now_on_a_template_without_tools(live, client):
+    """A conversation with a call and its result, then tool_choice "none" (or no tools) to get a text
+    answer: SmolLM2's template concatenates content, so a turn of calls alone (content null) was a 400
+    quoting a Python TypeError, and with content "" the call was silently dropped from the prompt.
+    Now they are written as the generic tool prompt writes them."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": "{\"city\": \"Lima\"}"}}
+    history = [{"role": "user", "content": "Time in Lima?"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "10:42"}]
+    bare = [history[0], {"role": "assistant", "content": ""}, {"role": "user", "content": "10:42"}]
+    n_bare = client.chat.completions.create(model=MODEL_ID, messages=bare, max_tokens=1).usage.prompt_tokens
+    for extra in ({"tools": TOOLS, "tool_choice": "none"}, {}):
+        for content in (None, ""):
+            msgs = [history[0], dict(history[1], content=content), history[2]]
+            r = post(live, "/v1/chat/completions", {"model": MODEL_ID, "messages": msgs, "max_tokens": 4,
+                                                     "temperature": 0, **extra})
+            assert r.status_code == 200, r.text
+            answer = r.json()
+            assert answer["choices"][0]["message"].get("tool_calls") is None
+            # the call and its result are in the prompt: more tokens than the turns without them
+            assert answer["usage"]["prompt_tokens"] > n_bare + 10, (extra, content, answer["usage"])
+    # the same through Ollama's and Anthropic's shapes of the conversation
+    ollama = [history[0], {"role": "assistant", "content": "", "tool_calls": [
+        {"function": {"name": "get_time", "arguments": {"city": "Lima"}}}]}, {"role": "tool", "content": "10:42"}]
+    r = post(live, "/api/chat", {"model": MODEL_ID, "messages": ollama, "stream": False,
+                                 "options": {"num_predict": 2}})
+    assert r.status_code == 200, r.text
+    anthropic = [history[0], {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "get_time",
+                                                                "input": {"city": "Lima"}}]},
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "10:42"}]}]
+    r = post(live, "/v1/messages", {"model": MODEL_ID, "messages": anthropic, "max_tokens": 2})
+    assert r.status_code == 200, r.text
+
+
 def test_tool_choice_with_a_format_is_refused(live):
     body = {"model": MODEL_ID, "messages": [{"role": "user", "content": "hi"}], "tools": TOOLS,
             "tool_choice": "required", "response_format": {"type": "json_object"}}

@@ -58,6 +58,20 @@ def test_apply_template(live, model):
     assert_error(post(live, "/apply-template", {"messages": [{"role": "wizard", "content": "x"}]}), 400, "role")
 
 
+
+def test_apply_template_shows_the_prompt_generation_renders(live, model):
+    """SmolLM2's template knows no tools: generation describes them in the generic tool prompt, and
+    /apply-template said the template's own text without them (not the prompt the model was given)."""
+    tools = [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
+    messages = [{"role": "user", "content": "Time in Lima?"}]
+    prompt = post(live, "/apply-template", {"messages": messages, "tools": tools}).json()["prompt"]
+    assert "get_time" in prompt and "<tool_call>" in prompt, prompt
+    assert prompt != model.render_chat(messages)
+    # its tokens are the prompt's a chat completion counts
+    r = post(live, "/v1/chat/completions", {"model": MODEL_ID, "messages": messages, "tools": tools, "max_tokens": 1})
+    assert r.json()["usage"]["prompt_tokens"] == len(model.tokenize(prompt))
+
+
 def test_model_without_fim_tokens_is_refused(live):
     err = assert_error(post(live, "/infill", {"input_prefix": "def f():\n", "input_suffix": "\n"}), 400,
                        "fill-in-the-middle")

@@ -26,7 +26,8 @@ from .openai_format import (SSE_DONE, ChoiceState, TokenStrings, Usage, chat_log
                             completion_logprobs, completion_response, new_id, now, sse, tool_finish)
 from .scheduler import Channel, Job, JobFailure, PromptLogprobs, QueueFull, Scheduler, ShuttingDown
 from .schemas import GenerationSpec
-from .tools import OPEN_TAG, ToolSetup, generic_tool_messages, hermes_prefix, tool_grammar, tool_names
+from .tools import (OPEN_TAG, ToolSetup, generic_tool_messages, has_tool_turns, hermes_prefix, tool_grammar,
+                    tool_names, written_history)
 from .workers import PoolClosed, PoolFull, PromptWorkers
 
 DISCONNECTED = object()   # pushed into a channel when the client goes away
@@ -93,20 +94,34 @@ class Service:
         """The prompt's text: the server's template variables (--template-kwargs) under the request's own."""
         return self.model.render_chat(messages, tools=tools, **{**self.cfg.template_kwargs, **spec.template_kwargs})
 
+    def chat_prompt(self, spec: GenerationSpec) -> str:
+        """The chat template's text for the spec's messages and tools, as generation renders it
+        (/apply-template shows it); raises ChatTemplateError."""
+        return self._render(spec)[0]
+
+    def _render(self, spec: GenerationSpec) -> tuple[str, bool]:
+        """(the template's text, whether the tools went in through the generic tool prompt)."""
+        messages, tools = self.template_messages(spec.messages), spec.tools
+        generic = bool(spec.tools) and not self.template_has_tools
+        if generic:
+            # the template cannot render tools: describe them in a system message instead; the
+            # rewrite reads content and tool_calls, so check their shapes first (a 400, not a crash)
+            messages = generic_tool_messages(validate_messages(spec.messages), spec.tools, spec.tool_choice,
+                                             spec.forced_tool)
+            tools = None
+        elif not self.template_has_tools and has_tool_turns(spec.messages):
+            # no tools now (tool_choice "none", or none sent), but earlier calls and results: written as
+            # the generic prompt writes them (a template that concatenates content fails on a turn of
+            # calls alone, others drop the calls)
+            messages = written_history(validate_messages(spec.messages))
+        return self.render_chat(messages, tools, spec), generic
+
     def _chat_ids(self, spec: GenerationSpec) -> tuple[list[int], ToolSetup | None, GrammarSpec | None,
                                                        PromptThought | None]:
         """The prompt, how the answer is read for tool calls, the grammar tool calls follow, and where
         the prompt leaves a `<think>` template's thought."""
-        messages, tools = self.template_messages(spec.messages), spec.tools
-        generic = bool(spec.tools) and not self.template_has_tools
         try:
-            if generic:
-                # the template cannot render tools: describe them in a system message instead; the
-                # rewrite reads content and tool_calls, so check their shapes first (a 400, not a crash)
-                messages = generic_tool_messages(validate_messages(spec.messages), spec.tools, spec.tool_choice,
-                                                 spec.forced_tool)
-                tools = None
-            text = self.render_chat(messages, tools, spec)
+            text, generic = self._render(spec)
             # a thought may come first: a forced call then starts after it, not in the prompt
             thought = prompt_thought(self.thinks, text, spec.prefill)
             think_first = thought is not None and thought.may_come

@@ -75,7 +75,7 @@ def detokenize(service: Service, body) -> dict:
 def apply_template(service: Service, body) -> dict:
     spec = parse_chat(body)
     try:
-        return {"prompt": service.render_chat(service.template_messages(spec.messages), spec.tools, spec)}
+        return {"prompt": service.chat_prompt(spec)}
     except ChatTemplateError as e:
         raise bad_request(f"cannot render the messages: {e}", param="messages") from None
 

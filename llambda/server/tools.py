@@ -540,14 +540,27 @@ def generic_tool_messages(messages: list, tools: list, choice: str, forced: str 
     rule = {"required": "You must call one of the tools.",
             "function": f"You must call the tool {forced}."}.get(choice, "If no tool helps, answer directly.")
     text = GENERIC_TOOLS.format(tools=listing, rule=rule)
+    first = messages[0] if messages else {}
+    if first.get("role") in ("system", "developer"):
+        return [{"role": "system", "content": f"{_text(first.get('content'))}\n\n{text}"}] \
+            + written_history(messages[1:])
+    return [{"role": "system", "content": text}] + written_history(messages)
+
+
+def has_tool_turns(messages: list) -> bool:
+    """Whether a conversation holds earlier calls or tool results (what a template without tools
+    cannot render as they are)."""
+    return any(isinstance(m, dict) and (m.get("tool_calls") or m.get("role") in ("tool", "function"))
+               for m in messages)
+
+
+def written_history(messages: list) -> list:
+    """Messages (checked by chat.validate_messages) for a template that knows nothing of tools: earlier
+    calls written in the <tool_call> format into their assistant turn, tool results as user turns. Also
+    without tools offered now (tool_choice "none"): such a template cannot render a turn of calls alone."""
     out = []
     for m in messages:
         role = m.get("role")
-        if role in ("system", "developer") and not out:
-            out.append({"role": "system", "content": f"{_text(m.get('content'))}\n\n{text}"})
-            continue
-        if not out:
-            out.append({"role": "system", "content": text})
         if role == "assistant" and m.get("tool_calls"):
             calls = "\n".join(_written_call(c) for c in m["tool_calls"])
             out.append({"role": "assistant", "content": (_text(m.get("content")) + "\n" + calls).strip()})
