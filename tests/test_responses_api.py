@@ -235,6 +235,32 @@ def test_retrieve_returns_the_response_and_delete_removes_it(live, client):
     assert_error(httpx.get(f"{live.url}/v1/responses/{kept.id}?stream=true", timeout=30), 400, "stream")
 
 
+def test_a_response_deleted_while_it_streams_is_not_kept(live):
+    """DELETE of a response still streaming said 404 "never stored", and the response was stored when
+    its answer ended: the delete was lost. Now it is honoured (200; the finished response says store
+    false and is not kept), and a GET meanwhile says it is still being generated."""
+    import gc
+    store = live.app.state.responses
+    body = {"model": MODEL_ID, "input": "Tell me a long story.", "max_output_tokens": 250, "ignore_eos": True,
+            "stream": True}
+    for delete in (True, False):
+        with httpx.stream("POST", live.url + "/v1/responses", json=body, timeout=60) as s:
+            events = (json.loads(line[5:]) for line in s.iter_lines() if line.startswith("data:"))
+            rid = next(events)["response"]["id"]
+            assert_error(httpx.get(f"{live.url}/v1/responses/{rid}", timeout=30), 404, "still being generated")
+            if delete:
+                r = httpx.delete(f"{live.url}/v1/responses/{rid}", timeout=30)
+                assert r.status_code == 200 and r.json() == {"id": rid, "object": "response", "deleted": True}, r.text
+            last = [e for e in events][-1]
+        assert last["type"] == "response.incomplete" and last["response"]["store"] is (not delete), last["response"]
+        got = httpx.get(f"{live.url}/v1/responses/{rid}", timeout=30)
+        assert got.status_code == (404 if delete else 200), got.text
+    # a stream left half-way is never stored, and not remembered as pending either
+    hang_up_mid_stream(live, "/v1/responses", body)
+    gc.collect()
+    assert not store._pending
+
+
 def test_metadata_is_bounded_as_in_openais_api_and_echoed(live, client):
     # it is echoed and stored with every response: unbounded, it was as large as the body allowed
     most = {f"{i:02d}" + "k" * 62: "v" * 512 for i in range(16)}

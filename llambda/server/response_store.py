@@ -11,7 +11,9 @@ continued entry's items and output joined as they are, then the new items (`conv
 bounded by entries and by bytes; past either, the oldest entries go first. One conversation's items
 are bounded too (`conversation`), so no single request parses more than that. One lock, so any
 thread may call it (worker threads read and write a request's conversation, the event loop the
-rest). Nothing survives a restart.
+rest). Nothing survives a restart. A response being generated to be stored is `pending` until its
+answer is put (or its request is gone): a DELETE meanwhile is honoured (it is then not kept) and a GET
+says it is not done yet.
 
 Ids are `resp_<48 hex digits>`; a scale-out replica's are `resp_<tag>_<48 hex digits>`, the tag
 naming the replica, so the ingress sends a request naming the id to the one replica that has it.
@@ -21,6 +23,7 @@ from __future__ import annotations
 import json
 import secrets
 import threading
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -97,6 +100,7 @@ class ResponseStore:
         self.max_conversation_bytes = max_conversation_bytes
         self._entries: OrderedDict[str, Stored] = OrderedDict()
         self._bytes = 0
+        self._pending: dict[str, bool] = {}     # id -> deleted while being generated
         self._lock = threading.Lock()
 
     def new_id(self) -> str:
@@ -124,10 +128,24 @@ class ResponseStore:
         """False when this server stores no response (--stored-responses 0)."""
         return self.max_responses >= 1
 
+    def pending(self, response_id: str, owner: object) -> None:
+        """Note that `response_id` is being generated to be stored, for as long as `owner` (the
+        request's run) lives: a request that fails or is left never puts it, and is forgotten with it."""
+        with self._lock:
+            self._pending[response_id] = False
+        weakref.finalize(owner, self._settle, response_id)
+
+    def _settle(self, response_id: str) -> None:
+        with self._lock:
+            self._pending.pop(response_id, None)
+
     def put(self, response_id: str, response: EncodedResponse, items: bytes) -> bool:
         """Keep a response (evicting the oldest as needed) with its input items (`conversation`'s
-        bytes of them); False when it alone exceeds the budget."""
+        bytes of them); False when it alone exceeds the budget, or was deleted while being generated."""
         entry = Stored(response.data, response.output, items)
+        with self._lock:
+            if self._pending.pop(response_id, False):
+                return False
         if not self.keeps_any or entry.size > self.max_bytes:
             return False
         with self._lock:
@@ -145,15 +163,24 @@ class ResponseStore:
         """The entry, or a 404 naming the id (`param`: the request field that named it)."""
         with self._lock:
             entry = self._entries.get(response_id)
+            generating = self._pending.get(response_id) is False
         if entry is None:
+            if generating:
+                code = "previous_response_not_found" if param == "previous_response_id" else "response_not_found"
+                raise APIError(404, f"the response {str(response_id)[:SHOWN_ID_CHARS]!r} is still being generated; "
+                               "it is stored once its answer is complete", param=param, code=code)
             raise self._not_found(response_id, param)
         return entry
 
     def delete(self, response_id: str) -> None:
+        """Remove a stored response; one still being generated is then not kept."""
         with self._lock:
             entry = self._entries.pop(response_id, None)
             if entry is not None:
                 self._bytes -= entry.size
+            elif self._pending.get(response_id) is False:
+                self._pending[response_id] = True
+                return
         if entry is None:
             raise self._not_found(response_id, None)
 

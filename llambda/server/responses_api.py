@@ -18,7 +18,7 @@ Responses are stored (`store`, true by default, as in OpenAI's API) in a bounded
 before the new input, e.g. function_call_output items answering its calls; its `instructions` are
 not carried over), GET /v1/responses/{id} returns it as it was answered, DELETE removes it, and
 GET /v1/responses/{id}/input_items lists the items before its answer (`limit`, `order`, `after`).
-A stream that fails or is left is not stored. A finished response is encoded once, in a worker
+A stream that fails or is left is not stored, nor one deleted while it streams. A finished response is encoded once, in a worker
 thread: the bytes stored are the bytes sent. `conversation` (the Conversations API) is refused.
 POST /v1/responses/input_tokens counts the tokens of the prompt a request would generate from (a stored
 conversation alone, `previous_response_id` without `input`, included).
@@ -564,7 +564,12 @@ def routes(service: Service, http: Http, store: ResponseStore) -> list[Route]:
                 response["store"] = False
                 encoded = encode_response(response)
             return encoded.data
-        return spec, lambda gen: ResponseRun(gen, echo, store.new_id(), finish)
+        def run_of(gen):
+            run = ResponseRun(gen, echo, store.new_id(), finish)
+            if stored is not None:      # a DELETE while it streams is honoured, a GET says it is not done
+                store.pending(run.id, run)
+            return run
+        return spec, run_of
 
     # a continued conversation is parsed (and, stored, written back) off the event loop: up to
     # 16 MiB of JSON each way would stall every running stream
