@@ -155,6 +155,32 @@ def test_tool_errors_name_anthropics_fields(live):
             assert "function" not in message and "parameters" not in message, message
 
 
+def test_hostile_system_stop_sequences_and_lone_prefill(live):
+    """What a fuzzer found: a system of 0, false or {} was taken as no system prompt (a 200); a text
+    block with a non-string text was called "a 'text' block; only text blocks are supported"; too many
+    stop_sequences were refused naming chat's 'stop'; an assistant turn alone (a prefill with nothing
+    before it) was "'messages' must not be empty"."""
+    body = {"model": MODEL_ID, "messages": QUESTION, "max_tokens": 2}
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):
+        for system in (0, False, {}, 1.5):
+            _anthropic_error(post(live, path, {**body, "system": system}), 400, "invalid_request_error", "system")
+        message = _anthropic_error(post(live, path, {**body, "system": [{"type": "text", "text": 5}]}), 400,
+                                   "invalid_request_error", "system[0]", "string 'text'")
+        assert "only text blocks" not in message
+        for stops, words in ((["x"] * 17, ("stop_sequences", "at most 16")), ([""], ("stop_sequences",)),
+                             ([5], ("stop_sequences",)), ("x", ("stop_sequences",))):
+            message = _anthropic_error(post(live, path, {**body, "stop_sequences": stops}), 400,
+                                       "invalid_request_error", *words)
+            assert "'stop'" not in message, message
+        message = _anthropic_error(post(live, path, {**body, "messages": [{"role": "assistant", "content": "Hi"}]}),
+                                   400, "invalid_request_error", "only an assistant turn")
+    # what is fine stays fine: an empty system, 16 stop sequences, a prefill after a system prompt
+    for extra in ({"system": ""}, {"system": []}, {"stop_sequences": ["x"] * 16},
+                  {"system": "Be brief.", "messages": [{"role": "assistant", "content": "Hi"}]}):
+        r = post(live, "/v1/messages", {**body, **extra})
+        assert r.status_code == 200, (extra, r.text)
+
+
 def test_count_tokens_is_what_the_message_reports(aclient, live):
     """count_tokens takes the body /v1/messages takes, without max_tokens, and counts the rendered prompt:
     system, blocks, tools (the generic tool prompt here) and an assistant prefill included."""

@@ -28,7 +28,7 @@ from .errors import APIError, bad_request
 from .generation import Generation, Service
 from .openai_format import dumps
 from .partial_json import partial_object
-from .schemas import MAX_TOOLS, GenerationSpec, _Body, _type, check_function, parse_chat
+from .schemas import MAX_STOP, MAX_TOOLS, GenerationSpec, _Body, _type, check_function, parse_chat
 
 PATH = "/v1/messages"
 COUNT_PATH = "/v1/messages/count_tokens"
@@ -70,15 +70,20 @@ def _plain(content, where: str) -> str:
     """Text blocks (or a string) as one string: system prompts, tool results."""
     texts = []
     for j, block in enumerate(_blocks(content, where)):
-        if block["type"] != "text" or not isinstance(block.get("text"), str):
+        if block["type"] != "text":
             raise bad_request(f"{where}[{j}] is a {block['type']!r} block; only text blocks are supported here",
+                              param=f"{where}[{j}]")
+        if not isinstance(block.get("text"), str):
+            raise bad_request(f"{where}[{j}]: a text block needs a string 'text', got {_type(block.get('text'))}",
                               param=f"{where}[{j}]")
         texts.append(block["text"])
     return "\n".join(texts)
 
 
 def _messages(system, messages) -> list[dict]:
-    out = [{"role": "system", "content": _plain(system, "system")}] if system else []
+    # checked whatever it holds (0, false, {} are not a system prompt); empty, it adds no turn
+    text = _plain(system, "system") if system is not None else ""
+    out = [{"role": "system", "content": text}] if text else []
     if not isinstance(messages, list) or not messages:
         raise bad_request(f"'messages' must be a non-empty array, got {_type(messages)}", param="messages")
     for i, m in enumerate(messages):
@@ -169,8 +174,12 @@ def parse_messages(body, counting: bool = False) -> GenerationSpec:
     chat.update(messages=_messages(b.get("system"), b.get("messages")), max_tokens=max_tokens,
                 tools=_tools(b.get("tools")))
     if stops is not None:
-        if not isinstance(stops, list):
-            raise bad_request(f"'stop_sequences' must be an array of strings, got {_type(stops)}",
+        # checked here: chat's own check would name its 'stop'
+        if not isinstance(stops, list) or not all(isinstance(x, str) and x for x in stops):
+            raise bad_request(f"'stop_sequences' must be an array of non-empty strings, got {_type(stops)}",
+                              param="stop_sequences")
+        if len(stops) > MAX_STOP:
+            raise bad_request(f"'stop_sequences' may hold at most {MAX_STOP} strings, got {len(stops)}",
                               param="stop_sequences")
         chat["stop"] = stops
     _tool_choice(b.get("tool_choice"), chat)
@@ -214,6 +223,9 @@ def _prefill(messages: list[dict]) -> str:
     last = messages[-1]
     if last["role"] != "assistant" or last.get("tool_calls") or not last["content"]:
         return ""
+    if len(messages) == 1:
+        raise bad_request("'messages' holds only an assistant turn, which is the start of the answer (a prefill): "
+                          "put a user turn (or a system prompt) before it", param="messages")
     messages.pop()
     return last["content"]
 
