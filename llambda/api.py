@@ -341,6 +341,8 @@ class Model:
                             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                             seed=seed, logprobs=logprobs, logit_bias=logit_bias)
         try:        # not `stop or []`: an int would be dropped silently, an array has no truth value
+            if isinstance(stop, (dict, set, frozenset)):    # its keys or an unordered set are no list of stops
+                raise TypeError
             stops = [stop] if isinstance(stop, str) else [] if stop is None else list(stop)
         except TypeError:
             raise InvalidInputError(f"stop must be a string or a list of strings, got {type(stop).__name__}") from None
@@ -355,6 +357,9 @@ class Model:
         self._check_not_served()      # at the call, as the other checks (each step checks again)
         mode = self._speculative_mode(speculative)
         ws = self.transformer.ws
+        if draft_max is not None and mode is None:      # unused, still checked (as every other argument)
+            from .speculative import check_draft_max
+            check_draft_max(draft_max, max(1, min(ws.max_logit_rows, ws.max_tokens) - 1))
         # a verification feeds the last token and its drafts in one forward: max_batch (ws.max_tokens)
         # bounds them too, else a draft model's round was a raw ValueError at load(max_batch=1)
         limit = min(ws.max_logit_rows, ws.max_tokens) - 1

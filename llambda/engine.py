@@ -36,6 +36,9 @@ class GenerationParams:
             self.max_tokens = int(self.max_tokens)   # np.uint8(0) - 1 wrapped to 255 in the draft count
         if not isinstance(self.stop, list) or not all(isinstance(s, str) for s in self.stop):
             raise InvalidInputError("stop must be a list of strings")
+        # not truthiness: ignore_eos="no" or [0] would ignore the end of text
+        if not isinstance(self.ignore_eos, (bool, np.bool_)):
+            raise InvalidInputError(f"ignore_eos must be a boolean, got {type(self.ignore_eos).__name__}")
         self.sampling.validate()
 
 

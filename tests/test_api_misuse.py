@@ -47,10 +47,27 @@ def test_embed_inputs_that_are_not_texts_or_ids_are_llambda_errors(model, texts)
         model.embed_token_counts(texts)
 
 
-@pytest.mark.parametrize("stop", [5, 2.5, object()], ids=lambda s: type(s).__name__)
+@pytest.mark.parametrize("stop", [5, 2.5, object(), {"a": 1}, {"x"}], ids=lambda s: type(s).__name__)
 def test_a_stop_that_is_not_strings_is_a_llambda_error(model, stop):
     with pytest.raises(InvalidInputError, match="stop"):
         model.complete(prompt(model), max_tokens=2, stop=stop)
+
+
+@pytest.mark.parametrize("flag", ["no", [0], 1, None, 0.0], ids=repr)
+def test_ignore_eos_that_is_not_a_boolean_is_a_llambda_error(model, flag):
+    """It was read by truthiness: ignore_eos="no" ignored the end of text, None and 0.0 did not."""
+    with pytest.raises(InvalidInputError, match="ignore_eos"):
+        model.complete(prompt(model), max_tokens=2, ignore_eos=flag)
+    assert list(model.generate(prompt(model), **dict(SAMPLED, ignore_eos=np.bool_(True)))) == \
+        list(model.generate(prompt(model), **SAMPLED))
+
+
+@pytest.mark.parametrize("draft_max", [0, -1, 1.5, "4", True], ids=repr)
+def test_draft_max_is_checked_without_speculation_too(model, draft_max):
+    """Without a drafter it was ignored whatever it held (every other argument is checked)."""
+    with pytest.raises(InvalidInputError, match="draft_max"):
+        model.complete(prompt(model), max_tokens=2, draft_max=draft_max)
+    model.complete(prompt(model), max_tokens=2, draft_max=1)
 
 
 def test_stop_strings_in_an_array_are_accepted(model):
