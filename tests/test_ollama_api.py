@@ -254,6 +254,11 @@ def test_tags_show_ps_version(oclient, live, model):
     ({"messages": _user("hi"), "think": "very"}, 400, ["think"]),
     ({"messages": _user("hi"), "top_logprobs": 2}, 400, ["top_logprobs", "logprobs"]),
     ({"messages": _user("hi"), "logprobs": True, "top_logprobs": 99}, 400, ["top_logprobs"]),
+    # checked though unused: were taken whatever they held
+    ({"messages": _user("hi"), "top_logprobs": ""}, 400, ["top_logprobs"]),
+    ({"messages": _user("hi"), "top_logprobs": []}, 400, ["top_logprobs"]),
+    ({"messages": _user("hi"), "keep_alive": [5]}, 400, ["keep_alive"]),
+    ({"messages": _user("hi"), "keep_alive": True}, 400, ["keep_alive"]),
     ({"messages": [{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f",
                                                                                     "arguments": "{}"}}]}]},
      400, ["arguments", "object"]),
@@ -275,6 +280,13 @@ def test_generate_and_other_errors(live):
     _error(post(live, "/api/chat", content=b"x" * (70 * 1024)), 413, "exceeds")
     _error(post(live, "/api/embed", {"model": MODEL_ID, "input": [3.5]}), 400, "input")
     _error(post(live, "/api/embed", {"model": "nope", "input": "x"}), 404, "nope")
+    _error(post(live, "/api/embed", {"model": MODEL_ID, "input": "x", "keep_alive": {}}), 400, "keep_alive")
+    _error(post(live, "/api/embeddings", {"model": MODEL_ID, "prompt": "x", "options": 5}), 400, "options")
+    _error(post(live, "/api/generate", {"prompt": "hi", "keep_alive": None, "top_logprobs": False}), 400,
+           "top_logprobs")
+    for keep in ("5m", "-1", 300, -1, 0, 2.5):      # what Ollama takes is fine (and ignored)
+        r = post(live, "/api/generate", {"model": MODEL_ID, "prompt": "", "keep_alive": keep, "stream": False})
+        assert r.status_code == 200, r.text
     for path in ("/api/pull", "/api/push", "/api/create", "/api/copy"):
         _error(post(live, path, {"model": "llama3"}), 501, "llambda pull", "llambda serve")
     _error(httpx.request("DELETE", live.url + "/api/delete", json={"model": "x"}, timeout=30), 501, "llambda pull")

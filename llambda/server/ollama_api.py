@@ -213,9 +213,19 @@ def _common(body: dict, b: _Body, service) -> tuple[dict, dict]:
     fields["stream"] = b.boolean("stream", True)      # Ollama streams unless told not to
     if b.boolean("logprobs", False):
         fields.update(logprobs=True, top_logprobs=body.get("top_logprobs"))
-    elif body.get("top_logprobs"):
+    elif b.integer("top_logprobs", 0, 0):       # checked as an integer even unused ("", [], false were taken)
         raise bad_request("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    keep_alive(b)
     return fields, names
+
+
+def keep_alive(b: _Body) -> None:
+    """`keep_alive` (how long Ollama keeps a model loaded; here it stays loaded while the server runs):
+    ignored, but of a type Ollama takes, a duration string ("5m", "-1") or a number of seconds."""
+    v = b.get("keep_alive")
+    if v is not None and (isinstance(v, bool) or not isinstance(v, (str, int, float))):
+        raise bad_request(f"'keep_alive' must be a duration (\"5m\") or a number of seconds, got {_type(v)}",
+                          param="keep_alive")
 
 
 @dataclass
@@ -414,6 +424,9 @@ def embedding_routes(service, http: Http) -> list[Route]:
         def answer(body, gone):
             b = _Body(body)
             name = served_name(service, b.get("model"))
+            keep_alive(b)
+            if b.get("options") is not None and not isinstance(b.get("options"), dict):
+                raise bad_request(f"'options' must be an object, got {_type(b.get('options'))}", param="options")
             inputs = _embed_inputs(b, field)
             # /api/embed's truncate (default true) cuts an input longer than the context to its start,
             # as Ollama does; false refuses it
