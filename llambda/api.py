@@ -209,6 +209,11 @@ class Model:
         if self._closed:
             raise ModelClosedError(f"the model {self.name!r} was closed (close() freed it): load it again")
 
+    @property
+    def closed(self) -> bool:
+        """Whether close() was called (a server serving the model answers 503 from then on)."""
+        return self._closed
+
     def _network(self):
         return self.transformer
 
@@ -790,4 +795,5 @@ class EncoderModel:
         return self.backend.memory_report()
 
     # closing is the same as a decoder's: the network, the backend, then the files
-    close, _check_open, __enter__, __exit__ = Model.close, Model._check_open, Model.__enter__, Model.__exit__
+    close, _check_open, closed = Model.close, Model._check_open, Model.closed
+    __enter__, __exit__ = Model.__enter__, Model.__exit__

@@ -221,3 +221,41 @@ def test_logprobs_on_a_model_without_a_tokenizer_is_a_400():
                 err = assert_error(post(srv, "/v1/responses", dict(
                     model="tiny", input="Hi", stream=stream, include=["message.output_text.logprobs"])), 400, "tokenizer")
                 assert err["param"] == "include" and "'include' asks for logprobs" in err["message"], err
+
+
+def test_a_model_closed_while_served_answers_503(smollm2_gguf):
+    """Model.close() by the program serving it (the library allows it: a generation still open then
+    stops): running streams ended with a 500 "internal error in the model step" and a stack trace,
+    /health said 200 "ok", and every later request was a 500 with another stack trace in the log.
+    Now the streams end with a 503 saying the model was closed, /health is 503 and requests 503."""
+    import threading
+
+    with llambda.load(smollm2_gguf, n_slots=2, n_ctx=512, **LOAD_KW) as m:
+        with LiveServer(create_app(m, ServerConfig(model_id=MODEL_ID, parallel=2))) as srv:
+            lines, started = [], threading.Event()
+
+            def stream():
+                body = {"model": MODEL_ID, "messages": [{"role": "user", "content": "A story."}], "max_tokens": 400,
+                        "ignore_eos": True, "stream": True}
+                with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=60) as s:
+                    for line in s.iter_lines():
+                        lines.append(line)
+                        started.set()
+
+            t = threading.Thread(target=stream)
+            t.start()
+            assert started.wait(30)
+            m.close()
+            t.join(60)
+            assert not t.is_alive()
+            errors = [line for line in lines if '"error"' in line]
+            assert errors and "closed" in errors[-1] and "internal" not in errors[-1], lines[-3:]
+            r = httpx.get(srv.url + "/health", timeout=30)
+            assert r.status_code == 503 and "closed" in r.json()["reason"], r.text
+            for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+                               ("/v1/completions", {"prompt": "hi"}), ("/v1/embeddings", {"input": "hi"})):
+                err = assert_error(post(srv, path, {"model": MODEL_ID, "max_tokens": 2, **body}), 503, "closed")
+                assert err["code"] == "model_closed"
+            assert post(srv, "/api/chat", {"model": MODEL_ID, "messages": [{"role": "user", "content": "hi"}],
+                                           "stream": False}).status_code == 503
+            assert not [k for k in srv.metrics() if 'status="500"' in k]

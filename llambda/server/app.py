@@ -21,6 +21,7 @@ from .accesslog import AccessLog
 from . import anthropic_api, embeddings_api, llama_api, ollama_api, ollama_models, responses_api
 from .config import ServerConfig
 from .deltas import SSE_TYPE, Http
+from ..errors import ModelClosedError
 from .errors import APIError, bad_request, model_not_found
 from .generation import Generation, Service
 from .metrics import Metrics
@@ -275,6 +276,16 @@ async def _on_http_error(request: Request, exc: HTTPException) -> Response:
     return error_response_for(request.url.path)(err)
 
 
+CLOSED = ("the model was closed (Model.close() by the program serving it): this server can no longer answer; "
+          "restart it")
+
+
+async def _on_closed(request: Request, exc: ModelClosedError) -> Response:
+    """A request reaching a model its program closed while serving it: a 503 saying so, not a 500 and
+    a stack trace in the log per request."""
+    return error_response_for(request.url.path)(APIError(503, CLOSED, code="model_closed"))
+
+
 async def _on_crash(request: Request, exc: Exception) -> Response:
     log.exception("unhandled error on %s", request.url.path)
     return error_response_for(request.url.path)(APIError(500, f"internal server error: {type(exc).__name__}"))
@@ -298,6 +309,8 @@ def _encoder_app(model, cfg: ServerConfig, metrics: Metrics) -> Starlette:
         return json_response({"object": "list", "data": [card]})
 
     async def health(request: Request) -> Response:
+        if model.closed:
+            return json_response({"status": "unavailable", "reason": CLOSED}, status=503)
         return json_response({"status": "ok"})
 
     async def metrics_text(request: Request) -> Response:
@@ -309,7 +322,8 @@ def _encoder_app(model, cfg: ServerConfig, metrics: Metrics) -> Starlette:
         + embeddings_api.routes(service, http) + ollama_api.embedding_routes(service, http)
     app = Starlette(routes=routes,
                     middleware=[Middleware(AccessLog), Middleware(Gatekeeper, cfg=cfg, metrics=metrics)],
-                    exception_handlers={APIError: _on_api_error, HTTPException: _on_http_error, Exception: _on_crash})
+                    exception_handlers={APIError: _on_api_error, HTTPException: _on_http_error,
+                                        ModelClosedError: _on_closed, Exception: _on_crash})
     app.state.service, app.state.scheduler, app.state.metrics, app.state.config = service, None, metrics, cfg
     return app
 
@@ -348,7 +362,7 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
         """200 when a completion can be served now; 503 with the reason when it cannot."""
         s = scheduler.stats()
         w = service.workers.stats()
-        reason = scheduler.health(cfg.stall_timeout)
+        reason = CLOSED if model.closed else scheduler.health(cfg.stall_timeout)
         if reason is None and service.prompts_stalled():
             reason = (f"every prompt worker has been on one prompt for over {cfg.prompt_stall_seconds:g} s: "
                       "no completion can start")
@@ -410,7 +424,8 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
         routes += module.routes(service, http)
     app = Starlette(routes=routes, lifespan=lifespan,
                     middleware=[Middleware(AccessLog), Middleware(Gatekeeper, cfg=cfg, metrics=metrics)],
-                    exception_handlers={APIError: _on_api_error, HTTPException: _on_http_error, Exception: _on_crash})
+                    exception_handlers={APIError: _on_api_error, HTTPException: _on_http_error,
+                                        ModelClosedError: _on_closed, Exception: _on_crash})
     app.state.service = service
     app.state.scheduler = scheduler
     app.state.metrics = metrics

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..constraints import ConstraintError, bounds
 from ..engine import Sequence
-from ..errors import ModelBusyError
+from ..errors import ModelBusyError, ModelClosedError
 from ..sampling import top_k_indices
 from .metrics import Metrics
 from .prefix_cache import SlotTable
@@ -318,6 +318,9 @@ class Scheduler:
         if self._active:
             try:
                 self._step()
+            except ModelClosedError:    # the program serving the model closed it: no fault of the step's
+                self._fail_active(JobFailure(503, "the model was closed (Model.close()) while this request ran; "
+                                                  "this server can no longer generate"))
             except Exception as e:  # never let a bad step kill the server
                 log.exception("forward step failed")
                 # the step may have written part of the slots' KV: cache nothing from them
