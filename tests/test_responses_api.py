@@ -445,6 +445,18 @@ def test_stored_items_keep_encrypted_reasoning_and_annotations(live, client):
         assert err["param"] == where, err
 
 
+def test_an_item_role_that_is_no_string_is_a_400(live):
+    """A fuzzer's find: an input item whose role was an object or an array (unhashable) was a 500
+    TypeError, on /v1/responses and /v1/responses/input_tokens."""
+    for role in ({"": []}, [1], 5, None):
+        for path in ("/v1/responses", "/v1/responses/input_tokens"):
+            for item in ({"role": role, "content": "Hi"}, {"type": "message", "role": role, "content": "Hi"}):
+                err = assert_error(post(live, path, {"model": MODEL_ID, "input": [item], "max_output_tokens": 2}), 400,
+                                   "role")
+                assert err["param"] == "input[0]", err
+    assert not [k for k in live.metrics() if 'status="5' in k]
+
+
 def test_errors_name_the_responses_fields_not_chats(live, model):
     # chat's checks of its tools and of a prompt that cannot render named chat's fields
     # (tools[i].function, 'the messages'), which a Responses request does not have

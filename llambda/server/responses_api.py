@@ -117,7 +117,7 @@ def _messages(items: list, field: str, msgs: list[dict]) -> list[dict]:
             reasoning = f"{reasoning}\n{text}" if reasoning and text else reasoning or text
             continue
         if kind == "message":
-            role = ROLES.get(item.get("role"))
+            role = ROLES.get(item["role"]) if isinstance(item.get("role"), str) else None    # a list: unhashable
             if role is None:
                 raise bad_request(f"{where}.role must be one of user, assistant, system, developer", param=where)
             msgs.append({"role": role, "content": _text(item.get("content"), f"{where}.content")})
