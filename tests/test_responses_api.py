@@ -445,15 +445,21 @@ def test_stored_items_keep_encrypted_reasoning_and_annotations(live, client):
         assert err["param"] == where, err
 
 
-def test_an_item_role_that_is_no_string_is_a_400(live):
+def test_an_item_role_or_annotation_type_that_is_no_string_is_a_400(live):
     """A fuzzer's find: an input item whose role was an object or an array (unhashable) was a 500
-    TypeError, on /v1/responses and /v1/responses/input_tokens."""
+    TypeError, on /v1/responses and /v1/responses/input_tokens; so was an annotation's type."""
     for role in ({"": []}, [1], 5, None):
         for path in ("/v1/responses", "/v1/responses/input_tokens"):
             for item in ({"role": role, "content": "Hi"}, {"type": "message", "role": role, "content": "Hi"}):
                 err = assert_error(post(live, path, {"model": MODEL_ID, "input": [item], "max_output_tokens": 2}), 400,
                                    "role")
                 assert err["param"] == "input[0]", err
+    # an output_text part's annotation of an unhashable type was a 500 TypeError too
+    for kind in ([1], {"a": 1}):
+        turn = {"role": "assistant", "content": [{"type": "output_text", "text": "o", "annotations": [{"type": kind}]}]}
+        body = {"model": MODEL_ID, "input": [turn, {"role": "user", "content": "x"}], "max_output_tokens": 2}
+        err = assert_error(post(live, "/v1/responses", body), 400, "annotation")
+        assert err["param"] == "input[0].content[0].annotations[0]", err
     assert not [k for k in live.metrics() if 'status="5' in k]
 
 

@@ -46,7 +46,8 @@ def check_annotations(annotations, where: str) -> None:
     if not isinstance(annotations, list):
         raise bad_request(f"{where} must be an array of annotations, got {_type(annotations)}", param=where)
     for i, note in enumerate(annotations):
-        fields = ANNOTATION_FIELDS.get(note.get("type")) if isinstance(note, dict) else None
+        kind = note.get("type") if isinstance(note, dict) else None
+        fields = ANNOTATION_FIELDS.get(kind) if isinstance(kind, str) else None    # a list: unhashable
         if fields is None:
             raise bad_request(f"{where}[{i}] must be an annotation object of type "
                               f"{', '.join(ANNOTATION_FIELDS)}", param=f"{where}[{i}]")
