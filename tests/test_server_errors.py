@@ -86,6 +86,17 @@ def test_body_size_routes_and_methods(live):
     assert_error(httpx.get(live.url + "/v1/nope"), 404)
     assert_error(httpx.get(live.url + "/v1/chat/completions"), 405)
     assert httpx.get(live.url + "/health").status_code == 200      # and the server is alive
+    # a compressed body is refused by its header (read as it came it was "not UTF-8 text": a wrong cause)
+    import gzip
+    import json
+    packed = gzip.compress(json.dumps({"model": MODEL_ID, "prompt": "Hi", "max_tokens": 2}).encode())
+    for coding in ("gzip", "br", "deflate, gzip"):
+        err = assert_error(post(live, "/v1/completions", content=packed, headers={"content-encoding": coding,
+                                                                                 "content-type": "application/json"}),
+                           415, "content-encoding", "uncompressed")
+        assert err["code"] == "unsupported_media_type"
+    assert post(live, "/v1/completions", {"model": MODEL_ID, "prompt": "Hi", "max_tokens": 1},
+                headers={"content-encoding": "identity"}).status_code == 200
 
 
 

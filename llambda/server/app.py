@@ -61,6 +61,10 @@ def error_response_for(path: str):
 async def read_body(request: Request, cap: int, timeout: float) -> bytes:
     """The body's bytes, refusing more than `cap` bytes (413) before reading them all, and a body
     still arriving after `timeout` seconds (408: a client trickling it would hold the connection)."""
+    coding = request.headers.get("content-encoding", "identity").strip().lower()
+    if coding not in ("identity", ""):      # read as it came, a gzip body was "not UTF-8 text"
+        raise APIError(415, f"Content-Encoding {coding[:40]!r} is not supported: send the request body "
+                       "uncompressed", code="unsupported_media_type")
     declared = request.headers.get("content-length")
     if declared is not None:
         # digits only: int() would take " 12", "1_0" and raise on 5000 digits
