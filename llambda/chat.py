@@ -642,6 +642,21 @@ def _flatten_content(content: Any, where: str) -> str | None:
         f"{where}: 'content' must be a string, null or a list of text parts, got {type(content).__name__}")
 
 
+class ToolArguments(dict):
+    """A call's arguments as templates get them: an object (GLM's and Qwen3-Coder's templates walk its
+    items, most `tojson` it), which printed or joined to a string (`'...' + arguments`, as DeepSeek's
+    templates write it) is its JSON text, as an OpenAI client sent it."""
+
+    def __str__(self) -> str:
+        return json.dumps(self, ensure_ascii=False)
+
+    def __add__(self, other):
+        return str(self) + other if isinstance(other, str) else NotImplemented
+
+    def __radd__(self, other):
+        return other + str(self) if isinstance(other, str) else NotImplemented
+
+
 def _normalize_tool_calls(tool_calls: Any, where: str) -> list[dict]:
     if not isinstance(tool_calls, (list, tuple)):
         raise ChatTemplateError(f"{where}: 'tool_calls' must be a list, got {type(tool_calls).__name__}")
@@ -663,7 +678,9 @@ def _normalize_tool_calls(tool_calls: Any, where: str) -> list[dict]:
             except ValueError:
                 parsed = None
             if isinstance(parsed, dict):
-                fn["arguments"] = parsed
+                fn["arguments"] = ToolArguments(parsed)
+        elif isinstance(args, dict):
+            fn["arguments"] = ToolArguments(args)
         call["function"] = fn
         out.append(call)
     return out

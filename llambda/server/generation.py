@@ -26,6 +26,7 @@ from .openai_format import (SSE_DONE, ChoiceState, TokenStrings, Usage, chat_log
                             completion_logprobs, completion_response, new_id, now, sse, tool_finish)
 from .scheduler import Channel, Job, JobFailure, PromptLogprobs, QueueFull, Scheduler, ShuttingDown
 from .schemas import GenerationSpec
+from .tool_formats import detect as detect_tool_format
 from .tools import (OPEN_TAG, ToolSetup, generic_tool_messages, has_tool_turns, hermes_prefix, tool_grammar,
                     tool_names, written_history)
 from .workers import PoolClosed, PoolFull, PromptWorkers
@@ -62,11 +63,14 @@ class Service:
         self.strings = TokenStrings(model.tokenizer) if model.tokenizer is not None else None
         src = getattr(model.source, "chat_template", None) or ""
         self.template_has_tools = "tools" in src
-        # Hermes/Qwen-style templates: calls are <tool_call>{json}</tool_call>, so a forced
-        # tool_choice can start the answer with the opening of a call
-        self.template_hermes = OPEN_TAG in src
         # gpt-oss answers in channels (analysis, final) and calls tools as messages to functions.NAME
         self.harmony = speaks_harmony(model)
+        # other families call tools in their own syntax (GLM, Qwen3-Coder, DeepSeek, Mistral, ...): read
+        # in it under tool_choice "auto"; a forced choice still writes (and reads) the Hermes form
+        self.tool_format = None if self.harmony else detect_tool_format(src)
+        # Hermes/Qwen-style templates: calls are <tool_call>{json}</tool_call>, so a forced
+        # tool_choice can start the answer with the opening of a call
+        self.template_hermes = OPEN_TAG in src and self.tool_format is None
         # Qwen3, SmolLM3, QwQ, DeepSeek-R1: a thought in <think>...</think> comes before the answer
         self.thinks = not self.harmony and template_thinks(src)
         self.workers = PromptWorkers(cfg.prompt_workers, backlog=max(cfg.queue_size, cfg.prompt_workers))
@@ -125,8 +129,11 @@ class Service:
             # a thought may come first: a forced call then starts after it, not in the prompt
             thought = prompt_thought(self.thinks, text, spec.prefill)
             think_first = thought is not None and thought.may_come
-            setup, grammar = self._tool_setup(spec, constrained=generic or self.template_hermes, generic=generic,
-                                              think_first=think_first)
+            native = None if generic else self.tool_format
+            forced = spec.tool_choice != "auto"
+            setup, grammar = self._tool_setup(spec, constrained=generic or self.template_hermes or
+                                              (native is not None and forced), generic=generic,
+                                              think_first=think_first, native=None if forced else native)
             if self.harmony and not generic:
                 setup = replace(setup or ToolSetup(), harmony=True)
             if thought is not None:
@@ -147,12 +154,13 @@ class Service:
             raise bad_request(str(e), param=spec.messages_param) from None
 
     def _tool_setup(self, spec: GenerationSpec, constrained: bool, generic: bool = False,
-                    think_first: bool = False) -> tuple[ToolSetup | None, GrammarSpec | None]:
+                    think_first: bool = False, native=None) -> tuple[ToolSetup | None, GrammarSpec | None]:
         """Calls in the <tool_call> format (Hermes-style templates and the generic prompt) are
         generated under a grammar: with tool_choice "required" or a forced function the answer is
         a call, with "auto" it may be text, and a call it starts is valid. Calls in other
         templates' formats are only parsed. think_first: a `<think>` thought may come before the
-        answer (the grammar waits for it), so a forced call's opening is the grammar's, not the prompt's."""
+        answer (the grammar waits for it), so a forced call's opening is the grammar's, not the prompt's.
+        native: the model's own call format (tool_formats), read instead of the Hermes form."""
         if not spec.tools:
             return None, None
         names = {spec.forced_tool} if spec.tool_choice == "function" else tool_names(spec.tools)
@@ -161,7 +169,8 @@ class Service:
             # the answer starts as a call (prefilled, not decoded token by token; after a thought, forced)
             opening = hermes_prefix("required" if spec.tool_choice == "required" else spec.forced_tool)
             prefix = "" if think_first else opening
-        setup = ToolSetup(names, prefix, spec.parallel_tool_calls)
+        setup = ToolSetup(names, prefix, spec.parallel_tool_calls, format=native,
+                          params={t["function"]["name"]: t["function"].get("parameters") or {} for t in spec.tools})
         if not constrained:
             return setup, None
         if spec.constraint is not None and spec.tool_choice != "auto":

@@ -46,16 +46,23 @@ class ToolSetup:
     harmony: bool = False                           # the model answers in harmony's channels (gpt-oss)
     thinks: bool = False                            # the model reasons in <think>...</think> first (think.py)
     thought_open: bool = False                      # ...and the prompt already opened that <think>
+    format: object | None = None                    # the model's own call syntax (a tool_formats format);
+                                                    # None: this module's Hermes parser
+    params: dict = field(default_factory=dict)      # each offered tool's parameters schema (typed values)
 
-    def parser(self) -> "ToolCallParser":
+    def parser(self):
+        """A parser of the answer's calls (ToolCallParser's interface, whatever the format)."""
+        if self.format is not None:
+            return self.format.parser(self.names, self.parallel, self.params)
         return ToolCallParser(self.names, self.prefix, self.parallel)
 
     def extract(self, text: str) -> tuple[str, list[dict]]:
-        return extract_tool_calls(text, self.names, self.prefix, self.parallel)
+        content, calls, _ = split_answer(text, self.names, self.prefix, self.parallel, self.parser())
+        return content, calls
 
     def text_spans(self, text: str) -> list[tuple[int, int]]:
         """Where extract(text)'s content lies in `text` (the calls left out)."""
-        return split_answer(text, self.names, self.prefix, self.parallel)[2]
+        return split_answer(text, self.names, self.prefix, self.parallel, self.parser())[2]
 
 
 def hermes_prefix(choice) -> str:
@@ -94,6 +101,14 @@ def _whole_call(body: str, names: set[str]) -> tuple[str, str] | None:
     if not isinstance(args, dict):
         return None
     return obj["name"], json.dumps(args, ensure_ascii=False)
+
+
+def add_span(spans: list[tuple[int, int]], at: int, n: int) -> None:
+    """Note n characters of content at `at`, joined to the last span where they continue it."""
+    if spans and spans[-1][1] == at:
+        spans[-1] = (spans[-1][0], at + n)
+    else:
+        spans.append((at, at + n))
 
 
 def _partial_suffix(text: str, tag: str) -> int:
@@ -140,10 +155,7 @@ class ToolCallParser:
         """Content that began `at` characters into the text fed."""
         if text and not (self.calls and not text.strip()):   # whitespace between calls is not content
             self._out.append(("content", text))
-            if self._spans and self._spans[-1][1] == at:
-                self._spans[-1] = (self._spans[-1][0], at + len(text))
-            else:
-                self._spans.append((at, at + len(text)))
+            add_span(self._spans, at, len(text))
 
     def _here(self) -> int:
         """Where `buf` begins in the text fed."""
@@ -415,8 +427,8 @@ def extract_tool_calls(text: str, names: set[str], prefix: str = "",
     return content, calls
 
 
-def split_answer(text: str, names: set[str], prefix: str = "",
-                 parallel: bool = True) -> tuple[str, list[dict], list[tuple[int, int]]]:
+def split_answer(text: str, names: set[str], prefix: str = "", parallel: bool = True,
+                 parser=None) -> tuple[str, list[dict], list[tuple[int, int]]]:
     """(content, tool calls, where the content lies in `text`) of a finished answer; `text` is what
     the model generated after `prefix`.
 
@@ -424,8 +436,9 @@ def split_answer(text: str, names: set[str], prefix: str = "",
     answer (with the prefix) is returned as content and no call. An answer that ends inside a
     call's arguments (cut by max_tokens) is the exception: its calls come back as streaming sent
     them, the last one's arguments as far as they got (as OpenAI returns a call cut by the limit).
+    parser: a fresh parser of another format (tool_formats) to read it with, else a ToolCallParser.
     """
-    p = ToolCallParser(names, prefix, parallel)
+    p = parser if parser is not None else ToolCallParser(names, prefix, parallel)
     content, _ = p.feed(text)
     rest, _ = p.finish()
     content += rest

@@ -1,0 +1,147 @@
+"""What every native tool-call format shares: the interface a format implements, and the pieces of
+text reading they have in common (a JSON value's end, a call object, a value typed by its schema).
+
+A format (one module each) says where its calls are in the answer:
+
+- `openers`: the markers a call (a "unit": one call, or an array of calls) starts with;
+- `bare`: whether an answer whose first visible character is `{` is a unit without a marker;
+- `unit_end(body, opener)`: how much of `body` (the text after the marker) the unit takes, its
+  closing marker included, or None while it cannot tell yet; a unit that cannot be a call ends where
+  that shows (its text then comes back as content);
+- `head(body, opener)`: the unit's first call's name once it is surely complete (the call is then
+  announced before its arguments are read), or None;
+- `parse(body, opener, params)`: the unit's calls as [(name, arguments dict)], or None when it is not
+  a call (body may lack its closing marker: the answer ended there); params: each tool's JSON schema;
+- `after(rest)`: what follows a unit: ("text", n) (n characters of glue, such as a closing wrapper,
+  are dropped), ("unit", n) (another unit begins after n characters), or None while it cannot tell.
+
+`blocks.BlockParser` runs any format over streamed text with ToolCallParser's interface.
+"""
+from __future__ import annotations
+
+import json
+
+
+class ToolFormat:
+    name = "base"
+    openers: tuple[str, ...] = ()
+    bare = False
+
+    def unit_end(self, body: str, opener: str) -> int | None:
+        raise NotImplementedError
+
+    def head(self, body: str, opener: str) -> str | None:
+        return None
+
+    def parse(self, body: str, opener: str, params: dict) -> list[tuple[str, dict]] | None:
+        raise NotImplementedError
+
+    def after(self, rest: str) -> tuple[str, int] | None:
+        return ("text", 0)
+
+    def parser(self, names: set[str], parallel: bool = True, params: dict | None = None):
+        from .blocks import BlockParser
+        return BlockParser(self, names, parallel, params or {})
+
+
+class ClosedByTag(ToolFormat):
+    """A format whose unit ends with a closing tag (`close`)."""
+    close = ""
+
+    def unit_end(self, body: str, opener: str) -> int | None:
+        at = body.find(self.close)
+        return None if at < 0 else at + len(self.close)
+
+    def inner(self, body: str) -> str:
+        """The unit's text without its closing tag (the answer may have ended before it)."""
+        return body[:-len(self.close)] if body.endswith(self.close) else body
+
+
+def first_visible(body: str) -> int | None:
+    """Where the first character that is not a blank stands; None while there are only blanks."""
+    i = skip_blanks(body)
+    return None if i == len(body) else i
+
+
+def skip_blanks(s: str, i: int = 0) -> int:
+    while i < len(s) and s[i].isspace():
+        i += 1
+    return i
+
+
+def json_end(s: str, i: int) -> int | None:
+    """Where the JSON object or array starting at s[i] ends (just past its closing bracket), or None
+    when the text stops before it balances. Brackets inside strings do not count."""
+    depth, in_str, esc = 0, False, False
+    for k in range(i, len(s)):
+        ch = s[k]
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+            if depth == 0:
+                return k + 1
+    return None
+
+
+def prefix_of(text: str, marker: str) -> bool:
+    """`text` is a proper start of `marker` (the marker may still be arriving)."""
+    return len(text) < len(marker) and marker.startswith(text)
+
+
+def call_object(obj) -> tuple[str, dict] | None:
+    """(name, arguments) of a JSON call object {"name", "arguments" or "parameters"}; arguments may
+    be given as a JSON string of an object. None when it is not one."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    return (obj["name"], args) if isinstance(args, dict) else None
+
+
+def call_objects(text: str) -> list[tuple[str, dict]] | None:
+    """The calls of a JSON text holding one call object or an array of them."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    items = value if isinstance(value, list) else [value]
+    calls = [call_object(v) for v in items]
+    return calls if calls and None not in calls else None
+
+
+def typed_value(raw: str, schema) -> object:
+    """A parameter's value written as text (GLM's <arg_value>, Qwen3-Coder's <parameter>): kept as
+    text where the tool's schema says string (or the text is no JSON), else read as JSON."""
+    kind = schema.get("type") if isinstance(schema, dict) else None
+    kinds = kind if isinstance(kind, list) else [kind]
+    if "string" in kinds and raw.strip() != "null":
+        return raw
+    try:
+        return json.loads(raw)
+    except ValueError:
+        pass
+    low = raw.strip()
+    if "boolean" in kinds and low in ("True", "False"):
+        return low == "True"
+    return raw
+
+
+def param_schema(params: dict, name: str, key: str):
+    """The schema of parameter `key` of tool `name`, or None."""
+    schema = params.get(name)
+    props = schema.get("properties") if isinstance(schema, dict) else None
+    return props.get(key) if isinstance(props, dict) else None

@@ -1,0 +1,71 @@
+"""DeepSeek's calls, inside `<｜tool▁calls▁begin｜>` ... `<｜tool▁calls▁end｜>`, each
+`<｜tool▁call▁begin｜>` ... `<｜tool▁call▁end｜>`:
+
+    V3 / R1:  function<｜tool▁sep｜>NAME\\n```json\\n{...}\\n```
+    V3.1:     NAME<｜tool▁sep｜>{...}
+
+(the bars are U+FF5C, the blanks U+2581, as the tokenizer spells these tokens)."""
+from __future__ import annotations
+
+import json
+import re
+
+from .base import ClosedByTag, prefix_of, skip_blanks
+
+CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
+CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
+_FENCED = re.compile(r"\s*```(?:json)?[ \t]*\n(.*?)\n?```\s*$", re.S)
+
+
+def _call_text(body: str, opener: str) -> str:
+    """The call's own text after the wrapper's and the call's openings (its closing taken off already)."""
+    if opener == CALLS_BEGIN:
+        i = skip_blanks(body)
+        if body.startswith(CALL_BEGIN, i):
+            body = body[i + len(CALL_BEGIN):]
+    return body
+
+
+def _split(text: str) -> tuple[str, str] | None:
+    """(name, arguments text) of a call's text, or None while it is not yet plain."""
+    at = text.find(SEP)
+    if at < 0:
+        return None
+    before, after = text[:at].strip(), text[at + len(SEP):]
+    if after.lstrip().startswith("{"):
+        return before, after                       # V3.1
+    nl = after.find("\n")
+    if before != "function" or nl < 0:
+        return None
+    return after[:nl].strip(), after[nl + 1:]      # V3, R1
+
+
+class DeepSeekFormat(ClosedByTag):
+    name = "deepseek"
+    openers, close = (CALLS_BEGIN, CALL_BEGIN), CALL_END
+
+    def head(self, body, opener):
+        got = _split(_call_text(body, opener))
+        return got[0] if got and got[0] else None
+
+    def parse(self, body, opener, params):
+        got = _split(_call_text(self.inner(body), opener))
+        if got is None or not got[0]:
+            return None
+        name, args = got
+        m = _FENCED.match(args)
+        if m is not None:
+            args = m.group(1)
+        try:
+            value = json.loads(args)
+        except ValueError:
+            return None
+        return [(name, value)] if isinstance(value, dict) else None
+
+    def after(self, rest):
+        i = skip_blanks(rest)
+        if rest.startswith(CALLS_END, i):
+            return ("text", i + len(CALLS_END))
+        if prefix_of(rest[i:], CALLS_END):
+            return None
+        return ("text", 0)

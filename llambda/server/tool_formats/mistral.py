@@ -1,0 +1,78 @@
+"""Mistral's calls, after `[TOOL_CALLS]`: a JSON array of {"name", "arguments"} objects in older
+templates (Mistral 7B v0.3, Nemo), or `NAME[ARGS]{json}` in newer ones (Mistral Small 3.2,
+Devstral, Magistral), each call behind its own `[TOOL_CALLS]`; a `[CALL_ID]id` may stand between
+the name and `[ARGS]`, and `[ARGS]` may be missing (the tokenizer's control tokens not shown)."""
+from __future__ import annotations
+
+import json
+import re
+
+from .base import ToolFormat, call_objects, first_visible, json_end, prefix_of, skip_blanks
+
+OPEN, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
+_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
+_ID = re.compile(r"[A-Za-z0-9_\-]+")
+
+
+def _named(body: str, i: int) -> tuple[str | None, int | None]:
+    """(name, where its JSON object starts) of `NAME[CALL_ID]id[ARGS]{`; (name, None) while more text
+    is needed; (None, k) when the text at k cannot be such a call."""
+    m = _NAME.match(body, i)
+    if m is None:
+        return None, i
+    name, k = m.group(0), m.end()
+    if k == len(body):
+        return name, None
+    for marker, tail in ((CALL_ID, _ID), (ARGS, None)):
+        if prefix_of(body[k:], marker):
+            return name, None
+        if body.startswith(marker, k):
+            k += len(marker)
+            if tail is not None:
+                r = tail.match(body, k)
+                if r is None:
+                    return (name, None) if k == len(body) else (None, k)
+                if r.end() == len(body):
+                    return name, None
+                k = r.end()
+    k = skip_blanks(body, k)
+    if k == len(body):
+        return name, None
+    return (name, k) if body[k] == "{" else (None, k)
+
+
+class MistralFormat(ToolFormat):
+    name = "mistral"
+    openers = (OPEN,)
+
+    def unit_end(self, body, opener):
+        i = first_visible(body)
+        if i is None or body[i] == "[":
+            return i if i is None else json_end(body, i)
+        name, k = _named(body, i)
+        if k is None:
+            return None
+        if name is None:
+            return k            # not a call: its text is content
+        return json_end(body, k)
+
+    def head(self, body, opener):
+        i = skip_blanks(body)
+        if i < len(body) and body[i] == "[":
+            m = re.match(r'\[\s*\{\s*"name"\s*:\s*"([^"\\]+)"\s*,', body[i:])
+            return m.group(1) if m else None
+        name, k = _named(body, i)
+        return name if name is not None and k is not None else None
+
+    def parse(self, body, opener, params):
+        i = skip_blanks(body)
+        if i < len(body) and body[i] == "[":
+            return call_objects(body[i:])
+        name, k = _named(body, i)
+        if name is None or k is None:
+            return None
+        try:
+            args = json.loads(body[k:])
+        except ValueError:
+            return None
+        return [(name, args)] if isinstance(args, dict) else None

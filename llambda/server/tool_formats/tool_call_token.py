@@ -1,0 +1,37 @@
+"""Granite 3.x's and Phi-4-mini's calls: `<|tool_call|>` then a JSON array of {"name", "arguments"}
+objects (Phi-4-mini closes it with `<|/tool_call|>`, Granite does not)."""
+from __future__ import annotations
+
+import re
+
+from .base import ToolFormat, call_objects, first_visible, json_end, prefix_of, skip_blanks
+
+OPEN, CLOSE = "<|tool_call|>", "<|/tool_call|>"
+_HEAD = re.compile(r'\s*\[?\s*\{\s*"name"\s*:\s*"([^"\\]+)"\s*,')
+
+
+class ToolCallTokenFormat(ToolFormat):
+    name = "tool_call_token"
+    openers = (OPEN,)
+
+    def unit_end(self, body, opener):
+        i = first_visible(body)
+        end = i if i is None or body[i] not in "[{" else json_end(body, i)   # not JSON: its text is content
+        if end is None or end == i:
+            return end
+        k = skip_blanks(body, end)
+        if body.startswith(CLOSE, k):
+            return k + len(CLOSE)
+        if prefix_of(body[k:], CLOSE):
+            return None         # the closing tag may be arriving (or the answer ends here)
+        return end
+
+    def head(self, body, opener):
+        m = _HEAD.match(body)
+        return m.group(1) if m else None
+
+    def parse(self, body, opener, params):
+        body = body.strip()
+        if body.endswith(CLOSE):
+            body = body[:-len(CLOSE)].strip()
+        return call_objects(body) if body[:1] in ("[", "{") else None

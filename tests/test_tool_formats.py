@@ -1,0 +1,291 @@
+"""Tool calls in each model family's own syntax (llambda/server/tool_formats): which format a chat
+template asks for, each format read streamed in pieces of every size and whole (the same answer),
+what is not a call kept as content, parallel_tool_calls false, the text's spans for /v1/responses
+logprobs, earlier calls rendered by such templates, and one end to end through the server."""
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+import pytest
+
+from llambda.chat import ChatTemplate
+from llambda.server.tool_formats import FORMATS, detect
+from llambda.server.tools import ToolSetup
+
+NAMES = {"get_weather", "get_time"}
+PARAMS = {"get_weather": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
+                                                          "metric": {"type": "boolean"}}},
+          "get_time": {"type": "object", "properties": {"tz": {"type": "object"}}}}
+
+DS_CALLS, DS_CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
+DS_CALL, DS_END, DS_SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
+
+WEATHER = ("get_weather", {"city": "Paris"})
+TIME = ("get_time", {"tz": {"a": 1}})
+
+# (format, model output, content as read whole, [(name, arguments)])
+CASES = [
+    ("glm", "Let me check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
+            "</tool_call>\n<tool_call>get_time\n<arg_key>tz</arg_key>\n<arg_value>{\"a\": 1}</arg_value>\n"
+            "</tool_call>", "Let me check.", [WEATHER, TIME]),
+    ("glm", "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>12</arg_value>\n<arg_key>days</arg_key>\n"
+            "<arg_value>3</arg_value>\n<arg_key>metric</arg_key>\n<arg_value>true</arg_value>\n</tool_call>\nDone.",
+     "Done.", [("get_weather", {"city": "12", "days": 3, "metric": True})]),    # a string stays a string
+    ("qwen3_coder", "Sure.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n"
+                    "</tool_call>\n<tool_call>\n<function=get_time>\n<parameter=tz>\n{\"a\": 1}\n</parameter>\n"
+                    "</function>\n</tool_call>", "Sure.", [WEATHER, TIME]),
+    ("qwen3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\n007\n</parameter>\n<parameter=days>\n2\n"
+                    "</parameter>\n<parameter=metric>\nfalse\n</parameter>\n</function>\n</tool_call> after",
+     "after", [("get_weather", {"city": "007", "days": 2, "metric": False})]),
+    ("mistral", 'Sure[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{"tz": {"a": 1}}',
+     "Sure", [WEATHER, TIME]),
+    ("mistral", '[TOOL_CALLS]get_weather[CALL_ID]a1B2c3D4e[ARGS]{"city": "Paris"}', "", [WEATHER]),
+    ("mistral", '[TOOL_CALLS]get_weather{"city": "Paris"}', "", [WEATHER]),        # [ARGS] not shown
+    ("mistral", 'Hm. [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+                '{"name": "get_time", "arguments": {"tz": {"a": 1}}}] ok', "Hm. ok", [WEATHER, TIME]),
+    ("llama3", '{"name": "get_weather", "parameters": {"city": "Paris"}}', "", [WEATHER]),
+    ("llama3", '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; '
+               '{"name": "get_time", "parameters": {"tz": {"a": 1}}}', "", [WEATHER, TIME]),
+    ("llama3", 'Let me look.<|python_tag|>{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}',
+     "Let me look.", [WEATHER]),
+    ("deepseek", f'Hi{DS_CALLS}{DS_CALL}function{DS_SEP}get_weather\n```json\n{{"city": "Paris"}}\n```{DS_END}\n'
+                 f'{DS_CALL}function{DS_SEP}get_time\n```json\n{{"tz": {{"a": 1}}}}\n```{DS_END}{DS_CALLS_END}',
+     "Hi", [WEATHER, TIME]),
+    ("deepseek", f'{DS_CALLS}{DS_CALL}get_weather{DS_SEP}{{"city": "Paris"}}{DS_END}{DS_CALL}get_time{DS_SEP}'
+                 f'{{"tz": {{"a": 1}}}}{DS_END}{DS_CALLS_END} so', "so", [WEATHER, TIME]),     # V3.1
+    ("tool_call_token", '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+                        '{"name": "get_time", "arguments": {"tz": {"a": 1}}}]', "", [WEATHER, TIME]),  # Granite
+    ("tool_call_token", 'Ok <|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}]<|/tool_call|> '
+                        'bye', "Ok bye", [WEATHER]),                                                # Phi-4-mini
+]
+
+# model output that is not a call of an offered tool: every character comes back as content
+NOT_CALLS = [
+    ("glm", "<tool_call>rm_rf\n<arg_key>x</arg_key>\n<arg_value>1</arg_value>\n</tool_call>"),    # not offered
+    ("glm", "a <tool_call>get_weather\n<arg_key>city</arg_key> junk</tool_call> b"),      # no value: announced,
+    ("glm", "<tool_cal> and <arg_key>"),
+    ("qwen3_coder", "<tool_call>\n<function=rm>\n</function>\n</tool_call>"),
+    ("qwen3_coder", "<tool_call>\nget_weather(city='Paris')\n</tool_call>"),
+    ("mistral", '[TOOL_CALLS]rm[ARGS]{"a": 1}'),
+    ("mistral", '[TOOL_CALLS] I cannot call tools.'),
+    ("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+                '{"name": "rm", "arguments": {}}]'),
+    ("mistral", "a [TOOL_CALL b [ARGS]"),
+    ("llama3", '{"name": "Bob", "age": 3}'),
+    ("llama3", '<|python_tag|>brave_search.call(query="x")'),
+    ("deepseek", f'{DS_CALLS}{DS_CALL}function{DS_SEP}rm\n```json\n{{}}\n```{DS_END}{DS_CALLS_END}'),
+    ("deepseek", f'{DS_CALL}oops{DS_END} text'),
+    ("tool_call_token", '<|tool_call|>[{"name": "rm", "arguments": {}}]'),
+    ("tool_call_token", '<|tool_call|> no json here'),
+    ("tool_call_token", '<|tool_call|>[{"name": "get_weather", "arguments": [1]}]<|/tool_call|>'),
+]
+
+
+def _stream(fmt: str, text: str, size: int, parallel: bool = True):
+    """(content, [(name, arguments text)]) of `text` fed in pieces of `size`; checks the deltas' shape."""
+    p = FORMATS[fmt].parser(NAMES, parallel, PARAMS)
+    content, calls = [], {}
+    pieces = [p.feed(text[i:i + size]) for i in range(0, len(text), size)] + [p.finish()]
+    for piece, deltas in pieces:
+        content.append(piece)
+        for d in deltas:
+            if d["index"] not in calls:      # the first delta of a call announces it
+                assert d["id"].startswith("call_") and d["type"] == "function" and d["function"]["name"]
+                calls[d["index"]] = [d["function"]["name"], ""]
+            else:
+                assert "id" not in d and "name" not in d["function"]
+            calls[d["index"]][1] += d["function"].get("arguments", "")
+    assert sorted(calls) == list(range(len(calls)))
+    return "".join(content), [tuple(calls[k]) for k in sorted(calls)], p
+
+
+def _whole(fmt: str, text: str, parallel: bool = True):
+    setup = ToolSetup(NAMES, parallel=parallel, format=FORMATS[fmt], params=PARAMS)
+    content, calls = setup.extract(text)
+    return content, [(c["function"]["name"], c["function"]["arguments"]) for c in calls], setup
+
+
+@pytest.mark.parametrize("fmt, text, content, want", CASES)
+def test_each_format_streamed_in_pieces_of_every_size_and_whole_agree(fmt, text, content, want):
+    whole, calls, setup = _whole(fmt, text)
+    assert whole == content
+    assert [(n, json.loads(a)) for n, a in calls] == want
+    for size in range(1, len(text) + 1):
+        streamed, scalls, p = _stream(fmt, text, size)
+        assert streamed.strip() == content, size
+        assert [(n, json.loads(a)) for n, a in scalls] == want, size
+        assert "".join(text[s:e] for s, e in p.content_spans()) == streamed, size
+    # where the whole answer's content lies in the text (/v1/responses logprobs read whole)
+    assert "".join(text[s:e] for s, e in setup.text_spans(text)) == content
+
+
+@pytest.mark.parametrize("fmt, text", NOT_CALLS)
+def test_what_is_not_a_call_stays_content(fmt, text):
+    assert _whole(fmt, text)[:2] == (text, [])
+    for size in range(1, len(text) + 1):
+        content, calls, _ = _stream(fmt, text, size)
+        if calls:                 # a call announced by its name whose rest is malformed: it went out, but
+            assert calls[0][1] == "" and calls[0][0] in NAMES       # with no arguments; whole, it is text
+        else:
+            assert content == text, size
+
+
+@pytest.mark.parametrize("fmt, text, content, want", [c for c in CASES if len(c[3]) > 1])
+def test_parallel_tool_calls_false_keeps_the_first_call(fmt, text, content, want):
+    assert [(n, json.loads(a)) for n, a in _whole(fmt, text, parallel=False)[1]] == want[:1]
+    for size in (1, 3, len(text)):
+        assert [(n, json.loads(a)) for n, a in _stream(fmt, text, size, parallel=False)[1]] == want[:1]
+
+
+@pytest.mark.parametrize("fmt, text, upto", [
+    ("glm", "<tool_call>get_weather\n<arg_key>city</arg_key>", "<tool_call>get_weather\n"),
+    ("qwen3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\nPa", "<tool_call>\n<function=get_weather>"),
+    ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": "Pa', "[TOOL_CALLS]get_weather["),
+    ("deepseek", f'{DS_CALLS}{DS_CALL}function{DS_SEP}get_weather\n```json\n{{"ci',
+     f"{DS_CALLS}{DS_CALL}function{DS_SEP}get_weather\n"),
+    ("llama3", '<|python_tag|>{"name": "get_weather", "parameters": {"ci', '<|python_tag|>{"name": "get_weather",'),
+])
+def test_a_call_is_announced_once_its_name_is_complete_and_a_cut_call_stays_a_call(fmt, text, upto):
+    p = FORMATS[fmt].parser(NAMES, True, PARAMS)
+    assert p.feed(upto[:-1]) == ("", [])
+    content, deltas = p.feed(text[len(upto) - 1:])
+    assert content == "" and [d["function"]["name"] for d in deltas] == ["get_weather"]
+    assert p.finish() == ("", [])
+    # read whole, a call the output limit cut stays the call as far as it got (as with Hermes)
+    whole, calls, _ = _whole(fmt, text)
+    assert whole == "" and [n for n, _ in calls] == ["get_weather"]
+
+
+def test_a_marker_cut_at_the_end_of_a_piece_is_held_back():
+    for fmt, piece, rest in (("mistral", "Hi [TOOL_CA", 'LLS]get_time[ARGS]{}'),
+                             ("glm", "Hi <tool_c", "all>get_time\n</tool_call>"),
+                             ("deepseek", "Hi <｜tool▁cal", f"l▁begin｜>get_time{DS_SEP}{{}}{DS_END}"),
+                             ("tool_call_token", "Hi <|tool_", 'call|>[{"name": "get_time", "arguments": {}}]')):
+        p = FORMATS[fmt].parser(NAMES, True, PARAMS)
+        assert p.feed(piece) == ("Hi", [])           # the blank waits too: a call may follow it
+        content, deltas = p.feed(rest)
+        assert content == "" and deltas[0]["function"]["name"] == "get_time"
+        assert p.finish()[0] == ""
+
+
+def test_streamed_text_logprobs_leave_out_a_native_call():
+    """/v1/responses' output_text logprobs: the call's tokens are not the text's, streamed or read whole."""
+    from test_responses_logprobs import _taken, _taken_whole
+    pieces = ["Sure", ".", "\n", "[TOOL_CALLS]", "get_time", "[ARGS]", '{"tz": {}}', " Bye"]
+    setup = ToolSetup({"get_time"}, format=FORMATS["mistral"], params=PARAMS)
+    for cuts in ([len(pieces)], list(range(1, len(pieces) + 1))):
+        assert _taken(pieces, setup, cuts) == ["Sure", ".", " Bye"], cuts
+    assert _taken_whole(pieces, setup) == ["Sure", ".", " Bye"]
+
+
+# -- which format a template asks for --------------------------------------------------------
+# short snippets in each family's shape (how their templates write an earlier call), not copies
+
+DETECT = [
+    ("glm", "{% for tc in m.tool_calls %}<tool_call>{{ tc.name }}{% for k, v in tc.arguments.items() %}\n"
+            "<arg_key>{{ k }}</arg_key>\n<arg_value>{{ v }}</arg_value>{% endfor %}\n</tool_call>{% endfor %}"),
+    ("qwen3_coder", "{% if tools %}<tools>{% endif %}{% for tc in m.tool_calls %}<tool_call>\n"
+                    "<function={{ tc.name }}>\n"
+                    "{% for k, v in tc.arguments|items %}<parameter={{ k }}>\n{{ v }}\n</parameter>\n{% endfor %}"
+                    "</function>\n</tool_call>{% endfor %}"),
+    ("deepseek", "{% for tool in m.tool_calls %}{{'<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>' + tool['type'] + "
+                 "'<｜tool▁sep｜>' + tool['function']['name'] + '\\n```json\\n' + tool['function']['arguments'] + "
+                 "'\\n```<｜tool▁call▁end｜>'}}{% endfor %}"),
+    ("mistral", "{% if tools %}[AVAILABLE_TOOLS]{{ tools|tojson }}[/AVAILABLE_TOOLS]{% endif %}"
+                "{% for tc in m.tool_calls %}[TOOL_CALLS]{{ tc.function.name }}[ARGS]{{ tc.function.arguments }}"
+                "{% endfor %}"),
+    ("tool_call_token", "{% if tools %}<|start_of_role|>available_tools<|end_of_role|>{{ tools|tojson }}{% endif %}"
+                        "<|tool_call|>{{ m.tool_calls|tojson }}"),
+    ("tool_call_token", "{% if m.tools %}<|system|>{{ m.content }}<|tool|>{{ m.tools }}<|/tool|><|end|>{% endif %}"),
+    ("llama3", "{% if tools %}Respond in the format {\"name\": function name, \"parameters\": ...}{% endif %}"
+               "<|start_header_id|>ipython<|end_header_id|>\n\n{{ m.content }}<|eot_id|>"),
+    (None, "{% if tools %}<tools>{{ tools|tojson }}</tools>{% endif %}<tool_call>\n{{ tc|tojson }}\n</tool_call>"),
+    (None, "{% for m in messages %}{{ m.content }}{% endfor %}"),
+]
+
+
+@pytest.mark.parametrize("want, template", DETECT)
+def test_the_format_is_told_from_the_template(want, template):
+    got = detect(template)
+    assert (got.name if got is not None else None) == want
+
+
+def test_gguf_templates_of_hermes_and_plain_models_keep_the_hermes_parser(qwen05_gguf):
+    from llambda.formats.gguf import GGUFFile
+    with GGUFFile(qwen05_gguf) as g:
+        assert detect(g.metadata["tokenizer.chat_template"]) is None
+
+
+def test_earlier_calls_render_through_templates_that_walk_or_join_their_arguments():
+    """Templates take a call's arguments as an object (GLM's and Qwen3-Coder's walk its items) or join
+    them to strings (DeepSeek's): OpenAI clients send a JSON string, Ollama's an object; both render."""
+    history = [{"role": "user", "content": "weather?"}]
+    for args in ('{"city": "Paris"}', {"city": "Paris"}):
+        msgs = history + [{"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": args}}]}]
+        glm = ChatTemplate("{% for m in messages %}{% for tc in m.tool_calls or [] %}<tool_call>{{ tc.function.name }}"
+                           "{% for k, v in tc.function.arguments.items() %}<arg_key>{{ k }}</arg_key><arg_value>"
+                           "{{ v }}</arg_value>{% endfor %}</tool_call>{% endfor %}{% endfor %}")
+        assert glm.render(msgs) == ("<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>"
+                                    "</tool_call>")
+        ds = ChatTemplate("{% for m in messages %}{% for tc in m.tool_calls or [] %}"
+                          "{{ '<｜tool▁call▁begin｜>' + tc['function']['name'] + '<｜tool▁sep｜>' + "
+                          "tc['function']['arguments'] + '<｜tool▁call▁end｜>' }}|{{ tc.function.arguments }}|"
+                          "{{ tc.function.arguments | tojson }}{% endfor %}{% endfor %}")
+        call = '{"city": "Paris"}'
+        assert ds.render(msgs) == f"{DS_CALL}get_weather{DS_SEP}{call}{DS_END}|{call}|{call}"
+
+
+# -- through the server ------------------------------------------------------------------------
+
+MISTRAL_TOKENS = ("[TOOL_CALLS]", "[ARGS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[INST]", "[/INST]")
+MISTRAL_TEMPLATE = ("{% if tools %}[AVAILABLE_TOOLS]{{ tools | length }}[/AVAILABLE_TOOLS]{% endif %}"
+                    "{% for m in messages %}{% if m['role'] == 'user' %}[INST]{{ m['content'] }}[/INST]"
+                    "{% elif m.tool_calls %}{% for tc in m.tool_calls %}[TOOL_CALLS]{{ tc.function.name }}[ARGS]"
+                    "{{ tc.function.arguments }}{% endfor %}{% else %}{{ m['content'] }}{% endif %}{% endfor %}")
+TOOLS = [{"type": "function", "function": {"name": n, "parameters": PARAMS[n]}} for n in sorted(NAMES)]
+ANSWER = 'Let me see.[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}'
+
+
+@pytest.fixture(scope="module")
+def mistral_live(tmp_path_factory):
+    from serverkit import tiny_chat_server
+    with tiny_chat_server(tmp_path_factory.mktemp("mistral"), "tiny-mistral", MISTRAL_TOKENS, MISTRAL_TEMPLATE) as srv:
+        yield srv
+
+
+def test_server_reads_a_mistral_models_calls_whole_and_streamed(mistral_live):
+    from test_tool_calls import _stream_tool_calls
+
+    c = mistral_live.client()
+    # the regex makes the random model write exactly ANSWER
+    kw = dict(model="tiny-mistral", messages=[{"role": "user", "content": "weather in Paris?"}], tools=TOOLS,
+              max_tokens=200, temperature=0, extra_body={"regex": re.escape(ANSWER)})
+    ch = c.chat.completions.create(**kw).choices[0]
+    assert ch.finish_reason == "tool_calls" and ch.message.content == "Let me see."
+    assert [(t.function.name, json.loads(t.function.arguments)) for t in ch.message.tool_calls] == [WEATHER]
+    content, calls, finish = _stream_tool_calls(c, **kw)
+    assert (content, finish) == ("Let me see.", "tool_calls")
+    assert [(x["name"], json.loads(x["arguments"])) for x in calls] == [WEATHER]
+    # the call goes back through the template, its arguments as the JSON the client sent
+    call = ch.message.tool_calls[0]
+    follow = kw["messages"] + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                               {"role": "tool", "tool_call_id": call.id, "content": "18C"}]
+    r = httpx.post(mistral_live.url + "/apply-template", json={"messages": follow, "tools": TOOLS}, timeout=60)
+    assert r.status_code == 200 and '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}' in r.json()["prompt"], r.text
+
+
+def test_server_forces_a_call_in_the_hermes_form_for_a_native_format(mistral_live):
+    """tool_choice "required" / a named function: the answer is started and constrained as a Hermes
+    call (not the model's own syntax), and that request's answer is read as Hermes."""
+    c = mistral_live.client()
+    forced = {"type": "function", "function": {"name": "get_time"}}
+    ch = c.chat.completions.create(model="tiny-mistral", messages=[{"role": "user", "content": "time?"}], tools=TOOLS,
+                                   tool_choice=forced, max_tokens=60, temperature=0).choices[0]
+    assert [t.function.name for t in ch.message.tool_calls] == ["get_time"] and not ch.message.content
+    if ch.finish_reason == "tool_calls":
+        assert isinstance(json.loads(ch.message.tool_calls[0].function.arguments), dict)
+    else:
+        assert ch.finish_reason == "length"       # the random model's arguments ran past max_tokens
