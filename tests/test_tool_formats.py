@@ -126,8 +126,9 @@ def test_what_is_not_a_call_stays_content(fmt, text):
     assert _whole(fmt, text)[:2] == (text, [])
     for size in range(1, len(text) + 1):
         content, calls, _ = _stream(fmt, text, size)
-        if calls:                 # a call announced by its name whose rest is malformed: it went out, but
-            assert calls[0][1] == "" and calls[0][0] in NAMES       # with no arguments; whole, it is text
+        if calls:                 # a call announced by its name whose rest is malformed: it went out (with
+            assert len(calls) == 1 and calls[0][0] in NAMES    # what arguments had come); whole, it is text
+            assert not any(o in content for o in FORMATS[fmt].openers), size
         else:
             assert content == text, size
 
@@ -139,23 +140,37 @@ def test_parallel_tool_calls_false_keeps_the_first_call(fmt, text, content, want
         assert [(n, json.loads(a)) for n, a in _stream(fmt, text, size, parallel=False)[1]] == want[:1]
 
 
-@pytest.mark.parametrize("fmt, text, upto", [
-    ("glm", "<tool_call>get_weather\n<arg_key>city</arg_key>", "<tool_call>get_weather\n"),
-    ("qwen3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\nPa", "<tool_call>\n<function=get_weather>"),
-    ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": "Pa', "[TOOL_CALLS]get_weather["),
+@pytest.mark.parametrize("fmt, text, upto, args", [
+    # arguments not JSON text: they go out whole at the call's end
+    ("glm", "<tool_call>get_weather\n<arg_key>city</arg_key>", "<tool_call>get_weather\n", ""),
+    ("qwen3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\nPa", "<tool_call>\n<function=get_weather>",
+     ""),
+    # JSON arguments: in pieces as they arrive, as written
+    ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": "Pa', "[TOOL_CALLS]get_weather[", '{"city": "Pa'),
+    ("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city":', '[TOOL_CALLS][{"name": "get_weather",',
+     '{"city":'),
     ("deepseek", f'{DS_CALLS}{DS_CALL}function{DS_SEP}get_weather\n```json\n{{"ci',
-     f"{DS_CALLS}{DS_CALL}function{DS_SEP}get_weather\n"),
-    ("llama3", '<|python_tag|>{"name": "get_weather", "parameters": {"ci', '<|python_tag|>{"name": "get_weather",'),
+     f"{DS_CALLS}{DS_CALL}function{DS_SEP}get_weather\n", '{"ci'),
+    ("deepseek", f'{DS_CALL}get_weather{DS_SEP}{{"ci', f"{DS_CALL}get_weather{DS_SEP}{{", '{"ci'),
+    ("llama3", '<|python_tag|>{"name": "get_weather", "parameters": {"ci', '<|python_tag|>{"name": "get_weather",',
+     '{"ci'),
+    ("tool_call_token", '<|tool_call|>[{"name": "get_weather", "arguments": {"ci', '<|tool_call|>[{"name": "get_weather",',
+     '{"ci'),
 ])
-def test_a_call_is_announced_once_its_name_is_complete_and_a_cut_call_stays_a_call(fmt, text, upto):
+def test_a_call_is_announced_once_its_name_is_complete_and_a_cut_call_stays_a_call(fmt, text, upto, args):
     p = FORMATS[fmt].parser(NAMES, True, PARAMS)
     assert p.feed(upto[:-1]) == ("", [])
-    content, deltas = p.feed(text[len(upto) - 1:])
-    assert content == "" and [d["function"]["name"] for d in deltas] == ["get_weather"]
-    assert p.finish() == ("", [])
+    sent = ""
+    for i, ch in enumerate(text[len(upto) - 1:]):
+        content, deltas = p.feed(ch)
+        assert content == "" and len(deltas) <= 1
+        if i == 0:
+            assert [d["function"]["name"] for d in deltas] == ["get_weather"]
+        sent += "".join(d["function"].get("arguments", "") for d in deltas)
+    assert sent == args and p.finish() == ("", [])
     # read whole, a call the output limit cut stays the call as far as it got (as with Hermes)
     whole, calls, _ = _whole(fmt, text)
-    assert whole == "" and [n for n, _ in calls] == ["get_weather"]
+    assert whole == "" and calls == [("get_weather", args)]
 
 
 def test_a_marker_cut_at_the_end_of_a_piece_is_held_back():
@@ -289,3 +304,38 @@ def test_server_forces_a_call_in_the_hermes_form_for_a_native_format(mistral_liv
         assert isinstance(json.loads(ch.message.tool_calls[0].function.arguments), dict)
     else:
         assert ch.finish_reason == "length"       # the random model's arguments ran past max_tokens
+
+
+FUZZ_PARTS = {
+    "glm": ["<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "get_time",
+            "\n", " ", "x", '{"a": 1}', "<tool_c"],
+    "qwen3_coder": ["<tool_call>", "</tool_call>", "<function=get_time>", "</function>", "<parameter=tz>",
+                    "</parameter>", "\n", " ", "1", "<function=", "<tool_c"],
+    "mistral": ["[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "get_time", "{", "}", "[", "]", '"', ":", ",", " ", "x",
+                '{"name": "get_time", "arguments": {}}', "[TOOL_"],
+    "llama3": ["<|python_tag|>", '{"name": "get_time", "parameters": ', "{", "}", ";", " ", '"', "x", "<|pyth"],
+    "deepseek": [DS_CALLS, DS_CALL, DS_SEP, DS_END, DS_CALLS_END, "function", "get_time", "\n", "```json\n", "```",
+                 "{", "}", " ", "x", "<｜tool"],
+    "tool_call_token": ["<|tool_call|>", "<|/tool_call|>", '[{"name": "get_time", "arguments": ', "{", "}", "]",
+                        "[", " ", '"', "x", "<|tool_"],
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(FUZZ_PARTS))
+def test_random_mixes_of_a_formats_pieces_lose_no_text(fmt):
+    """The parser never raises, streamed in any pieces and whole agree, and whatever is not a call comes
+    back as content, character for character."""
+    import random
+    rng = random.Random(fmt)
+    for _ in range(150):
+        text = "".join(rng.choice(FUZZ_PARTS[fmt]) for _ in range(rng.randint(0, 14)))
+        whole, calls, _ = _whole(fmt, text)
+        if not calls:
+            assert whole == text
+        for size in (1, 2, 5, len(text) or 1):
+            content, scalls, _ = _stream(fmt, text, size)
+            assert all(n in NAMES for n, _ in scalls)
+            if not scalls:
+                assert content == text, (text, size)
+            if calls:
+                assert content.strip() == whole and scalls == calls, (text, size)

@@ -415,7 +415,7 @@ def merge_call_deltas(deltas: list[dict]) -> list[dict]:
 
 def _valid_call(call: dict) -> bool:
     try:
-        return call["complete"] and isinstance(json.loads(call["arguments"]), dict)
+        return call["complete"] and not call.get("bad") and isinstance(json.loads(call["arguments"]), dict)
     except ValueError:
         return False
 

@@ -1,5 +1,6 @@
 """What every native tool-call format shares: the interface a format implements, and the pieces of
-text reading they have in common (a JSON value's end, a call object, a value typed by its schema).
+text reading they have in common (blanks, a marker still arriving, a value typed by its schema; JSON
+text is json_text's).
 
 A format (one module each) says where its calls are in the answer:
 
@@ -10,6 +11,9 @@ A format (one module each) says where its calls are in the answer:
   that shows (its text then comes back as content);
 - `head(body, opener)`: the unit's first call's name once it is surely complete (the call is then
   announced before its arguments are read), or None;
+- `args_at(body, opener)`: where the announced call's JSON arguments object starts in `body`, once
+  known (its text then goes out in pieces as it arrives, as the model wrote it), or None (formats
+  whose arguments are not JSON text go out whole at the unit's end);
 - `parse(body, opener, params)`: the unit's calls as [(name, arguments dict)], or None when it is not
   a call (body may lack its closing marker: the answer ended there); params: each tool's JSON schema;
 - `after(rest)`: what follows a unit: ("text", n) (n characters of glue, such as a closing wrapper,
@@ -31,6 +35,9 @@ class ToolFormat:
         raise NotImplementedError
 
     def head(self, body: str, opener: str) -> str | None:
+        return None
+
+    def args_at(self, body: str, opener: str) -> int | None:
         return None
 
     def parse(self, body: str, opener: str, params: dict) -> list[tuple[str, dict]] | None:
@@ -69,58 +76,9 @@ def skip_blanks(s: str, i: int = 0) -> int:
     return i
 
 
-def json_end(s: str, i: int) -> int | None:
-    """Where the JSON object or array starting at s[i] ends (just past its closing bracket), or None
-    when the text stops before it balances. Brackets inside strings do not count."""
-    depth, in_str, esc = 0, False, False
-    for k in range(i, len(s)):
-        ch = s[k]
-        if in_str:
-            if esc:
-                esc = False
-            elif ch == "\\":
-                esc = True
-            elif ch == '"':
-                in_str = False
-        elif ch == '"':
-            in_str = True
-        elif ch in "{[":
-            depth += 1
-        elif ch in "}]":
-            depth -= 1
-            if depth == 0:
-                return k + 1
-    return None
-
-
 def prefix_of(text: str, marker: str) -> bool:
     """`text` is a proper start of `marker` (the marker may still be arriving)."""
     return len(text) < len(marker) and marker.startswith(text)
-
-
-def call_object(obj) -> tuple[str, dict] | None:
-    """(name, arguments) of a JSON call object {"name", "arguments" or "parameters"}; arguments may
-    be given as a JSON string of an object. None when it is not one."""
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return None
-    args = obj.get("arguments", obj.get("parameters", {}))
-    if isinstance(args, str):
-        try:
-            args = json.loads(args)
-        except ValueError:
-            return None
-    return (obj["name"], args) if isinstance(args, dict) else None
-
-
-def call_objects(text: str) -> list[tuple[str, dict]] | None:
-    """The calls of a JSON text holding one call object or an array of them."""
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return None
-    items = value if isinstance(value, list) else [value]
-    calls = [call_object(v) for v in items]
-    return calls if calls and None not in calls else None
 
 
 def typed_value(raw: str, schema) -> object:

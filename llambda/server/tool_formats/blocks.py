@@ -4,18 +4,21 @@
 `.calls`, `content_spans()`, `settled()`, `take_reasoning()`, `reasoning_spans()`). Text is content
 until one of the format's markers; the unit that follows is held until it ends, then parsed whole:
 its calls go out then (arguments whole), except that a call whose name the format can tell early is
-announced (id, type, name) as soon as that name is complete. A unit that is not a call of an offered
-tool with an object as arguments comes back as content, marker and all, so nothing the model wrote
-is lost; a unit whose first call was already announced and then does not parse keeps the call, with
-empty arguments (as the Hermes parser keeps an announced call: the answer read whole is then all
-text, `split_answer`). The blanks just before a unit and between units are not content, and a marker
-cut at the end of a piece is held back. parallel False: the first call only, later units dropped.
+announced (id, type, name) as soon as that name is complete, and then its arguments, where they are
+JSON text, in pieces as they arrive. A unit that is not a call of an offered tool with an object as
+arguments comes back as content, marker and all, so nothing the model wrote is lost; a unit whose
+first call was already announced and then does not parse keeps the call, with the arguments sent so
+far or none, marked bad (as the Hermes parser keeps an announced call: the answer read whole is then
+all text, `split_answer`); one the answer ended in is a call cut short. The blanks just before a unit
+and between units are not content, and a marker cut at the end of a piece is held back. parallel
+False: the first call only, later units dropped.
 """
 from __future__ import annotations
 
 import json
 
 from ..tools import _partial_suffix, add_span, merge_call_deltas, new_call_id
+from .json_text import json_end
 
 START, TEXT, UNIT, AFTER = "start", "text", "unit", "after"
 
@@ -105,15 +108,18 @@ class BlockParser:
         if s == TEXT:
             return self._text()
         if s == UNIT:
+            end = self.fmt.unit_end(self.buf, self.opener)
+            body = self.buf if end is None else self.buf[:end]
             if not (self.skip or self.announced):
-                name = self.fmt.head(self.buf, self.opener)
+                name = self.fmt.head(body, self.opener)
                 if name is not None and name in self.names:
                     self._announce(name)
                     self.announced = True
-            end = self.fmt.unit_end(self.buf, self.opener)
+            if self.announced:
+                self._stream_args(body)
             if end is None:
                 return False
-            body, self.buf = self.buf[:end], self.buf[end:]
+            self.buf = self.buf[end:]
             # the glue after a unit (a closing wrapper, a separator) is dropped only after calls
             self.state = AFTER if self._close(body, ended=True) else TEXT
             return True
@@ -154,8 +160,23 @@ class BlockParser:
     def _open(self, opener: str, lead: str, at: int) -> None:
         self.opener, self.lead, self.block_at = opener, lead, at
         self.announced = False
+        self.args_from: int | None = None     # where the announced call's arguments start in the unit
+        self.args_sent = 0                    # how much of them went out
         self.skip = bool(self.calls) and not self.parallel
         self.state = UNIT
+
+    def _stream_args(self, body: str) -> None:
+        """The announced call's JSON arguments that arrived, as written, up to where they balance."""
+        if self.args_from is None:
+            self.args_from = self.fmt.args_at(body, self.opener)
+            if self.args_from is None:
+                return
+        end = json_end(body, self.args_from)
+        piece = body[self.args_from + self.args_sent:len(body) if end is None else end]
+        if piece:
+            self.args_sent += len(piece)
+            self.calls[-1]["arguments"] += piece
+            self._out.append(("delta", {"index": len(self.calls) - 1, "function": {"arguments": piece}}))
 
     def _close(self, body: str, ended: bool) -> bool:
         """A unit read to its end (ended) or to the end of the answer: its calls (True), or its text."""
@@ -164,13 +185,21 @@ class BlockParser:
         calls = self.fmt.parse(body, self.opener, self.params)
         valid = bool(calls) and all(n in self.names and isinstance(a, dict) for n, a in calls)
         if self.announced:
-            if valid and calls[0][0] == self.calls[-1]["name"]:
+            mine = valid and calls[0][0] == self.calls[-1]["name"]
+            self.calls[-1]["bad"] = ended and not mine      # read whole, the answer is then all text
+            if self.args_from is not None:
+                # its arguments went out as they came: complete unless the answer ended inside them
+                # (as read whole too: the same parser); not a call after all, the arguments say so
+                self.calls[-1]["complete"] = ended or mine
+                if not mine:
+                    return True
+            elif mine:
                 self._args(calls[0][1])
-                calls = calls[1:]
             else:
                 # announced, then not a call: malformed (complete, no valid arguments) or cut short
                 self.calls[-1]["complete"] = ended
                 return True
+            calls = calls[1:]
         elif not valid:
             self._content(self.lead + self.opener + body, self.block_at)
             return False

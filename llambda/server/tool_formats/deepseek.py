@@ -14,6 +14,7 @@ from .base import ClosedByTag, prefix_of, skip_blanks
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
+_FENCE_OPEN = re.compile(r"\s*```(?:json)?[ \t]*\n")
 _FENCED = re.compile(r"\s*```(?:json)?[ \t]*\n(.*?)\n?```\s*$", re.S)
 
 
@@ -47,6 +48,16 @@ class DeepSeekFormat(ClosedByTag):
     def head(self, body, opener):
         got = _split(_call_text(body, opener))
         return got[0] if got and got[0] else None
+
+    def args_at(self, body, opener):
+        got = _split(_call_text(body, opener))
+        if got is None:
+            return None
+        args = got[1]
+        m = _FENCE_OPEN.match(args)
+        at = len(body) - len(args) + (m.end() if m else 0)
+        at = skip_blanks(body, at)
+        return at if at < len(body) and body[at] == "{" else None
 
     def parse(self, body, opener, params):
         got = _split(_call_text(self.inner(body), opener))

@@ -2,12 +2,10 @@
 after `<|python_tag|>`; several are separated by `;`."""
 from __future__ import annotations
 
-import re
-
-from .base import ToolFormat, call_objects, first_visible, json_end, skip_blanks
+from .base import ToolFormat, first_visible, skip_blanks
+from .json_text import call_objects, json_call_args, json_call_name, json_end
 
 PYTHON_TAG = "<|python_tag|>"
-_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]+)"\s*,')
 
 
 class Llama3Format(ToolFormat):
@@ -21,8 +19,10 @@ class Llama3Format(ToolFormat):
         return i if i is None or body[i] != "{" else json_end(body, i)
 
     def head(self, body, opener):
-        m = _HEAD.match(body)
-        return m.group(1) if m else None
+        return json_call_name(body)
+
+    def args_at(self, body, opener):
+        return json_call_args(body)
 
     def parse(self, body, opener, params):
         calls = call_objects(body.strip())

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 import re
 
-from .base import ToolFormat, call_objects, first_visible, json_end, prefix_of, skip_blanks
+from .base import ToolFormat, first_visible, prefix_of, skip_blanks
+from .json_text import call_objects, json_call_args, json_call_name, json_end
 
 OPEN, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
 _NAME = re.compile(r"[A-Za-z0-9_.\-]+")
@@ -59,10 +60,15 @@ class MistralFormat(ToolFormat):
     def head(self, body, opener):
         i = skip_blanks(body)
         if i < len(body) and body[i] == "[":
-            m = re.match(r'\[\s*\{\s*"name"\s*:\s*"([^"\\]+)"\s*,', body[i:])
-            return m.group(1) if m else None
-        name, k = _named(body, i)
-        return name if name is not None and k is not None else None
+            return json_call_name(body)
+        m = _NAME.match(body, i)       # the name is complete once `[ARGS]` (or `[CALL_ID]`, `{`) begins
+        return m.group(0) if m and body[m.end():m.end() + 1] in ("[", "{") and m.end() < len(body) else None
+
+    def args_at(self, body, opener):
+        i = skip_blanks(body)
+        if i < len(body) and body[i] == "[":
+            return json_call_args(body)
+        return _named(body, i)[1]
 
     def parse(self, body, opener, params):
         i = skip_blanks(body)

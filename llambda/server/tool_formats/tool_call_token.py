@@ -2,12 +2,10 @@
 objects (Phi-4-mini closes it with `<|/tool_call|>`, Granite does not)."""
 from __future__ import annotations
 
-import re
-
-from .base import ToolFormat, call_objects, first_visible, json_end, prefix_of, skip_blanks
+from .base import ToolFormat, first_visible, prefix_of, skip_blanks
+from .json_text import call_objects, json_call_args, json_call_name, json_end
 
 OPEN, CLOSE = "<|tool_call|>", "<|/tool_call|>"
-_HEAD = re.compile(r'\s*\[?\s*\{\s*"name"\s*:\s*"([^"\\]+)"\s*,')
 
 
 class ToolCallTokenFormat(ToolFormat):
@@ -27,8 +25,10 @@ class ToolCallTokenFormat(ToolFormat):
         return end
 
     def head(self, body, opener):
-        m = _HEAD.match(body)
-        return m.group(1) if m else None
+        return json_call_name(body)
+
+    def args_at(self, body, opener):
+        return json_call_args(body)
 
     def parse(self, body, opener, params):
         body = body.strip()

@@ -1,0 +1,71 @@
+"""JSON text as the JSON-based formats write calls: where a value ends, a call object's name and
+where its arguments start (while it streams), a call object or an array of them read whole."""
+from __future__ import annotations
+
+import json
+import re
+
+_CALL_HEAD = re.compile(r'\s*\[?\s*\{\s*"name"\s*:\s*"([^"\\]+)"\s*,')
+_CALL_ARGS = re.compile(r'\s*"(?:arguments|parameters)"\s*:\s*\{')
+
+
+def json_end(s: str, i: int) -> int | None:
+    """Where the JSON object or array starting at s[i] ends (just past its closing bracket), or None
+    when the text stops before it balances. Brackets inside strings do not count."""
+    depth, in_str, esc = 0, False, False
+    for k in range(i, len(s)):
+        ch = s[k]
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+            if depth == 0:
+                return k + 1
+    return None
+
+
+def json_call_name(body: str) -> str | None:
+    """The name of a JSON call object (or of an array's first) the body starts with, once complete."""
+    m = _CALL_HEAD.match(body)
+    return m.group(1) if m else None
+
+
+def json_call_args(body: str) -> int | None:
+    """Where that call's arguments object starts, when "arguments" (or "parameters") follows the name."""
+    m = _CALL_HEAD.match(body)
+    a = _CALL_ARGS.match(body, m.end()) if m else None
+    return a.end() - 1 if a else None
+
+
+def call_object(obj) -> tuple[str, dict] | None:
+    """(name, arguments) of a JSON call object {"name", "arguments" or "parameters"}; arguments may
+    be given as a JSON string of an object. None when it is not one."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    return (obj["name"], args) if isinstance(args, dict) else None
+
+
+def call_objects(text: str) -> list[tuple[str, dict]] | None:
+    """The calls of a JSON text holding one call object or an array of them."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    items = value if isinstance(value, list) else [value]
+    calls = [call_object(v) for v in items]
+    return calls if calls and None not in calls else None
