@@ -339,3 +339,24 @@ def test_random_mixes_of_a_formats_pieces_lose_no_text(fmt):
                 assert content == text, (text, size)
             if calls:
                 assert content.strip() == whole and scalls == calls, (text, size)
+
+
+@pytest.mark.parametrize("fmt, head, tail", [
+    ("mistral", "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"", "\"}"),
+    ("tool_call_token", '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "', '"}}]'),
+    ("qwen3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\n", "\n</parameter>\n</function>\n</tool_call>"),
+])
+def test_a_long_call_in_small_pieces_is_read_once(fmt, head, tail):
+    """A call's text is not re-read from its start at every piece: 200k characters in pieces of 4 (a
+    reading that scans it again at each piece takes minutes)."""
+    import time
+    long = "ab{[\\\"" * 33_000
+    text = head + long + tail
+    p = FORMATS[fmt].parser(NAMES, True, PARAMS)
+    t0 = time.monotonic()
+    for i in range(0, len(text), 4):
+        p.feed(text[i:i + 4])
+    p.finish()
+    assert time.monotonic() - t0 < 20
+    value = long if fmt == "qwen3_coder" else json.loads('"' + long + '"')     # text, or a JSON string
+    assert json.loads(p.calls[0]["arguments"]) == {"city": value}

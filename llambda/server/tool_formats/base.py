@@ -6,9 +6,10 @@ A format (one module each) says where its calls are in the answer:
 
 - `openers`: the markers a call (a "unit": one call, or an array of calls) starts with;
 - `bare`: whether an answer whose first visible character is `{` is a unit without a marker;
-- `unit_end(body, opener)`: how much of `body` (the text after the marker) the unit takes, its
+- `unit_end(body, opener, memo)`: how much of `body` (the text after the marker) the unit takes, its
   closing marker included, or None while it cannot tell yet; a unit that cannot be a call ends where
-  that shows (its text then comes back as content);
+  that shows (its text then comes back as content); memo: a dict of the unit's own, kept while its
+  body grows (json_end's resume points), so a long unit is not re-read at every piece;
 - `head(body, opener)`: the unit's first call's name once it is surely complete (the call is then
   announced before its arguments are read), or None;
 - `args_at(body, opener)`: where the announced call's JSON arguments object starts in `body`, once
@@ -24,6 +25,9 @@ A format (one module each) says where its calls are in the answer:
 from __future__ import annotations
 
 import json
+import re
+
+_BLANKS = re.compile(r"\s*")
 
 
 class ToolFormat:
@@ -31,7 +35,7 @@ class ToolFormat:
     openers: tuple[str, ...] = ()
     bare = False
 
-    def unit_end(self, body: str, opener: str) -> int | None:
+    def unit_end(self, body: str, opener: str, memo: dict) -> int | None:
         raise NotImplementedError
 
     def head(self, body: str, opener: str) -> str | None:
@@ -55,9 +59,12 @@ class ClosedByTag(ToolFormat):
     """A format whose unit ends with a closing tag (`close`)."""
     close = ""
 
-    def unit_end(self, body: str, opener: str) -> int | None:
-        at = body.find(self.close)
-        return None if at < 0 else at + len(self.close)
+    def unit_end(self, body: str, opener: str, memo: dict) -> int | None:
+        at = body.find(self.close, memo.get("find", 0))
+        if at < 0:
+            memo["find"] = max(len(body) - len(self.close) + 1, 0)     # the tag may begin in what follows
+            return None
+        return at + len(self.close)
 
     def inner(self, body: str) -> str:
         """The unit's text without its closing tag (the answer may have ended before it)."""
@@ -71,14 +78,13 @@ def first_visible(body: str) -> int | None:
 
 
 def skip_blanks(s: str, i: int = 0) -> int:
-    while i < len(s) and s[i].isspace():
-        i += 1
-    return i
+    """Where the first character at or after i that is not a blank stands (len(s): none)."""
+    return _BLANKS.match(s, i).end()
 
 
-def prefix_of(text: str, marker: str) -> bool:
-    """`text` is a proper start of `marker` (the marker may still be arriving)."""
-    return len(text) < len(marker) and marker.startswith(text)
+def prefix_of(text: str, marker: str, at: int = 0) -> bool:
+    """`text[at:]` is a proper start of `marker` (the marker may still be arriving)."""
+    return len(text) - at < len(marker) and marker.startswith(text[at:])
 
 
 def typed_value(raw: str, schema) -> object:

@@ -35,6 +35,9 @@ class BlockParser:
         self.block_at = 0             # where the unit (with its lead) began in the text fed
         self.announced = False        # the unit's first call went out already
         self.skip = False             # the unit is dropped (parallel_tool_calls false, a call made)
+        self.args_from: int | None = None
+        self.args_sent = 0
+        self.memo: dict = {}
         self._out: list[tuple] = []
         self._spans: list[tuple[int, int]] = []
 
@@ -108,7 +111,7 @@ class BlockParser:
         if s == TEXT:
             return self._text()
         if s == UNIT:
-            end = self.fmt.unit_end(self.buf, self.opener)
+            end = self.fmt.unit_end(self.buf, self.opener, self.memo)
             body = self.buf if end is None else self.buf[:end]
             if not (self.skip or self.announced):
                 name = self.fmt.head(body, self.opener)
@@ -160,8 +163,9 @@ class BlockParser:
     def _open(self, opener: str, lead: str, at: int) -> None:
         self.opener, self.lead, self.block_at = opener, lead, at
         self.announced = False
-        self.args_from: int | None = None     # where the announced call's arguments start in the unit
+        self.args_from = None                 # where the announced call's arguments start in the unit
         self.args_sent = 0                    # how much of them went out
+        self.memo: dict = {}                  # the format's notes on this unit while it grows
         self.skip = bool(self.calls) and not self.parallel
         self.state = UNIT
 
@@ -171,7 +175,7 @@ class BlockParser:
             self.args_from = self.fmt.args_at(body, self.opener)
             if self.args_from is None:
                 return
-        end = json_end(body, self.args_from)
+        end = json_end(body, self.args_from, self.memo)
         piece = body[self.args_from + self.args_sent:len(body) if end is None else end]
         if piece:
             self.args_sent += len(piece)

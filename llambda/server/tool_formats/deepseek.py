@@ -77,6 +77,6 @@ class DeepSeekFormat(ClosedByTag):
         i = skip_blanks(rest)
         if rest.startswith(CALLS_END, i):
             return ("text", i + len(CALLS_END))
-        if prefix_of(rest[i:], CALLS_END):
+        if prefix_of(rest, CALLS_END, i):
             return None
         return ("text", 0)

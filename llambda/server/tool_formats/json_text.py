@@ -9,11 +9,12 @@ _CALL_HEAD = re.compile(r'\s*\[?\s*\{\s*"name"\s*:\s*"([^"\\]+)"\s*,')
 _CALL_ARGS = re.compile(r'\s*"(?:arguments|parameters)"\s*:\s*\{')
 
 
-def json_end(s: str, i: int) -> int | None:
+def json_end(s: str, i: int, memo: dict | None = None) -> int | None:
     """Where the JSON object or array starting at s[i] ends (just past its closing bracket), or None
-    when the text stops before it balances. Brackets inside strings do not count."""
-    depth, in_str, esc = 0, False, False
-    for k in range(i, len(s)):
+    when the text stops before it balances. Brackets inside strings do not count. memo: where an
+    earlier call on a shorter start of the same text stopped, so a growing text is scanned once."""
+    start, depth, in_str, esc = memo.get(i, (i, 0, False, False)) if memo is not None else (i, 0, False, False)
+    for k in range(start, len(s)):
         ch = s[k]
         if in_str:
             if esc:
@@ -30,6 +31,8 @@ def json_end(s: str, i: int) -> int | None:
             depth -= 1
             if depth == 0:
                 return k + 1
+    if memo is not None:
+        memo[i] = (len(s), depth, in_str, esc)
     return None
 
 

@@ -13,10 +13,10 @@ class Llama3Format(ToolFormat):
     openers = (PYTHON_TAG,)
     bare = True
 
-    def unit_end(self, body, opener):
+    def unit_end(self, body, opener, memo):
         i = first_visible(body)
         # not a JSON call (a built-in tool's code): its text is content
-        return i if i is None or body[i] != "{" else json_end(body, i)
+        return i if i is None or body[i] != "{" else json_end(body, i, memo)
 
     def head(self, body, opener):
         return json_call_name(body)

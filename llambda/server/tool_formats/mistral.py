@@ -25,7 +25,7 @@ def _named(body: str, i: int) -> tuple[str | None, int | None]:
     if k == len(body):
         return name, None
     for marker, tail in ((CALL_ID, _ID), (ARGS, None)):
-        if prefix_of(body[k:], marker):
+        if prefix_of(body, marker, k):
             return name, None
         if body.startswith(marker, k):
             k += len(marker)
@@ -46,16 +46,18 @@ class MistralFormat(ToolFormat):
     name = "mistral"
     openers = (OPEN,)
 
-    def unit_end(self, body, opener):
+    def unit_end(self, body, opener, memo):
         i = first_visible(body)
         if i is None or body[i] == "[":
-            return i if i is None else json_end(body, i)
-        name, k = _named(body, i)
-        if k is None:
-            return None
-        if name is None:
-            return k            # not a call: its text is content
-        return json_end(body, k)
+            return i if i is None else json_end(body, i, memo)
+        if "named" not in memo:
+            name, k = _named(body, i)
+            if k is None:
+                return None
+            if name is None:
+                return k            # not a call: its text is content
+            memo["named"] = k
+        return json_end(body, memo["named"], memo)
 
     def head(self, body, opener):
         i = skip_blanks(body)

@@ -12,15 +12,15 @@ class ToolCallTokenFormat(ToolFormat):
     name = "tool_call_token"
     openers = (OPEN,)
 
-    def unit_end(self, body, opener):
+    def unit_end(self, body, opener, memo):
         i = first_visible(body)
-        end = i if i is None or body[i] not in "[{" else json_end(body, i)   # not JSON: its text is content
+        end = i if i is None or body[i] not in "[{" else json_end(body, i, memo)   # not JSON: its text is content
         if end is None or end == i:
             return end
         k = skip_blanks(body, end)
         if body.startswith(CLOSE, k):
             return k + len(CLOSE)
-        if prefix_of(body[k:], CLOSE):
+        if prefix_of(body, CLOSE, k):
             return None         # the closing tag may be arriving (or the answer ends here)
         return end
 
