@@ -360,3 +360,55 @@ def test_a_long_call_in_small_pieces_is_read_once(fmt, head, tail):
     assert time.monotonic() - t0 < 20
     value = long if fmt == "qwen3_coder" else json.loads('"' + long + '"')     # text, or a JSON string
     assert json.loads(p.calls[0]["arguments"]) == {"city": value}
+
+
+def test_the_other_apis_read_a_native_call_too(mistral_live):
+    """/v1/responses (a function_call item), /v1/messages (a tool_use block) and Ollama's /api/chat (tool_calls,
+    arguments as an object) read the Mistral call as chat completions do, whole and streamed."""
+    import anthropic
+    c = mistral_live.client()
+    user = [{"role": "user", "content": "weather in Paris?"}]
+    tools = [{"type": "function", "name": n, "parameters": PARAMS[n]} for n in sorted(NAMES)]
+    kw = dict(model="tiny-mistral", input=user, tools=tools, max_output_tokens=200, temperature=0,
+              extra_body={"regex": re.escape(ANSWER)})
+    for r in (c.responses.create(**kw), list(c.responses.create(stream=True, **kw))[-1].response):
+        calls = [(o.name, json.loads(o.arguments)) for o in r.output if o.type == "function_call"]
+        assert calls == [WEATHER] and r.output_text == "Let me see.", r.output
+
+    a = anthropic.Anthropic(base_url=mistral_live.url, api_key="none", max_retries=0, timeout=120)
+    akw = dict(model="tiny-mistral", messages=user, max_tokens=200,
+               tools=[{"name": n, "input_schema": PARAMS[n]} for n in sorted(NAMES)],
+               extra_body={"temperature": 0, "regex": re.escape(ANSWER)})
+    whole = a.messages.create(**akw)
+    with a.messages.stream(**akw) as stream:
+        streamed = stream.get_final_message()
+    for m in (whole, streamed):
+        assert m.stop_reason == "tool_use"
+        assert [(b.type, getattr(b, "text", None) or getattr(b, "input", None)) for b in m.content] == \
+            [("text", "Let me see."), ("tool_use", WEATHER[1])]
+
+    body = {"model": "tiny-mistral", "messages": user, "stream": False, "regex": re.escape(ANSWER),
+            "tools": TOOLS, "options": {"temperature": 0, "num_predict": 200}}
+    msg = httpx.post(mistral_live.url + "/api/chat", json=body, timeout=120).json()["message"]
+    assert [(t["function"]["name"], t["function"]["arguments"]) for t in msg["tool_calls"]] == [WEATHER]
+    assert msg["content"] == "Let me see."
+
+
+def test_a_thought_then_a_native_call():
+    """GLM-4.5 and DeepSeek-R1 think first: the thought is reasoning, the call after it a call, in any pieces."""
+    from llambda.server.think import ThinkParser
+    glm = "<tool_call>get_time\n<arg_key>tz</arg_key>\n<arg_value>{\"a\": 1}</arg_value>\n</tool_call>"
+    for fmt, call in (("glm", glm),
+                      ("deepseek", f"{DS_CALLS}{DS_CALL}function{DS_SEP}get_time\n```json\n{{\"tz\": {{\"a\": 1}}}}\n```"
+                                   f"{DS_END}{DS_CALLS_END}")):
+        text = "<think>The user wants the time.</think>\n\nSure." + call
+        for size in (1, 4, len(text)):
+            p = ThinkParser(FORMATS[fmt].parser(NAMES, True, PARAMS))
+            content, deltas, reasoning = "", [], ""
+            for piece in [text[i:i + size] for i in range(0, len(text), size)]:
+                c, d = p.feed(piece)
+                content, deltas, reasoning = content + c, deltas + d, reasoning + p.take_reasoning()
+            c, d = p.finish()
+            content, deltas, reasoning = content + c, deltas + d, reasoning + p.take_reasoning()
+            assert (reasoning, content) == ("The user wants the time.", "Sure."), (fmt, size)
+            assert [(c["name"], json.loads(c["arguments"])) for c in p.calls] == [TIME], (fmt, size)
