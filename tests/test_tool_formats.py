@@ -39,6 +39,9 @@ CASES = [
     ("qwen3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\n007\n</parameter>\n<parameter=days>\n2\n"
                     "</parameter>\n<parameter=metric>\nfalse\n</parameter>\n</function>\n</tool_call> after",
      "after", [("get_weather", {"city": "007", "days": 2, "metric": False})]),
+    # a Hermes-style JSON call in GLM's or Qwen3-Coder's tags (models drift into it): a call too
+    ("glm", '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>', "", [WEATHER]),
+    ("qwen3_coder", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>', "", [WEATHER]),
     ("mistral", 'Sure[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{"tz": {"a": 1}}',
      "Sure", [WEATHER, TIME]),
     ("mistral", '[TOOL_CALLS]get_weather[CALL_ID]a1B2c3D4e[ARGS]{"city": "Paris"}', "", [WEATHER]),
@@ -66,6 +69,7 @@ NOT_CALLS = [
     ("glm", "<tool_call>rm_rf\n<arg_key>x</arg_key>\n<arg_value>1</arg_value>\n</tool_call>"),    # not offered
     ("glm", "a <tool_call>get_weather\n<arg_key>city</arg_key> junk</tool_call> b"),      # no value: announced,
     ("glm", "<tool_cal> and <arg_key>"),
+    ("glm", '<tool_call>{"name": "rm", "arguments": {}}</tool_call>'),
     ("qwen3_coder", "<tool_call>\n<function=rm>\n</function>\n</tool_call>"),
     ("qwen3_coder", "<tool_call>\nget_weather(city='Paris')\n</tool_call>"),
     ("mistral", '[TOOL_CALLS]rm[ARGS]{"a": 1}'),

@@ -1,11 +1,13 @@
 """GLM-4.5/4.6's calls: `<tool_call>NAME` then `<arg_key>K</arg_key><arg_value>V</arg_value>` pairs
 (blank lines between), then `</tool_call>`. A value is text where the tool's schema says string,
-else JSON when it parses (numbers, booleans, objects), else text."""
+else JSON when it parses (numbers, booleans, objects), else text. A JSON call object in the tags
+(the Hermes form, which models trained on both drift into) is read too."""
 from __future__ import annotations
 
 import re
 
 from .base import ClosedByTag, param_schema, typed_value
+from .json_text import call_objects
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _NAME = re.compile(r"\s*([^\s<]+)[ \t]*(?:\n|<arg_key>|</tool_call>)")
@@ -22,6 +24,8 @@ class GLMFormat(ClosedByTag):
 
     def parse(self, body, opener, params):
         body = self.inner(body)
+        if body.lstrip().startswith("{"):
+            return call_objects(body.strip())      # a Hermes-style JSON call in the tags: read too
         m = re.match(r"\s*([^\s<]+)", body)
         if m is None:
             return None

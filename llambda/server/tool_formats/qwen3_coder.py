@@ -9,12 +9,14 @@
     </tool_call>
 
 A value is the text between its tags less the one newline after the opening tag and the one before
-the closing tag, typed by the tool's schema: text where it says string, else JSON when it parses."""
+the closing tag, typed by the tool's schema: text where it says string, else JSON when it parses.
+A JSON call object in the tags (the Hermes form) is read too."""
 from __future__ import annotations
 
 import re
 
 from .base import ClosedByTag, param_schema, typed_value
+from .json_text import call_objects
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _FUNCTION = re.compile(r"\s*<function=([^>\n]+)>")
@@ -32,6 +34,8 @@ class Qwen3CoderFormat(ClosedByTag):
 
     def parse(self, body, opener, params):
         body = self.inner(body)
+        if body.lstrip().startswith("{"):
+            return call_objects(body.strip())      # a Hermes-style JSON call in the tags: read too
         m = _FUNCTION.match(body)
         if m is None:
             return None
