@@ -64,7 +64,7 @@ class MistralFormat(ToolFormat):
         if i < len(body) and body[i] == "[":
             return json_call_name(body)
         m = _NAME.match(body, i)       # the name is complete once `[ARGS]` (or `[CALL_ID]`, `{`) begins
-        return m.group(0) if m and body[m.end():m.end() + 1] in ("[", "{") and m.end() < len(body) else None
+        return m.group(0) if m and body[m.end():m.end() + 1] in ("[", "{") else None
 
     def args_at(self, body, opener):
         i = skip_blanks(body)
