@@ -12,6 +12,8 @@ import pytest
 
 from llambda.chat import ChatTemplate
 from llambda.server.tool_formats import FORMATS, detect
+from llambda.server.tool_formats.deepseek import DeepSeekFormat
+from llambda.server.tool_formats.mistral import MistralFormat
 from llambda.server.tools import ToolSetup
 
 NAMES = {"get_weather", "get_time"}
@@ -199,6 +201,65 @@ def test_streamed_text_logprobs_leave_out_a_native_call():
     assert _taken_whole(pieces, setup) == ["Sure", ".", " Bye"]
 
 
+# -- a forced tool_choice in the format's own syntax ---------------------------------------------
+
+FORCED = [("mistral", FORMATS["mistral"]), ("mistral array", MistralFormat(tagged=False)),
+          ("deepseek r1", FORMATS["deepseek"]), ("deepseek v3.1", DeepSeekFormat(v31=True)),
+          ("llama3", FORMATS["llama3"]), ("tool_call_token", FORMATS["tool_call_token"])]
+FORCED_TOOLS = [{"type": "function", "function": {"name": n, "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}} for n in sorted(NAMES)]
+
+
+def _write(fmt, name: str, args: str) -> str:
+    """The whole call a model writes in the format (to cut the forced prefix from)."""
+    return {"mistral": f"[TOOL_CALLS]{name}[ARGS]{args}",
+            "mistral array": f'[TOOL_CALLS][{{"name": "{name}", "arguments": {args}}}]',
+            "deepseek r1": f"{DS_CALLS}{DS_CALL}function{DS_SEP}{name}\n```json\n{args}\n```",
+            "deepseek v3.1": f"{DS_CALLS}{DS_CALL}{name}{DS_SEP}{args}",
+            "llama3": f'{{"name": "{name}", "parameters": {args}}}',
+            "tool_call_token": f'<|tool_call|>[{{"name": "{name}", "arguments": {args}}}]'}[fmt]
+
+
+@pytest.mark.parametrize("label, fmt", FORCED)
+def test_a_forced_call_is_written_in_the_formats_own_syntax(label, fmt):
+    """"required" and a named function: the prompt ends with the format's opening of a call (the
+    name too where it is forced), the grammar makes the rest a valid call of an offered tool and
+    nothing more, and the parser of that answer reads the prefix as the call's start."""
+    from test_constrained import ByteVocab
+
+    from llambda.constraints import Grammars, grammar_spec
+    grammars = Grammars(ByteVocab(), 257)
+    for choice, names in (("function", {"get_time"}), ("required", NAMES)):
+        prefix, lark = fmt.forced(FORCED_TOOLS, names, choice)
+        g = grammars.compile(grammar_spec(grammar=lark))
+        for name, args, ok in (("get_time", '{"city": "Oslo"}', True), ("get_time", '{"town": "Oslo"}', False),
+                               ("rm", '{"city": "Oslo"}', False)):
+            whole = _write(label, name, args)
+            if not whole.startswith(prefix):
+                assert not ok or name not in names
+                continue
+            text = whole[len(prefix):]
+            c = g.start()
+            took = all(c.try_advance(b) for b in text.encode()) and c.accepting     # the whole text, and ends
+            assert took == ok, (label, choice, text)
+            if ok:
+                setup = ToolSetup(names, prefix, format=fmt, params=PARAMS)
+                assert _calls_of(setup.extract(text)) == ("", [("get_time", {"city": "Oslo"})]), (label, choice)
+                for size in (1, 3):
+                    p = setup.parser()
+                    out = [p.feed(text[i:i + size]) for i in range(0, len(text), size)] + [p.finish()]
+                    assert "".join(c for c, _ in out) == "" and [c["name"] for c in p.calls] == ["get_time"]
+                    assert json.loads(p.calls[0]["arguments"]) == {"city": "Oslo"} and p.content_spans() == []
+    # GLM's and Qwen3-Coder's values are text in tags: their forced calls are written in the Hermes form
+    assert FORMATS["glm"].forced(FORCED_TOOLS, NAMES, "required") is None
+    assert FORMATS["qwen3_coder"].forced(FORCED_TOOLS, NAMES, "required") is None
+
+
+def _calls_of(answer):
+    content, calls = answer
+    return content, [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
+
+
 # -- which format a template asks for --------------------------------------------------------
 # short snippets in each family's shape (how their templates write an earlier call), not copies
 
@@ -229,6 +290,15 @@ DETECT = [
 def test_the_format_is_told_from_the_template(want, template):
     got = detect(template)
     assert (got.name if got is not None else None) == want
+
+
+def test_the_forced_form_is_told_from_the_template_too():
+    v31 = ("{{'<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>'+ tool['function']['name'] + '<｜tool▁sep｜>' + "
+           "tool['function']['arguments'] + '<｜tool▁call▁end｜>'}}")
+    r1 = DETECT[2][1]
+    assert detect(v31).v31 and not detect(r1).v31
+    assert detect(DETECT[3][1]).tagged                       # `[TOOL_CALLS]NAME[ARGS]{...}`
+    assert not detect('{% if tools %}[AVAILABLE_TOOLS]{% endif %}[TOOL_CALLS] {{ calls|tojson }}').tagged
 
 
 def test_gguf_templates_of_hermes_and_plain_models_keep_the_hermes_parser(qwen05_gguf):
@@ -296,74 +366,30 @@ def test_server_reads_a_mistral_models_calls_whole_and_streamed(mistral_live):
     assert r.status_code == 200 and '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}' in r.json()["prompt"], r.text
 
 
-def test_server_forces_a_call_in_the_hermes_form_for_a_native_format(mistral_live):
-    """tool_choice "required" / a named function: the answer is started and constrained as a Hermes
-    call (not the model's own syntax), and that request's answer is read as Hermes."""
+def test_server_forces_a_call_in_the_models_own_syntax(mistral_live):
+    """tool_choice a named function / "required": the prompt ends with `[TOOL_CALLS]get_time[ARGS]` (or
+    `[TOOL_CALLS]`), so the model writes only the arguments (the name too under "required") under the
+    grammar; no Hermes `<tool_call>` in what it generates."""
+    from test_tool_calls import _stream_tool_calls
+
     c = mistral_live.client()
-    forced = {"type": "function", "function": {"name": "get_time"}}
-    ch = c.chat.completions.create(model="tiny-mistral", messages=[{"role": "user", "content": "time?"}], tools=TOOLS,
-                                   tool_choice=forced, max_tokens=60, temperature=0).choices[0]
-    assert [t.function.name for t in ch.message.tool_calls] == ["get_time"] and not ch.message.content
-    if ch.finish_reason == "tool_calls":
-        assert isinstance(json.loads(ch.message.tool_calls[0].function.arguments), dict)
-    else:
-        assert ch.finish_reason == "length"       # the random model's arguments ran past max_tokens
-
-
-FUZZ_PARTS = {
-    "glm": ["<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "get_time",
-            "\n", " ", "x", '{"a": 1}', "<tool_c"],
-    "qwen3_coder": ["<tool_call>", "</tool_call>", "<function=get_time>", "</function>", "<parameter=tz>",
-                    "</parameter>", "\n", " ", "1", "<function=", "<tool_c"],
-    "mistral": ["[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "get_time", "{", "}", "[", "]", '"', ":", ",", " ", "x",
-                '{"name": "get_time", "arguments": {}}', "[TOOL_"],
-    "llama3": ["<|python_tag|>", '{"name": "get_time", "parameters": ', "{", "}", ";", " ", '"', "x", "<|pyth"],
-    "deepseek": [DS_CALLS, DS_CALL, DS_SEP, DS_END, DS_CALLS_END, "function", "get_time", "\n", "```json\n", "```",
-                 "{", "}", " ", "x", "<｜tool"],
-    "tool_call_token": ["<|tool_call|>", "<|/tool_call|>", '[{"name": "get_time", "arguments": ', "{", "}", "]",
-                        "[", " ", '"', "x", "<|tool_"],
-}
-
-
-@pytest.mark.parametrize("fmt", sorted(FUZZ_PARTS))
-def test_random_mixes_of_a_formats_pieces_lose_no_text(fmt):
-    """The parser never raises, streamed in any pieces and whole agree, and whatever is not a call comes
-    back as content, character for character."""
-    import random
-    rng = random.Random(fmt)
-    for _ in range(150):
-        text = "".join(rng.choice(FUZZ_PARTS[fmt]) for _ in range(rng.randint(0, 14)))
-        whole, calls, _ = _whole(fmt, text)
-        if not calls:
-            assert whole == text
-        for size in (1, 2, 5, len(text) or 1):
-            content, scalls, _ = _stream(fmt, text, size)
-            assert all(n in NAMES for n, _ in scalls)
-            if not scalls:
-                assert content == text, (text, size)
-            if calls:
-                assert content.strip() == whole and scalls == calls, (text, size)
-
-
-@pytest.mark.parametrize("fmt, head, tail", [
-    ("mistral", "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"", "\"}"),
-    ("tool_call_token", '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "', '"}}]'),
-    ("qwen3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\n", "\n</parameter>\n</function>\n</tool_call>"),
-])
-def test_a_long_call_in_small_pieces_is_read_once(fmt, head, tail):
-    """A call's text is not re-read from its start at every piece: 200k characters in pieces of 4 (a
-    reading that scans it again at each piece takes minutes)."""
-    import time
-    long = "ab{[\\\"" * 33_000
-    text = head + long + tail
-    p = FORMATS[fmt].parser(NAMES, True, PARAMS)
-    t0 = time.monotonic()
-    for i in range(0, len(text), 4):
-        p.feed(text[i:i + 4])
-    p.finish()
-    assert time.monotonic() - t0 < 20
-    value = long if fmt == "qwen3_coder" else json.loads('"' + long + '"')     # text, or a JSON string
-    assert json.loads(p.calls[0]["arguments"]) == {"city": value}
+    kw = dict(model="tiny-mistral", messages=[{"role": "user", "content": "time?"}], tools=FORCED_TOOLS,
+              max_tokens=40, temperature=0, logprobs=True)
+    for choice, names in (({"type": "function", "function": {"name": "get_time"}}, ["get_time"]),
+                          ("required", sorted(NAMES))):
+        ch = c.chat.completions.create(**kw, tool_choice=choice).choices[0]
+        assert len(ch.message.tool_calls) == 1 and ch.message.tool_calls[0].function.name in names
+        assert not ch.message.content
+        generated = "".join(t.token for t in ch.logprobs.content)
+        assert "tool_call" not in generated and "TOOL_CALLS" not in generated, generated
+        if ch.finish_reason == "tool_calls":
+            assert json.loads(ch.message.tool_calls[0].function.arguments).keys() == {"city"}
+        else:
+            assert ch.finish_reason == "length"       # the random model's string ran past max_tokens
+        content, calls, finish = _stream_tool_calls(c, **kw, tool_choice=choice)
+        assert (content, finish) == ("", ch.finish_reason)
+        assert calls == [{"name": ch.message.tool_calls[0].function.name,
+                          "arguments": ch.message.tool_calls[0].function.arguments}]
 
 
 def test_the_other_apis_read_a_native_call_too(mistral_live):

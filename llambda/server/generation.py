@@ -133,7 +133,7 @@ class Service:
             forced = spec.tool_choice != "auto"
             setup, grammar = self._tool_setup(spec, constrained=generic or self.template_hermes or
                                               (native is not None and forced), generic=generic,
-                                              think_first=think_first, native=None if forced else native)
+                                              think_first=think_first, native=native)
             if self.harmony and not generic:
                 setup = replace(setup or ToolSetup(), harmony=True)
             if thought is not None:
@@ -160,12 +160,21 @@ class Service:
         a call, with "auto" it may be text, and a call it starts is valid. Calls in other
         templates' formats are only parsed. think_first: a `<think>` thought may come before the
         answer (the grammar waits for it), so a forced call's opening is the grammar's, not the prompt's.
-        native: the model's own call format (tool_formats), read instead of the Hermes form."""
+        native: the model's own call format (tool_formats), read instead of the Hermes form; a forced
+        call is written in it where the format can (its opening prefilled, the rest under its grammar),
+        else (and after a thought) in the Hermes form, and that answer read as Hermes."""
         if not spec.tools:
             return None, None
         names = {spec.forced_tool} if spec.tool_choice == "function" else tool_names(spec.tools)
+        forced = spec.tool_choice != "auto"
+        native_call = native.forced(spec.tools, names, spec.tool_choice) if native and forced and not think_first \
+            else None
+        if forced and native_call is None:
+            native = None
         prefix = opening = ""
-        if constrained and spec.tool_choice != "auto":
+        if native_call is not None:
+            prefix = native_call[0]
+        elif constrained and forced:
             # the answer starts as a call (prefilled, not decoded token by token; after a thought, forced)
             opening = hermes_prefix("required" if spec.tool_choice == "required" else spec.forced_tool)
             prefix = "" if think_first else opening
@@ -178,6 +187,8 @@ class Service:
                               "a call", param=spec.constraint_param)
         if spec.constraint is not None:      # auto: the client's format for text answers wins
             return setup, None
+        if native_call is not None:          # one call, in the model's own syntax
+            return setup, GrammarSpec("lark", native_call[1])
         # a named function is one call of it; "required" may make several (parallel_tool_calls), but
         # not through the generic prompt: models never trained on calls repeat them until max_tokens
         lark = tool_grammar(spec.tools, names, spec.tool_choice,

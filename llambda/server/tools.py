@@ -53,7 +53,7 @@ class ToolSetup:
     def parser(self):
         """A parser of the answer's calls (ToolCallParser's interface, whatever the format)."""
         if self.format is not None:
-            return self.format.parser(self.names, self.parallel, self.params)
+            return self.format.parser(self.names, self.parallel, self.params, self.prefix)
         return ToolCallParser(self.names, self.prefix, self.parallel)
 
     def extract(self, text: str) -> tuple[str, list[dict]]:

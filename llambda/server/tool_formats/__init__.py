@@ -10,6 +10,8 @@ by blocks.BlockParser, which has the Hermes parser's interface (ToolSetup.parser
 """
 from __future__ import annotations
 
+import re
+
 from .base import ToolFormat
 from .deepseek import DeepSeekFormat
 from .glm import GLMFormat
@@ -31,9 +33,11 @@ def detect(template: str) -> ToolFormat | None:
     if "<function=" in template and "<parameter=" in template:
         return FORMATS["qwen3_coder"]
     if "tool▁calls▁begin" in template or "tool▁call▁begin" in template:
-        return FORMATS["deepseek"]
+        # V3.1 writes the arguments right after the separator, V3/R1 the type, then the name and a fence
+        return DeepSeekFormat(v31=re.search(r"tool▁sep｜>'\s*\+\s*\w+\['function'\]\['arguments'\]", template)
+                              is not None)
     if "[TOOL_CALLS]" in template:
-        return FORMATS["mistral"]
+        return MistralFormat(tagged="[ARGS]" in template)
     if "<|tool_call|>" in template or "<|tool|>" in template:
         return FORMATS["tool_call_token"]
     if "<tool_call>" in template:

@@ -18,7 +18,8 @@ A format (one module each) says where its calls are in the answer:
 - `parse(body, opener, params)`: the unit's calls as [(name, arguments dict)], or None when it is not
   a call (body may lack its closing marker: the answer ended there); params: each tool's JSON schema;
 - `after(rest)`: what follows a unit: ("text", n) (n characters of glue, such as a closing wrapper,
-  are dropped), ("unit", n) (another unit begins after n characters), or None while it cannot tell.
+  are dropped), ("unit", n) (another unit begins after n characters), or None while it cannot tell;
+- `forced(tools, names, choice)`: a forced tool_choice written in the format (forcing.py), or None.
 
 `blocks.BlockParser` runs any format over streamed text with ToolCallParser's interface.
 """
@@ -50,9 +51,14 @@ class ToolFormat:
     def after(self, rest: str) -> tuple[str, int] | None:
         return ("text", 0)
 
-    def parser(self, names: set[str], parallel: bool = True, params: dict | None = None):
+    def forced(self, tools: list, names: set[str], choice: str) -> tuple[str, str] | None:
+        """A forced call in this format: (the prompt's last text, the grammar of the rest), forcing.py;
+        None: not written in this format (the Hermes form is forced instead)."""
+        return None
+
+    def parser(self, names: set[str], parallel: bool = True, params: dict | None = None, prefix: str = ""):
         from .blocks import BlockParser
-        return BlockParser(self, names, parallel, params or {})
+        return BlockParser(self, names, parallel, params or {}, prefix)
 
 
 class ClosedByTag(ToolFormat):

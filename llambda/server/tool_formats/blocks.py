@@ -24,7 +24,7 @@ START, TEXT, UNIT, AFTER = "start", "text", "unit", "after"
 
 
 class BlockParser:
-    def __init__(self, fmt, names: set[str], parallel: bool = True, params: dict | None = None):
+    def __init__(self, fmt, names: set[str], parallel: bool = True, params: dict | None = None, prefix: str = ""):
         self.fmt, self.names, self.parallel, self.params = fmt, names, parallel, params or {}
         self.state = START if fmt.bare else TEXT
         self.buf = ""                 # text not yet decided on (always the tail of what was fed)
@@ -40,6 +40,12 @@ class BlockParser:
         self.memo: dict = {}
         self._out: list[tuple] = []
         self._spans: list[tuple[int, int]] = []
+        # a forced call's opening (the prompt's end, not generated): read first, its output (the call's
+        # announcement) carried to the first real output, and the spans counted after it
+        self._skip = len(prefix)
+        self._carry: tuple | None = None
+        if prefix:
+            self._carry = self.feed(prefix)
 
     # -- output ----------------------------------------------------------------------------------
     def _here(self) -> int:
@@ -62,13 +68,13 @@ class BlockParser:
         self._out.append(("delta", {"index": len(self.calls) - 1, "function": {"arguments": text}}))
 
     def content_spans(self) -> list[tuple[int, int]]:
-        return list(self._spans)
+        """Where the content lies in the generated text (after any prefix)."""
+        return [(max(s - self._skip, 0), e - self._skip) for s, e in self._spans if e > self._skip]
 
     def settled(self) -> int:
         """How much of the text fed is decided: not what is held, nor a unit not yet announced."""
-        if self.state == UNIT and not self.announced:
-            return self.block_at
-        return self._here()
+        at = self.block_at if self.state == UNIT and not self.announced else self._here()
+        return max(at - self._skip, 0)
 
     def reasoning_spans(self) -> list[tuple[int, int]]:
         return []
@@ -95,7 +101,11 @@ class BlockParser:
 
     def _take(self) -> tuple[str, list[dict]]:
         out, self._out = self._out, []
-        return "".join(v for k, v in out if k == "content"), merge_call_deltas([v for k, v in out if k == "delta"])
+        content, deltas = "".join(v for k, v in out if k == "content"), [v for k, v in out if k == "delta"]
+        if self._carry is not None:
+            (c0, d0), self._carry = self._carry, None
+            content, deltas = c0 + content, d0 + deltas
+        return content, merge_call_deltas(deltas)
 
     def _advance(self) -> bool:
         s = self.state

@@ -11,6 +11,7 @@ import json
 import re
 
 from .base import ClosedByTag, prefix_of, skip_blanks
+from .forcing import forced_call
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
@@ -44,6 +45,17 @@ def _split(text: str) -> tuple[str, str] | None:
 class DeepSeekFormat(ClosedByTag):
     name = "deepseek"
     openers, close = (CALLS_BEGIN, CALL_BEGIN), CALL_END
+
+    def __init__(self, v31: bool = False):
+        self.v31 = v31              # the template writes V3.1's `NAME<｜tool▁sep｜>{...}` (else V3/R1's form)
+
+    def forced(self, tools, names, choice):
+        begin = CALLS_BEGIN + CALL_BEGIN
+        if self.v31:
+            return forced_call(tools, names, choice, lambda n: begin + n + SEP if n else begin, lambda n: n + SEP, "")
+        fence = "\n```json\n"
+        return forced_call(tools, names, choice, lambda n: begin + "function" + SEP + (n + fence if n else ""),
+                           lambda n: n + fence, "\n```")
 
     def head(self, body, opener):
         got = _split(_call_text(body, opener))

@@ -3,6 +3,7 @@ after `<|python_tag|>`; several are separated by `;`."""
 from __future__ import annotations
 
 from .base import ToolFormat, first_visible, skip_blanks
+from .forcing import json_call
 from .json_text import call_objects, json_call_args, json_call_name, json_end
 
 PYTHON_TAG = "<|python_tag|>"
@@ -27,6 +28,9 @@ class Llama3Format(ToolFormat):
     def parse(self, body, opener, params):
         calls = call_objects(body.strip())
         return calls if calls is not None and len(calls) == 1 and body.strip().startswith("{") else None
+
+    def forced(self, tools, names, choice):
+        return json_call("parameters", "", "")(tools, names, choice)
 
     def after(self, rest):
         i = skip_blanks(rest)

@@ -8,6 +8,7 @@ import json
 import re
 
 from .base import ToolFormat, first_visible, prefix_of, skip_blanks
+from .forcing import forced_call, json_call
 from .json_text import call_objects, json_call_args, json_call_name, json_end
 
 OPEN, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
@@ -45,6 +46,14 @@ def _named(body: str, i: int) -> tuple[str | None, int | None]:
 class MistralFormat(ToolFormat):
     name = "mistral"
     openers = (OPEN,)
+
+    def __init__(self, tagged: bool = True):
+        self.tagged = tagged        # the template writes `NAME[ARGS]{...}` (else a JSON array)
+
+    def forced(self, tools, names, choice):
+        if not self.tagged:
+            return json_call("arguments", OPEN + "[", "]")(tools, names, choice)
+        return forced_call(tools, names, choice, lambda n: OPEN + n + ARGS if n else OPEN, lambda n: n + ARGS, "")
 
     def unit_end(self, body, opener, memo):
         i = first_visible(body)

@@ -3,6 +3,7 @@ objects (Phi-4-mini closes it with `<|/tool_call|>`, Granite does not)."""
 from __future__ import annotations
 
 from .base import ToolFormat, first_visible, prefix_of, skip_blanks
+from .forcing import json_call
 from .json_text import call_objects, json_call_args, json_call_name, json_end
 
 OPEN, CLOSE = "<|tool_call|>", "<|/tool_call|>"
@@ -29,6 +30,9 @@ class ToolCallTokenFormat(ToolFormat):
 
     def args_at(self, body, opener):
         return json_call_args(body)
+
+    def forced(self, tools, names, choice):
+        return json_call("arguments", OPEN + "[", "]")(tools, names, choice)
 
     def parse(self, body, opener, params):
         body = body.strip()
