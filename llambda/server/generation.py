@@ -65,8 +65,8 @@ class Service:
         self.template_has_tools = "tools" in src
         # gpt-oss answers in channels (analysis, final) and calls tools as messages to functions.NAME
         self.harmony = speaks_harmony(model)
-        # other families call tools in their own syntax (GLM, Qwen3-Coder, DeepSeek, Mistral, ...): read
-        # in it under tool_choice "auto"; a forced choice still writes (and reads) the Hermes form
+        # other families call tools in their own syntax (GLM, Qwen3-Coder, DeepSeek, Mistral, ...): read in
+        # it; a forced tool_choice is written in it where the format can, else in the Hermes form
         self.tool_format = None if self.harmony else detect_tool_format(src)
         # Hermes/Qwen-style templates: calls are <tool_call>{json}</tool_call>, so a forced
         # tool_choice can start the answer with the opening of a call
@@ -158,7 +158,7 @@ class Service:
         """Calls in the <tool_call> format (Hermes-style templates and the generic prompt) are
         generated under a grammar: with tool_choice "required" or a forced function the answer is
         a call, with "auto" it may be text, and a call it starts is valid. Calls in other
-        templates' formats are only parsed. think_first: a `<think>` thought may come before the
+        templates' formats are only parsed under "auto". think_first: a `<think>` thought may come before the
         answer (the grammar waits for it), so a forced call's opening is the grammar's, not the prompt's.
         native: the model's own call format (tool_formats), read instead of the Hermes form; a forced
         call is written in it where the format can (its opening prefilled, the rest under its grammar),
