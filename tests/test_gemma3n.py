@@ -1,0 +1,165 @@
+"""Gemma 3n's text decoder: its C ops against the NumPy oracle on every ISA path, KV sharing in the cache
+and the memory plan, the config's checks, and the GGUF round trip (against llama.cpp where it is installed).
+The whole model against transformers is tests/test_tiny_models.py's (folder `gemma3n`)."""
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import llambda
+from llambda.backends import available_backends
+from llambda.backends.numpy_ref import NumpyBackend
+from llambda.errors import ModelFormatError
+
+TINY = Path(__file__).parent / "fixtures" / "reference" / "tiny" / "gemma3n"
+
+needs_native = pytest.mark.skipif("native" not in available_backends(), reason="the C core is not built here")
+
+
+def reference() -> dict:
+    return json.loads((TINY / "reference.json").read_text(encoding="utf-8"))
+
+
+# ---------------------------------------------------------------- the C ops against NumPy
+
+def _native():
+    from llambda.backends.native import NativeBackend
+    return NativeBackend(activations="f32", kv_type="f32")
+
+
+@needs_native
+@pytest.mark.parametrize("n, d", [(1, 5), (3, 64), (37, 2048)])
+def test_gaussian_topk_mul_rows_rms_match(isa, n, d):
+    rng = np.random.default_rng(n * d)
+    x = rng.standard_normal((n, d)).astype(np.float32) * 3
+    w = rng.standard_normal(d).astype(np.float32)
+    ref, nat = NumpyBackend(), _native()
+    for mult in (1.6448536, 0.0, -0.5):
+        a, b = x.copy(), x.copy()
+        ref.gaussian_topk(a, mult)
+        nat.gaussian_topk(b, mult)
+        np.testing.assert_allclose(b, a, atol=2e-5, rtol=1e-5)
+        if mult > 1:
+            assert (b == 0).mean() > 0.8          # about 95 % of a gaussian row is cut
+    a, b = np.empty_like(x), np.empty_like(x)
+    ref.mul_rows(x, w, a)
+    nat.mul_rows(x, w, b)
+    np.testing.assert_array_equal(b, a)
+    t = rng.standard_normal((n, d)).astype(np.float32) * 7
+    y = x.copy()
+    y[0] *= 1e-6                                  # below the 1e-5 floor of mean(y^2)
+    ref.rms_match(y, t, a)
+    nat.rms_match(y, t, b)
+    np.testing.assert_allclose(b, a, rtol=2e-6, atol=1e-7)
+    nat.rms_match(y, t, y)                        # in place
+    np.testing.assert_allclose(y, a, rtol=2e-6, atol=1e-7)
+
+
+@needs_native
+@pytest.mark.parametrize("A, n, d, idx", [(4, 1, 8, 0), (4, 5, 64, 0), (3, 40, 2048, 2), (2, 2, 3, 1)])
+def test_altup_predict_and_correct(isa, A, n, d, idx):
+    rng = np.random.default_rng(A * n * d)
+    x = rng.standard_normal((A, n, d)).astype(np.float32)
+    coef = rng.standard_normal((n, A * A)).astype(np.float32)
+    ref, nat = NumpyBackend(), _native()
+    a, b = np.empty_like(x), np.empty_like(x)
+    ref.altup_predict(x, coef, a)
+    nat.altup_predict(x, coef, b)
+    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+    c2 = rng.standard_normal((n, A)).astype(np.float32)
+    active = rng.standard_normal((n, d)).astype(np.float32)
+    want = np.empty_like(x)
+    ref.altup_correct(a, c2, active, idx, want)
+    got = b.copy()
+    nat.altup_correct(got, c2, active, idx, got)          # in place, as the model runs it
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@needs_native
+def test_altup_ops_refuse_bad_arguments():
+    from llambda import _native as C
+    x = np.zeros((4, 2, 8), np.float32)
+    with pytest.raises(ValueError, match="overlaps its input"):
+        C.altup_predict(x, np.zeros((2, 16), np.float32), x, 4, 2, 8)
+    with pytest.raises(ValueError, match="idx"):
+        C.altup_correct(x, np.zeros((2, 4), np.float32), np.zeros((2, 8), np.float32), 4, x.copy(), 4, 2, 8)
+    with pytest.raises(ValueError):
+        C.mul_rows(np.zeros((2, 8), np.float32), np.zeros(7, np.float32), np.zeros((2, 8), np.float32), 2, 8)
+    with pytest.raises(ValueError, match="mult"):
+        C.gaussian_topk(np.zeros((2, 8), np.float32), 2, 8, float("nan"))
+
+
+# ---------------------------------------------------------------- KV sharing
+
+def test_shared_layers_keep_no_cache_and_read_their_source():
+    with llambda.load(TINY, backend="numpy", n_ctx=64) as m:
+        cfg, t = m.config, m.transformer
+        assert cfg.kv_shared_layers == 2
+        assert [cfg.kv_source(i) for i in (19, 20, 21)] == [19, 18, 19]
+        assert t.cache.n_layers == 20 and len(t.cache.k) == 20          # 22 layers, 20 caches
+        assert t.kv_layer[20] == t.kv_layer[18] and t.kv_layer[21] == t.kv_layer[19]
+        assert t.layers[20].wk is None and t.layers[21].wv is None
+
+
+def test_memory_plan_counts_only_layers_with_their_own_cache():
+    from llambda.formats.open import open_model
+    from llambda.models.memory import plan
+    src = open_model(TINY)
+    try:
+        p = plan(src, n_ctx=64)
+        cfg = src.config
+        assert p.kv_per_token == 2 * 20 * cfg.kv_dim * 4
+    finally:
+        src.close()
+
+
+# ---------------------------------------------------------------- configs
+
+def _copy(tmp_path, edit) -> Path:
+    d = tmp_path / "g3n"
+    d.mkdir()
+    cfg = json.loads((TINY / "config.json").read_text())
+    edit(cfg)
+    (d / "config.json").write_text(json.dumps(cfg))
+    (d / "model.safetensors").symlink_to(TINY / "model.safetensors")
+    return d
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: c.update(intermediate_size=[64] * 21 + [32]), "different sizes"),
+    (lambda c: c.update(activation_sparsity_pattern=[0.95] * 3), "one value per layer"),
+    (lambda c: c.update(activation_sparsity_pattern=[1.5] * 22), r"not in \[0, 1\)"),
+    (lambda c: c.update(num_kv_shared_layers=22), "leaves no layer"),
+    (lambda c: c.update(altup_num_inputs=1), "AltUp"),
+    (lambda c: c.update(altup_active_idx=4), "AltUp"),
+    (lambda c: c.update(vocab_size_per_layer_input=600), "exceeds vocab_size"),
+    (lambda c: c.update(layer_types=["sliding_attention"] * 21 + ["full_attention"]), "earlier full layer"),
+])
+def test_bad_configs_are_model_format_errors(tmp_path, edit, message):
+    with pytest.raises(ModelFormatError, match=message):
+        llambda.load(_copy(tmp_path, edit), backend="numpy", n_ctx=32)
+
+
+def test_multimodal_checkpoint_runs_its_text_decoder_and_skips_the_towers(tmp_path):
+    """Gemma3nForConditionalGeneration's layout: the decoder under model.language_model., a vision tower
+    beside it (skipped), shared layers still holding k/v weights (read, not used)."""
+    from llambda.formats.safetensors import SafetensorsFile, write_safetensors
+    text = json.loads((TINY / "config.json").read_text())
+    cfg = {"architectures": ["Gemma3nForConditionalGeneration"], "model_type": "gemma3n", "text_config": text,
+           "vision_config": {"hidden_size": 8}}
+    d = tmp_path / "mm"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(cfg))
+    with SafetensorsFile(TINY / "model.safetensors") as f:
+        tensors = {n.replace("model.", "model.language_model.", 1): t for n, t in f.tensors.items()}
+        tensors["model.vision_tower.timm_model.conv_stem.conv.weight"] = np.zeros((4, 3), np.float32)
+        for leaf in ("k_proj", "v_proj"):
+            tensors[f"model.language_model.layers.20.self_attn.{leaf}.weight"] = np.ones((16, 32), np.float32)
+        tensors["model.language_model.layers.20.self_attn.k_norm.weight"] = np.ones(16, np.float32)
+        write_safetensors(d / "model.safetensors", tensors)
+    inp = reference()["inputs"][1]
+    with llambda.load(d, backend="numpy", n_ctx=64) as m:
+        got = m.logits(inp["input_ids"])
+    np.testing.assert_allclose(got, np.array(inp["logits_last3"][-1], np.float32), atol=1e-3, rtol=0)
