@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import ModelFormatError
+from ..formats.quants import QType
 from ..formats.weights import WeightTensor
 from .config import TransformerConfig, check_int, check_number
 from .gemma2 import check_hf_activation
@@ -251,7 +252,7 @@ def gguf_metadata(cfg: Gemma3nConfig) -> dict:
 
 
 def gguf_tensors(cfg: Gemma3nConfig, tensors: dict) -> dict:
-    """The file's layout: the AltUp projections stacked into one 3-D tensor each, the per-layer table
+    """The file's layout: vectors in F32, the AltUp projections stacked into one 3-D tensor each, the per-layer table
     vocab_size tall (ids past vocab_size_per_layer_input: copies of row 0, the rule the model runs by;
     llama.cpp's converter pads zeros, the same where row 0 is zero)."""
     out, d = {}, cfg.d_model
@@ -269,5 +270,14 @@ def gguf_tensors(cfg: Gemma3nConfig, tensors: dict) -> dict:
             rows = t.rows2d()
             extra = np.repeat(rows[:1], cfg.vocab_size - t.rows, axis=0)
             t = WeightTensor(t.name, t.qtype, (cfg.vocab_size, t.cols), np.concatenate([rows, extra]).reshape(-1))
+        if len(t.shape) == 1 and t.qtype != QType.F32:      # llama.cpp multiplies by vectors in F32 only
+            t = WeightTensor.from_float(t.name, t.to_float32().reshape(-1))
         out[name] = t
+    for i in range(cfg.n_layers - cfg.kv_shared_layers, cfg.n_layers):
+        # llama.cpp requires every layer's k/v (real checkpoints hold them; transformers 5 saves none for a
+        # shared layer): never read by either, written as zeros where the source has none
+        b = f"blk.{i}."
+        for leaf, shape in (("attn_k.weight", (cfg.kv_dim, d)), ("attn_v.weight", (cfg.kv_dim, d)),
+                            ("attn_k_norm.weight", (cfg.head_dim,))):
+            out.setdefault(b + leaf, WeightTensor.from_float(b + leaf, np.zeros(shape, np.float32)))
     return out
