@@ -78,6 +78,15 @@ def test_altup_predict_and_correct(isa, A, n, d, idx):
 
 
 @needs_native
+def test_ids_below():
+    ids = np.array([0, 5, 479, 480, 511, -3], np.int32)
+    a, b = np.empty_like(ids), np.empty_like(ids)
+    NumpyBackend().ids_below(ids, 480, a)
+    _native().ids_below(ids, 480, b)
+    assert a.tolist() == b.tolist() == [0, 5, 479, 0, 0, 0]
+
+
+@needs_native
 def test_altup_ops_refuse_bad_arguments():
     from llambda import _native as C
     x = np.zeros((4, 2, 8), np.float32)
@@ -238,3 +247,25 @@ def test_llama_cpp_runs_our_gguf_as_we_do(tmp_path):
         ours = m.logits(ids)
     assert float(np.abs(ours - theirs).max()) <= 0.25
     assert theirs.std() > 1.5
+
+
+def test_ollama_spelling_of_the_metadata_reads_the_same(tmp_path):
+    """Ollama's converter (gemma3n:e2b / e4b) names the local RoPE base rope.freq_base_local and the head
+    size head_dim, and writes no final soft cap (30, the default); the same tensors give the same model."""
+    from llambda.formats.gguf import GGUFFile
+    from llambda.formats.gguf_writer import write_gguf
+    from llambda.tools.export import export
+    ours = export(TINY, tmp_path / "ours.gguf", fmt="gguf")
+    with GGUFFile(ours) as f:
+        meta = dict(f.metadata)
+        tensors = [(n, t.qtype, np.asarray(f.view(t.data)), tuple(t.shape)) for n, t in f.tensors.items()]
+        meta["gemma3n.rope.freq_base_local"] = meta.pop("gemma3n.rope.freq_base_swa")
+        meta["gemma3n.head_dim"] = meta.pop("gemma3n.attention.key_length")
+        del meta["gemma3n.attention.value_length"]
+        assert meta.pop("gemma3n.final_logit_softcapping") == 30.0
+        write_gguf(tmp_path / "ollama.gguf", meta, tensors)
+    inp = reference()["inputs"][1]
+    with llambda.load(tmp_path / "ollama.gguf", backend="numpy", n_ctx=64) as m:
+        assert m.config.final_softcap == 30.0 and m.config.rope_theta_local == 10000.0
+        np.testing.assert_allclose(m.logits(inp["input_ids"]), np.array(inp["logits_last3"][-1], np.float32),
+                                   atol=1e-3, rtol=0)

@@ -3,6 +3,7 @@
  * plain C (the same on every ISA), over the pool's threads when there are enough rows; each row's sums
  * in one order whatever the threads, so a row's result does not depend on the batch. */
 #include <math.h>
+#include <stdint.h>
 
 #include "core/threadpool.h"
 #include "ops/ops.h"
@@ -114,4 +115,8 @@ void llb_altup_correct(const float *pred, const float *coef, const float *active
     struct rows_task t = {.row = correct_row, .a = pred, .b = coef, .c = active, .out = out, .n = n, .d = d, .k = A,
                           .s = (float)idx};
     run_rows(&t);
+}
+
+void llb_ids_below(const int32_t *ids, int32_t limit, int32_t *out, long n) {
+    for (long i = 0; i < n; i++) out[i] = ids[i] >= 0 && ids[i] < limit ? ids[i] : 0;
 }

@@ -125,6 +125,7 @@ void llb_sigmoid_mul(const float *x, const float *gate, float *out, long count);
 
 /* Gemma 3n (altup.c): rows of d values, n tokens; A streams of n rows each, stream-major */
 void llb_mul_rows(const float *x, const float *w, float *out, long n, long d);   /* out[i] = x[i] * w */
+void llb_ids_below(const int32_t *ids, int32_t limit, int32_t *out, long n);  /* ids[i] < limit ? ids[i] : 0 */
 void llb_gaussian_topk(float *x, long n, long d, float mult);  /* relu(x - mean - std * mult) per row, std over d */
 /* out[i] = y[i] * rms(target[i]) / sqrt(max(mean(y[i]^2), 1e-5)) */
 void llb_rms_match(const float *y, const float *target, float *out, long n, long d);

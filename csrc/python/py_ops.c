@@ -615,9 +615,11 @@ static PyObject *py_copy_blocks(PyObject *self, PyObject *const *args, Py_ssize_
 /* ---- Gemma 3n (ops/altup.c) ------------------------------------------------ */
 
 struct altup_args {
-    int kind;                       /* 0 mul_rows, 1 gaussian_topk, 2 rms_match, 3 altup_predict, 4 altup_correct */
+    int kind;  /* 0 mul_rows, 1 gaussian_topk, 2 rms_match, 3 altup_predict, 4 altup_correct, 5 ids_below */
     const float *a, *b, *c;
     float *out;
+    const int32_t *ids;
+    int32_t *iout;
     long streams, n, d, idx;
     float s;
 };
@@ -629,7 +631,8 @@ static int run_altup(const void *p) {
     case 1: llb_gaussian_topk(a->out, a->n, a->d, a->s); break;
     case 2: llb_rms_match(a->a, a->b, a->out, a->n, a->d); break;
     case 3: llb_altup_predict(a->a, a->b, a->out, a->streams, a->n, a->d); break;
-    default: llb_altup_correct(a->a, a->b, a->c, a->idx, a->out, a->streams, a->n, a->d); break;
+    case 4: llb_altup_correct(a->a, a->b, a->c, a->idx, a->out, a->streams, a->n, a->d); break;
+    default: llb_ids_below(a->ids, (int32_t)a->idx, a->iout, a->n); break;
     }
     return 0;
 }
@@ -733,6 +736,24 @@ static PyObject *py_altup_correct(PyObject *self, PyObject *const *args, Py_ssiz
     return altup_op("altup_correct", 4, args, nargs);
 }
 
+/* ids_below(ids, limit, out, n): out[i] = ids[i] if 0 <= ids[i] < limit, else 0 (int32). */
+static PyObject *py_ids_below(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    static const char *op = "ids_below";
+    if (llb_arg_nargs(op, nargs, 4, "ids, limit, out, n")) return NULL;
+    long n, limit;
+    if (llb_arg_long(args[1], op, "limit", 1, INT32_MAX, &limit) || llb_arg_long(args[3], op, "n", 1, MAX_DIM, &n))
+        return NULL;
+    struct llb_bufs h = OPS_BUFS;
+    const int32_t *ids = llb_arg_buf(&h, args[0], op, "ids", 0, LLB_ELEM_I32, n, 0);
+    int32_t *out = ids ? llb_arg_buf(&h, args[2], op, "out", 1, LLB_ELEM_I32, n, 0) : NULL;
+    if (out) {     /* (out may be ids: each id is read before it is written) */
+        const struct altup_args a = {.kind = 5, .ids = ids, .iout = out, .n = n, .idx = limit};
+        return llb_bufs_call(&h, op, run_altup, NULL, &a, sizeof a);
+    }
+    llb_bufs_release(&h);
+    return NULL;
+}
+
 #define FASTCALL(f) (PyCFunction)(void (*)(void))(f), METH_FASTCALL
 
 PyMethodDef llb_ops_methods[] = {
@@ -768,11 +789,11 @@ PyMethodDef llb_ops_methods[] = {
      "copy_blocks(src, dst, n, groups, width, src_row, src_group, src_off, dst_row, dst_group, dst_off): for t < n,\n"
      "g < groups: dst[t dst_row + g dst_group + dst_off:][:width] = src[t src_row + g src_group + src_off:][:width]\n"
      "(float32, in elements; src_group 0 repeats one block; src and dst must not overlap)."},
-    /* Gemma 3n (ops/altup.c; the formulas in ops.h) */
-    {"mul_rows", FASTCALL(py_mul_rows), "mul_rows(x, w, out, n, d): out[i] = x[i] * w."},
-    {"gaussian_topk", FASTCALL(py_gaussian_topk), "gaussian_topk(x, n, d, mult): relu(x - mean - std * mult) per row."},
-    {"rms_match", FASTCALL(py_rms_match), "rms_match(y, target, out, n, d): y[i] rescaled to target[i]'s RMS."},
-    {"altup_predict", FASTCALL(py_altup_predict), "altup_predict(x, coef, out, streams, n, d): AltUp's prediction."},
+    /* Gemma 3n (ops/altup.c; the formulas in ops.h): two entries a line */
+    {"mul_rows", FASTCALL(py_mul_rows), "mul_rows(x, w, out, n, d)."}, {"rms_match", FASTCALL(py_rms_match),
+     "rms_match(y, target, out, n, d)."}, {"gaussian_topk", FASTCALL(py_gaussian_topk), "gaussian_topk(x, n, d, mult)."},
+    {"altup_predict", FASTCALL(py_altup_predict), "altup_predict(x, coef, out, streams, n, d)."},
     {"altup_correct", FASTCALL(py_altup_correct), "altup_correct(pred, coef, active, idx, out, streams, n, d)."},
+    {"ids_below", FASTCALL(py_ids_below), "ids_below(ids, limit, out, n): ids[i] < limit ? ids[i] : 0."},
     {NULL, NULL, 0, NULL},
 };

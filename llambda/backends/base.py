@@ -251,6 +251,10 @@ class Backend(ABC):
         """In place over each row of x: relu(x - (mean + std * mult)), std over the row's n values (1/n)."""
         raise NotImplementedError(f"the {self.name} backend has no gaussian_topk")
 
+    def ids_below(self, ids: np.ndarray, limit: int, out: np.ndarray) -> None:
+        """out = ids where 0 <= ids < limit, else 0 (int32): Gemma 3n's per-layer table covers fewer ids."""
+        raise NotImplementedError(f"the {self.name} backend has no ids_below")
+
     def mul_rows(self, x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
         """out = x * w, w (d,) along each row of x (n, d)."""
         raise NotImplementedError(f"the {self.name} backend has no mul_rows")

@@ -599,6 +599,9 @@ class NativeBackend(Backend):
         d = x.shape[-1]
         C.gaussian_topk(x, x.size // d, d, mult)
 
+    def ids_below(self, ids, limit, out) -> None:
+        C.ids_below(ids, limit, out, len(ids))
+
     def mul_rows(self, x, w, out) -> None:
         C.mul_rows(x, w, out, x.shape[0], x.shape[1])
 

@@ -236,6 +236,9 @@ class NumpyBackend(Backend):
         std = np.sqrt(np.square(x - mean).mean(axis=-1, keepdims=True, dtype=np.float32))
         np.maximum(x - (mean + std * np.float32(mult)), 0, out=x)
 
+    def ids_below(self, ids, limit, out) -> None:
+        np.copyto(out, np.where((ids >= 0) & (ids < limit), ids, 0))
+
     def mul_rows(self, x, w, out) -> None:
         np.multiply(x, w, out=out)
 

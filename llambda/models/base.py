@@ -481,7 +481,7 @@ class Transformer(Closable):
 
         if getattr(cfg, "altup_inputs", 0):      # Gemma 3n: its layers are its own (models/gemma3n_net.py)
             from .gemma3n_net import Gemma3nNet
-            self.g3n = Gemma3nNet(cfg, get, matrix, vector, B, self._release)
+            self.g3n = Gemma3nNet(cfg, get, matrix, vector)
             self.layers = self.g3n.layers
             B.end_load()
             return

@@ -161,8 +161,12 @@ def config_from_hf(cfg: dict) -> Gemma3nConfig:
 
 
 def config_from_gguf(meta: dict) -> Gemma3nConfig:
-    """llama.cpp's converter's keys (Ollama's name the local RoPE base `rope.freq_base_local`); the ones it
-    does not write take llama.cpp's hard-coded values (4 streams, active 0, rank 64 from the tensors)."""
+    """llama.cpp's converter's keys, or Ollama's (`rope.freq_base_local`, `head_dim`, no soft cap: 30); the
+    ones neither writes take llama.cpp's hard-coded values (LAuReL rank 64; 4 streams, active 0, sparsity
+    0.95 on 10 layers, K/V shared from layer 20 where absent)."""
+    meta = dict(meta)
+    if "gemma3n.attention.key_length" not in meta and "gemma3n.head_dim" in meta:     # Ollama's spelling
+        meta["gemma3n.attention.key_length"] = meta["gemma3n.head_dim"]
     hp = GGUFHParams(meta, "gemma3n")
     c = hp.common()
     n = c["n_layers"]
@@ -192,7 +196,8 @@ def config_from_gguf(meta: dict) -> Gemma3nConfig:
         embed_scale=math.sqrt(c["d_model"]),
         sliding_window=hp.int("attention.sliding_window", 512, "sliding_window"), layer_sliding=flags,
         rope_theta_local=local, attn_scale=1.0,
-        final_softcap=hp.float("final_logit_softcapping", 0.0, "final_softcap"),
+        # Ollama's converter writes none: 30, as transformers' and llama.cpp's defaults
+        final_softcap=hp.float("final_logit_softcapping", 30.0, "final_softcap"),
         kv_shared_layers=kv_shared_count(n, shared, flags),
         altup_inputs=hp.int("altup.num_inputs", 4, "n_kv_heads"),
         altup_active=meta.get("gemma3n.altup.active_idx", 0),

@@ -16,8 +16,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ModelFormatError
-from ..formats.weights import WeightTensor
 
 _SQRT_HALF = float(1 / np.sqrt(2.0))
 
@@ -60,18 +58,18 @@ def workspace_specs(cfg, t: int) -> dict:
     return {"g3_x": ((A * t * d,), f32), "g3_pred": ((A * t * d,), f32), "g3_act": ((t, d), f32),
             "g3_laurel": ((t, d), f32), "g3_rank": ((t, cfg.laurel_rank), f32), "g3_mod": ((t, A), f32),
             "g3_coef": ((t, A * A), f32), "g3_cc": ((t, A), f32), "g3_ple": ((L * t * p,), f32), "g3_pl_a": ((t, L * p), f32),
-            "g3_pl_b": ((t, L * p), f32), "g3_gate": ((t, p), f32)}
+            "g3_pl_b": ((t, L * p), f32), "g3_gate": ((t, p), f32), "g3_ids": ((t,), np.int32)}
 
 
 class Gemma3nNet:
     """The weights outside the plain transformer's, and the forward over them."""
 
-    def __init__(self, cfg, get, matrix, vector, backend, release):
+    def __init__(self, cfg, get, matrix, vector):
         """`matrix(name, rows, cols)`, `vector(name, n, ...)`: the Transformer loader's (shape-checked,
         prepared by the backend, the file's pages let go); `get` its lookup."""
-        self.cfg, B = cfg, backend
+        self.cfg = cfg
         A, d, p, L = cfg.altup_inputs, cfg.d_model, cfg.per_layer_dim, cfg.n_layers
-        self.ple_table = self._per_layer_table(get, matrix, B, release)
+        self.ple_table = self._per_layer_table(get, matrix)
         self.ple_proj = matrix("per_layer_model_proj.weight", L * p, d)
         self.ple_norm = vector("per_layer_proj_norm.weight", p)
         self.altup_proj = [matrix(f"altup_proj.{k}.weight", d, d) for k in range(A - 1)]
@@ -80,24 +78,15 @@ class Gemma3nNet:
         self.ones_a = np.ones(A, np.float32)                  # the correction's coefficients + 1
         self.layers = [self._layer(i, get, matrix, vector) for i in range(L)]
 
-    def _per_layer_table(self, get, matrix, B, release):
-        """The per-layer embedding table with a row per id: a checkpoint's holds vocab_size_per_layer_input
-        rows, ids past them take row 0 (transformers' rule), so the table is extended with copies of row 0;
-        a GGUF file's is already vocab_size tall (llama.cpp's converter pads it with zeros)."""
+    def _per_layer_table(self, get, matrix):
+        """The per-layer embedding table: a checkpoint's holds vocab_size_per_layer_input rows (ids past them
+        take row 0, transformers' rule: ids_below at each forward), a GGUF file's vocab_size (llama.cpp's
+        converter pads zero rows)."""
         cfg = self.cfg
         width = cfg.n_layers * cfg.per_layer_dim
         t = get("per_layer_token_embd.weight")
-        if t is None or t.rows == cfg.vocab_size or len(t.shape) != 2:
-            return matrix("per_layer_token_embd.weight", cfg.vocab_size, width)
-        if t.shape != (cfg.per_layer_vocab, width):
-            raise ModelFormatError(f"tensor 'per_layer_token_embd.weight' has shape {t.shape}, expected "
-                                   f"({cfg.per_layer_vocab}, {width}) or ({cfg.vocab_size}, {width})")
-        rows = t.rows2d()
-        extra = np.repeat(rows[:1], cfg.vocab_size - t.rows, axis=0)
-        whole = WeightTensor(t.name, t.qtype, (cfg.vocab_size, width), np.concatenate([rows, extra]).reshape(-1))
-        m = B.prepare_matrix(whole)
-        release(t.data)
-        return m
+        self.ple_rows = cfg.per_layer_vocab if t is not None and t.rows == cfg.per_layer_vocab else cfg.vocab_size
+        return matrix("per_layer_token_embd.weight", self.ple_rows, width)
 
     def _layer(self, i: int, get, matrix, vector) -> Gemma3nLayer:
         cfg = self.cfg
@@ -167,7 +156,11 @@ class Gemma3nNet:
         cfg, B, ws = self.cfg, model.backend, model.ws
         n, p, L = len(x), cfg.per_layer_dim, cfg.n_layers
         emb, proj = ws.g3_pl_a[:n], ws.g3_pl_b[:n]
-        B.embed(self.ple_table, ws.tokens[:n], emb)
+        ids = ws.tokens[:n]
+        if self.ple_rows < cfg.vocab_size:
+            B.ids_below(ids, self.ple_rows, ws.g3_ids[:n])
+            ids = ws.g3_ids[:n]
+        B.embed(self.ple_table, ids, emb)
         B.scale(emb, float(np.sqrt(np.float32(p))))
         B.matmul(x, self.ple_proj, proj)
         B.scale(proj, float(cfg.d_model ** -0.5))
