@@ -853,7 +853,7 @@ def main(argv=None) -> int:
     warnings.showwarning = _show_warning      # one plain line, not a source location
     from .commands.run_flags import bare_think_as_true
     ap = build_parser()
-    argv = bare_think_as_true(sys.argv[1:] if argv is None else list(argv))
+    argv = bare_think_as_true(sys.argv[1:] if argv is None else list(argv), ap)
     a, extra = ap.parse_known_args(argv)
     if extra and a.cmd == "run" and not any(w.startswith("-") for w in extra):
         # `run MODEL -n 8 PROMPT`: argparse takes one run of positionals; words after an option are the

@@ -36,6 +36,21 @@ DEFAULT_AFTER = "\n\n"        # after `</think>`, where the template does not sh
 START, THOUGHT, DONE = "start", "thought", "done"
 
 
+def think_template_kwargs(think: bool | str | None) -> dict:
+    """The chat-template variables Ollama's `think` sets, as its API's JSON field (true, false or a level)
+    and `ollama run --think=VALUE` ("true", "false" or a level) give it: none when unset; enable_thinking
+    false for false, else true (Qwen3, SmolLM3); a level is also the template's reasoning_effort (gpt-oss).
+    The callers check which values they take (commands/run_flags.py, server/ollama_api.py)."""
+    if think is None:
+        return {}
+    if think in ("true", "false"):
+        think = think == "true"
+    kw = {"enable_thinking": think is not False}
+    if isinstance(think, str):
+        kw["reasoning_effort"] = think
+    return kw
+
+
 def template_thinks(source: str | None) -> bool:
     """The chat template is a `<think>` reasoner's: it writes or strips the tags."""
     return bool(source) and (OPEN in source or CLOSE in source)

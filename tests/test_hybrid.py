@@ -24,6 +24,8 @@ from llambda.formats.safetensors import SafetensorsFile
 TINY = Path(__file__).parent / "fixtures" / "reference" / "tiny"
 LFM2 = TINY / "lfm2"
 HYBRIDS = ["lfm2", "qwen3_next"]
+# every recurrent kind, for the state's tests (Granite 4's Mamba2, dense and MoE: tests/test_granite.py has the rest)
+STATEFUL = HYBRIDS + ["granitemoehybrid", "granitemoehybrid_dense"]
 MODES = {"numpy": ("numpy", None, 1e-3), "native-exact": ("native", "f32", 1e-3), "native-fast": ("native", "q8", 1e-2)}
 
 # HF name -> llama.cpp's GGUF name (its gguf-py tensor_mapping for lfm2)
@@ -490,7 +492,7 @@ def test_qwen3next_config_from_each_format(tmp_path):
 
 # ---------------------------------------------------------------- the recurrent state
 
-@pytest.mark.parametrize("folder", HYBRIDS)
+@pytest.mark.parametrize("folder", STATEFUL)
 @pytest.mark.parametrize("mode", list(MODES))
 def test_generate_equals_prefill_then_decode_steps(folder, mode):
     """generate() against the model driven by hand: prefill the prompt, then one forward per token."""
@@ -514,7 +516,7 @@ def test_generate_equals_prefill_then_decode_steps(folder, mode):
         assert got == inp["greedy_new_tokens"][:12]
 
 
-@pytest.mark.parametrize("folder", HYBRIDS)
+@pytest.mark.parametrize("folder", STATEFUL)
 def test_state_cannot_be_rewound_or_skipped(folder):
     with llambda.load(TINY / folder, backend="numpy", n_ctx=64) as m:
         t = m.transformer
@@ -539,7 +541,7 @@ def test_state_cannot_be_rewound_or_skipped(folder):
         assert t.state_position(0) == 0 and not any(a.any() for a in t.cache.state)
 
 
-@pytest.mark.parametrize("folder", HYBRIDS)
+@pytest.mark.parametrize("folder", STATEFUL)
 @pytest.mark.parametrize("mode", ["numpy", "native-fast"])
 def test_reused_prefix_resumes_only_where_the_state_is(folder, mode):
     """The library reuses slot 0's prefix; a hybrid model only where its state stands, else from 0:
@@ -555,7 +557,7 @@ def test_reused_prefix_resumes_only_where_the_state_is(folder, mode):
             assert got == list(fresh.generate(p, max_tokens=6, temperature=0, ignore_eos=True))
 
 
-@pytest.mark.parametrize("folder", HYBRIDS)
+@pytest.mark.parametrize("folder", STATEFUL)
 def test_batch_invariance_with_other_sequences(folder):
     """Native, batch-invariant (the server's mode): a sequence's decode logits are the same bits
     whether it runs alone or beside other slots' prefill and decode tokens."""
@@ -597,7 +599,7 @@ def test_speculative_decoding_is_refused():
                 m.set_draft(d)
 
 
-@pytest.mark.parametrize("folder", HYBRIDS)
+@pytest.mark.parametrize("folder", STATEFUL)
 def test_server_scheduler_runs_hybrid_sequences_without_prefix_reuse(folder):
     """Concurrent requests sharing a prefix: each answer equals the library's, nothing was reused."""
     need("native")

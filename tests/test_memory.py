@@ -383,7 +383,7 @@ def test_the_page_cache_dropper_joins_released_ranges(tmp_path):
     d.close()
 
 
-@pytest.mark.parametrize("family", ["lfm2", "qwen3_next"])
+@pytest.mark.parametrize("family", ["lfm2", "qwen3_next", "granitemoehybrid"])
 def test_the_plan_counts_a_hybrid_models_recurrent_state(family):
     """A short-conv or delta-net layer's state per slot is in the plan (and its total), equal to what the load
     allocates, and writing all of it grows the resident set by that much (within 10% + 4 MB)."""

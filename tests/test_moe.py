@@ -21,7 +21,7 @@ native = pytest.importorskip("llambda._native", reason="C core not built (python
 from llambda.backends.native import NativeBackend  # noqa: E402
 
 TINY = Path(__file__).parent / "fixtures" / "reference" / "tiny"
-MOE_FOLDERS = ["qwen3_moe", "mixtral", "qwen2_moe", "gpt_oss"]
+MOE_FOLDERS = ["qwen3_moe", "mixtral", "qwen2_moe", "gpt_oss", "glm4_moe"]
 ROUTINGS = {"softmax_topk": 0, "topk_softmax": 1, "sigmoid_topk": 2}
 
 
@@ -343,17 +343,19 @@ def test_decode_sized_batches_of_mixed_types_and_biases(isa, batch_invariant):
         nat.close()
 
 
-def test_model_decode_is_batch_invariant(batch_invariant):
-    """The tiny Qwen3-MoE quantized at load: one sequence's decode step alone or beside another."""
+@pytest.mark.parametrize("folder", ["qwen3_moe", "glm4_moe"])
+def test_model_decode_is_batch_invariant(batch_invariant, folder):
+    """A tiny MoE model quantized at load (GLM-4.5's: sigmoid routing with a choice bias, a shared expert):
+    one sequence's decode step alone or beside another."""
     from llambda.formats.hf_dir import open_hf_dir
     from llambda.models.base import Transformer
     from llambda.tools.quantize import quantizing_lookup
-    src = open_hf_dir(TINY / "qwen3_moe")
+    src = open_hf_dir(TINY / folder)
     nat = NativeBackend(activations="q8")
     nat.set_batch_invariant(True)
     try:
         tr = Transformer(src.config, quantizing_lookup(src.tensor, "q8_0"), nat, n_ctx=64, n_slots=2, max_tokens=64)
-        ids = np.array(reference("qwen3_moe")["inputs"][1]["input_ids"][:20], np.int32)
+        ids = np.array(reference(folder)["inputs"][1]["input_ids"][:20], np.int32)
         for s in (0, 1):
             tr.forward(ids, np.full(20, s, np.int32), np.arange(20, dtype=np.int32), [19])
         alone = tr.forward(ids[:1], [0], [20], [0]).copy()
@@ -392,7 +394,7 @@ def test_dense_and_moe_layers_follow_the_config():
 
 
 @pytest.mark.parametrize("folder, arch", [("qwen3_moe", "qwen3moe"), ("mixtral", "llama"), ("qwen2_moe", "qwen2moe"),
-                                          ("gpt_oss", "gpt-oss")])
+                                          ("gpt_oss", "gpt-oss"), ("glm4_moe", "glm4moe")])
 def test_gguf_round_trip(folder, arch, tmp_path):
     """Exported as GGUF (f32: the reference exactly; q8_0: native equals the oracle on the same weights)."""
     from llambda.formats.gguf import GGUFFile
@@ -404,7 +406,8 @@ def test_gguf_round_trip(folder, arch, tmp_path):
     with GGUFFile(f32) as f:
         assert f.metadata["general.architecture"] == arch
         assert f.metadata[f"{arch}.expert_count"] == (ref["config"].get("num_experts") or
-                                                      ref["config"].get("num_local_experts"))
+                                                      ref["config"].get("num_local_experts") or
+                                                      ref["config"].get("n_routed_experts"))
         assert len(f.tensors["blk.1.ffn_down_exps.weight"].shape) == 3
     for backend, act in (("numpy", None), ("native", "f32")):
         with llambda.load(f32, backend=backend, activations=act, n_ctx=128) as m:
@@ -569,7 +572,7 @@ def test_moe_decode_steps_allocate_nothing_in_c(folder):
         assert native.alloc_stats() == before
 
 
-@pytest.mark.parametrize("folder", ["mixtral", "qwen2_moe", "gpt_oss"])
+@pytest.mark.parametrize("folder", ["mixtral", "qwen2_moe", "gpt_oss", "glm4_moe"])
 def test_llama_cpp_reads_our_moe_gguf_as_we_do(folder, tmp_path, monkeypatch):
     """An independent reader of the same file: llama.cpp's logits on our exported GGUF against ours.
     (Qwen3-MoE's tiny model has a dense layer, which llama.cpp cannot hold.) GPT-OSS: llama.cpp rounds

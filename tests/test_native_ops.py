@@ -751,3 +751,110 @@ def test_copy_blocks():
         native.copy_blocks(dst, dst[1:], 2, 1, 4, 48, 0, 0, 48, 0, 0)
     with pytest.raises(ValueError):
         native.copy_blocks(src, dst, 0, 3, 6, 30, 10, 2, 48, 16, 4)
+
+
+# ---------------------------------------------------------------- Mamba2 (Granite 4): conv bias, selective scan
+
+
+def ref_ssm_scan(xbc, dt, z, state, a_neg, dt_bias, d_skip, norm_w, eps, slots, pos, groups):
+    """float64, token by token from each slot's history: Mamba2's scan, D skip, silu(z) gate, group RMSNorm."""
+    n_slots, H, N, P = state.shape
+    S = state.astype(np.float64).copy()
+    out = np.zeros((len(slots), H * P))
+    for t, (s, p) in enumerate(zip(slots, pos)):
+        if p == 0:
+            S[s] = 0
+        row = xbc[t].astype(np.float64)
+        x, rest = row[:H * P].reshape(H, P), row[H * P:]
+        B, C = rest[:groups * N].reshape(groups, N), rest[groups * N:].reshape(groups, N)
+        for h in range(H):
+            g = h // (H // groups)
+            d = np.log1p(np.exp(float(dt[t, h]) + float(dt_bias[h])))
+            S[s, h] = np.exp(d * float(a_neg[h])) * S[s, h] + d * np.outer(B[g], x[h])
+            zh = z[t, h * P:(h + 1) * P].astype(np.float64)
+            out[t, h * P:(h + 1) * P] = (C[g] @ S[s, h] + float(d_skip[h]) * x[h]) * zh / (1 + np.exp(-zh))
+        y = out[t].reshape(groups, -1)
+        out[t] = (y / np.sqrt((y * y).mean(-1, keepdims=True) + eps)).reshape(-1) * norm_w
+    return out, S
+
+
+@pytest.mark.parametrize("groups, heads, dstate, dhead", [(1, 4, 8, 16), (2, 8, 16, 5), (3, 3, 7, 33)])
+def test_ssm_scan(isa, groups, heads, dstate, dhead):
+    """Slots interleaved in one batch, one restarted at position 0 mid-batch, against float64 from history."""
+    from llambda.backends.native import NativeBackend
+    from llambda.backends.numpy_ref import NumpyBackend
+    r = rng(heads * dstate + dhead)
+    n_slots, xd = 3, heads * dhead
+    slots = np.array([0, 1, 0, 2, 1, 0, 2, 2, 1], np.int32)
+    pos = np.array([4, 0, 5, 7, 1, 0, 8, 9, 2], np.int32)          # slot 0 restarts at its third token
+    n = len(slots)
+    xbc = r.standard_normal((n, xd + 2 * groups * dstate)).astype(F32)
+    dt, z = r.standard_normal((n, heads)).astype(F32), r.standard_normal((n, xd)).astype(F32)
+    state0 = r.standard_normal((n_slots, heads, dstate, dhead)).astype(F32)
+    a_neg = -np.exp(r.uniform(-2, 0.5, heads)).astype(F32)
+    dt_bias, d_skip = r.standard_normal(heads).astype(F32), r.standard_normal(heads).astype(F32)
+    norm_w = (1 + 0.1 * r.standard_normal(xd)).astype(F32)
+    want, want_state = ref_ssm_scan(xbc, dt, z, state0, a_neg, dt_bias, d_skip, norm_w, 1e-6, slots, pos, groups)
+    for backend in (NumpyBackend(), NativeBackend(activations="f32")):
+        state, taken = state0.copy(), np.array([4, 0, 7], np.int32)
+        out = np.full((n, xd), np.nan, F32)
+        backend.ssm_scan(xbc, dt, z, state, taken, a_neg, dt_bias, d_skip, norm_w, 1e-6, slots, pos, out, groups)
+        np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-5, err_msg=backend.name)
+        np.testing.assert_allclose(state, want_state, rtol=2e-5, atol=2e-5, err_msg=backend.name)
+        assert taken.tolist() == [1, 3, 10]
+
+
+def test_conv_silu_bias(isa):
+    """Mamba2's convolution: silu(conv + bias) from each slot's history, the state as without a bias; a bias on
+    LFM2's gated convolution is refused."""
+    from llambda.backends.native import NativeBackend
+    from llambda.backends.numpy_ref import NumpyBackend
+    r = rng(11)
+    d, width = 37, 4
+    slots, pos = np.array([0, 1, 0, 1], np.int32), np.array([0, 3, 1, 4], np.int32)
+    x = r.standard_normal((4, d)).astype(F32)
+    kernel, bias = r.standard_normal((d, width)).astype(F32), r.standard_normal(d).astype(F32)
+    state0 = r.standard_normal((2, width - 1, d)).astype(F32)
+    state, want = state0.astype(np.float64).copy(), np.zeros((4, d))       # the oracle, float64
+    for t, (s, p) in enumerate(zip(slots, pos)):
+        if p == 0:
+            state[s] = 0
+        window = np.concatenate([state[s], x[t].astype(np.float64)[None]])
+        y = np.einsum("jc,cj->c", window, kernel.astype(np.float64)) + bias
+        want[t] = y / (1 + np.exp(-y))
+        state[s] = window[1:]
+    for backend in (NumpyBackend(), NativeBackend(activations="f32")):
+        st, taken, out = state0.copy(), np.array([0, 3], np.int32), np.empty((4, d), F32)
+        backend.conv_silu(x, st, taken, kernel, slots, pos, out, bias=bias)
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5, err_msg=backend.name)
+        np.testing.assert_allclose(st, state, rtol=1e-6, atol=1e-6, err_msg=backend.name)
+        assert taken.tolist() == [2, 5]
+    with pytest.raises(ValueError, match="ungated"):
+        native.short_conv(np.zeros((1, 3 * d), F32), np.zeros((1, width - 1, d), F32), np.zeros(1, np.int32), kernel,
+                          np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros((1, d), F32), 1, d, width, 1, 1, bias)
+
+
+def test_ssm_scan_refuses_bad_arguments():
+    """A position that does not continue its slot's state, a written array over an input, sizes that do not
+    divide or do not fit: ValueErrors, nothing run."""
+    H, G, N, P, n = 4, 2, 8, 4, 2
+    xbc, dt, z = np.zeros((n, H * P + 2 * G * N), F32), np.zeros((n, H), F32), np.zeros((n, H * P), F32)
+    state, taken = np.zeros((1, H, N, P), F32), np.array([3], np.int32)
+    vec, w = np.zeros(H, F32), np.ones(H * P, F32)
+    slots, pos, out = np.zeros(n, np.int32), np.array([3, 4], np.int32), np.zeros((n, H * P), F32)
+
+    def call(**kw):
+        a = dict(xbc=xbc, dt=dt, z=z, state=state, taken=taken, slots=slots, pos=pos, out=out, heads=H, groups=G)
+        a.update(kw)
+        native.ssm_scan(a["xbc"], a["dt"], a["z"], a["state"], a["taken"], vec, vec, vec, w, a["slots"], a["pos"],
+                        a["out"], n, a["groups"], a["heads"], N, P, 1, 1e-6)
+
+    call()
+    assert taken[0] == 5
+    for kw, match in ((dict(pos=np.array([3, 4], np.int32)), "continue"),         # the state is now at 5
+                      (dict(out=xbc.reshape(-1)[:n * H * P].reshape(n, H * P)), "overlaps"), (dict(groups=3), "multiple"),
+                      (dict(state=np.zeros((1, H, N, P - 1), F32)), "state"), (dict(slots=np.array([0, 1], np.int32)),
+                                                                              "slot")):
+        with pytest.raises(ValueError, match=match):
+            call(**kw)
+    assert taken[0] == 5

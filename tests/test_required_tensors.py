@@ -52,6 +52,14 @@ REQUIRED = [
     ("deepseek_v2", "model.layers.0.self_attn.kv_a_layernorm.weight", "blk.0.attn_kv_a_norm.weight"),
     ("deepseek_v3", "model.layers.1.self_attn.q_a_layernorm.weight", "blk.1.attn_q_a_norm.weight"),
     ("deepseek_v3", "model.layers.1.mlp.gate.e_score_correction_bias", "blk.1.exp_probs_b.bias"),
+    # GLM-4's biases and sandwich norms (under GLM's names), GLM-4.5's router bias, shared expert, q/k norms
+    ("glm4", "model.layers.0.self_attn.q_proj.bias", "blk.0.attn_q.bias"),
+    ("glm4", "model.layers.1.post_mlp_layernorm.weight", "blk.1.post_ffw_norm.weight"),
+    ("glm4", "model.layers.2.post_self_attn_layernorm.weight", "blk.2.post_attention_norm.weight"),
+    ("glm4_moe", "model.layers.1.mlp.gate.e_score_correction_bias", "blk.1.exp_probs_b.bias"),
+    ("glm4_moe", "model.layers.2.mlp.shared_experts.up_proj.weight", "blk.2.ffn_up_shexp.weight"),
+    ("glm4_moe", "model.layers.0.self_attn.k_norm.weight", "blk.0.attn_k_norm.weight"),
+    ("glm4_moe", "model.layers.2.self_attn.v_proj.bias", "blk.2.attn_v.bias"),
 ]
 
 

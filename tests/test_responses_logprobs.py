@@ -29,7 +29,7 @@ class _Strings:
 def _taken(pieces: list[str], setup: ToolSetup, cuts: list[int]) -> list[str]:
     """The text tokens' logprobs taken from a choice fed `pieces` (one token each) in runs ending at `cuts`,
     as the stream takes them: after each run is parsed, then at the end."""
-    st = ChoiceState(0, tools=setup)
+    st = ChoiceState(0, tools=setup, text_logprobs=True)
     lp, taken = TextLogprobs(st, _Strings(pieces)), []
     for i, piece in enumerate(pieces):
         st.token_ends.add(piece)
@@ -59,7 +59,7 @@ def test_a_streamed_token_waits_until_the_parser_settles_it(pieces, setup, text)
 
 def _taken_whole(pieces: list[str], setup: ToolSetup) -> list[str]:
     """The text tokens' logprobs of a choice read whole (its calls taken out at the end), fed `pieces`."""
-    st = ChoiceState(0, tools=setup)
+    st = ChoiceState(0, tools=setup, text_logprobs=True)
     st.read_whole()
     for i, piece in enumerate(pieces):
         st.token_ends.add(piece)
@@ -73,8 +73,10 @@ TOOLS = {"f"}
 
 
 @pytest.mark.parametrize("pieces, setup, streamed, whole", [
-    # text, then a call: the call's tokens are not the text's; read whole, the text is stripped
-    (["Sure", ".", "\n"] + CALL, ToolSetup(TOOLS), ["Sure", ".", "\n"], ["Sure", "."]),
+    # text, then a call: the call's tokens are not the text's, nor the blank just before it (the output_text
+    # is "Sure." streamed too: the blank waits until a call or text follows)
+    (["Sure", ".", "\n"] + CALL, ToolSetup(TOOLS), ["Sure", "."], ["Sure", "."]),
+    (["Sure", ". \n"] + CALL, ToolSetup(TOOLS), ["Sure", ". \n"], ["Sure", ". \n"]),     # a token partly the text's
     # text after a call too; the whitespace between calls is no one's
     (["Hi"] + CALL + ["\n"] + CALL + ["\n", "Done"], ToolSetup(TOOLS), ["Hi", "\n", "Done"], ["Hi", "\n", "Done"]),
     # a forced call (its start is our prefix): no text at all

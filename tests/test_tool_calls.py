@@ -36,7 +36,7 @@ def test_several_calls_with_surrounding_text():
     assert [c["function"]["name"] for c in calls] == ["a", "b"]
     assert calls[1]["function"]["arguments"] == '{"n": [1, 2]}'
     assert calls[0]["id"] != calls[1]["id"]
-    assert content == "Let me check.\n\nDone."
+    assert content == "Let me check.\nDone."      # the blanks just before a call are not content
 
 
 def test_what_is_not_a_call_stays_content():
@@ -93,8 +93,9 @@ def test_tool_call_parser_streams_calls_as_deltas():
     weather = {"city": "Pa}ris \"{"}           # braces and quotes inside strings do not end the arguments
     cases = [
         # (model output, content, [(name, arguments)])
+        # the blank before the call is not content: streamed as read whole (it waits until a call or text follows)
         ('Sure. <tool_call>\n{"name": "get_weather", "arguments": ' + json.dumps(weather) + '}\n</tool_call>',
-         "Sure. ", [("get_weather", weather)]),
+         "Sure.", [("get_weather", weather)]),
         ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n'
          '<tool_call>\n{"name": "get_time", "arguments": {"city": "Lima", "tz": [1, {"a": 2}]}}\n</tool_call>',
          "", [("get_weather", {"city": "Oslo"}), ("get_time", {"city": "Lima", "tz": [1, {"a": 2}]})]),
@@ -111,6 +112,8 @@ def test_tool_call_parser_streams_calls_as_deltas():
         ('a <toy> b', 'a <toy> b', []),
         ('<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>', '<tool_call>{"name": "rm_rf", "arguments": {}}'
          '</tool_call>', []),
+        ('Hm. \n<tool_call>{"name": "rm_rf"}</tool_call>', 'Hm. \n<tool_call>{"name": "rm_rf"}</tool_call>', []),
+        ('a  \n b \n', 'a  \n b \n', []),        # blanks no call follows: content, the last ones at the end
         ("```python\nprint(1)\n```", "```python\nprint(1)\n```", []),
     ]
     for seed in range(3):
@@ -138,7 +141,7 @@ def test_tool_call_parser_forced_choice_and_parallel_off():
         assert calls == [] and content == prefix + text
     # cut short by max_tokens: the call as far as it got, as streaming sent it (earlier calls too)
     cut = 'Sure. <tool_call>{"name": "get_time", "arguments": {"city": "Ro'
-    assert _parse_in_pieces(cut, names) == ("Sure. ", [{"name": "get_time", "arguments": '{"city": "Ro'}])
+    assert _parse_in_pieces(cut, names) == ("Sure.", [{"name": "get_time", "arguments": '{"city": "Ro'}])
     content, calls = extract_tool_calls(cut, names)
     assert content == "Sure." and [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == \
         [("get_time", '{"city": "Ro')]

@@ -112,6 +112,8 @@ def redraw(model, seed: int) -> None:
         with torch.no_grad():
             if name.endswith("A_log"):                 # decay rates exp(A_log) in [0.1, 1.5]
                 p.copy_(torch.log(0.1 + 1.4 * torch.rand(p.shape, generator=g)))
+            elif name.endswith(".D"):                    # Mamba2's skip, per head
+                p.copy_(1.0 + 0.5 * torch.randn(p.shape, generator=g))
             elif name.endswith("dt_bias"):
                 p.copy_(-1.0 + 0.5 * torch.randn(p.shape, generator=g))
             elif name.endswith("linear_attn.norm.weight"):    # the gated norm: plain w
@@ -207,7 +209,7 @@ def make(folder: str, out: Path) -> None:
     cfg_json = json.loads((dest / "config.json").read_text())
 
     inputs = reference_inputs(model)
-    rotary = model.model.rotary_emb
+    rotary = getattr(model.model, "rotary_emb", None)      # None: no RoPE anywhere (Granite 4's "nope")
     ref = {
         "folder": folder, "model_class": spec["class"], "transformers_version": transformers.__version__,
         "torch_version": torch.__version__, "weights_dtype": "float32", "compute_dtype": "float32",
@@ -216,7 +218,7 @@ def make(folder: str, out: Path) -> None:
                  "scheme": "tools/make_tiny_hybrid.py: redraw()"},
         "notes": spec["notes"] + COMMON_NOTES,
         "legacy_rope_keys": spec["legacy_rope_keys"],
-        "rope_inv_freq": {"all_layers": [shortest(v) for v in rotary.inv_freq.float().tolist()]},
+        "rope_inv_freq": {} if rotary is None else {"all_layers": [shortest(v) for v in rotary.inv_freq.float().tolist()]},
         "config": cfg_json,
         "inputs": inputs,
     }

@@ -88,13 +88,14 @@ void llb_attention_sinks(const struct llb_attention_args *a, const float *sinks)
 /* A causal depthwise convolution with a per-slot state (ops/shortconv.c), token by token in batch
  * order. gated (LFM2): bcx (n, 3d) holds B, C, x; u = B * x; out = C * sum_j kernel[c][j] * window[j],
  * the window the slot's state (its last width - 1 u, oldest first) then this u. Not gated (Qwen3-Next):
- * u = bcx's row (n, d), out = silu(that sum). The state then shifts in u. A token at position 0
+ * u = bcx's row (n, d), out = silu(that sum + bias, if any). The state then shifts in u. A token at position 0
  * starts from a zero state; state_pos[slot] becomes the last position + 1. */
 struct llb_short_conv_args {
     const float *bcx;          /* (n, 3d) gated, else (n, d) */
     float *state;              /* (n_slots, width - 1, d) */
     int32_t *state_pos;        /* (n_slots): tokens each slot's state has taken in */
     const float *kernel;       /* (d, width) */
+    const float *bias;         /* (d) or NULL, ungated only */
     const int32_t *slots, *pos; /* (n) */
     float *out;                /* (n, d) */
     long n, d, width, n_slots;
@@ -120,6 +121,25 @@ struct llb_gated_delta_args {
 };
 #define LLB_DELTA_MAX_DIM 1024 /* largest dk, dv */
 void llb_gated_delta(const struct llb_gated_delta_args *a);
+
+/* Mamba2's selective scan (ops/ssmscan.c), token by token in batch order, heads in parallel. xbc (n, H P + 2 G N):
+ * x (H heads of P), B, C (G groups of N; head h reads group h / (H / G)); dt (n, H); z (n, H P); state
+ * (n_slots, H, N, P), zeroed at position 0. d = softplus(dt + dt_bias[h]); S = exp(d a_neg[h]) S + d B x^T;
+ * y = S^T C + d_skip[h] x; out = y silu(z), each of G groups of H P / G RMS-normed (eps), times norm_w. */
+struct llb_ssm_scan_args {
+    const float *xbc;          /* (n, H P + 2 G N): x, B, C */
+    const float *dt, *z;       /* (n, H), (n, H P) */
+    float *state;              /* (n_slots, H, N, P) */
+    int32_t *state_pos;        /* (n_slots): tokens each slot's state has taken in */
+    const float *a_neg, *dt_bias, *d_skip; /* (H) each */
+    const float *norm_w;       /* (H P) */
+    const int32_t *slots, *pos; /* (n) */
+    float *out;                /* (n, H P) */
+    long n, groups, heads, dstate, dhead, n_slots;
+    float eps;
+};
+#define LLB_SSM_MAX_DIM 1024 /* largest N, P */
+void llb_ssm_scan(const struct llb_ssm_scan_args *a);
 
 void llb_sigmoid_mul(const float *x, const float *gate, float *out, long count); /* x * sigmoid(gate) */
 

@@ -4,7 +4,7 @@
  * Token t (in batch order) of slot s: u = B * x (gated: the first and third d-wide parts of a
  * 3d-wide input row) or the input row itself, then y = sum_j kernel[c][j] * window[j] over the
  * slot's last L - 1 inputs (its state, oldest first) followed by u, and out = C * y (gated) or
- * silu(y); the state then drops its oldest row and keeps u.
+ * silu(y + bias) (the bias optional: Mamba2's); the state then drops its oldest row and keeps u.
  * A token at position 0 starts its slot from a zero state. Channels are independent, so the
  * work splits over channel ranges and each range runs every token in order: a token's result
  * depends only on its own slot's inputs, whatever else shares the batch (batch invariant). */
@@ -17,10 +17,10 @@
 #define CONV_PAR_MIN 8192   /* tokens * channels below which one thread does it all */
 
 /* Channels [c0, c1) of one token: u = b * x (gated) or b; y over the state's rows then u; the state
- * shifted; out = cg * y (gated) or silu(y). */
+ * shifted; out = cg * y (gated) or silu(y + bias[c]) (bias NULL: none). */
 static inline void conv_channels(float *restrict st, const float *restrict b, const float *restrict x,
-                                 const float *restrict cg, const float *restrict kernel, float *restrict o, long c0,
-                                 long c1, long d, long L) {
+                                 const float *restrict cg, const float *restrict kernel, const float *restrict bias,
+                                 float *restrict o, long c0, long c1, long d, long L) {
     const long keep = L - 1;
     for (long c = c0; c < c1; c++) {
         const float *k = kernel + (size_t)c * (size_t)L;
@@ -30,6 +30,7 @@ static inline void conv_channels(float *restrict st, const float *restrict b, co
         y += k[keep] * u;
         for (long j = 0; j + 1 < keep; j++) st[j * d + c] = st[(j + 1) * d + c];
         st[(keep - 1) * d + c] = u;
+        if (bias) y += bias[c];
         o[c] = cg ? cg[c] * y : y / (1.0f + expf(-y));
     }
 }
@@ -44,8 +45,8 @@ static void conv_range(void *ctx, long c0, long c1, int tid) {
         float *o = a->out + (size_t)t * (size_t)d;
         if (a->pos[t] == 0)
             for (long j = 0; j < keep; j++) memset(st + j * d + c0, 0, (size_t)(c1 - c0) * sizeof(float));
-        if (a->gated) conv_channels(st, b, x, cg, a->kernel, o, c0, c1, d, L);
-        else conv_channels(st, b, NULL, NULL, a->kernel, o, c0, c1, d, L);
+        if (a->gated) conv_channels(st, b, x, cg, a->kernel, NULL, o, c0, c1, d, L);
+        else conv_channels(st, b, NULL, NULL, a->kernel, a->bias, o, c0, c1, d, L);
     }
 }
 

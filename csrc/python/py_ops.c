@@ -316,21 +316,28 @@ static PyObject *py_attention_sinks(PyObject *self, PyObject *const *args, Py_ss
     return llb_bufs_call(&h, op, run_sinks, check_sinks, &s, sizeof s);
 }
 
-LLB_CALL_ARGS_FIT(struct llb_short_conv_args);
-static int run_short_conv(const void *p) {
-    llb_short_conv(p);
-    return 0;
-}
 static int state_ok(const char *op, const int32_t *slots, const int32_t *pos, const int32_t *state_pos, long n,
                     long n_slots, char *msg);
-static int check_short_conv(const void *p, char *msg) {
-    const struct llb_short_conv_args *a = p;
-    return state_ok("short_conv", a->slots, a->pos, a->state_pos, a->n, a->n_slots, msg);
-}
+/* A recurrent op's plan hooks (its args struct has slots, pos, state_pos, n and n_slots): run_NAME runs it,
+ * check_NAME asks that each position continues its slot's state. */
+#define RECURRENT_OP(name)                                                                                  \
+    LLB_CALL_ARGS_FIT(struct llb_##name##_args);                                                            \
+    static int run_##name(const void *p) {                                                                  \
+        llb_##name(p);                                                                                      \
+        return 0;                                                                                           \
+    }                                                                                                       \
+    static int check_##name(const void *p, char *msg) {                                                     \
+        const struct llb_##name##_args *a = p;                                                              \
+        return state_ok(#name, a->slots, a->pos, a->state_pos, a->n, a->n_slots, msg);                      \
+    }
+RECURRENT_OP(short_conv)
+RECURRENT_OP(gated_delta)
+RECURRENT_OP(ssm_scan)
 
 static PyObject *py_short_conv(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     static const char *op = "short_conv";
-    if (llb_arg_nargs(op, nargs, 12, "bcx, state, state_pos, kernel, slots, pos, out, n, d, width, n_slots, gated"))
+    if (nargs != 13 && llb_arg_nargs(op, nargs, 12, "bcx, state, state_pos, kernel, slots, pos, out, n, d, width, "
+                                                    "n_slots, gated[, bias]"))
         return NULL;
     long n, d, width, n_slots, gated;
     if (llb_arg_long(args[7], op, "n", 1, MAX_DIM, &n) || llb_arg_long(args[8], op, "d", 1, MAX_DIM, &d) ||
@@ -349,9 +356,15 @@ static PyObject *py_short_conv(PyObject *self, PyObject *const *args, Py_ssize_t
         !(a.kernel = llb_arg_buf(&h, args[3], op, "kernel", 0, LLB_ELEM_F32, nkernel, 1)) ||
         !(a.slots = llb_arg_buf(&h, args[4], op, "slots", 0, LLB_ELEM_I32, n, 0)) ||
         !(a.pos = llb_arg_buf(&h, args[5], op, "pos", 0, LLB_ELEM_I32, n, 0)) ||
-        !(a.out = llb_arg_buf(&h, args[6], op, "out", 1, LLB_ELEM_F32, nout, 0))) {
+        !(a.out = llb_arg_buf(&h, args[6], op, "out", 1, LLB_ELEM_F32, nout, 0)) ||
+        (nargs == 13 && args[12] != Py_None &&
+         !(a.bias = llb_arg_buf(&h, args[12], op, "bias", 0, LLB_ELEM_F32, (size_t)d, 1)))) {
         llb_bufs_release(&h);
         return NULL;
+    }
+    if (a.bias && gated) {
+        llb_bufs_release(&h);
+        return PyErr_Format(PyExc_ValueError, "%s: a bias is for the ungated convolution only", op);
     }
     /* out is written while bcx and the state are read: it may share a byte with neither */
     if (llb_bufs_overlap(&h, 6, 0) || llb_bufs_overlap(&h, 6, 1) || llb_bufs_overlap(&h, 1, 0)) {
@@ -381,16 +394,6 @@ static int state_ok(const char *op, const int32_t *slots, const int32_t *pos, co
         }
     }
     return 0;
-}
-
-LLB_CALL_ARGS_FIT(struct llb_gated_delta_args);
-static int run_gated_delta(const void *p) {
-    llb_gated_delta(p);
-    return 0;
-}
-static int check_gated_delta(const void *p, char *msg) {
-    const struct llb_gated_delta_args *a = p;
-    return state_ok("gated_delta", a->slots, a->pos, a->state_pos, a->n, a->n_slots, msg);
 }
 
 static PyObject *py_gated_delta(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -431,6 +434,62 @@ static PyObject *py_gated_delta(PyObject *self, PyObject *const *args, Py_ssize_
             return PyErr_Format(PyExc_ValueError, "%s: out or state overlaps an input", op);
         }
     return llb_bufs_call(&h, op, run_gated_delta, check_gated_delta, &a, sizeof a);
+}
+
+/* ssm_scan's array arguments in order: its name, whether it is written, its element kind and its size (a
+ * product of the call's sizes, filled in by the binding), whether the size must be exact. */
+struct ssm_buf {
+    const char *name;
+    int writable;
+    enum llb_elem kind;
+    size_t count;
+    int exact;
+};
+
+static PyObject *py_ssm_scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    static const char *op = "ssm_scan";
+    struct llb_ssm_scan_args a = {0};
+    if (llb_arg_nargs(op, nargs, 19, "xbc, dt, z, state, state_pos, a_neg, dt_bias, d_skip, norm_w, slots, pos, out, "
+                                     "n, groups, heads, dstate, dhead, n_slots, eps"))
+        return NULL;
+    static const char *const size_names[6] = {"n", "groups", "heads", "dstate", "dhead", "n_slots"};
+    const long size_max[6] = {MAX_DIM, MAX_HEADS, MAX_HEADS, LLB_SSM_MAX_DIM, LLB_SSM_MAX_DIM, MAX_DIM};
+    long *sizes[6] = {&a.n, &a.groups, &a.heads, &a.dstate, &a.dhead, &a.n_slots};
+    for (int i = 0; i < 6; i++)
+        if (llb_arg_long(args[12 + i], op, size_names[i], 1, size_max[i], sizes[i])) return NULL;
+    if (llb_arg_float(args[18], op, "eps", 0.0, &a.eps)) return NULL;
+    if (a.heads % a.groups)
+        return PyErr_Format(PyExc_ValueError, "%s: heads (%ld) must be a multiple of groups (%ld)", op, a.heads, a.groups);
+    size_t row, nv, nstate;     /* (all far below SIZE_MAX: each factor is bounded above) */
+    if (llb_arg_product(op, &row, a.n, a.heads * a.dhead + 2 * a.groups * a.dstate, 1, 1) ||
+        llb_arg_product(op, &nv, a.n, a.heads, a.dhead, 1) ||
+        llb_arg_product(op, &nstate, a.n_slots, a.heads, a.dstate, a.dhead))
+        return NULL;
+    const size_t H = (size_t)a.heads, n = (size_t)a.n;
+    struct ssm_buf spec[12] = {
+        {"xbc", 0, LLB_ELEM_F32, row, 0}, {"dt", 0, LLB_ELEM_F32, n * H, 0}, {"z", 0, LLB_ELEM_F32, nv, 0},
+        {"state", 1, LLB_ELEM_F32, nstate, 1}, {"state_pos", 1, LLB_ELEM_I32, (size_t)a.n_slots, 1},
+        {"a_neg", 0, LLB_ELEM_F32, H, 1}, {"dt_bias", 0, LLB_ELEM_F32, H, 1}, {"d_skip", 0, LLB_ELEM_F32, H, 1},
+        {"norm_w", 0, LLB_ELEM_F32, H * (size_t)a.dhead, 1}, {"slots", 0, LLB_ELEM_I32, n, 0},
+        {"pos", 0, LLB_ELEM_I32, n, 0}, {"out", 1, LLB_ELEM_F32, nv, 0}};
+    void *ptr[12];
+    struct llb_bufs h = OPS_BUFS;
+    for (int i = 0; i < 12; i++)
+        if (!(ptr[i] = llb_arg_buf(&h, args[i], op, spec[i].name, spec[i].writable, spec[i].kind, spec[i].count,
+                                   spec[i].exact))) {
+            llb_bufs_release(&h);
+            return NULL;
+        }
+    a.xbc = ptr[0], a.dt = ptr[1], a.z = ptr[2], a.state = ptr[3], a.state_pos = ptr[4], a.a_neg = ptr[5];
+    a.dt_bias = ptr[6], a.d_skip = ptr[7], a.norm_w = ptr[8], a.slots = ptr[9], a.pos = ptr[10], a.out = ptr[11];
+    /* out and the state are written while xbc, dt and z are read: neither may share a byte with those or
+     * with each other */
+    for (int i = 0; i < 4; i++)
+        if (llb_bufs_overlap(&h, 11, i) || (i < 3 && llb_bufs_overlap(&h, 3, i))) {
+            llb_bufs_release(&h);
+            return PyErr_Format(PyExc_ValueError, "%s: out or state overlaps an input", op);
+        }
+    return llb_bufs_call(&h, op, run_ssm_scan, check_ssm_scan, &a, sizeof a);
 }
 
 /* gate/up -> out binary ops: silu_mul, gelu_mul, add. */
@@ -773,7 +832,11 @@ PyMethodDef llb_ops_methods[] = {
     {"short_conv", FASTCALL(py_short_conv),
      "short_conv(bcx, state, state_pos, kernel, slots, pos, out, n, d, width, n_slots, gated): a causal depthwise\n"
      "convolution over each slot's state: gated, LFM2's out = C * conv(B * x); else out = silu(conv(x)) (the state\n"
-     "shifted; position 0 restarts it)."},
+     "shifted; position 0 restarts it); bias (d floats, or None), ungated only, is added before the SiLU."},
+    {"ssm_scan", FASTCALL(py_ssm_scan),
+     "ssm_scan(xbc, dt, z, state, state_pos, a_neg, dt_bias, d_skip, norm_w, slots, pos, out, n, groups, heads,\n"
+     "dstate, dhead, n_slots, eps): Mamba2's selective scan over each slot's (heads, dstate, dhead) state, then its\n"
+     "gated group RMSNorm."},
     {"gated_delta", FASTCALL(py_gated_delta),
      "gated_delta(qkv, ba, z, state, state_pos, a_neg, dt_bias, norm_w, slots, pos, out, n, hk, hv, dk, dv, n_slots,\n"
      "eps): Qwen3-Next's gated delta rule over each slot's (hv, dk, dv) state, then its gated RMSNorm."},

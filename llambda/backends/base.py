@@ -193,9 +193,10 @@ class Backend(ABC):
         raise NotImplementedError(f"the {self.name} backend has no short convolutions")
 
     def conv_silu(self, x: np.ndarray, state: np.ndarray, state_pos: np.ndarray, kernel: np.ndarray,
-                  slots: np.ndarray, pos: np.ndarray, out: np.ndarray) -> None:
-        """out = silu(the causal depthwise convolution of x (n, c)) over each slot's window, the state
-        kept as short_conv keeps it (Qwen3-Next's convolution before its delta rule)."""
+                  slots: np.ndarray, pos: np.ndarray, out: np.ndarray, bias: np.ndarray | None = None) -> None:
+        """out = silu(the causal depthwise convolution of x (n, c) + bias (c,), if any) over each slot's
+        window, the state kept as short_conv keeps it (Qwen3-Next's convolution before its delta rule,
+        Mamba2's with its bias)."""
         raise NotImplementedError(f"the {self.name} backend has no convolutions")
 
     def gated_delta(self, qkv, ba, z, state, state_pos, a_neg, dt_bias, norm_w, eps: float, slots, pos, out,
@@ -207,6 +208,15 @@ class Backend(ABC):
         g = a_neg * softplus(a + dt_bias); S = exp(g) S; S += k ((v - S^T k) beta)^T; o = S^T q;
         out = rmsnorm(o, eps) * norm_w * silu(z) per value head."""
         raise NotImplementedError(f"the {self.name} backend has no delta-rule layers")
+
+    def ssm_scan(self, xbc, dt, z, state, state_pos, a_neg, dt_bias, d_skip, norm_w, eps: float, slots, pos, out,
+                 groups: int) -> None:
+        """Mamba2's selective scan, token by token in batch order. xbc (n, H P + 2 G N): x (H heads of P),
+        B and C (G groups of N; head h reads group h // (H / G)); dt (n, H); z (n, H P); state
+        (n_slots, H, N, P), zeroed at position 0. d = softplus(dt + dt_bias); S = exp(d a_neg) S + d B x^T;
+        y = S^T C + d_skip x per head; out = y * silu(z), RMS-normed (eps) in G groups of H P / G, times
+        norm_w (H P,)."""
+        raise NotImplementedError(f"the {self.name} backend has no Mamba2 layers")
 
     def sigmoid_mul(self, x: np.ndarray, gate: np.ndarray, out: np.ndarray) -> None:
         """out = x * sigmoid(gate) (Qwen3-Next's gated attention output)."""

@@ -408,6 +408,12 @@ class NativeBackend(Backend):
             raise ModelFormatError(f"head_dim {head_dim} is more than the native core's {MAX_HEAD_DIM}; "
                                    "use backend='numpy'")
         q8 = self.kv_code == KV_TYPES["q8_0"][1]
+        if q8 and head_dim % Q8_0_BLOCK and values_are_keys:     # latent attention's compressed rows (KVCache)
+            raise InvalidInputError(
+                f"kv_type='q8_0' stores a cache row in blocks of {Q8_0_BLOCK} values; this model's latent attention "
+                f"caches one compressed row a token, kv_lora_rank + qk_rope_head_dim = {head_dim} values: use "
+                "kv_type='f16' or 'f32' (--kv-type), or LLAMBDA_MLA_EXPANDED=1 to cache its expanded heads instead "
+                f"(a larger cache, whose head_dim q8_0 needs a multiple of {Q8_0_BLOCK} too)")
         if q8 and head_dim % Q8_0_BLOCK:
             raise InvalidInputError(f"kv_type='q8_0' needs head_dim a multiple of {Q8_0_BLOCK}; this model's is "
                                     f"{head_dim}: use kv_type='f16'")
@@ -548,9 +554,15 @@ class NativeBackend(Backend):
         n, d = out.shape
         C.short_conv(bcx, state, state_pos, kernel, slots, pos, out, n, d, kernel.shape[1], state.shape[0], 1)
 
-    def conv_silu(self, x, state, state_pos, kernel, slots, pos, out) -> None:
+    def conv_silu(self, x, state, state_pos, kernel, slots, pos, out, bias=None) -> None:
         n, d = out.shape
-        C.short_conv(x, state, state_pos, kernel, slots, pos, out, n, d, kernel.shape[1], state.shape[0], 0)
+        C.short_conv(x, state, state_pos, kernel, slots, pos, out, n, d, kernel.shape[1], state.shape[0], 0, bias)
+
+    def ssm_scan(self, xbc, dt, z, state, state_pos, a_neg, dt_bias, d_skip, norm_w, eps, slots, pos, out,
+                 groups) -> None:
+        n_slots, heads, dstate, dhead = state.shape
+        C.ssm_scan(xbc, dt, z, state, state_pos, a_neg, dt_bias, d_skip, norm_w, slots, pos, out, len(slots), groups,
+                   heads, dstate, dhead, n_slots, eps)
 
     def gated_delta(self, qkv, ba, z, state, state_pos, a_neg, dt_bias, norm_w, eps, slots, pos, out, k_heads) -> None:
         n_slots, hv, dk, dv = state.shape

@@ -104,8 +104,9 @@ class NumpyBackend(Backend):
         for t, c, u in self._conv(bcx[:, :d] * bcx[:, 2 * d:], state, state_pos, kernel, slots, pos):
             out[t] = bcx[t, d:2 * d] * u
 
-    def conv_silu(self, x, state, state_pos, kernel, slots, pos, out) -> None:
+    def conv_silu(self, x, state, state_pos, kernel, slots, pos, out, bias=None) -> None:
         for t, _, y in self._conv(x, state, state_pos, kernel, slots, pos):
+            y = y if bias is None else y + bias
             out[t] = y / (1.0 + np.exp(-y))
 
     @staticmethod
@@ -154,6 +155,26 @@ class NumpyBackend(Backend):
             o = o / np.sqrt((o * o).mean(-1, keepdims=True) + f32(eps)) * norm_w
             zt = z[t].reshape(hv, dv)
             out[t] = (o * (zt / (1.0 + np.exp(-zt)))).reshape(-1)
+
+    def ssm_scan(self, xbc, dt, z, state, state_pos, a_neg, dt_bias, d_skip, norm_w, eps, slots, pos, out,
+                 groups) -> None:
+        n_slots, H, N, P = state.shape
+        xd, f32 = H * P, np.float32
+        for t in range(len(slots)):
+            s = int(slots[t])
+            if pos[t] == 0:
+                state[s] = 0
+            x = xbc[t, :xd].reshape(H, P)
+            b = np.repeat(xbc[t, xd:xd + groups * N].reshape(groups, N), H // groups, axis=0)      # (H, N)
+            c = np.repeat(xbc[t, xd + groups * N:].reshape(groups, N), H // groups, axis=0)
+            u = dt[t] + dt_bias
+            d = np.where(u > 20, u, np.log1p(np.exp(np.minimum(u, 20)))).astype(f32)           # softplus
+            S = state[s] * np.exp(d * a_neg)[:, None, None] + (d[:, None] * b)[:, :, None] * x[:, None, :]
+            state[s] = S
+            state_pos[s] = pos[t] + 1
+            y = (np.einsum("hnp,hn->hp", S, c) + d_skip[:, None] * x).reshape(-1)
+            y = (y * (z[t] / (1.0 + np.exp(-z[t])))).reshape(groups, -1)
+            out[t] = (y / np.sqrt((y * y).mean(-1, keepdims=True) + f32(eps))).reshape(-1) * norm_w
 
     def sigmoid_mul(self, x, gate, out) -> None:
         np.multiply(x, 1.0 / (1.0 + np.exp(-gate)), out=out)

@@ -1,8 +1,8 @@
 """`llambda ps`: the models a running server holds, listed as `ollama ps` lists Ollama's.
 
 It asks the server's Ollama API (GET /api/ps, which `llambda serve` answers, and so does Ollama) at
-`--host`, by default `llambda serve`'s own address, and prints NAME, ID, SIZE, PROCESSOR, CONTEXT and
-UNTIL. `LLAMBDA_API_KEY`, the key `llambda serve` takes from the environment, is sent when it is set.
+`--host`, else at OLLAMA_HOST as ollama reads it (surrounding quotes and blanks dropped; empty: unset),
+else at `llambda serve`'s own address, and prints NAME, ID, SIZE, PROCESSOR, CONTEXT and UNTIL. `LLAMBDA_API_KEY`, the key `llambda serve` takes from the environment, is sent when it is set.
 """
 from __future__ import annotations
 
@@ -27,22 +27,22 @@ ANSWER_MAX_BYTES = 1 << 20                 # one model's entry is a few hundred 
 FOREVER_AFTER_DAYS = 20 * 365              # an expiry this far ahead is "Forever" (the server's is year 9999)
 
 
-def server_url(host: str) -> str:
-    """`--host` as Ollama's OLLAMA_HOST is written (`host`, `host:port`, `:port`, `http://host:port`)
-    -> the server's base URL; ValueError naming what is wrong."""
+def server_url(host: str, named: str = "--host") -> str:
+    """`--host` (or OLLAMA_HOST: `named`, which errors name) as Ollama's OLLAMA_HOST is written (`host`,
+    `host:port`, `:port`, `http://host:port`) -> the server's base URL; ValueError naming what is wrong."""
     text = host.strip()
     if not text:
-        raise ValueError("--host is empty: give the server's address, e.g. 127.0.0.1:8080")
+        raise ValueError(f"{named} is empty: give the server's address, e.g. 127.0.0.1:8080")
     try:
         parts = urllib.parse.urlsplit(text if "://" in text else "http://" + text)
     except ValueError as e:     # "[::1": urllib's message alone does not say which argument
-        raise ValueError(f"--host {host!r}: {e}") from None
+        raise ValueError(f"{named} {host!r}: {e}") from None
     if parts.scheme not in DEFAULT_PORTS:
-        raise ValueError(f"--host {host!r}: the scheme must be http or https, not {parts.scheme!r}")
+        raise ValueError(f"{named} {host!r}: the scheme must be http or https, not {parts.scheme!r}")
     try:
         port = parts.port or DEFAULT_PORTS[parts.scheme]
     except ValueError:      # "host:abc", "host:99999"
-        raise ValueError(f"--host {host!r}: the port must be a number from 0 to 65535") from None
+        raise ValueError(f"{named} {host!r}: the port must be a number from 0 to 65535") from None
     name = parts.hostname or "127.0.0.1"
     name = f"[{name}]" if ":" in name else name          # an IPv6 address
     return f"{parts.scheme}://{name}:{port}{parts.path.rstrip('/')}"
@@ -77,8 +77,9 @@ def _no_constant(name: str):
     raise ValueError(f"{name} is not JSON")
 
 
-def running_models(base: str, api_key: str | None) -> list[dict]:
-    """/api/ps's `models` at `base`; LlambdaError in one line when no server answers or it is not one."""
+def running_models(base: str, api_key: str | None, named: str = "--host") -> list[dict]:
+    """/api/ps's `models` at `base` (given by `named`: --host or OLLAMA_HOST); LlambdaError in one line when
+    no server answers or it is not one."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     request = urllib.request.Request(base + "/api/ps", headers=headers)
     try:
@@ -92,7 +93,8 @@ def running_models(base: str, api_key: str | None) -> list[dict]:
         raise LlambdaError(f"the server at {base} answered /api/ps with HTTP {e.code}") from None
     except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
         reason = getattr(e, "reason", None) or e
-        raise LlambdaError(f"no server answers at {base} ({reason}): start one with `llambda serve`, "
+        where = "" if named == "--host" else f" ({named})"
+        raise LlambdaError(f"no server answers at {base}{where} ({reason}): start one with `llambda serve`, "
                            "or give its address with --host") from None
     try:   # NaN/Infinity are Python's extension, not JSON; a deep nesting is RecursionError
         models = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)["models"] \
@@ -179,14 +181,24 @@ def add_parser(sub) -> None:
     p = sub.add_parser("ps", help="models loaded in a running server (llambda serve, or Ollama), as ollama ps",
                        description="List the models a running server holds (its Ollama API's /api/ps): "
                                    "name, id, size, processor, context and how long it stays loaded.")
-    p.add_argument("--host", default=DEFAULT_HOST,
-                   help=f"the server's address: host, host:port, :port or a URL (default {DEFAULT_HOST}, "
-                        "llambda serve's)")
+    p.add_argument("--host", default=None,
+                   help="the server's address: host, host:port, :port or a URL (default: OLLAMA_HOST when set, "
+                        f"as ollama reads it, else {DEFAULT_HOST}, llambda serve's)")
     p.set_defaults(fn=cmd_ps)
 
 
+def address(flag: str | None) -> tuple[str, str]:
+    """The server's address and what gave it: --host, else OLLAMA_HOST as ollama reads the variable
+    (blanks and quotes around it dropped; empty is unset), else llambda serve's default."""
+    if flag is not None:
+        return flag, "--host"
+    env = os.environ.get("OLLAMA_HOST", "").strip().strip("\"'")
+    return (env, "OLLAMA_HOST") if env else (DEFAULT_HOST, "--host")
+
+
 def cmd_ps(a) -> int:
-    base = server_url(a.host)
-    models = running_models(base, os.environ.get("LLAMBDA_API_KEY") or None)
+    host, named = address(a.host)
+    base = server_url(host, named)
+    models = running_models(base, os.environ.get("LLAMBDA_API_KEY") or None, named)
     print("\n".join(table(models, datetime.now(timezone.utc))))
     return 0

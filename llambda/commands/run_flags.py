@@ -16,6 +16,7 @@ import re
 import warnings
 
 from ..errors import LlambdaWarning
+from ..thinking import think_template_kwargs
 
 THINK_VALUES = ("true", "false", "high", "medium", "low")
 # Go's time.ParseDuration, as ollama parses --keepalive ("5m", "1h30m", "1.5h", "-1m", "0"), and a bare
@@ -57,18 +58,59 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 THINKING_COMMANDS = ("run", "chat")      # the sub-commands that take --think
 
 
-def bare_think_as_true(argv: list[str]) -> list[str]:
+def bare_think_as_true(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
     """A bare `--think` is `--think=true`, as ollama's flag library reads it: the word after it stays the
     model or the prompt (`llambda run --think qwen3 "hi"`), and `--think false` is true, then a word.
-    Only for run and chat: another command's error names the `--think` it was given."""
-    command = next((w for w in argv if not w.startswith("-")), None)
-    if command not in THINKING_COMMANDS:
+    Only for run and chat (or an alias of theirs): another command's error names the `--think` it was
+    given. The command is found as `parser` reads its own options before it (top_level_end)."""
+    at = top_level_end(argv, parser)
+    subs = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+    if at >= len(argv) or subs is None:
         return list(argv)
-    out, options = [], True
-    for w in argv:
+    command = subs.choices.get(argv[at])
+    if command is None or all(command is not subs.choices.get(c) for c in THINKING_COMMANDS):
+        return list(argv)
+    out, options = list(argv[:at + 1]), True
+    for w in argv[at + 1:]:
         options = options and w != "--"
         out.append("--think=true" if options and w == "--think" else w)
     return out
+
+
+def top_level_end(argv: list[str], parser: argparse.ArgumentParser) -> int:
+    """The index of the sub-command's word: past `parser`'s own options and the values they take (an option
+    given as --name=value, a long option abbreviated as argparse allows, a value attached to a short one),
+    or after a `--`; len(argv) when there is none. An unknown option is one word (argparse refuses it later)."""
+    longs = [o for o in parser._option_string_actions if o.startswith("--")]
+    i = 0
+    while i < len(argv):
+        w = argv[i]
+        if w == "--":
+            return i + 1
+        if not w.startswith("-") or w == "-":
+            return i
+        name, eq, _ = w.partition("=")
+        action = parser._option_string_actions.get(name)
+        if action is None and name.startswith("--") and parser.allow_abbrev:
+            near = [o for o in longs if o.startswith(name)]
+            action = parser._option_string_actions[near[0]] if len(near) == 1 else None
+        attached = bool(eq)
+        if action is None and not w.startswith("--") and len(w) > 2:    # -xVALUE, or short flags run together
+            action, attached = parser._option_string_actions.get(w[:2]), True
+        i += 1
+        if action is None or attached:
+            continue
+        nargs = action.nargs
+        if nargs is None:
+            nargs = 1
+        if isinstance(nargs, int):
+            i += nargs
+        elif nargs in ("?", "*", "+"):      # argparse takes what does not look like an option (greedy)
+            while i < len(argv) and not argv[i].startswith("-"):
+                i += 1
+                if nargs == "?":
+                    break
+    return len(argv)
 
 
 def template_kwargs(think: str | None, no_think: bool) -> dict:
@@ -77,10 +119,7 @@ def template_kwargs(think: str | None, no_think: bool) -> dict:
         return {}
     if no_think and think != "false":
         raise ValueError(f"--no-think and --think={think} say opposite things: give one")
-    kw = {"enable_thinking": think != "false"}
-    if think in ("high", "medium", "low"):
-        kw["reasoning_effort"] = think
-    return kw
+    return think_template_kwargs(think)
 
 
 def warn_unused_in_completion(think: str | None) -> None:

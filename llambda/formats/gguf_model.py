@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import ModelFormatError, TokenizerError
-from ..models import ENCODERS, arch_module, encoder_module
+from ..models import ARCHITECTURES, ENCODERS, arch_module, encoder_module
 from ..tokenizer import Tokenizer
 from .experts import ExpertStacks
 from .gguf import GGUFFile
@@ -14,9 +14,25 @@ from .weights import WeightTensor
 
 def biases_from_tensors(cfg, names) -> None:
     """q/k/v biases wherever the file holds them (no metadata key says so): llama.cpp reads them so, in its
-    llama architecture too, and a file's biases left out would be another model."""
+    llama architecture too, and a file's biases left out would be another model. Likewise what a family's
+    `gguf_flags(cfg, names)` reads from the tensors (glm4moe's q/k norms)."""
     if any(n.endswith("attn_q.bias") for n in names):
         cfg.attn_bias = True
+    flags = getattr(arch_module(cfg.arch), "gguf_flags", None) if cfg.arch in ARCHITECTURES else None
+    if flags is not None:
+        flags(cfg, names)
+
+
+def _decoder_tensors(module, meta: dict, n_layers: int, names: list) -> list:
+    """The file's tensors less the blocks a family's `gguf_extra_layers(meta)` says follow the decoder's
+    n_layers (glm4moe's NextN layers, not run here)."""
+    extra = getattr(module, "gguf_extra_layers", None)
+    if extra is None or not extra(meta):
+        return names
+    def past(name: str) -> bool:
+        block = name.split(".", 2)[1] if name.startswith("blk.") and name.count(".") >= 2 else ""
+        return block.isdigit() and (len(block) > 9 or int(block) >= n_layers)
+    return [n for n in names if not past(n)]
 
 
 def open_gguf(path: Path) -> ModelSource:
@@ -87,6 +103,7 @@ def open_gguf(path: Path) -> ModelSource:
             tensor, names = enc.gguf_tensors(tensor, names)
         else:
             cfg = module.config_from_gguf(meta)
+            names = _decoder_tensors(module, meta, cfg.n_layers, names)
             biases_from_tensors(cfg, names)
             if hasattr(module, "gguf_lookup"):      # canonical tensors a family's newer files split (DeepSeek's kv_b)
                 tensor, split_holders = module.gguf_lookup(tensor, cfg)

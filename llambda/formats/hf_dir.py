@@ -171,8 +171,12 @@ def hf_names(canon: str, post_norms: bool, arch: str = "") -> list[str]:
     return names
 
 
-def canonical_tensors(hf_tensors: dict, n_layers: int, post_norms: bool, arch: str = "", extra_layers: int = 0) -> dict:
+def canonical_tensors(hf_tensors: dict, n_layers: int, post_norms: bool, arch: str = "", extra_layers: int = 0,
+                      split=None) -> dict:
     """HF name -> WeightTensor  =>  canonical name -> WeightTensor.
+
+    `split(suffix, t, name)`, a family's `hf_splitter(config)`, turns a fused layer tensor into
+    [(canonical leaf, expert or None, part)] (Granite's experts), None for a tensor it leaves alone.
 
     Decoder-layer tensors we do not know are an error (running without them would be
     silently wrong); other unknown top-level tensors (vision towers, rotary caches) are skipped, and so are
@@ -212,6 +216,14 @@ def canonical_tensors(hf_tensors: dict, n_layers: int, post_norms: bool, arch: s
         if arch == "gpt_oss" and suffix in GPT_OSS_FUSED and i < n_layers:
             for leaf, part in split_gpt_oss(suffix, t, name).items():
                 put(f"blk.{i}.{leaf}", part, name)
+            continue
+        parts = split(suffix, t, name) if split is not None and i < n_layers else None
+        if parts is not None:
+            for leaf, e, part in parts:
+                if e is None:
+                    put(f"blk.{i}.{leaf}", part, name)
+                else:
+                    experts.add(f"blk.{i}.{leaf}", e, name, part)
             continue
         em = EXPERT_RE.fullmatch(suffix)
         if em and i < n_layers:
@@ -290,7 +302,9 @@ def open_hf_dir(path: Path) -> ModelSource:
     st = open_safetensors_dir(path)
     try:
         extra = getattr(module, "hf_extra_layers", lambda c: 0)(cfg_dict)
-        tensors = canonical_tensors(st.tensors, config.n_layers, config.post_norms, config.arch, extra)
+        splitter = getattr(module, "hf_splitter", None)
+        tensors = canonical_tensors(st.tensors, config.n_layers, config.post_norms, config.arch, extra,
+                                    split=splitter(config) if splitter else None)
         if "token_embd.weight" not in tensors:
             raise ModelFormatError(f"{path}: no embedding tensor (model.embed_tokens.weight)")
         if config.tie_embeddings:

@@ -27,6 +27,10 @@ ARCHITECTURES = {
     "gptoss": "gpt_oss",
     "smollm3": "smollm3",
     "granite": "granite",
+    "granitemoe": "granitemoe",
+    "granitemoeshared": "granitemoe",
+    "granitemoehybrid": "granitehybrid",
+    "granitehybrid": "granitehybrid",
     "olmo2": "olmo2",
     "lfm2": "lfm2",
     "qwen3_next": "qwen3next",
@@ -34,6 +38,9 @@ ARCHITECTURES = {
     "deepseek2": "deepseek2",
     "deepseek_v2": "deepseek2",
     "deepseek_v3": "deepseek2",
+    "glm4": "glm4",
+    "glm4moe": "glm4moe",
+    "glm4_moe": "glm4moe",
 }
 
 # Encoders (embedding models, cross-encoders): their own config and forward, not TransformerConfig

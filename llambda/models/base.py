@@ -21,7 +21,8 @@ from ..errors import ContextOverflowError, InvalidInputError, ModelFormatError
 from ..formats.weights import WeightTensor
 from .closable import Closable
 from .config import TransformerConfig
-from .deepseek2 import absorbed_key_heads
+from .mla import LatentAttention, MLAWeights, add_workspace_specs, mla_compressed
+from .row_groups import grouped_rows
 
 TensorLookup = Callable[[str], Optional[WeightTensor]]
 
@@ -49,26 +50,9 @@ class LayerWeights:
     sinks: np.ndarray | None = None   # a sink logit per head (GPT-OSS)
     conv: "ShortConvWeights | None" = None   # a short-conv layer (LFM2): set instead of wq/wk/wv/wo
     delta: "DeltaNetWeights | None" = None   # a gated delta-net layer (Qwen3-Next): the same
+    mamba: "Mamba2Weights | None" = None     # a Mamba2 layer (Granite 4): the same
     wq_gate: object = None            # attention output gate rows (Qwen3-Next): out *= sigmoid(h . wq_gate)
     mla: "MLAWeights | None" = None   # latent attention (DeepSeek): set instead of wq/wk/wv (wo stays)
-
-
-@dataclass
-class MLAWeights:
-    """DeepSeek's multi-head latent attention, its projections regrouped at load: q rows per head
-    [rope dims, nope dims] (the rope op rotates a head's first dims); kv_a_proj_with_mqa split into the
-    compressed kv (w_ckv) and the shared rope key (w_kpe); kv_b_proj into k_nope and v rows (w_knope, w_v:
-    expanded), or per head into the transposed key part and the value part (uk, uv: compressed)."""
-    wq: object                        # (heads (rope + nope), d_model), or from q_lora_rank with wq_a
-    wq_a: object                      # (q_lora_rank, d_model) or None
-    q_a_norm: np.ndarray | None       # (q_lora_rank,)
-    w_ckv: object                     # (kv_lora_rank, d_model)
-    w_kpe: object                     # (rope_dim, d_model)
-    kv_a_norm: np.ndarray             # (kv_lora_rank,)
-    w_knope: object                   # (heads qk_nope_dim, kv_lora_rank), or None
-    w_v: object                       # (heads v_head_dim, kv_lora_rank), or None
-    uk: list | None = None            # per head (kv_lora_rank, qk_nope_dim): q_nope -> the latent's query
-    uv: list | None = None            # per head (v_head_dim, kv_lora_rank): attention's latent -> the value
 
 
 @dataclass
@@ -92,13 +76,19 @@ class DeltaNetWeights:
     out_proj: object                # (d_model, v_heads dv)
 
 
-def grouped_rows(groups: int, parts: list[int]) -> list[np.ndarray]:
-    """Row indices of each part of a matrix stored as `groups` consecutive groups, each holding the
-    parts in order: part j's rows of every group, group by group. Qwen3-Next stores in_proj_qkvz per
-    key head (q, k, then v and z of its value heads), in_proj_ba per key head (b, a), and q_proj per
-    head (query, gate)."""
-    size, starts = sum(parts), np.cumsum([0] + parts[:-1])
-    return [np.concatenate([g * size + st + np.arange(n) for g in range(groups)]) for st, n in zip(starts, parts)]
+@dataclass
+class Mamba2Weights:
+    """A Mamba2 layer (Granite 4), in_proj split at load into its z, xBC and dt rows."""
+    in_z: object                    # (H P, d_model): the output gate
+    in_xbc: object                  # (H P + 2 G N, d_model): x, then B and C of every group
+    in_dt: object                   # (H, d_model)
+    kernel: np.ndarray              # (H P + 2 G N, L) float32: the convolution
+    conv_bias: np.ndarray           # (H P + 2 G N,)
+    a_neg: np.ndarray               # (H,): -exp(A_log)
+    dt_bias: np.ndarray             # (H,)
+    d_skip: np.ndarray              # (H,): D
+    norm: np.ndarray                # (H P,): the gated group norm's weight
+    out_proj: object                # (d_model, H P)
 
 
 @dataclass
@@ -111,17 +101,6 @@ class MoEWeights:
     shared_gate_inp: object = None  # (1, d_model): its output is scaled by sigmoid(h . w)
     router_bias: np.ndarray | None = None
     choice_bias: np.ndarray | None = None   # (n_experts,) added to the scores for the choice only (DeepSeek-V3)
-
-
-def mla_compressed(cfg: TransformerConfig, backend=None) -> bool:
-    """Whether latent attention caches its compressed rows (the default), or runs expanded into ordinary
-    heads (LLAMBDA_MLA_EXPANDED on: a cache n_heads (qk_nope + qk_rope) / (kv_lora_rank + qk_rope) times
-    larger times 2, kept to compare against). Also expanded where the compressed row is wider than
-    `backend`'s attention takes (the native core's 576) and the expanded heads are not: the model still runs."""
-    if not cfg.mla or switches.flag("LLAMBDA_MLA_EXPANDED", False):
-        return False
-    limit = getattr(backend, "max_head_dim", None)
-    return limit is None or cfg.rope_dim + cfg.kv_lora_rank <= limit or cfg.head_dim > limit
 
 
 def kv_rows(cfg: TransformerConfig, compressed: bool) -> tuple[int, int]:
@@ -168,22 +147,14 @@ class Workspace:
             c, vd = 2 * cfg.ssm_k_heads * cfg.ssm_k_dim + cfg.ssm_v_heads * cfg.ssm_v_dim, cfg.ssm_v_heads * cfg.ssm_v_dim
             self.specs.update({"dqkv": ((t, c), f32), "dconv": ((t, c), f32), "dz": ((t, vd), f32),
                                "dba": ((t, 2 * cfg.ssm_v_heads), f32), "dout": ((t, vd), f32)})
+        if "mamba2" in cfg.layer_kinds:
+            c, xd = cfg.ssm_v_heads * cfg.ssm_v_dim + 2 * cfg.ssm_k_heads * cfg.ssm_k_dim, cfg.ssm_v_heads * cfg.ssm_v_dim
+            self.specs.update({"mxbc": ((t, c), f32), "mconv": ((t, c), f32), "mz": ((t, xd), f32),
+                               "mdt": ((t, cfg.ssm_v_heads), f32), "mout": ((t, xd), f32)})
         if cfg.attn_out_gate:
             self.specs["qgate"] = ((t, cfg.q_dim), f32)
-        if cfg.mla:     # q (and, expanded, k, v and attn) above hold the expanded heads
-            H, r, hv, hn = cfg.n_heads, cfg.kv_lora_rank, cfg.n_heads * cfg.v_head_dim, cfg.n_heads * cfg.qk_nope_dim
-            self.specs.update({"mla_c": ((t, r), f32), "mla_kpe": ((t, cfg.rope_dim), f32), "mla_out": ((t, hv), f32)})
-            if mla_compressed:  # the cache row, the query and attention's output rows; two head-major scratches
-                for name in ("k", "v", "attn"):       # the expanded heads' only
-                    del self.specs[name]
-                w = cfg.rope_dim + r
-                self.specs.update({"mla_kc": ((t, 1, w), f32), "mla_qc": ((t, H, w), f32), "mla_att": ((t, H, w), f32),
-                                   "mla_hin": ((H * t * max(cfg.qk_nope_dim, r),), f32),
-                                   "mla_hout": ((H * t * max(r, cfg.v_head_dim),), f32)})
-            else:
-                self.specs.update({"mla_knope": ((t, hn), f32), "mla_v": ((t, hv), f32)})
-            if cfg.q_lora_rank:
-                self.specs["mla_qa"] = ((t, cfg.q_lora_rank), f32)
+        if cfg.mla:
+            add_workspace_specs(self.specs, cfg, t, mla_compressed)
         if cfg.n_experts:
             self.specs["router"] = ((t, cfg.n_experts), f32)
         if cfg.shared_ffn_dim:
@@ -239,10 +210,11 @@ def unfused_lookup(get: TensorLookup, cfg: TransformerConfig) -> TensorLookup:
 
 
 def recurrent_state_specs(cfg: TransformerConfig, n_slots: int) -> tuple[list[int], list[int], dict]:
-    """A hybrid model's recurrent state, carved with the KV cache: the short-conv and delta-net layers (the
-    layers with a convolution window; those with a delta-net matrix) and the arrays' (shape, dtype) by name."""
-    conv = [i for i, kind in enumerate(cfg.layer_kinds) if kind in ("shortconv", "deltanet")]
-    delta = [i for i, kind in enumerate(cfg.layer_kinds) if kind == "deltanet"]
+    """A hybrid model's recurrent state, carved with the KV cache: the short-conv, delta-net and Mamba2 layers
+    (the layers with a convolution window; those with a per-head matrix, (heads, dk, dv) for a delta net,
+    (heads, N, P) for Mamba2) and the arrays' (shape, dtype) by name."""
+    conv = [i for i, kind in enumerate(cfg.layer_kinds) if kind != "attention"]
+    delta = [i for i, kind in enumerate(cfg.layer_kinds) if kind in ("deltanet", "mamba2")]
     width = {i: cfg.d_model if cfg.layer_kinds[i] == "shortconv" else
              2 * cfg.ssm_k_heads * cfg.ssm_k_dim + cfg.ssm_v_heads * cfg.ssm_v_dim for i in conv}
     state = {f"conv_state{i}": ((n_slots, cfg.conv_kernel - 1, width[i]), np.float32) for i in conv}
@@ -259,7 +231,7 @@ def live_server(model):
     return thread if thread is not None and thread.is_alive() else None
 
 
-class Transformer(Closable):
+class Transformer(Closable, LatentAttention):
     def __init__(self, cfg: TransformerConfig, tensors: TensorLookup, backend, n_ctx: int, n_slots: int = 1,
                  max_tokens: int = 512, max_logit_rows: int | None = None, release=None, file_names=None):
         """`release(data)`, when given, is told each matrix's file bytes once the backend has its own copy
@@ -324,7 +296,7 @@ class Transformer(Closable):
             """The matrix, or with parts (row indices per part, grouped_rows) one matrix per part."""
             t = need(name)
             if t.shape != (rows, cols):
-                raise ModelFormatError(f"tensor {name!r} has shape {t.shape}, expected {(rows, cols)}")
+                raise ModelFormatError(f"tensor {shown(name, t)} has shape {t.shape}, expected {(rows, cols)}")
             m = B.prepare_matrix(t) if parts is None else [B.prepare_matrix(t.take_rows(ix)) for ix in parts]
             self._release(t.data)
             return m
@@ -334,19 +306,22 @@ class Transformer(Closable):
             if t is None:
                 return None
             if t.cols != n or t.rows != 1:     # (1, n) as llama.cpp takes too; an (8, 8) norm is no (64,) one
-                raise ModelFormatError(f"tensor {name!r} has shape {t.shape}, expected ({n},)")
+                raise ModelFormatError(f"tensor {shown(name, t)} has shape {t.shape}, expected ({n},)")
             v = B.prepare_vector(t, offset)
             finite(name, t, v)
             self._release(t.data)
             return v
+
+        def shown(name: str, t: WeightTensor) -> str:
+            """Canonical `name` as errors show it: by the file's own name where it differs (a HF checkpoint's)."""
+            return repr(name) if t.name == name else f"{t.name!r} ({name})"
 
         def finite(name: str, t: WeightTensor, v: np.ndarray) -> None:
             # A NaN in a norm weight or bias silently poisons every logit; vectors are small, so
             # they are all checked (matrices are not: that would cost a pass over the whole model).
             bad = np.flatnonzero(~np.isfinite(v))
             if len(bad):
-                where = name if t.name == name else f"{t.name!r} ({name})"
-                raise ModelFormatError(f"tensor {where} holds {v[bad[0]]} at index {int(bad[0])} "
+                raise ModelFormatError(f"tensor {shown(name, t)} holds {v[bad[0]]} at index {int(bad[0])} "
                                        f"({len(bad)} non-finite values): the model file is corrupt")
 
         d, off = cfg.d_model, cfg.norm_offset
@@ -356,7 +331,7 @@ class Transformer(Closable):
         self.output_norm = vector("output_norm.weight", d, off)
         rf = get("rope_freqs.weight")
         if rf is not None and (rf.cols != cfg.rope_dim // 2 or rf.rows != 1):
-            raise ModelFormatError(f"tensor 'rope_freqs.weight' has shape {rf.shape}, expected ({cfg.rope_dim // 2},): "
+            raise ModelFormatError(f"tensor {shown('rope_freqs.weight', rf)} has shape {rf.shape}, expected ({cfg.rope_dim // 2},): "
                                    "one factor per pair of rotated dimensions")
         self.rope_factors = None if rf is None else rf.to_float32().reshape(-1)
         if rf is not None:
@@ -374,7 +349,7 @@ class Transformer(Closable):
             t = need(name)
             want = (cfg.n_experts, rows) if cols is None else (cfg.n_experts, rows, cols)
             if t.shape != want:
-                raise ModelFormatError(f"tensor {name!r} has shape {t.shape}, expected {want}")
+                raise ModelFormatError(f"tensor {shown(name, t)} has shape {t.shape}, expected {want}")
             if cols is None:
                 finite(name, t, t.to_float32())
             return t
@@ -414,7 +389,8 @@ class Transformer(Closable):
             """A depthwise convolution's weights as float32 (channels, L): GGUF's (c, L) or HF's (c, 1, L)."""
             t = need(name)
             if t.rows * t.cols != channels * cfg.conv_kernel or t.shape[0] != channels:
-                raise ModelFormatError(f"tensor {name!r} has shape {t.shape}, expected ({channels}, {cfg.conv_kernel})")
+                raise ModelFormatError(f"tensor {shown(name, t)} has shape {t.shape}, expected ({channels}, "
+                                       f"{cfg.conv_kernel})")
             kernel = np.ascontiguousarray(t.to_float32().reshape(channels, cfg.conv_kernel), dtype=np.float32)
             finite(name, t, kernel.reshape(-1))
             return kernel
@@ -441,43 +417,29 @@ class Transformer(Closable):
                                    dt_bias=vector(p + "ssm_dt.bias", hv), norm=vector(p + "ssm_norm.weight", dv),
                                    out_proj=matrix(p + "ssm_out.weight", d, hv * dv))
 
-        def per_head(t: WeightTensor, shape: tuple) -> list:
-            """A 3-D (heads, rows, cols) tensor as one matrix per head."""
-            if tuple(t.shape) != shape:
-                raise ModelFormatError(f"tensor {t.name!r} has shape {tuple(t.shape)}, expected {shape}")
-            H, rows, cols = shape
-            flat = WeightTensor(t.name, t.qtype, (H * rows, cols), t.data)
-            out = [B.prepare_matrix(flat.take_rows(h * rows + np.arange(rows))) for h in range(H)]
+        def flat(name: str, n: int) -> np.ndarray:
+            """A vector llama.cpp may store as a column or in groups ((n, 1) ssm_a / ssm_d, (G, n / G) ssm_norm)."""
+            t = need(name)
+            if t.rows * t.cols != n:
+                raise ModelFormatError(f"tensor {name!r} has shape {t.shape}, expected {n} values")
+            v = B.prepare_vector(t)
+            finite(name, t, v)
             self._release(t.data)
-            return out
+            return v
 
-        def mla(p: str) -> MLAWeights:
-            H, nope, rope, vd, kvr, qr = (cfg.n_heads, cfg.qk_nope_dim, cfg.rope_dim, cfg.v_head_dim, cfg.kv_lora_rank,
-                                          cfg.q_lora_rank)
-            q_rows = [np.concatenate([h * (nope + rope) + nope + np.arange(rope), h * (nope + rope) + np.arange(nope)])
-                      for h in range(H)]
-            q_order = [np.concatenate(q_rows)]
-            if qr:
-                wq_a, q_a_norm = matrix(p + "attn_q_a.weight", qr, d), vector(p + "attn_q_a_norm.weight", qr)
-                wq = matrix(p + "attn_q_b.weight", H * (nope + rope), qr, q_order)[0]
+        def mamba2(p: str) -> Mamba2Weights:
+            G, H, N, P = cfg.ssm_k_heads, cfg.ssm_v_heads, cfg.ssm_k_dim, cfg.ssm_v_dim
+            xd, c = H * P, H * P + 2 * G * N
+            z, xbc, dt = matrix(p + "ssm_in.weight", xd + c + H, d,
+                                [np.arange(xd), xd + np.arange(c), xd + c + np.arange(H)])
+            if get(p + "ssm_a.weight") is not None:      # llama.cpp stores -exp(A_log)
+                a_neg = flat(p + "ssm_a.weight", H)
             else:
-                wq_a, q_a_norm, wq = None, None, matrix(p + "attn_q.weight", H * (nope + rope), d, q_order)[0]
-            w_ckv, w_kpe = matrix(p + "attn_kv_a_mqa.weight", kvr + rope, d, [np.arange(kvr), kvr + np.arange(rope)])
-            norm = vector(p + "attn_kv_a_norm.weight", kvr)
-            if not self.mla_compressed:
-                w_knope, w_v = matrix(p + "attn_kv_b.weight", H * (nope + vd), kvr, grouped_rows(H, [nope, vd]))
-                return MLAWeights(wq=wq, wq_a=wq_a, q_a_norm=q_a_norm, w_ckv=w_ckv, w_kpe=w_kpe, kv_a_norm=norm,
-                                  w_knope=w_knope, w_v=w_v)
-            kb, vb = get(p + "attn_k_b.weight"), get(p + "attn_v_b.weight")
-            if kb is not None and vb is not None:   # a newer GGUF's halves are the per-head matrices, in their type
-                uk = per_head(kb, (H, kvr, nope))
-                uv = per_head(vb, (H, vd, kvr))
-            else:
-                v_rows = grouped_rows(H, [nope, vd])[1].reshape(H, vd)
-                uv = matrix(p + "attn_kv_b.weight", H * (nope + vd), kvr, list(v_rows))
-                uk = [B.prepare_matrix(t) for t in absorbed_key_heads(need(p + "attn_kv_b.weight"), cfg)]
-            return MLAWeights(wq=wq, wq_a=wq_a, q_a_norm=q_a_norm, w_ckv=w_ckv, w_kpe=w_kpe, kv_a_norm=norm,
-                              w_knope=None, w_v=None, uk=uk, uv=uv)
+                a_neg = (-np.exp(vector(p + "ssm_a_log.weight", H))).astype(np.float32)
+            return Mamba2Weights(in_z=z, in_xbc=xbc, in_dt=dt, kernel=conv_kernel(p + "ssm_conv1d.weight", c),
+                                 conv_bias=vector(p + "ssm_conv1d.bias", c), a_neg=a_neg,
+                                 dt_bias=vector(p + "ssm_dt.bias", H), d_skip=flat(p + "ssm_d.weight", H),
+                                 norm=flat(p + "ssm_norm.weight", xd), out_proj=matrix(p + "ssm_out.weight", d, xd))
 
         if getattr(cfg, "altup_inputs", 0):      # Gemma 3n: its layers are its own (models/gemma3n_net.py)
             from .gemma3n_net import Gemma3nNet
@@ -493,20 +455,23 @@ class Transformer(Closable):
                 moe = is_moe(i)
                 self.layers.append(LayerWeights(
                     attn_norm=vector(p + "attn_norm.weight", d, off), wq=None, wk=None, wv=None,
-                    mla=mla(p), wo=matrix(p + "attn_output.weight", d, cfg.n_heads * cfg.v_head_dim),
+                    mla=self._mla_weights(p, get, need, matrix, vector),
+                    wo=matrix(p + "attn_output.weight", d, cfg.n_heads * cfg.v_head_dim),
                     ffn_norm=vector(p + "ffn_norm.weight", d, off),
                     w_gate=None if moe else matrix(p + "ffn_gate.weight", cfg.ffn_dim, d),
                     w_up=None if moe else matrix(p + "ffn_up.weight", cfg.ffn_dim, d),
                     w_down=None if moe else matrix(p + "ffn_down.weight", d, cfg.ffn_dim),
                     moe=moe_weights(p) if moe else None))
                 continue
-            if cfg.layer_kinds[i] in ("shortconv", "deltanet"):
-                conv = cfg.layer_kinds[i] == "shortconv"
+            if cfg.layer_kinds[i] != "attention":
+                kind = cfg.layer_kinds[i]
                 moe = is_moe(i)
                 self.layers.append(LayerWeights(
                     attn_norm=vector(p + "attn_norm.weight", d, off), wq=None, wk=None, wv=None, wo=None,
-                    ffn_norm=vector(p + "ffn_norm.weight", d, off), conv=short_conv(p) if conv else None,
-                    delta=None if conv else delta_net(p),
+                    ffn_norm=vector(p + "ffn_norm.weight", d, off),
+                    conv=short_conv(p) if kind == "shortconv" else None,
+                    delta=delta_net(p) if kind == "deltanet" else None,
+                    mamba=mamba2(p) if kind == "mamba2" else None,
                     w_gate=None if moe else matrix(p + "ffn_gate.weight", cfg.ffn_dim, d),
                     w_up=None if moe else matrix(p + "ffn_up.weight", cfg.ffn_dim, d),
                     w_down=None if moe else matrix(p + "ffn_down.weight", d, cfg.ffn_dim),
@@ -644,12 +609,10 @@ class Transformer(Closable):
         for i, layer in enumerate(self.layers):
             if layer.conv is not None:
                 self._short_conv_block(i, layer, x, slot, p)
-            elif layer.delta is not None:
-                self._delta_net_block(i, layer, x, slot, p)
-            elif layer.mla is not None and self.mla_compressed:
-                self._mla_compressed_block(i, layer, x, slot, p)
+            elif layer.delta is not None or layer.mamba is not None:
+                self._ssm_block(i, layer, x, slot, p)
             elif layer.mla is not None:
-                self._mla_block(i, layer, x, slot, p)
+                self._mla_attention(i, layer, x, slot, p)
             else:
                 self._attention_block(i, layer, x, slot, p)
             self._ffn_block(layer, x)
@@ -738,82 +701,6 @@ class Transformer(Closable):
             B.rmsnorm(proj, L.post_attn_norm, cfg.norm_eps, proj)
         self._residual_add(x, proj)
 
-    def _mla_block(self, i: int, L: LayerWeights, x, slot, p) -> None:
-        """DeepSeek's latent attention expanded into ordinary attention: per head the key [R k_pe, k_nope] (k_pe
-        shared by the heads), the query [R q_pe, q_nope] (R: RoPE) and the value v zero-padded to head_dim,
-        all cached; the heads' values (their first v_head_dim dims) through the output projection."""
-        cfg, B, ws = self.cfg, self.backend, self.ws
-        M, n = L.mla, len(x)
-        H, D, rope, nope, vd = cfg.n_heads, cfg.head_dim, cfg.rope_dim, cfg.qk_nope_dim, cfg.v_head_dim
-        q, k, v, attn, proj = ws.q[:n], ws.k[:n], ws.v[:n], ws.attn[:n], ws.proj[:n]
-        knope, vv, out = ws.mla_knope[:n], ws.mla_v[:n], ws.mla_out[:n]
-        c, kpe = self._mla_project(i, L, x, p)
-        B.matmul_many(c, (M.w_knope, M.w_v), (knope, vv))
-        B.copy_blocks(kpe, k, n, H, rope, (rope, 0, 0), (H * D, D, 0))             # every head's k_pe
-        B.copy_blocks(knope, k, n, H, nope, (H * nope, nope, 0), (H * D, D, rope))
-        B.copy_blocks(vv, v, n, H, vd, (H * vd, vd, 0), (H * D, D, 0))            # v's pad stays 0 (never written)
-        kv = self.kv_layer[i]
-        B.kv_store(self.cache, kv, k, v, slot, p)
-        B.attention(q, self.cache, kv, slot, p, attn, cfg.scale(), cfg.layer_window(i), cfg.attn_softcap)
-        B.copy_blocks(attn, out, n, H, vd, (H * D, D, 0), (H * vd, vd, 0))
-        B.matmul(out, L.wo, proj)
-        self._residual_add(x, proj)
-
-    def _mla_project(self, i: int, L: LayerWeights, x, p):
-        """Latent attention's projections of the normed x: the query heads [R q_pe, q_nope] into ws.q, the
-        normed compressed kv and the rotated shared k_pe (R: RoPE), returned."""
-        cfg, B, ws = self.cfg, self.backend, self.ws
-        M, n = L.mla, len(x)
-        h, q, c, kpe = ws.h[:n], ws.q[:n], ws.mla_c[:n], ws.mla_kpe[:n]
-        h = self._pre_norm(x, L.attn_norm, h)
-        q2 = q.reshape(n, -1)
-        if M.wq_a is not None:
-            qa = ws.mla_qa[:n]
-            B.matmul_many(h, (M.wq_a, M.w_ckv, M.w_kpe), (qa, c, kpe))
-            B.rmsnorm(qa, M.q_a_norm, cfg.norm_eps, qa)
-            B.matmul(qa, M.wq, q2)
-        else:
-            B.matmul_many(h, (M.wq, M.w_ckv, M.w_kpe), (q2, c, kpe))
-        B.rmsnorm(c, M.kv_a_norm, cfg.norm_eps, c)
-        inv_freq = self.inv_freq[cfg.layer_sliding[i]]
-        B.rope(q, p, inv_freq, cfg.rope_neox)
-        B.rope(kpe.reshape(n, 1, cfg.rope_dim), p, inv_freq, cfg.rope_neox)
-        return c, kpe
-
-    def _mla_compressed_block(self, i: int, L: LayerWeights, x, slot, p) -> None:
-        """DeepSeek's latent attention over its compressed cache: one row per token, [R k_pe, c] (c the normed
-        compressed kv), read by every head as its key and, its c part, as its value (multi-query attention).
-        A head's query is [R q_pe, q_nope W_uk] (W_uk its key rows of kv_b: q_nope . (W_uk c) taken as
-        (q_nope W_uk) . c), its output W_uv (its c part of attention's output): the same scores and values as
-        the expanded heads', in kv_lora_rank + qk_rope values a token. The per-head products go through
-        head-major scratch rows (head g's n rows together), one matmul a head."""
-        cfg, B, ws = self.cfg, self.backend, self.ws
-        M, n = L.mla, len(x)
-        H, D, rope, nope, vd, r = (cfg.n_heads, cfg.head_dim, cfg.rope_dim, cfg.qk_nope_dim, cfg.v_head_dim,
-                                   cfg.kv_lora_rank)
-        W = rope + r
-        q, kc, qc, att, out, proj = ws.q[:n], ws.mla_kc[:n], ws.mla_qc[:n], ws.mla_att[:n], ws.mla_out[:n], ws.proj[:n]
-        hin, hout = ws.mla_hin, ws.mla_hout
-        c, kpe = self._mla_project(i, L, x, p)
-        B.copy_blocks(kpe, kc, n, 1, rope, (rope, 0, 0), (W, 0, 0))
-        B.copy_blocks(c, kc, n, 1, r, (r, 0, 0), (W, 0, rope))
-        B.copy_blocks(q, qc, n, H, rope, (H * D, D, 0), (H * W, W, 0))                 # every head's R q_pe
-        B.copy_blocks(q, hin, n, H, nope, (H * D, D, rope), (nope, n * nope, 0))       # q_nope, head-major
-        for g in range(H):
-            B.matmul(hin[g * n * nope:(g + 1) * n * nope].reshape(n, nope), M.uk[g], hout[g * n * r:(g + 1) * n * r]
-                     .reshape(n, r))
-        B.copy_blocks(hout, qc, n, H, r, (r, n * r, 0), (H * W, W, rope))
-        kv = self.kv_layer[i]
-        B.kv_store(self.cache, kv, kc, kc, slot, p)
-        B.attention(qc, self.cache, kv, slot, p, att, cfg.scale(), cfg.layer_window(i), cfg.attn_softcap)
-        B.copy_blocks(att, hin, n, H, r, (H * W, W, rope), (r, n * r, 0))              # the c part, head-major
-        for g in range(H):
-            B.matmul(hin[g * n * r:(g + 1) * n * r].reshape(n, r), M.uv[g], hout[g * n * vd:(g + 1) * n * vd]
-                     .reshape(n, vd))
-        B.copy_blocks(hout, out, n, H, vd, (vd, n * vd, 0), (H * vd, vd, 0))
-        B.matmul(out, L.wo, proj)
-        self._residual_add(x, proj)
-
     def _short_conv_block(self, i: int, L: LayerWeights, x, slot, p) -> None:
         """x += out_proj(C * conv(B * x')), x' the normed input: LFM2's token mixer."""
         B, ws = self.backend, self.ws
@@ -824,19 +711,29 @@ class Transformer(Closable):
         B.matmul(y, L.conv.out_proj, proj)
         self._residual_add(x, proj)
 
-    def _delta_net_block(self, i: int, L: LayerWeights, x, slot, p) -> None:
-        """x += out_proj(gated_norm(delta_rule(silu(conv(q, k, v))), z)): Qwen3-Next's linear attention."""
+    def _ssm_block(self, i: int, L: LayerWeights, x, slot, p) -> None:
+        """Qwen3-Next's gated delta net, x += out_proj(gated_norm(delta_rule(silu(conv(q, k, v))), z)), or Granite
+        4's Mamba2, x += out_proj(group_norm(scan(silu(conv(xBC) + bias), dt) * silu(z))): three projections of
+        the normed input, the first through the slot's convolution, then the recurrent update."""
         cfg, B, ws = self.cfg, self.backend, self.ws
-        n, D = len(x), L.delta
-        h, qkv, conv, z, ba, out, proj = (ws.h[:n], ws.dqkv[:n], ws.dconv[:n], ws.dz[:n], ws.dba[:n], ws.dout[:n],
-                                          ws.proj[:n])
-        h = self._pre_norm(x, L.attn_norm, h)
-        B.matmul_many(h, (D.in_qkv, D.in_z, D.in_ba), (qkv, z, ba))
-        B.conv_silu(qkv, self.conv_state[i], self.state_pos[i], D.kernel, slot, p, conv)
-        B.gated_delta(conv, ba, z, self.delta_state[i], self.delta_pos[i], D.a_neg, D.dt_bias, D.norm, cfg.norm_eps,
-                      slot, p, out, cfg.ssm_k_heads)
-        B.matmul(out, D.out_proj, proj)
-        self._residual_add(x, proj)
+        n, D, M = len(x), L.delta, L.mamba
+        if D is not None:
+            mats, outs, conv, out = (D.in_qkv, D.in_z, D.in_ba), (ws.dqkv, ws.dz, ws.dba), ws.dconv[:n], ws.dout[:n]
+            kernel, bias, out_proj = D.kernel, None, D.out_proj
+        else:
+            mats, outs, conv, out = (M.in_xbc, M.in_z, M.in_dt), (ws.mxbc, ws.mz, ws.mdt), ws.mconv[:n], ws.mout[:n]
+            kernel, bias, out_proj = M.kernel, M.conv_bias, M.out_proj
+        first, z, third = (o[:n] for o in outs)
+        B.matmul_many(self._pre_norm(x, L.attn_norm, ws.h[:n]), mats, (first, z, third))
+        B.conv_silu(first, self.conv_state[i], self.state_pos[i], kernel, slot, p, conv, bias=bias)
+        if D is not None:
+            B.gated_delta(conv, third, z, self.delta_state[i], self.delta_pos[i], D.a_neg, D.dt_bias, D.norm,
+                          cfg.norm_eps, slot, p, out, cfg.ssm_k_heads)
+        else:
+            B.ssm_scan(conv, third, z, self.delta_state[i], self.delta_pos[i], M.a_neg, M.dt_bias, M.d_skip, M.norm,
+                       cfg.norm_eps, slot, p, out, cfg.ssm_k_heads)
+        B.matmul(out, out_proj, ws.proj[:n])
+        self._residual_add(x, ws.proj[:n])
 
     def _ffn_block(self, L: LayerWeights, x) -> None:
         cfg, B, ws = self.cfg, self.backend, self.ws

@@ -29,8 +29,10 @@ SIZE_LIMITS = {
 }
 # What a layer's token mixer is: attention over the KV cache, LFM2's gated short convolution (a causal
 # depthwise convolution whose last conv_kernel - 1 inputs are a per-sequence state), or Qwen3-Next's
-# gated delta net (a convolution, then linear attention whose per-head dk x dv matrix is the state).
-LAYER_KINDS = ("attention", "shortconv", "deltanet")
+# gated delta net (a convolution, then linear attention whose per-head dk x dv matrix is the state), or
+# Mamba2 (Granite 4: a convolution with a bias, then a selective scan whose per-head N x P matrix is the
+# state; ssm_k_heads / ssm_k_dim are its groups and state size, ssm_v_heads / ssm_v_dim its heads and head size).
+LAYER_KINDS = ("attention", "shortconv", "deltanet", "mamba2")
 # How a mixture-of-experts router turns logits into the k weights: a softmax over every expert,
 # then the k largest (Qwen-MoE, Mixtral, DeepSeek-V2), the k largest logits, then a softmax over those
 # (GPT-OSS), or a sigmoid per expert, then the k largest (DeepSeek-V3). The first and the last may choose
@@ -348,15 +350,18 @@ class TransformerConfig:
         bad = [k for k in self.layer_kinds if k not in LAYER_KINDS]
         if bad:
             raise ModelFormatError(f"unsupported layer kind {bad[0]!r} (supported: {', '.join(LAYER_KINDS)})")
-        conv = [k for k in self.layer_kinds if k in ("shortconv", "deltanet")]
+        conv = [k for k in self.layer_kinds if k != "attention"]
         if conv and self.conv_kernel < 2:
             raise ModelFormatError(f"{conv[0]} layers need a convolution kernel of at least 2, got {self.conv_kernel}")
-        if "deltanet" in self.layer_kinds:
+        for kind, what, parts in (("deltanet", "delta-net", ("value heads", "key heads")),
+                                  ("mamba2", "Mamba2", ("heads", "groups"))):
+            if kind not in self.layer_kinds:
+                continue
             if min(self.ssm_k_heads, self.ssm_v_heads, self.ssm_k_dim, self.ssm_v_dim) < 1:
-                raise ModelFormatError("gated delta-net layers need their head counts and sizes")
+                raise ModelFormatError(f"{what} layers need their head counts and sizes")
             if self.ssm_v_heads % self.ssm_k_heads:
-                raise ModelFormatError(f"delta-net value heads ({self.ssm_v_heads}) must be a multiple of its key "
-                                       f"heads ({self.ssm_k_heads})")
+                raise ModelFormatError(f"{what} {parts[0]} ({self.ssm_v_heads}) must be a multiple of its {parts[1]} "
+                                       f"({self.ssm_k_heads})")
 
     def _check_rope(self) -> None:
         if self.rope_scaling is not None:

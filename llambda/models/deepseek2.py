@@ -7,7 +7,7 @@ per head [k_nope, v]. RoPE on q_pe and k_pe only, in DeepSeek's adjacent-pair la
 rotation, or V3's `rope_interleave`; llama.cpp's NORM rope); scores q_nope.k_nope + q_pe.k_pe times
 (qk_nope + qk_rope)^-0.5, and with YaRN times mscale(factor, mscale_all_dim)^2 (cos and sin left unscaled:
 a model whose `mscale` differs from `mscale_all_dim` scales only its rope dims, which is refused).
-models/base.py runs MLA over its compressed cache (_mla_compressed_block): kv_lora_rank + qk_rope values per
+models/mla.py runs MLA over its compressed cache (_mla_compressed_block): kv_lora_rank + qk_rope values per
 token and layer, kv_b absorbed into each head's query and output; LLAMBDA_MLA_EXPANDED=1 expands it into
 ordinary attention instead (_mla_block: every head's full key and its value padded to the key's width,
 2 n_heads (qk_nope + qk_rope) values per token and layer).
@@ -35,7 +35,7 @@ from ..errors import ModelFormatError
 from ..formats.quants import TRAITS, QType, quantize, tensor_nbytes
 from ..formats.weights import WeightTensor
 from .config import TransformerConfig
-from .hparams import GGUFHParams, HFConfig
+from .hparams import GGUFHParams, HFConfig, refuse_quantized
 from .llama import check_hf_mlp
 
 # HF per-layer names of this family (merged over the shared ones by formats/hf_dir.py)
@@ -92,11 +92,7 @@ def hf_extra_layers(cfg: dict) -> int:
 def config_from_hf(cfg: dict) -> TransformerConfig:
     check_hf_mlp(cfg)
     hf = HFConfig(cfg)
-    quant = cfg.get("quantization_config")
-    if quant:
-        method = quant.get("quant_method") if isinstance(quant, dict) else quant
-        raise ModelFormatError(f"a DeepSeek checkpoint quantized as {method!r} (quantization_config) is not supported: "
-                               "use its GGUF or a float (bf16) conversion")
+    refuse_quantized(cfg, "DeepSeek")
     if hf.flag("attention_bias", False) or hf.flag("mlp_bias", False):
         raise ModelFormatError("config.json attention_bias / mlp_bias true is not supported for DeepSeek")
     v3 = cfg.get("model_type") == "deepseek_v3"

@@ -226,6 +226,27 @@ class HFConfig:
         )
 
 
+def gguf_layer_kinds(meta: dict, arch: str, recurrent: str) -> tuple[dict, list | None]:
+    """A hybrid's `{arch}.attention.head_count_kv` as llama.cpp writes it, one value per layer (0: a layer of
+    kind `recurrent`): (the metadata with the one common head count in its place, the layer kinds), or
+    (meta, None) where the key holds one number."""
+    key = f"{arch}.attention.head_count_kv"
+    kv = meta.get(key)
+    kv = kv.tolist() if isinstance(kv, np.ndarray) else kv
+    if not isinstance(kv, (list, tuple)):
+        return meta, None
+    # the types first: a nested list in a set was an untyped TypeError (unhashable)
+    heads = sorted({v for v in kv if v != 0}) if all(type(v) is int and v >= 0 for v in kv) else None
+    if not kv or heads is None or len(heads) > 1:
+        raise ModelFormatError(f"GGUF metadata {key!r}: per-layer values {list(kv)[:8]!r} are not 0 "
+                               f"(a {recurrent} layer) or one common head count")
+    n_layers = meta.get(f"{arch}.block_count")
+    if isinstance(n_layers, int) and len(kv) != n_layers:
+        raise ModelFormatError(f"GGUF metadata {key!r} has {len(kv)} values for {n_layers} layers")
+    kinds = ["attention" if v else recurrent for v in kv]
+    return dict(meta, **{key: heads[0] if heads else meta.get(f"{arch}.attention.head_count", 1)}), kinds
+
+
 def hf_layer_kinds(types, n_layers: int, kinds: dict) -> list:
     """config.json's `layer_types` (a hybrid model's token mixer per layer) as LAYER_KINDS names
     through `kinds` ({"conv": "shortconv", "full_attention": "attention"}, say)."""
@@ -253,3 +274,13 @@ def hf_sliding_flags(types, n_layers: int) -> list[bool] | None:
         return None
     return [k == "sliding" for k in hf_layer_kinds(types, n_layers, {"sliding_attention": "sliding",
                                                                    "full_attention": "full"})]
+
+
+def refuse_quantized(cfg: dict, family: str) -> None:
+    """A checkpoint quantized by its own scheme (config.json's quantization_config: the Hub's FP8 releases of
+    DeepSeek-V3 and GLM-4.5) is refused by name: its scales are tensors no loader here reads."""
+    quant = cfg.get("quantization_config")
+    if quant:
+        method = quant.get("quant_method") if isinstance(quant, dict) else quant
+        raise ModelFormatError(f"a {family} checkpoint quantized as {method!r} (quantization_config) is not supported: "
+                               "use its GGUF or a float (bf16) conversion")

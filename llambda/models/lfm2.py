@@ -14,11 +14,9 @@ derived width.
 """
 from __future__ import annotations
 
-import numpy as np
-
 from ..errors import ModelFormatError
 from .config import TransformerConfig
-from .hparams import GGUFHParams, HFConfig, hf_layer_kinds
+from .hparams import GGUFHParams, HFConfig, gguf_layer_kinds, hf_layer_kinds
 
 # canonical name -> the name llama.cpp's lfm2 files use
 GGUF_NAMES = {"output_norm.weight": "token_embd_norm.weight"}
@@ -41,23 +39,9 @@ HF_LAYER_NAMES = {
 
 
 def config_from_gguf(meta: dict) -> TransformerConfig:
-    key = "lfm2.attention.head_count_kv"
-    kv = meta.get(key)
-    kv = kv.tolist() if isinstance(kv, np.ndarray) else kv
-    if isinstance(kv, (list, tuple)):
-        # the types first: a nested list in a set was an untyped TypeError (unhashable)
-        heads = sorted({v for v in kv if v != 0}) if all(type(v) is int and v >= 0 for v in kv) else None
-        if not kv or heads is None or len(heads) > 1:
-            raise ModelFormatError(f"GGUF metadata {key!r}: per-layer values {list(kv)[:8]!r} are not 0 "
-                                   "(a conv layer) or one common head count")
-        kinds = ["attention" if v else "shortconv" for v in kv]
-        meta = dict(meta, **{key: heads[0] if heads else meta.get("lfm2.attention.head_count", 1)})
-    else:
-        kinds = None
+    meta, kinds = gguf_layer_kinds(meta, "lfm2", "shortconv")
     hp = GGUFHParams(meta, "lfm2")
     c = hp.common()
-    if kinds is not None and len(kinds) != c["n_layers"]:
-        raise ModelFormatError(f"GGUF metadata {key!r} has {len(kinds)} values for {c['n_layers']} layers")
     return TransformerConfig(**c, rope_neox=True, qk_norm=True, layer_kinds=kinds or [],
                              conv_kernel=hp.int("shortconv.l_cache", limit="conv_kernel"))
 

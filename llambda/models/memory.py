@@ -22,7 +22,8 @@ from ..formats import staging
 from ..formats.pagecache import mem_available, should_drop
 from ..formats.readahead import CHUNK as READ_CHUNK
 from ..formats.source import ModelSource
-from .base import Workspace, kv_rows, mla_compressed, mlp_width, recurrent_state_specs
+from .base import Workspace, kv_rows, mlp_width, recurrent_state_specs
+from .mla import mla_compressed
 from .deepseek2 import absorbed_key_growth, split_part_at_load
 
 

@@ -39,9 +39,10 @@ HF_LAYER_NAMES = {
 }
 
 
-def partial_rope_dim(cfg: dict, head_dim: int) -> int:
+def partial_rope_dim(cfg: dict, head_dim: int, default: float = 0.25) -> int:
+    """The rotated dims of a head from config.json's partial_rotary_factor (`default` where absent)."""
     params = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
-    partial = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 0.25))
+    partial = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", default))
     if isinstance(partial, bool) or not isinstance(partial, (int, float)) or not 0 < partial <= 1:
         raise ModelFormatError(f"config.json partial_rotary_factor {partial!r} must be in (0, 1]")
     return max(2, int(head_dim * partial) // 2 * 2)

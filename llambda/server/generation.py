@@ -349,7 +349,8 @@ class Generation:
         self.model_id = service.cfg.model_id
         self.prompts = prompts
         self.tools = tools
-        self.states = {j.index: ChoiceState(j.index, echoes[j.index // spec.n], tools) for j in jobs}
+        self.states = {j.index: ChoiceState(j.index, echoes[j.index // spec.n], tools, spec.text_logprobs)
+                       for j in jobs}
 
     # -- lifetime --------------------------------------------------------------------
     def cancel(self) -> None:

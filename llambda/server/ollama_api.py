@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ..thinking import think_template_kwargs
 from . import embeddings_api, ollama_models
 from .deltas import Http, array_of, deltas
 from .errors import APIError, bad_request, shown
@@ -145,8 +146,10 @@ def _think(b: _Body) -> tuple[bool, dict]:
                           param="think")
     if v is None:
         return True, {}
-    on = {"chat_template_kwargs": {"enable_thinking": v is not False}}
-    return v is not False, {**on, "reasoning_effort": v} if isinstance(v, str) else on
+    kw = think_template_kwargs(v)
+    effort = kw.pop("reasoning_effort", None)      # through the request's field: its levels, its checks
+    on = {"chat_template_kwargs": kw}
+    return v is not False, {**on, "reasoning_effort": effort} if effort is not None else on
 
 
 def _message(m, i: int) -> dict:

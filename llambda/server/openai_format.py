@@ -75,7 +75,9 @@ class Usage:
 class ChoiceState:
     """What one choice has produced so far (text, logprobs, finish)."""
 
-    def __init__(self, index: int, echo: str = "", tools: ToolSetup | None = None):
+    def __init__(self, index: int, echo: str = "", tools: ToolSetup | None = None, text_logprobs: bool = False):
+        """text_logprobs: the logprobs of the answer's text only are asked for (/v1/responses' output_text,
+        text_logprobs.py), so where each token ends is kept also where only tools split the answer."""
         self.index = index
         self.parts: list[str] = [echo] if echo else []
         self.echo = echo
@@ -86,9 +88,10 @@ class ChoiceState:
         self.n_generated = 0
         self.tools = tools
         self.tool_parser = answer_parser(tools)
-        # where each token ends, for usage's reasoning_tokens and the text's logprobs (None: nothing
-        # splits the answer, no reasoning format and no tools)
-        self.token_ends = TokenEnds() if counts_reasoning(tools) or (tools is not None and tools.names) else None
+        # where each token ends, for usage's reasoning_tokens and the text's logprobs (None: no reasoning
+        # format to count, and no text logprobs asked for where tools split the answer)
+        split = text_logprobs and tools is not None and bool(tools.names)
+        self.token_ends = TokenEnds() if counts_reasoning(tools) or split else None
         self.answer: list[str] = []      # read whole: the answer's text and its reasoning, split as they came
         self.thought: list[str] = []
         self.made_calls = False          # streaming: tool-call deltas went out

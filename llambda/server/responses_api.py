@@ -320,6 +320,7 @@ def parse_responses(body, store: ResponseStore,
     spec.max_tokens_param = "max_output_tokens"     # errors name the Responses fields
     spec.messages_param = "input"
     spec.logprobs_param = "include"
+    spec.text_logprobs = logprobs                   # of output_text only: the tokens' ends pick them
     spec.messages_shown = _prompt_fields(instructions, continued is not None, inp)
     if response_format is not None:
         spec.constraint_param = "text.format"        # a schema that does not compile, too

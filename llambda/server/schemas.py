@@ -153,6 +153,7 @@ class GenerationSpec:
     max_tokens: int | None = None           # None: until EOS, the server's cap or the context
     max_tokens_param: str = "max_tokens"    # the request's name for it, for errors (Responses: max_output_tokens)
     logprobs_param: str = "logprobs"        # the field that asked for logprobs, for errors (Responses: include)
+    text_logprobs: bool = False             # logprobs of the answer's text only (Responses' output_text)
     stop: list[str] = field(default_factory=list)
     sampling: dict = field(default_factory=dict)   # SamplingParams keyword arguments (without logprobs)
     logprobs: bool = False

@@ -127,7 +127,9 @@ class ToolCallParser:
         self._started = False    # the arguments object has begun (the call is announced)
         self._out: list[tuple] = []
         self.seen = 0            # characters fed, the prefix's included (buf is always their tail)
-        self.block_at = 0        # where the call being parsed began (its tag, or a bare call's first blank)
+        self.block_at = 0        # where the call being parsed began (its tag or the blanks before it, or a
+                                 # bare call's first blank)
+        self.lead = ""           # the blanks just before the call's tag: none of the content's if it is a call
         self._spans: list[tuple[int, int]] = []   # (start, end) of each piece of content, as fed
         self._skip = len(prefix)   # the prefix is ours, not generated: spans are counted after it
         # The prefix only opens a call; whatever it yields goes out with the first real output.
@@ -231,11 +233,15 @@ class ToolCallParser:
                 if self.calls and not self.buf.strip():
                     return False          # whitespace after a call: content only if text follows
                 keep = _partial_suffix(self.buf, OPEN_TAG)
+                text = self.buf[:len(self.buf) - keep]
+                keep += len(text) - len(text.rstrip())    # trailing blanks wait: a call may follow them
                 self._content(self.buf[:len(self.buf) - keep], self._here())
                 self.buf = self.buf[len(self.buf) - keep:]
                 return False
-            self._content(self.buf[:at], self._here())
-            self.block_at = self._here() + at
+            text = self.buf[:at].rstrip()     # the blanks just before a call are not content (as an answer
+            self._content(text, self._here())     # read whole is stripped): held with the call, its text's if not
+            self.lead = self.buf[len(text):at]
+            self.block_at = self._here() + len(text)
             self.buf = self.buf[at + len(OPEN_TAG):]
             if self.calls and not self.parallel:
                 self.state = SKIP
@@ -301,6 +307,7 @@ class ToolCallParser:
     def _open_block(self, bare: bool) -> bool:
         self.bare = bare
         self.block = ""
+        self.lead = ""
         self.block_at = self._here()
         self.state = HEADER
         return True
@@ -309,7 +316,7 @@ class ToolCallParser:
         """A call parsed in one piece, or its raw text as content."""
         call = _whole_call(body, self.names)
         if call is None:
-            self._content(raw, self.block_at)
+            self._content(self.lead + raw, self.block_at)
             return
         self._name = call[0]
         self._announce()

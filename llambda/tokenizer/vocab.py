@@ -207,6 +207,8 @@ def vocab_from_gguf_metadata(md: dict) -> Vocab:
     # unless told otherwise; byte-level BPE adds BOS only for llama3-style pre.
     v.add_bos = _flag(md, "add_bos_token", spm or pre in ("llama3", "llama-v3", "llama-bpe", "falcon3",
                                                         "tekken", "chameleon"))
+    if pre in ("glm4", "chatglm-bpe"):
+        v.add_bos = False       # llama.cpp drops GLM's BOS whatever the flag: its templates write [gMASK]<sop>
     v.add_eos = _flag(md, "add_eos_token", False)
     v.add_space_prefix = _flag(md, "add_space_prefix", spm) if spm else False
     if v.add_bos and v.bos_id is None:

@@ -64,17 +64,22 @@ FAMILIES = {
     "gpt_oss": Family("gpt_oss", "GptOssForCausalLM", "gpt-oss"),
     "smollm3": Family("smollm3", "SmolLM3ForCausalLM", "smollm3"),
     "granite": Family("granite", "GraniteForCausalLM", "granite"),
+    "granitemoe": Family("granitemoe", "GraniteMoeForCausalLM", "granitemoe"),
     "olmo2": Family("olmo2", "Olmo2ForCausalLM", "olmo2"),
     # hybrids: GGUF only (write_hf refuses them)
     "lfm2": Family("lfm2", "Lfm2ForCausalLM", "lfm2"),
     "qwen3next": Family("qwen3_next", "Qwen3NextForCausalLM", "qwen3next"),
+    "granitehybrid": Family("granitemoehybrid", "GraniteMoeHybridForCausalLM", "granitehybrid"),
     # latent attention: GGUF only too
     "deepseek2": Family("deepseek_v2", "DeepseekV2ForCausalLM", "deepseek2"),
+    # GLM: GGUF only (write_hf refuses them: HF's own norm names and fused gate_up are not written)
+    "glm4": Family("glm4", "Glm4ForCausalLM", "glm4"),
+    "glm4moe": Family("glm4_moe", "Glm4MoeForCausalLM", "glm4moe"),
     # Gemma 3n's text decoder: GGUF only as well (models/gemma3n.py)
     "gemma3n": Family("gemma3n_text", "Gemma3nForCausalLM", "gemma3n"),
 }
 # GGUF architectures whose q/k rows keep the same RoPE layout as their HF files (DeepSeek's adjacent pairs)
-SAME_ROPE_LAYOUT_ARCHS = {"deepseek2"}
+SAME_ROPE_LAYOUT_ARCHS = {"deepseek2", "glm4"}
 FLOAT_TYPES = {"f32": QType.F32, "f16": QType.F16, "bf16": QType.BF16}
 HF_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
             "chat_template.json", "generation_config.json", "tokenizer.model")
@@ -84,7 +89,7 @@ _LAYER_LEAVES = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_ou
                  "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp", "attn_sinks",
                  # hybrid layers' (LFM2's short convolution, Qwen3-Next's delta net)
                  "shortconv.in_proj", "shortconv.conv", "shortconv.out_proj", "ssm_in", "attn_gate", "ssm_ba",
-                 "ssm_conv1d", "ssm_a", "ssm_a_log", "ssm_dt", "ssm_norm", "ssm_out",
+                 "ssm_conv1d", "ssm_a", "ssm_a_log", "ssm_dt", "ssm_d", "ssm_norm", "ssm_out",
                  # latent attention's (DeepSeek), and its router's choice bias
                  "attn_q_a", "attn_q_a_norm", "attn_q_b", "attn_kv_a_mqa", "attn_kv_a_norm", "attn_kv_b", "exp_probs_b",
                  # Gemma 3n's per-layer input, AltUp and LAuReL
@@ -92,13 +97,14 @@ _LAYER_LEAVES = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_ou
                  "altup_router", "altup_router_norm", "laurel_l", "laurel_r", "laurel_post_norm")
 # leaves that may also have a `.bias`
 _BIASED = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
-           "ssm_dt", "exp_probs_b")
+           "ssm_dt", "ssm_conv1d", "exp_probs_b")
 # Tensors kept in float whatever the export type: an MoE router's logits pick the experts, and a
 # quantized router flips choices that are close (llama.cpp's quantizer also leaves them alone).
 _FLOAT_ONLY = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight")
 # Tensors llama.cpp computes on only in float32 (its ssm_conv op asserts an F32 kernel; its converter
 # writes them F32 and its quantizer leaves them): a convolution kernel of another type fails its run.
-_F32_ONLY = ("ssm_conv1d.weight", "shortconv.conv.weight")
+# Mamba2's A, D and gated norm weights too (small; its ssm_scan and norm ops read them as F32).
+_F32_ONLY = ("ssm_conv1d.weight", "shortconv.conv.weight", "ssm_a", "ssm_d", "ssm_norm.weight")
 
 
 def family_of(cfg: TransformerConfig) -> Family:
@@ -353,6 +359,8 @@ def write_hf(src: ModelSource, out: Path, qtype: str | None = None) -> Path:
     if cfg.n_experts or cfg.recurrent or cfg.mla or getattr(cfg, "altup_inputs", 0):
         raise LlambdaError("a mixture-of-experts, hybrid, latent-attention or Gemma 3n model exports as GGUF only "
                            "(fmt='gguf')")
+    if fam.gguf_arch == "glm4":
+        raise LlambdaError("a GLM-4 model exports as GGUF only (fmt='gguf')")
     want = None
     if qtype is not None:      # "" is no type either (it once meant "keep the source's")
         if str(qtype).lower() not in FLOAT_TYPES:
@@ -493,11 +501,12 @@ def gguf_metadata(cfg: TransformerConfig, arch: str, name: str) -> dict:
         lead = cfg.moe_layers.index(True) if any(cfg.moe_layers) else cfg.n_layers
         if lead and all(cfg.moe_layers[lead:]):
             meta[f"{a}.leading_dense_block_count"] = lead
-    if a == "granite":           # llama.cpp's keys for Granite's multipliers
+    if a in ("granite", "granitemoe", "granitehybrid"):      # llama.cpp's keys for Granite's multipliers
         meta.update({f"{a}.embedding_scale": float(cfg.embed_scale or 1.0), f"{a}.residual_scale": cfg.residual_scale,
                      f"{a}.logit_scale": cfg.logit_scale})
     meta.update(_hybrid_metadata(cfg, a))
     meta.update(_mla_metadata(cfg, a))
+    meta.update(getattr(arch_module(a), "gguf_metadata", lambda c: {})(cfg))    # a family's own keys (glm4moe)
     return meta
 
 
@@ -531,30 +540,43 @@ def _mla_metadata(cfg: TransformerConfig, a: str) -> dict:
 def _hybrid_metadata(cfg: TransformerConfig, a: str) -> dict:
     """llama.cpp's keys for a hybrid model's layers: LFM2's per-layer kv head counts (0: a conv layer)
     and conv width; Qwen3-Next's delta-net sizes and attention interval."""
+    per_layer_kv = {f"{a}.attention.head_count_kv": [cfg.n_kv_heads if k == "attention" else 0 for k in cfg.layer_kinds]}
     if "shortconv" in cfg.layer_kinds:
-        return {f"{a}.attention.head_count_kv": [cfg.n_kv_heads if k == "attention" else 0 for k in cfg.layer_kinds],
-                f"{a}.shortconv.l_cache": cfg.conv_kernel}
+        return {**per_layer_kv, f"{a}.shortconv.l_cache": cfg.conv_kernel}
+    ssm = {f"{a}.ssm.conv_kernel": cfg.conv_kernel, f"{a}.ssm.state_size": cfg.ssm_k_dim,
+           f"{a}.ssm.group_count": cfg.ssm_k_heads, f"{a}.ssm.time_step_rank": cfg.ssm_v_heads,
+           f"{a}.ssm.inner_size": cfg.ssm_v_heads * cfg.ssm_v_dim}
+    if a == "granitehybrid":       # RoPE on or off for every attention layer (llama.cpp's switch for Granite)
+        if len(set(cfg.layer_rope)) > 1:
+            raise ModelFormatError("GGUF 'granitehybrid' turns RoPE on or off for every layer at once")
+        dense = {} if cfg.n_experts else {f"{a}.expert_shared_feed_forward_length": cfg.ffn_dim}
+        return {**per_layer_kv, **ssm, **dense, f"{a}.rope.scaling.finetuned": bool(cfg.layer_rope[0])}
     if "deltanet" not in cfg.layer_kinds:
         return {}
     every = cfg.layer_kinds.index("attention") + 1 if "attention" in cfg.layer_kinds else cfg.n_layers + 1
     if cfg.layer_kinds != ["attention" if (i + 1) % every == 0 else "deltanet" for i in range(cfg.n_layers)]:
         raise ModelFormatError("GGUF cannot express these layer kinds (every n-th layer attention only)")
-    return {f"{a}.ssm.conv_kernel": cfg.conv_kernel, f"{a}.ssm.state_size": cfg.ssm_k_dim,
-            f"{a}.ssm.group_count": cfg.ssm_k_heads, f"{a}.ssm.time_step_rank": cfg.ssm_v_heads,
-            f"{a}.ssm.inner_size": cfg.ssm_v_heads * cfg.ssm_v_dim, f"{a}.full_attention_interval": every}
+    return {**ssm, f"{a}.full_attention_interval": every}
 
 
 def _hybrid_tensors(cfg: TransformerConfig, tensors: dict) -> dict:
     """A delta net's tensors as llama.cpp's converter writes them: in_proj_qkvz regrouped into attn_qkv
     (q, k, v heads) and attn_gate (z), ssm_a = -exp(A_log) (named without `.weight`), convolution kernels
-    as (channels, L)."""
-    from ..models.base import grouped_rows
+    as (channels, L); Mamba2's ssm_a and ssm_d as (H, 1) columns, its norm as (groups, H P / groups) rows."""
+    from ..models.row_groups import grouped_rows
     hk, hv, dk, dv = cfg.ssm_k_heads, cfg.ssm_v_heads, cfg.ssm_k_dim, cfg.ssm_v_dim
     out = {}
     for name, t in tensors.items():
         leaf = name.split(".", 2)[2] if name.startswith("blk.") else ""
         p = name[:-len(leaf)]
-        if leaf == "ssm_in.weight":
+        mamba = "mamba2" in cfg.layer_kinds
+        if mamba and leaf in ("ssm_a_log.weight", "ssm_a.weight", "ssm_d.weight"):
+            v = t.to_float32().reshape(-1, 1)
+            out[p + leaf.split(".")[0].replace("_log", "")] = WeightTensor.from_float(
+                p + leaf, -np.exp(v) if leaf == "ssm_a_log.weight" else v)
+        elif mamba and leaf == "ssm_norm.weight":
+            out[name] = WeightTensor.from_float(name, t.to_float32().reshape(hk, -1))
+        elif leaf == "ssm_in.weight" and not mamba:      # Mamba2's in_proj is written as read
             q, k, v, z = grouped_rows(hk, [dk, dk, hv // hk * dv, hv // hk * dv])
             out[p + "attn_qkv.weight"] = t.take_rows(np.concatenate([q, k, v]))
             out[p + "attn_gate.weight"] = t.take_rows(z)
