@@ -269,3 +269,32 @@ def test_ollama_spelling_of_the_metadata_reads_the_same(tmp_path):
         assert m.config.final_softcap == 30.0 and m.config.rope_theta_local == 10000.0
         np.testing.assert_allclose(m.logits(inp["input_ids"]), np.array(inp["logits_last3"][-1], np.float32),
                                    atol=1e-3, rtol=0)
+
+
+def _rewritten(tmp_path, edit_meta=None, edit_tensors=None) -> Path:
+    """Our GGUF export of the tiny folder with its metadata / tensors (name -> (qtype, raw, shape)) edited."""
+    from llambda.formats.gguf import GGUFFile
+    from llambda.formats.gguf_writer import write_gguf
+    from llambda.tools.export import export
+    src = export(TINY, tmp_path / "src.gguf", fmt="gguf")
+    with GGUFFile(src) as f:
+        meta = dict(f.metadata)
+        tensors = {n: (t.qtype, np.asarray(f.view(t.data)).copy(), tuple(t.shape)) for n, t in f.tensors.items()}
+    (edit_meta or (lambda m: None))(meta)
+    (edit_tensors or (lambda t: None))(tensors)
+    write_gguf(tmp_path / "bad.gguf", meta, [(n, *v) for n, v in tensors.items()])
+    return tmp_path / "bad.gguf"
+
+
+@pytest.mark.parametrize("edit_meta, edit_tensors, message", [
+    (lambda m: m.update({"gemma3n.activation_sparsity_scale": [1.0] * 3}), None, "one float per layer"),
+    (lambda m: m.update({"gemma3n.activation_sparsity_scale": [float("nan")] * 22}), None, "not a finite number"),
+    (lambda m: m.update({"gemma3n.attention.sliding_window_pattern": [True] * 21}), None, "a bool per layer"),
+    (lambda m: m.update({"gemma3n.attention.shared_kv_layers": 22}), None, "leaves no layer"),
+    (lambda m: m.update({"gemma3n.altup.num_inputs": 5}), None, "altup_proj"),
+    (None, lambda t: t.update({"altup_proj.weight": (t["altup_proj.weight"][0], t["altup_proj.weight"][1][:4096],
+                                                     (2, 32, 32))}), "altup_proj.2"),
+])
+def test_hostile_gguf_is_a_model_format_error(tmp_path, edit_meta, edit_tensors, message):
+    with pytest.raises(ModelFormatError, match=message):
+        llambda.load(_rewritten(tmp_path, edit_meta, edit_tensors), backend="numpy", n_ctx=32)
