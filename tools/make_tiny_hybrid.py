@@ -161,22 +161,9 @@ def shortest(x: float) -> float:
     return float(f)
 
 
-def make(folder: str, out: Path) -> None:
-    import transformers
-    spec = SPECS[folder]
-    torch.manual_seed(0)
-    cfg = spec["config"]()
-    cls = getattr(transformers, spec["class"])
-    model = cls(cfg).float().eval()
-    model.config._attn_implementation = "eager"
-    redraw(model, spec["seed"])
-    if "post" in spec:          # what the scheme does not cover (buffers, such as a router's bias)
-        spec["post"](model, spec["seed"])
-    dest = out / folder
-    dest.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(dest, safe_serialization=True)
-    cfg_json = json.loads((dest / "config.json").read_text())
-
+def reference_inputs(model) -> list[dict]:
+    """The three inputs' entries of reference.json: last-3 logits, argmax per position, 16 greedy tokens
+    (checked against a recompute of every step without cache) and their margins."""
     rng = np.random.default_rng(INPUT_SEED)
     inputs = []
     for length in LENGTHS:
@@ -202,6 +189,26 @@ def make(folder: str, out: Path) -> None:
             "greedy_matches_recompute": gen == recompute,
             "greedy_top1_minus_top2_per_step": margins,
         })
+    return inputs
+
+
+def make(folder: str, out: Path) -> None:
+    import transformers
+    spec = SPECS[folder]
+    torch.manual_seed(0)
+    cfg = spec["config"]()
+    cls = getattr(transformers, spec["class"])
+    model = cls(cfg).float().eval()
+    model.config._attn_implementation = "eager"
+    redraw(model, spec["seed"])
+    if "post" in spec:          # what the scheme does not cover (buffers, such as a router's bias)
+        spec["post"](model, spec["seed"])
+    dest = out / folder
+    dest.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(dest, safe_serialization=True)
+    cfg_json = json.loads((dest / "config.json").read_text())
+
+    inputs = reference_inputs(model)
     rotary = getattr(model.model, "rotary_emb", None)      # None: no RoPE anywhere (Granite 4's "nope")
     ref = {
         "folder": folder, "model_class": spec["class"], "transformers_version": transformers.__version__,

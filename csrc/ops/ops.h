@@ -143,6 +143,18 @@ void llb_ssm_scan(const struct llb_ssm_scan_args *a);
 
 void llb_sigmoid_mul(const float *x, const float *gate, float *out, long count); /* x * sigmoid(gate) */
 
+/* Gemma 3n (altup.c): rows of d values, n tokens; A streams of n rows each, stream-major */
+void llb_mul_rows(const float *x, const float *w, float *out, long n, long d);   /* out[i] = x[i] * w */
+void llb_ids_below(const int32_t *ids, int32_t limit, int32_t *out, long n);  /* ids[i] < limit ? ids[i] : 0 */
+void llb_gaussian_topk(float *x, long n, long d, float mult);  /* relu(x - mean - std * mult) per row, std over d */
+/* out[i] = y[i] * rms(target[i]) / sqrt(max(mean(y[i]^2), 1e-5)) */
+void llb_rms_match(const float *y, const float *target, float *out, long n, long d);
+/* out[j][i] = x[j][i] + sum_m coef[i][j A + m] x[m][i]; out is not x */
+void llb_altup_predict(const float *x, const float *coef, float *out, long A, long n, long d);
+/* out[j][i] = pred[j][i] + coef[i][j] (active[i] - pred[idx][i]); out may be pred */
+void llb_altup_correct(const float *pred, const float *coef, const float *active, long idx, float *out, long A,
+                       long n, long d);
+
 void llb_silu_mul(const float *gate, const float *up, float *out, long count); /* gate*sigmoid(gate)*up */
 /* The same on the calling thread alone (for a caller already running on a pool thread). */
 void llb_silu_mul_here(const float *gate, const float *up, float *out, long count);

@@ -671,6 +671,148 @@ static PyObject *py_copy_blocks(PyObject *self, PyObject *const *args, Py_ssize_
     return llb_bufs_call(&h, op, run_copy_blocks, NULL, &a, sizeof a);
 }
 
+/* ---- Gemma 3n (ops/altup.c) ------------------------------------------------ */
+
+struct altup_args {
+    int kind;  /* 0 mul_rows, 1 gaussian_topk, 2 rms_match, 3 altup_predict, 4 altup_correct, 5 ids_below */
+    const float *a, *b, *c;
+    float *out;
+    const int32_t *ids;
+    int32_t *iout;
+    long streams, n, d, idx;
+    float s;
+};
+LLB_CALL_ARGS_FIT(struct altup_args);
+static int run_altup(const void *p) {
+    const struct altup_args *a = p;
+    switch (a->kind) {
+    case 0: llb_mul_rows(a->a, a->b, a->out, a->n, a->d); break;
+    case 1: llb_gaussian_topk(a->out, a->n, a->d, a->s); break;
+    case 2: llb_rms_match(a->a, a->b, a->out, a->n, a->d); break;
+    case 3: llb_altup_predict(a->a, a->b, a->out, a->streams, a->n, a->d); break;
+    case 4: llb_altup_correct(a->a, a->b, a->c, a->idx, a->out, a->streams, a->n, a->d); break;
+    default: llb_ids_below(a->ids, (int32_t)a->idx, a->iout, a->n); break;
+    }
+    return 0;
+}
+
+/* mul_rows(x, w, out, n, d): out[i] = x[i] * w (w: d values); rms_match(y, target, out, n, d): out[i] =
+ * y[i] * rms(target[i]) / sqrt(max(mean(y[i]^2), 1e-5)) (target: n d values). */
+static PyObject *rows_op(const char *op, const char *na, const char *nb, int kind, int b_rows, PyObject *const *args,
+                         Py_ssize_t nargs) {
+    char sig[64];
+    PyOS_snprintf(sig, sizeof sig, "%s, %s, out, n, d", na, nb);
+    if (llb_arg_nargs(op, nargs, 5, sig)) return NULL;
+    long n, d;
+    size_t nd;
+    if (llb_arg_long(args[3], op, "n", 1, MAX_DIM, &n) || llb_arg_long(args[4], op, "d", 1, MAX_DIM, &d) ||
+        llb_arg_product(op, &nd, n, d, 1, 1))
+        return NULL;
+    struct llb_bufs h = OPS_BUFS;
+    const float *x = llb_arg_buf(&h, args[0], op, na, 0, LLB_ELEM_F32, nd, 0);
+    const float *w = x ? llb_arg_buf(&h, args[1], op, nb, 0, LLB_ELEM_F32, b_rows ? nd : (size_t)d, 0) : NULL;
+    float *out = w ? llb_arg_buf(&h, args[2], op, "out", 1, LLB_ELEM_F32, nd, 0) : NULL;
+    if (!out) {
+        llb_bufs_release(&h);
+        return NULL;
+    }
+    const struct altup_args a = {.kind = kind, .a = x, .b = w, .out = out, .n = n, .d = d};
+    return llb_bufs_call(&h, op, run_altup, NULL, &a, sizeof a);
+}
+static PyObject *py_mul_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    return rows_op("mul_rows", "x", "w", 0, 0, args, nargs);
+}
+static PyObject *py_rms_match(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    return rows_op("rms_match", "y", "target", 2, 1, args, nargs);
+}
+
+/* gaussian_topk(x, n, d, mult): in place, relu(x - (mean + std * mult)) per row. */
+static PyObject *py_gaussian_topk(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    static const char *op = "gaussian_topk";
+    if (llb_arg_nargs(op, nargs, 4, "x, n, d, mult")) return NULL;
+    long n, d;
+    size_t nd;
+    float mult;
+    if (llb_arg_long(args[1], op, "n", 1, MAX_DIM, &n) || llb_arg_long(args[2], op, "d", 2, MAX_DIM, &d) ||
+        llb_arg_product(op, &nd, n, d, 1, 1) || llb_arg_float(args[3], op, "mult", -1e30, &mult))
+        return NULL;
+    struct llb_bufs h = OPS_BUFS;
+    float *x = llb_arg_buf(&h, args[0], op, "x", 1, LLB_ELEM_F32, nd, 0);
+    if (!x) {
+        llb_bufs_release(&h);
+        return NULL;
+    }
+    const struct altup_args a = {.kind = 1, .out = x, .n = n, .d = d, .s = mult};
+    return llb_bufs_call(&h, op, run_altup, NULL, &a, sizeof a);
+}
+
+#define ALTUP_MAX_STREAMS 16
+
+/* altup_predict(x, coef, out, streams, n, d) (kind 3: coef n A A values, out not overlapping x) and
+ * altup_correct(pred, coef, active, idx, out, streams, n, d) (kind 4: coef n A values, out pred or apart
+ * from it, and apart from active). */
+static int overlaps(const float *a, size_t na, const float *b, size_t nb) {
+    return a < b + nb && b < a + na;
+}
+
+static PyObject *altup_op(const char *op, int kind, PyObject *const *args, Py_ssize_t nargs) {
+    int correct = kind == 4;
+    if (llb_arg_nargs(op, nargs, correct ? 8 : 6, correct ? "pred, coef, active, idx, out, streams, n, d" :
+                      "x, coef, out, streams, n, d"))
+        return NULL;
+    PyObject *const *dims = args + (correct ? 5 : 3);
+    long A, n, d, idx = 0;
+    size_t all, nc, nd;
+    if (llb_arg_long(dims[0], op, "streams", 1, ALTUP_MAX_STREAMS, &A) || llb_arg_long(dims[1], op, "n", 1, MAX_DIM, &n) ||
+        llb_arg_long(dims[2], op, "d", 1, MAX_DIM, &d) || (correct && llb_arg_long(args[3], op, "idx", 0, A - 1, &idx)) ||
+        llb_arg_product(op, &all, A, n, d, 1) || llb_arg_product(op, &nc, n, A, correct ? 1 : A, 1) ||
+        llb_arg_product(op, &nd, n, d, 1, 1))
+        return NULL;
+    struct llb_bufs h = OPS_BUFS;
+    const float *x = llb_arg_buf(&h, args[0], op, correct ? "pred" : "x", 0, LLB_ELEM_F32, all, 0);
+    const float *c = x ? llb_arg_buf(&h, args[1], op, "coef", 0, LLB_ELEM_F32, nc, 0) : NULL;
+    const float *act = c && correct ? llb_arg_buf(&h, args[2], op, "active", 0, LLB_ELEM_F32, nd, 0) : NULL;
+    float *out = c && (act || !correct) ? llb_arg_buf(&h, args[correct ? 4 : 2], op, "out", 1, LLB_ELEM_F32, all, 0)
+                                        : NULL;
+    const char *bad = !out ? NULL : (!correct || out != x) && overlaps(out, all, x, all) ? "out overlaps its input"
+                      : correct && overlaps(out, all, act, nd) ? "out overlaps active" : NULL;
+    if (bad) {
+        PyErr_Format(PyExc_ValueError, "%s: %s", op, bad);
+        out = NULL;
+    }
+    if (!out) {
+        llb_bufs_release(&h);
+        return NULL;
+    }
+    const struct altup_args a = {.kind = kind, .a = x, .b = c, .c = act, .out = out, .streams = A, .n = n, .d = d,
+                                 .idx = idx};
+    return llb_bufs_call(&h, op, run_altup, NULL, &a, sizeof a);
+}
+static PyObject *py_altup_predict(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    return altup_op("altup_predict", 3, args, nargs);
+}
+static PyObject *py_altup_correct(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    return altup_op("altup_correct", 4, args, nargs);
+}
+
+/* ids_below(ids, limit, out, n): out[i] = ids[i] if 0 <= ids[i] < limit, else 0 (int32). */
+static PyObject *py_ids_below(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    static const char *op = "ids_below";
+    if (llb_arg_nargs(op, nargs, 4, "ids, limit, out, n")) return NULL;
+    long n, limit;
+    if (llb_arg_long(args[1], op, "limit", 1, INT32_MAX, &limit) || llb_arg_long(args[3], op, "n", 1, MAX_DIM, &n))
+        return NULL;
+    struct llb_bufs h = OPS_BUFS;
+    const int32_t *ids = llb_arg_buf(&h, args[0], op, "ids", 0, LLB_ELEM_I32, n, 0);
+    int32_t *out = ids ? llb_arg_buf(&h, args[2], op, "out", 1, LLB_ELEM_I32, n, 0) : NULL;
+    if (out) {     /* (out may be ids: each id is read before it is written) */
+        const struct altup_args a = {.kind = 5, .ids = ids, .iout = out, .n = n, .idx = limit};
+        return llb_bufs_call(&h, op, run_altup, NULL, &a, sizeof a);
+    }
+    llb_bufs_release(&h);
+    return NULL;
+}
+
 #define FASTCALL(f) (PyCFunction)(void (*)(void))(f), METH_FASTCALL
 
 PyMethodDef llb_ops_methods[] = {
@@ -710,5 +852,11 @@ PyMethodDef llb_ops_methods[] = {
      "copy_blocks(src, dst, n, groups, width, src_row, src_group, src_off, dst_row, dst_group, dst_off): for t < n,\n"
      "g < groups: dst[t dst_row + g dst_group + dst_off:][:width] = src[t src_row + g src_group + src_off:][:width]\n"
      "(float32, in elements; src_group 0 repeats one block; src and dst must not overlap)."},
+    /* Gemma 3n (ops/altup.c; the formulas in ops.h): two entries a line */
+    {"mul_rows", FASTCALL(py_mul_rows), "mul_rows(x, w, out, n, d)."}, {"rms_match", FASTCALL(py_rms_match),
+     "rms_match(y, target, out, n, d)."}, {"gaussian_topk", FASTCALL(py_gaussian_topk), "gaussian_topk(x, n, d, mult)."},
+    {"altup_predict", FASTCALL(py_altup_predict), "altup_predict(x, coef, out, streams, n, d)."},
+    {"altup_correct", FASTCALL(py_altup_correct), "altup_correct(pred, coef, active, idx, out, streams, n, d)."},
+    {"ids_below", FASTCALL(py_ids_below), "ids_below(ids, limit, out, n): ids[i] < limit ? ids[i] : 0."},
     {NULL, NULL, 0, NULL},
 };

@@ -256,6 +256,34 @@ class Backend(ABC):
         (s' = 0 repeats one block in every group). Latent attention assembles its heads with it."""
         raise NotImplementedError(f"the {self.name} backend has no copy_blocks")
 
+    # -- Gemma 3n (models/gemma3n_net.py) --
+    def gaussian_topk(self, x: np.ndarray, mult: float) -> None:
+        """In place over each row of x: relu(x - (mean + std * mult)), std over the row's n values (1/n)."""
+        raise NotImplementedError(f"the {self.name} backend has no gaussian_topk")
+
+    def ids_below(self, ids: np.ndarray, limit: int, out: np.ndarray) -> None:
+        """out = ids where 0 <= ids < limit, else 0 (int32): Gemma 3n's per-layer table covers fewer ids."""
+        raise NotImplementedError(f"the {self.name} backend has no ids_below")
+
+    def mul_rows(self, x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
+        """out = x * w, w (d,) along each row of x (n, d)."""
+        raise NotImplementedError(f"the {self.name} backend has no mul_rows")
+
+    def rms_match(self, y: np.ndarray, target: np.ndarray, out: np.ndarray) -> None:
+        """out = y * rms(target) / sqrt(max(mean(y^2), 1e-5)) per row (n, d); rms(t) = sqrt(mean(t^2))."""
+        raise NotImplementedError(f"the {self.name} backend has no rms_match")
+
+    def altup_predict(self, x: np.ndarray, coef: np.ndarray, out: np.ndarray) -> None:
+        """AltUp's prediction of A streams x (A, n, d) with per-token coefficients coef (n, A A):
+        out[j, t] = x[j, t] + sum_i coef[t, j A + i] x[i, t]. out is not x."""
+        raise NotImplementedError(f"the {self.name} backend has no altup_predict")
+
+    def altup_correct(self, pred: np.ndarray, coef: np.ndarray, active: np.ndarray, idx: int,
+                      out: np.ndarray) -> None:
+        """AltUp's correction: out[j, t] = pred[j, t] + coef[t, j] (active[t] - pred[idx, t]), pred and out
+        (A, n, d) (out may be pred), coef (n, A), active (n, d)."""
+        raise NotImplementedError(f"the {self.name} backend has no altup_correct")
+
     def gelu_erf(self, x: np.ndarray) -> None:
         """In place: 0.5 x (1 + erf(x / sqrt 2)), the exact GELU of BERT-family encoders."""
         raise NotImplementedError(f"the {self.name} backend has no gelu_erf")

@@ -607,6 +607,27 @@ class NativeBackend(Backend):
     def gelu_mul(self, gate, up, out) -> None:
         C.gelu_mul(gate, up, out, gate.size)
 
+    def gaussian_topk(self, x, mult) -> None:
+        d = x.shape[-1]
+        C.gaussian_topk(x, x.size // d, d, mult)
+
+    def ids_below(self, ids, limit, out) -> None:
+        C.ids_below(ids, limit, out, len(ids))
+
+    def mul_rows(self, x, w, out) -> None:
+        C.mul_rows(x, w, out, x.shape[0], x.shape[1])
+
+    def rms_match(self, y, target, out) -> None:
+        C.rms_match(y, target, out, y.shape[0], y.shape[1])
+
+    def altup_predict(self, x, coef, out) -> None:
+        A, n, d = x.shape
+        C.altup_predict(x, coef, out, A, n, d)
+
+    def altup_correct(self, pred, coef, active, idx, out) -> None:
+        A, n, d = pred.shape
+        C.altup_correct(pred, coef, active, idx, out, A, n, d)
+
     def copy_blocks(self, src, dst, n, groups, width, src_at, dst_at) -> None:
         C.copy_blocks(src, dst, n, groups, width, *src_at, *dst_at)
 

@@ -252,6 +252,31 @@ class NumpyBackend(Backend):
         g = 0.5 * gate * (1.0 + np.tanh(c * (gate + np.float32(0.044715) * gate ** 3)))
         np.multiply(g, up, out=out)
 
+    def gaussian_topk(self, x, mult) -> None:
+        mean = x.mean(axis=-1, keepdims=True, dtype=np.float32)
+        std = np.sqrt(np.square(x - mean).mean(axis=-1, keepdims=True, dtype=np.float32))
+        np.maximum(x - (mean + std * np.float32(mult)), 0, out=x)
+
+    def ids_below(self, ids, limit, out) -> None:
+        np.copyto(out, np.where((ids >= 0) & (ids < limit), ids, 0))
+
+    def mul_rows(self, x, w, out) -> None:
+        np.multiply(x, w, out=out)
+
+    def rms_match(self, y, target, out) -> None:
+        want = np.sqrt(np.mean(np.square(target), axis=-1, keepdims=True, dtype=np.float32))
+        have = np.sqrt(np.maximum(np.mean(np.square(y), axis=-1, keepdims=True, dtype=np.float32), np.float32(1e-5)))
+        np.multiply(y, want / have, out=out)
+
+    def altup_predict(self, x, coef, out) -> None:
+        A = x.shape[0]
+        c = coef.reshape(-1, A, A)                      # (n, j, i)
+        out[...] = x + np.einsum("tji,itd->jtd", c, x)
+
+    def altup_correct(self, pred, coef, active, idx, out) -> None:
+        innovation = active - pred[idx]
+        out[...] = pred + coef.T[:, :, None] * innovation[None]
+
     def gelu_erf(self, x) -> None:
         x *= 0.5 * (1.0 + _erf(x.astype(np.float64) / np.sqrt(2.0)))
 

@@ -14,6 +14,8 @@ ARCHITECTURES = {
     "gemma2": "gemma2",
     "gemma3": "gemma3",
     "gemma3_text": "gemma3",
+    "gemma3n": "gemma3n",
+    "gemma3n_text": "gemma3n",
     "phi3": "phi3",
     "qwen3moe": "qwen3moe",
     "qwen3_moe": "qwen3moe",

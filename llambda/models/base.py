@@ -160,6 +160,9 @@ class Workspace:
         if cfg.shared_ffn_dim:
             self.specs.update({"sh_gate": ((t, cfg.shared_ffn_dim), f32), "sh_up": ((t, cfg.shared_ffn_dim), f32),
                                "sh_out": ((t, cfg.d_model), f32), "sh_logit": ((t, 1), f32)})
+        if getattr(cfg, "altup_inputs", 0):      # Gemma 3n's streams and per-layer inputs
+            from .gemma3n_net import workspace_specs
+            self.specs.update(workspace_specs(cfg, t))
         self.specs.update(extra or {})     # the backend's own scratch (its MoE layers')
 
     def bind(self, arrays: dict) -> None:
@@ -242,6 +245,7 @@ class Transformer(Closable, LatentAttention):
         # the thread of the server scheduler that runs (or last ran) this model, its buffers and slots
         self.served_by = None
         self.mla_compressed = mla_compressed(cfg, backend)
+        self.g3n = None           # Gemma 3n's own layers (models/gemma3n_net.py)
         try:
             self._load(tensors, file_names)
         except ModelFormatError as e:
@@ -252,9 +256,12 @@ class Transformer(Closable, LatentAttention):
         width = cfg.ffn_dim if any(L.moe is None for L in self.layers) else 0     # no dense MLP: no gate/up buffers
         self.ws = Workspace(cfg, max_tokens, max_logit_rows or max(n_slots, 16), backend.workspace_specs(cfg, max_tokens),
                             mlp_width=width, mla_compressed=self.mla_compressed)
-        # Only attention layers have keys and values: layer i's are the cache's layer kv_layer[i].
-        attn = [i for i, kind in enumerate(cfg.layer_kinds) if kind == "attention"]
+        # Only attention layers have keys and values: layer i's are the cache's layer kv_layer[i]; a layer
+        # sharing another's (Gemma 3n) reads that one's and has none of its own.
+        attn = [i for i, kind in enumerate(cfg.layer_kinds) if kind == "attention" and cfg.kv_source(i) == i]
         self.kv_layer = {i: j for j, i in enumerate(attn)}
+        self.kv_layer.update({i: self.kv_layer[cfg.kv_source(i)] for i in range(cfg.n_layers)
+                              if cfg.kv_source(i) != i})
         # A short-conv layer's state per slot: its last L - 1 inputs, and how many tokens it has taken
         # in (state_pos): allocated here with the cache, reset by a token at position 0.
         # A delta-net layer's: its convolution's window and its (v_heads, dk, dv) matrix, each counted.
@@ -434,6 +441,12 @@ class Transformer(Closable, LatentAttention):
                                  dt_bias=vector(p + "ssm_dt.bias", H), d_skip=flat(p + "ssm_d.weight", H),
                                  norm=flat(p + "ssm_norm.weight", xd), out_proj=matrix(p + "ssm_out.weight", d, xd))
 
+        if getattr(cfg, "altup_inputs", 0):      # Gemma 3n: its layers are its own (models/gemma3n_net.py)
+            from .gemma3n_net import Gemma3nNet
+            self.g3n = Gemma3nNet(cfg, get, matrix, vector)
+            self.layers = self.g3n.layers
+            B.end_load()
+            return
         self.layers = []
         for i in range(cfg.n_layers):
             p = f"blk.{i}."
@@ -591,6 +604,8 @@ class Transformer(Closable, LatentAttention):
         self.backend.embed(self.tok_embd, tok, x)
         if self.cfg.embed_scale:
             self.backend.scale(x, self.cfg.embed_scale)
+        if self.g3n is not None:
+            return self.g3n.forward(self, x, slot, p)
         for i, layer in enumerate(self.layers):
             if layer.conv is not None:
                 self._short_conv_block(i, layer, x, slot, p)

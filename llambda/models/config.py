@@ -182,6 +182,9 @@ class TransformerConfig:
     # GPT-OSS attention
     attn_out_bias: bool = False             # a bias on the attention output projection
     attn_sinks: bool = False                # a learned logit per head joins each softmax (no value)
+    # KV sharing (Gemma 3n): the last kv_shared_layers layers compute no keys/values and keep no cache; each
+    # attends over those of the last earlier layer of its type (sliding or full), see kv_source
+    kv_shared_layers: int = 0
     source: str = field(default="", compare=False, repr=False)   # the file or directory, for error messages
 
     def __post_init__(self):
@@ -210,6 +213,14 @@ class TransformerConfig:
     @property
     def kv_dim(self) -> int:
         return self.n_kv_heads * self.head_dim
+
+    def kv_source(self, i: int) -> int:
+        """The layer whose keys and values layer i attends over: i itself, or for one of the last
+        kv_shared_layers layers the last earlier layer of its type that keeps its own."""
+        first = self.n_layers - self.kv_shared_layers
+        if i < first:
+            return i
+        return max(j for j in range(first) if self.layer_sliding[j] == self.layer_sliding[i])
 
     def layer_window(self, i: int) -> int:
         # a window longer than any context is no limit; clamped so the kernels' int32 positions hold it
@@ -258,6 +269,11 @@ class TransformerConfig:
             raise ModelFormatError("layer_sliding must list every layer")
         if not isinstance(self.layer_rope, list) or len(self.layer_rope) != self.n_layers:
             raise ModelFormatError("layer_rope must list every layer")
+        if not isinstance(self.kv_shared_layers, int) or not 0 <= self.kv_shared_layers < self.n_layers or (
+                self.kv_shared_layers and not all(self.layer_sliding[i] in self.layer_sliding[:self.n_layers -
+                                                  self.kv_shared_layers] for i in range(self.n_layers))):
+            raise ModelFormatError(f"kv_shared_layers {self.kv_shared_layers!r}: each shared layer needs an earlier "
+                                   "layer of its type with keys and values")
         if self.qk_norm_whole and not self.qk_norm:
             raise ModelFormatError("qk_norm_whole needs qk_norm")
         if self.activation not in ("silu", "gelu_tanh"):

@@ -75,6 +75,8 @@ FAMILIES = {
     # GLM: GGUF only (write_hf refuses them: HF's own norm names and fused gate_up are not written)
     "glm4": Family("glm4", "Glm4ForCausalLM", "glm4"),
     "glm4moe": Family("glm4_moe", "Glm4MoeForCausalLM", "glm4moe"),
+    # Gemma 3n's text decoder: GGUF only as well (models/gemma3n.py)
+    "gemma3n": Family("gemma3n_text", "Gemma3nForCausalLM", "gemma3n"),
 }
 # GGUF architectures whose q/k rows keep the same RoPE layout as their HF files (DeepSeek's adjacent pairs)
 SAME_ROPE_LAYOUT_ARCHS = {"deepseek2", "glm4"}
@@ -89,7 +91,10 @@ _LAYER_LEAVES = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_ou
                  "shortconv.in_proj", "shortconv.conv", "shortconv.out_proj", "ssm_in", "attn_gate", "ssm_ba",
                  "ssm_conv1d", "ssm_a", "ssm_a_log", "ssm_dt", "ssm_d", "ssm_norm", "ssm_out",
                  # latent attention's (DeepSeek), and its router's choice bias
-                 "attn_q_a", "attn_q_a_norm", "attn_q_b", "attn_kv_a_mqa", "attn_kv_a_norm", "attn_kv_b", "exp_probs_b")
+                 "attn_q_a", "attn_q_a_norm", "attn_q_b", "attn_kv_a_mqa", "attn_kv_a_norm", "attn_kv_b", "exp_probs_b",
+                 # Gemma 3n's per-layer input, AltUp and LAuReL
+                 "inp_gate", "proj", "post_norm", "altup_correct_coef", "altup_correct_scale", "altup_predict_coef",
+                 "altup_router", "altup_router_norm", "laurel_l", "laurel_r", "laurel_post_norm")
 # leaves that may also have a `.bias`
 _BIASED = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
            "ssm_dt", "ssm_conv1d", "exp_probs_b")
@@ -134,6 +139,9 @@ def source_tensors(src: ModelSource) -> dict[str, WeightTensor]:
             if leaf in _BIASED:
                 names.append(f"blk.{i}.{leaf}.bias")
     names += ["output_norm.weight", "output.weight"]
+    if getattr(src.config, "altup_inputs", 0):
+        from ..models.gemma3n import global_names
+        names += global_names(src.config)
     out = {n: src.tensor(n) for n in names}
     return {n: t for n, t in out.items() if t is not None}
 
@@ -348,8 +356,9 @@ def write_hf(src: ModelSource, out: Path, qtype: str | None = None) -> Path:
     from ..formats.safetensors import write_safetensors
     cfg = src.config
     fam = family_of(cfg)
-    if cfg.n_experts or cfg.recurrent or cfg.mla:
-        raise LlambdaError("a mixture-of-experts, hybrid or latent-attention model exports as GGUF only (fmt='gguf')")
+    if cfg.n_experts or cfg.recurrent or cfg.mla or getattr(cfg, "altup_inputs", 0):
+        raise LlambdaError("a mixture-of-experts, hybrid, latent-attention or Gemma 3n model exports as GGUF only "
+                           "(fmt='gguf')")
     if fam.gguf_arch == "glm4":
         raise LlambdaError("a GLM-4 model exports as GGUF only (fmt='gguf')")
     want = None
@@ -614,6 +623,10 @@ def write_gguf_file(src: ModelSource, out: Path, qtype: str | None = None, pure:
     tensors = _mla_tensors(cfg, _hybrid_tensors(cfg, _layout_tensors(src, to_interleaved=None if same_layout else
                                                                      arch in PERMUTED_GGUF_ARCHS)))
     meta = gguf_metadata(cfg, arch, src.name or src.path.stem)
+    if getattr(cfg, "altup_inputs", 0):
+        from ..models.gemma3n import gguf_tensors, gguf_metadata as g3n_metadata
+        tensors = gguf_tensors(cfg, tensors)
+        meta.update(g3n_metadata(cfg))
     kind = (cfg.rope_scaling or {}).get("rope_type") or (cfg.rope_scaling or {}).get("type")
     if kind == "llama3":
         tensors["rope_freqs.weight"] = WeightTensor.from_float("rope_freqs.weight", _llama3_factors(cfg))
