@@ -194,6 +194,23 @@ def test_schema_validation_units():
     assert parse_completion({"prompt": [[1, 2], "a"], "logprobs": 0}).prompts == [[1, 2], "a"]
 
 
+def test_stream_options_need_a_stream():
+    """OpenAI refuses stream_options on a request that does not stream (a 400 naming the field); they
+    were taken and ignored here."""
+    from llambda.server.errors import APIError
+    from llambda.server.schemas import parse_chat, parse_completion
+    msgs = [{"role": "user", "content": "hi"}]
+    opts = {"include_usage": True}
+    for parse, body in ((parse_chat, {"messages": msgs}), (parse_completion, {"prompt": "hi"})):
+        for stream in ({}, {"stream": False}):
+            with pytest.raises(APIError) as e:
+                parse({**body, **stream, "stream_options": opts})
+            assert e.value.status == 400 and e.value.param == "stream_options", e.value.message
+            assert "stream" in e.value.message
+        assert parse({**body, "stream": True, "stream_options": opts}).include_usage
+        assert not parse({**body, "stream": False, "stream_options": None}).include_usage
+
+
 def test_text_to_tokenize_is_capped_per_request():
     """Tokenizing holds a few hundred bytes a character (a 4 MB /tokenize with pieces took 1.3 GB, six at
     once 8 GB): a request's text to tokenize is capped as a rendered chat prompt is, a 400 naming the field."""

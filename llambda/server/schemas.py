@@ -265,6 +265,8 @@ def _common(b: _Body, kind: str) -> GenerationSpec:
     if opts is not None:
         if not isinstance(opts, dict):
             raise bad_request(f"'stream_options' must be an object, got {_type(opts)}", param="stream_options")
+        if not spec.stream:     # as OpenAI answers it: the options are about a stream
+            raise bad_request("'stream_options' is only allowed when 'stream' is true", param="stream_options")
         spec.include_usage = _Body(opts).boolean("include_usage", False)
     max_tokens = b.integer("max_tokens", None, 0, MAX_COUNT)
     if kind == "chat":
