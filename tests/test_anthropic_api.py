@@ -155,6 +155,27 @@ def test_tool_errors_name_anthropics_fields(live):
             assert "function" not in message and "parameters" not in message, message
 
 
+def test_block_ids_must_be_strings(live):
+    """A tool_result's tool_use_id (required) and a tool_use's id were made strings with str(): 5 became
+    "5", an object its Python repr, in the prompt. Now a 400 naming the block's own field."""
+    use = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Lima"}}
+    result = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "18 C"}
+
+    def body(use, result):
+        return {"model": MODEL_ID, "max_tokens": 2, "tools": TOOLS,
+                "messages": QUESTION + [{"role": "assistant", "content": [use]}, {"role": "user", "content": [result]}]}
+    cases = [({**use, "id": 7}, result, "messages[1].content[0].id"),
+             ({**use, "id": {"x": 1}}, result, "messages[1].content[0].id"),
+             (use, {**result, "tool_use_id": 5}, "messages[2].content[0].tool_use_id"),
+             (use, {**result, "tool_use_id": None}, "messages[2].content[0].tool_use_id"),
+             (use, {k: v for k, v in result.items() if k != "tool_use_id"}, "messages[2].content[0].tool_use_id")]
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):
+        for u, res, field in cases:
+            _anthropic_error(post(live, path, body(u, res)), 400, "invalid_request_error", f"{field} must be a string")
+    r = post(live, "/v1/messages/count_tokens", body(use, result))
+    assert r.status_code == 200, r.text
+
+
 def test_hostile_system_stop_sequences_and_lone_prefill(live):
     """What a fuzzer found: a system of 0, false or {} was taken as no system prompt (a 200); a text
     block with a non-string text was called "a 'text' block; only text blocks are supported"; too many

@@ -249,6 +249,8 @@ def test_tags_show_ps_version(oclient, live, model):
     ({"messages": [{"role": "user", "content": "hi", "images": ["aGk="]}]}, 400, ["images", "text only"]),
     ({"messages": [{"role": "robot", "content": "hi"}]}, 400, ["role"]),
     ({"messages": [{"role": "tool", "content": "18 C", "tool_name": ["f"]}]}, 400, ["tool_name"]),
+    # chat's own fields, passed on as they are: named as given
+    ({"messages": [{"role": "user", "content": "hi", "name": {"a": 1}}]}, 400, ["messages[0].name", "string"]),
     ({"messages": "hi"}, 400, ["messages"]),
     ({"messages": _user("hi"), "stream": "yes"}, 400, ["stream"]),
     ({"messages": _user("hi"), "think": "very"}, 400, ["think"]),

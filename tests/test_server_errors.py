@@ -211,6 +211,30 @@ def test_stream_options_need_a_stream():
         assert not parse({**body, "stream": False, "stream_options": None}).include_usage
 
 
+def test_message_ids_and_names_are_strings():
+    """A message's tool_call_id and name reach the chat template as they are: a number, an object or a
+    list was taken (and rendered into the prompt); now a 400 naming the field. Null is refused where the
+    role requires the field (a tool message's tool_call_id, a function message's name)."""
+    from llambda.server.errors import APIError
+    from llambda.server.schemas import parse_chat
+    user = {"role": "user", "content": "hi"}
+    call = {"role": "assistant", "content": None,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}
+    for key, role, value in (("tool_call_id", "tool", 5), ("tool_call_id", "tool", {"id": "c1"}),
+                             ("tool_call_id", "tool", ["c1"]), ("tool_call_id", "tool", None),
+                             ("tool_call_id", "user", 1.5), ("name", "user", 7), ("name", "tool", ["f"]),
+                             ("name", "function", None), ("name", "assistant", True)):
+        msgs = [user, call, {"role": role, "content": "18 C", key: value}]
+        with pytest.raises(APIError) as e:
+            parse_chat({"messages": msgs})
+        assert e.value.status == 400 and e.value.param == f"messages[2].{key}", (key, role, value, e.value.message)
+        assert f"messages[2].{key} must be a string" in e.value.message
+    # strings, a null name where no role needs one, a tool message without an id: taken as before
+    for extra in ({"tool_call_id": "c1", "name": "f"}, {"name": None}, {}):
+        assert parse_chat({"messages": [user, call, {"role": "tool", "content": "18 C", **extra}]}).messages
+    assert parse_chat({"messages": [{**user, "name": "ann", "tool_call_id": None}]}).messages
+
+
 def test_text_to_tokenize_is_capped_per_request():
     """Tokenizing holds a few hundred bytes a character (a 4 MB /tokenize with pieces took 1.3 GB, six at
     once 8 GB): a request's text to tokenize is capped as a rendered chat prompt is, a 400 naming the field."""

@@ -80,6 +80,14 @@ def _plain(content, where: str) -> str:
     return "\n".join(texts)
 
 
+def _string(block: dict, key: str, at: str, required: bool = True) -> str | None:
+    """A block's id field: a string (an id of another type was written into the prompt as its text)."""
+    v = block.get(key)
+    if isinstance(v, str) or (v is None and not required):
+        return v
+    raise bad_request(f"{at}.{key} must be a string, got {_type(v)}", param=f"{at}.{key}")
+
+
 def _messages(system, messages) -> list[dict]:
     # checked whatever it holds (0, false, {} are not a system prompt); empty, it adds no turn
     text = _plain(system, "system") if system is not None else ""
@@ -101,13 +109,13 @@ def _messages(system, messages) -> list[dict]:
                 if not isinstance(name, str) or not isinstance(args, dict):
                     raise bad_request(f"{at}: a tool_use block needs a string 'name' and an object 'input'",
                                       param=at)
-                calls.append({"id": str(block.get("id") or f"toolu_{j}"), "type": "function",
+                calls.append({"id": _string(block, "id", at, required=False) or f"toolu_{j}", "type": "function",
                               "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}})
             elif kind == "tool_result" and role == "user":
                 text = _plain(block.get("content", ""), f"{at}.content")
                 if block.get("is_error"):
                     text = "Error: " + text
-                results.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id", "")), "content": text})
+                results.append({"role": "tool", "tool_call_id": _string(block, "tool_use_id", at), "content": text})
             elif kind == "thinking" and role == "assistant" and isinstance(block.get("thinking"), str):
                 thinking.append(block["thinking"])     # given back as the turn's reasoning (harmony wants it)
             elif kind in ("thinking", "redacted_thinking"):

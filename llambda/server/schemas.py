@@ -410,6 +410,7 @@ def parse_chat(body: Any) -> GenerationSpec:
         if role not in ("system", "developer", "user", "assistant", "tool", "function"):
             raise bad_request(f"messages[{i}].role {role!r} is not one of system, developer, user, assistant, tool",
                               param=f"messages[{i}].role")
+        _message_names(m, i, role)
     spec.messages = messages
     spec.logprobs = b.boolean("logprobs", False)
     spec.top_logprobs = b.integer("top_logprobs", 0, 0, MAX_TOP_LOGPROBS)
@@ -422,6 +423,20 @@ def parse_chat(body: Any) -> GenerationSpec:
     # vLLM's name for it; None: the model thinks as long as it likes
     spec.thinking_budget = b.integer("thinking_token_budget", None, 0, MAX_COUNT)
     return spec
+
+
+# the string fields of a message a template may read, and the role that requires each (as OpenAI does)
+MESSAGE_STRINGS = {"tool_call_id": "tool", "name": "function"}
+
+
+def _message_names(m: dict, i: int, role: str) -> None:
+    """A message's `tool_call_id` and `name`: strings when given, and not null where its role requires it
+    (they reach the template as they are: a number or an object would be rendered, or break it)."""
+    for key, needed_by in MESSAGE_STRINGS.items():
+        if key not in m or isinstance(m[key], str) or (m[key] is None and role != needed_by):
+            continue
+        where = f"messages[{i}].{key}"
+        raise bad_request(f"{where} must be a string, got {_type(m[key])}", param=where)
 
 
 def _template_kwargs(b: _Body) -> dict:
