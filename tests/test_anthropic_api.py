@@ -176,6 +176,22 @@ def test_block_ids_must_be_strings(live):
     assert r.status_code == 200, r.text
 
 
+def test_metadata_and_service_tier_are_of_anthropics_types(live):
+    """metadata and service_tier change nothing here, but were taken whatever they held; a wrong type
+    is now a 400 naming the field, the right ones are still accepted (and ignored)."""
+    body = {"model": MODEL_ID, "messages": QUESTION, "max_tokens": 2}
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):
+        for extra, field in (({"metadata": "u-1"}, "'metadata'"), ({"metadata": [1]}, "'metadata'"),
+                             ({"metadata": {"user_id": 5}}, "metadata.user_id"),
+                             ({"metadata": {"user_id": {"id": "u"}}}, "metadata.user_id"),
+                             ({"service_tier": 3}, "'service_tier'"), ({"service_tier": {}}, "'service_tier'")):
+            _anthropic_error(post(live, path, {**body, **extra}), 400, "invalid_request_error", field)
+        for extra in ({"metadata": {"user_id": "u-1"}}, {"metadata": {}}, {"metadata": {"user_id": None}},
+                      {"service_tier": "auto"}):
+            r = post(live, path, {**body, **extra})
+            assert r.status_code == 200, (extra, r.text)
+
+
 def test_hostile_system_stop_sequences_and_lone_prefill(live):
     """What a fuzzer found: a system of 0, false or {} was taken as no system prompt (a 200); a text
     block with a non-string text was called "a 'text' block; only text blocks are supported"; too many

@@ -276,6 +276,23 @@ def test_metadata_is_bounded_as_in_openais_api_and_echoed(live, client):
         assert err["param"] == "metadata", err
 
 
+def test_ignored_fields_are_of_openais_types():
+    """truncation, user, service_tier, safety_identifier and prompt_cache_key change nothing here, but
+    were taken whatever they held (a number, an object); now a wrong type is a 400 naming the field."""
+    store = ResponseStore()
+    body = {"model": MODEL_ID, "input": "Hi"}
+    for name, value in (("truncation", "sometimes"), ("truncation", True), ("truncation", ["auto"]),
+                        ("user", 5), ("user", {"id": "u"}), ("service_tier", 1), ("safety_identifier", []),
+                        ("prompt_cache_key", False)):
+        with pytest.raises(APIError) as e:
+            parse_responses({**body, name: value}, store)
+        assert e.value.status == 400 and e.value.param == name and name in e.value.message, (name, value)
+    fine = {"truncation": "disabled", "user": "u-1", "service_tier": "auto", "safety_identifier": "s",
+            "prompt_cache_key": "k"}
+    assert parse_responses({**body, **fine}, store)[0].messages == parse_responses(body, store)[0].messages
+    assert parse_responses({**body, "truncation": "auto", "user": None}, store)[0].messages
+
+
 def test_store_false_keeps_nothing(live, client):
     r = client.responses.create(model=MODEL_ID, input="Name three colors.", max_output_tokens=4, store=False)
     assert r.store is False

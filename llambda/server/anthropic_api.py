@@ -167,6 +167,20 @@ def _tool_choice(v, chat: dict) -> None:
         chat["parallel_tool_calls"] = False
 
 
+def _ignored(b: _Body) -> None:
+    """`metadata` (an object with an optional string `user_id`) and `service_tier` (a string), which change
+    nothing here: accepted and ignored, of Anthropic's types."""
+    b.string("service_tier")
+    meta = b.get("metadata")
+    if meta is None:
+        return
+    if not isinstance(meta, dict):
+        raise bad_request(f"'metadata' must be an object, got {_type(meta)}", param="metadata")
+    user = meta.get("user_id")
+    if user is not None and not isinstance(user, str):
+        raise bad_request(f"metadata.user_id must be a string, got {_type(user)}", param="metadata.user_id")
+
+
 def parse_messages(body, counting: bool = False) -> GenerationSpec:
     """The chat spec of a /v1/messages body; `counting`: a count_tokens body, which has no max_tokens."""
     b = _Body(body)
@@ -176,6 +190,7 @@ def parse_messages(body, counting: bool = False) -> GenerationSpec:
     if max_tokens is None and not counting:
         raise bad_request("'max_tokens' is required", param="max_tokens")
     b.number("temperature", None, 0.0, 1.0)      # Anthropic's range is narrower than OpenAI's
+    _ignored(b)
     stops = b.get("stop_sequences")
     chat = {k: body[k] for k in PASSED if k in body}
     chat.update(_thinking(b.get("thinking"), max_tokens))

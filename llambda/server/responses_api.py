@@ -261,6 +261,21 @@ def _metadata(v) -> dict:
     return v
 
 
+# fields OpenAI's API takes that change nothing here (no truncation of a conversation: one past the
+# context is a 400; no user tracking, tiers or prompt-cache routing): accepted and ignored, of their type
+IGNORED_STRINGS = ("user", "service_tier", "safety_identifier", "prompt_cache_key")
+TRUNCATIONS = ("auto", "disabled")
+
+
+def _ignored(b: _Body) -> None:
+    for name in IGNORED_STRINGS:
+        b.string(name)
+    v = b.get("truncation")
+    if v is not None and v not in TRUNCATIONS:
+        what = shown(v) if isinstance(v, str) else _type(v)
+        raise bad_request(f"'truncation' must be \"auto\" or \"disabled\", got {what}", param="truncation")
+
+
 def parse_responses(body, store: ResponseStore,
                     counting: bool = False) -> tuple[GenerationSpec, dict, Stored | None, list[dict]]:
     """(the chat spec, the request's fields a response object repeats, the stored response
@@ -281,6 +296,7 @@ def parse_responses(body, store: ResponseStore,
     if inp is not None and (not isinstance(inp, (str, list)) or not inp):
         raise bad_request(f"'input' must be a string or a non-empty array of items, got {_type(inp)}", param="input")
     instructions = b.string("instructions")
+    _ignored(b)
     keep = b.boolean("store", True)
     max_output = b.integer("max_output_tokens", None, 1)
     shown_format, response_format = _text_format(b.get("text"))
