@@ -227,6 +227,12 @@ def test_tags_show_ps_version(oclient, live, model):
     with pytest.raises(ollama.ResponseError) as e:
         oclient.show("llama3")
     assert e.value.status_code == 404
+    # which model to describe is required, as Ollama answers it ("model is required"); the old `name` still works
+    for body in ({}, {"model": ""}, {"name": ""}, {"model": "", "name": ""}, {"model": None}):
+        _error(post(live, "/api/show", body), 400, "model is required")
+    _error(post(live, "/api/show", {"model": 5}), 400, "model")
+    for body in ({"name": MODEL_ID}, {"model": "", "name": MODEL_ID}, {"model": f"{MODEL_ID}:latest"}):
+        assert post(live, "/api/show", body).json()["details"] == raw["details"], body
 
     [p] = oclient.ps().models
     assert p.model == m.model and p.digest == m.digest and p.context_length == model.n_ctx and p.size > 0

@@ -22,6 +22,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from .deltas import Http
+from .errors import bad_request
 from .openai_format import adapter_cards
 from .schemas import _Body
 
@@ -156,7 +157,10 @@ def routes(service, http: Http, served_name) -> list[Route]:
         if body is None:
             return Response(status_code=499)
         b = _Body(body)
-        served_name(service, b.get("model") if b.get("model") is not None else b.get("name"))
+        name = b.get("model") if b.get("model") not in (None, "") else b.get("name")
+        if name in (None, ""):      # as Ollama answers it: which model to describe is not optional
+            raise bad_request("model is required", param="model")
+        served_name(service, name)
         c = served.card()
         # num_ctx: the context every request gets here (clients such as Continue size prompts by it)
         return http.json_response({"license": str(c["model_info"].get("general.license", "")), "modelfile": "",
