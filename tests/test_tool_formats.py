@@ -442,3 +442,62 @@ def test_a_thought_then_a_native_call():
             content, deltas, reasoning = content + c, deltas + d, reasoning + p.take_reasoning()
             assert (reasoning, content) == ("The user wants the time.", "Sure."), (fmt, size)
             assert [(c["name"], json.loads(c["arguments"])) for c in p.calls] == [TIME], (fmt, size)
+
+
+# A template in Phi-4-mini's shape (written for this test): a system turn writes its message's own
+# `tools` (JSON text) between <|tool|> and <|/tool|>; the template never reads the `tools` variable.
+MESSAGE_TOOLS_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "<|tool|>", "<|/tool|>",
+                        "<|tool_call|>", "<|/tool_call|>")
+MESSAGE_TOOLS_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] == 'system' and 'tools' in message and "
+    "message['tools'] is not none %}<|system|>{{ message['content'] }}<|tool|>{{ message['tools'] }}<|/tool|>"
+    "<|end|>{% else %}<|{{ message['role'] }}|>{{ message['content'] }}<|end|>{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def test_templates_reading_tools_from_a_message_are_told_from_their_source():
+    from llambda.server.message_tools import reads_message_tools
+    assert reads_message_tools(MESSAGE_TOOLS_TEMPLATE)
+    assert reads_message_tools("{% for m in loop_messages %}{{ m.tools }}{% endfor %}")
+    assert reads_message_tools('{% for turn in messages %}{{ turn["tools"] }}{% endfor %}')
+    # the tools variable, a message's tool_calls, someone else's tools: not a message's tools
+    for src in (MISTRAL_TEMPLATE, "{% for m in messages %}{{ m.tool_calls }}{% endfor %}{{ tools | tojson }}",
+                "{{ ns.tools }}{% for m in messages %}{{ m.content }}{% endfor %}", ""):
+        assert not reads_message_tools(src), src
+
+
+@pytest.fixture(scope="module")
+def message_tools_live(tmp_path_factory):
+    from serverkit import tiny_chat_server
+    with tiny_chat_server(tmp_path_factory.mktemp("phi4"), "tiny-phi4", MESSAGE_TOOLS_TOKENS,
+                          MESSAGE_TOOLS_TEMPLATE) as srv:
+        yield srv
+
+
+def test_offered_tools_reach_a_template_that_reads_them_from_the_system_message(message_tools_live):
+    """Phi-4-mini's template reads the tools from the system message: passed only as the `tools`
+    variable, offered tools never reached its prompt. They go on the system message now, as the JSON
+    text of their functions (a system message is added first when there is none)."""
+    def prompt(**body):
+        r = httpx.post(message_tools_live.url + "/apply-template", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()["prompt"]
+    functions = json.dumps([t["function"] for t in TOOLS], ensure_ascii=False)
+    user = [{"role": "user", "content": "weather in Paris?"}]
+    system = [{"role": "system", "content": "Be brief."}]
+    assert prompt(messages=user, tools=TOOLS) == \
+        f"<|system|><|tool|>{functions}<|/tool|><|end|><|user|>weather in Paris?<|end|><|assistant|>"
+    assert prompt(messages=system + user, tools=TOOLS) == \
+        f"<|system|>Be brief.<|tool|>{functions}<|/tool|><|end|><|user|>weather in Paris?<|end|><|assistant|>"
+    # no tools offered (or tool_choice "none"): the messages as sent
+    plain = "<|system|>Be brief.<|end|><|user|>weather in Paris?<|end|><|assistant|>"
+    assert prompt(messages=system + user) == plain
+    assert prompt(messages=system + user, tools=TOOLS, tool_choice="none") == plain
+    # generation's prompt holds them too: the tools' system turn more tokens than without tools
+    def prompt_tokens(**extra):
+        r = httpx.post(message_tools_live.url + "/v1/chat/completions", timeout=60, json={
+            "model": "tiny-phi4", "messages": user, "max_tokens": 1, **extra})
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["prompt_tokens"]
+    added = message_tools_live.model.tokenize(f"<|system|><|tool|>{functions}<|/tool|><|end|>")
+    assert prompt_tokens(tools=TOOLS) - prompt_tokens() == len(added)
