@@ -809,6 +809,43 @@ _CHATML = (
 )
 
 
+# -- tools a template reads from a message ------------------------------------------------------
+# Phi-4-mini's chat template writes a system turn's `message['tools']` (a JSON text of the functions,
+# between `<|tool|>` and `<|/tool|>`) and never reads `tools`: offered tools passed the usual way never
+# reach its prompt. Such a template is told from its source (`reads_message_tools`), as the server's
+# tool_formats tells the call formats; render() then puts the tools on the system message, as the JSON
+# text of their function definitions (the shape Phi-4-mini's model card gives), adding an empty system
+# message first when the conversation has none.
+
+# the names a template gives a message: `message`, and its loops' (`{% for m in messages %}`)
+_MESSAGE_LOOP = re.compile(r"\bfor\s+(\w+)\s+in\s+\w*messages\b")
+
+
+def reads_message_tools(template: str) -> bool:
+    """Whether a chat template's source reads the tools from a message: `message['tools']`,
+    `message["tools"]` or `message.tools` (not `message.tool_calls`), under any name its loops give one."""
+    if not template or "tools" not in template:
+        return False
+    names = {"message"} | set(_MESSAGE_LOOP.findall(template))
+    pattern = rf"""\b(?:{'|'.join(map(re.escape, sorted(names)))})\s*(?:\[\s*['"]tools['"]\s*\]|\.tools\b)"""
+    return re.search(pattern, template) is not None
+
+
+def tools_text(tools: list) -> str:
+    """The offered (chat-completions) tools as the JSON text such a template expects: their functions."""
+    return json.dumps([t.get("function", t) for t in tools], ensure_ascii=False)   # a bare function too
+
+
+def with_message_tools(messages: list, tools: list) -> list:
+    """`messages` with the tools on the first system message (a copy; the request's own `tools` there,
+    if any, replaced by the offered ones), or on a new empty system message put first."""
+    text = tools_text(tools)
+    for i, m in enumerate(messages):
+        if isinstance(m, dict) and m.get("role") == "system":
+            return messages[:i] + [{**m, "tools": text}] + messages[i + 1:]
+    return [{"role": "system", "content": "", "tools": text}] + list(messages)
+
+
 class ChatTemplate:
     """A compiled chat template. `render(messages)` gives the prompt text (special tokens as text)."""
 
@@ -821,6 +858,7 @@ class ChatTemplate:
             raise ChatTemplateError(f"chat template{f' {name!r}' if name else ''} is {len(source)} characters "
                                     f"long, more than the {MAX_SOURCE_CHARS} a template may have")
         self.source = source
+        self.reads_message_tools = reads_message_tools(source)
         self.bos_token = bos_token or ""
         self.eos_token = eos_token or ""
         self.name = name
@@ -871,8 +909,10 @@ class ChatTemplate:
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True, tools: list | None = None,
                **extra) -> str:
-        msgs = validate_messages(messages)
-        context = _render_context(extra, self.bos_token, self.eos_token, msgs, _validate_tools(tools),
+        msgs, tools = validate_messages(messages), _validate_tools(tools)
+        if tools and self.reads_message_tools:     # Phi-4-mini: the tools go on the system message
+            msgs = with_message_tools(msgs, tools)
+        context = _render_context(extra, self.bos_token, self.eos_token, msgs, tools,
                                   bool(add_generation_prompt))
         token = _BUDGET.set(_Budget(self.max_steps, self.max_output_chars * _PRODUCED_FACTOR,
                                     self.max_built_bytes, self.max_seconds))

@@ -456,7 +456,7 @@ MESSAGE_TOOLS_TEMPLATE = (
 
 
 def test_templates_reading_tools_from_a_message_are_told_from_their_source():
-    from llambda.server.message_tools import reads_message_tools
+    from llambda.chat import reads_message_tools
     assert reads_message_tools(MESSAGE_TOOLS_TEMPLATE)
     assert reads_message_tools("{% for m in loop_messages %}{{ m.tools }}{% endfor %}")
     assert reads_message_tools('{% for turn in messages %}{{ turn["tools"] }}{% endfor %}')
@@ -501,3 +501,15 @@ def test_offered_tools_reach_a_template_that_reads_them_from_the_system_message(
         return r.json()["usage"]["prompt_tokens"]
     added = message_tools_live.model.tokenize(f"<|system|><|tool|>{functions}<|/tool|><|end|>")
     assert prompt_tokens(tools=TOOLS) - prompt_tokens() == len(added)
+
+
+def test_the_library_template_puts_offered_tools_on_the_system_message_too():
+    """ChatTemplate.render (what Model.chat uses) applies the same rule as the server's routes."""
+    from llambda.chat import ChatTemplate
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    tpl = ChatTemplate(MESSAGE_TOOLS_TEMPLATE)
+    text = tpl.render([{"role": "user", "content": "hi"}], tools=tools)
+    assert json.dumps([tools[0]["function"]], ensure_ascii=False) in text
+    assert "get_weather" not in tpl.render([{"role": "user", "content": "hi"}])
+    assert "get_weather" not in ChatTemplate("{% for m in messages %}{{ m.content }}{% endfor %}").render(
+        [{"role": "user", "content": "hi"}], tools=tools)

@@ -22,7 +22,6 @@ from .config import ServerConfig
 from .errors import APIError, bad_request, model_not_found
 from .fim import find_fim_tokens, fim_prompt_ids, require_fim
 from .harmony import speaks_harmony, with_analysis
-from .message_tools import reads_message_tools, with_message_tools
 from .openai_format import (SSE_DONE, ChoiceState, TokenStrings, Usage, chat_logprobs, chat_response,
                             completion_logprobs, completion_response, new_id, now, sse, tool_finish)
 from .scheduler import Channel, Job, JobFailure, PromptLogprobs, QueueFull, Scheduler, ShuttingDown
@@ -65,7 +64,6 @@ class Service:
         src = getattr(model.source, "chat_template", None) or ""
         self.template_has_tools = "tools" in src
         # Phi-4-mini: the template reads a system message's `tools` (JSON text), not the `tools` variable
-        self.message_tools = reads_message_tools(src)
         # gpt-oss answers in channels (analysis, final) and calls tools as messages to functions.NAME
         self.harmony = speaks_harmony(model)
         # other families call tools in their own syntax (GLM, Qwen3-Coder, DeepSeek, Mistral, ...): read in
@@ -121,8 +119,6 @@ class Service:
             # the generic prompt writes them (a template that concatenates content fails on a turn of
             # calls alone, others drop the calls)
             messages = written_history(validate_messages(spec.messages))
-        if tools and self.message_tools:
-            messages = with_message_tools(messages, tools)
         return self.render_chat(messages, tools, spec), generic
 
     def _chat_ids(self, spec: GenerationSpec) -> tuple[list[int], ToolSetup | None, GrammarSpec | None,
