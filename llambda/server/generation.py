@@ -63,7 +63,6 @@ class Service:
         self.strings = TokenStrings(model.tokenizer) if model.tokenizer is not None else None
         src = getattr(model.source, "chat_template", None) or ""
         self.template_has_tools = "tools" in src
-        # Phi-4-mini: the template reads a system message's `tools` (JSON text), not the `tools` variable
         # gpt-oss answers in channels (analysis, final) and calls tools as messages to functions.NAME
         self.harmony = speaks_harmony(model)
         # other families call tools in their own syntax (GLM, Qwen3-Coder, DeepSeek, Mistral, ...): read in
@@ -130,11 +129,8 @@ class Service:
             # a thought may come first: a forced call then starts after it, not in the prompt
             thought = prompt_thought(self.thinks, text, spec.prefill)
             think_first = thought is not None and thought.may_come
-            native = None if generic else self.tool_format
-            forced = spec.tool_choice != "auto"
-            setup, grammar = self._tool_setup(spec, constrained=generic or self.template_hermes or
-                                              (native is not None and forced), generic=generic,
-                                              think_first=think_first, native=native)
+            setup, grammar = self._tool_setup(spec, constrained=generic or self.template_hermes, generic=generic,
+                                              think_first=think_first, native=None if generic else self.tool_format)
             if self.harmony and not generic:
                 setup = replace(setup or ToolSetup(), harmony=True)
             if thought is not None:
@@ -168,6 +164,7 @@ class Service:
             return None, None
         names = {spec.forced_tool} if spec.tool_choice == "function" else tool_names(spec.tools)
         forced = spec.tool_choice != "auto"
+        constrained = constrained or (native is not None and forced)     # a forced call is under a grammar
         native_call = native.forced(spec.tools, names, spec.tool_choice) if native and forced and not think_first \
             else None
         if forced and native_call is None:
