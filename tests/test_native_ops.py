@@ -851,6 +851,11 @@ def test_ssm_scan_refuses_bad_arguments():
 
     call()
     assert taken[0] == 5
+    over = np.zeros((n, H * P), F32)      # written arrays over the indices: slots under out, taken under pos
+    for kw in (dict(out=over, slots=over.reshape(-1)[:n].view(np.int32)),
+               dict(taken=pos[:1], pos=pos), dict(state=state, out=state.reshape(-1)[:n * H * P].reshape(n, H * P))):
+        with pytest.raises(ValueError, match="overlaps"):
+            call(**kw)
     for kw, match in ((dict(pos=np.array([3, 4], np.int32)), "continue"),         # the state is now at 5
                       (dict(out=xbc.reshape(-1)[:n * H * P].reshape(n, H * P)), "overlaps"), (dict(groups=3), "multiple"),
                       (dict(state=np.zeros((1, H, N, P - 1), F32)), "state"), (dict(slots=np.array([0, 1], np.int32)),

@@ -482,13 +482,15 @@ static PyObject *py_ssm_scan(PyObject *self, PyObject *const *args, Py_ssize_t n
         }
     a.xbc = ptr[0], a.dt = ptr[1], a.z = ptr[2], a.state = ptr[3], a.state_pos = ptr[4], a.a_neg = ptr[5];
     a.dt_bias = ptr[6], a.d_skip = ptr[7], a.norm_w = ptr[8], a.slots = ptr[9], a.pos = ptr[10], a.out = ptr[11];
-    /* out and the state are written while xbc, dt and z are read: neither may share a byte with those or
-     * with each other */
-    for (int i = 0; i < 4; i++)
-        if (llb_bufs_overlap(&h, 11, i) || (i < 3 && llb_bufs_overlap(&h, 3, i))) {
-            llb_bufs_release(&h);
-            return PyErr_Format(PyExc_ValueError, "%s: out or state overlaps an input", op);
-        }
+    /* out, state and state_pos are written while every other buffer is read (slots and pos index the
+     * state: a write into them would move later writes off the buffer): none may share a byte with another */
+    static const int written[] = {3, 4, 11};
+    for (int w = 0; w < 3; w++)
+        for (int i = 0; i < 12; i++)
+            if (i != written[w] && llb_bufs_overlap(&h, written[w], i)) {
+                llb_bufs_release(&h);
+                return PyErr_Format(PyExc_ValueError, "%s: %s overlaps %s", op, spec[written[w]].name, spec[i].name);
+            }
     return llb_bufs_call(&h, op, run_ssm_scan, check_ssm_scan, &a, sizeof a);
 }
 
