@@ -623,10 +623,9 @@ def write_gguf_file(src: ModelSource, out: Path, qtype: str | None = None, pure:
     tensors = _mla_tensors(cfg, _hybrid_tensors(cfg, _layout_tensors(src, to_interleaved=None if same_layout else
                                                                      arch in PERMUTED_GGUF_ARCHS)))
     meta = gguf_metadata(cfg, arch, src.name or src.path.stem)
-    if getattr(cfg, "altup_inputs", 0):
-        from ..models.gemma3n import gguf_tensors, gguf_metadata as g3n_metadata
+    if getattr(cfg, "altup_inputs", 0):     # (its keys came with gguf_metadata's family hook)
+        from ..models.gemma3n import gguf_tensors
         tensors = gguf_tensors(cfg, tensors)
-        meta.update(g3n_metadata(cfg))
     kind = (cfg.rope_scaling or {}).get("rope_type") or (cfg.rope_scaling or {}).get("type")
     if kind == "llama3":
         tensors["rope_freqs.weight"] = WeightTensor.from_float("rope_freqs.weight", _llama3_factors(cfg))
