@@ -258,15 +258,14 @@ class Transformer(Closable, LatentAttention):
                             mlp_width=width, mla_compressed=self.mla_compressed)
         # Only attention layers have keys and values: layer i's are the cache's layer kv_layer[i]; a layer
         # sharing another's (Gemma 3n) reads that one's and has none of its own.
-        attn = [i for i, kind in enumerate(cfg.layer_kinds) if kind == "attention" and cfg.kv_source(i) == i]
-        self.kv_layer = {i: j for j, i in enumerate(attn)}
+        self.kv_layer = {i: j for j, i in enumerate(cfg.cache_layers())}
         self.kv_layer.update({i: self.kv_layer[cfg.kv_source(i)] for i in range(cfg.n_layers)
                               if cfg.kv_source(i) != i})
         # A short-conv layer's state per slot: its last L - 1 inputs, and how many tokens it has taken
         # in (state_pos): allocated here with the cache, reset by a token at position 0.
         # A delta-net layer's: its convolution's window and its (v_heads, dk, dv) matrix, each counted.
         conv, delta, state = recurrent_state_specs(cfg, n_slots)
-        self.cache = backend.create_kv_cache(max(1, len(attn)), n_slots, n_ctx, *kv_rows(cfg, self.mla_compressed),
+        self.cache = backend.create_kv_cache(max(1, len(cfg.cache_layers())), n_slots, n_ctx, *kv_rows(cfg, self.mla_compressed),
                                              extra={**self.ws.specs, **state}, values_are_keys=self.mla_compressed)
         self.conv_state = {i: self.cache.extra.pop(f"conv_state{i}") for i in conv}
         self.delta_state = {i: self.cache.extra.pop(f"delta_state{i}") for i in delta}

@@ -214,6 +214,10 @@ class TransformerConfig:
     def kv_dim(self) -> int:
         return self.n_kv_heads * self.head_dim
 
+    def cache_layers(self) -> list[int]:
+        """The layers that keep keys and values of their own: attention layers not sharing another's."""
+        return [i for i, kind in enumerate(self.layer_kinds) if kind == "attention" and self.kv_source(i) == i]
+
     def kv_source(self, i: int) -> int:
         """The layer whose keys and values layer i attends over: i itself, or for one of the last
         kv_shared_layers layers the last earlier layer of its type that keeps its own."""

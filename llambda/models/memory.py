@@ -148,7 +148,7 @@ def plan(src: ModelSource, n_ctx: int, n_slots: int = 1, kv_type: str = "f32", m
     if src.format == "gguf" and staging.enabled() and should_drop(mapped, available):
         largest += staging.WINDOW + staging.ROUND       # staging buffers: the window ahead + the tensor packed
     # a hybrid model's other layers keep no KV, nor do layers sharing another's (Gemma 3n)
-    kv_layers = max(1, sum(k == "attention" and cfg.kv_source(i) == i for i, k in enumerate(cfg.layer_kinds)))
+    kv_layers = max(1, len(cfg.cache_layers()))
     n_kv, head_dim = kv_rows(cfg, compressed)
     arrays = 1 if compressed else 2         # the compressed cache's values are its keys' rows
     kv_per_token = int(arrays * kv_layers * kv_value_bytes(kv_type, n_kv * head_dim))
