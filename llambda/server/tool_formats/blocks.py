@@ -34,6 +34,7 @@ class BlockParser:
         self.lead = ""                # the blanks just before it: content only if it is no call
         self.block_at = 0             # where the unit (with its lead) began in the text fed
         self.announced = False        # the unit's first call went out already
+        self.named = False            # the unit's head was read (a name, offered or not: it no longer changes)
         self.skip = False             # the unit is dropped (parallel_tool_calls false, a call made)
         self.args_from: int | None = None
         self.args_sent = 0
@@ -123,9 +124,10 @@ class BlockParser:
         if s == UNIT:
             end = self.fmt.unit_end(self.buf, self.opener, self.memo)
             body = self.buf if end is None else self.buf[:end]
-            if not (self.skip or self.announced):
+            if not (self.skip or self.named):      # read the head once: not again at every token
                 name = self.fmt.head(body, self.opener)
-                if name is not None and name in self.names:
+                self.named = name is not None
+                if self.named and name in self.names:
                     self._announce(name)
                     self.announced = True
             if self.announced:
@@ -172,7 +174,7 @@ class BlockParser:
 
     def _open(self, opener: str, lead: str, at: int) -> None:
         self.opener, self.lead, self.block_at = opener, lead, at
-        self.announced = False
+        self.announced = self.named = False
         self.args_from = None                 # where the announced call's arguments start in the unit
         self.args_sent = 0                    # how much of them went out
         self.memo: dict = {}                  # the format's notes on this unit while it grows
