@@ -98,6 +98,18 @@ def test_altup_ops_refuse_bad_arguments():
         C.mul_rows(np.zeros((2, 8), np.float32), np.zeros(7, np.float32), np.zeros((2, 8), np.float32), 2, 8)
     with pytest.raises(ValueError, match="mult"):
         C.gaussian_topk(np.zeros((2, 8), np.float32), 2, 8, float("nan"))
+    # a written array over another input (not the input itself, whole): refused, nothing run
+    big = np.zeros(4 * 2 * 8 + 16, np.float32)
+    with pytest.raises(ValueError, match="out overlaps coef"):
+        C.altup_predict(x, big[:32].reshape(2, 16), big[16:].reshape(4, 2, 8), 4, 2, 8)
+    rows = np.zeros(24, np.float32)
+    with pytest.raises(ValueError, match="overlaps an input"):
+        C.mul_rows(rows[:16].reshape(2, 8), rows[16:], rows[8:].reshape(2, 8), 2, 8)     # out over x's second row
+    with pytest.raises(ValueError, match="overlaps an input"):
+        C.rms_match(rows[:16].reshape(2, 8), np.ones((2, 8), np.float32), rows[4:20].reshape(2, 8), 2, 8)
+    inplace = np.ones((2, 8), np.float32)
+    C.mul_rows(inplace, np.full(8, 2, np.float32), inplace, 2, 8)       # out the input itself: allowed
+    assert (inplace == 2).all()
 
 
 # ---------------------------------------------------------------- KV sharing

@@ -138,3 +138,15 @@ PyObject *llb_bufs_call(struct llb_bufs *bufs, const char *fn, int (*run)(const 
     bufs->count = 0;
     return r;
 }
+
+PyObject *llb_bufs_call_out_apart(struct llb_bufs *h, const char *op, int same_ok, int (*run)(const void *),
+                                  int (*check)(const void *, char *), const void *a, size_t size) {
+    const int o = h->count - 1;
+    for (int i = 0; i < o; i++)
+        if (llb_bufs_overlap(h, i, o) && !(same_ok && h->views[i].buf == h->views[o].buf && h->views[i].len == h->views[o].len)) {
+            PyErr_Format(PyExc_ValueError, "%s: out overlaps an input%s", op, same_ok ? " without being it" : "");
+            llb_bufs_release(h);
+            return NULL;
+        }
+    return llb_bufs_call(h, op, run, check, a, size);
+}

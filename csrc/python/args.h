@@ -55,4 +55,10 @@ void llb_bufs_release(struct llb_bufs *bufs);
 PyObject *llb_bufs_call(struct llb_bufs *bufs, const char *fn, int (*run)(const void *),
                         int (*check)(const void *, char *), const void *args, size_t size);
 
+/* llb_bufs_call, once out (the last buffer acquired) shares no byte with an input (same_ok: it may be
+ * an input exactly, same start and length, for ops that read a row whole before they write it);
+ * releases bufs on error. */
+PyObject *llb_bufs_call_out_apart(struct llb_bufs *bufs, const char *op, int same_ok, int (*run)(const void *),
+                                  int (*check)(const void *, char *), const void *args, size_t size);
+
 #endif

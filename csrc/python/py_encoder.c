@@ -77,20 +77,6 @@ fail:
     return NULL;
 }
 
-/* The call, once out (the last buffer acquired) shares no byte with an input (same_ok: it may be
- * an input exactly, for ops that read a row whole before they write it); releases h on error. */
-static PyObject *call_out_apart(struct llb_bufs *h, const char *op, int same_ok, int (*run)(const void *),
-                                int (*check)(const void *, char *), const void *a, size_t size) {
-    const int o = h->count - 1;
-    for (int i = 0; i < o; i++)
-        if (llb_bufs_overlap(h, i, o) && !(same_ok && h->views[i].buf == h->views[o].buf)) {
-            PyErr_Format(PyExc_ValueError, "%s: out overlaps an input%s", op, same_ok ? " without being it" : "");
-            llb_bufs_release(h);
-            return NULL;
-        }
-    return llb_bufs_call(h, op, run, check, a, size);
-}
-
 struct dense_args {
     int fmt;
     const void *packed;
@@ -121,7 +107,7 @@ static PyObject *py_dense(PyObject *self, PyObject *const *args, Py_ssize_t narg
     if (args[2] != Py_None && !(a.bias = llb_arg_buf(&h, args[2], op, "bias", 0, LLB_ELEM_F32, rows, 1))) goto fail;
     if (!(a.x = llb_arg_buf(&h, args[3], op, "x", 0, LLB_ELEM_F32, (size_t)n * cols, 0))) goto fail;
     if (!(a.out = llb_arg_buf(&h, args[4], op, "out", 1, LLB_ELEM_F32, (size_t)n * rows, 0))) goto fail;
-    return call_out_apart(&h, op, 0, run_dense, NULL, &a, sizeof a);
+    return llb_bufs_call_out_apart(&h, op, 0, run_dense, NULL, &a, sizeof a);
 fail:
     llb_bufs_release(&h);
     return NULL;
@@ -158,7 +144,7 @@ static PyObject *py_add_layernorm(PyObject *self, PyObject *const *args, Py_ssiz
     if (!(a.w = llb_arg_buf(&h, args[2], op, "w", 0, LLB_ELEM_F32, d, 1))) goto fail;
     if (!(a.b = llb_arg_buf(&h, args[3], op, "b", 0, LLB_ELEM_F32, d, 1))) goto fail;
     if (!(a.out = llb_arg_buf(&h, args[4], op, "out", 1, LLB_ELEM_F32, nd, 0))) goto fail;
-    return call_out_apart(&h, op, 1, run_ln, NULL, &a, sizeof a);
+    return llb_bufs_call_out_apart(&h, op, 1, run_ln, NULL, &a, sizeof a);
 fail:
     llb_bufs_release(&h);
     return NULL;
@@ -209,7 +195,7 @@ static PyObject *py_encoder_attention(PyObject *self, PyObject *const *args, Py_
     if (!(a.qkv = llb_arg_buf(&h, args[0], op, "qkv", 0, LLB_ELEM_F32, 3 * nh, 0))) goto fail;
     if (!(a.starts = llb_arg_buf(&h, args[1], op, "starts", 0, LLB_ELEM_I32, (size_t)n_seqs + 1, 1))) goto fail;
     if (!(a.out = llb_arg_buf(&h, args[2], op, "out", 1, LLB_ELEM_F32, nh, 0))) goto fail;
-    return call_out_apart(&h, op, 0, run_att, check_att, &a, sizeof a);
+    return llb_bufs_call_out_apart(&h, op, 0, run_att, check_att, &a, sizeof a);
 fail:
     llb_bufs_release(&h);
     return NULL;

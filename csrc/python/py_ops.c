@@ -719,7 +719,7 @@ static PyObject *rows_op(const char *op, const char *na, const char *nb, int kin
         return NULL;
     }
     const struct altup_args a = {.kind = kind, .a = x, .b = w, .out = out, .n = n, .d = d};
-    return llb_bufs_call(&h, op, run_altup, NULL, &a, sizeof a);
+    return llb_bufs_call_out_apart(&h, op, 1, run_altup, NULL, &a, sizeof a);   /* out may be an input, whole */
 }
 static PyObject *py_mul_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     return rows_op("mul_rows", "x", "w", 0, 0, args, nargs);
@@ -777,7 +777,8 @@ static PyObject *altup_op(const char *op, int kind, PyObject *const *args, Py_ss
     float *out = c && (act || !correct) ? llb_arg_buf(&h, args[correct ? 4 : 2], op, "out", 1, LLB_ELEM_F32, all, 0)
                                         : NULL;
     const char *bad = !out ? NULL : (!correct || out != x) && overlaps(out, all, x, all) ? "out overlaps its input"
-                      : correct && overlaps(out, all, act, nd) ? "out overlaps active" : NULL;
+                      : correct && overlaps(out, all, act, nd) ? "out overlaps active"
+                      : overlaps(out, all, c, nc) ? "out overlaps coef" : NULL;
     if (bad) {
         PyErr_Format(PyExc_ValueError, "%s: %s", op, bad);
         out = NULL;
