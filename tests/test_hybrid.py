@@ -343,6 +343,11 @@ def test_short_conv_native_refuses_bad_arguments():
         C.short_conv(bcx, state[:, :1], taken, kernel, slots, pos, out, n, d, w, 1, 1)     # state too small
     with pytest.raises(ValueError, match="overlap"):
         C.short_conv(bcx, state, taken, kernel, slots, pos, bcx, n, d, w, 1, 1)           # out over its own input
+    with pytest.raises(ValueError, match="state_pos and pos must not overlap"):   # counts written over positions
+        C.short_conv(bcx, state, pos[:1], kernel, slots, pos, out, n, d, w, 1, 1)
+    over = np.zeros((n, d), np.float32)
+    with pytest.raises(ValueError, match="out and slots must not overlap"):     # the state's index under out
+        C.short_conv(bcx, state, taken, kernel, over.reshape(-1)[:n].view(np.int32), pos, over, n, d, w, 1, 1)
     with pytest.raises(ValueError):
         C.short_conv(bcx, state, taken, kernel, slots, pos, out, n, d, 1, 1, 1)             # width < 2
 
@@ -458,6 +463,8 @@ def test_gated_delta_native_refuses_bad_arguments():
         C.gated_delta(*args(pos=np.array([4, 5], np.int32)))
     with pytest.raises(ValueError, match="overlaps"):
         C.gated_delta(*args(out=z))
+    with pytest.raises(ValueError, match="state_pos overlaps slots"):    # counts written over the state's index
+        C.gated_delta(*args(taken=slots[:1]))
     with pytest.raises(ValueError):
         C.gated_delta(*args(state=f(1, hv, dk, dv - 1)))
     bad = args()

@@ -124,6 +124,16 @@ int llb_bufs_overlap(const struct llb_bufs *bufs, int i, int j) {
     return pa < pb + bufs->views[j].len && pb < pa + bufs->views[i].len;
 }
 
+int llb_bufs_written_overlap(const struct llb_bufs *bufs, const int *written, int n_written, int *w, int *o) {
+    for (int k = 0; k < n_written; k++)
+        for (int i = 0; i < bufs->count; i++)
+            if (i != written[k] && llb_bufs_overlap(bufs, written[k], i)) {
+                *w = written[k], *o = i;
+                return 1;
+            }
+    return 0;
+}
+
 void llb_bufs_release(struct llb_bufs *bufs) {
     for (int i = 0; i < bufs->count; i++) PyBuffer_Release(&bufs->views[i]);
     bufs->count = 0;

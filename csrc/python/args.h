@@ -50,6 +50,9 @@ void *llb_arg_buf(struct llb_bufs *bufs, PyObject *obj, const char *fn, const ch
                   enum llb_elem kind, size_t count, int exact);
 /* Nonzero if the i-th and j-th acquired buffers share a byte. */
 int llb_bufs_overlap(const struct llb_bufs *bufs, int i, int j);
+/* Nonzero if one of the buffers `written` (indices) shares a byte with any other acquired buffer (an op
+ * writing state indexed by its other arguments must not move those under it); *w and *o name the pair. */
+int llb_bufs_written_overlap(const struct llb_bufs *bufs, const int *written, int n_written, int *w, int *o);
 void llb_bufs_release(struct llb_bufs *bufs);
 /* llb_call (plan.h) with every acquired view: runs (and maybe records) the validated call. */
 PyObject *llb_bufs_call(struct llb_bufs *bufs, const char *fn, int (*run)(const void *),

@@ -366,10 +366,13 @@ static PyObject *py_short_conv(PyObject *self, PyObject *const *args, Py_ssize_t
         llb_bufs_release(&h);
         return PyErr_Format(PyExc_ValueError, "%s: a bias is for the ungated convolution only", op);
     }
-    /* out is written while bcx and the state are read: it may share a byte with neither */
-    if (llb_bufs_overlap(&h, 6, 0) || llb_bufs_overlap(&h, 6, 1) || llb_bufs_overlap(&h, 1, 0)) {
+    /* out, the state and its counts are written while the rest is read (slots and pos index the state) */
+    static const char *names[] = {"bcx", "state", "state_pos", "kernel", "slots", "pos", "out", "bias"};
+    static const int written[] = {1, 2, 6};
+    int w, o;
+    if (llb_bufs_written_overlap(&h, written, 3, &w, &o)) {
         llb_bufs_release(&h);
-        return PyErr_Format(PyExc_ValueError, "%s: out, bcx and state must not overlap", op);
+        return PyErr_Format(PyExc_ValueError, "%s: %s and %s must not overlap", op, names[w], names[o]);
     }
     a.n = n, a.d = d, a.width = width, a.n_slots = n_slots, a.gated = (int)gated;
     return llb_bufs_call(&h, op, run_short_conv, check_short_conv, &a, sizeof a);
@@ -428,11 +431,15 @@ static PyObject *py_gated_delta(PyObject *self, PyObject *const *args, Py_ssize_
         llb_bufs_release(&h);
         return NULL;
     }
-    for (int i = 0; i < 4; i++)     /* out and the state are written: they may share no byte with an input */
-        if (llb_bufs_overlap(&h, 10, i) || (i < 3 && llb_bufs_overlap(&h, 3, i))) {
-            llb_bufs_release(&h);
-            return PyErr_Format(PyExc_ValueError, "%s: out or state overlaps an input", op);
-        }
+    /* out, the state and its counts are written while the rest is read (slots and pos index the state) */
+    static const char *names[] = {"qkv", "ba", "z", "state", "state_pos", "a_neg", "dt_bias", "norm_w", "slots",
+                                  "pos", "out"};
+    static const int written[] = {3, 4, 10};
+    int w, o;
+    if (llb_bufs_written_overlap(&h, written, 3, &w, &o)) {
+        llb_bufs_release(&h);
+        return PyErr_Format(PyExc_ValueError, "%s: %s overlaps %s", op, names[w], names[o]);
+    }
     return llb_bufs_call(&h, op, run_gated_delta, check_gated_delta, &a, sizeof a);
 }
 
@@ -485,12 +492,11 @@ static PyObject *py_ssm_scan(PyObject *self, PyObject *const *args, Py_ssize_t n
     /* out, state and state_pos are written while every other buffer is read (slots and pos index the
      * state: a write into them would move later writes off the buffer): none may share a byte with another */
     static const int written[] = {3, 4, 11};
-    for (int w = 0; w < 3; w++)
-        for (int i = 0; i < 12; i++)
-            if (i != written[w] && llb_bufs_overlap(&h, written[w], i)) {
-                llb_bufs_release(&h);
-                return PyErr_Format(PyExc_ValueError, "%s: %s overlaps %s", op, spec[written[w]].name, spec[i].name);
-            }
+    int w, o;
+    if (llb_bufs_written_overlap(&h, written, 3, &w, &o)) {
+        llb_bufs_release(&h);
+        return PyErr_Format(PyExc_ValueError, "%s: %s overlaps %s", op, spec[w].name, spec[o].name);
+    }
     return llb_bufs_call(&h, op, run_ssm_scan, check_ssm_scan, &a, sizeof a);
 }
 
