@@ -207,14 +207,5 @@ def make(out: Path) -> None:
           "causal-only diff", [round(i["causal_only_max_abs_logit_diff"], 4) for i in inputs])
 
 
-def main() -> None:
-    import argparse
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "tests/fixtures/reference/tiny")
-    args = ap.parse_args()
-    torch.set_num_threads(1)
-    make(args.out)
-
-
 if __name__ == "__main__":
-    main()
+    tiny.main_one(make, __doc__)

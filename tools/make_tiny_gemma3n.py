@@ -131,14 +131,5 @@ def make(out: Path) -> None:
           "min margin", min(min(i["greedy_top1_minus_top2_per_step"]) for i in inputs))
 
 
-def main() -> None:
-    import argparse
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "tests/fixtures/reference/tiny")
-    args = ap.parse_args()
-    torch.set_num_threads(1)
-    make(args.out)
-
-
 if __name__ == "__main__":
-    main()
+    tiny.main_one(make, __doc__)

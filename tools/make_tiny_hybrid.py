@@ -239,5 +239,14 @@ def main(specs: dict | None = None, doc: str = __doc__) -> None:
         make(folder, args.out)
 
 
+def main_one(make_one, doc: str) -> None:
+    """The command line of a maker that writes one folder: `make_one(out)` under --out."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "tests/fixtures/reference/tiny")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    make_one(args.out)
+
+
 if __name__ == "__main__":
     main()
