@@ -23,23 +23,28 @@ static inline long first_key(const struct llb_attention_args *a, long p) {
 }
 
 /* Keys row i reads, and the ATTN_CHUNK chunks they make when the row is split. */
-static inline long row_keys(const struct llb_attention_args *a, long i) { return a->pos[i] - first_key(a, a->pos[i]) + 1; }
+static inline long row_keys(const struct llb_attention_args *a, long i) {
+    return llb_attn_last_key(a, i) - first_key(a, a->pos[i]) + 1;
+}
 static inline long row_chunks(const struct llb_attention_args *a, long i) {
     return (row_keys(a, i) + ATTN_CHUNK - 1) / ATTN_CHUNK;
 }
 
 /* Keys of row i's chunk c: [*lo, *hi]. */
 static void chunk_keys(const struct llb_attention_args *a, long i, long c, long *lo, long *hi) {
-    const long p = a->pos[i];
-    *lo = first_key(a, p) + c * ATTN_CHUNK;
-    *hi = *lo + ATTN_CHUNK - 1 < p ? *lo + ATTN_CHUNK - 1 : p;
+    const long last = llb_attn_last_key(a, i);
+    *lo = first_key(a, a->pos[i]) + c * ATTN_CHUNK;
+    *hi = *lo + ATTN_CHUNK - 1 < last ? *lo + ATTN_CHUNK - 1 : last;
 }
 
 /* Chunks of the longest row the cache (or window) allows: scratch asked for that does
  * not grow (allocate) again as a decode's context grows. */
 static long max_row_chunks(const struct llb_attention_args *a) {
     const long keys = a->window > 0 && a->window < a->n_ctx ? a->window : a->n_ctx;
-    return (keys + ATTN_CHUNK - 1) / ATTN_CHUNK;
+    long most = (keys + ATTN_CHUNK - 1) / ATTN_CHUNK;
+    if (a->kend) /* a window's row that sees its image block past its position may read more */
+        for (long i = 0; i < a->n; i++) most = row_chunks(a, i) > most ? row_chunks(a, i) : most;
+    return most;
 }
 
 /* Floats of one chunk partial of a kv head: group rows of unnormalised sums, then group (max, sum) pairs. */
@@ -254,7 +259,7 @@ static long fill_tile(const struct attn_task *t, struct llb_attn_tile *tile, lon
             tile->q[r] = a->q + row * a->head_dim;
             tile->out[r] = a->out + row * a->head_dim;
             tile->lo[r] = first_key(a, p);
-            tile->hi[r] = p;
+            tile->hi[r] = llb_attn_last_key(a, i);
         }
     }
     return tile->n_rows;
@@ -282,7 +287,8 @@ static void tile_unit_run(const struct attn_task *t, long unit) {
         if (tile_worth(t->k->lanes, r1 - r0, nh)) {
             nt += fill_tile(t, &tiles[nt], r0, r1, kvh, h0, nh) > 0;
         } else {
-            for (long i = r0; i < r1; i++) attend_rows(t->a, t->k, i, kvh, h0, nh, first_key(a, a->pos[i]), a->pos[i], NULL, NULL);
+            for (long i = r0; i < r1; i++)
+                attend_rows(t->a, t->k, i, kvh, h0, nh, first_key(a, a->pos[i]), llb_attn_last_key(a, i), NULL, NULL);
         }
     }
     if (nt) tile_kernel(t->k, a->cache_type, tiles, nt);
@@ -311,7 +317,7 @@ static void attn_unit_heads(const void *task, long unit, long h0, long nh) {
                          out + (size_t)t->group * (size_t)a->head_dim + 2 * h0, nx);
     } else {
         const long i = a->n - 1 - unit / a->n_kv, kvh = unit % a->n_kv;
-        attend_rows(t->a, t->k, i, kvh, h0, nh, first_key(a, a->pos[i]), a->pos[i], NULL, NULL);
+        attend_rows(t->a, t->k, i, kvh, h0, nh, first_key(a, a->pos[i]), llb_attn_last_key(a, i), NULL, NULL);
     }
 }
 

@@ -77,9 +77,15 @@ struct llb_attention_args {
     long window;   /* keys max(0, p - window + 1)..p; 0 = all keys 0..p */
     float softcap; /* > 0: score = softcap * tanh(score / softcap) */
     const float *kbase; /* Q8_0: the key bases llb_kv_store used (NULL: none) */
+    const int32_t *kend; /* (n) or NULL: row i sees keys up to kend[i] - 1 (kend[i] > pos[i]: an image's
+                          * tokens see their whole block), not only up to pos[i]; the window's start stays */
 };
+/* The last key row i of a reads: pos[i], or kend[i] - 1 where a kend is given. */
+static inline long llb_attn_last_key(const struct llb_attention_args *a, long i) {
+    return a->kend ? (long)a->kend[i] - 1 : (long)a->pos[i];
+}
 /* Causal attention of each token over its slot's cache, GQA (head h reads kv
- * head h / (n_heads / n_kv)), softmax in float32. */
+ * head h / (n_heads / n_kv)), softmax in float32; keys up to llb_attn_last_key. */
 void llb_attention(const struct llb_attention_args *a);
 /* After llb_attention with the same args: each head h's output as if its softmax had one more
  * column of logit sinks[h] and no value (GPT-OSS). */

@@ -49,7 +49,7 @@ static void sinks_task(void *ctx, long r0, long r1, int tid) {
                                 ? a->kbase + ((size_t)a->slots[i] * (size_t)a->n_kv + (size_t)(h / group)) * (size_t)hd
                                 : NULL;
         float m = -INFINITY, l = 0.0f; /* running max and sum of e^(score - max) */
-        for (long j = first; j <= p; j++) {
+        for (long j = first, last = llb_attn_last_key(a, i); j <= last; j++) {
             const size_t at = (((size_t)a->slots[i] * a->n_ctx + j) * a->n_kv + h / group) * hd;
             float s = dot_key(a, q, at, base) * a->scale;
             if (a->softcap > 0.0f) s = a->softcap * tanhf(s / a->softcap);

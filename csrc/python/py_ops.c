@@ -213,7 +213,14 @@ static int run_attention(const void *p) {
 }
 static int check_attention(const void *p, char *msg) {
     const struct llb_attention_args *a = p;
-    return ids_ok("attention", a->slots, a->pos, a->n, a->n_slots, a->n_ctx, msg);
+    if (ids_ok("attention", a->slots, a->pos, a->n, a->n_slots, a->n_ctx, msg)) return -1;
+    for (long i = 0; a->kend && i < a->n; i++)
+        if (a->kend[i] <= a->pos[i] || a->kend[i] > a->n_ctx) {
+            snprintf(msg, LLB_CHECK_MSG, "attention: kend[%ld] = %d is out of range [pos + 1 = %d, n_ctx = %ld]", i,
+                     (int)a->kend[i], (int)a->pos[i] + 1, a->n_ctx);
+            return -1;
+        }
+    return 0;
 }
 
 /* attention's 16 arguments into a and h, then the optional kbase at args[kbase_at] (shared with
@@ -267,15 +274,26 @@ static int parse_attention(const char *op, PyObject *const *args, Py_ssize_t nar
 
 static PyObject *py_attention(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     static const char *op = "attention";
-    if (nargs != 17 && llb_arg_nargs(op, nargs, 16,
+    if (nargs != 17 && nargs != 18 && llb_arg_nargs(op, nargs, 16,
                                      "q, kcache, vcache, out, slots, pos, n, n_heads, n_kv, head_dim, n_slots, n_ctx, "
-                                     "cache_type, scale, window, softcap[, kbase]"))
+                                     "cache_type, scale, window, softcap[, kbase[, kend]]"))
         return NULL;
     struct llb_attention_args a;
     struct llb_bufs h = OPS_BUFS;
     if (parse_attention(op, args, nargs, 16, &a, &h)) {
         llb_bufs_release(&h);
         return NULL;
+    }
+    if (nargs == 18 && args[17] != Py_None) { /* each row's end of visible keys (checked in check_attention) */
+        const int at = h.count;
+        if (!(a.kend = llb_arg_buf(&h, args[17], op, "kend", 0, LLB_ELEM_I32, a.n, 0))) {
+            llb_bufs_release(&h);
+            return NULL;
+        }
+        if (llb_bufs_overlap(&h, 3, at)) {
+            llb_bufs_release(&h);
+            return PyErr_Format(PyExc_ValueError, "%s: out overlaps kend", op);
+        }
     }
     return llb_bufs_call(&h, op, run_attention, check_attention, &a, sizeof a);
 }
@@ -837,7 +855,8 @@ PyMethodDef llb_ops_methods[] = {
      "had one more column of logit sinks[h] and no value (out must not alias q, whose scores it recomputes)."},
     {"attention", FASTCALL(py_attention),
      "attention(q, kcache, vcache, out, slots, pos, n, n_heads, n_kv, head_dim, n_slots, n_ctx, cache_type, scale, "
-     "window, softcap): causal GQA attention over the KV cache; out may be q, and overlaps nothing else."},
+     "window, softcap[, kbase[, kend]]): causal GQA attention over the KV cache; kend (n int32, or None): row i\n"
+     "sees keys up to kend[i] - 1 (> pos[i]); out may be q, and overlaps nothing else."},
     {"short_conv", FASTCALL(py_short_conv),
      "short_conv(bcx, state, state_pos, kernel, slots, pos, out, n, d, width, n_slots, gated): a causal depthwise\n"
      "convolution over each slot's state: gated, LFM2's out = C * conv(B * x); else out = silu(conv(x)) (the state\n"

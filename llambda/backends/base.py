@@ -179,9 +179,10 @@ class Backend(ABC):
 
     @abstractmethod
     def attention(self, q: np.ndarray, cache: KVCache, layer: int, slots: np.ndarray, pos: np.ndarray,
-                  out: np.ndarray, scale: float, window: int, softcap: float) -> None:
+                  out: np.ndarray, scale: float, window: int, softcap: float, kend: np.ndarray | None = None) -> None:
         """Causal attention of q (n, heads, head_dim) over each token's slot, keys at
-        positions max(0, p-window+1)..p (window 0: all up to p)."""
+        positions max(0, p-window+1)..p (window 0: all up to p); with kend (n int32, each > p),
+        up to kend[i] - 1 instead of p: an image's soft tokens see their whole block."""
 
     def short_conv(self, bcx: np.ndarray, state: np.ndarray, state_pos: np.ndarray, kernel: np.ndarray,
                    slots: np.ndarray, pos: np.ndarray, out: np.ndarray) -> None:

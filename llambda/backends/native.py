@@ -540,10 +540,10 @@ class NativeBackend(Backend):
         C.kv_store(k, v, cache.k[layer], cache.v[layer], slots, pos, n, n_kv, hd, cache.n_slots, cache.n_ctx,
                    self.kv_code, cache.kbase[layer])
 
-    def attention(self, q, cache: KVCache, layer, slots, pos, out, scale, window, softcap) -> None:
+    def attention(self, q, cache: KVCache, layer, slots, pos, out, scale, window, softcap, kend=None) -> None:
         n, heads, hd = q.shape
         C.attention(q, cache.k[layer], cache.v[layer], out, slots, pos, n, heads, cache.n_kv, hd, cache.n_slots,
-                    cache.n_ctx, self.kv_code, scale, window, softcap, cache.kbase[layer])
+                    cache.n_ctx, self.kv_code, scale, window, softcap, cache.kbase[layer], kend)
 
     def attention_sinks(self, q, cache: KVCache, layer, slots, pos, out, scale, window, softcap, sinks) -> None:
         n, heads, hd = q.shape

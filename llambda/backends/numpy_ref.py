@@ -211,27 +211,31 @@ class NumpyBackend(Backend):
         cache.k[layer][slots, pos] = k
         cache.v[layer][slots, pos] = v
 
-    def _scores(self, q, cache: KVCache, layer, slots, pos, scale, window, softcap):
-        """Per slot: (its rows, masked scores (heads, rows, keys) with -inf where not visible, values)."""
+    def _scores(self, q, cache: KVCache, layer, slots, pos, scale, window, softcap, kend=None):
+        """Per slot: (its rows, masked scores (heads, rows, keys) with -inf where not visible, values).
+        A row sees keys max(0, p - window + 1)..end - 1, end = p + 1 or its kend."""
         n, n_heads, hd = q.shape
         group = n_heads // cache.n_kv
         for slot in np.unique(slots):
             rows = np.nonzero(slots == slot)[0]
             p = pos[rows]
-            t = int(p.max()) + 1
+            end = p + 1 if kend is None else np.asarray(kend)[rows]
+            if kend is not None and (np.any(end <= p) or int(end.max()) > cache.n_ctx):
+                raise ValueError("attention: each kend must be in pos + 1 .. n_ctx")
+            t = int(end.max())
             k = np.repeat(cache.k[layer][slot, :t].astype(np.float32), group, axis=1)  # (t, heads, hd)
             v = np.repeat(cache.v[layer][slot, :t].astype(np.float32), group, axis=1)
             s = np.einsum("nhd,thd->hnt", q[rows], k) * np.float32(scale)          # (heads, m, t)
             if softcap > 0:
                 s = np.float32(softcap) * np.tanh(s / np.float32(softcap))
             j = np.arange(t)[None, :]
-            visible = j <= p[:, None]
+            visible = j < end[:, None]
             if window > 0:
                 visible &= j > p[:, None] - window
             yield rows, np.where(visible[None], s, -np.inf), v
 
-    def attention(self, q, cache: KVCache, layer, slots, pos, out, scale, window, softcap) -> None:
-        for rows, s, v in self._scores(q, cache, layer, slots, pos, scale, window, softcap):
+    def attention(self, q, cache: KVCache, layer, slots, pos, out, scale, window, softcap, kend=None) -> None:
+        for rows, s, v in self._scores(q, cache, layer, slots, pos, scale, window, softcap, kend):
             s -= s.max(axis=-1, keepdims=True)
             e = np.exp(s)
             e /= e.sum(axis=-1, keepdims=True)
