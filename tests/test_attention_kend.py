@@ -75,7 +75,7 @@ def test_kend_matches_numpy_on_every_isa(C, config, kv_type):
             causal = np.empty_like(want)
             ref.attention(q[some], rcache, 0, zeros[:len(some)], pos[some], causal, scale, window, softcap)
             seen = kend[some] > pos[some] + 1
-            assert np.abs(causal[seen] - want[seen]).max() > 100 * tol, "the blocks' rows must see past themselves"
+            assert np.abs(causal[seen] - want[seen]).max() > 1e-2, "the blocks' rows must see past themselves"
 
         def run(idx, slot=0):
             out = np.full((len(idx), n_heads, hd), np.nan, F32)
