@@ -620,26 +620,64 @@ def _drop_frames(exc: BaseException) -> None:
 
 # --- messages ----------------------------------------------------------------------------
 
-def _flatten_content(content: Any, where: str) -> str | None:
+def _flatten_content(content: Any, where: str, image_marker: str | None = None,
+                     keep_images: bool = False) -> str | list | None:
+    """A message's content as templates get it: a string (text parts joined on newlines; an image part, where
+    images are taken, as `image_marker`, the begin-of-image text, in its place), or with `keep_images` and an
+    image among the parts, the list of parts itself ({"type": "text", "text"} and {"type": "image"}, the
+    image's bytes left out) for a template that walks content lists (Gemma 3's)."""
     if content is None or isinstance(content, str):
         return content
     if isinstance(content, (list, tuple)):
-        texts = []
+        texts, parts, images = [], [], 0
         for j, part in enumerate(content):
             if not isinstance(part, Mapping):
                 raise ChatTemplateError(f"{where}: content part {j} must be an object, got {type(part).__name__}")
             kind = part.get("type")
+            if kind == "image":
+                if image_marker is None:
+                    raise ChatTemplateError(f"{where}: content part {j} is an image; this model takes no images")
+                if not isinstance(part.get("image"), (bytes, bytearray, memoryview)):
+                    raise ChatTemplateError(f"{where}: content part {j} needs the image file's bytes in 'image'")
+                images += 1
+                texts.append(image_marker)
+                parts.append({"type": "image"})
+                continue
             if kind != "text":
                 raise ChatTemplateError(
-                    f"{where}: content part {j} has type {kind!r}; only 'text' parts are supported")
+                    f"{where}: content part {j} has type {kind!r}; only 'text' and 'image' parts are supported")
             text = part.get("text")
             if not isinstance(text, str):
                 raise ChatTemplateError(f"{where}: content part {j} needs a string 'text'")
             texts.append(text)
+            parts.append({"type": "text", "text": text})
+        if images and keep_images:
+            return parts
         # Several text parts are one message: join them on newlines (as vLLM does).
         return "\n".join(texts)
     raise ChatTemplateError(
         f"{where}: 'content' must be a string, null or a list of text parts, got {type(content).__name__}")
+
+
+def message_images(messages: Any) -> list[bytes]:
+    """The image parts' bytes of a message list, in the order of the messages and of their parts (the order
+    a template writes their markers in); [] for anything else (validate_messages says what is wrong)."""
+    out: list[bytes] = []
+    if not isinstance(messages, (list, tuple)):
+        return out
+    for msg in messages:
+        content = msg.get("content") if isinstance(msg, Mapping) else None
+        if isinstance(content, (list, tuple)):
+            out.extend(bytes(p["image"]) for p in content
+                       if isinstance(p, Mapping) and p.get("type") == "image"
+                       and isinstance(p.get("image"), (bytes, bytearray, memoryview)))
+    return out
+
+
+def reads_images(template: str) -> bool:
+    """Whether a template writes image parts itself (it compares a part's type with 'image', as Gemma 3's
+    does): it then gets content lists holding images; others get the begin-of-image text in the part's place."""
+    return "'image'" in template or '"image"' in template
 
 
 class ToolArguments(dict):
@@ -686,12 +724,13 @@ def _normalize_tool_calls(tool_calls: Any, where: str) -> list[dict]:
     return out
 
 
-def validate_messages(messages: Any) -> list[dict]:
+def validate_messages(messages: Any, image_marker: str | None = None, keep_images: bool = False) -> list[dict]:
     """Check an OpenAI-style message list and return normalized copies.
 
     Each message needs a string `role` and a `content` that is a string, a list of
     {"type": "text", "text": ...} parts (joined with newlines) or, for an assistant message,
-    null/absent when it carries `tool_calls`. Other keys are kept as they are.
+    null/absent when it carries `tool_calls`. Other keys are kept as they are. Image parts
+    ({"type": "image", "image": bytes}) only with an `image_marker` (see _flatten_content).
     """
     if not isinstance(messages, (list, tuple)):
         raise ChatTemplateError(f"messages must be a list of objects, got {type(messages).__name__}")
@@ -713,7 +752,7 @@ def validate_messages(messages: Any) -> list[dict]:
             norm["tool_calls"] = _normalize_tool_calls(msg["tool_calls"], where)
         if "content" not in msg and not (role == "assistant" and has_calls):
             raise ChatTemplateError(f"{where} has no 'content'")
-        content = _flatten_content(msg.get("content"), where)
+        content = _flatten_content(msg.get("content"), where, image_marker, keep_images)
         if content is None and not (role == "assistant" and has_calls):
             raise ChatTemplateError(f"{where}: 'content' may be null only for an assistant message with tool_calls")
         norm["content"] = content
@@ -859,6 +898,7 @@ class ChatTemplate:
                                     f"long, more than the {MAX_SOURCE_CHARS} a template may have")
         self.source = source
         self.reads_message_tools = reads_message_tools(source)
+        self.reads_images = reads_images(source)
         self.bos_token = bos_token or ""
         self.eos_token = eos_token or ""
         self.name = name
@@ -908,8 +948,11 @@ class ChatTemplate:
         return f" {self.name!r}" if self.name else ""
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True, tools: list | None = None,
-               **extra) -> str:
-        msgs, tools = validate_messages(messages), _validate_tools(tools)
+               image_marker: str | None = None, **extra) -> str:
+        """The prompt text. image_marker: the begin-of-image text of a model that takes images (image
+        parts are refused without one); the caller checks that the text holds one per image."""
+        msgs = validate_messages(messages, image_marker, self.reads_images)
+        tools = _validate_tools(tools)
         if tools and self.reads_message_tools:     # Phi-4-mini: the tools go on the system message
             msgs = with_message_tools(msgs, tools)
         context = _render_context(extra, self.bos_token, self.eos_token, msgs, tools,

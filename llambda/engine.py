@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import ContextOverflowError, InvalidInputError, ModelFormatError
+from .models.images import BatchImages, chunk_end
 from .sampling import Sampler, SamplingParams, StopMatcher, TokenChoice, _is_int
 from .thinking import START
 
@@ -90,19 +91,31 @@ def common_prefix(held: list[int], ids: list[int]) -> int:
     return common
 
 
-def prefill(model, slot: int, ids, start: int) -> np.ndarray:
-    """Run ids (positions start..) through the model on a slot in chunks; logits of the last one (a copy)."""
+def prefill(model, slot: int, ids, start: int, images=()) -> np.ndarray:
+    """Run ids (positions start..) through the model on a slot in chunks; logits of the last one (a copy).
+    images: the sequence's image blocks (models/images.py, positions from 0): their soft tokens get the
+    tower's rows and see their whole block, and no chunk ends inside one (chunk_end)."""
     n = len(ids)
     if start + n > model.n_ctx:
         raise ContextOverflowError(f"{start + n} tokens do not fit the context of {model.n_ctx}")
     chunk = model.ws.max_tokens
     ids = np.asarray(ids, dtype=np.int32)
     logits = None
-    for s in range(0, n, chunk):
-        part = ids[s:s + chunk]
+    s = 0
+    while s < n:
+        e = min(n, s + chunk)
+        batch = None
+        if images:
+            e = chunk_end(images, start + s, start + e, start + s + chunk) - start
+            if e <= s:
+                raise ContextOverflowError(f"an image block does not fit a forward of {chunk} tokens (max_batch)")
+            batch = BatchImages()
+            batch.add(0, images, start + s, start + e)
+        part = ids[s:e]
         m = len(part)
         pos = np.arange(start + s, start + s + m, dtype=np.int32)
-        logits = model.forward(part, np.full(m, slot, np.int32), pos, [m - 1])
+        logits = model.forward(part, np.full(m, slot, np.int32), pos, [m - 1], images=batch)
+        s = e
     out = logits[0].copy()
     if not np.isfinite(out).all():
         # NaN/inf logits come from corrupt weights (or values past float range): refuse to hand them out.
@@ -120,7 +133,9 @@ def decode(model, slots, tokens, positions) -> np.ndarray:
 
 
 class Sequence:
-    def __init__(self, tokenizer, prompt_ids: list[int], params: GenerationParams, slot: int, n_ctx: int):
+    def __init__(self, tokenizer, prompt_ids: list[int], params: GenerationParams, slot: int, n_ctx: int,
+                 images=()):
+        """images: the prompt's image blocks (models/images.py; checked by the caller, images.check_prompt)."""
         params.validate()
         if len(prompt_ids) == 0:
             raise InvalidInputError("the prompt is empty: give at least one token")
@@ -129,6 +144,7 @@ class Sequence:
                 f"the prompt has {len(prompt_ids)} tokens; the context holds {n_ctx} (prompt plus at least one new token)")
         self.tokenizer, self.params, self.slot, self.n_ctx = tokenizer, params, slot, n_ctx
         self.prompt_ids = list(prompt_ids)
+        self.images = tuple(images)
         self.tokens = list(prompt_ids)        # everything the sequence holds, generated tokens appended
         self.generated: list[int] = []
         self.sampler = Sampler(params.sampling)

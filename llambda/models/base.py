@@ -277,6 +277,7 @@ class Transformer(Closable, LatentAttention):
         self.ws.bind(self.cache.extra)
         self._plans: dict[int, object] = {}
         self._input_views = (memoryview(self.ws.tokens), memoryview(self.ws.slots), memoryview(self.ws.pos))
+        self._images = self._kend = None     # the current forward's image rows (forward's images) and kend
 
     # -- loading -----------------------------------------------------------
     def _load(self, get: TensorLookup, file_names=None) -> None:
@@ -510,13 +511,28 @@ class Transformer(Closable, LatentAttention):
     #: decode batches up to this many tokens replay a recorded op list (see forward)
     PLAN_MAX_TOKENS = 64
 
-    def forward(self, tokens, slots, pos, logit_rows, out: np.ndarray | None = None) -> np.ndarray:
+    def forward(self, tokens, slots, pos, logit_rows, out: np.ndarray | None = None, images=None) -> np.ndarray:
+        """images: a models.images.BatchImages (the batch's soft tokens: their rows, their blocks' ends), or None."""
         B = self.backend
         B.enter_forward()
         try:
+            if images:
+                self._check_images(images, len(tokens))
+                self._images = images
             return self._forward(tokens, slots, pos, logit_rows, out)
         finally:
+            self._images = None
             B.exit_forward()
+
+    def _check_images(self, images, n: int) -> None:
+        cfg = self.cfg
+        if self.g3n is not None or cfg.mla or any(k != "attention" for k in cfg.layer_kinds) \
+                or any(L.sinks is not None for L in self.layers):
+            raise InvalidInputError(f"a {cfg.arch} model takes no image rows")
+        for r0, rows, _ in images.spans:
+            if r0 < 0 or r0 + len(rows) > n or rows.ndim != 2 or rows.shape[1] != cfg.d_model:
+                raise InvalidInputError(f"image rows of shape {rows.shape} at batch row {r0} do not fit a batch of "
+                                        f"{n} tokens of width {cfg.d_model}")
 
     def _forward(self, tokens, slots, pos, logit_rows, out: np.ndarray | None = None) -> np.ndarray:
         """Evaluate tokens (each with its slot and position), return logits of `logit_rows`.
@@ -534,7 +550,7 @@ class Transformer(Closable, LatentAttention):
         if n == 0 or n > ws.max_tokens:
             raise ValueError(f"batch of {n} tokens; this model takes 1..{ws.max_tokens} per call")
         plan = self._plans.get(n) if out is None and type(logit_rows) is range and logit_rows == range(n) \
-            and len(slots) == n and len(pos) == n else None
+            and len(slots) == n and len(pos) == n and self._images is None else None
         if plan is not None:
             # A recorded step (engine.decode): inputs checked and stored as Python ints, no NumPy call.
             # After a replay has streamed the weights through the caches, each NumPy call here ran
@@ -555,7 +571,7 @@ class Transformer(Closable, LatentAttention):
         if m and (rows.min() < 0 or rows.max() >= n):
             raise ValueError(f"logit_rows must index the batch of {n} tokens, got {rows.min()}..{rows.max()}")
         whole = out is None and m == n and n <= min(ws.max_logit_rows, self.PLAN_MAX_TOKENS) \
-            and bool(np.all(rows == np.arange(n)))
+            and bool(np.all(rows == np.arange(n))) and self._images is None
         if whole and getattr(self.backend, "supports_plans", False):
             plan = self._plans.get(n)
             if plan is not None:
@@ -603,6 +619,11 @@ class Transformer(Closable, LatentAttention):
         self.backend.embed(self.tok_embd, tok, x)
         if self.cfg.embed_scale:
             self.backend.scale(x, self.cfg.embed_scale)
+        self._kend = None
+        if self._images is not None:       # an image's soft tokens: the tower's rows, unscaled
+            for r0, rows, _ in self._images.spans:
+                x[r0:r0 + len(rows)] = rows
+            self._kend = self._images.kend(p)
         if self.g3n is not None:
             return self.g3n.forward(self, x, slot, p)
         for i, layer in enumerate(self.layers):
@@ -685,7 +706,11 @@ class Transformer(Closable, LatentAttention):
             B.rope(k, p, inv_freq, cfg.rope_neox)
         kv = self.kv_layer[i]
         B.kv_store(self.cache, kv, k, v, slot, p)
-        B.attention(q, self.cache, kv, slot, p, attn, cfg.scale(), cfg.layer_window(i), cfg.attn_softcap)
+        if self._kend is None:
+            B.attention(q, self.cache, kv, slot, p, attn, cfg.scale(), cfg.layer_window(i), cfg.attn_softcap)
+        else:
+            B.attention(q, self.cache, kv, slot, p, attn, cfg.scale(), cfg.layer_window(i), cfg.attn_softcap,
+                        self._kend)
         if L.sinks is not None:
             B.attention_sinks(q, self.cache, kv, slot, p, attn, cfg.scale(), cfg.layer_window(i), cfg.attn_softcap,
                               L.sinks)

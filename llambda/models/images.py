@@ -1,0 +1,200 @@
+"""Images in a prompt, on the language model's side: the tokens that frame an image, the blocks of soft
+tokens a prompt holds (their rows from the vision tower, their identity), and the rules a prefill and a
+prefix match follow for them.
+
+An image is `begin, soft x N, end` in the token sequence (Gemma 3: `<start_of_image>`, N = 256
+`<image_soft_token>`, `<end_of_image>`). The soft tokens' embeddings are the tower's rows, written over
+the text embedding (after its scale: the rows are not scaled); they attend to every token of their own
+block, later ones too (Transformer.forward's kend), causally to everything before it. So:
+  - a prefill chunk never ends strictly inside a block (`chunk_end`): its rows need the whole block's keys;
+  - a prefix match stops where two sequences' images differ (`images_agree`): token ids alone do not say
+    which image a block held (every soft token has the same id).
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import InvalidInputError
+
+BEGIN_TEXT, END_TEXT, SOFT_TEXT = "<start_of_image>", "<end_of_image>", "<image_soft_token>"
+DEFAULT_MAX_IMAGES = 8          # images one request may hold (Model.max_images, the server's setting)
+
+
+@dataclass(frozen=True)
+class ImageTokens:
+    """The token ids that frame an image and the begin marker's text (what a chat template writes)."""
+    begin: int
+    soft: int          # as the prompt holds it: an id past the embedding table is held as 0 (as transformers)
+    end: int
+    begin_text: str = BEGIN_TEXT
+    end_text: str = END_TEXT
+
+
+def image_tokens(config: dict | None, tokenizer, vocab_size: int) -> ImageTokens | None:
+    """The image token ids: from a Hugging Face config (boi_token_index, eoi_token_index,
+    image_token_index), else from the vocabulary's `<start_of_image>`, `<end_of_image>` and
+    `<image_soft_token>` (a GGUF file); None when neither names the begin and end tokens."""
+    ids = {}
+    if isinstance(config, dict):
+        for key, name in (("boi_token_index", "begin"), ("eoi_token_index", "end"), ("image_token_index", "soft")):
+            v = config.get(key)
+            if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+                ids[name] = v
+    if tokenizer is not None:
+        for text, name in ((BEGIN_TEXT, "begin"), (END_TEXT, "end"), (SOFT_TEXT, "soft")):
+            if name not in ids:
+                tid = _token_id(tokenizer, text)
+                if tid is not None:
+                    ids[name] = tid
+    if "begin" not in ids or "end" not in ids:
+        return None
+    soft = ids.get("soft", vocab_size)      # Gemma 3's soft token is past a GGUF file's table: looked up as 0
+    for name in ("begin", "end"):
+        if ids[name] >= vocab_size:
+            raise InvalidInputError(f"the {name}-of-image token {ids[name]} is outside the model's {vocab_size} "
+                                    "token embeddings")
+    begin_text = _text(tokenizer, ids["begin"], BEGIN_TEXT)
+    end_text = _text(tokenizer, ids["end"], END_TEXT)
+    return ImageTokens(ids["begin"], soft if soft < vocab_size else 0, ids["end"], begin_text, end_text)
+
+
+def _token_id(tokenizer, text: str) -> int | None:
+    try:
+        ids = tokenizer.encode(text, add_bos=False, parse_special=True)
+    except Exception:       # a tokenizer that cannot say: the config must
+        return None
+    return ids[0] if len(ids) == 1 else None
+
+
+def _text(tokenizer, tid: int, default: str) -> str:
+    if tokenizer is None:
+        return default
+    try:
+        return tokenizer.token_text(tid) or default
+    except Exception:
+        return default
+
+
+@dataclass(frozen=True, eq=False)
+class ImageBlock:
+    """One image's soft tokens in a sequence: positions start .. start + len(rows) - 1."""
+    start: int
+    rows: np.ndarray     # (tokens_per_image, d_model) float32, read-only
+    digest: bytes        # sha256 of the rows: what the prefix cache tells images apart by
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.rows)
+
+
+def image_block(start: int, rows: np.ndarray) -> ImageBlock:
+    rows = np.array(rows, dtype=np.float32, order="C", copy=True)
+    if rows.ndim != 2 or not len(rows):
+        raise InvalidInputError(f"an image's rows must be a non-empty 2-D array, got shape {rows.shape}")
+    if not np.isfinite(rows).all():
+        raise InvalidInputError("an image's rows hold NaN or infinite values")
+    rows.setflags(write=False)
+    return ImageBlock(int(start), rows, hashlib.sha256(rows.tobytes()).digest())
+
+
+def expand_text(text: str, tokens: ImageTokens) -> str:
+    """The processor's expansion of each begin marker: a blank line around an empty block (its soft
+    tokens are inserted between begin and end once tokenized: `insert_soft`)."""
+    return text.replace(tokens.begin_text, f"\n\n{tokens.begin_text}{tokens.end_text}\n\n")
+
+
+def insert_soft(ids: list[int], tokens: ImageTokens, per_image: int, n_images: int) -> tuple[list[int], list[int]]:
+    """Each adjacent (begin, end) pair of `ids` with `per_image` soft tokens between; (the ids, each block's
+    start). InvalidInputError unless there are exactly n_images such pairs (a template that dropped an image,
+    or an image marker typed in the text)."""
+    out: list[int] = []
+    starts: list[int] = []
+    i = 0
+    while i < len(ids):
+        out.append(ids[i])
+        if ids[i] == tokens.begin and i + 1 < len(ids) and ids[i + 1] == tokens.end:
+            starts.append(len(out))
+            out.extend([tokens.soft] * per_image)
+        i += 1
+    if len(starts) != n_images:
+        raise InvalidInputError(f"the prompt holds {len(starts)} image markers ({tokens.begin_text}) for "
+                                f"{n_images} image(s): the chat template dropped an image part, or the text "
+                                "writes the marker itself")
+    return out, starts
+
+
+def check_prompt(ids: list[int], blocks: tuple[ImageBlock, ...], tokens: ImageTokens | None) -> None:
+    """Blocks must lie inside the prompt, apart, in order, over soft-token ids, and not at its last token (its
+    logits start generation); a run of soft ids that no block covers is refused (no image's rows for it)."""
+    last = 0
+    for b in blocks:
+        if b.start < last or b.end >= len(ids):
+            raise InvalidInputError("image blocks must lie apart, in order, before the prompt's last token")
+        last = b.end
+    if tokens is None:
+        if blocks:
+            raise InvalidInputError("this model takes no images")
+        return
+    covered = np.zeros(len(ids), np.bool_)
+    for b in blocks:
+        if any(t != tokens.soft for t in ids[b.start:b.end]):
+            raise InvalidInputError("an image block must cover image soft tokens only")
+        covered[b.start:b.end] = True
+    if tokens.soft != 0:
+        soft = np.asarray(ids) == tokens.soft
+        if (soft & ~covered).any():
+            raise InvalidInputError("the prompt holds image soft tokens that no image fills "
+                                    f"(token {tokens.soft}); send the image itself")
+
+
+def chunk_end(blocks, start: int, want: int, limit: int) -> int:
+    """Where a prefill chunk from `start` ends (exclusive) when it would end at `want`, never past
+    `limit`: not strictly inside an image block. Cut back to the block's start, or, when the chunk
+    starts inside the block, carried to its end (if within limit); `start` when nothing fits now."""
+    for b in blocks:
+        if b.start < want < b.end:
+            if b.start > start:
+                return b.start
+            return b.end if b.end <= limit else start
+    return want
+
+
+def images_agree(n: int, held, blocks) -> int:
+    """n, or the first position below it where two sequences' images differ (one holds a block there that
+    the other does not, or another image): their keys and values are shared only up to there."""
+    if not held and not blocks:
+        return n
+    a = {b.start: b for b in held if b.start < n}
+    c = {b.start: b for b in blocks if b.start < n}
+    for s in sorted(set(a) | set(c)):
+        x, y = a.get(s), c.get(s)
+        if x is None or y is None or x.end != y.end or x.digest != y.digest:
+            return s
+    return n
+
+
+class BatchImages:
+    """A forward batch's image rows: for each span of the batch's rows that are soft tokens, the tower's
+    rows to write over their embeddings and the end of their block (attention's kend)."""
+
+    def __init__(self):
+        self.spans: list[tuple[int, np.ndarray, int]] = []      # (first batch row, rows, block end)
+
+    def add(self, offset: int, blocks, start: int, end: int) -> None:
+        """A sequence's positions start..end-1 sit at batch rows offset..: its blocks' rows among them."""
+        for b in blocks:
+            lo, hi = max(b.start, start), min(b.end, end)
+            if lo < hi:
+                self.spans.append((offset + lo - start, b.rows[lo - b.start:hi - b.start], b.end))
+
+    def __bool__(self) -> bool:
+        return bool(self.spans)
+
+    def kend(self, pos: np.ndarray) -> np.ndarray:
+        out = pos.astype(np.int32) + 1
+        for r0, rows, end in self.spans:
+            out[r0:r0 + len(rows)] = end
+        return out
