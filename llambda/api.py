@@ -25,6 +25,8 @@ from .models import memory
 from .models.base import Transformer, live_server
 from .models.bert import BertConfig, BertEncoder, pack_batch
 from .models.config import MAX_POSITIONS
+from .models.images import (DEFAULT_MAX_IMAGES, ImageTokens, check_prompt, expand_text, image_block, image_tokens,
+                            images_agree, insert_soft)
 from .sampling import SamplingParams, _is_int
 
 DEFAULT_CTX = 4096
@@ -204,6 +206,12 @@ class Model:
         self.drafter = None             # drafts from self.draft (speculative.DraftModel)
         self.spec_stats = None           # drafted/accepted counts of the last speculative generation
         self._closed = self._freed = False
+        self.vision = None               # the vision tower (attach_vision), or None: a text-only model
+        self.max_images = DEFAULT_MAX_IMAGES   # images one chat request may hold
+        self._image_ids: ImageTokens | None = None
+        self._vision_lock = threading.Lock()   # one image encoding at a time through the tower's buffers
+        self._load_image = None          # bytes -> image for the tower (attach_vision; default llambda.vision's)
+        self._cached_images: tuple = ()  # the image blocks among the tokens slot 0 holds
 
     def _check_open(self) -> None:
         if self._closed:
@@ -251,7 +259,7 @@ class Model:
             raise ContextOverflowError(f"{len(ids)} tokens do not fit the context of {self.n_ctx}")
         with self._lock:
             self._take_slot()
-            self._cached = []
+            self._cached, self._cached_images = [], ()
             out = engine.prefill(self.transformer, 0, ids, 0)
             self._cached = list(ids)
             return out
@@ -273,20 +281,23 @@ class Model:
         self._check_not_served()
         server = self.transformer.served_by
         if server is not self._server_seen:
-            self._cached = []
+            self._cached, self._cached_images = [], ()
             self._server_seen = server
 
-    def _sync(self, ids: list[int]) -> None:
-        """Make slot 0 hold the keys/values of exactly `ids`, reusing the prefix it holds; what it
-        lacks is prefilled as a prompt is. Call holding the lock: each step of a generation does, so one
-        still open after close() raises ModelClosedError here."""
+    def _sync(self, ids: list[int], images: tuple = ()) -> None:
+        """Make slot 0 hold the keys/values of exactly `ids` (and its image blocks), reusing the prefix it
+        holds (up to where the images differ); what it lacks is prefilled as a prompt is. Call holding the
+        lock: each step of a generation does, so one still open after close() raises ModelClosedError here."""
         self._take_slot()
         # a hybrid model's recurrent state resumes only where it is (Transformer.resume_point)
-        common = self.transformer.resume_point(0, engine.common_prefix(self._cached, ids))
+        common = images_agree(engine.common_prefix(self._cached, ids), self._cached_images, images)
+        common = self.transformer.resume_point(0, common)
         self._cached = self._cached[:common]
+        self._cached_images = tuple(b for b in images if b.end <= common)
         if common < len(ids):
-            engine.prefill(self.transformer, 0, ids[common:], common)
+            engine.prefill(self.transformer, 0, ids[common:], common, images)
         self._cached = list(ids)
+        self._cached_images = tuple(b for b in images if b.start < len(ids))
 
     @contextmanager
     def rows_invariant(self):
@@ -305,13 +316,13 @@ class Model:
         finally:
             b.set_batch_invariant(False)
 
-    def _prefill_reusing(self, ids: list[int]) -> np.ndarray:
-        """Prefill slot 0, skipping the prefix its cache already holds; the logits of the last token.
-        Call holding the lock."""
+    def _prefill_reusing(self, ids: list[int], images: tuple = ()) -> np.ndarray:
+        """Prefill slot 0, skipping the prefix its cache already holds; the logits of the last token
+        (never an image's: check_prompt). Call holding the lock."""
         # The last prompt token goes alone, through the same decode path however much of the
         # prompt was cached: batched and single-token kernels round differently, and the same
         # call with the same seed must give the same text.
-        self._sync(ids[:-1])
+        self._sync(ids[:-1], images)
         with self.rows_invariant():
             logits = engine.prefill(self.transformer, 0, ids[-1:], len(ids) - 1)
         self._cached = list(ids)
@@ -323,7 +334,7 @@ class Model:
                stop: Seq[str] | str | None = None, ignore_eos: bool = False, logprobs: int = 0,
                logit_bias: dict | None = None, json_schema=None, grammar: str | None = None,
                regex: str | None = None, speculative: str | None = "auto",
-               draft_max: int | None = None, thinking=None) -> "Stream":
+               draft_max: int | None = None, thinking=None, images=()) -> "Stream":
         """Generate, yielding a TokenEvent per token (text, logprobs) and a last one with finish_reason.
         The Stream's close() may be called from another thread: it ends before its next step.
 
@@ -339,6 +350,10 @@ class Model:
         thinking: a thinking.ThinkingBudget (chat_stream builds it): a `<think>` thought is closed
         once it has run that many tokens; with holds_grammar the constraint above waits for the
         thought's end (chat_stream on a thinking template: the format constrains the answer).
+
+        images: the image blocks of a prompt of token ids (image_prompt builds them; chat_stream takes
+        image parts in messages). Speculative decoding does not take them: "auto" then decodes plainly,
+        an explicit mode is an InvalidInputError.
         """
         self._check_open()
         sp = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
@@ -356,11 +371,15 @@ class Model:
                                   grammar=self.compile_grammar(spec) if spec is not None else None,
                                   thinking=thinking)
         ids = self._prompt_ids(prompt)
+        images = tuple(images or ())
+        check_prompt(ids, images, self._image_ids if self.vision is not None else None)
         if isinstance(logit_bias, dict):
             token_ids(list(logit_bias), self.config.vocab_size, what="logit_bias keys")
-        seq = Sequence(self.tokenizer, ids, params, slot=0, n_ctx=self.n_ctx)
+        seq = Sequence(self.tokenizer, ids, params, slot=0, n_ctx=self.n_ctx, images=images)
         self._check_not_served()      # at the call, as the other checks (each step checks again)
-        mode = self._speculative_mode(speculative)
+        if images and speculative not in ("auto", None):
+            raise InvalidInputError("speculative decoding does not take images: pass speculative=None")
+        mode = None if images else self._speculative_mode(speculative)
         ws = self.transformer.ws
         if draft_max is not None and mode is None:      # unused, still checked (as every other argument)
             from .speculative import check_draft_max
@@ -428,7 +447,7 @@ class Model:
             # other caller); so each step first makes slot 0 hold this sequence's tokens again.
             # Uninterrupted, that is the one new token, on the same path as a decode step.
             with self._lock:
-                logits = self._prefill_reusing(seq.tokens)
+                logits = self._prefill_reusing(seq.tokens, seq.images)
             ev = seq.step(logits)
             yield ev
             if seq.finished:
@@ -479,7 +498,99 @@ class Model:
         return self._template
 
     def render_chat(self, messages, add_generation_prompt: bool = True, tools=None, **extra) -> str:
-        return self.chat_template().render(messages, add_generation_prompt=add_generation_prompt, tools=tools, **extra)
+        """The chat template's text; image parts (models with a vision tower only) as the template writes
+        them or, where it does not, as the begin-of-image text in the part's place (chat.py)."""
+        marker = self._image_ids.begin_text if self.vision is not None else None
+        return self.chat_template().render(messages, add_generation_prompt=add_generation_prompt, tools=tools,
+                                           image_marker=marker, **extra)
+
+    # -- images ---------------------------------------------------------------
+    @property
+    def accepts_images(self) -> bool:
+        """Whether chat messages may hold image parts: a vision tower is attached (attach_vision)."""
+        return self.vision is not None
+
+    def attach_vision(self, tower, load_image=None) -> None:
+        """Attach a vision tower (llambda.vision's VisionTower: tokens_per_image, hidden, pixels, encode,
+        close), which this model then owns (close() closes it). Its rows must be this model's width, the
+        model must know its image tokens (a HF config's boi/eoi/image_token_index, else the vocabulary's
+        <start_of_image>, <end_of_image>, <image_soft_token>), and a block must fit a forward and the context.
+        load_image(bytes) -> image: what decodes an image part's bytes for tower.pixels (default: llambda.vision's
+        load_image, whose limits refuse bad or hostile files with an InvalidInputError)."""
+        self._check_open()
+        if tower is None:
+            self.vision = None
+            return
+        per, hidden = getattr(tower, "tokens_per_image", None), getattr(tower, "hidden", None)
+        if not _is_int(per) or per < 1 or not _is_int(hidden):
+            raise InvalidInputError(f"a vision tower needs integer tokens_per_image and hidden, got {per!r}, {hidden!r}")
+        if int(hidden) != self.config.d_model:
+            raise InvalidInputError(f"the vision tower's rows are {hidden} wide; this model's are {self.config.d_model}")
+        cfg = self.config
+        if cfg.mla or any(k != "attention" for k in cfg.layer_kinds) or self.transformer.g3n is not None \
+                or any(L.sinks is not None for L in self.transformer.layers):
+            raise InvalidInputError(f"a {cfg.arch} model cannot take image rows (plain attention layers only)")
+        meta = getattr(self.source, "metadata", None) or {}
+        ids = image_tokens(meta.get("hf.config"), self.tokenizer, cfg.vocab_size)
+        if ids is None:
+            raise InvalidInputError(f"{self.name!r} names no image tokens (no boi/eoi_token_index in its config, no "
+                                    "<start_of_image>/<end_of_image> in its vocabulary)")
+        block = int(per) + 2
+        if block > self.transformer.ws.max_tokens or block >= self.n_ctx:
+            raise InvalidInputError(f"an image takes {block} tokens, more than a forward of "
+                                    f"{self.transformer.ws.max_tokens} (max_batch) or the context of {self.n_ctx} holds")
+        self._image_ids, self.vision, self._load_image = ids, tower, load_image
+
+    def check_images(self, images: list) -> list[bytes]:
+        """The images of a request, checked: none, or this model takes images and at most max_images."""
+        if not images:
+            return []
+        if self.vision is None:
+            raise InvalidInputError(f"the model {self.name!r} has no vision tower: it takes no images")
+        if len(images) > self.max_images:
+            raise InvalidInputError(f"{len(images)} images in one request; this model takes at most {self.max_images}")
+        return list(images)
+
+    def image_prompt(self, text: str, images: list[bytes]) -> tuple[list[int], tuple]:
+        """A rendered chat prompt holding one begin-of-image marker per image -> (its token ids with each
+        image's block expanded as the Gemma 3 processor expands it, the blocks with the tower's rows)."""
+        images = self.check_images(images)
+        ids, starts = self.image_ids(text, len(images))
+        return ids, self.encode_images(images, starts)
+
+    def image_ids(self, text: str, n_images: int) -> tuple[list[int], list[int]]:
+        """The token ids of a prompt text holding n_images begin-of-image markers, each expanded to
+        "\n\n" begin, the soft tokens, end "\n\n" (the processor's expansion), and each block's start; no
+        image is encoded (a prompt's token count)."""
+        self.check_images([b""] * n_images)
+        ids = self._prompt_ids(expand_text(text, self._image_ids))
+        ids, starts = insert_soft(ids, self._image_ids, int(self.vision.tokens_per_image), n_images)
+        if len(ids) >= self.n_ctx:
+            raise ContextOverflowError(f"the prompt with its {n_images} image(s) has {len(ids)} tokens; the "
+                                       f"context holds {self.n_ctx} (prompt plus at least one new token)")
+        return ids, starts
+
+    def encode_images(self, images: list[bytes], starts: list[int]) -> tuple:
+        """The image blocks at `starts`: each image decoded, then the tower's rows for all of them. The tower
+        runs under the model's vision lock (one encoding at a time through its buffers), not the model's
+        lock: a generation's steps, or a server's scheduler, go on meanwhile (the C core interleaves their
+        ops with the tower's)."""
+        images = self.check_images(images)
+        per = int(self.vision.tokens_per_image)
+        load_image = self._load_image
+        if load_image is None:
+            from .vision import load_image      # the vision package, only for a model with a tower
+        decoded = [load_image(bytes(b)) for b in images]
+        with self._vision_lock:
+            self._check_open()
+            if self.vision is None:
+                raise ModelClosedError(f"the model {self.name!r} was closed (close() freed it): load it again")
+            pixels = np.stack([self.vision.pixels(im) for im in decoded]).astype(np.float32)
+            rows = np.asarray(self.vision.encode(pixels), dtype=np.float32)
+        if rows.shape != (len(images), per, self.config.d_model):
+            raise ModelFormatError(f"the vision tower gave rows of shape {rows.shape}, expected "
+                                   f"{(len(images), per, self.config.d_model)}")
+        return tuple(image_block(s, r) for s, r in zip(starts, rows))
 
     def chat_stream(self, messages, tools=None, template_kwargs=None, thinking_budget: int | None = None,
                     **kw) -> Iterator[TokenEvent]:
@@ -490,11 +601,17 @@ class Model:
         that many tokens, and the answer follows; a template without one ignores it."""
         from .chat import check_template_kwargs
         from .thinking import check_budget
+        from .chat import message_images
         extra = check_template_kwargs(template_kwargs)
         budget = check_budget(thinking_budget) if thinking_budget is not None else None
+        images = self.check_images(message_images(messages))
         prompt = self.render_chat(messages, tools=tools, **extra)
         spec = grammar_spec(json_schema=kw.get("json_schema"), grammar=kw.get("grammar"), regex=kw.get("regex"))
-        return self.stream(prompt, thinking=self._thinking(prompt, budget, spec), **kw)
+        thinking = self._thinking(prompt, budget, spec)
+        if images:
+            ids, blocks = self.image_prompt(prompt, images)
+            return self.stream(ids, thinking=thinking, images=blocks, **kw)
+        return self.stream(prompt, thinking=thinking, **kw)
 
     def _thinking(self, prompt: str, tokens: int | None, spec: GrammarSpec | None):
         """The ThinkingBudget of a chat prompt (a budget, a grammar that waits for the thought's end),
@@ -586,6 +703,10 @@ class Model:
             if draft is not None:
                 self.draft = self.drafter = None    # first: a cycle of drafts (m.set_draft(m)) was a RecursionError
                 draft.close()
+            with self._vision_lock:         # an encoding under way (a server's prompt worker) ends first
+                vision, self.vision = self.vision, None
+                if vision is not None:
+                    vision.close()
             self._network().close()     # the arrays go now, whoever still holds the network
             self._grammars = None
             self.backend.close()

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import AsyncIterator
 
-from ..chat import validate_messages
+from ..chat import message_images, validate_messages
 from ..constraints import ConstraintError, GrammarSpec
 from ..engine import GenerationParams, Sequence
 from ..errors import ChatTemplateError, ContextOverflowError, InvalidInputError, LlambdaError, TokenizerError
@@ -103,6 +103,12 @@ class Service:
         (/apply-template shows it); raises ChatTemplateError."""
         return self._render(spec)[0]
 
+    def _image_marker(self) -> str | None:
+        """The begin-of-image text an image part becomes in a rewritten (flattened) message, or None: the
+        model takes no images (an image part is then refused as the template renders)."""
+        ids = getattr(self.model, "_image_ids", None)
+        return ids.begin_text if ids is not None and getattr(self.model, "accepts_images", False) else None
+
     def _render(self, spec: GenerationSpec) -> tuple[str, bool]:
         """(the template's text, whether the tools went in through the generic tool prompt)."""
         messages, tools = self.template_messages(spec.messages), spec.tools
@@ -110,20 +116,47 @@ class Service:
         if generic:
             # the template cannot render tools: describe them in a system message instead; the
             # rewrite reads content and tool_calls, so check their shapes first (a 400, not a crash)
-            messages = generic_tool_messages(validate_messages(spec.messages), spec.tools, spec.tool_choice,
+            messages = generic_tool_messages(validate_messages(spec.messages, self._image_marker()), spec.tools,
+                                             spec.tool_choice,
                                              spec.forced_tool)
             tools = None
         elif not self.template_has_tools and has_tool_turns(spec.messages):
             # no tools now (tool_choice "none", or none sent), but earlier calls and results: written as
             # the generic prompt writes them (a template that concatenates content fails on a turn of
             # calls alone, others drop the calls)
-            messages = written_history(validate_messages(spec.messages))
+            messages = written_history(validate_messages(spec.messages, self._image_marker()))
         return self.render_chat(messages, tools, spec), generic
 
-    def _chat_ids(self, spec: GenerationSpec) -> tuple[list[int], ToolSetup | None, GrammarSpec | None,
-                                                       PromptThought | None]:
-        """The prompt, how the answer is read for tool calls, the grammar tool calls follow, and where
-        the prompt leaves a `<think>` template's thought."""
+    def _chat_images(self, spec: GenerationSpec) -> list[bytes]:
+        """The request's images (canonical image parts), checked against the model: a 400
+        `model_without_vision` for a model without a vision tower, or past its images per request."""
+        images = message_images(spec.messages)
+        if not images:
+            return []
+        if not getattr(self.model, "accepts_images", False):
+            raise bad_request(f"the model {self.cfg.model_id!r} takes no images (it has no vision tower)",
+                              param=spec.messages_param, code="model_without_vision")
+        try:
+            images = self.model.check_images(images)
+        except InvalidInputError as e:
+            raise bad_request(str(e), param=spec.messages_param) from None
+        if spec.speculative not in (None, "off"):
+            raise bad_request("'speculative' does not take images: speculative decoding runs on text prompts only",
+                              param="speculative")
+        per = int(self.model.vision.tokens_per_image) + 2
+        room = self.scheduler.max_batch - max(self.scheduler.n_slots, self.scheduler.spec_rows)
+        if per > room:
+            raise bad_request(f"an image takes {per} tokens of a forward; this server's batch of "
+                              f"{self.scheduler.max_batch} leaves {room} beside its streams", param=spec.messages_param)
+        return images
+
+    def _chat_ids(self, spec: GenerationSpec, encode: bool = False) -> tuple[list[int], ToolSetup | None,
+                                                                          GrammarSpec | None, PromptThought | None,
+                                                                          tuple]:
+        """The prompt, how the answer is read for tool calls, the grammar tool calls follow, where
+        the prompt leaves a `<think>` template's thought, and its image blocks (encoded by the vision
+        tower where `encode`; else their rows are not computed and the blocks are ())."""
+        images = self._chat_images(spec)
         try:
             text, generic = self._render(spec)
             # a thought may come first: a forced call then starts after it, not in the prompt
@@ -144,7 +177,16 @@ class Service:
                 text += spec.prefill
             if setup is not None:
                 text += setup.prefix
-            return self.model._prompt_ids(text), setup, grammar, thought
+            if not images:
+                return self.model._prompt_ids(text), setup, grammar, thought, ()
+            ids, starts = self.model.image_ids(text, len(images))
+            try:
+                blocks = self.model.encode_images(images, starts) if encode else ()
+            except InvalidInputError as e:        # an image the decoder refuses (llambda.vision's limits)
+                raise bad_request(f"invalid image: {e}", param=spec.messages_param) from None
+            return ids, setup, grammar, thought, blocks
+        except ContextOverflowError as e:
+            raise APIError(400, str(e), param=spec.messages_param, code="context_length_exceeded") from None
         except ChatTemplateError as e:
             raise bad_request(f"cannot render {spec.messages_shown}: {e}", param=spec.messages_param) from None
         except TokenizerError as e:
@@ -273,12 +315,13 @@ class Service:
         tools = thought = None
         constraint, param = spec.constraint, spec.constraint_param
         if spec.kind == "chat":
-            ids, tools, tool_constraint, thought = self._chat_ids(spec)
+            ids, tools, tool_constraint, thought, blocks = self._chat_ids(spec, encode=True)
             if tool_constraint is not None:
                 constraint, param = tool_constraint, "tools"
             prompts = [ids]
             echoes = [""]
         else:
+            blocks = ()
             prompts = [self._completion_ids(p, spec) for p in spec.prompts]
             echoes = [self._echo_text(p, ids) if spec.echo else "" for p, ids in zip(spec.prompts, prompts)]
         bias = spec.sampling.get("logit_bias") or {}
@@ -294,7 +337,7 @@ class Service:
         seqs = []
         for ids in prompts:
             max_tokens = self._max_tokens(spec, len(ids))
-            seqs.append([self._sequence(spec, ids, max_tokens, k, grammar, thinking) for k in range(spec.n)])
+            seqs.append([self._sequence(spec, ids, max_tokens, k, grammar, thinking, blocks) for k in range(spec.n)])
         return Prepared(spec, prompts, echoes, seqs, tools)
 
     def _compile(self, constraint: GrammarSpec, param: str):
@@ -318,8 +361,11 @@ class Service:
                               "(llambda serve --model-draft)", param="speculative")
         return None if mode == "off" else mode
 
-    def _speculation(self, spec: GenerationSpec):
-        """A sequence's speculative decoding (its own drafter state), or None."""
+    def _speculation(self, spec: GenerationSpec, seq: Sequence | None = None):
+        """A sequence's speculative decoding (its own drafter state), or None (a prompt holding images:
+        the server's default speculation does not apply to it, an explicit one was refused)."""
+        if seq is not None and seq.images:
+            return None
         mode = self._speculative_mode(spec)
         if mode is None:
             return None
@@ -337,7 +383,7 @@ class Service:
             first = None
             for k, seq in enumerate(choices):
                 job = Job(seq, channel, pi * p.spec.n + k, after=first,
-                          prompt_logprobs=score if first is None else None, speculation=self._speculation(p.spec))
+                          prompt_logprobs=score if first is None else None, speculation=self._speculation(p.spec, seq))
                 first = first or job
                 jobs.append(job)
         gen = Generation(self, p.spec, channel, jobs, p.prompts, p.echoes, p.tools)
@@ -353,7 +399,7 @@ class Service:
         return self.model.tokenizer.decode(ids) if self.model.tokenizer is not None else ""
 
     def _sequence(self, spec: GenerationSpec, ids: list[int], max_tokens: int | None, k: int,
-                  grammar=None, thinking: ThinkingBudget | None = None) -> Sequence:
+                  grammar=None, thinking: ThinkingBudget | None = None, images=()) -> Sequence:
         kw = dict(spec.sampling)
         if kw.get("seed") is not None and k:
             kw["seed"] = (kw["seed"] + k) % 2**64     # seeded n > 1: distinct but reproducible choices
@@ -361,7 +407,7 @@ class Service:
             sp = SamplingParams(**kw, logprobs=spec.top_logprobs, chosen_logprob=bool(spec.logprobs))
             params = GenerationParams(max_tokens=max_tokens, sampling=sp, stop=list(spec.stop),
                                       ignore_eos=spec.ignore_eos, grammar=grammar, thinking=thinking)
-            seq = Sequence(self.model.tokenizer, ids, params, slot=-1, n_ctx=self.model.n_ctx)
+            seq = Sequence(self.model.tokenizer, ids, params, slot=-1, n_ctx=self.model.n_ctx, images=images)
             if spec.suffix is not None and not spec.ignore_eos:
                 seq.eot |= self.fim.end_ids     # a new FIM block or file means the gap is filled
             return seq

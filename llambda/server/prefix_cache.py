@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..models.images import images_agree
+
 
 @dataclass
 class Placement:
@@ -27,6 +29,8 @@ class SlotTable:
         # tokens[s][:valid[s]] are the tokens whose KV slot s holds at positions 0..valid-1.
         # For a busy slot the list is the running sequence's own token list (it grows).
         self.tokens: list[list[int]] = [[] for _ in range(n_slots)]
+        # the image blocks among them (models/images.py): ids alone do not tell two images apart
+        self.images: list[tuple] = [() for _ in range(n_slots)]
         self.valid = [0] * n_slots
         self.busy = [False] * n_slots
         self._last_used = [0] * n_slots
@@ -35,18 +39,19 @@ class SlotTable:
     def n_free(self) -> int:
         return self.busy.count(False)
 
-    def _shared(self, s: int, prompt: list[int], limit: int) -> int:
+    def _shared(self, s: int, prompt: list[int], limit: int, images: tuple = ()) -> int:
         held = self.tokens[s]
         n = min(self.valid[s], limit)
         i = 0
         while i < n and held[i] == prompt[i]:
             i += 1
-        return i
+        return images_agree(i, self.images[s], images)
 
-    def place(self, prompt: list[int], reuse: bool = True) -> Placement | None:
+    def place(self, prompt: list[int], reuse: bool = True, images: tuple = ()) -> Placement | None:
         """Choose a free slot for `prompt` (None when all are busy). Does not mark it busy.
 
         reuse=False: evaluate the whole prompt (its logits at every position are wanted).
+        images: the prompt's image blocks: a slot's prefix is shared only up to where its images differ.
         """
         free = [s for s in range(self.n_slots) if not self.busy[s]]
         if not free:
@@ -55,7 +60,7 @@ class SlotTable:
         limit = len(prompt) - 1 if reuse else 0
         best, best_len = -1, 0
         for s in range(self.n_slots):
-            n = self._shared(s, prompt, limit)
+            n = self._shared(s, prompt, limit, images)
             # on a tie prefer a free slot: reuse in place beats a copy
             if n > best_len or (n == best_len and n > 0 and self.busy[best] and not self.busy[s]):
                 best, best_len = s, n
@@ -67,10 +72,11 @@ class SlotTable:
             return Placement(victim, best_len, best)
         return Placement(victim, 0, -1)
 
-    def acquire(self, slot: int, tokens: list[int], valid: int) -> None:
-        """Mark the slot busy; `tokens` is the sequence's (growing) token list."""
+    def acquire(self, slot: int, tokens: list[int], valid: int, images: tuple = ()) -> None:
+        """Mark the slot busy; `tokens` is the sequence's (growing) token list, `images` its image blocks."""
         self.busy[slot] = True
         self.tokens[slot] = tokens
+        self.images[slot] = tuple(images)
         self.valid[slot] = valid
 
     def set_valid(self, slot: int, valid: int) -> None:
@@ -87,4 +93,5 @@ class SlotTable:
         """The slot's content is unknown (e.g. a failed step): cache nothing."""
         self.busy[slot] = False
         self.tokens[slot] = []
+        self.images[slot] = ()
         self.valid[slot] = 0

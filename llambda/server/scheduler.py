@@ -31,6 +31,7 @@ import numpy as np
 from ..constraints import ConstraintError, bounds
 from ..engine import Sequence
 from ..errors import ModelBusyError, ModelClosedError
+from ..models.images import BatchImages, chunk_end
 from ..sampling import top_k_indices
 from .metrics import Metrics
 from .prefix_cache import SlotTable
@@ -376,7 +377,7 @@ class Scheduler:
     def _place(self, j: Job) -> None:
         # prompt logprobs need the logits of every prompt position: no prefix reuse; nor in a hybrid
         # model, whose recurrent state holds where its slot's sequence ended, not the shared prefix
-        p = self.slots.place(j.prompt, reuse=j.prompt_logprobs is None and not self.recurrent)
+        p = self.slots.place(j.prompt, reuse=j.prompt_logprobs is None and not self.recurrent, images=j.seq.images)
         if p.copy_from >= 0:
             try:
                 self.model.cache.copy_prefix(p.copy_from, p.slot, p.reuse)
@@ -386,7 +387,7 @@ class Scheduler:
         j.slot = j.seq.slot = p.slot
         j.n_computed = j.n_cached = p.reuse
         j.state = PREFILL
-        self.slots.acquire(p.slot, j.seq.tokens, p.reuse)
+        self.slots.acquire(p.slot, j.seq.tokens, p.reuse, j.seq.images)
         self._active.append(j)
         self.metrics.prompt(len(j.prompt), p.reuse)
 
@@ -416,6 +417,7 @@ class Scheduler:
             rows.extend(range(len(tokens) - len(drafts) - 1, len(tokens)))
         budget = min(self.prefill_chunk, self.max_batch - len(tokens))
         chunks: list[tuple[Job, int]] = []
+        images = BatchImages()
         for j in self._active:
             if budget <= 0:
                 break
@@ -423,13 +425,20 @@ class Scheduler:
                 continue
             start = j.n_computed
             take = min(budget, len(j.prompt) - start)
+            room = self.max_batch - len(tokens)
             if j.prompt_logprobs is not None:
                 take = min(take, self.max_rows - len(rows))
+                room = min(room, self.max_rows - len(rows))
             elif start + take == len(j.prompt) and len(rows) >= self.max_rows:
                 take -= 1                  # its last token needs a row: it goes in the next step
+            if j.seq.images and take > 0:
+                # never ending inside an image block (its rows need all its keys): cut back to the block, or
+                # carried to its end, past prefill_chunk if need be (a block waits for a step with room)
+                take = chunk_end(j.seq.images, start, start + take, start + room) - start
             if take <= 0:
                 continue                   # no logit rows left in this step; the next one has room
             first = len(tokens)
+            images.add(first, j.seq.images, start, start + take)
             tokens.extend(j.prompt[start:start + take])
             slots.extend([j.slot] * take)
             pos.extend(range(start, start + take))
@@ -448,7 +457,7 @@ class Scheduler:
         logits = None                     # no forward when every running sequence holds its logits
         if n:
             logits = self.model.forward(np.asarray(tokens, np.int32), np.asarray(slots, np.int32),
-                                        np.asarray(pos, np.int32), rows)
+                                        np.asarray(pos, np.int32), rows, images=images or None)
         t_forward = time.perf_counter() - t0
         for j, take in chunks:
             j.n_computed += take
