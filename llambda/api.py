@@ -703,9 +703,10 @@ class Model:
             if draft is not None:
                 self.draft = self.drafter = None    # first: a cycle of drafts (m.set_draft(m)) was a RecursionError
                 draft.close()
-            with self._vision_lock:         # an encoding under way (a server's prompt worker) ends first
-                vision, self.vision = self.vision, None
-                if vision is not None:
+            vision = getattr(self, "vision", None)     # (an EncoderModel has none)
+            if vision is not None:
+                with self._vision_lock:     # an encoding under way (a server's prompt worker) ends first
+                    self.vision = None
                     vision.close()
             self._network().close()     # the arrays go now, whoever still holds the network
             self._grammars = None
@@ -813,6 +814,7 @@ class EncoderModel:
     is a cross-encoder. One call computes at a time."""
 
     is_encoder = True
+    accepts_images = False       # (no vision tower attaches to an encoder)
 
     def __init__(self, encoder: BertEncoder, source, backend):
         self.encoder, self.source, self.backend = encoder, source, backend

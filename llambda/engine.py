@@ -114,7 +114,8 @@ def prefill(model, slot: int, ids, start: int, images=()) -> np.ndarray:
         part = ids[s:e]
         m = len(part)
         pos = np.arange(start + s, start + s + m, dtype=np.int32)
-        logits = model.forward(part, np.full(m, slot, np.int32), pos, [m - 1], images=batch)
+        extra = {"images": batch} if batch is not None else {}
+        logits = model.forward(part, np.full(m, slot, np.int32), pos, [m - 1], **extra)
         s = e
     out = logits[0].copy()
     if not np.isfinite(out).all():

@@ -16,7 +16,8 @@ from llambda.backends import available_backends
 from llambda.errors import ModelFormatError, TokenizerError
 
 TINY = Path(__file__).parent / "fixtures" / "reference" / "tiny"
-FOLDERS = sorted(p.name for p in TINY.iterdir() if (p / "config.json").is_file())
+# gemma3_vision's reference holds prompts with images (its own format): tests/test_vlm.py tests it
+FOLDERS = sorted(p.name for p in TINY.iterdir() if (p / "config.json").is_file() and p.name != "gemma3_vision")
 
 # (backend, activations, max |logit diff| budget)
 MODES = {

@@ -456,8 +456,9 @@ class Scheduler:
         t0 = time.perf_counter()
         logits = None                     # no forward when every running sequence holds its logits
         if n:
+            extra = {"images": images} if images else {}      # a text-only step: forward as it always was
             logits = self.model.forward(np.asarray(tokens, np.int32), np.asarray(slots, np.int32),
-                                        np.asarray(pos, np.int32), rows, images=images or None)
+                                        np.asarray(pos, np.int32), rows, **extra)
         t_forward = time.perf_counter() - t0
         for j, take in chunks:
             j.n_computed += take
