@@ -419,3 +419,59 @@ def test_image_tokens_from_a_vocabulary(chat_dirs):
         assert image_mod.image_tokens({"boi_token_index": 1, "eoi_token_index": 2, "image_token_index": 900},
                                       None, 512).soft == 0
 
+
+
+# --- the server's generation path ---------------------------------------------------------------
+
+def service_for(m):
+    from llambda.server.config import ServerConfig
+    from llambda.server.generation import Service
+    from llambda.server.metrics import Metrics
+    from llambda.server.scheduler import Scheduler
+
+    sched = Scheduler(m.transformer, Metrics(), n_slots=1)
+    return Service(m, sched, ServerConfig(model_id="tiny-vision", prompt_workers=1)), sched
+
+
+def chat_spec(messages, **body):
+    from dataclasses import replace
+
+    from llambda.server.schemas import parse_chat
+    spec = parse_chat({"messages": [{"role": "user", "content": "x"}], "max_tokens": 4, **body})
+    return replace(spec, messages=messages)      # the canonical form the API converters hand over
+
+
+def test_server_prepares_image_requests(chat_dirs):
+    """Service.prepare encodes the request's images (in the prompt worker that calls it) into the
+    sequence's blocks; counting a prompt's tokens encodes nothing; a model without a tower is a 400
+    model_without_vision naming it; an explicit speculative mode with images is a 400."""
+    from llambda.server.errors import APIError
+
+    msgs = user("Look:", PNG["image_a.png"], "what is it?")
+    with load("native-exact", chat_dirs["gemma"]) as m:
+        service, sched = service_for(m)
+        try:
+            tower = m.vision
+            assert service._prompt_length(chat_spec(msgs)) == len(m.image_prompt(m.render_chat(msgs),
+                                                                                [PNG["image_a.png"]])[0])
+            before = tower.encoded
+            p = service.prepare(chat_spec(msgs))
+            seq = p.seqs[0][0]
+            assert tower.encoded == before + 1 and len(seq.images) == 1
+            ids, blocks = m.image_prompt(m.render_chat(msgs), [PNG["image_a.png"]])
+            assert seq.prompt_ids == ids and seq.images[0].digest == blocks[0].digest
+            assert service._speculation(p.spec, seq) is None
+            spec = chat_spec(msgs, speculative="lookup")
+            with pytest.raises(APIError, match="does not take images") as e:
+                service.prepare(spec)
+            assert e.value.status == 400
+        finally:
+            service.workers.close()
+    with load("native-exact", chat_dirs["gemma"], tower=False) as m:
+        service, sched = service_for(m)
+        try:
+            with pytest.raises(APIError) as e:
+                service.prepare(chat_spec(msgs))
+            assert e.value.status == 400 and e.value.code == "model_without_vision" and "tiny-vision" in str(e.value)
+        finally:
+            service.workers.close()
