@@ -25,8 +25,8 @@ from .models import memory
 from .models.base import Transformer, live_server
 from .models.bert import BertConfig, BertEncoder, pack_batch
 from .models.config import MAX_POSITIONS
-from .models.images import (DEFAULT_MAX_IMAGES, ImageTokens, check_prompt, expand_text, image_block, image_tokens,
-                            images_agree, insert_soft)
+from .models.images import (DEFAULT_MAX_IMAGES, ImageTokens, check_prompt, expand_text, image_block, image_keys,
+                            image_tokens, images_agree, insert_soft)
 from .sampling import SamplingParams, _is_int
 
 DEFAULT_CTX = 4096
@@ -211,7 +211,7 @@ class Model:
         self._image_ids: ImageTokens | None = None
         self._vision_lock = threading.Lock()   # one image encoding at a time through the tower's buffers
         self._load_image = None          # bytes -> image for the tower (attach_vision; default llambda.vision's)
-        self._cached_images: tuple = ()  # the image blocks among the tokens slot 0 holds
+        self._cached_images: tuple = ()  # the images among the tokens slot 0 holds (models/images.ImageKey)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -293,11 +293,11 @@ class Model:
         common = images_agree(engine.common_prefix(self._cached, ids), self._cached_images, images)
         common = self.transformer.resume_point(0, common)
         self._cached = self._cached[:common]
-        self._cached_images = tuple(b for b in images if b.end <= common)
+        self._cached_images = image_keys(b for b in images if b.end <= common)
         if common < len(ids):
             engine.prefill(self.transformer, 0, ids[common:], common, images)
         self._cached = list(ids)
-        self._cached_images = tuple(b for b in images if b.start < len(ids))
+        self._cached_images = image_keys(b for b in images if b.start < len(ids))
 
     @contextmanager
     def rows_invariant(self):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -90,6 +91,18 @@ class ImageBlock:
         return self.start + len(self.rows)
 
 
+class ImageKey(NamedTuple):
+    """What a prefix cache keeps of a block once its sequence has gone: where it was and which image
+    (not its rows: a slot's cached prefix must not hold megabytes of them)."""
+    start: int
+    end: int
+    digest: bytes
+
+
+def image_keys(blocks) -> tuple:
+    return tuple(ImageKey(b.start, b.end, b.digest) for b in blocks)
+
+
 def image_block(start: int, rows: np.ndarray) -> ImageBlock:
     rows = np.array(rows, dtype=np.float32, order="C", copy=True)
     if rows.ndim != 2 or not len(rows):
@@ -164,7 +177,8 @@ def chunk_end(blocks, start: int, want: int, limit: int) -> int:
 
 def images_agree(n: int, held, blocks) -> int:
     """n, or the first position below it where two sequences' images differ (one holds a block there that
-    the other does not, or another image): their keys and values are shared only up to there."""
+    the other does not, or another image): their keys and values are shared only up to there. Blocks or
+    their ImageKeys alike."""
     if not held and not blocks:
         return n
     a = {b.start: b for b in held if b.start < n}

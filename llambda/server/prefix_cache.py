@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..models.images import images_agree
+from ..models.images import image_keys, images_agree
 
 
 @dataclass
@@ -76,7 +76,7 @@ class SlotTable:
         """Mark the slot busy; `tokens` is the sequence's (growing) token list, `images` its image blocks."""
         self.busy[slot] = True
         self.tokens[slot] = tokens
-        self.images[slot] = tuple(images)
+        self.images[slot] = image_keys(images)
         self.valid[slot] = valid
 
     def set_valid(self, slot: int, valid: int) -> None:
