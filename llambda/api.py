@@ -372,7 +372,7 @@ class Model:
                                   thinking=thinking)
         ids = self._prompt_ids(prompt)
         images = tuple(images or ())
-        check_prompt(ids, images, self._image_ids if self.vision is not None else None)
+        check_prompt(ids, images, self._image_ids if self.vision is not None else None, self.config.d_model)
         if isinstance(logit_bias, dict):
             token_ids(list(logit_bias), self.config.vocab_size, what="logit_bias keys")
         seq = Sequence(self.tokenizer, ids, params, slot=0, n_ctx=self.n_ctx, images=images)

@@ -402,6 +402,30 @@ def test_bad_image_requests_are_typed_errors(chat_dirs):
             m.attach_vision(bad)
 
 
+def test_bad_blocks_are_refused():
+    inp = REF["inputs"][1]
+    ids = inp["input_ids"]
+    a, b = blocks_of(inp)
+    rows = np.array(REF["images"]["image_a.png"]["soft_tokens"], np.float32)
+    with load("numpy") as m:
+        cases = {"apart": (b, a), "apart, in order": (a, image_block(a.start + 3, rows)),
+                 "ImageBlocks": (a, "rows"), "wide": (image_block(a.start, rows[:, :32]),),
+                 "soft tokens only": (image_block(a.start - 1, rows),), "last token": (image_block(len(ids) - 4, rows),)}
+        for what, blocks in cases.items():
+            with pytest.raises(InvalidInputError, match=what.split(",")[0]):
+                m.generate(ids, images=blocks, max_tokens=1)
+        with pytest.raises(InvalidInputError, match="NaN"):
+            image_block(a.start, np.full_like(rows, np.nan))
+
+        class Wrong(FixtureTower):
+            def encode(self, pixels):
+                return super().encode(pixels)[:, :8]
+
+        m.attach_vision(Wrong(), load_image=FixtureTower.load_image)
+        with pytest.raises(llambda.errors.ModelFormatError, match="shape"):
+            m.encode_images([PNG["image_a.png"]], [3])
+
+
 def test_close_closes_the_tower():
     m = load("numpy")
     tower = m.vision

@@ -139,11 +139,16 @@ def insert_soft(ids: list[int], tokens: ImageTokens, per_image: int, n_images: i
     return out, starts
 
 
-def check_prompt(ids: list[int], blocks: tuple[ImageBlock, ...], tokens: ImageTokens | None) -> None:
-    """Blocks must lie inside the prompt, apart, in order, over soft-token ids, and not at its last token (its
-    logits start generation); a run of soft ids that no block covers is refused (no image's rows for it)."""
+def check_prompt(ids: list[int], blocks: tuple[ImageBlock, ...], tokens: ImageTokens | None, width: int) -> None:
+    """Blocks (ImageBlocks of rows `width` wide) must lie inside the prompt, apart, in order, over soft-token
+    ids, and not at its last token (its logits start generation); a run of soft ids that no block covers is
+    refused (no image's rows for it)."""
     last = 0
     for b in blocks:
+        if not isinstance(b, ImageBlock):
+            raise InvalidInputError(f"images must be ImageBlocks (Model.image_prompt), got {type(b).__name__}")
+        if b.rows.shape[1] != width:
+            raise InvalidInputError(f"an image block's rows are {b.rows.shape[1]} wide; this model's are {width}")
         if b.start < last or b.end >= len(ids):
             raise InvalidInputError("image blocks must lie apart, in order, before the prompt's last token")
         last = b.end
