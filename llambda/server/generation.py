@@ -150,12 +150,11 @@ class Service:
                               f"{self.scheduler.max_batch} leaves {room} beside its streams", param=spec.messages_param)
         return images
 
-    def _chat_ids(self, spec: GenerationSpec, encode: bool = False) -> tuple[list[int], ToolSetup | None,
-                                                                          GrammarSpec | None, PromptThought | None,
-                                                                          tuple]:
+    def _chat_ids(self, spec: GenerationSpec) -> tuple[list[int], ToolSetup | None, GrammarSpec | None,
+                                                       PromptThought | None, tuple]:
         """The prompt, how the answer is read for tool calls, the grammar tool calls follow, where
-        the prompt leaves a `<think>` template's thought, and its image blocks (encoded by the vision
-        tower where `encode`; else their rows are not computed and the blocks are ())."""
+        the prompt leaves a `<think>` template's thought, and its images with their blocks' starts
+        (([], []) without any: `_encode` makes the blocks, once every other check has passed)."""
         images = self._chat_images(spec)
         try:
             text, generic = self._render(spec)
@@ -178,13 +177,9 @@ class Service:
             if setup is not None:
                 text += setup.prefix
             if not images:
-                return self.model._prompt_ids(text), setup, grammar, thought, ()
+                return self.model._prompt_ids(text), setup, grammar, thought, ([], [])
             ids, starts = self.model.image_ids(text, len(images))
-            try:
-                blocks = self.model.encode_images(images, starts) if encode else ()
-            except InvalidInputError as e:        # an image the decoder refuses (llambda.vision's limits)
-                raise bad_request(f"invalid image: {e}", param=spec.messages_param) from None
-            return ids, setup, grammar, thought, blocks
+            return ids, setup, grammar, thought, (images, starts)
         except ContextOverflowError as e:
             raise APIError(400, str(e), param=spec.messages_param, code="context_length_exceeded") from None
         except ChatTemplateError as e:
@@ -244,6 +239,17 @@ class Service:
             return self.model._prompt_ids(prompt)
         except (TokenizerError, ValueError) as e:
             raise bad_request(f"invalid prompt: {e}", param="prompt") from None
+
+    def _encode(self, spec: GenerationSpec, images: list[bytes], starts: list[int]) -> tuple:
+        """The image blocks of a chat prompt: the vision tower runs here, in the prompt worker that prepares
+        the request (Model.encode_images: under the model's vision lock, never the scheduler's; running
+        streams keep decoding, the C core interleaving their ops with the tower's)."""
+        if not images:
+            return ()
+        try:
+            return self.model.encode_images(images, starts)
+        except InvalidInputError as e:        # an image the decoder refuses (llambda.vision's limits)
+            raise bad_request(f"invalid image: {e}", param=spec.messages_param) from None
 
     def _max_tokens(self, spec: GenerationSpec, n_prompt: int) -> int | None:
         n_ctx, cap = self.model.n_ctx, self.cfg.max_tokens_cap
@@ -315,13 +321,13 @@ class Service:
         tools = thought = None
         constraint, param = spec.constraint, spec.constraint_param
         if spec.kind == "chat":
-            ids, tools, tool_constraint, thought, blocks = self._chat_ids(spec, encode=True)
+            ids, tools, tool_constraint, thought, pending = self._chat_ids(spec)
             if tool_constraint is not None:
                 constraint, param = tool_constraint, "tools"
             prompts = [ids]
             echoes = [""]
         else:
-            blocks = ()
+            pending = ([], [])
             prompts = [self._completion_ids(p, spec) for p in spec.prompts]
             echoes = [self._echo_text(p, ids) if spec.echo else "" for p, ids in zip(spec.prompts, prompts)]
         bias = spec.sampling.get("logit_bias") or {}
@@ -334,6 +340,9 @@ class Service:
         # decided as the library's Model.chat decides it
         thinking = output_thinking(thought, spec.thinking_budget, constraint, self.model._tok,
                                    self.model._text_after_thought)
+        for ids in prompts:
+            self._max_tokens(spec, len(ids))          # a 400 before the images' encoding
+        blocks = self._encode(spec, *pending)
         seqs = []
         for ids in prompts:
             max_tokens = self._max_tokens(spec, len(ids))
