@@ -485,6 +485,9 @@ def test_server_prepares_image_requests(chat_dirs):
             ids, blocks = m.image_prompt(m.render_chat(msgs), [PNG["image_a.png"]])
             assert seq.prompt_ids == ids and seq.images[0].digest == blocks[0].digest
             assert service._speculation(p.spec, seq) is None
+            with pytest.raises(APIError, match="marker") as e:      # a marker typed in the text: no image for it
+                service.prepare(chat_spec(user(PNG["image_a.png"], "<start_of_image>")))
+            assert e.value.status == 400
             spec = chat_spec(msgs, speculative="lookup")
             with pytest.raises(APIError, match="does not take images") as e:
                 service.prepare(spec)

@@ -182,6 +182,8 @@ class Service:
             return ids, setup, grammar, thought, (images, starts)
         except ContextOverflowError as e:
             raise APIError(400, str(e), param=spec.messages_param, code="context_length_exceeded") from None
+        except InvalidInputError as e:       # the images' markers do not match the images (image_ids)
+            raise bad_request(str(e), param=spec.messages_param) from None
         except ChatTemplateError as e:
             raise bad_request(f"cannot render {spec.messages_shown}: {e}", param=spec.messages_param) from None
         except TokenizerError as e:
