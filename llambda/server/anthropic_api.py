@@ -1,7 +1,8 @@
 """POST /v1/messages: Anthropic's Messages API over the same scheduler as chat completions.
 
-The request becomes a chat-completions body (system, messages with text,
-tool_use and tool_result blocks, tools with input_schema, tool_choice) validated
+The request becomes a chat-completions body (system, messages with text, image
+(base64 sources, as image parts: images.py), tool_use and tool_result blocks, tools with input_schema,
+tool_choice) validated
 by `schemas.parse_chat`; a last assistant turn of text is the answer's start (prefill);
 generation goes through `Service`. The answer is a
 `message` with thinking (a harmony answer's analysis channel, unsigned), text and tool_use

@@ -4,7 +4,7 @@ A request becomes a chat-completions (or, for `raw` and `suffix` generations, a 
 and is validated by `schemas.parse_chat` / `parse_completion`, so every sampling rule and limit is
 the one those routes have; `options` map onto their fields (num_predict -> max_tokens), `format`
 onto `response_format`/`json_schema`, Ollama's messages (tool_calls with object arguments,
-tool_name) onto OpenAI's. Answers stream as newline-delimited JSON objects, the last with
+tool_name, images as image parts before the text: images.py) onto OpenAI's. Answers stream as newline-delimited JSON objects, the last with
 `done: true`, the finish and the durations in nanoseconds; `stream: false` gives that last object
 with the whole answer. Every error is `{"error": "message"}` with a 4xx status, or, once a stream
 has started, its last line. The model-management calls (pull, push, create, copy, delete) are

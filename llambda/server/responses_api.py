@@ -1,6 +1,7 @@
 """POST /v1/responses: OpenAI's Responses API over the same scheduler as chat completions.
 
-A request is turned into a chat-completions body (input items -> messages, flat
+A request is turned into a chat-completions body (input items -> messages, a user's input_image
+parts -> image parts (images.py), flat
 function tools -> chat tools, text.format -> response_format) and validated by
 `schemas.parse_chat`, so every sampling rule and limit is the one chat has;
 generation goes through `Service`. The answer is a `response` object whose
