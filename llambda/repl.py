@@ -311,7 +311,7 @@ def _loaded(message: dict, reads_images: bool) -> dict:
     import base64
     import binascii
     if not reads_images:
-        raise ValueError("the conversation holds images, and this model reads none (it has no vision tower)")
+        raise ValueError("the conversation holds images, and this model takes none (it has no vision tower)")
     try:
         data = [base64.b64decode(i, validate=True) for i in images]
     except (TypeError, ValueError, binascii.Error):

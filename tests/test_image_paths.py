@@ -161,7 +161,7 @@ def test_run_on_a_text_model_keeps_paths_as_text(pics, fake_load, capsys):
 
 
 @pytest.mark.parametrize("args, said, loads", [
-    (["--image", "./a.png"], "x.gguf reads no images (it has no vision tower)", True),
+    (["--image", "./a.png"], "x.gguf takes no images (it has no vision tower)", True),
     (["--image", "./nope.png"], "cannot read the image ./nope.png: No such file or directory", False),
     (["--image", "./notes.png"], "./notes.png is not an image", False),
 ])
@@ -198,7 +198,7 @@ def test_chat_messages_take_images(pics):
     assert "loaded 4 messages" in s.command("/load conv.json")
     assert s.messages[0] == first
     text = ChatSession(FakeModel({}, False), {})
-    assert "reads none" in text.command("/load conv.json") and text.messages == []
+    assert "takes none" in text.command("/load conv.json") and text.messages == []
 
 
 def test_chat_on_a_text_model_keeps_paths_as_text(pics):
@@ -223,4 +223,4 @@ def test_chat_refuses_image_flags_for_a_text_model(pics, fake_load, capsys):
     fake_load["vision"] = False
     assert cli.main(["chat", "-m", "x.gguf", "--image", "a.png"]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("llambda: error: x.gguf reads no images") and err.count("\n") == 1
+    assert err.startswith("llambda: error: x.gguf takes no images") and err.count("\n") == 1

@@ -312,11 +312,11 @@ def test_show_lists_vision_when_the_model_reads_images():
 def test_require_vision():
     spec = parse_chat({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": URL_A}]}]})
     images.require_vision(_service(accepts_images=True), spec)
-    err = _refused(lambda: images.require_vision(_service(), spec), "'tiny'", "reads no images", "vision tower",
+    err = _refused(lambda: images.require_vision(_service(), spec), "'tiny'", "takes no images", "vision tower",
                    code="model_without_vision")
     assert err.param == "messages"
     images.require_vision(_service(), parse_chat({"messages": [{"role": "user", "content": "hi"}]}))
-    # a model that says nothing (before the vision branches) reads no images
+    # a model that says nothing (before the vision branches) takes no images
     bare = SimpleNamespace(cfg=ServerConfig(model_id="bare"), model=SimpleNamespace())
     _refused(lambda: images.require_vision(bare, spec), "'bare'", code="model_without_vision")
 
@@ -364,7 +364,7 @@ def test_a_text_model_refuses_images_on_every_route(text_server, path, body, mes
     r = httpx.post(text_server.url + path, json={"model": "tiny-text", **body}, timeout=60)
     assert r.status_code == 400, r.text
     text = message(r)
-    assert "'tiny-text' reads no images" in text and "vision tower" in text, text
+    assert "'tiny-text' takes no images" in text and "vision tower" in text, text
     if message is OPENAI_SHAPE:
         assert r.json()["error"]["code"] == "model_without_vision"
     if message is ANTHROPIC_SHAPE:

@@ -93,7 +93,7 @@ def image_message(text: str, images: list[bytes]) -> dict:
 
 
 def no_vision(model_name: str) -> LlambdaError:
-    return LlambdaError(f"{model_name} reads no images (it has no vision tower): --image needs a model with one "
+    return LlambdaError(f"{model_name} takes no images (it has no vision tower): --image needs a model with one "
                         "(Gemma 3 with its vision tower)")
 
 

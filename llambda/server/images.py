@@ -135,7 +135,7 @@ def require_vision(service, spec) -> None:
         return
     if getattr(service.model, "accepts_images", False):
         return
-    raise APIError(400, f"the model {service.cfg.model_id!r} reads no images (it has no vision tower): send "
+    raise APIError(400, f"the model {service.cfg.model_id!r} takes no images (it has no vision tower): send "
                         "text only, or serve a model with a vision tower (Gemma 3)",
                    param=spec.messages_param, code="model_without_vision")
 
