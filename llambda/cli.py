@@ -494,6 +494,10 @@ def _api_key(key: str | None) -> str | None:
 MAX_SHUTDOWN_GRACE = 86400     # a day: a bound on how long a SIGTERM may wait
 
 
+DEFAULT_MAX_BODY = 4 * 2**20
+VISION_MAX_BODY = 32 * 2**20     # a 20 MB image (server/images.py's limit) is 26.7 MB as base64
+
+
 def cmd_serve(a: argparse.Namespace) -> int:
     from .api import load
     from .server import ServerConfig, serve
@@ -502,7 +506,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
     a.api_key = _api_key(a.api_key)
     if a.parallel < 1:
         raise ValueError("--parallel must be >= 1")
-    if a.queue_size < 0 or a.max_body < 1 or a.prefill_chunk < 1:
+    if a.queue_size < 0 or (a.max_body is not None and a.max_body < 1) or a.prefill_chunk < 1:
         raise ValueError("--queue-size must be >= 0, --max-body and --prefill-chunk >= 1")
     if a.max_tokens_cap is not None and a.max_tokens_cap < 1:
         raise ValueError("--max-tokens-cap must be >= 1")
@@ -526,7 +530,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
     model_id = a.alias or model_id_for(a.model)
     aliases = {Path(a.model).name, Path(a.model).stem, a.model} - {model_id}
     cfg = ServerConfig(model_id=model_id, aliases=aliases, host=a.host, port=a.port, parallel=a.parallel,
-                       queue_size=a.queue_size, max_tokens_cap=a.max_tokens_cap, max_body_bytes=a.max_body,
+                       queue_size=a.queue_size, max_tokens_cap=a.max_tokens_cap,
+                       max_body_bytes=a.max_body or DEFAULT_MAX_BODY,
                        api_key=a.api_key, prefill_chunk=a.prefill_chunk, shutdown_grace=a.shutdown_grace,
                        max_connections=a.max_connections, header_timeout=a.header_timeout,
                        body_timeout=a.body_timeout, webui=not a.no_webui, log_format=a.log_format,
@@ -553,6 +558,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
                                       "/v1/embeddings): " + (f"at most --parallel {fit - 1} would fit" if fit >= 2
                                       else "not even --parallel 1 fits at this context (-c)")) from None
     cfg.aliases |= {model.name} - {model_id}
+    if a.max_body is None and getattr(model, "accepts_images", False):
+        cfg.max_body_bytes = VISION_MAX_BODY     # room for an image of the largest size a request takes
     if a.verbose:
         _print_plan(model)
     mem = model.memory_report()
@@ -804,7 +811,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--alias", default=None, help="model id to serve under (default: the -m name)")
     p.add_argument("--max-tokens-cap", type=int, default=None,
                    help="most tokens one request may generate (default: up to the context)")
-    p.add_argument("--max-body", type=int, default=4 * 2**20, help="request body limit in bytes (default 4 MiB)")
+    p.add_argument("--max-body", type=int, default=None,
+                   help="request body limit in bytes (default 4 MiB; 32 MiB for a model with a vision tower, "
+                        "room for one 20 MB image in base64)")
     # defaults None: ServerConfig's apply (importing them here would load the server for every command)
     p.add_argument("--stored-responses", type=int, default=None,
                    help="/v1/responses kept in memory for previous_response_id and GET; the oldest go "

@@ -35,6 +35,10 @@ HELP = """commands:
                      Ctrl-D inside one sends it, then leaves)
 Ctrl-C stops the reply being written; the conversation keeps what was said."""
 
+IMAGES_HELP = """
+images: name an image file in a message (./cat.png, ~/a.jpg, '/my pics/b.png', /my\\ pics/b.png):
+                     PNG, JPEG, WebP, GIF or BMP; it goes with the message, its path taken out of the text"""
+
 MULTILINE = '"""'
 LOAD_MAX_BYTES = 64 << 20     # a conversation file; `/load /dev/zero` read until memory ran out
 LINE_MAX_CHARS = 16 << 20     # a piped message (~4M tokens, past any context); `chat < /dev/zero` ran out of memory
@@ -195,7 +199,7 @@ class ChatSession:
         if name in ("/exit", "/quit", "/bye"):
             return None
         if name in ("/help", "/?"):
-            return HELP
+            return HELP + (IMAGES_HELP if self.reads_images else "")
         if name == "/set":
             return self._set(arg)
         if name == "/show":

@@ -224,3 +224,35 @@ def test_chat_refuses_image_flags_for_a_text_model(pics, fake_load, capsys):
     assert cli.main(["chat", "-m", "x.gguf", "--image", "a.png"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("llambda: error: x.gguf takes no images") and err.count("\n") == 1
+
+
+# -- serve -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("vision, argv, limit", [(False, [], 4 * 2**20), (True, [], 32 * 2**20),
+                                                 (True, ["--max-body", "1000"], 1000)])
+def test_serve_makes_room_for_an_image_in_the_body(monkeypatch, vision, argv, limit):
+    """A model with a vision tower gets a body limit one image of the largest size fits in (base64),
+    unless --max-body says otherwise."""
+    import llambda.server
+    import llambda.server.guard
+    seen = {}
+
+    class Served(FakeModel):
+        n_ctx, config = 64, type("C", (), {"arch": "gemma3"})()
+        backend = type("B", (), {"name": "native"})()
+
+        def memory_report(self):
+            return {"weights": 0}
+
+    monkeypatch.setattr(llambda.api, "load", lambda name, **kw: Served(seen, vision))
+    monkeypatch.setattr(llambda.server, "serve", lambda model, cfg, log_level: seen.setdefault("cfg", cfg) and 0)
+    monkeypatch.setattr(llambda.server.guard, "listening_socket", lambda host, port: __import__("io").StringIO())
+    a = cli.build_parser().parse_args(["serve", "-m", "x.gguf", *argv])
+    a.fn(a)
+    assert seen["cfg"].max_body_bytes == limit
+    assert cli.VISION_MAX_BODY > 4 * server_images.MAX_IMAGE_BYTES / 3
+
+
+def test_help_tells_a_vision_chat_how_to_send_images():
+    assert "images: name an image file" in ChatSession(FakeModel({}, True), {}).command("/help")
+    assert "images:" not in ChatSession(FakeModel({}, False), {}).command("/help")
