@@ -194,9 +194,10 @@ def test_responses_refused(part, words):
     _refused(lambda: _responses([{"role": "user", "content": [part]}]), "input[0].content[0]", *words)
 
 
-def test_responses_image_only_from_the_user():
-    _refused(lambda: _responses([{"role": "assistant", "content": [{"type": "input_image", "image_url": URL_A}]}]),
-             "'input_image' part")
+@pytest.mark.parametrize("role", ["assistant", "system", "developer"])
+def test_responses_image_only_from_the_user(role):
+    _refused(lambda: _responses([{"role": role, "content": [{"type": "input_image", "image_url": URL_A}]}]),
+             "input[0].content[0]", "user messages")
 
 
 # -- Anthropic's Messages API ----------------------------------------------------------------

@@ -89,6 +89,9 @@ def _text(parts, where: str, kinds: tuple = TEXT_PARTS, images: ImageCount | Non
         if kind == "input_image" and images is not None:
             texts.append(_image(part, at, images))
             continue
+        if kind == "input_image" and message:
+            raise bad_request(f"{at}: input_image parts come in user messages (and function call outputs) only",
+                              param=at)
         if kind not in kinds:
             what = shown(kind) if isinstance(kind, str) else _type(part)
             taken = "input_text, input_image" if images is not None else "input_text"
