@@ -379,10 +379,11 @@ class MessageRun:
 def routes(service: Service, http: Http) -> list[Route]:
     # an APIError raised here is answered in Anthropic's shape by the app's handler (error_response_for)
     async def create(request: Request) -> Response:
-        return await http.generate(request, service, lambda body: (parse_messages(body), MessageRun))
+        # in a worker thread: decoding a body's base64 images would stall the event loop's streams
+        return await http.generate(request, service, lambda body: (parse_messages(body), MessageRun), in_thread=True)
 
     async def count_tokens(request: Request) -> Response:
         return await http.count(request, service, lambda body: parse_messages(body, counting=True),
-                                lambda n: {"input_tokens": n})
+                                lambda n: {"input_tokens": n}, in_thread=True)
 
     return [Route(PATH, create, methods=["POST"]), Route(COUNT_PATH, count_tokens, methods=["POST"])]

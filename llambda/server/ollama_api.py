@@ -13,6 +13,7 @@ ollama_models.py.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import dataclass
@@ -425,7 +426,8 @@ def routes(service: Service, http: Http) -> list[Route]:
         body = await http.body(request)
         if body is None:
             return Response(status_code=499)
-        ask = parse(body, service)
+        # in a worker thread: decoding a body's base64 images would stall the event loop's streams
+        ask = await asyncio.to_thread(parse, body, service)
         if ask.spec is None:
             return _loaded(ask.model, chat, t_request, ask.stream, http)
         return await http.run(request, service, ask.spec,

@@ -3,7 +3,8 @@
 Every check names the field and what was wrong, and raises APIError(400). Unknown
 fields are ignored (clients add their own, e.g. `user`); known fields with the
 wrong type or range are rejected, never coerced. Features we do not implement
-(audio, files) are refused, not ignored; image_url parts become canonical image parts (images.py). Output constraints (`response_format`,
+(audio, files) are refused, not ignored; image_url parts become canonical image parts
+(images.py). Output constraints (`response_format`,
 llama-server's `json_schema` and `grammar`, and `regex`) become a GrammarSpec here;
 whether it compiles is checked against the model (generation.py). `parse_json` reads a body
 with bounded depth and number sizes, so no input reaches a RecursionError, an
