@@ -63,9 +63,21 @@ def test_paths_are_found_as_ollama_finds_them(pics):
     "see (./a.png)",                        # not a word of its own
     "./my cat.PNG",                         # an unescaped space ends the word: "./my" is no path
     "nothing here at all",
+    "see https://example.com/a.png",        # a URL: nothing is fetched, and no word starts at its /
 ])
 def test_words_that_are_not_image_paths_stay_text(pics, text):
     assert _found(text) == (text, [], [])
+
+
+def test_finding_paths_takes_time_linear_in_the_text(pics):
+    """Words that run to the text's end (escaped blanks, open quotes) are tried once, not from every
+    start: a 16 MB prompt of them would never finish."""
+    import time
+    t0 = time.process_time()
+    # (30 000 escaped blanks took the earlier pattern over 40 s: each word ran to the end)
+    for text in ("/\\ " * 300_000, "'/a" * 300_000, " /" + "\\ /" * 30_000, "./a.pn" * 200_000):
+        assert _found(text) == (text, [], [])
+    assert time.process_time() - t0 < 10
 
 
 def test_a_file_that_is_no_image_or_too_large_is_an_error(pics, monkeypatch):

@@ -27,7 +27,8 @@ _START = r"(?:[A-Za-z]:)?(?:\.{1,2}/|~/|/)"
 _EXT = r"\.(?:" + "|".join(EXTENSIONS) + r")"
 _PATHS = re.compile(
     rf"(?P<q>['\"])(?P<quoted>{_START}[^'\"\n]*?{_EXT})(?P=q)"                    # in quotes: as written
-    rf"|(?<!\S)(?P<plain>{_START}(?:\\.|[^\s\\])*?{_EXT})(?=$|[\s,;:!?)\]}}]|\.(?:\s|$))",   # a word
+    # a word: after a blank that no backslash escapes (so no two words overlap: linear in the text)
+    rf"|(?<!\S)(?<!\\\s)(?P<plain>{_START}(?:\\.|[^\s\\])*?{_EXT})(?=$|[\s,;:!?)\]}}]|\.(?:\s|$))",
     re.IGNORECASE)
 _ESCAPED = re.compile(r"\\(.)")
 _MAGIC: tuple[tuple[bytes, int], ...] = ((b"\x89PNG\r\n\x1a\n", 0), (b"\xff\xd8\xff", 0), (b"GIF87a", 0),
