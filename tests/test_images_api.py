@@ -81,7 +81,7 @@ def test_images_of_a_request_are_counted(monkeypatch):
     _refused(lambda: images.decode_base64(B64_A, "images[2]", count), "more than 2 images", code="too_many_images")
 
 
-@pytest.mark.parametrize("url, words, code", [
+BAD_URLS = [
     ("http://127.0.0.1/cat.png", ["remote images are not fetched", "outbound"], "remote_image"),
     ("https://example.com/cat.png", ["remote images"], "remote_image"),
     ("HTTPS://example.com/cat.png", ["remote images"], "remote_image"),
@@ -94,7 +94,11 @@ def test_images_of_a_request_are_counted(monkeypatch):
     ("data:application/octet-stream;base64," + B64_A, ["not an image"], "invalid_media_type"),
     ("data:image/png," + B64_A, ["only base64"], "invalid_image_url"),
     ("data:image/png;base64,iVBORw0KGgo%3D", ["not base64", "'%'"], "invalid_base64"),
-])
+    ("data:image/png" + ";" * 10**6 + "base64,aGk=", ["before ','", "at most 256"], "invalid_image_url"),
+]
+
+
+@pytest.mark.parametrize("url, words, code", BAD_URLS, ids=[f"{i}-{c}" for i, (_, _, c) in enumerate(BAD_URLS)])
 def test_data_urls(url, words, code):
     _refused(lambda: images.from_url(url, "u", images.ImageCount()), *words, code=code)
 

@@ -20,6 +20,7 @@ from .errors import APIError, bad_request, shown
 
 MAX_IMAGE_BYTES = 20 * 2**20    # one image's encoded file (OpenAI's own limit per image)
 MAX_IMAGES = 32                 # images in one request (a continued conversation's included)
+MAX_URL_HEAD = 256              # a data: URL's "image/png;name=...;base64" before its ','
 DETAILS = ("auto", "low", "high")   # OpenAI's `detail`: accepted, no effect (the tower's resolution is fixed)
 _BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
 _NOT_BASE64 = re.compile(r"[^A-Za-z0-9+/=]")
@@ -120,6 +121,9 @@ def from_url(url: Any, where: str, count: ImageCount) -> bytes:
     if not comma:
         raise bad_request(f"{where}: a data: URL needs a ',' before its data", param=where,
                           code="invalid_image_url")
+    if len(head) > MAX_URL_HEAD:
+        raise bad_request(f"{where}: a data: URL's media type and parameters (before ',') are {len(head)} "
+                          f"characters; at most {MAX_URL_HEAD}", param=where, code="invalid_image_url")
     fields = [f.strip().lower() for f in head.split(";")]
     check_media_type(fields[0], where)
     if fields[-1] != "base64":
