@@ -279,7 +279,8 @@ def test_ollama_chat_images():
     ({"role": "user", "content": "x", "images": "aGk="}, ["messages[0].images", "array"]),
     ({"role": "user", "content": "x", "images": ["aGk"]}, ["messages[0].images[0]", "not base64"]),
     ({"role": "user", "content": "x", "images": [5]}, ["messages[0].images[0]", "base64 string"]),
-    ({"role": "user", "content": "x", "images": ["data:image/png;base64," + B64_A]}, ["not base64", "':'"]),
+    ({"role": "user", "content": "x", "images": ["data:image/png;base64," + B64_A]},
+     ["not base64", "':'", "after its ',' alone"]),
     ({"role": "assistant", "content": "x", "images": [B64_A]}, ["user (or tool) message"]),
     ({"role": "user", "content": ["x"], "images": [B64_A]}, ["content must be a string"]),
 ])

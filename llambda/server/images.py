@@ -93,6 +93,8 @@ def decode_base64(text: Any, where: str, count: ImageCount) -> bytes:
         why = (f"the character {bad.group()!r} at {bad.start()}" if bad else
                "'=' inside the text" if "=" in text.rstrip("=") else
                f"{len(text)} characters, not a multiple of 4 (missing '=' padding?)")
+        if text[:5].lower() == "data:":
+            why += " (a data: URL: send the base64 after its ',' alone here)"
         raise bad_request(f"{where} is not base64 (standard alphabet, padded): {why}", param=where,
                           code="invalid_base64")
     return base64.b64decode(text, validate=True)
