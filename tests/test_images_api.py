@@ -408,3 +408,30 @@ def test_text_still_works_and_show_says_no_vision(text_server):
     assert r.status_code == 200, r.text
     caps = httpx.post(text_server.url + "/api/show", json={"model": "tiny-text"}, timeout=60).json()["capabilities"]
     assert "vision" not in caps and "completion" in caps
+
+
+def test_official_clients_send_shapes_taken(text_server, tmp_path):
+    """The shapes the openai, anthropic and ollama packages send (the ollama client encodes a file's
+    bytes or path itself) reach the model check: model_without_vision, not a shape error."""
+    import anthropic
+    import ollama
+    import openai
+    client = openai.OpenAI(base_url=text_server.url + "/v1", api_key="none", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny-text", max_tokens=2, messages=[{"role": "user", "content": [
+            {"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": URL_A, "detail": "low"}}]}])
+    assert e.value.code == "model_without_vision"
+    with pytest.raises(openai.BadRequestError, match="takes no images"):
+        client.responses.create(model="tiny-text", max_output_tokens=2, input=[{"role": "user", "content": [
+            {"type": "input_text", "text": "hi"}, {"type": "input_image", "image_url": URL_B, "detail": "auto"}]}])
+    aclient = anthropic.Anthropic(base_url=text_server.url, api_key="none", max_retries=0)
+    with pytest.raises(anthropic.BadRequestError, match="takes no images"):
+        aclient.messages.create(model="tiny-text", max_tokens=2, messages=[{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": B64_A}}]}])
+    (tmp_path / "b.png").write_bytes(PNG_B)
+    oclient = ollama.Client(host=text_server.url)
+    for images in ([PNG_A], [str(tmp_path / "b.png")]):
+        with pytest.raises(ollama.ResponseError, match="takes no images"):
+            oclient.chat(model="tiny-text", messages=[{"role": "user", "content": "hi", "images": images}])
+    with pytest.raises(ollama.ResponseError, match="takes no images"):
+        oclient.generate(model="tiny-text", prompt="hi", images=[PNG_A])
