@@ -39,6 +39,14 @@ def _add_model_args(p: argparse.ArgumentParser, runtime: bool = True,
     p.add_argument("-v", "--verbose", action="store_true", help="print memory budget and tokens/s")
 
 
+def _add_image_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--image", action="append", metavar="FILE", default=None,
+                   help="an image for a model with a vision tower (PNG, JPEG, WebP, GIF, BMP; repeatable): "
+                        "with `run` the prompt and its images go through the chat template; with `chat` they go "
+                        "with the first message. Paths typed in a message (./cat.png, ~/a.jpg, '/my pics/b.png', "
+                        "/my\\ pics/b.png) are taken as images too, for such a model only")
+
+
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampling")
     g.add_argument("-n", "--max-tokens", "--n-predict", type=int, default=256,
@@ -335,6 +343,12 @@ def _run_model_and_prompt(a) -> str | None:
     return with_piped_text(" ".join(words), lambda: _read_stdin("prompt"))
 
 
+def _image_files(a) -> list[bytes]:
+    """--image's files, read (and checked to be images) before the model loads."""
+    from .commands.image_paths import read_image
+    return [read_image(os.path.expanduser(path)) for path in a.image or []]
+
+
 def cmd_run(a) -> int:
     prompt = _run_model_and_prompt(a)
     if prompt is None and sys.stdin is not None and sys.stdin.isatty():
@@ -344,19 +358,41 @@ def cmd_run(a) -> int:
         return cmd_chat(a)
     _check_generation_args(a)
     constraint, spec = _constraint_kwargs(a), _speculative_kwargs(a)
+    images = _image_files(a)
     if prompt is None:      # `echo "The capital of France is" | llambda run` continued after echo's newline
         prompt = _stdin_text("prompt")
-    if not prompt:          # was said only after the load, by the library ("give at least one token")
+    if not prompt and not images:   # was said only after the load, by the library ("give at least one token")
         raise ValueError("the prompt is empty: give the text to continue (as words, -p, -f FILE or on stdin)")
     from .commands.run_flags import ThoughtHider, warn_unused_in_completion
     from .server.harmony import speaks_harmony
     from .thinking import prompt_opens_thought
-    warn_unused_in_completion(a.think)
     model = _load(a, generates=True)
-    hider = ThoughtHider(prompt_opens_thought(prompt), speaks_harmony(model)) if a.hidethinking else None
+    if getattr(model, "accepts_images", False):
+        # paths in a vision model's prompt are its images (a text model's prompt stays as typed)
+        from .commands.image_paths import find_images
+        prompt, found = find_images(prompt)
+        images += found
+    elif images:
+        from .commands.image_paths import no_vision
+        model.close()
+        raise no_vision(a.model)
+    if images:      # with images, a chat's one user turn (as ollama run sends it), through the chat template
+        from .commands.image_paths import image_message
+        from .commands.run_flags import template_kwargs
+        template = template_kwargs(a.think, False)
+        messages = [image_message(prompt, images)]
+        events = model.chat_stream(messages, template_kwargs=template, **_sampling_kwargs(a), **constraint, **spec)
+        shown_prompt = model.render_chat(messages, **template) if a.hidethinking else ""
+    else:
+        warn_unused_in_completion(a.think)
+        events = None
+        shown_prompt = prompt
+    hider = ThoughtHider(prompt_opens_thought(shown_prompt), speaks_harmony(model)) if a.hidethinking else None
     t0 = time.perf_counter()
     try:
-        _stream_out(model.stream(prompt, **_sampling_kwargs(a), **constraint, **spec), a.verbose, t0, hider)
+        if events is None:
+            events = model.stream(prompt, **_sampling_kwargs(a), **constraint, **spec)
+        _stream_out(events, a.verbose, t0, hider)
     except KeyboardInterrupt:
         sys.stdout.write("\n")      # the shell's prompt on a line of its own (exit status 130)
         raise
@@ -376,13 +412,18 @@ def cmd_chat(a) -> int:
     constraint, spec, template = _constraint_kwargs(a), _speculative_kwargs(a), _template_kwargs(a)
     if sys.stdin is None:       # `<&-`: once an AttributeError traceback, after the model loaded
         raise LlambdaError("no messages given and stdin is closed (chat reads them from it)")
+    images = _image_files(a)
     model = _load(a, generates=True)
+    if images and not getattr(model, "accepts_images", False):
+        from .commands.image_paths import no_vision
+        model.close()
+        raise no_vision(a.model)
     model.chat_template()    # a clear error now for a model without a template
     if constraint:           # an invalid grammar is an error now, not at the first reply
         from .constraints import grammar_spec
         model.compile_grammar(grammar_spec(**constraint))
     session = ChatSession(model, {**_sampling_kwargs(a), **constraint, **spec, **template}, system=a.system,
-                          hide_thinking=a.hidethinking)
+                          hide_thinking=a.hidethinking, images=images)
     banner = (f"llambda chat: {a.model} ({model.config.arch}, ctx {model.n_ctx}). "
               "/help for commands, Ctrl-C stops a reply, Ctrl-D or /exit leaves.")
     return run_chat(session, banner, home() / "chat_history", verbose=a.verbose)
@@ -453,6 +494,10 @@ def _api_key(key: str | None) -> str | None:
 MAX_SHUTDOWN_GRACE = 86400     # a day: a bound on how long a SIGTERM may wait
 
 
+DEFAULT_MAX_BODY = 4 * 2**20
+VISION_MAX_BODY = 32 * 2**20     # a 20 MB image (server/images.py's limit) is 26.7 MB as base64
+
+
 def cmd_serve(a: argparse.Namespace) -> int:
     from .api import load
     from .server import ServerConfig, serve
@@ -461,7 +506,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
     a.api_key = _api_key(a.api_key)
     if a.parallel < 1:
         raise ValueError("--parallel must be >= 1")
-    if a.queue_size < 0 or a.max_body < 1 or a.prefill_chunk < 1:
+    if a.queue_size < 0 or (a.max_body is not None and a.max_body < 1) or a.prefill_chunk < 1:
         raise ValueError("--queue-size must be >= 0, --max-body and --prefill-chunk >= 1")
     if a.max_tokens_cap is not None and a.max_tokens_cap < 1:
         raise ValueError("--max-tokens-cap must be >= 1")
@@ -485,7 +530,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
     model_id = a.alias or model_id_for(a.model)
     aliases = {Path(a.model).name, Path(a.model).stem, a.model} - {model_id}
     cfg = ServerConfig(model_id=model_id, aliases=aliases, host=a.host, port=a.port, parallel=a.parallel,
-                       queue_size=a.queue_size, max_tokens_cap=a.max_tokens_cap, max_body_bytes=a.max_body,
+                       queue_size=a.queue_size, max_tokens_cap=a.max_tokens_cap,
+                       max_body_bytes=a.max_body or DEFAULT_MAX_BODY,
                        api_key=a.api_key, prefill_chunk=a.prefill_chunk, shutdown_grace=a.shutdown_grace,
                        max_connections=a.max_connections, header_timeout=a.header_timeout,
                        body_timeout=a.body_timeout, webui=not a.no_webui, log_format=a.log_format,
@@ -512,6 +558,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
                                       "/v1/embeddings): " + (f"at most --parallel {fit - 1} would fit" if fit >= 2
                                       else "not even --parallel 1 fits at this context (-c)")) from None
     cfg.aliases |= {model.name} - {model_id}
+    if a.max_body is None and getattr(model, "accepts_images", False):
+        cfg.max_body_bytes = VISION_MAX_BODY     # room for an image of the largest size a request takes
     if a.verbose:
         _print_plan(model)
     mem = model.memory_report()
@@ -666,7 +714,10 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Complete a prompt as it is written (no chat template: `llambda chat` "
                                    "holds a conversation), streaming the text to stdout. "
                                    "`llambda run MODEL PROMPT` works as with ollama; with no prompt, "
-                                   "at a terminal, it starts `llambda chat`.")
+                                   "at a terminal, it starts `llambda chat`. With images (--image, or for a "
+                                   "model with a vision tower image paths in the prompt: ./cat.png, "
+                                   "'/my pics/cat.png'), the prompt and its images are one user message "
+                                   "rendered by the chat template, as ollama run sends them.")
     _add_model_args(p, default_model=None)
     _add_sampling_args(p)
     _add_constraint_args(p)
@@ -677,6 +728,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("-f", "--file", dest="prompt_file", metavar="FILE", default=None,
                    help="the prompt is the text of FILE (as it is, final newline included)")
     add_ollama_run_args(p)
+    _add_image_args(p)
     p.add_argument("prompt", nargs="*", metavar="[MODEL] PROMPT",
                    help="the prompt, its words joined by spaces, after the text of a piped stdin as ollama "
                         "sends it (no words: stdin alone; at a terminal, a chat); "
@@ -693,6 +745,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system", default=None, help="system prompt")
     _add_template_args(p)
     add_ollama_run_args(p)
+    _add_image_args(p)
     p.add_argument("model_arg", nargs="?", metavar="MODEL", help="the same as -m (`llambda chat MODEL`)")
     p.set_defaults(fn=cmd_chat)
 
@@ -758,7 +811,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--alias", default=None, help="model id to serve under (default: the -m name)")
     p.add_argument("--max-tokens-cap", type=int, default=None,
                    help="most tokens one request may generate (default: up to the context)")
-    p.add_argument("--max-body", type=int, default=4 * 2**20, help="request body limit in bytes (default 4 MiB)")
+    p.add_argument("--max-body", type=int, default=None,
+                   help="request body limit in bytes (default 4 MiB; 32 MiB for a model with a vision tower, "
+                        "room for one 20 MB image in base64)")
     # defaults None: ServerConfig's apply (importing them here would load the server for every command)
     p.add_argument("--stored-responses", type=int, default=None,
                    help="/v1/responses kept in memory for previous_response_id and GET; the oldest go "

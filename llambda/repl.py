@@ -35,6 +35,10 @@ HELP = """commands:
                      Ctrl-D inside one sends it, then leaves)
 Ctrl-C stops the reply being written; the conversation keeps what was said."""
 
+IMAGES_HELP = """
+images: name an image file in a message (./cat.png, ~/a.jpg, '/my pics/b.png', /my\\ pics/b.png):
+                     PNG, JPEG, WebP, GIF or BMP; it goes with the message, its path taken out of the text"""
+
 MULTILINE = '"""'
 LOAD_MAX_BYTES = 64 << 20     # a conversation file; `/load /dev/zero` read until memory ran out
 LINE_MAX_CHARS = 16 << 20     # a piped message (~4M tokens, past any context); `chat < /dev/zero` ran out of memory
@@ -89,7 +93,8 @@ class ReplyStats:
 class ChatSession:
     """The conversation and the commands that change it, apart from any terminal."""
 
-    def __init__(self, model, sampling: dict, system: str | None = None, hide_thinking: bool = False):
+    def __init__(self, model, sampling: dict, system: str | None = None, hide_thinking: bool = False,
+                 images: list[bytes] | None = None):
         self.model = model
         self.sampling = sampling
         self.system = system
@@ -97,6 +102,30 @@ class ChatSession:
         self.messages: list[dict] = []
         self.last = ReplyStats()
         self.verbose = False         # each reply's stats on stderr (-v, /set verbose)
+        # a vision model's messages may name image files (commands/image_paths.py); --image's go with the first
+        self.reads_images = bool(getattr(model, "accepts_images", False))
+        self.images = list(images or [])
+
+    def user_message(self, text: str) -> dict:
+        """The user's message for `text`: with a vision model, the image files it names (and --image's,
+        for the first message) as image parts before the text, their paths taken out of it."""
+        found: list[bytes] = []
+        if self.reads_images:
+            from .commands.image_paths import find_images
+            text, found = find_images(text)
+        images, self.images = self.images + found, []
+        if not images:
+            return {"role": "user", "content": text}
+        from .commands.image_paths import image_message
+        return image_message(text, images)
+
+    def names_an_image(self, line: str) -> bool:
+        """Whether a line starting with "/" is a message naming an image file there (/tmp/cat.png ...),
+        not a command (as ollama tells them apart)."""
+        if not self.reads_images:
+            return False
+        from .commands.image_paths import starts_with_image
+        return starts_with_image(line)
 
     def history(self) -> list[dict]:
         head = [{"role": "system", "content": self.system}] if self.system else []
@@ -104,7 +133,7 @@ class ChatSession:
 
     def reply(self, text: str, write: Callable[[str], None]) -> str:
         """Stream the assistant's answer to `text` through `write`; Ctrl-C ends it early but keeps it."""
-        self.messages.append({"role": "user", "content": text})
+        self.messages.append(self.user_message(text))
         stats, out = ReplyStats(), []
         t0 = time.perf_counter()
         first = None
@@ -170,7 +199,7 @@ class ChatSession:
         if name in ("/exit", "/quit", "/bye"):
             return None
         if name in ("/help", "/?"):
-            return HELP
+            return HELP + (IMAGES_HELP if self.reads_images else "")
         if name == "/set":
             return self._set(arg)
         if name == "/show":
@@ -188,7 +217,8 @@ class ChatSession:
             if not arg:
                 return "usage: /save FILE"
             try:
-                Path(arg).write_text(json.dumps(self.history(), ensure_ascii=False, indent=1), encoding="utf-8")
+                saved = [_saved(m) for m in self.history()]
+                Path(arg).write_text(json.dumps(saved, ensure_ascii=False, indent=1), encoding="utf-8")
             except (OSError, ValueError) as e:   # ValueError: a NUL in the name, a lone surrogate in the text
                 return f"cannot write {arg}: {getattr(e, 'strerror', None) or e}"
             return f"saved {len(self.messages)} messages to {arg}"
@@ -254,10 +284,44 @@ class ChatSession:
             for m in data)
         if not ok:
             return f"{path}: expected a JSON list of {{role, content}} messages"
-        system = [m["content"] for m in data if m["role"] == "system"]
+        try:
+            messages = [_loaded(m, self.reads_images) for m in data]
+        except ValueError as e:
+            return f"{path}: {e}"
+        system = [m["content"] for m in messages if m["role"] == "system"]
         self.system = system[0] if system else self.system
-        self.messages = [{"role": m["role"], "content": m["content"]} for m in data if m["role"] != "system"]
+        self.messages = [m for m in messages if m["role"] != "system"]
         return f"loaded {len(self.messages)} messages from {path}"
+
+
+def _saved(message: dict) -> dict:
+    """A message as /save writes it: a message with images as Ollama's (its text, `images` in base64)."""
+    content = message["content"]
+    if isinstance(content, str):
+        return message
+    import base64
+    text = "\n".join(p["text"] for p in content if p["type"] == "text")
+    return {"role": message["role"], "content": text,
+            "images": [base64.b64encode(p["image"]).decode() for p in content if p["type"] == "image"]}
+
+
+def _loaded(message: dict, reads_images: bool) -> dict:
+    """A message /load read (role and content checked), its `images` (base64, as /save writes them) as
+    image parts; ValueError for images a text model cannot take, or that are not base64."""
+    out = {"role": message["role"], "content": message["content"]}
+    images = message.get("images")
+    if not images:
+        return out
+    import base64
+    import binascii
+    if not reads_images:
+        raise ValueError("the conversation holds images, and this model takes none (it has no vision tower)")
+    try:
+        data = [base64.b64decode(i, validate=True) for i in images]
+    except (TypeError, ValueError, binascii.Error):
+        raise ValueError("'images' must be a list of base64 strings") from None
+    from .commands.image_paths import image_message
+    return dict(image_message(out["content"], data), role=out["role"])
 
 
 def _setup_readline(history_file: Path | None):
@@ -353,7 +417,7 @@ def run_chat(session: ChatSession, banner: str, history_file: Path | None, verbo
                 return 0
             if not text.strip():
                 continue
-            if text.startswith("/"):
+            if text.startswith("/") and not session.names_an_image(text):
                 said = session.command(text)
                 if said is None:
                     return 0
@@ -389,7 +453,7 @@ def run_chat(session: ChatSession, banner: str, history_file: Path | None, verbo
                 continue
             if not text.strip():
                 continue
-            if text.startswith("/"):
+            if text.startswith("/") and not session.names_an_image(text):
                 said = session.command(text)
                 if said is None:
                     return 0

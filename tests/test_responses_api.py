@@ -91,7 +91,7 @@ def test_refused_requests(live, client):
         client.responses.create(model=MODEL_ID, input="Hi", previous_response_id="resp_123", max_output_tokens=4)
     with pytest.raises(openai.BadRequestError, match="'conversation' is not supported"):
         client.responses.create(model=MODEL_ID, input="Hi", conversation="conv_1", max_output_tokens=4)
-    with pytest.raises(openai.BadRequestError, match="input_image"):
+    with pytest.raises(openai.BadRequestError, match="remote images are not fetched"):
         client.responses.create(model=MODEL_ID, max_output_tokens=4, input=[{"role": "user", "content": [
             {"type": "input_image", "image_url": "http://127.0.0.1/x.png"}]}])
     with pytest.raises(openai.BadRequestError, match="only function tools"):

@@ -1,7 +1,8 @@
 """POST /v1/messages: Anthropic's Messages API over the same scheduler as chat completions.
 
-The request becomes a chat-completions body (system, messages with text,
-tool_use and tool_result blocks, tools with input_schema, tool_choice) validated
+The request becomes a chat-completions body (system, messages with text, image
+(base64 sources, as image parts: images.py), tool_use and tool_result blocks, tools with input_schema,
+tool_choice) validated
 by `schemas.parse_chat`; a last assistant turn of text is the answer's start (prefill);
 generation goes through `Service`. The answer is a
 `message` with thinking (a harmony answer's analysis channel, unsigned), text and tool_use
@@ -26,6 +27,7 @@ from starlette.routing import Route
 from .deltas import Http, array_of, deltas, sse_event, stop_sequence
 from .errors import APIError, bad_request
 from .generation import Generation, Service
+from .images import REMOTE, ImageCount, check_media_type, decode_base64, image_part, joined_parts
 from .openai_format import dumps
 from .partial_json import partial_object
 from .schemas import MAX_STOP, MAX_TOOLS, GenerationSpec, _Body, _type, check_function, parse_chat
@@ -66,18 +68,42 @@ def _blocks(content, where: str) -> list[dict]:
     return content
 
 
-def _plain(content, where: str) -> str:
-    """Text blocks (or a string) as one string: system prompts, tool results."""
-    texts = []
+def _plain(content, where: str, count: ImageCount | None = None):
+    """Text blocks (or a string) as one string: system prompts, tool results. With `count` (a tool
+    result) image blocks are taken too: then the content is a list of canonical parts, the text
+    blocks' text joined between images."""
+    parts: list = []
     for j, block in enumerate(_blocks(content, where)):
+        if block["type"] == "image" and count is not None:
+            parts.append(_image(block, f"{where}[{j}]", count))
+            continue
         if block["type"] != "text":
-            raise bad_request(f"{where}[{j}] is a {block['type']!r} block; only text blocks are supported here",
+            only = "text and image blocks are" if count is not None else "only text blocks are"
+            raise bad_request(f"{where}[{j}] is a {block['type']!r} block; {only} supported here",
                               param=f"{where}[{j}]")
         if not isinstance(block.get("text"), str):
             raise bad_request(f"{where}[{j}]: a text block needs a string 'text', got {_type(block.get('text'))}",
                               param=f"{where}[{j}]")
-        texts.append(block["text"])
-    return "\n".join(texts)
+        parts.append(block["text"])
+    return joined_parts(parts)
+
+
+def _image(block: dict, at: str, count: ImageCount) -> dict:
+    """An image block, {"type": "image", "source": {"type": "base64", "media_type", "data"}}, as a
+    canonical image part; a url source is refused (nothing is fetched), a file source too (no Files API)."""
+    source = block.get("source")
+    kind = source.get("type") if isinstance(source, dict) else None
+    where = f"{at}.source"
+    if kind == "url":
+        raise bad_request(f"{where}: {REMOTE}", param=where)
+    if kind == "file":
+        raise bad_request(f"{where}: file sources are not supported (this server has no file store); send the "
+                          "image as a base64 source", param=where)
+    if kind != "base64":
+        raise bad_request(f"{where} must be {{\"type\": \"base64\", \"media_type\": \"image/png\", \"data\": "
+                          "\"...\"}}", param=where)
+    check_media_type(source.get("media_type"), f"{where}.media_type")
+    return image_part(decode_base64(source.get("data"), f"{where}.data", count))
 
 
 def _string(block: dict, key: str, at: str, required: bool = True) -> str | None:
@@ -89,6 +115,7 @@ def _string(block: dict, key: str, at: str, required: bool = True) -> str | None
 
 
 def _messages(system, messages) -> list[dict]:
+    count = ImageCount()        # the request's images
     # checked whatever it holds (0, false, {} are not a system prompt); empty, it adds no turn
     text = _plain(system, "system") if system is not None else ""
     out = [{"role": "system", "content": text}] if text else []
@@ -104,6 +131,8 @@ def _messages(system, messages) -> list[dict]:
             at, kind = f"{where}.content[{j}]", block["type"]
             if kind == "text" and isinstance(block.get("text"), str):
                 texts.append(block["text"])
+            elif kind == "image" and role == "user":
+                texts.append(_image(block, at, count))
             elif kind == "tool_use" and role == "assistant":
                 name, args = block.get("name"), block.get("input", {})
                 if not isinstance(name, str) or not isinstance(args, dict):
@@ -112,9 +141,9 @@ def _messages(system, messages) -> list[dict]:
                 calls.append({"id": _string(block, "id", at, required=False) or f"toolu_{j}", "type": "function",
                               "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}})
             elif kind == "tool_result" and role == "user":
-                text = _plain(block.get("content", ""), f"{at}.content")
+                text = _plain(block.get("content", ""), f"{at}.content", count)
                 if block.get("is_error"):
-                    text = "Error: " + text
+                    text = _error_result(text)
                 results.append({"role": "tool", "tool_call_id": _string(block, "tool_use_id", at), "content": text})
             elif kind == "thinking" and role == "assistant" and isinstance(block.get("thinking"), str):
                 thinking.append(block["thinking"])     # given back as the turn's reasoning (harmony wants it)
@@ -122,7 +151,7 @@ def _messages(system, messages) -> list[dict]:
                 continue
             else:
                 raise bad_request(f"{at} is a {kind!r} block, which a {role} message cannot carry here (text, "
-                                  "tool_use from the assistant and tool_result from the user are supported)",
+                                  "tool_use from the assistant, image and tool_result from the user are supported)",
                                   param=at)
         # tool results answer the previous turn's calls: they come before the user's own text
         out += results
@@ -134,8 +163,16 @@ def _messages(system, messages) -> list[dict]:
                 msg["reasoning_content"] = "\n".join(thinking)
             out.append(msg)
         elif texts or not results:
-            out.append({"role": "user", "content": "\n".join(texts)})
+            out.append({"role": "user", "content": joined_parts(texts)})
     return out
+
+
+def _error_result(content):
+    """A tool result marked is_error: "Error: " before its text (before its first text part)."""
+    if isinstance(content, str):
+        return "Error: " + content
+    return [{"type": "text", "text": "Error:"}] + content if content[0]["type"] != "text" else \
+        [{"type": "text", "text": "Error: " + content[0]["text"]}] + content[1:]
 
 
 def _tools(v) -> list | None:
@@ -342,10 +379,11 @@ class MessageRun:
 def routes(service: Service, http: Http) -> list[Route]:
     # an APIError raised here is answered in Anthropic's shape by the app's handler (error_response_for)
     async def create(request: Request) -> Response:
-        return await http.generate(request, service, lambda body: (parse_messages(body), MessageRun))
+        # in a worker thread: decoding a body's base64 images would stall the event loop's streams
+        return await http.generate(request, service, lambda body: (parse_messages(body), MessageRun), in_thread=True)
 
     async def count_tokens(request: Request) -> Response:
         return await http.count(request, service, lambda body: parse_messages(body, counting=True),
-                                lambda n: {"input_tokens": n})
+                                lambda n: {"input_tokens": n}, in_thread=True)
 
     return [Route(PATH, create, methods=["POST"]), Route(COUNT_PATH, count_tokens, methods=["POST"])]

@@ -344,12 +344,13 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
     service = Service(model, scheduler, cfg)
     http = _http(cfg)
 
-    async def generate(request: Request, parse) -> Response:
+    async def generate(request: Request, parse, in_thread: bool = False) -> Response:
         # a Generation streams OpenAI's chunks and collects OpenAI's answer itself
-        return await http.generate(request, service, lambda body: (parse(body), lambda gen: gen))
+        return await http.generate(request, service, lambda body: (parse(body), lambda gen: gen), in_thread)
 
     async def chat_completions(request: Request) -> Response:
-        return await generate(request, parse_chat)
+        # in a worker thread: decoding a body's base64 images would stall the event loop's streams
+        return await generate(request, parse_chat, in_thread=True)
 
     async def completions(request: Request) -> Response:
         return await generate(request, parse_completion)

@@ -4,7 +4,7 @@ A request becomes a chat-completions (or, for `raw` and `suffix` generations, a 
 and is validated by `schemas.parse_chat` / `parse_completion`, so every sampling rule and limit is
 the one those routes have; `options` map onto their fields (num_predict -> max_tokens), `format`
 onto `response_format`/`json_schema`, Ollama's messages (tool_calls with object arguments,
-tool_name) onto OpenAI's. Answers stream as newline-delimited JSON objects, the last with
+tool_name, images as image parts before the text: images.py) onto OpenAI's. Answers stream as newline-delimited JSON objects, the last with
 `done: true`, the finish and the durations in nanoseconds; `stream: false` gives that last object
 with the whole answer. Every error is `{"error": "message"}` with a 4xx status, or, once a stream
 has started, its last line. The model-management calls (pull, push, create, copy, delete) are
@@ -13,6 +13,7 @@ ollama_models.py.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from . import embeddings_api, ollama_models
 from .deltas import Http, array_of, deltas
 from .errors import APIError, bad_request, shown
 from .generation import Generation, Service
+from .images import ImageCount, decode_base64, image_part
 from .openai_format import chat_logprobs, dumps
 from .partial_json import partial_object
 from .schemas import REASONING_EFFORTS, GenerationSpec, _Body, _type, parse_chat, parse_completion
@@ -128,10 +130,18 @@ def _format(v) -> dict:
     raise bad_request(f"'format' must be \"json\" or a JSON schema object, got {_type(v)}", param="format")
 
 
-def _no_images(v, where: str) -> None:
-    if v is not None and array_of(v, where, "images"):
-        raise bad_request(f"'{where}': this server's model reads text only (llambda runs no vision models)",
-                          param=where)
+IMAGE_ROLES = ("user", "tool")      # the messages an image may come with
+
+
+def _images(v, where: str, count: ImageCount) -> list[dict]:
+    """`images` (base64 strings, as Ollama takes them) as canonical image parts."""
+    return [image_part(decode_base64(text, f"{where}[{j}]", count))
+            for j, text in enumerate(array_of(v, where, "base64 strings"))]
+
+
+def _with_images(content, images: list[dict]) -> list[dict]:
+    """A message's text with its images before it, where Ollama's prompt puts them."""
+    return images + ([{"type": "text", "text": content}] if content else [])
 
 
 def _think(b: _Body) -> tuple[bool, dict]:
@@ -152,15 +162,24 @@ def _think(b: _Body) -> tuple[bool, dict]:
     return v is not False, {**on, "reasoning_effort": effort} if effort is not None else on
 
 
-def _message(m, i: int) -> dict:
-    """One Ollama message as an OpenAI chat message (chat's own checks follow in parse_chat)."""
+def _message(m, i: int, count: ImageCount) -> dict:
+    """One Ollama message as an OpenAI chat message (chat's own checks follow in parse_chat); its
+    `images` as canonical image parts before its text."""
     where = f"messages[{i}]"
     if not isinstance(m, dict):
         raise bad_request(f"{where} must be an object, got {_type(m)}", param=where)
-    _no_images(m.get("images"), f"{where}.images")
     out = {k: v for k, v in m.items() if k not in ("images", "tool_name", "tool_calls")}
     if out.get("content") is None:
         out["content"] = ""     # Ollama's content is a string that defaults to empty (its client leaves "" out)
+    images = _images(m.get("images"), f"{where}.images", count)
+    if images:
+        if m.get("role") not in IMAGE_ROLES:
+            raise bad_request(f"{where}.images: images come with a user (or tool) message, not "
+                              f"{shown(m.get('role'))}", param=f"{where}.images")
+        if not isinstance(out["content"], str):
+            raise bad_request(f"{where}.content must be a string, got {_type(out['content'])}",
+                              param=f"{where}.content")
+        out["content"] = _with_images(out["content"], images)
     if m.get("tool_name") is not None:
         if not isinstance(m["tool_name"], str):
             raise bad_request(f"{where}.tool_name must be a string, got {_type(m['tool_name'])}",
@@ -252,7 +271,8 @@ def parse_ollama_chat(body, service) -> OllamaAsk:
     if not isinstance(messages, list):
         raise bad_request(f"'messages' must be an array of message objects, got {_type(messages)}",
                           param="messages")
-    fields.update(messages=[_message(m, i) for i, m in enumerate(messages)], tools=_tools(b.get("tools")),
+    count = ImageCount()
+    fields.update(messages=[_message(m, i, count) for i, m in enumerate(messages)], tools=_tools(b.get("tools")),
                   **think_fields)
     return OllamaAsk.of(_parse(parse_chat, fields, names), b, fields, think, service)
 
@@ -263,7 +283,7 @@ def parse_ollama_generate(body, service) -> OllamaAsk:
     b = _Body(body)
     fields, names = _common(body, b, service)
     think, think_fields = _think(b)
-    _no_images(b.get("images"), "images")
+    images = _images(b.get("images"), "images", ImageCount())
     for name in ("template", "context"):
         if b.get(name):
             raise bad_request(f"'{name}' is not supported: the model's own chat template renders the prompt; "
@@ -273,6 +293,13 @@ def parse_ollama_generate(body, service) -> OllamaAsk:
     raw = b.boolean("raw", False)
     if not prompt and not suffix:
         return OllamaAsk.of(None, b, fields, think, service)
+    if images and (raw or suffix):
+        # Ollama places a raw prompt's images at [img-N] markers written into it; a completion here
+        # has no place for them
+        given = "raw: true" if raw else "a suffix (fill-in-the-middle)"
+        raise bad_request(f"'images' cannot go with {given}: such a prompt has no place for images here; send "
+                          "them without it (the chat template puts them in the user message), or use /api/chat",
+                          param="images")
     if raw or suffix:
         if system:
             raise bad_request("'system' has no place in a raw or fill-in-the-middle (suffix) prompt; put it in "
@@ -283,7 +310,8 @@ def parse_ollama_generate(body, service) -> OllamaAsk:
             fields["logprobs"] = top or 0       # a completion's `logprobs` is its count of alternatives
             names["logprobs"] = "top_logprobs"
         return OllamaAsk.of(_parse(parse_completion, fields, names), b, fields, think, service)
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    user = _with_images(prompt, images) if images else prompt
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
     fields.update(messages=messages, **think_fields)
     return OllamaAsk.of(_parse(parse_chat, fields, names), b, fields, think, service)
 
@@ -398,7 +426,8 @@ def routes(service: Service, http: Http) -> list[Route]:
         body = await http.body(request)
         if body is None:
             return Response(status_code=499)
-        ask = parse(body, service)
+        # in a worker thread: decoding a body's base64 images would stall the event loop's streams
+        ask = await asyncio.to_thread(parse, body, service)
         if ask.spec is None:
             return _loaded(ask.model, chat, t_request, ask.stream, http)
         return await http.run(request, service, ask.spec,

@@ -122,6 +122,8 @@ class ServedModel:
             caps.append("thinking")
         if getattr(s, "fim", None) is not None:
             caps.append("insert")
+        if getattr(s.model, "accepts_images", False):      # a vision tower is attached
+            caps.append("vision")
         return caps
 
     def adapters(self) -> dict:

@@ -9,8 +9,8 @@ A field a client added reaches no template, so it is not kept: every request con
 conversation parses the whole entry again, and junk such as `"note": [{}, {}, ...]` costs some
 twenty times its JSON size once parsed.
 
-The items come here validated (responses_api._messages): only those four types, their parts text,
-annotations as `check_annotations` takes them.
+The items come here validated (responses_api._messages): only those four types, their parts text
+(or an input_image's data: URL, kept as sent), annotations as `check_annotations` takes them.
 """
 from __future__ import annotations
 
@@ -59,6 +59,8 @@ def check_annotations(annotations, where: str) -> None:
 
 
 def _part(part: dict) -> dict:
+    if part["type"] == "input_image":       # as OpenAI's API lists one (checked: a data: URL, no file_id)
+        return {"type": "input_image", "image_url": part["image_url"], "detail": part.get("detail") or "auto"}
     kept = {"type": part["type"], "text": part["text"]}
     if part["type"] == "output_text":       # as OpenAI's API lists one: its annotations always
         kept["annotations"] = [{"type": note["type"], **{k: note[k] for k in ANNOTATION_FIELDS[note["type"]]}}
@@ -67,8 +69,8 @@ def _part(part: dict) -> dict:
 
 
 def text_parts(parts: list) -> list[dict]:
-    """Checked text parts as kept: their type and text, an output_text part's annotations (logprobs
-    are not kept)."""
+    """Checked parts as kept: their type and text, an output_text part's annotations (logprobs are not
+    kept), an input_image's image_url and detail."""
     return [_part(part) for part in parts]
 
 

@@ -1,6 +1,7 @@
 """POST /v1/responses: OpenAI's Responses API over the same scheduler as chat completions.
 
-A request is turned into a chat-completions body (input items -> messages, flat
+A request is turned into a chat-completions body (input items -> messages, a user's input_image
+parts -> image parts (images.py), flat
 function tools -> chat tools, text.format -> response_format) and validated by
 `schemas.parse_chat`, so every sampling rule and limit is the one chat has;
 generation goes through `Service`. The answer is a `response` object whose
@@ -37,6 +38,7 @@ from starlette.routing import Route
 from .deltas import Http, array_of, deltas, sse_event
 from .errors import APIError, bad_request, shown
 from .generation import Generation, Service
+from .images import ImageCount, check_detail, from_url, image_part, joined_parts
 from .openai_format import dumps, now
 from .response_items import check_annotations, new_id as _id, stored_items
 from .response_store import ResponseStore, Stored, encode_response
@@ -67,9 +69,11 @@ LOGPROBS = "message.output_text.logprobs"
 
 # -- request -----------------------------------------------------------------------------
 
-def _text(parts, where: str, kinds: tuple = TEXT_PARTS) -> str:
+def _text(parts, where: str, kinds: tuple = TEXT_PARTS, images: ImageCount | None = None):
     """Text parts of `kinds` as one string: a message's content (or a string), or a reasoning item's
-    content or summary (or absent). An output_text part's annotations are checked: they are stored."""
+    content or summary (or absent). An output_text part's annotations are checked: they are stored.
+    With `images` (a user message's content, a call's output) input_image parts are taken too: the
+    content is then a list of canonical parts, runs of text joined as without images."""
     message = kinds is TEXT_PARTS
     if isinstance(parts, str) and message:
         return parts
@@ -82,9 +86,16 @@ def _text(parts, where: str, kinds: tuple = TEXT_PARTS) -> str:
     for j, part in enumerate(parts):
         at = f"{where}[{j}]"
         kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "input_image" and images is not None:
+            texts.append(_image(part, at, images))
+            continue
+        if kind == "input_image" and message:
+            raise bad_request(f"{at}: input_image parts come in user messages (and function call outputs) only",
+                              param=at)
         if kind not in kinds:
             what = shown(kind) if isinstance(kind, str) else _type(part)
-            only = "input_text and output_text parts are supported (no images, files or audio)" if message \
+            taken = "input_text, input_image" if images is not None else "input_text"
+            only = f"{taken} and output_text parts are supported (no files or audio)" if message \
                 else f"{kinds[0]} parts are"
             raise bad_request(f"{at} is a {what} part; only {only}", param=at)
         if not isinstance(part.get("text"), str):
@@ -92,10 +103,20 @@ def _text(parts, where: str, kinds: tuple = TEXT_PARTS) -> str:
         if kind == "output_text":
             check_annotations(part.get("annotations"), f"{at}.annotations")
         texts.append(part["text"])
-    return "\n".join(texts)
+    return joined_parts(texts)
 
 
-def _messages(items: list, field: str, msgs: list[dict]) -> list[dict]:
+def _image(part: dict, at: str, images: ImageCount) -> dict:
+    """An input_image part ({"image_url": "data:...", "detail": ...}) as a canonical image part; a
+    file_id is refused (no file store), an http(s) URL too (nothing is fetched)."""
+    check_detail(part.get("detail"), f"{at}.detail")
+    if part.get("file_id") is not None:
+        raise bad_request(f"{at}.file_id: file ids are not supported (this server has no file store); send the "
+                          "image in image_url as a data: URL", param=f"{at}.file_id")
+    return image_part(from_url(part.get("image_url"), f"{at}.image_url", images))
+
+
+def _messages(items: list, field: str, msgs: list[dict], images: ImageCount) -> list[dict]:
     """Input items (from the request's `field`, for errors) appended to chat messages.
 
     A reasoning item's text goes onto the assistant turn that follows it (its calls or its answer)
@@ -120,7 +141,8 @@ def _messages(items: list, field: str, msgs: list[dict]) -> list[dict]:
             role = ROLES.get(item["role"]) if isinstance(item.get("role"), str) else None    # a list: unhashable
             if role is None:
                 raise bad_request(f"{where}.role must be one of user, assistant, system, developer", param=where)
-            msgs.append({"role": role, "content": _text(item.get("content"), f"{where}.content")})
+            msgs.append({"role": role, "content": _text(item.get("content"), f"{where}.content",
+                                                         images=images if role == "user" else None)})
         elif kind == "function_call":
             name, args, call_id = item.get("name"), item.get("arguments", "{}"), item.get("call_id")
             if not (isinstance(name, str) and isinstance(args, str) and isinstance(call_id, str)):
@@ -137,7 +159,7 @@ def _messages(items: list, field: str, msgs: list[dict]) -> list[dict]:
             if not isinstance(call_id, str):
                 raise bad_request(f"{where}: a function_call_output item needs a string 'call_id'", param=where)
             msgs.append({"role": "tool", "tool_call_id": call_id,
-                         "content": _text(item.get("output", ""), f"{where}.output")})
+                         "content": _text(item.get("output", ""), f"{where}.output", images=images)})
         else:
             what = shown(kind) if isinstance(kind, str) else _type(kind)
             raise bad_request(f"{where}.type {what} is not supported (message, function_call, "
@@ -303,8 +325,9 @@ def parse_responses(body, store: ResponseStore,
     continued, earlier = _continued(b, store)
     # instructions are this request's alone: a continued response's are not carried over (as OpenAI's API)
     msgs = [{"role": "system", "content": instructions}] if instructions else []
-    _messages(earlier, "previous_response_id", msgs)
-    _messages([{"role": "user", "content": inp}] if isinstance(inp, str) else inp or [], "input", msgs)
+    images = ImageCount()       # the conversation's, the continued response's included
+    _messages(earlier, "previous_response_id", msgs, images)
+    _messages([{"role": "user", "content": inp}] if isinstance(inp, str) else inp or [], "input", msgs, images)
     # chat's own checks of these would name 'messages', a field this request does not have
     if not msgs:
         raise bad_request("'input' holds no message, function call or call output: nothing to answer (a reasoning "

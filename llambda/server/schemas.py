@@ -3,7 +3,8 @@
 Every check names the field and what was wrong, and raises APIError(400). Unknown
 fields are ignored (clients add their own, e.g. `user`); known fields with the
 wrong type or range are rejected, never coerced. Features we do not implement
-(images) are refused, not ignored. Output constraints (`response_format`,
+(audio, files) are refused, not ignored; image_url parts become canonical image parts
+(images.py). Output constraints (`response_format`,
 llama-server's `json_schema` and `grammar`, and `regex`) become a GrammarSpec here;
 whether it compiles is checked against the model (generation.py). `parse_json` reads a body
 with bounded depth and number sizes, so no input reaches a RecursionError, an
@@ -21,6 +22,7 @@ from ..chat import DEFAULT_MAX_OUTPUT_CHARS, check_template_kwargs
 from ..constraints import GrammarSpec
 from ..errors import InvalidInputError
 from .errors import bad_request, shown
+from .images import ImageCount, openai_content
 
 MAX_N = 16              # choices per request
 MAX_STOP = 16           # stop strings per request
@@ -401,6 +403,8 @@ def parse_chat(body: Any) -> GenerationSpec:
     if len(messages) > MAX_MESSAGES:
         raise bad_request(f"'messages' may hold at most {MAX_MESSAGES} messages, got {len(messages)}",
                           param="messages")
+    images = ImageCount()
+    converted = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise bad_request(f"messages[{i}] must be an object, got {_type(m)}", param=f"messages[{i}]")
@@ -411,7 +415,9 @@ def parse_chat(body: Any) -> GenerationSpec:
             raise bad_request(f"messages[{i}].role {role!r} is not one of system, developer, user, assistant, tool",
                               param=f"messages[{i}].role")
         _message_names(m, i, role)
-    spec.messages = messages
+        content = openai_content(m.get("content"), f"messages[{i}].content", role, images)
+        converted.append(m if content is m.get("content") else {**m, "content": content})
+    spec.messages = converted
     spec.logprobs = b.boolean("logprobs", False)
     spec.top_logprobs = b.integer("top_logprobs", 0, 0, MAX_TOP_LOGPROBS)
     if spec.top_logprobs and not spec.logprobs:
