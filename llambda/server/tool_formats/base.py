@@ -19,7 +19,9 @@ A format (one module each) says where its calls are in the answer:
   a call (body may lack its closing marker: the answer ended there); params: each tool's JSON schema;
 - `after(rest)`: what follows a unit: ("text", n) (n characters of glue, such as a closing wrapper,
   are dropped), ("unit", n) (another unit begins after n characters), or None while it cannot tell;
-- `forced(tools, names, choice)`: a forced tool_choice written in the format (forcing.py), or None.
+- `forced(tools, names, choice, spell)`: a forced tool_choice written in the format (a forcing.ForcedCall,
+  its markers written by `spell`, a forcing.Spelling), or None;
+- `markers`: the texts of the format's own tags (those a vocabulary may hold as control tokens).
 
 `blocks.BlockParser` runs any format over streamed text with ToolCallParser's interface.
 """
@@ -35,6 +37,7 @@ class ToolFormat:
     name = "base"
     openers: tuple[str, ...] = ()
     bare = False
+    markers: tuple[str, ...] = ()
 
     def unit_end(self, body: str, opener: str, memo: dict) -> int | None:
         raise NotImplementedError
@@ -51,10 +54,15 @@ class ToolFormat:
     def after(self, rest: str) -> tuple[str, int] | None:
         return ("text", 0)
 
-    def forced(self, tools: list, names: set[str], choice: str) -> tuple[str, str] | None:
-        """A forced call in this format: (the prompt's last text, the grammar of the rest), forcing.py;
+    def forced(self, tools: list, names: set[str], choice: str, spell=None):
+        """A forced call in this format (forcing.ForcedCall: its opening, the grammar of the rest);
         None: not written in this format (the Hermes form is forced instead)."""
         return None
+
+    def force(self, tools: list, names: set[str], choice: str, tokenizer):
+        """`forced`, its markers written as `tokenizer`'s control tokens where they are ones."""
+        from .forcing import Spelling
+        return self.forced(tools, names, choice, Spelling.of(tokenizer, self.markers))
 
     def parser(self, names: set[str], parallel: bool = True, params: dict | None = None, prefix: str = ""):
         from .blocks import BlockParser
@@ -96,8 +104,7 @@ def prefix_of(text: str, marker: str, at: int = 0) -> bool:
 def typed_value(raw: str, schema) -> object:
     """A parameter's value written as text (GLM's <arg_value>, Qwen3-Coder's <parameter>): kept as
     text where the tool's schema says string (or the text is no JSON), else read as JSON."""
-    kind = schema.get("type") if isinstance(schema, dict) else None
-    kinds = kind if isinstance(kind, list) else [kind]
+    kinds = value_kinds(schema)
     if "string" in kinds and raw.strip() != "null":
         return raw
     try:
@@ -108,6 +115,13 @@ def typed_value(raw: str, schema) -> object:
     if "boolean" in kinds and low in ("True", "False"):
         return low == "True"
     return raw
+
+
+def value_kinds(schema) -> list:
+    """The JSON types a parameter's schema names ([None] where it names none): a value is kept as
+    text where they hold "string" (typed_value; forced calls' grammars write it so, tagged.py)."""
+    kind = schema.get("type") if isinstance(schema, dict) else None
+    return kind if isinstance(kind, list) else [kind]
 
 
 def param_schema(params: dict, name: str, key: str):

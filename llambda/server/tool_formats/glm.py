@@ -7,16 +7,25 @@ from __future__ import annotations
 import re
 
 from .base import ClosedByTag, param_schema, typed_value
+from .forcing import Spelling
 from .json_text import call_objects
+from .tagged import TaggedShape, tagged_call
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _NAME = re.compile(r"\s*([^\s<]+)[ \t]*(?:\n|<arg_key>|</tool_call>)")
+SHAPE = TaggedShape(call_open=OPEN, name_close="", key_open="\n<arg_key>", key_close="</arg_key>\n<arg_value>",
+                    value_end="", value_close="</arg_value>", after_value="", call_close="\n" + CLOSE,
+                    unit_close=CLOSE)
 _PAIR = re.compile(r"\s*<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.S)
 
 
 class GLMFormat(ClosedByTag):
     name = "glm"
     openers, close = (OPEN,), CLOSE
+    markers = (OPEN, CLOSE, "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
+
+    def forced(self, tools, names, choice, spell: Spelling | None = None):
+        return tagged_call(tools, names, choice, SHAPE, spell)
 
     def head(self, body, opener):
         m = _NAME.match(body)

@@ -16,9 +16,14 @@ from __future__ import annotations
 import re
 
 from .base import ClosedByTag, param_schema, typed_value
+from .forcing import Spelling
 from .json_text import call_objects
+from .tagged import TaggedShape, tagged_call
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
+SHAPE = TaggedShape(call_open=OPEN + "\n<function=", name_close=">\n", key_open="<parameter=", key_close=">\n",
+                    value_end="\n", value_close="</parameter>", after_value="\n",
+                    call_close="</function>\n" + CLOSE, unit_close=CLOSE)
 _FUNCTION = re.compile(r"\s*<function=([^>\n]+)>")
 _PARAM = re.compile(r"\s*<parameter=([^>\n]+)>(.*?)</parameter>", re.S)
 _END = re.compile(r"\s*(?:</function>\s*)?$")
@@ -27,6 +32,10 @@ _END = re.compile(r"\s*(?:</function>\s*)?$")
 class Qwen3CoderFormat(ClosedByTag):
     name = "qwen3_coder"
     openers, close = (OPEN,), CLOSE
+    markers = (OPEN, CLOSE)
+
+    def forced(self, tools, names, choice, spell: Spelling | None = None):
+        return tagged_call(tools, names, choice, SHAPE, spell)
 
     def head(self, body, opener):
         m = _FUNCTION.match(body)
