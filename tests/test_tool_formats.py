@@ -65,6 +65,17 @@ CASES = [
                         '{"name": "get_time", "arguments": {"tz": {"a": 1}}}]', "", [WEATHER, TIME]),  # Granite
     ("tool_call_token", 'Ok <|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}]<|/tool_call|> '
                         'bye', "Ok bye", [WEATHER]),                                                # Phi-4-mini
+    # Hermes (the default): tags, a bare object or a fenced one as the whole answer, other key orders
+    ("hermes", 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+               '<tool_call>{"arguments": {"tz": {"a": 1}}, "name": "get_time"}</tool_call> ok', "Sure. ok",
+     [WEATHER, TIME]),
+    ("hermes", '<tool_call>{"name": "get_weather", "arguments": {"city": "</tool_call>"}}</tool_call>', "",
+     [("get_weather", {"city": "</tool_call>"})]),                    # a tag inside the arguments' strings
+    ("hermes", '<tool_call>\n```json\n{"name": "get_time", "parameters": {"tz": {"a": 1}}}\n```\n</tool_call>',
+     "", [TIME]),
+    ("hermes", ' ```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```', "", [WEATHER]),
+    ("hermes", '{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}', "", [WEATHER]),
+    ("hermes", '{"name": "get_weather", "arguments": {}} and more', "", [("get_weather", {})]),   # the rest unread
 ]
 
 # model output that is not a call of an offered tool: every character comes back as content
@@ -87,6 +98,10 @@ NOT_CALLS = [
     ("tool_call_token", '<|tool_call|>[{"name": "rm", "arguments": {}}]'),
     ("tool_call_token", '<|tool_call|> no json here'),
     ("tool_call_token", '<|tool_call|>[{"name": "get_weather", "arguments": [1]}]<|/tool_call|>'),
+    ("hermes", '<tool_call>{"name": "rm", "arguments": {}}</tool_call>'),
+    ("hermes", '<tool_call>[{"name": "get_weather", "arguments": {}}]</tool_call>'),
+    ("hermes", '```python\nprint(1)\n```'),
+    ("hermes", 'x {"name": "get_weather", "arguments": {}}'),              # not the whole answer
 ]
 
 

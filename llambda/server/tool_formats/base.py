@@ -5,7 +5,9 @@ text is json_text's).
 A format (one module each) says where its calls are in the answer:
 
 - `openers`: the markers a call (a "unit": one call, or an array of calls) starts with;
-- `bare`: whether an answer whose first visible character is `{` is a unit without a marker;
+- `bare`: whether an answer may start with a unit without a marker: `bare_start(text)` says whether
+  the answer's first text begins one (True), does not (False), or cannot tell yet (None); by default
+  a unit starts where the first visible character is `{`;
 - `unit_end(body, opener, memo)`: how much of `body` (the text after the marker) the unit takes, its
   closing marker included, or None while it cannot tell yet; a unit that cannot be a call ends where
   that shows (its text then comes back as content); memo: a dict of the unit's own, kept while its
@@ -23,7 +25,7 @@ A format (one module each) says where its calls are in the answer:
   its markers written by `spell`, a forcing.Spelling), or None;
 - `markers`: the texts of the format's own tags (those a vocabulary may hold as control tokens).
 
-`blocks.BlockParser` runs any format over streamed text with ToolCallParser's interface.
+`blocks.BlockParser` runs any format over streamed text (hermes.py, the default, too).
 """
 from __future__ import annotations
 
@@ -38,6 +40,10 @@ class ToolFormat:
     openers: tuple[str, ...] = ()
     bare = False
     markers: tuple[str, ...] = ()
+
+    def bare_start(self, text: str) -> bool | None:
+        head = text.lstrip()
+        return head.startswith("{") if head else None
 
     def unit_end(self, body: str, opener: str, memo: dict) -> int | None:
         raise NotImplementedError

@@ -93,13 +93,18 @@ def forced_call(tools: list, names: set[str], choice: str, opening, head, tail: 
         start, heads = opening(""), [head(fn["name"]) for fn in fns]
     rules, alts = [], []
     for i, (fn, h) in enumerate(zip(fns, heads)):
-        # each tool's parameters a schema resource of its own (their "#/$defs/..." refs resolve there)
-        params = {"$id": f"urn:llambda:tool-parameters:{i}", **(fn.get("parameters") or {"type": "object"}),
-                  "x-guidance": JSON_STYLE}
-        rules.append(f"args_{i}: %json {json.dumps(params, ensure_ascii=False)}")
+        rules.append(args_rule(i, fn))
         alts.append(f"{spell(h)} args_{i}" if h else f"args_{i}")
     end = f" {spell(tail)}" if tail else ""
     return ForcedCall(start, f'({" | ".join(alts)}){end}', tuple(rules), spell)
+
+
+def args_rule(i: int, fn: dict) -> str:
+    """The Lark rule `args_{i}`: a JSON object valid against function `fn`'s parameters."""
+    # each tool's parameters a schema resource of its own (their "#/$defs/..." refs resolve there)
+    params = {"$id": f"urn:llambda:tool-parameters:{i}", **(fn.get("parameters") or {"type": "object"}),
+              "x-guidance": JSON_STYLE}
+    return f"args_{i}: %json {json.dumps(params, ensure_ascii=False)}"
 
 
 def json_call(key: str, before: str, after: str):

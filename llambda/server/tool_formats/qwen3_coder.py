@@ -15,12 +15,8 @@ from __future__ import annotations
 
 import re
 
-from .base import ClosedByTag, param_schema, typed_value
-from .forcing import Spelling
-from .json_text import call_objects
-from .tagged import TaggedShape, tagged_call
-
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
+from .base import param_schema, typed_value
+from .tagged import CLOSE, OPEN, TaggedFormat, TaggedShape
 SHAPE = TaggedShape(call_open=OPEN + "\n<function=", name_close=">\n", key_open="<parameter=", key_close=">\n",
                     value_end="\n", value_close="</parameter>", after_value="\n",
                     call_close="</function>\n" + CLOSE, unit_close=CLOSE)
@@ -29,22 +25,16 @@ _PARAM = re.compile(r"\s*<parameter=([^>\n]+)>(.*?)</parameter>", re.S)
 _END = re.compile(r"\s*(?:</function>\s*)?$")
 
 
-class Qwen3CoderFormat(ClosedByTag):
+class Qwen3CoderFormat(TaggedFormat):
     name = "qwen3_coder"
-    openers, close = (OPEN,), CLOSE
+    shape = SHAPE
     markers = (OPEN, CLOSE)
-
-    def forced(self, tools, names, choice, spell: Spelling | None = None):
-        return tagged_call(tools, names, choice, SHAPE, spell)
 
     def head(self, body, opener):
         m = _FUNCTION.match(body)
         return m.group(1).strip() if m else None
 
-    def parse(self, body, opener, params):
-        body = self.inner(body)
-        if body.lstrip().startswith("{"):
-            return call_objects(body.strip())      # a Hermes-style JSON call in the tags: read too
+    def parse_tagged(self, body, params):
         m = _FUNCTION.match(body)
         if m is None:
             return None

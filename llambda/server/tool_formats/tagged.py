@@ -1,5 +1,6 @@
-"""The grammar of a forced call whose arguments are tagged values, not one JSON object: GLM-4.5's
-`<arg_key>K</arg_key>\\n<arg_value>V</arg_value>` pairs and Qwen3-Coder's `<parameter=K>\\nV\\n</parameter>`.
+"""Formats whose arguments are tagged values, not one JSON object: GLM-4.5's
+`<arg_key>K</arg_key>\\n<arg_value>V</arg_value>` pairs and Qwen3-Coder's `<parameter=K>\\nV\\n</parameter>`
+(`TaggedFormat`: what they share), and the grammar of a forced call in them (`tagged_call`).
 
 As far as that shape allows, the arguments satisfy the tool's parameters schema: the declared
 parameter names only, each at most once and in the order the schema declares them (the order the
@@ -17,8 +18,10 @@ import json
 from dataclasses import dataclass
 
 from ...constraints.grammar import JSON_STYLE
-from .base import value_kinds
+from .base import ClosedByTag, value_kinds
 from .forcing import ForcedCall, Spelling, literal, offered
+from .hermes import CLOSE, OPEN
+from .json_text import call_objects
 
 MAX_COUNTED = 2000       # a longer minLength/maxLength is not forced (a counted regex of that size is costly)
 
@@ -38,6 +41,25 @@ class TaggedShape:
 
     def opening(self, name: str) -> str:
         return self.call_open + (name + self.name_close if name else "")
+
+
+class TaggedFormat(ClosedByTag):
+    """A call in `<tool_call>` ... `</tool_call>` with tagged values (`shape`, `parse_tagged`); a
+    Hermes-style JSON call in the tags (which models trained on both drift into) is read too."""
+    shape: TaggedShape
+    openers, close = (OPEN,), CLOSE
+
+    def forced(self, tools, names, choice, spell: Spelling | None = None):
+        return tagged_call(tools, names, choice, self.shape, spell)
+
+    def parse(self, body, opener, params):
+        body = self.inner(body)
+        if body.lstrip().startswith("{"):
+            return call_objects(body.strip())
+        return self.parse_tagged(body, params)
+
+    def parse_tagged(self, body: str, params: dict) -> list[tuple[str, dict]] | None:
+        raise NotImplementedError
 
 
 def tagged_call(tools: list, names: set[str], choice: str, shape: TaggedShape,
