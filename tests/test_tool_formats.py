@@ -725,3 +725,46 @@ def test_server_forces_a_tagged_call_in_the_models_own_syntax(tagged_live, choic
     content, calls, finish = _stream_tool_calls(c, **kw)
     assert (content, finish) == ("", "tool_calls")
     assert calls == [{"name": name, "arguments": call.function.arguments}]
+
+
+HERMES_TEMPLATE = ("{% if tools %}tools: {% for t in tools %}{{ t.function.name }} {% endfor %}, called in "
+                   "<tool_call>{json}</tool_call>\n{% endif %}{% for m in messages %}{{ m.role }}: {{ m.content }}\n"
+                   "{% endfor %}" + THINK_SWITCH)
+
+
+# JSON arguments: no other keys (a random model would write them to max_tokens)
+HERMES_TOOLS = [{"type": "function", "function": {**t["function"], "parameters": {
+    **t["function"]["parameters"], "additionalProperties": False}}} for t in TAGGED_TOOLS]
+
+
+@pytest.fixture(scope="module")
+def hermes_live(tmp_path_factory):
+    """A Hermes-style template whose vocabulary holds <tool_call> and </tool_call> as control tokens."""
+    from serverkit import tiny_chat_server
+    assert detect(HERMES_TEMPLATE) is None
+    with tiny_chat_server(tmp_path_factory.mktemp("hermes"), "tiny-hermes", QWEN_TOKENS, HERMES_TEMPLATE) as srv:
+        yield srv
+
+
+@pytest.mark.parametrize("thinking", [False, True], ids=["no thought", "thought first"])
+def test_server_writes_hermes_tags_that_are_control_tokens_as_those_tokens(hermes_live, thinking):
+    """A forced call in the Hermes form on a vocabulary where its tags are control tokens: the grammar
+    writes `</tool_call>` (and after a thought `<tool_call>`, the opening being the grammar's) as the
+    token, not spelled out in text, and the answer parses to the call."""
+    c = hermes_live.client()
+    think = {"chat_template_kwargs": {"open_thought": True}, "thinking_token_budget": 4} if thinking else \
+        {"chat_template_kwargs": {"enable_thinking": False}}
+    for choice in ({"type": "function", "function": {"name": "get_time"}}, "required"):
+        ch = c.chat.completions.create(
+            model="tiny-hermes", messages=[{"role": "user", "content": "time?"}], tools=HERMES_TOOLS,
+            tool_choice=choice, parallel_tool_calls=False, max_tokens=200, temperature=0, logprobs=True,
+            extra_body=think).choices[0]
+        tokens = [t.token for t in ch.logprobs.content]
+        assert tokens[-1] == "</tool_call>" and ("<tool_call>" in tokens) == thinking, tokens
+        assert ch.finish_reason == "tool_calls" and not ch.message.content
+        (call,) = ch.message.tool_calls
+        args = json.loads(call.function.arguments)
+        if call.function.name == "get_weather":
+            _check_weather_args(args)
+        else:
+            assert call.function.name == "get_time" and args.get("tz", "UTC") in ("UTC", "CET"), args

@@ -192,7 +192,7 @@ class Service:
         # not through the generic prompt: models never trained on calls repeat them until max_tokens
         lark = tool_grammar(spec.tools, names, spec.tool_choice,
                             parallel=spec.parallel_tool_calls and spec.tool_choice == "required" and not generic,
-                            opening=opening if think_first else "")
+                            opening=opening if think_first else "", tokenizer=self.model.tokenizer)
         return setup, GrammarSpec("lark", lark)
 
     def _completion_ids(self, prompt, spec: GenerationSpec) -> list[int]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from ..constraints.grammar import JSON_STYLE
 from .tool_formats import FORMATS
-from .tool_formats.forcing import args_rule, offered
+from .tool_formats.forcing import Spelling, args_rule, offered
 from .tool_formats.hermes import CLOSE as CLOSE_TAG
 from .tool_formats.hermes import OPEN as OPEN_TAG
 from .tool_formats.json_text import loaded
@@ -142,7 +142,8 @@ def call_schema(tools: list, names: set[str]) -> dict:
     return {**schema, "x-guidance": JSON_STYLE}
 
 
-def tool_grammar(tools: list, names: set[str], choice: str, parallel: bool, opening: str = "") -> str:
+def tool_grammar(tools: list, names: set[str], choice: str, parallel: bool, opening: str = "",
+                 tokenizer=None) -> str:
     """A Lark grammar (llguidance's dialect) for an answer under tools.
 
     choice "required" or "function" (names: the forced one): the prompt already ends with
@@ -154,9 +155,12 @@ def tool_grammar(tools: list, names: set[str], choice: str, parallel: bool, open
     occurrence of the tag) the call must be valid, and text may follow a call, as the parser
     expects. An answer that opens with `{` or a ``` fence is what the parser takes for a bare
     call (small models drop the tags), so there it must be a valid call too.
+    tokenizer: the tags are written as its control tokens where they are ones (but for the opening
+    tag under "auto": the lazy text before it ends at text, not at a token).
     """
+    spell = Spelling.of(tokenizer, FORMATS["hermes"].markers)
     rules = (f'call: %json {json.dumps(call_schema(tools, names), ensure_ascii=False)}\n'
-             f'body: "\\n"? call "\\n"? "{CLOSE_TAG}"\n'
+             f'body: "\\n"? call "\\n"? {spell(CLOSE_TAG)}\n'
              'TEXT: /(.|\\n)*/\n')
     if choice == "auto":
         start = (f'start: first body (lead body)* TEXT | FIRST | bare\n'
@@ -174,9 +178,9 @@ def tool_grammar(tools: list, names: set[str], choice: str, parallel: bool, open
         # after the prefix `{"name": "` comes the rest of the name; a forced name is in the prefix
         head = "" if choice == "function" else json.dumps(fn["name"], ensure_ascii=False)[1:] + ', "arguments":'
         heads.append(f'{json.dumps(head, ensure_ascii=False)} " "? args_{i}' if head else f'" "? args_{i}')
-    more = f' ("\\n"? "{OPEN_TAG}" body)*' if parallel else ""
-    lead = f'{json.dumps(opening, ensure_ascii=False)} ' if opening else ""
-    start = f'start: {lead}({" | ".join(heads)}) "}}" "\\n"? "{CLOSE_TAG}"{more}'
+    more = f' ("\\n"? {spell(OPEN_TAG)} body)*' if parallel else ""
+    lead = f'{spell(opening)} ' if opening else ""
+    start = f'start: {lead}({" | ".join(heads)}) "}}" "\\n"? {spell(CLOSE_TAG)}{more}'
     return f'%llguidance {{}}\n{start}\n{rules}'
 
 
