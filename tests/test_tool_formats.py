@@ -768,3 +768,35 @@ def test_server_writes_hermes_tags_that_are_control_tokens_as_those_tokens(herme
             _check_weather_args(args)
         else:
             assert call.function.name == "get_time" and args.get("tz", "UTC") in ("UTC", "CET"), args
+
+
+def test_a_parameter_the_tags_cannot_hold_is_left_out_or_refused():
+    """A name the parsers would cut (`>` in Qwen3-Coder's `<parameter=K>`, blanks at its ends) or an
+    enum whose values all hold a closing tag: an optional parameter is never written, a required one
+    is a ConstraintError (the server's 400), not a call that parses to other arguments."""
+    from test_constrained import ByteVocab
+
+    from llambda.constraints import ConstraintError
+    grammars = Grammars(ByteVocab(), 257)
+    for fmt, close, named in (("glm", "</arg_value>", r"<arg_key>(.*?)</arg_key>"),
+                              ("qwen3_coder", "</parameter>", r"<parameter=(.*?)>\\n")):
+        odd = {"a>b": {"type": "string"}, " c": {"type": "integer"},
+               "d": {"type": "string", "enum": ["x" + close, "y</tool_call>"]}, "e": {"type": "boolean"}}
+        tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": odd}}}]
+        lark = FORMATS[fmt].forced(tools, {"f"}, "function").grammar()
+        assert re.findall(named, lark) == ["e"], lark
+        grammars.compile(grammar_spec(grammar=lark))
+        for key in ("a>b", " c", "d"):
+            tools[0]["function"]["parameters"]["required"] = [key]
+            with pytest.raises(ConstraintError, match=re.escape(repr(key))):
+                FORMATS[fmt].forced(tools, {"f"}, "function")
+
+
+def test_server_refuses_a_forced_call_its_format_cannot_write(tagged_live):
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a>b": {"type": "string"}}, "required": ["a>b"]}}}]
+    r = httpx.post(tagged_live.url + "/v1/chat/completions", timeout=60, json={
+        "model": "tiny-" + tagged_live.fmt, "messages": [{"role": "user", "content": "x"}], "tools": tools,
+        "tool_choice": "required", "max_tokens": 5})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
+    assert "'a>b'" in r.json()["error"]["message"]

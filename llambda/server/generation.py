@@ -166,8 +166,11 @@ class Service:
         names = {spec.forced_tool} if spec.tool_choice == "function" else tool_names(spec.tools)
         forced = spec.tool_choice != "auto"
         constrained = constrained or (native is not None and forced)     # a forced call is under a grammar
-        native_call = native.force(spec.tools, names, spec.tool_choice, self.model.tokenizer) \
-            if native and forced else None
+        try:
+            native_call = native.force(spec.tools, names, spec.tool_choice, self.model.tokenizer) \
+                if native and forced else None
+        except ConstraintError as e:         # a tool the format cannot call as its schema asks
+            raise bad_request(f"'tools': {e}", param="tools") from None
         if forced and native_call is None:
             native = None
         prefix = opening = ""

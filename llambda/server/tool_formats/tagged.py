@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from ...constraints.grammar import JSON_STYLE
+from ...constraints.grammar import JSON_STYLE, ConstraintError
 from .base import ClosedByTag, value_kinds
 from .forcing import ForcedCall, Spelling, literal, offered
 from .hermes import CLOSE, OPEN
@@ -72,14 +72,26 @@ def tagged_call(tools: list, names: set[str], choice: str, shape: TaggedShape,
         params = fn.get("parameters") or {}
         parts = [] if choice == "function" else [spell(fn["name"] + shape.name_close)]
         for j, (key, schema, required) in enumerate(_parameters(params)):
+            value = _value(f"V_{i}_{j}", schema, params, shape, spell, rules) if writable(key) else None
+            if value is None:
+                if required:
+                    raise ConstraintError(f"tool {fn['name']!r} requires the parameter {key!r}, which a call in "
+                                          "this model's format cannot write (a name with blanks at its ends, <, > "
+                                          "or a newline; or only values holding the format's closing tags)")
+                continue            # an optional one the tags cannot hold: never written
             rule = f"p_{i}_{j}"
-            value = _value(f"V_{i}_{j}", schema, params, shape, spell, rules)
             after = f" {spell(shape.after_value)}" if shape.after_value else ""
             rules.append(f"{rule}: {spell(shape.key_open + key + shape.key_close)} {value}{after}")
             parts.append(rule if required else f"{rule}?")
         alts.append(" ".join(parts) or '""')
     start = shape.opening(fns[0]["name"] if choice == "function" else "")
     return ForcedCall(start, f'({" | ".join(alts)}) {spell(shape.call_close)}', tuple(rules), spell)
+
+
+def writable(key: str) -> bool:
+    """A parameter name the tags hold as it is (the parsers cut a name at `<`, `>` or a newline, and
+    strip its blanks)."""
+    return bool(key) and key == key.strip() and not any(c in key for c in "<>\n")
 
 
 def _parameters(params: dict) -> list[tuple[str, object, bool]]:
@@ -93,8 +105,9 @@ def _parameters(params: dict) -> list[tuple[str, object, bool]]:
     return out + [(k, {}, True) for k in dict.fromkeys(required) if k not in props]
 
 
-def _value(term: str, schema, params: dict, shape: TaggedShape, spell: Spelling, rules: list) -> str:
-    """A Lark expression of one value and its closing tag (rules it needs are added to `rules`)."""
+def _value(term: str, schema, params: dict, shape: TaggedShape, spell: Spelling, rules: list) -> str | None:
+    """A Lark expression of one value and its closing tag (rules it needs are added to `rules`); None
+    where no value can be written (string choices that all hold a closing tag)."""
     close = spell(shape.value_end + shape.value_close)
     schema = schema if isinstance(schema, dict) else {}
     if "string" not in value_kinds(schema):
@@ -105,7 +118,8 @@ def _value(term: str, schema, params: dict, shape: TaggedShape, spell: Spelling,
         return f"{term.lower()} {close}"
     choices = schema.get("enum", [schema["const"]] if "const" in schema else None)
     if isinstance(choices, list) and choices and all(isinstance(c, str) for c in choices):
-        return f'({" | ".join(literal(c) for c in choices)}) {close}'
+        choices = [c for c in choices if shape.value_close not in c and shape.unit_close not in c]
+        return f'({" | ".join(literal(c) for c in choices)}) {close}' if choices else None
     count = _count(schema)
     forbid = _alternatives(shape.value_close, shape.unit_close)
     if spell.token(shape.value_close) is not None:
