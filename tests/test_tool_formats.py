@@ -562,6 +562,12 @@ TAGGED = [
     ("glm", "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n</tool_call>",
      None),                                                                 # a required parameter missing
     ("glm", GLM_CALL.replace("<arg_key>days", "<arg_key>weeks"), None),     # an undeclared name
+    ("glm", "<tool_call>get_weather\n<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n<arg_key>metric</arg_key>\n"
+            "<arg_value>false</arg_value>\n<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n</tool_call>",
+     {"days": 2, "metric": False, "city": "Oslo"}),                         # in another order
+    ("glm", "<tool_call>get_weather\n<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n<arg_key>city</arg_key>\n"
+            "<arg_value>Oslo</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>",
+     None),                                                                 # a parameter twice
     ("glm", "<tool_call>get_time\n<arg_key>tz</arg_key>\n<arg_value>EST</arg_value>\n</tool_call>", None),  # enum
     ("glm", '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>', None),      # the Hermes form
     ("qwen3_coder", QWEN_CALL, {"city": "Pa<ri", "days": 3, "metric": True}),
@@ -790,6 +796,21 @@ def test_a_parameter_the_tags_cannot_hold_is_left_out_or_refused():
             tools[0]["function"]["parameters"]["required"] = [key]
             with pytest.raises(ConstraintError, match=re.escape(repr(key))):
                 FORMATS[fmt].forced(tools, {"f"}, "function")
+
+
+def test_past_64_parameters_a_forced_tagged_call_keeps_the_schemas_order():
+    """Any order takes one bit per parameter of llguidance's 64-bit rule parameter: a tool with more
+    still compiles, its parameters then in the schema's order."""
+    from test_constrained import ByteVocab
+    grammars = Grammars(ByteVocab(), 257)
+    props = {f"k{n}": {"type": "integer"} for n in range(70)}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": props, "required": ["k3", "k69"]}}}]
+    call = FORMATS["glm"].forced(tools, {"f"}, "function")
+    pair = "\n<arg_key>{}</arg_key>\n<arg_value>1</arg_value>"
+    for keys, ok in ((["k3", "k69"], True), (["k1", "k3", "k69"], True), (["k69", "k3"], False), (["k3"], False)):
+        text = "".join(pair.format(k) for k in keys) + "\n</tool_call>"
+        assert _grammar_takes(grammars, call.grammar(), text) == ok, keys
 
 
 def test_server_refuses_a_forced_call_its_format_cannot_write(tagged_live):

@@ -3,8 +3,8 @@
 (`TaggedFormat`: what they share), and the grammar of a forced call in them (`tagged_call`).
 
 As far as that shape allows, the arguments satisfy the tool's parameters schema: the declared
-parameter names only, each at most once and in the order the schema declares them (the order the
-templates write a call's arguments in), the required ones present; a value its schema types as a
+parameter names only, in any order, each at most once, the required ones present (past
+MAX_PARAMETRIC parameters, in the schema's order); a value its schema types as a
 string is text (its enum's values where it has one, its minLength/maxLength kept up to
 MAX_COUNTED characters), any other value JSON text valid against its schema (numbers, booleans,
 null, objects and arrays) as the formats' parsers read it (base.typed_value). Text values never hold
@@ -24,6 +24,7 @@ from .hermes import CLOSE, OPEN
 from .json_text import call_objects
 
 MAX_COUNTED = 2000       # a longer minLength/maxLength is not forced (a counted regex of that size is costly)
+MAX_PARAMETRIC = 64      # parameters in any order: one bit each of llguidance's 64-bit rule parameter
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,8 @@ def tagged_call(tools: list, names: set[str], choice: str, shape: TaggedShape,
     rules, alts = [], []
     for i, fn in enumerate(fns):
         params = fn.get("parameters") or {}
-        parts = [] if choice == "function" else [spell(fn["name"] + shape.name_close)]
+        head = [] if choice == "function" else [spell(fn["name"] + shape.name_close)]
+        written = []            # (rule, required) of each parameter a call may hold
         for j, (key, schema, required) in enumerate(_parameters(params)):
             value = _value(f"V_{i}_{j}", schema, params, shape, spell, rules) if writable(key) else None
             if value is None:
@@ -82,10 +84,27 @@ def tagged_call(tools: list, names: set[str], choice: str, shape: TaggedShape,
             rule = f"p_{i}_{j}"
             after = f" {spell(shape.after_value)}" if shape.after_value else ""
             rules.append(f"{rule}: {spell(shape.key_open + key + shape.key_close)} {value}{after}")
-            parts.append(rule if required else f"{rule}?")
-        alts.append(" ".join(parts) or '""')
+            written.append((rule, required))
+        alts.append(" ".join(head + [_any_order(f"args_{i}", written, rules)]))
     start = shape.opening(fns[0]["name"] if choice == "function" else "")
     return ForcedCall(start, f'({" | ".join(alts)}) {spell(shape.call_close)}', tuple(rules), spell)
+
+
+def _any_order(name: str, written: list[tuple[str, bool]], rules: list) -> str:
+    """A Lark expression of the parameters' rules in any order, each at most once, the required ones
+    all present (an llguidance parametric rule: bit k says parameter k was written; the required ones
+    take the low bits); past MAX_PARAMETRIC parameters, in the schema's order instead."""
+    if not written:
+        return '""'
+    if len(written) > MAX_PARAMETRIC:
+        return " ".join(rule if required else f"{rule}?" for rule, required in written)
+    written = [w for w in written if w[1]] + [w for w in written if not w[1]]
+    n_required = sum(required for _, required in written)
+    done = f"is_ones([0:{n_required}])" if n_required else "true"
+    alts = [f'""  %if {done}'] + [f"{rule} {name}::set_bit({k})  %if bit_clear({k})"
+                                  for k, (rule, _) in enumerate(written)]
+    rules.append(f"{name}::_: " + "\n    | ".join(alts))
+    return f"{name}::0x0"
 
 
 def writable(key: str) -> bool:
