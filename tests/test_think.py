@@ -15,7 +15,7 @@ import pytest
 from llambda.chat import check_template_kwargs
 from llambda.errors import ChatTemplateError, InvalidInputError
 from llambda.server.think import ThinkParser
-from llambda.server.tools import ToolCallParser
+from llambda.server.tools import ToolSetup
 from llambda.thinking import MAX_HELD_BLANKS, prompt_opens_thought, template_thinks
 from whole_outputs import split_thinking
 
@@ -124,7 +124,7 @@ def test_reasoning_streams_before_the_close():
 def test_tool_call_after_the_thought(cut):
     text = ('<think>I need the weather.</think>\n\n'
             '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>')
-    reasoning, content, deltas = fed(text, False, [cut], ToolCallParser({"get_weather"}))
+    reasoning, content, deltas = fed(text, False, [cut], ToolSetup({"get_weather"}).parser())
     assert reasoning == "I need the weather." and content == ""
     assert deltas[0]["function"]["name"] == "get_weather"
     assert json.loads("".join(d["function"].get("arguments", "") for d in deltas)) == {"city": "Oslo"}

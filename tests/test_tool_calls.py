@@ -10,7 +10,7 @@ import pytest
 
 import llambda
 from llambda.server import ServerConfig, create_app
-from llambda.server.tools import ToolCallParser, extract_tool_calls, hermes_prefix
+from llambda.server.tools import ToolSetup, extract_tool_calls, hermes_prefix
 from serverkit import LOAD_KW, LiveServer
 
 # -- the parser ------------------------------------------------------------------------------
@@ -64,9 +64,9 @@ def test_tool_call_argument_variants():
 
 
 def _parse_in_pieces(text, names, prefix="", parallel=True, seed=0):
-    """Feed `text` to a ToolCallParser in random pieces; (content, calls assembled from the deltas)."""
+    """Feed `text` to the Hermes form's parser in random pieces; (content, calls assembled from the deltas)."""
     rng = random.Random(seed)
-    p = ToolCallParser(names, prefix, parallel)
+    p = ToolSetup(names, prefix, parallel).parser()
     content, calls = [], {}
     pieces = []
     i = 0

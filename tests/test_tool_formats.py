@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from llambda.chat import ChatTemplate
+from llambda.constraints import Grammars, grammar_spec
 from llambda.server.tool_formats import FORMATS, detect
 from llambda.server.tool_formats.deepseek import DeepSeekFormat
 from llambda.server.tool_formats.mistral import MistralFormat
@@ -64,6 +65,17 @@ CASES = [
                         '{"name": "get_time", "arguments": {"tz": {"a": 1}}}]', "", [WEATHER, TIME]),  # Granite
     ("tool_call_token", 'Ok <|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}]<|/tool_call|> '
                         'bye', "Ok bye", [WEATHER]),                                                # Phi-4-mini
+    # Hermes (the default): tags, a bare object or a fenced one as the whole answer, other key orders
+    ("hermes", 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+               '<tool_call>{"arguments": {"tz": {"a": 1}}, "name": "get_time"}</tool_call> ok', "Sure. ok",
+     [WEATHER, TIME]),
+    ("hermes", '<tool_call>{"name": "get_weather", "arguments": {"city": "</tool_call>"}}</tool_call>', "",
+     [("get_weather", {"city": "</tool_call>"})]),                    # a tag inside the arguments' strings
+    ("hermes", '<tool_call>\n```json\n{"name": "get_time", "parameters": {"tz": {"a": 1}}}\n```\n</tool_call>',
+     "", [TIME]),
+    ("hermes", ' ```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```', "", [WEATHER]),
+    ("hermes", '{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}', "", [WEATHER]),
+    ("hermes", '{"name": "get_weather", "arguments": {}} and more', "", [("get_weather", {})]),   # the rest unread
 ]
 
 # model output that is not a call of an offered tool: every character comes back as content
@@ -86,6 +98,10 @@ NOT_CALLS = [
     ("tool_call_token", '<|tool_call|>[{"name": "rm", "arguments": {}}]'),
     ("tool_call_token", '<|tool_call|> no json here'),
     ("tool_call_token", '<|tool_call|>[{"name": "get_weather", "arguments": [1]}]<|/tool_call|>'),
+    ("hermes", '<tool_call>{"name": "rm", "arguments": {}}</tool_call>'),
+    ("hermes", '<tool_call>[{"name": "get_weather", "arguments": {}}]</tool_call>'),
+    ("hermes", '```python\nprint(1)\n```'),
+    ("hermes", 'x {"name": "get_weather", "arguments": {}}'),              # not the whole answer
 ]
 
 
@@ -214,8 +230,8 @@ def _write(fmt, name: str, args: str) -> str:
     """The whole call a model writes in the format (to cut the forced prefix from)."""
     return {"mistral": f"[TOOL_CALLS]{name}[ARGS]{args}",
             "mistral array": f'[TOOL_CALLS][{{"name": "{name}", "arguments": {args}}}]',
-            "deepseek r1": f"{DS_CALLS}{DS_CALL}function{DS_SEP}{name}\n```json\n{args}\n```",
-            "deepseek v3.1": f"{DS_CALLS}{DS_CALL}{name}{DS_SEP}{args}",
+            "deepseek r1": f"{DS_CALLS}{DS_CALL}function{DS_SEP}{name}\n```json\n{args}\n```{DS_END}{DS_CALLS_END}",
+            "deepseek v3.1": f"{DS_CALLS}{DS_CALL}{name}{DS_SEP}{args}{DS_END}{DS_CALLS_END}",
             "llama3": f'{{"name": "{name}", "parameters": {args}}}',
             "tool_call_token": f'<|tool_call|>[{{"name": "{name}", "arguments": {args}}}]'}[fmt]
 
@@ -230,7 +246,8 @@ def test_a_forced_call_is_written_in_the_formats_own_syntax(label, fmt):
     from llambda.constraints import Grammars, grammar_spec
     grammars = Grammars(ByteVocab(), 257)
     for choice, names in (("function", {"get_time"}), ("required", NAMES)):
-        prefix, lark = fmt.forced(FORCED_TOOLS, names, choice)
+        call = fmt.forced(FORCED_TOOLS, names, choice)
+        prefix, lark = call.opening, call.grammar()
         g = grammars.compile(grammar_spec(grammar=lark))
         for name, args, ok in (("get_time", '{"city": "Oslo"}', True), ("get_time", '{"town": "Oslo"}', False),
                                ("rm", '{"city": "Oslo"}', False)):
@@ -250,9 +267,6 @@ def test_a_forced_call_is_written_in_the_formats_own_syntax(label, fmt):
                     out = [p.feed(text[i:i + size]) for i in range(0, len(text), size)] + [p.finish()]
                     assert "".join(c for c, _ in out) == "" and [c["name"] for c in p.calls] == ["get_time"]
                     assert json.loads(p.calls[0]["arguments"]) == {"city": "Oslo"} and p.content_spans() == []
-    # GLM's and Qwen3-Coder's values are text in tags: their forced calls are written in the Hermes form
-    assert FORMATS["glm"].forced(FORCED_TOOLS, NAMES, "required") is None
-    assert FORMATS["qwen3_coder"].forced(FORCED_TOOLS, NAMES, "required") is None
 
 
 def _calls_of(answer):
@@ -368,8 +382,8 @@ def test_server_reads_a_mistral_models_calls_whole_and_streamed(mistral_live):
 
 def test_server_forces_a_call_in_the_models_own_syntax(mistral_live):
     """tool_choice a named function / "required": the prompt ends with `[TOOL_CALLS]get_time[ARGS]` (or
-    `[TOOL_CALLS]`), so the model writes only the arguments (the name too under "required") under the
-    grammar; no Hermes `<tool_call>` in what it generates."""
+    `[TOOL_CALLS]`), so the model writes only the arguments (the name too under "required", then `[ARGS]`
+    as its control token) under the grammar; no Hermes `<tool_call>` in what it generates."""
     from test_tool_calls import _stream_tool_calls
 
     c = mistral_live.client()
@@ -382,6 +396,9 @@ def test_server_forces_a_call_in_the_models_own_syntax(mistral_live):
         assert not ch.message.content
         generated = "".join(t.token for t in ch.logprobs.content)
         assert "tool_call" not in generated and "TOOL_CALLS" not in generated, generated
+        if choice == "required":        # the model wrote the name, then [ARGS] as its control token
+            assert "[ARGS]" in [t.token for t in ch.logprobs.content], generated
+            assert generated.startswith(ch.message.tool_calls[0].function.name + "[ARGS]{"), generated
         if ch.finish_reason == "tool_calls":
             assert json.loads(ch.message.tool_calls[0].function.arguments).keys() == {"city"}
         else:
@@ -513,3 +530,294 @@ def test_the_library_template_puts_offered_tools_on_the_system_message_too():
     assert "get_weather" not in tpl.render([{"role": "user", "content": "hi"}])
     assert "get_weather" not in ChatTemplate("{% for m in messages %}{{ m.content }}{% endfor %}").render(
         [{"role": "user", "content": "hi"}], tools=tools)
+
+
+# -- a forced call in GLM-4.5's and Qwen3-Coder's tagged syntax -------------------------------------
+
+TAGGED_TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 6},
+                                         "days": {"type": "integer", "minimum": 1, "maximum": 9},
+                                         "metric": {"type": "boolean"},
+                                         "opts": {"type": "object", "properties": {"a": {"type": "integer"}},
+                                                  "required": ["a"], "additionalProperties": False}},
+        "required": ["city", "days"]}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"tz": {"type": "string", "enum": ["UTC", "CET"]}}}}}]
+TAGGED_PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in TAGGED_TOOLS}
+GLM_CALL = ("<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Pa<ri</arg_value>\n<arg_key>days</arg_key>\n"
+            "<arg_value>3</arg_value>\n<arg_key>opts</arg_key>\n<arg_value>{\"a\": 1}</arg_value>\n</tool_call>")
+QWEN_CALL = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nPa<ri\n</parameter>\n<parameter=days>\n3\n"
+             "</parameter>\n<parameter=metric>\ntrue\n</parameter>\n</function>\n</tool_call>")
+# (format, the whole call, its arguments or None where the grammar refuses it)
+TAGGED = [
+    ("glm", GLM_CALL, {"city": "Pa<ri", "days": 3, "opts": {"a": 1}}),
+    ("glm", "<tool_call>get_time\n<arg_key>tz</arg_key>\n<arg_value>CET</arg_value>\n</tool_call>", {"tz": "CET"}),
+    ("glm", "<tool_call>get_time\n</tool_call>", {}),
+    ("glm", GLM_CALL.replace("Pa<ri", "Pa</arg_value>"), None),             # the closing tag inside a value
+    ("glm", GLM_CALL.replace("Pa<ri", "Paris, France"), None),              # longer than maxLength
+    ("glm", GLM_CALL.replace("<arg_value>3<", "<arg_value>three<"), None),  # not an integer
+    ("glm", GLM_CALL.replace("<arg_value>3<", "<arg_value>12<"), None),     # past the maximum
+    ("glm", GLM_CALL.replace('{"a": 1}', '{"b": 1}'), None),                # the object's schema
+    ("glm", "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n</tool_call>",
+     None),                                                                 # a required parameter missing
+    ("glm", GLM_CALL.replace("<arg_key>days", "<arg_key>weeks"), None),     # an undeclared name
+    ("glm", "<tool_call>get_weather\n<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n<arg_key>metric</arg_key>\n"
+            "<arg_value>false</arg_value>\n<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n</tool_call>",
+     {"days": 2, "metric": False, "city": "Oslo"}),                         # in another order
+    ("glm", "<tool_call>get_weather\n<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n<arg_key>city</arg_key>\n"
+            "<arg_value>Oslo</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>",
+     None),                                                                 # a parameter twice
+    ("glm", "<tool_call>get_time\n<arg_key>tz</arg_key>\n<arg_value>EST</arg_value>\n</tool_call>", None),  # enum
+    ("glm", '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>', None),      # the Hermes form
+    ("qwen3_coder", QWEN_CALL, {"city": "Pa<ri", "days": 3, "metric": True}),
+    ("qwen3_coder", "<tool_call>\n<function=get_time>\n</function>\n</tool_call>", {}),
+    ("qwen3_coder", QWEN_CALL.replace("Pa<ri", "a</tool_call>"), None),     # the call's closing tag in a value
+    ("qwen3_coder", QWEN_CALL.replace("Pa<ri\n", "Pa<ri"), None),           # the newline before </parameter>
+    ("qwen3_coder", QWEN_CALL.replace("true", "yes"), None),                # not a boolean
+    ("qwen3_coder", QWEN_CALL.replace("<parameter=days>\n3\n</parameter>\n", ""), None),   # required
+]
+
+
+def _grammar_takes(grammars, lark: str, text: str) -> bool:
+    c = grammars.compile(grammar_spec(grammar=lark)).start()
+    return all(c.try_advance(b) for b in text.encode()) and c.accepting
+
+
+@pytest.mark.parametrize("fmt, text, args", TAGGED)
+def test_a_forced_tagged_call_follows_the_schema_as_far_as_the_tags_allow(fmt, text, args):
+    """GLM-4.5's `<arg_key>`/`<arg_value>` pairs and Qwen3-Coder's `<parameter=K>` values: the grammar
+    takes the declared names only (required ones present), a string as text (its enum, its length), any
+    other value as JSON text valid against its schema; "required" and a named function, and after a
+    thought (the opening then the grammar's too); what it takes parses back to the call."""
+    from test_constrained import ByteVocab
+    grammars = Grammars(ByteVocab(), 257)
+    name = re.search(r"get_\w+", text).group(0)
+    for choice, names in (("function", {name}), ("required", {"get_weather", "get_time"})):
+        call = FORMATS[fmt].forced(TAGGED_TOOLS, names, choice)
+        assert text.startswith(call.opening) or args is None, (fmt, choice, call.opening)
+        rest = text[len(call.opening):] if text.startswith(call.opening) else text
+        assert _grammar_takes(grammars, call.grammar(), rest) == (args is not None), (fmt, choice)
+        assert _grammar_takes(grammars, call.grammar(inline=True), text) == (args is not None), (fmt, choice)
+        if args is not None:
+            setup = ToolSetup(names, call.opening, format=FORMATS[fmt], params=TAGGED_PARAMS)
+            assert _calls_of(setup.extract(rest)) == ("", [(name, args)])
+            whole = ToolSetup(names, format=FORMATS[fmt], params=TAGGED_PARAMS)
+            assert _calls_of(whole.extract(text)) == ("", [(name, args)])      # after a thought: no prefix
+
+
+class _ControlVocab:
+    """A tokenizer view where the given texts are control tokens (ids 1000...), anything else bytes."""
+
+    def __init__(self, controls):
+        self.controls = list(controls)
+
+    def encode(self, text, parse_special=True):
+        if parse_special and text in self.controls:
+            return [1000 + self.controls.index(text)]
+        return list(text.encode())
+
+    def is_special(self, i):
+        return i >= 1000
+
+
+def test_markers_that_are_control_tokens_are_written_as_those_tokens():
+    """A grammar's text never produces a control token: a marker the vocabulary holds as one is written
+    as that token (`<[id]>`), other text as text; after a thought the opening is too."""
+    from llambda.server.tool_formats.forcing import Spelling
+    spell = Spelling.of(_ControlVocab(["[TOOL_CALLS]", "[ARGS]"]), ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"))
+    assert spell.ids == {"[TOOL_CALLS]": 1000, "[ARGS]": 1001}
+    assert spell("a[ARGS][TOOL_CALLS]b[CALL_ID]") == '"a" <[1001]> <[1000]> "b[CALL_ID]"' and spell("") == '""'
+    call = MistralFormat().forced(FORCED_TOOLS, NAMES, "required", spell)
+    assert call.opening == "[TOOL_CALLS]" and '"get_time" <[1001]> args_' in call.grammar()
+    assert call.grammar(inline=True).startswith("%llguidance {}\nstart: <[1000]> (")
+    assert Spelling.of(None, ("[ARGS]",)).ids == {}
+    # GLM's value tags as control tokens: a text value is followed by its closing token
+    glm = FORMATS["glm"].force(TAGGED_TOOLS, {"get_weather"}, "function", _ControlVocab(FORMATS["glm"].markers))
+    assert glm.opening == "<tool_call>get_weather" and "V_0_0 <[1005]>" in glm.grammar()
+    assert glm.grammar(inline=True).startswith("%llguidance {}\nstart: <[1000]> \"get_weather\" (")
+
+
+# -- through the server: a tiny random model on templates in GLM-4.5's and Qwen3-Coder's shape ------
+# (written for these tests, not copies). GLM's tags are control tokens of the vocabulary (as in GLM-4.5's),
+# Qwen3-Coder's <function=>/<parameter=> text; both think in <think> (Qwen3's switch, an opened thought).
+
+THINK_SWITCH = ("{% if add_generation_prompt %}assistant:{% if enable_thinking is defined and not enable_thinking %}"
+                "<think></think>\n{% elif open_thought is defined and open_thought %}<think>{% endif %}{% endif %}")
+GLM_TOKENS = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>",
+              "<think>", "</think>")
+GLM_TEMPLATE = ("{% if tools %}tools: {% for t in tools %}{{ t.function.name }} {% endfor %}\n{% endif %}"
+                "{% for m in messages %}{{ m.role }}: {% for tc in m.tool_calls or [] %}<tool_call>"
+                "{{ tc.function.name }}{% for k, v in tc.function.arguments.items() %}\n<arg_key>{{ k }}</arg_key>\n"
+                "<arg_value>{{ v }}</arg_value>{% endfor %}\n</tool_call>{% endfor %}{{ m.content or '' }}\n"
+                "{% endfor %}" + THINK_SWITCH)
+QWEN_TOKENS = ("<tool_call>", "</tool_call>", "<think>", "</think>")
+QWEN_TEMPLATE = ("{% if tools %}tools: {% for t in tools %}{{ t.function.name }} {% endfor %}\n{% endif %}"
+                 "{% for m in messages %}{{ m.role }}: {% for tc in m.tool_calls or [] %}<tool_call>\n"
+                 "<function={{ tc.function.name }}>\n{% for k, v in tc.function.arguments.items() %}<parameter={{ k }}>\n"
+                 "{{ v }}\n</parameter>\n{% endfor %}</function>\n</tool_call>{% endfor %}{{ m.content or '' }}\n"
+                 "{% endfor %}" + THINK_SWITCH)
+# the whole call in each format's syntax: name, then the (key, value) pairs
+TAGGED_SHAPES = {
+    "glm": re.compile(r"<tool_call>(\w+)((?:\n<arg_key>\w+</arg_key>\n<arg_value>.*?</arg_value>)*)\n</tool_call>",
+                      re.S),
+    "qwen3_coder": re.compile(r"<tool_call>\n<function=(\w+)>\n((?:<parameter=\w+>\n.*?\n</parameter>\n)*)</function>\n"
+                              r"</tool_call>", re.S)}
+# what the prompt ends with where no thought comes first (the opening, prefilled)
+OPENINGS = {("glm", "required"): "<tool_call>", ("glm", "get_weather"): "<tool_call>get_weather",
+            ("qwen3_coder", "required"): "<tool_call>\n<function=",
+            ("qwen3_coder", "get_weather"): "<tool_call>\n<function=get_weather>\n"}
+
+
+@pytest.fixture(scope="module", params=[("glm", GLM_TOKENS, GLM_TEMPLATE), ("qwen3_coder", QWEN_TOKENS, QWEN_TEMPLATE)],
+                ids=["glm", "qwen3_coder"])
+def tagged_live(request, tmp_path_factory):
+    from serverkit import tiny_chat_server
+    fmt, tokens, template = request.param
+    assert detect(template).name == fmt
+    with tiny_chat_server(tmp_path_factory.mktemp(fmt), "tiny-" + fmt, tokens, template) as srv:
+        srv.fmt = fmt
+        yield srv
+
+
+def _check_weather_args(args: dict) -> None:
+    assert set(args) <= {"city", "days", "metric", "opts"} and {"city", "days"} <= set(args), args
+    assert isinstance(args["city"], str) and len(args["city"]) <= 6, args
+    assert type(args["days"]) is int and 1 <= args["days"] <= 9, args
+    assert type(args.get("metric", True)) is bool and (set(args.get("opts", {"a": 1})) == {"a"}), args
+
+
+@pytest.mark.parametrize("thinking", [False, True], ids=["no thought", "thought first"])
+@pytest.mark.parametrize("choice", ["required", "get_weather"])
+def test_server_forces_a_tagged_call_in_the_models_own_syntax(tagged_live, choice, thinking):
+    """A forced tool_choice on a GLM-4.5 or Qwen3-Coder template: the model writes that format's call (its
+    control tokens as tokens), never the Hermes JSON form, with arguments typed by the schema; the answer
+    parses back to the call, whole and streamed. With a thought first (an opened <think>, closed by the
+    thinking budget) the call's opening comes after the thought, under the grammar; without one it ends
+    the prompt. The random model may pick any tool and values: the grammar forces the shape."""
+    from test_tool_calls import _stream_tool_calls
+
+    fmt = tagged_live.fmt
+    c = tagged_live.client()
+    tool_choice = choice if choice == "required" else {"type": "function", "function": {"name": choice}}
+    think = {"chat_template_kwargs": {"open_thought": True}, "thinking_token_budget": 4} if thinking else \
+        {"chat_template_kwargs": {"enable_thinking": False}}
+    kw = dict(model="tiny-" + fmt, messages=[{"role": "user", "content": "weather?"}], tools=TAGGED_TOOLS,
+              tool_choice=tool_choice, max_tokens=300, temperature=0, logprobs=True, extra_body=think)
+    ch = c.chat.completions.create(**kw).choices[0]
+    tokens = [t.token for t in ch.logprobs.content]
+    generated = "".join(tokens)
+    if thinking:
+        thought, close, answer = generated.partition("</think>")
+        assert close and ch.message.reasoning_content, generated
+        answer = answer.lstrip()
+    else:
+        assert not generated.startswith("<tool_call>"), generated       # the opening was the prompt's
+        answer = OPENINGS[fmt, choice] + generated
+    m = TAGGED_SHAPES[fmt].fullmatch(answer)
+    assert m is not None and '"name"' not in answer, answer
+    name = m.group(1)
+    assert name == choice or (choice == "required" and name in {"get_weather", "get_time"}), answer
+    if fmt == "glm" and m.group(2):
+        assert "<arg_key>" in tokens and "</arg_value>" in tokens, tokens     # one control token each
+    assert ch.finish_reason == "tool_calls" and not ch.message.content
+    (call,) = ch.message.tool_calls
+    args = json.loads(call.function.arguments)
+    assert call.function.name == name
+    if name == "get_weather":
+        _check_weather_args(args)
+    else:
+        assert set(args) <= {"tz"} and args.get("tz", "UTC") in ("UTC", "CET"), args
+    content, calls, finish = _stream_tool_calls(c, **kw)
+    assert (content, finish) == ("", "tool_calls")
+    assert calls == [{"name": name, "arguments": call.function.arguments}]
+
+
+HERMES_TEMPLATE = ("{% if tools %}tools: {% for t in tools %}{{ t.function.name }} {% endfor %}, called in "
+                   "<tool_call>{json}</tool_call>\n{% endif %}{% for m in messages %}{{ m.role }}: {{ m.content }}\n"
+                   "{% endfor %}" + THINK_SWITCH)
+
+
+# JSON arguments: no other keys (a random model would write them to max_tokens)
+HERMES_TOOLS = [{"type": "function", "function": {**t["function"], "parameters": {
+    **t["function"]["parameters"], "additionalProperties": False}}} for t in TAGGED_TOOLS]
+
+
+@pytest.fixture(scope="module")
+def hermes_live(tmp_path_factory):
+    """A Hermes-style template whose vocabulary holds <tool_call> and </tool_call> as control tokens."""
+    from serverkit import tiny_chat_server
+    assert detect(HERMES_TEMPLATE) is None
+    with tiny_chat_server(tmp_path_factory.mktemp("hermes"), "tiny-hermes", QWEN_TOKENS, HERMES_TEMPLATE) as srv:
+        yield srv
+
+
+@pytest.mark.parametrize("thinking", [False, True], ids=["no thought", "thought first"])
+def test_server_writes_hermes_tags_that_are_control_tokens_as_those_tokens(hermes_live, thinking):
+    """A forced call in the Hermes form on a vocabulary where its tags are control tokens: the grammar
+    writes `</tool_call>` (and after a thought `<tool_call>`, the opening being the grammar's) as the
+    token, not spelled out in text, and the answer parses to the call."""
+    c = hermes_live.client()
+    think = {"chat_template_kwargs": {"open_thought": True}, "thinking_token_budget": 4} if thinking else \
+        {"chat_template_kwargs": {"enable_thinking": False}}
+    for choice in ({"type": "function", "function": {"name": "get_time"}}, "required"):
+        ch = c.chat.completions.create(
+            model="tiny-hermes", messages=[{"role": "user", "content": "time?"}], tools=HERMES_TOOLS,
+            tool_choice=choice, parallel_tool_calls=False, max_tokens=200, temperature=0, logprobs=True,
+            extra_body=think).choices[0]
+        tokens = [t.token for t in ch.logprobs.content]
+        assert tokens[-1] == "</tool_call>" and ("<tool_call>" in tokens) == thinking, tokens
+        assert ch.finish_reason == "tool_calls" and not ch.message.content
+        (call,) = ch.message.tool_calls
+        args = json.loads(call.function.arguments)
+        if call.function.name == "get_weather":
+            _check_weather_args(args)
+        else:
+            assert call.function.name == "get_time" and args.get("tz", "UTC") in ("UTC", "CET"), args
+
+
+def test_a_parameter_the_tags_cannot_hold_is_left_out_or_refused():
+    """A name the parsers would cut (`>` in Qwen3-Coder's `<parameter=K>`, blanks at its ends) or an
+    enum whose values all hold a closing tag: an optional parameter is never written, a required one
+    is a ConstraintError (the server's 400), not a call that parses to other arguments."""
+    from test_constrained import ByteVocab
+
+    from llambda.constraints import ConstraintError
+    grammars = Grammars(ByteVocab(), 257)
+    for fmt, close, named in (("glm", "</arg_value>", r"<arg_key>(.*?)</arg_key>"),
+                              ("qwen3_coder", "</parameter>", r"<parameter=(.*?)>\\n")):
+        odd = {"a>b": {"type": "string"}, " c": {"type": "integer"},
+               "d": {"type": "string", "enum": ["x" + close, "y</tool_call>"]}, "e": {"type": "boolean"}}
+        tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": odd}}}]
+        lark = FORMATS[fmt].forced(tools, {"f"}, "function").grammar()
+        assert re.findall(named, lark) == ["e"], lark
+        grammars.compile(grammar_spec(grammar=lark))
+        for key in ("a>b", " c", "d"):
+            tools[0]["function"]["parameters"]["required"] = [key]
+            with pytest.raises(ConstraintError, match=re.escape(repr(key))):
+                FORMATS[fmt].forced(tools, {"f"}, "function")
+
+
+def test_past_64_parameters_a_forced_tagged_call_keeps_the_schemas_order():
+    """Any order takes one bit per parameter of llguidance's 64-bit rule parameter: a tool with more
+    still compiles, its parameters then in the schema's order."""
+    from test_constrained import ByteVocab
+    grammars = Grammars(ByteVocab(), 257)
+    props = {f"k{n}": {"type": "integer"} for n in range(70)}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": props, "required": ["k3", "k69"]}}}]
+    call = FORMATS["glm"].forced(tools, {"f"}, "function")
+    pair = "\n<arg_key>{}</arg_key>\n<arg_value>1</arg_value>"
+    for keys, ok in ((["k3", "k69"], True), (["k1", "k3", "k69"], True), (["k69", "k3"], False), (["k3"], False)):
+        text = "".join(pair.format(k) for k in keys) + "\n</tool_call>"
+        assert _grammar_takes(grammars, call.grammar(), text) == ok, keys
+
+
+def test_server_refuses_a_forced_call_its_format_cannot_write(tagged_live):
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a>b": {"type": "string"}}, "required": ["a>b"]}}}]
+    r = httpx.post(tagged_live.url + "/v1/chat/completions", timeout=60, json={
+        "model": "tiny-" + tagged_live.fmt, "messages": [{"role": "user", "content": "x"}], "tools": tools,
+        "tool_choice": "required", "max_tokens": 5})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
+    assert "'a>b'" in r.json()["error"]["message"]

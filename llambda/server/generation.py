@@ -197,20 +197,24 @@ class Service:
         templates' formats are only parsed under "auto". think_first: a `<think>` thought may come before the
         answer (the grammar waits for it), so a forced call's opening is the grammar's, not the prompt's.
         native: the model's own call format (tool_formats), read instead of the Hermes form; a forced
-        call is written in it where the format can (its opening prefilled, the rest under its grammar),
-        else (and after a thought) in the Hermes form, and that answer read as Hermes."""
+        call is written in it (its opening prefilled, or after a thought the grammar's first text; its
+        markers as the vocabulary's control tokens where they are ones), the rest under its grammar;
+        a format that cannot write one leaves it to the Hermes form, and that answer is read as Hermes."""
         if not spec.tools:
             return None, None
         names = {spec.forced_tool} if spec.tool_choice == "function" else tool_names(spec.tools)
         forced = spec.tool_choice != "auto"
         constrained = constrained or (native is not None and forced)     # a forced call is under a grammar
-        native_call = native.forced(spec.tools, names, spec.tool_choice) if native and forced and not think_first \
-            else None
+        try:
+            native_call = native.force(spec.tools, names, spec.tool_choice, self.model.tokenizer) \
+                if native and forced else None
+        except ConstraintError as e:         # a tool the format cannot call as its schema asks
+            raise bad_request(f"'tools': {e}", param="tools") from None
         if forced and native_call is None:
             native = None
         prefix = opening = ""
         if native_call is not None:
-            prefix = native_call[0]
+            prefix = "" if think_first else native_call.opening
         elif constrained and forced:
             # the answer starts as a call (prefilled, not decoded token by token; after a thought, forced)
             opening = hermes_prefix("required" if spec.tool_choice == "required" else spec.forced_tool)
@@ -225,12 +229,12 @@ class Service:
         if spec.constraint is not None:      # auto: the client's format for text answers wins
             return setup, None
         if native_call is not None:          # one call, in the model's own syntax
-            return setup, GrammarSpec("lark", native_call[1])
+            return setup, GrammarSpec("lark", native_call.grammar(inline=think_first))
         # a named function is one call of it; "required" may make several (parallel_tool_calls), but
         # not through the generic prompt: models never trained on calls repeat them until max_tokens
         lark = tool_grammar(spec.tools, names, spec.tool_choice,
                             parallel=spec.parallel_tool_calls and spec.tool_choice == "required" and not generic,
-                            opening=opening if think_first else "")
+                            opening=opening if think_first else "", tokenizer=self.model.tokenizer)
         return setup, GrammarSpec("lark", lark)
 
     def _completion_ids(self, prompt, spec: GenerationSpec) -> list[int]:

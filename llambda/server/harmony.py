@@ -13,7 +13,7 @@ and a call of a function tool is a message to a recipient, its body the JSON arg
 `reasoning_content`, the final (and commentary) channel the `content`, and a message to
 `functions.NAME` of an offered tool an OpenAI tool call. `<|return|>` and `<|call|>` end the
 generation (the tokenizer counts them as end-of-generation tokens), so usually the text stops
-just before them. `HarmonyParser` has ToolCallParser's interface (feed/finish -> content and
+just before them. `HarmonyParser` has blocks.BlockParser's interface (feed/finish -> content and
 tool-call deltas, `.calls`), plus `take_reasoning()` for the analysis text that arrived.
 `with_analysis` goes the other way: an earlier turn's reasoning into the prompt, as the template wants it.
 """
@@ -23,7 +23,7 @@ import re
 
 from .errors import bad_request
 from .schemas import _type
-from .tools import _partial_suffix, merge_call_deltas, new_call_id
+from .tool_formats.pieces import merge_call_deltas, new_call_id, partial_suffix
 
 START, CHANNEL, MESSAGE, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"
 END, RETURN, CALL = "<|end|>", "<|return|>", "<|call|>"
@@ -182,7 +182,7 @@ class HarmonyParser:
         cut = [(self.buf.find(t), t) for t in _TERMINATORS]
         cut = [(i, t) for i, t in cut if i >= 0]
         if not cut:
-            keep = max(_partial_suffix(self.buf, t) for t in _TERMINATORS)
+            keep = max(partial_suffix(self.buf, t) for t in _TERMINATORS)
             self._emit(self.buf[:len(self.buf) - keep])
             self.buf = self.buf[len(self.buf) - keep:]
             return False

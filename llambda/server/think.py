@@ -15,13 +15,13 @@ told not to think (Qwen3's `enable_thinking: false`) closes an empty thought in 
 `<think>` at the very start of the output opens a thought: one later in the answer is text the
 model wrote. A thought never closed (cut off by max_tokens) is all reasoning.
 
-`ThinkParser` has ToolCallParser's interface (feed/finish -> content and tool-call deltas, `.calls`,
+`ThinkParser` has blocks.BlockParser's interface (feed/finish -> content and tool-call deltas, `.calls`,
 `take_reasoning()`) and hands the answer after the thought to the tool-call parser, if any.
 """
 from __future__ import annotations
 
 from ..thinking import CLOSE, MAX_HELD_BLANKS, OPEN
-from .tools import _partial_suffix
+from .tool_formats.pieces import partial_suffix
 
 # parser states
 START, THOUGHT, ANSWER = "start", "thought", "answer"
@@ -108,7 +108,7 @@ class ThinkParser:
             at = self.buf.find(CLOSE)
             if at < 0:
                 # hold back a tag that may be arriving and trailing blanks (they may end the thought)
-                keep = _partial_suffix(self.buf, CLOSE)
+                keep = partial_suffix(self.buf, CLOSE)
                 ready = self.buf[:len(self.buf) - keep]
                 ready_end = _unheld(ready)
                 self._think(ready[:ready_end])

@@ -4,9 +4,9 @@ A template that renders tools also teaches the model how to call them; as llama.
 format is told from the template's source (`detect`): GLM-4.5's `<arg_key>`, Qwen3-Coder's
 `<function=`/`<parameter=`, DeepSeek's `<｜tool▁calls▁begin｜>`, Mistral's `[TOOL_CALLS]`, Granite's
 and Phi-4-mini's `<|tool_call|>`/`<|tool|>`, Llama 3.x's `ipython` role or `<|python_tag|>`. None
-(no known marker, or Qwen/Hermes' `<tool_call>` with JSON) leaves the answer to the Hermes parser
-(tools.ToolCallParser), the default. Each format is one module (base.ToolFormat's interface), read
-by blocks.BlockParser, which has the Hermes parser's interface (ToolSetup.parser()/extract()).
+(no known marker, or Qwen/Hermes' `<tool_call>` with JSON) leaves the answer to the Hermes form
+(hermes.py, FORMATS["hermes"]), the default. Each format is one module (base.ToolFormat's interface),
+read by blocks.BlockParser (ToolSetup.parser()/extract()).
 """
 from __future__ import annotations
 
@@ -15,13 +15,14 @@ import re
 from .base import ToolFormat
 from .deepseek import DeepSeekFormat
 from .glm import GLMFormat
+from .hermes import HermesFormat
 from .llama3 import Llama3Format
 from .mistral import MistralFormat
 from .qwen3_coder import Qwen3CoderFormat
 from .tool_call_token import ToolCallTokenFormat
 
 FORMATS = {f.name: f for f in (GLMFormat(), Qwen3CoderFormat(), DeepSeekFormat(), MistralFormat(),
-                               ToolCallTokenFormat(), Llama3Format())}
+                               ToolCallTokenFormat(), Llama3Format(), HermesFormat())}
 
 
 def detect(template: str) -> ToolFormat | None:

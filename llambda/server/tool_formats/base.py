@@ -5,7 +5,9 @@ text is json_text's).
 A format (one module each) says where its calls are in the answer:
 
 - `openers`: the markers a call (a "unit": one call, or an array of calls) starts with;
-- `bare`: whether an answer whose first visible character is `{` is a unit without a marker;
+- `bare`: whether an answer may start with a unit without a marker: `bare_start(text)` says whether
+  the answer's first text begins one (True), does not (False), or cannot tell yet (None); by default
+  a unit starts where the first visible character is `{`;
 - `unit_end(body, opener, memo)`: how much of `body` (the text after the marker) the unit takes, its
   closing marker included, or None while it cannot tell yet; a unit that cannot be a call ends where
   that shows (its text then comes back as content); memo: a dict of the unit's own, kept while its
@@ -19,9 +21,11 @@ A format (one module each) says where its calls are in the answer:
   a call (body may lack its closing marker: the answer ended there); params: each tool's JSON schema;
 - `after(rest)`: what follows a unit: ("text", n) (n characters of glue, such as a closing wrapper,
   are dropped), ("unit", n) (another unit begins after n characters), or None while it cannot tell;
-- `forced(tools, names, choice)`: a forced tool_choice written in the format (forcing.py), or None.
+- `forced(tools, names, choice, spell)`: a forced tool_choice written in the format (a forcing.ForcedCall,
+  its markers written by `spell`, a forcing.Spelling), or None;
+- `markers`: the texts of the format's own tags (those a vocabulary may hold as control tokens).
 
-`blocks.BlockParser` runs any format over streamed text with ToolCallParser's interface.
+`blocks.BlockParser` runs any format over streamed text (hermes.py, the default, too).
 """
 from __future__ import annotations
 
@@ -35,6 +39,11 @@ class ToolFormat:
     name = "base"
     openers: tuple[str, ...] = ()
     bare = False
+    markers: tuple[str, ...] = ()
+
+    def bare_start(self, text: str) -> bool | None:
+        head = text.lstrip()
+        return head.startswith("{") if head else None
 
     def unit_end(self, body: str, opener: str, memo: dict) -> int | None:
         raise NotImplementedError
@@ -51,10 +60,15 @@ class ToolFormat:
     def after(self, rest: str) -> tuple[str, int] | None:
         return ("text", 0)
 
-    def forced(self, tools: list, names: set[str], choice: str) -> tuple[str, str] | None:
-        """A forced call in this format: (the prompt's last text, the grammar of the rest), forcing.py;
+    def forced(self, tools: list, names: set[str], choice: str, spell=None):
+        """A forced call in this format (forcing.ForcedCall: its opening, the grammar of the rest);
         None: not written in this format (the Hermes form is forced instead)."""
         return None
+
+    def force(self, tools: list, names: set[str], choice: str, tokenizer):
+        """`forced`, its markers written as `tokenizer`'s control tokens where they are ones."""
+        from .forcing import Spelling
+        return self.forced(tools, names, choice, Spelling.of(tokenizer, self.markers))
 
     def parser(self, names: set[str], parallel: bool = True, params: dict | None = None, prefix: str = ""):
         from .blocks import BlockParser
@@ -96,8 +110,7 @@ def prefix_of(text: str, marker: str, at: int = 0) -> bool:
 def typed_value(raw: str, schema) -> object:
     """A parameter's value written as text (GLM's <arg_value>, Qwen3-Coder's <parameter>): kept as
     text where the tool's schema says string (or the text is no JSON), else read as JSON."""
-    kind = schema.get("type") if isinstance(schema, dict) else None
-    kinds = kind if isinstance(kind, list) else [kind]
+    kinds = value_kinds(schema)
     if "string" in kinds and raw.strip() != "null":
         return raw
     try:
@@ -108,6 +121,13 @@ def typed_value(raw: str, schema) -> object:
     if "boolean" in kinds and low in ("True", "False"):
         return low == "True"
     return raw
+
+
+def value_kinds(schema) -> list:
+    """The JSON types a parameter's schema names ([None] where it names none): a value is kept as
+    text where they hold "string" (typed_value; forced calls' grammars write it so, tagged.py)."""
+    kind = schema.get("type") if isinstance(schema, dict) else None
+    return kind if isinstance(kind, list) else [kind]
 
 
 def param_schema(params: dict, name: str, key: str):

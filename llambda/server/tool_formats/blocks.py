@@ -1,6 +1,6 @@
-"""Any native tool-call format (base.ToolFormat) read as the text streams in.
+"""Any tool-call format (base.ToolFormat; Hermes' too, hermes.py) read as the text streams in.
 
-`BlockParser` has ToolCallParser's interface (feed/finish -> content and OpenAI tool-call deltas,
+`BlockParser` is every format's parser (feed/finish -> content and OpenAI tool-call deltas,
 `.calls`, `content_spans()`, `settled()`, `take_reasoning()`, `reasoning_spans()`). Text is content
 until one of the format's markers; the unit that follows is held until it ends, then parsed whole:
 its calls go out then (arguments whole), except that a call whose name the format can tell early is
@@ -8,8 +8,8 @@ announced (id, type, name) as soon as that name is complete, and then its argume
 JSON text, in pieces as they arrive. A unit that is not a call of an offered tool with an object as
 arguments comes back as content, marker and all, so nothing the model wrote is lost; a unit whose
 first call was already announced and then does not parse keeps the call, with the arguments sent so
-far or none, marked bad (as the Hermes parser keeps an announced call: the answer read whole is then
-all text, `split_answer`); one the answer ended in is a call cut short. The blanks just before a unit
+far or none, marked bad (the answer read whole is then all text, `split_answer`); one the answer
+ended in is a call cut short. The blanks just before a unit
 and between units are not content, and a marker cut at the end of a piece is held back. parallel
 False: the first call only, later units dropped.
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 
-from ..tools import _partial_suffix, add_span, merge_call_deltas, new_call_id
+from .pieces import add_span, merge_call_deltas, new_call_id, partial_suffix
 from .json_text import json_end
 
 START, TEXT, UNIT, AFTER = "start", "text", "unit", "after"
@@ -111,10 +111,10 @@ class BlockParser:
     def _advance(self) -> bool:
         s = self.state
         if s == START:
-            head = self.buf.lstrip()
-            if not head:
+            starts = self.fmt.bare_start(self.buf)
+            if starts is None:
                 return False
-            if head.startswith("{"):
+            if starts:
                 self._open("", "", self._here())
             else:
                 self.state = TEXT
@@ -157,7 +157,7 @@ class BlockParser:
         if not found:
             if self.calls and not self.buf.strip():
                 return False              # blanks after a call: content only if text follows
-            keep = max(_partial_suffix(self.buf, o) for o in self.fmt.openers)
+            keep = max(partial_suffix(self.buf, o) for o in self.fmt.openers)
             text = self.buf[:len(self.buf) - keep]
             keep += len(text) - len(text.rstrip())      # trailing blanks wait: a call may follow them
             self._content(self.buf[:len(self.buf) - keep], self._here())

@@ -45,17 +45,19 @@ def _split(text: str) -> tuple[str, str] | None:
 class DeepSeekFormat(ClosedByTag):
     name = "deepseek"
     openers, close = (CALLS_BEGIN, CALL_BEGIN), CALL_END
+    markers = (CALLS_BEGIN, CALLS_END, CALL_BEGIN, CALL_END, SEP)
 
     def __init__(self, v31: bool = False):
         self.v31 = v31              # the template writes V3.1's `NAME<｜tool▁sep｜>{...}` (else V3/R1's form)
 
-    def forced(self, tools, names, choice):
+    def forced(self, tools, names, choice, spell=None):
         begin = CALLS_BEGIN + CALL_BEGIN
         if self.v31:
-            return forced_call(tools, names, choice, lambda n: begin + n + SEP if n else begin, lambda n: n + SEP, "")
+            return forced_call(tools, names, choice, lambda n: begin + n + SEP if n else begin, lambda n: n + SEP,
+                               CALL_END + CALLS_END, spell)
         fence = "\n```json\n"
         return forced_call(tools, names, choice, lambda n: begin + "function" + SEP + (n + fence if n else ""),
-                           lambda n: n + fence, "\n```")
+                           lambda n: n + fence, "\n```" + CALL_END + CALLS_END, spell)
 
     def head(self, body, opener):
         got = _split(_call_text(body, opener))

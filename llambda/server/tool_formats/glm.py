@@ -6,26 +6,25 @@ from __future__ import annotations
 
 import re
 
-from .base import ClosedByTag, param_schema, typed_value
-from .json_text import call_objects
-
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
+from .base import param_schema, typed_value
+from .tagged import CLOSE, OPEN, TaggedFormat, TaggedShape
 _NAME = re.compile(r"\s*([^\s<]+)[ \t]*(?:\n|<arg_key>|</tool_call>)")
+SHAPE = TaggedShape(call_open=OPEN, name_close="", key_open="\n<arg_key>", key_close="</arg_key>\n<arg_value>",
+                    value_end="", value_close="</arg_value>", after_value="", call_close="\n" + CLOSE,
+                    unit_close=CLOSE)
 _PAIR = re.compile(r"\s*<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.S)
 
 
-class GLMFormat(ClosedByTag):
+class GLMFormat(TaggedFormat):
     name = "glm"
-    openers, close = (OPEN,), CLOSE
+    shape = SHAPE
+    markers = (OPEN, CLOSE, "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
 
     def head(self, body, opener):
         m = _NAME.match(body)
         return m.group(1) if m else None
 
-    def parse(self, body, opener, params):
-        body = self.inner(body)
-        if body.lstrip().startswith("{"):
-            return call_objects(body.strip())      # a Hermes-style JSON call in the tags: read too
+    def parse_tagged(self, body, params):
         m = re.match(r"\s*([^\s<]+)", body)
         if m is None:
             return None

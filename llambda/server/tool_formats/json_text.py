@@ -49,17 +49,23 @@ def json_call_args(body: str) -> int | None:
     return a.end() - 1 if a else None
 
 
+def loaded(value):
+    """The value a JSON text stands for, where `value` is a string that is one; else `value` itself
+    (call arguments come as an object or as its JSON text)."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            pass
+    return value
+
+
 def call_object(obj) -> tuple[str, dict] | None:
     """(name, arguments) of a JSON call object {"name", "arguments" or "parameters"}; arguments may
     be given as a JSON string of an object. None when it is not one."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
-    args = obj.get("arguments", obj.get("parameters", {}))
-    if isinstance(args, str):
-        try:
-            args = json.loads(args)
-        except ValueError:
-            return None
+    args = loaded(obj.get("arguments", obj.get("parameters", {})))
     return (obj["name"], args) if isinstance(args, dict) else None
 
 

@@ -13,6 +13,7 @@ class Llama3Format(ToolFormat):
     name = "llama3"
     openers = (PYTHON_TAG,)
     bare = True
+    markers = (PYTHON_TAG,)
 
     def unit_end(self, body, opener, memo):
         i = first_visible(body)
@@ -29,8 +30,8 @@ class Llama3Format(ToolFormat):
         calls = call_objects(body.strip())
         return calls if calls is not None and len(calls) == 1 and body.strip().startswith("{") else None
 
-    def forced(self, tools, names, choice):
-        return json_call("parameters", "", "")(tools, names, choice)
+    def forced(self, tools, names, choice, spell=None):
+        return json_call("parameters", "", "")(tools, names, choice, spell)
 
     def after(self, rest):
         i = skip_blanks(rest)

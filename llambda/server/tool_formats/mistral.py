@@ -46,14 +46,16 @@ def _named(body: str, i: int) -> tuple[str | None, int | None]:
 class MistralFormat(ToolFormat):
     name = "mistral"
     openers = (OPEN,)
+    markers = (OPEN, ARGS, CALL_ID)
 
     def __init__(self, tagged: bool = True):
         self.tagged = tagged        # the template writes `NAME[ARGS]{...}` (else a JSON array)
 
-    def forced(self, tools, names, choice):
+    def forced(self, tools, names, choice, spell=None):
         if not self.tagged:
-            return json_call("arguments", OPEN + "[", "]")(tools, names, choice)
-        return forced_call(tools, names, choice, lambda n: OPEN + n + ARGS if n else OPEN, lambda n: n + ARGS, "")
+            return json_call("arguments", OPEN + "[", "]")(tools, names, choice, spell)
+        return forced_call(tools, names, choice, lambda n: OPEN + n + ARGS if n else OPEN, lambda n: n + ARGS, "",
+                           spell)
 
     def unit_end(self, body, opener, memo):
         i = first_visible(body)

@@ -15,27 +15,26 @@ from __future__ import annotations
 
 import re
 
-from .base import ClosedByTag, param_schema, typed_value
-from .json_text import call_objects
-
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
+from .base import param_schema, typed_value
+from .tagged import CLOSE, OPEN, TaggedFormat, TaggedShape
+SHAPE = TaggedShape(call_open=OPEN + "\n<function=", name_close=">\n", key_open="<parameter=", key_close=">\n",
+                    value_end="\n", value_close="</parameter>", after_value="\n",
+                    call_close="</function>\n" + CLOSE, unit_close=CLOSE)
 _FUNCTION = re.compile(r"\s*<function=([^>\n]+)>")
 _PARAM = re.compile(r"\s*<parameter=([^>\n]+)>(.*?)</parameter>", re.S)
 _END = re.compile(r"\s*(?:</function>\s*)?$")
 
 
-class Qwen3CoderFormat(ClosedByTag):
+class Qwen3CoderFormat(TaggedFormat):
     name = "qwen3_coder"
-    openers, close = (OPEN,), CLOSE
+    shape = SHAPE
+    markers = (OPEN, CLOSE)
 
     def head(self, body, opener):
         m = _FUNCTION.match(body)
         return m.group(1).strip() if m else None
 
-    def parse(self, body, opener, params):
-        body = self.inner(body)
-        if body.lstrip().startswith("{"):
-            return call_objects(body.strip())      # a Hermes-style JSON call in the tags: read too
+    def parse_tagged(self, body, params):
         m = _FUNCTION.match(body)
         if m is None:
             return None

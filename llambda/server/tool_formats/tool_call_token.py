@@ -12,6 +12,7 @@ OPEN, CLOSE = "<|tool_call|>", "<|/tool_call|>"
 class ToolCallTokenFormat(ToolFormat):
     name = "tool_call_token"
     openers = (OPEN,)
+    markers = (OPEN, CLOSE)
 
     def unit_end(self, body, opener, memo):
         i = first_visible(body)
@@ -31,8 +32,8 @@ class ToolCallTokenFormat(ToolFormat):
     def args_at(self, body, opener):
         return json_call_args(body)
 
-    def forced(self, tools, names, choice):
-        return json_call("arguments", OPEN + "[", "]")(tools, names, choice)
+    def forced(self, tools, names, choice, spell=None):
+        return json_call("arguments", OPEN + "[", "]")(tools, names, choice, spell)
 
     def parse(self, body, opener, params):
         body = body.strip()
