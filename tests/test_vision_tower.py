@@ -150,6 +150,18 @@ def test_encode_refuses_bad_pixels_and_a_closed_tower():
         t.encode(np.zeros((1, 3, 32, 32), np.float32))
 
 
+def test_threads_take_turns():
+    """One image's buffers are reused: calls from several threads must not mix them."""
+    from concurrent.futures import ThreadPoolExecutor
+    t = load_vision(TINY, backend="native", activations="f32", threads=2)
+    px = {n: pixels_of(t, n) for n in IMAGES}
+    with ThreadPoolExecutor(4) as pool:
+        outs = list(pool.map(lambda i: (IMAGES[i % 2], t.encode(px[IMAGES[i % 2]][None])[0]), range(16)))
+    for name, out in outs:
+        np.testing.assert_allclose(out, ref(name, "soft_tokens"), atol=EXACT, rtol=0)
+    t.close()
+
+
 def test_sources_without_a_tower_give_none(tmp_path):
     assert load_vision(TINY.parent / "gemma3", backend="numpy") is None          # a text-only directory
     plain = tmp_path / "plain.gguf"

@@ -50,6 +50,19 @@ static AI float lane_sq(const float *v, long d, float mu) {
     return lanes_total(part);
 }
 
+/* The largest of v[0..d) (exact in any order: a max rounds nothing), in LANES partial maxima. */
+static AI float lane_max(const float *v, long d) {
+    float part[LANES];
+    for (int j = 0; j < LANES; j++) part[j] = -INFINITY;
+    long k = 0;
+    for (; k + LANES <= d; k += LANES)
+        for (int j = 0; j < LANES; j++) part[j] = v[k + j] > part[j] ? v[k + j] : part[j];
+    for (; k < d; k++) part[k % LANES] = v[k] > part[k % LANES] ? v[k] : part[k % LANES];
+    float m = part[0];
+    for (int j = 1; j < LANES; j++) m = part[j] > m ? part[j] : m;
+    return m;
+}
+
 static AI void ln_rows(const ln_ctx *c, long i0, long i1) {
     const long d = c->d;
     for (long i = i0; i < i1; i++) {
@@ -95,7 +108,8 @@ typedef struct {
  * queries, so a long sequence's keys and values (4096 patches of a vision tower: 1.2 MB a head) stream
  * through the caches once per block, not once per query (a 4096-patch head: 12 -> 48 GFLOP/s on AVX-512).
  * Blocks of 8 on AVX-512 and AVX2 (8 accumulators of one register each; 16 on AVX-512 measured slower),
- * 4 on the scalar path (SSE registers). */
+ * 4 on the scalar path (SSE registers). A row's max and its exponentials' sum go in LANES partials
+ * (lane_max, lane_sum: the same order on every ISA), not one serial chain each. */
 #define QB 8
 
 /* Vectors of 16, 8 and 4 floats as values (GCC/Clang vector extensions), the width each ISA's registers hold

@@ -2,6 +2,8 @@
 SigLIP encoder, the projector), on a backend of its own."""
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from ..errors import InvalidInputError, ModelClosedError
@@ -15,7 +17,7 @@ MAX_IMAGES_PER_CALL = 64
 
 class VisionTower:
     """`tokens_per_image`, `hidden` (the text model's width of each row), `pixels(image)`, `encode(pixels)`,
-    `close()`. Not safe to call from two threads at once (one image's activations are reused)."""
+    `close()`. Calls from several threads take turns (one image's activations are reused)."""
 
     def __init__(self, cfg: VisionConfig, lookup, backend, soft_norm_offset: float, name: str = ""):
         self.cfg, self.backend, self.name = cfg, backend, name
@@ -23,6 +25,7 @@ class VisionTower:
         self.projector = Gemma3Projector(cfg, lookup, backend, soft_norm_offset)
         backend.end_load()
         self.closed = False
+        self._lock = threading.Lock()
 
     @property
     def tokens_per_image(self) -> int:
@@ -46,13 +49,14 @@ class VisionTower:
 
     def last_hidden_state(self, pixels: np.ndarray) -> np.ndarray:
         """The encoder's output [n_patches, vision_hidden] for one image's pixels [3, S, S] (a copy)."""
-        self._check_open()
         one = self._one(pixels)
-        self.backend.enter_forward()
-        try:
-            return self.encoder.forward(one).copy()
-        finally:
-            self.backend.exit_forward()
+        with self._lock:
+            self._check_open()
+            self.backend.enter_forward()
+            try:
+                return self.encoder.forward(one).copy()
+            finally:
+                self.backend.exit_forward()
 
     def encode(self, pixels: np.ndarray) -> np.ndarray:
         """float32 [n, tokens_per_image, hidden]: the soft-token rows of n images' pixels [n, 3, S, S]."""
@@ -65,15 +69,17 @@ class VisionTower:
         n = pixels.shape[0]
         if not 1 <= n <= MAX_IMAGES_PER_CALL:
             raise InvalidInputError(f"encode takes 1 to {MAX_IMAGES_PER_CALL} images at a time, got {n}")
+        images = [self._one(pixels[i]) for i in range(n)]
         out = np.empty((n, c.mm_tokens_per_image, c.text_hidden_size), np.float32)
-        be = self.backend
-        be.enter_forward()
-        try:
-            for i in range(n):
-                hidden = self.encoder.forward(self._one(pixels[i]))
-                self.projector.forward(hidden, out[i])
-        finally:
-            be.exit_forward()
+        with self._lock:
+            self._check_open()
+            be = self.backend
+            be.enter_forward()
+            try:
+                for i, one in enumerate(images):
+                    self.projector.forward(self.encoder.forward(one), out[i])
+            finally:
+                be.exit_forward()
         return out
 
     def _one(self, pixels) -> np.ndarray:
@@ -88,10 +94,11 @@ class VisionTower:
 
     def close(self) -> None:
         """Free the tower's weights and buffers now; later calls raise ModelClosedError."""
-        if self.closed:
-            return
-        self.encoder = self.projector = None
-        self.closed = True
+        with self._lock:        # not under a running encode
+            if self.closed:
+                return
+            self.encoder = self.projector = None
+            self.closed = True
         close = getattr(self.backend, "close", None)
         if close is not None:
             close()
