@@ -135,6 +135,31 @@ def test_google_checkpoint_names_load_too(tmp_path):
     t.close()
 
 
+def test_a_real_gemma3_config_reads_as_the_real_tower():
+    """google/gemma-3-4b-it's config.json and preprocessor_config.json as published (their vision fields; the
+    processor's null pan-and-scan settings): 27 layers of 1152 over 64 x 64 patches, 256 tokens of 2560."""
+    from llambda.vision.config import VisionConfig
+    from llambda.vision.layouts import hf_fields
+    cfg = {"architectures": ["Gemma3ForConditionalGeneration"], "boi_token_index": 255999, "eoi_token_index": 256000,
+           "image_token_index": 262144, "mm_tokens_per_image": 256, "model_type": "gemma3",
+           "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+                           "num_hidden_layers": 34, "sliding_window": 1024},
+           "vision_config": {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+                             "model_type": "siglip_vision_model", "num_attention_heads": 16, "num_hidden_layers": 27,
+                             "patch_size": 14, "vision_use_head": False}}
+    pre = {"do_convert_rgb": None, "do_normalize": True, "do_pan_and_scan": None, "do_rescale": True,
+           "do_resize": True, "image_mean": [0.5, 0.5, 0.5], "image_processor_type": "Gemma3ImageProcessor",
+           "image_seq_length": 256, "image_std": [0.5, 0.5, 0.5], "pan_and_scan_max_num_crops": None,
+           "pan_and_scan_min_crop_size": None, "pan_and_scan_min_ratio_to_activate": None,
+           "processor_class": "Gemma3Processor", "resample": 2, "rescale_factor": 0.00392156862745098,
+           "size": {"height": 896, "width": 896}}
+    c = VisionConfig.from_fields(hf_fields(cfg, pre, "gemma-3-4b-it"), source="gemma-3-4b-it")
+    assert (c.n_patches, c.pool, c.mm_tokens_per_image, c.text_hidden_size, c.head_dim) == (4096, 4, 256, 2560, 72)
+    assert c.layer_norm_eps == 1e-6 and c.image_mean == (0.5, 0.5, 0.5)
+    assert 150 << 20 < c.workspace_bytes() < 250 << 20
+    assert 400e6 < c.params() < 440e6          # SigLIP so400m's tower and the projector
+
+
 def test_encode_refuses_bad_pixels_and_a_closed_tower():
     t = load_vision(TINY, backend="numpy")
     with pytest.raises(InvalidInputError):
@@ -327,6 +352,27 @@ def test_ollama_layout_matches_transformers(tmp_path, backend):
 def test_ollama_file_without_its_mlp_width_key(tmp_path):
     """Older Ollama files lack gemma3.vision.feed_forward_length: the MLP's tensor gives it."""
     t = load_vision(ollama_gguf(tmp_path / "g3.gguf", drop_key="gemma3.vision.feed_forward_length"), backend="numpy")
+    check_tower(t, EXACT, EXACT)
+    t.close()
+
+
+def test_ollama_model_file_loads_as_text_and_as_vision(tmp_path):
+    """Ollama's gemma3 file holds the decoder and the tower: the text loader skips the tower's `v.*`/`mm.*`
+    tensors (they once made it look for attention biases and refuse the file), the tower loads from it."""
+    import llambda
+    from llambda.tools.export import export
+    text = export(TINY, tmp_path / "text.gguf", fmt="gguf", progress=False)
+    tower = ollama_gguf(tmp_path / "tower.gguf")
+    with GGUFFile(text) as t, GGUFFile(tower) as v:
+        meta = {**t.metadata, **{k: x for k, x in v.metadata.items() if k.startswith(("gemma3.vision.", "gemma3.mm."))}}
+        types = {**t.metadata_types, **v.metadata_types}
+        write_gguf(tmp_path / "both.gguf", meta,
+                   list(t.tensors.values()) + [i for n, i in v.tensors.items() if n.startswith(("v.", "mm."))],
+                   metadata_types={k: types[k] for k in meta})
+    ids = [5, 100, 3, 7, 200, 42]
+    both, alone = (llambda.load(p, backend="numpy") for p in (tmp_path / "both.gguf", text))
+    np.testing.assert_array_equal(both.logits(ids), alone.logits(ids))
+    t = load_vision(tmp_path / "both.gguf", backend="numpy")
     check_tower(t, EXACT, EXACT)
     t.close()
 
