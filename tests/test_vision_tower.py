@@ -461,6 +461,9 @@ def test_hostile_ollama_file(tmp_path):
     (lambda c, p: p.update(do_pan_and_scan=True), "pan-and-scan"),
     (lambda c, p: p.update(size={"height": 64, "width": 64}), "resizes"),
     (lambda c, p: p.update(image_std=[0.5, 0, 0.5]), "image_std"),
+    (lambda c, p: p.update(image_mean=[10 ** 400, 0, 0]), "image_mean"),           # past float's range
+    (lambda c, p: c["vision_config"].update(layer_norm_eps=10 ** 400), "layer_norm_eps"),
+    (lambda c, p: p.update(rescale_factor="1/255"), "rescale_factor"),
 ])
 def test_hostile_hf_config(tmp_path, edit, words):
     folder = tmp_path / "g3"
@@ -555,6 +558,16 @@ def test_greyscale_cmyk_and_palette_become_rgb():
     assert cmyk.mode == "RGB" and cmyk.size == (8, 8)
     r, g, bl = cmyk.getpixel((4, 4))
     assert r > 200 and g < 60 and bl < 60                      # cyan 0, magenta and yellow full: red
+
+
+def test_16_bit_greyscale_is_scaled_not_clipped():
+    """Pillow opens a 16-bit greyscale PNG as I;16 and its convert("RGB") clips it (all past 255 white, as
+    transformers gets it); llama.cpp's and Ollama's decoders scale it to 8 bits, and so do we."""
+    a = np.array([[0, 257 * 100, 65535, 257 * 128 + 100]], np.uint16)
+    b = io.BytesIO()
+    Image.fromarray(a).save(b, "PNG")
+    im = load_image(b.getvalue())
+    assert [im.getpixel((x, 0)) for x in range(4)] == [(0, 0, 0), (100, 100, 100), (255, 255, 255), (128, 128, 128)]
 
 
 def test_animated_gif_takes_its_first_frame():

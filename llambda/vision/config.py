@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 
 from ..errors import ModelFormatError
+from ..finite import finite_as_float
 
 # Bounds: a real Gemma 3 tower is 27 layers of 1152 (16 heads of 72, MLP 4304) over 64 x 64 patches of 14
 # pixels (896 x 896) pooled to 16 x 16 tokens; these leave room for other SigLIP sizes, not for absurdity.
@@ -85,7 +86,7 @@ class VisionConfig:
 
         def number(key: str, lo: float, hi: float, default=None) -> float:
             v = fields.get(key, default)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo < v < hi:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not finite_as_float(v) or not lo < v < hi:
                 shown = repr(v) if isinstance(v, (int, float, str)) else type(v).__name__
                 raise ModelFormatError(f"{what(key)} must be a number in ({lo}, {hi}), got {shown[:40]}")
             return float(v)
@@ -97,7 +98,7 @@ class VisionConfig:
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 v = [v] * 3
             ok = (isinstance(v, (list, tuple)) and len(v) == 3
-                  and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+                  and all(isinstance(x, (int, float)) and not isinstance(x, bool) and finite_as_float(x)
                           and abs(x) < 1e6 and (x > 0 if positive else True) for x in v))
             if not ok:
                 raise ModelFormatError(f"{what(key)} must be 3 finite numbers{' > 0' if positive else ''}")

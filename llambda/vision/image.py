@@ -8,8 +8,8 @@
 - animated images (GIF, WebP, APNG): the first frame;
 - EXIF orientation is applied (the image as a viewer shows it, as transformers' load_image does);
 - to RGB as transformers' convert_to_rgb does: an image with alpha (RGBA, LA, a palette or greyscale with a
-  transparent colour) is composited over white, everything else (L, P, CMYK, I;16, ...) through Pillow's
-  convert("RGB").
+  transparent colour) is composited over white, everything else (L, P, CMYK, ...) through Pillow's
+  convert("RGB"); but 16-bit greyscale is scaled to 8 bits first (Pillow's conversion clips it to white).
 """
 from __future__ import annotations
 
@@ -74,10 +74,16 @@ def load_image(data: bytes):
 
 
 def to_rgb(im):
-    """An RGB copy of a Pillow image, transparency composited over white (transformers' convert_to_rgb)."""
+    """An RGB copy of a Pillow image, transparency composited over white (transformers' convert_to_rgb).
+    16-bit greyscale (a PNG's I;16, or I holding 16-bit values) is scaled to 8 bits first, as llama.cpp's and
+    Ollama's decoders read it (Pillow's convert("RGB"), transformers', clips it: everything past 255 white)."""
     Image, _ = _pil()
     if im.mode == "RGB":
         return im
+    if im.mode.startswith("I;16") or im.mode == "I":
+        import numpy as np
+        a = np.clip(np.asarray(im).astype(np.int64), 0, 65535)
+        im = Image.fromarray(((a * 255 + 32767) // 65535).astype(np.uint8), "L")
     if "A" in im.getbands() or im.info.get("transparency") is not None:
         rgba = im.convert("RGBA")
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
