@@ -187,6 +187,24 @@ def test_threads_take_turns():
     t.close()
 
 
+def test_a_model_source_and_a_backend_instance_are_taken():
+    """load() can hand its opened source and its backend: the tower reopens the path and gets a backend of
+    its own of the same kind, threads and precision."""
+    from llambda.backends import create_backend
+    from llambda.formats.open import open_model
+    src = open_model(TINY)
+    be = create_backend("native", threads=2, activations="f32")
+    try:
+        t = load_vision(src, be)
+    finally:
+        src.close()
+    assert t.backend is not be and t.backend.name == "native" and t.backend.exact and t.backend.threads == 2
+    check_tower(t, EXACT, EXACT)
+    t.close()
+    with pytest.raises(InvalidInputError):
+        load_vision(TINY, backend=3)
+
+
 def test_sources_without_a_tower_give_none(tmp_path):
     assert load_vision(TINY.parent / "gemma3", backend="numpy") is None          # a text-only directory
     plain = tmp_path / "plain.gguf"
