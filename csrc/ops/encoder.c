@@ -106,7 +106,7 @@ typedef struct {
 
 /* Queries whose scores one pass computes together (at most): each K^T and V vector loaded feeds a block of
  * queries, so a long sequence's keys and values (4096 patches of a vision tower: 1.2 MB a head) stream
- * through the caches once per block, not once per query (a 4096-patch head: 12 -> 48 GFLOP/s on AVX-512).
+ * through the caches once per block, not once per query (a 4096-patch head: 12 -> ~75 GFLOP/s on AVX-512).
  * Blocks of 8 on AVX-512 and AVX2 (8 accumulators of one register each; 16 on AVX-512 measured slower),
  * 4 on the scalar path (SSE registers). A row's max and its exponentials' sum go in LANES partials
  * (lane_max, lane_sum: the same order on every ISA), not one serial chain each. */
