@@ -81,7 +81,7 @@ def test_add_layernorm_matches_numpy(isa, threads, n, d):
 
 
 @pytest.mark.parametrize("lens,n_heads,head_dim", [([1], 1, 1), ([3, 1, 17], 2, 5), ([9, 15, 40, 2], 12, 32),
-                                                    ([130], 3, 64)])
+                                                    ([130], 3, 64), ([7, 301], 2, 72), ([260], 1, 20)])
 def test_encoder_attention_matches_numpy(isa, threads, lens, n_heads, head_dim):
     g = np.random.default_rng(sum(lens) + n_heads)
     starts = np.zeros(len(lens) + 1, np.int32)

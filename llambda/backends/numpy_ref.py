@@ -66,6 +66,11 @@ def _route_plain(logits: np.ndarray, k: int, routing: str, norm: bool) -> tuple[
     return order.astype(np.int32), w.astype(np.float32)
 
 
+# encoder_attention's scores held at once: a sequence's heads go in groups of at most this many floats
+# (a vision tower's 4096 patches x 16 heads would be 1 GB at once; one head is 64 MB)
+ENCODER_SCORES_MAX = 1 << 24
+
+
 class NumpyBackend(Backend):
     name = "numpy"
     precision = "f32"
@@ -306,12 +311,16 @@ class NumpyBackend(Backend):
         heads = qkv.reshape(n, 3, n_heads, hd)
         for s in range(len(starts) - 1):
             rows = slice(int(starts[s]), int(starts[s + 1]))
-            q, k, v = (heads[rows, i].transpose(1, 0, 2) for i in range(3))          # (heads, t, hd)
-            sc = np.matmul(q, k.transpose(0, 2, 1)) * np.float32(1 / np.sqrt(hd))
-            sc -= sc.max(axis=-1, keepdims=True)
-            np.exp(sc, out=sc)
-            sc /= sc.sum(axis=-1, keepdims=True)
-            out[rows] = np.matmul(sc, v).transpose(1, 0, 2).reshape(-1, n_heads * hd)
+            t = rows.stop - rows.start
+            group = max(1, min(n_heads, ENCODER_SCORES_MAX // (t * t)))    # heads whose scores are held at once
+            for h0 in range(0, n_heads, group):
+                hs = slice(h0, min(h0 + group, n_heads))
+                q, k, v = (heads[rows, i, hs].transpose(1, 0, 2) for i in range(3))     # (heads, t, hd)
+                sc = np.matmul(q, k.transpose(0, 2, 1)) * np.float32(1 / np.sqrt(hd))
+                sc -= sc.max(axis=-1, keepdims=True)
+                np.exp(sc, out=sc)
+                sc /= sc.sum(axis=-1, keepdims=True)
+                out[rows].reshape(t, n_heads, hd)[:, hs] = np.matmul(sc, v).transpose(1, 0, 2)
 
     def copy_blocks(self, src, dst, n, groups, width, src_at, dst_at) -> None:
         def view(a, at):

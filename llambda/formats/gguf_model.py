@@ -23,6 +23,11 @@ def biases_from_tensors(cfg, names) -> None:
         flags(cfg, names)
 
 
+# A multimodal file's vision tower and projector (Ollama's gemma3 files hold them beside the decoder): never a
+# decoder's tensors in llama.cpp's names; llambda.vision reads them (not the decoder's loader, nor its checks).
+TOWER_PREFIXES = ("v.", "mm.")
+
+
 def _decoder_tensors(module, meta: dict, n_layers: int, names: list) -> list:
     """The file's tensors less the blocks a family's `gguf_extra_layers(meta)` says follow the decoder's
     n_layers (glm4moe's NextN layers, not run here)."""
@@ -103,7 +108,7 @@ def open_gguf(path: Path) -> ModelSource:
             tensor, names = enc.gguf_tensors(tensor, names)
         else:
             cfg = module.config_from_gguf(meta)
-            names = _decoder_tensors(module, meta, cfg.n_layers, names)
+            names = _decoder_tensors(module, meta, cfg.n_layers, [n for n in names if not n.startswith(TOWER_PREFIXES)])
             biases_from_tensors(cfg, names)
             if hasattr(module, "gguf_lookup"):      # canonical tensors a family's newer files split (DeepSeek's kv_b)
                 tensor, split_holders = module.gguf_lookup(tensor, cfg)

@@ -1,0 +1,15 @@
+"""Images in: a vision tower turns an image into the soft-token rows a language model reads in its place.
+
+    tower = load_vision("path/to/gemma-3-4b-it")      # or an mmproj GGUF, or Ollama's gemma3 GGUF; None: no tower
+    rows = tower.encode(tower.pixels(load_image(png_bytes))[None])    # [1, tokens_per_image, hidden]
+
+Modules: image.py (bytes -> RGB image, limits), preprocess.py (the image processor), config.py (the
+hyper-parameters, HF names, range-checked), siglip.py (the encoder), gemma3.py (Gemma 3's projector),
+layouts.py (names and keys of each file shape), load.py (load_vision), tower.py (VisionTower),
+mmproj.py (writing llama.cpp's mmproj GGUF). docs/VISION.md describes them.
+"""
+from .image import MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS, load_image
+from .load import load_vision
+from .tower import VisionTower
+
+__all__ = ["load_image", "load_vision", "VisionTower", "MAX_IMAGE_BYTES", "MAX_IMAGE_PIXELS"]

@@ -1,0 +1,91 @@
+"""Image bytes -> an RGB Pillow image, refusing what is hostile or unsupported with InvalidInputError.
+
+- formats: PNG, JPEG (phones' multi-picture MPO files too, which Pillow's JPEG plugin opens), WebP, GIF, BMP,
+  TIFF; nothing else is even tried (Pillow's other plugins include EPS, which runs Ghostscript);
+- limits: MAX_IMAGE_BYTES of encoded data, MAX_IMAGE_PIXELS (width x height, read from the header before
+  any pixel is decoded: a decompression bomb is refused unread);
+- a truncated or corrupt file is refused (Pillow's LOAD_TRUNCATED_IMAGES is never set);
+- animated images (GIF, WebP, APNG): the first frame;
+- EXIF orientation is applied (the image as a viewer shows it, as transformers' load_image does);
+- to RGB as transformers' convert_to_rgb does: an image with alpha (RGBA, LA, a palette or greyscale with a
+  transparent colour) is composited over white, everything else (L, P, CMYK, ...) through Pillow's
+  convert("RGB"); but 16-bit greyscale is scaled to 8 bits first (Pillow's conversion clips it to white).
+"""
+from __future__ import annotations
+
+import io
+import warnings
+
+from ..errors import InvalidInputError
+
+MAX_IMAGE_BYTES = 32 << 20
+MAX_IMAGE_PIXELS = 64 << 20          # 8192 x 8192; Pillow's own bomb limit is 89.5M (its error at twice that)
+FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF")
+
+
+def _pil():
+    try:
+        from PIL import Image, ImageOps
+    except ImportError as e:    # a declared dependency, but an install may lack it
+        raise InvalidInputError(f"images need Pillow (pip install Pillow): {e}") from None
+    return Image, ImageOps
+
+
+def load_image(data: bytes):
+    """The image encoded in `data` (bytes of a PNG, JPEG, WebP, GIF, BMP or TIFF file) as an RGB
+    PIL.Image.Image, fully decoded; InvalidInputError with a message for anything else."""
+    Image, ImageOps = _pil()
+    if isinstance(data, (bytearray, memoryview)):
+        data = bytes(data)
+    if not isinstance(data, bytes):
+        raise InvalidInputError(f"an image must be the bytes of an image file, got {type(data).__name__}")
+    if not data:
+        raise InvalidInputError("the image is empty (0 bytes)")
+    if len(data) > MAX_IMAGE_BYTES:
+        raise InvalidInputError(f"the image is {len(data) >> 20} MB, more than the {MAX_IMAGE_BYTES >> 20} MB allowed")
+    try:
+        with warnings.catch_warnings():
+            # past Pillow's own bound it warns, then refuses at twice it: ours is lower, both are errors here
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            Image.init()        # every plugin registered: a Pillow built without one (WebP) opens the others
+            im = Image.open(io.BytesIO(data), formats=[f for f in FORMATS if f in Image.OPEN])
+            w, h = im.size
+            if w < 1 or h < 1:
+                raise InvalidInputError(f"the image is {w} x {h} pixels: empty")
+            if w * h > MAX_IMAGE_PIXELS:
+                raise InvalidInputError(f"the image is {w} x {h} pixels, more than the {MAX_IMAGE_PIXELS >> 20}M "
+                                        "pixels allowed")
+            if getattr(im, "n_frames", 1) > 1:
+                im.seek(0)
+            im.load()
+            im = ImageOps.exif_transpose(im)
+            return to_rgb(im)
+    except InvalidInputError:
+        raise
+    except Image.UnidentifiedImageError:
+        raise InvalidInputError(f"the image is not in a supported format ({', '.join(FORMATS)}) or is "
+                                "corrupt") from None
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise InvalidInputError(f"the image has more than the {MAX_IMAGE_PIXELS >> 20}M pixels allowed") from None
+    except MemoryError:
+        raise InvalidInputError("the image does not fit in memory once decoded") from None
+    except Exception as e:      # Pillow's decoders raise OSError, SyntaxError, ValueError, EOFError, struct.error...
+        raise InvalidInputError(f"the image cannot be decoded ({type(e).__name__}: {str(e)[:200]})") from None
+
+
+def to_rgb(im):
+    """An RGB copy of a Pillow image, transparency composited over white (transformers' convert_to_rgb).
+    16-bit greyscale (a PNG's I;16, or I holding 16-bit values) is scaled to 8 bits first, as llama.cpp's and
+    Ollama's decoders read it (Pillow's convert("RGB"), transformers', clips it: everything past 255 white)."""
+    Image, _ = _pil()
+    if im.mode == "RGB":
+        return im
+    if im.mode.startswith("I;16") or im.mode == "I":
+        import numpy as np
+        a = np.clip(np.asarray(im).astype(np.int64), 0, 65535)
+        im = Image.fromarray(((a * 255 + 32767) // 65535).astype(np.uint8), "L")
+    if "A" in im.getbands() or im.info.get("transparency") is not None:
+        rgba = im.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    return im.convert("RGB")

@@ -1,0 +1,100 @@
+"""load_vision(source, backend, threads): the vision tower of a model's files, or None where they hold none.
+
+`source` is a path (a Hugging Face directory, llama.cpp's mmproj GGUF, a model GGUF that holds the tower as
+Ollama's gemma3 files do) or a ModelSource (its path is reopened). The tower gets a backend of its own
+(`backend`: "numpy", "native" or None for the default, or a Backend whose kind, threads and precision are
+copied), so its weights and buffers are its own and close() frees them.
+"""
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+from ..errors import InvalidInputError, LlambdaWarning, ModelFormatError
+from ..formats.files import read_json
+from ..formats.gguf import GGUFFile
+from .config import VisionConfig
+from .layouts import (HF_NAMES, LLAMA_CPP, MMPROJ_NAMES, OLLAMA, OLLAMA_NAMES, Layout, check_processor_size, gguf_lookup,
+                      has_ollama_tower, hf_fields, hf_lookup, mmproj_fields, ollama_fields)
+from .tower import VisionTower
+
+
+def _backend(backend, threads, activations):
+    from ..backends import create_backend
+    from ..backends.base import Backend
+    if isinstance(backend, Backend):
+        name = backend.name
+        threads = threads or getattr(backend, "threads", None)
+        if activations is None and name == "native":
+            activations = "f32" if backend.exact else "q8"
+        backend = name
+    if backend is not None and not isinstance(backend, str):
+        raise InvalidInputError(f"backend must be 'numpy', 'native', None or a Backend, got {type(backend).__name__}")
+    return create_backend(backend, threads=threads, activations=activations)
+
+
+def open_layout(path: Path) -> Layout | None:
+    """The tower's layout in the files at `path`, None where they hold no vision tower."""
+    path = Path(path)
+    src = str(path)
+    if path.is_dir():
+        cfg_path = path / "config.json"
+        if not cfg_path.exists():
+            raise ModelFormatError(f"{path}: a Hugging Face model directory needs config.json")
+        cfg = read_json(cfg_path, "config.json")
+        if not isinstance(cfg, dict) or "vision_config" not in cfg:
+            return None
+        if cfg.get("model_type") != "gemma3":
+            warnings.warn(f"{path}: its vision tower ({str(cfg.get('model_type'))[:40]!r}) is not supported (Gemma 3's "
+                          "only): the model reads no images", LlambdaWarning, stacklevel=3)
+            return None
+        pre_path = path / "preprocessor_config.json"
+        pre = read_json(pre_path, "preprocessor_config.json") if pre_path.exists() else None
+        fields = hf_fields(cfg, pre, src)
+        vcfg = VisionConfig.from_fields(fields, HF_NAMES, src)
+        check_processor_size(fields["processor_size"], vcfg, src)
+        from ..formats.safetensors import open_safetensors_dir
+        st = open_safetensors_dir(path)
+        try:
+            return Layout(vcfg, hf_lookup(st.tensors, src), 1.0, "hf", [st.close])
+        except BaseException:
+            st.close()
+            raise
+    f = GGUFFile(path)
+    try:
+        meta = f.metadata
+        arch = meta.get("general.architecture")
+        if arch == "clip":
+            vcfg = VisionConfig.from_fields(mmproj_fields(meta, src), MMPROJ_NAMES, src)
+            return Layout(vcfg, gguf_lookup(f, LLAMA_CPP), 0.0, "mmproj", [f.close])
+        if not has_ollama_tower(f):
+            f.close()
+            return None
+        if arch != "gemma3":
+            warnings.warn(f"{path}: its vision tower ({str(arch)[:40]!r}) is not supported (Gemma 3's only): the "
+                          "model reads no images", LlambdaWarning, stacklevel=3)
+            f.close()
+            return None
+        lookup = gguf_lookup(f, OLLAMA)
+        vcfg = VisionConfig.from_fields(ollama_fields(meta, lookup, src), OLLAMA_NAMES, src)
+        return Layout(vcfg, lookup, 0.0, "ollama", [f.close])
+    except BaseException:
+        f.close()
+        raise
+
+
+def load_vision(source, backend=None, threads: int | None = None, activations: str | None = None) -> VisionTower | None:
+    """The vision tower of `source` on a backend of its own, or None where the source holds none.
+    activations: "f32" (exact: float32 weights and products) or "q8" (the native default: bfloat16 products)."""
+    path = getattr(source, "path", source)
+    if not isinstance(path, (str, Path)):
+        raise InvalidInputError(f"source must be a path or a ModelSource, got {type(source).__name__}")
+    layout = open_layout(Path(path))
+    if layout is None:
+        return None
+    try:
+        be = _backend(backend, threads, activations)
+        return VisionTower(layout.cfg, layout.lookup, be, layout.soft_norm_offset, name=str(path))
+    finally:
+        for close in layout.closers:      # the weights were copied into the backend's own arrays
+            close()

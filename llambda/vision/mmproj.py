@@ -1,0 +1,89 @@
+"""Writing a vision tower as llama.cpp's mmproj GGUF (general.architecture `clip`, projector type `gemma3`),
+the file llama.cpp's converter (convert_hf_to_gguf.py --mmproj) makes of a Gemma3ForConditionalGeneration:
+its `clip.*` keys, tensor names (layouts.gguf_name), the projector norm stored as 1 + w, the projection
+stored [vision_hidden, text_hidden] as HF holds it.
+
+Types: "f32" writes every tensor in float32; "f16" the matrices and the patch embedding in F16; "q8_0" the
+matrices whose rows are whole 32-value blocks in Q8_0, the patch embedding and the input projection in F16
+(llama.cpp's converter keeps both in F16 too); norms, biases and the position embedding always float32.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InvalidInputError
+from ..formats.gguf import GGUFValueType as VT
+from ..formats.gguf_writer import GGUFValue, write_gguf
+from ..formats.quants import QType
+from .layouts import LLAMA_CPP, MMPROJ_DEFAULT_SCALE, MMPROJ_SCALE_KEY, gguf_name
+from .load import open_layout
+
+TYPES = {"f32": QType.F32, "f16": QType.F16, "q8_0": QType.Q8_0}
+
+
+def canonical_names(cfg) -> list[str]:
+    """Every tensor of the tower and projector, canonical names, in the file's order."""
+    out = ["embeddings.patch_embedding.weight", "embeddings.patch_embedding.bias",
+           "embeddings.position_embedding.weight"]
+    for i in range(cfg.num_hidden_layers):
+        for leaf in ("layer_norm1", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.out_proj",
+                     "layer_norm2", "mlp.fc1", "mlp.fc2"):
+            out += [f"encoder.layers.{i}.{leaf}.weight", f"encoder.layers.{i}.{leaf}.bias"]
+    return out + ["post_layernorm.weight", "post_layernorm.bias", "mm_soft_emb_norm.weight", "mm_input_projection_weight"]
+
+
+def _type(canon: str, values: np.ndarray, want: QType) -> QType:
+    if values.ndim < 2 or canon == "embeddings.position_embedding.weight":
+        return QType.F32
+    if want == QType.Q8_0 and (canon in ("embeddings.patch_embedding.weight", "mm_input_projection_weight")
+                               or values.shape[-1] % 32):
+        return QType.F16
+    return want
+
+
+def write_mmproj(source, out, qtype: str = "f32", name: str | None = None) -> Path:
+    """Write the vision tower of `source` (any layout load_vision reads) to `out` as llama.cpp's mmproj GGUF."""
+    if qtype not in TYPES:
+        raise InvalidInputError(f"qtype must be one of {sorted(TYPES)}, got {qtype!r}")
+    layout = open_layout(Path(source))
+    if layout is None:
+        raise InvalidInputError(f"{source}: holds no vision tower")
+    try:
+        c = layout.cfg
+        if c.pool * c.tokens_per_side != c.patches_per_side:
+            raise InvalidInputError("the token grid does not pool the patch grid evenly")
+        meta = {
+            "general.architecture": "clip", "general.type": "mmproj",
+            "general.name": name or Path(source).name,
+            "clip.projector_type": "gemma3", "clip.has_vision_encoder": True, "clip.use_gelu": True,
+            "clip.vision.projection_dim": GGUFValue(VT.UINT32, c.text_hidden_size),
+            "clip.vision.image_size": GGUFValue(VT.UINT32, c.image_size),
+            "clip.vision.patch_size": GGUFValue(VT.UINT32, c.patch_size),
+            "clip.vision.embedding_length": GGUFValue(VT.UINT32, c.hidden_size),
+            "clip.vision.feed_forward_length": GGUFValue(VT.UINT32, c.intermediate_size),
+            "clip.vision.block_count": GGUFValue(VT.UINT32, c.num_hidden_layers),
+            "clip.vision.attention.head_count": GGUFValue(VT.UINT32, c.num_attention_heads),
+            "clip.vision.attention.layer_norm_epsilon": GGUFValue(VT.FLOAT32, c.layer_norm_eps),
+            "clip.vision.image_mean": GGUFValue((VT.ARRAY, VT.FLOAT32), list(c.image_mean)),
+            "clip.vision.image_std": GGUFValue((VT.ARRAY, VT.FLOAT32), list(c.image_std)),
+        }
+        if c.pool != MMPROJ_DEFAULT_SCALE:
+            meta[MMPROJ_SCALE_KEY] = GGUFValue(VT.UINT32, c.pool)
+        tensors = []
+        for canon in canonical_names(c):
+            t = layout.lookup(canon)
+            if t is None:
+                raise InvalidInputError(f"{source}: the tower's tensor {canon!r} is missing")
+            v = np.asarray(t.to_float32(), dtype=np.float32)
+            if canon == "mm_soft_emb_norm.weight":
+                v = v + np.float32(layout.soft_norm_offset)     # stored as the multiplier 1 + w
+            tensors.append((gguf_name(canon, LLAMA_CPP), _type(canon, v, TYPES[qtype]), v))
+        out = Path(os.fspath(out))
+        write_gguf(out, meta, tensors)
+        return out
+    finally:
+        for close in layout.closers:
+            close()
