@@ -36,7 +36,8 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
          n_ctx: int | None = None, n_slots: int = 1, activations: str | None = None,
          quantize: str | None = None, max_batch: int = 512, kv_type: str | None = None,
          check_memory: bool = True, draft: str | os.PathLike | None = None,
-         draft_threads: int | None = None, lora=None) -> "Model":
+         draft_threads: int | None = None, lora=None, mmproj: str | os.PathLike | None = None,
+         vision: bool = True) -> "Model":
     """Load a catalogued model name, a .gguf file or a Hugging Face model directory.
 
     backend: "native" (the C core, default where it built) or "numpy" (the FP32 reference).
@@ -64,6 +65,10 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
       scaled by its scale (default 1).
       A quantized weight is dequantized, merged and quantized again to its own type (a warning says so).
       `Model.adapters` describes them. Not applied to the draft model.
+    mmproj: where the vision tower is (llambda.vision): llama.cpp's mmproj GGUF beside a GGUF model. Without it
+      the model's own files are read for one (a Hugging Face directory of Gemma 3, Ollama's gemma3 GGUF); a
+      tower found there that cannot be read is a warning and the model loads for text only. vision=False
+      loads no tower (its memory and load time saved; the model then takes no images).
     """
     if not isinstance(name_or_path, (str, os.PathLike)):
         raise InvalidInputError(f"load() takes a model name or a path, got {type(name_or_path).__name__}")
@@ -75,12 +80,16 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
     # (a str first: a list here was an unhashable TypeError)
     if kv_type is not None and (not isinstance(kv_type, str) or kv_type not in KV_TYPES):
         raise InvalidInputError(f"kv_type must be one of {sorted(KV_TYPES)}, got {kv_type!r}")
+    _check_flag("vision", vision)
+    if mmproj is not None and not isinstance(mmproj, (str, os.PathLike)):
+        raise InvalidInputError(f"mmproj must be a path, got {type(mmproj).__name__}")
     lora_specs = adapter_specs(lora)
     path, src = open_named(name_or_path)
     if isinstance(src.config, BertConfig):
-        if lora_specs:
+        if lora_specs or mmproj is not None:
             src.close()
-            raise InvalidInputError("LoRA adapters (lora=) apply to decoder models, not encoders")
+            raise InvalidInputError(f"{'LoRA adapters (lora=)' if lora_specs else 'a vision tower (mmproj=)'} apply "
+                                    "to decoder models, not encoders")
         return _load_encoder(name_or_path, path, src, backend, threads, activations, quantize)
     adapters, merge = [], None
     try:
@@ -121,14 +130,48 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
     m.adapters = [ad.describe() for ad in adapters]
     m.memory_plan = mplan
     m.name = display_name(name_or_path, path)
+    try:
+        _attach_tower(m, src, be, threads, activations, mmproj, vision)
+    except BaseException:
+        m.close()
+        raise
     if draft is not None:
         try:
             m.set_draft(load(draft, n_ctx=m.n_ctx, n_slots=n_slots, backend=backend, threads=threads,
-                             activations=activations, kv_type=kv_type, quantize=quantize), threads=draft_threads)
+                             activations=activations, kv_type=kv_type, quantize=quantize, vision=False),
+                        threads=draft_threads)
         except BaseException:
             m.close()
             raise
     return m
+
+
+def _attach_tower(m: "Model", src, be, threads, activations, mmproj, vision) -> None:
+    """The vision tower of `mmproj`, else of the model's own files, attached to m (none with vision=False)."""
+    if not vision:
+        return
+    from .vision import load_vision
+    if mmproj is not None:      # asked for: any failure is the load's
+        tower = load_vision(mmproj, backend=be, threads=threads, activations=activations)
+        if tower is None:
+            raise InvalidInputError(f"{os.fspath(mmproj)} holds no vision tower this engine reads")
+        _attach_or_close(m, tower)
+        return
+    try:                        # found in the model's own files: a tower that does not fit costs the images only
+        tower = load_vision(src, backend=be, threads=threads, activations=activations)
+        if tower is not None:
+            _attach_or_close(m, tower)
+    except (ModelFormatError, InvalidInputError) as e:
+        warnings.warn(f"{m.name}: its vision tower cannot be used ({e}); the model loads for text only",
+                      LlambdaWarning, stacklevel=4)
+
+
+def _attach_or_close(m: "Model", tower) -> None:
+    try:
+        m.attach_vision(tower)
+    except BaseException:
+        tower.close()
+        raise
 
 
 def _check_counts(**args) -> None:
@@ -519,7 +562,7 @@ class Model:
         load_image, whose limits refuse bad or hostile files with an InvalidInputError)."""
         self._check_open()
         if tower is None:
-            self.vision = None
+            self._replace_tower(None)
             return
         per, hidden = getattr(tower, "tokens_per_image", None), getattr(tower, "hidden", None)
         if not _is_int(per) or per < 1 or not _is_int(hidden):
@@ -539,7 +582,14 @@ class Model:
         if block > self.transformer.ws.max_tokens or block >= self.n_ctx:
             raise InvalidInputError(f"an image takes {block} tokens, more than a forward of "
                                     f"{self.transformer.ws.max_tokens} (max_batch) or the context of {self.n_ctx} holds")
-        self._image_ids, self.vision, self._load_image = ids, tower, load_image
+        self._image_ids, self._load_image = ids, load_image
+        self._replace_tower(tower)
+
+    def _replace_tower(self, tower) -> None:
+        """The attached tower becomes `tower`; the one it replaces is closed (the model owned it)."""
+        old, self.vision = self.vision, tower
+        if old is not None and old is not tower:
+            old.close()
 
     def check_images(self, images: list) -> list[bytes]:
         """The images of a request, checked: none, or this model takes images and at most max_images."""

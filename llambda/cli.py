@@ -100,10 +100,20 @@ def _add_lora_args(p: argparse.ArgumentParser) -> None:
                         "directory, its update times SCALE (default 1); repeatable")
 
 
-def _lora_kwargs(a) -> dict:
+def _add_mmproj_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mmproj", metavar="FILE", default=None,
+                   help="the vision tower of a GGUF model: llama.cpp's mmproj file (a Hugging Face directory or "
+                        "Ollama's gemma3 file holds its own, found without this)")
+
+
+def _extra_files_kwargs(a) -> dict:
+    """load() arguments of the files read beside the model: LoRA adapters, an mmproj vision tower."""
     from .formats.lora import parse_lora_arg
     specs = [parse_lora_arg(x) for x in getattr(a, "lora", None) or []]
-    return {"lora": specs} if specs else {}
+    out = {"lora": specs} if specs else {}
+    if getattr(a, "mmproj", None):
+        out["mmproj"] = a.mmproj
+    return out
 
 
 def _speculative_kwargs(a) -> dict:
@@ -234,7 +244,7 @@ def _load(a, generates: bool = False, **extra):
     t0, cpu0 = time.perf_counter(), time.process_time()
     model = load(a.model, backend=a.backend, threads=a.threads, n_ctx=a.ctx_size, activations=a.activations,
                  kv_type=a.kv_type, draft=getattr(a, "model_draft", None),
-                 draft_threads=getattr(a, "threads_draft", None), **_lora_kwargs(a), **extra)
+                 draft_threads=getattr(a, "threads_draft", None), **_extra_files_kwargs(a), **extra)
     if generates and getattr(model, "is_encoder", False):     # was an AttributeError traceback ('stream')
         model.close()
         raise LlambdaError(f"{a.model} is an encoder (an embedding model): it generates no text; "
@@ -458,7 +468,7 @@ def cmd_embed(a) -> int:
     texts = list(a.texts) if a.texts else [line for line in _read_stdin("texts").split("\n") if line.strip()]
     if not texts:
         raise ValueError("nothing to embed: give texts as arguments or on stdin, one a line")
-    model = _load(a)
+    model = _load(a, vision=False)
     try:
         vectors = model.embed(texts, batch_size=a.batch_size)
     finally:
@@ -526,7 +536,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
     spec = _speculative_kwargs(a)
     load_kw = dict(backend=a.backend, n_ctx=a.ctx_size, activations=a.activations,
                    kv_type=a.kv_type or DEFAULT_KV_TYPE, draft=a.model_draft, draft_threads=a.threads_draft,
-                   **_lora_kwargs(a))
+                   **_extra_files_kwargs(a))
     model_id = a.alias or model_id_for(a.model)
     aliases = {Path(a.model).name, Path(a.model).stem, a.model} - {model_id}
     cfg = ServerConfig(model_id=model_id, aliases=aliases, host=a.host, port=a.port, parallel=a.parallel,
@@ -651,7 +661,7 @@ def cmd_perplexity(a) -> int:
     if a.ctx_size < 2:
         raise ValueError("-c/--ctx-size must be at least 2 tokens")
     model = load(a.model, backend=a.backend, threads=a.threads, n_ctx=a.ctx_size, activations=a.activations,
-                 kv_type=a.kv_type)
+                 kv_type=a.kv_type, vision=False)
 
     def show(i, ppl):
         print(f"[{i}]{ppl:.4f}", end=" ", flush=True, file=sys.stderr)
@@ -723,6 +733,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_constraint_args(p)
     _add_speculative_args(p)
     _add_lora_args(p)
+    _add_mmproj_arg(p)
     g = p.add_argument_group("the prompt as llama-cli takes it (instead of the words)")
     g.add_argument("-p", "--prompt", dest="prompt_text", metavar="TEXT", default=None, help="the prompt")
     g.add_argument("-f", "--file", dest="prompt_file", metavar="FILE", default=None,
@@ -742,6 +753,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_constraint_args(p)
     _add_speculative_args(p)
     _add_lora_args(p)
+    _add_mmproj_arg(p)
     p.add_argument("--system", default=None, help="system prompt")
     _add_template_args(p)
     add_ollama_run_args(p)
@@ -799,6 +811,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(p)
     _add_speculative_args(p)
     _add_lora_args(p)
+    _add_mmproj_arg(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
     p.add_argument("--parallel", "-np", type=int, default=4,

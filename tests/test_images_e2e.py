@@ -1,8 +1,7 @@
 """Images end to end through every API surface on a live server: a tiny Gemma 3 (the gemma3_vision fixture)
-with the fixture-backed tower double of tests/test_vlm.py; each route's answer is Model.chat's greedy reply
-to the same canonical messages (and `llambda run`'s, a prompt naming an image file). Skipped, saying so, on
-a tree without the vlm branch (Model.attach_vision, tests/test_vlm.py); checked passing on vapi merged with
-vlm 6e20ed1."""
+with its own vision tower, attached by llambda.load (llambda.vision: the image decoded, preprocessed and
+encoded for real); each route's answer is Model.chat's greedy reply to the same canonical messages (and
+`llambda run`'s, a prompt naming an image file). tests/test_vlm.py supplies the folder with a tokenizer."""
 from __future__ import annotations
 
 import base64
@@ -11,11 +10,8 @@ import httpx
 import pytest
 
 import llambda
-from llambda.api import Model
 
-vlm = pytest.importorskip("test_vlm", reason="needs tests/test_vlm.py's fixture tower (the vlm branch)")
-if not hasattr(Model, "attach_vision"):
-    pytest.skip("needs Model.attach_vision (the vlm branch)", allow_module_level=True)
+import test_vlm as vlm  # noqa: E402  (its folder with a tokenizer, chat template and the fixture's images)
 
 PNG_A, PNG_B = vlm.PNG["image_a.png"], vlm.PNG["image_b.png"]
 B64_A, B64_B = base64.b64encode(PNG_A).decode(), base64.b64encode(PNG_B).decode()
@@ -29,9 +25,8 @@ def served(tmp_path_factory):
     from llambda.server import ServerConfig, create_app
     folder = vlm.folder_with_tokenizer(tmp_path_factory.mktemp("e2e") / "gemma", vlm.TEMPLATE)
     m = llambda.load(folder, backend="numpy", n_ctx=128, n_slots=2)
-    m.attach_vision(vlm.FixtureTower(), load_image=vlm.FixtureTower.load_image)
     ref = llambda.load(folder, backend="numpy", n_ctx=128)     # the library's answers (the served one is busy)
-    ref.attach_vision(vlm.FixtureTower(), load_image=vlm.FixtureTower.load_image)
+    assert m.accepts_images and ref.accepts_images            # the folder's own tower, found by load()
     with m, ref, LiveServer(create_app(m, ServerConfig(model_id="vis", parallel=2))) as srv:
         srv.model = ref
         yield srv
@@ -112,9 +107,7 @@ def test_run_on_the_command_line(served, tmp_path, monkeypatch, capsys):
     real_load = llambda.api.load
 
     def load(name, **kw):
-        m = real_load(folder, backend="numpy", n_ctx=128)
-        m.attach_vision(vlm.FixtureTower(), load_image=vlm.FixtureTower.load_image)
-        return m
+        return real_load(folder, backend="numpy", n_ctx=128)
 
     monkeypatch.setattr(llambda.api, "load", load)
     want = _want(served.model, PNG_A, "Look:")

@@ -67,7 +67,8 @@ def load(mode: str, folder=FOLDER, tower=True, **kw):
     backend, activations, _ = MODES[mode]
     if backend not in available_backends():
         pytest.skip(f"the {backend} backend is not available here (C core not built)")
-    m = llambda.load(folder, backend=backend, activations=activations, **{"n_ctx": 128, **kw})
+    # the folder's own tower is not loaded: the double stands in for it, so this file tests the language side alone
+    m = llambda.load(folder, backend=backend, activations=activations, **{"n_ctx": 128, "vision": False, **kw})
     if tower:
         m.attach_vision(FixtureTower(), load_image=FixtureTower.load_image)
     return m
@@ -297,7 +298,7 @@ def folder_with_tokenizer(dest: Path, template: str) -> Path:
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     dest.mkdir()
-    for name in ("config.json", "model.safetensors", "generation_config.json"):
+    for name in ("config.json", "model.safetensors", "generation_config.json", "preprocessor_config.json"):
         (dest / name).symlink_to(FOLDER / name)
     special = {0: "<pad>", 1: "<eos>", 2: "<bos>", 3: "<start_of_turn>", 4: "<end_of_turn>",
                BOI: "<start_of_image>", EOI: "<end_of_image>", SOFT: "<image_soft_token>"}

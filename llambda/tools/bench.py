@@ -54,7 +54,8 @@ class OurEngine:
 
     def __init__(self, path, backend=None, activations=None, n_ctx=None, kv_type=None):
         from ..api import load
-        self.model = load(path, backend=backend, activations=activations, n_ctx=n_ctx, kv_type=kv_type)
+        self.model = load(path, backend=backend, activations=activations, n_ctx=n_ctx, kv_type=kv_type,
+                          vision=False)
         self.tr = self.model.transformer
 
     def set_threads(self, t: int) -> None:
