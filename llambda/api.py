@@ -570,8 +570,7 @@ class Model:
         if int(hidden) != self.config.d_model:
             raise InvalidInputError(f"the vision tower's rows are {hidden} wide; this model's are {self.config.d_model}")
         cfg = self.config
-        if cfg.mla or any(k != "attention" for k in cfg.layer_kinds) or self.transformer.g3n is not None \
-                or any(L.sinks is not None for L in self.transformer.layers):
+        if not self.transformer.takes_image_rows:
             raise InvalidInputError(f"a {cfg.arch} model cannot take image rows (plain attention layers only)")
         meta = getattr(self.source, "metadata", None) or {}
         ids = image_tokens(meta.get("hf.config"), self.tokenizer, cfg.vocab_size)

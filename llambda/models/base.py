@@ -524,10 +524,17 @@ class Transformer(Closable, LatentAttention):
             self._images = None
             B.exit_forward()
 
+    @property
+    def takes_image_rows(self) -> bool:
+        """Whether a forward may write image rows over embeddings: plain attention layers only (kend is
+        attention's; no MLA, recurrent layers, sinks or Gemma 3n's own layers)."""
+        cfg = self.cfg
+        return not (self.g3n is not None or cfg.mla or any(k != "attention" for k in cfg.layer_kinds)
+                    or any(L.sinks is not None for L in self.layers))
+
     def _check_images(self, images, n: int) -> None:
         cfg = self.cfg
-        if self.g3n is not None or cfg.mla or any(k != "attention" for k in cfg.layer_kinds) \
-                or any(L.sinks is not None for L in self.layers):
+        if not self.takes_image_rows:
             raise InvalidInputError(f"a {cfg.arch} model takes no image rows")
         for r0, rows, _ in images.spans:
             if r0 < 0 or r0 + len(rows) > n or rows.ndim != 2 or rows.shape[1] != cfg.d_model:
