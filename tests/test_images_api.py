@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
+from llambda.chat import message_images
 from llambda.server import ServerConfig, images
 from llambda.server.anthropic_api import parse_messages
 from llambda.server.errors import APIError
@@ -122,13 +123,13 @@ def test_openai_image_url_parts_become_canonical():
                  {"type": "image_url", "image_url": URL_A})      # a bare string, as some clients send it
     assert spec.messages[0]["content"] == [{"type": "text", "text": "What is this?"}, _image(PNG_A), _image(PNG_B),
                                            _image(PNG_A)]
-    assert images.count_images(spec.messages) == 3
+    assert len(message_images(spec.messages)) == 3
     # text-only messages are as they were
     plain = parse_chat({"messages": [{"role": "user", "content": "hi"},
                                      {"role": "user", "content": [{"type": "text", "text": "a"}]}]})
     assert plain.messages == [{"role": "user", "content": "hi"}, {"role": "user", "content": [{"type": "text",
                                                                                                    "text": "a"}]}]
-    assert images.count_images(plain.messages) == 0
+    assert message_images(plain.messages) == []
 
 
 @pytest.mark.parametrize("part, role, words", [
@@ -317,7 +318,7 @@ def test_show_lists_vision_when_the_model_reads_images():
 
 def test_require_vision():
     spec = parse_chat({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": URL_A}]}]})
-    images.require_vision(_service(accepts_images=True), spec)
+    assert images.require_vision(_service(accepts_images=True), spec) == [PNG_A]
     err = _refused(lambda: images.require_vision(_service(), spec), "'tiny'", "takes no images", "vision tower",
                    code="model_without_vision")
     assert err.param == "messages"

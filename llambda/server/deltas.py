@@ -18,7 +18,6 @@ from starlette.responses import Response
 from .accesslog import GENERATION_KEY
 from .errors import bad_request
 from .generation import ClientGone, Generation, check_event
-from .images import require_vision
 from .openai_format import dumps, tool_finish
 from .scheduler import PromptLogprobs
 from .schemas import _type
@@ -142,14 +141,12 @@ class Http:
         spec = await self.parsed(request, parse, in_thread)
         if spec is None:
             return Response(status_code=499)
-        require_vision(service, spec)
         return self.json_response(answer(await service.count_prompt(spec)))
 
     async def run(self, request: Request, service, spec, run_of: Callable[[Generation], Any],
                   media_type: str = SSE_TYPE) -> Response:
         """Start `spec` and answer with `run_of(gen)`: its `stream()` as a `media_type` stream, or
-        its `collect()` as JSON. Images for a model without a vision tower: a 400 (every API's)."""
-        require_vision(service, spec)
+        its `collect()` as JSON."""
         gen = await service.start(spec)
         request.scope[GENERATION_KEY] = gen     # the access log reads its token counts
         run = run_of(gen)

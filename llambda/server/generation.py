@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import AsyncIterator
 
-from ..chat import message_images, validate_messages
+from ..chat import validate_messages
 from ..constraints import ConstraintError, GrammarSpec
 from ..engine import GenerationParams, Sequence
 from ..errors import ChatTemplateError, ContextOverflowError, InvalidInputError, LlambdaError, TokenizerError
@@ -22,6 +22,7 @@ from .config import ServerConfig
 from .errors import APIError, bad_request, model_not_found
 from .fim import find_fim_tokens, fim_prompt_ids, require_fim
 from .harmony import speaks_harmony, with_analysis
+from .images import require_vision
 from .openai_format import (SSE_DONE, ChoiceState, TokenStrings, Usage, chat_logprobs, chat_response,
                             completion_logprobs, completion_response, new_id, now, sse, tool_finish)
 from .scheduler import Channel, Job, JobFailure, PromptLogprobs, QueueFull, Scheduler, ShuttingDown
@@ -101,6 +102,7 @@ class Service:
     def chat_prompt(self, spec: GenerationSpec) -> str:
         """The chat template's text for the spec's messages and tools, as generation renders it
         (/apply-template shows it); raises ChatTemplateError."""
+        require_vision(self, spec)
         return self._render(spec)[0]
 
     def _image_marker(self) -> str | None:
@@ -130,12 +132,9 @@ class Service:
     def _chat_images(self, spec: GenerationSpec) -> list[bytes]:
         """The request's images (canonical image parts), checked against the model: a 400
         `model_without_vision` for a model without a vision tower, or past its images per request."""
-        images = message_images(spec.messages)
+        images = require_vision(self, spec)
         if not images:
             return []
-        if not getattr(self.model, "accepts_images", False):
-            raise bad_request(f"the model {self.cfg.model_id!r} takes no images (it has no vision tower)",
-                              param=spec.messages_param, code="model_without_vision")
         try:
             images = self.model.check_images(images)
         except InvalidInputError as e:

@@ -8,7 +8,8 @@ functions; they check the transport only: strict base64 (no silent garbage), a d
 is decoded) and the images of one request (MAX_IMAGES). Decoding the image itself, and refusing a
 hostile one, is llambda.vision.load_image's work. Remote images (http:// URLs, Anthropic's url
 sources) are refused: this server never makes outbound requests; so are file ids (no file store).
-A request with images to a model without a vision tower is a 400 `model_without_vision` (require_vision).
+A request with images to a model without a vision tower is a 400 `model_without_vision` (require_vision, which
+the Service asks).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import base64
 import re
 from typing import Any
 
+from ..chat import message_images
 from .errors import APIError, bad_request, shown
 
 MAX_IMAGE_BYTES = 20 * 2**20    # one image's encoded file (OpenAI's own limit per image)
@@ -51,14 +53,6 @@ def joined_parts(parts: list):
         else:
             out.append({"type": "text", "text": p})
     return out
-
-
-def count_images(messages: Any) -> int:
-    """The canonical image parts in a list of chat messages."""
-    if not isinstance(messages, list):
-        return 0
-    return sum(1 for m in messages if isinstance(m, dict) and isinstance(m.get("content"), list)
-               for part in m["content"] if is_image_part(part))
 
 
 class ImageCount:
@@ -134,13 +128,13 @@ def from_url(url: Any, where: str, count: ImageCount) -> bytes:
     return decode_base64(payload, where, count)
 
 
-def require_vision(service, spec) -> None:
-    """A 400 `model_without_vision` when `spec`'s messages hold images and the served model has no
-    vision tower (Model.accepts_images)."""
-    if spec.kind != "chat" or not count_images(spec.messages):
-        return
-    if getattr(service.model, "accepts_images", False):
-        return
+def require_vision(service, spec) -> list[bytes]:
+    """The images of a chat spec's messages (chat.message_images); a 400 `model_without_vision` when it
+    holds some and the served model has no vision tower (Model.accepts_images). Service asks it, for every
+    route that renders a chat."""
+    images = message_images(spec.messages) if spec.kind == "chat" else []
+    if not images or getattr(service.model, "accepts_images", False):
+        return images
     raise APIError(400, f"the model {service.cfg.model_id!r} takes no images (it has no vision tower): send "
                         "text only, or serve a model with a vision tower (Gemma 3)",
                    param=spec.messages_param, code="model_without_vision")

@@ -19,7 +19,6 @@ from .deltas import Http, array_of, deltas, stop_sequence
 from .errors import APIError, bad_request
 from .fim import require_fim
 from .generation import Generation, Service
-from .images import require_vision
 from .openai_format import sse
 from .schemas import _Body, _type, check_text_chars, parse_chat, parse_completion
 
@@ -75,7 +74,6 @@ def detokenize(service: Service, body) -> dict:
 
 def apply_template(service: Service, body) -> dict:
     spec = parse_chat(body)
-    require_vision(service, spec)
     try:
         return {"prompt": service.chat_prompt(spec)}
     except ChatTemplateError as e:
