@@ -74,6 +74,12 @@ def test_an_image_over_the_limit_is_refused_before_decoding(monkeypatch):
     _refused(lambda: images.decode_base64("$" * 10**6, "x", images.ImageCount()), code="image_too_large")
 
 
+def test_the_transport_bound_is_the_models():
+    """A request is refused past the images a model takes by default, before the extra ones are decoded."""
+    from llambda.models.images import DEFAULT_MAX_IMAGES
+    assert images.MAX_IMAGES == DEFAULT_MAX_IMAGES
+
+
 def test_images_of_a_request_are_counted(monkeypatch):
     monkeypatch.setattr(images, "MAX_IMAGES", 2)
     count = images.ImageCount()

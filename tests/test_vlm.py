@@ -493,6 +493,11 @@ def test_server_prepares_image_requests(chat_dirs):
             with pytest.raises(APIError, match="does not take images") as e:
                 service.prepare(spec)
             assert e.value.status == 400
+            m.max_images = 1        # below the transport's bound: the same code as the transport's refusal
+            with pytest.raises(APIError, match="at most 1") as e:
+                service.prepare(chat_spec(user(PNG["image_a.png"], PNG["image_b.png"], "hi")))
+            assert e.value.status == 400 and e.value.code == "too_many_images"
+            m.max_images = image_mod.DEFAULT_MAX_IMAGES
         finally:
             service.workers.close()
     with load("native-exact", chat_dirs["gemma"], tower=False) as m:

@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import InvalidInputError
 
 BEGIN_TEXT, END_TEXT, SOFT_TEXT = "<start_of_image>", "<end_of_image>", "<image_soft_token>"
-DEFAULT_MAX_IMAGES = 8          # images one request may hold (Model.max_images, the server's setting)
+DEFAULT_MAX_IMAGES = 8          # images one request may hold (Model.max_images; the server's bound too)
 
 
 @dataclass(frozen=True)

@@ -135,10 +135,10 @@ class Service:
         images = require_vision(self, spec)
         if not images:
             return []
-        try:
+        try:        # a model whose max_images is below the transport's bound (images.MAX_IMAGES)
             images = self.model.check_images(images)
         except InvalidInputError as e:
-            raise bad_request(str(e), param=spec.messages_param) from None
+            raise bad_request(str(e), param=spec.messages_param, code="too_many_images") from None
         if spec.speculative not in (None, "off"):
             raise bad_request("'speculative' does not take images: speculative decoding runs on text prompts only",
                               param="speculative")
