@@ -505,7 +505,7 @@ MAX_SHUTDOWN_GRACE = 86400     # a day: a bound on how long a SIGTERM may wait
 
 
 DEFAULT_MAX_BODY = 4 * 2**20
-VISION_MAX_BODY = 32 * 2**20     # a 20 MB image (server/images.py's limit) is 26.7 MB as base64
+VISION_MAX_BODY = 32 * 2**20     # a 20 MB image (llambda.vision's MAX_IMAGE_BYTES) is 26.7 MB as base64
 
 
 def cmd_serve(a: argparse.Namespace) -> int:

@@ -96,7 +96,8 @@ def test_read_image_refuses_odd_files(pics):
     os.mkfifo(pics / "fifo.png")        # would wait for a writer forever
     with pytest.raises(LlambdaError, match="not a regular file"):
         read_image("./fifo.png")
-    assert image_paths.MAX_IMAGE_BYTES == server_images.MAX_IMAGE_BYTES
+    from llambda.vision import image as vision_image
+    assert image_paths.MAX_IMAGE_BYTES == server_images.MAX_IMAGE_BYTES == vision_image.MAX_IMAGE_BYTES
 
 
 def test_image_signatures():

@@ -20,9 +20,9 @@ import sys
 from typing import Callable
 
 from ..errors import LlambdaError
+from ..vision.image import MAX_IMAGE_BYTES     # the decoder's and the server's bound: the same files refused
 
 EXTENSIONS = ("png", "jpg", "jpeg", "webp", "gif", "bmp")
-MAX_IMAGE_BYTES = 20 * 2**20     # the server's limit an image (server/images.py), so both refuse the same files
 _START = r"(?:[A-Za-z]:)?(?:\.{1,2}/|~/|/)"
 _EXT = r"\.(?:" + "|".join(EXTENSIONS) + r")"
 _PATHS = re.compile(

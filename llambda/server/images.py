@@ -19,9 +19,9 @@ from typing import Any
 
 from ..chat import message_images
 from ..models.images import DEFAULT_MAX_IMAGES
+from ..vision.image import MAX_IMAGE_BYTES     # one image's encoded file: the decoder's own bound
 from .errors import APIError, bad_request, shown
 
-MAX_IMAGE_BYTES = 20 * 2**20    # one image's encoded file (OpenAI's own limit per image)
 MAX_IMAGES = DEFAULT_MAX_IMAGES  # images in one request (a continued conversation's included): the model's
                                  # own default bound, so the 9th is refused here, before it is decoded
 MAX_URL_HEAD = 256              # a data: URL's "image/png;name=...;base64" before its ','

@@ -18,7 +18,8 @@ import warnings
 
 from ..errors import InvalidInputError
 
-MAX_IMAGE_BYTES = 32 << 20
+MAX_IMAGE_BYTES = 20 << 20          # an image's file, wherever it comes from (OpenAI's own limit; the server's
+                                     # and the CLI's too, so every path refuses the same files)
 MAX_IMAGE_PIXELS = 64 << 20          # 8192 x 8192; Pillow's own bomb limit is 89.5M (its error at twice that)
 FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF")
 
@@ -42,7 +43,7 @@ def load_image(data: bytes):
     if not data:
         raise InvalidInputError("the image is empty (0 bytes)")
     if len(data) > MAX_IMAGE_BYTES:
-        raise InvalidInputError(f"the image is {len(data) >> 20} MB, more than the {MAX_IMAGE_BYTES >> 20} MB allowed")
+        raise InvalidInputError(f"the image is {len(data)} bytes, more than the {MAX_IMAGE_BYTES >> 20} MB allowed")
     try:
         with warnings.catch_warnings():
             # past Pillow's own bound it warns, then refuses at twice it: ours is lower, both are errors here
