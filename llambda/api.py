@@ -25,8 +25,8 @@ from .models import memory
 from .models.base import Transformer, live_server
 from .models.bert import BertConfig, BertEncoder, pack_batch
 from .models.config import MAX_POSITIONS
-from .models.images import (DEFAULT_MAX_IMAGES, ImageTokens, check_prompt, expand_text, image_block, image_keys,
-                            image_tokens, images_agree, insert_soft)
+from .models.images import (DEFAULT_MAX_IMAGES, EncodedRows, ImageTokens, check_prompt, expand_text, image_block,
+                            image_keys, image_tokens, images_agree, insert_soft)
 from .sampling import SamplingParams, _is_int
 
 DEFAULT_CTX = 4096
@@ -253,6 +253,7 @@ class Model:
         self.max_images = DEFAULT_MAX_IMAGES   # images one chat request may hold
         self._image_ids: ImageTokens | None = None
         self._vision_lock = threading.Lock()   # one image encoding at a time through the tower's buffers
+        self._encoded = EncodedRows()    # the blocks of images encoded lately (sent again: not encoded again)
         self._load_image = None          # bytes -> image for the tower (attach_vision; default llambda.vision's)
         self._cached_images: tuple = ()  # the images among the tokens slot 0 holds (models/images.ImageKey)
 
@@ -585,10 +586,14 @@ class Model:
         self._replace_tower(tower)
 
     def _replace_tower(self, tower) -> None:
-        """The attached tower becomes `tower`; the one it replaces is closed (the model owned it)."""
-        old, self.vision = self.vision, tower
-        if old is not None and old is not tower:
-            old.close()
+        """The attached tower becomes `tower`; the one it replaces is closed (the model owned it), and the
+        rows it gave are forgotten. Not under a running encoding (the vision lock)."""
+        with self._vision_lock:
+            old, self.vision = self.vision, tower
+            if old is not tower:
+                self._encoded.clear()
+            if old is not None and old is not tower:
+                old.close()
 
     def check_images(self, images: list) -> list[bytes]:
         """The images of a request, checked: none, or this model takes images and at most max_images."""
@@ -620,26 +625,39 @@ class Model:
         return ids, starts
 
     def encode_images(self, images: list[bytes], starts: list[int]) -> tuple:
-        """The image blocks at `starts`: each image decoded, then the tower's rows for all of them. The tower
-        runs under the model's vision lock (one encoding at a time through its buffers), not the model's
-        lock: a generation's steps, or a server's scheduler, go on meanwhile (the C core interleaves their
-        ops with the tower's)."""
+        """The image blocks at `starts`: each image decoded, then the tower's rows for all of them; an image
+        encoded lately (the same file's bytes: a conversation sends its images with every turn) takes the
+        rows kept from then. The tower runs under the model's vision lock (one encoding at a time through
+        its buffers), not the model's lock: a generation's steps, or a server's scheduler, go on meanwhile
+        (the C core interleaves their ops with the tower's)."""
         images = self.check_images(images)
-        per = int(self.vision.tokens_per_image)
+        keys = [EncodedRows.key(bytes(b)) for b in images]
+        found = {k: b for k in keys if (b := self._encoded.get(k)) is not None}
+        todo = {k: data for k, data in zip(keys, images) if k not in found}      # each new file once
+        if todo:
+            found.update(zip(todo, self._encode_new(todo)))
+        return tuple(found[k].at(s) for k, s in zip(keys, starts))
+
+    def _encode_new(self, files: dict) -> tuple:
+        """The tower's blocks (at 0) of `files` (their EncodedRows keys -> bytes), kept in self._encoded."""
         load_image = self._load_image
         if load_image is None:
             from .vision import load_image      # the vision package, only for a model with a tower
-        decoded = [load_image(bytes(b)) for b in images]
+        decoded = [load_image(bytes(b)) for b in files.values()]
         with self._vision_lock:
             self._check_open()
             if self.vision is None:
                 raise ModelClosedError(f"the model {self.name!r} was closed (close() freed it): load it again")
-            pixels = np.stack([self.vision.pixels(im) for im in decoded]).astype(np.float32)
+            per = int(self.vision.tokens_per_image)
+            pixels = np.stack([self.vision.pixels(im) for im in decoded]).astype(np.float32, copy=False)
             rows = np.asarray(self.vision.encode(pixels), dtype=np.float32)
-        if rows.shape != (len(images), per, self.config.d_model):
-            raise ModelFormatError(f"the vision tower gave rows of shape {rows.shape}, expected "
-                                   f"{(len(images), per, self.config.d_model)}")
-        return tuple(image_block(s, r) for s, r in zip(starts, rows))
+            if rows.shape != (len(files), per, self.config.d_model):
+                raise ModelFormatError(f"the vision tower gave rows of shape {rows.shape}, expected "
+                                       f"{(len(files), per, self.config.d_model)}")
+            blocks = tuple(image_block(0, r) for r in rows)
+            for k, b in zip(files, blocks):
+                self._encoded.put(k, b)
+        return blocks
 
     def chat_stream(self, messages, tools=None, template_kwargs=None, thinking_budget: int | None = None,
                     **kw) -> Iterator[TokenEvent]:
@@ -756,6 +774,7 @@ class Model:
             if vision is not None:
                 with self._vision_lock:     # an encoding under way (a server's prompt worker) ends first
                     self.vision = None
+                    self._encoded.clear()
                     vision.close()
             self._network().close()     # the arrays go now, whoever still holds the network
             self._grammars = None

@@ -427,6 +427,41 @@ def test_bad_blocks_are_refused():
             m.encode_images([PNG["image_a.png"]], [3])
 
 
+def test_an_image_sent_again_is_not_encoded_again(chat_dirs):
+    """A conversation sends its images with every turn: the tower runs once for each file (EncodedRows),
+    once for a file sent twice in one request, and again under another tower."""
+    a, b = PNG["image_a.png"], PNG["image_b.png"]
+    with load("numpy", chat_dirs["gemma"]) as m:
+        tower = m.vision
+        first = m.encode_images([a], [3])
+        assert tower.encoded == 1
+        again = m.encode_images([b, a, b], [3, 300, 600])
+        assert tower.encoded == 2 and [x.start for x in again] == [3, 300, 600]
+        assert again[1].rows is first[0].rows and again[1].digest == first[0].digest
+        assert again[0].digest == again[2].digest != first[0].digest
+        msgs = user(a, "what is it?")
+        m.chat(msgs, max_tokens=2, temperature=0)
+        m.chat(msgs, max_tokens=2, temperature=0)
+        assert tower.encoded == 2
+        m.attach_vision(FixtureTower(), load_image=FixtureTower.load_image)
+        m.encode_images([a], [3])
+        assert m.vision.encoded == 1 and tower.closed
+
+
+def test_encoded_rows_keep_the_latest_used():
+    rows = np.ones((4, 8), np.float32)       # 128 bytes a block
+    kept = image_mod.EncodedRows(max_bytes=300)
+    for key in (b"a", b"b"):
+        kept.put(key, image_block(0, rows))
+    assert kept.get(b"a").at(5).start == 5          # a used last: b goes first
+    kept.put(b"c", image_block(0, rows))
+    assert len(kept) == 2 and kept.get(b"b") is None and kept.get(b"a") is not None
+    kept.put(b"big", image_block(0, np.ones((100, 8), np.float32)))     # past the bound alone: not kept
+    assert kept.get(b"big") is None and len(kept) == 2
+    kept.clear()
+    assert len(kept) == 0
+
+
 def test_close_closes_the_tower():
     m = load("numpy")
     tower = m.vision
@@ -477,8 +512,7 @@ def test_server_prepares_image_requests(chat_dirs):
         service, sched = service_for(m)
         try:
             tower = m.vision
-            assert service._prompt_length(chat_spec(msgs)) == len(m.image_prompt(m.render_chat(msgs),
-                                                                                [PNG["image_a.png"]])[0])
+            assert service._prompt_length(chat_spec(msgs)) == len(m.image_ids(m.render_chat(msgs), 1)[0])
             before = tower.encoded
             p = service.prepare(chat_spec(msgs))
             seq = p.seqs[0][0]
