@@ -41,7 +41,7 @@ def _add_model_args(p: argparse.ArgumentParser, runtime: bool = True,
 
 def _add_image_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--image", action="append", metavar="FILE", default=None,
-                   help="an image for a model with a vision tower (PNG, JPEG, WebP, GIF, BMP; repeatable): "
+                   help="an image for a model with a vision tower (PNG, JPEG, WebP, GIF, BMP, TIFF; repeatable): "
                         "with `run` the prompt and its images go through the chat template; with `chat` they go "
                         "with the first message. Paths typed in a message (./cat.png, ~/a.jpg, '/my pics/b.png', "
                         "/my\\ pics/b.png) are taken as images too, for such a model only")

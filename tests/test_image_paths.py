@@ -14,7 +14,7 @@ import pytest
 import llambda.api
 from llambda import cli
 from llambda.commands import image_paths
-from llambda.commands.image_paths import find_images, looks_like_an_image, read_image, starts_with_image
+from llambda.commands.image_paths import find_images, read_image, starts_with_image
 from llambda.engine import TokenEvent
 from llambda.errors import LlambdaError
 from llambda.repl import ChatSession, run_chat
@@ -100,12 +100,22 @@ def test_read_image_refuses_odd_files(pics):
     assert image_paths.MAX_IMAGE_BYTES == server_images.MAX_IMAGE_BYTES == vision_image.MAX_IMAGE_BYTES
 
 
-def test_image_signatures():
-    assert looks_like_an_image(PNG_A[:16])
-    for head in (b"\xff\xd8\xff\xe0\0\x10JFIF", b"GIF89a\1\0", b"RIFF\0\0\0\0WEBPVP8 ", b"BM\0\0"):
-        assert looks_like_an_image(head), head
-    for head in (b"", b"hello", b"RIFF\0\0\0\0WAVEfmt ", b"XXXX\0\0\0\0WEBP", b"%PDF-1.7"):
-        assert not looks_like_an_image(head), head
+def test_image_files_are_the_decoders_formats(tmp_path):
+    """read_image takes what llambda.vision's decoder takes (its header read, no pixel decoded): TIFF too;
+    a file of another kind, or of more pixels than it takes, is refused before any model loads."""
+    from PIL import Image
+    for fmt in ("PNG", "JPEG", "GIF", "WEBP", "BMP", "TIFF"):
+        path = tmp_path / f"a.{fmt.lower()}"
+        Image.new("RGB", (4, 4), (9, 8, 7)).save(path, fmt)
+        assert read_image(str(path)) == path.read_bytes(), fmt
+    for name, data in (("wav", b"RIFF\0\0\0\0WAVEfmt " + bytes(32)), ("pdf", b"%PDF-1.7\n" + bytes(32)),
+                       ("png", b"\x89PNG\r\n\x1a\n" + bytes(8)), ("webp", b"XXXX\0\0\0\0WEBP" + bytes(32))):
+        (tmp_path / f"x.{name}").write_bytes(data)
+        with pytest.raises(LlambdaError, match="is not an image"):
+            read_image(str(tmp_path / f"x.{name}"))
+    Image.new("1", (9000, 9000)).save(tmp_path / "big.png")       # 81M pixels, a small file
+    with pytest.raises(LlambdaError, match="pixels"):
+        read_image(str(tmp_path / "big.png"))
 
 
 def test_a_line_starting_with_an_image_path_is_a_message(pics):

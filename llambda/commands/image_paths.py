@@ -5,11 +5,11 @@ A path in the text is taken when it starts with `/`, `./`, `../` or `~/` (a bare
 and ends in an image extension (EXTENSIONS, any case); written plainly, its spaces and other shell
 characters escaped with a backslash (`./my\\ cat.png`, as a terminal's drag and drop writes them), or in
 quotes ('./my cat.png', "./my cat.png"). A path to no file stays text, as ollama leaves it; a file that
-is there but cannot be read, is no image (by its first bytes: PNG, JPEG, GIF, WebP, BMP) or is larger
-than the server's limit for an image is an error. Each image found is said on stderr ("Added image
-'PATH'") and its path is taken out of the message. Only the transport is checked here: the image is
-decoded by the model's vision tower (llambda.vision.load_image). For a model without one, the text is
-left as typed (ollama does the same for its text models) and --image is an error.
+is there but cannot be read, is larger than an image may be, or is no image the vision tower's decoder
+takes (by its header, llambda.vision's check_image: the same formats and limits, before the model loads)
+is an error. Each image found is said on stderr ("Added image 'PATH'") and its path is taken out of the
+message. The image is decoded by the model's vision tower (llambda.vision.load_image). For a model without
+one, the text is left as typed (ollama does the same for its text models) and --image is an error.
 """
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ import stat
 import sys
 from typing import Callable
 
-from ..errors import LlambdaError
-from ..vision.image import MAX_IMAGE_BYTES     # the decoder's and the server's bound: the same files refused
+from ..errors import InvalidInputError, LlambdaError
+from ..vision.image import MAX_IMAGE_BYTES, check_image     # the decoder's own bound and header checks
 
 EXTENSIONS = ("png", "jpg", "jpeg", "webp", "gif", "bmp")
 _START = r"(?:[A-Za-z]:)?(?:\.{1,2}/|~/|/)"
@@ -31,20 +31,9 @@ _PATHS = re.compile(
     rf"|(?<!\S)(?<!\\\s)(?P<plain>{_START}(?:\\.|[^\s\\])*?{_EXT})(?=$|[\s,;:!?)\]}}]|\.(?:\s|$))",
     re.IGNORECASE)
 _ESCAPED = re.compile(r"\\(.)")
-_MAGIC: tuple[tuple[bytes, int], ...] = ((b"\x89PNG\r\n\x1a\n", 0), (b"\xff\xd8\xff", 0), (b"GIF87a", 0),
-                                         (b"GIF89a", 0), (b"WEBP", 8), (b"BM", 0))
-
-
-def looks_like_an_image(head: bytes) -> bool:
-    """Whether a file's first bytes are an image format's signature (RIFF....WEBP for WebP)."""
-    if head[8:12] == b"WEBP" and not head.startswith(b"RIFF"):
-        return False
-    return any(head[at:at + len(sig)] == sig for sig, at in _MAGIC)
-
-
 def read_image(path: str) -> bytes:
     """An image file's bytes; LlambdaError for a file that is missing, unreadable, not a regular file,
-    too large, or no image."""
+    too large, or no image the vision tower's decoder takes (told from its header: check_image)."""
     try:
         # O_NONBLOCK: a FIFO named here would wait for a writer forever
         with open(path, "rb", opener=lambda p, flags: os.open(p, flags | os.O_NONBLOCK)) as f:
@@ -55,8 +44,10 @@ def read_image(path: str) -> bytes:
         raise LlambdaError(f"cannot read the image {path}: {e.strerror or e}") from None
     if len(data) > MAX_IMAGE_BYTES:
         raise LlambdaError(f"the image {path} is larger than {MAX_IMAGE_BYTES // 2**20} MB")
-    if not looks_like_an_image(data[:16]):
-        raise LlambdaError(f"{path} is not an image (PNG, JPEG, WebP, GIF or BMP)")
+    try:
+        check_image(data)
+    except InvalidInputError as e:
+        raise LlambdaError(f"{path} is not an image this model reads: {e}") from None
     return data
 
 

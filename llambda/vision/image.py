@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import warnings
+from contextlib import contextmanager
 
 from ..errors import InvalidInputError
 
@@ -36,6 +37,26 @@ def load_image(data: bytes):
     """The image encoded in `data` (bytes of a PNG, JPEG, WebP, GIF, BMP or TIFF file) as an RGB
     PIL.Image.Image, fully decoded; InvalidInputError with a message for anything else."""
     Image, ImageOps = _pil()
+    with _refused(Image):
+        im = _opened(Image, data)
+        if getattr(im, "n_frames", 1) > 1:
+            im.seek(0)
+        im.load()
+        im = ImageOps.exif_transpose(im)
+        return to_rgb(im)
+
+
+def check_image(data: bytes) -> None:
+    """What load_image refuses before decoding a pixel (not bytes, empty, too large, not one of FORMATS,
+    too many pixels), told from the file's header alone: InvalidInputError. A file may still be corrupt
+    further in."""
+    Image, _ = _pil()
+    with _refused(Image):
+        _opened(Image, data).close()
+
+
+def _opened(Image, data):
+    """`data` opened by one of FORMATS' plugins, its header read and its size checked, no pixel decoded."""
     if isinstance(data, (bytearray, memoryview)):
         data = bytes(data)
     if not isinstance(data, bytes):
@@ -44,23 +65,25 @@ def load_image(data: bytes):
         raise InvalidInputError("the image is empty (0 bytes)")
     if len(data) > MAX_IMAGE_BYTES:
         raise InvalidInputError(f"the image is {len(data)} bytes, more than the {MAX_IMAGE_BYTES >> 20} MB allowed")
+    Image.init()        # every plugin registered: a Pillow built without one (WebP) opens the others
+    im = Image.open(io.BytesIO(data), formats=[f for f in FORMATS if f in Image.OPEN])
+    w, h = im.size
+    if w < 1 or h < 1:
+        raise InvalidInputError(f"the image is {w} x {h} pixels: empty")
+    if w * h > MAX_IMAGE_PIXELS:
+        raise InvalidInputError(f"the image is {w} x {h} pixels, more than the {MAX_IMAGE_PIXELS >> 20}M "
+                                "pixels allowed")
+    return im
+
+
+@contextmanager
+def _refused(Image):
+    """Pillow's errors while opening or decoding an image as InvalidInputErrors."""
     try:
         with warnings.catch_warnings():
             # past Pillow's own bound it warns, then refuses at twice it: ours is lower, both are errors here
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            Image.init()        # every plugin registered: a Pillow built without one (WebP) opens the others
-            im = Image.open(io.BytesIO(data), formats=[f for f in FORMATS if f in Image.OPEN])
-            w, h = im.size
-            if w < 1 or h < 1:
-                raise InvalidInputError(f"the image is {w} x {h} pixels: empty")
-            if w * h > MAX_IMAGE_PIXELS:
-                raise InvalidInputError(f"the image is {w} x {h} pixels, more than the {MAX_IMAGE_PIXELS >> 20}M "
-                                        "pixels allowed")
-            if getattr(im, "n_frames", 1) > 1:
-                im.seek(0)
-            im.load()
-            im = ImageOps.exif_transpose(im)
-            return to_rgb(im)
+            yield
     except InvalidInputError:
         raise
     except Image.UnidentifiedImageError:
