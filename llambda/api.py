@@ -544,15 +544,19 @@ class Model:
     def render_chat(self, messages, add_generation_prompt: bool = True, tools=None, **extra) -> str:
         """The chat template's text; image parts (models with a vision tower only) as the template writes
         them or, where it does not, as the begin-of-image text in the part's place (chat.py)."""
-        marker = self._image_ids.begin_text if self.vision is not None else None
         return self.chat_template().render(messages, add_generation_prompt=add_generation_prompt, tools=tools,
-                                           image_marker=marker, **extra)
+                                           image_marker=self.image_marker, **extra)
 
     # -- images ---------------------------------------------------------------
     @property
     def accepts_images(self) -> bool:
         """Whether chat messages may hold image parts: a vision tower is attached (attach_vision)."""
         return self.vision is not None
+
+    @property
+    def image_marker(self) -> str | None:
+        """The begin-of-image text an image part becomes in a prompt (chat.py), or None: no images taken."""
+        return self._image_ids.begin_text if self.vision is not None else None
 
     def attach_vision(self, tower, load_image=None) -> None:
         """Attach a vision tower (llambda.vision's VisionTower: tokens_per_image, hidden, pixels, encode,

@@ -520,6 +520,9 @@ def test_server_prepares_image_requests(chat_dirs):
             ids, blocks = m.image_prompt(m.render_chat(msgs), [PNG["image_a.png"]])
             assert seq.prompt_ids == ids and seq.images[0].digest == blocks[0].digest
             assert service._speculation(p.spec, seq) is None
+            tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+            assert not service.template_has_tools      # the generic tool prompt rewrites the messages, images kept
+            assert service.chat_prompt(chat_spec(msgs, tools=tools)).count(m.image_marker) == 1
             with pytest.raises(APIError, match="marker") as e:      # a marker typed in the text: no image for it
                 service.prepare(chat_spec(user(PNG["image_a.png"], "<start_of_image>")))
             assert e.value.status == 400

@@ -105,12 +105,6 @@ class Service:
         require_vision(self, spec)
         return self._render(spec)[0]
 
-    def _image_marker(self) -> str | None:
-        """The begin-of-image text an image part becomes in a rewritten (flattened) message, or None: the
-        model takes no images (an image part is then refused as the template renders)."""
-        ids = getattr(self.model, "_image_ids", None)
-        return ids.begin_text if ids is not None and getattr(self.model, "accepts_images", False) else None
-
     def _render(self, spec: GenerationSpec) -> tuple[str, bool]:
         """(the template's text, whether the tools went in through the generic tool prompt)."""
         messages, tools = self.template_messages(spec.messages), spec.tools
@@ -118,7 +112,7 @@ class Service:
         if generic:
             # the template cannot render tools: describe them in a system message instead; the
             # rewrite reads content and tool_calls, so check their shapes first (a 400, not a crash)
-            messages = generic_tool_messages(validate_messages(spec.messages, self._image_marker()), spec.tools,
+            messages = generic_tool_messages(validate_messages(spec.messages, self.model.image_marker), spec.tools,
                                              spec.tool_choice,
                                              spec.forced_tool)
             tools = None
@@ -126,7 +120,7 @@ class Service:
             # no tools now (tool_choice "none", or none sent), but earlier calls and results: written as
             # the generic prompt writes them (a template that concatenates content fails on a turn of
             # calls alone, others drop the calls)
-            messages = written_history(validate_messages(spec.messages, self._image_marker()))
+            messages = written_history(validate_messages(spec.messages, self.model.image_marker))
         return self.render_chat(messages, tools, spec), generic
 
     def _chat_images(self, spec: GenerationSpec) -> list[bytes]:
