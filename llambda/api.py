@@ -603,6 +603,7 @@ class Model:
         """The images of a request, checked: none, or this model takes images and at most max_images."""
         if not images:
             return []
+        self._check_open()      # a closed model has no tower left: that is its error, not "takes no images"
         if self.vision is None:
             raise InvalidInputError(f"the model {self.name!r} has no vision tower: it takes no images")
         if len(images) > self.max_images:

@@ -467,6 +467,8 @@ def test_close_closes_the_tower():
     tower = m.vision
     m.close()
     assert tower.closed and m.vision is None
+    with pytest.raises(llambda.errors.ModelClosedError):
+        m.chat(user(PNG["image_a.png"], "hi"), max_tokens=2)
 
 
 def test_image_tokens_from_a_vocabulary(chat_dirs):
