@@ -659,6 +659,12 @@ def _flatten_content(content: Any, where: str, image_marker: str | None = None,
         f"{where}: 'content' must be a string, null or a list of text parts, got {type(content).__name__}")
 
 
+def image_part(data: bytes) -> dict:
+    """The canonical image part of a message's content: the image file's bytes (what Model.chat takes; each
+    API's shape becomes it, server/images.py)."""
+    return {"type": "image", "image": data}
+
+
 def message_images(messages: Any) -> list[bytes]:
     """The image parts' bytes of a message list, in the order of the messages and of their parts (the order
     a template writes their markers in); [] for anything else (validate_messages says what is wrong)."""

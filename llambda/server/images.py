@@ -17,7 +17,7 @@ import base64
 import re
 from typing import Any
 
-from ..chat import message_images
+from ..chat import image_part, message_images
 from ..models.images import DEFAULT_MAX_IMAGES
 from ..vision.image import MAX_IMAGE_BYTES     # one image's encoded file: the decoder's own bound
 from .errors import APIError, bad_request, shown
@@ -30,11 +30,6 @@ _BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
 _NOT_BASE64 = re.compile(r"[^A-Za-z0-9+/=]")
 REMOTE = ("remote images are not fetched: this server makes no outbound requests; send the image itself "
           "(base64, in a data: URL such as data:image/png;base64,...)")
-
-
-def image_part(data: bytes) -> dict:
-    """The canonical image part."""
-    return {"type": "image", "image": data}
 
 
 def is_image_part(part: Any) -> bool:
