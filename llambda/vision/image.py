@@ -25,7 +25,8 @@ MAX_IMAGE_PIXELS = 64 << 20          # 8192 x 8192; Pillow's own bomb limit is 8
 FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF")
 
 
-def _pil():
+def pillow():
+    """Pillow's Image and ImageOps modules; InvalidInputError saying how to install it where it is missing."""
     try:
         from PIL import Image, ImageOps
     except ImportError as e:    # a declared dependency, but an install may lack it
@@ -36,7 +37,7 @@ def _pil():
 def load_image(data: bytes):
     """The image encoded in `data` (bytes of a PNG, JPEG, WebP, GIF, BMP or TIFF file) as an RGB
     PIL.Image.Image, fully decoded; InvalidInputError with a message for anything else."""
-    Image, ImageOps = _pil()
+    Image, ImageOps = pillow()
     with _refused(Image):
         im = _opened(Image, data)
         if getattr(im, "n_frames", 1) > 1:
@@ -50,7 +51,7 @@ def check_image(data: bytes) -> None:
     """What load_image refuses before decoding a pixel (not bytes, empty, too large, not one of FORMATS,
     too many pixels), told from the file's header alone: InvalidInputError. A file may still be corrupt
     further in."""
-    Image, _ = _pil()
+    Image, _ = pillow()
     with _refused(Image):
         _opened(Image, data).close()
 
@@ -101,7 +102,7 @@ def to_rgb(im):
     """An RGB copy of a Pillow image, transparency composited over white (transformers' convert_to_rgb).
     16-bit greyscale (a PNG's I;16, or I holding 16-bit values) is scaled to 8 bits first, as llama.cpp's and
     Ollama's decoders read it (Pillow's convert("RGB"), transformers', clips it: everything past 255 white)."""
-    Image, _ = _pil()
+    Image, _ = pillow()
     if im.mode == "RGB":
         return im
     if im.mode.startswith("I;16") or im.mode == "I":

@@ -7,17 +7,14 @@ import numpy as np
 
 from ..errors import InvalidInputError
 from .config import VisionConfig
-from .image import load_image, to_rgb
+from .image import load_image, pillow, to_rgb
 
 
 def pixel_values(image, cfg: VisionConfig) -> np.ndarray:
     """float32 [3, image_size, image_size] of a PIL image (or the bytes of an image file)."""
     if isinstance(image, (bytes, bytearray, memoryview)):
         image = load_image(image)
-    try:
-        from PIL import Image
-    except ImportError as e:
-        raise InvalidInputError(f"images need Pillow (pip install Pillow): {e}") from None
+    Image, _ = pillow()
     if not isinstance(image, Image.Image):
         raise InvalidInputError(f"an image must be a PIL image or the bytes of an image file, got "
                                 f"{type(image).__name__}")
