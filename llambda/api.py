@@ -601,14 +601,18 @@ class Model:
 
     def check_images(self, images: list) -> list[bytes]:
         """The images of a request, checked: none, or this model takes images and at most max_images."""
-        if not images:
-            return []
+        images = list(images or ())
+        self._check_image_count(len(images))
+        return images
+
+    def _check_image_count(self, n: int) -> None:
+        if not n:
+            return
         self._check_open()      # a closed model has no tower left: that is its error, not "takes no images"
         if self.vision is None:
             raise InvalidInputError(f"the model {self.name!r} has no vision tower: it takes no images")
-        if len(images) > self.max_images:
-            raise InvalidInputError(f"{len(images)} images in one request; this model takes at most {self.max_images}")
-        return list(images)
+        if n > self.max_images:
+            raise InvalidInputError(f"{n} images in one request; this model takes at most {self.max_images}")
 
     def image_prompt(self, text: str, images: list[bytes]) -> tuple[list[int], tuple]:
         """A rendered chat prompt holding one begin-of-image marker per image -> (its token ids with each
@@ -621,7 +625,7 @@ class Model:
         """The token ids of a prompt text holding n_images begin-of-image markers, each expanded to
         "\n\n" begin, the soft tokens, end "\n\n" (the processor's expansion), and each block's start; no
         image is encoded (a prompt's token count)."""
-        self.check_images([b""] * n_images)
+        self._check_image_count(n_images)
         ids = self._prompt_ids(expand_text(text, self._image_ids))
         ids, starts = insert_soft(ids, self._image_ids, int(self.vision.tokens_per_image), n_images)
         if len(ids) >= self.n_ctx:
