@@ -665,6 +665,12 @@ def image_part(data: bytes) -> dict:
     return {"type": "image", "image": data}
 
 
+def image_content(images: list[bytes], text: str) -> list[dict]:
+    """A message's content of images and then its text (where Ollama and `ollama run` put them): an image
+    part for each, then a text part unless the text is empty."""
+    return [image_part(data) for data in images] + ([{"type": "text", "text": text}] if text else [])
+
+
 def message_images(messages: Any) -> list[bytes]:
     """The image parts' bytes of a message list, in the order of the messages and of their parts (the order
     a template writes their markers in); [] for anything else (validate_messages says what is wrong)."""

@@ -19,7 +19,7 @@ import stat
 import sys
 from typing import Callable
 
-from ..chat import image_part
+from ..chat import image_content
 from ..errors import InvalidInputError, LlambdaError
 from ..vision.image import MAX_IMAGE_BYTES, check_image     # the decoder's own bound and header checks
 
@@ -81,8 +81,7 @@ def find_images(text: str, said: Callable[[str], None] | None = None) -> tuple[s
 
 def image_message(text: str, images: list[bytes]) -> dict:
     """A user message of images (canonical parts, Model.chat's) and then the text."""
-    parts = [image_part(data) for data in images]
-    return {"role": "user", "content": parts + ([{"type": "text", "text": text}] if text else [])}
+    return {"role": "user", "content": image_content(images, text)}
 
 
 def no_vision(model_name: str) -> LlambdaError:

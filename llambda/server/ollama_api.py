@@ -23,12 +23,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ..chat import image_content
 from ..thinking import think_template_kwargs
 from . import embeddings_api, ollama_models
 from .deltas import Http, array_of, deltas
 from .errors import APIError, bad_request, shown
 from .generation import Generation, Service
-from .images import ImageCount, decode_base64, image_part
+from .images import ImageCount, decode_base64
 from .openai_format import chat_logprobs, dumps
 from .partial_json import partial_object
 from .schemas import REASONING_EFFORTS, GenerationSpec, _Body, _type, parse_chat, parse_completion
@@ -133,15 +134,10 @@ def _format(v) -> dict:
 IMAGE_ROLES = ("user", "tool")      # the messages an image may come with
 
 
-def _images(v, where: str, count: ImageCount) -> list[dict]:
-    """`images` (base64 strings, as Ollama takes them) as canonical image parts."""
-    return [image_part(decode_base64(text, f"{where}[{j}]", count))
-            for j, text in enumerate(array_of(v, where, "base64 strings"))]
-
-
-def _with_images(content, images: list[dict]) -> list[dict]:
-    """A message's text with its images before it, where Ollama's prompt puts them."""
-    return images + ([{"type": "text", "text": content}] if content else [])
+def _images(v, where: str, count: ImageCount) -> list[bytes]:
+    """`images` (base64 strings, as Ollama takes them) decoded: they go before the text (chat.image_content),
+    where Ollama's prompt puts them."""
+    return [decode_base64(text, f"{where}[{j}]", count) for j, text in enumerate(array_of(v, where, "base64 strings"))]
 
 
 def _think(b: _Body) -> tuple[bool, dict]:
@@ -179,7 +175,7 @@ def _message(m, i: int, count: ImageCount) -> dict:
         if not isinstance(out["content"], str):
             raise bad_request(f"{where}.content must be a string, got {_type(out['content'])}",
                               param=f"{where}.content")
-        out["content"] = _with_images(out["content"], images)
+        out["content"] = image_content(images, out["content"])
     if m.get("tool_name") is not None:
         if not isinstance(m["tool_name"], str):
             raise bad_request(f"{where}.tool_name must be a string, got {_type(m['tool_name'])}",
@@ -310,7 +306,7 @@ def parse_ollama_generate(body, service) -> OllamaAsk:
             fields["logprobs"] = top or 0       # a completion's `logprobs` is its count of alternatives
             names["logprobs"] = "top_logprobs"
         return OllamaAsk.of(_parse(parse_completion, fields, names), b, fields, think, service)
-    user = _with_images(prompt, images) if images else prompt
+    user = image_content(images, prompt) if images else prompt
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
     fields.update(messages=messages, **think_fields)
     return OllamaAsk.of(_parse(parse_chat, fields, names), b, fields, think, service)
