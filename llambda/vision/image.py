@@ -2,8 +2,9 @@
 
 - formats: PNG, JPEG (phones' multi-picture MPO files too, which Pillow's JPEG plugin opens), WebP, GIF, BMP,
   TIFF; nothing else is even tried (Pillow's other plugins include EPS, which runs Ghostscript);
-- limits: MAX_IMAGE_BYTES of encoded data, MAX_IMAGE_PIXELS (width x height, read from the header before
-  any pixel is decoded: a decompression bomb is refused unread);
+- limits: MAX_IMAGE_BYTES of encoded data, MAX_IMAGE_PIXELS (width x height) and MAX_IMAGE_SIDE, read from the
+  header before any pixel is decoded: a decompression bomb is refused unread; MAX_JPEG_SCANS (each scan of a
+  progressive JPEG decodes the whole image again);
 - a truncated or corrupt file is refused (Pillow's LOAD_TRUNCATED_IMAGES is never set);
 - animated images (GIF, WebP, APNG): the first frame;
 - EXIF orientation is applied (the image as a viewer shows it, as transformers' load_image does);
@@ -22,6 +23,12 @@ from ..errors import InvalidInputError
 MAX_IMAGE_BYTES = 20 << 20          # an image's file, wherever it comes from (OpenAI's own limit; the server's
                                      # and the CLI's too, so every path refuses the same files)
 MAX_IMAGE_PIXELS = 64 << 20          # 8192 x 8192; Pillow's own bomb limit is 89.5M (its error at twice that)
+# a side's bound (JPEG's and GIF's own): Pillow keeps a pointer a row, so a 1-pixel-wide image 64M rows tall
+# had taken 1.8 GB to decode from a 127 KB PNG
+MAX_IMAGE_SIDE = 65535
+# a progressive JPEG's scans each pass over the whole image (~90 ms at 8192 x 8192), and one costs ~15 bytes:
+# 300 repeated scans (413 KB) had taken 27 s to decode. libjpeg's progressive scripts write ~10
+MAX_JPEG_SCANS = 100
 FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF")
 
 
@@ -49,7 +56,7 @@ def load_image(data: bytes):
 
 def check_image(data: bytes) -> None:
     """What load_image refuses before decoding a pixel (not bytes, empty, too large, not one of FORMATS,
-    too many pixels), told from the file's header alone: InvalidInputError. A file may still be corrupt
+    too many pixels or scans, a side too long), told from the file's header alone: InvalidInputError. A file may still be corrupt
     further in."""
     Image, _ = pillow()
     with _refused(Image):
@@ -58,14 +65,15 @@ def check_image(data: bytes) -> None:
 
 def _opened(Image, data):
     """`data` opened by one of FORMATS' plugins, its header read and its size checked, no pixel decoded."""
-    if isinstance(data, (bytearray, memoryview)):
-        data = bytes(data)
-    if not isinstance(data, bytes):
+    if not isinstance(data, (bytes, bytearray, memoryview)):
         raise InvalidInputError(f"an image must be the bytes of an image file, got {type(data).__name__}")
-    if not data:
+    size = memoryview(data).nbytes      # before any copy: a 2 GB bytearray was copied whole, then refused
+    if not size:
         raise InvalidInputError("the image is empty (0 bytes)")
-    if len(data) > MAX_IMAGE_BYTES:
-        raise InvalidInputError(f"the image is {len(data)} bytes, more than the {MAX_IMAGE_BYTES >> 20} MB allowed")
+    if size > MAX_IMAGE_BYTES:
+        raise InvalidInputError(f"the image is {size} bytes, more than the {MAX_IMAGE_BYTES >> 20} MB allowed")
+    if not isinstance(data, bytes):
+        data = bytes(data)
     Image.init()        # every plugin registered: a Pillow built without one (WebP) opens the others
     im = Image.open(io.BytesIO(data), formats=[f for f in FORMATS if f in Image.OPEN])
     w, h = im.size
@@ -74,6 +82,12 @@ def _opened(Image, data):
     if w * h > MAX_IMAGE_PIXELS:
         raise InvalidInputError(f"the image is {w} x {h} pixels, more than the {MAX_IMAGE_PIXELS >> 20}M "
                                 "pixels allowed")
+    if max(w, h) > MAX_IMAGE_SIDE:
+        raise InvalidInputError(f"the image is {w} x {h} pixels: a side past the {MAX_IMAGE_SIDE} allowed")
+    if im.format in ("JPEG", "MPO") and data.count(b"\xff\xda") > MAX_JPEG_SCANS:
+        # (start-of-scan markers: FF DA never occurs inside a scan's data, which stuffs FF as FF 00)
+        raise InvalidInputError(f"the JPEG has more than {MAX_JPEG_SCANS} scans (a progressive JPEG has ~10): "
+                                "each one decodes the whole image again")
     return im
 
 
@@ -107,8 +121,17 @@ def to_rgb(im):
         return im
     if im.mode.startswith("I;16") or im.mode == "I":
         import numpy as np
-        a = np.clip(np.asarray(im).astype(np.int64), 0, 65535)
-        im = Image.fromarray(((a * 255 + 32767) // 65535).astype(np.uint8), "L")
+        w, h = im.size
+        out = np.empty((h, w), np.uint8)
+        band = max(1, (1 << 22) // w)   # rows at a time (4M values): the whole image in int64 had taken 1.2 GB
+        for y in range(0, h, band):
+            a = np.asarray(im.crop((0, y, w, min(h, y + band)))).astype(np.int64)
+            np.clip(a, 0, 65535, out=a)
+            a *= 255
+            a += 32767
+            a //= 65535
+            out[y:y + len(a)] = a
+        im = Image.fromarray(out, "L")
     if "A" in im.getbands() or im.info.get("transparency") is not None:
         rgba = im.convert("RGBA")
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
