@@ -550,7 +550,9 @@ class Model:
     # -- images ---------------------------------------------------------------
     @property
     def accepts_images(self) -> bool:
-        """Whether chat messages may hold image parts: a vision tower is attached (attach_vision)."""
+        """Whether chat messages may hold image parts: a vision tower is attached (attach_vision).
+        ModelClosedError after close() (its tower was freed with it), as every call on a closed model."""
+        self._check_open()
         return self.vision is not None
 
     @property
@@ -563,8 +565,9 @@ class Model:
         close), which this model then owns (close() closes it). Its rows must be this model's width, the
         model must know its image tokens (a HF config's boi/eoi/image_token_index, else the vocabulary's
         <start_of_image>, <end_of_image>, <image_soft_token>), and a block must fit a forward and the context.
-        load_image(bytes) -> image: what decodes an image part's bytes for tower.pixels (default: llambda.vision's
-        load_image, whose limits refuse bad or hostile files with an InvalidInputError)."""
+        load_image(data) -> image: what decodes an image part's bytes (bytes, bytearray or memoryview, as given)
+        for tower.pixels (default: llambda.vision's load_image, whose limits refuse bad or hostile files with an
+        InvalidInputError)."""
         self._check_open()
         if tower is None:
             self._replace_tower(None)
@@ -640,6 +643,15 @@ class Model:
         its buffers), not the model's lock: a generation's steps, or a server's scheduler, go on meanwhile
         (the C core interleaves their ops with the tower's)."""
         images = self.check_images(images)
+        if len(starts) != len(images):
+            raise InvalidInputError(f"{len(images)} image(s) and {len(starts)} block start(s): one each")
+        for b in images:        # (bytes() of an int is that many zero bytes)
+            if not isinstance(b, (bytes, bytearray, memoryview)):
+                raise InvalidInputError(f"an image must be the bytes of an image file, got {type(b).__name__}")
+        if self._load_image is None:
+            from .vision.image import check_image
+            for b in images:    # its size and header first: nothing copied or hashed of a file refused
+                check_image(b)
         keys = [EncodedRows.key(bytes(b)) for b in images]
         found = {k: b for k in keys if (b := self._encoded.get(k)) is not None}
         todo = {k: data for k, data in zip(keys, images) if k not in found}      # each new file once
@@ -652,14 +664,28 @@ class Model:
         load_image = self._load_image
         if load_image is None:
             from .vision import load_image      # the vision package, only for a model with a tower
-        decoded = [load_image(bytes(b)) for b in files.values()]
+        tower = self.vision
+        if tower is None:       # closed, or detached, since check_images
+            self._check_open()
+            raise InvalidInputError(f"the model {self.name!r} has no vision tower: it takes no images")
+        pixels = []
+        for data in files.values():     # one decoded image at a time (up to 64M pixels each), kept as its pixels
+            image = load_image(data)
+            with self._vision_lock:
+                self._check_open()
+                pixels.append(np.asarray(tower.pixels(image), dtype=np.float32))
+            del image
         with self._vision_lock:
             self._check_open()
-            if self.vision is None:
-                raise ModelClosedError(f"the model {self.name!r} was closed (close() freed it): load it again")
-            per = int(self.vision.tokens_per_image)
-            pixels = np.stack([self.vision.pixels(im) for im in decoded]).astype(np.float32, copy=False)
-            rows = np.asarray(self.vision.encode(pixels), dtype=np.float32)
+            if self.vision is not tower:
+                raise InvalidInputError("the model's vision tower was replaced (attach_vision) while these images "
+                                        "were prepared for it: send them again")
+            per = int(tower.tokens_per_image)
+            out = tower.encode(np.stack(pixels))
+            try:
+                rows = np.asarray(out, dtype=np.float32)
+            except (TypeError, ValueError) as e:
+                raise ModelFormatError(f"the vision tower gave rows that are no array of numbers ({e})") from None
             if rows.shape != (len(files), per, self.config.d_model):
                 raise ModelFormatError(f"the vision tower gave rows of shape {rows.shape}, expected "
                                        f"{(len(files), per, self.config.d_model)}")

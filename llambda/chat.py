@@ -671,16 +671,16 @@ def image_content(images: list[bytes], text: str) -> list[dict]:
     return [image_part(data) for data in images] + ([{"type": "text", "text": text}] if text else [])
 
 
-def message_images(messages: Any) -> list[bytes]:
-    """The image parts' bytes of a message list, in the order of the messages and of their parts (the order
+def message_images(messages: Any) -> list:
+    """The image parts' bytes (bytes, bytearray or memoryview, uncopied) of a message list, in the order of the messages and of their parts (the order
     a template writes their markers in); [] for anything else (validate_messages says what is wrong)."""
-    out: list[bytes] = []
+    out: list = []
     if not isinstance(messages, (list, tuple)):
         return out
     for msg in messages:
         content = msg.get("content") if isinstance(msg, Mapping) else None
         if isinstance(content, (list, tuple)):
-            out.extend(bytes(p["image"]) for p in content
+            out.extend(p["image"] for p in content     # as given: a copy is load_image's, once its size is checked
                        if isinstance(p, Mapping) and p.get("type") == "image"
                        and isinstance(p.get("image"), (bytes, bytearray, memoryview)))
     return out

@@ -10,7 +10,7 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-from ..errors import InvalidInputError, LlambdaWarning, ModelFormatError
+from ..errors import InvalidInputError, LlambdaWarning, ModelFormatError, ModelNotFoundError
 from ..formats.files import read_json
 from ..formats.gguf import GGUFFile
 from .config import VisionConfig
@@ -89,6 +89,8 @@ def load_vision(source, backend=None, threads: int | None = None, activations: s
     path = getattr(source, "path", source)
     if not isinstance(path, (str, Path)):
         raise InvalidInputError(f"source must be a path or a ModelSource, got {type(source).__name__}")
+    if not Path(path).exists():
+        raise ModelNotFoundError(f"{path}: no such file or directory (a vision tower's files)")
     layout = open_layout(Path(path))
     if layout is None:
         return None
