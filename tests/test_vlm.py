@@ -504,8 +504,8 @@ def chat_spec(messages, **body):
 
 
 def test_server_prepares_image_requests(chat_dirs):
-    """Service.prepare encodes the request's images (in the prompt worker that calls it) into the
-    sequence's blocks; counting a prompt's tokens encodes nothing; a model without a tower is a 400
+    """Service.prepare leaves a request's images to Service.encode (the image worker), which encodes them
+    into the sequence's blocks; counting a prompt's tokens encodes nothing; a model without a tower is a 400
     model_without_vision naming it; an explicit speculative mode with images is a 400."""
     from llambda.server.errors import APIError
 
@@ -517,6 +517,8 @@ def test_server_prepares_image_requests(chat_dirs):
             assert service._prompt_length(chat_spec(msgs)) == len(m.image_ids(m.render_chat(msgs), 1)[0])
             before = tower.encoded
             p = service.prepare(chat_spec(msgs))
+            assert tower.encoded == before and not p.seqs
+            p = service.encode(p)
             seq = p.seqs[0][0]
             assert tower.encoded == before + 1 and len(seq.images) == 1
             ids, blocks = m.image_prompt(m.render_chat(msgs), [PNG["image_a.png"]])
@@ -539,6 +541,7 @@ def test_server_prepares_image_requests(chat_dirs):
             m.max_images = image_mod.DEFAULT_MAX_IMAGES
         finally:
             service.workers.close()
+            service.image_workers.close()
     with load("native-exact", chat_dirs["gemma"], tower=False) as m:
         service, sched = service_for(m)
         try:
@@ -547,3 +550,4 @@ def test_server_prepares_image_requests(chat_dirs):
             assert e.value.status == 400 and e.value.code == "model_without_vision" and "tiny-vision" in str(e.value)
         finally:
             service.workers.close()
+            service.image_workers.close()

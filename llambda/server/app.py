@@ -412,6 +412,7 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
             yield
         finally:
             service.workers.close()
+            service.image_workers.close()
             await asyncio.to_thread(scheduler.stop)
 
     routes = [

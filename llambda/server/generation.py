@@ -54,6 +54,9 @@ class Prepared:
     echoes: list[str]                 # text to echo per prompt ("" without echo)
     seqs: list[list[Sequence]]        # per prompt, one Sequence per choice
     tools: ToolSetup | None = None    # how answers are read for tool calls (chat with tools)
+    # a chat's images and their blocks' starts, still to encode ((): none); the seqs are made once they are
+    images: tuple = ()
+    made_with: tuple = ()             # (grammar, thinking) the seqs are made with
 
 
 class Service:
@@ -75,6 +78,9 @@ class Service:
         # Qwen3, SmolLM3, QwQ, DeepSeek-R1: a thought in <think>...</think> comes before the answer
         self.thinks = not self.harmony and template_thinks(src)
         self.workers = PromptWorkers(cfg.prompt_workers, backlog=max(cfg.queue_size, cfg.prompt_workers))
+        # the vision tower's encodings (one at a time: the model's vision lock): a thread of their own, so that
+        # requests waiting for the tower hold no prompt worker (text requests had waited behind them all)
+        self.image_workers = PromptWorkers(1, backlog=max(cfg.queue_size, cfg.prompt_workers), name="image")
         self.fim = find_fim_tokens(model.tokenizer, getattr(model.source, "metadata", None))
         if cfg.speculative not in (None, "off"):
             check_rollback(model.config)      # a default every request would be refused for: refuse it now
@@ -240,9 +246,10 @@ class Service:
             raise bad_request(f"invalid prompt: {e}", param="prompt") from None
 
     def _encode(self, spec: GenerationSpec, images: list[bytes], starts: list[int]) -> tuple:
-        """The image blocks of a chat prompt: the vision tower runs here, in the prompt worker that prepares
-        the request (Model.encode_images: under the model's vision lock, never the scheduler's; running
-        streams keep decoding, the C core interleaving their ops with the tower's)."""
+        """The image blocks of a chat prompt: the vision tower runs here, in the image worker (`encode`; not a
+        prompt worker: text requests are not held behind the tower) (Model.encode_images: under the model's
+        vision lock, never the scheduler's; running streams keep decoding, the C core interleaving their ops
+        with the tower's)."""
         if not images:
             return ()
         try:
@@ -276,7 +283,10 @@ class Service:
 
         Rendering and tokenizing run in a worker thread: a long prompt must not stall running streams.
         """
-        return self.launch(await self._in_worker(self.prepare, spec))
+        p = await self._in_worker(self.prepare, spec)
+        if p.images:
+            p = await self._in_worker(self.encode, p, pool=self.image_workers)
+        return self.launch(p)
 
     async def count_prompt(self, spec: GenerationSpec) -> int:
         """The tokens a chat spec's prompt has, rendered and tokenized as `start` would (in a worker
@@ -288,9 +298,9 @@ class Service:
         ids = self._chat_ids(spec)[0]
         return len(ids)
 
-    async def _in_worker(self, fn, spec: GenerationSpec):
+    async def _in_worker(self, fn, arg, pool: PromptWorkers | None = None):
         try:
-            return await self.workers.run(fn, spec)
+            return await (pool or self.workers).run(fn, arg)
         except (PoolFull, PoolClosed) as e:
             raise self._refused(e, busy=isinstance(e, PoolFull)) from None
 
@@ -307,7 +317,7 @@ class Service:
         return s["busy"] >= self.workers.n_workers and s["oldest_seconds"] > self.cfg.prompt_stall_seconds
 
     def prepare(self, spec: GenerationSpec) -> "Prepared":
-        """Prompts, limits and one Sequence per choice (any thread)."""
+        """Prompts, limits and one Sequence per choice (any thread); a chat's images are left to `encode`."""
         self.check_model(spec.model)
         # before any tokenizing: a batch of 100k prompts is refused for its count, not after the work
         n_jobs = (len(spec.prompts) if spec.kind == "completion" else 1) * spec.n
@@ -341,12 +351,22 @@ class Service:
                                    self.model._text_after_thought)
         for ids in prompts:
             self._max_tokens(spec, len(ids))          # a 400 before the images' encoding
-        blocks = self._encode(spec, *pending)
-        seqs = []
-        for ids in prompts:
-            max_tokens = self._max_tokens(spec, len(ids))
-            seqs.append([self._sequence(spec, ids, max_tokens, k, grammar, thinking, blocks) for k in range(spec.n)])
-        return Prepared(spec, prompts, echoes, seqs, tools)
+        p = Prepared(spec, prompts, echoes, [], tools, images=pending if pending[0] else (),
+                     made_with=(grammar, thinking))
+        return p if p.images else self._with_sequences(p, ())
+
+    def encode(self, p: "Prepared") -> "Prepared":
+        """A prepared chat's images through the vision tower, then its Sequences (the image worker)."""
+        return self._with_sequences(p, self._encode(p.spec, *p.images))
+
+    def _with_sequences(self, p: "Prepared", blocks: tuple) -> "Prepared":
+        grammar, thinking = p.made_with
+        for ids in p.prompts:
+            max_tokens = self._max_tokens(p.spec, len(ids))
+            p.seqs.append([self._sequence(p.spec, ids, max_tokens, k, grammar, thinking, blocks)
+                           for k in range(p.spec.n)])
+        p.images = ()
+        return p
 
     def _compile(self, constraint: GrammarSpec, param: str):
         """The grammar, compiled before anything is queued: an invalid one is the client's 400."""

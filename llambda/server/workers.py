@@ -34,15 +34,14 @@ def _settle(fut: asyncio.Future, result: Any, error: BaseException | None) -> No
 
 
 class PromptWorkers:
-    def __init__(self, n_workers: int, backlog: int):
-        self.n_workers = n_workers
-        self.backlog = backlog
+    def __init__(self, n_workers: int, backlog: int, name: str = "prompt"):
+        self.n_workers, self.backlog, self.name = n_workers, backlog, name
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._waiting = 0
         self._started: dict[int, float] = {}     # worker thread id -> when its current job started
         self._closed = False
-        self._threads = [threading.Thread(target=self._work, name=f"llambda-prompt-{i}", daemon=True)
+        self._threads = [threading.Thread(target=self._work, name=f"llambda-{name}-{i}", daemon=True)
                          for i in range(n_workers)]
         for t in self._threads:
             t.start()
@@ -55,7 +54,7 @@ class PromptWorkers:
             if self._closed:
                 raise PoolClosed("the server is shutting down")
             if self._waiting >= self.backlog and len(self._started) >= self.n_workers:
-                raise PoolFull(f"all {self.n_workers} prompt workers are busy and {self._waiting} requests wait")
+                raise PoolFull(f"all {self.n_workers} {self.name} workers are busy and {self._waiting} requests wait")
             self._waiting += 1
         self._jobs.put((fn, args, loop, fut))
         return await fut
