@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, TextIO
 
-from .errors import LlambdaError
+from .errors import InvalidInputError, LlambdaError
 
 HELP = """commands:
   /help, /?          this list
@@ -316,11 +316,20 @@ def _loaded(message: dict, reads_images: bool) -> dict:
     import binascii
     if not reads_images:
         raise ValueError("the conversation holds images, and this model takes none (it has no vision tower)")
+    if not isinstance(images, list) or not all(isinstance(i, str) for i in images):   # (a dict's keys were read)
+        raise ValueError("'images' must be a list of base64 strings")
     try:
         data = [base64.b64decode(i, validate=True) for i in images]
     except (TypeError, ValueError, binascii.Error):
         raise ValueError("'images' must be a list of base64 strings") from None
     from .commands.image_paths import image_message
+    from .vision.image import check_image
+    for i, d in enumerate(data):
+        # checked as an image file named in a message is: one kept in the conversation failed every message after
+        try:
+            check_image(d)
+        except InvalidInputError as e:
+            raise ValueError(f"'images'[{i}] is no image this model reads: {e}") from None
     return dict(image_message(out["content"], data), role=out["role"])
 
 

@@ -224,6 +224,16 @@ def test_chat_messages_take_images(pics):
     assert "takes none" in text.command("/load conv.json") and text.messages == []
 
 
+@pytest.mark.parametrize("images", [{"QUJD": 1}, "QUJD", [5], ["QUJD"]], ids=["dict", "str", "number", "not-an-image"])
+def test_load_refuses_images_that_are_not_base64_images(pics, images):
+    """/load's `images`: a dict's keys were decoded as images, and base64 of no image was loaded, then failed
+    every message after it (the conversation kept it)."""
+    (pics / "bad.json").write_text(json.dumps([{"role": "user", "content": "a", "images": images}]))
+    s = ChatSession(FakeModel({}, True), {})
+    said = s.command("/load bad.json")
+    assert "images" in said and "loaded" not in said and s.messages == []
+
+
 def test_chat_on_a_text_model_keeps_paths_as_text(pics):
     seen = {}
     s = ChatSession(FakeModel(seen, False), {})

@@ -83,7 +83,8 @@ def decode_base64(text: Any, where: str, count: ImageCount) -> bytes:
         bad = _NOT_BASE64.search(text)
         why = (f"the character {bad.group()!r} at {bad.start()}" if bad else
                "'=' inside the text" if "=" in text.rstrip("=") else
-               f"{len(text)} characters, not a multiple of 4 (missing '=' padding?)")
+               f"{len(text)} characters, not a multiple of 4 (missing '=' padding?)" if len(text) % 4 else
+               f"{len(text) - len(text.rstrip('='))} '=' at its end (at most 2)")
         if text[:5].lower() == "data:":
             why += " (a data: URL: send the base64 after its ',' alone here)"
         raise bad_request(f"{where} is not base64 (standard alphabet, padded): {why}", param=where,
