@@ -673,15 +673,19 @@ class Model:
             image = load_image(data)
             with self._vision_lock:
                 self._check_open()
-                pixels.append(np.asarray(tower.pixels(image), dtype=np.float32))
+                pixels.append(tower.pixels(image))
             del image
+        try:
+            pixels = np.stack([np.asarray(p, dtype=np.float32) for p in pixels])
+        except (TypeError, ValueError) as e:
+            raise ModelFormatError(f"the vision tower's pixels are no arrays of one shape ({e})") from None
         with self._vision_lock:
             self._check_open()
             if self.vision is not tower:
                 raise InvalidInputError("the model's vision tower was replaced (attach_vision) while these images "
                                         "were prepared for it: send them again")
             per = int(tower.tokens_per_image)
-            out = tower.encode(np.stack(pixels))
+            out = tower.encode(pixels)
             try:
                 rows = np.asarray(out, dtype=np.float32)
             except (TypeError, ValueError) as e:

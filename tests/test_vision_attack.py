@@ -177,6 +177,24 @@ def test_a_tower_giving_no_array_is_a_model_format_error(folder, lie):
         assert m.chat(vlm.user("x", PNG_A), max_tokens=1, temperature=0)      # the model still answers
 
 
+def test_a_tower_giving_pixels_of_two_shapes_is_a_model_format_error(folder):
+    """np.stack's ValueError had come out bare."""
+    class Ragged(_Tower):
+        def pixels(self, image):
+            return np.zeros((3, 4, 4 + image), np.float32)
+
+    with _load(folder, vision=False) as m:
+        m.attach_vision(Ragged(), load_image=lambda data: len(data))
+        with pytest.raises(ModelFormatError, match="pixels"):
+            m.encode_images([b"a", b"bb"], [2, 40])
+        class Text(_Tower):
+            def pixels(self, image):
+                return "pixels"
+        m.attach_vision(Text(), load_image=lambda data: object())
+        with pytest.raises(ModelFormatError, match="pixels"):
+            m.encode_images([b"a"], [2])
+
+
 def test_a_tower_replaced_during_a_request_is_not_used_for_it(folder):
     """The tower is read once a request: replaced (attach_vision) while its images are decoded, the request
     is refused, not encoded by a tower that attach_vision has closed."""
