@@ -55,6 +55,14 @@ def test_paths_are_found_as_ollama_finds_them(pics):
     assert _found("../a.png, please")[:2] == (", please", [PNG_A])
 
 
+def test_a_typed_tiff_path_is_an_image_as_with_image(pics):
+    """--image takes what the decoder takes (TIFF too): a typed path ending in .tif/.tiff is found as well."""
+    from PIL import Image
+    Image.open(pics / "a.png").save(pics / "scan.tiff")
+    rest, data, said = _found("read ./scan.tiff")
+    assert rest == "read" and len(data) == 1 and data[0] == (pics / "scan.tiff").read_bytes()
+
+
 @pytest.mark.parametrize("text", [
     "a.png is a file name",                 # no ./ or / before it: a word
     "look at ./missing.png",                # no such file: stays text, as ollama leaves it

@@ -7,9 +7,10 @@
 /* 64-byte aligned allocation, counted. */
 void *llb_alloc(size_t nbytes);
 void llb_free(void *p);
-/* A shared scratch buffer of at least nbytes, 64-byte aligned, valid until the
- * next llb_scratch call (ops run one at a time; workers of the same op may share it
- * by offsets). Grows (a counted allocation) only when asked for more than before.
+/* The calling thread's scratch buffer of at least nbytes, 64-byte aligned, valid until
+ * that thread's next llb_scratch call (two threads running ops at once have their own;
+ * the pool workers of one op may share the caller's by offsets). Grows (a counted
+ * allocation) only when asked for more than before.
  * Returns NULL on allocation failure. */
 void *llb_scratch(size_t nbytes);
 /* Number of allocations and bytes ever made through llb_alloc/llb_scratch. */

@@ -23,7 +23,7 @@ from ..chat import image_content
 from ..errors import InvalidInputError, LlambdaError
 from ..vision.image import MAX_IMAGE_BYTES, check_image     # the decoder's own bound and header checks
 
-EXTENSIONS = ("png", "jpg", "jpeg", "webp", "gif", "bmp")
+EXTENSIONS = ("png", "jpg", "jpeg", "webp", "gif", "bmp", "tif", "tiff")   # what vision.image decodes
 _START = r"(?:[A-Za-z]:)?(?:\.{1,2}/|~/|/)"
 _EXT = r"\.(?:" + "|".join(EXTENSIONS) + r")"
 _PATHS = re.compile(
