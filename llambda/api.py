@@ -599,8 +599,8 @@ class Model:
             old, self.vision = self.vision, tower
             if old is not tower:
                 self._encoded.clear()
-            if old is not None and old is not tower:
-                old.close()
+                if old is not None:
+                    old.close()
 
     def check_images(self, images: list) -> list[bytes]:
         """The images of a request, checked: none, or this model takes images and at most max_images."""
@@ -705,9 +705,8 @@ class Model:
         template that does not read one ignores it (checked by chat.check_template_kwargs).
         `thinking_budget`: a `<think>` thought (Qwen3, SmolLM3, QwQ, R1) is closed once it has run
         that many tokens, and the answer follows; a template without one ignores it."""
-        from .chat import check_template_kwargs
+        from .chat import check_template_kwargs, message_images
         from .thinking import check_budget
-        from .chat import message_images
         extra = check_template_kwargs(template_kwargs)
         budget = check_budget(thinking_budget) if thinking_budget is not None else None
         images = self.check_images(message_images(messages))
@@ -809,12 +808,8 @@ class Model:
             if draft is not None:
                 self.draft = self.drafter = None    # first: a cycle of drafts (m.set_draft(m)) was a RecursionError
                 draft.close()
-            vision = getattr(self, "vision", None)     # (an EncoderModel has none)
-            if vision is not None:
-                with self._vision_lock:     # an encoding under way (a server's prompt worker) ends first
-                    self.vision = None
-                    self._encoded.clear()
-                    vision.close()
+            if getattr(self, "vision", None) is not None:     # (an EncoderModel has none)
+                self._replace_tower(None)   # under the vision lock: an encoding under way ends first
             self._network().close()     # the arrays go now, whoever still holds the network
             self._grammars = None
             self.backend.close()
