@@ -31,6 +31,16 @@ class InvalidInputError(LlambdaError, ValueError):
     """An argument of a library call is of the wrong type or out of range (e.g. a token id)."""
 
 
+class ImageDataError(InvalidInputError):
+    """An image sent as text (base64) cannot be taken: not a string, empty, not base64, or larger than an
+    image may be. `code` names the refusal for an API's error object ("invalid_base64", "image_too_large",
+    None for the others)."""
+
+    def __init__(self, message: str, code: str | None = None):
+        super().__init__(message)
+        self.code = code
+
+
 class VocabularyMismatchError(LlambdaError, ValueError):
     """A draft model's vocabulary is not the target's: its token ids would mean other text."""
 

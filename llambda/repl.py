@@ -307,21 +307,18 @@ def _saved(message: dict) -> dict:
 
 def _loaded(message: dict, reads_images: bool) -> dict:
     """A message /load read (role and content checked), its `images` (base64, as /save writes them) as
-    image parts; ValueError for images a text model cannot take, or that are not base64."""
+    image parts; ValueError for images a text model cannot take, or that are not base64 (ImageDataError, a
+    ValueError: vision.base64_text's refusals, the server's too)."""
     out = {"role": message["role"], "content": message["content"]}
     images = message.get("images")
     if not images:
         return out
-    import base64
-    import binascii
     if not reads_images:
         raise ValueError("the conversation holds images, and this model takes none (it has no vision tower)")
-    if not isinstance(images, list) or not all(isinstance(i, str) for i in images):   # (a dict's keys were read)
+    if not isinstance(images, list):        # (a dict's keys were read)
         raise ValueError("'images' must be a list of base64 strings")
-    try:
-        data = [base64.b64decode(i, validate=True) for i in images]
-    except (TypeError, ValueError, binascii.Error):
-        raise ValueError("'images' must be a list of base64 strings") from None
+    from .vision.base64_text import decode_image_base64     # the server's decoder: the same text taken, the same refused
+    data = [decode_image_base64(text, f"'images'[{i}]") for i, text in enumerate(images)]
     from .commands.image_paths import image_message
     from .vision.image import check_image
     for i, d in enumerate(data):

@@ -65,7 +65,8 @@ def test_base64_is_decoded_strictly():
 
 
 def test_an_image_over_the_limit_is_refused_before_decoding(monkeypatch):
-    monkeypatch.setattr(images, "MAX_IMAGE_BYTES", 96)
+    from llambda.vision import base64_text
+    monkeypatch.setattr(base64_text, "MAX_IMAGE_BYTES", 96)     # the one decoder's bound (the REPL's too)
     assert images.decode_base64("A" * 128, "x", images.ImageCount()) == bytes(96)
     err = _refused(lambda: images.decode_base64("A" * 132, "images[0]", images.ImageCount()), "99 bytes", "96",
                    code="image_too_large")

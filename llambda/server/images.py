@@ -13,21 +13,19 @@ the Service asks).
 """
 from __future__ import annotations
 
-import base64
-import re
 from typing import Any
 
 from ..chat import image_part, message_images
 from ..models.images import DEFAULT_MAX_IMAGES
-from ..vision.image import MAX_IMAGE_BYTES     # one image's encoded file: the decoder's own bound
+from ..errors import ImageDataError
+from ..vision.base64_text import decode_image_base64, kind as _kind
+from ..vision.image import MAX_IMAGE_BYTES  # noqa: F401  (one image's encoded file: the decoder's own bound)
 from .errors import APIError, bad_request, shown
 
 MAX_IMAGES = DEFAULT_MAX_IMAGES  # images in one request (a continued conversation's included): the model's
                                  # own default bound, so the 9th is refused here, before it is decoded
 MAX_URL_HEAD = 256              # a data: URL's "image/png;name=...;base64" before its ','
 DETAILS = ("auto", "low", "high")   # OpenAI's `detail`: accepted, no effect (the tower's resolution is fixed)
-_BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
-_NOT_BASE64 = re.compile(r"[^A-Za-z0-9+/=]")
 REMOTE = ("remote images are not fetched: this server makes no outbound requests; send the image itself "
           "(base64, in a data: URL such as data:image/png;base64,...)")
 
@@ -66,30 +64,14 @@ class ImageCount:
 
 
 def decode_base64(text: Any, where: str, count: ImageCount) -> bytes:
-    """An image sent as base64 text (standard alphabet, padded; line breaks are skipped, as MIME
-    writes them and Go's decoder reads them), checked before it is decoded."""
-    if not isinstance(text, str):
-        raise bad_request(f"{where} must be a base64 string, got {_kind(text)}", param=where)
-    count.take(where)
-    if "\n" in text or "\r" in text:
-        text = text.replace("\r", "").replace("\n", "")
-    size = len(text) // 4 * 3
-    if size > MAX_IMAGE_BYTES:
-        raise bad_request(f"{where}: the image is about {size} bytes; at most {MAX_IMAGE_BYTES} bytes an image",
-                          param=where, code="image_too_large")
-    if not text:
-        raise bad_request(f"{where}: the image's base64 is empty", param=where)
-    if not _BASE64.fullmatch(text) or len(text) % 4:
-        bad = _NOT_BASE64.search(text)
-        why = (f"the character {bad.group()!r} at {bad.start()}" if bad else
-               "'=' inside the text" if "=" in text.rstrip("=") else
-               f"{len(text)} characters, not a multiple of 4 (missing '=' padding?)" if len(text) % 4 else
-               f"{len(text) - len(text.rstrip('='))} '=' at its end (at most 2)")
-        if text[:5].lower() == "data:":
-            why += " (a data: URL: send the base64 after its ',' alone here)"
-        raise bad_request(f"{where} is not base64 (standard alphabet, padded): {why}", param=where,
-                          code="invalid_base64")
-    return base64.b64decode(text, validate=True)
+    """An image sent as base64 text (vision.base64_text's checks, the REPL's too), counted; its refusals
+    as 400s."""
+    if isinstance(text, str):
+        count.take(where)
+    try:
+        return decode_image_base64(text, where)
+    except ImageDataError as e:
+        raise bad_request(str(e), param=where, code=e.code) from None
 
 
 def check_media_type(media: Any, where: str) -> None:
@@ -189,13 +171,3 @@ def check_detail(v: Any, where: str) -> None:
     if v is not None and v not in DETAILS:
         what = shown(v) if isinstance(v, str) else _kind(v)
         raise bad_request(f"{where} must be one of {', '.join(DETAILS)}, got {what}", param=where)
-
-
-def _kind(v: Any) -> str:
-    """What a wrong value is, as an error says it (schemas._type's words; schemas imports this module)."""
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "a boolean"
-    return {int: "a number", float: "a number", str: "a string", list: "an array",
-            dict: "an object"}.get(type(v), type(v).__name__)
