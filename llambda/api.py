@@ -56,7 +56,8 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
       "q8_0" (ggml's Q8_0 blocks: 34 bytes per 32 values) takes about half of f16's memory, for long
       contexts; it needs head_dim a multiple of 32.
     check_memory: refuse (InsufficientMemoryError) before reading any weight when the weights and the KV
-      cache exceed the memory available; `Model.memory_plan` is the plan either way (models/memory.py).
+      cache (and the vision tower's weights and activations) exceed the memory available; `Model.memory_plan`
+      is the plan either way (models/memory.py).
     draft: a smaller model of the same vocabulary (name or path) for speculative decoding; loaded
       with the same backend, threads, context and quantize=. generate/stream then speculate with it by default;
       draft_threads: the threads its forward passes use (default: threads).
@@ -112,6 +113,8 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
             lookup, at_load = quantizing_lookup(lookup, quantize, release=src.release), qtype_at_load(quantize)
         mplan = plan_memory(src, be, ctx, n_slots, max_batch, qtype_at_load=at_load)
         mplan.merge_peak = merge_peak(adapters, src) if adapters else 0
+        if vision:
+            _plan_tower(mplan, src, be, mmproj)
         if check_memory:
             memory.check(mplan)
         with src.reading_ahead(), be.loading(mplan.weights):
@@ -135,6 +138,8 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
     except BaseException:
         m.close()
         raise
+    if m.vision is None:        # none found, or one that could not be read: the plan is the text model's
+        memory.without_vision(mplan)
     if draft is not None:
         try:
             m.set_draft(load(draft, n_ctx=m.n_ctx, n_slots=n_slots, backend=backend, threads=threads,
@@ -164,6 +169,25 @@ def _attach_tower(m: "Model", src, be, threads, activations, mmproj, vision) -> 
     except (ModelFormatError, InvalidInputError) as e:
         warnings.warn(f"{m.name}: its vision tower cannot be used ({e}); the model loads for text only",
                       LlambdaWarning, stacklevel=4)
+
+
+def _plan_tower(mplan, src, be, mmproj) -> None:
+    """Count in `mplan` the vision tower _attach_tower would attach (its VisionConfig, read from the files'
+    headers: no weight is read), at the bytes its backend keeps a weight in (as an encoder's: bfloat16 in the
+    native fast mode). A tower that cannot be read is planned as none: attaching it says why."""
+    from .vision.load import open_layout
+    try:
+        with warnings.catch_warnings():      # an unsupported tower's warning is said once, when attaching
+            warnings.simplefilter("ignore")
+            layout = open_layout(Path(mmproj if mmproj is not None else src.path))
+    except (OSError, ValueError):   # the typed errors of a file that cannot be read (ModelFormatError, ...)
+        return
+    if layout is None:
+        return
+    for close in layout.closers:
+        close()
+    dense_bytes = 2 if be.name == "native" and not getattr(be, "exact", True) else 4
+    memory.add_vision(mplan, layout.cfg, dense_bytes, os.fspath(mmproj) if mmproj is not None else "")
 
 
 def _attach_or_close(m: "Model", tower) -> None:

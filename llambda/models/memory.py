@@ -42,10 +42,17 @@ class MemoryPlan:
     recurrent: int = 0         # a hybrid model's recurrent state, every slot
     logit_row: int = 0         # activations a slot past 16 adds (its logits row: Workspace's max_logit_rows)
     merge_peak: int = 0        # lora=: what merging the adapters holds at once while loading (lora_merge.merge_peak)
+    vision: int = 0            # the vision tower's weights (add_vision), 0 without one
+    vision_workspace: int = 0  # ... and one image's activations, allocated with it at load
+    vision_source: str = ""    # where the tower is read from, for messages
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv_cache + self.recurrent + self.activations
+        return self.weights + self.kv_cache + self.recurrent + self.activations + self.vision + self.vision_workspace
+
+    @property
+    def vision_total(self) -> int:
+        return self.vision + self.vision_workspace
 
     @property
     def peak_load(self) -> int:
@@ -60,8 +67,26 @@ class MemoryPlan:
                *([f"recurrent state {g(self.recurrent)} ({g(self.recurrent // self.n_slots)} per slot)"]
                  if self.recurrent else []),
                f"activations {g(self.activations)}",
+               *([f"vision tower {g(self.vision_total)} (weights {g(self.vision)}, one image's activations "
+                  f"{g(self.vision_workspace)})"] if self.vision_total else []),
                f"total {g(self.total)}" + (f" of {g(self.available)} available" if self.available else "")]
         return out
+
+
+def add_vision(p: MemoryPlan, cfg, dense_bytes: int, source: str = "") -> None:
+    """Count a vision tower in plan `p`: its weights (cfg.params() at `dense_bytes` each: 2 where the native
+    fast mode packs its dense layers in bfloat16, the few float32 vectors and position embeddings beside them
+    a small share of a real tower; 4 in float32) and one image's activations (cfg.workspace_bytes()), both
+    allocated when it loads. `cfg`: the tower's VisionConfig."""
+    p.vision = int(cfg.params()) * dense_bytes
+    p.vision_workspace = int(cfg.workspace_bytes())
+    p.vision_source = source
+
+
+def without_vision(p: MemoryPlan) -> None:
+    """The plan of the same load with no tower attached (the one planned could not be read: text only)."""
+    p.vision = p.vision_workspace = 0
+    p.vision_source = ""
 
 
 @dataclass
@@ -101,6 +126,10 @@ def encoder_plan(src: ModelSource, tokens: int, dense_bytes: int = 2) -> Encoder
     acts = tokens * (7 * H + F) * 4
     fmt = "bfloat16" if dense_bytes == 2 else "float32"
     return EncoderPlan(emb + dense * dense_bytes + biases, mapped, acts, tokens, fmt, mem_available())
+
+
+def _tower_from(p: MemoryPlan) -> str:
+    return f" (read from {p.vision_source})" if p.vision_source else ""
 
 
 def _gib(n: int) -> str:
@@ -167,7 +196,15 @@ def check(p: MemoryPlan) -> None:
     buffers while it loads: merge_peak) exceed the memory available now (the activations too: max_batch=10**7 asked for 236 GiB of them, a raw MemoryError)."""
     if p.available is None or p.total + p.merge_peak <= p.available:
         return
-    weights = p.weights + p.merge_peak      # the merge's buffers are let go of once loaded, but must fit first
+    if p.vision_total and p.total - p.vision_total + p.merge_peak <= p.available:
+        # the text model fits: the tower is what does not
+        raise InsufficientMemoryError(
+            f"this load needs {_gib(p.total - p.vision_total + p.merge_peak)} for the text model + "
+            f"{_gib(p.vision_total)} for its vision tower{_tower_from(p)} (weights {_gib(p.vision)}, one image's "
+            f"activations {_gib(p.vision_workspace)}) but only {_gib(p.available)} is available: load it without "
+            "the tower (vision=False: it then takes no images), or free memory")
+    # the tower's share counts as weights: no context or slot count makes room for it
+    weights = p.weights + p.merge_peak + p.vision_total     # the merge's buffers are let go of once loaded, but must fit first
     # the logits rows are max(n_slots, 16): past 16 slots, each slot also costs a row of activations
     acts_floor = p.activations - p.logit_row * max(0, p.n_slots - 16)
     spare = p.available - weights - acts_floor        # for the KV cache, recurrent state and rows past 16
@@ -190,8 +227,11 @@ def check(p: MemoryPlan) -> None:
     if spare > 0 and p.n_slots > 1:      # the slots are the other knob (`llambda serve --parallel` sets them)
         hint += (f"; at {p.n_ctx} tokens, at most {slots_fit} slots (n_slots) would fit" if slots_fit >= 1
                  else f"; not even one slot of {p.n_ctx} tokens fits")
+    if p.vision_total:
+        hint += f"; without its vision tower (vision=False: no images) {_gib(p.vision_total)} less is needed"
     error = InsufficientMemoryError(
         f"this load needs {_gib(p.weights)} of weights"
+        + (f" + {_gib(p.vision_total)} for its vision tower{_tower_from(p)}" if p.vision_total else "")
         + (f" + {_gib(p.merge_peak)} while merging its LoRA adapters (lora=)" if p.merge_peak else "") +
         f" + {_gib(p.kv_cache)} of KV cache "
         f"({p.n_ctx} tokens x {p.n_slots} slots, {p.kv_type})"

@@ -114,6 +114,19 @@ async def _pool_answers(within: float) -> bool:
         return False
 
 
+def image_worker_state(service) -> dict:
+    """/health's view of the image worker (a model with a vision tower): "idle", "encoding", or "stalled" (on one
+    request's images past prompt_stall_seconds: text completions go on, so /health stays 200; requests with
+    images wait, then get 429 once its queue is full), the requests waiting and the queue's size, and how long
+    the current encoding has run."""
+    pool = service.image_workers
+    s = pool.stats()
+    state = ("idle" if not s["busy"] else "stalled" if s["oldest_seconds"] > service.cfg.prompt_stall_seconds
+             else "encoding")
+    return {"state": state, "waiting": s["waiting"], "queue_size": pool.backlog,
+            "encoding_seconds": round(s["oldest_seconds"], 3)}
+
+
 async def _watch_disconnect(receive, gen: Generation) -> None:
     """Tell the generation when the client hangs up (after the body, the next message is the disconnect)."""
     while True:
@@ -356,8 +369,10 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
         return await generate(request, parse_completion)
 
     async def models(request: Request) -> Response:
+        # vision: the model takes images (a vision tower is attached): the chat page shows its image input then
         card = {"id": cfg.model_id, "object": "model", "created": int(metrics.started), "owned_by": "llambda",
-                "meta": {"n_ctx": model.n_ctx, "n_vocab": model.config.vocab_size, "slots": scheduler.n_slots}}
+                "meta": {"n_ctx": model.n_ctx, "n_vocab": model.config.vocab_size, "slots": scheduler.n_slots,
+                         "vision": bool(model.accepts_images)}}
         adapters = adapter_cards(model)     # merged at load, by file name: where they lie on the server's
         if adapters:                        # disk is not the clients' business
             card["meta"]["adapters"] = adapters
@@ -379,6 +394,8 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
         body = {"status": status, "slots_idle": s["slots"] - s["busy_slots"],
                 "slots_processing": s["busy_slots"], "queue": s["waiting"],
                 "prompts_preparing": w["busy"], "prompts_waiting": w["waiting"]}
+        if not model.closed and model.vision is not None:
+            body["image_worker"] = image_worker_state(service)
         if reason is not None:
             body["reason"] = reason
             if not scheduler.draining:      # expected while draining; otherwise worth a (rate-limited) line
@@ -386,12 +403,14 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
         return json_response(body, status=200 if reason is None else 503)
 
     def render_metrics() -> str:
-        s = scheduler.stats()
+        s, i = scheduler.stats(), service.image_workers.stats()
         gauges = {
             "queue_depth": ("sequences waiting for a slot", s["waiting"]),
             "sequences_active": ("sequences holding a slot (prefilling or decoding)", s["active"]),
             "slots_busy": ("KV-cache slots in use", s["busy_slots"]),
             "slots_total": ("KV-cache slots", s["slots"]),
+            "image_queue_depth": ("requests waiting for the image worker (the vision tower)", i["waiting"]),
+            "image_worker_busy": ("1 while the image worker encodes a request's images", i["busy"]),
         }
         return metrics.render(gauges)
 

@@ -8,6 +8,7 @@ jobs, which frees their slots before the scheduler's next step.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 from typing import AsyncIterator
 
@@ -252,10 +253,14 @@ class Service:
         with the tower's)."""
         if not images:
             return ()
+        t0 = time.perf_counter()
         try:
-            return self.model.encode_images(images, starts)
+            blocks = self.model.encode_images(images, starts)
         except InvalidInputError as e:        # an image the decoder refuses (llambda.vision's limits)
+            self.scheduler.metrics.image_refused("invalid_image")
             raise bad_request(f"invalid image: {e}", param=spec.messages_param) from None
+        self.scheduler.metrics.images_encoded(len(images), time.perf_counter() - t0)
+        return blocks
 
     def _max_tokens(self, spec: GenerationSpec, n_prompt: int) -> int | None:
         n_ctx, cap = self.model.n_ctx, self.cfg.max_tokens_cap
@@ -302,6 +307,8 @@ class Service:
         try:
             return await (pool or self.workers).run(fn, arg)
         except (PoolFull, PoolClosed) as e:
+            if pool is self.image_workers and isinstance(e, PoolFull):
+                self.scheduler.metrics.image_refused("queue_full")
             raise self._refused(e, busy=isinstance(e, PoolFull)) from None
 
     def _refused(self, e: Exception, busy: bool) -> APIError:

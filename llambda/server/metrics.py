@@ -30,6 +30,9 @@ class Metrics:
         self.connections_dropped: dict[str, int] = {}      # closed by the server: "cap", "timeout", "fds"
         self.draft_tokens = 0                              # speculative decoding: tokens drafted and verified
         self.draft_accepted = 0                            # ... and of those, accepted
+        self.images = 0                                    # images through the image worker's vision tower
+        self.image_seconds = 0.0                           # ... and the time it took (decoding, encoding)
+        self.image_refusals: dict[str, int] = {}           # "queue_full" (429), "invalid_image" (400)
         self.ttft_counts = [0] * (len(TTFT_BUCKETS) + 1)
         self.ttft_sum = 0.0
         self._recent: deque[tuple[float, int]] = deque()   # (time, tokens generated) per step
@@ -70,6 +73,15 @@ class Metrics:
         with self._lock:
             self.draft_tokens += drafted
             self.draft_accepted += accepted
+
+    def images_encoded(self, n: int, seconds: float) -> None:
+        with self._lock:
+            self.images += n
+            self.image_seconds += seconds
+
+    def image_refused(self, reason: str) -> None:
+        with self._lock:
+            self.image_refusals[reason] = self.image_refusals.get(reason, 0) + 1
 
     def first_token(self, seconds: float) -> None:
         with self._lock:
@@ -137,6 +149,13 @@ class Metrics:
                    [("", self.draft_accepted)])
             metric("tokens_per_second", "gauge", f"generated tokens per second over the last {RATE_WINDOW:g} s",
                    [("", tps)])
+            metric("images_encoded_total", "counter", "images a request's chat held, through the vision tower "
+                   "(an image sent again takes the rows encoded lately)", [("", self.images)])
+            metric("image_encode_seconds_total", "counter", "seconds the image worker spent on them (decoding and "
+                   "encoding)", [("", self.image_seconds)])
+            metric("image_refusals_total", "counter", "requests with images refused by the image worker: its "
+                   "queue full (429) or an image the decoder refuses (400)",
+                   [(f'{{reason="{r}"}}', n) for r, n in sorted(self.image_refusals.items())] or [("", 0)])
             for name, (help_text, value) in gauges.items():
                 metric(name, "gauge", help_text, [("", value)])
             lines.append("# HELP llambda_time_to_first_token_seconds time from arrival to first generated token")
