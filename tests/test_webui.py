@@ -371,3 +371,174 @@ def test_a_hostile_page_cannot_post_to_the_server(page):
         page.goto(target.url + "/")
         page.evaluate("""() => fetch('v1/chat/completions', {method: 'POST', body: 'same'}).then(r => r.status)""")
         assert seen == [("POST", "same")]
+
+
+# --- images: a model with a vision tower, and one without ------------------------------------------
+
+@pytest.fixture(scope="module")
+def vision_site(tmp_path_factory):
+    """The tiny Gemma 3 of the gemma3_vision fixture (its own tower, images encoded for real) served with the
+    page; `.model` is a second load of it, for the library's own answers."""
+    import llambda
+    import test_vlm as vlm
+    from llambda.server import ServerConfig, create_app
+    folder = vlm.folder_with_tokenizer(tmp_path_factory.mktemp("webui") / "gemma", vlm.TEMPLATE)
+    m = llambda.load(folder, backend="numpy", n_ctx=256)     # two turns holding two images of 78 tokens
+    ref = llambda.load(folder, backend="numpy", n_ctx=256)
+    with m, ref, LiveServer(create_app(m, ServerConfig(model_id="vis", parallel=1))) as srv:
+        srv.model = ref
+        yield srv
+
+
+def _png(name: str) -> bytes:
+    return (ROOT / "tests" / "fixtures" / "reference" / "tiny" / "gemma3_vision" / name).read_bytes()
+
+
+# a File of these bytes, given to the page's input the way a paste or a drop gives it (a DataTransfer)
+DISPATCH = """([kind, b64, name, type]) => {
+  const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+  const dt = new DataTransfer();
+  dt.items.add(new File([bytes], name, {type}));
+  if (kind === 'paste') {
+    const ev = new ClipboardEvent('paste', {clipboardData: dt, bubbles: true, cancelable: true});
+    document.getElementById('input').dispatchEvent(ev);
+    return ev.defaultPrevented;
+  }
+  const target = document.getElementById('messages');
+  target.dispatchEvent(new DragEvent('dragover', {dataTransfer: dt, bubbles: true, cancelable: true}));
+  const ev = new DragEvent('drop', {dataTransfer: dt, bubbles: true, cancelable: true});
+  target.dispatchEvent(ev);
+  return ev.defaultPrevented;
+}"""
+LOADED = "(sel) => [...document.querySelectorAll(sel)].map(i => i.complete && i.naturalWidth > 0)"
+
+
+def _finished(page, nth: int, timeout: float = 120_000) -> str:
+    """The status of the nth answer once it is no longer streaming (done, error, stopped)."""
+    answer = page.locator(".msg.assistant").nth(nth)
+    answer.locator("xpath=self::*[@data-status!='streaming']").wait_for(timeout=timeout)
+    return answer.get_attribute("data-status")
+
+
+def test_images_are_attached_sent_and_shown(page, vision_site, tmp_path):
+    """The attach button, a paste and a drop each attach an image (a thumbnail, removable); the message is
+    sent as OpenAI image_url parts holding data: URLs of the files' bytes, the tower encodes them (the
+    server's count), the answer is the library's to the same images, and the thumbnails stay after a reload."""
+    import base64
+    import json
+
+    png_a, png_b = _png("image_a.png"), _png("image_b.png")
+    b64_a, b64_b = base64.b64encode(png_a).decode(), base64.b64encode(png_b).decode()
+    page.goto(vision_site.url + "/")
+    page.wait_for_selector("#model-info:has-text('Model vis')")
+    assert "images" in page.inner_text("#model-info")
+    assert page.locator("#attach").is_visible() and page.locator("#attachments").is_hidden()
+    _settings(page, **{"temperature": "0", "max-tokens": "5", "extra": '{"ignore_eos": true}'})
+
+    (tmp_path / "a.png").write_bytes(png_a)
+    with page.expect_file_chooser() as chooser:          # the button opens the picker
+        page.click("#attach")
+    chooser.value.set_files(str(tmp_path / "a.png"))
+    page.wait_for_function("() => document.querySelectorAll('#attachments .thumb').length === 1")
+    assert page.evaluate(DISPATCH, ["paste", b64_b, "pasted.png", "image/png"]) is True
+    page.wait_for_function("() => document.querySelectorAll('#attachments .thumb').length === 2")
+    assert page.evaluate(DISPATCH, ["drop", b64_a, "dropped.png", "image/png"]) is True
+    page.wait_for_function("() => document.querySelectorAll('#attachments .thumb').length === 3")
+    assert all(page.evaluate(LOADED, "#attachments .thumb"))     # shown (blob: URLs, allowed by the CSP)
+    page.click("[aria-label='Remove image 3']")                  # the dropped one taken off again
+    assert page.locator("#attachments .thumb").count() == 2
+    # a file that is no image is not attached, and the page says so
+    assert page.evaluate(DISPATCH, ["drop", base64.b64encode(b"hello").decode(), "notes.txt", "text/plain"])
+    page.wait_for_selector("#model-info:has-text('notes.txt is not an image')")
+    assert page.locator("#attachments .thumb").count() == 2
+
+    before = vision_site.metrics()["llambda_images_encoded_total"]
+    sent = []
+    page.on("request", lambda r: sent.append(r.post_data) if r.url.endswith("/v1/chat/completions") else None)
+    page.fill("#input", "What is in them?")
+    page.press("#input", "Enter")
+    answer = page.locator(".msg.assistant").last
+    answer.locator("xpath=self::*[@data-status='done']").wait_for(timeout=120_000)
+    assert page.locator("#attachments").is_hidden()              # sent: nothing left attached
+    (body,) = [json.loads(b) for b in sent]
+    assert body["messages"] == [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + b64_a}},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + b64_b}},
+        {"type": "text", "text": "What is in them?"}]}]
+    assert vision_site.metrics()["llambda_images_encoded_total"] == before + 2
+    want = vision_site.model.chat([{"role": "user", "content": [
+        {"type": "image", "image": png_a}, {"type": "image", "image": png_b},
+        {"type": "text", "text": "What is in them?"}]}], max_tokens=5, temperature=0, ignore_eos=True)
+    kept = page.evaluate("JSON.parse(localStorage.getItem('llambda.chat.v1')).conversations[0].messages")
+    assert kept[1]["content"] == want and answer.locator(".stats").inner_text().startswith("5 tokens")
+    assert page.locator(".msg.user .images .thumb").count() == 2 and all(page.evaluate(LOADED, ".msg.user .thumb"))
+    assert page.locator(".msg.user .body").inner_text() == "What is in them?"
+
+    # a reload shows them again; a next turn sends the first turn's images again (the conversation is whole)
+    page.reload()
+    page.wait_for_selector(".msg.user .images .thumb")
+    page.wait_for_function("() => [...document.querySelectorAll('.msg.user .thumb')].every(i => i.naturalWidth > 0)")
+    page.wait_for_selector("#model-info:has-text('Model vis')")
+    page.fill("#input", "And now?")
+    page.press("#input", "Enter")
+    assert _finished(page, 1) == "done", page.locator(".msg.assistant .stats").all_inner_texts()
+    again = json.loads(sent[-1])["messages"]
+    assert again[0] == body["messages"][0] and again[2] == {"role": "user", "content": "And now?"}
+
+    # an image alone is a message too
+    page.click("#new-chat")
+    page.evaluate(DISPATCH, ["paste", b64_a, "alone.png", "image/png"])
+    page.wait_for_selector("#attachments .thumb")
+    page.press("#input", "Enter")
+    page.locator(".msg.assistant[data-status=done]").wait_for(timeout=120_000)
+    assert json.loads(sent[-1])["messages"][0]["content"] == [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + b64_a}}]
+    assert page.locator(".msg.user .body").is_hidden() and page.locator(".msg.user .thumb").count() == 1
+
+
+def test_a_text_model_offers_no_image_input(page, tmp_path):
+    """No attach button; a pasted image is not taken (the paste goes on as the browser's own), a dropped one
+    is refused saying why, and nothing is sent with images."""
+    import base64
+
+    from serverkit import tiny_chat_server
+    from test_vlm import TEMPLATE
+    b64 = base64.b64encode(_png("image_a.png")).decode()
+    with tiny_chat_server(tmp_path, "tiny-text", (), TEMPLATE) as srv:
+        assert httpx.get(srv.url + "/v1/models").json()["data"][0]["meta"]["vision"] is False
+        page.goto(srv.url + "/")
+        page.wait_for_selector("#model-info:has-text('Model tiny-text')")
+        assert "images" not in page.inner_text("#model-info")
+        assert page.locator("#attach").is_hidden() and page.locator("#attachments").is_hidden()
+        assert page.evaluate(DISPATCH, ["paste", b64, "pasted.png", "image/png"]) is False
+        assert page.evaluate(DISPATCH, ["drop", b64, "dropped.png", "image/png"]) is True   # not opened in place
+        page.wait_for_selector("#model-info:has-text('takes no images')")
+        assert page.locator("#attachments .thumb").count() == 0 and page.locator("#attachments").is_hidden()
+        _settings(page, **{"max-tokens": "3"})
+        page.fill("#input", "hi")
+        page.press("#input", "Enter")
+        page.locator(".msg.assistant[data-status=done]").wait_for(timeout=60_000)
+        assert page.locator(".msg.user .images").count() == 0
+
+
+def test_images_over_the_storage_quota_leave_the_conversation_kept(page, vision_site):
+    """localStorage holds a few MB: a conversation whose images do not fit is kept without them (said on the
+    page and in the message after a reload), not lost whole."""
+    import base64
+    page.goto(vision_site.url + "/")
+    page.wait_for_selector("#model-info:has-text('Model vis')")
+    _settings(page, **{"temperature": "0", "max-tokens": "2"})
+    page.evaluate("""() => { const set = Storage.prototype.setItem;
+      Storage.prototype.setItem = function (k, v) {
+        if (String(v).includes('data:image')) throw new DOMException('quota', 'QuotaExceededError');
+        return set.call(this, k, v); }; }""")
+    page.evaluate(DISPATCH, ["paste", base64.b64encode(_png("image_b.png")).decode(), "b.png", "image/png"])
+    page.fill("#input", "Keep me")
+    page.press("#input", "Enter")
+    assert _finished(page, 0) == "done"
+    page.wait_for_selector("#model-info:has-text('kept without them')")
+    assert page.locator(".msg.user .thumb").count() == 1        # this page still has it
+    page.reload()
+    page.wait_for_selector(".msg.user .lost")
+    assert page.locator(".msg.user .lost").inner_text() == "1 image not kept in this browser"
+    assert page.locator(".msg.user .body").inner_text() == "Keep me" and page.locator(".msg.user .thumb").count() == 0

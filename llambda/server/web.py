@@ -3,7 +3,9 @@
 The page is public (it holds no data: conversations live in the browser's localStorage); the API it
 calls keeps its bearer auth, and the page asks the user for the key when the server wants one. The
 files are read once, when the app is built. A strict Content-Security-Policy allows only this
-origin's scripts, styles and connections: no inline script, no third-party resource, no framing.
+origin's scripts, styles and connections: no inline script, no third-party resource, no framing; images
+are this origin's or blob: URLs the page made itself (the images attached to a message, shown as thumbnails:
+they are sent to the API as data: URLs, but the CSP allows no data: image).
 """
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+# blob: images are the page's own (URL.createObjectURL of the images attached and kept in a conversation)
+CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' blob:; connect-src 'self'; "
        "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
 HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
            "X-Frame-Options": "DENY", "Cache-Control": "no-cache"}

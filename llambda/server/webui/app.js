@@ -1,6 +1,8 @@
 /* llambda chat page: conversations kept in this browser (localStorage), answers streamed from this
    server's /v1/chat/completions (SSE). No dependencies, nothing fetched from anywhere else.
-   Model text is never inserted as HTML: it is escaped first, and only the markup below is added. */
+   Model text is never inserted as HTML: it is escaped first, and only the markup below is added.
+   Images (a model with a vision tower: GET /v1/models' meta.vision) are attached with the button, pasted or
+   dropped, kept in the message as data: URLs, sent as OpenAI's image_url parts, shown through blob: URLs. */
 "use strict";
 
 // ---- markdown: escape, then a few block and inline rules -------------------------------------
@@ -170,7 +172,8 @@ function readJSON(name, fallback) {
 }
 
 const state = {
-  conversations: [],    // newest first: {id, title, messages: [{role, content, stats, status}]}
+  conversations: [],    // newest first: {id, title, messages: [{role, content, images, stats, status}]}
+  images: [],           // the images attached to the message being written: data: URLs
   current: null,        // id of the open conversation, null for a new one
   settings: {},         // system, temperature, top_p, max_tokens, seed, extra
   model: null,          // the first card of GET /v1/models
@@ -181,7 +184,16 @@ function saveChats() {
   try {
     localStorage.setItem(STORE, JSON.stringify({ conversations: state.conversations, current: state.current }));
   } catch (e) {
-    showNotice(`Could not save the conversation in this browser: ${e.message}`);
+    // over the browser's quota (a few MB), most likely with images: keep the conversations without them
+    // rather than none at all; this page still holds them until it is closed
+    const stripped = state.conversations.map((c) => ({ ...c, messages: c.messages.map((m) => m.images?.length
+      ? { ...m, images: [], imagesNotKept: m.images.length + (m.imagesNotKept || 0) } : m) }));
+    try {
+      localStorage.setItem(STORE, JSON.stringify({ conversations: stripped, current: state.current }));
+      showNotice("The images are too large to keep in this browser: the conversations are kept without them");
+    } catch {
+      showNotice(`Could not save the conversation in this browser: ${e.message}`);
+    }
   }
 }
 
@@ -227,7 +239,8 @@ async function loadModel() {
     state.model = (await resp.json()).data[0];
     const meta = state.model.meta || {};
     info.textContent = `Model ${state.model.id}` + (meta.n_ctx ? ` · context ${meta.n_ctx}` : "") +
-      (meta.slots ? ` · ${meta.slots} slots` : "");
+      (meta.slots ? ` · ${meta.slots} slots` : "") + (meta.vision ? " · images" : "");
+    showImageInput();
     return true;
   } catch (e) {
     info.textContent = `Cannot reach the model: ${e.message}`;
@@ -241,7 +254,7 @@ function requestBody(conv) {
   if (s.system) messages.push({ role: "system", content: s.system });
   for (const m of conv.messages) {
     if (m === state.live?.answer || (m.role === "assistant" && m.status === "error")) continue;
-    messages.push({ role: m.role, content: m.content });
+    messages.push({ role: m.role, content: m.images?.length ? imageContent(m) : m.content });
   }
   const sampling = {};
   for (const k of ["temperature", "top_p", "max_tokens", "seed"]) if (s[k] !== undefined) sampling[k] = s[k];
@@ -284,16 +297,23 @@ function statsLine(usage, t0, tFirst, tEnd) {
   return `${line} · prompt ${usage.prompt_tokens} tokens`;
 }
 
-async function send(text) {
-  if (state.live || !text.trim()) return;
+// A message with images as OpenAI's content parts: the images (data: URLs), then the text.
+function imageContent(m) {
+  const parts = m.images.map((url) => ({ type: "image_url", image_url: { url } }));
+  if (m.content) parts.push({ type: "text", text: m.content });
+  return parts;
+}
+
+async function send(text, images = []) {
+  if (state.live || (!text.trim() && !images.length)) return;
   let conv = currentConv();
   if (!conv) {
     conv = { id: `${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 8)}`, title: "", messages: [] };
     state.conversations.unshift(conv);
     state.current = conv.id;
   }
-  if (!conv.title) conv.title = text.trim().replace(/\s+/g, " ").slice(0, 60);
-  conv.messages.push({ role: "user", content: text });
+  if (!conv.title) conv.title = text.trim().replace(/\s+/g, " ").slice(0, 60) || "Image";
+  conv.messages.push(images.length ? { role: "user", content: text, images } : { role: "user", content: text });
   const answer = { role: "assistant", content: "" };
   conv.messages.push(answer);
   const controller = new AbortController();
@@ -386,7 +406,21 @@ function messageElement(m, live) {
   stats.className = "stats" + (m.status === "error" ? " error" : "");
   if (m.status === "error") stats.setAttribute("role", "alert");
   fillMessage(body, stats, m, thought);
-  el.append(who, thought, body, stats);
+  el.append(who, thought);
+  if (m.images?.length || m.imagesNotKept) {
+    const images = document.createElement("div");
+    images.className = "images";
+    (m.images || []).forEach((url, i) => images.append(thumbnail(url, `Image ${i + 1}`)));
+    if (m.imagesNotKept) {
+      const lost = document.createElement("span");
+      lost.className = "lost";
+      lost.textContent = `${m.imagesNotKept} image${m.imagesNotKept > 1 ? "s" : ""} not kept in this browser`;
+      images.append(lost);
+    }
+    el.append(images);
+    body.hidden = !m.content;
+  }
+  el.append(body, stats);
   return el;
 }
 
@@ -462,6 +496,98 @@ function askKey(error) {
   $("api-key").focus();
 }
 
+// ---- images --------------------------------------------------------------------------------
+
+const MAX_IMAGE_BYTES = 20 * 1024 * 1024;   // the server's bound on one image's file
+const objectUrls = new Map();               // data: URL -> blob: URL (the CSP shows no data: image)
+
+function visionModel() {
+  return state.model?.meta?.vision === true;
+}
+
+// The blob: URL showing a data: URL's image, made once per image.
+function objectUrl(dataUrl) {
+  let url = objectUrls.get(dataUrl);
+  if (url) return url;
+  const comma = dataUrl.indexOf(",");
+  const type = dataUrl.slice(5, comma).split(";")[0];
+  try {
+    const bytes = Uint8Array.from(atob(dataUrl.slice(comma + 1)), (c) => c.charCodeAt(0));
+    url = URL.createObjectURL(new Blob([bytes], { type: type.startsWith("image/") ? type : "image/png" }));
+  } catch {
+    url = "";       // not base64 (a damaged stored conversation): no picture, the alt text says what it was
+  }
+  objectUrls.set(dataUrl, url);
+  return url;
+}
+
+function thumbnail(dataUrl, alt) {
+  const img = document.createElement("img");
+  img.className = "thumb";
+  img.alt = alt;
+  img.src = objectUrl(dataUrl);
+  return img;
+}
+
+function showImageInput() {
+  $("attach").hidden = !visionModel();
+  renderAttachments();
+}
+
+function renderAttachments() {
+  const box = $("attachments");
+  box.replaceChildren();
+  state.images.forEach((url, i) => {
+    const fig = document.createElement("figure");
+    const remove = document.createElement("button");
+    remove.type = "button";
+    remove.className = "remove";
+    remove.textContent = "✕";
+    remove.setAttribute("aria-label", `Remove image ${i + 1}`);
+    remove.addEventListener("click", () => { state.images.splice(i, 1); renderAttachments(); });
+    fig.append(thumbnail(url, `Image ${i + 1} to send`), remove);
+    box.append(fig);
+  });
+  box.hidden = !state.images.length;
+}
+
+function readAsDataURL(file) {
+  return new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve(reader.result);
+    reader.onerror = () => reject(reader.error);
+    reader.readAsDataURL(file);
+  });
+}
+
+// Attach the image files among `files` (the picker's, a paste's, a drop's); what cannot be sent is said.
+async function attachFiles(files) {
+  if (!visionModel()) {
+    showNotice(`${state.model ? state.model.id : "This model"} takes no images (it has no vision tower)`);
+    return;
+  }
+  for (const file of files) {
+    if (!file.type.startsWith("image/")) {
+      showNotice(`${file.name || "The file"} is not an image`);
+      continue;
+    }
+    if (file.size > MAX_IMAGE_BYTES) {
+      showNotice(`${file.name || "The image"} is larger than 20 MB`);
+      continue;
+    }
+    try {
+      state.images.push(await readAsDataURL(file));
+    } catch (e) {
+      showNotice(`Could not read ${file.name || "the image"}: ${e.message}`);
+    }
+  }
+  renderAttachments();
+}
+
+function hasFiles(ev) {
+  return [...(ev.dataTransfer?.types || [])].includes("Files");
+}
+
 // ---- settings ------------------------------------------------------------------------------
 
 const NUMBER_FIELDS = { temperature: "temperature", top_p: "top-p", max_tokens: "max-tokens", seed: "seed" };
@@ -521,9 +647,39 @@ function init() {
     ev.preventDefault();
     if (state.live) return;
     const text = input.value;
-    if (!text.trim()) return;
+    const images = state.images;
+    if (!text.trim() && !images.length) return;
     input.value = "";
-    send(text);
+    state.images = [];
+    renderAttachments();
+    send(text, images);
+  });
+  $("attach").addEventListener("click", () => $("image-input").click());
+  $("image-input").addEventListener("change", (ev) => {
+    attachFiles([...ev.target.files]);
+    ev.target.value = "";       // the same file may be picked again
+  });
+  input.addEventListener("paste", (ev) => {
+    const files = [...(ev.clipboardData?.files || [])].filter((f) => f.type.startsWith("image/"));
+    if (!files.length || !visionModel()) return;      // text is pasted as usual
+    ev.preventDefault();
+    attachFiles(files);
+  });
+  const chat = document.querySelector(".chat");
+  chat.addEventListener("dragover", (ev) => {
+    if (!hasFiles(ev)) return;
+    ev.preventDefault();      // (not opening the file in place of the page)
+    ev.dataTransfer.dropEffect = visionModel() ? "copy" : "none";
+    chat.classList.toggle("dragging", visionModel());
+  });
+  chat.addEventListener("dragleave", (ev) => {
+    if (!chat.contains(ev.relatedTarget)) chat.classList.remove("dragging");
+  });
+  chat.addEventListener("drop", (ev) => {
+    if (!hasFiles(ev)) return;
+    ev.preventDefault();
+    chat.classList.remove("dragging");
+    attachFiles([...ev.dataTransfer.files]);
   });
   input.addEventListener("keydown", (ev) => {
     if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing) {
