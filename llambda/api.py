@@ -111,10 +111,8 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
         if quantize:
             from .tools.quantize import qtype_at_load, quantizing_lookup
             lookup, at_load = quantizing_lookup(lookup, quantize, release=src.release), qtype_at_load(quantize)
-        mplan = plan_memory(src, be, ctx, n_slots, max_batch, qtype_at_load=at_load)
+        mplan = plan_memory(src, be, ctx, n_slots, max_batch, qtype_at_load=at_load, vision=vision, mmproj=mmproj)
         mplan.merge_peak = merge_peak(adapters, src) if adapters else 0
-        if vision:
-            _plan_tower(mplan, src, be, mmproj)
         if check_memory:
             memory.check(mplan)
         with src.reading_ahead(), be.loading(mplan.weights):
@@ -186,8 +184,7 @@ def _plan_tower(mplan, src, be, mmproj) -> None:
         return
     for close in layout.closers:
         close()
-    dense_bytes = 2 if be.name == "native" and not getattr(be, "exact", True) else 4
-    memory.add_vision(mplan, layout.cfg, dense_bytes, os.fspath(mmproj) if mmproj is not None else "")
+    memory.add_vision(mplan, layout.cfg, _dense_bytes(be), os.fspath(mmproj) if mmproj is not None else "")
 
 
 def _attach_or_close(m: "Model", tower) -> None:
@@ -897,15 +894,24 @@ def _embed_inputs(texts) -> list:
     return items
 
 
-def plan_memory(src, be, n_ctx: int = DEFAULT_CTX, n_slots: int = 1, max_batch: int = 512, qtype_at_load=None):
+def plan_memory(src, be, n_ctx: int = DEFAULT_CTX, n_slots: int = 1, max_batch: int = 512, qtype_at_load=None,
+                vision: bool = False, mmproj=None):
     """The memory plan of loading `src` on backend `be`, as load() makes it (and `llambda show -v` prints):
     weights in the types `be` keeps them in (the NumPy backend: all float32), an encoder's dense layers in
-    bfloat16 in the native fast mode."""
+    bfloat16 in the native fast mode; vision: with the vision tower load() would attach (mmproj's, else
+    the model's own files')."""
     if isinstance(src.config, BertConfig):
-        dense_bytes = 2 if be.name == "native" and not getattr(be, "exact", True) else 4
-        return memory.encoder_plan(src, TOKEN_BUDGET, dense_bytes)
-    return memory.plan(src, n_ctx, n_slots, be.kv_type, max_batch, be, float_weights=be.name == "numpy",
-                       qtype_at_load=qtype_at_load)
+        return memory.encoder_plan(src, TOKEN_BUDGET, _dense_bytes(be))
+    p = memory.plan(src, n_ctx, n_slots, be.kv_type, max_batch, be, float_weights=be.name == "numpy",
+                    qtype_at_load=qtype_at_load)
+    if vision:
+        _plan_tower(p, src, be, mmproj)
+    return p
+
+
+def _dense_bytes(be) -> int:
+    """Bytes a dense weight of an encoder (BERT, a vision tower) takes on `be`: bfloat16 in the native fast mode."""
+    return 2 if be.name == "native" and not getattr(be, "exact", True) else 4
 
 
 def _load_encoder(name_or_path, path: Path, src, backend, threads, activations, quantize) -> "EncoderModel":

@@ -82,3 +82,15 @@ def test_ps_and_api_ps_sizes_hold_the_tower(folder):
     with llambda.load(folder, backend="numpy", n_ctx=128) as m:
         tower = m.memory_plan.vision_total
     assert sizes[True] - sizes[False] == tower > 0
+
+
+def test_show_verbose_prints_the_towers_share(folder, capsys):
+    """`llambda show -v` prints the plan `llambda run -m` would make: the tower the folder holds included."""
+    from llambda.cli import main
+    assert main(["show", "-v", "-c", "128", str(folder)]) == 0
+    printed = capsys.readouterr().out.split("memory plan (native backend):\n", 1)[1].splitlines()
+    with llambda.load(folder, n_ctx=128) as m:
+        assert m.backend.name == "native" and m.accepts_images
+        want = m.memory_plan.lines()
+    assert [line.strip() for line in printed[:len(want) - 1]] == want[:-1]   # (the total says MemAvailable now)
+    assert any(line.startswith("vision tower") for line in want)

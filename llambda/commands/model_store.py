@@ -71,10 +71,10 @@ def cmd_show(a) -> int:
 
 def _print_default_plan(src, a) -> None:
     """The memory plan `llambda run -m MODEL` would make: the default backend's (the types it converts
-    counted as it keeps them, not at the file's size)."""
+    counted as it keeps them, not at the file's size), with the vision tower the model's files hold."""
     from ..api import DEFAULT_CTX, plan_memory
     from ..backends import create_backend
     be = create_backend(None, threads=1, kv_type=a.kv_type or "f32")
     trained = getattr(src.config, "n_ctx_train", DEFAULT_CTX)      # (an encoder's plan has no context)
-    p = plan_memory(src, be, a.ctx_size or min(trained, DEFAULT_CTX))
+    p = plan_memory(src, be, a.ctx_size or min(trained, DEFAULT_CTX), vision=True)
     print(f"memory plan ({be.name} backend):\n" + "\n".join(f"  {line}" for line in p.lines()))
