@@ -7,8 +7,9 @@ at a time. The KV cache: 2 x attention layers x kv_dim x bytes per value, per to
 attention's compressed cache: its one row of kv_lora_rank + qk_rope values a layer, base.kv_rows). A hybrid
 model's recurrent state (base.recurrent_state_specs: a short convolution's window, a delta net's matrix per
 head), per slot whatever the context. Activations: the
-forward pass's buffers at the batch size (`Workspace`). Available: the kernel's MemAvailable (free memory
-plus what it can reclaim, the page cache included).
+forward pass's buffers at the batch size (`Workspace`). A vision tower (add_vision): its weights and one
+image's activations, from its VisionConfig. Available: the kernel's MemAvailable (free memory plus what it
+can reclaim, the page cache included).
 """
 from __future__ import annotations
 
