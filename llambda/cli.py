@@ -104,15 +104,23 @@ def _add_mmproj_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mmproj", metavar="FILE", default=None,
                    help="the vision tower of a GGUF model: llama.cpp's mmproj file (a Hugging Face directory or "
                         "Ollama's gemma3 file holds its own, found without this)")
+    p.add_argument("--no-mmproj", action="store_true",
+                   help="load no vision tower, not even one the model's own files hold (its memory saved; the "
+                        "model then takes no images); llama.cpp's flag")
 
 
 def _extra_files_kwargs(a) -> dict:
-    """load() arguments of the files read beside the model: LoRA adapters, an mmproj vision tower."""
+    """load() arguments of the files read beside the model: LoRA adapters, an mmproj vision tower (or none:
+    --no-mmproj)."""
     from .formats.lora import parse_lora_arg
     specs = [parse_lora_arg(x) for x in getattr(a, "lora", None) or []]
     out = {"lora": specs} if specs else {}
     if getattr(a, "mmproj", None):
+        if getattr(a, "no_mmproj", False):
+            raise ValueError("--mmproj and --no-mmproj: give one or the other")
         out["mmproj"] = a.mmproj
+    if getattr(a, "no_mmproj", False):
+        out["vision"] = False
     return out
 
 

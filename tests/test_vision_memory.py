@@ -94,3 +94,30 @@ def test_show_verbose_prints_the_towers_share(folder, capsys):
         want = m.memory_plan.lines()
     assert [line.strip() for line in printed[:len(want) - 1]] == want[:-1]   # (the total says MemAvailable now)
     assert any(line.startswith("vision tower") for line in want)
+
+
+@pytest.mark.parametrize("cmd", [["run", "hi"], ["chat"], ["serve"]])
+def test_no_mmproj_is_the_command_lines_way_out(folder, monkeypatch, capsys, cmd):
+    """`--no-mmproj` (llama.cpp's flag) on run, chat and serve loads with vision=False; with --mmproj it is an
+    error before anything loads. A load refused for its tower names the flag."""
+    import llambda.api
+    from llambda.cli import main
+    from llambda.errors import LlambdaError
+    seen = []
+
+    def refuse(name, **kw):
+        seen.append(kw)
+        raise LlambdaError("stop here")
+
+    monkeypatch.setattr(llambda.api, "load", refuse)
+    assert main([cmd[0], "-m", str(folder), "--no-mmproj", *cmd[1:]]) == 1
+    assert seen and seen[0]["vision"] is False and "mmproj" not in seen[0]
+    assert main([cmd[0], "-m", str(folder), "--no-mmproj", "--mmproj", str(folder), *cmd[1:]]) == 1
+    assert "--mmproj and --no-mmproj" in capsys.readouterr().err and len(seen) == 1
+    monkeypatch.undo()
+    with llambda.load(folder, backend="native", n_ctx=128) as m:
+        p = m.memory_plan
+    _no_reading(monkeypatch)
+    monkeypatch.setattr(memory, "mem_available", lambda: p.total - p.vision_total // 2)
+    with pytest.raises(InsufficientMemoryError, match="--no-mmproj"):
+        llambda.load(folder, backend="native", n_ctx=128)

@@ -203,7 +203,7 @@ def check(p: MemoryPlan) -> None:
             f"this load needs {_gib(p.total - p.vision_total + p.merge_peak)} for the text model + "
             f"{_gib(p.vision_total)} for its vision tower{_tower_from(p)} (weights {_gib(p.vision)}, one image's "
             f"activations {_gib(p.vision_workspace)}) but only {_gib(p.available)} is available: load it without "
-            "the tower (vision=False: it then takes no images), or free memory")
+            "the tower (vision=False; --no-mmproj on the command line: it then takes no images), or free memory")
     # the tower's share counts as weights: no context or slot count makes room for it
     weights = p.weights + p.merge_peak + p.vision_total     # the merge's buffers are let go of once loaded, but must fit first
     # the logits rows are max(n_slots, 16): past 16 slots, each slot also costs a row of activations
@@ -229,7 +229,8 @@ def check(p: MemoryPlan) -> None:
         hint += (f"; at {p.n_ctx} tokens, at most {slots_fit} slots (n_slots) would fit" if slots_fit >= 1
                  else f"; not even one slot of {p.n_ctx} tokens fits")
     if p.vision_total:
-        hint += f"; without its vision tower (vision=False: no images) {_gib(p.vision_total)} less is needed"
+        hint += (f"; without its vision tower (vision=False; --no-mmproj: no images) {_gib(p.vision_total)} less "
+                 "is needed")
     error = InsufficientMemoryError(
         f"this load needs {_gib(p.weights)} of weights"
         + (f" + {_gib(p.vision_total)} for its vision tower{_tower_from(p)}" if p.vision_total else "")
