@@ -29,7 +29,7 @@ def served(tmp_path_factory):
     m = llambda.load(folder, backend="numpy", n_ctx=128, n_slots=1)
     assert m.accepts_images
     # one request's images encode while one waits; a third is refused (queue 1); stalled after 0.3 s
-    cfg = ServerConfig(model_id="vis", parallel=1, queue_size=1, prompt_workers=1, prompt_stall_seconds=0.3)
+    cfg = ServerConfig(model_id="vis", parallel=1, queue_size=1, prompt_workers=1, image_stall_seconds=0.3)
     with m, LiveServer(create_app(m, cfg)) as srv:
         srv.model = m
         yield srv

@@ -116,12 +116,12 @@ async def _pool_answers(within: float) -> bool:
 
 def image_worker_state(service) -> dict:
     """/health's view of the image worker (a model with a vision tower): "idle", "encoding", or "stalled" (on one
-    request's images past prompt_stall_seconds: text completions go on, so /health stays 200; requests with
+    request's images past image_stall_seconds: text completions go on, so /health stays 200; requests with
     images wait, then get 429 once its queue is full), the requests waiting and the queue's size, and how long
     the current encoding has run."""
     pool = service.image_workers
     s = pool.stats()
-    state = ("idle" if not s["busy"] else "stalled" if s["oldest_seconds"] > service.cfg.prompt_stall_seconds
+    state = ("idle" if not s["busy"] else "stalled" if s["oldest_seconds"] > service.cfg.image_stall_seconds
              else "encoding")
     return {"state": state, "waiting": s["waiting"], "queue_size": pool.backlog,
             "encoding_seconds": round(s["oldest_seconds"], 3)}

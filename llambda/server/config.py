@@ -48,6 +48,9 @@ class ServerConfig:
     log_format: str = "text"                  # "text" or "json" (one object per line), access log included
     prompt_workers: int = 4                   # threads rendering chat templates and tokenizing prompts
     prompt_stall_seconds: float = 30.0        # /health says 503 once all of them are stuck this long
+    # /health says the image worker is "stalled" once one request's images take this long (8 images of a 4B
+    # model's tower are ~6 min of one core's CPU); text is still served, so the status stays 200
+    image_stall_seconds: float = 600.0
     speculative: str | None = None            # requests' default: "draft" (needs a draft model), "lookup" or None
     draft_max: int | None = None              # tokens drafted per step at most (None: speculative's default)
     stored_responses: int = DEFAULT_STORED_RESPONSES   # /v1/responses kept (0: none); beyond: oldest out
