@@ -669,7 +669,7 @@ function init() {
   chat.addEventListener("dragover", (ev) => {
     if (!hasFiles(ev)) return;
     ev.preventDefault();      // (not opening the file in place of the page)
-    ev.dataTransfer.dropEffect = visionModel() ? "copy" : "none";
+    ev.dataTransfer.dropEffect = "copy";      // a text model's drop too: attachFiles says it takes no images
     chat.classList.toggle("dragging", visionModel());
   });
   chat.addEventListener("dragleave", (ev) => {
