@@ -372,7 +372,7 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
         # vision: the model takes images (a vision tower is attached): the chat page shows its image input then
         card = {"id": cfg.model_id, "object": "model", "created": int(metrics.started), "owned_by": "llambda",
                 "meta": {"n_ctx": model.n_ctx, "n_vocab": model.config.vocab_size, "slots": scheduler.n_slots,
-                         "vision": bool(model.accepts_images)}}
+                         "vision": not model.closed and model.accepts_images}}
         adapters = adapter_cards(model)     # merged at load, by file name: where they lie on the server's
         if adapters:                        # disk is not the clients' business
             card["meta"]["adapters"] = adapters
