@@ -41,7 +41,10 @@ def ref(name: str, key: str) -> np.ndarray:
 
 
 def pixels_of(tower, name: str) -> np.ndarray:
-    return tower.pixels(load_image((TINY / name).read_bytes()))
+    """The image's one crop [3, S, S] (Gemma 3 never splits: pixels() gives [1, 3, S, S])."""
+    px = tower.pixels(load_image((TINY / name).read_bytes()))
+    assert px.shape[0] == 1, px.shape
+    return px[0]
 
 
 def check_tower(tower, budget_hidden: float, budget_soft: float) -> dict:
@@ -72,12 +75,14 @@ def test_pixel_values_equal_transformers(numpy_tower, name):
     im = load_image((TINY / name).read_bytes())
     assert im.size == (w, h) and im.mode == "RGB"          # non-square sources, both resized to 32 x 32
     px = numpy_tower.pixels(im)
-    assert px.dtype == np.float32 and px.shape == (3, 32, 32)
-    np.testing.assert_allclose(px, ref(name, "pixel_values"), atol=1e-6, rtol=0)
+    assert px.dtype == np.float32 and px.shape == (1, 3, 32, 32)
+    assert numpy_tower.grid(w, h) == (0, 0)
+    np.testing.assert_allclose(px[0], ref(name, "pixel_values"), atol=1e-6, rtol=0)
 
 
 def test_tower_facts(numpy_tower):
     assert numpy_tower.tokens_per_image == 16 and numpy_tower.hidden == 64
+    assert numpy_tower.family == "gemma3" and numpy_tower.attends == "block"
     out = numpy_tower.encode(np.stack([pixels_of(numpy_tower, n) for n in IMAGES]))
     assert out.shape == (2, 16, 64) and out.dtype == np.float32
     for i, name in enumerate(IMAGES):       # a batch's images do not see each other
@@ -343,7 +348,7 @@ def test_llama_cpp_reads_our_mmproj(mmproj_files, tmp_path, qtype, budget):
     assert r.returncode == 0, r.stderr[-2000:]
     theirs = np.load(tmp_path / "out.npy")
     t = load_vision(mmproj_files[qtype], backend="numpy")
-    ours = t.encode(t.pixels(Image.fromarray(rgb, "RGB"))[None])[0]
+    ours = t.encode(t.pixels(Image.fromarray(rgb, "RGB")))[0]
     t.close()
     assert theirs.shape == ours.shape == (16, 64)
     assert np.abs(theirs - ours).max() <= budget, np.abs(theirs - ours).max()
