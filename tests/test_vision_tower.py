@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 import json
 import struct
-import subprocess
 import sys
 import zlib
 from pathlib import Path
@@ -296,36 +295,6 @@ def test_mmproj_round_trip(mmproj_files, qtype, backend):
     t.close()
 
 
-_MTMD_CHILD = r"""
-import ctypes, sys
-import numpy as np
-import llama_cpp
-from llama_cpp import mtmd_cpp as M
-text_path, mmproj_path, rgb_path, side, out_path = sys.argv[1:6]
-side = int(side)
-llama_cpp.llama_backend_init()
-model = llama_cpp.llama_model_load_from_file(text_path.encode(), llama_cpp.llama_model_default_params())
-assert model
-params = M.mtmd_context_params_default()
-params.use_gpu, params.n_threads, params.warmup = False, 1, False
-ctx = M.mtmd_init_from_file(mmproj_path.encode(), model, params)
-assert ctx, "llama.cpp refused the mmproj"
-rgb = np.fromfile(rgb_path, dtype=np.uint8)
-bmp = M.mtmd_bitmap_init(side, side, (ctypes.c_ubyte * rgb.size).from_buffer_copy(rgb.tobytes()))
-chunks = M.mtmd_input_chunks_init()
-text = M.mtmd_input_text()
-text.text = b"x " + M.mtmd_default_marker() + b" y"
-text.text_len, text.add_special, text.parse_special = len(text.text), False, True
-assert M.mtmd_tokenize(ctx, chunks, ctypes.byref(text), (M.mtmd_bitmap_p_ctypes * 1)(bmp), 1) == 0
-for i in range(M.mtmd_input_chunks_size(chunks)):
-    ch = M.mtmd_input_chunks_get(chunks, i)
-    if M.mtmd_input_chunk_get_type(ch) == 1:
-        n, d = M.mtmd_input_chunk_get_n_tokens(ch), llama_cpp.llama_model_n_embd(model)
-        assert M.mtmd_encode_chunk(ctx, ch) == 0
-        np.save(out_path, np.ctypeslib.as_array(M.mtmd_get_output_embd(ctx), shape=(n * d,)).reshape(n, d))
-"""
-
-
 @pytest.mark.parametrize("qtype, budget", [("f32", 5e-3), ("q8_0", 0.05)])
 def test_llama_cpp_reads_our_mmproj(mmproj_files, tmp_path, qtype, budget):
     """llama.cpp (llama-cpp-python's libmtmd, in a child process) loads the mmproj we write beside a 64-wide
@@ -340,13 +309,9 @@ def test_llama_cpp_reads_our_mmproj(mmproj_files, tmp_path, qtype, budget):
     sys.path.insert(0, str(Path(__file__).parent))
     from test_export import tiny_llama_gguf         # a 64-wide llama with a tokenizer: mtmd needs one
     text = tiny_llama_gguf(tmp_path / "text.gguf")
+    from llamacpp_ref import mtmd_image_rows
     rgb = np.asarray(Image.open(TINY / IMAGES[0]).convert("RGB").resize((32, 32), Image.Resampling.BILINEAR))
-    (tmp_path / "a.rgb").write_bytes(np.ascontiguousarray(rgb, np.uint8).tobytes())
-    r = subprocess.run([sys.executable, "-c", _MTMD_CHILD, str(text), str(mmproj_files[qtype]),
-                        str(tmp_path / "a.rgb"), "32", str(tmp_path / "out.npy")],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    theirs = np.load(tmp_path / "out.npy")
+    [theirs] = mtmd_image_rows(text, mmproj_files[qtype], rgb, tmp_path)
     t = load_vision(mmproj_files[qtype], backend="numpy")
     ours = t.encode(t.pixels(Image.fromarray(rgb, "RGB")))[0]
     t.close()

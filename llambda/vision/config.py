@@ -120,7 +120,8 @@ class VisionConfig:
 
         projector = fields.get("projector", "gemma3")
         if projector not in PROJECTORS:
-            raise ModelFormatError(f"{what('projector')} {str(projector)[:40]!r} is not supported ({', '.join(PROJECTORS)})")
+            raise ModelFormatError(f"{what('projector')} {str(projector)[:40]!r} is not supported "
+                                   f"({', '.join(PROJECTORS)})")
         act = fields.get("hidden_act", "gelu_pytorch_tanh")
         if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
             raise ModelFormatError(f"{what('hidden_act')} {str(act)[:40]!r} is not supported (gelu_pytorch_tanh only)")
@@ -141,9 +142,11 @@ class VisionConfig:
         if c.hidden_size % c.num_attention_heads or c.head_dim > MAX_HEAD_DIM:
             raise ModelFormatError(f"{what('hidden_size')} {c.hidden_size} is not {c.num_attention_heads} heads of "
                                    f"at most {MAX_HEAD_DIM}")
-        if c.image_size % c.patch_size:
-            raise ModelFormatError(f"{what('image_size')} {c.image_size} is not a multiple of the patch size "
-                                   f"{c.patch_size}")
+        if c.image_size < c.patch_size or (c.image_size % c.patch_size and projector != "idefics3"):
+            # (Idefics3's convolution is "valid": SmolVLM-Instruct's 384 / 14 takes 27 patches, the last 6 pixels
+            # of each side unread)
+            raise ModelFormatError(f"{what('image_size')} {c.image_size} is smaller than or not a multiple of "
+                                   f"the patch size {c.patch_size}")
         if c.patches_per_side > MAX_PATCHES_PER_SIDE:
             raise ModelFormatError(f"{what('image_size')} {c.image_size} / patch {c.patch_size} is "
                                    f"{c.patches_per_side} patches a side, more than {MAX_PATCHES_PER_SIDE}")
@@ -155,8 +158,9 @@ class VisionConfig:
             c.mm_tokens_per_image = (c.patches_per_side // c.scale_factor) ** 2
             c.longest_edge = integer("longest_edge", 1, MAX_LONGEST_EDGE)
             if -(-c.longest_edge // c.image_size) > MAX_GRID_SIDE:
-                raise ModelFormatError(f"{what('longest_edge')} {c.longest_edge} makes more than {MAX_GRID_SIDE} crops "
-                                       f"of {c.image_size} a side (the tokenizer's <row_r_col_c> end at {MAX_GRID_SIDE})")
+                raise ModelFormatError(f"{what('longest_edge')} {c.longest_edge} makes more than {MAX_GRID_SIDE} "
+                                       f"crops of {c.image_size} a side (the tokenizer's <row_r_col_c> end at "
+                                       f"{MAX_GRID_SIDE})")
             split = fields.get("do_image_splitting", True)
             if not isinstance(split, bool):
                 raise ModelFormatError(f"{what('do_image_splitting')} must be true or false")

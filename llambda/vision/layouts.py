@@ -1,5 +1,5 @@
-"""Where a Gemma 3 or Idefics3 (SmolVLM) vision tower lives in each file shape users have, and what its hyper-parameters are
-called there. Each layout yields a `Layout`: the VisionConfig, a lookup from the tower's canonical names
+"""Where a Gemma 3 or Idefics3 (SmolVLM) vision tower lives in each file shape users have, and what its
+hyper-parameters are called there. Each layout yields a `Layout`: the VisionConfig, a lookup from the tower's canonical names
 (SigLIP's Hugging Face names under the vision model, and the projector's) to WeightTensors, and the offset
 of the projector norm's stored weight (its multiplier is stored + offset).
 
@@ -121,7 +121,8 @@ def idefics3_hf_fields(cfg: dict, pre: dict | None, source: str) -> dict:
     if not isinstance(vis, dict) or not isinstance(text, dict):
         raise ModelFormatError(f"{source}: config.json's vision_config and text_config must be objects")
     fields = {**IDEFICS3_VISION_DEFAULTS, **{k: vis[k] for k in IDEFICS3_VISION_DEFAULTS if k in vis}}
-    fields.update(projector="idefics3", scale_factor=cfg.get("scale_factor", 2), text_hidden_size=text.get("hidden_size"))
+    fields.update(projector="idefics3", scale_factor=cfg.get("scale_factor", 2),
+                  text_hidden_size=text.get("hidden_size"))
     pre = {} if pre is None else pre
     if not isinstance(pre, dict):
         raise ModelFormatError(f"{source}: the image processor's settings must be a JSON object")
