@@ -381,6 +381,14 @@ def test_missing_or_bad_tensors_are_refused(tmp_path, edit, match):
     _fails(tmp_path, match, tensors_edit=edit)
 
 
+def test_an_image_seq_len_that_is_not_the_towers_is_refused(tmp_path):
+    d = copy_fixture(tmp_path / "seq")
+    both = json.loads((d / "processor_config.json").read_text())
+    (d / "processor_config.json").write_text(json.dumps({**both, "image_seq_len": 64}))
+    with pytest.raises(ModelFormatError, match="image_seq_len 64"):
+        load_vision(d, backend="numpy")
+
+
 def test_an_mmproj_without_its_scale_factor_is_refused(mmproj_files, tmp_path):
     bad = without_key(mmproj_files["f32"], tmp_path / "x.gguf", "clip.vision.projector.scale_factor")
     with pytest.raises(ModelFormatError, match="scale_factor"):

@@ -115,7 +115,7 @@ IDEFICS3_VISION_DEFAULTS = {"hidden_size": 1152, "intermediate_size": 3072, "num
 IDEFICS3_LONGEST_EDGE, IDEFICS3_CROP = 4 * 364, 364       # Idefics3ImageProcessor's size and max_image_size
 
 
-def idefics3_hf_fields(cfg: dict, pre: dict | None, source: str) -> dict:
+def idefics3_hf_fields(cfg: dict, pre: dict | None, source: str, seq_len=None) -> dict:
     """VisionConfig fields of an Idefics3ForConditionalGeneration config.json and its image processor's settings."""
     vis, text = cfg.get("vision_config"), cfg.get("text_config")
     if not isinstance(vis, dict) or not isinstance(text, dict):
@@ -138,21 +138,24 @@ def idefics3_hf_fields(cfg: dict, pre: dict | None, source: str) -> dict:
     fields["longest_edge"] = edge("size", IDEFICS3_LONGEST_EDGE)
     fields["processor_crop"] = edge("max_image_size", IDEFICS3_CROP)    # checked against image_size once checked
     fields["do_image_splitting"] = pre.get("do_image_splitting", True)
+    fields["processor_seq_len"] = seq_len      # checked against the tokens a crop gives once those are known
     fields["resample"] = pre.get("resample", 1)
     return _rescale_normalize(pre, fields)
 
 
-def image_processor_settings(path, read_json) -> dict | None:
-    """The image processor's settings beside a HF config: preprocessor_config.json, else the image_processor
-    object of processor_config.json (transformers 5's save), else None (the defaults)."""
-    pre = path / "preprocessor_config.json"
-    if pre.exists():
-        return read_json(pre, "preprocessor_config.json")
+def image_processor_settings(path, read_json) -> tuple:
+    """The image processor's settings beside a HF config (preprocessor_config.json, else the image_processor
+    object of processor_config.json, transformers 5's save; None: the defaults) and the processor's
+    image_seq_len (processor_config.json's; None where absent)."""
+    pre, seq_len = None, None
     both = path / "processor_config.json"
     if both.exists():
         d = read_json(both, "processor_config.json")
-        return d.get("image_processor") if isinstance(d, dict) else d
-    return None
+        if isinstance(d, dict):
+            pre, seq_len = d.get("image_processor"), d.get("image_seq_len")
+    if (path / "preprocessor_config.json").exists():
+        pre = read_json(path / "preprocessor_config.json", "preprocessor_config.json")
+    return pre, seq_len
 
 
 def _rescale_normalize(pre: dict, fields: dict) -> dict:
@@ -177,6 +180,11 @@ def check_processor_size(fields: dict, cfg: VisionConfig, source: str) -> None:
             raise ModelFormatError(f"{source}: the image processor's crops (max_image_size "
                                    f"{str(fields.get('processor_crop'))[:40]}) are not the tower's image_size "
                                    f"{cfg.image_size}")
+        seq = fields.get("processor_seq_len")
+        if seq is not None and seq != cfg.mm_tokens_per_image:
+            raise ModelFormatError(f"{source}: processor_config.json's image_seq_len {str(seq)[:40]} is not the "
+                                   f"{cfg.mm_tokens_per_image} rows a crop gives ({cfg.patches_per_side}^2 patches / "
+                                   f"scale_factor {cfg.scale_factor}^2)")
         return
     size = fields.get("processor_size")
     if isinstance(size, dict) and ("height" in size or "width" in size):

@@ -50,8 +50,8 @@ def open_layout(path: Path) -> Layout | None:
             warnings.warn(f"{path}: its vision tower ({str(kind)[:40]!r}) is not supported (Gemma 3's and Idefics3's "
                           "only): the model reads no images", LlambdaWarning, stacklevel=3)
             return None
-        pre = image_processor_settings(path, read_json)
-        fields = (idefics3_hf_fields if kind in IDEFICS3_TYPES else hf_fields)(cfg, pre, src)
+        pre, seq_len = image_processor_settings(path, read_json)
+        fields = idefics3_hf_fields(cfg, pre, src, seq_len) if kind in IDEFICS3_TYPES else hf_fields(cfg, pre, src)
         vcfg = VisionConfig.from_fields(fields, HF_NAMES, src)
         check_processor_size(fields, vcfg, src)
         from ..formats.safetensors import open_safetensors_dir
