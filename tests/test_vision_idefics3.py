@@ -103,6 +103,7 @@ def test_the_sizes_follow_transformers_rounding():
     assert preprocess.longest_edge_size(1, 1000, 64) == (1, 64)             # 0.064 -> 0 (even), then at least 1
     assert preprocess.longest_edge_size(5000, 10, 4100) == (4096, 7)        # 4100 x 8, then below transformers' 4096 cap
     assert preprocess.split_size(64, 28, 32) == (64, 32) and preprocess.split_size(20, 64, 32) == (32, 64)
+    assert preprocess.split_size(1, 49, 49) == (49, 49)      # int(49 * (1 / 49)) is 0: still one crop wide
 
 
 def test_grid_agrees_with_the_crops_for_many_sizes(numpy_tower):

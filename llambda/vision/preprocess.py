@@ -58,7 +58,8 @@ def longest_edge_size(width: int, height: int, longest: int) -> tuple[int, int]:
 
 def split_size(width: int, height: int, crop: int) -> tuple[int, int]:
     """(w, h) after Idefics3's second resize (with splitting): the longest side up to a multiple of `crop`,
-    the other its aspect-scaled length, truncated, then up to a multiple of `crop`."""
+    the other its aspect-scaled length, truncated, then up to a multiple of `crop`; at least one crop (a side
+    of 1 against a long one can truncate to 0: 49 * (1 / 49) < 1, where transformers' resize fails)."""
     aspect = width / height
     if width >= height:
         w = math.ceil(width / crop) * crop
@@ -66,7 +67,7 @@ def split_size(width: int, height: int, crop: int) -> tuple[int, int]:
     else:
         h = math.ceil(height / crop) * crop
         w = math.ceil(int(h * aspect) / crop) * crop
-    return w, h
+    return max(w, crop), max(h, crop)
 
 
 def idefics3_grid(width: int, height: int, cfg: VisionConfig) -> tuple[int, int]:
