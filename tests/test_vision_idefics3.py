@@ -101,7 +101,7 @@ def test_the_sizes_follow_transformers_rounding():
     assert preprocess.longest_edge_size(45, 20, 64) == (64, 28) and preprocess.longest_edge_size(9, 7, 64) == (64, 50)
     assert preprocess.longest_edge_size(20, 64, 64) == (20, 64) and preprocess.longest_edge_size(7, 9, 64) == (50, 64)
     assert preprocess.longest_edge_size(1, 1000, 64) == (1, 64)             # 0.064 -> 0 (even), then at least 1
-    assert preprocess.longest_edge_size(5000, 10, 4100) == (4096, 7)        # 4100 x 8, then below transformers' 4096 cap
+    assert preprocess.longest_edge_size(5000, 10, 4100) == (4096, 7)    # 4100 x 8, then below the 4096 cap
     assert preprocess.split_size(64, 28, 32) == (64, 32) and preprocess.split_size(20, 64, 32) == (32, 64)
     assert preprocess.split_size(1, 49, 49) == (49, 49)      # int(49 * (1 / 49)) is 0: still one crop wide
 
@@ -285,7 +285,8 @@ def without_key(src: Path, dest: Path, key: str) -> Path:
     """A copy of the F32 mmproj `src` without the metadata `key`."""
     with gguf.GGUFFile(src) as f:
         meta = {k: v for k, v in f.metadata.items() if k != key}
-        gguf_writer.write_gguf(dest, meta, [(n, quants.QType.F32, np.ascontiguousarray(t.as_float32())) for n, t in f.tensors.items()])
+        tensors = [(n, quants.QType.F32, np.ascontiguousarray(t.as_float32())) for n, t in f.tensors.items()]
+        gguf_writer.write_gguf(dest, meta, tensors)
     return dest
 
 

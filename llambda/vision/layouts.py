@@ -1,7 +1,7 @@
 """Where a Gemma 3 or Idefics3 (SmolVLM) vision tower lives in each file shape users have, and what its
-hyper-parameters are called there. Each layout yields a `Layout`: the VisionConfig, a lookup from the tower's canonical names
-(SigLIP's Hugging Face names under the vision model, and the projector's) to WeightTensors, and the offset
-of the projector norm's stored weight (its multiplier is stored + offset).
+hyper-parameters are called there. Each layout yields a `Layout`: the VisionConfig, a lookup from the tower's
+canonical names (SigLIP's Hugging Face names under the vision model, and the projector's) to WeightTensors,
+and the offset of the projector norm's stored weight (its multiplier is stored + offset).
 
 - a Hugging Face directory of Gemma3ForConditionalGeneration: config.json (model_type gemma3, vision_config,
   text_config.hidden_size, mm_tokens_per_image), preprocessor_config.json, safetensors whose tower is under
