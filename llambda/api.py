@@ -697,7 +697,8 @@ class Model:
                 pixels.append(tower.pixels(image))
             del image
         try:
-            pixels = np.stack([np.asarray(p, dtype=np.float32) for p in pixels])
+            # each image's crops [n_crops, 3, S, S] (a tower double's [3, S, S]: one); one crop an image here
+            pixels = np.concatenate([np.asarray(p, dtype=np.float32).reshape(-1, *np.shape(p)[-3:]) for p in pixels])
         except (TypeError, ValueError) as e:
             raise ModelFormatError(f"the vision tower's pixels are no arrays of one shape ({e})") from None
         with self._vision_lock:
