@@ -121,3 +121,27 @@ def test_no_mmproj_is_the_command_lines_way_out(folder, monkeypatch, capsys, cmd
     monkeypatch.setattr(memory, "mem_available", lambda: p.total - p.vision_total // 2)
     with pytest.raises(InsufficientMemoryError, match="--no-mmproj"):
         llambda.load(folder, backend="native", n_ctx=128)
+
+
+@pytest.mark.parametrize("family", ["gemma3_vision", "idefics3_vision"])
+@pytest.mark.parametrize("activations,per_weight", [("q8", 2), ("f32", 4)])
+def test_the_towers_share_is_what_each_familys_tower_allocates(family, activations, per_weight):
+    """add_vision from the config read off the files' headers (as load() plans it, before any weight is read)
+    against the tower load_vision builds: Gemma 3's SigLIP + projector and Idefics3's SigLIP + connector."""
+    from pathlib import Path
+
+    from llambda.vision import load_vision
+    from llambda.vision.load import open_layout
+    path = Path(__file__).parent / "fixtures" / "reference" / "tiny" / family
+    layout = open_layout(path)
+    for close in layout.closers:
+        close()
+    p = memory.MemoryPlan(0, 0, 0, 0, 0, 0, 1, 1, "f32", None)
+    memory.add_vision(p, layout.cfg, per_weight)
+    tower = load_vision(path, backend="native", activations=activations)
+    try:
+        got = tower.backend.memory_report()["weights"]    # its packed dense layers; float32 vectors beside them
+        assert got <= p.vision <= 1.25 * got, (got, p.vision)
+        assert p.vision_workspace == tower.cfg.workspace_bytes() and p.total == p.vision + p.vision_workspace
+    finally:
+        tower.close()
