@@ -186,23 +186,13 @@ def test_library_prefix_reuse_tells_crops_apart():
         want = run(fresh, swapped)
     with load("native-exact") as m:
         a = run(m, other)
-        calls = []
-        prefill = llambda.engine.prefill
-
-        def spy(model, slot, ids, start, images=()):
-            calls.append(start)
-            return prefill(model, slot, ids, start, images)
-
-        llambda.api.engine.prefill = spy
-        try:
+        with vlm.prefill_starts() as calls:
             b = run(m, swapped)
-            assert b == want and b != a
-            assert calls[0] == swapped[first_b].start, f"not reused up to the first crop that differs: {calls}"
-            calls.clear()
+        assert b == want and b != a
+        assert calls[0] == swapped[first_b].start, f"not reused up to the first crop that differs: {calls}"
+        with vlm.prefill_starts() as calls:
             assert run(m, swapped) == want
-            assert min(calls) >= swapped[-1].end, f"the same crops were computed again: {calls}"
-        finally:
-            llambda.api.engine.prefill = prefill
+        assert min(calls) >= swapped[-1].end, f"the same crops were computed again: {calls}"
 
 
 def test_scheduler_batch_invariance_with_images():
