@@ -17,6 +17,9 @@ from llambda.formats.quants import QType
 
 TINY = Path(__file__).parent / "fixtures" / "reference" / "tiny"
 FOLDERS = sorted(p.name for p in TINY.iterdir() if (p / "config.json").is_file())
+# idefics3_vision (tools/make_tiny_idefics3.py) is read by the Idefics3 text loading of the idlm branch, not yet here
+FOLDERS = [pytest.param(f, marks=pytest.mark.skip(reason="no Idefics3 text loading on this branch yet (idlm's)"))
+           if f == "idefics3_vision" else f for f in FOLDERS]
 IDS = [5, 17, 300, 42, 42, 7, 511, 128, 64, 9, 250, 3, 77, 199, 18, 401, 33, 2, 90, 260, 12, 14, 350, 1, 8]
 
 

@@ -71,16 +71,17 @@ def config():
                         image_token_index=IMAGE, tie_word_embeddings=True)
 
 
-def redraw(model, seed: int) -> None:
-    """Every parameter from a seeded generator, in named_parameters() order (float32)."""
+def redraw(model, seed: int, rms_norm=lambda r: 0.1 * r) -> None:
+    """Every parameter from a seeded generator, in named_parameters() order (float32); `rms_norm` makes
+    the RMSNorms' weights from the draw (Gemma's x * (1 + w): near 0)."""
     g = torch.Generator().manual_seed(seed)
     for name, p in model.named_parameters():
         with torch.no_grad():
             r = torch.randn(p.shape, generator=g)
             if "layernorm" in name or "layer_norm" in name:      # SigLIP LayerNorms: w near 1, b near 0
                 w = (1.0 + 0.1 * r) if name.endswith("weight") else 0.1 * r
-            elif "norm" in name:                                  # Gemma RMSNorms: x * (1 + w)
-                w = 0.1 * r
+            elif "norm" in name:                                  # RMSNorms
+                w = rms_norm(r)
             elif name.endswith("embed_tokens.weight"):
                 w = 0.2 * r
             elif name.endswith("position_embedding.weight"):
@@ -98,11 +99,12 @@ def redraw(model, seed: int) -> None:
             p.copy_(w)
 
 
-def make_images(dest: Path) -> dict:
+def make_images(dest: Path, sizes: dict = IMAGES) -> dict:
+    """PNG files {name: (width, height)} under dest."""
     from PIL import Image
     rng = np.random.default_rng(tiny.INPUT_SEED)
     out = {}
-    for name, (w, h) in IMAGES.items():
+    for name, (w, h) in sizes.items():
         # smooth gradients plus noise: bilinear resampling has something to average
         yy, xx = np.mgrid[0:h, 0:w]
         base = np.stack([255 * xx / w, 255 * yy / h, 127 + 100 * np.sin(xx / 3.0 + yy / 5.0)], -1)
