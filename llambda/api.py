@@ -777,8 +777,9 @@ class Model:
             per, width = int(tower.tokens_per_image), self.config.d_model
             out = []
             for key, px in zip(files, pixels):
-                rows = np.concatenate([_rows(tower.encode(px[i:i + MAX_CROPS_A_CALL]), min(MAX_CROPS_A_CALL, len(px) - i),
-                                             per, width) for i in range(0, len(px), MAX_CROPS_A_CALL)])
+                step = MAX_CROPS_A_CALL
+                rows = np.concatenate([_rows(tower.encode(px[i:i + step]), len(px[i:i + step]), per, width)
+                                       for i in range(0, len(px), step)])
                 blocks = tuple(image_block(0, r, causal) for r in rows)
                 self._encoded.put(key, blocks)
                 out.append(blocks)
