@@ -25,8 +25,8 @@ from .models import memory
 from .models.base import Transformer, live_server
 from .models.bert import BertConfig, BertEncoder, pack_batch
 from .models.config import MAX_POSITIONS
-from .models.images import (DEFAULT_MAX_IMAGES, FAMILIES, EncodedRows, check_prompt, image_block, image_keys,
-                            image_tokens, images_agree)
+from .models.images import (DEFAULT_MAX_IMAGES, FAMILIES, MAX_CROPS_A_CALL, EncodedRows, check_bytes, check_prompt,
+                            image_block, image_keys, image_tokens, images_agree, tower_crops, tower_rows)
 from .sampling import SamplingParams, _is_int
 
 DEFAULT_CTX = 4096
@@ -144,38 +144,6 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
             m.close()
             raise
     return m
-
-
-MAX_CROPS_A_CALL = 16      # crops one tower.encode call takes (its bound is 64)
-
-
-def _check_bytes(data) -> None:
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise InvalidInputError(f"an image must be the bytes of an image file, got {type(data).__name__}")
-
-
-def _crops(pixels) -> np.ndarray:
-    """A tower's pixels of one image as float32 [n_crops, C, S, S] ([C, S, S]: one crop)."""
-    try:
-        p = np.asarray(pixels, dtype=np.float32)
-    except (TypeError, ValueError) as e:
-        raise ModelFormatError(f"the vision tower's pixels are no arrays of one shape ({e})") from None
-    if p.ndim == 3:
-        p = p[None]
-    if p.ndim != 4 or not len(p):
-        raise ModelFormatError(f"the vision tower's pixels are of shape {p.shape}: no [crops, C, S, S] array")
-    return p
-
-
-def _rows(out, n: int, per: int, width: int) -> np.ndarray:
-    """The tower's rows of n crops, checked to be float32 [n, per, width]."""
-    try:
-        rows = np.asarray(out, dtype=np.float32)
-    except (TypeError, ValueError) as e:
-        raise ModelFormatError(f"the vision tower gave rows that are no array of numbers ({e})") from None
-    if rows.shape != (n, per, width):
-        raise ModelFormatError(f"the vision tower gave rows of shape {rows.shape}, expected {(n, per, width)}")
-    return rows
 
 
 def _attach_tower(m: "Model", src, be, threads, activations, mmproj, vision) -> None:
@@ -707,7 +675,7 @@ class Model:
         from .vision.image import check_image
         out = []
         for data in images:
-            _check_bytes(data)
+            check_bytes(data)
             size = check_image(data)
             if not (isinstance(size, tuple) and len(size) == 2):
                 raise ModelFormatError("llambda.vision's check_image gave no image size")
@@ -729,7 +697,7 @@ class Model:
             raise InvalidInputError(f"{len(images)} image(s) and {len(starts)} block start(s): one each")
         runs = [(s,) if _is_int(s) else tuple(s) for s in starts]
         for b in images:        # (bytes() of an int is that many zero bytes)
-            _check_bytes(b)
+            check_bytes(b)
         if self._load_image is None:
             from .vision.image import check_image
             for b in images:    # its size and header first: nothing copied or hashed of a file refused
@@ -763,7 +731,7 @@ class Model:
             image = load_image(data)
             with self._vision_lock:
                 self._check_open()
-                pixels.append(_crops(tower.pixels(image)))
+                pixels.append(tower_crops(tower.pixels(image)))
             del image
         if len({p.shape[1:] for p in pixels}) != 1:
             raise ModelFormatError(f"the vision tower's pixels are no arrays of one shape "
@@ -778,7 +746,7 @@ class Model:
             out = []
             for key, px in zip(files, pixels):
                 step = MAX_CROPS_A_CALL
-                rows = np.concatenate([_rows(tower.encode(px[i:i + step]), len(px[i:i + step]), per, width)
+                rows = np.concatenate([tower_rows(tower.encode(px[i:i + step]), len(px[i:i + step]), per, width)
                                        for i in range(0, len(px), step)])
                 blocks = tuple(image_block(0, r, causal) for r in rows)
                 self._encoded.put(key, blocks)

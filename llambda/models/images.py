@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..errors import InvalidInputError
+from ..errors import InvalidInputError, ModelFormatError
 
 BEGIN_TEXT, END_TEXT, SOFT_TEXT = "<start_of_image>", "<end_of_image>", "<image_soft_token>"
 # Idefics3's (transformers' Idefics3Processor): the image token a template writes, the markers around a crop
@@ -318,6 +318,40 @@ def images_agree(n: int, held, blocks) -> int:
         if x is None or y is None or x.end != y.end or x.digest != y.digest:
             return s
     return n
+
+
+# -- what a vision tower gives, checked (Model.encode_images) --------------------------------------------
+
+MAX_CROPS_A_CALL = 16      # crops one tower.encode call takes (its bound is 64)
+
+
+def check_bytes(data) -> None:
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise InvalidInputError(f"an image must be the bytes of an image file, got {type(data).__name__}")
+
+
+def tower_crops(pixels) -> np.ndarray:
+    """A tower's pixels of one image as float32 [n_crops, C, S, S] ([C, S, S]: one crop)."""
+    try:
+        p = np.asarray(pixels, dtype=np.float32)
+    except (TypeError, ValueError) as e:
+        raise ModelFormatError(f"the vision tower's pixels are no arrays of one shape ({e})") from None
+    if p.ndim == 3:
+        p = p[None]
+    if p.ndim != 4 or not len(p):
+        raise ModelFormatError(f"the vision tower's pixels are of shape {p.shape}: no [crops, C, S, S] array")
+    return p
+
+
+def tower_rows(out, n: int, per: int, width: int) -> np.ndarray:
+    """The tower's rows of n crops, checked to be float32 [n, per, width]."""
+    try:
+        rows = np.asarray(out, dtype=np.float32)
+    except (TypeError, ValueError) as e:
+        raise ModelFormatError(f"the vision tower gave rows that are no array of numbers ({e})") from None
+    if rows.shape != (n, per, width):
+        raise ModelFormatError(f"the vision tower gave rows of shape {rows.shape}, expected {(n, per, width)}")
+    return rows
 
 
 def _nbytes(value) -> int:
