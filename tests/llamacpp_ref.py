@@ -65,3 +65,52 @@ def llama_cpp_logits(path, ids: list[int], timeout: float = 300.0) -> np.ndarray
                        capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0, f"llama.cpp failed on {Path(path).name} (exit {r.returncode}): {r.stderr[-600:]}"
     return np.array(json.loads(r.stdout.strip().splitlines()[-1]), dtype=np.float32)
+
+
+_MTMD_CHILD = r"""
+import ctypes, sys
+import numpy as np
+import llama_cpp
+from llama_cpp import mtmd_cpp as M
+text_path, mmproj_path, rgb_path, w, h, out_path = sys.argv[1:7]
+w, h = int(w), int(h)
+llama_cpp.llama_backend_init()
+model = llama_cpp.llama_model_load_from_file(text_path.encode(), llama_cpp.llama_model_default_params())
+assert model
+params = M.mtmd_context_params_default()
+params.use_gpu, params.n_threads, params.warmup = False, 1, False
+ctx = M.mtmd_init_from_file(mmproj_path.encode(), model, params)
+assert ctx, "llama.cpp refused the mmproj"
+rgb = np.fromfile(rgb_path, dtype=np.uint8)
+bmp = M.mtmd_bitmap_init(w, h, (ctypes.c_ubyte * rgb.size).from_buffer_copy(rgb.tobytes()))
+chunks = M.mtmd_input_chunks_init()
+text = M.mtmd_input_text()
+text.text = b"x " + M.mtmd_default_marker() + b" y"
+text.text_len, text.add_special, text.parse_special = len(text.text), False, True
+assert M.mtmd_tokenize(ctx, chunks, ctypes.byref(text), (M.mtmd_bitmap_p_ctypes * 1)(bmp), 1) == 0
+out = {}
+for i in range(M.mtmd_input_chunks_size(chunks)):
+    ch = M.mtmd_input_chunks_get(chunks, i)
+    if M.mtmd_input_chunk_get_type(ch) == 1:
+        n, d = M.mtmd_input_chunk_get_n_tokens(ch), llama_cpp.llama_model_n_embd(model)
+        assert M.mtmd_encode_chunk(ctx, ch) == 0
+        rows = np.ctypeslib.as_array(M.mtmd_get_output_embd(ctx), shape=(n * d,))
+        out[f"chunk{len(out):03d}"] = rows.reshape(n, d).copy()       # the buffer is the next encode's
+np.savez(out_path, **out)
+"""
+
+
+def mtmd_image_rows(text_gguf, mmproj, rgb: np.ndarray, tmp: Path, timeout: float = 300.0) -> list:
+    """llama.cpp's (llama-cpp-python's libmtmd) rows of an RGB image [h, w, 3] uint8 given with `mmproj` beside
+    the text model `text_gguf`: one array [n_tokens, width] per image chunk, in prompt order (an image cut into
+    slices gives several). Run in a child process; AssertionError with its words if it fails."""
+    import subprocess
+    import sys
+    rgb = np.ascontiguousarray(rgb, np.uint8)
+    (tmp / "image.rgb").write_bytes(rgb.tobytes())
+    r = subprocess.run([sys.executable, "-c", _MTMD_CHILD, str(text_gguf), str(mmproj), str(tmp / "image.rgb"),
+                        str(rgb.shape[1]), str(rgb.shape[0]), str(tmp / "rows.npz")],
+                       capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, r.stderr[-2000:]
+    with np.load(tmp / "rows.npz") as z:
+        return [z[k] for k in sorted(z.files)]

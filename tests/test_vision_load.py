@@ -23,7 +23,7 @@ TEXT_ONLY = TINY.parent / "gemma3"          # the text-only tiny Gemma 3: no vis
 
 def _soft_tokens(model, name: str) -> np.ndarray:
     t = model.vision
-    return t.encode(t.pixels((TINY / name).read_bytes())[None])[0]
+    return t.encode(t.pixels((TINY / name).read_bytes()))[0]
 
 
 def test_the_folders_own_tower_is_attached():

@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 import json
 import struct
-import subprocess
 import sys
 import zlib
 from pathlib import Path
@@ -41,7 +40,10 @@ def ref(name: str, key: str) -> np.ndarray:
 
 
 def pixels_of(tower, name: str) -> np.ndarray:
-    return tower.pixels(load_image((TINY / name).read_bytes()))
+    """The image's one crop [3, S, S] (Gemma 3 never splits: pixels() gives [1, 3, S, S])."""
+    px = tower.pixels(load_image((TINY / name).read_bytes()))
+    assert px.shape[0] == 1, px.shape
+    return px[0]
 
 
 def check_tower(tower, budget_hidden: float, budget_soft: float) -> dict:
@@ -72,12 +74,14 @@ def test_pixel_values_equal_transformers(numpy_tower, name):
     im = load_image((TINY / name).read_bytes())
     assert im.size == (w, h) and im.mode == "RGB"          # non-square sources, both resized to 32 x 32
     px = numpy_tower.pixels(im)
-    assert px.dtype == np.float32 and px.shape == (3, 32, 32)
-    np.testing.assert_allclose(px, ref(name, "pixel_values"), atol=1e-6, rtol=0)
+    assert px.dtype == np.float32 and px.shape == (1, 3, 32, 32)
+    assert numpy_tower.grid(w, h) == (0, 0)
+    np.testing.assert_allclose(px[0], ref(name, "pixel_values"), atol=1e-6, rtol=0)
 
 
 def test_tower_facts(numpy_tower):
     assert numpy_tower.tokens_per_image == 16 and numpy_tower.hidden == 64
+    assert numpy_tower.family == "gemma3" and numpy_tower.attends == "block"
     out = numpy_tower.encode(np.stack([pixels_of(numpy_tower, n) for n in IMAGES]))
     assert out.shape == (2, 16, 64) and out.dtype == np.float32
     for i, name in enumerate(IMAGES):       # a batch's images do not see each other
@@ -291,36 +295,6 @@ def test_mmproj_round_trip(mmproj_files, qtype, backend):
     t.close()
 
 
-_MTMD_CHILD = r"""
-import ctypes, sys
-import numpy as np
-import llama_cpp
-from llama_cpp import mtmd_cpp as M
-text_path, mmproj_path, rgb_path, side, out_path = sys.argv[1:6]
-side = int(side)
-llama_cpp.llama_backend_init()
-model = llama_cpp.llama_model_load_from_file(text_path.encode(), llama_cpp.llama_model_default_params())
-assert model
-params = M.mtmd_context_params_default()
-params.use_gpu, params.n_threads, params.warmup = False, 1, False
-ctx = M.mtmd_init_from_file(mmproj_path.encode(), model, params)
-assert ctx, "llama.cpp refused the mmproj"
-rgb = np.fromfile(rgb_path, dtype=np.uint8)
-bmp = M.mtmd_bitmap_init(side, side, (ctypes.c_ubyte * rgb.size).from_buffer_copy(rgb.tobytes()))
-chunks = M.mtmd_input_chunks_init()
-text = M.mtmd_input_text()
-text.text = b"x " + M.mtmd_default_marker() + b" y"
-text.text_len, text.add_special, text.parse_special = len(text.text), False, True
-assert M.mtmd_tokenize(ctx, chunks, ctypes.byref(text), (M.mtmd_bitmap_p_ctypes * 1)(bmp), 1) == 0
-for i in range(M.mtmd_input_chunks_size(chunks)):
-    ch = M.mtmd_input_chunks_get(chunks, i)
-    if M.mtmd_input_chunk_get_type(ch) == 1:
-        n, d = M.mtmd_input_chunk_get_n_tokens(ch), llama_cpp.llama_model_n_embd(model)
-        assert M.mtmd_encode_chunk(ctx, ch) == 0
-        np.save(out_path, np.ctypeslib.as_array(M.mtmd_get_output_embd(ctx), shape=(n * d,)).reshape(n, d))
-"""
-
-
 @pytest.mark.parametrize("qtype, budget", [("f32", 5e-3), ("q8_0", 0.05)])
 def test_llama_cpp_reads_our_mmproj(mmproj_files, tmp_path, qtype, budget):
     """llama.cpp (llama-cpp-python's libmtmd, in a child process) loads the mmproj we write beside a 64-wide
@@ -335,15 +309,11 @@ def test_llama_cpp_reads_our_mmproj(mmproj_files, tmp_path, qtype, budget):
     sys.path.insert(0, str(Path(__file__).parent))
     from test_export import tiny_llama_gguf         # a 64-wide llama with a tokenizer: mtmd needs one
     text = tiny_llama_gguf(tmp_path / "text.gguf")
+    from llamacpp_ref import mtmd_image_rows
     rgb = np.asarray(Image.open(TINY / IMAGES[0]).convert("RGB").resize((32, 32), Image.Resampling.BILINEAR))
-    (tmp_path / "a.rgb").write_bytes(np.ascontiguousarray(rgb, np.uint8).tobytes())
-    r = subprocess.run([sys.executable, "-c", _MTMD_CHILD, str(text), str(mmproj_files[qtype]),
-                        str(tmp_path / "a.rgb"), "32", str(tmp_path / "out.npy")],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    theirs = np.load(tmp_path / "out.npy")
+    [theirs] = mtmd_image_rows(text, mmproj_files[qtype], rgb, tmp_path)
     t = load_vision(mmproj_files[qtype], backend="numpy")
-    ours = t.encode(t.pixels(Image.fromarray(rgb, "RGB"))[None])[0]
+    ours = t.encode(t.pixels(Image.fromarray(rgb, "RGB")))[0]
     t.close()
     assert theirs.shape == ours.shape == (16, 64)
     assert np.abs(theirs - ours).max() <= budget, np.abs(theirs - ours).max()

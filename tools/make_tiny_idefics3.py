@@ -87,8 +87,8 @@ NOTES = [
     "Unsplit: '<fake_token_around_image><global-img>' + '<image>' * 4 + '<fake_token_around_image>'. The "
     "expanded strings are in reference.json (prompt_text).",
     "Tokenizer: a ByteLevel BPE (GPT-2 style, like SmolLM2's) trained by tokenizers' BpeTrainer on a few fixed "
-    "sentences, vocab 450 (the model's vocab_size too); ids 0..42 are the added special tokens in this order: " + ", ".join(SPECIAL[:7]) +
-    ", then <row_r_col_c> for r, c in 1..6 (row-major). bos <|im_start|>, eos <end_of_utterance>, pad <|im_end|>. "
+    "sentences, vocab 450 (the model's vocab_size too); ids 0..42 are the added special tokens in this order: "
+    + ", ".join(SPECIAL[:7]) + ", then <row_r_col_c> for r, c in 1..6 (row-major). bos <|im_start|>, eos <end_of_utterance>, pad <|im_end|>. "
     "No BOS is added by the tokenizer: the chat template writes <|im_start|> itself.",
     "Logits: model(input_ids, pixel_values, pixel_attention_mask) in float32, eager attention; rows listed in "
     "'rows' of each prompt (the first and last soft token of each image, the last 3 positions).",

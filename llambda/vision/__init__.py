@@ -1,15 +1,15 @@
 """Images in: a vision tower turns an image into the soft-token rows a language model reads in its place.
 
-    tower = load_vision("path/to/gemma-3-4b-it")      # or an mmproj GGUF, or Ollama's gemma3 GGUF; None: no tower
-    rows = tower.encode(tower.pixels(load_image(png_bytes))[None])    # [1, tokens_per_image, hidden]
+    tower = load_vision("path/to/gemma-3-4b-it")      # or SmolVLM's directory, an mmproj GGUF, Ollama's gemma3 GGUF
+    rows = tower.encode(tower.pixels(load_image(png_bytes)))   # [n_crops, tokens_per_image, hidden]
 
-Modules: image.py (bytes -> RGB image, limits), preprocess.py (the image processor), config.py (the
+Modules: image.py (bytes -> RGB image, limits), preprocess.py (the image processors), config.py (the
 hyper-parameters, HF names, range-checked), siglip.py (the encoder), gemma3.py (Gemma 3's projector),
-layouts.py (names and keys of each file shape), load.py (load_vision), tower.py (VisionTower),
-mmproj.py (writing llama.cpp's mmproj GGUF). docs/VISION.md describes them.
+idefics3.py (Idefics3's connector), layouts.py (names and keys of each file shape), load.py (load_vision),
+tower.py (VisionTower), mmproj.py (writing llama.cpp's mmproj GGUF). docs/VISION.md describes them.
 """
-from .image import MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS, load_image
+from .image import MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS, check_image, load_image
 from .load import load_vision
 from .tower import VisionTower
 
-__all__ = ["load_image", "load_vision", "VisionTower", "MAX_IMAGE_BYTES", "MAX_IMAGE_PIXELS"]
+__all__ = ["check_image", "load_image", "load_vision", "VisionTower", "MAX_IMAGE_BYTES", "MAX_IMAGE_PIXELS"]

@@ -1,5 +1,6 @@
-"""A vision tower's hyper-parameters under Hugging Face's names (SiglipVisionConfig's, Gemma3Config's
-projector fields, the image processor's), each range-checked as read, whatever file they came from.
+"""A vision tower's hyper-parameters under Hugging Face's names (SiglipVisionConfig's, Gemma3Config's and
+Idefics3Config's projector fields, the image processor's), each range-checked as read, whatever file they
+came from.
 
 Every layout (a HF directory, llama.cpp's mmproj GGUF, Ollama's model GGUF) fills a dict of these
 names and `VisionConfig.from_fields` checks it: nothing is sized from a value before it is checked, so
@@ -24,11 +25,20 @@ MAX_IMAGE_SIDE = 4096          # pixels of the square the image is resized to
 MAX_PATCHES_PER_SIDE = 128     # 16384 patches: attention is quadratic in them
 MAX_TEXT_HIDDEN = 65536
 MAX_WORKSPACE_BYTES = 4 << 30  # one image's activations (allocated once, at load)
+MAX_LONGEST_EDGE = 4096        # Idefics3's processor: the size an image's longest edge is resized to (its own cap)
+MAX_GRID_SIDE = 6              # Idefics3's crops a side: its tokenizers hold <row_r_col_c> for r, c <= 6
+PROJECTORS = ("gemma3", "idefics3")
+RESAMPLE_FILTERS = (0, 1, 2, 3, 4, 5)      # Pillow's (and transformers' PILImageResampling's) filter numbers
 
 
 @dataclass
 class VisionConfig:
-    """SigLIP's encoder, Gemma 3's projector and the image processor's settings (HF names)."""
+    """SigLIP's encoder, the projector (Gemma 3's pooling one, Idefics3's pixel-shuffle connector) and the image
+    processor's settings (HF names).
+
+    Idefics3 (projector "idefics3"): scale_factor is the pixel shuffle's (s x s patches -> one row of s*s*H);
+    longest_edge the processor's size["longest_edge"]; the crops are image_size square (its max_image_size,
+    which must be the tower's); do_image_splitting and resample (a Pillow filter number) as its processor says."""
     hidden_size: int
     intermediate_size: int
     num_hidden_layers: int
@@ -41,6 +51,10 @@ class VisionConfig:
     num_channels: int = 3
     hidden_act: str = "gelu_pytorch_tanh"
     projector: str = "gemma3"
+    scale_factor: int = 0
+    longest_edge: int = 0
+    do_image_splitting: bool = False
+    resample: int = 2
     image_mean: tuple = (0.5, 0.5, 0.5)
     image_std: tuple = (0.5, 0.5, 0.5)
     rescale_factor: float = 1 / 255
@@ -104,6 +118,10 @@ class VisionConfig:
                 raise ModelFormatError(f"{what(key)} must be 3 finite numbers{' > 0' if positive else ''}")
             return tuple(float(x) for x in v)
 
+        projector = fields.get("projector", "gemma3")
+        if projector not in PROJECTORS:
+            raise ModelFormatError(f"{what('projector')} {str(projector)[:40]!r} is not supported "
+                                   f"({', '.join(PROJECTORS)})")
         act = fields.get("hidden_act", "gelu_pytorch_tanh")
         if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
             raise ModelFormatError(f"{what('hidden_act')} {str(act)[:40]!r} is not supported (gelu_pytorch_tanh only)")
@@ -120,17 +138,39 @@ class VisionConfig:
                 image_mean=triple("image_mean", (0.5, 0.5, 0.5), False),
                 image_std=triple("image_std", (0.5, 0.5, 0.5), True),
                 rescale_factor=number("rescale_factor", 0.0, 2.0, 1 / 255),
-                source=source)
+                projector=projector, source=source)
         if c.hidden_size % c.num_attention_heads or c.head_dim > MAX_HEAD_DIM:
             raise ModelFormatError(f"{what('hidden_size')} {c.hidden_size} is not {c.num_attention_heads} heads of "
                                    f"at most {MAX_HEAD_DIM}")
-        if c.image_size % c.patch_size:
-            raise ModelFormatError(f"{what('image_size')} {c.image_size} is not a multiple of the patch size "
-                                   f"{c.patch_size}")
+        if c.image_size < c.patch_size or (c.image_size % c.patch_size and projector != "idefics3"):
+            # (Idefics3's convolution is "valid": SmolVLM-Instruct's 384 / 14 takes 27 patches, the last 6 pixels
+            # of each side unread)
+            raise ModelFormatError(f"{what('image_size')} {c.image_size} is smaller than or not a multiple of "
+                                   f"the patch size {c.patch_size}")
         if c.patches_per_side > MAX_PATCHES_PER_SIDE:
             raise ModelFormatError(f"{what('image_size')} {c.image_size} / patch {c.patch_size} is "
                                    f"{c.patches_per_side} patches a side, more than {MAX_PATCHES_PER_SIDE}")
-        if fields.get("mm_tokens_per_image") is None and "pool" in fields:
+        if projector == "idefics3":
+            c.scale_factor = integer("scale_factor", 1, c.patches_per_side)
+            if c.patches_per_side % c.scale_factor:
+                raise ModelFormatError(f"{what('scale_factor')} {c.scale_factor} does not divide the "
+                                       f"{c.patches_per_side} patches a side")
+            c.mm_tokens_per_image = (c.patches_per_side // c.scale_factor) ** 2
+            c.longest_edge = integer("longest_edge", 1, MAX_LONGEST_EDGE)
+            if -(-c.longest_edge // c.image_size) > MAX_GRID_SIDE:
+                raise ModelFormatError(f"{what('longest_edge')} {c.longest_edge} makes more than {MAX_GRID_SIDE} "
+                                       f"crops of {c.image_size} a side (the tokenizer's <row_r_col_c> end at "
+                                       f"{MAX_GRID_SIDE})")
+            split = fields.get("do_image_splitting", True)
+            if not isinstance(split, bool):
+                raise ModelFormatError(f"{what('do_image_splitting')} must be true or false")
+            c.do_image_splitting = split
+            resample = fields.get("resample", 1)
+            if isinstance(resample, bool) or resample not in RESAMPLE_FILTERS:
+                raise ModelFormatError(f"{what('resample')} {str(resample)[:40]!r} is not a Pillow filter "
+                                       f"{RESAMPLE_FILTERS}")
+            c.resample = int(resample)
+        elif fields.get("mm_tokens_per_image") is None and "pool" in fields:
             # llama.cpp's mmproj says the pool's side (clip.vision.projector.scale_factor), not the token count
             pool = integer("pool", 1, c.patches_per_side)
             if c.patches_per_side % pool:
@@ -139,7 +179,7 @@ class VisionConfig:
         else:
             c.mm_tokens_per_image = integer("mm_tokens_per_image", 1, MAX_PATCHES_PER_SIDE ** 2)
         side = c.tokens_per_side
-        if side * side != c.mm_tokens_per_image or c.patches_per_side % side:
+        if c.projector == "gemma3" and (side * side != c.mm_tokens_per_image or c.patches_per_side % side):
             raise ModelFormatError(f"{what('mm_tokens_per_image')} {c.mm_tokens_per_image} is not a square whose "
                                    f"side divides the {c.patches_per_side} patches a side")
         if c.workspace_bytes() > MAX_WORKSPACE_BYTES:
@@ -156,5 +196,7 @@ class VisionConfig:
     def params(self) -> int:
         H, F, L, P = self.hidden_size, self.intermediate_size, self.num_hidden_layers, self.n_patches
         per_layer = 4 * H * H + 4 * H + 2 * H * F + F + H + 4 * H
-        return (H * self.num_channels * self.patch_size ** 2 + H + P * H + L * per_layer + 2 * H
-                + H + H * self.text_hidden_size)
+        projector = (H * self.scale_factor ** 2 * self.text_hidden_size if self.projector == "idefics3"
+                     else H + H * self.text_hidden_size)
+        return H * self.num_channels * self.patch_size ** 2 + H + P * H + L * per_layer + 2 * H + projector
+

@@ -7,7 +7,9 @@
   progressive JPEG decodes the whole image again);
 - a truncated or corrupt file is refused (Pillow's LOAD_TRUNCATED_IMAGES is never set);
 - animated images (GIF, WebP, APNG): the first frame;
-- EXIF orientation is applied (the image as a viewer shows it, as transformers' load_image does);
+- EXIF orientation is applied (the image as a viewer shows it, as transformers' load_image does), read from
+  what the header holds (orientation(): the same tag check_image reads, so the size it gives is the
+  decoded image's);
 - to RGB as transformers' convert_to_rgb does: an image with alpha (RGBA, LA, a palette or greyscale with a
   transparent colour) is composited over white, everything else (L, P, CMYK, ...) through Pillow's
   convert("RGB"); but 16-bit greyscale is scaled to 8 bits first (Pillow's conversion clips it to white).
@@ -44,23 +46,45 @@ def pillow():
 def load_image(data: bytes):
     """The image encoded in `data` (bytes of a PNG, JPEG, WebP, GIF, BMP or TIFF file) as an RGB
     PIL.Image.Image, fully decoded; InvalidInputError with a message for anything else."""
-    Image, ImageOps = pillow()
+    Image, _ = pillow()
     with _refused(Image):
         im = _opened(Image, data)
         if getattr(im, "n_frames", 1) > 1:
             im.seek(0)
+        turn = _TRANSPOSE.get(orientation(im))
         im.load()
-        im = ImageOps.exif_transpose(im)
+        if turn is not None:
+            im = im.transpose(getattr(Image.Transpose, turn))
         return to_rgb(im)
 
 
-def check_image(data: bytes) -> None:
+def check_image(data: bytes) -> tuple[int, int]:
     """What load_image refuses before decoding a pixel (not bytes, empty, too large, not one of FORMATS,
     too many pixels or scans, a side too long), told from the file's header alone: InvalidInputError. A file may still be corrupt
-    further in."""
+    further in. Returns (width, height) of the image load_image gives: its EXIF orientation applied."""
     Image, _ = pillow()
     with _refused(Image):
-        _opened(Image, data).close()
+        im = _opened(Image, data)
+        w, h = im.size
+        turned = orientation(im) in _SWAPS
+        im.close()
+    return (h, w) if turned else (w, h)
+
+
+# EXIF orientation (tag 0x0112) -> the transpose that shows the image upright (the EXIF specification's table;
+# 1 and anything unknown: as stored). 5..8 swap width and height.
+_TRANSPOSE = {2: "FLIP_LEFT_RIGHT", 3: "ROTATE_180", 4: "FLIP_TOP_BOTTOM", 5: "TRANSPOSE", 6: "ROTATE_270",
+             7: "TRANSVERSE", 8: "ROTATE_90"}
+_SWAPS = (5, 6, 7, 8)
+
+
+def orientation(im) -> int:
+    """The EXIF orientation of an opened image, from what its header holds (EXIF, a PNG's text or XMP chunks
+    before the pixel data): Pillow's own getexif, without the PNG plugin's decode of the whole file to look
+    for chunks after the pixels (those are ignored here and by load_image alike)."""
+    Image, _ = pillow()
+    value = Image.Image.getexif(im).get(0x0112, 1)
+    return value if isinstance(value, int) else 1
 
 
 def _opened(Image, data):

@@ -14,8 +14,9 @@ from ..errors import InvalidInputError, LlambdaWarning, ModelFormatError, ModelN
 from ..formats.files import read_json
 from ..formats.gguf import GGUFFile
 from .config import VisionConfig
-from .layouts import (HF_NAMES, LLAMA_CPP, MMPROJ_NAMES, OLLAMA, OLLAMA_NAMES, Layout, check_processor_size, gguf_lookup,
-                      has_ollama_tower, hf_fields, hf_lookup, mmproj_fields, ollama_fields)
+from .layouts import (HF_NAMES, IDEFICS3_TYPES, LLAMA_CPP, MMPROJ_NAMES, OLLAMA, OLLAMA_NAMES, Layout,
+                      check_processor_size, gguf_lookup, has_ollama_tower, hf_fields, hf_lookup, idefics3_hf_fields,
+                      image_processor_settings, mmproj_fields, ollama_fields)
 from .tower import VisionTower
 
 
@@ -44,19 +45,19 @@ def open_layout(path: Path) -> Layout | None:
         cfg = read_json(cfg_path, "config.json")
         if not isinstance(cfg, dict) or "vision_config" not in cfg:
             return None
-        if cfg.get("model_type") != "gemma3":
-            warnings.warn(f"{path}: its vision tower ({str(cfg.get('model_type'))[:40]!r}) is not supported (Gemma 3's "
+        kind = cfg.get("model_type")
+        if kind != "gemma3" and kind not in IDEFICS3_TYPES:
+            warnings.warn(f"{path}: its vision tower ({str(kind)[:40]!r}) is not supported (Gemma 3's and Idefics3's "
                           "only): the model reads no images", LlambdaWarning, stacklevel=3)
             return None
-        pre_path = path / "preprocessor_config.json"
-        pre = read_json(pre_path, "preprocessor_config.json") if pre_path.exists() else None
-        fields = hf_fields(cfg, pre, src)
+        pre, seq_len = image_processor_settings(path, read_json)
+        fields = idefics3_hf_fields(cfg, pre, src, seq_len) if kind in IDEFICS3_TYPES else hf_fields(cfg, pre, src)
         vcfg = VisionConfig.from_fields(fields, HF_NAMES, src)
-        check_processor_size(fields["processor_size"], vcfg, src)
+        check_processor_size(fields, vcfg, src)
         from ..formats.safetensors import open_safetensors_dir
         st = open_safetensors_dir(path)
         try:
-            return Layout(vcfg, hf_lookup(st.tensors, src), 1.0, "hf", [st.close])
+            return Layout(vcfg, hf_lookup(st.tensors, src, vcfg.projector), 1.0, "hf", [st.close])
         except BaseException:
             st.close()
             raise

@@ -1,7 +1,10 @@
-"""Writing a vision tower as llama.cpp's mmproj GGUF (general.architecture `clip`, projector type `gemma3`),
-the file llama.cpp's converter (convert_hf_to_gguf.py --mmproj) makes of a Gemma3ForConditionalGeneration:
-its `clip.*` keys, tensor names (layouts.gguf_name), the projector norm stored as 1 + w, the projection
-stored [vision_hidden, text_hidden] as HF holds it.
+"""Writing a vision tower as llama.cpp's mmproj GGUF (general.architecture `clip`, projector type `gemma3` or
+`idefics3`), the file llama.cpp's converter (convert_hf_to_gguf.py --mmproj) makes of a
+Gemma3ForConditionalGeneration or an Idefics3ForConditionalGeneration: its `clip.*` keys, tensor names
+(layouts.gguf_name); Gemma 3's projector norm stored as 1 + w, its projection stored [vision_hidden,
+text_hidden] as HF holds it; Idefics3's connector `mm.model.fc.weight` [text_hidden, s*s*vision_hidden], its
+pixel shuffle's factor in clip.vision.projector.scale_factor, the processor's longest edge in
+clip.vision.preproc_image_size.
 
 Types: "f32" writes every tensor in float32; "f16" the matrices and the patch embedding in F16; "q8_0" the
 matrices whose rows are whole 32-value blocks in Q8_0, the patch embedding and the input projection in F16
@@ -18,7 +21,7 @@ from ..errors import InvalidInputError
 from ..formats.gguf import GGUFValueType as VT
 from ..formats.gguf_writer import GGUFValue, write_gguf
 from ..formats.quants import QType
-from .layouts import LLAMA_CPP, MMPROJ_DEFAULT_SCALE, MMPROJ_SCALE_KEY, gguf_name
+from .layouts import CONNECTOR, LLAMA_CPP, MMPROJ_DEFAULT_SCALE, MMPROJ_LONGEST_EDGE_KEY, MMPROJ_SCALE_KEY, gguf_name
 from .load import open_layout
 
 TYPES = {"f32": QType.F32, "f16": QType.F16, "q8_0": QType.Q8_0}
@@ -32,13 +35,16 @@ def canonical_names(cfg) -> list[str]:
         for leaf in ("layer_norm1", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.out_proj",
                      "layer_norm2", "mlp.fc1", "mlp.fc2"):
             out += [f"encoder.layers.{i}.{leaf}.weight", f"encoder.layers.{i}.{leaf}.bias"]
-    return out + ["post_layernorm.weight", "post_layernorm.bias", "mm_soft_emb_norm.weight", "mm_input_projection_weight"]
+    out += ["post_layernorm.weight", "post_layernorm.bias"]
+    if cfg.projector == "idefics3":
+        return out + [CONNECTOR]
+    return out + ["mm_soft_emb_norm.weight", "mm_input_projection_weight"]
 
 
 def _type(canon: str, values: np.ndarray, want: QType) -> QType:
     if values.ndim < 2 or canon == "embeddings.position_embedding.weight":
         return QType.F32
-    if want == QType.Q8_0 and (canon in ("embeddings.patch_embedding.weight", "mm_input_projection_weight")
+    if want == QType.Q8_0 and (canon in ("embeddings.patch_embedding.weight", "mm_input_projection_weight", CONNECTOR)
                                or values.shape[-1] % 32):
         return QType.F16
     return want
@@ -53,12 +59,15 @@ def write_mmproj(source, out, qtype: str = "f32", name: str | None = None) -> Pa
         raise InvalidInputError(f"{source}: holds no vision tower")
     try:
         c = layout.cfg
-        if c.pool * c.tokens_per_side != c.patches_per_side:
+        if c.projector == "gemma3" and c.pool * c.tokens_per_side != c.patches_per_side:
             raise InvalidInputError("the token grid does not pool the patch grid evenly")
+        if c.projector == "idefics3" and not c.do_image_splitting:
+            raise InvalidInputError(f"{source}: its image processor does not split images, which llama.cpp's mmproj "
+                                    "cannot say")
         meta = {
             "general.architecture": "clip", "general.type": "mmproj",
             "general.name": name or Path(source).name,
-            "clip.projector_type": "gemma3", "clip.has_vision_encoder": True, "clip.use_gelu": True,
+            "clip.projector_type": c.projector, "clip.has_vision_encoder": True, "clip.use_gelu": True,
             "clip.vision.projection_dim": GGUFValue(VT.UINT32, c.text_hidden_size),
             "clip.vision.image_size": GGUFValue(VT.UINT32, c.image_size),
             "clip.vision.patch_size": GGUFValue(VT.UINT32, c.patch_size),
@@ -70,7 +79,10 @@ def write_mmproj(source, out, qtype: str = "f32", name: str | None = None) -> Pa
             "clip.vision.image_mean": GGUFValue((VT.ARRAY, VT.FLOAT32), list(c.image_mean)),
             "clip.vision.image_std": GGUFValue((VT.ARRAY, VT.FLOAT32), list(c.image_std)),
         }
-        if c.pool != MMPROJ_DEFAULT_SCALE:
+        if c.projector == "idefics3":
+            meta[MMPROJ_SCALE_KEY] = GGUFValue(VT.UINT32, c.scale_factor)
+            meta[MMPROJ_LONGEST_EDGE_KEY] = GGUFValue(VT.UINT32, c.longest_edge)
+        elif c.pool != MMPROJ_DEFAULT_SCALE:
             meta[MMPROJ_SCALE_KEY] = GGUFValue(VT.UINT32, c.pool)
         tensors = []
         for canon in canonical_names(c):

@@ -76,10 +76,11 @@ class SiglipEncoder:
 
     def unfold(self, pixels: np.ndarray) -> None:
         """pixels [C, S, S] -> self.patches [P, C*p*p], patch (row, col) at row * side + col, each patch's
-        values in the conv weight's order (channel, y, x)."""
+        values in the conv weight's order (channel, y, x); where p does not divide S, the last S mod p pixels
+        of each side are not read (a "valid" convolution)."""
         c = self.cfg
         g, p = c.patches_per_side, c.patch_size
-        v = pixels.reshape(c.num_channels, g, p, g, p).transpose(1, 3, 0, 2, 4)
+        v = pixels[:, :g * p, :g * p].reshape(c.num_channels, g, p, g, p).transpose(1, 3, 0, 2, 4)
         self.patches[...] = v.reshape(g * g, -1)
 
     def gelu_tanh(self, x: np.ndarray) -> None:
