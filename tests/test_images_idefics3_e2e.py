@@ -2,7 +2,8 @@
 tests/fixtures/reference/tiny/idefics3_vision (SmolVLM's chat template, its crop grids); each route's answer is
 Model.chat's greedy reply to the same canonical messages (and `llambda run`'s, a prompt naming an image file), as
 tests/test_images_e2e.py checks for Gemma 3. The API and CLI layers are generic: what differs is the prompt's
-expansion (a run of soft tokens per crop) and its length, which depends on each image's size."""
+expansion (a run of soft tokens per crop) and its length, which depends on each image's size. The model's own
+tower runs (llambda.vision's Idefics3, found by llambda.load): nothing here is a double."""
 from __future__ import annotations
 
 import base64
@@ -12,7 +13,7 @@ import pytest
 
 import llambda
 
-import test_vlm_idefics3 as vlm  # noqa: E402  (the fixture, its images and the tower double)
+import test_vlm_idefics3 as vlm  # noqa: E402  (the fixture and its images)
 from test_images_e2e import _post, _want, every_surface, streamed  # noqa: E402  (Gemma 3's checks, shared)
 
 WIDE, SQUARE = vlm.PNG["image_wide.png"], vlm.PNG["image_square.png"]
@@ -20,7 +21,8 @@ B64_W, B64_S = base64.b64encode(WIDE).decode(), base64.b64encode(SQUARE).decode(
 
 
 def _load(**kw):
-    return vlm.load("numpy", **kw)
+    """The fixture with its own tower, found by load() (llambda.vision's Idefics3: decoded, cropped, encoded)."""
+    return llambda.load(vlm.FOLDER, backend="numpy", **{"n_ctx": 128, **kw})
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +75,7 @@ def test_run_on_the_command_line(served, tmp_path, monkeypatch, capsys):
     (tmp_path / "image_wide.png").write_bytes(WIDE)
     monkeypatch.chdir(tmp_path)
     model = _load()
-    monkeypatch.setattr(llambda.api, "load", lambda name, **kw: model)     # with the tower double attached
+    monkeypatch.setattr(llambda.api, "load", lambda name, **kw: model)
     want = _want(served.model, WIDE, "Look:")
     assert cli.main(["run", "-m", str(vlm.FOLDER), "--temperature", "0", "-n", "6", "--ignore-eos",
                      "Look: ./image_wide.png"]) == 0

@@ -4,10 +4,11 @@ everything; through Model.chat, the engine's chunks, the prefix caches and the s
 Idefics3ForConditionalGeneration of tests/fixtures/reference/tiny/idefics3_vision (transformers' input_ids,
 logits and greedy tokens; tools/make_tiny_idefics3.py).
 
-The vision tower is a test double backed by the fixture: for an image of the fixture (known by its bytes) it gives
-transformers' crop grid, pixel values and connector rows, so what is tested here is the language side alone
-(llambda.vision's Idefics3 tower is tested against the same fixture in its own tests). The images' sizes come from
-llambda.vision's header check, as in use."""
+Most tests use a tower double backed by the fixture: for an image of the fixture (known by its bytes) it gives
+transformers' crop grid, pixel values and connector rows, so what they test is the language side alone
+(llambda.vision's Idefics3 tower is tested against the same fixture in test_vision_idefics3.py). The images' sizes
+come from llambda.vision's header check, as in use. The last tests run the whole model with the real tower: the
+folder's own, and llama.cpp's layout (a text GGUF and an idefics3 mmproj, both written by llambda)."""
 from __future__ import annotations
 
 import hashlib
@@ -323,3 +324,58 @@ def test_a_gguf_of_the_text_model_finds_its_image_token(tmp_path):
         assert ids == TWO["input_ids"]
         got = rows_logits(m, TWO, blocks)
         assert float(np.abs(got[TWO["rows"]] - npy(TWO["logits_rows"])).max()) <= 1e-4
+
+
+# --- the real tower (llambda.vision's Idefics3: the folder's own, or llama.cpp's mmproj) ------------------------
+
+def folder_without_splitting(dest: Path) -> Path:
+    """The fixture's folder with do_image_splitting false (the reference's no_split processor)."""
+    import shutil
+    shutil.copytree(FOLDER, dest)
+    pre = json.loads((dest / "preprocessor_config.json").read_text(encoding="utf-8"))
+    pre["do_image_splitting"] = False
+    (dest / "preprocessor_config.json").write_text(json.dumps(pre), encoding="utf-8")
+    return dest
+
+
+def check_whole_model(m, prompt: dict, budget: float) -> None:
+    """Model.chat on the reference's messages: the processor's ids, the logits rows, the greedy tokens."""
+    msgs = messages(prompt)
+    ids, blocks = m.image_prompt(m.render_chat(msgs), [PNG[n] for n in prompt["images"]])
+    assert ids == prompt["input_ids"]
+    got = rows_logits(m, prompt, blocks)
+    err = float(np.abs(got[prompt["rows"]] - npy(prompt["logits_rows"])).max())
+    assert err <= budget, f"max |logit diff| {err:.3g} > {budget}"
+    n = len(prompt["greedy_new_tokens"])
+    tokens = [ev.token for ev in m.chat_stream(msgs, max_tokens=n, temperature=0, ignore_eos=True) if ev.token >= 0]
+    assert tokens == prompt["greedy_new_tokens"]
+
+
+# (backend, activations, budget): the tower's float32 rows give transformers' logits within test_vlm's exact
+# budget; the native default (bfloat16 tower products, q8 text activations) within Gemma 3's whole-model 0.1
+REAL = {"numpy": ("numpy", None, 1e-4), "native-exact": ("native", "f32", 1e-4), "native-fast": ("native", None, 0.1)}
+
+
+@pytest.mark.parametrize("mode", list(REAL))
+def test_whole_model_with_its_own_tower_matches_transformers(mode, tmp_path):
+    """llambda.load finds the folder's Idefics3 tower: both reference prompts (split, and unsplit with the
+    no-split processor) give transformers' ids, logits and greedy tokens."""
+    backend, activations, budget = REAL[mode]
+    if backend not in available_backends():
+        pytest.skip(f"the {backend} backend is not available here (C core not built)")
+    for folder, prompt in ((FOLDER, TWO), (folder_without_splitting(tmp_path / "nosplit"), ONE)):
+        with llambda.load(folder, backend=backend, activations=activations, n_ctx=128) as m:
+            assert m.accepts_images and m.vision.family == "idefics3" and m.vision.attends == "causal"
+            check_whole_model(m, prompt, budget)
+
+
+def test_text_gguf_with_our_mmproj_matches_transformers(tmp_path):
+    """llama.cpp's layout of SmolVLM: the text model as a plain llama GGUF (its <image> found in the vocabulary)
+    and the tower as an idefics3 mmproj (both written by llambda), loaded with mmproj=: the reference again."""
+    from llambda.tools.export import export
+    from llambda.vision.mmproj import write_mmproj
+    gg = export(FOLDER, tmp_path / "text.gguf", fmt="gguf")
+    proj = write_mmproj(FOLDER, tmp_path / "mmproj.gguf", "f32")
+    with llambda.load(gg, mmproj=proj, backend="numpy", n_ctx=128) as m:
+        assert m.accepts_images and m.image_marker == "<image>"
+        check_whole_model(m, TWO, 1e-4)
