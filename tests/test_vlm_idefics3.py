@@ -379,3 +379,17 @@ def test_text_gguf_with_our_mmproj_matches_transformers(tmp_path):
     with llambda.load(gg, mmproj=proj, backend="numpy", n_ctx=128) as m:
         assert m.accepts_images and m.image_marker == "<image>"
         check_whole_model(m, TWO, 1e-4)
+
+
+def test_a_smolvlm2_config_reads_the_same(tmp_path):
+    """SmolVLM2's checkpoints (model_type smolvlm, SmolVLMForConditionalGeneration) keep Idefics3's names, tokens
+    and prompt for images (its processor writes the same strings; video is not taken): the same answer."""
+    import shutil
+    d = tmp_path / "smolvlm2"
+    shutil.copytree(FOLDER, d)
+    cfg = json.loads((d / "config.json").read_text(encoding="utf-8"))
+    cfg.update(model_type="smolvlm", architectures=["SmolVLMForConditionalGeneration"])
+    (d / "config.json").write_text(json.dumps(cfg), encoding="utf-8")
+    with llambda.load(d, backend="numpy", n_ctx=128) as m:
+        assert m.accepts_images and m.config.arch == "llama"
+        check_whole_model(m, TWO, 1e-4)
