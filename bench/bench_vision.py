@@ -1,10 +1,14 @@
-"""Time to encode one image with a real-sized random Gemma 3 vision tower (not a test).
+"""Time to encode one image with a real-sized random Gemma 3 vision tower, or one crop with SmolVLM-256M's
+(not a test).
 
-    python bench/bench_vision.py [--backends native numpy] [--threads 2] [--layers 27] [--activations q8 f32]
+    python bench/bench_vision.py [--family gemma3|idefics3] [--backends native numpy] [--threads 2] [--layers N]
+                                 [--activations q8 f32]
 
-The tower is Gemma 3's (SigLIP so400m-sized: 27 layers of 1152, 16 heads of 72, MLP 4304, 896 x 896 images
-in 14-pixel patches: 4096 patches, pooled to 256 tokens of 2560) with random F16 weights made as the
-loader asks for them (nothing is downloaded). Prints, per backend, the load time, then one encode's wall and
+Gemma 3's tower: SigLIP so400m-sized, 27 layers of 1152, 16 heads of 72, MLP 4304, 896 x 896 images in
+14-pixel patches: 4096 patches, pooled to 256 tokens of 2560. SmolVLM-256M's (idefics3): 12 layers of 768, 12
+heads of 64, MLP 3072, 512 x 512 crops in 16-pixel patches: 1024 patches, pixel-shuffled by 4 to 64 tokens
+of 576 (an image is up to 17 such crops). Random F16 weights made as the loader asks for them (nothing is
+downloaded). Prints, per backend, the load time, then one encode's wall and
 CPU time (process CPU: on a shared machine the CPU column is the steadier) and the load average.
 """
 import argparse
@@ -22,6 +26,7 @@ from llambda.backends import create_backend  # noqa: E402
 from llambda.formats.quants import QType  # noqa: E402
 from llambda.formats.weights import WeightTensor  # noqa: E402
 from llambda.vision.config import VisionConfig  # noqa: E402
+from llambda.vision.idefics3 import PROJ as CONNECTOR  # noqa: E402
 from llambda.vision.tower import VisionTower  # noqa: E402
 
 
@@ -32,13 +37,24 @@ def gemma3_config(layers: int) -> VisionConfig:
         "text_hidden_size": 2560}, source="random Gemma 3 tower")
 
 
+def idefics3_config(layers: int) -> VisionConfig:
+    return VisionConfig.from_fields({
+        "hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": layers, "num_attention_heads": 12,
+        "image_size": 512, "patch_size": 16, "layer_norm_eps": 1e-6, "projector": "idefics3", "scale_factor": 4,
+        "longest_edge": 2048, "text_hidden_size": 576}, source="random SmolVLM-256M tower")
+
+
+CONFIGS = {"gemma3": (gemma3_config, 27), "idefics3": (idefics3_config, 12)}
+
+
 def random_lookup(cfg: VisionConfig):
     """Each tensor drawn from a generator seeded by its name, F16 (norms near 1, small biases)."""
     H, F, C, p = cfg.hidden_size, cfg.intermediate_size, cfg.num_channels, cfg.patch_size
     shapes = {"embeddings.patch_embedding.weight": (H, C, p, p), "embeddings.patch_embedding.bias": (H,),
               "embeddings.position_embedding.weight": (cfg.n_patches, H),
               "post_layernorm.weight": (H,), "post_layernorm.bias": (H,),
-              "mm_soft_emb_norm.weight": (H,), "mm_input_projection_weight": (H, cfg.text_hidden_size)}
+              "mm_soft_emb_norm.weight": (H,), "mm_input_projection_weight": (H, cfg.text_hidden_size),
+              CONNECTOR: (cfg.text_hidden_size, cfg.scale_factor ** 2 * H)}
     leaves = {"layer_norm1": (H,), "layer_norm2": (H,), "self_attn.q_proj": (H, H), "self_attn.k_proj": (H, H),
               "self_attn.v_proj": (H, H), "self_attn.out_proj": (H, H), "mlp.fc1": (F, H), "mlp.fc2": (H, F)}
 
@@ -67,10 +83,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--backends", nargs="+", default=["native", "numpy"])
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--layers", type=int, default=27)
+    ap.add_argument("--family", choices=sorted(CONFIGS), default="gemma3")
+    ap.add_argument("--layers", type=int, default=None, help="default: the family's (27, 12)")
     ap.add_argument("--activations", default=None, help="native: q8 (bfloat16 products, default) or f32")
     args = ap.parse_args()
-    cfg = gemma3_config(args.layers)
+    make, layers = CONFIGS[args.family]
+    args.layers = args.layers or layers
+    cfg = make(args.layers)
     rng = np.random.default_rng(0)
     pixels = rng.uniform(-1, 1, (1, 3, cfg.image_size, cfg.image_size)).astype(np.float32)
     for name in args.backends:

@@ -32,9 +32,13 @@ def pixel_values(image, cfg: VisionConfig) -> np.ndarray:
     rgb = to_rgb(image)
     crops = _idefics3_crops(rgb, cfg) if cfg.projector == "idefics3" else [
         np.asarray(rgb.resize((cfg.image_size, cfg.image_size), resample=Image.Resampling.BILINEAR), np.uint8)]
-    x = np.stack(crops).astype(np.float64) * cfg.rescale_factor                   # (n, S, S, 3)
-    x = (x.astype(np.float32) - np.asarray(cfg.image_mean, np.float32)) / np.asarray(cfg.image_std, np.float32)
-    return np.ascontiguousarray(x.transpose(0, 3, 1, 2), dtype=np.float32)
+    S = cfg.image_size
+    out = np.empty((len(crops), 3, S, S), np.float32)
+    mean, std = np.asarray(cfg.image_mean, np.float32), np.asarray(cfg.image_std, np.float32)
+    for i, crop in enumerate(crops):        # one crop's float64 at a time (37 of SmolVLM's: 232 MB at once)
+        x = (crop.astype(np.float64) * cfg.rescale_factor).astype(np.float32)     # (S, S, 3)
+        out[i] = ((x - mean) / std).transpose(2, 0, 1)
+    return out
 
 
 def longest_edge_size(width: int, height: int, longest: int) -> tuple[int, int]:
