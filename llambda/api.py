@@ -25,8 +25,8 @@ from .models import memory
 from .models.base import Transformer, live_server
 from .models.bert import BertConfig, BertEncoder, pack_batch
 from .models.config import MAX_POSITIONS
-from .models.images import (DEFAULT_MAX_IMAGES, EncodedRows, ImageTokens, check_prompt, expand_text, image_block,
-                            image_keys, image_tokens, images_agree, insert_soft)
+from .models.images import (DEFAULT_MAX_IMAGES, FAMILIES, MAX_CROPS_A_CALL, EncodedRows, check_bytes, check_prompt,
+                            image_block, image_keys, image_tokens, images_agree, tower_crops, tower_rows)
 from .sampling import SamplingParams, _is_int
 
 DEFAULT_CTX = 4096
@@ -272,7 +272,7 @@ class Model:
         self._closed = self._freed = False
         self.vision = None               # the vision tower (attach_vision), or None: a text-only model
         self.max_images = DEFAULT_MAX_IMAGES   # images one chat request may hold
-        self._image_ids: ImageTokens | None = None
+        self._image_ids = None           # the image tokens' layout (models/images: ImageTokens, IdeficsTokens)
         self._vision_lock = threading.Lock()   # one image encoding at a time through the tower's buffers
         self._encoded = EncodedRows()    # the blocks of images encoded lately (sent again: not encoded again)
         self._load_image = None          # bytes -> image for the tower (attach_vision; default llambda.vision's)
@@ -578,14 +578,26 @@ class Model:
 
     @property
     def image_marker(self) -> str | None:
-        """The begin-of-image text an image part becomes in a prompt (chat.py), or None: no images taken."""
-        return self._image_ids.begin_text if self.vision is not None else None
+        """The text an image part becomes in a prompt (chat.py; Gemma 3's begin-of-image token, Idefics3's
+        `<image>`), or None: no images taken."""
+        return self._image_ids.marker if self.vision is not None else None
+
+    @property
+    def image_block_tokens(self) -> int:
+        """The tokens of an image block that one forward must hold whole (Gemma 3: its soft tokens and their
+        begin and end; 0 where attention over images is causal, Idefics3: a chunk may end anywhere)."""
+        self._check_open()
+        if self.vision is None:
+            return 0
+        return self._image_ids.block_tokens(int(self.vision.tokens_per_image))
 
     def attach_vision(self, tower, load_image=None) -> None:
-        """Attach a vision tower (llambda.vision's VisionTower: tokens_per_image, hidden, pixels, encode,
-        close), which this model then owns (close() closes it). Its rows must be this model's width, the
-        model must know its image tokens (a HF config's boi/eoi/image_token_index, else the vocabulary's
-        <start_of_image>, <end_of_image>, <image_soft_token>), and a block must fit a forward and the context.
+        """Attach a vision tower (llambda.vision's VisionTower: family, tokens_per_image, hidden, attends, grid,
+        pixels, encode, close), which this model then owns (close() closes it). A tower without `family` is
+        taken for Gemma 3's (one crop an image, attending within its block). Its rows must be this model's width,
+        the model must know its image tokens (Gemma 3: a HF config's boi/eoi/image_token_index, else the
+        vocabulary's <start_of_image>, <end_of_image>, <image_soft_token>; Idefics3: image_token_id, else
+        <image>), and a block must fit a forward and the context.
         load_image(data) -> image: what decodes an image part's bytes (bytes, bytearray or memoryview, as given)
         for tower.pixels (default: llambda.vision's load_image, whose limits refuse bad or hostile files with an
         InvalidInputError)."""
@@ -598,17 +610,26 @@ class Model:
             raise InvalidInputError(f"a vision tower needs integer tokens_per_image and hidden, got {per!r}, {hidden!r}")
         if int(hidden) != self.config.d_model:
             raise InvalidInputError(f"the vision tower's rows are {hidden} wide; this model's are {self.config.d_model}")
+        family = getattr(tower, "family", "gemma3")
+        attends = getattr(tower, "attends", "block" if family == "gemma3" else "causal")
+        if family not in FAMILIES or attends not in ("block", "causal"):
+            raise InvalidInputError(f"a vision tower of family {str(family)[:40]!r} attending {str(attends)[:20]!r} "
+                                    f"(known: {', '.join(FAMILIES)}; 'block' or 'causal')")
         cfg = self.config
         if not self.transformer.takes_image_rows:
             raise InvalidInputError(f"a {cfg.arch} model cannot take image rows (plain attention layers only)")
         meta = getattr(self.source, "metadata", None) or {}
-        ids = image_tokens(meta.get("hf.config"), self.tokenizer, cfg.vocab_size)
+        ids = image_tokens(meta.get("hf.config"), self.tokenizer, cfg.vocab_size, family)
         if ids is None:
-            raise InvalidInputError(f"{self.name!r} names no image tokens (no boi/eoi_token_index in its config, no "
-                                    "<start_of_image>/<end_of_image> in its vocabulary)")
-        block = int(per) + 2
-        if block > self.transformer.ws.max_tokens or block >= self.n_ctx:
-            raise InvalidInputError(f"an image takes {block} tokens, more than a forward of "
+            raise InvalidInputError(f"{self.name!r} names no image tokens of {family}'s (" + (
+                "no boi/eoi_token_index in its config, no <start_of_image>/<end_of_image> in its vocabulary)"
+                if family == "gemma3" else "no image_token_id in its config, no <image> in its vocabulary)"))
+        if (attends == "causal") != (ids.block_tokens(1) == 0):
+            raise InvalidInputError(f"a {family} tower attending {attends!r}: this engine's {family} layout attends "
+                                    f"{'causally' if ids.block_tokens(1) == 0 else 'within a block'}")
+        block = ids.block_tokens(int(per))
+        if block > self.transformer.ws.max_tokens or max(block, int(per)) >= self.n_ctx:
+            raise InvalidInputError(f"an image takes {max(block, int(per))} tokens, more than a forward of "
                                     f"{self.transformer.ws.max_tokens} (max_batch) or the context of {self.n_ctx} holds")
         self._image_ids, self._load_image = ids, load_image
         self._replace_tower(tower)
@@ -639,26 +660,55 @@ class Model:
             raise InvalidInputError(f"{n} images in one request; this model takes at most {self.max_images}")
 
     def image_prompt(self, text: str, images: list[bytes]) -> tuple[list[int], tuple]:
-        """A rendered chat prompt holding one begin-of-image marker per image -> (its token ids with each
-        image's block expanded as the Gemma 3 processor expands it, the blocks with the tower's rows)."""
+        """A rendered chat prompt holding one image marker per image -> (its token ids with each image expanded
+        as the family's processor expands it, the blocks with the tower's rows)."""
         images = self.check_images(images)
-        ids, starts = self.image_ids(text, len(images))
+        ids, starts = self.image_ids(text, images)
         return ids, self.encode_images(images, starts)
 
-    def image_ids(self, text: str, n_images: int) -> tuple[list[int], list[int]]:
-        """The token ids of a prompt text holding n_images begin-of-image markers, each expanded to
-        "\n\n" begin, the soft tokens, end "\n\n" (the processor's expansion), and each block's start; no
-        image is encoded (a prompt's token count)."""
-        self._check_image_count(n_images)
-        ids = self._prompt_ids(expand_text(text, self._image_ids))
-        ids, starts = insert_soft(ids, self._image_ids, int(self.vision.tokens_per_image), n_images)
+    def image_ids(self, text: str, images) -> tuple[list[int], list[tuple]]:
+        """The token ids of a prompt text holding one image marker per image, each expanded as the family's
+        processor does (Gemma 3: "\n\n" begin, the soft tokens, end "\n\n"; Idefics3: a run of soft tokens per
+        crop of the image's grid), and each image's run starts; no image is decoded (a prompt's token count).
+        images: the image files' bytes (their sizes read from their headers: Idefics3's grid depends on
+        them), or their count where the tower's layout does not depend on size (Gemma 3)."""
+        grids = self._grids(images)
+        ids = self._image_ids
+        per = int(self.vision.tokens_per_image)
+        ids, starts = ids.place(self._prompt_ids(ids.expand(text, grids, per)), per, grids)
         if len(ids) >= self.n_ctx:
-            raise ContextOverflowError(f"the prompt with its {n_images} image(s) has {len(ids)} tokens; the "
+            raise ContextOverflowError(f"the prompt with its {len(grids)} image(s) has {len(ids)} tokens; the "
                                        f"context holds {self.n_ctx} (prompt plus at least one new token)")
         return ids, starts
 
-    def encode_images(self, images: list[bytes], starts: list[int]) -> tuple:
-        """The image blocks at `starts`: each image decoded, then the tower's rows for all of them; an image
+    def _grids(self, images) -> list[tuple[int, int]]:
+        """Each image's crop grid (rows, cols; (0, 0): the whole image alone), from its header's size (after EXIF
+        orientation); Gemma 3's are all (0, 0), its images' count is enough."""
+        if _is_int(images):
+            self._check_image_count(int(images))
+            if int(images) and self._image_ids.family != "gemma3":
+                raise InvalidInputError(f"a {self._image_ids.family} prompt's length depends on its images' sizes: "
+                                        "give image_ids the images' bytes, not their count")
+            return [(0, 0)] * int(images)
+        images = self.check_images(images)
+        if not images or self._image_ids.family == "gemma3":
+            return [(0, 0)] * len(images)
+        from .vision.image import check_image
+        out = []
+        for data in images:
+            check_bytes(data)
+            size = check_image(data)
+            if not (isinstance(size, tuple) and len(size) == 2):
+                raise ModelFormatError("llambda.vision's check_image gave no image size")
+            rows, cols = self.vision.grid(*size)
+            if not (_is_int(rows) and _is_int(cols) and 0 <= rows and 0 <= cols and (rows == 0) == (cols == 0)):
+                raise ModelFormatError(f"the vision tower gave the crop grid {rows!r} x {cols!r}")
+            out.append((int(rows), int(cols)))
+        return out
+
+    def encode_images(self, images: list[bytes], starts: list) -> tuple:
+        """The image blocks at `starts` (one entry an image: its runs' starts, image_ids', or an int for an image
+        of one run): each image decoded, then the tower's rows for all of them; an image
         encoded lately (the same file's bytes: a conversation sends its images with every turn) takes the
         rows kept from then. The tower runs under the model's vision lock (one encoding at a time through
         its buffers), not the model's lock: a generation's steps, or a server's scheduler, go on meanwhile
@@ -666,9 +716,9 @@ class Model:
         images = self.check_images(images)
         if len(starts) != len(images):
             raise InvalidInputError(f"{len(images)} image(s) and {len(starts)} block start(s): one each")
+        runs = [(s,) if _is_int(s) else tuple(s) for s in starts]
         for b in images:        # (bytes() of an int is that many zero bytes)
-            if not isinstance(b, (bytes, bytearray, memoryview)):
-                raise InvalidInputError(f"an image must be the bytes of an image file, got {type(b).__name__}")
+            check_bytes(b)
         if self._load_image is None:
             from .vision.image import check_image
             for b in images:    # its size and header first: nothing copied or hashed of a file refused
@@ -678,10 +728,18 @@ class Model:
         todo = {k: data for k, data in zip(keys, images) if k not in found}      # each new file once
         if todo:
             found.update(zip(todo, self._encode_new(todo)))
-        return tuple(found[k].at(s) for k, s in zip(keys, starts))
+        out = []
+        for k, at in zip(keys, runs):
+            crops = found[k] if isinstance(found[k], tuple) else (found[k],)
+            if len(crops) != len(at):
+                raise InvalidInputError(f"an image of {len(crops)} crop(s) given {len(at)} block start(s): "
+                                        "its starts must be image_ids' for it")
+            out.extend(b.at(s) for b, s in zip(crops, at))
+        return tuple(out)
 
-    def _encode_new(self, files: dict) -> tuple:
-        """The tower's blocks (at 0) of `files` (their EncodedRows keys -> bytes), kept in self._encoded."""
+    def _encode_new(self, files: dict) -> list[tuple]:
+        """The tower's blocks (at 0; a tuple of crops an image) of `files` (their EncodedRows keys -> bytes),
+        kept in self._encoded."""
         load_image = self._load_image
         if load_image is None:
             from .vision import load_image      # the vision package, only for a model with a tower
@@ -694,31 +752,27 @@ class Model:
             image = load_image(data)
             with self._vision_lock:
                 self._check_open()
-                pixels.append(tower.pixels(image))
+                pixels.append(tower_crops(tower.pixels(image)))
             del image
-        try:
-            # each image's crops [n_crops, 3, S, S] (a tower double's [3, S, S]: one); one crop an image here
-            pixels = np.concatenate([np.asarray(p, dtype=np.float32).reshape(-1, *np.shape(p)[-3:]) for p in pixels])
-        except (TypeError, ValueError) as e:
-            raise ModelFormatError(f"the vision tower's pixels are no arrays of one shape ({e})") from None
+        if len({p.shape[1:] for p in pixels}) != 1:
+            raise ModelFormatError(f"the vision tower's pixels are no arrays of one shape "
+                                   f"({sorted({p.shape[1:] for p in pixels})})")
+        causal = self._image_ids.block_tokens(1) == 0
         with self._vision_lock:
             self._check_open()
             if self.vision is not tower:
                 raise InvalidInputError("the model's vision tower was replaced (attach_vision) while these images "
                                         "were prepared for it: send them again")
-            per = int(tower.tokens_per_image)
-            out = tower.encode(pixels)
-            try:
-                rows = np.asarray(out, dtype=np.float32)
-            except (TypeError, ValueError) as e:
-                raise ModelFormatError(f"the vision tower gave rows that are no array of numbers ({e})") from None
-            if rows.shape != (len(files), per, self.config.d_model):
-                raise ModelFormatError(f"the vision tower gave rows of shape {rows.shape}, expected "
-                                       f"{(len(files), per, self.config.d_model)}")
-            blocks = tuple(image_block(0, r) for r in rows)
-            for k, b in zip(files, blocks):
-                self._encoded.put(k, b)
-        return blocks
+            per, width = int(tower.tokens_per_image), self.config.d_model
+            out = []
+            for key, px in zip(files, pixels):
+                step = MAX_CROPS_A_CALL
+                rows = np.concatenate([tower_rows(tower.encode(px[i:i + step]), len(px[i:i + step]), per, width)
+                                       for i in range(0, len(px), step)])
+                blocks = tuple(image_block(0, r, causal) for r in rows)
+                self._encoded.put(key, blocks)
+                out.append(blocks)
+        return out
 
     def chat_stream(self, messages, tools=None, template_kwargs=None, thinking_budget: int | None = None,
                     **kw) -> Iterator[TokenEvent]:

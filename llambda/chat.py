@@ -621,13 +621,16 @@ def _drop_frames(exc: BaseException) -> None:
 # --- messages ----------------------------------------------------------------------------
 
 def _flatten_content(content: Any, where: str, image_marker: str | None = None,
-                     keep_images: bool = False) -> str | list | None:
+                     keep_images: bool = False, as_lists: bool = False) -> str | list | None:
     """A message's content as templates get it: a string (text parts joined on newlines; an image part, where
-    images are taken, as `image_marker`, the begin-of-image text, in its place), or with `keep_images` and an
+    images are taken, as `image_marker`, the image's marker text, in its place), or with `keep_images` and an
     image among the parts, the list of parts itself ({"type": "text", "text"} and {"type": "image"}, the
-    image's bytes left out) for a template that walks content lists (Gemma 3's)."""
-    if content is None or isinstance(content, str):
+    image's bytes left out) for a template that walks content lists (Gemma 3's). `as_lists`: always the list
+    of parts, a string as one text part (SmolVLM's template walks lists only: a string's text was dropped)."""
+    if content is None:
         return content
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}] if as_lists else content
     if isinstance(content, (list, tuple)):
         texts, parts, images = [], [], 0
         for j, part in enumerate(content):
@@ -651,7 +654,7 @@ def _flatten_content(content: Any, where: str, image_marker: str | None = None,
                 raise ChatTemplateError(f"{where}: content part {j} needs a string 'text'")
             texts.append(text)
             parts.append({"type": "text", "text": text})
-        if images and keep_images:
+        if (images and keep_images) or as_lists:
             return parts
         # Several text parts are one message: join them on newlines (as vLLM does).
         return "\n".join(texts)
@@ -736,13 +739,14 @@ def _normalize_tool_calls(tool_calls: Any, where: str) -> list[dict]:
     return out
 
 
-def validate_messages(messages: Any, image_marker: str | None = None, keep_images: bool = False) -> list[dict]:
+def validate_messages(messages: Any, image_marker: str | None = None, keep_images: bool = False,
+                      as_lists: bool = False) -> list[dict]:
     """Check an OpenAI-style message list and return normalized copies.
 
     Each message needs a string `role` and a `content` that is a string, a list of
     {"type": "text", "text": ...} parts (joined with newlines) or, for an assistant message,
     null/absent when it carries `tool_calls`. Other keys are kept as they are. Image parts
-    ({"type": "image", "image": bytes}) only with an `image_marker` (see _flatten_content).
+    ({"type": "image", "image": bytes}) only with an `image_marker` (see _flatten_content; `as_lists` too).
     """
     if not isinstance(messages, (list, tuple)):
         raise ChatTemplateError(f"messages must be a list of objects, got {type(messages).__name__}")
@@ -764,7 +768,7 @@ def validate_messages(messages: Any, image_marker: str | None = None, keep_image
             norm["tool_calls"] = _normalize_tool_calls(msg["tool_calls"], where)
         if "content" not in msg and not (role == "assistant" and has_calls):
             raise ChatTemplateError(f"{where} has no 'content'")
-        content = _flatten_content(msg.get("content"), where, image_marker, keep_images)
+        content = _flatten_content(msg.get("content"), where, image_marker, keep_images, as_lists)
         if content is None and not (role == "assistant" and has_calls):
             raise ChatTemplateError(f"{where}: 'content' may be null only for an assistant message with tool_calls")
         norm["content"] = content
@@ -911,6 +915,7 @@ class ChatTemplate:
         self.source = source
         self.reads_message_tools = reads_message_tools(source)
         self.reads_images = reads_images(source)
+        self._drops_strings: bool | None = None     # (_lists_only: found on the first render)
         self.bos_token = bos_token or ""
         self.eos_token = eos_token or ""
         self.name = name
@@ -963,12 +968,32 @@ class ChatTemplate:
                image_marker: str | None = None, **extra) -> str:
         """The prompt text. image_marker: the begin-of-image text of a model that takes images (image
         parts are refused without one); the caller checks that the text holds one per image."""
-        msgs = validate_messages(messages, image_marker, self.reads_images)
+        msgs = validate_messages(messages, image_marker, self.reads_images, self._lists_only())
         tools = _validate_tools(tools)
         if tools and self.reads_message_tools:     # Phi-4-mini: the tools go on the system message
             msgs = with_message_tools(msgs, tools)
         context = _render_context(extra, self.bos_token, self.eos_token, msgs, tools,
                                   bool(add_generation_prompt))
+        return self._budgeted(context)
+
+    def _lists_only(self) -> bool:
+        """Whether the template writes a message's content only as a list of parts (SmolVLM's walks
+        `message['content']` as parts: a string's text was dropped): found once, by rendering a user message
+        whose string content must show in the prompt; a template that fails on it is taken to write strings."""
+        if self._drops_strings is None:
+            self._drops_strings = False
+            if self.reads_images:
+                probe = "llambda-string-content-probe"
+                try:
+                    text = self._budgeted(_render_context({}, self.bos_token, self.eos_token,
+                                                          [{"role": "user", "content": probe}], None, False))
+                except ChatTemplateError:
+                    text = probe
+                self._drops_strings = probe not in text
+        return self._drops_strings
+
+    def _budgeted(self, context: dict) -> str:
+        """The template rendered with `context` within this template's budgets; ChatTemplateError."""
         token = _BUDGET.set(_Budget(self.max_steps, self.max_output_chars * _PRODUCED_FACTOR,
                                     self.max_built_bytes, self.max_seconds))
         try:

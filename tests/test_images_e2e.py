@@ -44,27 +44,51 @@ def _post(srv, path, body):
     return r.json()
 
 
-def test_every_surface_reaches_the_model(served):
-    want = _want(served.model, "Look:", PNG_A)
+def every_surface(srv, image: bytes, ollama_images: list[bytes]) -> None:
+    """Each route's greedy answer with `image` (Ollama's with `ollama_images`, before the text) is Model.chat's
+    (srv.model's) to the same canonical messages."""
+    b64 = base64.b64encode(image).decode()
+    url = "data:image/png;base64," + b64
+    want = _want(srv.model, "Look:", image)
     sampling = {"temperature": 0, "ignore_eos": True}
-    got = _post(served, "/v1/chat/completions", {"max_tokens": 6, **sampling, "messages": [{"role": "user", "content": [
-        {"type": "text", "text": "Look:"}, {"type": "image_url", "image_url": {"url": URL_A}}]}]})
+    got = _post(srv, "/v1/chat/completions", {"max_tokens": 6, **sampling, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "Look:"}, {"type": "image_url", "image_url": {"url": url}}]}]})
     assert got["choices"][0]["message"]["content"] == want
-    got = _post(served, "/v1/responses", {"max_output_tokens": 6, **sampling, "input": [{"role": "user", "content": [
-        {"type": "input_text", "text": "Look:"}, {"type": "input_image", "image_url": URL_A}]}]})
+    got = _post(srv, "/v1/responses", {"max_output_tokens": 6, **sampling, "input": [{"role": "user", "content": [
+        {"type": "input_text", "text": "Look:"}, {"type": "input_image", "image_url": url}]}]})
     assert got["output"][-1]["content"][0]["text"] == want
-    got = _post(served, "/v1/messages", {"max_tokens": 6, **sampling, "messages": [{"role": "user", "content": [
+    got = _post(srv, "/v1/messages", {"max_tokens": 6, **sampling, "messages": [{"role": "user", "content": [
         {"type": "text", "text": "Look:"},
-        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": B64_A}}]}]})
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64}}]}]})
     assert got["content"][0]["text"] == want
-    want_ollama = _want(served.model, PNG_A, "Look:")
-    got = _post(served, "/api/chat", {"stream": False, "options": {"temperature": 0, "num_predict": 6},
-                                      "ignore_eos": True,
-                                      "messages": [{"role": "user", "content": "Look:", "images": [B64_A]}]})
+    want_ollama = _want(srv.model, *ollama_images, "Look:")
+    b64s = [base64.b64encode(x).decode() for x in ollama_images]
+    got = _post(srv, "/api/chat", {"stream": False, "options": {"temperature": 0, "num_predict": 6},
+                                   "ignore_eos": True, "messages": [{"role": "user", "content": "Look:", "images": b64s}]})
     assert got["message"]["content"] == want_ollama
-    got = _post(served, "/api/generate", {"stream": False, "options": {"temperature": 0, "num_predict": 6},
-                                          "ignore_eos": True, "prompt": "Look:", "images": [B64_A]})
+    got = _post(srv, "/api/generate", {"stream": False, "options": {"temperature": 0, "num_predict": 6},
+                                       "ignore_eos": True, "prompt": "Look:", "images": b64s})
     assert got["response"] == want_ollama
+
+
+def streamed(srv, image: bytes) -> tuple[str, str]:
+    """(the streamed chat completion's text with `image`, Model.chat's answer)."""
+    want = _want(srv.model, "Look:", image)
+    url = "data:image/png;base64," + base64.b64encode(image).decode()
+    body = {"model": "vis", "stream": True, "max_tokens": 6, "temperature": 0, "ignore_eos": True,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "Look:"},
+                                                      {"type": "image_url", "image_url": url}]}]}
+    import json
+    text = []
+    with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=120) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                text += [c["delta"].get("content") or "" for c in json.loads(line[6:])["choices"]]
+    return "".join(text), want
+
+
+def test_every_surface_reaches_the_model(served):
+    every_surface(served, PNG_A, [PNG_A])
     caps = _post(served, "/api/show", {})["capabilities"]
     assert "vision" in caps
 
@@ -85,17 +109,8 @@ def test_a_stored_conversation_keeps_its_images(served):
 
 
 def test_streams_with_images(served):
-    want = _want(served.model, "Look:", PNG_B)
-    body = {"model": "vis", "stream": True, "max_tokens": 6, "temperature": 0, "ignore_eos": True,
-            "messages": [{"role": "user", "content": [{"type": "text", "text": "Look:"},
-                                                      {"type": "image_url", "image_url": URL_B}]}]}
-    import json
-    text = []
-    with httpx.stream("POST", served.url + "/v1/chat/completions", json=body, timeout=120) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: {"):
-                text += [c["delta"].get("content") or "" for c in json.loads(line[6:])["choices"]]
-    assert "".join(text) == want
+    got, want = streamed(served, PNG_B)
+    assert got == want
 
 
 def test_run_on_the_command_line(served, tmp_path, monkeypatch, capsys):

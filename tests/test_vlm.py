@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -161,6 +162,23 @@ def test_a_block_wider_than_a_forward_is_refused_at_attach():
         assert not m.accepts_images
 
 
+@contextmanager
+def prefill_starts():
+    """The start of every engine.prefill call the library makes meanwhile."""
+    calls = []
+    prefill = llambda.engine.prefill
+
+    def spy(model, slot, ids, start, images=()):
+        calls.append(start)
+        return prefill(model, slot, ids, start, images)
+
+    llambda.api.engine.prefill = spy
+    try:
+        yield calls
+    finally:
+        llambda.api.engine.prefill = prefill
+
+
 def test_library_prefix_reuse_tells_images_apart():
     """Slot 0's prefix is reused up to where the images differ: the same ids with another image give
     that image's answer (its logprobs' bits), the same image again reuses its block."""
@@ -178,18 +196,8 @@ def test_library_prefix_reuse_tells_images_apart():
         assert [t for t, _, _ in a][:6] == inp["greedy_new_tokens"][:6]
         b = run(m, "image_b.png")
         assert b == want_b and b != a
-        calls = []
-        prefill = llambda.engine.prefill
-
-        def spy(model, slot, ids, start, images=()):
-            calls.append(start)
-            return prefill(model, slot, ids, start, images)
-
-        llambda.api.engine.prefill = spy
-        try:
+        with prefill_starts() as calls:
             again = run(m, "image_b.png")
-        finally:
-            llambda.api.engine.prefill = prefill
         assert again == want_b
         assert min(calls) >= blocks_of(inp)[0].end, f"the same image's block was computed again: {calls}"
 

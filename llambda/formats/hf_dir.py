@@ -72,7 +72,7 @@ SANDWICH = {
 
 # Prefixes of multimodal checkpoints whose text decoder we run (transformers 5 and 4 layouts).
 _TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
-                  ("language_model.lm_head.", "lm_head."))
+                  ("language_model.lm_head.", "lm_head."), ("model.text_model.", "model."))    # the last: Idefics3's
 _LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
 _CLASS_SUFFIXES = ("ForCausalLM", "ForConditionalGeneration", "Model")
 

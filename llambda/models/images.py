@@ -1,12 +1,23 @@
-"""Images in a prompt, on the language model's side: the tokens that frame an image, the blocks of soft
-tokens a prompt holds (their rows from the vision tower, their identity), and the rules a prefill and a
-prefix match follow for them.
+"""Images in a prompt, on the language model's side: the tokens that frame an image (a family's layout), the
+blocks of soft tokens a prompt holds (their rows from the vision tower, their identity), and the rules a
+prefill and a prefix match follow for them.
 
-An image is `begin, soft x N, end` in the token sequence (Gemma 3: `<start_of_image>`, N = 256
-`<image_soft_token>`, `<end_of_image>`). The soft tokens' embeddings are the tower's rows, written over
-the text embedding (after its scale: the rows are not scaled); they attend to every token of their own
-block, later ones too (Transformer.forward's kend), causally to everything before it. So:
-  - a prefill chunk never ends strictly inside a block (`chunk_end`): its rows need the whole block's keys;
+Two families' layouts (the tower says which: `tower.family`):
+  - Gemma 3 (`ImageTokens`): an image is `begin, soft x N, end` (`<start_of_image>`, N = 256
+    `<image_soft_token>`, `<end_of_image>`), a blank line either side; one crop, one block. Its soft tokens
+    attend to every token of their own block, later ones too (Transformer.forward's kend), causally to
+    everything before it.
+  - Idefics3 / SmolVLM (`IdeficsTokens`): the template's `<image>` becomes, for an image split into rows x cols
+    crops, `<fake_token_around_image><row_r_col_c>` + `<image>` x N per crop (a newline after each row), then
+    a newline and the whole image's `<fake_token_around_image><global-img>` + `<image>` x N +
+    `<fake_token_around_image>`; an unsplit image is the global part alone. One block per crop (each crop's
+    run of soft tokens; a prefix then matches up to the first crop that differs, which causal attention
+    allows); attention is causal everywhere (transformers' Idefics3: a plain Llama over the merged
+    embeddings), so a block has no kend and a prefill chunk may end inside it.
+The soft tokens' embeddings are the tower's rows, written over the text embedding (after its scale: the rows
+are not scaled). So:
+  - a prefill chunk never ends strictly inside a block that attends both ways (`chunk_end`): its rows need
+    the whole block's keys;
   - a prefix match stops where two sequences' images differ (`images_agree`): token ids alone do not say
     which image a block held (every soft token has the same id).
 """
@@ -20,32 +31,118 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..errors import InvalidInputError
+from ..errors import InvalidInputError, ModelFormatError
 
 BEGIN_TEXT, END_TEXT, SOFT_TEXT = "<start_of_image>", "<end_of_image>", "<image_soft_token>"
+# Idefics3's (transformers' Idefics3Processor): the image token a template writes, the markers around a crop
+IMAGE_TEXT, FAKE_TEXT, GLOBAL_TEXT = "<image>", "<fake_token_around_image>", "<global-img>"
+GEMMA3, IDEFICS3 = "gemma3", "idefics3"
+FAMILIES = (GEMMA3, IDEFICS3)
 DEFAULT_MAX_IMAGES = 8          # images one request may hold (Model.max_images; the server's bound too)
 ENCODED_ROWS_BYTES = 64 << 20   # the tower's rows kept for images sent again (EncodedRows): 24 of a 4B model's
 
 
+def _marker_count(text: str, marker: str, n_images: int) -> None:
+    n = text.count(marker)
+    if n != n_images:
+        raise InvalidInputError(f"the prompt holds {n} image markers ({marker}) for {n_images} image(s): the chat "
+                                "template dropped an image part, or the text writes the marker itself")
+
+
 @dataclass(frozen=True)
 class ImageTokens:
-    """The token ids that frame an image and the begin marker's text (what a chat template writes)."""
+    """Gemma 3's layout: the token ids that frame an image and the begin marker's text (what a chat template
+    writes)."""
     begin: int
     soft: int          # as the prompt holds it: an id past the embedding table is held as 0 (as transformers)
     end: int
     begin_text: str = BEGIN_TEXT
     end_text: str = END_TEXT
+    family = GEMMA3
+
+    @property
+    def marker(self) -> str:
+        return self.begin_text
+
+    def expand(self, text: str, grids: list, per: int = 0) -> str:
+        """The processor's expansion of each begin marker: a blank line around an empty block (its soft tokens
+        are inserted between begin and end once tokenized: `place`). One block an image whatever its grid."""
+        return expand_text(text, self)
+
+    def place(self, ids: list[int], per: int, grids: list) -> tuple[list[int], list[tuple]]:
+        """(the ids with each image's soft tokens, each image's run starts: one run)."""
+        out, starts = insert_soft(ids, self, per, len(grids))
+        return out, [(s,) for s in starts]
+
+    def block_tokens(self, per: int) -> int:
+        """The tokens of an image's block one forward must hold (begin, soft tokens, end)."""
+        return per + 2
 
 
-def image_tokens(config: dict | None, tokenizer, vocab_size: int) -> ImageTokens | None:
-    """The image token ids: from a Hugging Face config (boi_token_index, eoi_token_index,
-    image_token_index), else from the vocabulary's `<start_of_image>`, `<end_of_image>` and
-    `<image_soft_token>` (a GGUF file); None when neither names the begin and end tokens."""
+@dataclass(frozen=True)
+class IdeficsTokens:
+    """Idefics3's layout (SmolVLM): the `<image>` soft token a template writes, expanded per crop."""
+    soft: int
+    marker: str = IMAGE_TEXT      # the soft token's text: what a template writes for an image
+    family = IDEFICS3
+
+    def image_text(self, rows: int, cols: int, per: int) -> str:
+        """An image's text as transformers' Idefics3Processor writes it (the crops row-major, then the whole
+        image; rows = cols = 0: the whole image alone)."""
+        run = self.marker * per
+        glob = f"{FAKE_TEXT}{GLOBAL_TEXT}{run}{FAKE_TEXT}"
+        if not rows and not cols:
+            return glob
+        tiles = "".join("".join(f"{FAKE_TEXT}<row_{r + 1}_col_{c + 1}>{run}" for c in range(cols)) + "\n"
+                        for r in range(rows))
+        return f"{tiles}\n{glob}"
+
+    def expand(self, text: str, grids: list, per: int = 0) -> str:
+        _marker_count(text, self.marker, len(grids))
+        parts = text.split(self.marker)
+        out = [parts[0]]
+        for (rows, cols), after in zip(grids, parts[1:]):
+            out.append(self.image_text(rows, cols, per))
+            out.append(after)
+        return "".join(out)
+
+    def place(self, ids: list[int], per: int, grids: list) -> tuple[list[int], list[tuple]]:
+        """(the ids, each image's run starts): the runs of soft ids the expanded text tokenized to, checked to
+        be the images' crops of `per` tokens each."""
+        a = np.asarray(ids, dtype=np.int64)
+        soft = a == self.soft
+        edges = np.flatnonzero(np.diff(np.concatenate(([0], soft.view(np.int8), [0]))))
+        lo, hi = edges[0::2], edges[1::2]
+        want = [rows * cols + 1 for rows, cols in grids]
+        if len(lo) != sum(want) or np.any(hi - lo != per):
+            raise InvalidInputError(f"the prompt's image tokens ({self.marker}) do not make {sum(want)} runs of "
+                                    f"{per} for the images' crops: the text writes the token itself, or the "
+                                    "tokenizer does not read it as one token")
+        starts, k = [], 0
+        for n in want:
+            starts.append(tuple(int(s) for s in lo[k:k + n]))
+            k += n
+        return list(ids), starts
+
+    def block_tokens(self, per: int) -> int:
+        return 0        # causal: a chunk may end anywhere
+
+
+def image_tokens(config: dict | None, tokenizer, vocab_size: int, family: str = GEMMA3):
+    """The image tokens of a family's layout (ImageTokens for Gemma 3, IdeficsTokens for Idefics3), or None
+    when neither the config nor the vocabulary names them.
+    Gemma 3: from a Hugging Face config (boi_token_index, eoi_token_index, image_token_index), else from the
+    vocabulary's `<start_of_image>`, `<end_of_image>` and `<image_soft_token>` (a GGUF file).
+    Idefics3: the config's image_token_id, else the vocabulary's `<image>` (llama.cpp's text GGUF of SmolVLM)."""
+    if family == IDEFICS3:
+        return _idefics_tokens(config, tokenizer, vocab_size)
+    if family != GEMMA3:
+        raise InvalidInputError(f"no image layout for the family {str(family)[:40]!r} ({', '.join(FAMILIES)})")
     ids = {}
     if isinstance(config, dict):
         for key, name in (("boi_token_index", "begin"), ("eoi_token_index", "end"), ("image_token_index", "soft")):
             v = config.get(key)
-            if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+            if _index(v):
                 ids[name] = v
     if tokenizer is not None:
         for text, name in ((BEGIN_TEXT, "begin"), (END_TEXT, "end"), (SOFT_TEXT, "soft")):
@@ -63,6 +160,25 @@ def image_tokens(config: dict | None, tokenizer, vocab_size: int) -> ImageTokens
     begin_text = _text(tokenizer, ids["begin"], BEGIN_TEXT)
     end_text = _text(tokenizer, ids["end"], END_TEXT)
     return ImageTokens(ids["begin"], soft if soft < vocab_size else 0, ids["end"], begin_text, end_text)
+
+
+def _index(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _idefics_tokens(config, tokenizer, vocab_size: int) -> IdeficsTokens | None:
+    soft = config.get("image_token_id") if isinstance(config, dict) else None
+    if not _index(soft):
+        soft = _token_id(tokenizer, IMAGE_TEXT) if tokenizer is not None else None
+    if soft is None:
+        return None
+    if soft >= vocab_size:
+        raise InvalidInputError(f"the image token {soft} is outside the model's {vocab_size} token embeddings")
+    text = _text(tokenizer, soft, IMAGE_TEXT)
+    if tokenizer is not None and _token_id(tokenizer, text) != soft:
+        raise InvalidInputError(f"the image token {soft} ({text[:40]!r}) is not read back as itself by the tokenizer: "
+                                "a prompt could not hold it")
+    return IdeficsTokens(soft, text)
 
 
 def _token_id(tokenizer, text: str) -> int | None:
@@ -84,10 +200,12 @@ def _text(tokenizer, tid: int, default: str) -> str:
 
 @dataclass(frozen=True, eq=False)
 class ImageBlock:
-    """One image's soft tokens in a sequence: positions start .. start + len(rows) - 1."""
+    """One run of an image's soft tokens in a sequence (Gemma 3: the image; Idefics3: one crop): positions
+    start .. start + len(rows) - 1."""
     start: int
     rows: np.ndarray     # (tokens_per_image, d_model) float32, read-only
     digest: bytes        # sha256 of the rows: what the prefix cache tells images apart by
+    causal: bool = False  # its tokens attend causally (Idefics3); else to the whole block (Gemma 3's kend)
 
     @property
     def end(self) -> int:
@@ -110,14 +228,14 @@ def image_keys(blocks) -> tuple:
     return tuple(ImageKey(b.start, b.end, b.digest) for b in blocks)
 
 
-def image_block(start: int, rows: np.ndarray) -> ImageBlock:
+def image_block(start: int, rows: np.ndarray, causal: bool = False) -> ImageBlock:
     rows = np.array(rows, dtype=np.float32, order="C", copy=True)
     if rows.ndim != 2 or not len(rows):
         raise InvalidInputError(f"an image's rows must be a non-empty 2-D array, got shape {rows.shape}")
     if not np.isfinite(rows).all():
         raise InvalidInputError("an image's rows hold NaN or infinite values")
     rows.setflags(write=False)
-    return ImageBlock(int(start), rows, hashlib.sha256(rows.tobytes()).digest())
+    return ImageBlock(int(start), rows, hashlib.sha256(rows.tobytes()).digest(), bool(causal))
 
 
 def expand_text(text: str, tokens: ImageTokens) -> str:
@@ -146,10 +264,10 @@ def insert_soft(ids: list[int], tokens: ImageTokens, per_image: int, n_images: i
     return out, starts
 
 
-def check_prompt(ids: list[int], blocks: tuple[ImageBlock, ...], tokens: ImageTokens | None, width: int) -> None:
+def check_prompt(ids, blocks: tuple[ImageBlock, ...], tokens, width: int) -> None:
     """Blocks (ImageBlocks of rows `width` wide) must lie inside the prompt, apart, in order, over soft-token
-    ids, and not at its last token (its logits start generation); a run of soft ids that no block covers is
-    refused (no image's rows for it)."""
+    ids, and not at its last token (its logits start generation); a soft id that no block covers is refused
+    (no image's rows for it). `tokens`: the model's layout (ImageTokens, IdeficsTokens) or None (no images)."""
     last = 0
     for b in blocks:
         if not isinstance(b, ImageBlock):
@@ -163,24 +281,24 @@ def check_prompt(ids: list[int], blocks: tuple[ImageBlock, ...], tokens: ImageTo
         if blocks:
             raise InvalidInputError("this model takes no images")
         return
-    covered = np.zeros(len(ids), np.bool_)
+    soft = np.asarray(ids, dtype=np.int64) == tokens.soft
+    covered = np.zeros(len(soft), np.bool_)
     for b in blocks:
-        if any(t != tokens.soft for t in ids[b.start:b.end]):
-            raise InvalidInputError("an image block must cover image soft tokens only")
         covered[b.start:b.end] = True
-    if tokens.soft != 0:
-        soft = np.asarray(ids) == tokens.soft
-        if (soft & ~covered).any():
-            raise InvalidInputError("the prompt holds image soft tokens that no image fills "
-                                    f"(token {tokens.soft}); send the image itself")
+    if (covered & ~soft).any():
+        raise InvalidInputError("an image block must cover image soft tokens only")
+    if tokens.soft != 0 and (soft & ~covered).any():
+        raise InvalidInputError("the prompt holds image soft tokens that no image fills "
+                                f"(token {tokens.soft}); send the image itself")
 
 
 def chunk_end(blocks, start: int, want: int, limit: int) -> int:
     """Where a prefill chunk from `start` ends (exclusive) when it would end at `want`, never past
     `limit`: not strictly inside an image block. Cut back to the block's start, or, when the chunk
-    starts inside the block, carried to its end (if within limit); `start` when nothing fits now."""
+    starts inside the block, carried to its end (if within limit); `start` when nothing fits now. A causal
+    block (Idefics3's) may be cut anywhere: its rows need no later key."""
     for b in blocks:
-        if b.start < want < b.end:
+        if not b.causal and b.start < want < b.end:
             if b.start > start:
                 return b.start
             return b.end if b.end <= limit else start
@@ -202,8 +320,47 @@ def images_agree(n: int, held, blocks) -> int:
     return n
 
 
+# -- what a vision tower gives, checked (Model.encode_images) --------------------------------------------
+
+MAX_CROPS_A_CALL = 16      # crops one tower.encode call takes (its bound is 64)
+
+
+def check_bytes(data) -> None:
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise InvalidInputError(f"an image must be the bytes of an image file, got {type(data).__name__}")
+
+
+def tower_crops(pixels) -> np.ndarray:
+    """A tower's pixels of one image as float32 [n_crops, C, S, S] ([C, S, S]: one crop)."""
+    try:
+        p = np.asarray(pixels, dtype=np.float32)
+    except (TypeError, ValueError) as e:
+        raise ModelFormatError(f"the vision tower's pixels are no arrays of one shape ({e})") from None
+    if p.ndim == 3:
+        p = p[None]
+    if p.ndim != 4 or not len(p):
+        raise ModelFormatError(f"the vision tower's pixels are of shape {p.shape}: no [crops, C, S, S] array")
+    return p
+
+
+def tower_rows(out, n: int, per: int, width: int) -> np.ndarray:
+    """The tower's rows of n crops, checked to be float32 [n, per, width]."""
+    try:
+        rows = np.asarray(out, dtype=np.float32)
+    except (TypeError, ValueError) as e:
+        raise ModelFormatError(f"the vision tower gave rows that are no array of numbers ({e})") from None
+    if rows.shape != (n, per, width):
+        raise ModelFormatError(f"the vision tower gave rows of shape {rows.shape}, expected {(n, per, width)}")
+    return rows
+
+
+def _nbytes(value) -> int:
+    return sum(b.rows.nbytes for b in value) if isinstance(value, tuple) else value.rows.nbytes
+
+
 class EncodedRows:
-    """The blocks (rows and digest) of the images a tower encoded lately, by their file's sha256, the least
+    """The blocks (rows and digest; an ImageBlock, or a tuple of them: an image's crops) of the images a tower
+    encoded lately, by their file's sha256, the least
     recently used dropped past max_bytes: a conversation sends its images again with every turn, and the tower
     (tens of seconds an image on a CPU) then runs once for each image, not once a turn. Its own lock: a
     lookup does not wait behind an encoding."""
@@ -218,22 +375,23 @@ class EncodedRows:
     def key(data: bytes) -> bytes:
         return hashlib.sha256(data).digest()
 
-    def get(self, key: bytes) -> ImageBlock | None:
-        """The image's block (ImageBlock.at moves it to its prompt's place), or None: not kept."""
+    def get(self, key: bytes):
+        """The image's block or blocks (ImageBlock.at moves one to its prompt's place), or None: not kept."""
         with self._lock:
             block = self._blocks.get(key)
             if block is not None:
                 self._blocks.move_to_end(key)
             return block
 
-    def put(self, key: bytes, block: ImageBlock) -> None:
+    def put(self, key: bytes, block) -> None:
+        size = _nbytes(block)
         with self._lock:
-            if key in self._blocks or block.rows.nbytes > self.max_bytes:
+            if key in self._blocks or size > self.max_bytes:
                 return
             self._blocks[key] = block
-            self._bytes += block.rows.nbytes
+            self._bytes += size
             while self._bytes > self.max_bytes:
-                self._bytes -= self._blocks.popitem(last=False)[1].rows.nbytes
+                self._bytes -= _nbytes(self._blocks.popitem(last=False)[1])
 
     def clear(self) -> None:
         """Forget every block (another tower's rows are not these)."""
@@ -247,23 +405,28 @@ class EncodedRows:
 
 class BatchImages:
     """A forward batch's image rows: for each span of the batch's rows that are soft tokens, the tower's
-    rows to write over their embeddings and the end of their block (attention's kend)."""
+    rows to write over their embeddings and the end of their block (attention's kend; -1 for a causal
+    block: its tokens see what any token sees)."""
 
     def __init__(self):
-        self.spans: list[tuple[int, np.ndarray, int]] = []      # (first batch row, rows, block end)
+        self.spans: list[tuple[int, np.ndarray, int]] = []      # (first batch row, rows, block end or -1)
 
     def add(self, offset: int, blocks, start: int, end: int) -> None:
         """A sequence's positions start..end-1 sit at batch rows offset..: its blocks' rows among them."""
         for b in blocks:
             lo, hi = max(b.start, start), min(b.end, end)
             if lo < hi:
-                self.spans.append((offset + lo - start, b.rows[lo - b.start:hi - b.start], b.end))
+                self.spans.append((offset + lo - start, b.rows[lo - b.start:hi - b.start], -1 if b.causal else b.end))
 
     def __bool__(self) -> bool:
         return bool(self.spans)
 
-    def kend(self, pos: np.ndarray) -> np.ndarray:
+    def kend(self, pos: np.ndarray) -> np.ndarray | None:
+        """Each row's key end, or None when every span is causal (attention as for text)."""
+        if all(end < 0 for _, _, end in self.spans):
+            return None
         out = pos.astype(np.int32) + 1
         for r0, rows, end in self.spans:
-            out[r0:r0 + len(rows)] = end
+            if end >= 0:
+                out[r0:r0 + len(rows)] = end
         return out

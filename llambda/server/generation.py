@@ -55,9 +55,16 @@ class Prepared:
     echoes: list[str]                 # text to echo per prompt ("" without echo)
     seqs: list[list[Sequence]]        # per prompt, one Sequence per choice
     tools: ToolSetup | None = None    # how answers are read for tool calls (chat with tools)
-    # a chat's images and their blocks' starts, still to encode ((): none); the seqs are made once they are
-    images: tuple = ()
-    made_with: tuple = ()             # (grammar, thinking) the seqs are made with
+    grammar: object = None            # the compiled grammar and the thought budget the seqs are made with
+    thinking: ThinkingBudget | None = None
+    images: "PendingImages | None" = None   # a chat's images still to encode; the seqs are made once they are
+
+
+@dataclass(frozen=True)
+class PendingImages:
+    """A chat's image files and each one's run starts in its prompt (Model.image_ids), for Model.encode_images."""
+    files: list
+    starts: list
 
 
 class Service:
@@ -143,7 +150,7 @@ class Service:
         if spec.speculative not in (None, "off"):
             raise bad_request("'speculative' does not take images: speculative decoding runs on text prompts only",
                               param="speculative")
-        per = int(self.model.vision.tokens_per_image) + 2
+        per = self.model.image_block_tokens       # an image block one forward holds whole (0: causal, none)
         room = self.scheduler.max_batch - max(self.scheduler.n_slots, self.scheduler.spec_rows)
         if per > room:
             raise bad_request(f"an image takes {per} tokens of a forward; this server's batch of "
@@ -153,8 +160,8 @@ class Service:
     def _chat_ids(self, spec: GenerationSpec) -> tuple[list[int], ToolSetup | None, GrammarSpec | None,
                                                        PromptThought | None, tuple]:
         """The prompt, how the answer is read for tool calls, the grammar tool calls follow, where
-        the prompt leaves a `<think>` template's thought, and its images with their blocks' starts
-        (([], []) without any: `_encode` makes the blocks, once every other check has passed)."""
+        the prompt leaves a `<think>` template's thought, and its images with their runs' starts (None
+        without any: `_encode` makes the blocks, once every other check has passed)."""
         images = self._chat_images(spec)
         try:
             text, generic = self._render(spec)
@@ -177,12 +184,12 @@ class Service:
             if setup is not None:
                 text += setup.prefix
             if not images:
-                return self.model._prompt_ids(text), setup, grammar, thought, ([], [])
-            ids, starts = self.model.image_ids(text, len(images))
-            return ids, setup, grammar, thought, (images, starts)
+                return self.model._prompt_ids(text), setup, grammar, thought, None
+            ids, starts = self.model.image_ids(text, images)     # the images' sizes from their headers
+            return ids, setup, grammar, thought, PendingImages(images, starts)
         except ContextOverflowError as e:
             raise APIError(400, str(e), param=spec.messages_param, code="context_length_exceeded") from None
-        except InvalidInputError as e:       # the images' markers do not match the images (image_ids)
+        except InvalidInputError as e:       # the images' markers do not match the images, a bad image (image_ids)
             raise bad_request(str(e), param=spec.messages_param) from None
         except ChatTemplateError as e:
             raise bad_request(f"cannot render {spec.messages_shown}: {e}", param=spec.messages_param) from None
@@ -246,20 +253,20 @@ class Service:
         except (TokenizerError, ValueError) as e:
             raise bad_request(f"invalid prompt: {e}", param="prompt") from None
 
-    def _encode(self, spec: GenerationSpec, images: list[bytes], starts: list[int]) -> tuple:
+    def _encode(self, spec: GenerationSpec, pending: PendingImages | None) -> tuple:
         """The image blocks of a chat prompt: the vision tower runs here, in the image worker (`encode`; not a
         prompt worker: text requests are not held behind the tower) (Model.encode_images: under the model's
         vision lock, never the scheduler's; running streams keep decoding, the C core interleaving their ops
         with the tower's)."""
-        if not images:
+        if pending is None:
             return ()
         t0 = time.perf_counter()
         try:
-            blocks = self.model.encode_images(images, starts)
+            blocks = self.model.encode_images(pending.files, pending.starts)
         except InvalidInputError as e:        # an image the decoder refuses (llambda.vision's limits)
             self.scheduler.metrics.image_refused("invalid_image")
             raise bad_request(f"invalid image: {e}", param=spec.messages_param) from None
-        self.scheduler.metrics.images_encoded(len(images), time.perf_counter() - t0)
+        self.scheduler.metrics.images_encoded(len(pending.files), time.perf_counter() - t0)
         return blocks
 
     def _max_tokens(self, spec: GenerationSpec, n_prompt: int) -> int | None:
@@ -343,7 +350,7 @@ class Service:
             prompts = [ids]
             echoes = [""]
         else:
-            pending = ([], [])
+            pending = None
             prompts = [self._completion_ids(p, spec) for p in spec.prompts]
             echoes = [self._echo_text(p, ids) if spec.echo else "" for p, ids in zip(spec.prompts, prompts)]
         bias = spec.sampling.get("logit_bias") or {}
@@ -358,21 +365,19 @@ class Service:
                                    self.model._text_after_thought)
         for ids in prompts:
             self._max_tokens(spec, len(ids))          # a 400 before the images' encoding
-        p = Prepared(spec, prompts, echoes, [], tools, images=pending if pending[0] else (),
-                     made_with=(grammar, thinking))
+        p = Prepared(spec, prompts, echoes, [], tools, grammar=grammar, thinking=thinking, images=pending)
         return p if p.images else self._with_sequences(p, ())
 
     def encode(self, p: "Prepared") -> "Prepared":
         """A prepared chat's images through the vision tower, then its Sequences (the image worker)."""
-        return self._with_sequences(p, self._encode(p.spec, *p.images))
+        return self._with_sequences(p, self._encode(p.spec, p.images))
 
     def _with_sequences(self, p: "Prepared", blocks: tuple) -> "Prepared":
-        grammar, thinking = p.made_with
         for ids in p.prompts:
             max_tokens = self._max_tokens(p.spec, len(ids))
-            p.seqs.append([self._sequence(p.spec, ids, max_tokens, k, grammar, thinking, blocks)
+            p.seqs.append([self._sequence(p.spec, ids, max_tokens, k, p.grammar, p.thinking, blocks)
                            for k in range(p.spec.n)])
-        p.images = ()
+        p.images = None
         return p
 
     def _compile(self, constraint: GrammarSpec, param: str):
