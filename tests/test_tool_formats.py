@@ -703,7 +703,8 @@ def test_server_forces_a_tagged_call_in_the_models_own_syntax(tagged_live, choic
     think = {"chat_template_kwargs": {"open_thought": True}, "thinking_token_budget": 4} if thinking else \
         {"chat_template_kwargs": {"enable_thinking": False}}
     kw = dict(model="tiny-" + fmt, messages=[{"role": "user", "content": "weather?"}], tools=TAGGED_TOOLS,
-              tool_choice=tool_choice, max_tokens=300, temperature=0, logprobs=True, extra_body=think)
+              tool_choice=tool_choice, max_tokens=300, temperature=0, logprobs=True, extra_body=think,
+              parallel_tool_calls=False)
     ch = c.chat.completions.create(**kw).choices[0]
     tokens = [t.token for t in ch.logprobs.content]
     generated = "".join(tokens)
@@ -731,6 +732,18 @@ def test_server_forces_a_tagged_call_in_the_models_own_syntax(tagged_live, choic
     content, calls, finish = _stream_tool_calls(c, **kw)
     assert (content, finish) == ("", "tool_calls")
     assert calls == [{"name": name, "arguments": call.function.arguments}]
+    # parallel_tool_calls (the default): one or more calls, each in the format's tags (the random model
+    # writes them until max_tokens cuts the last), every complete one of an offered tool as the schema asks
+    kw["parallel_tool_calls"] = True
+    ch = c.chat.completions.create(**kw).choices[0]
+    answer = "".join(t.token for t in ch.logprobs.content)
+    calls = ch.message.tool_calls
+    opened = answer.count("<tool_call>") + (not thinking)       # a call cut before its name is text
+    assert calls and len(calls) in ((opened - 1, opened) if ch.finish_reason == "length" else (opened,)), answer
+    for call in calls[:-1] if ch.finish_reason == "length" else calls:
+        assert call.function.name == choice or choice == "required", answer
+        args = json.loads(call.function.arguments)
+        _check_weather_args(args) if call.function.name == "get_weather" else None
 
 
 HERMES_TEMPLATE = ("{% if tools %}tools: {% for t in tools %}{{ t.function.name }} {% endfor %}, called in "

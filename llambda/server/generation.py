@@ -205,8 +205,8 @@ class Service:
         forced = spec.tool_choice != "auto"
         constrained = constrained or (native is not None and forced)     # a forced call is under a grammar
         try:
-            native_call = native.force(spec.tools, names, spec.tool_choice, self.model.tokenizer) \
-                if native and forced else None
+            native_call = native.force(spec.tools, names, spec.tool_choice, self.model.tokenizer,
+                                       parallel=spec.parallel_tool_calls) if native and forced else None
         except ConstraintError as e:         # a tool the format cannot call as its schema asks
             raise bad_request(f"'tools': {e}", param="tools") from None
         if forced and native_call is None:
@@ -227,12 +227,13 @@ class Service:
                               "a call", param=spec.constraint_param)
         if spec.constraint is not None:      # auto: the client's format for text answers wins
             return setup, None
-        if native_call is not None:          # one call, in the model's own syntax
+        if native_call is not None:          # in the model's own syntax, one or more calls (parallel_tool_calls)
             return setup, GrammarSpec("lark", native_call.grammar(inline=think_first))
-        # a named function is one call of it; "required" may make several (parallel_tool_calls), but
-        # not through the generic prompt: models never trained on calls repeat them until max_tokens
+        # "required" and a named function are one or more calls with parallel_tool_calls (OpenAI's
+        # "required"; a named one: more calls of it), but not through the generic prompt: models never
+        # trained on calls repeat them until max_tokens
         lark = tool_grammar(spec.tools, names, spec.tool_choice,
-                            parallel=spec.parallel_tool_calls and spec.tool_choice == "required" and not generic,
+                            parallel=spec.parallel_tool_calls and not generic,
                             opening=opening if think_first else "", tokenizer=self.model.tokenizer)
         return setup, GrammarSpec("lark", lark)
 

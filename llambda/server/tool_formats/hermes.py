@@ -96,5 +96,5 @@ class HermesFormat(ClosedByTag):
             return None
         return [call] if call is not None else None
 
-    def forced(self, tools, names, choice, spell=None):
+    def forced(self, tools, names, choice, spell=None, parallel=False):
         return None       # tools.tool_grammar writes the Hermes form's grammars (auto, parallel calls too)

@@ -50,8 +50,8 @@ class TaggedFormat(ClosedByTag):
     shape: TaggedShape
     openers, close = (OPEN,), CLOSE
 
-    def forced(self, tools, names, choice, spell: Spelling | None = None):
-        return tagged_call(tools, names, choice, self.shape, spell)
+    def forced(self, tools, names, choice, spell: Spelling | None = None, parallel: bool = False):
+        return tagged_call(tools, names, choice, self.shape, spell, parallel)
 
     def parse(self, body, opener, params):
         body = self.inner(body)
@@ -64,14 +64,14 @@ class TaggedFormat(ClosedByTag):
 
 
 def tagged_call(tools: list, names: set[str], choice: str, shape: TaggedShape,
-                spell: Spelling | None = None) -> ForcedCall:
-    """The forced call ("required": the model picks the name; "function": `names` holds the one)."""
+                spell: Spelling | None = None, parallel: bool = False) -> ForcedCall:
+    """The forced call ("required": the model picks the name; "function": `names` holds the one);
+    parallel: further calls may follow, each in its own call tags (a newline before it)."""
     spell = spell or Spelling()
     fns = offered(tools, names)
-    rules, alts = [], []
+    rules, named = [], []
     for i, fn in enumerate(fns):
         params = fn.get("parameters") or {}
-        head = [] if choice == "function" else [spell(fn["name"] + shape.name_close)]
         written = []            # (rule, required) of each parameter a call may hold
         for j, (key, schema, required) in enumerate(_parameters(params)):
             value = _value(f"V_{i}_{j}", schema, params, shape, spell, rules) if writable(key) else None
@@ -85,9 +85,14 @@ def tagged_call(tools: list, names: set[str], choice: str, shape: TaggedShape,
             after = f" {spell(shape.after_value)}" if shape.after_value else ""
             rules.append(f"{rule}: {spell(shape.key_open + key + shape.key_close)} {value}{after}")
             written.append((rule, required))
-        alts.append(" ".join(head + [_any_order(f"args_{i}", written, rules)]))
+        named.append((spell(fn["name"] + shape.name_close), _any_order(f"args_{i}", written, rules)))
+    close = spell(shape.call_close)
+    first = named[0][1] if choice == "function" else " | ".join(f"{h} {a}" for h, a in named)
+    rest = f"({first}) {close}"
+    if parallel:
+        rest += f' ("\\n"? {spell(shape.call_open)} ({" | ".join(f"{h} {a}" for h, a in named)}) {close})*'
     start = shape.opening(fns[0]["name"] if choice == "function" else "")
-    return ForcedCall(start, f'({" | ".join(alts)}) {spell(shape.call_close)}', tuple(rules), spell)
+    return ForcedCall(start, rest, tuple(rules), spell)
 
 
 def _any_order(name: str, written: list[tuple[str, bool]], rules: list) -> str:

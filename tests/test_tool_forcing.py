@@ -1,0 +1,105 @@
+"""Forced tool calls in each format's own syntax (llambda/server/tool_formats/forcing.py, tagged.py,
+tools.tool_grammar): several calls under tool_choice "required" or a named function when
+parallel_tool_calls is true, exactly one when it is false; JSON values in GLM's and Qwen3-Coder's tags
+that never hold a closing tag; `pattern` and `format` of text values enforced as llguidance enforces
+them in JSON (or refused, naming the keyword); the Hermes form built by the shared forcing code."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_constrained import ByteVocab
+
+from llambda.constraints import Grammars, grammar_spec
+from llambda.server.tool_formats import FORMATS
+from llambda.server.tool_formats.deepseek import DeepSeekFormat
+from llambda.server.tool_formats.mistral import MistralFormat
+from llambda.server.tools import ToolSetup, hermes_prefix, tool_grammar
+
+DS_CALLS, DS_CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
+DS_CALL, DS_END, DS_SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
+
+TOOLS = [{"type": "function", "function": {"name": n, "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+    "additionalProperties": False}}} for n in ("get_time", "get_weather")]
+PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+NAMES = set(PARAMS)
+
+
+@pytest.fixture(scope="module")
+def grammars():
+    return Grammars(ByteVocab(), 257)
+
+
+def _takes(grammars, lark: str, text: str) -> bool:
+    c = grammars.compile(grammar_spec(grammar=lark)).start()
+    return all(c.try_advance(b) for b in text.encode()) and c.accepting
+
+
+def _glm(name, city):
+    return f"<tool_call>{name}\n<arg_key>city</arg_key>\n<arg_value>{city}</arg_value>\n</tool_call>"
+
+
+def _qwen(name, city):
+    return f"<tool_call>\n<function={name}>\n<parameter=city>\n{city}\n</parameter>\n</function>\n</tool_call>"
+
+
+def _obj(key):
+    return lambda n, c: f'{{"name": "{n}", "{key}": {{"city": "{c}"}}}}'
+
+
+# (label, format, how it writes each call, how calls are joined, (before, after) the calls)
+WRITERS = [
+    ("hermes", FORMATS["hermes"], lambda n, c: f'<tool_call>\n{_obj("arguments")(n, c)}\n</tool_call>', "\n", ("", "")),
+    ("mistral", FORMATS["mistral"], lambda n, c: f'[TOOL_CALLS]{n}[ARGS]{{"city": "{c}"}}', "", ("", "")),
+    ("mistral array", MistralFormat(tagged=False), _obj("arguments"), ", ", ("[TOOL_CALLS][", "]")),
+    ("tool_call_token", FORMATS["tool_call_token"], _obj("arguments"), ", ", ("<|tool_call|>[", "]")),
+    ("llama3", FORMATS["llama3"], _obj("parameters"), "; ", ("", "")),
+    ("deepseek r1", FORMATS["deepseek"],
+     lambda n, c: f'{DS_CALL}function{DS_SEP}{n}\n```json\n{{"city": "{c}"}}\n```{DS_END}', "\n",
+     (DS_CALLS, DS_CALLS_END)),
+    ("deepseek v3.1", DeepSeekFormat(v31=True), lambda n, c: f'{DS_CALL}{n}{DS_SEP}{{"city": "{c}"}}{DS_END}', "",
+     (DS_CALLS, DS_CALLS_END)),
+    ("glm", FORMATS["glm"], _glm, "\n", ("", "")),
+    ("qwen3_coder", FORMATS["qwen3_coder"], _qwen, "\n", ("", "")),
+]
+
+
+def _answer(write, join, ends, calls):
+    return ends[0] + join.join(write(n, c) for n, c in calls) + ends[1]
+
+
+def _forced(label, fmt, choice, names, parallel):
+    """(the prompt's end, the grammar of the rest) of a forced call in the format."""
+    if label == "hermes":
+        opening = hermes_prefix("required" if choice == "required" else next(iter(names)))
+        return opening, tool_grammar(TOOLS, names, choice, parallel)
+    call = fmt.forced(TOOLS, names, choice, parallel=parallel)
+    return call.opening, call.grammar()
+
+
+@pytest.mark.parametrize("label, fmt, write, join, ends", WRITERS, ids=[w[0] for w in WRITERS])
+def test_required_makes_one_or_more_calls_with_parallel_tool_calls_and_exactly_one_without(
+        grammars, label, fmt, write, join, ends):
+    """OpenAI's "required" is one or more calls: with parallel_tool_calls the grammar takes further calls
+    in the format's own syntax (a named function: more calls of it), without it exactly one; whatever it
+    takes parses back to those calls, in pieces and whole."""
+    one = [("get_weather", "Oslo")]
+    two = [("get_weather", "Oslo"), ("get_time", "Rome")]
+    same = [("get_time", "Oslo"), ("get_time", "Rome")]
+    for choice, names in (("required", NAMES), ("function", {"get_time"})):
+        for parallel in (True, False):
+            opening, lark = _forced(label, fmt, choice, names, parallel)
+            for calls in (one, two, same, [("get_time", "Oslo")]):
+                text = _answer(write, join, ends, calls)
+                ok = all(n in names for n, _ in calls) and (parallel or len(calls) == 1)
+                assert text.startswith(opening) or not ok, (label, choice, opening)
+                rest = text[len(opening):] if text.startswith(opening) else text
+                assert _takes(grammars, lark, rest) == ok, (label, choice, parallel, text)
+                if not ok:
+                    continue
+                setup = ToolSetup(names, opening, parallel, format=None if label == "hermes" else fmt,
+                                  params=PARAMS)
+                content, got = setup.extract(rest)
+                assert content == "" and [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+                                          for c in got] == [(n, {"city": c}) for n, c in calls], (label, text)
