@@ -103,3 +103,82 @@ def test_required_makes_one_or_more_calls_with_parallel_tool_calls_and_exactly_o
                 content, got = setup.extract(rest)
                 assert content == "" and [(c["function"]["name"], json.loads(c["function"]["arguments"]))
                                           for c in got] == [(n, {"city": c}) for n, c in calls], (label, text)
+
+
+# -- JSON values in GLM's and Qwen3-Coder's tags never hold a closing tag -------------------------
+
+NESTED_TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {
+    "type": "object", "properties": {"obj": {"type": "object"}, "arr": {"type": "array", "items": {"type": "string"}},
+                                     "deep": {"$ref": "#/$defs/d"}, "s": {"type": "string"}},
+    "$defs": {"d": {"type": "object", "properties": {"k": {"type": "array"}}, "additionalProperties": False}}}}}]
+NESTED_PARAMS = {"f": NESTED_TOOLS[0]["function"]["parameters"]}
+
+
+def _glm_call(key, value):
+    return f"<tool_call>f\n<arg_key>{key}</arg_key>\n<arg_value>{value}</arg_value>\n</tool_call>"
+
+
+def _qwen_call(key, value):
+    return f"<tool_call>\n<function=f>\n<parameter={key}>\n{value}\n</parameter>\n</function>\n</tool_call>"
+
+
+# (format, key, value as written, taken); what is taken must read back to json.loads(value) (or the text)
+NESTED = [(fmt, key, value, ok) for fmt in ("glm", "qwen3_coder") for key, value, ok in (
+    ("obj", '{"a": "<tool_call> and <arg_key> are text"}', True),
+    ("obj", '{"a": "x</tool_call>"}', False),
+    ("obj", '{"a": {"b": ["</tool_call>"]}}', False),                 # at any depth
+    ("obj", '{"</tool_call>": 1}', False),                            # in a key
+    ("arr", '["ok", "</tool_call>"]', False),
+    ("arr", '["<\\/tool_call>"]', False),                             # llguidance writes no \\/ escape
+    ("deep", '{"k": [{"z": "</tool_call>"}]}', False),                # through a $ref
+    ("deep", '{"k": [{"z": "</tool_call"}]}', True),
+)] + [
+    ("glm", "obj", '{"a": "x</arg_value>"}', False), ("glm", "arr", '["</arg_value>"]', False),
+    ("glm", "obj", '{"a": "</parameter> <parameter=x>"}', True),      # Qwen3-Coder's tags are GLM's text
+    ("qwen3_coder", "obj", '{"a": "x</parameter>"}', False), ("qwen3_coder", "arr", '["</parameter>"]', False),
+    # the reference parser (vLLM's) also ends a value before <parameter= and </function>: never written
+    ("qwen3_coder", "obj", '{"a": "<parameter=x>"}', False), ("qwen3_coder", "arr", '["</function>"]', False),
+    ("qwen3_coder", "s", "a <parameter=b> c", False), ("qwen3_coder", "s", "x</function>", False),
+    ("qwen3_coder", "s", "<function=x> </arg_value>", True),
+]
+
+
+@pytest.mark.parametrize("fmt, key, value, ok", NESTED)
+def test_a_json_value_in_the_tags_never_holds_a_closing_tag(grammars, fmt, key, value, ok):
+    """A parameter typed as an object or array is JSON text between the tags; a string or key in it,
+    at any depth (through $refs too), never holds the value's or the call's closing tag (nor, in
+    Qwen3-Coder's, `<parameter=` or `</function>`, where the model's own parser ends a value), and what
+    the grammar takes reads back to exactly the value written."""
+    text = (_glm_call if fmt == "glm" else _qwen_call)(key, value)
+    call = FORMATS[fmt].forced(NESTED_TOOLS, {"f"}, "function")
+    assert text.startswith(call.opening)
+    assert _takes(grammars, call.grammar(), text[len(call.opening):]) == ok, text
+    if ok:
+        setup = ToolSetup({"f"}, call.opening, format=FORMATS[fmt], params=NESTED_PARAMS)
+        content, got = setup.extract(text[len(call.opening):])
+        want = value if key == "s" else json.loads(value)
+        assert content == "" and [json.loads(c["function"]["arguments"]) for c in got] == [{key: want}]
+
+
+def test_the_pattern_of_strings_without_a_tag_is_exact(grammars):
+    """tag_free.avoiding: the strings it takes are exactly those holding none of the words, checked on
+    every string of up to 4 pieces of the words (and their starts) against `in`, through llguidance
+    (a JSON string under the pattern) and Python's re alike."""
+    import itertools
+    import re
+
+    from llambda.server.tool_formats.tag_free import avoiding
+    words = ["</parameter>", "</tool_call>", "<parameter=", "</function>"]
+    rx = avoiding(words)
+    g = grammars.compile(grammar_spec(json_schema={"type": "string", "pattern": rx}))
+    pieces = ["<", "/", "x", "</para", "meter>", "<parameter", "=", "</tool_call>", "</function", ">"]
+    for n in range(5):
+        for parts in itertools.product(pieces, repeat=n):
+            s = "".join(parts)
+            want = not any(w in s for w in words)
+            assert (re.fullmatch(rx, s) is not None) == want, s
+            if n <= 3:
+                c = g.start()
+                assert (all(c.try_advance(b) for b in json.dumps(s).encode()) and c.accepting) == want, s
+    with pytest.raises(ValueError):
+        avoiding(["<a<", "<b"])

@@ -7,8 +7,10 @@ parameter names only, in any order, each at most once, the required ones present
 MAX_PARAMETRIC parameters, in the schema's order); a value its schema types as a
 string is text (its enum's values where it has one, its minLength/maxLength kept up to
 MAX_COUNTED characters), any other value JSON text valid against its schema (numbers, booleans,
-null, objects and arrays) as the formats' parsers read it (base.typed_value). Text values never hold
-the value's closing tag or the call's, where the parser would end them. A marker that is a control
+null, objects and arrays) as the formats' parsers read it (base.typed_value). No value holds
+the value's closing tag or the call's (nor, in Qwen3-Coder's, `<parameter=` or `</function>`), where the
+parsers (ours, and the models' own) would end it: not a text value, nor a string or key at any depth
+of a JSON one (tag_free), so the call reads back as written. A marker that is a control
 token of the vocabulary is written as that token (forcing.Spelling); a text value is then followed
 by the token, else its terminal ends with the tag's text.
 """
@@ -22,6 +24,7 @@ from .base import ClosedByTag, value_kinds
 from .forcing import ForcedCall, Spelling, literal, offered
 from .hermes import CLOSE, OPEN
 from .json_text import call_objects
+from .tag_free import tag_free
 
 MAX_COUNTED = 2000       # a longer minLength/maxLength is not forced (a counted regex of that size is costly)
 MAX_PARAMETRIC = 64      # parameters in any order: one bit each of llguidance's 64-bit rule parameter
@@ -39,6 +42,12 @@ class TaggedShape:
     after_value: str        # after that tag
     call_close: str         # after the last value: "\n</tool_call>" (GLM)
     unit_close: str         # the tag the parser ends the call at ("</tool_call>")
+    reserved: tuple[str, ...] = ()      # other texts the model's own parser ends a value at
+
+    @property
+    def unspoken(self) -> tuple[str, ...]:
+        """The texts no value may hold: the value's closing tag, the call's, the reserved ones."""
+        return tuple(dict.fromkeys((self.value_close, self.unit_close, *self.reserved)))
 
     def opening(self, name: str) -> str:
         return self.call_open + (name + self.name_close if name else "")
@@ -135,25 +144,29 @@ def _value(term: str, schema, params: dict, shape: TaggedShape, spell: Spelling,
     close = spell(shape.value_end + shape.value_close)
     schema = schema if isinstance(schema, dict) else {}
     if "string" not in value_kinds(schema):
-        # JSON text; the parameters' $defs go along (a "#/$defs/..." ref resolves against them)
+        # JSON text, no string or key in it holding a tag (tag_free); the parameters' $defs go along
+        # (a "#/$defs/..." ref resolves against them)
         defs = {k: params[k] for k in ("$defs", "definitions") if k in params}
-        rules.append(f"{term.lower()}: %json " + json.dumps({**schema, **defs, "x-guidance": JSON_STYLE},
-                                                             ensure_ascii=False))
+        value = tag_free({**schema, **defs}, shape.unspoken)
+        if value is False:
+            return None
+        rules.append(f"{term.lower()}: %json " + json.dumps({**value, "x-guidance": JSON_STYLE}, ensure_ascii=False))
         return f"{term.lower()} {close}"
     choices = schema.get("enum", [schema["const"]] if "const" in schema else None)
     if isinstance(choices, list) and choices and all(isinstance(c, str) for c in choices):
-        choices = [c for c in choices if shape.value_close not in c and shape.unit_close not in c]
+        choices = [c for c in choices if not any(t in c for t in shape.unspoken)]
         return f'({" | ".join(literal(c) for c in choices)}) {close}' if choices else None
     count = _count(schema)
-    forbid = _alternatives(shape.value_close, shape.unit_close)
+    forbid = _alternatives(*shape.unspoken)
     if spell.token(shape.value_close) is not None:
         # the closing tag is a control token (no text spells it): any text that does not spell it either
         rules.append(f"{term}: /(?s:.){count}{_rx(shape.value_end)}/ & ~/(?s:.*)({forbid})(?s:.*)/")
         return f"{term} <[{spell.token(shape.value_close)}]>"
     # the text ends with the closing tag, and holds no tag before it
     tag = _rx(shape.value_close)
+    others = _alternatives(*(t for t in shape.unspoken if t != shape.value_close))
     rules.append(f"{term}: /(?s:.){count}{_rx(shape.value_end)}{tag}/ & "
-                 f"~/(?s:.*)({tag}(?s:.+)|{_rx(shape.unit_close)}(?s:.*))/")
+                 f"~/(?s:.*)({tag}(?s:.+)|({others})(?s:.*))/")
     return term
 
 
