@@ -69,12 +69,12 @@ def _answer(write, join, ends, calls):
     return ends[0] + join.join(write(n, c) for n, c in calls) + ends[1]
 
 
-def _forced(label, fmt, choice, names, parallel):
+def _forced(label, fmt, choice, names, parallel, tools=TOOLS):
     """(the prompt's end, the grammar of the rest) of a forced call in the format."""
     if label == "hermes":
         opening = hermes_prefix("required" if choice == "required" else next(iter(names)))
-        return opening, tool_grammar(TOOLS, names, choice, parallel)
-    call = fmt.forced(TOOLS, names, choice, parallel=parallel)
+        return opening, tool_grammar(tools, names, choice, parallel)
+    call = fmt.forced(tools, names, choice, parallel=parallel)
     return call.opening, call.grammar()
 
 
@@ -182,3 +182,123 @@ def test_the_pattern_of_strings_without_a_tag_is_exact(grammars):
                 assert (all(c.try_advance(b) for b in json.dumps(s).encode()) and c.accepting) == want, s
     with pytest.raises(ValueError):
         avoiding(["<a<", "<b"])
+
+
+# -- pattern and format: a text value held to what llguidance holds a JSON string to --------------
+
+FORMAT_SAMPLES = {
+    "date": ["2024-02-29", "2024-02-30", "2023-04-31", "2023-04-30", "2024-1-01", "2024-12-31", "abcd-01-01",
+             "2024-13-01", "2024-00-10", "2024-01-00"],
+    "time": ["12:30:00Z", "12:30:00", "23:59:60+01:00", "24:00:00Z", "12:30:00.123-05:30", "12:30:00z",
+             "12:60:00Z", "12:30:00+24:00", "12:30:00.Z"],
+    "date-time": ["2024-02-29T12:30:00Z", "2024-02-29t12:30:00+02:00", "2024-02-29 12:30:00Z", "2024-02-29T12:30Z",
+                  "2024-02-30T12:30:00Z"],
+    "duration": ["P1Y2M3DT4H5M6S", "PT5M", "P3W", "P", "PT", "P1Y3D", "P1DT", "P1M2D", "PT1H2S", "P1W2D", "P2D",
+                 "PT4H5M", "P1Y2M"],
+    "email": ["a@b.co", "a.b+c@x-y.org", "a..b@c.d", ".a@b.c", "a@[1.2.3.4]", "a@[1.2.3.256]", "a@-b.c", "a@b-.c",
+              "@b.c", "a b@c.d", "a@b", "{x}~@y"],
+    "hostname": ["example.com", "a-b.c", "-a.com", "a..b", "x" * 63, "x" * 64, "a.b-", "a"],
+    "ipv4": ["1.2.3.4", "255.255.255.255", "256.1.1.1", "01.2.3.4", "1.2.3", "1.2.3.4.5", "0.0.0.0"],
+    "ipv6": ["::", "::1", "1::", "1:2:3:4:5:6:7:8", "1:2:3:4:5:6:7::", "1::8", "1:2:3:4:5:6:7:8:9", "1:::2",
+             "::ffff:1.2.3.4", "12345::", "1:2:3:4:5:6::7:8", "a:b::c:d", "1:2:3:4:5:6:7", "fe80::1:2:3:4:5:6"],
+    "uuid": ["123e4567-e89b-12d3-a456-426614174000", "123e4567e89b12d3a456426614174000",
+             "123E4567-E89B-12D3-A456-42661417400G", "123E4567-E89B-12D3-A456-42661417400F"],
+}
+PATTERN_SAMPLES = [("^[A-Z]{3}$", ["ABC", "abc", "ABCD", ""]), ("[0-9]", ["a1b", "ab", "1"]),
+                   ("^a|b$", ["ax", "xb", "xa", "a", "b"]), ("^\\d+(\\.\\d+)?$", ["1", "1.5", "1.", "a"]),
+                   ("colou?r", ["my color", "colr", "colour!"]), ("^$", ["", "a"]), ("\\$$", ["a$", "a"]),
+                   ("[$^]", ["^", "a"]), ("^(a|b)c$", ["ac", "bc", "abc"]), ("\\w+@", ["ab@", "@"])]
+
+
+def _text_call(fmt, value):
+    return (_glm_call if fmt == "glm" else _qwen_call)("v", value)
+
+
+def _one_string_tool(schema):
+    return [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"v": schema}, "required": ["v"]}}}]
+
+
+@pytest.mark.parametrize("fmt", ["glm", "qwen3_coder"])
+@pytest.mark.parametrize("kind, key", [("format", k) for k in FORMAT_SAMPLES] + [("pattern", None)])
+def test_a_text_values_pattern_and_format_are_llguidances(grammars, fmt, kind, key):
+    """A string parameter written as text takes exactly the strings llguidance takes as a JSON string
+    under the same `format` (each of OpenAI's strict mode's) or `pattern` (searched for, anchored per
+    alternative): llguidance's JSON enforcement is the oracle; what is taken reads back as written."""
+    cases = [({"type": "string", "format": key}, FORMAT_SAMPLES[key])] if kind == "format" else \
+        [({"type": "string", "pattern": p}, samples) for p, samples in PATTERN_SAMPLES]
+    for schema, samples in cases:
+        call = FORMATS[fmt].forced(_one_string_tool(schema), {"f"}, "function")
+        text_grammar = grammars.compile(grammar_spec(grammar=call.grammar()))
+        json_grammar = grammars.compile(grammar_spec(json_schema=schema))
+        taken = 0
+        for s in samples:
+            c = json_grammar.start()
+            want = all(c.try_advance(b) for b in json.dumps(s).encode()) and c.accepting
+            text = _text_call(fmt, s)[len(call.opening):]
+            c = text_grammar.start()
+            assert (all(c.try_advance(b) for b in text.encode()) and c.accepting) == want, (schema, s, want)
+            if want:
+                taken += 1
+                params = {"f": _one_string_tool(schema)[0]["function"]["parameters"]}
+                got = ToolSetup({"f"}, call.opening, format=FORMATS[fmt], params=params).extract(text)[1]
+                assert json.loads(got[0]["function"]["arguments"]) == {"v": s}
+        assert 0 < taken < len(samples), schema          # the samples tell both ways
+
+
+@pytest.mark.parametrize("fmt", ["glm", "qwen3_coder"])
+@pytest.mark.parametrize("schema, named", [
+    ({"type": "string", "format": "uri"}, "'format' \"uri\""),          # llguidance's, not OpenAI strict's
+    ({"type": "string", "format": "colour"}, "Unknown format: colour"),
+    ({"type": "string", "pattern": "(?=a)b"}, "look-around"),
+    ({"type": "string", "pattern": "(^a)"}, "'pattern' \"(^a)\""),
+    ({"type": "string", "maxLength": 5000}, "'maxLength' past 2000"),
+    ({"type": "string", "anyOf": [{"pattern": "a"}, {"pattern": "b"}]}, "'anyOf'"),
+    ({"type": "string", "uniqueItems": True}, "uniqueItems"),
+    ({"type": "string", "enum": ["a", "b"], "pattern": "^c"}, "Unsatisfiable"),
+])
+def test_a_keyword_a_text_value_cannot_be_held_to_is_refused_by_name(fmt, schema, named):
+    """Never silently left out: a keyword a text value cannot be held to is a ConstraintError (the
+    server's 400 on 'tools') naming the tool, the parameter and the keyword, required or not."""
+    from llambda.constraints import ConstraintError
+    for required in (["v"], []):
+        tools = _one_string_tool(schema)
+        tools[0]["function"]["parameters"]["required"] = required
+        with pytest.raises(ConstraintError) as e:
+            FORMATS[fmt].forced(tools, {"f"}, "function")
+        assert "tool 'f', parameter 'v'" in str(e.value) and named in str(e.value), str(e.value)
+
+
+def test_enum_values_follow_a_pattern_too(grammars):
+    tools = _one_string_tool({"type": "string", "enum": ["ab", "cd", "ce"], "pattern": "^c"})
+    call = FORMATS["glm"].forced(tools, {"f"}, "function")
+    for s, ok in (("ab", False), ("cd", True), ("ce", True), ("cf", False)):
+        assert _takes(grammars, call.grammar(), _text_call("glm", s)[len(call.opening):]) == ok, s
+
+
+@pytest.mark.parametrize("label, fmt", [(w[0], w[1]) for w in WRITERS if w[0] not in ("glm", "qwen3_coder")])
+def test_json_formats_enforce_pattern_and_format_and_refuse_what_llguidance_cannot(grammars, label, fmt):
+    """The JSON-form formats write arguments under llguidance's %json: `pattern` and `format` are held,
+    and an unknown format or keyword is a ConstraintError naming it when the grammar compiles."""
+    from llambda.constraints import ConstraintError
+    tools = _one_string_tool({"type": "string", "format": "date", "pattern": "^2024"})
+    opening, lark = _forced(label, fmt, "function", {"f"}, False, tools)
+    g = grammars.compile(grammar_spec(grammar=lark))
+    key = "parameters" if label == "llama3" else "arguments"
+    for value, ok in (("2024-02-29", True), ("2023-02-28", False), ("2024-02-30", False)):
+        text = {"hermes": f'<tool_call>\n{{"name": "f", "arguments": {{"v": "{value}"}}}}\n</tool_call>',
+                "mistral": f'[TOOL_CALLS]f[ARGS]{{"v": "{value}"}}',
+                "deepseek r1": f'{DS_CALLS}{DS_CALL}function{DS_SEP}f\n```json\n{{"v": "{value}"}}\n```{DS_END}'
+                               f'{DS_CALLS_END}',
+                "deepseek v3.1": f'{DS_CALLS}{DS_CALL}f{DS_SEP}{{"v": "{value}"}}{DS_END}{DS_CALLS_END}'}.get(
+            label, {"mistral array": "[TOOL_CALLS][", "tool_call_token": "<|tool_call|>["}.get(label, "")
+            + f'{{"name": "f", "{key}": {{"v": "{value}"}}}}' + ("]" if label in ("mistral array", "tool_call_token")
+                                                              else ""))
+        assert text.startswith(opening), (label, opening)
+        c = g.start()
+        assert (all(c.try_advance(b) for b in text[len(opening):].encode()) and c.accepting) == ok, (label, value)
+    for schema, named in (({"type": "string", "format": "colour"}, "colour"), ({"type": "array", "uniqueItems": True},
+                                                                                "uniqueItems")):
+        with pytest.raises(ConstraintError, match=named):
+            grammars.compile(grammar_spec(grammar=_forced(label, fmt, "required", {"f"}, False,
+                                                          _one_string_tool(schema))[1]))

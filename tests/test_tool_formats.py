@@ -826,11 +826,16 @@ def test_past_64_parameters_a_forced_tagged_call_keeps_the_schemas_order():
         assert _grammar_takes(grammars, call.grammar(), text) == ok, keys
 
 
-def test_server_refuses_a_forced_call_its_format_cannot_write(tagged_live):
+@pytest.mark.parametrize("key, schema, named", [("a>b", {"type": "string"}, "'a>b'"),
+                                                ("d", {"type": "string", "format": "colour"}, "colour"),
+                                                ("d", {"type": "string", "format": "uri"}, "uri")])
+def test_server_refuses_a_forced_call_its_format_cannot_write(tagged_live, key, schema, named):
+    """A parameter the tags cannot hold, or a keyword its text value cannot be held to (never silently
+    left out): a 400 on 'tools' naming it."""
     tools = [{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"a>b": {"type": "string"}}, "required": ["a>b"]}}}]
+        "type": "object", "properties": {key: schema}, "required": [key]}}}]
     r = httpx.post(tagged_live.url + "/v1/chat/completions", timeout=60, json={
         "model": "tiny-" + tagged_live.fmt, "messages": [{"role": "user", "content": "x"}], "tools": tools,
         "tool_choice": "required", "max_tokens": 5})
     assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
-    assert "'a>b'" in r.json()["error"]["message"]
+    assert named in r.json()["error"]["message"]

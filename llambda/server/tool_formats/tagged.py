@@ -5,8 +5,8 @@
 As far as that shape allows, the arguments satisfy the tool's parameters schema: the declared
 parameter names only, in any order, each at most once, the required ones present (past
 MAX_PARAMETRIC parameters, in the schema's order); a value its schema types as a
-string is text (its enum's values where it has one, its minLength/maxLength kept up to
-MAX_COUNTED characters), any other value JSON text valid against its schema (numbers, booleans,
+string is text (its enum's values where it has one; its minLength, maxLength, pattern and format as
+llguidance enforces them in JSON, text_value.py, or refused naming the keyword), any other value JSON text valid against its schema (numbers, booleans,
 null, objects and arrays) as the formats' parsers read it (base.typed_value). No value holds
 the value's closing tag or the call's (nor, in Qwen3-Coder's, `<parameter=` or `</function>`), where the
 parsers (ours, and the models' own) would end it: not a text value, nor a string or key at any depth
@@ -25,8 +25,8 @@ from .forcing import ForcedCall, Spelling, literal, offered
 from .hermes import CLOSE, OPEN
 from .json_text import call_objects
 from .tag_free import tag_free
+from .text_value import text_regexes
 
-MAX_COUNTED = 2000       # a longer minLength/maxLength is not forced (a counted regex of that size is costly)
 MAX_PARAMETRIC = 64      # parameters in any order: one bit each of llguidance's 64-bit rule parameter
 
 
@@ -83,7 +83,10 @@ def tagged_call(tools: list, names: set[str], choice: str, shape: TaggedShape,
         params = fn.get("parameters") or {}
         written = []            # (rule, required) of each parameter a call may hold
         for j, (key, schema, required) in enumerate(_parameters(params)):
-            value = _value(f"V_{i}_{j}", schema, params, shape, spell, rules) if writable(key) else None
+            try:
+                value = _value(f"V_{i}_{j}", schema, params, shape, spell, rules) if writable(key) else None
+            except ConstraintError as e:        # a keyword its value cannot be held to: named, not left out
+                raise ConstraintError(f"tool {fn['name']!r}, parameter {key!r}: {e}") from None
             if value is None:
                 if required:
                     raise ConstraintError(f"tool {fn['name']!r} requires the parameter {key!r}, which a call in "
@@ -152,36 +155,43 @@ def _value(term: str, schema, params: dict, shape: TaggedShape, spell: Spelling,
             return None
         rules.append(f"{term.lower()}: %json " + json.dumps({**value, "x-guidance": JSON_STYLE}, ensure_ascii=False))
         return f"{term.lower()} {close}"
+    regexes = text_regexes(schema)          # its length, pattern, format (a ConstraintError names one it cannot)
     choices = schema.get("enum", [schema["const"]] if "const" in schema else None)
     if isinstance(choices, list) and choices and all(isinstance(c, str) for c in choices):
         choices = [c for c in choices if not any(t in c for t in shape.unspoken)]
-        return f'({" | ".join(literal(c) for c in choices)}) {close}' if choices else None
-    count = _count(schema)
+        if not choices:
+            return None
+        if not regexes:
+            return f'({" | ".join(literal(c) for c in choices)}) {close}'
+        regexes.append(_alternatives(*choices))
+    # the text: each regex of its schema matched whole, no tag in it
+    text = " & ".join(f"/{_slashless(r)}/" for r in regexes or ["(?s:.*)"])
     forbid = _alternatives(*shape.unspoken)
     if spell.token(shape.value_close) is not None:
-        # the closing tag is a control token (no text spells it): any text that does not spell it either
-        rules.append(f"{term}: /(?s:.){count}{_rx(shape.value_end)}/ & ~/(?s:.*)({forbid})(?s:.*)/")
+        # the closing tag is a control token (no text spells it): the text, then the token
+        rules.append(f"{term}: (({text}){_end(shape.value_end)}) & ~/(?s:.*)({forbid})(?s:.*)/")
         return f"{term} <[{spell.token(shape.value_close)}]>"
     # the text ends with the closing tag, and holds no tag before it
     tag = _rx(shape.value_close)
     others = _alternatives(*(t for t in shape.unspoken if t != shape.value_close))
-    rules.append(f"{term}: /(?s:.){count}{_rx(shape.value_end)}{tag}/ & "
+    rules.append(f"{term}: (({text}) /{_rx(shape.value_end)}{tag}/) & "
                  f"~/(?s:.*)({tag}(?s:.+)|({others})(?s:.*))/")
     return term
 
 
-def _count(schema: dict) -> str:
-    """The regex count of a string's characters from its minLength/maxLength."""
-    lo, hi = (schema.get(k) for k in ("minLength", "maxLength"))
-    lo = lo if _length(lo) else 0
-    hi = hi if _length(hi) and hi >= lo else None
-    if hi is not None:
-        return f"{{{lo},{hi}}}"
-    return f"{{{lo},}}" if lo else "*"
+def _slashless(rx: str) -> str:
+    """A regex with each `/` not escaped written as its code point (a Lark regex ends at a bare `/`)."""
+    out, i = [], 0
+    while i < len(rx):
+        step = 2 if rx[i] == "\\" else 1
+        out.append("\\x{2F}" if rx[i] == "/" else rx[i:i + step])
+        i += step
+    return "".join(out)
 
 
-def _length(n) -> bool:
-    return isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= MAX_COUNTED
+def _end(text: str) -> str:
+    """A terminal's tail writing `text` ('' for none)."""
+    return f" /{_rx(text)}/" if text else ""
 
 
 def _alternatives(*texts: str) -> str:
