@@ -302,3 +302,65 @@ def test_json_formats_enforce_pattern_and_format_and_refuse_what_llguidance_cann
         with pytest.raises(ConstraintError, match=named):
             grammars.compile(grammar_spec(grammar=_forced(label, fmt, "required", {"f"}, False,
                                                           _one_string_tool(schema))[1]))
+
+
+# -- the Hermes form: one more user of the shared forcing code, its grammars unchanged ------------
+
+def _hermes_golden_cases():
+    """(key, tools, names, choice, parallel, inline, tokenizer) of each grammar the fixture holds."""
+    class Controls:       # <tool_call> and </tool_call> as control tokens 1000 and 1001
+        def encode(self, text, parse_special=True):
+            tags = ["<tool_call>", "</tool_call>"]
+            return [1000 + tags.index(text)] if parse_special and text in tags else list(text.encode())
+
+        def is_special(self, i):
+            return i >= 1000
+    for label, tools in (("two", TOOLS), ("nested", NESTED_TOOLS)):
+        names = sorted(t["function"]["name"] for t in tools)
+        for choice, chosen in (("required", names), ("function", names[:1])):
+            for parallel in (False, True):
+                for inline in (False, True):
+                    for spelled, tok in (("text", None), ("controls", Controls())):
+                        yield (f"{label} {choice} parallel={parallel} inline={inline} {spelled}", tools, set(chosen),
+                               choice, parallel, inline, tok)
+
+
+def test_the_hermes_forced_grammar_is_the_shared_codes_and_unchanged(grammars):
+    """tools.tool_grammar's forced calls are HermesFormat.forced's (forcing.forced_call, as every other
+    format's): for "required" and a named function, parallel or not, after a thought or not, its tags as
+    text or as control tokens, the grammar is the one written before the change (the fixture, written
+    by tools.tool_grammar at commit 1eac8b0, before it used the shared code) but for parentheses around the start rule's body and the rules' order; and on a
+    corpus of answers both grammars take the same ones."""
+    from pathlib import Path
+    golden = json.loads((Path(__file__).parent / "fixtures" / "tool_grammars" / "hermes_forced.json").read_text())
+    cases = list(_hermes_golden_cases())
+    assert sorted(k for k, *_ in cases) == sorted(golden)
+    seen = set()
+    for key, tools, names, choice, parallel, inline, tok in cases:
+        new = tool_grammar(tools, names, choice, parallel, inline=inline, tokenizer=tok)
+        call = FORMATS["hermes"].force(tools, names, choice, tok, parallel)
+        assert new == call.grammar(inline=inline)
+        # the old grammar: the same start rule without ForcedCall's parentheses around its body, the same rules
+        lead = call.spell(call.opening) + " " if inline else ""
+        head, start, *rules = golden[key].strip().split("\n")
+        assert (head, start, sorted(rules)) == ("%llguidance {}", f"start: {lead}{call.rest}", sorted(call.rules)), key
+        if tok is not None:
+            continue
+        opening = hermes_prefix("required" if choice == "required" else next(iter(names)))
+        old_g, new_g = (grammars.compile(grammar_spec(grammar=g)) for g in (golden[key], new))
+        for calls in ([("get_time", "Oslo")], [("get_time", "Oslo"), ("get_weather", "x")], [("f", "Oslo")]):
+            for glue in ("\n", ""):
+                text = glue.join(f'<tool_call>\n{{"name": "{n}", "arguments": {{"city": "{c}"}}}}\n</tool_call>'
+                                 for n, c in calls)
+                for variant in (text, text.replace('"arguments": ', '"arguments":'), text.replace("}\n</", "}</"),
+                                text.replace("\n{", "{")):
+                    answer = variant if inline else variant[len(opening):] if variant.startswith(opening) else None
+                    if answer is None:
+                        continue
+                    took = []
+                    for g in (old_g, new_g):
+                        c = g.start()
+                        took.append(all(c.try_advance(b) for b in answer.encode()) and c.accepting)
+                    assert took[0] == took[1], (key, answer)
+                    seen.add(took[0])
+    assert seen == {True, False}           # the corpus tells both ways

@@ -22,9 +22,14 @@ from dataclasses import dataclass, field
 from ...constraints.grammar import JSON_STYLE
 
 
+class Lark(str):
+    """Lark grammar text where a text to spell is expected: written as it is (Spelling passes it on)."""
+
+
 class Spelling:
     """How a grammar writes text holding a format's markers: each marker that is one control token of
-    the vocabulary as that token (`<[id]>`, llguidance's syntax), the rest as Lark string literals."""
+    the vocabulary as that token (`<[id]>`, llguidance's syntax), the rest as Lark string literals
+    (a `Lark` is grammar text already: written as it is)."""
 
     def __init__(self, ids: dict[str, int] | None = None):
         self.ids = dict(ids or {})
@@ -44,6 +49,8 @@ class Spelling:
 
     def __call__(self, text: str) -> str:
         """A Lark sequence writing `text` ('""' for none)."""
+        if isinstance(text, Lark):
+            return str(text)
         parts, i = [], 0
         while i < len(text):
             hits = [(text.find(m, i), -len(m), m) for m in self.ids if text.find(m, i) >= 0]
@@ -86,32 +93,39 @@ def offered(tools: list, names: set[str]) -> list[dict]:
 class Joins:
     """How a format writes further calls after the first: `again`, the text that opens one up to its
     name (the opening of a call the model names); `gap`, a Lark expression of what may stand before it
-    (blanks); `end`, the text after the last call (a closing bracket or wrapper), written once."""
+    (blanks); `end`, the text after the last call (a closing bracket or wrapper), written once; `call`,
+    a Lark expression of the rest of a further call, where it is not the first one's alternatives and
+    tail (Hermes': its whole JSON object), with the `rules` it needs."""
     again: str
     gap: str = ""
     end: str = ""
+    call: str = ""
+    rules: tuple[str, ...] = ()
 
 
 def forced_call(tools: list, names: set[str], choice: str, opening, head, tail: str,
-                spell: Spelling | None = None, joins: Joins | None = None, parallel: bool = False) -> ForcedCall:
+                spell: Spelling | None = None, joins: Joins | None = None, parallel: bool = False,
+                lead: str = "") -> ForcedCall:
     """A call whose arguments are one JSON object. opening(name): the text before the arguments object
     when the name is forced (then all of it is the opening); head(name): the text from the name on to
     the arguments, when the model chooses the name (the opening is then opening("")); tail: the text
-    after the arguments; joins: how further calls are written (with `parallel`: one or more calls)."""
+    after the arguments (or a Lark expression); lead: a Lark expression of what may stand before the
+    arguments (blanks); joins: how further calls are written (with `parallel`: one or more calls)."""
     spell = spell or Spelling()
+    joins = joins or Joins("")
     fns = offered(tools, names)
-    rules = [args_rule(i, fn) for i, fn in enumerate(fns)]
-    named = [f"{spell(head(fn['name']))} args_{i}" for i, fn in enumerate(fns)]    # the model writes the name
+    rules = list(joins.rules) + [args_rule(i, fn) for i, fn in enumerate(fns)]
+    args = [f"{lead} args_{i}" if lead else f"args_{i}" for i in range(len(fns))]
+    named = [f"{spell(head(fn['name']))} {a}" for fn, a in zip(fns, args)]     # the model writes the name
     end = f" {spell(tail)}" if tail else ""
     if choice == "function":
-        start, first = opening(fns[0]["name"]), "args_0"
+        start, first = opening(fns[0]["name"]), args[0]
     else:
         start, first = opening(""), " | ".join(named)
     rest = f"({first}){end}"
-    joins = joins or Joins("")
     if parallel:
         gap = f"{joins.gap} " if joins.gap else ""
-        rest += f' ({gap}{spell(joins.again)} ({" | ".join(named)}){end})*'
+        rest += f' ({gap}{spell(joins.again)} {joins.call or "(" + " | ".join(named) + ")" + end})*'
     if joins.end:
         rest += f" {spell(joins.end)}"
     return ForcedCall(start, rest, tuple(rules), spell)
