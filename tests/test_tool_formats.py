@@ -787,6 +787,17 @@ def test_server_writes_hermes_tags_that_are_control_tokens_as_those_tokens(herme
             _check_weather_args(args)
         else:
             assert call.function.name == "get_time" and args.get("tz", "UTC") in ("UTC", "CET"), args
+    # parallel_tool_calls (the default) with a named function: one or more calls, all of it
+    ch = c.chat.completions.create(
+        model="tiny-hermes", messages=[{"role": "user", "content": "time?"}], tools=HERMES_TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_time"}}, max_tokens=120, temperature=0,
+        logprobs=True, extra_body=think).choices[0]
+    tokens = [t.token for t in ch.logprobs.content]
+    assert ch.message.tool_calls and {t.function.name for t in ch.message.tool_calls} == {"get_time"}, tokens
+    # (the random model goes on calling: one call was all the grammar allowed before)
+    closed = tokens.count("</tool_call>")          # a call max_tokens cut comes back if its name was complete
+    assert len(ch.message.tool_calls) >= 2 and len(ch.message.tool_calls) - closed in (
+        (0, 1) if ch.finish_reason == "length" else (0,)), tokens
 
 
 def test_a_parameter_the_tags_cannot_hold_is_left_out_or_refused():
