@@ -364,3 +364,17 @@ def test_the_hermes_forced_grammar_is_the_shared_codes_and_unchanged(grammars):
                     assert took[0] == took[1], (key, answer)
                     seen.add(took[0])
     assert seen == {True, False}           # the corpus tells both ways
+
+
+@pytest.mark.parametrize("schema, ok, bad", [
+    ({"type": "array", "items": [{"type": "string"}]}, '["x"]', '["</tool_call>"]'),          # a tuple's items
+    ({"type": "array", "prefixItems": [{"type": "integer"}]}, '[1, "x"]', '[1, "</tool_call>"]'),
+    ({"anyOf": [{"type": "object"}, {"type": "null"}]}, '{"a": ["x"]}', '{"a": ["</tool_call>"]}'),
+    ({"type": "object", "properties": {"</tool_call>": {"type": "integer"}}}, '{"b": 1}', '{"</tool_call>": 1}'),
+])
+def test_tag_free_reaches_every_place_a_string_can_stand(grammars, schema, ok, bad):
+    from llambda.server.tool_formats.tag_free import tag_free
+    g = grammars.compile(grammar_spec(json_schema=tag_free(schema, ["</tool_call>"])))
+    for text, want in ((ok, True), (bad, False)):
+        c = g.start()
+        assert (all(c.try_advance(b) for b in text.encode()) and c.accepting) == want, text

@@ -4,8 +4,8 @@ vLLM's and llama.cpp's read a value up to the first closing tag, with no escape)
 closing tag inside one of its strings or keys. llguidance writes JSON strings with `<` and `/` as
 themselves (no `\\/` or `\\u003c` escape), so a string holds a tag's text exactly when the string's
 value does: `tag_free(schema, words)` is the schema less the values whose strings or keys hold any of
-`words` (a `pattern` on every string it allows, every key it leaves free, through nesting, $defs and
-alternatives; enum and const values holding one are left out).
+`words` (a pattern on every string it allows, one $defs entry each refers to, and on every key it
+leaves free, through nesting, $defs and alternatives; enum and const values holding one are left out).
 
 `avoiding(words)` is that pattern: an anchored regex without lookarounds (llguidance has none) of the
 strings in which no word occurs, for words that all start with one character found nowhere else in
@@ -20,6 +20,8 @@ from ...constraints.grammar import ConstraintError
 
 ANY = "llambda-tag-free-any"          # the $defs entry of any value with no such string
 ANY_REF = {"$ref": f"#/$defs/{ANY}"}
+TEXT = "llambda-tag-free-string"      # ... and of the pattern (once: each string refers to it)
+TEXT_REF = {"$ref": f"#/$defs/{TEXT}"}
 _COMBINED = ("anyOf", "oneOf", "allOf", "$ref", "enum", "const")
 _TYPES = ("null", "boolean", "number", "integer", "string", "array", "object")
 
@@ -63,8 +65,9 @@ def tag_free(schema, words) -> object:
     safe = avoiding(words)
     out = _walk(copy.deepcopy(schema), safe, words)
     if isinstance(out, dict):
-        out.setdefault("$defs", {})[ANY] = {"anyOf": [
-            {"type": ["null", "boolean", "number"]}, {"type": "string", "pattern": safe},
+        out.setdefault("$defs", {})[TEXT] = {"pattern": safe}
+        out["$defs"][ANY] = {"anyOf": [
+            {"type": ["null", "boolean", "number"]}, {"type": "string", "allOf": [TEXT_REF]},
             {"type": "array", "items": ANY_REF},
             {"type": "object", "patternProperties": {safe: ANY_REF}, "additionalProperties": False}]}
     return out
@@ -88,7 +91,9 @@ def _walk(node, safe: str, words):
         if isinstance(node.get(key), list):
             node[key] = [_walk(v, safe, words) for v in node[key]]
     for key in ("items", "additionalItems", "additionalProperties"):
-        if key in node and node[key] is not False:
+        if isinstance(node.get(key), list):          # items as a list (a tuple, before prefixItems)
+            node[key] = [_walk(v, safe, words) for v in node[key]]
+        elif key in node and node[key] is not False:
             node[key] = _walk(node[key], safe, words)
     if isinstance(node.get("enum"), list):
         node["enum"] = [v for v in node["enum"] if not _holds(v, words)]
@@ -102,10 +107,7 @@ def _walk(node, safe: str, words):
         return node                           # its alternatives, $ref target or values say what it is
     kinds = set(kinds or _TYPES)
     if "string" in kinds:
-        if "pattern" in node:
-            node["allOf"] = node.get("allOf", []) + [{"pattern": safe}]
-        else:
-            node["pattern"] = safe
+        node["allOf"] = node.get("allOf", []) + [dict(TEXT_REF)]
     if "array" in kinds and "items" not in node:
         node["items"] = dict(ANY_REF)
     if "object" in kinds and node.get("additionalProperties", True) is not False:
