@@ -133,7 +133,7 @@ def search(pattern) -> str:
     regex matched whole: each top-level alternative anchored at a `^`/`$` of its own end, else open there."""
     import llguidance
     if not isinstance(pattern, str):
-        raise ConstraintError(f"'pattern' must be a string")
+        raise ConstraintError("'pattern' must be a string")
     try:
         rx = llguidance.regex_to_lark(pattern, "dw")
     except ValueError as e:
