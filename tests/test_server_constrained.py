@@ -113,7 +113,13 @@ def test_invalid_constraints_are_400_before_generation(live):
               "response_format", "no output"),
              ("/v1/chat/completions", {"messages": msgs, "stream": True, "tools": [{"type": "function", "function": {
                  "name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "objekt"}}}}}],
-              "tool_choice": "required"}, "tools", "objekt")]
+              "tool_choice": "required"}, "tools", "objekt"),
+             # a keyword nothing enforces is named, strict or not (a non-strict schema is held to the same)
+             ("/v1/chat/completions", {"messages": msgs, "response_format": {"type": "json_schema", "json_schema": {
+                 "name": "c", "schema": {"type": "string", "format": "colour"}, "strict": False}}},
+              "response_format", "colour"),
+             ("/v1/chat/completions", {"messages": msgs, "response_format": _fmt({"type": "array", "uniqueItems": True})},
+              "response_format", "uniqueItems")]
     for path, body, param, word in cases:
         err = assert_error(post(live, path, {"model": MODEL_ID, **body}), 400, word)
         assert err["type"] == "invalid_request_error" and err["param"] == param, err

@@ -703,7 +703,8 @@ def test_server_forces_a_tagged_call_in_the_models_own_syntax(tagged_live, choic
     think = {"chat_template_kwargs": {"open_thought": True}, "thinking_token_budget": 4} if thinking else \
         {"chat_template_kwargs": {"enable_thinking": False}}
     kw = dict(model="tiny-" + fmt, messages=[{"role": "user", "content": "weather?"}], tools=TAGGED_TOOLS,
-              tool_choice=tool_choice, max_tokens=300, temperature=0, logprobs=True, extra_body=think)
+              tool_choice=tool_choice, max_tokens=300, temperature=0, logprobs=True, extra_body=think,
+              parallel_tool_calls=False)
     ch = c.chat.completions.create(**kw).choices[0]
     tokens = [t.token for t in ch.logprobs.content]
     generated = "".join(tokens)
@@ -731,6 +732,18 @@ def test_server_forces_a_tagged_call_in_the_models_own_syntax(tagged_live, choic
     content, calls, finish = _stream_tool_calls(c, **kw)
     assert (content, finish) == ("", "tool_calls")
     assert calls == [{"name": name, "arguments": call.function.arguments}]
+    # parallel_tool_calls (the default): one or more calls, each in the format's tags (the random model
+    # writes them until max_tokens cuts the last), every complete one of an offered tool as the schema asks
+    kw["parallel_tool_calls"] = True
+    ch = c.chat.completions.create(**kw).choices[0]
+    answer = "".join(t.token for t in ch.logprobs.content)
+    calls = ch.message.tool_calls
+    opened = answer.count("<tool_call>") + (not thinking)       # a call cut before its name is text
+    assert calls and len(calls) in ((opened - 1, opened) if ch.finish_reason == "length" else (opened,)), answer
+    for call in calls[:-1] if ch.finish_reason == "length" else calls:
+        assert call.function.name == choice or choice == "required", answer
+        args = json.loads(call.function.arguments)
+        _check_weather_args(args) if call.function.name == "get_weather" else None
 
 
 HERMES_TEMPLATE = ("{% if tools %}tools: {% for t in tools %}{{ t.function.name }} {% endfor %}, called in "
@@ -774,6 +787,17 @@ def test_server_writes_hermes_tags_that_are_control_tokens_as_those_tokens(herme
             _check_weather_args(args)
         else:
             assert call.function.name == "get_time" and args.get("tz", "UTC") in ("UTC", "CET"), args
+    # parallel_tool_calls (the default) with a named function: one or more calls, all of it
+    ch = c.chat.completions.create(
+        model="tiny-hermes", messages=[{"role": "user", "content": "time?"}], tools=HERMES_TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_time"}}, max_tokens=120, temperature=0,
+        logprobs=True, extra_body=think).choices[0]
+    tokens = [t.token for t in ch.logprobs.content]
+    assert ch.message.tool_calls and {t.function.name for t in ch.message.tool_calls} == {"get_time"}, tokens
+    # (the random model goes on calling: one call was all the grammar allowed before)
+    closed = tokens.count("</tool_call>")          # a call max_tokens cut comes back if its name was complete
+    assert len(ch.message.tool_calls) >= 2 and len(ch.message.tool_calls) - closed in (
+        (0, 1) if ch.finish_reason == "length" else (0,)), tokens
 
 
 def test_a_parameter_the_tags_cannot_hold_is_left_out_or_refused():
@@ -813,11 +837,16 @@ def test_past_64_parameters_a_forced_tagged_call_keeps_the_schemas_order():
         assert _grammar_takes(grammars, call.grammar(), text) == ok, keys
 
 
-def test_server_refuses_a_forced_call_its_format_cannot_write(tagged_live):
+@pytest.mark.parametrize("key, schema, named", [("a>b", {"type": "string"}, "'a>b'"),
+                                                ("d", {"type": "string", "format": "colour"}, "colour"),
+                                                ("d", {"type": "string", "format": "uri"}, "uri")])
+def test_server_refuses_a_forced_call_its_format_cannot_write(tagged_live, key, schema, named):
+    """A parameter the tags cannot hold, or a keyword its text value cannot be held to (never silently
+    left out): a 400 on 'tools' naming it."""
     tools = [{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"a>b": {"type": "string"}}, "required": ["a>b"]}}}]
+        "type": "object", "properties": {key: schema}, "required": [key]}}}]
     r = httpx.post(tagged_live.url + "/v1/chat/completions", timeout=60, json={
         "model": "tiny-" + tagged_live.fmt, "messages": [{"role": "user", "content": "x"}], "tools": tools,
         "tool_choice": "required", "max_tokens": 5})
     assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
-    assert "'a>b'" in r.json()["error"]["message"]
+    assert named in r.json()["error"]["message"]

@@ -28,9 +28,10 @@ from .openai_format import (SSE_DONE, ChoiceState, TokenStrings, Usage, chat_log
                             completion_logprobs, completion_response, new_id, now, sse, tool_finish)
 from .scheduler import Channel, Job, JobFailure, PromptLogprobs, QueueFull, Scheduler, ShuttingDown
 from .schemas import GenerationSpec
+from .tool_formats import FORMATS
 from .tool_formats import detect as detect_tool_format
-from .tools import (OPEN_TAG, ToolSetup, generic_tool_messages, has_tool_turns, hermes_prefix, tool_grammar,
-                    tool_names, written_history)
+from .tools import (OPEN_TAG, ToolSetup, generic_tool_messages, has_tool_turns, tool_grammar, tool_names,
+                    written_history)
 from .workers import PoolClosed, PoolFull, PromptWorkers
 
 DISCONNECTED = object()   # pushed into a channel when the client goes away
@@ -213,19 +214,17 @@ class Service:
         forced = spec.tool_choice != "auto"
         constrained = constrained or (native is not None and forced)     # a forced call is under a grammar
         try:
-            native_call = native.force(spec.tools, names, spec.tool_choice, self.model.tokenizer) \
-                if native and forced else None
+            native_call = native.force(spec.tools, names, spec.tool_choice, self.model.tokenizer,
+                                       parallel=spec.parallel_tool_calls) if native and forced else None
         except ConstraintError as e:         # a tool the format cannot call as its schema asks
             raise bad_request(f"'tools': {e}", param="tools") from None
         if forced and native_call is None:
             native = None
-        prefix = opening = ""
-        if native_call is not None:
-            prefix = "" if think_first else native_call.opening
-        elif constrained and forced:
-            # the answer starts as a call (prefilled, not decoded token by token; after a thought, forced)
-            opening = hermes_prefix("required" if spec.tool_choice == "required" else spec.forced_tool)
-            prefix = "" if think_first else opening
+            if constrained:     # the Hermes form's, several calls not through the generic prompt (below)
+                native_call = FORMATS["hermes"].force(spec.tools, names, spec.tool_choice, self.model.tokenizer,
+                                                      parallel=spec.parallel_tool_calls and not generic)
+        # the answer starts as a call (prefilled, not decoded token by token; after a thought, the grammar's)
+        prefix = "" if native_call is None or think_first else native_call.opening
         setup = ToolSetup(names, prefix, spec.parallel_tool_calls, format=native,
                           params={t["function"]["name"]: t["function"].get("parameters") or {} for t in spec.tools})
         if not constrained:
@@ -235,14 +234,13 @@ class Service:
                               "a call", param=spec.constraint_param)
         if spec.constraint is not None:      # auto: the client's format for text answers wins
             return setup, None
-        if native_call is not None:          # one call, in the model's own syntax
+        # "required" and a named function are one or more calls with parallel_tool_calls (OpenAI's
+        # "required"; a named one: more calls of it), but not through the generic prompt: models never
+        # trained on calls repeat them until max_tokens
+        if native_call is not None:          # in the model's own syntax (or the Hermes form)
             return setup, GrammarSpec("lark", native_call.grammar(inline=think_first))
-        # a named function is one call of it; "required" may make several (parallel_tool_calls), but
-        # not through the generic prompt: models never trained on calls repeat them until max_tokens
-        lark = tool_grammar(spec.tools, names, spec.tool_choice,
-                            parallel=spec.parallel_tool_calls and spec.tool_choice == "required" and not generic,
-                            opening=opening if think_first else "", tokenizer=self.model.tokenizer)
-        return setup, GrammarSpec("lark", lark)
+        return setup, GrammarSpec("lark", tool_grammar(spec.tools, names, "auto", parallel=True,
+                                                       tokenizer=self.model.tokenizer))
 
     def _completion_ids(self, prompt, spec: GenerationSpec) -> list[int]:
         try:

@@ -1,7 +1,8 @@
 """Tool calls: how one request's answers are read for them (`ToolSetup`: the parser of the model's
 own format, tool_formats, Hermes' `<tool_call>{json}</tool_call>` by default), reading a finished
-answer whole with that same parser (`split_answer`), the Hermes form's grammars (a forced or
-constrained call) and the generic tool prompt for templates that know nothing of tools.
+answer whole with that same parser (`split_answer`), the Hermes form's grammars (under "auto" its own;
+a forced call HermesFormat.forced's, the forcing code every format shares) and the generic tool prompt
+for templates that know nothing of tools.
 
 Every format's parser (tool_formats.blocks.BlockParser, harmony's, think's wrapper) turns text into
 content and OpenAI-style tool-call deltas while it arrives; the non-streaming answer runs the same
@@ -12,11 +13,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from ..constraints.grammar import JSON_STYLE
 from .tool_formats import FORMATS
-from .tool_formats.forcing import Spelling, args_rule, offered
+from .tool_formats.forcing import Spelling
 from .tool_formats.hermes import CLOSE as CLOSE_TAG
 from .tool_formats.hermes import OPEN as OPEN_TAG
+from .tool_formats.hermes import call_rules
+from .tool_formats.hermes import opening as hermes_opening
 from .tool_formats.json_text import loaded
 from .tool_formats.pieces import merge_call_deltas  # noqa: F401 (ollama_api reads it here)
 
@@ -58,9 +60,7 @@ def hermes_prefix(choice) -> str:
 
     `choice` is "required" (the model picks the name) or the name of the forced function.
     """
-    if choice == "required":
-        return OPEN_TAG + '\n{"name": "'
-    return OPEN_TAG + '\n{"name": ' + json.dumps(choice, ensure_ascii=False) + ', "arguments":'
+    return hermes_opening("" if choice == "required" else choice)
 
 
 def _valid_call(call: dict) -> bool:
@@ -125,32 +125,15 @@ def _stripped(spans: list[tuple[int, int]], text: str) -> list[tuple[int, int]]:
 # grammar makes it valid by construction: the name one of the offered tools, the arguments valid
 # against that tool's parameter schema.
 
-def call_schema(tools: list, names: set[str]) -> dict:
-    """JSON schema of one call object to any of `names` (name first, as the streaming parser wants)."""
-    alts = []
-    for i, t in enumerate(tools):
-        fn = t["function"]
-        if fn["name"] not in names:
-            continue
-        params = fn.get("parameters") or {"type": "object"}
-        # a schema resource of its own: its "#/$defs/..." refs (pydantic writes them) resolve against
-        # the parameters, where they were written, not against this call schema's root
-        params = {"$id": f"urn:llambda:tool-parameters:{i}", **params}
-        alts.append({"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": params},
-                     "required": ["name", "arguments"], "additionalProperties": False})
-    schema = alts[0] if len(alts) == 1 else {"anyOf": alts}
-    return {**schema, "x-guidance": JSON_STYLE}
-
-
-def tool_grammar(tools: list, names: set[str], choice: str, parallel: bool, opening: str = "",
+def tool_grammar(tools: list, names: set[str], choice: str, parallel: bool, inline: bool = False,
                  tokenizer=None) -> str:
     """A Lark grammar (llguidance's dialect) for an answer under tools.
 
-    choice "required" or "function" (names: the forced one): the prompt already ends with
-    `hermes_prefix(...)` (prefilled, cheaper than forced decode steps), and the grammar goes on
-    from there: a tool name, its arguments, the closing tag; more calls with `parallel`. Where the
-    answer comes after a thought, the prompt cannot end with it: `opening` (that prefix) is then
-    the grammar's first text.
+    choice "required" or "function" (names: the forced one): the Hermes form's forced call
+    (HermesFormat.forced, the shared forcing code): the prompt already ends with `hermes_prefix(...)`
+    (prefilled, cheaper than forced decode steps), and the grammar goes on from there: a tool name,
+    its arguments, the closing tag; more calls with `parallel`. Where the answer comes after a
+    thought, the prompt cannot end with it: with `inline` that prefix is then the grammar's first text.
     "auto": free text, but from a `<tool_call>` tag on (a lazy lexeme: it ends at the first
     occurrence of the tag) the call must be valid, and text may follow a call, as the parser
     expects. An answer that opens with `{` or a ``` fence is what the parser takes for a bare
@@ -159,28 +142,17 @@ def tool_grammar(tools: list, names: set[str], choice: str, parallel: bool, open
     tag under "auto": the lazy text before it ends at text, not at a token).
     """
     spell = Spelling.of(tokenizer, FORMATS["hermes"].markers)
-    rules = (f'call: %json {json.dumps(call_schema(tools, names), ensure_ascii=False)}\n'
-             f'body: "\\n"? call "\\n"? {spell(CLOSE_TAG)}\n'
-             'TEXT: /(.|\\n)*/\n')
-    if choice == "auto":
-        start = (f'start: first body (lead body)* TEXT | FIRST | bare\n'
-                 f'first[lazy]: FIRST "{OPEN_TAG}"\n'
-                 f'lead[lazy]: TEXT "{OPEN_TAG}"\n'
-                 'bare: call | "```json\\n" call "\\n```" | "```\\n" call "\\n```"\n'
-                 # text that does not open a bare call: its first visible character is not "{",
-                 # and a ``` fence there names a language other than json
-                 'FIRST: /\\s*|\\s*([^\\s{`]|`[^`]|``[^`]|```([A-Za-ik-z]|j[^s]|js[^o]|jso[^n]|json[^ \\t\\n]'
-                 '|[^A-Za-z \\t\\n]))(.|\\n)*/')
-        return f'%llguidance {{}}\n{start}\n{rules}'
-    heads = []
-    for i, fn in enumerate(offered(tools, names)):
-        rules += args_rule(i, fn) + "\n"
-        # after the prefix `{"name": "` comes the rest of the name; a forced name is in the prefix
-        head = "" if choice == "function" else json.dumps(fn["name"], ensure_ascii=False)[1:] + ', "arguments":'
-        heads.append(f'{json.dumps(head, ensure_ascii=False)} " "? args_{i}' if head else f'" "? args_{i}')
-    more = f' ("\\n"? {spell(OPEN_TAG)} body)*' if parallel else ""
-    lead = f'{spell(opening)} ' if opening else ""
-    start = f'start: {lead}({" | ".join(heads)}) "}}" "\\n"? {spell(CLOSE_TAG)}{more}'
+    if choice != "auto":
+        return FORMATS["hermes"].forced(tools, names, choice, spell, parallel).grammar(inline=inline)
+    rules = "".join(r + "\n" for r in call_rules(tools, names, spell))
+    start = (f'start: first body (lead body)* TEXT | FIRST | bare\n'
+             f'first[lazy]: FIRST "{OPEN_TAG}"\n'
+             f'lead[lazy]: TEXT "{OPEN_TAG}"\n'
+             'bare: call | "```json\\n" call "\\n```" | "```\\n" call "\\n```"\n'
+             # text that does not open a bare call: its first visible character is not "{",
+             # and a ``` fence there names a language other than json
+             'FIRST: /\\s*|\\s*([^\\s{`]|`[^`]|``[^`]|```([A-Za-ik-z]|j[^s]|js[^o]|jso[^n]|json[^ \\t\\n]'
+             '|[^A-Za-z \\t\\n]))(.|\\n)*/')
     return f'%llguidance {{}}\n{start}\n{rules}'
 
 

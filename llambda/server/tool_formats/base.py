@@ -21,8 +21,9 @@ A format (one module each) says where its calls are in the answer:
   a call (body may lack its closing marker: the answer ended there); params: each tool's JSON schema;
 - `after(rest)`: what follows a unit: ("text", n) (n characters of glue, such as a closing wrapper,
   are dropped), ("unit", n) (another unit begins after n characters), or None while it cannot tell;
-- `forced(tools, names, choice, spell)`: a forced tool_choice written in the format (a forcing.ForcedCall,
-  its markers written by `spell`, a forcing.Spelling), or None;
+- `forced(tools, names, choice, spell, parallel)`: a forced tool_choice written in the format (a
+  forcing.ForcedCall, its markers written by `spell`, a forcing.Spelling; `parallel`: one or more
+  calls, else exactly one), or None;
 - `markers`: the texts of the format's own tags (those a vocabulary may hold as control tokens).
 
 `blocks.BlockParser` runs any format over streamed text (hermes.py, the default, too).
@@ -60,15 +61,16 @@ class ToolFormat:
     def after(self, rest: str) -> tuple[str, int] | None:
         return ("text", 0)
 
-    def forced(self, tools: list, names: set[str], choice: str, spell=None):
-        """A forced call in this format (forcing.ForcedCall: its opening, the grammar of the rest);
-        None: not written in this format (the Hermes form is forced instead)."""
+    def forced(self, tools: list, names: set[str], choice: str, spell=None, parallel: bool = False):
+        """A forced call in this format (forcing.ForcedCall: its opening, the grammar of the rest; with
+        `parallel`, further calls may follow); None: not written in this format (the Hermes form is
+        forced instead)."""
         return None
 
-    def force(self, tools: list, names: set[str], choice: str, tokenizer):
+    def force(self, tools: list, names: set[str], choice: str, tokenizer, parallel: bool = False):
         """`forced`, its markers written as `tokenizer`'s control tokens where they are ones."""
         from .forcing import Spelling
-        return self.forced(tools, names, choice, Spelling.of(tokenizer, self.markers))
+        return self.forced(tools, names, choice, Spelling.of(tokenizer, self.markers), parallel)
 
     def parser(self, names: set[str], parallel: bool = True, params: dict | None = None, prefix: str = ""):
         from .blocks import BlockParser

@@ -11,7 +11,7 @@ import json
 import re
 
 from .base import ClosedByTag, prefix_of, skip_blanks
-from .forcing import forced_call
+from .forcing import Joins, forced_call
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
@@ -50,14 +50,17 @@ class DeepSeekFormat(ClosedByTag):
     def __init__(self, v31: bool = False):
         self.v31 = v31              # the template writes V3.1's `NAME<｜tool▁sep｜>{...}` (else V3/R1's form)
 
-    def forced(self, tools, names, choice, spell=None):
+    def forced(self, tools, names, choice, spell=None, parallel=False):
+        # further calls: each in its own call tags (a newline before it, as V3/R1's template writes),
+        # all of them in the one calls wrapper
         begin = CALLS_BEGIN + CALL_BEGIN
         if self.v31:
             return forced_call(tools, names, choice, lambda n: begin + n + SEP if n else begin, lambda n: n + SEP,
-                               CALL_END + CALLS_END, spell)
+                               CALL_END, spell, Joins(CALL_BEGIN, '"\\n"?', CALLS_END), parallel)
         fence = "\n```json\n"
         return forced_call(tools, names, choice, lambda n: begin + "function" + SEP + (n + fence if n else ""),
-                           lambda n: n + fence, "\n```" + CALL_END + CALLS_END, spell)
+                           lambda n: n + fence, "\n```" + CALL_END, spell,
+                           Joins(CALL_BEGIN + "function" + SEP, '"\\n"?', CALLS_END), parallel)
 
     def head(self, body, opener):
         got = _split(_call_text(body, opener))

@@ -3,7 +3,10 @@
 The call's fixed start (`ForcedCall.opening`: the format's marker, and the name where it is forced)
 is prefilled, so the model never has to choose to call; a Lark grammar (llguidance's dialect) makes
 the rest one call of an offered tool with arguments valid against its parameters' JSON schema, ending
-where the format ends a call. After a `<think>` thought the prompt cannot end with the opening: it is
+where the format ends a call. With parallel_tool_calls (`parallel`), as OpenAI's "required" means one
+or more calls, further calls may follow in the format's own syntax (`Joins`: what opens a further
+call, the blanks allowed before it, what ends the last), each again of an offered tool (a named
+function: of that one); without it exactly one. After a `<think>` thought the prompt cannot end with the opening: it is
 then the grammar's first text instead (`grammar(inline=True)`), which waits for the thought's end.
 
 The parser of the answer reads the prefilled opening as the call's start (ToolSetup.prefix), so the
@@ -19,9 +22,14 @@ from dataclasses import dataclass, field
 from ...constraints.grammar import JSON_STYLE
 
 
+class Lark(str):
+    """Lark grammar text where a text to spell is expected: written as it is (Spelling passes it on)."""
+
+
 class Spelling:
     """How a grammar writes text holding a format's markers: each marker that is one control token of
-    the vocabulary as that token (`<[id]>`, llguidance's syntax), the rest as Lark string literals."""
+    the vocabulary as that token (`<[id]>`, llguidance's syntax), the rest as Lark string literals
+    (a `Lark` is grammar text already: written as it is)."""
 
     def __init__(self, ids: dict[str, int] | None = None):
         self.ids = dict(ids or {})
@@ -41,6 +49,8 @@ class Spelling:
 
     def __call__(self, text: str) -> str:
         """A Lark sequence writing `text` ('""' for none)."""
+        if isinstance(text, Lark):
+            return str(text)
         parts, i = [], 0
         while i < len(text):
             hits = [(text.find(m, i), -len(m), m) for m in self.ids if text.find(m, i) >= 0]
@@ -79,24 +89,46 @@ def offered(tools: list, names: set[str]) -> list[dict]:
     return [t["function"] for t in tools if t["function"]["name"] in names]
 
 
+@dataclass(frozen=True)
+class Joins:
+    """How a format writes further calls after the first: `again`, the text that opens one up to its
+    name (the opening of a call the model names); `gap`, a Lark expression of what may stand before it
+    (blanks); `end`, the text after the last call (a closing bracket or wrapper), written once; `call`,
+    a Lark expression of the rest of a further call, where it is not the first one's alternatives and
+    tail (Hermes': its whole JSON object), with the `rules` it needs."""
+    again: str
+    gap: str = ""
+    end: str = ""
+    call: str = ""
+    rules: tuple[str, ...] = ()
+
+
 def forced_call(tools: list, names: set[str], choice: str, opening, head, tail: str,
-                spell: Spelling | None = None) -> ForcedCall:
+                spell: Spelling | None = None, joins: Joins | None = None, parallel: bool = False,
+                lead: str = "") -> ForcedCall:
     """A call whose arguments are one JSON object. opening(name): the text before the arguments object
     when the name is forced (then all of it is the opening); head(name): the text from the name on to
     the arguments, when the model chooses the name (the opening is then opening("")); tail: the text
-    after the arguments."""
+    after the arguments (or a Lark expression); lead: a Lark expression of what may stand before the
+    arguments (blanks); joins: how further calls are written (with `parallel`: one or more calls)."""
     spell = spell or Spelling()
+    joins = joins or Joins("")
     fns = offered(tools, names)
-    if choice == "function":
-        start, heads = opening(fns[0]["name"]), [""]
-    else:
-        start, heads = opening(""), [head(fn["name"]) for fn in fns]
-    rules, alts = [], []
-    for i, (fn, h) in enumerate(zip(fns, heads)):
-        rules.append(args_rule(i, fn))
-        alts.append(f"{spell(h)} args_{i}" if h else f"args_{i}")
+    rules = list(joins.rules) + [args_rule(i, fn) for i, fn in enumerate(fns)]
+    args = [f"{lead} args_{i}" if lead else f"args_{i}" for i in range(len(fns))]
+    named = [f"{spell(head(fn['name']))} {a}" for fn, a in zip(fns, args)]     # the model writes the name
     end = f" {spell(tail)}" if tail else ""
-    return ForcedCall(start, f'({" | ".join(alts)}){end}', tuple(rules), spell)
+    if choice == "function":
+        start, first = opening(fns[0]["name"]), args[0]
+    else:
+        start, first = opening(""), " | ".join(named)
+    rest = f"({first}){end}"
+    if parallel:
+        gap = f"{joins.gap} " if joins.gap else ""
+        rest += f' ({gap}{spell(joins.again)} {joins.call or "(" + " | ".join(named) + ")" + end})*'
+    if joins.end:
+        rest += f" {spell(joins.end)}"
+    return ForcedCall(start, rest, tuple(rules), spell)
 
 
 def args_rule(i: int, fn: dict) -> str:
@@ -107,11 +139,13 @@ def args_rule(i: int, fn: dict) -> str:
     return f"args_{i}: %json {json.dumps(params, ensure_ascii=False)}"
 
 
-def json_call(key: str, before: str, after: str):
-    """`forced` of a format writing a call as {"name": NAME, key: {...}} between `before` and `after`."""
-    def forced(tools, names, choice, spell=None):
+def json_call(key: str, before: str, after: str, sep: str):
+    """`forced` of a format writing a call as {"name": NAME, key: {...}} between `before` and `after`,
+    further calls after `sep`."""
+    def forced(tools, names, choice, spell=None, parallel=False):
         return forced_call(tools, names, choice,
                            lambda n: before + ('{"name": ' + json.dumps(n, ensure_ascii=False) + f', "{key}": '
                                                if n else '{"name": "'),
-                           lambda n: json.dumps(n, ensure_ascii=False)[1:] + f', "{key}": ', "}" + after, spell)
+                           lambda n: json.dumps(n, ensure_ascii=False)[1:] + f', "{key}": ', "}", spell,
+                           Joins(sep + '{"name": "', end=after), parallel)
     return forced

@@ -15,7 +15,9 @@ from __future__ import annotations
 import json
 import re
 
+from ...constraints.grammar import JSON_STYLE
 from .base import ClosedByTag, prefix_of
+from .forcing import Joins, Lark, Spelling, forced_call
 from .json_text import call_object, json_end
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -96,5 +98,43 @@ class HermesFormat(ClosedByTag):
             return None
         return [call] if call is not None else None
 
-    def forced(self, tools, names, choice, spell=None):
-        return None       # tools.tool_grammar writes the Hermes form's grammars (auto, parallel calls too)
+    def forced(self, tools, names, choice, spell=None, parallel=False):
+        """The call's opening `<tool_call>\\n{"name": "` (a named one: up to `"arguments":`), then its name and
+        arguments (a blank may come first), `}` and the closing tag (a newline may come before it); a
+        further call is a whole call object in the tags (`body`, as tools.tool_grammar's "auto" reads)."""
+        spell = spell or Spelling()
+        return forced_call(tools, names, choice, opening,
+                           lambda n: json.dumps(n, ensure_ascii=False)[1:] + ', "arguments":',
+                           Lark(f'"}}" "\\n"? {spell(CLOSE)}'), spell,
+                           Joins(OPEN, '"\\n"?', call="body", rules=call_rules(tools, names, spell)), parallel,
+                           lead='" "?')
+
+
+def opening(name: str) -> str:
+    """What a forced call starts with: up to its name's opening quote, or for a named one to `"arguments":`."""
+    return OPEN + '\n{"name": ' + (json.dumps(name, ensure_ascii=False) + ', "arguments":' if name else '"')
+
+
+def call_schema(tools: list, names: set[str]) -> dict:
+    """JSON schema of one call object to any of `names` (name first, as the streaming parser wants)."""
+    alts = []
+    for i, t in enumerate(tools):
+        fn = t["function"]
+        if fn["name"] not in names:
+            continue
+        params = fn.get("parameters") or {"type": "object"}
+        # a schema resource of its own: its "#/$defs/..." refs (pydantic writes them) resolve against
+        # the parameters, where they were written, not against this call schema's root
+        params = {"$id": f"urn:llambda:tool-parameters:{i}", **params}
+        alts.append({"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": params},
+                     "required": ["name", "arguments"], "additionalProperties": False})
+    schema = alts[0] if len(alts) == 1 else {"anyOf": alts}
+    return {**schema, "x-guidance": JSON_STYLE}
+
+
+def call_rules(tools: list, names: set[str], spell: Spelling) -> tuple[str, ...]:
+    """The Lark rules of a whole call: `call` (its JSON object), `body` (that and the closing tag, a
+    newline allowed around it), and TEXT (any text)."""
+    return (f"call: %json {json.dumps(call_schema(tools, names), ensure_ascii=False)}",
+            f'body: "\\n"? call "\\n"? {spell(CLOSE)}',
+            "TEXT: /(.|\\n)*/")

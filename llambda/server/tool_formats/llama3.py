@@ -30,8 +30,8 @@ class Llama3Format(ToolFormat):
         calls = call_objects(body.strip())
         return calls if calls is not None and len(calls) == 1 and body.strip().startswith("{") else None
 
-    def forced(self, tools, names, choice, spell=None):
-        return json_call("parameters", "", "")(tools, names, choice, spell)
+    def forced(self, tools, names, choice, spell=None, parallel=False):
+        return json_call("parameters", "", "", "; ")(tools, names, choice, spell, parallel)
 
     def after(self, rest):
         i = skip_blanks(rest)

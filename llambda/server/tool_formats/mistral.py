@@ -8,7 +8,7 @@ import json
 import re
 
 from .base import ToolFormat, first_visible, prefix_of, skip_blanks
-from .forcing import forced_call, json_call
+from .forcing import Joins, forced_call, json_call
 from .json_text import call_objects, json_call_args, json_call_name, json_end
 
 OPEN, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
@@ -51,11 +51,12 @@ class MistralFormat(ToolFormat):
     def __init__(self, tagged: bool = True):
         self.tagged = tagged        # the template writes `NAME[ARGS]{...}` (else a JSON array)
 
-    def forced(self, tools, names, choice, spell=None):
+    def forced(self, tools, names, choice, spell=None, parallel=False):
         if not self.tagged:
-            return json_call("arguments", OPEN + "[", "]")(tools, names, choice, spell)
+            return json_call("arguments", OPEN + "[", "]", ", ")(tools, names, choice, spell, parallel)
+        # each further call behind its own [TOOL_CALLS]
         return forced_call(tools, names, choice, lambda n: OPEN + n + ARGS if n else OPEN, lambda n: n + ARGS, "",
-                           spell)
+                           spell, Joins(OPEN), parallel)
 
     def unit_end(self, body, opener, memo):
         i = first_visible(body)

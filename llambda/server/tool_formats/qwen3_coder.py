@@ -19,7 +19,8 @@ from .base import param_schema, typed_value
 from .tagged import CLOSE, OPEN, TaggedFormat, TaggedShape
 SHAPE = TaggedShape(call_open=OPEN + "\n<function=", name_close=">\n", key_open="<parameter=", key_close=">\n",
                     value_end="\n", value_close="</parameter>", after_value="\n",
-                    call_close="</function>\n" + CLOSE, unit_close=CLOSE)
+                    call_close="</function>\n" + CLOSE, unit_close=CLOSE,
+                    reserved=("<parameter=", "</function>"))      # where vLLM's parser also ends a value
 _FUNCTION = re.compile(r"\s*<function=([^>\n]+)>")
 _PARAM = re.compile(r"\s*<parameter=([^>\n]+)>(.*?)</parameter>", re.S)
 _END = re.compile(r"\s*(?:</function>\s*)?$")

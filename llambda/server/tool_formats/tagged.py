@@ -5,10 +5,12 @@
 As far as that shape allows, the arguments satisfy the tool's parameters schema: the declared
 parameter names only, in any order, each at most once, the required ones present (past
 MAX_PARAMETRIC parameters, in the schema's order); a value its schema types as a
-string is text (its enum's values where it has one, its minLength/maxLength kept up to
-MAX_COUNTED characters), any other value JSON text valid against its schema (numbers, booleans,
-null, objects and arrays) as the formats' parsers read it (base.typed_value). Text values never hold
-the value's closing tag or the call's, where the parser would end them. A marker that is a control
+string is text (its enum's values where it has one; its minLength, maxLength, pattern and format as
+llguidance enforces them in JSON, text_value.py, or refused naming the keyword), any other value JSON text valid against its schema (numbers, booleans,
+null, objects and arrays) as the formats' parsers read it (base.typed_value). No value holds
+the value's closing tag or the call's (nor, in Qwen3-Coder's, `<parameter=` or `</function>`), where the
+parsers (ours, and the models' own) would end it: not a text value, nor a string or key at any depth
+of a JSON one (tag_free), so the call reads back as written. A marker that is a control
 token of the vocabulary is written as that token (forcing.Spelling); a text value is then followed
 by the token, else its terminal ends with the tag's text.
 """
@@ -22,8 +24,9 @@ from .base import ClosedByTag, value_kinds
 from .forcing import ForcedCall, Spelling, literal, offered
 from .hermes import CLOSE, OPEN
 from .json_text import call_objects
+from .tag_free import tag_free
+from .text_value import text_regexes
 
-MAX_COUNTED = 2000       # a longer minLength/maxLength is not forced (a counted regex of that size is costly)
 MAX_PARAMETRIC = 64      # parameters in any order: one bit each of llguidance's 64-bit rule parameter
 
 
@@ -39,6 +42,12 @@ class TaggedShape:
     after_value: str        # after that tag
     call_close: str         # after the last value: "\n</tool_call>" (GLM)
     unit_close: str         # the tag the parser ends the call at ("</tool_call>")
+    reserved: tuple[str, ...] = ()      # other texts the model's own parser ends a value at
+
+    @property
+    def unspoken(self) -> tuple[str, ...]:
+        """The texts no value may hold: the value's closing tag, the call's, the reserved ones."""
+        return tuple(dict.fromkeys((self.value_close, self.unit_close, *self.reserved)))
 
     def opening(self, name: str) -> str:
         return self.call_open + (name + self.name_close if name else "")
@@ -50,8 +59,8 @@ class TaggedFormat(ClosedByTag):
     shape: TaggedShape
     openers, close = (OPEN,), CLOSE
 
-    def forced(self, tools, names, choice, spell: Spelling | None = None):
-        return tagged_call(tools, names, choice, self.shape, spell)
+    def forced(self, tools, names, choice, spell: Spelling | None = None, parallel: bool = False):
+        return tagged_call(tools, names, choice, self.shape, spell, parallel)
 
     def parse(self, body, opener, params):
         body = self.inner(body)
@@ -64,17 +73,20 @@ class TaggedFormat(ClosedByTag):
 
 
 def tagged_call(tools: list, names: set[str], choice: str, shape: TaggedShape,
-                spell: Spelling | None = None) -> ForcedCall:
-    """The forced call ("required": the model picks the name; "function": `names` holds the one)."""
+                spell: Spelling | None = None, parallel: bool = False) -> ForcedCall:
+    """The forced call ("required": the model picks the name; "function": `names` holds the one);
+    parallel: further calls may follow, each in its own call tags (a newline before it)."""
     spell = spell or Spelling()
     fns = offered(tools, names)
-    rules, alts = [], []
+    rules, named = [], []
     for i, fn in enumerate(fns):
         params = fn.get("parameters") or {}
-        head = [] if choice == "function" else [spell(fn["name"] + shape.name_close)]
         written = []            # (rule, required) of each parameter a call may hold
         for j, (key, schema, required) in enumerate(_parameters(params)):
-            value = _value(f"V_{i}_{j}", schema, params, shape, spell, rules) if writable(key) else None
+            try:
+                value = _value(f"V_{i}_{j}", schema, params, shape, spell, rules) if writable(key) else None
+            except ConstraintError as e:        # a keyword its value cannot be held to: named, not left out
+                raise ConstraintError(f"tool {fn['name']!r}, parameter {key!r}: {e}") from None
             if value is None:
                 if required:
                     raise ConstraintError(f"tool {fn['name']!r} requires the parameter {key!r}, which a call in "
@@ -85,9 +97,14 @@ def tagged_call(tools: list, names: set[str], choice: str, shape: TaggedShape,
             after = f" {spell(shape.after_value)}" if shape.after_value else ""
             rules.append(f"{rule}: {spell(shape.key_open + key + shape.key_close)} {value}{after}")
             written.append((rule, required))
-        alts.append(" ".join(head + [_any_order(f"args_{i}", written, rules)]))
+        named.append((spell(fn["name"] + shape.name_close), _any_order(f"args_{i}", written, rules)))
+    close = spell(shape.call_close)
+    first = named[0][1] if choice == "function" else " | ".join(f"{h} {a}" for h, a in named)
+    rest = f"({first}) {close}"
+    if parallel:
+        rest += f' ("\\n"? {spell(shape.call_open)} ({" | ".join(f"{h} {a}" for h, a in named)}) {close})*'
     start = shape.opening(fns[0]["name"] if choice == "function" else "")
-    return ForcedCall(start, f'({" | ".join(alts)}) {spell(shape.call_close)}', tuple(rules), spell)
+    return ForcedCall(start, rest, tuple(rules), spell)
 
 
 def _any_order(name: str, written: list[tuple[str, bool]], rules: list) -> str:
@@ -130,40 +147,51 @@ def _value(term: str, schema, params: dict, shape: TaggedShape, spell: Spelling,
     close = spell(shape.value_end + shape.value_close)
     schema = schema if isinstance(schema, dict) else {}
     if "string" not in value_kinds(schema):
-        # JSON text; the parameters' $defs go along (a "#/$defs/..." ref resolves against them)
+        # JSON text, no string or key in it holding a tag (tag_free); the parameters' $defs go along
+        # (a "#/$defs/..." ref resolves against them)
         defs = {k: params[k] for k in ("$defs", "definitions") if k in params}
-        rules.append(f"{term.lower()}: %json " + json.dumps({**schema, **defs, "x-guidance": JSON_STYLE},
-                                                             ensure_ascii=False))
+        value = tag_free({**schema, **defs}, shape.unspoken)
+        if value is False:
+            return None
+        rules.append(f"{term.lower()}: %json " + json.dumps({**value, "x-guidance": JSON_STYLE}, ensure_ascii=False))
         return f"{term.lower()} {close}"
+    regexes = text_regexes(schema)          # its length, pattern, format (a ConstraintError names one it cannot)
     choices = schema.get("enum", [schema["const"]] if "const" in schema else None)
     if isinstance(choices, list) and choices and all(isinstance(c, str) for c in choices):
-        choices = [c for c in choices if shape.value_close not in c and shape.unit_close not in c]
-        return f'({" | ".join(literal(c) for c in choices)}) {close}' if choices else None
-    count = _count(schema)
-    forbid = _alternatives(shape.value_close, shape.unit_close)
+        choices = [c for c in choices if not any(t in c for t in shape.unspoken)]
+        if not choices:
+            return None
+        if not regexes:
+            return f'({" | ".join(literal(c) for c in choices)}) {close}'
+        regexes.append(_alternatives(*choices))
+    # the text: each regex of its schema matched whole, no tag in it
+    text = " & ".join(f"/{_slashless(r)}/" for r in regexes or ["(?s:.*)"])
+    forbid = _alternatives(*shape.unspoken)
     if spell.token(shape.value_close) is not None:
-        # the closing tag is a control token (no text spells it): any text that does not spell it either
-        rules.append(f"{term}: /(?s:.){count}{_rx(shape.value_end)}/ & ~/(?s:.*)({forbid})(?s:.*)/")
+        # the closing tag is a control token (no text spells it): the text, then the token
+        rules.append(f"{term}: (({text}){_end(shape.value_end)}) & ~/(?s:.*)({forbid})(?s:.*)/")
         return f"{term} <[{spell.token(shape.value_close)}]>"
     # the text ends with the closing tag, and holds no tag before it
     tag = _rx(shape.value_close)
-    rules.append(f"{term}: /(?s:.){count}{_rx(shape.value_end)}{tag}/ & "
-                 f"~/(?s:.*)({tag}(?s:.+)|{_rx(shape.unit_close)}(?s:.*))/")
+    others = _alternatives(*(t for t in shape.unspoken if t != shape.value_close))
+    rules.append(f"{term}: (({text}) /{_rx(shape.value_end)}{tag}/) & "
+                 f"~/(?s:.*)({tag}(?s:.+)|({others})(?s:.*))/")
     return term
 
 
-def _count(schema: dict) -> str:
-    """The regex count of a string's characters from its minLength/maxLength."""
-    lo, hi = (schema.get(k) for k in ("minLength", "maxLength"))
-    lo = lo if _length(lo) else 0
-    hi = hi if _length(hi) and hi >= lo else None
-    if hi is not None:
-        return f"{{{lo},{hi}}}"
-    return f"{{{lo},}}" if lo else "*"
+def _slashless(rx: str) -> str:
+    """A regex with each `/` not escaped written as its code point (a Lark regex ends at a bare `/`)."""
+    out, i = [], 0
+    while i < len(rx):
+        step = 2 if rx[i] == "\\" else 1
+        out.append("\\x{2F}" if rx[i] == "/" else rx[i:i + step])
+        i += step
+    return "".join(out)
 
 
-def _length(n) -> bool:
-    return isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= MAX_COUNTED
+def _end(text: str) -> str:
+    """A terminal's tail writing `text` ('' for none)."""
+    return f" /{_rx(text)}/" if text else ""
 
 
 def _alternatives(*texts: str) -> str:

@@ -32,8 +32,8 @@ class ToolCallTokenFormat(ToolFormat):
     def args_at(self, body, opener):
         return json_call_args(body)
 
-    def forced(self, tools, names, choice, spell=None):
-        return json_call("arguments", OPEN + "[", "]")(tools, names, choice, spell)
+    def forced(self, tools, names, choice, spell=None, parallel=False):
+        return json_call("arguments", OPEN + "[", "]", ", ")(tools, names, choice, spell, parallel)
 
     def parse(self, body, opener, params):
         body = body.strip()
