@@ -20,7 +20,7 @@ from . import web
 from .accesslog import AccessLog
 from . import anthropic_api, embeddings_api, llama_api, ollama_api, ollama_models, responses_api
 from .config import ServerConfig
-from .deltas import SSE_TYPE, Http
+from .deltas import SSE_TYPE, Http, disconnected
 from ..errors import ModelClosedError
 from .errors import APIError, bad_request, model_not_found
 from .generation import Generation, Service
@@ -128,12 +128,9 @@ def image_worker_state(service) -> dict:
 
 
 async def _watch_disconnect(receive, gen: Generation) -> None:
-    """Tell the generation when the client hangs up (after the body, the next message is the disconnect)."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            gen.client_gone()
-            return
+    """Tell the generation when the client hangs up."""
+    await disconnected(receive)
+    gen.client_gone()
 
 
 class EventStream:

@@ -99,6 +99,13 @@ async def _until_gone(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         await chunks.aclose()
 
 
+async def disconnected(receive) -> bool:
+    """True once the client hangs up (after the body, the next message is the disconnect)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    return True
+
+
 @dataclass
 class Http:
     """What the endpoint modules need from app.py, handed in so that they do not import it."""
@@ -147,7 +154,9 @@ class Http:
                   media_type: str = SSE_TYPE) -> Response:
         """Start `spec` and answer with `run_of(gen)`: its `stream()` as a `media_type` stream, or
         its `collect()` as JSON."""
-        gen = await service.start(spec)
+        gen = await self.started(request, service, spec)
+        if gen is None:
+            return Response(status_code=499)
         request.scope[GENERATION_KEY] = gen     # the access log reads its token counts
         run = run_of(gen)
         if spec.stream:
@@ -157,6 +166,28 @@ class Http:
             return Response(status_code=499)
         return Response(result, media_type="application/json") if isinstance(result, bytes) \
             else self.json_response(result)
+
+    async def started(self, request: Request, service, spec) -> Generation | None:
+        """`service.start(spec)`, or None when the client hangs up first: a request still waiting for a
+        worker is dropped from its queue, never run (the image worker's: a request's images take seconds
+        of the vision tower each, and one left behind held every later image request back); one already
+        running finishes its step, its result thrown away; a generation started just as the client
+        left is cancelled."""
+        start = asyncio.ensure_future(service.start(spec))
+        gone = asyncio.ensure_future(disconnected(request.receive))
+        try:
+            await asyncio.wait((start, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not gone.done():
+                gone.cancel()
+        if not (gone.done() and not gone.cancelled() and gone.result()):
+            return start.result()
+        if not start.done():
+            start.cancel()      # its worker's future with it: a job not yet begun is skipped
+            return None
+        if start.exception() is None:
+            start.result().cancel()
+        return None
 
     async def finish(self, request: Request, gen: Generation, work: Awaitable[Any]):
         """Await `work` (which consumes `gen`), cancelling it when the client hangs up; None if it did."""

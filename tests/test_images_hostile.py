@@ -1,0 +1,202 @@
+"""Image requests as a hostile client sends them, through a live server's routes: the tiny Gemma 3
+(gemma3_vision, with test_vlm's byte tokenizer and template) and the tiny Idefics3 (idefics3_vision, its own
+SmolVLM template); their own towers, encoded for real.
+
+- a client that hangs up while its request waits for the image worker: its images are never encoded (the
+  worker's queue is not a place to leave seconds of tower work for nobody), and the server goes on;
+- Idefics3 images whose crops make a prompt past the context: a 400 naming the context before any image is
+  decoded or encoded;
+- requests of both families' images interleaved with text requests and hang-ups: every answer is the answer
+  the request gets alone, and no slot is left held.
+"""
+from __future__ import annotations
+
+import base64
+import io
+import json
+import shutil
+import threading
+import time
+
+import httpx
+import pytest
+
+import llambda
+
+import test_vlm as vlm
+import test_vlm_idefics3 as ivlm
+
+
+def _png(w: int, h: int, colour=(200, 30, 60)) -> bytes:
+    from PIL import Image
+    b = io.BytesIO()
+    Image.new("RGB", (w, h), colour).save(b, "PNG")
+    return b.getvalue()
+
+
+def _body(*images: bytes, text: str = "Look:", n: int = 3, **extra) -> dict:
+    parts = [{"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(i).decode()}}
+             for i in images]
+    return {"model": "vis", "max_tokens": n, "temperature": 0, **extra,
+            "messages": [{"role": "user", "content": [*parts, {"type": "text", "text": text}]}]}
+
+
+def _post(srv, body, timeout=120) -> httpx.Response:
+    return httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=timeout)
+
+
+def _serve(model, **cfg):
+    from serverkit import LiveServer
+    from llambda.server import ServerConfig, create_app
+    return LiveServer(create_app(model, ServerConfig(model_id="vis", **cfg)))
+
+
+class Held:
+    """Model.encode_images wrapped: each call's first image recorded, every call held until released."""
+
+    def __init__(self, model):
+        self.real, self.calls = model.encode_images, []
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def __call__(self, images, starts):
+        self.calls.append(bytes(images[0]))
+        self.entered.set()
+        assert self.release.wait(60)
+        return self.real(images, starts)
+
+
+@pytest.fixture(scope="module")
+def gemma_folder(tmp_path_factory):
+    return vlm.folder_with_tokenizer(tmp_path_factory.mktemp("hostile") / "gemma", vlm.TEMPLATE)
+
+
+def test_a_request_whose_client_left_while_queued_is_never_encoded(gemma_folder, monkeypatch):
+    first, left, later = _png(40, 30), _png(30, 40, (10, 200, 10)), _png(50, 50, (0, 0, 250))
+    with llambda.load(gemma_folder, backend="numpy", n_ctx=128, n_slots=1) as m, \
+            _serve(m, parallel=1, queue_size=2, prompt_workers=1) as srv:
+        held = Held(m)
+        monkeypatch.setattr(m, "encode_images", held)
+        codes = []
+        t = threading.Thread(target=lambda: codes.append(_post(srv, _body(first)).status_code))
+        t.start()
+        try:
+            assert held.entered.wait(30)
+            with pytest.raises(httpx.TimeoutException):     # waits behind `first`, then hangs up
+                _post(srv, _body(left), timeout=1.0)
+            time.sleep(0.5)                                 # the server sees the hang-up
+        finally:
+            held.release.set()
+            t.join(120)
+        assert codes == [200]
+        r = _post(srv, _body(later))
+        assert r.status_code == 200, r.text
+        assert held.calls == [first, later], "the images of a request whose client had gone were encoded"
+        m_ = srv.wait_idle()
+        assert m_["llambda_image_queue_depth"] == 0 and m_["llambda_image_worker_busy"] == 0
+
+
+@pytest.fixture(scope="module")
+def big_grid(tmp_path_factory):
+    """The Idefics3 fixture with a longest edge of 6 crops (the most a processor may have): a square image is
+    6 x 6 crops and the whole image, 37 runs of soft tokens."""
+    d = tmp_path_factory.mktemp("grid") / "idefics3"
+    shutil.copytree(ivlm.FOLDER, d)
+    p = d / "preprocessor_config.json"
+    cfg = json.loads(p.read_text())
+    cfg["size"] = {"longest_edge": 6 * cfg["max_image_size"]["longest_edge"]}
+    p.write_text(json.dumps(cfg))
+    return d
+
+
+def test_crops_past_the_context_are_a_400_before_any_image_is_decoded(big_grid, monkeypatch):
+    import llambda.vision.image as vimage
+    with llambda.load(big_grid, backend="numpy", n_ctx=512) as m, _serve(m, parallel=1) as srv:
+        assert m.vision.grid(1000, 1000) == (6, 6)
+        decoded = []
+        real_load = vimage.load_image
+        monkeypatch.setattr(vimage, "load_image", lambda data: decoded.append(1) or real_load(data))
+        monkeypatch.setattr(m, "encode_images", lambda *a: pytest.fail("encoded"))
+        big = [_png(1000, 1000, (i, 0, 0)) for i in range(8)]
+        t0 = time.monotonic()
+        r = _post(srv, _body(*big))
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+        assert "context" in r.json()["error"]["message"] and time.monotonic() - t0 < 10
+        assert not decoded
+        # the Anthropic route counts them alike (a count is no generation: no 400)
+        count = httpx.post(srv.url + "/v1/messages/count_tokens", timeout=60, json={"model": "vis", "messages": [
+            {"role": "user", "content": [{"type": "image", "source": {
+                "type": "base64", "media_type": "image/png", "data": base64.b64encode(big[0]).decode()}}]}]})
+        assert count.status_code == 200 and count.json()["input_tokens"] > 37 * ivlm.PER, count.text
+
+
+@pytest.fixture(scope="module")
+def idefics():
+    """A served Idefics3 (.srv) and the library's own copy (.ref: the served one's forwards are the server's)."""
+    with llambda.load(ivlm.FOLDER, backend="numpy", n_ctx=256) as m, \
+            llambda.load(ivlm.FOLDER, backend="numpy", n_ctx=256) as ref, _serve(m, parallel=1) as srv:
+        srv.ref = ref
+        yield srv
+
+
+@pytest.mark.parametrize("size", [(1, 60000), (60000, 1), (1, 1)])
+def test_extreme_aspect_ratios_are_answered(idefics, size):
+    """A 1 x 60000 or 60000 x 1 image (one side of 1 pixel against a long one: Idefics3's resizes keep at least
+    one crop a side) is answered as the library answers it."""
+    image = _png(*size)
+    r = _post(idefics, _body(image))
+    assert r.status_code == 200, r.text
+    want = idefics.ref.chat([{"role": "user", "content": [{"type": "image", "image": image},
+                                                          {"type": "text", "text": "Look:"}]}],
+                            max_tokens=3, temperature=0)
+    assert r.json()["choices"][0]["message"]["content"] == want
+
+
+def test_both_families_interleaved_with_text_and_hang_ups(gemma_folder):
+    """Image requests (both families, distinct images), text requests and streams the client leaves after a few
+    lines, all at once: each answer is the one the request got alone, and every slot is free afterwards."""
+    images = [_png(20 + 7 * i, 30 + 5 * i, (40 * i, 255 - 30 * i, 90)) for i in range(4)]
+    with llambda.load(gemma_folder, backend="numpy", n_ctx=128, n_slots=2) as g, \
+            llambda.load(ivlm.FOLDER, backend="numpy", n_ctx=256, n_slots=2) as i_, \
+            _serve(g, parallel=2) as gs, _serve(i_, parallel=2) as is_:
+        bodies = [(srv, _body(*pair, n=4)) for srv in (gs, is_) for pair in ([images[0]], images[1:3], [images[3]])]
+        bodies += [(srv, {"model": "vis", "max_tokens": 4, "temperature": 0,
+                          "messages": [{"role": "user", "content": f"text {k}"}]}) for srv in (gs, is_) for k in range(2)]
+
+        def answer(srv, body):
+            r = _post(srv, body)
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0]["message"]["content"]
+
+        alone = [answer(srv, body) for srv, body in bodies]
+        got: dict[int, str] = {}
+        errors: list[BaseException] = []
+
+        def run(k):
+            try:
+                got[k] = answer(*bodies[k])
+            except BaseException as e:      # reported below
+                errors.append(e)
+
+        def hang_up(srv, body):
+            try:
+                with httpx.stream("POST", srv.url + "/v1/chat/completions", json={**body, "stream": True,
+                                                                                 "max_tokens": 30},
+                                  timeout=60) as s:
+                    next(s.iter_lines())
+            except BaseException as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=run, args=(k,)) for k in range(len(bodies))]
+        threads += [threading.Thread(target=hang_up, args=(srv, _body(images[k % 4], text="bye")))
+                    for srv in (gs, is_) for k in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(180)
+        assert not errors, errors
+        assert [got[k] for k in range(len(bodies))] == alone
+        for srv in (gs, is_):
+            m = srv.wait_idle()
+            assert m["llambda_image_queue_depth"] == 0 and m["llambda_image_worker_busy"] == 0
+            h = httpx.get(srv.url + "/health", timeout=30).json()
+            assert h["slots_idle"] == 2 and h["image_worker"]["state"] == "idle", h
