@@ -747,31 +747,24 @@ class Model:
         if tower is None:       # closed, or detached, since check_images
             self._check_open()
             raise InvalidInputError(f"the model {self.name!r} has no vision tower: it takes no images")
-        pixels = []
-        for data in files.values():     # one decoded image at a time (up to 64M pixels each), kept as its pixels
-            image = load_image(data)
+        causal = self._image_ids.block_tokens(1) == 0
+        out = []
+        for key, data in files.items():     # one image at a time: decoded, cut into crops, encoded, let go (every
+            image = load_image(data)        # image's crops held at once: 3 MB a SmolVLM crop, hundreds of MB)
             with self._vision_lock:
                 self._check_open()
-                pixels.append(tower_crops(tower.pixels(image)))
-            del image
-        if len({p.shape[1:] for p in pixels}) != 1:
-            raise ModelFormatError(f"the vision tower's pixels are no arrays of one shape "
-                                   f"({sorted({p.shape[1:] for p in pixels})})")
-        causal = self._image_ids.block_tokens(1) == 0
-        with self._vision_lock:
-            self._check_open()
-            if self.vision is not tower:
-                raise InvalidInputError("the model's vision tower was replaced (attach_vision) while these images "
-                                        "were prepared for it: send them again")
-            per, width = int(tower.tokens_per_image), self.config.d_model
-            out = []
-            for key, px in zip(files, pixels):
-                step = MAX_CROPS_A_CALL
+                if self.vision is not tower:
+                    raise InvalidInputError("the model's vision tower was replaced (attach_vision) while these "
+                                            "images were prepared for it: send them again")
+                px = tower_crops(tower.pixels(image))
+                del image
+                per, width, step = int(tower.tokens_per_image), self.config.d_model, MAX_CROPS_A_CALL
                 rows = np.concatenate([tower_rows(tower.encode(px[i:i + step]), len(px[i:i + step]), per, width)
                                        for i in range(0, len(px), step)])
+                del px
                 blocks = tuple(image_block(0, r, causal) for r in rows)
                 self._encoded.put(key, blocks)
-                out.append(blocks)
+            out.append(blocks)
         return out
 
     def chat_stream(self, messages, tools=None, template_kwargs=None, thinking_budget: int | None = None,

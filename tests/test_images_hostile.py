@@ -200,3 +200,31 @@ def test_both_families_interleaved_with_text_and_hang_ups(gemma_folder):
             assert m["llambda_image_queue_depth"] == 0 and m["llambda_image_worker_busy"] == 0
             h = httpx.get(srv.url + "/health", timeout=30).json()
             assert h["slots_idle"] == 2 and h["image_worker"]["state"] == "idle", h
+
+
+def test_the_tower_holds_one_images_crops_at_a_time():
+    """Model.encode_images with several images: while the tower encodes, the pixels of one image are alive, not
+    every image's (a request's 8 images of 17 SmolVLM crops of 3 MB each had all been held at once)."""
+    import gc
+    import weakref
+    images = [_png(60 + 3 * i, 64, (30 * i, 9, 9)) for i in range(3)]
+    with llambda.load(ivlm.FOLDER, backend="numpy", n_ctx=256) as m:
+        tower = m.vision
+        alive, seen = [], []
+        real_pixels, real_encode = tower.pixels, tower.encode
+
+        def pixels(image):
+            px = real_pixels(image)
+            alive.append(weakref.ref(px))
+            return px
+
+        def encode(px):
+            gc.collect()
+            seen.append(sum(r() is not None for r in alive))
+            return real_encode(px)
+
+        tower.pixels, tower.encode = pixels, encode
+        text = m.render_chat([{"role": "user", "content": [{"type": "image", "image": i} for i in images]}])
+        ids, blocks = m.image_prompt(text, images)
+        assert len(alive) == 3 and seen and max(seen) == 1, seen
+        assert len(blocks) == sum(r * c + 1 for r, c in m._grids(images))
