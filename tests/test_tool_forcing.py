@@ -371,6 +371,17 @@ def test_the_hermes_forced_grammar_is_the_shared_codes_and_unchanged(grammars):
     ({"type": "array", "prefixItems": [{"type": "integer"}]}, '[1, "x"]', '[1, "</tool_call>"]'),
     ({"anyOf": [{"type": "object"}, {"type": "null"}]}, '{"a": ["x"]}', '{"a": ["</tool_call>"]}'),
     ({"type": "object", "properties": {"</tool_call>": {"type": "integer"}}}, '{"b": 1}', '{"</tool_call>": 1}'),
+    # an object declared in an object (llguidance had refused the schema: its free keys' pattern matched the
+    # declared key, and the two objects' schemas intersected without end), at any depth
+    ({"type": "object", "properties": {"a": {"type": "object"}}}, '{"a": {"b": {"c": "x"}}, "d": 1}',
+     '{"a": {"b": "</tool_call>"}}'),
+    ({"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"type": "object"}}}}},
+     '{"a": {"b": {"c": ["x"]}}}', '{"a": {"b": {"c": ["</tool_call>"]}}}'),
+    ({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "object"}}}}, '{"a": [{"k": 1}]}',
+     '{"a": [{"k": "</tool_call>"}]}'),
+    # a declared key is taken as declared, `<` and all; a free key holds no `<`
+    ({"type": "object", "properties": {"a<b": {"type": "object"}}}, '{"a<b": {"x": 1}}', '{"a<c": 1}'),
+    ({"type": "object"}, '{"a": {"b": 1}}', '{"a": {"<b": 1}}'),
 ])
 def test_tag_free_reaches_every_place_a_string_can_stand(grammars, schema, ok, bad):
     from llambda.server.tool_formats.tag_free import tag_free
@@ -378,3 +389,18 @@ def test_tag_free_reaches_every_place_a_string_can_stand(grammars, schema, ok, b
     for text, want in ((ok, True), (bad, False)):
         c = g.start()
         assert (all(c.try_advance(b) for b in text.encode()) and c.accepting) == want, text
+
+
+@pytest.mark.parametrize("fmt", ["glm", "qwen3_coder"])
+def test_object_parameters_holding_objects_compile_and_fit(grammars, fmt):
+    """Three tools of 20 object parameters, each holding an object and an array of objects: their forced grammar
+    fits the grammar size limit (the tags' pattern on every object's free keys had put it past), compiles, and
+    takes a call."""
+    props = {f"k{i}": {"type": "object", "properties": {"x": {"type": "object"}, "y": {
+        "type": "array", "items": {"type": "object"}}}} for i in range(20)}
+    tools = [{"type": "function", "function": {"name": n, "parameters": {"type": "object", "properties": props,
+                                                                         "required": ["k0"]}}} for n in "fgh"]
+    call = FORMATS[fmt].forced(tools, {"f", "g", "h"}, "required", parallel=True)
+    value = '{"x": {"a": 1}, "y": [{"b": "c"}]}'
+    text = (_glm_call if fmt == "glm" else _qwen_call)("k0", value)
+    assert _takes(grammars, call.grammar(), text[len(call.opening):]), text

@@ -4,8 +4,10 @@ vLLM's and llama.cpp's read a value up to the first closing tag, with no escape)
 closing tag inside one of its strings or keys. llguidance writes JSON strings with `<` and `/` as
 themselves (no `\\/` or `\\u003c` escape), so a string holds a tag's text exactly when the string's
 value does: `tag_free(schema, words)` is the schema less the values whose strings or keys hold any of
-`words` (a pattern on every string it allows, one $defs entry each refers to, and on every key it
-leaves free, through nesting, $defs and alternatives; enum and const values holding one are left out).
+`words` (a pattern on every string it allows, one $defs entry each refers to, through nesting, $defs and
+alternatives; enum and const values holding one are left out). A key the schema leaves free (not one of
+its object's declared properties) holds no `<` at all (`other_keys`: the tags' first character), a
+declared one is taken as declared unless it holds a tag.
 
 `avoiding(words)` is that pattern: an anchored regex without lookarounds (llguidance has none) of the
 strings in which no word occurs, for words that all start with one character found nowhere else in
@@ -52,8 +54,15 @@ def avoiding(words) -> str:
     return f"^(?:{first}|{_char(lead)}{back}*{escape})*(?:{_char(lead)}{back}*{tail})?$"
 
 
+# ASCII punctuation that no regex syntax here (llguidance's, ECMAScript's, Python's) reads as special, in a
+# class or out: written as itself (a tag's `<`, `/`, `_`, `=`, `>` as \u003c and the like had made the pattern
+# 2.5 times as long, and it stands in every object's patternProperties: 20 object parameters in 3 tools had
+# passed the grammar's size limit)
+_LITERAL = frozenset("<>/_=:;,@!")
+
+
 def _char(c: str, in_class: bool = False) -> str:
-    if c.isascii() and c.isalnum():
+    if c.isascii() and (c.isalnum() or c in _LITERAL):
         return c
     return f"\\u{ord(c):04x}" if ord(c) < 0x10000 else c if in_class else f"[{c}]"
 
@@ -64,12 +73,13 @@ def tag_free(schema, words) -> object:
     llguidance takes (patternProperties: its keys would need two patterns at once)."""
     safe = avoiding(words)
     out = _walk(copy.deepcopy(schema), safe, words)
-    if isinstance(out, dict):
+    if isinstance(out, dict) and any(name in json.dumps(out) for name in (ANY, TEXT)):     # where referred to
         out.setdefault("$defs", {})[TEXT] = {"pattern": safe}
         out["$defs"][ANY] = {"anyOf": [
             {"type": ["null", "boolean", "number"]}, {"type": "string", "allOf": [TEXT_REF]},
             {"type": "array", "items": ANY_REF},
-            {"type": "object", "patternProperties": {safe: ANY_REF}, "additionalProperties": False}]}
+            {"type": "object", "patternProperties": {other_keys((), min(words)[0]): ANY_REF},
+             "additionalProperties": False}]}
     return out
 
 
@@ -115,6 +125,33 @@ def _walk(node, safe: str, words):
             raise ConstraintError("a parameter written as JSON in this model's tags cannot use 'patternProperties' "
                                   "with keys left free (they could spell the format's closing tag); give "
                                   "\"additionalProperties\": false")
-        node["patternProperties"] = {safe: node.get("additionalProperties", dict(ANY_REF))}
+        names = [k for k in node.get("properties") or {} if isinstance(k, str)]
+        node["patternProperties"] = {other_keys(names, min(words)[0]): node.get("additionalProperties", dict(ANY_REF))}
         node["additionalProperties"] = False
     return node
+
+
+def other_keys(names, lead: str) -> str:
+    """An anchored regex of the keys that are none of `names` and hold no `lead` (the tags' first character):
+    an object's free keys beside its declared ones. A free key that could be a declared one makes llguidance
+    intersect the two schemas, and that of two objects each with free keys recurses until it refuses the schema
+    ("Schema intersection stack level exceeded": any object parameter holding an object had been refused). No
+    `lead` at all keeps the regex a walk of the names' trie (a tag cannot start in one part and end in the next)
+    and short (the tags' pattern in every object had put 20 object parameters in 3 tools past the grammar's
+    size limit)."""
+    trie: dict = {}
+    for name in names:
+        node = trie
+        for c in name:
+            node = node.setdefault(c, {})
+        node[None] = {}         # a name ends here
+
+    def walk(node) -> str:
+        alts = [] if None in node else [""]                      # ending here: not a name
+        alts.append("[^" + "".join(_char(c, True) for c in dict.fromkeys([lead, *(c for c in node if c is not None)]))
+                    + "]" + rest)
+        alts += [_char(c) + walk(child) for c, child in node.items() if c is not None and c != lead]
+        return "(?:" + "|".join(alts) + ")"
+
+    rest = "[^" + _char(lead, True) + "]*"
+    return "^" + walk(trie) + "$"
