@@ -437,7 +437,7 @@ class Model:
                                   thinking=thinking)
         ids = self._prompt_ids(prompt)
         images = tuple(images or ())
-        check_prompt(ids, images, self._image_ids if self.vision is not None else None, self.config.d_model)
+        self.check_prompt_images(ids, images)
         if isinstance(logit_bias, dict):
             token_ids(list(logit_bias), self.config.vocab_size, what="logit_bias keys")
         seq = Sequence(self.tokenizer, ids, params, slot=0, n_ctx=self.n_ctx, images=images)
@@ -643,6 +643,12 @@ class Model:
                 self._encoded.clear()
                 if old is not None:
                     old.close()
+
+    def check_prompt_images(self, ids: list[int], images: tuple = ()) -> None:
+        """InvalidInputError unless the image blocks lie over the prompt's image soft tokens and every soft
+        token is under one (models/images.check_prompt): a text or token ids that hold the image token with
+        no image (a user typing `<image>`) are refused, by the library and the server alike."""
+        check_prompt(ids, images, self._image_ids if self.vision is not None else None, self.config.d_model)
 
     def check_images(self, images: list) -> list[bytes]:
         """The images of a request, checked: none, or this model takes images and at most max_images."""

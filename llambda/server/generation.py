@@ -372,6 +372,10 @@ class Service:
 
     def _with_sequences(self, p: "Prepared", blocks: tuple) -> "Prepared":
         for ids in p.prompts:
+            try:        # the image token in a text (typed by the user) with no image: refused as Model.stream does
+                self.model.check_prompt_images(ids, blocks)
+            except InvalidInputError as e:
+                raise bad_request(str(e), param=p.spec.messages_param if p.spec.kind == "chat" else "prompt") from None
             max_tokens = self._max_tokens(p.spec, len(ids))
             p.seqs.append([self._sequence(p.spec, ids, max_tokens, k, p.grammar, p.thinking, blocks)
                            for k in range(p.spec.n)])
