@@ -754,7 +754,7 @@ class Model:
             self._check_open()
             raise InvalidInputError(f"the model {self.name!r} has no vision tower: it takes no images")
         causal = self._image_ids.block_tokens(1) == 0
-        out = []
+        out, shape = [], None
         for key, data in files.items():     # one image at a time: decoded, cut into crops, encoded, let go (every
             image = load_image(data)        # image's crops held at once: 3 MB a SmolVLM crop, hundreds of MB)
             with self._vision_lock:
@@ -764,6 +764,10 @@ class Model:
                                             "images were prepared for it: send them again")
                 px = tower_crops(tower.pixels(image))
                 del image
+                if out and px.shape[1:] != shape:
+                    raise ModelFormatError(f"the vision tower's pixels are no arrays of one shape ({shape}, "
+                                           f"{px.shape[1:]})")
+                shape = px.shape[1:]
                 per, width, step = int(tower.tokens_per_image), self.config.d_model, MAX_CROPS_A_CALL
                 rows = np.concatenate([tower_rows(tower.encode(px[i:i + step]), len(px[i:i + step]), per, width)
                                        for i in range(0, len(px), step)])
