@@ -71,25 +71,34 @@ def gemma_folder(tmp_path_factory):
 
 
 def test_a_request_whose_client_left_while_queued_is_never_encoded(gemma_folder, monkeypatch):
+    """The image worker's queue holds one request: one whose client hangs up while it waits leaves it at once
+    (the next request is queued, not a 429) and is never encoded."""
     first, left, later = _png(40, 30), _png(30, 40, (10, 200, 10)), _png(50, 50, (0, 0, 250))
     with llambda.load(gemma_folder, backend="numpy", n_ctx=128, n_slots=1) as m, \
-            _serve(m, parallel=1, queue_size=2, prompt_workers=1) as srv:
+            _serve(m, parallel=1, queue_size=1, prompt_workers=1) as srv:
         held = Held(m)
         monkeypatch.setattr(m, "encode_images", held)
         codes = []
-        t = threading.Thread(target=lambda: codes.append(_post(srv, _body(first)).status_code))
-        t.start()
+        posts = [threading.Thread(target=lambda image=image: codes.append(_post(srv, _body(image)).status_code))
+                 for image in (first, later)]
+        posts[0].start()
         try:
             assert held.entered.wait(30)
             with pytest.raises(httpx.TimeoutException):     # waits behind `first`, then hangs up
                 _post(srv, _body(left), timeout=1.0)
-            time.sleep(0.5)                                 # the server sees the hang-up
+            t0 = time.monotonic()
+            while httpx.get(srv.url + "/health", timeout=30).json()["image_worker"]["waiting"]:
+                assert time.monotonic() - t0 < 10, "the request whose client left still holds the image queue"
+                time.sleep(0.05)
+            posts[1].start()
+            while httpx.get(srv.url + "/health", timeout=30).json()["image_worker"]["waiting"] < 1 and not codes:
+                assert time.monotonic() - t0 < 30
+                time.sleep(0.05)
         finally:
             held.release.set()
-            t.join(120)
-        assert codes == [200]
-        r = _post(srv, _body(later))
-        assert r.status_code == 200, r.text
+            for t in posts:
+                t.join(120) if t.ident else None
+        assert sorted(codes) == [200, 200]
         assert held.calls == [first, later], "the images of a request whose client had gone were encoded"
         m_ = srv.wait_idle()
         assert m_["llambda_image_queue_depth"] == 0 and m_["llambda_image_worker_busy"] == 0

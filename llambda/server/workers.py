@@ -4,7 +4,8 @@ Chat templates come from model files and a render may take up to its CPU budget 
 llambda.chat), so this pool is the server's own rather than asyncio's default executor:
   - its threads are daemons, so nothing a prompt does can hold the process after shutdown
     (the default executor's threads are joined at exit),
-  - its backlog is bounded: beyond it a request gets 429 at once instead of a timeout,
+  - its backlog is bounded: beyond it a request gets 429 at once instead of a timeout; a request
+    whose client has gone (its task cancelled) leaves the backlog at once and is never run,
   - it knows how long its oldest job has run, so /health can say when it is stuck.
 """
 from __future__ import annotations
@@ -56,8 +57,16 @@ class PromptWorkers:
             if self._waiting >= self.backlog and len(self._started) >= self.n_workers:
                 raise PoolFull(f"all {self.n_workers} {self.name} workers are busy and {self._waiting} requests wait")
             self._waiting += 1
-        self._jobs.put((fn, args, loop, fut))
-        return await fut
+        job = [fn, args, loop, fut]
+        self._jobs.put(job)
+        try:
+            return await fut
+        except asyncio.CancelledError:      # the client has gone: a job still queued leaves the backlog now
+            with self._lock:
+                if job[0] is not None:
+                    job[0] = None           # (the worker skips it)
+                    self._waiting -= 1
+            raise
 
     def _work(self) -> None:
         me = threading.get_ident()
@@ -65,8 +74,11 @@ class PromptWorkers:
             job = self._jobs.get()
             if job is None:
                 return
-            fn, args, loop, fut = job
             with self._lock:
+                fn, args, loop, fut = job
+                if fn is None:              # dropped while it waited: already out of the count
+                    continue
+                job[0] = None               # taken (out of the count): a cancellation now changes nothing
                 self._waiting -= 1
                 self._started[me] = time.monotonic()
             result, error = None, None
