@@ -116,7 +116,7 @@ def require_vision(service, spec) -> list[bytes]:
     if not images or getattr(service.model, "accepts_images", False):
         return images
     raise APIError(400, f"the model {service.cfg.model_id!r} takes no images (it has no vision tower): send "
-                        "text only, or serve a model with a vision tower (Gemma 3)",
+                        "text only, or serve a model with a vision tower (Gemma 3, SmolVLM)",
                    param=spec.messages_param, code="model_without_vision")
 
 
