@@ -542,3 +542,36 @@ def test_images_over_the_storage_quota_leave_the_conversation_kept(page, vision_
     page.wait_for_selector(".msg.user .lost")
     assert page.locator(".msg.user .lost").inner_text() == "1 image not kept in this browser"
     assert page.locator(".msg.user .body").inner_text() == "Keep me" and page.locator(".msg.user .thumb").count() == 0
+
+
+def test_hostile_file_names_and_stored_images_run_nothing(page, vision_site):
+    """A dropped file's name is shown as text; a stored conversation (this browser's localStorage, which another
+    tab of the origin may have written) whose images are no data: URLs of an image, whose text and title hold
+    markup, shows its thumbnails from blob: URLs or nothing: no script runs, no other URL is loaded (the CSP
+    would say so on the console: the page fixture fails on that)."""
+    import base64
+    import json
+    page.goto(vision_site.url + "/")
+    page.wait_for_selector("#model-info:has-text('Model vis')")
+    page.evaluate("() => { window.pwned = 0; }")
+    name = '<img src=x onerror="window.pwned=1">.txt'
+    page.evaluate(DISPATCH, ["drop", base64.b64encode(b"hello").decode(), name, "text/plain"])
+    page.wait_for_selector("#model-info:has-text('is not an image')")
+    assert page.inner_text("#model-info") == f"{name} is not an image"
+    html = base64.b64encode(b"<script>window.pwned=5</script>").decode()
+    stored = {"current": "c1", "conversations": [{"id": "c1", "title": "<img src=x onerror=window.pwned=2>",
+                                                  "messages": [
+        {"role": "user", "content": "<script>window.pwned=3</script>", "images": [
+            "javascript:window.pwned=4", f"data:text/html;base64,{html}", '"><img src=x onerror=window.pwned=6>',
+            "data:image/svg+xml;base64," + base64.b64encode(b"<svg xmlns='http://www.w3.org/2000/svg' "
+                                                            b"onload='window.pwned=7'/>").decode()]},
+        {"role": "assistant", "content": "[x](javascript:window.pwned=8) ![a](x\" onerror=\"window.pwned=9)",
+         "status": "done"}]}]}
+    page.add_init_script(f"window.pwned = 0; localStorage.setItem('llambda.chat.v1', {json.dumps(json.dumps(stored))})")
+    page.reload()       # (set before the page's script runs: the page saves its own state as it goes)
+    page.wait_for_selector(".msg.user .images")
+    srcs = page.evaluate("() => [...document.querySelectorAll('img')].map(i => i.getAttribute('src'))")
+    assert len(srcs) == 4 and all(s == "" or s.startswith("blob:") for s in srcs), srcs
+    assert page.locator(".msg.user .body").inner_text() == "<script>window.pwned=3</script>"
+    page.wait_for_timeout(300)
+    assert page.evaluate("() => window.pwned") == 0
