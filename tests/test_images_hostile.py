@@ -257,3 +257,45 @@ def test_the_image_token_typed_without_an_image_is_refused_as_the_library_refuse
         assert r.status_code == (400 if refused else 200), r.text
         if refused:
             assert "no image fills" in r.json()["error"]["message"]
+
+
+def test_a_receive_that_fails_while_a_request_starts_leaves_it_to_go_on():
+    """Http.started: an ASGI receive that raises (no disconnect said) neither loses the started generation nor
+    raises asyncio's InvalidStateError; one that says the client left before the start ends gives None and
+    cancels the start."""
+    import asyncio
+
+    from llambda.server.deltas import Http
+
+    class Service:
+        def __init__(self, delay):
+            self.delay, self.cancelled = delay, False
+
+        async def start(self, spec):
+            try:
+                await asyncio.sleep(self.delay)
+            except asyncio.CancelledError:
+                self.cancelled = True
+                raise
+            return ("gen", spec)
+
+    class Request:
+        def __init__(self, receive):
+            self.receive = receive
+
+    async def broken():
+        raise RuntimeError("the connection's reader failed")
+
+    async def hung_up():
+        return {"type": "http.disconnect"}
+
+    http = Http(None, None, None, None)
+
+    async def main():
+        assert await http.started(Request(broken), Service(0.05), "spec") == ("gen", "spec")
+        service = Service(5)
+        assert await http.started(Request(hung_up), service, "spec") is None
+        await asyncio.sleep(0)
+        assert service.cancelled
+
+    asyncio.run(main())

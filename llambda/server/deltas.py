@@ -177,11 +177,14 @@ class Http:
         gone = asyncio.ensure_future(disconnected(request.receive))
         try:
             await asyncio.wait((start, gone), return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:       # this handler cancelled (the server stopping): its start with it
+            start.cancel()
+            raise
         finally:
             if not gone.done():
                 gone.cancel()
-        if not (gone.done() and not gone.cancelled() and gone.result()):
-            return start.result()
+        if not (gone.done() and not gone.cancelled() and gone.exception() is None):
+            return await start          # done, or a receive that failed: the request goes on as before
         if not start.done():
             start.cancel()      # its worker's future with it: a job not yet begun is skipped
             return None
