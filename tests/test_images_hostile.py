@@ -299,3 +299,17 @@ def test_a_receive_that_fails_while_a_request_starts_leaves_it_to_go_on():
         assert service.cancelled
 
     asyncio.run(main())
+
+
+def test_a_prefix_shared_up_to_the_crop_that_differs_gives_each_requests_own_answer(idefics):
+    """One slot: requests whose images agree in their first image (its crops' rows reused from the slot's cached
+    prefix) and differ in the second, or are the same images in the other order, each get the answer the library
+    gives them alone."""
+    a, b, c = _png(64, 40, (250, 0, 0)), _png(40, 64, (0, 250, 0)), _png(64, 40, (0, 0, 250))
+    for images in ([a, b], [a, c], [a, b], [b, a], [a], [a, b, c]):
+        r = _post(idefics, _body(*images, n=4))
+        assert r.status_code == 200, r.text
+        want = idefics.ref.chat([{"role": "user", "content": [*({"type": "image", "image": i} for i in images),
+                                                              {"type": "text", "text": "Look:"}]}],
+                                max_tokens=4, temperature=0)
+        assert r.json()["choices"][0]["message"]["content"] == want, len(images)
