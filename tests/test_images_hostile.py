@@ -19,6 +19,7 @@ import threading
 import time
 
 import httpx
+import numpy as np
 import pytest
 
 import llambda
@@ -313,3 +314,75 @@ def test_a_prefix_shared_up_to_the_crop_that_differs_gives_each_requests_own_ans
                                                               {"type": "text", "text": "Look:"}]}],
                                 max_tokens=4, temperature=0)
         assert r.json()["choices"][0]["message"]["content"] == want, len(images)
+
+
+def _chunk(kind: bytes, body: bytes) -> bytes:
+    import struct
+    import zlib
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+
+def _records_bombs() -> dict:
+    """Files of ~8 MB that are almost all records Pillow parses one by one in Python, and a picture."""
+    from PIL import Image
+    size = 8 << 20
+    png, jpg, gif = io.BytesIO(), io.BytesIO(), io.BytesIO()
+    Image.new("RGB", (8, 8)).save(png, "PNG")
+    Image.new("RGB", (8, 8)).save(jpg, "JPEG")
+    Image.new("P", (8, 8)).save(gif, "GIF")
+    png, jpg, gif = png.getvalue(), jpg.getvalue(), gif.getvalue()
+    empty = _chunk(b"prVt", b"")
+    at = gif.index(b"\x2c", 13 + (3 << ((gif[10] & 7) + 1) if gif[10] & 0x80 else 13))
+    return {"png": png[:33] + empty * (size // len(empty)) + png[33:],
+            "jpeg": jpg[:2] + b"\xff\xfe\x00\x02" * (size // 4) + jpg[2:],
+            "gif": gif[:at] + b"\x21\xfe\x01a\x00" * (size // 5) + gif[at:]}
+
+
+@pytest.mark.parametrize("kind", ["png", "jpeg", "gif"])
+def test_a_file_of_countless_header_records_is_refused_at_once(kind):
+    """8 MB of empty PNG chunks, JPEG comments or GIF comment blocks: Pillow parses each in Python with the GIL
+    held (a 19 MB PNG had taken 8 s to open, and 9 s more to load); refused in milliseconds, by check_image and
+    load_image alike."""
+    from llambda.errors import InvalidInputError
+    from llambda.vision import check_image, load_image
+    data = _records_bombs()[kind]
+    for f in (check_image, load_image):
+        t0 = time.process_time()
+        with pytest.raises(InvalidInputError, match="parsed one at a time"):
+            f(data)
+        assert time.process_time() - t0 < 0.5
+
+
+def test_files_of_ordinary_records_are_taken():
+    """What is refused is the count against the size: a PNG in 8 KB data chunks (libpng's), a JPEG with its usual
+    segments and a long comment, a GIF with comments, and a long animated GIF are decoded."""
+    from PIL import Image
+
+    from llambda.vision import load_image
+    rng = np.random.default_rng(0)
+    noise = Image.fromarray(rng.integers(0, 256, (600, 800, 3), dtype=np.uint8))
+    b = io.BytesIO()
+    noise.save(b, "PNG", compress_level=0)
+    raw = b.getvalue()
+    iend = raw.rindex(b"IEND") - 4
+    pos, idat = 8, b""
+    chunks = []
+    while pos < iend:
+        n = int.from_bytes(raw[pos:pos + 4], "big")
+        kind, body = raw[pos + 4:pos + 8], raw[pos + 8:pos + 8 + n]
+        if kind == b"IDAT":
+            idat += body
+        else:
+            chunks.append(_chunk(kind, body))
+        pos += 12 + n
+    split = b"".join(_chunk(b"IDAT", idat[i:i + 8192]) for i in range(0, len(idat), 8192))
+    png = raw[:8] + chunks[0] + b"".join(chunks[1:]) + split + _chunk(b"IEND", b"")
+    assert len(split) // 8204 > 128 and load_image(png).size == (800, 600)
+    b = io.BytesIO()
+    noise.save(b, "JPEG", comment=b"x" * 60000, exif=Image.Exif().tobytes())
+    assert load_image(b.getvalue()).size == (800, 600)
+    frames = [Image.new("P", (16, 16), i % 7) for i in range(3000)]
+    b = io.BytesIO()
+    frames[0].save(b, "GIF", save_all=True, append_images=frames[1:], comment=b"c" * 2000, duration=10)
+    t0 = time.process_time()
+    assert load_image(b.getvalue()).size == (16, 16) and time.process_time() - t0 < 0.5

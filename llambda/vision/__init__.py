@@ -3,8 +3,8 @@
     tower = load_vision("path/to/gemma-3-4b-it")      # or SmolVLM's directory, an mmproj GGUF, Ollama's gemma3 GGUF
     rows = tower.encode(tower.pixels(load_image(png_bytes)))   # [n_crops, tokens_per_image, hidden]
 
-Modules: image.py (bytes -> RGB image, limits), base64_text.py (an image sent as base64 text -> its bytes),
-preprocess.py (the image processors), config.py (the
+Modules: image.py (bytes -> RGB image, limits), records.py (a bound on a file's header records),
+base64_text.py (an image sent as base64 text -> its bytes), preprocess.py (the image processors), config.py (the
 hyper-parameters, HF names, range-checked), siglip.py (the encoder), gemma3.py (Gemma 3's projector),
 idefics3.py (Idefics3's connector), layouts.py (names and keys of each file shape), load.py (load_vision),
 tower.py (VisionTower), mmproj.py (writing llama.cpp's mmproj GGUF). docs/VISION.md describes them.

@@ -21,6 +21,7 @@ import warnings
 from contextlib import contextmanager
 
 from ..errors import InvalidInputError
+from .records import check_records
 
 MAX_IMAGE_BYTES = 20 << 20          # an image's file, wherever it comes from (OpenAI's own limit; the server's
                                      # and the CLI's too, so every path refuses the same files)
@@ -48,9 +49,7 @@ def load_image(data: bytes):
     PIL.Image.Image, fully decoded; InvalidInputError with a message for anything else."""
     Image, _ = pillow()
     with _refused(Image):
-        im = _opened(Image, data)
-        if getattr(im, "n_frames", 1) > 1:
-            im.seek(0)
+        im = _opened(Image, data)       # at its first frame (an animation's n_frames would walk every frame)
         turn = _TRANSPOSE.get(orientation(im))
         im.load()
         if turn is not None:
@@ -98,6 +97,7 @@ def _opened(Image, data):
         raise InvalidInputError(f"the image is {size} bytes, more than the {MAX_IMAGE_BYTES >> 20} MB allowed")
     if not isinstance(data, bytes):
         data = bytes(data)
+    check_records(data)     # records Pillow would parse one by one in Python: bounded by the file's size
     Image.init()        # every plugin registered: a Pillow built without one (WebP) opens the others
     im = Image.open(io.BytesIO(data), formats=[f for f in FORMATS if f in Image.OPEN])
     w, h = im.size
