@@ -212,6 +212,24 @@ class NumpyBackend(Backend):
             x[..., 0:2 * half:2] = a * cos - b * sin
             x[..., 1:2 * half:2] = a * sin + b * cos
 
+    def rope_sections(self, x, pos, inv_freq, neox, sections) -> None:
+        """The oracle: each pair's angle from its own section's position, in one pass."""
+        half = len(inv_freq)
+        which = np.repeat(np.arange(len(sections)), sections)          # pair -> section
+        if len(which) != half or pos.shape[0] != len(sections):
+            raise ValueError(f"sections {list(sections)} do not cover {half} pairs, or pos is not one row a section")
+        ang = pos.astype(np.float64)[which].T * inv_freq.astype(np.float64)[None, :]   # (n, half), as rope's
+        cos = np.cos(ang).astype(np.float32)[:, None, :]
+        sin = np.sin(ang).astype(np.float32)[:, None, :]
+        if neox:
+            a, b = x[..., :half].copy(), x[..., half:2 * half].copy()
+            x[..., :half] = a * cos - b * sin
+            x[..., half:2 * half] = a * sin + b * cos
+        else:
+            a, b = x[..., 0:2 * half:2].copy(), x[..., 1:2 * half:2].copy()
+            x[..., 0:2 * half:2] = a * cos - b * sin
+            x[..., 1:2 * half:2] = a * sin + b * cos
+
     def kv_store(self, cache: KVCache, layer, k, v, slots, pos) -> None:
         cache.k[layer][slots, pos] = k
         cache.v[layer][slots, pos] = v
