@@ -42,7 +42,15 @@ def config_from_gguf(meta: dict) -> TransformerConfig:
     else:
         raise ModelFormatError(f"GGUF metadata lacks '{arch}.rope.dimension_sections': a {arch} model's M-RoPE "
                                "sections")
-    return TransformerConfig(**hp.common(), rope_neox=True, attn_bias=True, rope_sections=sections)
+    c = hp.common()
+    c["arch"] = "qwen2vl"
+    return TransformerConfig(**c, rope_neox=True, attn_bias=True, rope_sections=sections)
+
+
+def gguf_metadata(cfg: TransformerConfig) -> dict:
+    """The sections as llama.cpp's qwen2vl reads them: four int32 counts (the fourth 0 here)."""
+    sec = list(cfg.rope_sections) + [0] * (MAX_ROPE_SECTIONS - len(cfg.rope_sections))
+    return {"qwen2vl.rope.dimension_sections": np.array(sec, np.int32)}
 
 
 def config_from_hf(cfg: dict) -> TransformerConfig:
@@ -63,6 +71,6 @@ def config_from_hf(cfg: dict) -> TransformerConfig:
         raise ModelFormatError("config.json names no M-RoPE sections (rope_scaling or rope_parameters "
                                "'mrope_section')")
     c = qwen2_from_hf(cfg)
-    c.rope_sections = sections
+    c.arch, c.rope_sections = "qwen2vl", sections
     c.validate()
     return c

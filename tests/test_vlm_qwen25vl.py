@@ -1,0 +1,339 @@
+"""Images on the language model's side, Qwen2.5-VL (and Qwen2-VL, the same language side): an image is
+`<|vision_start|>`, gh * gw `<|image_pad|>` (its merged grid), `<|vision_end|>`; the pads' embeddings are the
+tower's rows; attention is causal; the pads' RoPE positions are M-RoPE's (t0, t0 + row, t0 + col) and the text
+after an image runs behind its cache positions (rope_delta), in prefill chunks, decode steps, the library's
+prefix reuse and the server's scheduler.
+
+The first part runs a small random Qwen2.5-VL checkpoint written here (transformers 5's layout: a nested
+text_config, model.language_model.* names, a vision tower's tensors beside) with a tower double, checking the
+engine against itself (one forward over everything = chunks = decode steps; text-only = plain Qwen2) and
+images.rope_rows against a twin of transformers' get_rope_index (tests/test_mrope.py)."""
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import llambda
+from llambda.backends import available_backends
+from llambda.errors import InvalidInputError, ModelFormatError
+from llambda.models import images as image_mod
+from llambda.models.images import BatchImages, QwenTokens, image_block, rope_rows
+
+import test_vlm as vlm  # noqa: E402  (the scheduler helpers)
+
+START, PAD, END, VIDEO = 290, 291, 292, 293
+WIDTH = 64
+MODES = {"numpy": ("numpy", None), "native-exact": ("native", "f32"), "native-fast": ("native", None)}
+
+
+def _random_checkpoint(dest: Path, model_type: str = "qwen2_5_vl", seed: int = 0) -> Path:
+    """A small random checkpoint: Qwen2.5-VL's layout (nested text_config, M-RoPE sections [2, 3, 3] of
+    head_dim 16) or, model_type "qwen2", the same weights as a plain Qwen2."""
+    from llambda.formats.safetensors import write_safetensors
+    rng = np.random.default_rng(seed)
+    dest.mkdir(parents=True, exist_ok=True)
+    text = dict(hidden_size=WIDTH, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, vocab_size=300, rms_norm_eps=1e-6, max_position_embeddings=512,
+                tie_word_embeddings=False, hidden_act="silu")
+    vl = model_type != "qwen2"
+    if vl:
+        cfg = {"architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": model_type,
+               "image_token_id": PAD, "vision_start_token_id": START, "vision_end_token_id": END,
+               "video_token_id": VIDEO, "tie_word_embeddings": False,
+               "text_config": dict(text, model_type=f"{model_type}_text", rope_parameters={
+                   "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}),
+               "vision_config": {"depth": 1, "hidden_size": 8, "out_hidden_size": WIDTH}}
+        pre = "model.language_model."
+    else:
+        cfg = dict(text, architectures=["Qwen2ForCausalLM"], model_type="qwen2", rope_theta=10000.0)
+        pre = "model."
+    (dest / "config.json").write_text(json.dumps(cfg))
+
+    def w(*shape):
+        return (rng.standard_normal(shape) * 0.2).astype(np.float32)
+
+    t = {pre + "embed_tokens.weight": w(300, WIDTH), pre + "norm.weight": 1 + w(WIDTH), "lm_head.weight": w(300, WIDTH)}
+    for i in range(2):
+        p = f"{pre}layers.{i}."
+        t.update({p + "input_layernorm.weight": 1 + w(WIDTH), p + "post_attention_layernorm.weight": 1 + w(WIDTH),
+                  p + "self_attn.q_proj.weight": w(WIDTH, WIDTH), p + "self_attn.q_proj.bias": w(WIDTH),
+                  p + "self_attn.k_proj.weight": w(32, WIDTH), p + "self_attn.k_proj.bias": w(32),
+                  p + "self_attn.v_proj.weight": w(32, WIDTH), p + "self_attn.v_proj.bias": w(32),
+                  p + "self_attn.o_proj.weight": w(WIDTH, WIDTH), p + "mlp.gate_proj.weight": w(96, WIDTH),
+                  p + "mlp.up_proj.weight": w(96, WIDTH), p + "mlp.down_proj.weight": w(WIDTH, 96)})
+    if vl:      # a tower's tensors: not the decoder's (llambda.vision reads them)
+        t["model.visual.blocks.0.attn.qkv.weight"] = w(24, 8)
+        t["model.visual.merger.mlp.0.weight"] = w(32, 32)
+    write_safetensors(dest / "model.safetensors", t)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    root = tmp_path_factory.mktemp("qwen25vl")
+    return _random_checkpoint(root / "vl"), _random_checkpoint(root / "plain", "qwen2")
+
+
+def png(width: int, height: int, shade: int) -> bytes:
+    from PIL import Image
+    buf = io.BytesIO()
+    Image.new("RGB", (width, height), (shade, 255 - shade, shade // 2)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+class GridTower:
+    """A VisionTower double of the contract's grid family: grid from the size (28 pixels a merged token),
+    pixels the image's own bytes' digest as numbers, encode_one rows drawn from them."""
+    family, attends, tokens_per_image, hidden = "qwen2_5_vl", "causal", None, WIDTH
+
+    def __init__(self):
+        self.encoded = 0
+        self.closed = False
+
+    @staticmethod
+    def load_image(data):
+        from PIL import Image
+        return Image.open(io.BytesIO(bytes(data)))
+
+    def grid(self, width: int, height: int) -> tuple[int, int]:
+        return max(1, height // 28), max(1, width // 28)
+
+    def pixels(self, image) -> np.ndarray:
+        gh, gw = self.grid(*image.size)
+        seed = int(np.asarray(image.convert("RGB"))[0, 0].sum()) + 1000 * gh + gw
+        return np.full((gh * gw * 4, 12), seed, np.float32)
+
+    def encode_one(self, pixels: np.ndarray) -> np.ndarray:
+        self.encoded += 1
+        n = len(pixels) // 4
+        return np.random.default_rng(int(pixels[0, 0])).standard_normal((n, WIDTH)).astype(np.float32)
+
+    def close(self):
+        self.closed = True
+
+
+def load(folder, mode="native-exact", tower=True, **kw):
+    backend, activations = MODES[mode]
+    if backend not in available_backends():
+        pytest.skip(f"the {backend} backend is not available here (C core not built)")
+    m = llambda.load(folder, backend=backend, activations=activations, **{"n_ctx": 160, "vision": False, **kw})
+    if tower:
+        m.attach_vision(GridTower(), load_image=GridTower.load_image)
+    return m
+
+
+IMAGES = [png(90, 60, 40), png(30, 100, 200)]          # grids (2, 3) and (3, 1)
+
+
+def prompt_ids(m, images=IMAGES) -> tuple[list[int], tuple]:
+    """Token ids of `text <image> text <image> text` through the model's layout (no tokenizer: the ids
+    spelled out), and the blocks Model.encode_images makes."""
+    grids = m._grids(images)
+    ids, k = [5, 6, 7], 0
+    for gh, gw in grids:
+        ids += [START] + [PAD] * (gh * gw) + [END] + [20 + k, 21 + k]
+        k += 2
+    ids += [30, 31]
+    lay = m._image_ids
+    ids, starts = lay.place(ids, 0, grids)
+    return ids, m.encode_images(images, starts)
+
+
+def whole_logits(m, ids, blocks) -> np.ndarray:
+    """Every position's logits in one forward, the RoPE rows from rope_rows."""
+    t, n = m.transformer, len(ids)
+    b = BatchImages()
+    b.add(0, blocks, 0, n)
+    rope = rope_rows(blocks, 0, n)
+    return t.forward(np.array(ids, np.int32), np.zeros(n, np.int32), np.arange(n, dtype=np.int32), list(range(n)),
+                     out=np.empty((n, t.cfg.vocab_size), np.float32), images=b, rope=rope)
+
+
+def test_the_checkpoint_loads_as_qwen2vl_and_its_layout_is_found(ckpt):
+    with load(ckpt[0]) as m:
+        c = m.config
+        assert c.arch == "qwen2vl" and c.rope_sections == [2, 3, 3] and c.attn_bias
+        lay = m._image_ids
+        assert isinstance(lay, QwenTokens) and (lay.start, lay.soft, lay.end) == (START, PAD, END)
+        assert m.image_marker == "<|vision_start|><|image_pad|><|vision_end|>" and m.image_block_tokens == 0
+        ids, blocks = prompt_ids(m)
+        assert [b.grid for b in blocks] == [(2, 3), (3, 1)]
+        assert all(b.causal and ids[b.start - 1] == START and ids[b.end] == END for b in blocks)
+        assert m.vision.encoded == 2
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_text_only_is_plain_qwen2(ckpt, mode):
+    """Equal positions in every section: M-RoPE is Qwen2's RoPE; the same weights as a qwen2 checkpoint give the
+    same logits bit for bit, and the same greedy text through the library's stream."""
+    ids = [5, 9, 33, 2, 17, 101, 250, 3, 8]
+    with load(ckpt[0], mode, tower=False) as vl, load(ckpt[1], mode, tower=False) as plain:
+        assert plain.config.rope_sections == []
+        a, b = (vlm_rows(m, ids) for m in (vl, plain))
+        assert np.array_equal(a, b)
+        kw = dict(max_tokens=6, temperature=0, ignore_eos=True, logprobs=2)
+        ea = [(e.token, e.logprob) for e in vl.stream(ids, **kw)]
+        eb = [(e.token, e.logprob) for e in plain.stream(ids, **kw)]
+        assert ea == eb
+
+
+def vlm_rows(m, ids) -> np.ndarray:
+    t, n = m.transformer, len(ids)
+    return t.forward(np.array(ids, np.int32), np.zeros(n, np.int32), np.arange(n, dtype=np.int32), list(range(n)),
+                     out=np.empty((n, t.cfg.vocab_size), np.float32)).copy()
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_decode_steps_after_images_continue_from_the_delta(ckpt, mode):
+    """The library's greedy stream after two images: each new token's logits are those of one forward over the
+    prompt and the tokens so far with rope_rows' positions (the text after the images behind by rope_delta)."""
+    with load(ckpt[0], mode) as m:
+        ids, blocks = prompt_ids(m)
+        assert image_mod.rope_delta(blocks) == (3 - 6) + (3 - 3)
+        evs = [e for e in m.stream(ids, images=blocks, max_tokens=5, temperature=0, ignore_eos=True, logprobs=1)
+               if e.token >= 0]
+        toks = [e.token for e in evs]
+        full = whole_logits(m, ids + toks, blocks)
+        tol = 1e-4 if mode != "native-fast" else 2e-2
+        for k, e in enumerate(evs):
+            row = full[len(ids) - 1 + k]
+            assert int(np.argmax(row)) == e.token
+            lp = row - (np.log(np.exp(row - row.max()).sum()) + row.max())
+            assert abs(lp[e.token] - e.logprob) < tol
+        # a wrong offset is visible: positions as plain token indices give other logits
+        b = BatchImages()
+        b.add(0, blocks, 0, len(ids))
+        t, n = m.transformer, len(ids)
+        plain = t.forward(np.array(ids, np.int32), np.zeros(n, np.int32), np.arange(n, dtype=np.int32), [n - 1],
+                          images=b).copy()
+        assert np.abs(plain[0] - full[n - 1]).max() > 1e-3
+
+
+@pytest.mark.parametrize("max_batch", [3, 7, 16])
+def test_prefill_chunks_give_the_same_tokens(ckpt, max_batch):
+    with load(ckpt[0]) as whole:
+        ids, blocks = prompt_ids(whole)
+        want = [(e.token, e.logprob) for e in whole.stream(ids, images=blocks, max_tokens=6, temperature=0,
+                                                            ignore_eos=True, logprobs=1)]
+    with load(ckpt[0], max_batch=max_batch) as m:
+        ids, blocks = prompt_ids(m)
+        got = [(e.token, e.logprob) for e in m.stream(ids, images=blocks, max_tokens=6, temperature=0,
+                                                       ignore_eos=True, logprobs=1)]
+    assert [t for t, _ in got] == [t for t, _ in want]
+    assert np.allclose([p for _, p in got], [p for _, p in want], atol=1e-5)
+
+
+def test_library_prefix_reuse_stops_where_the_grid_differs(ckpt):
+    """The same rows under another grid (3 x 2 for 2 x 3) put the text after the image elsewhere: the slot's
+    prefix is reused only up to the block, and the answer is a fresh model's."""
+    with load(ckpt[0]) as m:
+        ids, blocks = prompt_ids(m)
+        other = (image_block(blocks[0].start, blocks[0].rows, True, (3, 2)),) + blocks[1:]
+
+        def run(bl):
+            return [(e.token, e.logprob) for e in m.stream(ids, images=bl, max_tokens=4, temperature=0,
+                                                           ignore_eos=True, logprobs=1)]
+        a = run(blocks)
+        with vlm.prefill_starts() as calls:
+            b = run(other)
+        assert calls[0] == blocks[0].start, calls
+        with vlm.prefill_starts() as calls:
+            assert run(other) == b
+        assert min(calls) >= other[-1].end, calls
+    with load(ckpt[0]) as fresh:
+        assert [(e.token, e.logprob) for e in fresh.stream(ids, images=other, max_tokens=4, temperature=0,
+                                                          ignore_eos=True, logprobs=1)] == b
+    assert a != b
+
+
+def test_scheduler_batch_invariance_with_images(ckpt):
+    """The image request alone and beside text requests under prefill chunks that cut its image: the same tokens
+    and logprob bits; its decode rows take their positions from its delta."""
+    rng = np.random.default_rng(7)
+    texts = [rng.integers(3, 280, size=n).tolist() for n in (23, 9)]
+    with load(ckpt[0], n_slots=4, max_batch=48) as m:
+        ids, blocks = prompt_ids(m)
+        lib = [(e.token, e.logprob) for e in m.stream(ids, images=blocks, max_tokens=8, temperature=0,
+                                                       ignore_eos=True, logprobs=3)]
+        alone = vlm.scheduler_run(m, [[(ids, blocks, 8)]], prefill_chunk=256)[0][0][0]
+        assert [t for t, _, _ in alone] == [t for t, _ in lib]
+        for chunk in (3, 5, 17):
+            runs = vlm.scheduler_run(m, [[(texts[0], (), 8), (ids, blocks, 8), (texts[1], (), 8)]],
+                                     prefill_chunk=chunk)[0]
+            assert runs[1][0] == alone, f"prefill_chunk {chunk}: the image request changed beside text requests"
+
+
+def test_bad_towers_and_prompts_are_typed_errors(ckpt):
+    with load(ckpt[0], tower=False) as m:
+        class NoGrid(GridTower):
+            def grid(self, width, height):
+                return 0, 0
+
+        m.attach_vision(NoGrid(), load_image=GridTower.load_image)
+        with pytest.raises(ModelFormatError, match="grid"):
+            prompt_ids(m)
+
+        class Short(GridTower):
+            def encode_one(self, pixels):
+                return super().encode_one(pixels)[:-1]
+
+        m.attach_vision(Short(), load_image=GridTower.load_image)
+        with pytest.raises(ModelFormatError, match="rows of shape"):
+            prompt_ids(m)
+
+        m.attach_vision(GridTower(), load_image=GridTower.load_image)
+        lay = m._image_ids
+        with pytest.raises(InvalidInputError, match="image markers"):
+            lay.expand("no image here", [(2, 3)])
+        with pytest.raises(InvalidInputError, match="one run"):       # a pad typed outside an image's frame
+            lay.place([5, PAD, 6, START] + [PAD] * 6 + [END, 7], 0, [(2, 3)])
+        with pytest.raises(InvalidInputError, match="one run"):       # a run of the wrong length
+            lay.place([5, START] + [PAD] * 5 + [END, 7], 0, [(2, 3)])
+        ids, blocks = prompt_ids(m)
+        with pytest.raises(InvalidInputError):                        # rope rows past the context
+            m.transformer.forward(np.array(ids[:2], np.int32), np.zeros(2, np.int32), np.arange(2, dtype=np.int32),
+                                  [1], rope=np.array([0, 10 ** 6]))
+        with pytest.raises(InvalidInputError, match="shape"):
+            m.transformer.forward(np.array(ids[:2], np.int32), np.zeros(2, np.int32), np.arange(2, dtype=np.int32),
+                                  [1], rope=np.zeros((2, 2), np.int64))
+        with pytest.raises(InvalidInputError, match="speculative"):
+            m.stream(ids, images=blocks, speculative="lookup")
+
+
+def test_a_grid_tower_needs_m_rope_and_a_plain_model_takes_no_rope(ckpt):
+    with load(ckpt[1], tower=False) as plain:
+        with pytest.raises(InvalidInputError, match="M-RoPE"):
+            plain.attach_vision(GridTower(), load_image=GridTower.load_image)
+        with pytest.raises(InvalidInputError, match="RoPE positions"):
+            plain.transformer.forward(np.array([1, 2], np.int32), np.zeros(2, np.int32), np.arange(2, dtype=np.int32),
+                                      [1], rope=np.arange(2))
+
+
+@pytest.mark.parametrize("fmt", ["gguf", "hf"])
+def test_export_round_trip(ckpt, tmp_path, fmt):
+    """Our GGUF of the text model (llama.cpp's qwen2vl: rope.dimension_sections, four int32 counts) and our HF
+    directory (rope_scaling's mrope_section) read back as the same M-RoPE model: the same logits over an image
+    prompt (its blocks from the checkpoint's own model: the written files hold no tokenizer to find the
+    layout in)."""
+    from llambda.tools.export import export
+    out = tmp_path / ("text.gguf" if fmt == "gguf" else "text")
+    export(ckpt[0], out, fmt, "f32")
+    if fmt == "gguf":
+        from llambda.formats.gguf import GGUFFile
+        f = GGUFFile(out)
+        try:
+            key = "qwen2vl.rope.dimension_sections"
+            assert np.asarray(f.metadata[key]).tolist() == [2, 3, 3, 0]
+            assert "INT32" in str(f.metadata_types[key]), f.metadata_types[key]     # the one type llama.cpp reads
+        finally:
+            f.close()
+    with load(ckpt[0]) as hf:
+        ids, blocks = prompt_ids(hf)
+        want = whole_logits(hf, ids, blocks)
+    with load(out, tower=False) as back:
+        assert back.config.arch == "qwen2vl" and back.config.rope_sections == [2, 3, 3]
+        assert np.abs(whole_logits(back, ids, blocks) - want).max() < 1e-4
