@@ -120,9 +120,13 @@ def load(folder, mode="native-exact", tower=True, **kw):
     backend, activations = MODES[mode]
     if backend not in available_backends():
         pytest.skip(f"the {backend} backend is not available here (C core not built)")
-    m = llambda.load(folder, backend=backend, activations=activations, **{"n_ctx": 160, "vision": False, **kw})
-    if tower:
-        m.attach_vision(GridTower(), load_image=GridTower.load_image)
+    opts = {"n_ctx": 160, "vision": False, **kw}
+    m = llambda.load(folder, backend=backend, activations=activations, **opts)
+    return _with_tower(m) if tower else m
+
+
+def _with_tower(m):
+    m.attach_vision(GridTower(), load_image=GridTower.load_image)
     return m
 
 
