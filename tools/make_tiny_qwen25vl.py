@@ -23,6 +23,7 @@ import torch
 
 import make_tiny_gemma3_vision as gemma3_vision
 import make_tiny_hybrid as tiny
+import make_tiny_idefics3 as idefics3
 
 FOLDER = "qwen2_5_vl_vision"
 SEED = 54                                # of 53..64: varied greedy tokens (62: wider margins, one token repeated)
@@ -129,17 +130,7 @@ def config(vocab: int):
 
 
 def make_tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-    tk = Tokenizer(models.BPE())
-    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tk.decoder = decoders.ByteLevel()
-    tk.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=SPECIAL, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tk.train_from_iterator(CORPUS * 4, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   model_max_length=512)
+    return idefics3.bpe_tokenizer(CORPUS, SPECIAL, 400, eos_token="<|im_end|>", pad_token="<|endoftext|>")
 
 
 def redraw(model, seed: int) -> None:
@@ -282,10 +273,9 @@ def make(out: Path) -> None:
 
     ref = {
         "folder": FOLDER, "model_class": "Qwen2_5_VLForConditionalGeneration",
-        "transformers_version": transformers.__version__, "torch_version": torch.__version__,
-        "weights_dtype": "float32", "compute_dtype": "float32", "attn_implementation": "eager",
-        "image_processor_class": "Qwen2VLImageProcessorPil",
-        "init": {"torch_manual_seed": 0, "weight_generator_seed": SEED, "input_seed": tiny.INPUT_SEED,
+        "image_processor_class": "Qwen2VLImageProcessorPil", "attn_implementation": "eager",
+        "weights_dtype": "float32", "compute_dtype": "float32",
+        "transformers_version": transformers.__version__, "torch_version": torch.__version__, "init": {"torch_manual_seed": 0, "weight_generator_seed": SEED, "input_seed": tiny.INPUT_SEED,
                  "scheme": "tools/make_tiny_qwen25vl.py: redraw(): norms 1 + 0.1 N(0, 1), matrices N(0, 1) / "
                            "sqrt(fan-in), the patch embedding 2 N(0, 1) / sqrt(1176), biases 0.1 N(0, 1), "
                            "embeddings 0.2 N(0, 1)"},
