@@ -117,16 +117,15 @@ class GridTower:
 
 
 def load(folder, mode="native-exact", tower=True, **kw):
+    """The checkpoint with a tower double attached (`tower`: True for GridTower, or a double's class)."""
     backend, activations = MODES[mode]
     if backend not in available_backends():
         pytest.skip(f"the {backend} backend is not available here (C core not built)")
     opts = {"n_ctx": 160, "vision": False, **kw}
     m = llambda.load(folder, backend=backend, activations=activations, **opts)
-    return _with_tower(m) if tower else m
-
-
-def _with_tower(m):
-    m.attach_vision(GridTower(), load_image=GridTower.load_image)
+    if tower:
+        double = GridTower if tower is True else tower
+        m.attach_vision(double(), load_image=double.load_image)
     return m
 
 
@@ -261,14 +260,21 @@ def test_scheduler_batch_invariance_with_images(ckpt):
     texts = [rng.integers(3, 280, size=n).tolist() for n in (23, 9)]
     with load(ckpt[0], n_slots=4, max_batch=48) as m:
         ids, blocks = prompt_ids(m)
-        lib = [(e.token, e.logprob) for e in m.stream(ids, images=blocks, max_tokens=8, temperature=0,
-                                                       ignore_eos=True, logprobs=3)]
-        alone = vlm.scheduler_run(m, [[(ids, blocks, 8)]], prefill_chunk=256)[0][0][0]
-        assert [t for t, _, _ in alone] == [t for t, _ in lib]
-        for chunk in (3, 5, 17):
-            runs = vlm.scheduler_run(m, [[(texts[0], (), 8), (ids, blocks, 8), (texts[1], (), 8)]],
-                                     prefill_chunk=chunk)[0]
-            assert runs[1][0] == alone, f"prefill_chunk {chunk}: the image request changed beside text requests"
+        lib = [e.token for e in m.stream(ids, images=blocks, max_tokens=8, temperature=0, ignore_eos=True)]
+        same_beside_text(m, ids, blocks, lib, texts)
+
+
+def same_beside_text(m, ids, blocks, want: list[int], texts) -> None:
+    """The scheduler: the image request alone gives `want`; beside two text requests, under prefill chunks of
+    3, 5 and 17 tokens (cutting its images), the same tokens and logprob bits."""
+    def step(jobs, chunk):
+        return vlm.scheduler_run(m, [jobs], prefill_chunk=chunk)[0]
+
+    alone = step([(ids, blocks, len(want))], 256)[0][0]
+    assert [t for t, _, _ in alone] == want
+    for chunk in (3, 5, 17):
+        beside = step([(texts[0], (), 8), (ids, blocks, len(want)), (texts[1], (), 8)], chunk)[1][0]
+        assert beside == alone, f"prefill_chunk {chunk}: the image request changed beside text requests"
 
 
 def test_bad_towers_and_prompts_are_typed_errors(ckpt):
@@ -341,3 +347,161 @@ def test_export_round_trip(ckpt, tmp_path, fmt):
     with load(out, tower=False) as back:
         assert back.config.arch == "qwen2vl" and back.config.rope_sections == [2, 3, 3]
         assert np.abs(whole_logits(back, ids, blocks) - want).max() < 1e-4
+
+
+# --- against transformers: the tiny Qwen2_5_VLForConditionalGeneration of the fixture -------------------------
+# (tests/fixtures/reference/tiny/qwen2_5_vl_vision, tools/make_tiny_qwen25vl.py; a tower double gives the
+# fixture's merger rows for its images, so this part tests the language side alone)
+
+FOLDER = Path(__file__).parent / "fixtures" / "reference" / "tiny" / "qwen2_5_vl_vision"
+REF = json.loads((FOLDER / "reference.json").read_text(encoding="utf-8"))
+FIX_PNG = {name: (FOLDER / name).read_bytes() for name in REF["images"]}
+TWO = REF["prompts"][0]                 # two images (merged grids 3 x 5 and 3 x 4), text after each
+TEXT = REF["text_only"]
+BUDGET = {"numpy": 1e-4, "native-exact": 1e-4, "native-fast": 1e-2}        # test_vlm's (Gemma 3's) budgets
+
+
+def npy(name: str) -> np.ndarray:
+    return np.load(FOLDER / name)
+
+
+class FixtureTower:
+    """A VisionTower double of the contract (family, hidden, grid, pixels, encode_one, attends): the fixture's
+    merged grid by the image's size, its flattened patches by the file's digest, its merger rows by patches."""
+    family, attends, tokens_per_image, hidden = "qwen2_5_vl", "causal", None, REF["config"]["text_config"]["hidden_size"]
+
+    def __init__(self):
+        import hashlib
+        self.by_digest = {hashlib.sha256(FIX_PNG[n]).hexdigest(): n for n in REF["images"]}
+        self.encoded = 0
+
+    @staticmethod
+    def load_image(data) -> str:
+        import hashlib
+        return hashlib.sha256(bytes(data)).hexdigest()
+
+    def grid(self, width: int, height: int) -> tuple[int, int]:
+        grids = {tuple(info["size"]): tuple(info["merged_grid"]) for info in REF["images"].values()}
+        assert (width, height) in grids, f"no fixture image of {width} x {height}"
+        return grids[width, height]
+
+    def pixels(self, image) -> np.ndarray:
+        name = self.by_digest.get(image)
+        if name is None:
+            raise InvalidInputError("the test tower knows only the fixture's images")
+        return npy(REF["images"][name]["pixel_values"])
+
+    def encode_one(self, pixels: np.ndarray) -> np.ndarray:
+        self.encoded += 1
+        for info in REF["images"].values():
+            if np.array_equal(npy(info["pixel_values"]), pixels):
+                return npy(info["merger_rows"])
+        raise AssertionError("pixels of no fixture image")
+
+    def close(self):
+        pass
+
+
+def fixture_model(mode: str, **kw):
+    return load(FOLDER, mode, FixtureTower, **{"n_ctx": 128, **kw})
+
+
+def fixture_messages(prompt: dict) -> list:
+    files = iter(prompt["images"])
+    return [{**msg, "content": [{"type": "image", "image": FIX_PNG[next(files)]} if p["type"] == "image" else dict(p)
+                                for p in msg["content"]]} for msg in prompt["messages"]]
+
+
+def fixture_blocks(prompt: dict) -> tuple:
+    return tuple(image_block(lo, npy(REF["images"][name]["merger_rows"]), True,
+                             tuple(REF["images"][name]["merged_grid"]))
+                 for (lo, _), name in zip(prompt["image_runs"], prompt["images"]))
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_chat_gives_the_processor_ids_positions_logits_and_greedy_tokens(mode):
+    """The chat template's text, the processor's input_ids (each image's merged grid from its header size),
+    get_rope_index's positions and rope_deltas, the logits at the reference's rows (first and last token of
+    each image, the tokens after each, the last three), every position's argmax, Model.chat's greedy answer,
+    and the logits of each decode step after the images (transformers' recompute after each new token)."""
+    budget = BUDGET[mode]
+    with fixture_model(mode) as m:
+        msgs = fixture_messages(TWO)
+        text = m.render_chat(msgs)
+        assert text == TWO["chat_text"]
+        ids, blocks = m.image_prompt(text, [FIX_PNG[n] for n in TWO["images"]])
+        assert ids == TWO["input_ids"]
+        assert [(b.start, b.end - 1) for b in blocks] == [tuple(r) for r in TWO["image_runs"]]
+        assert np.array_equal(rope_rows(blocks, 0, len(ids)).T, np.array(TWO["position_ids"]))
+        assert image_mod.rope_delta(blocks) == TWO["rope_deltas"]
+        got = whole_logits(m, ids, blocks)
+        err = float(np.abs(got[TWO["rows"]] - npy(TWO["logits_rows"])).max())
+        assert err <= budget, f"max |logit diff| {err:.3g} > {budget}"
+        assert got.argmax(axis=1).tolist() == TWO["argmax_per_position"]
+        want = TWO["greedy_new_tokens"]
+        evs = [ev for ev in m.chat_stream(msgs, max_tokens=len(want), temperature=0, ignore_eos=True) if ev.token >= 0]
+        assert [ev.token for ev in evs] == want
+        # row k of the reference chose new token k (argmax = want[k]): the prompt's last row, then each step's
+        steps = whole_logits(m, ids + want, blocks)[len(ids) - 1:len(ids) - 1 + len(want)]
+        ref_steps = npy(TWO["greedy_step_logits"])
+        assert ref_steps.argmax(axis=1).tolist() == want
+        # the library's own decode steps (the KV cache, positions from rope_delta): their logprobs
+        lp = ref_steps - ref_steps.max(axis=1, keepdims=True)
+        lp -= np.log(np.exp(lp).sum(axis=1, keepdims=True))
+        evs = [ev for ev in m.stream(ids, images=blocks, max_tokens=len(want), temperature=0, ignore_eos=True,
+                                     logprobs=1) if ev.token >= 0]
+        assert [ev.token for ev in evs] == want
+        err = max(abs(ev.logprob - lp[k, t]) for k, (ev, t) in enumerate(zip(evs, want)))
+        assert err <= 2 * budget, f"decode steps' logprobs: max diff {err:.3g}"
+        err = float(np.abs(steps - ref_steps).max())
+        assert err <= budget, f"decode steps after the images: max |logit diff| {err:.3g} > {budget}"
+        assert m.chat(msgs, max_tokens=len(want), temperature=0, ignore_eos=True) == m.tokenizer.decode(want)
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_text_only_prompt_matches_transformers(mode):
+    with fixture_model(mode) as m:
+        text = m.render_chat(TEXT["messages"])
+        assert text == TEXT["chat_text"]
+        ids = m.tokenize(text)
+        assert ids == TEXT["input_ids"]
+        got = vlm_rows(m, ids)[-3:]
+        assert float(np.abs(got - npy(TEXT["logits_last3"])).max()) <= BUDGET[mode]
+        want = TEXT["greedy_new_tokens"]
+        assert list(m.generate(ids, max_tokens=len(want), temperature=0, ignore_eos=True)) == want
+
+
+@pytest.mark.parametrize("max_batch", [3, 7, 16])
+def test_fixture_chunked_prefill_gives_the_greedy_tokens(max_batch):
+    with fixture_model("native-exact", max_batch=max_batch) as m:
+        ids, blocks = m.image_prompt(TWO["chat_text"], [FIX_PNG[n] for n in TWO["images"]])
+        want = TWO["greedy_new_tokens"]
+        assert list(m.generate(ids, images=blocks, max_tokens=len(want), temperature=0, ignore_eos=True)) == want
+
+
+def test_fixture_scheduler_batch_invariance_beside_text():
+    rng = np.random.default_rng(11)
+    texts = [rng.integers(7, 390, size=n).tolist() for n in (23, 9)]
+    with fixture_model("native-exact", n_slots=4, max_batch=96) as m:
+        same_beside_text(m, TWO["input_ids"], fixture_blocks(TWO), TWO["greedy_new_tokens"], texts)
+
+
+def test_server_prepares_qwen25vl_requests():
+    """The server's token count and prepared sequence are Model.image_prompt's, its rope_delta transformers'; no
+    room is asked of the batch for a block (causal); each image is encoded once, in the image worker."""
+    spec_of = vlm.chat_spec
+    with fixture_model("native-exact", max_batch=8) as m:
+        service, _ = vlm.service_for(m)
+        spec = spec_of(fixture_messages(TWO))
+        try:
+            count = service._prompt_length(spec)
+            prepared = service.prepare(spec)
+            before, waiting = m.vision.encoded, not prepared.seqs and prepared.images is not None
+            seq = service.encode(prepared).seqs[0][0]
+        finally:
+            service.workers.close()
+            service.image_workers.close()
+        assert count == len(TWO["input_ids"]) == len(seq.prompt_ids) and waiting
+        assert (before, m.vision.encoded) == (0, 2) and seq.prompt_ids == TWO["input_ids"]
+        assert seq.rope_delta == TWO["rope_deltas"]
+        assert [b.digest for b in seq.images] == [b.digest for b in fixture_blocks(TWO)]
