@@ -277,6 +277,20 @@ def same_beside_text(m, ids, blocks, want: list[int], texts) -> None:
         assert beside == alone, f"prefill_chunk {chunk}: the image request changed beside text requests"
 
 
+def test_scheduler_prefix_cache_keeps_positions_apart(ckpt):
+    """The server's slot table: the same ids and rows under another grid (the text after the image at other
+    positions) reuse nothing past the block's start; the same grid again reuses the whole prompt but its last."""
+    with load(ckpt[0], n_slots=1, max_batch=64) as m:
+        ids, blocks = prompt_ids(m)
+        other = (image_block(blocks[0].start, blocks[0].rows, True, (3, 2)),) + blocks[1:]
+        fresh = [e.token for e in m.stream(ids, images=other, max_tokens=5, temperature=0, ignore_eos=True)]
+        runs = [r[0] for r in vlm.scheduler_run(m, [[(ids, b, 5)] for b in (blocks, other, other)], 256)]
+    (a, _), (b, cached_b), (b2, cached_b2) = runs
+    assert [t for t, _, _ in b] == fresh and b != a
+    assert cached_b <= blocks[0].start, "keys and values of other RoPE positions were reused"
+    assert b2 == b and cached_b2 >= other[-1].end
+
+
 def test_bad_towers_and_prompts_are_typed_errors(ckpt):
     with load(ckpt[0], tower=False) as m:
         class NoGrid(GridTower):
