@@ -519,3 +519,32 @@ def test_server_prepares_qwen25vl_requests():
         assert (before, m.vision.encoded) == (0, 2) and seq.prompt_ids == TWO["input_ids"]
         assert seq.rope_delta == TWO["rope_deltas"]
         assert [b.digest for b in seq.images] == [b.digest for b in fixture_blocks(TWO)]
+
+
+def test_llama_cpp_runs_our_qwen2vl_gguf(tmp_path):
+    """llama.cpp loads our GGUF of the fixture's text model (architecture qwen2vl, four int32 section counts) and
+    its text-only logits are transformers' (within test_export's f32 budget for llama.cpp, 0.05), as ours are."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the bench extra)")
+    from llamacpp_ref import llama_cpp_logits
+    from llambda.tools.export import export
+    path = export(FOLDER, tmp_path / "text.gguf", fmt="gguf", qtype="f32")
+    theirs = llama_cpp_logits(path, TEXT["input_ids"])
+    assert float(np.abs(theirs - npy(TEXT["logits_last3"])[-1]).max()) <= 0.05
+    with load(path, "numpy", tower=False) as m:
+        assert m.config.arch == "qwen2vl" and m.tokenize(TEXT["chat_text"]) == TEXT["input_ids"]
+        ours = vlm_rows(m, TEXT["input_ids"])[-1]
+    assert float(np.abs(ours - npy(TEXT["logits_last3"])[-1]).max()) <= 1e-4
+
+
+def test_a_text_gguf_finds_its_image_tokens_in_the_vocabulary(tmp_path):
+    """llama.cpp's layout: the text GGUF has no config.json: <|vision_start|>, <|image_pad|>, <|vision_end|> come
+    from its vocabulary; the image prompt and its logits are the reference's."""
+    from llambda.tools.export import export
+    path = export(FOLDER, tmp_path / "text.gguf", fmt="gguf", qtype="f32")
+    with load(path, "native-exact", FixtureTower) as m:
+        lay = m._image_ids
+        assert (lay.start, lay.soft, lay.end) == (3, 5, 4)
+        ids, blocks = m.image_prompt(TWO["chat_text"], [FIX_PNG[n] for n in TWO["images"]])
+        assert ids == TWO["input_ids"]
+        got = whole_logits(m, ids, blocks)[TWO["rows"]]
+    assert float(np.abs(got - npy(TWO["logits_rows"])).max()) <= 1e-4
