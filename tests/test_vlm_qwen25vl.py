@@ -548,3 +548,20 @@ def test_a_text_gguf_finds_its_image_tokens_in_the_vocabulary(tmp_path):
         assert ids == TWO["input_ids"]
         got = whole_logits(m, ids, blocks)[TWO["rows"]]
     assert float(np.abs(got - npy(TWO["logits_rows"])).max()) <= 1e-4
+
+
+def test_speculative_decoding_on_text_prompts_and_not_on_images():
+    """A text prompt on the Qwen2.5-VL model runs speculatively (a draft model of its own vocabulary, prompt
+    lookup) and gives transformers' greedy tokens; an image prompt with an explicit mode is refused by name."""
+    want = TEXT["greedy_new_tokens"]
+    with fixture_model("native-exact", draft=FOLDER) as m:
+        assert m.draft is not None and m.draft.config.rope_sections == [2, 3, 3]
+        for mode in ("draft", "lookup"):
+            got = list(m.generate(TEXT["input_ids"], max_tokens=len(want), temperature=0, ignore_eos=True,
+                                  speculative=mode))
+            assert got == want, mode
+        ids, blocks = m.image_prompt(TWO["chat_text"], [FIX_PNG[n] for n in TWO["images"]])
+        with pytest.raises(InvalidInputError, match="speculative"):
+            m.stream(ids, images=blocks, speculative="draft")
+        auto = list(m.generate(ids, images=blocks, max_tokens=8, temperature=0, ignore_eos=True))   # "auto": plain
+        assert auto == TWO["greedy_new_tokens"]
