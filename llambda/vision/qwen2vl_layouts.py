@@ -5,7 +5,7 @@ there. The tower's canonical names are transformers' under `visual.` (`patch_emb
 
 - a Hugging Face directory (config.json model_type qwen2_5_vl or qwen2_vl, vision_config; the tensors under
   `visual.` or transformers 5's `model.visual.`; preprocessor_config.json's min/max pixels, mean, std);
-- llama.cpp's mmproj GGUF (clip.projector_type `qwen2.5vl` or `qwen2vl_merger`): `clip.vision.*` keys,
+- llama.cpp's mmproj GGUF (clip.projector_type `qwen2.5vl_merger` or `qwen2vl_merger`): `clip.vision.*` keys,
   `clip.vision.n_wa_pattern` (every n-th block attends fully: fullatt_block_indexes n-1, 2n-1, ...),
   `clip.vision.window_size` (absent: 112, what llama.cpp assumes); tensors `v.patch_embd.weight` and
   `v.patch_embd.weight.1` (the Conv3d's two temporal slices), `v.blk.N.{ln1, ln2, attn_q, attn_k, attn_v,
@@ -25,7 +25,7 @@ from .layouts import rescale_normalize
 CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)  # the processor's
 
 HF_PREFIXES = ("visual.", "model.visual.")
-MMPROJ_TYPES = {"qwen2.5vl": "qwen2_5_vl", "qwen2vl_merger": "qwen2_vl"}
+MMPROJ_TYPES = {"qwen2.5vl_merger": "qwen2_5_vl", "qwen2vl_merger": "qwen2_vl"}
 MMPROJ_TYPE_OF = {v: k for k, v in MMPROJ_TYPES.items()}
 LLAMA_CPP_WINDOW = 112                # llama.cpp's window (pixels) where the file does not say
 QWEN25_PROCESSOR = {"min_pixels": 3136, "max_pixels": 12845056}   # Qwen2.5-VL's preprocessor_config.json
@@ -160,7 +160,7 @@ def mmproj_fields(meta: dict, source: str) -> dict:
     f.setdefault("max_pixels", QWEN25_PROCESSOR["max_pixels"])
     if proj == "qwen2_5_vl":
         if meta.get("clip.use_silu") is not True:
-            raise ModelFormatError(f"{source}: a qwen2.5vl mmproj's clip.use_silu is not true")
+            raise ModelFormatError(f"{source}: a qwen2.5vl_merger mmproj's clip.use_silu is not true")
         n = meta.get(WA_PATTERN_KEY)
         n = n.tolist() if hasattr(n, "tolist") else n
         depth = f["num_hidden_layers"]

@@ -1,0 +1,310 @@
+"""The Qwen2.5-VL vision tower against transformers (tests/fixtures/reference/tiny/qwen2_5_vl_vision,
+tools/make_tiny_qwen25vl.py): the processor's resize and flattened patches, the merged grid, the windowed
+tower's last hidden state and the merger's rows, on the NumPy oracle and the native backend (every ISA path, both
+modes), read from the HF directory and from llama.cpp's mmproj GGUF we write (F32, F16, Q8_0); llama.cpp itself
+reading that mmproj; hostile configs, files and images."""
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from contextlib import closing
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llambda.errors import InvalidInputError, ModelClosedError, ModelFormatError
+from llambda.formats import gguf
+from llambda.vision import load_image, load_vision, mmproj
+from llambda.vision.image import check_image
+from llambda.vision.qwen2vl import window_order
+from llambda.vision.qwen2vl_pixels import smart_resize
+
+Image = pytest.importorskip("PIL.Image")
+sys.path.insert(0, str(Path(__file__).parent))
+import visionkit  # noqa: E402
+
+TINY, REF = visionkit.fixture("qwen2_5_vl_vision")
+IMAGES, EXACT = sorted(REF["images"]), visionkit.EXACT
+
+
+def ref(entry: dict, key: str) -> np.ndarray:
+    """The fixture's array named by `entry[key]`."""
+    return np.load(TINY / entry[key])
+
+
+def patches_of(tower, name: str) -> np.ndarray:
+    data = (TINY / name).read_bytes()
+    return tower.pixels(load_image(data))
+
+
+def check_tower(tower, budget_hidden: float, budget_rows: float) -> dict:
+    """Every fixture image through `tower`: the worst errors of the last block's output and the merger's rows."""
+    hidden, rows = [], []
+    for name, entry in REF["images"].items():
+        px = patches_of(tower, name)
+        hidden.append(np.abs(tower.last_hidden_state(px) - ref(entry, "hidden_before_merger")).max())
+        rows.append(np.abs(tower.encode_one(px) - ref(entry, "merger_rows")).max())
+    return visionkit.within(hidden, rows, budget_hidden, budget_rows)
+
+
+@pytest.fixture(scope="module")
+def numpy_tower():
+    tower = load_vision(TINY, backend="numpy")
+    yield tower
+    tower.close()
+
+
+copy_fixture = functools.partial(visionkit.copy_fixture, TINY)
+
+
+def vision_edit(**kw):
+    return lambda c: c["vision_config"].update(kw)
+
+
+# ---------------------------------------------------------------- preprocessing
+
+@pytest.mark.parametrize("name", IMAGES)
+def test_patches_equal_transformers(numpy_tower, name):
+    entry, data = REF["images"][name], (TINY / name).read_bytes()
+    assert check_image(data) == tuple(entry["size"])
+    assert list(numpy_tower.grid(*entry["size"])) == entry["merged_grid"]
+    px = numpy_tower.pixels(load_image(data))
+    _, gh, gw = entry["grid_thw"]
+    assert px.dtype == np.float32 and px.shape == (gh * gw, 3 * 2 * 14 * 14)
+    np.testing.assert_array_equal(px, ref(entry, "pixel_values"))     # the same Pillow resize: bit-identical
+
+
+def test_smart_resize_follows_transformers_rounding(numpy_tower):
+    cfg = numpy_tower.cfg                       # min_pixels 3136, max_pixels 12544, factor 28
+    for name, entry in REF["images"].items():
+        w, h = entry["size"]
+        assert list(smart_resize(h, w, cfg))[::-1] == entry["resized_wh"], name
+    assert smart_resize(42, 98, cfg) == (56, 112)       # 1.5 and 3.5 cells: Python's round, half to even
+    assert smart_resize(70, 70, cfg) == (56, 56)        # 2.5 -> 2
+    assert smart_resize(150, 90, cfg) == (140, 84)      # no change needed past the rounding
+    assert smart_resize(1000, 1000, cfg) == (112, 112)  # past max_pixels: floor(1000 / beta / 28) * 28
+    assert smart_resize(1, 150, cfg) == (28, 700)       # under min_pixels: ceil of each side scaled up (past max)
+    with pytest.raises(InvalidInputError, match="aspect"):
+        smart_resize(1, 201, cfg)
+
+
+def test_grids_stay_within_max_pixels(numpy_tower):
+    """Absurd and tiny sizes: the merged grid is bounded by max_pixels (16 cells here) and at least 1 x 1;
+    pixels() agrees with grid()."""
+    rng = np.random.default_rng(5)
+    sizes = [(1, 1), (8192, 8192), (65535, 1000), (3, 500), (28, 28), (29, 57)] + \
+        [tuple(int(v) for v in rng.integers(1, 400, 2)) for _ in range(12)]
+    for w, h in sizes:
+        if max(w, h) / min(w, h) > 200:
+            with pytest.raises(InvalidInputError):
+                numpy_tower.grid(w, h)
+            continue
+        mh, mw = numpy_tower.grid(w, h)
+        assert mh >= 1 and mw >= 1 and mh * mw * 784 <= 12544 + 28 * 28 * (mh + mw), (w, h)
+        if w * h < 200_000:
+            im = Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8), "RGB")
+            assert numpy_tower.pixels(im).shape[0] == mh * mw * 4, (w, h)
+    for bad in (0, -3, 1.5, True, "9", 1 << 21):
+        with pytest.raises(InvalidInputError):
+            numpy_tower.grid(bad, 10)
+
+
+def test_window_order_is_transformers(numpy_tower):
+    for name, entry in REF["images"].items():
+        mh, mw = entry["merged_grid"]
+        order, sizes = window_order(mh, mw, numpy_tower.cfg.window_cells)
+        assert order.tolist() == entry["window_index"], name
+        assert [0] + list(np.cumsum(sizes) * 4) == entry["cu_window_seqlens"], name
+    assert numpy_tower.cfg.window_cells == 2 and numpy_tower.cfg.fullatt_block_indexes == (1,)
+
+
+# ---------------------------------------------------------------- the tower
+
+def test_tower_facts(numpy_tower):
+    t = numpy_tower
+    assert t.family == "qwen2_5_vl" and t.hidden == 64 and t.tokens_per_image is None and t.attends == "causal"
+    px = patches_of(t, "image_wide.png")
+    rows = t.encode_one(px)
+    assert rows.shape == (15, 64) and rows.dtype == np.float32
+    np.testing.assert_array_equal(rows, t.encode_one(np.array(px)))        # a copy: found by its content
+    np.testing.assert_array_equal(rows, t.encode_one(px, (6, 10)))          # the patch grid given
+
+
+def test_numpy_oracle_matches_transformers(numpy_tower):
+    check_tower(numpy_tower, EXACT, EXACT)
+
+
+def test_native_exact_matches_transformers_on_every_isa(isa):
+    with closing(load_vision(TINY, backend="native", activations="f32", threads=2)) as t:
+        check_tower(t, EXACT, EXACT)
+
+
+def test_native_fast_mode_within_its_budget(isa):
+    """The native default (bfloat16 products): measured 0.032 (hidden, values up to 9.6) and 0.012 (rows, up to
+    2.4) at most."""
+    with closing(load_vision(TINY, backend="native", threads=2)) as t:
+        check_tower(t, 0.08, 0.04)
+
+
+def test_bad_calls_are_typed_errors(numpy_tower):
+    t = numpy_tower
+    px = patches_of(t, "image_big.png")
+    with pytest.raises(InvalidInputError, match="grid"):
+        t.encode_one(np.random.default_rng(1).normal(size=px.shape).astype(np.float32))   # grid unknown
+    for grid in ((6, 9), (3, 16), (48, 1), (0, 0), "6x8", (6.0, 8.0), (-6, -8)):
+        with pytest.raises(InvalidInputError):
+            t.encode_one(px, grid)
+    with pytest.raises(InvalidInputError):
+        t.encode_one(px[:, :100])
+    with pytest.raises(InvalidInputError):
+        t.encode_one(px.reshape(-1))
+    bad = px.copy()
+    bad[3, 7] = np.nan
+    with pytest.raises(InvalidInputError, match="non-finite"):
+        t.encode_one(bad, (6, 8))
+    with pytest.raises(InvalidInputError, match="encode_one"):
+        t.encode(px[None])
+    with pytest.raises(InvalidInputError):
+        t.pixels("not an image")
+    with pytest.raises(InvalidInputError, match="max_pixels"):      # a grid bigger than max_pixels allows
+        t.encode_one(np.zeros((64 * 64, px.shape[1]), np.float32), (64, 64))
+
+
+def test_closed_tower_refuses():
+    t = load_vision(TINY, backend="numpy")
+    px = patches_of(t, "image_tiny.png")
+    t.close()
+    with pytest.raises(ModelClosedError):
+        t.encode_one(px, (6, 4))
+
+
+# ---------------------------------------------------------------- llama.cpp's mmproj
+
+def window112(tmp: Path) -> Path:
+    """The fixture with llama.cpp's window (112 pixels: 4 cells) and room for 64 cells an image."""
+    return copy_fixture(tmp, config_edit=vision_edit(window_size=112),
+                        pre_edit=lambda p: p["size"].update(longest_edge=28 * 28 * 64))
+
+
+@pytest.fixture(scope="module")
+def mmproj_files(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("qwen25vl_mmproj")
+    src = window112(tmp / "hf")
+    return src, {q: mmproj.write_mmproj(src, tmp / f"mmproj-{q}.gguf", q) for q in ("f32", "f16", "q8_0")}
+
+
+def rgb_image(h: int, w: int, seed: int = 3) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:h, 0:w]
+    return np.clip(np.stack([xx * 255 / w, yy * 255 / h, 127 + 100 * np.sin(xx / 3 + yy / 5)], -1)
+                   + rng.normal(0, 20, (h, w, 3)), 0, 255).astype(np.uint8)
+
+
+@pytest.mark.parametrize("qtype,budget", [("f32", EXACT), ("f16", 5e-3), ("q8_0", 0.08)])
+def test_our_mmproj_reads_back(mmproj_files, qtype, budget):
+    """Ours: the same rows as the HF directory (F16: measured 1.4e-3, Q8_0: 2.9e-2, of values up to 2.5)."""
+    src, files = mmproj_files
+    with gguf.GGUFFile(files[qtype]) as f:
+        meta = f.metadata
+        assert meta["clip.projector_type"] == "qwen2.5vl_merger" and meta["clip.vision.n_wa_pattern"] == 2
+        assert "v.patch_embd.weight.1" in f.tensors and "v.blk.1.attn_k.bias" in f.tensors
+    im = Image.fromarray(rgb_image(140, 168), "RGB")
+    with closing(load_vision(src, backend="numpy")) as a, closing(load_vision(files[qtype], backend="numpy")) as b:
+        assert a.grid(168, 140) == b.grid(168, 140) == (5, 6)
+        assert (a.cfg.window_size, a.cfg.fullatt_block_indexes) == (b.cfg.window_size, b.cfg.fullatt_block_indexes)
+        err = np.abs(a.encode_one(a.pixels(im)) - b.encode_one(b.pixels(im))).max()
+    assert err <= budget, err
+
+
+def test_llama_cpp_reads_our_mmproj(mmproj_files, tmp_path):
+    """llama.cpp (llama-cpp-python's libmtmd, in a child process) loads our qwen2.5vl_merger mmproj beside a 64-wide
+    text model and gives our rows for a 168 x 140 image (no resize on either side: 5 x 6 cells, 2 x 2 windows of
+    4 cells, partial ones included): measured 1.2e-3 (values up to 2.5)."""
+    rgb = rgb_image(140, 168)
+    theirs = visionkit.llama_cpp_rows(mmproj_files[1]["f32"], rgb, tmp_path, ["<|vision_start|>", "<|vision_end|>"])
+    with closing(load_vision(mmproj_files[1]["f32"], backend="numpy")) as t:
+        ours = t.encode_one(t.pixels(Image.fromarray(rgb, "RGB")))
+    assert len(theirs) == 1 and theirs[0].shape == ours.shape == (30, 64)
+    err = np.abs(theirs[0] - ours).max()
+    assert err <= 5e-3, err
+
+
+def test_write_mmproj_refuses_what_llama_cpp_cannot_say(tmp_path):
+    with pytest.raises(InvalidInputError, match="112"):         # the fixture's own window, 56
+        mmproj.write_mmproj(TINY, tmp_path / "x.gguf", "f32")
+    d = copy_fixture(tmp_path / "irregular", config_edit=lambda c: c["vision_config"].update(
+        window_size=112, depth=3, fullatt_block_indexes=[0, 2]), tensors_edit=lambda t: t.update(
+        {k.replace("blocks.1.", "blocks.2."): v for k, v in t.items() if ".blocks.1." in k}))
+    with pytest.raises(InvalidInputError, match="every"):
+        mmproj.write_mmproj(d, tmp_path / "y.gguf", "f32")
+
+
+@pytest.mark.parametrize("edit,drop,match", [
+    (lambda m: m.pop("clip.vision.n_wa_pattern"), (), "n_wa_pattern"),
+    (lambda m: m.update({"clip.vision.n_wa_pattern": 0}), (), "n_wa_pattern"),
+    (lambda m: m.pop("clip.vision.block_count"), (), "block_count"),
+    (lambda m: m.update({"clip.vision.window_size": 100}), (), "window_size"),
+    (lambda m: m.update({"clip.vision.embedding_length": 48}), (), "shape"),
+    (None, ("v.patch_embd.weight.1",), "patch_embed"),
+    (None, ("v.blk.1.attn_v.weight",), "qkv"),
+    (None, ("mm.2.bias",), "mlp.2.bias"),
+])
+def test_hostile_mmproj_is_a_format_error(mmproj_files, tmp_path, edit, drop, match):
+    bad = visionkit.rewrite_gguf(mmproj_files[1]["f32"], tmp_path / "bad.gguf", edit, drop)
+    with pytest.raises(ModelFormatError, match=match):
+        load_vision(bad, backend="numpy")
+
+
+# ---------------------------------------------------------------- hostile Hugging Face directories
+
+@pytest.mark.parametrize("config_edit,pre_edit,match", [
+    (vision_edit(window_size=60), None, "multiple"),
+    (vision_edit(window_size=14), None, "window_size"),
+    (vision_edit(window_size=1 << 40), None, "window_size"),
+    (vision_edit(fullatt_block_indexes=[2]), None, "fullatt"),
+    (vision_edit(fullatt_block_indexes="1"), None, "fullatt"),
+    (vision_edit(fullatt_block_indexes=None), None, "fullatt"),
+    (vision_edit(num_heads=3), None, "heads"),
+    (vision_edit(num_heads=16), None, "multiple of 4"),      # head dim 2: the 2D rotary needs 4 | head dim
+    (vision_edit(depth=10 ** 9), None, "depth"),
+    (vision_edit(hidden_size=-1), None, "hidden_size"),
+    (vision_edit(patch_size=0), None, "patch_size"),
+    (vision_edit(spatial_merge_size=1000), None, "merge_size"),
+    (vision_edit(spatial_merge_size=3), None, "merge_size 2"),
+    (vision_edit(hidden_act="gelu"), None, "hidden_act"),
+    (vision_edit(out_hidden_size=65), None, "width"),
+    (None, lambda p: p["size"].update(longest_edge=1 << 40), "max_pixels"),
+    (None, lambda p: p["size"].update(shortest_edge=20000), "min_pixels"),
+    (None, lambda p: p.update(resample=2), "bicubic"),
+    (None, lambda p: p.update(patch_size=16), "patch_size"),
+    (None, lambda p: p.update(image_std=[0, 1, 1]), "image_std"),
+    (None, lambda p: p.update(image_mean="grey"), "image_mean"),
+])
+def test_hostile_configs_are_format_errors(tmp_path, config_edit, pre_edit, match):
+    d = copy_fixture(tmp_path / "bad", pre_edit=pre_edit, config_edit=config_edit)
+    with pytest.raises(ModelFormatError, match=match):
+        load_vision(d, backend="numpy")
+
+
+@pytest.mark.parametrize("tensors_edit,match", [
+    (lambda t: t.pop("visual.blocks.1.attn.qkv.bias"), "attn.qkv.bias"),
+    (lambda t: t.pop("visual.merger.ln_q.weight"), "ln_q"),
+    (lambda t: t.update({"visual.blocks.0.mlp.gate_proj.weight": np.zeros((64, 31), np.float32)}), "shape"),
+    (lambda t: t.update({"visual.patch_embed.proj.weight": np.zeros((32, 3, 1, 14, 14), np.float32)}), "shape"),
+    (lambda t: t["visual.blocks.0.norm2.weight"].__setitem__(3, np.inf), "non-finite"),
+    (lambda t: [t.pop(k) for k in list(t) if k.startswith("visual.")], "patch_embed"),
+])
+def test_hostile_tensors_are_format_errors(tmp_path, tensors_edit, match):
+    d = copy_fixture(tmp_path / "bad", tensors_edit=tensors_edit)
+    with pytest.raises(ModelFormatError, match=match):
+        load_vision(d, backend="numpy")
+
+
+def test_transformers_5_names_load_too(tmp_path):
+    """transformers 5 keeps the tower under model.visual. in memory; either prefix loads."""
+    d = copy_fixture(tmp_path / "m", tensors_edit=lambda t: t.update(
+        {"model." + k: t.pop(k) for k in [k for k in t if k.startswith("visual.")]}))
+    with closing(load_vision(d, backend="numpy")) as t:
+        check_tower(t, EXACT, EXACT)
