@@ -565,3 +565,52 @@ def test_speculative_decoding_on_text_prompts_and_not_on_images():
             m.stream(ids, images=blocks, speculative="draft")
         auto = list(m.generate(ids, images=blocks, max_tokens=8, temperature=0, ignore_eos=True))   # "auto": plain
         assert auto == TWO["greedy_new_tokens"]
+
+
+# --- the whole model: its own tower (llambda.vision's Qwen2.5-VL, found by llambda.load) --------------------
+
+REAL = {"numpy": ("numpy", None, 1e-4), "native-exact": ("native", "f32", 1e-4), "native-fast": ("native", None, 0.1)}
+
+
+@pytest.mark.parametrize("mode", list(REAL))
+def test_whole_model_with_its_own_tower_matches_transformers(mode):
+    """No double: the folder's tower decodes, resizes and encodes the images; the chat's ids, the logits at the
+    reference rows (the fast mode's bfloat16 tower within test_vlm_idefics3's budget for it) and the greedy
+    tokens are transformers'."""
+    backend, activations, budget = REAL[mode]
+    if backend not in available_backends():
+        pytest.skip(f"the {backend} backend is not available here (C core not built)")
+    with llambda.load(FOLDER, backend=backend, activations=activations, n_ctx=128) as m:
+        assert m.vision is not None and m.vision.family == "qwen2_5_vl"
+        msgs = fixture_messages(TWO)
+        ids, blocks = m.image_prompt(m.render_chat(msgs), [FIX_PNG[n] for n in TWO["images"]])
+        assert ids == TWO["input_ids"] and [b.grid for b in blocks] == [(3, 5), (3, 4)]
+        err = float(np.abs(whole_logits(m, ids, blocks)[TWO["rows"]] - npy(TWO["logits_rows"])).max())
+        assert err <= budget, f"max |logit diff| {err:.3g} > {budget}"
+        want = TWO["greedy_new_tokens"]
+        assert [ev.token for ev in m.chat_stream(msgs, max_tokens=len(want), temperature=0, ignore_eos=True)
+                if ev.token >= 0] == want
+
+
+def test_text_gguf_with_our_mmproj_is_the_checkpoint(tmp_path):
+    """llama.cpp's layout of Qwen2.5-VL: the text model as a qwen2vl GGUF (its image tokens found in the
+    vocabulary) and the tower as a qwen2.5vl_merger mmproj, both written by llambda, loaded with mmproj=: the
+    same prompt ids and logits as the checkpoint with its own tower (the fixture with llama.cpp's 112-pixel
+    window, test_vision_qwen25vl's copy: the mmproj cannot say the fixture's own 56)."""
+    from test_vision_qwen25vl import window112
+    from llambda.tools.export import export
+    from llambda.vision.mmproj import write_mmproj
+    src = window112(tmp_path / "hf")
+    gg = export(src, tmp_path / "text.gguf", fmt="gguf")
+    proj = write_mmproj(src, tmp_path / "mmproj.gguf", "f32")
+    images = [FIX_PNG[n] for n in TWO["images"]]
+    out = []
+    for path, extra in ((src, {}), (gg, {"mmproj": proj})):
+        with llambda.load(path, backend="numpy", n_ctx=128, **extra) as m:
+            assert m.accepts_images and m.image_marker == "<|vision_start|><|image_pad|><|vision_end|>"
+            ids, blocks = m.image_prompt(TWO["chat_text"], images)
+            out.append((ids, [b.grid for b in blocks], whole_logits(m, ids, blocks)))
+    (ids_a, grids_a, a), (ids_b, grids_b, b) = out
+    assert grids_a == grids_b == [(3, 5), (5, 6)]       # (this copy's max_pixels keeps the big image whole)
+    assert ids_a == ids_b
+    assert float(np.abs(a - b).max()) <= 1e-4

@@ -147,6 +147,13 @@ class QwenVisionConfig:
         side; min_pixels' upscale can pass max_pixels by less than a cell a side: checked per image)."""
         return self.max_pixels // self.patch_size ** 2
 
+    def workspace_bytes(self) -> int:
+        """One image's activations at the largest image (max_patches), what llambda.load's memory plan counts
+        (qwen2vl.py allocates them per image: the patches in window order, x, h, [q|k|v], the attention's
+        output, the MLP's up and gate)."""
+        P, H, F = self.max_patches(), self.hidden_size, self.intermediate_size
+        return 4 * P * (self.patch_values + 6 * H + 2 * F)
+
     def params(self) -> int:
         H, F, L, m2 = self.hidden_size, self.intermediate_size, self.num_hidden_layers, self.spatial_merge_size ** 2
         mlp = 3 * H * F + 2 * F + H if self.projector == "qwen2_5_vl" else 2 * H * F + F + H
