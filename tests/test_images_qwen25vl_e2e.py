@@ -4,8 +4,8 @@ answer is Model.chat's greedy reply to the same canonical messages (and `llambda
 tests/test_images_e2e.py checks for Gemma 3, and the reference's two-image prompt gives transformers' greedy
 tokens through the OpenAI route. The API and CLI layers are generic: what differs is the prompt's expansion (a run
 of `<|image_pad|>` as long as the image's grid) and the positions after each image (M-RoPE), which the server's
-scheduler keeps per sequence. The tower is test_vlm_qwen25vl's double of the fixture's merger rows (the language
-side is under test; llambda.vision's tower is tested against the same fixture in its own tests)."""
+scheduler keeps per sequence. The model's own tower runs (llambda.vision's Qwen2.5-VL, found by llambda.load):
+nothing here is a double."""
 from __future__ import annotations
 
 import base64
@@ -23,9 +23,8 @@ TINY = q.FIX_PNG["image_tiny.png"]
 
 
 def _load(**kw):
-    m = llambda.load(q.FOLDER, backend="native", activations="f32", **{"n_ctx": 128, "vision": False, **kw})
-    m.attach_vision(q.FixtureTower(), load_image=q.FixtureTower.load_image)
-    return m
+    """The fixture with its own tower, found by load() (llambda.vision's Qwen2.5-VL: resized, patched, encoded)."""
+    return llambda.load(q.FOLDER, backend="native", activations="f32", **{"n_ctx": 128, **kw})
 
 
 @pytest.fixture(scope="module")
