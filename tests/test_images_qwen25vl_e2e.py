@@ -15,7 +15,7 @@ import pytest
 
 import llambda
 
-import test_vlm_qwen25vl as q  # noqa: E402  (the fixture, its images and the tower double)
+import test_vlm_qwen25vl as q  # noqa: E402  (the fixture and its images)
 from test_images_e2e import _post, _want, every_surface, streamed  # noqa: E402  (Gemma 3's checks, shared)
 
 WIDE, BIG = q.FIX_PNG["image_wide.png"], q.FIX_PNG["image_big.png"]
