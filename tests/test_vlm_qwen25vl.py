@@ -614,3 +614,46 @@ def test_text_gguf_with_our_mmproj_is_the_checkpoint(tmp_path):
     assert grids_a == grids_b == [(3, 5), (5, 6)]       # (this copy's max_pixels keeps the big image whole)
     assert ids_a == ids_b
     assert float(np.abs(a - b).max()) <= 1e-4
+
+
+def _old_layout(dest: Path, model_type: str = "qwen2_5_vl") -> Path:
+    """The fixture as the released checkpoints (transformers 4) store it: a flat config (rope_theta and
+    rope_scaling {"type": "mrope", "mrope_section"} at the top), model.layers.* / visual.* names."""
+    import shutil
+    from llambda.formats.safetensors import open_safetensors_dir, write_safetensors
+    dest.mkdir()
+    for f in FOLDER.iterdir():
+        if f.suffix == ".json" and f.name != "config.json" and f.name != "reference.json":
+            shutil.copy(f, dest / f.name)
+    cfg = json.loads((FOLDER / "config.json").read_text())
+    text = cfg.pop("text_config")
+    rope = text.pop("rope_parameters")
+    flat = {**text, **cfg, "model_type": model_type, "rope_theta": rope["rope_theta"],
+            "rope_scaling": {"type": "mrope", "mrope_section": rope["mrope_section"]}}
+    (dest / "config.json").write_text(json.dumps(flat))
+    st = open_safetensors_dir(FOLDER)
+    try:
+        renamed = {n.replace("model.language_model.", "model.").replace("model.visual.", "visual."): t
+                   for n, t in st.tensors.items()}
+        write_safetensors(dest / "model.safetensors", renamed)
+    finally:
+        st.close()
+    return dest
+
+
+class Qwen2VLTower(FixtureTower):
+    family = "qwen2_vl"
+
+
+@pytest.mark.parametrize("model_type", ["qwen2_5_vl", "qwen2_vl"])
+def test_the_released_layout_and_qwen2_vl_read_the_same(tmp_path, model_type):
+    """A flat transformers-4 config and the old tensor names, as Qwen/Qwen2.5-VL-*-Instruct ship, read as the same
+    model; Qwen2-VL's language side (model_type qwen2_vl, a qwen2_vl tower) is the same: the reference logits."""
+    folder = _old_layout(tmp_path / "old", model_type)
+    tower = Qwen2VLTower if model_type == "qwen2_vl" else FixtureTower
+    with load(folder, "numpy", tower, n_ctx=128) as m:
+        assert m.config.rope_sections == [2, 3, 3] and m._image_ids.family == model_type
+        ids, blocks = m.image_prompt(TWO["chat_text"], [FIX_PNG[n] for n in TWO["images"]])
+        assert ids == TWO["input_ids"]
+        err = float(np.abs(whole_logits(m, ids, blocks)[TWO["rows"]] - npy(TWO["logits_rows"])).max())
+    assert err <= 1e-4, err
