@@ -137,6 +137,8 @@ class Scheduler:
                  prefill_chunk: int = 256, queue_size: int = 64, min_prefix_reuse: int = 4,
                  spec_rows: int = 16):
         self.model = transformer
+        # M-RoPE (Qwen2-VL): rows' RoPE positions apart from their cache positions after an image
+        self.mrope = bool(getattr(getattr(transformer, "cfg", None), "rope_sections", None))
         # Batched greedy output must equal one-at-a-time output bit for bit: every matmul row
         # and attention row is summed in an order that does not depend on the batch.
         backend = getattr(transformer, "backend", None)
@@ -397,7 +399,7 @@ class Scheduler:
         pos: list[int] = []
         # M-RoPE (Qwen2-VL): each part's RoPE positions where a sequence's images moved them off its cache
         # positions ((k,) after its images, (k, 3) over an image's tokens), by the part's first batch row
-        mrope = bool(self.model.cfg.rope_sections)
+        mrope = self.mrope
         rope: list[tuple[int, np.ndarray]] = []
         rows: list[int] = []                       # batch rows whose logits the forward returns
         samples: list[tuple[int, Job, list]] = []   # (index into those logits, job to sample, its drafts)
