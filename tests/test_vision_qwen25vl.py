@@ -308,3 +308,52 @@ def test_transformers_5_names_load_too(tmp_path):
         {"model." + k: t.pop(k) for k in [k for k in t if k.startswith("visual.")]}))
     with closing(load_vision(d, backend="numpy")) as t:
         check_tower(t, EXACT, EXACT)
+
+
+# ---------------------------------------------------------------- Qwen2-VL (tests/fixtures/reference/tiny/qwen2_vl_vision)
+
+QWEN2VL, QWEN2VL_REF = visionkit.fixture("qwen2_vl_vision")
+
+
+def check_qwen2vl(tower, budget_hidden: float, budget_rows: float) -> dict:
+    """The Qwen2-VL fixture's one image (the Qwen2.5-VL folder's image_tiny.png) through `tower`."""
+    px = tower.pixels(load_image((QWEN2VL / QWEN2VL_REF["image"]).read_bytes()))
+    np.testing.assert_array_equal(px, np.load(QWEN2VL / QWEN2VL_REF["patches"]))
+    assert tower.grid(20, 30) == (3, 2) and tower.family == "qwen2_vl" and tower.tokens_per_image is None
+    hidden = np.abs(tower.last_hidden_state(px) - np.load(QWEN2VL / QWEN2VL_REF["hidden_before_merger"])).max()
+    rows = np.abs(tower.encode_one(px) - np.load(QWEN2VL / QWEN2VL_REF["merger_rows"])).max()
+    return visionkit.within([hidden], [rows], budget_hidden, budget_rows)
+
+
+def test_qwen2vl_numpy_oracle_matches_transformers():
+    with closing(load_vision(QWEN2VL, backend="numpy")) as t:
+        check_qwen2vl(t, EXACT, EXACT)
+
+
+def test_qwen2vl_native_exact_on_every_isa(isa):
+    with closing(load_vision(QWEN2VL, backend="native", activations="f32", threads=2)) as t:
+        check_qwen2vl(t, EXACT, EXACT)
+
+
+def test_qwen2vl_native_fast_within_its_budget(isa):
+    """Measured 0.024 (hidden, values up to ~9) and 0.0082 (rows, up to 1.9)."""
+    with closing(load_vision(QWEN2VL, backend="native", threads=2)) as t:
+        check_qwen2vl(t, 0.08, 0.04)
+
+
+def test_qwen2vl_mmproj_reads_back_and_llama_cpp_agrees(tmp_path):
+    """Our qwen2vl_merger mmproj (no clip.use_gelu: llama.cpp's MLP is then quick GELU, as Qwen2-VL's) reads back
+    exactly and llama.cpp gives our rows (measured 1.2e-3 of values up to 2.4; with use_gelu it had been 1.4e-2)."""
+    src = visionkit.copy_fixture(QWEN2VL, tmp_path / "hf", pre_edit=lambda p: p["size"].update(longest_edge=28 * 28 * 64))
+    out = mmproj.write_mmproj(src, tmp_path / "mmproj.gguf", "f32")
+    with gguf.GGUFFile(out) as f:
+        assert f.metadata["clip.projector_type"] == "qwen2vl_merger" and "clip.use_gelu" not in f.metadata
+    rgb = rgb_image(140, 168)
+    im = Image.fromarray(rgb, "RGB")
+    with closing(load_vision(src, backend="numpy")) as a, closing(load_vision(out, backend="numpy")) as b:
+        ours = b.encode_one(b.pixels(im))
+        assert np.abs(a.encode_one(a.pixels(im)) - ours).max() <= EXACT
+    theirs = visionkit.llama_cpp_rows(out, rgb, tmp_path, ["<|vision_start|>", "<|vision_end|>"])
+    assert len(theirs) == 1 and theirs[0].shape == ours.shape == (30, 64)
+    err = np.abs(theirs[0] - ours).max()
+    assert err <= 5e-3, err

@@ -168,4 +168,7 @@ def mmproj_fields(meta: dict, source: str) -> dict:
             raise ModelFormatError(f"{source}: {WA_PATTERN_KEY} must be a positive integer, got {str(n)[:40]}")
         f["fullatt_block_indexes"] = [i for i in range(depth if isinstance(depth, int) else 0) if (i + 1) % n == 0]
         f.setdefault("window_size", LLAMA_CPP_WINDOW)
+    elif meta.get("clip.use_gelu") is True or meta.get("clip.use_silu") is True:
+        raise ModelFormatError(f"{source}: a qwen2vl_merger mmproj with clip.use_gelu or clip.use_silu: llama.cpp "
+                               "would not run Qwen2-VL's quick GELU")
     return f
