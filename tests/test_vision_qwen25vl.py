@@ -357,3 +357,57 @@ def test_qwen2vl_mmproj_reads_back_and_llama_cpp_agrees(tmp_path):
     assert len(theirs) == 1 and theirs[0].shape == ours.shape == (30, 64)
     err = np.abs(theirs[0] - ours).max()
     assert err <= 5e-3, err
+
+
+# ---------------------------------------------------------------- Ollama's qwen25vl model file
+
+def ollama_file(dest: Path, keys_edit=None) -> Path:
+    """The fixture's tower as Ollama's converter names it in its qwen25vl model file (convert_qwen25vl.go's
+    splits and replacements, as we read them: no Ollama file was at hand to check against) and its keys."""
+    from llambda.formats import gguf_writer, quants, safetensors
+    with safetensors.SafetensorsFile(TINY / "model.safetensors") as st:
+        hf = {n[len("visual."):]: t.to_float32() for n, t in st.tensors.items() if n.startswith("visual.")}
+    tensors = []
+    for name, v in hf.items():
+        if name == "patch_embed.proj.weight":
+            tensors += [(f"v.patch_embd_{k}.weight", quants.QType.F32, np.ascontiguousarray(v[:, :, k])) for k in (0, 1)]
+        elif ".attn.qkv." in name:
+            i, kind = name.split(".")[1], name.rpartition(".")[2]
+            tensors += [(f"v.blk.{i}.attn_{x}.{kind}", quants.QType.F32, p) for x, p in zip("qkv", np.split(v, 3))]
+        else:
+            for a, b in (("blocks", "blk"), ("attn.proj", "attn_out"), ("norm1", "ln1"), ("norm2", "ln2"),
+                         ("mlp.gate_proj", "ffn_gate"), ("mlp.up_proj", "ffn_up"), ("mlp.down_proj", "ffn_down")):
+                name = name.replace(a, b)
+            tensors.append(("v." + name, quants.QType.F32, v))
+    vis = REF["config"]["vision_config"]
+    meta = {"general.architecture": "qwen25vl", "qwen25vl.embedding_length": 64,
+            "qwen25vl.vision.block_count": vis["depth"], "qwen25vl.vision.embedding_length": vis["hidden_size"],
+            "qwen25vl.vision.attention.head_count": vis["num_heads"], "qwen25vl.vision.num_channels": 3,
+            "qwen25vl.vision.patch_size": 14, "qwen25vl.vision.spatial_merge_size": 2,
+            "qwen25vl.vision.window_size": vis["window_size"], "qwen25vl.vision.temporal_patch_size": 2,
+            "qwen25vl.vision.rope.freq_base": 10000.0, "qwen25vl.vision.max_pixels": 12544,
+            "qwen25vl.vision.fullatt_block_indexes": gguf_writer.GGUFValue((gguf.GGUFValueType.ARRAY,
+                                                                              gguf.GGUFValueType.INT32), [1])}
+    if keys_edit is not None:
+        keys_edit(meta)
+    gguf_writer.write_gguf(dest, meta, tensors)
+    return dest
+
+
+def test_ollama_qwen25vl_file_reads_as_the_hf_directory(tmp_path, numpy_tower):
+    """Min pixels are Ollama's 3136 (the fixture's too), so the same grid and rows; no tokens-per-second or
+    intermediate-size key: the MLP's width from ffn_gate's shape."""
+    with closing(load_vision(ollama_file(tmp_path / "ollama.gguf"), backend="numpy")) as t:
+        assert t.family == "qwen2_5_vl" and t.cfg.intermediate_size == 64 and t.cfg.fullatt_block_indexes == (1,)
+        check_tower(t, EXACT, EXACT)
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda m: m.pop("qwen25vl.vision.block_count"), "block_count"),
+    (lambda m: m.update({"qwen25vl.vision.window_size": 50}), "window_size"),
+    (lambda m: m.update({"qwen25vl.vision.embedding_length": 48}), "shape"),
+    (lambda m: m.update({"qwen25vl.vision.max_pixels": 1 << 40}), "max_pixels"),
+])
+def test_hostile_ollama_files_are_format_errors(tmp_path, edit, match):
+    with pytest.raises(ModelFormatError, match=match):
+        load_vision(ollama_file(tmp_path / "bad.gguf", edit), backend="numpy")
