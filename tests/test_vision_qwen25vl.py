@@ -423,3 +423,20 @@ def test_the_mlp_in_row_blocks_is_the_same(monkeypatch, backend):
         check_tower(t, EXACT, EXACT)
     with closing(load_vision(QWEN2VL, backend=backend, activations="f32")) as t:
         check_qwen2vl(t, EXACT, EXACT)
+
+
+def test_the_memory_plan_counts_the_largest_image(numpy_tower):
+    """models/memory.add_vision reads params() and workspace_bytes(): the tower's parameter count is the files'
+    (every tensor counted once) and the workspace covers the largest image max_pixels allows (64 patches)."""
+    from llambda.formats import safetensors
+    from llambda.models import memory
+    for folder in (TINY, QWEN2VL):
+        with safetensors.SafetensorsFile(folder / "model.safetensors") as st:
+            n = sum(int(np.prod(t.shape)) for name, t in st.tensors.items() if name.startswith("visual."))
+        with closing(load_vision(folder, backend="numpy")) as t:
+            assert t.cfg.params() == n, folder
+    cfg = numpy_tower.cfg
+    assert cfg.max_patches() == 64
+    plan = memory.MemoryPlan.__new__(memory.MemoryPlan)
+    memory.add_vision(plan, cfg, 2)
+    assert plan.vision == 2 * cfg.params() and plan.vision_workspace == cfg.workspace_bytes() > 64 * 4 * 7 * 32

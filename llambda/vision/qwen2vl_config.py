@@ -147,10 +147,19 @@ class QwenVisionConfig:
         side; min_pixels' upscale can pass max_pixels by less than a cell a side: checked per image)."""
         return self.max_pixels // self.patch_size ** 2
 
+    def workspace_bytes(self) -> int:
+        """The activations of the largest image max_pixels allows (allocated per image, while it encodes): its
+        patches twice (as made and in window order), x, h, the attention's output, [q|k|v], half of q's rotation,
+        the MLP's two row blocks, the merger's input and rows."""
+        from .qwen2vl import MLP_ROWS
+        n, H, m2 = self.max_patches(), self.hidden_size, self.spatial_merge_size ** 2
+        per_patch = 2 * self.patch_values + 6 * H + H // 2 + H + 2 * self.text_hidden_size // m2
+        return 4 * (n * per_patch + 2 * min(n, MLP_ROWS) * self.intermediate_size)
+
     def params(self) -> int:
         H, F, L, m2 = self.hidden_size, self.intermediate_size, self.num_hidden_layers, self.spatial_merge_size ** 2
         mlp = 3 * H * F + 2 * F + H if self.projector == "qwen2_5_vl" else 2 * H * F + F + H
         norms = 2 * H if self.projector == "qwen2_5_vl" else 4 * H
         per_layer = 4 * H * H + 4 * H + mlp + norms
-        merger = H * m2 * (H * m2 + 1) + H * m2 * self.text_hidden_size + self.text_hidden_size + 2 * H
+        merger = H * m2 * (H * m2 + 1) + H * m2 * self.text_hidden_size + self.text_hidden_size + norms // 2
         return H * self.patch_values + L * per_layer + merger
