@@ -417,8 +417,8 @@ def test_hostile_ollama_files_are_format_errors(tmp_path, edit, match):
 def test_the_mlp_in_row_blocks_is_the_same(monkeypatch, backend):
     """The MLP runs MLP_ROWS rows at a time (a 16384-patch image's [n, F] buffers would be 0.9 GB each): blocks of 7
     rows, the last one short, give transformers' rows still."""
-    from llambda.vision import qwen2vl
-    monkeypatch.setattr(qwen2vl, "MLP_ROWS", 7)
+    from llambda.vision import qwen2vl_config
+    monkeypatch.setattr(qwen2vl_config, "MLP_ROWS", 7)
     with closing(load_vision(TINY, backend=backend, activations="f32")) as t:
         check_tower(t, EXACT, EXACT)
     with closing(load_vision(QWEN2VL, backend=backend, activations="f32")) as t:

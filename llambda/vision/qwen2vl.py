@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import qwen2vl_config
 from .qwen2vl_config import NORM_EPS, QwenVisionConfig
 from .siglip import GELU_CHUNK, fetch
 
 QUICK_GELU = 1.702
-MLP_ROWS = 4096         # rows of the MLP at a time (its [rows, F] buffers: 56 MB each for Qwen2.5-VL's 3420)
 
 
 def window_order(mh: int, mw: int, cells: int) -> tuple[np.ndarray, list]:
@@ -133,7 +133,7 @@ class QwenVisionEncoder:
         be.dense(np.ascontiguousarray(pixels[rows_order]), self.patch, x)
         qkv = np.empty((n, 3 * H), np.float32)
         ctx = np.empty((n, H), np.float32)
-        rows = min(n, MLP_ROWS)         # the MLP runs over blocks of rows: its [rows, F] buffers stay small
+        rows = min(n, qwen2vl_config.MLP_ROWS)     # the MLP over blocks of rows: its [rows, F] buffers stay small
         up = np.empty((rows, F), np.float32)
         gate = np.empty((rows, F), np.float32) if cfg.projector == "qwen2_5_vl" else None
         for i, L in enumerate(self.layers):

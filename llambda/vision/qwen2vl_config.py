@@ -20,6 +20,8 @@ MAX_TEMPORAL = 4
 MAX_PIXELS = 16384 * 28 * 28         # Qwen2.5-VL's preprocessor_config max_pixels (12845056)
 MAX_ASPECT = 200                     # smart_resize refuses a longer side past 200 times the shorter
 NORM_EPS = 1e-6                      # fixed in transformers' vision blocks and merger
+MLP_ROWS = 4096                      # the tower's MLP runs this many rows at a time (its [rows, F] buffers: 56 MB
+                                     # each for Qwen2.5-VL's 3420)
 
 
 @dataclass
@@ -151,7 +153,6 @@ class QwenVisionConfig:
         """The activations of the largest image max_pixels allows (allocated per image, while it encodes): its
         patches twice (as made and in window order), x, h, the attention's output, [q|k|v], half of q's rotation,
         the MLP's two row blocks, the merger's input and rows."""
-        from .qwen2vl import MLP_ROWS
         n, H, m2 = self.max_patches(), self.hidden_size, self.spatial_merge_size ** 2
         per_patch = 2 * self.patch_values + 6 * H + H // 2 + H + 2 * self.text_hidden_size // m2
         return 4 * (n * per_patch + 2 * min(n, MLP_ROWS) * self.intermediate_size)
