@@ -308,3 +308,135 @@ def test_transformers_5_names_load_too(tmp_path):
         {"model." + k: t.pop(k) for k in [k for k in t if k.startswith("visual.")]}))
     with closing(load_vision(d, backend="numpy")) as t:
         check_tower(t, EXACT, EXACT)
+
+
+# ---------------------------------------------------------------- Qwen2-VL (tests/fixtures/reference/tiny/qwen2_vl_vision)
+
+QWEN2VL, QWEN2VL_REF = visionkit.fixture("qwen2_vl_vision")
+
+
+def check_qwen2vl(tower, budget_hidden: float, budget_rows: float) -> dict:
+    """The Qwen2-VL fixture's one image (the Qwen2.5-VL folder's image_tiny.png) through `tower`."""
+    px = tower.pixels(load_image((QWEN2VL / QWEN2VL_REF["image"]).read_bytes()))
+    np.testing.assert_array_equal(px, np.load(QWEN2VL / QWEN2VL_REF["patches"]))
+    assert tower.grid(20, 30) == (3, 2) and tower.family == "qwen2_vl" and tower.tokens_per_image is None
+    hidden = np.abs(tower.last_hidden_state(px) - np.load(QWEN2VL / QWEN2VL_REF["hidden_before_merger"])).max()
+    rows = np.abs(tower.encode_one(px) - np.load(QWEN2VL / QWEN2VL_REF["merger_rows"])).max()
+    return visionkit.within([hidden], [rows], budget_hidden, budget_rows)
+
+
+def test_qwen2vl_numpy_oracle_matches_transformers():
+    with closing(load_vision(QWEN2VL, backend="numpy")) as t:
+        check_qwen2vl(t, EXACT, EXACT)
+
+
+def test_qwen2vl_native_exact_on_every_isa(isa):
+    with closing(load_vision(QWEN2VL, backend="native", activations="f32", threads=2)) as t:
+        check_qwen2vl(t, EXACT, EXACT)
+
+
+def test_qwen2vl_native_fast_within_its_budget(isa):
+    """Measured 0.024 (hidden, values up to ~9) and 0.0082 (rows, up to 1.9)."""
+    with closing(load_vision(QWEN2VL, backend="native", threads=2)) as t:
+        check_qwen2vl(t, 0.08, 0.04)
+
+
+def test_qwen2vl_mmproj_reads_back_and_llama_cpp_agrees(tmp_path):
+    """Our qwen2vl_merger mmproj (no clip.use_gelu: llama.cpp's MLP is then quick GELU, as Qwen2-VL's) reads back
+    exactly and llama.cpp gives our rows (measured 1.2e-3 of values up to 2.4; with use_gelu it had been 1.4e-2)."""
+    src = visionkit.copy_fixture(QWEN2VL, tmp_path / "hf", pre_edit=lambda p: p["size"].update(longest_edge=28 * 28 * 64))
+    out = mmproj.write_mmproj(src, tmp_path / "mmproj.gguf", "f32")
+    with gguf.GGUFFile(out) as f:
+        assert f.metadata["clip.projector_type"] == "qwen2vl_merger" and "clip.use_gelu" not in f.metadata
+    rgb = rgb_image(140, 168)
+    im = Image.fromarray(rgb, "RGB")
+    with closing(load_vision(src, backend="numpy")) as a, closing(load_vision(out, backend="numpy")) as b:
+        ours = b.encode_one(b.pixels(im))
+        assert np.abs(a.encode_one(a.pixels(im)) - ours).max() <= EXACT
+    theirs = visionkit.llama_cpp_rows(out, rgb, tmp_path, ["<|vision_start|>", "<|vision_end|>"])
+    assert len(theirs) == 1 and theirs[0].shape == ours.shape == (30, 64)
+    err = np.abs(theirs[0] - ours).max()
+    assert err <= 5e-3, err
+
+
+# ---------------------------------------------------------------- Ollama's qwen25vl model file
+
+def ollama_file(dest: Path, keys_edit=None) -> Path:
+    """The fixture's tower as Ollama's converter names it in its qwen25vl model file (convert_qwen25vl.go's
+    splits and replacements, as we read them: no Ollama file was at hand to check against) and its keys."""
+    from llambda.formats import gguf_writer, quants, safetensors
+    with safetensors.SafetensorsFile(TINY / "model.safetensors") as st:
+        hf = {n[len("visual."):]: t.to_float32() for n, t in st.tensors.items() if n.startswith("visual.")}
+    tensors = []
+    for name, v in hf.items():
+        if name == "patch_embed.proj.weight":
+            tensors += [(f"v.patch_embd_{k}.weight", quants.QType.F32, np.ascontiguousarray(v[:, :, k])) for k in (0, 1)]
+        elif ".attn.qkv." in name:
+            i, kind = name.split(".")[1], name.rpartition(".")[2]
+            tensors += [(f"v.blk.{i}.attn_{x}.{kind}", quants.QType.F32, p) for x, p in zip("qkv", np.split(v, 3))]
+        else:
+            for a, b in (("blocks", "blk"), ("attn.proj", "attn_out"), ("norm1", "ln1"), ("norm2", "ln2"),
+                         ("mlp.gate_proj", "ffn_gate"), ("mlp.up_proj", "ffn_up"), ("mlp.down_proj", "ffn_down")):
+                name = name.replace(a, b)
+            tensors.append(("v." + name, quants.QType.F32, v))
+    vis = REF["config"]["vision_config"]
+    meta = {"general.architecture": "qwen25vl", "qwen25vl.embedding_length": 64,
+            "qwen25vl.vision.block_count": vis["depth"], "qwen25vl.vision.embedding_length": vis["hidden_size"],
+            "qwen25vl.vision.attention.head_count": vis["num_heads"], "qwen25vl.vision.num_channels": 3,
+            "qwen25vl.vision.patch_size": 14, "qwen25vl.vision.spatial_merge_size": 2,
+            "qwen25vl.vision.window_size": vis["window_size"], "qwen25vl.vision.temporal_patch_size": 2,
+            "qwen25vl.vision.rope.freq_base": 10000.0, "qwen25vl.vision.max_pixels": 12544,
+            "qwen25vl.vision.fullatt_block_indexes": gguf_writer.GGUFValue((gguf.GGUFValueType.ARRAY,
+                                                                              gguf.GGUFValueType.INT32), [1])}
+    if keys_edit is not None:
+        keys_edit(meta)
+    gguf_writer.write_gguf(dest, meta, tensors)
+    return dest
+
+
+def test_ollama_qwen25vl_file_reads_as_the_hf_directory(tmp_path, numpy_tower):
+    """Min pixels are Ollama's 3136 (the fixture's too), so the same grid and rows; no tokens-per-second or
+    intermediate-size key: the MLP's width from ffn_gate's shape."""
+    with closing(load_vision(ollama_file(tmp_path / "ollama.gguf"), backend="numpy")) as t:
+        assert t.family == "qwen2_5_vl" and t.cfg.intermediate_size == 64 and t.cfg.fullatt_block_indexes == (1,)
+        check_tower(t, EXACT, EXACT)
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda m: m.pop("qwen25vl.vision.block_count"), "block_count"),
+    (lambda m: m.update({"qwen25vl.vision.window_size": 50}), "window_size"),
+    (lambda m: m.update({"qwen25vl.vision.embedding_length": 48}), "shape"),
+    (lambda m: m.update({"qwen25vl.vision.max_pixels": 1 << 40}), "max_pixels"),
+])
+def test_hostile_ollama_files_are_format_errors(tmp_path, edit, match):
+    with pytest.raises(ModelFormatError, match=match):
+        load_vision(ollama_file(tmp_path / "bad.gguf", edit), backend="numpy")
+
+
+@pytest.mark.parametrize("backend", ["numpy", "native"])
+def test_the_mlp_in_row_blocks_is_the_same(monkeypatch, backend):
+    """The MLP runs MLP_ROWS rows at a time (a 16384-patch image's [n, F] buffers would be 0.9 GB each): blocks of 7
+    rows, the last one short, give transformers' rows still."""
+    from llambda.vision import qwen2vl_config
+    monkeypatch.setattr(qwen2vl_config, "MLP_ROWS", 7)
+    with closing(load_vision(TINY, backend=backend, activations="f32")) as t:
+        check_tower(t, EXACT, EXACT)
+    with closing(load_vision(QWEN2VL, backend=backend, activations="f32")) as t:
+        check_qwen2vl(t, EXACT, EXACT)
+
+
+def test_the_memory_plan_counts_the_largest_image(numpy_tower):
+    """models/memory.add_vision reads params() and workspace_bytes(): the tower's parameter count is the files'
+    (every tensor counted once) and the workspace covers the largest image max_pixels allows (64 patches)."""
+    from llambda.formats import safetensors
+    from llambda.models import memory
+    for folder in (TINY, QWEN2VL):
+        with safetensors.SafetensorsFile(folder / "model.safetensors") as st:
+            n = sum(int(np.prod(t.shape)) for name, t in st.tensors.items() if name.startswith("visual."))
+        with closing(load_vision(folder, backend="numpy")) as t:
+            assert t.cfg.params() == n, folder
+    cfg = numpy_tower.cfg
+    assert cfg.max_patches() == 64
+    plan = memory.MemoryPlan.__new__(memory.MemoryPlan)
+    memory.add_vision(plan, cfg, 2)
+    assert plan.vision == 2 * cfg.params() and plan.vision_workspace == cfg.workspace_bytes() > 64 * 4 * 7 * 32

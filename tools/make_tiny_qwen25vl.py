@@ -6,6 +6,9 @@ outputs, in the format of the other tiny folders (tools/make_tiny_idefics3.py).
 
 Needs torch, transformers, tokenizers and Pillow (never runtime dependencies of llambda). Everything is seeded.
 
+It also writes qwen2_vl_vision/, a vision-only Qwen2-VL (Qwen2VLForConditionalGeneration: LayerNorm, quick-GELU
+MLP, no windows) and its tower's rows for one image of the first folder.
+
 The folder is a Hugging Face directory (config.json, model.safetensors, tokenizer files, the processor's
 config, the chat template), three PNG test images of odd sizes, reference.json (what each stage gives, the
 token ids, the position ids, the notes on the math) and .npy files (float32 arrays named in reference.json):
@@ -154,6 +157,18 @@ def redraw(model, seed: int) -> None:
             p.copy_(w)
 
 
+def save(model, dest: Path):
+    """The model saved to `dest` (its old .npy files removed) and the image processor of both folders."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    dest.mkdir(parents=True, exist_ok=True)
+    for old in dest.glob("*.npy"):
+        old.unlink()
+    model.save_pretrained(dest, safe_serialization=True)
+    return dest, Qwen2VLImageProcessorPil(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS, patch_size=PATCH,
+                                          temporal_patch_size=TEMPORAL, merge_size=MERGE, image_mean=MEAN,
+                                          image_std=STD)
+
+
 def npy(dest: Path, name: str, arr) -> str:
     np.save(dest / name, np.ascontiguousarray(np.asarray(arr, dtype=np.float32)))
     return name
@@ -163,7 +178,7 @@ def make(out: Path) -> None:
     import transformers
     from PIL import Image
     from transformers import Qwen2_5_VLProcessor
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil, smart_resize
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
     from transformers.vision_utils import get_vision_window_index
     tokenizer = make_tokenizer()
     torch.manual_seed(0)
@@ -171,13 +186,7 @@ def make(out: Path) -> None:
     for c in (model.config, model.config.text_config, model.config.vision_config):
         c._attn_implementation = "eager"
     redraw(model, SEED)
-    dest = out / FOLDER
-    dest.mkdir(parents=True, exist_ok=True)
-    for old in dest.glob("*.npy"):
-        old.unlink()
-    model.save_pretrained(dest, safe_serialization=True)
-    ip = Qwen2VLImageProcessorPil(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS, patch_size=PATCH,
-                                  temporal_patch_size=TEMPORAL, merge_size=MERGE, image_mean=MEAN, image_std=STD)
+    dest, ip = save(model, out / FOLDER)
     # no video processor (it needs torchvision, absent here): the processor's class check is skipped for it
     check = Qwen2_5_VLProcessor.check_argument_for_proper_class
     Qwen2_5_VLProcessor.check_argument_for_proper_class = lambda self, name, arg: (
@@ -291,5 +300,67 @@ def make(out: Path) -> None:
           "greedy matches recompute:", prompt["greedy_matches_recompute"], "min margin", min(margins), gen)
 
 
+QWEN2VL_FOLDER = "qwen2_vl_vision"
+QWEN2VL_NOTES = [
+    "Qwen2VLForConditionalGeneration (model_type qwen2_vl), vision only: the text model (1 layer, vocab 16) is "
+    "there to make a loadable directory; no tokenizer, no prompt.",
+    "Vision tower (Qwen2VisionTransformerPretrainedModel): embed_dim 32, depth 2, 2 heads of 16, mlp_ratio 2 (MLP "
+    "64), fc2(quick_gelu(fc1(x))) with quick_gelu(u) = u * sigmoid(1.702 u), LayerNorm norm1/norm2 with bias (eps "
+    "1e-6), no windows (every block attends over the whole image); the same 2D rotary, patch embed and patches as "
+    "Qwen2.5-VL's; merger: ln_q LayerNorm (eps 1e-6, with bias), Linear(128, 128), GELU (erf), Linear(128, 64); "
+    "vision_config.hidden_size (64) is the merger's output width.",
+    "Image: image_tiny.png of the qwen2_5_vl_vision folder (20 x 30 -> 56 x 84: patches 6 x 4, merged 3 x 2), the "
+    "same processor settings.",
+]
+
+
+def make_qwen2vl(out: Path) -> None:
+    """A vision-only Qwen2-VL folder: the tower's rows for one image."""
+    import transformers
+    from PIL import Image
+    from transformers import Qwen2VLConfig
+    text = dict(vocab_size=16, hidden_size=64, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+                tie_word_embeddings=True, pad_token_id=0, bos_token_id=None, eos_token_id=1)
+    vision = dict(depth=2, embed_dim=32, hidden_size=64, hidden_act="quick_gelu", mlp_ratio=2, num_heads=2,
+                  in_channels=3, patch_size=PATCH, spatial_merge_size=MERGE, temporal_patch_size=TEMPORAL)
+    torch.manual_seed(0)
+    model = transformers.Qwen2VLForConditionalGeneration(Qwen2VLConfig(
+        text_config=text, vision_config=vision, image_token_id=5, video_token_id=6, vision_start_token_id=3,
+        vision_end_token_id=4, tie_word_embeddings=True)).float().eval()
+    for c in (model.config, model.config.text_config, model.config.vision_config):
+        c._attn_implementation = "eager"
+    g = torch.Generator().manual_seed(SEED + 100)
+    for name, p in model.named_parameters():      # LayerNorms: w near 1, b near 0 (their "norm" names)
+        with torch.no_grad():
+            r = torch.randn(p.shape, generator=g)
+            p.copy_(1.0 + 0.1 * r if "norm" in name and name.endswith("weight") or "ln_q.weight" in name
+                    else 0.1 * r if p.dim() == 1 else
+                    2.0 * r / math.sqrt(p[0].numel()) if p.dim() == 5 else r / math.sqrt(p.shape[1]))
+    dest, ip = save(model, out / QWEN2VL_FOLDER)
+    ip.save_pretrained(dest)
+    image = out / FOLDER / "image_tiny.png"
+    enc = ip(images=[Image.open(image)], return_tensors="pt")
+    with torch.no_grad():
+        o = model.model.visual(enc["pixel_values"].float(), grid_thw=enc["image_grid_thw"])
+    ref = {"folder": QWEN2VL_FOLDER, "model_class": "Qwen2VLForConditionalGeneration",
+           "image_processor_class": "Qwen2VLImageProcessorPil", "attn_implementation": "eager",
+           "transformers_version": transformers.__version__, "torch_version": torch.__version__,
+           "init": {"torch_manual_seed": 0, "weight_generator_seed": SEED + 100}, "notes": QWEN2VL_NOTES,
+           "image": f"../{FOLDER}/image_tiny.png", "patches": f"../{FOLDER}/image_tiny_patches.npy",
+           "grid_thw": enc["image_grid_thw"][0].tolist(),
+           "hidden_before_merger": npy(dest, "image_tiny_hidden.npy", o.last_hidden_state.numpy()),
+           "merger_rows": npy(dest, "image_tiny_rows.npy", o.pooler_output.numpy())}
+    assert np.array_equal(enc["pixel_values"].numpy(), np.load(out / FOLDER / "image_tiny_patches.npy"))
+    (dest / "reference.json").write_text(json.dumps(ref, indent=1) + "\n", encoding="utf-8")
+    print(QWEN2VL_FOLDER, "grid", ref["grid_thw"])
+
+
+def make_both(out: Path) -> None:
+    make(out)
+    make_qwen2vl(out)
+
+
 if __name__ == "__main__":
-    tiny.main_one(make, __doc__)
+    tiny.main_one(make_both, __doc__)

@@ -78,6 +78,11 @@ def open_layout(path: Path) -> Layout | None:
         if not has_ollama_tower(f):
             f.close()
             return None
+        if arch == qwen_layouts.OLLAMA_ARCH:
+            lookup = qwen_layouts.mmproj_lookup(f, "ollama")
+            vcfg = QwenVisionConfig.from_fields(qwen_layouts.ollama_fields(meta, lookup, src), qwen_layouts.OLLAMA_KEYS,
+                                                src)
+            return Layout(vcfg, lookup, 0.0, "ollama", [f.close])
         if arch != "gemma3":
             warnings.warn(f"{path}: its vision tower ({str(arch)[:40]!r}) is not supported (Gemma 3's only): the "
                           "model reads no images", LlambdaWarning, stacklevel=3)

@@ -20,6 +20,8 @@ MAX_TEMPORAL = 4
 MAX_PIXELS = 16384 * 28 * 28         # Qwen2.5-VL's preprocessor_config max_pixels (12845056)
 MAX_ASPECT = 200                     # smart_resize refuses a longer side past 200 times the shorter
 NORM_EPS = 1e-6                      # fixed in transformers' vision blocks and merger
+MLP_ROWS = 4096                      # the tower's MLP runs this many rows at a time (its [rows, F] buffers: 56 MB
+                                     # each for Qwen2.5-VL's 3420)
 
 
 @dataclass
@@ -148,16 +150,17 @@ class QwenVisionConfig:
         return self.max_pixels // self.patch_size ** 2
 
     def workspace_bytes(self) -> int:
-        """One image's activations at the largest image (max_patches), what llambda.load's memory plan counts
-        (qwen2vl.py allocates them per image: the patches in window order, x, h, [q|k|v], the attention's
-        output, the MLP's up and gate)."""
-        P, H, F = self.max_patches(), self.hidden_size, self.intermediate_size
-        return 4 * P * (self.patch_values + 6 * H + 2 * F)
+        """The activations of the largest image max_pixels allows (allocated per image, while it encodes): its
+        patches twice (as made and in window order), x, h, the attention's output, [q|k|v], half of q's rotation,
+        the MLP's two row blocks, the merger's input and rows."""
+        n, H, m2 = self.max_patches(), self.hidden_size, self.spatial_merge_size ** 2
+        per_patch = 2 * self.patch_values + 6 * H + H // 2 + H + 2 * self.text_hidden_size // m2
+        return 4 * (n * per_patch + 2 * min(n, MLP_ROWS) * self.intermediate_size)
 
     def params(self) -> int:
         H, F, L, m2 = self.hidden_size, self.intermediate_size, self.num_hidden_layers, self.spatial_merge_size ** 2
         mlp = 3 * H * F + 2 * F + H if self.projector == "qwen2_5_vl" else 2 * H * F + F + H
         norms = 2 * H if self.projector == "qwen2_5_vl" else 4 * H
         per_layer = 4 * H * H + 4 * H + mlp + norms
-        merger = H * m2 * (H * m2 + 1) + H * m2 * self.text_hidden_size + self.text_hidden_size + 2 * H
+        merger = H * m2 * (H * m2 + 1) + H * m2 * self.text_hidden_size + self.text_hidden_size + norms // 2
         return H * self.patch_values + L * per_layer + merger

@@ -5,6 +5,9 @@ there. The tower's canonical names are transformers' under `visual.` (`patch_emb
 
 - a Hugging Face directory (config.json model_type qwen2_5_vl or qwen2_vl, vision_config; the tensors under
   `visual.` or transformers 5's `model.visual.`; preprocessor_config.json's min/max pixels, mean, std);
+- Ollama's qwen25vl model file (general.architecture `qwen25vl`, the tower inside): `qwen25vl.vision.*` keys
+  (fullatt_block_indexes, window_size as HF's), tensors as llama.cpp's but `v.patch_embd_0.weight` /
+  `v.patch_embd_1.weight` and the merger's `v.merger.{ln_q, mlp.0, mlp.2}`;
 - llama.cpp's mmproj GGUF (clip.projector_type `qwen2.5vl_merger` or `qwen2vl_merger`): `clip.vision.*` keys,
   `clip.vision.n_wa_pattern` (every n-th block attends fully: fullatt_block_indexes n-1, 2n-1, ...),
   `clip.vision.window_size` (absent: 112, what llama.cpp assumes); tensors `v.patch_embd.weight` and
@@ -32,6 +35,19 @@ QWEN25_PROCESSOR = {"min_pixels": 3136, "max_pixels": 12845056}   # Qwen2.5-VL's
 _LEAF = {"norm1": "ln1", "norm2": "ln2", "attn.proj": "attn_out", "mlp.gate_proj": "ffn_gate",
          "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down", "mlp.fc1": "ffn_up", "mlp.fc2": "ffn_down"}
 _GLOBAL = {"merger.ln_q": "v.post_ln", "merger.mlp.0": "mm.0", "merger.mlp.2": "mm.2"}
+OLLAMA_GLOBAL = {k: "v." + k for k in _GLOBAL}           # Ollama's converter: visual. -> v., merger kept
+PATCH_SLICES = {"llama.cpp": ("v.patch_embd.weight", "v.patch_embd.weight.1"),
+                "ollama": ("v.patch_embd_0.weight", "v.patch_embd_1.weight")}
+OLLAMA_ARCH = "qwen25vl"
+OLLAMA_KEYS = {"hidden_size": "qwen25vl.vision.embedding_length", "num_hidden_layers": "qwen25vl.vision.block_count",
+               "num_attention_heads": "qwen25vl.vision.attention.head_count",
+               "num_channels": "qwen25vl.vision.num_channels", "patch_size": "qwen25vl.vision.patch_size",
+               "spatial_merge_size": "qwen25vl.vision.spatial_merge_size",
+               "temporal_patch_size": "qwen25vl.vision.temporal_patch_size",
+               "window_size": "qwen25vl.vision.window_size", "rope_theta": "qwen25vl.vision.rope.freq_base",
+               "fullatt_block_indexes": "qwen25vl.vision.fullatt_block_indexes",
+               "max_pixels": "qwen25vl.vision.max_pixels", "text_hidden_size": "qwen25vl.embedding_length"}
+OLLAMA_MAX_PIXELS = 2 << 20          # Ollama's qwen25vl image processor, where vision.max_pixels is absent
 _BLOCK_RE = re.compile(r"blocks\.(\d{1,4})\.(.+)\.(weight|bias)")
 MMPROJ_KEYS = {"hidden_size": "clip.vision.embedding_length", "intermediate_size": "clip.vision.feed_forward_length",
                "num_hidden_layers": "clip.vision.block_count", "num_attention_heads": "clip.vision.attention.head_count",
@@ -103,14 +119,16 @@ def hf_lookup(tensors: dict, source: str):
     return lambda canon: tensors.get(pre + canon)
 
 
-def gguf_name(canon: str) -> str | None:
-    """llama.cpp's mmproj name of a canonical tensor (not the two split ones: patch embed, qkv)."""
+def gguf_name(canon: str, flavor: str = "llama.cpp") -> str | None:
+    """llama.cpp's mmproj name (or Ollama's model file's) of a canonical tensor (not the two split ones: patch
+    embed, qkv)."""
     m = _BLOCK_RE.fullmatch(canon)
     if m:
         leaf = _LEAF.get(m.group(2))
         return f"v.blk.{int(m.group(1))}.{leaf}.{m.group(3)}" if leaf else None
     base, _, kind = canon.rpartition(".")
-    return f"{_GLOBAL[base]}.{kind}" if base in _GLOBAL else None
+    names = _GLOBAL if flavor == "llama.cpp" else OLLAMA_GLOBAL
+    return f"{names[base]}.{kind}" if base in names else None
 
 
 def float_tensor(name: str, values: np.ndarray) -> WeightTensor:
@@ -118,9 +136,9 @@ def float_tensor(name: str, values: np.ndarray) -> WeightTensor:
     return WeightTensor(name, QType.F32, tuple(a.shape), a.view(np.uint8).reshape(-1))
 
 
-def mmproj_lookup(gguf_file):
-    """Canonical names over llama.cpp's mmproj tensors; the patch embedding's two slices and each block's q, k, v
-    put together (float32) as transformers holds them."""
+def mmproj_lookup(gguf_file, flavor: str = "llama.cpp"):
+    """Canonical names over llama.cpp's mmproj tensors (or Ollama's qwen25vl model file's: flavor "ollama"); the
+    patch embedding's two slices and each block's q, k, v put together (float32) as transformers holds them."""
     infos = gguf_file.tensors
 
     def get(name):
@@ -129,7 +147,7 @@ def mmproj_lookup(gguf_file):
 
     def lookup(canon: str):
         if canon == "patch_embed.proj.weight":
-            a, b = get("v.patch_embd.weight"), get("v.patch_embd.weight.1")
+            a, b = (get(n) for n in PATCH_SLICES[flavor])
             if a is None or b is None or a.shape != b.shape or len(a.shape) != 4:
                 return None
             return float_tensor(canon, np.stack([a.to_float32().reshape(a.shape),
@@ -140,9 +158,27 @@ def mmproj_lookup(gguf_file):
             if any(p is None for p in parts) or len({p.shape for p in parts}) != 1:
                 return None
             return float_tensor(canon, np.concatenate([p.to_float32().reshape(p.shape) for p in parts]))
-        name = gguf_name(canon)
+        name = gguf_name(canon, flavor)
         return get(name) if name else None
     return lookup
+
+
+def ollama_fields(meta: dict, lookup, source: str) -> dict:
+    """QwenVisionConfig fields of Ollama's qwen25vl model file (the tower inside): its `qwen25vl.vision.*` keys;
+    the MLP's width from ffn_gate's shape (not written); Ollama's own pixel bound (2 << 20) where the file has
+    none; CLIP's mean and std (Ollama's)."""
+    f = {k: (meta[key].tolist() if hasattr(meta[key], "tolist") else meta[key])
+         for k, key in OLLAMA_KEYS.items() if key in meta}
+    for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "text_hidden_size"):
+        if k not in f:
+            raise ModelFormatError(f"{source}: GGUF metadata lacks {OLLAMA_KEYS[k]!r}")
+    gate = lookup("blocks.0.mlp.gate_proj.weight")
+    f.update(projector="qwen2_5_vl", min_pixels=56 * 56,
+             intermediate_size=int(gate.shape[0]) if gate is not None and len(gate.shape) == 2 else None)
+    f.setdefault("max_pixels", OLLAMA_MAX_PIXELS)
+    f.setdefault("window_size", LLAMA_CPP_WINDOW)
+    f.setdefault("fullatt_block_indexes", [7, 15, 23, 31])
+    return f
 
 
 def mmproj_fields(meta: dict, source: str) -> dict:
@@ -168,4 +204,7 @@ def mmproj_fields(meta: dict, source: str) -> dict:
             raise ModelFormatError(f"{source}: {WA_PATTERN_KEY} must be a positive integer, got {str(n)[:40]}")
         f["fullatt_block_indexes"] = [i for i in range(depth if isinstance(depth, int) else 0) if (i + 1) % n == 0]
         f.setdefault("window_size", LLAMA_CPP_WINDOW)
+    elif meta.get("clip.use_gelu") is True or meta.get("clip.use_silu") is True:
+        raise ModelFormatError(f"{source}: a qwen2vl_merger mmproj with clip.use_gelu or clip.use_silu: llama.cpp "
+                               "would not run Qwen2-VL's quick GELU")
     return f
