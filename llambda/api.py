@@ -736,7 +736,8 @@ class Model:
         found = {k: b for k in keys if (b := self._encoded.get(k)) is not None}
         todo = {k: data for k, data in zip(keys, images) if k not in found}      # each new file once
         if todo:
-            found.update(zip(todo, self._encode_new(todo)))
+            encode = self._encode_grids if self._image_ids.family in GRID_FAMILIES else self._encode_new
+            found.update(zip(todo, encode(todo)))
         out = []
         for k, at in zip(keys, runs):
             crops = found[k] if isinstance(found[k], tuple) else (found[k],)
@@ -756,8 +757,6 @@ class Model:
         if tower is None:       # closed, or detached, since check_images
             self._check_open()
             raise InvalidInputError(f"the model {self.name!r} has no vision tower: it takes no images")
-        if self._image_ids.family in GRID_FAMILIES:
-            return self._encode_grids(files, load_image, tower)
         pixels = []
         for data in files.values():     # one decoded image at a time (up to 64M pixels each), kept as its pixels
             image = load_image(data)
@@ -785,10 +784,15 @@ class Model:
                 out.append(blocks)
         return out
 
-    def _encode_grids(self, files: dict, load_image, tower) -> list[tuple]:
+    def _encode_grids(self, files: dict) -> list[tuple]:
         """Qwen2-VL's images (_encode_new's): each its own patches (tower.pixels: [patches, C*T*P*P]), its rows
         (tower.encode_one: [gh * gw, width], in prompt order) and its grid (tower.grid of its size), one causal
-        block an image, its grid on it (M-RoPE)."""
+        block an image, its grid on it (M-RoPE); one image at a time decoded, patched and encoded."""
+        from .vision import load_image as decode
+        load_image, tower = self._load_image or decode, self.vision
+        if tower is None:       # closed, or detached, since check_images
+            self._check_open()
+            raise InvalidInputError(f"the model {self.name!r} takes no images now: its vision tower was detached")
         grids = self._grids(list(files.values()))
         width = self.config.d_model
         out = []
