@@ -657,3 +657,43 @@ def test_the_released_layout_and_qwen2_vl_read_the_same(tmp_path, model_type):
         assert ids == TWO["input_ids"]
         err = float(np.abs(whole_logits(m, ids, blocks)[TWO["rows"]] - npy(TWO["logits_rows"])).max())
     assert err <= 1e-4, err
+
+
+def test_an_ollama_qwen25vl_file_runs_text_and_tower_from_one_file(tmp_path):
+    """Ollama's qwen2.5vl model file: one GGUF of architecture qwen25vl holding the text model (its M-RoPE sections
+    under rope.mrope_section, three int32 counts, as Ollama's converter writes them) and the tower (v.*,
+    qwen25vl.vision.*; test_vision_qwen25vl's copy of the fixture's tower as Ollama names it): llambda.load finds
+    both, and the reference prompt gives transformers' ids, logits and greedy tokens."""
+    from test_vision_qwen25vl import ollama_file
+    from llambda.formats import gguf_writer
+    from llambda.formats.gguf import GGUFFile
+    from llambda.tools.export import export
+    text = export(FOLDER, tmp_path / "text.gguf", fmt="gguf", qtype="f32")
+    tower = ollama_file(tmp_path / "tower.gguf")
+    meta, types, tensors = {}, {}, []
+    for path, keep in ((text, lambda k: True), (tower, lambda k: k.startswith("qwen25vl.vision."))):
+        f = GGUFFile(path)
+        try:
+            for k, v in f.metadata.items():
+                if keep(k):
+                    new = k.replace("qwen2vl.", "qwen25vl.", 1)
+                    meta[new], types[new] = v, f.metadata_types[k]
+            tensors += [(n, t.qtype, np.array(t.data), t.shape) for n, t in f.tensors.items()]
+        finally:
+            f.close()
+    meta["general.architecture"] = "qwen25vl"
+    del meta["qwen25vl.rope.dimension_sections"], types["qwen25vl.rope.dimension_sections"]
+    meta["qwen25vl.rope.mrope_section"] = np.array([2, 3, 3], np.int32)
+    one = tmp_path / "ollama.gguf"
+    gguf_writer.write_gguf(one, meta, tensors, metadata_types=types)
+    with llambda.load(one, backend="numpy", n_ctx=128) as m:
+        assert m.config.arch == "qwen2vl" and m.config.rope_sections == [2, 3, 3]
+        assert m.vision is not None and m.vision.family == "qwen2_5_vl"
+        msgs = fixture_messages(TWO)
+        ids, blocks = m.image_prompt(m.render_chat(msgs), [FIX_PNG[n] for n in TWO["images"]])
+        assert ids == TWO["input_ids"]
+        err = float(np.abs(whole_logits(m, ids, blocks)[TWO["rows"]] - npy(TWO["logits_rows"])).max())
+        assert err <= 1e-4, err
+        want = TWO["greedy_new_tokens"]
+        assert [e.token for e in m.chat_stream(msgs, max_tokens=len(want), temperature=0, ignore_eos=True)
+                if e.token >= 0] == want
