@@ -440,3 +440,21 @@ def test_the_memory_plan_counts_the_largest_image(numpy_tower):
     plan = memory.MemoryPlan.__new__(memory.MemoryPlan)
     memory.add_vision(plan, cfg, 2)
     assert plan.vision == 2 * cfg.params() and plan.vision_workspace == cfg.workspace_bytes() > 64 * 4 * 7 * 32
+
+
+def test_the_released_transformers_4_layout_loads(tmp_path):
+    """Qwen/Qwen2.5-VL-*-Instruct as released: the text fields at config.json's top level (no text_config),
+    vision_config's in_chans and spatial_patch_size, preprocessor_config.json's min_pixels / max_pixels (no size)."""
+    def flat(c):
+        c.update({k: v for k, v in c.pop("text_config").items() if k != "model_type"})
+        v = c["vision_config"]
+        v["in_chans"] = v.pop("in_channels")
+        v["spatial_patch_size"] = v["patch_size"]
+
+    def old_processor(p):
+        size = p.pop("size")
+        p.update(min_pixels=size["shortest_edge"], max_pixels=size["longest_edge"])
+    d = copy_fixture(tmp_path / "released", config_edit=flat, pre_edit=old_processor)
+    with closing(load_vision(d, backend="numpy")) as t:
+        assert (t.cfg.min_pixels, t.cfg.max_pixels, t.hidden) == (3136, 12544, 64)
+        check_tower(t, EXACT, EXACT)
