@@ -458,3 +458,22 @@ def test_the_released_transformers_4_layout_loads(tmp_path):
     with closing(load_vision(d, backend="numpy")) as t:
         assert (t.cfg.min_pixels, t.cfg.max_pixels, t.hidden) == (3136, 12544, 64)
         check_tower(t, EXACT, EXACT)
+
+
+def test_threads_take_turns(numpy_tower):
+    """encode_one from several threads at once (pixels() too): each image's own rows."""
+    import threading
+    want = {n: ref(REF["images"][n], "merger_rows") for n in IMAGES}
+    errors, got = [], {}
+
+    def one(name):
+        try:
+            got[name] = numpy_tower.encode_one(patches_of(numpy_tower, name))
+        except Exception as e:      # noqa: BLE001 - reported below
+            errors.append(e)
+    threads = [threading.Thread(target=one, args=(n,)) for n in IMAGES * 2]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and all(np.abs(got[n] - want[n]).max() <= EXACT for n in IMAGES)
