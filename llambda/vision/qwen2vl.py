@@ -123,9 +123,9 @@ class QwenVisionEncoder:
         be.dense(np.ascontiguousarray(pixels[rows_order]), self.patch, x)
         qkv = np.empty((n, 3 * H), np.float32)
         ctx = np.empty((n, H), np.float32)
-        rows = min(n, qwen2vl_config.MLP_ROWS)     # the MLP over blocks of rows: its [rows, F] buffers stay small
-        up = np.empty((rows, F), np.float32)
-        gate = np.empty((rows, F), np.float32) if cfg.projector == "qwen2_5_vl" else None
+        block = min(n, qwen2vl_config.MLP_ROWS)    # the MLP over blocks of rows: its [block, F] buffers stay small
+        up = np.empty((block, F), np.float32)
+        gate = np.empty((block, F), np.float32) if cfg.projector == "qwen2_5_vl" else None
         for i, L in enumerate(self.layers):
             self._norm(x, L["norm1"], h)
             be.dense(h, L["qkv"], qkv)
@@ -135,8 +135,8 @@ class QwenVisionEncoder:
             be.dense(ctx, L["proj"], h)
             be.add(x, h, x)
             self._norm(x, L["norm2"], h)
-            for r in range(0, n, rows):
-                part, u = h[r:r + rows], up[:min(rows, n - r)]
+            for r in range(0, n, block):
+                part, u = h[r:r + block], up[:min(block, n - r)]
                 be.dense(part, L["up"], u)
                 if gate is not None:
                     g = gate[:len(u)]
@@ -155,9 +155,9 @@ class QwenVisionEncoder:
         be.gelu_erf(mid)
         out = np.empty((n // M, cfg.text_hidden_size), np.float32)
         be.dense(mid, self.mlp2, out)
-        rows = np.empty_like(out)
-        rows[order] = out
-        return rows
+        merged = np.empty_like(out)
+        merged[order] = out             # the cells back in row-major order
+        return merged
 
     def _quick_gelu(self, u: np.ndarray) -> None:
         """u sigmoid(1.702 u) in place, as silu(1.702 u) / 1.702."""
