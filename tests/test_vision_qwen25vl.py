@@ -479,3 +479,15 @@ def test_threads_take_turns(numpy_tower):
     for t in threads:
         t.join()
     assert not errors and all(np.abs(got[n] - want[n]).max() <= EXACT for n in IMAGES)
+
+
+def test_transformers_5_processor_config_is_read(tmp_path):
+    """transformers 5 saves the image processor's settings inside processor_config.json (image_processor): read
+    there when preprocessor_config.json is absent (here max_pixels 3136 x 2: the big image gets fewer cells)."""
+    d = copy_fixture(tmp_path / "t5")
+    pre = json.loads((d / "preprocessor_config.json").read_text())
+    pre["size"]["longest_edge"] = 6272
+    (d / "processor_config.json").write_text(json.dumps({"image_processor": pre, "processor_class": "X"}))
+    (d / "preprocessor_config.json").unlink()
+    with closing(load_vision(d, backend="numpy")) as t:
+        assert t.cfg.max_pixels == 6272 and t.grid(180, 130) == (2, 3)

@@ -97,8 +97,7 @@ def open_layout(path: Path) -> Layout | None:
 
 
 def _qwen_hf_layout(path: Path, cfg: dict, src: str) -> Layout:
-    pre = read_json(path / "preprocessor_config.json", "preprocessor_config.json") \
-        if (path / "preprocessor_config.json").exists() else None
+    pre, _ = image_processor_settings(path, read_json)     # preprocessor_config.json, or transformers 5's save
     vcfg = QwenVisionConfig.from_fields(qwen_layouts.hf_fields(cfg, pre, src), qwen_layouts.HF_NAMES, src)
     from ..formats.safetensors import open_safetensors_dir
     st = open_safetensors_dir(path)
