@@ -332,6 +332,11 @@ class Backend(ABC):
         rows are [q | k | v] (n_heads heads each), out (n, hidden); scores scaled by 1/sqrt(head_dim)."""
         raise NotImplementedError(f"the {self.name} backend has no encoder ops")
 
+    def encoder_rotate(self, qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_heads: int) -> None:
+        """In place on the q and k parts of qkv rows [q | k | v] (n_heads heads of d each): pairs (j, j + d/2) of
+        every head of row i rotated by cos[i, j], sin[i, j] (n x d/2): a vision tower's 2D rotary positions."""
+        raise NotImplementedError(f"the {self.name} backend has no encoder ops")
+
     @abstractmethod
     def add(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None: ...
 

@@ -340,6 +340,18 @@ class NumpyBackend(Backend):
                 sc /= sc.sum(axis=-1, keepdims=True)
                 out[rows].reshape(t, n_heads, hd)[:, hs] = np.matmul(sc, v).transpose(1, 0, 2)
 
+    def encoder_rotate(self, qkv, cos, sin, n_heads) -> None:
+        n, width = qkv.shape[0], qkv.shape[1] // 3
+        d = width // n_heads
+        half = d // 2
+        c, s = cos[:, None, :], sin[:, None, :]
+        for part in (qkv[:, :width], qkv[:, width:2 * width]):
+            heads = part.reshape(n, n_heads, d)
+            a = heads[..., :half].copy()
+            b = heads[..., half:]
+            heads[..., :half] = a * c - b * s
+            heads[..., half:] = b * c + a * s
+
     def copy_blocks(self, src, dst, n, groups, width, src_at, dst_at) -> None:
         def view(a, at):
             flat = a.reshape(-1)

@@ -51,8 +51,8 @@ def open_layout(path: Path) -> Layout | None:
         if kind in QWEN_FAMILIES:
             return _qwen_hf_layout(path, cfg, src)
         if kind != "gemma3" and kind not in IDEFICS3_TYPES:
-            warnings.warn(f"{path}: its vision tower ({str(kind)[:40]!r}) is not supported (Gemma 3's and Idefics3's "
-                          "only): the model reads no images", LlambdaWarning, stacklevel=3)
+            warnings.warn(f"{path}: its vision tower ({str(kind)[:40]!r}) is not supported (Gemma 3's, Idefics3's, "
+                          "Qwen2(.5)-VL's only): the model reads no images", LlambdaWarning, stacklevel=3)
             return None
         pre, seq_len = image_processor_settings(path, read_json)
         fields = idefics3_hf_fields(cfg, pre, src, seq_len) if kind in IDEFICS3_TYPES else hf_fields(cfg, pre, src)
@@ -84,8 +84,8 @@ def open_layout(path: Path) -> Layout | None:
                                                 src)
             return Layout(vcfg, lookup, 0.0, "ollama", [f.close])
         if arch != "gemma3":
-            warnings.warn(f"{path}: its vision tower ({str(arch)[:40]!r}) is not supported (Gemma 3's only): the "
-                          "model reads no images", LlambdaWarning, stacklevel=3)
+            warnings.warn(f"{path}: its vision tower ({str(arch)[:40]!r}) is not supported (Gemma 3's and Qwen2.5-VL's "
+                          "only): the model reads no images", LlambdaWarning, stacklevel=3)
             f.close()
             return None
         lookup = gguf_lookup(f, OLLAMA)
@@ -97,8 +97,7 @@ def open_layout(path: Path) -> Layout | None:
 
 
 def _qwen_hf_layout(path: Path, cfg: dict, src: str) -> Layout:
-    pre = read_json(path / "preprocessor_config.json", "preprocessor_config.json") \
-        if (path / "preprocessor_config.json").exists() else None
+    pre, _ = image_processor_settings(path, read_json)     # preprocessor_config.json, or transformers 5's save
     vcfg = QwenVisionConfig.from_fields(qwen_layouts.hf_fields(cfg, pre, src), qwen_layouts.HF_NAMES, src)
     from ..formats.safetensors import open_safetensors_dir
     st = open_safetensors_dir(path)

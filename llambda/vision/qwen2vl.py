@@ -9,15 +9,16 @@ rows, in prompt order.
    within each window's rows (the encoder attention's sequences); a full block (fullatt_block_indexes, every
    Qwen2-VL block) over the whole image.
 3. 2D rotary positions: head dim d; inv_freq = 1 / theta^(arange(0, d/2, 2) / (d/2)) (d/4 of them); a patch's
-   angles are [row * inv_freq, col * inv_freq] (d/2), rotating pairs (i, i + d/2) of q and k (rotate_half).
+   angles are [row * inv_freq, col * inv_freq] (d/2), rotating pairs (i, i + d/2) of q and k (rotate_half):
+   the backend's encoder_rotate over the qkv rows.
 4. Blocks (pre-norm): x += proj(attention(norm1(x))), qkv one product with bias laid out [q | k | v];
    x += mlp(norm2(x)). Qwen2.5-VL: RMSNorm (eps 1e-6), mlp = down(silu(gate(x)) * up(x)) with biases;
    Qwen2-VL: LayerNorm (eps 1e-6), mlp = fc2(quick_gelu(fc1(x))), quick_gelu(u) = u sigmoid(1.702 u).
 5. Merger: ln_q (RMSNorm; Qwen2-VL LayerNorm) per row, each cell's merge^2 rows concatenated, Linear + bias,
    exact GELU, Linear + bias to the text width; then the cells back in row-major order.
 
-The rotation is NumPy over the q and k columns (elementwise, a few percent of a block's time); every other
-step is a Backend op. Activations are sized per image (their grid varies) and freed after it: about
+Every step is a Backend op (the rotation: encoder_rotate, with the angle tables made once an image).
+Activations are sized per image (their grid varies) and freed after it: about
 4 (6H + C*T*P*P) bytes a patch and the MLP's two [MLP_ROWS, F] blocks: 0.9 GB for 16384 patches of a
 1280-wide tower.
 """
@@ -99,17 +100,6 @@ class QwenVisionEncoder:
         else:
             self.be.add_layernorm(x, None, w[0], w[1], NORM_EPS, out)
 
-    def _rotate(self, qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> None:
-        """q and k of qkv [n, 3H] rotated in place: pairs (i, i + d/2) of each head by cos/sin [n, 1, d/2]."""
-        H, d = self.cfg.hidden_size, self.cfg.head_dim
-        half, n = d // 2, qkv.shape[0]
-        for part in (qkv[:, :H], qkv[:, H:2 * H]):
-            heads = part.reshape(n, -1, d)
-            a = heads[..., :half].copy()
-            b = heads[..., half:]
-            heads[..., :half] = a * cos - b * sin
-            heads[..., half:] = b * cos + a * sin
-
     def forward(self, pixels: np.ndarray, grid: tuple[int, int], hidden_out: np.ndarray | None = None) -> np.ndarray:
         """The merger's rows [cells, text_hidden] (row-major over the merged grid) of one image's flattened patches
         [gh * gw, C*T*P*P] with patch grid `grid` = (gh, gw); hidden_out [gh * gw, H], if given, gets the last
@@ -126,27 +116,27 @@ class QwenVisionEncoder:
         pr, pc = patch_positions(gh, gw, m)
         ang = np.concatenate([pr[rows_order].astype(np.float32)[:, None] * self.inv_freq,
                               pc[rows_order].astype(np.float32)[:, None] * self.inv_freq], axis=1)
-        cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+        cos, sin = np.ascontiguousarray(np.cos(ang)), np.ascontiguousarray(np.sin(ang))
 
         x = np.empty((n, H), np.float32)
         h = np.empty((n, H), np.float32)
         be.dense(np.ascontiguousarray(pixels[rows_order]), self.patch, x)
         qkv = np.empty((n, 3 * H), np.float32)
         ctx = np.empty((n, H), np.float32)
-        rows = min(n, qwen2vl_config.MLP_ROWS)     # the MLP over blocks of rows: its [rows, F] buffers stay small
-        up = np.empty((rows, F), np.float32)
-        gate = np.empty((rows, F), np.float32) if cfg.projector == "qwen2_5_vl" else None
+        block = min(n, qwen2vl_config.MLP_ROWS)    # the MLP over blocks of rows: its [block, F] buffers stay small
+        up = np.empty((block, F), np.float32)
+        gate = np.empty((block, F), np.float32) if cfg.projector == "qwen2_5_vl" else None
         for i, L in enumerate(self.layers):
             self._norm(x, L["norm1"], h)
             be.dense(h, L["qkv"], qkv)
-            self._rotate(qkv, cos, sin)
+            be.encoder_rotate(qkv, cos, sin, cfg.num_attention_heads)
             be.encoder_attention(qkv, all_starts if cfg.full_attention(i) else win_starts,
                                  cfg.num_attention_heads, ctx)
             be.dense(ctx, L["proj"], h)
             be.add(x, h, x)
             self._norm(x, L["norm2"], h)
-            for r in range(0, n, rows):
-                part, u = h[r:r + rows], up[:min(rows, n - r)]
+            for r in range(0, n, block):
+                part, u = h[r:r + block], up[:min(block, n - r)]
                 be.dense(part, L["up"], u)
                 if gate is not None:
                     g = gate[:len(u)]
@@ -165,9 +155,9 @@ class QwenVisionEncoder:
         be.gelu_erf(mid)
         out = np.empty((n // M, cfg.text_hidden_size), np.float32)
         be.dense(mid, self.mlp2, out)
-        rows = np.empty_like(out)
-        rows[order] = out
-        return rows
+        merged = np.empty_like(out)
+        merged[order] = out             # the cells back in row-major order
+        return merged
 
     def _quick_gelu(self, u: np.ndarray) -> None:
         """u sigmoid(1.702 u) in place, as silu(1.702 u) / 1.702."""
