@@ -25,8 +25,8 @@ from .models import memory
 from .models.base import Transformer, live_server
 from .models.bert import BertConfig, BertEncoder, pack_batch
 from .models.config import MAX_POSITIONS
-from .models.images import (DEFAULT_MAX_IMAGES, FAMILIES, MAX_CROPS_A_CALL, EncodedRows, check_bytes, check_prompt,
-                            image_block, image_keys, image_tokens, images_agree, tower_crops, tower_rows)
+from .models.images import (DEFAULT_MAX_IMAGES, FAMILIES, GRID_FAMILIES, MAX_CROPS_A_CALL, EncodedRows, check_bytes,
+                            check_prompt, image_block, image_keys, image_tokens, images_agree, tower_crops, tower_rows)
 from .sampling import SamplingParams, _is_int
 
 DEFAULT_CTX = 4096
@@ -389,7 +389,7 @@ class Model:
         # call with the same seed must give the same text.
         self._sync(ids[:-1], images)
         with self.rows_invariant():
-            logits = engine.prefill(self.transformer, 0, ids[-1:], len(ids) - 1)
+            logits = engine.prefill(self.transformer, 0, ids[-1:], len(ids) - 1, images)   # (images: its RoPE position)
         self._cached = list(ids)
         return logits
 
@@ -589,7 +589,7 @@ class Model:
         self._check_open()
         if self.vision is None:
             return 0
-        return self._image_ids.block_tokens(int(self.vision.tokens_per_image))
+        return self._image_ids.block_tokens(int(self.vision.tokens_per_image or 0))
 
     def attach_vision(self, tower, load_image=None) -> None:
         """Attach a vision tower (llambda.vision's VisionTower: family, tokens_per_image, hidden, attends, grid,
@@ -606,11 +606,17 @@ class Model:
             self._replace_tower(None)
             return
         per, hidden = getattr(tower, "tokens_per_image", None), getattr(tower, "hidden", None)
-        if not _is_int(per) or per < 1 or not _is_int(hidden):
-            raise InvalidInputError(f"a vision tower needs integer tokens_per_image and hidden, got {per!r}, {hidden!r}")
+        family = getattr(tower, "family", "gemma3")
+        gridded = family in GRID_FAMILIES and per is None     # Qwen2-VL: an image's tokens follow its grid
+        if (not gridded and (not _is_int(per) or per < 1)) or not _is_int(hidden):
+            raise InvalidInputError(f"a vision tower needs integer tokens_per_image (None: a {'/'.join(GRID_FAMILIES)} "
+                                    f"tower) and hidden, got {per!r}, {hidden!r}")
         if int(hidden) != self.config.d_model:
             raise InvalidInputError(f"the vision tower's rows are {hidden} wide; this model's are {self.config.d_model}")
-        family = getattr(tower, "family", "gemma3")
+        if family in GRID_FAMILIES and not self.config.rope_sections:
+            raise InvalidInputError(f"a {family} tower needs a text model with M-RoPE sections; {self.name!r} "
+                                    f"({self.config.arch}) has none")
+        per = per or 1
         attends = getattr(tower, "attends", "block" if family == "gemma3" else "causal")
         if family not in FAMILIES or attends not in ("block", "causal"):
             raise InvalidInputError(f"a vision tower of family {str(family)[:40]!r} attending {str(attends)[:20]!r} "
@@ -623,7 +629,9 @@ class Model:
         if ids is None:
             raise InvalidInputError(f"{self.name!r} names no image tokens of {family}'s (" + (
                 "no boi/eoi_token_index in its config, no <start_of_image>/<end_of_image> in its vocabulary)"
-                if family == "gemma3" else "no image_token_id in its config, no <image> in its vocabulary)"))
+                if family == "gemma3" else "no image_token_id in its config, no <image> in its vocabulary)"
+                if family == "idefics3" else "no vision_start/image/vision_end token ids in its config, no "
+                "<|vision_start|>/<|image_pad|>/<|vision_end|> in its vocabulary)"))
         if (attends == "causal") != (ids.block_tokens(1) == 0):
             raise InvalidInputError(f"a {family} tower attending {attends!r}: this engine's {family} layout attends "
                                     f"{'causally' if ids.block_tokens(1) == 0 else 'within a block'}")
@@ -680,7 +688,7 @@ class Model:
         them), or their count where the tower's layout does not depend on size (Gemma 3)."""
         grids = self._grids(images)
         ids = self._image_ids
-        per = int(self.vision.tokens_per_image)
+        per = int(self.vision.tokens_per_image or 0)
         ids, starts = ids.place(self._prompt_ids(ids.expand(text, grids, per)), per, grids)
         if len(ids) >= self.n_ctx:
             raise ContextOverflowError(f"the prompt with its {len(grids)} image(s) has {len(ids)} tokens; the "
@@ -707,8 +715,9 @@ class Model:
             if not (isinstance(size, tuple) and len(size) == 2):
                 raise ModelFormatError("llambda.vision's check_image gave no image size")
             rows, cols = self.vision.grid(*size)
-            if not (_is_int(rows) and _is_int(cols) and 0 <= rows and 0 <= cols and (rows == 0) == (cols == 0)):
-                raise ModelFormatError(f"the vision tower gave the crop grid {rows!r} x {cols!r}")
+            low = 1 if self._image_ids.family in GRID_FAMILIES else 0     # a merged grid has a token at least
+            if not (_is_int(rows) and _is_int(cols) and low <= rows and low <= cols and (rows == 0) == (cols == 0)):
+                raise ModelFormatError(f"the vision tower gave the grid {rows!r} x {cols!r}")
             out.append((int(rows), int(cols)))
         return out
 
@@ -733,7 +742,8 @@ class Model:
         found = {k: b for k in keys if (b := self._encoded.get(k)) is not None}
         todo = {k: data for k, data in zip(keys, images) if k not in found}      # each new file once
         if todo:
-            found.update(zip(todo, self._encode_new(todo)))
+            encode = self._encode_grids if self._image_ids.family in GRID_FAMILIES else self._encode_new
+            found.update(zip(todo, encode(todo)))
         out = []
         for k, at in zip(keys, runs):
             crops = found[k] if isinstance(found[k], tuple) else (found[k],)
@@ -774,6 +784,39 @@ class Model:
                 del px
                 blocks = tuple(image_block(0, r, causal) for r in rows)
                 self._encoded.put(key, blocks)
+            out.append(blocks)
+        return out
+
+    def _encode_grids(self, files: dict) -> list[tuple]:
+        """Qwen2-VL's images (_encode_new's): each its own patches (tower.pixels: [patches, C*T*P*P]), its rows
+        (tower.encode_one: [gh * gw, width], in prompt order) and its grid (tower.grid of its size), one causal
+        block an image, its grid on it (M-RoPE); one image at a time decoded, patched and encoded."""
+        from .vision import load_image as decode
+        load_image, tower = self._load_image or decode, self.vision
+        if tower is None:       # closed, or detached, since check_images
+            self._check_open()
+            raise InvalidInputError(f"the model {self.name!r} takes no images now: its vision tower was detached")
+        grids = self._grids(list(files.values()))
+        width = self.config.d_model
+        out = []
+        for (key, data), (gh, gw) in zip(files.items(), grids):
+            image = load_image(data)
+            with self._vision_lock:
+                self._check_open()
+                if self.vision is not tower:
+                    raise InvalidInputError("the model's vision tower was replaced (attach_vision) while these "
+                                            "images were prepared for it: send them again")
+                px = tower.pixels(image)
+                del image
+                try:
+                    px = np.asarray(px, dtype=np.float32)
+                except (TypeError, ValueError) as e:
+                    raise ModelFormatError(f"the vision tower's pixels are no array of numbers ({e})") from None
+                if px.ndim != 2 or not len(px):
+                    raise ModelFormatError(f"the vision tower's pixels are of shape {px.shape}: no [patches, values]")
+                rows = tower_rows([tower.encode_one(px)], 1, gh * gw, width)[0]
+            blocks = (image_block(0, rows, causal=True, grid=(gh, gw)),)
+            self._encoded.put(key, blocks)
             out.append(blocks)
         return out
 

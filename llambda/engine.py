@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import ContextOverflowError, InvalidInputError, ModelFormatError
-from .models.images import BatchImages, chunk_end
+from .models.images import BatchImages, chunk_end, rope_delta, rope_rows
 from .sampling import Sampler, SamplingParams, StopMatcher, TokenChoice, _is_int
 from .thinking import START
 
@@ -94,7 +94,8 @@ def common_prefix(held: list[int], ids: list[int]) -> int:
 def prefill(model, slot: int, ids, start: int, images=()) -> np.ndarray:
     """Run ids (positions start..) through the model on a slot in chunks; logits of the last one (a copy).
     images: the sequence's image blocks (models/images.py, positions from 0): their soft tokens get the
-    tower's rows and see their whole block, and no chunk ends inside one (chunk_end)."""
+    tower's rows and see their whole block, and no chunk ends inside one (chunk_end); blocks with a grid
+    (Qwen2-VL) give the chunk's M-RoPE positions, those after them too (rope_rows)."""
     n = len(ids)
     if start + n > model.n_ctx:
         raise ContextOverflowError(f"{start + n} tokens do not fit the context of {model.n_ctx}")
@@ -114,7 +115,10 @@ def prefill(model, slot: int, ids, start: int, images=()) -> np.ndarray:
         part = ids[s:e]
         m = len(part)
         pos = np.arange(start + s, start + s + m, dtype=np.int32)
-        extra = {"images": batch} if batch is not None else {}
+        extra = {"images": batch} if batch else {}
+        rope = rope_rows(images, start + s, start + e) if images else None
+        if rope is not None:
+            extra["rope"] = rope
         logits = model.forward(part, np.full(m, slot, np.int32), pos, [m - 1], **extra)
         s = e
     out = logits[0].copy()
@@ -127,10 +131,13 @@ def prefill(model, slot: int, ids, start: int, images=()) -> np.ndarray:
     return out
 
 
-def decode(model, slots, tokens, positions) -> np.ndarray:
-    """One token for each sequence in one batched step; logits rows in order (a workspace view)."""
+def decode(model, slots, tokens, positions, rope=None) -> np.ndarray:
+    """One token for each sequence in one batched step; logits rows in order (a workspace view). rope: each
+    row's RoPE position where it is not its cache position (Sequence.rope_pos: after an image, M-RoPE)."""
     n = len(tokens)
-    return model.forward(tokens, slots, positions, range(n))    # range: a recorded step's fast path
+    if rope is None:
+        return model.forward(tokens, slots, positions, range(n))    # range: a recorded step's fast path
+    return model.forward(tokens, slots, positions, range(n), rope=rope)
 
 
 class Sequence:
@@ -146,6 +153,7 @@ class Sequence:
         self.tokenizer, self.params, self.slot, self.n_ctx = tokenizer, params, slot, n_ctx
         self.prompt_ids = list(prompt_ids)
         self.images = tuple(images)
+        self.rope_delta = rope_delta(self.images)   # RoPE positions after the images: cache position + this
         self.tokens = list(prompt_ids)        # everything the sequence holds, generated tokens appended
         self.generated: list[int] = []
         self.sampler = Sampler(params.sampling)
@@ -174,6 +182,11 @@ class Sequence:
     def next_pos(self) -> int:
         """Position of the last sampled token, which the next decode step feeds."""
         return len(self.tokens) - 1
+
+    def rope_pos(self, pos: int) -> int:
+        """The RoPE position of a token at cache position `pos` past the prompt's images (M-RoPE's: behind by
+        rope_delta after Qwen2-VL's images; else pos itself)."""
+        return pos + self.rope_delta
 
     def _closing_text(self) -> str:
         tail = self.detok.flush() if self.detok else ""

@@ -123,3 +123,39 @@ def test_encoder_ops_refuse_bad_arguments():
     with pytest.raises(ValueError, match="add_layernorm: out overlaps"):
         native.add_layernorm(x, None, np.ones(8, np.float32), np.ones(8, np.float32), x.reshape(-1)[1:9].reshape(1, 8),
                              1, 8, 1e-5)
+
+
+@pytest.mark.parametrize("n,n_heads,head_dim", [(1, 1, 2), (7, 3, 10), (64, 2, 16), (300, 16, 80)])
+def test_encoder_rotate_matches_numpy(isa, threads, n, n_heads, head_dim):
+    """q and k rotated (rotate_half pairs) by each row's own angles, v untouched; the last shape passes the
+    threaded size (n * width >= 65536)."""
+    g = np.random.default_rng(n + head_dim)
+    qkv = (g.standard_normal((n, 3 * n_heads * head_dim)) * 2).astype(np.float32)
+    ang = (g.standard_normal((n, head_dim // 2)) * 5).astype(np.float32)
+    cos, sin = np.cos(ang), np.sin(ang)
+    got, want = qkv.copy(), qkv.astype(np.float64)
+    native.encoder_rotate(got, cos, sin, n, n_heads, head_dim)
+    NumpyBackend().encoder_rotate(want, cos.astype(np.float64), sin.astype(np.float64), n_heads)
+    assert np.abs(got - want).max() < 1e-5 * (1 + np.abs(want).max()), isa
+    width = n_heads * head_dim
+    assert np.array_equal(got[:, 2 * width:], qkv[:, 2 * width:])
+    q = qkv[:, :width].reshape(n, n_heads, head_dim).astype(np.float64)          # norms kept per pair
+    r = got[:, :width].reshape(n, n_heads, head_dim).astype(np.float64)
+    half = head_dim // 2
+    assert np.allclose(q[..., :half] ** 2 + q[..., half:] ** 2, r[..., :half] ** 2 + r[..., half:] ** 2, rtol=1e-4,
+                       atol=1e-5)
+
+
+def test_encoder_rotate_refuses_bad_arguments():
+    qkv, t = np.ones((3, 12), np.float32), np.ones((3, 2), np.float32)
+    native.encoder_rotate(qkv, t, t, 3, 1, 4)
+    with pytest.raises(ValueError, match="encoder_rotate: head_dim must be even"):
+        native.encoder_rotate(qkv, t, t, 3, 1, 3)
+    with pytest.raises(ValueError, match="encoder_rotate: .*cos"):
+        native.encoder_rotate(qkv, t[:2], t, 3, 1, 4)
+    with pytest.raises(ValueError, match="encoder_rotate: .*qkv"):
+        native.encoder_rotate(qkv[:2], t, t, 3, 1, 4)
+    with pytest.raises(ValueError, match="encoder_rotate: out overlaps"):
+        native.encoder_rotate(qkv, qkv.reshape(-1)[:6].reshape(3, 2), t, 3, 1, 4)
+    with pytest.raises(ValueError):
+        native.encoder_rotate(qkv.astype(np.float64), t, t, 3, 1, 4)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import json
-import shutil
 import sys
 import zlib
 from contextlib import closing
@@ -20,9 +19,12 @@ PIL = pytest.importorskip("PIL")
 from PIL import Image  # noqa: E402
 
 from llambda.errors import InvalidInputError, ModelFormatError  # noqa: E402
-from llambda.formats import gguf, gguf_writer, quants, safetensors  # noqa: E402
+from llambda.formats import gguf  # noqa: E402
 from llambda.vision import idefics3, load_image, load_vision, mmproj, preprocess  # noqa: E402
 from llambda.vision.image import check_image  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+import visionkit  # noqa: E402
 
 TINY = Path(__file__).parent / "fixtures/reference/tiny/idefics3_vision"
 REF = json.loads((TINY / "reference.json").read_text(encoding="utf-8"))
@@ -59,21 +61,7 @@ def numpy_tower():
 
 def copy_fixture(dest: Path, pre_edit=None, config_edit=None, tensors_edit=None) -> Path:
     """The fixture's directory copied to `dest`, its processor settings, config or tensors edited."""
-    shutil.copytree(TINY, dest)
-    if pre_edit is not None:
-        pre = json.loads((dest / "preprocessor_config.json").read_text())
-        pre_edit(pre)
-        (dest / "preprocessor_config.json").write_text(json.dumps(pre))
-    if config_edit is not None:
-        cfg = json.loads((dest / "config.json").read_text())
-        config_edit(cfg)
-        (dest / "config.json").write_text(json.dumps(cfg))
-    if tensors_edit is not None:
-        with safetensors.SafetensorsFile(dest / "model.safetensors") as st:
-            tensors = {n: t.to_float32() for n, t in st.tensors.items()}
-        tensors_edit(tensors)
-        safetensors.write_safetensors(dest / "model.safetensors", tensors)
-    return dest
+    return visionkit.copy_fixture(TINY, dest, pre_edit, config_edit, tensors_edit)
 
 
 # ---------------------------------------------------------------- preprocessing
@@ -248,22 +236,13 @@ def test_llama_cpp_reads_our_mmproj(mmproj_files, tmp_path):
     model, cuts a 64 x 64 image into the same 2 x 2 tiles and the global image, in the same order, and gives our
     rows: the tiles are exact slices on both sides (no resize); the global image is a 64 -> 32 Lanczos
     downscale, llama.cpp's own against Pillow's. Measured 2.7e-3 at most (values up to 3.5)."""
-    pytest.importorskip("llama_cpp")
-    try:
-        from llama_cpp import mtmd_cpp  # noqa: F401
-    except Exception as e:      # an older build without the multimodal library
-        pytest.skip(f"llama-cpp-python has no mtmd library here ({e})")
-    sys.path.insert(0, str(Path(__file__).parent))
-    from llamacpp_ref import mtmd_image_rows
-    from test_export import tiny_llama_gguf
     marks = ["<fake_token_around_image>", "<global-img>"] + [f"<row_{r}_col_{c}>" for r in range(1, 7)
                                                              for c in range(1, 7)]
-    text = tiny_llama_gguf(tmp_path / "text.gguf", control_tokens=marks)     # mtmd looks these tokens up
     rng = np.random.default_rng(3)
     yy, xx = np.mgrid[0:64, 0:64]
     rgb = np.clip(np.stack([4 * xx, 4 * yy, 127 + 100 * np.sin(xx / 3 + yy / 5)], -1)
                   + rng.normal(0, 20, (64, 64, 3)), 0, 255).astype(np.uint8)
-    theirs = mtmd_image_rows(text, mmproj_files["f32"], rgb, tmp_path)
+    theirs = visionkit.llama_cpp_rows(mmproj_files["f32"], rgb, tmp_path, marks)
     t = load_vision(mmproj_files["f32"], backend="numpy")
     try:
         assert t.grid(64, 64) == (2, 2)
@@ -283,11 +262,7 @@ def test_write_mmproj_refuses_what_llama_cpp_cannot_say(tmp_path):
 
 def without_key(src: Path, dest: Path, key: str) -> Path:
     """A copy of the F32 mmproj `src` without the metadata `key`."""
-    with gguf.GGUFFile(src) as f:
-        meta = {k: v for k, v in f.metadata.items() if k != key}
-        tensors = [(n, quants.QType.F32, np.ascontiguousarray(t.as_float32())) for n, t in f.tensors.items()]
-        gguf_writer.write_gguf(dest, meta, tensors)
-    return dest
+    return visionkit.rewrite_gguf(src, dest, lambda meta: meta.pop(key))
 
 
 def test_mmproj_without_longest_edge_is_one_crop(mmproj_files, tmp_path):

@@ -109,18 +109,23 @@ def config(vocab: int):
                           image_token_id=SPECIAL.index("<image>"), tie_word_embeddings=False, pad_token_id=2)
 
 
-def make_tokenizer():
+def bpe_tokenizer(corpus: list, special: list, vocab: int, **tokens):
+    """A ByteLevel BPE (GPT-2 style) trained on `corpus` (4 times), `special` first; `tokens`: bos_token, ..."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
     tk = Tokenizer(models.BPE())
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tk.decoder = decoders.ByteLevel()
     tk.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(vocab_size=450, special_tokens=SPECIAL, show_progress=False,
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=special, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tk.train_from_iterator(CORPUS * 4, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<|im_start|>", eos_token="<end_of_utterance>",
-                                   pad_token="<|im_end|>", model_max_length=512)
+    tk.train_from_iterator(corpus * 4, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tk, model_max_length=512, **tokens)
+
+
+def make_tokenizer():
+    return bpe_tokenizer(CORPUS, SPECIAL, 450, bos_token="<|im_start|>", eos_token="<end_of_utterance>",
+                         pad_token="<|im_end|>")
 
 
 def hub_layout(dest: Path) -> None:

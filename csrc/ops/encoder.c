@@ -93,6 +93,43 @@ void llb_add_layernorm(const float *x, const float *r, const float *w, const flo
     else llb_parallel_for(fn, &c, n, llb_grain(n, 16, 8, 1), llb_pool_threads());
 }
 
+/* ---- rotation of q and k by per-row angle tables ---------------------------- */
+
+typedef struct {
+    float *qkv;
+    const float *cos, *sin;
+    long n_heads, head_dim;
+} rot_ctx;
+
+static AI void rot_rows(const rot_ctx *c, long i0, long i1) {
+    const long half = c->head_dim / 2, width = c->n_heads * c->head_dim;
+    for (long i = i0; i < i1; i++) {
+        const float *co = c->cos + (size_t)i * half, *si = c->sin + (size_t)i * half;
+        float *row = c->qkv + (size_t)i * 3 * width;
+        for (long h = 0; h < 2 * c->n_heads; h++) {       /* q's heads, then k's */
+            float *x = row + h * c->head_dim;
+            for (long j = 0; j < half; j++) {
+                const float a = x[j], b = x[j + half];
+                x[j] = a * co[j] - b * si[j];
+                x[j + half] = b * co[j] + a * si[j];
+            }
+        }
+    }
+}
+
+static void rot_scalar(void *ctx, long i0, long i1, int tid) { (void)tid; rot_rows(ctx, i0, i1); }
+#if LLB_X86
+LLB_TARGET_AVX2 static void rot_avx2(void *ctx, long i0, long i1, int tid) { (void)tid; rot_rows(ctx, i0, i1); }
+LLB_TARGET_AVX512 static void rot_avx512(void *ctx, long i0, long i1, int tid) { (void)tid; rot_rows(ctx, i0, i1); }
+#endif
+
+void llb_encoder_rotate(float *qkv, const float *cos, const float *sin, long n, long n_heads, long head_dim) {
+    rot_ctx c = {qkv, cos, sin, n_heads, head_dim};
+    const llb_range_fn fn = LLB_PER_ISA(rot_scalar, rot_avx2, rot_avx512);
+    if (n * n_heads * head_dim < 65536 || llb_pool_threads() < 2) fn(&c, 0, n, 0);
+    else llb_parallel_for(fn, &c, n, llb_grain(n, 16, 8, 1), llb_pool_threads());
+}
+
 /* ---- attention within each sequence -------------------------------------- */
 
 typedef struct {

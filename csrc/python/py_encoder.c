@@ -150,6 +150,37 @@ fail:
     return NULL;
 }
 
+struct rot_args { float *qkv; const float *cos, *sin; long n, n_heads, head_dim; };
+LLB_CALL_ARGS_FIT(struct rot_args);
+static int run_rot(const void *p) {
+    const struct rot_args *a = p;
+    return llb_encoder_rotate(a->qkv, a->cos, a->sin, a->n, a->n_heads, a->head_dim), 0;
+}
+
+/* encoder_rotate(qkv, cos, sin, n, n_heads, head_dim): q and k of qkv rows rotated in place (rotate_half pairs)
+ * by each row's angles, cos and sin (n x head_dim/2) */
+static PyObject *py_encoder_rotate(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    const char *op = "encoder_rotate";
+    long n, n_heads, head_dim;
+    if (llb_arg_nargs(op, nargs, 6, "qkv, cos, sin, n, n_heads, head_dim") ||
+        llb_arg_long(args[3], op, "n", 1, MAX_DIM, &n) || llb_arg_long(args[4], op, "n_heads", 1, 65536, &n_heads) ||
+        llb_arg_long(args[5], op, "head_dim", 2, LLB_ENC_MAX_HEAD_DIM, &head_dim))
+        return NULL;
+    if (head_dim % 2) return PyErr_Format(PyExc_ValueError, "%s: head_dim must be even", op);
+    size_t nh, na;
+    if (llb_arg_product(op, &nh, n, n_heads, head_dim, 3) || llb_arg_product(op, &na, n, head_dim / 2, 1, 1))
+        return NULL;
+    struct llb_bufs h = ENC_BUFS;
+    struct rot_args a = {.n = n, .n_heads = n_heads, .head_dim = head_dim};
+    /* the tables first, qkv (written) last: llb_bufs_call_out_apart keeps it apart from them */
+    if ((a.cos = llb_arg_buf(&h, args[1], op, "cos", 0, LLB_ELEM_F32, na, 1)) &&
+        (a.sin = llb_arg_buf(&h, args[2], op, "sin", 0, LLB_ELEM_F32, na, 1)) &&
+        (a.qkv = llb_arg_buf(&h, args[0], op, "qkv", 1, LLB_ELEM_F32, nh, 0)))
+        return llb_bufs_call_out_apart(&h, op, 0, run_rot, NULL, &a, sizeof a);
+    llb_bufs_release(&h);
+    return NULL;
+}
+
 struct att_args {
     const float *qkv;
     const int32_t *starts;
@@ -213,6 +244,9 @@ PyMethodDef llb_encoder_methods[] = {
      "fmt 1 rounds x to bfloat16."},
     {"add_layernorm", FASTCALL(py_add_layernorm),
      "add_layernorm(x, r, w, b, out, n, d, eps): out = layernorm(x + r) * w + b over rows of d (r may be None)."},
+    {"encoder_rotate", FASTCALL(py_encoder_rotate),
+     "encoder_rotate(qkv, cos, sin, n, n_heads, head_dim): q and k of qkv rows [q | k | v] rotated in place,\n"
+     "pairs (j, j + head_dim/2) by row i's cos[i, j], sin[i, j] (n x head_dim/2)."},
     {"encoder_attention", FASTCALL(py_encoder_attention),
      "encoder_attention(qkv, starts, out, n, n_seqs, n_heads, head_dim, scale): bidirectional attention of\n"
      "each packed sequence [starts[s], starts[s+1]) over itself; qkv rows are [q | k | v]."},

@@ -173,6 +173,30 @@ class Backend(ABC):
     def rope(self, x: np.ndarray, pos: np.ndarray, inv_freq: np.ndarray, neox: bool) -> None:
         """In place on x (n, heads, head_dim); rotates the first 2*len(inv_freq) dims."""
 
+    def rope_sections(self, x: np.ndarray, pos: np.ndarray, inv_freq: np.ndarray, neox: bool,
+                      sections) -> None:
+        """M-RoPE, in place on x (n, heads, head_dim): the first 2*len(inv_freq) dims rotated, pair i of
+        section s (pair counts `sections`, in order, summing to len(inv_freq)) by angle pos[s, t] * inv_freq[i];
+        pos is int32 (len(sections), n), each row contiguous. Here: one rope call a section with the
+        frequencies of the other sections' pairs 0 (angle 0 turns a pair by cos 1, sin 0: unchanged, bit for
+        bit), the masked frequencies kept for the backend's life (a recorded plan reads them)."""
+        for row, freqs in zip(pos, self._section_freqs(inv_freq, sections)):
+            self.rope(x, row, freqs, neox)
+
+    def _section_freqs(self, inv_freq: np.ndarray, sections) -> list:
+        cache = self.__dict__.setdefault("_masked_freqs", {})
+        key = (inv_freq.ctypes.data, len(inv_freq), tuple(sections))
+        hit = cache.get(key)
+        if hit is None or hit[0] is not inv_freq:
+            bounds = np.cumsum([0, *sections])
+            masks = []
+            for s in range(len(sections)):
+                m = np.zeros_like(inv_freq)
+                m[bounds[s]:bounds[s + 1]] = inv_freq[bounds[s]:bounds[s + 1]]
+                masks.append(m)
+            hit = cache[key] = (inv_freq, masks)
+        return hit[1]
+
     @abstractmethod
     def kv_store(self, cache: KVCache, layer: int, k: np.ndarray, v: np.ndarray,
                  slots: np.ndarray, pos: np.ndarray) -> None: ...
@@ -306,6 +330,11 @@ class Backend(ABC):
     def encoder_attention(self, qkv: np.ndarray, starts: np.ndarray, n_heads: int, out: np.ndarray) -> None:
         """Bidirectional attention of each sequence, rows [starts[s], starts[s + 1]), over itself: qkv
         rows are [q | k | v] (n_heads heads each), out (n, hidden); scores scaled by 1/sqrt(head_dim)."""
+        raise NotImplementedError(f"the {self.name} backend has no encoder ops")
+
+    def encoder_rotate(self, qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_heads: int) -> None:
+        """In place on the q and k parts of qkv rows [q | k | v] (n_heads heads of d each): pairs (j, j + d/2) of
+        every head of row i rotated by cos[i, j], sin[i, j] (n x d/2): a vision tower's 2D rotary positions."""
         raise NotImplementedError(f"the {self.name} backend has no encoder ops")
 
     @abstractmethod

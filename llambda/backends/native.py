@@ -604,6 +604,9 @@ class NativeBackend(Backend):
         hd = qkv.shape[1] // 3 // n_heads
         C.encoder_attention(qkv, starts, out, qkv.shape[0], n_seqs, n_heads, hd, 1 / math.sqrt(hd))
 
+    def encoder_rotate(self, qkv, cos, sin, n_heads) -> None:
+        C.encoder_rotate(qkv, cos, sin, qkv.shape[0], n_heads, qkv.shape[1] // 3 // n_heads)
+
     def gelu_mul(self, gate, up, out) -> None:
         C.gelu_mul(gate, up, out, gate.size)
 

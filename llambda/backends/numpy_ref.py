@@ -212,6 +212,24 @@ class NumpyBackend(Backend):
             x[..., 0:2 * half:2] = a * cos - b * sin
             x[..., 1:2 * half:2] = a * sin + b * cos
 
+    def rope_sections(self, x, pos, inv_freq, neox, sections) -> None:
+        """The oracle: each pair's angle from its own section's position, in one pass."""
+        half = len(inv_freq)
+        which = np.repeat(np.arange(len(sections)), sections)          # pair -> section
+        if len(which) != half or pos.shape[0] != len(sections):
+            raise ValueError(f"sections {list(sections)} do not cover {half} pairs, or pos is not one row a section")
+        ang = pos.astype(np.float64)[which].T * inv_freq.astype(np.float64)[None, :]   # (n, half), as rope's
+        cos = np.cos(ang).astype(np.float32)[:, None, :]
+        sin = np.sin(ang).astype(np.float32)[:, None, :]
+        if neox:
+            a, b = x[..., :half].copy(), x[..., half:2 * half].copy()
+            x[..., :half] = a * cos - b * sin
+            x[..., half:2 * half] = a * sin + b * cos
+        else:
+            a, b = x[..., 0:2 * half:2].copy(), x[..., 1:2 * half:2].copy()
+            x[..., 0:2 * half:2] = a * cos - b * sin
+            x[..., 1:2 * half:2] = a * sin + b * cos
+
     def kv_store(self, cache: KVCache, layer, k, v, slots, pos) -> None:
         cache.k[layer][slots, pos] = k
         cache.v[layer][slots, pos] = v
@@ -321,6 +339,18 @@ class NumpyBackend(Backend):
                 np.exp(sc, out=sc)
                 sc /= sc.sum(axis=-1, keepdims=True)
                 out[rows].reshape(t, n_heads, hd)[:, hs] = np.matmul(sc, v).transpose(1, 0, 2)
+
+    def encoder_rotate(self, qkv, cos, sin, n_heads) -> None:
+        n, width = qkv.shape[0], qkv.shape[1] // 3
+        d = width // n_heads
+        half = d // 2
+        c, s = cos[:, None, :], sin[:, None, :]
+        for part in (qkv[:, :width], qkv[:, width:2 * width]):
+            heads = part.reshape(n, n_heads, d)
+            a = heads[..., :half].copy()
+            b = heads[..., half:]
+            heads[..., :half] = a * c - b * s
+            heads[..., half:] = b * c + a * s
 
     def copy_blocks(self, src, dst, n, groups, width, src_at, dst_at) -> None:
         def view(a, at):

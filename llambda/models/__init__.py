@@ -11,6 +11,12 @@ ARCHITECTURES = {
     "mistral": "mistral",
     "qwen2": "qwen2",
     "qwen3": "qwen3",
+    "qwen2vl": "qwen2vl",          # llama.cpp's text GGUF of Qwen2-VL and Qwen2.5-VL
+    "qwen25vl": "qwen2vl",         # Ollama's qwen2.5vl
+    "qwen2_vl": "qwen2vl",
+    "qwen2_vl_text": "qwen2vl",
+    "qwen2_5_vl": "qwen2vl",
+    "qwen2_5_vl_text": "qwen2vl",
     "gemma2": "gemma2",
     "gemma3": "gemma3",
     "gemma3_text": "gemma3",

@@ -139,6 +139,8 @@ class Workspace:
             "slots": ((t,), i32),
             "pos": ((t,), i32),
         }
+        if cfg.rope_sections:       # M-RoPE: each row's position per section, a section's rows contiguous
+            self.specs["rope_pos"] = ((len(cfg.rope_sections), t), i32)
         if mlp:
             self.specs.update({"gate": ((t, mlp), f32), "up": ((t, mlp), f32)})
         if "shortconv" in cfg.layer_kinds:
@@ -277,6 +279,7 @@ class Transformer(Closable, LatentAttention):
         self.ws.bind(self.cache.extra)
         self._plans: dict[int, object] = {}
         self._input_views = (memoryview(self.ws.tokens), memoryview(self.ws.slots), memoryview(self.ws.pos))
+        self._rope_views = tuple(memoryview(r) for r in self.ws.rope_pos) if cfg.rope_sections else ()
         self._images = self._kend = None     # the current forward's image rows (forward's images) and kend
 
     # -- loading -----------------------------------------------------------
@@ -511,15 +514,19 @@ class Transformer(Closable, LatentAttention):
     #: decode batches up to this many tokens replay a recorded op list (see forward)
     PLAN_MAX_TOKENS = 64
 
-    def forward(self, tokens, slots, pos, logit_rows, out: np.ndarray | None = None, images=None) -> np.ndarray:
-        """images: a models.images.BatchImages (the batch's soft tokens: their rows, their blocks' ends), or None."""
+    def forward(self, tokens, slots, pos, logit_rows, out: np.ndarray | None = None, images=None,
+                rope=None) -> np.ndarray:
+        """images: a models.images.BatchImages (the batch's soft tokens: their rows, their blocks' ends), or None.
+        rope: the rows' RoPE positions where they are not their cache positions (M-RoPE after an image,
+        models/images.rope_rows): int (n,) (every section alike) or (n, sections); None: `pos`. Only a model
+        with rope sections takes them (another's rope position is its cache position)."""
         B = self.backend
         B.enter_forward()
         try:
             if images:
                 self._check_images(images, len(tokens))
                 self._images = images
-            return self._forward(tokens, slots, pos, logit_rows, out)
+            return self._forward(tokens, slots, pos, logit_rows, out, rope)
         finally:
             self._images = None
             B.exit_forward()
@@ -541,7 +548,7 @@ class Transformer(Closable, LatentAttention):
                 raise InvalidInputError(f"image rows of shape {rows.shape} at batch row {r0} do not fit a batch of "
                                         f"{n} tokens of width {cfg.d_model}")
 
-    def _forward(self, tokens, slots, pos, logit_rows, out: np.ndarray | None = None) -> np.ndarray:
+    def _forward(self, tokens, slots, pos, logit_rows, out: np.ndarray | None = None, rope=None) -> np.ndarray:
         """Evaluate tokens (each with its slot and position), return logits of `logit_rows`.
 
         Returns a view into the workspace when the rows fit in it (valid until the
@@ -564,6 +571,8 @@ class Transformer(Closable, LatentAttention):
             # cold: ~120 us of a 5.7 ms SmolLM2-135M step went to the checks and stores below.
             vals = [int(v) for v in tokens], [int(v) for v in slots], [int(v) for v in pos]
             self._check_values(*vals)      # all in range of int32 before any store
+            if self._rope_views:
+                self._store_rope(vals[2], rope, n)
             for view, v in zip(self._input_views, vals):
                 for i in range(n):
                     view[i] = v[i]
@@ -573,6 +582,7 @@ class Transformer(Closable, LatentAttention):
         ws.slots[:n] = slots
         ws.pos[:n] = pos
         self._check_batch(ws.tokens[:n], ws.slots[:n], ws.pos[:n])
+        self._set_rope(rope, n)
         rows = np.asarray(logit_rows, dtype=np.intp).reshape(-1)
         m = len(rows)
         if m and (rows.min() < 0 or rows.max() >= n):
@@ -612,6 +622,7 @@ class Transformer(Closable, LatentAttention):
             raise ValueError(f"batch of {n} tokens; this model takes 1..{ws.max_tokens} per call")
         ws.tokens[:n], ws.slots[:n], ws.pos[:n] = tokens, slots, pos
         self._check_batch(ws.tokens[:n], ws.slots[:n], ws.pos[:n])
+        self._set_rope(None, n)
         x = self._layers(n)
         h = np.ascontiguousarray(x[np.asarray(rows, dtype=np.intp)])
         out = np.empty_like(h)
@@ -644,6 +655,39 @@ class Transformer(Closable, LatentAttention):
                 self._attention_block(i, layer, x, slot, p)
             self._ffn_block(layer, x)
         return x
+
+    def _set_rope(self, rope, n: int) -> None:
+        """ws.rope_pos[:, :n] from `rope` (forward's), or the cache positions where None."""
+        if not self.cfg.rope_sections:
+            if rope is not None:
+                raise InvalidInputError(f"a {self.cfg.arch} model takes no RoPE positions of their own (no M-RoPE)")
+            return
+        out = self.ws.rope_pos[:, :n]
+        if rope is None:
+            out[:] = self.ws.pos[:n]
+            return
+        r = np.asarray(rope)
+        if r.dtype.kind not in "iu" or r.shape not in ((n,), (n, len(out))):
+            raise InvalidInputError(f"RoPE positions must be integers of shape ({n},) or ({n}, {len(out)}), got "
+                                    f"{r.dtype} {r.shape}")
+        if r.size and (r.min() < 0 or r.max() >= self.n_ctx):
+            raise InvalidInputError(f"RoPE positions must lie in [0, {self.n_ctx}), got {r.min()}..{r.max()}")
+        out[:] = r.T if r.ndim == 2 else r
+
+    def _store_rope(self, pos: list, rope, n: int) -> None:
+        """A recorded step's RoPE positions (forward's `rope`: None or one per row, every section alike)."""
+        if rope is None:
+            vals = pos
+        else:
+            if np.ndim(rope) != 1 or len(rope) != n:
+                self._set_rope(rope, n)          # (n, sections) or a bad shape: the general path
+                return
+            vals = [int(v) for v in rope]
+            if min(vals) < 0 or max(vals) >= self.n_ctx:
+                raise InvalidInputError(f"RoPE positions must lie in [0, {self.n_ctx}), got {min(vals)}..{max(vals)}")
+        for view in self._rope_views:
+            for i in range(n):
+                view[i] = vals[i]
 
     def _check_batch(self, tok, slot, p) -> None:
         self._check_values(tok.tolist(), slot.tolist(), p.tolist())
@@ -708,7 +752,11 @@ class Transformer(Closable, LatentAttention):
             B.rmsnorm(kn, L.k_norm, cfg.norm_eps, kn)
         sliding = cfg.layer_sliding[i]
         inv_freq = self.inv_freq[sliding]
-        if cfg.layer_rope[i]:           # SmolLM3's NoPE layers take positions from the causal mask only
+        if cfg.rope_sections:          # M-RoPE: each section's own positions (a text token's all equal p)
+            rp = ws.rope_pos[:, :n]
+            B.rope_sections(q, rp, inv_freq, cfg.rope_neox, cfg.rope_sections)
+            B.rope_sections(k, rp, inv_freq, cfg.rope_neox, cfg.rope_sections)
+        elif cfg.layer_rope[i]:         # SmolLM3's NoPE layers take positions from the causal mask only
             B.rope(q, p, inv_freq, cfg.rope_neox)
             B.rope(k, p, inv_freq, cfg.rope_neox)
         kv = self.kv_layer[i]

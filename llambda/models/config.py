@@ -41,6 +41,8 @@ LAYER_KINDS = ("attention", "shortconv", "deltanet", "mamba2")
 MOE_ROUTINGS = ("softmax_topk", "topk_softmax", "sigmoid_topk")
 # The experts' gated activation: SiLU(gate) * up, or GPT-OSS's clamped (up + 1) * gate * sigmoid(alpha gate).
 MOE_ACTIVATIONS = ("silu", "swiglu_oai")
+# Sections of M-RoPE (temporal, height, width; llama.cpp's files hold a fourth, 0)
+MAX_ROPE_SECTIONS = 4
 # Positions the engine can address (the C core's limit): a window at least this long is no window.
 MAX_POSITIONS = 1 << 24
 # RoPE scaling types inv_freq implements, and the numeric fields each needs (with defaults).
@@ -125,6 +127,9 @@ class TransformerConfig:
     rope_neox: bool = True                  # pairs (i, i+d/2); False: adjacent pairs (GGUF llama)
     rope_scaling: dict | None = None        # {"rope_type": "linear"|"llama3"|..., ...} HF-style
     rope_theta_local: float | None = None   # sliding layers' base (Gemma 3)
+    # M-RoPE (Qwen2-VL, Qwen2.5-VL): the rotated pairs cut into sections, pair counts in order, summing to
+    # rope_dim / 2; section s turns by the row's s-th position (temporal, height, width). Empty: one position.
+    rope_sections: list[int] = field(default_factory=list)
     # block shape
     activation: str = "silu"                # "silu" or "gelu_tanh" (gated FFN either way)
     attn_bias: bool = False                 # q/k/v biases (Qwen2)
@@ -295,12 +300,22 @@ class TransformerConfig:
             if 0 < getattr(self, name) < 1e-30:        # 1e-320 is 0 in float32: the native op refused it untyped
                 raise ModelFormatError(f"config {name} = {getattr(self, name)!r} is neither 0 (off) nor >= 1e-30")
         self._check_rope()
+        self._check_sections()
         scale = self.scale()
         if not (math.isfinite(scale) and 0 < np.float32(scale) < np.inf):
             # YaRN's attention factor squared times attn_scale: 0 made attention uniform, 1e30 overflowed
             # float32 and the native attention op refused it untyped at the first forward step
             raise ModelFormatError(f"the attention scale {scale!r} (attn_scale times YaRN's attention factor squared) "
                                    "is not a positive float32")
+
+    def _check_sections(self) -> None:
+        sec = self.rope_sections
+        if not isinstance(sec, list) or len(sec) > MAX_ROPE_SECTIONS or not all(
+                type(v) is int and v >= 0 for v in sec):
+            raise ModelFormatError(f"rope sections {sec!r}: at most {MAX_ROPE_SECTIONS} pair counts expected"[:200])
+        if sec and sum(sec) != self.rope_dim // 2:
+            raise ModelFormatError(f"rope sections {sec!r} sum to {sum(sec)} pairs; the heads rotate "
+                                   f"{self.rope_dim // 2} (rope_dim / 2)")
 
     def _check_moe(self) -> None:
         if not isinstance(self.moe_layers, list) or len(self.moe_layers) != self.n_layers:

@@ -14,6 +14,13 @@ Two families' layouts (the tower says which: `tower.family`):
     run of soft tokens; a prefix then matches up to the first crop that differs, which causal attention
     allows); attention is causal everywhere (transformers' Idefics3: a plain Llama over the merged
     embeddings), so a block has no kend and a prefill chunk may end inside it.
+  - Qwen2-VL / Qwen2.5-VL (`QwenTokens`): the template's `<|vision_start|><|image_pad|><|vision_end|>` gets N
+    `<|image_pad|>` for an image whose merged grid is gh x gw (N = gh * gw, the tower's `grid`), one block an
+    image, causal attention (transformers' Qwen2.5-VL: its text model's causal mask over the merged embeddings).
+    Its tokens' RoPE positions are M-RoPE's (`rope_rows`): token k of the block, at row k // gw and column
+    k % gw, turns by (t0, t0 + row, t0 + col), t0 the position a text token there would have; the text after
+    it goes on at t0 + max(gh, gw), so a sequence's RoPE positions fall behind its cache positions by each
+    image's N - max(gh, gw) (`rope_delta`; transformers' get_rope_index and rope_deltas).
 The soft tokens' embeddings are the tower's rows, written over the text embedding (after its scale: the rows
 are not scaled). So:
   - a prefill chunk never ends strictly inside a block that attends both ways (`chunk_end`): its rows need
@@ -36,8 +43,11 @@ from ..errors import InvalidInputError, ModelFormatError
 BEGIN_TEXT, END_TEXT, SOFT_TEXT = "<start_of_image>", "<end_of_image>", "<image_soft_token>"
 # Idefics3's (transformers' Idefics3Processor): the image token a template writes, the markers around a crop
 IMAGE_TEXT, FAKE_TEXT, GLOBAL_TEXT = "<image>", "<fake_token_around_image>", "<global-img>"
-GEMMA3, IDEFICS3 = "gemma3", "idefics3"
-FAMILIES = (GEMMA3, IDEFICS3)
+# Qwen2-VL's and Qwen2.5-VL's (transformers' Qwen2VLProcessor): what a template writes for an image, and its pad
+VISION_START, IMAGE_PAD, VISION_END = "<|vision_start|>", "<|image_pad|>", "<|vision_end|>"
+GEMMA3, IDEFICS3, QWEN2VL, QWEN25VL = "gemma3", "idefics3", "qwen2_vl", "qwen2_5_vl"
+FAMILIES = (GEMMA3, IDEFICS3, QWEN2VL, QWEN25VL)
+GRID_FAMILIES = (QWEN2VL, QWEN25VL)     # an image's tokens and RoPE positions follow its merged grid
 DEFAULT_MAX_IMAGES = 8          # images one request may hold (Model.max_images; the server's bound too)
 ENCODED_ROWS_BYTES = 64 << 20   # the tower's rows kept for images sent again (EncodedRows): 24 of a 4B model's
 
@@ -128,6 +138,49 @@ class IdeficsTokens:
         return 0        # causal: a chunk may end anywhere
 
 
+@dataclass(frozen=True)
+class QwenTokens:
+    """Qwen2-VL's and Qwen2.5-VL's layout: `<|vision_start|>`, gh * gw `<|image_pad|>`, `<|vision_end|>` an image,
+    its grid the tower's merged one (tower.grid)."""
+    start: int
+    soft: int
+    end: int
+    start_text: str = VISION_START
+    soft_text: str = IMAGE_PAD
+    end_text: str = VISION_END
+    family: str = QWEN25VL
+
+    @property
+    def marker(self) -> str:
+        """What a chat template writes for an image part (Qwen's: the three tokens)."""
+        return self.start_text + self.soft_text + self.end_text
+
+    def expand(self, text: str, grids: list, per: int = 0) -> str:
+        _marker_count(text, self.marker, len(grids))
+        parts = text.split(self.marker)
+        out = [parts[0]]
+        for (gh, gw), after in zip(grids, parts[1:]):
+            out.append(self.start_text + self.soft_text * (gh * gw) + self.end_text)
+            out.append(after)
+        return "".join(out)
+
+    def place(self, ids: list[int], per: int, grids: list) -> tuple[list[int], list[tuple]]:
+        """(the ids, each image's run start): one run of gh * gw pads an image, each between start and end."""
+        a = np.asarray(ids, dtype=np.int64)
+        soft = a == self.soft
+        edges = np.flatnonzero(np.diff(np.concatenate(([0], soft.view(np.int8), [0]))))
+        lo, hi = edges[0::2], edges[1::2]
+        want = np.array([gh * gw for gh, gw in grids], dtype=np.int64)
+        if len(lo) != len(grids) or np.any(hi - lo != want) or np.any(lo < 1) or np.any(hi >= len(a))                 or np.any(a[np.maximum(lo - 1, 0)] != self.start) or np.any(a[np.minimum(hi, len(a) - 1)] != self.end):
+            raise InvalidInputError(f"the prompt's image tokens ({self.soft_text}) do not make one run of each image's "
+                                    f"{want.tolist()} tokens between {self.start_text} and {self.end_text}: the text "
+                                    "writes the tokens itself, or the tokenizer does not read them as single tokens")
+        return list(ids), [(int(s),) for s in lo]
+
+    def block_tokens(self, per: int) -> int:
+        return 0        # causal: a chunk may end anywhere
+
+
 def image_tokens(config: dict | None, tokenizer, vocab_size: int, family: str = GEMMA3):
     """The image tokens of a family's layout (ImageTokens for Gemma 3, IdeficsTokens for Idefics3), or None
     when neither the config nor the vocabulary names them.
@@ -136,6 +189,8 @@ def image_tokens(config: dict | None, tokenizer, vocab_size: int, family: str = 
     Idefics3: the config's image_token_id, else the vocabulary's `<image>` (llama.cpp's text GGUF of SmolVLM)."""
     if family == IDEFICS3:
         return _idefics_tokens(config, tokenizer, vocab_size)
+    if family in GRID_FAMILIES:
+        return _qwen_tokens(config, tokenizer, vocab_size, family)
     if family != GEMMA3:
         raise InvalidInputError(f"no image layout for the family {str(family)[:40]!r} ({', '.join(FAMILIES)})")
     ids = {}
@@ -181,6 +236,34 @@ def _idefics_tokens(config, tokenizer, vocab_size: int) -> IdeficsTokens | None:
     return IdeficsTokens(soft, text)
 
 
+def _qwen_tokens(config, tokenizer, vocab_size: int, family: str) -> QwenTokens | None:
+    """The config's vision_start_token_id, image_token_id, vision_end_token_id (a HF directory), else the
+    vocabulary's <|vision_start|>, <|image_pad|>, <|vision_end|> (a GGUF file); each read back by the tokenizer
+    as itself (a prompt must be able to hold it)."""
+    ids = {}
+    if isinstance(config, dict):
+        for key, name in (("vision_start_token_id", "start"), ("image_token_id", "soft"), ("vision_end_token_id", "end")):
+            if _index(config.get(key)):
+                ids[name] = config[key]
+    texts = {"start": VISION_START, "soft": IMAGE_PAD, "end": VISION_END}
+    for name, text in texts.items():
+        if name not in ids and tokenizer is not None:
+            tid = _token_id(tokenizer, text)
+            if tid is not None:
+                ids[name] = tid
+    if len(ids) < 3:
+        return None
+    shown = {}
+    for name, tid in ids.items():
+        if tid >= vocab_size:
+            raise InvalidInputError(f"the image token {tid} is outside the model's {vocab_size} token embeddings")
+        shown[name] = _text(tokenizer, tid, texts[name])
+        if tokenizer is not None and _token_id(tokenizer, shown[name]) != tid:
+            raise InvalidInputError(f"the image token {tid} ({shown[name][:40]!r}) is not read back as itself by the "
+                                    "tokenizer: a prompt could not hold it")
+    return QwenTokens(ids["start"], ids["soft"], ids["end"], shown["start"], shown["soft"], shown["end"], family)
+
+
 def _token_id(tokenizer, text: str) -> int | None:
     try:
         ids = tokenizer.encode(text, add_bos=False, parse_special=True)
@@ -206,6 +289,7 @@ class ImageBlock:
     rows: np.ndarray     # (tokens_per_image, d_model) float32, read-only
     digest: bytes        # sha256 of the rows: what the prefix cache tells images apart by
     causal: bool = False  # its tokens attend causally (Idefics3); else to the whole block (Gemma 3's kend)
+    grid: tuple | None = None   # (gh, gw), the merged grid of an image whose tokens take M-RoPE positions (Qwen2-VL)
 
     @property
     def end(self) -> int:
@@ -221,21 +305,67 @@ class ImageKey(NamedTuple):
     (not its rows: a slot's cached prefix must not hold megabytes of them)."""
     start: int
     end: int
-    digest: bytes
+    digest: bytes       # a block with a grid: of its rows and grid (the RoPE positions after it follow from both)
 
 
 def image_keys(blocks) -> tuple:
     return tuple(ImageKey(b.start, b.end, b.digest) for b in blocks)
 
 
-def image_block(start: int, rows: np.ndarray, causal: bool = False) -> ImageBlock:
+def image_block(start: int, rows: np.ndarray, causal: bool = False, grid=None) -> ImageBlock:
+    """grid: (gh, gw) with gh * gw rows, an image whose tokens take M-RoPE positions (rope_rows); its digest
+    covers the grid too, so a prefix match (images_agree) stops where the positions after an image would differ."""
     rows = np.array(rows, dtype=np.float32, order="C", copy=True)
     if rows.ndim != 2 or not len(rows):
         raise InvalidInputError(f"an image's rows must be a non-empty 2-D array, got shape {rows.shape}")
     if not np.isfinite(rows).all():
         raise InvalidInputError("an image's rows hold NaN or infinite values")
+    h = hashlib.sha256(rows.tobytes())
+    if grid is not None:
+        gh, gw = grid
+        if not (_index(gh) and _index(gw) and gh * gw == len(rows)):
+            raise InvalidInputError(f"an image's grid {grid!r} does not hold its {len(rows)} rows")
+        grid = (int(gh), int(gw))
+        h.update(b"grid %d %d" % grid)
     rows.setflags(write=False)
-    return ImageBlock(int(start), rows, hashlib.sha256(rows.tobytes()).digest(), bool(causal))
+    return ImageBlock(int(start), rows, h.digest(), bool(causal), grid)
+
+
+def rope_delta(blocks) -> int:
+    """How far a sequence's RoPE positions after its blocks fall behind their cache positions (<= 0): each
+    gridded block's max(gh, gw) - gh * gw (transformers' rope_deltas)."""
+    return sum(max(b.grid) - b.end + b.start for b in blocks if b.grid is not None)
+
+
+def rope_rows(blocks, start: int, end: int) -> np.ndarray | None:
+    """The M-RoPE positions int32 (end - start, 3) of a sequence's positions start..end-1 (cache positions),
+    given its blocks; None where no block has a grid (every position its own, in all three sections)."""
+    grids = [b for b in blocks if b.grid is not None]
+    if not grids:
+        return None
+    n = end - start
+    out = np.empty((n, 3), np.int64)
+    delta, at = 0, start          # text positions before the next block: position + delta
+    for b in grids:
+        if b.start >= end:
+            break
+        lo = max(at, start)
+        if lo < b.start:                                   # text before the block
+            out[lo - start:b.start - start] = (np.arange(lo, b.start) + delta)[:, None]
+        gh, gw = b.grid
+        t0 = b.start + delta
+        if b.end > start:                                  # the block's own tokens (the part in range)
+            k = np.arange(max(b.start, start), min(b.end, end)) - b.start
+            r = out[max(b.start, start) - start:min(b.end, end) - start]
+            r[:, 0] = t0
+            r[:, 1] = t0 + k // gw
+            r[:, 2] = t0 + k % gw
+        delta += max(gh, gw) - (b.end - b.start)
+        at = b.end
+    lo = max(at, start)
+    if lo < end:
+        out[lo - start:] = (np.arange(lo, end) + delta)[:, None]
+    return out.astype(np.int32)
 
 
 def expand_text(text: str, tokens: ImageTokens) -> str:

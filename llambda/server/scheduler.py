@@ -31,7 +31,7 @@ import numpy as np
 from ..constraints import ConstraintError, bounds
 from ..engine import Sequence
 from ..errors import ModelBusyError, ModelClosedError
-from ..models.images import BatchImages, chunk_end
+from ..models.images import BatchImages, chunk_end, rope_rows
 from ..sampling import top_k_indices
 from .metrics import Metrics
 from .prefix_cache import SlotTable
@@ -137,6 +137,8 @@ class Scheduler:
                  prefill_chunk: int = 256, queue_size: int = 64, min_prefix_reuse: int = 4,
                  spec_rows: int = 16):
         self.model = transformer
+        # M-RoPE (Qwen2-VL): rows' RoPE positions apart from their cache positions after an image
+        self.mrope = bool(getattr(getattr(transformer, "cfg", None), "rope_sections", None))
         # Batched greedy output must equal one-at-a-time output bit for bit: every matmul row
         # and attention row is summed in an order that does not depend on the batch.
         backend = getattr(transformer, "backend", None)
@@ -395,6 +397,10 @@ class Scheduler:
         tokens: list[int] = []
         slots: list[int] = []
         pos: list[int] = []
+        # M-RoPE (Qwen2-VL): each part's RoPE positions where a sequence's images moved them off its cache
+        # positions ((k,) after its images, (k, 3) over an image's tokens), by the part's first batch row
+        mrope = self.mrope
+        rope: list[tuple[int, np.ndarray]] = []
         rows: list[int] = []                       # batch rows whose logits the forward returns
         samples: list[tuple[int, Job, list]] = []   # (index into those logits, job to sample, its drafts)
         scored: list[tuple[Job, int, int, int]] = []   # prompt logprobs: (job, first position, first logit, count)
@@ -409,6 +415,8 @@ class Scheduler:
                 drafts = self._propose(j, room)
                 room -= len(drafts)
             p0 = j.seq.next_pos
+            if mrope and j.seq.rope_delta:
+                rope.append((len(tokens), np.arange(p0, p0 + len(drafts) + 1) + j.seq.rope_delta))
             tokens.append(j.seq.tokens[-1])
             tokens.extend(drafts)
             slots.extend([j.slot] * (len(drafts) + 1))
@@ -439,6 +447,9 @@ class Scheduler:
                 continue                   # no logit rows left in this step; the next one has room
             first = len(tokens)
             images.add(first, j.seq.images, start, start + take)
+            r = rope_rows(j.seq.images, start, start + take) if mrope and j.seq.images else None
+            if r is not None:
+                rope.append((first, r))
             tokens.extend(j.prompt[start:start + take])
             slots.extend([j.slot] * take)
             pos.extend(range(start, start + take))
@@ -457,6 +468,8 @@ class Scheduler:
         logits = None                     # no forward when every running sequence holds its logits
         if n:
             extra = {"images": images} if images else {}      # a text-only step: forward as it always was
+            if rope:
+                extra["rope"] = _rope_positions(pos, rope)
             logits = self.model.forward(np.asarray(tokens, np.int32), np.asarray(slots, np.int32),
                                         np.asarray(pos, np.int32), rows, **extra)
         t_forward = time.perf_counter() - t0
@@ -636,3 +649,17 @@ def score_prompt(logits: np.ndarray, prompt: list[int], start: int, top: int) ->
             alts = [(int(t), float(x[i, t] - lse[i])) for t in best]
         entries.append((int(targets[i]), float(chosen[i]), alts))
     return entries
+
+
+def _rope_positions(pos: list[int], parts: list) -> np.ndarray | list[int]:
+    """A step's RoPE positions: its cache positions with each part's own written over them; one a row while
+    every part gives one (a decode step's: its recorded plan takes them), else (n, 3)."""
+    if all(r.ndim == 1 for _, r in parts):
+        out = list(pos)
+        for first, r in parts:
+            out[first:first + len(r)] = r.tolist()
+        return out
+    out = np.repeat(np.asarray(pos, np.int64)[:, None], 3, axis=1)
+    for first, r in parts:
+        out[first:first + len(r)] = r if r.ndim == 2 else r[:, None]
+    return out

@@ -55,6 +55,8 @@ FAMILIES = {
     "mistral": Family("mistral", "MistralForCausalLM", "llama"),
     "qwen2": Family("qwen2", "Qwen2ForCausalLM", "qwen2"),
     "qwen3": Family("qwen3", "Qwen3ForCausalLM", "qwen3"),
+    # Qwen2.5-VL's text model (M-RoPE): its vision tower is llambda.vision's (an mmproj)
+    "qwen2vl": Family("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", "qwen2vl"),
     "gemma2": Family("gemma2", "Gemma2ForCausalLM", "gemma2", hf_norm_offset=1.0),
     "gemma3": Family("gemma3_text", "Gemma3ForCausalLM", "gemma3", hf_norm_offset=1.0),
     "phi3": Family("phi3", "Phi3ForCausalLM", "phi3", hf_fused=True),
@@ -252,7 +254,7 @@ _CHECKED = ("vocab_size", "n_layers", "d_model", "n_heads", "n_kv_heads", "head_
             "moe_activation", "moe_swiglu_alpha", "moe_swiglu_limit", "moe_bias", "attn_out_bias", "attn_sinks",
             "layer_kinds", "conv_kernel", "ssm_k_heads", "ssm_v_heads", "ssm_k_dim", "ssm_v_dim", "attn_out_gate",
             "q_lora_rank", "kv_lora_rank", "qk_nope_dim", "v_head_dim", "moe_groups", "moe_groups_used", "moe_group_top",
-            "moe_scale", "moe_layers")
+            "moe_scale", "moe_layers", "rope_sections")
 
 
 def _check_same(a: TransformerConfig, b: TransformerConfig, what: str, a_factors=None, b_factors=None) -> None:
@@ -301,11 +303,13 @@ def hf_config(cfg: TransformerConfig, fam: Family, dtype: str) -> dict:
     }
     if cfg.rope_scaling:
         out["rope_scaling"] = {k: v for k, v in cfg.rope_scaling.items() if k not in ("rope_theta", "type")}
+    if cfg.rope_sections:       # transformers 4's spelling, which 5 reads too
+        out["rope_scaling"] = {**out.get("rope_scaling", {}), "type": "mrope", "mrope_section": list(cfg.rope_sections)}
     if cfg.activation == "gelu_tanh":
         out["hidden_activation"] = out["hidden_act"] = "gelu_pytorch_tanh"
     else:
         out["hidden_act"] = "silu"
-    if fam.hf_model_type in ("qwen2", "qwen3"):
+    if fam.hf_model_type in ("qwen2", "qwen3", "qwen2_5_vl"):
         first = cfg.layer_sliding.index(True) if sliding else cfg.n_layers
         out["use_sliding_window"] = sliding
         out["max_window_layers"] = first

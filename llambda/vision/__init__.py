@@ -1,13 +1,15 @@
 """Images in: a vision tower turns an image into the soft-token rows a language model reads in its place.
 
-    tower = load_vision("path/to/gemma-3-4b-it")      # or SmolVLM's directory, an mmproj GGUF, Ollama's gemma3 GGUF
+    tower = load_vision("path/to/gemma-3-4b-it")      # or SmolVLM's or Qwen2.5-VL's directory, an mmproj GGUF, ...
     rows = tower.encode(tower.pixels(load_image(png_bytes)))   # [n_crops, tokens_per_image, hidden]
 
 Modules: image.py (bytes -> RGB image, limits), records.py (a bound on a file's header records),
 base64_text.py (an image sent as base64 text -> its bytes), preprocess.py (the image processors), config.py (the
 hyper-parameters, HF names, range-checked), siglip.py (the encoder), gemma3.py (Gemma 3's projector),
 idefics3.py (Idefics3's connector), layouts.py (names and keys of each file shape), load.py (load_vision),
-tower.py (VisionTower), mmproj.py (writing llama.cpp's mmproj GGUF). docs/VISION.md describes them.
+tower.py (VisionTower), mmproj.py (writing llama.cpp's mmproj GGUF); Qwen2.5-VL's and Qwen2-VL's tower:
+qwen2vl_config.py, qwen2vl_pixels.py (its image processor), qwen2vl.py (the windowed tower and merger),
+qwen2vl_layouts.py, qwen2vl_mmproj.py. docs/VISION.md describes them.
 """
 from .image import MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS, check_image, load_image
 from .load import load_vision

@@ -31,6 +31,20 @@ PROJECTORS = ("gemma3", "idefics3")
 RESAMPLE_FILTERS = (0, 1, 2, 3, 4, 5)      # Pillow's (and transformers' PILImageResampling's) filter numbers
 
 
+def number_triple(v, positive: bool, what: str) -> tuple:
+    """3 finite floats (a mean or std per channel; one number: the same for all 3), or ModelFormatError."""
+    if hasattr(v, "tolist"):
+        v = v.tolist()
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        v = [v] * 3
+    ok = (isinstance(v, (list, tuple)) and len(v) == 3
+          and all(isinstance(x, (int, float)) and not isinstance(x, bool) and finite_as_float(x)
+                  and abs(x) < 1e6 and (x > 0 if positive else True) for x in v))
+    if not ok:
+        raise ModelFormatError(f"{what} must be 3 finite numbers{' > 0' if positive else ''}")
+    return tuple(float(x) for x in v)
+
+
 @dataclass
 class VisionConfig:
     """SigLIP's encoder, the projector (Gemma 3's pooling one, Idefics3's pixel-shuffle connector) and the image
@@ -106,17 +120,7 @@ class VisionConfig:
             return float(v)
 
         def triple(key: str, default, positive: bool) -> tuple:
-            v = fields.get(key, default)
-            if hasattr(v, "tolist"):
-                v = v.tolist()
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                v = [v] * 3
-            ok = (isinstance(v, (list, tuple)) and len(v) == 3
-                  and all(isinstance(x, (int, float)) and not isinstance(x, bool) and finite_as_float(x)
-                          and abs(x) < 1e6 and (x > 0 if positive else True) for x in v))
-            if not ok:
-                raise ModelFormatError(f"{what(key)} must be 3 finite numbers{' > 0' if positive else ''}")
-            return tuple(float(x) for x in v)
+            return number_triple(fields.get(key, default), positive, what(key))
 
         projector = fields.get("projector", "gemma3")
         if projector not in PROJECTORS:

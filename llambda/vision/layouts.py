@@ -70,7 +70,7 @@ def gguf_name(canon: str, which: int) -> str | None:
 
 @dataclass
 class Layout:
-    cfg: VisionConfig
+    cfg: VisionConfig             # or a QwenVisionConfig (qwen2vl_layouts.py)
     lookup: Callable[[str], Optional[WeightTensor]]
     soft_norm_offset: float       # the projector norm's multiplier is the stored weight + this
     kind: str                     # "hf", "mmproj", "ollama"
@@ -105,7 +105,7 @@ def hf_fields(cfg: dict, pre: dict | None, source: str) -> dict:
     if pre.get("resample", 2) != 2:
         raise ModelFormatError(f"{source}: preprocessor_config.json's resample {pre.get('resample')!r} is not "
                                "supported (2, bilinear, only)")
-    return _rescale_normalize(pre, fields)
+    return rescale_normalize(pre, fields)
 
 
 IDEFICS3_TYPES = ("idefics3", "smolvlm")
@@ -140,7 +140,7 @@ def idefics3_hf_fields(cfg: dict, pre: dict | None, source: str, seq_len=None) -
     fields["do_image_splitting"] = pre.get("do_image_splitting", True)
     fields["processor_seq_len"] = seq_len      # checked against the tokens a crop gives once those are known
     fields["resample"] = pre.get("resample", 1)
-    return _rescale_normalize(pre, fields)
+    return rescale_normalize(pre, fields)
 
 
 def image_processor_settings(path, read_json) -> tuple:
@@ -158,15 +158,16 @@ def image_processor_settings(path, read_json) -> tuple:
     return pre, seq_len
 
 
-def _rescale_normalize(pre: dict, fields: dict) -> dict:
-    """The image processor's rescale and normalize settings into `fields` (transformers' defaults where absent)."""
+def rescale_normalize(pre: dict, fields: dict, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5)) -> dict:
+    """The image processor's rescale and normalize settings into `fields` (transformers' defaults where absent:
+    1/255, the processor class's mean and std)."""
     if pre.get("do_rescale", True):
         fields["rescale_factor"] = pre.get("rescale_factor", 1 / 255)
     else:
         fields["rescale_factor"] = 1.0
     if pre.get("do_normalize", True):
-        fields["image_mean"] = pre.get("image_mean", (0.5, 0.5, 0.5))
-        fields["image_std"] = pre.get("image_std", (0.5, 0.5, 0.5))
+        fields["image_mean"] = pre.get("image_mean", mean)
+        fields["image_std"] = pre.get("image_std", std)
     else:
         fields["image_mean"], fields["image_std"] = (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)
     return fields
@@ -293,7 +294,7 @@ def gguf_lookup(gguf_file, which: int):
 
 
 def has_ollama_tower(gguf_file) -> bool:
-    return "v.patch_embedding.weight" in gguf_file.tensors or any(
+    return any(n in gguf_file.tensors for n in ("v.patch_embedding.weight", "v.patch_embd_0.weight")) or any(
         k.endswith(".vision.block_count") for k in gguf_file.metadata)
 
 

@@ -17,6 +17,8 @@ from .config import VisionConfig
 from .layouts import (HF_NAMES, IDEFICS3_TYPES, LLAMA_CPP, MMPROJ_NAMES, OLLAMA, OLLAMA_NAMES, Layout,
                       check_processor_size, gguf_lookup, has_ollama_tower, hf_fields, hf_lookup, idefics3_hf_fields,
                       image_processor_settings, mmproj_fields, ollama_fields)
+from . import qwen2vl_layouts as qwen_layouts
+from .qwen2vl_config import QWEN_FAMILIES, QwenVisionConfig
 from .tower import VisionTower
 
 
@@ -46,9 +48,11 @@ def open_layout(path: Path) -> Layout | None:
         if not isinstance(cfg, dict) or "vision_config" not in cfg:
             return None
         kind = cfg.get("model_type")
+        if kind in QWEN_FAMILIES:
+            return _qwen_hf_layout(path, cfg, src)
         if kind != "gemma3" and kind not in IDEFICS3_TYPES:
-            warnings.warn(f"{path}: its vision tower ({str(kind)[:40]!r}) is not supported (Gemma 3's and Idefics3's "
-                          "only): the model reads no images", LlambdaWarning, stacklevel=3)
+            warnings.warn(f"{path}: its vision tower ({str(kind)[:40]!r}) is not supported (Gemma 3's, Idefics3's, "
+                          "Qwen2(.5)-VL's only): the model reads no images", LlambdaWarning, stacklevel=3)
             return None
         pre, seq_len = image_processor_settings(path, read_json)
         fields = idefics3_hf_fields(cfg, pre, src, seq_len) if kind in IDEFICS3_TYPES else hf_fields(cfg, pre, src)
@@ -65,15 +69,23 @@ def open_layout(path: Path) -> Layout | None:
     try:
         meta = f.metadata
         arch = meta.get("general.architecture")
+        if arch == "clip" and meta.get("clip.projector_type") in qwen_layouts.MMPROJ_TYPES:
+            vcfg = QwenVisionConfig.from_fields(qwen_layouts.mmproj_fields(meta, src), qwen_layouts.MMPROJ_KEYS, src)
+            return Layout(vcfg, qwen_layouts.mmproj_lookup(f), 0.0, "mmproj", [f.close])
         if arch == "clip":
             vcfg = VisionConfig.from_fields(mmproj_fields(meta, src), MMPROJ_NAMES, src)
             return Layout(vcfg, gguf_lookup(f, LLAMA_CPP), 0.0, "mmproj", [f.close])
         if not has_ollama_tower(f):
             f.close()
             return None
+        if arch == qwen_layouts.OLLAMA_ARCH:
+            lookup = qwen_layouts.mmproj_lookup(f, "ollama")
+            vcfg = QwenVisionConfig.from_fields(qwen_layouts.ollama_fields(meta, lookup, src), qwen_layouts.OLLAMA_KEYS,
+                                                src)
+            return Layout(vcfg, lookup, 0.0, "ollama", [f.close])
         if arch != "gemma3":
-            warnings.warn(f"{path}: its vision tower ({str(arch)[:40]!r}) is not supported (Gemma 3's only): the "
-                          "model reads no images", LlambdaWarning, stacklevel=3)
+            warnings.warn(f"{path}: its vision tower ({str(arch)[:40]!r}) is not supported (Gemma 3's and Qwen2.5-VL's "
+                          "only): the model reads no images", LlambdaWarning, stacklevel=3)
             f.close()
             return None
         lookup = gguf_lookup(f, OLLAMA)
@@ -81,6 +93,18 @@ def open_layout(path: Path) -> Layout | None:
         return Layout(vcfg, lookup, 0.0, "ollama", [f.close])
     except BaseException:
         f.close()
+        raise
+
+
+def _qwen_hf_layout(path: Path, cfg: dict, src: str) -> Layout:
+    pre, _ = image_processor_settings(path, read_json)     # preprocessor_config.json, or transformers 5's save
+    vcfg = QwenVisionConfig.from_fields(qwen_layouts.hf_fields(cfg, pre, src), qwen_layouts.HF_NAMES, src)
+    from ..formats.safetensors import open_safetensors_dir
+    st = open_safetensors_dir(path)
+    try:
+        return Layout(vcfg, qwen_layouts.hf_lookup(st.tensors, src), 0.0, "hf", [st.close])
+    except BaseException:
+        st.close()
         raise
 
 

@@ -21,15 +21,21 @@ from .config import MAX_LONGEST_EDGE, VisionConfig
 from .image import load_image, pillow, to_rgb
 
 
-def pixel_values(image, cfg: VisionConfig) -> np.ndarray:
-    """float32 [n_crops, 3, image_size, image_size] of a PIL image (or the bytes of an image file)."""
+def rgb_image(image):
+    """The RGB copy (image.to_rgb) of a PIL image or of the bytes of an image file; InvalidInputError otherwise."""
     if isinstance(image, (bytes, bytearray, memoryview)):
         image = load_image(image)
     Image, _ = pillow()
     if not isinstance(image, Image.Image):
         raise InvalidInputError(f"an image must be a PIL image or the bytes of an image file, got "
                                 f"{type(image).__name__}")
-    rgb = to_rgb(image)
+    return to_rgb(image)
+
+
+def pixel_values(image, cfg: VisionConfig) -> np.ndarray:
+    """float32 [n_crops, 3, image_size, image_size] of a PIL image (or the bytes of an image file)."""
+    Image, _ = pillow()
+    rgb = rgb_image(image)
     crops = _idefics3_crops(rgb, cfg) if cfg.projector == "idefics3" else [
         np.asarray(rgb.resize((cfg.image_size, cfg.image_size), resample=Image.Resampling.BILINEAR), np.uint8)]
     S = cfg.image_size

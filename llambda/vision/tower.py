@@ -11,37 +11,58 @@ from .config import VisionConfig
 from .gemma3 import Gemma3Projector
 from .idefics3 import Idefics3Connector
 from .preprocess import idefics3_grid, pixel_values
+from .qwen2vl import QwenVisionEncoder
+from .qwen2vl_config import QWEN_FAMILIES
+from .qwen2vl_pixels import patch_grid, patches
 from .siglip import SiglipEncoder
 
 MAX_IMAGES_PER_CALL = 64
+MAX_REMEMBERED_GRIDS = 64
+
+
+def _digest(px: np.ndarray) -> tuple:
+    """An image's flattened patches told apart by their shape and content (blake2b of the bytes)."""
+    import hashlib
+    return px.shape, hashlib.blake2b(np.ascontiguousarray(px).view(np.uint8).reshape(-1), digest_size=16).digest()
 
 
 class VisionTower:
-    """`family` ("gemma3", "idefics3"), `tokens_per_image` (soft tokens per crop), `hidden` (the text model's
-    width of each row), `attends` ("block": an image's soft tokens see their whole block; "causal"),
-    `grid(width, height)`, `pixels(image)` -> [n_crops, 3, S, S], `encode(pixels)`, `close()`. Calls from
+    """`family` ("gemma3", "idefics3", "qwen2_5_vl", "qwen2_vl"), `tokens_per_image` (soft tokens per crop; None:
+    Qwen2-VL, grid() says), `hidden` (the text model's width of each row), `attends` ("block": an image's soft
+    tokens see their whole block; "causal"), `grid(width, height)`, `pixels(image)` -> [n_crops, 3, S, S]
+    (Qwen2-VL: [patches, C*T*P*P]), `encode(pixels)` (Qwen2-VL: `encode_one(pixels)`), `close()`. Calls from
     several threads take turns (one crop's activations are reused)."""
 
     def __init__(self, cfg: VisionConfig, lookup, backend, soft_norm_offset: float, name: str = ""):
         self.cfg, self.backend, self.name = cfg, backend, name
-        self.encoder = SiglipEncoder(cfg, lookup, backend)
-        self.projector = (Idefics3Connector(cfg, lookup, backend) if cfg.projector == "idefics3"
-                          else Gemma3Projector(cfg, lookup, backend, soft_norm_offset))
+        if cfg.projector in QWEN_FAMILIES:
+            self.encoder, self.projector = QwenVisionEncoder(cfg, lookup, backend), None
+        else:
+            self.encoder = SiglipEncoder(cfg, lookup, backend)
+            self.projector = (Idefics3Connector(cfg, lookup, backend) if cfg.projector == "idefics3"
+                              else Gemma3Projector(cfg, lookup, backend, soft_norm_offset))
         backend.end_load()
         self.closed = False
         self._lock = threading.Lock()
+        self._grids: dict = {}       # Qwen2-VL: the patch grid of pixels() made lately, by their digest
+        self._grids_lock = threading.Lock()
 
     @property
-    def tokens_per_image(self) -> int:
-        return self.cfg.mm_tokens_per_image
+    def tokens_per_image(self) -> int | None:
+        """Soft tokens per crop; None for Qwen2-VL's, whose count varies with the image (grid())."""
+        return None if self.qwen else self.cfg.mm_tokens_per_image
+
+    @property
+    def qwen(self) -> bool:
+        return self.cfg.projector in QWEN_FAMILIES
 
     @property
     def hidden(self) -> int:
         return self.cfg.text_hidden_size
 
     @property
-    def image_size(self) -> int:
-        return self.cfg.image_size
+    def image_size(self) -> int | None:
+        return None if self.qwen else self.cfg.image_size
 
     @property
     def family(self) -> str:
@@ -49,17 +70,22 @@ class VisionTower:
 
     @property
     def attends(self) -> str:
-        """"block": an image's soft tokens attend to their whole block both ways (Gemma 3); "causal" (Idefics3)."""
-        return "causal" if self.cfg.projector == "idefics3" else "block"
+        """"block": an image's soft tokens attend to their whole block both ways (Gemma 3); "causal" (Idefics3,
+        Qwen2-VL)."""
+        return "block" if self.cfg.projector == "gemma3" else "causal"
 
     def grid(self, width: int, height: int) -> tuple[int, int]:
         """(rows, cols) of the crops of an image of width x height pixels as decoded (its EXIF orientation
         applied: check_image's size); (0, 0): not split, one crop. pixels() of that image gives
-        rows * cols + 1 crops: the tiles row-major, then the whole image."""
+        rows * cols + 1 crops: the tiles row-major, then the whole image. Qwen2-VL: the MERGED token grid
+        (rows x cols soft tokens, row-major), from smart_resize."""
         for v in (width, height):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 1 <= v <= 1 << 20:
                 raise InvalidInputError(f"an image's width and height must be integers in 1..{1 << 20}, got "
                                         f"{str(v)[:40]}")
+        if self.qwen:
+            gh, gw = patch_grid(int(width), int(height), self.cfg)
+            return gh // self.cfg.spatial_merge_size, gw // self.cfg.spatial_merge_size
         return idefics3_grid(int(width), int(height), self.cfg) if self.cfg.projector == "idefics3" else (0, 0)
 
     def _check_open(self) -> None:
@@ -68,11 +94,69 @@ class VisionTower:
 
     def pixels(self, image) -> np.ndarray:
         """float32 [n_crops, 3, image_size, image_size]: the model's own preprocessing of a PIL image (or image
-        bytes); n_crops = rows * cols + 1 of grid() (Gemma 3: 1)."""
-        return pixel_values(image, self.cfg)
+        bytes); n_crops = rows * cols + 1 of grid() (Gemma 3: 1). Qwen2-VL: the flattened patches
+        [patches, C*T*P*P] (each merge group's rows together), whose patch grid encode_one finds again."""
+        if not self.qwen:
+            return pixel_values(image, self.cfg)
+        px, grid = patches(image, self.cfg)
+        with self._grids_lock:
+            self._grids[_digest(px)] = grid
+            while len(self._grids) > MAX_REMEMBERED_GRIDS:
+                self._grids.pop(next(iter(self._grids)))
+        return px
 
-    def last_hidden_state(self, pixels: np.ndarray) -> np.ndarray:
-        """The encoder's output [n_patches, vision_hidden] for one crop's pixels [3, S, S] (a copy)."""
+    def encode_one(self, pixels: np.ndarray, grid: tuple | None = None) -> np.ndarray:
+        """Qwen2-VL: float32 [cells, hidden], one image's rows in prompt order (the merged grid row-major), from
+        its flattened patches (pixels()'s); `grid` its PATCH grid (rows, cols), found from the patches where
+        pixels() made them lately."""
+        px, grid = self._qwen_input(pixels, grid)
+        with self._lock:
+            self._check_open()
+            self.backend.enter_forward()
+            try:
+                return self.encoder.forward(px, grid)
+            finally:
+                self.backend.exit_forward()
+
+    def _qwen_input(self, pixels, grid) -> tuple[np.ndarray, tuple]:
+        if not self.qwen:
+            raise InvalidInputError(f"encode_one is Qwen2-VL's; a {self.family} tower encodes crops (encode)")
+        self._check_open()
+        c = self.cfg
+        if not isinstance(pixels, np.ndarray) or pixels.ndim != 2 or pixels.shape[1] != c.patch_values:
+            got = list(pixels.shape) if isinstance(pixels, np.ndarray) else type(pixels).__name__
+            raise InvalidInputError(f"encode_one takes flattened patches [n, {c.patch_values}], got {got}")
+        px = np.ascontiguousarray(pixels, dtype=np.float32)
+        if grid is None:
+            with self._grids_lock:
+                grid = self._grids.get(_digest(px))
+            if grid is None:
+                raise InvalidInputError("encode_one needs the patch grid of patches pixels() did not make lately")
+        m = c.spatial_merge_size
+        if (not isinstance(grid, (tuple, list)) or len(grid) != 2
+                or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v > 0 and v % m == 0
+                           for v in grid) or grid[0] * grid[1] != len(px)
+                or grid[0] * grid[1] * c.patch_size ** 2 > c.max_pixels + c.factor * c.patch_size * (grid[0] + grid[1])):
+            raise InvalidInputError(f"the patch grid {str(grid)[:40]} does not fit {len(px)} patches (both sides "
+                                    f"multiples of {m}, within max_pixels)")
+        if not np.isfinite(px).all():
+            raise InvalidInputError("pixels hold non-finite values")
+        return px, (int(grid[0]), int(grid[1]))
+
+    def last_hidden_state(self, pixels: np.ndarray, grid: tuple | None = None) -> np.ndarray:
+        """The encoder's output [n_patches, vision_hidden] for one crop's pixels [3, S, S] (a copy). Qwen2-VL:
+        the last block's output [patches, vision_hidden] in the patches' own order (before the merger)."""
+        if self.qwen:
+            px, grid = self._qwen_input(pixels, grid)
+            out = np.empty((len(px), self.cfg.hidden_size), np.float32)
+            with self._lock:
+                self._check_open()
+                self.backend.enter_forward()
+                try:
+                    self.encoder.forward(px, grid, out)
+                finally:
+                    self.backend.exit_forward()
+            return out
         one = self._one(pixels)
         with self._lock:
             self._check_open()
@@ -86,6 +170,8 @@ class VisionTower:
         """float32 [n, tokens_per_image, hidden]: the soft-token rows of n crops' pixels [n, 3, S, S]."""
         self._check_open()
         c = self.cfg
+        if self.qwen:
+            raise InvalidInputError("a Qwen2-VL tower encodes one image at a time: encode_one(pixels)")
         shape = (c.num_channels, c.image_size, c.image_size)
         if not isinstance(pixels, np.ndarray) or pixels.ndim != 4 or tuple(pixels.shape[1:]) != shape:
             got = list(pixels.shape) if isinstance(pixels, np.ndarray) else type(pixels).__name__

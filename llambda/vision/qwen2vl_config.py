@@ -1,0 +1,166 @@
+"""The hyper-parameters of a Qwen2-VL / Qwen2.5-VL vision tower and its image processor, under Hugging Face's
+names (Qwen2_5_VLVisionConfig's, Qwen2VLImageProcessor's), each range-checked as read, whatever file they came
+from: a layout fills a dict of these names and `QwenVisionConfig.from_fields` checks it.
+
+Nothing is sized from a value before it is checked: an image's activations are sized from its own grid, which
+max_pixels bounds (MAX_PIXELS: Qwen2.5-VL's own processor default, 16384 tokens an image).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ModelFormatError
+from ..finite import finite_as_float
+from .config import MAX_FFN, MAX_HEAD_DIM, MAX_HIDDEN, MAX_LAYERS, MAX_TEXT_HIDDEN, number_triple
+
+QWEN_FAMILIES = ("qwen2_5_vl", "qwen2_vl")
+MAX_PATCH = 64
+MAX_MERGE = 8
+MAX_TEMPORAL = 4
+MAX_PIXELS = 16384 * 28 * 28         # Qwen2.5-VL's preprocessor_config max_pixels (12845056)
+MAX_ASPECT = 200                     # smart_resize refuses a longer side past 200 times the shorter
+NORM_EPS = 1e-6                      # fixed in transformers' vision blocks and merger
+MLP_ROWS = 4096                      # the tower's MLP runs this many rows at a time (its [rows, F] buffers: 56 MB
+                                     # each for Qwen2.5-VL's 3420)
+
+
+@dataclass
+class QwenVisionConfig:
+    """projector: "qwen2_5_vl" (RMSNorm, SwiGLU MLP, window attention except in fullatt_block_indexes) or
+    "qwen2_vl" (LayerNorm, quick-GELU MLP, full attention everywhere). text_hidden_size is the merger's output
+    width (out_hidden_size). window_size is in pixels (a multiple of patch_size * spatial_merge_size)."""
+    projector: str
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    patch_size: int
+    spatial_merge_size: int
+    temporal_patch_size: int
+    text_hidden_size: int
+    window_size: int = 0
+    fullatt_block_indexes: tuple = ()
+    rope_theta: float = 10000.0
+    min_pixels: int = 56 * 56
+    max_pixels: int = 28 * 28 * 1280
+    num_channels: int = 3
+    image_mean: tuple = (0.48145466, 0.4578275, 0.40821073)
+    image_std: tuple = (0.26862954, 0.26130258, 0.27577711)
+    rescale_factor: float = 1 / 255
+    source: str = ""
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def factor(self) -> int:
+        """The side, in pixels, of one merged cell: both sides of a resized image are multiples of it."""
+        return self.patch_size * self.spatial_merge_size
+
+    @property
+    def patch_values(self) -> int:
+        """The values of one flattened patch: C * T * P * P."""
+        return self.num_channels * self.temporal_patch_size * self.patch_size ** 2
+
+    @property
+    def window_cells(self) -> int:
+        """A window's side in merged cells (0: no windows)."""
+        return self.window_size // self.factor if self.projector == "qwen2_5_vl" else 0
+
+    def full_attention(self, layer: int) -> bool:
+        return self.projector == "qwen2_vl" or layer in self.fullatt_block_indexes
+
+    @classmethod
+    def from_fields(cls, fields: dict, names: dict | None = None, source: str = "") -> "QwenVisionConfig":
+        names = names or {}
+
+        def what(key: str) -> str:
+            return f"{source}: {names.get(key, key)}" if source else names.get(key, key)
+
+        def integer(key: str, lo: int, hi: int, default=None) -> int:
+            v = fields.get(key, default)
+            if v is None:
+                raise ModelFormatError(f"{what(key)} is missing")
+            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+                shown = repr(v) if isinstance(v, (int, float, str)) else type(v).__name__
+                raise ModelFormatError(f"{what(key)} must be an integer in {lo}..{hi}, got {shown[:40]}")
+            return v
+
+        def triple(key: str, default, positive: bool) -> tuple:
+            return number_triple(fields.get(key, default), positive, what(key))
+
+        projector = fields.get("projector")
+        if projector not in QWEN_FAMILIES:
+            raise ModelFormatError(f"{what('projector')} {str(projector)[:40]!r} is not one of {QWEN_FAMILIES}")
+        act = fields.get("hidden_act", "silu" if projector == "qwen2_5_vl" else "quick_gelu")
+        if act != ("silu" if projector == "qwen2_5_vl" else "quick_gelu"):
+            raise ModelFormatError(f"{what('hidden_act')} {str(act)[:40]!r} is not supported for {projector}")
+        c = cls(projector=projector,
+                hidden_size=integer("hidden_size", 1, MAX_HIDDEN),
+                intermediate_size=integer("intermediate_size", 1, MAX_FFN),
+                num_hidden_layers=integer("num_hidden_layers", 1, MAX_LAYERS),
+                num_attention_heads=integer("num_attention_heads", 1, MAX_HIDDEN),
+                patch_size=integer("patch_size", 1, MAX_PATCH),
+                spatial_merge_size=integer("spatial_merge_size", 1, MAX_MERGE, 2),
+                temporal_patch_size=integer("temporal_patch_size", 1, MAX_TEMPORAL, 2),
+                text_hidden_size=integer("text_hidden_size", 1, MAX_TEXT_HIDDEN),
+                num_channels=integer("num_channels", 3, 3, 3),
+                image_mean=triple("image_mean", cls.image_mean, False),
+                image_std=triple("image_std", cls.image_std, True),
+                source=source)
+        rescale = fields.get("rescale_factor", 1 / 255)
+        if isinstance(rescale, bool) or not isinstance(rescale, (int, float)) or not finite_as_float(rescale) \
+                or not 0 < rescale < 2:
+            raise ModelFormatError(f"{what('rescale_factor')} must be a number in (0, 2)")
+        c.rescale_factor = float(rescale)
+        theta = fields.get("rope_theta", 10000.0)
+        if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not finite_as_float(theta) \
+                or not 1 < theta < 1e9:
+            raise ModelFormatError(f"{what('rope_theta')} must be a number in (1, 1e9)")
+        c.rope_theta = float(theta)
+        if c.hidden_size % c.num_attention_heads or c.head_dim > MAX_HEAD_DIM or c.head_dim % 4:
+            raise ModelFormatError(f"{what('hidden_size')} {c.hidden_size} is not {c.num_attention_heads} heads of a "
+                                   f"multiple of 4 (the 2D rotary halves) at most {MAX_HEAD_DIM}")
+        depth = c.num_hidden_layers
+        if projector == "qwen2_5_vl":
+            c.window_size = integer("window_size", c.factor, 1 << 16)
+            if c.window_size % c.factor:
+                raise ModelFormatError(f"{what('window_size')} {c.window_size} is not a multiple of patch_size x "
+                                       f"spatial_merge_size = {c.factor} (transformers would floor it: no released "
+                                       "model does that, and llama.cpp's mmproj could not say it)")
+            full = fields.get("fullatt_block_indexes")
+            if hasattr(full, "tolist"):
+                full = full.tolist()
+            if not isinstance(full, (list, tuple)) or not all(
+                    isinstance(i, int) and not isinstance(i, bool) and 0 <= i < depth for i in full) \
+                    or len(set(full)) != len(full):
+                raise ModelFormatError(f"{what('fullatt_block_indexes')} must be a list of distinct layer numbers "
+                                       f"below the depth {depth}, got {str(full)[:80]}")
+            c.fullatt_block_indexes = tuple(sorted(full))
+        c.min_pixels = integer("min_pixels", 1, MAX_PIXELS, cls.min_pixels)
+        c.max_pixels = integer("max_pixels", c.factor ** 2, MAX_PIXELS, cls.max_pixels)
+        if c.min_pixels > c.max_pixels:
+            raise ModelFormatError(f"{what('min_pixels')} {c.min_pixels} is above max_pixels {c.max_pixels}")
+        return c
+
+    def max_patches(self) -> int:
+        """The most patches one image can make (smart_resize keeps h * w <= max_pixels, or one merged cell a
+        side; min_pixels' upscale can pass max_pixels by less than a cell a side: checked per image)."""
+        return self.max_pixels // self.patch_size ** 2
+
+    def workspace_bytes(self) -> int:
+        """The activations of the largest image max_pixels allows (allocated per image, while it encodes): its
+        patches twice (as made and in window order), x, h, the attention's output, [q|k|v], half of q's rotation,
+        the MLP's two row blocks, the merger's input and rows."""
+        n, H, m2 = self.max_patches(), self.hidden_size, self.spatial_merge_size ** 2
+        per_patch = 2 * self.patch_values + 6 * H + H // 2 + H + 2 * self.text_hidden_size // m2
+        return 4 * (n * per_patch + 2 * min(n, MLP_ROWS) * self.intermediate_size)
+
+    def params(self) -> int:
+        H, F, L, m2 = self.hidden_size, self.intermediate_size, self.num_hidden_layers, self.spatial_merge_size ** 2
+        mlp = 3 * H * F + 2 * F + H if self.projector == "qwen2_5_vl" else 2 * H * F + F + H
+        norms = 2 * H if self.projector == "qwen2_5_vl" else 4 * H
+        per_layer = 4 * H * H + 4 * H + mlp + norms
+        merger = H * m2 * (H * m2 + 1) + H * m2 * self.text_hidden_size + self.text_hidden_size + norms // 2
+        return H * self.patch_values + L * per_layer + merger
