@@ -788,8 +788,8 @@ class Model:
         return out
 
     def _encode_grids(self, files: dict) -> list[tuple]:
-        """Qwen2-VL's images (_encode_new's): each its own patches (tower.pixels: [patches, C*T*P*P]), its rows
-        (tower.encode_one: [gh * gw, width], in prompt order) and its grid (tower.grid of its size), one causal
+        """Qwen2-VL's images (_encode_new's): each its own patches (tower.pixels: [patches, C*T*P*P]), its grid
+        (tower.grid of its size), its rows (tower.encode_one of both: [gh * gw, width], in prompt order), one causal
         block an image, its grid on it (M-RoPE); one image at a time decoded, patched and encoded."""
         from .vision import load_image as decode
         load_image, tower = self._load_image or decode, self.vision
@@ -814,7 +814,7 @@ class Model:
                     raise ModelFormatError(f"the vision tower's pixels are no array of numbers ({e})") from None
                 if px.ndim != 2 or not len(px):
                     raise ModelFormatError(f"the vision tower's pixels are of shape {px.shape}: no [patches, values]")
-                rows = tower_rows([tower.encode_one(px)], 1, gh * gw, width)[0]
+                rows = tower_rows([tower.encode_one(px, (gh, gw))], 1, gh * gw, width)[0]
             blocks = (image_block(0, rows, causal=True, grid=(gh, gw)),)
             self._encoded.put(key, blocks)
             out.append(blocks)

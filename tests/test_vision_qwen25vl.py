@@ -39,13 +39,19 @@ def patches_of(tower, name: str) -> np.ndarray:
     return tower.pixels(load_image(data))
 
 
+def grid_of(name: str) -> tuple:
+    """The fixture image's merged grid (what tower.grid gives for its size)."""
+    return tuple(REF["images"][name]["merged_grid"])
+
+
 def check_tower(tower, budget_hidden: float, budget_rows: float) -> dict:
     """Every fixture image through `tower`: the worst errors of the last block's output and the merger's rows."""
     hidden, rows = [], []
     for name, entry in REF["images"].items():
         px = patches_of(tower, name)
-        hidden.append(np.abs(tower.last_hidden_state(px) - ref(entry, "hidden_before_merger")).max())
-        rows.append(np.abs(tower.encode_one(px) - ref(entry, "merger_rows")).max())
+        assert tower.grid(*entry["size"]) == grid_of(name)
+        hidden.append(np.abs(tower.last_hidden_state(px, grid_of(name)) - ref(entry, "hidden_before_merger")).max())
+        rows.append(np.abs(tower.encode_one(px, grid_of(name)) - ref(entry, "merger_rows")).max())
     return visionkit.within(hidden, rows, budget_hidden, budget_rows)
 
 
@@ -126,10 +132,35 @@ def test_tower_facts(numpy_tower):
     t = numpy_tower
     assert t.family == "qwen2_5_vl" and t.hidden == 64 and t.tokens_per_image is None and t.attends == "causal"
     px = patches_of(t, "image_wide.png")
-    rows = t.encode_one(px)
-    assert rows.shape == (15, 64) and rows.dtype == np.float32
-    np.testing.assert_array_equal(rows, t.encode_one(np.array(px)))        # a copy: found by its content
-    np.testing.assert_array_equal(rows, t.encode_one(px, (6, 10)))          # the patch grid given
+    rows = t.encode_one(px, (3, 5))
+    assert rows.shape == (15, 64) and rows.dtype == np.float32 and grid_of("image_wide.png") == (3, 5)
+    np.testing.assert_array_equal(rows, t.encode_one(np.array(px), [3, 5]))
+
+
+def test_the_grid_is_the_callers_not_found_by_the_patches(numpy_tower):
+    """Two images of transposed shapes (4 x 2 and 2 x 4 cells of one colour each, the colours in the same
+    row-major order) have the same patches: each image's rows follow the grid given with them (a tower that
+    looked the grid up by the patches' digest gave the second image's grid to the first: rows off by 0.57)."""
+    t = numpy_tower
+    colours = np.random.default_rng(0).integers(0, 256, (8, 3)).astype(np.uint8)
+
+    def image(rows, cols):
+        a = np.zeros((rows * 28, cols * 28, 3), np.uint8)
+        for k in range(8):
+            a[k // cols * 28:(k // cols + 1) * 28, k % cols * 28:(k % cols + 1) * 28] = colours[k]
+        return Image.fromarray(a, "RGB")
+    tall, wide = image(4, 2), image(2, 4)
+    assert t.grid(*tall.size) == (4, 2) and t.grid(*wide.size) == (2, 4)
+    pt, pw = t.pixels(tall), t.pixels(wide)
+    assert np.array_equal(pt, pw)
+    alone = load_vision(TINY, backend="numpy")
+    try:
+        want = alone.encode_one(alone.pixels(tall), (4, 2))
+    finally:
+        alone.close()
+    got = t.encode_one(pt, t.grid(*tall.size))
+    np.testing.assert_array_equal(got, want)
+    assert np.abs(got - t.encode_one(pt, (2, 4))).max() > 0.01      # the grid matters: the test can fail
 
 
 def test_numpy_oracle_matches_transformers(numpy_tower):
@@ -151,25 +182,23 @@ def test_native_fast_mode_within_its_budget(isa):
 def test_bad_calls_are_typed_errors(numpy_tower):
     t = numpy_tower
     px = patches_of(t, "image_big.png")
-    with pytest.raises(InvalidInputError, match="grid"):
-        t.encode_one(np.random.default_rng(1).normal(size=px.shape).astype(np.float32))   # grid unknown
-    for grid in ((6, 9), (3, 16), (48, 1), (0, 0), "6x8", (6.0, 8.0), (-6, -8)):
+    for grid in ((6, 8), (3, 5), (12, 0), (0, 0), "3x4", (3.0, 4.0), (-3, -4), (3, 4, 1), (True, 12), None):
         with pytest.raises(InvalidInputError):
             t.encode_one(px, grid)
     with pytest.raises(InvalidInputError):
-        t.encode_one(px[:, :100])
+        t.encode_one(px[:, :100], (3, 4))
     with pytest.raises(InvalidInputError):
-        t.encode_one(px.reshape(-1))
+        t.encode_one(px.reshape(-1), (3, 4))
     bad = px.copy()
     bad[3, 7] = np.nan
     with pytest.raises(InvalidInputError, match="non-finite"):
-        t.encode_one(bad, (6, 8))
+        t.encode_one(bad, (3, 4))
     with pytest.raises(InvalidInputError, match="encode_one"):
         t.encode(px[None])
     with pytest.raises(InvalidInputError):
         t.pixels("not an image")
     with pytest.raises(InvalidInputError, match="max_pixels"):      # a grid bigger than max_pixels allows
-        t.encode_one(np.zeros((64 * 64, px.shape[1]), np.float32), (64, 64))
+        t.encode_one(np.zeros((64 * 64, px.shape[1]), np.float32), (32, 32))
 
 
 def test_closed_tower_refuses():
@@ -177,7 +206,7 @@ def test_closed_tower_refuses():
     px = patches_of(t, "image_tiny.png")
     t.close()
     with pytest.raises(ModelClosedError):
-        t.encode_one(px, (6, 4))
+        t.encode_one(px, (3, 2))
 
 
 # ---------------------------------------------------------------- llama.cpp's mmproj
@@ -214,7 +243,7 @@ def test_our_mmproj_reads_back(mmproj_files, qtype, budget):
     with closing(load_vision(src, backend="numpy")) as a, closing(load_vision(files[qtype], backend="numpy")) as b:
         assert a.grid(168, 140) == b.grid(168, 140) == (5, 6)
         assert (a.cfg.window_size, a.cfg.fullatt_block_indexes) == (b.cfg.window_size, b.cfg.fullatt_block_indexes)
-        err = np.abs(a.encode_one(a.pixels(im)) - b.encode_one(b.pixels(im))).max()
+        err = np.abs(a.encode_one(a.pixels(im), (5, 6)) - b.encode_one(b.pixels(im), (5, 6))).max()
     assert err <= budget, err
 
 
@@ -227,7 +256,7 @@ def test_llama_cpp_reads_our_mmproj(mmproj_files, tmp_path, qtype, budget):
     rgb = rgb_image(140, 168)
     theirs = visionkit.llama_cpp_rows(mmproj_files[1][qtype], rgb, tmp_path, ["<|vision_start|>", "<|vision_end|>"])
     with closing(load_vision(mmproj_files[1][qtype], backend="numpy")) as t:
-        ours = t.encode_one(t.pixels(Image.fromarray(rgb, "RGB")))
+        ours = t.encode_one(t.pixels(Image.fromarray(rgb, "RGB")), t.grid(168, 140))
     assert len(theirs) == 1 and theirs[0].shape == ours.shape == (30, 64)
     err = np.abs(theirs[0] - ours).max()
     assert err <= budget, err
@@ -322,8 +351,8 @@ def check_qwen2vl(tower, budget_hidden: float, budget_rows: float) -> dict:
     px = tower.pixels(load_image((QWEN2VL / QWEN2VL_REF["image"]).read_bytes()))
     np.testing.assert_array_equal(px, np.load(QWEN2VL / QWEN2VL_REF["patches"]))
     assert tower.grid(20, 30) == (3, 2) and tower.family == "qwen2_vl" and tower.tokens_per_image is None
-    hidden = np.abs(tower.last_hidden_state(px) - np.load(QWEN2VL / QWEN2VL_REF["hidden_before_merger"])).max()
-    rows = np.abs(tower.encode_one(px) - np.load(QWEN2VL / QWEN2VL_REF["merger_rows"])).max()
+    hidden = np.abs(tower.last_hidden_state(px, (3, 2)) - np.load(QWEN2VL / QWEN2VL_REF["hidden_before_merger"])).max()
+    rows = np.abs(tower.encode_one(px, (3, 2)) - np.load(QWEN2VL / QWEN2VL_REF["merger_rows"])).max()
     return visionkit.within([hidden], [rows], budget_hidden, budget_rows)
 
 
@@ -353,8 +382,8 @@ def test_qwen2vl_mmproj_reads_back_and_llama_cpp_agrees(tmp_path):
     rgb = rgb_image(140, 168)
     im = Image.fromarray(rgb, "RGB")
     with closing(load_vision(src, backend="numpy")) as a, closing(load_vision(out, backend="numpy")) as b:
-        ours = b.encode_one(b.pixels(im))
-        assert np.abs(a.encode_one(a.pixels(im)) - ours).max() <= EXACT
+        ours = b.encode_one(b.pixels(im), (5, 6))
+        assert np.abs(a.encode_one(a.pixels(im), (5, 6)) - ours).max() <= EXACT
     theirs = visionkit.llama_cpp_rows(out, rgb, tmp_path, ["<|vision_start|>", "<|vision_end|>"])
     assert len(theirs) == 1 and theirs[0].shape == ours.shape == (30, 64)
     err = np.abs(theirs[0] - ours).max()
@@ -470,7 +499,7 @@ def test_threads_take_turns(numpy_tower):
 
     def one(name):
         try:
-            got[name] = numpy_tower.encode_one(patches_of(numpy_tower, name))
+            got[name] = numpy_tower.encode_one(patches_of(numpy_tower, name), grid_of(name))
         except Exception as e:      # noqa: BLE001 - reported below
             errors.append(e)
     threads = [threading.Thread(target=one, args=(n,)) for n in IMAGES * 2]

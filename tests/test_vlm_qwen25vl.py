@@ -107,9 +107,10 @@ class GridTower:
         seed = int(np.asarray(image.convert("RGB"))[0, 0].sum()) + 1000 * gh + gw
         return np.full((gh * gw * 4, 12), seed, np.float32)
 
-    def encode_one(self, pixels: np.ndarray) -> np.ndarray:
+    def encode_one(self, pixels: np.ndarray, grid: tuple) -> np.ndarray:
         self.encoded += 1
         n = len(pixels) // 4
+        assert grid[0] * grid[1] == n
         return np.random.default_rng(int(pixels[0, 0])).standard_normal((n, WIDTH)).astype(np.float32)
 
     def close(self):
@@ -302,8 +303,8 @@ def test_bad_towers_and_prompts_are_typed_errors(ckpt):
             prompt_ids(m)
 
         class Short(GridTower):
-            def encode_one(self, pixels):
-                return super().encode_one(pixels)[:-1]
+            def encode_one(self, pixels, grid):
+                return super().encode_one(pixels, grid)[:-1]
 
         m.attach_vision(Short(), load_image=GridTower.load_image)
         with pytest.raises(ModelFormatError, match="rows of shape"):
@@ -405,10 +406,10 @@ class FixtureTower:
             raise InvalidInputError("the test tower knows only the fixture's images")
         return npy(REF["images"][name]["pixel_values"])
 
-    def encode_one(self, pixels: np.ndarray) -> np.ndarray:
+    def encode_one(self, pixels: np.ndarray, grid: tuple) -> np.ndarray:
         self.encoded += 1
         for info in REF["images"].values():
-            if np.array_equal(npy(info["pixel_values"]), pixels):
+            if np.array_equal(npy(info["pixel_values"]), pixels) and tuple(info["merged_grid"]) == grid:
                 return npy(info["merger_rows"])
         raise AssertionError("pixels of no fixture image")
 

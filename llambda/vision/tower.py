@@ -17,20 +17,13 @@ from .qwen2vl_pixels import patch_grid, patches
 from .siglip import SiglipEncoder
 
 MAX_IMAGES_PER_CALL = 64
-MAX_REMEMBERED_GRIDS = 64
-
-
-def _digest(px: np.ndarray) -> tuple:
-    """An image's flattened patches told apart by their shape and content (blake2b of the bytes)."""
-    import hashlib
-    return px.shape, hashlib.blake2b(np.ascontiguousarray(px).view(np.uint8).reshape(-1), digest_size=16).digest()
 
 
 class VisionTower:
     """`family` ("gemma3", "idefics3", "qwen2_5_vl", "qwen2_vl"), `tokens_per_image` (soft tokens per crop; None:
     Qwen2-VL, grid() says), `hidden` (the text model's width of each row), `attends` ("block": an image's soft
     tokens see their whole block; "causal"), `grid(width, height)`, `pixels(image)` -> [n_crops, 3, S, S]
-    (Qwen2-VL: [patches, C*T*P*P]), `encode(pixels)` (Qwen2-VL: `encode_one(pixels)`), `close()`. Calls from
+    (Qwen2-VL: [patches, C*T*P*P]), `encode(pixels)` (Qwen2-VL: `encode_one(pixels, grid)`), `close()`. Calls from
     several threads take turns (one crop's activations are reused)."""
 
     def __init__(self, cfg: VisionConfig, lookup, backend, soft_norm_offset: float, name: str = ""):
@@ -44,8 +37,6 @@ class VisionTower:
         backend.end_load()
         self.closed = False
         self._lock = threading.Lock()
-        self._grids: dict = {}       # Qwen2-VL: the patch grid of pixels() made lately, by their digest
-        self._grids_lock = threading.Lock()
 
     @property
     def tokens_per_image(self) -> int | None:
@@ -95,20 +86,15 @@ class VisionTower:
     def pixels(self, image) -> np.ndarray:
         """float32 [n_crops, 3, image_size, image_size]: the model's own preprocessing of a PIL image (or image
         bytes); n_crops = rows * cols + 1 of grid() (Gemma 3: 1). Qwen2-VL: the flattened patches
-        [patches, C*T*P*P] (each merge group's rows together), whose patch grid encode_one finds again."""
+        [patches, C*T*P*P] (each merge group's rows together; grid() of the image's size gives their layout)."""
         if not self.qwen:
             return pixel_values(image, self.cfg)
-        px, grid = patches(image, self.cfg)
-        with self._grids_lock:
-            self._grids[_digest(px)] = grid
-            while len(self._grids) > MAX_REMEMBERED_GRIDS:
-                self._grids.pop(next(iter(self._grids)))
-        return px
+        return patches(image, self.cfg)[0]
 
-    def encode_one(self, pixels: np.ndarray, grid: tuple | None = None) -> np.ndarray:
-        """Qwen2-VL: float32 [cells, hidden], one image's rows in prompt order (the merged grid row-major), from
-        its flattened patches (pixels()'s); `grid` its PATCH grid (rows, cols), found from the patches where
-        pixels() made them lately."""
+    def encode_one(self, pixels: np.ndarray, grid: tuple) -> np.ndarray:
+        """Qwen2-VL: float32 [rows * cols, hidden], one image's rows in prompt order (the merged grid row-major),
+        from its flattened patches (pixels()'s) and its grid (rows, cols) as grid(width, height) gives it: the
+        patches alone do not say it (images of other shapes can have the same patches)."""
         px, grid = self._qwen_input(pixels, grid)
         with self._lock:
             self._check_open()
@@ -127,25 +113,21 @@ class VisionTower:
             got = list(pixels.shape) if isinstance(pixels, np.ndarray) else type(pixels).__name__
             raise InvalidInputError(f"encode_one takes flattened patches [n, {c.patch_values}], got {got}")
         px = np.ascontiguousarray(pixels, dtype=np.float32)
-        if grid is None:
-            with self._grids_lock:
-                grid = self._grids.get(_digest(px))
-            if grid is None:
-                raise InvalidInputError("encode_one needs the patch grid of patches pixels() did not make lately")
         m = c.spatial_merge_size
         if (not isinstance(grid, (tuple, list)) or len(grid) != 2
-                or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v > 0 and v % m == 0
-                           for v in grid) or grid[0] * grid[1] != len(px)
-                or grid[0] * grid[1] * c.patch_size ** 2 > c.max_pixels + c.factor * c.patch_size * (grid[0] + grid[1])):
-            raise InvalidInputError(f"the patch grid {str(grid)[:40]} does not fit {len(px)} patches (both sides "
-                                    f"multiples of {m}, within max_pixels)")
+                or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) and 0 < v <= 1 << 20
+                           for v in grid) or grid[0] * grid[1] * m * m != len(px)
+                or grid[0] * grid[1] * c.factor ** 2 > c.max_pixels + c.factor * c.factor * (grid[0] + grid[1])):
+            raise InvalidInputError(f"the grid {str(grid)[:40]} (merged rows, cols: grid()'s) does not fit {len(px)} "
+                                    f"patches ({m * m} a cell), or passes max_pixels")
         if not np.isfinite(px).all():
             raise InvalidInputError("pixels hold non-finite values")
-        return px, (int(grid[0]), int(grid[1]))
+        return px, (int(grid[0]) * m, int(grid[1]) * m)
 
     def last_hidden_state(self, pixels: np.ndarray, grid: tuple | None = None) -> np.ndarray:
         """The encoder's output [n_patches, vision_hidden] for one crop's pixels [3, S, S] (a copy). Qwen2-VL:
-        the last block's output [patches, vision_hidden] in the patches' own order (before the merger)."""
+        the last block's output [patches, vision_hidden] in the patches' own order (before the merger); `grid`
+        as encode_one's."""
         if self.qwen:
             px, grid = self._qwen_input(pixels, grid)
             out = np.empty((len(px), self.cfg.hidden_size), np.float32)
