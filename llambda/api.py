@@ -797,6 +797,10 @@ class Model:
             self._check_open()
             raise InvalidInputError(f"the model {self.name!r} takes no images now: its vision tower was detached")
         grids = self._grids(list(files.values()))
+        for gh, gw in grids:    # the memory plan counts the largest image the context holds (workspace_bytes)
+            if gh * gw >= self.n_ctx:
+                raise ContextOverflowError(f"an image of {gh} x {gw} = {gh * gw} tokens does not fit the context of "
+                                           f"{self.n_ctx} (prompt plus at least one new token)")
         width = self.config.d_model
         out = []
         for (key, data), (gh, gw) in zip(files.items(), grids):

@@ -469,8 +469,25 @@ def test_the_memory_plan_counts_the_largest_image(numpy_tower):
     cfg = numpy_tower.cfg
     assert cfg.max_patches() == 64
     plan = memory.MemoryPlan.__new__(memory.MemoryPlan)
+    plan.n_ctx = 4096
     memory.add_vision(plan, cfg, 2)
     assert plan.vision == 2 * cfg.params() and plan.vision_workspace == cfg.workspace_bytes() > 64 * 4 * 7 * 32
+    plan.n_ctx = 8                      # a context of 8 tokens holds an image of 7 cells (28 patches) at most
+    memory.add_vision(plan, cfg, 2)
+    assert plan.vision_workspace == cfg.workspace_bytes(8) < cfg.workspace_bytes()
+
+
+def test_the_plan_of_a_3b_tower_is_bounded_by_the_context():
+    """Qwen2.5-VL-3B's tower (its released config and max_pixels 12845056): the largest image takes 3.5 GB of
+    activations, one a 4096-token context holds 0.96 GB (an 8 GB machine had been refused a 3B load for an image
+    it could never take)."""
+    from llambda.vision.qwen2vl_config import QwenVisionConfig
+    cfg = QwenVisionConfig.from_fields(dict(
+        projector="qwen2_5_vl", hidden_size=1280, intermediate_size=3420, num_hidden_layers=32,
+        num_attention_heads=16, patch_size=14, text_hidden_size=2048, window_size=112,
+        fullatt_block_indexes=[7, 15, 23, 31], min_pixels=3136, max_pixels=12845056))
+    assert cfg.max_patches() == 65536 and 3.4e9 < cfg.workspace_bytes() < 3.6e9
+    assert cfg.workspace_bytes(4096) < 1.0e9 and cfg.workspace_bytes(10 ** 6) == cfg.workspace_bytes()
 
 
 def test_the_released_transformers_4_layout_loads(tmp_path):

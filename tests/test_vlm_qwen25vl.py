@@ -19,7 +19,7 @@ import pytest
 
 import llambda
 from llambda.backends import available_backends
-from llambda.errors import InvalidInputError, ModelFormatError
+from llambda.errors import ContextOverflowError, InvalidInputError, ModelFormatError
 from llambda.models import images as image_mod
 from llambda.models.images import BatchImages, QwenTokens, image_block, rope_rows
 
@@ -327,6 +327,17 @@ def test_bad_towers_and_prompts_are_typed_errors(ckpt):
                                   [1], rope=np.zeros((2, 2), np.int64))
         with pytest.raises(InvalidInputError, match="speculative"):
             m.stream(ids, images=blocks, speculative="lookup")
+
+
+def test_an_image_past_the_context_is_refused_before_the_tower_runs(ckpt):
+    """The memory plan counts the largest image the context holds (QwenVisionConfig.workspace_bytes(n_ctx)):
+    encode_images refuses a larger one before decoding it, however it was placed."""
+    with load(ckpt[0], n_ctx=16) as m:
+        with pytest.raises(ContextOverflowError, match="25 tokens"):
+            m.encode_images([png(140, 140, 9)], [0])            # 5 x 5 cells
+        assert m.vision.encoded == 0
+        blocks = m.encode_images([png(56, 84, 9)], [1])         # 3 x 2 fit
+        assert m.vision.encoded == 1 and blocks[0].grid == (3, 2)
 
 
 def test_a_grid_tower_needs_m_rope_and_a_plain_model_takes_no_rope(ckpt):

@@ -192,8 +192,8 @@ class VisionConfig:
                                    f"{max(3 * c.hidden_size, c.intermediate_size)} wide)")
         return c
 
-    def workspace_bytes(self) -> int:
-        """The activations one image needs (the tower's buffers, allocated once)."""
+    def workspace_bytes(self, max_tokens: int | None = None) -> int:
+        """The activations one image needs (the tower's buffers, allocated once: a crop's, whatever max_tokens)."""
         P, H, F = self.n_patches, self.hidden_size, self.intermediate_size
         return 4 * P * (self.num_channels * self.patch_size ** 2 + 6 * H + F)   # patches, x, h, qkv, ctx, MLP
 

@@ -149,11 +149,14 @@ class QwenVisionConfig:
         side; min_pixels' upscale can pass max_pixels by less than a cell a side: checked per image)."""
         return self.max_pixels // self.patch_size ** 2
 
-    def workspace_bytes(self) -> int:
-        """The activations of the largest image max_pixels allows (allocated per image, while it encodes): its
-        patches twice (as made and in window order), x, h, the attention's output, [q|k|v], half of q's rotation,
-        the MLP's two row blocks, the merger's input and rows."""
+    def workspace_bytes(self, max_tokens: int | None = None) -> int:
+        """The activations of the largest image max_pixels allows (allocated per image, while it encodes), or of
+        max_tokens merged cells where fewer (a model refuses an image of as many tokens as its context before
+        decoding it): its patches twice (as made and in window order), x, h, the attention's output, [q|k|v],
+        half of q's rotation, the MLP's two row blocks, the merger's input and rows."""
         n, H, m2 = self.max_patches(), self.hidden_size, self.spatial_merge_size ** 2
+        if max_tokens is not None:
+            n = min(n, m2 * max(int(max_tokens), 1))
         per_patch = 2 * self.patch_values + 6 * H + H // 2 + H + 2 * self.text_hidden_size // m2
         return 4 * (n * per_patch + 2 * min(n, MLP_ROWS) * self.intermediate_size)
 
