@@ -24,6 +24,7 @@ from ..errors import ModelFormatError
 from ..formats.quants import QType
 from ..formats.weights import WeightTensor
 from .layouts import rescale_normalize
+from .config import MAX_LAYERS
 
 CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)  # the processor's
 
@@ -202,7 +203,9 @@ def mmproj_fields(meta: dict, source: str) -> dict:
         depth = f["num_hidden_layers"]
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 1 << 16:
             raise ModelFormatError(f"{source}: {WA_PATTERN_KEY} must be a positive integer, got {str(n)[:40]}")
-        f["fullatt_block_indexes"] = [i for i in range(depth if isinstance(depth, int) else 0) if (i + 1) % n == 0]
+        # a depth past MAX_LAYERS is from_fields' error (range(1 << 40) here had run for hours)
+        depth = depth if isinstance(depth, int) and not isinstance(depth, bool) and 0 < depth <= MAX_LAYERS else 0
+        f["fullatt_block_indexes"] = [i for i in range(depth) if (i + 1) % n == 0]
         f.setdefault("window_size", LLAMA_CPP_WINDOW)
     elif meta.get("clip.use_gelu") is True or meta.get("clip.use_silu") is True:
         raise ModelFormatError(f"{source}: a qwen2vl_merger mmproj with clip.use_gelu or clip.use_silu: llama.cpp "
