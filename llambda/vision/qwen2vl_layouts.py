@@ -23,8 +23,8 @@ import numpy as np
 from ..errors import ModelFormatError
 from ..formats.quants import QType
 from ..formats.weights import WeightTensor
-from .layouts import rescale_normalize
 from .config import MAX_LAYERS
+from .layouts import rescale_normalize
 
 CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)  # the processor's
 
