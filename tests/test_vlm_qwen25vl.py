@@ -344,9 +344,12 @@ def test_a_grid_tower_needs_m_rope_and_a_plain_model_takes_no_rope(ckpt):
     with load(ckpt[1], tower=False) as plain:
         with pytest.raises(InvalidInputError, match="M-RoPE"):
             plain.attach_vision(GridTower(), load_image=GridTower.load_image)
+        args = np.array([1, 2], np.int32), np.zeros(2, np.int32), np.arange(2, dtype=np.int32)
         with pytest.raises(InvalidInputError, match="RoPE positions"):
-            plain.transformer.forward(np.array([1, 2], np.int32), np.zeros(2, np.int32), np.arange(2, dtype=np.int32),
-                                      [1], rope=np.arange(2))
+            plain.transformer.forward(*args, [1], rope=np.arange(2))
+        plain.transformer.forward(*args, range(2))         # a decode step's plan recorded (native) ...
+        with pytest.raises(InvalidInputError, match="RoPE positions"):     # ... refuses them too (had ignored them)
+            plain.transformer.forward(*args, range(2), rope=[0, 1])
 
 
 @pytest.mark.parametrize("fmt", ["gguf", "hf"])

@@ -573,6 +573,8 @@ class Transformer(Closable, LatentAttention):
             self._check_values(*vals)      # all in range of int32 before any store
             if self._rope_views:
                 self._store_rope(vals[2], rope, n)
+            elif rope is not None:
+                self._set_rope(rope, n)      # refused: a model without M-RoPE takes no RoPE positions
             for view, v in zip(self._input_views, vals):
                 for i in range(n):
                     view[i] = v[i]
