@@ -536,6 +536,30 @@ def test_server_prepares_qwen25vl_requests():
         assert [b.digest for b in seq.images] == [b.digest for b in fixture_blocks(TWO)]
 
 
+def test_server_refuses_image_tokens_without_their_image():
+    """A text request (chat text or completion ids) holding the image pad token and no image: a 400, as the
+    library's stream refuses it (the server had run the pad's text embedding where an image's rows belong)."""
+    from llambda.server.errors import APIError
+    from llambda.server.schemas import parse_completion
+    with fixture_model("native-exact", max_batch=8) as m:
+        pad = m._image_ids.soft
+        with pytest.raises(InvalidInputError, match="no image fills"):
+            list(m.stream([7, 8, pad, 9], max_tokens=1))
+        service, _ = vlm.service_for(m)
+        try:
+            shown = m.tokenizer.decode([pad])
+            for spec in (vlm.chat_spec([{"role": "user", "content": f"look {shown} here"}]),
+                         parse_completion({"prompt": [7, 8, pad, 9], "max_tokens": 2})):
+                with pytest.raises(APIError) as e:
+                    service.prepare(spec)
+                assert e.value.status == 400 and "no image fills" in str(e.value)
+            ok = service.prepare(parse_completion({"prompt": [7, 8, 9], "max_tokens": 2}))
+            assert ok.seqs and ok.seqs[0][0].prompt_ids == [7, 8, 9]
+        finally:
+            service.workers.close()
+            service.image_workers.close()
+
+
 def test_llama_cpp_runs_our_qwen2vl_gguf(tmp_path):
     """llama.cpp loads our GGUF of the fixture's text model (architecture qwen2vl, four int32 section counts) and
     its text-only logits are transformers' (within test_export's f32 budget for llama.cpp, 0.05), as ours are."""
