@@ -79,6 +79,31 @@ def test_pixel_values_equal_transformers(numpy_tower, name):
     np.testing.assert_allclose(px[0], ref(name, "pixel_values"), atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("rescale,mean,std", [
+    (1 / 255, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),                                                    # Gemma 3, SmolVLM
+    (0.00392156862745098, (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)),   # CLIP's
+    (1 / 255, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),                                        # ImageNet's
+    (1.0, (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)),                                  # neither rescale nor normalize
+    (0.7, (-1.25, 3.0, 0.1), (2.5, 0.03, 7.0))])
+def test_normalize_pixels_is_the_float64_order_bit_for_bit(rescale, mean, std):
+    """The byte tables give the bits of x * rescale in float64, then float32, then (x - mean) / std in float32:
+    every byte value in every channel, of a crop cut from a larger image (a strided view, as Idefics3's)."""
+    from llambda.vision.preprocess import normalize_pixels
+    rng = np.random.default_rng(7)
+    big = rng.integers(0, 256, (20, 40, 3), dtype=np.uint8)
+    for c in range(3):
+        big[:16, :16, c] = rng.permutation(256).reshape(16, 16)
+    a = big[:16, :19]
+    want = ((a.astype(np.float64) * rescale).astype(np.float32) - np.asarray(mean, np.float32)) \
+        / np.asarray(std, np.float32)
+    got = normalize_pixels(a, rescale, mean, std)
+    assert got.dtype == np.float32 and got.shape == (3, 16, 19)
+    assert got.tobytes() == np.ascontiguousarray(want.transpose(2, 0, 1)).tobytes()
+    out = np.full((2, 3, 16, 19), np.nan, np.float32)
+    normalize_pixels(a, rescale, mean, std, out[1])
+    assert out[1].tobytes() == got.tobytes() and np.isnan(out[0]).all()
+
+
 def test_tower_facts(numpy_tower):
     assert numpy_tower.tokens_per_image == 16 and numpy_tower.hidden == 64
     assert numpy_tower.family == "gemma3" and numpy_tower.attends == "block"

@@ -8,10 +8,12 @@
   image"); no split where it is one crop already; without splitting, the image resized to S x S. Every
   resize is Pillow's, with the processor's filter, back to 8 bits each time, as transformers' PIL backend.
 
-Then, for every crop, x * rescale_factor in float64 then float32, (x - mean) / std in float32, channels first.
+Then, for every crop, x * rescale_factor in float64 then float32, (x - mean) / std in float32, channels first
+(normalize_pixels: that arithmetic done once on the 256 byte values of each channel, then looked up).
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -32,6 +34,31 @@ def rgb_image(image):
     return to_rgb(image)
 
 
+@functools.lru_cache(maxsize=8)
+def _byte_table(rescale: float, mean: tuple, std: tuple) -> np.ndarray:
+    """float32 [C, 256]: channel c's value for each byte, by the processor's own arithmetic and order."""
+    x = (np.arange(256, dtype=np.float64)[:, None] * rescale).astype(np.float32)          # [256, 1]
+    t = (x - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)                  # [256, C], float32
+    t = np.ascontiguousarray(t.T)
+    t.flags.writeable = False
+    return t
+
+
+def normalize_pixels(a: np.ndarray, rescale: float, mean, std, out: np.ndarray | None = None) -> np.ndarray:
+    """float32 [C, H, W] of uint8 [H, W, C] (into `out` if given): the bits of transformers' order, x * rescale in
+    float64 then float32, then (x - mean) / std in float32, channels first. Each value depends on its byte and
+    channel alone, so the arithmetic is done once on the 256 bytes of each channel (the same float64 and
+    float32 operations, IEEE-rounded the same) and the image looked up in those tables: 2-3x less CPU than
+    the whole image through float64."""
+    table = _byte_table(float(rescale), tuple(float(v) for v in mean), tuple(float(v) for v in std))
+    C = a.shape[-1]
+    if out is None:
+        out = np.empty((C,) + a.shape[:-1], np.float32)
+    for c in range(C):      # the indices are bytes: never out of range ("wrap": no bounds check, no buffer)
+        np.take(table[c], a[..., c], out=out[c], mode="wrap")
+    return out
+
+
 def pixel_values(image, cfg: VisionConfig) -> np.ndarray:
     """float32 [n_crops, 3, image_size, image_size] of a PIL image (or the bytes of an image file)."""
     Image, _ = pillow()
@@ -40,10 +67,8 @@ def pixel_values(image, cfg: VisionConfig) -> np.ndarray:
         np.asarray(rgb.resize((cfg.image_size, cfg.image_size), resample=Image.Resampling.BILINEAR), np.uint8)]
     S = cfg.image_size
     out = np.empty((len(crops), 3, S, S), np.float32)
-    mean, std = np.asarray(cfg.image_mean, np.float32), np.asarray(cfg.image_std, np.float32)
-    for i, crop in enumerate(crops):        # one crop's float64 at a time (37 of SmolVLM's: 232 MB at once)
-        x = (crop.astype(np.float64) * cfg.rescale_factor).astype(np.float32)     # (S, S, 3)
-        out[i] = ((x - mean) / std).transpose(2, 0, 1)
+    for i, crop in enumerate(crops):
+        normalize_pixels(crop, cfg.rescale_factor, cfg.image_mean, cfg.image_std, out[i])
     return out
 
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import InvalidInputError
 from .image import pillow
-from .preprocess import rgb_image
+from .preprocess import normalize_pixels, rgb_image
 from .qwen2vl_config import MAX_ASPECT, QwenVisionConfig
 
 
@@ -54,11 +54,10 @@ def patches(image, cfg: QwenVisionConfig) -> tuple[np.ndarray, tuple[int, int]]:
     gh, gw = patch_grid(*rgb.size, cfg)
     P, m, T = cfg.patch_size, cfg.spatial_merge_size, cfg.temporal_patch_size
     a = np.asarray(rgb.resize((gw * P, gh * P), resample=Image.Resampling.BICUBIC), np.uint8)
-    x = (a.astype(np.float64) * cfg.rescale_factor).astype(np.float32)        # [h', w', C]
-    x = (x - np.asarray(cfg.image_mean, np.float32)) / np.asarray(cfg.image_std, np.float32)
-    C = x.shape[-1]
-    # [h', w', C] -> (cell row, a, y, cell col, b, x, C) -> (cell row, cell col, a, b, C, y, x)
-    v = x.reshape(gh // m, m, P, gw // m, m, P, C).transpose(0, 3, 1, 4, 6, 2, 5)
+    x = normalize_pixels(a, cfg.rescale_factor, cfg.image_mean, cfg.image_std)      # [C, h', w']
+    C = x.shape[0]
+    # [C, h', w'] -> (C, cell row, a, y, cell col, b, x) -> (cell row, cell col, a, b, C, y, x)
+    v = x.reshape(C, gh // m, m, P, gw // m, m, P).transpose(1, 4, 2, 5, 0, 3, 6)
     out = np.empty((gh // m, gw // m, m, m, C, T, P, P), np.float32)
     out[...] = v[:, :, :, :, :, None]
     return out.reshape(gh * gw, C * T * P * P), (gh, gw)
