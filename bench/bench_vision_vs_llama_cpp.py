@@ -1,6 +1,6 @@
 """One image through the same vision tower in llambda and in llama.cpp, side by side (not a test).
 
-    python bench/bench_vision_vs_llama_cpp.py [--family gemma3|idefics3] [--dir DIR] [--threads 1 2] [-r 3]
+    python bench/bench_vision_vs_llama_cpp.py [--family gemma3|idefics3|qwen2_5_vl] [--dir DIR] [--threads 1 2] [-r 3]
                                               [--layers N] [--size W H] [--exact]
 
 The tower is bench_vision.py's random real-sized one, written once under DIR as a Hugging Face folder (F16
@@ -15,6 +15,12 @@ marker tokens, which the vocabulary holds). Both engines load that mmproj.
   16-pixel patches (1024), pixel-shuffled by 4 to 64 rows of 576; the processor's longest edge 2048. One image
   of --size (default 1024 x 768: resized to 2048 x 1536, 4 x 3 tiles and the global image, 13 crops). Both
   engines cut the image themselves; the run stops if their crop counts differ.
+- qwen2_5_vl (Qwen2.5-VL-3B-Instruct's tower): 32 blocks of 1280, 16 heads of 80, SwiGLU MLP 3420, RMSNorm,
+  patches of 14 merged 2 x 2, windows of 112 pixels (4 x 4 merged cells), full attention in blocks 7, 15, 23, 31
+  (every 8th: llama.cpp's n_wa_pattern; fewer --layers keep every 8th, or the last), merger rows of 2048; the
+  processor's min/max pixels 3136 / 12845056, CLIP's mean and std. One image of --size (default 448 x 448: a
+  multiple of 28 a side, so neither engine resizes it; 32 x 32 patches, 16 x 16 = 256 rows); the run stops if the
+  engines' token counts differ. llambda: `tower.encode_one(tower.pixels(image))`; llama.cpp its one image chunk.
 
 Each run is a child process that loads its engine, preprocesses the image and encodes it, and reports the
 encode alone (and the preprocessing beside it): wall and process CPU time (every thread's). llambda: the
@@ -41,9 +47,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))         # bench_vision'
 import numpy as np  # noqa: E402
 
 # family -> (default layers, default image size, text width)
-FAMILIES = {"gemma3": (27, (896, 896), 2560), "idefics3": (12, (1024, 768), 576)}
+FAMILIES = {"gemma3": (27, (896, 896), 2560), "idefics3": (12, (1024, 768), 576),
+            "qwen2_5_vl": (32, (448, 448), 2048)}
 IDEFICS3_MARKS = ["<fake_token_around_image>", "<global-img>"] + [f"<row_{r}_col_{c}>" for r in range(1, 7)
                                                                   for c in range(1, 7)]   # mtmd looks these up
+QWEN_MARKS = ["<|vision_start|>", "<|vision_end|>"]                                    # the image's brackets
+MARKS = {"idefics3": IDEFICS3_MARKS, "qwen2_5_vl": QWEN_MARKS}
 
 
 # ---------------------------------------------------------------- the files (made once per DIR)
@@ -61,7 +70,66 @@ def tower_config(family: str, layers: int):
     return CONFIGS[family][0](layers)
 
 
+def qwen25_vision_config(layers: int) -> dict:
+    """Qwen2.5-VL-3B-Instruct's vision_config (the 7B's differs only in out_hidden_size, 3584), `layers` deep: full
+    attention every 8th block (7, 15, 23, 31), or in the last where there are fewer than 8."""
+    n = min(8, layers)
+    return {"model_type": "qwen2_5_vl", "depth": layers, "hidden_size": 1280, "intermediate_size": 3420,
+            "num_heads": 16, "in_channels": 3, "out_hidden_size": 2048, "patch_size": 14, "spatial_merge_size": 2,
+            "temporal_patch_size": 2, "window_size": 112, "fullatt_block_indexes": list(range(n - 1, layers, n)),
+            "hidden_act": "silu", "tokens_per_second": 2}
+
+
+def write_qwen_folder(folder: Path, layers: int) -> None:
+    """A Qwen2.5-VL directory holding the random tower alone (F16 safetensors under `visual.`), each tensor drawn
+    from a generator seeded by its name as bench_vision.py's (norm weights near 1, small biases, matrices scaled
+    by their fan-in)."""
+    import zlib
+    from llambda.formats.safetensors import write_safetensors
+    from llambda.vision.qwen2vl_config import QwenVisionConfig
+    from llambda.vision.qwen2vl_mmproj import canonical_names
+    vis = qwen25_vision_config(layers)
+    cfg = QwenVisionConfig.from_fields({
+        "projector": "qwen2_5_vl", "hidden_size": vis["hidden_size"], "intermediate_size": vis["intermediate_size"],
+        "num_hidden_layers": layers, "num_attention_heads": vis["num_heads"], "patch_size": vis["patch_size"],
+        "text_hidden_size": vis["out_hidden_size"], "window_size": vis["window_size"],
+        "fullatt_block_indexes": vis["fullatt_block_indexes"]})
+    H, F, T, M = cfg.hidden_size, cfg.intermediate_size, cfg.text_hidden_size, cfg.spatial_merge_size ** 2
+    leaves = {"norm1": (H,), "norm2": (H,), "attn.qkv": (3 * H, H), "attn.proj": (H, H), "mlp.gate_proj": (F, H),
+              "mlp.up_proj": (F, H), "mlp.down_proj": (H, F), "merger.ln_q": (H,), "merger.mlp.0": (M * H, M * H),
+              "merger.mlp.2": (T, M * H)}
+    tensors = {}
+    for canon in canonical_names(cfg):
+        if canon == "patch_embed.proj.weight":
+            shape = (H, cfg.num_channels, cfg.temporal_patch_size, cfg.patch_size, cfg.patch_size)
+        else:
+            stem, kind = canon.rsplit(".", 1)
+            full = leaves[stem.split(".", 2)[2] if stem.startswith("blocks.") else stem]
+            shape = full if kind == "weight" else full[:1]
+        rng = np.random.default_rng(zlib.crc32(canon.encode()))
+        if "norm" in canon or "ln_q" in canon:
+            v = 1.0 + 0.05 * rng.standard_normal(shape)
+        elif len(shape) == 1:
+            v = 0.02 * rng.standard_normal(shape)
+        else:
+            v = rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))
+        tensors["visual." + canon] = v.astype(np.float16)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_safetensors(folder / "model.safetensors", tensors)
+    config = {"architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl",
+              "text_config": {"model_type": "qwen2_5_vl_text", "hidden_size": vis["out_hidden_size"]},
+              "vision_config": vis}
+    pre = {"image_processor_type": "Qwen2VLImageProcessor", "do_resize": True, "do_rescale": True,
+           "do_normalize": True, "do_convert_rgb": True, "resample": 3, "rescale_factor": 1 / 255,
+           "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711],
+           "min_pixels": 3136, "max_pixels": 12845056, "patch_size": 14, "merge_size": 2, "temporal_patch_size": 2}
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    (folder / "preprocessor_config.json").write_text(json.dumps(pre, indent=1))
+
+
 def write_hf_folder(folder: Path, layers: int, family: str) -> None:
+    if family == "qwen2_5_vl":
+        return write_qwen_folder(folder, layers)
     from bench_vision import random_lookup
     from llambda.formats.safetensors import write_safetensors
     from llambda.vision.mmproj import canonical_names
@@ -155,7 +223,7 @@ def prepare(d: Path, layers: int, family: str, size: tuple) -> dict:
         print(f"wrote {files['mmproj'].name} ({files['mmproj'].stat().st_size / 1e9:.2f} GB) in "
               f"{time.perf_counter() - t0:.0f} s", flush=True)
     if not files["text"].exists():
-        write_text_model(files["text"], width, IDEFICS3_MARKS if family == "idefics3" else ())
+        write_text_model(files["text"], width, MARKS.get(family, ()))
     if not files["image"].exists():
         write_image(files["image"], *size)
     return files
@@ -174,7 +242,7 @@ def child_llambda(files: dict, size: tuple, threads: int, activations: str | Non
     px = tower.pixels(Image.fromarray(rgb, "RGB"))
     prep = time.process_time() - p0
     w0, c0 = time.perf_counter(), time.process_time()
-    out = tower.encode(px)
+    out = tower.encode_one(px)[None] if tower.qwen else tower.encode(px)     # Qwen: [1, rows, width]
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     tower.close()
     return load, prep, wall, cpu, out
@@ -285,9 +353,9 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="where the files are made and kept for the next run (default: a temporary folder, removed)")
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("-r", "--repetitions", type=int, default=3)
-    ap.add_argument("--layers", type=int, default=None, help="default: the family's (27, 12)")
+    ap.add_argument("--layers", type=int, default=None, help="default: the family's (27, 12, 32)")
     ap.add_argument("--size", type=int, nargs=2, default=None, metavar=("W", "H"),
-                    help="the image's size (default: gemma3 896 x 896, idefics3 1024 x 768)")
+                    help="the image's size (default: gemma3 896 x 896, idefics3 1024 x 768, qwen2_5_vl 448 x 448)")
     ap.add_argument("--engines", nargs="+", default=["llambda", "llama.cpp"],
                     help="of llambda (bfloat16 panels), llambda-f32 (its float32 mode), llama.cpp (flash attention as "
                     "its default picks), llama.cpp-fa and llama.cpp-nofa (flash attention on, off)")
@@ -321,9 +389,9 @@ def measure(args, d: Path) -> None:
                 out = d / f"out-{e}-t{t}.npy"
                 results.setdefault((e, t), []).append(run(e, t, files, out, args.size))
                 outs[e] = np.load(out)
-                crops = {k: o.shape[0] for k, o in outs.items()}
+                crops = {k: o.shape[:2] for k, o in outs.items()}
                 if len(set(crops.values())) > 1:
-                    raise SystemExit(f"the engines cut the image into different numbers of crops: {crops}")
+                    raise SystemExit(f"the engines cut the image into different crops or token counts: {crops}")
     if args.exact and "llambda-f32" not in outs:
         run("llambda-f32", max(args.threads), files, d / "out-exact.npy", args.size)
         outs["llambda-f32"] = np.load(d / "out-exact.npy")
