@@ -20,7 +20,8 @@ marker tokens, which the vocabulary holds). Both engines load that mmproj.
   (every 8th: llama.cpp's n_wa_pattern; fewer --layers keep every 8th, or the last), merger rows of 2048; the
   processor's min/max pixels 3136 / 12845056, CLIP's mean and std. One image of --size (default 448 x 448: a
   multiple of 28 a side, so neither engine resizes it; 32 x 32 patches, 16 x 16 = 256 rows); the run stops if the
-  engines' token counts differ. llambda: `tower.encode_one(tower.pixels(image))`; llama.cpp its one image chunk.
+  engines' token counts differ. llambda: `tower.encode_one(tower.pixels(image), tower.grid(w, h))`; llama.cpp
+  its one image chunk.
 
 Each run is a child process that loads its engine, preprocesses the image and encodes it, and reports the
 encode alone (and the preprocessing beside it): wall and process CPU time (every thread's). llambda: the
@@ -242,7 +243,7 @@ def child_llambda(files: dict, size: tuple, threads: int, activations: str | Non
     px = tower.pixels(Image.fromarray(rgb, "RGB"))
     prep = time.process_time() - p0
     w0, c0 = time.perf_counter(), time.process_time()
-    out = tower.encode_one(px)[None] if tower.qwen else tower.encode(px)     # Qwen: [1, rows, width]
+    out = tower.encode_one(px, tower.grid(*size))[None] if tower.qwen else tower.encode(px)   # Qwen: [1, rows, width]
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     tower.close()
     return load, prep, wall, cpu, out
