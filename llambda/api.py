@@ -25,8 +25,8 @@ from .models import memory
 from .models.base import Transformer, live_server
 from .models.bert import BertConfig, BertEncoder, pack_batch
 from .models.config import MAX_POSITIONS
-from .models.images import (DEFAULT_MAX_IMAGES, FAMILIES, GRID_FAMILIES, MAX_CROPS_A_CALL, EncodedRows, check_bytes,
-                            check_prompt, image_block, image_keys, image_tokens, images_agree, tower_crops, tower_rows)
+from .models.image_input import ImageInput
+from .models.images import DEFAULT_MAX_IMAGES, image_keys, images_agree
 from .sampling import SamplingParams, _is_int
 
 DEFAULT_CTX = 4096
@@ -270,12 +270,8 @@ class Model:
         self.drafter = None             # drafts from self.draft (speculative.DraftModel)
         self.spec_stats = None           # drafted/accepted counts of the last speculative generation
         self._closed = self._freed = False
-        self.vision = None               # the vision tower (attach_vision), or None: a text-only model
         self.max_images = DEFAULT_MAX_IMAGES   # images one chat request may hold
-        self._image_ids = None           # the image tokens' layout (models/images: ImageTokens, IdeficsTokens)
-        self._vision_lock = threading.Lock()   # one image encoding at a time through the tower's buffers
-        self._encoded = EncodedRows()    # the blocks of images encoded lately (sent again: not encoded again)
-        self._load_image = None          # bytes -> image for the tower (attach_vision; default llambda.vision's)
+        self.image_input = ImageInput(self)      # the vision tower (attach_vision) and the images it encodes
         self._cached_images: tuple = ()  # the images among the tokens slot 0 holds (models/images.ImageKey)
 
     def _check_open(self) -> None:
@@ -568,7 +564,12 @@ class Model:
         return self.chat_template().render(messages, add_generation_prompt=add_generation_prompt, tools=tools,
                                            image_marker=self.image_marker, **extra)
 
-    # -- images ---------------------------------------------------------------
+    # -- images (models/image_input.ImageInput) ----------------------------------
+    @property
+    def vision(self):
+        """The vision tower (attach_vision), or None: a text-only model."""
+        return self.image_input.tower
+
     @property
     def accepts_images(self) -> bool:
         """Whether chat messages may hold image parts: a vision tower is attached (attach_vision).
@@ -579,8 +580,8 @@ class Model:
     @property
     def image_marker(self) -> str | None:
         """The text an image part becomes in a prompt (chat.py; Gemma 3's begin-of-image token, Idefics3's
-        `<image>`), or None: no images taken."""
-        return self._image_ids.marker if self.vision is not None else None
+        `<image>`, Qwen2-VL's `<|vision_start|><|image_pad|><|vision_end|>`), or None: no images taken."""
+        return self.image_input.layout.marker if self.vision is not None else None
 
     @property
     def image_block_tokens(self) -> int:
@@ -589,89 +590,31 @@ class Model:
         self._check_open()
         if self.vision is None:
             return 0
-        return self._image_ids.block_tokens(int(self.vision.tokens_per_image or 0))
+        return self.image_input.layout.block_tokens(int(self.vision.tokens_per_image or 0))
 
     def attach_vision(self, tower, load_image=None) -> None:
         """Attach a vision tower (llambda.vision's VisionTower: family, tokens_per_image, hidden, attends, grid,
-        pixels, encode, close), which this model then owns (close() closes it). A tower without `family` is
-        taken for Gemma 3's (one crop an image, attending within its block). Its rows must be this model's width,
-        the model must know its image tokens (Gemma 3: a HF config's boi/eoi/image_token_index, else the
-        vocabulary's <start_of_image>, <end_of_image>, <image_soft_token>; Idefics3: image_token_id, else
-        <image>), and a block must fit a forward and the context.
+        pixels, encode or encode_one, close), which this model then owns (close() closes it); None detaches it.
+        A tower without `family` is taken for Gemma 3's (one crop an image, attending within its block). Its
+        rows must be this model's width, the model must know its image tokens (Gemma 3: a HF config's
+        boi/eoi/image_token_index, else the vocabulary's <start_of_image>, <end_of_image>, <image_soft_token>;
+        Idefics3: image_token_id, else <image>; Qwen2-VL: the vision start/end and image pad tokens, and M-RoPE
+        sections), and a block must fit a forward and the context.
         load_image(data) -> image: what decodes an image part's bytes (bytes, bytearray or memoryview, as given)
         for tower.pixels (default: llambda.vision's load_image, whose limits refuse bad or hostile files with an
         InvalidInputError)."""
         self._check_open()
-        if tower is None:
-            self._replace_tower(None)
-            return
-        per, hidden = getattr(tower, "tokens_per_image", None), getattr(tower, "hidden", None)
-        family = getattr(tower, "family", "gemma3")
-        gridded = family in GRID_FAMILIES and per is None     # Qwen2-VL: an image's tokens follow its grid
-        if (not gridded and (not _is_int(per) or per < 1)) or not _is_int(hidden):
-            raise InvalidInputError(f"a vision tower needs integer tokens_per_image (None: a {'/'.join(GRID_FAMILIES)} "
-                                    f"tower) and hidden, got {per!r}, {hidden!r}")
-        if int(hidden) != self.config.d_model:
-            raise InvalidInputError(f"the vision tower's rows are {hidden} wide; this model's are {self.config.d_model}")
-        if family in GRID_FAMILIES and not self.config.rope_sections:
-            raise InvalidInputError(f"a {family} tower needs a text model with M-RoPE sections; {self.name!r} "
-                                    f"({self.config.arch}) has none")
-        per = per or 1
-        attends = getattr(tower, "attends", "block" if family == "gemma3" else "causal")
-        if family not in FAMILIES or attends not in ("block", "causal"):
-            raise InvalidInputError(f"a vision tower of family {str(family)[:40]!r} attending {str(attends)[:20]!r} "
-                                    f"(known: {', '.join(FAMILIES)}; 'block' or 'causal')")
-        cfg = self.config
-        if not self.transformer.takes_image_rows:
-            raise InvalidInputError(f"a {cfg.arch} model cannot take image rows (plain attention layers only)")
-        meta = getattr(self.source, "metadata", None) or {}
-        ids = image_tokens(meta.get("hf.config"), self.tokenizer, cfg.vocab_size, family)
-        if ids is None:
-            raise InvalidInputError(f"{self.name!r} names no image tokens of {family}'s (" + (
-                "no boi/eoi_token_index in its config, no <start_of_image>/<end_of_image> in its vocabulary)"
-                if family == "gemma3" else "no image_token_id in its config, no <image> in its vocabulary)"
-                if family == "idefics3" else "no vision_start/image/vision_end token ids in its config, no "
-                "<|vision_start|>/<|image_pad|>/<|vision_end|> in its vocabulary)"))
-        if (attends == "causal") != (ids.block_tokens(1) == 0):
-            raise InvalidInputError(f"a {family} tower attending {attends!r}: this engine's {family} layout attends "
-                                    f"{'causally' if ids.block_tokens(1) == 0 else 'within a block'}")
-        block = ids.block_tokens(int(per))
-        if block > self.transformer.ws.max_tokens or max(block, int(per)) >= self.n_ctx:
-            raise InvalidInputError(f"an image takes {max(block, int(per))} tokens, more than a forward of "
-                                    f"{self.transformer.ws.max_tokens} (max_batch) or the context of {self.n_ctx} holds")
-        self._image_ids, self._load_image = ids, load_image
-        self._replace_tower(tower)
-
-    def _replace_tower(self, tower) -> None:
-        """The attached tower becomes `tower`; the one it replaces is closed (the model owned it), and the
-        rows it gave are forgotten. Not under a running encoding (the vision lock)."""
-        with self._vision_lock:
-            old, self.vision = self.vision, tower
-            if old is not tower:
-                self._encoded.clear()
-                if old is not None:
-                    old.close()
+        self.image_input.attach(tower, load_image)
 
     def check_prompt_images(self, ids: list[int], images: tuple = ()) -> None:
         """InvalidInputError unless the image blocks lie over the prompt's image soft tokens and every soft
         token is under one (models/images.check_prompt): a text or token ids that hold the image token with
         no image (a user typing `<image>`) are refused, by the library and the server alike."""
-        check_prompt(ids, images, self._image_ids if self.vision is not None else None, self.config.d_model)
+        self.image_input.check_prompt(ids, images)
 
     def check_images(self, images: list) -> list[bytes]:
         """The images of a request, checked: none, or this model takes images and at most max_images."""
-        images = list(images or ())
-        self._check_image_count(len(images))
-        return images
-
-    def _check_image_count(self, n: int) -> None:
-        if not n:
-            return
-        self._check_open()      # a closed model has no tower left: that is its error, not "takes no images"
-        if self.vision is None:
-            raise InvalidInputError(f"the model {self.name!r} has no vision tower: it takes no images")
-        if n > self.max_images:
-            raise InvalidInputError(f"{n} images in one request; this model takes at most {self.max_images}")
+        return self.image_input.check_images(images)
 
     def image_prompt(self, text: str, images: list[bytes]) -> tuple[list[int], tuple]:
         """A rendered chat prompt holding one image marker per image -> (its token ids with each image expanded
@@ -683,146 +626,20 @@ class Model:
     def image_ids(self, text: str, images) -> tuple[list[int], list[tuple]]:
         """The token ids of a prompt text holding one image marker per image, each expanded as the family's
         processor does (Gemma 3: "\n\n" begin, the soft tokens, end "\n\n"; Idefics3: a run of soft tokens per
-        crop of the image's grid), and each image's run starts; no image is decoded (a prompt's token count).
-        images: the image files' bytes (their sizes read from their headers: Idefics3's grid depends on
-        them), or their count where the tower's layout does not depend on size (Gemma 3)."""
-        grids = self._grids(images)
-        ids = self._image_ids
-        per = int(self.vision.tokens_per_image or 0)
-        ids, starts = ids.place(self._prompt_ids(ids.expand(text, grids, per)), per, grids)
-        if len(ids) >= self.n_ctx:
-            raise ContextOverflowError(f"the prompt with its {len(grids)} image(s) has {len(ids)} tokens; the "
-                                       f"context holds {self.n_ctx} (prompt plus at least one new token)")
-        return ids, starts
-
-    def _grids(self, images) -> list[tuple[int, int]]:
-        """Each image's crop grid (rows, cols; (0, 0): the whole image alone), from its header's size (after EXIF
-        orientation); Gemma 3's are all (0, 0), its images' count is enough."""
-        if _is_int(images):
-            self._check_image_count(int(images))
-            if int(images) and self._image_ids.family != "gemma3":
-                raise InvalidInputError(f"a {self._image_ids.family} prompt's length depends on its images' sizes: "
-                                        "give image_ids the images' bytes, not their count")
-            return [(0, 0)] * int(images)
-        images = self.check_images(images)
-        if not images or self._image_ids.family == "gemma3":
-            return [(0, 0)] * len(images)
-        from .vision.image import check_image
-        out = []
-        for data in images:
-            check_bytes(data)
-            size = check_image(data)
-            if not (isinstance(size, tuple) and len(size) == 2):
-                raise ModelFormatError("llambda.vision's check_image gave no image size")
-            rows, cols = self.vision.grid(*size)
-            low = 1 if self._image_ids.family in GRID_FAMILIES else 0     # a merged grid has a token at least
-            if not (_is_int(rows) and _is_int(cols) and low <= rows and low <= cols and (rows == 0) == (cols == 0)):
-                raise ModelFormatError(f"the vision tower gave the grid {rows!r} x {cols!r}")
-            out.append((int(rows), int(cols)))
-        return out
+        crop of the image's grid; Qwen2-VL: a token per cell of its grid), and each image's run starts; no image
+        is decoded (a prompt's token count). images: the image files' bytes (their sizes read from their
+        headers: the Idefics3 and Qwen2-VL layouts depend on them), or their count where the tower's layout
+        does not depend on size (Gemma 3)."""
+        return self.image_input.prompt_ids(text, images)
 
     def encode_images(self, images: list[bytes], starts: list) -> tuple:
         """The image blocks at `starts` (one entry an image: its runs' starts, image_ids', or an int for an image
         of one run): each image decoded, then the tower's rows for all of them; an image
         encoded lately (the same file's bytes: a conversation sends its images with every turn) takes the
-        rows kept from then. The tower runs under the model's vision lock (one encoding at a time through
+        rows kept from then. The tower runs under the image input's lock (one encoding at a time through
         its buffers), not the model's lock: a generation's steps, or a server's scheduler, go on meanwhile
         (the C core interleaves their ops with the tower's)."""
-        images = self.check_images(images)
-        if len(starts) != len(images):
-            raise InvalidInputError(f"{len(images)} image(s) and {len(starts)} block start(s): one each")
-        runs = [(s,) if _is_int(s) else tuple(s) for s in starts]
-        for b in images:        # (bytes() of an int is that many zero bytes)
-            check_bytes(b)
-        if self._load_image is None:
-            from .vision.image import check_image
-            for b in images:    # its size and header first: nothing copied or hashed of a file refused
-                check_image(b)
-        keys = [EncodedRows.key(bytes(b)) for b in images]
-        found = {k: b for k in keys if (b := self._encoded.get(k)) is not None}
-        todo = {k: data for k, data in zip(keys, images) if k not in found}      # each new file once
-        if todo:
-            encode = self._encode_grids if self._image_ids.family in GRID_FAMILIES else self._encode_new
-            found.update(zip(todo, encode(todo)))
-        out = []
-        for k, at in zip(keys, runs):
-            crops = found[k] if isinstance(found[k], tuple) else (found[k],)
-            if len(crops) != len(at):
-                raise InvalidInputError(f"an image of {len(crops)} crop(s) given {len(at)} block start(s): "
-                                        "its starts must be image_ids' for it")
-            out.extend(b.at(s) for b, s in zip(crops, at))
-        return tuple(out)
-
-    def _encode_new(self, files: dict) -> list[tuple]:
-        """The tower's blocks (at 0; a tuple of crops an image) of `files` (their EncodedRows keys -> bytes),
-        kept in self._encoded."""
-        load_image = self._load_image
-        if load_image is None:
-            from .vision import load_image      # the vision package, only for a model with a tower
-        tower = self.vision
-        if tower is None:       # closed, or detached, since check_images
-            self._check_open()
-            raise InvalidInputError(f"the model {self.name!r} has no vision tower: it takes no images")
-        causal = self._image_ids.block_tokens(1) == 0
-        out, shape = [], None
-        for key, data in files.items():     # one image at a time: decoded, cut into crops, encoded, let go (every
-            image = load_image(data)        # image's crops held at once: 3 MB a SmolVLM crop, hundreds of MB)
-            with self._vision_lock:
-                self._check_open()
-                if self.vision is not tower:
-                    raise InvalidInputError("the model's vision tower was replaced (attach_vision) while these "
-                                            "images were prepared for it: send them again")
-                px = tower_crops(tower.pixels(image))
-                del image
-                if out and px.shape[1:] != shape:
-                    raise ModelFormatError(f"the vision tower's pixels are no arrays of one shape ({shape}, "
-                                           f"{px.shape[1:]})")
-                shape = px.shape[1:]
-                per, width, step = int(tower.tokens_per_image), self.config.d_model, MAX_CROPS_A_CALL
-                rows = np.concatenate([tower_rows(tower.encode(px[i:i + step]), len(px[i:i + step]), per, width)
-                                       for i in range(0, len(px), step)])
-                del px
-                blocks = tuple(image_block(0, r, causal) for r in rows)
-                self._encoded.put(key, blocks)
-            out.append(blocks)
-        return out
-
-    def _encode_grids(self, files: dict) -> list[tuple]:
-        """Qwen2-VL's images (_encode_new's): each its own patches (tower.pixels: [patches, C*T*P*P]), its grid
-        (tower.grid of its size), its rows (tower.encode_one of both: [gh * gw, width], in prompt order), one causal
-        block an image, its grid on it (M-RoPE); one image at a time decoded, patched and encoded."""
-        from .vision import load_image as decode
-        load_image, tower = self._load_image or decode, self.vision
-        if tower is None:       # closed, or detached, since check_images
-            self._check_open()
-            raise InvalidInputError(f"the model {self.name!r} takes no images now: its vision tower was detached")
-        grids = self._grids(list(files.values()))
-        for gh, gw in grids:    # the memory plan counts the largest image the context holds (workspace_bytes)
-            if gh * gw >= self.n_ctx:
-                raise ContextOverflowError(f"an image of {gh} x {gw} = {gh * gw} tokens does not fit the context of "
-                                           f"{self.n_ctx} (prompt plus at least one new token)")
-        width = self.config.d_model
-        out = []
-        for (key, data), (gh, gw) in zip(files.items(), grids):
-            image = load_image(data)
-            with self._vision_lock:
-                self._check_open()
-                if self.vision is not tower:
-                    raise InvalidInputError("the model's vision tower was replaced (attach_vision) while these "
-                                            "images were prepared for it: send them again")
-                px = tower.pixels(image)
-                del image
-                try:
-                    px = np.asarray(px, dtype=np.float32)
-                except (TypeError, ValueError) as e:
-                    raise ModelFormatError(f"the vision tower's pixels are no array of numbers ({e})") from None
-                if px.ndim != 2 or not len(px):
-                    raise ModelFormatError(f"the vision tower's pixels are of shape {px.shape}: no [patches, values]")
-                rows = tower_rows([tower.encode_one(px, (gh, gw))], 1, gh * gw, width)[0]
-            blocks = (image_block(0, rows, causal=True, grid=(gh, gw)),)
-            self._encoded.put(key, blocks)
-            out.append(blocks)
-        return out
+        return self.image_input.encode(images, starts)
 
     def chat_stream(self, messages, tools=None, template_kwargs=None, thinking_budget: int | None = None,
                     **kw) -> Iterator[TokenEvent]:
@@ -934,8 +751,8 @@ class Model:
             if draft is not None:
                 self.draft = self.drafter = None    # first: a cycle of drafts (m.set_draft(m)) was a RecursionError
                 draft.close()
-            if getattr(self, "vision", None) is not None:     # (an EncoderModel has none)
-                self._replace_tower(None)   # under the vision lock: an encoding under way ends first
+            if getattr(self, "image_input", None) is not None:     # (an EncoderModel has none)
+                self.image_input.replace(None)   # under its lock: an encoding under way ends first
             self._network().close()     # the arrays go now, whoever still holds the network
             self._grammars = None
             self.backend.close()

@@ -237,7 +237,7 @@ def test_the_tower_holds_one_images_crops_at_a_time():
         text = m.render_chat([{"role": "user", "content": [{"type": "image", "image": i} for i in images]}])
         ids, blocks = m.image_prompt(text, images)
         assert len(alive) == 3 and seen and max(seen) == 1, seen
-        assert len(blocks) == sum(r * c + 1 for r, c in m._grids(images))
+        assert len(blocks) == sum(r * c + 1 for r, c in m.image_input.grids(images))
 
 
 @pytest.mark.parametrize("text", ["hello <image> world", "<fake_token_around_image><global-img><image>", "plain"])

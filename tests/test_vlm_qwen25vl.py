@@ -136,13 +136,13 @@ IMAGES = [png(90, 60, 40), png(30, 100, 200)]          # grids (2, 3) and (3, 1)
 def prompt_ids(m, images=IMAGES) -> tuple[list[int], tuple]:
     """Token ids of `text <image> text <image> text` through the model's layout (no tokenizer: the ids
     spelled out), and the blocks Model.encode_images makes."""
-    grids = m._grids(images)
+    grids = m.image_input.grids(images)
     ids, k = [5, 6, 7], 0
     for gh, gw in grids:
         ids += [START] + [PAD] * (gh * gw) + [END] + [20 + k, 21 + k]
         k += 2
     ids += [30, 31]
-    lay = m._image_ids
+    lay = m.image_input.layout
     ids, starts = lay.place(ids, 0, grids)
     return ids, m.encode_images(images, starts)
 
@@ -161,7 +161,7 @@ def test_the_checkpoint_loads_as_qwen2vl_and_its_layout_is_found(ckpt):
     with load(ckpt[0]) as m:
         c = m.config
         assert c.arch == "qwen2vl" and c.rope_sections == [2, 3, 3] and c.attn_bias
-        lay = m._image_ids
+        lay = m.image_input.layout
         assert isinstance(lay, QwenTokens) and (lay.start, lay.soft, lay.end) == (START, PAD, END)
         assert m.image_marker == "<|vision_start|><|image_pad|><|vision_end|>" and m.image_block_tokens == 0
         ids, blocks = prompt_ids(m)
@@ -311,7 +311,7 @@ def test_bad_towers_and_prompts_are_typed_errors(ckpt):
             prompt_ids(m)
 
         m.attach_vision(GridTower(), load_image=GridTower.load_image)
-        lay = m._image_ids
+        lay = m.image_input.layout
         with pytest.raises(InvalidInputError, match="image markers"):
             lay.expand("no image here", [(2, 3)])
         with pytest.raises(InvalidInputError, match="one run"):       # a pad typed outside an image's frame
@@ -542,7 +542,7 @@ def test_server_refuses_image_tokens_without_their_image():
     from llambda.server.errors import APIError
     from llambda.server.schemas import parse_completion
     with fixture_model("native-exact", max_batch=8) as m:
-        pad = m._image_ids.soft
+        pad = m.image_input.layout.soft
         with pytest.raises(InvalidInputError, match="no image fills"):
             list(m.stream([7, 8, pad, 9], max_tokens=1))
         service, _ = vlm.service_for(m)
@@ -581,7 +581,7 @@ def test_a_text_gguf_finds_its_image_tokens_in_the_vocabulary(tmp_path):
     from llambda.tools.export import export
     path = export(FOLDER, tmp_path / "text.gguf", fmt="gguf", qtype="f32")
     with load(path, "native-exact", FixtureTower) as m:
-        lay = m._image_ids
+        lay = m.image_input.layout
         assert (lay.start, lay.soft, lay.end) == (3, 5, 4)
         ids, blocks = m.image_prompt(TWO["chat_text"], [FIX_PNG[n] for n in TWO["images"]])
         assert ids == TWO["input_ids"]
@@ -691,7 +691,7 @@ def test_the_released_layout_and_qwen2_vl_read_the_same(tmp_path, model_type):
     folder = _old_layout(tmp_path / "old", model_type)
     tower = Qwen2VLTower if model_type == "qwen2_vl" else FixtureTower
     with load(folder, "numpy", tower, n_ctx=128) as m:
-        assert m.config.rope_sections == [2, 3, 3] and m._image_ids.family == model_type
+        assert m.config.rope_sections == [2, 3, 3] and m.image_input.layout.family == model_type
         ids, blocks = m.image_prompt(TWO["chat_text"], [FIX_PNG[n] for n in TWO["images"]])
         assert ids == TWO["input_ids"]
         err = float(np.abs(whole_logits(m, ids, blocks)[TWO["rows"]] - npy(TWO["logits_rows"])).max())

@@ -78,7 +78,7 @@ def add_vision(p: MemoryPlan, cfg, dense_bytes: int, source: str = "") -> None:
     """Count a vision tower in plan `p`: its weights (cfg.params() at `dense_bytes` each: 2 where the native
     fast mode packs its dense layers in bfloat16, the few float32 vectors and position embeddings beside them
     a small share of a real tower; 4 in float32) and one image's activations (cfg.workspace_bytes(n_ctx): a
-    Qwen2-VL tower's of the largest image the context holds, Model._encode_grids refusing a larger one), both
+    Qwen2-VL tower's of the largest image the context holds, ImageInput._encode_grids refusing a larger one), both
     allocated when it loads. `cfg`: the tower's VisionConfig."""
     p.vision = int(cfg.params()) * dense_bytes
     p.vision_workspace = int(cfg.workspace_bytes(p.n_ctx))

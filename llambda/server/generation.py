@@ -87,7 +87,7 @@ class Service:
         # Qwen3, SmolLM3, QwQ, DeepSeek-R1: a thought in <think>...</think> comes before the answer
         self.thinks = not self.harmony and template_thinks(src)
         self.workers = PromptWorkers(cfg.prompt_workers, backlog=max(cfg.queue_size, cfg.prompt_workers))
-        # the vision tower's encodings (one at a time: the model's vision lock): a thread of their own, so that
+        # the vision tower's encodings (one at a time: the model's image input's lock): a thread of their own, so that
         # requests waiting for the tower hold no prompt worker (text requests had waited behind them all)
         self.image_workers = PromptWorkers(1, backlog=max(cfg.queue_size, cfg.prompt_workers), name="image")
         self.fim = find_fim_tokens(model.tokenizer, getattr(model.source, "metadata", None))
@@ -254,7 +254,7 @@ class Service:
     def _encode(self, spec: GenerationSpec, pending: PendingImages | None) -> tuple:
         """The image blocks of a chat prompt: the vision tower runs here, in the image worker (`encode`; not a
         prompt worker: text requests are not held behind the tower) (Model.encode_images: under the model's
-        vision lock, never the scheduler's; running streams keep decoding, the C core interleaving their ops
+        image input's lock, never the scheduler's; running streams keep decoding, the C core interleaving their ops
         with the tower's)."""
         if pending is None:
             return ()

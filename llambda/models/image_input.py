@@ -1,0 +1,249 @@
+"""A language model's image input: the vision tower attached to it, its family's image token layout
+(models/images), the rows kept for images sent again, and the rule that one image encoding at a time runs
+through the tower's buffers. Model (api.py) holds one and answers its image calls through it.
+
+Two kinds of tower (llambda.vision): crop towers (Gemma 3, Idefics3: `pixels(image)` -> [crops, 3, S, S],
+`encode(pixels)` -> [crops, tokens_per_image, width]) and grid towers (Qwen2-VL: `pixels(image)` ->
+[patches, values], `encode_one(pixels, grid)` -> [gh * gw, width], an image's tokens following its grid and
+taking M-RoPE positions). Both are decoded, cut and encoded one image at a time, under the lock, and kept by
+the file's digest (EncodedRows)."""
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+
+import numpy as np
+
+from ..errors import ContextOverflowError, InvalidInputError, ModelFormatError
+from ..sampling import _is_int
+from .images import (FAMILIES, GRID_FAMILIES, MAX_CROPS_A_CALL, EncodedRows, check_bytes, check_prompt, image_block,
+                     image_tokens, tower_crops, tower_rows)
+
+
+class ImageInput:
+    """`tower` (None: the model takes no images) and `layout` (ImageTokens, IdeficsTokens, ...) after attach()."""
+
+    def __init__(self, model):
+        self.model = model
+        self.tower = None
+        self.layout = None          # the image tokens' layout (models/images)
+        self.load_image = None      # bytes -> image for the tower (attach; default llambda.vision's)
+        self.lock = threading.Lock()        # one image encoding at a time through the tower's buffers
+        self.encoded = EncodedRows()        # the blocks of images encoded lately (sent again: not encoded again)
+
+    # -- the tower ------------------------------------------------------------------
+    def attach(self, tower, load_image=None) -> None:
+        """Model.attach_vision's checks, then `tower` replaces the attached one (None: detach)."""
+        m = self.model
+        if tower is None:
+            self.replace(None)
+            return
+        per, hidden = getattr(tower, "tokens_per_image", None), getattr(tower, "hidden", None)
+        family = getattr(tower, "family", "gemma3")
+        gridded = family in GRID_FAMILIES and per is None     # Qwen2-VL: an image's tokens follow its grid
+        if (not gridded and (not _is_int(per) or per < 1)) or not _is_int(hidden):
+            raise InvalidInputError(f"a vision tower needs integer tokens_per_image (None: a {'/'.join(GRID_FAMILIES)} "
+                                    f"tower) and hidden, got {per!r}, {hidden!r}")
+        cfg = m.config
+        if int(hidden) != cfg.d_model:
+            raise InvalidInputError(f"the vision tower's rows are {hidden} wide; this model's are {cfg.d_model}")
+        if family in GRID_FAMILIES and not cfg.rope_sections:
+            raise InvalidInputError(f"a {family} tower needs a text model with M-RoPE sections; {m.name!r} "
+                                    f"({cfg.arch}) has none")
+        per = per or 1
+        attends = getattr(tower, "attends", "block" if family == "gemma3" else "causal")
+        if family not in FAMILIES or attends not in ("block", "causal"):
+            raise InvalidInputError(f"a vision tower of family {str(family)[:40]!r} attending {str(attends)[:20]!r} "
+                                    f"(known: {', '.join(FAMILIES)}; 'block' or 'causal')")
+        if not m.transformer.takes_image_rows:
+            raise InvalidInputError(f"a {cfg.arch} model cannot take image rows (plain attention layers only)")
+        meta = getattr(m.source, "metadata", None) or {}
+        ids = image_tokens(meta.get("hf.config"), m.tokenizer, cfg.vocab_size, family)
+        if ids is None:
+            raise InvalidInputError(f"{m.name!r} names no image tokens of {family}'s (" + (
+                "no boi/eoi_token_index in its config, no <start_of_image>/<end_of_image> in its vocabulary)"
+                if family == "gemma3" else "no image_token_id in its config, no <image> in its vocabulary)"
+                if family == "idefics3" else "no vision_start/image/vision_end token ids in its config, no "
+                "<|vision_start|>/<|image_pad|>/<|vision_end|> in its vocabulary)"))
+        if (attends == "causal") != (ids.block_tokens(1) == 0):
+            raise InvalidInputError(f"a {family} tower attending {attends!r}: this engine's {family} layout attends "
+                                    f"{'causally' if ids.block_tokens(1) == 0 else 'within a block'}")
+        block = ids.block_tokens(int(per))
+        if block > m.transformer.ws.max_tokens or max(block, int(per)) >= m.n_ctx:
+            raise InvalidInputError(f"an image takes {max(block, int(per))} tokens, more than a forward of "
+                                    f"{m.transformer.ws.max_tokens} (max_batch) or the context of {m.n_ctx} holds")
+        self.layout, self.load_image = ids, load_image
+        self.replace(tower)
+
+    def replace(self, tower) -> None:
+        """The attached tower becomes `tower`; the one it replaces is closed (the model owned it), and the
+        rows it gave are forgotten. Not under a running encoding (the lock)."""
+        with self.lock:
+            old, self.tower = self.tower, tower
+            if old is not tower:
+                self.encoded.clear()
+                if old is not None:
+                    old.close()
+
+    @contextmanager
+    def _holding(self, tower):
+        """The lock, while `tower` (the one an encoding was prepared for) is still the attached one."""
+        with self.lock:
+            self.model._check_open()
+            if self.tower is not tower:
+                raise InvalidInputError("the model's vision tower was replaced (attach_vision) while these "
+                                        "images were prepared for it: send them again")
+            yield
+
+    def _tower_now(self):
+        tower = self.tower
+        if tower is None:       # closed, or detached, since check_images
+            self.model._check_open()
+            raise InvalidInputError(f"the model {self.model.name!r} has no vision tower: it takes no images")
+        return tower
+
+    # -- a request's images -----------------------------------------------------------
+    def check_prompt(self, ids: list[int], images: tuple = ()) -> None:
+        check_prompt(ids, images, self.layout if self.tower is not None else None, self.model.config.d_model)
+
+    def check_count(self, n: int) -> None:
+        if not n:
+            return
+        m = self.model
+        m._check_open()      # a closed model has no tower left: that is its error, not "takes no images"
+        if self.tower is None:
+            raise InvalidInputError(f"the model {m.name!r} has no vision tower: it takes no images")
+        if n > m.max_images:
+            raise InvalidInputError(f"{n} images in one request; this model takes at most {m.max_images}")
+
+    def check_images(self, images: list) -> list[bytes]:
+        images = list(images or ())
+        self.check_count(len(images))
+        return images
+
+    def prompt_ids(self, text: str, images) -> tuple[list[int], list[tuple]]:
+        """Model.image_ids: the prompt's token ids with each image expanded, and each image's run starts."""
+        m = self.model
+        grids = self.grids(images)
+        per = int(self.tower.tokens_per_image or 0)
+        ids, starts = self.layout.place(m._prompt_ids(self.layout.expand(text, grids, per)), per, grids)
+        if len(ids) >= m.n_ctx:
+            raise ContextOverflowError(f"the prompt with its {len(grids)} image(s) has {len(ids)} tokens; the "
+                                       f"context holds {m.n_ctx} (prompt plus at least one new token)")
+        return ids, starts
+
+    def grids(self, images) -> list[tuple[int, int]]:
+        """Each image's crop or token grid (rows, cols; (0, 0): the whole image alone), from its header's size
+        (after EXIF orientation); Gemma 3's are all (0, 0), its images' count is enough."""
+        family = self.layout.family if self.layout is not None else None
+        if _is_int(images):
+            self.check_count(int(images))
+            if int(images) and family != "gemma3":
+                raise InvalidInputError(f"a {family} prompt's length depends on its images' sizes: "
+                                        "give image_ids the images' bytes, not their count")
+            return [(0, 0)] * int(images)
+        images = self.check_images(images)
+        if not images or family == "gemma3":
+            return [(0, 0)] * len(images)
+        from ..vision.image import check_image
+        low = 1 if family in GRID_FAMILIES else 0     # a merged grid has a token at least
+        out = []
+        for data in images:
+            check_bytes(data)
+            size = check_image(data)
+            if not (isinstance(size, tuple) and len(size) == 2):
+                raise ModelFormatError("llambda.vision's check_image gave no image size")
+            rows, cols = self.tower.grid(*size)
+            if not (_is_int(rows) and _is_int(cols) and low <= rows and low <= cols and (rows == 0) == (cols == 0)):
+                raise ModelFormatError(f"the vision tower gave the grid {rows!r} x {cols!r}")
+            out.append((int(rows), int(cols)))
+        return out
+
+    def encode(self, images: list[bytes], starts: list) -> tuple:
+        """Model.encode_images: the image blocks at `starts`, new images encoded, the others' rows reused."""
+        images = self.check_images(images)
+        if len(starts) != len(images):
+            raise InvalidInputError(f"{len(images)} image(s) and {len(starts)} block start(s): one each")
+        runs = [(s,) if _is_int(s) else tuple(s) for s in starts]
+        for b in images:        # (bytes() of an int is that many zero bytes)
+            check_bytes(b)
+        if self.load_image is None:
+            from ..vision.image import check_image
+            for b in images:    # its size and header first: nothing copied or hashed of a file refused
+                check_image(b)
+        keys = [EncodedRows.key(bytes(b)) for b in images]
+        found = {k: b for k in keys if (b := self.encoded.get(k)) is not None}
+        todo = {k: data for k, data in zip(keys, images) if k not in found}      # each new file once
+        if todo:
+            encode = self._encode_grids if self.layout.family in GRID_FAMILIES else self._encode_crops
+            found.update(zip(todo, encode(todo)))
+        out = []
+        for k, at in zip(keys, runs):
+            crops = found[k] if isinstance(found[k], tuple) else (found[k],)
+            if len(crops) != len(at):
+                raise InvalidInputError(f"an image of {len(crops)} crop(s) given {len(at)} block start(s): "
+                                        "its starts must be image_ids' for it")
+            out.extend(b.at(s) for b, s in zip(crops, at))
+        return tuple(out)
+
+    def _decoder(self):
+        if self.load_image is not None:
+            return self.load_image
+        from ..vision import load_image      # the vision package, only for a model with a tower
+        return load_image
+
+    def _encode_crops(self, files: dict) -> list[tuple]:
+        """The tower's blocks (at 0; a tuple of crops an image) of `files` (their EncodedRows keys -> bytes),
+        kept in self.encoded: one image at a time decoded, cut into crops, encoded and let go (every image's
+        crops held at once: 3 MB a SmolVLM crop, hundreds of MB)."""
+        load_image, tower = self._decoder(), self._tower_now()
+        causal = self.layout.block_tokens(1) == 0
+        width = self.model.config.d_model
+        out, shape = [], None
+        for key, data in files.items():
+            image = load_image(data)
+            with self._holding(tower):
+                px = tower_crops(tower.pixels(image))
+                del image
+                if out and px.shape[1:] != shape:
+                    raise ModelFormatError(f"the vision tower's pixels are no arrays of one shape ({shape}, "
+                                           f"{px.shape[1:]})")
+                shape = px.shape[1:]
+                per, step = int(tower.tokens_per_image), MAX_CROPS_A_CALL
+                rows = np.concatenate([tower_rows(tower.encode(px[i:i + step]), len(px[i:i + step]), per, width)
+                                       for i in range(0, len(px), step)])
+                del px
+                blocks = tuple(image_block(0, r, causal) for r in rows)
+                self.encoded.put(key, blocks)
+            out.append(blocks)
+        return out
+
+    def _encode_grids(self, files: dict) -> list[tuple]:
+        """Qwen2-VL's images: each its own patches (tower.pixels: [patches, C*T*P*P]), its grid (tower.grid of
+        its size), its rows (tower.encode_one of both: [gh * gw, width], in prompt order), one causal block an
+        image, its grid on it (M-RoPE); one image at a time decoded, patched and encoded."""
+        load_image, tower = self._decoder(), self._tower_now()
+        m = self.model
+        grids = self.grids(list(files.values()))
+        for gh, gw in grids:    # the memory plan counts the largest image the context holds (workspace_bytes)
+            if gh * gw >= m.n_ctx:
+                raise ContextOverflowError(f"an image of {gh} x {gw} = {gh * gw} tokens does not fit the context of "
+                                           f"{m.n_ctx} (prompt plus at least one new token)")
+        width = m.config.d_model
+        out = []
+        for (key, data), (gh, gw) in zip(files.items(), grids):
+            image = load_image(data)
+            with self._holding(tower):
+                px = tower.pixels(image)
+                del image
+                try:
+                    px = np.asarray(px, dtype=np.float32)
+                except (TypeError, ValueError) as e:
+                    raise ModelFormatError(f"the vision tower's pixels are no array of numbers ({e})") from None
+                if px.ndim != 2 or not len(px):
+                    raise ModelFormatError(f"the vision tower's pixels are of shape {px.shape}: no [patches, values]")
+                rows = tower_rows([tower.encode_one(px, (gh, gw))], 1, gh * gw, width)[0]
+            blocks = (image_block(0, rows, causal=True, grid=(gh, gw)),)
+            self.encoded.put(key, blocks)
+            out.append(blocks)
+        return out
