@@ -450,6 +450,51 @@ def test_429_when_every_replica_and_the_queue_are_full(ray_app):
     assert busy.headers["retry-after"] and "busy" in busy.json()["error"]["message"]
 
 
+@needs_ray
+@pytest.mark.parametrize("ndjson", [False, True])
+def test_a_replica_dying_after_its_streams_end_adds_nothing_and_before_it_an_error_and_the_end(ndjson):
+    # (a replica killed mid-load once ended a stream [DONE], error, [DONE]: the client read a second end)
+    from collections import Counter
+
+    from ray.exceptions import RayActorError
+
+    from llambda.scaleout.ingress import IngressServer
+    from llambda.server.ollama_api import NDJSON
+    from llambda.server.openai_format import SSE_DONE
+
+    last = b'{"model":"m","done":true}\n' if ndjson else SSE_DONE
+    first = b'{"model":"m","response":"a \\"done\\": true","done":false}\n' if ndjson else b'data: {"choices":[]}\n\n'
+
+    class Stream:
+        def __init__(self, chunks):
+            self.chunks = chunks
+
+        def __aiter__(self):
+            return self
+
+        async def __anext__(self):
+            if not self.chunks:
+                raise RayActorError()
+            return self.chunks.pop(0)
+
+        def cancel(self):
+            pass
+
+    ingress = object.__new__(IngressServer)
+    ingress.counts = Counter()
+    media = NDJSON.encode() if ndjson else b"text/event-stream"
+
+    async def read(chunks):
+        return [c async for c in ingress._rest(Stream(list(chunks)), media)]
+
+    whole = asyncio.run(read([first, last]))
+    assert whole == [first, last] and ingress.counts["failed_mid_stream"] == 1
+    cut = asyncio.run(read([first]))
+    assert cut[0] == first and len(cut) == (2 if ndjson else 3) and b"failed" in cut[1]
+    if not ndjson:
+        assert cut[-1] == SSE_DONE
+
+
 def _stream(url, i) -> list[str]:
     """The data lines of a streamed completion."""
     body = {"model": MODEL_ID, "prompt": f"Tale {i}: long ago", "max_tokens": 48, "temperature": 0, "stream": True}

@@ -103,14 +103,18 @@ class IngressServer:
         raise AssertionError("unreachable")
 
     async def _rest(self, stream, media_type: bytes) -> AsyncIterator[bytes]:
+        ndjson, ended = media_type == NDJSON.encode(), False
         try:
             async for chunk in stream:
+                ended = _ends_stream(chunk, ndjson)
                 yield chunk
         except REPLICA_GONE as e:
-            # the client reads an error and the end of the stream, as when a server drains
             self.counts["failed_mid_stream"] += 1
+            if ended:       # it died after its stream's last event: the client has the whole answer
+                return
+            # the client reads an error and the end of the stream, as when a server drains
             err = APIError(503, f"the replica serving this stream failed: {type(e).__name__}")
-            if media_type == NDJSON.encode():
+            if ndjson:
                 yield ndjson_error(err)
             else:
                 yield sse(err.body())
@@ -141,3 +145,12 @@ class IngressServer:
     def _authorized(self, request: Request) -> bool:
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.cfg.api_key.encode())
+
+
+def _ends_stream(chunk: bytes, ndjson: bool) -> bool:
+    """Whether a replica's chunk closes its stream: SSE's [DONE], or an Ollama line whose "done" is true (a
+    "done" inside a text is escaped, \\"done\\", so it cannot match)."""
+    if not ndjson:
+        return chunk.endswith(SSE_DONE)
+    last = chunk.rstrip(b"\n").rsplit(b"\n", 1)[-1]
+    return b'"done":true' in last or b'"done": true' in last
