@@ -59,6 +59,24 @@ def _marker_count(text: str, marker: str, n_images: int) -> None:
                                 "template dropped an image part, or the text writes the marker itself")
 
 
+def _expand_each(text: str, marker: str, grids: list, image_text) -> str:
+    """`text` with its i-th image marker replaced by image_text(*grids[i]) (the marker count checked first)."""
+    _marker_count(text, marker, len(grids))
+    parts = text.split(marker)
+    out = [parts[0]]
+    for grid, after in zip(grids, parts[1:]):
+        out.append(image_text(*grid))
+        out.append(after)
+    return "".join(out)
+
+
+def _soft_runs(ids: list[int], soft: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(the ids as an array, the starts and ends of its runs of the soft id)."""
+    a = np.asarray(ids, dtype=np.int64)
+    edges = np.flatnonzero(np.diff(np.concatenate(([0], (a == soft).view(np.int8), [0]))))
+    return a, edges[0::2], edges[1::2]
+
+
 @dataclass(frozen=True)
 class ImageTokens:
     """Gemma 3's layout: the token ids that frame an image and the begin marker's text (what a chat template
@@ -108,21 +126,12 @@ class IdeficsTokens:
         return f"{tiles}\n{glob}"
 
     def expand(self, text: str, grids: list, per: int = 0) -> str:
-        _marker_count(text, self.marker, len(grids))
-        parts = text.split(self.marker)
-        out = [parts[0]]
-        for (rows, cols), after in zip(grids, parts[1:]):
-            out.append(self.image_text(rows, cols, per))
-            out.append(after)
-        return "".join(out)
+        return _expand_each(text, self.marker, grids, lambda rows, cols: self.image_text(rows, cols, per))
 
     def place(self, ids: list[int], per: int, grids: list) -> tuple[list[int], list[tuple]]:
         """(the ids, each image's run starts): the runs of soft ids the expanded text tokenized to, checked to
         be the images' crops of `per` tokens each."""
-        a = np.asarray(ids, dtype=np.int64)
-        soft = a == self.soft
-        edges = np.flatnonzero(np.diff(np.concatenate(([0], soft.view(np.int8), [0]))))
-        lo, hi = edges[0::2], edges[1::2]
+        _, lo, hi = _soft_runs(ids, self.soft)
         want = [rows * cols + 1 for rows, cols in grids]
         if len(lo) != sum(want) or np.any(hi - lo != per):
             raise InvalidInputError(f"the prompt's image tokens ({self.marker}) do not make {sum(want)} runs of "
@@ -156,22 +165,16 @@ class QwenTokens:
         return self.start_text + self.soft_text + self.end_text
 
     def expand(self, text: str, grids: list, per: int = 0) -> str:
-        _marker_count(text, self.marker, len(grids))
-        parts = text.split(self.marker)
-        out = [parts[0]]
-        for (gh, gw), after in zip(grids, parts[1:]):
-            out.append(self.start_text + self.soft_text * (gh * gw) + self.end_text)
-            out.append(after)
-        return "".join(out)
+        return _expand_each(text, self.marker, grids,
+                            lambda gh, gw: self.start_text + self.soft_text * (gh * gw) + self.end_text)
 
     def place(self, ids: list[int], per: int, grids: list) -> tuple[list[int], list[tuple]]:
         """(the ids, each image's run start): one run of gh * gw pads an image, each between start and end."""
-        a = np.asarray(ids, dtype=np.int64)
-        soft = a == self.soft
-        edges = np.flatnonzero(np.diff(np.concatenate(([0], soft.view(np.int8), [0]))))
-        lo, hi = edges[0::2], edges[1::2]
+        a, lo, hi = _soft_runs(ids, self.soft)
         want = np.array([gh * gw for gh, gw in grids], dtype=np.int64)
-        if len(lo) != len(grids) or np.any(hi - lo != want) or np.any(lo < 1) or np.any(hi >= len(a))                 or np.any(a[np.maximum(lo - 1, 0)] != self.start) or np.any(a[np.minimum(hi, len(a) - 1)] != self.end):
+        framed = (len(lo) == len(grids) and np.all(hi - lo == want) and np.all(lo >= 1) and np.all(hi < len(a))
+                  and np.all(a[np.maximum(lo - 1, 0)] == self.start) and np.all(a[np.minimum(hi, len(a) - 1)] == self.end))
+        if not framed:
             raise InvalidInputError(f"the prompt's image tokens ({self.soft_text}) do not make one run of each image's "
                                     f"{want.tolist()} tokens between {self.start_text} and {self.end_text}: the text "
                                     "writes the tokens itself, or the tokenizer does not read them as single tokens")
