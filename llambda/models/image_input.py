@@ -167,16 +167,23 @@ class ImageInput:
         runs = [(s,) if _is_int(s) else tuple(s) for s in starts]
         for b in images:        # (bytes() of an int is that many zero bytes)
             check_bytes(b)
-        if self.load_image is None:
+        # each file's size and header first: nothing copied or hashed of a file refused
+        gridded = self.layout.family in GRID_FAMILIES
+        if gridded:             # (read once: the header's check and the image's grid)
+            grids = self.grids(images)
+        elif self.load_image is None:
             from ..vision.image import check_image
-            for b in images:    # its size and header first: nothing copied or hashed of a file refused
+            for b in images:
                 check_image(b)
         keys = [EncodedRows.key(bytes(b)) for b in images]
         found = {k: b for k in keys if (b := self.encoded.get(k)) is not None}
         todo = {k: data for k, data in zip(keys, images) if k not in found}      # each new file once
         if todo:
-            encode = self._encode_grids if self.layout.family in GRID_FAMILIES else self._encode_crops
-            found.update(zip(todo, encode(todo)))
+            if gridded:
+                at = {k: g for k, g in zip(keys, grids)}
+                found.update(zip(todo, self._encode_grids(todo, [at[k] for k in todo])))
+            else:
+                found.update(zip(todo, self._encode_crops(todo)))
         out = []
         for k, at in zip(keys, runs):
             crops = found[k] if isinstance(found[k], tuple) else (found[k],)
@@ -218,13 +225,12 @@ class ImageInput:
             out.append(blocks)
         return out
 
-    def _encode_grids(self, files: dict) -> list[tuple]:
-        """Qwen2-VL's images: each its own patches (tower.pixels: [patches, C*T*P*P]), its grid (tower.grid of
-        its size), its rows (tower.encode_one of both: [gh * gw, width], in prompt order), one causal block an
+    def _encode_grids(self, files: dict, grids: list) -> list[tuple]:
+        """Qwen2-VL's images: each its own patches (tower.pixels: [patches, C*T*P*P]), its grid (`grids`: tower.grid
+        of its size), its rows (tower.encode_one of both: [gh * gw, width], in prompt order), one causal block an
         image, its grid on it (M-RoPE); one image at a time decoded, patched and encoded."""
         load_image, tower = self._decoder(), self._tower_now()
         m = self.model
-        grids = self.grids(list(files.values()))
         for gh, gw in grids:    # the memory plan counts the largest image the context holds (workspace_bytes)
             if gh * gw >= m.n_ctx:
                 raise ContextOverflowError(f"an image of {gh} x {gw} = {gh * gw} tokens does not fit the context of "
