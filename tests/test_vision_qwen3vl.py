@@ -221,6 +221,19 @@ def test_the_memory_plan_counts_every_tensor(numpy_tower):
 
 # ---------------------------------------------------------------- the layouts a checkpoint comes in
 
+def test_the_released_pixel_bounds_are_taken():
+    """Qwen3-VL's preprocessor_config.json (65536 to 16777216 pixels: 64 to 16384 cells of 32 x 32) loads: the
+    bound is in cells, 16384 an image whatever the cell's size; one pixel cell more is refused."""
+    from llambda.vision.qwen2vl_config import QwenVisionConfig
+    fields = dict(projector="qwen3_vl", hidden_size=1024, intermediate_size=4096, num_hidden_layers=24,
+                  num_attention_heads=16, patch_size=16, text_hidden_size=2048, num_position_embeddings=2304,
+                  deepstack_visual_indexes=[5, 11, 17], min_pixels=65536, max_pixels=16777216)
+    cfg = QwenVisionConfig.from_fields(fields)
+    assert cfg.max_patches() == 65536 and cfg.deepstack == 3 and cfg.position_side == 48
+    with pytest.raises(ModelFormatError, match="max_pixels"):
+        QwenVisionConfig.from_fields(dict(fields, max_pixels=16777216 + 1024))
+
+
 def test_qwen3_vl_moe_and_released_configs_load_the_same_tower(tmp_path):
     """Qwen3-VL-30B-A3B's model_type (qwen3_vl_moe: its tower is Qwen3-VL's) and the released config.json's shape
     (vision_config model_type qwen3_vl, no rope_parameters; the text model's rope_scaling) read as the fixture;

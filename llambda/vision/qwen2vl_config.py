@@ -4,7 +4,8 @@ read, whatever file they came from: a layout fills a dict of these names and `Qw
 checks it.
 
 Nothing is sized from a value before it is checked: an image's activations are sized from its own grid, which
-max_pixels bounds (MAX_PIXELS: Qwen2.5-VL's own processor default, 16384 tokens an image).
+max_pixels bounds (at most MAX_CELLS merged cells: 16384 tokens an image, the released processors' default for
+Qwen2.5-VL (12845056 pixels of 28 x 28 cells) and Qwen3-VL (16777216 of 32 x 32)).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ ACTIVATIONS = {"qwen2_5_vl": "silu", "qwen2_vl": "quick_gelu", "qwen3_vl": "gelu
 MAX_PATCH = 64
 MAX_MERGE = 8
 MAX_TEMPORAL = 4
-MAX_PIXELS = 16384 * 28 * 28         # Qwen2.5-VL's preprocessor_config max_pixels (12845056)
+MAX_CELLS = 16384                    # max_pixels / (patch x merge)^2: Qwen2.5-VL's 12845056, Qwen3-VL's 16777216
 MAX_ASPECT = 200                     # smart_resize refuses a longer side past 200 times the shorter
 NORM_EPS = 1e-6                      # fixed in transformers' vision blocks and merger
 MAX_POSITIONS = 1 << 16             # Qwen3-VL's learned position grid (2304 = 48 x 48 in the released models)
@@ -169,8 +170,8 @@ class QwenVisionConfig:
                                        "(the learned position grid is side x side)")
             c.deepstack_visual_indexes = layer_list(fields.get("deepstack_visual_indexes"), depth,
                                                     what("deepstack_visual_indexes"), ordered=True)
-        c.min_pixels = integer("min_pixels", 1, MAX_PIXELS, cls.min_pixels)
-        c.max_pixels = integer("max_pixels", c.factor ** 2, MAX_PIXELS, cls.max_pixels)
+        c.min_pixels = integer("min_pixels", 1, MAX_CELLS * c.factor ** 2, cls.min_pixels)
+        c.max_pixels = integer("max_pixels", c.factor ** 2, MAX_CELLS * c.factor ** 2, cls.max_pixels)
         if c.min_pixels > c.max_pixels:
             raise ModelFormatError(f"{what('min_pixels')} {c.min_pixels} is above max_pixels {c.max_pixels}")
         return c
