@@ -381,3 +381,68 @@ def test_llama_cpp_reads_our_mmproj(mmproj_files, tmp_path, qtype, budget):
             assert len(theirs) == 1 and theirs[0].shape == ours.shape == (h * w // 256, 3 * D)
             err = [float(np.abs(theirs[0][:, k * D:(k + 1) * D] - ours[:, k * D:(k + 1) * D]).max()) for k in range(3)]
             assert max(err) <= budget, (h, w, err)
+
+
+# ---------------------------------------------------------------- Ollama's qwen3vl model file
+
+OLLAMA_RENAMES = [("model.visual.", "v."), ("blocks.", "blk."), ("patch_embed.proj", "patch_embed"),
+                  ("attn.proj", "attn_out"), ("deepstack_merger_list.", "deepstack_merger.")]
+
+
+def ollama_file(dest: Path, arch: str = "qwen3vl", keys_edit=None, drop=()) -> Path:
+    """The fixture's tower named as Ollama's converter names it in its qwen3vl model file (convert_qwen3vl.go's
+    replacements and splits, as we read them) with its keys; no text tensors (the tower's reader needs none)."""
+    from llambda.formats import gguf_writer, quants, safetensors
+    with safetensors.SafetensorsFile(TINY / "model.safetensors") as st:
+        hf = {n: t.to_float32() for n, t in st.tensors.items() if n.startswith("model.visual.")}
+    tensors = []
+    for name, v in hf.items():
+        for a, b in OLLAMA_RENAMES:
+            name = name.replace(a, b)
+        if ".attn.qkv." in name:
+            parts = {name.replace("attn.qkv", f"attn_{x}"): p for x, p in zip("qkv", np.split(v, 3))}
+        elif name == "v.patch_embed.weight":
+            parts = {name: v.reshape((-1,) + v.shape[2:])}          # [H * C, T, P, P]
+        else:
+            parts = {name: v}
+        tensors += [(n, quants.QType.F32, np.ascontiguousarray(p)) for n, p in parts.items() if n not in drop]
+    vis, pre = REF["config"]["vision_config"], REF["processor"]
+    i32 = gguf_writer.GGUFValue((gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.INT32), vis["deepstack_visual_indexes"])
+    meta = {"general.architecture": arch, f"{arch}.embedding_length": D} | {f"{arch}.vision.{k}": v for k, v in {
+        "block_count": vis["depth"], "embedding_length": vis["hidden_size"], "attention.head_count": vis["num_heads"],
+        "num_channels": 3, "patch_size": 8, "spatial_merge_size": 2, "temporal_patch_size": 2,
+        "attention.layer_norm_epsilon": 1e-6, "rope.freq_base": 10000.0, "deepstack_visual_indexes": i32,
+        "shortest_edge": pre["min_pixels"], "longest_edge": pre["max_pixels"],
+        "image_mean": pre["image_mean"], "image_std": pre["image_std"]}.items()}
+    if keys_edit is not None:
+        keys_edit(meta)
+    gguf_writer.write_gguf(dest, meta, tensors)
+    return dest
+
+
+@pytest.mark.parametrize("arch", ["qwen3vl", "qwen3vlmoe"])
+def test_ollama_qwen3vl_file_reads_as_the_hf_directory(tmp_path, arch):
+    """The MLP width and the position grid from the tensors' rows (no keys for them), the pixel bounds from the
+    processor's edges: the same grids and rows as the directory; written back as llama.cpp's mmproj, the same."""
+    with closing(load_vision(ollama_file(tmp_path / "ollama.gguf", arch), backend="numpy")) as t:
+        assert (t.family, t.deepstack, t.cfg.intermediate_size, t.cfg.num_position_embeddings) == ("qwen3_vl", 2, 64, 16)
+        check_tower(t, EXACT, EXACT)
+    out = mmproj.write_mmproj(tmp_path / "ollama.gguf", tmp_path / "m.gguf", "f32")
+    with closing(load_vision(out, backend="numpy")) as t:
+        check_tower(t, EXACT, EXACT)
+
+
+@pytest.mark.parametrize("edit,drop,match", [
+    (lambda m: m.pop("qwen3vl.vision.block_count"), (), "block_count"),
+    (lambda m: m.pop("qwen3vl.embedding_length"), (), "embedding_length"),
+    (lambda m: m.update({"qwen3vl.vision.deepstack_visual_indexes": [0, 7]}), (), "deepstack_visual_indexes"),
+    (lambda m: m.update({"qwen3vl.vision.longest_edge": 1 << 40}), (), "longest_edge"),
+    (lambda m: m.update({"qwen3vl.vision.embedding_length": 48}), (), "shape"),
+    (None, ("v.pos_embed.weight",), "pos_embed"),
+    (None, ("v.blk.0.mlp.linear_fc1.weight",), "linear_fc1"),
+    (None, ("v.blk.2.attn_k.bias",), "qkv"),
+    (None, ("v.deepstack_merger.1.linear_fc1.bias",), "deepstack_merger_list.1.linear_fc1.bias"),
+])
+def test_hostile_ollama_files_are_format_errors(tmp_path, edit, drop, match):
+    with pytest.raises(ModelFormatError, match=match):
+        load_vision(ollama_file(tmp_path / "bad.gguf", keys_edit=edit, drop=drop), backend="numpy")

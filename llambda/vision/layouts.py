@@ -294,7 +294,8 @@ def gguf_lookup(gguf_file, which: int):
 
 
 def has_ollama_tower(gguf_file) -> bool:
-    return any(n in gguf_file.tensors for n in ("v.patch_embedding.weight", "v.patch_embd_0.weight")) or any(
+    return any(n in gguf_file.tensors for n in ("v.patch_embedding.weight", "v.patch_embd_0.weight",
+                                                "v.patch_embed.weight")) or any(
         k.endswith(".vision.block_count") for k in gguf_file.metadata)
 
 

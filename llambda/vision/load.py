@@ -18,6 +18,7 @@ from .layouts import (HF_NAMES, IDEFICS3_TYPES, LLAMA_CPP, MMPROJ_NAMES, OLLAMA,
                       check_processor_size, gguf_lookup, has_ollama_tower, hf_fields, hf_lookup, idefics3_hf_fields,
                       image_processor_settings, mmproj_fields, ollama_fields)
 from . import qwen2vl_layouts as qwen_layouts
+from . import qwen3vl_ollama as qwen3_ollama
 from .qwen2vl_config import QwenVisionConfig
 from .tower import VisionTower
 
@@ -80,14 +81,18 @@ def open_layout(path: Path) -> Layout | None:
         if not has_ollama_tower(f):
             f.close()
             return None
+        if arch in qwen3_ollama.ARCHS:
+            find = qwen3_ollama.lookup(f)
+            vcfg = QwenVisionConfig.from_fields(qwen3_ollama.fields(meta, find, arch, src), qwen3_ollama.keys(arch), src)
+            return Layout(vcfg, find, 0.0, "ollama", [f.close])
         if arch == qwen_layouts.OLLAMA_ARCH:
             lookup = qwen_layouts.mmproj_lookup(f, "ollama")
             vcfg = QwenVisionConfig.from_fields(qwen_layouts.ollama_fields(meta, lookup, src), qwen_layouts.OLLAMA_KEYS,
                                                 src)
             return Layout(vcfg, lookup, 0.0, "ollama", [f.close])
         if arch != "gemma3":
-            warnings.warn(f"{path}: its vision tower ({str(arch)[:40]!r}) is not supported (Gemma 3's and Qwen2.5-VL's "
-                          "only): the model reads no images", LlambdaWarning, stacklevel=3)
+            warnings.warn(f"{path}: its vision tower ({str(arch)[:40]!r}) is not supported (Gemma 3's, Qwen2.5-VL's and "
+                          "Qwen3-VL's only): the model reads no images", LlambdaWarning, stacklevel=3)
             f.close()
             return None
         lookup = gguf_lookup(f, OLLAMA)

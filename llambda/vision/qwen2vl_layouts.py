@@ -145,6 +145,12 @@ def float_tensor(name: str, values: np.ndarray) -> WeightTensor:
     return WeightTensor(name, QType.F32, tuple(a.shape), a.view(np.uint8).reshape(-1))
 
 
+def gguf_tensor(infos: dict, name: str) -> WeightTensor | None:
+    """A GGUF file's tensor `name` as a WeightTensor (None where absent)."""
+    t = infos.get(name)
+    return None if t is None else WeightTensor(name, t.qtype, tuple(int(s) for s in t.shape), t.data)
+
+
 def mmproj_lookup(gguf_file, flavor: str = "llama.cpp", deepstack: tuple = ()):
     """Canonical names over llama.cpp's mmproj tensors (or Ollama's qwen25vl model file's: flavor "ollama"); the
     patch embedding's two slices and each block's q, k, v put together (float32) as transformers holds them
@@ -152,8 +158,7 @@ def mmproj_lookup(gguf_file, flavor: str = "llama.cpp", deepstack: tuple = ()):
     infos = gguf_file.tensors
 
     def get(name):
-        t = infos.get(name)
-        return None if t is None else WeightTensor(name, t.qtype, tuple(int(s) for s in t.shape), t.data)
+        return gguf_tensor(infos, name)
 
     def lookup(canon: str):
         if canon == "patch_embed.proj.weight":
