@@ -1,6 +1,7 @@
 """One image through the same vision tower in llambda and in llama.cpp, side by side (not a test).
 
-    python bench/bench_vision_vs_llama_cpp.py [--family gemma3|idefics3|qwen2_5_vl] [--dir DIR] [--threads 1 2] [-r 3]
+    python bench/bench_vision_vs_llama_cpp.py [--family gemma3|idefics3|qwen2_5_vl|qwen3_vl] [--dir DIR] [--threads 1 2]
+                                              [-r 3]
                                               [--layers N] [--size W H] [--exact]
 
 The tower is bench_vision.py's random real-sized one, written once under DIR as a Hugging Face folder (F16
@@ -22,6 +23,11 @@ marker tokens, which the vocabulary holds). Both engines load that mmproj.
   multiple of 28 a side, so neither engine resizes it; 32 x 32 patches, 16 x 16 = 256 rows); the run stops if the
   engines' token counts differ. llambda: `tower.encode_one(tower.pixels(image), tower.grid(w, h))`; llama.cpp
   its one image chunk.
+- qwen3_vl (Qwen3-VL-2B-Instruct's tower): 24 blocks of 1024, 16 heads of 64, tanh-GELU MLP 4096, LayerNorm,
+  patches of 16 merged 2 x 2, a learned 48 x 48 position grid, DeepStack after blocks 5, 11, 17 (those below
+  --layers), merger rows of 2048, each joined with its levels' (8192 wide for 3: llama.cpp's text stand-in is that
+  wide); the processor's min/max pixels 65536 / 16777216, mean = std = 0.5. One image of --size (default 512 x
+  512: 32 x 32 patches, the grid resampled, 256 rows; neither engine resizes it).
 
 Each run is a child process that loads its engine, preprocesses the image and encodes it, and reports the
 encode alone (and the preprocessing beside it): wall and process CPU time (every thread's). llambda: the
@@ -49,11 +55,11 @@ import numpy as np  # noqa: E402
 
 # family -> (default layers, default image size, text width)
 FAMILIES = {"gemma3": (27, (896, 896), 2560), "idefics3": (12, (1024, 768), 576),
-            "qwen2_5_vl": (32, (448, 448), 2048)}
+            "qwen2_5_vl": (32, (448, 448), 2048), "qwen3_vl": (24, (512, 512), 2048)}
 IDEFICS3_MARKS = ["<fake_token_around_image>", "<global-img>"] + [f"<row_{r}_col_{c}>" for r in range(1, 7)
                                                                   for c in range(1, 7)]   # mtmd looks these up
 QWEN_MARKS = ["<|vision_start|>", "<|vision_end|>"]                                    # the image's brackets
-MARKS = {"idefics3": IDEFICS3_MARKS, "qwen2_5_vl": QWEN_MARKS}
+MARKS = {"idefics3": IDEFICS3_MARKS, "qwen2_5_vl": QWEN_MARKS, "qwen3_vl": QWEN_MARKS}
 
 
 # ---------------------------------------------------------------- the files (made once per DIR)
@@ -81,34 +87,49 @@ def qwen25_vision_config(layers: int) -> dict:
             "hidden_act": "silu", "tokens_per_second": 2}
 
 
-def write_qwen_folder(folder: Path, layers: int) -> None:
-    """A Qwen2.5-VL directory holding the random tower alone (F16 safetensors under `visual.`), each tensor drawn
-    from a generator seeded by its name as bench_vision.py's (norm weights near 1, small biases, matrices scaled
-    by their fan-in)."""
+def qwen3_vision_config(layers: int) -> dict:
+    """Qwen3-VL-2B-Instruct's vision_config, `layers` deep (the DeepStack levels after blocks 5, 11, 17 below it)."""
+    return {"model_type": "qwen3_vl", "depth": layers, "hidden_size": 1024, "intermediate_size": 4096,
+            "num_heads": 16, "in_channels": 3, "out_hidden_size": 2048, "patch_size": 16, "spatial_merge_size": 2,
+            "temporal_patch_size": 2, "num_position_embeddings": 2304, "hidden_act": "gelu_pytorch_tanh",
+            "deepstack_visual_indexes": [i for i in (5, 11, 17) if i < layers]}
+
+
+def write_qwen_folder(folder: Path, layers: int, family: str) -> None:
+    """A Qwen2.5-VL (or Qwen3-VL) directory holding the random tower alone (F16 safetensors under `visual.`), each
+    tensor drawn from a generator seeded by its name as bench_vision.py's (norm weights near 1, small biases,
+    matrices scaled by their fan-in)."""
     import zlib
     from llambda.formats.safetensors import write_safetensors
     from llambda.vision.qwen2vl_config import QwenVisionConfig
     from llambda.vision.qwen2vl_mmproj import canonical_names
-    vis = qwen25_vision_config(layers)
-    cfg = QwenVisionConfig.from_fields({
-        "projector": "qwen2_5_vl", "hidden_size": vis["hidden_size"], "intermediate_size": vis["intermediate_size"],
-        "num_hidden_layers": layers, "num_attention_heads": vis["num_heads"], "patch_size": vis["patch_size"],
-        "text_hidden_size": vis["out_hidden_size"], "window_size": vis["window_size"],
-        "fullatt_block_indexes": vis["fullatt_block_indexes"]})
+    qwen3 = family == "qwen3_vl"
+    vis = qwen3_vision_config(layers) if qwen3 else qwen25_vision_config(layers)
+    fields = {"projector": family, "hidden_size": vis["hidden_size"], "intermediate_size": vis["intermediate_size"],
+              "num_hidden_layers": layers, "num_attention_heads": vis["num_heads"], "patch_size": vis["patch_size"],
+              "text_hidden_size": vis["out_hidden_size"]}
+    fields.update({k: vis[k] for k in (("num_position_embeddings", "deepstack_visual_indexes") if qwen3
+                                       else ("window_size", "fullatt_block_indexes"))})
+    cfg = QwenVisionConfig.from_fields(fields)
     H, F, T, M = cfg.hidden_size, cfg.intermediate_size, cfg.text_hidden_size, cfg.spatial_merge_size ** 2
+    merger = {"norm": (M * H,), "linear_fc1": (M * H, M * H), "linear_fc2": (T, M * H)}
     leaves = {"norm1": (H,), "norm2": (H,), "attn.qkv": (3 * H, H), "attn.proj": (H, H), "mlp.gate_proj": (F, H),
               "mlp.up_proj": (F, H), "mlp.down_proj": (H, F), "merger.ln_q": (H,), "merger.mlp.0": (M * H, M * H),
-              "merger.mlp.2": (T, M * H)}
+              "merger.mlp.2": (T, M * H), "mlp.linear_fc1": (F, H), "mlp.linear_fc2": (H, F), "merger.norm": (H,),
+              "merger.linear_fc1": (M * H, M * H), "merger.linear_fc2": (T, M * H), "patch_embed.proj": (H,),
+              "pos_embed": (cfg.num_position_embeddings, H)} | {"deepstack." + k: v for k, v in merger.items()}
     tensors = {}
     for canon in canonical_names(cfg):
         if canon == "patch_embed.proj.weight":
             shape = (H, cfg.num_channels, cfg.temporal_patch_size, cfg.patch_size, cfg.patch_size)
         else:
             stem, kind = canon.rsplit(".", 1)
-            full = leaves[stem.split(".", 2)[2] if stem.startswith("blocks.") else stem]
+            leaf = ("deepstack." if stem.startswith("deepstack_") else "") + stem.split(".", 2)[2] \
+                if stem.startswith(("blocks.", "deepstack_")) else stem
+            full = leaves[leaf]
             shape = full if kind == "weight" else full[:1]
         rng = np.random.default_rng(zlib.crc32(canon.encode()))
-        if "norm" in canon or "ln_q" in canon:
+        if ("norm" in canon or "ln_q" in canon) and canon.endswith("weight"):
             v = 1.0 + 0.05 * rng.standard_normal(shape)
         elif len(shape) == 1:
             v = 0.02 * rng.standard_normal(shape)
@@ -117,20 +138,25 @@ def write_qwen_folder(folder: Path, layers: int) -> None:
         tensors["visual." + canon] = v.astype(np.float16)
     folder.mkdir(parents=True, exist_ok=True)
     write_safetensors(folder / "model.safetensors", tensors)
-    config = {"architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl",
-              "text_config": {"model_type": "qwen2_5_vl_text", "hidden_size": vis["out_hidden_size"]},
+    kind = "Qwen3VL" if qwen3 else "Qwen2_5_VL"
+    config = {"architectures": [f"{kind}ForConditionalGeneration"], "model_type": family,
+              "text_config": {"model_type": family + "_text", "hidden_size": vis["out_hidden_size"]},
               "vision_config": vis}
     pre = {"image_processor_type": "Qwen2VLImageProcessor", "do_resize": True, "do_rescale": True,
            "do_normalize": True, "do_convert_rgb": True, "resample": 3, "rescale_factor": 1 / 255,
            "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711],
            "min_pixels": 3136, "max_pixels": 12845056, "patch_size": 14, "merge_size": 2, "temporal_patch_size": 2}
+    if qwen3:                   # Qwen3-VL's preprocessor_config.json
+        pre.update(image_mean=[0.5] * 3, image_std=[0.5] * 3, patch_size=16,
+                   size={"shortest_edge": 65536, "longest_edge": 16777216})
+        del pre["min_pixels"], pre["max_pixels"]
     (folder / "config.json").write_text(json.dumps(config, indent=1))
     (folder / "preprocessor_config.json").write_text(json.dumps(pre, indent=1))
 
 
 def write_hf_folder(folder: Path, layers: int, family: str) -> None:
-    if family == "qwen2_5_vl":
-        return write_qwen_folder(folder, layers)
+    if family in ("qwen2_5_vl", "qwen3_vl"):
+        return write_qwen_folder(folder, layers, family)
     from bench_vision import random_lookup
     from llambda.formats.safetensors import write_safetensors
     from llambda.vision.mmproj import canonical_names
@@ -213,6 +239,8 @@ def write_image(path: Path, width: int, height: int) -> None:
 def prepare(d: Path, layers: int, family: str, size: tuple) -> dict:
     d.mkdir(parents=True, exist_ok=True)
     width = FAMILIES[family][2]
+    if family == "qwen3_vl":            # the mmproj's rows: the merger's and each DeepStack level's, joined
+        width *= 1 + len(qwen3_vision_config(layers)["deepstack_visual_indexes"])
     tag = "" if family == "gemma3" else family + "-"     # the Gemma 3 files keep their names
     files = {"mmproj": d / f"mmproj-{tag}{layers}-f16.gguf", "text": d / f"text-{tag}{width}.gguf",
              "image": d / f"image-{size[0]}x{size[1]}.rgb"}
@@ -354,9 +382,10 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="where the files are made and kept for the next run (default: a temporary folder, removed)")
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("-r", "--repetitions", type=int, default=3)
-    ap.add_argument("--layers", type=int, default=None, help="default: the family's (27, 12, 32)")
+    ap.add_argument("--layers", type=int, default=None, help="default: the family's (27, 12, 32, 24)")
     ap.add_argument("--size", type=int, nargs=2, default=None, metavar=("W", "H"),
-                    help="the image's size (default: gemma3 896 x 896, idefics3 1024 x 768, qwen2_5_vl 448 x 448)")
+                    help="the image's size (default: gemma3 896 x 896, idefics3 1024 x 768, qwen2_5_vl 448 x 448, "
+                    "qwen3_vl 512 x 512)")
     ap.add_argument("--engines", nargs="+", default=["llambda", "llama.cpp"],
                     help="of llambda (bfloat16 panels), llambda-f32 (its float32 mode), llama.cpp (flash attention as "
                     "its default picks), llama.cpp-fa and llama.cpp-nofa (flash attention on, off)")

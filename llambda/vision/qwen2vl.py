@@ -130,8 +130,10 @@ class QwenVisionEncoder:
         x = np.empty((n, H), np.float32)
         h = np.empty((n, H), np.float32)
         be.dense(np.ascontiguousarray(pixels[rows_order]), self.patch, x)
-        if self.positions is not None:
-            be.add(x, qwen3vl.position_rows(self.positions, pr[rows_order], pc[rows_order], gh, gw), x)
+        if self.positions is not None:          # a block of rows at a time: the gather's temporaries stay small
+            for r in range(0, n, qwen2vl_config.MLP_ROWS):
+                part, k = x[r:r + qwen2vl_config.MLP_ROWS], rows_order[r:r + qwen2vl_config.MLP_ROWS]
+                be.add(part, qwen3vl.position_rows(self.positions, pr[k], pc[k], gh, gw), part)
         qkv = np.empty((n, 3 * H), np.float32)
         ctx = np.empty((n, H), np.float32)
         block = min(n, qwen2vl_config.MLP_ROWS)    # the MLP over blocks of rows: its [block, F] buffers stay small

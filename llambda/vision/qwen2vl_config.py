@@ -185,14 +185,16 @@ class QwenVisionConfig:
         """The activations of the largest image max_pixels allows (allocated per image, while it encodes), or of
         max_tokens merged cells where fewer (a model refuses an image of as many tokens as its context before
         decoding it): its patches twice (as made and in window order), x, h, the attention's output, [q|k|v],
-        half of q's rotation, the MLP's two row blocks, the merger's input and rows (Qwen3-VL: the position
-        rows, each DeepStack level's rows and the wide rows they are joined into)."""
+        half of q's rotation, the MLP's two row blocks, the merger's input and rows (Qwen3-VL: each DeepStack
+        level's rows and the wide rows they are joined into; the position rows of a block of MLP_ROWS rows and
+        their gather's temporaries)."""
         n, H, m2 = self.max_patches(), self.hidden_size, self.spatial_merge_size ** 2
         if max_tokens is not None:
             n = min(n, m2 * max(int(max_tokens), 1))
         rows = 2 * self.text_hidden_size * (1 + 2 * self.deepstack)
-        per_patch = 2 * self.patch_values + 6 * H + H // 2 + H + rows // m2 + (H if self.projector == "qwen3_vl" else 0)
-        return 4 * (n * per_patch + 2 * min(n, MLP_ROWS) * self.intermediate_size)
+        per_patch = 2 * self.patch_values + 6 * H + H // 2 + H + rows // m2
+        positions = 3 * min(n, MLP_ROWS) * H if self.projector == "qwen3_vl" else 0
+        return 4 * (n * per_patch + 2 * min(n, MLP_ROWS) * self.intermediate_size + positions)
 
     def params(self) -> int:
         H, F, L, m2 = self.hidden_size, self.intermediate_size, self.num_hidden_layers, self.spatial_merge_size ** 2
