@@ -13,6 +13,9 @@ there. The tower's canonical names are transformers' under `visual.` (`patch_emb
   `clip.vision.window_size` (absent: 112, what llama.cpp assumes); tensors `v.patch_embd.weight` and
   `v.patch_embd.weight.1` (the Conv3d's two temporal slices), `v.blk.N.{ln1, ln2, attn_q, attn_k, attn_v,
   attn_out, ffn_gate, ffn_up, ffn_down}` (q, k, v split), `v.post_ln` (the merger's ln_q), `mm.0`, `mm.2`.
+
+Qwen3-VL's own names and keys (its learned positions, DeepStack mergers, qwen3vl_merger mmproj) are
+qwen3vl_layouts.py's; this module asks it where a Qwen3-VL tower differs.
 """
 from __future__ import annotations
 
@@ -72,7 +75,7 @@ HF_NAMES = {"hidden_size": "config.json vision_config.hidden_size (Qwen2-VL: emb
 
 
 def hf_fields(cfg: dict, pre: dict | None, source: str) -> dict:
-    """QwenVisionConfig fields of a Qwen2(.5)-VL config.json and its preprocessor_config.json."""
+    """QwenVisionConfig fields of a Qwen2(.5)-VL / Qwen3-VL config.json and its preprocessor_config.json."""
     kind = HF_TYPES.get(cfg.get("model_type"))
     vis = cfg.get("vision_config")
     if not isinstance(vis, dict):
