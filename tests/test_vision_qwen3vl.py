@@ -234,6 +234,35 @@ def test_the_released_pixel_bounds_are_taken():
         QwenVisionConfig.from_fields(dict(fields, max_pixels=16777216 + 1024))
 
 
+def test_the_plans_of_released_towers_are_bounded_by_the_context():
+    """Qwen3-VL-2B's and -8B's towers (their released vision configs, max_pixels 16777216): 407M and 576M
+    parameters; the largest image (65536 patches) takes 4.9 / 7.0 GB of activations, one a 4096-token context
+    holds 1.36 / 1.90 GB."""
+    from llambda.vision.qwen2vl_config import QwenVisionConfig
+    plans = []
+    for width, mlp, depth, levels, text in ((1024, 4096, 24, [5, 11, 17], 2048), (1152, 4304, 27, [8, 16, 24], 4096)):
+        cfg = QwenVisionConfig.from_fields(dict(
+            projector="qwen3_vl", hidden_size=width, intermediate_size=mlp, num_hidden_layers=depth,
+            num_attention_heads=16, patch_size=16, text_hidden_size=text, num_position_embeddings=2304,
+            deepstack_visual_indexes=levels, min_pixels=65536, max_pixels=16777216))
+        plans.append((round(cfg.params() / 1e6), round(cfg.workspace_bytes() / 1e9, 1),
+                      round(cfg.workspace_bytes(4096) / 1e9, 2)))
+        assert cfg.workspace_bytes(10 ** 6) == cfg.workspace_bytes()
+    assert plans == [(407, 4.9, 1.36), (576, 7.0, 1.9)]
+
+
+def test_a_tower_without_deepstack_gives_the_merger_rows_alone(tmp_path):
+    """deepstack_visual_indexes [] (the DeepStack tensors left unread): rows of the text width only, the
+    merger's own rows unchanged (the levels are a side path)."""
+    d = copy_fixture(tmp_path / "flat", config_edit=vision_edit(deepstack_visual_indexes=[]))
+    with closing(load_vision(d, backend="numpy")) as t:
+        assert t.deepstack == 0
+        for name, entry in REF["images"].items():
+            rows = t.encode_one(patches_of(t, name), grid_of(name))
+            assert rows.shape == (entry["n_tokens"], D)
+            assert np.abs(rows - ref(entry, "merger_rows")).max() <= EXACT
+
+
 def test_qwen3_vl_moe_and_released_configs_load_the_same_tower(tmp_path):
     """Qwen3-VL-30B-A3B's model_type (qwen3_vl_moe: its tower is Qwen3-VL's) and the released config.json's shape
     (vision_config model_type qwen3_vl, no rope_parameters; the text model's rope_scaling) read as the fixture;
