@@ -17,6 +17,9 @@ ARCHITECTURES = {
     "qwen2_vl_text": "qwen2vl",
     "qwen2_5_vl": "qwen2vl",
     "qwen2_5_vl_text": "qwen2vl",
+    "qwen3vl": "qwen3vl",          # llama.cpp's text GGUF of Qwen3-VL
+    "qwen3_vl": "qwen3vl",
+    "qwen3_vl_text": "qwen3vl",
     "gemma2": "gemma2",
     "gemma3": "gemma3",
     "gemma3_text": "gemma3",

@@ -1,0 +1,341 @@
+"""Images on the language model's side, Qwen3-VL: Qwen2-VL's layout and M-RoPE positions, Qwen3's text model
+(q/k norms) with INTERLEAVED M-RoPE sections (pair i turns by the height position when i % 3 == 1, by the width
+one when i % 3 == 2, within 3 x their section's count; else by the temporal one) and DeepStack (an image's rows
+are [tokens, d * (1 + levels)]: the embeddings, then level j's columns, added to the image tokens' hidden states
+after decoder layer j).
+
+The first part runs a small random Qwen3-VL checkpoint written here (transformers 5's layout: a nested
+text_config, model.language_model.* names, a vision_config naming two DeepStack levels) with a tower double
+giving wide rows, checking the engine against itself (one forward = chunks cutting the images = decode steps;
+text-only = plain Qwen3; the scheduler beside text requests) and the typed errors of bad configs, towers and
+rows. The second part checks the whole language side against transformers' tiny Qwen3VLForConditionalGeneration
+(tests/fixtures/reference/tiny/qwen3_vl_vision, tools/make_tiny_qwen3vl.py)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import llambda
+from llambda.backends import available_backends
+from llambda.backends.base import pair_sections
+from llambda.errors import InvalidInputError, LlambdaError, ModelFormatError
+from llambda.models import images as image_mod
+from llambda.models.images import BatchImages, QwenTokens, image_block, rope_rows
+
+import test_vlm as vlm  # noqa: E402  (the scheduler helpers)
+import test_vlm_qwen25vl as q25  # noqa: E402  (its tower double and images)
+
+START, PAD, END, VIDEO = 290, 291, 292, 293
+WIDTH, LEVELS, LAYERS = 64, 2, 3
+MODES = q25.MODES
+
+
+def _random_checkpoint(dest: Path, model_type: str = "qwen3_vl", seed: int = 0, levels: int = LEVELS,
+                       rope: dict | None = None) -> Path:
+    """A small random checkpoint: Qwen3-VL's layout (nested text_config, interleaved M-RoPE sections [2, 3, 3] of
+    head_dim 16, `levels` DeepStack levels) or, model_type "qwen3", the same weights as a plain Qwen3."""
+    from llambda.formats.safetensors import write_safetensors
+    rng = np.random.default_rng(seed)
+    dest.mkdir(parents=True, exist_ok=True)
+    text = dict(hidden_size=WIDTH, intermediate_size=96, num_hidden_layers=LAYERS, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, vocab_size=300, rms_norm_eps=1e-6, max_position_embeddings=512,
+                tie_word_embeddings=False, hidden_act="silu")
+    vl = model_type != "qwen3"
+    rope = rope or {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3], "mrope_interleaved": True}
+    tokens = dict(image_token_id=PAD, vision_start_token_id=START, vision_end_token_id=END, video_token_id=VIDEO)
+    vision = dict(depth=3, hidden_size=8, out_hidden_size=WIDTH, deepstack_visual_indexes=list(range(levels)))
+    cfg = dict(tokens, architectures=["Qwen3VLForConditionalGeneration"], model_type=model_type, vision_config=vision,
+               text_config=dict(text, model_type=f"{model_type}_text", rope_parameters=rope), tie_word_embeddings=False)
+    if not vl:
+        cfg = dict(text, architectures=["Qwen3ForCausalLM"], model_type="qwen3", rope_theta=1e4)
+    pre = "model.language_model." if vl else "model."
+    (dest / "config.json").write_text(json.dumps(cfg))
+
+    def w(*shape):
+        return (rng.standard_normal(shape) * 0.2).astype(np.float32)
+
+    t = {pre + "embed_tokens.weight": w(300, WIDTH), pre + "norm.weight": 1 + w(WIDTH), "lm_head.weight": w(300, WIDTH)}
+    leaves = {"input_layernorm": (WIDTH,), "post_attention_layernorm": (WIDTH,), "self_attn.q_norm": (16,),
+              "self_attn.k_norm": (16,), "self_attn.q_proj": (64, WIDTH), "self_attn.k_proj": (32, WIDTH),
+              "self_attn.v_proj": (32, WIDTH), "self_attn.o_proj": (WIDTH, 64), "mlp.gate_proj": (96, WIDTH),
+              "mlp.up_proj": (96, WIDTH), "mlp.down_proj": (WIDTH, 96)}
+    for i in range(LAYERS):         # norms near 1, matrices small
+        t.update({f"{pre}layers.{i}.{leaf}.weight": w(*shape) + (len(shape) == 1) for leaf, shape in leaves.items()})
+    tower = {"model.visual.blocks.0.attn.qkv.weight": w(24, 8)} if vl else {}     # not the decoder's: llambda.vision's
+    write_safetensors(dest / "model.safetensors", {**t, **tower})
+    return dest
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    """(the Qwen3-VL checkpoint, the same weights as a plain Qwen3)"""
+    root = tmp_path_factory.mktemp("qwen3vl")
+    return tuple(_random_checkpoint(root / kind, kind) for kind in ("qwen3_vl", "qwen3"))
+
+
+class WideTower(q25.GridTower):
+    """test_vlm_qwen25vl's tower double (grid from the size, 28 pixels a merged token) as the contract's qwen3_vl
+    family: encode_one's rows [n, d * (1 + deepstack)], the embeddings then each DeepStack level's columns."""
+    family, deepstack = "qwen3_vl", LEVELS
+
+    def encode_one(self, pixels: np.ndarray, grid: tuple) -> np.ndarray:
+        self.encoded += 1
+        n = len(pixels) // 4
+        assert grid[0] * grid[1] == n
+        rng = np.random.default_rng(int(pixels[0, 0]))
+        return rng.standard_normal((n, WIDTH * (1 + self.deepstack))).astype(np.float32)
+
+
+def load(folder, mode="native-exact", tower=True, **kw):
+    """The checkpoint with a tower double attached (`tower`: True for WideTower, or a double's class)."""
+    return q25.load(folder, mode, WideTower if tower is True else tower, **kw)
+
+
+IMAGES = q25.IMAGES          # grids (2, 3) and (3, 1)
+# test_vlm_qwen25vl's: `text <image> text <image> text` as ids (the same START, PAD, END) and its blocks; every
+# position's logits in one forward (RoPE rows from rope_rows); every position's logits of a text prompt
+prompt_ids, whole_logits, rows_of = q25.prompt_ids, q25.whole_logits, q25.vlm_rows
+
+
+def stream(m, ids, blocks, n=6):
+    return [(e.token, e.logprob) for e in m.stream(ids, images=blocks, max_tokens=n, temperature=0, ignore_eos=True,
+                                                   logprobs=1) if e.token >= 0]
+
+
+def test_interleaved_pair_sections():
+    """transformers' recomposition: H at i % 3 == 1 below 3 x sections[1], W at i % 3 == 2 below 3 x sections[2],
+    the rest T; [24, 20, 20] of a 128-wide head, and the tiny [2, 3, 3] whose width takes 2 pairs of 8."""
+    got = pair_sections([24, 20, 20], 64, True)
+    assert [int((got == s).sum()) for s in range(3)] == [24, 20, 20]
+    assert got[:6].tolist() == [0, 1, 2, 0, 1, 2] and got[60:].tolist() == [0, 0, 0, 0]
+    assert pair_sections([2, 3, 3], 8, True).tolist() == [0, 1, 2, 0, 1, 2, 0, 1]
+    assert pair_sections([2, 3, 3], 8, False).tolist() == [0, 0, 1, 1, 1, 2, 2, 2]
+
+
+@pytest.mark.parametrize("backend", ["numpy", "native"])
+def test_rope_sections_interleaved_match_a_plain_formula(backend):
+    """Each pair turned by its own section's position (the masked-frequency calls of the native backend and the
+    NumPy oracle's one pass), against the rotation written out here."""
+    if backend not in available_backends():
+        pytest.skip(f"the {backend} backend is not available here")
+    from llambda.backends import create_backend
+    B = create_backend(backend)
+    rng = np.random.default_rng(2)
+    n, heads, hd = 5, 3, 16
+    x = rng.standard_normal((n, heads, hd)).astype(np.float32)
+    pos = np.stack([rng.integers(0, 50, n) for _ in range(3)]).astype(np.int32)
+    f = (1.0 / 10000 ** (np.arange(0, hd, 2) / hd)).astype(np.float32)
+    y = x.copy()
+    B.rope_sections(y, np.ascontiguousarray(pos), f, True, [2, 3, 3], True)
+    which = pair_sections([2, 3, 3], 8, True)
+    ang = pos[which].T.astype(np.float64) * f.astype(np.float64)
+    c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    a, b = x[..., :8].astype(np.float64), x[..., 8:].astype(np.float64)
+    want = np.concatenate([a * c - b * s, a * s + b * c], axis=-1)
+    assert np.abs(y - want).max() < 1e-4
+
+
+def test_the_checkpoint_loads_as_qwen3vl_and_its_layout_is_found(ckpt):
+    with load(ckpt[0]) as m:
+        c = m.config
+        assert (c.arch, c.rope_sections, c.rope_interleaved, c.deepstack_levels, c.qk_norm) == \
+            ("qwen3vl", [2, 3, 3], True, LEVELS, True)
+        lay = m.image_input.layout
+        assert isinstance(lay, QwenTokens) and (lay.start, lay.soft, lay.end, lay.family) == (START, PAD, END, "qwen3_vl")
+        assert m.image_marker == "<|vision_start|><|image_pad|><|vision_end|>" and m.image_block_tokens == 0
+        ids, blocks = prompt_ids(m)
+        assert [b.grid for b in blocks] == [(2, 3), (3, 1)]
+        assert all(b.causal and b.rows.shape[1] == WIDTH * (1 + LEVELS) for b in blocks)
+        assert m.transformer.image_width == WIDTH * 3
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_text_only_is_plain_qwen3(ckpt, mode):
+    """Equal positions in every section: interleaved M-RoPE is Qwen3's RoPE; the same weights as a qwen3 checkpoint
+    give the same logits bit for bit, and the same greedy tokens."""
+    ids = [5, 9, 33, 2, 17, 101, 250, 3, 8]
+    with load(ckpt[0], mode, tower=False) as vl, load(ckpt[1], mode, tower=False) as plain:
+        assert plain.config.rope_sections == [] and plain.config.arch == "qwen3"
+        assert np.array_equal(rows_of(vl, ids), rows_of(plain, ids))
+        kw = dict(max_tokens=6, temperature=0, ignore_eos=True, logprobs=2)
+        assert [(e.token, e.logprob) for e in vl.stream(ids, **kw)] == \
+            [(e.token, e.logprob) for e in plain.stream(ids, **kw)]
+
+
+def test_deepstack_columns_count_and_zero_levels_add_nothing(ckpt):
+    """The levels' columns change the logits at and after the images; zero columns give the logits of the
+    embeddings alone with no levels (nothing else is added); and a level's columns matter only after the image."""
+    with load(ckpt[0], "numpy") as m:
+        ids, blocks = prompt_ids(m)
+        full = whole_logits(m, ids, blocks)
+        zero = tuple(image_block(b.start, np.concatenate([b.rows[:, :WIDTH], np.zeros_like(b.rows[:, WIDTH:])], 1),
+                                 True, b.grid) for b in blocks)
+        z = whole_logits(m, ids, zero)
+        first = blocks[0].start
+        assert np.array_equal(full[:first], z[:first])
+        assert np.abs(full[first:] - z[first:]).max() > 1e-3
+        m.transformer.deepstack = 0     # (set_deepstack refuses 0 against the config's 2: forced for this check)
+        try:
+            narrow = tuple(image_block(b.start, b.rows[:, :WIDTH], True, b.grid) for b in blocks)
+            assert np.array_equal(whole_logits(m, ids, narrow), z)
+        finally:
+            m.transformer.deepstack = LEVELS
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_decode_steps_after_images_continue_from_the_delta(ckpt, mode):
+    """The library's greedy stream after two images: each new token's logits are those of one forward over the
+    prompt and the tokens so far (decode rows hold no image rows: DeepStack touches only the prefill's)."""
+    with load(ckpt[0], mode) as m:
+        ids, blocks = prompt_ids(m)
+        assert image_mod.rope_delta(blocks) == (3 - 6) + (3 - 3)
+        evs = stream(m, ids, blocks, 5)
+        full = whole_logits(m, ids + [t for t, _ in evs], blocks)
+        tol = 1e-4 if mode != "native-fast" else 2e-2
+        for k, (tok, lp) in enumerate(evs):
+            row = full[len(ids) - 1 + k]
+            assert int(np.argmax(row)) == tok
+            ref = row - (np.log(np.exp(row - row.max()).sum()) + row.max())
+            assert abs(ref[tok] - lp) < tol
+
+
+@pytest.mark.parametrize("max_batch", [3, 7, 16])
+def test_prefill_chunks_cutting_an_image_give_the_same_tokens(ckpt, max_batch):
+    """Chunks of 3 and 7 cut both images (a level's columns added for the image rows in each chunk); the logits
+    of every position and the greedy tokens are the one-forward ones."""
+    with load(ckpt[0]) as whole:
+        ids, blocks = prompt_ids(whole)
+        want = stream(whole, ids, blocks)
+        ref = whole_logits(whole, ids, blocks).copy()
+    with load(ckpt[0], max_batch=max_batch) as m:
+        ids, blocks = prompt_ids(m)
+        t, n, got = m.transformer, len(ids), []
+        for lo in range(0, n, max_batch):
+            hi = min(n, lo + max_batch)
+            b = BatchImages()
+            b.add(0, blocks, lo, hi)
+            got.append(t.forward(np.array(ids[lo:hi], np.int32), np.zeros(hi - lo, np.int32),
+                                 np.arange(lo, hi, dtype=np.int32), list(range(hi - lo)),
+                                 out=np.empty((hi - lo, 300), np.float32), images=b, rope=rope_rows(blocks, lo, hi)))
+        assert np.abs(np.concatenate(got) - ref).max() < 1e-5
+        got = stream(m, ids, blocks)
+    assert [t for t, _ in got] == [t for t, _ in want]
+    assert np.allclose([p for _, p in got], [p for _, p in want], atol=1e-5)
+
+
+def test_scheduler_batch_invariance_with_images(ckpt):
+    rng = np.random.default_rng(7)
+    texts = [rng.integers(3, 280, size=n).tolist() for n in (23, 9)]
+    with load(ckpt[0], n_slots=4, max_batch=48) as m:
+        ids, blocks = prompt_ids(m)
+        lib = [e.token for e in m.stream(ids, images=blocks, max_tokens=8, temperature=0, ignore_eos=True)]
+        q25.same_beside_text(m, ids, blocks, lib, texts)      # alone, and beside text under chunks of 3, 5, 17
+
+
+def test_prefix_caches_tell_images_apart_by_their_deepstack_columns(ckpt):
+    """Two images with the same embeddings and grid but other DeepStack columns are other images: their digests
+    differ, the library's slot-0 prefix and the server's slot table reuse nothing past the block's start."""
+    with load(ckpt[0], n_slots=1, max_batch=64) as m:
+        ids, blocks = prompt_ids(m)
+        rows = blocks[0].rows.copy()
+        rows[:, WIDTH:] += 0.5
+        other = (image_block(blocks[0].start, rows, True, blocks[0].grid),) + blocks[1:]
+        assert other[0].digest != blocks[0].digest
+        a = stream(m, ids, blocks, 4)
+        with vlm.prefill_starts() as calls:
+            b = stream(m, ids, other, 4)
+        assert calls[0] == blocks[0].start, calls
+        assert a != b
+        runs = [r[0] for r in vlm.scheduler_run(m, [[(ids, bl, 4)] for bl in (blocks, other, other)], 256)]
+    (ra, _), (rb, cached_b), (rb2, cached_b2) = runs
+    assert [t for t, _, _ in ra] == [t for t, _ in a] and [t for t, _, _ in rb] == [t for t, _ in b]
+    assert cached_b <= blocks[0].start, "keys and values of another image's DeepStack rows were reused"
+    assert rb2 == rb and cached_b2 >= other[-1].end
+
+
+@pytest.mark.parametrize("rope, match", [
+    ({"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 4]}, "sum to 9"),
+    ({"rope_type": "default", "rope_theta": 1e4, "mrope_section": [4, 4]}, "three sections"),
+    ({"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3], "mrope_interleaved": "yes"}, "true or false"),
+    ({"rope_type": "default", "rope_theta": 1e4}, "no M-RoPE sections"),
+])
+def test_hostile_rope_configs_are_typed_errors(tmp_path, rope, match):
+    with pytest.raises(ModelFormatError, match=match):
+        llambda.load(_random_checkpoint(tmp_path / "bad", rope=rope), backend="numpy", vision=False)
+
+
+def test_more_deepstack_levels_than_layers_is_a_typed_error(tmp_path):
+    with pytest.raises(ModelFormatError, match="DeepStack levels"):
+        llambda.load(_random_checkpoint(tmp_path / "bad", levels=LAYERS + 1), backend="numpy", vision=False)
+
+
+def test_bad_towers_and_rows_are_typed_errors(ckpt):
+    with load(ckpt[0], tower=False) as m:
+        class Narrow(WideTower):        # says 2 levels, gives the embeddings alone
+            def encode_one(self, pixels, grid):
+                return super().encode_one(pixels, grid)[:, :WIDTH]
+
+        m.attach_vision(Narrow(), load_image=WideTower.load_image)
+        with pytest.raises(ModelFormatError, match="rows of shape"):
+            prompt_ids(m)
+
+        class OneLevel(WideTower):
+            deepstack = 1
+
+        with pytest.raises(InvalidInputError, match="DeepStack"):
+            m.attach_vision(OneLevel(), load_image=WideTower.load_image)
+
+        class Qwen25(WideTower):        # contiguous sections' family on an interleaved model
+            family, deepstack = "qwen2_5_vl", 0
+
+        with pytest.raises(InvalidInputError, match="interleaved"):
+            m.attach_vision(Qwen25(), load_image=WideTower.load_image)
+        m.attach_vision(WideTower(), load_image=WideTower.load_image)
+        ids, blocks = prompt_ids(m)
+        narrow = tuple(image_block(b.start, b.rows[:, :WIDTH], True, b.grid) for b in blocks)
+        with pytest.raises(InvalidInputError, match="wide"):
+            m.stream(ids, images=narrow)
+        b = BatchImages()
+        b.add(0, narrow, 0, len(ids))
+        with pytest.raises(InvalidInputError, match="width"):
+            m.transformer.forward(np.array(ids, np.int32), np.zeros(len(ids), np.int32),
+                                  np.arange(len(ids), dtype=np.int32), [0], images=b)
+        with pytest.raises(InvalidInputError, match="DeepStack"):
+            m.transformer.set_deepstack(LAYERS + 1)
+
+
+def test_a_qwen3vl_tower_needs_interleaved_sections(tmp_path):
+    """Qwen2.5-VL's text model (contiguous sections) takes no qwen3_vl tower."""
+    with load(q25._random_checkpoint(tmp_path / "q25"), tower=False) as m:
+        with pytest.raises(InvalidInputError, match="interleaved"):
+            m.attach_vision(WideTower(), load_image=WideTower.load_image)
+
+
+def test_gguf_export_round_trip_and_hf_export_refused(ckpt, tmp_path):
+    """Our GGUF of the text model (llama.cpp's qwen3vl: rope.dimension_sections four int32 counts,
+    n_deepstack_layers a uint32) reads back as the same model: the same logits over an image prompt (its blocks
+    from the checkpoint's own model: the written file holds no tokenizer). A HF directory is refused by name."""
+    from llambda.formats.gguf import GGUFFile
+    from llambda.tools.export import export
+    out = export(ckpt[0], tmp_path / "text.gguf", "gguf", "f32")
+    f = GGUFFile(out)
+    try:
+        key = "qwen3vl.rope.dimension_sections"
+        assert f.metadata["general.architecture"] == "qwen3vl"
+        assert np.asarray(f.metadata[key]).tolist() == [2, 3, 3, 0] and "INT32" in str(f.metadata_types[key])
+        assert int(f.metadata["qwen3vl.n_deepstack_layers"]) == LEVELS
+        assert getattr(f.metadata_types["qwen3vl.n_deepstack_layers"], "name", None) == "UINT32"   # llama.cpp's type
+    finally:
+        f.close()
+    with load(ckpt[0]) as hf:
+        ids, blocks = prompt_ids(hf)
+        want = whole_logits(hf, ids, blocks).copy()
+    with load(out, tower=False) as back:
+        c = back.config
+        assert (c.arch, c.rope_sections, c.rope_interleaved, c.deepstack_levels) == ("qwen3vl", [2, 3, 3], True, 2)
+        assert np.abs(whole_logits(back, ids, blocks) - want).max() < 1e-4
+    with pytest.raises(LlambdaError, match="GGUF only"):
+        export(ckpt[0], tmp_path / "hf", "hf", "f32")
