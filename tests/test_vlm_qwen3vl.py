@@ -339,3 +339,62 @@ def test_gguf_export_round_trip_and_hf_export_refused(ckpt, tmp_path):
         assert np.abs(whole_logits(back, ids, blocks) - want).max() < 1e-4
     with pytest.raises(LlambdaError, match="GGUF only"):
         export(ckpt[0], tmp_path / "hf", "hf", "f32")
+
+
+def _rewritten(src: Path, dest: Path, change) -> Path:
+    """A copy of the GGUF `src` whose metadata `change(meta, types)` edits in place."""
+    from llambda.formats import gguf_writer
+    from llambda.formats.gguf import GGUFFile
+    f = GGUFFile(src)
+    try:
+        meta, types = dict(f.metadata), dict(f.metadata_types)
+        tensors = [(n, t.qtype, np.array(t.data), t.shape) for n, t in f.tensors.items()]
+    finally:
+        f.close()
+    change(meta, types)
+    gguf_writer.write_gguf(dest, meta, tensors, metadata_types=types)
+    return dest
+
+
+def test_ollama_and_hostile_gguf_metadata(ckpt, tmp_path):
+    """Ollama's qwen3vl model file names the sections `mrope_sections` and the levels by its tower's
+    vision.deepstack_visual_indexes: the same model. Sections that do not sum to head_dim / 2, two sections, and
+    more levels than layers are typed errors."""
+    from llambda.tools.export import export
+    src = export(ckpt[0], tmp_path / "text.gguf", "gguf", "f32")
+    sec, deep = "qwen3vl.rope.dimension_sections", "qwen3vl.n_deepstack_layers"
+
+    def ollama(meta, types):
+        for k in (sec, deep):
+            del meta[k], types[k]
+        meta["qwen3vl.mrope_sections"] = np.array([2, 3, 3], np.int32)
+        meta["qwen3vl.vision.deepstack_visual_indexes"] = np.array([1, 2], np.int32)
+
+    with llambda.load(_rewritten(src, tmp_path / "ollama.gguf", ollama), backend="numpy", vision=False) as m:
+        c = m.config
+        assert (c.rope_sections, c.rope_interleaved, c.deepstack_levels) == ([2, 3, 3], True, 2)
+    bad = {"sum to 9": {sec: np.array([2, 3, 4, 0], np.int32)}, "three sections": {sec: np.array([4, 4, 0, 0], np.int32)},
+           "DeepStack levels": {deep: np.uint32(LAYERS + 1)}}
+    for k, (match, edit) in enumerate(bad.items()):
+        path = _rewritten(src, tmp_path / f"bad{k}.gguf", lambda meta, types: meta.update(edit))
+        with pytest.raises(ModelFormatError, match=match):
+            llambda.load(path, backend="numpy", vision=False)
+
+
+def test_llama_cpp_runs_our_qwen3vl_gguf(tmp_path):
+    """llama.cpp (llama-cpp-python, where its version knows qwen3vl) loads our GGUF and gives our text-only logits.
+    Sections [3, 3, 2]: llama.cpp's IMROPE gives a pair i % 3 == 0 past 3 x sections[0] to a fourth position (0
+    for text) where transformers keeps it temporal, so the tiny [2, 3, 3] differs there (pair 6 of 8); the real
+    models' [24, 20, 20] have no such pair."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the bench extra)")
+    from llamacpp_ref import llama_cpp_logits
+    from llambda.tools.export import export
+    folder = _random_checkpoint(tmp_path / "vl", rope={"rope_type": "default", "rope_theta": 1e4,
+                                                       "mrope_section": [3, 3, 2], "mrope_interleaved": True})
+    path = export(folder, tmp_path / "text.gguf", fmt="gguf", qtype="f32")
+    ids = [5, 9, 33, 2, 17, 101, 250, 3, 8]
+    theirs = llama_cpp_logits(path, ids)
+    with llambda.load(path, backend="numpy", vision=False) as m:
+        ours = rows_of(m, ids)[-1]
+    # (llama.cpp's f16 cache: 0.0055 on this model, as on the same weights as a plain qwen3 GGUF)
+    assert float(np.abs(theirs - ours).max()) <= 0.015

@@ -5,7 +5,8 @@ through the tower's buffers. Model (api.py) holds one and answers its image call
 Two kinds of tower (llambda.vision): crop towers (Gemma 3, Idefics3: `pixels(image)` -> [crops, 3, S, S],
 `encode(pixels)` -> [crops, tokens_per_image, width]) and grid towers (Qwen2-VL: `pixels(image)` ->
 [patches, values], `encode_one(pixels, grid)` -> [gh * gw, width], an image's tokens following its grid and
-taking M-RoPE positions). Both are decoded, cut and encoded one image at a time, under the lock, and kept by
+taking M-RoPE positions; Qwen3-VL's width d * (1 + tower.deepstack): the embeddings, then each DeepStack level's
+columns, which the Transformer adds after its first layers). Both are decoded, cut and encoded one image at a time, under the lock, and kept by
 the file's digest (EncodedRows)."""
 from __future__ import annotations
 

@@ -32,16 +32,18 @@ def _sections(v, what: str) -> list[int]:
     return out
 
 
+def gguf_sections(meta: dict, arch: str, keys) -> list[int]:
+    """The three M-RoPE sections under the first of `keys` (after `arch.`) the metadata holds."""
+    for key in keys:
+        if f"{arch}.{key}" in meta:
+            return _sections(meta[f"{arch}.{key}"], f"GGUF metadata '{arch}.{key}'")
+    raise ModelFormatError(f"GGUF metadata lacks '{arch}.{keys[0]}': a {arch} model's M-RoPE sections")
+
+
 def config_from_gguf(meta: dict) -> TransformerConfig:
     arch = meta.get("general.architecture")
     hp = GGUFHParams(meta, arch)
-    for key in _SECTION_KEYS:
-        if f"{arch}.{key}" in meta:
-            sections = _sections(meta[f"{arch}.{key}"], f"GGUF metadata '{arch}.{key}'")
-            break
-    else:
-        raise ModelFormatError(f"GGUF metadata lacks '{arch}.rope.dimension_sections': a {arch} model's M-RoPE "
-                               "sections")
+    sections = gguf_sections(meta, arch, _SECTION_KEYS)
     c = hp.common()
     c["arch"] = "qwen2vl"
     return TransformerConfig(**c, rope_neox=True, attn_bias=True, rope_sections=sections)

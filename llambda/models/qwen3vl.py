@@ -14,7 +14,8 @@ decoder layer j (models/base.py). The levels: config.json's len(vision_config.de
 Files: a HF directory (model_type qwen3_vl, the text config nested under text_config, rope_scaling or
 rope_parameters with mrope_section; transformers interleaves whatever `mrope_interleaved` says, and so do we);
 llama.cpp's text GGUF (architecture qwen3vl: `rope.dimension_sections`, four counts, the last 0;
-`n_deepstack_layers`). Qwen3-VL-MoE (qwen3_vl_moe) is not read here."""
+`n_deepstack_layers`); Ollama's qwen3-vl model file (architecture qwen3vl too: `mrope_sections`, the levels
+from its tower's `vision.deepstack_visual_indexes`). Qwen3-VL-MoE (qwen3_vl_moe) is not read here."""
 from __future__ import annotations
 
 import numpy as np
@@ -22,11 +23,12 @@ import numpy as np
 from ..errors import ModelFormatError
 from .config import MAX_ROPE_SECTIONS, TransformerConfig
 from .hparams import GGUFHParams
-from .qwen2vl import _sections, take_sections
+from .qwen2vl import gguf_sections, take_sections
 from .qwen3 import config_from_hf as qwen3_from_hf
 
 ARCH = "qwen3vl"
 DEEPSTACK_KEY = "n_deepstack_layers"
+SECTION_KEYS = ("rope.dimension_sections", "mrope_sections")      # llama.cpp's, Ollama's
 
 
 def _levels(v, what: str) -> int:
@@ -38,13 +40,16 @@ def _levels(v, what: str) -> int:
 
 
 def config_from_gguf(meta: dict) -> TransformerConfig:
+    """llama.cpp's qwen3vl (rope.dimension_sections, n_deepstack_layers) or Ollama's qwen3vl model file
+    (mrope_sections, the tower's vision.deepstack_visual_indexes; its v.* tensors are llambda.vision's)."""
     arch = meta.get("general.architecture")
     hp = GGUFHParams(meta, arch)
-    key = f"{arch}.rope.dimension_sections"
-    if key not in meta:
-        raise ModelFormatError(f"GGUF metadata lacks '{key}': a {arch} model's M-RoPE sections")
-    sections = _sections(meta[key], f"GGUF metadata '{key}'")
+    sections = gguf_sections(meta, arch, SECTION_KEYS)
     levels = _levels(meta.get(f"{arch}.{DEEPSTACK_KEY}", 0), f"GGUF metadata '{arch}.{DEEPSTACK_KEY}'")
+    idx = meta.get(f"{arch}.vision.deepstack_visual_indexes")      # Ollama's
+    if idx is not None and not levels:
+        levels = _levels(len(idx) if isinstance(idx, (list, tuple, np.ndarray)) else idx,
+                         f"the length of GGUF metadata '{arch}.vision.deepstack_visual_indexes'")
     c = hp.common()
     c["arch"] = ARCH
     return TransformerConfig(**c, rope_neox=True, qk_norm=True, rope_sections=sections, rope_interleaved=True,
