@@ -39,6 +39,8 @@ IMAGES = {"image_wide.png": (150, 90),   # -> 140 x 84 (round to 28s): patches 6
 N_NEW = 8
 MEAN = [0.48145466, 0.4578275, 0.40821073]     # OPENAI_CLIP_MEAN / STD, the processor's defaults
 STD = [0.26862954, 0.26130258, 0.27577711]
+PROCESSOR = {"min_pixels": MIN_PIXELS, "max_pixels": MAX_PIXELS, "patch_size": PATCH, "merge_size": MERGE,
+             "temporal_patch_size": TEMPORAL, "image_mean": MEAN, "image_std": STD, "resample": 3}
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
            "<|video_pad|>"]
@@ -117,6 +119,11 @@ NOTES = [
 ]
 
 
+TOKEN_IDS = {"image_token_id": SPECIAL.index("<|image_pad|>"), "video_token_id": SPECIAL.index("<|video_pad|>"),
+             "vision_start_token_id": SPECIAL.index("<|vision_start|>"),
+             "vision_end_token_id": SPECIAL.index("<|vision_end|>")}
+
+
 def config(vocab: int):
     from transformers import Qwen2_5_VLConfig
     text = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -126,35 +133,107 @@ def config(vocab: int):
     vision = dict(depth=2, hidden_size=32, hidden_act="silu", intermediate_size=64, num_heads=2, in_channels=3,
                   patch_size=PATCH, spatial_merge_size=MERGE, temporal_patch_size=TEMPORAL, tokens_per_second=2,
                   window_size=WINDOW, out_hidden_size=64, fullatt_block_indexes=[1])
-    return Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=SPECIAL.index("<|image_pad|>"),
-                            video_token_id=SPECIAL.index("<|video_pad|>"),
-                            vision_start_token_id=SPECIAL.index("<|vision_start|>"),
-                            vision_end_token_id=SPECIAL.index("<|vision_end|>"), tie_word_embeddings=False)
+    return Qwen2_5_VLConfig(text_config=text, vision_config=vision, **TOKEN_IDS, tie_word_embeddings=False)
 
 
 def make_tokenizer():
     return idefics3.bpe_tokenizer(CORPUS, SPECIAL, 400, eos_token="<|im_end|>", pad_token="<|endoftext|>")
 
 
-def redraw(model, seed: int) -> None:
-    """Every parameter from a seeded generator, in named_parameters() order (float32)."""
+def redraw(model, seed: int, scaled: dict | None = None) -> None:
+    """Every parameter from a seeded generator, in named_parameters() order (float32); `scaled`: {name suffix:
+    scale} for parameters drawn as scale * N(0, 1)."""
     g = torch.Generator().manual_seed(seed)
     for name, p in model.named_parameters():
         with torch.no_grad():
             r = torch.randn(p.shape, generator=g)
-            if "norm" in name or "ln_q" in name:                   # RMSNorms: x * w, w near 1
+            scale = next((v for k, v in (scaled or {}).items() if name.endswith(k)), None)
+            if ("norm" in name or "ln_q" in name) and name.endswith("weight"):   # norms: x * w, w near 1
                 w = 1.0 + 0.1 * r
             elif name.endswith("embed_tokens.weight"):
                 w = 0.2 * r
-            elif name.endswith("patch_embed.proj.weight"):         # [32, 3, 2, 14, 14]: fan-in 1176
+            elif scale is not None:
+                w = scale * r
+            elif name.endswith("patch_embed.proj.weight"):         # [32, 3, 2, P, P]: fan-in 6 P^2
                 w = 2.0 * r / math.sqrt(p[0].numel())
             elif p.dim() == 2:
                 w = r / math.sqrt(p.shape[1])
-            elif p.dim() == 1:                                     # biases
+            elif p.dim() == 1:                                     # biases (a LayerNorm's too)
                 w = 0.1 * r
             else:
                 raise SystemExit(f"no initialisation rule for {name} {tuple(p.shape)}")
             p.copy_(w)
+
+
+def tiny_model(model_class, cfg, seed: int, scaled: dict | None = None):
+    """model_class(cfg) in float32, eval mode, eager attention, its parameters drawn by redraw()."""
+    torch.manual_seed(0)
+    model = model_class(cfg).float().eval()
+    for c in (model.config, model.config.text_config, model.config.vision_config):
+        c._attn_implementation = "eager"
+    redraw(model, seed, scaled)
+    return model
+
+
+def tower_outputs(processor, visual, files: dict):
+    """(name, flattened patches, grid_thw, the tower's output) of each image in `files` {name: path}."""
+    from PIL import Image
+    for name in files:
+        enc = processor.image_processor(images=[Image.open(files[name])], return_tensors="pt")
+        pv, thw = enc["pixel_values"].float(), enc["image_grid_thw"]
+        with torch.no_grad():
+            yield name, pv, thw, visual(pv, grid_thw=thw)
+
+
+def image_record(dest: Path, key: str, size: tuple, thw, pv, hidden, rows, proc: dict, extra: dict) -> dict:
+    """What reference.json says of one image (its arrays saved as {key}_*.npy): its size (w, h), resized size,
+    grid, merged grid, token count, `extra`, the patches, the tower's rows before the merger and the merger's."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+    w, h = size
+    merge = proc["merge_size"]
+    rh, rw = smart_resize(h, w, factor=proc["patch_size"] * merge, min_pixels=proc["min_pixels"],
+                          max_pixels=proc["max_pixels"])
+    return {"size": [w, h], "resized_wh": [rw, rh], "grid_thw": thw[0].tolist(),
+            "merged_grid": [int(thw[0, 1]) // merge, int(thw[0, 2]) // merge],
+            "n_tokens": int(thw[0].prod()) // merge ** 2, **extra,
+            "pixel_values": npy(dest, f"{key}_patches.npy", pv.numpy()),
+            "hidden_before_merger": npy(dest, f"{key}_hidden.npy", hidden.numpy()),
+            "merger_rows": npy(dest, f"{key}_rows.npy", rows.numpy())}
+
+
+def write_reference(dest: Path, folder: str, model_class: str, seed: int, scheme: str, notes: list, cfg_json: dict,
+                    proc: dict, ids: dict, processor, images: dict, prompt: dict, text_prompt: dict) -> None:
+    """reference.json (`ids`: the image token's id and what else the family adds there), and a summary line."""
+    import transformers
+    ref = {
+        "folder": folder, "model_class": model_class,
+        "image_processor_class": "Qwen2VLImageProcessorPil", "attn_implementation": "eager",
+        "weights_dtype": "float32", "compute_dtype": "float32",
+        "transformers_version": transformers.__version__, "torch_version": torch.__version__,
+        "init": {"torch_manual_seed": 0, "weight_generator_seed": seed, "input_seed": tiny.INPUT_SEED,
+                 "scheme": scheme},
+        "notes": notes, "config": cfg_json, "processor": proc, **ids,
+        "special_token_ids": {t: processor.tokenizer.convert_tokens_to_ids(t) for t in SPECIAL},
+        "images": images, "prompts": [prompt], "text_only": text_prompt,
+    }
+    (dest / "reference.json").write_text(json.dumps(ref, indent=1) + "\n", encoding="utf-8")
+    print(folder, "grids", {n: i["grid_thw"] for n, i in images.items()}, "rope_deltas", prompt["rope_deltas"],
+          "greedy matches recompute:", prompt["greedy_matches_recompute"], "min margin",
+          min(prompt["greedy_top1_minus_top2_per_step"]), prompt["greedy_new_tokens"])
+
+
+def processor_files(processor_class, ip, tokenizer, dest: Path, chat_template: str):
+    """A processor of `processor_class` (no video processor: it needs torchvision, absent here, so its class
+    check is skipped) saved as the Hub's Qwen-VL repositories hold it: preprocessor_config.json, the tokenizer,
+    chat_template.json. Returns it and the saved config.json."""
+    check = processor_class.check_argument_for_proper_class
+    processor_class.check_argument_for_proper_class = lambda self, name, arg: (
+        None if arg is None else check(self, name, arg))
+    processor = processor_class(image_processor=ip, tokenizer=tokenizer, chat_template=chat_template)
+    ip.save_pretrained(dest)
+    tokenizer.save_pretrained(dest)
+    (dest / "chat_template.json").write_text(json.dumps({"chat_template": chat_template}, indent=2) + "\n")
+    return processor, json.loads((dest / "config.json").read_text())
 
 
 def save(model, dest: Path):
@@ -174,58 +253,12 @@ def npy(dest: Path, name: str, arr) -> str:
     return name
 
 
-def make(out: Path) -> None:
-    import transformers
+def prompts(model, processor, files: dict, order: list, dest: Path, n_new: int = N_NEW) -> tuple:
+    """The reference of a Qwen-VL model on a prompt with two images (`order`, names in `files`) and text after
+    each (ids, positions, logits rows, greedy tokens and their margins) and on a text-only prompt."""
     from PIL import Image
-    from transformers import Qwen2_5_VLProcessor
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
-    from transformers.vision_utils import get_vision_window_index
-    tokenizer = make_tokenizer()
-    torch.manual_seed(0)
-    model = transformers.Qwen2_5_VLForConditionalGeneration(config(len(tokenizer))).float().eval()
-    for c in (model.config, model.config.text_config, model.config.vision_config):
-        c._attn_implementation = "eager"
-    redraw(model, SEED)
-    dest, ip = save(model, out / FOLDER)
-    # no video processor (it needs torchvision, absent here): the processor's class check is skipped for it
-    check = Qwen2_5_VLProcessor.check_argument_for_proper_class
-    Qwen2_5_VLProcessor.check_argument_for_proper_class = lambda self, name, arg: (
-        None if arg is None else check(self, name, arg))
-    processor = Qwen2_5_VLProcessor(image_processor=ip, tokenizer=tokenizer, chat_template=CHAT_TEMPLATE)
-    # saved as the Hub's Qwen2.5-VL repositories hold them: preprocessor_config.json, the tokenizer, chat_template.json
-    ip.save_pretrained(dest)
-    tokenizer.save_pretrained(dest)
-    (dest / "chat_template.json").write_text(json.dumps({"chat_template": CHAT_TEMPLATE}, indent=2) + "\n")
-    cfg_json = json.loads((dest / "config.json").read_text())
-    files = gemma3_vision.make_images(dest, IMAGES)
-    stem = {n: n.rsplit(".", 1)[0] for n in files}
-    visual = model.model.visual
-
-    images = {}
-    for name in files:
-        enc = processor.image_processor(images=[Image.open(files[name])], return_tensors="pt")
-        pv, thw = enc["pixel_values"].float(), enc["image_grid_thw"]
-        with torch.no_grad():
-            o = visual(pv, grid_thw=thw)
-        window_index, cu = get_vision_window_index(thw, MERGE, WINDOW, PATCH)
-        inv = torch.argsort(window_index)
-        hidden = o.last_hidden_state.reshape(-1, MERGE * MERGE, 32)[inv].reshape(-1, 32)   # image's patch order
-        w, h = IMAGES[name]
-        rh, rw = smart_resize(h, w, factor=PATCH * MERGE, min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS)
-        key = stem[name]
-        images[name] = {
-            "size": [w, h], "resized_wh": [rw, rh], "grid_thw": thw[0].tolist(),
-            "merged_grid": [int(thw[0, 1]) // MERGE, int(thw[0, 2]) // MERGE],
-            "n_tokens": int(thw[0].prod()) // MERGE ** 2,
-            "window_index": window_index.tolist(), "cu_window_seqlens": cu.tolist(),
-            "pixel_values": npy(dest, f"{key}_patches.npy", pv.numpy()),
-            "hidden_before_merger": npy(dest, f"{key}_hidden.npy", hidden.numpy()),
-            "merger_rows": npy(dest, f"{key}_rows.npy", o.pooler_output.numpy()),
-        }
-
     two = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is in this image?"},
                                         {"type": "image"}, {"type": "text", "text": "And in this one?"}]}]
-    order = ["image_wide.png", "image_big.png"]
     text = processor.apply_chat_template(two, add_generation_prompt=True)
     enc = processor(text=text, images=[Image.open(files[n]) for n in order], return_tensors="pt")
     ids = enc["input_ids"][0].tolist()
@@ -236,10 +269,10 @@ def make(out: Path) -> None:
                                                  image_grid_thw=enc["image_grid_thw"],
                                                  attention_mask=enc["attention_mask"])
         logits = model(**model_inputs).logits[0].float().numpy()
-        gen = model.generate(**model_inputs, max_new_tokens=N_NEW, do_sample=False, use_cache=True,
+        gen = model.generate(**model_inputs, max_new_tokens=n_new, do_sample=False, use_cache=True,
                              eos_token_id=None, pad_token_id=0)[0, len(ids):].tolist()
         seq, recompute, margins, step_logits = list(ids), [], [], []
-        for _ in range(N_NEW):
+        for _ in range(n_new):
             t = torch.tensor([seq])
             row = model(input_ids=t, attention_mask=torch.ones_like(t), pixel_values=enc["pixel_values"],
                         image_grid_thw=enc["image_grid_thw"],
@@ -275,29 +308,40 @@ def make(out: Path) -> None:
     tids = processor.tokenizer(ttext, return_tensors="pt")["input_ids"]
     with torch.no_grad():
         tlogits = model(input_ids=tids).logits[0, -3:].float().numpy()
-        tgen = model.generate(input_ids=tids, attention_mask=torch.ones_like(tids), max_new_tokens=N_NEW,
+        tgen = model.generate(input_ids=tids, attention_mask=torch.ones_like(tids), max_new_tokens=n_new,
                               do_sample=False, eos_token_id=None, pad_token_id=0)[0, tids.shape[1]:].tolist()
     text_prompt = {"messages": text_only, "chat_text": ttext, "input_ids": tids[0].tolist(),
                    "logits_last3": npy(dest, "text_only_logits_last3.npy", tlogits), "greedy_new_tokens": tgen}
+    return prompt, text_prompt
 
-    ref = {
-        "folder": FOLDER, "model_class": "Qwen2_5_VLForConditionalGeneration",
-        "image_processor_class": "Qwen2VLImageProcessorPil", "attn_implementation": "eager",
-        "weights_dtype": "float32", "compute_dtype": "float32",
-        "transformers_version": transformers.__version__, "torch_version": torch.__version__, "init": {"torch_manual_seed": 0, "weight_generator_seed": SEED, "input_seed": tiny.INPUT_SEED,
-                 "scheme": "tools/make_tiny_qwen25vl.py: redraw(): norms 1 + 0.1 N(0, 1), matrices N(0, 1) / "
-                           "sqrt(fan-in), the patch embedding 2 N(0, 1) / sqrt(1176), biases 0.1 N(0, 1), "
-                           "embeddings 0.2 N(0, 1)"},
-        "notes": NOTES, "config": cfg_json,
-        "processor": {"min_pixels": MIN_PIXELS, "max_pixels": MAX_PIXELS, "patch_size": PATCH, "merge_size": MERGE,
-                      "temporal_patch_size": TEMPORAL, "image_mean": MEAN, "image_std": STD, "resample": 3},
-        "image_token_id": image_id,
-        "special_token_ids": {t: processor.tokenizer.convert_tokens_to_ids(t) for t in SPECIAL},
-        "images": images, "prompts": [prompt], "text_only": text_prompt,
-    }
-    (dest / "reference.json").write_text(json.dumps(ref, indent=1) + "\n", encoding="utf-8")
-    print(FOLDER, "grids", {n: i["grid_thw"] for n, i in images.items()}, "rope_deltas", prompt["rope_deltas"],
-          "greedy matches recompute:", prompt["greedy_matches_recompute"], "min margin", min(margins), gen)
+
+def make(out: Path) -> None:
+    import transformers
+    from transformers import Qwen2_5_VLProcessor
+    from transformers.vision_utils import get_vision_window_index
+    tokenizer = make_tokenizer()
+    model = tiny_model(transformers.Qwen2_5_VLForConditionalGeneration, config(len(tokenizer)), SEED)
+    dest, ip = save(model, out / FOLDER)
+    processor, cfg_json = processor_files(Qwen2_5_VLProcessor, ip, tokenizer, dest, CHAT_TEMPLATE)
+    files = gemma3_vision.make_images(dest, IMAGES)
+    stem = {n: n.rsplit(".", 1)[0] for n in files}
+    visual = model.model.visual
+
+    images = {}
+    for name, pv, thw, o in tower_outputs(processor, visual, files):
+        window_index, cu = get_vision_window_index(thw, MERGE, WINDOW, PATCH)
+        inv = torch.argsort(window_index)
+        hidden = o.last_hidden_state.reshape(-1, MERGE * MERGE, 32)[inv].reshape(-1, 32)   # image's patch order
+        images[name] = image_record(dest, stem[name], IMAGES[name], thw, pv, hidden, o.pooler_output, PROCESSOR,
+                                    {"window_index": window_index.tolist(), "cu_window_seqlens": cu.tolist()})
+
+    prompt, text_prompt = prompts(model, processor, files, ["image_wide.png", "image_big.png"], dest)
+    image_id = model.config.image_token_id
+    write_reference(dest, FOLDER, "Qwen2_5_VLForConditionalGeneration", SEED,
+                    "tools/make_tiny_qwen25vl.py: redraw(): norms 1 + 0.1 N(0, 1), matrices N(0, 1) / "
+                    "sqrt(fan-in), the patch embedding 2 N(0, 1) / sqrt(1176), biases 0.1 N(0, 1), "
+                    "embeddings 0.2 N(0, 1)", NOTES, cfg_json, PROCESSOR, {"image_token_id": image_id}, processor,
+                    images, prompt, text_prompt)
 
 
 QWEN2VL_FOLDER = "qwen2_vl_vision"
