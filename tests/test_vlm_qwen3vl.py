@@ -398,3 +398,157 @@ def test_llama_cpp_runs_our_qwen3vl_gguf(tmp_path):
         ours = rows_of(m, ids)[-1]
     # (llama.cpp's f16 cache: 0.0055 on this model, as on the same weights as a plain qwen3 GGUF)
     assert float(np.abs(theirs - ours).max()) <= 0.015
+
+
+# --- against transformers: the tiny Qwen3VLForConditionalGeneration of the fixture ------------------------------
+# (tests/fixtures/reference/tiny/qwen3_vl_vision, tools/make_tiny_qwen3vl.py; a tower double gives the fixture's
+# rows for its images, [merger rows | DeepStack level 0 | level 1], so this part tests the language side alone)
+
+FOLDER = Path(__file__).parent / "fixtures" / "reference" / "tiny" / "qwen3_vl_vision"
+REF = json.loads((FOLDER / "reference.json").read_text(encoding="utf-8"))
+FIX_PNG = {name: (FOLDER / name).read_bytes() for name in REF["images"]}
+TWO = REF["prompts"][0]                 # two images (merged grids 3 x 4 and 5 x 3), text after each
+TEXT = REF["text_only"]
+BUDGET = {"numpy": 1e-4, "native-exact": 1e-4, "native-fast": 1e-2}        # test_vlm_qwen25vl's budgets
+
+
+def npy(name: str) -> np.ndarray:
+    return np.load(FOLDER / name)
+
+
+def wide_rows(info: dict) -> np.ndarray:
+    """An image's rows as the contract's encode_one gives them: the merger's, then each DeepStack level's."""
+    return np.concatenate([npy(info["merger_rows"])] + [npy(n) for n in info["deepstack_rows"]], axis=1)
+
+
+class FixtureTower(q25.FixtureTower):
+    """test_vlm_qwen25vl's fixture double as the qwen3_vl contract's, serving this fixture: its wide rows."""
+    family, hidden, deepstack = "qwen3_vl", REF["config"]["text_config"]["hidden_size"], len(REF["deepstack_visual_indexes"])
+    folder, ref, files = FOLDER, REF, FIX_PNG
+
+    def rows(self, info: dict) -> np.ndarray:
+        return wide_rows(info)
+
+
+def fixture_model(mode: str, **kw):
+    return load(FOLDER, mode, FixtureTower, **{"n_ctx": 128, **kw})
+
+
+def fixture_messages(prompt: dict) -> list:
+    return q25.fixture_messages(prompt, FIX_PNG)
+
+
+def fixture_blocks(prompt: dict) -> tuple:
+    return tuple(image_block(lo, wide_rows(REF["images"][name]), True, tuple(REF["images"][name]["merged_grid"]))
+                 for (lo, _), name in zip(prompt["image_runs"], prompt["images"]))
+
+
+def test_the_fixture_loads_as_qwen3vl():
+    with fixture_model("numpy") as m:
+        c = m.config
+        assert (c.arch, c.rope_sections, c.rope_interleaved, c.deepstack_levels) == ("qwen3vl", [2, 3, 3], True, 2)
+        assert m.transformer.image_width == 64 * 3 and m.image_input.layout.family == "qwen3_vl"
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_chat_gives_the_processor_ids_positions_logits_and_greedy_tokens(mode):
+    """The chat template's text, the processor's input_ids (each image's merged grid from its header size),
+    get_rope_index's positions and rope_deltas, the logits at the reference's rows (first and last token of each
+    image, the tokens after each, the last three), every position's argmax, Model.chat's greedy answer, and the
+    logits of each decode step after the images (transformers' recompute after each new token)."""
+    with fixture_model(mode) as m:
+        q25.chat_matches_reference(m, TWO, FIX_PNG, FOLDER, BUDGET[mode])     # (Qwen2.5-VL's checks, this fixture)
+        assert m.vision.encoded == 2
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_text_only_prompt_matches_transformers(mode):
+    with fixture_model(mode) as m:
+        q25.text_matches_reference(m, TEXT, FOLDER, BUDGET[mode])
+
+
+@pytest.mark.parametrize("late, interleaved", [(1, True), (0, False)])
+def test_the_fixture_fails_deepstack_one_layer_late_or_contiguous_sections(monkeypatch, late, interleaved):
+    """The fixture can tell: DeepStack level j added after layer j + 1, or the sections contiguous (Qwen2-VL's),
+    moves the image prompt's logits far past the budget."""
+    import llambda.models.base as base_mod
+    with fixture_model("numpy") as m:
+        ids, blocks = m.image_prompt(TWO["chat_text"], [FIX_PNG[n] for n in TWO["images"]])
+        if late:
+            real = base_mod.Transformer._ffn_block
+
+            def shifted(self, layer, x):        # after layer i: level i - 1's columns instead of level i's
+                real(self, layer, x)
+                i, d = next(k for k, L in enumerate(self.layers) if L is layer), self.cfg.d_model
+                for r0, rows, _ in self._images.spans if self._images is not None else ():
+                    if 1 <= i <= self.deepstack:
+                        x[r0:r0 + len(rows)] += rows[:, d * i:d * (i + 1)]
+                    if i < self.deepstack:
+                        x[r0:r0 + len(rows)] -= rows[:, d * (i + 1):d * (i + 2)]
+            monkeypatch.setattr(base_mod.Transformer, "_ffn_block", shifted)
+        else:
+            monkeypatch.setattr(m.config, "rope_interleaved", interleaved)
+        err = float(np.abs(whole_logits(m, ids, blocks)[TWO["rows"]] - npy(TWO["logits_rows"])).max())
+    assert err > 100 * BUDGET["numpy"], err
+
+
+def test_fixture_chunks_and_the_scheduler_give_the_greedy_tokens():
+    """Library prefills in chunks of 3, 7 and 16 tokens (cutting both images: each chunk adds the DeepStack
+    columns of the image rows it holds), and the scheduler beside two text requests under chunks of 3, 5 and 17:
+    transformers' greedy tokens, the same logprob bits alone and beside text."""
+    want, images = TWO["greedy_new_tokens"], [FIX_PNG[n] for n in TWO["images"]]
+    for max_batch in (3, 7, 16):
+        with fixture_model("native-exact", max_batch=max_batch) as m:
+            ids, blocks = m.image_prompt(TWO["chat_text"], images)
+            got = m.generate(ids, images=blocks, max_tokens=len(want), temperature=0, ignore_eos=True)
+            assert list(got) == want, f"max_batch {max_batch}"
+    texts = [np.random.default_rng(11).integers(7, 390, size=n).tolist() for n in (23, 9)]
+    with fixture_model("native-exact", n_slots=4, max_batch=96) as m:
+        q25.same_beside_text(m, TWO["input_ids"], fixture_blocks(TWO), want, texts)
+
+
+def test_server_prepares_qwen3vl_requests():
+    """The server's token count and prepared sequence are Model.image_prompt's, its rope_delta transformers'; each
+    image is encoded once, in the image worker, its block's digest over every column."""
+    with fixture_model("native-exact", max_batch=8) as m:
+        service, _ = vlm.service_for(m)
+        spec = vlm.chat_spec(fixture_messages(TWO))
+        try:
+            count = service._prompt_length(spec)
+            seq = service.encode(service.prepare(spec)).seqs[0][0]
+        finally:
+            service.workers.close()
+            service.image_workers.close()
+        assert count == len(TWO["input_ids"]) == len(seq.prompt_ids) and seq.prompt_ids == TWO["input_ids"]
+        assert m.vision.encoded == 2 and seq.rope_delta == TWO["rope_deltas"]
+        assert [b.digest for b in seq.images] == [b.digest for b in fixture_blocks(TWO)]
+        assert all(b.rows.shape[1] == 192 for b in seq.images)
+
+
+def test_a_text_gguf_finds_its_image_tokens_in_the_vocabulary(tmp_path):
+    """llama.cpp's layout: our qwen3vl GGUF of the text model has no config.json: <|vision_start|>, <|image_pad|>,
+    <|vision_end|> come from its vocabulary, the levels from n_deepstack_layers; the image prompt and its logits
+    are the reference's."""
+    from llambda.tools.export import export
+    path = export(FOLDER, tmp_path / "text.gguf", fmt="gguf", qtype="f32")
+    with load(path, "native-exact", FixtureTower, n_ctx=128) as m:
+        assert m.config.deepstack_levels == 2
+        lay = m.image_input.layout
+        assert (lay.start, lay.soft, lay.end) == tuple(REF["special_token_ids"][k] for k in
+                                                       ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>"))
+        ids, blocks = m.image_prompt(TWO["chat_text"], [FIX_PNG[n] for n in TWO["images"]])
+        assert ids == TWO["input_ids"]
+        got = whole_logits(m, ids, blocks)[TWO["rows"]]
+    assert float(np.abs(got - npy(TWO["logits_rows"])).max()) <= 1e-4
+
+
+def test_speculative_decoding_on_text_prompts_and_not_on_images():
+    want = TEXT["greedy_new_tokens"]
+    with fixture_model("native-exact", draft=FOLDER) as m:
+        assert m.draft is not None and m.draft.config.rope_interleaved
+        for mode in ("draft", "lookup"):
+            assert list(m.generate(TEXT["input_ids"], max_tokens=len(want), temperature=0, ignore_eos=True,
+                                   speculative=mode)) == want, mode
+        ids, blocks = m.image_prompt(TWO["chat_text"], [FIX_PNG[n] for n in TWO["images"]])
+        with pytest.raises(InvalidInputError, match="speculative"):
+            m.stream(ids, images=blocks, speculative="draft")
