@@ -1,6 +1,6 @@
 """Images in: a vision tower turns an image into the soft-token rows a language model reads in its place.
 
-    tower = load_vision("path/to/gemma-3-4b-it")      # or SmolVLM's or Qwen2.5-VL's directory, an mmproj GGUF, ...
+    tower = load_vision("path/to/gemma-3-4b-it")      # or SmolVLM's, Qwen2.5-VL's, Qwen3-VL's directory, an mmproj GGUF
     rows = tower.encode(tower.pixels(load_image(png_bytes)))   # [n_crops, tokens_per_image, hidden]
 
 Modules: image.py (bytes -> RGB image, limits), records.py (a bound on a file's header records),
@@ -9,7 +9,8 @@ hyper-parameters, HF names, range-checked), siglip.py (the encoder), gemma3.py (
 idefics3.py (Idefics3's connector), layouts.py (names and keys of each file shape), load.py (load_vision),
 tower.py (VisionTower), mmproj.py (writing llama.cpp's mmproj GGUF); Qwen2.5-VL's and Qwen2-VL's tower:
 qwen2vl_config.py, qwen2vl_pixels.py (its image processor), qwen2vl.py (the windowed tower and merger),
-qwen2vl_layouts.py, qwen2vl_mmproj.py. docs/VISION.md describes them.
+qwen2vl_layouts.py, qwen2vl_mmproj.py; what Qwen3-VL's adds (learned positions, DeepStack): qwen3vl.py,
+qwen3vl_layouts.py. docs/VISION.md describes them.
 """
 from .image import MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS, check_image, load_image
 from .load import load_vision

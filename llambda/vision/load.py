@@ -18,7 +18,7 @@ from .layouts import (HF_NAMES, IDEFICS3_TYPES, LLAMA_CPP, MMPROJ_NAMES, OLLAMA,
                       check_processor_size, gguf_lookup, has_ollama_tower, hf_fields, hf_lookup, idefics3_hf_fields,
                       image_processor_settings, mmproj_fields, ollama_fields)
 from . import qwen2vl_layouts as qwen_layouts
-from .qwen2vl_config import QWEN_FAMILIES, QwenVisionConfig
+from .qwen2vl_config import QwenVisionConfig
 from .tower import VisionTower
 
 
@@ -48,11 +48,11 @@ def open_layout(path: Path) -> Layout | None:
         if not isinstance(cfg, dict) or "vision_config" not in cfg:
             return None
         kind = cfg.get("model_type")
-        if kind in QWEN_FAMILIES:
+        if kind in qwen_layouts.HF_TYPES:
             return _qwen_hf_layout(path, cfg, src)
         if kind != "gemma3" and kind not in IDEFICS3_TYPES:
             warnings.warn(f"{path}: its vision tower ({str(kind)[:40]!r}) is not supported (Gemma 3's, Idefics3's, "
-                          "Qwen2(.5)-VL's only): the model reads no images", LlambdaWarning, stacklevel=3)
+                          "Qwen2(.5)-VL's, Qwen3-VL's only): the model reads no images", LlambdaWarning, stacklevel=3)
             return None
         pre, seq_len = image_processor_settings(path, read_json)
         fields = idefics3_hf_fields(cfg, pre, src, seq_len) if kind in IDEFICS3_TYPES else hf_fields(cfg, pre, src)
@@ -70,8 +70,10 @@ def open_layout(path: Path) -> Layout | None:
         meta = f.metadata
         arch = meta.get("general.architecture")
         if arch == "clip" and meta.get("clip.projector_type") in qwen_layouts.MMPROJ_TYPES:
-            vcfg = QwenVisionConfig.from_fields(qwen_layouts.mmproj_fields(meta, src), qwen_layouts.MMPROJ_KEYS, src)
-            return Layout(vcfg, qwen_layouts.mmproj_lookup(f), 0.0, "mmproj", [f.close])
+            vcfg = QwenVisionConfig.from_fields(qwen_layouts.mmproj_fields(meta, src, f.tensors),
+                                                qwen_layouts.MMPROJ_KEYS, src)
+            return Layout(vcfg, qwen_layouts.mmproj_lookup(f, deepstack=vcfg.deepstack_visual_indexes), 0.0, "mmproj",
+                          [f.close])
         if arch == "clip":
             vcfg = VisionConfig.from_fields(mmproj_fields(meta, src), MMPROJ_NAMES, src)
             return Layout(vcfg, gguf_lookup(f, LLAMA_CPP), 0.0, "mmproj", [f.close])

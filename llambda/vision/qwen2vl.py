@@ -1,8 +1,9 @@
-"""Qwen2.5-VL's vision transformer (and Qwen2-VL's) on a Backend: one image's flattened patches -> the merger's
-rows, in prompt order.
+"""Qwen2.5-VL's vision transformer (and Qwen2-VL's, and Qwen3-VL's: what it adds is in qwen3vl.py) on a Backend:
+one image's flattened patches -> the merger's rows, in prompt order (Qwen3-VL: each row joined with its DeepStack
+levels' rows).
 
 1. Patch embed: the Conv3d with stride = kernel is one dense product of each flattened patch [C*T*P*P] with the
-   weight reshaped [H, C*T*P*P], no bias.
+   weight reshaped [H, C*T*P*P], no bias (Qwen3-VL: a bias, then the learned positions added).
 2. Windows (Qwen2.5-VL): the merged grid (mh x mw cells of merge x merge patches) cut into windows of
    window_size / (patch * merge) cells a side, row-major, the last ones partial; the patch rows reordered cell
    by cell (a cell's merge^2 rows stay together) into window order before the blocks. A windowed block attends
@@ -13,9 +14,11 @@ rows, in prompt order.
    the backend's encoder_rotate over the qkv rows.
 4. Blocks (pre-norm): x += proj(attention(norm1(x))), qkv one product with bias laid out [q | k | v];
    x += mlp(norm2(x)). Qwen2.5-VL: RMSNorm (eps 1e-6), mlp = down(silu(gate(x)) * up(x)) with biases;
-   Qwen2-VL: LayerNorm (eps 1e-6), mlp = fc2(quick_gelu(fc1(x))), quick_gelu(u) = u sigmoid(1.702 u).
-5. Merger: ln_q (RMSNorm; Qwen2-VL LayerNorm) per row, each cell's merge^2 rows concatenated, Linear + bias,
-   exact GELU, Linear + bias to the text width; then the cells back in row-major order.
+   Qwen2-VL: LayerNorm (eps 1e-6), mlp = fc2(quick_gelu(fc1(x))), quick_gelu(u) = u sigmoid(1.702 u); Qwen3-VL:
+   LayerNorm, mlp = linear_fc2(gelu_tanh(linear_fc1(x))).
+5. Merger: ln_q (RMSNorm; Qwen2-VL, Qwen3-VL LayerNorm) per row, each cell's merge^2 rows concatenated, Linear +
+   bias, exact GELU, Linear + bias to the text width; then the cells back in row-major order. Qwen3-VL's
+   DeepStack mergers run the same way after their blocks, their norm over the joined rows.
 
 Every step is a Backend op (the rotation: encoder_rotate, with the angle tables made once an image).
 Activations are sized per image (their grid varies) and freed after it: about
@@ -26,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import qwen2vl_config
+from . import qwen2vl_config, qwen3vl
 from .qwen2vl_config import NORM_EPS, QwenVisionConfig
 from .siglip import GELU_CHUNK, fetch
 
@@ -57,14 +60,14 @@ def patch_positions(gh: int, gw: int, m: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 class QwenVisionEncoder:
-    """The weights of one Qwen2(.5)-VL vision tower on a backend, and its forward over one image at a time.
-    `lookup` gives the tower's tensors by their Hugging Face names under `visual.`."""
+    """The weights of one Qwen2(.5)-VL / Qwen3-VL vision tower on a backend, and its forward over one image at a
+    time. `lookup` gives the tower's tensors by their Hugging Face names under `visual.`."""
 
     def __init__(self, cfg: QwenVisionConfig, lookup, backend):
         self.cfg, self.be = cfg, backend
         H, F, T = cfg.hidden_size, cfg.intermediate_size, cfg.text_hidden_size
         C, t, P, M = cfg.num_channels, cfg.temporal_patch_size, cfg.patch_size, cfg.spatial_merge_size ** 2
-        be, qwen25 = backend, cfg.projector == "qwen2_5_vl"
+        be, rms, qwen3 = backend, cfg.projector == "qwen2_5_vl", cfg.projector == "qwen3_vl"
 
         def vec(name, n=H):
             return fetch(lookup, name, (n,))
@@ -72,24 +75,29 @@ class QwenVisionEncoder:
         def dense(name, rows, cols):
             return be.prepare_dense(fetch(lookup, name + ".weight", (rows, cols)), vec(name + ".bias", rows))
 
-        def norm(name):
-            return (vec(name + ".weight"),) if qwen25 else (vec(name + ".weight"), vec(name + ".bias"))
+        def norm(name, n=H):
+            return (vec(name + ".weight", n),) if rms else (vec(name + ".weight", n), vec(name + ".bias", n))
 
-        self.patch = be.prepare_dense(fetch(lookup, "patch_embed.proj.weight", (H, C, t, P, P)).reshape(H, -1), None)
+        def merger(names, norm_width):
+            return norm(names[0], norm_width), dense(names[1], M * H, M * H), dense(names[2], T, M * H)
+
+        self.patch = be.prepare_dense(fetch(lookup, "patch_embed.proj.weight", (H, C, t, P, P)).reshape(H, -1),
+                                      vec(qwen3vl.PATCH_BIAS) if qwen3 else None)
+        self.positions = fetch(lookup, qwen3vl.POSITIONS, (cfg.num_position_embeddings, H)) if qwen3 else None
+        up, down, gate = qwen3vl.MLP_NAMES[cfg.projector]
         self.layers = []
         for i in range(cfg.num_hidden_layers):
             b = f"blocks.{i}."
             L = {"norm1": norm(b + "norm1"), "norm2": norm(b + "norm2"),
-                 "qkv": dense(b + "attn.qkv", 3 * H, H), "proj": dense(b + "attn.proj", H, H)}
-            if qwen25:
-                L.update(gate=dense(b + "mlp.gate_proj", F, H), up=dense(b + "mlp.up_proj", F, H),
-                         down=dense(b + "mlp.down_proj", H, F))
-            else:
-                L.update(up=dense(b + "mlp.fc1", F, H), down=dense(b + "mlp.fc2", H, F))
+                 "qkv": dense(b + "attn.qkv", 3 * H, H), "proj": dense(b + "attn.proj", H, H),
+                 "up": dense(b + up, F, H), "down": dense(b + down, H, F)}
+            if gate is not None:
+                L["gate"] = dense(b + gate, F, H)
             self.layers.append(L)
-        self.ln_q = (vec("merger.ln_q.weight"),) if qwen25 else (vec("merger.ln_q.weight"), vec("merger.ln_q.bias"))
-        self.mlp0 = dense("merger.mlp.0", M * H, M * H)
-        self.mlp2 = dense("merger.mlp.2", T, M * H)
+        self.merger = merger(qwen3vl.MERGER_NAMES[cfg.projector], H)
+        # DeepStack: the block after which each level's merger (its norm over the joined rows) runs
+        self.deepstack = {layer: merger(qwen3vl.deepstack_names(j), M * H)
+                          for j, layer in enumerate(cfg.deepstack_visual_indexes)}
         sd = cfg.head_dim // 2
         self.inv_freq = (np.float32(1.0) / (np.float32(cfg.rope_theta) ** (
             np.arange(0, sd, 2, dtype=np.float32) / np.float32(sd)))).astype(np.float32)
@@ -102,8 +110,9 @@ class QwenVisionEncoder:
 
     def forward(self, pixels: np.ndarray, grid: tuple[int, int], hidden_out: np.ndarray | None = None) -> np.ndarray:
         """The merger's rows [cells, text_hidden] (row-major over the merged grid) of one image's flattened patches
-        [gh * gw, C*T*P*P] with patch grid `grid` = (gh, gw); hidden_out [gh * gw, H], if given, gets the last
-        block's output in the patches' own order."""
+        [gh * gw, C*T*P*P] with patch grid `grid` = (gh, gw) (Qwen3-VL: [cells, text_hidden * (1 + levels)], each
+        row followed by its DeepStack levels' rows); hidden_out [gh * gw, H], if given, gets the last block's
+        output in the patches' own order."""
         cfg, be = self.cfg, self.be
         gh, gw = grid
         m = cfg.spatial_merge_size
@@ -121,11 +130,14 @@ class QwenVisionEncoder:
         x = np.empty((n, H), np.float32)
         h = np.empty((n, H), np.float32)
         be.dense(np.ascontiguousarray(pixels[rows_order]), self.patch, x)
+        if self.positions is not None:
+            be.add(x, qwen3vl.position_rows(self.positions, pr[rows_order], pc[rows_order], gh, gw), x)
         qkv = np.empty((n, 3 * H), np.float32)
         ctx = np.empty((n, H), np.float32)
         block = min(n, qwen2vl_config.MLP_ROWS)    # the MLP over blocks of rows: its [block, F] buffers stay small
         up = np.empty((block, F), np.float32)
         gate = np.empty((block, F), np.float32) if cfg.projector == "qwen2_5_vl" else None
+        levels = []
         for i, L in enumerate(self.layers):
             self._norm(x, L["norm1"], h)
             be.dense(h, L["qkv"], qkv)
@@ -143,28 +155,50 @@ class QwenVisionEncoder:
                     be.dense(part, L["gate"], g)
                     be.silu_mul(g, u, u)
                 else:
-                    self._quick_gelu(u)
+                    self._activate(u)
                 be.dense(u, L["down"], part)        # the block's input rows are spent: its output in their place
             be.add(x, h, x)
+            if i in self.deepstack:
+                levels.append(self._merge(x, h, self.deepstack[i], joined_norm=True))
         del qkv, ctx, up, gate
         if hidden_out is not None:
             hidden_out[rows_order] = x
-        self._norm(x, self.ln_q, h)
-        mid = np.empty((n // M, M * H), np.float32)
-        be.dense(h.reshape(n // M, M * H), self.mlp0, mid)
-        be.gelu_erf(mid)
-        out = np.empty((n // M, cfg.text_hidden_size), np.float32)
-        be.dense(mid, self.mlp2, out)
+        out = self._merge(x, h, self.merger, joined_norm=False)
+        if levels:
+            out = np.concatenate([out] + levels, axis=1)
         merged = np.empty_like(out)
         merged[order] = out             # the cells back in row-major order
         return merged
 
-    def _quick_gelu(self, u: np.ndarray) -> None:
-        """u sigmoid(1.702 u) in place, as silu(1.702 u) / 1.702."""
-        be, flat = self.be, u.reshape(-1)
-        be.scale(u, QUICK_GELU)
+    def _merge(self, x: np.ndarray, h: np.ndarray, merger: tuple, joined_norm: bool) -> np.ndarray:
+        """A merger's rows [n / merge^2, text_hidden] of the blocks' rows x [n, H] (h: scratch of x's shape):
+        its norm over each row, then each merge^2 rows joined (joined_norm: joined first, the norm over the
+        joined rows: Qwen3-VL's DeepStack), fc1, exact GELU, fc2."""
+        be, (norm, fc1, fc2) = self.be, merger
+        n, H = x.shape
+        M = self.cfg.spatial_merge_size ** 2
+        if joined_norm:
+            src = np.empty((n // M, M * H), np.float32)
+            self._norm(x.reshape(n // M, M * H), norm, src)
+        else:
+            self._norm(x, norm, h)
+            src = h.reshape(n // M, M * H)
+        mid = np.empty((n // M, M * H), np.float32)
+        be.dense(src, fc1, mid)
+        be.gelu_erf(mid)
+        out = np.empty((n // M, self.cfg.text_hidden_size), np.float32)
+        be.dense(mid, fc2, out)
+        return out
+
+    def _activate(self, u: np.ndarray) -> None:
+        """The MLP's activation in place: Qwen2-VL's quick GELU u sigmoid(1.702 u), as silu(1.702 u) / 1.702;
+        Qwen3-VL's tanh GELU. Each as its backend op against ones, a chunk at a time."""
+        be, flat, quick = self.be, u.reshape(-1), self.cfg.projector == "qwen2_vl"
+        if quick:
+            be.scale(u, QUICK_GELU)
         ones = np.ones(min(GELU_CHUNK, flat.size), np.float32)
-        for i in range(0, flat.size, ones.size):     # silu_mul against ones, a chunk at a time
+        for i in range(0, flat.size, ones.size):
             part = flat[i:i + ones.size]
-            be.silu_mul(part, ones[:part.size], part)
-        be.scale(u, 1 / QUICK_GELU)
+            (be.silu_mul if quick else be.gelu_mul)(part, ones[:part.size], part)
+        if quick:
+            be.scale(u, 1 / QUICK_GELU)

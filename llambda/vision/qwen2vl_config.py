@@ -1,34 +1,53 @@
-"""The hyper-parameters of a Qwen2-VL / Qwen2.5-VL vision tower and its image processor, under Hugging Face's
-names (Qwen2_5_VLVisionConfig's, Qwen2VLImageProcessor's), each range-checked as read, whatever file they came
-from: a layout fills a dict of these names and `QwenVisionConfig.from_fields` checks it.
+"""The hyper-parameters of a Qwen2-VL / Qwen2.5-VL / Qwen3-VL vision tower and its image processor, under Hugging
+Face's names (Qwen2_5_VLVisionConfig's, Qwen3VLVisionConfig's, Qwen2VLImageProcessor's), each range-checked as
+read, whatever file they came from: a layout fills a dict of these names and `QwenVisionConfig.from_fields`
+checks it.
 
 Nothing is sized from a value before it is checked: an image's activations are sized from its own grid, which
 max_pixels bounds (MAX_PIXELS: Qwen2.5-VL's own processor default, 16384 tokens an image).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..errors import ModelFormatError
 from ..finite import finite_as_float
 from .config import MAX_FFN, MAX_HEAD_DIM, MAX_HIDDEN, MAX_LAYERS, MAX_TEXT_HIDDEN, number_triple
 
-QWEN_FAMILIES = ("qwen2_5_vl", "qwen2_vl")
+QWEN_FAMILIES = ("qwen2_5_vl", "qwen2_vl", "qwen3_vl")
+ACTIVATIONS = {"qwen2_5_vl": "silu", "qwen2_vl": "quick_gelu", "qwen3_vl": "gelu_pytorch_tanh"}   # the blocks' MLP
 MAX_PATCH = 64
 MAX_MERGE = 8
 MAX_TEMPORAL = 4
 MAX_PIXELS = 16384 * 28 * 28         # Qwen2.5-VL's preprocessor_config max_pixels (12845056)
 MAX_ASPECT = 200                     # smart_resize refuses a longer side past 200 times the shorter
 NORM_EPS = 1e-6                      # fixed in transformers' vision blocks and merger
+MAX_POSITIONS = 1 << 16             # Qwen3-VL's learned position grid (2304 = 48 x 48 in the released models)
 MLP_ROWS = 4096                      # the tower's MLP runs this many rows at a time (its [rows, F] buffers: 56 MB
                                      # each for Qwen2.5-VL's 3420)
 
 
+def layer_list(v, depth: int, what: str, ordered: bool = False) -> tuple:
+    """Distinct block numbers below `depth` (sorted; `ordered`: in the order given, which must be increasing)."""
+    if hasattr(v, "tolist"):
+        v = v.tolist()
+    if not isinstance(v, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < depth
+                                                   for i in v) or len(set(v)) != len(v) \
+            or (ordered and list(v) != sorted(v)):
+        raise ModelFormatError(f"{what} must be a list of distinct{' increasing' if ordered else ''} layer numbers "
+                               f"below the depth {depth}, got {str(v)[:80]}")
+    return tuple(v) if ordered else tuple(sorted(v))
+
+
 @dataclass
 class QwenVisionConfig:
-    """projector: "qwen2_5_vl" (RMSNorm, SwiGLU MLP, window attention except in fullatt_block_indexes) or
-    "qwen2_vl" (LayerNorm, quick-GELU MLP, full attention everywhere). text_hidden_size is the merger's output
-    width (out_hidden_size). window_size is in pixels (a multiple of patch_size * spatial_merge_size)."""
+    """projector: "qwen2_5_vl" (RMSNorm, SwiGLU MLP, window attention except in fullatt_block_indexes),
+    "qwen2_vl" (LayerNorm, quick-GELU MLP, full attention everywhere) or "qwen3_vl" (Qwen2-VL's blocks with a
+    tanh-GELU MLP, a patch embedding with a bias, a learned num_position_embeddings grid (a square) resampled to
+    each image, a DeepStack merger after each block of deepstack_visual_indexes). text_hidden_size is the
+    merger's output width (out_hidden_size). window_size is in pixels (a multiple of patch_size *
+    spatial_merge_size)."""
     projector: str
     hidden_size: int
     intermediate_size: int
@@ -40,6 +59,8 @@ class QwenVisionConfig:
     text_hidden_size: int
     window_size: int = 0
     fullatt_block_indexes: tuple = ()
+    num_position_embeddings: int = 0
+    deepstack_visual_indexes: tuple = ()
     rope_theta: float = 10000.0
     min_pixels: int = 56 * 56
     max_pixels: int = 28 * 28 * 1280
@@ -68,8 +89,18 @@ class QwenVisionConfig:
         """A window's side in merged cells (0: no windows)."""
         return self.window_size // self.factor if self.projector == "qwen2_5_vl" else 0
 
+    @property
+    def deepstack(self) -> int:
+        """DeepStack levels: each image row comes with this many more rows of the text width (0 but Qwen3-VL's)."""
+        return len(self.deepstack_visual_indexes)
+
+    @property
+    def position_side(self) -> int:
+        """The side of Qwen3-VL's learned position grid (0: none)."""
+        return math.isqrt(self.num_position_embeddings)
+
     def full_attention(self, layer: int) -> bool:
-        return self.projector == "qwen2_vl" or layer in self.fullatt_block_indexes
+        return self.projector != "qwen2_5_vl" or layer in self.fullatt_block_indexes
 
     @classmethod
     def from_fields(cls, fields: dict, names: dict | None = None, source: str = "") -> "QwenVisionConfig":
@@ -93,8 +124,8 @@ class QwenVisionConfig:
         projector = fields.get("projector")
         if projector not in QWEN_FAMILIES:
             raise ModelFormatError(f"{what('projector')} {str(projector)[:40]!r} is not one of {QWEN_FAMILIES}")
-        act = fields.get("hidden_act", "silu" if projector == "qwen2_5_vl" else "quick_gelu")
-        if act != ("silu" if projector == "qwen2_5_vl" else "quick_gelu"):
+        act = fields.get("hidden_act", ACTIVATIONS[projector])
+        if act != ACTIVATIONS[projector]:
             raise ModelFormatError(f"{what('hidden_act')} {str(act)[:40]!r} is not supported for {projector}")
         c = cls(projector=projector,
                 hidden_size=integer("hidden_size", 1, MAX_HIDDEN),
@@ -129,15 +160,15 @@ class QwenVisionConfig:
                 raise ModelFormatError(f"{what('window_size')} {c.window_size} is not a multiple of patch_size x "
                                        f"spatial_merge_size = {c.factor} (transformers would floor it: no released "
                                        "model does that, and llama.cpp's mmproj could not say it)")
-            full = fields.get("fullatt_block_indexes")
-            if hasattr(full, "tolist"):
-                full = full.tolist()
-            if not isinstance(full, (list, tuple)) or not all(
-                    isinstance(i, int) and not isinstance(i, bool) and 0 <= i < depth for i in full) \
-                    or len(set(full)) != len(full):
-                raise ModelFormatError(f"{what('fullatt_block_indexes')} must be a list of distinct layer numbers "
-                                       f"below the depth {depth}, got {str(full)[:80]}")
-            c.fullatt_block_indexes = tuple(sorted(full))
+            c.fullatt_block_indexes = layer_list(fields.get("fullatt_block_indexes"), depth,
+                                                 what("fullatt_block_indexes"))
+        if projector == "qwen3_vl":
+            c.num_position_embeddings = integer("num_position_embeddings", 1, MAX_POSITIONS)
+            if c.position_side ** 2 != c.num_position_embeddings:
+                raise ModelFormatError(f"{what('num_position_embeddings')} {c.num_position_embeddings} is not a square "
+                                       "(the learned position grid is side x side)")
+            c.deepstack_visual_indexes = layer_list(fields.get("deepstack_visual_indexes"), depth,
+                                                    what("deepstack_visual_indexes"), ordered=True)
         c.min_pixels = integer("min_pixels", 1, MAX_PIXELS, cls.min_pixels)
         c.max_pixels = integer("max_pixels", c.factor ** 2, MAX_PIXELS, cls.max_pixels)
         if c.min_pixels > c.max_pixels:
@@ -153,11 +184,13 @@ class QwenVisionConfig:
         """The activations of the largest image max_pixels allows (allocated per image, while it encodes), or of
         max_tokens merged cells where fewer (a model refuses an image of as many tokens as its context before
         decoding it): its patches twice (as made and in window order), x, h, the attention's output, [q|k|v],
-        half of q's rotation, the MLP's two row blocks, the merger's input and rows."""
+        half of q's rotation, the MLP's two row blocks, the merger's input and rows (Qwen3-VL: the position
+        rows, each DeepStack level's rows and the wide rows they are joined into)."""
         n, H, m2 = self.max_patches(), self.hidden_size, self.spatial_merge_size ** 2
         if max_tokens is not None:
             n = min(n, m2 * max(int(max_tokens), 1))
-        per_patch = 2 * self.patch_values + 6 * H + H // 2 + H + 2 * self.text_hidden_size // m2
+        rows = 2 * self.text_hidden_size * (1 + 2 * self.deepstack)
+        per_patch = 2 * self.patch_values + 6 * H + H // 2 + H + rows // m2 + (H if self.projector == "qwen3_vl" else 0)
         return 4 * (n * per_patch + 2 * min(n, MLP_ROWS) * self.intermediate_size)
 
     def params(self) -> int:
@@ -166,4 +199,8 @@ class QwenVisionConfig:
         norms = 2 * H if self.projector == "qwen2_5_vl" else 4 * H
         per_layer = 4 * H * H + 4 * H + mlp + norms
         merger = H * m2 * (H * m2 + 1) + H * m2 * self.text_hidden_size + self.text_hidden_size + norms // 2
-        return H * self.patch_values + L * per_layer + merger
+        if self.projector != "qwen3_vl":
+            return H * self.patch_values + L * per_layer + merger
+        deepstack = merger + 2 * H * m2 - norms // 2       # a merger whose norm is over the joined rows
+        return H * (self.patch_values + 1 + self.num_position_embeddings) + L * per_layer + merger \
+            + self.deepstack * deepstack

@@ -25,16 +25,19 @@ from ..formats.quants import QType
 from ..formats.weights import WeightTensor
 from .config import MAX_LAYERS
 from .layouts import rescale_normalize
+from . import qwen3vl_layouts as qwen3
 
 CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)  # the processor's
 
 HF_PREFIXES = ("visual.", "model.visual.")
-MMPROJ_TYPES = {"qwen2.5vl_merger": "qwen2_5_vl", "qwen2vl_merger": "qwen2_vl"}
+MMPROJ_TYPES = {"qwen2.5vl_merger": "qwen2_5_vl", "qwen2vl_merger": "qwen2_vl", qwen3.MMPROJ_TYPE: "qwen3_vl"}
+HF_TYPES = {"qwen2_5_vl": "qwen2_5_vl", "qwen2_vl": "qwen2_vl"} | {k: "qwen3_vl" for k in qwen3.HF_TYPES}
 MMPROJ_TYPE_OF = {v: k for k, v in MMPROJ_TYPES.items()}
 LLAMA_CPP_WINDOW = 112                # llama.cpp's window (pixels) where the file does not say
 QWEN25_PROCESSOR = {"min_pixels": 3136, "max_pixels": 12845056}   # Qwen2.5-VL's preprocessor_config.json
 _LEAF = {"norm1": "ln1", "norm2": "ln2", "attn.proj": "attn_out", "mlp.gate_proj": "ffn_gate",
-         "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down", "mlp.fc1": "ffn_up", "mlp.fc2": "ffn_down"}
+         "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down", "mlp.fc1": "ffn_up", "mlp.fc2": "ffn_down",
+         "mlp.linear_fc1": "ffn_up", "mlp.linear_fc2": "ffn_down"}
 _GLOBAL = {"merger.ln_q": "v.post_ln", "merger.mlp.0": "mm.0", "merger.mlp.2": "mm.2"}
 OLLAMA_GLOBAL = {k: "v." + k for k in _GLOBAL}           # Ollama's converter: visual. -> v., merger kept
 PATCH_SLICES = {"llama.cpp": ("v.patch_embd.weight", "v.patch_embd.weight.1"),
@@ -65,12 +68,12 @@ HF_NAMES = {"hidden_size": "config.json vision_config.hidden_size (Qwen2-VL: emb
             "min_pixels": "preprocessor_config.json min_pixels (size.shortest_edge)",
             "max_pixels": "preprocessor_config.json max_pixels (size.longest_edge)"} | {
     k: f"config.json vision_config.{k}" for k in ("patch_size", "spatial_merge_size", "temporal_patch_size",
-                                                   "window_size", "fullatt_block_indexes", "hidden_act")}
+                                                   "window_size", "fullatt_block_indexes", "hidden_act")} | qwen3.HF_NAMES
 
 
 def hf_fields(cfg: dict, pre: dict | None, source: str) -> dict:
     """QwenVisionConfig fields of a Qwen2(.5)-VL config.json and its preprocessor_config.json."""
-    kind = cfg.get("model_type")
+    kind = HF_TYPES.get(cfg.get("model_type"))
     vis = cfg.get("vision_config")
     if not isinstance(vis, dict):
         raise ModelFormatError(f"{source}: config.json's vision_config must be an object")
@@ -85,6 +88,8 @@ def hf_fields(cfg: dict, pre: dict | None, source: str) -> dict:
         f.update(hidden_size=vis.get("hidden_size"), intermediate_size=vis.get("intermediate_size"),
                  text_hidden_size=vis.get("out_hidden_size"), window_size=vis.get("window_size", 112),
                  fullatt_block_indexes=vis.get("fullatt_block_indexes"), hidden_act=vis.get("hidden_act", "silu"))
+    elif kind == "qwen3_vl":
+        f.update(qwen3.hf_fields(vis))
     else:
         embed, ratio = vis.get("embed_dim", 1280), vis.get("mlp_ratio", 4)
         f.update(hidden_size=embed, text_hidden_size=vis.get("hidden_size"),
@@ -120,9 +125,12 @@ def hf_lookup(tensors: dict, source: str):
     return lambda canon: tensors.get(pre + canon)
 
 
-def gguf_name(canon: str, flavor: str = "llama.cpp") -> str | None:
+def gguf_name(canon: str, flavor: str = "llama.cpp", deepstack: tuple = ()) -> str | None:
     """llama.cpp's mmproj name (or Ollama's model file's) of a canonical tensor (not the two split ones: patch
-    embed, qkv)."""
+    embed, qkv). `deepstack`: Qwen3-VL's blocks its DeepStack levels follow."""
+    own = qwen3.gguf_name(canon, deepstack) if flavor == "llama.cpp" else None
+    if own is not None:
+        return own
     m = _BLOCK_RE.fullmatch(canon)
     if m:
         leaf = _LEAF.get(m.group(2))
@@ -137,9 +145,10 @@ def float_tensor(name: str, values: np.ndarray) -> WeightTensor:
     return WeightTensor(name, QType.F32, tuple(a.shape), a.view(np.uint8).reshape(-1))
 
 
-def mmproj_lookup(gguf_file, flavor: str = "llama.cpp"):
+def mmproj_lookup(gguf_file, flavor: str = "llama.cpp", deepstack: tuple = ()):
     """Canonical names over llama.cpp's mmproj tensors (or Ollama's qwen25vl model file's: flavor "ollama"); the
-    patch embedding's two slices and each block's q, k, v put together (float32) as transformers holds them."""
+    patch embedding's two slices and each block's q, k, v put together (float32) as transformers holds them
+    (Qwen3-VL's one attn_qkv as it is). `deepstack`: as gguf_name's."""
     infos = gguf_file.tensors
 
     def get(name):
@@ -154,12 +163,14 @@ def mmproj_lookup(gguf_file, flavor: str = "llama.cpp"):
             return float_tensor(canon, np.stack([a.to_float32().reshape(a.shape),
                                                  b.to_float32().reshape(b.shape)], axis=2))
         m = _BLOCK_RE.fullmatch(canon)
+        if m and m.group(2) == "attn.qkv" and f"v.blk.{int(m.group(1))}.attn_qkv.{m.group(3)}" in infos:
+            return get(f"v.blk.{int(m.group(1))}.attn_qkv.{m.group(3)}")
         if m and m.group(2) == "attn.qkv":
             parts = [get(f"v.blk.{int(m.group(1))}.attn_{x}.{m.group(3)}") for x in "qkv"]
             if any(p is None for p in parts) or len({p.shape for p in parts}) != 1:
                 return None
             return float_tensor(canon, np.concatenate([p.to_float32().reshape(p.shape) for p in parts]))
-        name = gguf_name(canon, flavor)
+        name = gguf_name(canon, flavor, deepstack)
         return get(name) if name else None
     return lookup
 
@@ -182,7 +193,9 @@ def ollama_fields(meta: dict, lookup, source: str) -> dict:
     return f
 
 
-def mmproj_fields(meta: dict, source: str) -> dict:
+def mmproj_fields(meta: dict, source: str, tensors: dict | None = None) -> dict:
+    """QwenVisionConfig fields of llama.cpp's mmproj (`tensors`: its tensors, Qwen3-VL's position grid read
+    there)."""
     proj = MMPROJ_TYPES[meta.get("clip.projector_type")]
     if meta.get("clip.has_vision_encoder") is not True:
         raise ModelFormatError(f"{source}: mmproj file says it has no vision encoder (clip.has_vision_encoder)")
@@ -193,6 +206,8 @@ def mmproj_fields(meta: dict, source: str) -> dict:
         if k not in f:
             raise ModelFormatError(f"{source}: GGUF metadata lacks {MMPROJ_KEYS[k]!r}")
     f["projector"] = proj
+    if proj == "qwen3_vl":
+        return qwen3.mmproj_fields(meta, tensors or {}, f, source)
     f.setdefault("min_pixels", QWEN25_PROCESSOR["min_pixels"])
     f.setdefault("max_pixels", QWEN25_PROCESSOR["max_pixels"])
     if proj == "qwen2_5_vl":

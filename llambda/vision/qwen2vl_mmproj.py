@@ -1,5 +1,5 @@
-"""A Qwen2-VL / Qwen2.5-VL vision tower as llama.cpp's mmproj GGUF (projector type `qwen2.5vl_merger` or
-`qwen2vl_merger`), what llama.cpp's converter (convert_hf_to_gguf.py --mmproj) makes of one: the `clip.vision.*`
+"""A Qwen2-VL / Qwen2.5-VL / Qwen3-VL vision tower as llama.cpp's mmproj GGUF (projector type `qwen2.5vl_merger`,
+`qwen2vl_merger` or `qwen3vl_merger`), what llama.cpp's converter (convert_hf_to_gguf.py --mmproj) makes of one: the `clip.vision.*`
 keys, `clip.vision.n_wa_pattern` (Qwen2.5-VL: its full-attention blocks must be every n-th, n-1, 2n-1, ...: the
 key cannot say another pattern), `clip.use_silu` (Qwen2.5-VL's SwiGLU; Qwen2-VL's quick GELU is llama.cpp's MLP
 where neither use_silu nor use_gelu is set: with use_gelu it would run GELU, measured 1.4e-2 off); the Conv3d patch embedding as its two temporal slices
@@ -7,6 +7,10 @@ where neither use_silu nor use_gelu is set: with use_gelu it would run GELU, mea
 We also write `clip.vision.window_size` and the processor's `clip.vision.min_pixels` / `max_pixels`, which llama.cpp
 does not read (its window is 112 pixels whatever the key says: another window is refused; its own pixel bounds are
 8..4096 tokens an image); image_size 560 as the converter.
+
+Qwen3-VL (qwen3vl_layouts.py names its parts): `clip.use_gelu`, `clip.vision.is_deepstack_layers`, image_size the
+position grid's side x patch_size (as the converter), each block's qkv as one `attn_qkv` (llama.cpp's graph reads
+no split one), the patch bias, the position grid (float32), the DeepStack mergers under their blocks' numbers.
 """
 from __future__ import annotations
 
@@ -15,7 +19,10 @@ import numpy as np
 from ..errors import InvalidInputError
 from ..formats.gguf import GGUFValueType as VT
 from ..formats.gguf_writer import GGUFValue
+from ..formats.quants import QType
 from .qwen2vl_layouts import LLAMA_CPP_WINDOW, MMPROJ_KEYS, MMPROJ_TYPE_OF, WA_PATTERN_KEY, gguf_name
+from .qwen3vl import MERGER_NAMES, MLP_NAMES, PATCH_BIAS, POSITIONS, deepstack_names
+from .qwen3vl_layouts import DEEPSTACK_KEY
 
 CONVERTER_IMAGE_SIZE = 560
 
@@ -34,19 +41,20 @@ def wa_pattern(cfg) -> int:
 
 
 def canonical_names(cfg) -> list[str]:
-    qwen25 = cfg.projector == "qwen2_5_vl"
-    leaves = (["norm1", "attn.qkv", "attn.proj", "norm2"]
-              + (["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"] if qwen25 else ["mlp.fc1", "mlp.fc2"]))
-    out = ["patch_embed.proj.weight"]
+    rms, qwen3 = cfg.projector == "qwen2_5_vl", cfg.projector == "qwen3_vl"
+    up, down, gate = MLP_NAMES[cfg.projector]
+    leaves = ["norm1", "attn.qkv", "attn.proj", "norm2"] + ([gate] if gate else []) + [up, down]
+    out = ["patch_embed.proj.weight"] + ([PATCH_BIAS, POSITIONS] if qwen3 else [])
     for i in range(cfg.num_hidden_layers):
         for leaf in leaves:
             out.append(f"blocks.{i}.{leaf}.weight")
-            if not (qwen25 and leaf.startswith("norm")):
+            if not (rms and leaf.startswith("norm")):
                 out.append(f"blocks.{i}.{leaf}.bias")
-    out.append("merger.ln_q.weight")
-    if not qwen25:
-        out.append("merger.ln_q.bias")
-    return out + ["merger.mlp.0.weight", "merger.mlp.0.bias", "merger.mlp.2.weight", "merger.mlp.2.bias"]
+    mergers = [MERGER_NAMES[cfg.projector]] + [deepstack_names(j) for j in range(cfg.deepstack)]
+    for norm, fc1, fc2 in mergers:
+        out += [norm + ".weight"] + ([] if rms else [norm + ".bias"])
+        out += [fc1 + ".weight", fc1 + ".bias", fc2 + ".weight", fc2 + ".bias"]
+    return out
 
 
 def qwen_mmproj(layout, name: str, want, type_of) -> tuple[dict, list]:
@@ -76,6 +84,10 @@ def qwen_mmproj(layout, name: str, want, type_of) -> tuple[dict, list]:
                                     "pixels whatever clip.vision.window_size says")
         meta.update({"clip.use_silu": True, WA_PATTERN_KEY: u32(wa_pattern(c)),
                      MMPROJ_KEYS["window_size"]: u32(c.window_size)})
+    if c.projector == "qwen3_vl":
+        meta.update({"clip.use_gelu": True, "clip.vision.image_size": u32(c.position_side * c.patch_size),
+                     DEEPSTACK_KEY: GGUFValue((VT.ARRAY, VT.BOOL), [i in c.deepstack_visual_indexes
+                                                                     for i in range(c.num_hidden_layers)])})
     # Qwen2-VL: neither clip.use_gelu nor clip.use_silu: llama.cpp's MLP is then its quick GELU
     tensors = []
     for canon in canonical_names(c):
@@ -87,10 +99,12 @@ def qwen_mmproj(layout, name: str, want, type_of) -> tuple[dict, list]:
             for k, suffix in enumerate(("", ".1")):
                 part = np.ascontiguousarray(v[:, :, k])
                 tensors.append(("v.patch_embd.weight" + suffix, type_of(canon, part, want), part))
-        elif ".attn.qkv." in canon:
+        elif ".attn.qkv." in canon:         # Qwen3-VL's as one attn_qkv, the others' split
             i, kind = int(canon.split(".")[1]), canon.rpartition(".")[2]
-            for x, part in zip("qkv", np.split(v, 3)):
+            parts = [("qkv", v)] if c.projector == "qwen3_vl" else zip("qkv", np.split(v, 3))
+            for x, part in parts:
                 tensors.append((f"v.blk.{i}.attn_{x}.{kind}", type_of(canon, part, want), part))
         else:
-            tensors.append((gguf_name(canon), type_of(canon, v, want), v))
+            tensors.append((gguf_name(canon, deepstack=c.deepstack_visual_indexes),
+                            QType.F32 if canon == POSITIONS else type_of(canon, v, want), v))
     return meta, tensors

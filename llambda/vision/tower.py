@@ -20,11 +20,12 @@ MAX_IMAGES_PER_CALL = 64
 
 
 class VisionTower:
-    """`family` ("gemma3", "idefics3", "qwen2_5_vl", "qwen2_vl"), `tokens_per_image` (soft tokens per crop; None:
-    Qwen2-VL, grid() says), `hidden` (the text model's width of each row), `attends` ("block": an image's soft
-    tokens see their whole block; "causal"), `grid(width, height)`, `pixels(image)` -> [n_crops, 3, S, S]
-    (Qwen2-VL: [patches, C*T*P*P]), `encode(pixels)` (Qwen2-VL: `encode_one(pixels, grid)`), `close()`. Calls from
-    several threads take turns (one crop's activations are reused)."""
+    """`family` ("gemma3", "idefics3", "qwen2_5_vl", "qwen2_vl", "qwen3_vl"), `tokens_per_image` (soft tokens per
+    crop; None: Qwen2-VL, grid() says), `hidden` (the text model's width of each row), `deepstack` (Qwen3-VL's
+    DeepStack levels: each row of encode_one is hidden * (1 + deepstack) wide; 0 for the others), `attends`
+    ("block": an image's soft tokens see their whole block; "causal"), `grid(width, height)`, `pixels(image)` ->
+    [n_crops, 3, S, S] (Qwen2-VL: [patches, C*T*P*P]), `encode(pixels)` (Qwen2-VL: `encode_one(pixels, grid)`),
+    `close()`. Calls from several threads take turns (one crop's activations are reused)."""
 
     def __init__(self, cfg: VisionConfig, lookup, backend, soft_norm_offset: float, name: str = ""):
         self.cfg, self.backend, self.name = cfg, backend, name
@@ -50,6 +51,13 @@ class VisionTower:
     @property
     def hidden(self) -> int:
         return self.cfg.text_hidden_size
+
+    @property
+    def deepstack(self) -> int:
+        """Qwen3-VL's DeepStack levels (0 for every other family): encode_one's rows carry, after the text width's
+        embeddings, one more text width of rows for each, level j's added to the hidden states after decoder
+        layer j."""
+        return self.cfg.deepstack if self.qwen else 0
 
     @property
     def image_size(self) -> int | None:
@@ -94,7 +102,9 @@ class VisionTower:
     def encode_one(self, pixels: np.ndarray, grid: tuple) -> np.ndarray:
         """Qwen2-VL: float32 [rows * cols, hidden], one image's rows in prompt order (the merged grid row-major),
         from its flattened patches (pixels()'s) and its grid (rows, cols) as grid(width, height) gives it: the
-        patches alone do not say it (images of other shapes can have the same patches)."""
+        patches alone do not say it (images of other shapes can have the same patches). Qwen3-VL: [rows * cols,
+        hidden * (1 + deepstack)]: columns [0, hidden) the merger's rows (the embeddings), [hidden * (j + 1),
+        hidden * (j + 2)) DeepStack level j's."""
         px, grid = self._qwen_input(pixels, grid)
         with self._lock:
             self._check_open()
