@@ -635,19 +635,29 @@ def test_whole_model_with_its_own_tower_matches_transformers(mode):
     """No double: the folder's tower decodes, resizes and encodes the images; the chat's ids, the logits at the
     reference rows (the fast mode's bfloat16 tower within test_vlm_idefics3's budget for it) and the greedy
     tokens are transformers'."""
-    backend, activations, budget = REAL[mode]
+    with own_tower_model(FOLDER, mode) as m:
+        assert m.vision is not None and m.vision.family == "qwen2_5_vl"
+        own_tower_matches_reference(m, TWO, FIX_PNG, FOLDER, REAL[mode][2], [(3, 5), (3, 4)])
+
+
+def own_tower_model(folder: Path, mode: str):
+    backend, activations, _ = REAL[mode]
     if backend not in available_backends():
         pytest.skip(f"the {backend} backend is not available here (C core not built)")
-    with llambda.load(FOLDER, backend=backend, activations=activations, n_ctx=128) as m:
-        assert m.vision is not None and m.vision.family == "qwen2_5_vl"
-        msgs = fixture_messages(TWO)
-        ids, blocks = m.image_prompt(m.render_chat(msgs), [FIX_PNG[n] for n in TWO["images"]])
-        assert ids == TWO["input_ids"] and [b.grid for b in blocks] == [(3, 5), (3, 4)]
-        err = float(np.abs(whole_logits(m, ids, blocks)[TWO["rows"]] - npy(TWO["logits_rows"])).max())
-        assert err <= budget, f"max |logit diff| {err:.3g} > {budget}"
-        want = TWO["greedy_new_tokens"]
-        assert [ev.token for ev in m.chat_stream(msgs, max_tokens=len(want), temperature=0, ignore_eos=True)
-                if ev.token >= 0] == want
+    return llambda.load(folder, backend=backend, activations=activations, n_ctx=128)
+
+
+def own_tower_matches_reference(m, prompt: dict, files: dict, folder: Path, budget: float, grids: list) -> None:
+    """A fixture's model with its own tower: the chat's ids and merged grids, the logits at the reference rows
+    within `budget`, the greedy tokens."""
+    msgs = fixture_messages(prompt, files)
+    ids, blocks = m.image_prompt(m.render_chat(msgs), [files[n] for n in prompt["images"]])
+    assert ids == prompt["input_ids"] and [b.grid for b in blocks] == grids
+    err = float(np.abs(whole_logits(m, ids, blocks)[prompt["rows"]] - np.load(folder / prompt["logits_rows"])).max())
+    assert err <= budget, f"max |logit diff| {err:.3g} > {budget}"
+    want = prompt["greedy_new_tokens"]
+    assert [ev.token for ev in m.chat_stream(msgs, max_tokens=len(want), temperature=0, ignore_eos=True)
+            if ev.token >= 0] == want
 
 
 def test_text_gguf_with_our_mmproj_is_the_checkpoint(tmp_path):

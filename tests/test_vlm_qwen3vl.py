@@ -552,3 +552,36 @@ def test_speculative_decoding_on_text_prompts_and_not_on_images():
         ids, blocks = m.image_prompt(TWO["chat_text"], [FIX_PNG[n] for n in TWO["images"]])
         with pytest.raises(InvalidInputError, match="speculative"):
             m.stream(ids, images=blocks, speculative="draft")
+
+
+# --- the whole model: its own tower (llambda.vision's Qwen3-VL, found by llambda.load) -------------------------
+
+@pytest.mark.parametrize("mode", list(q25.REAL))
+def test_whole_model_with_its_own_tower_matches_transformers(mode):
+    """No double: the folder's tower decodes, resizes and encodes the images (its DeepStack levels set on the text
+    model at load); the chat's ids, the logits at the reference rows (the fast mode's bfloat16 tower within
+    test_vlm_qwen25vl's budget for it) and the greedy tokens are transformers'."""
+    with q25.own_tower_model(FOLDER, mode) as m:
+        assert m.vision is not None and m.vision.family == "qwen3_vl" and m.transformer.deepstack == 2
+        q25.own_tower_matches_reference(m, TWO, FIX_PNG, FOLDER, q25.REAL[mode][2], [(3, 4), (5, 3)])
+
+
+def test_text_gguf_with_our_mmproj_is_the_checkpoint(tmp_path):
+    """llama.cpp's layout of Qwen3-VL: the text model as a qwen3vl GGUF (its image tokens found in the vocabulary,
+    its levels in n_deepstack_layers) and the tower as a qwen3vl_merger mmproj, both written by llambda, loaded with
+    mmproj=: the same prompt ids and logits as the checkpoint with its own tower, and the reference's."""
+    from llambda.tools.export import export
+    from llambda.vision.mmproj import write_mmproj
+    gg = export(FOLDER, tmp_path / "text.gguf", fmt="gguf", qtype="f32")
+    proj = write_mmproj(FOLDER, tmp_path / "mmproj.gguf", "f32")
+    images = [FIX_PNG[n] for n in TWO["images"]]
+    out = []
+    for path, extra in ((FOLDER, {}), (gg, {"mmproj": proj})):
+        with llambda.load(path, backend="numpy", n_ctx=128, **extra) as m:
+            assert m.accepts_images and m.vision.family == "qwen3_vl" and m.transformer.deepstack == 2
+            ids, blocks = m.image_prompt(TWO["chat_text"], images)
+            out.append((ids, [b.grid for b in blocks], whole_logits(m, ids, blocks)))
+    (ids_a, grids_a, a), (ids_b, grids_b, b) = out
+    assert ids_a == ids_b == TWO["input_ids"] and grids_a == grids_b == [(3, 4), (5, 3)]
+    assert float(np.abs(a - b).max()) <= 1e-4
+    assert float(np.abs(b[TWO["rows"]] - npy(TWO["logits_rows"])).max()) <= 1e-4
