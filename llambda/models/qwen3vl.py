@@ -15,7 +15,7 @@ Files: a HF directory (model_type qwen3_vl, the text config nested under text_co
 rope_parameters with mrope_section; transformers interleaves whatever `mrope_interleaved` says, and so do we);
 llama.cpp's text GGUF (architecture qwen3vl: `rope.dimension_sections`, four counts, the last 0;
 `n_deepstack_layers`); Ollama's qwen3-vl model file (architecture qwen3vl too: `mrope_sections`, the levels
-from its tower's `vision.deepstack_visual_indexes`). Qwen3-VL-MoE (qwen3_vl_moe) is not read here."""
+from its tower's `vision.deepstack_visual_indexes`). Qwen3-VL-MoE's text model is qwen3vlmoe.py, with these fields."""
 from __future__ import annotations
 
 import numpy as np
@@ -39,34 +39,37 @@ def _levels(v, what: str) -> int:
     return int(v)
 
 
-def config_from_gguf(meta: dict) -> TransformerConfig:
-    """llama.cpp's qwen3vl (rope.dimension_sections, n_deepstack_layers) or Ollama's qwen3vl model file
-    (mrope_sections, the tower's vision.deepstack_visual_indexes; its v.* tensors are llambda.vision's)."""
-    arch = meta.get("general.architecture")
-    hp = GGUFHParams(meta, arch)
+def gguf_vl(meta: dict, arch: str) -> dict:
+    """The Qwen3-VL fields of a qwen3vl / qwen3vlmoe GGUF's metadata: llama.cpp's (rope.dimension_sections,
+    n_deepstack_layers) or Ollama's (mrope_sections, the tower's vision.deepstack_visual_indexes)."""
     sections = gguf_sections(meta, arch, SECTION_KEYS)
     levels = _levels(meta.get(f"{arch}.{DEEPSTACK_KEY}", 0), f"GGUF metadata '{arch}.{DEEPSTACK_KEY}'")
     idx = meta.get(f"{arch}.vision.deepstack_visual_indexes")      # Ollama's
     if idx is not None and not levels:
         levels = _levels(len(idx) if isinstance(idx, (list, tuple, np.ndarray)) else idx,
                          f"the length of GGUF metadata '{arch}.vision.deepstack_visual_indexes'")
-    c = hp.common()
+    return dict(rope_neox=True, qk_norm=True, rope_sections=sections, rope_interleaved=True, deepstack_levels=levels)
+
+
+def config_from_gguf(meta: dict) -> TransformerConfig:
+    """llama.cpp's qwen3vl or Ollama's qwen3vl model file (its v.* tensors are llambda.vision's)."""
+    arch = meta.get("general.architecture")
+    c = GGUFHParams(meta, arch).common()
     c["arch"] = ARCH
-    return TransformerConfig(**c, rope_neox=True, qk_norm=True, rope_sections=sections, rope_interleaved=True,
-                             deepstack_levels=levels)
+    return TransformerConfig(**c, **gguf_vl(meta, arch))
 
 
 def gguf_metadata(cfg: TransformerConfig) -> dict:
-    """What llama.cpp's qwen3vl reads: the sections as four int32 counts (the fourth 0), the DeepStack levels."""
+    """What llama.cpp's qwen3vl (and qwen3vlmoe) reads: the sections as four int32 counts (the fourth 0), the
+    DeepStack levels."""
     sec = list(cfg.rope_sections) + [0] * (MAX_ROPE_SECTIONS - len(cfg.rope_sections))
-    return {f"{ARCH}.rope.dimension_sections": np.array(sec, np.int32),
-            f"{ARCH}.{DEEPSTACK_KEY}": np.uint32(cfg.deepstack_levels)}
+    return {f"{cfg.arch}.rope.dimension_sections": np.array(sec, np.int32),
+            f"{cfg.arch}.{DEEPSTACK_KEY}": np.uint32(cfg.deepstack_levels)}
 
 
-def config_from_hf(cfg: dict) -> TransformerConfig:
-    """The text config of a qwen3_vl checkpoint (hf_dir.text_config's: nested under text_config, with the
-    checkpoint's vision_config beside it, or flat)."""
-    cfg = dict(cfg)
+def hf_vl(cfg: dict) -> dict:
+    """The Qwen3-VL fields of a text config (hf_dir.text_config's: nested under text_config, with the checkpoint's
+    vision_config beside it, or flat); its M-RoPE sections are taken out of `cfg` (changed in place)."""
     sections, found = take_sections(cfg, ("mrope_interleaved",))
     if not isinstance(found.get("mrope_interleaved", True), bool):
         raise ModelFormatError(f"config.json 'mrope_interleaved' should be true or false, got "
@@ -81,7 +84,16 @@ def config_from_hf(cfg: dict) -> TransformerConfig:
             raise ModelFormatError(f"config.json vision_config.deepstack_visual_indexes should list block indexes, "
                                    f"got {str(idx)[:60]}")
         levels = len(idx)
+    return dict(rope_sections=sections, rope_interleaved=True, deepstack_levels=levels)
+
+
+def config_from_hf(cfg: dict) -> TransformerConfig:
+    """The text config of a qwen3_vl checkpoint."""
+    cfg = dict(cfg)
+    vl = hf_vl(cfg)
     c = qwen3_from_hf(cfg)
-    c.arch, c.rope_sections, c.rope_interleaved, c.deepstack_levels = ARCH, sections, True, levels
+    c.arch = ARCH
+    for k, v in vl.items():
+        setattr(c, k, v)
     c.validate()
     return c

@@ -60,6 +60,7 @@ FAMILIES = {
     # Qwen3-VL's text model (interleaved M-RoPE, DeepStack levels): GGUF only (a qwen3_vl config.json nests its
     # text config beside a vision config the export does not have)
     "qwen3vl": Family("qwen3_vl", "Qwen3VLForConditionalGeneration", "qwen3vl"),
+    "qwen3vlmoe": Family("qwen3_vl_moe", "Qwen3VLMoeForConditionalGeneration", "qwen3vlmoe"),
     "gemma2": Family("gemma2", "Gemma2ForCausalLM", "gemma2", hf_norm_offset=1.0),
     "gemma3": Family("gemma3_text", "Gemma3ForCausalLM", "gemma3", hf_norm_offset=1.0),
     "phi3": Family("phi3", "Phi3ForCausalLM", "phi3", hf_fused=True),
