@@ -267,9 +267,17 @@ def test_hostile_rope_configs_are_typed_errors(tmp_path, rope, match):
         llambda.load(_random_checkpoint(tmp_path / "bad", rope=rope), backend="numpy", vision=False)
 
 
-def test_more_deepstack_levels_than_layers_is_a_typed_error(tmp_path):
-    with pytest.raises(ModelFormatError, match="DeepStack levels"):
-        llambda.load(_random_checkpoint(tmp_path / "bad", levels=LAYERS + 1), backend="numpy", vision=False)
+@pytest.mark.parametrize("vision, match", [(None, "DeepStack levels"), ("tower", "must be an object"),
+                                           ({"deepstack_visual_indexes": 3}, "should list block indexes")])
+def test_hostile_deepstack_configs_are_typed_errors(tmp_path, vision, match):
+    """More levels than decoder layers; a vision_config that is no object; indexes that are no list."""
+    folder = _random_checkpoint(tmp_path / "bad", levels=LAYERS + 1)
+    if vision is not None:
+        cfg = json.loads((folder / "config.json").read_text())
+        cfg["vision_config"] = vision
+        (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelFormatError, match=match):
+        llambda.load(folder, backend="numpy", vision=False)
 
 
 def test_bad_towers_and_rows_are_typed_errors(ckpt):
