@@ -42,13 +42,14 @@ def byte_level_vocab():
     return tokens, merges, types
 
 
-def tiny_llama_gguf(path: Path, qtype=QType.Q8_0, control_tokens=(), chat_template=None) -> Path:
+def tiny_llama_gguf(path: Path, qtype=QType.Q8_0, control_tokens=(), chat_template=None, width: int = 64) -> Path:
     """A 2-layer llama GGUF with random weights (q/k rows in GGUF's permuted layout by construction)
-    and a small byte-level BPE tokenizer with a chat template (and any extra control tokens)."""
+    and a small byte-level BPE tokenizer with a chat template (and any extra control tokens); `width` its
+    hidden size (4 heads of width / 4)."""
     rng = np.random.default_rng(7)
     tokens, merges, types = byte_level_vocab()
     tokens, types = tokens + list(control_tokens), types + [3] * len(control_tokens)
-    V, d, H, KV, hd, ff = len(tokens), 64, 4, 2, 16, 128
+    V, d, H, KV, hd, ff = len(tokens), width, 4, 2, width // 4, 128
 
     def mat(rows, cols, gain=1.0):
         return (rng.standard_normal((rows, cols)) * gain / np.sqrt(cols)).astype(np.float32)

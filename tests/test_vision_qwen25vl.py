@@ -55,31 +55,20 @@ def check_tower(tower, budget_hidden: float, budget_rows: float) -> dict:
     return visionkit.within(hidden, rows, budget_hidden, budget_rows)
 
 
-@pytest.fixture(scope="module")
-def numpy_tower():
-    tower = load_vision(TINY, backend="numpy")
-    yield tower
-    tower.close()
+numpy_tower = visionkit.numpy_tower_fixture(TINY)
 
 
 copy_fixture = functools.partial(visionkit.copy_fixture, TINY)
 
 
-def vision_edit(**kw):
-    return lambda c: c["vision_config"].update(kw)
+vision_edit, rgb_image = visionkit.vision_edit, visionkit.rgb_image
 
 
 # ---------------------------------------------------------------- preprocessing
 
 @pytest.mark.parametrize("name", IMAGES)
 def test_patches_equal_transformers(numpy_tower, name):
-    entry, data = REF["images"][name], (TINY / name).read_bytes()
-    assert check_image(data) == tuple(entry["size"])
-    assert list(numpy_tower.grid(*entry["size"])) == entry["merged_grid"]
-    px = numpy_tower.pixels(load_image(data))
-    _, gh, gw = entry["grid_thw"]
-    assert px.dtype == np.float32 and px.shape == (gh * gw, 3 * 2 * 14 * 14)
-    np.testing.assert_array_equal(px, ref(entry, "pixel_values"))     # the same Pillow resize: bit-identical
+    visionkit.check_patches(numpy_tower, TINY, name, REF["images"][name], 3 * 2 * 14 * 14)
 
 
 def test_smart_resize_follows_transformers_rounding(numpy_tower):
@@ -102,19 +91,8 @@ def test_grids_stay_within_max_pixels(numpy_tower):
     rng = np.random.default_rng(5)
     sizes = [(1, 1), (8192, 8192), (65535, 1000), (3, 500), (28, 28), (29, 57)] + \
         [tuple(int(v) for v in rng.integers(1, 400, 2)) for _ in range(12)]
-    for w, h in sizes:
-        if max(w, h) / min(w, h) > 200:
-            with pytest.raises(InvalidInputError):
-                numpy_tower.grid(w, h)
-            continue
-        mh, mw = numpy_tower.grid(w, h)
-        assert mh >= 1 and mw >= 1 and mh * mw * 784 <= 12544 + 28 * 28 * (mh + mw), (w, h)
-        if w * h < 200_000:
-            im = Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8), "RGB")
-            assert numpy_tower.pixels(im).shape[0] == mh * mw * 4, (w, h)
-    for bad in (0, -3, 1.5, True, "9", 1 << 21):
-        with pytest.raises(InvalidInputError):
-            numpy_tower.grid(bad, 10)
+    visionkit.check_grids_bounded(numpy_tower, sizes, 200_000)
+    assert numpy_tower.cfg.max_pixels == 12544
 
 
 def test_window_order_is_transformers(numpy_tower):
@@ -180,25 +158,7 @@ def test_native_fast_mode_within_its_budget(isa):
 
 
 def test_bad_calls_are_typed_errors(numpy_tower):
-    t = numpy_tower
-    px = patches_of(t, "image_big.png")
-    for grid in ((6, 8), (3, 5), (12, 0), (0, 0), "3x4", (3.0, 4.0), (-3, -4), (3, 4, 1), (True, 12), None):
-        with pytest.raises(InvalidInputError):
-            t.encode_one(px, grid)
-    with pytest.raises(InvalidInputError):
-        t.encode_one(px[:, :100], (3, 4))
-    with pytest.raises(InvalidInputError):
-        t.encode_one(px.reshape(-1), (3, 4))
-    bad = px.copy()
-    bad[3, 7] = np.nan
-    with pytest.raises(InvalidInputError, match="non-finite"):
-        t.encode_one(bad, (3, 4))
-    with pytest.raises(InvalidInputError, match="encode_one"):
-        t.encode(px[None])
-    with pytest.raises(InvalidInputError):
-        t.pixels("not an image")
-    with pytest.raises(InvalidInputError, match="max_pixels"):      # a grid bigger than max_pixels allows
-        t.encode_one(np.zeros((64 * 64, px.shape[1]), np.float32), (32, 32))
+    visionkit.check_bad_encode_calls(numpy_tower, patches_of(numpy_tower, "image_big.png"), (3, 4))
 
 
 def test_closed_tower_refuses():
@@ -222,13 +182,6 @@ def mmproj_files(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("qwen25vl_mmproj")
     src = window112(tmp / "hf")
     return src, {q: mmproj.write_mmproj(src, tmp / f"mmproj-{q}.gguf", q) for q in ("f32", "f16", "q8_0")}
-
-
-def rgb_image(h: int, w: int, seed: int = 3) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    yy, xx = np.mgrid[0:h, 0:w]
-    return np.clip(np.stack([xx * 255 / w, yy * 255 / h, 127 + 100 * np.sin(xx / 3 + yy / 5)], -1)
-                   + rng.normal(0, 20, (h, w, 3)), 0, 255).astype(np.uint8)
 
 
 @pytest.mark.parametrize("qtype,budget", [("f32", EXACT), ("f16", 5e-3), ("q8_0", 0.08)])
@@ -511,21 +464,8 @@ def test_the_released_transformers_4_layout_loads(tmp_path):
 
 def test_threads_take_turns(numpy_tower):
     """encode_one from several threads at once (pixels() too): each image's own rows."""
-    import threading
-    want = {n: ref(REF["images"][n], "merger_rows") for n in IMAGES}
-    errors, got = [], {}
-
-    def one(name):
-        try:
-            got[name] = numpy_tower.encode_one(patches_of(numpy_tower, name), grid_of(name))
-        except Exception as e:      # noqa: BLE001 - reported below
-            errors.append(e)
-    threads = [threading.Thread(target=one, args=(n,)) for n in IMAGES * 2]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors and all(np.abs(got[n] - want[n]).max() <= EXACT for n in IMAGES)
+    got = visionkit.encode_in_threads(lambda n: numpy_tower.encode_one(patches_of(numpy_tower, n), grid_of(n)), IMAGES)
+    assert all(np.abs(got[n] - ref(REF["images"][n], "merger_rows")).max() <= EXACT for n in IMAGES)
 
 
 def test_transformers_5_processor_config_is_read(tmp_path):
