@@ -6,8 +6,8 @@ Two kinds of tower (llambda.vision): crop towers (Gemma 3, Idefics3: `pixels(ima
 `encode(pixels)` -> [crops, tokens_per_image, width]) and grid towers (Qwen2-VL: `pixels(image)` ->
 [patches, values], `encode_one(pixels, grid)` -> [gh * gw, width], an image's tokens following its grid and
 taking M-RoPE positions; Qwen3-VL's width d * (1 + tower.deepstack): the embeddings, then each DeepStack level's
-columns, which the Transformer adds after its first layers). Both are decoded, cut and encoded one image at a time, under the lock, and kept by
-the file's digest (EncodedRows)."""
+columns, which the Transformer adds after its first layers). Both are decoded, cut and encoded one image at a
+time, under the lock, and kept by the file's digest (EncodedRows)."""
 from __future__ import annotations
 
 import threading
@@ -17,8 +17,8 @@ import numpy as np
 
 from ..errors import ContextOverflowError, InvalidInputError, ModelFormatError
 from ..sampling import _is_int
-from .images import (FAMILIES, GRID_FAMILIES, MAX_CROPS_A_CALL, QWEN3VL, EncodedRows, check_bytes, check_prompt, image_block,
-                     image_tokens, tower_crops, tower_rows)
+from .images import (FAMILIES, GRID_FAMILIES, MAX_CROPS_A_CALL, QWEN3VL, EncodedRows, check_bytes, check_prompt,
+                     image_block, image_tokens, tower_crops, tower_rows)
 
 
 class ImageInput:
@@ -57,7 +57,8 @@ class ImageInput:
                                     f"({cfg.arch}) has {'interleaved' if cfg.rope_interleaved else 'contiguous'} ones")
         deep = getattr(tower, "deepstack", 0)
         if deep and family != QWEN3VL:
-            raise InvalidInputError(f"a {family} tower with DeepStack levels ({str(deep)[:20]}): only Qwen3-VL's have them")
+            raise InvalidInputError(f"a {family} tower with DeepStack levels ({str(deep)[:20]}): only Qwen3-VL's "
+                                    "have them")
         per = per or 1
         attends = getattr(tower, "attends", "block" if family == "gemma3" else "causal")
         if family not in FAMILIES or attends not in ("block", "causal"):
