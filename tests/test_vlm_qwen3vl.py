@@ -593,3 +593,20 @@ def test_text_gguf_with_our_mmproj_is_the_checkpoint(tmp_path):
     assert ids_a == ids_b == TWO["input_ids"] and grids_a == grids_b == [(3, 4), (5, 3)]
     assert float(np.abs(a - b).max()) <= 1e-4
     assert float(np.abs(b[TWO["rows"]] - npy(TWO["logits_rows"])).max()) <= 1e-4
+
+
+def test_the_released_config_spelling_reads_the_same(tmp_path):
+    """Qwen/Qwen3-VL-*-Instruct's config.json spells the text model's rotary as transformers 4 did: rope_theta beside
+    rope_scaling {"rope_type": "default", "mrope_section", "mrope_interleaved"}: the same model, the reference's
+    logits."""
+    import shutil
+    dest = tmp_path / "released"
+    shutil.copytree(FOLDER, dest)
+    cfg = json.loads((FOLDER / "config.json").read_text())
+    rope = cfg["text_config"].pop("rope_parameters")
+    cfg["text_config"]["rope_theta"] = rope.pop("rope_theta")
+    cfg["text_config"]["rope_scaling"] = rope
+    (dest / "config.json").write_text(json.dumps(cfg))
+    with q25.own_tower_model(dest, "numpy") as m:
+        assert (m.config.rope_sections, m.config.rope_interleaved, m.config.rope_theta) == ([2, 3, 3], True, 1e4)
+        q25.own_tower_matches_reference(m, TWO, FIX_PNG, FOLDER, 1e-4, [(3, 4), (5, 3)])
