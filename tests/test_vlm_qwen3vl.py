@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 
 import llambda
-from llambda.backends import available_backends
 from llambda.backends.base import pair_sections
 from llambda.errors import InvalidInputError, LlambdaError, ModelFormatError
 from llambda.models import images as image_mod
@@ -94,7 +93,6 @@ def load(folder, mode="native-exact", tower=True, **kw):
     return q25.load(folder, mode, WideTower if tower is True else tower, **kw)
 
 
-IMAGES = q25.IMAGES          # grids (2, 3) and (3, 1)
 # test_vlm_qwen25vl's: `text <image> text <image> text` as ids (the same START, PAD, END) and its blocks; every
 # position's logits in one forward (RoPE rows from rope_rows); every position's logits of a text prompt
 prompt_ids, whole_logits, rows_of = q25.prompt_ids, q25.whole_logits, q25.vlm_rows
@@ -113,29 +111,6 @@ def test_interleaved_pair_sections():
     assert got[:6].tolist() == [0, 1, 2, 0, 1, 2] and got[60:].tolist() == [0, 0, 0, 0]
     assert pair_sections([2, 3, 3], 8, True).tolist() == [0, 1, 2, 0, 1, 2, 0, 1]
     assert pair_sections([2, 3, 3], 8, False).tolist() == [0, 0, 1, 1, 1, 2, 2, 2]
-
-
-@pytest.mark.parametrize("backend", ["numpy", "native"])
-def test_rope_sections_interleaved_match_a_plain_formula(backend):
-    """Each pair turned by its own section's position (the masked-frequency calls of the native backend and the
-    NumPy oracle's one pass), against the rotation written out here."""
-    if backend not in available_backends():
-        pytest.skip(f"the {backend} backend is not available here")
-    from llambda.backends import create_backend
-    B = create_backend(backend)
-    rng = np.random.default_rng(2)
-    n, heads, hd = 5, 3, 16
-    x = rng.standard_normal((n, heads, hd)).astype(np.float32)
-    pos = np.stack([rng.integers(0, 50, n) for _ in range(3)]).astype(np.int32)
-    f = (1.0 / 10000 ** (np.arange(0, hd, 2) / hd)).astype(np.float32)
-    y = x.copy()
-    B.rope_sections(y, np.ascontiguousarray(pos), f, True, [2, 3, 3], True)
-    which = pair_sections([2, 3, 3], 8, True)
-    ang = pos[which].T.astype(np.float64) * f.astype(np.float64)
-    c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
-    a, b = x[..., :8].astype(np.float64), x[..., 8:].astype(np.float64)
-    want = np.concatenate([a * c - b * s, a * s + b * c], axis=-1)
-    assert np.abs(y - want).max() < 1e-4
 
 
 def test_the_checkpoint_loads_as_qwen3vl_and_its_layout_is_found(ckpt):
