@@ -290,6 +290,38 @@ def test_bad_towers_and_rows_are_typed_errors(ckpt):
             m.transformer.set_deepstack(LAYERS + 1)
 
 
+def test_a_served_model_keeps_its_deepstack_levels(tmp_path):
+    """A text GGUF that names no levels takes the attached tower's; while a server runs the model (its sequences
+    hold rows of that width) a tower of another count is refused, one of the same count is not."""
+    import threading
+    from llambda.tools.export import export
+
+    def levels(meta, types):
+        del meta["qwen3vl.n_deepstack_layers"], types["qwen3vl.n_deepstack_layers"]
+    path = _rewritten(export(FOLDER, tmp_path / "a.gguf", "gguf", "f32"), tmp_path / "b.gguf", levels)
+
+    class OneLevel(FixtureTower):
+        deepstack = 1
+
+    with load(path, tower=FixtureTower, n_ctx=128) as m:
+        assert m.config.deepstack_levels == 0 and m.transformer.image_width == 64 * 3
+        stop = threading.Event()
+        server = threading.Thread(target=stop.wait)
+        server.start()
+        m.transformer.served_by = server
+        try:
+            with pytest.raises(InvalidInputError, match="a server runs"):
+                m.attach_vision(OneLevel(), load_image=FixtureTower.load_image)
+            assert m.transformer.deepstack == 2 and type(m.vision) is FixtureTower
+            m.attach_vision(FixtureTower(), load_image=FixtureTower.load_image)
+        finally:
+            stop.set()
+            server.join()
+            m.transformer.served_by = None
+        m.attach_vision(OneLevel(), load_image=FixtureTower.load_image)
+        assert m.transformer.image_width == 64 * 2
+
+
 def test_a_qwen3vl_tower_needs_interleaved_sections(tmp_path):
     """Qwen2.5-VL's text model (contiguous sections) takes no qwen3_vl tower."""
     with load(q25._random_checkpoint(tmp_path / "q25"), tower=False) as m:

@@ -557,6 +557,10 @@ class Transformer(Closable, LatentAttention):
         if cfg.deepstack_levels and levels != cfg.deepstack_levels:
             raise InvalidInputError(f"the vision tower gives {levels} DeepStack levels; this {cfg.arch} model takes "
                                     f"{cfg.deepstack_levels}")
+        if levels != self.deepstack and live_server(self) is not None:
+            # the sequences its scheduler holds carry rows of the old width
+            raise InvalidInputError(f"a server runs this model: its image rows' DeepStack levels ({self.deepstack}) "
+                                    f"cannot become {levels} under it")
         self.deepstack = int(levels)
 
     def _check_images(self, images, n: int) -> None:
