@@ -599,7 +599,9 @@ class Model:
         rows must be this model's width, the model must know its image tokens (Gemma 3: a HF config's
         boi/eoi/image_token_index, else the vocabulary's <start_of_image>, <end_of_image>, <image_soft_token>;
         Idefics3: image_token_id, else <image>; Qwen2-VL: the vision start/end and image pad tokens, and M-RoPE
-        sections), and a block must fit a forward and the context.
+        sections; Qwen3-VL: the same, interleaved sections, and its `deepstack` levels, whose columns follow the
+        embeddings' in each row: at most one a decoder layer, and the model's own count where its files name one),
+        and a block must fit a forward and the context.
         load_image(data) -> image: what decodes an image part's bytes (bytes, bytearray or memoryview, as given)
         for tower.pixels (default: llambda.vision's load_image, whose limits refuse bad or hostile files with an
         InvalidInputError)."""

@@ -1,8 +1,8 @@
-"""M-RoPE (Qwen2-VL, Qwen2.5-VL's text model): the rope op with per-section positions, an image's RoPE positions
-(models/images.rope_rows against a NumPy twin of transformers' get_rope_index written from reading it), the
-configs that carry the sections, and the Transformer's `rope=` through prefill, plans and the scheduler's
-batches, on a small random Qwen2-VL text model (no fixture: tests/test_vlm_qwen25vl.py checks whole models
-against transformers)."""
+"""M-RoPE (Qwen2-VL, Qwen2.5-VL's text model; Qwen3-VL's, its sections interleaved): the rope op with per-section
+positions, an image's RoPE positions (models/images.rope_rows against a NumPy twin of transformers'
+get_rope_index written from reading it), the configs that carry the sections, and the Transformer's `rope=`
+through prefill, plans and the scheduler's batches, on a small random Qwen2-VL text model (no fixture:
+tests/test_vlm_qwen25vl.py checks whole models against transformers)."""
 from __future__ import annotations
 
 import itertools
@@ -21,12 +21,24 @@ native = pytest.importorskip("llambda._native", reason="C core not built (python
 F32 = np.float32
 
 
-def ref_rope_sections(x, pos, inv_freq, sections, neox, f32_angle: bool):
+def interleaved_twin(sections, half: int) -> np.ndarray:
+    """Each pair's section as transformers' Qwen3VLTextRotaryEmbedding.recomposition_frequencies picks it: the
+    temporal one everywhere, then slice(1, 3 * sections[1], 3) the height one, slice(2, 3 * sections[2], 3) the
+    width one."""
+    which = np.zeros(half, int)
+    for dim, offset in ((1, 1), (2, 2)):
+        which[offset:sections[dim] * 3:3] = dim
+    return which
+
+
+def ref_rope_sections(x, pos, inv_freq, sections, neox, f32_angle: bool, interleaved: bool = False):
     """Float64: pair i of section s turned by pos[s] * inv_freq[i] (the angle the float32 product, as HF and the
-    C core compute it, or in float64, as the NumPy backend's rope does)."""
+    C core compute it, or in float64, as the NumPy backend's rope does); the sections contiguous, or Qwen3-VL's
+    interleaved ones."""
     x = x.astype(np.float64)
     half = len(inv_freq)
-    which = np.concatenate([[s] * c for s, c in enumerate(sections)]).astype(int)
+    which = (interleaved_twin(sections, half) if interleaved
+             else np.concatenate([[s] * c for s, c in enumerate(sections)]).astype(int))
     if f32_angle:
         ang = (pos.astype(F32)[which].T * inv_freq[None, :]).astype(np.float64)
     else:
@@ -45,21 +57,25 @@ def inv_freq(rope_dim: int) -> np.ndarray:
     return (1.0 / 10000.0 ** (np.arange(0, rope_dim, 2) / rope_dim)).astype(F32)
 
 
-CASES = [(1, 3, 16, 16, [2, 3, 3]), (37, 2, 128, 128, [16, 24, 24]), (5, 1, 24, 20, [4, 0, 6]), (9, 5, 12, 12, [6])]
+CASES = [(1, 3, 16, 16, [2, 3, 3]), (37, 2, 128, 128, [16, 24, 24]), (5, 1, 24, 20, [4, 0, 6]), (9, 5, 12, 12, [6]),
+         (7, 2, 128, 128, [24, 20, 20])]       # (the last: Qwen3-VL's real sections)
 
 
+@pytest.mark.parametrize("interleaved", [False, True])
 @pytest.mark.parametrize("neox", [True, False])
 @pytest.mark.parametrize("n,heads,hd,rope_dim,sections", CASES)
-def test_rope_sections_native_and_numpy_against_float64(isa, neox, n, heads, hd, rope_dim, sections):
+def test_rope_sections_native_and_numpy_against_float64(isa, neox, n, heads, hd, rope_dim, sections, interleaved):
     from llambda.backends.native import NativeBackend
+    if interleaved and len(sections) != 3:
+        pytest.skip("interleaved M-RoPE (Qwen3-VL's) has three sections")
     r = np.random.default_rng(n + hd + neox)
     x = r.standard_normal((n, heads, hd)).astype(F32)
     pos = r.integers(0, 5000, (len(sections), n)).astype(np.int32)
     f = inv_freq(rope_dim)
     for backend in (NumpyBackend(), NativeBackend(threads=1)):
-        want = ref_rope_sections(x, pos, f, sections, neox, f32_angle=isinstance(backend, NativeBackend))
+        want = ref_rope_sections(x, pos, f, sections, neox, isinstance(backend, NativeBackend), interleaved)
         y = x.copy()
-        backend.rope_sections(y, pos, f, neox, sections)
+        backend.rope_sections(y, pos, f, neox, sections, interleaved)
         np.testing.assert_allclose(y, want, rtol=0, atol=3e-6 * np.abs(want).max())
         assert np.array_equal(y[..., rope_dim:], x[..., rope_dim:])       # the dims past rope_dim untouched
 

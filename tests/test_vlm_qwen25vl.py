@@ -396,12 +396,14 @@ def npy(name: str) -> np.ndarray:
 
 class FixtureTower:
     """A VisionTower double of the contract (family, hidden, grid, pixels, encode_one, attends): the fixture's
-    merged grid by the image's size, its flattened patches by the file's digest, its merger rows by patches."""
+    merged grid by the image's size, its flattened patches by the file's digest, its merger rows by patches
+    (`folder`, `ref`, `files`: the fixture it serves; a subclass serves another's, `rows` its rows of an image)."""
     family, attends, tokens_per_image, hidden = "qwen2_5_vl", "causal", None, REF["config"]["text_config"]["hidden_size"]
+    folder, ref, files = FOLDER, REF, FIX_PNG
 
     def __init__(self):
         import hashlib
-        self.by_digest = {hashlib.sha256(FIX_PNG[n]).hexdigest(): n for n in REF["images"]}
+        self.by_digest = {hashlib.sha256(self.files[n]).hexdigest(): n for n in self.ref["images"]}
         self.encoded = 0
 
     @staticmethod
@@ -410,7 +412,7 @@ class FixtureTower:
         return hashlib.sha256(bytes(data)).hexdigest()
 
     def grid(self, width: int, height: int) -> tuple[int, int]:
-        grids = {tuple(info["size"]): tuple(info["merged_grid"]) for info in REF["images"].values()}
+        grids = {tuple(info["size"]): tuple(info["merged_grid"]) for info in self.ref["images"].values()}
         assert (width, height) in grids, f"no fixture image of {width} x {height}"
         return grids[width, height]
 
@@ -418,13 +420,16 @@ class FixtureTower:
         name = self.by_digest.get(image)
         if name is None:
             raise InvalidInputError("the test tower knows only the fixture's images")
-        return npy(REF["images"][name]["pixel_values"])
+        return np.load(self.folder / self.ref["images"][name]["pixel_values"])
+
+    def rows(self, info: dict) -> np.ndarray:
+        return np.load(self.folder / info["merger_rows"])
 
     def encode_one(self, pixels: np.ndarray, grid: tuple) -> np.ndarray:
         self.encoded += 1
-        for info in REF["images"].values():
-            if np.array_equal(npy(info["pixel_values"]), pixels) and tuple(info["merged_grid"]) == grid:
-                return npy(info["merger_rows"])
+        for info in self.ref["images"].values():
+            if np.array_equal(np.load(self.folder / info["pixel_values"]), pixels) and tuple(info["merged_grid"]) == grid:
+                return self.rows(info)
         raise AssertionError("pixels of no fixture image")
 
     def close(self):
@@ -435,9 +440,10 @@ def fixture_model(mode: str, **kw):
     return load(FOLDER, mode, FixtureTower, **{"n_ctx": 128, **kw})
 
 
-def fixture_messages(prompt: dict) -> list:
+def fixture_messages(prompt: dict, images: dict = FIX_PNG) -> list:
+    """The prompt's messages with its image parts as canonical ones holding the files' bytes (`images`: by name)."""
     files = iter(prompt["images"])
-    return [{**msg, "content": [{"type": "image", "image": FIX_PNG[next(files)]} if p["type"] == "image" else dict(p)
+    return [{**msg, "content": [{"type": "image", "image": images[next(files)]} if p["type"] == "image" else dict(p)
                                 for p in msg["content"]]} for msg in prompt["messages"]]
 
 
@@ -453,51 +459,64 @@ def test_chat_gives_the_processor_ids_positions_logits_and_greedy_tokens(mode):
     get_rope_index's positions and rope_deltas, the logits at the reference's rows (first and last token of
     each image, the tokens after each, the last three), every position's argmax, Model.chat's greedy answer,
     and the logits of each decode step after the images (transformers' recompute after each new token)."""
-    budget = BUDGET[mode]
     with fixture_model(mode) as m:
-        msgs = fixture_messages(TWO)
-        text = m.render_chat(msgs)
-        assert text == TWO["chat_text"]
-        ids, blocks = m.image_prompt(text, [FIX_PNG[n] for n in TWO["images"]])
-        assert ids == TWO["input_ids"]
-        assert [(b.start, b.end - 1) for b in blocks] == [tuple(r) for r in TWO["image_runs"]]
-        assert np.array_equal(rope_rows(blocks, 0, len(ids)).T, np.array(TWO["position_ids"]))
-        assert image_mod.rope_delta(blocks) == TWO["rope_deltas"]
-        got = whole_logits(m, ids, blocks)
-        err = float(np.abs(got[TWO["rows"]] - npy(TWO["logits_rows"])).max())
-        assert err <= budget, f"max |logit diff| {err:.3g} > {budget}"
-        assert got.argmax(axis=1).tolist() == TWO["argmax_per_position"]
-        want = TWO["greedy_new_tokens"]
-        evs = [ev for ev in m.chat_stream(msgs, max_tokens=len(want), temperature=0, ignore_eos=True) if ev.token >= 0]
-        assert [ev.token for ev in evs] == want
-        # row k of the reference chose new token k (argmax = want[k]): the prompt's last row, then each step's
-        steps = whole_logits(m, ids + want, blocks)[len(ids) - 1:len(ids) - 1 + len(want)]
-        ref_steps = npy(TWO["greedy_step_logits"])
-        assert ref_steps.argmax(axis=1).tolist() == want
-        # the library's own decode steps (the KV cache, positions from rope_delta): their logprobs
-        lp = ref_steps - ref_steps.max(axis=1, keepdims=True)
-        lp -= np.log(np.exp(lp).sum(axis=1, keepdims=True))
-        evs = [ev for ev in m.stream(ids, images=blocks, max_tokens=len(want), temperature=0, ignore_eos=True,
-                                     logprobs=1) if ev.token >= 0]
-        assert [ev.token for ev in evs] == want
-        err = max(abs(ev.logprob - lp[k, t]) for k, (ev, t) in enumerate(zip(evs, want)))
-        assert err <= 2 * budget, f"decode steps' logprobs: max diff {err:.3g}"
-        err = float(np.abs(steps - ref_steps).max())
-        assert err <= budget, f"decode steps after the images: max |logit diff| {err:.3g} > {budget}"
-        assert m.chat(msgs, max_tokens=len(want), temperature=0, ignore_eos=True) == m.tokenizer.decode(want)
+        chat_matches_reference(m, TWO, FIX_PNG, FOLDER, BUDGET[mode])
+
+
+def chat_matches_reference(m, prompt: dict, files: dict, folder: Path, budget: float) -> None:
+    """The checks of test_chat_gives_the_processor_ids_positions_logits_and_greedy_tokens on `m` (a fixture's
+    model, its tower attached) for the fixture's `prompt` (its images' bytes in `files`, its arrays in `folder`)."""
+    def npy(name):
+        return np.load(folder / name)
+
+    msgs = fixture_messages(prompt, files)
+    text = m.render_chat(msgs)
+    assert text == prompt["chat_text"]
+    ids, blocks = m.image_prompt(text, [files[n] for n in prompt["images"]])
+    assert ids == prompt["input_ids"]
+    assert [(b.start, b.end - 1) for b in blocks] == [tuple(r) for r in prompt["image_runs"]]
+    assert np.array_equal(rope_rows(blocks, 0, len(ids)).T, np.array(prompt["position_ids"]))
+    assert image_mod.rope_delta(blocks) == prompt["rope_deltas"]
+    got = whole_logits(m, ids, blocks)
+    err = float(np.abs(got[prompt["rows"]] - npy(prompt["logits_rows"])).max())
+    assert err <= budget, f"max |logit diff| {err:.3g} > {budget}"
+    assert got.argmax(axis=1).tolist() == prompt["argmax_per_position"]
+    want = prompt["greedy_new_tokens"]
+    evs = [ev for ev in m.chat_stream(msgs, max_tokens=len(want), temperature=0, ignore_eos=True) if ev.token >= 0]
+    assert [ev.token for ev in evs] == want
+    # row k of the reference chose new token k (argmax = want[k]): the prompt's last row, then each step's
+    steps = whole_logits(m, ids + want, blocks)[len(ids) - 1:len(ids) - 1 + len(want)]
+    ref_steps = npy(prompt["greedy_step_logits"])
+    assert ref_steps.argmax(axis=1).tolist() == want
+    # the library's own decode steps (the KV cache, positions from rope_delta): their logprobs
+    lp = ref_steps - ref_steps.max(axis=1, keepdims=True)
+    lp -= np.log(np.exp(lp).sum(axis=1, keepdims=True))
+    evs = [ev for ev in m.stream(ids, images=blocks, max_tokens=len(want), temperature=0, ignore_eos=True,
+                                 logprobs=1) if ev.token >= 0]
+    assert [ev.token for ev in evs] == want
+    err = max(abs(ev.logprob - lp[k, t]) for k, (ev, t) in enumerate(zip(evs, want)))
+    assert err <= 2 * budget, f"decode steps' logprobs: max diff {err:.3g}"
+    err = float(np.abs(steps - ref_steps).max())
+    assert err <= budget, f"decode steps after the images: max |logit diff| {err:.3g} > {budget}"
+    assert m.chat(msgs, max_tokens=len(want), temperature=0, ignore_eos=True) == m.tokenizer.decode(want)
 
 
 @pytest.mark.parametrize("mode", list(MODES))
 def test_text_only_prompt_matches_transformers(mode):
     with fixture_model(mode) as m:
-        text = m.render_chat(TEXT["messages"])
-        assert text == TEXT["chat_text"]
-        ids = m.tokenize(text)
-        assert ids == TEXT["input_ids"]
-        got = vlm_rows(m, ids)[-3:]
-        assert float(np.abs(got - npy(TEXT["logits_last3"])).max()) <= BUDGET[mode]
-        want = TEXT["greedy_new_tokens"]
-        assert list(m.generate(ids, max_tokens=len(want), temperature=0, ignore_eos=True)) == want
+        text_matches_reference(m, TEXT, FOLDER, BUDGET[mode])
+
+
+def text_matches_reference(m, text_ref: dict, folder: Path, budget: float) -> None:
+    """A fixture's text-only prompt on `m`: its chat text, ids, last three logits rows and greedy tokens."""
+    text = m.render_chat(text_ref["messages"])
+    assert text == text_ref["chat_text"]
+    ids = m.tokenize(text)
+    assert ids == text_ref["input_ids"]
+    got = vlm_rows(m, ids)[-3:]
+    assert float(np.abs(got - np.load(folder / text_ref["logits_last3"])).max()) <= budget
+    want = text_ref["greedy_new_tokens"]
+    assert list(m.generate(ids, max_tokens=len(want), temperature=0, ignore_eos=True)) == want
 
 
 @pytest.mark.parametrize("max_batch", [3, 7, 16])
@@ -616,19 +635,29 @@ def test_whole_model_with_its_own_tower_matches_transformers(mode):
     """No double: the folder's tower decodes, resizes and encodes the images; the chat's ids, the logits at the
     reference rows (the fast mode's bfloat16 tower within test_vlm_idefics3's budget for it) and the greedy
     tokens are transformers'."""
-    backend, activations, budget = REAL[mode]
+    with own_tower_model(FOLDER, mode) as m:
+        assert m.vision is not None and m.vision.family == "qwen2_5_vl"
+        own_tower_matches_reference(m, TWO, FIX_PNG, FOLDER, REAL[mode][2], [(3, 5), (3, 4)])
+
+
+def own_tower_model(folder: Path, mode: str):
+    backend, activations, _ = REAL[mode]
     if backend not in available_backends():
         pytest.skip(f"the {backend} backend is not available here (C core not built)")
-    with llambda.load(FOLDER, backend=backend, activations=activations, n_ctx=128) as m:
-        assert m.vision is not None and m.vision.family == "qwen2_5_vl"
-        msgs = fixture_messages(TWO)
-        ids, blocks = m.image_prompt(m.render_chat(msgs), [FIX_PNG[n] for n in TWO["images"]])
-        assert ids == TWO["input_ids"] and [b.grid for b in blocks] == [(3, 5), (3, 4)]
-        err = float(np.abs(whole_logits(m, ids, blocks)[TWO["rows"]] - npy(TWO["logits_rows"])).max())
-        assert err <= budget, f"max |logit diff| {err:.3g} > {budget}"
-        want = TWO["greedy_new_tokens"]
-        assert [ev.token for ev in m.chat_stream(msgs, max_tokens=len(want), temperature=0, ignore_eos=True)
-                if ev.token >= 0] == want
+    return llambda.load(folder, backend=backend, activations=activations, n_ctx=128)
+
+
+def own_tower_matches_reference(m, prompt: dict, files: dict, folder: Path, budget: float, grids: list) -> None:
+    """A fixture's model with its own tower: the chat's ids and merged grids, the logits at the reference rows
+    within `budget`, the greedy tokens."""
+    msgs = fixture_messages(prompt, files)
+    ids, blocks = m.image_prompt(m.render_chat(msgs), [files[n] for n in prompt["images"]])
+    assert ids == prompt["input_ids"] and [b.grid for b in blocks] == grids
+    err = float(np.abs(whole_logits(m, ids, blocks)[prompt["rows"]] - np.load(folder / prompt["logits_rows"])).max())
+    assert err <= budget, f"max |logit diff| {err:.3g} > {budget}"
+    want = prompt["greedy_new_tokens"]
+    assert [ev.token for ev in m.chat_stream(msgs, max_tokens=len(want), temperature=0, ignore_eos=True)
+            if ev.token >= 0] == want
 
 
 def test_text_gguf_with_our_mmproj_is_the_checkpoint(tmp_path):

@@ -74,6 +74,26 @@ def carve(specs: dict, align: int = 64) -> tuple[np.ndarray, dict]:
     return raw, views
 
 
+def pair_sections(sections, half: int, interleaved: bool = False) -> np.ndarray:
+    """Each of `half` rotary pairs' M-RoPE section (int64 [half]). Contiguous: the first sections[0] pairs
+    section 0, the next sections[1] section 1, ... (Qwen2-VL; the counts must sum to half). Interleaved
+    (Qwen3-VL, three sections): pair i is section 1 (height) when i % 3 == 1 and i < 3 * sections[1], section 2
+    (width) when i % 3 == 2 and i < 3 * sections[2], else section 0 (temporal)."""
+    sections = [int(v) for v in sections]
+    if not interleaved:
+        which = np.repeat(np.arange(len(sections)), sections)
+        if len(which) != half:
+            raise ValueError(f"sections {sections} do not cover {half} pairs")
+        return which
+    if len(sections) != 3:
+        raise ValueError(f"interleaved M-RoPE takes three sections, got {sections}")
+    i = np.arange(half)
+    which = np.zeros(half, np.int64)
+    which[(i % 3 == 1) & (i < 3 * sections[1])] = 1
+    which[(i % 3 == 2) & (i < 3 * sections[2])] = 2
+    return which
+
+
 class Backend(ABC):
     name = "abstract"
     max_head_dim: int | None = None     # the widest cache row attention takes (None: no limit)
@@ -174,26 +194,22 @@ class Backend(ABC):
         """In place on x (n, heads, head_dim); rotates the first 2*len(inv_freq) dims."""
 
     def rope_sections(self, x: np.ndarray, pos: np.ndarray, inv_freq: np.ndarray, neox: bool,
-                      sections) -> None:
-        """M-RoPE, in place on x (n, heads, head_dim): the first 2*len(inv_freq) dims rotated, pair i of
-        section s (pair counts `sections`, in order, summing to len(inv_freq)) by angle pos[s, t] * inv_freq[i];
-        pos is int32 (len(sections), n), each row contiguous. Here: one rope call a section with the
-        frequencies of the other sections' pairs 0 (angle 0 turns a pair by cos 1, sin 0: unchanged, bit for
-        bit), the masked frequencies kept for the backend's life (a recorded plan reads them)."""
-        for row, freqs in zip(pos, self._section_freqs(inv_freq, sections)):
+                      sections, interleaved: bool = False) -> None:
+        """M-RoPE, in place on x (n, heads, head_dim): the first 2*len(inv_freq) dims rotated, pair i by angle
+        pos[s, t] * inv_freq[i], s its section (`pair_sections`: pair counts `sections` in order, or Qwen3-VL's
+        interleaved assignment); pos is int32 (len(sections), n), each row contiguous. Here: one rope call a
+        section with the frequencies of the other sections' pairs 0 (angle 0 turns a pair by cos 1, sin 0:
+        unchanged, bit for bit), the masked frequencies kept for the backend's life (a recorded plan reads them)."""
+        for row, freqs in zip(pos, self._section_freqs(inv_freq, sections, interleaved)):
             self.rope(x, row, freqs, neox)
 
-    def _section_freqs(self, inv_freq: np.ndarray, sections) -> list:
+    def _section_freqs(self, inv_freq: np.ndarray, sections, interleaved: bool = False) -> list:
         cache = self.__dict__.setdefault("_masked_freqs", {})
-        key = (inv_freq.ctypes.data, len(inv_freq), tuple(sections))
+        key = (inv_freq.ctypes.data, len(inv_freq), tuple(sections), bool(interleaved))
         hit = cache.get(key)
         if hit is None or hit[0] is not inv_freq:
-            bounds = np.cumsum([0, *sections])
-            masks = []
-            for s in range(len(sections)):
-                m = np.zeros_like(inv_freq)
-                m[bounds[s]:bounds[s + 1]] = inv_freq[bounds[s]:bounds[s + 1]]
-                masks.append(m)
+            which = pair_sections(sections, len(inv_freq), interleaved)
+            masks = [np.where(which == s, inv_freq, 0).astype(inv_freq.dtype) for s in range(len(sections))]
             hit = cache[key] = (inv_freq, masks)
         return hit[1]
 

@@ -14,7 +14,7 @@ try:
 except ImportError:      # scipy is optional: libm's erf element by element (slow, exact)
     import math
     _erf = np.vectorize(math.erf, otypes=[np.float64])
-from .base import Backend, KVCache
+from .base import Backend, KVCache, pair_sections
 
 
 def route(logits: np.ndarray, k: int, routing: str, norm: bool, groups: tuple = (1, 1, 1), scale: float = 1.0,
@@ -212,12 +212,12 @@ class NumpyBackend(Backend):
             x[..., 0:2 * half:2] = a * cos - b * sin
             x[..., 1:2 * half:2] = a * sin + b * cos
 
-    def rope_sections(self, x, pos, inv_freq, neox, sections) -> None:
+    def rope_sections(self, x, pos, inv_freq, neox, sections, interleaved=False) -> None:
         """The oracle: each pair's angle from its own section's position, in one pass."""
         half = len(inv_freq)
-        which = np.repeat(np.arange(len(sections)), sections)          # pair -> section
-        if len(which) != half or pos.shape[0] != len(sections):
-            raise ValueError(f"sections {list(sections)} do not cover {half} pairs, or pos is not one row a section")
+        which = pair_sections(sections, half, interleaved)          # pair -> section
+        if pos.shape[0] != len(sections):
+            raise ValueError(f"pos is not one row a section of {list(sections)}")
         ang = pos.astype(np.float64)[which].T * inv_freq.astype(np.float64)[None, :]   # (n, half), as rope's
         cos = np.cos(ang).astype(np.float32)[:, None, :]
         sin = np.sin(ang).astype(np.float32)[:, None, :]

@@ -155,3 +155,27 @@ def split_gpt_oss_mxfp4(base: str, blocks: WeightTensor, scales: WeightTensor,
         raise ModelFormatError(f"tensor {names[0]!r} has {b.shape[1]} rows: gate and up rows are interleaved, "
                                "so even")
     return {"ffn_gate_exps.weight": mx(slice(0, None, 2)), "ffn_up_exps.weight": mx(slice(1, None, 2))}
+
+
+class TransposedExpert(WeightTensor):
+    """Expert e of a float (E, C, R) tensor stored input-major (x @ W, as some Hub checkpoints keep their fused
+    experts), columns lo..hi-1 as the output-major (hi - lo, C) matrix a backend takes. Its bytes are a transposed
+    copy of that expert alone, made each time they are read (a backend packs an expert once): opening the file
+    copies nothing."""
+
+    def __init__(self, name: str, src: WeightTensor, e: int, lo: int, hi: int):
+        if src.qtype not in (QType.F32, QType.F16, QType.BF16) or len(src.shape) != 3:
+            raise ModelFormatError(f"tensor {src.name!r} ({src.qtype.name}, {src.shape}): input-major experts are "
+                                   "read as F32, F16 or BF16 (E, in, out) tensors")
+        if not (0 <= e < src.shape[0] and 0 <= lo < hi <= src.shape[2]):
+            raise ModelFormatError(f"tensor {src.name!r} of shape {src.shape} has no expert {e} columns {lo}..{hi}")
+        self.name, self.qtype, self.shape = name, src.qtype, (hi - lo, src.shape[1])
+        self._src, self._at = src, (e, lo, hi)
+
+    @property
+    def data(self) -> np.ndarray:
+        e, lo, hi = self._at
+        E, C, R = self._src.shape
+        size = 4 if self.qtype == QType.F32 else 2
+        raw = self._src.data.reshape(E, C, R, size)[e, :, lo:hi]
+        return np.ascontiguousarray(raw.transpose(1, 0, 2)).reshape(-1)

@@ -104,11 +104,12 @@ def arch_name(cfg: dict) -> str:
 
 
 def text_config(cfg: dict) -> dict:
-    """The decoder's config: multimodal checkpoints nest it under `text_config`."""
+    """The decoder's config: multimodal checkpoints nest it under `text_config` (their vision_config put beside
+    it: Qwen3-VL's DeepStack levels are the text model's too)."""
     inner = cfg.get("text_config")
     if isinstance(inner, dict) and "hidden_size" in inner:
         merged = dict(inner)
-        for key in ("tie_word_embeddings", "torch_dtype", "dtype"):
+        for key in ("tie_word_embeddings", "torch_dtype", "dtype", "vision_config"):
             if key not in merged and key in cfg:
                 merged[key] = cfg[key]
         return merged

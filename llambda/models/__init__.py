@@ -17,6 +17,12 @@ ARCHITECTURES = {
     "qwen2_vl_text": "qwen2vl",
     "qwen2_5_vl": "qwen2vl",
     "qwen2_5_vl_text": "qwen2vl",
+    "qwen3vl": "qwen3vl",          # llama.cpp's text GGUF of Qwen3-VL
+    "qwen3_vl": "qwen3vl",
+    "qwen3_vl_text": "qwen3vl",
+    "qwen3vlmoe": "qwen3vlmoe",    # llama.cpp's text GGUF of Qwen3-VL-MoE, Ollama's qwen3-vl MoE file
+    "qwen3_vl_moe": "qwen3vlmoe",
+    "qwen3_vl_moe_text": "qwen3vlmoe",
     "gemma2": "gemma2",
     "gemma3": "gemma3",
     "gemma3_text": "gemma3",

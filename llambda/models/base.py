@@ -281,6 +281,8 @@ class Transformer(Closable, LatentAttention):
         self._input_views = (memoryview(self.ws.tokens), memoryview(self.ws.slots), memoryview(self.ws.pos))
         self._rope_views = tuple(memoryview(r) for r in self.ws.rope_pos) if cfg.rope_sections else ()
         self._images = self._kend = None     # the current forward's image rows (forward's images) and kend
+        # DeepStack levels an image's rows carry (Qwen3-VL: the attached tower's; models/image_input.py sets it)
+        self.deepstack = cfg.deepstack_levels
 
     # -- loading -----------------------------------------------------------
     def _load(self, get: TensorLookup, file_names=None) -> None:
@@ -539,14 +541,37 @@ class Transformer(Closable, LatentAttention):
         return not (self.g3n is not None or cfg.mla or any(k != "attention" for k in cfg.layer_kinds)
                     or any(L.sinks is not None for L in self.layers))
 
+    @property
+    def image_width(self) -> int:
+        """The width of an image's rows: d_model, times 1 + the DeepStack levels (Qwen3-VL's rows carry each
+        level's d_model columns after the embeddings')."""
+        return self.cfg.d_model * (1 + self.deepstack)
+
+    def set_deepstack(self, levels: int) -> None:
+        """The DeepStack levels of the image rows this model takes (the attached tower's): at most one a decoder
+        layer, and the config's own count where it names one (a text file and a tower of another model disagree)."""
+        cfg = self.cfg
+        if isinstance(levels, bool) or not isinstance(levels, (int, np.integer)) or not 0 <= levels <= cfg.n_layers:
+            raise InvalidInputError(f"{levels!r} DeepStack levels: at most one after each of this model's "
+                                    f"{cfg.n_layers} decoder layers"[:200])
+        if cfg.deepstack_levels and levels != cfg.deepstack_levels:
+            raise InvalidInputError(f"the vision tower gives {levels} DeepStack levels; this {cfg.arch} model takes "
+                                    f"{cfg.deepstack_levels}")
+        if levels != self.deepstack and live_server(self) is not None:
+            # the sequences its scheduler holds carry rows of the old width
+            raise InvalidInputError(f"a server runs this model: its image rows' DeepStack levels ({self.deepstack}) "
+                                    f"cannot become {levels} under it")
+        self.deepstack = int(levels)
+
     def _check_images(self, images, n: int) -> None:
         cfg = self.cfg
         if not self.takes_image_rows:
             raise InvalidInputError(f"a {cfg.arch} model takes no image rows")
+        width = self.image_width
         for r0, rows, _ in images.spans:
-            if r0 < 0 or r0 + len(rows) > n or rows.ndim != 2 or rows.shape[1] != cfg.d_model:
+            if r0 < 0 or r0 + len(rows) > n or rows.ndim != 2 or rows.shape[1] != width:
                 raise InvalidInputError(f"image rows of shape {rows.shape} at batch row {r0} do not fit a batch of "
-                                        f"{n} tokens of width {cfg.d_model}")
+                                        f"{n} tokens of width {width}")
 
     def _forward(self, tokens, slots, pos, logit_rows, out: np.ndarray | None = None, rope=None) -> np.ndarray:
         """Evaluate tokens (each with its slot and position), return logits of `logit_rows`.
@@ -640,10 +665,13 @@ class Transformer(Closable, LatentAttention):
         if self.cfg.embed_scale:
             self.backend.scale(x, self.cfg.embed_scale)
         self._kend = None
-        if self._images is not None:       # an image's soft tokens: the tower's rows, unscaled
+        d = self.cfg.d_model
+        deep = 0
+        if self._images is not None:       # an image's soft tokens: the tower's rows (their first d columns), unscaled
             for r0, rows, _ in self._images.spans:
-                x[r0:r0 + len(rows)] = rows
+                x[r0:r0 + len(rows)] = rows[:, :d]
             self._kend = self._images.kend(p)
+            deep = self.deepstack
         if self.g3n is not None:
             return self.g3n.forward(self, x, slot, p)
         for i, layer in enumerate(self.layers):
@@ -656,6 +684,9 @@ class Transformer(Closable, LatentAttention):
             else:
                 self._attention_block(i, layer, x, slot, p)
             self._ffn_block(layer, x)
+            if i < deep:                   # DeepStack: level i's columns added to the image rows' hidden states
+                for r0, rows, _ in self._images.spans:
+                    x[r0:r0 + len(rows)] += rows[:, d * (i + 1):d * (i + 2)]
         return x
 
     def _set_rope(self, rope, n: int) -> None:
@@ -756,8 +787,8 @@ class Transformer(Closable, LatentAttention):
         inv_freq = self.inv_freq[sliding]
         if cfg.rope_sections:          # M-RoPE: each section's own positions (a text token's all equal p)
             rp = ws.rope_pos[:, :n]
-            B.rope_sections(q, rp, inv_freq, cfg.rope_neox, cfg.rope_sections)
-            B.rope_sections(k, rp, inv_freq, cfg.rope_neox, cfg.rope_sections)
+            B.rope_sections(q, rp, inv_freq, cfg.rope_neox, cfg.rope_sections, cfg.rope_interleaved)
+            B.rope_sections(k, rp, inv_freq, cfg.rope_neox, cfg.rope_sections, cfg.rope_interleaved)
         elif cfg.layer_rope[i]:         # SmolLM3's NoPE layers take positions from the causal mask only
             B.rope(q, p, inv_freq, cfg.rope_neox)
             B.rope(k, p, inv_freq, cfg.rope_neox)

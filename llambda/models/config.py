@@ -130,6 +130,13 @@ class TransformerConfig:
     # M-RoPE (Qwen2-VL, Qwen2.5-VL): the rotated pairs cut into sections, pair counts in order, summing to
     # rope_dim / 2; section s turns by the row's s-th position (temporal, height, width). Empty: one position.
     rope_sections: list[int] = field(default_factory=list)
+    # Qwen3-VL's interleaved M-RoPE: three sections whose pairs alternate (pair i turns by the height position
+    # when i % 3 == 1 and i < 3 * sections[1], the width one when i % 3 == 2 and i < 3 * sections[2], else the
+    # temporal one: transformers' Qwen3VLTextRotaryEmbedding) instead of lying in contiguous runs
+    rope_interleaved: bool = False
+    # DeepStack (Qwen3-VL): an image's rows carry 1 + deepstack_levels blocks of d_model columns; the first is
+    # written over the image tokens' embeddings, block j + 1 added to their hidden states after decoder layer j
+    deepstack_levels: int = 0
     # block shape
     activation: str = "silu"                # "silu" or "gelu_tanh" (gated FFN either way)
     attn_bias: bool = False                 # q/k/v biases (Qwen2)
@@ -316,6 +323,13 @@ class TransformerConfig:
         if sec and sum(sec) != self.rope_dim // 2:
             raise ModelFormatError(f"rope sections {sec!r} sum to {sum(sec)} pairs; the heads rotate "
                                    f"{self.rope_dim // 2} (rope_dim / 2)")
+        if not isinstance(self.rope_interleaved, bool) or (self.rope_interleaved and len(sec) != 3):
+            raise ModelFormatError(f"interleaved M-RoPE takes three sections (temporal, height, width), got "
+                                   f"{sec!r}"[:200])
+        lv = self.deepstack_levels
+        if isinstance(lv, bool) or not isinstance(lv, int) or not 0 <= lv <= self.n_layers:
+            raise ModelFormatError(f"{lv!r} DeepStack levels: each is added after a decoder layer of its own, "
+                                   f"and this model has {self.n_layers}"[:200])
 
     def _check_moe(self) -> None:
         if not isinstance(self.moe_layers, list) or len(self.moe_layers) != self.n_layers:

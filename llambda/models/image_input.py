@@ -5,8 +5,9 @@ through the tower's buffers. Model (api.py) holds one and answers its image call
 Two kinds of tower (llambda.vision): crop towers (Gemma 3, Idefics3: `pixels(image)` -> [crops, 3, S, S],
 `encode(pixels)` -> [crops, tokens_per_image, width]) and grid towers (Qwen2-VL: `pixels(image)` ->
 [patches, values], `encode_one(pixels, grid)` -> [gh * gw, width], an image's tokens following its grid and
-taking M-RoPE positions). Both are decoded, cut and encoded one image at a time, under the lock, and kept by
-the file's digest (EncodedRows)."""
+taking M-RoPE positions; Qwen3-VL's width d * (1 + tower.deepstack): the embeddings, then each DeepStack level's
+columns, which the Transformer adds after its first layers). Both are decoded, cut and encoded one image at a
+time, under the lock, and kept by the file's digest (EncodedRows)."""
 from __future__ import annotations
 
 import threading
@@ -16,8 +17,8 @@ import numpy as np
 
 from ..errors import ContextOverflowError, InvalidInputError, ModelFormatError
 from ..sampling import _is_int
-from .images import (FAMILIES, GRID_FAMILIES, MAX_CROPS_A_CALL, EncodedRows, check_bytes, check_prompt, image_block,
-                     image_tokens, tower_crops, tower_rows)
+from .images import (FAMILIES, GRID_FAMILIES, MAX_CROPS_A_CALL, QWEN3VL, EncodedRows, check_bytes, check_prompt,
+                     image_block, image_tokens, tower_crops, tower_rows)
 
 
 class ImageInput:
@@ -50,6 +51,14 @@ class ImageInput:
         if family in GRID_FAMILIES and not cfg.rope_sections:
             raise InvalidInputError(f"a {family} tower needs a text model with M-RoPE sections; {m.name!r} "
                                     f"({cfg.arch}) has none")
+        if family in GRID_FAMILIES and cfg.rope_interleaved != (family == QWEN3VL):
+            raise InvalidInputError(f"a {family} tower needs a text model whose M-RoPE sections are "
+                                    f"{'interleaved' if family == QWEN3VL else 'contiguous'}; {m.name!r} "
+                                    f"({cfg.arch}) has {'interleaved' if cfg.rope_interleaved else 'contiguous'} ones")
+        deep = getattr(tower, "deepstack", 0)
+        if deep and family != QWEN3VL:
+            raise InvalidInputError(f"a {family} tower with DeepStack levels ({str(deep)[:20]}): only Qwen3-VL's "
+                                    "have them")
         per = per or 1
         attends = getattr(tower, "attends", "block" if family == "gemma3" else "causal")
         if family not in FAMILIES or attends not in ("block", "causal"):
@@ -72,8 +81,14 @@ class ImageInput:
         if block > m.transformer.ws.max_tokens or max(block, int(per)) >= m.n_ctx:
             raise InvalidInputError(f"an image takes {max(block, int(per))} tokens, more than a forward of "
                                     f"{m.transformer.ws.max_tokens} (max_batch) or the context of {m.n_ctx} holds")
-        self.layout, self.load_image = ids, load_image
-        self.replace(tower)
+        levels_before = m.transformer.deepstack
+        m.transformer.set_deepstack(deep)           # (checked against the config's own count first)
+        try:
+            self.layout, self.load_image = ids, load_image
+            self.replace(tower)
+        except BaseException:
+            m.transformer.deepstack = levels_before
+            raise
 
     def replace(self, tower) -> None:
         """The attached tower becomes `tower`; the one it replaces is closed (the model owned it), and the
@@ -104,7 +119,7 @@ class ImageInput:
 
     # -- a request's images -----------------------------------------------------------
     def check_prompt(self, ids: list[int], images: tuple = ()) -> None:
-        check_prompt(ids, images, self.layout if self.tower is not None else None, self.model.config.d_model)
+        check_prompt(ids, images, self.layout if self.tower is not None else None, self.model.transformer.image_width)
 
     def check_count(self, n: int) -> None:
         if not n:
@@ -235,7 +250,7 @@ class ImageInput:
             if gh * gw >= m.n_ctx:
                 raise ContextOverflowError(f"an image of {gh} x {gw} = {gh * gw} tokens does not fit the context of "
                                            f"{m.n_ctx} (prompt plus at least one new token)")
-        width = m.config.d_model
+        width = m.transformer.image_width       # Qwen3-VL: the DeepStack levels' columns after the embeddings'
         out = []
         for (key, data), (gh, gw) in zip(files.items(), grids):
             image = load_image(data)

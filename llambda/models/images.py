@@ -21,6 +21,9 @@ Two families' layouts (the tower says which: `tower.family`):
     k % gw, turns by (t0, t0 + row, t0 + col), t0 the position a text token there would have; the text after
     it goes on at t0 + max(gh, gw), so a sequence's RoPE positions fall behind its cache positions by each
     image's N - max(gh, gw) (`rope_delta`; transformers' get_rope_index and rope_deltas).
+  - Qwen3-VL: Qwen2-VL's layout and positions (transformers' Qwen3VLModel.get_rope_index for images); its rows
+    are wider (DeepStack: the embeddings, then each level's d columns, which Transformer.forward adds after
+    the decoder layer of that level), and the block's digest covers every column.
 The soft tokens' embeddings are the tower's rows, written over the text embedding (after its scale: the rows
 are not scaled). So:
   - a prefill chunk never ends strictly inside a block that attends both ways (`chunk_end`): its rows need
@@ -45,9 +48,9 @@ BEGIN_TEXT, END_TEXT, SOFT_TEXT = "<start_of_image>", "<end_of_image>", "<image_
 IMAGE_TEXT, FAKE_TEXT, GLOBAL_TEXT = "<image>", "<fake_token_around_image>", "<global-img>"
 # Qwen2-VL's and Qwen2.5-VL's (transformers' Qwen2VLProcessor): what a template writes for an image, and its pad
 VISION_START, IMAGE_PAD, VISION_END = "<|vision_start|>", "<|image_pad|>", "<|vision_end|>"
-GEMMA3, IDEFICS3, QWEN2VL, QWEN25VL = "gemma3", "idefics3", "qwen2_vl", "qwen2_5_vl"
-FAMILIES = (GEMMA3, IDEFICS3, QWEN2VL, QWEN25VL)
-GRID_FAMILIES = (QWEN2VL, QWEN25VL)     # an image's tokens and RoPE positions follow its merged grid
+GEMMA3, IDEFICS3, QWEN2VL, QWEN25VL, QWEN3VL = "gemma3", "idefics3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"
+FAMILIES = (GEMMA3, IDEFICS3, QWEN2VL, QWEN25VL, QWEN3VL)
+GRID_FAMILIES = (QWEN2VL, QWEN25VL, QWEN3VL)     # an image's tokens and RoPE positions follow its merged grid
 DEFAULT_MAX_IMAGES = 8          # images one request may hold (Model.max_images; the server's bound too)
 ENCODED_ROWS_BYTES = 64 << 20   # the tower's rows kept for images sent again (EncodedRows): 24 of a 4B model's
 
@@ -289,7 +292,7 @@ class ImageBlock:
     """One run of an image's soft tokens in a sequence (Gemma 3: the image; Idefics3: one crop): positions
     start .. start + len(rows) - 1."""
     start: int
-    rows: np.ndarray     # (tokens_per_image, d_model) float32, read-only
+    rows: np.ndarray     # (tokens_per_image, d_model * (1 + DeepStack levels)) float32, read-only
     digest: bytes        # sha256 of the rows: what the prefix cache tells images apart by
     causal: bool = False  # its tokens attend causally (Idefics3); else to the whole block (Gemma 3's kend)
     grid: tuple | None = None   # (gh, gw), the merged grid of an image whose tokens take M-RoPE positions (Qwen2-VL)

@@ -32,16 +32,18 @@ def _sections(v, what: str) -> list[int]:
     return out
 
 
+def gguf_sections(meta: dict, arch: str, keys) -> list[int]:
+    """The three M-RoPE sections under the first of `keys` (after `arch.`) the metadata holds."""
+    for key in keys:
+        if f"{arch}.{key}" in meta:
+            return _sections(meta[f"{arch}.{key}"], f"GGUF metadata '{arch}.{key}'")
+    raise ModelFormatError(f"GGUF metadata lacks '{arch}.{keys[0]}': a {arch} model's M-RoPE sections")
+
+
 def config_from_gguf(meta: dict) -> TransformerConfig:
     arch = meta.get("general.architecture")
     hp = GGUFHParams(meta, arch)
-    for key in _SECTION_KEYS:
-        if f"{arch}.{key}" in meta:
-            sections = _sections(meta[f"{arch}.{key}"], f"GGUF metadata '{arch}.{key}'")
-            break
-    else:
-        raise ModelFormatError(f"GGUF metadata lacks '{arch}.rope.dimension_sections': a {arch} model's M-RoPE "
-                               "sections")
+    sections = gguf_sections(meta, arch, _SECTION_KEYS)
     c = hp.common()
     c["arch"] = "qwen2vl"
     return TransformerConfig(**c, rope_neox=True, attn_bias=True, rope_sections=sections)
@@ -53,15 +55,17 @@ def gguf_metadata(cfg: TransformerConfig) -> dict:
     return {"qwen2vl.rope.dimension_sections": np.array(sec, np.int32)}
 
 
-def config_from_hf(cfg: dict) -> TransformerConfig:
-    """The text config (hf_dir.text_config's: nested or flat) of a qwen2_5_vl / qwen2_vl checkpoint."""
-    cfg = dict(cfg)
-    sections = None
+def take_sections(cfg: dict, also: tuple = ()) -> tuple[list[int], dict]:
+    """The M-RoPE sections of a text config (rope_parameters' or rope_scaling's `mrope_section`), taken out of
+    `cfg` (changed in place: what is left is a plain RoPE config, transformers 4's "mrope" type spelled
+    "default"), and the values of the `also` keys found beside them (taken out too)."""
+    sections, found = None, {}
     for key in ("rope_parameters", "rope_scaling"):
         rope = cfg.get(key)
         if isinstance(rope, dict) and "mrope_section" in rope:
             sections = _sections(rope["mrope_section"], f"config.json '{key}.mrope_section'")
-            rope = {k: v for k, v in rope.items() if k != "mrope_section"}
+            found.update({k: rope[k] for k in also if k in rope})
+            rope = {k: v for k, v in rope.items() if k != "mrope_section" and k not in also}
             kind = rope.get("rope_type") or rope.get("type")
             if kind == "mrope":          # transformers 4's spelling of the default rope with sections
                 rope.pop("type", None)
@@ -70,6 +74,13 @@ def config_from_hf(cfg: dict) -> TransformerConfig:
     if sections is None:
         raise ModelFormatError("config.json names no M-RoPE sections (rope_scaling or rope_parameters "
                                "'mrope_section')")
+    return sections, found
+
+
+def config_from_hf(cfg: dict) -> TransformerConfig:
+    """The text config (hf_dir.text_config's: nested or flat) of a qwen2_5_vl / qwen2_vl checkpoint."""
+    cfg = dict(cfg)
+    sections, _ = take_sections(cfg)
     c = qwen2_from_hf(cfg)
     c.arch, c.rope_sections = "qwen2vl", sections
     c.validate()

@@ -57,6 +57,10 @@ FAMILIES = {
     "qwen3": Family("qwen3", "Qwen3ForCausalLM", "qwen3"),
     # Qwen2.5-VL's text model (M-RoPE): its vision tower is llambda.vision's (an mmproj)
     "qwen2vl": Family("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", "qwen2vl"),
+    # Qwen3-VL's text model (interleaved M-RoPE, DeepStack levels): GGUF only (a qwen3_vl config.json nests its
+    # text config beside a vision config the export does not have)
+    "qwen3vl": Family("qwen3_vl", "Qwen3VLForConditionalGeneration", "qwen3vl"),
+    "qwen3vlmoe": Family("qwen3_vl_moe", "Qwen3VLMoeForConditionalGeneration", "qwen3vlmoe"),
     "gemma2": Family("gemma2", "Gemma2ForCausalLM", "gemma2", hf_norm_offset=1.0),
     "gemma3": Family("gemma3_text", "Gemma3ForCausalLM", "gemma3", hf_norm_offset=1.0),
     "phi3": Family("phi3", "Phi3ForCausalLM", "phi3", hf_fused=True),
@@ -254,7 +258,7 @@ _CHECKED = ("vocab_size", "n_layers", "d_model", "n_heads", "n_kv_heads", "head_
             "moe_activation", "moe_swiglu_alpha", "moe_swiglu_limit", "moe_bias", "attn_out_bias", "attn_sinks",
             "layer_kinds", "conv_kernel", "ssm_k_heads", "ssm_v_heads", "ssm_k_dim", "ssm_v_dim", "attn_out_gate",
             "q_lora_rank", "kv_lora_rank", "qk_nope_dim", "v_head_dim", "moe_groups", "moe_groups_used", "moe_group_top",
-            "moe_scale", "moe_layers", "rope_sections")
+            "moe_scale", "moe_layers", "rope_sections", "rope_interleaved", "deepstack_levels")
 
 
 def _check_same(a: TransformerConfig, b: TransformerConfig, what: str, a_factors=None, b_factors=None) -> None:
@@ -363,8 +367,9 @@ def write_hf(src: ModelSource, out: Path, qtype: str | None = None) -> Path:
     if cfg.n_experts or cfg.recurrent or cfg.mla or getattr(cfg, "altup_inputs", 0):
         raise LlambdaError("a mixture-of-experts, hybrid, latent-attention or Gemma 3n model exports as GGUF only "
                            "(fmt='gguf')")
-    if fam.gguf_arch == "glm4":
-        raise LlambdaError("a GLM-4 model exports as GGUF only (fmt='gguf')")
+    if fam.gguf_arch in ("glm4", "qwen3vl"):
+        raise LlambdaError(f"a {'GLM-4' if fam.gguf_arch == 'glm4' else 'Qwen3-VL'} model exports as GGUF only "
+                           "(fmt='gguf')")
     want = None
     if qtype is not None:      # "" is no type either (it once meant "keep the source's")
         if str(qtype).lower() not in FLOAT_TYPES:
