@@ -564,6 +564,16 @@ class Model:
         return self.chat_template().render(messages, add_generation_prompt=add_generation_prompt, tools=tools,
                                            image_marker=self.image_marker, **extra)
 
+    def literal(self, value):
+        """A caller's strings (in messages, tools, template variables: dicts and lists of them) with the
+        text of the model's control tokens in them kept as text when the rendered prompt is tokenized
+        (tokenizer/literal.py): a user's `<|im_end|>` cannot end its turn. A model without a tokenizer: as given."""
+        return value if self.tokenizer is None else self.tokenizer.literals.mark(value)
+
+    def restore_literal(self, text: str) -> str:
+        """The text a prompt of literal() strings stands for (to be shown, not tokenized)."""
+        return text if self.tokenizer is None else self.tokenizer.literals.restore(text)
+
     # -- images (models/image_input.ImageInput) ----------------------------------
     @property
     def vision(self):
@@ -655,7 +665,8 @@ class Model:
         extra = check_template_kwargs(template_kwargs)
         budget = check_budget(thinking_budget) if thinking_budget is not None else None
         images = self.check_images(message_images(messages))
-        prompt = self.render_chat(messages, tools=tools, **extra)
+        # the callers' strings literal: a control token's text in them is not that token
+        prompt = self.render_chat(self.literal(messages), tools=self.literal(tools), **self.literal(extra))
         spec = grammar_spec(json_schema=kw.get("json_schema"), grammar=kw.get("grammar"), regex=kw.get("regex"))
         thinking = self._thinking(prompt, budget, spec)
         if images:

@@ -242,21 +242,20 @@ def test_the_tower_holds_one_images_crops_at_a_time():
 
 @pytest.mark.parametrize("text", ["hello <image> world", "<fake_token_around_image><global-img><image>", "plain"])
 def test_the_image_token_typed_without_an_image_is_refused_as_the_library_refuses_it(idefics, text):
-    """A text (a chat message, a completion's prompt) holding the image soft token with no image: the library
-    refuses it (no image's rows for the token); the server had answered it, the text embedding of `<image>` in
-    the image's place."""
+    """A completion's prompt holding the image soft token with no image: the library refuses it (no image's rows
+    for the token); the server had answered it, the text embedding of `<image>` in the image's place. Typed in
+    a chat message it is text (Model.literal), in the library and on the server alike."""
     from llambda.errors import InvalidInputError
-    try:
-        idefics.ref.chat([{"role": "user", "content": text}], max_tokens=2, temperature=0)
-        refused = False
-    except InvalidInputError as e:
-        refused = "no image fills" in str(e)
-    assert refused == ("<image>" in text)
-    for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": text}]}),
-                       ("/v1/completions", {"prompt": text})):
+    idefics.ref.chat([{"role": "user", "content": text}], max_tokens=2, temperature=0)
+    refused = "<image>" in text
+    if refused:
+        with pytest.raises(InvalidInputError, match="no image fills"):
+            list(idefics.ref.stream(text, max_tokens=2))
+    for path, body, status in (("/v1/chat/completions", {"messages": [{"role": "user", "content": text}]}, 200),
+                               ("/v1/completions", {"prompt": text}, 400 if refused else 200)):
         r = httpx.post(idefics.url + path, timeout=60, json={"model": "vis", "max_tokens": 2, **body})
-        assert r.status_code == (400 if refused else 200), r.text
-        if refused:
+        assert r.status_code == status, r.text
+        if status == 400:
             assert "no image fills" in r.json()["error"]["message"]
 
 

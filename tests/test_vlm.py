@@ -389,8 +389,12 @@ def test_bad_image_requests_are_typed_errors(chat_dirs):
         with pytest.raises(InvalidInputError, match="at most 1"):
             m.chat(user(PNG["image_a.png"], PNG["image_b.png"]), max_tokens=2)
         m.max_images = 8
-        with pytest.raises(InvalidInputError, match="marker"):     # typed in the text: no image for it
-            m.chat(user(PNG["image_a.png"], "<start_of_image> twice"), max_tokens=2)
+        # a marker typed in the text is text (Model.literal): one image, one block
+        typed = user(PNG["image_a.png"], "<start_of_image> twice")
+        assert len(m.image_ids(m.render_chat(m.literal(typed)), [PNG["image_a.png"]])[1]) == 1
+        m.chat(typed, max_tokens=2)
+        with pytest.raises(InvalidInputError, match="marker"):     # a prompt that writes a marker itself
+            m.image_ids(m.render_chat(typed), [PNG["image_a.png"]])
         ids = REF["inputs"][0]["input_ids"]
         with pytest.raises(InvalidInputError, match="soft tokens"):
             m.generate(ids, max_tokens=2)
@@ -535,9 +539,9 @@ def test_server_prepares_image_requests(chat_dirs):
             tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
             assert not service.template_has_tools      # the generic tool prompt rewrites the messages, images kept
             assert service.chat_prompt(chat_spec(msgs, tools=tools)).count(m.image_marker) == 1
-            with pytest.raises(APIError, match="marker") as e:      # a marker typed in the text: no image for it
-                service.prepare(chat_spec(user(PNG["image_a.png"], "<start_of_image>")))
-            assert e.value.status == 400
+            # a marker typed in the text is text (Model.literal): the one image's block alone
+            p = service.prepare(chat_spec(user(PNG["image_a.png"], "<start_of_image>")))
+            assert len(service.encode(p).seqs[0][0].images) == 1
             spec = chat_spec(msgs, speculative="lookup")
             with pytest.raises(APIError, match="does not take images") as e:
                 service.prepare(spec)

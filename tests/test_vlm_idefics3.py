@@ -272,9 +272,12 @@ def test_a_template_that_walks_lists_gets_text_messages_as_lists():
 def test_bad_image_requests_are_typed_errors():
     with load("numpy") as m:
         a, b = PNG[TWO["images"][0]], PNG[TWO["images"][1]]
-        with pytest.raises(InvalidInputError, match="image markers"):    # the text writes <image> itself
-            m.chat([{"role": "user", "content": [{"type": "image", "image": a}, {"type": "text", "text": "<image>"}]}],
-                   max_tokens=1)
+        typed = [{"role": "user", "content": [{"type": "image", "image": a}, {"type": "text", "text": "<image>"}]}]
+        with pytest.raises(InvalidInputError, match="image markers"):    # a prompt that writes <image> itself
+            m.image_ids(m.render_chat(typed), [a])
+        # typed in a message it is text (Model.literal): the one image's runs alone
+        assert len(m.image_ids(m.render_chat(m.literal(typed)), [a])[1]) == 1
+        m.chat(typed, max_tokens=1)
         with pytest.raises(InvalidInputError, match="sizes"):           # a count says no grid
             m.image_ids(TWO["chat_text"], 2)
         ids, starts = m.image_ids(TWO["chat_text"], [a, b])

@@ -111,31 +111,35 @@ class Service:
         return with_analysis(messages) if self.harmony else messages
 
     def render_chat(self, messages: list, tools: list | None, spec: GenerationSpec) -> str:
-        """The prompt's text: the server's template variables (--template-kwargs) under the request's own."""
-        return self.model.render_chat(messages, tools=tools, **{**self.cfg.template_kwargs, **spec.template_kwargs})
+        """The prompt's text: the server's template variables (--template-kwargs) under the request's own
+        (the request's strings literal: Model.literal)."""
+        return self.model.render_chat(messages, tools=tools,
+                                      **{**self.cfg.template_kwargs, **self.model.literal(spec.template_kwargs)})
 
     def chat_prompt(self, spec: GenerationSpec) -> str:
         """The chat template's text for the spec's messages and tools, as generation renders it
         (/apply-template shows it); raises ChatTemplateError."""
         require_vision(self, spec)
-        return self._render(spec)[0]
+        return self.model.restore_literal(self._render(spec)[0])
 
     def _render(self, spec: GenerationSpec) -> tuple[str, bool]:
-        """(the template's text, whether the tools went in through the generic tool prompt)."""
-        messages, tools = self.template_messages(spec.messages), spec.tools
+        """(the template's text, whether the tools went in through the generic tool prompt). The request's
+        strings are literal (Model.literal): a control token's text in them is tokenized as text."""
+        client, tools = self.model.literal(spec.messages), self.model.literal(spec.tools)
+        messages = self.template_messages(client)
         generic = bool(spec.tools) and not self.template_has_tools
         if generic:
             # the template cannot render tools: describe them in a system message instead; the
             # rewrite reads content and tool_calls, so check their shapes first (a 400, not a crash)
-            messages = generic_tool_messages(validate_messages(spec.messages, self.model.image_marker), spec.tools,
+            messages = generic_tool_messages(validate_messages(client, self.model.image_marker), tools,
                                              spec.tool_choice,
                                              spec.forced_tool)
             tools = None
-        elif not self.template_has_tools and has_tool_turns(spec.messages):
+        elif not self.template_has_tools and has_tool_turns(client):
             # no tools now (tool_choice "none", or none sent), but earlier calls and results: written as
             # the generic prompt writes them (a template that concatenates content fails on a turn of
             # calls alone, others drop the calls)
-            messages = written_history(validate_messages(spec.messages, self.model.image_marker))
+            messages = written_history(validate_messages(client, self.model.image_marker))
         return self.render_chat(messages, tools, spec), generic
 
     def _chat_images(self, spec: GenerationSpec) -> list[bytes]:
@@ -181,7 +185,7 @@ class Service:
                 if self.harmony or (setup is not None and setup.prefix):
                     raise bad_request("a trailing assistant message (prefill) cannot be combined with a forced "
                                       "tool_choice or with this model's channels", param=spec.messages_param)
-                text += spec.prefill
+                text += self.model.literal(spec.prefill)
             if setup is not None:
                 text += setup.prefix
             if not images:
@@ -193,7 +197,8 @@ class Service:
         except InvalidInputError as e:       # the images' markers do not match the images, a bad image (image_ids)
             raise bad_request(str(e), param=spec.messages_param) from None
         except ChatTemplateError as e:
-            raise bad_request(f"cannot render {spec.messages_shown}: {e}", param=spec.messages_param) from None
+            raise bad_request(f"cannot render {spec.messages_shown}: {self.model.restore_literal(str(e))}",
+                              param=spec.messages_param) from None
         except TokenizerError as e:
             raise bad_request(str(e), param=spec.messages_param) from None
 

@@ -11,12 +11,15 @@ import numpy as np
 from ..errors import TokenizerError
 from .build import build_backend
 from .library import library_error
+from .literal import Literals
 from .pieces import BYTE_CHARS, TokenPieces
 from .stream import StreamDecoder
 from .vocab import TokenizerWarning, TokenType, Vocab, vocab_from_gguf_metadata
 
 # encode_for_encoder: up to this many inputs are encoded one by one, not by the library's batch encode
 SERIAL_ENCODE_MAX = 256
+# read before a piece that continues a stretch of text (Tokenizer._encode_marked): a byte no merge takes
+_PROBE = "\x00"
 
 
 class Tokenizer:
@@ -40,6 +43,8 @@ class Tokenizer:
         # under a lock so that concurrent encodes do not see each other's.
         self._lock = threading.Lock()
         self._parse_special = True
+        self._literals: Literals | None = None     # built on first use (literals)
+        self._literals_lock = threading.Lock()
 
         self.vocab_size: int = vocab.size
         self.bos_id: int | None = vocab.bos_id
@@ -107,16 +112,11 @@ class Tokenizer:
         """
         if not isinstance(text, str):
             raise TokenizerError(f"encode() needs a str, got {type(text).__name__}")
-        try:
-            with self._lock:
-                if self._parse_special != parse_special:
-                    self._backend.encode_special_tokens = not parse_special
-                    self._parse_special = bool(parse_special)
-                ids = self._backend.encode(text, add_special_tokens=False).ids
-        except BaseException as e:
-            if not library_error(e):
-                raise
-            raise TokenizerError(f"cannot encode text: {_explain(text, e)}") from None
+        lit = self._literals
+        if lit is not None and lit.holds_placeholders(text):
+            ids = self._encode_marked(lit.split(text), parse_special)
+        else:
+            ids = self._encode_raw(text, parse_special)
         if self._present_bytes is not None and text:
             self._warn_dropped_bytes(text)
         if add_bos:
@@ -125,6 +125,43 @@ class Tokenizer:
             if self.add_eos:
                 ids.append(self.eos_id)
         return ids
+
+    def _encode_raw(self, text: str, parse_special: bool) -> list[int]:
+        try:
+            with self._lock:
+                if self._parse_special != parse_special:
+                    self._backend.encode_special_tokens = not parse_special
+                    self._parse_special = bool(parse_special)
+                return self._backend.encode(text, add_special_tokens=False).ids
+        except BaseException as e:
+            if not library_error(e):
+                raise
+            raise TokenizerError(f"cannot encode text: {_explain(text, e)}") from None
+
+    def _encode_marked(self, pieces: list[tuple[str, bool]], parse_special: bool) -> list[int]:
+        """A text holding Literals placeholders: each piece on its own, a literal one with its control tokens
+        spelled out. A SentencePiece vocabulary that puts a space before each stretch of text between control
+        tokens puts none before a piece that continues one (read after a byte token, _PROBE, whose ids are
+        then dropped)."""
+        ids: list[int] = []
+        for piece, literal in pieces:
+            special = parse_special and not literal
+            if not self._strip_first_space or not ids or ids[-1] in self._special:
+                ids += self._encode_raw(piece, special)
+                continue
+            head = self._encode_raw(_PROBE, special)
+            both = self._encode_raw(_PROBE + piece, special)
+            ids += both[len(head):] if both[:len(head)] == head else self._encode_raw(piece, special)
+        return ids
+
+    @property
+    def literals(self) -> Literals:
+        """The placeholders of control-token text in a caller's strings (tokenizer/literal.py)."""
+        with self._literals_lock:       # one key: a text marked by one thread is read by another
+            if self._literals is None:
+                added = self._backend.get_added_tokens_decoder().values()
+                self._literals = Literals(t.content for t in added if t.special)
+        return self._literals
 
     def encode_for_encoder(self, texts: list[str], max_tokens: int) -> list[tuple[list[int], list[int]]]:
         """(ids, token_type_ids) per text with the model's own special tokens ([CLS] ... [SEP] for
