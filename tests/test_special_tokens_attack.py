@@ -133,12 +133,32 @@ def test_marked_text_tokenizes_as_the_text_spelled_out(space_prefix):
     assert lit.mark_text("hello world") == "hello world"
 
 
-def test_marking_is_bounded_and_leaves_other_data_alone():
-    lit = Literals(["<|a|>", "<|ab|>", "x" * 500] + [f"<unused{i}>" for i in range(5000)])
-    text = ("<" * 9 + "<|ab|><unused4999>" + "x" * 500) * 2000
-    marked = lit.mark_text(text)
-    assert lit.restore(marked) == text
-    assert "<|ab|>" not in marked and "<unused4999>" not in marked and "x" * 500 not in marked
+def _marks(lit, texts):
+    """What `lit` does with each of `texts`, checked to restore to it."""
+    out = [lit.mark_text(t) for t in texts]
+    assert [lit.restore(m) for m in out] == texts
+    return out
+
+
+@pytest.mark.parametrize("trie", [True, False], ids=["trie", "backend"])
+def test_marking_is_bounded_and_leaves_other_data_alone(monkeypatch, trie):
+    from llambda.tokenizer import literal
+    if not trie:        # past the trie's bounds (a hostile vocabulary's): the backend's own matcher finds them
+        monkeypatch.setattr(literal, "TRIE_NODES", 10)
+    meta = _tiny_spm_meta(add_space_prefix=False)
+    extra = ["<|a|>", "<|ab|>", "x" * 40] + [f"<unused{i}>" for i in range(300)]
+    meta["tokenizer.ggml.tokens"] = meta["tokenizer.ggml.tokens"] + extra
+    meta["tokenizer.ggml.token_type"] = meta["tokenizer.ggml.token_type"] + [3] * len(extra)
+    meta["tokenizer.ggml.scores"] = meta["tokenizer.ggml.scores"] + [0.0] * len(extra)
+    tk = Tokenizer.from_gguf_metadata(meta)
+    lit = tk.literals
+    assert (lit._find is not None) == trie
+    texts = [("<" * 9 + "<|ab|><unused299>" + "x" * 40 + "é<|a") * 300, "no control token here", "<|ab|"]
+    marked = _marks(lit, texts)
+    assert not any(t in marked[0] for t in ("<|ab|>", "<unused299>", "x" * 40))
+    assert marked[1:] == texts[1:]
+    ids = tk.encode(marked[0])
+    assert ids == tk.encode(texts[0], parse_special=False) and not set(ids) & set(tk.encode("<|a|><|ab|>"))
     data = {"a": [1, None, b"<|a|>", ("<|a|>",)], "<|a|>": 2.5}
     out = lit.mark(data)
     assert out["a"][:3] == [1, None, b"<|a|>"] and lit.restore(out["a"][3][0]) == "<|a|>"
@@ -148,3 +168,12 @@ def test_marking_is_bounded_and_leaves_other_data_alone():
     # a placeholder nobody made (another key, an index past the list, a number past int's digits) is text
     forged = f"\ufdd0{lit.key}{10 ** 40}\ufdd1 \ufdd0{lit.key}99999\ufdd1 \ufdd0{'0' * 16}1\ufdd1"
     assert lit.restore(forged) == forged and lit.split(forged) == [(forged, False)]
+
+
+def test_a_trie_of_many_control_tokens_stays_small():
+    texts = [f"<tok{i}>" for i in range(5000)]
+    lit = Literals(texts)
+    assert lit._find is not None
+    assert _marks(lit, ["a<tok4999>b<tok5000>"])[0].count("\ufdd0") == 1
+    with pytest.raises(ValueError):         # past the bounds, nobody to find them: not silently unmarked
+        Literals(["y" * 100])

@@ -45,6 +45,7 @@ class Tokenizer:
         self._parse_special = True
         self._literals: Literals | None = None     # built on first use (literals)
         self._literals_lock = threading.Lock()
+        self._special_ids: frozenset = frozenset()   # the backend's control tokens (set with _literals)
 
         self.vocab_size: int = vocab.size
         self.bos_id: int | None = vocab.bos_id
@@ -146,7 +147,7 @@ class Tokenizer:
         ids: list[int] = []
         for piece, literal in pieces:
             special = parse_special and not literal
-            if not self._strip_first_space or not ids or ids[-1] in self._special:
+            if not self._strip_first_space or not ids or ids[-1] in self._special_ids:
                 ids += self._encode_raw(piece, special)
                 continue
             head = self._encode_raw(_PROBE, special)
@@ -159,9 +160,25 @@ class Tokenizer:
         """The placeholders of control-token text in a caller's strings (tokenizer/literal.py)."""
         with self._literals_lock:       # one key: a text marked by one thread is read by another
             if self._literals is None:
-                added = self._backend.get_added_tokens_decoder().values()
-                self._literals = Literals(t.content for t in added if t.special)
+                special = {i: t.content for i, t in self._backend.get_added_tokens_decoder().items() if t.special}
+                self._special_ids = ids = frozenset(special)
+                self._literals = Literals(special.values(), lambda text: self._special_spans(text, ids))
         return self._literals
+
+    def _special_spans(self, text: str, ids: frozenset) -> list[tuple[int, int]]:
+        """Where the backend matches control tokens in `text` (character offsets): a tokenization of it,
+        for a vocabulary whose control tokens Literals does not look for itself."""
+        try:
+            with self._lock:
+                if not self._parse_special:
+                    self._backend.encode_special_tokens = False
+                    self._parse_special = True
+                enc = self._backend.encode(text, add_special_tokens=False)
+        except BaseException as e:
+            if not library_error(e):
+                raise
+            raise TokenizerError(f"cannot encode text: {_explain(text, e)}") from None
+        return [off for i, off in zip(enc.ids, enc.offsets) if i in ids]
 
     def encode_for_encoder(self, texts: list[str], max_tokens: int) -> list[tuple[list[int], list[int]]]:
         """(ids, token_type_ids) per text with the model's own special tokens ([CLS] ... [SEP] for

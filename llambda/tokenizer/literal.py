@@ -13,30 +13,41 @@ noncharacters (/v1/completions) as they are.
 
 Control tokens are the backend's special added tokens (the ones parse_special=False spells out); they are
 found by one regular expression built as a trie of their texts (a vocabulary may have thousands, Gemma's
-<unusedN>), the longest at the leftmost place, as the backend matches them; a text longer than TRIE_CHARS
-(a hostile vocabulary's) is looked for with str.find instead, so the pattern's nesting stays bounded.
+<unusedN>), the longest at the leftmost place, as the backend matches them. A vocabulary whose trie would
+pass TRIE_NODES nodes, or that has a control token longer than TRIE_CHARS (a hostile file's: the pattern's
+nesting and the trie's memory stay bounded), has them found by the backend itself (`finder`: its own
+matcher, a tokenization of the string).
 """
 from __future__ import annotations
 
 import re
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from ..errors import ChatTemplateError
 
 OPEN, CLOSE = "\ufdd0", "\ufdd1"
-TRIE_CHARS = 64                 # longer control-token texts are found with str.find
+TRIE_CHARS = 64                 # a longer control token's text: the backend finds them (finder)
+TRIE_NODES = 100_000            # a bigger trie: the backend finds them
 MAX_DEPTH = 256                 # nesting of a caller's data marked (a server body is at most 64 deep)
 
 
-def _trie_pattern(texts: list[str]) -> str:
+def _trie_pattern(texts: list[str]) -> str | None:
     """A regular expression matching any of `texts`, the longest one where several start, as a trie
-    (one branch per distinct next character: a scan does not try each text in turn)."""
+    (one branch per distinct next character: a scan does not try each text in turn); None past the bounds."""
+    if any(len(t) > TRIE_CHARS for t in texts):
+        return None
     root: dict = {}
+    nodes = 0
     for t in texts:
         node = root
         for ch in t:
-            node = node.setdefault(ch, {})
+            if ch not in node:
+                nodes += 1
+                if nodes > TRIE_NODES:
+                    return None
+                node[ch] = {}
+            node = node[ch]
         node[None] = True
 
     def emit(node: dict) -> str:
@@ -51,27 +62,25 @@ def _trie_pattern(texts: list[str]) -> str:
 class Literals:
     """The control tokens' texts of one tokenizer, and its placeholders for them."""
 
-    def __init__(self, special_texts):
+    def __init__(self, special_texts, finder: Callable[[str], list[tuple[int, int]]] | None = None):
+        """finder(s): the (start, end) of each control token in s, as the backend matches them (used when
+        the trie is past its bounds; without one, such a vocabulary is an error)."""
         self.texts = sorted({t for t in special_texts if t})
         self._index = {t: i for i, t in enumerate(self.texts)}
         self.key = secrets.token_hex(8)
-        short = [t for t in self.texts if len(t) <= TRIE_CHARS]
-        self._long = sorted((t for t in self.texts if len(t) > TRIE_CHARS), key=len, reverse=True)
-        self._find = re.compile(_trie_pattern(short)) if short else None
+        pattern = _trie_pattern(self.texts) if self.texts else None
+        self._find = re.compile(pattern) if pattern else None
+        if self.texts and self._find is None and finder is None:
+            raise ValueError("control tokens past the trie's bounds need a finder")
+        self._finder = finder
         self._firsts = frozenset(t[0] for t in self.texts)
         self._placeholder = re.compile(re.escape(OPEN + self.key) + r"(\d{1,9})" + re.escape(CLOSE))
 
     # -- marking a caller's strings ------------------------------------------------------
     def _spans(self, s: str) -> list[tuple[int, int]]:
-        spans = [m.span() for m in self._find.finditer(s)] if self._find is not None else []
-        for t in self._long:        # (few: a hostile vocabulary's) longest first, outside the others
-            start = s.find(t)
-            while start >= 0:
-                end = start + len(t)
-                if all(end <= a or start >= b for a, b in spans):
-                    spans.append((start, end))
-                start = s.find(t, end)
-        return sorted(spans)
+        if self._find is not None:
+            return [m.span() for m in self._find.finditer(s)]
+        return [(a, b) for a, b in self._finder(s) if s[a:b] in self._index]
 
     def mark_text(self, s: str) -> str:
         """`s` with each control token's text as a placeholder (the same string when it holds none)."""
