@@ -429,6 +429,7 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
         finally:
             service.workers.close()
             service.image_workers.close()
+            service.embed_workers.close()
             await asyncio.to_thread(scheduler.stop)
 
     routes = [

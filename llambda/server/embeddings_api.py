@@ -179,8 +179,10 @@ def vectors(service, items, counts, gone: threading.Event, truncate: bool = Fals
     return np.concatenate(rows)
 
 
-async def answer(http: Http, request: Request, fn) -> Response:
-    """`fn(body, gone)` run in a thread as JSON; `gone` is set when the client hangs up."""
+async def answer(http: Http, request: Request, fn, service=None) -> Response:
+    """`fn(body, gone)` run in a thread as JSON; `gone` is set when the client hangs up. A decoder's
+    (`service` a generation.Service): in its embedding workers, not the event loop's default executor,
+    where requests waiting for the scheduler took every thread (chats hung, /health said 503)."""
     body = await http.body(request)
     if body is None:
         return Response(status_code=499)
@@ -188,6 +190,8 @@ async def answer(http: Http, request: Request, fn) -> Response:
     # the watcher wants a generation; only its client_gone() is called
     watcher = asyncio.create_task(http.watch_disconnect(request.receive, SimpleNamespace(client_gone=gone.set)))
     try:
+        if getattr(service, "embed_workers", None) is not None:
+            return http.json_response(await service.in_worker(fn, body, gone, pool=service.embed_workers))
         return http.json_response(await asyncio.to_thread(fn, body, gone))
     except ClientGone:
         return Response(status_code=499)
@@ -197,10 +201,10 @@ async def answer(http: Http, request: Request, fn) -> Response:
 
 def routes(service, http: Http) -> list[Route]:
     async def embeddings_route(request: Request) -> Response:
-        return await answer(http, request, lambda body, gone: embed(service, body, gone))
+        return await answer(http, request, lambda body, gone: embed(service, body, gone), service)
 
     async def rerank_route(request: Request) -> Response:
-        return await answer(http, request, lambda body, gone: rerank(service, body))
+        return await answer(http, request, lambda body, gone: rerank(service, body), service)
 
     return [Route("/v1/embeddings", embeddings_route, methods=["POST"]),
             Route("/v1/rerank", rerank_route, methods=["POST"]),

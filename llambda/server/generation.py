@@ -34,6 +34,7 @@ from .tools import (OPEN_TAG, ToolSetup, generic_tool_messages, has_tool_turns, 
                     written_history)
 from .workers import PoolClosed, PoolFull, PromptWorkers
 
+EMBED_WORKERS = 2         # threads waiting for a decoder's embeddings (the scheduler runs them one call at a time)
 DISCONNECTED = object()   # pushed into a channel when the client goes away
 
 
@@ -90,6 +91,8 @@ class Service:
         # the vision tower's encodings (one at a time: the model's image input's lock): a thread of their own, so that
         # requests waiting for the tower hold no prompt worker (text requests had waited behind them all)
         self.image_workers = PromptWorkers(1, backlog=max(cfg.queue_size, cfg.prompt_workers), name="image")
+        # a decoder's embeddings (they wait for the scheduler thread, which runs them between steps)
+        self.embed_workers = PromptWorkers(EMBED_WORKERS, backlog=max(cfg.queue_size, EMBED_WORKERS), name="embed")
         self.fim = find_fim_tokens(model.tokenizer, getattr(model.source, "metadata", None))
         if cfg.speculative not in (None, "off"):
             check_rollback(model.config)      # a default every request would be refused for: refuse it now
@@ -298,24 +301,27 @@ class Service:
 
         Rendering and tokenizing run in a worker thread: a long prompt must not stall running streams.
         """
-        p = await self._in_worker(self.prepare, spec)
+        p = await self.in_worker(self.prepare, spec)
         if p.images:
-            p = await self._in_worker(self.encode, p, pool=self.image_workers)
+            p = await self.in_worker(self.encode, p, pool=self.image_workers)
         return self.launch(p)
 
     async def count_prompt(self, spec: GenerationSpec) -> int:
         """The tokens a chat spec's prompt has, rendered and tokenized as `start` would (in a worker
         thread as well); nothing is queued, and a prompt too long for the context is still counted."""
-        return await self._in_worker(self._prompt_length, spec)
+        return await self.in_worker(self._prompt_length, spec)
 
     def _prompt_length(self, spec: GenerationSpec) -> int:
         self.check_model(spec.model)
         ids = self._chat_ids(spec)[0]
         return len(ids)
 
-    async def _in_worker(self, fn, arg, pool: PromptWorkers | None = None):
+    async def in_worker(self, fn, *args, pool: PromptWorkers | None = None):
+        """fn(*args) in one of the server's own pools (the prompt workers by default), never the event loop's
+        default executor: jobs that wait long there (a decoder's embeddings wait for the scheduler) left no
+        thread for the chats' bodies and /health's probe; a full pool is a 429 at once, a closed one 503."""
         try:
-            return await (pool or self.workers).run(fn, arg)
+            return await (pool or self.workers).run(fn, *args)
         except (PoolFull, PoolClosed) as e:
             if pool is self.image_workers and isinstance(e, PoolFull):
                 self.scheduler.metrics.image_refused("queue_full")

@@ -155,8 +155,9 @@ def routes(service: Service, http: Http) -> list[Route]:
         body = await http.body(request)
         if body is None:
             return Response(status_code=499)
-        # tokenizing or rendering a long text must not stall the event loop's streams
-        return http.json_response(await asyncio.to_thread(fn, service, body))
+        # tokenizing or rendering a long text must not stall the event loop's streams; in the prompt workers
+        # (bounded: 429 past their backlog), as a chat's own render and tokenizing
+        return http.json_response(await service.in_worker(fn, service, body))
 
     async def tokenize_route(request: Request) -> Response:
         return await run(request, tokenize)

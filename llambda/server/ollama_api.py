@@ -468,7 +468,7 @@ def embedding_routes(service, http: Http) -> list[Route]:
                     "total_duration": _ns(time.monotonic() - t_request), "load_duration": 0,
                     "prompt_eval_count": count}
 
-        return await embeddings_api.answer(http, request, answer)
+        return await embeddings_api.answer(http, request, answer, service)
 
     async def embed_route(request: Request) -> Response:
         return await embed(request, "input")
