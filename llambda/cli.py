@@ -533,8 +533,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
     if any(v < 0 for v in stored.values()):
         raise ValueError("--stored-responses and --stored-bytes must be >= 0")
     if (a.max_connections is not None and a.max_connections < 1) or not a.header_timeout > 0 \
-            or not a.body_timeout > 0:
-        raise ValueError("--max-connections must be >= 1, --header-timeout and --body-timeout > 0")
+            or not a.body_timeout > 0 or not 0 < a.send_timeout < float("inf"):
+        raise ValueError("--max-connections must be >= 1, --header-timeout, --body-timeout and --send-timeout > 0")
     # checked before the model loads: bind() raised OverflowError (a traceback) on a port out of range
     if not 0 <= a.port <= 65535:
         raise ValueError(f"--port must be 0-65535, not {a.port}")
@@ -552,7 +552,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
                        max_body_bytes=a.max_body or DEFAULT_MAX_BODY,
                        api_key=a.api_key, prefill_chunk=a.prefill_chunk, shutdown_grace=a.shutdown_grace,
                        max_connections=a.max_connections, header_timeout=a.header_timeout,
-                       body_timeout=a.body_timeout, webui=not a.no_webui, log_format=a.log_format,
+                       body_timeout=a.body_timeout, send_timeout=a.send_timeout, webui=not a.no_webui,
+                       log_format=a.log_format,
                        speculative=spec["speculative"], draft_max=spec["draft_max"],
                        **stored, **_template_kwargs(a))
     if a.ray or a.write_ray_config:     # replicas under Ray Serve, each loading the model itself
@@ -852,6 +853,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds a client gets to send a request's headers (default 10)")
     p.add_argument("--body-timeout", type=float, default=30.0,
                    help="seconds a client gets to send a request's body (default 30)")
+    p.add_argument("--send-timeout", type=float, default=60.0,
+                   help="seconds a client that reads nothing of a response filling the connection's buffers "
+                        "gets before the connection is aborted (default 60)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument("--log-format", default="text", choices=["text", "json"],
                    help="log lines (at info: one per request, with tokens in/out and ms) as text or as "

@@ -42,6 +42,8 @@ class ServerConfig:
                                               # parallel and queue_size, see guard.default_max_connections)
     header_timeout: float = 10.0              # seconds a client gets to send a request head; then 408/close
     body_timeout: float = 30.0                # seconds a client gets to send a request body; then 408
+    send_timeout: float = 60.0                # seconds a client whose response fills the write buffer gets to
+                                              # read some of it; then the connection is aborted
     stall_timeout: float = 60.0               # /health says 503 when the scheduler makes no step this long
                                               # while work waits
     webui: bool = True                        # serve the chat page at / (--no-webui: off)

@@ -7,6 +7,11 @@
   refusals all came out as resets). Its side is shut after the 503, what the client sends is read
   and dropped, and it closes when the client does, or after LINGER_SECONDS; as many linger at once as
   the descriptors above the cap allow, and one more is closed at once.
+- A deadline for a client that reads nothing of its response: once the connection's write buffer is full
+  (the transport has paused writing), the client has `send_timeout` seconds to read enough of it to let
+  writing resume, or the connection is aborted. A client that never read a long stream held its
+  connection and every answer event waiting to be sent (an n=4 stream with top_logprobs: ~17 MB) for as
+  long as it kept the socket open; many such filled the connection cap and the memory.
 - A deadline for each request head, from the connection's start or the previous response's end.
   (uvicorn's `timeout_keep_alive` starts only after a response and any byte received cancels it, so a
   client dribbling a header a byte at a time, or never sending one, would be held forever.) The body's
@@ -18,6 +23,7 @@
 """
 from __future__ import annotations
 
+import asyncio
 import errno
 import logging
 import os
@@ -111,6 +117,12 @@ def unlimit_logs(f: RateLimitFilter) -> None:
         logging.getLogger(name).removeFilter(f)
 
 
+def _cancelled(timer: asyncio.TimerHandle | None) -> None:
+    """None, once `timer` (if any) is cancelled: what a disarmed timer attribute holds."""
+    if timer is not None:
+        timer.cancel()
+
+
 class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with the connection cap and the request-head deadline.
 
@@ -118,6 +130,7 @@ class GuardedH11Protocol(H11Protocol):
 
     max_connections: int = 0
     header_timeout: float = 10.0
+    send_timeout: float = 60.0
     metrics: Metrics | None = None
     linger_max: int = 0        # refused connections left to linger at once: the descriptors the cap leaves
     lingering = 0              # refused connections lingering now (the event loop's thread only)
@@ -126,6 +139,7 @@ class GuardedH11Protocol(H11Protocol):
     _linger = None             # a refused connection's deadline to close
     _head_timer = None
     _head_started = False      # bytes of the awaited request head have arrived
+    _stall_timer = None        # the write buffer is full: the client's deadline to read some of it
 
     def connection_made(self, transport) -> None:
         if len(self.connections) >= self.max_connections:
@@ -152,7 +166,27 @@ class GuardedH11Protocol(H11Protocol):
                 type(self).lingering -= 1
             return
         self._disarm_head_deadline()
+        self._disarm_stall()
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._stall_timer is None and not self._refused:
+            self._stall_timer = self.loop.call_later(self.send_timeout, self._send_stalled)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._disarm_stall()
+
+    def _disarm_stall(self) -> None:
+        self._stall_timer = _cancelled(self._stall_timer)
+
+    def _send_stalled(self) -> None:
+        self._stall_timer = None
+        if not self.transport.is_closing():     # abort: the buffered answer cannot be flushed, close() would wait
+            self.transport.abort()
+            self._dropped("stalled", "aborted a connection whose client read none of its response for %g s",
+                          self.send_timeout)
 
     def data_received(self, data: bytes) -> None:
         if self._refused:          # the request of a refused connection: read, so closing does not reset
@@ -179,9 +213,7 @@ class GuardedH11Protocol(H11Protocol):
         self._head_timer = self.loop.call_later(self.header_timeout, self._head_too_late)
 
     def _disarm_head_deadline(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+        self._head_timer = _cancelled(self._head_timer)
 
     def _head_too_late(self) -> None:
         self._head_timer = None
@@ -200,10 +232,12 @@ class GuardedH11Protocol(H11Protocol):
         log.warning(msg, *args)
 
 
-def protocol_class(max_connections: int, header_timeout: float, metrics: Metrics | None) -> type:
+def protocol_class(max_connections: int, header_timeout: float, metrics: Metrics | None,
+                   send_timeout: float = GuardedH11Protocol.send_timeout) -> type:
     """The HTTP protocol class to give uvicorn.Config(http=...)."""
     return type("GuardedH11Protocol", (GuardedH11Protocol,),
                 {"max_connections": max_connections, "header_timeout": header_timeout, "metrics": metrics,
+                 "send_timeout": send_timeout,
                  "linger_max": max(0, fd_limit() - FD_RESERVE - max_connections)})
 
 

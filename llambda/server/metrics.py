@@ -27,7 +27,7 @@ class Metrics:
         self.forward_seconds = 0.0                         # time in the model's forward pass
         self.step_seconds = 0.0                            # forward + sampling + bookkeeping
         self.in_flight = 0                                 # HTTP requests being served
-        self.connections_dropped: dict[str, int] = {}      # closed by the server: "cap", "timeout", "fds"
+        self.connections_dropped: dict[str, int] = {}      # closed by the server: "cap", "timeout", "fds", "stalled"
         self.draft_tokens = 0                              # speculative decoding: tokens drafted and verified
         self.draft_accepted = 0                            # ... and of those, accepted
         self.images = 0                                    # images through the image worker's vision tower

@@ -64,7 +64,8 @@ def serve(model, cfg: ServerConfig, log_level: str = "info") -> int:
     config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=log_level, lifespan="on",
                             timeout_graceful_shutdown=cfg.shutdown_grace + 5.0, access_log=False,
                             timeout_keep_alive=5, log_config=log_config(cfg.log_format, log_level),
-                            http=guard.protocol_class(max_conn, cfg.header_timeout, app.state.metrics))
+                            http=guard.protocol_class(max_conn, cfg.header_timeout, app.state.metrics,
+                                                      cfg.send_timeout))
     server = _Server(config, scheduler, cfg.shutdown_grace)
     limiter = guard.limit_logs()
     # uvicorn re-raises the signal it caught once it has shut down; with a no-op handler
