@@ -36,6 +36,8 @@ from ..sampling import top_k_indices
 from .metrics import Metrics
 from .prefix_cache import SlotTable
 
+_CLAIMS = threading.Lock()      # a scheduler's check that no other owns its models, and its claim of them
+
 log = logging.getLogger("llambda.server")
 
 WAITING, PREFILL, DECODE, DONE = "waiting", "prefill", "decode", "done"
@@ -181,9 +183,11 @@ class Scheduler:
         """Start the loop; it owns the model's forward passes and slots until stop(), and those of the
         transformers in `also` (a draft model's, which its steps run too); ModelBusyError when another
         running scheduler owns one of them."""
-        if self._thread is None:
-            from ..models.base import live_server
-            owned = [self.model, *also]
+        if self._thread is not None:
+            return
+        from ..models.base import live_server
+        owned = [self.model, *also]
+        with _CLAIMS:       # checked and claimed in one step: two starting at once had both passed the check
             for t in owned:
                 if live_server(t) is not None:
                     raise ModelBusyError("this model is already served by another running scheduler: two would "
