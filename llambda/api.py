@@ -30,6 +30,7 @@ from .models.images import DEFAULT_MAX_IMAGES, image_keys, images_agree
 from .sampling import SamplingParams, _is_int
 
 DEFAULT_CTX = 4096
+_DRAFTS = threading.Lock()    # Model.set_draft: its check for a cycle of drafts and the draft set, one at a time
 
 
 def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: int | None = None,
@@ -481,26 +482,30 @@ class Model:
         if not isinstance(draft, Model):    # an EncoderModel or a path has no transformer to draft with
             raise InvalidInputError(f"set_draft() takes a loaded decoder model (llambda.load), "
                                     f"got {type(draft).__name__}")
-        # a draft round holds this model's lock, then the draft's: a draft that drafts with this model
-        # again would take them in the other order (a deadlock between two threads)
-        seen, d = set(), draft.draft
-        while d is not None and id(d) not in seen:
-            if d is self:
-                raise InvalidInputError("the draft model speculates with this model: a cycle of drafts")
-            seen.add(id(d))
-            d = d.draft
-        from .speculative import DraftModel, check_rollback
-        try:
-            check_rollback(self.config)
-            check_rollback(draft.config, "the draft model")
-            _check_counts(draft_threads=(threads, 1, True))
-            threads = None if threads is None else int(threads)     # np.int64(2) was refused
-            self.drafter = DraftModel(draft.transformer, draft.tokenizer, self.tokenizer, self.config.vocab_size,
-                                      n_slots=self.transformer.n_slots, threads=threads, owner=draft)
-        except BaseException:
-            draft.close()
-            raise
-        self.draft = draft
+        from . import speculative
+        # one set_draft at a time, from the cycle check to the draft set: two at once (a.set_draft(b),
+        # b.set_draft(a)) both passed the check
+        with _DRAFTS:
+            # a draft round holds this model's lock, then the draft's: a draft that drafts with this model
+            # again would take them in the other order (a deadlock between two threads)
+            seen, d = set(), draft.draft
+            while d is not None and id(d) not in seen:
+                if d is self:
+                    raise InvalidInputError("the draft model speculates with this model: a cycle of drafts")
+                seen.add(id(d))
+                d = d.draft
+            try:
+                speculative.check_rollback(self.config)
+                speculative.check_rollback(draft.config, "the draft model")
+                _check_counts(draft_threads=(threads, 1, True))
+                threads = None if threads is None else int(threads)     # np.int64(2) was refused
+                self.drafter = speculative.DraftModel(draft.transformer, draft.tokenizer, self.tokenizer,
+                                                      self.config.vocab_size, n_slots=self.transformer.n_slots,
+                                                      threads=threads, owner=draft)
+            except BaseException:
+                draft.close()
+                raise
+            self.draft = draft
 
     def _run(self, seq: Sequence) -> Iterator[TokenEvent]:
         while True:
