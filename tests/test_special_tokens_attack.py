@@ -165,8 +165,9 @@ def test_marking_is_bounded_and_leaves_other_data_alone(monkeypatch, trie):
     assert list(out)[1] != "<|a|>" and lit.restore(list(out)[1]) == "<|a|>"
     plain = {"a": ["b", {"c": "d"}]}
     assert lit.mark(plain) is plain
+    assert "\ufdd0" not in lit.restore(marked[0].upper())        # a template's case change keeps them whole
     # a placeholder nobody made (another key, an index past the list, a number past int's digits) is text
-    forged = f"\ufdd0{lit.key}{10 ** 40}\ufdd1 \ufdd0{lit.key}99999\ufdd1 \ufdd0{'0' * 16}1\ufdd1"
+    forged = f"\ufdd0{lit.key}{10 ** 40}\ufdd1 \ufdd0{lit.key}99999\ufdd1 \ufdd0{'0' * 18}1\ufdd1"
     assert lit.restore(forged) == forged and lit.split(forged) == [(forged, False)]
 
 

@@ -29,6 +29,7 @@ from ..errors import ChatTemplateError
 OPEN, CLOSE = "\ufdd0", "\ufdd1"
 TRIE_CHARS = 64                 # a longer control token's text: the backend finds them (finder)
 TRIE_NODES = 100_000            # a bigger trie: the backend finds them
+KEY_DIGITS = 18
 MAX_DEPTH = 256                 # nesting of a caller's data marked (a server body is at most 64 deep)
 
 
@@ -67,7 +68,8 @@ class Literals:
         the trie is past its bounds; without one, such a vocabulary is an error)."""
         self.texts = sorted({t for t in special_texts if t})
         self._index = {t: i for i, t in enumerate(self.texts)}
-        self.key = secrets.token_hex(8)
+        # digits: a template that changes a string's case (upper, title) leaves a placeholder whole
+        self.key = f"{secrets.randbelow(10 ** KEY_DIGITS):0{KEY_DIGITS}d}"
         pattern = _trie_pattern(self.texts) if self.texts else None
         self._find = re.compile(pattern) if pattern else None
         if self.texts and self._find is None and finder is None:
