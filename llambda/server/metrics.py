@@ -128,7 +128,7 @@ class Metrics:
             metric("requests_in_flight", "gauge", "HTTP requests being served", [("", self.in_flight)])
             metric("connections_dropped_total", "counter",
                    "connections the server closed unserved: over --max-connections, too slow to send a "
-                   "request, or while out of file descriptors",
+                   "request, while out of file descriptors, or reading none of a response (--send-timeout)",
                    [(f'{{reason="{r}"}}', n) for r, n in sorted(self.connections_dropped.items())] or [("", 0)])
             metric("prompt_tokens_total", "counter", "prompt tokens received (tokens in)", [("", self.prompt_tokens)])
             metric("prompt_tokens_cached_total", "counter", "prompt tokens whose KV was reused from the prefix cache",

@@ -104,7 +104,7 @@ class Literals:
         if isinstance(value, str):
             return self.mark_text(value)
         if depth > MAX_DEPTH:
-            raise ChatTemplateError(f"the messages nest more than {MAX_DEPTH} levels deep")
+            raise ChatTemplateError(f"the messages nest more than {MAX_DEPTH} levels deep (or hold themselves)")
         if isinstance(value, Mapping):
             items = [(self.mark(k, depth + 1), self.mark(v, depth + 1)) for k, v in value.items()]
             if all(k is k0 and v is v0 for (k, v), (k0, v0) in zip(items, value.items())):
