@@ -125,9 +125,20 @@ class Service:
         require_vision(self, spec)
         return self.model.restore_literal(self._render(spec)[0])
 
+    def _check_tool_names(self, spec: GenerationSpec) -> None:
+        """An offered tool's name is written by llambda itself too (the generic tool prompt's rule, a forced
+        call's opening, the call grammar), not only by the template: one that holds the text of a control
+        token would be that token there (a forged turn). No tool is named so: a 400."""
+        names = tool_names(spec.tools) if spec.tools else set()
+        for name in sorted(names | ({spec.forced_tool} if spec.forced_tool else set())):
+            if isinstance(name, str) and self.model.literal(name) != name:
+                raise bad_request(f"the tool name {name[:80]!r} holds the text of one of this model's control "
+                                  "tokens", param="tools")
+
     def _render(self, spec: GenerationSpec) -> tuple[str, bool]:
         """(the template's text, whether the tools went in through the generic tool prompt). The request's
         strings are literal (Model.literal): a control token's text in them is tokenized as text."""
+        self._check_tool_names(spec)
         client, tools = self.model.literal(spec.messages), self.model.literal(spec.tools)
         messages = self.template_messages(client)
         generic = bool(spec.tools) and not self.template_has_tools
