@@ -427,9 +427,7 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
         try:
             yield
         finally:
-            service.workers.close()
-            service.image_workers.close()
-            service.embed_workers.close()
+            service.close_workers()
             await asyncio.to_thread(scheduler.stop)
 
     routes = [

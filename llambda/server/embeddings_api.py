@@ -190,7 +190,7 @@ async def answer(http: Http, request: Request, fn, service=None) -> Response:
     # the watcher wants a generation; only its client_gone() is called
     watcher = asyncio.create_task(http.watch_disconnect(request.receive, SimpleNamespace(client_gone=gone.set)))
     try:
-        if getattr(service, "embed_workers", None) is not None:
+        if hasattr(service, "in_worker"):          # a decoder's Service (an encoder's app has none)
             return http.json_response(await service.in_worker(fn, body, gone, pool=service.embed_workers))
         return http.json_response(await asyncio.to_thread(fn, body, gone))
     except ClientGone:

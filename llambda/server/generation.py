@@ -8,6 +8,7 @@ jobs, which frees their slots before the scheduler's next step.
 """
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, replace
 from typing import AsyncIterator
@@ -91,8 +92,8 @@ class Service:
         # the vision tower's encodings (one at a time: the model's image input's lock): a thread of their own, so that
         # requests waiting for the tower hold no prompt worker (text requests had waited behind them all)
         self.image_workers = PromptWorkers(1, backlog=max(cfg.queue_size, cfg.prompt_workers), name="image")
-        # a decoder's embeddings (they wait for the scheduler thread, which runs them between steps)
-        self.embed_workers = PromptWorkers(EMBED_WORKERS, backlog=max(cfg.queue_size, EMBED_WORKERS), name="embed")
+        self._embed_workers: PromptWorkers | None = None      # made on first use (embed_workers)
+        self._pools_lock = threading.Lock()
         self.fim = find_fim_tokens(model.tokenizer, getattr(model.source, "metadata", None))
         if cfg.speculative not in (None, "off"):
             check_rollback(model.config)      # a default every request would be refused for: refuse it now
@@ -103,6 +104,22 @@ class Service:
             self.model.grammars()
         except Exception:     # no tokenizer, no llguidance: the request that needs it will say so
             pass
+
+    @property
+    def embed_workers(self) -> PromptWorkers:
+        """The threads a decoder's embeddings wait in (for the scheduler thread, which runs them between
+        steps): made on first use, so a Service that serves none starts none."""
+        with self._pools_lock:
+            if self._embed_workers is None:
+                self._embed_workers = PromptWorkers(EMBED_WORKERS, backlog=max(self.cfg.queue_size, EMBED_WORKERS),
+                                                    name="embed")
+            return self._embed_workers
+
+    def close_workers(self) -> None:
+        """Every pool's idle threads exit (a busy one finishes its job); new jobs are refused (503)."""
+        self.workers.close()
+        self.image_workers.close()
+        self.embed_workers.close()      # (made now if it was not: a later embedding request is refused too)
 
     # -- checks ------------------------------------------------------------------
     def check_model(self, name: str | None) -> None:
