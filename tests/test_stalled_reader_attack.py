@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from serverkit import ServerProcess  # noqa: E402
@@ -35,6 +36,12 @@ def test_a_client_that_reads_nothing_is_dropped_and_a_slow_one_is_not(tmp_path):
         while _stalled(srv) < 1:
             assert time.monotonic() < deadline, "the client that reads nothing was never dropped: " + srv.log()
             time.sleep(0.5)
+        # reset, not closed: the kernel dropped the MBs it held for the client at once (a FIN would have
+        # waited behind them)
+        s.settimeout(30)
+        with pytest.raises(ConnectionResetError):
+            while s.recv(1 << 20):
+                pass
         s.close()
         assert httpx.get(srv.url + "/health", timeout=30).status_code == 200
         # a client reading the same stream slowly, but reading: served whole

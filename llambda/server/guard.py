@@ -28,6 +28,7 @@ import errno
 import logging
 import os
 import socket
+import struct
 import threading
 import time
 
@@ -184,6 +185,11 @@ class GuardedH11Protocol(H11Protocol):
     def _send_stalled(self) -> None:
         self._stall_timer = None
         if not self.transport.is_closing():     # abort: the buffered answer cannot be flushed, close() would wait
+            sock = self.transport.get_extra_info("socket")
+            try:            # a reset: the kernel drops what it still holds for the client (MBs) at once
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            except (AttributeError, OSError):
+                pass
             self.transport.abort()
             self._dropped("stalled", "aborted a connection whose client read none of its response for %g s",
                           self.send_timeout)
