@@ -322,6 +322,39 @@ def test_a_served_model_keeps_its_deepstack_levels(tmp_path):
         assert m.transformer.image_width == 64 * 2
 
 
+def test_a_tower_attached_while_an_image_encodes_leaves_none_of_the_old_rows_kept(ckpt, monkeypatch):
+    """An image's rows are kept (for its file's next prompt) only while their tower is attached: a tower
+    attached after the old one encoded an image but before its rows were kept clears the kept rows, and the old
+    tower's rows must not be kept past it (they would be the new tower's answer for that file: wrong rows,
+    silently, a tower of the same width)."""
+    import threading
+    from llambda.models import image_input as input_mod
+
+    class Other(WideTower):             # another tower, the same width: other rows
+        def encode_one(self, pixels, grid):
+            return super().encode_one(pixels, grid) + 1
+
+    with load(ckpt[0]) as m:
+        old, new = m.vision, Other()
+        attached = threading.Event()
+        real = input_mod.image_block
+
+        def block_then_attach(*a, **kw):     # the old tower has encoded; the new one attached meanwhile
+            if not attached.is_set():
+                t = threading.Thread(target=lambda: (m.attach_vision(new, load_image=Other.load_image),
+                                                     attached.set()))
+                t.start()
+                t.join(timeout=0.5)      # (an attach that waits for the encoding's lock: not within this)
+            return real(*a, **kw)
+        monkeypatch.setattr(input_mod, "image_block", block_then_attach)
+        first = m.encode_images(q25.IMAGES[:1], [3])[0]
+        monkeypatch.setattr(input_mod, "image_block", real)
+        assert attached.wait(10) and m.vision is new and old.encoded == 1
+        again = m.encode_images(q25.IMAGES[:1], [3])[0]
+        assert new.encoded == 1, "the old tower's rows were kept past the new tower's attach"
+        assert np.array_equal(again.rows, first.rows + 1)
+
+
 def test_a_qwen3vl_tower_needs_interleaved_sections(tmp_path):
     """Qwen2.5-VL's text model (contiguous sections) takes no qwen3_vl tower."""
     with load(q25._random_checkpoint(tmp_path / "q25"), tower=False) as m:

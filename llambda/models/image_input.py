@@ -264,7 +264,7 @@ class ImageInput:
                 if px.ndim != 2 or not len(px):
                     raise ModelFormatError(f"the vision tower's pixels are of shape {px.shape}: no [patches, values]")
                 rows = tower_rows([tower.encode_one(px, (gh, gw))], 1, gh * gw, width)[0]
-            blocks = (image_block(0, rows, causal=True, grid=(gh, gw)),)
-            self.encoded.put(key, blocks)
+                blocks = (image_block(0, rows, causal=True, grid=(gh, gw)),)
+                self.encoded.put(key, blocks)   # under the lock: a tower attached since would not clear them
             out.append(blocks)
         return out
