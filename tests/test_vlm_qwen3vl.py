@@ -355,6 +355,36 @@ def test_a_tower_attached_while_an_image_encodes_leaves_none_of_the_old_rows_kep
         assert np.array_equal(again.rows, first.rows + 1)
 
 
+@pytest.mark.parametrize("levels", [1, 3])
+def test_a_forward_adds_the_levels_its_rows_carry_whatever_is_attached_meanwhile(tmp_path, monkeypatch, levels):
+    """A forward's image rows were checked against the model's width when it began; a tower of another level
+    count attached meanwhile (another thread, no server: allowed) changes the model's count, not what those rows
+    carry: the forward adds their two levels (had it read the new count: one level dropped, silently, or a
+    third read past the rows' columns)."""
+    import llambda.models.base as base_mod
+    from llambda.tools.export import export
+
+    def no_levels(meta, types):
+        del meta["qwen3vl.n_deepstack_layers"], types["qwen3vl.n_deepstack_layers"]
+    path = _rewritten(export(FOLDER, tmp_path / "a.gguf", "gguf", "f32"), tmp_path / "b.gguf", no_levels)
+
+    class Other(FixtureTower):
+        deepstack = levels
+
+    with load(path, "numpy", FixtureTower, n_ctx=128) as m:
+        ids, blocks = TWO["input_ids"], fixture_blocks(TWO)
+        want = whole_logits(m, ids, blocks).copy()
+        real = base_mod.Transformer._check_images
+
+        def then_attach(self, images, n):
+            real(self, images, n)
+            m.attach_vision(Other(), load_image=Other.load_image)      # after the check, before the layers
+        monkeypatch.setattr(base_mod.Transformer, "_check_images", then_attach)
+        got = whole_logits(m, ids, blocks)
+        assert m.transformer.deepstack == levels
+    assert np.array_equal(got, want)
+
+
 def test_a_qwen3vl_tower_needs_interleaved_sections(tmp_path):
     """Qwen2.5-VL's text model (contiguous sections) takes no qwen3_vl tower."""
     with load(q25._random_checkpoint(tmp_path / "q25"), tower=False) as m:
