@@ -385,6 +385,47 @@ def test_a_forward_adds_the_levels_its_rows_carry_whatever_is_attached_meanwhile
     assert np.array_equal(got, want)
 
 
+def test_an_image_encoded_while_a_tower_of_other_levels_attaches_is_never_blamed_on_the_file(tmp_path, monkeypatch):
+    """A tower of another level count attaching (its levels set on the model, the tower not yet swapped) while an
+    image starts encoding: the encoding sees the old tower with the old width or the new with the new (or is told
+    to send the image again), never the new width with the old tower (a ModelFormatError naming the tower's rows,
+    as if the file were bad)."""
+    import threading
+    import llambda.models.base as base_mod
+    from llambda.tools.export import export
+
+    def no_levels(meta, types):
+        del meta["qwen3vl.n_deepstack_layers"], types["qwen3vl.n_deepstack_layers"]
+    path = _rewritten(export(FOLDER, tmp_path / "a.gguf", "gguf", "f32"), tmp_path / "b.gguf", no_levels)
+
+    class OneLevel(FixtureTower):
+        deepstack = 1
+
+    with load(path, "numpy", FixtureTower, n_ctx=128) as m:
+        real, outcome = base_mod.Transformer.set_deepstack, []
+
+        def encode():
+            try:
+                outcome.append(m.encode_images([FIX_PNG["image_wide.png"]], [3])[0].rows.shape)
+            except LlambdaError as e:
+                outcome.append(e)
+
+        def set_then_encode(self, levels):     # the attach's levels set; the encoding starts in another thread
+            real(self, levels)
+            t = threading.Thread(target=encode)
+            t.start()
+            t.join(timeout=0.5)      # (an encoding that waits for the attach's lock: not within this)
+        monkeypatch.setattr(base_mod.Transformer, "set_deepstack", set_then_encode)
+        m.attach_vision(OneLevel(), load_image=OneLevel.load_image)
+        monkeypatch.setattr(base_mod.Transformer, "set_deepstack", real)
+        for _ in range(100):
+            if outcome:
+                break
+            threading.Event().wait(0.05)
+    got = outcome[0]
+    assert got == (12, 64 * 2) or (isinstance(got, InvalidInputError) and "send them again" in str(got)), got
+
+
 def test_a_qwen3vl_tower_needs_interleaved_sections(tmp_path):
     """Qwen2.5-VL's text model (contiguous sections) takes no qwen3_vl tower."""
     with load(q25._random_checkpoint(tmp_path / "q25"), tower=False) as m:
