@@ -626,6 +626,61 @@ def test_fixture_chunks_and_the_scheduler_give_the_greedy_tokens():
         q25.same_beside_text(m, TWO["input_ids"], fixture_blocks(TWO), want, texts)
 
 
+def test_every_chunk_size_and_every_reused_prefix_give_the_same_logits_and_tokens():
+    """Prefill chunks of every size from 1 to 24 tokens (each image cut at every offset: the DeepStack columns of
+    the image rows each chunk holds): every position's logits and the greedy tokens of one forward; slot 0 holding
+    every prefix of the prompt that ends outside an image (its image's keys and values reused): the same tokens."""
+    ids, blocks = TWO["input_ids"], fixture_blocks(TWO)
+    with fixture_model("native-exact", max_batch=64) as m:
+        ref = whole_logits(m, ids, blocks).copy()
+        want = [e.token for e in m.stream(ids, images=blocks, max_tokens=6, temperature=0, ignore_eos=True)]
+    for size in range(1, 25):
+        with fixture_model("native-exact", max_batch=size) as m:
+            t, got = m.transformer, []
+            for lo in range(0, len(ids), size):
+                hi = min(len(ids), lo + size)
+                b = BatchImages()
+                b.add(0, blocks, lo, hi)
+                got.append(t.forward(np.array(ids[lo:hi], np.int32), np.zeros(hi - lo, np.int32),
+                                     np.arange(lo, hi, dtype=np.int32), list(range(hi - lo)),
+                                     out=np.empty((hi - lo, ref.shape[1]), np.float32), images=b,
+                                     rope=rope_rows(blocks, lo, hi)))
+            assert np.abs(np.concatenate(got) - ref).max() < 1e-5, size
+            assert [e.token for e in m.stream(ids, images=blocks, max_tokens=6, temperature=0,
+                                              ignore_eos=True)] == want, size
+    with fixture_model("native-exact", max_batch=64, n_slots=1) as m:
+        for cut in range(1, len(ids)):
+            if any(b.start < cut <= b.end for b in blocks):
+                continue
+            list(m.stream(ids[:cut], images=tuple(b for b in blocks if b.end < cut), max_tokens=1))
+            with vlm.prefill_starts() as calls:
+                got = [e.token for e in m.stream(ids, images=blocks, max_tokens=6, temperature=0, ignore_eos=True)]
+            assert got == want and calls[0] == cut, (cut, calls)
+
+
+def test_the_scheduler_batches_requests_of_other_images_together():
+    """Two image requests (the two-image prompt; its first image alone, and that image's rows scaled: another
+    digest) beside a text request under prefill chunks of 3, 5, 17 and 256: each its own tokens and logprob bits
+    alone; then one after another on one slot table (four slots), the shared prefix reused only where the image
+    is the same."""
+    ids, blocks = TWO["input_ids"], fixture_blocks(TWO)
+    first = ids[:blocks[0].end + 6]                       # the first image and five tokens after it
+    scaled = (image_block(blocks[0].start, blocks[0].rows * np.float32(1.1), True, blocks[0].grid),)
+    jobs = [(ids, blocks, 6), (first, blocks[:1], 6), (first, scaled, 6)]
+    text = np.random.default_rng(3).integers(7, 390, size=17).tolist()
+    with fixture_model("native-exact", n_slots=4, max_batch=96, n_ctx=256) as m:
+        alone = [vlm.scheduler_run(m, [[job]], 256)[0][0][0] for job in jobs]
+        for chunk in (3, 5, 17, 256):
+            runs = vlm.scheduler_run(m, [[jobs[0], (text, (), 6), jobs[1], jobs[2]]], chunk)[0]
+            assert [runs[0][0], runs[2][0], runs[3][0]] == alone, chunk
+        runs = vlm.scheduler_run(m, [[job] for job in jobs + jobs[1:2]], 256)
+    assert [r[0][0] for r in runs] == alone + alone[1:2]
+    reused = [r[0][1] for r in runs]
+    # the first image's request reuses the two-image prompt's prefix, the scaled one nothing past the image's
+    # start, the first image's again its own earlier slot (not the scaled one's)
+    assert reused[1] == reused[3] == len(first) - 1 and reused[2] <= blocks[0].start, reused
+
+
 def test_server_prepares_qwen3vl_requests():
     """The server's token count and prepared sequence are Model.image_prompt's, its rope_delta transformers'; each
     image is encoded once, in the image worker, its block's digest over every column."""
