@@ -61,9 +61,9 @@ def _chat(served, msgs, **body) -> dict:
 
 
 def test_odd_prompts_concurrently_with_two_choices_each(served):
-    """An image alone, the same image twice, an image in an earlier turn and another in the last: four requests
-    at once, twice each, n = 2: every choice is Model.chat's greedy reply (both slots busy, the choices after the
-    first reusing its prefix)."""
+    """An image alone, the same image twice, an image in an earlier turn and another in the last: each prompt
+    twice, four requests at a time, n = 2: every choice is Model.chat's greedy reply (both slots busy, the choices
+    after the first reusing its prefix)."""
     cases = [[{"role": "user", "content": [WIDE]}],
              [{"role": "user", "content": [WIDE, WIDE, "same?"]}],
              [{"role": "user", "content": [TALL, "What is in this image?"]},
