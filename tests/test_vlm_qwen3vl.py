@@ -113,6 +113,23 @@ def test_interleaved_pair_sections():
     assert pair_sections([2, 3, 3], 8, False).tolist() == [0, 0, 1, 1, 1, 2, 2, 2]
 
 
+def _llama_cpp_imrope(sections, half: int) -> list:
+    """llama.cpp's IMROPE rule (ggml's rope, as its public source reads): pair i to section i % 3 when i is below
+    3 x that section's count, else to a fourth position (3; all 0 for a text token there)."""
+    return [i % 3 if i < 3 * sections[i % 3] else 3 for i in range(half)]
+
+
+def test_where_llama_cpps_interleaved_sections_differ_from_transformers():
+    """Pairs past 3 x their section's count turn by llama.cpp's fourth position (0 for text) but by the temporal one
+    in transformers (and here): pair 6 of the tiny [2, 3, 3], and pairs 61 and 62 of the released [24, 20, 20]
+    (two of the three slowest at theta 5e6: 5e6 ** (-122 / 128) = 4.1e-7 rad a token, 0.11 rad at position
+    262144; so llama.cpp's logits on a released Qwen3-VL differ from transformers' there, ours do not)."""
+    for sections, half, pairs in (([2, 3, 3], 8, [6]), ([24, 20, 20], 64, [61, 62]), ([3, 3, 2], 8, [])):
+        ours, theirs = pair_sections(sections, half, True).tolist(), _llama_cpp_imrope(sections, half)
+        assert [i for i in range(half) if ours[i] != theirs[i]] == pairs, sections
+        assert all(theirs[i] == 3 and ours[i] == 0 for i in pairs)
+
+
 def test_the_checkpoint_loads_as_qwen3vl_and_its_layout_is_found(ckpt):
     with load(ckpt[0]) as m:
         c = m.config
@@ -502,9 +519,9 @@ def test_ollama_and_hostile_gguf_metadata(ckpt, tmp_path):
 
 def test_llama_cpp_runs_our_qwen3vl_gguf(tmp_path):
     """llama.cpp (llama-cpp-python, where its version knows qwen3vl) loads our GGUF and gives our text-only logits.
-    Sections [3, 3, 2]: llama.cpp's IMROPE gives a pair i % 3 == 0 past 3 x sections[0] to a fourth position (0
-    for text) where transformers keeps it temporal, so the tiny [2, 3, 3] differs there (pair 6 of 8); the real
-    models' [24, 20, 20] have no such pair."""
+    Sections [3, 3, 2]: the tiny [2, 3, 3] would differ (pair 6 of 8 turns by llama.cpp's fourth position, 0 for
+    text, where transformers keeps it temporal: test_where_llama_cpps_interleaved_sections_differ_from_transformers;
+    the released [24, 20, 20] differ at pairs 61 and 62, by at most 4e-7 rad a token)."""
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the bench extra)")
     from llamacpp_ref import llama_cpp_logits
     from llambda.tools.export import export
