@@ -272,6 +272,17 @@ def test_hostile_deepstack_configs_are_typed_errors(tmp_path, vision, match):
         llambda.load(folder, backend="numpy", vision=False)
 
 
+def test_a_vision_config_naming_no_deepstack_indexes_takes_transformers_default(tmp_path):
+    """transformers' Qwen3VLVisionConfig defaults deepstack_visual_indexes to [8, 16, 24] (Qwen3-VL-8B's): a config
+    that omits them has three levels, not none (the text model would skip every DeepStack add, silently)."""
+    folder = _random_checkpoint(tmp_path / "vl")
+    cfg = json.loads((folder / "config.json").read_text())
+    del cfg["vision_config"]["deepstack_visual_indexes"]
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with load(folder, "numpy", tower=False) as m:
+        assert m.config.deepstack_levels == 3 and m.transformer.image_width == WIDTH * 4
+
+
 def test_bad_towers_and_rows_are_typed_errors(ckpt):
     with load(ckpt[0], tower=False) as m:
         class Narrow(WideTower):        # says 2 levels, gives the embeddings alone

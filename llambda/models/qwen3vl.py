@@ -28,6 +28,8 @@ from .qwen3 import config_from_hf as qwen3_from_hf
 
 ARCH = "qwen3vl"
 DEEPSTACK_KEY = "n_deepstack_layers"
+# transformers' Qwen3VLVisionConfig default where config.json names none (vision/qwen3vl_layouts.py's too)
+DEFAULT_DEEPSTACK = (8, 16, 24)
 SECTION_KEYS = ("rope.dimension_sections", "mrope_sections")      # llama.cpp's, Ollama's
 
 
@@ -79,7 +81,7 @@ def hf_vl(cfg: dict) -> dict:
     if vision is not None:
         if not isinstance(vision, dict):
             raise ModelFormatError("config.json's vision_config must be an object")
-        idx = vision.get("deepstack_visual_indexes", [])
+        idx = vision.get("deepstack_visual_indexes", DEFAULT_DEEPSTACK)
         if not isinstance(idx, (list, tuple)) or len(idx) > 4096:
             raise ModelFormatError(f"config.json vision_config.deepstack_visual_indexes should list block indexes, "
                                    f"got {str(idx)[:60]}")

@@ -31,7 +31,10 @@ GLOBAL = {"patch_embed.proj.bias": "v.patch_embd.bias", "pos_embed.weight": "v.p
 _DEEPSTACK_RE = re.compile(r"deepstack_merger_list\.(\d{1,4})\.(norm|linear_fc1|linear_fc2)\.(weight|bias)")
 _DEEPSTACK_LEAF = {"norm": "norm", "linear_fc1": "fc1", "linear_fc2": "fc2"}
 HF_NAMES = {"num_position_embeddings": "config.json vision_config.num_position_embeddings",
-            "deepstack_visual_indexes": "config.json vision_config.deepstack_visual_indexes"}
+            "deepstack_visual_indexes": "config.json vision_config.deepstack_visual_indexes (absent: transformers' "
+                                        "default)"}
+# transformers' Qwen3VLVisionConfig default where config.json names none (Qwen3-VL-8B's; models/qwen3vl.py's too)
+DEFAULT_DEEPSTACK = (8, 16, 24)
 
 
 def hf_fields(vis: dict) -> dict:
@@ -39,7 +42,7 @@ def hf_fields(vis: dict) -> dict:
     return {"hidden_size": vis.get("hidden_size"), "intermediate_size": vis.get("intermediate_size"),
             "text_hidden_size": vis.get("out_hidden_size"), "hidden_act": vis.get("hidden_act", "gelu_pytorch_tanh"),
             "num_position_embeddings": vis.get("num_position_embeddings"),
-            "deepstack_visual_indexes": vis.get("deepstack_visual_indexes", [])}
+            "deepstack_visual_indexes": vis.get("deepstack_visual_indexes", DEFAULT_DEEPSTACK)}
 
 
 def gguf_name(canon: str, deepstack: tuple) -> str | None:
