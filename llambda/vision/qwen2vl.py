@@ -96,8 +96,8 @@ class QwenVisionEncoder:
             self.layers.append(L)
         self.merger = merger(qwen3vl.MERGER_NAMES[cfg.projector], H)
         # DeepStack: the block after which each level's merger (its norm over the joined rows) runs
-        self.deepstack = {layer: merger(qwen3vl.deepstack_names(j), M * H)
-                          for j, layer in enumerate(cfg.deepstack_visual_indexes)}
+        self.deepstack_mergers = {layer: merger(qwen3vl.deepstack_names(j), M * H)
+                                  for j, layer in enumerate(cfg.deepstack_visual_indexes)}
         sd = cfg.head_dim // 2
         self.inv_freq = (np.float32(1.0) / (np.float32(cfg.rope_theta) ** (
             np.arange(0, sd, 2, dtype=np.float32) / np.float32(sd)))).astype(np.float32)
@@ -160,8 +160,8 @@ class QwenVisionEncoder:
                     self._activate(u)
                 be.dense(u, L["down"], part)        # the block's input rows are spent: its output in their place
             be.add(x, h, x)
-            if i in self.deepstack:
-                levels.append(self._merge(x, h, self.deepstack[i], joined_norm=True))
+            if i in self.deepstack_mergers:
+                levels.append(self._merge(x, h, self.deepstack_mergers[i], joined_norm=True))
         del qkv, ctx, up, gate
         if hidden_out is not None:
             hidden_out[rows_order] = x
