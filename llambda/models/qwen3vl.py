@@ -8,8 +8,9 @@ Qwen2-VL's positions (models/images.rope_rows); a text token's three are equal, 
 
 DeepStack: the vision tower's rows of an image are [tokens, d * (1 + levels)]: the first d columns are the
 embeddings written over its tokens, the columns of level j are added to those tokens' hidden states right after
-decoder layer j (models/base.py). The levels: config.json's len(vision_config.deepstack_visual_indexes), llama.cpp's
-`qwen3vl.n_deepstack_layers` (0 when absent: the attached tower's count is taken).
+decoder layer j (models/base.py). The levels: config.json's len(vision_config.deepstack_visual_indexes) (absent:
+transformers' default, 3), llama.cpp's `qwen3vl.n_deepstack_layers` (0 when absent: the attached tower's count is
+taken).
 
 Files: a HF directory (model_type qwen3_vl, the text config nested under text_config, rope_scaling or
 rope_parameters with mrope_section; transformers interleaves whatever `mrope_interleaved` says, and so do we);
