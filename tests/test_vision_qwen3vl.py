@@ -286,6 +286,9 @@ def test_qwen3_vl_moe_and_released_configs_load_the_same_tower(tmp_path):
     (vision_edit(deepstack_visual_indexes="0,1"), None, "deepstack_visual_indexes"),
     (vision_edit(deepstack_visual_indexes=[0.0, 1]), None, "deepstack_visual_indexes"),
     (vision_edit(deepstack_visual_indexes=[0, 1, 2]), None, "deepstack_merger_list.2"),  # no tensors for it
+    # absent: transformers' default [8, 16, 24] (not none: a 27-block tower would lose its levels silently), here
+    # past the depth
+    (lambda c: c["vision_config"].pop("deepstack_visual_indexes"), None, r"deepstack_visual_indexes.*\(8, 16, 24\)"),
     (vision_edit(num_position_embeddings=15), None, "square"),
     (vision_edit(num_position_embeddings=0), None, "num_position_embeddings"),
     (vision_edit(num_position_embeddings=1 << 40), None, "num_position_embeddings"),

@@ -113,6 +113,23 @@ def test_interleaved_pair_sections():
     assert pair_sections([2, 3, 3], 8, False).tolist() == [0, 0, 1, 1, 1, 2, 2, 2]
 
 
+def _llama_cpp_imrope(sections, half: int) -> list:
+    """llama.cpp's IMROPE rule (ggml's rope, as its public source reads): pair i to section i % 3 when i is below
+    3 x that section's count, else to a fourth position (3; all 0 for a text token there)."""
+    return [i % 3 if i < 3 * sections[i % 3] else 3 for i in range(half)]
+
+
+def test_where_llama_cpps_interleaved_sections_differ_from_transformers():
+    """Pairs past 3 x their section's count turn by llama.cpp's fourth position (0 for text) but by the temporal one
+    in transformers (and here): pair 6 of the tiny [2, 3, 3], and pairs 61 and 62 of the released [24, 20, 20]
+    (two of the three slowest at theta 5e6: 5e6 ** (-122 / 128) = 4.1e-7 rad a token, 0.11 rad at position
+    262144; so llama.cpp's logits on a released Qwen3-VL differ from transformers' there, ours do not)."""
+    for sections, half, pairs in (([2, 3, 3], 8, [6]), ([24, 20, 20], 64, [61, 62]), ([3, 3, 2], 8, [])):
+        ours, theirs = pair_sections(sections, half, True).tolist(), _llama_cpp_imrope(sections, half)
+        assert [i for i in range(half) if ours[i] != theirs[i]] == pairs, sections
+        assert all(theirs[i] == 3 and ours[i] == 0 for i in pairs)
+
+
 def test_the_checkpoint_loads_as_qwen3vl_and_its_layout_is_found(ckpt):
     with load(ckpt[0]) as m:
         c = m.config
@@ -255,6 +272,17 @@ def test_hostile_deepstack_configs_are_typed_errors(tmp_path, vision, match):
         llambda.load(folder, backend="numpy", vision=False)
 
 
+def test_a_vision_config_naming_no_deepstack_indexes_takes_transformers_default(tmp_path):
+    """transformers' Qwen3VLVisionConfig defaults deepstack_visual_indexes to [8, 16, 24] (Qwen3-VL-8B's): a config
+    that omits them has three levels, not none (the text model would skip every DeepStack add, silently)."""
+    folder = _random_checkpoint(tmp_path / "vl")
+    cfg = json.loads((folder / "config.json").read_text())
+    del cfg["vision_config"]["deepstack_visual_indexes"]
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with load(folder, "numpy", tower=False) as m:
+        assert m.config.deepstack_levels == 3 and m.transformer.image_width == WIDTH * 4
+
+
 def test_bad_towers_and_rows_are_typed_errors(ckpt):
     with load(ckpt[0], tower=False) as m:
         class Narrow(WideTower):        # says 2 levels, gives the embeddings alone
@@ -320,6 +348,110 @@ def test_a_served_model_keeps_its_deepstack_levels(tmp_path):
             m.transformer.served_by = None
         m.attach_vision(OneLevel(), load_image=FixtureTower.load_image)
         assert m.transformer.image_width == 64 * 2
+
+
+def test_a_tower_attached_while_an_image_encodes_leaves_none_of_the_old_rows_kept(ckpt, monkeypatch):
+    """An image's rows are kept (for its file's next prompt) only while their tower is attached: a tower
+    attached after the old one encoded an image but before its rows were kept clears the kept rows, and the old
+    tower's rows must not be kept past it (they would be the new tower's answer for that file: wrong rows,
+    silently, a tower of the same width)."""
+    import threading
+    from llambda.models import image_input as input_mod
+
+    class Other(WideTower):             # another tower, the same width: other rows
+        def encode_one(self, pixels, grid):
+            return super().encode_one(pixels, grid) + 1
+
+    with load(ckpt[0]) as m:
+        old, new = m.vision, Other()
+        attached = threading.Event()
+        real = input_mod.image_block
+
+        def block_then_attach(*a, **kw):     # the old tower has encoded; the new one attached meanwhile
+            if not attached.is_set():
+                t = threading.Thread(target=lambda: (m.attach_vision(new, load_image=Other.load_image),
+                                                     attached.set()))
+                t.start()
+                t.join(timeout=0.5)      # (an attach that waits for the encoding's lock: not within this)
+            return real(*a, **kw)
+        monkeypatch.setattr(input_mod, "image_block", block_then_attach)
+        first = m.encode_images(q25.IMAGES[:1], [3])[0]
+        monkeypatch.setattr(input_mod, "image_block", real)
+        assert attached.wait(10) and m.vision is new and old.encoded == 1
+        again = m.encode_images(q25.IMAGES[:1], [3])[0]
+        assert new.encoded == 1, "the old tower's rows were kept past the new tower's attach"
+        assert np.array_equal(again.rows, first.rows + 1)
+
+
+@pytest.mark.parametrize("levels", [1, 3])
+def test_a_forward_adds_the_levels_its_rows_carry_whatever_is_attached_meanwhile(tmp_path, monkeypatch, levels):
+    """A forward's image rows were checked against the model's width when it began; a tower of another level
+    count attached meanwhile (another thread, no server: allowed) changes the model's count, not what those rows
+    carry: the forward adds their two levels (had it read the new count: one level dropped, silently, or a
+    third read past the rows' columns)."""
+    import llambda.models.base as base_mod
+    from llambda.tools.export import export
+
+    def no_levels(meta, types):
+        del meta["qwen3vl.n_deepstack_layers"], types["qwen3vl.n_deepstack_layers"]
+    path = _rewritten(export(FOLDER, tmp_path / "a.gguf", "gguf", "f32"), tmp_path / "b.gguf", no_levels)
+
+    class Other(FixtureTower):
+        deepstack = levels
+
+    with load(path, "numpy", FixtureTower, n_ctx=128) as m:
+        ids, blocks = TWO["input_ids"], fixture_blocks(TWO)
+        want = whole_logits(m, ids, blocks).copy()
+        real = base_mod.Transformer._check_images
+
+        def then_attach(self, images, n):
+            real(self, images, n)
+            m.attach_vision(Other(), load_image=Other.load_image)      # after the check, before the layers
+        monkeypatch.setattr(base_mod.Transformer, "_check_images", then_attach)
+        got = whole_logits(m, ids, blocks)
+        assert m.transformer.deepstack == levels
+    assert np.array_equal(got, want)
+
+
+def test_an_image_encoded_while_a_tower_of_other_levels_attaches_is_never_blamed_on_the_file(tmp_path, monkeypatch):
+    """A tower of another level count attaching (its levels set on the model, the tower not yet swapped) while an
+    image starts encoding: the encoding sees the old tower with the old width or the new with the new (or is told
+    to send the image again), never the new width with the old tower (a ModelFormatError naming the tower's rows,
+    as if the file were bad)."""
+    import threading
+    import llambda.models.base as base_mod
+    from llambda.tools.export import export
+
+    def no_levels(meta, types):
+        del meta["qwen3vl.n_deepstack_layers"], types["qwen3vl.n_deepstack_layers"]
+    path = _rewritten(export(FOLDER, tmp_path / "a.gguf", "gguf", "f32"), tmp_path / "b.gguf", no_levels)
+
+    class OneLevel(FixtureTower):
+        deepstack = 1
+
+    with load(path, "numpy", FixtureTower, n_ctx=128) as m:
+        real, outcome = base_mod.Transformer.set_deepstack, []
+
+        def encode():
+            try:
+                outcome.append(m.encode_images([FIX_PNG["image_wide.png"]], [3])[0].rows.shape)
+            except LlambdaError as e:
+                outcome.append(e)
+
+        def set_then_encode(self, levels):     # the attach's levels set; the encoding starts in another thread
+            real(self, levels)
+            t = threading.Thread(target=encode)
+            t.start()
+            t.join(timeout=0.5)      # (an encoding that waits for the attach's lock: not within this)
+        monkeypatch.setattr(base_mod.Transformer, "set_deepstack", set_then_encode)
+        m.attach_vision(OneLevel(), load_image=OneLevel.load_image)
+        monkeypatch.setattr(base_mod.Transformer, "set_deepstack", real)
+        for _ in range(100):
+            if outcome:
+                break
+            threading.Event().wait(0.05)
+    got = outcome[0]
+    assert got == (12, 64 * 2) or (isinstance(got, InvalidInputError) and "send them again" in str(got)), got
 
 
 def test_a_qwen3vl_tower_needs_interleaved_sections(tmp_path):
@@ -398,9 +530,9 @@ def test_ollama_and_hostile_gguf_metadata(ckpt, tmp_path):
 
 def test_llama_cpp_runs_our_qwen3vl_gguf(tmp_path):
     """llama.cpp (llama-cpp-python, where its version knows qwen3vl) loads our GGUF and gives our text-only logits.
-    Sections [3, 3, 2]: llama.cpp's IMROPE gives a pair i % 3 == 0 past 3 x sections[0] to a fourth position (0
-    for text) where transformers keeps it temporal, so the tiny [2, 3, 3] differs there (pair 6 of 8); the real
-    models' [24, 20, 20] have no such pair."""
+    Sections [3, 3, 2]: the tiny [2, 3, 3] would differ (pair 6 of 8 turns by llama.cpp's fourth position, 0 for
+    text, where transformers keeps it temporal: test_where_llama_cpps_interleaved_sections_differ_from_transformers;
+    the released [24, 20, 20] differ at pairs 61 and 62, by at most 4e-7 rad a token)."""
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the bench extra)")
     from llamacpp_ref import llama_cpp_logits
     from llambda.tools.export import export
@@ -520,6 +652,61 @@ def test_fixture_chunks_and_the_scheduler_give_the_greedy_tokens():
     texts = [np.random.default_rng(11).integers(7, 390, size=n).tolist() for n in (23, 9)]
     with fixture_model("native-exact", n_slots=4, max_batch=96) as m:
         q25.same_beside_text(m, TWO["input_ids"], fixture_blocks(TWO), want, texts)
+
+
+def test_every_chunk_size_and_every_reused_prefix_give_the_same_logits_and_tokens():
+    """Prefill chunks of every size from 1 to 24 tokens (each image cut at every offset: the DeepStack columns of
+    the image rows each chunk holds): every position's logits and the greedy tokens of one forward; slot 0 holding
+    every prefix of the prompt that ends outside an image (its image's keys and values reused): the same tokens."""
+    ids, blocks = TWO["input_ids"], fixture_blocks(TWO)
+    with fixture_model("native-exact", max_batch=64) as m:
+        ref = whole_logits(m, ids, blocks).copy()
+        want = [e.token for e in m.stream(ids, images=blocks, max_tokens=6, temperature=0, ignore_eos=True)]
+    for size in range(1, 25):
+        with fixture_model("native-exact", max_batch=size) as m:
+            t, got = m.transformer, []
+            for lo in range(0, len(ids), size):
+                hi = min(len(ids), lo + size)
+                b = BatchImages()
+                b.add(0, blocks, lo, hi)
+                got.append(t.forward(np.array(ids[lo:hi], np.int32), np.zeros(hi - lo, np.int32),
+                                     np.arange(lo, hi, dtype=np.int32), list(range(hi - lo)),
+                                     out=np.empty((hi - lo, ref.shape[1]), np.float32), images=b,
+                                     rope=rope_rows(blocks, lo, hi)))
+            assert np.abs(np.concatenate(got) - ref).max() < 1e-5, size
+            assert [e.token for e in m.stream(ids, images=blocks, max_tokens=6, temperature=0,
+                                              ignore_eos=True)] == want, size
+    with fixture_model("native-exact", max_batch=64, n_slots=1) as m:
+        for cut in range(1, len(ids)):
+            if any(b.start < cut <= b.end for b in blocks):
+                continue
+            list(m.stream(ids[:cut], images=tuple(b for b in blocks if b.end < cut), max_tokens=1))
+            with vlm.prefill_starts() as calls:
+                got = [e.token for e in m.stream(ids, images=blocks, max_tokens=6, temperature=0, ignore_eos=True)]
+            assert got == want and calls[0] == cut, (cut, calls)
+
+
+def test_the_scheduler_batches_requests_of_other_images_together():
+    """Two image requests (the two-image prompt; its first image alone, and that image's rows scaled: another
+    digest) beside a text request under prefill chunks of 3, 5, 17 and 256: each its own tokens and logprob bits
+    alone; then one after another on one slot table (four slots), the shared prefix reused only where the image
+    is the same."""
+    ids, blocks = TWO["input_ids"], fixture_blocks(TWO)
+    first = ids[:blocks[0].end + 6]                       # the first image and five tokens after it
+    scaled = (image_block(blocks[0].start, blocks[0].rows * np.float32(1.1), True, blocks[0].grid),)
+    jobs = [(ids, blocks, 6), (first, blocks[:1], 6), (first, scaled, 6)]
+    text = np.random.default_rng(3).integers(7, 390, size=17).tolist()
+    with fixture_model("native-exact", n_slots=4, max_batch=96, n_ctx=256) as m:
+        alone = [vlm.scheduler_run(m, [[job]], 256)[0][0][0] for job in jobs]
+        for chunk in (3, 5, 17, 256):
+            runs = vlm.scheduler_run(m, [[jobs[0], (text, (), 6), jobs[1], jobs[2]]], chunk)[0]
+            assert [runs[0][0], runs[2][0], runs[3][0]] == alone, chunk
+        runs = vlm.scheduler_run(m, [[job] for job in jobs + jobs[1:2]], 256)
+    assert [r[0][0] for r in runs] == alone + alone[1:2]
+    reused = [r[0][1] for r in runs]
+    # the first image's request reuses the two-image prompt's prefix, the scaled one nothing past the image's
+    # start, the first image's again its own earlier slot (not the scaled one's)
+    assert reused[1] == reused[3] == len(first) - 1 and reused[2] <= blocks[0].start, reused
 
 
 def test_server_prepares_qwen3vl_requests():

@@ -670,8 +670,10 @@ class Transformer(Closable, LatentAttention):
         if self._images is not None:       # an image's soft tokens: the tower's rows (their first d columns), unscaled
             for r0, rows, _ in self._images.spans:
                 x[r0:r0 + len(rows)] = rows[:, :d]
+                # the DeepStack levels these rows carry (image_width's when forward checked them), not
+                # self.deepstack: a tower attached since, from another thread, may have changed that
+                deep = rows.shape[1] // d - 1
             self._kend = self._images.kend(p)
-            deep = self.deepstack
         if self.g3n is not None:
             return self.g3n.forward(self, x, slot, p)
         for i, layer in enumerate(self.layers):

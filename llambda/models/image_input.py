@@ -29,7 +29,9 @@ class ImageInput:
         self.tower = None
         self.layout = None          # the image tokens' layout (models/images)
         self.load_image = None      # bytes -> image for the tower (attach; default llambda.vision's)
-        self.lock = threading.Lock()        # one image encoding at a time through the tower's buffers
+        # one image encoding at a time through the tower's buffers; an attach's levels, layout and tower change
+        # together under it (reentrant: attach's replace takes it again)
+        self.lock = threading.RLock()
         self.encoded = EncodedRows()        # the blocks of images encoded lately (sent again: not encoded again)
 
     # -- the tower ------------------------------------------------------------------
@@ -81,14 +83,15 @@ class ImageInput:
         if block > m.transformer.ws.max_tokens or max(block, int(per)) >= m.n_ctx:
             raise InvalidInputError(f"an image takes {max(block, int(per))} tokens, more than a forward of "
                                     f"{m.transformer.ws.max_tokens} (max_batch) or the context of {m.n_ctx} holds")
-        levels_before = m.transformer.deepstack
-        m.transformer.set_deepstack(deep)           # (checked against the config's own count first)
-        try:
-            self.layout, self.load_image = ids, load_image
-            self.replace(tower)
-        except BaseException:
-            m.transformer.deepstack = levels_before
-            raise
+        with self.lock:     # an encoding sees the old tower and width, or the new ones, never one of each
+            levels_before = m.transformer.deepstack
+            m.transformer.set_deepstack(deep)           # (checked against the config's own count first)
+            try:
+                self.layout, self.load_image = ids, load_image
+                self.replace(tower)
+            except BaseException:
+                m.transformer.deepstack = levels_before
+                raise
 
     def replace(self, tower) -> None:
         """The attached tower becomes `tower`; the one it replaces is closed (the model owned it), and the
@@ -250,11 +253,11 @@ class ImageInput:
             if gh * gw >= m.n_ctx:
                 raise ContextOverflowError(f"an image of {gh} x {gw} = {gh * gw} tokens does not fit the context of "
                                            f"{m.n_ctx} (prompt plus at least one new token)")
-        width = m.transformer.image_width       # Qwen3-VL: the DeepStack levels' columns after the embeddings'
         out = []
         for (key, data), (gh, gw) in zip(files.items(), grids):
             image = load_image(data)
             with self._holding(tower):
+                width = m.transformer.image_width       # Qwen3-VL: the DeepStack levels' columns after the embeddings'
                 px = tower.pixels(image)
                 del image
                 try:
@@ -264,7 +267,7 @@ class ImageInput:
                 if px.ndim != 2 or not len(px):
                     raise ModelFormatError(f"the vision tower's pixels are of shape {px.shape}: no [patches, values]")
                 rows = tower_rows([tower.encode_one(px, (gh, gw))], 1, gh * gw, width)[0]
-            blocks = (image_block(0, rows, causal=True, grid=(gh, gw)),)
-            self.encoded.put(key, blocks)
+                blocks = (image_block(0, rows, causal=True, grid=(gh, gw)),)
+                self.encoded.put(key, blocks)   # under the lock: a tower attached since would not clear them
             out.append(blocks)
         return out

@@ -8,8 +8,9 @@ Qwen2-VL's positions (models/images.rope_rows); a text token's three are equal, 
 
 DeepStack: the vision tower's rows of an image are [tokens, d * (1 + levels)]: the first d columns are the
 embeddings written over its tokens, the columns of level j are added to those tokens' hidden states right after
-decoder layer j (models/base.py). The levels: config.json's len(vision_config.deepstack_visual_indexes), llama.cpp's
-`qwen3vl.n_deepstack_layers` (0 when absent: the attached tower's count is taken).
+decoder layer j (models/base.py). The levels: config.json's len(vision_config.deepstack_visual_indexes) (absent:
+transformers' default, 3), llama.cpp's `qwen3vl.n_deepstack_layers` (0 when absent: the attached tower's count is
+taken).
 
 Files: a HF directory (model_type qwen3_vl, the text config nested under text_config, rope_scaling or
 rope_parameters with mrope_section; transformers interleaves whatever `mrope_interleaved` says, and so do we);
@@ -28,6 +29,8 @@ from .qwen3 import config_from_hf as qwen3_from_hf
 
 ARCH = "qwen3vl"
 DEEPSTACK_KEY = "n_deepstack_layers"
+# transformers' Qwen3VLVisionConfig default where config.json names none (vision/qwen3vl_layouts.py's too)
+DEFAULT_DEEPSTACK = (8, 16, 24)
 SECTION_KEYS = ("rope.dimension_sections", "mrope_sections")      # llama.cpp's, Ollama's
 
 
@@ -79,7 +82,7 @@ def hf_vl(cfg: dict) -> dict:
     if vision is not None:
         if not isinstance(vision, dict):
             raise ModelFormatError("config.json's vision_config must be an object")
-        idx = vision.get("deepstack_visual_indexes", [])
+        idx = vision.get("deepstack_visual_indexes", DEFAULT_DEEPSTACK)
         if not isinstance(idx, (list, tuple)) or len(idx) > 4096:
             raise ModelFormatError(f"config.json vision_config.deepstack_visual_indexes should list block indexes, "
                                    f"got {str(idx)[:60]}")

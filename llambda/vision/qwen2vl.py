@@ -30,6 +30,8 @@ from __future__ import annotations
 import numpy as np
 
 from . import qwen2vl_config, qwen3vl
+from .qwen2vl_layouts import MERGER_NAMES, MLP_NAMES
+from .qwen3vl_layouts import PATCH_BIAS, POSITIONS, deepstack_names
 from .qwen2vl_config import NORM_EPS, QwenVisionConfig
 from .siglip import GELU_CHUNK, fetch
 
@@ -82,9 +84,9 @@ class QwenVisionEncoder:
             return norm(names[0], norm_width), dense(names[1], M * H, M * H), dense(names[2], T, M * H)
 
         self.patch = be.prepare_dense(fetch(lookup, "patch_embed.proj.weight", (H, C, t, P, P)).reshape(H, -1),
-                                      vec(qwen3vl.PATCH_BIAS) if qwen3 else None)
-        self.positions = fetch(lookup, qwen3vl.POSITIONS, (cfg.num_position_embeddings, H)) if qwen3 else None
-        up, down, gate = qwen3vl.MLP_NAMES[cfg.projector]
+                                      vec(PATCH_BIAS) if qwen3 else None)
+        self.positions = fetch(lookup, POSITIONS, (cfg.num_position_embeddings, H)) if qwen3 else None
+        up, down, gate = MLP_NAMES[cfg.projector]
         self.layers = []
         for i in range(cfg.num_hidden_layers):
             b = f"blocks.{i}."
@@ -94,10 +96,10 @@ class QwenVisionEncoder:
             if gate is not None:
                 L["gate"] = dense(b + gate, F, H)
             self.layers.append(L)
-        self.merger = merger(qwen3vl.MERGER_NAMES[cfg.projector], H)
+        self.merger = merger(MERGER_NAMES[cfg.projector], H)
         # DeepStack: the block after which each level's merger (its norm over the joined rows) runs
-        self.deepstack = {layer: merger(qwen3vl.deepstack_names(j), M * H)
-                          for j, layer in enumerate(cfg.deepstack_visual_indexes)}
+        self.deepstack_mergers = {layer: merger(deepstack_names(j), M * H)
+                                  for j, layer in enumerate(cfg.deepstack_visual_indexes)}
         sd = cfg.head_dim // 2
         self.inv_freq = (np.float32(1.0) / (np.float32(cfg.rope_theta) ** (
             np.arange(0, sd, 2, dtype=np.float32) / np.float32(sd)))).astype(np.float32)
@@ -160,8 +162,8 @@ class QwenVisionEncoder:
                     self._activate(u)
                 be.dense(u, L["down"], part)        # the block's input rows are spent: its output in their place
             be.add(x, h, x)
-            if i in self.deepstack:
-                levels.append(self._merge(x, h, self.deepstack[i], joined_norm=True))
+            if i in self.deepstack_mergers:
+                levels.append(self._merge(x, h, self.deepstack_mergers[i], joined_norm=True))
         del qkv, ctx, up, gate
         if hidden_out is not None:
             hidden_out[rows_order] = x

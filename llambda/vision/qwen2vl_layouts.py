@@ -33,6 +33,12 @@ from . import qwen3vl_layouts as qwen3
 CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)  # the processor's
 
 HF_PREFIXES = ("visual.", "model.visual.")
+# the tensors under `visual.` each family names differently: the MLP's (up, down, gate), the merger's (norm, fc1, fc2)
+MLP_NAMES = {"qwen2_5_vl": ("mlp.up_proj", "mlp.down_proj", "mlp.gate_proj"), "qwen2_vl": ("mlp.fc1", "mlp.fc2", None),
+             "qwen3_vl": ("mlp.linear_fc1", "mlp.linear_fc2", None)}
+MERGER_NAMES = {"qwen2_5_vl": ("merger.ln_q", "merger.mlp.0", "merger.mlp.2"),
+                "qwen2_vl": ("merger.ln_q", "merger.mlp.0", "merger.mlp.2"),
+                "qwen3_vl": ("merger.norm", "merger.linear_fc1", "merger.linear_fc2")}
 MMPROJ_TYPES = {"qwen2.5vl_merger": "qwen2_5_vl", "qwen2vl_merger": "qwen2_vl", qwen3.MMPROJ_TYPE: "qwen3_vl"}
 HF_TYPES = {"qwen2_5_vl": "qwen2_5_vl", "qwen2_vl": "qwen2_vl"} | {k: "qwen3_vl" for k in qwen3.HF_TYPES}
 MMPROJ_TYPE_OF = {v: k for k, v in MMPROJ_TYPES.items()}

@@ -20,9 +20,9 @@ from ..errors import InvalidInputError
 from ..formats.gguf import GGUFValueType as VT
 from ..formats.gguf_writer import GGUFValue
 from ..formats.quants import QType
-from .qwen2vl_layouts import LLAMA_CPP_WINDOW, MMPROJ_KEYS, MMPROJ_TYPE_OF, WA_PATTERN_KEY, gguf_name
-from .qwen3vl import MERGER_NAMES, MLP_NAMES, PATCH_BIAS, POSITIONS, deepstack_names
-from .qwen3vl_layouts import DEEPSTACK_KEY
+from .qwen2vl_layouts import (LLAMA_CPP_WINDOW, MERGER_NAMES, MLP_NAMES, MMPROJ_KEYS, MMPROJ_TYPE_OF, WA_PATTERN_KEY,
+                              gguf_name)
+from .qwen3vl_layouts import DEEPSTACK_KEY, PATCH_BIAS, POSITIONS, deepstack_names
 
 CONVERTER_IMAGE_SIZE = 560
 

@@ -15,24 +15,12 @@ Qwen3VLVisionModel):
    of its own (deepstack_merger_list.j) whose LayerNorm runs over the JOINED merge^2 rows (use_postshuffle_norm)
    gives level j's rows. An image's output is [cells, text_hidden * (1 + levels)]: the merger's rows, then each
    level's (llama.cpp's mmproj output is the same concatenation).
+
+The tensors' names are qwen3vl_layouts.py's (each family's MLP and merger names qwen2vl_layouts.py's).
 """
 from __future__ import annotations
 
 import numpy as np
-
-# the tensors under `visual.` each family names differently: the MLP's, the merger's
-MLP_NAMES = {"qwen2_5_vl": ("mlp.up_proj", "mlp.down_proj", "mlp.gate_proj"), "qwen2_vl": ("mlp.fc1", "mlp.fc2", None),
-             "qwen3_vl": ("mlp.linear_fc1", "mlp.linear_fc2", None)}
-MERGER_NAMES = {"qwen2_5_vl": ("merger.ln_q", "merger.mlp.0", "merger.mlp.2"),
-                "qwen2_vl": ("merger.ln_q", "merger.mlp.0", "merger.mlp.2"),
-                "qwen3_vl": ("merger.norm", "merger.linear_fc1", "merger.linear_fc2")}
-POSITIONS = "pos_embed.weight"
-PATCH_BIAS = "patch_embed.proj.bias"
-
-
-def deepstack_names(level: int) -> tuple:
-    """The norm, fc1 and fc2 of DeepStack level `level`'s merger."""
-    return tuple(f"deepstack_merger_list.{level}.{leaf}" for leaf in ("norm", "linear_fc1", "linear_fc2"))
 
 
 def axis_taps(index: np.ndarray, size: int, side: int) -> tuple[np.ndarray, np.ndarray]:

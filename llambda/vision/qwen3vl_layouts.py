@@ -22,16 +22,26 @@ from ..errors import ModelFormatError
 from .config import MAX_LAYERS
 
 HF_TYPES = ("qwen3_vl", "qwen3_vl_moe")
+POSITIONS = "pos_embed.weight"
+PATCH_BIAS = "patch_embed.proj.bias"
 MMPROJ_TYPE = "qwen3vl_merger"
 DEEPSTACK_KEY = "clip.vision.is_deepstack_layers"
 PIXEL_KEYS = {"min_pixels": "clip.vision.image_min_pixels", "max_pixels": "clip.vision.image_max_pixels"}
 PROCESSOR = {"min_pixels": 65536, "max_pixels": 16777216}   # Qwen3-VL's preprocessor_config.json size
-GLOBAL = {"patch_embed.proj.bias": "v.patch_embd.bias", "pos_embed.weight": "v.position_embd.weight",
+GLOBAL = {PATCH_BIAS: "v.patch_embd.bias", POSITIONS: "v.position_embd.weight",
           "merger.norm": "v.post_ln", "merger.linear_fc1": "mm.0", "merger.linear_fc2": "mm.2"}
 _DEEPSTACK_RE = re.compile(r"deepstack_merger_list\.(\d{1,4})\.(norm|linear_fc1|linear_fc2)\.(weight|bias)")
 _DEEPSTACK_LEAF = {"norm": "norm", "linear_fc1": "fc1", "linear_fc2": "fc2"}
 HF_NAMES = {"num_position_embeddings": "config.json vision_config.num_position_embeddings",
-            "deepstack_visual_indexes": "config.json vision_config.deepstack_visual_indexes"}
+            "deepstack_visual_indexes": "config.json vision_config.deepstack_visual_indexes (absent: transformers' "
+                                        "default)"}
+# transformers' Qwen3VLVisionConfig default where config.json names none (Qwen3-VL-8B's; models/qwen3vl.py's too)
+DEFAULT_DEEPSTACK = (8, 16, 24)
+
+
+def deepstack_names(level: int) -> tuple:
+    """The norm, fc1 and fc2 of DeepStack level `level`'s merger."""
+    return tuple(f"deepstack_merger_list.{level}.{leaf}" for leaf in ("norm", "linear_fc1", "linear_fc2"))
 
 
 def hf_fields(vis: dict) -> dict:
@@ -39,7 +49,7 @@ def hf_fields(vis: dict) -> dict:
     return {"hidden_size": vis.get("hidden_size"), "intermediate_size": vis.get("intermediate_size"),
             "text_hidden_size": vis.get("out_hidden_size"), "hidden_act": vis.get("hidden_act", "gelu_pytorch_tanh"),
             "num_position_embeddings": vis.get("num_position_embeddings"),
-            "deepstack_visual_indexes": vis.get("deepstack_visual_indexes", [])}
+            "deepstack_visual_indexes": vis.get("deepstack_visual_indexes", DEFAULT_DEEPSTACK)}
 
 
 def gguf_name(canon: str, deepstack: tuple) -> str | None:
@@ -70,9 +80,9 @@ def mmproj_fields(meta: dict, tensors: dict, f: dict, source: str) -> dict:
             or (depth is not None and flags and len(flags) != depth):
         raise ModelFormatError(f"{source}: {DEEPSTACK_KEY} must be a bool for each of the {depth} blocks, got "
                                f"{str(flags)[:80]}")
-    pos = tensors.get(GLOBAL["pos_embed.weight"])
+    pos = tensors.get(GLOBAL[POSITIONS])
     if pos is None or len(pos.shape) != 2:
-        raise ModelFormatError(f"{source}: a qwen3vl_merger mmproj needs {GLOBAL['pos_embed.weight']!r} [n, H]")
+        raise ModelFormatError(f"{source}: a qwen3vl_merger mmproj needs {GLOBAL[POSITIONS]!r} [n, H]")
     for k, key in PIXEL_KEYS.items():        # ours (qwen2vl_layouts.MMPROJ_KEYS) first, then llama.cpp's
         v = f.get(k, meta.get(key, PROCESSOR[k]))
         f[k] = v.tolist() if hasattr(v, "tolist") else v
