@@ -649,6 +649,12 @@ class Model:
         does not depend on size (Gemma 3)."""
         return self.image_input.prompt_ids(text, images)
 
+    def image_rows_bytes(self, ids: list[int], starts: list) -> int:
+        """The bytes of the rows encode_images(images, starts) gives for image_ids' (ids, starts), known before any
+        image is decoded: float32, one row a soft token, the attached tower's width (Qwen3-VL's DeepStack levels'
+        columns too); 0 without images. What a server's request holds until its prompt is prefilled."""
+        return self.image_input.rows_bytes(ids, starts)
+
     def encode_images(self, images: list[bytes], starts: list) -> tuple:
         """The image blocks at `starts` (one entry an image: its runs' starts, image_ids', or an int for an image
         of one run): each image decoded, then the tower's rows for all of them; an image

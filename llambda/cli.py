@@ -530,6 +530,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
         raise ValueError("--max-tokens-cap must be >= 1")
     stored = {k: v for k, v in (("stored_responses", a.stored_responses), ("stored_bytes", a.stored_bytes))
               if v is not None}
+    if a.image_rows_memory is not None and a.image_rows_memory < 1:
+        raise ValueError("--image-rows-memory must be >= 1 (bytes)")
     if any(v < 0 for v in stored.values()):
         raise ValueError("--stored-responses and --stored-bytes must be >= 0")
     if (a.max_connections is not None and a.max_connections < 1) or not a.header_timeout > 0 \
@@ -555,7 +557,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
                        body_timeout=a.body_timeout, send_timeout=a.send_timeout, webui=not a.no_webui,
                        log_format=a.log_format,
                        speculative=spec["speculative"], draft_max=spec["draft_max"],
-                       **stored, **_template_kwargs(a))
+                       image_rows_memory=a.image_rows_memory, **stored, **_template_kwargs(a))
     if a.ray or a.write_ray_config:     # replicas under Ray Serve, each loading the model itself
         from .scaleout.cli_args import run
         return run(a, cfg, load_kw)
@@ -589,6 +591,11 @@ def cmd_serve(a: argparse.Namespace) -> int:
     print(f"[llambda] serving {model_id} ({model.config.arch}, backend {model.backend.name}) on "
           f"{url}/v1 with {what}; "
           f"memory {sum(mem.values()) / 2**20:.0f} MiB", file=sys.stderr, flush=True)
+    if not encoder and getattr(model, "accepts_images", False):
+        from .server.image_rows import budget_bytes, image_width
+        rows = budget_bytes(model, cfg.image_rows_memory)
+        print(f"[llambda] images: requests hold at most {rows / 2**20:.0f} MiB of encoded rows at once "
+              f"(--image-rows-memory; {image_width(model) * 4 / 1024:g} KiB a token)", file=sys.stderr, flush=True)
     if not a.no_webui and not encoder:
         print(f"[llambda] chat page at {url}/", file=sys.stderr, flush=True)
     try:
@@ -842,6 +849,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "first (default 10000; 0: none)")
     p.add_argument("--stored-bytes", type=int, default=None,
                    help="their JSON together, in bytes; the oldest go first (default 256 MiB)")
+    p.add_argument("--image-rows-memory", type=int, default=None, metavar="BYTES",
+                   help="encoded image rows (float32, a row per image token) the requests hold at once, queued or "
+                        "prefilling; a request waits for room, one larger alone is refused (default: max(4 requests "
+                        "whose images fill the context, 1 GiB))")
     p.add_argument("--prefill-chunk", type=int, default=256,
                    help="prompt tokens evaluated per step while other streams run (default 256)")
     p.add_argument("--shutdown-grace", type=float, default=30.0,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import ContextOverflowError, InvalidInputError, ModelFormatError
-from .models.images import BatchImages, chunk_end, rope_delta, rope_rows
+from .models.images import BatchImages, chunk_end, image_keys, rope_delta, rope_rows
 from .sampling import Sampler, SamplingParams, StopMatcher, TokenChoice, _is_int
 from .thinking import START
 
@@ -166,6 +166,13 @@ class Sequence:
         self.thought = params.thinking.start() if params.thinking is not None else None
         self._eos_banned = params.ignore_eos and tokenizer is not None
         self._thought_ban: np.ndarray | None = None    # _sample_thought's mask, made once (see _thought_mask)
+
+    def drop_image_rows(self) -> None:
+        """The prompt's image rows are read no more (its prompt's keys and values are in the cache, or it ended):
+        only where each block lies and which image it is are kept (models/images.ImageKey, what a prefix cache
+        compares), so their memory goes (the server: Job.drop_images)."""
+        if self.images:
+            self.images = image_keys(self.images)
 
     @property
     def live_constraint(self):

@@ -18,7 +18,7 @@ import numpy as np
 from ..errors import ContextOverflowError, InvalidInputError, ModelFormatError
 from ..sampling import _is_int
 from .images import (FAMILIES, GRID_FAMILIES, MAX_CROPS_A_CALL, QWEN3VL, EncodedRows, check_bytes, check_prompt,
-                     image_block, image_tokens, tower_crops, tower_rows)
+                     image_block, image_tokens, run_lengths, tower_crops, tower_rows)
 
 
 class ImageInput:
@@ -149,6 +149,14 @@ class ImageInput:
             raise ContextOverflowError(f"the prompt with its {len(grids)} image(s) has {len(ids)} tokens; the "
                                        f"context holds {m.n_ctx} (prompt plus at least one new token)")
         return ids, starts
+
+    def rows_bytes(self, ids: list[int], starts: list) -> int:
+        """Model.image_rows_bytes: float32 rows image_width wide, one a soft token of each run at `starts`."""
+        if self.layout is None or not starts:
+            return 0
+        runs = [(s,) if _is_int(s) else tuple(s) for s in starts]
+        tokens = run_lengths(ids, self.layout.soft, [int(s) for at in runs for s in at])
+        return tokens * int(self.model.transformer.image_width) * 4
 
     def grids(self, images) -> list[tuple[int, int]]:
         """Each image's crop or token grid (rows, cols; (0, 0): the whole image alone), from its header's size

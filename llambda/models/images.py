@@ -80,6 +80,14 @@ def _soft_runs(ids: list[int], soft: int) -> tuple[np.ndarray, np.ndarray, np.nd
     return a, edges[0::2], edges[1::2]
 
 
+def run_lengths(ids: list[int], soft: int, starts: list[int]) -> int:
+    """The soft tokens of the runs of `ids` that begin at `starts` (a layout's place(): its images' runs), together:
+    the rows their images encode to."""
+    _, lo, hi = _soft_runs(ids, soft)
+    length = dict(zip(lo.tolist(), (hi - lo).tolist()))
+    return sum(length.get(s, 0) for s in starts)
+
+
 @dataclass(frozen=True)
 class ImageTokens:
     """Gemma 3's layout: the token ids that frame an image and the begin marker's text (what a chat template

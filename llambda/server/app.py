@@ -400,7 +400,7 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
         return json_response(body, status=200 if reason is None else 503)
 
     def render_metrics() -> str:
-        s, i = scheduler.stats(), service.image_workers.stats()
+        s, i, rows = scheduler.stats(), service.image_workers.stats(), service.image_rows.stats()
         gauges = {
             "queue_depth": ("sequences waiting for a slot", s["waiting"]),
             "sequences_active": ("sequences holding a slot (prefilling or decoding)", s["active"]),
@@ -408,6 +408,11 @@ def create_app(model, cfg: ServerConfig, scheduler: Scheduler | None = None,
             "slots_total": ("KV-cache slots", s["slots"]),
             "image_queue_depth": ("requests waiting for the image worker (the vision tower)", i["waiting"]),
             "image_worker_busy": ("1 while the image worker encodes a request's images", i["busy"]),
+            "image_rows_bytes": ("bytes of encoded image rows reserved by requests (waiting for the image worker, "
+                                 "encoding, queued or prefilling)", rows["held"]),
+            "image_rows_budget_bytes": ("the most bytes of encoded image rows requests hold at once "
+                                        "(--image-rows-memory)", rows["limit"]),
+            "image_rows_waiting": ("requests waiting for room for their images' rows", rows["waiting"]),
         }
         return metrics.render(gauges)
 

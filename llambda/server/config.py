@@ -53,6 +53,9 @@ class ServerConfig:
     # /health says the image worker is "stalled" once one request's images take this long (8 images of a 4B
     # model's tower are ~6 min of one core's CPU); text is still served, so the status stays 200
     image_stall_seconds: float = 600.0
+    # bytes of encoded image rows the requests hold at once (queued, encoding or prefilling: image_rows.py); None:
+    # max(4 requests whose images fill the context, 1 GiB), from the model (image_rows.default_budget)
+    image_rows_memory: int | None = None
     speculative: str | None = None            # requests' default: "draft" (needs a draft model), "lookup" or None
     draft_max: int | None = None              # tokens drafted per step at most (None: speculative's default)
     stored_responses: int = DEFAULT_STORED_RESPONSES   # /v1/responses kept (0: none); beyond: oldest out
@@ -68,6 +71,9 @@ class ServerConfig:
             self.template_kwargs = check_template_kwargs(self.template_kwargs)
         except InvalidInputError as e:
             raise InvalidInputError(f"template_kwargs: {e}") from None
+        m = self.image_rows_memory
+        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
+            raise InvalidInputError(f"image_rows_memory must be a number of bytes >= 1 (or None), not {m!r}")
 
     def accepts(self, name: str | None) -> bool:
         return name is None or name == self.model_id or name in self.aliases

@@ -8,6 +8,7 @@ jobs, which frees their slots before the scheduler's next step.
 """
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -24,6 +25,7 @@ from .config import ServerConfig
 from .errors import APIError, bad_request, model_not_found
 from .fim import find_fim_tokens, fim_prompt_ids, require_fim
 from .harmony import speaks_harmony, with_analysis
+from .image_rows import RowsBacklogFull, RowsBudget, RowsLease, RowsTooLarge, budget_bytes
 from .images import require_vision
 from .openai_format import (SSE_DONE, ChoiceState, TokenStrings, Usage, chat_logprobs, chat_response,
                             completion_logprobs, completion_response, new_id, now, sse, tool_finish)
@@ -65,9 +67,11 @@ class Prepared:
 
 @dataclass(frozen=True)
 class PendingImages:
-    """A chat's image files and each one's run starts in its prompt (Model.image_ids), for Model.encode_images."""
+    """A chat's image files and each one's run starts in its prompt (Model.image_ids), for Model.encode_images;
+    the bytes of the rows they will encode to (Model.image_rows_bytes: what the request reserves)."""
     files: list
     starts: list
+    nbytes: int = 0
 
 
 class Service:
@@ -92,6 +96,11 @@ class Service:
         # the vision tower's encodings (one at a time: the model's image input's lock): a thread of their own, so that
         # requests waiting for the tower hold no prompt worker (text requests had waited behind them all)
         self.image_workers = PromptWorkers(1, backlog=max(cfg.queue_size, cfg.prompt_workers), name="image")
+        # the encoded rows requests hold at once (image_rows.py): reserved before the encoding, waited for on the
+        # event loop (as many waiting as the image queue holds), given back once the prompts are prefilled
+        self.image_rows = RowsBudget(budget_bytes(model, cfg.image_rows_memory),
+                                     backlog=self.image_workers.backlog,
+                                     on_wait=scheduler.metrics.image_rows_waited)
         self._embed_workers: PromptWorkers | None = None      # made on first use (embed_workers)
         self._pools_lock = threading.Lock()
         self.fim = find_fim_tokens(model.tokenizer, getattr(model.source, "metadata", None))
@@ -222,7 +231,7 @@ class Service:
             if not images:
                 return self.model._prompt_ids(text), setup, grammar, thought, None
             ids, starts = self.model.image_ids(text, images)     # the images' sizes from their headers
-            return ids, setup, grammar, thought, PendingImages(images, starts)
+            return ids, setup, grammar, thought, PendingImages(images, starts, self.model.image_rows_bytes(ids, starts))
         except ContextOverflowError as e:
             raise APIError(400, str(e), param=spec.messages_param, code="context_length_exceeded") from None
         except InvalidInputError as e:       # the images' markers do not match the images, a bad image (image_ids)
@@ -330,9 +339,31 @@ class Service:
         Rendering and tokenizing run in a worker thread: a long prompt must not stall running streams.
         """
         p = await self.in_worker(self.prepare, spec)
-        if p.images:
-            p = await self.in_worker(self.encode, p, pool=self.image_workers)
-        return self.launch(p)
+        if not p.images:
+            return self.launch(p)
+        lease = await self._reserve_rows(p)
+        try:
+            # a client gone while its images wait or encode: the lease goes back once the image worker has
+            # dropped or finished the job (its rows are then garbage), not before
+            p = await self.in_worker(self.encode, p, pool=self.image_workers, abandoned=lambda _: lease.release())
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            lease.release()
+            raise
+        return self.launch(p, lease)
+
+    async def _reserve_rows(self, p: "Prepared") -> RowsLease:
+        """The lease on a chat's image rows (waiting for room: no worker held); a 400 when they pass the whole
+        budget, a 429 when as many requests as the image queue holds already wait."""
+        try:
+            return await self.image_rows.reserve(p.images.nbytes)
+        except RowsTooLarge as e:
+            self.scheduler.metrics.image_refused("rows_memory")
+            raise bad_request(str(e), param=p.spec.messages_param, code="image_rows_memory") from None
+        except RowsBacklogFull as e:
+            self.scheduler.metrics.image_refused("queue_full")
+            raise self._refused(e, busy=True) from None
 
     async def count_prompt(self, spec: GenerationSpec) -> int:
         """The tokens a chat spec's prompt has, rendered and tokenized as `start` would (in a worker
@@ -344,12 +375,13 @@ class Service:
         ids = self._chat_ids(spec)[0]
         return len(ids)
 
-    async def in_worker(self, fn, *args, pool: PromptWorkers | None = None):
+    async def in_worker(self, fn, *args, pool: PromptWorkers | None = None, abandoned=None):
         """fn(*args) in one of the server's own pools (the prompt workers by default), never the event loop's
         default executor: jobs that wait long there (a decoder's embeddings wait for the scheduler) left no
-        thread for the chats' bodies and /health's probe; a full pool is a 429 at once, a closed one 503."""
+        thread for the chats' bodies and /health's probe; a full pool is a 429 at once, a closed one 503.
+        abandoned: PromptWorkers.run's (the caller cancelled)."""
         try:
-            return await (pool or self.workers).run(fn, *args)
+            return await (pool or self.workers).run(fn, *args, abandoned=abandoned)
         except (PoolFull, PoolClosed) as e:
             if pool is self.image_workers and isinstance(e, PoolFull):
                 self.scheduler.metrics.image_refused("queue_full")
@@ -454,8 +486,21 @@ class Service:
         drafter = self.model.drafter if mode == "draft" else PromptLookup()
         return Speculation(drafter, k)
 
-    def launch(self, p: "Prepared") -> "Generation":
-        """Queue the sequences (on the event loop, which receives their events)."""
+    def launch(self, p: "Prepared", lease: RowsLease | None = None) -> "Generation":
+        """Queue the sequences (on the event loop, which receives their events). lease: the one on their image
+        rows, given back when the last of them has let go of the rows (Job.drop_images), or now if they are not
+        queued."""
+        try:
+            return self._launch(p, lease)
+        except BaseException:
+            if lease is not None:
+                for choices in p.seqs:
+                    for seq in choices:
+                        seq.drop_image_rows()
+                lease.release()
+            raise
+
+    def _launch(self, p: "Prepared", lease: RowsLease | None) -> "Generation":
         channel = Channel()
         jobs: list[Job] = []
         # echo with logprobs: the first choice of each prompt scores the prompt for all of them
@@ -467,6 +512,10 @@ class Service:
                           prompt_logprobs=score if first is None else None, speculation=self._speculation(p.spec, seq))
                 first = first or job
                 jobs.append(job)
+        if lease is not None:
+            lease.share(len(jobs))
+            for job in jobs:
+                job.images_done = lease.let_go
         gen = Generation(self, p.spec, channel, jobs, p.prompts, p.echoes, p.tools)
         try:
             self.scheduler.submit(jobs)

@@ -32,7 +32,8 @@ class Metrics:
         self.draft_accepted = 0                            # ... and of those, accepted
         self.images = 0                                    # images through the image worker's vision tower
         self.image_seconds = 0.0                           # ... and the time it took (decoding, encoding)
-        self.image_refusals: dict[str, int] = {}           # "queue_full" (429), "invalid_image" (400)
+        self.image_refusals: dict[str, int] = {}           # "queue_full" (429), "invalid_image", "rows_memory" (400)
+        self.image_rows_waits = 0                          # requests that waited for room for their images' rows
         self.ttft_counts = [0] * (len(TTFT_BUCKETS) + 1)
         self.ttft_sum = 0.0
         self._recent: deque[tuple[float, int]] = deque()   # (time, tokens generated) per step
@@ -82,6 +83,10 @@ class Metrics:
     def image_refused(self, reason: str) -> None:
         with self._lock:
             self.image_refusals[reason] = self.image_refusals.get(reason, 0) + 1
+
+    def image_rows_waited(self) -> None:
+        with self._lock:
+            self.image_rows_waits += 1
 
     def first_token(self, seconds: float) -> None:
         with self._lock:
@@ -154,8 +159,10 @@ class Metrics:
             metric("image_encode_seconds_total", "counter", "seconds the image worker spent on them (decoding and "
                    "encoding)", [("", self.image_seconds)])
             metric("image_refusals_total", "counter", "requests with images refused by the image worker: its "
-                   "queue full (429) or an image the decoder refuses (400)",
+                   "queue full (429), an image the decoder refuses (400) or rows past --image-rows-memory (400)",
                    [(f'{{reason="{r}"}}', n) for r, n in sorted(self.image_refusals.items())] or [("", 0)])
+            metric("image_rows_waits_total", "counter", "requests whose images waited for room in "
+                   "--image-rows-memory before their encoding", [("", self.image_rows_waits)])
             for name, (help_text, value) in gauges.items():
                 metric(name, "gauge", help_text, [("", value)])
             lines.append("# HELP llambda_time_to_first_token_seconds time from arrival to first generated token")

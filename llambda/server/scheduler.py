@@ -116,6 +116,17 @@ class Job:
         # (drafts, logit rows) of a step whose grammar budget was spent before its turn: sampled first
         # in the next step, which does not feed it (bounds.StepMasks)
         self.held: tuple[list, np.ndarray] | None = None
+        # called once when the job no longer reads its prompt's image rows (server/image_rows: the request's
+        # lease on the rows' memory), or None
+        self.images_done = None
+
+    def drop_images(self) -> None:
+        """Its prompt's image rows are read no more (prefilled, or the job ended): the sequence keeps their keys
+        only, and `images_done` is called, once. Scheduler thread (or before the job was queued)."""
+        self.seq.drop_image_rows()
+        done, self.images_done = self.images_done, None
+        if done is not None:
+            done()
 
     def cancel(self) -> None:
         """Safe from any thread; the scheduler frees the slot before its next step."""
@@ -361,6 +372,7 @@ class Scheduler:
             for j in self._waiting:
                 if j.cancelled:
                     j.state = DONE
+                    j.drop_images()
                     self.metrics.finished("cancelled")
                 else:
                     kept.append(j)
@@ -477,9 +489,12 @@ class Scheduler:
             logits = self.model.forward(np.asarray(tokens, np.int32), np.asarray(slots, np.int32),
                                         np.asarray(pos, np.int32), rows, **extra)
         t_forward = time.perf_counter() - t0
+        images = None                     # (the batch's rows: the forward is done with them)
         for j, take in chunks:
             j.n_computed += take
             self.slots.set_valid(j.slot, j.n_computed)
+            if j.n_computed >= len(j.prompt):
+                j.drop_images()           # the prompt is in the cache: nothing reads its image rows again
         for j in decoding:
             j.n_computed = j.seq.next_pos + 1
             self.slots.set_valid(j.slot, j.n_computed)
@@ -616,6 +631,7 @@ class Scheduler:
         if j in self._active:
             self._active.remove(j)
         j.state = DONE
+        j.drop_images()
         self.metrics.finished(reason)
 
     def _emit(self, j: Job, item) -> None:

@@ -25,8 +25,10 @@ class PoolClosed(Exception):
     """The server is shutting down."""
 
 
-def _settle(fut: asyncio.Future, result: Any, error: BaseException | None) -> None:
+def _settle(fut: asyncio.Future, result: Any, error: BaseException | None, abandoned=None) -> None:
     if fut.cancelled():
+        if abandoned is not None:
+            abandoned(result)
         return
     if error is not None:
         fut.set_exception(error)
@@ -47,8 +49,10 @@ class PromptWorkers:
         for t in self._threads:
             t.start()
 
-    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """fn(*args) in a worker; raises PoolFull or PoolClosed without waiting."""
+    async def run(self, fn: Callable[..., Any], *args: Any, abandoned: Callable[[Any], None] | None = None) -> Any:
+        """fn(*args) in a worker; raises PoolFull or PoolClosed without waiting. abandoned(result): called once
+        when the caller left (its task cancelled) and the job will never hand it anything: at once for a job not
+        begun (result None), else once the job has ended (its result, None if it raised)."""
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         with self._lock:
@@ -57,15 +61,21 @@ class PromptWorkers:
             if self._waiting >= self.backlog and len(self._started) >= self.n_workers:
                 raise PoolFull(f"all {self.n_workers} {self.name} workers are busy and {self._waiting} requests wait")
             self._waiting += 1
-        job = [fn, args, loop, fut]
+        job = [fn, args, loop, fut, abandoned]
         self._jobs.put(job)
         try:
             return await fut
         except asyncio.CancelledError:      # the client has gone: a job still queued leaves the backlog now
             with self._lock:
-                if job[0] is not None:
+                skipped = job[0] is not None
+                if skipped:
                     job[0] = None           # (the worker skips it)
                     self._waiting -= 1
+            if abandoned is not None:
+                if skipped:
+                    abandoned(None)
+                elif fut.done() and not fut.cancelled():     # its result came, but this task was cancelled first
+                    abandoned(fut.result() if fut.exception() is None else None)
             raise
 
     def _work(self) -> None:
@@ -75,7 +85,7 @@ class PromptWorkers:
             if job is None:
                 return
             with self._lock:
-                fn, args, loop, fut = job
+                fn, args, loop, fut, abandoned = job
                 if fn is None:              # dropped while it waited: already out of the count
                     continue
                 job[0] = None               # taken (out of the count): a cancellation now changes nothing
@@ -91,10 +101,11 @@ class PromptWorkers:
                 with self._lock:
                     self._started.pop(me, None)
             try:
-                loop.call_soon_threadsafe(_settle, fut, result, error)
+                loop.call_soon_threadsafe(_settle, fut, result, error, abandoned)
             except RuntimeError:             # the loop is closed: nobody waits for this any more
-                pass
-            del job, fn, args, result, error
+                if abandoned is not None:
+                    abandoned(result)
+            del job, fn, args, result, error, abandoned
 
     def stats(self) -> dict[str, float]:
         with self._lock:
