@@ -83,8 +83,9 @@ def test_stop_strings_end_generation(smollm2_gguf):
     assert evs[-1].finish_reason == "stop" and "." not in text and "Paris" in text
 
 
-def _serve_with_fake_load(monkeypatch, argv: list[str]) -> dict:
-    """Run `llambda serve ARGV` with load() and serve() faked; returns what they were given."""
+def _serve_with_fake_load(monkeypatch, argv: list[str], image_width: int | None = None) -> dict:
+    """Run `llambda serve ARGV` with load() and serve() faked; returns what they were given. image_width: the fake
+    model takes images, rows this wide."""
     import llambda.api
     import llambda.server
     from llambda.cli import build_parser
@@ -95,6 +96,8 @@ def _serve_with_fake_load(monkeypatch, argv: list[str]) -> dict:
         name, n_ctx = "fake", 64
         config = type("C", (), {"arch": "llama"})()
         backend = type("B", (), {"name": "native"})()
+        accepts_images = image_width is not None
+        transformer = type("T", (), {"image_width": image_width})()
 
         def memory_report(self):
             return {"weights": 0}
@@ -140,7 +143,8 @@ def test_serve_defaults_to_an_f16_kv_cache(monkeypatch):
     (["--shutdown-grace", "inf"], "--shutdown-grace must be"),
     (["--shutdown-grace", "-5"], "--shutdown-grace must be"),
     (["--stored-responses", "-1"], "--stored-responses and --stored-bytes must be >= 0"),
-    (["--stored-bytes", "-1"], "--stored-responses and --stored-bytes must be >= 0")])
+    (["--stored-bytes", "-1"], "--stored-responses and --stored-bytes must be >= 0"),
+    (["--image-rows-memory", "0"], "--image-rows-memory must be >= 1")])
 def test_serve_refuses_bad_port_and_grace_before_loading(monkeypatch, flags, words):
     # these once reached bind() (OverflowError traceback) or crashed the shutdown on SIGTERM; now they
     # are refused before the model loads (a load here raises AssertionError, which pytest.raises lets through)
@@ -177,6 +181,18 @@ def test_serve_passes_the_response_store_bounds(monkeypatch):
     cfg = _serve_with_fake_load(monkeypatch, ["-m", "some.gguf", "--stored-responses", "0",
                                               "--stored-bytes", "1000"])["cfg"]
     assert (cfg.stored_responses, cfg.stored_bytes) == (0, 1000)
+
+
+def test_serve_passes_and_prints_the_image_rows_budget(monkeypatch, capsys):
+    """--image-rows-memory reaches the server's config; a model taking images says its budget at start (the
+    default from its context and its rows' width), a text model says nothing of it."""
+    cfg = _serve_with_fake_load(monkeypatch, ["-m", "some.gguf"])["cfg"]
+    assert cfg.image_rows_memory is None and "encoded rows" not in capsys.readouterr().err
+    _serve_with_fake_load(monkeypatch, ["-m", "some.gguf"], image_width=16384)     # 64 tokens: the 1 GiB floor
+    assert "at most 1024 MiB of encoded rows at once (--image-rows-memory; 64 KiB a token)" in capsys.readouterr().err
+    cfg = _serve_with_fake_load(monkeypatch, ["-m", "some.gguf", "--image-rows-memory", str(3 * 2**20)],
+                                image_width=16384)["cfg"]
+    assert cfg.image_rows_memory == 3 * 2**20 and "at most 3 MiB of encoded rows" in capsys.readouterr().err
 
 
 TINY_LLAMA = str(__import__("pathlib").Path(__file__).parent / "fixtures" / "reference" / "tiny" / "llama")
