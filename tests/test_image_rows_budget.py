@@ -386,3 +386,36 @@ def test_text_requests_are_not_held_by_the_image_budget(served, monkeypatch):
         held.go.set()
         assert [f.result().status_code for f in images] == [200, 200]
     _idle(served)
+
+
+def test_the_budget_setting_is_checked():
+    from llambda.errors import InvalidInputError
+    from llambda.server import ServerConfig
+    for bad in (0, -1, True, 1.5, "1"):
+        with pytest.raises(InvalidInputError, match="image_rows_memory"):
+            ServerConfig(image_rows_memory=bad)
+    assert ServerConfig(image_rows_memory=1).image_rows_memory == 1
+
+
+def test_waiting_requests_are_bounded_by_the_image_queue(monkeypatch):
+    """A server whose image queue holds one request: one request in the (held) worker, one waiting for room, a
+    third is a 429 at once (counted as the image queue's), and the two others are answered."""
+    from serverkit import LiveServer
+    from llambda.server import ServerConfig, create_app
+    with _load(n_slots=2) as m:
+        cfg = ServerConfig(model_id="vis", parallel=1, queue_size=1, prompt_workers=1,
+                           image_rows_memory=_rows_bytes(m, TALL))
+        with LiveServer(create_app(m, cfg)) as srv:
+            srv.model = m
+            with HeldWorker(srv, monkeypatch) as held, cf.ThreadPoolExecutor(2) as ex:
+                first = ex.submit(_post, srv, _body(WIDE, "one"))
+                assert held.entered.wait(120)
+                second = ex.submit(_post, srv, _body(WIDE, "two"))
+                before = _until(srv, lambda m: m["llambda_image_rows_waiting"] == 1, "the second did not wait")
+                r = _post(srv, _body(TALL, "three"))
+                assert r.status_code == 429 and r.headers["retry-after"], r.text
+                key = 'llambda_image_refusals_total{reason="queue_full"}'
+                assert srv.metrics()[key] == before.get(key, 0) + 1
+                held.go.set()
+                assert [first.result().status_code, second.result().status_code] == [200, 200]
+            _idle(srv)
