@@ -489,7 +489,7 @@ class Scheduler:
             logits = self.model.forward(np.asarray(tokens, np.int32), np.asarray(slots, np.int32),
                                         np.asarray(pos, np.int32), rows, **extra)
         t_forward = time.perf_counter() - t0
-        images = None                     # (the batch's rows: the forward is done with them)
+        images = extra = None             # (the batch's rows: the forward is done with them)
         for j, take in chunks:
             j.n_computed += take
             self.slots.set_valid(j.slot, j.n_computed)
