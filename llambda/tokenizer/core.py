@@ -145,12 +145,15 @@ class Tokenizer:
         tokens puts none before a piece that continues one (read after a byte token, _PROBE, whose ids are
         then dropped)."""
         ids: list[int] = []
+        heads: dict[bool, list[int]] = {}       # the probe's own ids, once per parse mode
         for piece, literal in pieces:
             special = parse_special and not literal
             if not self._strip_first_space or not ids or ids[-1] in self._special_ids:
                 ids += self._encode_raw(piece, special)
                 continue
-            head = self._encode_raw(_PROBE, special)
+            head = heads.get(special)
+            if head is None:
+                head = heads[special] = self._encode_raw(_PROBE, special)
             both = self._encode_raw(_PROBE + piece, special)
             ids += both[len(head):] if both[:len(head)] == head else self._encode_raw(piece, special)
         return ids
