@@ -147,10 +147,6 @@ class RowsLease:
             self._released = True
         self.budget._give_back(self.nbytes)
 
-    @property
-    def released(self) -> bool:
-        return self._released
-
 
 def _mib(n: int) -> str:
     return f"{n / 2**20:.1f} MiB"
