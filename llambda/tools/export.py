@@ -83,6 +83,8 @@ FAMILIES = {
     "glm4moe": Family("glm4_moe", "Glm4MoeForCausalLM", "glm4moe"),
     # Gemma 3n's text decoder: GGUF only as well (models/gemma3n.py)
     "gemma3n": Family("gemma3n_text", "Gemma3nForCausalLM", "gemma3n"),
+    "olmoe": Family("olmoe", "OlmoeForCausalLM", "olmoe"),       # MoE: GGUF only
+    "seed_oss": Family("seed_oss", "SeedOssForCausalLM", "seed_oss"),
 }
 # GGUF architectures whose q/k rows keep the same RoPE layout as their HF files (DeepSeek's adjacent pairs)
 SAME_ROPE_LAYOUT_ARCHS = {"deepseek2", "glm4"}
@@ -331,6 +333,8 @@ def hf_config(cfg: TransformerConfig, fam: Family, dtype: str) -> dict:
             out["sliding_window_pattern"] = period      # what transformers < 4.53 reads instead of layer_types
     if fam.hf_model_type == "smollm3":
         out["no_rope_layers"] = [int(r) for r in cfg.layer_rope]
+    if fam.hf_model_type == "seed_oss":
+        out["attention_out_bias"] = cfg.attn_out_bias
     if fam.hf_model_type == "granite":
         out.update(embedding_multiplier=cfg.embed_scale or 1.0, residual_multiplier=cfg.residual_scale,
                    attention_multiplier=cfg.scale(), logits_scaling=cfg.logit_scale)
