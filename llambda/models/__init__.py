@@ -55,6 +55,8 @@ ARCHITECTURES = {
     "glm4_moe": "glm4moe",
     "olmoe": "olmoe",
     "seed_oss": "seed_oss",
+    "arcee": "arcee",
+    "apertus": "apertus",
 }
 
 # Encoders (embedding models, cross-encoders): their own config and forward, not TransformerConfig
