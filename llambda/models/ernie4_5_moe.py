@@ -63,9 +63,11 @@ def config_from_hf(cfg: dict) -> TransformerConfig:
                                f"{_NORM_MIN_LIMIT}: the weights are divided by their sum)")
     ffe = hf.get("moe_intermediate_size", kind=int, limit="expert_ffn_dim")
     shared = hf.get("moe_num_shared_experts", 2, int, "n_experts")      # transformers' default: 2
+    n_experts, k = hf.get("moe_num_experts", kind=int, limit="n_experts"), hf.get("moe_k", kind=int,
+                                                                                  limit="n_experts_used")
+    _check_used(k, n_experts, "config.json 'moe_k'", "moe_num_experts")
     return TransformerConfig(
-        **c, n_experts=hf.get("moe_num_experts", kind=int, limit="n_experts"),
-        n_experts_used=hf.get("moe_k", kind=int, limit="n_experts_used"), expert_ffn_dim=ffe,
+        **c, n_experts=n_experts, n_experts_used=k, expert_ffn_dim=ffe,
         shared_ffn_dim=HFConfig.check("config.json moe_num_shared_experts * moe_intermediate_size", shared * ffe,
                                       int, "shared_ffn_dim"),
         moe_layers=moe_layer_flags(n, start, end, interval), moe_routing="softmax_topk", moe_norm_topk=True,
@@ -74,19 +76,26 @@ def config_from_hf(cfg: dict) -> TransformerConfig:
 
 def config_from_gguf(meta: dict) -> TransformerConfig:
     hp, c = gguf_common(meta, ARCH)
+    c["arch"] = "ernie4_5_moe"
     scale = hp.float("expert_weights_scale", 1.0)
     if scale not in (0.0, 1.0):           # llama.cpp passes it (0: none) to its MoE; the converter writes none
         raise ModelFormatError(f"GGUF metadata '{ARCH}.expert_weights_scale' = {scale} is not supported (1)")
     lead = hp.int("leading_dense_block_count", limit="n_experts")     # 0..4096, like the layer count
     step = hp.int("interleave_moe_layer_step", limit="n_layers")
     n = c["n_layers"]
+    n_experts, k = hp.int("expert_count", limit="n_experts"), hp.int("expert_used_count", limit="n_experts_used")
+    _check_used(k, n_experts, f"GGUF metadata '{ARCH}.expert_used_count'", "expert_count")
     # exp_probs_b (the choice bias) where the file holds it: gguf_flags
     return TransformerConfig(
-        **c, n_experts=hp.int("expert_count", limit="n_experts"),
-        n_experts_used=hp.int("expert_used_count", limit="n_experts_used"),
+        **c, n_experts=n_experts, n_experts_used=k,
         expert_ffn_dim=hp.int("expert_feed_forward_length", limit="expert_ffn_dim"),
         shared_ffn_dim=hp.int("expert_shared_feed_forward_length", 0, "shared_ffn_dim"),
         moe_layers=moe_layer_flags(n, lead, n - 1, step), moe_routing="softmax_topk", moe_norm_topk=True)
+
+
+def _check_used(k: int, n_experts: int, what: str, of: str) -> None:
+    if not 1 <= k <= n_experts:
+        raise ModelFormatError(f"{what} = {k}: not 1 to the {n_experts} experts ({of})")
 
 
 def gguf_flags(cfg: TransformerConfig, names) -> None:
