@@ -112,6 +112,48 @@ def test_quantized_native_matches_numpy(folder):
     assert max(errs["f32"]) <= 1e-3 and errs["q8"][0] <= short and max(errs["q8"]) <= every, errs
 
 
+def test_moe_on_every_isa_and_batch_invariant(isa):
+    """The MoE model on each ISA path (exact mode against transformers); and with batch invariance on, a decode
+    step of one sequence alone or beside another gives the same bits (Q8_0 weights, fast mode)."""
+    if "native" not in available_backends():
+        pytest.skip("the native backend is not available here (C core not built)")
+    from llambda import _native
+    inp = reference("ernie4_5_moe")["inputs"][1]
+    with llambda.load(TINY / "ernie4_5_moe", backend="native", activations="f32", n_ctx=128) as m:
+        assert max_err(m, "ernie4_5_moe") <= 1e-3
+    before = _native.batch_invariant()
+    _native.set_batch_invariant(True)
+    try:
+        with llambda.load(TINY / "ernie4_5_moe", backend="native", activations="q8", n_ctx=64, n_slots=2,
+                          quantize="q8_0") as m:
+            tr, ids = m.transformer, np.array(inp["input_ids"][:21], np.int32)
+            # both slots filled in one batch (slot 1 with the prefix reversed), then slot 0's step alone or paired
+            tr.forward(np.concatenate([ids[:20], ids[19::-1]]), np.repeat(np.arange(2, dtype=np.int32), 20),
+                       np.tile(np.arange(20, dtype=np.int32), 2), [19, 39])
+            step = [tr.forward(ids[20:21], [0], [20], [0])[0].copy(),
+                    tr.forward(ids[[20, 3]], [0, 1], [20, 20], [0, 1])[0].copy()]
+            assert np.array_equal(step[0], step[1])
+    finally:
+        _native.set_batch_invariant(before)
+
+
+def test_q8_0_gguf_keeps_the_router_and_bias_in_float(tmp_path):
+    """A Q8_0 export quantizes the experts, not the router nor its choice bias; native exact runs it as the
+    NumPy oracle does."""
+    from llambda.formats.quants import QType
+    q8 = export(TINY / "ernie4_5_moe", tmp_path / "q8.gguf", fmt="gguf", qtype="q8_0")
+    with GGUFFile(q8) as f:
+        t = f.tensors
+        assert t["blk.1.ffn_up_exps.weight"].qtype == QType.Q8_0 and t["blk.1.ffn_gate_shexp.weight"].qtype == QType.Q8_0
+        assert t["blk.1.ffn_gate_inp.weight"].qtype == QType.F32 and t["blk.1.exp_probs_b.bias"].qtype == QType.F32
+    ids = reference("ernie4_5_moe")["inputs"][2]["input_ids"]
+    rows = {}
+    for mode in ("numpy", "native-exact"):
+        with load(q8, mode) as m:
+            rows[mode] = m.logits(ids)
+    assert float(np.abs(rows["native-exact"] - rows["numpy"]).max()) <= 1e-3
+
+
 # ---------------------------------------------------------------- settings
 
 @pytest.mark.parametrize("folder", FOLDERS)
@@ -266,6 +308,33 @@ def test_a_gguf_without_the_choice_bias_routes_without_one(exported, tmp_path):
                                                 for n, a in arrays_of(d).items()})
     with llambda.load(d, backend="numpy", n_ctx=128) as m:
         np.testing.assert_allclose(plain, m.logits(ids), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_gguf_qkv_biases_are_read_as_llama_cpp_reads_them(exported, tmp_path, folder):
+    """llama.cpp's ernie4_5 graphs add optional q/k/v biases (no key says so): a file holding them runs with them
+    here too (the logits move), and llama.cpp, an independent reader, agrees with us on it."""
+    with GGUFFile(exported(folder)) as f:
+        meta = {k: GGUFValue(f.metadata_types[k], v) for k, v in f.metadata.items()}
+        items = [(t.name, t.qtype, np.array(t.data), t.shape) for t in f.tensors.values()]
+        n = f.metadata[f"{GGUF_ARCH[folder]}.block_count"]
+    from llambda.formats.quants import QType
+    rng = np.random.default_rng(23)
+    for i in range(n):
+        for leaf, rows in (("attn_q", 64), ("attn_k", 32), ("attn_v", 32)):
+            b = (0.5 * rng.standard_normal(rows)).astype(np.float32)
+            items.append((f"blk.{i}.{leaf}.bias", QType.F32, b.view(np.uint8), (rows,)))
+    path = tmp_path / "biased.gguf"
+    write_gguf(path, meta, items)
+    ids = reference(folder)["inputs"][0]["input_ids"]
+    with llambda.load(path, backend="numpy", n_ctx=64) as m, llambda.load(exported(folder), backend="numpy",
+                                                                          n_ctx=64) as plain:
+        assert m.config.attn_bias
+        ours = m.logits(ids)
+        assert float(np.abs(ours - plain.logits(ids)).max()) > 0.05
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the bench extra)")
+    from llamacpp_ref import llama_cpp_logits
+    assert float(np.abs(ours - llama_cpp_logits(path, ids)).max()) <= 0.05
 
 
 @pytest.mark.parametrize("folder, keys, drop, message", [
