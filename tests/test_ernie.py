@@ -275,6 +275,20 @@ def test_mtp_tensors_of_a_hub_checkpoint_are_skipped(tmp_path):
         assert m.config.n_layers == 4 and max_err(m, "ernie4_5_moe") <= 1e-3
 
 
+def test_the_bias_under_transformers_in_memory_name(tmp_path):
+    """The choice bias as transformers 5 names it in memory (mlp.gate.moe_statics.*) reads as the Hub's name
+    does; a checkpoint holding both for one layer is refused, not read twice."""
+    d = copy_folder("ernie4_5_moe", tmp_path / "m")
+    arrays = arrays_of(d)
+    moved = {n.replace("mlp.moe_statics.", "mlp.gate.moe_statics."): a for n, a in arrays.items()}
+    write_safetensors(d / "model.safetensors", moved)
+    with llambda.load(d, backend="numpy", n_ctx=128) as m:
+        assert max_err(m, "ernie4_5_moe") <= 1e-3
+    write_safetensors(d / "model.safetensors", {**arrays, **moved})
+    with pytest.raises(ModelFormatError, match="second tensor"):
+        llambda.load(d, backend="numpy", n_ctx=32)
+
+
 # ---------------------------------------------------------------- GGUF files as llama.cpp has them
 
 def _gguf_edit(src: Path, out: Path, drop=(), **keys) -> Path:
