@@ -83,13 +83,16 @@ FAMILIES = {
     "glm4moe": Family("glm4_moe", "Glm4MoeForCausalLM", "glm4moe"),
     # Gemma 3n's text decoder: GGUF only as well (models/gemma3n.py)
     "gemma3n": Family("gemma3n_text", "Gemma3nForCausalLM", "gemma3n"),
+    # ERNIE 4.5: GGUF only (its HF files keep q/k rows in adjacent pairs; the MoE's names and keys are its own)
+    "ernie4_5": Family("ernie4_5", "Ernie4_5ForCausalLM", "ernie4_5"),
+    "ernie4_5_moe": Family("ernie4_5_moe", "Ernie4_5_MoeForCausalLM", "ernie4_5-moe"),
     "olmoe": Family("olmoe", "OlmoeForCausalLM", "olmoe"),       # MoE: GGUF only
     "seed_oss": Family("seed_oss", "SeedOssForCausalLM", "seed_oss"),
     "arcee": Family("arcee", "ArceeForCausalLM", "arcee"),
     "apertus": Family("apertus", "ApertusForCausalLM", "apertus"),     # GGUF only (its own HF norm names)
 }
 # GGUF architectures whose q/k rows keep the same RoPE layout as their HF files (DeepSeek's adjacent pairs)
-SAME_ROPE_LAYOUT_ARCHS = {"deepseek2", "glm4"}
+SAME_ROPE_LAYOUT_ARCHS = {"deepseek2", "glm4", "ernie4_5", "ernie4_5-moe"}
 FLOAT_TYPES = {"f32": QType.F32, "f16": QType.F16, "bf16": QType.BF16}
 HF_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
             "chat_template.json", "generation_config.json", "tokenizer.model")
@@ -377,9 +380,9 @@ def write_hf(src: ModelSource, out: Path, qtype: str | None = None) -> Path:
     if cfg.n_experts or cfg.recurrent or cfg.mla or getattr(cfg, "altup_inputs", 0):
         raise LlambdaError("a mixture-of-experts, hybrid, latent-attention or Gemma 3n model exports as GGUF only "
                            "(fmt='gguf')")
-    if fam.gguf_arch in ("glm4", "qwen3vl", "apertus"):
-        what = {"glm4": "GLM-4", "qwen3vl": "Qwen3-VL", "apertus": "Apertus"}[fam.gguf_arch]
-        raise LlambdaError(f"a {what} model exports as GGUF only (fmt='gguf')")
+    gguf_only = {"glm4": "GLM-4", "qwen3vl": "Qwen3-VL", "ernie4_5": "ERNIE 4.5", "apertus": "Apertus"}
+    if fam.gguf_arch in gguf_only:
+        raise LlambdaError(f"a {gguf_only[fam.gguf_arch]} model exports as GGUF only (fmt='gguf')")
     want = None
     if qtype is not None:      # "" is no type either (it once meant "keep the source's")
         if str(qtype).lower() not in FLOAT_TYPES:
