@@ -53,6 +53,10 @@ ARCHITECTURES = {
     "glm4": "glm4",
     "glm4moe": "glm4moe",
     "glm4_moe": "glm4moe",
+    "cohere": "cohere",
+    "command-r": "cohere",         # llama.cpp's name of Cohere's Command-R / Aya
+    "cohere2": "cohere2",
+    "starcoder2": "starcoder2",
 }
 
 # Encoders (embedding models, cross-encoders): their own config and forward, not TransformerConfig
