@@ -240,3 +240,19 @@ def test_export_to_hf_is_refused(tmp_path):
     for folder in FOLDERS:
         with pytest.raises(LlambdaError, match="GGUF only"):
             export(TINY / folder, tmp_path / folder, fmt="hf")
+
+
+def test_a_quantized_export_keeps_the_per_head_norms_float(tmp_path):
+    """`llambda export --type q8_0` of Command-R: its (heads, head_dim) q/k norm weights are 2-D but norms, kept
+    F32 as every norm is, the matrices Q8_0: the file runs as the float checkpoint quantized to Q8_0 at load
+    (whose norms stay float)."""
+    from llambda.formats.quants import QType
+    path = export(TINY / "cohere", tmp_path / "q8.gguf", fmt="gguf", qtype="q8_0")
+    with GGUFFile(path) as f:
+        assert f.tensors["blk.0.attn_q_norm.weight"].qtype == QType.F32
+        assert f.tensors["blk.0.attn_q_norm.weight"].shape == (4, 16)
+        assert f.tensors["blk.0.attn_q.weight"].qtype == QType.Q8_0
+    ids = reference("cohere")["inputs"][1]["input_ids"]
+    with llambda.load(path, backend="numpy", n_ctx=64) as q, \
+            llambda.load(TINY / "cohere", backend="numpy", n_ctx=64, quantize="q8_0") as m:
+        assert float(np.abs(q.logits(ids) - m.logits(ids)).max()) <= 1e-4
