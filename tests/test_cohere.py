@@ -185,6 +185,7 @@ def test_llama_cpp_runs_command_r_as_we_do(exported, tmp_path):
 # ---------------------------------------------------------------- refusals
 
 @pytest.mark.parametrize("folder, edit, message", [
+    ("cohere", lambda c: c.pop("num_hidden_layers"), "num_hidden_layers"),
     ("cohere", lambda c: c.update(logit_scale=-1.0), "logit_scale"),
     ("cohere", lambda c: c.update(layer_norm_eps="1e-5"), "layer_norm_eps"),
     ("cohere", lambda c: c.update(rotary_pct=0.5), "rotary_pct"),

@@ -82,6 +82,7 @@ def test_without_biases(tmp_path):
 
 
 @pytest.mark.parametrize("edit, message", [
+    (lambda c: c.pop("hidden_size"), "hidden_size"),
     (lambda c: c.update(hidden_act="gelu"), "hidden_act"),
     (lambda c: c.update(norm_epsilon=-1.0), "norm_epsilon"),
     (lambda c: c.update(use_bias="no"), "use_bias"),
