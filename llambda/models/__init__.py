@@ -53,6 +53,9 @@ ARCHITECTURES = {
     "glm4": "glm4",
     "glm4moe": "glm4moe",
     "glm4_moe": "glm4moe",
+    "ernie4_5": "ernie4_5",
+    "ernie4_5_moe": "ernie4_5_moe",
+    "ernie4_5-moe": "ernie4_5_moe",
     "cohere": "cohere",
     "command-r": "cohere",         # llama.cpp's name of Cohere's Command-R / Aya
     "cohere2": "cohere2",

@@ -83,13 +83,16 @@ FAMILIES = {
     "glm4moe": Family("glm4_moe", "Glm4MoeForCausalLM", "glm4moe"),
     # Gemma 3n's text decoder: GGUF only as well (models/gemma3n.py)
     "gemma3n": Family("gemma3n_text", "Gemma3nForCausalLM", "gemma3n"),
+    # ERNIE 4.5: GGUF only (its HF files keep q/k rows in adjacent pairs; the MoE's names and keys are its own)
+    "ernie4_5": Family("ernie4_5", "Ernie4_5ForCausalLM", "ernie4_5"),
+    "ernie4_5_moe": Family("ernie4_5_moe", "Ernie4_5_MoeForCausalLM", "ernie4_5-moe"),
     # LayerNorm families: GGUF only too (config.json's own keys and HF names are not written)
     "cohere": Family("cohere", "CohereForCausalLM", "command-r"),
     "cohere2": Family("cohere2", "Cohere2ForCausalLM", "cohere2"),
     "starcoder2": Family("starcoder2", "Starcoder2ForCausalLM", "starcoder2"),
 }
 # GGUF architectures whose q/k rows keep the same RoPE layout as their HF files (DeepSeek's adjacent pairs)
-SAME_ROPE_LAYOUT_ARCHS = {"deepseek2", "glm4", "command-r", "cohere2"}
+SAME_ROPE_LAYOUT_ARCHS = {"deepseek2", "glm4", "ernie4_5", "ernie4_5-moe", "command-r", "cohere2"}
 FLOAT_TYPES = {"f32": QType.F32, "f16": QType.F16, "bf16": QType.BF16}
 HF_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
             "chat_template.json", "generation_config.json", "tokenizer.model")
@@ -373,9 +376,9 @@ def write_hf(src: ModelSource, out: Path, qtype: str | None = None) -> Path:
     if cfg.n_experts or cfg.recurrent or cfg.mla or getattr(cfg, "altup_inputs", 0):
         raise LlambdaError("a mixture-of-experts, hybrid, latent-attention or Gemma 3n model exports as GGUF only "
                            "(fmt='gguf')")
-    if fam.gguf_arch in ("glm4", "qwen3vl"):
-        raise LlambdaError(f"a {'GLM-4' if fam.gguf_arch == 'glm4' else 'Qwen3-VL'} model exports as GGUF only "
-                           "(fmt='gguf')")
+    gguf_only = {"glm4": "GLM-4", "qwen3vl": "Qwen3-VL", "ernie4_5": "ERNIE 4.5"}
+    if fam.gguf_arch in gguf_only:
+        raise LlambdaError(f"a {gguf_only[fam.gguf_arch]} model exports as GGUF only (fmt='gguf')")
     if cfg.norm_kind != "rms":
         raise LlambdaError(f"a {fam.hf_class} model (LayerNorm) exports as GGUF only (fmt='gguf')")
     want = None
