@@ -257,3 +257,21 @@ def test_a_quantized_export_keeps_the_per_head_norms_float(tmp_path):
     with llambda.load(path, backend="numpy", n_ctx=64) as q, \
             llambda.load(TINY / "cohere", backend="numpy", n_ctx=64, quantize="q8_0") as m:
         assert float(np.abs(q.logits(ids) - m.logits(ids)).max()) <= 1e-4
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(norm_kind="group"), "norm kind"),
+    (dict(norm_bias=True), "layer norms"),
+    (dict(qk_norm_heads=True), "per-head q/k norms"),
+    (dict(parallel_block=True, post_norms=True), "parallel block"),
+    (dict(ffn_gated=False, layer_kinds=["attention", "mamba2"], conv_kernel=4, ssm_k_heads=1, ssm_v_heads=2,
+          ssm_k_dim=8, ssm_v_dim=8), "ungated"),
+    (dict(parallel_block=1), "parallel_block"),
+])
+def test_the_block_flags_are_checked(fields, message):
+    """The generic fields these families brought (config.py's _check_block): combinations the transformer does
+    not run are refused, whatever reader built them."""
+    from llambda.models.config import TransformerConfig
+    base = dict(arch="x", vocab_size=16, n_layers=2, d_model=16, n_heads=2, n_kv_heads=2, head_dim=8, ffn_dim=32)
+    with pytest.raises(ModelFormatError, match=message):
+        TransformerConfig(**base, **fields)

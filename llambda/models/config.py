@@ -340,6 +340,8 @@ class TransformerConfig:
         if self.parallel_block and (not self.pre_norms or self.post_norms or self.mla or self.recurrent):
             raise ModelFormatError("a parallel block (attention and MLP on one norm) takes pre-norms only, on "
                                    "attention layers")
+        if (self.norm_bias or self.ffn_bias or not self.ffn_gated) and (self.mla or self.recurrent):
+            raise ModelFormatError("norm biases and an ungated or biased MLP are read on plain attention layers only")
 
     def _check_sections(self) -> None:
         sec = self.rope_sections
