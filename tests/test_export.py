@@ -322,6 +322,8 @@ LLAMA_CPP_CANNOT = {
     "qwen3_moe": "llama.cpp's qwen3moe has no dense layer, which this tiny model has",
     "gemma3n": "llama.cpp hard-codes 256 per-layer input values a layer (this model has 4): tests/test_gemma3n.py "
                "compares llama.cpp on a variant of it with 256",
+    "cohere": "llama.cpp's command-r loads q/k norms only in a model of 64 layers or more (Command R+): "
+              "tests/test_cohere.py compares llama.cpp on a 64-layer variant and on this one without the norms",
 }
 # ones it loads but runs otherwise than the file says: loaded and run, logits not compared
 LLAMA_CPP_RUNS_OTHERWISE = {

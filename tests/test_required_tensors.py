@@ -60,6 +60,12 @@ REQUIRED = [
     ("glm4_moe", "model.layers.2.mlp.shared_experts.up_proj.weight", "blk.2.ffn_up_shexp.weight"),
     ("glm4_moe", "model.layers.0.self_attn.k_norm.weight", "blk.0.attn_k_norm.weight"),
     ("glm4_moe", "model.layers.2.self_attn.v_proj.bias", "blk.2.attn_v.bias"),
+    # Command-R's per-head q/k norms; StarCoder2's LayerNorm biases (the final norm's too), MLP and output biases
+    ("cohere", "model.layers.2.self_attn.q_norm.weight", "blk.2.attn_q_norm.weight"),
+    ("starcoder2", "model.norm.bias", "output_norm.bias"),
+    ("starcoder2", "model.layers.1.post_attention_layernorm.bias", "blk.1.ffn_norm.bias"),
+    ("starcoder2", "model.layers.0.mlp.c_proj.bias", "blk.0.ffn_down.bias"),
+    ("starcoder2", "model.layers.2.self_attn.o_proj.bias", "blk.2.attn_output.bias"),
 ]
 
 

@@ -60,6 +60,10 @@ ARCHITECTURES = {
     "seed_oss": "seed_oss",
     "arcee": "arcee",
     "apertus": "apertus",
+    "cohere": "cohere",
+    "command-r": "cohere",         # llama.cpp's name of Cohere's Command-R / Aya
+    "cohere2": "cohere2",
+    "starcoder2": "starcoder2",
 }
 
 # Encoders (embedding models, cross-encoders): their own config and forward, not TransformerConfig

@@ -54,6 +54,10 @@ class LayerWeights:
     wq_gate: object = None            # attention output gate rows (Qwen3-Next): out *= sigmoid(h . wq_gate)
     mla: "MLAWeights | None" = None   # latent attention (DeepSeek): set instead of wq/wk/wv (wo stays)
     act: tuple | None = None          # an MLP without a gate (w_gate None): the xielu op's scalars (config.py)
+    attn_norm_b: np.ndarray | None = None   # layer norms' biases (StarCoder2)
+    ffn_norm_b: np.ndarray | None = None
+    b_up: np.ndarray | None = None    # the dense MLP's biases (StarCoder2)
+    b_down: np.ndarray | None = None
 
 
 @dataclass
@@ -278,12 +282,22 @@ class Transformer(Closable, LatentAttention):
         self._state_rows = pos
         self.cache.state = list(self.conv_state.values()) + list(self.delta_state.values()) + ([pos] if conv else [])
         self.ws.bind(self.cache.extra)
+        self._fill_ones()
         self._plans: dict[int, object] = {}
         self._input_views = (memoryview(self.ws.tokens), memoryview(self.ws.slots), memoryview(self.ws.pos))
         self._rope_views = tuple(memoryview(r) for r in self.ws.rope_pos) if cfg.rope_sections else ()
         self._images = self._kend = None     # the current forward's image rows (forward's images) and kend
         # DeepStack levels an image's rows carry (Qwen3-VL: the attached tower's; models/image_input.py sets it)
         self.deepstack = cfg.deepstack_levels
+
+    def _fill_ones(self) -> None:
+        """An ungated MLP's activation runs as act_mul(u, ones): ws.up, which only a gated MLP writes, holds
+        the ones (set once here; no op writes it in such a model)."""
+        self._ones = None
+        if any(getattr(L, "w_gate", 0) is None and getattr(L, "moe", 0) is None and getattr(L, "w_up", None) is not None
+               and getattr(L, "act", None) is None for L in self.layers):
+            self.ws.up[...] = 1.0
+            self._ones = self.ws.up
 
     # -- loading -----------------------------------------------------------
     def _load(self, get: TensorLookup, file_names=None) -> None:
@@ -335,6 +349,11 @@ class Transformer(Closable, LatentAttention):
         out = get("output.weight")
         self.output = self.tok_embd if (out is None and cfg.tie_embeddings) else matrix("output.weight", cfg.vocab_size, d)
         self.output_norm = vector("output_norm.weight", d, off)
+        self.output_norm_b = vector("output_norm.bias", d) if cfg.norm_bias else None
+        # LayerNorm without a bias adds these zeros; per-head q/k norm weights (Cohere) multiply the heads
+        # normed with unit weights
+        self._zeros = {n: np.zeros(n, np.float32) for n in {d, cfg.head_dim, cfg.q_dim, cfg.kv_dim}}
+        self._unit = np.ones(cfg.head_dim, np.float32)
         rf = get("rope_freqs.weight")
         if rf is not None and (rf.cols != cfg.rope_dim // 2 or rf.rows != 1):
             raise ModelFormatError(f"tensor {shown('rope_freqs.weight', rf)} has shape {rf.shape}, expected ({cfg.rope_dim // 2},): "
@@ -456,6 +475,16 @@ class Transformer(Closable, LatentAttention):
             raw = [float(vector(p + f"xielu_{k}.weight", 1)[0]) for k in ("alpha_p", "alpha_n", "beta", "eps")]
             return xielu_scalars(*raw)
 
+        def head_norms(name: str, heads: int) -> np.ndarray:
+            """A q/k norm weight per head (Cohere's (heads, head_dim)), as one vector of heads * head_dim."""
+            t = need(name)
+            if t.shape[-1] != cfg.head_dim or t.rows * t.cols != heads * cfg.head_dim:
+                raise ModelFormatError(f"tensor {shown(name, t)} has shape {t.shape}, expected ({heads}, {cfg.head_dim})")
+            v = B.prepare_vector(WeightTensor(t.name, t.qtype, (heads * cfg.head_dim,), t.data), off)
+            finite(name, t, v)
+            self._release(t.data)
+            return v
+
         if getattr(cfg, "altup_inputs", 0):      # Gemma 3n: its layers are its own (models/gemma3n_net.py)
             from .gemma3n_net import Gemma3nNet
             self.g3n = Gemma3nNet(cfg, get, matrix, vector)
@@ -494,7 +523,8 @@ class Transformer(Closable, LatentAttention):
                 continue
             qn, kn = (cfg.q_dim, cfg.kv_dim) if cfg.qk_norm_whole else (cfg.head_dim, cfg.head_dim)
             moe = is_moe(i)
-            gated = not moe and cfg.activation not in UNGATED_ACTIVATIONS
+            ffn_pre = pre and not cfg.parallel_block       # a parallel block's MLP reads the attention's norm
+            gated = not moe and cfg.ffn_gated and cfg.activation not in UNGATED_ACTIVATIONS
             if cfg.attn_out_gate:          # per head: its query rows, then its gate rows
                 wq, wq_gate = matrix(p + "attn_q.weight", 2 * cfg.q_dim, d,
                                      grouped_rows(cfg.n_heads, [cfg.head_dim, cfg.head_dim]))
@@ -506,19 +536,25 @@ class Transformer(Closable, LatentAttention):
                 wk=matrix(p + "attn_k.weight", cfg.kv_dim, d),
                 wv=matrix(p + "attn_v.weight", cfg.kv_dim, d),
                 wo=matrix(p + "attn_output.weight", d, cfg.q_dim),
-                ffn_norm=vector(p + "ffn_norm.weight", d, off) if pre else None,
+                ffn_norm=vector(p + "ffn_norm.weight", d, off) if ffn_pre else None,
+                attn_norm_b=vector(p + "attn_norm.bias", d) if pre and cfg.norm_bias else None,
+                ffn_norm_b=vector(p + "ffn_norm.bias", d) if ffn_pre and cfg.norm_bias else None,
                 w_gate=matrix(p + "ffn_gate.weight", cfg.ffn_dim, d) if gated else None,
                 w_up=None if moe else matrix(p + "ffn_up.weight", cfg.ffn_dim, d),
                 w_down=None if moe else matrix(p + "ffn_down.weight", d, cfg.ffn_dim),
                 act=None if moe else act_scalars(p),
+                b_up=vector(p + "ffn_up.bias", cfg.ffn_dim) if cfg.ffn_bias and not moe else None,
+                b_down=vector(p + "ffn_down.bias", d) if cfg.ffn_bias and not moe else None,
                 moe=moe_weights(p) if moe else None,
                 bo=vector(p + "attn_output.bias", d, required=cfg.attn_out_bias),   # used wherever present
                 sinks=vector(p + "attn_sinks.weight", cfg.n_heads, required=cfg.attn_sinks),
                 bq=vector(p + "attn_q.bias", cfg.q_dim, required=cfg.attn_bias) if cfg.attn_bias else None,
                 bk=vector(p + "attn_k.bias", cfg.kv_dim, required=cfg.attn_bias) if cfg.attn_bias else None,
                 bv=vector(p + "attn_v.bias", cfg.kv_dim, required=cfg.attn_bias) if cfg.attn_bias else None,
-                q_norm=vector(p + "attn_q_norm.weight", qn, off) if cfg.qk_norm else None,
-                k_norm=vector(p + "attn_k_norm.weight", kn, off) if cfg.qk_norm else None,
+                q_norm=(head_norms(p + "attn_q_norm.weight", cfg.n_heads) if cfg.qk_norm_heads else
+                        vector(p + "attn_q_norm.weight", qn, off)) if cfg.qk_norm else None,
+                k_norm=(head_norms(p + "attn_k_norm.weight", cfg.n_kv_heads) if cfg.qk_norm_heads else
+                        vector(p + "attn_k_norm.weight", kn, off)) if cfg.qk_norm else None,
                 post_attn_norm=vector(p + "post_attention_norm.weight", d, off) if post else None,
                 post_ffn_norm=vector(p + "post_ffw_norm.weight", d, off) if post else None,
             ))
@@ -665,7 +701,7 @@ class Transformer(Closable, LatentAttention):
         x = self._layers(n)
         h = np.ascontiguousarray(x[np.asarray(rows, dtype=np.intp)])
         out = np.empty_like(h)
-        self.backend.rmsnorm(h, self.output_norm, self.cfg.norm_eps, out)
+        self._norm(h, self.output_norm, self.output_norm_b, out)
         return out
 
     def _layers(self, n: int) -> np.ndarray:
@@ -786,17 +822,23 @@ class Transformer(Closable, LatentAttention):
         cfg, B, ws = self.cfg, self.backend, self.ws
         n = len(x)
         h, q, k, v, attn, proj = ws.h[:n], ws.q[:n], ws.k[:n], ws.v[:n], ws.attn[:n], ws.proj[:n]
-        h = self._pre_norm(x, L.attn_norm, h)
+        h = self._pre_norm(x, L.attn_norm, h, L.attn_norm_b)
         q2, k2, v2 = q.reshape(n, -1), k.reshape(n, -1), v.reshape(n, -1)
         B.matmul_many(h, (L.wq, L.wk, L.wv), (q2, k2, v2))
         if L.bq is not None:
             B.add_rows(q2, L.bq, q2)
             B.add_rows(k2, L.bk, k2)
             B.add_rows(v2, L.bv, v2)
-        if L.q_norm is not None:
+        if L.q_norm is not None and cfg.qk_norm_heads:      # Cohere: each head normed, then its own weights
+            hd = cfg.head_dim
+            self._norm(q.reshape(-1, hd), self._unit, None, q.reshape(-1, hd))
+            self._norm(k.reshape(-1, hd), self._unit, None, k.reshape(-1, hd))
+            B.mul_rows(q2, L.q_norm, q2)
+            B.mul_rows(k2, L.k_norm, k2)
+        elif L.q_norm is not None:
             qn, kn = (q2, k2) if cfg.qk_norm_whole else (q, k)     # OLMo 2: one norm over all heads
-            B.rmsnorm(qn, L.q_norm, cfg.norm_eps, qn)
-            B.rmsnorm(kn, L.k_norm, cfg.norm_eps, kn)
+            self._norm(qn, L.q_norm, None, qn)
+            self._norm(kn, L.k_norm, None, kn)
         sliding = cfg.layer_sliding[i]
         inv_freq = self.inv_freq[sliding]
         if cfg.rope_sections:          # M-RoPE: each section's own positions (a text token's all equal p)
@@ -824,7 +866,7 @@ class Transformer(Closable, LatentAttention):
         if L.bo is not None:
             B.add_rows(proj, L.bo, proj)
         if L.post_attn_norm is not None:
-            B.rmsnorm(proj, L.post_attn_norm, cfg.norm_eps, proj)
+            self._norm(proj, L.post_attn_norm, None, proj)
         self._residual_add(x, proj)
 
     def _short_conv_block(self, i: int, L: LayerWeights, x, slot, p) -> None:
@@ -865,30 +907,38 @@ class Transformer(Closable, LatentAttention):
         cfg, B, ws = self.cfg, self.backend, self.ws
         n = len(x)
         h, proj = ws.h[:n], ws.proj[:n]
-        h = self._pre_norm(x, L.ffn_norm, h)
+        if not cfg.parallel_block:
+            h = self._pre_norm(x, L.ffn_norm, h, L.ffn_norm_b)
+        # else h (ws.h) still holds the attention's normed input: Cohere's MLP reads the same one
         if L.moe is not None:
             self._moe(L.moe, h, proj)
         else:
-            self._mlp(h, L.w_gate, L.w_up, L.w_down, ws.gate[:n], ws.up[:n], proj, L.act)
+            self._mlp(h, L.w_gate, L.w_up, L.w_down, ws.gate[:n], ws.up[:n], proj, L.act, L.b_up, L.b_down)
         if L.post_ffn_norm is not None:
-            B.rmsnorm(proj, L.post_ffn_norm, cfg.norm_eps, proj)
+            self._norm(proj, L.post_ffn_norm, None, proj)
         self._residual_add(x, proj)
 
-    def _mlp(self, h, w_gate, w_up, w_down, gate, up, out, act: tuple | None = None) -> None:
-        """out = down(act(gate(h)) * up(h)): the dense MLP (also an MoE layer's shared expert); without a gate
-        (w_gate None: Arcee's ReLU^2, Apertus' xIELU), down(act(up(h))), act the xielu op with scalars `act`."""
+    def _mlp(self, h, w_gate, w_up, w_down, gate, up, out, act: tuple | None = None, b_up=None, b_down=None) -> None:
+        """out = down(act(gate(h)) * up(h)): the dense MLP (also an MoE layer's shared expert); without a gate,
+        down(act(up(h))): Arcee's ReLU^2 and Apertus' xIELU through the xielu op with scalars `act`, StarCoder2's
+        GELU as act_mul(u, 1); with the up/down biases where the model has them."""
         cfg, B = self.cfg, self.backend
         if w_gate is None:
-            B.matmul(h, w_up, up)
-            B.xielu(up, *act)
-            B.matmul(up, w_down, out)
-            return
-        B.matmul_many(h, (w_gate, w_up), (gate, up))
-        if cfg.activation == "silu":
+            B.matmul(h, w_up, gate)
+            if b_up is not None:
+                B.add_rows(gate, b_up, gate)
+            up = None if act is not None else self._ones[:len(h)]   # ws.up holds ones there (see _fill_ones)
+        else:
+            B.matmul_many(h, (w_gate, w_up), (gate, up))
+        if up is None:
+            B.xielu(gate, *act)
+        elif cfg.activation == "silu":
             B.silu_mul(gate, up, gate)
         else:
             B.gelu_mul(gate, up, gate)
         B.matmul(gate, w_down, out)
+        if b_down is not None:
+            B.add_rows(out, b_down, out)
 
     def _moe(self, M: MoEWeights, h, out) -> None:
         """out = the weighted sum of the k routed experts' MLPs (+ the shared expert): the router's
@@ -912,12 +962,21 @@ class Transformer(Closable, LatentAttention):
               groups=(cfg.moe_groups, cfg.moe_groups_used, cfg.moe_group_top), scale=cfg.moe_scale,
               choice_bias=M.choice_bias)
 
-    def _pre_norm(self, x, w, h):
+    def _pre_norm(self, x, w, h, b=None):
         """The sublayer's input: x normed into h, or x itself in a model without pre-norms."""
         if w is None:
             return x
-        self.backend.rmsnorm(x, w, self.cfg.norm_eps, h)
+        self._norm(x, w, b, h)
         return h
+
+    def _norm(self, x, w, b, out) -> None:
+        """out = the model's norm of each row of x (RMSNorm, or LayerNorm with bias b or none)."""
+        if self.cfg.norm_kind == "layer":
+            d = x.shape[-1]
+            self.backend.add_layernorm(x.reshape(-1, d), None, w, self._zeros[d] if b is None else b,
+                                       self.cfg.norm_eps, out.reshape(-1, d))
+        else:
+            self.backend.rmsnorm(x, w, self.cfg.norm_eps, out)
 
     def _residual_add(self, x, proj) -> None:
         if self.cfg.residual_scale != 1.0:       # Granite
@@ -952,7 +1011,7 @@ class Transformer(Closable, LatentAttention):
     def _head(self, h, logits) -> None:
         cfg, B = self.cfg, self.backend
         last = self.ws.last[:len(h)]
-        B.rmsnorm(h, self.output_norm, cfg.norm_eps, last)
+        self._norm(h, self.output_norm, self.output_norm_b, last)
         B.matmul(last, self.output, logits)
         if cfg.logit_scale != 1.0:               # Granite divides its logits
             B.scale(logits, 1.0 / cfg.logit_scale)

@@ -58,6 +58,8 @@ def xielu_scalars(alpha_p: float, alpha_n: float, beta: float, eps: float) -> tu
     if not all(math.isfinite(v) and abs(v) <= 1e30 for v in out):
         raise ModelFormatError(f"xIELU scalars {(alpha_p, alpha_n, beta, eps)!r} give {out!r}: past float32's range")
     return out
+# The model norms: RMSNorm x / rms(x) * w, or LayerNorm (x - mean(x)) / std(x) * w (+ b with norm_bias)
+NORM_KINDS = ("rms", "layer")
 # Sections of M-RoPE (temporal, height, width; llama.cpp's files hold a fourth, 0)
 MAX_ROPE_SECTIONS = 4
 # Positions the engine can address (the C core's limit): a window at least this long is no window.
@@ -161,6 +163,14 @@ class TransformerConfig:
     qk_norm_whole: bool = False             # ... over the whole q / k projection instead (OLMo 2)
     pre_norms: bool = True                  # False: sublayers read the raw residual (OLMo 2)
     post_norms: bool = False                # norms after attention and FFN outputs (Gemma 2/3)
+    norm_kind: str = "rms"                  # every model norm an RMSNorm, or "layer": (x - mean) / std * w (+ b)
+                                            # (Cohere, StarCoder2), see NORM_KINDS
+    norm_bias: bool = False                 # the layer norms have biases, always in the checkpoint (StarCoder2)
+    qk_norm_heads: bool = False             # the q/k norms have a weight per head, (heads, head_dim) (Cohere)
+    parallel_block: bool = False            # attention and MLP both read the layer's one norm of x, and
+                                            # x += attn + mlp (Cohere): no ffn_norm
+    ffn_gated: bool = True                  # False: the dense MLP is down(act(up(h))), no gate (StarCoder2)
+    ffn_bias: bool = False                  # biases on the dense MLP's up and down, always in the checkpoint
     norm_offset: float = 0.0                # added to stored norm weights at load (HF Gemma stores w-1)
     embed_scale: float | None = None        # embeddings multiplied by this (Gemma: sqrt(d_model))
     attn_scale: float | None = None         # default 1/sqrt(head_dim)
@@ -313,6 +323,7 @@ class TransformerConfig:
             raise ModelFormatError("qk_norm_whole needs qk_norm")
         if self.activation not in ("silu", "gelu_tanh") + UNGATED_ACTIVATIONS:
             raise ModelFormatError(f"unsupported activation {self.activation!r}")
+        self._check_block()
         self._check_moe()
         self._check_mla()
         self._check_kinds()
@@ -333,6 +344,23 @@ class TransformerConfig:
             # float32 and the native attention op refused it untyped at the first forward step
             raise ModelFormatError(f"the attention scale {scale!r} (attn_scale times YaRN's attention factor squared) "
                                    "is not a positive float32")
+
+    def _check_block(self) -> None:
+        """The norm kind and the block's shape flags (Cohere's parallel block, StarCoder2's ungated MLP)."""
+        if self.norm_kind not in NORM_KINDS:
+            raise ModelFormatError(f"unsupported norm kind {self.norm_kind!r} (supported: {', '.join(NORM_KINDS)})"[:200])
+        for name in ("norm_bias", "qk_norm_heads", "parallel_block", "ffn_gated", "ffn_bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise ModelFormatError(f"config {name} should be true or false, got {getattr(self, name)!r}"[:200])
+        if self.norm_bias and self.norm_kind != "layer":
+            raise ModelFormatError("norm biases need layer norms (norm_kind 'layer')")
+        if self.qk_norm_heads and (not self.qk_norm or self.qk_norm_whole):
+            raise ModelFormatError("per-head q/k norm weights need per-head q/k norms")
+        if self.parallel_block and (not self.pre_norms or self.post_norms or self.mla or self.recurrent):
+            raise ModelFormatError("a parallel block (attention and MLP on one norm) takes pre-norms only, on "
+                                   "attention layers")
+        if (self.norm_bias or self.ffn_bias or not self.ffn_gated) and (self.mla or self.recurrent):
+            raise ModelFormatError("norm biases and an ungated or biased MLP are read on plain attention layers only")
 
     def _check_sections(self) -> None:
         sec = self.rope_sections

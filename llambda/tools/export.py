@@ -90,9 +90,13 @@ FAMILIES = {
     "seed_oss": Family("seed_oss", "SeedOssForCausalLM", "seed_oss"),
     "arcee": Family("arcee", "ArceeForCausalLM", "arcee"),
     "apertus": Family("apertus", "ApertusForCausalLM", "apertus"),     # GGUF only (its own HF norm names)
+    # LayerNorm families: GGUF only too (config.json's own keys and HF names are not written)
+    "cohere": Family("cohere", "CohereForCausalLM", "command-r"),
+    "cohere2": Family("cohere2", "Cohere2ForCausalLM", "cohere2"),
+    "starcoder2": Family("starcoder2", "Starcoder2ForCausalLM", "starcoder2"),
 }
 # GGUF architectures whose q/k rows keep the same RoPE layout as their HF files (DeepSeek's adjacent pairs)
-SAME_ROPE_LAYOUT_ARCHS = {"deepseek2", "glm4", "ernie4_5", "ernie4_5-moe"}
+SAME_ROPE_LAYOUT_ARCHS = {"deepseek2", "glm4", "ernie4_5", "ernie4_5-moe", "command-r", "cohere2"}
 FLOAT_TYPES = {"f32": QType.F32, "f16": QType.F16, "bf16": QType.BF16}
 HF_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
             "chat_template.json", "generation_config.json", "tokenizer.model")
@@ -112,7 +116,7 @@ _LAYER_LEAVES = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_ou
                  "xielu_alpha_p", "xielu_alpha_n", "xielu_beta", "xielu_eps")
 # leaves that may also have a `.bias`
 _BIASED = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
-           "ssm_dt", "ssm_conv1d", "exp_probs_b")
+           "ssm_dt", "ssm_conv1d", "exp_probs_b", "attn_norm", "ffn_norm", "ffn_up", "ffn_down")
 # Tensors kept in float whatever the export type: an MoE router's logits pick the experts, and a
 # quantized router flips choices that are close (llama.cpp's quantizer also leaves them alone).
 _FLOAT_ONLY = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight")
@@ -153,7 +157,7 @@ def source_tensors(src: ModelSource) -> dict[str, WeightTensor]:
             names.append(f"blk.{i}.{leaf}.weight")
             if leaf in _BIASED:
                 names.append(f"blk.{i}.{leaf}.bias")
-    names += ["output_norm.weight", "output.weight"]
+    names += ["output_norm.weight", "output_norm.bias", "output.weight"]
     if getattr(src.config, "altup_inputs", 0):
         from ..models.gemma3n import global_names
         names += global_names(src.config)
@@ -188,7 +192,8 @@ def _target_type(t: WeightTensor, want: QType | None, fmt: str, name: str = "") 
         if want is not None:
             return want
         return t.qtype if t.qtype in FLOAT_TYPES.values() else QType.F32
-    if len(t.shape) == 1 or name.endswith(".bias"):     # an MoE layer's expert biases are 2-D: floats too
+    # an MoE layer's expert biases are 2-D: floats too; so are per-head q/k norm weights (Cohere's (heads, head_dim))
+    if len(t.shape) == 1 or name.endswith((".bias", "norm.weight")):
         return QType.F32 if want is not None or t.qtype not in FLOAT_TYPES.values() else t.qtype
     if want is None:
         return t.qtype
@@ -267,7 +272,8 @@ _CHECKED = ("vocab_size", "n_layers", "d_model", "n_heads", "n_kv_heads", "head_
             "moe_activation", "moe_swiglu_alpha", "moe_swiglu_limit", "moe_bias", "attn_out_bias", "attn_sinks",
             "layer_kinds", "conv_kernel", "ssm_k_heads", "ssm_v_heads", "ssm_k_dim", "ssm_v_dim", "attn_out_gate",
             "q_lora_rank", "kv_lora_rank", "qk_nope_dim", "v_head_dim", "moe_groups", "moe_groups_used", "moe_group_top",
-            "moe_scale", "moe_layers", "rope_sections", "rope_interleaved", "deepstack_levels")
+            "moe_scale", "moe_layers", "rope_sections", "rope_interleaved", "deepstack_levels", "norm_kind", "norm_bias",
+            "qk_norm_heads", "parallel_block", "ffn_gated", "ffn_bias")
 
 
 def _check_same(a: TransformerConfig, b: TransformerConfig, what: str, a_factors=None, b_factors=None) -> None:
@@ -383,6 +389,8 @@ def write_hf(src: ModelSource, out: Path, qtype: str | None = None) -> Path:
     gguf_only = {"glm4": "GLM-4", "qwen3vl": "Qwen3-VL", "ernie4_5": "ERNIE 4.5", "apertus": "Apertus"}
     if fam.gguf_arch in gguf_only:
         raise LlambdaError(f"a {gguf_only[fam.gguf_arch]} model exports as GGUF only (fmt='gguf')")
+    if cfg.norm_kind != "rms":
+        raise LlambdaError(f"a {fam.hf_class} model (LayerNorm) exports as GGUF only (fmt='gguf')")
     want = None
     if qtype is not None:      # "" is no type either (it once meant "keep the source's")
         if str(qtype).lower() not in FLOAT_TYPES:
