@@ -60,6 +60,9 @@ ARCHITECTURES = {
     "seed_oss": "seed_oss",
     "arcee": "arcee",
     "apertus": "apertus",
+    "exaone4": "exaone4",
+    "hunyuan_v1_dense": "hunyuan",
+    "hunyuan-dense": "hunyuan",
 }
 
 # Encoders (embedding models, cross-encoders): their own config and forward, not TransformerConfig

@@ -793,10 +793,8 @@ class Transformer(Closable, LatentAttention):
             B.add_rows(q2, L.bq, q2)
             B.add_rows(k2, L.bk, k2)
             B.add_rows(v2, L.bv, v2)
-        if L.q_norm is not None:
-            qn, kn = (q2, k2) if cfg.qk_norm_whole else (q, k)     # OLMo 2: one norm over all heads
-            B.rmsnorm(qn, L.q_norm, cfg.norm_eps, qn)
-            B.rmsnorm(kn, L.k_norm, cfg.norm_eps, kn)
+        if L.q_norm is not None and not cfg.qk_norm_after_rope:
+            self._qk_norm(L, q, k)
         sliding = cfg.layer_sliding[i]
         inv_freq = self.inv_freq[sliding]
         if cfg.rope_sections:          # M-RoPE: each section's own positions (a text token's all equal p)
@@ -806,6 +804,8 @@ class Transformer(Closable, LatentAttention):
         elif cfg.layer_rope[i]:         # SmolLM3's NoPE layers take positions from the causal mask only
             B.rope(q, p, inv_freq, cfg.rope_neox)
             B.rope(k, p, inv_freq, cfg.rope_neox)
+        if L.q_norm is not None and cfg.qk_norm_after_rope:      # Hunyuan norms the rotated q and k
+            self._qk_norm(L, q, k)
         kv = self.kv_layer[i]
         B.kv_store(self.cache, kv, k, v, slot, p)
         if self._kend is None:
@@ -826,6 +826,13 @@ class Transformer(Closable, LatentAttention):
         if L.post_attn_norm is not None:
             B.rmsnorm(proj, L.post_attn_norm, cfg.norm_eps, proj)
         self._residual_add(x, proj)
+
+    def _qk_norm(self, L: LayerWeights, q, k) -> None:
+        """q and k RMSNormed in place: per head, or (OLMo 2) over all heads at once."""
+        cfg, B, n = self.cfg, self.backend, len(q)
+        qn, kn = (q.reshape(n, -1), k.reshape(n, -1)) if cfg.qk_norm_whole else (q, k)
+        B.rmsnorm(qn, L.q_norm, cfg.norm_eps, qn)
+        B.rmsnorm(kn, L.k_norm, cfg.norm_eps, kn)
 
     def _short_conv_block(self, i: int, L: LayerWeights, x, slot, p) -> None:
         """x += out_proj(C * conv(B * x')), x' the normed input: LFM2's token mixer."""
