@@ -60,13 +60,11 @@ def gguf_metadata(cfg: TransformerConfig) -> dict:
 
 def _hf_pattern(hf: HFConfig, n: int) -> list[bool]:
     pat = hf.cfg.get("sliding_window_pattern")
-    if pat is None:
-        pat = HF_DEFAULT_PERIOD
     if isinstance(pat, str):
         if not pat or set(pat) - {"L", "G"}:
             raise ModelFormatError(f"config.json 'sliding_window_pattern' {pat!r} should be L and G characters"[:200])
         return [pat[i % len(pat)] == "L" and i < n - 1 for i in range(n)]
-    period = hf.get("sliding_window_pattern", kind=int, limit="window_pattern")
+    period = hf.get("sliding_window_pattern", HF_DEFAULT_PERIOD, int, "window_pattern")
     return [(i + 1) % period != 0 for i in range(n)]
 
 
