@@ -109,6 +109,7 @@ def test_hf_export_is_refused(tmp_path):
     (lambda c: c.update(head_dim=2, num_attention_heads=32, num_key_value_heads=16), "head_dim"),
     (lambda c: c.update(hidden_act="gelu"), "hidden_act"),
     (lambda c: c.update(attention_bias="yes"), "attention_bias"),
+    (lambda c: c.update(attention_bias=True), r"o_proj\.bias"),    # biases said, none in the checkpoint
     (lambda c: c.pop("intermediate_size"), "intermediate_size"),
 ])
 def test_bad_configs_are_model_format_errors(tmp_path, edit, message):
