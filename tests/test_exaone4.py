@@ -177,7 +177,8 @@ def test_gguf_patterns(gguf, tmp_path):
 
 # ---------------------------------------------------------------- llama.cpp on variants it runs as written
 
-def random_exaone4(dest: Path, n_layers: int, layer_types: list[str] | None, window: int | None, seed: int = 11) -> Path:
+def random_exaone4(dest: Path, n_layers: int, layer_types: list[str] | None, window: int | None,
+                   seed: int = 11) -> Path:
     """A random EXAONE 4.0 HF directory (hidden 32, 2 heads of 16, 1 kv head, MLP 64, vocab 512)."""
     rng = np.random.default_rng(seed)
     d, hd, ff, V = 32, 16, 64, 512

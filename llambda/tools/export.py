@@ -264,7 +264,8 @@ def _cfg_dict(cfg: TransformerConfig) -> dict:
 
 _CHECKED = ("vocab_size", "n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "rope_dim",
             "activation", "attn_bias", "qk_norm", "post_norms", "embed_scale", "attn_softcap", "final_softcap",
-            "layer_sliding", "layer_rope", "pre_norms", "qk_norm_whole", "qk_norm_after_rope", "residual_scale", "logit_scale",
+            "layer_sliding", "layer_rope", "pre_norms", "qk_norm_whole", "qk_norm_after_rope", "residual_scale",
+            "logit_scale",
             "n_experts", "n_experts_used", "expert_ffn_dim", "moe_routing", "moe_norm_topk", "shared_ffn_dim",
             "shared_expert_gate", "moe_router_bias",
             "moe_activation", "moe_swiglu_alpha", "moe_swiglu_limit", "moe_bias", "attn_out_bias", "attn_sinks",
