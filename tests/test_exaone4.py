@@ -24,7 +24,7 @@ from llambda.formats.gguf_writer import GGUFValue, write_gguf
 from llambda.formats.safetensors import write_safetensors
 from llambda.tools.export import export
 from test_glm import MODES, exported, load, max_err, reference  # noqa: F401 (exported: a fixture)
-from test_tiny_models import _copy
+from test_tiny_models import _copy, native_vs_numpy
 
 TINY = Path(__file__).parent / "fixtures" / "reference" / "tiny"
 FOLDER = "exaone4"
@@ -88,6 +88,14 @@ def test_settings_from_each_format(gguf):
 @pytest.mark.parametrize("mode", ["numpy", "native-exact"])
 def test_decode_steps_equal_a_prefill(gguf, mode):
     assert decode_error(gguf, FOLDER, mode) <= 1e-4
+
+
+def test_quantized_native_matches_numpy():
+    """Q8_0 weights (quantized at load): the quantized kernels on the NoPE layer, the windows and the post-norms
+    against the NumPy oracle on the same weights: exact mode within the float budget, fast mode's 8-bit
+    activations within test_tiny_models' bound for the dense families (0.25 measured, logits' std 2.5)."""
+    errs = native_vs_numpy(FOLDER, "q8_0")
+    assert errs["f32"] <= 1e-3 and errs["q8"] <= 1.0, errs
 
 
 def _run_variant(change: dict) -> float:
@@ -173,6 +181,21 @@ def test_gguf_patterns(gguf, tmp_path):
     with pytest.raises(ModelFormatError, match="sliding_window_pattern"):
         llambda.load(gguf_edit(gguf, tmp_path / "short.gguf", attention__sliding_window_pattern=[True, False]),
                      backend="numpy", n_ctx=32)
+
+
+def test_gguf_of_64_layers_without_a_pattern_slides_as_llama_cpp():
+    """llama.cpp's rule for a 64-layer file (the 32B's shape) without the keys: window 4096, every 4th layer
+    global (and unrotated); with a window key, that window."""
+    from llambda.models.exaone4 import config_from_gguf
+    meta = {"exaone4.block_count": 64, "exaone4.embedding_length": 32, "exaone4.attention.head_count": 2,
+            "exaone4.feed_forward_length": 64, "exaone4.vocab_size": 512}
+    flags = [(i + 1) % 4 != 0 for i in range(64)]
+    c = config_from_gguf(meta)
+    assert (c.layer_sliding, c.layer_rope, c.sliding_window) == (flags, flags, 4096)
+    c = config_from_gguf({**meta, "exaone4.attention.sliding_window": 128})
+    assert (c.layer_sliding, c.sliding_window) == (flags, 128)
+    c = config_from_gguf({**meta, "exaone4.block_count": 30})       # the 1.2B's depth: no windows
+    assert (any(c.layer_sliding), c.layer_rope, c.sliding_window) == (False, [True] * 30, 0)
 
 
 # ---------------------------------------------------------------- llama.cpp on variants it runs as written
