@@ -12,14 +12,16 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import llambda
 from llambda.errors import LlambdaError, ModelFormatError
-from llambda.formats.gguf import GGUFFile
+from llambda.formats.gguf import GGUFFile, GGUFValueType
+from llambda.formats.gguf_writer import GGUFValue, write_gguf
 from llambda.tools.export import export
 from test_exaone4 import check_against_transformers, decode_error
-from test_glm import MODES, exported, max_err  # noqa: F401 (exported: a fixture)
+from test_glm import MODES, exported, max_err, reference  # noqa: F401 (exported: a fixture)
 from test_tiny_models import _copy, native_vs_numpy
 
 TINY = Path(__file__).parent / "fixtures" / "reference" / "tiny"
@@ -87,6 +89,36 @@ def test_controls(monkeypatch, monkey, budget):
     with llambda.load(TINY / FOLDER, backend="numpy", n_ctx=128) as m:
         err = max_err(m, FOLDER)
     assert err <= budget if budget else err > 0.05
+
+
+def alpha_gguf(src: Path, out: Path, alpha: float | None) -> Path:
+    """Our GGUF with the unscaled base 1e4 and, unless None, `rope.scaling.alpha` beside it."""
+    with GGUFFile(src) as f:
+        meta = {k: GGUFValue(f.metadata_types[k], v) for k, v in f.metadata.items()}
+        items = [(t.name, t.qtype, np.array(t.data), t.shape) for t in f.tensors.values()]
+    meta["hunyuan-dense.rope.freq_base"] = GGUFValue(GGUFValueType.FLOAT32, 10000.0)
+    if alpha is not None:
+        meta["hunyuan-dense.rope.scaling.alpha"] = GGUFValue(GGUFValueType.FLOAT32, alpha)
+    write_gguf(out, meta, items)
+    return out
+
+
+def test_a_gguf_alpha_key_scales_the_base_as_llama_cpp_does(exported, tmp_path):
+    """llama.cpp applies `hunyuan-dense.rope.scaling.alpha` (when > 0) to rope.freq_base at load (its converter
+    writes the scaled base instead): such a file is the same model; without the key, another one. llama.cpp's
+    logits on the keyed file agree with ours."""
+    keyed = alpha_gguf(exported(FOLDER), tmp_path / "alpha.gguf", 1000.0)
+    with llambda.load(keyed, backend="numpy", n_ctx=128) as m:
+        assert m.config.rope_theta == pytest.approx(BASE, rel=1e-6) and max_err(m, FOLDER) <= 1e-3
+    with llambda.load(alpha_gguf(exported(FOLDER), tmp_path / "plain.gguf", None), backend="numpy", n_ctx=128) as m:
+        assert m.config.rope_theta == 10000.0 and max_err(m, FOLDER) > 0.05
+    with pytest.raises(ModelFormatError, match="rope.scaling.alpha"):
+        llambda.load(alpha_gguf(exported(FOLDER), tmp_path / "neg.gguf", -3.0), backend="numpy", n_ctx=32)
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the bench extra)")
+    from llamacpp_ref import llama_cpp_logits
+    ids = reference(FOLDER)["inputs"][1]["input_ids"][:12]
+    with llambda.load(keyed, backend="numpy", n_ctx=64) as m:
+        assert float(np.abs(m.logits(ids) - llama_cpp_logits(keyed, ids)).max()) <= 0.05
 
 
 @pytest.mark.parametrize("edit, theta", [

@@ -3,7 +3,8 @@ pre-norm layout with per-head q/k RMSNorms (`query_layernorm`, `key_layernorm`) 
 RoPE scaling with a fixed `alpha`: config.json says rope_type "dynamic" with an `alpha`, and transformers then
 rotates with the base theta * alpha^(d / (d - 2)), d = head_dim, whatever the sequence length (its ntk_alpha).
 That is a plain RoPE base, and llama.cpp's converter writes it so (rope.freq_base already scaled, no scaling
-type): this reader folds the alpha into rope_theta, and both formats hold one model. A "dynamic" scaling without
+type): this reader folds the alpha into rope_theta, and both formats hold one model. A GGUF that carries
+`hunyuan-dense.rope.scaling.alpha` beside an unscaled base has it applied at load, as llama.cpp applies it. A "dynamic" scaling without
 an alpha (one that changes with the sequence length) is refused. Attention biases (q/k/v and o_proj) where
 `attention_bias` says so. The q/k rows stay in HF's half-split order (llama.cpp's NEOX rope).
 """
@@ -23,12 +24,17 @@ HF_LAYER_NAMES = {
 
 
 def config_from_gguf(meta: dict) -> TransformerConfig:
-    return TransformerConfig(**GGUFHParams(meta, ARCH).common(), **_SHAPE)
+    hp = GGUFHParams(meta, ARCH)
+    c = hp.common()
+    key = f"{ARCH}.rope.scaling.alpha"
+    if key in meta and hp.float("rope.scaling.alpha", limit="any") != 0:     # 0: none, as llama.cpp reads it
+        c["rope_theta"] = folded_theta(c["rope_theta"], meta[key], c["head_dim"], f"GGUF metadata {key!r}")
+    return TransformerConfig(**c, **_SHAPE)
 
 
-def folded_theta(theta: float, alpha, head_dim: int) -> float:
+def folded_theta(theta: float, alpha, head_dim: int, what: str = "config.json rope alpha") -> float:
     """NTK-aware alpha scaling's RoPE base: theta * alpha^(d / (d - 2))."""
-    alpha = check_number("config.json rope alpha", alpha, "positive")
+    alpha = check_number(what, alpha, "positive")
     if head_dim <= 2:
         raise ModelFormatError(f"NTK alpha RoPE scaling needs heads wider than 2 dims, got head_dim {head_dim}")
     try:
