@@ -271,6 +271,23 @@ def test_hf_export_round_trip(gguf, tmp_path):
         assert max_err(m, FOLDER) <= 1e-3
 
 
+def test_llama3_rope_scaling_travels_to_gguf(tmp_path):
+    """EXAONE 4.0's released configs scale RoPE as Llama 3 does: our GGUF carries it as rope_freqs.weight (llama.cpp's
+    converter writes the same for exaone4) and runs the same model as the directory."""
+    llama3 = {"rope_type": "llama3", "rope_theta": 1e4, "factor": 16.0, "low_freq_factor": 1.0,
+              "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+    d = _copy(FOLDER, tmp_path / "m", lambda c: c.update(rope_parameters=llama3))
+    gg = export(d, tmp_path / "m.gguf", fmt="gguf", qtype="f32")
+    with GGUFFile(gg) as f:
+        assert f.tensors["rope_freqs.weight"].shape[-1] == 8
+    ids = reference(FOLDER)["inputs"][1]["input_ids"]
+    with llambda.load(d, backend="numpy", n_ctx=64) as a, llambda.load(gg, backend="numpy", n_ctx=64) as b:
+        want = a.logits(ids)
+        np.testing.assert_allclose(b.logits(ids), want, atol=1e-4, rtol=0)
+    with llambda.load(TINY / FOLDER, backend="numpy", n_ctx=64) as m:
+        assert float(np.abs(m.logits(ids) - want).max()) > 0.05       # the scaling changes the model
+
+
 # ---------------------------------------------------------------- refusals
 
 @pytest.mark.parametrize("edit, message", [
