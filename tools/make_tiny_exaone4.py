@@ -26,14 +26,17 @@ EXAONE4_NOTES = [
 ]
 
 
+# the tiny shape both this folder and hunyuan_dense (tools/make_tiny_hunyuan.py) have
+SHAPE = dict(vocab_size=tiny.VOCAB, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-5, bos_token_id=1,
+             eos_token_id=2, pad_token_id=0)
+
+
 def exaone4_config():
     from transformers import Exaone4Config
-    return Exaone4Config(
-        vocab_size=tiny.VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-5,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, sliding_window=WINDOW,
-        sliding_window_pattern=4, layer_types=LAYER_TYPES, tie_word_embeddings=False, bos_token_id=1,
-        eos_token_id=2, pad_token_id=0)
+    return Exaone4Config(**SHAPE, num_hidden_layers=4, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                         sliding_window=WINDOW, sliding_window_pattern=4, layer_types=LAYER_TYPES,
+                         tie_word_embeddings=False)
 
 
 SPECS = {

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 import make_tiny_hybrid as tiny
+from make_tiny_exaone4 import SHAPE
 
 ALPHA = 1000.0
 THETA = 10000.0
@@ -30,10 +31,8 @@ HUNYUAN_NOTES = [
 def hunyuan_config():
     from transformers import HunYuanDenseV1Config
     return HunYuanDenseV1Config(
-        vocab_size=tiny.VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-5,
-        rope_parameters={"rope_type": "dynamic", "rope_theta": THETA, "alpha": ALPHA, "factor": 1.0},
-        attention_bias=False, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+        **SHAPE, num_hidden_layers=3, attention_bias=False, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "dynamic", "rope_theta": THETA, "alpha": ALPHA, "factor": 1.0})
 
 
 def wide_qk_norms(model, seed: int) -> None:
