@@ -64,6 +64,9 @@ ARCHITECTURES = {
     "command-r": "cohere",         # llama.cpp's name of Cohere's Command-R / Aya
     "cohere2": "cohere2",
     "starcoder2": "starcoder2",
+    "exaone4": "exaone4",
+    "hunyuan_v1_dense": "hunyuan",
+    "hunyuan-dense": "hunyuan",
 }
 
 # Encoders (embedding models, cross-encoders): their own config and forward, not TransformerConfig

@@ -829,16 +829,8 @@ class Transformer(Closable, LatentAttention):
             B.add_rows(q2, L.bq, q2)
             B.add_rows(k2, L.bk, k2)
             B.add_rows(v2, L.bv, v2)
-        if L.q_norm is not None and cfg.qk_norm_heads:      # Cohere: each head normed, then its own weights
-            hd = cfg.head_dim
-            self._norm(q.reshape(-1, hd), self._unit, None, q.reshape(-1, hd))
-            self._norm(k.reshape(-1, hd), self._unit, None, k.reshape(-1, hd))
-            B.mul_rows(q2, L.q_norm, q2)
-            B.mul_rows(k2, L.k_norm, k2)
-        elif L.q_norm is not None:
-            qn, kn = (q2, k2) if cfg.qk_norm_whole else (q, k)     # OLMo 2: one norm over all heads
-            self._norm(qn, L.q_norm, None, qn)
-            self._norm(kn, L.k_norm, None, kn)
+        if L.q_norm is not None and not cfg.qk_norm_after_rope:
+            self._qk_norm(L, q, k)
         sliding = cfg.layer_sliding[i]
         inv_freq = self.inv_freq[sliding]
         if cfg.rope_sections:          # M-RoPE: each section's own positions (a text token's all equal p)
@@ -848,6 +840,8 @@ class Transformer(Closable, LatentAttention):
         elif cfg.layer_rope[i]:         # SmolLM3's NoPE layers take positions from the causal mask only
             B.rope(q, p, inv_freq, cfg.rope_neox)
             B.rope(k, p, inv_freq, cfg.rope_neox)
+        if L.q_norm is not None and cfg.qk_norm_after_rope:      # Hunyuan norms the rotated q and k
+            self._qk_norm(L, q, k)
         kv = self.kv_layer[i]
         B.kv_store(self.cache, kv, k, v, slot, p)
         if self._kend is None:
@@ -868,6 +862,22 @@ class Transformer(Closable, LatentAttention):
         if L.post_attn_norm is not None:
             self._norm(proj, L.post_attn_norm, None, proj)
         self._residual_add(x, proj)
+
+    def _qk_norm(self, L: LayerWeights, q, k) -> None:
+        """q and k normed in place: per head, (OLMo 2) over all heads at once, or (Cohere) per head with each
+        head's own weights."""
+        cfg, B, n = self.cfg, self.backend, len(q)
+        q2, k2 = q.reshape(n, -1), k.reshape(n, -1)
+        if cfg.qk_norm_heads:
+            hd = cfg.head_dim
+            self._norm(q.reshape(-1, hd), self._unit, None, q.reshape(-1, hd))
+            self._norm(k.reshape(-1, hd), self._unit, None, k.reshape(-1, hd))
+            B.mul_rows(q2, L.q_norm, q2)
+            B.mul_rows(k2, L.k_norm, k2)
+            return
+        qn, kn = (q2, k2) if cfg.qk_norm_whole else (q, k)
+        self._norm(qn, L.q_norm, None, qn)
+        self._norm(kn, L.k_norm, None, kn)
 
     def _short_conv_block(self, i: int, L: LayerWeights, x, slot, p) -> None:
         """x += out_proj(C * conv(B * x')), x' the normed input: LFM2's token mixer."""

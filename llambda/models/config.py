@@ -161,6 +161,7 @@ class TransformerConfig:
     attn_bias: bool = False                 # q/k/v biases (Qwen2)
     qk_norm: bool = False                   # RMSNorm on q and k per head (Qwen3, Gemma 3)
     qk_norm_whole: bool = False             # ... over the whole q / k projection instead (OLMo 2)
+    qk_norm_after_rope: bool = False        # ... applied to the rotated q and k, not before RoPE (Hunyuan)
     pre_norms: bool = True                  # False: sublayers read the raw residual (OLMo 2)
     post_norms: bool = False                # norms after attention and FFN outputs (Gemma 2/3)
     norm_kind: str = "rms"                  # every model norm an RMSNorm, or "layer": (x - mean) / std * w (+ b)
@@ -321,6 +322,8 @@ class TransformerConfig:
             raise ModelFormatError(f"an MLP without a gate ({self.activation}) runs in plain attention layers only")
         if self.qk_norm_whole and not self.qk_norm:
             raise ModelFormatError("qk_norm_whole needs qk_norm")
+        if self.qk_norm_after_rope and not self.qk_norm:
+            raise ModelFormatError("qk_norm_after_rope needs qk_norm")
         if self.activation not in ("silu", "gelu_tanh") + UNGATED_ACTIVATIONS:
             raise ModelFormatError(f"unsupported activation {self.activation!r}")
         self._check_block()

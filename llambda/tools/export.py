@@ -94,6 +94,9 @@ FAMILIES = {
     "cohere": Family("cohere", "CohereForCausalLM", "command-r"),
     "cohere2": Family("cohere2", "Cohere2ForCausalLM", "cohere2"),
     "starcoder2": Family("starcoder2", "Starcoder2ForCausalLM", "starcoder2"),
+    "exaone4": Family("exaone4", "Exaone4ForCausalLM", "exaone4"),
+    # Hunyuan dense: GGUF only (HF's own q/k norm names and its alpha RoPE scaling are not written)
+    "hunyuan": Family("hunyuan_v1_dense", "HunYuanDenseV1ForCausalLM", "hunyuan-dense"),
 }
 # GGUF architectures whose q/k rows keep the same RoPE layout as their HF files (DeepSeek's adjacent pairs)
 SAME_ROPE_LAYOUT_ARCHS = {"deepseek2", "glm4", "ernie4_5", "ernie4_5-moe", "command-r", "cohere2"}
@@ -266,7 +269,8 @@ def _cfg_dict(cfg: TransformerConfig) -> dict:
 
 _CHECKED = ("vocab_size", "n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "rope_dim",
             "activation", "attn_bias", "qk_norm", "post_norms", "embed_scale", "attn_softcap", "final_softcap",
-            "layer_sliding", "layer_rope", "pre_norms", "qk_norm_whole", "residual_scale", "logit_scale",
+            "layer_sliding", "layer_rope", "pre_norms", "qk_norm_whole", "qk_norm_after_rope", "residual_scale",
+            "logit_scale",
             "n_experts", "n_experts_used", "expert_ffn_dim", "moe_routing", "moe_norm_topk", "shared_ffn_dim",
             "shared_expert_gate", "moe_router_bias",
             "moe_activation", "moe_swiglu_alpha", "moe_swiglu_limit", "moe_bias", "attn_out_bias", "attn_sinks",
@@ -386,7 +390,8 @@ def write_hf(src: ModelSource, out: Path, qtype: str | None = None) -> Path:
     if cfg.n_experts or cfg.recurrent or cfg.mla or getattr(cfg, "altup_inputs", 0):
         raise LlambdaError("a mixture-of-experts, hybrid, latent-attention or Gemma 3n model exports as GGUF only "
                            "(fmt='gguf')")
-    gguf_only = {"glm4": "GLM-4", "qwen3vl": "Qwen3-VL", "ernie4_5": "ERNIE 4.5", "apertus": "Apertus"}
+    gguf_only = {"glm4": "GLM-4", "qwen3vl": "Qwen3-VL", "ernie4_5": "ERNIE 4.5", "apertus": "Apertus",
+                 "hunyuan-dense": "Hunyuan"}
     if fam.gguf_arch in gguf_only:
         raise LlambdaError(f"a {gguf_only[fam.gguf_arch]} model exports as GGUF only (fmt='gguf')")
     if cfg.norm_kind != "rms":
