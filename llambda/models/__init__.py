@@ -53,6 +53,8 @@ ARCHITECTURES = {
     "glm4": "glm4",
     "glm4moe": "glm4moe",
     "glm4_moe": "glm4moe",
+    "ministral3": "ministral3",
+    "mistral3": "ministral3",      # llama.cpp's name, and HF's Mistral 3 composite (its text model)
 }
 
 # Encoders (embedding models, cross-encoders): their own config and forward, not TransformerConfig

@@ -83,6 +83,8 @@ FAMILIES = {
     "glm4moe": Family("glm4_moe", "Glm4MoeForCausalLM", "glm4moe"),
     # Gemma 3n's text decoder: GGUF only as well (models/gemma3n.py)
     "gemma3n": Family("gemma3n_text", "Gemma3nForCausalLM", "gemma3n"),
+    # Ministral 3 (query temperature): GGUF only (write_hf does not write llama_4_scaling_beta)
+    "ministral3": Family("ministral3", "Ministral3ForCausalLM", "mistral3"),
 }
 # GGUF architectures whose q/k rows keep the same RoPE layout as their HF files (DeepSeek's adjacent pairs)
 SAME_ROPE_LAYOUT_ARCHS = {"deepseek2", "glm4"}
@@ -258,7 +260,8 @@ _CHECKED = ("vocab_size", "n_layers", "d_model", "n_heads", "n_kv_heads", "head_
             "moe_activation", "moe_swiglu_alpha", "moe_swiglu_limit", "moe_bias", "attn_out_bias", "attn_sinks",
             "layer_kinds", "conv_kernel", "ssm_k_heads", "ssm_v_heads", "ssm_k_dim", "ssm_v_dim", "attn_out_gate",
             "q_lora_rank", "kv_lora_rank", "qk_nope_dim", "v_head_dim", "moe_groups", "moe_groups_used", "moe_group_top",
-            "moe_scale", "moe_layers", "rope_sections", "rope_interleaved", "deepstack_levels")
+            "moe_scale", "moe_layers", "rope_sections", "rope_interleaved", "deepstack_levels", "attn_temp_scale",
+            "attn_temp_length")
 
 
 def _check_same(a: TransformerConfig, b: TransformerConfig, what: str, a_factors=None, b_factors=None) -> None:
@@ -367,9 +370,9 @@ def write_hf(src: ModelSource, out: Path, qtype: str | None = None) -> Path:
     if cfg.n_experts or cfg.recurrent or cfg.mla or getattr(cfg, "altup_inputs", 0):
         raise LlambdaError("a mixture-of-experts, hybrid, latent-attention or Gemma 3n model exports as GGUF only "
                            "(fmt='gguf')")
-    if fam.gguf_arch in ("glm4", "qwen3vl"):
-        raise LlambdaError(f"a {'GLM-4' if fam.gguf_arch == 'glm4' else 'Qwen3-VL'} model exports as GGUF only "
-                           "(fmt='gguf')")
+    if fam.gguf_arch in ("glm4", "qwen3vl", "mistral3"):
+        name = {"glm4": "GLM-4", "qwen3vl": "Qwen3-VL", "mistral3": "Ministral 3"}[fam.gguf_arch]
+        raise LlambdaError(f"a {name} model exports as GGUF only (fmt='gguf')")
     want = None
     if qtype is not None:      # "" is no type either (it once meant "keep the source's")
         if str(qtype).lower() not in FLOAT_TYPES:
