@@ -163,6 +163,27 @@ def test_tower_is_skipped_with_one_warning_naming_it():
         src.close()
 
 
+def test_yarn_spelled_type_only_is_yarn():
+    cfg = json.loads((TINY / "ministral3" / "config.json").read_text())
+    cfg["rope_parameters"]["type"] = cfg["rope_parameters"].pop("rope_type")
+    assert ministral3.config_from_hf(cfg).inv_freq().tolist() == \
+        ministral3.config_from_hf(json.loads((TINY / "ministral3" / "config.json").read_text())).inv_freq().tolist()
+
+
+def test_mistral_small_3_shape_runs_as_mistral(tmp_path):
+    """A Mistral 3 directory whose text model is `mistral` (Mistral Small 3.1 / 3.2: no YaRN, no temperature)
+    runs as Mistral, its tower skipped all the same."""
+    d = tmp_path / "small"
+    d.mkdir()
+    (d / "model.safetensors").symlink_to(TINY / "mistral3" / "model.safetensors")
+    cfg = json.loads((TINY / "mistral3" / "config.json").read_text())
+    cfg["text_config"].update(model_type="mistral", rope_parameters={"rope_type": "default", "rope_theta": 100.0})
+    (d / "config.json").write_text(json.dumps(cfg))
+    with load(d, n_ctx=32) as m:
+        assert (m.config.arch, m.config.attn_temp_scale, m.config.rope_scaling) == ("mistral", 0.0, None)
+        assert np.isfinite(m.logits([1, 2, 3])).all()
+
+
 def test_hf_export_is_refused(tmp_path):
     with pytest.raises(LlambdaError, match="GGUF only"):
         export(TINY / "ministral3", tmp_path / "hf", fmt="hf")

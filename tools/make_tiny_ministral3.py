@@ -104,6 +104,15 @@ def make(folder: str, out) -> None:
         tiny.make(folder, out)
     finally:
         tiny.redraw = original
+    # what tiny.make could not see in a composite: the scheme used and the text model's RoPE frequencies
+    import json
+    from transformers.models.ministral3.modeling_ministral3 import Ministral3RotaryEmbedding
+    path = out / folder / "reference.json"
+    ref = json.loads(path.read_text())
+    ref["init"]["scheme"] = "tools/make_tiny_ministral3.py: draw_composite() (tools/make_tiny_hybrid.py: redraw())"
+    inv = Ministral3RotaryEmbedding(mistral3_config().text_config).inv_freq
+    ref["rope_inv_freq"] = {"all_layers": [tiny.shortest(v) for v in inv.float().tolist()]}
+    path.write_text(json.dumps(ref, indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

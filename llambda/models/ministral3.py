@@ -1,9 +1,9 @@
 """Ministral 3 (HF Ministral3ForCausalLM, model_type `ministral3`; the 3B, 8B and 14B of December 2025) and the
 text model of Mistral 3 (Mistral3ForConditionalGeneration, model_type `mistral3`: Ministral 3's released
-checkpoints, Devstral Small 2; its config nests this one under `text_config`). llama.cpp's `mistral3`.
+checkpoints; its config nests this one under `text_config`). llama.cpp's `mistral3`.
 
-Llama's layers (pre-norms, SiLU MLP, no biases) with an explicit head_dim (Ministral 3 8B: 32 heads of 128 over
-hidden 4096... of 3072 in the 3B), YaRN RoPE, and a query temperature: after RoPE, each query row at position p
+Llama's layers (pre-norms, SiLU MLP, no biases) with an explicit head_dim (heads x head_dim need not be the
+hidden size), YaRN RoPE, and a query temperature: after RoPE, each query row at position p
 is multiplied by 1 + beta * ln(1 + floor(p / original_max_position_embeddings)), beta the rope parameters'
 `llama_4_scaling_beta` (config.attn_temp_scale / attn_temp_length; exactly 1 below 16384 on the released models).
 
@@ -69,18 +69,21 @@ def _temperature_hf(params: dict, where: str) -> dict:
 def warn_skipped_tower(cfg: dict) -> None:
     """A Mistral 3 directory (its text config merged with the vision_config beside it): the parts not run."""
     if isinstance(cfg.get("vision_config"), dict):
-        warnings.warn("Mistral 3: the Pixtral vision tower (model.vision_tower.*) and the multimodal projector "
-                      "(model.multi_modal_projector.*) are not run here; the text model loads alone", stacklevel=3)
+        warnings.warn("Mistral 3: the Pixtral vision tower (vision_tower.*) and the multimodal projector "
+                      "(multi_modal_projector.*) are not run here; the text model loads alone", stacklevel=3)
 
 
 def config_from_hf(cfg: dict) -> TransformerConfig:
     refuse_quantized(cfg, "Ministral 3")
-    c = hf_common_sliding(cfg, "ministral3", default_sliding=True)
-    hf = HFConfig(cfg)
     key = "rope_parameters" if isinstance(cfg.get("rope_parameters"), dict) else "rope_scaling"
     params = cfg.get(key)
     if not isinstance(params, dict):
         raise ModelFormatError("config.json lacks 'rope_parameters' (Ministral 3's YaRN and query temperature)")
+    if params.get("rope_type") is None and params.get("type") is not None:
+        # transformers reads the older `type` as rope_type (hparams' rope_parameters reader takes rope_type only)
+        cfg = dict(cfg, **{key: dict(params, rope_type=params["type"])})
+    c = hf_common_sliding(cfg, "ministral3", default_sliding=True)
+    hf = HFConfig(cfg)
     c["rope_scaling"] = _with_attention_factor(c["rope_scaling"], f"config.json {key!r}")
     warn_skipped_tower(cfg)
     return TransformerConfig(**c, attn_bias=hf.flag("attention_bias", False),
