@@ -828,13 +828,13 @@ class Transformer(Closable, LatentAttention):
         float32, one backend scale a run of rows with one factor (those below the length keep theirs: 1)."""
         cfg = self.cfg
         band = np.asarray(p, dtype=np.int64) // cfg.attn_temp_length
+        if not band.any():
+            return
         f = (1.0 + cfg.attn_temp_scale * np.log1p(band.astype(np.float64))).astype(np.float32)
-        start = 0
-        for i in range(1, len(f) + 1):
-            if i == len(f) or f[i] != f[start]:
-                if f[start] != 1.0:
-                    self.backend.scale(q[start:i], float(f[start]))
-                start = i
+        ends = np.concatenate((np.flatnonzero(f[1:] != f[:-1]) + 1, [len(f)]))
+        for start, end in zip(np.concatenate(([0], ends[:-1])), ends):
+            if f[start] != 1.0:
+                self.backend.scale(q[start:end], float(f[start]))
 
     def _short_conv_block(self, i: int, L: LayerWeights, x, slot, p) -> None:
         """x += out_proj(C * conv(B * x')), x' the normed input: LFM2's token mixer."""
