@@ -274,7 +274,13 @@ def test_malformed_configs_are_refused_naming_the_field(case):
     ({"mistral3.rope.scaling.yarn_log_multiplier": float("inf")}, "yarn_log_multiplier"),
 ])
 def test_malformed_gguf_metadata_is_refused(exported, tmp_path, edit, field):
-    with GGUFFile(exported("ministral3")) as f:
+    with pytest.raises(ModelFormatError, match=field):
+        llambda.load(edited_gguf(exported("ministral3"), tmp_path / "bad.gguf", edit), backend="numpy", n_ctx=32)
+
+
+def edited_gguf(src: Path, out: Path, edit: dict) -> Path:
+    """The GGUF at src (F32) with metadata keys set, or removed where the value is None."""
+    with GGUFFile(src) as f:
         meta, types = dict(f.metadata), f.metadata_types
         items = [(n, QType.F32, dequantize(np.array(t.data), t.qtype, t.shape).astype(np.float32))
                  for n, t in f.tensors.items()]
@@ -283,7 +289,15 @@ def test_malformed_gguf_metadata_is_refused(exported, tmp_path, edit, field):
             meta.pop(k)
         else:
             meta[k] = v
-    bad = tmp_path / "bad.gguf"
-    write_gguf(bad, meta, items, metadata_types={k: t for k, t in types.items() if k in meta and k not in edit})
-    with pytest.raises(ModelFormatError, match=field):
-        llambda.load(bad, backend="numpy", n_ctx=32)
+    write_gguf(out, meta, items, metadata_types={k: t for k, t in types.items() if k in meta and k not in edit})
+    return out
+
+
+def test_gguf_as_llama_cpps_converter_writes_it(exported, tmp_path):
+    """llama.cpp's converter writes no attention.temperature_length: the temperature steps by YaRN's original
+    context, the same model."""
+    plain = edited_gguf(exported("ministral3"), tmp_path / "conv.gguf", {"mistral3.attention.temperature_length": None})
+    ids = reference("ministral3")["inputs"][1]["input_ids"]
+    with load(plain) as a, load(exported("ministral3")) as b:
+        assert (a.config.attn_temp_scale, a.config.attn_temp_length) == (pytest.approx(0.1), 16)
+        np.testing.assert_array_equal(a.logits(ids), b.logits(ids))

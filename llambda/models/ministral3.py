@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import warnings
 
-from ..errors import ModelFormatError
+from ..errors import LlambdaWarning, ModelFormatError
 from .config import TransformerConfig
 from .hparams import GGUFHParams, HFConfig, refuse_quantized
 from .mistral import hf_common_sliding
@@ -70,7 +70,8 @@ def warn_skipped_tower(cfg: dict) -> None:
     """A Mistral 3 directory (its text config merged with the vision_config beside it): the parts not run."""
     if isinstance(cfg.get("vision_config"), dict):
         warnings.warn("Mistral 3: the Pixtral vision tower (vision_tower.*) and the multimodal projector "
-                      "(multi_modal_projector.*) are not run here; the text model loads alone", stacklevel=3)
+                      "(multi_modal_projector.*) are not run here; the text model loads alone", LlambdaWarning,
+                      stacklevel=3)
 
 
 def config_from_hf(cfg: dict) -> TransformerConfig:
