@@ -183,6 +183,13 @@ def test_yarn_spelled_type_only_is_yarn():
         ministral3.config_from_hf(json.loads((TINY / "ministral3" / "config.json").read_text())).inv_freq().tolist()
 
 
+def test_a_window_slides_every_layer_whatever_layer_types_say():
+    cfg = json.loads((TINY / "ministral3" / "config.json").read_text())
+    cfg.update(sliding_window=8, layer_types=["full_attention", "sliding_attention", "full_attention"])
+    c = ministral3.config_from_hf(cfg)
+    assert c.sliding_window == 8 and c.layer_sliding == [True] * 3
+
+
 def test_mistral_small_3_shape_runs_as_mistral(tmp_path):
     """A Mistral 3 directory whose text model is `mistral` (Mistral Small 3.1 / 3.2: no YaRN, no temperature)
     runs as Mistral, its tower skipped all the same."""

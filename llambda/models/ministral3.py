@@ -83,7 +83,8 @@ def config_from_hf(cfg: dict) -> TransformerConfig:
     if params.get("rope_type") is None and params.get("type") is not None:
         # transformers reads the older `type` as rope_type (hparams' rope_parameters reader takes rope_type only)
         cfg = dict(cfg, **{key: dict(params, rope_type=params["type"])})
-    c = hf_common_sliding(cfg, "ministral3", default_sliding=True)
+    # transformers' Ministral 3 slides every layer when sliding_window is set; it reads no layer_types
+    c = hf_common_sliding({k: v for k, v in cfg.items() if k != "layer_types"}, "ministral3", default_sliding=True)
     hf = HFConfig(cfg)
     c["rope_scaling"] = _with_attention_factor(c["rope_scaling"], f"config.json {key!r}")
     warn_skipped_tower(cfg)
