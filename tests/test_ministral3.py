@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import warnings
 from pathlib import Path
 
@@ -26,9 +25,8 @@ from llambda.formats.gguf_writer import write_gguf
 from llambda.formats.quants import QType, dequantize
 from llambda.models import ministral3
 from llambda.tools.export import export
-from test_glm import max_err, reference     # (the tiny folders' reference.json, its last-3 rows' worst error)
+from archkit import TINY, edited_copy, exported, max_err, reference  # noqa: F401 (exported: a fixture)
 
-TINY = Path(__file__).parent / "fixtures" / "reference" / "tiny"
 FOLDERS = ["ministral3", "mistral3"]
 # (backend, activations, max |logit diff| against transformers): float32 throughout in the first two; the
 # native backend's fast mode rounds activations to 8 bits beside quantized weights (these are float32: the
@@ -37,28 +35,13 @@ MODES = {"numpy": ("numpy", None, 2e-4), "native-exact": ("native", "f32", 2e-4)
 
 
 def load(path, mode: str = "numpy", n_ctx: int = 128, **kw):
-    """test_glm's load, with our budgets and the composite's skipped-tower warning (test_tower_is_skipped_...)
+    """archkit's load, with our budgets and the composite's skipped-tower warning (test_tower_is_skipped_...)
     silenced."""
     if MODES[mode][0] not in available_backends():
         pytest.skip(f"the {MODES[mode][0]} backend is not available here (C core not built)")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return llambda.load(path, backend=MODES[mode][0], activations=MODES[mode][1], n_ctx=n_ctx, **kw)
-
-
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    """folder -> its f32 GGUF export, written once."""
-    done = {}
-
-    def get(folder: str) -> Path:
-        if folder not in done:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                done[folder] = export(TINY / folder, tmp_path_factory.mktemp(folder) / "f32.gguf", fmt="gguf",
-                                      qtype="f32")
-        return done[folder]
-    return get
 
 
 @pytest.mark.parametrize("mode", list(MODES))
@@ -114,11 +97,8 @@ def test_decode_steps_equal_full_forwards_across_the_steps(mode):
 def test_without_the_temperature_only_the_rows_past_16_change(tmp_path):
     """The control: llama_4_scaling_beta 0 leaves positions 0..15 as they were (the factor is 1 there) and moves
     the later ones: the temperature is what the reference needs past the first step."""
-    d = tmp_path / "m"
-    shutil.copytree(TINY / "ministral3", d)
-    cfg = json.loads((d / "config.json").read_text())
-    cfg["rope_parameters"]["llama_4_scaling_beta"] = 0.0
-    (d / "config.json").write_text(json.dumps(cfg))
+    rope = reference("ministral3")["config"]["rope_parameters"]
+    d = edited_copy("ministral3", tmp_path / "m", rope_parameters=dict(rope, llama_4_scaling_beta=0.0))
     ids = reference("ministral3")["inputs"][2]["input_ids"][:40]
     with load(TINY / "ministral3", n_ctx=64) as a, load(d, n_ctx=64) as b:
         assert b.config.attn_temp_scale == 0
@@ -193,12 +173,9 @@ def test_a_window_slides_every_layer_whatever_layer_types_say():
 def test_mistral_small_3_shape_runs_as_mistral(tmp_path):
     """A Mistral 3 directory whose text model is `mistral` (Mistral Small 3.1 / 3.2: no YaRN, no temperature)
     runs as Mistral, its tower skipped all the same."""
-    d = tmp_path / "small"
-    d.mkdir()
-    (d / "model.safetensors").symlink_to(TINY / "mistral3" / "model.safetensors")
-    cfg = json.loads((TINY / "mistral3" / "config.json").read_text())
-    cfg["text_config"].update(model_type="mistral", rope_parameters={"rope_type": "default", "rope_theta": 100.0})
-    (d / "config.json").write_text(json.dumps(cfg))
+    text = dict(reference("mistral3")["config"]["text_config"], model_type="mistral",
+                rope_parameters={"rope_type": "default", "rope_theta": 100.0})
+    d = edited_copy("mistral3", tmp_path / "small", text_config=text)
     with load(d, n_ctx=32) as m:
         assert (m.config.arch, m.config.attn_temp_scale, m.config.rope_scaling) == ("mistral", 0.0, None)
         assert np.isfinite(m.logits([1, 2, 3])).all()

@@ -53,6 +53,13 @@ ARCHITECTURES = {
     "glm4": "glm4",
     "glm4moe": "glm4moe",
     "glm4_moe": "glm4moe",
+    "ernie4_5": "ernie4_5",
+    "ernie4_5_moe": "ernie4_5_moe",
+    "ernie4_5-moe": "ernie4_5_moe",
+    "olmoe": "olmoe",
+    "seed_oss": "seed_oss",
+    "arcee": "arcee",
+    "apertus": "apertus",
     "ministral3": "ministral3",
     "mistral3": "ministral3",      # llama.cpp's name, and HF's Mistral 3 composite (its text model)
 }
