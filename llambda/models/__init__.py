@@ -67,6 +67,8 @@ ARCHITECTURES = {
     "exaone4": "exaone4",
     "hunyuan_v1_dense": "hunyuan",
     "hunyuan-dense": "hunyuan",
+    "ministral3": "ministral3",
+    "mistral3": "ministral3",      # llama.cpp's name, and HF's Mistral 3 composite (its text model)
 }
 
 # Encoders (embedding models, cross-encoders): their own config and forward, not TransformerConfig

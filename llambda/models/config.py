@@ -26,6 +26,7 @@ SIZE_LIMITS = {
     "ssm_k_heads": (0, 4096), "ssm_v_heads": (0, 4096), "ssm_k_dim": (0, 1024), "ssm_v_dim": (0, 1024),
     "q_lora_rank": (0, 1 << 16), "kv_lora_rank": (0, 1 << 16), "qk_nope_dim": (0, 1 << 14), "v_head_dim": (0, 1 << 14),
     "moe_groups": (1, 1 << 12), "moe_groups_used": (1, 1 << 12), "moe_group_top": (1, 1 << 12),
+    "attn_temp_length": (0, 1 << 40),
 }
 # What a layer's token mixer is: attention over the KV cache, LFM2's gated short convolution (a causal
 # depthwise convolution whose last conv_kernel - 1 inputs are a per-sequence state), or Qwen3-Next's
@@ -84,6 +85,8 @@ FLOAT_LIMITS = {
     # logits are multiplied by 1 / logit_scale: below 1e-30 that overflows float32 (1e-45 once reached the
     # native scale op as 7e44 and failed there untyped)
     "residual_scale": (0.0, 1e6, True), "logit_scale": (1e-30, 1e30, True),
+    # the query temperature's slope: its factor at the last position (2^24) stays below ~1700
+    "attn_temp_scale": (0.0, 100.0, False),
 }
 
 
@@ -225,6 +228,11 @@ class TransformerConfig:
     # KV sharing (Gemma 3n): the last kv_shared_layers layers compute no keys/values and keep no cache; each
     # attends over those of the last earlier layer of its type (sliding or full), see kv_source
     kv_shared_layers: int = 0
+    # attention temperature (Ministral 3's llama_4_scaling_beta; llama.cpp's attention.temperature_scale): after
+    # RoPE, the queries of a row at position p are multiplied by 1 + attn_temp_scale * ln(1 + floor(p /
+    # attn_temp_length)), exactly 1 below attn_temp_length; 0: none
+    attn_temp_scale: float = 0.0
+    attn_temp_length: int = 0
     source: str = field(default="", compare=False, repr=False)   # the file or directory, for error messages
 
     def __post_init__(self):
@@ -299,7 +307,7 @@ class TransformerConfig:
                      "n_ctx_train", "sliding_window", "n_experts", "n_experts_used", "expert_ffn_dim",
                      "shared_ffn_dim", "conv_kernel", "ssm_k_heads", "ssm_v_heads", "ssm_k_dim", "ssm_v_dim",
                      "q_lora_rank", "kv_lora_rank", "qk_nope_dim", "v_head_dim", "moe_groups", "moe_groups_used",
-                     "moe_group_top"):
+                     "moe_group_top", "attn_temp_length"):
             check_int(f"config {name}", getattr(self, name), name)
 
     def validate(self) -> None:
@@ -331,7 +339,7 @@ class TransformerConfig:
         self._check_mla()
         self._check_kinds()
         for name in ("norm_eps", "rope_theta", "attn_softcap", "final_softcap", "norm_offset", "residual_scale",
-                     "logit_scale"):
+                     "logit_scale", "attn_temp_scale"):
             check_number(f"config {name}", getattr(self, name), name)
         for name in ("rope_theta_local", "embed_scale", "attn_scale"):
             if getattr(self, name) is not None:
@@ -339,6 +347,9 @@ class TransformerConfig:
         for name in ("attn_softcap", "final_softcap"):     # 0: no cap
             if 0 < getattr(self, name) < 1e-30:        # 1e-320 is 0 in float32: the native op refused it untyped
                 raise ModelFormatError(f"config {name} = {getattr(self, name)!r} is neither 0 (off) nor >= 1e-30")
+        if self.attn_temp_scale and (self.attn_temp_length < 1 or self.mla):
+            raise ModelFormatError(f"an attention temperature ({self.attn_temp_scale}) needs the positions it steps "
+                                   f"by (got {self.attn_temp_length}) and plain attention (not latent)")
         self._check_rope()
         self._check_sections()
         scale = self.scale()

@@ -97,6 +97,8 @@ FAMILIES = {
     "exaone4": Family("exaone4", "Exaone4ForCausalLM", "exaone4"),
     # Hunyuan dense: GGUF only (HF's own q/k norm names and its alpha RoPE scaling are not written)
     "hunyuan": Family("hunyuan_v1_dense", "HunYuanDenseV1ForCausalLM", "hunyuan-dense"),
+    # Ministral 3 (query temperature): GGUF only (write_hf does not write llama_4_scaling_beta)
+    "ministral3": Family("ministral3", "Ministral3ForCausalLM", "mistral3"),
 }
 # GGUF architectures whose q/k rows keep the same RoPE layout as their HF files (DeepSeek's adjacent pairs)
 SAME_ROPE_LAYOUT_ARCHS = {"deepseek2", "glm4", "ernie4_5", "ernie4_5-moe", "command-r", "cohere2"}
@@ -277,7 +279,8 @@ _CHECKED = ("vocab_size", "n_layers", "d_model", "n_heads", "n_kv_heads", "head_
             "layer_kinds", "conv_kernel", "ssm_k_heads", "ssm_v_heads", "ssm_k_dim", "ssm_v_dim", "attn_out_gate",
             "q_lora_rank", "kv_lora_rank", "qk_nope_dim", "v_head_dim", "moe_groups", "moe_groups_used", "moe_group_top",
             "moe_scale", "moe_layers", "rope_sections", "rope_interleaved", "deepstack_levels", "norm_kind", "norm_bias",
-            "qk_norm_heads", "parallel_block", "ffn_gated", "ffn_bias")
+            "qk_norm_heads", "parallel_block", "ffn_gated", "ffn_bias",
+            "attn_temp_scale", "attn_temp_length")
 
 
 def _check_same(a: TransformerConfig, b: TransformerConfig, what: str, a_factors=None, b_factors=None) -> None:
@@ -391,7 +394,7 @@ def write_hf(src: ModelSource, out: Path, qtype: str | None = None) -> Path:
         raise LlambdaError("a mixture-of-experts, hybrid, latent-attention or Gemma 3n model exports as GGUF only "
                            "(fmt='gguf')")
     gguf_only = {"glm4": "GLM-4", "qwen3vl": "Qwen3-VL", "ernie4_5": "ERNIE 4.5", "apertus": "Apertus",
-                 "hunyuan-dense": "Hunyuan"}
+                 "hunyuan-dense": "Hunyuan", "mistral3": "Ministral 3"}
     if fam.gguf_arch in gguf_only:
         raise LlambdaError(f"a {gguf_only[fam.gguf_arch]} model exports as GGUF only (fmt='gguf')")
     if cfg.norm_kind != "rms":
