@@ -53,6 +53,8 @@ ARCHITECTURES = {
     "glm4": "glm4",
     "glm4moe": "glm4moe",
     "glm4_moe": "glm4moe",
+    "falcon_h1": "falcon_h1",
+    "falcon-h1": "falcon_h1",
 }
 
 # Encoders (embedding models, cross-encoders): their own config and forward, not TransformerConfig
