@@ -158,7 +158,8 @@ class ScaledTensor(WeightTensor):
     def data(self) -> np.ndarray:
         vals = self._src.to_float32().reshape(self.shape)
         scale = np.asarray(self._scale, dtype=np.float32)
-        vals = vals * (scale.reshape(-1, *([1] * (vals.ndim - 1))) if scale.ndim else scale)
+        with np.errstate(over="ignore"):          # refused just below
+            vals = vals * (scale.reshape(-1, *([1] * (vals.ndim - 1))) if scale.ndim else scale)
         if not np.isfinite(vals).all():
             raise ModelFormatError(f"tensor {self.name!r} times its Falcon-H1 multiplier is not finite (past float32's "
                                    "range): the model file is corrupt")
