@@ -89,6 +89,16 @@ def test_every_layer_keeps_keys_and_a_recurrent_state():
         assert m.memory_report()["recurrent"] > 0
 
 
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_the_memory_plan_is_what_the_load_allocates(folder):
+    """Keys and values of every layer and a Mamba2 state of every layer, both in the plan as allocated."""
+    hybrid.need("native")
+    with llambda.load(TINY / folder, backend="native", threads=1, n_ctx=16, n_slots=4) as m:
+        p, got = m.memory_plan, m.memory_report()
+        assert p.recurrent > 0 and p.recurrent == got["recurrent"]
+        assert p.kv_cache == got["kv_cache"] and p.activations == got["activations"]
+
+
 # ---------------------------------------------------------------- the multipliers, folded
 
 def test_config_from_each_format_is_one_model(tmp_path):
@@ -294,3 +304,18 @@ def test_a_missing_mixer_tensor_is_named(tmp_path):
     save_file(arrays, str(d / "model.safetensors"))
     with pytest.raises(ModelFormatError, match="model.layers.2.mamba.norm.weight"):
         llambda.load(d, backend="numpy", n_ctx=32)
+
+
+def test_lora_adapters_are_refused(tmp_path):
+    """An adapter's update adds to the checkpoint's W; this model holds W times its multipliers: refused, not
+    merged wrong (PEFT's, on the HF directory and on its GGUF)."""
+    from llambda.errors import AdapterError
+    from test_lora import write_peft
+    rng = np.random.default_rng(3)
+    pairs = {"model.layers.0.self_attn.q_proj": (rng.standard_normal((4, 64)).astype(np.float32),
+                                                 rng.standard_normal((64, 4)).astype(np.float32))}
+    lora = str(write_peft(tmp_path / "peft", pairs, 8))
+    gg = export(TINY / "falcon_h1", tmp_path / "f.gguf", fmt="gguf")
+    for base in (TINY / "falcon_h1", gg):
+        with pytest.raises(AdapterError, match="not supported"):
+            llambda.load(base, backend="numpy", n_ctx=32, lora=lora)

@@ -44,6 +44,8 @@ HF_GLOBAL_NAMES = {"model.final_layernorm.weight": "output_norm.weight"}
 # llama.cpp's falcon-h1 reads the MLP's norm without the `.weight` suffix (its converter writes it so)
 GGUF_NAMES = {"ffn_norm.weight": "ffn_norm"}
 ARCH = "falcon-h1"
+# formats/lora_merge.py: an adapter's update of q_proj adds to W, this model holds W times its multipliers
+LORA_REFUSED = "its µP multipliers are folded into the weights here, and an adapter's updates would need them too"
 MULTIPLIER_LIMIT = 1e4     # |multiplier| at most this: a weight scaled further is no trained model's
 
 
