@@ -241,6 +241,77 @@ def test_a_gguf_without_conv_bias_or_norm_runs_without_them(tmp_path):
         np.testing.assert_array_equal(m.logits(ids), w.logits(ids))
 
 
+def converter_gguf(folder: str, out: Path) -> Path:
+    """The tiny model as llama.cpp's converter writes a falcon-h1 GGUF, made here from its facts, not by our
+    exporter: every multiplier folded into its weight (in_proj by row), A as -exp(A_log) and D as (H, 1)
+    columns, the norm as (groups, d_ssm / groups), conv kernels squeezed, the MLP's norm `blk.N.ffn_norm`."""
+    from llambda.formats.safetensors import open_safetensors_dir
+    cfg = json.loads((TINY / folder / "config.json").read_text())
+    st = open_safetensors_dir(TINY / folder)
+    w = {n: t.to_float32().reshape(t.shape) for n, t in st.tensors.items()}
+    st.close()
+    d, L = cfg["hidden_size"], cfg["num_hidden_layers"]
+    d_ssm = cfg["mamba_d_ssm"] or cfg["mamba_expand"] * d
+    heads, groups, N = cfg["mamba_n_heads"], cfg["mamba_n_groups"], cfg["mamba_d_state"]
+    a_in, ssm = cfg["attention_in_multiplier"], cfg["ssm_multipliers"]
+    rows = cfg["ssm_in_multiplier"] * np.repeat(ssm, [d_ssm, d_ssm, groups * N, groups * N, heads])
+    t = {"token_embd.weight": w["model.embed_tokens.weight"] * cfg["embedding_multiplier"],
+         "output_norm.weight": w["model.final_layernorm.weight"],
+         "output.weight": w.get("lm_head.weight", w["model.embed_tokens.weight"]) * cfg["lm_head_multiplier"]}
+    for i in range(L):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        t.update({b + "attn_norm.weight": w[p + "input_layernorm.weight"], b + "ffn_norm": w[p + "pre_ff_layernorm.weight"],
+                  b + "attn_q.weight": w[p + "self_attn.q_proj.weight"] * a_in,
+                  b + "attn_k.weight": w[p + "self_attn.k_proj.weight"] * a_in * cfg["key_multiplier"],
+                  b + "attn_v.weight": w[p + "self_attn.v_proj.weight"] * a_in,
+                  b + "attn_output.weight": w[p + "self_attn.o_proj.weight"] * cfg["attention_out_multiplier"],
+                  b + "ffn_gate.weight": w[p + "feed_forward.gate_proj.weight"] * cfg["mlp_multipliers"][0],
+                  b + "ffn_up.weight": w[p + "feed_forward.up_proj.weight"],
+                  b + "ffn_down.weight": w[p + "feed_forward.down_proj.weight"] * cfg["mlp_multipliers"][1],
+                  b + "ssm_in.weight": w[p + "mamba.in_proj.weight"] * rows[:, None],
+                  b + "ssm_conv1d.weight": w[p + "mamba.conv1d.weight"][:, 0, :],
+                  b + "ssm_dt.bias": w[p + "mamba.dt_bias"], b + "ssm_a": -np.exp(w[p + "mamba.A_log"])[:, None],
+                  b + "ssm_d": w[p + "mamba.D"][:, None],
+                  b + "ssm_out.weight": w[p + "mamba.out_proj.weight"] * cfg["ssm_out_multiplier"]})
+        if p + "mamba.conv1d.bias" in w:
+            t[b + "ssm_conv1d.bias"] = w[p + "mamba.conv1d.bias"]
+        if p + "mamba.norm.weight" in w:
+            t[b + "ssm_norm.weight"] = w[p + "mamba.norm.weight"].reshape(groups, -1)
+    a = "falcon-h1"
+    meta = {"general.architecture": a, f"{a}.block_count": L, f"{a}.context_length": cfg["max_position_embeddings"],
+            f"{a}.embedding_length": d, f"{a}.feed_forward_length": cfg["intermediate_size"],
+            f"{a}.attention.head_count": cfg["num_attention_heads"],
+            f"{a}.attention.head_count_kv": cfg["num_key_value_heads"], f"{a}.attention.key_length": cfg["head_dim"],
+            f"{a}.attention.value_length": cfg["head_dim"], f"{a}.attention.layer_norm_rms_epsilon": cfg["rms_norm_eps"],
+            f"{a}.rope.freq_base": cfg["rope_parameters"]["rope_theta"], f"{a}.ssm.conv_kernel": cfg["mamba_d_conv"],
+            f"{a}.ssm.inner_size": d_ssm, f"{a}.ssm.state_size": N, f"{a}.ssm.time_step_rank": heads,
+            f"{a}.ssm.group_count": groups, f"{a}.vocab_size": cfg["vocab_size"], "tokenizer.ggml.model": "none"}
+    write_gguf(out, meta, {n: (QType.F32, np.ascontiguousarray(v, np.float32)) for n, v in t.items()})
+    return out
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_a_gguf_as_llama_cpps_converter_writes_it_matches_transformers(folder, tmp_path):
+    gg = converter_gguf(folder, tmp_path / "c.gguf")
+    ref = reference(folder)["inputs"][1]
+    want = np.array(ref["logits_last3"][-1], np.float32)
+    with llambda.load(gg, backend="numpy", n_ctx=64) as m:
+        assert m.config.mamba_conv_bias is (folder == "falcon_h1") and m.config.mamba_norm is (folder == "falcon_h1")
+        got = m.logits(ref["input_ids"])
+    assert float(np.abs(got - want).max()) <= 1e-4
+
+
+def test_llama_cpp_runs_the_converters_layout_as_we_do(tmp_path):
+    """The converter-style file in llama.cpp (the folder with a conv bias: llama.cpp's falcon-h1 needs one)."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the bench extra)")
+    from llamacpp_ref import llama_cpp_logits
+    gg = converter_gguf("falcon_h1", tmp_path / "c.gguf")
+    ids = reference("falcon_h1")["inputs"][1]["input_ids"][:12]
+    with llambda.load(gg, backend="numpy", n_ctx=64) as m:
+        ours = m.logits(ids)
+    assert float(np.abs(llama_cpp_logits(gg, ids) - ours).max()) <= 0.05
+
+
 def gguf_edit(tmp_path, edit) -> Path:
     gg = export(TINY / "falcon_h1", tmp_path / "f.gguf", fmt="gguf")
     with GGUFFile(gg) as f:
