@@ -201,6 +201,9 @@ def test_scaled_tensors_keep_float_types_within_range():
     scaled = ScaledTensor(bf, rows)
     assert scaled.qtype == QType.BF16
     np.testing.assert_allclose(scaled.to_float32(), bf.to_float32() * rows[:, None], rtol=2 ** -8)
+    part = scaled.take_rows([3, 1])           # only the rows taken, each by its own scale
+    assert part.shape == (2, 6) and part.qtype == QType.BF16
+    np.testing.assert_array_equal(part.to_float32(), scaled.to_float32()[[3, 1]])
     f16 = WeightTensor("h", QType.F16, (4, 6), quantize(w, QType.F16).reshape(-1))
     big = ScaledTensor(f16, 1e4)       # past float16's range: kept as float32
     assert big.qtype == QType.F32 and np.array_equal(big.to_float32(), f16.to_float32() * np.float32(1e4))

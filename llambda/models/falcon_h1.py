@@ -147,9 +147,10 @@ def multipliers(cfg: dict) -> dict:
 
 
 class ScaledTensor(WeightTensor):
-    """A float tensor times `scale` (a number, or one per row), computed each time its bytes are read (a
-    backend packs a weight once): opening the checkpoint copies nothing. Kept in the source's type (F32,
-    BF16; F16, whose range a multiplier may leave, and any other type as F32)."""
+    """A float tensor times `scale` (a number, or one per row), computed each time its bytes are read (a backend
+    packs a weight once): opening the checkpoint copies nothing, and nothing is kept. Kept in the source's type
+    (F32, BF16; F16, whose range a multiplier may leave, and any other type as F32). take_rows scales only the
+    rows taken (in_proj's z, xBC and dt parts, each packed apart)."""
 
     def __init__(self, src: WeightTensor, scale):
         self.name, self.shape = src.name, src.shape
@@ -158,6 +159,13 @@ class ScaledTensor(WeightTensor):
 
     @property
     def data(self) -> np.ndarray:
+        return self._compute()
+
+    def take_rows(self, index) -> "ScaledTensor":
+        scale = np.asarray(self._scale, dtype=np.float32)
+        return ScaledTensor(self._src.take_rows(index), scale[np.asarray(index, dtype=np.intp)] if scale.ndim else scale)
+
+    def _compute(self) -> np.ndarray:
         vals = self._src.to_float32().reshape(self.shape)
         scale = np.asarray(self._scale, dtype=np.float32)
         with np.errstate(over="ignore"):          # refused just below
