@@ -16,27 +16,15 @@ import numpy as np
 import pytest
 
 import llambda
-from llambda.backends import available_backends
 from llambda.errors import LlambdaError, ModelFormatError
 from llambda.formats.gguf import GGUFFile, GGUFValueType
 from llambda.formats.gguf_writer import GGUFValue, write_gguf
 from llambda.formats.safetensors import SafetensorsFile, write_safetensors
 from llambda.tools.export import export
 
-TINY = Path(__file__).parent / "fixtures" / "reference" / "tiny"
+from archkit import MODES, TINY, exported, load, reference  # noqa: F401 (exported: a fixture)
+
 FOLDERS = ["glm4", "glm4_moe"]
-MODES = {"numpy": ("numpy", None, 1e-3), "native-exact": ("native", "f32", 1e-3), "native-fast": ("native", "q8", 1e-2)}
-
-
-def reference(folder: str) -> dict:
-    return json.loads((TINY / folder / "reference.json").read_text(encoding="utf-8"))
-
-
-def load(path, mode: str = "numpy", **kw):
-    backend, act, _ = MODES[mode]
-    if backend not in available_backends():
-        pytest.skip(f"the {backend} backend is not available here (C core not built)")
-    return llambda.load(path, backend=backend, activations=act, n_ctx=kw.pop("n_ctx", 128), **kw)
 
 
 def last_rows(m, inp) -> np.ndarray:
@@ -46,18 +34,6 @@ def last_rows(m, inp) -> np.ndarray:
 def max_err(m, folder: str) -> float:
     return max(float(np.abs(last_rows(m, inp) - np.array(inp["logits_last3"], np.float32)).max())
                for inp in reference(folder)["inputs"])
-
-
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    """folder -> its f32 GGUF export, written once."""
-    done = {}
-
-    def get(folder: str) -> Path:
-        if folder not in done:
-            done[folder] = export(TINY / folder, tmp_path_factory.mktemp(folder) / "f32.gguf", fmt="gguf", qtype="f32")
-        return done[folder]
-    return get
 
 
 @pytest.mark.parametrize("mode", list(MODES))

@@ -94,6 +94,33 @@ void llb_softcap(float *x, float cap, long count) {
     ew_dispatch(&t, PAR_MIN_TRANSC);
 }
 
+/* xIELU (and ReLU^2 as its special case): scalar; the expm1 only on the negative side, and not at all when an
+ * is 0 (ReLU^2: its negative side is 0 whatever x, not 0 * (expm1 - x) for a -inf) */
+struct xielu_task {
+    float *x;
+    float ap, an, beta, eps;
+};
+
+static void xielu_range(const struct xielu_task *t, long i0, long i1) {
+    for (long i = i0; i < i1; i++) {
+        const float x = t->x[i];
+        if (x > 0.f) t->x[i] = t->ap * x * x + t->beta * x;
+        else t->x[i] = (t->an != 0.f ? (expm1f(fminf(x, t->eps)) - x) * t->an : 0.f) + t->beta * x;
+    }
+}
+
+static void xielu_task_run(void *ctx, long b, long e, int tid) {
+    (void)tid;
+    xielu_range(ctx, b, e);
+}
+
+void llb_xielu(float *x, long count, float ap, float an, float beta, float eps) {
+    struct xielu_task t = {x, ap, an, beta, eps};
+    if (count < PAR_MIN_TRANSC || llb_pool_threads() == 1) xielu_range(&t, 0, count);
+    else llb_parallel_for(xielu_task_run, &t, count, llb_grain(count, OP_CHUNKS, PAR_MIN_TRANSC / 2, SPLIT_ALIGN),
+                          LLB_POOL_MAX_THREADS);
+}
+
 /* ---- row ops: rmsnorm, add_rows ------------------------------------------- */
 
 struct rows_task {

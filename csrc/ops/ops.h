@@ -171,6 +171,9 @@ void llb_add_rows(const float *x, const float *bias, float *out, long n, long d)
 void llb_scale(float *x, float s, long count);                                 /* x *= s */
 void llb_gelu_erf(float *x, long count);                                       /* x = 0.5 x (1 + erf(x/sqrt 2)) */
 void llb_softcap(float *x, float cap, long count);                             /* x = cap * tanh(x / cap) */
+/* In place: x > 0 ? ap x^2 + beta x : (expm1(min(x, eps)) - x) an + beta x, the negative branch 0 when an is 0
+ * (Apertus' xIELU with its effective scalars; ReLU^2 is ap 1, an 0, beta 0) */
+void llb_xielu(float *x, long count, float ap, float an, float beta, float eps);
 /* A strided block copy: dst[t dst_row + g dst_group + dst_off + j] = src[t src_row + g src_group + src_off + j]
  * for t < n, g < groups, j < width (a view's columns into another layout; src_group 0 repeats one block in
  * every group). src and dst must not overlap. */

@@ -660,6 +660,35 @@ static PyObject *py_gelu_erf(PyObject *self, PyObject *const *args, Py_ssize_t n
     return llb_bufs_call(&h, op, run_inplace, NULL, &a, sizeof a);
 }
 
+/* xielu(x, count, alpha_p, alpha_n, beta, eps): in place, the effective scalars (ops.h: llb_xielu). */
+struct xielu_args {
+    float *x;
+    float p[4];
+    long count;
+};
+LLB_CALL_ARGS_FIT(struct xielu_args);
+static int run_xielu(const void *p) {
+    const struct xielu_args *a = p;
+    llb_xielu(a->x, a->count, a->p[0], a->p[1], a->p[2], a->p[3]);
+    return 0;
+}
+static PyObject *py_xielu(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    static const char *op = "xielu";
+    static const char *names[4] = {"alpha_p", "alpha_n", "beta", "eps"};
+    if (llb_arg_nargs(op, nargs, 6, "x, count, alpha_p, alpha_n, beta, eps")) return NULL;
+    struct xielu_args a;
+    if (llb_arg_long(args[1], op, "count", 1, MAX_DIM, &a.count)) return NULL;
+    for (int i = 0; i < 4; i++)
+        if (llb_arg_float(args[2 + i], op, names[i], -INFINITY, &a.p[i])) return NULL;
+    struct llb_bufs h = OPS_BUFS;
+    a.x = llb_arg_buf(&h, args[0], op, "x", 1, LLB_ELEM_F32, a.count, 0);
+    if (!a.x) {
+        llb_bufs_release(&h);
+        return NULL;
+    }
+    return llb_bufs_call(&h, op, run_xielu, NULL, &a, sizeof a);
+}
+
 /* copy_blocks(src, dst, n, groups, width, src_row, src_group, src_off, dst_row, dst_group, dst_off) */
 struct copy_blocks_args {
     const float *src;
@@ -881,6 +910,8 @@ PyMethodDef llb_ops_methods[] = {
     {"scale", FASTCALL(py_scale), "scale(x, s, count): x *= s in place."},
     {"gelu_erf", FASTCALL(py_gelu_erf), "gelu_erf(x, count): x = 0.5 x (1 + erf(x / sqrt 2)) in place (BERT's GELU)."},
     {"softcap", FASTCALL(py_softcap), "softcap(x, cap, count): x = cap * tanh(x / cap) in place."},
+    {"xielu", FASTCALL(py_xielu), "xielu(x, count, alpha_p, alpha_n, beta, eps): in place, x > 0: alpha_p x^2 + beta x, "
+     "else (expm1(min(x, eps)) - x) alpha_n + beta x (0 + beta x when alpha_n is 0: ReLU^2 is 1, 0, 0, 0)."},
     {"copy_blocks", FASTCALL(py_copy_blocks),
      "copy_blocks(src, dst, n, groups, width, src_row, src_group, src_off, dst_row, dst_group, dst_off): for t < n,\n"
      "g < groups: dst[t dst_row + g dst_group + dst_off:][:width] = src[t src_row + g src_group + src_off:][:width]\n"

@@ -325,6 +325,11 @@ class Backend(ABC):
         (A, n, d) (out may be pred), coef (n, A), active (n, d)."""
         raise NotImplementedError(f"the {self.name} backend has no altup_correct")
 
+    def xielu(self, x: np.ndarray, alpha_p: float, alpha_n: float, beta: float, eps: float) -> None:
+        """In place: alpha_p x^2 + beta x where x > 0, else (expm1(min(x, eps)) - x) alpha_n + beta x, that first
+        term 0 when alpha_n is 0 (Apertus' xIELU with its effective scalars; ReLU^2, Arcee's, is 1, 0, 0, 0)."""
+        raise NotImplementedError(f"the {self.name} backend has no xielu")
+
     def gelu_erf(self, x: np.ndarray) -> None:
         """In place: 0.5 x (1 + erf(x / sqrt 2)), the exact GELU of BERT-family encoders."""
         raise NotImplementedError(f"the {self.name} backend has no gelu_erf")

@@ -578,6 +578,9 @@ class NativeBackend(Backend):
     def gelu_erf(self, x) -> None:
         C.gelu_erf(x, x.size)
 
+    def xielu(self, x, alpha_p, alpha_n, beta, eps) -> None:
+        C.xielu(x, x.size, alpha_p, alpha_n, beta, eps)
+
     def prepare_dense(self, w, bias) -> NativeDense:
         # the exact mode keeps float32 weights; the fast mode packs bfloat16 weights and rounds the
         # activations to bfloat16 (AVX512-BF16 products: all-MiniLM-L6-v2's vectors stay at a cosine

@@ -308,6 +308,11 @@ class NumpyBackend(Backend):
         innovation = active - pred[idx]
         out[...] = pred + coef.T[:, :, None] * innovation[None]
 
+    def xielu(self, x, alpha_p, alpha_n, beta, eps) -> None:
+        f = np.float32
+        neg = (np.expm1(np.minimum(x, f(eps))) - x) * f(alpha_n) if alpha_n else np.zeros_like(x)
+        np.copyto(x, np.where(x > 0, f(alpha_p) * x * x, neg) + f(beta) * x)
+
     def gelu_erf(self, x) -> None:
         x *= 0.5 * (1.0 + _erf(x.astype(np.float64) / np.sqrt(2.0)))
 

@@ -53,6 +53,13 @@ ARCHITECTURES = {
     "glm4": "glm4",
     "glm4moe": "glm4moe",
     "glm4_moe": "glm4moe",
+    "ernie4_5": "ernie4_5",
+    "ernie4_5_moe": "ernie4_5_moe",
+    "ernie4_5-moe": "ernie4_5_moe",
+    "olmoe": "olmoe",
+    "seed_oss": "seed_oss",
+    "arcee": "arcee",
+    "apertus": "apertus",
     "falcon_h1": "falcon_h1",
     "falcon-h1": "falcon_h1",
 }

@@ -20,7 +20,8 @@ from .. import switches
 from ..errors import ContextOverflowError, InvalidInputError, ModelFormatError
 from ..formats.weights import WeightTensor
 from .closable import Closable
-from .config import ATTENTION_KINDS, MAMBA2_KINDS, TransformerConfig
+from .config import (ATTENTION_KINDS, MAMBA2_KINDS, RELU2_SCALARS, UNGATED_ACTIVATIONS, TransformerConfig,
+                     xielu_scalars)
 from .mla import LatentAttention, MLAWeights, add_workspace_specs, mla_compressed
 from .row_groups import grouped_rows
 
@@ -54,6 +55,7 @@ class LayerWeights:
                                              # Falcon-H1 layer (attn_mamba2), both reading the same normed input
     wq_gate: object = None            # attention output gate rows (Qwen3-Next): out *= sigmoid(h . wq_gate)
     mla: "MLAWeights | None" = None   # latent attention (DeepSeek): set instead of wq/wk/wv (wo stays)
+    act: tuple | None = None          # an MLP without a gate (w_gate None): the xielu op's scalars (config.py)
 
 
 @dataclass
@@ -450,6 +452,15 @@ class Transformer(Closable, LatentAttention):
                                  norm=flat(p + "ssm_norm.weight", xd) if cfg.mamba_norm else None,
                                  out_proj=matrix(p + "ssm_out.weight", d, xd))
 
+        def act_scalars(p: str) -> tuple | None:
+            """An ungated MLP's activation as the xielu op's scalars: ReLU^2's, or the layer's xIELU tensors'."""
+            if cfg.activation == "relu2":
+                return RELU2_SCALARS
+            if cfg.activation != "xielu":
+                return None
+            raw = [float(vector(p + f"xielu_{k}.weight", 1)[0]) for k in ("alpha_p", "alpha_n", "beta", "eps")]
+            return xielu_scalars(*raw)
+
         if getattr(cfg, "altup_inputs", 0):      # Gemma 3n: its layers are its own (models/gemma3n_net.py)
             from .gemma3n_net import Gemma3nNet
             self.g3n = Gemma3nNet(cfg, get, matrix, vector)
@@ -488,6 +499,7 @@ class Transformer(Closable, LatentAttention):
                 continue
             qn, kn = (cfg.q_dim, cfg.kv_dim) if cfg.qk_norm_whole else (cfg.head_dim, cfg.head_dim)
             moe = is_moe(i)
+            gated = not moe and cfg.activation not in UNGATED_ACTIVATIONS
             if cfg.attn_out_gate:          # per head: its query rows, then its gate rows
                 wq, wq_gate = matrix(p + "attn_q.weight", 2 * cfg.q_dim, d,
                                      grouped_rows(cfg.n_heads, [cfg.head_dim, cfg.head_dim]))
@@ -500,9 +512,10 @@ class Transformer(Closable, LatentAttention):
                 wv=matrix(p + "attn_v.weight", cfg.kv_dim, d),
                 wo=matrix(p + "attn_output.weight", d, cfg.q_dim),
                 ffn_norm=vector(p + "ffn_norm.weight", d, off) if pre else None,
-                w_gate=None if moe else matrix(p + "ffn_gate.weight", cfg.ffn_dim, d),
+                w_gate=matrix(p + "ffn_gate.weight", cfg.ffn_dim, d) if gated else None,
                 w_up=None if moe else matrix(p + "ffn_up.weight", cfg.ffn_dim, d),
                 w_down=None if moe else matrix(p + "ffn_down.weight", d, cfg.ffn_dim),
+                act=None if moe else act_scalars(p),
                 moe=moe_weights(p) if moe else None,
                 bo=vector(p + "attn_output.bias", d, required=cfg.attn_out_bias),   # used wherever present
                 sinks=vector(p + "attn_sinks.weight", cfg.n_heads, required=cfg.attn_sinks),
@@ -874,14 +887,20 @@ class Transformer(Closable, LatentAttention):
         if L.moe is not None:
             self._moe(L.moe, h, proj)
         else:
-            self._mlp(h, L.w_gate, L.w_up, L.w_down, ws.gate[:n], ws.up[:n], proj)
+            self._mlp(h, L.w_gate, L.w_up, L.w_down, ws.gate[:n], ws.up[:n], proj, L.act)
         if L.post_ffn_norm is not None:
             B.rmsnorm(proj, L.post_ffn_norm, cfg.norm_eps, proj)
         self._residual_add(x, proj)
 
-    def _mlp(self, h, w_gate, w_up, w_down, gate, up, out) -> None:
-        """out = down(act(gate(h)) * up(h)): the dense MLP (also an MoE layer's shared expert)."""
+    def _mlp(self, h, w_gate, w_up, w_down, gate, up, out, act: tuple | None = None) -> None:
+        """out = down(act(gate(h)) * up(h)): the dense MLP (also an MoE layer's shared expert); without a gate
+        (w_gate None: Arcee's ReLU^2, Apertus' xIELU), down(act(up(h))), act the xielu op with scalars `act`."""
         cfg, B = self.cfg, self.backend
+        if w_gate is None:
+            B.matmul(h, w_up, up)
+            B.xielu(up, *act)
+            B.matmul(up, w_down, out)
+            return
         B.matmul_many(h, (w_gate, w_up), (gate, up))
         if cfg.activation == "silu":
             B.silu_mul(gate, up, gate)

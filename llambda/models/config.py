@@ -45,6 +45,23 @@ ATTENTION_KINDS = ("attention", "attn_mamba2")
 MOE_ROUTINGS = ("softmax_topk", "topk_softmax", "sigmoid_topk")
 # The experts' gated activation: SiLU(gate) * up, or GPT-OSS's clamped (up + 1) * gate * sigmoid(alpha gate).
 MOE_ACTIVATIONS = ("silu", "swiglu_oai")
+# Activations of an MLP without a gate, down(act(up(x))): Arcee's ReLU^2 and Apertus' xIELU (its per-layer scalars
+# are tensors: models/apertus.py). A gated MLP's, act(gate(x)) * up(x), are SiLU and tanh-GELU.
+UNGATED_ACTIVATIONS = ("relu2", "xielu")
+# The backend's xielu op's scalars (alpha_p, alpha_n, beta, eps) that make it ReLU^2
+RELU2_SCALARS = (1.0, 0.0, 0.0, 0.0)
+
+
+def xielu_scalars(alpha_p: float, alpha_n: float, beta: float, eps: float) -> tuple:
+    """xIELU's stored scalars (transformers' parameters alpha_p, alpha_n and buffers beta, eps; llama.cpp's
+    xielu.* keys) as the xielu op takes them: softplus(alpha_p), beta + softplus(alpha_n), beta, eps. A ModelFormatError
+    where one is past float32's range (the op would refuse it at the first forward step)."""
+    def softplus(v: float) -> float:
+        return max(v, 0.0) + math.log1p(math.exp(-abs(v)))
+    out = (softplus(alpha_p), beta + softplus(alpha_n), beta, eps)
+    if not all(math.isfinite(v) and abs(v) <= 1e30 for v in out):
+        raise ModelFormatError(f"xIELU scalars {(alpha_p, alpha_n, beta, eps)!r} give {out!r}: past float32's range")
+    return out
 # Sections of M-RoPE (temporal, height, width; llama.cpp's files hold a fourth, 0)
 MAX_ROPE_SECTIONS = 4
 # Positions the engine can address (the C core's limit): a window at least this long is no window.
@@ -142,7 +159,7 @@ class TransformerConfig:
     # written over the image tokens' embeddings, block j + 1 added to their hidden states after decoder layer j
     deepstack_levels: int = 0
     # block shape
-    activation: str = "silu"                # "silu" or "gelu_tanh" (gated FFN either way)
+    activation: str = "silu"                # "silu" or "gelu_tanh" (gated FFN), or one of UNGATED_ACTIVATIONS
     attn_bias: bool = False                 # q/k/v biases (Qwen2)
     qk_norm: bool = False                   # RMSNorm on q and k per head (Qwen3, Gemma 3)
     qk_norm_whole: bool = False             # ... over the whole q / k projection instead (OLMo 2)
@@ -296,9 +313,11 @@ class TransformerConfig:
                                                   self.kv_shared_layers] for i in range(self.n_layers))):
             raise ModelFormatError(f"kv_shared_layers {self.kv_shared_layers!r}: each shared layer needs an earlier "
                                    "layer of its type with keys and values")
+        if self.activation in UNGATED_ACTIVATIONS and (self.mla or self.recurrent or getattr(self, "altup_inputs", 0)):
+            raise ModelFormatError(f"an MLP without a gate ({self.activation}) runs in plain attention layers only")
         if self.qk_norm_whole and not self.qk_norm:
             raise ModelFormatError("qk_norm_whole needs qk_norm")
-        if self.activation not in ("silu", "gelu_tanh"):
+        if self.activation not in ("silu", "gelu_tanh") + UNGATED_ACTIVATIONS:
             raise ModelFormatError(f"unsupported activation {self.activation!r}")
         self._check_moe()
         self._check_mla()

@@ -84,9 +84,16 @@ FAMILIES = {
     "glm4moe": Family("glm4_moe", "Glm4MoeForCausalLM", "glm4moe"),
     # Gemma 3n's text decoder: GGUF only as well (models/gemma3n.py)
     "gemma3n": Family("gemma3n_text", "Gemma3nForCausalLM", "gemma3n"),
+    # ERNIE 4.5: GGUF only (its HF files keep q/k rows in adjacent pairs; the MoE's names and keys are its own)
+    "ernie4_5": Family("ernie4_5", "Ernie4_5ForCausalLM", "ernie4_5"),
+    "ernie4_5_moe": Family("ernie4_5_moe", "Ernie4_5_MoeForCausalLM", "ernie4_5-moe"),
+    "olmoe": Family("olmoe", "OlmoeForCausalLM", "olmoe"),       # MoE: GGUF only
+    "seed_oss": Family("seed_oss", "SeedOssForCausalLM", "seed_oss"),
+    "arcee": Family("arcee", "ArceeForCausalLM", "arcee"),
+    "apertus": Family("apertus", "ApertusForCausalLM", "apertus"),     # GGUF only (its own HF norm names)
 }
 # GGUF architectures whose q/k rows keep the same RoPE layout as their HF files (DeepSeek's adjacent pairs)
-SAME_ROPE_LAYOUT_ARCHS = {"deepseek2", "glm4"}
+SAME_ROPE_LAYOUT_ARCHS = {"deepseek2", "glm4", "ernie4_5", "ernie4_5-moe"}
 FLOAT_TYPES = {"f32": QType.F32, "f16": QType.F16, "bf16": QType.BF16}
 HF_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
             "chat_template.json", "generation_config.json", "tokenizer.model")
@@ -101,7 +108,9 @@ _LAYER_LEAVES = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_ou
                  "attn_q_a", "attn_q_a_norm", "attn_q_b", "attn_kv_a_mqa", "attn_kv_a_norm", "attn_kv_b", "exp_probs_b",
                  # Gemma 3n's per-layer input, AltUp and LAuReL
                  "inp_gate", "proj", "post_norm", "altup_correct_coef", "altup_correct_scale", "altup_predict_coef",
-                 "altup_router", "altup_router_norm", "laurel_l", "laurel_r", "laurel_post_norm")
+                 "altup_router", "altup_router_norm", "laurel_l", "laurel_r", "laurel_post_norm",
+                 # Apertus' xIELU scalars (llama.cpp keeps them as keys: models/apertus.py)
+                 "xielu_alpha_p", "xielu_alpha_n", "xielu_beta", "xielu_eps")
 # leaves that may also have a `.bias`
 _BIASED = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
            "ssm_dt", "ssm_conv1d", "exp_probs_b")
@@ -246,7 +255,7 @@ def _fit_llama3(cfg: TransformerConfig, factors: np.ndarray) -> dict:
 
 
 def _cfg_dict(cfg: TransformerConfig) -> dict:
-    return {f.name: getattr(cfg, f.name) for f in fields(cfg)}
+    return {f.name: getattr(cfg, f.name) for f in fields(TransformerConfig)}    # a family's own fields left out
 
 
 # ---------------------------------------------------------------- configuration round-trip check
@@ -313,6 +322,8 @@ def hf_config(cfg: TransformerConfig, fam: Family, dtype: str) -> dict:
         out["rope_scaling"] = {**out.get("rope_scaling", {}), "type": "mrope", "mrope_section": list(cfg.rope_sections)}
     if cfg.activation == "gelu_tanh":
         out["hidden_activation"] = out["hidden_act"] = "gelu_pytorch_tanh"
+    elif cfg.activation == "relu2":
+        out["hidden_act"] = "relu2"
     else:
         out["hidden_act"] = "silu"
     if fam.hf_model_type in ("qwen2", "qwen3", "qwen2_5_vl"):
@@ -333,6 +344,8 @@ def hf_config(cfg: TransformerConfig, fam: Family, dtype: str) -> dict:
             out["sliding_window_pattern"] = period      # what transformers < 4.53 reads instead of layer_types
     if fam.hf_model_type == "smollm3":
         out["no_rope_layers"] = [int(r) for r in cfg.layer_rope]
+    if fam.hf_model_type == "seed_oss":
+        out["attention_out_bias"] = cfg.attn_out_bias
     if fam.hf_model_type == "granite":
         out.update(embedding_multiplier=cfg.embed_scale or 1.0, residual_multiplier=cfg.residual_scale,
                    attention_multiplier=cfg.scale(), logits_scaling=cfg.logit_scale)
@@ -369,9 +382,9 @@ def write_hf(src: ModelSource, out: Path, qtype: str | None = None) -> Path:
     if cfg.n_experts or cfg.recurrent or cfg.mla or getattr(cfg, "altup_inputs", 0):
         raise LlambdaError("a mixture-of-experts, hybrid, latent-attention or Gemma 3n model exports as GGUF only "
                            "(fmt='gguf')")
-    if fam.gguf_arch in ("glm4", "qwen3vl"):
-        raise LlambdaError(f"a {'GLM-4' if fam.gguf_arch == 'glm4' else 'Qwen3-VL'} model exports as GGUF only "
-                           "(fmt='gguf')")
+    gguf_only = {"glm4": "GLM-4", "qwen3vl": "Qwen3-VL", "ernie4_5": "ERNIE 4.5", "apertus": "Apertus"}
+    if fam.gguf_arch in gguf_only:
+        raise LlambdaError(f"a {gguf_only[fam.gguf_arch]} model exports as GGUF only (fmt='gguf')")
     want = None
     if qtype is not None:      # "" is no type either (it once meant "keep the source's")
         if str(qtype).lower() not in FLOAT_TYPES:
@@ -634,6 +647,10 @@ def write_gguf_file(src: ModelSource, out: Path, qtype: str | None = None, pure:
     tensors = _mla_tensors(cfg, _hybrid_tensors(cfg, _layout_tensors(src, to_interleaved=None if same_layout else
                                                                      arch in PERMUTED_GGUF_ARCHS)))
     meta = gguf_metadata(cfg, arch, src.name or src.path.stem)
+    as_keys = getattr(arch_module(arch), "gguf_export_tensors", None)    # tensors llama.cpp keeps as keys (Apertus')
+    if as_keys is not None:
+        tensors, keys = as_keys(cfg, tensors)
+        meta.update(keys)
     if getattr(cfg, "altup_inputs", 0):     # (its keys came with gguf_metadata's family hook)
         from ..models.gemma3n import gguf_tensors
         tensors = gguf_tensors(cfg, tensors)
