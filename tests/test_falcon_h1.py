@@ -393,3 +393,21 @@ def test_lora_adapters_are_refused(tmp_path):
     for base in (TINY / "falcon_h1", gg):
         with pytest.raises(AdapterError, match="not supported"):
             llambda.load(base, backend="numpy", n_ctx=32, lora=lora)
+
+
+def test_a_gguf_without_a_mixer_tensor_is_refused_by_name(tmp_path):
+    gg = export(TINY / "falcon_h1", tmp_path / "f.gguf", fmt="gguf")
+    with GGUFFile(gg) as f:
+        meta, types = dict(f.metadata), f.metadata_types
+        items = [(n, t.qtype, np.array(t.data).reshape(-1), tuple(t.shape)) for n, t in f.tensors.items()
+                 if n != "blk.1.ssm_in.weight"]
+    bad = tmp_path / "bad.gguf"
+    write_gguf(bad, meta, items, metadata_types=types)
+    with pytest.raises(ModelFormatError, match="blk.1.ssm_in.weight"):
+        llambda.load(bad, backend="numpy", n_ctx=32)
+
+
+def test_a_hugging_face_export_is_refused(tmp_path):
+    from llambda.errors import LlambdaError
+    with pytest.raises(LlambdaError, match="GGUF only"):
+        export(TINY / "falcon_h1", tmp_path / "hf", fmt="hf")
