@@ -151,7 +151,8 @@ def test_hf_to_gguf_gives_the_same_logits(folder, tmp_path):
     names = {t.name for t in r.tensors}
     last = h.config.n_layers - 1         # (qwen2_vl_vision's text model has one layer)
     assert "token_embd.weight" in names and ({f"blk.{last}.ffn_down.weight", f"blk.{last}.ffn_down_exps.weight"} & names)
-    assert ("output.weight" in names) == (not tied_in_config(folder))
+    # (Falcon-H1's tied head is the embeddings times another multiplier than theirs: written apart)
+    assert ("output.weight" in names) == (not tied_in_config(folder) or folder == "falcon_h1_nonorm")
     if folder == "phi3":
         assert "blk.0.attn_qkv.weight" in names and "blk.0.ffn_gate.weight" not in names
 

@@ -757,7 +757,8 @@ def test_copy_blocks():
 
 
 def ref_ssm_scan(xbc, dt, z, state, a_neg, dt_bias, d_skip, norm_w, eps, slots, pos, groups):
-    """float64, token by token from each slot's history: Mamba2's scan, D skip, silu(z) gate, group RMSNorm."""
+    """float64, token by token from each slot's history: Mamba2's scan, D skip, silu(z) gate, group RMSNorm
+    (none when norm_w is None)."""
     n_slots, H, N, P = state.shape
     S = state.astype(np.float64).copy()
     out = np.zeros((len(slots), H * P))
@@ -773,14 +774,17 @@ def ref_ssm_scan(xbc, dt, z, state, a_neg, dt_bias, d_skip, norm_w, eps, slots, 
             S[s, h] = np.exp(d * float(a_neg[h])) * S[s, h] + d * np.outer(B[g], x[h])
             zh = z[t, h * P:(h + 1) * P].astype(np.float64)
             out[t, h * P:(h + 1) * P] = (C[g] @ S[s, h] + float(d_skip[h]) * x[h]) * zh / (1 + np.exp(-zh))
-        y = out[t].reshape(groups, -1)
-        out[t] = (y / np.sqrt((y * y).mean(-1, keepdims=True) + eps)).reshape(-1) * norm_w
+        if norm_w is not None:
+            y = out[t].reshape(groups, -1)
+            out[t] = (y / np.sqrt((y * y).mean(-1, keepdims=True) + eps)).reshape(-1) * norm_w
     return out, S
 
 
+@pytest.mark.parametrize("normed", [True, False])
 @pytest.mark.parametrize("groups, heads, dstate, dhead", [(1, 4, 8, 16), (2, 8, 16, 5), (3, 3, 7, 33)])
-def test_ssm_scan(isa, groups, heads, dstate, dhead):
-    """Slots interleaved in one batch, one restarted at position 0 mid-batch, against float64 from history."""
+def test_ssm_scan(isa, groups, heads, dstate, dhead, normed):
+    """Slots interleaved in one batch, one restarted at position 0 mid-batch, against float64 from history;
+    with the gated group norm, or without (norm_w None: Falcon-H1's mamba_rms_norm false)."""
     from llambda.backends.native import NativeBackend
     from llambda.backends.numpy_ref import NumpyBackend
     r = rng(heads * dstate + dhead)
@@ -793,7 +797,7 @@ def test_ssm_scan(isa, groups, heads, dstate, dhead):
     state0 = r.standard_normal((n_slots, heads, dstate, dhead)).astype(F32)
     a_neg = -np.exp(r.uniform(-2, 0.5, heads)).astype(F32)
     dt_bias, d_skip = r.standard_normal(heads).astype(F32), r.standard_normal(heads).astype(F32)
-    norm_w = (1 + 0.1 * r.standard_normal(xd)).astype(F32)
+    norm_w = (1 + 0.1 * r.standard_normal(xd)).astype(F32) if normed else None
     want, want_state = ref_ssm_scan(xbc, dt, z, state0, a_neg, dt_bias, d_skip, norm_w, 1e-6, slots, pos, groups)
     for backend in (NumpyBackend(), NativeBackend(activations="f32")):
         state, taken = state0.copy(), np.array([4, 0, 7], np.int32)
@@ -856,6 +860,10 @@ def test_ssm_scan_refuses_bad_arguments():
                dict(taken=pos[:1], pos=pos), dict(state=state, out=state.reshape(-1)[:n * H * P].reshape(n, H * P))):
         with pytest.raises(ValueError, match="overlaps"):
             call(**kw)
+    # without the norm's weights (None: no norm) the written arrays are still told apart and named
+    with pytest.raises(ValueError, match="out overlaps slots"):
+        native.ssm_scan(xbc, dt, z, state, taken, vec, vec, vec, None, over.reshape(-1)[:n].view(np.int32), pos, over,
+                        n, G, H, N, P, 1, 1e-6)
     for kw, match in ((dict(pos=np.array([3, 4], np.int32)), "continue"),         # the state is now at 5
                       (dict(out=xbc.reshape(-1)[:n * H * P].reshape(n, H * P)), "overlaps"), (dict(groups=3), "multiple"),
                       (dict(state=np.zeros((1, H, N, P - 1), F32)), "state"), (dict(slots=np.array([0, 1], np.int32)),

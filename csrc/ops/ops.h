@@ -131,14 +131,15 @@ void llb_gated_delta(const struct llb_gated_delta_args *a);
 /* Mamba2's selective scan (ops/ssmscan.c), token by token in batch order, heads in parallel. xbc (n, H P + 2 G N):
  * x (H heads of P), B, C (G groups of N; head h reads group h / (H / G)); dt (n, H); z (n, H P); state
  * (n_slots, H, N, P), zeroed at position 0. d = softplus(dt + dt_bias[h]); S = exp(d a_neg[h]) S + d B x^T;
- * y = S^T C + d_skip[h] x; out = y silu(z), each of G groups of H P / G RMS-normed (eps), times norm_w. */
+ * y = S^T C + d_skip[h] x; out = y silu(z), each of G groups of H P / G RMS-normed (eps), times norm_w
+ * (norm_w NULL: no norm). */
 struct llb_ssm_scan_args {
     const float *xbc;          /* (n, H P + 2 G N): x, B, C */
     const float *dt, *z;       /* (n, H), (n, H P) */
     float *state;              /* (n_slots, H, N, P) */
     int32_t *state_pos;        /* (n_slots): tokens each slot's state has taken in */
     const float *a_neg, *dt_bias, *d_skip; /* (H) each */
-    const float *norm_w;       /* (H P) */
+    const float *norm_w;       /* (H P), or NULL */
     const int32_t *slots, *pos; /* (n) */
     float *out;                /* (n, H P) */
     long n, groups, heads, dstate, dhead, n_slots;

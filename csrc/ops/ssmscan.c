@@ -5,7 +5,7 @@
  * whatever the thread count. Per token and head h (group g = h / (H / G)):
  *   d = softplus(dt_h + dt_bias_h);  S = exp(d a_neg_h) S + d B_g x_h^T;  y = S^T C_g + D_h x_h;  y *= silu(z_h)
  * then per token each of the G groups of H P / G values y / sqrt(mean(y^2) + eps) * w (a second pass: a
- * group spans heads). */
+ * group spans heads), unless norm_w is NULL (no norm). */
 #include <math.h>
 #include <string.h>
 
@@ -65,7 +65,9 @@ void llb_ssm_scan(const struct llb_ssm_scan_args *a) {
     const int one = llb_pool_threads() == 1 || a->n * a->dstate * a->dhead * a->heads < 16384;
     if (one) head_range((void *)a, 0, a->heads, 0);
     else llb_parallel_for(head_range, (void *)a, a->heads, 1, LLB_POOL_MAX_THREADS);
-    if (one || a->n < 4) norm_range((void *)a, 0, a->n, 0);
-    else llb_parallel_for(norm_range, (void *)a, a->n, 1, LLB_POOL_MAX_THREADS);
+    if (a->norm_w) {
+        if (one || a->n < 4) norm_range((void *)a, 0, a->n, 0);
+        else llb_parallel_for(norm_range, (void *)a, a->n, 1, LLB_POOL_MAX_THREADS);
+    }
     for (long t = 0; t < a->n; t++) a->state_pos[a->slots[t]] = a->pos[t] + 1;
 }

@@ -498,22 +498,27 @@ static PyObject *py_ssm_scan(PyObject *self, PyObject *const *args, Py_ssize_t n
         {"norm_w", 0, LLB_ELEM_F32, H * (size_t)a.dhead, 1}, {"slots", 0, LLB_ELEM_I32, n, 0},
         {"pos", 0, LLB_ELEM_I32, n, 0}, {"out", 1, LLB_ELEM_F32, nv, 0}};
     void *ptr[12];
+    int spec_of[12], held = 0; /* the spec row of each acquired view (norm_w None acquires none) */
     struct llb_bufs h = OPS_BUFS;
-    for (int i = 0; i < 12; i++)
+    for (int i = 0; i < 12; i++) {
+        ptr[i] = NULL;
+        if (i == 8 && args[i] == Py_None) continue; /* norm_w None: no gated norm (Falcon-H1's mamba_rms_norm false) */
+        spec_of[held++] = i;
         if (!(ptr[i] = llb_arg_buf(&h, args[i], op, spec[i].name, spec[i].writable, spec[i].kind, spec[i].count,
                                    spec[i].exact))) {
             llb_bufs_release(&h);
             return NULL;
         }
+    }
     a.xbc = ptr[0], a.dt = ptr[1], a.z = ptr[2], a.state = ptr[3], a.state_pos = ptr[4], a.a_neg = ptr[5];
     a.dt_bias = ptr[6], a.d_skip = ptr[7], a.norm_w = ptr[8], a.slots = ptr[9], a.pos = ptr[10], a.out = ptr[11];
     /* out, state and state_pos are written while every other buffer is read (slots and pos index the
      * state: a write into them would move later writes off the buffer): none may share a byte with another */
-    static const int written[] = {3, 4, 11};
+    const int written[] = {3, 4, held - 1}; /* state, state_pos, out (the last view) */
     int w, o;
     if (llb_bufs_written_overlap(&h, written, 3, &w, &o)) {
         llb_bufs_release(&h);
-        return PyErr_Format(PyExc_ValueError, "%s: %s overlaps %s", op, spec[w].name, spec[o].name);
+        return PyErr_Format(PyExc_ValueError, "%s: %s overlaps %s", op, spec[spec_of[w]].name, spec[spec_of[o]].name);
     }
     return llb_bufs_call(&h, op, run_ssm_scan, check_ssm_scan, &a, sizeof a);
 }
@@ -893,7 +898,7 @@ PyMethodDef llb_ops_methods[] = {
     {"ssm_scan", FASTCALL(py_ssm_scan),
      "ssm_scan(xbc, dt, z, state, state_pos, a_neg, dt_bias, d_skip, norm_w, slots, pos, out, n, groups, heads,\n"
      "dstate, dhead, n_slots, eps): Mamba2's selective scan over each slot's (heads, dstate, dhead) state, then its\n"
-     "gated group RMSNorm."},
+     "gated group RMSNorm (norm_w None: none)."},
     {"gated_delta", FASTCALL(py_gated_delta),
      "gated_delta(qkv, ba, z, state, state_pos, a_neg, dt_bias, norm_w, slots, pos, out, n, hk, hv, dk, dv, n_slots,\n"
      "eps): Qwen3-Next's gated delta rule over each slot's (hv, dk, dv) state, then its gated RMSNorm."},

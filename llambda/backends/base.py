@@ -256,7 +256,7 @@ class Backend(ABC):
         B and C (G groups of N; head h reads group h // (H / G)); dt (n, H); z (n, H P); state
         (n_slots, H, N, P), zeroed at position 0. d = softplus(dt + dt_bias); S = exp(d a_neg) S + d B x^T;
         y = S^T C + d_skip x per head; out = y * silu(z), RMS-normed (eps) in G groups of H P / G, times
-        norm_w (H P,)."""
+        norm_w (H P,); norm_w None: out = y * silu(z), no norm."""
         raise NotImplementedError(f"the {self.name} backend has no Mamba2 layers")
 
     def sigmoid_mul(self, x: np.ndarray, gate: np.ndarray, out: np.ndarray) -> None:

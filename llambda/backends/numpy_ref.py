@@ -178,7 +178,11 @@ class NumpyBackend(Backend):
             state[s] = S
             state_pos[s] = pos[t] + 1
             y = (np.einsum("hnp,hn->hp", S, c) + d_skip[:, None] * x).reshape(-1)
-            y = (y * (z[t] / (1.0 + np.exp(-z[t])))).reshape(groups, -1)
+            y = y * (z[t] / (1.0 + np.exp(-z[t])))
+            if norm_w is None:           # no gated norm (Falcon-H1's mamba_rms_norm false)
+                out[t] = y
+                continue
+            y = y.reshape(groups, -1)
             out[t] = (y / np.sqrt((y * y).mean(-1, keepdims=True) + f32(eps))).reshape(-1) * norm_w
 
     def sigmoid_mul(self, x, gate, out) -> None:

@@ -322,6 +322,9 @@ def open_hf_dir(path: Path) -> ModelSource:
             config.attn_out_bias = True          # transformers' Llama family: o_proj has attention_bias too
         if any(n.endswith("attn_sinks.weight") for n in tensors):
             config.attn_sinks = True
+        fold = getattr(module, "hf_tensors", None)     # a family's tensors as its GGUF holds them (Falcon-H1's
+        if fold is not None:                            # multipliers folded in)
+            tensors = fold(cfg_dict, config, tensors)
         tok, tok_err = _tokenizer(path)
         tok_cfg_path = path / "tokenizer_config.json"
         tok_cfg = read_json(tok_cfg_path, "tokenizer_config.json") if tok_cfg_path.is_file() else None

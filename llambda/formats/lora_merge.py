@@ -79,11 +79,15 @@ def check_adapters(adapters: list[LoraAdapter], src: ModelSource) -> None:
     # the base file's q/k rows: GGUF-llama's permuted order in a GGUF file of those architectures, the
     # checkpoint's own order otherwise (HF's, which a PEFT adapter shares: DeepSeek's interleaved rows too)
     base_permuted = src.format == "gguf" and arch in PERMUTED_GGUF_ARCHS
+    from ..models import ARCHITECTURES, arch_module
+    refused = getattr(arch_module(arch), "LORA_REFUSED", None) if arch in ARCHITECTURES else None
     for ad in adapters:
         where = f"LoRA adapter {ad.path}"
         ad.permute_qk = ad.interleaved != base_permuted
         if ad.arch is not None and _family(ad.arch) != _family(arch):
             raise AdapterError(f"{where} is for architecture {ad.arch!r}, the model is {arch!r}")
+        if refused:          # a family whose weights an adapter's updates do not add to as they are (Falcon-H1's)
+            raise AdapterError(f"{where}: LoRA adapters on a {arch!r} model are not supported ({refused})")
         for name, pair in ad.pairs.items():
             t = src.tensor(name)
             if t is None:

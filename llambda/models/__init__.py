@@ -69,6 +69,8 @@ ARCHITECTURES = {
     "hunyuan-dense": "hunyuan",
     "ministral3": "ministral3",
     "mistral3": "ministral3",      # llama.cpp's name, and HF's Mistral 3 composite (its text model)
+    "falcon_h1": "falcon_h1",
+    "falcon-h1": "falcon_h1",
 }
 
 # Encoders (embedding models, cross-encoders): their own config and forward, not TransformerConfig

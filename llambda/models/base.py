@@ -20,7 +20,8 @@ from .. import switches
 from ..errors import ContextOverflowError, InvalidInputError, ModelFormatError
 from ..formats.weights import WeightTensor
 from .closable import Closable
-from .config import RELU2_SCALARS, UNGATED_ACTIVATIONS, TransformerConfig, xielu_scalars
+from .config import (ATTENTION_KINDS, MAMBA2_KINDS, RELU2_SCALARS, UNGATED_ACTIVATIONS, TransformerConfig,
+                     xielu_scalars)
 from .mla import LatentAttention, MLAWeights, add_workspace_specs, mla_compressed
 from .row_groups import grouped_rows
 
@@ -50,7 +51,8 @@ class LayerWeights:
     sinks: np.ndarray | None = None   # a sink logit per head (GPT-OSS)
     conv: "ShortConvWeights | None" = None   # a short-conv layer (LFM2): set instead of wq/wk/wv/wo
     delta: "DeltaNetWeights | None" = None   # a gated delta-net layer (Qwen3-Next): the same
-    mamba: "Mamba2Weights | None" = None     # a Mamba2 layer (Granite 4): the same
+    mamba: "Mamba2Weights | None" = None     # a Mamba2 layer (Granite 4): the same; beside wq/wk/wv/wo in a
+                                             # Falcon-H1 layer (attn_mamba2), both reading the same normed input
     wq_gate: object = None            # attention output gate rows (Qwen3-Next): out *= sigmoid(h . wq_gate)
     mla: "MLAWeights | None" = None   # latent attention (DeepSeek): set instead of wq/wk/wv (wo stays)
     act: tuple | None = None          # an MLP without a gate (w_gate None): the xielu op's scalars (config.py)
@@ -88,11 +90,11 @@ class Mamba2Weights:
     in_xbc: object                  # (H P + 2 G N, d_model): x, then B and C of every group
     in_dt: object                   # (H, d_model)
     kernel: np.ndarray              # (H P + 2 G N, L) float32: the convolution
-    conv_bias: np.ndarray           # (H P + 2 G N,)
+    conv_bias: np.ndarray | None    # (H P + 2 G N,); None without (Falcon-H1's mamba_conv_bias false)
     a_neg: np.ndarray               # (H,): -exp(A_log)
     dt_bias: np.ndarray             # (H,)
     d_skip: np.ndarray              # (H,): D
-    norm: np.ndarray                # (H P,): the gated group norm's weight
+    norm: np.ndarray | None         # (H P,): the gated group norm's weight; None: no norm (cfg.mamba_norm)
     out_proj: object                # (d_model, H P)
 
 
@@ -154,10 +156,12 @@ class Workspace:
             c, vd = 2 * cfg.ssm_k_heads * cfg.ssm_k_dim + cfg.ssm_v_heads * cfg.ssm_v_dim, cfg.ssm_v_heads * cfg.ssm_v_dim
             self.specs.update({"dqkv": ((t, c), f32), "dconv": ((t, c), f32), "dz": ((t, vd), f32),
                                "dba": ((t, 2 * cfg.ssm_v_heads), f32), "dout": ((t, vd), f32)})
-        if "mamba2" in cfg.layer_kinds:
+        if any(k in cfg.layer_kinds for k in MAMBA2_KINDS):
             c, xd = cfg.ssm_v_heads * cfg.ssm_v_dim + 2 * cfg.ssm_k_heads * cfg.ssm_k_dim, cfg.ssm_v_heads * cfg.ssm_v_dim
             self.specs.update({"mxbc": ((t, c), f32), "mconv": ((t, c), f32), "mz": ((t, xd), f32),
                                "mdt": ((t, cfg.ssm_v_heads), f32), "mout": ((t, xd), f32)})
+        if "attn_mamba2" in cfg.layer_kinds:      # the attention's output, held while the mixer runs
+            self.specs["par"] = ((t, cfg.d_model), f32)
         if cfg.attn_out_gate:
             self.specs["qgate"] = ((t, cfg.q_dim), f32)
         if cfg.mla:
@@ -221,7 +225,7 @@ def recurrent_state_specs(cfg: TransformerConfig, n_slots: int) -> tuple[list[in
     (the layers with a convolution window; those with a per-head matrix, (heads, dk, dv) for a delta net,
     (heads, N, P) for Mamba2) and the arrays' (shape, dtype) by name."""
     conv = [i for i, kind in enumerate(cfg.layer_kinds) if kind != "attention"]
-    delta = [i for i, kind in enumerate(cfg.layer_kinds) if kind in ("deltanet", "mamba2")]
+    delta = [i for i, kind in enumerate(cfg.layer_kinds) if kind == "deltanet" or kind in MAMBA2_KINDS]
     width = {i: cfg.d_model if cfg.layer_kinds[i] == "shortconv" else
              2 * cfg.ssm_k_heads * cfg.ssm_k_dim + cfg.ssm_v_heads * cfg.ssm_v_dim for i in conv}
     state = {f"conv_state{i}": ((n_slots, cfg.conv_kernel - 1, width[i]), np.float32) for i in conv}
@@ -462,9 +466,10 @@ class Transformer(Closable, LatentAttention):
             else:
                 a_neg = (-np.exp(vector(p + "ssm_a_log.weight", H))).astype(np.float32)
             return Mamba2Weights(in_z=z, in_xbc=xbc, in_dt=dt, kernel=conv_kernel(p + "ssm_conv1d.weight", c),
-                                 conv_bias=vector(p + "ssm_conv1d.bias", c), a_neg=a_neg,
-                                 dt_bias=vector(p + "ssm_dt.bias", H), d_skip=flat(p + "ssm_d.weight", H),
-                                 norm=flat(p + "ssm_norm.weight", xd), out_proj=matrix(p + "ssm_out.weight", d, xd))
+                                 conv_bias=vector(p + "ssm_conv1d.bias", c) if cfg.mamba_conv_bias else None,
+                                 a_neg=a_neg, dt_bias=vector(p + "ssm_dt.bias", H), d_skip=flat(p + "ssm_d.weight", H),
+                                 norm=flat(p + "ssm_norm.weight", xd) if cfg.mamba_norm else None,
+                                 out_proj=matrix(p + "ssm_out.weight", d, xd))
 
         def act_scalars(p: str) -> tuple | None:
             """An ungated MLP's activation as the xielu op's scalars: ReLU^2's, or the layer's xIELU tensors'."""
@@ -507,7 +512,7 @@ class Transformer(Closable, LatentAttention):
                     w_down=None if moe else matrix(p + "ffn_down.weight", d, cfg.ffn_dim),
                     moe=moe_weights(p) if moe else None))
                 continue
-            if cfg.layer_kinds[i] != "attention":
+            if cfg.layer_kinds[i] not in ATTENTION_KINDS:
                 kind = cfg.layer_kinds[i]
                 moe = is_moe(i)
                 self.layers.append(LayerWeights(
@@ -557,6 +562,7 @@ class Transformer(Closable, LatentAttention):
                         vector(p + "attn_k_norm.weight", kn, off)) if cfg.qk_norm else None,
                 post_attn_norm=vector(p + "post_attention_norm.weight", d, off) if post else None,
                 post_ffn_norm=vector(p + "post_ffw_norm.weight", d, off) if post else None,
+                mamba=mamba2(p) if cfg.layer_kinds[i] == "attn_mamba2" else None,
             ))
         B.end_load()
 
@@ -727,6 +733,8 @@ class Transformer(Closable, LatentAttention):
         for i, layer in enumerate(self.layers):
             if layer.conv is not None:
                 self._short_conv_block(i, layer, x, slot, p)
+            elif layer.mamba is not None and layer.wq is not None:
+                self._attn_mamba_block(i, layer, x, slot, p)
             elif layer.delta is not None or layer.mamba is not None:
                 self._ssm_block(i, layer, x, slot, p)
             elif layer.mla is not None:
@@ -818,10 +826,12 @@ class Transformer(Closable, LatentAttention):
             return common
         return at if 0 <= at <= common else 0
 
-    def _attention_block(self, i: int, L: LayerWeights, x, slot, p) -> None:
+    def _attention_block(self, i: int, L: LayerWeights, x, slot, p, out=None) -> None:
+        """x += attention(norm(x)); with `out`, the attention's output is left there instead, x unchanged."""
         cfg, B, ws = self.cfg, self.backend, self.ws
         n = len(x)
-        h, q, k, v, attn, proj = ws.h[:n], ws.q[:n], ws.k[:n], ws.v[:n], ws.attn[:n], ws.proj[:n]
+        h, q, k, v, attn = ws.h[:n], ws.q[:n], ws.k[:n], ws.v[:n], ws.attn[:n]
+        proj = ws.proj[:n] if out is None else out
         h = self._pre_norm(x, L.attn_norm, h, L.attn_norm_b)
         q2, k2, v2 = q.reshape(n, -1), k.reshape(n, -1), v.reshape(n, -1)
         B.matmul_many(h, (L.wq, L.wk, L.wv), (q2, k2, v2))
@@ -863,7 +873,15 @@ class Transformer(Closable, LatentAttention):
             B.add_rows(proj, L.bo, proj)
         if L.post_attn_norm is not None:
             self._norm(proj, L.post_attn_norm, None, proj)
-        self._residual_add(x, proj)
+        if out is None:
+            self._residual_add(x, proj)
+
+    def _attn_mamba_block(self, i: int, L: LayerWeights, x, slot, p) -> None:
+        """Falcon-H1: attention and the Mamba2 mixer both read norm(x) (the same x), x += both outputs."""
+        par = self.ws.par[:len(x)]
+        self._attention_block(i, L, x, slot, p, out=par)
+        self._ssm_block(i, L, x, slot, p)
+        self._residual_add(x, par)
 
     def _qk_norm(self, L: LayerWeights, q, k) -> None:
         """q and k normed in place: per head, (OLMo 2) over all heads at once, or (Cohere) per head with each

@@ -32,8 +32,12 @@ SIZE_LIMITS = {
 # depthwise convolution whose last conv_kernel - 1 inputs are a per-sequence state), or Qwen3-Next's
 # gated delta net (a convolution, then linear attention whose per-head dk x dv matrix is the state), or
 # Mamba2 (Granite 4: a convolution with a bias, then a selective scan whose per-head N x P matrix is the
-# state; ssm_k_heads / ssm_k_dim are its groups and state size, ssm_v_heads / ssm_v_dim its heads and head size).
-LAYER_KINDS = ("attention", "shortconv", "deltanet", "mamba2")
+# state; ssm_k_heads / ssm_k_dim are its groups and state size, ssm_v_heads / ssm_v_dim its heads and head size),
+# or attention and Mamba2 side by side on the same normed input, their outputs summed (Falcon-H1: attn_mamba2).
+LAYER_KINDS = ("attention", "shortconv", "deltanet", "mamba2", "attn_mamba2")
+# The kinds that run a Mamba2 mixer, and those that keep keys and values
+MAMBA2_KINDS = ("mamba2", "attn_mamba2")
+ATTENTION_KINDS = ("attention", "attn_mamba2")
 # How a mixture-of-experts router turns logits into the k weights: a softmax over every expert,
 # then the k largest (Qwen-MoE, Mixtral, DeepSeek-V2), the k largest logits, then a softmax over those
 # (GPT-OSS), or a sigmoid per expert, then the k largest (DeepSeek-V3). The first and the last may choose
@@ -222,6 +226,8 @@ class TransformerConfig:
     ssm_k_dim: int = 0                      # and their sizes
     ssm_v_dim: int = 0
     attn_out_gate: bool = False             # attention output times sigmoid(a gate projection) (Qwen3-Next)
+    mamba_norm: bool = True                 # Mamba2's gated group norm (False: its output is y * silu(z), Falcon-H1)
+    mamba_conv_bias: bool = True            # Mamba2's convolution has a bias
     # GPT-OSS attention
     attn_out_bias: bool = False             # a bias on the attention output projection
     attn_sinks: bool = False                # a learned logit per head joins each softmax (no value)
@@ -264,7 +270,7 @@ class TransformerConfig:
 
     def cache_layers(self) -> list[int]:
         """The layers that keep keys and values of their own: attention layers not sharing another's."""
-        return [i for i, kind in enumerate(self.layer_kinds) if kind == "attention" and self.kv_source(i) == i]
+        return [i for i, kind in enumerate(self.layer_kinds) if kind in ATTENTION_KINDS and self.kv_source(i) == i]
 
     def kv_source(self, i: int) -> int:
         """The layer whose keys and values layer i attends over: i itself, or for one of the last
@@ -447,9 +453,9 @@ class TransformerConfig:
         conv = [k for k in self.layer_kinds if k != "attention"]
         if conv and self.conv_kernel < 2:
             raise ModelFormatError(f"{conv[0]} layers need a convolution kernel of at least 2, got {self.conv_kernel}")
-        for kind, what, parts in (("deltanet", "delta-net", ("value heads", "key heads")),
-                                  ("mamba2", "Mamba2", ("heads", "groups"))):
-            if kind not in self.layer_kinds:
+        for kinds, what, parts in ((("deltanet",), "delta-net", ("value heads", "key heads")),
+                                   (MAMBA2_KINDS, "Mamba2", ("heads", "groups"))):
+            if not any(k in self.layer_kinds for k in kinds):
                 continue
             if min(self.ssm_k_heads, self.ssm_v_heads, self.ssm_k_dim, self.ssm_v_dim) < 1:
                 raise ModelFormatError(f"{what} layers need their head counts and sizes")

@@ -37,7 +37,7 @@ from ..formats.rope_rows import PERMUTED_GGUF_ARCHS, rope_permutation
 from ..formats.source import ModelSource
 from ..formats.weights import WeightTensor
 from ..models import arch_module
-from ..models.config import TransformerConfig
+from ..models.config import MAMBA2_KINDS, TransformerConfig
 from .quant_mix import FILE_TYPE_IDS, file_type, tensor_types
 
 
@@ -76,6 +76,7 @@ FAMILIES = {
     "lfm2": Family("lfm2", "Lfm2ForCausalLM", "lfm2"),
     "qwen3next": Family("qwen3_next", "Qwen3NextForCausalLM", "qwen3next"),
     "granitehybrid": Family("granitemoehybrid", "GraniteMoeHybridForCausalLM", "granitehybrid"),
+    "falcon_h1": Family("falcon_h1", "FalconH1ForCausalLM", "falcon-h1"),     # its multipliers folded in
     # latent attention: GGUF only too
     "deepseek2": Family("deepseek_v2", "DeepseekV2ForCausalLM", "deepseek2"),
     # GLM: GGUF only (write_hf refuses them: HF's own norm names and fused gate_up are not written)
@@ -280,7 +281,8 @@ _CHECKED = ("vocab_size", "n_layers", "d_model", "n_heads", "n_kv_heads", "head_
             "q_lora_rank", "kv_lora_rank", "qk_nope_dim", "v_head_dim", "moe_groups", "moe_groups_used", "moe_group_top",
             "moe_scale", "moe_layers", "rope_sections", "rope_interleaved", "deepstack_levels", "norm_kind", "norm_bias",
             "qk_norm_heads", "parallel_block", "ffn_gated", "ffn_bias",
-            "attn_temp_scale", "attn_temp_length")
+            "attn_temp_scale", "attn_temp_length", "mamba_norm",
+            "mamba_conv_bias")
 
 
 def _check_same(a: TransformerConfig, b: TransformerConfig, what: str, a_factors=None, b_factors=None) -> None:
@@ -607,7 +609,7 @@ def _hybrid_tensors(cfg: TransformerConfig, tensors: dict) -> dict:
     for name, t in tensors.items():
         leaf = name.split(".", 2)[2] if name.startswith("blk.") else ""
         p = name[:-len(leaf)]
-        mamba = "mamba2" in cfg.layer_kinds
+        mamba = any(k in cfg.layer_kinds for k in MAMBA2_KINDS)
         if mamba and leaf in ("ssm_a_log.weight", "ssm_a.weight", "ssm_d.weight"):
             v = t.to_float32().reshape(-1, 1)
             out[p + leaf.split(".")[0].replace("_log", "")] = WeightTensor.from_float(
