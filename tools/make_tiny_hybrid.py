@@ -209,7 +209,8 @@ def make(folder: str, out: Path) -> None:
     cfg_json = json.loads((dest / "config.json").read_text())
 
     inputs = reference_inputs(model)
-    rotary = getattr(model.model, "rotary_emb", None)      # None: no RoPE anywhere (Granite 4's "nope")
+    # None: no RoPE anywhere (Granite 4's "nope"); a spec's "base" names a decoder not at .model (GPT-NeoX's)
+    rotary = getattr(getattr(model, spec.get("base", "model")), "rotary_emb", None)
     ref = {
         "folder": folder, "model_class": spec["class"], "transformers_version": transformers.__version__,
         "torch_version": torch.__version__, "weights_dtype": "float32", "compute_dtype": "float32",

@@ -116,6 +116,19 @@ def text_config(cfg: dict) -> dict:
     return cfg
 
 
+def _prefixes(arch: str) -> tuple:
+    """A family's (its HF prefix, the shared one) pairs: GPT-NeoX's `gpt_neox.layers.` for `model.layers.`."""
+    from ..models import ARCHITECTURES
+    return getattr(arch_module(arch), "HF_PREFIXES", ()) if arch in ARCHITECTURES else ()
+
+
+def _shared_prefix(name: str, prefixes: tuple) -> str:
+    for own, shared in prefixes:
+        if name.startswith(own):
+            return shared + name[len(own):]
+    return name
+
+
 def name_tables(post_norms: bool, arch: str = "") -> tuple[dict[str, str], dict[str, str]]:
     """(per-layer HF suffix -> canonical suffix, top-level HF name -> canonical name) of a family: its own
     names (LFM2's) over the shared ones."""
@@ -145,7 +158,7 @@ def canonical_name(name: str, n_layers: int, post_norms: bool, arch: str = "") -
     """The canonical name of one plain HF tensor name (a layer's or a top-level one), None where it has
     none here (an expert's, an unknown or out-of-range layer tensor, a vision tower's)."""
     per_layer, global_names = name_tables(post_norms, arch)
-    name = text_name(name)
+    name = _shared_prefix(text_name(name), _prefixes(arch))
     if name in global_names:
         return global_names[name]
     m = _LAYER_RE.fullmatch(name)
@@ -169,7 +182,8 @@ def hf_names(canon: str, post_norms: bool, arch: str = "") -> list[str]:
         # the per-expert layouts checkpoints use: Mixtral's w1/w2/w3 under block_sparse_moe
         names += [f"{layer}{'block_sparse_moe' if k[0] == 'w' else 'mlp'}.experts.N.{k}.weight"
                   for k, part in EXPERT_PART.items() if leaf == f"ffn_{part}_exps.weight"]
-    return names
+    back = [(shared, own) for own, shared in _prefixes(arch)]
+    return [_shared_prefix(n, back) for n in names]
 
 
 def canonical_tensors(hf_tensors: dict, n_layers: int, post_norms: bool, arch: str = "", extra_layers: int = 0,
@@ -184,6 +198,7 @@ def canonical_tensors(hf_tensors: dict, n_layers: int, post_norms: bool, arch: s
     the `extra_layers` layers past the decoder's (DeepSeek-V3's multi-token-prediction layers).
     """
     per_layer, global_names = name_tables(post_norms, arch)
+    prefixes = _prefixes(arch)
     out, experts, mxfp4 = {}, ExpertStacks(), {}
 
     def put(canon: str, t, name: str) -> None:
@@ -198,7 +213,7 @@ def canonical_tensors(hf_tensors: dict, n_layers: int, post_norms: bool, arch: s
         if name in global_names:
             put(global_names[name], t, name)
             continue
-        m = _LAYER_RE.fullmatch(name)
+        m = _LAYER_RE.fullmatch(_shared_prefix(name, prefixes))
         if not m:
             continue
         i, suffix = _layer_number(m.group(1)), m.group(2)

@@ -71,6 +71,13 @@ ARCHITECTURES = {
     "mistral3": "ministral3",      # llama.cpp's name, and HF's Mistral 3 composite (its text model)
     "falcon_h1": "falcon_h1",
     "falcon-h1": "falcon_h1",
+    "gemma": "gemma",
+    "phi": "phi",
+    "phi2": "phi",                 # llama.cpp's name of Phi-1 / 1.5 / 2
+    "stablelm": "stablelm",
+    "gpt_neox": "gpt_neox",
+    "gptneox": "gpt_neox",         # llama.cpp's name
+    "nemotron": "nemotron",
 }
 
 # Encoders (embedding models, cross-encoders): their own config and forward, not TransformerConfig

@@ -160,8 +160,8 @@ class Workspace:
             c, xd = cfg.ssm_v_heads * cfg.ssm_v_dim + 2 * cfg.ssm_k_heads * cfg.ssm_k_dim, cfg.ssm_v_heads * cfg.ssm_v_dim
             self.specs.update({"mxbc": ((t, c), f32), "mconv": ((t, c), f32), "mz": ((t, xd), f32),
                                "mdt": ((t, cfg.ssm_v_heads), f32), "mout": ((t, xd), f32)})
-        if "attn_mamba2" in cfg.layer_kinds:      # the attention's output, held while the mixer runs
-            self.specs["par"] = ((t, cfg.d_model), f32)
+        if "attn_mamba2" in cfg.layer_kinds or cfg.parallel_ffn_norm:   # the attention's output, held while the
+            self.specs["par"] = ((t, cfg.d_model), f32)                   # mixer (or GPT-NeoX's parallel MLP) runs
         if cfg.attn_out_gate:
             self.specs["qgate"] = ((t, cfg.q_dim), f32)
         if cfg.mla:
@@ -203,6 +203,8 @@ def unfused_lookup(get: TensorLookup, cfg: TransformerConfig) -> TensorLookup:
     (Phi-3: `attn_qkv` holds q, k, v rows; `ffn_up`, 2*ffn_dim tall, holds gate rows then up rows)."""
     def lookup(name: str) -> WeightTensor | None:
         t = get(name)
+        if t is None and name.endswith((".attn_q.bias", ".attn_k.bias", ".attn_v.bias")):
+            return _fused_bias(get, cfg, name)
         if not name.endswith(".weight"):
             return t
         layer, _, leaf = name[:-len(".weight")].rpartition(".")
@@ -218,6 +220,20 @@ def unfused_lookup(get: TensorLookup, cfg: TransformerConfig) -> TensorLookup:
         return t
 
     return lookup
+
+
+def _fused_bias(get: TensorLookup, cfg: TransformerConfig, name: str) -> WeightTensor | None:
+    """q, k or v's part of a fused `attn_qkv.bias` (GPT-NeoX's GGUF: q, k, v in that order), or None without one."""
+    layer, _, leaf = name[:-len(".bias")].rpartition(".")
+    fused = get(f"{layer}.attn_qkv.bias")
+    if fused is None:
+        return None
+    v = fused.to_float32().reshape(-1)
+    if v.size != cfg.q_dim + 2 * cfg.kv_dim:
+        raise ModelFormatError(f"tensor {fused.name!r} has {v.size} values, expected {cfg.q_dim + 2 * cfg.kv_dim} "
+                               "(q, k and v biases)")
+    start = {"attn_q": 0, "attn_k": cfg.q_dim, "attn_v": cfg.q_dim + cfg.kv_dim}[leaf]
+    return WeightTensor.from_float(fused.name, v[start:start + (cfg.q_dim if leaf == "attn_q" else cfg.kv_dim)])
 
 
 def recurrent_state_specs(cfg: TransformerConfig, n_slots: int) -> tuple[list[int], list[int], dict]:
@@ -298,8 +314,9 @@ class Transformer(Closable, LatentAttention):
         """An ungated MLP's activation runs as act_mul(u, ones): ws.up, which only a gated MLP writes, holds
         the ones (set once here; no op writes it in such a model)."""
         self._ones = None
-        if any(getattr(L, "w_gate", 0) is None and getattr(L, "moe", 0) is None and getattr(L, "w_up", None) is not None
-               and getattr(L, "act", None) is None for L in self.layers):
+        if self.cfg.activation != "gelu_erf" and any(       # (gelu_erf runs in place: no ones)
+                getattr(L, "w_gate", 0) is None and getattr(L, "moe", 0) is None
+                and getattr(L, "w_up", None) is not None and getattr(L, "act", None) is None for L in self.layers):
             self.ws.up[...] = 1.0
             self._ones = self.ws.up
 
@@ -354,6 +371,7 @@ class Transformer(Closable, LatentAttention):
         self.output = self.tok_embd if (out is None and cfg.tie_embeddings) else matrix("output.weight", cfg.vocab_size, d)
         self.output_norm = vector("output_norm.weight", d, off)
         self.output_norm_b = vector("output_norm.bias", d) if cfg.norm_bias else None
+        self.output_b = vector("output.bias", cfg.vocab_size) if cfg.output_bias else None    # Phi-2's lm_head bias
         # LayerNorm without a bias adds these zeros; per-head q/k norm weights (Cohere) multiply the heads
         # normed with unit weights
         self._zeros = {n: np.zeros(n, np.float32) for n in {d, cfg.head_dim, cfg.q_dim, cfg.kv_dim}}
@@ -739,9 +757,11 @@ class Transformer(Closable, LatentAttention):
                 self._ssm_block(i, layer, x, slot, p)
             elif layer.mla is not None:
                 self._mla_attention(i, layer, x, slot, p)
-            else:
-                self._attention_block(i, layer, x, slot, p)
+            else:                           # GPT-NeoX's parallel residual: the MLP reads x too, before the attention
+                self._attention_block(i, layer, x, slot, p, out=self.ws.par[:n] if self.cfg.parallel_ffn_norm else None)
             self._ffn_block(layer, x)
+            if self.cfg.parallel_ffn_norm:
+                self._residual_add(x, self.ws.par[:n])
             if i < deep:                   # DeepStack: level i's columns added to the image rows' hidden states
                 for r0, rows, _ in self._images.spans:
                     x[r0:r0 + len(rows)] += rows[:, d * (i + 1):d * (i + 2)]
@@ -970,16 +990,19 @@ class Transformer(Closable, LatentAttention):
     def _mlp(self, h, w_gate, w_up, w_down, gate, up, out, act: tuple | None = None, b_up=None, b_down=None) -> None:
         """out = down(act(gate(h)) * up(h)): the dense MLP (also an MoE layer's shared expert); without a gate,
         down(act(up(h))): Arcee's ReLU^2 and Apertus' xIELU through the xielu op with scalars `act`, StarCoder2's
-        GELU as act_mul(u, 1); with the up/down biases where the model has them."""
+        GELU as act_mul(u, 1), GPT-NeoX's exact GELU by the gelu_erf op; with the up/down biases where the model
+        has them."""
         cfg, B = self.cfg, self.backend
         if w_gate is None:
             B.matmul(h, w_up, gate)
             if b_up is not None:
                 B.add_rows(gate, b_up, gate)
-            up = None if act is not None else self._ones[:len(h)]   # ws.up holds ones there (see _fill_ones)
+            up = None if act is not None or cfg.activation == "gelu_erf" else self._ones[:len(h)]   # (_fill_ones)
         else:
             B.matmul_many(h, (w_gate, w_up), (gate, up))
-        if up is None:
+        if w_gate is None and cfg.activation == "gelu_erf":     # GPT-NeoX's exact GELU
+            B.gelu_erf(gate)
+        elif up is None:
             B.xielu(gate, *act)
         elif cfg.activation == "silu":
             B.silu_mul(gate, up, gate)
@@ -1062,6 +1085,8 @@ class Transformer(Closable, LatentAttention):
         last = self.ws.last[:len(h)]
         self._norm(h, self.output_norm, self.output_norm_b, last)
         B.matmul(last, self.output, logits)
+        if self.output_b is not None:
+            B.add_rows(logits, self.output_b, logits)
         if cfg.logit_scale != 1.0:               # Granite divides its logits
             B.scale(logits, 1.0 / cfg.logit_scale)
         if cfg.final_softcap:

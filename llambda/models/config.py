@@ -46,9 +46,11 @@ ATTENTION_KINDS = ("attention", "attn_mamba2")
 MOE_ROUTINGS = ("softmax_topk", "topk_softmax", "sigmoid_topk")
 # The experts' gated activation: SiLU(gate) * up, or GPT-OSS's clamped (up + 1) * gate * sigmoid(alpha gate).
 MOE_ACTIVATIONS = ("silu", "swiglu_oai")
-# Activations of an MLP without a gate, down(act(up(x))): Arcee's ReLU^2 and Apertus' xIELU (its per-layer scalars
-# are tensors: models/apertus.py). A gated MLP's, act(gate(x)) * up(x), are SiLU and tanh-GELU.
-UNGATED_ACTIVATIONS = ("relu2", "xielu")
+# Activations of an MLP without a gate, down(act(up(x))): Arcee's ReLU^2, Apertus' xIELU (its per-layer scalars
+# are tensors: models/apertus.py) and GPT-NeoX's exact GELU, 0.5 x (1 + erf(x / sqrt 2)) (`gelu_erf`; StarCoder2's
+# and Phi-2's tanh GELU is `gelu_tanh` with ffn_gated False). A gated MLP's, act(gate(x)) * up(x), are SiLU and
+# tanh-GELU.
+UNGATED_ACTIVATIONS = ("relu2", "xielu", "gelu_erf")
 # The backend's xielu op's scalars (alpha_p, alpha_n, beta, eps) that make it ReLU^2
 RELU2_SCALARS = (1.0, 0.0, 0.0, 0.0)
 
@@ -179,6 +181,10 @@ class TransformerConfig:
                                             # x += attn + mlp (Cohere): no ffn_norm
     ffn_gated: bool = True                  # False: the dense MLP is down(act(up(h))), no gate (StarCoder2)
     ffn_bias: bool = False                  # biases on the dense MLP's up and down, always in the checkpoint
+    parallel_ffn_norm: bool = False         # attention and MLP both read x, each through its own norm, and
+                                            # x += attn + mlp (GPT-NeoX's parallel residual): two norms, unlike
+                                            # parallel_block's one
+    output_bias: bool = False               # the head (lm_head) has a bias, always in the checkpoint (Phi-2)
     norm_offset: float = 0.0                # added to stored norm weights at load (HF Gemma stores w-1)
     embed_scale: float | None = None        # embeddings multiplied by this (Gemma: sqrt(d_model))
     attn_scale: float | None = None         # default 1/sqrt(head_dim)
@@ -369,7 +375,8 @@ class TransformerConfig:
         """The norm kind and the block's shape flags (Cohere's parallel block, StarCoder2's ungated MLP)."""
         if self.norm_kind not in NORM_KINDS:
             raise ModelFormatError(f"unsupported norm kind {self.norm_kind!r} (supported: {', '.join(NORM_KINDS)})"[:200])
-        for name in ("norm_bias", "qk_norm_heads", "parallel_block", "ffn_gated", "ffn_bias"):
+        for name in ("norm_bias", "qk_norm_heads", "parallel_block", "ffn_gated", "ffn_bias", "parallel_ffn_norm",
+                     "output_bias"):
             if not isinstance(getattr(self, name), bool):
                 raise ModelFormatError(f"config {name} should be true or false, got {getattr(self, name)!r}"[:200])
         if self.norm_bias and self.norm_kind != "layer":
@@ -379,6 +386,10 @@ class TransformerConfig:
         if self.parallel_block and (not self.pre_norms or self.post_norms or self.mla or self.recurrent):
             raise ModelFormatError("a parallel block (attention and MLP on one norm) takes pre-norms only, on "
                                    "attention layers")
+        if self.parallel_ffn_norm and (self.parallel_block or not self.pre_norms or self.post_norms or self.mla
+                                       or self.recurrent):
+            raise ModelFormatError("a parallel residual with two norms (GPT-NeoX) takes pre-norms only, on attention "
+                                   "layers, and is not also a one-norm parallel block")
         if (self.norm_bias or self.ffn_bias or not self.ffn_gated) and (self.mla or self.recurrent):
             raise ModelFormatError("norm biases and an ungated or biased MLP are read on plain attention layers only")
 

@@ -100,6 +100,12 @@ FAMILIES = {
     "hunyuan": Family("hunyuan_v1_dense", "HunYuanDenseV1ForCausalLM", "hunyuan-dense"),
     # Ministral 3 (query temperature): GGUF only (write_hf does not write llama_4_scaling_beta)
     "ministral3": Family("ministral3", "Ministral3ForCausalLM", "mistral3"),
+    "gemma": Family("gemma", "GemmaForCausalLM", "gemma", hf_norm_offset=1.0),
+    # LayerNorm families as well: GGUF only
+    "phi": Family("phi", "PhiForCausalLM", "phi2"),
+    "stablelm": Family("stablelm", "StableLmForCausalLM", "stablelm"),
+    "gpt_neox": Family("gpt_neox", "GPTNeoXForCausalLM", "gptneox"),
+    "nemotron": Family("nemotron", "NemotronForCausalLM", "nemotron"),
 }
 # GGUF architectures whose q/k rows keep the same RoPE layout as their HF files (DeepSeek's adjacent pairs)
 SAME_ROPE_LAYOUT_ARCHS = {"deepseek2", "glm4", "ernie4_5", "ernie4_5-moe", "command-r", "cohere2"}
@@ -121,7 +127,8 @@ _LAYER_LEAVES = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_ou
                  # Apertus' xIELU scalars (llama.cpp keeps them as keys: models/apertus.py)
                  "xielu_alpha_p", "xielu_alpha_n", "xielu_beta", "xielu_eps")
 # leaves that may also have a `.bias`
-_BIASED = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
+_BIASED = ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output",  # attn_qkv: GPT-NeoX's fused bias
+           "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
            "ssm_dt", "ssm_conv1d", "exp_probs_b", "attn_norm", "ffn_norm", "ffn_up", "ffn_down")
 # Tensors kept in float whatever the export type: an MoE router's logits pick the experts, and a
 # quantized router flips choices that are close (llama.cpp's quantizer also leaves them alone).
@@ -163,7 +170,7 @@ def source_tensors(src: ModelSource) -> dict[str, WeightTensor]:
             names.append(f"blk.{i}.{leaf}.weight")
             if leaf in _BIASED:
                 names.append(f"blk.{i}.{leaf}.bias")
-    names += ["output_norm.weight", "output_norm.bias", "output.weight"]
+    names += ["output_norm.weight", "output_norm.bias", "output.weight", "output.bias"]
     if getattr(src.config, "altup_inputs", 0):
         from ..models.gemma3n import global_names
         names += global_names(src.config)
@@ -280,7 +287,7 @@ _CHECKED = ("vocab_size", "n_layers", "d_model", "n_heads", "n_kv_heads", "head_
             "layer_kinds", "conv_kernel", "ssm_k_heads", "ssm_v_heads", "ssm_k_dim", "ssm_v_dim", "attn_out_gate",
             "q_lora_rank", "kv_lora_rank", "qk_nope_dim", "v_head_dim", "moe_groups", "moe_groups_used", "moe_group_top",
             "moe_scale", "moe_layers", "rope_sections", "rope_interleaved", "deepstack_levels", "norm_kind", "norm_bias",
-            "qk_norm_heads", "parallel_block", "ffn_gated", "ffn_bias",
+            "qk_norm_heads", "parallel_block", "ffn_gated", "ffn_bias", "parallel_ffn_norm", "output_bias",
             "attn_temp_scale", "attn_temp_length", "mamba_norm",
             "mamba_conv_bias")
 
