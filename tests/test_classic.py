@@ -280,3 +280,55 @@ def test_transformers4_gpt_neox_spelling(tmp_path):
     d = edited_copy("gpt_neox", tmp_path / "b", rope_parameters=None, rotary_pct=1.0, rotary_emb_base=10000)
     with llambda.load(d, backend="numpy", n_ctx=128) as m:
         assert m.config.rope_dim == cfg["hidden_size"] // cfg["num_attention_heads"] and max_err(m, "gpt_neox") > 0.05
+
+
+def test_gpt_neox_causal_mask_buffers_are_skipped(tmp_path):
+    """Pythia's older checkpoints hold `attention.bias` (a BOOL causal mask) and `attention.masked_bias` (a float
+    scalar) per layer, which transformers ignores: skipped here too, the model the same."""
+    import struct
+    from llambda.formats.safetensors import SafetensorsFile
+    d = _with_arrays("gpt_neox", tmp_path / "m",
+                     lambda a: a.update({f"gpt_neox.layers.{i}.attention.masked_bias": np.array(-1e9, np.float32)
+                                         for i in range(3)}))
+    raw = (d / "model.safetensors").read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header, data = json.loads(raw[8:8 + n]), raw[8 + n:]
+    mask = np.tril(np.ones((1, 1, 8, 8), np.uint8)).tobytes()
+    for i in range(3):
+        header[f"gpt_neox.layers.{i}.attention.bias"] = {"dtype": "BOOL", "shape": [1, 1, 8, 8],
+                                                        "data_offsets": [len(data), len(data) + len(mask)]}
+        data += mask
+    head = json.dumps(header).encode()
+    (d / "model.safetensors").write_bytes(struct.pack("<Q", len(head)) + head + data)
+    with SafetensorsFile(d / "model.safetensors") as st:
+        assert "gpt_neox.layers.0.attention.masked_bias" in st.tensors and "gpt_neox.layers.0.attention.bias" not in st.tensors
+    with llambda.load(d, backend="numpy", n_ctx=128) as m:
+        assert max_err(m, "gpt_neox") <= 1e-4
+
+
+def test_phi2_gguf_with_a_fused_qkv(exported, tmp_path):
+    """Older converters wrote Phi-2's q, k and v (and their biases) as one `attn_qkv`, which llama.cpp's phi2 reads
+    as well: the same model here, and in llama.cpp where it is installed."""
+    with GGUFFile(exported("phi")) as f:
+        meta = {k: GGUFValue(f.metadata_types[k], v) for k, v in f.metadata.items()}
+        tensors = {t.name: (t.qtype, np.array(t.data), tuple(t.shape)) for t in f.tensors.values()}
+    items = []
+    for name, (q, data, shape) in tensors.items():
+        layer, _, leaf = name.rpartition(".attn_")
+        if leaf in ("k.weight", "v.weight", "k.bias", "v.bias"):
+            continue
+        if leaf in ("q.weight", "q.bias"):
+            kind = leaf.split(".")[1]
+            parts = [tensors[f"{layer}.attn_{w}.{kind}"] for w in "qkv"]
+            rows = sum(p[2][0] for p in parts)
+            name, data, shape = f"{layer}.attn_qkv.{kind}", np.concatenate([p[1] for p in parts]), (rows,) + shape[1:]
+        items.append((name, q, data, shape))
+    write_gguf(tmp_path / "fused.gguf", meta, items)
+    ref = reference("phi")
+    with llambda.load(tmp_path / "fused.gguf", backend="numpy", n_ctx=128) as m:
+        assert max_err(m, "phi") <= 1e-3
+        ids = ref["inputs"][0]["input_ids"]
+        ours = m.logits(ids)
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the bench extra): ours checked only")
+    from llamacpp_ref import llama_cpp_logits
+    assert float(np.abs(llama_cpp_logits(tmp_path / "fused.gguf", ids) - ours).max()) <= 0.05

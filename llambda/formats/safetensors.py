@@ -107,6 +107,9 @@ class SafetensorsFile(ReadsAhead):
             # BERT checkpoints save the int64 buffer `embeddings.position_ids` (0..n-1), not a weight
             if name.endswith("position_ids") and isinstance(info, dict) and info.get("dtype") in ("I64", "I32"):
                 continue
+            # ... and old GPT-NeoX (Pythia) checkpoints the boolean causal mask `attention.bias`, not a weight
+            if name.endswith(".attention.bias") and isinstance(info, dict) and info.get("dtype") == "BOOL":
+                continue
             qtype, shape, begin, end = self._entry(name, info, data_size)
             spans.append((begin, end, name))
             raw = base[data_start + begin:data_start + end]
