@@ -170,6 +170,8 @@ def test_gpt_neox_tanh_gelu_is_close_but_not_the_reference(tmp_path):
 def test_gemma_hf_export_round_trip(tmp_path):
     """Gemma is RMSNorm: it exports as a Hugging Face directory too (w stored, 1 + w computed) and runs the same."""
     out = export(TINY / "gemma", tmp_path / "hf", fmt="hf")
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["model_type"] == "gemma" and "query_pre_attn_scalar" not in cfg     # Gemma 2's keys
     with llambda.load(out, backend="numpy", n_ctx=128) as m:
         assert m.config.arch == "gemma" and max_err(m, "gemma") <= 1e-4
 

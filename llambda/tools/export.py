@@ -352,7 +352,7 @@ def hf_config(cfg: TransformerConfig, fam: Family, dtype: str) -> dict:
         out["max_window_layers"] = first
     if cfg.rope_dim != cfg.head_dim:
         out["partial_rotary_factor"] = cfg.rope_dim / cfg.head_dim
-    if fam.hf_norm_offset:        # Gemma
+    if fam.hf_norm_offset and fam.hf_model_type != "gemma":        # Gemma 2 and 3 (Gemma 1 has no such keys)
         qpas = cfg.scale() ** -2
         out["query_pre_attn_scalar"] = round(qpas) if abs(qpas - round(qpas)) < 1e-3 else qpas
         out["attn_logit_softcapping"] = cfg.attn_softcap or None
