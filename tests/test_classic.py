@@ -334,3 +334,15 @@ def test_phi2_gguf_with_a_fused_qkv(exported, tmp_path):
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the bench extra): ours checked only")
     from llamacpp_ref import llama_cpp_logits
     assert float(np.abs(llama_cpp_logits(tmp_path / "fused.gguf", ids) - ours).max()) <= 0.05
+
+
+@pytest.mark.parametrize("folder, edit, missing", [
+    ("gemma", dict(attention_bias=True), r"model\.layers\.0\.self_attn\.[qo]_proj\.bias"),
+    ("nemotron", dict(attention_bias=True), r"model\.layers\.0\.self_attn\.[qo]_proj\.bias"),
+    ("nemotron", dict(mlp_bias=True), r"model\.layers\.0\.mlp\.up_proj\.bias"),
+])
+def test_biases_the_config_names_must_be_in_the_checkpoint(tmp_path, folder, edit, missing):
+    """Optional biases (Gemma's and Nemotron's attention_bias, Nemotron's mlp_bias) said by config.json and absent
+    from the checkpoint: the missing tensor named by its HF name, not run without it."""
+    with pytest.raises(ModelFormatError, match=missing):
+        llambda.load(edited_copy(folder, tmp_path / "m", **edit), backend="numpy", n_ctx=32)
