@@ -346,3 +346,10 @@ def test_biases_the_config_names_must_be_in_the_checkpoint(tmp_path, folder, edi
     from the checkpoint: the missing tensor named by its HF name, not run without it."""
     with pytest.raises(ModelFormatError, match=missing):
         llambda.load(edited_copy(folder, tmp_path / "m", **edit), backend="numpy", n_ctx=32)
+
+
+@pytest.mark.parametrize("value", ["a quarter", 0, 1.5, True])
+def test_gpt_neox_bad_rotary_pct_is_named(tmp_path, value):
+    d = edited_copy("gpt_neox", tmp_path / "m", rope_parameters=None, rotary_pct=value, rotary_emb_base=10000)
+    with pytest.raises(ModelFormatError, match="rotary_pct"):
+        llambda.load(d, backend="numpy", n_ctx=32)

@@ -81,8 +81,8 @@ def hf_splitter(config: TransformerConfig):
         if suffix not in ("attention.query_key_value.weight", "attention.query_key_value.bias"):
             return None
         leaf = suffix.rsplit(".", 1)[1]
-        if t.shape[0] != len(order) or (leaf == "bias") != (len(t.shape) == 1):
-            want = (len(order),) if leaf == "bias" else (len(order), config.d_model)
+        want = (len(order),) if leaf == "bias" else (len(order), config.d_model)
+        if tuple(t.shape) != want:
             raise ModelFormatError(f"tensor {name!r} has shape {t.shape}, expected {want}")
         if leaf == "bias":
             part = WeightTensor.from_float(t.name, t.to_float32().reshape(-1)[order])
@@ -105,9 +105,11 @@ def config_from_hf(cfg: dict) -> TransformerConfig:
                                f"{c['n_heads']} times head_dim {c['head_dim']}")
     if c["n_kv_heads"] != c["n_heads"]:
         raise ModelFormatError("config.json num_key_value_heads: GPT-NeoX has a key/value head per query head")
-    pct = cfg.get("rotary_pct", 0.25)
     params = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
-    if "partial_rotary_factor" not in params:
+    if "partial_rotary_factor" not in params:       # transformers 4's rotary_pct (default 0.25)
+        pct = hf.get("rotary_pct", 0.25, float, "positive")
+        if pct > 1:
+            raise ModelFormatError(f"config.json 'rotary_pct' = {pct!r} is more than every dim (1)")
         cfg = {**cfg, "partial_rotary_factor": pct}
     bias = hf.flag("attention_bias", True)
     c.update(norm_eps=hf.get("layer_norm_eps", 1e-5, float, "norm_eps"),
