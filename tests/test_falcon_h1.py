@@ -380,6 +380,33 @@ def test_a_missing_mixer_tensor_is_named(tmp_path):
         llambda.load(d, backend="numpy", n_ctx=32)
 
 
+def test_zero_conv_biases_take_one_layers_memory_whatever_the_config_says(tmp_path):
+    """mamba_conv_bias false: the zero biases llama.cpp needs are made before any tensor is checked against the
+    config, so they must not cost n_layers of them. A checkpoint without in_proj (nothing to check its sizes
+    against) under a config of 512 layers of 4 MB biases (2 GiB as one array a layer) is refused without them."""
+    import tracemalloc
+    from llambda.errors import LlambdaError
+    from llambda.formats.safetensors import SafetensorsFile, write_safetensors
+    d = tmp_path / "m"
+    shutil.copytree(TINY / "falcon_h1", d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(num_hidden_layers=512, mamba_conv_bias=False, mamba_n_groups=1, mamba_d_state=1024,
+               mamba_n_heads=4096, mamba_d_head=256, mamba_d_ssm=1 << 20)
+    (d / "config.json").write_text(json.dumps(cfg))
+    with SafetensorsFile(TINY / "falcon_h1" / "model.safetensors") as st:
+        arrays = {n: t.to_float32().reshape(t.shape).copy() for n, t in st.tensors.items()
+                  if not n.endswith(("mamba.in_proj.weight", "mamba.conv1d.bias"))}
+    write_safetensors(d / "model.safetensors", arrays)
+    tracemalloc.start()
+    try:
+        with pytest.raises(LlambdaError):
+            llambda.load(d, backend="numpy", n_ctx=32)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 256 << 20, f"{peak / 2 ** 20:.0f} MiB traced"
+
+
 def test_lora_adapters_are_refused(tmp_path):
     """An adapter's update adds to the checkpoint's W; this model holds W times its multipliers: refused, not
     merged wrong (PEFT's, on the HF directory and on its GGUF)."""

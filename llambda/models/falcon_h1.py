@@ -200,12 +200,15 @@ def hf_tensors(cfg_dict: dict, config: TransformerConfig, tensors: dict) -> dict
         scale = by_leaf.get(leaf)
         out[name] = t if scale is None else ScaledTensor(t, scale)
     if not config.mamba_conv_bias:    # llama.cpp's falcon-h1 adds the conv bias unread-checked (no bias: it crashes)
-        conv = 2 * gn + d_ssm
+        # one read-only array of zeros that every layer's bias reads: the memory of one layer's, whatever
+        # n_layers and the sizes config.json says before any tensor is checked against them
+        zeros = np.zeros(2 * gn + d_ssm, np.float32)
+        zeros.flags.writeable = False
         for i in range(config.n_layers):
             name = f"blk.{i}.ssm_conv1d.bias"
             if name in tensors:
                 raise ModelFormatError(f"tensor {tensors[name].name!r}: config.json says mamba_conv_bias false")
-            out[name] = WeightTensor.from_float(name, np.zeros(conv, np.float32))
+            out[name] = WeightTensor.from_float(name, zeros)
         config.mamba_conv_bias = True
     embd = tensors["token_embd.weight"]
     head = tensors.get("output.weight")
