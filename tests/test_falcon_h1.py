@@ -228,20 +228,51 @@ def test_gguf_export_holds_llama_cpps_names_and_keys(tmp_path):
     assert shapes["blk.0.ssm_in.weight"] == (2 * 96 + 2 * 32 + 6, 64) and "output.weight" in shapes
 
 
-def test_a_gguf_without_conv_bias_or_norm_runs_without_them(tmp_path):
-    """What llama.cpp's loader takes as optional (ssm_conv1d.bias, ssm_norm): a file without them reads as a mixer
-    without them (its export's zero conv biases dropped: the same logits)."""
+def bare_gguf(tmp_path, drop=lambda n: n.endswith("ssm_conv1d.bias")) -> tuple[Path, Path]:
+    """(our export of falcon_h1_nonorm, that file without the tensors `drop` names)."""
     gg = export(TINY / "falcon_h1_nonorm", tmp_path / "f.gguf", fmt="gguf")
     with GGUFFile(gg) as f:
         meta, types = dict(f.metadata), f.metadata_types
         items = [(n, t.qtype, np.array(t.data).reshape(-1), tuple(t.shape)) for n, t in f.tensors.items()
-                 if not n.endswith("ssm_conv1d.bias")]
+                 if not drop(n)]
     bare = tmp_path / "bare.gguf"
     write_gguf(bare, meta, items, metadata_types=types)
+    return gg, bare
+
+
+def test_a_gguf_without_conv_bias_or_norm_runs_without_them(tmp_path):
+    """What llama.cpp's loader takes as optional (ssm_conv1d.bias, ssm_norm): a file without them reads as a mixer
+    without a norm and with zero conv biases (its export's zero conv biases dropped: the same logits)."""
+    gg, bare = bare_gguf(tmp_path)
     ids = reference("falcon_h1_nonorm")["inputs"][0]["input_ids"]
     with llambda.load(bare, backend="numpy", n_ctx=32) as m, llambda.load(gg, backend="numpy", n_ctx=32) as w:
-        assert m.config.mamba_conv_bias is False and m.config.mamba_norm is False
+        assert m.config.mamba_conv_bias is True and m.config.mamba_norm is False
         np.testing.assert_array_equal(m.logits(ids), w.logits(ids))
+
+
+def test_a_gguf_without_conv_biases_exports_with_zero_ones(tmp_path):
+    """llama.cpp's falcon-h1 adds the conv bias whether the file holds it or not (a file without: a segmentation
+    fault): the export of a file without them holds zero ones, as the export of a HF checkpoint without them does,
+    and runs there. A file holding some layers' biases and not others' is refused naming a missing one."""
+    _, bare = bare_gguf(tmp_path)
+    again = export(bare, tmp_path / "again.gguf", fmt="gguf")
+    with GGUFFile(again) as f:
+        for i in range(3):
+            assert not np.asarray(f.tensors[f"blk.{i}.ssm_conv1d.bias"].data).any()
+    ids = reference("falcon_h1_nonorm")["inputs"][0]["input_ids"]
+    with llambda.load(bare, backend="numpy", n_ctx=32) as m, llambda.load(again, backend="numpy", n_ctx=32) as w:
+        np.testing.assert_array_equal(m.logits(ids), w.logits(ids))
+    _, some = bare_gguf(tmp_path, drop=lambda n: n == "blk.1.ssm_conv1d.bias")
+    with pytest.raises(ModelFormatError, match="blk.1.ssm_conv1d.bias"):
+        llambda.load(some, backend="numpy", n_ctx=32)
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the bench extra)")
+    from llamacpp_ref import llama_cpp_logits
+    assert float(np.abs(llama_cpp_logits(again, ids) - numpy_logits(again, ids)).max()) <= 0.05
+
+
+def numpy_logits(path, ids) -> np.ndarray:
+    with llambda.load(path, backend="numpy", n_ctx=32) as m:
+        return m.logits(ids)
 
 
 def converter_gguf(folder: str, out: Path) -> Path:
@@ -299,7 +330,8 @@ def test_a_gguf_as_llama_cpps_converter_writes_it_matches_transformers(folder, t
     ref = reference(folder)["inputs"][1]
     want = np.array(ref["logits_last3"][-1], np.float32)
     with llambda.load(gg, backend="numpy", n_ctx=64) as m:
-        assert m.config.mamba_conv_bias is (folder == "falcon_h1") and m.config.mamba_norm is (folder == "falcon_h1")
+        # a file without conv biases reads as zero ones (an export then holds them: llama.cpp needs them)
+        assert m.config.mamba_conv_bias is True and m.config.mamba_norm is (folder == "falcon_h1")
         got = m.logits(ref["input_ids"])
     assert float(np.abs(got - want).max()) <= 1e-4
 
@@ -378,6 +410,33 @@ def test_a_missing_mixer_tensor_is_named(tmp_path):
     save_file(arrays, str(d / "model.safetensors"))
     with pytest.raises(ModelFormatError, match="model.layers.2.mamba.norm.weight"):
         llambda.load(d, backend="numpy", n_ctx=32)
+
+
+def test_zero_conv_biases_take_one_layers_memory_whatever_the_config_says(tmp_path):
+    """mamba_conv_bias false: the zero biases llama.cpp needs are made before any tensor is checked against the
+    config, so they must not cost n_layers of them. A checkpoint without in_proj (nothing to check its sizes
+    against) under a config of 512 layers of 4 MB biases (2 GiB as one array a layer) is refused without them."""
+    import tracemalloc
+    from llambda.errors import LlambdaError
+    from llambda.formats.safetensors import SafetensorsFile, write_safetensors
+    d = tmp_path / "m"
+    shutil.copytree(TINY / "falcon_h1", d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(num_hidden_layers=512, mamba_conv_bias=False, mamba_n_groups=1, mamba_d_state=1024,
+               mamba_n_heads=4096, mamba_d_head=256, mamba_d_ssm=1 << 20)
+    (d / "config.json").write_text(json.dumps(cfg))
+    with SafetensorsFile(TINY / "falcon_h1" / "model.safetensors") as st:
+        arrays = {n: t.to_float32().reshape(t.shape).copy() for n, t in st.tensors.items()
+                  if not n.endswith(("mamba.in_proj.weight", "mamba.conv1d.bias"))}
+    write_safetensors(d / "model.safetensors", arrays)
+    tracemalloc.start()
+    try:
+        with pytest.raises(LlambdaError):
+            llambda.load(d, backend="numpy", n_ctx=32)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 256 << 20, f"{peak / 2 ** 20:.0f} MiB traced"
 
 
 def test_lora_adapters_are_refused(tmp_path):

@@ -271,6 +271,23 @@ def test_apertus_xielu_scalars_are_what_the_reference_ran(tmp_path):
         load(d, n_ctx=32)
 
 
+def test_apertus_xielu_scalars_past_float32_name_the_layer_and_the_scalar(exported, tmp_path):
+    """Raw scalars each in range whose effective ones are not (beta + softplus(alpha_n), eps) are refused naming
+    the layer, where its scalars are (a HF checkpoint's tensors, a GGUF's xielu.* keys) and which one overflows."""
+    d = edited_copy("apertus", tmp_path / "m")
+    (d / "model.safetensors").unlink()
+    with SafetensorsFile(TINY / "apertus" / "model.safetensors") as st:
+        arrays = {n: t.to_float32().reshape(t.shape).copy() for n, t in st.tensors.items()}
+    arrays["model.layers.2.mlp.act_fn.eps"] = np.full_like(arrays["model.layers.2.mlp.act_fn.eps"], -1e38)
+    write_safetensors(d / "model.safetensors", arrays)
+    with pytest.raises(ModelFormatError, match=r"layer 2's xIELU .*model\.layers\.2\.mlp\.act_fn\.eps.*the op's eps "):
+        load(d, n_ctx=32)
+    big = [0.5, 9e29, 0.5]        # each within the keys' +-1e30, beta + softplus(alpha_n) 1.8e30 is not
+    path = _gguf_with(exported("apertus"), tmp_path / "big.gguf", alpha_n=big, beta=big)
+    with pytest.raises(ModelFormatError, match=r"layer 1's xIELU .*xielu\.alpha_n.*the op's alpha_n past"):
+        load(path, n_ctx=32)
+
+
 def test_apertus_default_rope_and_hf_export(tmp_path):
     """A config.json naming no RoPE gets transformers' Apertus default (Llama 3, theta 12e6); HF export refused."""
     with load(edited_copy("apertus", tmp_path / "d", rope_parameters=None), n_ctx=32) as m:

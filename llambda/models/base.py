@@ -495,8 +495,14 @@ class Transformer(Closable, LatentAttention):
                 return RELU2_SCALARS
             if cfg.activation != "xielu":
                 return None
-            raw = [float(vector(p + f"xielu_{k}.weight", 1)[0]) for k in ("alpha_p", "alpha_n", "beta", "eps")]
-            return xielu_scalars(*raw)
+            keys = ("alpha_p", "alpha_n", "beta", "eps")
+            names = [p + f"xielu_{k}.weight" for k in keys]
+            raw = [float(vector(name, 1)[0]) for name in names]
+            # errors name the layer and where its scalars are: a HF checkpoint's tensors, a GGUF's xielu.* keys
+            held = [get(name) for name in names]
+            where = ", ".join(shown(n, t) for n, t in zip(names, held)) if any(t.name != n for n, t in zip(names, held)) \
+                else "GGUF keys " + ", ".join(f"xielu.{k}" for k in keys)
+            return xielu_scalars(*raw, where=f"layer {p.split('.')[1]}'s xIELU scalars ({where})")
 
         def head_norms(name: str, heads: int) -> np.ndarray:
             """A q/k norm weight per head (Cohere's (heads, head_dim)), as one vector of heads * head_dim."""

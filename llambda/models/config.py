@@ -55,15 +55,18 @@ UNGATED_ACTIVATIONS = ("relu2", "xielu", "gelu_erf")
 RELU2_SCALARS = (1.0, 0.0, 0.0, 0.0)
 
 
-def xielu_scalars(alpha_p: float, alpha_n: float, beta: float, eps: float) -> tuple:
+def xielu_scalars(alpha_p: float, alpha_n: float, beta: float, eps: float, where: str = "xIELU scalars") -> tuple:
     """xIELU's stored scalars (transformers' parameters alpha_p, alpha_n and buffers beta, eps; llama.cpp's
     xielu.* keys) as the xielu op takes them: softplus(alpha_p), beta + softplus(alpha_n), beta, eps. A ModelFormatError
-    where one is past float32's range (the op would refuse it at the first forward step)."""
+    naming `where` (the layer's tensors) and the scalars past float32's range (the op would refuse them at the first
+    forward step)."""
     def softplus(v: float) -> float:
         return max(v, 0.0) + math.log1p(math.exp(-abs(v)))
     out = (softplus(alpha_p), beta + softplus(alpha_n), beta, eps)
-    if not all(math.isfinite(v) and abs(v) <= 1e30 for v in out):
-        raise ModelFormatError(f"xIELU scalars {(alpha_p, alpha_n, beta, eps)!r} give {out!r}: past float32's range")
+    bad = [k for k, v in zip(("alpha_p", "alpha_n", "beta", "eps"), out) if not (math.isfinite(v) and abs(v) <= 1e30)]
+    if bad:
+        raise ModelFormatError(f"{where}: the op's {' and '.join(bad)} past float32's range (alpha_p, alpha_n, beta, "
+                               f"eps = {(alpha_p, alpha_n, beta, eps)!r} give {out!r})"[:500])
     return out
 # The model norms: RMSNorm x / rms(x) * w, or LayerNorm (x - mean(x)) / std(x) * w (+ b with norm_bias)
 NORM_KINDS = ("rms", "layer")

@@ -21,7 +21,8 @@ GGUF (llama.cpp's converter): the weights folded; `falcon-h1.ssm.conv_kernel` / 
 (`ssm_in`, `ssm_conv1d` (+ bias), `ssm_dt.bias`, `ssm_a` = -exp(A_log), `ssm_d`, `ssm_norm` as (groups,
 d_ssm / groups), `ssm_out`) beside llama's attention and MLP (its norm `blk.N.ffn_norm`, no suffix); q/k rows
 as HF's (NEOX rope). Whether the
-mixer has its norm and conv bias is read from the tensors (gguf_flags).
+mixer has its norm is read from the tensors (gguf_flags); a file without conv biases reads as zero ones
+(gguf_lookup), as a HF checkpoint without them.
 """
 from __future__ import annotations
 
@@ -64,10 +65,35 @@ def config_from_gguf(meta: dict) -> TransformerConfig:
 
 
 def gguf_flags(cfg: TransformerConfig, names) -> None:
-    """The mixer's gated norm and conv bias, optional in llama.cpp's falcon-h1, are there when the file has them."""
-    names = list(names)
+    """The mixer's gated norm, optional in llama.cpp's falcon-h1, is there when the file has it. Its conv bias always
+    is: a file without any reads as zero ones (gguf_lookup), as a HF checkpoint without them does (hf_tensors), so
+    that an export holds them (llama.cpp's loader takes the bias as optional, its graph adds it unchecked: a file
+    without one is a segmentation fault there)."""
     cfg.mamba_norm = any(n.endswith(".ssm_norm.weight") for n in names)
-    cfg.mamba_conv_bias = any(n.endswith(".ssm_conv1d.bias") for n in names)
+    cfg.mamba_conv_bias = True
+
+
+def gguf_lookup(get, cfg: TransformerConfig):
+    """A file with no conv bias in any layer: each layer's a zero one (one read-only array they all read), held by
+    no tensor of the file. A file with some layers' biases keeps the others missing (refused by name)."""
+    bare = all(get(f"blk.{i}.ssm_conv1d.bias") is None for i in range(cfg.n_layers))
+    zeros = []
+
+    def made(name: str) -> bool:
+        return bare and name.startswith("blk.") and name.endswith(".ssm_conv1d.bias")
+
+    def lookup(name: str):
+        if not made(name):
+            return get(name)
+        if not zeros:
+            z = np.zeros(2 * cfg.ssm_k_heads * cfg.ssm_k_dim + cfg.ssm_v_heads * cfg.ssm_v_dim, np.float32)
+            z.flags.writeable = False
+            zeros.append(z)
+        return WeightTensor.from_float(name, zeros[0])
+
+    def holders(name: str) -> list[str]:
+        return [] if made(name) else [name]
+    return lookup, holders
 
 
 def gguf_metadata(cfg: TransformerConfig) -> dict:
@@ -200,12 +226,15 @@ def hf_tensors(cfg_dict: dict, config: TransformerConfig, tensors: dict) -> dict
         scale = by_leaf.get(leaf)
         out[name] = t if scale is None else ScaledTensor(t, scale)
     if not config.mamba_conv_bias:    # llama.cpp's falcon-h1 adds the conv bias unread-checked (no bias: it crashes)
-        conv = 2 * gn + d_ssm
+        # one read-only array of zeros that every layer's bias reads: the memory of one layer's, whatever
+        # n_layers and the sizes config.json says before any tensor is checked against them
+        zeros = np.zeros(2 * gn + d_ssm, np.float32)
+        zeros.flags.writeable = False
         for i in range(config.n_layers):
             name = f"blk.{i}.ssm_conv1d.bias"
             if name in tensors:
                 raise ModelFormatError(f"tensor {tensors[name].name!r}: config.json says mamba_conv_bias false")
-            out[name] = WeightTensor.from_float(name, np.zeros(conv, np.float32))
+            out[name] = WeightTensor.from_float(name, zeros)
         config.mamba_conv_bias = True
     embd = tensors["token_embd.weight"]
     head = tensors.get("output.weight")
