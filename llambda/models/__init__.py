@@ -74,7 +74,7 @@ ARCHITECTURES = {
 }
 
 # Encoders (embedding models, cross-encoders): their own config and forward, not TransformerConfig
-ENCODERS = {"bert": "bert"}
+ENCODERS = {"bert": "bert", "xlm-roberta": "xlm_roberta", "roberta": "xlm_roberta"}
 
 
 def encoder_module(name: str):

@@ -147,13 +147,17 @@ def config_from_gguf(meta: dict) -> BertConfig:
 class BertEncoder(Closable):
     """The weights of one BERT on a backend, and its batched forward pass."""
 
+    # where the task-head classes keep the encoder's tensors, and their classification head's two layers
+    PREFIXES = ("", "bert.")
+    HEAD = ("pooler.dense", "classifier")
+
     def __init__(self, cfg: BertConfig, lookup, backend):
         self.cfg, self.backend = cfg, backend
         H, F = cfg.hidden, cfg.ffn
 
         def get(name: str, shape: tuple):
             # HF BertModel names, or under `bert.` in the task-head classes
-            for n in (name, "bert." + name):
+            for n in (p + name for p in self.PREFIXES):
                 t = lookup(n)
                 if t is not None:
                     if tuple(t.shape) != shape:
@@ -195,7 +199,7 @@ class BertEncoder(Closable):
             })
         self.head = None
         if cfg.n_labels:
-            self.head = {"pool": dense("pooler.dense"), "cls": dense("classifier", rows=cfg.n_labels)}
+            self.head = {"pool": dense(self.HEAD[0]), "cls": dense(self.HEAD[1], rows=cfg.n_labels)}
         backend.end_load()
 
     def _dense(self, x: np.ndarray, d, rows: int) -> np.ndarray:
@@ -216,14 +220,8 @@ class BertEncoder(Closable):
     def _forward(self, ids: np.ndarray, type_ids: np.ndarray, starts: np.ndarray) -> np.ndarray:
         cfg, be = self.cfg, self.backend
         H, F = cfg.hidden, cfg.ffn
-        lens = np.diff(starts)
-        if lens.max() > self.pos.shape[0]:
-            raise ValueError(f"{lens.max()} tokens is beyond the {self.pos.shape[0]} positions of this model")
         n = ids.shape[0]
-        pos = np.arange(n) - np.repeat(starts[:-1], lens)
-        x = self.word[ids]
-        x += self.pos[pos]
-        x += self.types[type_ids]
+        x = self._embed(ids, type_ids, starts)
         be.add_layernorm(x, None, *self.emb_ln, cfg.eps, x)
         ctx, up = np.empty((n, H), np.float32), np.empty((n, F), np.float32)
         for L in self.layers:
@@ -235,6 +233,16 @@ class BertEncoder(Closable):
             be.gelu_erf(up)
             be.dense(up, L["down"], att)
             be.add_layernorm(att, x, *L["ln2"], cfg.eps, x)          # x = LN(x + MLP)
+        return x
+
+    def _embed(self, ids: np.ndarray, type_ids: np.ndarray, starts: np.ndarray) -> np.ndarray:
+        """Word + absolute position (from 0 in each sequence) + token-type embeddings, before their LayerNorm."""
+        lens = np.diff(starts)
+        if lens.max() > self.pos.shape[0]:
+            raise ValueError(f"{lens.max()} tokens is beyond the {self.pos.shape[0]} positions of this model")
+        x = self.word[ids]
+        x += self.pos[np.arange(ids.shape[0]) - np.repeat(starts[:-1], lens)]
+        x += self.types[type_ids]
         return x
 
     def pool(self, hidden: np.ndarray, starts: np.ndarray) -> np.ndarray:
@@ -253,6 +261,9 @@ class BertEncoder(Closable):
         cls = np.ascontiguousarray(hidden[starts[:-1]])
         pooled = np.tanh(self._dense(cls, self.head["pool"], self.cfg.hidden))
         return self._dense(np.ascontiguousarray(pooled, dtype=np.float32), self.head["cls"], self.cfg.n_labels)
+
+
+ENCODER = BertEncoder      # the class models/__init__.encoder_module's users build
 
 
 def pack_batch(encoded: list[tuple[list[int], list[int]]]) -> tuple[np.ndarray, ...]:
