@@ -2,7 +2,7 @@
 embed as the Hugging Face directory they came from.
 
 `llama_cpp_style_gguf` writes a HF BERT directory the way convert_hf_to_gguf.py does: `bert.*` sizes,
-`bert.pooling_type` from 1_Pooling (1 mean, 2 CLS), the vocabulary in phantom-space form
+`bert.pooling_type` from 1_Pooling (1 mean, 2 CLS; 4 rank: tests/test_xlmr.py), the vocabulary in phantom-space form
 (`▁word`, `##piece` -> `piece`, `[CLS]` kept) with its special ids (`seperator` as llama.cpp
 spells it), and GGUF tensor names (token_embd, position_embd, token_types, blk.N.attn_q ...).
 """
@@ -110,7 +110,8 @@ def test_cls_pooling_from_gguf(tmp_path):
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"bert.pooling_type": 4}, "pooling_type"),
+    ({"bert.pooling_type": 3}, "pooling_type"),                   # last token: not a BERT's
+    ({"bert.pooling_type": 4}, "missing tensor 'pooler.dense"),   # rank without its head (cls, cls.output)
     ({"bert.attention.causal": True}, "causal"),
     ({"bert.block_count": None}, "block_count"),
     ({"bert.embedding_length": 30}, "multiple"),
@@ -120,10 +121,16 @@ def test_cls_pooling_from_gguf(tmp_path):
     ({"bert.attention.layer_norm_epsilon": GGUFValue(VT.FLOAT64, 1e-320)}, "layer_norm_eps"),   # 0 in float32
 ])
 def test_bad_bert_gguf_metadata_is_a_model_format_error(tmp_path, change, message):
-    from llambda.formats.gguf import GGUFFile
     folder, _, _ = _tiny_bert_dir(_mkdir(tmp_path / "hf"))
-    gg = llama_cpp_style_gguf(folder, tmp_path / "a.gguf")
-    with GGUFFile(gg) as f:
+    gg = changed_gguf(llama_cpp_style_gguf(folder, tmp_path / "a.gguf"), tmp_path / "b.gguf", change)
+    with pytest.raises(ModelFormatError, match=message):
+        llambda.load(gg, backend="numpy")
+
+
+def changed_gguf(src: Path, out: Path, change: dict) -> Path:
+    """A copy of float32 GGUF `src` with its metadata changed (a None value: the key dropped)."""
+    from llambda.formats.gguf import GGUFFile
+    with GGUFFile(src) as f:
         meta = dict(f.metadata)
         tensors = {n: (t.qtype, np.frombuffer(t.data, np.float32).reshape(t.shape)) for n, t in f.tensors.items()}
     for k, v in change.items():
@@ -131,9 +138,8 @@ def test_bad_bert_gguf_metadata_is_a_model_format_error(tmp_path, change, messag
             meta.pop(k)
         else:
             meta[k] = v
-    write_gguf(tmp_path / "b.gguf", meta, tensors)
-    with pytest.raises(ModelFormatError, match=message):
-        llambda.load(tmp_path / "b.gguf", backend="numpy")
+    write_gguf(out, meta, tensors)
+    return out
 
 
 def test_minilm_gguf_embeds_as_its_directory(minilm_dir, tmp_path):

@@ -98,3 +98,121 @@ def test_bad_config_is_a_model_format_error(tmp_path, change, message):
     (d / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelFormatError, match=message):
         llambda.load(d, backend="numpy")
+
+
+# -- llama.cpp's GGUF of an XLM-RoBERTa: arch `bert`, its position table shifted, a `t5` (Unigram) vocabulary --
+
+def xlmr_gguf(folder: Path, out: Path, charsmap: bytes | None = None) -> Path:
+    """The GGUF convert_hf_to_gguf.py's XLMRobertaModel writes of `folder`: `bert.*` sizes with the context
+    length less pad + 1, `position_embd` without its first pad + 1 rows, the tokenizer.json Unigram's pieces and
+    scores as tokenizer model `t5` (control, unknown and normal types), add_space_prefix and
+    remove_extra_whitespaces, the special ids and both add flags; a reranker's RobertaClassificationHead as
+    `cls` and `cls.output` with pooling type 4 (rank)."""
+    from safetensors.numpy import load_file
+
+    from llambda.formats.gguf_writer import write_gguf
+    from llambda.formats.quants import QType
+    from test_bert_gguf import _gguf_name
+    cfg = json.loads((folder / "config.json").read_text())
+    tj = json.loads((folder / "tokenizer.json").read_text())
+    pieces = tj["model"]["vocab"]
+    specials = {t["id"] for t in tj["added_tokens"] if t.get("special")}
+    unk = tj["model"]["unk_id"]
+    offset = cfg["pad_token_id"] + 1
+    rank = "XLMRobertaForSequenceClassification" in cfg["architectures"]
+    meta = {"general.architecture": "bert", "general.name": folder.name,
+            "bert.context_length": cfg["max_position_embeddings"] - offset, "bert.embedding_length": cfg["hidden_size"],
+            "bert.feed_forward_length": cfg["intermediate_size"], "bert.block_count": cfg["num_hidden_layers"],
+            "bert.attention.head_count": cfg["num_attention_heads"],
+            "bert.attention.layer_norm_epsilon": float(cfg["layer_norm_eps"]), "bert.attention.causal": False,
+            "bert.pooling_type": 4 if rank else 1, "tokenizer.ggml.model": "t5", "tokenizer.ggml.pre": "default",
+            "tokenizer.ggml.tokens": [p for p, _ in pieces], "tokenizer.ggml.scores": [float(s) for _, s in pieces],
+            "tokenizer.ggml.token_type": [2 if i == unk else 3 if i in specials else 1 for i in range(len(pieces))],
+            "tokenizer.ggml.add_space_prefix": True, "tokenizer.ggml.token_type_count": 1,
+            "tokenizer.ggml.remove_extra_whitespaces": True,
+            "tokenizer.ggml.bos_token_id": 0, "tokenizer.ggml.eos_token_id": 2, "tokenizer.ggml.unknown_token_id": unk,
+            "tokenizer.ggml.seperator_token_id": 2, "tokenizer.ggml.padding_token_id": 1,
+            "tokenizer.ggml.cls_token_id": 0, "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": True}
+    if charsmap is not None:
+        meta["tokenizer.ggml.precompiled_charsmap"] = list(charsmap)
+    tensors = {}
+    for name, w in load_file(str(folder / "model.safetensors")).items():
+        name = name.removeprefix("roberta.")
+        g = {"classifier.dense.weight": "cls.weight", "classifier.dense.bias": "cls.bias",
+             "classifier.out_proj.weight": "cls.output.weight",
+             "classifier.out_proj.bias": "cls.output.bias"}.get(name) or _gguf_name(name)
+        if g is not None:
+            w = w.astype(np.float32)
+            tensors[g] = (QType.F32, w[offset:] if g == "position_embd.weight" else w)
+    write_gguf(out, meta, tensors)
+    return out
+
+
+# texts on which llama.cpp's whitespace rules (remove_extra_whitespaces) and HF's Metaspace agree
+GGUF_TEXTS = ["the cat sat on the mat.", "a dog!", "where is the big green house? the small blue cat runs",
+              "  the   dog  sat", "xyz qj"]
+
+
+def test_xlmr_gguf_embeds_as_its_directory(tmp_path):
+    gg = xlmr_gguf(EMBEDDER, tmp_path / "xlmr.gguf")
+    with _load(EMBEDDER) as hf, _load(gg) as m:
+        assert m.is_encoder and m.tokenizer.model == "t5"
+        assert m.config.max_tokens == hf.config.max_tokens == 38
+        for t in GGUF_TEXTS:
+            assert m.tokenizer.encode_for_encoder([t], 64) == hf.tokenizer.encode_for_encoder([t], 64), t
+        np.testing.assert_allclose(m.embed(GGUF_TEXTS), hf.embed(GGUF_TEXTS), atol=2e-6, rtol=0)
+        assert m.tokenizer.decode(m.tokenize("the cat sat")) == "the cat sat"
+
+
+def test_unigram_gguf_whitespace_as_llama_cpp(tmp_path):
+    """llama.cpp's remove_extra_whitespaces drops trailing spaces, where HF's Metaspace leaves a U+2581 token."""
+    gg = xlmr_gguf(EMBEDDER, tmp_path / "xlmr.gguf")
+    with _load(gg) as m:
+        assert m.tokenize("  the dog  ") == m.tokenize("the dog") == [4, 6]
+
+
+def test_xlmr_gguf_matches_llama_cpp(tmp_path):
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is the independent GGUF reference")
+    from llamacpp_ref import llama_cpp_embeddings
+    gg = xlmr_gguf(EMBEDDER, tmp_path / "xlmr.gguf")
+    texts = GGUF_TEXTS + ["  the dog  ", "café"]
+    theirs = llama_cpp_embeddings(gg, texts)
+    with _load(gg) as m:
+        ours = m.embed(texts)
+        assert [ids for ids, _ in m.tokenizer.encode_for_encoder(texts, 64)] == [t["ids"] for t in theirs]
+    # llama.cpp rounds some products' inputs to float16 on CPU: 1.6e-4 here, where a wrong offset or type is 1e-1
+    np.testing.assert_allclose(ours, np.array([t["embedding"] for t in theirs]), atol=5e-4, rtol=0)
+
+
+def test_xlmr_reranker_gguf_scores_as_transformers_and_llama_cpp(tmp_path):
+    ref = reference(RERANKER)
+    gg = xlmr_gguf(RERANKER, tmp_path / "rerank.gguf")
+    docs = [p["document"] for p in ref["pairs"]]
+    with _load(gg) as m:
+        assert m.is_reranker and m.config.n_labels == 1
+        pairs = [ids for ids, _ in m.tokenizer.encode_for_encoder([(ref["query"], d) for d in docs], 64)]
+        assert pairs == [p["ids"] for p in ref["pairs"]]           # BOS q EOS SEP d EOS: <s> q </s></s> d </s>
+        got = m.score(ref["query"], docs)
+    assert np.abs(got - np.array([p["logits"][0] for p in ref["pairs"]])).max() <= 1e-5
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is the independent GGUF reference")
+    from llamacpp_ref import llama_cpp_embeddings
+    theirs = [t["embedding"][0] for t in llama_cpp_embeddings(gg, pairs)]
+    assert np.abs(got - np.array(theirs)).max() <= 5e-3
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"tokenizer.ggml.precompiled_charsmap": "abc"}, "array of bytes"),
+    ({"tokenizer.ggml.precompiled_charsmap": [1000, 2]}, "array of bytes"),
+    ({"tokenizer.ggml.precompiled_charsmap": list(b"\x08\x00\x00\x00" + bytes(8) + b"a" * 100 + b"\x00")},
+     "bytes per match"),
+    ({"tokenizer.ggml.unknown_token_id": None}, "unknown token"),
+    ({"tokenizer.ggml.scores": [float("nan")] * 61}, "not finite"),
+])
+def test_bad_unigram_gguf_vocabulary_is_a_tokenizer_error(tmp_path, change, message):
+    """The model loads (token ids still embed); text is refused with the vocabulary's fault."""
+    from llambda.errors import TokenizerError
+    from test_bert_gguf import changed_gguf
+    with _load(changed_gguf(xlmr_gguf(EMBEDDER, tmp_path / "a.gguf"), tmp_path / "b.gguf", change)) as m:
+        with pytest.raises(TokenizerError, match=message):
+            m.embed(["the cat"])
+        assert np.isfinite(m.embed([[0, 4, 5, 2]])).all()

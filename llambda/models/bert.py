@@ -82,9 +82,12 @@ def config_from_hf(cfg: dict, pooling: dict | None = None, st_config: dict | Non
     return c
 
 
-# llama.cpp's `bert` GGUF: its pooling types, and its tensor names for the HF ones the encoder reads
-GGUF_POOLING = {1: "mean", 2: "cls"}
-_GGUF_GLOBAL = {"embeddings.word_embeddings.weight": "token_embd.weight",
+# llama.cpp's `bert` GGUF: its pooling types (4, rank: a cross-encoder, its head as `cls` and `cls.output`),
+# and its tensor names for the HF ones the encoder reads
+GGUF_POOLING = {1: "mean", 2: "cls", 4: "rank"}
+_GGUF_GLOBAL = {"pooler.dense.weight": "cls.weight", "pooler.dense.bias": "cls.bias",
+                "classifier.weight": "cls.output.weight", "classifier.bias": "cls.output.bias",
+                "embeddings.word_embeddings.weight": "token_embd.weight",
                 "embeddings.position_embeddings.weight": "position_embd.weight",
                 "embeddings.token_type_embeddings.weight": "token_types.weight",
                 "embeddings.LayerNorm.weight": "token_embd_norm.weight",
@@ -137,9 +140,13 @@ def config_from_gguf(meta: dict) -> BertConfig:
     kind = meta.get("bert.pooling_type", 1)
     if isinstance(kind, bool) or not isinstance(kind, int) or kind not in GGUF_POOLING:   # (a list: unhashable)
         shown = repr(kind) if isinstance(kind, (int, float, str)) else type(kind).__name__
-        raise ModelFormatError(f"GGUF 'bert.pooling_type' {shown[:40]} is not supported (1 mean, 2 CLS)")
+        raise ModelFormatError(f"GGUF 'bert.pooling_type' {shown[:40]} is not supported (1 mean, 2 CLS, 4 rank)")
+    if GGUF_POOLING[kind] == "rank":         # the classifier's outputs, one per label (llama.cpp: one without labels)
+        labels = meta.get("bert.classifier.output_labels")
+        cfg["architectures"] = ["BertForSequenceClassification"]
+        cfg["id2label"] = {str(i): str(v) for i, v in enumerate(labels)} if isinstance(labels, list) else None
     try:
-        return config_from_hf(cfg, pooling={"pooling_mode_cls_token": GGUF_POOLING[kind] == "cls"})
+        return config_from_hf(cfg, pooling={"pooling_mode_cls_token": GGUF_POOLING[kind] != "mean"})
     except ModelFormatError as e:      # name the format; the field names are HF's spelling of bert.*
         raise ModelFormatError(str(e).replace("config.json:", "GGUF metadata (bert.*):")) from None
 
