@@ -40,7 +40,10 @@ def _gguf_name(hf: str) -> str | None:
     return None          # position_ids, pooler: llama.cpp's converter skips them
 
 
-def llama_cpp_style_gguf(folder: Path, out: Path, matrices=QType.F32, pooling: int | None = None) -> Path:
+def llama_cpp_style_gguf(folder: Path, out: Path, matrices=QType.F32, pooling: int | None = None,
+                         arch: str = "bert", names=None, sizes: dict | None = None) -> Path:
+    """`arch` (another of llama.cpp's WordPiece encoders, as nomic-bert) with its tensor names (`names`: HF name ->
+    GGUF name or None) and its sizes (`sizes`: `{arch}.*` key -> value) in place of BERT's."""
     cfg = json.loads((folder / "config.json").read_text())
     tj = json.loads((folder / "tokenizer.json").read_text())
     vocab = tj["model"]["vocab"]
@@ -51,12 +54,14 @@ def llama_cpp_style_gguf(folder: Path, out: Path, matrices=QType.F32, pooling: i
     pool_cfg = folder / "1_Pooling" / "config.json"
     if pooling is None:
         pooling = 2 if pool_cfg.is_file() and json.loads(pool_cfg.read_text()).get("pooling_mode_cls_token") else 1
-    meta = {"general.architecture": "bert", "general.name": folder.name,
-            "bert.context_length": cfg["max_position_embeddings"], "bert.embedding_length": cfg["hidden_size"],
-            "bert.feed_forward_length": cfg["intermediate_size"], "bert.block_count": cfg["num_hidden_layers"],
-            "bert.attention.head_count": cfg["num_attention_heads"],
-            "bert.attention.layer_norm_epsilon": float(cfg["layer_norm_eps"]), "bert.attention.causal": False,
-            "bert.pooling_type": pooling, "tokenizer.ggml.model": "bert", "tokenizer.ggml.tokens": phantom,
+    if sizes is None:
+        sizes = {"context_length": cfg["max_position_embeddings"], "embedding_length": cfg["hidden_size"],
+                 "feed_forward_length": cfg["intermediate_size"], "block_count": cfg["num_hidden_layers"],
+                 "attention.head_count": cfg["num_attention_heads"],
+                 "attention.layer_norm_epsilon": float(cfg["layer_norm_eps"])}
+    meta = {"general.architecture": arch, "general.name": folder.name,
+            **{f"{arch}.{k}": v for k, v in sizes.items()}, f"{arch}.attention.causal": False,
+            f"{arch}.pooling_type": pooling, "tokenizer.ggml.model": "bert", "tokenizer.ggml.tokens": phantom,
             "tokenizer.ggml.token_type": [3 if w in specials else 1 for w in words],
             "tokenizer.ggml.token_type_count": cfg.get("type_vocab_size", 2)}
     for key, tok in (("unknown", "[UNK]"), ("seperator", "[SEP]"), ("padding", "[PAD]"), ("cls", "[CLS]"),
@@ -65,7 +70,7 @@ def llama_cpp_style_gguf(folder: Path, out: Path, matrices=QType.F32, pooling: i
             meta[f"tokenizer.ggml.{key}_token_id"] = vocab[tok]
     tensors = {}
     for name, w in load_file(str(folder / "model.safetensors")).items():
-        g = _gguf_name(name)
+        g = (names or _gguf_name)(name)
         if g is not None:
             w = w.astype(np.float32)
             tensors[g] = (matrices if w.ndim == 2 and g.startswith("blk.") else QType.F32, w)

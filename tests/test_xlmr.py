@@ -180,7 +180,8 @@ def test_xlmr_gguf_matches_llama_cpp(tmp_path):
     with _load(gg) as m:
         ours = m.embed(texts)
         assert [ids for ids, _ in m.tokenizer.encode_for_encoder(texts, 64)] == [t["ids"] for t in theirs]
-    # llama.cpp rounds some products' inputs to float16 on CPU: 1.6e-4 here, where a wrong offset or type is 1e-1
+    # llama.cpp rounds some products' inputs to float16 on CPU: 1.6e-4 here (positions read from 0 are >= 1e-2 off:
+    # test_positions_start_after_the_padding_id)
     np.testing.assert_allclose(ours, np.array([t["embedding"] for t in theirs]), atol=5e-4, rtol=0)
 
 

@@ -40,6 +40,16 @@ class BertConfig:
     def head_dim(self) -> int:
         return self.hidden // self.n_heads
 
+    @property
+    def ffn_matrices(self) -> int:
+        """The MLP's weight matrices per layer (memory.encoder_plan): up and down."""
+        return 2
+
+    @property
+    def position_rows(self) -> int:
+        """Rows of the position table the encoder keeps (memory.encoder_plan)."""
+        return self.max_positions
+
 
 def _int(cfg: dict, key: str, lo: int, hi: int) -> int:
     v = cfg.get(key)
@@ -159,55 +169,63 @@ class BertEncoder(Closable):
     HEAD = ("pooler.dense", "classifier")
 
     def __init__(self, cfg: BertConfig, lookup, backend):
-        self.cfg, self.backend = cfg, backend
+        self.cfg, self.backend, self._lookup = cfg, backend, lookup
+        try:
+            self._load()
+        finally:
+            del self._lookup        # (the file's tensors: what is kept was converted)
+        backend.end_load()
+
+    # -- reading the weights (HF names, under one of PREFIXES) --
+    def _get(self, name: str, shape: tuple):
+        # HF BertModel names, or under `bert.` in the task-head classes
+        for n in (p + name for p in self.PREFIXES):
+            t = self._lookup(n)
+            if t is not None:
+                if tuple(t.shape) != shape:
+                    raise ModelFormatError(f"tensor {n!r} has shape {list(t.shape)}, the config says {list(shape)}")
+                return t
+        raise ModelFormatError(f"missing tensor {name!r}")
+
+    def _vec(self, name: str, n: int | None = None):
+        return self.backend.prepare_vector(self._get(name, (n or self.cfg.hidden,)))
+
+    def _f32(self, name: str, rows: int, cols: int | None = None) -> np.ndarray:
+        cols = cols or self.cfg.hidden
+        return np.ascontiguousarray(self._get(name, (rows, cols)).to_float32(), dtype=np.float32).reshape(rows, cols)
+
+    def _prepare(self, *names: str, rows: int | None = None, cols: int | None = None, bias: bool = True):
+        """One product for the named linear layers (Q, K and V as one), their biases concatenated."""
+        rows, cols = rows or self.cfg.hidden, cols or self.cfg.hidden
+        w = np.concatenate([self._f32(n + ".weight", rows, cols) for n in names])
+        b = np.concatenate([self._get(n + ".bias", (rows,)).to_float32().astype(np.float32).reshape(rows)
+                            for n in names]) if bias else None
+        return self.backend.prepare_dense(w, b)
+
+    def _ln(self, name: str) -> tuple:
+        return self._vec(name + ".weight"), self._vec(name + ".bias")
+
+    def _load(self) -> None:
+        cfg, dense = self.cfg, self._prepare
         H, F = cfg.hidden, cfg.ffn
-
-        def get(name: str, shape: tuple):
-            # HF BertModel names, or under `bert.` in the task-head classes
-            for n in (p + name for p in self.PREFIXES):
-                t = lookup(n)
-                if t is not None:
-                    if tuple(t.shape) != shape:
-                        raise ModelFormatError(f"tensor {n!r} has shape {list(t.shape)}, the config says {list(shape)}")
-                    return t
-            raise ModelFormatError(f"missing tensor {name!r}")
-
-        def vec(name, n=H):
-            return backend.prepare_vector(get(name, (n,)))
-
-        def f32w(name, rows=H, cols=H):
-            return np.asarray(get(name, (rows, cols)).to_float32(), dtype=np.float32).reshape(rows, cols)
-
-        def f32b(name, n=H):
-            return np.asarray(get(name, (n,)).to_float32(), dtype=np.float32).reshape(n)
-
-        def dense(*names, rows=H, cols=H):
-            """One product for the named linear layers (Q, K and V as one), their biases concatenated."""
-            w = np.concatenate([f32w(n + ".weight", rows, cols) for n in names])
-            return backend.prepare_dense(w, np.concatenate([f32b(n + ".bias", rows) for n in names]))
-
-        def f32(name, rows):
-            return np.ascontiguousarray(get(name, (rows, H)).to_float32(), dtype=np.float32).reshape(rows, H)
-
-        self.word = f32("embeddings.word_embeddings.weight", cfg.vocab_size)
-        self.pos = f32("embeddings.position_embeddings.weight", cfg.max_positions)
-        self.types = f32("embeddings.token_type_embeddings.weight", cfg.type_vocab)
-        self.emb_ln = (vec("embeddings.LayerNorm.weight"), vec("embeddings.LayerNorm.bias"))
+        self.word = self._f32("embeddings.word_embeddings.weight", cfg.vocab_size)
+        self.pos = self._f32("embeddings.position_embeddings.weight", cfg.max_positions)
+        self.types = self._f32("embeddings.token_type_embeddings.weight", cfg.type_vocab)
+        self.emb_ln = self._ln("embeddings.LayerNorm")
         self.layers = []
         for i in range(cfg.n_layers):
             p = f"encoder.layer.{i}."
             self.layers.append({
                 "qkv": dense(p + "attention.self.query", p + "attention.self.key", p + "attention.self.value"),
                 "o": dense(p + "attention.output.dense"),
-                "ln1": (vec(p + "attention.output.LayerNorm.weight"), vec(p + "attention.output.LayerNorm.bias")),
+                "ln1": self._ln(p + "attention.output.LayerNorm"),
                 "up": dense(p + "intermediate.dense", rows=F, cols=H),
                 "down": dense(p + "output.dense", rows=H, cols=F),
-                "ln2": (vec(p + "output.LayerNorm.weight"), vec(p + "output.LayerNorm.bias")),
+                "ln2": self._ln(p + "output.LayerNorm"),
             })
         self.head = None
         if cfg.n_labels:
             self.head = {"pool": dense(self.HEAD[0]), "cls": dense(self.HEAD[1], rows=cfg.n_labels)}
-        backend.end_load()
 
     def _dense(self, x: np.ndarray, d, rows: int) -> np.ndarray:
         out = np.empty((x.shape[0], rows), np.float32)
