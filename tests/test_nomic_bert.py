@@ -160,7 +160,8 @@ def test_nomic_gguf_matches_llama_cpp(tmp_path):
 
 @pytest.mark.parametrize("change", [{"rotary_emb_interleaved": True}, {"prenorm": True}, {"qkv_proj_bias": True},
                                     {"rotary_scaling_factor": 2.0}, {"activation_function": "gelu"},
-                                    {"rotary_emb_fraction": 0.5}, {"rotary_emb_base": -1}, {"n_head": 3}])
+                                    {"rotary_emb_fraction": 0.5}, {"rotary_emb_base": -1}, {"n_head": 3},
+                                    {"use_rms_norm": True}, {"moe_every_n_layers": 2}, {"causal": True}])
 def test_unsupported_nomic_configs_are_model_format_errors(tmp_path, change):
     with pytest.raises(ModelFormatError):
         llambda.load(tiny_nomic_dir(tmp_path, **change), backend="numpy")
@@ -179,3 +180,9 @@ def test_nomic_gguf_with_a_product_bias_is_refused(tmp_path):
         llambda.load(tmp_path / "b.gguf", backend="numpy")
     with pytest.raises(ModelFormatError, match="causal"):
         llambda.load(changed_gguf(gg, tmp_path / "c.gguf", {"nomic-bert.attention.causal": True}), backend="numpy")
+
+
+def test_an_integer_rotary_fraction_is_the_same_setting(tmp_path):
+    with _load(tiny_nomic_dir(_mkdir(tmp_path / "a"))) as a, \
+            _load(tiny_nomic_dir(_mkdir(tmp_path / "b"), rotary_emb_fraction=1)) as b:
+        np.testing.assert_array_equal(a.embed(TINY_TEXTS), b.embed(TINY_TEXTS))

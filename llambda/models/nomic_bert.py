@@ -35,7 +35,8 @@ class NomicBertConfig(bert.BertConfig):
 
 def _require(cfg: dict, key: str, want, default) -> None:
     v = cfg.get(key, default)
-    if v != want or type(v) is not type(want):
+    number = isinstance(want, float) and isinstance(v, (int, float)) and not isinstance(v, bool)
+    if v != want or not (number or type(v) is type(want)):
         raise ModelFormatError(f"config.json: {key} {v!r} is not supported for nomic_bert (only {want!r})")
 
 
@@ -49,6 +50,8 @@ def config_from_hf(cfg: dict, pooling: dict | None = None, st_config: dict | Non
     for key, want, default in (("activation_function", "swiglu", None), ("prenorm", False, False),
                                ("causal", False, False), ("rotary_emb_fraction", 1.0, 1.0),
                                ("rotary_emb_interleaved", False, False), ("rotary_scaling_factor", None, None),
+                               ("rotary_emb_scale_base", None, None), ("use_rms_norm", False, False),
+                               ("parallel_block", False, False), ("moe_every_n_layers", None, None),
                                ("qkv_proj_bias", False, False), ("mlp_fc1_bias", False, False),
                                ("mlp_fc2_bias", False, False)):
         _require(cfg, key, want, default)
