@@ -178,7 +178,7 @@ class BertEncoder(Closable):
 
     # -- reading the weights (HF names, under one of PREFIXES) --
     def _get(self, name: str, shape: tuple):
-        # HF BertModel names, or under `bert.` in the task-head classes
+        # HF names, or under a PREFIXES one (`bert.` in BERT's task-head classes)
         for n in (p + name for p in self.PREFIXES):
             t = self._lookup(n)
             if t is not None:

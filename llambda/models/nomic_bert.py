@@ -130,7 +130,7 @@ def config_from_gguf(meta: dict) -> NomicBertConfig:
 class NomicBertEncoder(bert.BertEncoder):
     """The weights of one nomic-bert on a backend, and its batched forward pass (rotary, SwiGLU)."""
 
-    PREFIXES = ("",)
+    PREFIXES = ("", "bert.")      # (llama.cpp's converter strips a `bert.` some checkpoints carry)
 
     def _load(self) -> None:
         cfg, dense = self.cfg, self._prepare
