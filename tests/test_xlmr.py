@@ -217,3 +217,27 @@ def test_bad_unigram_gguf_vocabulary_is_a_tokenizer_error(tmp_path, change, mess
         with pytest.raises(TokenizerError, match=message):
             m.embed(["the cat"])
         assert np.isfinite(m.embed([[0, 4, 5, 2]])).all()
+
+
+def test_xlmr_reranker_and_embedder_on_a_server():
+    """/v1/rerank answers transformers' logits in its order; /v1/embeddings and Ollama's /api/embed its vectors."""
+    from llambda.server import ServerConfig, create_app
+    from serverkit import LiveServer, post
+    cfg = ServerConfig(model_id="xlmr", parallel=1, queue_size=8, max_body_bytes=64 * 1024, max_tokens_cap=64,
+                       prefill_chunk=64)
+    ref = reference(RERANKER)
+    docs, want = [p["document"] for p in ref["pairs"]], [p["logits"][0] for p in ref["pairs"]]
+    with _load(RERANKER) as m, LiveServer(create_app(m, cfg)) as srv:
+        r = post(srv, "/v1/rerank", {"query": ref["query"], "documents": docs})
+        assert r.status_code == 200, r.text
+        res = r.json()["results"]
+        assert [x["index"] for x in res] == list(np.argsort(want)[::-1])
+        assert all(abs(x["relevance_score"] - want[x["index"]]) < 1e-5 for x in res)
+    emb = reference(EMBEDDER)["inputs"]
+    with _load(EMBEDDER) as m, LiveServer(create_app(m, cfg)) as srv:
+        for path, body, key in (("/v1/embeddings", {"input": emb[1]["text"]}, None),
+                                ("/api/embed", {"model": "xlmr", "input": emb[1]["text"]}, "embeddings")):
+            r = post(srv, path, body)
+            assert r.status_code == 200, r.text
+            got = r.json()[key][0] if key else r.json()["data"][0]["embedding"]
+            assert np.abs(np.array(got) - np.array(emb[1]["embedding"])).max() < 1e-5
