@@ -21,7 +21,7 @@ from .formats.lora import adapter_specs
 from .formats.lora_merge import LoraMerge, merge_peak, open_adapters
 from .formats.open import open_named
 from .hub import is_catalogued
-from .models import memory
+from .models import encoder_module, memory
 from .models.base import Transformer, live_server
 from .models.bert import BertConfig, BertEncoder, pack_batch
 from .models.config import MAX_POSITIONS
@@ -868,7 +868,7 @@ def _load_encoder(name_or_path, path: Path, src, backend, threads, activations, 
         # sums (all-MiniLM-L6-v2: cosine >= 0.99997 to float64); activations="f32" keeps float32 weights
         be = create_backend(backend, threads=threads, activations=activations)
         mplan = plan_memory(src, be)
-        enc = BertEncoder(src.config, src.tensor, be)
+        enc = encoder_module(src.config.arch).ENCODER(src.config, src.tensor, be)
     except BaseException:
         src.close()
         raise

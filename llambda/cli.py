@@ -618,7 +618,8 @@ def _is_encoder_file(path) -> bool:
     from .formats.open import open_model
     src = open_model(Path(path))
     try:
-        return getattr(src.config, "arch", None) == "bert"
+        from .models import ENCODERS
+        return getattr(src.config, "arch", None) in ENCODERS
     finally:
         src.close()
 

@@ -32,18 +32,23 @@ def ggml_quantize(lib, x: np.ndarray, qtype: int, row_bytes: int) -> np.ndarray:
     return out
 
 
-_LOGITS_CHILD = """
+# a child's start: llama.cpp quiet but for warnings, the model of argv[1] loaded, argv[2] as `given` (JSON)
+_CHILD_LOAD = """
 import json, sys
 import numpy as np
 import llama_cpp as L
 quiet = L.llama_log_callback(lambda level, text, user: sys.stderr.write(text.decode(errors="replace"))
                              if level >= 3 else None)     # warnings and errors only
 L.llama_log_set(quiet, None)
-path, ids = sys.argv[1], json.loads(sys.argv[2])
+path, given = sys.argv[1], json.loads(sys.argv[2])
 L.llama_backend_init()
 model = L.llama_model_load_from_file(path.encode(), L.llama_model_default_params())
 if not model:
     sys.exit("llama.cpp could not load the file")
+"""
+
+_LOGITS_CHILD = _CHILD_LOAD + """
+ids = given
 n = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
 cp = L.llama_context_default_params()
 cp.n_ctx, cp.n_threads, cp.n_threads_batch = 64, 1, 1
@@ -114,3 +119,48 @@ def mtmd_image_rows(text_gguf, mmproj, rgb: np.ndarray, tmp: Path, timeout: floa
     assert r.returncode == 0, r.stderr[-2000:]
     with np.load(tmp / "rows.npz") as z:
         return [z[k] for k in sorted(z.files)]
+
+
+_EMBED_CHILD = _CHILD_LOAD + """
+texts = given
+vocab = L.llama_model_get_vocab(model)
+cp = L.llama_context_default_params()
+cp.n_ctx = cp.n_batch = cp.n_ubatch = 512
+cp.n_threads, cp.n_threads_batch, cp.embeddings = 1, 1, True
+ctx = L.llama_init_from_model(model, cp)
+n_embd = L.llama_model_n_embd(model)
+out = []
+rank = L.llama_pooling_type(ctx) == L.LLAMA_POOLING_TYPE_RANK
+n_out = L.llama_model_n_cls_out(model) if rank else n_embd
+for text in texts:
+    if isinstance(text, list):
+        ids = text
+    else:
+        raw = text.encode()
+        buf = (L.llama_token * (len(raw) + 8))()
+        n = L.llama_tokenize(vocab, raw, len(raw), buf, len(buf), True, True)
+        if n < 0:
+            sys.exit("llama_tokenize failed")
+        ids = list(buf[:n])
+    n = len(ids)
+    L.llama_memory_clear(L.llama_get_memory(ctx), True)
+    arr = (L.llama_token * n)(*ids)       # kept alive: the batch points into it
+    if L.llama_decode(ctx, L.llama_batch_get_one(arr, n)) != 0:
+        sys.exit("llama_decode failed")
+    v = np.ctypeslib.as_array(L.llama_get_embeddings_seq(ctx, 0), shape=(n_out,)).astype(np.float64)
+    out.append({"ids": ids, "embedding": (v if rank else v / np.linalg.norm(v)).tolist()})
+print(json.dumps(out))
+"""
+
+
+def llama_cpp_embeddings(path, texts: list, timeout: float = 300.0) -> list[dict]:
+    """llama.cpp's tokens (its special tokens added; a list of ids is taken as given) and pooled embedding
+    (L2-normalized; a rank model's: its classifier outputs, as they are) of each text on the encoder GGUF at
+    `path`, one text a decode, in a child process; AssertionError with llama.cpp's words if it fails."""
+    import json
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", _EMBED_CHILD, str(path), json.dumps(list(texts))],
+                       capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, f"llama.cpp failed on {Path(path).name} (exit {r.returncode}): {r.stderr[-600:]}"
+    return json.loads(r.stdout.strip().splitlines()[-1])

@@ -2,7 +2,7 @@
 embed as the Hugging Face directory they came from.
 
 `llama_cpp_style_gguf` writes a HF BERT directory the way convert_hf_to_gguf.py does: `bert.*` sizes,
-`bert.pooling_type` from 1_Pooling (1 mean, 2 CLS), the vocabulary in phantom-space form
+`bert.pooling_type` from 1_Pooling (1 mean, 2 CLS; 4 rank: tests/test_xlmr.py), the vocabulary in phantom-space form
 (`▁word`, `##piece` -> `piece`, `[CLS]` kept) with its special ids (`seperator` as llama.cpp
 spells it), and GGUF tensor names (token_embd, position_embd, token_types, blk.N.attn_q ...).
 """
@@ -40,7 +40,10 @@ def _gguf_name(hf: str) -> str | None:
     return None          # position_ids, pooler: llama.cpp's converter skips them
 
 
-def llama_cpp_style_gguf(folder: Path, out: Path, matrices=QType.F32, pooling: int | None = None) -> Path:
+def llama_cpp_style_gguf(folder: Path, out: Path, matrices=QType.F32, pooling: int | None = None,
+                         arch: str = "bert", names=None, sizes: dict | None = None) -> Path:
+    """`arch` (another of llama.cpp's WordPiece encoders, as nomic-bert) with its tensor names (`names`: HF name ->
+    GGUF name or None) and its sizes (`sizes`: `{arch}.*` key -> value) in place of BERT's."""
     cfg = json.loads((folder / "config.json").read_text())
     tj = json.loads((folder / "tokenizer.json").read_text())
     vocab = tj["model"]["vocab"]
@@ -51,12 +54,14 @@ def llama_cpp_style_gguf(folder: Path, out: Path, matrices=QType.F32, pooling: i
     pool_cfg = folder / "1_Pooling" / "config.json"
     if pooling is None:
         pooling = 2 if pool_cfg.is_file() and json.loads(pool_cfg.read_text()).get("pooling_mode_cls_token") else 1
-    meta = {"general.architecture": "bert", "general.name": folder.name,
-            "bert.context_length": cfg["max_position_embeddings"], "bert.embedding_length": cfg["hidden_size"],
-            "bert.feed_forward_length": cfg["intermediate_size"], "bert.block_count": cfg["num_hidden_layers"],
-            "bert.attention.head_count": cfg["num_attention_heads"],
-            "bert.attention.layer_norm_epsilon": float(cfg["layer_norm_eps"]), "bert.attention.causal": False,
-            "bert.pooling_type": pooling, "tokenizer.ggml.model": "bert", "tokenizer.ggml.tokens": phantom,
+    if sizes is None:
+        sizes = {"context_length": cfg["max_position_embeddings"], "embedding_length": cfg["hidden_size"],
+                 "feed_forward_length": cfg["intermediate_size"], "block_count": cfg["num_hidden_layers"],
+                 "attention.head_count": cfg["num_attention_heads"],
+                 "attention.layer_norm_epsilon": float(cfg["layer_norm_eps"])}
+    meta = {"general.architecture": arch, "general.name": folder.name,
+            **{f"{arch}.{k}": v for k, v in sizes.items()}, f"{arch}.attention.causal": False,
+            f"{arch}.pooling_type": pooling, "tokenizer.ggml.model": "bert", "tokenizer.ggml.tokens": phantom,
             "tokenizer.ggml.token_type": [3 if w in specials else 1 for w in words],
             "tokenizer.ggml.token_type_count": cfg.get("type_vocab_size", 2)}
     for key, tok in (("unknown", "[UNK]"), ("seperator", "[SEP]"), ("padding", "[PAD]"), ("cls", "[CLS]"),
@@ -65,7 +70,7 @@ def llama_cpp_style_gguf(folder: Path, out: Path, matrices=QType.F32, pooling: i
             meta[f"tokenizer.ggml.{key}_token_id"] = vocab[tok]
     tensors = {}
     for name, w in load_file(str(folder / "model.safetensors")).items():
-        g = _gguf_name(name)
+        g = (names or _gguf_name)(name)
         if g is not None:
             w = w.astype(np.float32)
             tensors[g] = (matrices if w.ndim == 2 and g.startswith("blk.") else QType.F32, w)
@@ -110,7 +115,8 @@ def test_cls_pooling_from_gguf(tmp_path):
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"bert.pooling_type": 4}, "pooling_type"),
+    ({"bert.pooling_type": 3}, "pooling_type"),                   # last token: not a BERT's
+    ({"bert.pooling_type": 4}, "missing tensor 'pooler.dense"),   # rank without its head (cls, cls.output)
     ({"bert.attention.causal": True}, "causal"),
     ({"bert.block_count": None}, "block_count"),
     ({"bert.embedding_length": 30}, "multiple"),
@@ -120,10 +126,16 @@ def test_cls_pooling_from_gguf(tmp_path):
     ({"bert.attention.layer_norm_epsilon": GGUFValue(VT.FLOAT64, 1e-320)}, "layer_norm_eps"),   # 0 in float32
 ])
 def test_bad_bert_gguf_metadata_is_a_model_format_error(tmp_path, change, message):
-    from llambda.formats.gguf import GGUFFile
     folder, _, _ = _tiny_bert_dir(_mkdir(tmp_path / "hf"))
-    gg = llama_cpp_style_gguf(folder, tmp_path / "a.gguf")
-    with GGUFFile(gg) as f:
+    gg = changed_gguf(llama_cpp_style_gguf(folder, tmp_path / "a.gguf"), tmp_path / "b.gguf", change)
+    with pytest.raises(ModelFormatError, match=message):
+        llambda.load(gg, backend="numpy")
+
+
+def changed_gguf(src: Path, out: Path, change: dict) -> Path:
+    """A copy of float32 GGUF `src` with its metadata changed (a None value: the key dropped)."""
+    from llambda.formats.gguf import GGUFFile
+    with GGUFFile(src) as f:
         meta = dict(f.metadata)
         tensors = {n: (t.qtype, np.frombuffer(t.data, np.float32).reshape(t.shape)) for n, t in f.tensors.items()}
     for k, v in change.items():
@@ -131,9 +143,8 @@ def test_bad_bert_gguf_metadata_is_a_model_format_error(tmp_path, change, messag
             meta.pop(k)
         else:
             meta[k] = v
-    write_gguf(tmp_path / "b.gguf", meta, tensors)
-    with pytest.raises(ModelFormatError, match=message):
-        llambda.load(tmp_path / "b.gguf", backend="numpy")
+    write_gguf(out, meta, tensors)
+    return out
 
 
 def test_minilm_gguf_embeds_as_its_directory(minilm_dir, tmp_path):

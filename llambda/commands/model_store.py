@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from ..hub import DEFAULT_MODEL
+from ..models import ENCODERS
 
 
 def cmd_pull(a) -> int:
@@ -52,11 +53,11 @@ def cmd_show(a) -> int:
     _, src = open_named(a.model)
     try:
         c = src.config
-        if getattr(c, "arch", None) == "bert":      # an encoder: no KV cache, no generation
+        if getattr(c, "arch", None) in ENCODERS:      # an encoder: no KV cache, no generation
             import math
             params = sum(math.prod(src.tensor(n).shape) for n in src.tensor_names)
             kind = "cross-encoder (reranker)" if c.n_labels else f"embedding model, {c.pooling} pooling"
-            print(f"{src.name}: bert encoder, {kind}\n  {c.n_layers} layers, hidden {c.hidden}, {c.n_heads} heads, "
+            print(f"{src.name}: {c.arch} encoder, {kind}\n  {c.n_layers} layers, hidden {c.hidden}, {c.n_heads} heads, "
                   f"ffn {c.ffn}, vocab {c.vocab_size}, up to {c.max_tokens} tokens\n  {params / 1e6:.1f}M parameters")
             if a.verbose:
                 _print_default_plan(src, a)

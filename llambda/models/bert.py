@@ -40,6 +40,16 @@ class BertConfig:
     def head_dim(self) -> int:
         return self.hidden // self.n_heads
 
+    @property
+    def ffn_matrices(self) -> int:
+        """The MLP's weight matrices per layer (memory.encoder_plan): up and down."""
+        return 2
+
+    @property
+    def position_rows(self) -> int:
+        """Rows of the position table the encoder keeps (memory.encoder_plan)."""
+        return self.max_positions
+
 
 def _int(cfg: dict, key: str, lo: int, hi: int) -> int:
     v = cfg.get(key)
@@ -82,9 +92,12 @@ def config_from_hf(cfg: dict, pooling: dict | None = None, st_config: dict | Non
     return c
 
 
-# llama.cpp's `bert` GGUF: its pooling types, and its tensor names for the HF ones the encoder reads
-GGUF_POOLING = {1: "mean", 2: "cls"}
-_GGUF_GLOBAL = {"embeddings.word_embeddings.weight": "token_embd.weight",
+# llama.cpp's `bert` GGUF: its pooling types (4, rank: a cross-encoder, its head as `cls` and `cls.output`),
+# and its tensor names for the HF ones the encoder reads
+GGUF_POOLING = {1: "mean", 2: "cls", 4: "rank"}
+_GGUF_GLOBAL = {"pooler.dense.weight": "cls.weight", "pooler.dense.bias": "cls.bias",
+                "classifier.weight": "cls.output.weight", "classifier.bias": "cls.output.bias",
+                "embeddings.word_embeddings.weight": "token_embd.weight",
                 "embeddings.position_embeddings.weight": "position_embd.weight",
                 "embeddings.token_type_embeddings.weight": "token_types.weight",
                 "embeddings.LayerNorm.weight": "token_embd_norm.weight",
@@ -137,9 +150,13 @@ def config_from_gguf(meta: dict) -> BertConfig:
     kind = meta.get("bert.pooling_type", 1)
     if isinstance(kind, bool) or not isinstance(kind, int) or kind not in GGUF_POOLING:   # (a list: unhashable)
         shown = repr(kind) if isinstance(kind, (int, float, str)) else type(kind).__name__
-        raise ModelFormatError(f"GGUF 'bert.pooling_type' {shown[:40]} is not supported (1 mean, 2 CLS)")
+        raise ModelFormatError(f"GGUF 'bert.pooling_type' {shown[:40]} is not supported (1 mean, 2 CLS, 4 rank)")
+    if GGUF_POOLING[kind] == "rank":         # the classifier's outputs, one per label (llama.cpp: one without labels)
+        labels = meta.get("bert.classifier.output_labels")
+        cfg["architectures"] = ["BertForSequenceClassification"]
+        cfg["id2label"] = {str(i): str(v) for i, v in enumerate(labels)} if isinstance(labels, list) else None
     try:
-        return config_from_hf(cfg, pooling={"pooling_mode_cls_token": GGUF_POOLING[kind] == "cls"})
+        return config_from_hf(cfg, pooling={"pooling_mode_cls_token": GGUF_POOLING[kind] != "mean"})
     except ModelFormatError as e:      # name the format; the field names are HF's spelling of bert.*
         raise ModelFormatError(str(e).replace("config.json:", "GGUF metadata (bert.*):")) from None
 
@@ -147,56 +164,68 @@ def config_from_gguf(meta: dict) -> BertConfig:
 class BertEncoder(Closable):
     """The weights of one BERT on a backend, and its batched forward pass."""
 
+    # where the task-head classes keep the encoder's tensors, and their classification head's two layers
+    PREFIXES = ("", "bert.")
+    HEAD = ("pooler.dense", "classifier")
+
     def __init__(self, cfg: BertConfig, lookup, backend):
-        self.cfg, self.backend = cfg, backend
+        self.cfg, self.backend, self._lookup = cfg, backend, lookup
+        try:
+            self._load()
+        finally:
+            del self._lookup        # (the file's tensors: what is kept was converted)
+        backend.end_load()
+
+    # -- reading the weights (HF names, under one of PREFIXES) --
+    def _get(self, name: str, shape: tuple):
+        # HF names, or under a PREFIXES one (`bert.` in BERT's task-head classes)
+        for n in (p + name for p in self.PREFIXES):
+            t = self._lookup(n)
+            if t is not None:
+                if tuple(t.shape) != shape:
+                    raise ModelFormatError(f"tensor {n!r} has shape {list(t.shape)}, the config says {list(shape)}")
+                return t
+        raise ModelFormatError(f"missing tensor {name!r}")
+
+    def _vec(self, name: str, n: int | None = None):
+        return self.backend.prepare_vector(self._get(name, (n or self.cfg.hidden,)))
+
+    def _f32(self, name: str, rows: int, cols: int | None = None) -> np.ndarray:
+        cols = cols or self.cfg.hidden
+        return np.ascontiguousarray(self._get(name, (rows, cols)).to_float32(), dtype=np.float32).reshape(rows, cols)
+
+    def _prepare(self, *names: str, rows: int | None = None, cols: int | None = None, bias: bool = True):
+        """One product for the named linear layers (Q, K and V as one), their biases concatenated."""
+        rows, cols = rows or self.cfg.hidden, cols or self.cfg.hidden
+        w = np.concatenate([self._f32(n + ".weight", rows, cols) for n in names])
+        b = np.concatenate([self._get(n + ".bias", (rows,)).to_float32().astype(np.float32).reshape(rows)
+                            for n in names]) if bias else None
+        return self.backend.prepare_dense(w, b)
+
+    def _ln(self, name: str) -> tuple:
+        return self._vec(name + ".weight"), self._vec(name + ".bias")
+
+    def _load(self) -> None:
+        cfg, dense = self.cfg, self._prepare
         H, F = cfg.hidden, cfg.ffn
-
-        def get(name: str, shape: tuple):
-            # HF BertModel names, or under `bert.` in the task-head classes
-            for n in (name, "bert." + name):
-                t = lookup(n)
-                if t is not None:
-                    if tuple(t.shape) != shape:
-                        raise ModelFormatError(f"tensor {n!r} has shape {list(t.shape)}, the config says {list(shape)}")
-                    return t
-            raise ModelFormatError(f"missing tensor {name!r}")
-
-        def vec(name, n=H):
-            return backend.prepare_vector(get(name, (n,)))
-
-        def f32w(name, rows=H, cols=H):
-            return np.asarray(get(name, (rows, cols)).to_float32(), dtype=np.float32).reshape(rows, cols)
-
-        def f32b(name, n=H):
-            return np.asarray(get(name, (n,)).to_float32(), dtype=np.float32).reshape(n)
-
-        def dense(*names, rows=H, cols=H):
-            """One product for the named linear layers (Q, K and V as one), their biases concatenated."""
-            w = np.concatenate([f32w(n + ".weight", rows, cols) for n in names])
-            return backend.prepare_dense(w, np.concatenate([f32b(n + ".bias", rows) for n in names]))
-
-        def f32(name, rows):
-            return np.ascontiguousarray(get(name, (rows, H)).to_float32(), dtype=np.float32).reshape(rows, H)
-
-        self.word = f32("embeddings.word_embeddings.weight", cfg.vocab_size)
-        self.pos = f32("embeddings.position_embeddings.weight", cfg.max_positions)
-        self.types = f32("embeddings.token_type_embeddings.weight", cfg.type_vocab)
-        self.emb_ln = (vec("embeddings.LayerNorm.weight"), vec("embeddings.LayerNorm.bias"))
+        self.word = self._f32("embeddings.word_embeddings.weight", cfg.vocab_size)
+        self.pos = self._f32("embeddings.position_embeddings.weight", cfg.max_positions)
+        self.types = self._f32("embeddings.token_type_embeddings.weight", cfg.type_vocab)
+        self.emb_ln = self._ln("embeddings.LayerNorm")
         self.layers = []
         for i in range(cfg.n_layers):
             p = f"encoder.layer.{i}."
             self.layers.append({
                 "qkv": dense(p + "attention.self.query", p + "attention.self.key", p + "attention.self.value"),
                 "o": dense(p + "attention.output.dense"),
-                "ln1": (vec(p + "attention.output.LayerNorm.weight"), vec(p + "attention.output.LayerNorm.bias")),
+                "ln1": self._ln(p + "attention.output.LayerNorm"),
                 "up": dense(p + "intermediate.dense", rows=F, cols=H),
                 "down": dense(p + "output.dense", rows=H, cols=F),
-                "ln2": (vec(p + "output.LayerNorm.weight"), vec(p + "output.LayerNorm.bias")),
+                "ln2": self._ln(p + "output.LayerNorm"),
             })
         self.head = None
         if cfg.n_labels:
-            self.head = {"pool": dense("pooler.dense"), "cls": dense("classifier", rows=cfg.n_labels)}
-        backend.end_load()
+            self.head = {"pool": dense(self.HEAD[0]), "cls": dense(self.HEAD[1], rows=cfg.n_labels)}
 
     def _dense(self, x: np.ndarray, d, rows: int) -> np.ndarray:
         out = np.empty((x.shape[0], rows), np.float32)
@@ -216,14 +245,8 @@ class BertEncoder(Closable):
     def _forward(self, ids: np.ndarray, type_ids: np.ndarray, starts: np.ndarray) -> np.ndarray:
         cfg, be = self.cfg, self.backend
         H, F = cfg.hidden, cfg.ffn
-        lens = np.diff(starts)
-        if lens.max() > self.pos.shape[0]:
-            raise ValueError(f"{lens.max()} tokens is beyond the {self.pos.shape[0]} positions of this model")
         n = ids.shape[0]
-        pos = np.arange(n) - np.repeat(starts[:-1], lens)
-        x = self.word[ids]
-        x += self.pos[pos]
-        x += self.types[type_ids]
+        x = self._embed(ids, type_ids, starts)
         be.add_layernorm(x, None, *self.emb_ln, cfg.eps, x)
         ctx, up = np.empty((n, H), np.float32), np.empty((n, F), np.float32)
         for L in self.layers:
@@ -235,6 +258,16 @@ class BertEncoder(Closable):
             be.gelu_erf(up)
             be.dense(up, L["down"], att)
             be.add_layernorm(att, x, *L["ln2"], cfg.eps, x)          # x = LN(x + MLP)
+        return x
+
+    def _embed(self, ids: np.ndarray, type_ids: np.ndarray, starts: np.ndarray) -> np.ndarray:
+        """Word + absolute position (from 0 in each sequence) + token-type embeddings, before their LayerNorm."""
+        lens = np.diff(starts)
+        if lens.max() > self.pos.shape[0]:
+            raise ValueError(f"{lens.max()} tokens is beyond the {self.pos.shape[0]} positions of this model")
+        x = self.word[ids]
+        x += self.pos[np.arange(ids.shape[0]) - np.repeat(starts[:-1], lens)]
+        x += self.types[type_ids]
         return x
 
     def pool(self, hidden: np.ndarray, starts: np.ndarray) -> np.ndarray:
@@ -253,6 +286,9 @@ class BertEncoder(Closable):
         cls = np.ascontiguousarray(hidden[starts[:-1]])
         pooled = np.tanh(self._dense(cls, self.head["pool"], self.cfg.hidden))
         return self._dense(np.ascontiguousarray(pooled, dtype=np.float32), self.head["cls"], self.cfg.n_labels)
+
+
+ENCODER = BertEncoder      # the class models/__init__.encoder_module's users build
 
 
 def pack_batch(encoded: list[tuple[list[int], list[int]]]) -> tuple[np.ndarray, ...]:

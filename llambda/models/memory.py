@@ -121,11 +121,12 @@ def encoder_plan(src: ModelSource, tokens: int, dense_bytes: int = 2) -> Encoder
     c = src.config
     H, F = c.hidden, c.ffn
     mapped = sum(tensor_nbytes(t.qtype, t.shape) for t in map(src.tensor, src.tensor_names) if t is not None)
-    emb = (c.vocab_size + c.max_positions + c.type_vocab) * H * 4
-    dense = c.n_layers * (4 * H * H + 2 * H * F) + (H * H + c.n_labels * H if c.n_labels else 0)
+    emb = (c.vocab_size + c.position_rows + c.type_vocab) * H * 4
+    dense = c.n_layers * (4 * H * H + c.ffn_matrices * H * F) + (H * H + c.n_labels * H if c.n_labels else 0)
     biases = c.n_layers * (6 * H + F) * 4
-    # per token: x, ctx, the attention output and qkv (6 H), the MLP's up (F), the embeddings' gathers (H)
-    acts = tokens * (7 * H + F) * 4
+    # per token: x, ctx, the attention output and qkv (6 H), the MLP's up (F; and a gated MLP's gate, F), the
+    # embeddings' gathers (H)
+    acts = tokens * (7 * H + (c.ffn_matrices - 1) * F) * 4
     fmt = "bfloat16" if dense_bytes == 2 else "float32"
     return EncoderPlan(emb + dense * dense_bytes + biases, mapped, acts, tokens, fmt, mem_available())
 

@@ -6,6 +6,7 @@
 - llama (SentencePiece BPE): spaces become U+2581, optionally one is
   prepended, the whole text is one word, merges are derived from the scores,
   and characters with no token fall back to <0xNN> byte tokens.
+- bert (WordPiece, wordpiece.py) and t5 (SentencePiece Unigram, unigram.py).
 
 Added tokens (matched whole in the text before BPE): CONTROL and UNKNOWN
 tokens as special ones (skipped when parse_special=False), USER_DEFINED as
@@ -22,6 +23,7 @@ from ..errors import TokenizerError
 from .merges import merges_from_ranks, parse_merges
 from .pretokenize import byte_level_pipeline, spec_for
 from .vocab import TokenizerWarning, TokenType, Vocab
+from .unigram import build_unigram
 from .wordpiece import build_wordpiece
 
 SPACE_MARK = "\u2581"   # SentencePiece's visible space
@@ -100,8 +102,8 @@ def build_sentencepiece_bpe(vocab: Vocab) -> Tokenizer:
 def build_backend(vocab: Vocab) -> Tokenizer:
     if vocab.model == "gpt2":
         return build_byte_level_bpe(vocab)
-    if vocab.model == "bert":
-        tk = build_wordpiece(vocab)
+    if vocab.model in ("bert", "t5"):
+        tk = build_wordpiece(vocab) if vocab.model == "bert" else build_unigram(vocab)
         _add_special_and_user_tokens(tk, vocab)
         return tk
     return build_sentencepiece_bpe(vocab)

@@ -58,7 +58,7 @@ class Tokenizer:
         self.model: str = vocab.model
         self.pre: str = vocab.pre
         # SentencePiece with a space prefix: decode drops the one encode added.
-        self._strip_first_space = vocab.model == "llama" and vocab.add_space_prefix
+        self._strip_first_space = vocab.model in ("llama", "t5") and vocab.add_space_prefix
 
         # Bytes the byte-level vocabulary cannot spell are dropped by BPE (as
         # the original tokenizers do); remember them so encode can say so.

@@ -73,15 +73,20 @@ def _charsmap_longest_replacement(tj: Path, charsmap) -> int:
     return max(map(len, blob[4 + trie_bytes:].split(b"\0")))
 
 
+def check_charsmap(where, charsmap) -> None:
+    """Refuse a precompiled charsmap (base64) that writes more per match than SentencePiece's own do."""
+    longest = _charsmap_longest_replacement(where, charsmap)
+    if longest > MAX_CHARSMAP_REPLACEMENT:
+        raise TokenizerError(f"{where}: normalizer Precompiled writes up to {longest} bytes per match, more "
+                             f"than the {MAX_CHARSMAP_REPLACEMENT} allowed (a text would grow without bound)")
+
+
 def _check_normalizer_growth(tj: Path, spec) -> None:
     """Refuse a normalizer that writes more per match than real ones do: normalizing runs inside the
     library before any check of ours, so one bad rule multiplies every text's size."""
     for norm in _component_types(spec):
         if norm.get("type") == "Precompiled":
-            longest = _charsmap_longest_replacement(tj, norm.get("precompiled_charsmap"))
-            if longest > MAX_CHARSMAP_REPLACEMENT:
-                raise TokenizerError(f"{tj}: normalizer Precompiled writes up to {longest} bytes per match, more "
-                                     f"than the {MAX_CHARSMAP_REPLACEMENT} allowed (a text would grow without bound)")
+            check_charsmap(tj, norm.get("precompiled_charsmap"))
             continue
         text = norm.get("content") if norm.get("type") == "Replace" else norm.get("prepend")
         if isinstance(text, str) and len(text) > MAX_NORMALIZER_TEXT:

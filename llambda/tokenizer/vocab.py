@@ -48,7 +48,7 @@ _REQUIRED_RANGE_IDS = ("bos", "eos", "eot", "eom")
 
 @dataclass
 class Vocab:
-    model: str                       # "gpt2" (byte-level BPE) or "llama" (SentencePiece)
+    model: str                       # "gpt2" (byte-level BPE), "llama" (SentencePiece), "bert", "t5" (Unigram)
     pre: str                         # tokenizer.ggml.pre, "default" when absent
     tokens: list[str]
     types: np.ndarray                # int32 TokenType per id
@@ -146,6 +146,19 @@ def _flag(md: dict, name: str, default: bool) -> bool:
     raise TokenizerError(f"metadata {key!r} must be a bool, got {v!r}")
 
 
+def _charsmap_bytes(value) -> bytes | None:
+    """The raw precompiled charsmap of GGUF metadata (an array of bytes), None when absent."""
+    if value is None:
+        return None
+    try:
+        arr = np.asarray(value)
+        if arr.ndim != 1 or arr.dtype.kind not in "iu" or (arr.size and (arr.min() < -128 or arr.max() > 255)):
+            raise ValueError
+        return arr.astype(np.int64).astype(np.uint8).tobytes()
+    except (TypeError, ValueError, OverflowError):
+        raise TokenizerError("metadata 'tokenizer.ggml.precompiled_charsmap' must be an array of bytes") from None
+
+
 def vocab_from_gguf_metadata(md: dict) -> Vocab:
     if not isinstance(md, dict):
         raise TokenizerError(f"tokenizer metadata must be a dict, got {type(md).__name__}")
@@ -165,10 +178,10 @@ def vocab_from_gguf_metadata(md: dict) -> Vocab:
                       TokenizerWarning, stacklevel=3)
     if not isinstance(model, str):
         raise TokenizerError(f"metadata 'tokenizer.ggml.model' must be a string, got {model!r}")
-    if model not in ("gpt2", "llama", "bert"):
+    if model not in ("gpt2", "llama", "bert", "t5"):
         raise TokenizerError(
             f"tokenizer model {model!r} is not supported (supported: 'gpt2' byte-level BPE, "
-            f"'llama' SentencePiece, 'bert' WordPiece)")
+            f"'llama' SentencePiece, 'bert' WordPiece, 't5' SentencePiece Unigram)")
     if model == "bert":
         tokens = from_phantom_space(tokens)
     pre = md.get(KEY + "pre", "default")
@@ -196,6 +209,10 @@ def vocab_from_gguf_metadata(md: dict) -> Vocab:
     if model == "bert":       # llama.cpp's key spells "seperator"; [CLS] defaults to BOS, [SEP] to EOS
         v.extra["cls"] = _token_id(md, "cls", n) if KEY + "cls_token_id" in md else v.bos_id
         v.extra["sep"] = _token_id(md, "seperator", n) if KEY + "seperator_token_id" in md else v.eos_id
+    if model == "t5":         # llama.cpp's UGM: a pair is BOS a EOS SEP b EOS
+        v.extra["sep"] = _token_id(md, "seperator", n)
+        v.extra["remove_extra_whitespaces"] = _flag(md, "remove_extra_whitespaces", False)
+        v.extra["charsmap"] = _charsmap_bytes(md.get(KEY + "precompiled_charsmap"))
     if typeless:
         # Without token types the named special ids are the only control
         # tokens we know of; mark them so that they are matched and skipped.
@@ -205,12 +222,15 @@ def vocab_from_gguf_metadata(md: dict) -> Vocab:
     spm = model == "llama"
     # Defaults follow llama.cpp: SentencePiece adds BOS and a space prefix
     # unless told otherwise; byte-level BPE adds BOS only for llama3-style pre.
+    ugm = model == "t5"       # llama.cpp's UGM defaults: EOS added, no BOS, a space prefix
     v.add_bos = _flag(md, "add_bos_token", spm or pre in ("llama3", "llama-v3", "llama-bpe", "falcon3",
                                                         "tekken", "chameleon"))
     if pre in ("glm4", "chatglm-bpe"):
         v.add_bos = False       # llama.cpp drops GLM's BOS whatever the flag: its templates write [gMASK]<sop>
-    v.add_eos = _flag(md, "add_eos_token", False)
-    v.add_space_prefix = _flag(md, "add_space_prefix", spm) if spm else False
+    v.add_eos = _flag(md, "add_eos_token", ugm)
+    v.add_space_prefix = _flag(md, "add_space_prefix", True) if spm or ugm else False
+    if ugm and v.extra["remove_extra_whitespaces"]:
+        v.add_space_prefix = True         # llama.cpp writes U+2581 before every word then, the first too
     if v.add_bos and v.bos_id is None:
         if KEY + "add_bos_token" in md:         # only an explicit flag is worth a warning
             warnings.warn("add_bos_token is set but the model has no BOS token id; no BOS will be added",

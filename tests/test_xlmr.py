@@ -1,0 +1,243 @@
+"""XLM-RoBERTa encoders (bge-m3, multilingual-e5, bge-reranker-v2-m3's architecture) against transformers.
+
+The reference is tests/fixtures/encoders/xlmr and xlmr_rerank (tools/make_tiny_xlmr.py): tiny random
+XLMRobertaModel and XLMRobertaForSequenceClassification run by transformers 5.25 on one padded batch with its
+attention mask, their SentencePiece-Unigram tokenizer.json made with the `tokenizers` library; the token ids
+the library gave, the last hidden states, mean-pooled embeddings and the reranker's logits.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import llambda
+from llambda.errors import ModelFormatError
+from llambda.models.bert import pack_batch
+
+FIXTURES = Path(__file__).parent / "fixtures" / "encoders"
+EMBEDDER, RERANKER = FIXTURES / "xlmr", FIXTURES / "xlmr_rerank"
+# (backend, activations, max |diff| of a unit embedding): the native fast mode multiplies bfloat16
+MODES = [("numpy", None, 2e-6), ("native", "f32", 2e-5), ("native", None, 1e-2)]
+
+
+def reference(folder: Path) -> dict:
+    return json.loads((folder / "reference.json").read_text())
+
+
+def _load(folder, backend="numpy", activations=None):
+    from llambda.backends import available_backends
+    if backend not in available_backends():
+        pytest.skip(f"the {backend} backend is not available here (C core not built)")
+    return llambda.load(folder, backend=backend, activations=activations)
+
+
+@pytest.mark.parametrize("backend,activations,tol", MODES)
+def test_embeddings_match_transformers(backend, activations, tol):
+    ref = reference(EMBEDDER)["inputs"]
+    texts = [r["text"] for r in ref]
+    with _load(EMBEDDER, backend, activations) as m:
+        assert m.is_encoder and not m.is_reranker and m.config.arch == "xlm-roberta"
+        got = m.embed(texts, batch_size=2)            # several batches of different lengths
+        assert np.abs(got - np.array([r["embedding"] for r in ref])).max() <= tol
+        alone = np.stack([m.embed([t])[0] for t in texts])       # a vector does not depend on its batch
+        assert np.abs(alone - got).max() <= max(tol, 1e-5)
+        assert np.abs(m.embed([ref[2]["ids"]])[0] - got[2]).max() <= 1e-5      # token ids as given
+
+
+def test_tokens_and_hidden_states_match_transformers():
+    ref = reference(EMBEDDER)["inputs"]
+    with _load(EMBEDDER) as m:
+        encoded = m.tokenizer.encode_for_encoder([r["text"] for r in ref], m.config.max_tokens)
+        assert [ids for ids, _ in encoded] == [r["ids"] for r in ref]
+        ids, types, starts = pack_batch(encoded)
+        hidden = m.encoder.forward(ids, types, starts)
+    for s, r in enumerate(ref):
+        np.testing.assert_allclose(hidden[starts[s]:starts[s + 1]], np.array(r["hidden"]), atol=2e-5, rtol=0)
+
+
+def test_positions_start_after_the_padding_id():
+    """Read as BERT reads them (positions from 0) the same weights give other vectors: the offset is checked."""
+    ref = reference(EMBEDDER)["inputs"]
+    with _load(EMBEDDER) as m:
+        m.encoder.cfg.pad_id = -1          # positions 0, 1, ...: BERT's
+        wrong = m.embed([ref[0]["text"]])[0]
+    assert np.abs(wrong - np.array(ref[0]["embedding"])).max() > 1e-2
+
+
+@pytest.mark.parametrize("backend,activations,tol", [("numpy", None, 1e-5), ("native", "f32", 1e-4),
+                                                     ("native", None, 2e-2)])
+def test_reranker_logits_match_transformers(backend, activations, tol):
+    ref = reference(RERANKER)
+    with _load(RERANKER, backend, activations) as m:
+        assert m.is_reranker
+        pairs = m.tokenizer.encode_for_encoder([(ref["query"], p["document"]) for p in ref["pairs"]], 64)
+        assert [ids for ids, _ in pairs] == [p["ids"] for p in ref["pairs"]]     # <s> q </s></s> d </s>
+        got = m.score(ref["query"], [p["document"] for p in ref["pairs"]])
+    assert np.abs(got - np.array([p["logits"][0] for p in ref["pairs"]])).max() <= tol
+
+
+def test_a_long_text_is_cut_to_the_positions_after_the_offset():
+    with _load(EMBEDDER) as m:
+        assert m.config.max_tokens == 40 - 2        # max_position_embeddings - (pad_token_id + 1)
+        assert m.embed_token_counts(["the cat " * 50]) == [38]
+        assert np.isfinite(m.embed(["the cat " * 50])).all()
+
+
+@pytest.mark.parametrize("change,message", [({"pad_token_id": 99}, "pad_token_id"),
+                                             ({"pad_token_id": "1"}, "pad_token_id"),
+                                             ({"max_position_embeddings": 4}, "positions after pad_token_id")])
+def test_bad_config_is_a_model_format_error(tmp_path, change, message):
+    d = tmp_path / "m"
+    shutil.copytree(EMBEDDER, d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(change)
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelFormatError, match=message):
+        llambda.load(d, backend="numpy")
+
+
+# -- llama.cpp's GGUF of an XLM-RoBERTa: arch `bert`, its position table shifted, a `t5` (Unigram) vocabulary --
+
+def xlmr_gguf(folder: Path, out: Path, charsmap: bytes | None = None) -> Path:
+    """The GGUF convert_hf_to_gguf.py's XLMRobertaModel writes of `folder`: `bert.*` sizes with the context
+    length less pad + 1, `position_embd` without its first pad + 1 rows, the tokenizer.json Unigram's pieces and
+    scores as tokenizer model `t5` (control, unknown and normal types), add_space_prefix and
+    remove_extra_whitespaces, the special ids and both add flags; a reranker's RobertaClassificationHead as
+    `cls` and `cls.output` with pooling type 4 (rank)."""
+    from safetensors.numpy import load_file
+
+    from llambda.formats.gguf_writer import write_gguf
+    from llambda.formats.quants import QType
+    from test_bert_gguf import _gguf_name
+    cfg = json.loads((folder / "config.json").read_text())
+    tj = json.loads((folder / "tokenizer.json").read_text())
+    pieces = tj["model"]["vocab"]
+    specials = {t["id"] for t in tj["added_tokens"] if t.get("special")}
+    unk = tj["model"]["unk_id"]
+    offset = cfg["pad_token_id"] + 1
+    rank = "XLMRobertaForSequenceClassification" in cfg["architectures"]
+    meta = {"general.architecture": "bert", "general.name": folder.name,
+            "bert.context_length": cfg["max_position_embeddings"] - offset, "bert.embedding_length": cfg["hidden_size"],
+            "bert.feed_forward_length": cfg["intermediate_size"], "bert.block_count": cfg["num_hidden_layers"],
+            "bert.attention.head_count": cfg["num_attention_heads"],
+            "bert.attention.layer_norm_epsilon": float(cfg["layer_norm_eps"]), "bert.attention.causal": False,
+            "bert.pooling_type": 4 if rank else 1, "tokenizer.ggml.model": "t5", "tokenizer.ggml.pre": "default",
+            "tokenizer.ggml.tokens": [p for p, _ in pieces], "tokenizer.ggml.scores": [float(s) for _, s in pieces],
+            "tokenizer.ggml.token_type": [2 if i == unk else 3 if i in specials else 1 for i in range(len(pieces))],
+            "tokenizer.ggml.add_space_prefix": True, "tokenizer.ggml.token_type_count": 1,
+            "tokenizer.ggml.remove_extra_whitespaces": True,
+            "tokenizer.ggml.bos_token_id": 0, "tokenizer.ggml.eos_token_id": 2, "tokenizer.ggml.unknown_token_id": unk,
+            "tokenizer.ggml.seperator_token_id": 2, "tokenizer.ggml.padding_token_id": 1,
+            "tokenizer.ggml.cls_token_id": 0, "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": True}
+    if charsmap is not None:
+        meta["tokenizer.ggml.precompiled_charsmap"] = list(charsmap)
+    tensors = {}
+    for name, w in load_file(str(folder / "model.safetensors")).items():
+        name = name.removeprefix("roberta.")
+        g = {"classifier.dense.weight": "cls.weight", "classifier.dense.bias": "cls.bias",
+             "classifier.out_proj.weight": "cls.output.weight",
+             "classifier.out_proj.bias": "cls.output.bias"}.get(name) or _gguf_name(name)
+        if g is not None:
+            w = w.astype(np.float32)
+            tensors[g] = (QType.F32, w[offset:] if g == "position_embd.weight" else w)
+    write_gguf(out, meta, tensors)
+    return out
+
+
+# texts on which llama.cpp's whitespace rules (remove_extra_whitespaces) and HF's Metaspace agree
+GGUF_TEXTS = ["the cat sat on the mat.", "a dog!", "where is the big green house? the small blue cat runs",
+              "  the   dog  sat", "xyz qj"]
+
+
+def test_xlmr_gguf_embeds_as_its_directory(tmp_path):
+    gg = xlmr_gguf(EMBEDDER, tmp_path / "xlmr.gguf")
+    with _load(EMBEDDER) as hf, _load(gg) as m:
+        assert m.is_encoder and m.tokenizer.model == "t5"
+        assert m.config.max_tokens == hf.config.max_tokens == 38
+        for t in GGUF_TEXTS:
+            assert m.tokenizer.encode_for_encoder([t], 64) == hf.tokenizer.encode_for_encoder([t], 64), t
+        np.testing.assert_allclose(m.embed(GGUF_TEXTS), hf.embed(GGUF_TEXTS), atol=2e-6, rtol=0)
+        assert m.tokenizer.decode(m.tokenize("the cat sat")) == "the cat sat"
+
+
+def test_unigram_gguf_whitespace_as_llama_cpp(tmp_path):
+    """llama.cpp's remove_extra_whitespaces drops trailing spaces, where HF's Metaspace leaves a U+2581 token."""
+    gg = xlmr_gguf(EMBEDDER, tmp_path / "xlmr.gguf")
+    with _load(gg) as m:
+        assert m.tokenize("  the dog  ") == m.tokenize("the dog") == [4, 6]
+
+
+def test_xlmr_gguf_matches_llama_cpp(tmp_path):
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is the independent GGUF reference")
+    from llamacpp_ref import llama_cpp_embeddings
+    gg = xlmr_gguf(EMBEDDER, tmp_path / "xlmr.gguf")
+    texts = GGUF_TEXTS + ["  the dog  ", "café"]
+    theirs = llama_cpp_embeddings(gg, texts)
+    with _load(gg) as m:
+        ours = m.embed(texts)
+        assert [ids for ids, _ in m.tokenizer.encode_for_encoder(texts, 64)] == [t["ids"] for t in theirs]
+    # llama.cpp rounds some products' inputs to float16 on CPU: 1.6e-4 here (positions read from 0 are >= 1e-2 off:
+    # test_positions_start_after_the_padding_id)
+    np.testing.assert_allclose(ours, np.array([t["embedding"] for t in theirs]), atol=5e-4, rtol=0)
+
+
+def test_xlmr_reranker_gguf_scores_as_transformers_and_llama_cpp(tmp_path):
+    ref = reference(RERANKER)
+    gg = xlmr_gguf(RERANKER, tmp_path / "rerank.gguf")
+    docs = [p["document"] for p in ref["pairs"]]
+    with _load(gg) as m:
+        assert m.is_reranker and m.config.n_labels == 1
+        pairs = [ids for ids, _ in m.tokenizer.encode_for_encoder([(ref["query"], d) for d in docs], 64)]
+        assert pairs == [p["ids"] for p in ref["pairs"]]           # BOS q EOS SEP d EOS: <s> q </s></s> d </s>
+        got = m.score(ref["query"], docs)
+    assert np.abs(got - np.array([p["logits"][0] for p in ref["pairs"]])).max() <= 1e-5
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is the independent GGUF reference")
+    from llamacpp_ref import llama_cpp_embeddings
+    theirs = [t["embedding"][0] for t in llama_cpp_embeddings(gg, pairs)]
+    assert np.abs(got - np.array(theirs)).max() <= 5e-3
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"tokenizer.ggml.precompiled_charsmap": "abc"}, "array of bytes"),
+    ({"tokenizer.ggml.precompiled_charsmap": [1000, 2]}, "array of bytes"),
+    ({"tokenizer.ggml.precompiled_charsmap": list(b"\x08\x00\x00\x00" + bytes(8) + b"a" * 100 + b"\x00")},
+     "bytes per match"),
+    ({"tokenizer.ggml.unknown_token_id": None}, "unknown token"),
+    ({"tokenizer.ggml.scores": [float("nan")] * 61}, "not finite"),
+])
+def test_bad_unigram_gguf_vocabulary_is_a_tokenizer_error(tmp_path, change, message):
+    """The model loads (token ids still embed); text is refused with the vocabulary's fault."""
+    from llambda.errors import TokenizerError
+    from test_bert_gguf import changed_gguf
+    with _load(changed_gguf(xlmr_gguf(EMBEDDER, tmp_path / "a.gguf"), tmp_path / "b.gguf", change)) as m:
+        with pytest.raises(TokenizerError, match=message):
+            m.embed(["the cat"])
+        assert np.isfinite(m.embed([[0, 4, 5, 2]])).all()
+
+
+def test_xlmr_reranker_and_embedder_on_a_server():
+    """/v1/rerank answers transformers' logits in its order; /v1/embeddings and Ollama's /api/embed its vectors."""
+    from llambda.server import ServerConfig, create_app
+    from serverkit import LiveServer, post
+    cfg = ServerConfig(model_id="xlmr", parallel=1, queue_size=8, max_body_bytes=64 * 1024, max_tokens_cap=64,
+                       prefill_chunk=64)
+    ref = reference(RERANKER)
+    docs, want = [p["document"] for p in ref["pairs"]], [p["logits"][0] for p in ref["pairs"]]
+    with _load(RERANKER) as m, LiveServer(create_app(m, cfg)) as srv:
+        r = post(srv, "/v1/rerank", {"query": ref["query"], "documents": docs})
+        assert r.status_code == 200, r.text
+        res = r.json()["results"]
+        assert [x["index"] for x in res] == list(np.argsort(want)[::-1])
+        assert all(abs(x["relevance_score"] - want[x["index"]]) < 1e-5 for x in res)
+    emb = reference(EMBEDDER)["inputs"]
+    with _load(EMBEDDER) as m, LiveServer(create_app(m, cfg)) as srv:
+        for path, body, key in (("/v1/embeddings", {"input": emb[1]["text"]}, None),
+                                ("/api/embed", {"model": "xlmr", "input": emb[1]["text"]}, "embeddings")):
+            r = post(srv, path, body)
+            assert r.status_code == 200, r.text
+            got = r.json()[key][0] if key else r.json()["data"][0]["embedding"]
+            assert np.abs(np.array(got) - np.array(emb[1]["embedding"])).max() < 1e-5
