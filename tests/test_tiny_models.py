@@ -47,7 +47,7 @@ def last_rows(model, inp) -> np.ndarray:
 
 
 def test_every_folder_is_tested():
-    assert len(FOLDERS) == 46, FOLDERS
+    assert len(FOLDERS) == 48, FOLDERS
 
 
 @pytest.mark.parametrize("mode", list(MODES))
@@ -137,6 +137,9 @@ def _legacy_copy(folder: str, dest: Path) -> Path:
 @pytest.mark.parametrize("folder", FOLDERS)
 def test_transformers4_rope_keys_give_the_same_logits(folder, tmp_path):
     ref = reference(folder)
+    inner = ref["config"].get("text_config") or ref["config"]
+    if "rope_parameters" not in ref["config"] and "rope_parameters" not in inner:
+        pytest.skip(f"{folder}'s config.json has no RoPE settings to spell otherwise (its attention has no positions)")
     legacy = _legacy_copy(folder, tmp_path / folder)
     inp = ref["inputs"][2]
     with llambda.load(legacy, backend="numpy", n_ctx=128) as m:

@@ -131,8 +131,8 @@ def redraw(model, seed: int) -> None:
                 p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
             elif "embed_tokens" in name:
                 p.copy_(torch.randn(p.shape, generator=g) * (0.2 if tied else 1.0))
-            elif name.endswith("norm.weight") or "layernorm" in name:
-                base = 2.5 if "embedding_norm" in name or name == "model.norm.weight" else \
+            elif name.endswith("norm.weight") or "layernorm" in name or name.endswith("norm_f.weight"):
+                base = 2.5 if "embedding_norm" in name or name in ("model.norm.weight", "model.norm_f.weight") else \
                     1.5 if ("q_layernorm" in name or "k_layernorm" in name or "q_norm" in name or "k_norm" in name) \
                     else 1.0
                 p.copy_(base + 0.1 * torch.randn(p.shape, generator=g))

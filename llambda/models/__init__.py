@@ -78,6 +78,7 @@ ARCHITECTURES = {
     "gpt_neox": "gpt_neox",
     "gptneox": "gpt_neox",         # llama.cpp's name
     "nemotron": "nemotron",
+    "nemotron_h": "nemotron_h",    # HF's and llama.cpp's name alike
 }
 
 # Encoders (embedding models, cross-encoders): their own config and forward, not TransformerConfig

@@ -240,7 +240,7 @@ def recurrent_state_specs(cfg: TransformerConfig, n_slots: int) -> tuple[list[in
     """A hybrid model's recurrent state, carved with the KV cache: the short-conv, delta-net and Mamba2 layers
     (the layers with a convolution window; those with a per-head matrix, (heads, dk, dv) for a delta net,
     (heads, N, P) for Mamba2) and the arrays' (shape, dtype) by name."""
-    conv = [i for i, kind in enumerate(cfg.layer_kinds) if kind != "attention"]
+    conv = [i for i, kind in enumerate(cfg.layer_kinds) if kind not in ("attention", "mlp")]
     delta = [i for i, kind in enumerate(cfg.layer_kinds) if kind == "deltanet" or kind in MAMBA2_KINDS]
     width = {i: cfg.d_model if cfg.layer_kinds[i] == "shortconv" else
              2 * cfg.ssm_k_heads * cfg.ssm_k_dim + cfg.ssm_v_heads * cfg.ssm_v_dim for i in conv}
@@ -536,24 +536,31 @@ class Transformer(Closable, LatentAttention):
                     w_down=None if moe else matrix(p + "ffn_down.weight", d, cfg.ffn_dim),
                     moe=moe_weights(p) if moe else None))
                 continue
+            if cfg.layer_kinds[i] == "mlp":        # Nemotron-H's '-': the layer's one norm, then the MLP alone
+                self.layers.append(LayerWeights(
+                    attn_norm=None, wq=None, wk=None, wv=None, wo=None, ffn_norm=vector(p + "attn_norm.weight", d, off),
+                    **self._dense_mlp(p, matrix, vector, act_scalars)))
+                continue
+            own = cfg.ffn_own_layers       # the token-mixer layers have no MLP: it is a layer of its own
             if cfg.layer_kinds[i] not in ATTENTION_KINDS:
                 kind = cfg.layer_kinds[i]
                 moe = is_moe(i)
                 self.layers.append(LayerWeights(
                     attn_norm=vector(p + "attn_norm.weight", d, off), wq=None, wk=None, wv=None, wo=None,
-                    ffn_norm=vector(p + "ffn_norm.weight", d, off),
+                    ffn_norm=None if own else vector(p + "ffn_norm.weight", d, off),
                     conv=short_conv(p) if kind == "shortconv" else None,
                     delta=delta_net(p) if kind == "deltanet" else None,
                     mamba=mamba2(p) if kind == "mamba2" else None,
-                    w_gate=None if moe else matrix(p + "ffn_gate.weight", cfg.ffn_dim, d),
-                    w_up=None if moe else matrix(p + "ffn_up.weight", cfg.ffn_dim, d),
-                    w_down=None if moe else matrix(p + "ffn_down.weight", d, cfg.ffn_dim),
+                    w_gate=None if moe or own else matrix(p + "ffn_gate.weight", cfg.ffn_dim, d),
+                    w_up=None if moe or own else matrix(p + "ffn_up.weight", cfg.ffn_dim, d),
+                    w_down=None if moe or own else matrix(p + "ffn_down.weight", d, cfg.ffn_dim),
                     moe=moe_weights(p) if moe else None))
                 continue
             qn, kn = (cfg.q_dim, cfg.kv_dim) if cfg.qk_norm_whole else (cfg.head_dim, cfg.head_dim)
             moe = is_moe(i)
-            ffn_pre = pre and not cfg.parallel_block       # a parallel block's MLP reads the attention's norm
-            gated = not moe and cfg.ffn_gated and cfg.activation not in UNGATED_ACTIVATIONS
+            ffn_pre = pre and not cfg.parallel_block and not own   # a parallel block's MLP reads the attention's norm
+            dense = not moe and not own
+            gated = dense and cfg.ffn_gated and cfg.activation not in UNGATED_ACTIVATIONS
             if cfg.attn_out_gate:          # per head: its query rows, then its gate rows
                 wq, wq_gate = matrix(p + "attn_q.weight", 2 * cfg.q_dim, d,
                                      grouped_rows(cfg.n_heads, [cfg.head_dim, cfg.head_dim]))
@@ -569,11 +576,11 @@ class Transformer(Closable, LatentAttention):
                 attn_norm_b=vector(p + "attn_norm.bias", d) if pre and cfg.norm_bias else None,
                 ffn_norm_b=vector(p + "ffn_norm.bias", d) if ffn_pre and cfg.norm_bias else None,
                 w_gate=matrix(p + "ffn_gate.weight", cfg.ffn_dim, d) if gated else None,
-                w_up=None if moe else matrix(p + "ffn_up.weight", cfg.ffn_dim, d),
-                w_down=None if moe else matrix(p + "ffn_down.weight", d, cfg.ffn_dim),
-                act=None if moe else act_scalars(p),
-                b_up=vector(p + "ffn_up.bias", cfg.ffn_dim) if cfg.ffn_bias and not moe else None,
-                b_down=vector(p + "ffn_down.bias", d) if cfg.ffn_bias and not moe else None,
+                w_up=matrix(p + "ffn_up.weight", cfg.ffn_dim, d) if dense else None,
+                w_down=matrix(p + "ffn_down.weight", d, cfg.ffn_dim) if dense else None,
+                act=act_scalars(p) if dense else None,
+                b_up=vector(p + "ffn_up.bias", cfg.ffn_dim) if cfg.ffn_bias and dense else None,
+                b_down=vector(p + "ffn_down.bias", d) if cfg.ffn_bias and dense else None,
                 moe=moe_weights(p) if moe else None,
                 bo=vector(p + "attn_output.bias", d, required=cfg.attn_out_bias),   # used wherever present
                 sinks=vector(p + "attn_sinks.weight", cfg.n_heads, required=cfg.attn_sinks),
@@ -589,6 +596,16 @@ class Transformer(Closable, LatentAttention):
                 mamba=mamba2(p) if cfg.layer_kinds[i] == "attn_mamba2" else None,
             ))
         B.end_load()
+
+    def _dense_mlp(self, p: str, matrix, vector, act_scalars) -> dict:
+        """An mlp layer's MLP (Nemotron-H's ReLU^2, no gate; a gate where the config has one) and its biases."""
+        cfg, d = self.cfg, self.cfg.d_model
+        gated = cfg.ffn_gated and cfg.activation not in UNGATED_ACTIVATIONS
+        return dict(w_gate=matrix(p + "ffn_gate.weight", cfg.ffn_dim, d) if gated else None,
+                    w_up=matrix(p + "ffn_up.weight", cfg.ffn_dim, d),
+                    w_down=matrix(p + "ffn_down.weight", d, cfg.ffn_dim), act=act_scalars(p),
+                    b_up=vector(p + "ffn_up.bias", cfg.ffn_dim) if cfg.ffn_bias else None,
+                    b_down=vector(p + "ffn_down.bias", d) if cfg.ffn_bias else None)
 
     # -- the forward pass ----------------------------------------------------
     #: decode batches up to this many tokens replay a recorded op list (see forward)
@@ -763,9 +780,11 @@ class Transformer(Closable, LatentAttention):
                 self._ssm_block(i, layer, x, slot, p)
             elif layer.mla is not None:
                 self._mla_attention(i, layer, x, slot, p)
-            else:                           # GPT-NeoX's parallel residual: the MLP reads x too, before the attention
+            elif layer.wq is not None:      # GPT-NeoX's parallel residual: the MLP reads x too, before the attention
                 self._attention_block(i, layer, x, slot, p, out=self.ws.par[:n] if self.cfg.parallel_ffn_norm else None)
-            self._ffn_block(layer, x)
+            # else an mlp layer (no token mixer); a token mixer's layer without an MLP (ffn_own_layers) has none
+            if layer.w_down is not None or layer.moe is not None:
+                self._ffn_block(layer, x)
             if self.cfg.parallel_ffn_norm:
                 self._residual_add(x, self.ws.par[:n])
             if i < deep:                   # DeepStack: level i's columns added to the image rows' hidden states

@@ -33,8 +33,10 @@ SIZE_LIMITS = {
 # gated delta net (a convolution, then linear attention whose per-head dk x dv matrix is the state), or
 # Mamba2 (Granite 4: a convolution with a bias, then a selective scan whose per-head N x P matrix is the
 # state; ssm_k_heads / ssm_k_dim are its groups and state size, ssm_v_heads / ssm_v_dim its heads and head size),
-# or attention and Mamba2 side by side on the same normed input, their outputs summed (Falcon-H1: attn_mamba2).
-LAYER_KINDS = ("attention", "shortconv", "deltanet", "mamba2", "attn_mamba2")
+# or attention and Mamba2 side by side on the same normed input, their outputs summed (Falcon-H1: attn_mamba2),
+# or no token mixer at all: a layer that is its norm and the MLP alone (Nemotron-H's '-' layers: mlp, with
+# ffn_own_layers, where the other layers have no MLP).
+LAYER_KINDS = ("attention", "shortconv", "deltanet", "mamba2", "attn_mamba2", "mlp")
 # The kinds that run a Mamba2 mixer, and those that keep keys and values
 MAMBA2_KINDS = ("mamba2", "attn_mamba2")
 ATTENTION_KINDS = ("attention", "attn_mamba2")
@@ -237,6 +239,9 @@ class TransformerConfig:
     attn_out_gate: bool = False             # attention output times sigmoid(a gate projection) (Qwen3-Next)
     mamba_norm: bool = True                 # Mamba2's gated group norm (False: its output is y * silu(z), Falcon-H1)
     mamba_conv_bias: bool = True            # Mamba2's convolution has a bias
+    # Nemotron-H: the MLP is a layer of its own (kind "mlp": one norm, then the MLP, read from the layer's
+    # attn_norm), and the token-mixer layers (attention, mamba2) have no MLP
+    ffn_own_layers: bool = False
     # GPT-OSS attention
     attn_out_bias: bool = False             # a bias on the attention output projection
     attn_sinks: bool = False                # a learned logit per head joins each softmax (no value)
@@ -267,7 +272,7 @@ class TransformerConfig:
     @property
     def recurrent(self) -> bool:
         """Some layer keeps a per-sequence state beside the KV cache (it cannot be rolled back)."""
-        return any(k != "attention" for k in self.layer_kinds)
+        return any(k not in ("attention", "mlp") for k in self.layer_kinds)
 
     @property
     def q_dim(self) -> int:
@@ -341,7 +346,8 @@ class TransformerConfig:
                                                   self.kv_shared_layers] for i in range(self.n_layers))):
             raise ModelFormatError(f"kv_shared_layers {self.kv_shared_layers!r}: each shared layer needs an earlier "
                                    "layer of its type with keys and values")
-        if self.activation in UNGATED_ACTIVATIONS and (self.mla or self.recurrent or getattr(self, "altup_inputs", 0)):
+        if self.activation in UNGATED_ACTIVATIONS and (self.mla or (self.recurrent and not self.ffn_own_layers)
+                                                       or getattr(self, "altup_inputs", 0)):
             raise ModelFormatError(f"an MLP without a gate ({self.activation}) runs in plain attention layers only")
         if self.qk_norm_whole and not self.qk_norm:
             raise ModelFormatError("qk_norm_whole needs qk_norm")
@@ -379,7 +385,7 @@ class TransformerConfig:
         if self.norm_kind not in NORM_KINDS:
             raise ModelFormatError(f"unsupported norm kind {self.norm_kind!r} (supported: {', '.join(NORM_KINDS)})"[:200])
         for name in ("norm_bias", "qk_norm_heads", "parallel_block", "ffn_gated", "ffn_bias", "parallel_ffn_norm",
-                     "output_bias"):
+                     "output_bias", "ffn_own_layers"):
             if not isinstance(getattr(self, name), bool):
                 raise ModelFormatError(f"config {name} should be true or false, got {getattr(self, name)!r}"[:200])
         if self.norm_bias and self.norm_kind != "layer":
@@ -393,8 +399,13 @@ class TransformerConfig:
                                        or self.recurrent):
             raise ModelFormatError("a parallel residual with two norms (GPT-NeoX) takes pre-norms only, on attention "
                                    "layers, and is not also a one-norm parallel block")
-        if (self.norm_bias or self.ffn_bias or not self.ffn_gated) and (self.mla or self.recurrent):
+        own = self.ffn_own_layers       # its MLPs are read in the mlp layers, which take biases and no gate
+        if (self.norm_bias or ((self.ffn_bias or not self.ffn_gated) and not own)) and (self.mla or self.recurrent):
             raise ModelFormatError("norm biases and an ungated or biased MLP are read on plain attention layers only")
+        if own and (self.mla or self.n_experts or self.parallel_block or self.parallel_ffn_norm or self.post_norms
+                    or self.norm_bias or getattr(self, "altup_inputs", 0)):
+            raise ModelFormatError("MLP layers of their own (ffn_own_layers) take dense MLPs, pre-norms without "
+                                   "biases and no latent attention, parallel block or post-norms")
 
     def _check_sections(self) -> None:
         sec = self.rope_sections
@@ -464,7 +475,9 @@ class TransformerConfig:
         bad = [k for k in self.layer_kinds if k not in LAYER_KINDS]
         if bad:
             raise ModelFormatError(f"unsupported layer kind {bad[0]!r} (supported: {', '.join(LAYER_KINDS)})")
-        conv = [k for k in self.layer_kinds if k != "attention"]
+        if "mlp" in self.layer_kinds and not self.ffn_own_layers:
+            raise ModelFormatError("layers of kind 'mlp' need ffn_own_layers (the other layers then have no MLP)")
+        conv = [k for k in self.layer_kinds if k not in ("attention", "mlp")]
         if conv and self.conv_kernel < 2:
             raise ModelFormatError(f"{conv[0]} layers need a convolution kernel of at least 2, got {self.conv_kernel}")
         for kinds, what, parts in ((("deltanet",), "delta-net", ("value heads", "key heads")),
