@@ -261,6 +261,8 @@ def test_architecture_from_class_name_when_model_type_is_missing(tmp_path):
 
 @pytest.mark.parametrize("edit, message", [
     (lambda c: c.update(model_type="mamba", architectures=["MambaForCausalLM"]), "unsupported architecture"),
+    # Phi-3.5-MoE: refused with its reason (sparsemixer routing), not run with another routing
+    (lambda c: c.update(model_type="phimoe", architectures=["PhimoeForCausalLM"]), "'phimoe'.*sparsemixer"),
     (lambda c: c.update(hidden_act="relu"), "hidden_act"),
     (lambda c: c.update(num_hidden_layers=1), "layer 1"),
     (lambda c: c.update(num_attention_heads=3), "multiple"),
@@ -270,6 +272,15 @@ def test_bad_configs_are_model_format_errors(tmp_path, edit, message):
     d = _copy("llama", tmp_path / "m", edit)
     with pytest.raises(ModelFormatError, match=message):
         llambda.load(d, backend="numpy", n_ctx=32)
+
+
+def test_a_phimoe_gguf_is_refused_with_the_reason(tmp_path):
+    """llama.cpp's phimoe files: refused by the architecture's reason, as its HF directory is."""
+    from llambda.formats.gguf_writer import write_gguf
+    path = tmp_path / "phimoe.gguf"
+    write_gguf(path, {"general.architecture": "phimoe", "phimoe.block_count": 1}, [])
+    with pytest.raises(ModelFormatError, match="sparsemixer"):
+        llambda.load(path, backend="numpy", n_ctx=32)
 
 
 def test_missing_config_or_weights(tmp_path):

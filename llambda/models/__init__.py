@@ -90,9 +90,21 @@ def encoder_module(name: str):
     return import_module(f".{ENCODERS[name]}", __name__)
 
 
+# Architectures refused with the reason (HF model_type or llama.cpp name -> why), not run approximately
+REFUSED = {
+    "phimoe": "Phi-3.5-MoE routes by sparsemixer (the top expert's weight a softmax over the experts whose "
+              "logit is within 2 x router_jitter_noise of it, relatively; the second's the same with the first "
+              "masked), which none of the MoE routings here computes; llama.cpp's phimoe runs a plain softmax "
+              "top-2 (and RMSNorm for its LayerNorm) instead",
+}
+
+
 def arch_module(name: str, reader: str | None = None):
     """The module of architecture `name`; with `reader` ("config_from_gguf" or "config_from_hf"),
     one that has that reader (Mistral, say, has no GGUF reader: its GGUF files say `llama`)."""
+    why = REFUSED.get(name) if isinstance(name, str) else None
+    if why:
+        raise ModelFormatError(f"architecture {name!r} is not supported: {why}")
     try:
         mod = import_module(f".{ARCHITECTURES[name]}", __name__)
     except (KeyError, TypeError):
