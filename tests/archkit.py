@@ -42,6 +42,17 @@ def exported(tmp_path_factory):
     return get
 
 
+def each_format(folder: str, exported):
+    """(path, ModelSource) of the folder and of its GGUF export (`exported`, the fixture), each closed after its turn."""
+    from llambda.formats.open import open_model
+    for path in (TINY / folder, exported(folder)):
+        src = open_model(path)
+        try:
+            yield path, src
+        finally:
+            src.close()
+
+
 def max_err(m, folder: str) -> float:
     """Max |logit diff| against transformers over the folder's three inputs' last three positions."""
     errs = []

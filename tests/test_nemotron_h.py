@@ -12,11 +12,10 @@ import pytest
 
 import llambda
 import test_hybrid as hybrid
-from archkit import MODES, TINY, decode_vs_full, exported, load, max_err, reference  # noqa: F401 (a fixture)
+from archkit import MODES, TINY, decode_vs_full, each_format, exported, load, max_err, reference  # noqa: F401
 from llambda.errors import ModelFormatError
 from llambda.formats.gguf import GGUFFile
 from llambda.formats.gguf_writer import write_gguf
-from llambda.formats.open import open_model
 
 FOLDERS = ["nemotron_h", "nemotron_h_bias"]
 KINDS = {"nemotron_h": ["mamba2", "mamba2", "mlp", "attention", "mlp", "mamba2", "attention", "mlp"],
@@ -31,16 +30,12 @@ def edited(tmp_path, edit, folder="nemotron_h"):
 
 @pytest.mark.parametrize("folder", FOLDERS)
 def test_config_from_each_format_is_one_model(folder, exported):
-    for path in (TINY / folder, exported(folder)):
-        src = open_model(path)
-        try:
-            c = src.config
-            assert c.arch == "nemotron_h" and c.layer_kinds == KINDS[folder] and c.ffn_own_layers
-            assert c.layer_rope == [False] * c.n_layers and c.activation == "relu2" and not c.ffn_gated
-            assert c.ffn_bias is (folder == "nemotron_h_bias") and c.norm_eps == pytest.approx(1e-5)
-            assert c.mamba_norm and c.mamba_conv_bias and c.recurrent
-        finally:
-            src.close()
+    for _, src in each_format(folder, exported):
+        c = src.config
+        assert c.arch == "nemotron_h" and c.layer_kinds == KINDS[folder] and c.ffn_own_layers
+        assert c.layer_rope == [False] * c.n_layers and c.activation == "relu2" and not c.ffn_gated
+        assert c.ffn_bias is (folder == "nemotron_h_bias") and c.norm_eps == pytest.approx(1e-5)
+        assert c.mamba_norm and c.mamba_conv_bias and c.recurrent
 
 
 @pytest.mark.parametrize("folder", FOLDERS)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 PERMUTED_GGUF_ARCHS = {"llama", "smollm3", "granite", "granitemoe", "granitehybrid", "arcee",
-                       "mistral3"}      # llama.cpp's LLAMA_ROPE_TYPE_NORM architectures among ours
+                       "mistral3", "olmo"}      # llama.cpp's LLAMA_ROPE_TYPE_NORM architectures among ours
 
 
 def rope_permutation(n_heads: int, head_dim: int, to_interleaved: bool) -> np.ndarray:

@@ -79,6 +79,7 @@ ARCHITECTURES = {
     "gptneox": "gpt_neox",         # llama.cpp's name
     "nemotron": "nemotron",
     "nemotron_h": "nemotron_h",    # HF's and llama.cpp's name alike
+    "olmo": "olmo",
 }
 
 # Encoders (embedding models, cross-encoders): their own config and forward, not TransformerConfig
