@@ -205,3 +205,37 @@ def test_the_export_holds_what_llama_cpp_reads(exported):
     assert meta["nemotron_h.ssm.inner_size"] == 128 and meta["nemotron_h.ssm.group_count"] == 2
     assert {"blk.2.attn_norm.weight", "blk.2.ffn_up.weight", "blk.0.ssm_a", "blk.0.ssm_conv1d.bias"} <= names
     assert not {"blk.2.ffn_norm.weight", "blk.0.ffn_up.weight", "blk.3.ffn_up.weight", "blk.2.ffn_gate.weight"} & names
+
+
+MAMBA = dict(conv_kernel=4, ssm_k_heads=1, ssm_v_heads=2, ssm_k_dim=8, ssm_v_dim=8)
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(layer_kinds=["mlp", "attention"]), "ffn_own_layers"),
+    (dict(ffn_own_layers=1), "ffn_own_layers"),
+    (dict(ffn_own_layers=True, layer_kinds=["mlp", "attention"], n_experts=4, n_experts_used=2, expert_ffn_dim=8),
+     "dense MLPs"),
+    (dict(ffn_own_layers=True, layer_kinds=["mlp", "attention"], post_norms=True), "post-norms"),
+    (dict(ffn_own_layers=True, layer_kinds=["mlp", "attention"], parallel_block=True), "parallel"),
+    (dict(ffn_own_layers=True, layer_kinds=["mlp", "mamba2"], norm_kind="layer", norm_bias=True, **MAMBA), "bias"),
+    (dict(activation="relu2", ffn_gated=False, layer_kinds=["attention", "mamba2"], **MAMBA), "without a gate"),
+])
+def test_mlp_layers_of_their_own_are_checked(fields, message):
+    """config.py's rules for the mlp layer kind and ffn_own_layers, whatever reader built the config."""
+    from llambda.models.config import TransformerConfig
+    base = dict(arch="x", vocab_size=16, n_layers=2, d_model=16, n_heads=2, n_kv_heads=2, head_dim=8, ffn_dim=32)
+    with pytest.raises(ModelFormatError, match=message):
+        TransformerConfig(**base, **fields)
+
+
+def test_an_mlp_layer_keeps_no_state():
+    """An mlp layer is neither recurrent nor cached: a model of attention and mlp layers alone is no hybrid."""
+    from llambda.models.base import recurrent_state_specs
+    from llambda.models.config import TransformerConfig
+    c = TransformerConfig(arch="x", vocab_size=16, n_layers=3, d_model=16, n_heads=2, n_kv_heads=2, head_dim=8,
+                          ffn_dim=32, ffn_own_layers=True, layer_kinds=["attention", "mlp", "mamba2"], **MAMBA)
+    conv, delta, _ = recurrent_state_specs(c, 1)
+    assert conv == delta == [2] and c.cache_layers() == [0]
+    c2 = TransformerConfig(arch="x", vocab_size=16, n_layers=2, d_model=16, n_heads=2, n_kv_heads=2, head_dim=8,
+                           ffn_dim=32, ffn_own_layers=True, layer_kinds=["attention", "mlp"])
+    assert not c2.recurrent and recurrent_state_specs(c2, 1)[:2] == ([], [])
