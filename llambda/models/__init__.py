@@ -80,6 +80,7 @@ ARCHITECTURES = {
     "nemotron": "nemotron",
     "nemotron_h": "nemotron_h",    # HF's and llama.cpp's name alike
     "olmo": "olmo",
+    "internlm3": "internlm3",      # its GGUF files are llama.cpp's `llama`
 }
 
 # Encoders (embedding models, cross-encoders): their own config and forward, not TransformerConfig

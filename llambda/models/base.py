@@ -266,6 +266,9 @@ class Transformer(Closable, LatentAttention):
         `file_names(name)`, when given, are the file's own names for a canonical one (`ModelSource.file_names`):
         a missing tensor is named by them."""
         cfg.validate()
+        if cfg.ctx_limit and n_ctx > cfg.ctx_limit:
+            raise InvalidInputError(f"a context of {n_ctx} tokens is past the {cfg.ctx_limit} this {cfg.arch} model "
+                                    "runs exactly (its Dynamic NTK RoPE changes past that, which is not computed here)")
         self.cfg, self.backend = cfg, backend
         self._release = release or (lambda data: 0)   # harmless where a backend kept a view: it faults back
         self.n_ctx, self.n_slots = n_ctx, n_slots

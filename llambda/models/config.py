@@ -19,7 +19,7 @@ from ..finite import finite_as_float
 SIZE_LIMITS = {
     "vocab_size": (1, 1 << 24), "n_layers": (1, 4096), "d_model": (1, 1 << 18), "n_heads": (1, 4096),
     "n_kv_heads": (1, 4096), "head_dim": (1, 1 << 14), "ffn_dim": (1, 1 << 20),
-    "n_ctx_train": (2, 1 << 40), "sliding_window": (0, 1 << 40), "rope_dim": (0, 1 << 14),
+    "n_ctx_train": (2, 1 << 40), "ctx_limit": (0, 1 << 40), "sliding_window": (0, 1 << 40), "rope_dim": (0, 1 << 14),
     "window_pattern": (1, 4096),
     "n_experts": (0, 1 << 12), "n_experts_used": (0, 1 << 10), "expert_ffn_dim": (0, 1 << 20),
     "shared_ffn_dim": (0, 1 << 20), "conv_kernel": (0, 64),
@@ -154,6 +154,9 @@ class TransformerConfig:
     ffn_dim: int
     norm_eps: float = 1e-5
     n_ctx_train: int = 4096
+    # positions a context may hold at most (0: no limit): InternLM3's Dynamic NTK RoPE is plain RoPE up to
+    # n_ctx_train and other frequencies past it, which this engine does not compute (Transformer refuses more)
+    ctx_limit: int = 0
     # RoPE
     rope_theta: float = 10000.0
     rope_dim: int = 0                       # rotated dims per head (0: all of head_dim)
@@ -324,7 +327,7 @@ class TransformerConfig:
 
     def _check_sizes(self) -> None:
         for name in ("vocab_size", "n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "ffn_dim",
-                     "n_ctx_train", "sliding_window", "n_experts", "n_experts_used", "expert_ffn_dim",
+                     "n_ctx_train", "ctx_limit", "sliding_window", "n_experts", "n_experts_used", "expert_ffn_dim",
                      "shared_ffn_dim", "conv_kernel", "ssm_k_heads", "ssm_v_heads", "ssm_k_dim", "ssm_v_dim",
                      "q_lora_rank", "kv_lora_rank", "qk_nope_dim", "v_head_dim", "moe_groups", "moe_groups_used",
                      "moe_group_top", "attn_temp_length"):

@@ -108,6 +108,7 @@ FAMILIES = {
     "nemotron": Family("nemotron", "NemotronForCausalLM", "nemotron"),
     "nemotron_h": Family("nemotron_h", "NemotronHForCausalLM", "nemotron_h"),     # a hybrid: GGUF only
     "olmo": Family("olmo", "OlmoForCausalLM", "olmo"),      # LayerNorms without parameters: GGUF only
+    "internlm3": Family("internlm3", "LlamaForCausalLM", "llama"),     # as llama.cpp's converter writes it
 }
 # GGUF architectures whose q/k rows keep the same RoPE layout as their HF files (DeepSeek's adjacent pairs)
 SAME_ROPE_LAYOUT_ARCHS = {"deepseek2", "glm4", "ernie4_5", "ernie4_5-moe", "command-r", "cohere2"}
