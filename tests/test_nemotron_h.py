@@ -91,6 +91,21 @@ def test_transformers5_tensor_names_load_the_same_model(tmp_path):
         assert max_err(m, "nemotron_h") <= 1e-3
 
 
+def test_nvidia_config_spelling_is_the_same_model(tmp_path):
+    """NVIDIA's config.json spells the layers as hybrid_override_pattern (with num_hidden_layers) and the Mamba2
+    keys by their older names; the same model."""
+    def nvidia(c):
+        del c["layers_block_type"]
+        c.update(hybrid_override_pattern="MM-*-M*-", num_hidden_layers=8, mamba_n_groups=c.pop("n_groups"),
+                 mamba_d_conv=c.pop("conv_kernel"), time_step_limit=[0.0, float("inf")])
+    with llambda.load(edited(tmp_path, nvidia), backend="numpy", n_ctx=128) as m:
+        assert m.config.layer_kinds == KINDS["nemotron_h"] and max_err(m, "nemotron_h") <= 1e-3
+
+
+def test_server_scheduler_runs_sequences_without_prefix_reuse():
+    hybrid.test_server_scheduler_runs_hybrid_sequences_without_prefix_reuse("nemotron_h")
+
+
 # ---------------------------------------------------------------- decode steps and the recurrent state
 
 @pytest.mark.parametrize("folder", FOLDERS)
