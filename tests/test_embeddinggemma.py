@@ -145,9 +145,10 @@ def embeddinggemma_gguf(folder: Path, out: Path, dense: bool = True, **meta_chan
             tensors[f"dense_{k}.weight"] = (QType.F32, np.ascontiguousarray(w, dtype=np.float32))
     V = cfg["vocab_size"]
     pieces = ["<pad>", "<eos>", "<bos>", "<unk>"] + [f"<0x{b:02X}>" for b in range(256)]
+    pieces += ["\u2581", "w", "x", "\u2581w", "\u2581x"] + list("0123456789")
     pieces += [f"\u2581w{i}" for i in range(V - len(pieces))]
     meta |= {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": pieces,
-             "tokenizer.ggml.scores": [0.0] * 260 + [-float(i) for i in range(V - 260)],
+             "tokenizer.ggml.scores": [0.0] * 260 + [-5.0 - i for i in range(15)] + [-1.0] * (V - 275),
              "tokenizer.ggml.token_type": [3, 3, 3, 2] + [6] * 256 + [1] * (V - 260),
              "tokenizer.ggml.padding_token_id": 0, "tokenizer.ggml.eos_token_id": 1,
              "tokenizer.ggml.bos_token_id": 2, "tokenizer.ggml.unknown_token_id": 3,
@@ -176,6 +177,21 @@ def test_embeddinggemma_gguf_matches_llama_cpp(tmp_path):
     # text is 9e-2 to 0.34 on the longer texts
     assert np.abs(ours - theirs).max() <= 1e-3
     assert np.abs(theirs - WANT).max() <= 1e-3        # (and llama.cpp agrees with transformers)
+
+
+def test_embeddinggemma_gguf_texts_as_llama_cpp(tmp_path):
+    """Texts through the GGUF's SentencePiece vocabulary: <bos> ... <eos> (add_bos_token, add_eos_token), as
+    llama.cpp tokenizes them, and the same vectors."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is the second EmbeddingGemma reference")
+    from llamacpp_ref import llama_cpp_embeddings
+    gg = embeddinggemma_gguf(FIXTURE, tmp_path / "eg.gguf")
+    texts = ["w1 w2 w30", "w7 x w12w5 w4 w3 w200 w3 w1", "x"]
+    theirs = llama_cpp_embeddings(gg, texts)
+    with _load(gg) as m:
+        ids = [i for i, _ in m.tokenizer.encode_for_encoder(texts, 64)]
+        assert ids == [t["ids"] for t in theirs] and all(i[0] == 2 and i[-1] == 1 for i in ids)
+        assert m.tokenizer.encode_for_encoder(["w1 w2 w3 w4"], 4)[0][0] == [2, *ids[0][1:3], 1]   # cut, kept
+        assert np.abs(m.embed(texts) - np.array([t["embedding"] for t in theirs])).max() <= 1e-3
 
 
 def test_a_gguf_without_dense_layers_embeds_the_pooled_states(tmp_path):
