@@ -110,7 +110,7 @@ _LAYER = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_at
           "mlp.down_proj": "ffn_down", "post_feedforward_layernorm": "post_ffw_norm"}
 
 
-def embeddinggemma_gguf(folder: Path, out: Path, dense: bool = True, **meta_changes) -> Path:
+def embeddinggemma_gguf(folder: Path, out: Path, dense: bool = True, matrices=None, embd=None, **meta_changes) -> Path:
     """The folder as llama.cpp's converter writes it: Gemma 3's names, norms + 1, a SentencePiece vocabulary (the
     tiny one here: specials, the 256 byte tokens, pieces), `gemma-embedding.*` sizes, the Dense layers."""
     from llambda.formats.gguf import QType
@@ -126,7 +126,9 @@ def embeddinggemma_gguf(folder: Path, out: Path, dense: bool = True, **meta_chan
         else:
             _, i, rest = name.split(".", 2)
             g = f"blk.{i}.{_LAYER[rest[:-len('.weight')]]}.weight"
-        tensors[g] = (QType.F32, np.ascontiguousarray(w, dtype=np.float32))
+        kind = embd if g == "token_embd.weight" else matrices if w.ndim == 2 else None
+        kind = kind or QType.F32
+        tensors[g] = (kind, np.ascontiguousarray(w, dtype=np.float32))
     a = "gemma-embedding"
     meta = {"general.architecture": a, "general.name": "tiny-embeddinggemma",
             f"{a}.context_length": cfg["max_position_embeddings"], f"{a}.embedding_length": cfg["hidden_size"],
@@ -177,6 +179,19 @@ def test_embeddinggemma_gguf_matches_llama_cpp(tmp_path):
     # text is 9e-2 to 0.34 on the longer texts
     assert np.abs(ours - theirs).max() <= 1e-3
     assert np.abs(theirs - WANT).max() <= 1e-3        # (and llama.cpp agrees with transformers)
+
+
+def test_a_quantized_embeddinggemma_gguf_matches_llama_cpp(tmp_path):
+    """F16 matrices and a Q8_0 embedding table (its rows dequantized per batch) read as llama.cpp reads them."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is the second EmbeddingGemma reference")
+    from llambda.formats.gguf import QType
+    from llamacpp_ref import llama_cpp_embeddings
+    gg = embeddinggemma_gguf(FIXTURE, tmp_path / "q.gguf", matrices=QType.F16, embd=QType.Q8_0)
+    theirs = np.array([t["embedding"] for t in llama_cpp_embeddings(gg, IDS)])
+    with _load(gg) as m:
+        ours = m.embed(IDS)
+    assert np.abs(ours - theirs).max() <= 1e-3
+    assert np.abs(ours - WANT).max() <= 2e-2          # (4e-3: the rounding's own distance from float32)
 
 
 def test_embeddinggemma_gguf_texts_as_llama_cpp(tmp_path):

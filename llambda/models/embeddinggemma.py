@@ -167,8 +167,9 @@ class EmbeddingGemmaEncoder(bert.BertEncoder):
         t, be = self.cfg.text, self.backend
         H, F, hd = t.d_model, t.ffn_dim, t.head_dim
         qd, kd = t.n_heads * hd, t.n_kv_heads * hd
-        self.word = self._f32("embed_tokens.weight", t.vocab_size, H)
-        self.word *= np.float32(t.embed_scale)
+        # the table stays in the file's type (262144 x 768 in float32 would be 805 MB): a batch dequantizes its rows
+        self.word = self._get("embed_tokens.weight", (t.vocab_size, H))
+        self.word.take_rows([0]).to_float32()           # (a type no dequantizer reads: refused at load)
         self.layers = []
         for i in range(t.n_layers):
             p = f"layers.{i}."
@@ -211,7 +212,9 @@ class EmbeddingGemmaEncoder(bert.BertEncoder):
             rot[s] = (np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32))
         # texts a sliding layer must mask: longer than the window's reach
         banded = [s for s in range(len(lens)) if lens[s] - 1 > self.half]
-        x = self.word[ids]
+        u, inv = np.unique(ids, return_inverse=True)
+        x = self.word.take_rows(u).to_float32().reshape(len(u), H)[inv.reshape(-1)] * np.float32(t.embed_scale)
+        x = np.ascontiguousarray(x, dtype=np.float32)
         h = np.empty((n, H), np.float32)
         qkv = np.empty((n, 3 * qd), np.float32)
         ctx = np.empty((n, qd), np.float32)
