@@ -25,6 +25,7 @@ import numpy as np
 
 from ..errors import ModelFormatError
 from . import bert, gemma3
+from .banded import banded_attention
 from .config import TransformerConfig
 from .hparams import is_flag
 
@@ -233,7 +234,7 @@ class EmbeddingGemmaEncoder(bert.BertEncoder):
             be.encoder_attention(qkv, starts, nh, ctx)
             if L["sliding"]:
                 for s in banded:
-                    self._banded(qkv, int(starts[s]), int(starts[s + 1]), ctx)
+                    banded_attention(qkv, int(starts[s]), int(starts[s + 1]), nh, self.half, ctx)
             att = self._dense(ctx, L["o"], H)
             be.rmsnorm(att, L["ln_post_attn"], t.norm_eps, att)
             x += att
@@ -246,22 +247,6 @@ class EmbeddingGemmaEncoder(bert.BertEncoder):
             x += att
         be.rmsnorm(x, self.final_norm, t.norm_eps, x)
         return x
-
-    def _banded(self, qkv: np.ndarray, a: int, b: int, out: np.ndarray) -> None:
-        """Rows [a, b) of out: attention of that text over itself, a token seeing those at most `half` away."""
-        nh, hd = self.cfg.text.n_heads, self.cfg.text.head_dim
-        T = b - a
-        heads = qkv[a:b].reshape(T, 3, nh, hd)
-        i = np.arange(T)
-        far = np.abs(i[:, None] - i[None, :]) > self.half
-        for hh in range(nh):
-            q, k, v = heads[:, 0, hh], heads[:, 1, hh], heads[:, 2, hh]
-            sc = (q @ k.T) * np.float32(1 / math.sqrt(hd))
-            sc[far] = -np.inf
-            sc -= sc.max(axis=-1, keepdims=True)
-            np.exp(sc, out=sc)
-            sc /= sc.sum(axis=-1, keepdims=True)
-            out[a:b, hh * hd:(hh + 1) * hd] = sc @ v
 
     def pool(self, hidden: np.ndarray, starts: np.ndarray) -> np.ndarray:
         """One L2-normalized vector per text: the mean over its tokens, through the Dense modules."""
