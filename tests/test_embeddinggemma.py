@@ -22,14 +22,21 @@ import llambda
 from llambda.errors import ModelFormatError
 from test_nomic_bert import _load
 
-FIXTURE = Path(__file__).parent / "fixtures" / "encoders" / "embeddinggemma"
-REF = json.loads((FIXTURE / "reference.json").read_text())
-IDS = [c["ids"] for c in REF["cases"]]
-WANT = np.array([c["embedding"] for c in REF["cases"]])
+# (backend, activations, tolerance to transformers' vector): float32 sums, and the fast mode's bfloat16 products
+BACKENDS = [("numpy", None, 1e-6), ("native", "f32", 1e-5), ("native", None, 1e-2)]
 
 
-@pytest.mark.parametrize("backend,activations,tol", [("numpy", None, 1e-6), ("native", "f32", 1e-5),
-                                                     ("native", None, 1e-2)])
+def reference(name: str):
+    """(folder, reference.json, each case's ids, the embeddings) of tests/fixtures/encoders/`name`."""
+    folder = Path(__file__).parent / "fixtures" / "encoders" / name
+    ref = json.loads((folder / "reference.json").read_text())
+    return folder, ref, [c["ids"] for c in ref["cases"]], np.array([c["embedding"] for c in ref["cases"]])
+
+
+FIXTURE, REF, IDS, WANT = reference("embeddinggemma")
+
+
+@pytest.mark.parametrize("backend,activations,tol", BACKENDS)
 def test_embeddinggemma_dir_matches_transformers(backend, activations, tol):
     with _load(FIXTURE, backend, activations) as m:
         assert m.is_encoder and not m.is_reranker and m.config.arch == "gemma-embedding"
@@ -48,17 +55,22 @@ def test_embeddinggemma_dir_matches_transformers(backend, activations, tol):
                 assert np.abs(rows - want).max() <= 1e-4 * max(1.0, np.abs(want).max())
 
 
+def assert_the_band_matters(m, widen, ids: list, want: np.ndarray, half: int) -> None:
+    """The texts longer than a local layer's band embed otherwise once widen() lets it see whole texts (the
+    reference tells them apart), the shorter ones the same."""
+    long = [i for i, x in enumerate(ids) if len(x) - 1 > half]
+    assert long and len(long) < len(ids)
+    widen()
+    wide = m.embed(ids)
+    assert np.abs(wide[long] - want[long]).max() > 1e-3
+    short = [i for i in range(len(ids)) if i not in long]
+    assert np.abs(wide[short] - want[short]).max() <= 1e-5
+
+
 def test_the_window_and_the_dense_layers_matter():
-    """The texts past the window's reach differ if a sliding layer sees the whole text, and every text does
-    without the Dense layers: the reference tells them apart."""
-    long = [i for i, ids in enumerate(IDS) if len(ids) - 1 > 4]
-    assert long and len(long) < len(IDS)
+    """The window matters, and every text differs without the Dense layers."""
     with _load(FIXTURE) as m:
-        m.encoder.half = 10 ** 6
-        unwindowed = m.embed(IDS)
-        assert np.abs(unwindowed[long] - WANT[long]).max() > 1e-3
-        short = [i for i in range(len(IDS)) if i not in long]
-        assert np.abs(unwindowed[short] - WANT[short]).max() <= 1e-6
+        assert_the_band_matters(m, lambda: setattr(m.encoder, "half", 10 ** 6), IDS, WANT, 4)
         m.encoder.half = 4
         m.encoder.dense, m.config.dense = [], []
         plain = m.embed(IDS)

@@ -33,62 +33,89 @@ DENSE = [(32, 80), (80, 32)]           # 2_Dense: hidden -> 80, 3_Dense: 80 -> h
 LENGTHS = [3, 9, 17, 30]
 
 
+def start(name: str) -> Path:
+    """The output folder (--out's `name`), torch seeded."""
+    import torch
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="tests/fixtures/encoders")
+    out = Path(ap.parse_args().out) / name
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    return out
+
+
+def st_modules(out: Path, hidden: int, after: list[str]) -> None:
+    """modules.json (the transformer, mean pooling, then the `after` modules' folders) and 1_Pooling."""
+    (out / "1_Pooling").mkdir(exist_ok=True)
+    (out / "1_Pooling" / "config.json").write_text(json.dumps({
+        "word_embedding_dimension": hidden, "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": True,
+        "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False,
+        "pooling_mode_weightedmean_tokens": False, "pooling_mode_lasttoken": False, "include_prompt": True}))
+    kinds = {"Dense": "sentence_transformers.models.Dense", "Normalize": "sentence_transformers.models.Normalize"}
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    for i, folder in enumerate(after, 2):
+        (out / folder).mkdir(exist_ok=True)
+        modules.append({"idx": i, "name": str(i), "path": folder, "type": kinds[folder.split("_", 1)[1]]})
+    (out / "modules.json").write_text(json.dumps(modules, indent=2))
+
+
+def write_reference(out: Path, model, lengths: list[int], vocab: int, first: int, last: int, dense=()) -> None:
+    """reference.json: per length, random ids between `first` and `last`, run alone, their last hidden states and
+    the embedding (mean, the `dense` matrices, L2 norm)."""
+    import torch
+    import transformers
+    rng = np.random.default_rng(5)
+    cases = []
+    for n in lengths:
+        ids = [first] + rng.integers(3, vocab, n - 2).tolist() + [last]
+        with torch.no_grad():
+            h = model(input_ids=torch.tensor([ids])).last_hidden_state[0]
+            v = h.mean(0)
+            for w in dense:
+                v = v @ w.T
+            v = v / v.norm()
+        cases.append({"ids": ids, "hidden": h.tolist(), "embedding": v.tolist()})
+    (out / "reference.json").write_text(json.dumps({"transformers": transformers.__version__,
+                                                    "torch": torch.__version__, "cases": cases}))
+    print(f"wrote {out}")
+
+
+def random_model(config_class, model_class, shape: dict, draw):
+    """model_class(config_class(**shape)) in eval mode, each parameter set to draw(name, parameter)."""
+    import torch
+    cfg = config_class(**shape)
+    cfg.architectures = [model_class.__name__]
+    model = model_class(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(draw(name, p))
+    return model
+
+
 def main() -> None:
     import torch
     from safetensors.torch import save_file
     from transformers import Gemma3TextConfig, Gemma3TextModel
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="tests/fixtures/encoders")
-    out = Path(ap.parse_args().out) / "embeddinggemma"
-    out.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(0)
-    cfg = Gemma3TextConfig(**SHAPE)
-    cfg.architectures = ["Gemma3TextModel"]
-    model = Gemma3TextModel(cfg).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():       # random norms too (HF stores w - 1: a 0 would hide 1 + w)
-            p.copy_(torch.randn_like(p) * (0.3 if "norm" in name else 0.2 if "embed" not in name else 1.0))
+    out = start("embeddinggemma")
+    # random norms too (HF stores w - 1: a 0 would hide 1 + w)
+    model = random_model(Gemma3TextConfig, Gemma3TextModel, SHAPE, lambda name, p: torch.randn_like(p) * (
+        0.3 if "norm" in name else 0.2 if "embed" not in name else 1.0))
     model.save_pretrained(out)
+    st_modules(out, SHAPE["hidden_size"], ["2_Dense", "3_Dense", "4_Normalize"])
     dense_w = []
     g = torch.Generator().manual_seed(1)
     for i, (fin, fout) in enumerate(DENSE):
         d = out / f"{i + 2}_Dense"
-        d.mkdir(exist_ok=True)
         w = torch.randn(fout, fin, generator=g) * fin ** -0.5
         save_file({"linear.weight": w.contiguous()}, str(d / "model.safetensors"))
         (d / "config.json").write_text(json.dumps({"in_features": fin, "out_features": fout, "bias": False,
                                                    "activation_function": "torch.nn.modules.linear.Identity"}))
         dense_w.append(w)
-    (out / "1_Pooling").mkdir(exist_ok=True)
-    (out / "1_Pooling" / "config.json").write_text(json.dumps({
-        "word_embedding_dimension": SHAPE["hidden_size"], "pooling_mode_cls_token": False,
-        "pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False,
-        "pooling_mode_weightedmean_tokens": False, "pooling_mode_lasttoken": False, "include_prompt": True}))
-    (out / "4_Normalize").mkdir(exist_ok=True)
-    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-               {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"},
-               {"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"},
-               {"idx": 4, "name": "4", "path": "4_Normalize", "type": "sentence_transformers.models.Normalize"}]
-    (out / "modules.json").write_text(json.dumps(modules, indent=2))
     (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": SHAPE["max_position_embeddings"],
                                                                "do_lower_case": False}))
-    rng = np.random.default_rng(5)
-    cases = []
-    for n in LENGTHS:
-        ids = [SHAPE["bos_token_id"]] + rng.integers(3, SHAPE["vocab_size"], n - 2).tolist() + [SHAPE["eos_token_id"]]
-        with torch.no_grad():
-            h = model(input_ids=torch.tensor([ids])).last_hidden_state[0]
-            v = h.mean(0)
-            for w in dense_w:
-                v = v @ w.T
-            v = v / v.norm()
-        cases.append({"ids": ids, "hidden": h.tolist(), "embedding": v.tolist()})
-    import transformers
-    (out / "reference.json").write_text(json.dumps({"transformers": transformers.__version__,
-                                                    "torch": torch.__version__, "cases": cases}))
-    print(f"wrote {out}")
+    write_reference(out, model, LENGTHS, SHAPE["vocab_size"], SHAPE["bos_token_id"], SHAPE["eos_token_id"], dense_w)
 
 
 if __name__ == "__main__":

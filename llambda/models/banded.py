@@ -24,3 +24,8 @@ def banded_attention(qkv: np.ndarray, a: int, b: int, n_heads: int, half: int, o
         np.exp(sc, out=sc)
         sc /= sc.sum(axis=-1, keepdims=True)
         out[a:b, h * d:(h + 1) * d] = sc @ v
+
+
+def long_texts(starts: np.ndarray, half: int) -> list[int]:
+    """The packed texts (rows [starts[s], starts[s + 1])) a band of +-half does not cover whole."""
+    return [s for s, n in enumerate(np.diff(starts)) if n - 1 > half]

@@ -291,6 +291,18 @@ class BertEncoder(Closable):
 ENCODER = BertEncoder      # the class models/__init__.encoder_module's users build
 
 
+def packed_rotary(starts: np.ndarray, inv_freq: dict) -> dict:
+    """{key: (cos, sin)} (n x len(inv_freq[key]), float32) of packed texts' rotary angles, positions from 0 in each
+    text (rows [starts[s], starts[s + 1])), for encoder_rotate; one pair per base in `inv_freq`."""
+    lens = np.diff(starts)
+    pos = np.arange(int(starts[-1])) - np.repeat(starts[:-1], lens)
+    out = {}
+    for key, inv in inv_freq.items():
+        ang = pos[:, None] * inv[None, :]
+        out[key] = (np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32))
+    return out
+
+
 def pack_batch(encoded: list[tuple[list[int], list[int]]]) -> tuple[np.ndarray, ...]:
     """(ids, type_ids, starts) of one batch packed back to back: sequence s is rows [starts[s], starts[s + 1])."""
     lens = [len(ids) for ids, _ in encoded]

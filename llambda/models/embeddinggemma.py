@@ -25,7 +25,7 @@ import numpy as np
 
 from ..errors import ModelFormatError
 from . import bert, gemma3
-from .banded import banded_attention
+from .banded import banded_attention, long_texts
 from .config import TransformerConfig
 from .hparams import is_flag
 
@@ -204,15 +204,9 @@ class EmbeddingGemmaEncoder(bert.BertEncoder):
         t, be = self.cfg.text, self.backend
         H, F, hd, nh, nkv = t.d_model, t.ffn_dim, t.head_dim, t.n_heads, t.n_kv_heads
         qd, kd, groups = nh * hd, nkv * hd, nh // nkv
+        rot = bert.packed_rotary(starts, self.inv_freq)
+        banded = long_texts(starts, self.half)         # texts a local layer must mask
         n = ids.shape[0]
-        lens = np.diff(starts)
-        pos = np.arange(n) - np.repeat(starts[:-1], lens)
-        rot = {}
-        for s, inv in self.inv_freq.items():
-            ang = pos[:, None] * inv[None, :]
-            rot[s] = (np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32))
-        # texts a sliding layer must mask: longer than the window's reach
-        banded = [s for s in range(len(lens)) if lens[s] - 1 > self.half]
         u, inv = np.unique(ids, return_inverse=True)
         x = self.word.take_rows(u).to_float32().reshape(len(u), H)[inv.reshape(-1)] * np.float32(t.embed_scale)
         x = np.ascontiguousarray(x, dtype=np.float32)
