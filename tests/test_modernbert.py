@@ -80,3 +80,76 @@ def test_without_a_pooling_module_classifier_pooling_says(tmp_path):
 def test_unsupported_modernbert_configs_are_refused(tmp_path, change):
     with pytest.raises(ModelFormatError):
         llambda.load(_copy(tmp_path, **change), backend="numpy")
+
+
+# -- the GGUF llama.cpp's converter writes (convert_hf_to_gguf.py's ModernBertModel) --
+
+_LAYER = {"attn_norm": "attn_norm", "attn.Wqkv": "attn_qkv", "attn.Wo": "attn_output", "mlp_norm": "ffn_norm",
+          "mlp.Wi": "ffn_up", "mlp.Wo": "ffn_down"}
+_GLOBAL = {"embeddings.tok_embeddings.weight": "token_embd.weight", "embeddings.norm.weight": "token_embd_norm.weight",
+           "final_norm.weight": "output_norm.weight"}
+
+
+def modernbert_gguf(folder: Path, out: Path, **meta_changes) -> Path:
+    """The folder as llama.cpp's converter writes it: its tensor names, `modern-bert.*` sizes, the window and its
+    pattern, a GPT-2 style vocabulary (the tiny one here: one token per id, no merges)."""
+    from safetensors.numpy import load_file
+
+    from llambda.formats.gguf import QType
+    from llambda.formats.gguf_writer import write_gguf
+    cfg = json.loads((folder / "config.json").read_text())
+    tensors = {}
+    for name, w in load_file(str(folder / "model.safetensors")).items():
+        if name in _GLOBAL:
+            g = _GLOBAL[name]
+        else:
+            _, i, rest = name.split(".", 2)
+            g = f"blk.{i}.{_LAYER[rest[:-len('.weight')]]}.weight"
+        tensors[g] = (QType.F32, np.ascontiguousarray(w, dtype=np.float32))
+    a = "modern-bert"
+    V = cfg["vocab_size"]
+    meta = {"general.architecture": a, "general.name": "tiny-modernbert",
+            f"{a}.context_length": cfg["max_position_embeddings"], f"{a}.embedding_length": cfg["hidden_size"],
+            f"{a}.block_count": cfg["num_hidden_layers"], f"{a}.feed_forward_length": cfg["intermediate_size"],
+            f"{a}.attention.head_count": cfg["num_attention_heads"],
+            f"{a}.attention.layer_norm_epsilon": float(cfg["norm_eps"]), f"{a}.attention.causal": False,
+            f"{a}.rope.freq_base": float(cfg["rope_parameters"]["full_attention"]["rope_theta"]),
+            f"{a}.rope.freq_base_swa": float(cfg["rope_parameters"]["sliding_attention"]["rope_theta"]),
+            f"{a}.attention.sliding_window": cfg["local_attention"],
+            f"{a}.attention.sliding_window_pattern": cfg["global_attn_every_n_layers"], f"{a}.pooling_type": 1,
+            f"{a}.vocab_size": V,
+            "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "default",
+            "tokenizer.ggml.tokens": ["[PAD]", "[CLS]", "[SEP]"] + [f"t{i}" for i in range(3, V)],
+            "tokenizer.ggml.token_type": [3, 3, 3] + [1] * (V - 3), "tokenizer.ggml.merges": ["t 1"],
+            "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2, "tokenizer.ggml.seperator_token_id": 2,
+            "tokenizer.ggml.padding_token_id": 0}
+    meta |= meta_changes
+    write_gguf(out, {k: v for k, v in meta.items() if v is not None}, tensors)
+    return out
+
+
+def test_modernbert_gguf_embeds_as_transformers(tmp_path):
+    with _load(modernbert_gguf(FIXTURE, tmp_path / "mb.gguf")) as m:
+        assert m.config.arch == "modernbert" and m.config.sliding == [False, True, True, False]
+        assert np.abs(m.embed(IDS) - WANT).max() <= 1e-6
+
+
+# the local base: the file's, or (a file without the key) 10000, as llama.cpp reads it; a local base of 500 in
+# the file moves llama.cpp's vectors 2.5e-2
+@pytest.mark.parametrize("changes", [{}, {"modern-bert.rope.freq_base_swa": None}])
+def test_modernbert_gguf_matches_llama_cpp(tmp_path, changes):
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is the second ModernBERT reference")
+    from llamacpp_ref import llama_cpp_embeddings
+    gg = modernbert_gguf(FIXTURE, tmp_path / "mb.gguf", **changes)
+    theirs = np.array([t["embedding"] for t in llama_cpp_embeddings(gg, IDS)])
+    with _load(gg) as m:
+        ours = m.embed(IDS)
+    assert np.abs(ours - theirs).max() <= 1e-3            # 2.5e-4 here
+    assert np.abs(ours - WANT).max() <= 1e-6
+
+
+@pytest.mark.parametrize("change", [{"modern-bert.attention.causal": True}, {"modern-bert.pooling_type": 4},
+                                    {"modern-bert.attention.sliding_window": None}])
+def test_unsupported_modernbert_ggufs_are_refused(tmp_path, change):
+    with pytest.raises(ModelFormatError):
+        llambda.load(modernbert_gguf(FIXTURE, tmp_path / "bad.gguf", **change), backend="numpy")

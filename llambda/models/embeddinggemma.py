@@ -18,7 +18,6 @@ again with a banded mask in NumPy (a text within that length sees all of itself,
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -136,22 +135,9 @@ _GGUF_LAYER = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "at
                "ffn_down": "mlp.down_proj", "post_ffw_norm": "post_feedforward_layernorm"}
 
 
-def _hf_name(n: str) -> str | None:
-    """The name this encoder reads a GGUF tensor under (None: one it does not read)."""
-    if n in _GGUF_GLOBAL:
-        return _GGUF_GLOBAL[n]
-    m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", n)
-    if m is None or m[2] not in _GGUF_LAYER:
-        return None
-    if m[3] == "bias":
-        raise ModelFormatError(f"GGUF tensor {n!r}: EmbeddingGemma has no biases")
-    return f"layers.{m[1]}.{_GGUF_LAYER[m[2]]}.weight"
-
-
 def gguf_tensors(get, names: list[str]):
     """(lookup by HF name, HF names) over a `gemma-embedding` GGUF's tensors (Dense layers as `st_dense.K`)."""
-    by_hf = {h: n for n in names if (h := _hf_name(n)) is not None}
-    return (lambda name: get(by_hf[name]) if name in by_hf else None), list(by_hf)
+    return bert.bias_free_gguf_tensors(get, names, _GGUF_GLOBAL, _GGUF_LAYER, "EmbeddingGemma")
 
 
 class EmbeddingGemmaEncoder(bert.BertEncoder):

@@ -20,6 +20,7 @@ import numpy as np
 from ..errors import ModelFormatError
 from ..formats.weights import WeightTensor
 from . import bert
+from .hparams import is_flag
 from .banded import banded_attention, long_texts
 
 
@@ -88,6 +89,51 @@ def config_from_hf(cfg: dict, pooling: dict | None = None, st_config: dict | Non
     if isinstance(seq, int) and not isinstance(seq, bool) and 3 <= seq < c.max_positions:
         c.max_tokens = seq
     return c
+
+
+# llama.cpp's `modern-bert` GGUF: its names of the tensors this encoder reads (ffn_up is the fused Wi)
+_GGUF_GLOBAL = {"token_embd.weight": "embeddings.tok_embeddings.weight",
+                "token_embd_norm.weight": "embeddings.norm.weight",
+                "output_norm.weight": "final_norm.weight"}
+_GGUF_LAYER = {"attn_norm": "attn_norm", "attn_qkv": "attn.Wqkv", "attn_output": "attn.Wo", "ffn_norm": "mlp_norm",
+               "ffn_up": "mlp.Wi", "ffn_down": "mlp.Wo"}
+
+
+def gguf_tensors(get, names: list[str]):
+    """(lookup by HF name, HF names) over a `modern-bert` GGUF's tensors."""
+    return bert.bias_free_gguf_tensors(get, names, _GGUF_GLOBAL, _GGUF_LAYER, "ModernBERT")
+
+
+def config_from_gguf(meta: dict) -> ModernBertConfig:
+    """llama.cpp's `modern-bert` metadata: sizes, the window (local_attention) and its layer pattern, the global
+    base as rope.freq_base and the local one as rope.freq_base_swa (10000 where absent), pooling 1 mean, 2 CLS."""
+    pre = "modern-bert."
+
+    def key(name: str, default=None):
+        v = meta.get(pre + name, default)
+        if v is None:
+            raise ModelFormatError(f"GGUF metadata lacks '{pre}{name}'")
+        return v
+    causal = meta.get(pre + "attention.causal", False)
+    if not is_flag(causal) or causal:
+        raise ModelFormatError(f"GGUF '{pre}attention.causal' must be false (a bidirectional encoder)")
+    kind = meta.get(pre + "pooling_type", 1)
+    if isinstance(kind, bool) or kind not in (1, 2):
+        shown = repr(kind) if isinstance(kind, (int, float, str)) else type(kind).__name__
+        raise ModelFormatError(f"GGUF '{pre}pooling_type' {shown[:40]} is not supported (1 mean, 2 CLS)")
+    tokens = meta.get("tokenizer.ggml.tokens")
+    cfg = {"vocab_size": len(tokens) if isinstance(tokens, list) else key("vocab_size"),
+           "hidden_size": key("embedding_length"), "num_hidden_layers": key("block_count"),
+           "num_attention_heads": key("attention.head_count"), "intermediate_size": key("feed_forward_length"),
+           "max_position_embeddings": key("context_length"), "norm_eps": key("attention.layer_norm_epsilon", 1e-5),
+           "local_attention": key("attention.sliding_window"),
+           "global_attn_every_n_layers": key("attention.sliding_window_pattern", 3),
+           "global_rope_theta": key("rope.freq_base", 160000.0),
+           "local_rope_theta": key("rope.freq_base_swa", 10000.0)}
+    try:
+        return config_from_hf(cfg, pooling={"pooling_mode_cls_token": kind == 2})
+    except ModelFormatError as e:      # name the format; the field names are the HF config's spelling
+        raise ModelFormatError(str(e).replace("config.json:", f"GGUF metadata ({pre}*):")) from None
 
 
 class ModernBertEncoder(bert.BertEncoder):
