@@ -44,6 +44,21 @@ def test_the_local_band_matters():
         assert_the_band_matters(m, lambda: setattr(m.config, "half", 10 ** 6), IDS, WANT, 4)
 
 
+@pytest.mark.parametrize("backend,activations,tol", BACKENDS)
+def test_modernbert_reranker_matches_transformers(backend, activations, tol):
+    """ModernBertForSequenceClassification (mean classifier pooling, a head bias): its logits of (query, document)
+    pairs given as [CLS] q [SEP] d [SEP] ids, packed in one batch."""
+    from llambda.models.bert import pack_batch
+    folder = FIXTURE.parent / "modernbert_rerank"
+    pairs = json.loads((folder / "reference.json").read_text())["pairs"]
+    with _load(folder, backend, activations) as m:
+        assert m.is_reranker and m.config.n_labels == 1 and m.config.head_pooling == "mean"
+        ids, types, starts = pack_batch([(p["ids"], [0] * len(p["ids"])) for p in pairs])
+        got = m.encoder.classify(m.encoder.forward(ids, types, starts), starts)[:, 0]
+    want = np.array([p["logit"] for p in pairs])
+    assert np.abs(got - want).max() <= 2 * tol        # (the fast mode: 9.5e-3 here)
+
+
 def _copy(tmp_path: Path, **changes) -> Path:
     out = tmp_path / "mb"
     shutil.copytree(FIXTURE, out)

@@ -30,6 +30,8 @@ class ModernBertConfig(bert.BertConfig):
     half: int = 64                                    # a local layer's reach: local_attention // 2
     rope_global: float = 160000.0
     rope_local: float = 10000.0
+    head_pooling: str = "cls"                         # a classifier's: classifier_pooling, cls or mean
+    head_bias: bool = False                           # its head.dense has a bias (classifier_bias)
     # memory.encoder_plan: Wi (two matrices' worth) and Wo; no position table
     ffn_matrices = 3
     position_rows = 0
@@ -84,6 +86,16 @@ def config_from_hf(cfg: dict, pooling: dict | None = None, st_config: dict | Non
         c.pooling = "cls" if pooling.get("pooling_mode_cls_token") else "mean"
     else:
         c.pooling = "mean" if cfg.get("classifier_pooling", "cls") == "mean" else "cls"
+    classes = cfg.get("architectures")
+    if isinstance(classes, list) and "ModernBertForSequenceClassification" in classes:
+        labels = cfg.get("id2label")
+        c.n_labels = len(labels) if isinstance(labels, dict) and labels else 1
+        c.head_pooling = cfg.get("classifier_pooling", "cls")
+        c.head_bias = cfg.get("classifier_bias", False)
+        if c.head_pooling not in ("cls", "mean") or cfg.get("classifier_activation", "gelu") != "gelu" or \
+                not isinstance(c.head_bias, bool):
+            raise ModelFormatError("config.json: ModernBERT's classifier is supported with classifier_pooling cls or "
+                                   "mean, classifier_activation gelu and a bool classifier_bias")
     c.max_tokens = c.max_positions
     seq = (st_config or {}).get("max_seq_length")
     if isinstance(seq, int) and not isinstance(seq, bool) and 3 <= seq < c.max_positions:
@@ -167,6 +179,9 @@ class ModernBertEncoder(bert.BertEncoder):
             })
         self.final_ln = self._ln_nobias("final_norm")
         self.head = None
+        if cfg.n_labels:       # ModernBertForSequenceClassification: norm(gelu(dense(pooled))), then the classifier
+            self.head = {"dense": dense("head.dense", bias=cfg.head_bias), "norm": self._ln_nobias("head.norm"),
+                         "cls": dense("classifier", rows=cfg.n_labels)}
 
     def _forward(self, ids: np.ndarray, type_ids: np.ndarray, starts: np.ndarray) -> np.ndarray:
         cfg, be = self.cfg, self.backend
@@ -198,6 +213,21 @@ class ModernBertEncoder(bert.BertEncoder):
             x += self._dense(act, L["wo"], H)
         be.add_layernorm(x, None, *self.final_ln, cfg.eps, x)
         return x
+
+
+    def classify(self, hidden: np.ndarray, starts: np.ndarray) -> np.ndarray:
+        """The sequence-classification logits (b, n_labels): the head on the first token's state or the mean."""
+        if self.head is None:
+            raise ValueError("this model has no classification head")
+        if self.cfg.head_pooling == "cls":
+            pooled = np.ascontiguousarray(hidden[starts[:-1]])
+        else:
+            pooled = np.add.reduceat(hidden, starts[:-1], axis=0) / np.diff(starts)[:, None].astype(np.float32)
+            pooled = np.ascontiguousarray(pooled, dtype=np.float32)
+        h = self._dense(pooled, self.head["dense"], self.cfg.hidden)
+        self.backend.gelu_erf(h)
+        self.backend.add_layernorm(h, None, *self.head["norm"], self.cfg.eps, h)
+        return self._dense(h, self.head["cls"], self.cfg.n_labels)
 
 
 ENCODER = ModernBertEncoder
