@@ -43,6 +43,7 @@ class EmbeddingGemmaConfig(bert.BertConfig):
     # memory.encoder_plan: gate, up and down per layer; no position table
     ffn_matrices = 3
     position_rows = 0
+    table_resident = False        # the token table stays in the file's type, its rows read per batch
 
 
 def _wrap(text: TransformerConfig, dense: list, max_tokens: int, where: str) -> EmbeddingGemmaConfig:
