@@ -168,7 +168,7 @@ def embeddinggemma_gguf(folder: Path, out: Path, dense: bool = True, matrices=No
              "tokenizer.ggml.bos_token_id": 2, "tokenizer.ggml.unknown_token_id": 3,
              "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": True}
     meta |= meta_changes
-    write_gguf(out, meta, tensors)
+    write_gguf(out, {k: v for k, v in meta.items() if v is not None}, tensors)
     return out
 
 
@@ -246,3 +246,18 @@ def test_unsupported_embeddinggemma_ggufs_are_refused(tmp_path, change):
     gg = embeddinggemma_gguf(FIXTURE, tmp_path / "bad.gguf", **change)
     with pytest.raises(ModelFormatError):
         llambda.load(gg, backend="numpy")
+
+
+def test_ollamas_gemma3_embedding_layout_is_refused_not_run_as_a_decoder(tmp_path):
+    """A `gemma3` file with a pooling type (Ollama's embeddinggemma) is an embedding model in another layout: a
+    typed error, not Gemma 3's decoder generating from it."""
+    gg = embeddinggemma_gguf(FIXTURE, tmp_path / "eg.gguf")
+    from llambda.formats.gguf import GGUFFile
+    with GGUFFile(gg) as f:
+        meta = {k.replace("gemma-embedding.", "gemma3."): v for k, v in f.metadata.items()}
+    meta["general.architecture"] = "gemma3"
+    ollama = embeddinggemma_gguf(FIXTURE, tmp_path / "o.gguf", **{k: None for k in list(meta)
+                                                                 if k.startswith("gemma-embedding.")}, **meta)
+    with pytest.raises(ModelFormatError, match="pooling_type"):
+        llambda.load(ollama, backend="numpy")
+
