@@ -113,6 +113,16 @@ def test_a_dense_module_without_its_weights_is_refused(tmp_path):
         llambda.load(folder, backend="numpy")
 
 
+@pytest.mark.parametrize("where", ["../elsewhere", "/tmp", ""])
+def test_a_dense_module_outside_the_folder_is_refused(tmp_path, where):
+    folder = _copy(tmp_path)
+    modules = json.loads((folder / "modules.json").read_text())
+    modules[2]["path"] = where
+    (folder / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(ModelFormatError, match="Dense module"):
+        llambda.load(folder, backend="numpy")
+
+
 # -- the GGUF llama.cpp's converter writes (convert_hf_to_gguf.py's EmbeddingGemma) --
 
 _LAYER = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",

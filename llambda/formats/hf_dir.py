@@ -376,7 +376,8 @@ def _st_dense(path: Path) -> list[tuple[dict, Path]]:
     for m in mods if isinstance(mods, list) else []:
         if isinstance(m, dict) and isinstance(m.get("type"), str) and m["type"].endswith(".Dense"):
             rel = m.get("path")
-            folder = path / rel if isinstance(rel, str) and rel and ".." not in Path(rel).parts else None
+            inside = isinstance(rel, str) and rel and not Path(rel).is_absolute() and ".." not in Path(rel).parts
+            folder = path / rel if inside else None       # (a module's folder is inside the model's)
             if folder is None or not (folder / "config.json").is_file():
                 raise ModelFormatError(f"modules.json: Dense module {m.get('path')!r} has no config.json")
             cfg = read_json(folder / "config.json", f"{rel}/config.json")
