@@ -106,6 +106,17 @@ def test_unsupported_embeddinggemma_folders_are_refused(tmp_path, where, change)
         llambda.load(folder, backend="numpy")
 
 
+def test_transformers_4_config_spelling_is_the_same_model(tmp_path):
+    """embeddinggemma-300m's config.json (transformers 4.56): rope_theta and rope_local_base_freq, no rope_parameters."""
+    folder = _copy(tmp_path)
+    cfg = json.loads((folder / "config.json").read_text())
+    del cfg["rope_parameters"]
+    cfg |= {"rope_theta": 1000.0, "rope_local_base_freq": 10000.0, "rope_scaling": None}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with _load(folder) as m:
+        assert np.abs(m.embed(IDS) - WANT).max() <= 1e-6
+
+
 def test_a_dense_module_without_its_weights_is_refused(tmp_path):
     folder = _copy(tmp_path)
     (folder / "3_Dense" / "model.safetensors").unlink()
