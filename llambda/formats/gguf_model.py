@@ -48,6 +48,12 @@ def open_gguf(path: Path) -> ModelSource:
         if not isinstance(arch, str):
             raise ModelFormatError("GGUF metadata lacks 'general.architecture'")
         infos = f.tensors
+        if f"{arch}.pooling_type" in meta and arch not in ENCODERS:
+            # Ollama's embedding files (its embeddinggemma: a `gemma3` file with a pooling type and `dense.N`
+            # tensors) would otherwise run as the decoder they are not
+            raise ModelFormatError(f"GGUF {arch!r} with '{arch}.pooling_type' is an embedding model in a layout not "
+                                   f"supported here (llama.cpp's converter writes EmbeddingGemma as "
+                                   f"'gemma-embedding', which loads)")
         module = None if arch in ENCODERS else arch_module(arch, "config_from_gguf")
         # an architecture whose llama.cpp files name a tensor otherwise (canonical leaf or global name -> file's)
         renamed = getattr(module, "GGUF_NAMES", {})

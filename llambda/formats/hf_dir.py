@@ -359,8 +359,30 @@ def _is_encoder(cfg: dict) -> bool:
     from ..models import ENCODERS
     classes = cfg.get("architectures") if isinstance(cfg.get("architectures"), list) else []
     mt = cfg.get("model_type")
-    return (isinstance(mt, str) and mt in ENCODERS) or any(
+    return (isinstance(mt, str) and mt in ENCODERS) or _embedding_gemma(cfg) or any(
         isinstance(c, str) and c.startswith("Bert") for c in classes)
+
+
+def _embedding_gemma(cfg: dict) -> bool:
+    """EmbeddingGemma: a Gemma 3 text model made bidirectional (models/embeddinggemma.py)."""
+    return cfg.get("model_type") == "gemma3_text" and cfg.get("use_bidirectional_attention") is True
+
+
+def _st_dense(path: Path) -> list[tuple[dict, Path]]:
+    """sentence-transformers' Dense modules after the transformer, in modules.json's order: (config, folder)."""
+    f = path / "modules.json"
+    mods = read_json(f, "modules.json") if f.is_file() else []
+    out = []
+    for m in mods if isinstance(mods, list) else []:
+        if isinstance(m, dict) and isinstance(m.get("type"), str) and m["type"].endswith(".Dense"):
+            rel = m.get("path")
+            inside = isinstance(rel, str) and rel and not Path(rel).is_absolute() and ".." not in Path(rel).parts
+            folder = path / rel if inside else None       # (a module's folder is inside the model's)
+            if folder is None or not (folder / "config.json").is_file():
+                raise ModelFormatError(f"modules.json: Dense module {m.get('path')!r} has no config.json")
+            cfg = read_json(folder / "config.json", f"{rel}/config.json")
+            out.append((cfg if isinstance(cfg, dict) else {}, folder))
+    return out
 
 
 def _open_encoder_dir(path: Path, raw_cfg: dict) -> ModelSource:
@@ -373,15 +395,29 @@ def _open_encoder_dir(path: Path, raw_cfg: dict) -> ModelSource:
         data = read_json(f, rel) if f.is_file() else None
         extra[key] = data if isinstance(data, dict) else None
     mt = raw_cfg.get("model_type")
-    arch = mt if isinstance(mt, str) and mt in ENCODERS else "bert"
-    config = encoder_module(arch).config_from_hf(raw_cfg, **extra)
+    arch = mt if isinstance(mt, str) and mt in ENCODERS else "gemma-embedding" if _embedding_gemma(raw_cfg) else "bert"
+    module = encoder_module(arch)
+    dense = _st_dense(path) if getattr(module, "ST_DENSE", False) else []
+    if dense:
+        extra["dense"] = [c for c, _ in dense]
+    config = module.config_from_hf(raw_cfg, **extra)
     st = open_safetensors_dir(path)
+    parts = []
     try:
+        for k, (_, folder) in enumerate(dense):     # each module's `linear.weight` as `st_dense.K.weight`
+            parts.append(open_safetensors_dir(folder))
+            t = parts[-1].tensors.get("linear.weight")
+            if t is None:
+                raise ModelFormatError(f"{folder.name}/model.safetensors lacks 'linear.weight'")
+            st.tensors[f"st_dense.{k}.weight"] = t
         tok, tok_err = _tokenizer(path)
         name = raw_cfg.get("_name_or_path") or path.name
         meta = {"hf.config": raw_cfg, **{f"st.{k}": v for k, v in extra.items()}}
-        return ModelSource(path, "hf", config, st.get, meta, tok, tok_err, None, str(name), [st.close],
-                           list(st.tensors), [st.release])
+        return ModelSource(path, "hf", config, st.get, meta, tok, tok_err, None, str(name),
+                           [st.close, *(p.close for p in parts)], list(st.tensors),
+                           [st.release, *(p.release for p in parts)])
     except BaseException:
         st.close()
+        for p in parts:
+            p.close()
         raise

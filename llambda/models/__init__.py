@@ -85,7 +85,8 @@ ARCHITECTURES = {
 
 # Encoders (embedding models, cross-encoders): their own config and forward, not TransformerConfig
 ENCODERS = {"bert": "bert", "xlm-roberta": "xlm_roberta", "roberta": "xlm_roberta", "nomic_bert": "nomic_bert",
-            "nomic-bert": "nomic_bert"}
+            "nomic-bert": "nomic_bert", "gemma-embedding": "embeddinggemma",
+            "modernbert": "modernbert", "modern-bert": "modernbert"}
 
 
 def encoder_module(name: str):

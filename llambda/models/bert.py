@@ -11,6 +11,7 @@ packed attention, the GELU), so the native backend does a layer in a few C calls
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -289,6 +290,33 @@ class BertEncoder(Closable):
 
 
 ENCODER = BertEncoder      # the class models/__init__.encoder_module's users build
+
+
+def bias_free_gguf_tensors(get, names: list[str], global_names: dict, layer_names: dict, family: str):
+    """(lookup by HF name, HF names) over the GGUF tensors of an encoder without biases: `global_names` maps
+    GGUF names to HF ones, and `blk.N.X.weight` is `layers.N.{layer_names[X]}.weight`; a layer's bias is refused."""
+    by_hf = {}
+    for n in names:
+        m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", n)
+        if n in global_names:
+            by_hf[global_names[n]] = n
+        elif m is not None and m[2] in layer_names:
+            if m[3] == "bias":
+                raise ModelFormatError(f"GGUF tensor {n!r}: {family} has no biases")
+            by_hf[f"layers.{m[1]}.{layer_names[m[2]]}.weight"] = n
+    return (lambda name: get(by_hf[name]) if name in by_hf else None), list(by_hf)
+
+
+def packed_rotary(starts: np.ndarray, inv_freq: dict) -> dict:
+    """{key: (cos, sin)} (n x len(inv_freq[key]), float32) of packed texts' rotary angles, positions from 0 in each
+    text (rows [starts[s], starts[s + 1])), for encoder_rotate; one pair per base in `inv_freq`."""
+    lens = np.diff(starts)
+    pos = np.arange(int(starts[-1])) - np.repeat(starts[:-1], lens)
+    out = {}
+    for key, inv in inv_freq.items():
+        ang = pos[:, None] * inv[None, :]
+        out[key] = (np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32))
+    return out
 
 
 def pack_batch(encoded: list[tuple[list[int], list[int]]]) -> tuple[np.ndarray, ...]:

@@ -121,7 +121,8 @@ def encoder_plan(src: ModelSource, tokens: int, dense_bytes: int = 2) -> Encoder
     c = src.config
     H, F = c.hidden, c.ffn
     mapped = sum(tensor_nbytes(t.qtype, t.shape) for t in map(src.tensor, src.tensor_names) if t is not None)
-    emb = (c.vocab_size + c.position_rows + c.type_vocab) * H * 4
+    # (an encoder whose token table stays in the file, read per batch, says so: embeddinggemma.py)
+    emb = (c.vocab_size * getattr(c, "table_resident", True) + c.position_rows + c.type_vocab) * H * 4
     dense = c.n_layers * (4 * H * H + c.ffn_matrices * H * F) + (H * H + c.n_labels * H if c.n_labels else 0)
     biases = c.n_layers * (6 * H + F) * 4
     # per token: x, ctx, the attention output and qkv (6 H), the MLP's up (F; and a gated MLP's gate, F), the

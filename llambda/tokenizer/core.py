@@ -186,7 +186,9 @@ class Tokenizer:
     def encode_for_encoder(self, texts: list[str], max_tokens: int) -> list[tuple[list[int], list[int]]]:
         """(ids, token_type_ids) per text with the model's own special tokens ([CLS] ... [SEP] for
         BERT, from tokenizer.json's post-processor), truncated to max_tokens as the original
-        tokenizer truncates (the text's tokens are cut, the special tokens kept)."""
+        tokenizer truncates (the text's tokens are cut, the special tokens kept). A vocabulary whose backend
+        has no post-processor (a GGUF's SentencePiece, as EmbeddingGemma's) gets its add_bos / add_eos
+        tokens as llama.cpp's llama_tokenize(add_special) adds them."""
         # a (text, text) pair is one input of a cross-encoder: [CLS] a [SEP] b [SEP], type ids 0 then 1
         if any(not isinstance(t, str) and not (isinstance(t, tuple) and len(t) == 2
                                                and all(isinstance(x, str) for x in t)) for t in texts):
@@ -199,7 +201,8 @@ class Tokenizer:
                     self._backend.encode_special_tokens = False
                     self._parse_special = True
                 # the backend is shared: truncation is switched on only for this call
-                self._backend.enable_truncation(max_tokens)
+                front, back = self._encoder_specials(texts)
+                self._backend.enable_truncation(max_tokens - len(front) - len(back))
                 try:
                     # the library's batch encode spreads over its own thread pool, which a batch of short
                     # texts does not repay (32 short sentences: 0.7-1 ms one by one, 3-7 ms in a batch,
@@ -217,7 +220,19 @@ class Tokenizer:
             flat = [x for t in texts for x in ((t,) if isinstance(t, str) else t)]
             bad = next((t for t in flat if _explain(t, e) != str(e)), flat[0] if flat else "")
             raise TokenizerError(f"cannot encode text: {_explain(bad, e)}") from None
+        if front or back:
+            return [((front if front and e.ids[:1] != front else []) + list(e.ids) + back,
+                     [0] * (len(e.ids) + len(front if front and e.ids[:1] != front else []) + len(back)))
+                    for e in encs]
         return [(list(e.ids), list(e.type_ids)) for e in encs]
+
+    def _encoder_specials(self, texts) -> tuple[list[int], list[int]]:
+        """The BOS and EOS encode_for_encoder adds itself: none where the backend's post-processor adds the
+        model's special tokens, or for (text, text) pairs."""
+        if getattr(self._backend, "post_processor", None) is not None or any(isinstance(t, tuple) for t in texts):
+            return [], []
+        return ([self.bos_id] if self.add_bos and self.bos_id is not None else [],
+                [self.eos_id] if self.add_eos and self.eos_id is not None else [])
 
     def _warn_dropped_bytes(self, text: str) -> None:
         dropped = text.encode("utf-8").translate(None, self._present_bytes)
