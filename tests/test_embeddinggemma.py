@@ -134,6 +134,37 @@ def test_a_dense_module_outside_the_folder_is_refused(tmp_path, where):
         llambda.load(folder, backend="numpy")
 
 
+
+def test_a_dense_module_symlinked_out_of_the_folder_is_refused(tmp_path):
+    """A Dense folder that is a symlink to a folder outside the model's is not read (the shape check of the outside
+    folder's config.json is not reached: it loaded as the model's layer before)."""
+    folder = _copy(tmp_path)
+    outside = tmp_path / "outside"
+    shutil.move(folder / "2_Dense", outside)
+    (folder / "2_Dense").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(ModelFormatError, match="inside the model's folder"):
+        llambda.load(folder, backend="numpy")
+
+
+def test_a_symlinked_dense_file_inside_the_folder_still_loads(tmp_path):
+    """A hub cache's files are links to its blobs: a Dense module's weights as a link are read."""
+    folder = _copy(tmp_path)
+    blob = tmp_path / "blob"
+    shutil.move(folder / "2_Dense" / "model.safetensors", blob)
+    (folder / "2_Dense" / "model.safetensors").symlink_to(blob)
+    with _load(folder) as m:
+        assert np.abs(m.embed(IDS) - WANT).max() <= 1e-6
+
+
+@pytest.mark.parametrize("modules", [{"0": {"path": "2_Dense"}}, ["2_Dense"], [{"path": "2_Dense"}], "x"])
+def test_a_modules_json_that_is_not_a_list_of_modules_is_refused(tmp_path, modules):
+    """It was skipped: the model embedded without its Dense layers, not as sentence-transformers does."""
+    folder = _copy(tmp_path)
+    (folder / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(ModelFormatError, match="modules.json"):
+        llambda.load(folder, backend="numpy")
+
+
 # -- the GGUF llama.cpp's converter writes (convert_hf_to_gguf.py's EmbeddingGemma) --
 
 _LAYER = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",

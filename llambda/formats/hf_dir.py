@@ -369,17 +369,28 @@ def _embedding_gemma(cfg: dict) -> bool:
 
 
 def _st_dense(path: Path) -> list[tuple[dict, Path]]:
-    """sentence-transformers' Dense modules after the transformer, in modules.json's order: (config, folder)."""
+    """sentence-transformers' Dense modules after the transformer, in modules.json's order: (config, folder).
+    A module's folder lies inside the model's, a symlinked one too (its files may be links, as a hub cache's are);
+    a modules.json that is not a list of modules is refused (sentence-transformers cannot read it either, and
+    skipping it would embed without the Dense layers)."""
     f = path / "modules.json"
     mods = read_json(f, "modules.json") if f.is_file() else []
+    if not isinstance(mods, list) or not all(isinstance(m, dict) and isinstance(m.get("type"), str) for m in mods):
+        raise ModelFormatError(f"{f}: not a list of modules, each with its 'type' string")
     out = []
-    for m in mods if isinstance(mods, list) else []:
-        if isinstance(m, dict) and isinstance(m.get("type"), str) and m["type"].endswith(".Dense"):
+    for m in mods:
+        if m["type"].endswith(".Dense"):
             rel = m.get("path")
             inside = isinstance(rel, str) and rel and not Path(rel).is_absolute() and ".." not in Path(rel).parts
             folder = path / rel if inside else None       # (a module's folder is inside the model's)
+            try:
+                if folder is not None and not folder.resolve().is_relative_to(path.resolve()):
+                    folder = None                          # a symlink out of the model's folder
+            except (OSError, RuntimeError, ValueError):    # a link loop, a name the file system refuses
+                folder = None
             if folder is None or not (folder / "config.json").is_file():
-                raise ModelFormatError(f"modules.json: Dense module {m.get('path')!r} has no config.json")
+                raise ModelFormatError(f"modules.json: Dense module {m.get('path')!r} has no config.json inside "
+                                       f"the model's folder")
             cfg = read_json(folder / "config.json", f"{rel}/config.json")
             out.append((cfg if isinstance(cfg, dict) else {}, folder))
     return out
