@@ -87,6 +87,47 @@ def test_a_long_text_is_cut_to_the_positions_after_the_offset():
         assert np.isfinite(m.embed(["the cat " * 50])).all()
 
 
+
+def test_pairs_are_cut_as_the_library_cuts_them():
+    """encode_for_encoder cuts each side of a pair before the library's longest-first truncation (below): the
+    same ids and type ids as the library's own truncation of the whole pair, at every length around the cut."""
+    import random
+    rng = random.Random(7)
+    words = ["the", "cat", "über", "的", "  ", "!", "x"]
+    with _load(RERANKER) as m:
+        tok = m.tokenizer
+        backend = tok._backend
+        for _ in range(300):
+            limit = rng.choice([4, 5, 6, 7, 10, 38])
+            a, b = (" ".join(rng.choice(words) for _ in range(rng.randrange(30))) for _ in range(2))
+            got = tok.encode_for_encoder([(a, b), (b, a), a], limit)
+            backend.enable_truncation(limit)
+            try:
+                want = [(list(e.ids), list(e.type_ids)) for e in (
+                    backend.encode(a, b, add_special_tokens=True), backend.encode(b, a, add_special_tokens=True),
+                    backend.encode(a, add_special_tokens=True))]
+            finally:
+                backend.no_truncation()
+            assert got == want, (limit, a, b)
+
+
+def test_a_long_pair_is_cut_in_bounded_memory():
+    """The library's truncation of a pair keeps every overflowing piece of both sides and their product: a
+    query and a document of 3,600 characters each took 1.5 GB (60 KB each, an OOM kill)."""
+    import subprocess
+    import sys
+    import resource
+    code = ("import resource, warnings, llambda; warnings.simplefilter('ignore')\n"
+            f"m = llambda.load({str(RERANKER)!r}, backend='numpy')\n"
+            "t = 'hello world ' * 300\n"
+            "assert m.score(t, [t, t[:100]]).shape == (2,)\n"
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)\n")
+    cap = lambda: resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))     # a regression fails, not swaps
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, preexec_fn=cap)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert int(out.stdout.split()[-1]) < 500, out.stdout      # megabytes at the peak
+
+
 @pytest.mark.parametrize("change,message", [({"pad_token_id": 99}, "pad_token_id"),
                                              ({"pad_token_id": "1"}, "pad_token_id"),
                                              ({"max_position_embeddings": 4}, "positions after pad_token_id")])

@@ -207,9 +207,10 @@ class Tokenizer:
                     # the library's batch encode spreads over its own thread pool, which a batch of short
                     # texts does not repay (32 short sentences: 0.7-1 ms one by one, 3-7 ms in a batch,
                     # on a loaded 2-core machine) and which competes with the encoder's own threads
-                    if len(texts) <= SERIAL_ENCODE_MAX:
-                        encs = [self._backend.encode(*(t if isinstance(t, tuple) else (t,)), add_special_tokens=True)
-                                for t in texts]
+                    if any(isinstance(t, tuple) for t in texts):
+                        encs = self._encode_pairs(texts, max_tokens)
+                    elif len(texts) <= SERIAL_ENCODE_MAX:
+                        encs = [self._backend.encode(t, add_special_tokens=True) for t in texts]
                     else:
                         encs = self._backend.encode_batch(list(texts), add_special_tokens=True)
                 finally:
@@ -225,6 +226,35 @@ class Tokenizer:
                      [0] * (len(e.ids) + len(front if front and e.ids[:1] != front else []) + len(back)))
                     for e in encs]
         return [(list(e.ids), list(e.type_ids)) for e in encs]
+
+    def _encode_pairs(self, texts, max_tokens: int) -> list:
+        """encode_for_encoder's texts with (a, b) pairs among them, each side encoded alone and cut before the
+        library's truncation of the pair: that one keeps every overflowing piece of a and of b, and their
+        product (two texts of 60 KB made some 10^6 pieces and gigabytes). Its longest-first cut depends only on
+        the shorter side's length (as far as max_tokens + 1) and on which side is longer, so a side is cut to
+        max_tokens + 1 tokens, one more for the longer side: the same tokens, type ids and special tokens."""
+        pairs = [t if isinstance(t, tuple) else (t,) for t in texts]
+        sides = [x for t in pairs for x in t]
+        self._backend.no_truncation()
+        try:
+            if len(sides) <= SERIAL_ENCODE_MAX:
+                encoded = [self._backend.encode(x, add_special_tokens=False) for x in sides]
+            else:
+                encoded = self._backend.encode_batch(sides, add_special_tokens=False)
+        finally:
+            self._backend.enable_truncation(max_tokens)
+        out, k = [], 0
+        for t in pairs:
+            parts = encoded[k:k + len(t)]
+            k += len(t)
+            if len(parts) == 2:
+                n = [len(e.ids) for e in parts]
+                for e, mine, other in ((parts[0], n[0], n[1]), (parts[1], n[1], n[0])):
+                    cap = max_tokens + 1 + (mine > other)
+                    if mine > cap:
+                        e.truncate(cap)
+            out.append(self._backend.post_process(*parts, add_special_tokens=True))
+        return out
 
     def _encoder_specials(self, texts) -> tuple[list[int], list[int]]:
         """The BOS and EOS encode_for_encoder adds itself: none where the backend's post-processor adds the
