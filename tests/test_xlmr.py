@@ -128,6 +128,26 @@ def test_a_long_pair_is_cut_in_bounded_memory():
     assert int(out.stdout.split()[-1]) < 500, out.stdout      # megabytes at the peak
 
 
+
+def test_a_pair_past_a_tiny_models_positions_is_an_input_error(tmp_path):
+    """max_position_embeddings 5 leaves 3 positions, fewer than a pair's four special tokens: the library cannot
+    cut the pair to them, and the overlong input was a bare ValueError from the position table (a 500)."""
+    from safetensors.numpy import load_file, save_file
+    from llambda.errors import InvalidInputError
+    folder = tmp_path / "r"
+    shutil.copytree(RERANKER, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(cfg | {"max_position_embeddings": 5}))
+    weights = load_file(folder / "model.safetensors")
+    name = "roberta.embeddings.position_embeddings.weight"
+    weights[name] = weights[name][:5].copy()
+    save_file(weights, folder / "model.safetensors")
+    with _load(folder) as m:
+        assert m.config.max_tokens == 3
+        with pytest.raises(InvalidInputError, match="positions"):
+            m.score("the cat " * 10, ["the cat " * 10])
+
+
 @pytest.mark.parametrize("change,message", [({"pad_token_id": 99}, "pad_token_id"),
                                              ({"pad_token_id": "1"}, "pad_token_id"),
                                              ({"max_position_embeddings": 4}, "positions after pad_token_id")])

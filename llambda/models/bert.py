@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ModelFormatError
+from ..errors import InvalidInputError, ModelFormatError
 from .closable import Closable
 from .hparams import is_flag
 
@@ -265,7 +265,7 @@ class BertEncoder(Closable):
         """Word + absolute position (from 0 in each sequence) + token-type embeddings, before their LayerNorm."""
         lens = np.diff(starts)
         if lens.max() > self.pos.shape[0]:
-            raise ValueError(f"{lens.max()} tokens is beyond the {self.pos.shape[0]} positions of this model")
+            raise InvalidInputError(f"{lens.max()} tokens is beyond the {self.pos.shape[0]} positions of this model")
         x = self.word[ids]
         x += self.pos[np.arange(ids.shape[0]) - np.repeat(starts[:-1], lens)]
         x += self.types[type_ids]

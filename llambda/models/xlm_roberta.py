@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ..errors import ModelFormatError
+from ..errors import InvalidInputError, ModelFormatError
 from . import bert
 
 _CLASSIFIERS = ("XLMRobertaForSequenceClassification", "RobertaForSequenceClassification")
@@ -58,7 +58,7 @@ class XLMRobertaEncoder(bert.BertEncoder):
         before = np.concatenate([[0], count])[starts[:-1]]        # real tokens before each sequence
         pos = (count - np.repeat(before, np.diff(starts))) * real + pad
         if pos.max() >= self.pos.shape[0]:
-            raise ValueError(f"{pos.max() - pad} tokens is beyond the {self.pos.shape[0] - pad - 1} positions "
+            raise InvalidInputError(f"{pos.max() - pad} tokens is beyond the {self.pos.shape[0] - pad - 1} positions "
                              f"of this model")
         x = self.word[ids]
         x += self.pos[pos]
