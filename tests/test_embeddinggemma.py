@@ -313,3 +313,45 @@ def test_ollamas_gemma3_embedding_layout_is_refused_not_run_as_a_decoder(tmp_pat
     with pytest.raises(ModelFormatError, match="pooling_type"):
         llambda.load(ollama, backend="numpy")
 
+
+
+def _masked_softmax_attention(qkv, n_heads: int, half: int) -> np.ndarray:
+    """The band's definition over a whole text: every pair of tokens scored, the far ones masked out."""
+    t, d = qkv.shape[0], qkv.shape[1] // 3 // n_heads
+    heads = qkv.reshape(t, 3, n_heads, d).astype(np.float64)
+    far = np.abs(np.arange(t)[:, None] - np.arange(t)[None, :]) > half
+    out = np.empty((t, n_heads * d))
+    for h in range(n_heads):
+        sc = heads[:, 0, h] @ heads[:, 1, h].T / np.sqrt(d)
+        sc[far] = -np.inf
+        w = np.exp(sc - sc.max(axis=-1, keepdims=True))
+        out[:, h * d:(h + 1) * d] = (w / w.sum(axis=-1, keepdims=True)) @ heads[:, 2, h]
+    return out
+
+
+@pytest.mark.parametrize("t,half,block", [(50, 4, 7), (300, 16, 256), (700, 100, 64), (5, 100, 2)])
+def test_banded_attention_in_blocks_is_the_band(t, half, block):
+    from llambda.models.banded import banded_attention
+    qkv = np.random.default_rng(t).standard_normal((t + 3, 3 * 4 * 8)).astype(np.float32)
+    out = np.zeros((t + 3, 32), np.float32)
+    banded_attention(qkv, 2, 2 + t, 4, half, out, block=block)
+    assert np.abs(out[2:2 + t] - _masked_softmax_attention(qkv[2:2 + t], 4, half)).max() <= 1e-5
+    assert not out[:2].any() and not out[2 + t:].any()
+
+
+def test_banded_attention_memory_grows_with_the_band_not_the_text():
+    """A text of 6,000 tokens: its whole score matrix took 144 MB a head (40,000 tokens: 6 GB, a MemoryError for
+    a config whose max_position_embeddings lets such a text through: EmbeddingGemma has no position table)."""
+    import tracemalloc
+    from llambda.models.banded import banded_attention
+    t = 6000
+    qkv = np.random.default_rng(0).standard_normal((t, 3 * 2 * 8)).astype(np.float32)
+    out = np.zeros((t, 16), np.float32)
+    tracemalloc.start()
+    try:
+        banded_attention(qkv, 0, t, 2, 4, out)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, peak
+    assert np.isfinite(out).all()
