@@ -885,6 +885,9 @@ TOKEN_BUDGET = 1 << 14
 
 # a length no input reaches (a request body is a few MiB): "do not truncate" to the tokenizer
 UNCUT = 2**31 - 1
+# the longest text an encoder reads: no released encoder trains past it (8192: bge-m3, ModernBERT), and the
+# attention's time grows with its square; a config without a position table (rotary encoders) could claim millions
+ENCODER_MAX_TOKENS = 8192
 
 
 class EncoderModel:
@@ -899,6 +902,10 @@ class EncoderModel:
         self.config = encoder.cfg
         self.tokenizer = source.tokenizer
         self.name = source.name
+        if self.config.max_tokens > ENCODER_MAX_TOKENS:
+            warnings.warn(f"{self.name}: its configuration allows {self.config.max_tokens} tokens a text; texts are "
+                          f"cut at {ENCODER_MAX_TOKENS}", LlambdaWarning, stacklevel=3)
+            self.config.max_tokens = ENCODER_MAX_TOKENS
         self.n_ctx = self.config.max_tokens
         self.is_reranker = self.config.n_labels > 0
         self.memory_plan = None     # llambda.memory.EncoderPlan, set by load()

@@ -168,3 +168,20 @@ def test_modernbert_gguf_matches_llama_cpp(tmp_path, changes):
 def test_unsupported_modernbert_ggufs_are_refused(tmp_path, change):
     with pytest.raises(ModelFormatError):
         llambda.load(modernbert_gguf(FIXTURE, tmp_path / "bad.gguf", **change), backend="numpy")
+
+
+def test_a_config_claiming_a_million_positions_reads_texts_cut_at_the_encoder_cap(tmp_path):
+    """A rotary encoder has no position table, so only its config bounds a text; a million claimed positions
+    would let one request run for hours (the attention's square). Texts are cut at ENCODER_MAX_TOKENS, with a
+    warning at load, and the ids within it embed as before."""
+    from llambda.api import ENCODER_MAX_TOKENS
+    from llambda.errors import LlambdaWarning
+    folder = _copy(tmp_path, max_position_embeddings=1 << 20)
+    with pytest.warns(LlambdaWarning, match=f"cut at {ENCODER_MAX_TOKENS}"):
+        m = _load(folder)
+    with m:
+        assert m.config.max_tokens == m.n_ctx == ENCODER_MAX_TOKENS
+        assert np.abs(m.embed(IDS) - WANT).max() <= 1e-6
+        long = [[int(IDS[0][0])] * (ENCODER_MAX_TOKENS + 500)]
+        assert m.embed_token_counts(long) == [ENCODER_MAX_TOKENS]
+        assert m.embed_token_counts(long, truncate=False) == [ENCODER_MAX_TOKENS + 500]
