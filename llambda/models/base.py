@@ -563,7 +563,6 @@ class Transformer(Closable, LatentAttention):
             moe = is_moe(i)
             ffn_pre = pre and not cfg.parallel_block and not own   # a parallel block's MLP reads the attention's norm
             dense = not moe and not own
-            gated = dense and cfg.ffn_gated and cfg.activation not in UNGATED_ACTIVATIONS
             if cfg.attn_out_gate:          # per head: its query rows, then its gate rows
                 wq, wq_gate = matrix(p + "attn_q.weight", 2 * cfg.q_dim, d,
                                      grouped_rows(cfg.n_heads, [cfg.head_dim, cfg.head_dim]))
@@ -578,12 +577,7 @@ class Transformer(Closable, LatentAttention):
                 ffn_norm=vector(p + "ffn_norm.weight", d, off) if ffn_pre else None,
                 attn_norm_b=vector(p + "attn_norm.bias", d) if pre and cfg.norm_bias else None,
                 ffn_norm_b=vector(p + "ffn_norm.bias", d) if ffn_pre and cfg.norm_bias else None,
-                w_gate=matrix(p + "ffn_gate.weight", cfg.ffn_dim, d) if gated else None,
-                w_up=matrix(p + "ffn_up.weight", cfg.ffn_dim, d) if dense else None,
-                w_down=matrix(p + "ffn_down.weight", d, cfg.ffn_dim) if dense else None,
-                act=act_scalars(p) if dense else None,
-                b_up=vector(p + "ffn_up.bias", cfg.ffn_dim) if cfg.ffn_bias and dense else None,
-                b_down=vector(p + "ffn_down.bias", d) if cfg.ffn_bias and dense else None,
+                **(self._dense_mlp(p, matrix, vector, act_scalars) if dense else {}),
                 moe=moe_weights(p) if moe else None,
                 bo=vector(p + "attn_output.bias", d, required=cfg.attn_out_bias),   # used wherever present
                 sinks=vector(p + "attn_sinks.weight", cfg.n_heads, required=cfg.attn_sinks),
@@ -601,7 +595,8 @@ class Transformer(Closable, LatentAttention):
         B.end_load()
 
     def _dense_mlp(self, p: str, matrix, vector, act_scalars) -> dict:
-        """An mlp layer's MLP (Nemotron-H's ReLU^2, no gate; a gate where the config has one) and its biases."""
+        """A layer's dense MLP (a gate where the config has one; Nemotron-H's mlp layers' ReLU^2 has none), its
+        ungated activation's scalars and its biases, as LayerWeights fields."""
         cfg, d = self.cfg, self.cfg.d_model
         gated = cfg.ffn_gated and cfg.activation not in UNGATED_ACTIVATIONS
         return dict(w_gate=matrix(p + "ffn_gate.weight", cfg.ffn_dim, d) if gated else None,
@@ -1021,21 +1016,21 @@ class Transformer(Closable, LatentAttention):
         GELU as act_mul(u, 1), GPT-NeoX's exact GELU by the gelu_erf op; with the up/down biases where the model
         has them."""
         cfg, B = self.cfg, self.backend
-        if w_gate is None:
+        if w_gate is not None:
+            B.matmul_many(h, (w_gate, w_up), (gate, up))
+        else:
             B.matmul(h, w_up, gate)
             if b_up is not None:
                 B.add_rows(gate, b_up, gate)
-            up = None if act is not None or cfg.activation == "gelu_erf" else self._ones[:len(h)]   # (_fill_ones)
-        else:
-            B.matmul_many(h, (w_gate, w_up), (gate, up))
-        if w_gate is None and cfg.activation == "gelu_erf":     # GPT-NeoX's exact GELU
-            B.gelu_erf(gate)
-        elif up is None:
-            B.xielu(gate, *act)
-        elif cfg.activation == "silu":
-            B.silu_mul(gate, up, gate)
-        else:
-            B.gelu_mul(gate, up, gate)
+            up = None
+            if act is not None:
+                B.xielu(gate, *act)
+            elif cfg.activation == "gelu_erf":      # GPT-NeoX's exact GELU, in place
+                B.gelu_erf(gate)
+            else:
+                up = self._ones[:len(h)]            # act(u) as act_mul(u, 1) (see _fill_ones)
+        if up is not None:
+            (B.silu_mul if cfg.activation == "silu" else B.gelu_mul)(gate, up, gate)
         B.matmul(gate, w_down, out)
         if b_down is not None:
             B.add_rows(out, b_down, out)
