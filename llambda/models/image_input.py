@@ -17,8 +17,9 @@ import numpy as np
 
 from ..errors import ContextOverflowError, InvalidInputError, ModelFormatError
 from ..sampling import _is_int
-from .images import (FAMILIES, GRID_FAMILIES, MAX_CROPS_A_CALL, QWEN3VL, EncodedRows, check_bytes, check_prompt,
-                     image_block, image_tokens, run_lengths, tower_crops, tower_rows)
+from .images import (FAMILIES, GRID_FAMILIES, MAX_CROPS_A_CALL, PIXTRAL, QWEN3VL, SIZED_FAMILIES, EncodedRows,
+                     check_bytes, check_prompt, image_block, image_tokens, run_lengths, tower_crops, tower_rows)
+from .pixtral_tokens import pixtral_tokens
 
 
 class ImageInput:
@@ -43,9 +44,9 @@ class ImageInput:
             return
         per, hidden = getattr(tower, "tokens_per_image", None), getattr(tower, "hidden", None)
         family = getattr(tower, "family", "gemma3")
-        gridded = family in GRID_FAMILIES and per is None     # Qwen2-VL: an image's tokens follow its grid
+        gridded = family in SIZED_FAMILIES and per is None     # Qwen2-VL, Pixtral: an image's tokens follow its grid
         if (not gridded and (not _is_int(per) or per < 1)) or not _is_int(hidden):
-            raise InvalidInputError(f"a vision tower needs integer tokens_per_image (None: a {'/'.join(GRID_FAMILIES)} "
+            raise InvalidInputError(f"a vision tower needs integer tokens_per_image (None: a {'/'.join(SIZED_FAMILIES)} "
                                     f"tower) and hidden, got {per!r}, {hidden!r}")
         cfg = m.config
         if int(hidden) != cfg.d_model:
@@ -69,13 +70,15 @@ class ImageInput:
         if not m.transformer.takes_image_rows:
             raise InvalidInputError(f"a {cfg.arch} model cannot take image rows (plain attention layers only)")
         meta = getattr(m.source, "metadata", None) or {}
-        ids = image_tokens(meta.get("hf.config"), m.tokenizer, cfg.vocab_size, family)
+        ids = (pixtral_tokens(meta.get("hf.config"), m.tokenizer, cfg.vocab_size) if family == PIXTRAL
+               else image_tokens(meta.get("hf.config"), m.tokenizer, cfg.vocab_size, family))
         if ids is None:
             raise InvalidInputError(f"{m.name!r} names no image tokens of {family}'s (" + (
                 "no boi/eoi_token_index in its config, no <start_of_image>/<end_of_image> in its vocabulary)"
                 if family == "gemma3" else "no image_token_id in its config, no <image> in its vocabulary)"
-                if family == "idefics3" else "no vision_start/image/vision_end token ids in its config, no "
-                "<|vision_start|>/<|image_pad|>/<|vision_end|> in its vocabulary)"))
+                if family == "idefics3" else "no image_token_index in its config, no [IMG]/[IMG_BREAK]/[IMG_END] in "
+                "its vocabulary)" if family == PIXTRAL else "no vision_start/image/vision_end token ids in its config, "
+                "no <|vision_start|>/<|image_pad|>/<|vision_end|> in its vocabulary)"))
         if (attends == "causal") != (ids.block_tokens(1) == 0):
             raise InvalidInputError(f"a {family} tower attending {attends!r}: this engine's {family} layout attends "
                                     f"{'causally' if ids.block_tokens(1) == 0 else 'within a block'}")
@@ -172,7 +175,7 @@ class ImageInput:
         if not images or family == "gemma3":
             return [(0, 0)] * len(images)
         from ..vision.image import check_image
-        low = 1 if family in GRID_FAMILIES else 0     # a merged grid has a token at least
+        low = 1 if family in SIZED_FAMILIES else 0     # a merged grid has a token at least
         out = []
         for data in images:
             check_bytes(data)
@@ -194,7 +197,7 @@ class ImageInput:
         for b in images:        # (bytes() of an int is that many zero bytes)
             check_bytes(b)
         # each file's size and header first: nothing copied or hashed of a file refused
-        gridded = self.layout.family in GRID_FAMILIES
+        gridded = self.layout.family in SIZED_FAMILIES
         if gridded:             # (read once: the header's check and the image's grid)
             grids = self.grids(images)
         elif self.load_image is None:
@@ -272,10 +275,15 @@ class ImageInput:
                     px = np.asarray(px, dtype=np.float32)
                 except (TypeError, ValueError) as e:
                     raise ModelFormatError(f"the vision tower's pixels are no array of numbers ({e})") from None
-                if px.ndim != 2 or not len(px):
-                    raise ModelFormatError(f"the vision tower's pixels are of shape {px.shape}: no [patches, values]")
+                pixtral = self.layout.family == PIXTRAL           # Pixtral's: the image [C, h, w]
+                if px.ndim != (3 if pixtral else 2) or not px.size:
+                    raise ModelFormatError(f"the vision tower's pixels are of shape {px.shape}: no "
+                                           f"{'[C, h, w]' if pixtral else '[patches, values]'} array")
                 rows = tower_rows([tower.encode_one(px, (gh, gw))], 1, gh * gw, width)[0]
-                blocks = (image_block(0, rows, causal=True, grid=(gh, gw)),)
+                if pixtral:         # a block a row of [IMG] tokens, [IMG_BREAK] between them
+                    blocks = tuple(image_block(0, rows[r * gw:(r + 1) * gw], causal=True) for r in range(gh))
+                else:
+                    blocks = (image_block(0, rows, causal=True, grid=(gh, gw)),)
                 self.encoded.put(key, blocks)   # under the lock: a tower attached since would not clear them
             out.append(blocks)
         return out
