@@ -283,3 +283,96 @@ def test_the_memory_plan_counts_the_largest_image(numpy_tower):
     assert cfg.workspace_bytes(1) < cfg.workspace_bytes()
     n = sum(t.size for t in [numpy_tower.encoder.ln_pre, numpy_tower.encoder.norm])
     assert cfg.params() > n
+
+
+# ---------------------------------------------------------------- llama.cpp's pixtral mmproj
+
+@pytest.fixture(scope="module")
+def mmproj_files(tmp_path_factory):
+    return visionkit.write_mmprojs(TINY, tmp_path_factory.mktemp("mmproj"))
+
+
+def _break_row() -> np.ndarray:
+    from llambda.formats.safetensors import SafetensorsFile
+    with SafetensorsFile(TINY / "model.safetensors") as st:
+        table = st.tensors["language_model.model.embed_tokens.weight"].to_float32()
+    return np.asarray(table).reshape(-1, 64)[REF["special_token_ids"]["[IMG_BREAK]"]]
+
+
+@pytest.mark.parametrize("qtype,budget", [("f32", EXACT), ("f16", 6e-3), ("q8_0", 0.15)])
+def test_our_mmproj_reads_back(mmproj_files, qtype, budget):
+    """Our mmproj (q and k rows permuted for llama.cpp, the [IMG_BREAK] row beside) read back: the directory's rows
+    (measured 2.7e-6, 2.9e-3, 8.3e-2 of values up to 2.7)."""
+    from llambda.formats.gguf import GGUFFile
+    with GGUFFile(mmproj_files[qtype]) as f:
+        assert f.metadata["clip.projector_type"] == "pixtral" and f.metadata["clip.use_silu"] is True
+        assert f.metadata["clip.vision.spatial_merge_size"] == 2 and f.metadata["clip.vision.image_size"] == 112
+        np.testing.assert_array_equal(f.tensors["v.token_embd.img_break"].as_float32().reshape(-1), _break_row())
+    with closing(load_vision(mmproj_files[qtype], backend="numpy")) as t:
+        assert (t.family, t.hidden, t.cfg.longest_edge) == ("pixtral", 64, 112)
+        check_tower(t, 1.0, budget)
+
+
+@pytest.mark.parametrize("qtype,budget", [("f32", 1e-2), ("f16", 1.5e-2), ("q8_0", 0.25)])
+def test_llama_cpp_reads_our_mmproj(mmproj_files, tmp_path, numpy_tower, qtype, budget):
+    """llama-cpp-python's libmtmd on our file: an image's rows with its [IMG_BREAK] row after each but the last
+    (llama.cpp writes them itself); ours within `budget` (measured f32 5.6e-3 of values up to 2.3: its projector's
+    GELU is the tanh one; f16 7.4e-3; q8_0 0.14). Sizes taken unresized on both sides (multiples of 28, >= 8
+    tokens: llama.cpp's least)."""
+    for h, w in ((84, 112), (84, 84), (56, 112)):
+        rgb = visionkit.rgb_image(h, w)
+        rows = visionkit.llama_cpp_rows(mmproj_files[qtype], rgb, tmp_path, control_tokens=("[IMG_BREAK]",
+                                                                                            "[IMG_END]"))
+        gh, gw = numpy_tower.grid(w, h)
+        ours = numpy_tower.encode_one(numpy_tower.pixels(Image.fromarray(rgb)), (gh, gw))
+        assert len(rows) == 1 and rows[0].shape == (gh * gw + gh - 1, 64)
+        at = np.arange(len(rows[0]))
+        breaks = (at + 1) % (gw + 1) == 0
+        np.testing.assert_array_equal(rows[0][breaks], np.broadcast_to(_break_row(), (gh - 1, 64)))
+        err = float(np.abs(rows[0][~breaks] - ours).max())
+        assert err <= budget, (h, w, err)
+
+
+@pytest.mark.parametrize("edit,drop,match", [
+    (lambda m: m.pop("clip.vision.block_count"), (), "block_count"),
+    (lambda m: m.update({"clip.vision.block_count": np.uint64(1 << 40)}), (), "block_count"),
+    (lambda m: m.pop("clip.vision.spatial_merge_size"), (), "spatial_merge_size"),      # Pixtral-12B's: no merger
+    (lambda m: m.update({"clip.use_gelu": True}), (), "use_silu"),
+    (lambda m: m.pop("clip.use_silu"), (), "use_silu"),
+    (lambda m: m.update({"clip.vision.attention.layer_norm_epsilon": 1e-6}), (), "layer_norm_epsilon"),
+    (lambda m: m.update({"clip.vision.image_size": 1 << 20}), (), "image_size"),
+    (lambda m: m.update({"clip.vision.embedding_length": 48}), (), "shape"),
+    (None, ("mm.patch_merger.weight",), "merging_layer"),
+    (None, ("v.blk.1.attn_k.weight",), "k_proj"),
+    (None, ("v.pre_ln.weight",), "ln_pre"),
+])
+def test_hostile_mmproj_is_a_format_error(mmproj_files, tmp_path, edit, drop, match):
+    with pytest.raises(ModelFormatError, match=match):
+        load_vision(visionkit.rewrite_gguf(mmproj_files["f32"], tmp_path / "bad.gguf", edit, drop), backend="numpy")
+
+
+@pytest.mark.parametrize("config_edit,match", [
+    (vision_edit(rope_parameters={"rope_theta": 20000.0, "rope_type": "axial"}), "rope theta"),
+    (lambda c: c.update(vision_feature_layer=-2), "vision_feature_layer"),
+    (lambda c: c["text_config"].update(rms_norm_eps=1e-6), "eps"),
+])
+def test_write_mmproj_refuses_what_llama_cpp_cannot_say(tmp_path, config_edit, match):
+    from llambda.vision import mmproj
+    d = copy_fixture(tmp_path / "d", config_edit=config_edit)
+    with pytest.raises(InvalidInputError, match=match):
+        mmproj.write_mmproj(d, tmp_path / "x.gguf", "f32")
+
+
+def test_write_mmproj_needs_the_break_token(tmp_path):
+    from llambda.vision import mmproj
+    d = copy_fixture(tmp_path / "d")
+    tok = json.loads((d / "tokenizer.json").read_text())
+    tok["added_tokens"] = [t for t in tok["added_tokens"] if t["content"] != "[IMG_BREAK]"]
+    (d / "tokenizer.json").write_text(json.dumps(tok))
+    with pytest.raises(InvalidInputError, match="IMG_BREAK"):
+        mmproj.write_mmproj(d, tmp_path / "x.gguf", "f32")
+    # and an mmproj written again from our mmproj keeps its row
+    out = mmproj.write_mmproj(TINY, tmp_path / "a.gguf", "f32")
+    again = mmproj.write_mmproj(out, tmp_path / "b.gguf", "f32")
+    with closing(load_vision(again, backend="numpy")) as t:
+        check_tower(t, EXACT, EXACT)

@@ -174,3 +174,23 @@ def test_bad_image_requests_are_typed_errors():
             m.image_prompt("[INST][IMG][IMG]hi[/INST]", [FIX_PNG["image_wide.png"]])
         with pytest.raises(InvalidInputError):
             m.chat([{"role": "user", "content": [{"type": "image", "image": b"not an image"}]}], max_tokens=2)
+
+
+def test_text_gguf_with_our_mmproj_matches_transformers(tmp_path):
+    """llama.cpp's layout of Mistral 3: the text model as a GGUF (its [IMG], [IMG_BREAK], [IMG_END] found in the
+    vocabulary) and the tower as a pixtral mmproj, both written by llambda, loaded with mmproj=: the reference."""
+    from llambda.formats.gguf import GGUFFile
+    from llambda.tools.export import export
+    from llambda.vision.mmproj import write_mmproj
+    gg = export(FOLDER, tmp_path / "text.gguf", fmt="gguf")
+    with GGUFFile(gg) as f:
+        assert f.metadata["general.architecture"] in ("llama", "mistral3")
+    proj = write_mmproj(FOLDER, tmp_path / "mmproj.gguf", "f32")
+    with llambda.load(gg, mmproj=proj, backend="numpy", n_ctx=128) as m:
+        assert m.accepts_images and m.image_marker == "[IMG]" and m.vision.family == "pixtral"
+        ids, blocks = m.image_prompt(TWO["chat_text"], [FIX_PNG[n] for n in TWO["images"]])
+        assert ids == TWO["input_ids"]
+        got = vlm.rows_logits(m, TWO, blocks)
+        assert float(np.abs(got[TWO["rows"]] - np.load(FOLDER / TWO["logits_rows"])).max()) <= 1e-4
+        want = TWO["greedy_new_tokens"]
+        assert list(m.generate(ids, images=blocks, max_tokens=len(want), temperature=0, ignore_eos=True)) == want
