@@ -73,6 +73,26 @@ def test_whole_model_with_its_own_tower_matches_transformers(mode):
         assert [t for t in streamed if t >= 0] == want
 
 
+MINISTRAL3 = FOLDER.parent / "pixtral_ministral3_vision"
+
+
+@pytest.mark.parametrize("mode", ["numpy", "native-exact"])
+def test_a_ministral3_text_model_takes_the_images_too(mode):
+    """Ministral 3's composite (text_config ministral3: YaRN and the query temperature stepping every 16 positions,
+    which the 41-token prompt crosses twice): transformers' ids, logits and greedy tokens (smallest greedy margin
+    0.015, so the native default is not asked for the tokens)."""
+    ref = json.loads((MINISTRAL3 / "reference.json").read_text(encoding="utf-8"))["prompt"]
+    with load(mode, folder=MINISTRAL3) as m:
+        assert m.config.arch == "ministral3" and m.config.attn_temp_scale == 0.1 and m.vision.family == "pixtral"
+        ids, blocks = m.image_prompt(m.render_chat(messages(ref)), [FIX_PNG[n] for n in ref["images"]])
+        assert ids == ref["input_ids"]
+        got = vlm.rows_logits(m, ref, blocks)
+        assert float(np.abs(got[ref["rows"]] - np.load(MINISTRAL3 / ref["logits_rows"])).max()) <= 1e-4
+        assert got.argmax(axis=1).tolist() == ref["argmax_per_position"]
+        want = ref["greedy_new_tokens"]
+        assert list(m.generate(ids, images=blocks, max_tokens=len(want), temperature=0, ignore_eos=True)) == want
+
+
 def test_the_rows_go_in_order():
     """The test can fail: the image rows of one block swapped with another's change the logits."""
     with load("numpy") as m:

@@ -23,9 +23,11 @@ import torch
 import make_tiny_gemma3_vision as gemma3_vision
 import make_tiny_hybrid as tiny
 import make_tiny_idefics3 as idefics3
+import make_tiny_ministral3 as ministral3
 import make_tiny_qwen25vl as qwen
 
 FOLDER = "pixtral_vision"
+MINISTRAL3_FOLDER = "pixtral_ministral3_vision"    # a Ministral 3 text model: the prompt's reference only
 SEED = 71
 PATCH, MERGE, LONGEST = 14, 2, 112
 IMAGES = {"image_wide.png": (150, 90),   # past 112: floor(90 / (150/112)) = 67 -> 84 x 112 (multiples of 28): 6 x 8
@@ -77,13 +79,23 @@ NOTES = [
     + "; bos <s>, eos </s>.",
 ]
 
+MINISTRAL3_NOTE = (
+    "pixtral_ministral3_vision: the same tower, processor and tokenizer with a Ministral 3 text model (model_type "
+    "ministral3: make_tiny_ministral3.py's rope_parameters, YaRN with theta 100 and factor 16 over an original 16 "
+    "positions, llama_4_scaling_beta 0.1: each query row at position p scaled by 1 + 0.1 ln(1 + floor(p / 16)), so "
+    "the 41-token prompt crosses two steps); weights drawn anew by the same scheme and seed; only the prompt's "
+    "reference (the tower's arrays are pixtral_vision's folder's kind, not repeated here).")
 
-def config(vocab: int):
+
+def config(vocab: int, text_type: str = "mistral"):
     from transformers import Mistral3Config
-    text = dict(model_type="mistral", vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    text = dict(model_type=text_type, vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
                 rms_norm_eps=1e-5, rope_theta=10000.0, sliding_window=None, tie_word_embeddings=False,
                 bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if text_type == "ministral3":      # make_tiny_ministral3's YaRN and query temperature (stepping every 16)
+        text.pop("rope_theta")
+        text.update(rope_parameters=dict(ministral3.ROPE), max_position_embeddings=256)
     vision = dict(model_type="pixtral", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                   num_attention_heads=2, head_dim=16, patch_size=PATCH, image_size=LONGEST, hidden_act="silu",
                   rope_theta=10000.0)
@@ -105,15 +117,20 @@ def jinja_render(template: str, messages: list, tokenizer) -> str:
                                                              eos_token=tokenizer.eos_token)
 
 
-def make(out: Path) -> None:
+def make_both(out: Path) -> None:
+    make(out)
+    make(out, MINISTRAL3_FOLDER, "ministral3")
+
+
+def make(out: Path, folder: str = FOLDER, text_type: str = "mistral") -> None:
     import transformers
     from PIL import Image
     from transformers.models.pixtral.image_processing_pil_pixtral import PixtralImageProcessorPil
     tokenizer = idefics3.bpe_tokenizer(CORPUS, SPECIAL, 512, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
                                        pad_token="<unk>")
-    model = qwen.tiny_model(transformers.Mistral3ForConditionalGeneration, config(len(tokenizer)), SEED,
+    model = qwen.tiny_model(transformers.Mistral3ForConditionalGeneration, config(len(tokenizer), text_type), SEED,
                             {"patch_conv.weight": 2.0 / 588 ** 0.5})
-    dest = out / FOLDER
+    dest = out / folder
     dest.mkdir(parents=True, exist_ok=True)
     for old in dest.glob("*.npy"):
         old.unlink()
@@ -132,7 +149,7 @@ def make(out: Path) -> None:
     files = gemma3_vision.make_images(dest, IMAGES)
 
     images = {}
-    for name, path in files.items():
+    for name, path in files.items() if folder == FOLDER else ():
         key = name.rsplit(".", 1)[0]
         enc = ip(images=[Image.open(path)], patch_size={"height": PATCH * MERGE,
                                                                               "width": PATCH * MERGE},
@@ -182,20 +199,20 @@ def make(out: Path) -> None:
               "rows": rows, "logits_rows": qwen.npy(dest, "two_images_logits_rows.npy", logits[rows]),
               "argmax_per_position": logits.argmax(-1).tolist(), "greedy_new_tokens": gen,
               "greedy_matches_recompute": gen == recompute, "greedy_top1_minus_top2_per_step": margins}
-    ref = {"folder": FOLDER, "model_class": "Mistral3ForConditionalGeneration",
+    ref = {"folder": folder, "model_class": "Mistral3ForConditionalGeneration",
            "image_processor_class": "PixtralImageProcessorPil", "attn_implementation": "eager",
            "weights_dtype": "float32", "compute_dtype": "float32",
            "transformers_version": transformers.__version__, "torch_version": torch.__version__,
            "init": {"torch_manual_seed": 0, "weight_generator_seed": SEED,
                     "scheme": "tools/make_tiny_qwen25vl.py's redraw(): norms 1 + 0.1 N(0, 1), matrices N(0, 1) / "
                               "sqrt(fan-in), the patch conv 2 N(0, 1) / sqrt(588), embeddings 0.2 N(0, 1)"},
-           "notes": NOTES, "config": cfg_json, "processor": PROCESSOR,
+           "notes": NOTES + ([] if folder == FOLDER else [MINISTRAL3_NOTE]), "config": cfg_json, "processor": PROCESSOR,
            "special_token_ids": {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL},
            "images": images, "prompt": prompt}
     (dest / "reference.json").write_text(json.dumps(ref, indent=1) + "\n", encoding="utf-8")
-    print(FOLDER, {n: i["patch_grid"] for n, i in images.items()}, "tokens", len(ids), "greedy matches recompute:",
+    print(folder, {n: i["patch_grid"] for n, i in images.items()}, "tokens", len(ids), "greedy matches recompute:",
           gen == recompute, "min margin", min(margins), gen)
 
 
 if __name__ == "__main__":
-    tiny.main_one(make, __doc__)
+    tiny.main_one(make_both, __doc__)

@@ -46,7 +46,8 @@ class ImageInput:
         family = getattr(tower, "family", "gemma3")
         gridded = family in SIZED_FAMILIES and per is None     # Qwen2-VL, Pixtral: an image's tokens follow its grid
         if (not gridded and (not _is_int(per) or per < 1)) or not _is_int(hidden):
-            raise InvalidInputError(f"a vision tower needs integer tokens_per_image (None: a {'/'.join(SIZED_FAMILIES)} "
+            raise InvalidInputError("a vision tower needs integer tokens_per_image (None: a "
+                                    f"{'/'.join(SIZED_FAMILIES)} "
                                     f"tower) and hidden, got {per!r}, {hidden!r}")
         cfg = m.config
         if int(hidden) != cfg.d_model:

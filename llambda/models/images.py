@@ -256,9 +256,9 @@ def _qwen_tokens(config, tokenizer, vocab_size: int, family: str) -> QwenTokens 
     """The config's vision_start_token_id, image_token_id, vision_end_token_id (a HF directory), else the
     vocabulary's <|vision_start|>, <|image_pad|>, <|vision_end|> (a GGUF file); each read back by the tokenizer
     as itself (a prompt must be able to hold it)."""
-    found = named_tokens(config, tokenizer, vocab_size, {"start": ("vision_start_token_id",), "soft": ("image_token_id",),
-                                                         "end": ("vision_end_token_id",)},
-                         {"start": VISION_START, "soft": IMAGE_PAD, "end": VISION_END})
+    keys = {"start": ("vision_start_token_id",), "soft": ("image_token_id",), "end": ("vision_end_token_id",)}
+    found = named_tokens(config, tokenizer, vocab_size, keys, {"start": VISION_START, "soft": IMAGE_PAD,
+                                                               "end": VISION_END})
     if found is None:
         return None
     ids, shown = found

@@ -52,7 +52,8 @@ def hf_fields(cfg: dict, pre: dict | None, proc: dict | None, source: str) -> di
     elif not isinstance(pre, dict):
         raise ModelFormatError(f"{source}: preprocessor_config.json must hold a JSON object")
     if pre.get("resample", 3) != 3 or pre.get("do_resize", True) is not True:
-        raise ModelFormatError(f"{source}: preprocessor_config.json's resize (do_resize {str(pre.get('do_resize'))[:20]}, "
+        raise ModelFormatError(f"{source}: preprocessor_config.json's resize (do_resize "
+                               f"{str(pre.get('do_resize'))[:20]}, "
                                f"resample {str(pre.get('resample'))[:20]}) is not supported (bicubic, 3, only)")
     size = pre.get("size", {"longest_edge": 1024})
     if not isinstance(size, dict) or "longest_edge" not in size:
