@@ -342,7 +342,8 @@ def test_llama_cpp_reads_our_mmproj(mmproj_files, tmp_path, numpy_tower, qtype, 
     (lambda m: m.update({"clip.vision.attention.layer_norm_epsilon": 1e-6}), (), "layer_norm_epsilon"),
     (lambda m: m.update({"clip.vision.image_size": 1 << 20}), (), "image_size"),
     (lambda m: m.update({"clip.vision.embedding_length": 48}), (), "shape"),
-    (None, ("mm.patch_merger.weight",), "merging_layer"),
+    (None, ("mm.patch_merger.weight",), "spatial_merge_size"),        # a merge of 2 without its merger
+    (None, ("mm.input_norm.weight",), "projector.norm"),
     (None, ("v.blk.1.attn_k.weight",), "k_proj"),
     (None, ("v.pre_ln.weight",), "ln_pre"),
 ])
@@ -376,3 +377,59 @@ def test_write_mmproj_needs_the_break_token(tmp_path):
     again = mmproj.write_mmproj(out, tmp_path / "b.gguf", "f32")
     with closing(load_vision(again, backend="numpy")) as t:
         check_tower(t, EXACT, EXACT)
+
+
+# ---------------------------------------------------------------- Pixtral-12B's layout (model_type llava)
+
+PIX12B, PIX12B_REF = visionkit.fixture("pixtral12b_vision")
+
+
+def check_12b(tower, budget_hidden: float, budget_rows: float) -> dict:
+    hidden, rows = [], []
+    for name, entry in PIX12B_REF["images"].items():
+        px = tower.pixels(load_image((PIX12B / name).read_bytes()))
+        np.testing.assert_array_equal(px, np.load(PIX12B / entry["pixel_values"]))
+        grid = tuple(entry["merged_grid"])
+        assert tower.grid(*entry["size"]) == grid
+        hidden.append(np.abs(tower.last_hidden_state(px, grid) - np.load(PIX12B / entry["hidden"])).max())
+        rows.append(np.abs(tower.encode_one(px, grid) - np.load(PIX12B / entry["projector_rows"])).max())
+    return visionkit.within(hidden, rows, budget_hidden, budget_rows)
+
+
+@pytest.mark.parametrize("backend,activations,budgets", [("numpy", None, (EXACT, EXACT)),
+                                                         ("native", "f32", (EXACT, EXACT)),
+                                                         ("native", None, (0.12, 0.08))])
+def test_pixtral_12b_layout_matches_transformers(backend, activations, budgets):
+    """LlavaForConditionalGeneration with a pixtral vision_config (patches of 16, GELU blocks, LLaVA's projector
+    with biases, no merger: a token a patch): transformers' pixels, hidden state and rows (native default measured
+    0.062 / 0.036)."""
+    with closing(load_vision(PIX12B, backend=backend, activations=activations, threads=2)) as t:
+        assert (t.family, t.cfg.merger, t.cfg.spatial_merge_size, t.cfg.hidden_act) == ("pixtral", False, 1, "gelu")
+        check_12b(t, *budgets)
+
+
+@pytest.mark.parametrize("config_edit,match", [
+    (lambda c: c.update(vision_feature_select_strategy="default"), "vision_feature_select_strategy"),
+    (lambda c: c.pop("vision_feature_select_strategy"), "vision_feature_select_strategy"),
+    (lambda c: c.update(vision_feature_layer=[-1, -2]), "vision_feature_layer"),
+    (lambda c: c["vision_config"].update(patch_size=14), "patch_size"),
+])
+def test_hostile_pixtral_12b_configs(tmp_path, config_edit, match):
+    visionkit.refused(PIX12B, tmp_path / "bad", match, config_edit=config_edit)
+
+
+def test_pixtral_12b_mmproj_and_llama_cpp(tmp_path):
+    """Our mmproj of it (no spatial_merge_size key, no merger: llama.cpp's n_merge 1) reads back and llama.cpp gives
+    our rows with its [IMG_BREAK] rows between (measured 4.9e-3 of values up to 3.3)."""
+    from llambda.vision import mmproj
+    out = mmproj.write_mmproj(PIX12B, tmp_path / "m.gguf", "f32")
+    with closing(load_vision(out, backend="numpy")) as t:
+        check_12b(t, 1.0, EXACT)
+        h, w = 48, 64
+        rgb = visionkit.rgb_image(h, w)
+        rows = visionkit.llama_cpp_rows(out, rgb, tmp_path, control_tokens=("[IMG_BREAK]", "[IMG_END]"))[0]
+        gh, gw = t.grid(w, h)
+        ours = t.encode_one(t.pixels(Image.fromarray(rgb)), (gh, gw))
+    breaks = (np.arange(len(rows)) + 1) % (gw + 1) == 0
+    assert (gh, gw) == (3, 4) and rows.shape == (gh * gw + gh - 1, 64)
+    assert float(np.abs(rows[~breaks] - ours).max()) <= 1e-2

@@ -214,3 +214,22 @@ def test_text_gguf_with_our_mmproj_matches_transformers(tmp_path):
         assert float(np.abs(got[TWO["rows"]] - np.load(FOLDER / TWO["logits_rows"])).max()) <= 1e-4
         want = TWO["greedy_new_tokens"]
         assert list(m.generate(ids, images=blocks, max_tokens=len(want), temperature=0, ignore_eos=True)) == want
+
+
+PIX12B = FOLDER.parent / "pixtral12b_vision"
+
+
+@pytest.mark.parametrize("mode", ["numpy", "native-exact"])
+def test_pixtral_12b_layout_runs_whole(mode):
+    """Pixtral-12B's LLaVA layout (a token a patch of 16, [IMG_BREAK] rows the same): transformers' ids, logits and
+    greedy tokens."""
+    ref = json.loads((PIX12B / "reference.json").read_text(encoding="utf-8"))["prompt"]
+    files = {n: (PIX12B / n).read_bytes() for n in ref["images"]}
+    with load(mode, folder=PIX12B) as m:
+        assert m.vision.family == "pixtral" and m.image_marker == "[IMG]"
+        ids, blocks = m.image_prompt(m.render_chat(messages(ref, files)), [files[n] for n in ref["images"]])
+        assert ids == ref["input_ids"] and [len(b.rows) for b in blocks] == [7] * 5 + [7] * 2
+        got = vlm.rows_logits(m, ref, blocks)
+        assert float(np.abs(got[ref["rows"]] - np.load(PIX12B / ref["logits_rows"])).max()) <= 1e-4
+        want = ref["greedy_new_tokens"]
+        assert list(m.generate(ids, images=blocks, max_tokens=len(want), temperature=0, ignore_eos=True)) == want

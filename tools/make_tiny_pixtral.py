@@ -27,6 +27,7 @@ import make_tiny_ministral3 as ministral3
 import make_tiny_qwen25vl as qwen
 
 FOLDER = "pixtral_vision"
+PIXTRAL12B_FOLDER, PIXTRAL12B_PATCH = "pixtral12b_vision", 16     # Pixtral-12B's layout (model_type llava)
 MINISTRAL3_FOLDER = "pixtral_ministral3_vision"    # a Ministral 3 text model: the prompt's reference only
 SEED = 71
 PATCH, MERGE, LONGEST = 14, 2, 112
@@ -86,9 +87,15 @@ MINISTRAL3_NOTE = (
     "the 41-token prompt crosses two steps); weights drawn anew by the same scheme and seed; only the prompt's "
     "reference (the tower's arrays are pixtral_vision's folder's kind, not repeated here).")
 
+PIXTRAL12B_NOTE = (
+    "pixtral12b_vision: Pixtral-12B's layout, LlavaForConditionalGeneration (model_type llava) with the Pixtral tower: "
+    "patches of 16, hidden_act gelu (exact) in the blocks, vision_feature_layer -1 with vision_feature_select_strategy "
+    "full (no CLS to drop), LlavaMultiModalProjector: linear_1 (32 -> 64, bias), GELU, linear_2 (64 -> 64, bias), no "
+    "norm and no patch merger; the processor's patch 16, spatial_merge_size 1: [IMG] rows of w' / 16 tokens.")
 
-def config(vocab: int, text_type: str = "mistral"):
-    from transformers import Mistral3Config
+
+def config(vocab: int, text_type: str = "mistral", llava: bool = False):
+    from transformers import LlavaConfig, Mistral3Config
     text = dict(model_type=text_type, vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
                 rms_norm_eps=1e-5, rope_theta=10000.0, sliding_window=None, tie_word_embeddings=False,
@@ -99,15 +106,19 @@ def config(vocab: int, text_type: str = "mistral"):
     vision = dict(model_type="pixtral", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                   num_attention_heads=2, head_dim=16, patch_size=PATCH, image_size=LONGEST, hidden_act="silu",
                   rope_theta=10000.0)
+    if llava:                          # Pixtral-12B's: patches of 16, exact GELU blocks, LLaVA's projector
+        vision.update(patch_size=PIXTRAL12B_PATCH, hidden_act="gelu")
+        return LlavaConfig(text_config=text, vision_config=vision, image_token_index=SPECIAL.index("[IMG]"),
+                           projector_hidden_act="gelu", vision_feature_layer=-1, vision_feature_select_strategy="full",
+                           multimodal_projector_bias=True, tie_word_embeddings=False)
     return Mistral3Config(text_config=text, vision_config=vision, image_token_index=SPECIAL.index("[IMG]"),
                           spatial_merge_size=MERGE, projector_hidden_act="gelu", vision_feature_layer=-1,
                           multimodal_projector_bias=False, tie_word_embeddings=False)
 
 
-def image_text(height: int, width: int) -> str:
-    """PixtralProcessor.replace_image_token: rows of [IMG] x (w / 28), each ended by [IMG_BREAK], the last by
-    [IMG_END]."""
-    f = PATCH * MERGE
+def image_text(height: int, width: int, f: int = PATCH * MERGE) -> str:
+    """PixtralProcessor.replace_image_token: rows of [IMG] x (w / f), each ended by [IMG_BREAK], the last by
+    [IMG_END] (f = patch x spatial_merge_size)."""
     return ("[IMG]" * (width // f) + "[IMG_BREAK]") * (height // f - 1) + "[IMG]" * (width // f) + "[IMG_END]"
 
 
@@ -117,50 +128,54 @@ def jinja_render(template: str, messages: list, tokenizer) -> str:
                                                              eos_token=tokenizer.eos_token)
 
 
-def make_both(out: Path) -> None:
+def make_all(out: Path) -> None:
     make(out)
     make(out, MINISTRAL3_FOLDER, "ministral3")
+    make(out, PIXTRAL12B_FOLDER)
 
 
 def make(out: Path, folder: str = FOLDER, text_type: str = "mistral") -> None:
+    """One folder: Mistral 3 (FOLDER, MINISTRAL3_FOLDER: text_type ministral3) or Pixtral-12B's LLaVA layout."""
     import transformers
     from PIL import Image
     from transformers.models.pixtral.image_processing_pil_pixtral import PixtralImageProcessorPil
     tokenizer = idefics3.bpe_tokenizer(CORPUS, SPECIAL, 512, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
                                        pad_token="<unk>")
-    model = qwen.tiny_model(transformers.Mistral3ForConditionalGeneration, config(len(tokenizer), text_type), SEED,
-                            {"patch_conv.weight": 2.0 / 588 ** 0.5})
+    llava = folder == PIXTRAL12B_FOLDER
+    patch, merge = (PIXTRAL12B_PATCH, 1) if llava else (PATCH, MERGE)
+    model_class = transformers.LlavaForConditionalGeneration if llava else transformers.Mistral3ForConditionalGeneration
+    model = qwen.tiny_model(model_class, config(len(tokenizer), text_type, llava), SEED,
+                            {"patch_conv.weight": 2.0 / (3 * patch * patch) ** 0.5})
     dest = out / folder
     dest.mkdir(parents=True, exist_ok=True)
     for old in dest.glob("*.npy"):
         old.unlink()
     model.save_pretrained(dest, safe_serialization=True)
-    ip = PixtralImageProcessorPil(size={"longest_edge": LONGEST}, patch_size={"height": PATCH, "width": PATCH},
+    ip = PixtralImageProcessorPil(size={"longest_edge": LONGEST}, patch_size={"height": patch, "width": patch},
                                   image_mean=MEAN, image_std=STD)
-    ip.save_pretrained(dest)          # preprocessor_config.json (its patch_size the tower's 14, as on the Hub)
+    ip.save_pretrained(dest)          # preprocessor_config.json (its patch_size the tower's, as on the Hub)
     tokenizer.save_pretrained(dest)
     # PixtralProcessor needs torchvision (absent here): its config as the Hub's repositories hold it, its
     # expansion of [IMG] written out below as its replace_image_token does it
     (dest / "processor_config.json").write_text(json.dumps(
         {"image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]", "image_token": "[IMG]",
-         "patch_size": PATCH, "processor_class": "PixtralProcessor", "spatial_merge_size": MERGE}, indent=2) + "\n")
+         "patch_size": patch, "processor_class": "PixtralProcessor", "spatial_merge_size": merge}, indent=2) + "\n")
     (dest / "chat_template.json").write_text(json.dumps({"chat_template": CHAT_TEMPLATE}, indent=2) + "\n")
     cfg_json = json.loads((dest / "config.json").read_text())
     files = gemma3_vision.make_images(dest, IMAGES)
 
     images = {}
-    for name, path in files.items() if folder == FOLDER else ():
+    for name, path in files.items() if folder != MINISTRAL3_FOLDER else ():
         key = name.rsplit(".", 1)[0]
-        enc = ip(images=[Image.open(path)], patch_size={"height": PATCH * MERGE,
-                                                                              "width": PATCH * MERGE},
-                                        return_tensors="pt")
+        enc = ip(images=[Image.open(path)], patch_size={"height": patch * merge, "width": patch * merge},
+                 return_tensors="pt")
         pv, sizes = enc["pixel_values"].float(), enc["image_sizes"]
         with torch.no_grad():
             o = model.model.vision_tower(pv, image_sizes=sizes, output_hidden_states=True)
             feats = model.model.get_image_features(pixel_values=pv, image_sizes=sizes, return_dict=True)
         h, w = (int(v) for v in sizes[0])
-        images[name] = {"size": list(IMAGES[name]), "resized_hw": [h, w], "patch_grid": [h // PATCH, w // PATCH],
-                        "merged_grid": [h // PATCH // MERGE, w // PATCH // MERGE],
+        images[name] = {"size": list(IMAGES[name]), "resized_hw": [h, w], "patch_grid": [h // patch, w // patch],
+                        "merged_grid": [h // patch // merge, w // patch // merge],
                         "n_hidden_states": len(o.hidden_states),
                         "pixel_values": qwen.npy(dest, f"{key}_pixels.npy", pv[0, :, :h, :w].numpy()),
                         "hidden": qwen.npy(dest, f"{key}_hidden.npy", o.last_hidden_state[0].numpy()),
@@ -171,10 +186,10 @@ def make(out: Path, folder: str = FOLDER, text_type: str = "mistral") -> None:
     order = ["image_wide.png", "image_flat.png"]
     text = jinja_render(CHAT_TEMPLATE, two, tokenizer)
     pil = [Image.open(files[n]) for n in order]
-    enc = ip(images=pil, patch_size={"height": PATCH * MERGE, "width": PATCH * MERGE}, return_tensors="pt")
+    enc = ip(images=pil, patch_size={"height": patch * merge, "width": patch * merge}, return_tensors="pt")
     parts = text.split("[IMG]")
-    expanded = parts[0] + "".join(image_text(*size) + after for size, after in zip(enc["image_sizes"].tolist(),
-                                                                                 parts[1:]))
+    sizes = enc["image_sizes"].tolist()
+    expanded = parts[0] + "".join(image_text(*size, patch * merge) + after for size, after in zip(sizes, parts[1:]))
     enc.update(tokenizer(expanded, add_special_tokens=False, return_tensors="pt"))
     ids = enc["input_ids"][0].tolist()
     inputs = {k: enc[k] for k in ("input_ids", "attention_mask", "pixel_values", "image_sizes")}
@@ -199,14 +214,16 @@ def make(out: Path, folder: str = FOLDER, text_type: str = "mistral") -> None:
               "rows": rows, "logits_rows": qwen.npy(dest, "two_images_logits_rows.npy", logits[rows]),
               "argmax_per_position": logits.argmax(-1).tolist(), "greedy_new_tokens": gen,
               "greedy_matches_recompute": gen == recompute, "greedy_top1_minus_top2_per_step": margins}
-    ref = {"folder": folder, "model_class": "Mistral3ForConditionalGeneration",
+    ref = {"folder": folder, "model_class": model_class.__name__,
            "image_processor_class": "PixtralImageProcessorPil", "attn_implementation": "eager",
            "weights_dtype": "float32", "compute_dtype": "float32",
            "transformers_version": transformers.__version__, "torch_version": torch.__version__,
            "init": {"torch_manual_seed": 0, "weight_generator_seed": SEED,
                     "scheme": "tools/make_tiny_qwen25vl.py's redraw(): norms 1 + 0.1 N(0, 1), matrices N(0, 1) / "
-                              "sqrt(fan-in), the patch conv 2 N(0, 1) / sqrt(588), embeddings 0.2 N(0, 1)"},
-           "notes": NOTES + ([] if folder == FOLDER else [MINISTRAL3_NOTE]), "config": cfg_json, "processor": PROCESSOR,
+                              "sqrt(fan-in), the patch conv 2 N(0, 1) / sqrt(3 patch^2), biases 0.1 N(0, 1), "
+                              "embeddings 0.2 N(0, 1)"},
+           "notes": NOTES + {FOLDER: [], MINISTRAL3_FOLDER: [MINISTRAL3_NOTE], PIXTRAL12B_FOLDER: [PIXTRAL12B_NOTE]}[folder],
+           "config": cfg_json, "processor": PROCESSOR,
            "special_token_ids": {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL},
            "images": images, "prompt": prompt}
     (dest / "reference.json").write_text(json.dumps(ref, indent=1) + "\n", encoding="utf-8")
@@ -215,4 +232,4 @@ def make(out: Path, folder: str = FOLDER, text_type: str = "mistral") -> None:
 
 
 if __name__ == "__main__":
-    tiny.main_one(make_both, __doc__)
+    tiny.main_one(make_all, __doc__)

@@ -13,7 +13,8 @@ projector's rows, row-major over the merged grid (the prompt's order of [IMG] to
 4. Projector (Mistral3MultiModalProjector): RMSNorm (eps: the text model's rms_norm_eps) per patch row; patch
    merger: merged cell (i, j) row-major, its row the 2 x 2 block's values channel-major (torch's unfold: value
    ch * 4 + 2 a + b is channel ch of patch (2i + a, 2j + b)), merging_layer [H, 4H] (no bias); linear_1 (+ bias
-   if multimodal_projector_bias), exact GELU, linear_2 to the text width.
+   if multimodal_projector_bias), exact GELU, linear_2 to the text width. Pixtral-12B's (LlavaMultiModalProjector):
+   linear_1, GELU, linear_2 on each patch's row, no norm, no merger.
 
 Activations are sized per image (the grid varies) and freed after it.
 """
@@ -66,8 +67,8 @@ class PixtralEncoder:
                 "qkv": be.prepare_dense(qkv, None), "o": dense(b + "attention.o_proj", H, H),
                 "gate": dense(b + "feed_forward.gate_proj", F, H), "up": dense(b + "feed_forward.up_proj", F, H),
                 "down": dense(b + "feed_forward.down_proj", H, F)})
-        self.norm = vec(PROJECTOR + "norm.weight")
-        self.merge = dense(PROJECTOR + "patch_merger.merging_layer", H, m2 * H)
+        self.norm = vec(PROJECTOR + "norm.weight") if cfg.merger else None
+        self.merge = dense(PROJECTOR + "patch_merger.merging_layer", H, m2 * H) if cfg.merger else None
         self.linear_1 = dense(PROJECTOR + "linear_1", T, H, cfg.projector_bias)
         self.linear_2 = dense(PROJECTOR + "linear_2", T, T, cfg.projector_bias)
 
@@ -89,12 +90,16 @@ class PixtralEncoder:
             self._blocks(x, h, gh, gw)
         if hidden_out is not None:
             hidden_out[...] = x
-        be.rmsnorm(x, self.norm, cfg.projector_eps, h)
         mh, mw = gh // m, gw // m
-        joined = np.ascontiguousarray(h.reshape(mh, m, mw, m, H).transpose(0, 2, 4, 1, 3).reshape(mh * mw, H * m * m))
-        del x, h
-        merged = np.empty((mh * mw, H), np.float32)
-        be.dense(joined, self.merge, merged)
+        if self.merge is not None:
+            be.rmsnorm(x, self.norm, cfg.projector_eps, h)
+            joined = np.ascontiguousarray(h.reshape(mh, m, mw, m, H).transpose(0, 2, 4, 1, 3)
+                                          .reshape(mh * mw, H * m * m))
+            del x, h
+            merged = np.empty((mh * mw, H), np.float32)
+            be.dense(joined, self.merge, merged)
+        else:               # Pixtral-12B's LLaVA projector: the patches' rows straight into linear_1
+            merged = x
         mid = np.empty((mh * mw, cfg.text_hidden_size), np.float32)
         be.dense(merged, self.linear_1, mid)
         be.gelu_erf(mid)

@@ -34,7 +34,8 @@ INTEGERS = {"hidden_size": (1, MAX_HIDDEN, None), "intermediate_size": (1, MAX_F
 class PixtralConfig:
     """text_hidden_size is the projector's output width (the text model's hidden_size); feature_layer the
     hidden state the projector reads, an index into transformers' (ln_pre's output, layer 0's, ...): -1 the last
-    layer's (vision_feature_layer)."""
+    layer's (vision_feature_layer). merger: Mistral 3's projector (RMSNorm, the 2 x 2 patch merger, then the two
+    linears); False: Pixtral-12B's LLaVA projector (the two linears alone, spatial_merge_size 1)."""
     hidden_size: int
     num_hidden_layers: int
     num_attention_heads: int
@@ -44,6 +45,7 @@ class PixtralConfig:
     spatial_merge_size: int
     text_hidden_size: int
     feature_layer: int = -1
+    merger: bool = True
     hidden_act: str = "silu"
     projector_bias: bool = False
     projector_eps: float = 1e-5
@@ -118,9 +120,11 @@ class PixtralConfig:
                                    "projector norm and patch merger are one hidden state wide: a list cannot run), got "
                                    f"{str(layer)[:40]}")
         c.feature_layer = layer
-        if c.spatial_merge_size != 2:
-            raise ModelFormatError(f"{what('spatial_merge_size')} {c.spatial_merge_size}: only Mistral 3's patch "
-                                   "merger of 2 x 2 patches is supported")
+        merger = fields.get("merger", True)
+        if not isinstance(merger, bool) or c.spatial_merge_size != (2 if merger else 1):
+            raise ModelFormatError(f"{what('spatial_merge_size')} {c.spatial_merge_size}: Mistral 3's patch merger "
+                                   "takes 2 x 2 patches, Pixtral-12B's LLaVA projector none (1)")
+        c.merger = merger
         if (c.longest_edge // c.patch_size + 2) ** 2 > MAX_PATCHES:
             raise ModelFormatError(f"{what('longest_edge')} {c.longest_edge} allows images of more than "
                                    f"{MAX_PATCHES} patches of {c.patch_size}")
@@ -146,5 +150,5 @@ class PixtralConfig:
         T, m2 = self.text_hidden_size, self.spatial_merge_size ** 2
         per_layer = 4 * H * H + 3 * H * F + 2 * H
         bias = 2 * T if self.projector_bias else 0
-        projector = H + H * m2 * H + H * T + T * T + bias
+        projector = (H + H * m2 * H if self.merger else 0) + H * T + T * T + bias
         return H * self.num_channels * self.patch_size ** 2 + H + L * per_layer + projector

@@ -13,13 +13,14 @@ from ..errors import ModelFormatError
 from .layouts import Layout, image_processor_settings, rescale_normalize
 
 HF_TYPES = ("mistral3",)
+LLAVA = "llava"         # Pixtral-12B's: LlavaForConditionalGeneration with a pixtral vision_config
 CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
 HF_PREFIXES = ("", "model.")
 PATCH_CONV = "vision_tower.patch_conv.weight"
 # PixtralVisionConfig's defaults where vision_config leaves a key out
 VISION_DEFAULTS = {"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 24, "num_attention_heads": 16,
                    "patch_size": 16, "num_channels": 3, "hidden_act": "gelu"}
-HF_NAMES = {k: f"config.json vision_config.{k}" for k in VISION_DEFAULTS} | {
+HF_NAMES = {k: f"config.json vision_config.{k}" for k in VISION_DEFAULTS} | {"merger": "config.json model_type",
     "head_dim": "config.json vision_config.head_dim", "rope_theta": "config.json vision_config.rope_theta",
     "spatial_merge_size": "config.json spatial_merge_size", "feature_layer": "config.json vision_feature_layer",
     "projector_hidden_act": "config.json projector_hidden_act",
@@ -29,9 +30,19 @@ HF_NAMES = {k: f"config.json vision_config.{k}" for k in VISION_DEFAULTS} | {
     "image_std": "preprocessor_config.json image_std", "rescale_factor": "preprocessor_config.json rescale_factor"}
 
 
+def reads(cfg: dict) -> bool:
+    """Whether config.json is a Pixtral tower's: Mistral 3's, or a LLaVA one whose vision_config is pixtral
+    (Pixtral-12B)."""
+    vis = cfg.get("vision_config")
+    return cfg.get("model_type") in HF_TYPES or (cfg.get("model_type") == LLAVA and isinstance(vis, dict)
+                                                 and vis.get("model_type") == "pixtral")
+
+
 def hf_fields(cfg: dict, pre: dict | None, proc: dict | None, source: str) -> dict:
-    """PixtralConfig fields of a Mistral 3 config.json, its preprocessor_config.json (`pre`) and its
-    processor_config.json (`proc`: the processor's patch_size and spatial_merge_size, checked against the tower's)."""
+    """PixtralConfig fields of a Mistral 3 (or Pixtral-12B's LLaVA) config.json, its preprocessor_config.json
+    (`pre`) and its processor_config.json (`proc`: the processor's patch_size and spatial_merge_size, checked against
+    the tower's). LLaVA's: no merger, LlavaConfig's defaults (vision_feature_layer -2, projector biases), and
+    vision_feature_select_strategy must be full (default drops the first patch, a CLS token Pixtral has not)."""
     vis, text = cfg.get("vision_config"), cfg.get("text_config")
     if not isinstance(vis, dict) or not isinstance(text, dict):
         raise ModelFormatError(f"{source}: config.json's vision_config and text_config must be objects")
@@ -43,10 +54,16 @@ def hf_fields(cfg: dict, pre: dict | None, proc: dict | None, source: str) -> di
         f["head_dim"] = vis["head_dim"]
     rope = vis.get("rope_parameters") if isinstance(vis.get("rope_parameters"), dict) else {}
     f["rope_theta"] = rope.get("rope_theta", vis.get("rope_theta", 10000.0))
-    f.update(spatial_merge_size=cfg.get("spatial_merge_size", 2), feature_layer=cfg.get("vision_feature_layer", -1),
+    llava = cfg.get("model_type") == LLAVA
+    f.update(spatial_merge_size=1 if llava else cfg.get("spatial_merge_size", 2), merger=not llava,
+             feature_layer=cfg.get("vision_feature_layer", -2 if llava else -1),
              projector_hidden_act=cfg.get("projector_hidden_act", "gelu"),
-             projector_bias=cfg.get("multimodal_projector_bias", False), text_hidden_size=text.get("hidden_size"),
+             projector_bias=cfg.get("multimodal_projector_bias", llava), text_hidden_size=text.get("hidden_size"),
              projector_eps=text.get("rms_norm_eps", 1e-6))
+    if llava and cfg.get("vision_feature_select_strategy", "default") != "full":
+        raise ModelFormatError(f"{source}: config.json vision_feature_select_strategy "
+                               f"{str(cfg.get('vision_feature_select_strategy', 'default'))[:20]!r}: a Pixtral tower "
+                               "has no CLS token to drop (Pixtral-12B's is full)")
     if pre is None:
         pre = {}
     elif not isinstance(pre, dict):

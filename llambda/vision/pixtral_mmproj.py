@@ -87,6 +87,7 @@ def fields(meta: dict, source: str, tensors: dict) -> dict:
                                f"gated MLP), got {str(silu)[:10]} and {str(gelu)[:10]}")
     f["hidden_act"] = "silu" if silu is True else "gelu"
     f.setdefault("spatial_merge_size", 1)        # llama.cpp's default: Pixtral-12B's, which has no patch merger
+    f["merger"] = "mm.patch_merger.weight" in tensors
     if f["projector_eps"] != np.float32(NORM_EPS):
         raise ModelFormatError(f"{source}: clip.vision.attention.layer_norm_epsilon {str(f['projector_eps'])[:20]}: "
                                f"llama.cpp runs the tower's norms at it, transformers' at {NORM_EPS}")
@@ -103,7 +104,8 @@ def canonical_names(cfg: PixtralConfig) -> list[str]:
     out = [TOWER + "patch_conv.weight", TOWER + "ln_pre.weight"]
     for i in range(cfg.layers_run):
         out += [f"{TOWER}transformer.layers.{i}.{leaf}.weight" for leaf in _LEAF]
-    out += [PROJECTOR + "norm.weight", PROJECTOR + "patch_merger.merging_layer.weight"]
+    if cfg.merger:
+        out += [PROJECTOR + "norm.weight", PROJECTOR + "patch_merger.merging_layer.weight"]
     for lin in ("linear_1", "linear_2"):
         out += [f"{PROJECTOR}{lin}.weight"] + ([f"{PROJECTOR}{lin}.bias"] if cfg.projector_bias else [])
     return out
@@ -133,7 +135,8 @@ def break_row(layout, source) -> np.ndarray:
 def pixtral_mmproj(layout, name: str, want: QType, source) -> tuple[dict, list]:
     """(metadata, tensors) of the mmproj of a tower (a HF directory's or an mmproj's)."""
     c = layout.cfg
-    if c.rope_theta != LLAMA_CPP_THETA or c.projector_eps != NORM_EPS or c.layers_run != c.num_hidden_layers:
+    if c.rope_theta != LLAMA_CPP_THETA or (c.merger and c.projector_eps != NORM_EPS) or \
+            c.layers_run != c.num_hidden_layers:
         raise InvalidInputError(f"{source}: llama.cpp's pixtral mmproj fixes the rope theta at 10000, runs the "
                                 f"projector's norm at the tower's eps {NORM_EPS} and reads the last block's output: "
                                 f"this tower has {c.rope_theta}, {c.projector_eps}, vision_feature_layer "
@@ -147,7 +150,9 @@ def pixtral_mmproj(layout, name: str, want: QType, source) -> tuple[dict, list]:
             KEYS["image_std"]: GGUFValue((VT.ARRAY, VT.FLOAT32), list(c.image_std))}
     meta.update({KEYS[k]: u32(getattr(c, k)) for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
                                                         "num_attention_heads", "patch_size", "text_hidden_size",
-                                                        "longest_edge", "spatial_merge_size")})
+                                                        "longest_edge")})
+    if c.merger:        # the converter writes it for Mistral 3 only (Pixtral-12B's config has none: 1)
+        meta[KEYS["spatial_merge_size"]] = u32(c.spatial_merge_size)
     out, adjacent = [], rope_permutation(c.num_attention_heads, c.head_dim, to_interleaved=True)
     for canon in canonical_names(c):
         t = layout.lookup(canon)
