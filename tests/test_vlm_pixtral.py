@@ -46,6 +46,19 @@ def messages(prompt: dict, files: dict = FIX_PNG) -> list:
                                 for p in msg["content"]]} for msg in prompt["messages"]]
 
 
+def matches_reference(m, ref: dict, folder: Path, files: dict, text: str | None = None) -> None:
+    """The reference prompt `ref` of `folder` on m: the processor's ids (from `text`, else the chat template's
+    rendering), the logits rows within 1e-4 (float32 paths), the greedy tokens."""
+    text = m.render_chat(messages(ref, files)) if text is None else text
+    ids, blocks = m.image_prompt(text, [files[n] for n in ref["images"]])
+    assert ids == ref["input_ids"]
+    got = vlm.rows_logits(m, ref, blocks)
+    assert float(np.abs(got[ref["rows"]] - np.load(folder / ref["logits_rows"])).max()) <= 1e-4
+    assert got.argmax(axis=1).tolist() == ref["argmax_per_position"]
+    want = ref["greedy_new_tokens"]
+    assert list(m.generate(ids, images=blocks, max_tokens=len(want), temperature=0, ignore_eos=True)) == want
+
+
 @pytest.mark.parametrize("mode", list(REAL))
 def test_whole_model_with_its_own_tower_matches_transformers(mode):
     """The chat template's text, the processor's input_ids (each image's rows from its header size), a block a
@@ -84,13 +97,7 @@ def test_a_ministral3_text_model_takes_the_images_too(mode):
     ref = json.loads((MINISTRAL3 / "reference.json").read_text(encoding="utf-8"))["prompt"]
     with load(mode, folder=MINISTRAL3) as m:
         assert m.config.arch == "ministral3" and m.config.attn_temp_scale == 0.1 and m.vision.family == "pixtral"
-        ids, blocks = m.image_prompt(m.render_chat(messages(ref)), [FIX_PNG[n] for n in ref["images"]])
-        assert ids == ref["input_ids"]
-        got = vlm.rows_logits(m, ref, blocks)
-        assert float(np.abs(got[ref["rows"]] - np.load(MINISTRAL3 / ref["logits_rows"])).max()) <= 1e-4
-        assert got.argmax(axis=1).tolist() == ref["argmax_per_position"]
-        want = ref["greedy_new_tokens"]
-        assert list(m.generate(ids, images=blocks, max_tokens=len(want), temperature=0, ignore_eos=True)) == want
+        matches_reference(m, ref, MINISTRAL3, FIX_PNG)
 
 
 def test_the_rows_go_in_order():
@@ -208,12 +215,7 @@ def test_text_gguf_with_our_mmproj_matches_transformers(tmp_path):
     proj = write_mmproj(FOLDER, tmp_path / "mmproj.gguf", "f32")
     with llambda.load(gg, mmproj=proj, backend="numpy", n_ctx=128) as m:
         assert m.accepts_images and m.image_marker == "[IMG]" and m.vision.family == "pixtral"
-        ids, blocks = m.image_prompt(TWO["chat_text"], [FIX_PNG[n] for n in TWO["images"]])
-        assert ids == TWO["input_ids"]
-        got = vlm.rows_logits(m, TWO, blocks)
-        assert float(np.abs(got[TWO["rows"]] - np.load(FOLDER / TWO["logits_rows"])).max()) <= 1e-4
-        want = TWO["greedy_new_tokens"]
-        assert list(m.generate(ids, images=blocks, max_tokens=len(want), temperature=0, ignore_eos=True)) == want
+        matches_reference(m, TWO, FOLDER, FIX_PNG, TWO["chat_text"])
 
 
 PIX12B = FOLDER.parent / "pixtral12b_vision"
@@ -226,10 +228,68 @@ def test_pixtral_12b_layout_runs_whole(mode):
     ref = json.loads((PIX12B / "reference.json").read_text(encoding="utf-8"))["prompt"]
     files = {n: (PIX12B / n).read_bytes() for n in ref["images"]}
     with load(mode, folder=PIX12B) as m:
-        assert m.vision.family == "pixtral" and m.image_marker == "[IMG]"
-        ids, blocks = m.image_prompt(m.render_chat(messages(ref, files)), [files[n] for n in ref["images"]])
-        assert ids == ref["input_ids"] and [len(b.rows) for b in blocks] == [7] * 5 + [7] * 2
-        got = vlm.rows_logits(m, ref, blocks)
-        assert float(np.abs(got[ref["rows"]] - np.load(PIX12B / ref["logits_rows"])).max()) <= 1e-4
-        want = ref["greedy_new_tokens"]
-        assert list(m.generate(ids, images=blocks, max_tokens=len(want), temperature=0, ignore_eos=True)) == want
+        assert m.vision.family == "pixtral" and m.image_marker == "[IMG]" and m.vision.grid(150, 90) == (5, 7)
+        matches_reference(m, ref, PIX12B, files)
+
+
+def ollama_file(dest: Path, folder: Path = FOLDER, meta_edit=None) -> Path:
+    """An Ollama mistral3 model file of the fixture, as Ollama's converter lays one out: our text GGUF's keys
+    renamed to mistral3.*, the tower and projector beside under Ollama's names and keys (pixtral_ollama.py)."""
+    from llambda.formats.gguf import GGUFFile
+    from llambda.formats.gguf_writer import write_gguf
+    from llambda.formats.quants import QType
+    from llambda.formats.safetensors import SafetensorsFile
+    from llambda.tools.export import export
+    from llambda.vision.pixtral_ollama import ollama_name
+    text = export(folder, dest.with_suffix(".text.gguf"), fmt="gguf")
+    with GGUFFile(text) as f:
+        arch = f.metadata["general.architecture"]
+        meta = {k.replace(f"{arch}.", "mistral3.", 1): v for k, v in f.metadata.items()}
+        tensors = [(n, QType.F32, np.ascontiguousarray(t.as_float32())) for n, t in f.tensors.items()]
+    cfg = json.loads((folder / "config.json").read_text())
+    vis = cfg["vision_config"]
+    meta.update({"general.architecture": "mistral3", "mistral3.vision.block_count": vis["num_hidden_layers"],
+                 "mistral3.vision.embedding_length": vis["hidden_size"],
+                 "mistral3.vision.feed_forward_length": vis["intermediate_size"],
+                 "mistral3.vision.attention.head_count": vis["num_attention_heads"],
+                 "mistral3.vision.attention.key_length": vis["head_dim"], "mistral3.vision.image_size": 112,
+                 "mistral3.vision.patch_size": vis["patch_size"], "mistral3.vision.num_channels": 3,
+                 "mistral3.vision.rope.freq_base": 10000.0, "mistral3.image_token_index": IMG,
+                 "mistral3.spatial_merge_size": 2, "mistral3.mm.projector_bias": False,
+                 "mistral3.mm.projector_hidden_act": "gelu"})
+    if meta_edit is not None:
+        meta_edit(meta)
+    with SafetensorsFile(folder / "model.safetensors") as st:
+        for name, t in st.tensors.items():
+            if (o := ollama_name(name)) is not None:
+                tensors.append((o, QType.F32, np.ascontiguousarray(t.to_float32()).reshape(t.shape)))
+    out = dest.with_suffix(".gguf")
+    write_gguf(out, meta, tensors)
+    return out
+
+
+def test_an_ollama_mistral3_file_runs_text_and_tower_from_one_file(tmp_path):
+    """Ollama's mistral3 layout (checked on a file written here from the fixture with its converter's names and
+    keys: no Ollama file was at hand): the text model and the tower from one file give transformers' ids, logits
+    and greedy tokens."""
+    path = ollama_file(tmp_path / "ollama")
+    with load("numpy", folder=path) as m:
+        assert m.accepts_images and m.vision.family == "pixtral" and m.config.arch == "ministral3"
+        assert m.vision.cfg.longest_edge == 112 and m.vision.cfg.spatial_merge_size == 2
+        matches_reference(m, TWO, FOLDER, FIX_PNG, TWO["chat_text"])
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda m: m.pop("mistral3.vision.embedding_length"), "vision.embedding_length"),
+    (lambda m: m.update({"mistral3.vision.attention.key_length": 8}), "key_length"),
+    (lambda m: m.update({"mistral3.vision.attention.layer_norm_epsilon": 1e-6}), "layer_norm_epsilon"),
+    (lambda m: m.update({"mistral3.spatial_merge_size": 3}), "spatial_merge_size"),
+    (lambda m: m.update({"mistral3.vision.image_size": 1 << 30}), "vision.image_size"),
+    (lambda m: m.update({"mistral3.vision.longest_edge": 0}), "vision.longest_edge"),
+    (lambda m: m.update({"mistral3.mm.projector_hidden_act": "relu"}), "projector_hidden_act"),
+])
+def test_hostile_ollama_files_are_format_errors(tmp_path, edit, match):
+    from llambda.errors import ModelFormatError
+    from llambda.vision import load_vision
+    with pytest.raises(ModelFormatError, match=match):
+        load_vision(ollama_file(tmp_path / "bad", meta_edit=edit), backend="numpy")

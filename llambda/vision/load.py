@@ -17,7 +17,7 @@ from .config import VisionConfig
 from .layouts import (HF_NAMES, IDEFICS3_TYPES, LLAMA_CPP, MMPROJ_NAMES, OLLAMA, OLLAMA_NAMES, Layout,
                       check_processor_size, gguf_lookup, has_ollama_tower, hf_fields, hf_lookup, idefics3_hf_fields,
                       image_processor_settings, mmproj_fields, ollama_fields)
-from . import pixtral_layouts, pixtral_mmproj
+from . import pixtral_layouts, pixtral_mmproj, pixtral_ollama
 from . import qwen2vl_layouts as qwen_layouts
 from . import qwen3vl_ollama as qwen3_ollama
 from .qwen2vl_config import QwenVisionConfig
@@ -87,6 +87,10 @@ def open_layout(path: Path) -> Layout | None:
         if not has_ollama_tower(f):
             f.close()
             return None
+        if arch == pixtral_ollama.ARCH:
+            from .pixtral_config import PixtralConfig
+            vcfg = PixtralConfig.from_fields(*pixtral_ollama.fields(meta, src), src)
+            return Layout(vcfg, pixtral_ollama.lookup(f), 0.0, "ollama", [f.close])
         if arch in qwen3_ollama.ARCHS:
             find = qwen3_ollama.lookup(f)
             vcfg = QwenVisionConfig.from_fields(qwen3_ollama.fields(meta, find, arch, src), qwen3_ollama.keys(arch), src)

@@ -48,13 +48,18 @@ _LAYER = re.compile(re.escape(TOWER) + r"transformer\.layers\.(\d{1,4})\.(.+)\.(
 EMBEDDINGS = ("language_model.model.embed_tokens.weight", "language_model.embed_tokens.weight")
 
 
-def gguf_name(canon: str) -> str | None:
+def renamed(canon: str, leaves: dict, parts: dict) -> str | None:
+    """A canonical name in a GGUF layout: a block's tensor v.blk.N.{leaves[leaf]}, the others parts[base]."""
     m = _LAYER.fullmatch(canon)
     if m:
-        leaf = _LEAF.get(m.group(2))
+        leaf = leaves.get(m.group(2))
         return f"v.blk.{int(m.group(1))}.{leaf}.{m.group(3)}" if leaf else None
     base, _, kind = canon.rpartition(".")
-    return f"{_GLOBAL[base]}.{kind}" if base in _GLOBAL else None
+    return f"{parts[base]}.{kind}" if base in parts else None
+
+
+def gguf_name(canon: str) -> str | None:
+    return renamed(canon, _LEAF, _GLOBAL)
 
 
 def lookup(gguf_file, cfg: PixtralConfig):
