@@ -17,8 +17,11 @@ from .config import VisionConfig
 from .layouts import (HF_NAMES, IDEFICS3_TYPES, LLAMA_CPP, MMPROJ_NAMES, OLLAMA, OLLAMA_NAMES, Layout,
                       check_processor_size, gguf_lookup, has_ollama_tower, hf_fields, hf_lookup, idefics3_hf_fields,
                       image_processor_settings, mmproj_fields, ollama_fields)
+from . import lfm2vl_layouts
 from . import qwen2vl_layouts as qwen_layouts
 from . import qwen3vl_ollama as qwen3_ollama
+from .lfm2vl import Lfm2VlTower
+from .lfm2vl_config import Lfm2VlVisionConfig
 from .qwen2vl_config import QwenVisionConfig
 from .tower import VisionTower
 
@@ -51,6 +54,8 @@ def open_layout(path: Path) -> Layout | None:
         kind = cfg.get("model_type")
         if kind in qwen_layouts.HF_TYPES:
             return _qwen_hf_layout(path, cfg, src)
+        if kind in lfm2vl_layouts.HF_TYPES:
+            return lfm2vl_layouts.hf_layout(path, cfg, src, read_json)
         if kind != "gemma3" and kind not in IDEFICS3_TYPES:
             warnings.warn(f"{path}: its vision tower ({str(kind)[:40]!r}) is not supported (Gemma 3's, Idefics3's, "
                           "Qwen2(.5)-VL's, Qwen3-VL's only): the model reads no images", LlambdaWarning, stacklevel=3)
@@ -128,6 +133,8 @@ def load_vision(source, backend=None, threads: int | None = None, activations: s
         return None
     try:
         be = _backend(backend, threads, activations)
+        if isinstance(layout.cfg, Lfm2VlVisionConfig):
+            return Lfm2VlTower(layout.cfg, layout.lookup, be, name=str(path))
         return VisionTower(layout.cfg, layout.lookup, be, layout.soft_norm_offset, name=str(path))
     finally:
         for close in layout.closers:      # the weights were copied into the backend's own arrays
