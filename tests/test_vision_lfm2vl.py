@@ -189,3 +189,88 @@ def test_a_hostile_config_loads_the_model_for_text(tmp_path):
     assert any("num_patches" in str(w.message) for w in seen)
     with pytest.raises(ModelFormatError):
         load_vision(src, backend="numpy")
+
+
+# ---------------------------------------------------------------- llama.cpp's mmproj
+
+MMPROJ_BUDGET = {"f32": EXACT, "f16": 5e-3, "q8_0": 8e-2}     # seen: 2e-6, 1.7e-3, 3.4e-2 of values up to 3.6
+CONTROL = ("<|image_start|>", "<|image_end|>", "<|img_thumbnail|>")
+
+
+@pytest.fixture(scope="module")
+def mmprojs(tmp_path_factory):
+    return visionkit.write_mmprojs(TINY, tmp_path_factory.mktemp("mmproj"))
+
+
+@pytest.mark.parametrize("qtype", ["f32", "f16", "q8_0"])
+def test_our_mmproj_reads_back_as_the_directory(mmprojs, qtype):
+    from llambda.formats import gguf
+    with gguf.GGUFFile(mmprojs[qtype]) as f:
+        meta, names = f.metadata, set(f.tensors)
+        assert (meta["clip.projector_type"], int(meta["clip.vision.projector.scale_factor"])) == ("lfm2", 2)
+        assert {"v.patch_embd.weight", "v.position_embd.weight", "v.post_ln.weight", "mm.input_norm.weight",
+                "mm.1.weight", "mm.2.bias", "v.blk.1.ffn_down.weight"} <= names
+        assert list(f.tensors["v.patch_embd.weight"].shape) == [32, 3, 8, 8]
+    with closing(load_vision(mmprojs[qtype], backend="numpy")) as t:
+        assert (t.cfg.tile_size, t.cfg.max_image_tokens, t.cfg.projector_hidden_size) == (64, 16, 48)
+        budget = MMPROJ_BUDGET[qtype]
+        check(t, budget if qtype == "f32" else 1.0, budget)
+
+
+@pytest.fixture(scope="module")
+def llama_cpp_like(tmp_path_factory):
+    """The fixture with llama.cpp's own processor settings (its lfm2 preprocessor's constants), its F32 and F16
+    mmprojs, and its tower."""
+    from llambda.vision import mmproj
+    from llambda.vision.lfm2vl_mmproj import LLAMA_CPP_PROCESSOR
+    tmp = tmp_path_factory.mktemp("lfm2vl_llama_cpp")
+    src = visionkit.copy_fixture(TINY, tmp / "m", pre_edit=lambda p: p.update(LLAMA_CPP_PROCESSOR))
+    files = {q: mmproj.write_mmproj(src, tmp / f"{q}.gguf", q) for q in ("f32", "f16")}
+    with closing(load_vision(src, backend="numpy")) as t:
+        yield t, files, tmp
+
+
+@pytest.mark.parametrize("size", [(192, 128), (1024, 512)])
+def test_llama_cpp_reads_our_mmproj(llama_cpp_like, size):
+    """libmtmd on our F32 and F16 files gives our rows: a 192 x 128 image kept as it is (96 tokens), and a 1024 x 512
+    one cut into 1 x 2 tiles of 512 and a 352 x 176 thumbnail, in the same order; within 3e-3 of values up to 3.5
+    (its projector's GELU is the tanh form, transformers' exact)."""
+    from PIL import Image
+    tower, files, tmp = llama_cpp_like
+    w, h = size
+    rgb = visionkit.rgb_image(h, w)
+    ours = [tower.encode_one(px, g) for px, g in tower.pixels(Image.fromarray(rgb))]
+    for qtype, path in files.items():
+        theirs = visionkit.llama_cpp_rows(path, rgb, tmp, control_tokens=CONTROL, width=64)
+        assert [r.shape for r in theirs] == [r.shape for r in ours], qtype
+        worst = max(float(np.abs(a - b).max()) for a, b in zip(theirs, ours))
+        assert worst <= 3e-3 if qtype == "f32" else worst <= 5e-3, (qtype, worst)
+
+
+def test_hostile_mmproj_files(mmprojs, tmp_path):
+    from llambda.vision.lfm2vl_mmproj import MMPROJ_KEYS
+    src = mmprojs["f32"]
+    cases = [
+        (dict(meta_edit=lambda m: m.pop(MMPROJ_KEYS["downsample_factor"])), "scale_factor"),
+        (dict(meta_edit=lambda m: m.__setitem__("clip.use_gelu", False)), "use_gelu"),
+        (dict(meta_edit=lambda m: m.__setitem__(MMPROJ_KEYS["tile_size"], 1 << 30)), "tile_size"),
+        (dict(drop=("mm.1.weight",)), "mm.1.weight"),
+        (dict(drop=("v.blk.0.attn_q.bias",)), "q_proj.bias"),
+        (dict(tensor_edit=lambda n, v: v.reshape(32, -1) if n == "v.patch_embd.weight" else v), "patch_embd"),
+        (dict(tensor_edit=lambda n, v: v * np.inf if n == "mm.2.weight" else v), "non-finite"),
+    ]
+    for i, (edit, match) in enumerate(cases):
+        bad = visionkit.rewrite_gguf(src, tmp_path / f"bad{i}.gguf", **edit)
+        with pytest.raises(ModelFormatError, match=match):
+            load_vision(bad, backend="numpy")
+
+
+def test_a_tower_llama_cpp_cannot_say_is_not_written(tmp_path):
+    from llambda.vision import mmproj
+    src = visionkit.copy_fixture(TINY, tmp_path / "m", config_edit=lambda c: c.update(projector_use_layernorm=False),
+                                 tensors_edit=lambda t: [t.pop(k) for k in list(t) if "layer_norm." in k
+                                                         and "multi_modal" in k])
+    with closing(load_vision(src, backend="numpy")):
+        pass
+    with pytest.raises(InvalidInputError, match="LayerNorm"):
+        mmproj.write_mmproj(src, tmp_path / "x.gguf", "f32")

@@ -157,3 +157,25 @@ def test_the_text_model_alone_loads_and_refuses_images():
         assert m.chat([{"role": "user", "content": "hi"}], max_tokens=2, temperature=0) is not None
         with pytest.raises(InvalidInputError):
             m.chat(messages(ONE), max_tokens=1)
+
+
+def test_text_gguf_with_our_mmproj_matches_transformers(tmp_path):
+    """llama.cpp's layout of LFM2-VL: the text model as an lfm2 GGUF (its <image> found in the vocabulary) and the
+    tower as an lfm2 mmproj (both written by llambda; the mmproj keeps the directory's processor settings under our
+    own keys), loaded with mmproj=: the reference's ids and greedy tokens, its logits within OWN_PIXELS."""
+    from llambda.formats.gguf import GGUFFile
+    from llambda.tools.export import export
+    from llambda.vision.mmproj import write_mmproj
+    gg = export(FOLDER, tmp_path / "text.gguf", fmt="gguf")
+    with GGUFFile(gg) as f:
+        assert f.metadata["general.architecture"] == "lfm2"
+    proj = write_mmproj(FOLDER, tmp_path / "mmproj.gguf", "f32")
+    with llambda.load(gg, mmproj=proj, backend="numpy", n_ctx=256) as m:
+        assert m.accepts_images and m.image_marker == "<image>"
+        ids, blocks = m.image_prompt(TWO["chat_text"], [PNG[n] for n in TWO["images"]])
+        assert ids == TWO["input_ids"]
+        got = vlm.rows_logits(m, TWO, blocks)
+        assert float(np.abs(got[TWO["rows"]] - npy(TWO["logits_rows"])).max()) <= OWN_PIXELS
+        tokens = list(m.generate(ids, images=blocks, max_tokens=len(TWO["greedy_new_tokens"]), temperature=0,
+                                 ignore_eos=True))
+        assert tokens == TWO["greedy_new_tokens"]
