@@ -57,3 +57,11 @@ def test_the_token_count_follows_each_image(served):
 def test_streams_with_images(served):
     got, want = streamed(served, LARGE)
     assert got == want
+
+
+def test_a_too_thin_image_is_a_400(served):
+    import httpx
+    url = "data:image/png;base64," + base64.b64encode(vlm.thin_png()).decode()
+    r = httpx.post(served.url + "/v1/chat/completions", timeout=60, json={"model": "vis", "max_tokens": 2, "messages": [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]})
+    assert r.status_code == 400 and "too thin" in r.text, r.text

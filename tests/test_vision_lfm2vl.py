@@ -125,12 +125,16 @@ def test_bad_encode_calls(numpy_tower):
 
 @pytest.mark.parametrize("size", [(1, 1), (1, 700), (700, 1), (4000, 30), (999, 1001), (512, 512), (3, 90)])
 def test_layouts_are_bounded(numpy_tower, size):
-    """Any size: tiles within max_tiles, the thumbnail within max_image_tokens (smart_resize's ceil may pass
-    min by a row), pixels() agreeing with grid() for the small ones."""
+    """Any size: tiles within max_tiles, the crop within the patches a crop may have (a thinner image refused as
+    InvalidInputError), pixels() agreeing with grid() for the small ones."""
     c = numpy_tower.cfg
     w, h = size
+    if max(w, h) / min(w, h) > 40:
+        with pytest.raises(InvalidInputError, match="too thin"):
+            numpy_tower.grid(w, h)
+        return
     rows, cols, th, tw = numpy_tower.grid(w, h)
-    assert th >= 1 and tw >= 1 and th * tw <= c.max_image_tokens + th + tw
+    assert th >= 1 and tw >= 1 and th * tw * 4 <= c.max_crop_patches
     assert rows * cols == 1 or c.min_tiles <= rows * cols <= c.max_tiles
     if w * h <= 1_000_000:
         from PIL import Image

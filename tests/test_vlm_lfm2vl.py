@@ -127,6 +127,15 @@ def test_image_text_is_the_processor_expansion():
         "<|image_start|><|img_row_1_col_1|><image><image><|img_row_1_col_2|><image><image><|image_end|>")
 
 
+def thin_png() -> bytes:
+    import io
+
+    from PIL import Image
+    out = io.BytesIO()
+    Image.fromarray(visionkit.rgb_image(2, 300), "RGB").save(out, format="PNG")
+    return out.getvalue()
+
+
 def test_bad_image_requests_are_typed_errors():
     with load("numpy") as m:
         a, b = PNG["image_large.png"], PNG["image_small.png"]
@@ -145,6 +154,8 @@ def test_bad_image_requests_are_typed_errors():
             m.image_ids(TWO["chat_text"], [a, b"not an image"])
         with pytest.raises(InvalidInputError, match="no image fills"):
             m.generate(TWO["input_ids"], images=reference_blocks(TWO)[:-1], max_tokens=1)
+        with pytest.raises(InvalidInputError, match="too thin"):           # past the patches a crop may have
+            m.chat([{"role": "user", "content": [{"type": "image", "image": thin_png()}]}], max_tokens=1)
         with pytest.raises(InvalidInputError, match="causal"):          # a block attending both ways: not here
             blk = reference_blocks(ONE)[0]
             list(m.generate(ONE["input_ids"], images=(image_mod.image_block(blk.start, blk.rows, False),),

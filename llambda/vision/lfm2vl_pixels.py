@@ -71,6 +71,11 @@ def layout(width: int, height: int, c: Lfm2VlVisionConfig) -> tuple[int, int, in
     """(rows, cols, th, tw) of an image of width x height as decoded: its tiles (1, 1: not split) and the soft-token
     grid of the single image or the thumbnail (th x tw tokens, row-major)."""
     nh, nw = smart_resize(height, width, c)
+    if (nh // c.patch_size) * (nw // c.patch_size) > c.max_crop_patches:
+        # (a thin image: smart_resize keeps a side at least f, so the other passes the token bound; transformers'
+        # padding to the most patches a crop has fails on it too)
+        raise InvalidInputError(f"an image of {width} x {height} pixels is too thin: its {nw} x {nh} resize passes "
+                                f"the {c.max_crop_patches} patches a crop may have")
     rows, cols = tile_grid(height, width, c) if splits(height, width, c) else (1, 1)
     return rows, cols, nh // c.factor, nw // c.factor
 
