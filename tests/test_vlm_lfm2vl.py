@@ -190,3 +190,17 @@ def test_text_gguf_with_our_mmproj_matches_transformers(tmp_path):
         tokens = list(m.generate(ids, images=blocks, max_tokens=len(TWO["greedy_new_tokens"]), temperature=0,
                                  ignore_eos=True))
         assert tokens == TWO["greedy_new_tokens"]
+
+
+def test_a_second_turn_equals_a_fresh_model():
+    """A conversation's second turn (its first turn's images sent again: their rows reused, the hybrid's state
+    resumed where it is) gives the answer a fresh model gives to the whole conversation."""
+    msgs = messages(TWO)
+    with load("native-exact") as m:
+        first = m.chat(msgs, max_tokens=8, temperature=0, ignore_eos=True)
+        assert m.chat(msgs, max_tokens=8, temperature=0, ignore_eos=True) == first
+        more = msgs + [{"role": "assistant", "content": first}, {"role": "user", "content": [
+            {"type": "image", "image": PNG["image_mid.png"]}, {"type": "text", "text": "and this?"}]}]
+        second = m.chat(more, max_tokens=8, temperature=0, ignore_eos=True)
+    with load("native-exact") as fresh:
+        assert fresh.chat(more, max_tokens=8, temperature=0, ignore_eos=True) == second
