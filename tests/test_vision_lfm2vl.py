@@ -278,3 +278,37 @@ def test_a_tower_llama_cpp_cannot_say_is_not_written(tmp_path):
         pass
     with pytest.raises(InvalidInputError, match="LayerNorm"):
         mmproj.write_mmproj(src, tmp_path / "x.gguf", "f32")
+
+
+def test_first_release_layout_reads_as_transformers(numpy_tower, tmp_path):
+    """LiquidAI's first release (model_type 'lfm2-vl', remote code): the LFM2-VL settings flat in
+    processor_config.json, SigLIP2's processor (do_resize false) in preprocessor_config.json: the same crops and
+    rows as transformers' layout of the same settings."""
+    import json
+    import shutil
+    src = tmp_path / "first"
+    shutil.copytree(TINY, src)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["model_type"] = "lfm2-vl"
+    (src / "config.json").write_text(json.dumps(cfg))
+    pre = json.loads((src / "preprocessor_config.json").read_text())
+    flat = {k: pre.pop(k) for k in ("downsample_factor", "do_image_splitting", "min_tiles", "max_tiles",
+                                    "use_thumbnail", "min_image_tokens", "max_image_tokens", "encoder_patch_size",
+                                    "tile_size", "max_pixels_tolerance")}
+    (src / "processor_config.json").write_text(json.dumps({"processor_class": "Lfm2VlProcessor", **flat}))
+    pre.update(image_processor_type="Siglip2ImageProcessor", do_resize=False, max_num_patches=1024)
+    (src / "preprocessor_config.json").write_text(json.dumps(pre))
+    with closing(load_vision(src, backend="numpy")) as t:
+        from dataclasses import replace
+        assert t.family == "lfm2_vl" and replace(t.cfg, source=numpy_tower.cfg.source) == numpy_tower.cfg
+        for name in IMAGES:
+            got, want = t.pixels(load_image((TINY / name).read_bytes())), numpy_tower.pixels(
+                load_image((TINY / name).read_bytes()))
+            assert [g for _, g in got] == [g for _, g in want]
+            for (a, g), (b, _) in zip(got, want):
+                np.testing.assert_array_equal(a, b)
+                np.testing.assert_array_equal(t.encode_one(a, g), numpy_tower.encode_one(b, g))
+    flat["use_thumbnail"] = not flat["use_thumbnail"]           # the flat settings are the ones read
+    (src / "processor_config.json").write_text(json.dumps({"processor_class": "Lfm2VlProcessor", **flat}))
+    with closing(load_vision(src, backend="numpy")) as t:
+        assert t.cfg.use_thumbnail == flat["use_thumbnail"]

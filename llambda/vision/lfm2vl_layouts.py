@@ -10,7 +10,7 @@ from ..errors import ModelFormatError
 from .layouts import Layout, image_processor_settings, rescale_normalize
 from .lfm2vl_config import Lfm2VlVisionConfig
 
-HF_TYPES = ("lfm2_vl",)
+HF_TYPES = ("lfm2_vl", "lfm2-vl")      # transformers' name; LiquidAI's first release (remote code)
 SIGLIP2_DEFAULTS = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
                     "num_channels": 3, "patch_size": 16, "num_patches": 256, "layer_norm_eps": 1e-6,
                     "hidden_act": "gelu_pytorch_tanh"}          # transformers' Siglip2VisionConfig defaults
@@ -64,8 +64,24 @@ def hf_lookup(tensors: dict, source: str):
     return lookup
 
 
+def first_release_settings(path, pre, read_json):
+    """LiquidAI's first LFM2-VL release (remote code, model_type 'lfm2-vl') keeps the LFM2-VL settings flat in
+    processor_config.json and SigLIP2's processor in preprocessor_config.json (do_resize false: the remote
+    processor resized and tiled before calling it); the two merged read as transformers' Lfm2VlImageProcessor.
+    Anything else: `pre` unchanged."""
+    both = path / "processor_config.json"
+    flat = read_json(both, "processor_config.json") if both.exists() else None
+    if not isinstance(flat, dict) or "image_processor" in flat or "min_image_tokens" not in flat:
+        return pre
+    merged = dict(pre) if isinstance(pre, dict) else {}
+    merged.update({k: flat[k] for k in (*PROCESSOR_DEFAULTS, "downsample_factor") if k in flat})
+    merged["do_resize"] = True
+    return merged
+
+
 def hf_layout(path, cfg: dict, src: str, read_json) -> Layout:
     pre, _ = image_processor_settings(path, read_json)
+    pre = first_release_settings(path, pre, read_json)
     vcfg = Lfm2VlVisionConfig.from_fields(hf_fields(cfg, pre, src), HF_NAMES, src)
     from ..formats.safetensors import open_safetensors_dir
     st = open_safetensors_dir(path)
