@@ -26,6 +26,7 @@ from .layouts import CONNECTOR, LLAMA_CPP, MMPROJ_DEFAULT_SCALE, MMPROJ_LONGEST_
 from .load import open_layout
 from .pixtral_mmproj import pixtral_mmproj
 from .qwen2vl_config import QWEN_FAMILIES
+from .lfm2vl_mmproj import lfm2vl_mmproj
 from .qwen2vl_mmproj import qwen_mmproj
 
 TYPES = {"f32": QType.F32, "f16": QType.F16, "q8_0": QType.Q8_0}
@@ -68,8 +69,9 @@ def write_mmproj(source, out, qtype: str = "f32", name: str | None = None) -> Pa
             out = Path(os.fspath(out))
             write_gguf(out, meta, tensors)
             return out
-        if c.projector in QWEN_FAMILIES:
-            meta, tensors = qwen_mmproj(layout, name or Path(source).name, TYPES[qtype], _type)
+        if c.projector in QWEN_FAMILIES or c.projector == "lfm2_vl":
+            write = lfm2vl_mmproj if c.projector == "lfm2_vl" else qwen_mmproj
+            meta, tensors = write(layout, name or Path(source).name, TYPES[qtype], _type)
             out = Path(os.fspath(out))
             write_gguf(out, meta, tensors)
             return out
