@@ -63,20 +63,19 @@ class PixtralConfig:
         return self.patch_size * self.spatial_merge_size
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
-    @property
     def layers_run(self) -> int:
         """The blocks the projector's inputs need (the later ones are not run)."""
         return self.feature_layer % (self.num_hidden_layers + 1)
 
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
     @classmethod
     def from_fields(cls, fields: dict, names: dict | None = None, source: str = "") -> "PixtralConfig":
-        names = names or {}
-
-        def what(key: str) -> str:
-            return f"{source}: {names.get(key, key)}" if source else names.get(key, key)
+        def what(key: str) -> str:      # the file's own name of a field, for messages
+            name = (names or {}).get(key, key)
+            return f"{source}: {name}" if source else name
 
         def number(key: str, default: float, lo: float, hi: float) -> float:
             v = fields.get(key, default)

@@ -12,6 +12,8 @@ from .pixtral import PixtralEncoder
 from .pixtral_config import FAMILY, PixtralConfig
 from .pixtral_pixels import pixels, resized
 
+MAX_SIDE = 1 << 20          # an image's width or height as grid() takes it (load_image's bound is far below)
+
 
 class PixtralTower:
     """`family` "pixtral", `tokens_per_image` None, `hidden` (the text width), `deepstack` 0, `attends` "causal",
@@ -19,29 +21,22 @@ class PixtralTower:
     -> [rows * cols, hidden], `last_hidden_state(pixels, grid)`, `close()`. Calls from several threads take
     turns."""
 
-    family = FAMILY
-    tokens_per_image = None
-    deepstack = 0
-    attends = "causal"
-    image_size = None
+    family, tokens_per_image, image_size, deepstack, attends = FAMILY, None, None, 0, "causal"
 
     def __init__(self, cfg: PixtralConfig, lookup, backend, name: str = ""):
         self.cfg, self.backend, self.name = cfg, backend, name
+        self.closed, self._lock = False, threading.Lock()
         self.encoder = PixtralEncoder(cfg, lookup, backend)
         backend.end_load()
-        self.closed = False
-        self._lock = threading.Lock()
 
-    @property
-    def hidden(self) -> int:
-        return self.cfg.text_hidden_size
+    hidden = property(lambda self: self.cfg.text_hidden_size)
 
     def grid(self, width: int, height: int) -> tuple[int, int]:
         """(rows, cols) of soft tokens (merged cells) of an image of width x height pixels as decoded."""
-        for v in (width, height):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 1 <= v <= 1 << 20:
-                raise InvalidInputError(f"an image's width and height must be integers in 1..{1 << 20}, got "
-                                        f"{str(v)[:40]}")
+        if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) and 0 < v <= MAX_SIDE
+                   for v in (width, height)):
+            raise InvalidInputError(f"an image's width and height must be integers in 1..{MAX_SIDE}, got "
+                                    f"{str(width)[:20]} x {str(height)[:20]}")
         h, w = resized(int(width), int(height), self.cfg)
         return h // self.cfg.factor, w // self.cfg.factor
 
@@ -93,11 +88,8 @@ class PixtralTower:
 
     def close(self) -> None:
         """Free the tower's weights now; later calls raise ModelClosedError."""
-        with self._lock:
-            if self.closed:
-                return
-            self.encoder = None
-            self.closed = True
-        close = getattr(self.backend, "close", None)
-        if close is not None:
-            close()
+        with self._lock:        # not under a running encoding
+            was_closed, self.closed, self.encoder = self.closed, True, None
+        free = None if was_closed else getattr(self.backend, "close", None)
+        if free is not None:
+            free()
