@@ -42,3 +42,8 @@ def test_the_token_count_follows_each_image_size(served):
 def test_streams_with_images(served):
     got, want = streamed(served, served.images[1])
     assert got == want
+
+
+def test_run_with_an_image_flag(served, tmp_path, monkeypatch, capsys):
+    """`llambda run MODEL --image FILE PROMPT`: Model.chat's reply (the image's [IMG] rows before the text)."""
+    grid_e2e.test_run_with_an_image_flag(served, tmp_path, monkeypatch, capsys)
