@@ -293,3 +293,20 @@ def test_hostile_ollama_files_are_format_errors(tmp_path, edit, match):
     from llambda.vision import load_vision
     with pytest.raises(ModelFormatError, match=match):
         load_vision(ollama_file(tmp_path / "bad", meta_edit=edit), backend="numpy")
+
+
+def test_the_same_image_twice_and_again_later():
+    """One file twice in a prompt: two images' rows of blocks, the same rows, the tower run once; sent again in a
+    later prompt: its rows kept (EncodedRows), the blocks at the new places."""
+    wide = FIX_PNG["image_wide.png"]
+    with load("numpy") as m:
+        calls = []
+        encode = m.vision.encode_one
+        m.vision.encode_one = lambda px, grid: calls.append(grid) or encode(px, grid)
+        ids, blocks = m.image_prompt("[INST][IMG]a[IMG]b[/INST]", [wide, wide])
+        assert len(blocks) == 6 and calls == [(3, 4)]
+        assert all(np.array_equal(a.rows, b.rows) for a, b in zip(blocks[:3], blocks[3:]))
+        assert [ids[b.end] for b in blocks] == [BRK, BRK, END] * 2
+        ids2, again = m.image_prompt("[INST]x y[IMG]c[/INST]", [wide])
+        assert calls == [(3, 4)] and [b.digest for b in again] == [b.digest for b in blocks[:3]]
+        assert again[0].start != blocks[0].start and all(ids2[b.start] == IMG for b in again)
