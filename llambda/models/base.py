@@ -53,6 +53,7 @@ class LayerWeights:
     delta: "DeltaNetWeights | None" = None   # a gated delta-net layer (Qwen3-Next): the same
     mamba: "Mamba2Weights | None" = None     # a Mamba2 layer (Granite 4): the same; beside wq/wk/wv/wo in a
                                              # Falcon-H1 layer (attn_mamba2), both reading the same normed input
+    mamba1: "MambaWeights | None" = None     # a Mamba 1 layer (models/mamba.py): the same
     wq_gate: object = None            # attention output gate rows (Qwen3-Next): out *= sigmoid(h . wq_gate)
     mla: "MLAWeights | None" = None   # latent attention (DeepSeek): set instead of wq/wk/wv (wo stays)
     act: tuple | None = None          # an MLP without a gate (w_gate None): the xielu op's scalars (config.py)

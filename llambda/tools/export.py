@@ -109,6 +109,8 @@ FAMILIES = {
     "nemotron_h": Family("nemotron_h", "NemotronHForCausalLM", "nemotron_h"),     # a hybrid: GGUF only
     "olmo": Family("olmo", "OlmoForCausalLM", "olmo"),      # LayerNorms without parameters: GGUF only
     "internlm3": Family("internlm3", "LlamaForCausalLM", "llama"),     # as llama.cpp's converter writes it
+    "mamba2": Family("mamba2", "Mamba2ForCausalLM", "mamba2"),     # state-space models: GGUF only
+    "mamba": Family("mamba", "MambaForCausalLM", "mamba"),         # FalconMamba too (its GGUF is llama.cpp's mamba)
 }
 # GGUF architectures whose q/k rows keep the same RoPE layout as their HF files (DeepSeek's adjacent pairs)
 SAME_ROPE_LAYOUT_ARCHS = {"deepseek2", "glm4", "ernie4_5", "ernie4_5-moe", "command-r", "cohere2"}
