@@ -139,27 +139,6 @@ def test_the_memory_plan_is_what_the_load_allocates():
 
 # ---------------------------------------------------------------- refusals
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda c: c.update(use_bias=True), "use_bias"),
-    (lambda c: c.update(use_conv_bias=False), "use_conv_bias"),
-    (lambda c: c.update(hidden_act="gelu"), "hidden_act"),
-    (lambda c: c.update(time_step_limit=[0.0, 5.0]), "time_step_limit"),
-    (lambda c: c.update(time_step_limit=[0.001, {"__float__": "Infinity"}]), "time_step_limit"),
-    (lambda c: c.update(norm_before_gate=True), "norm_before_gate"),
-    (lambda c: c.update(rms_norm=False), "rms_norm"),
-    (lambda c: c.update(num_heads=7), "num_heads"),
-    (lambda c: c.update(head_dim="16"), "head_dim"),
-    (lambda c: c.update(n_groups=3), "groups"),
-    (lambda c: c.update(state_size=0), "state_size"),
-    (lambda c: c.update(conv_kernel=1), "kernel"),
-    (lambda c: c.update(layer_norm_epsilon=-1.0), "layer_norm_epsilon"),
-    (lambda c: c.update(quantization_config={"quant_method": "fp8"}), "fp8"),
-])
-def test_bad_mamba2_configs_are_model_format_errors(tmp_path, edit, message):
-    with pytest.raises(ModelFormatError, match=message):
-        llambda.load(edited(tmp_path, edit, "mamba2"), backend="numpy", n_ctx=16)
-
-
 def _rewritten(src, out, changes=None, tensors=None):
     """The GGUF at src (an f32 export) with metadata keys changed and tensors replaced."""
     from llambda.formats.quants import QType, dequantize
@@ -174,21 +153,99 @@ def _rewritten(src, out, changes=None, tensors=None):
     return out
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"mamba2.ssm.inner_size": 100}, "inner_size"),
-    ({"mamba2.ssm.group_count": 3}, "groups"),
-    ({"mamba2.ssm.state_size": 0}, "state_size"),
-    ({"mamba2.ssm.conv_kernel": "4"}, "conv_kernel"),
-])
-def test_bad_mamba2_gguf_metadata_is_refused_by_name(exported, tmp_path, changes, message):
-    path = _rewritten(exported("mamba2"), tmp_path / "bad.gguf", changes)
-    with pytest.raises(ModelFormatError, match=message):
-        llambda.load(path, backend="numpy", n_ctx=16)
-
-
 def test_a_mamba2_gguf_with_a_misshapen_ssm_a_is_refused(exported, tmp_path):
     with GGUFFile(exported("mamba2")) as f:
         a = np.array(f.tensors["blk.1.ssm_a"].data).view(np.float32).reshape(8, 1)
     path = _rewritten(exported("mamba2"), tmp_path / "bad.gguf", tensors={"blk.1.ssm_a": np.concatenate([a, a])})
     with pytest.raises(ModelFormatError, match="ssm_a"):
         llambda.load(path, backend="numpy", n_ctx=16)
+
+
+def test_the_mamba_exports_hold_what_llama_cpp_reads(exported):
+    for folder, rms in (("mamba", False), ("falcon_mamba", True)):
+        with GGUFFile(exported(folder)) as f:
+            meta, t = f.metadata, f.tensors
+            assert meta["general.architecture"] == "mamba" and bool(meta["mamba.ssm.dt_b_c_rms"]) is rms
+            assert (meta["mamba.ssm.inner_size"], meta["mamba.ssm.state_size"], meta["mamba.ssm.time_step_rank"]) == \
+                (128, 16, 4)
+            assert t["blk.0.ssm_a"].shape == (128, 16) and t["blk.0.ssm_d"].shape == (128,)
+            assert t["blk.0.ssm_x.weight"].shape == (36, 128) and t["blk.0.ssm_dt.weight"].shape == (128, 4)
+            assert t["blk.0.ssm_conv1d.weight"].shape == (128, 4) and "blk.0.ssm_dt.bias" in t
+            assert ("output.weight" in t) is rms      # the mamba folder's head is tied
+
+
+@pytest.mark.parametrize("folder, edit, message", [
+    ("mamba2", lambda c: c.update(use_bias=True), "use_bias"),
+    ("mamba2", lambda c: c.update(use_conv_bias=False), "use_conv_bias"),
+    ("mamba2", lambda c: c.update(hidden_act="gelu"), "hidden_act"),
+    ("mamba2", lambda c: c.update(time_step_limit=[0.0, 5.0]), "time_step_limit"),
+    ("mamba2", lambda c: c.update(time_step_limit=[0.001, {"__float__": "Infinity"}]), "time_step_limit"),
+    ("mamba2", lambda c: c.update(norm_before_gate=True), "norm_before_gate"),
+    ("mamba2", lambda c: c.update(rms_norm=False), "rms_norm"),
+    ("mamba2", lambda c: c.update(num_heads=7), "num_heads"),
+    ("mamba2", lambda c: c.update(head_dim="16"), "head_dim"),
+    ("mamba2", lambda c: c.update(n_groups=3), "groups"),
+    ("mamba2", lambda c: c.update(state_size=0), "state_size"),
+    ("mamba2", lambda c: c.update(conv_kernel=1), "kernel"),
+    ("mamba2", lambda c: c.update(layer_norm_epsilon=-1.0), "layer_norm_epsilon"),
+    ("mamba2", lambda c: c.update(quantization_config={"quant_method": "fp8"}), "fp8"),
+    ("mamba", lambda c: c.update(intermediate_size=96), "intermediate_size"),
+    ("mamba", lambda c: c.update(expand=0), "expand"),
+    ("mamba", lambda c: c.update(time_step_rank=0), "time_step_rank"),
+    ("mamba", lambda c: c.update(time_step_rank="big"), "time_step_rank"),
+    ("mamba", lambda c: c.update(state_size=0), "state_size"),
+    ("mamba", lambda c: c.update(use_bias=True), "use_bias"),
+    ("mamba", lambda c: c.update(use_conv_bias=False), "use_conv_bias"),
+    ("mamba", lambda c: c.update(hidden_act="relu"), "hidden_act"),
+    ("mamba", lambda c: c.update(conv_kernel=1), "kernel"),
+    ("mamba", lambda c: c.update(tie_word_embeddings="no"), "tie_word_embeddings"),
+    ("falcon_mamba", lambda c: c.update(mixer_rms_eps=0.0), "mixer_rms_eps"),
+    ("falcon_mamba", lambda c: c.update(mixer_rms_eps="small"), "mixer_rms_eps"),
+    ("falcon_mamba", lambda c: c.update(quantization_config={"quant_method": "bnb"}), "FalconMamba"),
+])
+def test_bad_configs_are_model_format_errors(tmp_path, folder, edit, message):
+    present(folder)
+    with pytest.raises(ModelFormatError, match=message):
+        llambda.load(edited(tmp_path, edit, folder), backend="numpy", n_ctx=16)
+
+
+@pytest.mark.parametrize("folder, changes, message", [
+    ("mamba2", {"mamba2.ssm.inner_size": 100}, "inner_size"),
+    ("mamba2", {"mamba2.ssm.group_count": 3}, "groups"),
+    ("mamba2", {"mamba2.ssm.state_size": 0}, "state_size"),
+    ("mamba2", {"mamba2.ssm.conv_kernel": "4"}, "conv_kernel"),
+    ("falcon_mamba", {"mamba.ssm.inner_size": 0}, "inner_size"),
+    ("falcon_mamba", {"mamba.ssm.inner_size": 96}, "ssm_in"),             # the tensors are another size
+    ("falcon_mamba", {"mamba.ssm.time_step_rank": 5}, "ssm_x"),
+    ("falcon_mamba", {"mamba.ssm.state_size": 1 << 20}, "state_size"),
+    ("falcon_mamba", {"mamba.ssm.dt_b_c_rms": "yes"}, "dt_b_c_rms"),
+])
+def test_bad_gguf_metadata_is_refused_by_name(exported, tmp_path, folder, changes, message):
+    present(folder)
+    path = _rewritten(exported(folder), tmp_path / "bad.gguf", changes)
+    with pytest.raises(ModelFormatError, match=message):
+        llambda.load(path, backend="numpy", n_ctx=16)
+
+
+def test_a_positive_a_in_a_gguf_is_refused(exported, tmp_path):
+    """A = -exp(A_log) is negative; a file whose ssm_a is not would grow its state without bound."""
+    with GGUFFile(exported("mamba")) as f:
+        a = np.array(f.tensors["blk.2.ssm_a"].data).view(np.float32).reshape(128, 16).copy()
+    a[5, 3] = 0.5
+    path = _rewritten(exported("mamba"), tmp_path / "bad.gguf", tensors={"blk.2.ssm_a": a})
+    with pytest.raises(ModelFormatError, match="layer 2.*positive"):
+        llambda.load(path, backend="numpy", n_ctx=16)
+
+
+def test_a_missing_mamba_tensor_is_named(tmp_path):
+    from llambda.formats.safetensors import open_safetensors_dir, write_safetensors
+    d = edited(tmp_path, lambda c: None, "mamba")
+    st = open_safetensors_dir(TINY / "mamba")
+    try:
+        arrays = {n: t.to_float32() for n, t in st.tensors.items() if n != "backbone.layers.1.mixer.x_proj.weight"}
+    finally:
+        st.close()
+    (d / "model.safetensors").unlink()
+    write_safetensors(d / "model.safetensors", arrays)
+    with pytest.raises(ModelFormatError, match=r"layers\.1\.mixer\.x_proj"):
+        llambda.load(d, backend="numpy", n_ctx=16)
