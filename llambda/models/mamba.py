@@ -6,8 +6,8 @@ x_proj(x) rows dt_low (dt rank R), B (N), C (N) (FalconMamba: each RMS-normed wi
 softplus(dt_proj(dt_low) + its bias); per channel c an N-value state S_c = exp(dt_c A_c) * S_c + dt_c x_c B with
 A = -exp(A_log) of shape (d_inner, N) (the ssm_scan1 op); y_c = S_c . C + D_c x_c; out_proj(y * silu(z)).
 
-config.json: `hidden_size`, `expand` (d_inner = expand x hidden_size, as transformers computes it; an
-`intermediate_size` that disagrees is refused), `state_size`, `conv_kernel`, `time_step_rank` ("auto": ceil(hidden /
+config.json: `hidden_size`, `intermediate_size` (d_inner; without it `expand` x hidden_size, as transformers reads
+them), `state_size`, `conv_kernel`, `time_step_rank` ("auto": ceil(hidden /
 16)), `layer_norm_epsilon`, `tie_word_embeddings`; FalconMamba's `mixer_rms_eps` (the dt/B/C norms' epsilon).
 Refused as for Mamba2 (mamba2.check_mixer_flags): projection biases, no convolution bias, an activation other than
 SiLU. The `use_mambapy`, `use_associative_scan` and `residual_in_fp32` switches change how transformers computes the
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 
-from ..errors import ModelFormatError
 from .config import TransformerConfig
 from .hparams import GGUFHParams, HFConfig, refuse_quantized
 from .mamba2 import (HF_GLOBAL_NAMES, HF_PREFIXES, check_mixer_flags, gguf_common, gguf_positive,  # noqa: F401
@@ -49,10 +48,10 @@ def config_from_hf(cfg: dict) -> TransformerConfig:
     hf = HFConfig(cfg)
     check_mixer_flags(hf, cfg)
     d = hf.get("hidden_size", kind=int, limit="d_model")
-    inner = positive(hf, "expand", 2, "n_heads") * d
-    if "intermediate_size" in cfg and cfg["intermediate_size"] != inner:
-        raise ModelFormatError(f"config.json intermediate_size {cfg['intermediate_size']!r} is not expand x "
-                               f"hidden_size ({inner}), which transformers uses"[:200])
+    # transformers sets intermediate_size to expand x hidden_size, then the file's own value over it where it has one
+    # (falcon-mamba-7b's config says expand 16 beside intermediate_size 8192 = 2 x 4096)
+    inner = positive(hf, "intermediate_size", 0, "ssm_inner") if cfg.get("intermediate_size") is not None else \
+        positive(hf, "expand", 2, "n_heads") * d
     rank = cfg.get("time_step_rank", "auto")
     rank = math.ceil(d / 16) if rank == "auto" else positive(hf, "time_step_rank", 0, "ssm_dt_rank")
     n = hf.get("num_hidden_layers", kind=int, limit="n_layers")
