@@ -288,3 +288,10 @@ def test_a_missing_mamba_tensor_is_named(tmp_path):
     write_safetensors(d / "model.safetensors", arrays)
     with pytest.raises(ModelFormatError, match=r"layers\.1\.mixer\.x_proj"):
         llambda.load(d, backend="numpy", n_ctx=16)
+
+
+def test_show_says_there_are_no_heads_or_kv_cache(capsys):
+    from llambda.cli import main
+    assert main(["show", str(TINY / "mamba")]) == 0
+    out = capsys.readouterr().out
+    assert "none (no attention layer)" in out and "0.0 MiB of f32 KV cache" in out
