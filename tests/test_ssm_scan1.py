@@ -89,6 +89,26 @@ def test_ssm_scan1_results_do_not_depend_on_threads_or_the_batch(isa):
         C.set_threads(before)
 
 
+def test_extreme_time_steps_and_gates_stay_exact(isa):
+    """dt far past softplus's bends (|dt| up to 120: e^-|dt| under float's range) and gates z up to +-120: the
+    vectorized softplus and SiLU against the float64 oracle, nothing overflowing to inf or NaN."""
+    need("native")
+    from llambda.backends.native import NativeBackend
+    rng = np.random.default_rng(11)
+    args, state0, slots, pos = scan_case(rng, 130, 16, 2)
+    args["dt"] = (rng.uniform(-1, 1, args["dt"].shape) ** 3 * 120).astype(np.float32)
+    args["z"] = (rng.uniform(-1, 1, args["z"].shape) ** 3 * 120).astype(np.float32)
+    args["a_neg"] *= np.float32(0.05)          # large steps times A: decays from 1 down to 0
+    want, want_state = scan1_oracle(state=state0, slots=slots, pos=pos, **args)
+    state, out = state0.copy(), np.full((len(slots), 130), np.nan, np.float32)
+    NativeBackend(activations="f32").ssm_scan1(args["x"], args["dt"], args["b"], args["c"], args["z"], state,
+                                                np.full(2, 5, np.int32), args["a_neg"], args["dt_bias"],
+                                                args["d_skip"], slots, pos, out)
+    assert np.isfinite(out).all() and np.isfinite(state).all()
+    np.testing.assert_allclose(out, want, rtol=2e-4, atol=1e-4)
+    np.testing.assert_allclose(state, want_state, rtol=2e-4, atol=1e-4)
+
+
 def test_a_positive_decay_is_taken_as_zero():
     """a_neg is never positive in a model (the loader refuses one); the op and its twin take it as 0: a decay of 1."""
     need("native")
