@@ -295,3 +295,30 @@ def test_show_says_there_are_no_heads_or_kv_cache(capsys):
     assert main(["show", str(TINY / "mamba")]) == 0
     out = capsys.readouterr().out
     assert "none (no attention layer)" in out and "0.0 MiB of f32 KV cache" in out
+
+
+def test_mamba2_spellings_that_change_nothing(tmp_path):
+    """chunk_size only cuts transformers' prefill into blocks, time_step_limit (0, inf) is no clamp however JSON
+    spells it (or left out), and Mamba-Codestral's rms_norm / norm_before_gate are the defaults: the same model."""
+    spellings = [dict(chunk_size=256), dict(time_step_limit=[0.0, float("inf")]), dict(time_step_limit=None),
+                 dict(rms_norm=True, norm_before_gate=False, residual_in_fp32=False)]
+    for k, change in enumerate(spellings):
+        with llambda.load(edited(tmp_path / str(k), lambda c: c.update(change), "mamba2"), backend="numpy",
+                          n_ctx=128) as m:
+            assert max_err(m, "mamba2") <= 1e-4, change
+
+
+def test_the_older_embedding_name_loads(tmp_path):
+    """transformers' Mamba load hook renames backbone.embedding.* (older checkpoints) to embeddings.*: read too."""
+    from llambda.formats.safetensors import open_safetensors_dir, write_safetensors
+    d = edited(tmp_path, lambda c: None, "mamba")
+    st = open_safetensors_dir(TINY / "mamba")
+    try:
+        arrays = {n.replace("embeddings.", "embedding."): t.to_float32() for n, t in st.tensors.items()}
+    finally:
+        st.close()
+    assert "backbone.embedding.weight" in arrays
+    (d / "model.safetensors").unlink()
+    write_safetensors(d / "model.safetensors", arrays)
+    with llambda.load(d, backend="numpy", n_ctx=128) as m:
+        assert max_err(m, "mamba") <= 1e-4
