@@ -322,3 +322,11 @@ def test_the_older_embedding_name_loads(tmp_path):
     write_safetensors(d / "model.safetensors", arrays)
     with llambda.load(d, backend="numpy", n_ctx=128) as m:
         assert max_err(m, "mamba") <= 1e-4
+
+
+def test_speculative_decoding_is_refused():
+    """The state cannot be rolled back past rejected drafts."""
+    from llambda.errors import InvalidInputError
+    with llambda.load(TINY / "mamba", backend="numpy", n_ctx=64) as m:
+        with pytest.raises(InvalidInputError, match="speculative decoding is not supported"):
+            m.stream([1, 2, 3], max_tokens=4, speculative="lookup")
