@@ -17,6 +17,7 @@ from .config import VisionConfig
 from .layouts import (HF_NAMES, IDEFICS3_TYPES, LLAMA_CPP, MMPROJ_NAMES, OLLAMA, OLLAMA_NAMES, Layout,
                       check_processor_size, gguf_lookup, has_ollama_tower, hf_fields, hf_lookup, idefics3_hf_fields,
                       image_processor_settings, mmproj_fields, ollama_fields)
+from . import internvl_layouts
 from . import qwen2vl_layouts as qwen_layouts
 from . import qwen3vl_ollama as qwen3_ollama
 from .qwen2vl_config import QwenVisionConfig
@@ -51,9 +52,11 @@ def open_layout(path: Path) -> Layout | None:
         kind = cfg.get("model_type")
         if kind in qwen_layouts.HF_TYPES:
             return _qwen_hf_layout(path, cfg, src)
+        if kind in internvl_layouts.HF_TYPES:
+            return _internvl_hf_layout(path, cfg, src)
         if kind != "gemma3" and kind not in IDEFICS3_TYPES:
             warnings.warn(f"{path}: its vision tower ({str(kind)[:40]!r}) is not supported (Gemma 3's, Idefics3's, "
-                          "Qwen2(.5)-VL's, Qwen3-VL's only): the model reads no images", LlambdaWarning, stacklevel=3)
+                          "Qwen2(.5)-VL's, Qwen3-VL's, InternVL's only): the model reads no images", LlambdaWarning, stacklevel=3)
             return None
         pre, seq_len = image_processor_settings(path, read_json)
         fields = idefics3_hf_fields(cfg, pre, src, seq_len) if kind in IDEFICS3_TYPES else hf_fields(cfg, pre, src)
@@ -106,13 +109,26 @@ def open_layout(path: Path) -> Layout | None:
 def _qwen_hf_layout(path: Path, cfg: dict, src: str) -> Layout:
     pre, _ = image_processor_settings(path, read_json)     # preprocessor_config.json, or transformers 5's save
     vcfg = QwenVisionConfig.from_fields(qwen_layouts.hf_fields(cfg, pre, src), qwen_layouts.HF_NAMES, src)
+    return _safetensors_layout(path, vcfg, qwen_layouts.hf_lookup, src)
+
+
+def _safetensors_layout(path: Path, vcfg, make_lookup, src: str) -> Layout:
+    """The Layout of a HF directory's tower: its safetensors open, `make_lookup(tensors, src)` over them."""
     from ..formats.safetensors import open_safetensors_dir
     st = open_safetensors_dir(path)
     try:
-        return Layout(vcfg, qwen_layouts.hf_lookup(st.tensors, src), 0.0, "hf", [st.close])
+        return Layout(vcfg, make_lookup(st.tensors, src), 0.0, "hf", [st.close])
     except BaseException:
         st.close()
         raise
+
+
+def _internvl_hf_layout(path: Path, cfg: dict, src: str) -> Layout:
+    from .internvl_config import InternVLConfig
+    pre, _ = image_processor_settings(path, read_json)
+    fields = internvl_layouts.hf_fields(cfg, pre, internvl_layouts.processor_seq_len(path, read_json), src)
+    vcfg = InternVLConfig.from_fields(fields, internvl_layouts.HF_NAMES, src)
+    return _safetensors_layout(path, vcfg, internvl_layouts.hf_lookup, src)
 
 
 def load_vision(source, backend=None, threads: int | None = None, activations: str | None = None) -> VisionTower | None:
