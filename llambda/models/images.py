@@ -24,6 +24,8 @@ Two families' layouts (the tower says which: `tower.family`):
   - Qwen3-VL: Qwen2-VL's layout and positions (transformers' Qwen3VLModel.get_rope_index for images); its rows
     are wider (DeepStack: the embeddings, then each level's d columns, which Transformer.forward adds after
     the decoder layer of that level), and the block's digest covers every column.
+  - InternVL (`InternVLTokens`, models/internvl_tokens.py): `<img>`, the soft tokens of every tile, `</img>`;
+    a block per tile, causal attention.
 The soft tokens' embeddings are the tower's rows, written over the text embedding (after its scale: the rows
 are not scaled). So:
   - a prefill chunk never ends strictly inside a block that attends both ways (`chunk_end`): its rows need
@@ -49,7 +51,8 @@ IMAGE_TEXT, FAKE_TEXT, GLOBAL_TEXT = "<image>", "<fake_token_around_image>", "<g
 # Qwen2-VL's and Qwen2.5-VL's (transformers' Qwen2VLProcessor): what a template writes for an image, and its pad
 VISION_START, IMAGE_PAD, VISION_END = "<|vision_start|>", "<|image_pad|>", "<|vision_end|>"
 GEMMA3, IDEFICS3, QWEN2VL, QWEN25VL, QWEN3VL = "gemma3", "idefics3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"
-FAMILIES = (GEMMA3, IDEFICS3, QWEN2VL, QWEN25VL, QWEN3VL)
+INTERNVL = "internvl"           # its layout: models/internvl_tokens.py
+FAMILIES = (GEMMA3, IDEFICS3, QWEN2VL, QWEN25VL, QWEN3VL, INTERNVL)
 GRID_FAMILIES = (QWEN2VL, QWEN25VL, QWEN3VL)     # an image's tokens and RoPE positions follow its merged grid
 DEFAULT_MAX_IMAGES = 8          # images one request may hold (Model.max_images; the server's bound too)
 ENCODED_ROWS_BYTES = 64 << 20   # the tower's rows kept for images sent again (EncodedRows): 24 of a 4B model's
@@ -254,28 +257,37 @@ def _qwen_tokens(config, tokenizer, vocab_size: int, family: str) -> QwenTokens 
     """The config's vision_start_token_id, image_token_id, vision_end_token_id (a HF directory), else the
     vocabulary's <|vision_start|>, <|image_pad|>, <|vision_end|> (a GGUF file); each read back by the tokenizer
     as itself (a prompt must be able to hold it)."""
+    found = framed_ids(config, tokenizer, vocab_size, (("vision_start_token_id", "start", VISION_START),
+                                                       ("image_token_id", "soft", IMAGE_PAD),
+                                                       ("vision_end_token_id", "end", VISION_END)))
+    if found is None:
+        return None
+    ids, shown = found
+    return QwenTokens(ids["start"], ids["soft"], ids["end"], shown["start"], shown["soft"], shown["end"], family)
+
+
+def framed_ids(config, tokenizer, vocab_size: int, names: tuple) -> tuple[dict, dict] | None:
+    """({name: id}, {name: its text}) of the tokens `names` ((config key or None, name, default text), ...):
+    each from the config's key, else the vocabulary's text; each inside the embeddings and read back by the
+    tokenizer as itself (a prompt must be able to hold it). None where one is found nowhere."""
     ids = {}
-    if isinstance(config, dict):
-        for key, name in (("vision_start_token_id", "start"), ("image_token_id", "soft"), ("vision_end_token_id", "end")):
-            if _index(config.get(key)):
-                ids[name] = config[key]
-    texts = {"start": VISION_START, "soft": IMAGE_PAD, "end": VISION_END}
-    for name, text in texts.items():
-        if name not in ids and tokenizer is not None:
-            tid = _token_id(tokenizer, text)
-            if tid is not None:
-                ids[name] = tid
-    if len(ids) < 3:
+    for key, name, text in names:
+        if isinstance(config, dict) and key is not None and _index(config.get(key)):
+            ids[name] = config[key]
+        elif tokenizer is not None and (tid := _token_id(tokenizer, text)) is not None:
+            ids[name] = tid
+    if len(ids) < len(names):
         return None
     shown = {}
-    for name, tid in ids.items():
+    for _, name, text in names:
+        tid = ids[name]
         if tid >= vocab_size:
             raise InvalidInputError(f"the image token {tid} is outside the model's {vocab_size} token embeddings")
-        shown[name] = _text(tokenizer, tid, texts[name])
+        shown[name] = _text(tokenizer, tid, text)
         if tokenizer is not None and _token_id(tokenizer, shown[name]) != tid:
             raise InvalidInputError(f"the image token {tid} ({shown[name][:40]!r}) is not read back as itself by the "
                                     "tokenizer: a prompt could not hold it")
-    return QwenTokens(ids["start"], ids["soft"], ids["end"], shown["start"], shown["soft"], shown["end"], family)
+    return ids, shown
 
 
 def _token_id(tokenizer, text: str) -> int | None:
