@@ -14,6 +14,7 @@ import pytest
 
 PIL = pytest.importorskip("PIL")
 
+from llambda.backends import available_backends  # noqa: E402
 from llambda.errors import InvalidInputError, ModelFormatError  # noqa: E402
 from llambda.vision import internvl_pixels, load_image, load_vision  # noqa: E402
 from llambda.vision.image import check_image  # noqa: E402
@@ -189,3 +190,90 @@ def vis(**kw):
 ])
 def test_hostile_configs_and_tensors_are_refused(tmp_path, edit, match):
     visionkit.refused(MAIN, tmp_path / "bad", match, **edit)
+
+
+# ---------------------------------------------------------------- llama.cpp's mmproj
+
+@pytest.fixture(scope="module")
+def mmprojs(tmp_path_factory):
+    return visionkit.write_mmprojs(MAIN, tmp_path_factory.mktemp("mmproj"))
+
+
+@pytest.mark.parametrize("qtype, budget", [("f32", EXACT), ("f16", 5e-3), ("q8_0", 0.05)])
+@pytest.mark.parametrize("backend, activations", [("numpy", None), ("native", "f32")])
+def test_mmproj_reads_back_as_the_directory(mmprojs, qtype, budget, backend, activations):
+    """Our mmproj (F32, F16, Q8_0) read back: the same config, grids and tiles, the rows within the type's budget
+    (measured 1.8e-6, 1.1e-3, 2.5e-2)."""
+    if backend not in available_backends():
+        pytest.skip(f"the {backend} backend is not available here")
+    with closing(load_vision(mmprojs[qtype], backend=backend, activations=activations)) as t:
+        c = t.cfg
+        assert t.family == "internvl"
+        assert (c.min_patches, c.max_patches, c.scale_factor, c.norm_type, c.attention_bias, c.use_qk_norm) == (
+            1, 6, 2, "layer_norm", True, False)
+        for name, entry in REF["images"].items():
+            assert t.grid(*entry["size"]) == load_vision(MAIN, backend="numpy").grid(*entry["size"])
+            tiles = t.pixels(load_image((MAIN / name).read_bytes()))
+            np.testing.assert_array_equal(tiles, ref("internvl_vision", entry, "pixel_values"))
+            out = t.encode(tiles)
+            want = ref("internvl_vision", entry, "projector_rows").reshape(out.shape)
+            assert float(np.abs(out - want).max()) <= budget
+
+
+def test_mmproj_writer_refuses_what_llama_cpp_cannot_say(tmp_path):
+    """llama.cpp runs RMSNorm blocks only for InternViT-6B's size, and no final LayerNorm."""
+    from llambda.vision.mmproj import write_mmproj
+    with pytest.raises(InvalidInputError, match="RMSNorm"):
+        write_mmproj(FOLDERS["internvl_rms_vision"], tmp_path / "rms.gguf")
+    d = visionkit.copy_fixture(MAIN, tmp_path / "pool", config_edit=vis(use_mean_pooling=False), tensors_edit=lambda t: t.update(
+        {"vision_tower.layernorm.weight": np.ones(32, np.float32), "vision_tower.layernorm.bias": np.zeros(32, np.float32)}))
+    with pytest.raises(InvalidInputError, match="use_mean_pooling"):
+        write_mmproj(d, tmp_path / "pool.gguf")
+
+
+@pytest.mark.parametrize("edit, drop, match", [
+    (lambda m: m.pop("clip.vision.projector.scale_factor"), (), "scale_factor"),
+    (lambda m: m.update({"clip.vision.projector.scale_factor": 3}), (), "scale_factor"),
+    (lambda m: m.update({"clip.vision.preproc_max_tiles": 0}), (), "preproc_max_tiles"),
+    (lambda m: m.update({"clip.vision.block_count": 10 ** 9}), (), "block_count"),
+    (lambda m: m.update({"clip.has_vision_encoder": False}), (), "has_vision_encoder"),
+    (lambda m: m.update({"clip.use_silu": True}), (), "use_silu"),
+    (None, ("v.blk.1.ls2.weight",), "lambda_2"),
+    (None, ("v.class_embd",), "cls_token"),
+    (None, ("mm.model.mlp.3.weight",), "linear_2"),
+])
+def test_hostile_mmprojs_are_refused(mmprojs, tmp_path, edit, drop, match):
+    bad = visionkit.rewrite_gguf(mmprojs["f32"], tmp_path / "bad.gguf", meta_edit=edit, drop=drop)
+    with pytest.raises(ModelFormatError, match=match):
+        load_vision(bad, backend="numpy")
+
+
+def llama_cpp_twin(tmp_path: Path) -> Path:
+    """The fixture with the position table as llama.cpp's graph applies it: llama.cpp 0.3.36 puts the class token
+    AFTER the patches (ggml_concat) and adds the table's rows in order, so patch i takes row i (transformers': row
+    i + 1) and the class token the last row. Attention does not see the order of rows, so this folder, run our way,
+    is llama.cpp's model of the original file."""
+    key = "vision_tower.embeddings.position_embeddings"
+    return visionkit.copy_fixture(MAIN, tmp_path / "twin", tensors_edit=lambda t: t.update(
+        {key: np.roll(t[key], 1, axis=1)}))
+
+
+@pytest.mark.parametrize("h, w", [(56, 56), (56, 112)])
+def test_llama_cpp_reads_our_mmproj(mmprojs, tmp_path, h, w):
+    """llama-cpp-python 0.3.36's libmtmd on our F32 mmproj: the same tiles in the same order (tiles row-major, the
+    thumbnail last), each tile's rows our twin's (see llama_cpp_twin) within 3e-3 (its GELU is the tanh form, ours
+    erf); the thumbnail (its own bicubic resize) within 0.1. Against transformers' order llama.cpp is off by ~1.1
+    on this fixture: its CLS-last graph shifts every patch's position (as llama.cpp issue 25814 says of llava's)."""
+    from PIL import Image
+    rgb = visionkit.rgb_image(h, w)
+    got = visionkit.llama_cpp_rows(mmprojs["f32"], rgb, tmp_path, control_tokens=("<img>", "</img>"), width=64)
+    with closing(load_vision(llama_cpp_twin(tmp_path), backend="numpy")) as twin, \
+            closing(load_vision(MAIN, backend="numpy")) as ours:
+        tiles = twin.pixels(Image.fromarray(rgb))
+        want, plain = twin.encode(tiles), ours.encode(tiles)
+    assert [g.shape for g in got] == [(4, 64)] * len(tiles)
+    got = np.stack(got)
+    exact = len(tiles) - (len(tiles) > 1)       # the tiles cut without a resize
+    assert float(np.abs(got[:exact] - want[:exact]).max()) <= 3e-3
+    assert float(np.abs(got - want).max()) <= 0.1
+    assert float(np.abs(got - plain).max()) > 0.5      # the twin is what llama.cpp computes, not transformers' order

@@ -96,3 +96,23 @@ def test_soft_tokens_without_an_image_are_refused():
     with load("numpy") as m:
         with pytest.raises(InvalidInputError):
             m.check_prompt_images([1, 3, soft, soft, soft, soft, 4, 2], ())
+
+
+def test_text_gguf_with_our_mmproj_matches_transformers(tmp_path):
+    """llama.cpp's layout of InternVL: the text model as its qwen2 GGUF (the image tokens found in the vocabulary:
+    no config) and the tower as an internvl mmproj, both written by llambda and loaded with mmproj=: the
+    reference's ids and logits again."""
+    from llambda.formats.gguf import GGUFFile
+    from llambda.tools.export import export
+    from llambda.vision.mmproj import write_mmproj
+    text = export(FOLDER, tmp_path / "text.gguf", fmt="gguf")
+    with GGUFFile(text) as f:
+        assert f.metadata["general.architecture"] == "qwen2"
+    proj = write_mmproj(FOLDER, tmp_path / "mmproj.gguf", "f32")
+    with llambda.load(text, mmproj=proj, backend="numpy", n_ctx=256) as m:
+        assert m.accepts_images and m.image_marker == "<IMG_CONTEXT>" and m.source.metadata.get("hf.config") is None
+        for prompt in (TWO, ONE):
+            ids, blocks = m.image_prompt(prompt["chat_text"], [PNG[n] for n in prompt["images"]])
+            assert ids == prompt["input_ids"]
+            logits = vlm.rows_logits(m, prompt, blocks)[prompt["rows"]]
+            assert float(np.max(np.abs(logits - np.load(FOLDER / prompt["logits_rows"])))) <= 1e-4

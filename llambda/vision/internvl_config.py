@@ -131,7 +131,8 @@ class InternVLConfig(VisionConfig):
                                        f"up to the {c.patches_per_side} patches a side")
             c.scale_factor = s
         if c.patches_per_side % c.scale_factor:
-            raise ModelFormatError(f"{what('downsample_ratio')}: its factor {c.scale_factor} does not divide the "
+            key = "scale_factor" if "scale_factor" in fields else "downsample_ratio"
+            raise ModelFormatError(f"{what(key)}: the factor {c.scale_factor} does not divide the "
                                    f"{c.patches_per_side} patches a side")
         c.mm_tokens_per_image = (c.patches_per_side // c.scale_factor) ** 2
         seq = fields.get("image_seq_length")
