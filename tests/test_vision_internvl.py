@@ -277,3 +277,71 @@ def test_llama_cpp_reads_our_mmproj(mmprojs, tmp_path, h, w):
     assert float(np.abs(got[:exact] - want[:exact]).max()) <= 3e-3
     assert float(np.abs(got - want).max()) <= 0.1
     assert float(np.abs(got - plain).max()) > 0.5      # the twin is what llama.cpp computes, not transformers' order
+
+
+# ---------------------------------------------------------------- OpenGVLab's internvl_chat layout
+
+def chat_layout(src: Path, dest: Path) -> Path:
+    """The fixture `src` saved as OpenGVLab's remote-code directory (model_type internvl_chat): its config's names
+    (vision_config in InternVisionModel's, llm_config, the tiling keys), its tensors renamed (vision_model.*, each
+    block's q/k/v as one attn.qkv, mlp1.*) and nothing else changed: the same model."""
+    def config(c: dict) -> None:
+        v = c["vision_config"]
+        c.clear()
+        c.update(architectures=["InternVLChatModel"], model_type="internvl_chat", downsample_ratio=0.5, select_layer=-1,
+                 ps_version="v2", min_dynamic_patch=1, max_dynamic_patch=6, dynamic_image_size=True, use_thumbnail=True,
+                 force_image_size=v["image_size"][0], llm_config=config.text, template="internvl2_5",
+                 vision_config={"architectures": ["InternVisionModel"], "model_type": "intern_vit_6b",
+                                "hidden_size": v["hidden_size"], "intermediate_size": v["intermediate_size"],
+                                "num_hidden_layers": v["num_hidden_layers"], "num_attention_heads": v["num_attention_heads"],
+                                "image_size": v["image_size"][0], "patch_size": v["patch_size"][0],
+                                "layer_norm_eps": v["layer_norm_eps"], "norm_type": v["norm_type"], "hidden_act": "gelu",
+                                "qkv_bias": v["attention_bias"], "qk_normalization": v["use_qk_norm"]})
+    config.text = json.loads((src / "config.json").read_text())["text_config"]
+
+    def tensors(t: dict) -> None:
+        names = {"vision_tower.embeddings.cls_token": "vision_model.embeddings.class_embedding",
+                 "vision_tower.embeddings.position_embeddings": "vision_model.embeddings.position_embedding",
+                 "vision_tower.embeddings.patch_embeddings.projection": "vision_model.embeddings.patch_embedding",
+                 "multi_modal_projector.layer_norm": "mlp1.0", "multi_modal_projector.linear_1": "mlp1.1",
+                 "multi_modal_projector.linear_2": "mlp1.3", "layernorm_before": "norm1", "layernorm_after": "norm2",
+                 "attention.projection_layer": "attn.proj", "attention.q_norm": "attn.q_norm",
+                 "attention.k_norm": "attn.k_norm", "lambda_1": "ls1", "lambda_2": "ls2",
+                 "vision_tower.encoder.layer.": "vision_model.encoder.layers."}
+        for n in [n for n in t if ".attention.q_proj." in n]:
+            parts = [t.pop(n.replace(".q_proj.", f".{x}_proj.")) for x in "qkv"]
+            t[n.replace(".attention.q_proj.", ".attn.qkv.")] = np.concatenate(parts)
+        for n in list(t):
+            new = n
+            for a, b in names.items():
+                new = new.replace(a, b)
+            t[new] = t.pop(n)
+    return visionkit.copy_fixture(src, dest, config_edit=config, tensors_edit=tensors)
+
+
+@pytest.mark.parametrize("folder", list(FOLDERS))
+def test_internvl_chat_layout_reads_the_same(tmp_path, folder):
+    """OpenGVLab's InternVLChatModel directory of the same weights: the same config, tiles and rows."""
+    d = chat_layout(FOLDERS[folder], tmp_path / "chat")
+    with closing(load_vision(d, backend="numpy")) as t:
+        assert t.family == "internvl" and (t.cfg.min_patches, t.cfg.max_patches) == (1, 6)
+        assert t.cfg.image_mean == (0.485, 0.456, 0.406)
+        check_tower(t, folder, EXACT)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda c: c.update(ps_version="v1"), "ps_version"),
+    (lambda c: c.update(use_thumbnail=False), "use_thumbnail"),
+    (lambda c: c.update(force_image_size=448), "force_image_size"),
+    (lambda c: c.update(select_layer=-4), "select_layer"),
+    (lambda c: c.update(max_dynamic_patch=0), "max_dynamic_patch"),
+    (lambda c: c["vision_config"].update(qkv_bias="yes"), "qkv_bias"),
+    (lambda c: c.pop("llm_config"), "llm_config"),
+])
+def test_hostile_internvl_chat_configs_are_refused(tmp_path, edit, match):
+    d = chat_layout(MAIN, tmp_path / "chat")
+    cfg = json.loads((d / "config.json").read_text())
+    edit(cfg)
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelFormatError, match=match):
+        load_vision(d, backend="numpy")

@@ -116,3 +116,18 @@ def test_text_gguf_with_our_mmproj_matches_transformers(tmp_path):
             assert ids == prompt["input_ids"]
             logits = vlm.rows_logits(m, prompt, blocks)[prompt["rows"]]
             assert float(np.max(np.abs(logits - np.load(FOLDER / prompt["logits_rows"])))) <= 1e-4
+
+
+def test_internvl_chat_directory_matches_transformers(tmp_path):
+    """OpenGVLab's remote-code layout of the same weights (model_type internvl_chat: llm_config, language_model.*,
+    vision_model.*, mlp1.*; test_vision_internvl.chat_layout writes it): the text model and the tower load, the
+    image tokens come from the vocabulary (no image_token_id), and both prompts give transformers' ids and logits."""
+    from test_vision_internvl import chat_layout
+    d = chat_layout(FOLDER, tmp_path / "chat")
+    with llambda.load(d, backend="numpy", n_ctx=256) as m:
+        assert m.accepts_images and m.vision.family == "internvl" and m.config.arch == "qwen2"
+        for prompt in (TWO, ONE):
+            ids, blocks = m.image_prompt(m.render_chat(messages(prompt)), [PNG[n] for n in prompt["images"]])
+            assert ids == prompt["input_ids"]
+            logits = vlm.rows_logits(m, prompt, blocks)[prompt["rows"]]
+            assert float(np.max(np.abs(logits - np.load(FOLDER / prompt["logits_rows"])))) <= 1e-4

@@ -52,7 +52,7 @@ def open_layout(path: Path) -> Layout | None:
         kind = cfg.get("model_type")
         if kind in qwen_layouts.HF_TYPES:
             return _qwen_hf_layout(path, cfg, src)
-        if kind in internvl_layouts.HF_TYPES:
+        if kind in internvl_layouts.HF_TYPES or kind in internvl_layouts.CHAT_TYPES:
             return _internvl_hf_layout(path, cfg, src)
         if kind != "gemma3" and kind not in IDEFICS3_TYPES:
             warnings.warn(f"{path}: its vision tower ({str(kind)[:40]!r}) is not supported (Gemma 3's, Idefics3's, "
@@ -130,6 +130,9 @@ def _safetensors_layout(path: Path, vcfg, make_lookup, src: str) -> Layout:
 
 def _internvl_hf_layout(path: Path, cfg: dict, src: str) -> Layout:
     from .internvl_config import InternVLConfig
+    if cfg.get("model_type") in internvl_layouts.CHAT_TYPES:      # OpenGVLab's own layout
+        vcfg = InternVLConfig.from_fields(internvl_layouts.chat_fields(cfg, src), internvl_layouts.CHAT_NAMES, src)
+        return _safetensors_layout(path, vcfg, internvl_layouts.chat_lookup, src)
     pre, _ = image_processor_settings(path, read_json)
     fields = internvl_layouts.hf_fields(cfg, pre, internvl_layouts.processor_seq_len(path, read_json), src)
     vcfg = InternVLConfig.from_fields(fields, internvl_layouts.HF_NAMES, src)
