@@ -131,3 +131,21 @@ def test_internvl_chat_directory_matches_transformers(tmp_path):
             assert ids == prompt["input_ids"]
             logits = vlm.rows_logits(m, prompt, blocks)[prompt["rows"]]
             assert float(np.max(np.abs(logits - np.load(FOLDER / prompt["logits_rows"])))) <= 1e-4
+
+
+def test_an_image_token_id_outside_the_vocabulary_loads_for_text_only(tmp_path):
+    """config.json's image_token_id past the embeddings: a warning saying so, and the model loads for text only
+    (never a crash, never an image over a wrong row)."""
+    import shutil
+    import warnings
+    d = tmp_path / "bad"
+    shutil.copytree(FOLDER, d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["image_token_id"] = 10 ** 6
+    (d / "config.json").write_text(json.dumps(cfg))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        m = llambda.load(d, backend="numpy", n_ctx=256)
+    with m:
+        assert not m.accepts_images
+        assert any("outside" in str(w.message) for w in caught)
