@@ -149,3 +149,31 @@ def test_an_image_token_id_outside_the_vocabulary_loads_for_text_only(tmp_path):
     with m:
         assert not m.accepts_images
         assert any("outside" in str(w.message) for w in caught)
+
+
+QWEN3 = FOLDER.parent / "internvl_qwen3_vision"      # InternVL 3.5's shape: the same tower, a Qwen3 text model
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_qwen3_text_model_matches_transformers(mode):
+    """InternVL 3.5 (text_config qwen3): both prompts give transformers' ids and logits; in the float32 modes also
+    every argmax and the greedy tokens (the two-image prompt's smallest greedy margin is 0.012, under the native
+    default's budget: there only the logits are held to it)."""
+    backend, activations, budget = MODES[mode]
+    if backend not in available_backends():
+        pytest.skip(f"the {backend} backend is not available here (C core not built)")
+    ref = json.loads((QWEN3 / "reference.json").read_text(encoding="utf-8"))
+    with llambda.load(QWEN3, backend=backend, activations=activations, n_ctx=256) as m:
+        assert m.accepts_images and m.config.arch == "qwen3"
+        for prompt in ref["prompts"]:
+            msgs = messages(prompt)
+            ids, blocks = m.image_prompt(m.render_chat(msgs), [PNG[n] for n in prompt["images"]])
+            assert ids == prompt["input_ids"]
+            logits = vlm.rows_logits(m, prompt, blocks)
+            worst = float(np.max(np.abs(logits[prompt["rows"]] - np.load(QWEN3 / prompt["logits_rows"]))))
+            assert worst <= budget, f"max |logit diff| {worst:.3g} > {budget}"
+            if budget <= 1e-4:
+                assert np.argmax(logits, axis=1).tolist() == prompt["argmax_per_position"]
+                n = len(prompt["greedy_new_tokens"])
+                tokens = [ev.token for ev in m.chat_stream(msgs, max_tokens=n, temperature=0, ignore_eos=True)]
+                assert [t for t in tokens if t >= 0] == prompt["greedy_new_tokens"]

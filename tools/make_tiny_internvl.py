@@ -9,7 +9,8 @@ Needs torch, transformers, tokenizers and Pillow (never runtime dependencies of 
 Two folders: internvl_vision (LayerNorm blocks with q/k/v biases, as InternVL3-1B/2B's InternViT-300M: the whole
 model, three PNG images of odd sizes, per image the tiles' pixel values, the tower's last hidden state and the
 projector's rows; per prompt a few rows of the logits) and internvl_rms_vision (the same maker with RMSNorm blocks,
-q/k norms and no attention bias, as InternViT-6B: the tower's outputs only).
+q/k norms and no attention bias, as InternViT-6B: the tower's outputs only), internvl_qwen3_vision (the first with a
+Qwen3 text model, as InternVL 3.5's: the same tower weights and prompts).
 """
 from __future__ import annotations
 
@@ -77,13 +78,13 @@ NOTES = [
 ]
 
 
-def config(vocab: int, rms: bool):
-    from transformers import InternVLConfig, Qwen2Config
-    text = Qwen2Config(
-        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=True,
-        bos_token_id=None, eos_token_id=2, pad_token_id=0)
+def config(vocab: int, rms: bool, qwen3: bool = False):
+    from transformers import InternVLConfig, Qwen2Config, Qwen3Config
+    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6,
+                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=True,
+                  bos_token_id=None, eos_token_id=2, pad_token_id=0)
+    text = Qwen3Config(head_dim=16, **common) if qwen3 else Qwen2Config(**common)
     vision = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, hidden_act="gelu",
                   image_size=[TILE, TILE], patch_size=[PATCH, PATCH], layer_norm_eps=1e-6,
                   norm_type="rms_norm" if rms else "layer_norm", use_qk_norm=rms, attention_bias=not rms,
@@ -126,14 +127,14 @@ def make_tokenizer():
                               "context_image_token": "<IMG_CONTEXT>", "video_token": "<video>"})
 
 
-def make_folder(out: Path, folder: str, rms: bool) -> None:
+def make_folder(out: Path, folder: str, rms: bool, qwen3: bool = False) -> None:
     import transformers
     from PIL import Image
     from transformers import InternVLProcessor
     from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
     tokenizer = make_tokenizer()
     torch.manual_seed(0)
-    model = transformers.InternVLForConditionalGeneration(config(len(tokenizer), rms)).float().eval()
+    model = transformers.InternVLForConditionalGeneration(config(len(tokenizer), rms, qwen3)).float().eval()
     for c in (model.config, model.config.text_config, model.config.vision_config):
         c._attn_implementation = "eager"
     redraw(model, SEED + int(rms))
@@ -250,6 +251,7 @@ def run_prompt(model, processor, dest, files, key, messages, images):
 def make(out: Path) -> None:
     make_folder(out, "internvl_vision", rms=False)
     make_folder(out, "internvl_rms_vision", rms=True)
+    make_folder(out, "internvl_qwen3_vision", rms=False, qwen3=True)      # InternVL 3.5's text model
 
 
 if __name__ == "__main__":
