@@ -2,7 +2,7 @@
 blocks of soft tokens a prompt holds (their rows from the vision tower, their identity), and the rules a
 prefill and a prefix match follow for them.
 
-Two families' layouts (the tower says which: `tower.family`):
+The families' layouts (the tower says which: `tower.family`):
   - Gemma 3 (`ImageTokens`): an image is `begin, soft x N, end` (`<start_of_image>`, N = 256
     `<image_soft_token>`, `<end_of_image>`), a blank line either side; one crop, one block. Its soft tokens
     attend to every token of their own block, later ones too (Transformer.forward's kend), causally to
