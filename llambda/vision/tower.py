@@ -21,8 +21,8 @@ MAX_IMAGES_PER_CALL = 64
 
 
 class VisionTower:
-    """`family` ("gemma3", "idefics3", "qwen2_5_vl", "qwen2_vl", "qwen3_vl"), `tokens_per_image` (soft tokens per
-    crop; None: Qwen2-VL, grid() says), `hidden` (the text model's width of each row), `deepstack` (Qwen3-VL's
+    """`family` ("gemma3", "idefics3", "qwen2_5_vl", "qwen2_vl", "qwen3_vl", "internvl"), `tokens_per_image` (soft
+    tokens per crop, InternVL's a tile; None: Qwen2-VL, grid() says), `hidden` (the text model's width of each row), `deepstack` (Qwen3-VL's
     DeepStack levels: each row of encode_one is hidden * (1 + deepstack) wide; 0 for the others), `attends`
     ("block": an image's soft tokens see their whole block; "causal"), `grid(width, height)`, `pixels(image)` ->
     [n_crops, 3, S, S] (Qwen2-VL: [patches, C*T*P*P]), `encode(pixels)` (Qwen2-VL: `encode_one(pixels, grid)`),
