@@ -28,11 +28,16 @@ def served():
     """A live server of the fixture (two slots) and, as srv.model, a second copy for the library's answers."""
     from serverkit import LiveServer
     from llambda.server import ServerConfig, create_app
-    with _load(n_slots=2) as busy, _load() as library:
+    busy, library = _load(n_slots=2), _load()
+    try:
         assert busy.accepts_images and library.accepts_images
-        with LiveServer(create_app(busy, ServerConfig(model_id="vis", parallel=2))) as srv:
+        live = LiveServer(create_app(busy, ServerConfig(model_id="vis", parallel=2)))
+        with live as srv:
             srv.model = library
             yield srv
+    finally:
+        busy.close()
+        library.close()
 
 
 def test_every_surface_reaches_the_model(served):

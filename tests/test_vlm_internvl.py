@@ -29,11 +29,12 @@ TWO, ONE = REF["prompts"]           # two images (3 x 1 tiles + thumbnail, 1 x 2
 MODES = {**vlm.MODES, "native-fast": ("native", "q8", 0.1)}
 
 
-def load(mode: str, **kw):
+def load(mode: str, folder: Path = FOLDER):
+    """The folder's model with its own tower, in `mode` (MODES'); a skip where that backend is not built."""
     backend, activations, _ = MODES[mode]
-    if backend not in available_backends():
-        pytest.skip(f"the {backend} backend is not available here (C core not built)")
-    return llambda.load(FOLDER, backend=backend, activations=activations, **{"n_ctx": 256, **kw})
+    if backend in available_backends():
+        return llambda.load(folder, backend=backend, activations=activations, n_ctx=256)
+    pytest.skip(f"the {backend} backend is not available here (C core not built)")
 
 
 def messages(prompt: dict) -> list:
@@ -159,11 +160,9 @@ def test_a_qwen3_text_model_matches_transformers(mode):
     """InternVL 3.5 (text_config qwen3): both prompts give transformers' ids and logits; in the float32 modes also
     every argmax and the greedy tokens (the two-image prompt's smallest greedy margin is 0.012, under the native
     default's budget: there only the logits are held to it)."""
-    backend, activations, budget = MODES[mode]
-    if backend not in available_backends():
-        pytest.skip(f"the {backend} backend is not available here (C core not built)")
+    budget = MODES[mode][2]
     ref = json.loads((QWEN3 / "reference.json").read_text(encoding="utf-8"))
-    with llambda.load(QWEN3, backend=backend, activations=activations, n_ctx=256) as m:
+    with load(mode, QWEN3) as m:
         assert m.accepts_images and m.config.arch == "qwen3"
         for prompt in ref["prompts"]:
             msgs = messages(prompt)

@@ -17,7 +17,8 @@ import numpy as np
 
 from ..errors import ContextOverflowError, InvalidInputError, ModelFormatError
 from ..sampling import _is_int
-from .images import (FAMILIES, GRID_FAMILIES, INTERNVL, MAX_CROPS_A_CALL, QWEN3VL, EncodedRows, check_bytes,
+from . import lfm2vl_images
+from .images import (FAMILIES, GRID_FAMILIES, INTERNVL, LFM2VL, MAX_CROPS_A_CALL, QWEN3VL, EncodedRows, check_bytes,
                      check_prompt, image_block, image_tokens, run_lengths, tower_crops, tower_rows)
 from .internvl_tokens import internvl_tokens
 
@@ -44,7 +45,8 @@ class ImageInput:
             return
         per, hidden = getattr(tower, "tokens_per_image", None), getattr(tower, "hidden", None)
         family = getattr(tower, "family", "gemma3")
-        gridded = family in GRID_FAMILIES and per is None     # Qwen2-VL: an image's tokens follow its grid
+        # Qwen2-VL, LFM2-VL: an image's tokens follow its grid
+        gridded = family in GRID_FAMILIES + (LFM2VL,) and per is None
         if (not gridded and (not _is_int(per) or per < 1)) or not _is_int(hidden):
             raise InvalidInputError(f"a vision tower needs integer tokens_per_image (None: a {'/'.join(GRID_FAMILIES)} "
                                     f"tower) and hidden, got {per!r}, {hidden!r}")
@@ -67,19 +69,25 @@ class ImageInput:
         if family not in FAMILIES or attends not in ("block", "causal"):
             raise InvalidInputError(f"a vision tower of family {str(family)[:40]!r} attending {str(attends)[:20]!r} "
                                     f"(known: {', '.join(FAMILIES)}; 'block' or 'causal')")
-        if not m.transformer.takes_image_rows:
+        if not m.transformer.takes_image_rows or (attends == "block" and "shortconv" in cfg.layer_kinds):
             raise InvalidInputError(f"a {cfg.arch} model cannot take image rows (plain attention layers only)")
         meta = getattr(m.source, "metadata", None) or {}
         hf = meta.get("hf.config")
-        ids = (internvl_tokens(hf, m.tokenizer, cfg.vocab_size) if family == INTERNVL
-               else image_tokens(hf, m.tokenizer, cfg.vocab_size, family))
+        if family == INTERNVL:
+            ids = internvl_tokens(hf, m.tokenizer, cfg.vocab_size)
+        else:
+            ids = (lfm2vl_images.lfm2vl_tokens if family == LFM2VL else image_tokens)(hf, m.tokenizer, cfg.vocab_size,
+                                                                                     family)
         if ids is None:
             raise InvalidInputError(f"{m.name!r} names no image tokens of {family}'s (" + (
                 "no boi/eoi_token_index in its config, no <start_of_image>/<end_of_image> in its vocabulary)"
                 if family == "gemma3" else "no image_token_id in its config, no <image> in its vocabulary)"
-                if family == "idefics3" else "no image_token_id in its config, no <img>/<IMG_CONTEXT>/</img> in its "
-                "vocabulary)" if family == "internvl" else "no vision_start/image/vision_end token ids in its config, no "
+                if family in ("idefics3", LFM2VL) else "no image_token_id in its config, no <img>/<IMG_CONTEXT>/</img> "
+                "in its vocabulary)" if family == INTERNVL else "no vision_start/image/vision_end token ids in its "
+                "config, no "
                 "<|vision_start|>/<|image_pad|>/<|vision_end|> in its vocabulary)"))
+        if family == LFM2VL:
+            ids = lfm2vl_images.for_tower(ids, tower)
         if (attends == "causal") != (ids.block_tokens(1) == 0):
             raise InvalidInputError(f"a {family} tower attending {attends!r}: this engine's {family} layout attends "
                                     f"{'causally' if ids.block_tokens(1) == 0 else 'within a block'}")
@@ -183,6 +191,9 @@ class ImageInput:
             size = check_image(data)
             if not (isinstance(size, tuple) and len(size) == 2):
                 raise ModelFormatError("llambda.vision's check_image gave no image size")
+            if family == LFM2VL:     # (rows, cols, th, tw): the tiles and the thumbnail's token grid
+                out.append(lfm2vl_images.checked_grid(self.tower.grid(*size)))
+                continue
             rows, cols = self.tower.grid(*size)
             if not (_is_int(rows) and _is_int(cols) and low <= rows and low <= cols and (rows == 0) == (cols == 0)):
                 raise ModelFormatError(f"the vision tower gave the grid {rows!r} x {cols!r}")
@@ -198,7 +209,7 @@ class ImageInput:
         for b in images:        # (bytes() of an int is that many zero bytes)
             check_bytes(b)
         # each file's size and header first: nothing copied or hashed of a file refused
-        gridded = self.layout.family in GRID_FAMILIES
+        gridded = self.layout.family in GRID_FAMILIES + (LFM2VL,)
         if gridded:             # (read once: the header's check and the image's grid)
             grids = self.grids(images)
         elif self.load_image is None:
@@ -211,7 +222,9 @@ class ImageInput:
         if todo:
             if gridded:
                 at = {k: g for k, g in zip(keys, grids)}
-                found.update(zip(todo, self._encode_grids(todo, [at[k] for k in todo])))
+                encode = (self._encode_grids if self.layout.family != LFM2VL
+                          else lambda f, g: lfm2vl_images.encode_tiles(self, f, g))
+                found.update(zip(todo, encode(todo, [at[k] for k in todo])))
             else:
                 found.update(zip(todo, self._encode_crops(todo)))
         out = []

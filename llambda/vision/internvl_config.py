@@ -17,8 +17,8 @@ from .config import (MAX_FFN, MAX_HEAD_DIM, MAX_HIDDEN, MAX_IMAGE_SIDE, MAX_LAYE
 
 NORM_TYPES = ("layer_norm", "rms_norm")
 MAX_TILES = 64          # the processor's max_patches (InternVL's default 12; 40 in some of OpenGVLab's configs)
-QK_NORM_EPS = 1e-6
-CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)   # GotOcr2's defaults      # InternVLVisionRMSNorm's default: the q/k norms do not take the config's eps
+QK_NORM_EPS = 1e-6      # InternVLVisionRMSNorm's default: the q/k norms do not take the config's eps
+CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)   # GotOcr2's defaults
 
 
 INTEGERS = {"hidden_size": (1, MAX_HIDDEN), "intermediate_size": (1, MAX_FFN), "num_hidden_layers": (1, MAX_LAYERS),
@@ -64,10 +64,12 @@ class InternVLConfig(VisionConfig):
                     + self.mm_tokens_per_image * (s * s * H + self.text_hidden_size))
 
     def params(self) -> int:
-        H, F, L, P, T = self.hidden_size, self.intermediate_size, self.num_hidden_layers, self.n_patches, self.text_hidden_size
+        H, F, L, P = self.hidden_size, self.intermediate_size, self.num_hidden_layers, self.n_patches
+        T = self.text_hidden_size
         D = self.scale_factor ** 2 * H
         per_layer = 4 * H * H + 2 * H * F + F + 9 * H
-        return H * self.num_channels * self.patch_size ** 2 + H + (P + 2) * H + L * per_layer + 2 * D + D * T + T * T + 2 * T
+        tower = H * self.num_channels * self.patch_size ** 2 + H + (P + 2) * H + L * per_layer
+        return tower + 2 * D + D * T + T * T + 2 * T
 
     @classmethod
     def from_fields(cls, fields: dict, names: dict | None = None, source: str = "") -> "InternVLConfig":

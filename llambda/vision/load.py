@@ -18,8 +18,11 @@ from .layouts import (HF_NAMES, IDEFICS3_TYPES, LLAMA_CPP, MMPROJ_NAMES, OLLAMA,
                       check_processor_size, gguf_lookup, has_ollama_tower, hf_fields, hf_lookup, idefics3_hf_fields,
                       image_processor_settings, mmproj_fields, ollama_fields)
 from . import internvl_layouts, internvl_mmproj
+from . import lfm2vl_layouts, lfm2vl_mmproj
 from . import qwen2vl_layouts as qwen_layouts
 from . import qwen3vl_ollama as qwen3_ollama
+from .lfm2vl import Lfm2VlTower
+from .lfm2vl_config import Lfm2VlVisionConfig
 from .qwen2vl_config import QwenVisionConfig
 from .tower import VisionTower
 
@@ -52,11 +55,14 @@ def open_layout(path: Path) -> Layout | None:
         kind = cfg.get("model_type")
         if kind in qwen_layouts.HF_TYPES:
             return _qwen_hf_layout(path, cfg, src)
+        if kind in lfm2vl_layouts.HF_TYPES:
+            return lfm2vl_layouts.hf_layout(path, cfg, src, read_json)
         if kind in internvl_layouts.HF_TYPES or kind in internvl_layouts.CHAT_TYPES:
             return _internvl_hf_layout(path, cfg, src)
         if kind != "gemma3" and kind not in IDEFICS3_TYPES:
             warnings.warn(f"{path}: its vision tower ({str(kind)[:40]!r}) is not supported (Gemma 3's, Idefics3's, "
-                          "Qwen2(.5)-VL's, Qwen3-VL's, InternVL's only): the model reads no images", LlambdaWarning, stacklevel=3)
+                          "Qwen2(.5)-VL's, Qwen3-VL's, LFM2-VL's, InternVL's only): the model reads no images",
+                          LlambdaWarning, stacklevel=3)
             return None
         pre, seq_len = image_processor_settings(path, read_json)
         fields = idefics3_hf_fields(cfg, pre, src, seq_len) if kind in IDEFICS3_TYPES else hf_fields(cfg, pre, src)
@@ -78,6 +84,11 @@ def open_layout(path: Path) -> Layout | None:
                                                 qwen_layouts.MMPROJ_KEYS, src)
             return Layout(vcfg, qwen_layouts.mmproj_lookup(f, deepstack=vcfg.deepstack_visual_indexes), 0.0, "mmproj",
                           [f.close])
+        if arch == "clip" and meta.get("clip.projector_type") == lfm2vl_mmproj.MMPROJ_TYPE:
+            fields = lfm2vl_mmproj.mmproj_fields(meta, src)
+            find = lfm2vl_mmproj.mmproj_lookup(f, fields, src)
+            vcfg = Lfm2VlVisionConfig.from_fields(fields, lfm2vl_mmproj.MMPROJ_KEYS, src)
+            return Layout(vcfg, find, 0.0, "mmproj", [f.close])
         if arch == "clip" and meta.get("clip.projector_type") == internvl_mmproj.PROJECTOR_TYPE:
             from .internvl_config import InternVLConfig
             vcfg = InternVLConfig.from_fields(internvl_mmproj.mmproj_fields(meta, f.tensors, src), internvl_mmproj.KEYS,
@@ -152,6 +163,8 @@ def load_vision(source, backend=None, threads: int | None = None, activations: s
         return None
     try:
         be = _backend(backend, threads, activations)
+        if isinstance(layout.cfg, Lfm2VlVisionConfig):
+            return Lfm2VlTower(layout.cfg, layout.lookup, be, name=str(path))
         return VisionTower(layout.cfg, layout.lookup, be, layout.soft_norm_offset, name=str(path))
     finally:
         for close in layout.closers:      # the weights were copied into the backend's own arrays

@@ -26,6 +26,7 @@ from .layouts import CONNECTOR, LLAMA_CPP, MMPROJ_DEFAULT_SCALE, MMPROJ_LONGEST_
 from .load import open_layout
 from .qwen2vl_config import QWEN_FAMILIES
 from .internvl_mmproj import internvl_mmproj
+from .lfm2vl_mmproj import lfm2vl_mmproj
 from .qwen2vl_mmproj import qwen_mmproj
 
 TYPES = {"f32": QType.F32, "f16": QType.F16, "q8_0": QType.Q8_0}
@@ -63,8 +64,8 @@ def write_mmproj(source, out, qtype: str = "f32", name: str | None = None) -> Pa
         raise InvalidInputError(f"{source}: holds no vision tower")
     try:
         c = layout.cfg
-        if c.projector in QWEN_FAMILIES or c.projector == "internvl":
-            write = qwen_mmproj if c.projector in QWEN_FAMILIES else internvl_mmproj
+        if c.projector in QWEN_FAMILIES or c.projector in ("lfm2_vl", "internvl"):
+            write = {"lfm2_vl": lfm2vl_mmproj, "internvl": internvl_mmproj}.get(c.projector, qwen_mmproj)
             meta, tensors = write(layout, name or Path(source).name, TYPES[qtype], _type)
             out = Path(os.fspath(out))
             write_gguf(out, meta, tensors)
