@@ -345,3 +345,12 @@ def test_hostile_internvl_chat_configs_are_refused(tmp_path, edit, match):
     (d / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelFormatError, match=match):
         load_vision(d, backend="numpy")
+
+
+def test_mmproj_of_an_internvl_chat_directory(tmp_path):
+    """write_mmproj reads OpenGVLab's layout too (attn.qkv split into llama.cpp's attn_q/k/v): the file gives the
+    directory's rows."""
+    from llambda.vision.mmproj import write_mmproj
+    out = write_mmproj(chat_layout(MAIN, tmp_path / "chat"), tmp_path / "chat.gguf", "f32")
+    with closing(load_vision(out, backend="numpy")) as t:
+        check_tower(t, "internvl_vision", EXACT)
