@@ -106,7 +106,7 @@ def arch_name(cfg: dict) -> str:
 def text_config(cfg: dict) -> dict:
     """The decoder's config: multimodal checkpoints nest it under `text_config` (their vision_config put beside
     it: Qwen3-VL's DeepStack levels are the text model's too)."""
-    inner = cfg.get("text_config")
+    inner = cfg.get("text_config", cfg.get("llm_config"))      # llm_config: OpenGVLab's InternVLChatModel
     if isinstance(inner, dict) and "hidden_size" in inner:
         merged = dict(inner)
         for key in ("tie_word_embeddings", "torch_dtype", "dtype", "vision_config"):
