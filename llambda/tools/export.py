@@ -109,6 +109,10 @@ FAMILIES = {
     "nemotron_h": Family("nemotron_h", "NemotronHForCausalLM", "nemotron_h"),     # a hybrid: GGUF only
     "olmo": Family("olmo", "OlmoForCausalLM", "olmo"),      # LayerNorms without parameters: GGUF only
     "internlm3": Family("internlm3", "LlamaForCausalLM", "llama"),     # as llama.cpp's converter writes it
+    # learned position tables (GPT-2, StarCoder 1) and Falcon's fused qkv: LayerNorms, GGUF only
+    "gpt2": Family("gpt2", "GPT2LMHeadModel", "gpt2"),
+    "gpt_bigcode": Family("gpt_bigcode", "GPTBigCodeForCausalLM", "starcoder"),
+    "falcon": Family("falcon", "FalconForCausalLM", "falcon"),
 }
 # GGUF architectures whose q/k rows keep the same RoPE layout as their HF files (DeepSeek's adjacent pairs)
 SAME_ROPE_LAYOUT_ARCHS = {"deepseek2", "glm4", "ernie4_5", "ernie4_5-moe", "command-r", "cohere2"}
@@ -167,7 +171,7 @@ class OutTensor:
 
 def source_tensors(src: ModelSource) -> dict[str, WeightTensor]:
     """Every canonical tensor the source has, in file-like order."""
-    names = ["token_embd.weight", "rope_freqs.weight"]
+    names = ["token_embd.weight", "position_embd.weight", "rope_freqs.weight"]
     for i in range(src.config.n_layers):
         for leaf in _LAYER_LEAVES:
             names.append(f"blk.{i}.{leaf}.weight")
