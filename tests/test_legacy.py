@@ -238,6 +238,7 @@ def test_refinedweb_config_spelling(tmp_path):
     ("falcon", dict(multi_query=False), r"query_key_value"),       # a kv head per query head: 192 rows, not 96
     ("falcon_new", dict(num_kv_heads=3), "num_kv_heads"),
     ("falcon_new", dict(parallel_attn=False), "parallel_attn"),
+    ("falcon", dict(parallel_attn=False), "parallel_attn"),
     ("falcon_new", dict(num_ln_in_parallel_attn=3), "num_ln_in_parallel_attn"),
     ("falcon_new", dict(num_ln_in_parallel_attn=1), r"ln_mlp"),     # its MLP norm would go unread
     ("falcon2", dict(num_ln_in_parallel_attn=2), r"ln_attn|ln_mlp"),

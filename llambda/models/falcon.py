@@ -6,7 +6,6 @@ dense_4h_to_h), one fused `query_key_value` projection, and three block shapes:
 - new_decoder_architecture (40B, 180B) with num_ln_in_parallel_attn 2 (its default): ln_attn feeds attention and
   ln_mlp the MLP, both reading the same x (parallel_ffn_norm); num_kv_heads key/value heads.
 - new_decoder_architecture with num_ln_in_parallel_attn 1 (Falcon 2 11B): one input_layernorm, as 7B.
-(parallel_attn false, a sequential block with a post_attention_layernorm, is read as well; llama.cpp has none.)
 
 query_key_value's rows come in kv groups: group g holds its n_heads / n_kv query heads, then its key head, then its
 value head (7B's multi-query form is one group; a model with a kv head per query head, per-head q, k, v). They are
@@ -17,7 +16,8 @@ MLP norm (ln_mlp) `attn_norm`, and its falcon reads a file with `attn_norm_2` as
 Activation: config.json's `activation` "gelu" (the default) is the exact erf GELU; the tanh approximations are
 read too. A GGUF says neither: read as the exact GELU (llama.cpp runs its tanh approximation on every falcon file),
 and a tanh-GELU model is not exported. Refused: alibi (ALiBi position biases: falcon-rw; the attention here takes
-no position bias), bias=true (linear biases, which llama.cpp's falcon does not have either).
+no position bias), bias=true (linear biases, which llama.cpp's falcon does not have either), parallel_attn false (a
+sequential block: falcon-rw's again; llama.cpp's falcon has none).
 """
 from __future__ import annotations
 
@@ -124,11 +124,13 @@ def config_from_hf(cfg: dict) -> TransformerConfig:
         kv = 1
     if heads % kv:
         raise ModelFormatError(f"config.json num_kv_heads {kv} does not divide num_attention_heads {heads}")
-    parallel = hf.flag("parallel_attn", True)
+    if not hf.flag("parallel_attn", True):
+        raise ModelFormatError("config.json parallel_attn=false (a sequential Falcon block: falcon-rw's, which has "
+                               "ALiBi too) is not supported; llama.cpp's falcon has none either")
     norms = hf.get("num_ln_in_parallel_attn", 2 if new else 1, int)
-    if new and (not parallel or norms not in (1, 2)):
-        raise ModelFormatError(f"config.json new_decoder_architecture with parallel_attn {parallel} and "
-                               f"num_ln_in_parallel_attn {norms}: a parallel block of 1 or 2 norms is expected")
+    if new and norms not in (1, 2):
+        raise ModelFormatError(f"config.json num_ln_in_parallel_attn {norms}: a parallel block of 1 or 2 norms is "
+                               "expected")
     two_norms = new and norms == 2
     theta, scaling = hf.rope()
     return TransformerConfig(
@@ -138,4 +140,4 @@ def config_from_hf(cfg: dict) -> TransformerConfig:
         n_ctx_train=hf.get("max_position_embeddings", 2048, int, "n_ctx_train"), rope_theta=theta,
         rope_scaling=scaling, tie_embeddings=hf.flag("tie_word_embeddings", True), **SHAPE,
         activation="gelu_erf" if act in ERF_GELUS else "gelu_tanh",
-        parallel_block=parallel and not two_norms, parallel_ffn_norm=two_norms)
+        parallel_block=not two_norms, parallel_ffn_norm=two_norms)
