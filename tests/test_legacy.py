@@ -248,6 +248,19 @@ def test_bad_configs_are_model_format_errors(tmp_path, folder, edit, message):
         llambda.load(edited_copy(folder, tmp_path / "m", **edit), backend="numpy", n_ctx=32)
 
 
+@pytest.mark.parametrize("folder, name", [("gpt2", "transformer.h.1.attn.c_attn.weight"),
+                                          ("gpt2", "transformer.h.2.mlp.c_fc.weight"),
+                                          ("gpt2", "transformer.wpe.weight"),
+                                          ("gpt_bigcode", "transformer.h.0.attn.c_attn.bias"),
+                                          ("falcon_new", "transformer.h.1.self_attention.query_key_value.weight"),
+                                          ("falcon_new", "transformer.h.2.ln_mlp.bias")])
+def test_a_missing_tensor_is_named_by_its_hf_name(tmp_path, folder, name):
+    """(A fused qkv's too, where the loader asks for q's part.)"""
+    d = _with_arrays(folder, tmp_path / "m", lambda a: a.pop(name))
+    with pytest.raises(ModelFormatError, match=name.replace(".", r"\.")):
+        llambda.load(d, backend="numpy", n_ctx=32)
+
+
 @pytest.mark.parametrize("model_type", ["bloom", "mpt"])
 def test_alibi_families_are_refused_by_name(tmp_path, model_type):
     d = edited_copy("gpt2", tmp_path / "m", model_type=model_type)

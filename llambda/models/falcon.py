@@ -31,13 +31,13 @@ from .hparams import GGUFHParams, HFConfig, refuse_quantized
 from .layernorm_models import NORM_BIAS_NAMES, eps_metadata, first_int, hf_activation, hf_sizes
 
 HF_PREFIXES = (("transformer.h.", "model.layers."),)
-# the two-norm form's norms (weight and bias), the projections (no biases)
+# the two-norm form's norms (weight and bias), the projections (no biases; the fused qkv read by hf_splitter)
 HF_LAYER_NAMES = {**NORM_BIAS_NAMES,
                   **{f"{hf}.{kind}": f"{canon}.{kind}" for hf, canon in (("ln_attn", "attn_norm"), ("ln_mlp", "ffn_norm"))
                      for kind in ("weight", "bias")},
                   **{f"{hf}.weight": f"{canon}.weight" for hf, canon in (
                       ("self_attention.dense", "attn_output"), ("mlp.dense_h_to_4h", "ffn_up"),
-                      ("mlp.dense_4h_to_h", "ffn_down"))}}
+                      ("mlp.dense_4h_to_h", "ffn_down"), ("self_attention.query_key_value", "attn_qkv"))}}
 HF_GLOBAL_NAMES = {"transformer.word_embeddings.weight": "token_embd.weight",
                    "transformer.ln_f.weight": "output_norm.weight", "transformer.ln_f.bias": "output_norm.bias"}
 # llama.cpp's names of the two-norm form's norms (its converter's): ln_attn is `attn_norm_2`, ln_mlp `attn_norm`

@@ -42,9 +42,10 @@ HF_LAYER_NAMES = {
 HF_GLOBAL_NAMES = {prefix + hf: canon for prefix in ("transformer.", "") for hf, canon in {
     "wte.weight": "token_embd.weight", "wpe.weight": "position_embd.weight",
     "ln_f.weight": "output_norm.weight", "ln_f.bias": "output_norm.bias"}.items()}
-# the Conv1D weights, (in, out) in the checkpoint
+# the Conv1D weights, (in, out) in the checkpoint: read by hf_splitter (transposed), named here for errors
 CONV1D = {"attn.c_attn.weight": "attn_qkv.weight", "attn.c_proj.weight": "attn_output.weight",
           "mlp.c_fc.weight": "ffn_up.weight", "mlp.c_proj.weight": "ffn_down.weight"}
+HF_LAYER_NAMES.update(CONV1D)
 # old checkpoints' causal-mask buffers (transformers ignores them too)
 BUFFERS = ("attn.bias", "attn.masked_bias")
 SHAPE = dict(norm_kind="layer", norm_bias=True, ffn_gated=False, activation="gelu_tanh", attn_bias=True,
