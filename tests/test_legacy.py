@@ -261,6 +261,40 @@ def test_a_missing_tensor_is_named_by_its_hf_name(tmp_path, folder, name):
         llambda.load(d, backend="numpy", n_ctx=32)
 
 
+# ---------------------------------------------------------------- PEFT LoRA on the fused projections
+
+@pytest.mark.parametrize("folder, module, merged", [
+    ("falcon", "transformer.h.1.self_attention.query_key_value", True),          # q|k|v already: merged as is
+    ("falcon_new", "transformer.h.1.self_attention.dense", True),
+    ("falcon_new", "transformer.h.1.self_attention.query_key_value", False),     # kv groups regrouped at load
+    ("falcon2", "transformer.h.0.self_attention.query_key_value", False),
+    ("gpt_bigcode", "transformer.h.2.attn.c_attn", True),                       # multi-query: q|k|v already
+    ("gpt_bigcode_mha", "transformer.h.2.attn.c_attn", False),                  # per-head rows regrouped
+])
+def test_peft_lora_on_fused_rows(tmp_path, folder, module, merged):
+    """A PEFT adapter's B rows are in the checkpoint's order: merged where the loader keeps that order (the same
+    model as the checkpoint with W + s B A written in), refused where it regroups the rows (the update would land on
+    other heads)."""
+    from llambda.errors import AdapterError
+    from test_lora import write_peft
+    rng, ids = np.random.default_rng(3), reference(folder)["inputs"][1]["input_ids"]
+    from llambda.formats.safetensors import SafetensorsFile
+    with SafetensorsFile(TINY / folder / "model.safetensors") as st:
+        rows, cols = st.tensors[module + ".weight"].shape
+    a, b = (rng.standard_normal((4, cols)) * 0.3).astype(np.float32), (rng.standard_normal((rows, 4)) * 0.3).astype(np.float32)
+    peft = write_peft(tmp_path / "lora", {module: (a, b)}, 8)        # s = 8 / 4
+    if not merged:
+        with pytest.raises(AdapterError, match="regroups"):
+            llambda.load(TINY / folder, backend="numpy", n_ctx=64, lora=str(peft))
+        return
+    with llambda.load(TINY / folder, backend="numpy", n_ctx=64, lora=str(peft)) as m:
+        got = m.logits(ids)
+    d = _with_arrays(folder, tmp_path / "merged", lambda arr: arr[module + ".weight"].__iadd__(2.0 * b @ a))
+    with llambda.load(d, backend="numpy", n_ctx=64) as m, llambda.load(TINY / folder, backend="numpy", n_ctx=64) as base:
+        want, before = m.logits(ids), base.logits(ids)
+    assert float(np.abs(got - want).max()) <= 1e-3 < 0.05 < float(np.abs(got - before).max())
+
+
 @pytest.mark.parametrize("model_type", ["bloom", "mpt"])
 def test_alibi_families_are_refused_by_name(tmp_path, model_type):
     d = edited_copy("gpt2", tmp_path / "m", model_type=model_type)

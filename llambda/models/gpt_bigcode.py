@@ -42,6 +42,12 @@ def hf_splitter(config: TransformerConfig):
     return split
 
 
+def lora_regrouped(cfg: TransformerConfig) -> tuple:
+    """multi_query false's per-head c_attn is regrouped at load (a PEFT adapter's rows are in the checkpoint's
+    order); multi-query rows are q|k|v already."""
+    return ("attn_qkv.weight",) if cfg.n_kv_heads == cfg.n_heads else ()
+
+
 def config_from_hf(cfg: dict) -> TransformerConfig:
     c = hf_common(cfg, "gpt_bigcode", "GPT-BigCode")
     if HFConfig(cfg).flag("multi_query", True):
