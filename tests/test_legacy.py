@@ -24,10 +24,10 @@ from llambda.tools.export import export
 from test_classic import _with_arrays
 from test_cohere import _drop_key, decode_matches_forward, matches_transformers
 
-FOLDERS = ["gpt2", "gpt_bigcode", "gpt_bigcode_mha", "falcon", "falcon_new", "falcon2"]
-GGUF_ARCH = {"gpt2": "gpt2", "gpt_bigcode": "starcoder", "gpt_bigcode_mha": "starcoder", "falcon": "falcon",
+FOLDERS = ["gpt2", "gpt2_scaled", "gpt_bigcode", "gpt_bigcode_mha", "falcon", "falcon_new", "falcon2"]
+GGUF_ARCH = {"gpt2": "gpt2", "gpt2_scaled": "gpt2", "gpt_bigcode": "starcoder", "gpt_bigcode_mha": "starcoder", "falcon": "falcon",
              "falcon_new": "falcon", "falcon2": "falcon"}
-HF_ARCH = {"gpt_bigcode_mha": "gpt_bigcode", "falcon_new": "falcon", "falcon2": "falcon"}
+HF_ARCH = {"gpt2_scaled": "gpt2", "gpt_bigcode_mha": "gpt_bigcode", "falcon_new": "falcon", "falcon2": "falcon"}
 
 
 @pytest.mark.parametrize("mode", list(MODES))
@@ -40,6 +40,7 @@ def test_our_gguf_matches_transformers(exported, folder, mode):
 #  biases, MLP biases, context limit)
 SETTINGS = {
     "gpt2": (True, False, 4, False, False, "gelu_tanh", True, True, 256),
+    "gpt2_scaled": (True, False, 4, False, False, "gelu_tanh", True, True, 256),
     "gpt_bigcode": (True, False, 1, False, False, "gelu_tanh", True, True, 256),
     "gpt_bigcode_mha": (True, False, 4, False, False, "gelu_tanh", True, True, 256),
     "falcon": (False, True, 1, True, False, "gelu_erf", False, False, 0),
@@ -78,7 +79,7 @@ def test_settings_from_each_format(exported, folder):
 
 
 # fast mode's 8-bit activations on Q8_0 weights (the position table among them) against NumPy on the same weights,
-# measured: gpt2 0.42, gpt_bigcode 0.19, gpt_bigcode_mha 0.16, falcon 0.62, falcon_new 0.24, falcon2 0.30; exact
+# measured: gpt2 0.42, gpt2_scaled 0.11, gpt_bigcode 0.19, gpt_bigcode_mha 0.16, falcon 0.62, falcon_new 0.24, falcon2 0.30; exact
 # mode within 4e-5
 @pytest.mark.parametrize("folder", FOLDERS)
 def test_decode_steps_and_quantized_kernels(folder):
@@ -103,6 +104,17 @@ def test_the_position_table_counts(tmp_path):
         d = _with_arrays("gpt2", tmp_path / f"m{k}", change)
         with llambda.load(d, backend="numpy", n_ctx=128) as m:
             assert max_err(m, "gpt2") > 0.05
+
+
+def test_inverse_layer_scale_is_folded_into_the_queries(tmp_path):
+    """gpt2_scaled's layer i divides its scores by i + 1 (folded into its query rows at load): without it, another
+    model; and with it set on gpt2's weights, another model too."""
+    d = edited_copy("gpt2_scaled", tmp_path / "a", scale_attn_by_inverse_layer_idx=False)
+    with llambda.load(d, backend="numpy", n_ctx=128) as m:
+        assert max_err(m, "gpt2_scaled") > 0.05
+    d = edited_copy("gpt2", tmp_path / "b", scale_attn_by_inverse_layer_idx=True)
+    with llambda.load(d, backend="numpy", n_ctx=128) as m:
+        assert max_err(m, "gpt2") > 0.05
 
 
 def test_conv1d_weights_are_transposed(monkeypatch):
@@ -218,7 +230,6 @@ def test_refinedweb_config_spelling(tmp_path):
 # ---------------------------------------------------------------- refusals
 
 @pytest.mark.parametrize("folder, edit, message", [
-    ("gpt2", dict(scale_attn_by_inverse_layer_idx=True), "scale_attn_by_inverse_layer_idx"),
     ("gpt2", dict(add_cross_attention=True), "add_cross_attention"),
     ("gpt2", dict(activation_function="relu"), "activation_function"),
     ("gpt2", dict(n_head=3), "n_head"),

@@ -1,4 +1,4 @@
-"""Tiny random GPT-2 (`gpt2`), GPT-BigCode / StarCoder 1 (`gpt_bigcode` multi-query, `gpt_bigcode_mha`) and Falcon
+"""Tiny random GPT-2 (`gpt2`, `gpt2_scaled`), GPT-BigCode / StarCoder 1 (`gpt_bigcode` multi-query, `gpt_bigcode_mha`) and Falcon
 (`falcon` 7B-style, `falcon_new` 40B-style new_decoder_architecture with two norms, `falcon2` with one) models with
 transformers reference outputs, in the format of the other tiny folders (tools/make_tiny_hybrid.py's generator;
 tests/fixtures/reference/tiny/README_legacy.md has the math).
@@ -24,6 +24,12 @@ GPT2_NOTES = [
     "c_attn, c_proj, c_fc, mlp.c_proj are Conv1D: weight stored (in, out), y = x @ W + b. c_attn's 192 output columns "
     "are q (64), k (64), v (64); 4 heads of 16, scale 16^-0.5.",
     "gelu_new is GELU's tanh approximation. Tied lm_head (the embedding wte), no head bias.",
+]
+GPT2_SCALED_NOTES = [
+    "As gpt2 (learned positions, Conv1D weights, LayerNorms with bias, gelu_new) but scale_attn_by_inverse_layer_idx: "
+    "layer i's attention scores are q.k * 16^-0.5 / (i + 1); reorder_and_upcast_attn (float32 scores: no change in "
+    "a float32 run).",
+    "n_inner null: the MLP is 4 * 64 = 256 wide. Untied lm_head (no bias).",
 ]
 BIGCODE_NOTES = [
     "x = wte[ids] + wpe[positions] (256 rows); no RoPE. Sequential pre-LayerNorm blocks (ln_1, ln_2, ln_f, with bias, "
@@ -60,10 +66,10 @@ FALCON2_NOTES = [
 LEGACY = dict(vocab_size=tiny.VOCAB, bos_token_id=1, eos_token_id=2)
 
 
-def gpt2_config():
+def gpt2_config(**own):
     from transformers import GPT2Config
-    return GPT2Config(**LEGACY, n_positions=256, n_embd=64, n_layer=3, n_head=4, n_inner=128,
-                      activation_function="gelu_new", layer_norm_epsilon=1e-5, tie_word_embeddings=True)
+    return GPT2Config(**LEGACY, n_positions=256, n_embd=64, n_layer=3, n_head=4, activation_function="gelu_new",
+                      layer_norm_epsilon=1e-5, **{"n_inner": 128, "tie_word_embeddings": True, **own})
 
 
 def bigcode_config(multi_query: bool):
@@ -117,6 +123,10 @@ def legacy_redraw(model, seed: int) -> None:
 SPECS = {
     "gpt2": {"class": "GPT2LMHeadModel", "config": gpt2_config, "seed": 801, "notes": GPT2_NOTES,
              "base": "transformer", "legacy_rope_keys": {}},
+    "gpt2_scaled": {"class": "GPT2LMHeadModel", "seed": 861, "notes": GPT2_SCALED_NOTES, "base": "transformer",
+                    "config": lambda: gpt2_config(n_inner=None, tie_word_embeddings=False,
+                                                  scale_attn_by_inverse_layer_idx=True, reorder_and_upcast_attn=True),
+                    "legacy_rope_keys": {}},
     "gpt_bigcode": {"class": "GPTBigCodeForCausalLM", "config": lambda: bigcode_config(True), "seed": 811,
                     "notes": BIGCODE_NOTES, "base": "transformer", "legacy_rope_keys": {}},
     "gpt_bigcode_mha": {"class": "GPTBigCodeForCausalLM", "config": lambda: bigcode_config(False), "seed": 821,

@@ -11,9 +11,10 @@ checkpoints name their tensors without the `transformer.` prefix (`h.0.attn.c_at
 causal-mask buffers (`attn.bias`, `attn.masked_bias`), skipped.
 
 Context: the position table has n_positions rows, so no context past them (config.ctx_limit = n_ctx_train; a
-longer one is refused at load, a longer prompt does not fit the context). Refused: scale_attn_by_inverse_layer_idx
-(a per-layer attention scale), add_cross_attention (an encoder-decoder), activations other than GELU's tanh
-approximation. reorder_and_upcast_attn only changes the precision of a float16 run (ours is float32): accepted.
+longer one is refused at load, a longer prompt does not fit the context). Refused: add_cross_attention (an
+encoder-decoder), activations other than GELU's tanh approximation. reorder_and_upcast_attn only changes the precision of a float16 run (ours is float32): accepted.
+scale_attn_by_inverse_layer_idx (Stanford CRFM's GPT-2s: layer i's scores divided by i + 1) is folded into layer i's
+query rows at load (hf_tensors), which a GGUF export then holds.
 GGUF: llama.cpp's keys (`gpt2.context_length`, `gpt2.attention.layer_norm_epsilon`) and names (`position_embd`).
 """
 from __future__ import annotations
@@ -76,15 +77,30 @@ def hf_splitter(config: TransformerConfig):
     return split
 
 
+def hf_tensors(cfg: dict, config: TransformerConfig, tensors: dict) -> dict:
+    """scale_attn_by_inverse_layer_idx: layer i's attention scores divided by i + 1, folded into its query rows (the
+    fused qkv's first n_embd rows and biases, as float32), so that one scale serves every layer, in a GGUF too."""
+    if not HFConfig(cfg).flag("scale_attn_by_inverse_layer_idx", False):
+        return tensors
+    for i in range(1, config.n_layers):
+        for name in (f"blk.{i}.attn_qkv.weight", f"blk.{i}.attn_qkv.bias"):
+            t = tensors.get(name)
+            if t is None or len(t.shape) > 2 or t.shape[0] < config.q_dim:
+                continue            # missing or misshapen: the loader names it
+            v = t.to_float32().reshape(t.shape).copy()
+            v[:config.q_dim] /= np.float32(i + 1)
+            tensors[name] = WeightTensor.from_float(t.name, v)
+    return tensors
+
+
 def hf_common(cfg: dict, arch: str, family: str) -> dict:
     """What GPT-2 and GPT-BigCode spell alike: sizes (n_embd, n_head, n_layer, n_positions, n_inner), the LayerNorm
     epsilon, the activation, the attention scale, the refused options; n_kv_heads is every head's (MHA)."""
     refuse_quantized(cfg, family)
     hf = HFConfig(cfg)
-    for key, why in (("scale_attn_by_inverse_layer_idx", "an attention scale of 1 / (layer + 1) per layer"),
-                     ("add_cross_attention", "cross-attention to an encoder's states (an encoder-decoder)")):
-        if hf.flag(key, False):
-            raise ModelFormatError(f"config.json {key}=true ({why}) is not supported for {family}")
+    if hf.flag("add_cross_attention", False):
+        raise ModelFormatError(f"config.json add_cross_attention=true (cross-attention to an encoder's states: an "
+                               f"encoder-decoder) is not supported for {family}")
     hf_activation(cfg, TANH_GELUS, family, "activation_function")
     d, heads, layers = hf_sizes(hf, ("n_embd", "hidden_size"), ("n_head", "num_attention_heads"),
                                 ("n_layer", "num_hidden_layers"))
