@@ -94,6 +94,18 @@ def test_decode_steps_and_quantized_kernels(folder):
     assert errs["f32"] <= 1e-3 and errs["q8"] <= 1.0, errs
 
 
+def test_a_quantized_export_keeps_the_position_table_float(tmp_path):
+    """As llama.cpp's quantizer does: the matrices quantized, position_embd not; the file runs the same model within
+    the quantization's error."""
+    from llambda.formats.quants import QType
+    path = export(TINY / "gpt2", tmp_path / "q.gguf", fmt="gguf", qtype="q8_0")
+    with GGUFFile(path) as f:
+        assert f.tensors["position_embd.weight"].qtype == QType.F32
+        assert f.tensors["blk.0.attn_qkv.weight"].qtype == QType.Q8_0
+    with llambda.load(path, backend="numpy", n_ctx=128) as m:
+        assert max_err(m, "gpt2") < 0.5
+
+
 # ---------------------------------------------------------------- controls: what the references depend on
 
 def test_the_position_table_counts(tmp_path):

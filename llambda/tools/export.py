@@ -139,7 +139,8 @@ _BIASED = ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output",  # attn_qkv:
            "ssm_dt", "ssm_conv1d", "exp_probs_b", "attn_norm", "ffn_norm", "ffn_up", "ffn_down")
 # Tensors kept in float whatever the export type: an MoE router's logits pick the experts, and a
 # quantized router flips choices that are close (llama.cpp's quantizer also leaves them alone).
-_FLOAT_ONLY = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight")
+# A learned position table (GPT-2's) too, as llama.cpp's quantizer leaves it.
+_FLOAT_ONLY = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "position_embd.weight")
 # Tensors llama.cpp computes on only in float32 (its ssm_conv op asserts an F32 kernel; its converter
 # writes them F32 and its quantizer leaves them): a convolution kernel of another type fails its run.
 # Mamba2's A, D and gated norm weights too (small; its ssm_scan and norm ops read them as F32).
