@@ -193,6 +193,29 @@ def test_no_context_past_the_position_table(exported):
             llambda.load(path, backend="numpy", n_ctx=257)
 
 
+@pytest.mark.parametrize("backend", ["numpy", "native"])
+def test_a_batch_of_slots_at_other_positions(backend):
+    """Two sequences in one batch, each row reading its own position's table row: the same logits as each alone."""
+    from llambda.backends import available_backends
+    if backend not in available_backends():
+        pytest.skip(f"the {backend} backend is not available here (C core not built)")
+    ids = reference("gpt2")["inputs"][2]["input_ids"]
+    a, b = ids[:30], ids[40:47]
+    with llambda.load(TINY / "gpt2", backend=backend, activations=None if backend == "numpy" else "f32", n_ctx=64,
+                      n_slots=2) as m:
+        t = m.transformer
+
+        def run(tokens, slots, pos):
+            n = len(tokens)
+            return t.forward(np.array(tokens, np.int32), np.array(slots, np.int32), np.array(pos, np.int32),
+                             list(range(n))).copy()
+        alone = [run(a, [0] * 30, range(30))[-1], run(b, [1] * 7, range(7))[-1]]
+        run(a[:-1], [0] * 29, range(29))
+        run(b[:-1], [1] * 6, range(6))
+        both = run([a[-1], b[-1]], [0, 1], [29, 6])
+    np.testing.assert_allclose(both, np.stack(alone), atol=1e-4)
+
+
 # ---------------------------------------------------------------- checkpoints as the Hub holds them
 
 def test_gpt2_original_names_and_mask_buffers(tmp_path):
