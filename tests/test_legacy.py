@@ -1,12 +1,13 @@
 """GPT-2 (`gpt2`), GPT-BigCode / StarCoder 1 (`gpt_bigcode`, llama.cpp `starcoder`) and Falcon (`falcon`); BLOOM and
 MPT refused by name.
 
-The tiny references (fixtures/reference/tiny/{gpt2, gpt_bigcode, gpt_bigcode_mha, falcon, falcon_new, falcon2}, made
-by tools/make_tiny_legacy.py; README_legacy.md there) are run from their HF directories by test_tiny_models.py, and
-their exports by llama.cpp in test_export.py. Here: our GGUF export on every backend against transformers; the
-settings each format yields; controls showing what the references depend on (the position table, Conv1D's
-transpose, the fused rows' regrouping, which norm feeds which branch); the context the position table allows;
-decode steps through the KV cache against full forwards; quantized kernels; refusals.
+The tiny references (fixtures/reference/tiny/{gpt2, gpt2_scaled, gpt_bigcode, gpt_bigcode_mha, falcon, falcon_new,
+falcon2}, made by tools/make_tiny_legacy.py; README_legacy.md there) are run from their HF directories by
+test_tiny_models.py, and their exports by llama.cpp in test_export.py. Here: our GGUF export on every backend against
+transformers; the settings each format yields; controls showing what the references depend on (the position table,
+the inverse layer scale, Conv1D's transpose, the fused rows' regrouping, which norm feeds which branch); the context
+the position table allows and slots at other positions; decode steps through the KV cache against full forwards;
+quantized kernels and exports; PEFT LoRA on fused rows; refusals.
 """
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ from test_classic import _with_arrays
 from test_cohere import _drop_key, decode_matches_forward, matches_transformers
 
 FOLDERS = ["gpt2", "gpt2_scaled", "gpt_bigcode", "gpt_bigcode_mha", "falcon", "falcon_new", "falcon2"]
-GGUF_ARCH = {"gpt2": "gpt2", "gpt2_scaled": "gpt2", "gpt_bigcode": "starcoder", "gpt_bigcode_mha": "starcoder", "falcon": "falcon",
-             "falcon_new": "falcon", "falcon2": "falcon"}
+GGUF_ARCH = {"gpt2": "gpt2", "gpt2_scaled": "gpt2", "gpt_bigcode": "starcoder", "gpt_bigcode_mha": "starcoder",
+             "falcon": "falcon", "falcon_new": "falcon", "falcon2": "falcon"}
 HF_ARCH = {"gpt2_scaled": "gpt2", "gpt_bigcode_mha": "gpt_bigcode", "falcon_new": "falcon", "falcon2": "falcon"}
 
 
