@@ -81,6 +81,9 @@ ARCHITECTURES = {
     "nemotron_h": "nemotron_h",    # HF's and llama.cpp's name alike
     "olmo": "olmo",
     "internlm3": "internlm3",      # its GGUF files are llama.cpp's `llama`
+    "mamba2": "mamba2",            # HF's and llama.cpp's name alike
+    "mamba": "mamba",
+    "falcon_mamba": "mamba",       # Mamba 1 with RMS norms over dt, B and C (llama.cpp: `mamba` + ssm.dt_b_c_rms)
     "gpt2": "gpt2",
     "gpt_bigcode": "gpt_bigcode",
     "starcoder": "gpt_bigcode",    # llama.cpp's name of GPT-BigCode (StarCoder 1)
