@@ -292,8 +292,10 @@ class Transformer(Closable, LatentAttention):
         a missing tensor is named by them."""
         cfg.validate()
         if cfg.ctx_limit and n_ctx > cfg.ctx_limit:
+            why = (f"its learned position table has {cfg.ctx_limit} rows" if cfg.pos_embd else
+                   "its Dynamic NTK RoPE changes past that, which is not computed here")
             raise InvalidInputError(f"a context of {n_ctx} tokens is past the {cfg.ctx_limit} this {cfg.arch} model "
-                                    "runs exactly (its Dynamic NTK RoPE changes past that, which is not computed here)")
+                                    f"runs exactly ({why})")
         self.cfg, self.backend = cfg, backend
         self._release = release or (lambda data: 0)   # harmless where a backend kept a view: it faults back
         self.n_ctx, self.n_slots = n_ctx, n_slots
@@ -395,6 +397,8 @@ class Transformer(Closable, LatentAttention):
 
         d, off = cfg.d_model, cfg.norm_offset
         self.tok_embd = matrix("token_embd.weight", cfg.vocab_size, d)
+        # GPT-2's learned absolute positions: a row per position, added to the token's embedding
+        self.pos_embd = matrix("position_embd.weight", cfg.n_ctx_train, d) if cfg.pos_embd else None
         out = get("output.weight")
         self.output = self.tok_embd if (out is None and cfg.tie_embeddings) else matrix("output.weight", cfg.vocab_size, d)
         self.output_norm = vector("output_norm.weight", d, off)
@@ -808,6 +812,9 @@ class Transformer(Closable, LatentAttention):
         self.backend.embed(self.tok_embd, tok, x)
         if self.cfg.embed_scale:
             self.backend.scale(x, self.cfg.embed_scale)
+        if self.pos_embd is not None:          # x += the position table's row of each token (ws.h is free here)
+            self.backend.embed(self.pos_embd, p, ws.h[:n])
+            self.backend.add(x, ws.h[:n], x)
         self._kend = None
         d = self.cfg.d_model
         deep = 0

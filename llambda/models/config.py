@@ -195,6 +195,8 @@ class TransformerConfig:
                                             # x += attn + mlp (GPT-NeoX's parallel residual): two norms, unlike
                                             # parallel_block's one
     output_bias: bool = False               # the head (lm_head) has a bias, always in the checkpoint (Phi-2)
+    pos_embd: bool = False                  # a learned absolute position table (`position_embd`, n_ctx_train rows)
+                                            # added to the embeddings (GPT-2, StarCoder 1): no context past it
     norm_offset: float = 0.0                # added to stored norm weights at load (HF Gemma stores w-1)
     embed_scale: float | None = None        # embeddings multiplied by this (Gemma: sqrt(d_model))
     attn_scale: float | None = None         # default 1/sqrt(head_dim)
@@ -396,7 +398,7 @@ class TransformerConfig:
         if self.norm_kind not in NORM_KINDS:
             raise ModelFormatError(f"unsupported norm kind {self.norm_kind!r} (supported: {', '.join(NORM_KINDS)})"[:200])
         for name in ("norm_bias", "qk_norm_heads", "parallel_block", "ffn_gated", "ffn_bias", "parallel_ffn_norm",
-                     "output_bias", "ffn_own_layers"):
+                     "output_bias", "ffn_own_layers", "pos_embd"):
             if not isinstance(getattr(self, name), bool):
                 raise ModelFormatError(f"config {name} should be true or false, got {getattr(self, name)!r}"[:200])
         if self.norm_bias and self.norm_kind != "layer":
@@ -410,6 +412,10 @@ class TransformerConfig:
                                        or self.recurrent):
             raise ModelFormatError("a parallel residual with two norms (GPT-NeoX) takes pre-norms only, on attention "
                                    "layers, and is not also a one-norm parallel block")
+        if self.pos_embd and (self.ctx_limit != self.n_ctx_train or self.mla or self.recurrent
+                              or getattr(self, "altup_inputs", 0)):
+            raise ModelFormatError(f"a learned position table of {self.n_ctx_train} rows limits the context to them "
+                                   f"(ctx_limit {self.ctx_limit}), on plain attention layers")
         own = self.ffn_own_layers       # its MLPs are read in the mlp layers, which take biases and no gate
         if (self.norm_bias or ((self.ffn_bias or not self.ffn_gated) and not own)) and (self.mla or self.recurrent):
             raise ModelFormatError("norm biases and an ungated or biased MLP are read on plain attention layers only")

@@ -111,6 +111,10 @@ FAMILIES = {
     "internlm3": Family("internlm3", "LlamaForCausalLM", "llama"),     # as llama.cpp's converter writes it
     "mamba2": Family("mamba2", "Mamba2ForCausalLM", "mamba2"),     # state-space models: GGUF only
     "mamba": Family("mamba", "MambaForCausalLM", "mamba"),         # FalconMamba too (its GGUF is llama.cpp's mamba)
+    # learned position tables (GPT-2, StarCoder 1) and Falcon's fused qkv: LayerNorms, GGUF only
+    "gpt2": Family("gpt2", "GPT2LMHeadModel", "gpt2"),
+    "gpt_bigcode": Family("gpt_bigcode", "GPTBigCodeForCausalLM", "starcoder"),
+    "falcon": Family("falcon", "FalconForCausalLM", "falcon"),
 }
 # GGUF architectures whose q/k rows keep the same RoPE layout as their HF files (DeepSeek's adjacent pairs)
 SAME_ROPE_LAYOUT_ARCHS = {"deepseek2", "glm4", "ernie4_5", "ernie4_5-moe", "command-r", "cohere2"}
@@ -137,7 +141,8 @@ _BIASED = ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output",  # attn_qkv:
            "ssm_dt", "ssm_conv1d", "exp_probs_b", "attn_norm", "ffn_norm", "ffn_up", "ffn_down")
 # Tensors kept in float whatever the export type: an MoE router's logits pick the experts, and a
 # quantized router flips choices that are close (llama.cpp's quantizer also leaves them alone).
-_FLOAT_ONLY = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight")
+# A learned position table (GPT-2's) too, as llama.cpp's quantizer leaves it.
+_FLOAT_ONLY = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "position_embd.weight")
 # Tensors llama.cpp computes on only in float32 (its ssm_conv op asserts an F32 kernel; its converter
 # writes them F32 and its quantizer leaves them): a convolution kernel of another type fails its run.
 # Mamba2's A, D and gated norm weights too (small; its ssm_scan and norm ops read them as F32).
@@ -169,7 +174,7 @@ class OutTensor:
 
 def source_tensors(src: ModelSource) -> dict[str, WeightTensor]:
     """Every canonical tensor the source has, in file-like order."""
-    names = ["token_embd.weight", "rope_freqs.weight"]
+    names = ["token_embd.weight", "position_embd.weight", "rope_freqs.weight"]
     for i in range(src.config.n_layers):
         for leaf in _LAYER_LEAVES:
             names.append(f"blk.{i}.{leaf}.weight")
