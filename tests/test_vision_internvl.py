@@ -241,6 +241,9 @@ def test_mmproj_writer_refuses_what_llama_cpp_cannot_say(tmp_path):
     (None, ("v.blk.1.ls2.weight",), "lambda_2"),
     (None, ("v.class_embd",), "cls_token"),
     (None, ("mm.model.mlp.3.weight",), "linear_2"),
+    # tensors the keys do not describe (block 0's decide the biases and q/k norms): another tower, not a smaller one
+    (lambda m: m.update({"clip.vision.block_count": 1}), (), r"not part of .*v\.blk\.1\."),
+    (None, ("v.blk.0.attn_q.bias",), r"not part of .*attn_k\.bias"),
 ])
 def test_hostile_mmprojs_are_refused(mmprojs, tmp_path, edit, drop, match):
     bad = visionkit.rewrite_gguf(mmprojs["f32"], tmp_path / "bad.gguf", meta_edit=edit, drop=drop)

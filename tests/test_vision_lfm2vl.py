@@ -262,6 +262,7 @@ def test_hostile_mmproj_files(mmprojs, tmp_path):
         (dict(drop=("v.blk.0.attn_q.bias",)), "q_proj.bias"),
         (dict(tensor_edit=lambda n, v: v.reshape(32, -1) if n == "v.patch_embd.weight" else v), "patch_embd"),
         (dict(tensor_edit=lambda n, v: v * np.inf if n == "mm.2.weight" else v), "non-finite"),
+        (dict(meta_edit=lambda m: m.__setitem__("clip.vision.block_count", 1)), r"not part of .*v\.blk\.1\."),
     ]
     for i, (edit, match) in enumerate(cases):
         bad = visionkit.rewrite_gguf(src, tmp_path / f"bad{i}.gguf", **edit)

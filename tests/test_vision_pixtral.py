@@ -346,6 +346,7 @@ def test_llama_cpp_reads_our_mmproj(mmproj_files, tmp_path, numpy_tower, qtype, 
     (None, ("mm.input_norm.weight",), "projector.norm"),
     (None, ("v.blk.1.attn_k.weight",), "k_proj"),
     (None, ("v.pre_ln.weight",), "ln_pre"),
+    (lambda m: m.update({"clip.vision.block_count": 1}), (), r"not part of .*v\.blk\.1\."),     # a block unread
 ])
 def test_hostile_mmproj_is_a_format_error(mmproj_files, tmp_path, edit, drop, match):
     with pytest.raises(ModelFormatError, match=match):

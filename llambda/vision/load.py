@@ -42,6 +42,17 @@ def _backend(backend, threads, activations):
     return create_backend(backend, threads=threads, activations=activations)
 
 
+def _check_all_named(tensors, wanted, source: str) -> None:
+    """ModelFormatError naming an mmproj's tensors that are not among `wanted` (the file names of every tensor the
+    tower its keys describe reads): a block past block_count, or a bias or q/k norm in later blocks where block 0's
+    tensors decided there are none, would be skipped, and the tower run without it is another model."""
+    wanted = set(wanted)
+    unread = [n for n in tensors if n not in wanted]
+    if unread:
+        raise ModelFormatError(f"{source}: {len(unread)} tensors are not part of the tower its metadata describes, "
+                               f"e.g. {', '.join(map(repr, unread[:3]))}: the metadata and the tensors disagree")
+
+
 def open_layout(path: Path) -> Layout | None:
     """The tower's layout in the files at `path`, None where they hold no vision tower."""
     path = Path(path)
@@ -92,14 +103,18 @@ def open_layout(path: Path) -> Layout | None:
             fields = lfm2vl_mmproj.mmproj_fields(meta, src)
             find = lfm2vl_mmproj.mmproj_lookup(f, fields, src)
             vcfg = Lfm2VlVisionConfig.from_fields(fields, lfm2vl_mmproj.MMPROJ_KEYS, src)
+            _check_all_named(f.tensors, map(lfm2vl_mmproj.file_name, lfm2vl_mmproj.canonical_names(vcfg)), src)
             return Layout(vcfg, find, 0.0, "mmproj", [f.close])
         if arch == "clip" and meta.get("clip.projector_type") == pixtral_mmproj.MMPROJ_TYPE:
             vcfg = pixtral_mmproj.mmproj_config(meta, src, f.tensors)
+            _check_all_named(f.tensors, [*map(pixtral_mmproj.gguf_name, pixtral_mmproj.canonical_names(vcfg)),
+                                         pixtral_mmproj.IMG_BREAK_ROW], src)
             return Layout(vcfg, pixtral_mmproj.lookup(f, vcfg), 0.0, "mmproj", [f.close])
         if arch == "clip" and meta.get("clip.projector_type") == internvl_mmproj.PROJECTOR_TYPE:
             from .internvl_config import InternVLConfig
             vcfg = InternVLConfig.from_fields(internvl_mmproj.mmproj_fields(meta, f.tensors, src), internvl_mmproj.KEYS,
                                               src)
+            _check_all_named(f.tensors, map(internvl_mmproj.gguf_name, internvl_mmproj.names(vcfg)), src)
             return Layout(vcfg, internvl_mmproj.lookup(f), 0.0, "mmproj", [f.close])
         if arch == "clip":
             vcfg = VisionConfig.from_fields(mmproj_fields(meta, src), MMPROJ_NAMES, src)
