@@ -238,6 +238,8 @@ def test_mmproj_writer_refuses_what_llama_cpp_cannot_say(tmp_path):
     (lambda m: m.update({"clip.vision.block_count": 10 ** 9}), (), "block_count"),
     (lambda m: m.update({"clip.has_vision_encoder": False}), (), "has_vision_encoder"),
     (lambda m: m.update({"clip.use_silu": True}), (), "use_silu"),
+    (lambda m: m.pop("clip.use_gelu"), (), "use_gelu"),             # llama.cpp's quick GELU then
+    (lambda m: m.update({"clip.use_gelu": False}), (), "use_gelu"),
     (None, ("v.blk.1.ls2.weight",), "lambda_2"),
     (None, ("v.class_embd",), "cls_token"),
     (None, ("mm.model.mlp.3.weight",), "linear_2"),

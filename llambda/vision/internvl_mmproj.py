@@ -1,8 +1,9 @@
 """InternVL's tower as llama.cpp's mmproj GGUF (clip.projector_type `internvl`), read and written as llama.cpp's
 converter (convert_hf_to_gguf.py --mmproj, InternVisionModel) makes it and its clip reads it.
 
-Keys: the usual `clip.vision.*` sizes, `clip.use_gelu` true, `clip.vision.projector.scale_factor` (1 /
-downsample_ratio), `clip.vision.preproc_min_tiles` / `preproc_max_tiles` (absent: llama.cpp's 1 and 12).
+Keys: the usual `clip.vision.*` sizes, `clip.use_gelu` true (required: without it llama.cpp runs quick GELU),
+`clip.vision.projector.scale_factor` (1 / downsample_ratio), `clip.vision.preproc_min_tiles` / `preproc_max_tiles`
+(absent: llama.cpp's 1 and 12).
 Tensors: `v.patch_embd.{weight,bias}`, `v.class_embd` [1, 1, H], `v.position_embd.weight` [1, P + 1, H] (always
 F32), per block `v.blk.N.{ln1, attn_q, attn_k, attn_v, attn_q_norm, attn_k_norm, attn_out, ls1, ln2, ffn_up,
 ffn_down, ls2}`, the projector's `mm.model.mlp.0` (LayerNorm), `mm.model.mlp.1`, `mm.model.mlp.3`.
@@ -72,6 +73,9 @@ def mmproj_fields(meta: dict, tensors: dict, source: str) -> dict:
         raise ModelFormatError(f"{source}: mmproj file says it has no vision encoder (clip.has_vision_encoder)")
     if meta.get("clip.use_silu") is True:
         raise ModelFormatError(f"{source}: clip.use_silu: InternViT's MLP is GELU")
+    if meta.get("clip.use_gelu") is not True:     # llama.cpp runs quick GELU (x sigmoid(1.702 x)) without it
+        raise ModelFormatError(f"{source}: clip.use_gelu is not true: llama.cpp would run this tower's MLP with "
+                               "quick GELU, InternViT's is GELU")
     fields = {}
     for k, key in KEYS.items():
         if key in meta and k not in ("pool", "longest_edge"):
