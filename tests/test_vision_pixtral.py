@@ -339,6 +339,8 @@ def test_llama_cpp_reads_our_mmproj(mmproj_files, tmp_path, numpy_tower, qtype, 
     (lambda m: m.pop("clip.vision.spatial_merge_size"), (), "spatial_merge_size"),      # Pixtral-12B's: no merger
     (lambda m: m.update({"clip.use_gelu": True}), (), "use_silu"),
     (lambda m: m.pop("clip.use_silu"), (), "use_silu"),
+    (lambda m: m.update({"clip.has_vision_encoder": False}), (), "has_vision_encoder"),
+    (lambda m: m.pop("clip.has_vision_encoder"), (), "has_vision_encoder"),
     (lambda m: m.update({"clip.vision.attention.layer_norm_epsilon": 1e-6}), (), "layer_norm_epsilon"),
     (lambda m: m.update({"clip.vision.image_size": 1 << 20}), (), "image_size"),
     (lambda m: m.update({"clip.vision.embedding_length": 48}), (), "shape"),

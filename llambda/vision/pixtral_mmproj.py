@@ -79,6 +79,9 @@ def lookup(gguf_file, cfg: PixtralConfig):
 
 def fields(meta: dict, source: str, tensors: dict) -> dict:
     """PixtralConfig fields of an mmproj's keys (its tensors say whether the projector has biases)."""
+    if meta.get("clip.has_vision_encoder") is not True:       # llama.cpp reads no vision tower from it then
+        raise ModelFormatError(f"{source}: the mmproj's clip.has_vision_encoder is not true (it says it holds no "
+                               "vision tower)")
     f = {k: (meta[key].tolist() if hasattr(meta[key], "tolist") else meta[key])
          for k, key in KEYS.items() if key in meta}
     for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "patch_size",
