@@ -287,6 +287,10 @@ def test_an_ollama_mistral3_file_runs_text_and_tower_from_one_file(tmp_path):
     (lambda m: m.update({"mistral3.vision.image_size": 1 << 30}), "vision.image_size"),
     (lambda m: m.update({"mistral3.vision.longest_edge": 0}), "vision.longest_edge"),
     (lambda m: m.update({"mistral3.mm.projector_hidden_act": "relu"}), "projector_hidden_act"),
+    (lambda m: m.update({"mistral3.vision.attention.layer_norm_epsilon": "x"}), "layer_norm_epsilon"),
+    (lambda m: m.update({"mistral3.vision.attention.layer_norm_epsilon": [1e-5]}), "layer_norm_epsilon"),
+    (lambda m: m.update({"mistral3.vision.attention.layer_norm_epsilon": float("nan")}), "layer_norm_epsilon"),
+    (lambda m: m.update({"mistral3.vision.block_count": 1}), r"not part of .*v\.blk\.1\."),    # a block unread
 ])
 def test_hostile_ollama_files_are_format_errors(tmp_path, edit, match):
     from llambda.errors import ModelFormatError

@@ -43,7 +43,7 @@ def _backend(backend, threads, activations):
 
 
 def _check_all_named(tensors, wanted, source: str) -> None:
-    """ModelFormatError naming an mmproj's tensors that are not among `wanted` (the file names of every tensor the
+    """ModelFormatError naming a tower file's tensors that are not among `wanted` (the file names of every tensor the
     tower its keys describe reads): a block past block_count, or a bias or q/k norm in later blocks where block 0's
     tensors decided there are none, would be skipped, and the tower run without it is another model."""
     wanted = set(wanted)
@@ -125,6 +125,8 @@ def open_layout(path: Path) -> Layout | None:
         if arch == pixtral_ollama.ARCH:
             from .pixtral_config import PixtralConfig
             vcfg = PixtralConfig.from_fields(*pixtral_ollama.fields(meta, src), src)
+            _check_all_named([n for n in f.tensors if n.startswith(("v.", "mm."))],       # the text model's apart
+                             map(pixtral_ollama.ollama_name, pixtral_mmproj.canonical_names(vcfg)), src)
             return Layout(vcfg, pixtral_ollama.lookup(f), 0.0, "ollama", [f.close])
         if arch in qwen3_ollama.ARCHS:
             find = qwen3_ollama.lookup(f)

@@ -56,7 +56,8 @@ def fields(meta: dict, source: str) -> tuple[dict, dict]:
         if k not in f:
             raise ModelFormatError(f"{source}: GGUF metadata lacks {NAMES[k]!r}")
     eps = meta.get(f"{ARCH}.vision.attention.layer_norm_epsilon", 1e-5)
-    if abs(float(eps) - 1e-5) > 1e-9:
+    eps = eps.tolist() if hasattr(eps, "tolist") else eps
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not abs(eps - 1e-5) <= 1e-9:   # NaN too
         raise ModelFormatError(f"{source}: {ARCH}.vision.attention.layer_norm_epsilon {str(eps)[:20]}: transformers' "
                                "Pixtral norms are fixed at 1e-5")
     names = dict(NAMES)
