@@ -267,6 +267,28 @@ def test_a_positive_a_in_a_gguf_is_refused(exported, tmp_path):
         llambda.load(path, backend="numpy", n_ctx=16)
 
 
+def test_a_transposed_mamba_a_is_refused(exported, tmp_path):
+    """Mamba 1's A is (d_inner, d_state): the same values as (d_state, d_inner) are another model, not one to
+    reshape (they were read back in (d_inner, d_state) order); in a GGUF's ssm_a and a HF checkpoint's A_log."""
+    from llambda.formats.safetensors import open_safetensors_dir, write_safetensors
+    with GGUFFile(exported("mamba")) as f:
+        a = np.array(f.tensors["blk.1.ssm_a"].data).view(np.float32).reshape(128, 16)
+    path = _rewritten(exported("mamba"), tmp_path / "bad.gguf", tensors={"blk.1.ssm_a": a.T.copy()})
+    with pytest.raises(ModelFormatError, match=r"blk\.1\.ssm_a.*\(16, 128\).*\(128, 16\)"):
+        llambda.load(path, backend="numpy", n_ctx=16)
+    d = edited(tmp_path / "hf", lambda c: None, "mamba")
+    st = open_safetensors_dir(TINY / "mamba")
+    try:
+        arrays = {n: t.to_float32() for n, t in st.tensors.items()}
+    finally:
+        st.close()
+    arrays["backbone.layers.2.mixer.A_log"] = arrays["backbone.layers.2.mixer.A_log"].T.copy()
+    (d / "model.safetensors").unlink()
+    write_safetensors(d / "model.safetensors", arrays)
+    with pytest.raises(ModelFormatError, match=r"layers\.2\.mixer\.A_log.*\(16, 128\)"):
+        llambda.load(d, backend="numpy", n_ctx=16)
+
+
 def test_intermediate_size_wins_over_expand_as_in_transformers(tmp_path):
     """falcon-mamba-7b's config.json says expand 16 beside intermediate_size 8192 (= 2 x 4096): transformers takes
     the latter, and so does the reader; without intermediate_size, expand x hidden_size."""

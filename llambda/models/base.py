@@ -526,10 +526,13 @@ class Transformer(Closable, LatentAttention):
             in_x, in_z = matrix(p + "ssm_in.weight", 2 * D, d, [np.arange(D), D + np.arange(D)])
             x_dt, x_b, x_c = matrix(p + "ssm_x.weight", R + 2 * N, D,
                                     [np.arange(R), R + np.arange(N), R + N + np.arange(N)])
-            if get(p + "ssm_a.weight") is not None:      # llama.cpp stores -exp(A_log)
-                a_neg = flat(p + "ssm_a.weight", D * N)
-            else:
-                a_neg = -np.exp(flat(p + "ssm_a_log.weight", D * N))
+            name = p + ("ssm_a.weight" if get(p + "ssm_a.weight") is not None else "ssm_a_log.weight")
+            t = need(name)          # (D, N) exactly: its transpose holds as many values, another model's
+            if tuple(t.shape) != (D, N):
+                raise ModelFormatError(f"tensor {shown(name, t)} has shape {t.shape}, expected {(D, N)}")
+            a_neg = flat(name, D * N)
+            if name.endswith("a_log.weight"):           # llama.cpp stores -exp(A_log)
+                a_neg = -np.exp(a_neg)
             a_neg = np.ascontiguousarray(a_neg, dtype=np.float32).reshape(D, N)
             if (a_neg > 0).any():
                 raise ModelFormatError(f"layer {p.split('.')[1]}'s A (-exp(A_log), llama.cpp's ssm_a) holds a positive "
