@@ -190,6 +190,22 @@ def test_a_mamba2_gguf_with_a_misshapen_ssm_a_is_refused(exported, tmp_path):
         llambda.load(path, backend="numpy", n_ctx=16)
 
 
+def test_a_mamba2_gguf_with_a_transposed_group_norm_is_refused(exported, tmp_path):
+    """ssm_norm is llama.cpp's (groups, d_inner / groups): its transpose holds the same values in another order
+    (they were read as if in group order); the same count as (d_inner,) or (1, d_inner) still reads."""
+    with GGUFFile(exported("mamba2")) as f:
+        w = np.array(f.tensors["blk.1.ssm_norm.weight"].data).view(np.float32).reshape(2, 64)
+    path = _rewritten(exported("mamba2"), tmp_path / "bad.gguf", tensors={"blk.1.ssm_norm.weight": w.T.copy()})
+    with pytest.raises(ModelFormatError, match=r"blk\.1\.ssm_norm\.weight.*\(64, 2\)"):
+        llambda.load(path, backend="numpy", n_ctx=16)
+    with llambda.load(exported("mamba2"), backend="numpy", n_ctx=16) as m:
+        want = m.logits([3, 4, 5])
+    for shape in ((128,), (1, 128)):
+        path = _rewritten(exported("mamba2"), tmp_path / "ok.gguf", tensors={"blk.1.ssm_norm.weight": w.reshape(shape)})
+        with llambda.load(path, backend="numpy", n_ctx=16) as m:
+            np.testing.assert_array_equal(m.logits([3, 4, 5]), want)
+
+
 def test_the_mamba_exports_hold_what_llama_cpp_reads(exported):
     for folder, rms in (("mamba", False), ("falcon_mamba", True)):
         with GGUFFile(exported(folder)) as f:

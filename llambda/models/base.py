@@ -506,6 +506,15 @@ class Transformer(Closable, LatentAttention):
             self._release(t.data)
             return v
 
+        def group_norm(name: str, groups: int, n: int):
+            """A group norm's n weights: (n,), (1, n) or llama.cpp's (groups, n / groups); its transpose holds them
+            in another order."""
+            t = need(name)
+            if tuple(t.shape) not in ((n,), (1, n), (groups, n // groups)):
+                raise ModelFormatError(f"tensor {shown(name, t)} has shape {t.shape}, expected {(groups, n // groups)} "
+                                       f"or ({n},)")
+            return flat(name, n)
+
         def mamba2(p: str) -> Mamba2Weights:
             G, H, N, P = cfg.ssm_k_heads, cfg.ssm_v_heads, cfg.ssm_k_dim, cfg.ssm_v_dim
             xd, c = H * P, H * P + 2 * G * N
@@ -518,7 +527,7 @@ class Transformer(Closable, LatentAttention):
             return Mamba2Weights(in_z=z, in_xbc=xbc, in_dt=dt, kernel=conv_kernel(p + "ssm_conv1d.weight", c),
                                  conv_bias=vector(p + "ssm_conv1d.bias", c) if cfg.mamba_conv_bias else None,
                                  a_neg=a_neg, dt_bias=vector(p + "ssm_dt.bias", H), d_skip=flat(p + "ssm_d.weight", H),
-                                 norm=flat(p + "ssm_norm.weight", xd) if cfg.mamba_norm else None,
+                                 norm=group_norm(p + "ssm_norm.weight", G, xd) if cfg.mamba_norm else None,
                                  out_proj=matrix(p + "ssm_out.weight", d, xd))
 
         def mamba1(p: str) -> MambaWeights:
