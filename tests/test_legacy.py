@@ -317,6 +317,9 @@ def test_a_missing_tensor_is_named_by_its_hf_name(tmp_path, folder, name):
     ("falcon2", "transformer.h.0.self_attention.query_key_value", False),
     ("gpt_bigcode", "transformer.h.2.attn.c_attn", True),                       # multi-query: q|k|v already
     ("gpt_bigcode_mha", "transformer.h.2.attn.c_attn", False),                  # per-head rows regrouped
+    ("gpt2", "transformer.h.2.attn.c_attn", True),                              # Conv1D: q|k|v columns
+    ("gpt2_scaled", "transformer.h.2.attn.c_attn", False),                      # q rows scaled by 1 / 3 at load
+    ("gpt2_scaled", "transformer.h.2.mlp.c_fc", True),
 ])
 def test_peft_lora_on_fused_rows(tmp_path, folder, module, merged):
     """A PEFT adapter's B rows are in the checkpoint's order: merged where the loader keeps that order (the same
@@ -326,17 +329,20 @@ def test_peft_lora_on_fused_rows(tmp_path, folder, module, merged):
     from test_lora import write_peft
     rng, ids = np.random.default_rng(3), reference(folder)["inputs"][1]["input_ids"]
     from llambda.formats.safetensors import SafetensorsFile
+    conv1d = folder.startswith("gpt2")        # GPT-2's Conv1D weights are (in, out): the update goes in transposed
     with SafetensorsFile(TINY / folder / "model.safetensors") as st:
-        rows, cols = st.tensors[module + ".weight"].shape
+        rows, cols = st.tensors[module + ".weight"].shape[::-1] if conv1d else st.tensors[module + ".weight"].shape
     a, b = (rng.standard_normal((4, cols)) * 0.3).astype(np.float32), (rng.standard_normal((rows, 4)) * 0.3).astype(np.float32)
     peft = write_peft(tmp_path / "lora", {module: (a, b)}, 8)        # s = 8 / 4
     if not merged:
-        with pytest.raises(AdapterError, match="regroups"):
+        with pytest.raises(AdapterError, match="regroups or rescales"):
             llambda.load(TINY / folder, backend="numpy", n_ctx=64, lora=str(peft))
         return
     with llambda.load(TINY / folder, backend="numpy", n_ctx=64, lora=str(peft)) as m:
         got = m.logits(ids)
-    d = _with_arrays(folder, tmp_path / "merged", lambda arr: arr[module + ".weight"].__iadd__(2.0 * b @ a))
+    update = 2.0 * b @ a
+    d = _with_arrays(folder, tmp_path / "merged",
+                     lambda arr: arr[module + ".weight"].__iadd__(update.T if conv1d else update))
     with llambda.load(d, backend="numpy", n_ctx=64) as m, llambda.load(TINY / folder, backend="numpy", n_ctx=64) as base:
         want, before = m.logits(ids), base.logits(ids)
     assert float(np.abs(got - want).max()) <= 1e-3 < 0.05 < float(np.abs(got - before).max())

@@ -81,9 +81,12 @@ def check_adapters(adapters: list[LoraAdapter], src: ModelSource) -> None:
     base_permuted = src.format == "gguf" and arch in PERMUTED_GGUF_ARCHS
     from ..models import ARCHITECTURES, arch_module
     refused = getattr(arch_module(arch), "LORA_REFUSED", None) if arch in ARCHITECTURES else None
-    # the weights a family regroups at load from its checkpoint's row order (Falcon's kv-grouped query_key_value):
-    # a PEFT adapter's B rows are in the checkpoint's order, so its update would land on other rows
-    regrouped = getattr(arch_module(arch), "lora_regrouped", lambda c: ())(cfg) if arch in ARCHITECTURES else ()
+    # the weights a family regroups or rescales at load from its checkpoint's rows (Falcon's kv-grouped
+    # query_key_value, a CRFM GPT-2's query rows): a PEFT adapter's B rows are the checkpoint's, so its update would
+    # land on other rows, or unscaled (the family's hook reads the HF config.json, None for a GGUF file)
+    hf_config = src.metadata.get("hf.config") if src.format == "hf" else None
+    regrouped = getattr(arch_module(arch), "lora_regrouped", lambda c, h: ())(cfg, hf_config) \
+        if arch in ARCHITECTURES else ()
     for ad in adapters:
         where = f"LoRA adapter {ad.path}"
         ad.permute_qk = ad.interleaved != base_permuted
@@ -94,8 +97,8 @@ def check_adapters(adapters: list[LoraAdapter], src: ModelSource) -> None:
         for name, pair in ad.pairs.items():
             if ad.format == "peft" and name.split(".", 2)[-1] in regrouped:
                 raise AdapterError(f"{where}: {pair.source_name!r} adapts a fused weight whose rows this {arch!r} "
-                                   "model regroups at load (llama.cpp's order), which a PEFT adapter's rows are not "
-                                   "in: not supported")
+                                   "model regroups or rescales at load, which a PEFT adapter's rows are not: not "
+                                   "supported")
             t = src.tensor(name)
             if t is None:
                 raise AdapterError(f"{where}: {pair.source_name!r} adapts {name!r}, which the model does not have "

@@ -74,7 +74,7 @@ def _two_norm_name(name: str) -> str:
     return f"blk.{i}.{TWO_NORM_NAMES[base]}.{kind}" if base in TWO_NORM_NAMES else name
 
 
-def lora_regrouped(cfg: TransformerConfig) -> tuple:
+def lora_regrouped(cfg: TransformerConfig, hf_config=None) -> tuple:
     """The weights regrouped at load (a PEFT adapter's rows are in the checkpoint's order): the fused qkv, unless
     it is one group (7B's multi-query rows are q|k|v already)."""
     return ("attn_qkv.weight",) if cfg.n_kv_heads > 1 else ()

@@ -14,7 +14,8 @@ Context: the position table has n_positions rows, so no context past them (confi
 longer one is refused at load, a longer prompt does not fit the context). Refused: add_cross_attention (an
 encoder-decoder), activations other than GELU's tanh approximation. reorder_and_upcast_attn only changes the precision of a float16 run (ours is float32): accepted.
 scale_attn_by_inverse_layer_idx (Stanford CRFM's GPT-2s: layer i's scores divided by i + 1) is folded into layer i's
-query rows at load (hf_tensors), which a GGUF export then holds.
+query rows at load (hf_tensors), which a GGUF export then holds; a PEFT LoRA adapter on c_attn of such a checkpoint
+is refused (lora_regrouped: its update would be unscaled), and one on a GGUF export of it cannot be told apart.
 GGUF: llama.cpp's keys (`gpt2.context_length`, `gpt2.attention.layer_norm_epsilon`) and names (`position_embd`).
 """
 from __future__ import annotations
@@ -91,6 +92,13 @@ def hf_tensors(cfg: dict, config: TransformerConfig, tensors: dict) -> dict:
             v[:config.q_dim] /= np.float32(i + 1)
             tensors[name] = WeightTensor.from_float(t.name, v)
     return tensors
+
+
+def lora_regrouped(cfg: TransformerConfig, hf_config=None) -> tuple:
+    """The weights whose rows the load changes from the checkpoint's (lora_merge): the fused qkv when
+    scale_attn_by_inverse_layer_idx folds 1 / (i + 1) into its query rows (a PEFT update there is unscaled)."""
+    scaled = isinstance(hf_config, dict) and HFConfig(hf_config).flag("scale_attn_by_inverse_layer_idx", False)
+    return ("attn_qkv.weight",) if scaled else ()
 
 
 def hf_common(cfg: dict, arch: str, family: str) -> dict:

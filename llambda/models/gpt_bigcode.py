@@ -42,7 +42,7 @@ def hf_splitter(config: TransformerConfig):
     return split
 
 
-def lora_regrouped(cfg: TransformerConfig) -> tuple:
+def lora_regrouped(cfg: TransformerConfig, hf_config=None) -> tuple:
     """multi_query false's per-head c_attn is regrouped at load (a PEFT adapter's rows are in the checkpoint's
     order); multi-query rows are q|k|v already."""
     return ("attn_qkv.weight",) if cfg.n_kv_heads == cfg.n_heads else ()
