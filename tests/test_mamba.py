@@ -305,6 +305,21 @@ def test_a_transposed_mamba_a_is_refused(exported, tmp_path):
         llambda.load(d, backend="numpy", n_ctx=16)
 
 
+@pytest.mark.parametrize("folder, name, at", [("mamba", "backbone.layers.1.mixer.A_log", (3, 2)),
+                                               ("mamba2", "backbone.layers.1.mixer.A_log", (5,))])
+def test_an_a_log_whose_exp_overflows_is_refused(tmp_path, folder, name, at):
+    """A finite A_log past ~88.7 makes A = -exp(A_log) -inf in float32: a GGUF's ssm_a may not hold it (its export
+    could not be read back), and a step whose dt underflows to 0 makes 0 x -inf. Refused by name, at load and
+    export."""
+    from test_classic import _with_arrays
+    from llambda.tools.export import export
+    d = _with_arrays(folder, tmp_path / "m", lambda a: a[name].__setitem__(at, 100.0))
+    with pytest.raises(ModelFormatError, match=r"A_log.*overflow"):
+        llambda.load(d, backend="numpy", n_ctx=16)
+    with pytest.raises(ModelFormatError, match=r"A_log.*overflow"):
+        export(d, tmp_path / "m.gguf", fmt="gguf")
+
+
 def test_intermediate_size_wins_over_expand_as_in_transformers(tmp_path):
     """falcon-mamba-7b's config.json says expand 16 beside intermediate_size 8192 (= 2 x 4096): transformers takes
     the latter, and so does the reader; without intermediate_size, expand x hidden_size."""

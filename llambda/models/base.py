@@ -17,6 +17,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from .. import switches
+from ..finite import negated_exp
 from ..errors import ContextOverflowError, InvalidInputError, ModelFormatError
 from ..formats.weights import WeightTensor
 from .closable import Closable
@@ -490,7 +491,7 @@ class Transformer(Closable, LatentAttention):
             in_ba = matrix(p + "ssm_ba.weight", 2 * hv, d, [np.concatenate(grouped_rows(hk, [r, r]))])[0]
             a_neg = vector(p + "ssm_a.weight", hv, required=False)     # llama.cpp stores -exp(A_log)
             if a_neg is None:
-                a_neg = (-np.exp(vector(p + "ssm_a_log.weight", hv))).astype(np.float32)
+                a_neg = negated_exp(vector(p + "ssm_a_log.weight", hv), repr(p + "ssm_a_log.weight"))
             return DeltaNetWeights(in_qkv=in_qkv, in_z=in_z, in_ba=in_ba, kernel=conv_kernel(p + "ssm_conv1d.weight", c),
                                    a_neg=a_neg,
                                    dt_bias=vector(p + "ssm_dt.bias", hv), norm=vector(p + "ssm_norm.weight", dv),
@@ -523,7 +524,7 @@ class Transformer(Closable, LatentAttention):
             if get(p + "ssm_a.weight") is not None:      # llama.cpp stores -exp(A_log)
                 a_neg = flat(p + "ssm_a.weight", H)
             else:
-                a_neg = (-np.exp(vector(p + "ssm_a_log.weight", H))).astype(np.float32)
+                a_neg = negated_exp(vector(p + "ssm_a_log.weight", H), repr(p + "ssm_a_log.weight"))
             return Mamba2Weights(in_z=z, in_xbc=xbc, in_dt=dt, kernel=conv_kernel(p + "ssm_conv1d.weight", c),
                                  conv_bias=vector(p + "ssm_conv1d.bias", c) if cfg.mamba_conv_bias else None,
                                  a_neg=a_neg, dt_bias=vector(p + "ssm_dt.bias", H), d_skip=flat(p + "ssm_d.weight", H),
@@ -541,7 +542,7 @@ class Transformer(Closable, LatentAttention):
                 raise ModelFormatError(f"tensor {shown(name, t)} has shape {t.shape}, expected {(D, N)}")
             a_neg = flat(name, D * N)
             if name.endswith("a_log.weight"):           # llama.cpp stores -exp(A_log)
-                a_neg = -np.exp(a_neg)
+                a_neg = negated_exp(a_neg, shown(name, t))
             a_neg = np.ascontiguousarray(a_neg, dtype=np.float32).reshape(D, N)
             if (a_neg > 0).any():
                 raise ModelFormatError(f"layer {p.split('.')[1]}'s A (-exp(A_log), llama.cpp's ssm_a) holds a positive "

@@ -29,6 +29,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..errors import LlambdaError, ModelFormatError
+from ..finite import negated_exp
 from ..formats.gguf_model import biases_from_tensors
 from ..formats.hf_dir import GLOBAL_NAMES, layer_names
 from ..formats.open import open_named
@@ -630,7 +631,7 @@ def _hybrid_tensors(cfg: TransformerConfig, tensors: dict) -> dict:
         if mamba and leaf in ("ssm_a_log.weight", "ssm_a.weight", "ssm_d.weight"):
             v = t.to_float32().reshape(-1, 1)
             out[p + leaf.split(".")[0].replace("_log", "")] = WeightTensor.from_float(
-                p + leaf, -np.exp(v) if leaf == "ssm_a_log.weight" else v)
+                p + leaf, negated_exp(v, repr(t.name)) if leaf == "ssm_a_log.weight" else v)
         elif mamba and leaf == "ssm_norm.weight":
             out[name] = WeightTensor.from_float(name, t.to_float32().reshape(hk, -1))
         elif leaf == "ssm_in.weight" and "deltanet" in cfg.layer_kinds:   # Mamba's in_proj is written as read
@@ -638,7 +639,8 @@ def _hybrid_tensors(cfg: TransformerConfig, tensors: dict) -> dict:
             out[p + "attn_qkv.weight"] = t.take_rows(np.concatenate([q, k, v]))
             out[p + "attn_gate.weight"] = t.take_rows(z)
         elif leaf == "ssm_a_log.weight":      # (Mamba 1's is (d_inner, d_state): its shape kept)
-            out[p + "ssm_a"] = WeightTensor.from_float(p + "ssm_a", -np.exp(t.to_float32().reshape(t.shape)))
+            out[p + "ssm_a"] = WeightTensor.from_float(p + "ssm_a", negated_exp(t.to_float32().reshape(t.shape),
+                                                                                  repr(t.name)))
         elif leaf == "ssm_a.weight" or (leaf == "ssm_d.weight" and "mamba" in cfg.layer_kinds):
             out[p + leaf.split(".")[0]] = t       # llama.cpp names them without the suffix (Mamba 1's D too)
         elif leaf in ("ssm_conv1d.weight", "shortconv.conv.weight") and len(t.shape) == 3:
