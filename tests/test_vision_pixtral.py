@@ -375,6 +375,11 @@ def test_write_mmproj_needs_the_break_token(tmp_path):
     (d / "tokenizer.json").write_text(json.dumps(tok))
     with pytest.raises(InvalidInputError, match="IMG_BREAK"):
         mmproj.write_mmproj(d, tmp_path / "x.gguf", "f32")
+    # a tokenizer.json that is no object, or an id that is a bool, names no such token either
+    for bad in ([1, 2], "x", {"added_tokens": {"a": 1}}, {"added_tokens": [{"id": True, "content": "[IMG_BREAK]"}]}):
+        (d / "tokenizer.json").write_text(json.dumps(bad))
+        with pytest.raises(InvalidInputError, match="IMG_BREAK"):
+            mmproj.write_mmproj(d, tmp_path / "x.gguf", "f32")
     # and an mmproj written again from our mmproj keeps its row
     out = mmproj.write_mmproj(TINY, tmp_path / "a.gguf", "f32")
     again = mmproj.write_mmproj(out, tmp_path / "b.gguf", "f32")

@@ -128,11 +128,14 @@ def break_row(layout, source) -> np.ndarray:
         from pathlib import Path
         from ..formats.files import read_json
         path = Path(source) / "tokenizer.json"
-        added = read_json(path, "tokenizer.json").get("added_tokens", []) if path.exists() else []
-        ids = [t.get("id") for t in added if isinstance(t, dict) and t.get("content") == "[IMG_BREAK]"]
+        tok = read_json(path, "tokenizer.json") if path.exists() else {}
+        added = tok.get("added_tokens") if isinstance(tok, dict) else None      # (a list or a string: none)
+        ids = [t.get("id") for t in (added if isinstance(added, list) else ())
+               if isinstance(t, dict) and t.get("content") == "[IMG_BREAK]"]
         table = next((t for n in EMBEDDINGS if (t := layout.lookup(n)) is not None), None)
         t = None
-        if len(ids) == 1 and isinstance(ids[0], int) and table is not None and 0 <= ids[0] < table.shape[0]:
+        if len(ids) == 1 and isinstance(ids[0], int) and not isinstance(ids[0], bool) and table is not None \
+                and 0 <= ids[0] < table.shape[0]:
             t = np.asarray(table.to_float32(), np.float32).reshape(table.shape)[ids[0]]
     if t is None:
         raise InvalidInputError(f"{source}: llama.cpp's pixtral mmproj holds the text embedding of [IMG_BREAK]: "
