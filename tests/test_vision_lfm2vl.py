@@ -262,12 +262,20 @@ def test_hostile_mmproj_files(mmprojs, tmp_path):
         (dict(drop=("v.blk.0.attn_q.bias",)), "q_proj.bias"),
         (dict(tensor_edit=lambda n, v: v.reshape(32, -1) if n == "v.patch_embd.weight" else v), "patch_embd"),
         (dict(tensor_edit=lambda n, v: v * np.inf if n == "mm.2.weight" else v), "non-finite"),
-        (dict(meta_edit=lambda m: m.__setitem__("clip.vision.block_count", 1)), r"not part of .*v\.blk\.1\."),
     ]
     for i, (edit, match) in enumerate(cases):
         bad = visionkit.rewrite_gguf(src, tmp_path / f"bad{i}.gguf", **edit)
         with pytest.raises(ModelFormatError, match=match):
             load_vision(bad, backend="numpy")
+
+
+def test_a_block_count_below_the_files_blocks_reads_as_llama_cpp_does(mmprojs, tmp_path):
+    """llama.cpp's converter writes block_count minus the blocks a vision_feature_layer below -1 drops, and keeps
+    their tensors (its clip skips them): such a file reads those blocks alone, not refused as unread tensors."""
+    bad = visionkit.rewrite_gguf(mmprojs["f32"], tmp_path / "drop.gguf",
+                                 meta_edit=lambda m: m.__setitem__("clip.vision.block_count", 1))
+    with closing(load_vision(bad, backend="numpy")) as t:
+        assert t.cfg.num_hidden_layers == 1
 
 
 def test_a_tower_llama_cpp_cannot_say_is_not_written(tmp_path):

@@ -103,7 +103,8 @@ def open_layout(path: Path) -> Layout | None:
             fields = lfm2vl_mmproj.mmproj_fields(meta, src)
             find = lfm2vl_mmproj.mmproj_lookup(f, fields, src)
             vcfg = Lfm2VlVisionConfig.from_fields(fields, lfm2vl_mmproj.MMPROJ_KEYS, src)
-            _check_all_named(f.tensors, map(lfm2vl_mmproj.file_name, lfm2vl_mmproj.canonical_names(vcfg)), src)
+            # (no check that every tensor is read: llama.cpp's converter lowers block_count for a
+            # vision_feature_layer below -1 and keeps the dropped blocks' tensors, which llama.cpp skips too)
             return Layout(vcfg, find, 0.0, "mmproj", [f.close])
         if arch == "clip" and meta.get("clip.projector_type") == pixtral_mmproj.MMPROJ_TYPE:
             vcfg = pixtral_mmproj.mmproj_config(meta, src, f.tensors)
