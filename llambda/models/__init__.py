@@ -51,6 +51,8 @@ ARCHITECTURES = {
     "deepseek_v2": "deepseek2",
     "deepseek_v3": "deepseek2",
     "glm4": "glm4",
+    "glm4v": "glm4v",              # GLM-4.1V / GLM-4.6V's text model (HF model_type glm4v, its text_config's glm4v_text)
+    "glm4v_text": "glm4v",
     "glm4moe": "glm4moe",
     "glm4_moe": "glm4moe",
     "ernie4_5": "ernie4_5",

@@ -18,7 +18,8 @@ import numpy as np
 from ..errors import ContextOverflowError, InvalidInputError, ModelFormatError
 from ..sampling import _is_int
 from . import lfm2vl_images
-from .images import (FAMILIES, GRID_FAMILIES, INTERNVL, LFM2VL, MAX_CROPS_A_CALL, PIXTRAL, QWEN3VL,
+from .glm4v_tokens import glm4v_tokens
+from .images import (FAMILIES, GLM4V, GRID_FAMILIES, INTERNVL, LFM2VL, MAX_CROPS_A_CALL, PIXTRAL, QWEN3VL,
                      SIZED_FAMILIES, EncodedRows, check_bytes, check_prompt, image_block, image_tokens, run_lengths,
                      tower_crops, tower_rows)
 from .internvl_tokens import internvl_tokens
@@ -80,6 +81,8 @@ class ImageInput:
             ids = pixtral_tokens(hf, m.tokenizer, cfg.vocab_size)
         elif family == INTERNVL:
             ids = internvl_tokens(hf, m.tokenizer, cfg.vocab_size)
+        elif family == GLM4V:
+            ids = glm4v_tokens(hf, m.tokenizer, cfg.vocab_size)
         else:
             ids = (lfm2vl_images.lfm2vl_tokens if family == LFM2VL else image_tokens)(hf, m.tokenizer, cfg.vocab_size,
                                                                                      family)
@@ -89,7 +92,9 @@ class ImageInput:
                 if family == "gemma3" else "no image_token_id in its config, no <image> in its vocabulary)"
                 if family in ("idefics3", LFM2VL) else "no image_token_index in its config, no [IMG]/[IMG_BREAK]/"
                 "[IMG_END] in its vocabulary)" if family == PIXTRAL else "no image_token_id in its config, no "
-                "<img>/<IMG_CONTEXT>/</img> in its vocabulary)" if family == INTERNVL else "no vision_start/image/"
+                "<img>/<IMG_CONTEXT>/</img> in its vocabulary)" if family == INTERNVL else "no image_start/image/image_end "
+                "token ids in its config, no <|begin_of_image|>/<|image|>/<|end_of_image|> in its vocabulary)"
+                if family == GLM4V else "no vision_start/image/"
                 "vision_end token ids in its config, no <|vision_start|>/<|image_pad|>/<|vision_end|> in its vocabulary)"))
         if family == LFM2VL:
             ids = lfm2vl_images.for_tower(ids, tower)

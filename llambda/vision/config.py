@@ -31,6 +31,25 @@ PROJECTORS = ("gemma3", "idefics3")
 RESAMPLE_FILTERS = (0, 1, 2, 3, 4, 5)      # Pillow's (and transformers' PILImageResampling's) filter numbers
 
 
+def field_readers(fields: dict, names: dict | None, source: str):
+    """(what, integer) over a layout's `fields`: what(key), the field as its file names it (for messages);
+    integer(key, lo, hi, default=None), its value: an integer in lo..hi, else a ModelFormatError naming it."""
+    names = names or {}
+
+    def what(key: str) -> str:
+        return f"{source}: {names.get(key, key)}" if source else names.get(key, key)
+
+    def integer(key: str, lo: int, hi: int, default=None) -> int:
+        v = fields.get(key, default)
+        if v is None:
+            raise ModelFormatError(f"{what(key)} is missing")
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            shown = repr(v) if isinstance(v, (int, float, str)) else type(v).__name__
+            raise ModelFormatError(f"{what(key)} must be an integer in {lo}..{hi}, got {shown[:40]}")
+        return v
+    return what, integer
+
+
 def number_triple(v, positive: bool, what: str) -> tuple:
     """3 finite floats (a mean or std per channel; one number: the same for all 3), or ModelFormatError."""
     if hasattr(v, "tolist"):

@@ -148,7 +148,7 @@ class VisionTower:
         as encode_one's."""
         if self.qwen:
             px, grid = self._qwen_input(pixels, grid)
-            out = np.empty((len(px), self.cfg.hidden_size), np.float32)
+            out = np.empty(self._hidden_shape(len(px)), np.float32)
             with self._lock:
                 self._check_open()
                 self.backend.enter_forward()
@@ -165,6 +165,10 @@ class VisionTower:
                 return self.encoder.forward(one).copy()
             finally:
                 self.backend.exit_forward()
+
+    def _hidden_shape(self, patches: int) -> tuple:
+        """last_hidden_state's shape for an image of `patches` patches (a grid tower's)."""
+        return patches, self.cfg.hidden_size
 
     def encode(self, pixels: np.ndarray) -> np.ndarray:
         """float32 [n, tokens_per_image, hidden]: the soft-token rows of n crops' pixels [n, 3, S, S]."""

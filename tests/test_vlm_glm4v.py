@@ -1,0 +1,99 @@
+"""Images on the language model's side, GLM-4.1V / GLM-4.6V (model_type glm4v): GLM-4's text layers with M-RoPE
+over adjacent pairs of a partial rotary (three contiguous sections), Qwen2-VL's image layout and positions under
+GLM's tokens (`<|begin_of_image|>`, gh * gw `<|image|>`, `<|end_of_image|>`).
+
+Checked against transformers' tiny Glm4vForConditionalGeneration (tests/fixtures/reference/tiny/glm4v_vision,
+tools/make_tiny_glm4v.py): the chat's ids, positions, logits and greedy tokens with a tower double serving the
+reference's rows, and with the folder's own tower; the text-only prompt; the server's image content."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llambda.errors import ModelFormatError
+from llambda.models.images import QwenTokens
+
+import test_vlm_qwen25vl as q25  # noqa: E402  (the Qwen-VL checks this layout shares)
+from visionkit import copy_fixture
+
+FOLDER = Path(__file__).parent / "fixtures" / "reference" / "tiny" / "glm4v_vision"
+REF = json.loads((FOLDER / "reference.json").read_text(encoding="utf-8"))
+FIX_PNG = {name: (FOLDER / name).read_bytes() for name in REF["images"]}
+TWO = REF["prompts"][0]                 # two images (merged grids 3 x 5 and 3 x 4), text after each
+TEXT = REF["text_only"]
+MODES = q25.MODES
+BUDGET = q25.BUDGET
+# with its own tower: the native default's bfloat16 tower gives rows within about 1e-2 of transformers' (relative:
+# two blocks, the downsample and the merger's four products each round their activations once), which moves the
+# logits (at most 4.2 here) by up to 0.11 on this fixture; the greedy tokens stay transformers'
+REAL = {**q25.REAL, "native-fast": ("native", None, 0.2)}
+
+
+class GlmFixtureTower(q25.FixtureTower):
+    """test_vlm_qwen25vl's fixture double serving this fixture's rows, as the glm4v family."""
+    family, folder, ref, files = "glm4v", FOLDER, REF, FIX_PNG
+    hidden = REF["config"]["text_config"]["hidden_size"]
+
+
+def fixture_model(mode: str, **kw):
+    return q25.load(FOLDER, mode, GlmFixtureTower, **{"n_ctx": 128, **kw})
+
+
+def test_the_folder_reads_as_glm4v_with_its_tokens():
+    with fixture_model("numpy") as m:
+        c = m.config
+        assert c.arch == "glm4v" and c.rope_sections == [2, 3, 3] and not c.rope_neox and not c.rope_interleaved
+        assert c.rope_dim == 16 and c.head_dim == 32 and c.post_norms and c.attn_bias
+        lay = m.image_input.layout
+        ids = REF["special_token_ids"]
+        assert isinstance(lay, QwenTokens) and lay.family == "glm4v"
+        assert (lay.start, lay.soft, lay.end) == (ids["<|begin_of_image|>"], ids["<|image|>"], ids["<|end_of_image|>"])
+        assert m.image_marker == "<|begin_of_image|><|image|><|end_of_image|>"
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_chat_gives_the_processor_ids_positions_logits_and_greedy_tokens(mode):
+    """With the reference's rows: the template's text, the processor's ids, get_rope_index's positions and
+    rope_deltas, the logits at the reference rows, every argmax, the greedy tokens, each decode step's logits."""
+    with fixture_model(mode) as m:
+        q25.chat_matches_reference(m, TWO, FIX_PNG, FOLDER, BUDGET[mode])
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_text_only_prompt_matches_transformers(mode):
+    with fixture_model(mode) as m:
+        q25.text_matches_reference(m, TEXT, FOLDER, BUDGET[mode])
+
+
+@pytest.mark.parametrize("mode", list(REAL))
+def test_whole_model_with_its_own_tower_matches_transformers(mode):
+    """No double: the folder's own tower decodes, resizes and encodes the images (the native default's bfloat16
+    tower within REAL's budget)."""
+    with q25.own_tower_model(FOLDER, mode) as m:
+        assert m.vision is not None and m.vision.family == "glm4v"
+        q25.own_tower_matches_reference(m, TWO, FIX_PNG, FOLDER, REAL[mode][2], [(3, 5), (3, 4)])
+
+
+def test_chat_with_an_image_part_gives_the_reference_text():
+    """Model.chat with image parts (the files' bytes) answers transformers' greedy tokens' text."""
+    import llambda
+    want = TWO["greedy_new_tokens"]
+    with llambda.load(FOLDER, backend="numpy", n_ctx=128) as m:
+        text = m.chat(q25.fixture_messages(TWO, FIX_PNG), max_tokens=len(want), temperature=0, ignore_eos=True)
+        assert text == m.tokenizer.decode(want)
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda c: c["text_config"]["rope_parameters"].update(mrope_section=[2, 3, 4]), "rope sections"),
+    (lambda c: c["text_config"]["rope_parameters"].pop("mrope_section"), "mrope_section"),
+    (lambda c: c["text_config"].update(head_dim=16), "head_dim"),
+    (lambda c: c["text_config"]["rope_parameters"].update(partial_rotary_factor=1.5), "partial_rotary_factor"),
+])
+def test_hostile_text_configs_are_typed_errors(tmp_path, edit, field):
+    import llambda
+    path = copy_fixture(FOLDER, tmp_path / "bad", config_edit=edit)
+    with pytest.raises(ModelFormatError, match=field):
+        llambda.load(path, backend="numpy", n_ctx=64, vision=False)
