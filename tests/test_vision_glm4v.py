@@ -15,6 +15,7 @@ import pytest
 
 from llambda.backends import available_backends
 from llambda.errors import InvalidInputError, ModelClosedError
+from llambda.formats import gguf
 from llambda.vision import load_image, load_vision
 from llambda.vision.glm4v import position_rows
 from llambda.vision.glm4v_pixels import smart_resize
@@ -184,3 +185,67 @@ def _drop(key):
 ])
 def test_hostile_directories_are_typed_errors_naming_the_field(tmp_path, edits, match):
     visionkit.refused(TINY, tmp_path / "bad", match, **edits)
+
+
+# ---------------------------------------------------------------- llama.cpp's glm4v mmproj
+
+MMPROJ_BUDGET = {"f32": EXACT, "f16": 2e-3, "q8_0": 3e-2}     # the merger's rows against transformers' (measured: 2e-6, 1e-3, 1.8e-2)
+
+
+@pytest.fixture(scope="module")
+def mmproj_files(tmp_path_factory):
+    return visionkit.write_mmprojs(TINY, tmp_path_factory.mktemp("glm4v_mmproj"))
+
+
+@pytest.mark.parametrize("qtype", ["f32", "f16", "q8_0"])
+def test_our_mmproj_reads_back_as_the_directory(mmproj_files, qtype):
+    """write_mmproj's file: llama.cpp's names and keys (the merger's width from mm.gate's rows), read back to the
+    directory's config and, within each type's rounding, its rows."""
+    with gguf.GGUFFile(mmproj_files[qtype]) as f:
+        assert f.metadata["clip.projector_type"] == "glm4v"
+        assert {"v.norm_embd.weight", "mm.patch_merger.weight", "mm.model.fc.weight", "mm.post_norm.bias",
+                "mm.gate.weight", "v.patch_embd.weight.1", "v.blk.1.attn_v.weight"} <= set(f.tensors)
+    with closing(load_vision(mmproj_files[qtype], backend="numpy")) as t, closing(load_vision(TINY, "numpy")) as d:
+        for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "image_size",
+                    "text_hidden_size", "min_pixels", "max_pixels", "rms_norm_eps", "attention_bias", "image_mean"):
+            assert getattr(t.cfg, key) == pytest.approx(getattr(d.cfg, key)), key
+        err = check_tower(t)
+        assert err["rows"] <= MMPROJ_BUDGET[qtype], err
+
+
+@pytest.mark.parametrize("qtype", ["f32", "f16"])
+def test_llama_cpp_reads_our_mmproj(mmproj_files, qtype, tmp_path):
+    """llama-cpp-python 0.3.36's libmtmd on our file: the same token count and rows within 3e-3 of ours (its GELU
+    is the tanh form) for images whose size both processors keep (multiples of 28, 8 tokens or more: below that
+    llama.cpp scales up by its own bound of 8 tokens)."""
+    with closing(load_vision(mmproj_files[qtype], backend="numpy")) as t:
+        for h, w in ((84, 140), (112, 84)):
+            rgb = visionkit.rgb_image(h, w)
+            theirs = visionkit.llama_cpp_rows(mmproj_files[qtype], rgb, tmp_path, ["<|begin_of_image|>",
+                                                                                   "<|end_of_image|>"], width=64)
+            ours = t.encode_one(t.pixels(Image.fromarray(rgb, "RGB")), t.grid(w, h))
+            assert len(theirs) == 1 and theirs[0].shape == ours.shape == (h * w // 784, 64)
+            err = float(np.abs(theirs[0] - ours).max())
+            assert err <= 3e-3, (h, w, err)
+
+
+def _without(name):
+    return {"drop": (name,)}
+
+
+@pytest.mark.parametrize("edit, match", [
+    ({"meta_edit": lambda m: m.pop("clip.vision.block_count")}, "block_count"),
+    ({"meta_edit": lambda m: m.update({"clip.vision.image_size": 50})}, "image_size"),
+    ({"meta_edit": lambda m: m.update({"clip.vision.attention.head_count": 3})}, "embedding_length"),
+    ({"meta_edit": lambda m: m.update({"clip.has_vision_encoder": False})}, "has_vision_encoder"),
+    ({"meta_edit": lambda m: m.update({"clip.vision.max_pixels": 7})}, "max_pixels"),
+    (_without("mm.gate.weight"), "mm.gate.weight"),
+    (_without("mm.patch_merger.weight"), "downsample"),
+    (_without("v.patch_embd.weight.1"), "patch_embed"),
+    (_without("v.blk.1.attn_k.weight"), "attn.qkv"),
+])
+def test_hostile_mmprojs_are_typed_errors(mmproj_files, tmp_path, edit, match):
+    from llambda.errors import ModelFormatError
+    bad = visionkit.rewrite_gguf(mmproj_files["f32"], tmp_path / "bad.gguf", **edit)
+    with pytest.raises(ModelFormatError, match=match):
+        load_vision(bad, backend="numpy")

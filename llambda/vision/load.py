@@ -17,7 +17,7 @@ from .config import VisionConfig
 from .layouts import (HF_NAMES, IDEFICS3_TYPES, LLAMA_CPP, MMPROJ_NAMES, OLLAMA, OLLAMA_NAMES, Layout,
                       check_processor_size, gguf_lookup, has_ollama_tower, hf_fields, hf_lookup, idefics3_hf_fields,
                       image_processor_settings, mmproj_fields, ollama_fields)
-from . import glm4v_layouts
+from . import glm4v_layouts, glm4v_mmproj
 from . import internvl_layouts, internvl_mmproj
 from . import lfm2vl_layouts, lfm2vl_mmproj
 from . import pixtral_layouts, pixtral_mmproj, pixtral_ollama
@@ -99,6 +99,11 @@ def open_layout(path: Path) -> Layout | None:
         if arch == "clip" and meta.get("clip.projector_type") == pixtral_mmproj.MMPROJ_TYPE:
             vcfg = pixtral_mmproj.mmproj_config(meta, src, f.tensors)
             return Layout(vcfg, pixtral_mmproj.lookup(f, vcfg), 0.0, "mmproj", [f.close])
+        if arch == "clip" and meta.get("clip.projector_type") == glm4v_mmproj.MMPROJ_TYPE:
+            from .glm4v_config import Glm4vVisionConfig
+            vcfg = Glm4vVisionConfig.from_fields(glm4v_mmproj.mmproj_fields(meta, f.tensors, src), glm4v_mmproj.KEYS,
+                                                 src)
+            return Layout(vcfg, glm4v_mmproj.lookup(f), 0.0, "mmproj", [f.close])
         if arch == "clip" and meta.get("clip.projector_type") == internvl_mmproj.PROJECTOR_TYPE:
             from .internvl_config import InternVLConfig
             vcfg = InternVLConfig.from_fields(internvl_mmproj.mmproj_fields(meta, f.tensors, src), internvl_mmproj.KEYS,

@@ -1,6 +1,6 @@
 """Writing a vision tower as llama.cpp's mmproj GGUF (general.architecture `clip`, projector type `gemma3` or
 `idefics3`; Qwen2-VL's `qwen2.5vl_merger` and `qwen2vl_merger` in qwen2vl_mmproj.py, Mistral 3's `pixtral` in
-pixtral_mmproj.py, InternVL's `internvl` in internvl_mmproj.py), the file llama.cpp's converter
+pixtral_mmproj.py, InternVL's `internvl` in internvl_mmproj.py, GLM-4.1V's `glm4v` in glm4v_mmproj.py), the file llama.cpp's converter
 (convert_hf_to_gguf.py --mmproj) makes of a
 Gemma3ForConditionalGeneration or an Idefics3ForConditionalGeneration: its `clip.*` keys, tensor names
 (layouts.gguf_name); Gemma 3's projector norm stored as 1 + w, its projection stored [vision_hidden,
@@ -27,6 +27,7 @@ from .layouts import CONNECTOR, LLAMA_CPP, MMPROJ_DEFAULT_SCALE, MMPROJ_LONGEST_
 from .load import open_layout
 from .pixtral_mmproj import pixtral_mmproj
 from .qwen2vl_config import QWEN_FAMILIES
+from .glm4v_mmproj import glm4v_mmproj
 from .internvl_mmproj import internvl_mmproj
 from .lfm2vl_mmproj import lfm2vl_mmproj
 from .qwen2vl_mmproj import qwen_mmproj
@@ -71,8 +72,9 @@ def write_mmproj(source, out, qtype: str = "f32", name: str | None = None) -> Pa
             out = Path(os.fspath(out))
             write_gguf(out, meta, tensors)
             return out
-        if c.projector in QWEN_FAMILIES or c.projector in ("lfm2_vl", "internvl"):
-            write = {"lfm2_vl": lfm2vl_mmproj, "internvl": internvl_mmproj}.get(c.projector, qwen_mmproj)
+        if c.projector in QWEN_FAMILIES or c.projector in ("lfm2_vl", "internvl", "glm4v"):
+            write = {"lfm2_vl": lfm2vl_mmproj, "internvl": internvl_mmproj,
+                     "glm4v": glm4v_mmproj}.get(c.projector, qwen_mmproj)
             meta, tensors = write(layout, name or Path(source).name, TYPES[qtype], _type)
             out = Path(os.fspath(out))
             write_gguf(out, meta, tensors)
