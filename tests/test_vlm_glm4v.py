@@ -86,6 +86,53 @@ def test_chat_with_an_image_part_gives_the_reference_text():
         assert text == m.tokenizer.decode(want)
 
 
+def test_text_gguf_with_our_mmproj_is_the_checkpoint(tmp_path):
+    """llama.cpp's layout: the text model as a glm4 GGUF with rope.dimension_sections (q/k rows half-split in the
+    rotated dims, as llama.cpp's converter permutes them; its image tokens found in the vocabulary) and the tower
+    as a glm4v mmproj, both written by llambda, loaded with mmproj=: the same ids, grids and logits as the
+    checkpoint with its own tower, and transformers' greedy tokens."""
+    import llambda
+    from llambda.formats.gguf import GGUFFile
+    from llambda.tools.export import export
+    from llambda.vision.mmproj import write_mmproj
+    gg = export(FOLDER, tmp_path / "text.gguf", fmt="gguf")
+    proj = write_mmproj(FOLDER, tmp_path / "mmproj.gguf", "f32")
+    with GGUFFile(gg) as f:
+        assert f.metadata["general.architecture"] == "glm4"
+        assert list(f.metadata["glm4.rope.dimension_sections"]) == [2, 3, 3, 0]
+        assert int(f.metadata["glm4.rope.dimension_count"]) == 16
+    images = [FIX_PNG[n] for n in TWO["images"]]
+    out = []
+    for path, extra in ((FOLDER, {}), (gg, {"mmproj": proj})):
+        with llambda.load(path, backend="numpy", n_ctx=128, **extra) as m:
+            assert m.config.arch == "glm4v" and m.config.rope_neox == (path == gg)
+            assert m.accepts_images and m.image_marker == "<|begin_of_image|><|image|><|end_of_image|>"
+            ids, blocks = m.image_prompt(TWO["chat_text"], images)
+            out.append((ids, [b.grid for b in blocks], q25.whole_logits(m, ids, blocks).copy()))
+            want = TWO["greedy_new_tokens"]
+            assert list(m.generate(ids, images=blocks, max_tokens=len(want), temperature=0, ignore_eos=True)) == want
+    (ids_a, grids_a, a), (ids_b, grids_b, b) = out
+    assert ids_a == ids_b == TWO["input_ids"] and grids_a == grids_b == [(3, 5), (3, 4)]
+    assert float(np.abs(a - b).max()) <= 1e-4
+
+
+def test_llama_cpp_runs_our_glm4_gguf(tmp_path):
+    """llama-cpp-python 0.3.36's libllama loads our glm4 GGUF with M-RoPE sections and its text-only logits are
+    transformers' (within test_export's f32 budget for llama.cpp, 0.05): the permuted q/k rows turn as GLM-4's
+    adjacent pairs did. (Its image positions are not checked here: that needs libmtmd's whole prompt.)"""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the bench extra)")
+    from llamacpp_ref import llama_cpp_logits
+    from llambda.tools.export import export
+    path = export(FOLDER, tmp_path / "text.gguf", fmt="gguf", qtype="f32")
+    want = np.load(FOLDER / TEXT["logits_last3"])[-1]
+    theirs = llama_cpp_logits(path, TEXT["input_ids"])
+    assert float(np.abs(theirs - want).max()) <= 0.05
+    with q25.load(path, "numpy", tower=False) as m:
+        assert m.config.arch == "glm4v" and m.tokenize(TEXT["chat_text"]) == TEXT["input_ids"]
+        ours = q25.vlm_rows(m, TEXT["input_ids"])[-1]
+    assert float(np.abs(ours - want).max()) <= 1e-4
+
+
 @pytest.mark.parametrize("edit, field", [
     (lambda c: c["text_config"]["rope_parameters"].update(mrope_section=[2, 3, 4]), "rope sections"),
     (lambda c: c["text_config"]["rope_parameters"].pop("mrope_section"), "mrope_section"),

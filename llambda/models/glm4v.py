@@ -6,7 +6,11 @@ partial_rotary_factor of a head (transformers' default here is 1.0, not GLM-4's 
 then it is GLM-4's RoPE. The attention's head_dim is hidden_size / num_attention_heads (a head_dim key otherwise
 is refused).
 
-Files: a HF directory (model_type glm4v; the text config under text_config, model_type glm4v_text)."""
+Files: a HF directory (model_type glm4v; the text config under text_config, model_type glm4v_text); llama.cpp's
+text GGUF (architecture glm4 with `rope.dimension_sections`, four int32 counts, the last 0: its converter
+permutes each head's rotated q/k rows (and biases) to the half-split order, [0::2] then [1::2], since llama.cpp's
+M-RoPE turns half-split pairs: read as rope_neox true, the same rotation; glm4.py reads and writes its keys);
+export writes that file (tools/export.py permutes the rows)."""
 from __future__ import annotations
 
 from ..errors import ModelFormatError

@@ -82,6 +82,8 @@ FAMILIES = {
     # GLM: GGUF only (write_hf refuses them: HF's own norm names and fused gate_up are not written)
     "glm4": Family("glm4", "Glm4ForCausalLM", "glm4"),
     "glm4moe": Family("glm4_moe", "Glm4MoeForCausalLM", "glm4moe"),
+    # GLM-4.1V / GLM-4.6V's text model: llama.cpp's glm4 with rope.dimension_sections, q/k rows half-split
+    "glm4v": Family("glm4v", "Glm4vForConditionalGeneration", "glm4"),
     # Gemma 3n's text decoder: GGUF only as well (models/gemma3n.py)
     "gemma3n": Family("gemma3n_text", "Gemma3nForCausalLM", "gemma3n"),
     # ERNIE 4.5: GGUF only (its HF files keep q/k rows in adjacent pairs; the MoE's names and keys are its own)
@@ -231,12 +233,13 @@ def _layout_tensors(src: ModelSource, to_interleaved: bool | None) -> dict[str, 
     tensors = source_tensors(src)
     if to_interleaved is None or to_interleaved == (not cfg.rope_neox):
         return tensors
-    if cfg.rope_dim != cfg.head_dim or cfg.qk_norm:
-        raise ModelFormatError("cannot convert the q/k RoPE layout of a partial-rotary or q/k-norm model")
+    if cfg.qk_norm:
+        raise ModelFormatError("cannot convert the q/k RoPE layout of a q/k-norm model")
     if any(n.endswith("attn_qkv.weight") for n in tensors):
         raise ModelFormatError("cannot convert the RoPE layout of fused qkv tensors")
-    perm = {"attn_q": rope_permutation(cfg.n_heads, cfg.head_dim, to_interleaved),
-            "attn_k": rope_permutation(cfg.n_kv_heads, cfg.head_dim, to_interleaved)}
+    partial = () if cfg.rope_dim == cfg.head_dim else (cfg.rope_dim,)     # only the rotated rows move
+    perm = {"attn_q": rope_permutation(cfg.n_heads, cfg.head_dim, to_interleaved, *partial),
+            "attn_k": rope_permutation(cfg.n_kv_heads, cfg.head_dim, to_interleaved, *partial)}
     for name, t in tensors.items():
         leaf = name.split(".")[2] if name.startswith("blk.") else ""
         if leaf in perm:
@@ -676,7 +679,8 @@ def write_gguf_file(src: ModelSource, out: Path, qtype: str | None = None, pure:
     arch = fam.gguf_arch
     # `quantize IN OUT ""` once wrote the source's types and reported success: "" is no type
     ftype = file_type(qtype, pure) if qtype is not None else None
-    same_layout = arch in SAME_ROPE_LAYOUT_ARCHS
+    # (glm4 with M-RoPE sections, GLM-4.1V's: llama.cpp's M-RoPE turns half-split rows, its converter permutes them)
+    same_layout = arch in SAME_ROPE_LAYOUT_ARCHS and not cfg.rope_sections
     tensors = _mla_tensors(cfg, _hybrid_tensors(cfg, _layout_tensors(src, to_interleaved=None if same_layout else
                                                                      arch in PERMUTED_GGUF_ARCHS)))
     meta = gguf_metadata(cfg, arch, src.name or src.path.stem)
