@@ -144,3 +144,26 @@ def test_hostile_text_configs_are_typed_errors(tmp_path, edit, field):
     path = copy_fixture(FOLDER, tmp_path / "bad", config_edit=edit)
     with pytest.raises(ModelFormatError, match=field):
         llambda.load(path, backend="numpy", n_ctx=64, vision=False)
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda c: c.update(image_token_id=5000), "image token 5000 is outside"),
+    (lambda c: c["vision_config"].update(out_hidden_size=32), "vision_config.out_hidden_size 32"),
+])
+def test_a_tower_that_cannot_serve_loads_text_only_with_a_warning_naming_why(tmp_path, edit, words):
+    import llambda
+    path = copy_fixture(FOLDER, tmp_path / "m", config_edit=edit)
+    with pytest.warns(llambda.LlambdaWarning, match=words):
+        m = llambda.load(path, backend="numpy", n_ctx=64)
+    with m:
+        assert not m.accepts_images
+        assert q25.vlm_rows(m, TEXT["input_ids"]).shape == (len(TEXT["input_ids"]), m.config.vocab_size)
+
+
+@pytest.mark.parametrize("max_batch", [3, 7])
+def test_chunked_prefill_gives_the_greedy_tokens(max_batch):
+    """Prefill chunks that cut the images (causal: a chunk may end inside one) keep each token's M-RoPE position."""
+    with fixture_model("native-exact", max_batch=max_batch) as m:
+        ids, blocks = m.image_prompt(TWO["chat_text"], [FIX_PNG[n] for n in TWO["images"]])
+        want = TWO["greedy_new_tokens"]
+        assert list(m.generate(ids, images=blocks, max_tokens=len(want), temperature=0, ignore_eos=True)) == want
