@@ -45,6 +45,8 @@ ARCHITECTURES = {
     "granitehybrid": "granitehybrid",
     "olmo2": "olmo2",
     "lfm2": "lfm2",
+    "lfm2moe": "lfm2moe",          # llama.cpp's name of LFM2-MoE
+    "lfm2_moe": "lfm2moe",
     "qwen3_next": "qwen3next",
     "qwen3next": "qwen3next",
     "deepseek2": "deepseek2",

@@ -74,6 +74,7 @@ FAMILIES = {
     "olmo2": Family("olmo2", "Olmo2ForCausalLM", "olmo2"),
     # hybrids: GGUF only (write_hf refuses them)
     "lfm2": Family("lfm2", "Lfm2ForCausalLM", "lfm2"),
+    "lfm2moe": Family("lfm2_moe", "Lfm2MoeForCausalLM", "lfm2moe"),
     "qwen3next": Family("qwen3_next", "Qwen3NextForCausalLM", "qwen3next"),
     "granitehybrid": Family("granitemoehybrid", "GraniteMoeHybridForCausalLM", "granitehybrid"),
     "falcon_h1": Family("falcon_h1", "FalconH1ForCausalLM", "falcon-h1"),     # its multipliers folded in
