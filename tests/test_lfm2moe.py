@@ -196,6 +196,30 @@ def test_a_missing_expert_or_bias_is_refused(tmp_path):
             llambda.load(d, backend="numpy", n_ctx=32)
 
 
+def test_transformers5_fused_experts_are_the_same_model(tmp_path):
+    """The experts as transformers 5 saves them without save_original_format (feed_forward.experts.gate_up_proj:
+    per expert w1's rows then w3's; down_proj: w2's) give the same logits; a fused tensor of another shape is
+    refused by name."""
+    with SafetensorsFile(TINY / FOLDER / "model.safetensors") as st:
+        arrays = {n: t.to_float32().reshape(t.shape).copy() for n, t in st.tensors.items()}
+    fused = {n: a for n, a in arrays.items() if ".experts." not in n}
+    for i in (2, 3, 4):
+        p = f"model.layers.{i}.feed_forward.experts."
+        fused[p + "gate_up_proj"] = np.stack([np.concatenate([arrays[f"{p}{e}.w1.weight"], arrays[f"{p}{e}.w3.weight"]])
+                                              for e in range(8)])
+        fused[p + "down_proj"] = np.stack([arrays[f"{p}{e}.w2.weight"] for e in range(8)])
+    d = tmp_path / "fused"
+    d.mkdir()
+    (d / "config.json").write_text((TINY / FOLDER / "config.json").read_text())
+    write_safetensors(d / "model.safetensors", fused)
+    with load(d) as m:
+        assert max_err(m, FOLDER) <= 1e-3
+    fused["model.layers.3.feed_forward.experts.down_proj"] = fused["model.layers.3.feed_forward.experts.down_proj"][:7]
+    write_safetensors(d / "model.safetensors", fused)
+    with pytest.raises(ModelFormatError, match="layers.3.feed_forward.experts.down_proj"):
+        llambda.load(d, backend="numpy", n_ctx=32)
+
+
 def _gguf_edit(src, out, drop_tensors=(), **keys):
     """The GGUF at src with lfm2moe.<key> set (None: removed) and tensors left out."""
     with GGUFFile(src) as f:

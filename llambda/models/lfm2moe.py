@@ -7,7 +7,8 @@ LFM2). MoE layers: s = sigmoid(router(f)); the k = `num_experts_per_tok` experts
 (use_expert_bias; the bias only ranks) are weighted by their s, renormalised (norm_topk_prob), times
 `routed_scaling_factor` (config.MOE_ROUTINGS "sigmoid_topk" with a choice bias); each expert a SiLU MLP of
 `moe_intermediate_size`. The Hub stores one tensor per expert (`feed_forward.experts.E.w1|w3|w2`: gate, up,
-down; `hf_splitter`), the router as `feed_forward.gate`, the bias as `feed_forward.expert_bias`.
+down), transformers 5 may save them fused (`hf_splitter` reads both); the router is `feed_forward.gate`, the
+bias `feed_forward.expert_bias`.
 
 GGUF (`lfm2moe`): lfm2's keys (per-layer head_count_kv, 0 for a conv layer; shortconv.l_cache; the final
 norm named token_embd_norm), the expert counts and size, leading_dense_block_count, expert_gating_func 2
@@ -23,6 +24,7 @@ import re
 import numpy as np
 
 from ..errors import ModelFormatError
+from ..formats.experts import expert_matrix
 from ..formats.weights import WeightTensor
 from . import lfm2
 from .config import TransformerConfig
@@ -39,6 +41,7 @@ HF_LAYER_NAMES = {**lfm2.HF_LAYER_NAMES, "feed_forward.gate.weight": "ffn_gate_i
 # one expert's matrix in the Hub layout -> the stacked canonical leaf
 _EXPERT = re.compile(r"feed_forward\.experts\.(\d+)\.(w1|w2|w3)\.weight")
 _PART = {"w1": "ffn_gate_exps.weight", "w3": "ffn_up_exps.weight", "w2": "ffn_down_exps.weight"}
+_GATE_UP, _DOWN = "feed_forward.experts.gate_up_proj", "feed_forward.experts.down_proj"     # transformers 5's
 
 
 def config_from_hf(cfg: dict) -> TransformerConfig:
@@ -85,11 +88,26 @@ def config_from_gguf(meta: dict) -> TransformerConfig:
 
 
 def hf_splitter(config: TransformerConfig):
-    """split(suffix, t, name) -> [(canonical leaf, expert, matrix)] for one expert's Hub tensor
-    (`feed_forward.experts.E.w1|w3|w2.weight`), None for any other."""
+    """split(suffix, t, name) -> [(canonical leaf, expert, matrix)] for a layer's expert tensors, None for any other:
+    the Hub's one tensor per expert (`feed_forward.experts.E.w1|w3|w2.weight`), or transformers 5's fused ones
+    (saved with save_original_format=False: `feed_forward.experts.gate_up_proj` (E, 2I, d), gate rows then up
+    rows per expert, and `down_proj` (E, d, I)), as views of the file's rows."""
+    n, d, inner = config.n_experts, config.d_model, config.expert_ffn_dim
+
     def split(suffix: str, t, name: str):
         m = _EXPERT.fullmatch(suffix)
-        return None if m is None else [(_PART[m.group(2)], int(m.group(1)), t)]
+        if m is not None:
+            return [(_PART[m.group(2)], int(m.group(1)), t)]
+        if suffix not in (_GATE_UP, _DOWN):
+            return None
+        want = (n, 2 * inner, d) if suffix == _GATE_UP else (n, d, inner)
+        if tuple(t.shape) != want:
+            raise ModelFormatError(f"tensor {name!r} has shape {t.shape}, not {n} experts' {want[1:]} matrices")
+        if suffix == _DOWN:
+            return [("ffn_down_exps.weight", e, expert_matrix(t, e)) for e in range(n)]
+        halves = [expert_matrix(t, e).split_rows([inner, inner]) for e in range(n)]
+        return [(leaf, e, part) for e, parts in enumerate(halves)
+                for leaf, part in zip(("ffn_gate_exps.weight", "ffn_up_exps.weight"), parts)]
     return split
 
 
