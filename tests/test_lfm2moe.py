@@ -4,7 +4,8 @@ The tiny reference (fixtures/reference/tiny/lfm2_moe, made by tools/make_tiny_lf
 runs from its HF directory in test_tiny_models.py with every other folder, and its exports (f32 to q4_k_m) in
 llama.cpp in test_export.py. Here: our GGUF export on every backend against transformers; the settings each
 format yields; the recurrent state (decode steps, chunked prefill, batch invariance: test_hybrid.py's checks);
-controls that the expert bias, the renormalisation and the scale are what the reference ran; refusals.
+controls that the expert bias, the renormalisation and the scale are what the reference ran; refusals; and the
+lfm2 / lfm2moe files llama.cpp runs that are not a causal language model (embedding, windowed), refused.
 """
 from __future__ import annotations
 
@@ -262,3 +263,41 @@ def test_config_json_round_trip_of_the_fixture_is_transformers():
     cfg = json.loads((TINY / FOLDER / "config.json").read_text())
     assert cfg["model_type"] == "lfm2_moe" and cfg["architectures"] == ["Lfm2MoeForCausalLM"]
     assert (cfg["num_dense_layers"], cfg["use_expert_bias"], cfg["norm_topk_prob"]) == (2, True, True)
+
+
+# ---------------------------------------------------------------- what llama.cpp's lfm2 / lfm2moe files may also say
+
+def _with_keys(src, out, arch, keys: dict, tensors=()):
+    """The GGUF at src with `arch.key` values added (GGUFValue or plain) and extra tensors."""
+    with GGUFFile(src) as f:
+        meta, types = dict(f.metadata), dict(f.metadata_types)
+        items = [(t.name, t.qtype, np.array(t.data), t.shape) for t in f.tensors.values()]
+    meta.update({f"{arch}.{k}": v for k, v in keys.items()})
+    write_gguf(out, meta, items + list(tensors), metadata_types={k: t for k, t in types.items() if k in meta})
+    return out
+
+
+@pytest.mark.parametrize("folder, arch", [("lfm2", "lfm2"), (FOLDER, A)])
+def test_lfm2_embedding_and_windowed_files_are_refused(exported, tmp_path, folder, arch):
+    """llama.cpp's lfm2 also runs LFM2.5-Embedding (attention.causal false, every arch reads it), LFM2-ColBERT (a
+    dense_2_out projection after the norm) and LFM2.5-Audio's detokenizer (attention.sliding_window on the attention
+    layers, lfm2 only): none is the causal language model run here, each was run as one (but ColBERT's, whose
+    tensor was unread). A window of 0 is none, and llama.cpp's lfm2moe does not read the key."""
+    from llambda.formats.gguf import GGUFValueType as VT
+    from llambda.formats.gguf_writer import GGUFValue
+    from llambda.formats.quants import QType
+    src = exported(folder)
+    cases = [({"attention.causal": GGUFValue(VT.BOOL, False)}, (), "attention.causal"),
+             ({"embedding_length_out": GGUFValue(VT.UINT32, 16)},
+              [("dense_2_out.weight", QType.F32, np.zeros((16, 64), np.float32).view(np.uint8).reshape(-1), (16, 64))],
+              "dense_2_out")]
+    if arch == "lfm2":
+        cases.append(({"attention.sliding_window": GGUFValue(VT.UINT32, 4)}, (), "sliding_window"))
+    for k, (keys, tensors, message) in enumerate(cases):
+        bad = _with_keys(src, tmp_path / f"bad{k}.gguf", arch, keys, tensors)
+        with pytest.raises(ModelFormatError, match=message):
+            llambda.load(bad, backend="numpy", n_ctx=32)
+    ok = _with_keys(src, tmp_path / "ok.gguf", arch, {"attention.causal": GGUFValue(VT.BOOL, True),
+                                                      "attention.sliding_window": GGUFValue(VT.UINT32, 0 if arch == "lfm2" else 4)})
+    with load(ok) as m:
+        assert max_err(m, folder) <= 1e-3 and m.config.sliding_window == 0

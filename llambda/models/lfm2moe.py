@@ -68,6 +68,7 @@ def config_from_hf(cfg: dict) -> TransformerConfig:
 def config_from_gguf(meta: dict) -> TransformerConfig:
     meta, kinds = gguf_layer_kinds(meta, ARCH, "shortconv")
     hp = GGUFHParams(meta, ARCH)
+    lfm2.refuse_non_lm(hp)
     c = hp.common()
     moe = gguf_moe(hp, norm_default=True)
     if moe:
