@@ -29,11 +29,17 @@ FOLDER = "lfm2_moe"
 A = "lfm2moe"
 
 
+# max |logit diff| against transformers (logits' std about 3.9; measured 2e-5 on numpy, 3.3e-5 native, whose fast
+# mode quantizes no activation beside these float32 weights: test_quantized_native_matches_numpy runs it on Q8_0)
+BUDGET = {"numpy": 1e-4, "native-exact": 1e-4, "native-fast": 1e-3}
+
+
 @pytest.mark.parametrize("mode", list(MODES))
-def test_our_gguf_matches_transformers(exported, mode):
-    with load(exported(FOLDER), mode) as m:
+@pytest.mark.parametrize("fmt", ["hf", "gguf"])
+def test_both_formats_match_transformers(exported, mode, fmt):
+    with load(TINY / FOLDER if fmt == "hf" else exported(FOLDER), mode) as m:
         assert m.config.arch == A
-        assert max_err(m, FOLDER) <= MODES[mode][2]
+        assert max_err(m, FOLDER) <= BUDGET[mode]
         assert greedy_matches(m, FOLDER)
 
 
