@@ -257,6 +257,28 @@ def test_bad_gguf_files_are_model_format_errors(exported, tmp_path, keys, drop, 
         llambda.load(bad, backend="numpy", n_ctx=32)
 
 
+# the lfm2moe keys llama.cpp's converter (LFM2MoeModel over TextModel) writes for this folder, and no others
+CONVERTER_KEYS = {"block_count", "context_length", "embedding_length", "feed_forward_length", "attention.head_count",
+                  "attention.head_count_kv", "rope.freq_base", "attention.layer_norm_rms_epsilon", "expert_count",
+                  "expert_used_count", "expert_feed_forward_length", "leading_dense_block_count",
+                  "expert_gating_func", "vocab_size", "shortconv.l_cache"}
+
+
+def test_the_converters_keys_alone_run_the_reference(exported, tmp_path):
+    """Our export less the keys the converter does not write (key/value lengths, rope dimension count,
+    expert_weights_norm): what llama.cpp's convert_hf_to_gguf.py makes of the folder (its tensors are ours,
+    checked by name in test_settings_from_each_format) is read as the same model. (Checked once by hand on the
+    converter's own output of this folder: 2e-5 from transformers.)"""
+    with GGUFFile(exported(FOLDER)) as f:
+        ours = {k.split(".", 1)[1] for k in f.metadata if k.startswith(A + ".")}
+    assert CONVERTER_KEYS <= ours
+    gg = _gguf_edit(exported(FOLDER), tmp_path / "conv.gguf", **{k: None for k in ours - CONVERTER_KEYS})
+    with GGUFFile(gg) as f:
+        assert {k.split(".", 1)[1] for k in f.metadata if k.startswith(A + ".")} == CONVERTER_KEYS
+    with load(gg) as m:
+        assert max_err(m, FOLDER) <= 1e-4
+
+
 def test_an_unscaled_gguf_says_scale_one(exported, tmp_path):
     """expert_weights_scale 1.0 (what a converter may write for routed_scaling_factor 1) is the same model."""
     gg = _gguf_edit(exported(FOLDER), tmp_path / "s.gguf", expert_weights_scale=1.0)
