@@ -89,6 +89,14 @@ def test_batch_invariance_with_other_sequences():
     hybrid.test_batch_invariance_with_other_sequences(FOLDER)
 
 
+def test_reused_prefix_resumes_only_where_the_state_is():
+    hybrid.test_reused_prefix_resumes_only_where_the_state_is(FOLDER, "native-fast")
+
+
+def test_server_scheduler_runs_sequences_without_prefix_reuse():
+    hybrid.test_server_scheduler_runs_hybrid_sequences_without_prefix_reuse(FOLDER)
+
+
 def test_quantized_native_matches_numpy():
     """Q8_0 weights (quantized at load): the quantized kernels under short convs and sigmoid routing with a choice
     bias against the NumPy oracle on the same weights. Exact mode within the float budget. Fast mode's 8-bit
