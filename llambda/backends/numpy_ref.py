@@ -71,6 +71,11 @@ def _route_plain(logits: np.ndarray, k: int, routing: str, norm: bool) -> tuple[
 ENCODER_SCORES_MAX = 1 << 24
 
 
+def _signed_inf(c, zero) -> np.float32:
+    """The sign of c as +-inf, or `zero` when c is 0."""
+    return np.float32(np.inf if c > 0 else -np.inf if c < 0 else zero)
+
+
 class NumpyBackend(Backend):
     name = "numpy"
     precision = "f32"
@@ -310,8 +315,14 @@ class NumpyBackend(Backend):
 
     def xielu(self, x, alpha_p, alpha_n, beta, eps) -> None:
         f = np.float32
-        neg = (np.expm1(np.minimum(x, f(eps))) - x) * f(alpha_n) if alpha_n else np.zeros_like(x)
-        np.copyto(x, np.where(x > 0, f(alpha_p) * x * x, neg) + f(beta) * x)
+        inf = np.isinf(x)
+        limits = x[inf]       # the formula's limit at +-inf (its terms give 0 * inf or inf - inf): ops.c's xielu_at_inf
+        limits = np.where(limits > 0, _signed_inf(alpha_p if alpha_p else beta, 0.0),
+                          _signed_inf(f(alpha_n) - f(beta), -f(alpha_n)))
+        with np.errstate(invalid="ignore", over="ignore"):
+            neg = (np.expm1(np.minimum(x, f(eps))) - x) * f(alpha_n) if alpha_n else np.zeros_like(x)
+            np.copyto(x, np.where(x > 0, f(alpha_p) * x * x, neg) + f(beta) * x)
+        x[inf] = limits
 
     def gelu_erf(self, x) -> None:
         x *= 0.5 * (1.0 + _erf(x.astype(np.float64) / np.sqrt(2.0)))
