@@ -200,9 +200,19 @@ class NumpyBackend(Backend):
         np.matmul(x, w.T, out=out)
 
     def rmsnorm(self, x, w, eps, out) -> None:
-        ms = np.mean(np.square(x, dtype=np.float32), axis=-1, keepdims=True)
-        np.multiply(x, 1.0 / np.sqrt(ms + np.float32(eps)), out=out)
+        with np.errstate(over="ignore"):
+            ms = np.mean(np.square(x, dtype=np.float32), axis=-1, keepdims=True)
+        # rows whose float32 mean square overflowed though they are finite (|x| past ~1e19): in float64, as the
+        # C kernel's rmsnorm_row_wide (a row with an inf or NaN keeps the float32 result: NaN, refused upstream)
+        wide = np.isinf(ms[..., 0])
+        if wide.any():
+            wide &= np.isfinite(x).all(axis=-1)
+            x64 = x[wide].astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            np.multiply(x, 1.0 / np.sqrt(ms + np.float32(eps)), out=out)
         out *= w
+        if wide.any():
+            out[wide] = x64 / np.sqrt(np.mean(np.square(x64), axis=-1, keepdims=True) + eps) * w
 
     def add_rows(self, x, bias, out) -> None:
         np.add(x, bias, out=out)
