@@ -22,13 +22,14 @@ import math
 import os
 import shutil
 import sys
+import warnings
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-from ..errors import LlambdaError, ModelFormatError
+from ..errors import LlambdaError, LlambdaWarning, ModelFormatError
 from ..formats.gguf_model import biases_from_tensors
 from ..formats.hf_dir import GLOBAL_NAMES, layer_names
 from ..formats.open import open_named
@@ -38,7 +39,7 @@ from ..formats.source import ModelSource
 from ..formats.weights import WeightTensor
 from ..models import arch_module
 from ..models.config import MAMBA2_KINDS, TransformerConfig
-from .quant_mix import FILE_TYPE_IDS, file_type, tensor_types
+from .quant_mix import FILE_TYPE_IDS, fallback_note, file_type, tensor_types
 
 
 @dataclass(frozen=True)
@@ -705,10 +706,10 @@ def write_gguf_file(src: ModelSource, out: Path, qtype: str | None = None, pure:
 
     shift_by = cfg.norm_offset          # GGUF norms hold the weights as applied
     renamed = getattr(arch_module(arch), "GGUF_NAMES", {})
-    chosen = {}
+    chosen, fallbacks, targets = {}, {}, {}
     if ftype is not None:
         chosen = tensor_types(ftype, {n: t.shape for n, t in tensors.items()}, cfg.n_layers,
-                              cfg.n_heads // max(1, cfg.n_kv_heads), n_experts=cfg.n_experts)
+                              cfg.n_heads // max(1, cfg.n_kv_heads), n_experts=cfg.n_experts, fallbacks=fallbacks)
         if ftype.name in FILE_TYPE_IDS:       # llama.cpp's id; a pure K-quant file has none of its own
             meta["general.file_type"] = FILE_TYPE_IDS[ftype.name]
     items = []
@@ -716,7 +717,7 @@ def write_gguf_file(src: ModelSource, out: Path, qtype: str | None = None, pure:
     with tqdm(total=sum(t.data.size for t in tensors.values()), desc="quantize" if ftype else "convert", unit="B",
               unit_scale=True, unit_divisor=1024, disable=not show, file=sys.stderr, leave=True) as bar:
         for name, t in tensors.items():
-            target = _target_type(t, chosen.get(name), "gguf", name)
+            target = targets[name] = _target_type(t, chosen.get(name), "gguf", name)
             bar.set_postfix_str(f"{name} -> {target.name}", refresh=False)
             o = _convert(name, t, target, shift_by if _is_norm(name) else 0.0)
             if name.startswith("blk.") and name.split(".", 2)[2] in renamed:
@@ -728,6 +729,10 @@ def write_gguf_file(src: ModelSource, out: Path, qtype: str | None = None, pure:
                 o.shape = (t.rows * t.cols,)      # llama.cpp's shape: one vector of d_model
             items.append((name, o.qtype, o.raw, tuple(o.shape)))
             bar.update(t.data.size)
+    note = fallback_note({n: fb for n, fb in fallbacks.items() if targets.get(n) == fb[1]}, f"quantize to {ftype.name}"
+                         if ftype is not None else "")
+    if note:
+        warnings.warn(note, LlambdaWarning, stacklevel=3)
     if any(q not in (QType.F32, QType.F16, QType.BF16) for _, q, _, _ in items):
         meta["general.quantization_version"] = 2
     out.parent.mkdir(parents=True, exist_ok=True)
