@@ -81,6 +81,7 @@ ARCHITECTURES = {
     "nemotron_h": "nemotron_h",    # HF's and llama.cpp's name alike
     "olmo": "olmo",
     "internlm3": "internlm3",      # its GGUF files are llama.cpp's `llama`
+    "llava": "llava",              # LLaVA 1.5: its text_config's family; its GGUF files are llama.cpp's `llama`
 }
 
 # Encoders (embedding models, cross-encoders): their own config and forward, not TransformerConfig

@@ -17,8 +17,9 @@ import numpy as np
 
 from ..errors import ContextOverflowError, InvalidInputError, ModelFormatError
 from ..sampling import _is_int
-from .images import (FAMILIES, GRID_FAMILIES, MAX_CROPS_A_CALL, QWEN3VL, EncodedRows, check_bytes, check_prompt,
+from .images import (FAMILIES, GRID_FAMILIES, LLAVA, MAX_CROPS_A_CALL, QWEN3VL, EncodedRows, check_bytes, check_prompt,
                      image_block, image_tokens, run_lengths, tower_crops, tower_rows)
+from .llava_images import llava_tokens
 
 
 class ImageInput:
@@ -69,12 +70,14 @@ class ImageInput:
         if not m.transformer.takes_image_rows:
             raise InvalidInputError(f"a {cfg.arch} model cannot take image rows (plain attention layers only)")
         meta = getattr(m.source, "metadata", None) or {}
-        ids = image_tokens(meta.get("hf.config"), m.tokenizer, cfg.vocab_size, family)
+        hf_cfg = meta.get("hf.config")
+        ids = (llava_tokens(hf_cfg, m.tokenizer, cfg.vocab_size) if family == LLAVA
+               else image_tokens(hf_cfg, m.tokenizer, cfg.vocab_size, family))
         if ids is None:
             raise InvalidInputError(f"{m.name!r} names no image tokens of {family}'s (" + (
                 "no boi/eoi_token_index in its config, no <start_of_image>/<end_of_image> in its vocabulary)"
                 if family == "gemma3" else "no image_token_id in its config, no <image> in its vocabulary)"
-                if family == "idefics3" else "no vision_start/image/vision_end token ids in its config, no "
+                if family in ("idefics3", "llava") else "no vision_start/image/vision_end token ids in its config, no "
                 "<|vision_start|>/<|image_pad|>/<|vision_end|> in its vocabulary)"))
         if (attends == "causal") != (ids.block_tokens(1) == 0):
             raise InvalidInputError(f"a {family} tower attending {attends!r}: this engine's {family} layout attends "

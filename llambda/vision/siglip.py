@@ -32,6 +32,37 @@ def fetch(lookup, name: str, shape: tuple):
     return a
 
 
+def encoder_layer(vec, dense, i: int, H: int, F: int) -> dict:
+    """Block i's weights (HF's `encoder.layers.i.` names: SigLIP's and CLIP's alike) through the encoder's `vec`
+    (name -> float32 vector) and `dense` (names, rows, cols -> a packed product with its biases)."""
+    pre = f"encoder.layers.{i}."
+    a = pre + "self_attn."
+    return {
+        "ln1": (vec(pre + "layer_norm1.weight"), vec(pre + "layer_norm1.bias")),
+        "qkv": dense([a + "q_proj", a + "k_proj", a + "v_proj"], H, H),
+        "o": dense([a + "out_proj"], H, H),
+        "ln2": (vec(pre + "layer_norm2.weight"), vec(pre + "layer_norm2.bias")),
+        "fc1": dense([pre + "mlp.fc1"], F, H),
+        "fc2": dense([pre + "mlp.fc2"], H, F),
+    }
+
+
+def encoder_block(enc, L: dict, activate) -> None:
+    """One pre-LN block in place over enc.x (enc's buffers h, qkv, ctx, up, its backend, cfg and starts): x +=
+    out(attention(ln1(x))); x += fc2(activate(fc1(ln2(x))))."""
+    be, cfg, x, h = enc.be, enc.cfg, enc.x, enc.h
+    be.add_layernorm(x, None, *L["ln1"], cfg.layer_norm_eps, h)
+    be.dense(h, L["qkv"], enc.qkv)
+    be.encoder_attention(enc.qkv, enc.starts, cfg.num_attention_heads, enc.ctx)
+    be.dense(enc.ctx, L["o"], h)
+    be.add(x, h, x)
+    be.add_layernorm(x, None, *L["ln2"], cfg.layer_norm_eps, h)
+    be.dense(h, L["fc1"], enc.up)
+    activate(enc.up)
+    be.dense(enc.up, L["fc2"], h)
+    be.add(x, h, x)
+
+
 class SiglipEncoder:
     """The weights of one SigLIP vision model on a backend, and its forward over one image at a time."""
 
@@ -51,18 +82,7 @@ class SiglipEncoder:
         patch = fetch(lookup, "embeddings.patch_embedding.weight", (H, C, p, p)).reshape(H, C * p * p)
         self.patch = be.prepare_dense(patch, vec("embeddings.patch_embedding.bias"))
         self.pos = fetch(lookup, "embeddings.position_embedding.weight", (P, H))
-        self.layers = []
-        for i in range(cfg.num_hidden_layers):
-            pre = f"encoder.layers.{i}."
-            a = pre + "self_attn."
-            self.layers.append({
-                "ln1": (vec(pre + "layer_norm1.weight"), vec(pre + "layer_norm1.bias")),
-                "qkv": dense([a + "q_proj", a + "k_proj", a + "v_proj"], H, H),
-                "o": dense([a + "out_proj"], H, H),
-                "ln2": (vec(pre + "layer_norm2.weight"), vec(pre + "layer_norm2.bias")),
-                "fc1": dense([pre + "mlp.fc1"], F, H),
-                "fc2": dense([pre + "mlp.fc2"], H, F),
-            })
+        self.layers = [encoder_layer(vec, dense, i, H, F) for i in range(cfg.num_hidden_layers)]
         self.post_ln = (vec("post_layernorm.weight"), vec("post_layernorm.bias"))
         # one image's activations, reused by every forward
         self.patches = np.empty((P, C * p * p), np.float32)
@@ -92,20 +112,11 @@ class SiglipEncoder:
     def forward(self, pixels: np.ndarray) -> np.ndarray:
         """The last hidden state [P, H] of one image's pixel values [C, S, S] (a view of a reused buffer)."""
         cfg, be = self.cfg, self.be
-        x, h, qkv, ctx, up = self.x, self.h, self.qkv, self.ctx, self.up
+        x, h = self.x, self.h
         self.unfold(pixels)
         be.dense(self.patches, self.patch, x)
         be.add(x, self.pos, x)
         for L in self.layers:
-            be.add_layernorm(x, None, *L["ln1"], cfg.layer_norm_eps, h)
-            be.dense(h, L["qkv"], qkv)
-            be.encoder_attention(qkv, self.starts, cfg.num_attention_heads, ctx)
-            be.dense(ctx, L["o"], h)
-            be.add(x, h, x)
-            be.add_layernorm(x, None, *L["ln2"], cfg.layer_norm_eps, h)
-            be.dense(h, L["fc1"], up)
-            self.gelu_tanh(up)
-            be.dense(up, L["fc2"], h)
-            be.add(x, h, x)
+            encoder_block(self, L, self.gelu_tanh)
         be.add_layernorm(x, None, *self.post_ln, cfg.layer_norm_eps, h)
         return h

@@ -8,8 +8,10 @@ import numpy as np
 
 from ..errors import InvalidInputError, ModelClosedError
 from .config import VisionConfig
+from .clip import ClipEncoder
 from .gemma3 import Gemma3Projector
 from .idefics3 import Idefics3Connector
+from .llava import LlavaProjector, llava_pixels
 from .preprocess import idefics3_grid, pixel_values
 from .qwen2vl import QwenVisionEncoder
 from .qwen2vl_config import QWEN_FAMILIES
@@ -20,7 +22,7 @@ MAX_IMAGES_PER_CALL = 64
 
 
 class VisionTower:
-    """`family` ("gemma3", "idefics3", "qwen2_5_vl", "qwen2_vl", "qwen3_vl"), `tokens_per_image` (soft tokens per
+    """`family` ("gemma3", "idefics3", "qwen2_5_vl", "qwen2_vl", "qwen3_vl", "llava"), `tokens_per_image` (soft tokens per
     crop; None: Qwen2-VL, grid() says), `hidden` (the text model's width of each row), `deepstack` (Qwen3-VL's
     DeepStack levels: each row of encode_one is hidden * (1 + deepstack) wide; 0 for the others), `attends`
     ("block": an image's soft tokens see their whole block; "causal"), `grid(width, height)`, `pixels(image)` ->
@@ -31,6 +33,8 @@ class VisionTower:
         self.cfg, self.backend, self.name = cfg, backend, name
         if cfg.projector in QWEN_FAMILIES:
             self.encoder, self.projector = QwenVisionEncoder(cfg, lookup, backend), None
+        elif cfg.projector == "llava":
+            self.encoder, self.projector = ClipEncoder(cfg, lookup, backend), LlavaProjector(cfg, lookup, backend)
         else:
             self.encoder = SiglipEncoder(cfg, lookup, backend)
             self.projector = (Idefics3Connector(cfg, lookup, backend) if cfg.projector == "idefics3"
@@ -95,6 +99,8 @@ class VisionTower:
         """float32 [n_crops, 3, image_size, image_size]: the model's own preprocessing of a PIL image (or image
         bytes); n_crops = rows * cols + 1 of grid() (Gemma 3: 1). Qwen2-VL: the flattened patches
         [patches, C*T*P*P] (each merge group's rows together; grid() of the image's size gives their layout)."""
+        if self.cfg.projector == "llava":
+            return llava_pixels(image, self.cfg)
         if not self.qwen:
             return pixel_values(image, self.cfg)
         return patches(image, self.cfg)[0]
@@ -135,7 +141,8 @@ class VisionTower:
         return px, (int(grid[0]) * m, int(grid[1]) * m)
 
     def last_hidden_state(self, pixels: np.ndarray, grid: tuple | None = None) -> np.ndarray:
-        """The encoder's output [n_patches, vision_hidden] for one crop's pixels [3, S, S] (a copy). Qwen2-VL:
+        """The encoder's output [n_patches, vision_hidden] for one crop's pixels [3, S, S] (a copy; LLaVA: the
+        feature layers' rows joined, [tokens, vision_hidden * layers], the projector's input). Qwen2-VL:
         the last block's output [patches, vision_hidden] in the patches' own order (before the merger); `grid`
         as encode_one's."""
         if self.qwen:

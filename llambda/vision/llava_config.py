@@ -1,0 +1,170 @@
+"""LLaVA 1.5's vision tower hyper-parameters under Hugging Face's names (CLIPVisionConfig's, LlavaConfig's, the
+CLIP / LLaVA image processor's), each range-checked as read, whatever file they came from (llava_layouts.py fills
+the dict from a HF directory or llama.cpp's mmproj).
+
+Feature layers are indices into the tower's hidden states as transformers counts them, made non-negative:
+0 is the embeddings after pre_layrnorm, i the output of block i - 1; only the blocks up to the deepest one run.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ModelFormatError
+from ..finite import finite_as_float
+from .config import (MAX_FFN, MAX_HEAD_DIM, MAX_HIDDEN, MAX_IMAGE_SIDE, MAX_LAYERS, MAX_PATCHES_PER_SIDE,
+                     MAX_TEXT_HIDDEN, MAX_WORKSPACE_BYTES, RESAMPLE_FILTERS, PatchGrid, number_triple)
+
+TOWER_ACTS = ("quick_gelu", "gelu")          # CLIP's MLP activation (gelu: the exact, erf one)
+PROJECTOR_ACTS = ("gelu",)                   # LlavaMultiModalProjector's (exact GELU)
+STRATEGIES = ("default", "full")             # the class token dropped, or kept (first)
+PREPROCESS = ("crop", "letterbox")           # transformers' resize + centre crop; llama.cpp's resize + pad
+
+
+@dataclass
+class LlavaVisionConfig(PatchGrid):
+    """PatchGrid's sizes, then LLaVA's (see the module's note on feature layers)."""
+    text_hidden_size: int
+    feature_layers: tuple           # non-negative hidden-state indices, in the order their rows are joined
+    keep_class: bool                # strategy "full"
+    hidden_act: str = "quick_gelu"
+    projector_act: str = "gelu"
+    projector_bias: bool = True
+    has_class: bool = True          # a class embedding (CLIP's; an mmproj may have none)
+    patch_bias: bool = False        # a bias on the patch convolution (CLIP has none; an mmproj may)
+    post_ln: bool = False           # llama.cpp applies v.post_ln to the deepest block's output where a file has it
+    num_channels: int = 3
+    preprocess: str = "crop"
+    shortest_edge: int = 0          # crop: the resize's shortest edge (0: resized to image_size square)
+    do_pad: bool = False            # crop: LlavaImageProcessor's pad to a square first
+    resample: int = 3
+    image_mean: tuple = (0.48145466, 0.4578275, 0.40821073)
+    image_std: tuple = (0.26862954, 0.26130258, 0.27577711)
+    rescale_factor: float = 1 / 255
+    projector: str = "llava"
+    source: str = ""
+
+    @property
+    def n_positions(self) -> int:
+        return self.n_patches + (1 if self.has_class else 0)
+
+    @property
+    def layers_run(self) -> int:
+        return max(self.feature_layers)
+
+    @property
+    def mm_tokens_per_image(self) -> int:
+        return self.n_patches + (1 if self.keep_class and self.has_class else 0)
+
+    @property
+    def feature_width(self) -> int:
+        return self.hidden_size * len(self.feature_layers)
+
+    @classmethod
+    def from_fields(cls, fields: dict, names: dict | None = None, source: str = "") -> "LlavaVisionConfig":
+        names = names or {}
+
+        def what(key: str) -> str:
+            return f"{source}: {names.get(key, key)}" if source else names.get(key, key)
+
+        def shown(v) -> str:
+            return (repr(v) if isinstance(v, (int, float, str)) else type(v).__name__)[:40]
+
+        def integer(key: str, lo: int, hi: int) -> int:
+            v = fields.get(key)
+            if v is None:
+                raise ModelFormatError(f"{what(key)} is missing")
+            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+                raise ModelFormatError(f"{what(key)} must be an integer in {lo}..{hi}, got {shown(v)}")
+            return v
+
+        def flag(key: str, default: bool) -> bool:
+            v = fields.get(key, default)
+            if not isinstance(v, bool):
+                raise ModelFormatError(f"{what(key)} must be true or false, got {shown(v)}")
+            return v
+
+        def choice(key: str, default, allowed: tuple):
+            v = fields.get(key, default)
+            if v not in allowed or isinstance(v, bool):
+                raise ModelFormatError(f"{what(key)} {shown(v)} is not supported ({', '.join(map(str, allowed))})")
+            return v
+
+        eps = fields.get("layer_norm_eps", 1e-5)
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not finite_as_float(eps) or not 0 < eps < 1:
+            raise ModelFormatError(f"{what('layer_norm_eps')} must be a number in (0, 1), got {shown(eps)}")
+        rescale = fields.get("rescale_factor", 1 / 255)
+        if isinstance(rescale, bool) or not isinstance(rescale, (int, float)) or not finite_as_float(rescale) \
+                or not 0 < rescale < 2:
+            raise ModelFormatError(f"{what('rescale_factor')} must be a number in (0, 2), got {shown(rescale)}")
+        n_layers = integer("num_hidden_layers", 1, MAX_LAYERS)
+        c = cls(hidden_size=integer("hidden_size", 1, MAX_HIDDEN),
+                intermediate_size=integer("intermediate_size", 1, MAX_FFN),
+                num_hidden_layers=n_layers,
+                num_attention_heads=integer("num_attention_heads", 1, MAX_HIDDEN),
+                image_size=integer("image_size", 1, MAX_IMAGE_SIDE),
+                patch_size=integer("patch_size", 1, MAX_IMAGE_SIDE),
+                layer_norm_eps=float(eps),
+                text_hidden_size=integer("text_hidden_size", 1, MAX_TEXT_HIDDEN),
+                feature_layers=feature_layers(fields.get("vision_feature_layer", -2), n_layers,
+                                              what("vision_feature_layer")),
+                keep_class=choice("vision_feature_select_strategy", "default", STRATEGIES) == "full",
+                hidden_act=choice("hidden_act", "quick_gelu", TOWER_ACTS),
+                projector_act=choice("projector_hidden_act", "gelu", PROJECTOR_ACTS),
+                projector_bias=flag("multimodal_projector_bias", True),
+                has_class=flag("has_class", True), patch_bias=flag("patch_bias", False),
+                post_ln=flag("post_ln", False),
+                num_channels=integer("num_channels", 3, 3) if "num_channels" in fields else 3,
+                preprocess=choice("preprocess", "crop", PREPROCESS),
+                do_pad=flag("do_pad", False),
+                resample=choice("resample", 3, RESAMPLE_FILTERS),
+                image_mean=number_triple(fields.get("image_mean", cls.image_mean), False, what("image_mean")),
+                image_std=number_triple(fields.get("image_std", cls.image_std), True, what("image_std")),
+                rescale_factor=float(rescale), source=source)
+        if c.hidden_size % c.num_attention_heads or c.head_dim > MAX_HEAD_DIM:
+            raise ModelFormatError(f"{what('hidden_size')} {c.hidden_size} is not {c.num_attention_heads} heads of "
+                                   f"at most {MAX_HEAD_DIM}")
+        if c.image_size < c.patch_size or c.image_size % c.patch_size:
+            raise ModelFormatError(f"{what('image_size')} {c.image_size} is smaller than or not a multiple of the "
+                                   f"patch size {c.patch_size}")
+        if c.patches_per_side > MAX_PATCHES_PER_SIDE:
+            raise ModelFormatError(f"{what('image_size')} {c.image_size} / patch {c.patch_size} is "
+                                   f"{c.patches_per_side} patches a side, more than {MAX_PATCHES_PER_SIDE}")
+        if c.preprocess == "crop":
+            edge = fields.get("shortest_edge")
+            if edge is not None:
+                c.shortest_edge = integer("shortest_edge", c.image_size, MAX_IMAGE_SIDE)
+            crop = fields.get("crop_size", c.image_size)
+            if crop != c.image_size:
+                raise ModelFormatError(f"{what('crop_size')} {shown(crop)} is not the tower's image_size "
+                                       f"{c.image_size}")
+        if c.workspace_bytes() > MAX_WORKSPACE_BYTES:
+            raise ModelFormatError(f"{source or 'the vision tower'}: one image's activations would take "
+                                   f"{c.workspace_bytes() >> 20} MB")
+        return c
+
+    def workspace_bytes(self, max_tokens: int | None = None) -> int:
+        """One image's activations (allocated at load): patches, x, h, qkv, ctx, MLP, the features and the
+        projector's middle."""
+        T, H, F = self.n_positions, self.hidden_size, self.intermediate_size
+        return 4 * (T * (self.num_channels * self.patch_size ** 2 + 6 * H + F + self.feature_width)
+                    + 2 * self.mm_tokens_per_image * self.text_hidden_size)
+
+    def params(self) -> int:
+        H, F, D = self.hidden_size, self.intermediate_size, self.text_hidden_size
+        per_layer = 4 * H * H + 4 * H + 2 * H * F + F + H + 4 * H
+        return (H * self.num_channels * self.patch_size ** 2 + H + self.n_positions * H + 2 * H
+                + self.layers_run * per_layer + self.feature_width * D + D * D + 2 * D)
+
+
+def feature_layers(v, n_layers: int, what: str) -> tuple:
+    """LlavaConfig's vision_feature_layer (an int, or a list joined in its order) as non-negative hidden-state
+    indices (-1: the last block's output, n_layers), each in 0..n_layers."""
+    items = v if isinstance(v, (list, tuple)) else [v]
+    if not 1 <= len(items) <= n_layers + 1 or not all(isinstance(i, int) and not isinstance(i, bool)
+                                                        and -(n_layers + 1) <= i <= n_layers for i in items):
+        raise ModelFormatError(f"{what} must be a layer index (or a list of 1..{n_layers + 1}) in "
+                               f"{-(n_layers + 1)}..{n_layers}, got {str(v)[:60]}")
+    out = tuple(i if i >= 0 else n_layers + 1 + i for i in items)
+    if len(set(out)) != len(out):
+        raise ModelFormatError(f"{what} names a layer twice: {str(v)[:60]}")
+    return out
