@@ -122,6 +122,16 @@ def test_bad_image_requests_are_typed_errors():
             m.generate(ids, images=blocks[:1], max_tokens=1)
 
 
+def square_png() -> bytes:
+    """A 56 x 56 PNG: the tower's own size, so the mmproj's letterbox and the directory's crop give its pixels."""
+    import io
+    from PIL import Image
+    from visionkit import rgb_image
+    buf = io.BytesIO()
+    Image.fromarray(rgb_image(56, 56)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
 def test_text_gguf_with_our_mmproj_loads_and_matches_the_directory(tmp_path):
     """llama.cpp's layout of a LLaVA (and Ollama's: a model blob and a projector blob): the text model as a plain
     llama GGUF (its <image> found in the vocabulary, no config) and the tower as an mlp mmproj, both written by
@@ -129,12 +139,7 @@ def test_text_gguf_with_our_mmproj_loads_and_matches_the_directory(tmp_path):
     the directory's crop give the same pixels) gives the directory's logits."""
     from llambda.tools.export import export
     from llambda.vision.mmproj import write_mmproj
-    from visionkit import rgb_image
-    from PIL import Image
-    import io
-    buf = io.BytesIO()
-    Image.fromarray(rgb_image(56, 56)).save(buf, format="PNG")
-    square = buf.getvalue()
+    square = square_png()
     gg = export(FOLDER, tmp_path / "text.gguf", fmt="gguf")
     proj = write_mmproj(FOLDER, tmp_path / "mmproj.gguf", "f32")
     msgs = [{"role": "user", "content": [{"type": "text", "text": "Describe"}, {"type": "image", "image": square}]}]
@@ -152,9 +157,35 @@ def test_text_gguf_with_our_mmproj_loads_and_matches_the_directory(tmp_path):
             hf.chat(msgs, max_tokens=4, temperature=0, ignore_eos=True)
 
 
-def test_a_vocabulary_without_the_image_token_is_a_typed_error(tmp_path):
-    """A text GGUF whose vocabulary has no <image> (Ollama's llava files converted from the original LLaVA
-    checkpoints) and no config: the mmproj's tower cannot be placed in a prompt: the load says so."""
+def test_a_vocabulary_without_the_image_token_uses_its_unknown_token(tmp_path):
+    """A text GGUF whose vocabulary has no <image> and no config (Ollama's llava files, converted from the original
+    LLaVA checkpoints): the image's tokens are its <unk> (never in a prompt otherwise), their embeddings the
+    tower's rows all the same: the directory's logits at every position."""
+    from llambda.tools.export import export
+    from llambda.vision.mmproj import write_mmproj
+    from visionkit import rewrite_gguf
+
+    def rename(meta):
+        tokens = list(meta["tokenizer.ggml.tokens"])
+        tokens[SOFT] = "<imagx>"
+        meta["tokenizer.ggml.tokens"] = tokens
+    gg = rewrite_gguf(export(FOLDER, tmp_path / "text.gguf", fmt="gguf"), tmp_path / "no_image.gguf", meta_edit=rename)
+    proj = write_mmproj(FOLDER, tmp_path / "mmproj.gguf", "f32")
+    square = square_png()
+    with load("numpy") as hf, load("numpy", folder=gg, mmproj=proj) as m:
+        assert m.image_marker == "<unk>" and m.image_input.layout.soft == 0
+        text = ONE["chat_text"].replace("<image>", "<unk>")
+        ids, blocks = m.image_prompt(text, [square])
+        want_ids, want_blocks = hf.image_prompt(ONE["chat_text"], [square])
+        assert ids == [0 if t == SOFT else t for t in want_ids]
+        np.testing.assert_allclose(vlm.rows_logits(m, {"input_ids": ids}, blocks),
+                                   vlm.rows_logits(hf, {"input_ids": want_ids}, want_blocks), atol=1e-4, rtol=0)
+        with pytest.raises(InvalidInputError, match="image markers"):
+            m.image_ids(text, [])
+
+
+def test_a_vocabulary_with_no_image_or_unknown_token_is_a_typed_error(tmp_path):
+    """No config, no <image>, no unknown token (a llama-3 vocabulary): the load with mmproj= says so."""
     from llambda.vision.mmproj import write_mmproj
     from test_export import tiny_llama_gguf
     text = tiny_llama_gguf(tmp_path / "text.gguf")

@@ -2,7 +2,8 @@
 tokens (N the tower's tokens_per_image: its patches, plus the class token under the "full" strategy; transformers'
 LlavaProcessor), whose embeddings the tower's rows replace in order, unscaled; one causal block an image
 (transformers' LLaVA runs its text model's causal mask over the merged embeddings). The token is the config's
-image_token_index (image_token_id), else the vocabulary's `<image>` (a GGUF file converted from llava-hf)."""
+image_token_index (image_token_id), else the vocabulary's `<image>` (a GGUF file converted from llava-hf), else
+its `<unk>` (a GGUF of the original LLaVA checkpoints: Ollama's llava files)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -38,10 +39,14 @@ class LlavaTokens:
 
 
 def llava_tokens(config, tokenizer, vocab_size: int) -> LlavaTokens | None:
-    """The config's image_token_index (or image_token_id), else the vocabulary's <image>, read back by the
-    tokenizer as itself; None where neither names one."""
+    """The config's image_token_index (or image_token_id), else the vocabulary's <image>, else its unknown token
+    (`<unk>`: a GGUF converted from the original LLaVA checkpoints, Ollama's llava files, has no <image>; the
+    unknown token never stands in a prompt otherwise, and its embedding is replaced all the same), each read back
+    by the tokenizer as itself; None where none is."""
     soft = None
     if isinstance(config, dict):
         soft = next((config[k] for k in ("image_token_index", "image_token_id") if _index(config.get(k))), None)
     ids = _idefics_tokens({"image_token_id": soft}, tokenizer, vocab_size)     # the same lookup and checks
+    if ids is None and tokenizer is not None and _index(getattr(tokenizer, "unk_id", None)):
+        ids = _idefics_tokens({"image_token_id": tokenizer.unk_id}, tokenizer, vocab_size)
     return None if ids is None else LlavaTokens(ids.soft, ids.marker)
