@@ -139,6 +139,14 @@ def test_transformers_5_prefixes_and_the_hub_prefixes_read_the_same(tmp_path, nu
             np.testing.assert_array_equal(t.encode(px), want)
 
 
+def test_older_processor_ints_read_the_same(tmp_path, numpy_tower):
+    """Older CLIP processor configs say `size: 56` (the shortest edge) and `crop_size: 56`: the same pixels."""
+    d = visionkit.copy_fixture(TINY, tmp_path / "ints", pre_edit=lambda p: p.update(size=56, crop_size=56))
+    with closing(load_vision(d, backend="numpy")) as t:
+        for name, entry in REF["images"].items():
+            np.testing.assert_array_equal(t.pixels(Image.open(TINY / name))[0], ref(TINY, entry, "pixel_values"))
+
+
 def test_llava_hf_config_spelling_reads_the_same(tmp_path, numpy_tower):
     """llava-hf's config.json keeps only what differs from the defaults: no hidden_act (CLIP's quick_gelu), no
     layer_norm_eps (1e-5), no vision_feature_layer (-2) or strategy ("default"), no projector keys (gelu, bias)."""

@@ -117,6 +117,7 @@ def test_bad_image_requests_are_typed_errors():
             m.image_ids(TWO["chat_text"], [a, b"not an image"])
         ids, starts = m.image_ids(TWO["chat_text"], [a, b])
         assert ids == TWO["input_ids"] and len(starts) == 2
+        assert m.image_ids(TWO["chat_text"], 2) == (ids, starts)          # a count is enough: 16 tokens each
         blocks = m.encode_images([a, b], starts)
         with pytest.raises(InvalidInputError, match="no image fills"):
             m.generate(ids, images=blocks[:1], max_tokens=1)

@@ -21,6 +21,8 @@ from .images import (FAMILIES, GRID_FAMILIES, LLAVA, MAX_CROPS_A_CALL, QWEN3VL, 
                      image_block, image_tokens, run_lengths, tower_crops, tower_rows)
 from .llava_images import llava_tokens
 
+FIXED_SIZE = ("gemma3", LLAVA)     # families whose images take the same tokens whatever their size
+
 
 class ImageInput:
     """`tower` (None: the model takes no images) and `layout` (ImageTokens, IdeficsTokens, ...) after attach()."""
@@ -163,11 +165,12 @@ class ImageInput:
 
     def grids(self, images) -> list[tuple[int, int]]:
         """Each image's crop or token grid (rows, cols; (0, 0): the whole image alone), from its header's size
-        (after EXIF orientation); Gemma 3's are all (0, 0), its images' count is enough."""
+        (after EXIF orientation); Gemma 3's and LLaVA's are all (0, 0), their images' count is enough (LLaVA's
+        files' headers are still checked here when given)."""
         family = self.layout.family if self.layout is not None else None
         if _is_int(images):
             self.check_count(int(images))
-            if int(images) and family != "gemma3":
+            if int(images) and family not in FIXED_SIZE:
                 raise InvalidInputError(f"a {family} prompt's length depends on its images' sizes: "
                                         "give image_ids the images' bytes, not their count")
             return [(0, 0)] * int(images)

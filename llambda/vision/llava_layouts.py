@@ -74,6 +74,8 @@ def hf_fields(cfg: dict, pre: dict | None, source: str) -> dict:
     if pre.get("do_resize", True) is not True:
         raise ModelFormatError(f"{source}: the image processor's do_resize is not true, which is not supported")
     size = pre.get("size", {"shortest_edge": fields["image_size"]})
+    if isinstance(size, int) and not isinstance(size, bool):
+        size = {"shortest_edge": size}          # older CLIP processors' int: the shortest edge (not a square)
     if isinstance(size, dict) and "shortest_edge" in size:
         fields["shortest_edge"] = size["shortest_edge"]
     elif not (isinstance(size, dict) and size.get("height") == size.get("width") == fields["image_size"]):
