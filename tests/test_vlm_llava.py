@@ -96,10 +96,16 @@ def test_image_text_is_the_processor_expansion():
     assert t.expand("a <image>\nb <image>", [(0, 0), (0, 0)], 3) == "a <image><image><image>\nb <image><image><image>"
     ids, starts = t.place([5, SOFT, SOFT, SOFT, SOFT, SOFT, SOFT, 7], 3, [(0, 0), (0, 0)])
     assert starts == [(1,), (4,)]          # two images side by side: one run, cut in two
-    with pytest.raises(InvalidInputError, match="runs of 3"):
-        t.place([5, SOFT, SOFT, 7], 3, [(0, 0)])
+    for bad in ([5, SOFT, SOFT, 7], [SOFT] * 4, [SOFT, SOFT, SOFT, 1, SOFT]):
+        with pytest.raises(InvalidInputError, match=r"runs of \[3\]"):
+            t.place(bad, 3, [(0, 0)])
     with pytest.raises(InvalidInputError, match="image markers"):
         t.expand("no marker", [(0, 0)], 3)
+    nxt = LlavaTokens(SOFT, "<image>", "llava_next")        # LLaVA-NeXT: the base's 3 and 2 rows of 2 + newline
+    assert nxt.count(2, 2, 3) == 9 and nxt.expand("<image>", [(2, 2)], 3) == "<image>" * 9
+    assert nxt.place([SOFT] * 9 + [SOFT] * 5, 3, [(2, 2), (1, 1)])[1] == [(0,), (9,)]
+    with pytest.raises(InvalidInputError):
+        nxt.place([SOFT] * 13, 3, [(2, 2), (1, 1)])
 
 
 def test_bad_image_requests_are_typed_errors():

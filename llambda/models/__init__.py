@@ -82,6 +82,7 @@ ARCHITECTURES = {
     "olmo": "olmo",
     "internlm3": "internlm3",      # its GGUF files are llama.cpp's `llama`
     "llava": "llava",              # LLaVA 1.5: its text_config's family; its GGUF files are llama.cpp's `llama`
+    "llava_next": "llava",         # LLaVA-NeXT: the same
 }
 
 # Encoders (embedding models, cross-encoders): their own config and forward, not TransformerConfig

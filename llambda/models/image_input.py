@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import ContextOverflowError, InvalidInputError, ModelFormatError
 from ..sampling import _is_int
-from .images import (FAMILIES, GRID_FAMILIES, LLAVA, MAX_CROPS_A_CALL, QWEN3VL, EncodedRows, check_bytes, check_prompt,
+from .images import (FAMILIES, GRID_FAMILIES, LLAVA, LLAVA_NEXT, MAX_CROPS_A_CALL, QWEN3VL, EncodedRows, check_bytes, check_prompt,
                      image_block, image_tokens, run_lengths, tower_crops, tower_rows)
 from .llava_images import llava_tokens
 
@@ -73,13 +73,13 @@ class ImageInput:
             raise InvalidInputError(f"a {cfg.arch} model cannot take image rows (plain attention layers only)")
         meta = getattr(m.source, "metadata", None) or {}
         hf_cfg = meta.get("hf.config")
-        ids = (llava_tokens(hf_cfg, m.tokenizer, cfg.vocab_size) if family == LLAVA
+        ids = (llava_tokens(hf_cfg, m.tokenizer, cfg.vocab_size, family) if family in (LLAVA, LLAVA_NEXT)
                else image_tokens(hf_cfg, m.tokenizer, cfg.vocab_size, family))
         if ids is None:
             raise InvalidInputError(f"{m.name!r} names no image tokens of {family}'s (" + (
                 "no boi/eoi_token_index in its config, no <start_of_image>/<end_of_image> in its vocabulary)"
                 if family == "gemma3" else "no image_token_id in its config, no <image> in its vocabulary)"
-                if family in ("idefics3", "llava") else "no vision_start/image/vision_end token ids in its config, no "
+                if family in ("idefics3", LLAVA, LLAVA_NEXT) else "no vision_start/image/vision_end token ids in its config, no "
                 "<|vision_start|>/<|image_pad|>/<|vision_end|> in its vocabulary)"))
         if (attends == "causal") != (ids.block_tokens(1) == 0):
             raise InvalidInputError(f"a {family} tower attending {attends!r}: this engine's {family} layout attends "
@@ -200,7 +200,7 @@ class ImageInput:
         for b in images:        # (bytes() of an int is that many zero bytes)
             check_bytes(b)
         # each file's size and header first: nothing copied or hashed of a file refused
-        gridded = self.layout.family in GRID_FAMILIES
+        gridded = self.layout.family in GRID_FAMILIES or self.layout.family == LLAVA_NEXT
         if gridded:             # (read once: the header's check and the image's grid)
             grids = self.grids(images)
         elif self.load_image is None:
@@ -260,18 +260,27 @@ class ImageInput:
     def _encode_grids(self, files: dict, grids: list) -> list[tuple]:
         """Qwen2-VL's images: each its own patches (tower.pixels: [patches, C*T*P*P]), its grid (`grids`: tower.grid
         of its size), its rows (tower.encode_one of both: [gh * gw, width], in prompt order), one causal block an
-        image, its grid on it (M-RoPE); one image at a time decoded, patched and encoded."""
+        image, its grid on it (M-RoPE); one image at a time decoded, patched and encoded. LLaVA-NeXT's: its rows from
+        the decoded image (tower.encode_image: layout.count(grid) of them), one causal block, no grid on it."""
         load_image, tower = self._decoder(), self._tower_now()
         m = self.model
+        sized = self.layout.family == LLAVA_NEXT        # its rows from the image itself (tower.encode_image)
         for gh, gw in grids:    # the memory plan counts the largest image the context holds (workspace_bytes)
-            if gh * gw >= m.n_ctx:
-                raise ContextOverflowError(f"an image of {gh} x {gw} = {gh * gw} tokens does not fit the context of "
+            n = self.layout.count(gh, gw, int(tower.tokens_per_image)) if sized else gh * gw
+            if n >= m.n_ctx:
+                raise ContextOverflowError(f"an image of {gh} x {gw} ({n} tokens) does not fit the context of "
                                            f"{m.n_ctx} (prompt plus at least one new token)")
         out = []
         for (key, data), (gh, gw) in zip(files.items(), grids):
             image = load_image(data)
             with self._holding(tower):
                 width = m.transformer.image_width       # Qwen3-VL: the DeepStack levels' columns after the embeddings'
+                if sized:
+                    n = self.layout.count(gh, gw, int(tower.tokens_per_image))
+                    blocks = (image_block(0, tower_rows([tower.encode_image(image)], 1, n, width)[0], causal=True),)
+                    self.encoded.put(key, blocks)
+                    out.append(blocks)
+                    continue
                 px = tower.pixels(image)
                 del image
                 try:

@@ -49,8 +49,8 @@ IMAGE_TEXT, FAKE_TEXT, GLOBAL_TEXT = "<image>", "<fake_token_around_image>", "<g
 # Qwen2-VL's and Qwen2.5-VL's (transformers' Qwen2VLProcessor): what a template writes for an image, and its pad
 VISION_START, IMAGE_PAD, VISION_END = "<|vision_start|>", "<|image_pad|>", "<|vision_end|>"
 GEMMA3, IDEFICS3, QWEN2VL, QWEN25VL, QWEN3VL = "gemma3", "idefics3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"
-LLAVA = "llava"                 # its layout: llava_images.py (image_input.py picks it)
-FAMILIES = (GEMMA3, IDEFICS3, QWEN2VL, QWEN25VL, QWEN3VL, LLAVA)
+LLAVA, LLAVA_NEXT = "llava", "llava_next"       # their layout: llava_images.py (image_input.py picks it)
+FAMILIES = (GEMMA3, IDEFICS3, QWEN2VL, QWEN25VL, QWEN3VL, LLAVA, LLAVA_NEXT)
 GRID_FAMILIES = (QWEN2VL, QWEN25VL, QWEN3VL)     # an image's tokens and RoPE positions follow its merged grid
 DEFAULT_MAX_IMAGES = 8          # images one request may hold (Model.max_images; the server's bound too)
 ENCODED_ROWS_BYTES = 64 << 20   # the tower's rows kept for images sent again (EncodedRows): 24 of a 4B model's

@@ -40,6 +40,7 @@ class LlavaProjector:
 
         self.fc1 = dense("linear_1", D, W)
         self.fc2 = dense("linear_2", D, D)
+        self.newline = fetch(lookup, "image_newline", (D,)) if cfg.grid_pinpoints else None    # LLaVA-NeXT's
         self.mid = np.empty((cfg.mm_tokens_per_image, D), np.float32)
 
     def forward(self, features: np.ndarray, out: np.ndarray) -> None:

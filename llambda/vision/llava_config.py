@@ -40,7 +40,8 @@ class LlavaVisionConfig(PatchGrid):
     image_mean: tuple = (0.48145466, 0.4578275, 0.40821073)
     image_std: tuple = (0.26862954, 0.26130258, 0.27577711)
     rescale_factor: float = 1 / 255
-    projector: str = "llava"
+    grid_pinpoints: tuple = ()     # LLaVA-NeXT's (height, width) resolutions, multiples of image_size
+    projector: str = "llava"       # "llava_next" with grid_pinpoints
     source: str = ""
 
     @property
@@ -129,6 +130,12 @@ class LlavaVisionConfig(PatchGrid):
         if c.patches_per_side > MAX_PATCHES_PER_SIDE:
             raise ModelFormatError(f"{what('image_size')} {c.image_size} / patch {c.patch_size} is "
                                    f"{c.patches_per_side} patches a side, more than {MAX_PATCHES_PER_SIDE}")
+        if fields.get("grid_pinpoints") is not None:
+            c.grid_pinpoints = pinpoints(fields["grid_pinpoints"], c.image_size, what("grid_pinpoints"))
+            c.projector = "llava_next"
+            if c.keep_class:
+                raise ModelFormatError(f"{what('vision_feature_select_strategy')} 'full' with image_grid_pinpoints: "
+                                       "LLaVA-NeXT lays its tiles' rows out as patches (the 'default' strategy)")
         if c.preprocess == "crop":
             edge = fields.get("shortest_edge")
             if edge is not None:
@@ -146,14 +153,23 @@ class LlavaVisionConfig(PatchGrid):
         """One image's activations (allocated at load): patches, x, h, qkv, ctx, MLP, the features and the
         projector's middle."""
         T, H, F = self.n_positions, self.hidden_size, self.intermediate_size
+        crops = 1 + self.max_tiles        # LLaVA-NeXT: every crop's rows kept, then the image's packed rows
+        packed = self.max_tiles * self.patches_per_side       # at most a newline row a feature row
         return 4 * (T * (self.num_channels * self.patch_size ** 2 + 6 * H + F + self.feature_width)
-                    + 2 * self.mm_tokens_per_image * self.text_hidden_size)
+                    + ((1 + crops + (crops if self.grid_pinpoints else 0)) * self.mm_tokens_per_image + packed)
+                    * self.text_hidden_size)
+
+    @property
+    def max_tiles(self) -> int:
+        return max((h // self.image_size) * (w // self.image_size) for h, w in self.grid_pinpoints) \
+            if self.grid_pinpoints else 0
 
     def params(self) -> int:
         H, F, D = self.hidden_size, self.intermediate_size, self.text_hidden_size
         per_layer = 4 * H * H + 4 * H + 2 * H * F + F + H + 4 * H
         return (H * self.num_channels * self.patch_size ** 2 + H + self.n_positions * H + 2 * H
-                + self.layers_run * per_layer + self.feature_width * D + D * D + 2 * D)
+                + self.layers_run * per_layer + self.feature_width * D + D * D + 2 * D
+                + (D if self.grid_pinpoints else 0))
 
 
 def feature_layers(v, n_layers: int, what: str) -> tuple:
@@ -168,3 +184,20 @@ def feature_layers(v, n_layers: int, what: str) -> tuple:
     if len(set(out)) != len(out):
         raise ModelFormatError(f"{what} names a layer twice: {str(v)[:60]}")
     return out
+
+
+MAX_TILES_A_SIDE = 8        # LLaVA-NeXT's pinpoints: up to 8 tiles a side (2688 pixels at 336)
+MAX_PINPOINTS = 64
+
+
+def pinpoints(v, size: int, what: str) -> tuple:
+    """image_grid_pinpoints as ((height, width), ...): 1..64 pairs of positive multiples of the tower's image_size,
+    at most 8 tiles a side."""
+    ok = isinstance(v, (list, tuple)) and 1 <= len(v) <= MAX_PINPOINTS and all(
+        isinstance(p, (list, tuple)) and len(p) == 2 and all(
+            isinstance(x, int) and not isinstance(x, bool) and 0 < x <= MAX_TILES_A_SIDE * size and x % size == 0
+            for x in p) for p in v)
+    if not ok:
+        raise ModelFormatError(f"{what} must be 1..{MAX_PINPOINTS} (height, width) pairs of multiples of the image "
+                               f"size {size}, at most {MAX_TILES_A_SIDE} of it, got {str(v)[:80]}")
+    return tuple((int(h), int(w)) for h, w in v)

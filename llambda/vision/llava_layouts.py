@@ -20,7 +20,7 @@ from __future__ import annotations
 from ..errors import ModelFormatError
 from .layouts import PROJECTOR_PREFIXES, TOWER_PREFIXES, gguf_lookup, rescale_normalize
 
-HF_TYPE = "llava"
+HF_TYPES = ("llava", "llava_next")
 MMPROJ_TYPE = "mlp"
 # CLIPVisionConfig's defaults, and LlavaConfig's tower where vision_config is absent
 CLIP_DEFAULTS = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
@@ -28,18 +28,16 @@ CLIP_DEFAULTS = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_laye
                  "hidden_act": "quick_gelu"}
 LLAVA_TOWER = {"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 24, "num_attention_heads": 16,
                "image_size": 336, "patch_size": 14}
+NEXT_PINPOINTS = [[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]]     # LlavaNextConfig's default
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
-HF_NAMES = {k: f"config.json vision_config.{k}" for k in CLIP_DEFAULTS} | {
-    "text_hidden_size": "config.json text_config.hidden_size",
-    "vision_feature_layer": "config.json vision_feature_layer",
-    "vision_feature_select_strategy": "config.json vision_feature_select_strategy",
-    "projector_hidden_act": "config.json projector_hidden_act",
-    "multimodal_projector_bias": "config.json multimodal_projector_bias",
-    "shortest_edge": "the image processor's size.shortest_edge", "crop_size": "the image processor's crop_size",
-    "do_pad": "the image processor's do_pad", "resample": "the image processor's resample",
-    "image_mean": "the image processor's image_mean", "image_std": "the image processor's image_std",
-    "rescale_factor": "the image processor's rescale_factor"}
+HF_NAMES = ({k: f"config.json vision_config.{k}" for k in CLIP_DEFAULTS}
+            | {k: f"config.json {k}" for k in ("vision_feature_layer", "vision_feature_select_strategy",
+                                               "projector_hidden_act", "multimodal_projector_bias")}
+            | {k: f"the image processor's {k}" for k in ("crop_size", "do_pad", "resample", "image_mean", "image_std",
+                                                         "rescale_factor")}
+            | {"text_hidden_size": "config.json text_config.hidden_size", "grid_pinpoints":
+               "config.json image_grid_pinpoints", "shortest_edge": "the image processor's size.shortest_edge"})
 MMPROJ_KEYS = {"hidden_size": "clip.vision.embedding_length", "intermediate_size": "clip.vision.feed_forward_length",
                "num_hidden_layers": "clip.vision.block_count",
                "num_attention_heads": "clip.vision.attention.head_count",
@@ -91,7 +89,12 @@ def hf_fields(cfg: dict, pre: dict | None, source: str) -> dict:
     elif "shortest_edge" in fields:
         raise ModelFormatError(f"{source}: the image processor resizes the shortest edge to "
                                f"{str(fields['shortest_edge'])[:20]} and crops nothing: not the tower's square")
-    fields["do_pad"] = pre.get("do_pad", False)
+    if cfg.get("model_type") == "llava_next":
+        fields["grid_pinpoints"] = cfg.get("image_grid_pinpoints", NEXT_PINPOINTS)
+        if "image_grid_pinpoints" in pre and pre["image_grid_pinpoints"] != fields["grid_pinpoints"]:
+            raise ModelFormatError(f"{source}: the image processor's image_grid_pinpoints are not config.json's")
+    else:           # (LlavaNextImageProcessor's do_pad pads a batch's tile counts: not this one)
+        fields["do_pad"] = pre.get("do_pad", False)
     fields["resample"] = pre.get("resample", 3)
     return rescale_normalize(pre, fields, CLIP_MEAN, CLIP_STD)
 
@@ -105,6 +108,8 @@ def hf_lookup(tensors: dict, source: str):
         raise ModelFormatError(f"{source}: config.json describes a LLaVA tower but the checkpoint holds no {missing}")
 
     def lookup(canon: str):
+        if canon == "image_newline":          # LLaVA-NeXT's, beside the projector
+            return tensors.get(proj[:-len("multi_modal_projector.")] + canon)
         return tensors.get((proj if canon.startswith("linear_") else tower) + canon)
     return lookup
 

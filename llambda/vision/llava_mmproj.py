@@ -34,6 +34,9 @@ def llava_mmproj(layout, name: str, qtype, type_of) -> tuple[dict, list]:
     """(metadata, tensors) of an mlp mmproj of `layout` (a LLaVA tower's); `type_of(canon, values, qtype)` picks
     each tensor's type (mmproj._type)."""
     c = layout.cfg
+    if c.grid_pinpoints:
+        raise InvalidInputError("LLaVA-NeXT's mmproj (image_grid_pinpoints, model.image_newline) is not written: its "
+                                "reading by llama.cpp is not checked here")
     if c.keep_class:
         raise InvalidInputError("llama.cpp's mlp mmproj always drops the class token: a tower whose "
                                 "vision_feature_select_strategy is 'full' cannot be written")
@@ -62,4 +65,4 @@ def llava_mmproj(layout, name: str, qtype, type_of) -> tuple[dict, list]:
 
 
 def is_llava(layout) -> bool:
-    return getattr(layout.cfg, "projector", None) == "llava"
+    return getattr(layout.cfg, "projector", None) in ("llava", "llava_next")

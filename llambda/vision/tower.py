@@ -12,13 +12,15 @@ from .clip import ClipEncoder
 from .gemma3 import Gemma3Projector
 from .idefics3 import Idefics3Connector
 from .llava import LlavaProjector, llava_pixels
-from .preprocess import idefics3_grid, pixel_values
+from .llava_next import feature_grid, next_pixels, pack
+from .preprocess import idefics3_grid, pixel_values, rgb_image
 from .qwen2vl import QwenVisionEncoder
 from .qwen2vl_config import QWEN_FAMILIES
 from .qwen2vl_pixels import patch_grid, patches
 from .siglip import SiglipEncoder
 
 MAX_IMAGES_PER_CALL = 64
+LLAVA_FAMILIES = ("llava", "llava_next")
 
 
 class VisionTower:
@@ -33,7 +35,7 @@ class VisionTower:
         self.cfg, self.backend, self.name = cfg, backend, name
         if cfg.projector in QWEN_FAMILIES:
             self.encoder, self.projector = QwenVisionEncoder(cfg, lookup, backend), None
-        elif cfg.projector == "llava":
+        elif cfg.projector in LLAVA_FAMILIES:
             self.encoder, self.projector = ClipEncoder(cfg, lookup, backend), LlavaProjector(cfg, lookup, backend)
         else:
             self.encoder = SiglipEncoder(cfg, lookup, backend)
@@ -89,6 +91,8 @@ class VisionTower:
         if self.qwen:
             gh, gw = patch_grid(int(width), int(height), self.cfg)
             return gh // self.cfg.spatial_merge_size, gw // self.cfg.spatial_merge_size
+        if self.cfg.projector == "llava_next":
+            return feature_grid(int(width), int(height), self.cfg)[2:]
         return idefics3_grid(int(width), int(height), self.cfg) if self.cfg.projector == "idefics3" else (0, 0)
 
     def _check_open(self) -> None:
@@ -99,8 +103,8 @@ class VisionTower:
         """float32 [n_crops, 3, image_size, image_size]: the model's own preprocessing of a PIL image (or image
         bytes); n_crops = rows * cols + 1 of grid() (Gemma 3: 1). Qwen2-VL: the flattened patches
         [patches, C*T*P*P] (each merge group's rows together; grid() of the image's size gives their layout)."""
-        if self.cfg.projector == "llava":
-            return llava_pixels(image, self.cfg)
+        if self.cfg.projector in LLAVA_FAMILIES:
+            return (next_pixels if self.cfg.projector == "llava_next" else llava_pixels)(image, self.cfg)
         if not self.qwen:
             return pixel_values(image, self.cfg)
         return patches(image, self.cfg)[0]
@@ -119,6 +123,19 @@ class VisionTower:
                 return self.encoder.forward(px, grid)
             finally:
                 self.backend.exit_forward()
+
+    def encode_image(self, image) -> np.ndarray:
+        """LLaVA-NeXT: float32 [tokens_per_image + r (c + 1), hidden], one image's rows in prompt order (the base
+        crop's, then the tiles' unpadded to its aspect, image_newline after each row; r, c = grid(width, height) of
+        its size) of a PIL image (or the bytes of an image file) (llava_next.py)."""
+        c = self.cfg
+        if c.projector != "llava_next":
+            raise InvalidInputError(f"encode_image is LLaVA-NeXT's; a {self.family} tower encodes pixels()")
+        rgb = rgb_image(image)
+        th, tw, r, cols = feature_grid(*rgb.size, c)
+        rows = np.concatenate([self.encode(part) for part in np.array_split(next_pixels(rgb, c),
+                                                                             -(-(1 + th * tw) // MAX_IMAGES_PER_CALL))])
+        return pack(rows, (th, tw), (r, cols), self.projector.newline, c.patches_per_side)
 
     def _qwen_input(self, pixels, grid) -> tuple[np.ndarray, tuple]:
         if not self.qwen:
