@@ -1,7 +1,8 @@
-"""LLaVA 1.5 images end to end through every API surface on a live server: the tiny LLaVA of
-tests/fixtures/reference/tiny/llava_vision (llava-hf's chat template: images before the text); each route's answer is
-Model.chat's greedy reply to the same canonical messages, as tests/test_images_e2e.py checks for Gemma 3. The
-model's own tower runs (llambda.vision's CLIP + projector, found by llambda.load): nothing here is a double."""
+"""LLaVA 1.5 and LLaVA-NeXT images end to end through every API surface on a live server: the tiny LLaVA of
+tests/fixtures/reference/tiny/llava_vision (llava-hf's chat template: images before the text) and the tiny LLaVA-NeXT
+of llava_next_vision (an image's token count from its size); each route's answer is Model.chat's greedy reply to the
+same canonical messages, as tests/test_images_e2e.py checks for Gemma 3. The models' own towers run
+(llambda.vision's CLIP + projector, found by llambda.load): nothing here is a double."""
 from __future__ import annotations
 
 import base64
@@ -58,3 +59,24 @@ def test_a_bad_image_is_a_400_on_the_messages_route(served):
         {"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/gif",
                                                                   "data": bad}}]}]})
     assert r.status_code == 400, r.text
+
+
+NEXT = vlm.FOLDER.parent / "llava_next_vision"
+
+
+@pytest.fixture(scope="module")
+def served_next():
+    yield from served_pair(lambda **kw: llambda.load(NEXT, backend="numpy", **{"n_ctx": 256, **kw}))
+
+
+def test_llava_next_every_surface_and_its_token_counts(served_next):
+    """LLaVA-NeXT through every route; count_tokens follows each image's grid (a 75 x 40 and a 130 x 90 image:
+    52 and 70 image tokens), as Model.image_ids."""
+    wide, big = (NEXT / "image_wide.png").read_bytes(), (NEXT / "image_big.png").read_bytes()
+    every_surface(served_next, wide, [wide, big])
+
+    def count(image):
+        return _post(served_next, "/v1/messages/count_tokens", {"messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": base64.b64encode(image).decode()}}]}]})["input_tokens"]
+    assert count(big) - count(wide) == 70 - 52
