@@ -292,24 +292,25 @@ def test_write_mmproj_refuses_what_llama_cpp_cannot_say(tmp_path, config_edit, t
 
 
 def test_old_converters_swapped_ffn_names_read_the_same(mmproj_files, tmp_path, numpy_tower):
-    """convert_image_encoder_to_gguf.py named fc1 `ffn_down` and fc2 `ffn_up`: read back by shape, as llama.cpp;
-    a file without feature_layer runs block_count - 1 blocks (llama.cpp's default)."""
-    def swap(meta):
-        meta.pop("clip.vision.feature_layer")
-        meta["clip.vision.block_count"] = 3                 # -> features after block count - 1 = 2 blocks
-    renamed = tmp_path / "old.gguf"
-    with gguf.GGUFFile(mmproj_files["f32"]) as f:
-        meta = dict(f.metadata)
-        swap(meta)
-        tensors = []
-        for n, t in f.tensors.items():
-            n2 = n.replace("ffn_up", "ffn_tmp").replace("ffn_down", "ffn_up").replace("ffn_tmp", "ffn_down")
-            tensors.append((n2, quants.QType.F32, np.ascontiguousarray(t.as_float32())))
-        gguf_writer.write_gguf(renamed, meta, tensors)
+    """convert_image_encoder_to_gguf.py named fc1 `ffn_down` and fc2 `ffn_up`: read back by shape, as llama.cpp.
+    Its files have no feature_layer: it stored the blocks up to LLaVA's -2 (block_count = 2 here, the oldest files
+    saying 3 with 2 stored), and all of them run (transformers' hidden_states[-2]; llama.cpp's graph runs one
+    fewer, ggml-org/llama.cpp#25817)."""
     px = ref(TINY, REF["images"]["image_wide.png"], "pixel_values")[None]
-    with closing(load_vision(renamed, backend="numpy")) as t:
-        assert t.cfg.feature_layers == (2,)
-        np.testing.assert_array_equal(t.encode(px), numpy_tower.encode(px))
+    for block_count in (2, 3):
+        renamed = tmp_path / f"old{block_count}.gguf"
+        with gguf.GGUFFile(mmproj_files["f32"]) as f:
+            meta = dict(f.metadata)
+            meta.pop("clip.vision.feature_layer")
+            meta["clip.vision.block_count"] = block_count
+            tensors = []
+            for n, t in f.tensors.items():
+                n2 = n.replace("ffn_up", "ffn_tmp").replace("ffn_down", "ffn_up").replace("ffn_tmp", "ffn_down")
+                tensors.append((n2, quants.QType.F32, np.ascontiguousarray(t.as_float32())))
+            gguf_writer.write_gguf(renamed, meta, tensors)
+        with closing(load_vision(renamed, backend="numpy")) as t:
+            assert t.cfg.feature_layers == (2,)
+            np.testing.assert_array_equal(t.encode(px), numpy_tower.encode(px))
 
 
 # --- hostile configs and files -----------------------------------------------------------------------------------

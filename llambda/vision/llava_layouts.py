@@ -7,7 +7,8 @@
   processor_config.json's image_processor), the tower under `vision_tower.vision_model.`, `vision_tower.` or
   either under `model.`, the projector `multi_modal_projector.linear_{1,2}` (or under `model.`);
 - llama.cpp's mmproj GGUF (clip.projector_type `mlp`, clip.has_llava_projector): the `clip.vision.*` keys,
-  `clip.vision.feature_layer` (non-negative hidden-state indices; absent: block_count - 1), `clip.use_gelu` (the
+  `clip.vision.feature_layer` (non-negative hidden-state indices; absent: every stored block's output, the
+  legacy converter having dropped the last block), `clip.use_gelu` (the
   tower's exact GELU; else quick GELU); tensors `v.class_embd`, `v.patch_embd.weight` (a `v.patch_embd.bias` if
   any), `v.position_embd.weight`, `v.pre_ln`, `v.blk.N.{ln1, attn_q, attn_k, attn_v, attn_out, ln2, ffn_up,
   ffn_down}`, `v.post_ln` if any, `mm.0`, `mm.2`. Old converters named fc1 `ffn_down` and fc2 `ffn_up`: as
@@ -175,7 +176,11 @@ def mmproj_fields(meta: dict, tensors: dict, source: str) -> dict:
                                    f"{str(layers)[:60]}")
         fields["vision_feature_layer"] = sorted(set(layers))     # llama.cpp joins them in layer order
     elif isinstance(n, int) and not isinstance(n, bool) and n >= 1:
-        fields["vision_feature_layer"] = [n - 1]                  # llama.cpp: the second to last block's output
+        # the legacy converter dropped the last block already (LLaVA's -2): every stored block runs, as the
+        # model was trained (llama.cpp's graph drops one more: ggml-org/llama.cpp#25817); the oldest files say
+        # block_count = all blocks but store one fewer
+        stored = next((i for i in range(n) if f"v.blk.{i}.attn_out.weight" not in tensors), n)
+        fields["vision_feature_layer"] = [max(stored, 1)]
     mm2 = tensors.get("mm.2.weight")
     if mm2 is None or tensors.get("mm.0.weight") is None:
         raise ModelFormatError(f"{source}: an mlp mmproj needs mm.0.weight and mm.2.weight")
