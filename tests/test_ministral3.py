@@ -5,7 +5,7 @@ README_ministral3.md there) set original_max_position_embeddings to 16, so the q
 1 + 0.1 ln(1 + floor(p / 16)) steps inside the prompts. Here: both folders and their GGUF exports on every
 backend against transformers; decode steps through the KV cache (recorded plans included) against full
 forwards, across the steps; the control without the temperature; llama.cpp on our exports past the steps;
-the settings each format yields; the Mistral 3 directory's tower skipped with a warning; refusals.
+the settings each format yields; the Mistral 3 directory's decoder read alone; refusals.
 """
 from __future__ import annotations
 
@@ -142,18 +142,26 @@ def test_settings_from_each_format(exported, folder):
         assert c.rope_neox == (path.suffix != ".gguf"), path     # llama.cpp's rows permuted as `llama` files
 
 
-def test_tower_is_skipped_with_one_warning_naming_it():
+def test_the_decoder_leaves_the_tower_to_llambda_vision():
+    """The text model's loader reads the decoder alone, without a warning (the Pixtral tower is llambda.vision's:
+    tests/test_vision_pixtral.py); this fixture's tower (patches of 8, the processor's default longest edge 1024:
+    past the patch bound) cannot be used, which the load says in one warning and runs the text."""
     from llambda.formats.open import open_model
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         src = open_model(TINY / "mistral3")
     try:
-        said = [str(x.message) for x in w if "Mistral 3" in str(x.message)]
-        assert len(said) == 1 and "vision_tower" in said[0] and "multi_modal_projector" in said[0]
+        assert not [x for x in w if "Mistral 3" in str(x.message)]
         assert src.config.arch == "ministral3" and src.config.n_layers == 2
         assert not any("vision" in n or "projector" in n for n in src.tensor_names)
     finally:
         src.close()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        with llambda.load(TINY / "mistral3", backend="numpy", n_ctx=32) as m:
+            assert m.vision is None
+    said = [str(x.message) for x in w if "vision tower cannot be used" in str(x.message)]
+    assert len(said) == 1 and "longest_edge" in said[0], said
 
 
 def test_yarn_spelled_type_only_is_yarn():
@@ -172,7 +180,7 @@ def test_a_window_slides_every_layer_whatever_layer_types_say():
 
 def test_mistral_small_3_shape_runs_as_mistral(tmp_path):
     """A Mistral 3 directory whose text model is `mistral` (Mistral Small 3.1 / 3.2: no YaRN, no temperature)
-    runs as Mistral, its tower skipped all the same."""
+    runs as Mistral."""
     text = dict(reference("mistral3")["config"]["text_config"], model_type="mistral",
                 rope_parameters={"rope_type": "default", "rope_theta": 100.0})
     d = edited_copy("mistral3", tmp_path / "small", text_config=text)

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 import llambda
-from llambda.backends import available_backends
 from llambda.errors import InvalidInputError, ModelFormatError
 from llambda.models import llava as llava_model
 from llambda.models.llava_images import LlavaTokens
 
+import archkit  # noqa: E402  (load on a mode's backend)
 import test_vlm as vlm  # noqa: E402  (rows_logits)
 
 FOLDER = Path(__file__).parent / "fixtures" / "reference" / "tiny" / "llava_vision"
@@ -27,20 +27,20 @@ TWO, ONE = REF["prompts"]
 
 # (backend, activations, budget of max |logit diff|): float32 everywhere within test_vlm's exact budget; the
 # native default (bfloat16 tower products, q8 text activations) within Gemma 3's whole-model 0.1 (measured 0.039)
-REAL = {"numpy": ("numpy", None, 1e-4), "native-exact": ("native", "f32", 1e-4), "native-fast": ("native", None, 0.1)}
+REAL = {"numpy": 1e-4, "native-exact": 1e-4, "native-fast": 0.1}
 
 
 def load(mode: str, folder=FOLDER, **kw):
-    backend, activations, _ = REAL[mode]
-    if backend not in available_backends():
-        pytest.skip(f"the {backend} backend is not available here (C core not built)")
-    return llambda.load(folder, backend=backend, activations=activations, **{"n_ctx": 128, **kw})
+    """The folder (or a GGUF) on a mode's backend (archkit's, skipped where the C core is not built)."""
+    return archkit.load(folder, mode, **{"n_ctx": 128, **kw})
 
 
 def messages(prompt: dict) -> list:
-    files = iter(prompt["images"])
-    return [{**msg, "content": [{"type": "image", "image": PNG[next(files)]} if p["type"] == "image" else dict(p)
-                                for p in msg["content"]]} for msg in prompt["messages"]]
+    """The reference's messages, each image part holding the bytes of its file (prompt["images"], in order)."""
+    images = {i: PNG[n] for i, n in enumerate(prompt["images"])}
+    k = iter(range(len(images)))
+    return [dict(msg, content=[dict(p) if p["type"] != "image" else {"type": "image", "image": images[next(k)]}
+                               for p in msg["content"]]) for msg in prompt["messages"]]
 
 
 def check_whole_model(m, prompt: dict, budget: float) -> None:
@@ -70,7 +70,7 @@ def test_whole_model_with_its_own_tower_matches_transformers(mode):
         assert m.accepts_images and m.vision.family == "llava" and m.vision.attends == "causal"
         assert m.image_marker == "<image>" and m.image_block_tokens == 0 and m.config.arch == "llama"
         for prompt in (TWO, ONE):
-            check_whole_model(m, prompt, REAL[mode][2])
+            check_whole_model(m, prompt, REAL[mode])
 
 
 def test_prefill_chunks_may_end_inside_an_image():
@@ -109,18 +109,17 @@ def test_image_text_is_the_processor_expansion():
 
 
 def test_bad_image_requests_are_typed_errors():
+    a, b = PNG["image_wide.png"], PNG["image_tall.png"]
+    marker_typed = [{"role": "user", "content": [{"type": "image", "image": a}, {"type": "text", "text": "<image>"}]}]
     with load("numpy") as m:
-        a, b = PNG["image_wide.png"], PNG["image_tall.png"]
-        typed = [{"role": "user", "content": [{"type": "image", "image": a}, {"type": "text", "text": "<image>"}]}]
-        with pytest.raises(InvalidInputError, match="image markers"):    # a prompt that writes <image> itself
-            m.image_ids(m.render_chat(typed), [a])
-        # typed in a message it is text (Model.literal): the one image's run alone
-        assert len(m.image_ids(m.render_chat(m.literal(typed)), [a])[1]) == 1
-        m.chat(typed, max_tokens=1)
-        with pytest.raises(InvalidInputError, match="image markers"):
-            m.image_ids(TWO["chat_text"], [a])                                # two markers, one image
-        with pytest.raises(InvalidInputError, match="not in a supported format"):
-            m.image_ids(TWO["chat_text"], [a, b"not an image"])
+        refused = [(m.render_chat(marker_typed), [a], "image markers"),      # the prompt writes <image> itself
+                   (TWO["chat_text"], [a], "image markers"),                  # two markers, one image
+                   (TWO["chat_text"], [a, b"not an image"], "not in a supported format")]
+        for text, images, match in refused:
+            with pytest.raises(InvalidInputError, match=match):
+                m.image_ids(text, images)
+        assert len(m.image_ids(m.render_chat(m.literal(marker_typed)), [a])[1]) == 1     # typed in a message: text
+        m.chat(marker_typed, max_tokens=1)
         ids, starts = m.image_ids(TWO["chat_text"], [a, b])
         assert ids == TWO["input_ids"] and len(starts) == 2
         assert m.image_ids(TWO["chat_text"], 2) == (ids, starts)          # a count is enough: 16 tokens each

@@ -628,10 +628,11 @@ class Transformer(Closable, LatentAttention):
 
     @property
     def takes_image_rows(self) -> bool:
-        """Whether a forward may write image rows over embeddings: plain attention layers only (kend is
-        attention's; no MLA, recurrent layers, sinks or Gemma 3n's own layers)."""
+        """Whether a forward may write image rows over embeddings: plain attention layers (kend is attention's; no
+        MLA, other recurrent layers, sinks or Gemma 3n's own layers), and LFM2's short convolutions beside them (a
+        causal block's rows only: ImageInput.attach refuses a block-attending tower there)."""
         cfg = self.cfg
-        return not (self.g3n is not None or cfg.mla or any(k != "attention" for k in cfg.layer_kinds)
+        return not (self.g3n is not None or cfg.mla or any(k not in ("attention", "shortconv") for k in cfg.layer_kinds)
                     or any(L.sinks is not None for L in self.layers))
 
     @property
@@ -660,6 +661,8 @@ class Transformer(Closable, LatentAttention):
         cfg = self.cfg
         if not self.takes_image_rows:
             raise InvalidInputError(f"a {cfg.arch} model takes no image rows")
+        if "shortconv" in cfg.layer_kinds and any(end >= 0 for _, _, end in images.spans):
+            raise InvalidInputError(f"a {cfg.arch} model takes causal image blocks only (its short convolutions)")
         width = self.image_width
         for r0, rows, _ in images.spans:
             if r0 < 0 or r0 + len(rows) > n or rows.ndim != 2 or rows.shape[1] != width:

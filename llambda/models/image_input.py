@@ -17,9 +17,12 @@ import numpy as np
 
 from ..errors import ContextOverflowError, InvalidInputError, ModelFormatError
 from ..sampling import _is_int
-from .images import (FAMILIES, GRID_FAMILIES, LLAVA, LLAVA_NEXT, MAX_CROPS_A_CALL, QWEN3VL, EncodedRows, check_bytes, check_prompt,
-                     image_block, image_tokens, run_lengths, tower_crops, tower_rows)
+from . import lfm2vl_images
+from .images import (FAMILIES, GRID_FAMILIES, LFM2VL, LLAVA, LLAVA_NEXT, MAX_CROPS_A_CALL, PIXTRAL, QWEN3VL,
+                     SIZED_FAMILIES, EncodedRows, check_bytes, check_prompt, image_block, image_tokens, run_lengths,
+                     tower_crops, tower_rows)
 from .llava_images import llava_tokens
+from .pixtral_tokens import pixtral_tokens
 
 FIXED_SIZE = ("gemma3", LLAVA)     # families whose images take the same tokens whatever their size
 
@@ -46,9 +49,11 @@ class ImageInput:
             return
         per, hidden = getattr(tower, "tokens_per_image", None), getattr(tower, "hidden", None)
         family = getattr(tower, "family", "gemma3")
-        gridded = family in GRID_FAMILIES and per is None     # Qwen2-VL: an image's tokens follow its grid
+        # Qwen2-VL, LFM2-VL, Pixtral: an image's tokens follow its grid
+        gridded = family in SIZED_FAMILIES + (LFM2VL,) and per is None
         if (not gridded and (not _is_int(per) or per < 1)) or not _is_int(hidden):
-            raise InvalidInputError(f"a vision tower needs integer tokens_per_image (None: a {'/'.join(GRID_FAMILIES)} "
+            raise InvalidInputError("a vision tower needs integer tokens_per_image (None: a "
+                                    f"{'/'.join(SIZED_FAMILIES)} "
                                     f"tower) and hidden, got {per!r}, {hidden!r}")
         cfg = m.config
         if int(hidden) != cfg.d_model:
@@ -69,18 +74,25 @@ class ImageInput:
         if family not in FAMILIES or attends not in ("block", "causal"):
             raise InvalidInputError(f"a vision tower of family {str(family)[:40]!r} attending {str(attends)[:20]!r} "
                                     f"(known: {', '.join(FAMILIES)}; 'block' or 'causal')")
-        if not m.transformer.takes_image_rows:
+        if not m.transformer.takes_image_rows or (attends == "block" and "shortconv" in cfg.layer_kinds):
             raise InvalidInputError(f"a {cfg.arch} model cannot take image rows (plain attention layers only)")
         meta = getattr(m.source, "metadata", None) or {}
-        hf_cfg = meta.get("hf.config")
-        ids = (llava_tokens(hf_cfg, m.tokenizer, cfg.vocab_size, family) if family in (LLAVA, LLAVA_NEXT)
-               else image_tokens(hf_cfg, m.tokenizer, cfg.vocab_size, family))
+        if family == PIXTRAL:
+            ids = pixtral_tokens(meta.get("hf.config"), m.tokenizer, cfg.vocab_size)
+        elif family in (LLAVA, LLAVA_NEXT):
+            ids = llava_tokens(meta.get("hf.config"), m.tokenizer, cfg.vocab_size, family)
+        else:
+            ids = (lfm2vl_images.lfm2vl_tokens if family == LFM2VL else image_tokens)(
+                meta.get("hf.config"), m.tokenizer, cfg.vocab_size, family)
         if ids is None:
             raise InvalidInputError(f"{m.name!r} names no image tokens of {family}'s (" + (
                 "no boi/eoi_token_index in its config, no <start_of_image>/<end_of_image> in its vocabulary)"
                 if family == "gemma3" else "no image_token_id in its config, no <image> in its vocabulary)"
-                if family in ("idefics3", LLAVA, LLAVA_NEXT) else "no vision_start/image/vision_end token ids in its config, no "
-                "<|vision_start|>/<|image_pad|>/<|vision_end|> in its vocabulary)"))
+                if family in ("idefics3", LFM2VL, LLAVA, LLAVA_NEXT) else "no image_token_index in its config, no "
+                "[IMG]/[IMG_BREAK]/[IMG_END] in its vocabulary)" if family == PIXTRAL else "no vision_start/image/"
+                "vision_end token ids in its config, no <|vision_start|>/<|image_pad|>/<|vision_end|> in its vocabulary)"))
+        if family == LFM2VL:
+            ids = lfm2vl_images.for_tower(ids, tower)
         if (attends == "causal") != (ids.block_tokens(1) == 0):
             raise InvalidInputError(f"a {family} tower attending {attends!r}: this engine's {family} layout attends "
                                     f"{'causally' if ids.block_tokens(1) == 0 else 'within a block'}")
@@ -178,13 +190,16 @@ class ImageInput:
         if not images or family == "gemma3":
             return [(0, 0)] * len(images)
         from ..vision.image import check_image
-        low = 1 if family in GRID_FAMILIES else 0     # a merged grid has a token at least
+        low = 1 if family in SIZED_FAMILIES else 0     # a merged grid has a token at least
         out = []
         for data in images:
             check_bytes(data)
             size = check_image(data)
             if not (isinstance(size, tuple) and len(size) == 2):
                 raise ModelFormatError("llambda.vision's check_image gave no image size")
+            if family == LFM2VL:     # (rows, cols, th, tw): the tiles and the thumbnail's token grid
+                out.append(lfm2vl_images.checked_grid(self.tower.grid(*size)))
+                continue
             rows, cols = self.tower.grid(*size)
             if not (_is_int(rows) and _is_int(cols) and low <= rows and low <= cols and (rows == 0) == (cols == 0)):
                 raise ModelFormatError(f"the vision tower gave the grid {rows!r} x {cols!r}")
@@ -200,7 +215,7 @@ class ImageInput:
         for b in images:        # (bytes() of an int is that many zero bytes)
             check_bytes(b)
         # each file's size and header first: nothing copied or hashed of a file refused
-        gridded = self.layout.family in GRID_FAMILIES or self.layout.family == LLAVA_NEXT
+        gridded = self.layout.family in SIZED_FAMILIES + (LFM2VL,)
         if gridded:             # (read once: the header's check and the image's grid)
             grids = self.grids(images)
         elif self.load_image is None:
@@ -213,7 +228,9 @@ class ImageInput:
         if todo:
             if gridded:
                 at = {k: g for k, g in zip(keys, grids)}
-                found.update(zip(todo, self._encode_grids(todo, [at[k] for k in todo])))
+                encode = (self._encode_grids if self.layout.family != LFM2VL
+                          else lambda f, g: lfm2vl_images.encode_tiles(self, f, g))
+                found.update(zip(todo, encode(todo, [at[k] for k in todo])))
             else:
                 found.update(zip(todo, self._encode_crops(todo)))
         out = []
@@ -287,10 +304,15 @@ class ImageInput:
                     px = np.asarray(px, dtype=np.float32)
                 except (TypeError, ValueError) as e:
                     raise ModelFormatError(f"the vision tower's pixels are no array of numbers ({e})") from None
-                if px.ndim != 2 or not len(px):
-                    raise ModelFormatError(f"the vision tower's pixels are of shape {px.shape}: no [patches, values]")
+                pixtral = self.layout.family == PIXTRAL           # Pixtral's: the image [C, h, w]
+                if px.ndim != (3 if pixtral else 2) or not px.size:
+                    raise ModelFormatError(f"the vision tower's pixels are of shape {px.shape}: no "
+                                           f"{'[C, h, w]' if pixtral else '[patches, values]'} array")
                 rows = tower_rows([tower.encode_one(px, (gh, gw))], 1, gh * gw, width)[0]
-                blocks = (image_block(0, rows, causal=True, grid=(gh, gw)),)
+                if pixtral:         # a block a row of [IMG] tokens, [IMG_BREAK] between them
+                    blocks = tuple(image_block(0, rows[r * gw:(r + 1) * gw], causal=True) for r in range(gh))
+                else:
+                    blocks = (image_block(0, rows, causal=True, grid=(gh, gw)),)
                 self.encoded.put(key, blocks)   # under the lock: a tower attached since would not clear them
             out.append(blocks)
         return out

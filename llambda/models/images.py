@@ -49,9 +49,13 @@ IMAGE_TEXT, FAKE_TEXT, GLOBAL_TEXT = "<image>", "<fake_token_around_image>", "<g
 # Qwen2-VL's and Qwen2.5-VL's (transformers' Qwen2VLProcessor): what a template writes for an image, and its pad
 VISION_START, IMAGE_PAD, VISION_END = "<|vision_start|>", "<|image_pad|>", "<|vision_end|>"
 GEMMA3, IDEFICS3, QWEN2VL, QWEN25VL, QWEN3VL = "gemma3", "idefics3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"
+PIXTRAL = "pixtral"             # Mistral 3's tower: its layout is models/pixtral_tokens
+LFM2VL = "lfm2_vl"               # its layout and encoding: models/lfm2vl_images.py
 LLAVA, LLAVA_NEXT = "llava", "llava_next"       # their layout: llava_images.py (image_input.py picks it)
-FAMILIES = (GEMMA3, IDEFICS3, QWEN2VL, QWEN25VL, QWEN3VL, LLAVA, LLAVA_NEXT)
+FAMILIES = (GEMMA3, IDEFICS3, QWEN2VL, QWEN25VL, QWEN3VL, PIXTRAL, LFM2VL, LLAVA, LLAVA_NEXT)
 GRID_FAMILIES = (QWEN2VL, QWEN25VL, QWEN3VL)     # an image's tokens and RoPE positions follow its merged grid
+SIZED_FAMILIES = GRID_FAMILIES + (PIXTRAL, LLAVA_NEXT)   # an image's token count follows its size (tower.grid;
+                                                        # encode_one, LLaVA-NeXT's encode_image)
 DEFAULT_MAX_IMAGES = 8          # images one request may hold (Model.max_images; the server's bound too)
 ENCODED_ROWS_BYTES = 64 << 20   # the tower's rows kept for images sent again (EncodedRows): 24 of a 4B model's
 
@@ -255,18 +259,31 @@ def _qwen_tokens(config, tokenizer, vocab_size: int, family: str) -> QwenTokens 
     """The config's vision_start_token_id, image_token_id, vision_end_token_id (a HF directory), else the
     vocabulary's <|vision_start|>, <|image_pad|>, <|vision_end|> (a GGUF file); each read back by the tokenizer
     as itself (a prompt must be able to hold it)."""
+    keys = {"start": ("vision_start_token_id",), "soft": ("image_token_id",), "end": ("vision_end_token_id",)}
+    found = named_tokens(config, tokenizer, vocab_size, keys, {"start": VISION_START, "soft": IMAGE_PAD,
+                                                               "end": VISION_END})
+    if found is None:
+        return None
+    ids, shown = found
+    return QwenTokens(ids["start"], ids["soft"], ids["end"], shown["start"], shown["soft"], shown["end"], family)
+
+
+def named_tokens(config, tokenizer, vocab_size: int, keys: dict, texts: dict) -> tuple[dict, dict] | None:
+    """({name: id}, {name: its text}) of a layout's tokens: each from the first of its config `keys[name]` set, else
+    the vocabulary's `texts[name]`; None where one is not found. Each must lie in the embeddings and be read back
+    by the tokenizer as itself (a prompt must be able to hold it)."""
     ids = {}
     if isinstance(config, dict):
-        for key, name in (("vision_start_token_id", "start"), ("image_token_id", "soft"), ("vision_end_token_id", "end")):
-            if _index(config.get(key)):
+        for name, names in keys.items():
+            key = next((k for k in names if _index(config.get(k))), None)
+            if key is not None:
                 ids[name] = config[key]
-    texts = {"start": VISION_START, "soft": IMAGE_PAD, "end": VISION_END}
     for name, text in texts.items():
         if name not in ids and tokenizer is not None:
             tid = _token_id(tokenizer, text)
             if tid is not None:
                 ids[name] = tid
-    if len(ids) < 3:
+    if len(ids) < len(texts):
         return None
     shown = {}
     for name, tid in ids.items():
@@ -276,7 +293,7 @@ def _qwen_tokens(config, tokenizer, vocab_size: int, family: str) -> QwenTokens 
         if tokenizer is not None and _token_id(tokenizer, shown[name]) != tid:
             raise InvalidInputError(f"the image token {tid} ({shown[name][:40]!r}) is not read back as itself by the "
                                     "tokenizer: a prompt could not hold it")
-    return QwenTokens(ids["start"], ids["soft"], ids["end"], shown["start"], shown["soft"], shown["end"], family)
+    return ids, shown
 
 
 def _token_id(tokenizer, text: str) -> int | None:

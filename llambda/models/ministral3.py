@@ -14,15 +14,14 @@ mscale(factor) = 0.1 ln(factor) + 1; it is written into the scaling dict so conf
 GGUF (llama.cpp's keys): Llama's, with `mistral3.rope.scaling.yarn_log_multiplier` (mscale_all_dim, mscale taken
 as 1), `mistral3.attention.temperature_scale` (beta; its positions are rope.scaling.original_context_length, and
 `attention.temperature_length` where a file has it) and q/k rows permuted for adjacent-pair RoPE as in `llama`
-files (llama.cpp runs mistral3 with its NORM rope). A Mistral 3 directory's vision tower and projector are
-not run here: they are skipped with one warning naming them.
+files (llama.cpp runs mistral3 with its NORM rope). A Mistral 3 directory's Pixtral tower and projector are
+llambda.vision's (vision/pixtral.py); the decoder's loader leaves their tensors to it.
 """
 from __future__ import annotations
 
 import math
-import warnings
 
-from ..errors import LlambdaWarning, ModelFormatError
+from ..errors import ModelFormatError
 from .config import TransformerConfig
 from .hparams import GGUFHParams, HFConfig, refuse_quantized
 from .mistral import hf_common_sliding
@@ -66,14 +65,6 @@ def _temperature_hf(params: dict, where: str) -> dict:
     return {"attn_temp_scale": beta, "attn_temp_length": length}
 
 
-def warn_skipped_tower(cfg: dict) -> None:
-    """A Mistral 3 directory (its text config merged with the vision_config beside it): the parts not run."""
-    if isinstance(cfg.get("vision_config"), dict):
-        warnings.warn("Mistral 3: the Pixtral vision tower (vision_tower.*) and the multimodal projector "
-                      "(multi_modal_projector.*) are not run here; the text model loads alone", LlambdaWarning,
-                      stacklevel=3)
-
-
 def config_from_hf(cfg: dict) -> TransformerConfig:
     refuse_quantized(cfg, "Ministral 3")
     key = "rope_parameters" if isinstance(cfg.get("rope_parameters"), dict) else "rope_scaling"
@@ -87,7 +78,6 @@ def config_from_hf(cfg: dict) -> TransformerConfig:
     c = hf_common_sliding({k: v for k, v in cfg.items() if k != "layer_types"}, "ministral3", default_sliding=True)
     hf = HFConfig(cfg)
     c["rope_scaling"] = _with_attention_factor(c["rope_scaling"], f"config.json {key!r}")
-    warn_skipped_tower(cfg)
     return TransformerConfig(**c, attn_bias=hf.flag("attention_bias", False),
                              **_temperature_hf(params, f"config.json {key!r}"))
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from .llava_config import LlavaVisionConfig
-from .siglip import GELU_CHUNK, encoder_block, encoder_layer, fetch
+from .siglip import GELU_CHUNK, encoder_layers, fetch, run_layers
 
 QUICK_GELU = 1.702
 
@@ -28,17 +28,13 @@ class ClipEncoder:
         def vec(name, n=H):
             return fetch(lookup, name, (n,))
 
-        def dense(names, rows, cols):
-            w = np.concatenate([fetch(lookup, n + ".weight", (rows, cols)) for n in names])
-            return be.prepare_dense(w, np.concatenate([vec(n + ".bias", rows) for n in names]))
-
         patch = fetch(lookup, "embeddings.patch_embedding.weight", (H, C, p, p)).reshape(H, C * p * p)
         self.patch = be.prepare_dense(patch, vec("embeddings.patch_embedding.bias") if cfg.patch_bias else None)
         self.cls = vec("embeddings.class_embedding") if cfg.has_class else None
         self.pos = fetch(lookup, "embeddings.position_embedding.weight", (T, H))
         self.pre = (vec("pre_layrnorm.weight"), vec("pre_layrnorm.bias"))
         self.post = (vec("post_layernorm.weight"), vec("post_layernorm.bias")) if cfg.post_ln else None
-        self.layers = [encoder_layer(vec, dense, i, H, F) for i in range(cfg.layers_run)]
+        self.layers = encoder_layers(lookup, be, H, F, cfg.layers_run)
         first = 1 if cfg.has_class else 0
         self.rows = slice(0 if cfg.keep_class else first, T)        # the rows a feature layer gives
         self.patches = np.empty((cfg.n_patches, C * p * p), np.float32)
@@ -91,7 +87,8 @@ class ClipEncoder:
         be.add_layernorm(x, None, *self.pre, cfg.layer_norm_eps, x)
         self._keep(0, x)
         for k, L in enumerate(self.layers, start=1):
-            encoder_block(self, L, self.activate)
+            run_layers(be, [L], cfg.layer_norm_eps, cfg.num_attention_heads, self.starts, x, self.h, self.qkv, self.ctx,
+                       self.up, self.ones, self.activate)
             if self.post is not None and k == cfg.layers_run:
                 be.add_layernorm(x, None, *self.post, cfg.layer_norm_eps, x)
             self._keep(k, x)

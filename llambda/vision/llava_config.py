@@ -62,41 +62,10 @@ class LlavaVisionConfig(PatchGrid):
 
     @classmethod
     def from_fields(cls, fields: dict, names: dict | None = None, source: str = "") -> "LlavaVisionConfig":
-        names = names or {}
-
-        def what(key: str) -> str:
-            return f"{source}: {names.get(key, key)}" if source else names.get(key, key)
-
-        def shown(v) -> str:
-            return (repr(v) if isinstance(v, (int, float, str)) else type(v).__name__)[:40]
-
-        def integer(key: str, lo: int, hi: int) -> int:
-            v = fields.get(key)
-            if v is None:
-                raise ModelFormatError(f"{what(key)} is missing")
-            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-                raise ModelFormatError(f"{what(key)} must be an integer in {lo}..{hi}, got {shown(v)}")
-            return v
-
-        def flag(key: str, default: bool) -> bool:
-            v = fields.get(key, default)
-            if not isinstance(v, bool):
-                raise ModelFormatError(f"{what(key)} must be true or false, got {shown(v)}")
-            return v
-
-        def choice(key: str, default, allowed: tuple):
-            v = fields.get(key, default)
-            if v not in allowed or isinstance(v, bool):
-                raise ModelFormatError(f"{what(key)} {shown(v)} is not supported ({', '.join(map(str, allowed))})")
-            return v
-
-        eps = fields.get("layer_norm_eps", 1e-5)
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not finite_as_float(eps) or not 0 < eps < 1:
-            raise ModelFormatError(f"{what('layer_norm_eps')} must be a number in (0, 1), got {shown(eps)}")
-        rescale = fields.get("rescale_factor", 1 / 255)
-        if isinstance(rescale, bool) or not isinstance(rescale, (int, float)) or not finite_as_float(rescale) \
-                or not 0 < rescale < 2:
-            raise ModelFormatError(f"{what('rescale_factor')} must be a number in (0, 2), got {shown(rescale)}")
+        """Check `fields` (HF names -> values); `names` maps an HF name to the file's own key for messages."""
+        r = _Reader(fields, names or {}, source)
+        what, shown, integer, flag, choice = r.what, _shown, r.integer, r.flag, r.choice
+        eps, rescale = r.number("layer_norm_eps", 1e-5, 1.0), r.number("rescale_factor", 1 / 255, 2.0)
         n_layers = integer("num_hidden_layers", 1, MAX_LAYERS)
         c = cls(hidden_size=integer("hidden_size", 1, MAX_HIDDEN),
                 intermediate_size=integer("intermediate_size", 1, MAX_FFN),
@@ -104,7 +73,7 @@ class LlavaVisionConfig(PatchGrid):
                 num_attention_heads=integer("num_attention_heads", 1, MAX_HIDDEN),
                 image_size=integer("image_size", 1, MAX_IMAGE_SIDE),
                 patch_size=integer("patch_size", 1, MAX_IMAGE_SIDE),
-                layer_norm_eps=float(eps),
+                layer_norm_eps=eps,
                 text_hidden_size=integer("text_hidden_size", 1, MAX_TEXT_HIDDEN),
                 feature_layers=feature_layers(fields.get("vision_feature_layer", -2), n_layers,
                                               what("vision_feature_layer")),
@@ -120,7 +89,7 @@ class LlavaVisionConfig(PatchGrid):
                 resample=choice("resample", 3, RESAMPLE_FILTERS),
                 image_mean=number_triple(fields.get("image_mean", cls.image_mean), False, what("image_mean")),
                 image_std=number_triple(fields.get("image_std", cls.image_std), True, what("image_std")),
-                rescale_factor=float(rescale), source=source)
+                rescale_factor=rescale, source=source)
         if c.hidden_size % c.num_attention_heads or c.head_dim > MAX_HEAD_DIM:
             raise ModelFormatError(f"{what('hidden_size')} {c.hidden_size} is not {c.num_attention_heads} heads of "
                                    f"at most {MAX_HEAD_DIM}")
@@ -136,17 +105,14 @@ class LlavaVisionConfig(PatchGrid):
             if c.keep_class:
                 raise ModelFormatError(f"{what('vision_feature_select_strategy')} 'full' with image_grid_pinpoints: "
                                        "LLaVA-NeXT lays its tiles' rows out as patches (the 'default' strategy)")
-        if c.preprocess == "crop":
-            edge = fields.get("shortest_edge")
-            if edge is not None:
-                c.shortest_edge = integer("shortest_edge", c.image_size, MAX_IMAGE_SIDE)
-            crop = fields.get("crop_size", c.image_size)
-            if crop != c.image_size:
-                raise ModelFormatError(f"{what('crop_size')} {shown(crop)} is not the tower's image_size "
-                                       f"{c.image_size}")
         if c.workspace_bytes() > MAX_WORKSPACE_BYTES:
             raise ModelFormatError(f"{source or 'the vision tower'}: one image's activations would take "
                                    f"{c.workspace_bytes() >> 20} MB")
+        if c.preprocess == "crop" and fields.get("shortest_edge") is not None:
+            c.shortest_edge = integer("shortest_edge", c.image_size, MAX_IMAGE_SIDE)
+        if c.preprocess == "crop" and fields.get("crop_size", c.image_size) != c.image_size:
+            raise ModelFormatError(f"{what('crop_size')} {shown(fields.get('crop_size'))} is not the tower's "
+                                   f"image_size {c.image_size}")
         return c
 
     def workspace_bytes(self, max_tokens: int | None = None) -> int:
@@ -170,6 +136,47 @@ class LlavaVisionConfig(PatchGrid):
         return (H * self.num_channels * self.patch_size ** 2 + H + self.n_positions * H + 2 * H
                 + self.layers_run * per_layer + self.feature_width * D + D * D + 2 * D
                 + (D if self.grid_pinpoints else 0))
+
+
+def _shown(v) -> str:
+    return (repr(v) if isinstance(v, (int, float, str)) else type(v).__name__)[:40]
+
+
+class _Reader:
+    """`fields` (HF names -> values) read and range-checked, each error naming the file's own key (`names`)."""
+
+    def __init__(self, fields: dict, names: dict, source: str):
+        self.fields, self.names, self.source = fields, names, source
+
+    def what(self, key: str) -> str:
+        name = self.names.get(key, key)
+        return f"{self.source}: {name}" if self.source else name
+
+    def integer(self, key: str, lo: int, hi: int) -> int:
+        v = self.fields.get(key)
+        if v is None:
+            raise ModelFormatError(f"{self.what(key)} is missing")
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise ModelFormatError(f"{self.what(key)} must be an integer in {lo}..{hi}, got {_shown(v)}")
+        return v
+
+    def number(self, key: str, default: float, hi: float) -> float:
+        v = self.fields.get(key, default)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not finite_as_float(v) or not 0 < v < hi:
+            raise ModelFormatError(f"{self.what(key)} must be a number in (0, {hi}), got {_shown(v)}")
+        return float(v)
+
+    def flag(self, key: str, default: bool) -> bool:
+        v = self.fields.get(key, default)
+        if not isinstance(v, bool):
+            raise ModelFormatError(f"{self.what(key)} must be true or false, got {_shown(v)}")
+        return v
+
+    def choice(self, key: str, default, allowed: tuple):
+        v = self.fields.get(key, default)
+        if v not in allowed or isinstance(v, bool):
+            raise ModelFormatError(f"{self.what(key)} {_shown(v)} is not supported ({', '.join(map(str, allowed))})")
+        return v
 
 
 def feature_layers(v, n_layers: int, what: str) -> tuple:

@@ -101,12 +101,16 @@ def hf_fields(cfg: dict, pre: dict | None, source: str) -> dict:
 
 
 def hf_lookup(tensors: dict, source: str):
-    tower = next((p for p in TOWER_PREFIXES if p + "embeddings.patch_embedding.weight" in tensors), None)
-    proj = next((p for p in PROJECTOR_PREFIXES if p + "linear_1.weight" in tensors), None)
-    if tower is None or proj is None:
-        missing = ("vision tower (...embeddings.patch_embedding.weight)" if tower is None
-                   else "multi_modal_projector.linear_1.weight")
-        raise ModelFormatError(f"{source}: config.json describes a LLaVA tower but the checkpoint holds no {missing}")
+    """A canonical-name lookup over a LLaVA checkpoint: the tower's names under its prefix, the projector's (and
+    LLaVA-NeXT's image_newline, beside it) under theirs."""
+    def prefix(options, leaf: str, what: str) -> str:
+        for p in options:
+            if p + leaf in tensors:
+                return p
+        raise ModelFormatError(f"{source}: config.json describes a LLaVA tower but the checkpoint holds no {what}")
+    tower = prefix(TOWER_PREFIXES, "embeddings.patch_embedding.weight",
+                   "vision tower (...embeddings.patch_embedding.weight)")
+    proj = prefix(PROJECTOR_PREFIXES, "linear_1.weight", "multi_modal_projector.linear_1.weight")
 
     def lookup(canon: str):
         if canon == "image_newline":          # LLaVA-NeXT's, beside the projector
@@ -205,14 +209,15 @@ def hf_layout(path, cfg: dict, src: str):
     from ..formats.safetensors import open_safetensors_dir
     from .layouts import Layout, image_processor_settings
     from .llava_config import LlavaVisionConfig
+    from contextlib import ExitStack
     pre, _ = image_processor_settings(path, read_json)
     vcfg = LlavaVisionConfig.from_fields(hf_fields(cfg, pre, src), HF_NAMES, src)
-    st = open_safetensors_dir(path)
-    try:
-        return Layout(vcfg, hf_lookup(st.tensors, src), 0.0, "hf", [st.close])
-    except BaseException:
-        st.close()
-        raise
+    with ExitStack() as undo:           # the files closed unless the layout (which closes them later) is made
+        st = open_safetensors_dir(path)
+        undo.callback(st.close)
+        layout = Layout(vcfg, hf_lookup(st.tensors, src), 0.0, "hf", [st.close])
+        undo.pop_all()
+    return layout
 
 
 def mmproj_layout(f, src: str):

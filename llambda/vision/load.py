@@ -17,9 +17,12 @@ from .config import VisionConfig
 from .layouts import (HF_NAMES, IDEFICS3_TYPES, LLAMA_CPP, MMPROJ_NAMES, OLLAMA, OLLAMA_NAMES, Layout,
                       check_processor_size, gguf_lookup, has_ollama_tower, hf_fields, hf_lookup, idefics3_hf_fields,
                       image_processor_settings, mmproj_fields, ollama_fields)
-from . import llava_layouts
+from . import lfm2vl_layouts, lfm2vl_mmproj, llava_layouts
+from . import pixtral_layouts, pixtral_mmproj, pixtral_ollama
 from . import qwen2vl_layouts as qwen_layouts
 from . import qwen3vl_ollama as qwen3_ollama
+from .lfm2vl import Lfm2VlTower
+from .lfm2vl_config import Lfm2VlVisionConfig
 from .qwen2vl_config import QwenVisionConfig
 from .tower import VisionTower
 
@@ -52,11 +55,16 @@ def open_layout(path: Path) -> Layout | None:
         kind = cfg.get("model_type")
         if kind in qwen_layouts.HF_TYPES:
             return _qwen_hf_layout(path, cfg, src)
+        if kind in lfm2vl_layouts.HF_TYPES:
+            return lfm2vl_layouts.hf_layout(path, cfg, src, read_json)
+        if pixtral_layouts.reads(cfg):         # Mistral 3's, or Pixtral-12B's LLaVA (before a LLaVA branch)
+            return pixtral_layouts.hf_layout(path, cfg, src)
         if kind in llava_layouts.HF_TYPES:
             return llava_layouts.hf_layout(path, cfg, src)
         if kind != "gemma3" and kind not in IDEFICS3_TYPES:
             warnings.warn(f"{path}: its vision tower ({str(kind)[:40]!r}) is not supported (Gemma 3's, Idefics3's, "
-                          "Qwen2(.5)-VL's, Qwen3-VL's, LLaVA's only): the model reads no images", LlambdaWarning, stacklevel=3)
+                          "Qwen2(.5)-VL's, Qwen3-VL's, LLaVA's only): the model reads no images", LlambdaWarning,
+                          stacklevel=3)
             return None
         pre, seq_len = image_processor_settings(path, read_json)
         fields = idefics3_hf_fields(cfg, pre, src, seq_len) if kind in IDEFICS3_TYPES else hf_fields(cfg, pre, src)
@@ -80,12 +88,24 @@ def open_layout(path: Path) -> Layout | None:
                           [f.close])
         if arch == "clip" and meta.get("clip.projector_type") == llava_layouts.MMPROJ_TYPE:
             return llava_layouts.mmproj_layout(f, src)
+        if arch == "clip" and meta.get("clip.projector_type") == lfm2vl_mmproj.MMPROJ_TYPE:
+            fields = lfm2vl_mmproj.mmproj_fields(meta, src)
+            find = lfm2vl_mmproj.mmproj_lookup(f, fields, src)
+            vcfg = Lfm2VlVisionConfig.from_fields(fields, lfm2vl_mmproj.MMPROJ_KEYS, src)
+            return Layout(vcfg, find, 0.0, "mmproj", [f.close])
+        if arch == "clip" and meta.get("clip.projector_type") == pixtral_mmproj.MMPROJ_TYPE:
+            vcfg = pixtral_mmproj.mmproj_config(meta, src, f.tensors)
+            return Layout(vcfg, pixtral_mmproj.lookup(f, vcfg), 0.0, "mmproj", [f.close])
         if arch == "clip":
             vcfg = VisionConfig.from_fields(mmproj_fields(meta, src), MMPROJ_NAMES, src)
             return Layout(vcfg, gguf_lookup(f, LLAMA_CPP), 0.0, "mmproj", [f.close])
         if not has_ollama_tower(f):
             f.close()
             return None
+        if arch == pixtral_ollama.ARCH:
+            from .pixtral_config import PixtralConfig
+            vcfg = PixtralConfig.from_fields(*pixtral_ollama.fields(meta, src), src)
+            return Layout(vcfg, pixtral_ollama.lookup(f), 0.0, "ollama", [f.close])
         if arch in qwen3_ollama.ARCHS:
             find = qwen3_ollama.lookup(f)
             vcfg = QwenVisionConfig.from_fields(qwen3_ollama.fields(meta, find, arch, src), qwen3_ollama.keys(arch), src)
@@ -133,6 +153,11 @@ def load_vision(source, backend=None, threads: int | None = None, activations: s
         return None
     try:
         be = _backend(backend, threads, activations)
+        if isinstance(layout.cfg, Lfm2VlVisionConfig):
+            return Lfm2VlTower(layout.cfg, layout.lookup, be, name=str(path))
+        if layout.cfg.projector == "pixtral":
+            from .pixtral_tower import PixtralTower
+            return PixtralTower(layout.cfg, layout.lookup, be, name=str(path))
         return VisionTower(layout.cfg, layout.lookup, be, layout.soft_norm_offset, name=str(path))
     finally:
         for close in layout.closers:      # the weights were copied into the backend's own arrays

@@ -32,35 +32,58 @@ def fetch(lookup, name: str, shape: tuple):
     return a
 
 
-def encoder_layer(vec, dense, i: int, H: int, F: int) -> dict:
-    """Block i's weights (HF's `encoder.layers.i.` names: SigLIP's and CLIP's alike) through the encoder's `vec`
-    (name -> float32 vector) and `dense` (names, rows, cols -> a packed product with its biases)."""
-    pre = f"encoder.layers.{i}."
-    a = pre + "self_attn."
-    return {
-        "ln1": (vec(pre + "layer_norm1.weight"), vec(pre + "layer_norm1.bias")),
-        "qkv": dense([a + "q_proj", a + "k_proj", a + "v_proj"], H, H),
-        "o": dense([a + "out_proj"], H, H),
-        "ln2": (vec(pre + "layer_norm2.weight"), vec(pre + "layer_norm2.bias")),
-        "fc1": dense([pre + "mlp.fc1"], F, H),
-        "fc2": dense([pre + "mlp.fc2"], H, F),
-    }
+def encoder_layers(lookup, be, H: int, F: int, n_layers: int) -> list:
+    """The pre-LN encoder layers `encoder.layers.N.*` (SigLIP's names) on backend `be`: LayerNorms with biases,
+    [q | k | v] as one product, out_proj, fc1 and fc2 with biases."""
+    def vec(name, n=H):
+        return fetch(lookup, name, (n,))
+
+    def dense(names, rows, cols):
+        w = np.concatenate([fetch(lookup, n + ".weight", (rows, cols)) for n in names])
+        b = np.concatenate([vec(n + ".bias", rows) for n in names])
+        return be.prepare_dense(w, b)
+
+    layers = []
+    for i in range(n_layers):
+        pre = f"encoder.layers.{i}."
+        a = pre + "self_attn."
+        layers.append({
+            "ln1": (vec(pre + "layer_norm1.weight"), vec(pre + "layer_norm1.bias")),
+            "qkv": dense([a + "q_proj", a + "k_proj", a + "v_proj"], H, H),
+            "o": dense([a + "out_proj"], H, H),
+            "ln2": (vec(pre + "layer_norm2.weight"), vec(pre + "layer_norm2.bias")),
+            "fc1": dense([pre + "mlp.fc1"], F, H),
+            "fc2": dense([pre + "mlp.fc2"], H, F),
+        })
+    return layers
 
 
-def encoder_block(enc, L: dict, activate) -> None:
-    """One pre-LN block in place over enc.x (enc's buffers h, qkv, ctx, up, its backend, cfg and starts): x +=
-    out(attention(ln1(x))); x += fc2(activate(fc1(ln2(x))))."""
-    be, cfg, x, h = enc.be, enc.cfg, enc.x, enc.h
-    be.add_layernorm(x, None, *L["ln1"], cfg.layer_norm_eps, h)
-    be.dense(h, L["qkv"], enc.qkv)
-    be.encoder_attention(enc.qkv, enc.starts, cfg.num_attention_heads, enc.ctx)
-    be.dense(enc.ctx, L["o"], h)
-    be.add(x, h, x)
-    be.add_layernorm(x, None, *L["ln2"], cfg.layer_norm_eps, h)
-    be.dense(h, L["fc1"], enc.up)
-    activate(enc.up)
-    be.dense(enc.up, L["fc2"], h)
-    be.add(x, h, x)
+def gelu_tanh(be, x: np.ndarray, ones: np.ndarray) -> None:
+    """x = gelu_tanh(x) in place, as gelu_mul(x, ones, x) over ones.size values at a time."""
+    flat, n = x.reshape(-1), ones.size
+    for i in range(0, flat.size, n):
+        part = flat[i:i + n]
+        be.gelu_mul(part, ones[:part.size], part)
+
+
+def run_layers(be, layers: list, eps: float, heads: int, starts: np.ndarray, x, h, qkv, ctx, up, ones,
+               activate=None) -> None:
+    """x [P, H] through encoder_layers' layers in place (h, qkv, ctx, up: scratch of P rows); attention over each
+    sequence of `starts` both ways; the MLP's activation gelu_tanh, or activate(up) in place (CLIP's)."""
+    for L in layers:
+        be.add_layernorm(x, None, *L["ln1"], eps, h)
+        be.dense(h, L["qkv"], qkv)
+        be.encoder_attention(qkv, starts, heads, ctx)
+        be.dense(ctx, L["o"], h)
+        be.add(x, h, x)
+        be.add_layernorm(x, None, *L["ln2"], eps, h)
+        be.dense(h, L["fc1"], up)
+        if activate is None:
+            gelu_tanh(be, up, ones)
+        else:
+            activate(up)
+        be.dense(up, L["fc2"], h)
+        be.add(x, h, x)
 
 
 class SiglipEncoder:
@@ -74,15 +97,10 @@ class SiglipEncoder:
         def vec(name, n=H):
             return fetch(lookup, name, (n,))
 
-        def dense(names, rows, cols):
-            w = np.concatenate([fetch(lookup, n + ".weight", (rows, cols)) for n in names])
-            b = np.concatenate([vec(n + ".bias", rows) for n in names])
-            return be.prepare_dense(w, b)
-
         patch = fetch(lookup, "embeddings.patch_embedding.weight", (H, C, p, p)).reshape(H, C * p * p)
         self.patch = be.prepare_dense(patch, vec("embeddings.patch_embedding.bias"))
         self.pos = fetch(lookup, "embeddings.position_embedding.weight", (P, H))
-        self.layers = [encoder_layer(vec, dense, i, H, F) for i in range(cfg.num_hidden_layers)]
+        self.layers = encoder_layers(lookup, be, H, F, cfg.num_hidden_layers)
         self.post_ln = (vec("post_layernorm.weight"), vec("post_layernorm.bias"))
         # one image's activations, reused by every forward
         self.patches = np.empty((P, C * p * p), np.float32)
@@ -104,19 +122,16 @@ class SiglipEncoder:
         self.patches[...] = v.reshape(g * g, -1)
 
     def gelu_tanh(self, x: np.ndarray) -> None:
-        flat, n = x.reshape(-1), self.ones.size
-        for i in range(0, flat.size, n):
-            part = flat[i:i + n]
-            self.be.gelu_mul(part, self.ones[:part.size], part)
+        gelu_tanh(self.be, x, self.ones)
 
     def forward(self, pixels: np.ndarray) -> np.ndarray:
         """The last hidden state [P, H] of one image's pixel values [C, S, S] (a view of a reused buffer)."""
         cfg, be = self.cfg, self.be
-        x, h = self.x, self.h
+        x, h, qkv, ctx, up = self.x, self.h, self.qkv, self.ctx, self.up
         self.unfold(pixels)
         be.dense(self.patches, self.patch, x)
         be.add(x, self.pos, x)
-        for L in self.layers:
-            encoder_block(self, L, self.gelu_tanh)
+        run_layers(be, self.layers, cfg.layer_norm_eps, cfg.num_attention_heads, self.starts, x, h, qkv, ctx, up,
+                   self.ones)
         be.add_layernorm(x, None, *self.post_ln, cfg.layer_norm_eps, h)
         return h
