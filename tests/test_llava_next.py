@@ -147,3 +147,18 @@ def test_memory_plan_counts_the_tiles():
         for close in layout.closers:
             close()
     assert ModelFormatError     # (imported for the refusals above)
+
+
+def test_token_counts_on_llava_v1_6_settings_equal_the_processors():
+    """LlavaNextProcessor's counts (reference.json, made by the tool on llava-v1.6's 336 / 14 / default pinpoints)
+    for 31 image sizes from 1 x 1 to 2048 x 1500: 576 + r (c + 1) of our grid."""
+    from llambda.vision.llava_config import LlavaVisionConfig
+    from llambda.vision.llava_layouts import NEXT_PINPOINTS
+    cfg = LlavaVisionConfig.from_fields({"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 24,
+                                         "num_attention_heads": 16, "image_size": 336, "patch_size": 14,
+                                         "text_hidden_size": 4096, "grid_pinpoints": NEXT_PINPOINTS})
+    got = []
+    for w, h, want in REF["llava_v1_6_counts"]["width_height_tokens"]:
+        _, _, r, c = feature_grid(w, h, cfg)
+        got.append([w, h, cfg.mm_tokens_per_image + r * (c + 1)])
+    assert got == REF["llava_v1_6_counts"]["width_height_tokens"]

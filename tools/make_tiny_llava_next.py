@@ -110,11 +110,22 @@ def make(out: Path) -> None:
                                         {"type": "image"}]}]
     prompts = [idefics3.run_prompt(model, processor, dest, files, "two_images", two,
                                    ["image_wide.png", "image_tall.png"], per=1)]
+    # LlavaNextProcessor's token counts on llava-v1.6's own settings (336, patch 14, the default pinpoints)
+    big = LlavaNextProcessor(image_processor=transformers.models.llava_next.image_processing_pil_llava_next
+                             .LlavaNextImageProcessorPil(size={"shortest_edge": 336},
+                                                         crop_size={"height": 336, "width": 336}),
+                             tokenizer=tokenizer, patch_size=14, vision_feature_select_strategy="default",
+                             num_additional_image_tokens=1)
+    sizes = [(w, h) for w in (1, 17, 200, 336, 500, 672, 1000, 1333, 2048) for h in (1, 30, 336, 480, 700, 1500)]
+    counts = [[w, h, big._get_number_of_features(h, w, 336, 336) - 1] for w, h in sizes
+              if max(w, h) / min(w, h) <= 8]
     versions = {"transformers_version": transformers.__version__, "torch_version": torch.__version__}
     ref = dict(folder=FOLDER, model_class="LlavaNextForConditionalGeneration", **versions,
                image_processor_class="LlavaNextImageProcessorPil", notes=NOTES,
                config=json.loads((dest / "config.json").read_text()),
-               image_token_id=model.config.image_token_id, images=images, prompts=prompts)
+               image_token_id=model.config.image_token_id, images=images, prompts=prompts,
+               llava_v1_6_counts={"pinpoints": "LlavaNextConfig's default", "image_size": 336, "patch_size": 14,
+                                  "width_height_tokens": counts})
     (dest / "reference.json").write_text(json.dumps(ref, indent=1) + "\n", encoding="utf-8")
     print(FOLDER, {n: (i["image_sizes"], i["n_rows"]) for n, i in images.items()},
           "greedy matches recompute:", [p["greedy_matches_recompute"] for p in prompts],
