@@ -162,3 +162,16 @@ def test_token_counts_on_llava_v1_6_settings_equal_the_processors():
         _, _, r, c = feature_grid(w, h, cfg)
         got.append([w, h, cfg.mm_tokens_per_image + r * (c + 1)])
     assert got == REF["llava_v1_6_counts"]["width_height_tokens"]
+
+
+def test_real_settings_crops_equal_transformers_bit_for_bit():
+    """At llava-v1.6's own settings (336, the default pinpoints) the base crop and tiles of images from 7 x 9 to
+    1000 x 40 are LlavaNextImageProcessor's bit for bit (their sha256 recorded by the tool)."""
+    import hashlib
+    from llambda.vision.llava_layouts import NEXT_PINPOINTS
+    from llambda.vision.llava_next import next_pixels
+    from test_vision_llava import pattern, real_config
+    cfg = real_config(grid_pinpoints=NEXT_PINPOINTS)
+    for w, h, digest in REF["llava_v1_6_pixels"]["width_height_sha256"]:
+        px = next_pixels(Image.fromarray(pattern(w, h)), cfg)
+        assert hashlib.sha256(np.ascontiguousarray(px, np.float32).tobytes()).hexdigest() == digest, (w, h)

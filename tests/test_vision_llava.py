@@ -403,3 +403,26 @@ def test_bad_encode_calls_are_typed_errors(numpy_tower):
     for image in ("not an image", b"not an image"):
         with pytest.raises(InvalidInputError):
             numpy_tower.pixels(image)
+
+
+def real_config(**extra):
+    """llava-1.5-7b-hf's tower and processor settings (no weights: the preprocessing alone)."""
+    from llambda.vision.llava_config import LlavaVisionConfig
+    return LlavaVisionConfig.from_fields({"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 24,
+                                          "num_attention_heads": 16, "image_size": 336, "patch_size": 14,
+                                          "text_hidden_size": 4096, "shortest_edge": 336, **extra})
+
+
+def pattern(w: int, h: int) -> np.ndarray:
+    """tools/make_tiny_llava.py's pattern(): the same bytes."""
+    return (np.arange(h * w * 3, dtype=np.int64) * 37 % 251).astype(np.uint8).reshape(h, w, 3)
+
+
+def test_real_settings_pixels_equal_transformers_bit_for_bit():
+    """At llava-1.5's own 336 settings, images of 500 x 375, 640 x 480, 200 x 800, 337 x 335, 1000 x 40 and 7 x 9 give
+    the CLIP processor's pixel values bit for bit (their sha256 recorded by the tool)."""
+    import hashlib
+    cfg = real_config()
+    for w, h, digest in REF["llava_1_5_pixels"]["width_height_sha256"]:
+        px = llava_pixels(Image.fromarray(pattern(w, h)), cfg)[0]
+        assert hashlib.sha256(np.ascontiguousarray(px, np.float32).tobytes()).hexdigest() == digest, (w, h)

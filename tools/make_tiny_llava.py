@@ -119,6 +119,13 @@ def image_processor(pad: bool = False):
     return LlavaImageProcessorPil(do_pad=True, **kw) if pad else CLIPImageProcessorPil(**kw)
 
 
+def image_processor_336():
+    """llava-hf/llava-1.5-7b-hf's image processor settings (its preprocessor_config.json)."""
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+    return CLIPImageProcessorPil(size={"shortest_edge": 336}, crop_size={"height": 336, "width": 336}, resample=3,
+                                 image_mean=MEAN, image_std=STD)
+
+
 def hub_layout(dest: Path) -> None:
     """The processor's files as llava-hf's repositories have them: preprocessor_config.json (a CLIPImageProcessor),
     processor_config.json (patch_size, vision_feature_select_strategy, num_additional_image_tokens),
@@ -143,6 +150,26 @@ def tower_outputs(model, dest, files, name, key, processor):
             "pixel_values": idefics3.npy(dest, f"{key}_pixels.npy", pv[0].numpy()),
             "hidden_states": idefics3.npy(dest, f"{key}_hidden_states.npy", torch.stack(hs)[:, 0].numpy()),
             "rows": idefics3.npy(dest, f"{key}_rows.npy", rows.numpy())}
+
+
+REAL_SIZES = [(500, 375), (640, 480), (200, 800), (337, 335), (1000, 40), (7, 9)]     # (width, height)
+
+
+def pattern(w: int, h: int) -> np.ndarray:
+    """A deterministic RGB test image (uint8 [h, w, 3]) that llambda's tests make the same way."""
+    return (np.arange(h * w * 3, dtype=np.int64) * 37 % 251).astype(np.uint8).reshape(h, w, 3)
+
+
+def real_settings_hashes(processor) -> list:
+    """[width, height, sha256 of the float32 pixel values] of pattern() images through `processor` (a real
+    checkpoint's 336 settings): llambda's preprocessing is checked bit for bit without storing the arrays."""
+    import hashlib
+    from PIL import Image
+    out = []
+    for w, h in REAL_SIZES:
+        pv = processor(images=[Image.fromarray(pattern(w, h))], return_tensors="np")["pixel_values"][0]
+        out.append([w, h, hashlib.sha256(np.ascontiguousarray(pv, np.float32).tobytes()).hexdigest()])
+    return out
 
 
 def make(out: Path) -> None:
@@ -184,7 +211,9 @@ def make(out: Path) -> None:
                notes=NOTES, config=json.loads((dest / "config.json").read_text()),
                image_token_id=model.config.image_token_id, tokens_per_image=TOKENS, images=images,
                pad={"processor_change": {"class": "LlavaImageProcessorPil", "do_pad": True}, "images": pad},
-               prompts=prompts)
+               prompts=prompts,
+               llava_1_5_pixels={"settings": "CLIPImageProcessorPil, shortest edge 336, crop 336, bicubic",
+                                 "width_height_sha256": real_settings_hashes(image_processor_336())})
     (dest / "reference.json").write_text(json.dumps(ref, indent=1) + "\n", encoding="utf-8")
 
     # the feature-layer list, the full strategy, no projector bias: the tower's rows of one image

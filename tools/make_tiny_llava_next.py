@@ -125,7 +125,9 @@ def make(out: Path) -> None:
                config=json.loads((dest / "config.json").read_text()),
                image_token_id=model.config.image_token_id, images=images, prompts=prompts,
                llava_v1_6_counts={"pinpoints": "LlavaNextConfig's default", "image_size": 336, "patch_size": 14,
-                                  "width_height_tokens": counts})
+                                  "width_height_tokens": counts},
+               llava_v1_6_pixels={"settings": "LlavaNextImageProcessorPil, 336, the default pinpoints",
+                                  "width_height_sha256": llava.real_settings_hashes(big.image_processor)})
     (dest / "reference.json").write_text(json.dumps(ref, indent=1) + "\n", encoding="utf-8")
     print(FOLDER, {n: (i["image_sizes"], i["n_rows"]) for n, i in images.items()},
           "greedy matches recompute:", [p["greedy_matches_recompute"] for p in prompts],
