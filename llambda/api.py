@@ -595,7 +595,8 @@ class Model:
     @property
     def image_marker(self) -> str | None:
         """The text an image part becomes in a prompt (chat.py; Gemma 3's begin-of-image token, Idefics3's
-        `<image>`, Qwen2-VL's `<|vision_start|><|image_pad|><|vision_end|>`), or None: no images taken."""
+        `<image>`, Qwen2-VL's `<|vision_start|><|image_pad|><|vision_end|>`, InternVL's `<IMG_CONTEXT>`), or None: no
+        images taken."""
         return self.image_input.layout.marker if self.vision is not None else None
 
     @property
@@ -615,7 +616,8 @@ class Model:
         boi/eoi/image_token_index, else the vocabulary's <start_of_image>, <end_of_image>, <image_soft_token>;
         Idefics3: image_token_id, else <image>; Qwen2-VL: the vision start/end and image pad tokens, and M-RoPE
         sections; Qwen3-VL: the same, interleaved sections, and its `deepstack` levels, whose columns follow the
-        embeddings' in each row: at most one a decoder layer, and the model's own count where its files name one),
+        embeddings' in each row: at most one a decoder layer, and the model's own count where its files name one;
+        InternVL: image_token_id, else <IMG_CONTEXT>, and <img> / </img> from the vocabulary),
         and a block must fit a forward and the context.
         load_image(data) -> image: what decodes an image part's bytes (bytes, bytearray or memoryview, as given)
         for tower.pixels (default: llambda.vision's load_image, whose limits refuse bad or hostile files with an

@@ -47,7 +47,7 @@ def last_rows(model, inp) -> np.ndarray:
 
 
 def test_every_folder_is_tested():
-    assert len(FOLDERS) == 51, FOLDERS
+    assert len(FOLDERS) == 61, FOLDERS
 
 
 @pytest.mark.parametrize("mode", list(MODES))
@@ -260,7 +260,7 @@ def test_architecture_from_class_name_when_model_type_is_missing(tmp_path):
 
 
 @pytest.mark.parametrize("edit, message", [
-    (lambda c: c.update(model_type="mamba", architectures=["MambaForCausalLM"]), "unsupported architecture"),
+    (lambda c: c.update(model_type="rwkv", architectures=["RwkvForCausalLM"]), "unsupported architecture"),
     # Phi-3.5-MoE: refused with its reason (sparsemixer routing), not run with another routing
     (lambda c: c.update(model_type="phimoe", architectures=["PhimoeForCausalLM"]), "'phimoe'.*sparsemixer"),
     (lambda c: c.update(hidden_act="relu"), "hidden_act"),

@@ -7,6 +7,7 @@
 #include <stddef.h>
 
 #include "core/alloc.h"
+#include "core/expneg.h"
 #include "core/isa.h"
 #include "core/state.h"
 #include "core/threadpool.h"
@@ -164,28 +165,6 @@ typedef float v4u __attribute__((vector_size(16), aligned(4)));
 static size_t att_scratch_floats(long head_dim, long max_len) {
     const size_t tp = (size_t)(max_len + 15) & ~(size_t)15, hp = (size_t)(head_dim + 15) & ~(size_t)15;
     return (size_t)head_dim * tp + (size_t)max_len * hp + QB * tp;
-}
-
-/* e^x for x <= 0 (softmax's shifted scores) in plain arithmetic the compiler vectorizes: x = n ln 2 + r,
- * |r| <= ln 2 / 2, e^r by its Taylor series to r^7 (relative error < 1e-8 before rounding), 2^n
- * from the exponent bits; below -87 it is 0 (e^-87 is under float's normal range). */
-static AI float exp_neg(float x) {
-    const float big = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
-    const float c = x < -87.0f ? -87.0f : x;
-    const float n = (c * 1.44269504088896341f + big) - big;
-    const float r = (c - n * 0.693145751953125f) - n * 1.42860682030941723e-6f;
-    float p = 1.0f / 5040;
-    p = p * r + 1.0f / 720;
-    p = p * r + 1.0f / 120;
-    p = p * r + 1.0f / 24;
-    p = p * r + 1.0f / 6;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    const int32_t e = ((int32_t)n + 127) << 23;
-    float scale;
-    __builtin_memcpy(&scale, &e, 4);
-    return x < -87.0f ? 0.0f : p * scale;
 }
 
 #define ATT_NAME att_units_avx512

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "ops/ops.h"
+#include "ops/ssmscan1.h"
 #include "python/args.h"
 #include "python/bindings.h"
 #include "python/plan.h"
@@ -351,6 +352,7 @@ static int state_ok(const char *op, const int32_t *slots, const int32_t *pos, co
 RECURRENT_OP(short_conv)
 RECURRENT_OP(gated_delta)
 RECURRENT_OP(ssm_scan)
+RECURRENT_OP(ssm_scan1)
 
 static PyObject *py_short_conv(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     static const char *op = "short_conv";
@@ -521,6 +523,51 @@ static PyObject *py_ssm_scan(PyObject *self, PyObject *const *args, Py_ssize_t n
         return PyErr_Format(PyExc_ValueError, "%s: %s overlaps %s", op, spec[spec_of[w]].name, spec[spec_of[o]].name);
     }
     return llb_bufs_call(&h, op, run_ssm_scan, check_ssm_scan, &a, sizeof a);
+}
+
+/* ssm_scan1(x, dt, b, c, z, state, state_pos, a_neg, dt_bias, d_skip, slots, pos, out, n, d_inner, dstate,
+ * n_slots): Mamba 1's scan (ops/ssmscan1.h). */
+static const char ssm_scan1_sig[] = "x, dt, b, c, z, state, state_pos, a_neg, dt_bias, d_skip, slots, pos, out, n, "
+                                    "d_inner, dstate, n_slots";
+static PyObject *py_ssm_scan1(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    static const char *op = "ssm_scan1";
+    if (llb_arg_nargs(op, nargs, 17, ssm_scan1_sig)) return NULL;
+    struct llb_ssm_scan1_args a = {0};
+    if (llb_arg_long(args[13], op, "n", 1, MAX_DIM, &a.n) ||
+        llb_arg_long(args[14], op, "d_inner", 1, MAX_DIM, &a.d_inner) ||
+        llb_arg_long(args[15], op, "dstate", 1, LLB_SSM1_MAX_STATE, &a.dstate) ||
+        llb_arg_long(args[16], op, "n_slots", 1, MAX_DIM, &a.n_slots))
+        return NULL;
+    size_t nd, nn, dn, nstate;
+    if (llb_arg_product(op, &nd, a.n, a.d_inner, 1, 1) || llb_arg_product(op, &nn, a.n, a.dstate, 1, 1) ||
+        llb_arg_product(op, &dn, a.d_inner, a.dstate, 1, 1) || llb_arg_product(op, &nstate, a.n_slots, dn, 1, 1))
+        return NULL;
+    const size_t D = (size_t)a.d_inner, n = (size_t)a.n;
+    /* in argument order: name, written, kind, count, exact */
+    const struct ssm_buf spec[13] = {
+        {"x", 0, LLB_ELEM_F32, nd, 0}, {"dt", 0, LLB_ELEM_F32, nd, 0}, {"b", 0, LLB_ELEM_F32, nn, 0},
+        {"c", 0, LLB_ELEM_F32, nn, 0}, {"z", 0, LLB_ELEM_F32, nd, 0}, {"state", 1, LLB_ELEM_F32, nstate, 1},
+        {"state_pos", 1, LLB_ELEM_I32, (size_t)a.n_slots, 1}, {"a_neg", 0, LLB_ELEM_F32, dn, 1},
+        {"dt_bias", 0, LLB_ELEM_F32, D, 1}, {"d_skip", 0, LLB_ELEM_F32, D, 1}, {"slots", 0, LLB_ELEM_I32, n, 0},
+        {"pos", 0, LLB_ELEM_I32, n, 0}, {"out", 1, LLB_ELEM_F32, nd, 0}};
+    void *ptr[13];
+    struct llb_bufs h = OPS_BUFS;
+    for (int i = 0; i < 13; i++)
+        if (!(ptr[i] = llb_arg_buf(&h, args[i], op, spec[i].name, spec[i].writable, spec[i].kind, spec[i].count,
+                                   spec[i].exact))) {
+            llb_bufs_release(&h);
+            return NULL;
+        }
+    a.x = ptr[0], a.dt = ptr[1], a.b = ptr[2], a.c = ptr[3], a.z = ptr[4], a.state = ptr[5], a.state_pos = ptr[6];
+    a.a_neg = ptr[7], a.dt_bias = ptr[8], a.d_skip = ptr[9], a.slots = ptr[10], a.pos = ptr[11], a.out = ptr[12];
+    /* out, the state and its counts are written while the rest is read (slots and pos index the state) */
+    static const int written[] = {5, 6, 12};
+    int w, o;
+    if (llb_bufs_written_overlap(&h, written, 3, &w, &o)) {
+        llb_bufs_release(&h);
+        return PyErr_Format(PyExc_ValueError, "%s: %s overlaps %s", op, spec[w].name, spec[o].name);
+    }
+    return llb_bufs_call(&h, op, run_ssm_scan1, check_ssm_scan1, &a, sizeof a);
 }
 
 /* gate/up -> out binary ops: silu_mul, gelu_mul, add. */
@@ -899,6 +946,9 @@ PyMethodDef llb_ops_methods[] = {
      "ssm_scan(xbc, dt, z, state, state_pos, a_neg, dt_bias, d_skip, norm_w, slots, pos, out, n, groups, heads,\n"
      "dstate, dhead, n_slots, eps): Mamba2's selective scan over each slot's (heads, dstate, dhead) state, then its\n"
      "gated group RMSNorm (norm_w None: none)."},
+    {"ssm_scan1", FASTCALL(py_ssm_scan1),
+     "ssm_scan1(x, dt, b, c, z, state, state_pos, a_neg, dt_bias, d_skip, slots, pos, out, n, d_inner, dstate,\n"
+     "n_slots): Mamba 1's selective scan over each slot's (d_inner, dstate) state, its D skip and silu(z) gate."},
     {"gated_delta", FASTCALL(py_gated_delta),
      "gated_delta(qkv, ba, z, state, state_pos, a_neg, dt_bias, norm_w, slots, pos, out, n, hk, hv, dk, dv, n_slots,\n"
      "eps): Qwen3-Next's gated delta rule over each slot's (hv, dk, dv) state, then its gated RMSNorm."},

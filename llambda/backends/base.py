@@ -259,6 +259,12 @@ class Backend(ABC):
         norm_w (H P,); norm_w None: out = y * silu(z), no norm."""
         raise NotImplementedError(f"the {self.name} backend has no Mamba2 layers")
 
+    def ssm_scan1(self, x, dt, b, c, z, state, state_pos, a_neg, dt_bias, d_skip, slots, pos, out) -> None:
+        """Mamba 1's selective scan, token by token in batch order. x, dt, z (n, D); b, c (n, N); state
+        (n_slots, D, N), zeroed at position 0; a_neg (D, N), never positive (a positive value is taken as 0).
+        Per channel: d = softplus(dt + dt_bias); S = exp(d a_neg) S + d b x; out = (S . c + d_skip x) * silu(z)."""
+        raise NotImplementedError(f"the {self.name} backend has no Mamba layers")
+
     def sigmoid_mul(self, x: np.ndarray, gate: np.ndarray, out: np.ndarray) -> None:
         """out = x * sigmoid(gate) (Qwen3-Next's gated attention output)."""
         raise NotImplementedError(f"the {self.name} backend has no sigmoid_mul")

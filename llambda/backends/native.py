@@ -564,6 +564,11 @@ class NativeBackend(Backend):
         C.ssm_scan(xbc, dt, z, state, state_pos, a_neg, dt_bias, d_skip, norm_w, slots, pos, out, len(slots), groups,
                    heads, dstate, dhead, n_slots, eps)
 
+    def ssm_scan1(self, x, dt, b, c, z, state, state_pos, a_neg, dt_bias, d_skip, slots, pos, out) -> None:
+        n_slots, d_inner, dstate = state.shape
+        C.ssm_scan1(x, dt, b, c, z, state, state_pos, a_neg, dt_bias, d_skip, slots, pos, out, len(slots), d_inner,
+                    dstate, n_slots)
+
     def gated_delta(self, qkv, ba, z, state, state_pos, a_neg, dt_bias, norm_w, eps, slots, pos, out, k_heads) -> None:
         n_slots, hv, dk, dv = state.shape
         C.gated_delta(qkv, ba, z, state, state_pos, a_neg, dt_bias, norm_w, slots, pos, out, len(slots), k_heads, hv,

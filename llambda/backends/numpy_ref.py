@@ -185,6 +185,18 @@ class NumpyBackend(Backend):
             y = y.reshape(groups, -1)
             out[t] = (y / np.sqrt((y * y).mean(-1, keepdims=True) + f32(eps))).reshape(-1) * norm_w
 
+    def ssm_scan1(self, x, dt, b, c, z, state, state_pos, a_neg, dt_bias, d_skip, slots, pos, out) -> None:
+        for t in range(len(slots)):
+            s = int(slots[t])
+            if pos[t] == 0:
+                state[s] = 0
+            u = dt[t] + dt_bias
+            d = np.where(u > 20, u, np.log1p(np.exp(np.minimum(u, 20)))).astype(np.float32)[:, None]   # softplus
+            S = np.exp(np.minimum(d * a_neg, 0)) * state[s] + (d * b[t]) * x[t][:, None]               # (D, N)
+            state[s] = S
+            state_pos[s] = pos[t] + 1
+            out[t] = (S @ c[t] + d_skip * x[t]) * (z[t] / (1.0 + np.exp(-z[t])))
+
     def sigmoid_mul(self, x, gate, out) -> None:
         np.multiply(x, 1.0 / (1.0 + np.exp(-gate)), out=out)
 

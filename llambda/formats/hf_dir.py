@@ -106,7 +106,7 @@ def arch_name(cfg: dict) -> str:
 def text_config(cfg: dict) -> dict:
     """The decoder's config: multimodal checkpoints nest it under `text_config` (their vision_config put beside
     it: Qwen3-VL's DeepStack levels are the text model's too)."""
-    inner = cfg.get("text_config")
+    inner = cfg.get("text_config", cfg.get("llm_config"))      # llm_config: OpenGVLab's InternVLChatModel
     if isinstance(inner, dict) and "hidden_size" in inner:
         merged = dict(inner)
         for key in ("tie_word_embeddings", "torch_dtype", "dtype", "vision_config"):
@@ -177,6 +177,9 @@ def hf_names(canon: str, post_norms: bool, arch: str = "") -> list[str]:
     if m:
         layer, leaf = f"model.layers.{m.group(1)}.", m.group(2)
         names += [layer + hf for hf, c in per_layer.items() if c == leaf]
+        part = re.fullmatch(r"attn_[qkv]\.(weight|bias)", leaf)
+        if part:        # q, k and v are read from a fused qkv where a family's checkpoint has one (GPT-2's c_attn)
+            names += [layer + hf for hf, c in per_layer.items() if c == f"attn_qkv.{part.group(1)}"]
         if arch == "gpt_oss":
             names += [layer + hf for hf, leaves in GPT_OSS_LEAVES.items() if leaf in leaves]
         # the per-expert layouts checkpoints use: Mixtral's w1/w2/w3 under block_sparse_moe

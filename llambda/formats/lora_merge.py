@@ -81,6 +81,9 @@ def check_adapters(adapters: list[LoraAdapter], src: ModelSource) -> None:
     base_permuted = src.format == "gguf" and arch in PERMUTED_GGUF_ARCHS
     from ..models import ARCHITECTURES, arch_module
     refused = getattr(arch_module(arch), "LORA_REFUSED", None) if arch in ARCHITECTURES else None
+    # the weights a family regroups at load from its checkpoint's row order (Falcon's kv-grouped query_key_value):
+    # a PEFT adapter's B rows are in the checkpoint's order, so its update would land on other rows
+    regrouped = getattr(arch_module(arch), "lora_regrouped", lambda c: ())(cfg) if arch in ARCHITECTURES else ()
     for ad in adapters:
         where = f"LoRA adapter {ad.path}"
         ad.permute_qk = ad.interleaved != base_permuted
@@ -89,6 +92,10 @@ def check_adapters(adapters: list[LoraAdapter], src: ModelSource) -> None:
         if refused:          # a family whose weights an adapter's updates do not add to as they are (Falcon-H1's)
             raise AdapterError(f"{where}: LoRA adapters on a {arch!r} model are not supported ({refused})")
         for name, pair in ad.pairs.items():
+            if ad.format == "peft" and name.split(".", 2)[-1] in regrouped:
+                raise AdapterError(f"{where}: {pair.source_name!r} adapts a fused weight whose rows this {arch!r} "
+                                   "model regroups at load (llama.cpp's order), which a PEFT adapter's rows are not "
+                                   "in: not supported")
             t = src.tensor(name)
             if t is None:
                 raise AdapterError(f"{where}: {pair.source_name!r} adapts {name!r}, which the model does not have "

@@ -81,6 +81,15 @@ ARCHITECTURES = {
     "nemotron_h": "nemotron_h",    # HF's and llama.cpp's name alike
     "olmo": "olmo",
     "internlm3": "internlm3",      # its GGUF files are llama.cpp's `llama`
+    "mamba2": "mamba2",            # HF's and llama.cpp's name alike
+    "mamba": "mamba",
+    "falcon_mamba": "mamba",       # Mamba 1 with RMS norms over dt, B and C (llama.cpp: `mamba` + ssm.dt_b_c_rms)
+    "gpt2": "gpt2",
+    "gpt_bigcode": "gpt_bigcode",
+    "starcoder": "gpt_bigcode",    # llama.cpp's name of GPT-BigCode (StarCoder 1)
+    "falcon": "falcon",
+    "RefinedWeb": "falcon",        # the first Falcon checkpoints' model_type (their old key names are read)
+    "RefinedWebModel": "falcon",
     "llava": "llava",              # LLaVA 1.5: its text_config's family; its GGUF files are llama.cpp's `llama`
     "llava_next": "llava",         # LLaVA-NeXT: the same
 }
@@ -97,6 +106,10 @@ def encoder_module(name: str):
 
 # Architectures refused with the reason (HF model_type or llama.cpp name -> why), not run approximately
 REFUSED = {
+    "bloom": "BLOOM's attention adds ALiBi position biases (a slope per head times the key's distance), which the "
+             "attention op here does not take (it has RoPE or a learned position table)",
+    "mpt": "MPT's attention adds ALiBi position biases (a slope per head times the key's distance), which the "
+           "attention op here does not take (it has RoPE or a learned position table)",
     "phimoe": "Phi-3.5-MoE routes by sparsemixer (the top expert's weight a softmax over the experts whose "
               "logit is within 2 x router_jitter_noise of it, relatively; the second's the same with the first "
               "masked), which none of the MoE routings here computes; llama.cpp's phimoe runs a plain softmax "

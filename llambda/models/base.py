@@ -53,6 +53,7 @@ class LayerWeights:
     delta: "DeltaNetWeights | None" = None   # a gated delta-net layer (Qwen3-Next): the same
     mamba: "Mamba2Weights | None" = None     # a Mamba2 layer (Granite 4): the same; beside wq/wk/wv/wo in a
                                              # Falcon-H1 layer (attn_mamba2), both reading the same normed input
+    mamba1: "MambaWeights | None" = None     # a Mamba 1 layer (models/mamba.py): the same
     wq_gate: object = None            # attention output gate rows (Qwen3-Next): out *= sigmoid(h . wq_gate)
     mla: "MLAWeights | None" = None   # latent attention (DeepSeek): set instead of wq/wk/wv (wo stays)
     act: tuple | None = None          # an MLP without a gate (w_gate None): the xielu op's scalars (config.py)
@@ -96,6 +97,23 @@ class Mamba2Weights:
     d_skip: np.ndarray              # (H,): D
     norm: np.ndarray | None         # (H P,): the gated group norm's weight; None: no norm (cfg.mamba_norm)
     out_proj: object                # (d_model, H P)
+
+
+@dataclass
+class MambaWeights:
+    """A Mamba 1 layer (models/mamba.py), in_proj and x_proj split at load into their parts' rows."""
+    in_x: object                    # (D, d_model): the convolution's input
+    in_z: object                    # (D, d_model): the output gate
+    kernel: np.ndarray              # (D, L) float32: the convolution
+    conv_bias: np.ndarray           # (D,)
+    x_dt: object                    # (R, D): dt's low-rank input
+    x_b: object                     # (N, D)
+    x_c: object                     # (N, D)
+    dt_proj: object                 # (D, R)
+    dt_bias: np.ndarray             # (D,): dt_proj's bias
+    a_neg: np.ndarray               # (D, N): -exp(A_log), never positive
+    d_skip: np.ndarray              # (D,): D
+    out_proj: object                # (d_model, D)
 
 
 @dataclass
@@ -160,6 +178,11 @@ class Workspace:
             c, xd = cfg.ssm_v_heads * cfg.ssm_v_dim + 2 * cfg.ssm_k_heads * cfg.ssm_k_dim, cfg.ssm_v_heads * cfg.ssm_v_dim
             self.specs.update({"mxbc": ((t, c), f32), "mconv": ((t, c), f32), "mz": ((t, xd), f32),
                                "mdt": ((t, cfg.ssm_v_heads), f32), "mout": ((t, xd), f32)})
+        if "mamba" in cfg.layer_kinds:         # Mamba 1: x (later dt), z, the convolution, dt_low, B, C, the scan
+            D, N = cfg.ssm_inner, cfg.ssm_k_dim
+            self.specs.update({"sx": ((t, D), f32), "sz": ((t, D), f32), "sconv": ((t, D), f32),
+                               "sdt": ((t, cfg.ssm_dt_rank), f32), "sb": ((t, N), f32), "sc": ((t, N), f32),
+                               "sout": ((t, D), f32)})
         if "attn_mamba2" in cfg.layer_kinds or cfg.parallel_ffn_norm:   # the attention's output, held while the
             self.specs["par"] = ((t, cfg.d_model), f32)                   # mixer (or GPT-NeoX's parallel MLP) runs
         if cfg.attn_out_gate:
@@ -240,12 +263,14 @@ def recurrent_state_specs(cfg: TransformerConfig, n_slots: int) -> tuple[list[in
     """A hybrid model's recurrent state, carved with the KV cache: the short-conv, delta-net and Mamba2 layers
     (the layers with a convolution window; those with a per-head matrix, (heads, dk, dv) for a delta net,
     (heads, N, P) for Mamba2) and the arrays' (shape, dtype) by name."""
-    conv = [i for i, kind in enumerate(cfg.layer_kinds) if kind not in ("attention", "mlp")]
-    delta = [i for i, kind in enumerate(cfg.layer_kinds) if kind == "deltanet" or kind in MAMBA2_KINDS]
-    width = {i: cfg.d_model if cfg.layer_kinds[i] == "shortconv" else
+    kinds = cfg.layer_kinds
+    conv = [i for i, kind in enumerate(kinds) if kind not in ("attention", "mlp")]
+    delta = [i for i, kind in enumerate(kinds) if kind in ("deltanet", "mamba") or kind in MAMBA2_KINDS]
+    width = {i: cfg.d_model if kinds[i] == "shortconv" else cfg.ssm_inner if kinds[i] == "mamba" else
              2 * cfg.ssm_k_heads * cfg.ssm_k_dim + cfg.ssm_v_heads * cfg.ssm_v_dim for i in conv}
     state = {f"conv_state{i}": ((n_slots, cfg.conv_kernel - 1, width[i]), np.float32) for i in conv}
-    state.update({f"delta_state{i}": ((n_slots, cfg.ssm_v_heads, cfg.ssm_k_dim, cfg.ssm_v_dim), np.float32)
+    state.update({f"delta_state{i}": ((n_slots, cfg.ssm_inner, cfg.ssm_k_dim) if kinds[i] == "mamba" else
+                                      (n_slots, cfg.ssm_v_heads, cfg.ssm_k_dim, cfg.ssm_v_dim), np.float32)
                   for i in delta})
     if conv:
         state["state_pos"] = ((len(conv) + len(delta), n_slots), np.int32)
@@ -267,8 +292,10 @@ class Transformer(Closable, LatentAttention):
         a missing tensor is named by them."""
         cfg.validate()
         if cfg.ctx_limit and n_ctx > cfg.ctx_limit:
+            why = (f"its learned position table has {cfg.ctx_limit} rows" if cfg.pos_embd else
+                   "its Dynamic NTK RoPE changes past that, which is not computed here")
             raise InvalidInputError(f"a context of {n_ctx} tokens is past the {cfg.ctx_limit} this {cfg.arch} model "
-                                    "runs exactly (its Dynamic NTK RoPE changes past that, which is not computed here)")
+                                    f"runs exactly ({why})")
         self.cfg, self.backend = cfg, backend
         self._release = release or (lambda data: 0)   # harmless where a backend kept a view: it faults back
         self.n_ctx, self.n_slots = n_ctx, n_slots
@@ -370,6 +397,8 @@ class Transformer(Closable, LatentAttention):
 
         d, off = cfg.d_model, cfg.norm_offset
         self.tok_embd = matrix("token_embd.weight", cfg.vocab_size, d)
+        # GPT-2's learned absolute positions: a row per position, added to the token's embedding
+        self.pos_embd = matrix("position_embd.weight", cfg.n_ctx_train, d) if cfg.pos_embd else None
         out = get("output.weight")
         self.output = self.tok_embd if (out is None and cfg.tie_embeddings) else matrix("output.weight", cfg.vocab_size, d)
         self.output_norm = vector("output_norm.weight", d, off)
@@ -492,6 +521,25 @@ class Transformer(Closable, LatentAttention):
                                  norm=flat(p + "ssm_norm.weight", xd) if cfg.mamba_norm else None,
                                  out_proj=matrix(p + "ssm_out.weight", d, xd))
 
+        def mamba1(p: str) -> MambaWeights:
+            D, N, R = cfg.ssm_inner, cfg.ssm_k_dim, cfg.ssm_dt_rank
+            in_x, in_z = matrix(p + "ssm_in.weight", 2 * D, d, [np.arange(D), D + np.arange(D)])
+            x_dt, x_b, x_c = matrix(p + "ssm_x.weight", R + 2 * N, D,
+                                    [np.arange(R), R + np.arange(N), R + N + np.arange(N)])
+            if get(p + "ssm_a.weight") is not None:      # llama.cpp stores -exp(A_log)
+                a_neg = flat(p + "ssm_a.weight", D * N)
+            else:
+                a_neg = -np.exp(flat(p + "ssm_a_log.weight", D * N))
+            a_neg = np.ascontiguousarray(a_neg, dtype=np.float32).reshape(D, N)
+            if (a_neg > 0).any():
+                raise ModelFormatError(f"layer {p.split('.')[1]}'s A (-exp(A_log), llama.cpp's ssm_a) holds a positive "
+                                       "value: its state would grow without bound")
+            return MambaWeights(in_x=in_x, in_z=in_z, kernel=conv_kernel(p + "ssm_conv1d.weight", D),
+                                conv_bias=vector(p + "ssm_conv1d.bias", D), x_dt=x_dt, x_b=x_b, x_c=x_c,
+                                dt_proj=matrix(p + "ssm_dt.weight", D, R), dt_bias=vector(p + "ssm_dt.bias", D),
+                                a_neg=a_neg, d_skip=flat(p + "ssm_d.weight", D),
+                                out_proj=matrix(p + "ssm_out.weight", d, D))
+
         def act_scalars(p: str) -> tuple | None:
             """An ungated MLP's activation as the xielu op's scalars: ReLU^2's, or the layer's xIELU tensors'."""
             if cfg.activation == "relu2":
@@ -523,6 +571,9 @@ class Transformer(Closable, LatentAttention):
             self.layers = self.g3n.layers
             B.end_load()
             return
+        # FalconMamba's weightless RMS norms over dt_low, B and C multiply by ones
+        self._ssm_ones = {k: np.ones(k, np.float32) for k in (cfg.ssm_dt_rank, cfg.ssm_k_dim)} \
+            if cfg.ssm_dt_b_c_eps else {}
         self.layers = []
         for i in range(cfg.n_layers):
             p = f"blk.{i}."
@@ -554,6 +605,7 @@ class Transformer(Closable, LatentAttention):
                     conv=short_conv(p) if kind == "shortconv" else None,
                     delta=delta_net(p) if kind == "deltanet" else None,
                     mamba=mamba2(p) if kind == "mamba2" else None,
+                    mamba1=mamba1(p) if kind == "mamba" else None,
                     w_gate=None if moe or own else matrix(p + "ffn_gate.weight", cfg.ffn_dim, d),
                     w_up=None if moe or own else matrix(p + "ffn_up.weight", cfg.ffn_dim, d),
                     w_down=None if moe or own else matrix(p + "ffn_down.weight", d, cfg.ffn_dim),
@@ -760,6 +812,9 @@ class Transformer(Closable, LatentAttention):
         self.backend.embed(self.tok_embd, tok, x)
         if self.cfg.embed_scale:
             self.backend.scale(x, self.cfg.embed_scale)
+        if self.pos_embd is not None:          # x += the position table's row of each token (ws.h is free here)
+            self.backend.embed(self.pos_embd, p, ws.h[:n])
+            self.backend.add(x, ws.h[:n], x)
         self._kend = None
         d = self.cfg.d_model
         deep = 0
@@ -779,6 +834,8 @@ class Transformer(Closable, LatentAttention):
                 self._attn_mamba_block(i, layer, x, slot, p)
             elif layer.delta is not None or layer.mamba is not None:
                 self._ssm_block(i, layer, x, slot, p)
+            elif layer.mamba1 is not None:
+                self._mamba_block(i, layer, x, slot, p)
             elif layer.mla is not None:
                 self._mla_attention(i, layer, x, slot, p)
             elif layer.wq is not None:      # GPT-NeoX's parallel residual: the MLP reads x too, before the attention
@@ -996,6 +1053,25 @@ class Transformer(Closable, LatentAttention):
             B.ssm_scan(conv, third, z, self.delta_state[i], self.delta_pos[i], M.a_neg, M.dt_bias, M.d_skip, M.norm,
                        cfg.norm_eps, slot, p, out, cfg.ssm_k_heads)
         B.matmul(out, out_proj, ws.proj[:n])
+        self._residual_add(x, ws.proj[:n])
+
+    def _mamba_block(self, i: int, L: LayerWeights, x, slot, p) -> None:
+        """Mamba 1: x += out_proj(scan(u, dt, B, C) * silu(z)), u = silu(conv(x') + bias) of in_proj's x rows x' of
+        the normed input; dt_low, B and C = x_proj(u) (FalconMamba: each RMS-normed without a weight); dt =
+        dt_proj(dt_low), its bias and softplus in the scan."""
+        cfg, B, ws, M = self.cfg, self.backend, self.ws, L.mamba1
+        n = len(x)
+        sx, sz, conv, dt_low, b, c, out = (a[:n] for a in (ws.sx, ws.sz, ws.sconv, ws.sdt, ws.sb, ws.sc, ws.sout))
+        B.matmul_many(self._pre_norm(x, L.attn_norm, ws.h[:n]), (M.in_x, M.in_z), (sx, sz))
+        B.conv_silu(sx, self.conv_state[i], self.state_pos[i], M.kernel, slot, p, conv, bias=M.conv_bias)
+        B.matmul_many(conv, (M.x_dt, M.x_b, M.x_c), (dt_low, b, c))
+        if cfg.ssm_dt_b_c_eps:
+            for v in (dt_low, b, c):
+                B.rmsnorm(v, self._ssm_ones[v.shape[1]], cfg.ssm_dt_b_c_eps, v)
+        B.matmul(dt_low, M.dt_proj, sx)          # the convolution's input is spent: sx holds dt
+        B.ssm_scan1(conv, sx, b, c, sz, self.delta_state[i], self.delta_pos[i], M.a_neg, M.dt_bias, M.d_skip, slot, p,
+                    out)
+        B.matmul(out, M.out_proj, ws.proj[:n])
         self._residual_add(x, ws.proj[:n])
 
     def _ffn_block(self, L: LayerWeights, x) -> None:

@@ -24,6 +24,7 @@ SIZE_LIMITS = {
     "n_experts": (0, 1 << 12), "n_experts_used": (0, 1 << 10), "expert_ffn_dim": (0, 1 << 20),
     "shared_ffn_dim": (0, 1 << 20), "conv_kernel": (0, 64),
     "ssm_k_heads": (0, 4096), "ssm_v_heads": (0, 4096), "ssm_k_dim": (0, 1024), "ssm_v_dim": (0, 1024),
+    "ssm_inner": (0, 1 << 18), "ssm_dt_rank": (0, 1 << 14),
     "q_lora_rank": (0, 1 << 16), "kv_lora_rank": (0, 1 << 16), "qk_nope_dim": (0, 1 << 14), "v_head_dim": (0, 1 << 14),
     "moe_groups": (1, 1 << 12), "moe_groups_used": (1, 1 << 12), "moe_group_top": (1, 1 << 12),
     "attn_temp_length": (0, 1 << 40),
@@ -35,8 +36,9 @@ SIZE_LIMITS = {
 # state; ssm_k_heads / ssm_k_dim are its groups and state size, ssm_v_heads / ssm_v_dim its heads and head size),
 # or attention and Mamba2 side by side on the same normed input, their outputs summed (Falcon-H1: attn_mamba2),
 # or no token mixer at all: a layer that is its norm and the MLP alone (Nemotron-H's '-' layers: mlp, with
-# ffn_own_layers, where the other layers have no MLP).
-LAYER_KINDS = ("attention", "shortconv", "deltanet", "mamba2", "attn_mamba2", "mlp")
+# ffn_own_layers, where the other layers have no MLP), or Mamba 1 (mamba: a convolution with a bias, then a
+# selective scan whose per-channel state is ssm_inner x ssm_k_dim: models/mamba.py).
+LAYER_KINDS = ("attention", "shortconv", "deltanet", "mamba2", "attn_mamba2", "mlp", "mamba")
 # The kinds that run a Mamba2 mixer, and those that keep keys and values
 MAMBA2_KINDS = ("mamba2", "attn_mamba2")
 ATTENTION_KINDS = ("attention", "attn_mamba2")
@@ -193,6 +195,8 @@ class TransformerConfig:
                                             # x += attn + mlp (GPT-NeoX's parallel residual): two norms, unlike
                                             # parallel_block's one
     output_bias: bool = False               # the head (lm_head) has a bias, always in the checkpoint (Phi-2)
+    pos_embd: bool = False                  # a learned absolute position table (`position_embd`, n_ctx_train rows)
+                                            # added to the embeddings (GPT-2, StarCoder 1): no context past it
     norm_offset: float = 0.0                # added to stored norm weights at load (HF Gemma stores w-1)
     embed_scale: float | None = None        # embeddings multiplied by this (Gemma: sqrt(d_model))
     attn_scale: float | None = None         # default 1/sqrt(head_dim)
@@ -242,6 +246,11 @@ class TransformerConfig:
     attn_out_gate: bool = False             # attention output times sigmoid(a gate projection) (Qwen3-Next)
     mamba_norm: bool = True                 # Mamba2's gated group norm (False: its output is y * silu(z), Falcon-H1)
     mamba_conv_bias: bool = True            # Mamba2's convolution has a bias
+    # Mamba 1 (layer kind mamba): the inner size (channels), the rank of dt's projection, and > 0 the epsilon of
+    # the RMS norms without weights over dt, B and C (FalconMamba; 0: none); its state size is ssm_k_dim
+    ssm_inner: int = 0
+    ssm_dt_rank: int = 0
+    ssm_dt_b_c_eps: float = 0.0
     # Nemotron-H: the MLP is a layer of its own (kind "mlp": one norm, then the MLP, read from the layer's
     # attn_norm), and the token-mixer layers (attention, mamba2) have no MLP
     ffn_own_layers: bool = False
@@ -329,6 +338,7 @@ class TransformerConfig:
         for name in ("vocab_size", "n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "ffn_dim",
                      "n_ctx_train", "ctx_limit", "sliding_window", "n_experts", "n_experts_used", "expert_ffn_dim",
                      "shared_ffn_dim", "conv_kernel", "ssm_k_heads", "ssm_v_heads", "ssm_k_dim", "ssm_v_dim",
+                     "ssm_inner", "ssm_dt_rank",
                      "q_lora_rank", "kv_lora_rank", "qk_nope_dim", "v_head_dim", "moe_groups", "moe_groups_used",
                      "moe_group_top", "attn_temp_length"):
             check_int(f"config {name}", getattr(self, name), name)
@@ -388,7 +398,7 @@ class TransformerConfig:
         if self.norm_kind not in NORM_KINDS:
             raise ModelFormatError(f"unsupported norm kind {self.norm_kind!r} (supported: {', '.join(NORM_KINDS)})"[:200])
         for name in ("norm_bias", "qk_norm_heads", "parallel_block", "ffn_gated", "ffn_bias", "parallel_ffn_norm",
-                     "output_bias", "ffn_own_layers"):
+                     "output_bias", "ffn_own_layers", "pos_embd"):
             if not isinstance(getattr(self, name), bool):
                 raise ModelFormatError(f"config {name} should be true or false, got {getattr(self, name)!r}"[:200])
         if self.norm_bias and self.norm_kind != "layer":
@@ -402,6 +412,10 @@ class TransformerConfig:
                                        or self.recurrent):
             raise ModelFormatError("a parallel residual with two norms (GPT-NeoX) takes pre-norms only, on attention "
                                    "layers, and is not also a one-norm parallel block")
+        if self.pos_embd and (self.ctx_limit != self.n_ctx_train or self.mla or self.recurrent
+                              or getattr(self, "altup_inputs", 0)):
+            raise ModelFormatError(f"a learned position table of {self.n_ctx_train} rows limits the context to them "
+                                   f"(ctx_limit {self.ctx_limit}), on plain attention layers")
         own = self.ffn_own_layers       # its MLPs are read in the mlp layers, which take biases and no gate
         if (self.norm_bias or ((self.ffn_bias or not self.ffn_gated) and not own)) and (self.mla or self.recurrent):
             raise ModelFormatError("norm biases and an ungated or biased MLP are read on plain attention layers only")
@@ -492,6 +506,10 @@ class TransformerConfig:
             if self.ssm_v_heads % self.ssm_k_heads:
                 raise ModelFormatError(f"{what} {parts[0]} ({self.ssm_v_heads}) must be a multiple of its {parts[1]} "
                                        f"({self.ssm_k_heads})")
+        if "mamba" in self.layer_kinds and min(self.ssm_inner, self.ssm_dt_rank, self.ssm_k_dim) < 1:
+            raise ModelFormatError("Mamba layers need their inner size, dt rank and state size")
+        if self.ssm_dt_b_c_eps:
+            check_number("config ssm_dt_b_c_eps", self.ssm_dt_b_c_eps, "norm_eps")
 
     def _check_rope(self) -> None:
         if self.rope_scaling is not None:

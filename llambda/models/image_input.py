@@ -18,9 +18,10 @@ import numpy as np
 from ..errors import ContextOverflowError, InvalidInputError, ModelFormatError
 from ..sampling import _is_int
 from . import lfm2vl_images
-from .images import (FAMILIES, GRID_FAMILIES, LFM2VL, LLAVA, LLAVA_NEXT, MAX_CROPS_A_CALL, PIXTRAL, QWEN3VL,
-                     SIZED_FAMILIES, EncodedRows, check_bytes, check_prompt, image_block, image_tokens, run_lengths,
-                     tower_crops, tower_rows)
+from .images import (FAMILIES, GRID_FAMILIES, INTERNVL, LFM2VL, LLAVA, LLAVA_NEXT, MAX_CROPS_A_CALL, PIXTRAL,
+                     QWEN3VL, SIZED_FAMILIES, EncodedRows, check_bytes, check_prompt, image_block, image_tokens,
+                     run_lengths, tower_crops, tower_rows)
+from .internvl_tokens import internvl_tokens
 from .llava_images import llava_tokens
 from .pixtral_tokens import pixtral_tokens
 
@@ -77,19 +78,23 @@ class ImageInput:
         if not m.transformer.takes_image_rows or (attends == "block" and "shortconv" in cfg.layer_kinds):
             raise InvalidInputError(f"a {cfg.arch} model cannot take image rows (plain attention layers only)")
         meta = getattr(m.source, "metadata", None) or {}
+        hf = meta.get("hf.config")
         if family == PIXTRAL:
-            ids = pixtral_tokens(meta.get("hf.config"), m.tokenizer, cfg.vocab_size)
+            ids = pixtral_tokens(hf, m.tokenizer, cfg.vocab_size)
+        elif family == INTERNVL:
+            ids = internvl_tokens(hf, m.tokenizer, cfg.vocab_size)
         elif family in (LLAVA, LLAVA_NEXT):
-            ids = llava_tokens(meta.get("hf.config"), m.tokenizer, cfg.vocab_size, family)
+            ids = llava_tokens(hf, m.tokenizer, cfg.vocab_size, family)
         else:
-            ids = (lfm2vl_images.lfm2vl_tokens if family == LFM2VL else image_tokens)(
-                meta.get("hf.config"), m.tokenizer, cfg.vocab_size, family)
+            ids = (lfm2vl_images.lfm2vl_tokens if family == LFM2VL else image_tokens)(hf, m.tokenizer, cfg.vocab_size,
+                                                                                     family)
         if ids is None:
             raise InvalidInputError(f"{m.name!r} names no image tokens of {family}'s (" + (
                 "no boi/eoi_token_index in its config, no <start_of_image>/<end_of_image> in its vocabulary)"
                 if family == "gemma3" else "no image_token_id in its config, no <image> in its vocabulary)"
                 if family in ("idefics3", LFM2VL, LLAVA, LLAVA_NEXT) else "no image_token_index in its config, no "
-                "[IMG]/[IMG_BREAK]/[IMG_END] in its vocabulary)" if family == PIXTRAL else "no vision_start/image/"
+                "[IMG]/[IMG_BREAK]/[IMG_END] in its vocabulary)" if family == PIXTRAL else "no image_token_id in its "
+                "config, no <img>/<IMG_CONTEXT>/</img> in its vocabulary)" if family == INTERNVL else "no vision_start/image/"
                 "vision_end token ids in its config, no <|vision_start|>/<|image_pad|>/<|vision_end|> in its vocabulary)"))
         if family == LFM2VL:
             ids = lfm2vl_images.for_tower(ids, tower)

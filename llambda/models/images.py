@@ -2,7 +2,7 @@
 blocks of soft tokens a prompt holds (their rows from the vision tower, their identity), and the rules a
 prefill and a prefix match follow for them.
 
-Two families' layouts (the tower says which: `tower.family`):
+The families' layouts (the tower says which: `tower.family`):
   - Gemma 3 (`ImageTokens`): an image is `begin, soft x N, end` (`<start_of_image>`, N = 256
     `<image_soft_token>`, `<end_of_image>`), a blank line either side; one crop, one block. Its soft tokens
     attend to every token of their own block, later ones too (Transformer.forward's kend), causally to
@@ -24,6 +24,8 @@ Two families' layouts (the tower says which: `tower.family`):
   - Qwen3-VL: Qwen2-VL's layout and positions (transformers' Qwen3VLModel.get_rope_index for images); its rows
     are wider (DeepStack: the embeddings, then each level's d columns, which Transformer.forward adds after
     the decoder layer of that level), and the block's digest covers every column.
+  - InternVL (`InternVLTokens`, models/internvl_tokens.py): `<img>`, the soft tokens of every tile, `</img>`;
+    a block per tile, causal attention.
 The soft tokens' embeddings are the tower's rows, written over the text embedding (after its scale: the rows
 are not scaled). So:
   - a prefill chunk never ends strictly inside a block that attends both ways (`chunk_end`): its rows need
@@ -51,8 +53,9 @@ VISION_START, IMAGE_PAD, VISION_END = "<|vision_start|>", "<|image_pad|>", "<|vi
 GEMMA3, IDEFICS3, QWEN2VL, QWEN25VL, QWEN3VL = "gemma3", "idefics3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"
 PIXTRAL = "pixtral"             # Mistral 3's tower: its layout is models/pixtral_tokens
 LFM2VL = "lfm2_vl"               # its layout and encoding: models/lfm2vl_images.py
+INTERNVL = "internvl"           # its layout: models/internvl_tokens.py
 LLAVA, LLAVA_NEXT = "llava", "llava_next"       # their layout: llava_images.py (image_input.py picks it)
-FAMILIES = (GEMMA3, IDEFICS3, QWEN2VL, QWEN25VL, QWEN3VL, PIXTRAL, LFM2VL, LLAVA, LLAVA_NEXT)
+FAMILIES = (GEMMA3, IDEFICS3, QWEN2VL, QWEN25VL, QWEN3VL, PIXTRAL, LFM2VL, INTERNVL, LLAVA, LLAVA_NEXT)
 GRID_FAMILIES = (QWEN2VL, QWEN25VL, QWEN3VL)     # an image's tokens and RoPE positions follow its merged grid
 SIZED_FAMILIES = GRID_FAMILIES + (PIXTRAL, LLAVA_NEXT)   # an image's token count follows its size (tower.grid;
                                                         # encode_one, LLaVA-NeXT's encode_image)

@@ -109,6 +109,12 @@ FAMILIES = {
     "nemotron_h": Family("nemotron_h", "NemotronHForCausalLM", "nemotron_h"),     # a hybrid: GGUF only
     "olmo": Family("olmo", "OlmoForCausalLM", "olmo"),      # LayerNorms without parameters: GGUF only
     "internlm3": Family("internlm3", "LlamaForCausalLM", "llama"),     # as llama.cpp's converter writes it
+    "mamba2": Family("mamba2", "Mamba2ForCausalLM", "mamba2"),     # state-space models: GGUF only
+    "mamba": Family("mamba", "MambaForCausalLM", "mamba"),         # FalconMamba too (its GGUF is llama.cpp's mamba)
+    # learned position tables (GPT-2, StarCoder 1) and Falcon's fused qkv: LayerNorms, GGUF only
+    "gpt2": Family("gpt2", "GPT2LMHeadModel", "gpt2"),
+    "gpt_bigcode": Family("gpt_bigcode", "GPTBigCodeForCausalLM", "starcoder"),
+    "falcon": Family("falcon", "FalconForCausalLM", "falcon"),
 }
 # GGUF architectures whose q/k rows keep the same RoPE layout as their HF files (DeepSeek's adjacent pairs)
 SAME_ROPE_LAYOUT_ARCHS = {"deepseek2", "glm4", "ernie4_5", "ernie4_5-moe", "command-r", "cohere2"}
@@ -121,7 +127,7 @@ _LAYER_LEAVES = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_ou
                  "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp", "attn_sinks",
                  # hybrid layers' (LFM2's short convolution, Qwen3-Next's delta net)
                  "shortconv.in_proj", "shortconv.conv", "shortconv.out_proj", "ssm_in", "attn_gate", "ssm_ba",
-                 "ssm_conv1d", "ssm_a", "ssm_a_log", "ssm_dt", "ssm_d", "ssm_norm", "ssm_out",
+                 "ssm_conv1d", "ssm_a", "ssm_a_log", "ssm_dt", "ssm_d", "ssm_norm", "ssm_out", "ssm_x",
                  # latent attention's (DeepSeek), and its router's choice bias
                  "attn_q_a", "attn_q_a_norm", "attn_q_b", "attn_kv_a_mqa", "attn_kv_a_norm", "attn_kv_b", "exp_probs_b",
                  # Gemma 3n's per-layer input, AltUp and LAuReL
@@ -135,7 +141,8 @@ _BIASED = ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output",  # attn_qkv:
            "ssm_dt", "ssm_conv1d", "exp_probs_b", "attn_norm", "ffn_norm", "ffn_up", "ffn_down")
 # Tensors kept in float whatever the export type: an MoE router's logits pick the experts, and a
 # quantized router flips choices that are close (llama.cpp's quantizer also leaves them alone).
-_FLOAT_ONLY = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight")
+# A learned position table (GPT-2's) too, as llama.cpp's quantizer leaves it.
+_FLOAT_ONLY = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "position_embd.weight")
 # Tensors llama.cpp computes on only in float32 (its ssm_conv op asserts an F32 kernel; its converter
 # writes them F32 and its quantizer leaves them): a convolution kernel of another type fails its run.
 # Mamba2's A, D and gated norm weights too (small; its ssm_scan and norm ops read them as F32).
@@ -167,7 +174,7 @@ class OutTensor:
 
 def source_tensors(src: ModelSource) -> dict[str, WeightTensor]:
     """Every canonical tensor the source has, in file-like order."""
-    names = ["token_embd.weight", "rope_freqs.weight"]
+    names = ["token_embd.weight", "position_embd.weight", "rope_freqs.weight"]
     for i in range(src.config.n_layers):
         for leaf in _LAYER_LEAVES:
             names.append(f"blk.{i}.{leaf}.weight")
@@ -292,7 +299,7 @@ _CHECKED = ("vocab_size", "n_layers", "d_model", "n_heads", "n_kv_heads", "head_
             "moe_scale", "moe_layers", "rope_sections", "rope_interleaved", "deepstack_levels", "norm_kind", "norm_bias",
             "qk_norm_heads", "parallel_block", "ffn_gated", "ffn_bias", "parallel_ffn_norm", "output_bias",
             "attn_temp_scale", "attn_temp_length", "mamba_norm",
-            "mamba_conv_bias")
+            "mamba_conv_bias", "ssm_inner", "ssm_dt_rank")
 
 
 def _check_same(a: TransformerConfig, b: TransformerConfig, what: str, a_factors=None, b_factors=None) -> None:
@@ -626,14 +633,14 @@ def _hybrid_tensors(cfg: TransformerConfig, tensors: dict) -> dict:
                 p + leaf, -np.exp(v) if leaf == "ssm_a_log.weight" else v)
         elif mamba and leaf == "ssm_norm.weight":
             out[name] = WeightTensor.from_float(name, t.to_float32().reshape(hk, -1))
-        elif leaf == "ssm_in.weight" and not mamba:      # Mamba2's in_proj is written as read
+        elif leaf == "ssm_in.weight" and "deltanet" in cfg.layer_kinds:   # Mamba's in_proj is written as read
             q, k, v, z = grouped_rows(hk, [dk, dk, hv // hk * dv, hv // hk * dv])
             out[p + "attn_qkv.weight"] = t.take_rows(np.concatenate([q, k, v]))
             out[p + "attn_gate.weight"] = t.take_rows(z)
-        elif leaf == "ssm_a_log.weight":
-            out[p + "ssm_a"] = WeightTensor.from_float(p + "ssm_a", -np.exp(t.to_float32().reshape(-1)))
-        elif leaf == "ssm_a.weight":          # llama.cpp names it without the suffix
-            out[p + "ssm_a"] = t
+        elif leaf == "ssm_a_log.weight":      # (Mamba 1's is (d_inner, d_state): its shape kept)
+            out[p + "ssm_a"] = WeightTensor.from_float(p + "ssm_a", -np.exp(t.to_float32().reshape(t.shape)))
+        elif leaf == "ssm_a.weight" or (leaf == "ssm_d.weight" and "mamba" in cfg.layer_kinds):
+            out[p + leaf.split(".")[0]] = t       # llama.cpp names them without the suffix (Mamba 1's D too)
         elif leaf in ("ssm_conv1d.weight", "shortconv.conv.weight") and len(t.shape) == 3:
             out[name] = WeightTensor(t.name, t.qtype, (t.shape[0], t.shape[-1]), t.data)
         else:

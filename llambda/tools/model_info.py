@@ -24,11 +24,13 @@ def describe(src: ModelSource, n_ctx: int | None = None, kv_type: str = "f32") -
         experts = sum(int(np.prod(src.tensor(n).shape)) for n in src.tensor_names if is_expert_tensor(n))
         active = params - experts + experts * cfg.n_experts_used // cfg.n_experts
     ctx = n_ctx or min(cfg.n_ctx_train, 4096)
-    kv = int(2 * cfg.n_layers * ctx * kv_value_bytes(kv_type, cfg.kv_dim))   # keys and values, one sequence
+    attends = bool(cfg.cache_layers())      # a state-space model (Mamba) keeps no keys or values
+    kv = int(2 * cfg.n_layers * ctx * kv_value_bytes(kv_type, cfg.kv_dim)) if attends else 0   # one sequence
     return {
         "name": src.name, "path": str(src.path), "format": src.format, "architecture": cfg.arch,
         "parameters": params, "active_parameters": active, "layers": cfg.n_layers, "d_model": cfg.d_model,
-        "heads": f"{cfg.n_heads} (kv {cfg.n_kv_heads}, dim {cfg.head_dim})", "vocab": cfg.vocab_size,
+        "heads": f"{cfg.n_heads} (kv {cfg.n_kv_heads}, dim {cfg.head_dim})" if attends else "none (no attention layer)",
+        "vocab": cfg.vocab_size,
         "context_train": cfg.n_ctx_train, "weights_bytes": weights,
         "quant_mix": {k: (shares[k].tensors, v) for k, v in bytes_by_type.most_common()},
         "chat_template": bool(src.chat_template), "tokenizer": src.tokenizer is not None,

@@ -12,7 +12,8 @@ qwen2vl_config.py, qwen2vl_pixels.py (its image processor), qwen2vl.py (the wind
 qwen2vl_layouts.py, qwen2vl_mmproj.py; what Qwen3-VL's adds (learned positions, DeepStack): qwen3vl.py,
 qwen3vl_layouts.py, qwen3vl_ollama.py (Ollama's qwen3vl file). docs/VISION.md describes them.
 LFM2-VL's tower (SigLIP2 NaFlex, tiles and a thumbnail): lfm2vl_config.py, lfm2vl_pixels.py, lfm2vl.py,
-lfm2vl_layouts.py, lfm2vl_mmproj.py (its lfm2 mmproj).
+lfm2vl_layouts.py, lfm2vl_mmproj.py (its lfm2 mmproj). InternVL's: internvl_config.py, internvl_pixels.py,
+internvl.py, internvl_layouts.py, internvl_mmproj.py.
 """
 from .image import MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS, check_image, load_image
 from .load import load_vision

@@ -90,15 +90,15 @@ class LlavaVisionConfig(PatchGrid):
                 image_mean=number_triple(fields.get("image_mean", cls.image_mean), False, what("image_mean")),
                 image_std=number_triple(fields.get("image_std", cls.image_std), True, what("image_std")),
                 rescale_factor=rescale, source=source)
-        if c.hidden_size % c.num_attention_heads or c.head_dim > MAX_HEAD_DIM:
-            raise ModelFormatError(f"{what('hidden_size')} {c.hidden_size} is not {c.num_attention_heads} heads of "
-                                   f"at most {MAX_HEAD_DIM}")
-        if c.image_size < c.patch_size or c.image_size % c.patch_size:
-            raise ModelFormatError(f"{what('image_size')} {c.image_size} is smaller than or not a multiple of the "
-                                   f"patch size {c.patch_size}")
-        if c.patches_per_side > MAX_PATCHES_PER_SIDE:
-            raise ModelFormatError(f"{what('image_size')} {c.image_size} / patch {c.patch_size} is "
-                                   f"{c.patches_per_side} patches a side, more than {MAX_PATCHES_PER_SIDE}")
+        for bad, key, why in (
+                (c.hidden_size % c.num_attention_heads or c.head_dim > MAX_HEAD_DIM, "hidden_size",
+                 f"{c.hidden_size} is not {c.num_attention_heads} heads of at most {MAX_HEAD_DIM}"),
+                (c.image_size < c.patch_size or c.image_size % c.patch_size, "image_size",
+                 f"{c.image_size} is smaller than or not a multiple of the patch size {c.patch_size}"),
+                (c.patches_per_side > MAX_PATCHES_PER_SIDE, "image_size",
+                 f"{c.image_size} / patch {c.patch_size} is more than {MAX_PATCHES_PER_SIDE} patches a side")):
+            if bad:
+                raise ModelFormatError(f"{what(key)} {why}")
         if fields.get("grid_pinpoints") is not None:
             c.grid_pinpoints = pinpoints(fields["grid_pinpoints"], c.image_size, what("grid_pinpoints"))
             c.projector = "llava_next"
@@ -154,10 +154,9 @@ class _Reader:
 
     def integer(self, key: str, lo: int, hi: int) -> int:
         v = self.fields.get(key)
-        if v is None:
-            raise ModelFormatError(f"{self.what(key)} is missing")
-        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-            raise ModelFormatError(f"{self.what(key)} must be an integer in {lo}..{hi}, got {_shown(v)}")
+        if not (isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi):
+            why = "is missing" if v is None else f"must be an integer in {lo}..{hi}, got {_shown(v)}"
+            raise ModelFormatError(f"{self.what(key)} {why}")
         return v
 
     def number(self, key: str, default: float, hi: float) -> float:

@@ -17,6 +17,7 @@ from .config import VisionConfig
 from .layouts import (HF_NAMES, IDEFICS3_TYPES, LLAMA_CPP, MMPROJ_NAMES, OLLAMA, OLLAMA_NAMES, Layout,
                       check_processor_size, gguf_lookup, has_ollama_tower, hf_fields, hf_lookup, idefics3_hf_fields,
                       image_processor_settings, mmproj_fields, ollama_fields)
+from . import internvl_layouts, internvl_mmproj
 from . import lfm2vl_layouts, lfm2vl_mmproj, llava_layouts
 from . import pixtral_layouts, pixtral_mmproj, pixtral_ollama
 from . import qwen2vl_layouts as qwen_layouts
@@ -59,12 +60,15 @@ def open_layout(path: Path) -> Layout | None:
             return lfm2vl_layouts.hf_layout(path, cfg, src, read_json)
         if pixtral_layouts.reads(cfg):         # Mistral 3's, or Pixtral-12B's LLaVA (before a LLaVA branch)
             return pixtral_layouts.hf_layout(path, cfg, src)
+        if kind in internvl_layouts.HF_TYPES or kind in internvl_layouts.CHAT_TYPES:
+            return _internvl_hf_layout(path, cfg, src)
         if kind in llava_layouts.HF_TYPES:
             return llava_layouts.hf_layout(path, cfg, src)
         if kind != "gemma3" and kind not in IDEFICS3_TYPES:
             warnings.warn(f"{path}: its vision tower ({str(kind)[:40]!r}) is not supported (Gemma 3's, Idefics3's, "
-                          "Qwen2(.5)-VL's, Qwen3-VL's, LLaVA's only): the model reads no images", LlambdaWarning,
-                          stacklevel=3)
+                          "Qwen2(.5)-VL's, Qwen3-VL's, LFM2-VL's, Mistral 3's and Pixtral's, InternVL's, LLaVA's only): "
+                          "the model reads no images",
+                          LlambdaWarning, stacklevel=3)
             return None
         pre, seq_len = image_processor_settings(path, read_json)
         fields = idefics3_hf_fields(cfg, pre, src, seq_len) if kind in IDEFICS3_TYPES else hf_fields(cfg, pre, src)
@@ -96,6 +100,11 @@ def open_layout(path: Path) -> Layout | None:
         if arch == "clip" and meta.get("clip.projector_type") == pixtral_mmproj.MMPROJ_TYPE:
             vcfg = pixtral_mmproj.mmproj_config(meta, src, f.tensors)
             return Layout(vcfg, pixtral_mmproj.lookup(f, vcfg), 0.0, "mmproj", [f.close])
+        if arch == "clip" and meta.get("clip.projector_type") == internvl_mmproj.PROJECTOR_TYPE:
+            from .internvl_config import InternVLConfig
+            vcfg = InternVLConfig.from_fields(internvl_mmproj.mmproj_fields(meta, f.tensors, src), internvl_mmproj.KEYS,
+                                              src)
+            return Layout(vcfg, internvl_mmproj.lookup(f), 0.0, "mmproj", [f.close])
         if arch == "clip":
             vcfg = VisionConfig.from_fields(mmproj_fields(meta, src), MMPROJ_NAMES, src)
             return Layout(vcfg, gguf_lookup(f, LLAMA_CPP), 0.0, "mmproj", [f.close])
@@ -116,8 +125,8 @@ def open_layout(path: Path) -> Layout | None:
                                                 src)
             return Layout(vcfg, lookup, 0.0, "ollama", [f.close])
         if arch != "gemma3":
-            warnings.warn(f"{path}: its vision tower ({str(arch)[:40]!r}) is not supported (Gemma 3's, Qwen2.5-VL's and "
-                          "Qwen3-VL's only): the model reads no images", LlambdaWarning, stacklevel=3)
+            warnings.warn(f"{path}: its vision tower ({str(arch)[:40]!r}) is not supported (Gemma 3's, Qwen2.5-VL's, "
+                          "Qwen3-VL's and Mistral 3's only): the model reads no images", LlambdaWarning, stacklevel=3)
             f.close()
             return None
         lookup = gguf_lookup(f, OLLAMA)
@@ -131,13 +140,29 @@ def open_layout(path: Path) -> Layout | None:
 def _qwen_hf_layout(path: Path, cfg: dict, src: str) -> Layout:
     pre, _ = image_processor_settings(path, read_json)     # preprocessor_config.json, or transformers 5's save
     vcfg = QwenVisionConfig.from_fields(qwen_layouts.hf_fields(cfg, pre, src), qwen_layouts.HF_NAMES, src)
+    return _safetensors_layout(path, vcfg, qwen_layouts.hf_lookup, src)
+
+
+def _safetensors_layout(path: Path, vcfg, make_lookup, src: str) -> Layout:
+    """The Layout of a HF directory's tower: its safetensors open, `make_lookup(tensors, src)` over them."""
     from ..formats.safetensors import open_safetensors_dir
     st = open_safetensors_dir(path)
     try:
-        return Layout(vcfg, qwen_layouts.hf_lookup(st.tensors, src), 0.0, "hf", [st.close])
+        return Layout(vcfg, make_lookup(st.tensors, src), 0.0, "hf", [st.close])
     except BaseException:
         st.close()
         raise
+
+
+def _internvl_hf_layout(path: Path, cfg: dict, src: str) -> Layout:
+    from .internvl_config import InternVLConfig
+    if cfg.get("model_type") in internvl_layouts.CHAT_TYPES:      # OpenGVLab's own layout
+        vcfg = InternVLConfig.from_fields(internvl_layouts.chat_fields(cfg, src), internvl_layouts.CHAT_NAMES, src)
+        return _safetensors_layout(path, vcfg, internvl_layouts.chat_lookup, src)
+    pre, _ = image_processor_settings(path, read_json)
+    fields = internvl_layouts.hf_fields(cfg, pre, internvl_layouts.processor_seq_len(path, read_json), src)
+    vcfg = InternVLConfig.from_fields(fields, internvl_layouts.HF_NAMES, src)
+    return _safetensors_layout(path, vcfg, internvl_layouts.hf_lookup, src)
 
 
 def load_vision(source, backend=None, threads: int | None = None, activations: str | None = None) -> VisionTower | None:

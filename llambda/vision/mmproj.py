@@ -1,7 +1,7 @@
 """Writing a vision tower as llama.cpp's mmproj GGUF (general.architecture `clip`, projector type `gemma3` or
 `idefics3`; Qwen2-VL's `qwen2.5vl_merger` and `qwen2vl_merger` in qwen2vl_mmproj.py, Mistral 3's `pixtral` in
-pixtral_mmproj.py, LLaVA's `mlp` in llava_mmproj.py), the file llama.cpp's converter (convert_hf_to_gguf.py --mmproj)
-makes of a
+pixtral_mmproj.py, InternVL's `internvl` in internvl_mmproj.py, LLaVA's `mlp` in llava_mmproj.py), the file
+llama.cpp's converter (convert_hf_to_gguf.py --mmproj) makes of a
 Gemma3ForConditionalGeneration or an Idefics3ForConditionalGeneration: its `clip.*` keys, tensor names
 (layouts.gguf_name); Gemma 3's projector norm stored as 1 + w, its projection stored [vision_hidden,
 text_hidden] as HF holds it; Idefics3's connector `mm.model.fc.weight` [text_hidden, s*s*vision_hidden], its
@@ -29,6 +29,7 @@ from .llava_mmproj import is_llava, llava_mmproj
 from .load import open_layout
 from .pixtral_mmproj import pixtral_mmproj
 from .qwen2vl_config import QWEN_FAMILIES
+from .internvl_mmproj import internvl_mmproj
 from .lfm2vl_mmproj import lfm2vl_mmproj
 from .qwen2vl_mmproj import qwen_mmproj
 
@@ -72,8 +73,9 @@ def write_mmproj(source, out, qtype: str = "f32", name: str | None = None) -> Pa
             out = Path(os.fspath(out))
             write_gguf(out, meta, tensors)
             return out
-        if c.projector in QWEN_FAMILIES or c.projector == "lfm2_vl" or is_llava(layout):
-            write = {"lfm2_vl": lfm2vl_mmproj}.get(c.projector, llava_mmproj if is_llava(layout) else qwen_mmproj)
+        if c.projector in QWEN_FAMILIES or c.projector in ("lfm2_vl", "internvl") or is_llava(layout):
+            write = {"lfm2_vl": lfm2vl_mmproj, "internvl": internvl_mmproj}.get(
+                c.projector, llava_mmproj if is_llava(layout) else qwen_mmproj)
             meta, tensors = write(layout, name or Path(source).name, TYPES[qtype], _type)
             out = Path(os.fspath(out))
             write_gguf(out, meta, tensors)

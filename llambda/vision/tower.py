@@ -11,6 +11,7 @@ from .config import VisionConfig
 from .clip import ClipEncoder
 from .gemma3 import Gemma3Projector
 from .idefics3 import Idefics3Connector
+from . import internvl, internvl_pixels
 from .llava import LlavaProjector, llava_pixels
 from .llava_next import feature_grid, next_pixels, pack
 from .preprocess import idefics3_grid, pixel_values, rgb_image
@@ -24,8 +25,9 @@ LLAVA_FAMILIES = ("llava", "llava_next")
 
 
 class VisionTower:
-    """`family` ("gemma3", "idefics3", "qwen2_5_vl", "qwen2_vl", "qwen3_vl", "llava"), `tokens_per_image` (soft tokens per
-    crop; None: Qwen2-VL, grid() says), `hidden` (the text model's width of each row), `deepstack` (Qwen3-VL's
+    """`family` ("gemma3", "idefics3", "qwen2_5_vl", "qwen2_vl", "qwen3_vl", "internvl", "llava", "llava_next"),
+    `tokens_per_image` (soft tokens per crop, InternVL's a tile; None: Qwen2-VL, grid() says), `hidden` (the text
+    model's width of each row), `deepstack` (Qwen3-VL's
     DeepStack levels: each row of encode_one is hidden * (1 + deepstack) wide; 0 for the others), `attends`
     ("block": an image's soft tokens see their whole block; "causal"), `grid(width, height)`, `pixels(image)` ->
     [n_crops, 3, S, S] (Qwen2-VL: [patches, C*T*P*P]), `encode(pixels)` (Qwen2-VL: `encode_one(pixels, grid)`),
@@ -35,6 +37,9 @@ class VisionTower:
         self.cfg, self.backend, self.name = cfg, backend, name
         if cfg.projector in QWEN_FAMILIES:
             self.encoder, self.projector = QwenVisionEncoder(cfg, lookup, backend), None
+        elif cfg.projector == "internvl":
+            self.encoder = internvl.InternViT(cfg, lookup, backend)
+            self.projector = internvl.InternVLProjector(cfg, lookup, backend)
         elif cfg.projector in LLAVA_FAMILIES:
             self.encoder, self.projector = ClipEncoder(cfg, lookup, backend), LlavaProjector(cfg, lookup, backend)
         else:
@@ -91,6 +96,8 @@ class VisionTower:
         if self.qwen:
             gh, gw = patch_grid(int(width), int(height), self.cfg)
             return gh // self.cfg.spatial_merge_size, gw // self.cfg.spatial_merge_size
+        if self.cfg.projector == "internvl":
+            return internvl_pixels.grid(int(width), int(height), self.cfg)
         if self.cfg.projector == "llava_next":
             return feature_grid(int(width), int(height), self.cfg)[2:]
         return idefics3_grid(int(width), int(height), self.cfg) if self.cfg.projector == "idefics3" else (0, 0)
@@ -103,6 +110,8 @@ class VisionTower:
         """float32 [n_crops, 3, image_size, image_size]: the model's own preprocessing of a PIL image (or image
         bytes); n_crops = rows * cols + 1 of grid() (Gemma 3: 1). Qwen2-VL: the flattened patches
         [patches, C*T*P*P] (each merge group's rows together; grid() of the image's size gives their layout)."""
+        if self.cfg.projector == "internvl":
+            return internvl_pixels.pixel_values(image, self.cfg)
         if self.cfg.projector in LLAVA_FAMILIES:
             return (next_pixels if self.cfg.projector == "llava_next" else llava_pixels)(image, self.cfg)
         if not self.qwen:
