@@ -653,7 +653,7 @@ class Model:
         crop of the image's grid; Qwen2-VL: a token per cell of its grid), and each image's run starts; no image
         is decoded (a prompt's token count). images: the image files' bytes (their sizes read from their
         headers: the Idefics3 and Qwen2-VL layouts depend on them), or their count where the tower's layout
-        does not depend on size (Gemma 3)."""
+        does not depend on size (Gemma 3, LLaVA)."""
         return self.image_input.prompt_ids(text, images)
 
     def image_rows_bytes(self, ids: list[int], starts: list) -> int:

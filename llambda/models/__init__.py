@@ -90,6 +90,8 @@ ARCHITECTURES = {
     "falcon": "falcon",
     "RefinedWeb": "falcon",        # the first Falcon checkpoints' model_type (their old key names are read)
     "RefinedWebModel": "falcon",
+    "llava": "llava",              # LLaVA 1.5: its text_config's family; its GGUF files are llama.cpp's `llama`
+    "llava_next": "llava",         # LLaVA-NeXT: the same
 }
 
 # Encoders (embedding models, cross-encoders): their own config and forward, not TransformerConfig
