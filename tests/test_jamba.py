@@ -207,3 +207,82 @@ def test_malformed_jamba_ggufs_are_refused_by_name(exported, tmp_path):
         path = _rewritten(src, tmp_path / "bad.gguf", changes, drop=drop)
         with pytest.raises(ModelFormatError, match=match):
             llambda.load(path, backend="numpy", n_ctx=16)
+
+
+def test_transformers_5_fused_experts_load_as_the_per_expert_ones(tmp_path):
+    """A checkpoint with transformers 5's fused feed_forward.experts.gate_up_proj (E, 2I, d: gate rows, then up
+    rows) and down_proj (E, d, I) is the same model as the Hub's one tensor per expert."""
+    from safetensors.numpy import load_file, save_file
+    d = edited(tmp_path, lambda c: None, "jamba")
+    tensors = load_file(d / "model.safetensors")
+    for i in (1, 3, 5):
+        p = f"model.layers.{i}.feed_forward.experts."
+        take = {w: np.stack([tensors.pop(f"{p}{e}.{w}_proj.weight") for e in range(4)]) for w in ("gate", "up", "down")}
+        tensors[p + "gate_up_proj"] = np.concatenate([take["gate"], take["up"]], axis=1)
+        tensors[p + "down_proj"] = take["down"]
+    save_file(tensors, d / "model.safetensors")
+    ids = reference("jamba")["inputs"][1]["input_ids"]
+    with llambda.load(d, backend="numpy", n_ctx=64) as fused, llambda.load(TINY / "jamba", backend="numpy",
+                                                                           n_ctx=64) as hub:
+        assert np.array_equal(fused.logits(ids), hub.logits(ids))
+
+
+def test_one_expert_means_every_mlp_dense():
+    """num_experts 1 (AI21-Jamba-Reasoning-3B's kind): transformers builds a dense MLP in every layer."""
+    from llambda.models.jamba import config_from_hf
+    cfg = json.loads((TINY / "jamba" / "config.json").read_text())
+    c = config_from_hf({**cfg, "num_experts": 1})
+    assert c.n_experts == 0 and not any(c.moe_layers)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda c: c.update(attn_layer_indices=[1, 4]), "attn_layer_indices"),
+    (lambda c: c.update(attn_layer_indices=[1, 1]), "attn_layer_indices"),
+    (lambda c: c.update(attn_layer_indices="1"), "attn_layer_indices"),
+    (lambda c: c["rope_parameters"].update(partial_rotary_factor=1.0), "partial_rotary_factor"),
+    (lambda c: c.update(attn_rotary_emb=16), "attn_rotary_emb"),
+    (lambda c: c.update(mamba_proj_bias=True), "mamba_proj_bias"),
+    (lambda c: c.update(mlp_bias=True), "mlp_bias"),
+    (lambda c: c.update(time_step_limit=[0.0, 10.0]), "time_step_limit"),
+    (lambda c: c.update(mamba_n_heads=7), "mamba_n_heads"),
+])
+def test_malformed_bamba_configs_are_refused_by_name(tmp_path, edit, match):
+    with pytest.raises(ModelFormatError, match=match):
+        llambda.load(edited(tmp_path, edit, "bamba"), backend="numpy", n_ctx=16)
+
+
+def test_bamba_gguf_rows_permuted_whole_run_as_llama_cpp_runs_them(exported, tmp_path):
+    """llama.cpp's converter permutes each head's q/k rows whole; its adjacent-pair RoPE over the first
+    rope.dimension_count dims then turns other pairs than transformers' (i, i + head_dim / 4). Such a file runs here
+    as llama.cpp runs it (not transformers' model); our export, permuting the rotated half only, runs transformers'."""
+    from llambda.formats.rope_rows import partial_rope_permutation, rope_permutation
+    src = exported("bamba")
+    with GGUFFile(src) as f:
+        rows = {n: np.array(f.tensors[n].data).view(np.float32).reshape(f.tensors[n].shape)
+                for n in ("blk.1.attn_q.weight", "blk.1.attn_k.weight", "blk.3.attn_q.weight", "blk.3.attn_k.weight")}
+    whole = {}
+    for name, w in rows.items():      # back to HF's rows, then permuted as llama.cpp's converter does
+        heads = w.shape[0] // 16
+        hf = w[partial_rope_permutation(heads, 16, 8, to_interleaved=False)]
+        whole[name] = hf[rope_permutation(heads, 16, to_interleaved=True)]
+    path = _rewritten(src, tmp_path / "converter.gguf", tensors=whole)
+    ids = reference("bamba")["inputs"][1]["input_ids"][:12]
+    with load(path, "numpy") as m:
+        ours = m.logits(ids)
+        assert max_err(m, "bamba") > 0.05            # not transformers' model
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the bench extra)")
+    from llamacpp_ref import llama_cpp_logits
+    assert float(np.abs(llama_cpp_logits(path, ids) - ours).max()) <= 0.05
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_show_counts_the_keys_and_values_of_attention_layers_only(folder):
+    """`llambda show` (describe) sizes the KV cache of the two attention layers, not of every layer (it counted all
+    six of jamba's, four of bamba's)."""
+    from llambda.formats.open import open_model
+    from llambda.tools.model_info import describe
+    src = open_model(TINY / folder)
+    try:
+        assert describe(src, 128)["kv_cache_bytes"] == 2 * 2 * 128 * (2 * 16) * 4      # layers, k and v, kv heads x dim
+    finally:
+        src.close()
