@@ -47,7 +47,7 @@ def last_rows(model, inp) -> np.ndarray:
 
 
 def test_every_folder_is_tested():
-    assert len(FOLDERS) == 61, FOLDERS
+    assert len(FOLDERS) == 63, FOLDERS
 
 
 @pytest.mark.parametrize("mode", list(MODES))

@@ -84,6 +84,8 @@ ARCHITECTURES = {
     "mamba2": "mamba2",            # HF's and llama.cpp's name alike
     "mamba": "mamba",
     "falcon_mamba": "mamba",       # Mamba 1 with RMS norms over dt, B and C (llama.cpp: `mamba` + ssm.dt_b_c_rms)
+    "jamba": "jamba",              # HF's and llama.cpp's name alike
+    "bamba": "bamba",              # its GGUF files are llama.cpp's `granitehybrid`
     "gpt2": "gpt2",
     "gpt_bigcode": "gpt_bigcode",
     "starcoder": "gpt_bigcode",    # llama.cpp's name of GPT-BigCode (StarCoder 1)

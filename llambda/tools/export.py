@@ -34,7 +34,7 @@ from ..formats.gguf_model import biases_from_tensors
 from ..formats.hf_dir import GLOBAL_NAMES, layer_names
 from ..formats.open import open_named
 from ..formats.quants import QType, TRAITS, quantize
-from ..formats.rope_rows import PERMUTED_GGUF_ARCHS, rope_permutation
+from ..formats.rope_rows import PERMUTED_GGUF_ARCHS, partial_rope_permutation, rope_permutation
 from ..formats.source import ModelSource
 from ..formats.weights import WeightTensor
 from ..models import arch_module
@@ -112,6 +112,8 @@ FAMILIES = {
     "internlm3": Family("internlm3", "LlamaForCausalLM", "llama"),     # as llama.cpp's converter writes it
     "mamba2": Family("mamba2", "Mamba2ForCausalLM", "mamba2"),     # state-space models: GGUF only
     "mamba": Family("mamba", "MambaForCausalLM", "mamba"),         # FalconMamba too (its GGUF is llama.cpp's mamba)
+    "jamba": Family("jamba", "JambaForCausalLM", "jamba"),         # a hybrid: GGUF only
+    "bamba": Family("bamba", "BambaForCausalLM", "granitehybrid"),  # as llama.cpp's converter writes it
     # learned position tables (GPT-2, StarCoder 1) and Falcon's fused qkv: LayerNorms, GGUF only
     "gpt2": Family("gpt2", "GPT2LMHeadModel", "gpt2"),
     "gpt_bigcode": Family("gpt_bigcode", "GPTBigCodeForCausalLM", "starcoder"),
@@ -129,6 +131,7 @@ _LAYER_LEAVES = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_ou
                  # hybrid layers' (LFM2's short convolution, Qwen3-Next's delta net)
                  "shortconv.in_proj", "shortconv.conv", "shortconv.out_proj", "ssm_in", "attn_gate", "ssm_ba",
                  "ssm_conv1d", "ssm_a", "ssm_a_log", "ssm_dt", "ssm_d", "ssm_norm", "ssm_out", "ssm_x",
+                 "ssm_dt_norm", "ssm_b_norm", "ssm_c_norm",      # Jamba's weighted dt/B/C norms
                  # latent attention's (DeepSeek), and its router's choice bias
                  "attn_q_a", "attn_q_a_norm", "attn_q_b", "attn_kv_a_mqa", "attn_kv_a_norm", "attn_kv_b", "exp_probs_b",
                  # Gemma 3n's per-layer input, AltUp and LAuReL
@@ -232,12 +235,16 @@ def _layout_tensors(src: ModelSource, to_interleaved: bool | None) -> dict[str, 
     tensors = source_tensors(src)
     if to_interleaved is None or to_interleaved == (not cfg.rope_neox):
         return tensors
-    if cfg.rope_dim != cfg.head_dim or cfg.qk_norm:
-        raise ModelFormatError("cannot convert the q/k RoPE layout of a partial-rotary or q/k-norm model")
+    if cfg.qk_norm:
+        raise ModelFormatError("cannot convert the q/k RoPE layout of a q/k-norm model")
     if any(n.endswith("attn_qkv.weight") for n in tensors):
         raise ModelFormatError("cannot convert the RoPE layout of fused qkv tensors")
-    perm = {"attn_q": rope_permutation(cfg.n_heads, cfg.head_dim, to_interleaved),
-            "attn_k": rope_permutation(cfg.n_kv_heads, cfg.head_dim, to_interleaved)}
+    if cfg.rope_dim != cfg.head_dim:      # (Bamba's half-rotary heads) only the rotated rows move
+        perm = {"attn_q": partial_rope_permutation(cfg.n_heads, cfg.head_dim, cfg.rope_dim, to_interleaved),
+                "attn_k": partial_rope_permutation(cfg.n_kv_heads, cfg.head_dim, cfg.rope_dim, to_interleaved)}
+    else:
+        perm = {"attn_q": rope_permutation(cfg.n_heads, cfg.head_dim, to_interleaved),
+                "attn_k": rope_permutation(cfg.n_kv_heads, cfg.head_dim, to_interleaved)}
     for name, t in tensors.items():
         leaf = name.split(".")[2] if name.startswith("blk.") else ""
         if leaf in perm:
@@ -300,7 +307,7 @@ _CHECKED = ("vocab_size", "n_layers", "d_model", "n_heads", "n_kv_heads", "head_
             "moe_scale", "moe_layers", "rope_sections", "rope_interleaved", "deepstack_levels", "norm_kind", "norm_bias",
             "qk_norm_heads", "parallel_block", "ffn_gated", "ffn_bias", "parallel_ffn_norm", "output_bias",
             "attn_temp_scale", "attn_temp_length", "mamba_norm",
-            "mamba_conv_bias", "ssm_inner", "ssm_dt_rank")
+            "mamba_conv_bias", "ssm_inner", "ssm_dt_rank", "ssm_dt_b_c_norms")
 
 
 def _check_same(a: TransformerConfig, b: TransformerConfig, what: str, a_factors=None, b_factors=None) -> None:
