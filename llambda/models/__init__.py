@@ -45,6 +45,8 @@ ARCHITECTURES = {
     "granitehybrid": "granitehybrid",
     "olmo2": "olmo2",
     "lfm2": "lfm2",
+    "lfm2moe": "lfm2moe",          # llama.cpp's name of LFM2-MoE
+    "lfm2_moe": "lfm2moe",
     "qwen3_next": "qwen3next",
     "qwen3next": "qwen3next",
     "deepseek2": "deepseek2",
@@ -86,12 +88,16 @@ ARCHITECTURES = {
     "mamba2": "mamba2",            # HF's and llama.cpp's name alike
     "mamba": "mamba",
     "falcon_mamba": "mamba",       # Mamba 1 with RMS norms over dt, B and C (llama.cpp: `mamba` + ssm.dt_b_c_rms)
+    "jamba": "jamba",              # HF's and llama.cpp's name alike
+    "bamba": "bamba",              # its GGUF files are llama.cpp's `granitehybrid`
     "gpt2": "gpt2",
     "gpt_bigcode": "gpt_bigcode",
     "starcoder": "gpt_bigcode",    # llama.cpp's name of GPT-BigCode (StarCoder 1)
     "falcon": "falcon",
     "RefinedWeb": "falcon",        # the first Falcon checkpoints' model_type (their old key names are read)
     "RefinedWebModel": "falcon",
+    "llava": "llava",              # LLaVA 1.5: its text_config's family; its GGUF files are llama.cpp's `llama`
+    "llava_next": "llava",         # LLaVA-NeXT: the same
 }
 
 # Encoders (embedding models, cross-encoders): their own config and forward, not TransformerConfig

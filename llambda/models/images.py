@@ -56,10 +56,12 @@ GEMMA3, IDEFICS3, QWEN2VL, QWEN25VL, QWEN3VL = "gemma3", "idefics3", "qwen2_vl",
 PIXTRAL = "pixtral"             # Mistral 3's tower: its layout is models/pixtral_tokens
 LFM2VL = "lfm2_vl"               # its layout and encoding: models/lfm2vl_images.py
 INTERNVL = "internvl"           # its layout: models/internvl_tokens.py
+LLAVA, LLAVA_NEXT = "llava", "llava_next"       # their layout: llava_images.py (image_input.py picks it)
 GLM4V = "glm4v"                 # Qwen2-VL's layout under GLM's token names: models/glm4v_tokens.py
-FAMILIES = (GEMMA3, IDEFICS3, QWEN2VL, QWEN25VL, QWEN3VL, PIXTRAL, LFM2VL, INTERNVL, GLM4V)
+FAMILIES = (GEMMA3, IDEFICS3, QWEN2VL, QWEN25VL, QWEN3VL, PIXTRAL, LFM2VL, INTERNVL, LLAVA, LLAVA_NEXT, GLM4V)
 GRID_FAMILIES = (QWEN2VL, QWEN25VL, QWEN3VL, GLM4V)     # an image's tokens and RoPE positions follow its merged grid
-SIZED_FAMILIES = GRID_FAMILIES + (PIXTRAL,)     # an image's token count follows its size (tower.grid, encode_one)
+SIZED_FAMILIES = GRID_FAMILIES + (PIXTRAL, LLAVA_NEXT)   # an image's token count follows its size (tower.grid;
+                                                        # encode_one, LLaVA-NeXT's encode_image)
 DEFAULT_MAX_IMAGES = 8          # images one request may hold (Model.max_images; the server's bound too)
 ENCODED_ROWS_BYTES = 64 << 20   # the tower's rows kept for images sent again (EncodedRows): 24 of a 4B model's
 

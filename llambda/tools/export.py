@@ -22,23 +22,24 @@ import math
 import os
 import shutil
 import sys
+import warnings
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-from ..errors import LlambdaError, ModelFormatError
+from ..errors import LlambdaError, LlambdaWarning, ModelFormatError
 from ..formats.gguf_model import biases_from_tensors
 from ..formats.hf_dir import GLOBAL_NAMES, layer_names
 from ..formats.open import open_named
 from ..formats.quants import QType, TRAITS, quantize
-from ..formats.rope_rows import PERMUTED_GGUF_ARCHS, rope_permutation
+from ..formats.rope_rows import PERMUTED_GGUF_ARCHS, partial_rope_permutation, rope_permutation
 from ..formats.source import ModelSource
 from ..formats.weights import WeightTensor
 from ..models import arch_module
 from ..models.config import MAMBA2_KINDS, TransformerConfig
-from .quant_mix import FILE_TYPE_IDS, file_type, tensor_types
+from .quant_mix import FILE_TYPE_IDS, fallback_note, file_type, tensor_types
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,7 @@ FAMILIES = {
     "olmo2": Family("olmo2", "Olmo2ForCausalLM", "olmo2"),
     # hybrids: GGUF only (write_hf refuses them)
     "lfm2": Family("lfm2", "Lfm2ForCausalLM", "lfm2"),
+    "lfm2moe": Family("lfm2_moe", "Lfm2MoeForCausalLM", "lfm2moe"),
     "qwen3next": Family("qwen3_next", "Qwen3NextForCausalLM", "qwen3next"),
     "granitehybrid": Family("granitemoehybrid", "GraniteMoeHybridForCausalLM", "granitehybrid"),
     "falcon_h1": Family("falcon_h1", "FalconH1ForCausalLM", "falcon-h1"),     # its multipliers folded in
@@ -113,6 +115,8 @@ FAMILIES = {
     "internlm3": Family("internlm3", "LlamaForCausalLM", "llama"),     # as llama.cpp's converter writes it
     "mamba2": Family("mamba2", "Mamba2ForCausalLM", "mamba2"),     # state-space models: GGUF only
     "mamba": Family("mamba", "MambaForCausalLM", "mamba"),         # FalconMamba too (its GGUF is llama.cpp's mamba)
+    "jamba": Family("jamba", "JambaForCausalLM", "jamba"),         # a hybrid: GGUF only
+    "bamba": Family("bamba", "BambaForCausalLM", "granitehybrid"),  # as llama.cpp's converter writes it
     # learned position tables (GPT-2, StarCoder 1) and Falcon's fused qkv: LayerNorms, GGUF only
     "gpt2": Family("gpt2", "GPT2LMHeadModel", "gpt2"),
     "gpt_bigcode": Family("gpt_bigcode", "GPTBigCodeForCausalLM", "starcoder"),
@@ -130,6 +134,7 @@ _LAYER_LEAVES = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_ou
                  # hybrid layers' (LFM2's short convolution, Qwen3-Next's delta net)
                  "shortconv.in_proj", "shortconv.conv", "shortconv.out_proj", "ssm_in", "attn_gate", "ssm_ba",
                  "ssm_conv1d", "ssm_a", "ssm_a_log", "ssm_dt", "ssm_d", "ssm_norm", "ssm_out", "ssm_x",
+                 "ssm_dt_norm", "ssm_b_norm", "ssm_c_norm",      # Jamba's weighted dt/B/C norms
                  # latent attention's (DeepSeek), and its router's choice bias
                  "attn_q_a", "attn_q_a_norm", "attn_q_b", "attn_kv_a_mqa", "attn_kv_a_norm", "attn_kv_b", "exp_probs_b",
                  # Gemma 3n's per-layer input, AltUp and LAuReL
@@ -237,9 +242,12 @@ def _layout_tensors(src: ModelSource, to_interleaved: bool | None) -> dict[str, 
         raise ModelFormatError("cannot convert the q/k RoPE layout of a q/k-norm model")
     if any(n.endswith("attn_qkv.weight") for n in tensors):
         raise ModelFormatError("cannot convert the RoPE layout of fused qkv tensors")
-    partial = () if cfg.rope_dim == cfg.head_dim else (cfg.rope_dim,)     # only the rotated rows move
-    perm = {"attn_q": rope_permutation(cfg.n_heads, cfg.head_dim, to_interleaved, *partial),
-            "attn_k": rope_permutation(cfg.n_kv_heads, cfg.head_dim, to_interleaved, *partial)}
+    if cfg.rope_dim != cfg.head_dim:      # (Bamba's half-rotary heads) only the rotated rows move
+        perm = {"attn_q": partial_rope_permutation(cfg.n_heads, cfg.head_dim, cfg.rope_dim, to_interleaved),
+                "attn_k": partial_rope_permutation(cfg.n_kv_heads, cfg.head_dim, cfg.rope_dim, to_interleaved)}
+    else:
+        perm = {"attn_q": rope_permutation(cfg.n_heads, cfg.head_dim, to_interleaved),
+                "attn_k": rope_permutation(cfg.n_kv_heads, cfg.head_dim, to_interleaved)}
     for name, t in tensors.items():
         leaf = name.split(".")[2] if name.startswith("blk.") else ""
         if leaf in perm:
@@ -302,7 +310,7 @@ _CHECKED = ("vocab_size", "n_layers", "d_model", "n_heads", "n_kv_heads", "head_
             "moe_scale", "moe_layers", "rope_sections", "rope_interleaved", "deepstack_levels", "norm_kind", "norm_bias",
             "qk_norm_heads", "parallel_block", "ffn_gated", "ffn_bias", "parallel_ffn_norm", "output_bias",
             "attn_temp_scale", "attn_temp_length", "mamba_norm",
-            "mamba_conv_bias", "ssm_inner", "ssm_dt_rank")
+            "mamba_conv_bias", "ssm_inner", "ssm_dt_rank", "ssm_dt_b_c_norms")
 
 
 def _check_same(a: TransformerConfig, b: TransformerConfig, what: str, a_factors=None, b_factors=None) -> None:
@@ -709,10 +717,10 @@ def write_gguf_file(src: ModelSource, out: Path, qtype: str | None = None, pure:
 
     shift_by = cfg.norm_offset          # GGUF norms hold the weights as applied
     renamed = getattr(arch_module(arch), "GGUF_NAMES", {})
-    chosen = {}
+    chosen, fallbacks, targets = {}, {}, {}
     if ftype is not None:
         chosen = tensor_types(ftype, {n: t.shape for n, t in tensors.items()}, cfg.n_layers,
-                              cfg.n_heads // max(1, cfg.n_kv_heads), n_experts=cfg.n_experts)
+                              cfg.n_heads // max(1, cfg.n_kv_heads), n_experts=cfg.n_experts, fallbacks=fallbacks)
         if ftype.name in FILE_TYPE_IDS:       # llama.cpp's id; a pure K-quant file has none of its own
             meta["general.file_type"] = FILE_TYPE_IDS[ftype.name]
     items = []
@@ -720,7 +728,7 @@ def write_gguf_file(src: ModelSource, out: Path, qtype: str | None = None, pure:
     with tqdm(total=sum(t.data.size for t in tensors.values()), desc="quantize" if ftype else "convert", unit="B",
               unit_scale=True, unit_divisor=1024, disable=not show, file=sys.stderr, leave=True) as bar:
         for name, t in tensors.items():
-            target = _target_type(t, chosen.get(name), "gguf", name)
+            target = targets[name] = _target_type(t, chosen.get(name), "gguf", name)
             bar.set_postfix_str(f"{name} -> {target.name}", refresh=False)
             o = _convert(name, t, target, shift_by if _is_norm(name) else 0.0)
             if name.startswith("blk.") and name.split(".", 2)[2] in renamed:
@@ -732,6 +740,10 @@ def write_gguf_file(src: ModelSource, out: Path, qtype: str | None = None, pure:
                 o.shape = (t.rows * t.cols,)      # llama.cpp's shape: one vector of d_model
             items.append((name, o.qtype, o.raw, tuple(o.shape)))
             bar.update(t.data.size)
+    note = fallback_note({n: fb for n, fb in fallbacks.items() if targets.get(n) == fb[1]}, f"quantize to {ftype.name}"
+                         if ftype is not None else "")
+    if note:
+        warnings.warn(note, LlambdaWarning, stacklevel=3)
     if any(q not in (QType.F32, QType.F16, QType.BF16) for _, q, _, _ in items):
         meta["general.quantization_version"] = 2
     out.parent.mkdir(parents=True, exist_ok=True)

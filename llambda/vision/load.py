@@ -19,7 +19,7 @@ from .layouts import (HF_NAMES, IDEFICS3_TYPES, LLAMA_CPP, MMPROJ_NAMES, OLLAMA,
                       image_processor_settings, mmproj_fields, ollama_fields)
 from . import glm4v_layouts, glm4v_mmproj
 from . import internvl_layouts, internvl_mmproj
-from . import lfm2vl_layouts, lfm2vl_mmproj
+from . import lfm2vl_layouts, lfm2vl_mmproj, llava_layouts
 from . import pixtral_layouts, pixtral_mmproj, pixtral_ollama
 from . import qwen2vl_layouts as qwen_layouts
 from . import qwen3vl_ollama as qwen3_ollama
@@ -65,9 +65,11 @@ def open_layout(path: Path) -> Layout | None:
             return pixtral_layouts.hf_layout(path, cfg, src)
         if kind in internvl_layouts.HF_TYPES or kind in internvl_layouts.CHAT_TYPES:
             return _internvl_hf_layout(path, cfg, src)
+        if kind in llava_layouts.HF_TYPES:
+            return llava_layouts.hf_layout(path, cfg, src)
         if kind != "gemma3" and kind not in IDEFICS3_TYPES:
             warnings.warn(f"{path}: its vision tower ({str(kind)[:40]!r}) is not supported (Gemma 3's, Idefics3's, "
-                          "Qwen2(.5)-VL's, Qwen3-VL's, LFM2-VL's, Mistral 3's and Pixtral's, InternVL's, "
+                          "Qwen2(.5)-VL's, Qwen3-VL's, LFM2-VL's, Mistral 3's and Pixtral's, InternVL's, LLaVA's, "
                           "GLM-4.1V's only): the model reads no images",
                           LlambdaWarning, stacklevel=3)
             return None
@@ -91,6 +93,8 @@ def open_layout(path: Path) -> Layout | None:
                                                 qwen_layouts.MMPROJ_KEYS, src)
             return Layout(vcfg, qwen_layouts.mmproj_lookup(f, deepstack=vcfg.deepstack_visual_indexes), 0.0, "mmproj",
                           [f.close])
+        if arch == "clip" and meta.get("clip.projector_type") == llava_layouts.MMPROJ_TYPE:
+            return llava_layouts.mmproj_layout(f, src)
         if arch == "clip" and meta.get("clip.projector_type") == lfm2vl_mmproj.MMPROJ_TYPE:
             fields = lfm2vl_mmproj.mmproj_fields(meta, src)
             find = lfm2vl_mmproj.mmproj_lookup(f, fields, src)
