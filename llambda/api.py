@@ -50,7 +50,9 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
         (an encoder's fast mode: bfloat16 weights and activations, float32 sums).
     n_ctx: context length per sequence (default min(training context, 4096); at most 2**24); n_slots: sequences
         held at once.
-    quantize: re-quantize float weights at load (e.g. "q8_0") so the fast kernels apply.
+    quantize: re-quantize float weights at load (e.g. "q8_0") so the fast kernels apply. A matrix whose rows do
+      not split into the type's blocks (a K-quant's 256 values) takes llama.cpp's fallback (Q4_K -> Q5_0, ...)
+      or stays as it is; one LlambdaWarning counts them.
     kv_type: native only; "f32" (default) or "f16" KV cache. f16 halves the cache but moves logits:
       up to 0.025 on the tiny reference models, and it takes SmolLM2's fast mode from a worst top-20
       deviation of 0.43 to 0.57 against the FP32 reference (budget 0.5), so FP32 is the default.
@@ -110,8 +112,11 @@ def load(name_or_path: str | os.PathLike, backend: str | None = None, threads: i
             merge = LoraMerge(lookup, adapters, cfg, release=src.release)
             lookup = merge.lookup
         if quantize:
-            from .tools.quantize import qtype_at_load, quantizing_lookup
+            from .tools.quantize import load_fallback_note, qtype_at_load, quantizing_lookup
             lookup, at_load = quantizing_lookup(lookup, quantize, release=src.release), qtype_at_load(quantize)
+            note = load_fallback_note(src.tensors(), quantize)
+            if note:
+                warnings.warn(note, LlambdaWarning, stacklevel=2)
         mplan = plan_memory(src, be, ctx, n_slots, max_batch, qtype_at_load=at_load, vision=vision, mmproj=mmproj)
         mplan.merge_peak = merge_peak(adapters, src) if adapters else 0
         if check_memory:
@@ -648,7 +653,7 @@ class Model:
         crop of the image's grid; Qwen2-VL: a token per cell of its grid), and each image's run starts; no image
         is decoded (a prompt's token count). images: the image files' bytes (their sizes read from their
         headers: the Idefics3 and Qwen2-VL layouts depend on them), or their count where the tower's layout
-        does not depend on size (Gemma 3)."""
+        does not depend on size (Gemma 3, LLaVA)."""
         return self.image_input.prompt_ids(text, images)
 
     def image_rows_bytes(self, ids: list[int], starts: list) -> int:

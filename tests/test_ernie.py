@@ -304,7 +304,9 @@ def _gguf_edit(src: Path, out: Path, drop=(), **keys) -> Path:
         if v is None:
             meta.pop(key, None)
         else:
-            meta[key] = GGUFValue(GGUFValueType.FLOAT32 if isinstance(v, float) else GGUFValueType.UINT32, v)
+            kind = GGUFValueType.BOOL if isinstance(v, bool) else GGUFValueType.FLOAT32 if isinstance(v, float) \
+                else GGUFValueType.UINT32
+            meta[key] = GGUFValue(kind, v)
     write_gguf(out, meta, items)
     return out
 
@@ -322,6 +324,24 @@ def test_a_gguf_without_the_choice_bias_routes_without_one(exported, tmp_path):
                                                 for n, a in arrays_of(d).items()})
     with llambda.load(d, backend="numpy", n_ctx=128) as m:
         np.testing.assert_allclose(plain, m.logits(ids), atol=1e-4, rtol=0)
+
+
+def test_gguf_shared_count_and_weights_norm_as_written_or_absent(exported, tmp_path):
+    """Our export writes expert_weights_norm true and expert_shared_count 2 (x 16 = the width 32); llama.cpp's
+    converter writes the count and no norm flag: each way the file runs as the checkpoint."""
+    src = exported("ernie4_5_moe")
+    with GGUFFile(src) as f:
+        assert f.metadata["ernie4_5-moe.expert_weights_norm"] is True
+        assert f.metadata["ernie4_5-moe.expert_shared_count"] == 2
+        assert f.metadata["ernie4_5-moe.expert_shared_feed_forward_length"] == 32
+    ids = reference("ernie4_5_moe")["inputs"][0]["input_ids"]
+    with llambda.load(src, backend="numpy", n_ctx=64) as m:
+        want = m.logits(ids)
+    for name, keys in (("bare", {"expert_weights_norm": None, "expert_shared_count": None}),
+                       ("counted", {"expert_weights_norm": True, "expert_shared_count": 2})):
+        with llambda.load(_gguf_edit(src, tmp_path / f"{name}.gguf", **keys), backend="numpy", n_ctx=64) as m:
+            assert m.config.moe_norm_topk and m.config.shared_ffn_dim == 32
+            np.testing.assert_array_equal(m.logits(ids), want)
 
 
 @pytest.mark.parametrize("folder", FOLDERS)
@@ -361,7 +381,12 @@ def test_gguf_qkv_biases_are_read_as_llama_cpp_reads_them(exported, tmp_path, fo
     ("ernie4_5_moe", {"expert_feed_forward_length": None}, (), "expert_feed_forward_length"),
     ("ernie4_5_moe", {"expert_used_count": 9}, (), "expert_used_count"),
     # the shared experts' tensors without their width: llama.cpp would run without them; they are not unread here
-    ("ernie4_5_moe", {"expert_shared_feed_forward_length": None}, (), "shexp"),
+    ("ernie4_5_moe", {"expert_shared_feed_forward_length": None, "expert_shared_count": None}, (), "shexp"),
+    # the count llama.cpp's converter writes beside the width (llama.cpp reads neither it nor the norm flag)
+    ("ernie4_5_moe", {"expert_shared_feed_forward_length": None}, (), "expert_shared_count"),
+    ("ernie4_5_moe", {"expert_shared_count": 3}, (), "expert_shared_count"),
+    ("ernie4_5_moe", {"expert_shared_count": 0}, (), "expert_shared_count"),
+    ("ernie4_5_moe", {"expert_weights_norm": False}, (), "expert_weights_norm"),
     ("ernie4_5_moe", {}, ("blk.2.ffn_down_exps.weight",), "blk.2.ffn_down_exps"),
 ])
 def test_bad_gguf_settings_are_model_format_errors(exported, tmp_path, folder, keys, drop, message):

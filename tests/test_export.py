@@ -287,6 +287,21 @@ def test_quantize_command_writes_a_gguf_that_runs_natively(tmp_path):
     assert float(np.abs(got - want).max()) <= 1e-3
 
 
+def test_quantize_command_to_a_k_type_says_its_fallbacks_once(tmp_path, capsys):
+    """`llambda quantize` of the tiny model (rows 64 and 128 wide) to q4_k: every matrix takes llama.cpp's Q5_0
+    (Q4_K needs 256-value rows), and one line on stderr says how many and why (it was silent)."""
+    from llambda.cli import main
+    out = tmp_path / "q.gguf"
+    assert main(["quantize", str(TINY / "qwen3"), str(out), "q4_k"]) == 0
+    with GGUFFile(out) as f:
+        mats = [t for n, t in f.tensors.items() if len(t.shape) == 2 and "ffn_gate_inp" not in n]
+        assert {t.qtype for t in mats} == {QType.Q5_0}
+    err = capsys.readouterr().err
+    line = f"quantize to q4_k: {len(mats)} matrices whose rows do not split into their type's 256-value blocks " \
+           f"took llama.cpp's fallback type: {len(mats)} Q4_K -> Q5_0"
+    assert err.count(line) == 1, err
+
+
 def test_an_output_that_cannot_be_written_is_refused_up_front(tmp_path, capsys):
     """quantize/export to a directory, or below a regular file: a typed error before any conversion (once a raw
     IsADirectoryError from the final rename, after all the work)."""
@@ -340,10 +355,10 @@ LLAMA_CPP_RUNS_OTHERWISE = {
 }
 # ones whose quantized runs in llama.cpp part from ours by more than its 8-bit rounding of activations
 # would suggest: that rounding flips close expert choices (DeepSeek-V3; OLMoE, whose k weights are not
-# renormalised: our own 8-bit activations move its q4_0 logits by 1.6) and is amplified by the delta
-# net's recurrence (Qwen3-Next). Their quantized files are run, and their weights as we dequantize them,
-# written as F32, compared.
-LLAMA_CPP_SENSITIVE = ("deepseek_v3", "qwen3_next", "olmoe")
+# renormalised: our own 8-bit activations move its q4_0 logits by 1.6; LFM2-MoE, whose sigmoid choices with
+# a bias are close: 1.0 on q4_k_m) and is amplified by the delta net's recurrence (Qwen3-Next). Their
+# quantized files are run, and their weights as we dequantize them, written as F32, compared.
+LLAMA_CPP_SENSITIVE = ("deepseek_v3", "qwen3_next", "olmoe", "jamba", "lfm2_moe")     # jamba: as OLMoE (q4_0 measured 1.7)
 # what we write: `llambda export --type` of the folder, or `llambda quantize` of its f32 export; and how far
 # llama.cpp's logits may be from ours on it (it rounds activations to f16 beside f16 matrices and to 8-bit
 # blocks beside quantized ones, which on these random models moves logits by a few tenths)

@@ -192,6 +192,48 @@ def test_rope_factors_that_make_frequencies_infinite(tmp_path, backend, factor):
         llambda.load(path, backend=backend, n_ctx=32)
 
 
+def _scaled_llama(tmp_path: Path, scales: dict) -> Path:
+    """A copy of the tiny llama with some tensors multiplied (float32 kept)."""
+    from safetensors.numpy import load_file
+
+    from llambda.formats.safetensors import write_safetensors
+    d = _hf(tmp_path, "llama")
+    arrays = load_file(str(TINY / "llama" / "model.safetensors"))
+    for name, scale in scales.items():
+        arrays[name] = (arrays[name].astype(np.float64) * scale).astype(np.float32)
+    write_safetensors(d / "model.safetensors", arrays)
+    return d
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_residual_stream_past_1e20_gives_the_scale_free_logits(tmp_path, backend):
+    """Embeddings scaled to ~1e20: each RMSNorm's float32 sum of squares overflows (x^2 past 3.4e38), and the model
+    silently gave all-zero logits (x / sqrt(inf)). RMSNorm is scale-invariant, so the answer exists: the layers'
+    O(1) outputs vanish against the 1e20 stream, whose last row, normed in float64 and through lm_head, are the
+    logits."""
+    from safetensors.numpy import load_file
+    d = _scaled_llama(tmp_path, {"model.embed_tokens.weight": 1e20})
+    got = _logits(d, backend)
+    w = load_file(str(d / "model.safetensors"))
+    h = w["model.embed_tokens.weight"][PROMPT[-1]].astype(np.float64)
+    assert np.abs(h).max() > 1e19
+    want = w["lm_head.weight"].astype(np.float64) @ (h / np.sqrt(np.mean(h * h) + 1e-5) * w["model.norm.weight"])
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, atol=(1e-4 if backend == "numpy" else 3e-2) * np.abs(want).max())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_activations_past_float32_stop_generation_with_a_typed_error(tmp_path, backend):
+    """A down projection scaled to 1e38 takes the stream to inf: the norms keep it non-finite (NaN), never a
+    silent 0, so the first step is refused as non-finite logits rather than garbage tokens."""
+    d = _scaled_llama(tmp_path, {"model.embed_tokens.weight": 1e20, "model.layers.0.mlp.down_proj.weight": 1e38})
+    with llambda.load(d, backend=backend, threads=1, n_ctx=64) as m:
+        with pytest.raises(ModelFormatError, match="non-finite logits"):
+            m.logits(PROMPT)
+        with pytest.raises(ModelFormatError, match="non-finite logits"):
+            list(m.generate(PROMPT, max_tokens=4))
+
+
 @pytest.mark.parametrize("pattern", [[True, False, True], [True], ["true", "false"], [1, 2]], ids=repr)
 def test_gpt_oss_layer_pattern_must_list_a_bool_per_layer(tmp_path, pattern):
     """gpt-oss.attention.sliding_window_pattern of the wrong length or type was silently replaced by the

@@ -32,6 +32,19 @@ def served(tmp_path_factory):
         yield srv
 
 
+def served_pair(load):
+    """A generator for a module fixture: a live server of load(n_slots=2) (model id "vis", 2 slots) whose `.model`
+    is a second load(), the library's answers (the served model is busy); both with their own tower."""
+    from serverkit import LiveServer
+    from llambda.server import ServerConfig, create_app
+    m = load(n_slots=2)
+    ref = load()
+    assert m.accepts_images and ref.accepts_images
+    with m, ref, LiveServer(create_app(m, ServerConfig(model_id="vis", parallel=2))) as srv:
+        srv.model = ref
+        yield srv
+
+
 def _want(model, *parts):
     msgs = [{"role": "user", "content": [({"type": "image", "image": p} if isinstance(p, bytes) else
                                           {"type": "text", "text": p}) for p in parts]}]

@@ -139,6 +139,42 @@ def test_the_xielu_op_on_every_backend(backend, scalars):
             np.testing.assert_array_equal(y, np.square(np.maximum(x, 0)))
 
 
+def xielu_limits(x: np.ndarray, ap: float, an: float, beta: float, eps: float) -> np.ndarray:
+    """The float64 formula with an infinite input read as its limit, rounded to float32; a NaN stays NaN. +inf is
+    evaluated at 1e300 (ap x^2 dominates, or beta x when ap is 0); -inf at -1e300 in the negative side's
+    rearranged form an expm1(x) + (beta - an) x, which keeps its -an when beta == an (the plain form's -1 is
+    absorbed there)."""
+    x = x.astype(np.float64)
+    big = np.where(np.isinf(x), np.sign(x) * 1e300, x)
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = xielu_reference(big, ap, an, beta, eps)
+        y[x == -np.inf] = an * np.expm1(-1e300) + (beta - an) * -1e300
+        return y.astype(np.float32)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "native"])
+@pytest.mark.parametrize("scalars", [RELU2_SCALARS, xielu_scalars(0.1, -0.7, 0.5, -1e-6), (0.8, 0.0, 0.3, -1e-6),
+                                     (0.8, 0.5, 0.5, -1e-6), (0.0, 0.2, -0.3, -1e-6), (0.0, 0.0, 0.0, 0.0)])
+def test_the_xielu_op_at_infinite_and_nan_inputs(backend, scalars, isa):
+    """ReLU^2 (Arcee, Nemotron) of +inf is +inf and of -inf 0, not NaN (the op's 0 * inf); xIELU's own formula
+    at +-inf is its limit, a NaN stays NaN: on every ISA path, sizes below and above the threading threshold."""
+    if backend not in available_backends():
+        pytest.skip(f"the {backend} backend is not available here (C core not built)")
+    from llambda.backends import create_backend
+    B = create_backend(backend)
+    for n in (8, 3 * 4096 + 5):
+        x = np.resize(np.array([np.inf, -np.inf, np.nan, 2.0, -2.0, 1e20, -1e20, 0.0], np.float32), n)
+        want = xielu_limits(x, *scalars)
+        y = x.copy()
+        with np.errstate(all="ignore"):
+            B.xielu(y, *scalars)
+        np.testing.assert_array_equal(np.isnan(y), np.isnan(x))
+        np.testing.assert_allclose(y, want, rtol=2e-6, atol=1e-6)
+        if scalars == RELU2_SCALARS:
+            with np.errstate(over="ignore"):
+                np.testing.assert_array_equal(y, np.square(np.maximum(x, 0)))
+
+
 def test_an_ungated_mlp_runs_in_attention_layers_only():
     base = dict(arch="x", vocab_size=8, n_layers=2, d_model=8, n_heads=2, n_kv_heads=2, head_dim=4, ffn_dim=8)
     TransformerConfig(**base, activation="relu2")

@@ -117,6 +117,46 @@ def test_rmsnorm_in_place_and_eps(isa):
     np.testing.assert_allclose(x, want, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("d", [64, 576, 4099])
+def test_rmsnorm_of_rows_whose_squares_overflow_float32(isa, d):
+    """RMSNorm is scale-invariant, so a finite row past ~1e19 (x^2 past float32's max) has a norm: it was 0 (the
+    sum of squares inf, x / inf); now the C kernel on every ISA and its NumPy twin give the float64 reference,
+    in place too. Rows with an inf or a NaN stay non-finite (NaN), for the engine's check to refuse; the normal
+    rows around them are untouched by the wide path."""
+    from llambda.backends.numpy_ref import NumpyBackend
+    r = rng(d)
+    x = r.standard_normal((6, d)).astype(F32)
+    x[1] *= F32(1e20)
+    x[2] *= F32(3e37)
+    x[3, 5:] *= F32(1e-30)                      # one huge value among tiny ones
+    x[3, :5] = [3e38, -1e25, 7.0, -3e38, 1e19]
+    w = r.standard_normal(d).astype(F32)
+    want = ref_rmsnorm(x, w, 1e-5)
+    assert np.isfinite(want).all() and np.abs(want).max() > 1.0
+    bad = np.vstack([x, x[:2]])
+    bad[6, 3], bad[7, 0] = np.inf, np.nan
+    bad[7, 1] = 1e30
+    normal = r.standard_normal((1, d)).astype(F32)
+    alone = np.empty_like(normal)
+    native.rmsnorm(normal, w, alone, 1, d, 1e-5)
+    for name, norm in (("native", lambda a, o, n: native.rmsnorm(a, w, o, n, d, 1e-5)),
+                       ("numpy", lambda a, o, n: NumpyBackend().rmsnorm(a, w, 1e-5, o))):
+        out = np.empty_like(x)
+        norm(x, out, 6)
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6, err_msg=name)
+        y = x.copy()
+        norm(y, y, 6)                                 # out aliases x
+        np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6, err_msg=name)
+        got = np.empty_like(bad)
+        norm(bad, got, 8)
+        assert np.isnan(got[6, 3]) and np.isnan(got[7]).all(), name
+        np.testing.assert_allclose(got[:6], want, rtol=1e-5, atol=1e-6, err_msg=name)
+    both = np.vstack([normal, x[1:2]])
+    out = np.empty_like(both)
+    native.rmsnorm(both, w, out, 2, d, 1e-5)
+    np.testing.assert_array_equal(out[0], alone[0])   # the fast path, bit for bit
+
+
 # ---------------------------------------------------------------- rope
 
 

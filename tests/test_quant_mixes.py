@@ -91,6 +91,20 @@ def test_rows_not_a_multiple_of_256_fall_back_as_llama_cpp():
     assert odd["blk.0.attn_q.weight"] == Q.F16 and odd["output.weight"] == Q.F16
 
 
+def test_fallbacks_are_recorded_and_said_once():
+    from llambda.tools.quant_mix import fallback_note
+    fallbacks = {}
+    t = tensor_types(file_type("q4_k"), {"blk.0.attn_q.weight": (64, 576), "blk.0.ffn_down.weight": (576, 1536),
+                                          "blk.0.attn_k.weight": (64, 48), "blk.0.attn_norm.weight": (576,)},
+                     1, 1, fallbacks=fallbacks)
+    assert t["blk.0.ffn_down.weight"] == Q.Q4_K and t["blk.0.attn_norm.weight"] == Q.F32
+    assert fallbacks == {"blk.0.attn_q.weight": (Q.Q4_K, Q.Q5_0), "blk.0.attn_k.weight": (Q.Q4_K, Q.F16)}
+    note = fallback_note(fallbacks, "quantize to q4_k")
+    assert note == ("quantize to q4_k: 2 matrices whose rows do not split into their type's 256-value blocks took "
+                    "llama.cpp's fallback type: 1 Q4_K -> F16, 1 Q4_K -> Q5_0")
+    assert fallback_note({}, "x") is None
+
+
 def test_plain_types_are_pure_and_q2_k_is_the_mix():
     t = types_of("q4_k")
     assert {q for n, q in t.items() if n.endswith(".weight") and "norm" not in n} == {Q.Q4_K}

@@ -47,7 +47,7 @@ def last_rows(model, inp) -> np.ndarray:
 
 
 def test_every_folder_is_tested():
-    assert len(FOLDERS) == 61, FOLDERS
+    assert len(FOLDERS) == 64, FOLDERS
 
 
 @pytest.mark.parametrize("mode", list(MODES))
@@ -320,6 +320,49 @@ def test_quantize_at_load_new_types_native_matches_numpy(q):
     do not split into the 256-value blocks: the K-quants and IQ4_XS are covered by the kernel tests.)"""
     errs = native_vs_numpy("qwen3", q)
     assert errs["f32"] <= 1e-3 and errs["q8"] <= 0.5, (q, errs)
+
+
+@pytest.mark.parametrize("q, fallback", [("q4_k", "q5_0"), ("q5_k", "q5_1"), ("q6_k", "q8_0"), ("q3_k", "q4_0"),
+                                         ("q2_k", "q4_0"), ("iq4_xs", "iq4_nl")])
+def test_quantize_at_load_to_a_k_type_takes_llama_cpps_fallback_on_narrow_rows(q, fallback):
+    """The tiny model's 64- and 128-wide rows do not split into 256-value blocks: quantize="q4_k" left every
+    matrix float, silently. Now they take llama-quant.cpp's 32-block fallback (its tensor_type_fallback), one
+    warning says how many and why, and the model is the one quantized to the fallback type directly."""
+    from llambda.errors import LlambdaWarning
+    from llambda.formats.hf_dir import open_hf_dir
+    from llambda.formats.quants import QType
+    from llambda.tools.quantize import quantizing_lookup
+    src = open_hf_dir(TINY / "qwen3")
+    try:
+        n = sum(1 for name, t in src.tensors() if len(t.shape) == 2)
+        get = quantizing_lookup(src.tensor, q)
+        assert get("blk.0.attn_q.weight").qtype == get("blk.0.ffn_down.weight").qtype == QType[fallback.upper()]
+        assert get("blk.0.attn_norm.weight").qtype == QType.F32
+    finally:
+        src.close()
+    ids = reference("qwen3")["inputs"][0]["input_ids"]
+    with pytest.warns(LlambdaWarning) as caught:
+        with llambda.load(TINY / "qwen3", backend="numpy", n_ctx=64, quantize=q) as m:
+            got = m.logits(ids)
+    said = [str(w.message) for w in caught if issubclass(w.category, LlambdaWarning)]
+    assert len(said) == 1 and f"quantize={q!r}: " in said[0], said
+    assert said[0].endswith(f"256-value blocks took llama.cpp's fallback type: {n} {q.upper()} -> {fallback.upper()}")
+    with llambda.load(TINY / "qwen3", backend="numpy", n_ctx=64, quantize=fallback) as m:
+        np.testing.assert_array_equal(got, m.logits(ids))
+
+
+def test_a_matrix_narrower_than_any_block_stays_float_with_a_note():
+    from llambda.formats.quants import QType
+    from llambda.formats.weights import WeightTensor
+    from llambda.tools.quantize import load_fallback_note, qtype_at_load
+    narrow = WeightTensor("blk.0.attn_q.weight", QType.F32, (4, 48), np.zeros(4 * 48, np.float32).view(np.uint8))
+    wide = WeightTensor("blk.0.attn_k.weight", QType.F32, (4, 256), np.zeros(4 * 256, np.float32).view(np.uint8))
+    at = qtype_at_load("q4_k")
+    assert at(narrow.name, narrow) == QType.F32 and at(wide.name, wide) == QType.Q4_K
+    assert load_fallback_note([(narrow.name, narrow), (wide.name, wide)], "q4_k") == (
+        "quantize='q4_k': 1 matrices whose rows do not split into their type's 256-value blocks took llama.cpp's "
+        "fallback type: 1 Q4_K -> left as they are")
+    assert load_fallback_note([(wide.name, wide)], "q4_k") is None
 
 
 def test_quantizing_lookup_touches_only_matrices():

@@ -269,6 +269,8 @@ def test_xlmr_reranker_gguf_scores_as_transformers_and_llama_cpp(tmp_path):
     ({"tokenizer.ggml.precompiled_charsmap": [1000, 2]}, "array of bytes"),
     ({"tokenizer.ggml.precompiled_charsmap": list(b"\x08\x00\x00\x00" + bytes(8) + b"a" * 100 + b"\x00")},
      "bytes per match"),
+    ({"tokenizer.ggml.precompiled_charsmap": list(b"\x00\x00\x00\x00abc\x00")}, "empty trie"),
+    ({"tokenizer.ggml.precompiled_charsmap": list(b"\x40\x00\x00\x00" + bytes(16))}, "past its 16"),
     ({"tokenizer.ggml.unknown_token_id": None}, "unknown token"),
     ({"tokenizer.ggml.scores": [float("nan")] * 61}, "not finite"),
 ])
@@ -280,6 +282,138 @@ def test_bad_unigram_gguf_vocabulary_is_a_tokenizer_error(tmp_path, change, mess
         with pytest.raises(TokenizerError, match=message):
             m.embed(["the cat"])
         assert np.isfinite(m.embed([[0, 4, 5, 2]])).all()
+
+
+def _charsmap_units(blob: bytes):
+    """The trie's units (a copy) and where the first value unit sits."""
+    import struct
+    n = struct.unpack_from("<I", blob)[0] // 4
+    units = list(struct.unpack_from(f"<{n}I", blob, 4))
+    return units, next(i for i, u in enumerate(units) if u >> 31)
+
+
+def _with_units(blob: bytes, units) -> bytes:
+    import struct
+    return blob[:4] + struct.pack(f"<{len(units)}I", *units) + blob[4 + 4 * len(units):]
+
+
+def _hostile_charsmaps() -> dict[str, bytes]:
+    """Charsmaps the library parses whose lookups read past the trie or the pool (a Rust panic inside encode)."""
+    from charsmaps import SAMPLE, build_charsmap
+    good = build_charsmap(SAMPLE)
+    units, leaf = _charsmap_units(good)
+    pool = len(good) - 4 - 4 * len(units)
+    past_pool = units.copy()
+    past_pool[leaf] = (1 << 31) | (pool + 1000)
+    inside_char = units.copy()                      # "A" then NUL starts the pool: byte 1 of "1\u20442" is inside
+    inside_char[leaf] = (1 << 31) | next(i for i, b in enumerate(good[4 + 4 * len(units):]) if b >= 0x80) + 1
+    root_far = units.copy()
+    root_far[0] = (len(units) + 256) << 10            # the root's children past the trie
+    value_far = units.copy()                          # a leaf whose value unit lies past the trie
+    i = next(i for i, u in enumerate(units) if (u >> 8) & 1 and not u >> 31)
+    value_far[i] = (units[i] & 0x3FF) | (((i ^ (len(units) + 300)) & 0x1FFFFF) << 10)
+    return {"points past": _with_units(good, past_pool), "inside a character": _with_units(good, inside_char),
+            "children lie past": _with_units(good, root_far), "value past": _with_units(good, value_far)}
+
+
+@pytest.mark.parametrize("why", ["points past", "inside a character", "children lie past", "value past"])
+def test_a_charsmap_that_reads_out_of_bounds_is_refused_at_load(tmp_path, capfd, why):
+    """The library indexes the trie and slices the pool unchecked: each of these was a Rust panic (and a backtrace
+    on stderr) inside every encode. Now the vocabulary is refused when it is built, with what is wrong."""
+    from llambda.errors import TokenizerError
+    from test_bert_gguf import changed_gguf
+    blob = _hostile_charsmaps()[why]
+    gg = changed_gguf(xlmr_gguf(EMBEDDER, tmp_path / "a.gguf"), tmp_path / "b.gguf",
+                      {"tokenizer.ggml.precompiled_charsmap": list(blob)})
+    with _load(gg) as m:
+        assert why in m.source.tokenizer_error
+        with pytest.raises(TokenizerError, match=why):
+            m.embed(["\uff21 \u00bd \U0001d400 \ufb01 e\u0301"])
+        assert np.isfinite(m.embed([[0, 4, 5, 2]])).all()
+    assert "panicked" not in capfd.readouterr().err
+
+
+def _reference_normalize(blob: bytes, graphemes: list[str]) -> str:
+    """The Precompiled normalizer by its definition (module charsmap.py's docstring), on a text of known
+    graphemes: a grapheme under 6 bytes rewritten whole by the first leaf on its path, else char by char."""
+    import struct
+    n = struct.unpack_from("<I", blob)[0] // 4
+    units = struct.unpack_from(f"<{n}I", blob, 4)
+    pool = blob[4 + 4 * n:]
+
+    def offset(u):
+        return (u >> 10) << ((u & (1 << 9)) >> 6)
+
+    def lookup(key: str):
+        base, found = offset(units[0]), []           # the whole key is walked; its first leaf is the match
+        for c in key.encode():
+            u = units[base ^ c]                      # an IndexError here: the check let a bad charsmap through
+            if u & ((1 << 31) | 0xFF) != c:
+                break
+            base ^= c ^ offset(u)
+            if (u >> 8) & 1:
+                found.append(units[base] & ((1 << 31) - 1))
+        if not found:
+            return None
+        assert found[0] <= len(pool)
+        return pool[found[0]:].split(b"\0")[0].decode()
+
+    out = []
+    for g in graphemes:
+        whole = lookup(g) if len(g.encode()) < 6 else None
+        out.append(whole if whole is not None else "".join(lookup(c) or c for c in g))
+    return "".join(out)
+
+
+def test_random_charsmap_corruptions_are_refused_or_run_as_defined(capfd):
+    """Many random corruptions of a valid charsmap (bytes, units, bit flips, the header, truncation): each is
+    refused when the vocabulary is built, or normalizes the text every key of the table walks as the format
+    defines it and encodes it; never a Rust panic."""
+    from tokenizers import normalizers
+
+    from charsmaps import SAMPLE, build_charsmap
+    from llambda.errors import TokenizerError
+    from llambda.formats.gguf import GGUFFile
+    from llambda.tokenizer import Tokenizer
+    good = build_charsmap(SAMPLE)
+    graphemes = []
+    for g in list(SAMPLE) + ["x", "\u00e9", "\u6f22", "\U0001f600", "ab"]:
+        graphemes += [g, " "]
+    text = "".join(graphemes)
+    assert _reference_normalize(good, graphemes) == "".join(SAMPLE.get(g, g) for g in graphemes)
+    with GGUFFile(xlmr_gguf(EMBEDDER, Path(__import__("tempfile").mkdtemp()) / "a.gguf")) as f:
+        meta = dict(f.metadata)
+    rng = np.random.default_rng(7)
+    n_units = len(_charsmap_units(good)[0])
+    refused = ran = 0
+    for trial in range(400):
+        blob = bytearray(good)
+        kind = trial % 5
+        if kind == 0:                               # a random byte anywhere
+            blob[rng.integers(len(blob))] = rng.integers(256)
+        elif kind == 1:                             # a trie unit rewritten: random, or a plausible label/leaf/offset
+            i = 4 + 4 * int(rng.integers(n_units))
+            u = int(rng.integers(1 << 32)) if rng.random() < 0.5 else (
+                int(rng.integers(256)) | int(rng.integers(2)) << 8 | int(rng.integers(1 << 12)) << 10)
+            blob[i:i + 4] = u.to_bytes(4, "little")
+        elif kind == 2:                             # one bit flipped
+            i = int(rng.integers(len(blob)))
+            blob[i] ^= 1 << int(rng.integers(8))
+        elif kind == 3:                             # the header's trie size
+            blob[:4] = int(4 * rng.integers(0, n_units + 64) + rng.integers(4)).to_bytes(4, "little")
+        else:                                       # cut short
+            blob = blob[:int(rng.integers(len(blob)))]
+        blob = bytes(blob)
+        try:
+            tk = Tokenizer.from_gguf_metadata({**meta, "tokenizer.ggml.precompiled_charsmap": list(blob)})
+        except TokenizerError:
+            refused += 1
+            continue
+        ran += 1
+        assert normalizers.Precompiled(blob).normalize_str(text) == _reference_normalize(blob, graphemes), trial
+        assert tk.encode(text)
+    assert "panicked" not in capfd.readouterr().err
+    assert refused > 40 and ran > 40, (refused, ran)       # both outcomes exercised
 
 
 def test_xlmr_reranker_and_embedder_on_a_server():

@@ -146,9 +146,10 @@ def npy(dest: Path, name: str, arr) -> str:
     return name
 
 
-def run_prompt(model, processor, dest, files, key, messages, images, rows_every_image=True):
+def run_prompt(model, processor, dest, files, key, messages, images, rows_every_image=True, per=SEQ_LEN):
     """The processor's ids for the chat template's rendering of `messages` with `images`, the model's logits
-    at a few rows, greedy tokens (checked against a recompute without cache)."""
+    at a few rows (the first and last of each run of `per` image tokens, the last 3), greedy tokens (checked
+    against a recompute without cache, with the processor's other inputs: pixel values, masks)."""
     from PIL import Image
     text = processor.apply_chat_template(messages, add_generation_prompt=True)
     pil = [Image.open(files[n]) for n in images]
@@ -162,15 +163,15 @@ def run_prompt(model, processor, dest, files, key, messages, images, rows_every_
                              pad_token_id=2)[0, len(ids):].tolist()
         seq, recompute, margins = list(ids), [], []
         for _ in range(N_NEW):
-            row = model(input_ids=torch.tensor([seq]), pixel_values=enc["pixel_values"],
-                        pixel_attention_mask=enc["pixel_attention_mask"]).logits[0, -1].numpy()
+            row = model(input_ids=torch.tensor([seq]), **{k: v for k, v in enc.items()
+                                                          if k not in ("input_ids", "attention_mask")}).logits[0, -1].numpy()
             top = np.sort(row)[-2:]
             margins.append(float(top[1] - top[0]))
             recompute.append(int(row.argmax()))
             seq.append(recompute[-1])
     image_id = model.config.image_token_id
     pos = [i for i, t in enumerate(ids) if t == image_id]
-    rows = sorted(set([p for i, p in enumerate(pos) if i % SEQ_LEN in (0, SEQ_LEN - 1)]
+    rows = sorted(set([p for i, p in enumerate(pos) if i % per in (0, per - 1)]
                       + list(range(len(ids) - 3, len(ids)))))
     return {
         "messages": messages, "images": images, "chat_text": text, "prompt_text": expanded,

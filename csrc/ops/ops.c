@@ -101,10 +101,24 @@ struct xielu_task {
     float ap, an, beta, eps;
 };
 
+/* The sign of c as +-inf, or `zero` when c is 0 */
+static float signed_inf(float c, float zero) {
+    return c > 0.f ? INFINITY : c < 0.f ? -INFINITY : zero;
+}
+
+/* xIELU at an infinite x, the formula's limit (its terms would give 0 * inf or inf - inf, a NaN): at +inf ap x^2
+ * dominates (beta x when ap is 0; 0 when both are); at -inf the formula is -an + (beta - an) x. ReLU^2 (1, 0, 0)
+ * gives +inf and 0. */
+static float xielu_at_inf(const struct xielu_task *t, float x) {
+    if (x > 0.f) return signed_inf(t->ap != 0.f ? t->ap : t->beta, 0.f);
+    return signed_inf(t->an - t->beta, -t->an);
+}
+
 static void xielu_range(const struct xielu_task *t, long i0, long i1) {
     for (long i = i0; i < i1; i++) {
         const float x = t->x[i];
-        if (x > 0.f) t->x[i] = t->ap * x * x + t->beta * x;
+        if (isinf(x)) t->x[i] = xielu_at_inf(t, x);
+        else if (x > 0.f) t->x[i] = t->ap * x * x + t->beta * x;
         else t->x[i] = (t->an != 0.f ? (expm1f(fminf(x, t->eps)) - x) * t->an : 0.f) + t->beta * x;
     }
 }

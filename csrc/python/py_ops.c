@@ -961,7 +961,8 @@ PyMethodDef llb_ops_methods[] = {
     {"gelu_erf", FASTCALL(py_gelu_erf), "gelu_erf(x, count): x = 0.5 x (1 + erf(x / sqrt 2)) in place (BERT's GELU)."},
     {"softcap", FASTCALL(py_softcap), "softcap(x, cap, count): x = cap * tanh(x / cap) in place."},
     {"xielu", FASTCALL(py_xielu), "xielu(x, count, alpha_p, alpha_n, beta, eps): in place, x > 0: alpha_p x^2 + beta x, "
-     "else (expm1(min(x, eps)) - x) alpha_n + beta x (0 + beta x when alpha_n is 0: ReLU^2 is 1, 0, 0, 0)."},
+     "else (expm1(min(x, eps)) - x) alpha_n + beta x (0 + beta x when alpha_n is 0: ReLU^2 is 1, 0, 0, 0); "
+     "an infinite x gives the formula's limit (ReLU^2: +inf and 0), a NaN stays NaN."},
     {"copy_blocks", FASTCALL(py_copy_blocks),
      "copy_blocks(src, dst, n, groups, width, src_row, src_group, src_off, dst_row, dst_group, dst_off): for t < n,\n"
      "g < groups: dst[t dst_row + g dst_group + dst_off:][:width] = src[t src_row + g src_group + src_off:][:width]\n"

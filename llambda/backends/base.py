@@ -333,7 +333,8 @@ class Backend(ABC):
 
     def xielu(self, x: np.ndarray, alpha_p: float, alpha_n: float, beta: float, eps: float) -> None:
         """In place: alpha_p x^2 + beta x where x > 0, else (expm1(min(x, eps)) - x) alpha_n + beta x, that first
-        term 0 when alpha_n is 0 (Apertus' xIELU with its effective scalars; ReLU^2, Arcee's, is 1, 0, 0, 0)."""
+        term 0 when alpha_n is 0 (Apertus' xIELU with its effective scalars; ReLU^2, Arcee's, is 1, 0, 0, 0). An
+        infinite x gives the formula's limit (ReLU^2: +inf and 0, not 0 * inf), a NaN stays NaN."""
         raise NotImplementedError(f"the {self.name} backend has no xielu")
 
     def gelu_erf(self, x: np.ndarray) -> None:

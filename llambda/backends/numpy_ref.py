@@ -71,6 +71,11 @@ def _route_plain(logits: np.ndarray, k: int, routing: str, norm: bool) -> tuple[
 ENCODER_SCORES_MAX = 1 << 24
 
 
+def _signed_inf(c, zero) -> np.float32:
+    """The sign of c as +-inf, or `zero` when c is 0."""
+    return np.float32(np.inf if c > 0 else -np.inf if c < 0 else zero)
+
+
 class NumpyBackend(Backend):
     name = "numpy"
     precision = "f32"
@@ -207,9 +212,19 @@ class NumpyBackend(Backend):
         np.matmul(x, w.T, out=out)
 
     def rmsnorm(self, x, w, eps, out) -> None:
-        ms = np.mean(np.square(x, dtype=np.float32), axis=-1, keepdims=True)
-        np.multiply(x, 1.0 / np.sqrt(ms + np.float32(eps)), out=out)
+        with np.errstate(over="ignore"):
+            ms = np.mean(np.square(x, dtype=np.float32), axis=-1, keepdims=True)
+        # rows whose float32 mean square overflowed though they are finite (|x| past ~1e19): in float64, as the
+        # C kernel's rmsnorm_row_wide (a row with an inf or NaN keeps the float32 result: NaN, refused upstream)
+        wide = np.isinf(ms[..., 0])
+        if wide.any():
+            wide &= np.isfinite(x).all(axis=-1)
+            x64 = x[wide].astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            np.multiply(x, 1.0 / np.sqrt(ms + np.float32(eps)), out=out)
         out *= w
+        if wide.any():
+            out[wide] = x64 / np.sqrt(np.mean(np.square(x64), axis=-1, keepdims=True) + eps) * w
 
     def add_rows(self, x, bias, out) -> None:
         np.add(x, bias, out=out)
@@ -322,8 +337,14 @@ class NumpyBackend(Backend):
 
     def xielu(self, x, alpha_p, alpha_n, beta, eps) -> None:
         f = np.float32
-        neg = (np.expm1(np.minimum(x, f(eps))) - x) * f(alpha_n) if alpha_n else np.zeros_like(x)
-        np.copyto(x, np.where(x > 0, f(alpha_p) * x * x, neg) + f(beta) * x)
+        inf = np.isinf(x)
+        limits = x[inf]       # the formula's limit at +-inf (its terms give 0 * inf or inf - inf): ops.c's xielu_at_inf
+        limits = np.where(limits > 0, _signed_inf(alpha_p if alpha_p else beta, 0.0),
+                          _signed_inf(f(alpha_n) - f(beta), -f(alpha_n)))
+        with np.errstate(invalid="ignore", over="ignore"):
+            neg = (np.expm1(np.minimum(x, f(eps))) - x) * f(alpha_n) if alpha_n else np.zeros_like(x)
+            np.copyto(x, np.where(x > 0, f(alpha_p) * x * x, neg) + f(beta) * x)
+        x[inf] = limits
 
     def gelu_erf(self, x) -> None:
         x *= 0.5 * (1.0 + _erf(x.astype(np.float64) / np.sqrt(2.0)))

@@ -19,3 +19,11 @@ def rope_permutation(n_heads: int, head_dim: int, to_interleaved: bool) -> np.nd
     inv = np.empty_like(inter)
     inv[inter] = np.arange(len(inter))
     return inv
+
+
+def partial_rope_permutation(n_heads: int, head_dim: int, rope_dim: int, to_interleaved: bool) -> np.ndarray:
+    """rope_permutation for heads whose first rope_dim rows alone rotate (Bamba's half): those rows' half-split
+    pairs (i, i + rope_dim / 2) to adjacent ones (2i, 2i + 1), or back; the unrotated rows stay in place."""
+    inner = rope_permutation(1, rope_dim, to_interleaved)
+    head = np.concatenate([inner, np.arange(rope_dim, head_dim)])
+    return (np.arange(n_heads)[:, None] * head_dim + head[None, :]).reshape(-1)

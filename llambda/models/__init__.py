@@ -45,12 +45,16 @@ ARCHITECTURES = {
     "granitehybrid": "granitehybrid",
     "olmo2": "olmo2",
     "lfm2": "lfm2",
+    "lfm2moe": "lfm2moe",          # llama.cpp's name of LFM2-MoE
+    "lfm2_moe": "lfm2moe",
     "qwen3_next": "qwen3next",
     "qwen3next": "qwen3next",
     "deepseek2": "deepseek2",
     "deepseek_v2": "deepseek2",
     "deepseek_v3": "deepseek2",
     "glm4": "glm4",
+    "glm4v": "glm4v",              # GLM-4.1V / GLM-4.6V's text model (HF model_type glm4v, its text_config's glm4v_text)
+    "glm4v_text": "glm4v",
     "glm4moe": "glm4moe",
     "glm4_moe": "glm4moe",
     "ernie4_5": "ernie4_5",
@@ -84,12 +88,16 @@ ARCHITECTURES = {
     "mamba2": "mamba2",            # HF's and llama.cpp's name alike
     "mamba": "mamba",
     "falcon_mamba": "mamba",       # Mamba 1 with RMS norms over dt, B and C (llama.cpp: `mamba` + ssm.dt_b_c_rms)
+    "jamba": "jamba",              # HF's and llama.cpp's name alike
+    "bamba": "bamba",              # its GGUF files are llama.cpp's `granitehybrid`
     "gpt2": "gpt2",
     "gpt_bigcode": "gpt_bigcode",
     "starcoder": "gpt_bigcode",    # llama.cpp's name of GPT-BigCode (StarCoder 1)
     "falcon": "falcon",
     "RefinedWeb": "falcon",        # the first Falcon checkpoints' model_type (their old key names are read)
     "RefinedWebModel": "falcon",
+    "llava": "llava",              # LLaVA 1.5: its text_config's family; its GGUF files are llama.cpp's `llama`
+    "llava_next": "llava",         # LLaVA-NeXT: the same
 }
 
 # Encoders (embedding models, cross-encoders): their own config and forward, not TransformerConfig

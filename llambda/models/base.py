@@ -115,6 +115,9 @@ class MambaWeights:
     a_neg: np.ndarray               # (D, N): -exp(A_log), never positive
     d_skip: np.ndarray              # (D,): D
     out_proj: object                # (d_model, D)
+    dt_norm: np.ndarray | None = None   # (R,), (N,), (N,): Jamba's weighted RMS norms over dt_low, B and C
+    b_norm: np.ndarray | None = None
+    c_norm: np.ndarray | None = None
 
 
 @dataclass
@@ -551,7 +554,9 @@ class Transformer(Closable, LatentAttention):
                                 conv_bias=vector(p + "ssm_conv1d.bias", D), x_dt=x_dt, x_b=x_b, x_c=x_c,
                                 dt_proj=matrix(p + "ssm_dt.weight", D, R), dt_bias=vector(p + "ssm_dt.bias", D),
                                 a_neg=a_neg, d_skip=flat(p + "ssm_d.weight", D),
-                                out_proj=matrix(p + "ssm_out.weight", d, D))
+                                out_proj=matrix(p + "ssm_out.weight", d, D),
+                                **({f"{k}_norm": vector(p + f"ssm_{k}_norm.weight", n) for k, n in
+                                    (("dt", R), ("b", N), ("c", N))} if cfg.ssm_dt_b_c_norms else {}))
 
         def act_scalars(p: str) -> tuple | None:
             """An ungated MLP's activation as the xielu op's scalars: ReLU^2's, or the layer's xIELU tensors'."""
@@ -1070,7 +1075,7 @@ class Transformer(Closable, LatentAttention):
 
     def _mamba_block(self, i: int, L: LayerWeights, x, slot, p) -> None:
         """Mamba 1: x += out_proj(scan(u, dt, B, C) * silu(z)), u = silu(conv(x') + bias) of in_proj's x rows x' of
-        the normed input; dt_low, B and C = x_proj(u) (FalconMamba: each RMS-normed without a weight); dt =
+        the normed input; dt_low, B and C = x_proj(u) (FalconMamba: each RMS-normed without a weight; Jamba: with one); dt =
         dt_proj(dt_low), its bias and softplus in the scan."""
         cfg, B, ws, M = self.cfg, self.backend, self.ws, L.mamba1
         n = len(x)
@@ -1081,6 +1086,9 @@ class Transformer(Closable, LatentAttention):
         if cfg.ssm_dt_b_c_eps:
             for v in (dt_low, b, c):
                 B.rmsnorm(v, self._ssm_ones[v.shape[1]], cfg.ssm_dt_b_c_eps, v)
+        elif M.dt_norm is not None:          # Jamba's, with weights and the model's epsilon
+            for v, w in ((dt_low, M.dt_norm), (b, M.b_norm), (c, M.c_norm)):
+                B.rmsnorm(v, w, cfg.norm_eps, v)
         B.matmul(dt_low, M.dt_proj, sx)          # the convolution's input is spent: sx holds dt
         B.ssm_scan1(conv, sx, b, c, sz, self.delta_state[i], self.delta_pos[i], M.a_neg, M.dt_bias, M.d_skip, slot, p,
                     out)

@@ -251,6 +251,8 @@ class TransformerConfig:
     ssm_inner: int = 0
     ssm_dt_rank: int = 0
     ssm_dt_b_c_eps: float = 0.0
+    # Jamba: those RMS norms over dt, B and C have weights (ssm_dt_norm, ssm_b_norm, ssm_c_norm), epsilon norm_eps
+    ssm_dt_b_c_norms: bool = False
     # Nemotron-H: the MLP is a layer of its own (kind "mlp": one norm, then the MLP, read from the layer's
     # attn_norm), and the token-mixer layers (attention, mamba2) have no MLP
     ffn_own_layers: bool = False
@@ -510,6 +512,9 @@ class TransformerConfig:
             raise ModelFormatError("Mamba layers need their inner size, dt rank and state size")
         if self.ssm_dt_b_c_eps:
             check_number("config ssm_dt_b_c_eps", self.ssm_dt_b_c_eps, "norm_eps")
+        if not isinstance(self.ssm_dt_b_c_norms, bool) or (self.ssm_dt_b_c_norms and self.ssm_dt_b_c_eps):
+            raise ModelFormatError("the Mamba dt/B/C norms are either weighted (ssm_dt_b_c_norms) or weightless "
+                                   "(ssm_dt_b_c_eps), not both")
 
     def _check_rope(self) -> None:
         if self.rope_scaling is not None:

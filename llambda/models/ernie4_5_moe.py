@@ -13,7 +13,10 @@ their p (no bias) are the weights, divided by their sum (transformers: by max(su
 differs for sums below moe_norm_min, 1e-12: such values are refused above 1e-6). Plus moe_num_shared_experts
 always-on experts, one SiLU MLP of moe_num_shared_experts x moe_intermediate_size, added unscaled. llama.cpp
 runs the same (softmax gating, exp_probs_b, renormalised weights) and reads the shared MLP's width from
-expert_shared_feed_forward_length (none without it); a file without exp_probs_b routes without a bias.
+expert_shared_feed_forward_length (none without it); a file without exp_probs_b routes without a bias. Its
+graph renormalises the top-k weights whatever `expert_weights_norm` says (a file saying false is refused here:
+neither reference runs it so) and does not read `expert_shared_count` (its converter's moe_num_shared_experts:
+held to agree with the width here).
 
 The multi-token-prediction tensors of the Hub checkpoints (model.mtp_block.N..., mtp_emb_norm, mtp_hidden_norm,
 mtp_linear_proj: outside model.layers) are not run; formats/hf_dir.py passes over such top-level tensors.
@@ -85,12 +88,31 @@ def config_from_gguf(meta: dict) -> TransformerConfig:
     n = c["n_layers"]
     n_experts, k = hp.int("expert_count", limit="n_experts"), hp.int("expert_used_count", limit="n_experts_used")
     _check_used(k, n_experts, f"GGUF metadata '{ARCH}.expert_used_count'", "expert_count")
+    if not hp.flag("expert_weights_norm", True):
+        raise ModelFormatError(f"GGUF metadata '{ARCH}.expert_weights_norm' = false is not supported: ERNIE 4.5 MoE "
+                               "renormalises its top-k weights (transformers always; llama.cpp's graph too, "
+                               "whatever the key says)")
+    ffe = hp.int("expert_feed_forward_length", limit="expert_ffn_dim")
     # exp_probs_b (the choice bias) where the file holds it: gguf_flags
     return TransformerConfig(
-        **c, n_experts=n_experts, n_experts_used=k,
-        expert_ffn_dim=hp.int("expert_feed_forward_length", limit="expert_ffn_dim"),
-        shared_ffn_dim=hp.int("expert_shared_feed_forward_length", 0, "shared_ffn_dim"),
+        **c, n_experts=n_experts, n_experts_used=k, expert_ffn_dim=ffe, shared_ffn_dim=_shared_width(hp, ffe),
         moe_layers=moe_layer_flags(n, lead, n - 1, step), moe_routing="softmax_topk", moe_norm_topk=True)
+
+
+def _shared_width(hp, ffe: int) -> int:
+    """The shared experts' MLP width: expert_shared_feed_forward_length, which llama.cpp's graph runs (0 or
+    absent: none); expert_shared_count, which its converter writes beside it (HF moe_num_shared_experts) and
+    llama.cpp does not read, must agree with it as count x expert_feed_forward_length (a file saying both ways
+    and differing is refused, not run one way)."""
+    width = hp.int("expert_shared_feed_forward_length", 0, "shared_ffn_dim")
+    if f"{ARCH}.expert_shared_count" not in hp.meta:
+        return width
+    count = hp.int("expert_shared_count", limit="n_experts")
+    if count * ffe != width:
+        raise ModelFormatError(f"GGUF metadata '{ARCH}.expert_shared_count' = {count} shared experts of "
+                               f"{ffe} (expert_feed_forward_length) disagrees with "
+                               f"'{ARCH}.expert_shared_feed_forward_length' = {width}")
+    return width
 
 
 def _check_used(k: int, n_experts: int, what: str, of: str) -> None:

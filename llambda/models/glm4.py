@@ -17,6 +17,7 @@ from ..errors import ModelFormatError
 from .config import TransformerConfig
 from .hparams import GGUFHParams, HFConfig, refuse_quantized
 from .llama import check_hf_mlp
+from .qwen2vl import gguf_metadata as qwen2vl_metadata, gguf_sections
 from .qwen3next import partial_rope_dim
 
 # HF per-layer names of this family (merged over the shared ones by formats/hf_dir.py)
@@ -30,13 +31,26 @@ HF_ROPE_NEOX = False
 
 
 def config_from_gguf(meta: dict) -> TransformerConfig:
-    refuse_mrope(meta, "glm4")
-    return TransformerConfig(**GGUFHParams(meta, "glm4").common(), rope_neox=False, post_norms=True)
+    c = GGUFHParams(meta, "glm4").common()
+    if "glm4.rope.dimension_sections" not in meta:
+        return TransformerConfig(**c, rope_neox=False, post_norms=True)
+    # GLM-4.1V / GLM-4.6V's text model (models/glm4v.py): llama.cpp's converter permuted each head's rotated q/k
+    # rows to the half-split order its M-RoPE turns
+    c["arch"] = "glm4v"
+    return TransformerConfig(**c, rope_neox=True, post_norms=True,
+                             rope_sections=gguf_sections(meta, "glm4", ("rope.dimension_sections",)))
+
+
+def gguf_metadata(cfg: TransformerConfig) -> dict:
+    """GLM-4.1V's M-RoPE sections as llama.cpp's glm4 reads them (four int32 counts, the fourth 0), where the model
+    has them."""
+    return {f"glm4.{k.split('.', 1)[1]}": v for k, v in qwen2vl_metadata(cfg).items()} if cfg.rope_sections else {}
 
 
 def refuse_mrope(meta: dict, arch: str) -> None:
-    """llama.cpp runs a glm4/glm4moe file with rope.dimension_sections (the text model of a GLM-4.xV vision
-    model) with its multi-section M-RoPE, which is not implemented here: refused, not run as plain RoPE."""
+    """llama.cpp runs a glm4moe file with rope.dimension_sections (the text model of GLM-4.5V) with its
+    multi-section M-RoPE, which is not implemented here for it: refused, not run as plain RoPE (a glm4 file
+    with sections is GLM-4.1V's: models/glm4v.py)."""
     if f"{arch}.rope.dimension_sections" in meta:
         raise ModelFormatError(f"GGUF metadata '{arch}.rope.dimension_sections': M-RoPE (a GLM-4.xV vision model's "
                                "text part) is not supported")

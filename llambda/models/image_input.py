@@ -18,11 +18,15 @@ import numpy as np
 from ..errors import ContextOverflowError, InvalidInputError, ModelFormatError
 from ..sampling import _is_int
 from . import lfm2vl_images
-from .images import (FAMILIES, GRID_FAMILIES, INTERNVL, LFM2VL, MAX_CROPS_A_CALL, PIXTRAL, QWEN3VL,
-                     SIZED_FAMILIES, EncodedRows, check_bytes, check_prompt, image_block, image_tokens, run_lengths,
-                     tower_crops, tower_rows)
+from .glm4v_tokens import glm4v_tokens
+from .images import (FAMILIES, GLM4V, GRID_FAMILIES, INTERNVL, LFM2VL, LLAVA, LLAVA_NEXT, MAX_CROPS_A_CALL, PIXTRAL,
+                     QWEN3VL, SIZED_FAMILIES, EncodedRows, check_bytes, check_prompt, image_block, image_tokens,
+                     run_lengths, tower_crops, tower_rows)
 from .internvl_tokens import internvl_tokens
+from .llava_images import llava_tokens
 from .pixtral_tokens import pixtral_tokens
+
+FIXED_SIZE = ("gemma3", LLAVA)     # families whose images take the same tokens whatever their size
 
 
 class ImageInput:
@@ -80,6 +84,10 @@ class ImageInput:
             ids = pixtral_tokens(hf, m.tokenizer, cfg.vocab_size)
         elif family == INTERNVL:
             ids = internvl_tokens(hf, m.tokenizer, cfg.vocab_size)
+        elif family == GLM4V:
+            ids = glm4v_tokens(hf, m.tokenizer, cfg.vocab_size)
+        elif family in (LLAVA, LLAVA_NEXT):
+            ids = llava_tokens(hf, m.tokenizer, cfg.vocab_size, family)
         else:
             ids = (lfm2vl_images.lfm2vl_tokens if family == LFM2VL else image_tokens)(hf, m.tokenizer, cfg.vocab_size,
                                                                                      family)
@@ -87,9 +95,11 @@ class ImageInput:
             raise InvalidInputError(f"{m.name!r} names no image tokens of {family}'s (" + (
                 "no boi/eoi_token_index in its config, no <start_of_image>/<end_of_image> in its vocabulary)"
                 if family == "gemma3" else "no image_token_id in its config, no <image> in its vocabulary)"
-                if family in ("idefics3", LFM2VL) else "no image_token_index in its config, no [IMG]/[IMG_BREAK]/"
-                "[IMG_END] in its vocabulary)" if family == PIXTRAL else "no image_token_id in its config, no "
-                "<img>/<IMG_CONTEXT>/</img> in its vocabulary)" if family == INTERNVL else "no vision_start/image/"
+                if family in ("idefics3", LFM2VL, LLAVA, LLAVA_NEXT) else "no image_token_index in its config, no "
+                "[IMG]/[IMG_BREAK]/[IMG_END] in its vocabulary)" if family == PIXTRAL else "no image_token_id in its "
+                "config, no <img>/<IMG_CONTEXT>/</img> in its vocabulary)" if family == INTERNVL else "no image_start/"
+                "image/image_end token ids in its config, no <|begin_of_image|>/<|image|>/<|end_of_image|> in its "
+                "vocabulary)" if family == GLM4V else "no vision_start/image/"
                 "vision_end token ids in its config, no <|vision_start|>/<|image_pad|>/<|vision_end|> in its vocabulary)"))
         if family == LFM2VL:
             ids = lfm2vl_images.for_tower(ids, tower)
@@ -177,11 +187,12 @@ class ImageInput:
 
     def grids(self, images) -> list[tuple[int, int]]:
         """Each image's crop or token grid (rows, cols; (0, 0): the whole image alone), from its header's size
-        (after EXIF orientation); Gemma 3's are all (0, 0), its images' count is enough."""
+        (after EXIF orientation); Gemma 3's and LLaVA's are all (0, 0), their images' count is enough (LLaVA's
+        files' headers are still checked here when given)."""
         family = self.layout.family if self.layout is not None else None
         if _is_int(images):
             self.check_count(int(images))
-            if int(images) and family != "gemma3":
+            if int(images) and family not in FIXED_SIZE:
                 raise InvalidInputError(f"a {family} prompt's length depends on its images' sizes: "
                                         "give image_ids the images' bytes, not their count")
             return [(0, 0)] * int(images)
@@ -276,18 +287,27 @@ class ImageInput:
     def _encode_grids(self, files: dict, grids: list) -> list[tuple]:
         """Qwen2-VL's images: each its own patches (tower.pixels: [patches, C*T*P*P]), its grid (`grids`: tower.grid
         of its size), its rows (tower.encode_one of both: [gh * gw, width], in prompt order), one causal block an
-        image, its grid on it (M-RoPE); one image at a time decoded, patched and encoded."""
+        image, its grid on it (M-RoPE); one image at a time decoded, patched and encoded. LLaVA-NeXT's: its rows from
+        the decoded image (tower.encode_image: layout.count(grid) of them), one causal block, no grid on it."""
         load_image, tower = self._decoder(), self._tower_now()
         m = self.model
+        sized = self.layout.family == LLAVA_NEXT        # its rows from the image itself (tower.encode_image)
         for gh, gw in grids:    # the memory plan counts the largest image the context holds (workspace_bytes)
-            if gh * gw >= m.n_ctx:
-                raise ContextOverflowError(f"an image of {gh} x {gw} = {gh * gw} tokens does not fit the context of "
+            n = self.layout.count(gh, gw, int(tower.tokens_per_image)) if sized else gh * gw
+            if n >= m.n_ctx:
+                raise ContextOverflowError(f"an image of {gh} x {gw} ({n} tokens) does not fit the context of "
                                            f"{m.n_ctx} (prompt plus at least one new token)")
         out = []
         for (key, data), (gh, gw) in zip(files.items(), grids):
             image = load_image(data)
             with self._holding(tower):
                 width = m.transformer.image_width       # Qwen3-VL: the DeepStack levels' columns after the embeddings'
+                if sized:
+                    n = self.layout.count(gh, gw, int(tower.tokens_per_image))
+                    blocks = (image_block(0, tower_rows([tower.encode_image(image)], 1, n, width)[0], causal=True),)
+                    self.encoded.put(key, blocks)
+                    out.append(blocks)
+                    continue
                 px = tower.pixels(image)
                 del image
                 try:

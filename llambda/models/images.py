@@ -24,6 +24,8 @@ The families' layouts (the tower says which: `tower.family`):
   - Qwen3-VL: Qwen2-VL's layout and positions (transformers' Qwen3VLModel.get_rope_index for images); its rows
     are wider (DeepStack: the embeddings, then each level's d columns, which Transformer.forward adds after
     the decoder layer of that level), and the block's digest covers every column.
+  - GLM-4.1V / GLM-4.6V: Qwen2-VL's layout and positions with `<|begin_of_image|>`, `<|image|>` x N,
+    `<|end_of_image|>` (models/glm4v_tokens.py).
   - InternVL (`InternVLTokens`, models/internvl_tokens.py): `<img>`, the soft tokens of every tile, `</img>`;
     a block per tile, causal attention.
 The soft tokens' embeddings are the tower's rows, written over the text embedding (after its scale: the rows
@@ -54,9 +56,12 @@ GEMMA3, IDEFICS3, QWEN2VL, QWEN25VL, QWEN3VL = "gemma3", "idefics3", "qwen2_vl",
 PIXTRAL = "pixtral"             # Mistral 3's tower: its layout is models/pixtral_tokens
 LFM2VL = "lfm2_vl"               # its layout and encoding: models/lfm2vl_images.py
 INTERNVL = "internvl"           # its layout: models/internvl_tokens.py
-FAMILIES = (GEMMA3, IDEFICS3, QWEN2VL, QWEN25VL, QWEN3VL, PIXTRAL, LFM2VL, INTERNVL)
-GRID_FAMILIES = (QWEN2VL, QWEN25VL, QWEN3VL)     # an image's tokens and RoPE positions follow its merged grid
-SIZED_FAMILIES = GRID_FAMILIES + (PIXTRAL,)     # an image's token count follows its size (tower.grid, encode_one)
+LLAVA, LLAVA_NEXT = "llava", "llava_next"       # their layout: llava_images.py (image_input.py picks it)
+GLM4V = "glm4v"                 # Qwen2-VL's layout under GLM's token names: models/glm4v_tokens.py
+FAMILIES = (GEMMA3, IDEFICS3, QWEN2VL, QWEN25VL, QWEN3VL, PIXTRAL, LFM2VL, INTERNVL, LLAVA, LLAVA_NEXT, GLM4V)
+GRID_FAMILIES = (QWEN2VL, QWEN25VL, QWEN3VL, GLM4V)     # an image's tokens and RoPE positions follow its merged grid
+SIZED_FAMILIES = GRID_FAMILIES + (PIXTRAL, LLAVA_NEXT)   # an image's token count follows its size (tower.grid;
+                                                        # encode_one, LLaVA-NeXT's encode_image)
 DEFAULT_MAX_IMAGES = 8          # images one request may hold (Model.max_images; the server's bound too)
 ENCODED_ROWS_BYTES = 64 << 20   # the tower's rows kept for images sent again (EncodedRows): 24 of a 4B model's
 
@@ -209,7 +214,7 @@ def image_tokens(config: dict | None, tokenizer, vocab_size: int, family: str = 
     Idefics3: the config's image_token_id, else the vocabulary's `<image>` (llama.cpp's text GGUF of SmolVLM)."""
     if family == IDEFICS3:
         return _idefics_tokens(config, tokenizer, vocab_size)
-    if family in GRID_FAMILIES:
+    if family in GRID_FAMILIES and family != GLM4V:
         return _qwen_tokens(config, tokenizer, vocab_size, family)
     if family != GEMMA3:
         raise InvalidInputError(f"no image layout for the family {str(family)[:40]!r} ({', '.join(FAMILIES)})")

@@ -38,9 +38,23 @@ HF_LAYER_NAMES = {
 }
 
 
+def refuse_non_lm(hp: GGUFHParams) -> None:
+    """What llama.cpp's lfm2 files may say that is not the causal language model run here: bidirectional
+    attention (LFM2.5-Embedding's Lfm2BidirectionalModel) or a sliding window (LFM2.5-Audio's detokenizer);
+    each ran as a plain causal model before. (Their extra dense_2_out tensors are refused as unread.)"""
+    if not hp.flag("attention.causal", True):
+        raise ModelFormatError(f"GGUF metadata '{hp.arch}.attention.causal' = false: a bidirectional LFM2 (an "
+                               "embedding model) is not supported")
+    window = hp.int("attention.sliding_window", 0, "sliding_window")
+    if window and hp.arch == "lfm2":      # (llama.cpp's lfm2moe does not read the key)
+        raise ModelFormatError(f"GGUF metadata '{hp.arch}.attention.sliding_window' = {window}: LFM2 with windowed "
+                               "attention is not supported")
+
+
 def config_from_gguf(meta: dict) -> TransformerConfig:
     meta, kinds = gguf_layer_kinds(meta, "lfm2", "shortconv")
     hp = GGUFHParams(meta, "lfm2")
+    refuse_non_lm(hp)
     c = hp.common()
     return TransformerConfig(**c, rope_neox=True, qk_norm=True, layer_kinds=kinds or [],
                              conv_kernel=hp.int("shortconv.l_cache", limit="conv_kernel"))

@@ -20,6 +20,7 @@ from tokenizers import Tokenizer as Backend
 
 from ..errors import TokenizerError
 from ..formats.files import MAX_TOKENIZER_JSON_BYTES, read_json, read_small
+from .charsmap import check_charsmap
 from .library import library_error
 from .vocab import TokenType, Vocab
 
@@ -29,9 +30,6 @@ MAX_ID_GAP = 1 << 16
 # Text a normalizer's Replace or Prepend writes per match (real ones: "▁" or " "). Normalizing runs in the
 # library before any check of ours: Replace("a", 100k chars) took a 2000-char text to 23 GB.
 MAX_NORMALIZER_TEXT = 16
-# UTF-8 bytes a Precompiled normalizer (SentencePiece's charsmap) writes per match: the longest in
-# SentencePiece's NFKC maps is 33 (U+FDFA, an 18-char Arabic phrase); a hostile charsmap can map "a" to megabytes.
-MAX_CHARSMAP_REPLACEMENT = 64
 
 
 def _read_json(path: Path) -> dict:
@@ -61,24 +59,13 @@ def _component_spec(component) -> dict | None:
     return None if component is None else json.loads(component.__getstate__())
 
 
-def _charsmap_longest_replacement(tj: Path, charsmap) -> int:
-    """The longest text, in UTF-8 bytes, a precompiled_charsmap writes for one match. Its layout: a
-    little-endian u32 byte size of the trie, the trie, then a pool of NUL-ended replacements that the trie's
-    values point into (a match may point inside one, never past its NUL)."""
+def _check_precompiled(tj: Path, charsmap) -> None:
+    """Refuse a Precompiled normalizer's charsmap (base64) that charsmap.py refuses."""
     try:
         blob = base64.b64decode(charsmap, validate=True)
     except (binascii.Error, ValueError, TypeError):
         raise TokenizerError(f"{tj}: normalizer Precompiled: precompiled_charsmap is not base64") from None
-    trie_bytes = int.from_bytes(blob[:4], "little") // 4 * 4
-    return max(map(len, blob[4 + trie_bytes:].split(b"\0")))
-
-
-def check_charsmap(where, charsmap) -> None:
-    """Refuse a precompiled charsmap (base64) that writes more per match than SentencePiece's own do."""
-    longest = _charsmap_longest_replacement(where, charsmap)
-    if longest > MAX_CHARSMAP_REPLACEMENT:
-        raise TokenizerError(f"{where}: normalizer Precompiled writes up to {longest} bytes per match, more "
-                             f"than the {MAX_CHARSMAP_REPLACEMENT} allowed (a text would grow without bound)")
+    check_charsmap(f"{tj}: normalizer Precompiled", blob)
 
 
 def _check_normalizer_growth(tj: Path, spec) -> None:
@@ -86,7 +73,7 @@ def _check_normalizer_growth(tj: Path, spec) -> None:
     library before any check of ours, so one bad rule multiplies every text's size."""
     for norm in _component_types(spec):
         if norm.get("type") == "Precompiled":
-            check_charsmap(tj, norm.get("precompiled_charsmap"))
+            _check_precompiled(tj, norm.get("precompiled_charsmap"))
             continue
         text = norm.get("content") if norm.get("type") == "Replace" else norm.get("prepend")
         if isinstance(text, str) and len(text) > MAX_NORMALIZER_TEXT:

@@ -12,12 +12,11 @@ rerank prompt), every token type 0.
 """
 from __future__ import annotations
 
-import base64
-
 import numpy as np
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, processors
 
 from ..errors import TokenizerError
+from .charsmap import check_charsmap
 
 SPACE_MARK = "\u2581"
 
@@ -37,8 +36,7 @@ def build_unigram(vocab) -> Tokenizer:
     steps = []
     charsmap = vocab.extra.get("charsmap")
     if charsmap:
-        from .hf_dir import check_charsmap
-        check_charsmap("GGUF metadata", base64.b64encode(charsmap).decode())
+        check_charsmap("metadata 'tokenizer.ggml.precompiled_charsmap'", charsmap)
         try:
             steps.append(normalizers.Precompiled(charsmap))
         except Exception as e:                   # the library's own parse of the table

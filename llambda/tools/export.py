@@ -22,24 +22,25 @@ import math
 import os
 import shutil
 import sys
+import warnings
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-from ..errors import LlambdaError, ModelFormatError
+from ..errors import LlambdaError, LlambdaWarning, ModelFormatError
 from ..finite import negated_exp
 from ..formats.gguf_model import biases_from_tensors
 from ..formats.hf_dir import GLOBAL_NAMES, layer_names
 from ..formats.open import open_named
 from ..formats.quants import QType, TRAITS, quantize
-from ..formats.rope_rows import PERMUTED_GGUF_ARCHS, rope_permutation
+from ..formats.rope_rows import PERMUTED_GGUF_ARCHS, partial_rope_permutation, rope_permutation
 from ..formats.source import ModelSource
 from ..formats.weights import WeightTensor
 from ..models import arch_module
 from ..models.config import MAMBA2_KINDS, TransformerConfig
-from .quant_mix import FILE_TYPE_IDS, file_type, tensor_types
+from .quant_mix import FILE_TYPE_IDS, fallback_note, file_type, tensor_types
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ FAMILIES = {
     "olmo2": Family("olmo2", "Olmo2ForCausalLM", "olmo2"),
     # hybrids: GGUF only (write_hf refuses them)
     "lfm2": Family("lfm2", "Lfm2ForCausalLM", "lfm2"),
+    "lfm2moe": Family("lfm2_moe", "Lfm2MoeForCausalLM", "lfm2moe"),
     "qwen3next": Family("qwen3_next", "Qwen3NextForCausalLM", "qwen3next"),
     "granitehybrid": Family("granitemoehybrid", "GraniteMoeHybridForCausalLM", "granitehybrid"),
     "falcon_h1": Family("falcon_h1", "FalconH1ForCausalLM", "falcon-h1"),     # its multipliers folded in
@@ -83,6 +85,8 @@ FAMILIES = {
     # GLM: GGUF only (write_hf refuses them: HF's own norm names and fused gate_up are not written)
     "glm4": Family("glm4", "Glm4ForCausalLM", "glm4"),
     "glm4moe": Family("glm4_moe", "Glm4MoeForCausalLM", "glm4moe"),
+    # GLM-4.1V / GLM-4.6V's text model: llama.cpp's glm4 with rope.dimension_sections, q/k rows half-split
+    "glm4v": Family("glm4v", "Glm4vForConditionalGeneration", "glm4"),
     # Gemma 3n's text decoder: GGUF only as well (models/gemma3n.py)
     "gemma3n": Family("gemma3n_text", "Gemma3nForCausalLM", "gemma3n"),
     # ERNIE 4.5: GGUF only (its HF files keep q/k rows in adjacent pairs; the MoE's names and keys are its own)
@@ -112,6 +116,8 @@ FAMILIES = {
     "internlm3": Family("internlm3", "LlamaForCausalLM", "llama"),     # as llama.cpp's converter writes it
     "mamba2": Family("mamba2", "Mamba2ForCausalLM", "mamba2"),     # state-space models: GGUF only
     "mamba": Family("mamba", "MambaForCausalLM", "mamba"),         # FalconMamba too (its GGUF is llama.cpp's mamba)
+    "jamba": Family("jamba", "JambaForCausalLM", "jamba"),         # a hybrid: GGUF only
+    "bamba": Family("bamba", "BambaForCausalLM", "granitehybrid"),  # as llama.cpp's converter writes it
     # learned position tables (GPT-2, StarCoder 1) and Falcon's fused qkv: LayerNorms, GGUF only
     "gpt2": Family("gpt2", "GPT2LMHeadModel", "gpt2"),
     "gpt_bigcode": Family("gpt_bigcode", "GPTBigCodeForCausalLM", "starcoder"),
@@ -129,6 +135,7 @@ _LAYER_LEAVES = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_ou
                  # hybrid layers' (LFM2's short convolution, Qwen3-Next's delta net)
                  "shortconv.in_proj", "shortconv.conv", "shortconv.out_proj", "ssm_in", "attn_gate", "ssm_ba",
                  "ssm_conv1d", "ssm_a", "ssm_a_log", "ssm_dt", "ssm_d", "ssm_norm", "ssm_out", "ssm_x",
+                 "ssm_dt_norm", "ssm_b_norm", "ssm_c_norm",      # Jamba's weighted dt/B/C norms
                  # latent attention's (DeepSeek), and its router's choice bias
                  "attn_q_a", "attn_q_a_norm", "attn_q_b", "attn_kv_a_mqa", "attn_kv_a_norm", "attn_kv_b", "exp_probs_b",
                  # Gemma 3n's per-layer input, AltUp and LAuReL
@@ -232,12 +239,16 @@ def _layout_tensors(src: ModelSource, to_interleaved: bool | None) -> dict[str, 
     tensors = source_tensors(src)
     if to_interleaved is None or to_interleaved == (not cfg.rope_neox):
         return tensors
-    if cfg.rope_dim != cfg.head_dim or cfg.qk_norm:
-        raise ModelFormatError("cannot convert the q/k RoPE layout of a partial-rotary or q/k-norm model")
+    if cfg.qk_norm:
+        raise ModelFormatError("cannot convert the q/k RoPE layout of a q/k-norm model")
     if any(n.endswith("attn_qkv.weight") for n in tensors):
         raise ModelFormatError("cannot convert the RoPE layout of fused qkv tensors")
-    perm = {"attn_q": rope_permutation(cfg.n_heads, cfg.head_dim, to_interleaved),
-            "attn_k": rope_permutation(cfg.n_kv_heads, cfg.head_dim, to_interleaved)}
+    if cfg.rope_dim != cfg.head_dim:      # (Bamba's half-rotary heads) only the rotated rows move
+        perm = {"attn_q": partial_rope_permutation(cfg.n_heads, cfg.head_dim, cfg.rope_dim, to_interleaved),
+                "attn_k": partial_rope_permutation(cfg.n_kv_heads, cfg.head_dim, cfg.rope_dim, to_interleaved)}
+    else:
+        perm = {"attn_q": rope_permutation(cfg.n_heads, cfg.head_dim, to_interleaved),
+                "attn_k": rope_permutation(cfg.n_kv_heads, cfg.head_dim, to_interleaved)}
     for name, t in tensors.items():
         leaf = name.split(".")[2] if name.startswith("blk.") else ""
         if leaf in perm:
@@ -300,7 +311,7 @@ _CHECKED = ("vocab_size", "n_layers", "d_model", "n_heads", "n_kv_heads", "head_
             "moe_scale", "moe_layers", "rope_sections", "rope_interleaved", "deepstack_levels", "norm_kind", "norm_bias",
             "qk_norm_heads", "parallel_block", "ffn_gated", "ffn_bias", "parallel_ffn_norm", "output_bias",
             "attn_temp_scale", "attn_temp_length", "mamba_norm",
-            "mamba_conv_bias", "ssm_inner", "ssm_dt_rank")
+            "mamba_conv_bias", "ssm_inner", "ssm_dt_rank", "ssm_dt_b_c_norms")
 
 
 def _check_same(a: TransformerConfig, b: TransformerConfig, what: str, a_factors=None, b_factors=None) -> None:
@@ -678,7 +689,8 @@ def write_gguf_file(src: ModelSource, out: Path, qtype: str | None = None, pure:
     arch = fam.gguf_arch
     # `quantize IN OUT ""` once wrote the source's types and reported success: "" is no type
     ftype = file_type(qtype, pure) if qtype is not None else None
-    same_layout = arch in SAME_ROPE_LAYOUT_ARCHS
+    # (glm4 with M-RoPE sections, GLM-4.1V's: llama.cpp's M-RoPE turns half-split rows, its converter permutes them)
+    same_layout = arch in SAME_ROPE_LAYOUT_ARCHS and not cfg.rope_sections
     tensors = _mla_tensors(cfg, _hybrid_tensors(cfg, _layout_tensors(src, to_interleaved=None if same_layout else
                                                                      arch in PERMUTED_GGUF_ARCHS)))
     meta = gguf_metadata(cfg, arch, src.name or src.path.stem)
@@ -707,10 +719,10 @@ def write_gguf_file(src: ModelSource, out: Path, qtype: str | None = None, pure:
 
     shift_by = cfg.norm_offset          # GGUF norms hold the weights as applied
     renamed = getattr(arch_module(arch), "GGUF_NAMES", {})
-    chosen = {}
+    chosen, fallbacks, targets = {}, {}, {}
     if ftype is not None:
         chosen = tensor_types(ftype, {n: t.shape for n, t in tensors.items()}, cfg.n_layers,
-                              cfg.n_heads // max(1, cfg.n_kv_heads), n_experts=cfg.n_experts)
+                              cfg.n_heads // max(1, cfg.n_kv_heads), n_experts=cfg.n_experts, fallbacks=fallbacks)
         if ftype.name in FILE_TYPE_IDS:       # llama.cpp's id; a pure K-quant file has none of its own
             meta["general.file_type"] = FILE_TYPE_IDS[ftype.name]
     items = []
@@ -718,7 +730,7 @@ def write_gguf_file(src: ModelSource, out: Path, qtype: str | None = None, pure:
     with tqdm(total=sum(t.data.size for t in tensors.values()), desc="quantize" if ftype else "convert", unit="B",
               unit_scale=True, unit_divisor=1024, disable=not show, file=sys.stderr, leave=True) as bar:
         for name, t in tensors.items():
-            target = _target_type(t, chosen.get(name), "gguf", name)
+            target = targets[name] = _target_type(t, chosen.get(name), "gguf", name)
             bar.set_postfix_str(f"{name} -> {target.name}", refresh=False)
             o = _convert(name, t, target, shift_by if _is_norm(name) else 0.0)
             if name.startswith("blk.") and name.split(".", 2)[2] in renamed:
@@ -730,6 +742,10 @@ def write_gguf_file(src: ModelSource, out: Path, qtype: str | None = None, pure:
                 o.shape = (t.rows * t.cols,)      # llama.cpp's shape: one vector of d_model
             items.append((name, o.qtype, o.raw, tuple(o.shape)))
             bar.update(t.data.size)
+    note = fallback_note({n: fb for n, fb in fallbacks.items() if targets.get(n) == fb[1]}, f"quantize to {ftype.name}"
+                         if ftype is not None else "")
+    if note:
+        warnings.warn(note, LlambdaWarning, stacklevel=3)
     if any(q not in (QType.F32, QType.F16, QType.BF16) for _, q, _, _ in items):
         meta["general.quantization_version"] = 2
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -24,8 +24,10 @@ def describe(src: ModelSource, n_ctx: int | None = None, kv_type: str = "f32") -
         experts = sum(int(np.prod(src.tensor(n).shape)) for n in src.tensor_names if is_expert_tensor(n))
         active = params - experts + experts * cfg.n_experts_used // cfg.n_experts
     ctx = n_ctx or min(cfg.n_ctx_train, 4096)
-    attends = bool(cfg.cache_layers())      # a state-space model (Mamba) keeps no keys or values
-    kv = int(2 * cfg.n_layers * ctx * kv_value_bytes(kv_type, cfg.kv_dim)) if attends else 0   # one sequence
+    # only the layers that keep keys and values: none in a state-space model (Mamba), a hybrid's attention layers
+    kept = len(cfg.cache_layers())
+    attends = bool(kept)
+    kv = int(2 * kept * ctx * kv_value_bytes(kv_type, cfg.kv_dim))   # one sequence
     return {
         "name": src.name, "path": str(src.path), "format": src.format, "architecture": cfg.arch,
         "parameters": params, "active_parameters": active, "layers": cfg.n_layers, "d_model": cfg.d_model,

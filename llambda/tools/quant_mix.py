@@ -15,8 +15,9 @@ for models without an importance matrix:
 - a model of exactly 8 experts (Mixtral) has attn_v and attn_k in Q8_0 and attn_output in Q5_K
   (Q2_K to Q4_K_M, IQ4) or the default (Q3_K_L, Q5_K_*);
 - a matrix whose rows do not split into 256-value blocks falls back to a 32-block type
-  (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, Q2_K/Q3_K -> Q4_0, IQ4_XS -> IQ4_NL), and to F16
-  when not even those fit.
+  (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, Q2_K/Q3_K -> Q4_0, IQ4_XS -> IQ4_NL: llama-quant.cpp's
+  tensor_type_fallback; older llama.cpp gave Q2_K/Q3_K IQ4_NL), and to F16 when not even those fit;
+  `fallback_note` says how many took which, once.
 Norms, biases and other 1-D tensors stay F32.
 """
 from __future__ import annotations
@@ -119,7 +120,8 @@ PURE_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2
               Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4)
 FLOATS = (Q.F32, Q.F16, Q.BF16)
 
-# A 256-block type on rows that do not split into 256 values: llama.cpp's 32-block stand-in.
+# A 256-block type on rows that do not split into 256 values: llama.cpp's 32-block stand-in (llama-quant.cpp's
+# tensor_type_fallback).
 FALLBACK = {Q.Q2_K: Q.Q4_0, Q.Q3_K: Q.Q4_0, Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0,
             Q.IQ4_XS: Q.IQ4_NL}
 
@@ -168,10 +170,26 @@ def _fall_back(qtype: QType, cols: int) -> QType:
     return qtype if fits(qtype, cols) else Q.F16
 
 
+def fallback_note(fallbacks: dict[str, tuple], what: str) -> str | None:
+    """One line saying which matrices did not get the type asked for (name -> (wanted, got), got None: left in
+    its own type) and why, by count; None when every matrix got its type."""
+    if not fallbacks:
+        return None
+    counts: dict[tuple, int] = {}
+    for wanted, got in fallbacks.values():
+        counts[(wanted, got)] = counts.get((wanted, got), 0) + 1
+    blocks = "/".join(str(b) for b in sorted({TRAITS[w].block_size for w, _ in counts}))
+    order = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0][0].name, kv[0][1].name if kv[0][1] else ""))
+    parts = [f"{n} {w.name} -> {g.name if g is not None else 'left as they are'}" for (w, g), n in order]
+    return (f"{what}: {len(fallbacks)} matrices whose rows do not split into their type's {blocks}-value blocks "
+            f"took llama.cpp's fallback type: {', '.join(parts)}")
+
+
 def tensor_types(ftype: FileType, shapes: dict[str, tuple], n_layers: int, n_gqa: int,
-                 n_experts: int = 0) -> dict[str, QType]:
+                 n_experts: int = 0, fallbacks: dict | None = None) -> dict[str, QType]:
     """The type of each tensor in `shapes` (name -> shape, rows first as in WeightTensor) under `ftype`, for
-    a model of `n_experts` experts (0: dense). 1-D tensors and norms stay F32."""
+    a model of `n_experts` experts (0: dense). 1-D tensors and norms stay F32. `fallbacks` (a dict) is given
+    name -> (wanted, got) of each matrix whose rows took a fallback type."""
     tied = "output.weight" not in shapes
     out = {}
     for name, shape in shapes.items():
@@ -192,4 +210,6 @@ def tensor_types(ftype: FileType, shapes: dict[str, tuple], n_layers: int, n_gqa
                 if n_experts == 8:
                     want = _eight_experts(ftype, kind, want)
         out[name] = _fall_back(want, cols)
+        if fallbacks is not None and out[name] != want:
+            fallbacks[name] = (want, out[name])
     return out

@@ -31,6 +31,25 @@ PROJECTORS = ("gemma3", "idefics3")
 RESAMPLE_FILTERS = (0, 1, 2, 3, 4, 5)      # Pillow's (and transformers' PILImageResampling's) filter numbers
 
 
+def field_readers(fields: dict, names: dict | None, source: str):
+    """(what, integer) over a layout's `fields`: what(key), the field as its file names it (for messages);
+    integer(key, lo, hi, default=None), its value: an integer in lo..hi, else a ModelFormatError naming it."""
+    names = names or {}
+
+    def what(key: str) -> str:
+        return f"{source}: {names.get(key, key)}" if source else names.get(key, key)
+
+    def integer(key: str, lo: int, hi: int, default=None) -> int:
+        v = fields.get(key, default)
+        if v is None:
+            raise ModelFormatError(f"{what(key)} is missing")
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            shown = repr(v) if isinstance(v, (int, float, str)) else type(v).__name__
+            raise ModelFormatError(f"{what(key)} must be an integer in {lo}..{hi}, got {shown[:40]}")
+        return v
+    return what, integer
+
+
 def number_triple(v, positive: bool, what: str) -> tuple:
     """3 finite floats (a mean or std per channel; one number: the same for all 3), or ModelFormatError."""
     if hasattr(v, "tolist"):
@@ -46,13 +65,8 @@ def number_triple(v, positive: bool, what: str) -> tuple:
 
 
 @dataclass
-class VisionConfig:
-    """SigLIP's encoder, the projector (Gemma 3's pooling one, Idefics3's pixel-shuffle connector) and the image
-    processor's settings (HF names).
-
-    Idefics3 (projector "idefics3"): scale_factor is the pixel shuffle's (s x s patches -> one row of s*s*H);
-    longest_edge the processor's size["longest_edge"]; the crops are image_size square (its max_image_size,
-    which must be the tower's); do_image_splitting and resample (a Pillow filter number) as its processor says."""
+class PatchGrid:
+    """A square ViT's sizes (HF names) and what they derive."""
     hidden_size: int
     intermediate_size: int
     num_hidden_layers: int
@@ -60,6 +74,28 @@ class VisionConfig:
     image_size: int
     patch_size: int
     layer_norm_eps: float
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def patches_per_side(self) -> int:
+        return self.image_size // self.patch_size
+
+    @property
+    def n_patches(self) -> int:
+        return self.patches_per_side ** 2
+
+
+@dataclass
+class VisionConfig(PatchGrid):
+    """SigLIP's encoder, the projector (Gemma 3's pooling one, Idefics3's pixel-shuffle connector) and the image
+    processor's settings (HF names).
+
+    Idefics3 (projector "idefics3"): scale_factor is the pixel shuffle's (s x s patches -> one row of s*s*H);
+    longest_edge the processor's size["longest_edge"]; the crops are image_size square (its max_image_size,
+    which must be the tower's); do_image_splitting and resample (a Pillow filter number) as its processor says."""
     mm_tokens_per_image: int
     text_hidden_size: int
     num_channels: int = 3
@@ -73,18 +109,6 @@ class VisionConfig:
     image_std: tuple = (0.5, 0.5, 0.5)
     rescale_factor: float = 1 / 255
     source: str = ""               # what the fields were read from, for messages
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
-    @property
-    def patches_per_side(self) -> int:
-        return self.image_size // self.patch_size
-
-    @property
-    def n_patches(self) -> int:
-        return self.patches_per_side ** 2
 
     @property
     def tokens_per_side(self) -> int:

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from ..errors import ModelFormatError
+from ..formats.gguf import GGUFValueType as VT
+from ..formats.gguf_writer import GGUFValue
 from ..formats.weights import WeightTensor
 from .config import VisionConfig
 
@@ -281,11 +283,28 @@ def ollama_fields(meta: dict, lookup, source: str) -> dict:
     return fields    # mean and std: Ollama's gemma3 uses 0.5 (its ImageNetStandard), VisionConfig's default
 
 
-def gguf_lookup(gguf_file, which: int):
-    infos = gguf_file.tensors
+def vit_keys(c, block_count: int) -> dict:
+    """The `clip.vision.*` keys of a square ViT's sizes, eps, mean and std (`c`: its config)."""
+    return {
+        "clip.vision.projection_dim": GGUFValue(VT.UINT32, c.text_hidden_size),
+        "clip.vision.image_size": GGUFValue(VT.UINT32, c.image_size),
+        "clip.vision.patch_size": GGUFValue(VT.UINT32, c.patch_size),
+        "clip.vision.embedding_length": GGUFValue(VT.UINT32, c.hidden_size),
+        "clip.vision.feed_forward_length": GGUFValue(VT.UINT32, c.intermediate_size),
+        "clip.vision.block_count": GGUFValue(VT.UINT32, block_count),
+        "clip.vision.attention.head_count": GGUFValue(VT.UINT32, c.num_attention_heads),
+        "clip.vision.attention.layer_norm_epsilon": GGUFValue(VT.FLOAT32, c.layer_norm_eps),
+        "clip.vision.image_mean": GGUFValue((VT.ARRAY, VT.FLOAT32), list(c.image_mean)),
+        "clip.vision.image_std": GGUFValue((VT.ARRAY, VT.FLOAT32), list(c.image_std)),
+    }
+
+
+def gguf_lookup(gguf_file, which, name_of=None):
+    """A canonical-name lookup over a GGUF's tensors, each named by name_of(canon, which) (gguf_name by default)."""
+    infos, name_of = gguf_file.tensors, name_of or gguf_name
 
     def lookup(canon: str):
-        name = gguf_name(canon, which)
+        name = name_of(canon, which)
         t = infos.get(name) if name else None
         if t is None:
             return None

@@ -17,8 +17,9 @@ from .config import VisionConfig
 from .layouts import (HF_NAMES, IDEFICS3_TYPES, LLAMA_CPP, MMPROJ_NAMES, OLLAMA, OLLAMA_NAMES, Layout,
                       check_processor_size, gguf_lookup, has_ollama_tower, hf_fields, hf_lookup, idefics3_hf_fields,
                       image_processor_settings, mmproj_fields, ollama_fields)
+from . import glm4v_layouts, glm4v_mmproj
 from . import internvl_layouts, internvl_mmproj
-from . import lfm2vl_layouts, lfm2vl_mmproj
+from . import lfm2vl_layouts, lfm2vl_mmproj, llava_layouts
 from . import pixtral_layouts, pixtral_mmproj, pixtral_ollama
 from . import qwen2vl_layouts as qwen_layouts
 from . import qwen3vl_ollama as qwen3_ollama
@@ -69,14 +70,18 @@ def open_layout(path: Path) -> Layout | None:
             return _qwen_hf_layout(path, cfg, src)
         if kind in lfm2vl_layouts.HF_TYPES:
             return lfm2vl_layouts.hf_layout(path, cfg, src, read_json)
+        if kind in glm4v_layouts.HF_TYPES:
+            return _glm4v_hf_layout(path, cfg, src)
         if pixtral_layouts.reads(cfg):         # Mistral 3's, or Pixtral-12B's LLaVA (before a LLaVA branch)
             return pixtral_layouts.hf_layout(path, cfg, src)
         if kind in internvl_layouts.HF_TYPES or kind in internvl_layouts.CHAT_TYPES:
             return _internvl_hf_layout(path, cfg, src)
+        if kind in llava_layouts.HF_TYPES:
+            return llava_layouts.hf_layout(path, cfg, src)
         if kind != "gemma3" and kind not in IDEFICS3_TYPES:
             warnings.warn(f"{path}: its vision tower ({str(kind)[:40]!r}) is not supported (Gemma 3's, Idefics3's, "
-                          "Qwen2(.5)-VL's, Qwen3-VL's, LFM2-VL's, Mistral 3's and Pixtral's, InternVL's only): the "
-                          "model reads no images",
+                          "Qwen2(.5)-VL's, Qwen3-VL's, LFM2-VL's, Mistral 3's and Pixtral's, InternVL's, LLaVA's, "
+                          "GLM-4.1V's only): the model reads no images",
                           LlambdaWarning, stacklevel=3)
             return None
         pre, seq_len = image_processor_settings(path, read_json)
@@ -99,6 +104,8 @@ def open_layout(path: Path) -> Layout | None:
                                                 qwen_layouts.MMPROJ_KEYS, src)
             return Layout(vcfg, qwen_layouts.mmproj_lookup(f, deepstack=vcfg.deepstack_visual_indexes), 0.0, "mmproj",
                           [f.close])
+        if arch == "clip" and meta.get("clip.projector_type") == llava_layouts.MMPROJ_TYPE:
+            return llava_layouts.mmproj_layout(f, src)
         if arch == "clip" and meta.get("clip.projector_type") == lfm2vl_mmproj.MMPROJ_TYPE:
             fields = lfm2vl_mmproj.mmproj_fields(meta, src)
             find = lfm2vl_mmproj.mmproj_lookup(f, fields, src)
@@ -111,6 +118,11 @@ def open_layout(path: Path) -> Layout | None:
             _check_all_named(f.tensors, [*map(pixtral_mmproj.gguf_name, pixtral_mmproj.canonical_names(vcfg)),
                                          pixtral_mmproj.IMG_BREAK_ROW], src)
             return Layout(vcfg, pixtral_mmproj.lookup(f, vcfg), 0.0, "mmproj", [f.close])
+        if arch == "clip" and meta.get("clip.projector_type") == glm4v_mmproj.MMPROJ_TYPE:
+            from .glm4v_config import Glm4vVisionConfig
+            vcfg = Glm4vVisionConfig.from_fields(glm4v_mmproj.mmproj_fields(meta, f.tensors, src), glm4v_mmproj.KEYS,
+                                                 src)
+            return Layout(vcfg, glm4v_mmproj.lookup(f), 0.0, "mmproj", [f.close])
         if arch == "clip" and meta.get("clip.projector_type") == internvl_mmproj.PROJECTOR_TYPE:
             from .internvl_config import InternVLConfig
             vcfg = InternVLConfig.from_fields(internvl_mmproj.mmproj_fields(meta, f.tensors, src), internvl_mmproj.KEYS,
@@ -157,6 +169,13 @@ def _qwen_hf_layout(path: Path, cfg: dict, src: str) -> Layout:
     return _safetensors_layout(path, vcfg, qwen_layouts.hf_lookup, src)
 
 
+def _glm4v_hf_layout(path: Path, cfg: dict, src: str) -> Layout:
+    from .glm4v_config import Glm4vVisionConfig
+    pre, _ = image_processor_settings(path, read_json)
+    vcfg = Glm4vVisionConfig.from_fields(glm4v_layouts.hf_fields(cfg, pre, src), glm4v_layouts.HF_NAMES, src)
+    return _safetensors_layout(path, vcfg, glm4v_layouts.hf_lookup, src)
+
+
 def _safetensors_layout(path: Path, vcfg, make_lookup, src: str) -> Layout:
     """The Layout of a HF directory's tower: its safetensors open, `make_lookup(tensors, src)` over them."""
     from ..formats.safetensors import open_safetensors_dir
@@ -194,6 +213,9 @@ def load_vision(source, backend=None, threads: int | None = None, activations: s
         be = _backend(backend, threads, activations)
         if isinstance(layout.cfg, Lfm2VlVisionConfig):
             return Lfm2VlTower(layout.cfg, layout.lookup, be, name=str(path))
+        if layout.cfg.projector == "glm4v":
+            from .glm4v import Glm4vTower
+            return Glm4vTower(layout.cfg, layout.lookup, be, name=str(path))
         if layout.cfg.projector == "pixtral":
             from .pixtral_tower import PixtralTower
             return PixtralTower(layout.cfg, layout.lookup, be, name=str(path))

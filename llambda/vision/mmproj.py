@@ -1,7 +1,7 @@
 """Writing a vision tower as llama.cpp's mmproj GGUF (general.architecture `clip`, projector type `gemma3` or
 `idefics3`; Qwen2-VL's `qwen2.5vl_merger` and `qwen2vl_merger` in qwen2vl_mmproj.py, Mistral 3's `pixtral` in
-pixtral_mmproj.py, InternVL's `internvl` in internvl_mmproj.py), the file llama.cpp's converter
-(convert_hf_to_gguf.py --mmproj) makes of a
+pixtral_mmproj.py, InternVL's `internvl` in internvl_mmproj.py, LLaVA's `mlp` in llava_mmproj.py, GLM-4.1V's
+`glm4v` in glm4v_mmproj.py), the file llama.cpp's converter (convert_hf_to_gguf.py --mmproj) makes of a
 Gemma3ForConditionalGeneration or an Idefics3ForConditionalGeneration: its `clip.*` keys, tensor names
 (layouts.gguf_name); Gemma 3's projector norm stored as 1 + w, its projection stored [vision_hidden,
 text_hidden] as HF holds it; Idefics3's connector `mm.model.fc.weight` [text_hidden, s*s*vision_hidden], its
@@ -23,10 +23,13 @@ from ..errors import InvalidInputError
 from ..formats.gguf import GGUFValueType as VT
 from ..formats.gguf_writer import GGUFValue, write_gguf
 from ..formats.quants import QType
-from .layouts import CONNECTOR, LLAMA_CPP, MMPROJ_DEFAULT_SCALE, MMPROJ_LONGEST_EDGE_KEY, MMPROJ_SCALE_KEY, gguf_name
+from .layouts import (CONNECTOR, LLAMA_CPP, MMPROJ_DEFAULT_SCALE, MMPROJ_LONGEST_EDGE_KEY, MMPROJ_SCALE_KEY, gguf_name,
+                      vit_keys)
+from .llava_mmproj import is_llava, llava_mmproj
 from .load import open_layout
 from .pixtral_mmproj import pixtral_mmproj
 from .qwen2vl_config import QWEN_FAMILIES
+from .glm4v_mmproj import glm4v_mmproj
 from .internvl_mmproj import internvl_mmproj
 from .lfm2vl_mmproj import lfm2vl_mmproj
 from .qwen2vl_mmproj import qwen_mmproj
@@ -71,8 +74,9 @@ def write_mmproj(source, out, qtype: str = "f32", name: str | None = None) -> Pa
             out = Path(os.fspath(out))
             write_gguf(out, meta, tensors)
             return out
-        if c.projector in QWEN_FAMILIES or c.projector in ("lfm2_vl", "internvl"):
-            write = {"lfm2_vl": lfm2vl_mmproj, "internvl": internvl_mmproj}.get(c.projector, qwen_mmproj)
+        if c.projector in QWEN_FAMILIES or c.projector in ("lfm2_vl", "internvl", "glm4v") or is_llava(layout):
+            write = {"lfm2_vl": lfm2vl_mmproj, "internvl": internvl_mmproj, "glm4v": glm4v_mmproj}.get(
+                c.projector, llava_mmproj if is_llava(layout) else qwen_mmproj)
             meta, tensors = write(layout, name or Path(source).name, TYPES[qtype], _type)
             out = Path(os.fspath(out))
             write_gguf(out, meta, tensors)
@@ -86,16 +90,7 @@ def write_mmproj(source, out, qtype: str = "f32", name: str | None = None) -> Pa
             "general.architecture": "clip", "general.type": "mmproj",
             "general.name": name or Path(source).name,
             "clip.projector_type": c.projector, "clip.has_vision_encoder": True, "clip.use_gelu": True,
-            "clip.vision.projection_dim": GGUFValue(VT.UINT32, c.text_hidden_size),
-            "clip.vision.image_size": GGUFValue(VT.UINT32, c.image_size),
-            "clip.vision.patch_size": GGUFValue(VT.UINT32, c.patch_size),
-            "clip.vision.embedding_length": GGUFValue(VT.UINT32, c.hidden_size),
-            "clip.vision.feed_forward_length": GGUFValue(VT.UINT32, c.intermediate_size),
-            "clip.vision.block_count": GGUFValue(VT.UINT32, c.num_hidden_layers),
-            "clip.vision.attention.head_count": GGUFValue(VT.UINT32, c.num_attention_heads),
-            "clip.vision.attention.layer_norm_epsilon": GGUFValue(VT.FLOAT32, c.layer_norm_eps),
-            "clip.vision.image_mean": GGUFValue((VT.ARRAY, VT.FLOAT32), list(c.image_mean)),
-            "clip.vision.image_std": GGUFValue((VT.ARRAY, VT.FLOAT32), list(c.image_std)),
+            **vit_keys(c, c.num_hidden_layers),
         }
         if c.projector == "idefics3":
             meta[MMPROJ_SCALE_KEY] = GGUFValue(VT.UINT32, c.scale_factor)

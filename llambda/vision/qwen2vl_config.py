@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..errors import ModelFormatError
 from ..finite import finite_as_float
-from .config import MAX_FFN, MAX_HEAD_DIM, MAX_HIDDEN, MAX_LAYERS, MAX_TEXT_HIDDEN, number_triple
+from .config import MAX_FFN, MAX_HEAD_DIM, MAX_HIDDEN, MAX_LAYERS, MAX_TEXT_HIDDEN, field_readers, number_triple
 
 QWEN_FAMILIES = ("qwen2_5_vl", "qwen2_vl", "qwen3_vl")
 ACTIVATIONS = {"qwen2_5_vl": "silu", "qwen2_vl": "quick_gelu", "qwen3_vl": "gelu_pytorch_tanh"}   # the blocks' MLP
@@ -41,8 +41,28 @@ def layer_list(v, depth: int, what: str, ordered: bool = False) -> tuple:
     return tuple(v) if ordered else tuple(sorted(v))
 
 
+class PatchGeometry:
+    """The sizes a Qwen-VL style tower's patches and merged cells have (its config's hidden_size,
+    num_attention_heads, patch_size, spatial_merge_size, num_channels, temporal_patch_size): GLM-4.1V's too."""
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def factor(self) -> int:
+        """The side, in pixels, of one merged cell: both sides of a resized image are multiples of it."""
+        return self.patch_size * self.spatial_merge_size
+
+    @property
+    def patch_values(self) -> int:
+        """The values of one flattened patch: C * T * P * P."""
+        return self.num_channels * self.temporal_patch_size * self.patch_size ** 2
+
+
+
 @dataclass
-class QwenVisionConfig:
+class QwenVisionConfig(PatchGeometry):
     """projector: "qwen2_5_vl" (RMSNorm, SwiGLU MLP, window attention except in fullatt_block_indexes),
     "qwen2_vl" (LayerNorm, quick-GELU MLP, full attention everywhere) or "qwen3_vl" (Qwen2-VL's blocks with a
     tanh-GELU MLP, a patch embedding with a bias, a learned num_position_embeddings grid (a square) resampled to
@@ -72,20 +92,6 @@ class QwenVisionConfig:
     source: str = ""
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
-    @property
-    def factor(self) -> int:
-        """The side, in pixels, of one merged cell: both sides of a resized image are multiples of it."""
-        return self.patch_size * self.spatial_merge_size
-
-    @property
-    def patch_values(self) -> int:
-        """The values of one flattened patch: C * T * P * P."""
-        return self.num_channels * self.temporal_patch_size * self.patch_size ** 2
-
-    @property
     def window_cells(self) -> int:
         """A window's side in merged cells (0: no windows)."""
         return self.window_size // self.factor if self.projector == "qwen2_5_vl" else 0
@@ -105,19 +111,7 @@ class QwenVisionConfig:
 
     @classmethod
     def from_fields(cls, fields: dict, names: dict | None = None, source: str = "") -> "QwenVisionConfig":
-        names = names or {}
-
-        def what(key: str) -> str:
-            return f"{source}: {names.get(key, key)}" if source else names.get(key, key)
-
-        def integer(key: str, lo: int, hi: int, default=None) -> int:
-            v = fields.get(key, default)
-            if v is None:
-                raise ModelFormatError(f"{what(key)} is missing")
-            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-                shown = repr(v) if isinstance(v, (int, float, str)) else type(v).__name__
-                raise ModelFormatError(f"{what(key)} must be an integer in {lo}..{hi}, got {shown[:40]}")
-            return v
+        what, integer = field_readers(fields, names, source)
 
         def triple(key: str, default, positive: bool) -> tuple:
             return number_triple(fields.get(key, default), positive, what(key))

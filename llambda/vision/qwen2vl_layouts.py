@@ -109,6 +109,16 @@ def hf_fields(cfg: dict, pre: dict | None, source: str) -> dict:
     if width != f["text_hidden_size"]:
         raise ModelFormatError(f"{source}: the vision merger's width {str(f['text_hidden_size'])[:20]} is not the text "
                                f"model's hidden_size {str(width)[:20]}")
+    pre = checked_processor(pre, f, source)
+    size = pre.get("size") if isinstance(pre.get("size"), dict) else {}
+    f["min_pixels"] = pre.get("min_pixels", size.get("shortest_edge", 56 * 56))
+    f["max_pixels"] = pre.get("max_pixels", size.get("longest_edge", 28 * 28 * 1280))
+    return rescale_normalize(pre, f, CLIP_MEAN, CLIP_STD)
+
+
+def checked_processor(pre, f: dict, source: str) -> dict:
+    """A Qwen-VL style preprocessor_config.json (None: {}): a bicubic resize, its patch, merge and temporal sizes
+    the tower's (`f`'s fields), else a ModelFormatError."""
     pre = {} if pre is None else pre
     if not isinstance(pre, dict):
         raise ModelFormatError(f"{source}: preprocessor_config.json must hold a JSON object")
@@ -119,11 +129,8 @@ def hf_fields(cfg: dict, pre: dict | None, source: str) -> dict:
                       ("temporal_patch_size", "temporal_patch_size")):
         if key in pre and pre[key] != f[ours]:
             raise ModelFormatError(f"{source}: preprocessor_config.json's {key} {str(pre[key])[:20]} is not the "
-                                   f"tower's {f[ours]}")
-    size = pre.get("size") if isinstance(pre.get("size"), dict) else {}
-    f["min_pixels"] = pre.get("min_pixels", size.get("shortest_edge", 56 * 56))
-    f["max_pixels"] = pre.get("max_pixels", size.get("longest_edge", 28 * 28 * 1280))
-    return rescale_normalize(pre, f, CLIP_MEAN, CLIP_STD)
+                                   f"tower's {str(f[ours])[:20]}")
+    return pre
 
 
 def hf_lookup(tensors: dict, source: str):

@@ -89,8 +89,19 @@ def qwen_mmproj(layout, name: str, want, type_of) -> tuple[dict, list]:
                      DEEPSTACK_KEY: GGUFValue((VT.ARRAY, VT.BOOL), [i in c.deepstack_visual_indexes
                                                                      for i in range(c.num_hidden_layers)])})
     # Qwen2-VL: neither clip.use_gelu nor clip.use_silu: llama.cpp's MLP is then its quick GELU
+    tensors = tower_tensors(layout, canonical_names(c), want, type_of,
+                            lambda canon: gguf_name(canon, deepstack=c.deepstack_visual_indexes),
+                            fused_qkv=c.projector == "qwen3_vl", float32=(POSITIONS,))
+    return meta, tensors
+
+
+def tower_tensors(layout, names: list, want, type_of, name_of, fused_qkv: bool = False, float32=()) -> list:
+    """(llama.cpp's name, type, float32 values) of each canonical tensor `names` of a Qwen-VL style tower (GLM-4.1V's
+    too): the Conv3d patch embedding as its two temporal slices v.patch_embd.weight(.1), each block's qkv split into
+    attn_q, attn_k, attn_v (`fused_qkv`: one attn_qkv), the others as name_of(canon) names them; type_of(canon,
+    values, want) picks a type, `float32` names the tensors kept float32."""
     tensors = []
-    for canon in canonical_names(c):
+    for canon in names:
         t = layout.lookup(canon)
         if t is None:
             raise InvalidInputError(f"the tower's tensor {canon!r} is missing")
@@ -99,12 +110,10 @@ def qwen_mmproj(layout, name: str, want, type_of) -> tuple[dict, list]:
             for k, suffix in enumerate(("", ".1")):
                 part = np.ascontiguousarray(v[:, :, k])
                 tensors.append(("v.patch_embd.weight" + suffix, type_of(canon, part, want), part))
-        elif ".attn.qkv." in canon:         # Qwen3-VL's as one attn_qkv, the others' split
+        elif ".attn.qkv." in canon:
             i, kind = int(canon.split(".")[1]), canon.rpartition(".")[2]
-            parts = [("qkv", v)] if c.projector == "qwen3_vl" else zip("qkv", np.split(v, 3))
-            for x, part in parts:
+            for x, part in ([("qkv", v)] if fused_qkv else zip("qkv", np.split(v, 3))):
                 tensors.append((f"v.blk.{i}.attn_{x}.{kind}", type_of(canon, part, want), part))
         else:
-            tensors.append((gguf_name(canon, deepstack=c.deepstack_visual_indexes),
-                            QType.F32 if canon == POSITIONS else type_of(canon, v, want), v))
-    return meta, tensors
+            tensors.append((name_of(canon), QType.F32 if canon in float32 else type_of(canon, v, want), v))
+    return tensors

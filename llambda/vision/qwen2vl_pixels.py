@@ -46,12 +46,12 @@ def patch_grid(width: int, height: int, cfg: QwenVisionConfig) -> tuple[int, int
     return h // cfg.patch_size, w // cfg.patch_size
 
 
-def patches(image, cfg: QwenVisionConfig) -> tuple[np.ndarray, tuple[int, int]]:
+def patches(image, cfg: QwenVisionConfig, grid_of=patch_grid) -> tuple[np.ndarray, tuple[int, int]]:
     """(float32 [rows * cols, C*T*P*P], (rows, cols)): the flattened patches of a PIL image (or image file bytes)
-    and its patch grid."""
+    and its patch grid (`grid_of(width, height, cfg)`: a family's own resize rule, GLM-4.1V's)."""
     Image, _ = pillow()
     rgb = rgb_image(image)
-    gh, gw = patch_grid(*rgb.size, cfg)
+    gh, gw = grid_of(*rgb.size, cfg)
     P, m, T = cfg.patch_size, cfg.spatial_merge_size, cfg.temporal_patch_size
     a = np.asarray(rgb.resize((gw * P, gh * P), resample=Image.Resampling.BICUBIC), np.uint8)
     x = normalize_pixels(a, cfg.rescale_factor, cfg.image_mean, cfg.image_std)      # [C, h', w']

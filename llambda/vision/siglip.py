@@ -66,9 +66,10 @@ def gelu_tanh(be, x: np.ndarray, ones: np.ndarray) -> None:
         be.gelu_mul(part, ones[:part.size], part)
 
 
-def run_layers(be, layers: list, eps: float, heads: int, starts: np.ndarray, x, h, qkv, ctx, up, ones) -> None:
+def run_layers(be, layers: list, eps: float, heads: int, starts: np.ndarray, x, h, qkv, ctx, up, ones,
+               activate=None) -> None:
     """x [P, H] through encoder_layers' layers in place (h, qkv, ctx, up: scratch of P rows); attention over each
-    sequence of `starts` both ways."""
+    sequence of `starts` both ways; the MLP's activation gelu_tanh, or activate(up) in place (CLIP's)."""
     for L in layers:
         be.add_layernorm(x, None, *L["ln1"], eps, h)
         be.dense(h, L["qkv"], qkv)
@@ -77,7 +78,10 @@ def run_layers(be, layers: list, eps: float, heads: int, starts: np.ndarray, x, 
         be.add(x, h, x)
         be.add_layernorm(x, None, *L["ln2"], eps, h)
         be.dense(h, L["fc1"], up)
-        gelu_tanh(be, up, ones)
+        if activate is None:
+            gelu_tanh(be, up, ones)
+        else:
+            activate(up)
         be.dense(up, L["fc2"], h)
         be.add(x, h, x)
 

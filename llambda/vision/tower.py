@@ -8,21 +8,26 @@ import numpy as np
 
 from ..errors import InvalidInputError, ModelClosedError
 from .config import VisionConfig
+from .clip import ClipEncoder
 from .gemma3 import Gemma3Projector
 from .idefics3 import Idefics3Connector
 from . import internvl, internvl_pixels
-from .preprocess import idefics3_grid, pixel_values
+from .llava import LlavaProjector, llava_pixels
+from .llava_next import feature_grid, next_pixels, pack
+from .preprocess import idefics3_grid, pixel_values, rgb_image
 from .qwen2vl import QwenVisionEncoder
 from .qwen2vl_config import QWEN_FAMILIES
 from .qwen2vl_pixels import patch_grid, patches
 from .siglip import SiglipEncoder
 
 MAX_IMAGES_PER_CALL = 64
+LLAVA_FAMILIES = ("llava", "llava_next")
 
 
 class VisionTower:
-    """`family` ("gemma3", "idefics3", "qwen2_5_vl", "qwen2_vl", "qwen3_vl", "internvl"), `tokens_per_image` (soft
-    tokens per crop, InternVL's a tile; None: Qwen2-VL, grid() says), `hidden` (the text model's width of each row), `deepstack` (Qwen3-VL's
+    """`family` ("gemma3", "idefics3", "qwen2_5_vl", "qwen2_vl", "qwen3_vl", "internvl", "llava", "llava_next"),
+    `tokens_per_image` (soft tokens per crop, InternVL's a tile; None: Qwen2-VL, grid() says), `hidden` (the text
+    model's width of each row), `deepstack` (Qwen3-VL's
     DeepStack levels: each row of encode_one is hidden * (1 + deepstack) wide; 0 for the others), `attends`
     ("block": an image's soft tokens see their whole block; "causal"), `grid(width, height)`, `pixels(image)` ->
     [n_crops, 3, S, S] (Qwen2-VL: [patches, C*T*P*P]), `encode(pixels)` (Qwen2-VL: `encode_one(pixels, grid)`),
@@ -35,6 +40,8 @@ class VisionTower:
         elif cfg.projector == "internvl":
             self.encoder = internvl.InternViT(cfg, lookup, backend)
             self.projector = internvl.InternVLProjector(cfg, lookup, backend)
+        elif cfg.projector in LLAVA_FAMILIES:
+            self.encoder, self.projector = ClipEncoder(cfg, lookup, backend), LlavaProjector(cfg, lookup, backend)
         else:
             self.encoder = SiglipEncoder(cfg, lookup, backend)
             self.projector = (Idefics3Connector(cfg, lookup, backend) if cfg.projector == "idefics3"
@@ -91,6 +98,8 @@ class VisionTower:
             return gh // self.cfg.spatial_merge_size, gw // self.cfg.spatial_merge_size
         if self.cfg.projector == "internvl":
             return internvl_pixels.grid(int(width), int(height), self.cfg)
+        if self.cfg.projector == "llava_next":
+            return feature_grid(int(width), int(height), self.cfg)[2:]
         return idefics3_grid(int(width), int(height), self.cfg) if self.cfg.projector == "idefics3" else (0, 0)
 
     def _check_open(self) -> None:
@@ -103,6 +112,8 @@ class VisionTower:
         [patches, C*T*P*P] (each merge group's rows together; grid() of the image's size gives their layout)."""
         if self.cfg.projector == "internvl":
             return internvl_pixels.pixel_values(image, self.cfg)
+        if self.cfg.projector in LLAVA_FAMILIES:
+            return (next_pixels if self.cfg.projector == "llava_next" else llava_pixels)(image, self.cfg)
         if not self.qwen:
             return pixel_values(image, self.cfg)
         return patches(image, self.cfg)[0]
@@ -121,6 +132,19 @@ class VisionTower:
                 return self.encoder.forward(px, grid)
             finally:
                 self.backend.exit_forward()
+
+    def encode_image(self, image) -> np.ndarray:
+        """LLaVA-NeXT: float32 [tokens_per_image + r (c + 1), hidden], one image's rows in prompt order (the base
+        crop's, then the tiles' unpadded to its aspect, image_newline after each row; r, c = grid(width, height) of
+        its size) of a PIL image (or the bytes of an image file) (llava_next.py)."""
+        c = self.cfg
+        if c.projector != "llava_next":
+            raise InvalidInputError(f"encode_image is LLaVA-NeXT's; a {self.family} tower encodes pixels()")
+        rgb = rgb_image(image)
+        th, tw, r, cols = feature_grid(*rgb.size, c)
+        rows = np.concatenate([self.encode(part) for part in np.array_split(next_pixels(rgb, c),
+                                                                             -(-(1 + th * tw) // MAX_IMAGES_PER_CALL))])
+        return pack(rows, (th, tw), (r, cols), self.projector.newline, c.patches_per_side)
 
     def _qwen_input(self, pixels, grid) -> tuple[np.ndarray, tuple]:
         if not self.qwen:
@@ -143,12 +167,13 @@ class VisionTower:
         return px, (int(grid[0]) * m, int(grid[1]) * m)
 
     def last_hidden_state(self, pixels: np.ndarray, grid: tuple | None = None) -> np.ndarray:
-        """The encoder's output [n_patches, vision_hidden] for one crop's pixels [3, S, S] (a copy). Qwen2-VL:
+        """The encoder's output [n_patches, vision_hidden] for one crop's pixels [3, S, S] (a copy; LLaVA: the
+        feature layers' rows joined, [tokens, vision_hidden * layers], the projector's input). Qwen2-VL:
         the last block's output [patches, vision_hidden] in the patches' own order (before the merger); `grid`
         as encode_one's."""
         if self.qwen:
             px, grid = self._qwen_input(pixels, grid)
-            out = np.empty((len(px), self.cfg.hidden_size), np.float32)
+            out = np.empty(self._hidden_shape(len(px)), np.float32)
             with self._lock:
                 self._check_open()
                 self.backend.enter_forward()
@@ -165,6 +190,10 @@ class VisionTower:
                 return self.encoder.forward(one).copy()
             finally:
                 self.backend.exit_forward()
+
+    def _hidden_shape(self, patches: int) -> tuple:
+        """last_hidden_state's shape for an image of `patches` patches (a grid tower's)."""
+        return patches, self.cfg.hidden_size
 
     def encode(self, pixels: np.ndarray) -> np.ndarray:
         """float32 [n, tokens_per_image, hidden]: the soft-token rows of n crops' pixels [n, 3, S, S]."""
