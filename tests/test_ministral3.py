@@ -4,7 +4,8 @@ The tiny references (fixtures/reference/tiny/ministral3 and mistral3, made by to
 README_ministral3.md there) set original_max_position_embeddings to 16, so the query temperature
 1 + 0.1 ln(1 + floor(p / 16)) steps inside the prompts. Here: both folders and their GGUF exports on every
 backend against transformers; decode steps through the KV cache (recorded plans included) against full
-forwards, across the steps; the control without the temperature; llama.cpp on our exports past the steps;
+forwards, across the steps; plans replayed across the steps bit for bit as op by op, batched slots as each
+alone; the control without the temperature; llama.cpp on our exports past the steps;
 the settings each format yields; the Mistral 3 directory's decoder read alone; refusals.
 """
 from __future__ import annotations
@@ -78,7 +79,7 @@ def forward(m, ids, slots, pos):
 @pytest.mark.parametrize("mode", ["numpy", "native-exact"])
 def test_decode_steps_equal_full_forwards_across_the_steps(mode):
     """Each decode step through the KV cache (one token, logits rows range(1): the native backend's recorded
-    plan below position 16, op by op from there) gives the full forward's row; and a batch of two slots, one
+    plan, replayed on both sides of the steps) gives the full forward's row; and a batch of two slots, one
     below the first step and one past it, gives each its own factor."""
     ids = reference("ministral3")["inputs"][2]["input_ids"][:52]
     with load(TINY / "ministral3", mode, n_slots=2) as m:
@@ -92,6 +93,62 @@ def test_decode_steps_equal_full_forwards_across_the_steps(mode):
         np.testing.assert_allclose(both, full[[13, 40]], atol=2e-4, rtol=0)
         again = forward(m, [ids[14]], [0], [14])      # below the step again: a plan recorded now is right
         np.testing.assert_allclose(again[0], full[14], atol=2e-4, rtol=0)
+
+
+def scale_runs(B):
+    """The temperature as the model applied it before the pos_scale op (then always op by op): the factors in
+    NumPy, one backend scale a run of rows with one factor, rows of factor 1 untouched."""
+    def pos_scale(x, pos, beta, length):
+        f = (1.0 + beta * np.log1p((np.asarray(pos, np.int64) // length).astype(np.float64))).astype(np.float32)
+        ends = np.concatenate((np.flatnonzero(f[1:] != f[:-1]) + 1, [len(f)]))
+        for start, end in zip(np.concatenate(([0], ends[:-1])), ends):
+            if f[start] != 1.0:
+                B.scale(x[start:end], float(f[start]))
+    return pos_scale
+
+
+def stepped(m, ids, batched: bool):
+    """Slots 0, 1, 2 prefilled to 10, 14 and 30 tokens; slot 0 decoded alone to 40 (past the steps at 16 and 32);
+    then 12 steps of all three (slot 1 past 16, slot 2 past 32, slot 0 past 48), as one batch of three or each
+    slot alone. Every step's logits, in order (a batched step's rows split as the lone steps' are)."""
+    out = []
+    for slot, n in enumerate((10, 14, 30)):
+        forward(m, ids[:n], [slot] * n, range(n))
+    for p in range(10, 40):
+        out.append(forward(m, [ids[p]], [0], [p]))
+    for t in range(12):
+        pos = [40 + t, 14 + t, 30 + t]
+        if batched:
+            out.extend(forward(m, [ids[p] for p in pos], [0, 1, 2], pos)[:, None])
+        else:
+            out.extend(forward(m, [ids[p]], [slot], [p]) for slot, p in enumerate(pos))
+    return out
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_plans_replay_the_temperature_bit_for_bit(mode):
+    """Decode steps across the temperature's steps (one slot, then three slots stepping past them together):
+    recorded plans replayed (each step's positions read from the arena by the pos_scale op) give the same logits,
+    bit for bit, as op by op with the temperature applied as before pos_scale (scale_runs); and each of three
+    batched slots gets the bits it gets stepping alone (the native backend is batch invariant)."""
+    ids = reference("ministral3")["inputs"][2]["input_ids"]
+    with load(TINY / "ministral3", mode, n_slots=3) as a, load(TINY / "ministral3", mode, n_slots=3) as b:
+        Ba, Bb = a.transformer.backend, b.transformer.backend
+        replays = []
+        if getattr(Ba, "supports_plans", False):
+            replay = Ba.replay
+            Ba.replay = lambda plan: (replays.append(plan), replay(plan))
+        Bb.supports_plans = False
+        Bb.pos_scale = scale_runs(Bb)
+        got, want = stepped(a, ids, batched=True), stepped(b, ids, batched=True)
+        for i, (x, y) in enumerate(zip(got, want)):
+            assert x.tobytes() == y.tobytes(), f"step {i}"
+        if MODES[mode][0] == "native":
+            assert {1, 3} <= set(a.transformer._plans) and len(replays) == 29 + 11   # all but each first step
+            assert not b.transformer._plans
+            with load(TINY / "ministral3", mode, n_slots=3) as c:
+                alone = stepped(c, ids, batched=False)
+            assert [x.tobytes() for x in got] == [x.tobytes() for x in alone]
 
 
 def test_without_the_temperature_only_the_rows_past_16_change(tmp_path):

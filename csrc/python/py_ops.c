@@ -8,11 +8,13 @@
  * op and the argument. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdint.h>
 
 #include "ops/ops.h"
+#include "ops/posscale.h"
 #include "ops/ssmscan1.h"
 #include "python/args.h"
 #include "python/bindings.h"
@@ -687,6 +689,47 @@ static PyObject *py_softcap(PyObject *self, PyObject *const *args, Py_ssize_t na
     return inplace_op("softcap", "cap", 0.0, args, nargs, llb_softcap);
 }
 
+/* pos_scale(x, pos, n, width, beta, length): row i of x times (float)(1 + beta log1p(floor(pos[i] / length))),
+ * in place. The positions are re-checked (>= 0) at every replay: a plan reads each step's from its buffer. */
+static int check_pos_scale(const void *p, char *msg) {
+    const struct llb_pos_scale_args *a = p;
+    return ids_ok("pos_scale", NULL, a->pos, a->n, 0, (long)INT32_MAX + 1, msg);
+}
+static int run_pos_scale(const void *p) {
+    llb_pos_scale(p);
+    return 0;
+}
+LLB_CALL_ARGS_FIT(struct llb_pos_scale_args);
+
+static PyObject *py_pos_scale(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    static const char *op = "pos_scale";
+    if (llb_arg_nargs(op, nargs, 6, "x, pos, n, width, beta, length")) return NULL;
+    long n, width, length;
+    if (llb_arg_long(args[2], op, "n", 1, MAX_DIM, &n) || llb_arg_long(args[3], op, "width", 1, MAX_DIM, &width) ||
+        llb_arg_long(args[5], op, "length", 1, LONG_MAX, &length))
+        return NULL;
+    if (!PyFloat_Check(args[4]) && !PyLong_Check(args[4]))
+        return PyErr_Format(PyExc_TypeError, "%s: beta must be a number, got %.100s", op, Py_TYPE(args[4])->tp_name);
+    const double beta = PyFloat_AsDouble(args[4]);     /* a double: the factor is computed in double */
+    if (beta == -1.0 && PyErr_Occurred()) return NULL;
+    if (!isfinite(beta)) return PyErr_Format(PyExc_ValueError, "%s: beta must be finite, got %R", op, args[4]);
+    size_t nx;
+    if (llb_arg_product(op, &nx, n, width, 1, 1)) return NULL;
+    struct llb_bufs h = OPS_BUFS;
+    float *x = llb_arg_buf(&h, args[0], op, "x", 1, LLB_ELEM_F32, nx, 0);
+    const int32_t *pos = x ? llb_arg_buf(&h, args[1], op, "pos", 0, LLB_ELEM_I32, n, 0) : NULL;
+    if (pos && llb_bufs_overlap(&h, 0, 1)) {
+        PyErr_Format(PyExc_ValueError, "%s: x and pos overlap (x is written while pos is read)", op);
+        pos = NULL;
+    }
+    if (!pos) {
+        llb_bufs_release(&h);
+        return NULL;
+    }
+    const struct llb_pos_scale_args a = {x, pos, n, width, length, beta};
+    return llb_bufs_call(&h, op, run_pos_scale, check_pos_scale, &a, sizeof a);
+}
+
 /* gelu_erf(x, count): in place, no scalar; through inplace_args with s unused. */
 static void gelu_erf_s(float *x, float s, long count) {
     (void)s;
@@ -958,6 +1001,9 @@ PyMethodDef llb_ops_methods[] = {
     {"add", FASTCALL(py_add), "add(a, b, out, count): out = a + b (out may alias a or b)."},
     {"add_rows", FASTCALL(py_add_rows), "add_rows(x, bias, out, n, d): out[i] = x[i] + bias."},
     {"scale", FASTCALL(py_scale), "scale(x, s, count): x *= s in place."},
+    {"pos_scale", FASTCALL(py_pos_scale),
+     "pos_scale(x, pos, n, width, beta, length): row i of x (n, width) times (float)(1 + beta log1p(floor(pos[i] /\n"
+     "length))) in place, the factor computed in double (rows of band 0 untouched); pos int32 >= 0."},
     {"gelu_erf", FASTCALL(py_gelu_erf), "gelu_erf(x, count): x = 0.5 x (1 + erf(x / sqrt 2)) in place (BERT's GELU)."},
     {"softcap", FASTCALL(py_softcap), "softcap(x, cap, count): x = cap * tanh(x / cap) in place."},
     {"xielu", FASTCALL(py_xielu), "xielu(x, count, alpha_p, alpha_n, beta, eps): in place, x > 0: alpha_p x^2 + beta x, "

@@ -372,6 +372,12 @@ class Backend(ABC):
     def scale(self, x: np.ndarray, s: float) -> None: ...
 
     @abstractmethod
+    def pos_scale(self, x: np.ndarray, pos: np.ndarray, beta: float, length: int) -> None:
+        """In place: row i of x (n rows, each contiguous) times the float32 factor 1 + beta * ln(1 + floor(pos[i] /
+        length)), computed in float64 and rounded once (rows of band 0 keep their bits); pos int32 >= 0, length >= 1.
+        Llama 4 style attention temperature; the positions are read from `pos` when the op runs (plans replay it)."""
+
+    @abstractmethod
     def softcap(self, x: np.ndarray, cap: float) -> None: ...
 
     def close(self) -> None:

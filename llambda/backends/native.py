@@ -648,5 +648,9 @@ class NativeBackend(Backend):
     def scale(self, x, s) -> None:
         C.scale(x, s, x.size)
 
+    def pos_scale(self, x, pos, beta, length) -> None:
+        n = len(x)
+        C.pos_scale(x, pos, n, x.size // n if n else 0, float(beta), int(length))
+
     def softcap(self, x, cap) -> None:
         C.softcap(x, cap, x.size)

@@ -407,5 +407,17 @@ class NumpyBackend(Backend):
     def scale(self, x, s) -> None:
         x *= np.float32(s)
 
+    def pos_scale(self, x, pos, beta, length) -> None:
+        pos = np.asarray(pos)
+        if pos.dtype != np.int32 or pos.shape != (len(x),) or (pos < 0).any():
+            raise ValueError(f"pos_scale: pos must be {len(x)} int32 positions >= 0")
+        if not np.isfinite(beta) or int(length) < 1:
+            raise ValueError(f"pos_scale: beta must be finite and length >= 1, got {beta}, {length}")
+        band = pos.astype(np.int64) // int(length)
+        f = (1.0 + float(beta) * np.log1p(band.astype(np.float64))).astype(np.float32)
+        rows = np.flatnonzero(f != 1.0)
+        if len(rows):
+            x[rows] *= f[rows].reshape((-1,) + (1,) * (x.ndim - 1))
+
     def softcap(self, x, cap) -> None:
         np.multiply(np.tanh(x / np.float32(cap)), np.float32(cap), out=x)

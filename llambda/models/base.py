@@ -755,7 +755,7 @@ class Transformer(Closable, LatentAttention):
         if n == 0 or n > ws.max_tokens:
             raise ValueError(f"batch of {n} tokens; this model takes 1..{ws.max_tokens} per call")
         plan = self._plans.get(n) if out is None and type(logit_rows) is range and logit_rows == range(n) \
-            and len(slots) == n and len(pos) == n and self._images is None and not self._tempered(pos) else None
+            and len(slots) == n and len(pos) == n and self._images is None else None
         if plan is not None:
             # A recorded step (engine.decode): inputs checked and stored as Python ints, no NumPy call.
             # After a replay has streamed the weights through the caches, each NumPy call here ran
@@ -781,7 +781,7 @@ class Transformer(Closable, LatentAttention):
         if m and (rows.min() < 0 or rows.max() >= n):
             raise ValueError(f"logit_rows must index the batch of {n} tokens, got {rows.min()}..{rows.max()}")
         whole = out is None and m == n and n <= min(ws.max_logit_rows, self.PLAN_MAX_TOKENS) \
-            and bool(np.all(rows == np.arange(n))) and self._images is None and not self._tempered(ws.pos[:n])
+            and bool(np.all(rows == np.arange(n))) and self._images is None
         if whole and getattr(self.backend, "supports_plans", False):
             plan = self._plans.get(n)
             if plan is not None:
@@ -973,8 +973,8 @@ class Transformer(Closable, LatentAttention):
             B.rope(k, p, inv_freq, cfg.rope_neox)
         if L.q_norm is not None and cfg.qk_norm_after_rope:      # Hunyuan norms the rotated q and k
             self._qk_norm(L, q, k)
-        if cfg.attn_temp_scale:
-            self._attn_temperature(q, p)
+        if cfg.attn_temp_scale:      # each row's own factor, read from p by the op itself (a plan replays it)
+            B.pos_scale(q, p, cfg.attn_temp_scale, cfg.attn_temp_length)
         kv = self.kv_layer[i]
         B.kv_store(self.cache, kv, k, v, slot, p)
         if self._kend is None:
@@ -1019,25 +1019,6 @@ class Transformer(Closable, LatentAttention):
         qn, kn = (q2, k2) if cfg.qk_norm_whole else (q, k)
         self._norm(qn, L.q_norm, None, qn)
         self._norm(kn, L.k_norm, None, kn)
-
-    def _tempered(self, pos) -> bool:
-        """Whether a row at one of `pos` takes an attention temperature other than 1. Such a batch runs op by op,
-        never from or into a recorded plan: a plan holds its ops' arguments, and these factors vary by position."""
-        cfg = self.cfg
-        return bool(cfg.attn_temp_scale) and int(max(pos)) >= cfg.attn_temp_length
-
-    def _attn_temperature(self, q, p) -> None:
-        """Each row's queries times 1 + attn_temp_scale * ln(1 + floor(pos / attn_temp_length)) (config.py), in
-        float32, one backend scale a run of rows with one factor (those below the length keep theirs: 1)."""
-        cfg = self.cfg
-        band = np.asarray(p, dtype=np.int64) // cfg.attn_temp_length
-        if not band.any():
-            return
-        f = (1.0 + cfg.attn_temp_scale * np.log1p(band.astype(np.float64))).astype(np.float32)
-        ends = np.concatenate((np.flatnonzero(f[1:] != f[:-1]) + 1, [len(f)]))
-        for start, end in zip(np.concatenate(([0], ends[:-1])), ends):
-            if f[start] != 1.0:
-                self.backend.scale(q[start:end], float(f[start]))
 
     def _short_conv_block(self, i: int, L: LayerWeights, x, slot, p) -> None:
         """x += out_proj(C * conv(B * x')), x' the normed input: LFM2's token mixer."""

@@ -6,6 +6,8 @@ Llama's layers (pre-norms, SiLU MLP, no biases) with an explicit head_dim (heads
 hidden size), YaRN RoPE, and a query temperature: after RoPE, each query row at position p
 is multiplied by 1 + beta * ln(1 + floor(p / original_max_position_embeddings)), beta the rope parameters'
 `llama_4_scaling_beta` (config.attn_temp_scale / attn_temp_length; exactly 1 below 16384 on the released models).
+models/base.py applies it with the backend's pos_scale op, which reads each row's position when it runs: recorded
+decode plans replay it past 16384 as below.
 
 YaRN's attention factor follows transformers: `attention_factor` when given, else mscale(factor, mscale) /
 mscale(factor, mscale_all_dim) when both are set (1 on the released models: mscale = mscale_all_dim = 1), else
