@@ -227,3 +227,24 @@ def test_a_newline_of_another_width_is_refused(files, tmp_path):
     gguf_writer.write_gguf(tmp_path / "bad.gguf", meta, tensors)
     with pytest.raises(ModelFormatError, match="image_newline"):
         load_vision(tmp_path / "bad.gguf", "numpy")
+
+
+def test_ollamas_vocabulary_without_the_image_token(files, tmp_path):
+    """Ollama's llava 1.6 text GGUF has no <image> in its vocabulary (converted from the original checkpoints): the
+    image's tokens are its <unk>, their embeddings our mmproj's rows all the same: the directory's logits."""
+    from llambda.tools.export import export
+    soft = REF["image_token_id"]
+
+    def rename(meta):
+        tokens = list(meta["tokenizer.ggml.tokens"])
+        tokens[soft] = "<imagx>"
+        meta["tokenizer.ggml.tokens"] = tokens
+    text = visionkit.rewrite_gguf(export(TINY, tmp_path / "text.gguf", fmt="gguf"), tmp_path / "no_image.gguf",
+                                  meta_edit=rename)
+    images = [PNG[n] for n in PROMPT["images"]]
+    with llambda.load(text, mmproj=files["f32"], backend="numpy", n_ctx=256) as m:
+        assert m.image_marker == "<unk>"
+        ids, blocks = m.image_prompt(PROMPT["chat_text"].replace("<image>", "<unk>"), images)
+        assert ids == [0 if t == soft else t for t in PROMPT["input_ids"]]
+        got = vlm.rows_logits(m, {"input_ids": ids}, blocks)
+        assert np.abs(got[PROMPT["rows"]] - np.load(TINY / PROMPT["logits_rows"])).max() <= 1e-4

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from ..errors import ModelFormatError
 from .layouts import PROJECTOR_PREFIXES, TOWER_PREFIXES, gguf_lookup, rescale_normalize
+from .llava_next_mmproj import newline_lookup, next_fields
 
 HF_TYPES = ("llava", "llava_next")
 MMPROJ_TYPE = "mlp"
@@ -189,8 +190,8 @@ def mmproj_fields(meta: dict, tensors: dict, source: str) -> dict:
     if mm2 is None or tensors.get("mm.0.weight") is None:
         raise ModelFormatError(f"{source}: an mlp mmproj needs mm.0.weight and mm.2.weight")
     fields["text_hidden_size"] = int(mm2.shape[0]) if len(mm2.shape) == 2 else None
-    from .llava_next_mmproj import next_fields        # LLaVA-NeXT's pinpoints, merge type and newline
-    fields.update(next_fields(meta, tensors, fields["image_size"], source) or {"preprocess": "letterbox"})
+    fields.update(next_fields(      # LLaVA-NeXT's pinpoints, merge type and newline
+        meta, tensors, fields["image_size"], source) or {"preprocess": "letterbox"})
     fields.update(vision_feature_select_strategy="default",
                   has_class="v.class_embd" in tensors, patch_bias="v.patch_embd.bias" in tensors,
                   post_ln="v.post_ln.weight" in tensors, multimodal_projector_bias="mm.0.bias" in tensors)
@@ -202,7 +203,6 @@ def mmproj_lookup(gguf_file, hidden: int):
     fc1-shaped (takes `hidden` values), as llama.cpp reads old files."""
     down = gguf_file.tensors.get("v.blk.0.ffn_down.weight")
     swapped = down is not None and len(down.shape) == 2 and int(down.shape[-1]) == hidden
-    from .llava_next_mmproj import newline_lookup
     return newline_lookup(gguf_file, gguf_lookup(gguf_file, swapped, gguf_name))
 
 

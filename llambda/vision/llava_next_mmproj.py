@@ -17,6 +17,7 @@ from __future__ import annotations
 from ..errors import ModelFormatError
 from ..formats.gguf import GGUFValueType as VT
 from ..formats.gguf_writer import GGUFValue
+from .layouts import gguf_lookup
 from .llava_config import MAX_PINPOINTS, MAX_TILES_A_SIDE
 
 PINPOINTS_KEY = "clip.vision.image_grid_pinpoints"
@@ -51,16 +52,10 @@ def next_fields(meta: dict, tensors: dict, image_size, source: str) -> dict:
 
 
 def newline_lookup(gguf_file, lookup):
-    """`lookup` with the canonical `image_newline` found under either of its GGUF names."""
-    def find(canon: str):
-        if canon != "image_newline":
-            return lookup(canon)
-        from .layouts import gguf_lookup
-        for name in NEWLINE_NAMES:
-            if name in gguf_file.tensors:
-                return gguf_lookup(gguf_file, None, lambda c, w, name=name: name)(canon)
-        return None
-    return find
+    """`lookup` with the canonical `image_newline` found under either of its GGUF names (v. first)."""
+    name = next((n for n in NEWLINE_NAMES if n in gguf_file.tensors), None)
+    newline = gguf_lookup(gguf_file, None, lambda canon, which: name)
+    return lambda canon: newline(canon) if canon == "image_newline" else lookup(canon)
 
 
 def next_metadata(c) -> dict:
