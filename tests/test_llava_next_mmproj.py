@@ -210,6 +210,7 @@ def _pins(v):
     (_pins([-56, 56]), (), "image_grid_pinpoints"),
     (_pins([56, 112] * 65), (), "image_grid_pinpoints"),                  # too many
     (_pins("112x56"), (), "image_grid_pinpoints"),
+    (_pins([112.0, 56.0]), (), "image_grid_pinpoints"),                   # floats
     (lambda m: m.update({"clip.vision.mm_patch_merge_type": "flat"}), (), "mm_patch_merge_type"),
     (lambda m: m.pop("clip.vision.mm_patch_merge_type"), (), "mm_patch_merge_type"),
     (None, ("v.image_newline",), "image_newline"),
