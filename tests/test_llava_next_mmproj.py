@@ -128,16 +128,19 @@ def test_llama_cpp_reads_our_mmproj(files, tmp_path, qtype):
     pixels (tiles within 5e-3 of values up to 4.5, measured 3.5e-3; a base crop resized by its own bicubic
     within 0.05, measured 0.039). Its layout is not LLaVA-NeXT's: no unpadding, no image_newline, the base after
     the tiles, 16 (1 + tiles) tokens (asserted, so a llama.cpp that lays them out as transformers shows here),
-    besides its class-token order (test_vision_llava)."""
+    besides its class-token order (test_vision_llava; each chunk asserted to differ from our crop's rows)."""
     with closing(load_vision(files[qtype], backend="numpy")) as t:
         for h, w in ((40, 75), (61, 30), (50, 50), (100, 130), (56, 112)):
             rgb = visionkit.rgb_image(h, w)
             got, want = cpp_rows(files, rgb, tmp_path, qtype)
             th, tw, r, c = llava_next_cpp.feature_grid(w, h, t.cfg)
             assert [g.shape for g in got] == [(16, 64)] * (1 + th * tw), (h, w)
+            ours = t.encode(t.pixels(Image.fromarray(rgb)))
+            ours = list(ours[1:]) + [ours[0]]           # (in its chunk order)
             for k, (g, x) in enumerate(zip(got, want)):
                 base = k == len(got) - 1
                 assert np.abs(g - x).max() <= (0.05 if base else 5e-3), (h, w, k, float(np.abs(g - x).max()))
+                assert np.abs(g - ours[k]).max() > 0.5, "llama.cpp now agrees with LLaVA's class order"
             if th:
                 assert sum(len(g) for g in got) != 16 + r * (c + 1), "llama.cpp now unpads with newlines"
 
