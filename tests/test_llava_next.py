@@ -19,7 +19,7 @@ from PIL import Image  # noqa: E402
 import llambda  # noqa: E402
 from llambda.backends import available_backends  # noqa: E402
 from llambda.errors import InvalidInputError, ModelFormatError  # noqa: E402
-from llambda.vision import load_vision, mmproj  # noqa: E402
+from llambda.vision import load_vision  # noqa: E402
 from llambda.vision.llava_next import best_resolution, feature_grid  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -114,11 +114,6 @@ def test_an_image_larger_than_the_context_is_refused():
         msgs = [{"role": "user", "content": [{"type": "image", "image": PNG["image_big.png"]}]}]
         with pytest.raises(llambda.errors.ContextOverflowError):
             m.chat(msgs, max_tokens=1)
-
-
-def test_write_mmproj_refuses_llava_next(tmp_path):
-    with pytest.raises(InvalidInputError, match="LLaVA-NeXT"):
-        mmproj.write_mmproj(TINY, tmp_path / "m.gguf")
 
 
 @pytest.mark.parametrize("config_edit, pre_edit, match", [

@@ -200,7 +200,8 @@ class ImageInput:
         if not images or family == "gemma3":
             return [(0, 0)] * len(images)
         from ..vision.image import check_image
-        low = 1 if family in SIZED_FAMILIES else 0     # a merged grid has a token at least
+        # a merged grid has a token at least (LLaVA-NeXT's from an mmproj: none for an image llama.cpp does not tile)
+        low = 1 if family in SIZED_FAMILIES and family != LLAVA_NEXT else 0
         out = []
         for data in images:
             check_bytes(data)

@@ -17,7 +17,8 @@ from .config import (MAX_FFN, MAX_HEAD_DIM, MAX_HIDDEN, MAX_IMAGE_SIDE, MAX_LAYE
 TOWER_ACTS = ("quick_gelu", "gelu")          # CLIP's MLP activation (gelu: the exact, erf one)
 PROJECTOR_ACTS = ("gelu",)                   # LlavaMultiModalProjector's (exact GELU)
 STRATEGIES = ("default", "full")             # the class token dropped, or kept (first)
-PREPROCESS = ("crop", "letterbox")           # transformers' resize + centre crop; llama.cpp's resize + pad
+PREPROCESS = ("crop", "letterbox", "anyres_cpp")    # transformers' resize + centre crop; llama.cpp's resize +
+#                                                   pad; llama.cpp's LLaVA-NeXT tiles (llava_next_cpp.py)
 
 
 @dataclass

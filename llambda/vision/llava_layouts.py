@@ -14,12 +14,15 @@
   ffn_down}`, `v.post_ln` if any, `mm.0`, `mm.2`. Old converters named fc1 `ffn_down` and fc2 `ffn_up`: as
   llama.cpp, the two are swapped back where `ffn_down` takes the tower's width. llama.cpp always drops the class
   row ("default") and preprocesses by its own letterbox (llava.py). The text width is mm.2's rows (the
-  converter's clip.vision.projection_dim is CLIP's own projection, not the text model's width).
+  converter's clip.vision.projection_dim is CLIP's own projection, not the text model's width). With
+  clip.vision.image_grid_pinpoints it is LLaVA-NeXT's (llava_next_mmproj.py: the pinpoints, the merge type, the
+  newline; llava_next_cpp.py: llama.cpp's tiles).
 """
 from __future__ import annotations
 
 from ..errors import ModelFormatError
 from .layouts import PROJECTOR_PREFIXES, TOWER_PREFIXES, gguf_lookup, rescale_normalize
+from .llava_next_mmproj import newline_lookup, next_fields
 
 HF_TYPES = ("llava", "llava_next")
 MMPROJ_TYPE = "mlp"
@@ -46,7 +49,7 @@ MMPROJ_KEYS = {"hidden_size": "clip.vision.embedding_length", "intermediate_size
                "layer_norm_eps": "clip.vision.attention.layer_norm_epsilon",
                "image_mean": "clip.vision.image_mean", "image_std": "clip.vision.image_std",
                "vision_feature_layer": "clip.vision.feature_layer", "text_hidden_size": "mm.2.weight",
-               "hidden_act": "clip.use_gelu"}
+               "hidden_act": "clip.use_gelu", "grid_pinpoints": "clip.vision.image_grid_pinpoints"}
 FEATURE_KEY = "clip.vision.feature_layer"
 
 
@@ -156,8 +159,6 @@ def mmproj_fields(meta: dict, tensors: dict, source: str) -> dict:
         raise ModelFormatError(f"{source}: mmproj projector type mlp without clip.has_llava_projector")
     if meta.get("clip.use_silu"):
         raise ModelFormatError(f"{source}: mmproj file's clip.use_silu is set: CLIP's MLP is quick GELU or GELU")
-    if "clip.vision.image_grid_pinpoints" in meta:
-        raise ModelFormatError(f"{source}: clip.vision.image_grid_pinpoints (LLaVA-NeXT's tiling) is not supported")
     fields = {k: _scalar(meta[key]) for k, key in MMPROJ_KEYS.items()
               if key in meta and k not in ("vision_feature_layer", "hidden_act")}
     for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "image_size",
@@ -189,7 +190,9 @@ def mmproj_fields(meta: dict, tensors: dict, source: str) -> dict:
     if mm2 is None or tensors.get("mm.0.weight") is None:
         raise ModelFormatError(f"{source}: an mlp mmproj needs mm.0.weight and mm.2.weight")
     fields["text_hidden_size"] = int(mm2.shape[0]) if len(mm2.shape) == 2 else None
-    fields.update(vision_feature_select_strategy="default", preprocess="letterbox",
+    fields.update(next_fields(      # LLaVA-NeXT's pinpoints, merge type and newline
+        meta, tensors, fields["image_size"], source) or {"preprocess": "letterbox"})
+    fields.update(vision_feature_select_strategy="default",
                   has_class="v.class_embd" in tensors, patch_bias="v.patch_embd.bias" in tensors,
                   post_ln="v.post_ln.weight" in tensors, multimodal_projector_bias="mm.0.bias" in tensors)
     return fields
@@ -200,7 +203,7 @@ def mmproj_lookup(gguf_file, hidden: int):
     fc1-shaped (takes `hidden` values), as llama.cpp reads old files."""
     down = gguf_file.tensors.get("v.blk.0.ffn_down.weight")
     swapped = down is not None and len(down.shape) == 2 and int(down.shape[-1]) == hidden
-    return gguf_lookup(gguf_file, swapped, gguf_name)
+    return newline_lookup(gguf_file, gguf_lookup(gguf_file, swapped, gguf_name))
 
 
 def hf_layout(path, cfg: dict, src: str):

@@ -4,7 +4,8 @@ keys, clip.use_gelu (the tower's exact GELU; quick GELU without it), clip.vision
 hidden-state indices), block_count = the deepest of them (only those blocks written), no v.post_ln (LLaVA's
 features are taken before it), mm.0 / mm.2 the projector. fc1 is written `ffn_up` and fc2 `ffn_down`; llama.cpp
 swaps the two back where `ffn_down` takes the tower's width (old files' names), so a tower whose MLP is as wide as
-itself is written with the old names, which both readers then take the same way.
+itself is written with the old names, which both readers then take the same way. A LLaVA-NeXT tower adds its
+pinpoints, spatial_unpad and v.image_newline (llava_next_mmproj.py).
 
 Refused (llama.cpp's graph cannot say them): the "full" strategy (llama.cpp always drops the class row), feature
 layers not in increasing order (llama.cpp joins them in layer order), a projector without biases.
@@ -18,6 +19,7 @@ from ..formats.gguf import GGUFValueType as VT
 from ..formats.gguf_writer import GGUFValue
 from .layouts import vit_keys
 from .llava_layouts import gguf_name
+from .llava_next_mmproj import NEWLINE_NAME, next_metadata
 
 
 def canonical_names(c) -> list[str]:
@@ -34,9 +36,6 @@ def llava_mmproj(layout, name: str, qtype, type_of) -> tuple[dict, list]:
     """(metadata, tensors) of an mlp mmproj of `layout` (a LLaVA tower's); `type_of(canon, values, qtype)` picks
     each tensor's type (mmproj._type)."""
     c = layout.cfg
-    if c.grid_pinpoints:
-        raise InvalidInputError("LLaVA-NeXT's mmproj (image_grid_pinpoints, model.image_newline) is not written: its "
-                                "reading by llama.cpp is not checked here")
     if c.keep_class:
         raise InvalidInputError("llama.cpp's mlp mmproj always drops the class token: a tower whose "
                                 "vision_feature_select_strategy is 'full' cannot be written")
@@ -53,6 +52,7 @@ def llava_mmproj(layout, name: str, qtype, type_of) -> tuple[dict, list]:
         "clip.has_llava_projector": True, "clip.use_gelu": c.hidden_act == "gelu",
         **vit_keys(c, c.layers_run),
         "clip.vision.feature_layer": GGUFValue((VT.ARRAY, VT.INT32), [int(i) for i in c.feature_layers]),
+        **(next_metadata(c) if c.grid_pinpoints else {}),
     }
 
     def values(canon: str) -> np.ndarray:
@@ -60,8 +60,9 @@ def llava_mmproj(layout, name: str, qtype, type_of) -> tuple[dict, list]:
         if t is None:
             raise InvalidInputError(f"{name}: the tower's tensor {canon!r} is missing")
         return np.asarray(t.to_float32(), dtype=np.float32)
-    return meta, [(gguf_name(canon, swapped), type_of(canon, v, qtype), v)
-                  for canon in canonical_names(c) for v in (values(canon),)]
+    names = canonical_names(c) + (["image_newline"] if c.grid_pinpoints else [])
+    return meta, [(gguf_name(canon, swapped) or NEWLINE_NAME, type_of(canon, v, qtype), v)
+                  for canon in names for v in (values(canon),)]
 
 
 def is_llava(layout) -> bool:

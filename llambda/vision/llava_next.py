@@ -52,7 +52,11 @@ def feature_grid(width: int, height: int, cfg: LlavaVisionConfig) -> tuple[int, 
     H, W = best_resolution(width, height, cfg.grid_pinpoints)
     p = cfg.patches_per_side
     th, tw = H // cfg.image_size, W // cfg.image_size
-    rows, cols = th * p, tw * p
+    return (th, tw) + unpadded(width, height, th * p, tw * p)
+
+
+def unpadded(width: int, height: int, rows: int, cols: int) -> tuple[int, int]:
+    """(rows, cols) of a rows x cols feature grid cut back to a width x height image's aspect (unpad_image)."""
     if width / height > cols / rows:
         new = int(round(height * (cols / width), 7))
         rows -= (rows - new) // 2 * 2
@@ -62,7 +66,7 @@ def feature_grid(width: int, height: int, cfg: LlavaVisionConfig) -> tuple[int, 
     if not rows or not cols:        # transformers keeps newline rows alone: no image left to read
         raise InvalidInputError(f"an image of {width} x {height} pixels is too thin for LLaVA-NeXT's tiles: none of "
                                 "its rows or columns of features is left after the unpadding")
-    return th, tw, rows, cols
+    return rows, cols
 
 
 def next_pixels(image, cfg: LlavaVisionConfig) -> np.ndarray:

@@ -13,7 +13,8 @@ from .gemma3 import Gemma3Projector
 from .idefics3 import Idefics3Connector
 from . import internvl, internvl_pixels
 from .llava import LlavaProjector, llava_pixels
-from .llava_next import feature_grid, next_pixels, pack
+from . import llava_next, llava_next_cpp
+from .llava_next import pack
 from .preprocess import idefics3_grid, pixel_values, rgb_image
 from .qwen2vl import QwenVisionEncoder
 from .qwen2vl_config import QWEN_FAMILIES
@@ -22,6 +23,11 @@ from .siglip import SiglipEncoder
 
 MAX_IMAGES_PER_CALL = 64
 LLAVA_FAMILIES = ("llava", "llava_next")
+
+
+def _anyres(cfg):
+    """LLaVA-NeXT's tiles: transformers' (a HF directory) or llama.cpp's (an mmproj: llava_next_cpp.py)."""
+    return llava_next_cpp if cfg.preprocess == "anyres_cpp" else llava_next
 
 
 class VisionTower:
@@ -99,7 +105,7 @@ class VisionTower:
         if self.cfg.projector == "internvl":
             return internvl_pixels.grid(int(width), int(height), self.cfg)
         if self.cfg.projector == "llava_next":
-            return feature_grid(int(width), int(height), self.cfg)[2:]
+            return _anyres(self.cfg).feature_grid(int(width), int(height), self.cfg)[2:]
         return idefics3_grid(int(width), int(height), self.cfg) if self.cfg.projector == "idefics3" else (0, 0)
 
     def _check_open(self) -> None:
@@ -113,7 +119,8 @@ class VisionTower:
         if self.cfg.projector == "internvl":
             return internvl_pixels.pixel_values(image, self.cfg)
         if self.cfg.projector in LLAVA_FAMILIES:
-            return (next_pixels if self.cfg.projector == "llava_next" else llava_pixels)(image, self.cfg)
+            return (_anyres(self.cfg).next_pixels if self.cfg.projector == "llava_next" else llava_pixels)(image,
+                                                                                                            self.cfg)
         if not self.qwen:
             return pixel_values(image, self.cfg)
         return patches(image, self.cfg)[0]
@@ -141,8 +148,8 @@ class VisionTower:
         if c.projector != "llava_next":
             raise InvalidInputError(f"encode_image is LLaVA-NeXT's; a {self.family} tower encodes pixels()")
         rgb = rgb_image(image)
-        th, tw, r, cols = feature_grid(*rgb.size, c)
-        rows = np.concatenate([self.encode(part) for part in np.array_split(next_pixels(rgb, c),
+        th, tw, r, cols = _anyres(c).feature_grid(*rgb.size, c)
+        rows = np.concatenate([self.encode(part) for part in np.array_split(_anyres(c).next_pixels(rgb, c),
                                                                              -(-(1 + th * tw) // MAX_IMAGES_PER_CALL))])
         return pack(rows, (th, tw), (r, cols), self.projector.newline, c.patches_per_side)
 
