@@ -215,3 +215,18 @@ def test_llava_hf_text_config_without_sizes_takes_the_family_defaults():
         llava_model.text_config({"text_config": {"model_type": "gpt2"}})
     with pytest.raises(ModelFormatError, match="text_config"):
         llava_model.text_config({"text_config": 3})
+
+
+@pytest.mark.parametrize("cfg, match", [
+    ({"model_type": "llava_next", "hidden_size": 64}, "llava_next config without a text_config"),
+    ({"model_type": "llava"}, "llava config without a text_config"),
+    ({"model_type": "llava", "text_config": {"model_type": "llava_next", "hidden_size": 64}}, "names no text family"),
+    ({"model_type": "llava", "text_config": {"model_type": "llava", "hidden_size": 64}}, "names no text family"),
+    ({"model_type": "llava", "text_config": {"model_type": ["llama"]}}, "model_type must be a string"),
+])
+def test_a_config_whose_text_side_is_llava_again_is_refused(cfg, match):
+    """A llava_next config.json without its text_config read itself as its text model, the module calling itself
+    until a RecursionError; a text_config of model_type llava_next too, and a list model_type was a TypeError."""
+    with pytest.raises(ModelFormatError, match=match):
+        llava_model.config_from_hf(cfg)
+
