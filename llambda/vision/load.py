@@ -55,6 +55,8 @@ def open_layout(path: Path) -> Layout | None:
         if not isinstance(cfg, dict) or "vision_config" not in cfg:
             return None
         kind = cfg.get("model_type")
+        if kind is not None and not isinstance(kind, str):
+            raise ModelFormatError(f"{cfg_path}: model_type must be a string, got {type(kind).__name__}")
         if kind in qwen_layouts.HF_TYPES:
             return _qwen_hf_layout(path, cfg, src)
         if kind in lfm2vl_layouts.HF_TYPES:
