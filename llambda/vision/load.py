@@ -90,6 +90,8 @@ def open_layout(path: Path) -> Layout | None:
     try:
         meta = f.metadata
         arch = meta.get("general.architecture")
+        if arch == "clip" and not isinstance(meta.get("clip.projector_type", ""), str):
+            raise ModelFormatError(f"{src}: GGUF metadata 'clip.projector_type' must be a string")
         if arch == "clip" and meta.get("clip.projector_type") in qwen_layouts.MMPROJ_TYPES:
             vcfg = QwenVisionConfig.from_fields(qwen_layouts.mmproj_fields(meta, src, f.tensors),
                                                 qwen_layouts.MMPROJ_KEYS, src)
