@@ -384,6 +384,10 @@ def test_a_deeper_block_than_the_features_is_not_needed(tmp_path, numpy_tower):
     (lambda m: m.pop("clip.vision.embedding_length"), (), "embedding_length"),
     (None, ("mm.2.weight",), "mm.2.weight"),
     (None, ("v.blk.1.attn_q.weight",), "q_proj"),
+    # each a bare TypeError before: block_count compared with the feature layers, projector_type hashed
+    (lambda m: m.update({"clip.vision.block_count": "x"}), (), "block_count"),
+    (lambda m: m.update({"clip.vision.block_count": [0, 0]}), (), "block_count"),
+    (lambda m: m.update({"clip.projector_type": [0, 0]}), (), "projector_type"),
 ])
 def test_hostile_mmproj_files_are_refused(mmproj_files, tmp_path, meta_edit, drop, match):
     with pytest.raises(ModelFormatError, match=match):         # each a typed error naming the key or tensor

@@ -215,3 +215,34 @@ def test_llava_hf_text_config_without_sizes_takes_the_family_defaults():
         llava_model.text_config({"text_config": {"model_type": "gpt2"}})
     with pytest.raises(ModelFormatError, match="text_config"):
         llava_model.text_config({"text_config": 3})
+
+
+@pytest.mark.parametrize("cfg, match", [
+    ({"model_type": "llava_next", "hidden_size": 64}, "llava_next config without a text_config"),
+    ({"model_type": "llava"}, "llava config without a text_config"),
+    ({"model_type": "llava", "text_config": {"model_type": "llava_next", "hidden_size": 64}}, "names no text family"),
+    ({"model_type": "llava", "text_config": {"model_type": "llava", "hidden_size": 64}}, "names no text family"),
+    ({"model_type": "llava", "text_config": {"model_type": ["llama"]}}, "model_type must be a string"),
+])
+def test_a_config_whose_text_side_is_llava_again_is_refused(cfg, match):
+    """A llava_next config.json without its text_config read itself as its text model, the module calling itself
+    until a RecursionError; a text_config of model_type llava_next too, and a list model_type was a TypeError."""
+    with pytest.raises(ModelFormatError, match=match):
+        llava_model.config_from_hf(cfg)
+
+
+@pytest.mark.parametrize("kind", [["llava"], {"a": 1}, 7])
+def test_a_model_type_that_is_not_a_string_is_a_typed_error(tmp_path, kind):
+    """config.json's model_type a list beside a vision_config: the tower's lookup (`kind in` a set) raised a bare
+    TypeError (unhashable type) out of llambda.load. Now the tower is refused by name (its text_config still
+    names the text model): the model loads for text only, with the warning saying why."""
+    from llambda.errors import LlambdaWarning
+    from visionkit import copy_fixture
+    folder = copy_fixture(FOLDER, tmp_path / "m", config_edit=lambda c: c.update(model_type=kind))
+    with pytest.warns(LlambdaWarning, match="model_type must be a string"):
+        with llambda.load(folder, backend="numpy", n_ctx=64) as m:
+            assert m.image_marker is None
+            with pytest.raises(ModelFormatError, match="model_type must be a string"):
+                from llambda.vision.load import open_layout
+                open_layout(folder)
+

@@ -365,6 +365,34 @@ def _reference_normalize(blob: bytes, graphemes: list[str]) -> str:
     return "".join(out)
 
 
+def _wide_charsmap(blocks: int) -> bytes:
+    """A valid charsmap whose nodes sit in one level: the root's children 1..blocks each own a block of 256 units
+    whose 255 units are childless nodes of their own (offset 0: each its own base). No key has a value."""
+    import struct
+    units = [0] * (256 * (blocks + 1))                # unit 0: the root's base is 0
+    for c in range(1, blocks + 1):
+        units[c] = c | ((c ^ (256 * c)) << 10)        # child c's base is block c
+        for lo in range(1, 256):
+            units[256 * c + lo] = lo
+    blob = struct.pack(f"<{len(units)}I", *units)
+    return struct.pack("<I", len(blob)) + blob + b"a\0"
+
+
+def test_the_charsmap_check_reads_a_wide_trie_in_bounded_memory():
+    """65k nodes in one level of a 256 KB charsmap (a real NFKC one's size): the check tried each node's 255
+    children as one array, 400 MB at its peak. Each unit is read once now: a few MB."""
+    import tracemalloc
+    from llambda.tokenizer.charsmap import check_charsmap
+    blob = _wide_charsmap(255)
+    tracemalloc.start()
+    try:
+        check_charsmap("test", blob)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 32 << 20, peak
+
+
 def test_random_charsmap_corruptions_are_refused_or_run_as_defined(capfd):
     """Many random corruptions of a valid charsmap (bytes, units, bit flips, the header, truncation): each is
     refused when the vocabulary is built, or normalizes the text every key of the table walks as the format

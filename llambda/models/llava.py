@@ -25,6 +25,8 @@ def text_config(cfg: dict) -> dict:
     if not isinstance(text, dict):
         raise ModelFormatError("config.json: a llava model needs a text_config object")
     kind = text.get("model_type", "llama")
+    if not isinstance(kind, str):
+        raise ModelFormatError(f"config.json: text_config's model_type must be a string, got {type(kind).__name__}")
     if "hidden_size" in text:
         out = dict(text)
     elif kind in TEXT_DEFAULTS:
@@ -47,9 +49,10 @@ def text_hidden_size(text: dict):
 
 def config_from_hf(cfg: dict):
     """The text decoder's TransformerConfig, by the text_config's family."""
-    from . import arch_module
+    from . import ARCHITECTURES, arch_module
     text = text_config(cfg) if "text_config" in cfg else cfg
     kind = text.get("model_type", "llama")
-    if kind == "llava":
-        raise ModelFormatError("config.json: a llava text_config cannot itself be llava")
+    if isinstance(kind, str) and ARCHITECTURES.get(kind) == "llava":    # this module again: no end to the calls
+        where = "a llava text_config" if text is not cfg else f"a {kind} config without a text_config"
+        raise ModelFormatError(f"config.json: {where} names no text family (its model_type is {kind!r})")
     return arch_module(kind, "config_from_hf").config_from_hf(text)

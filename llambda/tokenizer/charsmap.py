@@ -9,8 +9,11 @@ replacement's start in the pool (bits 0-30). offset(u) is u >> 10, shifted left 
 
 The library indexes the array and slices the pool without bounds checks: a unit past the array, or a value past
 the pool or inside a UTF-8 character, is a Rust panic inside every encode that meets it. So every node any text
-can reach is visited once here (all 255 non-NUL bytes from each, breadth-first), and a charsmap with one bad
-reach is refused at load with what is wrong.
+can reach is visited once here, breadth-first, and a charsmap with one bad reach is refused at load with what is
+wrong. A unit j whose label c is a byte (1-255) can only be the child c of the node whose base is j ^ c, so the
+children of every node are found by one sort of the units by that parent base: each unit is read once whatever
+the trie's shape (a node's 255 tries each, kept as arrays, took a 256 KB charsmap whose nodes sit in one level to
+400 MB).
 """
 from __future__ import annotations
 
@@ -23,7 +26,6 @@ from ..errors import TokenizerError
 MAX_CHARSMAP_REPLACEMENT = 64
 # Bytes of one key (trie levels): SentencePiece's keys are a few characters; the library looks up 5 bytes at most.
 MAX_CHARSMAP_DEPTH = 256
-_BYTES = np.arange(1, 256, dtype=np.int64)
 _LABEL_MASK = (1 << 31) | 0xFF
 
 
@@ -57,18 +59,26 @@ def check_charsmap(where, blob: bytes) -> None:
     # a value may point at the pool's end (an empty replacement), never past it nor inside a character
     starts = np.frombuffer(pool, np.uint8)
     starts = np.append((starts < 0x80) | (starts >= 0xC0), True)
-    seen = np.zeros(0, np.int64)
+    # each unit that can be a child (its label a byte, bit 31 clear), sorted by the base of its one parent
+    label = units & _LABEL_MASK
+    child = np.flatnonzero((label >= 1) & (label <= 0xFF))
+    parent = child ^ label[child]
+    order = np.argsort(parent, kind="stable")
+    child, parent = child[order], parent[order]
+    visited = np.zeros(n, bool)
     frontier = np.array([int(_offset(units[:1])[0])], np.int64)
     for _ in range(MAX_CHARSMAP_DEPTH + 1):
         if not frontier.size:
             return
-        children = frontier[:, None] ^ _BYTES[None, :]
-        if (children >= n).any():
+        # the node at base b reads units b ^ c for c in 1..255: the largest is b | 0xFF (b ^ 0xFE when b ends in 0xFF)
+        if (((frontier | 0xFF) ^ ((frontier & 0xFF) == 0xFF)) >= n).any():
             raise bad(f"has a node whose children lie past its {n} units")
-        unit = units[children]
-        match = (unit & _LABEL_MASK) == _BYTES[None, :]
-        unit = unit[match]
-        bases = children[match] ^ _offset(unit)
+        visited[frontier] = True
+        lo = np.searchsorted(parent, frontier, "left")
+        counts = np.searchsorted(parent, frontier, "right") - lo
+        kids = child[np.repeat(lo - np.cumsum(counts) + counts, counts) + np.arange(counts.sum())]
+        unit = units[kids]
+        bases = kids ^ _offset(unit)
         leaves = bases[(unit >> 8) & 1 == 1]
         if (leaves >= n).any():
             raise bad(f"has a value past its {n} units")
@@ -77,6 +87,7 @@ def check_charsmap(where, blob: bytes) -> None:
             raise bad(f"points past its {len(pool)}-byte pool of replacements")
         if not starts[values].all():
             raise bad("points inside a character of its replacements")
-        seen = np.union1d(seen, frontier)
-        frontier = np.setdiff1d(bases, seen)
+        bases = np.unique(bases)
+        inside = bases < n
+        frontier = np.concatenate([bases[inside][~visited[bases[inside]]], bases[~inside]])
     raise bad(f"has keys longer than {MAX_CHARSMAP_DEPTH} bytes")

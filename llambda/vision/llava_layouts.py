@@ -173,14 +173,15 @@ def mmproj_fields(meta: dict, tensors: dict, source: str) -> dict:
         raise ModelFormatError(f"{source}: clip.use_gelu must be a bool")
     fields["hidden_act"] = "gelu" if use_gelu else "quick_gelu"
     n = fields["num_hidden_layers"]
-    if FEATURE_KEY in meta:
+    counted = isinstance(n, int) and not isinstance(n, bool) and n >= 1     # else from_fields refuses it by name
+    if FEATURE_KEY in meta and counted:
         layers = _scalar(meta[FEATURE_KEY])
         if not isinstance(layers, list) or not layers or not all(isinstance(i, int) and not isinstance(i, bool)
                                                                  and 0 <= i <= n for i in layers):
             raise ModelFormatError(f"{source}: {FEATURE_KEY} must be a list of layer indices in 0..{n}, got "
                                    f"{str(layers)[:60]}")
         fields["vision_feature_layer"] = sorted(set(layers))     # llama.cpp joins them in layer order
-    elif isinstance(n, int) and not isinstance(n, bool) and n >= 1:
+    elif counted:
         # the legacy converter dropped the last block already (LLaVA's -2): every stored block runs, as the
         # model was trained (llama.cpp's graph drops one more: ggml-org/llama.cpp#25817); the oldest files say
         # block_count = all blocks but store one fewer

@@ -66,6 +66,8 @@ def open_layout(path: Path) -> Layout | None:
         if not isinstance(cfg, dict) or "vision_config" not in cfg:
             return None
         kind = cfg.get("model_type")
+        if kind is not None and not isinstance(kind, str):
+            raise ModelFormatError(f"{cfg_path}: model_type must be a string, got {type(kind).__name__}")
         if kind in qwen_layouts.HF_TYPES:
             return _qwen_hf_layout(path, cfg, src)
         if kind in lfm2vl_layouts.HF_TYPES:
@@ -99,6 +101,8 @@ def open_layout(path: Path) -> Layout | None:
     try:
         meta = f.metadata
         arch = meta.get("general.architecture")
+        if arch == "clip" and not isinstance(meta.get("clip.projector_type", ""), str):
+            raise ModelFormatError(f"{src}: GGUF metadata 'clip.projector_type' must be a string")
         if arch == "clip" and meta.get("clip.projector_type") in qwen_layouts.MMPROJ_TYPES:
             vcfg = QwenVisionConfig.from_fields(qwen_layouts.mmproj_fields(meta, src, f.tensors),
                                                 qwen_layouts.MMPROJ_KEYS, src)
