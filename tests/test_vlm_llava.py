@@ -188,6 +188,11 @@ def test_a_vocabulary_without_the_image_token_uses_its_unknown_token(tmp_path):
                                    vlm.rows_logits(hf, {"input_ids": want_ids}, want_blocks), atol=1e-4, rtol=0)
         with pytest.raises(InvalidInputError, match="image markers"):
             m.image_ids(text, [])
+        # a chat template writing LLaVA's <image> for an image part (llava-hf's) reads as the <unk> marker
+        assert m.image_prompt(ONE["chat_text"], [square])[0] == ids
+        msgs = [{"role": "user", "content": [{"type": "text", "text": "Describe"}, {"type": "image", "image": square}]}]
+        assert m.chat(msgs, max_tokens=3, temperature=0, ignore_eos=True) == \
+            hf.chat(msgs, max_tokens=3, temperature=0, ignore_eos=True)
 
 
 def test_a_vocabulary_with_no_image_or_unknown_token_is_a_typed_error(tmp_path):

@@ -27,6 +27,11 @@ class LlavaTokens:
         return per + rows * (cols + 1) if self.family == LLAVA_NEXT else per
 
     def expand(self, text: str, grids: list, per: int = 0) -> str:
+        """Each image marker becomes its run of soft tokens. Where the soft token is a stand-in (`<unk>`: a vocabulary
+        without <image>), the `<image>` a LLaVA chat template writes for an image part is its marker too; a user's
+        own `<image>` in such a model's text then counts as one (a 400 on the count, never a silent image)."""
+        if self.marker != IMAGE_TEXT:
+            text = text.replace(IMAGE_TEXT, self.marker)
         return _expand_each(text, self.marker, grids, lambda rows, cols: self.marker * self.count(rows, cols, per))
 
     def place(self, ids: list[int], per: int, grids: list) -> tuple[list[int], list[tuple]]:

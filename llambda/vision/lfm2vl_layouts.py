@@ -7,7 +7,7 @@ downsample_factor, projector_*, vision_feature_layer; text_config.hidden_size), 
 from __future__ import annotations
 
 from ..errors import ModelFormatError
-from .layouts import Layout, image_processor_settings, rescale_normalize
+from .layouts import image_processor_settings, rescale_normalize
 from .lfm2vl_config import Lfm2VlVisionConfig
 
 HF_TYPES = ("lfm2_vl", "lfm2-vl")      # transformers' name; LiquidAI's first release (remote code)
@@ -79,14 +79,8 @@ def first_release_settings(path, pre, read_json):
     return merged
 
 
-def hf_layout(path, cfg: dict, src: str, read_json) -> Layout:
+def hf_config(path, cfg: dict, src: str, read_json) -> Lfm2VlVisionConfig:
+    """The tower's config from a HF directory's config.json and processor settings (its tensors: hf_lookup)."""
     pre, _ = image_processor_settings(path, read_json)
     pre = first_release_settings(path, pre, read_json)
-    vcfg = Lfm2VlVisionConfig.from_fields(hf_fields(cfg, pre, src), HF_NAMES, src)
-    from ..formats.safetensors import open_safetensors_dir
-    st = open_safetensors_dir(path)
-    try:
-        return Layout(vcfg, hf_lookup(st.tensors, src), 0.0, "hf", [st.close])
-    except BaseException:
-        st.close()
-        raise
+    return Lfm2VlVisionConfig.from_fields(hf_fields(cfg, pre, src), HF_NAMES, src)

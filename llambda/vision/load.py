@@ -71,7 +71,8 @@ def open_layout(path: Path) -> Layout | None:
         if kind in qwen_layouts.HF_TYPES:
             return _qwen_hf_layout(path, cfg, src)
         if kind in lfm2vl_layouts.HF_TYPES:
-            return lfm2vl_layouts.hf_layout(path, cfg, src, read_json)
+            return _safetensors_layout(path, lfm2vl_layouts.hf_config(path, cfg, src, read_json), lfm2vl_layouts.hf_lookup,
+                                       src)
         if kind in glm4v_layouts.HF_TYPES:
             return _glm4v_hf_layout(path, cfg, src)
         if pixtral_layouts.reads(cfg):         # Mistral 3's, or Pixtral-12B's LLaVA (before a LLaVA branch)
