@@ -102,8 +102,8 @@ def test_gguf_llama_to_hf_unpermutes_q_and_k(tmp_path, monkeypatch):
     np.testing.assert_allclose(logits(hf, ids), want, atol=1e-4, rtol=0)
 
     # the control: the same export without moving q/k rows back runs a different model
-    monkeypatch.setattr(export_mod, "rope_permutation",
-                        lambda heads, hd, to_interleaved: np.arange(heads * hd))
+    monkeypatch.setattr(export_mod, "partial_rope_permutation",
+                        lambda heads, hd, rotated, to_interleaved: np.arange(heads * hd))
     bad = export(gg, tmp_path / "hf_unpermuted", fmt="hf")
     assert np.abs(logits(bad, ids) - want).max() > 0.05
 

@@ -115,7 +115,8 @@ class MambaWeights:
     a_neg: np.ndarray               # (D, N): -exp(A_log), never positive
     d_skip: np.ndarray              # (D,): D
     out_proj: object                # (d_model, D)
-    dt_norm: np.ndarray | None = None   # (R,), (N,), (N,): Jamba's weighted RMS norms over dt_low, B and C
+    dt_norm: np.ndarray | None = None   # (R,), (N,), (N,): the RMS norms over dt_low, B and C (Jamba's weights;
+                                        # FalconMamba's weightless ones as ones)
     b_norm: np.ndarray | None = None
     c_norm: np.ndarray | None = None
 
@@ -555,8 +556,16 @@ class Transformer(Closable, LatentAttention):
                                 dt_proj=matrix(p + "ssm_dt.weight", D, R), dt_bias=vector(p + "ssm_dt.bias", D),
                                 a_neg=a_neg, d_skip=flat(p + "ssm_d.weight", D),
                                 out_proj=matrix(p + "ssm_out.weight", d, D),
-                                **({f"{k}_norm": vector(p + f"ssm_{k}_norm.weight", n) for k, n in
-                                    (("dt", R), ("b", N), ("c", N))} if cfg.ssm_dt_b_c_norms else {}))
+                                **norms(p, R, N))
+
+        def norms(p: str, R: int, N: int) -> dict:
+            """The dt/B/C RMS norms' weights: Jamba's tensors, FalconMamba's weightless norms as ones, else none."""
+            if cfg.ssm_dt_b_c_norms:
+                return {f"{k}_norm": vector(p + f"ssm_{k}_norm.weight", n) for k, n in (("dt", R), ("b", N), ("c", N))}
+            if cfg.ssm_dt_b_c_eps:
+                ones = {n: np.ones(n, np.float32) for n in (R, N)}
+                return {"dt_norm": ones[R], "b_norm": ones[N], "c_norm": ones[N]}
+            return {}
 
         def act_scalars(p: str) -> tuple | None:
             """An ungated MLP's activation as the xielu op's scalars: ReLU^2's, or the layer's xIELU tensors'."""
@@ -589,9 +598,6 @@ class Transformer(Closable, LatentAttention):
             self.layers = self.g3n.layers
             B.end_load()
             return
-        # FalconMamba's weightless RMS norms over dt_low, B and C multiply by ones
-        self._ssm_ones = {k: np.ones(k, np.float32) for k in (cfg.ssm_dt_rank, cfg.ssm_k_dim)} \
-            if cfg.ssm_dt_b_c_eps else {}
         self.layers = []
         for i in range(cfg.n_layers):
             p = f"blk.{i}."
@@ -1064,12 +1070,9 @@ class Transformer(Closable, LatentAttention):
         B.matmul_many(self._pre_norm(x, L.attn_norm, ws.h[:n]), (M.in_x, M.in_z), (sx, sz))
         B.conv_silu(sx, self.conv_state[i], self.state_pos[i], M.kernel, slot, p, conv, bias=M.conv_bias)
         B.matmul_many(conv, (M.x_dt, M.x_b, M.x_c), (dt_low, b, c))
-        if cfg.ssm_dt_b_c_eps:
-            for v in (dt_low, b, c):
-                B.rmsnorm(v, self._ssm_ones[v.shape[1]], cfg.ssm_dt_b_c_eps, v)
-        elif M.dt_norm is not None:          # Jamba's, with weights and the model's epsilon
+        if M.dt_norm is not None:       # Jamba's with weights and the model's epsilon; FalconMamba's ones, its own
             for v, w in ((dt_low, M.dt_norm), (b, M.b_norm), (c, M.c_norm)):
-                B.rmsnorm(v, w, cfg.norm_eps, v)
+                B.rmsnorm(v, w, cfg.ssm_dt_b_c_eps or cfg.norm_eps, v)
         B.matmul(dt_low, M.dt_proj, sx)          # the convolution's input is spent: sx holds dt
         B.ssm_scan1(conv, sx, b, c, sz, self.delta_state[i], self.delta_pos[i], M.a_neg, M.dt_bias, M.d_skip, slot, p,
                     out)

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .images import QwenTokens, _expand_each, named_tokens
+from .images import INTERNVL, QwenTokens, _expand_each, named_tokens
 
 START_TEXT, SOFT_TEXT, END_TEXT = "<img>", "<IMG_CONTEXT>", "</img>"
-INTERNVL = "internvl"
 
 
 @dataclass(frozen=True)

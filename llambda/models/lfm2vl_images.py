@@ -15,9 +15,8 @@ import numpy as np
 
 from ..errors import InvalidInputError, ModelFormatError
 from ..sampling import _is_int
-from .images import IMAGE_TEXT, _expand_each, _idefics_tokens, _soft_runs, image_block, tower_rows
+from .images import IMAGE_TEXT, LFM2VL, _expand_each, _idefics_tokens, _soft_runs, image_block, tower_rows
 
-LFM2VL = "lfm2_vl"
 START, END, THUMBNAIL = "<|image_start|>", "<|image_end|>", "<|img_thumbnail|>"
 
 

@@ -35,7 +35,7 @@ from ..formats.gguf_model import biases_from_tensors
 from ..formats.hf_dir import GLOBAL_NAMES, layer_names
 from ..formats.open import open_named
 from ..formats.quants import QType, TRAITS, quantize
-from ..formats.rope_rows import PERMUTED_GGUF_ARCHS, partial_rope_permutation, rope_permutation
+from ..formats.rope_rows import PERMUTED_GGUF_ARCHS, partial_rope_permutation
 from ..formats.source import ModelSource
 from ..formats.weights import WeightTensor
 from ..models import arch_module
@@ -243,12 +243,9 @@ def _layout_tensors(src: ModelSource, to_interleaved: bool | None) -> dict[str, 
         raise ModelFormatError("cannot convert the q/k RoPE layout of a q/k-norm model")
     if any(n.endswith("attn_qkv.weight") for n in tensors):
         raise ModelFormatError("cannot convert the RoPE layout of fused qkv tensors")
-    if cfg.rope_dim != cfg.head_dim:      # (Bamba's half-rotary heads) only the rotated rows move
-        perm = {"attn_q": partial_rope_permutation(cfg.n_heads, cfg.head_dim, cfg.rope_dim, to_interleaved),
-                "attn_k": partial_rope_permutation(cfg.n_kv_heads, cfg.head_dim, cfg.rope_dim, to_interleaved)}
-    else:
-        perm = {"attn_q": rope_permutation(cfg.n_heads, cfg.head_dim, to_interleaved),
-                "attn_k": rope_permutation(cfg.n_kv_heads, cfg.head_dim, to_interleaved)}
+    # only the rotated rows move (all of them but in Bamba's half-rotary heads)
+    perm = {"attn_q": partial_rope_permutation(cfg.n_heads, cfg.head_dim, cfg.rope_dim, to_interleaved),
+            "attn_k": partial_rope_permutation(cfg.n_kv_heads, cfg.head_dim, cfg.rope_dim, to_interleaved)}
     for name, t in tensors.items():
         leaf = name.split(".")[2] if name.startswith("blk.") else ""
         if leaf in perm:

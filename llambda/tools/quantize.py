@@ -55,11 +55,6 @@ def target_at_load(name: str, t: WeightTensor, qtype: QType) -> QType | None:
     return None
 
 
-def quantized_at_load(name: str, t: WeightTensor, qtype: QType) -> bool:
-    """Whether `quantizing_lookup` converts this tensor (to `qtype` or its fallback)."""
-    return target_at_load(name, t, qtype) is not None
-
-
 def qtype_at_load(qtype_name: str) -> Callable[[str, WeightTensor], QType]:
     """A tensor's type once `quantizing_lookup(..., qtype_name)` has converted it (for the memory plan)."""
     qtype = load_qtype(qtype_name)

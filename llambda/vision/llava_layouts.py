@@ -21,8 +21,9 @@
 from __future__ import annotations
 
 from ..errors import ModelFormatError
-from .layouts import PROJECTOR_PREFIXES, TOWER_PREFIXES, gguf_lookup, rescale_normalize
+from .layouts import PROJECTOR_PREFIXES, TOWER_PREFIXES, _scalar, gguf_lookup, rescale_normalize
 from .llava_next_mmproj import newline_lookup, next_fields
+from .qwen2vl_layouts import CLIP_MEAN, CLIP_STD
 
 HF_TYPES = ("llava", "llava_next")
 MMPROJ_TYPE = "mlp"
@@ -33,8 +34,6 @@ CLIP_DEFAULTS = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_laye
 LLAVA_TOWER = {"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 24, "num_attention_heads": 16,
                "image_size": 336, "patch_size": 14}
 NEXT_PINPOINTS = [[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]]     # LlavaNextConfig's default
-CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 HF_NAMES = ({k: f"config.json vision_config.{k}" for k in CLIP_DEFAULTS}
             | {k: f"config.json {k}" for k in ("vision_feature_layer", "vision_feature_select_strategy",
                                                "projector_hidden_act", "multimodal_projector_bias")}
@@ -147,10 +146,6 @@ def gguf_name(canon: str, swapped: bool = False) -> str | None:
     return None
 
 
-def _scalar(v):
-    return v.tolist() if hasattr(v, "tolist") else v
-
-
 def mmproj_fields(meta: dict, tensors: dict, source: str) -> dict:
     """LlavaVisionConfig fields of an mmproj GGUF of projector type mlp (`tensors`: its name -> info)."""
     if meta.get("clip.has_vision_encoder") is not True:
@@ -207,21 +202,13 @@ def mmproj_lookup(gguf_file, hidden: int):
     return newline_lookup(gguf_file, gguf_lookup(gguf_file, swapped, gguf_name))
 
 
-def hf_layout(path, cfg: dict, src: str):
-    """The Layout of a LlavaForConditionalGeneration directory (load.open_layout's)."""
+def hf_config(path, cfg: dict, src: str):
+    """The LlavaVisionConfig of a LlavaForConditionalGeneration directory (its tensors: hf_lookup)."""
     from ..formats.files import read_json
-    from ..formats.safetensors import open_safetensors_dir
-    from .layouts import Layout, image_processor_settings
+    from .layouts import image_processor_settings
     from .llava_config import LlavaVisionConfig
-    from contextlib import ExitStack
     pre, _ = image_processor_settings(path, read_json)
-    vcfg = LlavaVisionConfig.from_fields(hf_fields(cfg, pre, src), HF_NAMES, src)
-    with ExitStack() as undo:           # the files closed unless the layout (which closes them later) is made
-        st = open_safetensors_dir(path)
-        undo.callback(st.close)
-        layout = Layout(vcfg, hf_lookup(st.tensors, src), 0.0, "hf", [st.close])
-        undo.pop_all()
-    return layout
+    return LlavaVisionConfig.from_fields(hf_fields(cfg, pre, src), HF_NAMES, src)
 
 
 def mmproj_layout(f, src: str):

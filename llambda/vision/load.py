@@ -76,11 +76,11 @@ def open_layout(path: Path) -> Layout | None:
         if kind in glm4v_layouts.HF_TYPES:
             return _glm4v_hf_layout(path, cfg, src)
         if pixtral_layouts.reads(cfg):         # Mistral 3's, or Pixtral-12B's LLaVA (before a LLaVA branch)
-            return pixtral_layouts.hf_layout(path, cfg, src)
+            return _safetensors_layout(path, pixtral_layouts.hf_config(path, cfg, src), pixtral_layouts.hf_lookup, src)
         if kind in internvl_layouts.HF_TYPES or kind in internvl_layouts.CHAT_TYPES:
             return _internvl_hf_layout(path, cfg, src)
         if kind in llava_layouts.HF_TYPES:
-            return llava_layouts.hf_layout(path, cfg, src)
+            return _safetensors_layout(path, llava_layouts.hf_config(path, cfg, src), llava_layouts.hf_lookup, src)
         if kind != "gemma3" and kind not in IDEFICS3_TYPES:
             warnings.warn(f"{path}: its vision tower ({str(kind)[:40]!r}) is not supported (Gemma 3's, Idefics3's, "
                           "Qwen2(.5)-VL's, Qwen3-VL's, LFM2-VL's, Mistral 3's and Pixtral's, InternVL's, LLaVA's, "

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import ModelFormatError
-from .layouts import Layout, image_processor_settings, rescale_normalize
+from .layouts import image_processor_settings, rescale_normalize
 
 HF_TYPES = ("mistral3",)
 LLAVA = "llava"         # Pixtral-12B's: LlavaForConditionalGeneration with a pixtral vision_config
@@ -94,21 +94,12 @@ def hf_lookup(tensors: dict, source: str):
     raise ModelFormatError(f"{source}: config.json describes a Pixtral tower but the checkpoint holds no {PATCH_CONV}")
 
 
-def hf_layout(path: Path, cfg: dict, source: str) -> Layout:
-    """The tower's Layout of a Mistral 3 directory (config.json already read as `cfg`)."""
+def hf_config(path: Path, cfg: dict, source: str):
+    """The tower's PixtralConfig of a Mistral 3 directory (config.json already read as `cfg`; its tensors:
+    hf_lookup)."""
     from ..formats.files import read_json
-    from ..formats.safetensors import open_safetensors_dir
     from .pixtral_config import PixtralConfig
     pre, _ = image_processor_settings(path, read_json)
     proc_path = path / "processor_config.json"
     proc = read_json(proc_path, "processor_config.json") if proc_path.exists() else None
-    vcfg = PixtralConfig.from_fields(hf_fields(cfg, pre, proc, source), HF_NAMES, source)
-    st = open_safetensors_dir(path)
-    found = False
-    try:
-        lookup = hf_lookup(st.tensors, source)
-        found = True
-    finally:
-        if not found:
-            st.close()
-    return Layout(vcfg, lookup, 0.0, "hf", [st.close])
+    return PixtralConfig.from_fields(hf_fields(cfg, pre, proc, source), HF_NAMES, source)

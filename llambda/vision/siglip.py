@@ -121,9 +121,6 @@ class SiglipEncoder:
         v = pixels[:, :g * p, :g * p].reshape(c.num_channels, g, p, g, p).transpose(1, 3, 0, 2, 4)
         self.patches[...] = v.reshape(g * g, -1)
 
-    def gelu_tanh(self, x: np.ndarray) -> None:
-        gelu_tanh(self.be, x, self.ones)
-
     def forward(self, pixels: np.ndarray) -> np.ndarray:
         """The last hidden state [P, H] of one image's pixel values [C, S, S] (a view of a reused buffer)."""
         cfg, be = self.cfg, self.be
