@@ -76,6 +76,16 @@ def _signed_inf(c, zero) -> np.float32:
     return np.float32(np.inf if c > 0 else -np.inf if c < 0 else zero)
 
 
+def _softplus(u):
+    """log(1 + e^u), u past 20 as itself (the recurrent ops' dt)."""
+    return np.where(u > 20, u, np.log1p(np.exp(np.minimum(u, 20))))
+
+
+def _silu(z):
+    """z sigmoid(z), as the recurrent ops' gates compute it."""
+    return z / (1.0 + np.exp(-z))
+
+
 class NumpyBackend(Backend):
     name = "numpy"
     precision = "f32"
@@ -117,7 +127,7 @@ class NumpyBackend(Backend):
     def conv_silu(self, x, state, state_pos, kernel, slots, pos, out, bias=None) -> None:
         for t, _, y in self._conv(x, state, state_pos, kernel, slots, pos):
             y = y if bias is None else y + bias
-            out[t] = y / (1.0 + np.exp(-y))
+            out[t] = _silu(y)
 
     @staticmethod
     def _conv(u, state, state_pos, kernel, slots, pos):
@@ -155,7 +165,7 @@ class NumpyBackend(Backend):
             q, k = np.repeat(q, r, axis=0), np.repeat(k, r, axis=0)              # (hv, dk)
             beta = 1.0 / (1.0 + np.exp(-ba[t, :hv]))
             x = ba[t, hv:] + dt_bias
-            g = a_neg * np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20))))
+            g = a_neg * _softplus(x)
             S = state[s] * np.exp(g)[:, None, None]                             # (hv, dk, dv)
             delta = (v - np.einsum("hij,hi->hj", S, k)) * beta[:, None]
             S = S + k[:, :, None] * delta[:, None, :]
@@ -164,7 +174,7 @@ class NumpyBackend(Backend):
             o = np.einsum("hij,hi->hj", S, q)                                   # (hv, dv)
             o = o / np.sqrt((o * o).mean(-1, keepdims=True) + f32(eps)) * norm_w
             zt = z[t].reshape(hv, dv)
-            out[t] = (o * (zt / (1.0 + np.exp(-zt)))).reshape(-1)
+            out[t] = (o * _silu(zt)).reshape(-1)
 
     def ssm_scan(self, xbc, dt, z, state, state_pos, a_neg, dt_bias, d_skip, norm_w, eps, slots, pos, out,
                  groups) -> None:
@@ -178,12 +188,12 @@ class NumpyBackend(Backend):
             b = np.repeat(xbc[t, xd:xd + groups * N].reshape(groups, N), H // groups, axis=0)      # (H, N)
             c = np.repeat(xbc[t, xd + groups * N:].reshape(groups, N), H // groups, axis=0)
             u = dt[t] + dt_bias
-            d = np.where(u > 20, u, np.log1p(np.exp(np.minimum(u, 20)))).astype(f32)           # softplus
+            d = _softplus(u).astype(f32)
             S = state[s] * np.exp(d * a_neg)[:, None, None] + (d[:, None] * b)[:, :, None] * x[:, None, :]
             state[s] = S
             state_pos[s] = pos[t] + 1
             y = (np.einsum("hnp,hn->hp", S, c) + d_skip[:, None] * x).reshape(-1)
-            y = y * (z[t] / (1.0 + np.exp(-z[t])))
+            y = y * _silu(z[t])
             if norm_w is None:           # no gated norm (Falcon-H1's mamba_rms_norm false)
                 out[t] = y
                 continue
@@ -196,11 +206,11 @@ class NumpyBackend(Backend):
             if pos[t] == 0:
                 state[s] = 0
             u = dt[t] + dt_bias
-            d = np.where(u > 20, u, np.log1p(np.exp(np.minimum(u, 20)))).astype(np.float32)[:, None]   # softplus
+            d = _softplus(u).astype(np.float32)[:, None]
             S = np.exp(np.minimum(d * a_neg, 0)) * state[s] + (d * b[t]) * x[t][:, None]               # (D, N)
             state[s] = S
             state_pos[s] = pos[t] + 1
-            out[t] = (S @ c[t] + d_skip * x[t]) * (z[t] / (1.0 + np.exp(-z[t])))
+            out[t] = (S @ c[t] + d_skip * x[t]) * _silu(z[t])
 
     def sigmoid_mul(self, x, gate, out) -> None:
         np.multiply(x, 1.0 / (1.0 + np.exp(-gate)), out=out)
