@@ -63,7 +63,7 @@ def test_kend_matches_numpy_on_every_isa(C, config, kv_type):
         # the reference reads f16 keys as the cache stores them (its rounding is not the point here); a q8_0
         # cache's keys are stored against bases: its rows are checked for batch invariance only
         if kv_type != "q8_0":
-            ref.kv_store(rcache, 0, cache.k[0][0].astype(F32), cache.v[0][0].astype(F32), zeros, pos)
+            ref.kv_store(rcache, 0, cache.positions(cache.k[0])[0].astype(F32), cache.positions(cache.v[0])[0].astype(F32), zeros, pos)
         q = rng.standard_normal((n_ctx, n_heads, hd)).astype(F32)
         scale = 1.0 / np.sqrt(hd)
         rows = np.flatnonzero(kend > pos + 1)

@@ -102,8 +102,9 @@ N_SLOTS, N_CTX = 3, 700
 
 
 def ref_attention(q, kc, vc, slots, pos, n_kv, scale, window, softcap):
-    """float64, to check the invariant schedule is also right (not just consistent)."""
-    kc, vc = kc.astype(np.float64), vc.astype(np.float64)
+    """float64, to check the invariant schedule is also right (not just consistent). Caches in the C
+    layout (n_slots, n_kv, n_ctx, hd), read here as (n_slots, n_ctx, n_kv, hd)."""
+    kc, vc = np.moveaxis(kc, 2, 1).astype(np.float64), np.moveaxis(vc, 2, 1).astype(np.float64)
     n, n_heads, _ = q.shape
     group = n_heads // n_kv
     out = np.zeros(q.shape, np.float64)
@@ -126,7 +127,7 @@ class Attn:
         self.ct = cache_type
         r = np.random.default_rng(seed)
         dt = F32 if cache_type == 0 else np.float16
-        shape = (N_SLOTS, N_CTX, self.n_kv, self.hd)
+        shape = (N_SLOTS, self.n_kv, N_CTX, self.hd)     # the C layout
         self.kc = r.standard_normal(shape).astype(dt)
         self.vc = r.standard_normal(shape).astype(dt)
         self.scale = 1.0 / np.sqrt(self.hd)

@@ -42,11 +42,19 @@ def ref_rope(x, pos, inv_freq, rope_dim, neox):
     return x
 
 
+def rows(c):
+    """A cache of the C layout (n_slots, n_kv, n_ctx, ...) viewed as (n_slots, n_ctx, n_kv, ...)."""
+    return np.moveaxis(c, 2, 1)
+
+
 def cache_values(c, n_kv, hd):
     """What a cache holds, as float64 (n_slots, n_ctx, n_kv, hd): a q8_0 cache (bytes) through the
-    NumPy dequantizer."""
+    NumPy dequantizer. A float64 array is taken as such values already."""
+    if c.dtype == np.float64:
+        return c
+    c = rows(c)
     if c.dtype == np.uint8:
-        c = dequantize(c.ravel(), QType.Q8_0, (c.shape[0] * c.shape[1], n_kv * hd)).reshape(c.shape[:2] + (n_kv, hd))
+        c = dequantize(np.ascontiguousarray(c).ravel(), QType.Q8_0, (c.size // (hd // 32 * 34), hd)).reshape(c.shape[:3] + (hd,))
     return c.astype(np.float64)
 
 
@@ -181,19 +189,20 @@ def test_rope(isa, neox, n, n_heads, head_dim, rope_dim):
 
 
 def make_cache(n_slots, n_ctx, n_kv, hd, cache_type):
-    if cache_type == 2:  # q8_0: 34 bytes per 32 values of a position's row
-        shape = (n_slots, n_ctx, n_kv * hd // 32 * 34)
+    """K and V caches in the C layout: (n_slots, n_kv, n_ctx, hd) values, or q8_0's 34 bytes per 32."""
+    if cache_type == 2:
+        shape = (n_slots, n_kv, n_ctx, hd // 32 * 34)
         return np.zeros(shape, np.uint8), np.zeros(shape, np.uint8)
     dt = F32 if cache_type == 0 else np.float16
-    return np.zeros((n_slots, n_ctx, n_kv, hd), dt), np.zeros((n_slots, n_ctx, n_kv, hd), dt)
+    return np.zeros((n_slots, n_kv, n_ctx, hd), dt), np.zeros((n_slots, n_kv, n_ctx, hd), dt)
 
 
 def fill_cache(c, values, n_kv, hd):
     """Store float values (n_slots, n_ctx, n_kv, hd) into a cache of any type (q8_0: the NumPy quantizer)."""
     if c.dtype == np.uint8:
-        c[:] = quantize(values.reshape(-1, n_kv * hd).astype(F32), QType.Q8_0).reshape(c.shape)
+        rows(c)[:] = quantize(values.reshape(-1, hd).astype(F32), QType.Q8_0).reshape(rows(c).shape)
     else:
-        c[:] = values
+        rows(c)[:] = values
 
 
 @pytest.mark.parametrize("cache_type", [0, 1])
@@ -208,11 +217,11 @@ def test_kv_store(isa, cache_type):
     pos = np.concatenate([np.arange(5, 18), np.arange(38, 50), np.arange(0, 12)]).astype(np.int32)
     native.kv_store(k, v, kc, vc, slots, pos, n, n_kv, hd, n_slots, n_ctx, cache_type)
     dt = kc.dtype
-    assert np.array_equal(kc[slots, pos], k.astype(dt))  # f16: same rounding as NumPy (nearest even)
-    assert np.array_equal(vc[slots, pos], v.astype(dt))
+    assert np.array_equal(rows(kc)[slots, pos], k.astype(dt))  # f16: same rounding as NumPy (nearest even)
+    assert np.array_equal(rows(vc)[slots, pos], v.astype(dt))
     written = np.zeros((n_slots, n_ctx), bool)
     written[slots, pos] = True
-    assert np.all(kc[~written] == 7) and np.all(vc[~written] == 0)
+    assert np.all(rows(kc)[~written] == 7) and np.all(rows(vc)[~written] == 0)
 
 
 def test_kv_store_q8_0(isa):
@@ -229,11 +238,11 @@ def test_kv_store_q8_0(isa):
     slots = np.repeat(np.array([2, 0, 1], np.int32), [13, 12, 12])
     pos = np.concatenate([np.arange(5, 18), np.arange(38, 50), np.arange(0, 12)]).astype(np.int32)
     native.kv_store(k, v, kc, vc, slots, pos, n, n_kv, hd, n_slots, n_ctx, 2)
-    assert np.array_equal(kc[slots, pos], quantize(k.reshape(n, -1), QType.Q8_0))
-    assert np.array_equal(vc[slots, pos], quantize(v.reshape(n, -1), QType.Q8_0))
+    assert np.array_equal(rows(kc)[slots, pos], quantize(k.reshape(n, -1), QType.Q8_0).reshape(n, n_kv, -1))
+    assert np.array_equal(rows(vc)[slots, pos], quantize(v.reshape(n, -1), QType.Q8_0).reshape(n, n_kv, -1))
     written = np.zeros((n_slots, n_ctx), bool)
     written[slots, pos] = True
-    assert np.all(kc[~written] == 7) and np.all(vc[~written] == 0)
+    assert np.all(rows(kc)[~written] == 7) and np.all(rows(vc)[~written] == 0)
 
 
 def q8_0_keys_with_base(rows, base):
@@ -263,8 +272,8 @@ def test_kv_q8_0_key_base(isa):
     for a, b in ((0, 100), (100, n)):  # position 0 in the first call: later calls keep its base
         native.kv_store(k[a:b], v[a:b], kc, vc, slots[a:b], pos[a:b], b - a, n_kv, hd, 2, n_ctx, 2, kbase)
     assert np.array_equal(kbase[1], k[0].ravel()) and np.all(kbase[0] == 5.0)
-    assert np.array_equal(kc[1, :n], q8_0_keys_with_base(k.reshape(n, -1), kbase[1]))
-    assert np.array_equal(vc[1, :n], quantize(v.reshape(n, -1), QType.Q8_0))  # values: plain blocks
+    assert np.array_equal(rows(kc)[1, :n], q8_0_keys_with_base(k.reshape(n, -1), kbase[1]).reshape(n, n_kv, -1))
+    assert np.array_equal(rows(vc)[1, :n], quantize(v.reshape(n, -1), QType.Q8_0).reshape(n, n_kv, -1))  # values: plain blocks
     q = r.standard_normal((1, n_heads, hd)).astype(F32) * 0.1
     want = ref_attention(q, np.zeros((2, n_ctx, n_kv, hd)) + np.pad(k, ((0, n_ctx - n), (0, 0), (0, 0)))[None],
                          cache_values(vc, n_kv, hd), slots[:1], pos[-1:], n_heads, n_kv, 0.125, 0, 0.0)
@@ -273,7 +282,7 @@ def test_kv_q8_0_key_base(isa):
     err_base = np.abs(out - want).max()
     plain = np.empty_like(q)
     kc_plain = kc.copy()
-    kc_plain[1, :n] = quantize(k.reshape(n, -1), QType.Q8_0)
+    rows(kc_plain)[1, :n] = quantize(k.reshape(n, -1), QType.Q8_0).reshape(n, n_kv, -1)
     native.attention(q, kc_plain, vc, plain, slots[:1], pos[-1:], 1, n_heads, n_kv, hd, 2, n_ctx, 2, 0.125, 0, 0.0)
     assert err_base < 0.01 and err_base < np.abs(plain - want).max() / 3, (err_base, np.abs(plain - want).max())
     with pytest.raises(ValueError, match="q8_0"):
@@ -321,7 +330,7 @@ def test_kv_store_of_keys_only(isa):
     k = rng(7).standard_normal((3, n_kv, hd)).astype(F32)
     slots, pos = np.zeros(3, np.int32), np.arange(3, dtype=np.int32)
     native.kv_store(k, k, kc, kc, slots, pos, 3, n_kv, hd, 1, n_ctx, 2)
-    assert np.array_equal(kc[0, :3], quantize(k.reshape(3, -1), QType.Q8_0).reshape(kc[0, :3].shape))
+    assert np.array_equal(rows(kc)[0, :3], quantize(k.reshape(3, -1), QType.Q8_0).reshape(rows(kc)[0, :3].shape))
     q = rng(8).standard_normal((1, 4, hd)).astype(F32)
     out = np.full_like(q, np.nan)
     native.attention(q, kc, kc, out, slots[-1:], pos[-1:], 1, 4, n_kv, hd, 1, n_ctx, 2, 0.125, 0, 0.0)
@@ -439,7 +448,7 @@ def test_attention_batch_of_slots(isa):
     want = ref_attention(q, kc, vc, slots, pos, n_heads, n_kv, 0.125, 0, 0.0)
     np.testing.assert_allclose(out, want, rtol=0, atol=5e-6)
     # pos 0 attends one key: the output is that value row exactly (softmax weight 1).
-    np.testing.assert_allclose(out[1], vc[0, 0].astype(F32).repeat(3, axis=0).reshape(6, hd), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(out[1], rows(vc)[0, 0].astype(F32).repeat(3, axis=0).reshape(6, hd), rtol=0, atol=1e-6)
 
 
 # ---------------------------------------------------------------- elementwise

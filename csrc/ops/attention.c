@@ -128,8 +128,7 @@ static void run_units(const struct unit_queue *q, long units, int parallel) {
 
 /* Byte offset of kv head kvh's first key of slot s in the caches. */
 static inline size_t cache_base(const struct llb_attention_args *a, long s, long kvh) {
-    const size_t stride = (size_t)a->n_kv * (size_t)a->head_dim;
-    return llb_cache_bytes(a->cache_type, (size_t)s * (size_t)a->n_ctx * stride + (size_t)kvh * (size_t)a->head_dim);
+    return llb_cache_bytes(a->cache_type, llb_kv_elem(a->n_kv, a->n_ctx, a->head_dim, s, kvh, 0));
 }
 
 /* Slot s's key base for kv head kvh (Q8_0 caches stored with bases), or NULL. */
@@ -152,7 +151,7 @@ static inline struct llb_attn_tile tile_at(const struct llb_attention_args *a, l
     const struct llb_attn_tile tile = {
         .k = (const char *)a->kcache + base,
         .v = (const char *)a->vcache + base,
-        .stride = (size_t)a->n_kv * (size_t)a->head_dim,
+        .stride = (size_t)a->head_dim, /* one kv head's rows (llb_kv_elem) */
         .head_dim = a->head_dim,
         .scale = a->scale,
         .softcap = a->softcap,
@@ -188,7 +187,7 @@ static void attend_rows_next(const struct llb_attention_args *a, const struct ll
         .q = a->q + row * a->head_dim,
         .k = (const char *)a->kcache + base,
         .v = (const char *)a->vcache + base,
-        .stride = (size_t)a->n_kv * (size_t)a->head_dim,
+        .stride = (size_t)a->head_dim, /* one kv head's rows (llb_kv_elem) */
         .lo = lo,
         .hi = hi,
         .head_dim = a->head_dim,

@@ -223,7 +223,7 @@ struct kv_task {
     const float *kin, *vin;
     void *kcache, *vcache;
     const int32_t *slots, *pos;
-    long n, row, n_slots, n_ctx;
+    long n, row, n_slots, n_ctx, n_kv, head_dim;
     int cache_type;
     float *kbase;
 };
@@ -267,18 +267,21 @@ static void kv_tokens(const struct kv_task *t, long t0, long t1) {
     for (long i = t0; i < t1; i++) {
         const long s = t->slots[i], p = t->pos[i];
         if (s < 0 || s >= t->n_slots || p < 0 || p >= t->n_ctx) continue; /* validated by the caller; never write outside */
-        const size_t dst = ((size_t)s * (size_t)t->n_ctx + (size_t)p) * (size_t)t->row;
-        const float *ksrc = t->kin + i * t->row, *vsrc = t->vin + i * t->row;
-        if (t->cache_type == LLB_CACHE_Q8_0) {
-            const float *base = t->kbase ? t->kbase + (size_t)s * (size_t)t->row : NULL;
-            q8_0_row(ksrc, base, (uint8_t *)llb_cache_at(t->kcache, dst, LLB_CACHE_Q8_0), t->row);
-            if (!keys_only) q8_0_row(vsrc, NULL, (uint8_t *)llb_cache_at(t->vcache, dst, LLB_CACHE_Q8_0), t->row);
-        } else if (t->cache_type == LLB_CACHE_F16) {
-            t->k->f32_to_f16(ksrc, (uint16_t *)t->kcache + dst, t->row);
-            if (!keys_only) t->k->f32_to_f16(vsrc, (uint16_t *)t->vcache + dst, t->row);
-        } else {
-            memcpy((float *)t->kcache + dst, ksrc, (size_t)t->row * sizeof(float));
-            if (!keys_only) memcpy((float *)t->vcache + dst, vsrc, (size_t)t->row * sizeof(float));
+        const long hd = t->head_dim;
+        for (long h = 0; h < t->n_kv; h++) { /* each kv head's row to its run (llb_kv_elem) */
+            const size_t dst = llb_kv_elem(t->n_kv, t->n_ctx, hd, s, h, p);
+            const float *ksrc = t->kin + i * t->row + h * hd, *vsrc = t->vin + i * t->row + h * hd;
+            if (t->cache_type == LLB_CACHE_Q8_0) { /* head_dim a multiple of the block: the same blocks as a whole row's */
+                const float *base = t->kbase ? t->kbase + (size_t)s * (size_t)t->row + h * hd : NULL;
+                q8_0_row(ksrc, base, (uint8_t *)llb_cache_at(t->kcache, dst, LLB_CACHE_Q8_0), hd);
+                if (!keys_only) q8_0_row(vsrc, NULL, (uint8_t *)llb_cache_at(t->vcache, dst, LLB_CACHE_Q8_0), hd);
+            } else if (t->cache_type == LLB_CACHE_F16) {
+                t->k->f32_to_f16(ksrc, (uint16_t *)t->kcache + dst, hd);
+                if (!keys_only) t->k->f32_to_f16(vsrc, (uint16_t *)t->vcache + dst, hd);
+            } else {
+                memcpy((float *)t->kcache + dst, ksrc, (size_t)hd * sizeof(float));
+                if (!keys_only) memcpy((float *)t->vcache + dst, vsrc, (size_t)hd * sizeof(float));
+            }
         }
     }
 }
@@ -291,7 +294,7 @@ static void kv_task_run(void *ctx, long b, long e, int tid) {
 void llb_kv_store(const struct llb_kv_store_args *a) {
     if (a->cache_type == LLB_CACHE_Q8_0 && a->head_dim % LLB_Q8_0_BLOCK) return; /* the binding refuses it */
     struct kv_task t = {llb_op_kernels_current(), a->k, a->v, a->kcache, a->vcache, a->slots, a->pos, a->n,
-                        a->n_kv * a->head_dim, a->n_slots, a->n_ctx, a->cache_type,
+                        a->n_kv * a->head_dim, a->n_slots, a->n_ctx, a->n_kv, a->head_dim, a->cache_type,
                         a->cache_type == LLB_CACHE_Q8_0 ? a->kbase : NULL};
     /* Bases first: a position 0 in this call sets its slot's base before any key of the slot is stored. */
     for (long i = 0; t.kbase && i < t.n; i++)

@@ -25,6 +25,14 @@ static inline size_t llb_cache_bytes(int type, size_t elems) {
 static inline const void *llb_cache_at(const void *base, size_t elem, int type) {
     return (const char *)base + llb_cache_bytes(type, elem);
 }
+/* The K/V caches are (n_slots, n_kv, n_ctx, head_dim): each kv head's keys of a slot one run of
+ * rows. Position-major rows (n_ctx, n_kv, head_dim) had a decode read every other 256 bytes at
+ * head_dim 128 f16, which a Zen 4 host's memory served slower than whole rows (the op from memory
+ * 1.3x the time alone, ~1.1x inside a decode step; docs/BENCHMARKS.md, session 42).
+ * The first value of (slot s, kv head kvh, position p) is element llb_kv_elem(...). */
+static inline size_t llb_kv_elem(long n_kv, long n_ctx, long head_dim, long s, long kvh, long p) {
+    return (((size_t)s * (size_t)n_kv + (size_t)kvh) * (size_t)n_ctx + (size_t)p) * (size_t)head_dim;
+}
 
 /* Largest head_dim attention accepts (its block buffers live on the stack): 576 takes latent
  * attention's compressed rows (a 512-value latent beside a 64-value rotary key) as one head. */
@@ -50,8 +58,8 @@ struct llb_rope_args {
 };
 void llb_rope(const struct llb_rope_args *a);
 
-/* Token i's k/v rows (n_kv * head_dim floats) go to cache[slots[i], pos[i]];
- * caches are (n_slots, n_ctx, n_kv, head_dim) of cache_type. kcache == vcache (k == v, no kbase):
+/* Token i's k/v rows (n_kv * head_dim floats) go to cache[slots[i], :, pos[i]];
+ * caches are (n_slots, n_kv, n_ctx, head_dim) of cache_type (llb_kv_elem). kcache == vcache (k == v, no kbase):
  * a cache whose values are read from the keys' rows, written once. */
 struct llb_kv_store_args {
     const float *k, *v;      /* n rows of n_kv * head_dim floats */
@@ -68,7 +76,7 @@ void llb_kv_store(const struct llb_kv_store_args *a);
 
 struct llb_attention_args {
     const float *q;            /* (n, n_heads, head_dim) */
-    const void *kcache, *vcache; /* (n_slots, n_ctx, n_kv, head_dim) of cache_type */
+    const void *kcache, *vcache; /* (n_slots, n_kv, n_ctx, head_dim) of cache_type */
     float *out;                /* (n, n_heads, head_dim) */
     const int32_t *slots, *pos; /* (n) */
     long n, n_heads, n_kv, head_dim, n_slots, n_ctx;

@@ -50,7 +50,7 @@ static void sinks_task(void *ctx, long r0, long r1, int tid) {
                                 : NULL;
         float m = -INFINITY, l = 0.0f; /* running max and sum of e^(score - max) */
         for (long j = first, last = llb_attn_last_key(a, i); j <= last; j++) {
-            const size_t at = (((size_t)a->slots[i] * a->n_ctx + j) * a->n_kv + h / group) * hd;
+            const size_t at = llb_kv_elem(a->n_kv, a->n_ctx, hd, a->slots[i], h / group, j);
             float s = dot_key(a, q, at, base) * a->scale;
             if (a->softcap > 0.0f) s = a->softcap * tanhf(s / a->softcap);
             if (s > m) {

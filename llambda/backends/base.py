@@ -32,6 +32,7 @@ class KVCache:
         self.k, self.v, self.extra = k, v, extra
         self.kbase = [None] * n_layers      # per layer: a q8_0 cache's key bases (native backend), else None
         self.state: list = []               # a hybrid model's recurrent state per slot (models/base.py)
+        self.pos_axis = 1                   # the arrays' axis of positions (Backend.kv_pos_axis)
 
     @property
     def values_are_keys(self) -> bool:
@@ -54,10 +55,19 @@ class KVCache:
         for a in self.arrays + self.state:     # a hybrid model's state: every slot back at 0 tokens
             a.fill(0)
 
+    def positions(self, a: np.ndarray) -> np.ndarray:
+        """A view of K or V array `a` as (n_slots, n_ctx, ...), whatever the backend's layout."""
+        return np.moveaxis(a, self.pos_axis, 1)
+
     def copy_prefix(self, src_slot: int, dst_slot: int, n_tokens: int) -> None:
         """Copy the first n_tokens of one slot's KV into another (prefix caching)."""
         for a in self.arrays:
-            a[dst_slot, :n_tokens] = a[src_slot, :n_tokens]
+            rows = self.positions(a)
+            rows[dst_slot, :n_tokens] = rows[src_slot, :n_tokens]
+        if n_tokens > 0:    # keys stored against the source's key base read back only with it
+            for base in self.kbase:
+                if base is not None:
+                    base[dst_slot] = base[src_slot]
 
 
 def carve(specs: dict, align: int = 64) -> tuple[np.ndarray, dict]:
@@ -159,10 +169,14 @@ class Backend(ABC):
         self.arena, views = carve(specs)
         k = [views.pop(f"k{i}") for i in range(n_layers)]
         v = k if values_are_keys else [views.pop(f"v{i}") for i in range(n_layers)]
-        return KVCache(n_layers, n_slots, n_ctx, n_kv, head_dim, self.kv_dtype, k, v, views)
+        cache = KVCache(n_layers, n_slots, n_ctx, n_kv, head_dim, self.kv_dtype, k, v, views)
+        cache.pos_axis = self.kv_pos_axis
+        return cache
+
+    kv_pos_axis = 1     # kv_shape's axis of positions
 
     def kv_shape(self, n_slots, n_ctx, n_kv, head_dim) -> tuple:
-        """The shape of one layer's K (or V) cache of kv_dtype elements."""
+        """The shape of one layer's K (or V) cache of kv_dtype elements: (n_slots, n_ctx, n_kv, head_dim)."""
         return (n_slots, n_ctx, n_kv, head_dim)
 
     def memory_report(self) -> dict[str, int]:

@@ -425,10 +425,15 @@ class NativeBackend(Backend):
         cache.kbase = [cache.extra.pop(f"kbase{i}") for i in range(n_layers)] if based else [None] * n_layers
         return cache
 
+    # The C core's layout (ops.h's llb_kv_elem): each kv head's keys of a slot one run of rows, so a
+    # decode streams whole lines of one head (position-major rows, at head_dim 128, cost the op from
+    # memory 1.3x the time alone and ~1.1x inside a decode step; docs/BENCHMARKS.md, session 42)
+    kv_pos_axis = 2
+
     def kv_shape(self, n_slots, n_ctx, n_kv, head_dim) -> tuple:
         if self.kv_code == KV_TYPES["q8_0"][1]:
-            return (n_slots, n_ctx, n_kv * head_dim // Q8_0_BLOCK * Q8_0_BYTES)
-        return super().kv_shape(n_slots, n_ctx, n_kv, head_dim)
+            return (n_slots, n_kv, n_ctx, head_dim // Q8_0_BLOCK * Q8_0_BYTES)
+        return (n_slots, n_kv, n_ctx, head_dim)
 
     def set_batch_invariant(self, flag: bool) -> None:
         """Make every row's result independent of what else shares its step, bit for bit: matmuls

@@ -93,7 +93,7 @@ class OurEngine:
         """(weight bytes, K/V bytes) one decode token reads at `depth` cached tokens."""
         from .model_info import decode_weight_bytes
         cache = self.tr.cache     # its layers: the attention layers (a hybrid model's others keep no K/V)
-        kv = len(cache.arrays) * cache.k[0][0, 0].nbytes * depth  # one position of every kv head (any kv_type)
+        kv = len(cache.arrays) * cache.positions(cache.k[0])[0, 0].nbytes * depth  # one position of every kv head (any kv_type)
         return decode_weight_bytes(self.model.source), int(kv)
 
 
