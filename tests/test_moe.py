@@ -223,13 +223,20 @@ def test_attention_sinks_match_numpy(isa, cache_type, window):
         dt = nat.kv_dtype
         k = [rng.normal(0, 1, (2, n_ctx, n_kv, hd)).astype(dt)]
         v = [rng.normal(0, 1, (2, n_ctx, n_kv, hd)).astype(dt)]
-        cache = KVCache(1, 2, n_ctx, n_kv, hd, dt, k, v, {})
+
+        def cache_for(be):      # the same values in the backend's own layout (its axis of positions)
+            lay = [np.ascontiguousarray(np.moveaxis(a[0], 1, be.kv_pos_axis)) for a in (k, v)]
+            c = KVCache(1, 2, n_ctx, n_kv, hd, dt, lay[:1], lay[1:], {})
+            c.pos_axis = be.kv_pos_axis
+            return c
+
         slots = np.array([0, 0, 1, 1, 1], np.int32)
         pos = np.array([0, 9, 3, 17, 31], np.int32)
         q = rng.normal(0, 1, (5, n_heads, hd)).astype(np.float32)
         sinks = rng.normal(0.5, 1, n_heads).astype(np.float32)
         outs = {}
         for name, be in (("numpy", NumpyBackend()), ("native", nat)):
+            cache = cache_for(be)
             o = np.zeros_like(q)
             be.attention(q, cache, 0, slots, pos, o, 0.3, window, 0.0)
             plain = o.copy()
