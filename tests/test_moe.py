@@ -226,9 +226,7 @@ def test_attention_sinks_match_numpy(isa, cache_type, window):
 
         def cache_for(be):      # the same values in the backend's own layout (its axis of positions)
             lay = [np.ascontiguousarray(np.moveaxis(a[0], 1, be.kv_pos_axis)) for a in (k, v)]
-            c = KVCache(1, 2, n_ctx, n_kv, hd, dt, lay[:1], lay[1:], {})
-            c.pos_axis = be.kv_pos_axis
-            return c
+            return KVCache(1, 2, n_ctx, n_kv, hd, dt, lay[:1], lay[1:], {}, be.kv_pos_axis)
 
         slots = np.array([0, 0, 1, 1, 1], np.int32)
         pos = np.array([0, 9, 3, 17, 31], np.int32)

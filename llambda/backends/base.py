@@ -24,15 +24,15 @@ class KVCache:
     """
 
     def __init__(self, n_layers: int, n_slots: int, n_ctx: int, n_kv: int, head_dim: int, dtype,
-                 k: list, v: list, extra: dict):
+                 k: list, v: list, extra: dict, pos_axis: int = 1):
         """`v is k`: a cache of keys only, attention reading each value from its key's row (latent attention's
-        compressed rows, models/base.py)."""
+        compressed rows, models/base.py). pos_axis: the arrays' axis of positions (Backend.kv_pos_axis)."""
         self.n_layers, self.n_slots, self.n_ctx = n_layers, n_slots, n_ctx
         self.n_kv, self.head_dim, self.dtype = n_kv, head_dim, np.dtype(dtype)
         self.k, self.v, self.extra = k, v, extra
         self.kbase = [None] * n_layers      # per layer: a q8_0 cache's key bases (native backend), else None
         self.state: list = []               # a hybrid model's recurrent state per slot (models/base.py)
-        self.pos_axis = 1                   # the arrays' axis of positions (Backend.kv_pos_axis)
+        self.pos_axis = pos_axis
 
     @property
     def values_are_keys(self) -> bool:
@@ -169,9 +169,7 @@ class Backend(ABC):
         self.arena, views = carve(specs)
         k = [views.pop(f"k{i}") for i in range(n_layers)]
         v = k if values_are_keys else [views.pop(f"v{i}") for i in range(n_layers)]
-        cache = KVCache(n_layers, n_slots, n_ctx, n_kv, head_dim, self.kv_dtype, k, v, views)
-        cache.pos_axis = self.kv_pos_axis
-        return cache
+        return KVCache(n_layers, n_slots, n_ctx, n_kv, head_dim, self.kv_dtype, k, v, views, self.kv_pos_axis)
 
     kv_pos_axis = 1     # kv_shape's axis of positions
 
