@@ -74,7 +74,7 @@ def test_requests_waiting_in_threads_leave_chats_and_health_alone(tiny, monkeypa
                     deadline = time.monotonic() + 20
                     while time.monotonic() < deadline:
                         h = httpx.get(srv.url + "/health", timeout=30).json()
-                        if h.get("prompts_preparing", 0) + h.get("prompts_waiting", 0) + sum(f.done() for f in waiting) >= len(waiting):
+                        if h["prompts_preparing"] + h["prompts_waiting"] + sum(f.done() for f in waiting) >= len(waiting):
                             break
                         time.sleep(0.05)
                 health = httpx.get(srv.url + "/health", timeout=30)
