@@ -18,6 +18,18 @@ import numpy as np
 from llambda.backends.native import NativeBackend
 
 
+def random_attention(be, depth: int, nq: int, layers: int, heads: int, n_kv: int, hd: int):
+    """A cache of `layers` layers filled with random K/V at positions 0..depth+nq-1 and nq random
+    queries at depth..: (cache, q, slots, positions), the same values for every backend."""
+    cache = be.create_kv_cache(layers, 1, depth + nq, n_kv, hd)
+    r = np.random.default_rng(0)
+    for layer in range(layers):
+        kv = r.standard_normal((2, depth + nq, n_kv, hd), dtype=np.float32)
+        be.kv_store(cache, layer, kv[0], kv[1], np.zeros(depth + nq, np.int32), np.arange(depth + nq, dtype=np.int32))
+    q = r.standard_normal((nq, heads, hd)).astype(np.float32)
+    return cache, q, np.zeros(nq, np.int32), np.arange(depth, depth + nq, dtype=np.int32)
+
+
 def main() -> None:
     depth, nq = int(sys.argv[1]), int(sys.argv[2])
     reps = int(sys.argv[3]) if len(sys.argv) > 3 else 3
@@ -25,14 +37,8 @@ def main() -> None:
     be = NativeBackend(threads=int(os.environ.get("T", "2")), kv_type=os.environ.get("KV", "f16"))
     be.set_batch_invariant(os.environ.get("INV", "1") != "0")
     heads, n_kv, hd = (int(x) for x in os.environ.get("SHAPE", "12,2,128").split(","))
-    cache = be.create_kv_cache(layers, 1, depth + nq, n_kv, hd)
-    r = np.random.default_rng(0)
-    for layer in range(layers):
-        kv = r.standard_normal((2, depth + nq, n_kv, hd), dtype=np.float32)
-        be.kv_store(cache, layer, kv[0], kv[1], np.zeros(depth + nq, np.int32), np.arange(depth + nq, dtype=np.int32))
-    q = r.standard_normal((nq, heads, hd)).astype(np.float32)
+    cache, q, slots, pos = random_attention(be, depth, nq, layers, heads, n_kv, hd)
     out = np.zeros_like(q)
-    slots, pos = np.zeros(nq, np.int32), np.arange(depth, depth + nq, dtype=np.int32)
     wall, cpu = [], []
     for _ in range(reps):
         w0, c0 = time.perf_counter(), time.process_time()

@@ -21,6 +21,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import llambda  # noqa: E402
 import llambda.backends.native as native  # noqa: E402
+from bench_attention import random_attention  # noqa: E402  (this script's directory starts sys.path)
 
 
 def backend_module(index: int, so_path: str):
@@ -47,18 +48,11 @@ def main() -> None:
     builds = dict(item.split("=", 1) for item in os.environ["SOS"].split(","))
     layers, threads = int(os.environ.get("LAYERS", "1")), int(os.environ.get("T", "1"))
     heads, n_kv, hd = (int(x) for x in os.environ.get("SHAPE", "12,2,128").split(","))
-    r = np.random.default_rng(0)
-    kvs = [r.standard_normal((2, depth + nq, n_kv, hd), dtype=np.float32) for _ in range(layers)]
-    q = r.standard_normal((nq, heads, hd)).astype(np.float32)
-    slots, pos = np.zeros(nq, np.int32), np.arange(depth, depth + nq, dtype=np.int32)
     runs = {}
     for i, (name, path) in enumerate(builds.items()):
         be = backend_module(i, path).NativeBackend(threads=threads, kv_type=os.environ.get("KV", "f16"))
         be.set_batch_invariant(os.environ.get("INV", "1") != "0")
-        cache = be.create_kv_cache(layers, 1, depth + nq, n_kv, hd)
-        for layer in range(layers):
-            be.kv_store(cache, layer, kvs[layer][0], kvs[layer][1], np.zeros(depth + nq, np.int32),
-                        np.arange(depth + nq, dtype=np.int32))
+        cache, q, slots, pos = random_attention(be, depth, nq, layers, heads, n_kv, hd)
         runs[name] = (be, cache, np.zeros_like(q))
 
     def once(name: str) -> float:
