@@ -710,6 +710,7 @@ LLB_AI TGT void float_gemv_ordered(const llb_mm *mm, const uint8_t *wg, long g, 
 }
 
 #define LLB_KQUANT_FAST llb_avx2_kquant_kernel
+#define LLB_PAIRS(qt, exact) (!(exact) && llb_avx2_kquant_pairs(qt))
 #define LLB_KERNELS_NAME llb_kernels_avx2
 #include "matmul/kernels/table.inc"
 #endif

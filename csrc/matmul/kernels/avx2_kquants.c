@@ -421,16 +421,21 @@ LLB_AI TGT void tile_q4kp_pf(const llb_mm *mm, const q4k_panel *pan, const uint8
     const size_t e = llb_act_at(i, sb, mm->cols / 256, mm->a.xt);
     const __m256i m4 = _mm256_set1_epi8(15);
     __m256 sbt[2][TILE2_ROWS] = {{_mm256_setzero_ps()}}; /* the super-block's sum before d (q4k_step) */
+    const int8_t *x0 = mm->a.qs + 256 * e;
+    const float *xd = mm->a.d + 8 * e;
+    /* The next tile's activations (next, or none: then the lines of this one, already in L1): its d and
+     * sum here, its 4 rows of codes (1 KB, contiguous) two lines a step. Addresses made once, before the
+     * loop, and no test in it: with them made per step GCC spilled more of the tile (2-4% of the GEMM). */
+    const int8_t *nq = next ? mm->a.qs + 256 * *next : x0;
+    if (next) {
+        __builtin_prefetch(mm->a.d + 8 * *next, 0, 3), __builtin_prefetch(mm->a.d + 8 * *next + 16, 0, 3);
+        __builtin_prefetch(mm->a.sum + 8 * *next, 0, 3), __builtin_prefetch(mm->a.sum + 8 * *next + 16, 0, 3);
+    }
     for (int s = 0; s < 8; s++) {
         if (pf) llb_prefetch_slice(gb, LLB_GB_Q4_K, s, 0);
-        const int8_t *xq = mm->a.qs + 256 * e + 32 * s;
-        if (next) { /* the next tile's 4 rows of codes (1 KB, contiguous), then its d and sum: two lines a step */
-            const int8_t *nq = mm->a.qs + 256 * *next;
-            __builtin_prefetch(nq + 128 * s, 0, 3);
-            __builtin_prefetch(nq + 128 * s + 64, 0, 3);
-            if (s == 0) __builtin_prefetch(mm->a.d + 8 * *next, 0, 3), __builtin_prefetch(mm->a.d + 8 * *next + 16, 0, 3);
-            if (s == 1) __builtin_prefetch(mm->a.sum + 8 * *next, 0, 3), __builtin_prefetch(mm->a.sum + 8 * *next + 16, 0, 3);
-        }
+        const int8_t *xq = x0 + 32 * s;
+        __builtin_prefetch(nq + 128 * s, 0, 3);
+        __builtin_prefetch(nq + 128 * s + 64, 0, 3);
         const uint8_t *v = gb + LLB_K4_NIBBLES(LLB_Q4_K, s);
         __m256i p[2][TILE2_ROWS];
         LLB_UNROLL
@@ -458,7 +463,7 @@ LLB_AI TGT void tile_q4kp_pf(const llb_mm *mm, const q4k_panel *pan, const uint8
         for (int h = 0; h < 2; h++) {
             const __m256i scp = pan ? pan->sc[s][h] : u8_pairs(gb + 64 + 16 * s + 8 * h);
             LLB_UNROLL
-            for (int m = 0; m < M; m++) q4k_step(_mm256_madd_epi16(p[h][m], scp), mm->a.d[8 * (e + m) + s], &sbt[h][m]);
+            for (int m = 0; m < M; m++) q4k_step(_mm256_madd_epi16(p[h][m], scp), xd[8 * m + s], &sbt[h][m]);
         }
     }
     /* d and the min term: q4k_min_term's steps per (half, row), each activation sum broadcast once for
@@ -548,39 +553,44 @@ LLB_AI TGT void tile_iq4p(const llb_mm *mm, const iq4_panel *pan, long sb, long 
     }
 }
 
-#define K16P_TILE_(i, M, PF)                                                                  \
+#define K16P_TILE_(i, M, PF, P, G, RUN)                                                       \
     do {                                                                                      \
         __m256 t_[2][TILE_ROWS];                                                              \
         LLB_UNROLL                                                                            \
         for (int h = 0; h < 2; h++) {                                                         \
             LLB_UNROLL                                                                        \
-            for (int m = 0; m < (M); m++) t_[h][m] = sb ? run[(i) - i0 + m][h] : _mm256_setzero_ps(); \
+            for (int m = 0; m < (M); m++) t_[h][m] = sb ? (RUN)[(i) - i0 + m][h] : _mm256_setzero_ps(); \
         }                                                                                     \
-        if (qt == LLB_IQ4_XS) tile_iq4p(mm, &pan.iq4, sb, i, M, t_);                         \
+        if (qt == LLB_IQ4_XS) tile_iq4p(mm, &(P)->iq4, sb, i, M, t_);                         \
         else if ((M) == TILE2_ROWS) {                                                         \
             /* the next tile's activations: this unit's next rows, or its first at the next super-block */ \
             const long in_ = (i) + (M) + TILE2_ROWS <= i1 ? (i) + (M) : i0, sn_ = in_ == i0 ? sb + 1 : sb; \
             const size_t nx_ = llb_act_at(in_, sn_, nsb, mm->a.xt);                         \
             const size_t *np_ = sn_ < nsb ? &nx_ : NULL;                                      \
-            if (qt != LLB_Q4_K) tile_k16p(qt, mm, &pan.k16, sb, i, M, t_, (PF) ? np_ : NULL); \
-            else if (pq) tile_q4kp_pf(mm, pq, gb, sb, i, M, 0, t_, np_); /* always: the test lets \
+            if (qt != LLB_Q4_K) tile_k16p(qt, mm, &(P)->k16, sb, i, M, t_, (PF) ? np_ : NULL); \
+            else if (pq) tile_q4kp_pf(mm, &(P)->q4k, gb, sb, i, M, 0, t_, (PF) ? np_ : NULL); /* always: the test lets \
                                                   GCC drop the tile's own tests of pan */   \
-        } else if (qt == LLB_Q4_K) tile_q4kp(mm, pq, gb, sb, i, M, 0, t_);                       \
-        else tile_k16p(qt, mm, &pan.k16, sb, i, M, t_, NULL);                                 \
+        } else if (qt == LLB_Q4_K) tile_q4kp(mm, pq ? &(P)->q4k : NULL, gb, sb, i, M, 0, t_);  \
+        else tile_k16p(qt, mm, &(P)->k16, sb, i, M, t_, NULL);                                \
         if (sb + 1 < nsb) {                                                                   \
             LLB_UNROLL                                                                        \
             for (int h = 0; h < 2; h++) {                                                     \
                 LLB_UNROLL                                                                    \
-                for (int m = 0; m < (M); m++) run[(i) - i0 + m][h] = t_[h][m];                \
+                for (int m = 0; m < (M); m++) (RUN)[(i) - i0 + m][h] = t_[h][m];              \
             }                                                                                 \
         } else {                                                                              \
-            store_half(mm, g, 0, i, M, t_[0]);                                                \
-            store_half(mm, g, 1, i, M, t_[1]);                                                \
+            store_half(mm, G, 0, i, M, t_[0]);                                                \
+            store_half(mm, G, 1, i, M, t_[1]);                                                \
         }                                                                                     \
     } while (0)
-
-#define K16P_TILE(i, M) K16P_TILE_(i, M, 1)
-#define K16P_TILE_NOPF(i, M) K16P_TILE_(i, M, 0)
+#define K16P_TILE(i, M) K16P_TILE_(i, M, 1, &pan[0], g, run[0])
+#define K16P_TILE_NOPF(i, M) K16P_TILE_(i, M, 0, &pan[0], g, run[0])
+/* A pair's tile: group g from the first panel (its activations then in L1 for the second), no prefetch; group g + 1 prefetching */
+#define K16P_TILE2(i, M)                                          \
+    do {                                                            \
+        K16P_TILE_(i, M, 0, &pan[0], g, run[0]);                    \
+        K16P_TILE_(i, M, 1, &pan[1], g + 1, run[1]);                \
+    } while (0)
 
 /* Super-blocks per row from which the 16-value types' panel tiles prefetch the next tile's activations:
  * at K = 8960 (35) a unit's 64 rows (560 KB) outgrow the L2 and the tiles ran ~20% faster with it; at
@@ -588,28 +598,36 @@ LLB_AI TGT void tile_iq4p(const llb_mm *mm, const iq4_panel *pan, long sb, long 
 #define K16P_PF_NSB 16
 
 /* A GEMM work unit of Q4_K, Q6_K, Q3_K, Q2_K or IQ4_XS through a panel per super-block (a Q4_K unit of
- * fewer rows than a tile without one: tile_q4kp decodes). */
+ * fewer rows than a tile without one: tile_q4kp decodes); with mm->wg2, group g + 1 through a second
+ * panel, each activation tile's rows run against both before the next tile's. */
 LLB_AI TGT void fast_kp(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt) {
     const long nsb = mm->cols / 256;
-    union {
+    typedef union {
         k16_panel k16;
         iq4_panel iq4;
         q4k_panel q4k;
-    } pan;
-    __m256 run[LLB_ICHUNK][2];
+    } kpanel;
+    kpanel pan[2];
+    __m256 run[2][LLB_ICHUNK][2];
     const int few = i1 - i0 < TILE2_ROWS;
+    const int two = mm->wg2 != NULL && !few;
     /* a pointer, not a constant per call: GCC compiled the tile's loop worse (and warned) with pan.q4k */
-    const q4k_panel *pq = few ? NULL : &pan.q4k;
+    const q4k_panel *pq = few ? NULL : &pan[0].q4k;
     for (long sb = 0; sb < nsb; sb++) {
         const uint8_t *gb = wg + sb * LLB_GB_BYTES(qt);
-        if (qt == LLB_IQ4_XS) fill_iq4(gb, &pan.iq4);
-        else if (qt == LLB_Q4_K && !few) fill_q4k(gb, &pan.q4k);
-        else if (qt != LLB_Q4_K) fill_k16(qt, gb, &pan.k16);
-        if ((qt != LLB_Q6_K && qt != LLB_Q3_K && qt != LLB_Q2_K) || nsb >= K16P_PF_NSB) LLB_TILE_LADDER(i0, i1, TILE2_ROWS, K16P_TILE);
+        for (int p = 0; p <= two; p++) {
+            const uint8_t *gp = (p ? mm->wg2 : wg) + sb * LLB_GB_BYTES(qt);
+            if (qt == LLB_IQ4_XS) fill_iq4(gp, &pan[p].iq4);
+            else if (qt == LLB_Q4_K && !few) fill_q4k(gp, &pan[p].q4k);
+            else if (qt != LLB_Q4_K) fill_k16(qt, gp, &pan[p].k16);
+        }
+        if (two) LLB_TILE_LADDER(i0, i1, TILE2_ROWS, K16P_TILE2);
+        else if ((qt != LLB_Q6_K && qt != LLB_Q3_K && qt != LLB_Q2_K) || nsb >= K16P_PF_NSB) LLB_TILE_LADDER(i0, i1, TILE2_ROWS, K16P_TILE);
         else LLB_TILE_LADDER(i0, i1, TILE2_ROWS, K16P_TILE_NOPF);
     }
 }
 #undef K16P_TILE
+#undef K16P_TILE2
 #undef K16P_TILE_NOPF
 #undef K16P_TILE_
 
@@ -619,7 +637,7 @@ LLB_AI TGT void tile_k(const int qt, const llb_mm *mm, const uint8_t *wg, int h0
     else tile_q4k(qt, mm, wg, h0, H, i, M, gemv, tot);
 }
 
-LLB_AI TGT void fast_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt) {
+LLB_AI TGT void fast_k1(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt) {
     __m256 t[2][TILE_ROWS];
     if (LLB_GEMV(mm)) { /* the tile's arithmetic at M = 1, both halves in one pass, plus prefetch: equal to a batch row */
         if (qt == LLB_Q4_K) {
@@ -640,7 +658,7 @@ LLB_AI TGT void fast_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, lon
     }
     /* Q4_K always (a partial group's padded rows computed and not stored: one group of a matrix) */
     if (qt == LLB_Q4_K || (qt != LLB_Q5_K && llb_group_rows(mm, g) > 8 && i1 - i0 >= TILE2_ROWS)) {
-        fast_kp(mm, wg, g, i0, i1, qt);
+        fast_kp(mm, wg, g, i0, i1, qt); /* a pair's second group too (mm->wg2, set only by fast_k) */
         return;
     }
     for (int h = 0; h < 2 && 8 * h < llb_group_rows(mm, g); h++) {
@@ -654,12 +672,36 @@ LLB_AI TGT void fast_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, lon
     }
 }
 
+/* Group g, and g + 1 where the call takes pairs (mm->wg2): through the panels together (fast_kp) from
+ * PAIR_MIN_ROWS activation rows a unit, else one after the other. Under ~24 rows the weights' stream, not
+ * the activations', bounds the unit, and two panels filled at once ran 3-15% slower (n = 4..16, Q4_K
+ * 8960x1536, Zen 3); from 24 rows on they ran 2-6% faster. */
+#define PAIR_MIN_ROWS 32
+LLB_AI TGT void fast_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1, const int qt) {
+    const int panels = qt != LLB_Q5_K && i1 - i0 >= PAIR_MIN_ROWS; /* a pair's first group is never partial */
+    if (!mm->wg2 || panels) {
+        fast_k1(mm, wg, g, i0, i1, qt);
+        return;
+    }
+    llb_mm one = *mm;
+    one.wg2 = NULL;
+    fast_k1(&one, wg, g, i0, i1, qt);
+    fast_k1(&one, mm->wg2, g + 1, i0, i1, qt);
+}
+
 TGT static void fast_q4_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast_k(mm, wg, g, i0, i1, LLB_Q4_K); }
 TGT static void fast_q5_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast_k(mm, wg, g, i0, i1, LLB_Q5_K); }
 TGT static void fast_q6_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast_k(mm, wg, g, i0, i1, LLB_Q6_K); }
 TGT static void fast_iq4_xs(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast_k(mm, wg, g, i0, i1, LLB_IQ4_XS); }
 TGT static void fast_q2_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast_k(mm, wg, g, i0, i1, LLB_Q2_K); }
 TGT static void fast_q3_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast_k(mm, wg, g, i0, i1, LLB_Q3_K); }
+
+/* Every fast kernel here takes pairs of groups (mm->wg2, kernels.h): the panel types' tiles run each
+ * activation tile against both groups' panels in turn (the second reads it from L1: Q4_K's GEMM 3-4%
+ * less time on Zen 3, the others level), Q5_K runs the two groups one after the other. All of them, so
+ * that a layer's mixed types (Q4_K beside Q6_K, Q5_K beside Q6_K) still share one activation
+ * quantization (matmul.c's can_share asks for one span). */
+int llb_avx2_kquant_pairs(int qtype) { return llb_avx2_kquant_kernel(qtype) != NULL; }
 
 llb_kernel_fn llb_avx2_kquant_kernel(int qtype) {
     return qtype == LLB_Q4_K ? fast_q4_k : qtype == LLB_Q5_K ? fast_q5_k : qtype == LLB_Q6_K ? fast_q6_k

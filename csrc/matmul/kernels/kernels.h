@@ -115,7 +115,9 @@ extern const llb_kernels llb_kernels_avx512;
 /* The K-quant kernels live in their own files (matmul/kernels/avx2_kquants.c, avx512_kquants.c). */
 llb_kernel_fn llb_avx2_kquant_kernel(int qtype);
 llb_kernel_fn llb_avx512_kquant_kernel(int qtype);
-int llb_avx512_kquant_pairs(int qtype); /* whether its kernel takes pairs of groups (mm->wg2) */
+/* whether the ISA's K-quant kernel takes pairs of groups (mm->wg2) */
+int llb_avx512_kquant_pairs(int qtype);
+int llb_avx2_kquant_pairs(int qtype);
 long llb_avx512_kquant_unit_rows(int qtype, int exact, long cols); /* llb_kernels.unit_rows */
 #endif
 
