@@ -12,7 +12,8 @@
  * float step, 27.9 with it; the int16 sums as vpor instead of vpaddw the same (the adds do not take the
  * multiplier's pipe). The kernel in a prefill runs Q4_K at 22 (bench_prefill_ops.py -t 1, 1.5B
  * Q4_K_M's gate/up): the other ~21% is outside this step. Without the unroll pragmas GCC kept the chains
- * in memory and it ran at 17.5. */
+ * in memory and it ran at 17.5. Zen 3 (2026-12-07, 3.15 GHz, two multiply pipes): 47.1 without the float
+ * step, 42.0 with it; the kernel's Q4_K gate/up GEMM ran at 29-31 (docs/BENCHMARKS.md, session 46). */
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdio.h>
