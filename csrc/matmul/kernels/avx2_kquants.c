@@ -701,7 +701,7 @@ TGT static void fast_q2_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, 
 TGT static void fast_q3_k(const llb_mm *mm, const uint8_t *wg, long g, long i0, long i1) { fast_k(mm, wg, g, i0, i1, LLB_Q3_K); }
 
 /* Every fast kernel here takes pairs of groups (mm->wg2, kernels.h): the panel types' tiles run each
- * activation tile against both groups' panels in turn (the second reads it from L1: Q4_K's GEMM 3-4%
+ * activation tile against both groups' panels in turn (the second reads it from L1: Q4_K's GEMM 1-4%
  * less time on Zen 3, the others level), Q5_K runs the two groups one after the other. All of them, so
  * that a layer's mixed types (Q4_K beside Q6_K, Q5_K beside Q6_K) still share one activation
  * quantization (matmul.c's can_share asks for one span). */
