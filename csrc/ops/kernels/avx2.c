@@ -83,7 +83,9 @@ static inline vf v_select_lt(vf a, vf b, vf x, vf y) { return _mm256_blendv_ps(y
 #define OPS_TABLE llb_ops_avx2
 #include "ops/kernels/simd.inc"
 #include "ops/kernels/attention.inc"
+#ifndef LLB_KERNEL_HARNESS /* bench/attention_unit.c: the kernels alone, none instantiated unless called */
 #include "ops/kernels/table.inc"
+#endif
 
 #if defined(__clang__)
 #pragma clang attribute pop
