@@ -11,7 +11,7 @@
  *   /tmp/attention_unit [KEYS [WINDOW [REPS [HEAD_DIM [GROUP]]]]]   (4096 256 auto 64 7: Qwen2.5-0.5B)
  *
  * Zen 3 (2026-12-07, 3.15 GHz): the 0.5B's shape 132 cycles a key and kv head (FMA floor 56), 108-113
- * with session 47's out-of-line loops (reverted: docs/BENCHMARKS.md); the 1.5B's (128 6) 148-160
+ * with session 47's out-of-line loops (docs/BENCHMARKS.md); the 1.5B's (128 6) 148-160
  * (floor 96). */
 #define LLB_KERNEL_HARNESS 1
 #include "ops/kernels/avx2.c"

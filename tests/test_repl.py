@@ -140,6 +140,19 @@ def _controlling_terminal():
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
+def _signal_state(pid: int) -> str:
+    """The Sig* lines of each of the process's threads (/proc), hex masks with SIGINT as bit 1."""
+    out = []
+    for status in sorted(Path(f"/proc/{pid}/task").glob("*/status")):
+        try:
+            lines = status.read_text().splitlines()
+        except OSError:
+            continue
+        out.append(status.parent.name + ": " + " ".join(ln.replace("\t", "") for ln in lines
+                                                        if ln.startswith(("SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt"))))
+    return "; ".join(out)
+
+
 def test_real_terminal_ctrl_c_stops_a_reply_and_history_is_kept(smollm2_gguf, tmp_path):
     env = dict(os.environ, LLAMBDA_HOME=str(tmp_path), PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     master, slave = pty.openpty()
@@ -153,8 +166,12 @@ def test_real_terminal_ctrl_c_stops_a_reply_and_history_is_kept(smollm2_gguf, tm
         term.send(b"Tell me a very long story.\r")
         term.expect(b"Tell me a very long story.", 10)
         time.sleep(1.0)
+        isig = bool(termios.tcgetattr(master)[3] & termios.ISIG)     # the line discipline makes ^C a SIGINT
         term.send(b"\x03")                  # Ctrl-C, as the terminal sends it
-        term.expect(b"[stopped]", 30)
+        try:
+            term.expect(b"[stopped]", 30)
+        except AssertionError as e:         # what the child did with the signal: ignored, blocked, pending, caught
+            raise AssertionError(f"{e}; ISIG {isig}; child {_signal_state(proc.pid)}") from None
         term.expect(b">>> ", 10)
         assert proc.poll() is None           # the chat goes on
         term.send(b"/stats\r")
