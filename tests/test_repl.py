@@ -7,6 +7,7 @@ import json
 import os
 import pty
 import select
+import signal
 import subprocess
 import sys
 import termios
@@ -135,7 +136,12 @@ class Terminal:
 
 
 def _controlling_terminal():
-    """In the child: its own session with the pty (fd 0) as controlling terminal, so Ctrl-C is a SIGINT."""
+    """In the child: its own session with the pty (fd 0) as controlling terminal, so Ctrl-C is a SIGINT,
+    and SIGINT's default action, as a shell in a terminal gives a program. A test run started as a
+    background job of a shell without job control (`cmd &` in a script) ignores SIGINT, the child would
+    inherit that, and Python then keeps it ignored: the reply ran on through Ctrl-C (three clean-clone
+    runs, SigIgn 0x7 in the child)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     os.setsid()
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
