@@ -140,7 +140,7 @@ def _controlling_terminal():
     and SIGINT's default action, as a shell in a terminal gives a program. A test run started as a
     background job of a shell without job control (`cmd &` in a script) ignores SIGINT, the child would
     inherit that, and Python then keeps it ignored: the reply ran on through Ctrl-C (three clean-clone
-    runs, SigIgn 0x7 in the child)."""
+    runs, SigIgn 0x1001007 in the child)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     os.setsid()
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
