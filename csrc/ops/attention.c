@@ -587,6 +587,22 @@ static long plan_pass(struct inv_task *t, long r0, size_t cap) {
     return i;
 }
 
+/* Tokens per item of tiles: at most `most`, fewer when the call's rows would make too few units to
+ * share over the threads (SmolLM2's 128-token prefill was one item, 3 kv heads' units on 2 threads:
+ * one thread ran two). Whole tiles (multiples of full), from ATT_UNITS_PER_THREAD units a thread. An
+ * item's rows sum as they would in any other item (row order), so this changes no bits. */
+#ifndef ATT_UNITS_PER_THREAD
+#define ATT_UNITS_PER_THREAD 4
+#endif
+static long balanced_item_tokens(const struct llb_attention_args *a, long most, long full, long passes) {
+    const long threads = llb_pool_call_threads(), per_item = a->n_kv * passes;
+    if (threads < 2 || full < 1) return most;
+    const long items = (ATT_UNITS_PER_THREAD * threads + per_item - 1) / per_item;
+    long tokens = (a->n + items - 1) / items;
+    tokens = (tokens + full - 1) / full * full;
+    return tokens < most ? tokens : most;
+}
+
 static int attention_invariant(const struct llb_attention_args *a) {
     struct inv_task t = {.a = a, .k = llb_op_kernels_current(), .group = a->n_heads / a->n_kv};
     t.pf = part_floats(a, t.group);
@@ -603,6 +619,7 @@ static int attention_invariant(const struct llb_attention_args *a) {
             g = h, h = r;
         }
         t.full_tokens = rows / g;
+        t.item_tokens = balanced_item_tokens(a, t.item_tokens, t.full_tokens, t.passes);
     }
     /* Scratch: the index arrays, then the partials of one pass, for rows as long as the
      * context allows (max_row_chunks), capped. */
