@@ -591,12 +591,10 @@ static long plan_pass(struct inv_task *t, long r0, size_t cap) {
  * share over the threads (SmolLM2's 128-token prefill was one item, 3 kv heads' units on 2 threads:
  * one thread ran two). Whole tiles (multiples of full), from ATT_UNITS_PER_THREAD units a thread. An
  * item's rows sum as they would in any other item (row order), so this changes no bits. */
-#ifndef ATT_UNITS_PER_THREAD
 #define ATT_UNITS_PER_THREAD 4
-#endif
 static long balanced_item_tokens(const struct llb_attention_args *a, long most, long full, long passes) {
     const long threads = llb_pool_call_threads(), per_item = a->n_kv * passes;
-    if (threads < 2 || full < 1) return most;
+    if (threads < 2) return most;
     const long items = (ATT_UNITS_PER_THREAD * threads + per_item - 1) / per_item;
     long tokens = (a->n + items - 1) / items;
     tokens = (tokens + full - 1) / full * full;
